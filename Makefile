@@ -1,0 +1,49 @@
+# kvrouter — see README.md. Every target works on a fresh machine: tools are
+# installed into .tools/ at pinned versions, system packages by .ci/run.
+SHELL := /bin/bash
+GO ?= go
+TOOLS := $(CURDIR)/.tools
+STATICCHECK_VERSION := v0.8.2
+PKGS := ./...
+TEST_TIMEOUT ?= 900s
+
+.PHONY: all build test test-long lint fmt bench bench-indexer run clean tools
+
+all: build
+
+build:
+	$(GO) build -o bin/ ./cmd/...
+
+test:
+	$(GO) test -race -timeout $(TEST_TIMEOUT) $(PKGS)
+
+# Soak, chaos and long property runs; not part of CI's time budget.
+test-long:
+	KVROUTER_LONG=1 $(GO) test -race -timeout 60m $(PKGS)
+
+$(TOOLS)/staticcheck:
+	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+tools: $(TOOLS)/staticcheck
+
+lint: tools
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(TOOLS)/staticcheck $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+# Benchmarks print "BENCH area.figure k=v ..." lines; `make bench` collects
+# them into docs/benchmarks.md.
+bench:
+	scripts/bench.sh all
+
+bench-indexer:
+	scripts/bench.sh indexer
+
+run:
+	$(GO) run ./cmd/kvsim replay --trace ../shared/traces/mooncake_synthetic_trace.jsonl
+
+clean:
+	rm -rf bin

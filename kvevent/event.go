@@ -1,0 +1,124 @@
+package kvevent
+
+import (
+	"fmt"
+)
+
+// Rank identifies one data-parallel rank of one worker: the unit of
+// indexing, scoring and load.
+type Rank struct {
+	Worker uint64
+	DP     uint32
+}
+
+func (r Rank) String() string { return fmt.Sprintf("%d/%d", r.Worker, r.DP) }
+
+// Less orders ranks by worker, then dp rank.
+func (r Rank) Less(o Rank) bool {
+	if r.Worker != o.Worker {
+		return r.Worker < o.Worker
+	}
+	return r.DP < o.DP
+}
+
+// Kind is what an event does.
+type Kind uint8
+
+// Event kinds.
+const (
+	KindStored  Kind = iota + 1 // blocks were stored in a tier
+	KindRemoved                 // blocks were removed from a tier
+	KindCleared                 // the rank dropped everything, every tier
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindStored:
+		return "store"
+	case KindRemoved:
+		return "remove"
+	case KindCleared:
+		return "clear"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Block is one stored block: the engine's opaque id and the content hash the
+// router computed from its tokens.
+type Block struct {
+	EngineHash uint64 // the engine's id; resolves parents and removes, per rank
+	LocalHash  uint64 // XXH3 of the block's tokens; places it in the tree
+}
+
+// Event is one router event. It is a flat struct rather than an interface
+// so that decoding and applying an event allocates nothing beyond its
+// slices, which callers may reuse.
+//
+// For KindStored, Blocks form a chain: each block's parent is the previous
+// one, and the first block's parent is Parent when HasParent, else the root.
+// For KindRemoved, Removed lists engine hashes. KindCleared carries no data
+// and applies to every tier, whatever Tier says.
+type Event struct {
+	Rank      Rank
+	EventID   uint64
+	Tier      Tier
+	Kind      Kind
+	HasParent bool
+	Parent    uint64
+	Blocks    []Block
+	Removed   []uint64
+}
+
+// Validate checks the structural rules every consumer relies on. It never
+// looks at index state. An event that fails is skipped whole.
+func (e *Event) Validate() error {
+	if !e.Tier.Valid() {
+		return fmt.Errorf("%w: tier %d", ErrMalformed, e.Tier)
+	}
+	switch e.Kind {
+	case KindStored:
+		if len(e.Blocks) == 0 {
+			return fmt.Errorf("%w: store with no blocks", ErrMalformed)
+		}
+		if e.HasParent && e.Blocks[0].EngineHash == e.Parent {
+			return fmt.Errorf("%w: first block %#x is its own parent", ErrMalformed, e.Parent)
+		}
+		if h, dup := firstRepeat(len(e.Blocks), func(i int) uint64 { return e.Blocks[i].EngineHash }); dup {
+			return fmt.Errorf("%w: hash %#x repeated within the event", ErrMalformed, h)
+		}
+	case KindRemoved:
+		if len(e.Removed) == 0 {
+			return fmt.Errorf("%w: remove with no hashes", ErrMalformed)
+		}
+	case KindCleared:
+	default:
+		return fmt.Errorf("%w: kind %d", ErrMalformed, e.Kind)
+	}
+	return nil
+}
+
+// firstRepeat reports the first value that occurs twice among n values.
+// Short chains (the common case) are checked pairwise without allocating;
+// long ones through a map.
+func firstRepeat(n int, at func(int) uint64) (uint64, bool) {
+	if n <= 32 {
+		for i := 1; i < n; i++ {
+			hi := at(i)
+			for j := 0; j < i; j++ {
+				if at(j) == hi {
+					return hi, true
+				}
+			}
+		}
+		return 0, false
+	}
+	seen := make(map[uint64]struct{}, n)
+	for i := 0; i < n; i++ {
+		h := at(i)
+		if _, ok := seen[h]; ok {
+			return h, true
+		}
+		seen[h] = struct{}{}
+	}
+	return 0, false
+}

@@ -1,0 +1,79 @@
+package kvevent
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestParseMediumTable(t *testing.T) {
+	cases := map[string]Tier{
+		"": TierDevice, "GPU": TierDevice, "gpu": TierDevice, "Device": TierDevice,
+		"CPU": TierHostPinned, "cpu_pinned": TierHostPinned, "CPU_TIER1": TierHostPinned,
+		"CPU_TIER2": TierDisk, "disk": TierDisk, "NVMe": TierDisk, "storage": TierDisk,
+		"EXTERNAL": TierExternal, "network": TierExternal, "Remote": TierExternal, "shared": TierExternal,
+	}
+	for in, want := range cases {
+		got, err := ParseMedium(in)
+		if err != nil || got != want {
+			t.Errorf("ParseMedium(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"TPU", "CPU_TIER3", " GPU", "hbm"} {
+		if _, err := ParseMedium(bad); !errors.Is(err, ErrUnknownMedium) {
+			t.Errorf("ParseMedium(%q) error = %v, want ErrUnknownMedium", bad, err)
+		}
+	}
+}
+
+func TestTierLabelsRoundTrip(t *testing.T) {
+	for tr := Tier(0); tr < NumTiers; tr++ {
+		got, err := ParseTier(tr.String())
+		if err != nil || got != tr {
+			t.Fatalf("ParseTier(%q) = %v, %v", tr.String(), got, err)
+		}
+	}
+	if _, err := ParseTier("gpu"); !errors.Is(err, ErrUnknownTier) {
+		t.Fatalf("ParseTier(gpu) error = %v, want ErrUnknownTier", err)
+	}
+}
+
+func TestValidateRejectsMalformedEvents(t *testing.T) {
+	chain := func(hs ...uint64) []Block {
+		out := make([]Block, len(hs))
+		for i, h := range hs {
+			out[i] = Block{EngineHash: h, LocalHash: h * 7}
+		}
+		return out
+	}
+	long := make([]Block, 40)
+	for i := range long {
+		long[i] = Block{EngineHash: uint64(i + 1)}
+	}
+	long[39].EngineHash = 17
+	cases := []struct {
+		name string
+		ev   Event
+		ok   bool
+	}{
+		{"store ok", Event{Kind: KindStored, Blocks: chain(1, 2, 3)}, true},
+		{"store with parent ok", Event{Kind: KindStored, HasParent: true, Parent: 9, Blocks: chain(1, 2)}, true},
+		{"store empty", Event{Kind: KindStored}, false},
+		{"first block is parent", Event{Kind: KindStored, HasParent: true, Parent: 1, Blocks: chain(1, 2)}, false},
+		{"repeat in short chain", Event{Kind: KindStored, Blocks: chain(1, 2, 1)}, false},
+		{"repeat in long chain", Event{Kind: KindStored, Blocks: long}, false},
+		{"remove ok", Event{Kind: KindRemoved, Removed: []uint64{1}}, true},
+		{"remove empty", Event{Kind: KindRemoved}, false},
+		{"clear ok", Event{Kind: KindCleared}, true},
+		{"bad tier", Event{Kind: KindCleared, Tier: 9}, false},
+		{"bad kind", Event{Kind: 0}, false},
+	}
+	for _, c := range cases {
+		err := c.ev.Validate()
+		if c.ok && err != nil {
+			t.Errorf("%s: unexpected error %v", c.name, err)
+		}
+		if !c.ok && !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: error %v, want ErrMalformed", c.name, err)
+		}
+	}
+}
