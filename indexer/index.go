@@ -1,0 +1,469 @@
+package indexer
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// Config bounds the index. The zero value takes the defaults.
+type Config struct {
+	// OrphanMaxEvents and OrphanMaxBlocks bound each rank's orphan buffer:
+	// stores whose parent has not arrived yet. Defaults 64 and 4096.
+	OrphanMaxEvents int
+	OrphanMaxBlocks int
+	// OrphanTTL is how long a held store waits for its parent. Default 2s.
+	OrphanTTL time.Duration
+	// CapacitySlack lets a rank exceed its per-tier capacity by this
+	// fraction before its oldest entries are dropped. Default 0.1.
+	CapacitySlack float64
+	// ApplyChunk is how many blocks ApplyBatch applies under one hold of
+	// the write lock before letting lookups in. Default 256.
+	ApplyChunk int
+}
+
+func (c Config) withDefaults() Config {
+	if c.OrphanMaxEvents <= 0 {
+		c.OrphanMaxEvents = 64
+	}
+	if c.OrphanMaxBlocks <= 0 {
+		c.OrphanMaxBlocks = 4096
+	}
+	if c.OrphanTTL <= 0 {
+		c.OrphanTTL = 2 * time.Second
+	}
+	if c.CapacitySlack <= 0 {
+		c.CapacitySlack = 0.1
+	}
+	if c.ApplyChunk <= 0 {
+		c.ApplyChunk = 256
+	}
+	return c
+}
+
+// Counters are monotonic counts of what the index did with its input.
+type Counters struct {
+	StoredBlocks    uint64 // block stores applied (a tier bit set or already set)
+	RemovedBlocks   uint64 // block removes that cleared a held tier
+	Cleared         uint64 // Cleared events applied
+	UnknownRemoves  uint64 // removes of a hash the rank does not hold
+	Malformed       uint64 // events rejected whole by Validate
+	OrphansHeld     uint64 // stores held for a missing parent
+	OrphansApplied  uint64 // held stores applied once their parent arrived
+	OrphansDropped  uint64 // held stores dropped (bound, age, or removed first)
+	Remapped        uint64 // engine hashes that moved to another node
+	CapacityEvicted uint64 // entries dropped because a rank exceeded capacity
+}
+
+// Index is the tiered radix index. It is safe for concurrent use: one
+// writer at a time (Apply, ApplyBatch, the rank operations) and any number
+// of concurrent lookups. See DESIGN.md for why lookups never wait behind a
+// whole batch.
+type Index struct {
+	mu  sync.RWMutex
+	cfg Config
+
+	root  node
+	ranks []*rankState            // by slot; nil when the slot is free
+	slots map[kvevent.Rank]uint32 // rank -> slot
+	free  []uint32                // free slots, reused lowest first
+
+	nodes    int64
+	entries  int64                   // (rank, block) residencies
+	perTier  [kvevent.NumTiers]int64 // residencies with the tier's bit set
+	digest   uint64
+	counters Counters
+
+	scratchPool sync.Pool // *scratch for lookups
+}
+
+// New returns an empty index.
+func New(cfg Config) *Index {
+	return &Index{cfg: cfg.withDefaults(), slots: make(map[kvevent.Rank]uint32)}
+}
+
+// rankState is what the index knows of one rank.
+type rankState struct {
+	rank   kvevent.Rank
+	slot   uint32
+	key    uint64                  // rankKey(rank), cached for the digest
+	blocks map[uint64]*node        // engine hash -> node
+	count  [kvevent.NumTiers]int64 // residencies per tier
+	order  uint32                  // store counter for oldest-first eviction
+	cap    [kvevent.NumTiers]int64 // capacity per tier, 0 = unbounded
+
+	orphans      []orphan
+	orphanBlocks int
+	needsResync  bool
+	overCapacity bool
+}
+
+// rankFor returns the rank's state, creating it when create is set.
+func (ix *Index) rankFor(r kvevent.Rank, create bool) *rankState {
+	if s, ok := ix.slots[r]; ok {
+		return ix.ranks[s]
+	}
+	if !create {
+		return nil
+	}
+	var s uint32
+	if n := len(ix.free); n > 0 {
+		// Lowest free slot first, so slot assignment depends only on the
+		// order of rank arrivals and departures (deterministic).
+		slices.Sort(ix.free)
+		s, ix.free = ix.free[0], ix.free[1:]
+	} else {
+		s = uint32(len(ix.ranks))
+		ix.ranks = append(ix.ranks, nil)
+	}
+	rs := &rankState{rank: r, slot: s, key: rankKey(r), blocks: make(map[uint64]*node)}
+	ix.ranks[s] = rs
+	ix.slots[r] = s
+	return rs
+}
+
+// Apply applies one event at time now (unix nanoseconds, used only to age
+// the orphan buffer). A malformed event returns an error wrapping
+// kvevent.ErrMalformed and changes nothing; everything else is applied.
+func (ix *Index) Apply(ev *kvevent.Event, now int64) error {
+	if err := ev.Validate(); err != nil {
+		ix.mu.Lock()
+		ix.counters.Malformed++
+		ix.mu.Unlock()
+		return fmt.Errorf("apply event %d of rank %s: %w", ev.EventID, ev.Rank, err)
+	}
+	ix.mu.Lock()
+	ix.applyLocked(ev, now)
+	ix.mu.Unlock()
+	return nil
+}
+
+// ApplyBatch applies events in order and returns how many were rejected as
+// malformed. The write lock is released every Config.ApplyChunk blocks so
+// that lookups interleave with a long batch instead of waiting for all of it.
+func (ix *Index) ApplyBatch(evs []kvevent.Event, now int64) (malformed int) {
+	budget := 0
+	ix.mu.Lock()
+	for i := range evs {
+		ev := &evs[i]
+		if ev.Validate() != nil {
+			malformed++
+			ix.counters.Malformed++
+			continue
+		}
+		ix.applyLocked(ev, now)
+		budget += len(ev.Blocks) + len(ev.Removed) + 1
+		if budget >= ix.cfg.ApplyChunk && i+1 < len(evs) {
+			ix.mu.Unlock()
+			budget = 0
+			ix.mu.Lock()
+		}
+	}
+	ix.mu.Unlock()
+	return malformed
+}
+
+func (ix *Index) applyLocked(ev *kvevent.Event, now int64) {
+	switch ev.Kind {
+	case kvevent.KindStored:
+		rs := ix.rankFor(ev.Rank, true)
+		ix.expireOrphans(rs, now)
+		ix.store(rs, ev.Tier, ev.HasParent, ev.Parent, ev.Blocks, now, true)
+	case kvevent.KindRemoved:
+		rs := ix.rankFor(ev.Rank, false)
+		if rs == nil {
+			ix.counters.UnknownRemoves += uint64(len(ev.Removed))
+			return
+		}
+		ix.expireOrphans(rs, now)
+		for _, eh := range ev.Removed {
+			ix.removeOne(rs, eh, ev.Tier)
+		}
+	case kvevent.KindCleared:
+		ix.counters.Cleared++
+		if rs := ix.rankFor(ev.Rank, false); rs != nil {
+			ix.clearRank(rs)
+		}
+	}
+}
+
+// store applies a Stored chain. When the parent is unknown the chain is
+// held in the rank's orphan buffer (if hold is set) instead.
+func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH uint64, blocks []kvevent.Block, now int64, hold bool) bool {
+	parent := &ix.root
+	if hasParent {
+		p, ok := rs.blocks[parentEH]
+		if !ok {
+			if hold {
+				ix.holdOrphan(rs, t, parentEH, blocks, now)
+			}
+			return false
+		}
+		parent = p
+	}
+	for _, b := range blocks {
+		c := parent.child(b.LocalHash)
+		if c == nil {
+			seq := b.LocalHash
+			if parent != &ix.root {
+				seq = kvevent.SequenceHash(parent.seq, b.LocalHash)
+			}
+			c = newNode(parent, b.LocalHash, seq)
+			parent.addChild(c)
+			ix.nodes++
+		}
+		ix.setBit(rs, c, b.EngineHash, t)
+		parent = c
+	}
+	ix.counters.StoredBlocks += uint64(len(blocks))
+	if len(rs.orphans) > 0 {
+		ix.adoptOrphans(rs, now)
+	}
+	if rs.cap[t] > 0 && rs.count[t] > rs.cap[t]+int64(float64(rs.cap[t])*ix.cfg.CapacitySlack) {
+		ix.evictOldest(rs, t, rs.count[t]-rs.cap[t])
+	}
+	return true
+}
+
+// setBit records that rank rs holds node n under engine hash eh in tier t.
+func (ix *Index) setBit(rs *rankState, n *node, eh uint64, t kvevent.Tier) {
+	// Fast path: the rank already holds n under this engine hash (a
+	// re-store, or the same block arriving in another tier). No map access.
+	if i := n.find(rs.slot); i >= 0 && n.holders[i].eh == eh {
+		ix.setTier(rs, n, &n.holders[i], t)
+		return
+	}
+	if old, ok := rs.blocks[eh]; ok && old != n {
+		// The engine reused a hash for another block: the old residency is
+		// gone (every tier), the new one starts fresh. The old node is
+		// unlinked only after n holds the rank: n may be an ancestor of the
+		// old node, and unlinking first could free n itself.
+		ix.counters.Remapped++
+		ix.detachHolder(rs, old, old.find(rs.slot))
+		ix.setBitMapped(rs, n, eh, t)
+		ix.unlink(old)
+		return
+	}
+	ix.setBitMapped(rs, n, eh, t)
+}
+
+// setBitMapped is setBit once eh maps to n or to nothing.
+func (ix *Index) setBitMapped(rs *rankState, n *node, eh uint64, t kvevent.Tier) {
+	i := n.find(rs.slot)
+	if i < 0 {
+		rs.order++
+		n.holders = append(n.holders, holder{eh: eh, sm: mkSM(rs.slot, t.Bit()), order: rs.order})
+		rs.blocks[eh] = n
+		rs.count[t]++
+		ix.perTier[t]++
+		ix.entries++
+		ix.digest += residencyTerm(rs.key, n.seq, eh, t.Bit())
+		return
+	}
+	h := &n.holders[i]
+	if h.eh != eh {
+		// The rank already holds this block under another engine hash: the
+		// newest name wins, so that removes by either name stay resolvable
+		// one-to-one.
+		ix.counters.Remapped++
+		ix.digest -= residencyTerm(rs.key, n.seq, h.eh, h.mask())
+		delete(rs.blocks, h.eh)
+		h.eh = eh
+		rs.blocks[eh] = n
+		ix.digest += residencyTerm(rs.key, n.seq, eh, h.mask())
+	}
+	ix.setTier(rs, n, h, t)
+}
+
+// setTier sets tier t on the rank's holder h of node n.
+func (ix *Index) setTier(rs *rankState, n *node, h *holder, t kvevent.Tier) {
+	m := h.mask()
+	if m.Has(t) {
+		return
+	}
+	ix.digest -= residencyTerm(rs.key, n.seq, h.eh, m)
+	m |= t.Bit()
+	h.sm = mkSM(rs.slot, m)
+	ix.digest += residencyTerm(rs.key, n.seq, h.eh, m)
+	rs.count[t]++
+	ix.perTier[t]++
+}
+
+// removeOne clears tier t of the block rs knows as eh.
+func (ix *Index) removeOne(rs *rankState, eh uint64, t kvevent.Tier) {
+	n, ok := rs.blocks[eh]
+	if !ok {
+		if !ix.removeHeldOrphanBlock(rs, eh, t) {
+			ix.counters.UnknownRemoves++
+		}
+		return
+	}
+	i := n.find(rs.slot)
+	h := &n.holders[i]
+	m := h.mask()
+	if !m.Has(t) {
+		return // not held in this tier: nothing to do
+	}
+	ix.counters.RemovedBlocks++
+	if m == t.Bit() {
+		ix.dropHolder(rs, n, i)
+		return
+	}
+	ix.digest -= residencyTerm(rs.key, n.seq, eh, m)
+	m &^= t.Bit()
+	h.sm = mkSM(rs.slot, m)
+	ix.digest += residencyTerm(rs.key, n.seq, eh, m)
+	rs.count[t]--
+	ix.perTier[t]--
+}
+
+// dropHolder removes rank rs from node n (holder i) in every tier, and
+// unlinks n and any ancestors that no rank holds and that have no children.
+func (ix *Index) dropHolder(rs *rankState, n *node, i int) {
+	ix.detachHolder(rs, n, i)
+	ix.unlink(n)
+}
+
+// detachHolder removes rank rs from node n (holder i) in every tier,
+// leaving n linked even when nobody holds it any more.
+func (ix *Index) detachHolder(rs *rankState, n *node, i int) {
+	h := n.holders[i]
+	m := h.mask()
+	ix.digest -= residencyTerm(rs.key, n.seq, h.eh, m)
+	for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
+		if m.Has(t) {
+			rs.count[t]--
+			ix.perTier[t]--
+		}
+	}
+	ix.entries--
+	delete(rs.blocks, h.eh)
+	n.removeHolder(i)
+}
+
+// unlink frees n and then each ancestor while it is held by no rank and has
+// no children. This is what keeps memory bounded under store/remove churn.
+func (ix *Index) unlink(n *node) {
+	for n != &ix.root && len(n.holders) == 0 && !n.hasChildren() {
+		p := n.parent
+		p.removeChild(n.local)
+		n.parent = nil
+		ix.nodes--
+		n = p
+	}
+}
+
+// clearRank drops every residency and held orphan of rs. The rank keeps
+// its slot and capacity.
+func (ix *Index) clearRank(rs *rankState) {
+	// The order of removal does not matter: the result of dropping all of
+	// a rank's holders is the same whatever order they go in.
+	for _, n := range rs.blocks {
+		if i := n.find(rs.slot); i >= 0 {
+			ix.dropHolder(rs, n, i)
+		}
+	}
+	rs.blocks = make(map[uint64]*node)
+	ix.dropAllOrphans(rs, false)
+	rs.needsResync = false
+	rs.overCapacity = false
+}
+
+// RemoveRank drops a rank's state entirely (every tier, its orphans, its
+// capacity). Removing an unknown rank is a no-op and returns false.
+func (ix *Index) RemoveRank(r kvevent.Rank) bool {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	return ix.removeRankLocked(r)
+}
+
+func (ix *Index) removeRankLocked(r kvevent.Rank) bool {
+	rs := ix.rankFor(r, false)
+	if rs == nil {
+		return false
+	}
+	ix.clearRank(rs)
+	ix.ranks[rs.slot] = nil
+	delete(ix.slots, r)
+	ix.free = append(ix.free, rs.slot)
+	return true
+}
+
+// RemoveWorker drops every rank of the worker and returns how many there were.
+func (ix *Index) RemoveWorker(worker uint64) int {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	var rs []kvevent.Rank
+	for r := range ix.slots {
+		if r.Worker == worker {
+			rs = append(rs, r)
+		}
+	}
+	// Sorted, so that slots are freed in the same order on every replica.
+	slices.SortFunc(rs, func(a, b kvevent.Rank) int {
+		if a.Less(b) {
+			return -1
+		}
+		return 1
+	})
+	for _, r := range rs {
+		ix.removeRankLocked(r)
+	}
+	return len(rs)
+}
+
+// SetCapacity bounds how many blocks the rank may hold per tier (0 =
+// unbounded). It creates the rank if needed and enforces the bound at once.
+func (ix *Index) SetCapacity(r kvevent.Rank, capacity [kvevent.NumTiers]int64) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	rs := ix.rankFor(r, true)
+	rs.cap = capacity
+	for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
+		if c := capacity[t]; c > 0 && rs.count[t] > c {
+			ix.evictOldest(rs, t, rs.count[t]-c)
+		}
+	}
+}
+
+// evictOldest clears tier t of the rank's k oldest entries that hold it.
+// Capacity is enforced with slack, so this runs once per slack's worth of
+// stores and its O(n log n) cost is amortised.
+func (ix *Index) evictOldest(rs *rankState, t kvevent.Tier, k int64) {
+	rs.overCapacity = true
+	type aged struct {
+		age uint32
+		eh  uint64
+	}
+	var all []aged
+	for eh, n := range rs.blocks {
+		h := n.holders[n.find(rs.slot)]
+		if h.mask().Has(t) {
+			// Ages are distances from the rank's counter, so the uint32
+			// counter may wrap without reordering live entries.
+			all = append(all, aged{age: rs.order - h.order, eh: eh})
+		}
+	}
+	slices.SortFunc(all, func(a, b aged) int {
+		if a.age != b.age {
+			if a.age > b.age {
+				return -1
+			}
+			return 1
+		}
+		if a.eh < b.eh {
+			return -1
+		}
+		return 1
+	})
+	if int64(len(all)) < k {
+		k = int64(len(all))
+	}
+	for _, a := range all[:k] {
+		ix.removeOne(rs, a.eh, t)
+		ix.counters.CapacityEvicted++
+	}
+}

@@ -1,0 +1,218 @@
+package indexer
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"pgregory.net/rapid"
+)
+
+// A small universe, so that random events collide: shared prefixes,
+// removes of held and unknown hashes, reused engine hashes, orphans whose
+// parent arrives later, and orphans that age out.
+var (
+	propWorkers = []uint64{1, 2, 3}
+	propLocals  = []uint64{11, 12, 13, 14}
+	propHashes  = rapid.Uint64Range(1, 10)
+)
+
+func genRank() *rapid.Generator[kvevent.Rank] {
+	return rapid.Custom(func(t *rapid.T) kvevent.Rank {
+		return kvevent.Rank{Worker: rapid.SampledFrom(propWorkers).Draw(t, "worker"), DP: rapid.Uint32Range(0, 1).Draw(t, "dp")}
+	})
+}
+
+type step struct {
+	ev           kvevent.Event
+	removeWorker uint64 // when non-zero, the step removes this worker instead
+	dt           time.Duration
+}
+
+func genStep() *rapid.Generator[step] {
+	return rapid.Custom(func(t *rapid.T) step {
+		s := step{dt: time.Duration(rapid.IntRange(0, 1500).Draw(t, "dt_ms")) * time.Millisecond}
+		s.ev.Rank = genRank().Draw(t, "rank")
+		s.ev.Tier = kvevent.Tier(rapid.IntRange(0, kvevent.NumTiers-1).Draw(t, "tier"))
+		switch k := rapid.IntRange(0, 19).Draw(t, "kind"); {
+		case k < 12:
+			s.ev.Kind = kvevent.KindStored
+			n := rapid.IntRange(1, 4).Draw(t, "n")
+			for i := 0; i < n; i++ {
+				s.ev.Blocks = append(s.ev.Blocks, kvevent.Block{
+					EngineHash: propHashes.Draw(t, "eh"),
+					LocalHash:  rapid.SampledFrom(propLocals).Draw(t, "local"),
+				})
+			}
+			if rapid.Bool().Draw(t, "hasParent") {
+				s.ev.HasParent, s.ev.Parent = true, propHashes.Draw(t, "parent")
+			}
+		case k < 17:
+			s.ev.Kind = kvevent.KindRemoved
+			s.ev.Removed = rapid.SliceOfN(propHashes, 1, 3).Draw(t, "removed")
+		case k < 19:
+			s.ev.Kind = kvevent.KindCleared
+		default:
+			s.removeWorker = rapid.SampledFrom(propWorkers).Draw(t, "removeWorker")
+		}
+		return s
+	})
+}
+
+var propCfg = Config{OrphanMaxEvents: 3, OrphanMaxBlocks: 8, OrphanTTL: 2 * time.Second}
+
+func toMap(m *Matches) map[kvevent.Rank][kvevent.NumTiers]uint32 {
+	out := map[kvevent.Rank][kvevent.NumTiers]uint32{}
+	for _, r := range m.Ranks {
+		out[r.Rank] = r.Blocks
+	}
+	return out
+}
+
+func equalMatches(a, b map[kvevent.Rank][kvevent.NumTiers]uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestIndexMatchesModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		ix, mod := New(propCfg), newModel(propCfg)
+		now := int64(0)
+		steps := rapid.SliceOfN(genStep(), 1, 60).Draw(t, "steps")
+		for _, s := range steps {
+			now += int64(s.dt)
+			if s.removeWorker != 0 {
+				ix.RemoveWorker(s.removeWorker)
+				mod.removeWorker(s.removeWorker)
+				continue
+			}
+			ev := s.ev
+			ix.Apply(&ev, now)
+			mod.apply(&ev, now)
+			if ix.Digest() != mod.digest() {
+				t.Fatalf("after %v: digest %#x, model %#x", ev, ix.Digest(), mod.digest())
+			}
+		}
+		checkInvariants(t, ix)
+
+		var got Matches
+		for q := 0; q < 8; q++ {
+			hashes := rapid.SliceOfN(rapid.SampledFrom(propLocals), 1, 6).Draw(t, "query")
+			for _, view := range []View{ViewDedup, ViewTiered} {
+				for _, early := range []bool{false, true} {
+					ix.FindMatchesByTier(hashes, view, early, &got)
+					want, wantFreq := mod.find(hashes, view, early)
+					if !equalMatches(toMap(&got), want) {
+						t.Fatalf("query %v view %v early %v: index %v, model %v", hashes, view, early, toMap(&got), want)
+					}
+					if !slicesEqual(got.Frequencies, wantFreq) {
+						t.Fatalf("query %v view %v early %v: frequencies %v, model %v", hashes, view, early, got.Frequencies, wantFreq)
+					}
+				}
+			}
+		}
+
+		// Dump every rank and load it into a fresh index: same state.
+		fresh := New(propCfg)
+		for _, r := range ix.Ranks() {
+			d, err := ix.DumpRank(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := fresh.LoadRank(&d); err != nil {
+				t.Fatalf("load dump of %v: %v", r, err)
+			}
+		}
+		if fresh.Digest() != ix.Digest() {
+			t.Fatalf("dump/load: digest %#x, want %#x", fresh.Digest(), ix.Digest())
+		}
+		if a, b := fresh.Stats(), ix.Stats(); a.Nodes != b.Nodes || a.Entries != b.Entries || a.Blocks != b.Blocks {
+			t.Fatalf("dump/load: stats %+v, want %+v", a, b)
+		}
+		checkInvariants(t, fresh)
+		// The model's resync flags must agree with the index's.
+		for r, mr := range mod.ranks {
+			if got := contains(ix.NeedsResync(), r); got != mr.needsResync {
+				t.Fatalf("rank %v needs resync: index %v, model %v", r, got, mr.needsResync)
+			}
+		}
+	})
+}
+
+func contains(rs []kvevent.Rank, r kvevent.Rank) bool {
+	for _, x := range rs {
+		if x == r {
+			return true
+		}
+	}
+	return false
+}
+
+func slicesEqual(a, b []uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// checkInvariants walks the whole tree and checks the package invariants.
+func checkInvariants(t interface{ Fatalf(string, ...any) }, ix *Index) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	var nodes, entries int64
+	var perTier [kvevent.NumTiers]int64
+	var walk func(n *node)
+	walk = func(n *node) {
+		n.forEachChild(func(c *node) {
+			nodes++
+			if c.parent != n {
+				t.Fatalf("node %#x: parent link broken", c.seq)
+			}
+			if len(c.holders) == 0 && !c.hasChildren() {
+				t.Fatalf("node %#x is held by nobody and has no children: should be unlinked", c.seq)
+			}
+			for _, h := range c.holders {
+				entries++
+				if h.mask() == 0 {
+					t.Fatalf("node %#x: holder with empty mask", c.seq)
+				}
+				rs := ix.ranks[h.slot()]
+				if rs == nil || rs.blocks[h.eh] != c {
+					t.Fatalf("node %#x: holder %#x not mapped back by its rank", c.seq, h.eh)
+				}
+				for tr := kvevent.Tier(0); tr < kvevent.NumTiers; tr++ {
+					if h.mask().Has(tr) {
+						perTier[tr]++
+					}
+				}
+			}
+			walk(c)
+		})
+	}
+	walk(&ix.root)
+	if nodes != ix.nodes || entries != ix.entries || perTier != ix.perTier {
+		t.Fatalf("counts: walked nodes=%d entries=%d tiers=%v, kept nodes=%d entries=%d tiers=%v",
+			nodes, entries, perTier, ix.nodes, ix.entries, ix.perTier)
+	}
+	var mapped int64
+	for _, rs := range ix.ranks {
+		if rs != nil {
+			mapped += int64(len(rs.blocks))
+		}
+	}
+	if mapped != entries {
+		t.Fatalf("rank maps hold %d entries, tree holds %d", mapped, entries)
+	}
+}

@@ -1,0 +1,114 @@
+package indexer
+
+import (
+	"slices"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// Stats is a point-in-time summary of the index.
+type Stats struct {
+	Nodes        int64                   // tree nodes, the root excluded
+	Ranks        int                     // ranks with state
+	Entries      int64                   // (rank, block) residencies
+	Blocks       [kvevent.NumTiers]int64 // residencies per tier
+	OrphanEvents int                     // held stores waiting for a parent
+	OrphanBlocks int
+	NeedResync   int // ranks flagged as needing a resync
+	OverCapacity int // ranks that exceeded a tier's capacity
+	Counters     Counters
+}
+
+// Stats returns a summary. It is O(ranks).
+func (ix *Index) Stats() Stats {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	s := Stats{Nodes: ix.nodes, Entries: ix.entries, Blocks: ix.perTier, Counters: ix.counters}
+	for _, rs := range ix.ranks {
+		if rs == nil {
+			continue
+		}
+		s.Ranks++
+		s.OrphanEvents += len(rs.orphans)
+		s.OrphanBlocks += rs.orphanBlocks
+		if rs.needsResync {
+			s.NeedResync++
+		}
+		if rs.overCapacity {
+			s.OverCapacity++
+		}
+	}
+	return s
+}
+
+// RankStats is what the index holds for one rank.
+type RankStats struct {
+	Rank         kvevent.Rank
+	Blocks       [kvevent.NumTiers]int64
+	Capacity     [kvevent.NumTiers]int64
+	OrphanEvents int
+	NeedsResync  bool
+	OverCapacity bool
+}
+
+// RankStats returns per-rank figures, sorted by rank.
+func (ix *Index) RankStats() []RankStats {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	out := make([]RankStats, 0, len(ix.slots))
+	for _, rs := range ix.ranks {
+		if rs == nil {
+			continue
+		}
+		out = append(out, RankStats{Rank: rs.rank, Blocks: rs.count, Capacity: rs.cap,
+			OrphanEvents: len(rs.orphans), NeedsResync: rs.needsResync, OverCapacity: rs.overCapacity})
+	}
+	slices.SortFunc(out, func(a, b RankStats) int { return cmpRank(a.Rank, b.Rank) })
+	return out
+}
+
+func cmpRank(a, b kvevent.Rank) int {
+	switch {
+	case a == b:
+		return 0
+	case a.Less(b):
+		return -1
+	}
+	return 1
+}
+
+// Digest returns the state digest: equal for equal logical state (every
+// residency with its engine hash, and every held orphan block). O(1).
+func (ix *Index) Digest() uint64 {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return ix.digest
+}
+
+// NeedsResync returns the ranks whose index state provably differs from
+// their engine (an orphan was dropped), sorted. The flag clears when the
+// rank is cleared, replaced, or loaded.
+func (ix *Index) NeedsResync() []kvevent.Rank {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	var out []kvevent.Rank
+	for _, rs := range ix.ranks {
+		if rs != nil && rs.needsResync {
+			out = append(out, rs.rank)
+		}
+	}
+	slices.SortFunc(out, cmpRank)
+	return out
+}
+
+// Ranks returns every rank with state, sorted.
+func (ix *Index) Ranks() []kvevent.Rank {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	out := make([]kvevent.Rank, 0, len(ix.slots))
+	for r := range ix.slots {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, cmpRank)
+	return out
+}
