@@ -558,6 +558,12 @@ func genCandidates() *rapid.Generator[[]Candidate] {
 }
 
 func TestSelectMatchesBruteForceReference(t *testing.T) {
+	for range propertyRounds() {
+		checkSelectMatchesBruteForceReference(t)
+	}
+}
+
+func checkSelectMatchesBruteForceReference(t *testing.T) {
 	weights := []float64{0, 0.25, 0.5, 0.75, 1, 2}
 	rapid.Check(t, func(t *rapid.T) {
 		p := Params{
@@ -599,6 +605,12 @@ func TestSelectMatchesBruteForceReference(t *testing.T) {
 }
 
 func TestSoftmaxIsAValidDistributionOverEligibleRanks(t *testing.T) {
+	for range propertyRounds() {
+		checkSoftmaxIsAValidDistributionOverEligibleRanks(t)
+	}
+}
+
+func checkSoftmaxIsAValidDistributionOverEligibleRanks(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		p := DefaultParams()
 		p.Temperature = rapid.Float64Range(0.01, 10).Draw(t, "temp")

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"reflect"
 	"slices"
 	"sync"
@@ -360,6 +361,29 @@ func TestDigestDoesNotDependOnOperationOrder(t *testing.T) {
 	b.PrefillDone("r2")
 	if a.Digest() == b.Digest() {
 		t.Fatal("a prefill flag does not change the digest")
+	}
+}
+
+func TestRestoredReplicaRefusesRetryAfterFreeLikeTheOthers(t *testing.T) {
+	leader := NewSequences()
+	mustAdd(t, leader, "r1", rankA, []uint64{1}, 16, 0, 100*sec)
+	mustAdd(t, leader, "old", rankB, []uint64{2}, 16, 0, 0)
+	leader.Free("r1")
+	leader.Expire(350*sec, DefaultBookingMaxAge) // horizon 50 s: "old" goes
+	follower := NewSequences()
+	if err := follower.Restore(leader.Snapshot()); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*Sequences{leader, follower} {
+		if mustAdd(t, s, "r1", rankA, []uint64{1}, 16, 0, 100*sec) {
+			t.Fatal("retry after Free booked on a node (tombstone lost in the snapshot)")
+		}
+		if mustAdd(t, s, "old", rankB, []uint64{2}, 16, 0, 0) {
+			t.Fatal("retry of an expired booking booked on a node (horizon lost in the snapshot)")
+		}
+	}
+	if leader.Digest() != follower.Digest() {
+		t.Fatal("leader and restored follower diverged")
 	}
 }
 
@@ -717,7 +741,22 @@ func genSeq() *rapid.Generator[[]uint64] {
 	return rapid.SliceOfN(rapid.Uint64Range(0, 24), 0, 12)
 }
 
+// propertyRounds is how many times each property test runs rapid.Check
+// (each with a fresh seed): once in CI, many times under make test-long.
+func propertyRounds() int {
+	if os.Getenv("KVROUTER_LONG") != "" {
+		return 50
+	}
+	return 1
+}
+
 func TestSequencesMatchNaiveModel(t *testing.T) {
+	for range propertyRounds() {
+		checkSequencesMatchNaiveModel(t)
+	}
+}
+
+func checkSequencesMatchNaiveModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		s, m := NewSequences(), newSeqModel()
 		clock := int64(0)
@@ -729,6 +768,7 @@ func TestSequencesMatchNaiveModel(t *testing.T) {
 			now         int64
 		}
 		var history []addArgs
+		var sc PotentialScratch // reused across checks, as slots come and go
 		doAdd := func(t *rapid.T, a addArgs) {
 			got, err := s.Add(a.id, a.r, a.seq, a.isl, a.cached, a.now)
 			want, valid := m.add(a.id, a.r, a.seq, a.isl, a.cached, a.now)
@@ -798,7 +838,7 @@ func TestSequencesMatchNaiveModel(t *testing.T) {
 					}
 				}
 				q := genSeq().Draw(t, "query")
-				got, idle := s.PotentialDecodeBlocks(nil, q, nil)
+				got, idle := s.PotentialDecodeBlocks(nil, q, &sc)
 				want, wantIdle := m.potential(q)
 				if !reflect.DeepEqual(got, want) || idle != wantIdle {
 					t.Fatalf("PotentialDecodeBlocks(%v) = %+v idle %d, model %+v idle %d", q, got, idle, want, wantIdle)
@@ -832,6 +872,12 @@ func TestSequencesMatchNaiveModel(t *testing.T) {
 // TestDigestChangesExactlyWhenStateChanges runs random operations and
 // checks that the digest moves exactly when the model's logical state does.
 func TestDigestChangesExactlyWhenStateChanges(t *testing.T) {
+	for range propertyRounds() {
+		checkDigestChangesExactlyWhenStateChanges(t)
+	}
+}
+
+func checkDigestChangesExactlyWhenStateChanges(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		s := NewSequences()
 		prevSnap, prevDigest := normalise(s.Snapshot()), s.Digest()
