@@ -1,0 +1,836 @@
+// sequences.go is the load tracker of semantics.md §6: the requests that were
+// routed to a rank and have not finished ("active sequences"), and the load
+// they put on it.
+//
+// A booking is one routed request: its id, its rank, the sequence hashes of
+// its full blocks, its input length and how many of those tokens the rank
+// already had cached. From the live bookings of a rank follow its load:
+//
+//   - ActiveDecodeBlocks: the number of DISTINCT sequence hashes among them
+//     (two requests sharing a prefix share its KV blocks);
+//   - ActivePrefillTokens: the sum of max(isl-cached, 0) over the bookings
+//     still in prefill;
+//   - ActiveRequests: the number of live bookings.
+//
+// Invariants (the property tests check each against a naive model):
+//   - blocks[h] lists (slot, n) with n > 0 exactly when hash h occurs n times
+//     among the live bookings of the rank in that slot; a hash nobody holds
+//     has no entry. A slot's ActiveDecodeBlocks is the number of hashes that
+//     list it.
+//   - A rank has a slot exactly while it has a live booking; order lists the
+//     slots in rank order, so every query walks the ranks in one order.
+//   - byID holds each request id at most once, live or freed (a tombstone);
+//     the expiry heap holds exactly the entries of byID, ordered by
+//     (createdAt, id).
+//   - Freed ids stay as tombstones until Expire sweeps them, i.e. until they
+//     are older than the expiry age; Expire also raises a horizon, and an Add
+//     created before the horizon is refused. Together: a retried Add that
+//     arrives after the Free of the same id never resurrects the booking,
+//     whether the tombstone is still there or already swept.
+//   - digest is the wrapping sum of one hash per entry (live booking or
+//     tombstone), so equal logical state gives an equal Digest whatever the
+//     order of the operations that produced it.
+//   - Nothing here reads a clock: time is the caller's int64 (unix nanos),
+//     which is what lets a replicated FSM apply it deterministically.
+
+package indexer
+
+import (
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/zeebo/xxh3"
+)
+
+// DefaultBookingMaxAge is how old a booking may grow before Expire frees it
+// when the caller passes no age: a request that was never freed (a lost
+// Free, a crashed client) stops counting as load after this long.
+const DefaultBookingMaxAge = 300 * time.Second
+
+// Load is the load that live bookings put on one rank.
+type Load struct {
+	ActivePrefillTokens int64 // uncached input tokens of requests still in prefill
+	ActiveDecodeBlocks  int64 // distinct KV blocks held by live requests
+	ActiveRequests      int64 // live requests
+}
+
+// RankLoad is one rank's load and, from PotentialDecodeBlocks, the decode
+// blocks it would hold if it also took the queried request.
+type RankLoad struct {
+	Rank                  kvevent.Rank
+	Load                  Load
+	PotentialDecodeBlocks int64
+}
+
+// Booking is one live request as snapshots carry it.
+type Booking struct {
+	ID           string
+	Rank         kvevent.Rank
+	SeqHashes    []uint64 // sequence hashes of the request's full blocks
+	ISL          int      // input length in tokens
+	CachedTokens int      // tokens the rank had cached when the request was routed
+	PrefillDone  bool     // the first token was produced
+	CreatedAt    int64    // the now of the Add (unix nanos)
+}
+
+// FreedBooking is the tombstone of a freed request: it keeps a retried Add
+// of the same id from booking it again until it is swept.
+type FreedBooking struct {
+	ID        string
+	CreatedAt int64 // the CreatedAt of the booking it replaced
+}
+
+// SequencesSnapshot is the whole logical state of a Sequences: what a
+// replicated snapshot must carry so that a restored node answers every later
+// operation as the others do.
+type SequencesSnapshot struct {
+	Bookings []Booking      // live bookings, by id
+	Freed    []FreedBooking // tombstones, by id
+	// Swept is true once an Expire ran; Horizon is then the creation time
+	// below which an Add is refused (see Expire).
+	Swept   bool
+	Horizon int64
+}
+
+// Sequences tracks the active sequences of every rank (semantics.md §6).
+//
+// It is safe for concurrent use: mutations (Add, PrefillDone, Free, Expire,
+// RemoveRank, RemoveWorker, Restore) take a write lock, queries a read lock,
+// so route handlers may query while the FSM apply goroutine mutates. Queries
+// that need scratch space take it from the caller (PotentialScratch), one per
+// goroutine, so that concurrent readers share nothing writable.
+//
+// The zero value is not ready; use NewSequences.
+type Sequences struct {
+	mu sync.RWMutex
+	st seqState
+}
+
+// NewSequences returns an empty load tracker.
+func NewSequences() *Sequences {
+	s := &Sequences{}
+	s.st.init()
+	return s
+}
+
+// booking is one entry of byID: live, or a tombstone when freed.
+type booking struct {
+	id          string
+	rank        kvevent.Rank
+	slot        int32    // the rank's slot while live
+	seq         []uint64 // owned copy; nil once freed
+	isl         int
+	cached      int
+	prefill     int64 // max(isl-cached, 0)
+	prefillDone bool
+	freed       bool
+	createdAt   int64
+	hash        uint64 // digest hash of the fields that never change
+}
+
+// slotRef is one rank's reference count on one sequence hash.
+type slotRef struct {
+	slot int32
+	refs int32
+}
+
+// blockRefs lists the ranks holding one sequence hash. Most blocks are held
+// by one rank, so the first reference lives inline and a block held by one
+// rank costs no allocation beyond its map slot.
+type blockRefs struct {
+	first slotRef
+	rest  []slotRef
+}
+
+type rankSlot struct {
+	rank kvevent.Rank
+	load Load
+}
+
+type seqState struct {
+	byID   map[string]*booking
+	expiry []*booking // min-heap on (createdAt, id)
+	live   int
+	freed  int
+
+	blocks    map[uint64]blockRefs
+	slotOf    map[kvevent.Rank]int32
+	slots     []rankSlot
+	freeSlots []int32
+	order     []int32 // live slots, in rank order
+
+	swept   bool
+	horizon int64
+	digest  uint64 // wrapping sum of entryHash over byID
+	buf     []byte // encoding scratch for hashes; used under the write lock
+}
+
+func (st *seqState) init() {
+	st.byID = make(map[string]*booking)
+	st.blocks = make(map[uint64]blockRefs)
+	st.slotOf = make(map[kvevent.Rank]int32)
+}
+
+func validateBooking(id string, isl, cached int) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: empty request id", ErrInvalidBooking)
+	case isl < 0:
+		return fmt.Errorf("%w: request %q: negative input length %d", ErrInvalidBooking, id, isl)
+	case cached < 0:
+		return fmt.Errorf("%w: request %q: negative cached tokens %d", ErrInvalidBooking, id, cached)
+	}
+	return nil
+}
+
+// Add books request id on rank at routing time: its blocks start counting as
+// decode load and isl-cachedTokens (at least 0) as prefill load. now is the
+// request's creation time; a retry of the same booking must carry the same
+// now (it travels in the log entry).
+//
+// It reports whether it booked. It does nothing and returns false when id is
+// live (a duplicate), was freed and its tombstone is not yet swept (a retry
+// that arrived after the Free), or when now is below the expiry horizon (a
+// booking that a sweep would already have expired). It returns an error,
+// booking nothing, for an empty id or a negative isl or cachedTokens.
+// seqHashes is copied.
+func (s *Sequences) Add(id string, rank kvevent.Rank, seqHashes []uint64, isl, cachedTokens int, now int64) (bool, error) {
+	if err := validateBooking(id, isl, cachedTokens); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := &s.st
+	if _, ok := st.byID[id]; ok {
+		return false, nil
+	}
+	if st.swept && now < st.horizon {
+		return false, nil
+	}
+	b := &booking{
+		id:        id,
+		rank:      rank,
+		seq:       slices.Clone(seqHashes),
+		isl:       isl,
+		cached:    cachedTokens,
+		prefill:   max(int64(isl)-int64(cachedTokens), 0),
+		createdAt: now,
+	}
+	st.insert(b)
+	return true, nil
+}
+
+// PrefillDone marks request id as past prefill (its first token came): its
+// uncached tokens stop counting as prefill load; its blocks still count. It
+// reports whether it changed anything: false for an unknown or freed id or a
+// repeat.
+func (s *Sequences) PrefillDone(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := &s.st
+	b, ok := st.byID[id]
+	if !ok || b.freed || b.prefillDone {
+		return false
+	}
+	st.digest -= b.entryHash()
+	b.prefillDone = true
+	st.digest += b.entryHash()
+	st.slots[b.slot].load.ActivePrefillTokens -= b.prefill
+	return true
+}
+
+// Free ends request id (finished, failed or cancelled): its load goes, and
+// its id stays as a tombstone until Expire sweeps it. It reports whether it
+// freed anything: false for an unknown or already freed id.
+func (s *Sequences) Free(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := &s.st
+	b, ok := st.byID[id]
+	if !ok || b.freed {
+		return false
+	}
+	st.tombstone(b)
+	return true
+}
+
+// Expire frees every live booking older than maxAge at now (now - CreatedAt >
+// maxAge) and sweeps the tombstones as old; it returns how many live
+// bookings it freed. maxAge <= 0 means DefaultBookingMaxAge.
+//
+// It also raises the horizon to now-maxAge (never lowers it): an Add created
+// before the horizon is refused from then on, so a retry of a booking whose
+// tombstone this sweep removed cannot book it again.
+//
+// Entries go in (CreatedAt, id) order, so that replicas applying the same
+// sweep do the same thing in the same order.
+func (s *Sequences) Expire(now int64, maxAge time.Duration) (expired int) {
+	if maxAge <= 0 {
+		maxAge = DefaultBookingMaxAge
+	}
+	cutoff := now - int64(maxAge)
+	if now < math.MinInt64+int64(maxAge) { // now-maxAge would wrap
+		cutoff = math.MinInt64
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := &s.st
+	if !st.swept || cutoff > st.horizon {
+		st.swept, st.horizon = true, cutoff
+	}
+	for len(st.expiry) > 0 && st.expiry[0].createdAt < cutoff {
+		b := st.popExpiry()
+		if !b.freed {
+			st.unbook(b)
+			st.live--
+			expired++
+		} else {
+			st.freed--
+		}
+		st.digest -= b.entryHash()
+		delete(st.byID, b.id)
+	}
+	return expired
+}
+
+// RemoveRank frees every live booking of rank (it left the fleet) and returns
+// how many. Like Free, each leaves a tombstone.
+func (s *Sequences) RemoveRank(rank kvevent.Rank) int {
+	return s.removeWhere(func(r kvevent.Rank) bool { return r == rank })
+}
+
+// RemoveWorker frees every live booking of every rank of worker and returns
+// how many. Like Free, each leaves a tombstone.
+func (s *Sequences) RemoveWorker(worker uint64) int {
+	return s.removeWhere(func(r kvevent.Rank) bool { return r.Worker == worker })
+}
+
+func (s *Sequences) removeWhere(match func(kvevent.Rank) bool) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := &s.st
+	n := 0
+	// Walking the slots first makes the common case (the rank holds nothing)
+	// cost O(ranks), not O(bookings).
+	held := false
+	for _, sl := range st.order {
+		if match(st.slots[sl].rank) {
+			held = true
+			break
+		}
+	}
+	if !held {
+		return 0
+	}
+	// The order in which bookings are freed does not change the resulting
+	// state: reference counts and sums commute.
+	for _, b := range st.byID {
+		if !b.freed && match(b.rank) {
+			st.tombstone(b)
+			n++
+		}
+	}
+	return n
+}
+
+// Load returns rank's load; zero when it has no live booking.
+func (s *Sequences) Load(rank kvevent.Rank) Load {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if sl, ok := s.st.slotOf[rank]; ok {
+		return s.st.slots[sl].load
+	}
+	return Load{}
+}
+
+// Loads appends to dst the load of every rank with a live booking, in rank
+// order, and returns it. PotentialDecodeBlocks is left zero.
+func (s *Sequences) Loads(dst []RankLoad) []RankLoad {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, sl := range s.st.order {
+		dst = append(dst, RankLoad{Rank: s.st.slots[sl].rank, Load: s.st.slots[sl].load})
+	}
+	return dst
+}
+
+// Count returns the number of live bookings and of tombstones.
+func (s *Sequences) Count() (live, freed int) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.st.live, s.st.freed
+}
+
+// PotentialScratch is reusable scratch space for PotentialDecodeBlocks. One
+// goroutine uses it at a time; keep one per route handler (or in a
+// sync.Pool). The zero value is ready.
+type PotentialScratch struct {
+	set  hashSet
+	hits []int32
+}
+
+// PotentialDecodeBlocks appends to dst, for every rank with a live booking,
+// in rank order, its load and its potential decode blocks for a request with
+// the given sequence hashes: its active decode blocks plus the request's
+// distinct blocks that its live requests do not already hold. It returns dst
+// and the number of distinct blocks of the request, which is the potential
+// decode blocks of every rank that is not listed (an idle rank).
+//
+// The cost is O(request blocks + ranks), not O(blocks × ranks): one lookup
+// per distinct request block in the global hash → holders map finds every
+// rank that holds it. With a scratch that has grown to size and a dst with
+// room, it allocates nothing. sc may be nil (it then allocates).
+func (s *Sequences) PotentialDecodeBlocks(dst []RankLoad, seqHashes []uint64, sc *PotentialScratch) ([]RankLoad, int64) {
+	if sc == nil {
+		sc = new(PotentialScratch)
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	st := &s.st
+	if cap(sc.hits) < len(st.slots) {
+		sc.hits = make([]int32, len(st.slots), cap(st.slots))
+	}
+	hits := sc.hits[:len(st.slots)]
+	sc.set.reset(len(seqHashes))
+	var distinct int64
+	for _, h := range seqHashes {
+		if !sc.set.insert(h) {
+			continue // a repeated hash is one block
+		}
+		distinct++
+		e, ok := st.blocks[h]
+		if !ok {
+			continue
+		}
+		hits[e.first.slot]++
+		for _, r := range e.rest {
+			hits[r.slot]++
+		}
+	}
+	// Only live slots appear in blocks, and order lists every live slot, so
+	// this walk also leaves hits all zero for the next call.
+	for _, sl := range st.order {
+		rs := &st.slots[sl]
+		dst = append(dst, RankLoad{
+			Rank:                  rs.rank,
+			Load:                  rs.load,
+			PotentialDecodeBlocks: rs.load.ActiveDecodeBlocks + distinct - int64(hits[sl]),
+		})
+		hits[sl] = 0
+	}
+	return dst, distinct
+}
+
+// Bookings returns a copy of every live booking, ordered by id.
+func (s *Sequences) Bookings() []Booking {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.st.bookings()
+}
+
+// Snapshot returns a copy of the whole logical state: live bookings and
+// tombstones ordered by id, and the expiry horizon.
+func (s *Sequences) Snapshot() SequencesSnapshot {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	st := &s.st
+	snap := SequencesSnapshot{Bookings: st.bookings(), Swept: st.swept, Horizon: st.horizon}
+	snap.Freed = make([]FreedBooking, 0, st.freed)
+	for _, b := range st.byID {
+		if b.freed {
+			snap.Freed = append(snap.Freed, FreedBooking{ID: b.id, CreatedAt: b.createdAt})
+		}
+	}
+	slices.SortFunc(snap.Freed, func(a, b FreedBooking) int { return cmp.Compare(a.ID, b.ID) })
+	return snap
+}
+
+func (st *seqState) bookings() []Booking {
+	out := make([]Booking, 0, st.live)
+	for _, b := range st.byID {
+		if !b.freed {
+			out = append(out, Booking{
+				ID: b.id, Rank: b.rank, SeqHashes: slices.Clone(b.seq), ISL: b.isl,
+				CachedTokens: b.cached, PrefillDone: b.prefillDone, CreatedAt: b.createdAt,
+			})
+		}
+	}
+	slices.SortFunc(out, func(a, b Booking) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Restore replaces the whole state with snap, atomically: on error (an
+// invalid booking, an id given twice) nothing changes. Bookings are
+// restored as given, even ones older than the horizon (the next Expire
+// frees them). A snapshot with only Bookings set restores those with no
+// tombstones and no horizon.
+func (s *Sequences) Restore(snap SequencesSnapshot) error {
+	var st seqState
+	st.init()
+	for i := range snap.Bookings {
+		bk := &snap.Bookings[i]
+		if err := validateBooking(bk.ID, bk.ISL, bk.CachedTokens); err != nil {
+			return fmt.Errorf("restore booking %d: %w", i, err)
+		}
+		if _, dup := st.byID[bk.ID]; dup {
+			return fmt.Errorf("restore: %w: request %q given twice", ErrInvalidBooking, bk.ID)
+		}
+		b := &booking{
+			id: bk.ID, rank: bk.Rank, seq: slices.Clone(bk.SeqHashes), isl: bk.ISL, cached: bk.CachedTokens,
+			prefill: max(int64(bk.ISL)-int64(bk.CachedTokens), 0), createdAt: bk.CreatedAt,
+		}
+		st.insert(b)
+		if bk.PrefillDone {
+			st.digest -= b.entryHash()
+			b.prefillDone = true
+			st.digest += b.entryHash()
+			st.slots[b.slot].load.ActivePrefillTokens -= b.prefill
+		}
+	}
+	for i, f := range snap.Freed {
+		if f.ID == "" {
+			return fmt.Errorf("restore tombstone %d: %w: empty request id", i, ErrInvalidBooking)
+		}
+		if _, dup := st.byID[f.ID]; dup {
+			return fmt.Errorf("restore: %w: request %q given twice", ErrInvalidBooking, f.ID)
+		}
+		b := &booking{id: f.ID, createdAt: f.CreatedAt, freed: true}
+		b.hash = st.tombHash(b)
+		st.byID[b.id] = b
+		st.pushExpiry(b)
+		st.freed++
+		st.digest += b.hash
+	}
+	st.swept, st.horizon = snap.Swept, snap.Horizon
+	if !st.swept {
+		st.horizon = 0
+	}
+	s.mu.Lock()
+	s.st = st
+	s.mu.Unlock()
+	return nil
+}
+
+// Digest returns a hash of the logical state (live bookings with their
+// prefill flag, tombstones, horizon). Equal states give equal digests
+// whatever the order of the operations that built them; replicas compare
+// digests to detect divergence. It is O(1).
+func (s *Sequences) Digest() uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	st := &s.st
+	h := st.digest
+	if st.swept {
+		h = mix64(h ^ mix64(uint64(st.horizon)^0x5bd1e9955bd1e995))
+	}
+	return mix64(h)
+}
+
+// insert books a new live booking: it indexes its blocks, adds its load and
+// records it in byID, the expiry heap and the digest.
+func (st *seqState) insert(b *booking) {
+	b.slot = st.slotFor(b.rank)
+	rs := &st.slots[b.slot]
+	for _, h := range b.seq {
+		if st.incRef(h, b.slot) {
+			rs.load.ActiveDecodeBlocks++
+		}
+	}
+	rs.load.ActivePrefillTokens += b.prefill
+	rs.load.ActiveRequests++
+	b.hash = st.bookingHash(b)
+	st.byID[b.id] = b
+	st.pushExpiry(b)
+	st.live++
+	st.digest += b.entryHash()
+}
+
+// tombstone frees a live booking and keeps its id as a tombstone with the
+// same createdAt (so its expiry heap entry stays valid).
+func (st *seqState) tombstone(b *booking) {
+	st.unbook(b)
+	st.digest -= b.entryHash()
+	b.freed = true
+	b.seq = nil
+	b.prefillDone = false
+	b.hash = st.tombHash(b)
+	st.digest += b.hash
+	st.live--
+	st.freed++
+}
+
+// unbook removes a live booking's load from its rank and releases the
+// rank's slot when it was the rank's last booking.
+func (st *seqState) unbook(b *booking) {
+	rs := &st.slots[b.slot]
+	for _, h := range b.seq {
+		if st.decRef(h, b.slot) {
+			rs.load.ActiveDecodeBlocks--
+		}
+	}
+	if !b.prefillDone {
+		rs.load.ActivePrefillTokens -= b.prefill
+	}
+	rs.load.ActiveRequests--
+	if rs.load.ActiveRequests == 0 {
+		st.releaseSlot(b.slot)
+	}
+}
+
+// incRef counts one more occurrence of h on slot; it reports whether the
+// slot did not hold h before.
+func (st *seqState) incRef(h uint64, slot int32) bool {
+	e, ok := st.blocks[h]
+	if !ok {
+		st.blocks[h] = blockRefs{first: slotRef{slot: slot, refs: 1}}
+		return true
+	}
+	if e.first.slot == slot {
+		e.first.refs++
+		st.blocks[h] = e
+		return false
+	}
+	for i := range e.rest {
+		if e.rest[i].slot == slot {
+			e.rest[i].refs++ // shares the backing array: no write-back needed
+			return false
+		}
+	}
+	e.rest = append(e.rest, slotRef{slot: slot, refs: 1})
+	st.blocks[h] = e
+	return true
+}
+
+// decRef counts one occurrence of h on slot less; it reports whether the
+// slot no longer holds h. The entry goes when nobody holds h.
+func (st *seqState) decRef(h uint64, slot int32) bool {
+	e, ok := st.blocks[h]
+	if !ok {
+		return false // unreachable while the invariants hold
+	}
+	if e.first.slot == slot {
+		e.first.refs--
+		if e.first.refs > 0 {
+			st.blocks[h] = e
+			return false
+		}
+		if n := len(e.rest); n > 0 {
+			e.first = e.rest[n-1]
+			e.rest = e.rest[:n-1]
+			if len(e.rest) == 0 {
+				e.rest = nil
+			}
+			st.blocks[h] = e
+		} else {
+			delete(st.blocks, h)
+		}
+		return true
+	}
+	for i := range e.rest {
+		if e.rest[i].slot != slot {
+			continue
+		}
+		e.rest[i].refs--
+		if e.rest[i].refs > 0 {
+			return false
+		}
+		n := len(e.rest)
+		e.rest[i] = e.rest[n-1]
+		e.rest = e.rest[:n-1]
+		if len(e.rest) == 0 {
+			e.rest = nil
+		}
+		st.blocks[h] = e
+		return true
+	}
+	return false
+}
+
+// slotFor returns rank's slot, giving it one (and a place in order) when it
+// has none.
+func (st *seqState) slotFor(rank kvevent.Rank) int32 {
+	if sl, ok := st.slotOf[rank]; ok {
+		return sl
+	}
+	var sl int32
+	if n := len(st.freeSlots); n > 0 {
+		sl = st.freeSlots[n-1]
+		st.freeSlots = st.freeSlots[:n-1]
+		st.slots[sl] = rankSlot{rank: rank}
+	} else {
+		sl = int32(len(st.slots))
+		st.slots = append(st.slots, rankSlot{rank: rank})
+	}
+	st.slotOf[rank] = sl
+	i, _ := slices.BinarySearchFunc(st.order, rank, func(s int32, r kvevent.Rank) int { return cmpRank(st.slots[s].rank, r) })
+	st.order = slices.Insert(st.order, i, sl)
+	return sl
+}
+
+func (st *seqState) releaseSlot(sl int32) {
+	rank := st.slots[sl].rank
+	i, found := slices.BinarySearchFunc(st.order, rank, func(s int32, r kvevent.Rank) int { return cmpRank(st.slots[s].rank, r) })
+	if found {
+		st.order = slices.Delete(st.order, i, i+1)
+	}
+	delete(st.slotOf, rank)
+	st.slots[sl] = rankSlot{}
+	st.freeSlots = append(st.freeSlots, sl)
+}
+
+func cmpRank(a, b kvevent.Rank) int {
+	if c := cmp.Compare(a.Worker, b.Worker); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.DP, b.DP)
+}
+
+// The expiry heap is a plain binary min-heap on (createdAt, id); ids are
+// unique, so the order is total and every replica pops the same sequence.
+
+func expiryLess(a, b *booking) bool {
+	if a.createdAt != b.createdAt {
+		return a.createdAt < b.createdAt
+	}
+	return a.id < b.id
+}
+
+func (st *seqState) pushExpiry(b *booking) {
+	h := append(st.expiry, b)
+	i := len(h) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !expiryLess(h[i], h[p]) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
+	}
+	st.expiry = h
+}
+
+func (st *seqState) popExpiry() *booking {
+	h := st.expiry
+	top := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h[n] = nil
+	h = h[:n]
+	for i := 0; ; {
+		l, small := 2*i+1, i
+		if l < n && expiryLess(h[l], h[small]) {
+			small = l
+		}
+		if r := l + 1; r < n && expiryLess(h[r], h[small]) {
+			small = r
+		}
+		if small == i {
+			break
+		}
+		h[i], h[small] = h[small], h[i]
+		i = small
+	}
+	st.expiry = h
+	return top
+}
+
+// Digest hashes. A live booking's entry hash is the XXH3 of its fixed fields,
+// remixed when its prefill is done; a tombstone's covers its id and time.
+// The tags keep a booking and a tombstone of the same id apart.
+
+const prefillDoneSalt = 0x2545f4914f6cdd1d
+
+func (b *booking) entryHash() uint64 {
+	if b.prefillDone {
+		return mix64(b.hash ^ prefillDoneSalt)
+	}
+	return b.hash
+}
+
+func (st *seqState) bookingHash(b *booking) uint64 {
+	buf := append(st.buf[:0], 'B')
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(b.id)))
+	buf = append(buf, b.id...)
+	buf = binary.LittleEndian.AppendUint64(buf, b.rank.Worker)
+	buf = binary.LittleEndian.AppendUint32(buf, b.rank.DP)
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(b.isl))
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(b.cached))
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(b.createdAt))
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(b.seq)))
+	for _, h := range b.seq {
+		buf = binary.LittleEndian.AppendUint64(buf, h)
+	}
+	st.buf = buf
+	return xxh3.Hash(buf)
+}
+
+func (st *seqState) tombHash(b *booking) uint64 {
+	buf := append(st.buf[:0], 'F')
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(b.id)))
+	buf = append(buf, b.id...)
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(b.createdAt))
+	st.buf = buf
+	return xxh3.Hash(buf)
+}
+
+// mix64 is the SplitMix64 finaliser: a bijection on uint64 with full
+// avalanche, used wherever a cheap, deterministic, well-spread hash of an
+// integer is needed.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// hashSet is a small open-addressing set of uint64 for deduplicating one
+// request's hashes without allocating: a slot is in use when its generation
+// is the current one, so reset is O(1) instead of clearing the table.
+type hashSet struct {
+	keys []uint64
+	gens []uint32
+	gen  uint32
+	mask uint64
+}
+
+// reset empties the set and makes room for n keys at load factor <= 1/2.
+func (s *hashSet) reset(n int) {
+	size := 16
+	for size < 2*n {
+		size *= 2
+	}
+	if len(s.keys) < size {
+		s.keys = make([]uint64, size)
+		s.gens = make([]uint32, size)
+		s.gen = 0
+	}
+	s.mask = uint64(len(s.keys) - 1)
+	s.gen++
+	if s.gen == 0 { // wrapped: old generations could look current
+		clear(s.gens)
+		s.gen = 1
+	}
+}
+
+// insert adds k and reports whether it was absent.
+func (s *hashSet) insert(k uint64) bool {
+	i := (k * 0x9e3779b97f4a7c15) >> 32 & s.mask
+	for {
+		if s.gens[i] != s.gen {
+			s.gens[i], s.keys[i] = s.gen, k
+			return true
+		}
+		if s.keys[i] == k {
+			return false
+		}
+		i = (i + 1) & s.mask
+	}
+}

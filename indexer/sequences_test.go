@@ -1,0 +1,903 @@
+// sequences_test.go checks the load tracker rule by rule (semantics.md §6),
+// then as a whole against seqModel, a deliberately naive reference that
+// recomputes every answer from its list of requests.
+
+package indexer
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"reflect"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"pgregory.net/rapid"
+)
+
+var (
+	rankA  = kvevent.Rank{Worker: 1, DP: 0}
+	rankA1 = kvevent.Rank{Worker: 1, DP: 1}
+	rankB  = kvevent.Rank{Worker: 2, DP: 0}
+	rankC  = kvevent.Rank{Worker: 3, DP: 0}
+)
+
+const sec = int64(time.Second)
+
+func mustAdd(t testing.TB, s *Sequences, id string, r kvevent.Rank, seq []uint64, isl, cached int, now int64) bool {
+	t.Helper()
+	ok, err := s.Add(id, r, seq, isl, cached, now)
+	if err != nil {
+		t.Fatalf("Add(%q): %v", id, err)
+	}
+	return ok
+}
+
+func potential(s *Sequences, q []uint64) (map[kvevent.Rank]int64, int64) {
+	out, idle := s.PotentialDecodeBlocks(nil, q, nil)
+	m := make(map[kvevent.Rank]int64, len(out))
+	for _, rl := range out {
+		m[rl.Rank] = rl.PotentialDecodeBlocks
+	}
+	return m, idle
+}
+
+func TestSharedPrefixBlocksCountOnceInDecodeLoad(t *testing.T) {
+	s := NewSequences()
+	mustAdd(t, s, "r1", rankA, []uint64{1, 2, 3}, 48, 0, 0)
+	mustAdd(t, s, "r2", rankA, []uint64{1, 2, 4, 5}, 64, 32, 0)
+	got := s.Load(rankA)
+	want := Load{ActivePrefillTokens: 48 + 32, ActiveDecodeBlocks: 5, ActiveRequests: 2}
+	if got != want {
+		t.Fatalf("load = %+v, want %+v", got, want)
+	}
+	s.Free("r1")
+	if got, want := s.Load(rankA), (Load{ActivePrefillTokens: 32, ActiveDecodeBlocks: 4, ActiveRequests: 1}); got != want {
+		t.Fatalf("load after freeing r1 = %+v, want %+v", got, want)
+	}
+}
+
+func TestRepeatedAddOfLiveIDDoesNotDoubleCount(t *testing.T) {
+	s := NewSequences()
+	if !mustAdd(t, s, "r1", rankA, []uint64{1, 2}, 32, 0, 0) {
+		t.Fatal("first Add refused")
+	}
+	// Same id, even with other arguments: the first booking stands.
+	if mustAdd(t, s, "r1", rankB, []uint64{1, 2, 3}, 99, 0, 5) {
+		t.Fatal("repeated Add of a live id booked again")
+	}
+	if got, want := s.Load(rankA), (Load{32, 2, 1}); got != want {
+		t.Fatalf("load = %+v, want %+v", got, want)
+	}
+	if got := s.Load(rankB); got != (Load{}) {
+		t.Fatalf("rank B load = %+v, want none", got)
+	}
+}
+
+func TestRetriedAddAfterFreeDoesNotResurrectBooking(t *testing.T) {
+	s := NewSequences()
+	mustAdd(t, s, "r1", rankA, []uint64{1, 2}, 32, 0, 10*sec)
+	if !s.Free("r1") {
+		t.Fatal("Free of a live id returned false")
+	}
+	if mustAdd(t, s, "r1", rankA, []uint64{1, 2}, 32, 0, 10*sec) {
+		t.Fatal("retried Add after Free booked the request again")
+	}
+	if got := s.Load(rankA); got != (Load{}) {
+		t.Fatalf("load = %+v, want none", got)
+	}
+	// Still refused by the tombstone after a sweep that leaves it.
+	s.Expire(300*sec, DefaultBookingMaxAge)
+	if mustAdd(t, s, "r1", rankA, []uint64{1, 2}, 32, 0, 10*sec) {
+		t.Fatal("retried Add booked after a sweep that kept the tombstone")
+	}
+	if live, freed := s.Count(); live != 0 || freed != 1 {
+		t.Fatalf("count = %d live, %d freed; want 0, 1", live, freed)
+	}
+}
+
+func TestRetriedAddAfterTombstoneSweptIsRefusedByHorizon(t *testing.T) {
+	s := NewSequences()
+	mustAdd(t, s, "r1", rankA, []uint64{1}, 16, 0, 10*sec)
+	s.Free("r1")
+	s.Expire(400*sec, DefaultBookingMaxAge) // cutoff 100 s: the tombstone goes
+	if _, freed := s.Count(); freed != 0 {
+		t.Fatalf("tombstone older than the max age was not swept (%d left)", freed)
+	}
+	if mustAdd(t, s, "r1", rankA, []uint64{1}, 16, 0, 10*sec) {
+		t.Fatal("retry older than the sweep horizon booked the request again")
+	}
+	// A booking created at or after the horizon is fine, even under an old id.
+	if !mustAdd(t, s, "r1", rankA, []uint64{1}, 16, 0, 100*sec) {
+		t.Fatal("Add at the horizon refused")
+	}
+}
+
+func TestExpireHorizonNeverMovesBack(t *testing.T) {
+	s := NewSequences()
+	s.Expire(1000*sec, 100*time.Second) // horizon 900 s
+	s.Expire(500*sec, 100*time.Second)  // a stale leader's sweep: horizon stays
+	if mustAdd(t, s, "r1", rankA, nil, 1, 0, 800*sec) {
+		t.Fatal("Add below the horizon booked after a sweep with an older clock")
+	}
+}
+
+func TestPrefillTokensFloorAtZero(t *testing.T) {
+	cases := []struct {
+		name        string
+		isl, cached int
+		want        int64
+	}{
+		{"nothing cached", 100, 0, 100},
+		{"part cached", 100, 64, 36},
+		{"all cached", 64, 64, 0},
+		{"cached over isl", 10, 64, 0},
+		{"empty prompt", 0, 0, 0},
+	}
+	for _, c := range cases {
+		s := NewSequences()
+		mustAdd(t, s, "r", rankA, nil, c.isl, c.cached, 0)
+		if got := s.Load(rankA).ActivePrefillTokens; got != c.want {
+			t.Errorf("%s: prefill tokens = %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+func TestPrefillDoneSubtractsPrefillOnce(t *testing.T) {
+	s := NewSequences()
+	mustAdd(t, s, "r1", rankA, []uint64{7}, 100, 20, 0)
+	mustAdd(t, s, "r2", rankA, []uint64{8}, 50, 0, 0)
+	if !s.PrefillDone("r1") {
+		t.Fatal("PrefillDone of a live id returned false")
+	}
+	if s.PrefillDone("r1") {
+		t.Fatal("repeated PrefillDone returned true")
+	}
+	if got, want := s.Load(rankA), (Load{50, 2, 2}); got != want {
+		t.Fatalf("load = %+v, want %+v", got, want)
+	}
+	// Freeing a request past prefill must not subtract its prefill again.
+	s.Free("r1")
+	if got, want := s.Load(rankA), (Load{50, 1, 1}); got != want {
+		t.Fatalf("load after free = %+v, want %+v", got, want)
+	}
+}
+
+func TestCallsOnUnknownOrFreedIDAreNoOps(t *testing.T) {
+	s := NewSequences()
+	mustAdd(t, s, "r1", rankA, []uint64{1}, 16, 0, 0)
+	s.Free("r1")
+	d := s.Digest()
+	for _, c := range []struct {
+		name string
+		call func() bool
+	}{
+		{"PrefillDone unknown", func() bool { return s.PrefillDone("nope") }},
+		{"Free unknown", func() bool { return s.Free("nope") }},
+		{"PrefillDone freed", func() bool { return s.PrefillDone("r1") }},
+		{"Free freed", func() bool { return s.Free("r1") }},
+	} {
+		if c.call() {
+			t.Errorf("%s returned true", c.name)
+		}
+	}
+	if s.Digest() != d {
+		t.Fatal("no-op calls changed the state digest")
+	}
+}
+
+func TestAddRejectsInvalidInputWithoutBooking(t *testing.T) {
+	cases := []struct {
+		name        string
+		id          string
+		isl, cached int
+	}{
+		{"empty id", "", 16, 0},
+		{"negative isl", "r", -1, 0},
+		{"negative cached", "r", 16, -5},
+	}
+	for _, c := range cases {
+		s := NewSequences()
+		ok, err := s.Add(c.id, rankA, []uint64{1}, c.isl, c.cached, 0)
+		if ok || !errors.Is(err, ErrInvalidBooking) {
+			t.Errorf("%s: Add = %v, %v; want false, ErrInvalidBooking", c.name, ok, err)
+		}
+		if live, _ := s.Count(); live != 0 {
+			t.Errorf("%s: invalid Add booked", c.name)
+		}
+	}
+}
+
+func TestExpireFreesOnlyBookingsOlderThanMaxAge(t *testing.T) {
+	s := NewSequences()
+	mustAdd(t, s, "old", rankA, []uint64{1}, 16, 0, 0)
+	mustAdd(t, s, "edge", rankA, []uint64{2}, 16, 0, 100*sec)
+	mustAdd(t, s, "new", rankB, []uint64{3}, 16, 0, 150*sec)
+	// At 400 s with the default 300 s: "old" is 400 s old, "edge" exactly
+	// 300 s (not older), "new" 250 s.
+	if n := s.Expire(400*sec, 0); n != 1 {
+		t.Fatalf("expired %d, want 1", n)
+	}
+	got := []string{}
+	for _, b := range s.Bookings() {
+		got = append(got, b.ID)
+	}
+	if want := []string{"edge", "new"}; !slices.Equal(got, want) {
+		t.Fatalf("live after expire = %v, want %v", got, want)
+	}
+	// An expired request is gone for good: its late Free is a no-op.
+	if s.Free("old") {
+		t.Fatal("Free of an expired id returned true")
+	}
+}
+
+func TestExpireNearMinInt64DoesNotWrap(t *testing.T) {
+	s := NewSequences()
+	mustAdd(t, s, "r", rankA, []uint64{1}, 16, 0, math.MinInt64)
+	if n := s.Expire(math.MinInt64+5, time.Hour); n != 0 {
+		t.Fatalf("expired %d bookings with a cutoff that wrapped", n)
+	}
+}
+
+func TestRemoveRankAndWorkerDropOnlyTheirBookings(t *testing.T) {
+	s := NewSequences()
+	mustAdd(t, s, "a0", rankA, []uint64{1, 2}, 16, 0, 0)
+	mustAdd(t, s, "a1", rankA1, []uint64{1, 2}, 16, 0, 0)
+	mustAdd(t, s, "b", rankB, []uint64{1, 2}, 16, 0, 0)
+	if n := s.RemoveRank(rankA1); n != 1 {
+		t.Fatalf("RemoveRank dropped %d, want 1", n)
+	}
+	if n := s.RemoveRank(rankC); n != 0 {
+		t.Fatalf("RemoveRank of an idle rank dropped %d", n)
+	}
+	if n := s.RemoveWorker(rankA.Worker); n != 1 {
+		t.Fatalf("RemoveWorker dropped %d, want 1", n)
+	}
+	if got, want := s.Load(rankB), (Load{16, 2, 1}); got != want {
+		t.Fatalf("rank B load = %+v, want %+v", got, want)
+	}
+	if mustAdd(t, s, "a0", rankA, []uint64{1, 2}, 16, 0, 0) {
+		t.Fatal("retried Add after RemoveWorker booked on the removed rank")
+	}
+}
+
+func TestPotentialDecodeBlocksCountsOnlyBlocksTheRankLacks(t *testing.T) {
+	s := NewSequences()
+	mustAdd(t, s, "a", rankA, []uint64{1, 2, 3}, 48, 0, 0)
+	mustAdd(t, s, "b", rankB, []uint64{9}, 16, 0, 0)
+	mustAdd(t, s, "b2", rankB, []uint64{1}, 16, 0, 0)
+	// The query repeats block 2: one block, counted once.
+	got, idle := potential(s, []uint64{1, 2, 2, 4})
+	want := map[kvevent.Rank]int64{
+		rankA: 3 + 1, // holds 1, 2; lacks 4
+		rankB: 2 + 2, // holds 1; lacks 2, 4
+	}
+	if !reflect.DeepEqual(got, want) || idle != 3 {
+		t.Fatalf("potential = %v, idle %d; want %v, idle 3", got, idle, want)
+	}
+}
+
+func TestRanksAreListedInRankOrderAfterSlotReuse(t *testing.T) {
+	s := NewSequences()
+	mustAdd(t, s, "c", rankC, nil, 1, 0, 0)
+	mustAdd(t, s, "a", rankA, nil, 1, 0, 0)
+	s.Free("a") // releases rank A's slot
+	mustAdd(t, s, "b", rankB, nil, 1, 0, 0)
+	mustAdd(t, s, "a1", rankA1, nil, 1, 0, 0)
+	var got []kvevent.Rank
+	for _, rl := range s.Loads(nil) {
+		got = append(got, rl.Rank)
+	}
+	if want := []kvevent.Rank{rankA1, rankB, rankC}; !slices.Equal(got, want) {
+		t.Fatalf("ranks = %v, want %v", got, want)
+	}
+}
+
+func TestPotentialDecodeBlocksDoesNotAllocate(t *testing.T) {
+	s := NewSequences()
+	for i := range 64 {
+		r := kvevent.Rank{Worker: uint64(i)}
+		seq := make([]uint64, 128)
+		for j := range seq {
+			seq[j] = uint64(j%(i+1)) + uint64(i)*1000
+		}
+		mustAdd(t, s, fmt.Sprint(i), r, seq, 2048, 0, 0)
+	}
+	q := make([]uint64, 128)
+	for j := range q {
+		q[j] = uint64(j)
+	}
+	var sc PotentialScratch
+	dst := make([]RankLoad, 0, 64)
+	allocs := testing.AllocsPerRun(100, func() {
+		dst, _ = s.PotentialDecodeBlocks(dst[:0], q, &sc)
+	})
+	if allocs != 0 {
+		t.Fatalf("PotentialDecodeBlocks allocates %v times per call", allocs)
+	}
+}
+
+func TestRestoreRejectsBadSnapshotAndKeepsState(t *testing.T) {
+	s := NewSequences()
+	mustAdd(t, s, "keep", rankA, []uint64{1}, 16, 0, 0)
+	before := s.Digest()
+	bad := []SequencesSnapshot{
+		{Bookings: []Booking{{ID: "x", Rank: rankB}, {ID: "x", Rank: rankC}}},
+		{Bookings: []Booking{{ID: "x"}}, Freed: []FreedBooking{{ID: "x"}}},
+		{Bookings: []Booking{{ID: "", ISL: 1}}},
+		{Bookings: []Booking{{ID: "y", ISL: -1}}},
+		{Freed: []FreedBooking{{ID: ""}}},
+	}
+	for i, snap := range bad {
+		if err := s.Restore(snap); !errors.Is(err, ErrInvalidBooking) {
+			t.Errorf("snapshot %d: Restore error = %v, want ErrInvalidBooking", i, err)
+		}
+	}
+	if s.Digest() != before || s.Load(rankA) != (Load{16, 1, 1}) {
+		t.Fatal("a refused Restore changed the state")
+	}
+}
+
+func TestDigestDoesNotDependOnOperationOrder(t *testing.T) {
+	a, b := NewSequences(), NewSequences()
+	mustAdd(t, a, "r1", rankA, []uint64{1, 2}, 32, 0, 1)
+	mustAdd(t, a, "r2", rankB, []uint64{1}, 16, 0, 2)
+	mustAdd(t, a, "r3", rankB, []uint64{3}, 16, 0, 3)
+	a.PrefillDone("r1")
+	a.Free("r3")
+
+	mustAdd(t, b, "r3", rankB, []uint64{3}, 16, 0, 3)
+	b.Free("r3")
+	mustAdd(t, b, "r2", rankB, []uint64{1}, 16, 0, 2)
+	mustAdd(t, b, "r1", rankA, []uint64{1, 2}, 32, 0, 1)
+	b.PrefillDone("r1")
+	if a.Digest() != b.Digest() {
+		t.Fatal("equal states built in another order have different digests")
+	}
+	b.PrefillDone("r2")
+	if a.Digest() == b.Digest() {
+		t.Fatal("a prefill flag does not change the digest")
+	}
+}
+
+func TestRestoredReplicaRefusesRetryAfterFreeLikeTheOthers(t *testing.T) {
+	leader := NewSequences()
+	mustAdd(t, leader, "r1", rankA, []uint64{1}, 16, 0, 100*sec)
+	mustAdd(t, leader, "old", rankB, []uint64{2}, 16, 0, 0)
+	leader.Free("r1")
+	leader.Expire(350*sec, DefaultBookingMaxAge) // horizon 50 s: "old" goes
+	follower := NewSequences()
+	if err := follower.Restore(leader.Snapshot()); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*Sequences{leader, follower} {
+		if mustAdd(t, s, "r1", rankA, []uint64{1}, 16, 0, 100*sec) {
+			t.Fatal("retry after Free booked on a node (tombstone lost in the snapshot)")
+		}
+		if mustAdd(t, s, "old", rankB, []uint64{2}, 16, 0, 0) {
+			t.Fatal("retry of an expired booking booked on a node (horizon lost in the snapshot)")
+		}
+	}
+	if leader.Digest() != follower.Digest() {
+		t.Fatal("leader and restored follower diverged")
+	}
+}
+
+func TestDigestSeesTombstonesAndHorizon(t *testing.T) {
+	a, b := NewSequences(), NewSequences()
+	mustAdd(t, a, "r1", rankA, nil, 1, 0, 100*sec)
+	a.Free("r1")
+	if a.Digest() == b.Digest() {
+		t.Fatal("a tombstone does not change the digest: replicas could disagree on a retried Add")
+	}
+	c, d := NewSequences(), NewSequences()
+	c.Expire(10*sec, time.Second)
+	if c.Digest() == d.Digest() {
+		t.Fatal("the expiry horizon does not change the digest")
+	}
+}
+
+func TestConcurrentQueriesDuringMutationsAreRaceFree(t *testing.T) {
+	s := NewSequences()
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var sc PotentialScratch
+			var dst []RankLoad
+			q := []uint64{1, 2, 3, uint64(g)}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				dst, _ = s.PotentialDecodeBlocks(dst[:0], q, &sc)
+				_ = s.Load(rankA)
+				_ = s.Digest()
+			}
+		}()
+	}
+	for i := range 2000 {
+		id := fmt.Sprint(i)
+		r := kvevent.Rank{Worker: uint64(i % 7)}
+		mustAdd(t, s, id, r, []uint64{1, 2, uint64(i)}, 64, 0, int64(i))
+		if i%3 == 0 {
+			s.PrefillDone(id)
+		}
+		if i%2 == 0 {
+			s.Free(fmt.Sprint(i / 2))
+		}
+		if i%100 == 0 {
+			s.Expire(int64(i), 50)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if err := s.st.check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// check verifies every internal invariant of the file comment by recomputing
+// the derived structures from byID.
+func (st *seqState) check() error {
+	type key struct {
+		h    uint64
+		rank kvevent.Rank
+	}
+	refs := map[key]int32{}
+	loads := map[kvevent.Rank]Load{}
+	var digest uint64
+	live, freed := 0, 0
+	for id, b := range st.byID {
+		if id != b.id {
+			return fmt.Errorf("byID[%q] holds %q", id, b.id)
+		}
+		digest += b.entryHash()
+		if b.freed {
+			freed++
+			continue
+		}
+		live++
+		l := loads[b.rank]
+		l.ActiveRequests++
+		if !b.prefillDone {
+			l.ActivePrefillTokens += b.prefill
+		}
+		for _, h := range b.seq {
+			if refs[key{h, b.rank}] == 0 {
+				l.ActiveDecodeBlocks++
+			}
+			refs[key{h, b.rank}]++
+		}
+		loads[b.rank] = l
+	}
+	if live != st.live || freed != st.freed {
+		return fmt.Errorf("counts %d/%d, recomputed %d/%d", st.live, st.freed, live, freed)
+	}
+	if digest != st.digest {
+		return fmt.Errorf("digest sum %#x, recomputed %#x", st.digest, digest)
+	}
+	n := 0
+	for h, e := range st.blocks {
+		all := append([]slotRef{e.first}, e.rest...)
+		for _, r := range all {
+			rank := st.slots[r.slot].rank
+			if r.refs <= 0 || refs[key{h, rank}] != r.refs {
+				return fmt.Errorf("block %#x rank %v: refs %d, recomputed %d", h, rank, r.refs, refs[key{h, rank}])
+			}
+			n++
+		}
+	}
+	if n != len(refs) {
+		return fmt.Errorf("%d block references, recomputed %d", n, len(refs))
+	}
+	if len(st.order) != len(loads) || len(st.slotOf) != len(loads) {
+		return fmt.Errorf("%d ordered slots, %d slotOf, %d ranks with bookings", len(st.order), len(st.slotOf), len(loads))
+	}
+	for i, sl := range st.order {
+		rs := st.slots[sl]
+		if st.slotOf[rs.rank] != sl || loads[rs.rank] != rs.load {
+			return fmt.Errorf("slot %d rank %v load %+v, recomputed %+v", sl, rs.rank, rs.load, loads[rs.rank])
+		}
+		if i > 0 && cmpRank(st.slots[st.order[i-1]].rank, rs.rank) >= 0 {
+			return fmt.Errorf("order not sorted at %d", i)
+		}
+	}
+	if len(st.expiry) != len(st.byID) {
+		return fmt.Errorf("expiry heap holds %d, byID %d", len(st.expiry), len(st.byID))
+	}
+	for i, b := range st.expiry {
+		if st.byID[b.id] != b {
+			return fmt.Errorf("expiry heap holds %q, not in byID", b.id)
+		}
+		if i > 0 && expiryLess(b, st.expiry[(i-1)/2]) {
+			return fmt.Errorf("expiry heap order broken at %d", i)
+		}
+	}
+	return nil
+}
+
+// ---- the naive reference model ----
+
+type modelReq struct {
+	Booking
+	freed bool
+}
+
+type seqModel struct {
+	reqs    map[string]*modelReq
+	swept   bool
+	horizon int64
+}
+
+func newSeqModel() *seqModel { return &seqModel{reqs: map[string]*modelReq{}} }
+
+func (m *seqModel) add(id string, r kvevent.Rank, seq []uint64, isl, cached int, now int64) (bool, bool) {
+	if id == "" || isl < 0 || cached < 0 {
+		return false, false
+	}
+	if _, ok := m.reqs[id]; ok {
+		return false, true
+	}
+	if m.swept && now < m.horizon {
+		return false, true
+	}
+	m.reqs[id] = &modelReq{Booking: Booking{ID: id, Rank: r, SeqHashes: slices.Clone(seq), ISL: isl, CachedTokens: cached, CreatedAt: now}}
+	return true, true
+}
+
+func (m *seqModel) prefillDone(id string) bool {
+	q, ok := m.reqs[id]
+	if !ok || q.freed || q.PrefillDone {
+		return false
+	}
+	q.PrefillDone = true
+	return true
+}
+
+func (m *seqModel) free(id string) bool {
+	q, ok := m.reqs[id]
+	if !ok || q.freed {
+		return false
+	}
+	q.freed, q.PrefillDone, q.SeqHashes = true, false, nil
+	return true
+}
+
+func (m *seqModel) expire(now int64, age time.Duration) int {
+	if age <= 0 {
+		age = DefaultBookingMaxAge
+	}
+	cutoff := now - int64(age)
+	if !m.swept || cutoff > m.horizon {
+		m.swept, m.horizon = true, cutoff
+	}
+	n := 0
+	for id, q := range m.reqs {
+		if q.CreatedAt < cutoff {
+			if !q.freed {
+				n++
+			}
+			delete(m.reqs, id)
+		}
+	}
+	return n
+}
+
+func (m *seqModel) remove(match func(kvevent.Rank) bool) int {
+	n := 0
+	for id, q := range m.reqs {
+		if !q.freed && match(q.Rank) {
+			m.free(id)
+			n++
+		}
+	}
+	return n
+}
+
+// loads recomputes every rank's load and block set from scratch.
+func (m *seqModel) loads() (map[kvevent.Rank]Load, map[kvevent.Rank]map[uint64]bool) {
+	loads := map[kvevent.Rank]Load{}
+	held := map[kvevent.Rank]map[uint64]bool{}
+	for _, q := range m.reqs {
+		if q.freed {
+			continue
+		}
+		l := loads[q.Rank]
+		l.ActiveRequests++
+		if !q.PrefillDone {
+			l.ActivePrefillTokens += int64(max(q.ISL-q.CachedTokens, 0))
+		}
+		if held[q.Rank] == nil {
+			held[q.Rank] = map[uint64]bool{}
+		}
+		for _, h := range q.SeqHashes {
+			held[q.Rank][h] = true
+		}
+		loads[q.Rank] = l
+	}
+	for r, set := range held {
+		l := loads[r]
+		l.ActiveDecodeBlocks = int64(len(set))
+		loads[r] = l
+	}
+	return loads, held
+}
+
+// potential is the definition: |held ∪ set(query)| for every rank with a
+// live booking, and |set(query)| for any other.
+func (m *seqModel) potential(query []uint64) ([]RankLoad, int64) {
+	loads, held := m.loads()
+	qset := map[uint64]bool{}
+	for _, h := range query {
+		qset[h] = true
+	}
+	var out []RankLoad
+	for r, l := range loads {
+		union := int64(len(held[r]))
+		for h := range qset {
+			if !held[r][h] {
+				union++
+			}
+		}
+		out = append(out, RankLoad{Rank: r, Load: l, PotentialDecodeBlocks: union})
+	}
+	slices.SortFunc(out, func(a, b RankLoad) int { return cmpRank(a.Rank, b.Rank) })
+	return out, int64(len(qset))
+}
+
+func (m *seqModel) snapshot() SequencesSnapshot {
+	snap := SequencesSnapshot{Bookings: []Booking{}, Freed: []FreedBooking{}, Swept: m.swept, Horizon: m.horizon}
+	for _, q := range m.reqs {
+		if q.freed {
+			snap.Freed = append(snap.Freed, FreedBooking{ID: q.ID, CreatedAt: q.CreatedAt})
+		} else {
+			b := q.Booking
+			b.SeqHashes = slices.Clone(b.SeqHashes)
+			if b.SeqHashes == nil {
+				b.SeqHashes = []uint64{}
+			}
+			snap.Bookings = append(snap.Bookings, b)
+		}
+	}
+	slices.SortFunc(snap.Bookings, func(a, b Booking) int { return cmpString(a.ID, b.ID) })
+	slices.SortFunc(snap.Freed, func(a, b FreedBooking) int { return cmpString(a.ID, b.ID) })
+	return snap
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// normalise makes nil and empty hash slices compare equal.
+func normalise(snap SequencesSnapshot) SequencesSnapshot {
+	for i := range snap.Bookings {
+		if snap.Bookings[i].SeqHashes == nil {
+			snap.Bookings[i].SeqHashes = []uint64{}
+		}
+	}
+	if snap.Bookings == nil {
+		snap.Bookings = []Booking{}
+	}
+	if snap.Freed == nil {
+		snap.Freed = []FreedBooking{}
+	}
+	if !snap.Swept {
+		snap.Horizon = 0
+	}
+	return snap
+}
+
+// rebuild builds a Sequences with the same logical state as snap by
+// operations only, in reverse id order, so that its digest can be compared
+// with one built by another history.
+func rebuild(t *rapid.T, snap SequencesSnapshot) *Sequences {
+	s := NewSequences()
+	for i := len(snap.Freed) - 1; i >= 0; i-- {
+		f := snap.Freed[i]
+		if ok, err := s.Add(f.ID, rankC, []uint64{42}, 1, 0, f.CreatedAt); !ok || err != nil {
+			t.Fatalf("rebuild add %q: %v %v", f.ID, ok, err)
+		}
+		s.Free(f.ID)
+	}
+	for i := len(snap.Bookings) - 1; i >= 0; i-- {
+		b := snap.Bookings[i]
+		if ok, err := s.Add(b.ID, b.Rank, b.SeqHashes, b.ISL, b.CachedTokens, b.CreatedAt); !ok || err != nil {
+			t.Fatalf("rebuild add %q: %v %v", b.ID, ok, err)
+		}
+		if b.PrefillDone {
+			s.PrefillDone(b.ID)
+		}
+	}
+	if snap.Swept {
+		// A sweep whose cutoff is exactly the horizon; nothing is older.
+		s.Expire(snap.Horizon+int64(time.Second), time.Second)
+	}
+	return s
+}
+
+var (
+	modelRanks = []kvevent.Rank{rankA, rankA1, rankB, rankC}
+	modelIDs   = []string{"q0", "q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8"}
+)
+
+// genSeq draws sequence hashes from a small domain, so that requests share
+// blocks and sometimes repeat one.
+func genSeq() *rapid.Generator[[]uint64] {
+	return rapid.SliceOfN(rapid.Uint64Range(0, 24), 0, 12)
+}
+
+// propertyRounds is how many times each property test runs rapid.Check
+// (each with a fresh seed): once in CI, many times under make test-long.
+func propertyRounds() int {
+	if os.Getenv("KVROUTER_LONG") != "" {
+		return 50
+	}
+	return 1
+}
+
+func TestSequencesMatchNaiveModel(t *testing.T) {
+	for range propertyRounds() {
+		checkSequencesMatchNaiveModel(t)
+	}
+}
+
+func checkSequencesMatchNaiveModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		s, m := NewSequences(), newSeqModel()
+		clock := int64(0)
+		type addArgs struct {
+			id          string
+			r           kvevent.Rank
+			seq         []uint64
+			isl, cached int
+			now         int64
+		}
+		var history []addArgs
+		var sc PotentialScratch // reused across checks, as slots come and go
+		doAdd := func(t *rapid.T, a addArgs) {
+			got, err := s.Add(a.id, a.r, a.seq, a.isl, a.cached, a.now)
+			want, valid := m.add(a.id, a.r, a.seq, a.isl, a.cached, a.now)
+			if valid != (err == nil) || got != want {
+				t.Fatalf("Add(%q, now=%d) = %v, %v; model %v (valid %v)", a.id, a.now, got, err, want, valid)
+			}
+			history = append(history, a)
+		}
+		t.Repeat(map[string]func(*rapid.T){
+			"add": func(t *rapid.T) {
+				clock += rapid.Int64Range(0, 60).Draw(t, "dt") * sec
+				doAdd(t, addArgs{
+					id:     rapid.SampledFrom(modelIDs).Draw(t, "id"),
+					r:      rapid.SampledFrom(modelRanks).Draw(t, "rank"),
+					seq:    genSeq().Draw(t, "seq"),
+					isl:    rapid.IntRange(-2, 200).Draw(t, "isl"),
+					cached: rapid.IntRange(-2, 200).Draw(t, "cached"),
+					now:    clock - rapid.Int64Range(0, 30).Draw(t, "lag")*sec,
+				})
+			},
+			"retryAdd": func(t *rapid.T) {
+				if len(history) == 0 {
+					t.Skip("nothing to retry")
+				}
+				doAdd(t, rapid.SampledFrom(history).Draw(t, "retry"))
+			},
+			"prefillDone": func(t *rapid.T) {
+				id := rapid.SampledFrom(modelIDs).Draw(t, "id")
+				if got, want := s.PrefillDone(id), m.prefillDone(id); got != want {
+					t.Fatalf("PrefillDone(%q) = %v, model %v", id, got, want)
+				}
+			},
+			"free": func(t *rapid.T) {
+				id := rapid.SampledFrom(modelIDs).Draw(t, "id")
+				if got, want := s.Free(id), m.free(id); got != want {
+					t.Fatalf("Free(%q) = %v, model %v", id, got, want)
+				}
+			},
+			"expire": func(t *rapid.T) {
+				clock += rapid.Int64Range(0, 120).Draw(t, "dt") * sec
+				now := clock - rapid.Int64Range(0, 60).Draw(t, "skew")*sec
+				age := time.Duration(rapid.Int64Range(-1, 200).Draw(t, "age")) * time.Second
+				if got, want := s.Expire(now, age), m.expire(now, age); got != want {
+					t.Fatalf("Expire(%d, %v) = %d, model %d", now, age, got, want)
+				}
+			},
+			"removeRank": func(t *rapid.T) {
+				r := rapid.SampledFrom(modelRanks).Draw(t, "rank")
+				if got, want := s.RemoveRank(r), m.remove(func(x kvevent.Rank) bool { return x == r }); got != want {
+					t.Fatalf("RemoveRank(%v) = %d, model %d", r, got, want)
+				}
+			},
+			"removeWorker": func(t *rapid.T) {
+				w := rapid.SampledFrom(modelRanks).Draw(t, "rank").Worker
+				if got, want := s.RemoveWorker(w), m.remove(func(x kvevent.Rank) bool { return x.Worker == w }); got != want {
+					t.Fatalf("RemoveWorker(%d) = %d, model %d", w, got, want)
+				}
+			},
+			"": func(t *rapid.T) {
+				if err := s.st.check(); err != nil {
+					t.Fatal(err)
+				}
+				wantLoads, _ := m.loads()
+				for _, r := range modelRanks {
+					if got := s.Load(r); got != wantLoads[r] {
+						t.Fatalf("Load(%v) = %+v, model %+v", r, got, wantLoads[r])
+					}
+				}
+				q := genSeq().Draw(t, "query")
+				got, idle := s.PotentialDecodeBlocks(nil, q, &sc)
+				want, wantIdle := m.potential(q)
+				if !reflect.DeepEqual(got, want) || idle != wantIdle {
+					t.Fatalf("PotentialDecodeBlocks(%v) = %+v idle %d, model %+v idle %d", q, got, idle, want, wantIdle)
+				}
+
+				snap := normalise(s.Snapshot())
+				if want := m.snapshot(); !reflect.DeepEqual(snap, want) {
+					t.Fatalf("Snapshot = %+v, model %+v", snap, want)
+				}
+				if !reflect.DeepEqual(normalise(SequencesSnapshot{Bookings: s.Bookings()}).Bookings, snap.Bookings) {
+					t.Fatal("Bookings differs from Snapshot().Bookings")
+				}
+				restored := NewSequences()
+				if err := restored.Restore(s.Snapshot()); err != nil {
+					t.Fatalf("Restore: %v", err)
+				}
+				if err := restored.st.check(); err != nil {
+					t.Fatalf("after restore: %v", err)
+				}
+				if !reflect.DeepEqual(normalise(restored.Snapshot()), snap) || restored.Digest() != s.Digest() {
+					t.Fatal("Snapshot → Restore round trip changed the state")
+				}
+				if rebuilt := rebuild(t, snap); rebuilt.Digest() != s.Digest() {
+					t.Fatal("the same state built by another history has another digest")
+				}
+			},
+		})
+	})
+}
+
+// TestDigestChangesExactlyWhenStateChanges runs random operations and
+// checks that the digest moves exactly when the model's logical state does.
+func TestDigestChangesExactlyWhenStateChanges(t *testing.T) {
+	for range propertyRounds() {
+		checkDigestChangesExactlyWhenStateChanges(t)
+	}
+}
+
+func checkDigestChangesExactlyWhenStateChanges(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		s := NewSequences()
+		prevSnap, prevDigest := normalise(s.Snapshot()), s.Digest()
+		for range rapid.IntRange(1, 40).Draw(t, "steps") {
+			id := rapid.SampledFrom(modelIDs[:4]).Draw(t, "id")
+			switch rapid.IntRange(0, 3).Draw(t, "op") {
+			case 0:
+				_, _ = s.Add(id, rapid.SampledFrom(modelRanks).Draw(t, "rank"), genSeq().Draw(t, "seq"), 16, 0, rapid.Int64Range(0, 5).Draw(t, "now"))
+			case 1:
+				s.PrefillDone(id)
+			case 2:
+				s.Free(id)
+			case 3:
+				s.Expire(rapid.Int64Range(0, 8).Draw(t, "now"), 2)
+			}
+			snap, d := normalise(s.Snapshot()), s.Digest()
+			if changed := !reflect.DeepEqual(snap, prevSnap); changed != (d != prevDigest) {
+				t.Fatalf("state changed %v but digest changed %v", changed, d != prevDigest)
+			}
+			prevSnap, prevDigest = snap, d
+		}
+	})
+}
