@@ -11,9 +11,9 @@ import (
 )
 
 var (
-	rankA = kvevent.Rank{Worker: 1, DP: 0}
-	rankB = kvevent.Rank{Worker: 2, DP: 0}
-	rankC = kvevent.Rank{Worker: 2, DP: 1}
+	rk1 = kvevent.Rank{Worker: 1, DP: 0}
+	rk2 = kvevent.Rank{Worker: 2, DP: 0}
+	rk3 = kvevent.Rank{Worker: 2, DP: 1}
 )
 
 // chain builds blocks whose engine hash is i and content hash 100+i.
@@ -75,31 +75,31 @@ const (
 
 func TestSharedPrefixIsOnePath(t *testing.T) {
 	ix := New(Config{})
-	mustApply(t, ix, stored(rankA, dev, chain(1, 2, 3)), stored(rankB, dev, chain(1, 2, 4)))
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2, 3)), stored(rk2, dev, chain(1, 2, 4)))
 	if got := ix.Stats().Nodes; got != 4 {
 		t.Fatalf("nodes = %d, want 4 (1, 2 shared; 3 and 4 apart)", got)
 	}
 	got := find(ix, ViewDedup, locals(1, 2, 3))
-	if got[rankA][dev] != 3 || got[rankB][dev] != 2 {
+	if got[rk1][dev] != 3 || got[rk2][dev] != 2 {
 		t.Fatalf("matches %v, want A=3 B=2", got)
 	}
 }
 
 func TestRemoveLastHolderUnlinksNode(t *testing.T) {
 	ix := New(Config{})
-	mustApply(t, ix, stored(rankA, dev, chain(1, 2, 3)), removed(rankA, dev, 3))
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2, 3)), removed(rk1, dev, 3))
 	if got := ix.Stats().Nodes; got != 2 {
 		t.Fatalf("nodes after removing the leaf = %d, want 2", got)
 	}
 	// Removing a middle block keeps it as a path node while its child is held.
-	mustApply(t, ix, removed(rankA, dev, 1))
+	mustApply(t, ix, removed(rk1, dev, 1))
 	if got := ix.Stats().Nodes; got != 2 {
 		t.Fatalf("nodes after removing the middle = %d, want 2", got)
 	}
 	if got := find(ix, ViewDedup, locals(1, 2)); len(got) != 0 {
 		t.Fatalf("no rank holds block 1 any more, got %v", got)
 	}
-	mustApply(t, ix, removed(rankA, dev, 2))
+	mustApply(t, ix, removed(rk1, dev, 2))
 	if got := ix.Stats().Nodes; got != 0 {
 		t.Fatalf("nodes after removing everything = %d, want 0", got)
 	}
@@ -107,19 +107,19 @@ func TestRemoveLastHolderUnlinksNode(t *testing.T) {
 
 func TestRemoveOneTierKeepsTheOthers(t *testing.T) {
 	ix := New(Config{})
-	mustApply(t, ix, stored(rankA, dev, chain(1, 2)), stored(rankA, host, chain(1, 2)), removed(rankA, dev, 1, 2))
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2)), stored(rk1, host, chain(1, 2)), removed(rk1, dev, 1, 2))
 	got := find(ix, ViewTiered, locals(1, 2))
-	if got[rankA] != [4]uint32{0, 2, 0, 0} {
-		t.Fatalf("tiered after device eviction = %v, want host 2", got[rankA])
+	if got[rk1] != [4]uint32{0, 2, 0, 0} {
+		t.Fatalf("tiered after device eviction = %v, want host 2", got[rk1])
 	}
-	if got := find(ix, ViewDedup, locals(1, 2)); got[rankA][dev] != 2 {
+	if got := find(ix, ViewDedup, locals(1, 2)); got[rk1][dev] != 2 {
 		t.Fatalf("dedup view must still count the host copies as hits, got %v", got)
 	}
 }
 
 func TestUnknownRemoveIsCountedAndOthersApply(t *testing.T) {
 	ix := New(Config{})
-	mustApply(t, ix, stored(rankA, dev, chain(1, 2)), removed(rankA, dev, 99, 2))
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2)), removed(rk1, dev, 99, 2))
 	s := ix.Stats()
 	if s.Counters.UnknownRemoves != 1 || s.Entries != 1 {
 		t.Fatalf("unknown=%d entries=%d, want 1 and 1", s.Counters.UnknownRemoves, s.Entries)
@@ -128,9 +128,9 @@ func TestUnknownRemoveIsCountedAndOthersApply(t *testing.T) {
 
 func TestClearedDropsEveryTierOfOneRankOnly(t *testing.T) {
 	ix := New(Config{})
-	mustApply(t, ix, stored(rankA, dev, chain(1, 2)), stored(rankA, disk, chain(1, 2)), stored(rankB, dev, chain(1)), cleared(rankA))
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2)), stored(rk1, disk, chain(1, 2)), stored(rk2, dev, chain(1)), cleared(rk1))
 	got := find(ix, ViewTiered, locals(1, 2))
-	if _, ok := got[rankA]; ok || got[rankB][dev] != 1 {
+	if _, ok := got[rk1]; ok || got[rk2][dev] != 1 {
 		t.Fatalf("after clear: %v, want only B", got)
 	}
 }
@@ -138,33 +138,33 @@ func TestClearedDropsEveryTierOfOneRankOnly(t *testing.T) {
 func TestTieredViewWalksDeviceThenLowerTiers(t *testing.T) {
 	ix := New(Config{})
 	mustApply(t, ix,
-		stored(rankA, dev, chain(1, 2)),
-		storedUnder(rankA, host, 2, chain(3, 4)),
-		storedUnder(rankA, disk, 4, chain(5)),
-		storedUnder(rankA, ext, 5, chain(6)),
+		stored(rk1, dev, chain(1, 2)),
+		storedUnder(rk1, host, 2, chain(3, 4)),
+		storedUnder(rk1, disk, 4, chain(5)),
+		storedUnder(rk1, ext, 5, chain(6)),
 		// B holds only lower tiers: it enters at the host tier at depth 0.
-		stored(rankB, host, chain(1, 2)),
-		storedUnder(rankB, dev, 2, chain(3)), // device after host does not count
+		stored(rk2, host, chain(1, 2)),
+		storedUnder(rk2, dev, 2, chain(3)), // device after host does not count
 	)
 	got := find(ix, ViewTiered, locals(1, 2, 3, 4, 5, 6))
-	if got[rankA] != [4]uint32{2, 2, 1, 1} {
-		t.Fatalf("A tiered = %v, want [2 2 1 1]", got[rankA])
+	if got[rk1] != [4]uint32{2, 2, 1, 1} {
+		t.Fatalf("A tiered = %v, want [2 2 1 1]", got[rk1])
 	}
-	if got[rankB] != [4]uint32{0, 2, 0, 0} {
-		t.Fatalf("B tiered = %v, want [0 2 0 0]", got[rankB])
+	if got[rk2] != [4]uint32{0, 2, 0, 0} {
+		t.Fatalf("B tiered = %v, want [0 2 0 0]", got[rk2])
 	}
-	if d := find(ix, ViewDedup, locals(1, 2, 3, 4, 5, 6)); d[rankA][dev] != 6 || d[rankB][dev] != 3 {
+	if d := find(ix, ViewDedup, locals(1, 2, 3, 4, 5, 6)); d[rk1][dev] != 6 || d[rk2][dev] != 3 {
 		t.Fatalf("dedup = %v, want A 6, B 3", d)
 	}
 }
 
 func TestEarlyExitStopsWhenOneRankIsLeft(t *testing.T) {
 	ix := New(Config{})
-	mustApply(t, ix, stored(rankA, dev, chain(1, 2, 3, 4)), stored(rankB, dev, chain(1)))
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2, 3, 4)), stored(rk2, dev, chain(1)))
 	var m Matches
 	ix.FindMatchesByTier(locals(1, 2, 3, 4), ViewDedup, true, &m)
 	got := toMap(&m)
-	if got[rankB][dev] != 1 || got[rankA][dev] < 2 {
+	if got[rk2][dev] != 1 || got[rk1][dev] < 2 {
 		t.Fatalf("early exit: %v, want B=1 and A a lower bound ≥ 2", got)
 	}
 	if len(m.Frequencies) != 2 {
@@ -174,7 +174,7 @@ func TestEarlyExitStopsWhenOneRankIsLeft(t *testing.T) {
 
 func TestFrequenciesCountHoldersPerDepth(t *testing.T) {
 	ix := New(Config{})
-	mustApply(t, ix, stored(rankA, dev, chain(1, 2, 3)), stored(rankB, dev, chain(1, 2)), stored(rankC, host, chain(1)))
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2, 3)), stored(rk2, dev, chain(1, 2)), stored(rk3, host, chain(1)))
 	var m Matches
 	ix.FindMatchesByTier(locals(1, 2, 3, 9), ViewDedup, false, &m)
 	if !slicesEqual(m.Frequencies, []uint32{3, 2, 1}) {
@@ -184,12 +184,12 @@ func TestFrequenciesCountHoldersPerDepth(t *testing.T) {
 
 func TestOrphanIsAppliedWhenItsParentArrives(t *testing.T) {
 	ix := New(Config{})
-	mustApply(t, ix, storedUnder(rankA, dev, 2, chain(3, 4)))
+	mustApply(t, ix, storedUnder(rk1, dev, 2, chain(3, 4)))
 	if s := ix.Stats(); s.OrphanEvents != 1 || s.Entries != 0 {
 		t.Fatalf("held=%d entries=%d, want 1 and 0", s.OrphanEvents, s.Entries)
 	}
-	mustApply(t, ix, stored(rankA, dev, chain(1, 2)))
-	if got := find(ix, ViewDedup, locals(1, 2, 3, 4)); got[rankA][dev] != 4 {
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2)))
+	if got := find(ix, ViewDedup, locals(1, 2, 3, 4)); got[rk1][dev] != 4 {
 		t.Fatalf("after the parent arrived: %v, want 4", got)
 	}
 	if s := ix.Stats(); s.OrphanEvents != 0 || s.Counters.OrphansApplied != 1 || len(ix.NeedsResync()) != 0 {
@@ -199,24 +199,24 @@ func TestOrphanIsAppliedWhenItsParentArrives(t *testing.T) {
 
 func TestOrphanPastItsAgeIsDroppedAndAsksForResync(t *testing.T) {
 	ix := New(Config{OrphanTTL: time.Second})
-	if err := ix.Apply(storedUnder(rankA, dev, 2, chain(3)), 0); err != nil {
+	if err := ix.Apply(storedUnder(rk1, dev, 2, chain(3)), 0); err != nil {
 		t.Fatal(err)
 	}
 	ix.ExpireOrphans(int64(2 * time.Second))
 	if s := ix.Stats(); s.OrphanEvents != 0 || s.Counters.OrphansDropped != 1 {
 		t.Fatalf("stats %+v", s)
 	}
-	if rs := ix.NeedsResync(); len(rs) != 1 || rs[0] != rankA {
+	if rs := ix.NeedsResync(); len(rs) != 1 || rs[0] != rk1 {
 		t.Fatalf("needs resync = %v, want [A]", rs)
 	}
 	// A late parent no longer resurrects the dropped store.
-	if err := ix.Apply(stored(rankA, dev, chain(1, 2)), int64(3*time.Second)); err != nil {
+	if err := ix.Apply(stored(rk1, dev, chain(1, 2)), int64(3*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if got := find(ix, ViewDedup, locals(1, 2, 3)); got[rankA][dev] != 2 {
+	if got := find(ix, ViewDedup, locals(1, 2, 3)); got[rk1][dev] != 2 {
 		t.Fatalf("got %v, want 2", got)
 	}
-	mustApply(t, ix, cleared(rankA))
+	mustApply(t, ix, cleared(rk1))
 	if rs := ix.NeedsResync(); len(rs) != 0 {
 		t.Fatalf("a clear resets the resync flag, got %v", rs)
 	}
@@ -225,7 +225,7 @@ func TestOrphanPastItsAgeIsDroppedAndAsksForResync(t *testing.T) {
 func TestOrphanBufferIsBounded(t *testing.T) {
 	ix := New(Config{OrphanMaxEvents: 2})
 	for i := uint64(0); i < 5; i++ {
-		mustApply(t, ix, storedUnder(rankA, dev, 1000+i, chain(10+i)))
+		mustApply(t, ix, storedUnder(rk1, dev, 1000+i, chain(10+i)))
 	}
 	if s := ix.Stats(); s.OrphanEvents != 2 || s.Counters.OrphansDropped != 3 || s.NeedResync != 1 {
 		t.Fatalf("stats %+v", s)
@@ -234,8 +234,8 @@ func TestOrphanBufferIsBounded(t *testing.T) {
 
 func TestRemoveOfHeldOrphanCutsItsChain(t *testing.T) {
 	ix := New(Config{})
-	mustApply(t, ix, storedUnder(rankA, dev, 2, chain(3, 4, 5)), removed(rankA, dev, 4), stored(rankA, dev, chain(1, 2)))
-	if got := find(ix, ViewDedup, locals(1, 2, 3, 4, 5)); got[rankA][dev] != 3 {
+	mustApply(t, ix, storedUnder(rk1, dev, 2, chain(3, 4, 5)), removed(rk1, dev, 4), stored(rk1, dev, chain(1, 2)))
+	if got := find(ix, ViewDedup, locals(1, 2, 3, 4, 5)); got[rk1][dev] != 3 {
 		t.Fatalf("got %v, want 3 (block 4 and its child were removed before the parent came)", got)
 	}
 	if len(ix.NeedsResync()) != 0 {
@@ -245,14 +245,14 @@ func TestRemoveOfHeldOrphanCutsItsChain(t *testing.T) {
 
 func TestMalformedEventChangesNothing(t *testing.T) {
 	ix := New(Config{})
-	mustApply(t, ix, stored(rankA, dev, chain(1, 2)))
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2)))
 	before := ix.Digest()
 	bad := []*kvevent.Event{
-		stored(rankA, dev, chain(3, 4, 3)),
-		storedUnder(rankA, dev, 3, chain(3)),
-		{Rank: rankA, Kind: kvevent.KindRemoved},
-		{Rank: rankA, Kind: 42},
-		{Rank: rankA, Kind: kvevent.KindCleared, Tier: 7},
+		stored(rk1, dev, chain(3, 4, 3)),
+		storedUnder(rk1, dev, 3, chain(3)),
+		{Rank: rk1, Kind: kvevent.KindRemoved},
+		{Rank: rk1, Kind: 42},
+		{Rank: rk1, Kind: kvevent.KindCleared, Tier: 7},
 	}
 	for _, ev := range bad {
 		if err := ix.Apply(ev, 0); !errors.Is(err, kvevent.ErrMalformed) {
@@ -262,7 +262,7 @@ func TestMalformedEventChangesNothing(t *testing.T) {
 	if ix.Digest() != before || ix.Stats().Counters.Malformed != uint64(len(bad)) {
 		t.Fatalf("malformed input changed state or was not counted: %+v", ix.Stats())
 	}
-	evs := []kvevent.Event{*stored(rankA, dev, chain(5)), *bad[0], *stored(rankA, dev, chain(6))}
+	evs := []kvevent.Event{*stored(rk1, dev, chain(5)), *bad[0], *stored(rk1, dev, chain(6))}
 	if n := ix.ApplyBatch(evs, 0); n != 1 {
 		t.Fatalf("ApplyBatch malformed = %d, want 1", n)
 	}
@@ -273,13 +273,13 @@ func TestMalformedEventChangesNothing(t *testing.T) {
 
 func TestEngineHashReusedForAnotherBlockMovesIt(t *testing.T) {
 	ix := New(Config{})
-	mustApply(t, ix, stored(rankA, dev, chain(1, 2)))
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2)))
 	// The engine now calls a different block "2" (under root).
-	mustApply(t, ix, stored(rankA, dev, []kvevent.Block{{EngineHash: 2, LocalHash: 555}}))
-	if got := find(ix, ViewDedup, locals(1, 2)); got[rankA][dev] != 1 {
+	mustApply(t, ix, stored(rk1, dev, []kvevent.Block{{EngineHash: 2, LocalHash: 555}}))
+	if got := find(ix, ViewDedup, locals(1, 2)); got[rk1][dev] != 1 {
 		t.Fatalf("old block 2 must be gone: %v", got)
 	}
-	mustApply(t, ix, removed(rankA, dev, 2))
+	mustApply(t, ix, removed(rk1, dev, 2))
 	if got := find(ix, ViewDedup, []uint64{555}); len(got) != 0 {
 		t.Fatalf("remove of the reused hash must remove the new block: %v", got)
 	}
@@ -288,29 +288,29 @@ func TestEngineHashReusedForAnotherBlockMovesIt(t *testing.T) {
 
 func TestRemoveWorkerDropsAllItsRanks(t *testing.T) {
 	ix := New(Config{})
-	mustApply(t, ix, stored(rankB, dev, chain(1)), stored(rankC, dev, chain(1)), stored(rankA, dev, chain(1)))
+	mustApply(t, ix, stored(rk2, dev, chain(1)), stored(rk3, dev, chain(1)), stored(rk1, dev, chain(1)))
 	if n := ix.RemoveWorker(2); n != 2 {
 		t.Fatalf("removed %d ranks, want 2", n)
 	}
-	if got := find(ix, ViewDedup, locals(1)); len(got) != 1 || got[rankA][dev] != 1 {
+	if got := find(ix, ViewDedup, locals(1)); len(got) != 1 || got[rk1][dev] != 1 {
 		t.Fatalf("after removing worker 2: %v", got)
 	}
-	if ix.RemoveRank(rankB) {
+	if ix.RemoveRank(rk2) {
 		t.Fatal("removing an already removed rank must report false")
 	}
 }
 
 func TestCapacityDropsOldestEntriesFirst(t *testing.T) {
 	ix := New(Config{CapacitySlack: 0.5})
-	ix.SetCapacity(rankA, [4]int64{4, 0, 0, 0})
+	ix.SetCapacity(rk1, [4]int64{4, 0, 0, 0})
 	for i := uint64(1); i <= 6; i++ {
-		mustApply(t, ix, stored(rankA, dev, chain(i)))
+		mustApply(t, ix, stored(rk1, dev, chain(i)))
 	}
 	// 6 ≤ 4 + 50 %: still within slack.
 	if n := ix.Stats().Blocks[dev]; n != 6 {
 		t.Fatalf("blocks %d, want 6 within slack", n)
 	}
-	mustApply(t, ix, stored(rankA, dev, chain(7)))
+	mustApply(t, ix, stored(rk1, dev, chain(7)))
 	if n := ix.Stats().Blocks[dev]; n != 4 {
 		t.Fatalf("blocks %d, want 4 after exceeding the slack", n)
 	}
@@ -319,7 +319,7 @@ func TestCapacityDropsOldestEntriesFirst(t *testing.T) {
 			t.Fatalf("block %d is among the oldest and must be gone", i)
 		}
 	}
-	if got := find(ix, ViewDedup, locals(7)); got[rankA][dev] != 1 {
+	if got := find(ix, ViewDedup, locals(7)); got[rk1][dev] != 1 {
 		t.Fatal("the newest block must stay")
 	}
 	if rs := ix.RankStats(); !rs[0].OverCapacity || ix.Stats().Counters.CapacityEvicted != 3 {
@@ -329,14 +329,14 @@ func TestCapacityDropsOldestEntriesFirst(t *testing.T) {
 
 func TestDigestIsIndependentOfHistory(t *testing.T) {
 	a, b := New(Config{}), New(Config{})
-	mustApply(t, a, stored(rankA, dev, chain(1, 2)), stored(rankB, host, chain(1)), stored(rankA, disk, chain(9)))
+	mustApply(t, a, stored(rk1, dev, chain(1, 2)), stored(rk2, host, chain(1)), stored(rk1, disk, chain(9)))
 	// The same end state through a different path, with churn on the way.
-	mustApply(t, b, stored(rankA, disk, chain(9)), stored(rankB, dev, chain(1, 5)), cleared(rankB),
-		stored(rankB, host, chain(1)), stored(rankA, dev, chain(1, 2, 3)), removed(rankA, dev, 3))
+	mustApply(t, b, stored(rk1, disk, chain(9)), stored(rk2, dev, chain(1, 5)), cleared(rk2),
+		stored(rk2, host, chain(1)), stored(rk1, dev, chain(1, 2, 3)), removed(rk1, dev, 3))
 	if a.Digest() != b.Digest() {
 		t.Fatalf("digests differ for equal state: %#x vs %#x", a.Digest(), b.Digest())
 	}
-	mustApply(t, b, stored(rankA, ext, chain(1)))
+	mustApply(t, b, stored(rk1, ext, chain(1)))
 	if a.Digest() == b.Digest() {
 		t.Fatal("digest must change when a tier bit changes")
 	}
@@ -344,28 +344,28 @@ func TestDigestIsIndependentOfHistory(t *testing.T) {
 
 func TestReplaceRankSwapsStateAtomically(t *testing.T) {
 	ix := New(Config{})
-	mustApply(t, ix, stored(rankA, dev, chain(1, 2, 3)), stored(rankB, dev, chain(1)))
-	n := ix.ReplaceRank(rankA, []kvevent.Event{*stored(rankA, host, chain(7, 8)), *stored(rankB, dev, chain(4))}, 0)
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2, 3)), stored(rk2, dev, chain(1)))
+	n := ix.ReplaceRank(rk1, []kvevent.Event{*stored(rk1, host, chain(7, 8)), *stored(rk2, dev, chain(4))}, 0)
 	if n != 1 {
 		t.Fatalf("malformed = %d, want 1 (an event of another rank)", n)
 	}
-	if got := find(ix, ViewTiered, locals(7, 8)); got[rankA] != [4]uint32{0, 2, 0, 0} {
+	if got := find(ix, ViewTiered, locals(7, 8)); got[rk1] != [4]uint32{0, 2, 0, 0} {
 		t.Fatalf("after replace: %v", got)
 	}
-	if got := find(ix, ViewDedup, locals(1, 2, 3)); got[rankB][dev] != 1 || len(got) != 1 {
+	if got := find(ix, ViewDedup, locals(1, 2, 3)); got[rk2][dev] != 1 || len(got) != 1 {
 		t.Fatalf("the old state of A must be gone, B kept: %v", got)
 	}
 }
 
 func TestLoadRankRejectsInconsistentDump(t *testing.T) {
 	ix := New(Config{})
-	mustApply(t, ix, stored(rankA, dev, chain(1)))
+	mustApply(t, ix, stored(rk1, dev, chain(1)))
 	before := ix.Digest()
 	bad := []RankDump{
-		{Rank: rankA, Nodes: []DumpNode{{Seq: 5, Parent: 4}}},
-		{Rank: rankA, Nodes: []DumpNode{{Seq: 5, Root: true}}, Entries: []DumpEntry{{Seq: 6, EngineHash: 1, Mask: 1}}},
-		{Rank: rankA, Nodes: []DumpNode{{Seq: 5, Root: true}}, Entries: []DumpEntry{{Seq: 5, EngineHash: 1, Mask: 0}}},
-		{Rank: rankA, Nodes: []DumpNode{{Seq: 5, Root: true}}, Entries: []DumpEntry{{Seq: 5, EngineHash: 1, Mask: 1}, {Seq: 5, EngineHash: 2, Mask: 1}}},
+		{Rank: rk1, Nodes: []DumpNode{{Seq: 5, Parent: 4}}},
+		{Rank: rk1, Nodes: []DumpNode{{Seq: 5, Root: true}}, Entries: []DumpEntry{{Seq: 6, EngineHash: 1, Mask: 1}}},
+		{Rank: rk1, Nodes: []DumpNode{{Seq: 5, Root: true}}, Entries: []DumpEntry{{Seq: 5, EngineHash: 1, Mask: 0}}},
+		{Rank: rk1, Nodes: []DumpNode{{Seq: 5, Root: true}}, Entries: []DumpEntry{{Seq: 5, EngineHash: 1, Mask: 1}, {Seq: 5, EngineHash: 2, Mask: 1}}},
 	}
 	for i := range bad {
 		if err := ix.LoadRank(&bad[i]); !errors.Is(err, ErrBadDump) {
@@ -375,7 +375,7 @@ func TestLoadRankRejectsInconsistentDump(t *testing.T) {
 	if ix.Digest() != before {
 		t.Fatal("a rejected dump changed the index")
 	}
-	if _, err := ix.DumpRank(rankB); !errors.Is(err, ErrUnknownRank) {
+	if _, err := ix.DumpRank(rk2); !errors.Is(err, ErrUnknownRank) {
 		t.Fatalf("dump of unknown rank: %v", err)
 	}
 }
@@ -384,7 +384,7 @@ func TestLoadRankRejectsInconsistentDump(t *testing.T) {
 // checks that the tree and the heap come back to where they started.
 func TestChurnReturnsMemoryToBaseline(t *testing.T) {
 	ix := New(Config{})
-	mustApply(t, ix, stored(rankA, dev, chain(1)))
+	mustApply(t, ix, stored(rk1, dev, chain(1)))
 	heap := func() uint64 {
 		runtime.GC()
 		var ms runtime.MemStats
@@ -395,7 +395,7 @@ func TestChurnReturnsMemoryToBaseline(t *testing.T) {
 	baseNodes := ix.Stats().Nodes
 	blocks := make([]kvevent.Block, 64)
 	for round := 0; round < 200; round++ {
-		for _, r := range []kvevent.Rank{rankA, rankB, rankC} {
+		for _, r := range []kvevent.Rank{rk1, rk2, rk3} {
 			for i := range blocks {
 				h := uint64(round*1000 + i + 10)
 				blocks[i] = kvevent.Block{EngineHash: h, LocalHash: h * 31}
@@ -408,8 +408,8 @@ func TestChurnReturnsMemoryToBaseline(t *testing.T) {
 			mustApply(t, ix, removed(r, dev, hs...))
 		}
 	}
-	ix.RemoveRank(rankB)
-	ix.RemoveRank(rankC)
+	ix.RemoveRank(rk2)
+	ix.RemoveRank(rk3)
 	if got := ix.Stats().Nodes; got != baseNodes {
 		t.Fatalf("nodes after churn = %d, want %d", got, baseNodes)
 	}
@@ -426,7 +426,7 @@ func TestChurnReturnsMemoryToBaseline(t *testing.T) {
 // a writer applying big batches at once, checking results stay sane.
 func TestLookupsRunDuringWrites(t *testing.T) {
 	ix := New(Config{ApplyChunk: 32})
-	mustApply(t, ix, stored(rankA, dev, chain(1, 2, 3)))
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2, 3)))
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	for g := 0; g < 4; g++ {

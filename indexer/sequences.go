@@ -779,18 +779,6 @@ func (st *seqState) tombHash(b *booking) uint64 {
 	return xxh3.Hash(buf)
 }
 
-// mix64 is the SplitMix64 finaliser: a bijection on uint64 with full
-// avalanche, used wherever a cheap, deterministic, well-spread hash of an
-// integer is needed.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
-}
-
 // hashSet is a small open-addressing set of uint64 for deduplicating one
 // request's hashes without allocating: a slot is in use when its generation
 // is the current one, so reset is O(1) instead of clearing the table.

@@ -67,16 +67,6 @@ func (ix *Index) RankStats() []RankStats {
 	return out
 }
 
-func cmpRank(a, b kvevent.Rank) int {
-	switch {
-	case a == b:
-		return 0
-	case a.Less(b):
-		return -1
-	}
-	return 1
-}
-
 // Digest returns the state digest: equal for equal logical state (every
 // residency with its engine hash, and every held orphan block). O(1).
 func (ix *Index) Digest() uint64 {

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs the benchmarks of one area (or all) and refreshes docs/benchmarks.md.
+#
+# Every benchmark prints "BENCH area.figure k=v ..." lines, each measured
+# against a baseline in the same run (see docs/benchmarks.md). This script
+# collects those lines per area into docs/bench/<area>.txt and rebuilds
+# docs/benchmarks.md from all collected areas, with the machine, date and
+# commit of each run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+area=${1:-all}
+out=docs/bench
+mkdir -p "$out"
+
+# area -> "packages|test pattern"
+declare -A spec=(
+  [indexer]="./indexer/ ./kvevent/|TestBench"
+)
+order=(indexer)
+
+run_area() {
+  local a=$1 pkgs pattern log
+  IFS='|' read -r pkgs pattern <<<"${spec[$a]}"
+  log=$(mktemp)
+  echo "== bench-$a" >&2
+  # shellcheck disable=SC2086
+  KVROUTER_BENCH=1 go test -count=1 -timeout 60m -run "$pattern" -v $pkgs 2>&1 | tee "$log" | grep '^BENCH' >&2 || true
+  if grep -q '^FAIL' "$log"; then
+    cat "$log" >&2
+    echo "bench-$a failed" >&2
+    exit 1
+  fi
+  {
+    echo "# bench-$a"
+    echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "# machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+    grep '^BENCH' "$log" || true
+  } >"$out/$a.txt"
+  rm -f "$log"
+}
+
+if [ "$area" = all ]; then
+  for a in "${order[@]}"; do run_area "$a"; done
+else
+  [ -n "${spec[$area]+x}" ] || { echo "unknown bench area: $area (have: ${order[*]})" >&2; exit 2; }
+  run_area "$area"
+fi
+
+# Rebuild the generated part of docs/benchmarks.md from every area's file.
+{
+  sed -n '1,/^<!-- generated below -->$/p' docs/benchmarks.md
+  for a in "${order[@]}"; do
+    [ -f "$out/$a.txt" ] || continue
+    echo
+    echo "### $a"
+    echo
+    echo '```'
+    cat "$out/$a.txt"
+    echo '```'
+  done
+} >docs/benchmarks.md.new
+mv docs/benchmarks.md.new docs/benchmarks.md
+echo "docs/benchmarks.md updated" >&2

@@ -1,0 +1,233 @@
+package sim
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// Config sets up a replay.
+type Config struct {
+	Workers        int     // default 8
+	BlockSize      int     // engine tokens per block, default 16
+	CapacityTokens int     // KV capacity per worker, default 1,000,000
+	Speed          float64 // arrival-speed multiplier, default 1
+	Timing         Timing  // default DefaultTiming()
+	// Progress, when set, is called after each request with the number done.
+	Progress func(done, total int)
+}
+
+func (c Config) withDefaults() Config {
+	if c.Workers <= 0 {
+		c.Workers = 8
+	}
+	if c.BlockSize <= 0 {
+		c.BlockSize = 16
+	}
+	if c.CapacityTokens <= 0 {
+		c.CapacityTokens = 1_000_000
+	}
+	if c.Speed <= 0 {
+		c.Speed = 1
+	}
+	if c.Timing == (Timing{}) {
+		c.Timing = DefaultTiming()
+	}
+	return c
+}
+
+// ErrBadConfig means the replay cannot run with this configuration.
+var ErrBadConfig = errors.New("bad replay config")
+
+// Result is one policy's figures over a replay.
+type Result struct {
+	Policy       string
+	Requests     int
+	PromptTokens int64
+	CachedTokens int64 // prompt tokens the chosen worker really had cached
+	// PredictedCachedTokens is what the policy believed the chosen worker
+	// had cached (0 for policies that do not look).
+	PredictedCachedTokens int64
+	HitRate               float64 // CachedTokens / PromptTokens
+	Assigned              []int64 // prompt tokens per worker
+	Imbalance             float64 // max / mean of Assigned
+	TTFTMeanMs            float64
+	TTFTP50Ms, TTFTP99Ms  float64
+	Evicted               uint64
+	Errors                int
+}
+
+// Prepared is a trace expanded once into blocks, shared by every policy's
+// replay.
+type Prepared struct {
+	Reqs  []Request
+	Local [][]uint64
+	Seq   [][]uint64
+}
+
+// Prepare expands every request of the trace into engine blocks.
+func Prepare(reqs []Request, blockSize int) *Prepared {
+	p := &Prepared{Reqs: reqs, Local: make([][]uint64, len(reqs)), Seq: make([][]uint64, len(reqs))}
+	e := Expander{BlockSize: blockSize}
+	for i := range reqs {
+		l, s := e.Blocks(&reqs[i])
+		p.Local[i], p.Seq[i] = slices.Clone(l), slices.Clone(s)
+	}
+	return p
+}
+
+// completion is a pending request milestone in simulated time.
+type completion struct {
+	at    int64
+	order int  // tie-break: the request's index, so equal times replay in a fixed order
+	done  bool // false: prefill done; true: finished
+}
+
+type completions []completion
+
+func (h completions) Len() int { return len(h) }
+func (h completions) Less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	if h[i].order != h[j].order {
+		return h[i].order < h[j].order
+	}
+	return !h[i].done && h[j].done
+}
+func (h completions) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *completions) Push(x any)   { *h = append(*h, x.(completion)) }
+func (h *completions) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// Replay runs the prepared trace against cfg.Workers simulated workers,
+// routed by p, in simulated time, and returns p's figures. The workers
+// publish their events to p as they happen.
+//
+// v1 model: a request is served at once on its worker (no queue); its
+// time to first token is the prefill time of its uncached tokens, and it
+// finishes after output_length decode steps at the worker's KV use when it
+// started. Its blocks stay pinned until it finishes.
+func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
+	cfg = cfg.withDefaults()
+	if cfg.CapacityTokens < cfg.BlockSize {
+		return Result{}, fmt.Errorf("%w: capacity %d tokens is below one block of %d", ErrBadConfig, cfg.CapacityTokens, cfg.BlockSize)
+	}
+	capBlocks := cfg.CapacityTokens / cfg.BlockSize
+	res := Result{Policy: p.Name(), Assigned: make([]int64, cfg.Workers)}
+	var now int64
+	eventIDs := make([]uint64, cfg.Workers)
+	workers := make([]*Cache, cfg.Workers)
+	for i := range workers {
+		i := i
+		workers[i] = NewCache(RankOf(i), capBlocks, func(ev *kvevent.Event) {
+			eventIDs[i]++
+			ev.EventID = eventIDs[i]
+			p.Observe(ev, now)
+		})
+	}
+	type inflight struct {
+		worker int
+		pinned int
+	}
+	live := make([]inflight, len(pr.Reqs))
+	ids := make([]string, len(pr.Reqs))
+	var pending completions
+	ttft := make([]float64, 0, len(pr.Reqs))
+
+	settle := func(until int64) {
+		for len(pending) > 0 && pending[0].at <= until {
+			c := heap.Pop(&pending).(completion)
+			now = c.at
+			if !c.done {
+				p.PrefillDone(ids[c.order], now)
+				continue
+			}
+			f := live[c.order]
+			workers[f.worker].Release(pr.Seq[c.order], f.pinned)
+			p.Finished(ids[c.order], now)
+		}
+	}
+
+	for k := range pr.Reqs {
+		q := &pr.Reqs[k]
+		at := int64(float64(q.TimestampMs) * 1e6 / cfg.Speed)
+		settle(at)
+		now = max(now, at)
+		ids[k] = strconv.Itoa(k)
+		rq := RouteQuery{ID: ids[k], Local: pr.Local[k], Seq: pr.Seq[k], ISL: q.InputLength}
+		w, predicted, err := p.Route(&rq, now)
+		if err != nil || w < 0 || w >= cfg.Workers {
+			res.Errors++
+			continue
+		}
+		c := workers[w]
+		hitBlocks := c.Match(rq.Seq)
+		cached := hitBlocks * cfg.BlockSize
+		u := float64(c.Len()) / float64(c.Capacity())
+		pinned := c.Acquire(rq.Local, rq.Seq)
+		p.Started(&rq, w, predicted, now)
+		live[k] = inflight{worker: w, pinned: pinned}
+
+		prefill := cfg.Timing.PrefillMs(q.InputLength - cached)
+		decode := float64(q.OutputLength) * cfg.Timing.DecodeStepMs(u)
+		heap.Push(&pending, completion{at: now + int64(prefill*1e6), order: k})
+		heap.Push(&pending, completion{at: now + int64((prefill+decode)*1e6), order: k, done: true})
+
+		res.Requests++
+		res.PromptTokens += int64(q.InputLength)
+		res.CachedTokens += int64(cached)
+		res.PredictedCachedTokens += int64(predicted)
+		res.Assigned[w] += int64(q.InputLength)
+		ttft = append(ttft, prefill)
+		if cfg.Progress != nil {
+			cfg.Progress(k+1, len(pr.Reqs))
+		}
+	}
+	settle(math.MaxInt64)
+
+	for _, c := range workers {
+		res.Evicted += c.Evicted
+	}
+	if res.PromptTokens > 0 {
+		res.HitRate = float64(res.CachedTokens) / float64(res.PromptTokens)
+	}
+	res.Imbalance = imbalance(res.Assigned)
+	res.TTFTMeanMs, res.TTFTP50Ms, res.TTFTP99Ms = summarize(ttft)
+	return res, nil
+}
+
+func imbalance(xs []int64) float64 {
+	var sum, mx int64
+	for _, x := range xs {
+		sum += x
+		mx = max(mx, x)
+	}
+	if sum == 0 {
+		return 0
+	}
+	return float64(mx) / (float64(sum) / float64(len(xs)))
+}
+
+func summarize(xs []float64) (mean, p50, p99 float64) {
+	if len(xs) == 0 {
+		return 0, 0, 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	var sum float64
+	for _, x := range s {
+		sum += x
+	}
+	at := func(q float64) float64 { return s[int(q*float64(len(s)-1))] }
+	return sum / float64(len(s)), at(0.5), at(0.99)
+}

@@ -1,0 +1,119 @@
+package sim
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// TraceBlockTokens is the block size of Mooncake traces: each hash id
+// stands for 512 prompt tokens and everything before them.
+const TraceBlockTokens = 512
+
+// ErrBadTrace means a trace line is not a valid request.
+var ErrBadTrace = errors.New("bad trace")
+
+// Request is one trace row.
+type Request struct {
+	TimestampMs  int64    `json:"timestamp"`
+	InputLength  int      `json:"input_length"`
+	OutputLength int      `json:"output_length"`
+	HashIDs      []uint64 `json:"hash_ids"`
+}
+
+// ReadTrace parses a Mooncake JSONL trace. Blank lines are skipped; a bad
+// line fails the whole read with its line number.
+func ReadTrace(r io.Reader) ([]Request, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
+	var out []Request
+	for line := 1; sc.Scan(); line++ {
+		b := sc.Bytes()
+		if len(b) == 0 {
+			continue
+		}
+		var q Request
+		if err := json.Unmarshal(b, &q); err != nil {
+			return nil, fmt.Errorf("%w: line %d: %v", ErrBadTrace, line, err)
+		}
+		if q.InputLength <= 0 || q.OutputLength < 0 || q.TimestampMs < 0 {
+			return nil, fmt.Errorf("%w: line %d: input_length %d, output_length %d, timestamp %d",
+				ErrBadTrace, line, q.InputLength, q.OutputLength, q.TimestampMs)
+		}
+		if want := (q.InputLength + TraceBlockTokens - 1) / TraceBlockTokens; len(q.HashIDs) < want {
+			return nil, fmt.Errorf("%w: line %d: %d hash ids for %d tokens (want %d)", ErrBadTrace, line, len(q.HashIDs), q.InputLength, want)
+		}
+		out = append(out, q)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read trace: %w", err)
+	}
+	return out, nil
+}
+
+// LoadTrace reads a trace file.
+func LoadTrace(path string) ([]Request, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open trace: %w", err)
+	}
+	defer f.Close()
+	reqs, err := ReadTrace(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return reqs, nil
+}
+
+// Expander turns trace requests into engine blocks: each 512-token id
+// becomes 512/BlockSize blocks of synthetic tokens derived from the id, so
+// two requests share engine blocks exactly where their ids agree. Only the
+// full blocks of the prompt are produced. It reuses its buffers: the
+// returned slices are valid until the next call.
+type Expander struct {
+	BlockSize int
+	Seed      uint64 // content-hash seed; 0 means kvevent.Seed
+
+	tokens []uint32
+	local  []uint64
+	seq    []uint64
+}
+
+// Tokens returns the request's prompt tokens (InputLength of them).
+func (e *Expander) Tokens(q *Request) []uint32 {
+	e.tokens = e.tokens[:0]
+	for i := 0; len(e.tokens) < q.InputLength; i++ {
+		id := q.HashIDs[i]
+		n := min(TraceBlockTokens, q.InputLength-len(e.tokens))
+		for j := 0; j < n; j++ {
+			// A cheap deterministic token stream per id: SplitMix64 of
+			// (id, position), folded into a 17-bit vocabulary.
+			e.tokens = append(e.tokens, uint32(splitmix(id*0x9e3779b97f4a7c15+uint64(j))%131072))
+		}
+	}
+	return e.tokens
+}
+
+// Blocks returns the content and sequence hashes of the request's full
+// blocks.
+func (e *Expander) Blocks(q *Request) (local, seq []uint64) {
+	seed := e.Seed
+	if seed == 0 {
+		seed = kvevent.Seed
+	}
+	e.local = kvevent.LocalHashes(e.local[:0], e.Tokens(q), e.BlockSize, seed)
+	e.seq = kvevent.SequenceHashes(e.seq[:0], e.local)
+	return e.local, e.seq
+}
+
+func splitmix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
