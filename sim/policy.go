@@ -46,10 +46,10 @@ func (p *RoundRobin) Route(*RouteQuery, int64) (int, int, error) {
 	p.next++
 	return w, 0, nil
 }
-func (p *RoundRobin) Observe(*kvevent.Event, int64)             {}
-func (p *RoundRobin) Started(*RouteQuery, int, int, int64)       {}
-func (p *RoundRobin) PrefillDone(string, int64)                  {}
-func (p *RoundRobin) Finished(string, int64)                     {}
+func (p *RoundRobin) Observe(*kvevent.Event, int64)        {}
+func (p *RoundRobin) Started(*RouteQuery, int, int, int64) {}
+func (p *RoundRobin) PrefillDone(string, int64)            {}
+func (p *RoundRobin) Finished(string, int64)               {}
 
 // Router is the KV-aware policy: the real index, load tracker and scorer
 // of package indexer, fed by the workers' events.

@@ -17,8 +17,8 @@ import (
 
 func main() {
 	app := &cli.App{
-		Name:  "kvsim",
-		Usage: "replay request traces against simulated workers and routing policies",
+		Name:     "kvsim",
+		Usage:    "replay request traces against simulated workers and routing policies",
 		Commands: []*cli.Command{replayCommand()},
 		ExitErrHandler: func(c *cli.Context, err error) {
 			if err == nil {
