@@ -10,7 +10,7 @@ TEST_TIMEOUT ?= 900s
 # deprecated; silence those warnings (and only those) in every build.
 export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test test-long lint fmt bench bench-indexer run clean tools
+.PHONY: all build test test-long lint fmt bench bench-indexer bench-events run clean tools
 
 all: build
 
@@ -44,6 +44,9 @@ bench:
 
 bench-indexer:
 	scripts/bench.sh indexer
+
+bench-events:
+	scripts/bench.sh events
 
 run:
 	$(GO) run ./cmd/kvsim replay --trace ../shared/traces/mooncake_synthetic_trace.jsonl

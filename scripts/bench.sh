@@ -15,9 +15,10 @@ mkdir -p "$out"
 
 # area -> "packages|test pattern"
 declare -A spec=(
-  [indexer]="./indexer/ ./kvevent/|TestBench"
+  [indexer]="./indexer/|TestBench"
+  [events]="./kvevent/engine/|TestBenchDecode"
 )
-order=(indexer)
+order=(indexer events)
 
 run_area() {
   local a=$1 pkgs pattern log

@@ -1,0 +1,658 @@
+package engine
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"runtime"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+var rank = kvevent.Rank{Worker: 42, DP: 0}
+
+// A plain BlockStored of hashes 11, 12, 13 over tokens 0..47, in both
+// encodings, used as the "good" event around the malformed ones.
+func goodStoreArray() []any {
+	return []any{"BlockStored", []uint64{11, 12, 13}, nil, tokens(0, 48), 16, nil, "GPU", nil}
+}
+
+func goodStoreWant() kvevent.Event {
+	return stored(rank, kvevent.TierDevice, nil, []uint64{11, 12, 13}, tokens(0, 48), 16, kvevent.Seed)
+}
+
+func TestBatchShapes(t *testing.T) {
+	ev := raw(pack(t, goodStoreArray()))
+	cases := []struct {
+		name    string
+		payload any
+		ts      float64
+		dp      uint32
+		hasDP   bool
+	}{
+		{"3-array float64 ts", []any{1.25, []any{ev}, 3}, 1.25, 3, true},
+		{"3-array float32 ts", []any{float32(1.25), []any{ev}, 3}, 1.25, 3, true},
+		{"3-array int ts", []any{1700000000, []any{ev}, u8(2)}, 1700000000, 2, true},
+		{"3-array negative int ts", []any{-3, []any{ev}, 0}, -3, 0, true},
+		{"3-array nil dp", []any{1.5, []any{ev}, nil}, 1.5, 0, false},
+		{"3-array nil ts", []any{nil, []any{ev}, 1}, 0, 1, true},
+		{"2-array", []any{1.5, []any{ev}}, 1.5, 0, false},
+		{"array with later fields ignored", []any{1.5, []any{ev}, 4, "later", omap{"x", 1}}, 1.5, 4, true},
+		{"map", omap{"ts", 2.5, "events", []any{ev}, "data_parallel_rank", 6}, 2.5, 6, true},
+		{"map, other order", omap{"data_parallel_rank", u32(6), "events", []any{ev}, "ts", float32(2.5)}, 2.5, 6, true},
+		{"map without dp", omap{"ts", 2.5, "events", []any{ev}}, 2.5, 0, false},
+		{"map with nil dp", omap{"events", []any{ev}, "data_parallel_rank", nil}, 0, 0, false},
+		{"map with unknown keys", omap{"seq", 9, "events", []any{ev}, 7, "non-string key", "ts", 1.0, "x", []any{1, 2}}, 1, 0, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := newTestDecoder(t, Config{Rank: kvevent.Rank{Worker: 42, DP: 9}})
+			var b Batch
+			if err := d.Decode(pack(t, c.payload), &b); err != nil {
+				t.Fatal(err)
+			}
+			if b.TS != c.ts || b.DPRank != c.dp || b.HasDPRank != c.hasDP {
+				t.Fatalf("ts %v dp %d has %v, want %v %d %v", b.TS, b.DPRank, b.HasDPRank, c.ts, c.dp, c.hasDP)
+			}
+			want := goodStoreWant()
+			want.Rank.DP = 9 // the configured rank, unless the batch names one
+			if c.hasDP {
+				want.Rank.DP = c.dp
+			}
+			assertEvents(t, b.Events, []kvevent.Event{want})
+		})
+	}
+}
+
+func TestEmptyBatchDecodesToNoEvents(t *testing.T) {
+	d := newTestDecoder(t, Config{})
+	if evs := decode(t, d, pack(t, []any{1.0, []any{}, 0})); len(evs) != 0 {
+		t.Fatalf("got %d events from an empty batch", len(evs))
+	}
+	if s := d.Stats(); s.Batches != 1 || s.Events != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+func TestEventEncodingsDecodeAlike(t *testing.T) {
+	parent := uint64(0x77)
+	toks := tokens(100, 32)
+	want := stored(rank, kvevent.TierHostPinned, &parent, []uint64{21, 22}, toks, 16, kvevent.SeedFor("ad", ""))
+	cases := map[string]any{
+		"array, all fields": []any{"BlockStored", []uint64{21, 22}, parent, toks, 16, 5, "CPU", "ad",
+			[]any{nil, []any{"mm", 3}}, 0, "full_attention", nil},
+		"array, trailing omitted": []any{"BlockStored", []uint64{21, 22}, parent, toks, 16, nil, "CPU", "ad"},
+		"array, later fields ignored": []any{"BlockStored", []uint64{21, 22}, parent, toks, 16, nil, "CPU", "ad",
+			nil, nil, nil, 4096, "locality?", omap{"ownership", true}, 3.5, []byte{1}},
+		"map, type first": omap{"type", "BlockStored", "block_hashes", []uint64{21, 22}, "parent_block_hash", parent,
+			"token_ids", toks, "block_size", 16, "lora_id", nil, "medium", "CPU", "lora_name", "ad"},
+		"map, type last, unknown keys": omap{"token_ids", toks, "locality", "rack-1", "medium", "cpu",
+			"lora_name", "ad", "parent_block_hash", parent, "block_hashes", []uint64{21, 22}, "ownership", omap{"a", 1},
+			"kv_cache_spec_sliding_window", nil, "block_size", u64(16), "type", "BlockStored"},
+		"map, absent fields": omap{"type", "BlockStored", "block_hashes", []uint64{21, 22},
+			"parent_block_hash", parent, "token_ids", toks, "medium", "CPU", "lora_name", "ad"},
+	}
+	for name, ev := range cases {
+		t.Run(name, func(t *testing.T) {
+			d := newTestDecoder(t, Config{Rank: rank})
+			assertEvents(t, decode(t, d, in(t, ev)), []kvevent.Event{want})
+		})
+	}
+
+	t.Run("mixed in one batch", func(t *testing.T) {
+		d := newTestDecoder(t, Config{Rank: rank})
+		payload := in(t,
+			cases["array, all fields"],
+			omap{"type", "BlockRemoved", "block_hashes", []uint64{5}, "medium", nil},
+			[]any{"AllBlocksCleared"},
+			[]any{"BlockRemoved", []uint64{6, 7}},
+			omap{"type", "AllBlocksCleared", "future", 1},
+			cases["map, type last, unknown keys"],
+		)
+		assertEvents(t, decode(t, d, payload), []kvevent.Event{
+			want,
+			removed(rank, kvevent.TierDevice, 5),
+			{Rank: rank, Kind: kvevent.KindCleared},
+			removed(rank, kvevent.TierDevice, 6, 7),
+			{Rank: rank, Kind: kvevent.KindCleared},
+			want,
+		})
+	})
+}
+
+func TestHashEncodings(t *testing.T) {
+	long := bytes.Repeat([]byte{0xee}, 300) // bin16 header
+	copy(long[292:], []byte{1, 2, 3, 4, 5, 6, 7, 8})
+	cases := []struct {
+		name string
+		enc  any
+		want uint64
+	}{
+		{"positive fixint", 5, 5},
+		{"uint8", u8(200), 200},
+		{"uint16", u16(0xbeef), 0xbeef},
+		{"uint32", u32(0xdeadbeef), 0xdeadbeef},
+		{"uint64", u64(math.MaxUint64), math.MaxUint64},
+		{"uint64 high bit", uint64(goldenHash), goldenHash},
+		{"negative fixint", -1, math.MaxUint64},
+		{"negative fixint -32", -32, uint64(1<<64 - 32)},
+		{"int8", i8(-100), uint64(1<<64 - 100)},
+		{"int8 positive", i8(100), 100},
+		{"int16", i16(-300), uint64(1<<64 - 300)},
+		{"int32", i32(-70000), uint64(1<<64 - 70000)},
+		{"int64 min", i64(math.MinInt64), 1 << 63},
+		{"int64 as signed golden", i64(-0x2547645584a7a840), goldenHash},
+		{"bin empty", []byte{}, 0},
+		{"bin 1 byte", []byte{0xab}, 0xab},
+		{"bin 5 bytes, left-padded", []byte{1, 2, 3, 4, 5}, 0x0102030405},
+		{"bin 8 bytes", []byte{0xda, 0xb8, 0x9b, 0xaa, 0x7b, 0x58, 0x57, 0xc0}, goldenHash},
+		{"bin 32 bytes (sha256), last 8", append(bytes.Repeat([]byte{0x11}, 24), 0xda, 0xb8, 0x9b, 0xaa, 0x7b, 0x58, 0x57, 0xc0), goldenHash},
+		{"bin16 300 bytes", long, 0x0102030405060708},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := newTestDecoder(t, Config{Rank: rank})
+			payload := in(t,
+				[]any{"BlockRemoved", []any{c.enc}, nil},
+				[]any{"BlockStored", []any{99}, c.enc, tokens(0, 16), 16},
+			)
+			p := c.want
+			want := []kvevent.Event{removed(rank, kvevent.TierDevice, c.want)}
+			if c.want != 99 {
+				want = append(want, stored(rank, kvevent.TierDevice, &p, []uint64{99}, tokens(0, 16), 16, kvevent.Seed))
+			}
+			assertEvents(t, decode(t, d, payload), want)
+		})
+	}
+}
+
+// The main attention group is the only one that feeds the index (wire.md).
+func TestOnlyMainAttentionGroupIsEmitted(t *testing.T) {
+	cases := []struct {
+		name  string
+		group any
+		kind  any
+		main  bool
+	}{
+		{"no group, no kind", nil, nil, true},
+		{"group 0", 0, nil, true},
+		{"group 1 without kind", 1, nil, false},
+		{"group 0 sliding window", 0, "sliding_window", false},
+		{"group 1 full attention", 1, "full_attention", true},
+		{"group 2 mla", 2, "mla_attention", true},
+		{"sink full attention", 3, "sink_full_attention", true},
+		{"kind matched case-insensitively", 3, "Full_Attention", true},
+		{"chunked local", 0, "chunked_local_attention", false},
+		{"mamba, no group", nil, "mamba", false},
+		{"unknown kind", 0, "full_attention_v2", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := newTestDecoder(t, Config{Rank: rank})
+			st := []any{"BlockStored", []uint64{11, 12, 13}, nil, tokens(0, 48), 16, nil, nil, nil, nil, c.group, c.kind, 128}
+			stMap := omap{"type", "BlockStored", "block_hashes", []uint64{11, 12, 13}, "token_ids", tokens(0, 48),
+				"group_idx", c.group, "kv_cache_spec_kind", c.kind}
+			rmMap := omap{"type", "BlockRemoved", "block_hashes", []uint64{11}, "group_idx", c.group, "kv_cache_spec_kind", c.kind}
+			got := decode(t, d, in(t, st, stMap, rmMap))
+			var want []kvevent.Event
+			if c.main {
+				want = []kvevent.Event{goodStoreWant(), goodStoreWant(), removed(rank, kvevent.TierDevice, 11)}
+			}
+			assertEvents(t, got, want)
+			if s := d.Stats(); !c.main && s.Skipped[ReasonNotMainGroup] != 3 {
+				t.Fatalf("skipped not_main_group = %d, want 3", s.Skipped[ReasonNotMainGroup])
+			}
+		})
+	}
+
+	t.Run("array BlockRemoved group position", func(t *testing.T) {
+		d := newTestDecoder(t, Config{Rank: rank})
+		got := decode(t, d, in(t, []any{"BlockRemoved", []uint64{1}, "GPU", 1}, []any{"BlockRemoved", []uint64{2}, "GPU", 0, "kind?"}))
+		assertEvents(t, got, []kvevent.Event{removed(rank, kvevent.TierDevice, 2)})
+	})
+}
+
+// wire.md's rule files an event without a kind by group 0. For a hybrid
+// model whose full-attention group is not group 0, that misfiles every
+// BlockRemoved; LearnGroupKinds files it by the kind its group's stores named.
+func TestLearnGroupKindsFilesHybridRemovesByTheirGroup(t *testing.T) {
+	payload := in(t,
+		[]any{"BlockStored", []uint64{11}, nil, tokens(0, 16), 16, nil, nil, nil, nil, 0, "sliding_window", 512},
+		[]any{"BlockStored", []uint64{11}, nil, tokens(0, 16), 16, nil, nil, nil, nil, 1, "full_attention"},
+		[]any{"BlockRemoved", []uint64{11}, nil, 0}, // the sliding window drops an old block
+		[]any{"BlockRemoved", []uint64{11}, nil, 1}, // the full-attention group evicts it
+	)
+	st := stored(rank, kvevent.TierDevice, nil, []uint64{11}, tokens(0, 16), 16, kvevent.Seed)
+
+	exact := newTestDecoder(t, Config{Rank: rank})
+	assertEvents(t, decode(t, exact, payload), []kvevent.Event{st, removed(rank, kvevent.TierDevice, 11)})
+
+	learn := newTestDecoder(t, Config{Rank: rank, LearnGroupKinds: true})
+	got := decode(t, learn, payload)
+	assertEvents(t, got, []kvevent.Event{st, removed(rank, kvevent.TierDevice, 11)})
+	// Same events, but the remove that survived is the full-attention one.
+	if s := learn.Stats(); s.Skipped[ReasonNotMainGroup] != 2 {
+		t.Fatalf("learning decoder skipped %d, want the sliding store and its remove", s.Skipped[ReasonNotMainGroup])
+	}
+	// A remove of group 0 alone is now filed as sliding window.
+	assertEvents(t, decode(t, learn, in(t, []any{"BlockRemoved", []uint64{11}, nil, 0})), nil)
+	assertEvents(t, decode(t, exact, in(t, []any{"BlockRemoved", []uint64{11}, nil, 0})),
+		[]kvevent.Event{removed(rank, kvevent.TierDevice, 11)})
+}
+
+func TestTierFromMedium(t *testing.T) {
+	for medium, tier := range map[any]kvevent.Tier{
+		nil: kvevent.TierDevice, "GPU": kvevent.TierDevice, "cuda?": 99,
+		"CPU": kvevent.TierHostPinned, "cpu_tier1": kvevent.TierHostPinned,
+		"CPU_TIER2": kvevent.TierDisk, "Disk": kvevent.TierDisk,
+		"EXTERNAL": kvevent.TierExternal, "shared": kvevent.TierExternal,
+	} {
+		d := newTestDecoder(t, Config{Rank: rank})
+		got := decode(t, d, in(t, []any{"BlockRemoved", []uint64{1}, medium}))
+		if tier == 99 {
+			assertEvents(t, got, nil)
+			if n := d.Stats().Skipped[ReasonUnknownMedium]; n != 1 {
+				t.Fatalf("medium %v: unknown_medium = %d", medium, n)
+			}
+			continue
+		}
+		assertEvents(t, got, []kvevent.Event{removed(rank, tier, 1)})
+	}
+}
+
+// Every malformed event is skipped and counted, and the events around it
+// still decode.
+func TestMalformedEventsAreSkippedAndCounted(t *testing.T) {
+	long := make([]uint64, 40)
+	for i := range long {
+		long[i] = uint64(1000 + i)
+	}
+	long[39] = 1005
+	cases := []struct {
+		name   string
+		ev     any
+		reason Reason
+	}{
+		{"event is a string", "BlockStored", ReasonBadShape},
+		{"event is an empty array", []any{}, ReasonBadShape},
+		{"array tag not a string", []any{7, []uint64{1}}, ReasonBadShape},
+		{"map without type", omap{"block_hashes", []uint64{1}}, ReasonBadShape},
+		{"map with nil type", omap{"type", nil, "block_hashes", []uint64{1}}, ReasonBadShape},
+		{"map with int type", omap{"type", 3}, ReasonBadShape},
+		{"unknown type", []any{"BlockTouched", []uint64{1}}, ReasonUnknownType},
+		{"unknown type in map", omap{"type", "blockstored"}, ReasonUnknownType},
+		{"store hashes not an array", []any{"BlockStored", "abc", nil, tokens(0, 16), 16}, ReasonBadField},
+		{"store hash is a float", []any{"BlockStored", []any{1, 2.5, 3}, nil, tokens(0, 48), 16}, ReasonBadField},
+		{"store hash is a string", []any{"BlockStored", []any{"1"}, nil, tokens(0, 16), 16}, ReasonBadField},
+		{"parent is a string", []any{"BlockStored", []uint64{1}, "p", tokens(0, 16), 16}, ReasonBadField},
+		{"token is negative", []any{"BlockStored", []uint64{1}, nil, append([]any{-1}, anys(tokens(0, 15))...), 16}, ReasonBadField},
+		{"token above 2^32", []any{"BlockStored", []uint64{1}, nil, append(anys(tokens(0, 15)), uint64(1<<32)), 16}, ReasonBadField},
+		{"token is a string", []any{"BlockStored", []uint64{1}, nil, append(anys(tokens(0, 15)), "x"), 16}, ReasonBadField},
+		{"tokens not an array", []any{"BlockStored", []uint64{1}, nil, omap{"a", 1}, 16}, ReasonBadField},
+		{"block size a string", []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), "16"}, ReasonBadField},
+		{"block size zero", []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), 0}, ReasonBadField},
+		{"block size negative", []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), -16}, ReasonBadField},
+		{"medium an int", []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), 16, nil, 1}, ReasonBadField},
+		{"lora name an int", []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), 16, nil, nil, 3}, ReasonBadField},
+		{"group negative", []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), 16, nil, nil, nil, nil, -1}, ReasonBadField},
+		{"group a string", []any{"BlockRemoved", []uint64{1}, nil, "0"}, ReasonBadField},
+		{"kind an int", omap{"type", "BlockRemoved", "block_hashes", []uint64{1}, "kv_cache_spec_kind", 1}, ReasonBadField},
+		{"remove medium a bin", []any{"BlockRemoved", []uint64{1}, []byte("GPU")}, ReasonBadField},
+		{"cleared with a bad group", omap{"type", "AllBlocksCleared", "group_idx", "x"}, ReasonBadField},
+		{"unknown medium", []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), 16, nil, "TPU"}, ReasonUnknownMedium},
+		{"remove unknown medium", []any{"BlockRemoved", []uint64{1}, "hbm"}, ReasonUnknownMedium},
+		{"store without hashes", []any{"BlockStored", []uint64{}, nil, []uint32{}, 16}, ReasonNoBlocks},
+		{"store with nil hashes", []any{"BlockStored", nil, nil, tokens(0, 16), 16}, ReasonNoBlocks},
+		{"map store without hashes", omap{"type", "BlockStored", "token_ids", tokens(0, 16)}, ReasonNoBlocks},
+		{"remove without hashes", []any{"BlockRemoved", []uint64{}, "GPU"}, ReasonNoBlocks},
+		{"remove, fields omitted", []any{"BlockRemoved"}, ReasonNoBlocks},
+		{"store repeats a hash", []any{"BlockStored", []uint64{1, 2, 1}, nil, tokens(0, 48), 16}, ReasonRepeatedHash},
+		{"store repeats a hash, long chain", []any{"BlockStored", long, nil, tokens(0, 40*16), 16}, ReasonRepeatedHash},
+		{"remove repeats a hash", []any{"BlockRemoved", []uint64{4, 4}}, ReasonRepeatedHash},
+		{"int and bin spell the same hash", []any{"BlockRemoved", []any{u64(0xab), []byte{0xab}}}, ReasonRepeatedHash},
+		{"first hash is the parent", []any{"BlockStored", []uint64{7, 8}, 7, tokens(0, 32), 16}, ReasonParentIsFirst},
+		{"lora_id without lora_name", []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), 16, 3, nil}, ReasonUnnamedLoRA},
+		{"event block size differs", []any{"BlockStored", []uint64{1, 2}, nil, tokens(0, 64), 32}, ReasonBlockSize},
+		{"more tokens than blocks", []any{"BlockStored", []uint64{1, 2}, nil, tokens(0, 48), 16}, ReasonBlockSize},
+		{"fewer tokens than one block", []any{"BlockStored", []uint64{1, 2}, nil, tokens(0, 15), 16}, ReasonBlockSize},
+		{"offload store of unseen blocks", []any{"BlockStored", []uint64{1, 2}, nil, []uint32{}, 16, nil, "CPU"}, ReasonUnresolved},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := newTestDecoder(t, Config{Rank: rank})
+			got := decode(t, d, in(t, goodStoreArray(), c.ev, goodStoreArray()))
+			assertEvents(t, got, []kvevent.Event{goodStoreWant(), goodStoreWant()})
+			s := d.Stats()
+			if s.Events != 3 || s.Emitted != 2 || s.Skipped[c.reason] != 1 {
+				t.Fatalf("events %d emitted %d skipped %v, want 3, 2 and one %v", s.Events, s.Emitted, s.Skipped, c.reason)
+			}
+		})
+	}
+}
+
+func anys[T any](xs []T) []any {
+	out := make([]any, len(xs))
+	for i, x := range xs {
+		out[i] = x
+	}
+	return out
+}
+
+// A value of the wrong type in a field the event type does not read, or in a
+// field this package never reads, does not cost the event.
+func TestBadValuesInUnreadFieldsAreIgnored(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	got := decode(t, d, in(t,
+		omap{"type", "BlockRemoved", "block_hashes", []uint64{1}, "token_ids", "junk", "block_size", "junk", "parent_block_hash", 2.5},
+		[]any{"BlockStored", []uint64{11, 12, 13}, nil, tokens(0, 48), 16, "lora id is opaque", "GPU", "", "extra keys are opaque", nil, nil, "window is opaque"},
+		omap{"type", "AllBlocksCleared", "medium", 5, "block_hashes", "x"},
+	))
+	assertEvents(t, got, []kvevent.Event{removed(rank, kvevent.TierDevice, 1), goodStoreWant(), {Rank: rank, Kind: kvevent.KindCleared}})
+}
+
+func TestBlockSizeRulesKeepOnlyWholeBlocks(t *testing.T) {
+	cases := []struct {
+		name    string
+		ev      any
+		keep    int
+		dropped uint64
+	}{
+		{"block size absent, tokens fit", []any{"BlockStored", []uint64{1, 2, 3}, nil, tokens(0, 48)}, 3, 0},
+		{"block size matches", []any{"BlockStored", []uint64{1, 2, 3}, nil, tokens(0, 48), 16}, 3, 0},
+		{"tokens for two of three blocks", []any{"BlockStored", []uint64{1, 2, 3}, nil, tokens(0, 32), 16}, 2, 1},
+		{"a partial third block", []any{"BlockStored", []uint64{1, 2, 3}, nil, tokens(0, 40), 16}, 2, 1},
+		{"block size differs", []any{"BlockStored", []uint64{1, 2, 3}, nil, tokens(0, 96), 32}, 0, 3},
+		{"too many tokens", []any{"BlockStored", []uint64{1, 2, 3}, nil, tokens(0, 49), 16}, 0, 3},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := newTestDecoder(t, Config{Rank: rank})
+			got := decode(t, d, in(t, c.ev))
+			var want []kvevent.Event
+			if c.keep > 0 {
+				want = []kvevent.Event{stored(rank, kvevent.TierDevice, nil, []uint64{1, 2, 3}, tokens(0, c.keep*16), 16, kvevent.Seed)}
+			}
+			assertEvents(t, got, want)
+			if s := d.Stats(); s.DroppedBlocks[ReasonBlockSize] != c.dropped {
+				t.Fatalf("dropped %d, want %d", s.DroppedBlocks[ReasonBlockSize], c.dropped)
+			}
+		})
+	}
+}
+
+// The content hashes are kvevent's, pinned there against an independent
+// XXH3; pinned here too so that a decoder that hashed the wrong span of
+// tokens, or with the wrong seed, fails.
+func TestContentHashesMatchPinnedVectors(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	got := decode(t, d, in(t,
+		[]any{"BlockStored", []uint64{1, 2, 3}, nil, tokens(0, 48), 16},
+		[]any{"BlockStored", []uint64{9}, nil, tokens(1, 16), 16, 7, nil, "my-adapter"},
+	))
+	want := []kvevent.Event{
+		{Rank: rank, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 0xd47a8f41c833328a}, {EngineHash: 2, LocalHash: 0xd43939178abd00db}, {EngineHash: 3, LocalHash: 0x4cc8f942aaf401a2}}},
+		{Rank: rank, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 9, LocalHash: 0xe7c4d1518de44e34}}},
+	}
+	assertEvents(t, got, want)
+}
+
+func TestSeedFunctionIsUsedForLoRANames(t *testing.T) {
+	var asked []string
+	d := newTestDecoder(t, Config{Rank: rank, Seed: func(name string) uint64 { asked = append(asked, name); return 5 + uint64(len(name)) }})
+	got := decode(t, d, in(t,
+		[]any{"BlockStored", []uint64{1}, nil, tokens(0, 16), 16, nil, nil, "abc"},
+		[]any{"BlockStored", []uint64{2}, nil, tokens(0, 16), 16, nil, nil, "abc"},
+		[]any{"BlockStored", []uint64{3}, nil, tokens(0, 16), 16, nil, nil, nil},
+	))
+	assertEvents(t, got, []kvevent.Event{
+		stored(rank, kvevent.TierDevice, nil, []uint64{1}, tokens(0, 16), 16, 8),
+		stored(rank, kvevent.TierDevice, nil, []uint64{2}, tokens(0, 16), 16, 8),
+		stored(rank, kvevent.TierDevice, nil, []uint64{3}, tokens(0, 16), 16, 5),
+	})
+	if len(asked) != 2 || asked[0] != "" || asked[1] != "abc" {
+		t.Fatalf("seed asked for %q, want the base seed once and abc once", asked)
+	}
+}
+
+func TestOffloadStoreResolvesThroughLearnedHashes(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	gpu := stored(rank, kvevent.TierDevice, nil, []uint64{11, 12, 13}, tokens(0, 48), 16, kvevent.Seed)
+	assertEvents(t, decode(t, d, in(t, goodStoreArray())), []kvevent.Event{gpu})
+
+	cpu := gpu
+	cpu.Tier = kvevent.TierHostPinned
+	assertEvents(t, decode(t, d, in(t, []any{"BlockStored", []uint64{11, 12, 13}, nil, []uint32{}, 16, nil, "CPU"})),
+		[]kvevent.Event{cpu})
+
+	// The device evicts the blocks; the disk tier stores them afterwards.
+	disk := gpu
+	disk.Tier, disk.Blocks = kvevent.TierDisk, gpu.Blocks[1:]
+	disk.HasParent, disk.Parent = true, 11
+	assertEvents(t, decode(t, d, in(t,
+		[]any{"BlockRemoved", []uint64{11, 12, 13}, "GPU"},
+		omap{"type", "BlockStored", "block_hashes", []uint64{12, 13}, "parent_block_hash", 11, "medium", "DISK", "token_ids", nil},
+	)), []kvevent.Event{removed(rank, kvevent.TierDevice, 11, 12, 13), disk})
+
+	// A chain that runs into an unseen block stops there.
+	part := gpu
+	part.Tier, part.Blocks = kvevent.TierExternal, gpu.Blocks[:2]
+	assertEvents(t, decode(t, d, in(t, []any{"BlockStored", []uint64{11, 12, 99, 13}, nil, nil, 16, nil, "REMOTE"})),
+		[]kvevent.Event{part})
+	if s := d.Stats(); s.DroppedBlocks[ReasonUnresolved] != 2 || s.Skipped[ReasonUnresolved] != 0 {
+		t.Fatalf("unresolved: dropped %d skipped %d, want 2 and 0", s.DroppedBlocks[ReasonUnresolved], s.Skipped[ReasonUnresolved])
+	}
+
+	// A new epoch forgets.
+	d.Reset()
+	assertEvents(t, decode(t, d, in(t, []any{"BlockStored", []uint64{11}, nil, nil, 16, nil, "CPU"})), nil)
+	if s := d.Stats(); s.Skipped[ReasonUnresolved] != 1 || s.Learned != 0 {
+		t.Fatalf("after reset: skipped %d learned %d", s.Skipped[ReasonUnresolved], s.Learned)
+	}
+}
+
+func TestLearnedHashesStayBounded(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank, MaxLearned: 8})
+	for i := 0; i < 100; i++ {
+		h := uint64(1000 + i)
+		decode(t, d, in(t, []any{"BlockStored", []uint64{h}, nil, tokens(i, 16), 16}))
+		if n := d.Stats().Learned; n > 8 {
+			t.Fatalf("after %d stores %d learned, bound 8", i+1, n)
+		}
+	}
+	// The most recent blocks are still resolvable, the oldest are not.
+	got := decode(t, d, in(t, []any{"BlockStored", []uint64{1099}, nil, nil, 16, nil, "CPU"}, []any{"BlockStored", []uint64{1000}, nil, nil, 16, nil, "CPU"}))
+	want := stored(rank, kvevent.TierHostPinned, nil, []uint64{1099}, tokens(99, 16), 16, kvevent.Seed)
+	assertEvents(t, got, []kvevent.Event{want})
+
+	off := newTestDecoder(t, Config{Rank: rank, MaxLearned: -1})
+	decode(t, off, in(t, goodStoreArray()))
+	if n := off.Stats().Learned; n != 0 {
+		t.Fatalf("learning off, yet %d learned", n)
+	}
+}
+
+func TestLearnedHashesKeepWhatIsUsed(t *testing.T) {
+	l := newLearned(4) // two generations of two
+	l.put(1, 10)
+	l.put(2, 20)
+	l.put(3, 30)                // rotates: {1,2} become old
+	if _, ok := l.get(1); !ok { // a hit in old moves 1 back into cur
+		t.Fatal("1 lost after one rotation")
+	}
+	l.put(4, 40) // rotates: {3,1} old, {2} dropped
+	if _, ok := l.get(2); ok {
+		t.Fatal("2 survived two rotations unused")
+	}
+	for _, k := range []uint64{1, 3, 4} {
+		if v, ok := l.get(k); !ok || v != k*10 {
+			t.Fatalf("get(%d) = %d, %v", k, v, ok)
+		}
+	}
+	if l.len() > 4 {
+		t.Fatalf("%d entries, bound 4", l.len())
+	}
+}
+
+func TestEventsAreAttributedToTheBatchRankAndCarryNoID(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: kvevent.Rank{Worker: 8, DP: 1}})
+	var b Batch
+	if err := d.Decode(pack(t, []any{1.0, []any{goodStoreArray(), []any{"AllBlocksCleared"}}, 6}), &b); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Decode(pack(t, []any{1.0, []any{[]any{"BlockRemoved", []uint64{3}}}}), &b); err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range b.Events {
+		if e.EventID != 0 {
+			t.Errorf("event %d has id %d: ids are the agent's", i, e.EventID)
+		}
+	}
+	want := []kvevent.Rank{{Worker: 8, DP: 6}, {Worker: 8, DP: 6}, {Worker: 8, DP: 1}}
+	for i, r := range want {
+		if b.Events[i].Rank != r {
+			t.Fatalf("event %d rank %v, want %v", i, b.Events[i].Rank, r)
+		}
+	}
+}
+
+func TestBatchSlicesDoNotAlias(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	var b Batch
+	two := in(t, goodStoreArray(), []any{"BlockStored", []uint64{21, 22}, nil, tokens(0, 32), 16}, []any{"BlockRemoved", []uint64{1}}, []any{"BlockRemoved", []uint64{2}})
+	if err := d.Decode(two, &b); err != nil {
+		t.Fatal(err)
+	}
+	before := b.Events[1].Blocks[0]
+	b.Events[0].Blocks = append(b.Events[0].Blocks, kvevent.Block{EngineHash: 666})
+	b.Events[2].Removed = append(b.Events[2].Removed, 666)
+	if b.Events[1].Blocks[0] != before || b.Events[3].Removed[0] != 2 {
+		t.Fatal("appending to one event's slice overwrote the next event")
+	}
+}
+
+func TestBrokenPayloadsReturnErrPayloadAndLeaveTheBatch(t *testing.T) {
+	good := raw(pack(t, goodStoreArray()))
+	cases := []struct {
+		name    string
+		payload []byte
+	}{
+		{"empty", nil},
+		{"reserved byte", []byte{0xc1}},
+		{"an int", []byte{0x05}},
+		{"a string", pack(t, "batch")},
+		{"one-element array", pack(t, []any{1.0})},
+		{"empty array", pack(t, []any{})},
+		{"ts a string", pack(t, []any{"now", []any{good}})},
+		{"events a map", pack(t, []any{1.0, omap{"a", 1}})},
+		{"events nil", pack(t, []any{1.0, nil})},
+		{"dp negative", pack(t, []any{1.0, []any{good}, -1})},
+		{"dp above 2^32", pack(t, []any{1.0, []any{good}, uint64(1 << 32)})},
+		{"dp a string", pack(t, []any{1.0, []any{good}, "0"})},
+		{"map without events", pack(t, omap{"ts", 1.0})},
+		{"map with events twice", pack(t, omap{"events", []any{}, "events", []any{}})},
+		{"trailing bytes", append(pack(t, []any{1.0, []any{good}}), 0x00)},
+		{"truncated in a token", pack(t, []any{1.0, []any{good}})[:30]},
+		{"truncated in a hash", unhex(t, `92 cb 3f f8 00 00 00 00 00 00 91 93 ac "BlockRemoved" 91 cf da b8 9b`)},
+		{"events count beyond the bytes", unhex(t, `92 00 dd ff ff ff ff 90`)},
+		{"fewer events than the count", unhex(t, `92 00 93 90 90`)},
+		{"token count beyond the bytes", unhex(t, `92 00 91 94 ab "BlockStored" 91 01 c0 dd 7f ff ff ff 01`)},
+		{"string length beyond the bytes", unhex(t, `92 00 91 92 db 7f ff ff ff 41`)},
+		{"reserved byte inside an ignored field", pack(t, []any{1.0, []any{[]any{"BlockRemoved", []uint64{1}, nil, nil, raw{0xc1}}}})},
+		{"map count beyond the bytes", unhex(t, `df ff ff ff ff a2 74 73 00`)},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := newTestDecoder(t, Config{Rank: rank})
+			var b Batch
+			if err := d.Decode(in(t, goodStoreArray()), &b); err != nil {
+				t.Fatal(err)
+			}
+			before := d.Stats()
+			err := d.Decode(c.payload, &b)
+			if !errors.Is(err, ErrPayload) {
+				t.Fatalf("error %v, want ErrPayload", err)
+			}
+			assertEvents(t, b.Events, []kvevent.Event{goodStoreWant()})
+			if b.TS != 1.0 || b.HasDPRank {
+				t.Fatalf("batch header changed: ts %v dp %v", b.TS, b.HasDPRank)
+			}
+			after := d.Stats()
+			after.BadPayloads--
+			if after != before {
+				t.Fatalf("stats changed by a rejected payload:\nbefore %+v\nafter  %+v", before, after)
+			}
+		})
+	}
+}
+
+// A length header is never trusted to size anything: a payload of a few
+// bytes that claims four billion elements fails without allocating for them.
+func TestLengthHeadersCannotForceAllocation(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	payloads := [][]byte{
+		unhex(t, `92 00 dd ff ff ff ff`),
+		unhex(t, `92 00 91 94 ab "BlockStored" dd ff ff ff ff 01 02`),
+		unhex(t, `92 00 91 94 ab "BlockStored" 91 01 c0 dd ff ff ff ff 01`),
+		unhex(t, `92 00 91 83 a4 "type" ab "BlockStored" df ff ff ff ff`),
+		unhex(t, `92 00 91 93 ac "BlockRemoved" 91 c6 ff ff ff ff 00`),
+	}
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	for _, p := range payloads {
+		var b Batch
+		if err := d.Decode(p, &b); !errors.Is(err, ErrPayload) {
+			t.Fatalf("% x: error %v, want ErrPayload", p, err)
+		}
+	}
+	runtime.ReadMemStats(&ms1)
+	if grown := ms1.TotalAlloc - ms0.TotalAlloc; grown > 1<<20 {
+		t.Fatalf("rejecting %d tiny payloads allocated %d bytes", len(payloads), grown)
+	}
+}
+
+func TestNewDecoderRejectsBadBlockSize(t *testing.T) {
+	for _, bs := range []int{0, -16, maxBlockSize + 1} {
+		if _, err := NewDecoder(Config{BlockSize: bs}); !errors.Is(err, ErrConfig) {
+			t.Fatalf("block size %d: error %v, want ErrConfig", bs, err)
+		}
+	}
+}
+
+func TestReasonLabels(t *testing.T) {
+	seen := map[string]bool{}
+	for r := Reason(0); r < NumReasons; r++ {
+		s := r.String()
+		if s == "" || seen[s] {
+			t.Fatalf("reason %d label %q empty or repeated", r, s)
+		}
+		seen[s] = true
+	}
+}
+
+// Once its buffers have grown, decoding a batch allocates nothing.
+func TestDecodeDoesNotAllocateInSteadyState(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	payloads := benchPayloads(t, 8)
+	for _, lora := range []string{"adapter-a", "adapter-b", "adapter-a"} { // names alternate
+		payloads = append(payloads, in(t, []any{"BlockStored", []uint64{1, 2}, nil, tokens(0, 32), 16, 1, "CPU", lora}))
+	}
+	var b Batch
+	for _, p := range payloads { // warm up: grow buffers, learn hashes, fill caches
+		if err := d.Decode(p, &b); err != nil {
+			t.Fatal(err)
+		}
+		b.Reset()
+	}
+	i := 0
+	allocs := testing.AllocsPerRun(200, func() {
+		b.Reset()
+		if err := d.Decode(payloads[i%len(payloads)], &b); err != nil {
+			t.Fatal(err)
+		}
+		i++
+	})
+	if allocs != 0 {
+		t.Fatalf("Decode allocated %.1f times per batch, want 0", allocs)
+	}
+}

@@ -1,0 +1,568 @@
+package engine
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// Config configures a Decoder for one rank of one worker.
+type Config struct {
+	// Rank is the rank the events are attributed to. Rank.DP is replaced by
+	// the batch's data_parallel_rank when the batch carries one.
+	Rank kvevent.Rank
+	// BlockSize is the rank's registered block size, in tokens. Required.
+	BlockSize int
+	// Seed returns the content-hash seed of blocks stored under a LoRA
+	// adapter, given the event's lora_name ("" when it has none). Nil means
+	// kvevent.SeedFor(name, ""): a cache salt is never known here, see the
+	// package comment.
+	Seed func(loraName string) uint64
+	// MaxLearned bounds how many engine-hash → content-hash pairs are kept to
+	// resolve stores that carry no tokens (offload tiers). Zero means
+	// DefaultMaxLearned; a negative value turns learning off, so that every
+	// such store is dropped and counted as ReasonUnresolved.
+	MaxLearned int
+	// LearnGroupKinds, when set, remembers the kv_cache_spec_kind that
+	// stores report for each group_idx, and classifies a later event that
+	// has a group_idx but no kind (every BlockRemoved) by the kind learned for
+	// its group. Off, events without a kind follow wire.md exactly: only
+	// group 0 (or no group) is the main attention group. See the package
+	// comment for when that rule misfiles removes of hybrid models.
+	LearnGroupKinds bool
+}
+
+// DefaultMaxLearned is the default bound of Config.MaxLearned: a few MB per
+// rank (two Go maps of uint64 pairs), above the device blocks of one engine.
+const DefaultMaxLearned = 1 << 17
+
+// maxLearnedGroups bounds the group → kind table of LearnGroupKinds.
+const maxLearnedGroups = 64
+
+// Reason is why a wire event, or some of its blocks, produced no router
+// event. Reasons index Stats.Skipped and Stats.DroppedBlocks, and their
+// String is the metric label.
+type Reason uint8
+
+// Reasons, in the order the rules are checked.
+const (
+	ReasonBadShape      Reason = iota // not an array or map with a string type tag
+	ReasonUnknownType                 // a type other than BlockStored, BlockRemoved, AllBlocksCleared
+	ReasonBadField                    // a field of the wrong msgpack type or out of range
+	ReasonNotMainGroup                // not the main attention group (filtered, not malformed)
+	ReasonUnknownMedium               // a medium that names no tier
+	ReasonNoBlocks                    // a store or remove without block hashes
+	ReasonRepeatedHash                // a hash repeated within the event
+	ReasonParentIsFirst               // the first block hash equals the parent hash
+	ReasonUnnamedLoRA                 // tokens under a LoRA given by lora_id only: no seed to hash them
+	ReasonBlockSize                   // block_size ≠ the registered one, or tokens ≠ blocks × block_size
+	ReasonUnresolved                  // no tokens, and the engine hash was never seen with tokens
+	NumReasons
+)
+
+var reasonNames = [NumReasons]string{
+	"bad_shape", "unknown_type", "bad_field", "not_main_group", "unknown_medium",
+	"no_blocks", "repeated_hash", "parent_is_first", "unnamed_lora", "block_size", "unresolved",
+}
+
+func (r Reason) String() string {
+	if r < NumReasons {
+		return reasonNames[r]
+	}
+	return fmt.Sprintf("reason(%d)", uint8(r))
+}
+
+// Stats are a Decoder's counters since it was made. A payload that fails
+// with ErrPayload counts only in BadPayloads.
+type Stats struct {
+	Batches     uint64 // payloads decoded
+	BadPayloads uint64 // payloads rejected whole with ErrPayload
+	Events      uint64 // wire events read
+	Emitted     uint64 // router events produced
+	// Skipped counts wire events that produced no router event, by reason.
+	// Every wire event read is either emitted or counted here once.
+	Skipped [NumReasons]uint64
+	// DroppedBlocks counts blocks left out of stores by the per-block rules
+	// (ReasonBlockSize, ReasonUnresolved): the first such block and every
+	// later one of its event. When no block of an event is left, the event
+	// is also counted in Skipped under the same reason.
+	DroppedBlocks [NumReasons]uint64
+	// ExtraKeyBlocks counts emitted stores' blocks that carry extra_keys
+	// (multimodal ids, cache salt): their content hash covers the tokens
+	// only, see the package comment.
+	ExtraKeyBlocks uint64
+	// Learned is the number of engine-hash → content-hash pairs held now.
+	Learned int
+}
+
+// A Decoder turns the payloads of one rank's engine into router events. It
+// keeps state between payloads (the learned content hashes, the counters), so
+// a rank has one Decoder, used by one goroutine at a time.
+type Decoder struct {
+	rank      kvevent.Rank
+	blockSize int
+	seed      func(string) uint64
+	baseSeed  uint64
+	learnKind bool
+
+	learned   learnedHashes
+	groupMain map[uint64]bool
+	mediums   map[string]kvevent.Tier // medium spellings seen, so lookups do not allocate
+
+	seeds map[string]uint64 // LoRA name → seed, so lookups do not allocate
+
+	ev     wireEvent
+	locals []uint64
+	spans  []span
+	seen   map[uint64]struct{}
+	stats  Stats
+}
+
+// span locates an event's blocks or removed hashes in the Batch's storage
+// while a payload is decoded; slices are cut once the storage stops growing.
+type span struct{ start, end int }
+
+// NewDecoder returns a Decoder for cfg.
+func NewDecoder(cfg Config) (*Decoder, error) {
+	if cfg.BlockSize <= 0 || cfg.BlockSize > maxBlockSize {
+		return nil, fmt.Errorf("%w: block size %d", ErrConfig, cfg.BlockSize)
+	}
+	seed := cfg.Seed
+	if seed == nil {
+		seed = func(lora string) uint64 { return kvevent.SeedFor(lora, "") }
+	}
+	max := cfg.MaxLearned
+	if max == 0 {
+		max = DefaultMaxLearned
+	}
+	return &Decoder{
+		rank:      cfg.Rank,
+		blockSize: cfg.BlockSize,
+		seed:      seed,
+		baseSeed:  seed(""),
+		learnKind: cfg.LearnGroupKinds,
+		learned:   newLearned(max),
+		groupMain: make(map[uint64]bool),
+		mediums:   make(map[string]kvevent.Tier),
+		seeds:     make(map[string]uint64),
+		seen:      make(map[uint64]struct{}),
+	}, nil
+}
+
+// Stats returns the decoder's counters.
+func (d *Decoder) Stats() Stats {
+	s := d.stats
+	s.Learned = d.learned.len()
+	return s
+}
+
+// Reset forgets what the decoder learned from earlier payloads (content
+// hashes, group kinds), keeping its counters. Call it when the rank starts a
+// new epoch: the engine restarted and its block hashes may be seeded anew.
+func (d *Decoder) Reset() {
+	d.learned.reset()
+	clear(d.groupMain)
+}
+
+// Decode decodes one payload (the msgpack frame of one batch) and appends
+// its router events to out.
+//
+// A malformed event is skipped and counted in Stats; the others still
+// decode. A payload that cannot be read as a batch returns an error wrapping
+// ErrPayload, and then out is as it was before the call. Nothing of payload
+// is retained: the caller may reuse it as soon as Decode returns.
+func (d *Decoder) Decode(payload []byte, out *Batch) error {
+	saved := d.stats
+	nEvents, nBlocks, nRemoved := len(out.Events), len(out.blocks), len(out.removed)
+	ts, dp, hasDP := out.TS, out.DPRank, out.HasDPRank
+
+	rest, err := d.decodeBatch(payload, out)
+	if err == nil && len(rest) != 0 {
+		err = fmt.Errorf("%d bytes after the batch", len(rest))
+	}
+	if err != nil {
+		clear(out.Events[nEvents:])
+		out.Events = out.Events[:nEvents]
+		out.blocks, out.removed = out.blocks[:nBlocks], out.removed[:nRemoved]
+		out.TS, out.DPRank, out.HasDPRank = ts, dp, hasDP
+		d.stats = saved
+		d.stats.BadPayloads++
+		return fmt.Errorf("%w: at byte %d of %d: %w", ErrPayload, len(payload)-len(rest), len(payload), err)
+	}
+
+	// The storage has stopped growing: cut each event's slice out of it, and
+	// stamp the batch's rank (which the array encoding sends after the events).
+	r := d.rank
+	if out.HasDPRank {
+		r.DP = out.DPRank
+	}
+	for i := range out.Events[nEvents:] {
+		e := &out.Events[nEvents+i]
+		e.Rank = r
+		s := d.spans[i]
+		switch e.Kind {
+		case kvevent.KindStored:
+			e.Blocks = out.blocks[s.start:s.end:s.end]
+		case kvevent.KindRemoved:
+			e.Removed = out.removed[s.start:s.end:s.end]
+		}
+	}
+	d.stats.Batches++
+	return nil
+}
+
+// decodeBatch reads [ts, events, dp_rank?, ...] or {ts, events,
+// data_parallel_rank}. It returns the bytes after the batch.
+func (d *Decoder) decodeBatch(b []byte, out *Batch) ([]byte, error) {
+	d.spans = d.spans[:0]
+	out.TS, out.DPRank, out.HasDPRank = 0, 0, false
+	if len(b) == 0 {
+		return b, fmt.Errorf("empty payload")
+	}
+	switch {
+	case isArray(b[0]):
+		n, rest, err := arrayHeader(b)
+		if err != nil {
+			return b, err
+		}
+		if n < 2 {
+			return b, fmt.Errorf("batch array of %d elements, want [ts, events] or [ts, events, dp_rank]", n)
+		}
+		b = rest
+		if b, err = d.readTS(b, out); err != nil {
+			return b, err
+		}
+		if b, err = d.readEvents(b, out); err != nil {
+			return b, err
+		}
+		if n >= 3 {
+			if b, err = d.readDP(b, out); err != nil {
+				return b, err
+			}
+		}
+		return skipN(b, n-3) // later fields, if any, are ignored
+
+	case isMap(b[0]):
+		n, rest, err := mapHeader(b)
+		if err != nil {
+			return b, err
+		}
+		b = rest
+		events := false
+		for i := 0; i < n; i++ {
+			key, rest, ok, err := readStr(b)
+			if err != nil {
+				return b, err
+			}
+			if !ok {
+				if b, err = skipN(b, 2); err != nil {
+					return b, err
+				}
+				continue
+			}
+			b = rest
+			switch string(key) {
+			case "ts":
+				b, err = d.readTS(b, out)
+			case "events":
+				if events {
+					return b, fmt.Errorf("batch map with two events keys")
+				}
+				events = true
+				b, err = d.readEvents(b, out)
+			case "data_parallel_rank":
+				b, err = d.readDP(b, out)
+			default:
+				b, err = skipN(b, 1)
+			}
+			if err != nil {
+				return b, err
+			}
+		}
+		if !events {
+			return b, fmt.Errorf("batch map without events")
+		}
+		return b, nil
+	}
+	return b, fmt.Errorf("batch is neither an array nor a map (lead byte %#x)", b[0])
+}
+
+func (d *Decoder) readTS(b []byte, out *Batch) ([]byte, error) {
+	if len(b) > 0 && b[0] == mnil {
+		return b[1:], nil
+	}
+	ts, rest, ok, err := readNumber(b)
+	if err != nil {
+		return b, err
+	}
+	if !ok {
+		return b, fmt.Errorf("ts is not a number (lead byte %#x)", b[0])
+	}
+	out.TS = ts
+	return rest, nil
+}
+
+func (d *Decoder) readDP(b []byte, out *Batch) ([]byte, error) {
+	if len(b) > 0 && b[0] == mnil {
+		out.HasDPRank = false
+		return b[1:], nil
+	}
+	dp, rest, ok, err := readUint(b, 1<<32-1)
+	if err != nil {
+		return b, err
+	}
+	if !ok {
+		return b, fmt.Errorf("data_parallel_rank is not an integer in [0, 2^32) (lead byte %#x)", b[0])
+	}
+	out.DPRank, out.HasDPRank = uint32(dp), true
+	return rest, nil
+}
+
+func (d *Decoder) readEvents(b []byte, out *Batch) ([]byte, error) {
+	if len(b) == 0 {
+		return b, fmt.Errorf("no events")
+	}
+	if !isArray(b[0]) {
+		return b, fmt.Errorf("events is not an array (lead byte %#x)", b[0])
+	}
+	n, b, err := arrayHeader(b)
+	if err != nil {
+		return b, err
+	}
+	for i := 0; i < n; i++ {
+		if b, err = readEvent(b, &d.ev); err != nil {
+			return b, fmt.Errorf("events[%d]: %w", i, err)
+		}
+		d.stats.Events++
+		if r, ok := d.convert(&d.ev, out); !ok {
+			d.stats.Skipped[r]++
+		} else {
+			d.stats.Emitted++
+		}
+	}
+	return b, nil
+}
+
+// Fields each event type reads: a bad value in any other field is ignored.
+const (
+	storedUses  = 1<<fHashes | 1<<fParent | 1<<fTokens | 1<<fBlockSize | 1<<fMedium | 1<<fLoraName | 1<<fGroup | 1<<fKind
+	removedUses = 1<<fHashes | 1<<fMedium | 1<<fGroup | 1<<fKind
+	clearedUses = 1<<fGroup | 1<<fKind
+)
+
+// convert applies the rules of wire.md and semantics.md §1–2 to one wire
+// event and appends the router event it gives to out. It returns false, and
+// the reason, when the event gives none.
+func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
+	if e.badShape {
+		return ReasonBadShape, false
+	}
+	var uses uint16
+	switch e.typ {
+	case evStored:
+		uses = storedUses
+	case evRemoved:
+		uses = removedUses
+	case evCleared:
+		uses = clearedUses
+	default:
+		return ReasonUnknownType, false
+	}
+	if e.bad&uses != 0 {
+		return ReasonBadField, false
+	}
+	if !d.mainGroup(e) {
+		return ReasonNotMainGroup, false
+	}
+	if e.typ == evCleared {
+		out.Events = append(out.Events, kvevent.Event{Kind: kvevent.KindCleared})
+		d.spans = append(d.spans, span{})
+		return 0, true
+	}
+
+	tier, ok := d.tier(e.medium)
+	if !ok {
+		return ReasonUnknownMedium, false
+	}
+	if len(e.hashes) == 0 {
+		return ReasonNoBlocks, false
+	}
+	if d.repeats(e.hashes) {
+		return ReasonRepeatedHash, false
+	}
+	if e.typ == evRemoved {
+		start := len(out.removed)
+		out.removed = append(out.removed, e.hashes...)
+		out.Events = append(out.Events, kvevent.Event{Kind: kvevent.KindRemoved, Tier: tier})
+		d.spans = append(d.spans, span{start, len(out.removed)})
+		return 0, true
+	}
+
+	hasParent := e.has(fParent)
+	if hasParent && e.parent == e.hashes[0] {
+		return ReasonParentIsFirst, false
+	}
+	// Blocks stored under a LoRA adapter are hashed with the adapter's seed,
+	// which needs its name; old engines send only lora_id. (A store without
+	// tokens is resolved by engine hash, which already covers the adapter.)
+	if len(e.tokens) > 0 && e.has(fLoraID) && !e.has(fLoraName) {
+		return ReasonUnnamedLoRA, false
+	}
+	start := len(out.blocks)
+	keep, why := d.blocks(e, out)
+	if dropped := len(e.hashes) - keep; dropped > 0 {
+		d.stats.DroppedBlocks[why] += uint64(dropped)
+	}
+	if keep == 0 {
+		return why, false
+	}
+	if e.extraKeys > 0 {
+		d.stats.ExtraKeyBlocks += uint64(min(e.extraKeys, keep))
+	}
+	out.Events = append(out.Events, kvevent.Event{
+		Kind:      kvevent.KindStored,
+		Tier:      tier,
+		HasParent: hasParent,
+		Parent:    e.parent,
+	})
+	d.spans = append(d.spans, span{start, len(out.blocks)})
+	return 0, true
+}
+
+// blocks appends the blocks of a store to out.blocks and returns how many
+// it kept; when fewer than all, why names the rule that cut the rest.
+//
+// A block is kept only with its content hash. With tokens, the hash is
+// computed (and learned); without (an offload-tier store), it is looked up
+// among the learned ones. The first block that fails either way ends the
+// event: the blocks after it chain onto it, so they could not be placed.
+func (d *Decoder) blocks(e *wireEvent, out *Batch) (keep int, why Reason) {
+	n, bs := len(e.hashes), d.blockSize
+	if e.has(fBlockSize) && e.blockSize != uint64(bs) {
+		return 0, ReasonBlockSize
+	}
+	if len(e.tokens) == 0 {
+		for i, h := range e.hashes {
+			local, ok := d.learned.get(h)
+			if !ok {
+				return i, ReasonUnresolved
+			}
+			out.blocks = append(out.blocks, kvevent.Block{EngineHash: h, LocalHash: local})
+		}
+		return n, 0
+	}
+	keep = n
+	switch {
+	case len(e.tokens) > n*bs: // more tokens than blocks: which belong where is unknown
+		return 0, ReasonBlockSize
+	case len(e.tokens) < n*bs: // the blocks with all their tokens stay
+		keep, why = len(e.tokens)/bs, ReasonBlockSize
+	}
+	d.locals = kvevent.LocalHashes(d.locals[:0], e.tokens[:keep*bs], bs, d.seedFor(e))
+	for i, local := range d.locals {
+		h := e.hashes[i]
+		out.blocks = append(out.blocks, kvevent.Block{EngineHash: h, LocalHash: local})
+		d.learned.put(h, local)
+	}
+	return keep, why
+}
+
+// maxSeeds bounds the LoRA name → seed cache; names past it are hashed on
+// every event instead.
+const maxSeeds = 256
+
+// seedFor returns the content-hash seed of e's blocks.
+func (d *Decoder) seedFor(e *wireEvent) uint64 {
+	if !e.has(fLoraName) || len(e.loraName) == 0 {
+		return d.baseSeed
+	}
+	if s, ok := d.seeds[string(e.loraName)]; ok {
+		return s
+	}
+	name := string(e.loraName)
+	s := d.seed(name)
+	if len(d.seeds) < maxSeeds {
+		d.seeds[name] = s
+	}
+	return s
+}
+
+// tier maps a medium (nil: the device) to its tier.
+func (d *Decoder) tier(medium []byte) (kvevent.Tier, bool) {
+	if medium == nil {
+		return kvevent.TierDevice, true
+	}
+	if t, ok := d.mediums[string(medium)]; ok {
+		return t, true
+	}
+	t, err := kvevent.ParseMedium(string(medium))
+	if err != nil {
+		return 0, false
+	}
+	if len(d.mediums) < 64 { // spellings differ only in case: few, but bound them
+		d.mediums[string(medium)] = t
+	}
+	return t, true
+}
+
+// Full-attention kinds: only these feed the index.
+var mainKinds = [...]string{"full_attention", "mla_attention", "sink_full_attention"}
+
+func isMainKind(kind []byte) bool {
+	for _, k := range mainKinds {
+		if len(kind) == len(k) && strings.EqualFold(string(kind), k) {
+			return true
+		}
+	}
+	return false
+}
+
+// mainGroup reports whether e belongs to the main attention group (wire.md):
+// an event with a kv_cache_spec_kind is main when the kind is a
+// full-attention kind; without a kind, when it has no group_idx or group 0.
+// With LearnGroupKinds, a kind learned from an earlier store of the same
+// group stands in for a missing one.
+func (d *Decoder) mainGroup(e *wireEvent) bool {
+	if e.has(fKind) {
+		main := isMainKind(e.kind)
+		if d.learnKind && e.has(fGroup) {
+			if _, ok := d.groupMain[e.group]; ok || len(d.groupMain) < maxLearnedGroups {
+				d.groupMain[e.group] = main
+			}
+		}
+		return main
+	}
+	if !e.has(fGroup) {
+		return true
+	}
+	if d.learnKind {
+		if main, ok := d.groupMain[e.group]; ok {
+			return main
+		}
+	}
+	return e.group == 0
+}
+
+// repeats reports whether a hash occurs twice in hs. Short lists (the
+// common case) are compared pairwise; long ones through a reused set.
+func (d *Decoder) repeats(hs []uint64) bool {
+	if len(hs) <= 32 {
+		for i := 1; i < len(hs); i++ {
+			for j := 0; j < i; j++ {
+				if hs[i] == hs[j] {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	clear(d.seen)
+	for _, h := range hs {
+		if _, ok := d.seen[h]; ok {
+			return true
+		}
+		d.seen[h] = struct{}{}
+	}
+	return false
+}

@@ -1,0 +1,85 @@
+// Package engine decodes the KV event payloads of inference engines (vLLM,
+// and SGLang in the same format; shared/design/wire.md) into router events
+// (kvevent.Event). One payload is the msgpack frame of one batch; the ZMQ
+// transport that carries it, sequence numbers and replay are not here.
+//
+// A Decoder serves one rank. It is configured with the rank's registered
+// block size and turns each wire event into at most one router event:
+//
+//	BlockStored      → KindStored: Blocks{EngineHash, LocalHash}, Parent/HasParent, Tier from medium
+//	BlockRemoved     → KindRemoved: Removed hashes, Tier from medium
+//	AllBlocksCleared → KindCleared
+//
+// Accepted shapes: a batch as [ts, events, dp_rank], [ts, events] or a map
+// {ts, events, data_parallel_rank} (later fields and unknown keys ignored; ts
+// a float64, float32 or integer); each event as a tagged array (fields by
+// position, trailing ones omitted, extra ones ignored) or a map with a "type"
+// key (in any position; absent fields are nil, unknown keys ignored), mixed
+// freely; hashes as integers of any width (signed reinterpreted as uint64) or
+// bin (the last 8 bytes, big-endian, left-padded).
+//
+// Invariants:
+//   - Every event Decode emits passes Event.Validate. Its EventID is zero (the
+//     node agent assigns ids after filtering) and its Rank is the configured
+//     worker with the batch's data_parallel_rank when the batch has one.
+//   - A malformed event never reaches the output and never stops the batch:
+//     it is skipped and counted under its Reason. Each wire event read is
+//     either emitted or counted in Stats.Skipped exactly once.
+//   - A payload that is not a readable batch returns ErrPayload and leaves the
+//     Batch and the counters as they were (bar Stats.BadPayloads): a payload
+//     is decoded whole or not at all. (Content hashes it taught the decoder
+//     are kept: they are facts about block contents, not index state.)
+//   - Nothing is sized from a length header alone: a header is checked
+//     against the bytes that remain before it is used, so memory grows at
+//     most in proportion to the payload, and any input, however hostile,
+//     decodes or fails without panicking (FuzzDecode).
+//   - The hot fields are read straight from the payload with no interface
+//     boxing; once a reused Batch has grown, Decode allocates nothing.
+//
+// Rules, in the order they are checked (the Reason that counts a skip):
+//
+//  1. The event is an array or map with a string type tag (ReasonBadShape)
+//     naming a known type (ReasonUnknownType), and every field its type reads
+//     has the right msgpack type and range (ReasonBadField). Fields the
+//     package never reads (lora_id's value, extra_keys,
+//     kv_cache_spec_sliding_window, locality, ...) are opaque and never cost
+//     an event.
+//  2. Only the main attention group feeds the index (ReasonNotMainGroup): an
+//     event with a kv_cache_spec_kind is kept when the kind is
+//     full_attention, mla_attention or sink_full_attention (ASCII case
+//     ignored); an event without one, when it has no group_idx or group 0.
+//     That last rule misfiles removes of hybrid models whose full-attention
+//     group is not group 0 (a BlockRemoved carries no kind): with
+//     Config.LearnGroupKinds, a group's kind learned from its stores decides
+//     instead.
+//  3. The medium names a tier per kvevent.ParseMedium, nil being the device
+//     (ReasonUnknownMedium).
+//  4. A store or remove has hashes (ReasonNoBlocks), none repeated
+//     (ReasonRepeatedHash), and a store's first hash is not its parent
+//     (ReasonParentIsFirst).
+//  5. A store's content hashes are computed from its tokens with
+//     kvevent.LocalHashes, seeded by Config.Seed(lora_name) (default
+//     kvevent.SeedFor(lora_name, "")). Tokens under an adapter named only by
+//     the deprecated lora_id cannot be hashed (ReasonUnnamedLoRA).
+//  6. Block size (ReasonBlockSize): an event whose block_size differs from
+//     the registered one loses all its blocks; one with more tokens than
+//     blocks × block_size too (which tokens belong to which block is
+//     unknown); one with fewer keeps the blocks whose tokens are all there
+//     and loses the first incomplete one and every block after it (they
+//     chain onto it).
+//  7. A store without tokens (an offload tier's: the connector knows only
+//     hashes) takes each block's content hash from the ones learned from
+//     earlier stores with tokens; the first block never seen ends the event
+//     (ReasonUnresolved). Learned pairs are bounded (Config.MaxLearned),
+//     never dropped on a remove, and forgotten by Decoder.Reset at a new
+//     epoch; learned.go says why.
+//
+// Blocks lost under rules 6 and 7 are counted in Stats.DroppedBlocks; an
+// event that loses them all is also counted as skipped.
+//
+// What this package cannot know: extra_keys (multimodal ids, a cache salt)
+// change the engine's block hash but are opaque here, so a block's content
+// hash covers its tokens and LoRA only. Blocks of two requests with the same
+// tokens and different images or salts share a content hash;
+// Stats.ExtraKeyBlocks counts how many such blocks are emitted.
+package engine

@@ -1,0 +1,71 @@
+package engine
+
+// learnedHashes remembers, for blocks stored earlier with their tokens, the
+// content hash of each engine hash, so that a later store that carries no
+// tokens (an offload-tier store: the connector knows only block hashes) can
+// still place its blocks in the tree.
+//
+// Why entries are never removed on a BlockRemoved, of the device tier or any
+// other: an engine hash is a hash of the block's content and of its prefix
+// (tokens, parent, LoRA, extra keys), so within one engine process the local
+// hash it maps to never changes. An entry can go stale but never wrong.
+// Forgetting on a device remove would break exactly the case this map is for:
+// offload connectors commonly store a block in host memory or on disk when,
+// or after, the device evicts it. A Cleared event does not empty it either,
+// for the same reason. What bounds it is its size; Decoder.Reset (a new epoch
+// of the rank: the engine restarted, and its hashes may be seeded anew)
+// empties it.
+//
+// The bound is kept by two generations, in the way of a CLOCK cache without
+// per-entry bookkeeping: new entries go into cur; when cur is full, old is
+// dropped and cur becomes old. A lookup that hits old moves the entry back to
+// cur, so a block that keeps being offloaded stays. At most 2×half entries
+// are held, and in steady state the two maps are recycled (clear keeps their
+// buckets), so learning allocates nothing.
+type learnedHashes struct {
+	cur, old map[uint64]uint64
+	half     int // entries per generation; 0 disables learning
+}
+
+func newLearned(max int) learnedHashes {
+	if max <= 0 {
+		return learnedHashes{}
+	}
+	half := (max + 1) / 2
+	return learnedHashes{half: half, cur: make(map[uint64]uint64), old: make(map[uint64]uint64)}
+}
+
+func (l *learnedHashes) put(engine, local uint64) {
+	if l.half == 0 {
+		return
+	}
+	if len(l.cur) >= l.half {
+		if _, ok := l.cur[engine]; !ok {
+			clear(l.old)
+			l.old, l.cur = l.cur, l.old
+		}
+	}
+	l.cur[engine] = local
+}
+
+func (l *learnedHashes) get(engine uint64) (uint64, bool) {
+	if l.half == 0 {
+		return 0, false
+	}
+	if v, ok := l.cur[engine]; ok {
+		return v, true
+	}
+	if v, ok := l.old[engine]; ok {
+		delete(l.old, engine)
+		l.put(engine, v)
+		return v, true
+	}
+	return 0, false
+}
+
+func (l *learnedHashes) len() int { return len(l.cur) + len(l.old) }
+
+func (l *learnedHashes) reset() {
+	clear(l.cur)
+	clear(l.old)
+}
