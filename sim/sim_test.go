@@ -1,0 +1,182 @@
+package sim
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+func TestReadTraceRejectsBadRows(t *testing.T) {
+	good := `{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}` + "\n\n"
+	if reqs, err := ReadTrace(strings.NewReader(good)); err != nil || len(reqs) != 1 || reqs[0].HashIDs[1] != 2 {
+		t.Fatalf("good trace: %v %v", reqs, err)
+	}
+	for _, bad := range []string{
+		`{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1]}`,
+		`{"timestamp": 0, "input_length": 0, "output_length": 3, "hash_ids": []}`,
+		`{"timestamp": -5, "input_length": 10, "output_length": 3, "hash_ids": [1]}`,
+		`{"timestamp": 0, "input_length": "x"}`,
+		`not json`,
+	} {
+		if _, err := ReadTrace(strings.NewReader(good + bad)); !errors.Is(err, ErrBadTrace) || !strings.Contains(err.Error(), "line 3") {
+			t.Errorf("%s: err %v, want ErrBadTrace at line 3", bad, err)
+		}
+	}
+}
+
+func FuzzReadTrace(f *testing.F) {
+	f.Add([]byte(`{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}`))
+	f.Add([]byte(`{"timestamp": 1, "input_length": 1, "output_length": 0, "hash_ids": [18446744073709551615]}` + "\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		reqs, err := ReadTrace(strings.NewReader(string(b)))
+		if err != nil {
+			return
+		}
+		e := Expander{BlockSize: 16}
+		for i := range reqs {
+			if reqs[i].InputLength > 1<<16 {
+				continue // keep each run cheap
+			}
+			local, seq := e.Blocks(&reqs[i])
+			if len(local) != reqs[i].InputLength/16 || len(seq) != len(local) {
+				t.Fatalf("%d tokens gave %d blocks", reqs[i].InputLength, len(local))
+			}
+		}
+	})
+}
+
+func TestExpanderSharesBlocksWhereIDsAgree(t *testing.T) {
+	e := Expander{BlockSize: 16}
+	a := Request{InputLength: 1024 + 100, HashIDs: []uint64{7, 8, 9}}
+	b := Request{InputLength: 1024, HashIDs: []uint64{7, 8}}
+	c := Request{InputLength: 1024, HashIDs: []uint64{7, 5}}
+	la, _ := e.Blocks(&a)
+	la = append([]uint64(nil), la...)
+	lb, _ := e.Blocks(&b)
+	lb = append([]uint64(nil), lb...)
+	lc, _ := e.Blocks(&c)
+	if len(la) != (1024+100)/16 || len(lb) != 64 {
+		t.Fatalf("block counts %d %d", len(la), len(lb))
+	}
+	for i := 0; i < 64; i++ {
+		if la[i] != lb[i] {
+			t.Fatalf("block %d differs where the ids agree", i)
+		}
+	}
+	if lc[31] != lb[31] || lc[32] == lb[32] {
+		t.Fatal("blocks must agree inside id 7 and differ inside ids 8 vs 5")
+	}
+}
+
+// recorder collects a cache's events.
+type recorder struct{ evs []kvevent.Event }
+
+func (r *recorder) emit(ev *kvevent.Event) {
+	c := *ev
+	c.Blocks = append([]kvevent.Block(nil), ev.Blocks...)
+	c.Removed = append([]uint64(nil), ev.Removed...)
+	r.evs = append(r.evs, c)
+}
+
+func seqOf(ids ...uint64) (local, seq []uint64) {
+	local = ids
+	return local, kvevent.SequenceHashes(nil, local)
+}
+
+func TestCacheEvictsLeastRecentLeafFirst(t *testing.T) {
+	var rec recorder
+	c := NewCache(RankOf(0), 4, rec.emit)
+	la, sa := seqOf(1, 2, 3)
+	n := c.Acquire(la, sa)
+	c.Release(sa, n)
+	lb, sb := seqOf(9)
+	n = c.Acquire(lb, sb)
+	c.Release(sb, n)
+	// Full (4 blocks). A new block evicts the LRU leaf: block 3 of the
+	// older chain, not its parents, and not 9 (newer).
+	lc, sc := seqOf(5)
+	n = c.Acquire(lc, sc)
+	if c.Match(sa) != 2 || c.Match(sb) != 1 {
+		t.Fatalf("after eviction: chain a matches %d (want 2), b %d (want 1)", c.Match(sa), c.Match(sb))
+	}
+	last := rec.evs[len(rec.evs)-2]
+	if last.Kind != kvevent.KindRemoved || len(last.Removed) != 1 || last.Removed[0] != sa[2] {
+		t.Fatalf("expected a remove of the leaf of chain a, got %+v", last)
+	}
+	c.Release(sc, n)
+}
+
+func TestCacheNeverEvictsPinnedBlocks(t *testing.T) {
+	c := NewCache(RankOf(0), 2, nil)
+	la, sa := seqOf(1, 2)
+	n := c.Acquire(la, sa) // pinned
+	lb, sb := seqOf(3)
+	if got := c.Acquire(lb, sb); got != 0 || c.Uncacheable != 1 {
+		t.Fatalf("pinned cache took a block: pinned %d, uncacheable %d", got, c.Uncacheable)
+	}
+	c.Release(sa, n)
+	if got := c.Acquire(lb, sb); got != 1 {
+		t.Fatalf("after release the block must fit, pinned %d", got)
+	}
+}
+
+// TestCacheEventsRebuildItsContents feeds a cache's events to a real index
+// and checks that the index sees exactly what the cache holds.
+func TestCacheEventsRebuildItsContents(t *testing.T) {
+	ix := indexer.New(indexer.Config{})
+	c := NewCache(RankOf(0), 50, func(ev *kvevent.Event) {
+		if err := ix.Apply(ev, 0); err != nil {
+			t.Fatal(err)
+		}
+	})
+	e := Expander{BlockSize: 16}
+	for i := uint64(0); i < 40; i++ {
+		q := Request{InputLength: 512 * 2, HashIDs: []uint64{i % 3, 100 + i}}
+		local, seq := e.Blocks(&q)
+		n := c.Acquire(local, seq)
+		c.Release(seq, n)
+	}
+	if got, want := ix.Stats().Entries, int64(c.Len()); got != want {
+		t.Fatalf("index holds %d blocks, cache %d", got, want)
+	}
+	if ix.Stats().Counters.UnknownRemoves != 0 || ix.Stats().OrphanEvents != 0 {
+		t.Fatalf("cache events did not apply cleanly: %+v", ix.Stats())
+	}
+}
+
+func TestReplayRouterBeatsRoundRobinOnTrace(t *testing.T) {
+	reqs, err := LoadTrace("../../shared/traces/mooncake_arxiv_trace_first1000.jsonl")
+	if errors.Is(err, os.ErrNotExist) {
+		t.Skip("shared traces not present")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs = reqs[:400]
+	cfg := Config{Workers: 4, BlockSize: 64, CapacityTokens: 200_000}
+	pr := Prepare(reqs, cfg.BlockSize)
+	rr, err := Replay(pr, cfg, &RoundRobin{Workers: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	router, err := Replay(pr, cfg, NewRouter(4, cfg.BlockSize, indexer.DefaultParams(), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("round-robin %.3f (imbalance %.2f), router %.3f (imbalance %.2f)", rr.HitRate, rr.Imbalance, router.HitRate, router.Imbalance)
+	if router.HitRate <= rr.HitRate {
+		t.Fatalf("router hit rate %.3f is not above round-robin's %.3f", router.HitRate, rr.HitRate)
+	}
+	if rr.Errors+router.Errors != 0 || rr.Requests != 400 {
+		t.Fatalf("errors %d/%d, requests %d", rr.Errors, router.Errors, rr.Requests)
+	}
+	// Deterministic: the same replay gives the same figures.
+	again, _ := Replay(pr, cfg, NewRouter(4, cfg.BlockSize, indexer.DefaultParams(), 1))
+	if again.CachedTokens != router.CachedTokens || again.TTFTMeanMs != router.TTFTMeanMs {
+		t.Fatal("replay is not deterministic")
+	}
+}
