@@ -1,0 +1,45 @@
+package raftfsm
+
+import "errors"
+
+var (
+	// ErrNotLeader means the write must go to the leader; the error's text
+	// names the leader, and NotLeaderError carries its addresses.
+	ErrNotLeader = errors.New("not the leader")
+	// ErrNoLeader means no leader is known right now; retry later.
+	ErrNoLeader = errors.New("no leader")
+	// ErrBadCommand means a command could not be decoded; it never reaches
+	// the state.
+	ErrBadCommand = errors.New("bad command")
+	// ErrBadSnapshot means a snapshot stream is truncated, corrupted or of
+	// an unknown format; nothing of it was installed.
+	ErrBadSnapshot = errors.New("bad snapshot")
+	// ErrInvalid means a request is malformed (a bad worker registration,
+	// empty route query, ...); nothing was proposed.
+	ErrInvalid = errors.New("invalid request")
+	// ErrUnknownWorker means no worker has that id.
+	ErrUnknownWorker = errors.New("unknown worker")
+	// ErrShutdown means the node is closing.
+	ErrShutdown = errors.New("node shut down")
+)
+
+// NotLeaderError is returned by writes on a follower.
+type NotLeaderError struct {
+	LeaderID   string
+	LeaderHTTP string // empty when unknown
+}
+
+func (e *NotLeaderError) Error() string {
+	if e.LeaderID == "" {
+		return ErrNoLeader.Error()
+	}
+	return "not the leader; the leader is " + e.LeaderID + " at " + e.LeaderHTTP
+}
+
+// Unwrap makes errors.Is(err, ErrNotLeader) (or ErrNoLeader) true.
+func (e *NotLeaderError) Unwrap() error {
+	if e.LeaderID == "" {
+		return ErrNoLeader
+	}
+	return ErrNotLeader
+}

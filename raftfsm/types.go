@@ -1,0 +1,129 @@
+package raftfsm
+
+import (
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// WorkerInfo is a worker's registration: replicated, so that every node
+// scores the same candidates.
+type WorkerInfo struct {
+	ID        uint64                  `json:"worker_id"`
+	DPRanks   []uint32                `json:"dp_ranks"`           // its data-parallel ranks; empty means [0]
+	BlockSize int                     `json:"block_size"`         // tokens per KV block
+	Capacity  [kvevent.NumTiers]int64 `json:"capacity_blocks"`    // per tier, 0 = unknown
+	Endpoint  string                  `json:"endpoint,omitempty"` // where requests go (opaque here)
+	Model     string                  `json:"model,omitempty"`
+}
+
+// RankBatch is one rank's consecutive events, as a publisher sent them.
+// Events carry their own EventID; ids are strictly increasing by one.
+type RankBatch struct {
+	Rank   kvevent.Rank
+	Events []kvevent.Event
+}
+
+// RankAck is what the cluster did with one RankBatch, once committed.
+type RankAck struct {
+	Rank    kvevent.Rank `json:"-"`
+	Cursor  uint64       `json:"cursor"`  // the rank's last applied event id after this batch
+	Applied int          `json:"applied"` // events applied
+	Dups    int          `json:"dups"`    // events at or below the cursor, skipped
+	// Gap is set when the batch's first unapplied event id was above
+	// Cursor+1: nothing past the gap was applied; resend from Cursor+1, or
+	// send a full dump of the rank.
+	Gap bool `json:"gap"`
+}
+
+// Booking is a routed request's load booking (semantics.md §6).
+type Booking struct {
+	ID           string       `json:"request_id"`
+	Rank         kvevent.Rank `json:"-"`
+	SeqHashes    []uint64     `json:"-"`
+	ISL          int          `json:"isl"`
+	CachedTokens int          `json:"cached_tokens"`
+}
+
+// Settings are the cluster-wide scoring settings.
+type Settings struct {
+	Params indexer.Params `json:"params"`
+	View   indexer.View   `json:"-"`
+}
+
+// Member is one node of the cluster as the replicated member table knows it.
+type Member struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	HTTPAddr string `json:"http_addr"`
+	Voter    bool   `json:"voter"`
+	Leader   bool   `json:"leader"`
+}
+
+// NodeStatus is one node's view of itself and the cluster.
+type NodeStatus struct {
+	ID            string `json:"id"`
+	RaftAddr      string `json:"raft_addr"`
+	HTTPAddr      string `json:"http_addr"`
+	State         string `json:"state"` // Leader, Follower, Candidate, Shutdown
+	Term          uint64 `json:"term"`
+	LastIndex     uint64 `json:"last_index"`
+	CommitIndex   uint64 `json:"commit_index"`
+	AppliedIndex  uint64 `json:"applied_index"` // the FSM's own
+	LeaderID      string `json:"leader_id"`
+	LeaderHTTP    string `json:"leader_http"`
+	LastContactMs int64  `json:"last_contact_ms"` // -1 when never
+	SnapshotIndex uint64 `json:"snapshot_index"`
+	Digest        string `json:"digest"` // hex; equal on replicas at equal applied index
+	Ready         bool   `json:"ready"`
+}
+
+// WorkerStatus is a worker's registration with what the index and the load
+// tracker hold for each of its ranks.
+type WorkerStatus struct {
+	Info  WorkerInfo   `json:"info"`
+	Ranks []RankStatus `json:"ranks"`
+}
+
+// RankStatus is one rank's index and load figures.
+type RankStatus struct {
+	DPRank      uint32                  `json:"dp_rank"`
+	Blocks      [kvevent.NumTiers]int64 `json:"blocks"` // device, host, disk, external
+	Cursor      uint64                  `json:"last_event_id"`
+	NeedsResync bool                    `json:"needs_resync"`
+	Load        indexer.Load            `json:"load"`
+}
+
+// RouteQuery asks which rank should serve a request. Give either Tokens
+// (hashed here with the cluster's block size, LoRA name and salt) or
+// LocalHashes (content hashes of the prompt's full blocks, computed by the
+// caller). ISL is the prompt length in tokens; when 0 it is len(Tokens), or
+// len(LocalHashes) × block size.
+type RouteQuery struct {
+	Tokens      []uint32
+	LocalHashes []uint64
+	ISL         int
+	LoRA        string
+	Salt        string
+	Overrides   *indexer.Overrides
+	// Book, when set, books the request on the chosen rank through Raft
+	// under RequestID before returning (semantics.md §6).
+	Book      bool
+	RequestID string
+}
+
+// RouteResult is a decision and its explanation.
+type RouteResult struct {
+	Decision  indexer.Decision
+	BlockSize int
+	Booked    bool
+}
+
+// SnapshotInfo describes a snapshot stream.
+type SnapshotInfo struct {
+	FormatVersion uint32           `json:"format_version"`
+	Index         uint64           `json:"index"`
+	Term          uint64           `json:"term"`
+	Records       map[string]int64 `json:"records"` // per record type
+	Bytes         int64            `json:"bytes"`
+	SHA256        string           `json:"sha256"`
+}
