@@ -142,6 +142,9 @@ func (ix *Index) LoadRank(d *RankDump) error {
 			c = newNode(parent, dn.Local, dn.Seq)
 			parent.addChild(c)
 			ix.nodes++
+			if ix.journal != nil {
+				ix.journal.NodeCreated(dn.Seq, parent.seq, parent == &ix.root, dn.Local)
+			}
 		}
 		nodes[dn.Seq] = c
 	}
@@ -155,6 +158,7 @@ func (ix *Index) LoadRank(d *RankDump) error {
 		n.holders[n.find(rs.slot)].order = e.Order
 	}
 	rs.order = d.Order
+	ix.markDirty(rs)
 	for _, o := range d.Orphans {
 		or := orphan{at: o.At, tier: o.Tier, parent: o.Parent, blocks: append([]kvevent.Block(nil), o.Blocks...)}
 		rs.orphans = append(rs.orphans, or)

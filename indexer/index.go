@@ -78,6 +78,9 @@ type Index struct {
 	counters Counters
 
 	scratchPool sync.Pool // *scratch for lookups
+
+	journal Journal        // nil when no durable copy follows the index
+	dirty   []kvevent.Rank // ranks whose metadata changed since FlushJournal
 }
 
 // New returns an empty index.
@@ -99,6 +102,7 @@ type rankState struct {
 	orphanBlocks int
 	needsResync  bool
 	overCapacity bool
+	dirty        bool // listed in Index.dirty
 }
 
 // rankFor returns the rank's state, creating it when create is set.
@@ -214,6 +218,9 @@ func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH u
 			c = newNode(parent, b.LocalHash, seq)
 			parent.addChild(c)
 			ix.nodes++
+			if ix.journal != nil {
+				ix.journal.NodeCreated(seq, parent.seq, parent == &ix.root, b.LocalHash)
+			}
 		}
 		ix.setBit(rs, c, b.EngineHash, t)
 		parent = c
@@ -261,6 +268,10 @@ func (ix *Index) setBitMapped(rs *rankState, n *node, eh uint64, t kvevent.Tier)
 		ix.perTier[t]++
 		ix.entries++
 		ix.digest += residencyTerm(rs.key, n.seq, eh, t.Bit())
+		if ix.journal != nil {
+			ix.journal.EntrySet(rs.rank, eh, n.seq, t.Bit(), rs.order)
+			ix.markDirty(rs)
+		}
 		return
 	}
 	h := &n.holders[i]
@@ -271,6 +282,10 @@ func (ix *Index) setBitMapped(rs *rankState, n *node, eh uint64, t kvevent.Tier)
 		ix.counters.Remapped++
 		ix.digest -= residencyTerm(rs.key, n.seq, h.eh, h.mask())
 		delete(rs.blocks, h.eh)
+		if ix.journal != nil {
+			ix.journal.EntryDeleted(rs.rank, h.eh)
+			ix.journal.EntrySet(rs.rank, eh, n.seq, h.mask(), h.order)
+		}
 		h.eh = eh
 		rs.blocks[eh] = n
 		ix.digest += residencyTerm(rs.key, n.seq, eh, h.mask())
@@ -290,6 +305,9 @@ func (ix *Index) setTier(rs *rankState, n *node, h *holder, t kvevent.Tier) {
 	ix.digest += residencyTerm(rs.key, n.seq, h.eh, m)
 	rs.count[t]++
 	ix.perTier[t]++
+	if ix.journal != nil {
+		ix.journal.EntrySet(rs.rank, h.eh, n.seq, m, h.order)
+	}
 }
 
 // removeOne clears tier t of the block rs knows as eh.
@@ -318,6 +336,9 @@ func (ix *Index) removeOne(rs *rankState, eh uint64, t kvevent.Tier) {
 	ix.digest += residencyTerm(rs.key, n.seq, eh, m)
 	rs.count[t]--
 	ix.perTier[t]--
+	if ix.journal != nil {
+		ix.journal.EntrySet(rs.rank, eh, n.seq, m, h.order)
+	}
 }
 
 // dropHolder removes rank rs from node n (holder i) in every tier, and
@@ -342,16 +363,22 @@ func (ix *Index) detachHolder(rs *rankState, n *node, i int) {
 	ix.entries--
 	delete(rs.blocks, h.eh)
 	n.removeHolder(i)
+	if ix.journal != nil {
+		ix.journal.EntryDeleted(rs.rank, h.eh)
+	}
 }
 
 // unlink frees n and then each ancestor while it is held by no rank and has
 // no children. This is what keeps memory bounded under store/remove churn.
 func (ix *Index) unlink(n *node) {
-	for n != &ix.root && len(n.holders) == 0 && !n.hasChildren() {
+	for n != &ix.root && n.parent != nil && len(n.holders) == 0 && !n.hasChildren() {
 		p := n.parent
 		p.removeChild(n.local)
 		n.parent = nil
 		ix.nodes--
+		if ix.journal != nil {
+			ix.journal.NodeFreed(n.seq)
+		}
 		n = p
 	}
 }
@@ -370,6 +397,7 @@ func (ix *Index) clearRank(rs *rankState) {
 	ix.dropAllOrphans(rs, false)
 	rs.needsResync = false
 	rs.overCapacity = false
+	ix.markDirty(rs)
 }
 
 // RemoveRank drops a rank's state entirely (every tier, its orphans, its
@@ -389,6 +417,9 @@ func (ix *Index) removeRankLocked(r kvevent.Rank) bool {
 	ix.ranks[rs.slot] = nil
 	delete(ix.slots, r)
 	ix.free = append(ix.free, rs.slot)
+	if ix.journal != nil {
+		ix.journal.RankRemoved(r)
+	}
 	return true
 }
 
@@ -422,6 +453,7 @@ func (ix *Index) SetCapacity(r kvevent.Rank, capacity [kvevent.NumTiers]int64) {
 	defer ix.mu.Unlock()
 	rs := ix.rankFor(r, true)
 	rs.cap = capacity
+	ix.markDirty(rs)
 	for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
 		if c := capacity[t]; c > 0 && rs.count[t] > c {
 			ix.evictOldest(rs, t, rs.count[t]-c)
@@ -434,6 +466,7 @@ func (ix *Index) SetCapacity(r kvevent.Rank, capacity [kvevent.NumTiers]int64) {
 // stores and its O(n log n) cost is amortised.
 func (ix *Index) evictOldest(rs *rankState, t kvevent.Tier, k int64) {
 	rs.overCapacity = true
+	ix.markDirty(rs)
 	type aged struct {
 		age uint32
 		eh  uint64

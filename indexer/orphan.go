@@ -30,9 +30,11 @@ func (ix *Index) holdOrphan(rs *rankState, t kvevent.Tier, parent uint64, blocks
 	if len(o.blocks) > ix.cfg.OrphanMaxBlocks {
 		ix.counters.OrphansDropped++
 		rs.needsResync = true
+		ix.markDirty(rs)
 		return
 	}
 	ix.counters.OrphansHeld++
+	ix.markDirty(rs)
 	rs.orphans = append(rs.orphans, o)
 	rs.orphanBlocks += len(o.blocks)
 	ix.orphanDigest(rs, &o, +1)
@@ -68,6 +70,7 @@ func (ix *Index) dropOrphan(rs *rankState, i int, lost bool) {
 	if lost {
 		rs.needsResync = true
 	}
+	ix.markDirty(rs)
 }
 
 func (ix *Index) dropAllOrphans(rs *rankState, lost bool) {
@@ -114,6 +117,7 @@ func (ix *Index) adoptOrphans(rs *rankState, now int64) {
 			rs.orphans = nil
 		}
 		ix.counters.OrphansApplied++
+		ix.markDirty(rs)
 		// store re-enters adoptOrphans for what this one resolves.
 		ix.store(rs, o.tier, true, o.parent, o.blocks, now, false)
 		i = 0
@@ -140,6 +144,7 @@ func (ix *Index) removeHeldOrphanBlock(rs *rankState, eh uint64, t kvevent.Tier)
 			o.blocks = o.blocks[:j]
 			ix.orphanDigest(rs, o, +1)
 			ix.counters.OrphansDropped++
+			ix.markDirty(rs)
 			return true
 		}
 	}

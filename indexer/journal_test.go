@@ -1,0 +1,96 @@
+package indexer
+
+import (
+	"testing"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"pgregory.net/rapid"
+)
+
+// copyJournal keeps the durable copy a Journal makes possible, the way the
+// cluster's Pebble tables do.
+type copyJournal struct {
+	nodes   map[uint64]DumpNode
+	entries map[kvevent.Rank]map[uint64]DumpEntry
+	meta    map[kvevent.Rank]RankMeta
+}
+
+func newCopyJournal() *copyJournal {
+	return &copyJournal{nodes: map[uint64]DumpNode{}, entries: map[kvevent.Rank]map[uint64]DumpEntry{}, meta: map[kvevent.Rank]RankMeta{}}
+}
+
+func (j *copyJournal) NodeCreated(seq, parent uint64, root bool, local uint64) {
+	j.nodes[seq] = DumpNode{Seq: seq, Parent: parent, Root: root, Local: local}
+}
+func (j *copyJournal) NodeFreed(seq uint64) { delete(j.nodes, seq) }
+func (j *copyJournal) EntrySet(r kvevent.Rank, eh, seq uint64, m kvevent.Mask, order uint32) {
+	if j.entries[r] == nil {
+		j.entries[r] = map[uint64]DumpEntry{}
+	}
+	j.entries[r][eh] = DumpEntry{Seq: seq, EngineHash: eh, Mask: m, Order: order}
+}
+func (j *copyJournal) EntryDeleted(r kvevent.Rank, eh uint64) { delete(j.entries[r], eh) }
+func (j *copyJournal) RankMeta(m RankMeta)                   { j.meta[m.Rank] = m }
+func (j *copyJournal) RankRemoved(r kvevent.Rank) {
+	delete(j.meta, r)
+	delete(j.entries, r)
+}
+
+func (j *copyJournal) load(t interface{ Fatalf(string, ...any) }) *Index {
+	var ranks []RankDump
+	for r, m := range j.meta {
+		d := RankDump{Rank: r, Capacity: m.Capacity, Order: m.Order, Orphans: m.Orphans}
+		for _, e := range j.entries[r] {
+			d.Entries = append(d.Entries, e)
+		}
+		ranks = append(ranks, d)
+	}
+	ix := New(propCfg)
+	if err := ix.LoadState(j.nodes, ranks); err != nil {
+		t.Fatalf("LoadState: %v", err)
+	}
+	for r, m := range j.meta {
+		ix.SetRankFlags(r, m.NeedsResync, m.OverCapacity)
+	}
+	return ix
+}
+
+// TestJournalRebuildsTheSameIndex applies random events with a journal
+// attached, flushing after every few, and checks that the durable copy the
+// journal describes rebuilds an index equal to the live one.
+func TestJournalRebuildsTheSameIndex(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		ix := New(propCfg)
+		j := newCopyJournal()
+		ix.SetJournal(j)
+		now := int64(0)
+		for i, s := range rapid.SliceOfN(genStep(), 1, 60).Draw(t, "steps") {
+			now += int64(s.dt)
+			if s.removeWorker != 0 {
+				ix.RemoveWorker(s.removeWorker)
+			} else {
+				ev := s.ev
+				_ = ix.Apply(&ev, now)
+			}
+			if i%3 == 0 {
+				ix.FlushJournal()
+			}
+		}
+		if rapid.Bool().Draw(t, "setCapacity") {
+			ix.SetCapacity(kvevent.Rank{Worker: 1}, [4]int64{2, 1, 0, 0})
+		}
+		ix.FlushJournal()
+		re := j.load(t)
+		if re.Digest() != ix.Digest() {
+			t.Fatalf("rebuilt digest %#x, live %#x", re.Digest(), ix.Digest())
+		}
+		a, b := re.Stats(), ix.Stats()
+		if a.Nodes != b.Nodes || a.Entries != b.Entries || a.Blocks != b.Blocks || a.NeedResync != b.NeedResync || a.OrphanEvents != b.OrphanEvents {
+			t.Fatalf("rebuilt stats %+v, live %+v", a, b)
+		}
+		if int64(len(j.nodes)) != b.Nodes {
+			t.Fatalf("journal holds %d nodes, index %d", len(j.nodes), b.Nodes)
+		}
+		checkInvariants(t, re)
+	})
+}

@@ -1,0 +1,122 @@
+package backend_test
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/offload/backend"
+)
+
+func fakeOrSkip(t *testing.T) string {
+	t.Helper()
+	lib, err := fakeCUDALibrary()
+	if err != nil {
+		t.Skipf("no C compiler to build the fake libcuda: %v", err)
+	}
+	return lib
+}
+
+func TestOpenCUDAWithoutDriverIsErrNoCUDA(t *testing.T) {
+	_, err := backend.OpenCUDA(backend.CUDAConfig{Library: "/nonexistent/libcuda.so.1"})
+	if !errors.Is(err, backend.ErrNoCUDA) {
+		t.Fatalf("err = %v, want ErrNoCUDA", err)
+	}
+	if backend.Detect() == backend.KindCUDA {
+		return // a GPU machine: the rest is about machines without one
+	}
+	if _, err := backend.Open(backend.KindCUDA); !errors.Is(err, backend.ErrNoCUDA) {
+		t.Fatalf("Open(KindCUDA) without a GPU: err = %v, want ErrNoCUDA", err)
+	}
+	be, err := backend.Open(backend.KindAuto)
+	check(t, err)
+	defer be.Close()
+	if be.Kind() != backend.KindHost {
+		t.Fatalf("Open(KindAuto) without a GPU picked %s", be.Kind())
+	}
+}
+
+func TestOpenCUDAWithNoDeviceIsErrNoCUDA(t *testing.T) {
+	lib := fakeOrSkip(t)
+	t.Setenv("FAKECUDA_NO_DEVICE", "1")
+	_, err := backend.OpenCUDA(backend.CUDAConfig{Library: lib})
+	if !errors.Is(err, backend.ErrNoCUDA) || !strings.Contains(err.Error(), "CUDA_ERROR_NO_DEVICE") {
+		t.Fatalf("err = %v, want ErrNoCUDA naming CUDA_ERROR_NO_DEVICE", err)
+	}
+}
+
+func TestOpenCUDADeviceOutOfRangeIsErrNoCUDA(t *testing.T) {
+	lib := fakeOrSkip(t)
+	for _, dev := range []int{-1, 1, 7} {
+		if _, err := backend.OpenCUDA(backend.CUDAConfig{Library: lib, Device: dev}); !errors.Is(err, backend.ErrNoCUDA) {
+			t.Errorf("device %d: err = %v, want ErrNoCUDA", dev, err)
+		}
+	}
+}
+
+func TestCUDAErrorCarriesTheDriverName(t *testing.T) {
+	lib := fakeOrSkip(t)
+	be := mustOpen(t, "cuda-fake:"+lib)
+	if !strings.Contains(be.Name(), "Fake CUDA Device") {
+		t.Errorf("Name() = %q, want the device name", be.Name())
+	}
+	_, err := be.AllocDevice(1 << 62)
+	var ce *backend.CUDAError
+	if !errors.As(err, &ce) || ce.Name != "CUDA_ERROR_OUT_OF_MEMORY" || ce.Op != "cuMemAlloc_v2" {
+		t.Fatalf("err = %v, want a CUDAError from cuMemAlloc_v2 named CUDA_ERROR_OUT_OF_MEMORY", err)
+	}
+	if !errors.Is(err, backend.ErrOutOfMemory) {
+		t.Errorf("errors.Is(%v, ErrOutOfMemory) = false", err)
+	}
+}
+
+// The fake driver completes one copy per cuEventQuery, so Query must report
+// CUDA_ERROR_NOT_READY as "not yet" rather than as an error.
+func TestCUDAQueryMapsNotReadyToNotDone(t *testing.T) {
+	lib := fakeOrSkip(t)
+	be := mustOpen(t, "cuda-fake:"+lib)
+	h := must(be.AllocHost(1 << 16)).ok(t)
+	d := must(be.AllocDevice(1 << 16)).ok(t)
+	s := must(be.NewStream()).ok(t)
+	e := must(be.NewEvent()).ok(t)
+	for i := range 4 {
+		check(t, be.CopyAsync(s, d.At(i<<14), h.At(i<<14), 1<<14))
+	}
+	check(t, be.Record(e, s))
+	var notReady int
+	waitFor(t, 10e9, "the event", func() bool {
+		done, err := be.Query(e)
+		check(t, err)
+		if !done {
+			notReady++
+		}
+		return done
+	})
+	if notReady != 4 {
+		t.Errorf("Query said not-ready %d times, want once per queued copy (4)", notReady)
+	}
+}
+
+func TestDetectFindsTheGPUWhenOneIsExpected(t *testing.T) {
+	if os.Getenv(expectGPUEnv) == "1" {
+		if k := backend.Detect(); k != backend.KindCUDA {
+			t.Fatalf("Detect() = %s on a machine that must have a GPU", k)
+		}
+		return
+	}
+	if k := backend.Detect(); k != backend.KindHost && k != backend.KindCUDA {
+		t.Fatalf("Detect() = %q", k)
+	}
+}
+
+func TestParseKind(t *testing.T) {
+	for in, want := range map[string]backend.Kind{"": backend.KindAuto, "auto": backend.KindAuto, "HOST": backend.KindHost, " cuda ": backend.KindCUDA} {
+		if got, err := backend.ParseKind(in); err != nil || got != want {
+			t.Errorf("ParseKind(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := backend.ParseKind("rocm"); !errors.Is(err, backend.ErrInvalidArgument) {
+		t.Errorf("ParseKind(rocm): err = %v, want ErrInvalidArgument", err)
+	}
+}
