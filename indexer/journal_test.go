@@ -30,7 +30,7 @@ func (j *copyJournal) EntrySet(r kvevent.Rank, eh, seq uint64, m kvevent.Mask, o
 	j.entries[r][eh] = DumpEntry{Seq: seq, EngineHash: eh, Mask: m, Order: order}
 }
 func (j *copyJournal) EntryDeleted(r kvevent.Rank, eh uint64) { delete(j.entries[r], eh) }
-func (j *copyJournal) RankMeta(m RankMeta)                   { j.meta[m.Rank] = m }
+func (j *copyJournal) RankMeta(m RankMeta)                    { j.meta[m.Rank] = m }
 func (j *copyJournal) RankRemoved(r kvevent.Rank) {
 	delete(j.meta, r)
 	delete(j.entries, r)
