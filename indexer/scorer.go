@@ -211,7 +211,9 @@ type CandidateScore struct {
 }
 
 // Decision is the outcome of Select and why: the chosen rank and, per
-// candidate in input order, every term of its cost. Reuse one across calls.
+// candidate in input order, every term of its cost. Reuse one across calls
+// of one goroutine (Select itself is safe to call concurrently with
+// different Decisions and rngs).
 type Decision struct {
 	Rank          kvevent.Rank
 	Index         int // of the chosen candidate; -1 when none was chosen

@@ -13,10 +13,10 @@
 //   - ActiveRequests: the number of live bookings.
 //
 // Invariants (the property tests check each against a naive model):
-//   - blocks[h] lists (slot, n) with n > 0 exactly when hash h occurs n times
-//     among the live bookings of the rank in that slot; a hash nobody holds
-//     has no entry. A slot's ActiveDecodeBlocks is the number of hashes that
-//     list it.
+//   - A slot's refs[h] = n > 0 exactly when hash h occurs n times among the
+//     live bookings of its rank; its ActiveDecodeBlocks is len(refs).
+//   - blocks[h] lists, once each, exactly the slots whose refs hold h; a
+//     hash nobody holds has no entry.
 //   - A rank has a slot exactly while it has a live booking; order lists the
 //     slots in rank order, so every query walks the ranks in one order.
 //   - byID holds each request id at most once, live or freed (a tombstone);
@@ -134,23 +134,23 @@ type booking struct {
 	hash        uint64 // digest hash of the fields that never change
 }
 
-// slotRef is one rank's reference count on one sequence hash.
-type slotRef struct {
-	slot int32
-	refs int32
+// slotList lists the slots of the ranks holding one sequence hash. Most
+// blocks are held by one rank, so the first lives inline and a block held by
+// one rank costs no allocation beyond its map slot.
+type slotList struct {
+	first int32
+	rest  []int32
 }
 
-// blockRefs lists the ranks holding one sequence hash. Most blocks are held
-// by one rank, so the first reference lives inline and a block held by one
-// rank costs no allocation beyond its map slot.
-type blockRefs struct {
-	first slotRef
-	rest  []slotRef
-}
-
+// rankSlot is one rank with live bookings. refs counts the occurrences of
+// each sequence hash among its bookings: its own small map, so that booking
+// a block the rank already holds (the common case: requests routed to a
+// rank share its prefixes) touches only this map, and the global holders
+// map changes only when a rank starts or stops holding a block.
 type rankSlot struct {
 	rank kvevent.Rank
 	load Load
+	refs map[uint64]int32
 }
 
 type seqState struct {
@@ -159,7 +159,7 @@ type seqState struct {
 	live   int
 	freed  int
 
-	blocks    map[uint64]blockRefs
+	blocks    map[uint64]slotList // hash -> slots of the ranks holding it
 	slotOf    map[kvevent.Rank]int32
 	slots     []rankSlot
 	freeSlots []int32
@@ -173,7 +173,7 @@ type seqState struct {
 
 func (st *seqState) init() {
 	st.byID = make(map[string]*booking)
-	st.blocks = make(map[uint64]blockRefs)
+	st.blocks = make(map[uint64]slotList)
 	st.slotOf = make(map[kvevent.Rank]int32)
 }
 
@@ -382,10 +382,15 @@ type PotentialScratch struct {
 // and the number of distinct blocks of the request, which is the potential
 // decode blocks of every rank that is not listed (an idle rank).
 //
-// The cost is O(request blocks + ranks), not O(blocks × ranks): one lookup
-// per distinct request block in the global hash → holders map finds every
-// rank that holds it. With a scratch that has grown to size and a dst with
-// room, it allocates nothing. sc may be nil (it then allocates).
+// The cost is O(request blocks + ranks) map work, not O(blocks × ranks):
+// one lookup per distinct request block in the global hash → holders map
+// finds every rank that holds it, and the walk over the ranks is one pass.
+// Beyond the lookups it does one increment per (request block, rank holding
+// it) pair — the very overlaps the answer is made of — which approaches
+// blocks × ranks only when every rank holds every block of the request, and
+// even then is a slice walk, not a map lookup per rank. With a scratch that
+// has grown to size and a dst with room, it allocates nothing. sc may be nil
+// (it then allocates).
 func (s *Sequences) PotentialDecodeBlocks(dst []RankLoad, seqHashes []uint64, sc *PotentialScratch) ([]RankLoad, int64) {
 	if sc == nil {
 		sc = new(PotentialScratch)
@@ -408,9 +413,9 @@ func (s *Sequences) PotentialDecodeBlocks(dst []RankLoad, seqHashes []uint64, sc
 		if !ok {
 			continue
 		}
-		hits[e.first.slot]++
-		for _, r := range e.rest {
-			hits[r.slot]++
+		hits[e.first]++
+		for _, sl := range e.rest {
+			hits[sl]++
 		}
 	}
 	// Only live slots appear in blocks, and order lists every live slot, so
@@ -584,72 +589,56 @@ func (st *seqState) unbook(b *booking) {
 }
 
 // incRef counts one more occurrence of h on slot; it reports whether the
-// slot did not hold h before.
+// slot did not hold h before, in which case the slot joins h's holders.
 func (st *seqState) incRef(h uint64, slot int32) bool {
-	e, ok := st.blocks[h]
-	if !ok {
-		st.blocks[h] = blockRefs{first: slotRef{slot: slot, refs: 1}}
-		return true
-	}
-	if e.first.slot == slot {
-		e.first.refs++
-		st.blocks[h] = e
+	refs := st.slots[slot].refs
+	n := refs[h]
+	refs[h] = n + 1
+	if n > 0 {
 		return false
 	}
-	for i := range e.rest {
-		if e.rest[i].slot == slot {
-			e.rest[i].refs++ // shares the backing array: no write-back needed
-			return false
-		}
+	e, ok := st.blocks[h]
+	if !ok {
+		st.blocks[h] = slotList{first: slot}
+		return true
 	}
-	e.rest = append(e.rest, slotRef{slot: slot, refs: 1})
+	e.rest = append(e.rest, slot)
 	st.blocks[h] = e
 	return true
 }
 
 // decRef counts one occurrence of h on slot less; it reports whether the
-// slot no longer holds h. The entry goes when nobody holds h.
+// slot no longer holds h, in which case it leaves h's holders, and h's
+// entry goes when nobody holds it.
 func (st *seqState) decRef(h uint64, slot int32) bool {
-	e, ok := st.blocks[h]
-	if !ok {
+	refs := st.slots[slot].refs
+	n := refs[h]
+	if n > 1 {
+		refs[h] = n - 1
+		return false
+	}
+	if n == 0 {
 		return false // unreachable while the invariants hold
 	}
-	if e.first.slot == slot {
-		e.first.refs--
-		if e.first.refs > 0 {
-			st.blocks[h] = e
-			return false
-		}
-		if n := len(e.rest); n > 0 {
-			e.first = e.rest[n-1]
-			e.rest = e.rest[:n-1]
-			if len(e.rest) == 0 {
-				e.rest = nil
-			}
-			st.blocks[h] = e
-		} else {
+	delete(refs, h)
+	e := st.blocks[h]
+	last := len(e.rest) - 1
+	if e.first == slot {
+		if last < 0 {
 			delete(st.blocks, h)
+			return true
 		}
-		return true
+		e.first = e.rest[last]
+	} else {
+		i := slices.Index(e.rest, slot)
+		if i < 0 {
+			return true // unreachable while the invariants hold
+		}
+		e.rest[i] = e.rest[last]
 	}
-	for i := range e.rest {
-		if e.rest[i].slot != slot {
-			continue
-		}
-		e.rest[i].refs--
-		if e.rest[i].refs > 0 {
-			return false
-		}
-		n := len(e.rest)
-		e.rest[i] = e.rest[n-1]
-		e.rest = e.rest[:n-1]
-		if len(e.rest) == 0 {
-			e.rest = nil
-		}
-		st.blocks[h] = e
-		return true
-	}
-	return false
+	e.rest = e.rest[:last] // keeps its array: a shared block's holders come and go
+	st.blocks[h] = e
+	return true
 }
 
 // slotFor returns rank's slot, giving it one (and a place in order) when it
@@ -660,12 +649,13 @@ func (st *seqState) slotFor(rank kvevent.Rank) int32 {
 	}
 	var sl int32
 	if n := len(st.freeSlots); n > 0 {
+		// A released slot keeps its (empty) refs map for the next rank.
 		sl = st.freeSlots[n-1]
 		st.freeSlots = st.freeSlots[:n-1]
-		st.slots[sl] = rankSlot{rank: rank}
+		st.slots[sl].rank = rank
 	} else {
 		sl = int32(len(st.slots))
-		st.slots = append(st.slots, rankSlot{rank: rank})
+		st.slots = append(st.slots, rankSlot{rank: rank, refs: make(map[uint64]int32)})
 	}
 	st.slotOf[rank] = sl
 	i, _ := slices.BinarySearchFunc(st.order, rank, func(s int32, r kvevent.Rank) int { return cmpRank(st.slots[s].rank, r) })
@@ -680,7 +670,7 @@ func (st *seqState) releaseSlot(sl int32) {
 		st.order = slices.Delete(st.order, i, i+1)
 	}
 	delete(st.slotOf, rank)
-	st.slots[sl] = rankSlot{}
+	st.slots[sl].rank, st.slots[sl].load = kvevent.Rank{}, Load{}
 	st.freeSlots = append(st.freeSlots, sl)
 }
 

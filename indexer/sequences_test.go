@@ -281,6 +281,28 @@ func TestPotentialDecodeBlocksCountsOnlyBlocksTheRankLacks(t *testing.T) {
 	}
 }
 
+func TestFreeingOneOfManyHoldersKeepsTheOthers(t *testing.T) {
+	// Holders of one block are kept in a list with swap-removal: drop the
+	// first, a middle and the last holder in turn.
+	for drop := range 4 {
+		s := NewSequences()
+		ranks := []kvevent.Rank{rankA, rankA1, rankB, rankC}
+		for i, r := range ranks {
+			mustAdd(t, s, fmt.Sprint(i), r, []uint64{7, uint64(i)}, 1, 0, 0)
+		}
+		s.Free(fmt.Sprint(drop))
+		if err := s.st.check(); err != nil {
+			t.Fatalf("drop holder %d: %v", drop, err)
+		}
+		got, _ := potential(s, []uint64{7})
+		for i, r := range ranks {
+			if want := int64(2); i != drop && got[r] != want {
+				t.Fatalf("drop holder %d: rank %v potential %d, want %d", drop, r, got[r], want)
+			}
+		}
+	}
+}
+
 func TestRanksAreListedInRankOrderAfterSlotReuse(t *testing.T) {
 	s := NewSequences()
 	mustAdd(t, s, "c", rankC, nil, 1, 0, 0)
@@ -487,17 +509,35 @@ func (st *seqState) check() error {
 	}
 	n := 0
 	for h, e := range st.blocks {
-		all := append([]slotRef{e.first}, e.rest...)
-		for _, r := range all {
-			rank := st.slots[r.slot].rank
-			if r.refs <= 0 || refs[key{h, rank}] != r.refs {
-				return fmt.Errorf("block %#x rank %v: refs %d, recomputed %d", h, rank, r.refs, refs[key{h, rank}])
+		all := append([]int32{e.first}, e.rest...)
+		seen := map[int32]bool{}
+		for _, sl := range all {
+			rank := st.slots[sl].rank
+			if seen[sl] || refs[key{h, rank}] == 0 {
+				return fmt.Errorf("block %#x lists rank %v (slot %d) wrongly", h, rank, sl)
 			}
+			seen[sl] = true
 			n++
 		}
 	}
 	if n != len(refs) {
-		return fmt.Errorf("%d block references, recomputed %d", n, len(refs))
+		return fmt.Errorf("%d block holders, recomputed %d", n, len(refs))
+	}
+	for _, sl := range st.order {
+		rs := st.slots[sl]
+		if len(rs.refs) != int(rs.load.ActiveDecodeBlocks) {
+			return fmt.Errorf("rank %v: %d refs, %d decode blocks", rs.rank, len(rs.refs), rs.load.ActiveDecodeBlocks)
+		}
+		for h, c := range rs.refs {
+			if c <= 0 || refs[key{h, rs.rank}] != c {
+				return fmt.Errorf("rank %v block %#x: refs %d, recomputed %d", rs.rank, h, c, refs[key{h, rs.rank}])
+			}
+		}
+	}
+	for _, sl := range st.freeSlots {
+		if len(st.slots[sl].refs) != 0 {
+			return fmt.Errorf("released slot %d still holds %d refs", sl, len(st.slots[sl].refs))
+		}
 	}
 	if len(st.order) != len(loads) || len(st.slotOf) != len(loads) {
 		return fmt.Errorf("%d ordered slots, %d slotOf, %d ranks with bookings", len(st.order), len(st.slotOf), len(loads))
@@ -738,7 +778,7 @@ var (
 // genSeq draws sequence hashes from a small domain, so that requests share
 // blocks and sometimes repeat one.
 func genSeq() *rapid.Generator[[]uint64] {
-	return rapid.SliceOfN(rapid.Uint64Range(0, 24), 0, 12)
+	return rapid.SliceOfN(rapid.Uint64Range(0, 12), 0, 8)
 }
 
 // propertyRounds is how many times each property test runs rapid.Check
@@ -777,21 +817,24 @@ func checkSequencesMatchNaiveModel(t *testing.T) {
 			}
 			history = append(history, a)
 		}
-		t.Repeat(map[string]func(*rapid.T){
-			"add": func(t *rapid.T) {
-				clock += rapid.Int64Range(0, 60).Draw(t, "dt") * sec
-				doAdd(t, addArgs{
-					id:     rapid.SampledFrom(modelIDs).Draw(t, "id"),
-					r:      rapid.SampledFrom(modelRanks).Draw(t, "rank"),
-					seq:    genSeq().Draw(t, "seq"),
-					isl:    rapid.IntRange(-2, 200).Draw(t, "isl"),
-					cached: rapid.IntRange(-2, 200).Draw(t, "cached"),
-					now:    clock - rapid.Int64Range(0, 30).Draw(t, "lag")*sec,
-				})
-			},
+		add := func(t *rapid.T) {
+			clock += rapid.Int64Range(0, 60).Draw(t, "dt") * sec
+			doAdd(t, addArgs{
+				id:     rapid.SampledFrom(modelIDs).Draw(t, "id"),
+				r:      rapid.SampledFrom(modelRanks).Draw(t, "rank"),
+				seq:    genSeq().Draw(t, "seq"),
+				isl:    rapid.IntRange(-2, 200).Draw(t, "isl"),
+				cached: rapid.IntRange(-2, 200).Draw(t, "cached"),
+				now:    clock - rapid.Int64Range(0, 30).Draw(t, "lag")*sec,
+			})
+		}
+		actions := map[string]func(*rapid.T){
+			// Adds weigh three times the other actions, so that states grow
+			// enough for blocks to gather several holders.
+			"add": add, "add2": add, "add3": add,
 			"retryAdd": func(t *rapid.T) {
 				if len(history) == 0 {
-					t.Skip("nothing to retry")
+					return
 				}
 				doAdd(t, rapid.SampledFrom(history).Draw(t, "retry"))
 			},
@@ -865,7 +908,21 @@ func checkSequencesMatchNaiveModel(t *testing.T) {
 					t.Fatal("the same state built by another history has another digest")
 				}
 			},
-		})
+		}
+		// An explicit loop rather than t.Repeat: histories run up to 150
+		// steps (Repeat averages 30), long enough for a block to gather
+		// three or four holders and lose one from the middle of its list.
+		names := make([]string, 0, len(actions))
+		for name := range actions {
+			if name != "" {
+				names = append(names, name)
+			}
+		}
+		slices.Sort(names)
+		for range rapid.SampledFrom([]int{5, 20, 60, 150}).Draw(t, "steps") {
+			actions[rapid.SampledFrom(names).Draw(t, "action")](t)
+			actions[""](t)
+		}
 	})
 }
 
