@@ -147,10 +147,10 @@ func (n *naiveLoads) naiveSelect(p Params, req Request, q []uint64, overlaps [][
 	return best
 }
 
-// sideBySide runs ours and the baseline as sub-benchmarks of b and prints
+// sideBySideBench runs ours and the baseline as sub-benchmarks of b and prints
 // the BENCH line from their final (longest) runs. (testing.Benchmark cannot
 // be used inside a benchmark: it waits on the lock the outer one holds.)
-func sideBySide(b *testing.B, name string, ranks, blocks int, ours, base func(b *testing.B)) {
+func sideBySideBench(b *testing.B, name string, ranks, blocks int, ours, base func(b *testing.B)) {
 	var oursNs, baseNs float64
 	timed := func(f func(*testing.B), ns *float64) func(*testing.B) {
 		return func(b *testing.B) {
@@ -198,7 +198,7 @@ func BenchmarkSelect(b *testing.B) {
 				b.Fatalf("ranks=%d: Select chose %v, baseline %v", nRanks, got, want)
 			}
 		}
-		sideBySide(b, "select", nRanks, blocks, func(b *testing.B) {
+		sideBySideBench(b, "select", nRanks, blocks, func(b *testing.B) {
 			i := 0
 			for b.Loop() {
 				route(fl.queries[i%len(fl.queries)])
@@ -220,7 +220,7 @@ func BenchmarkBookingAddFree(b *testing.B) {
 	const blocks = 128
 	nRanks := 64
 	fl := newBenchFleet(nRanks, blocks)
-	sideBySide(b, "booking_add_free", nRanks, blocks, func(b *testing.B) {
+	sideBySideBench(b, "booking_add_free", nRanks, blocks, func(b *testing.B) {
 		i := 0
 		for b.Loop() {
 			bk := fl.bookings[i%len(fl.bookings)]

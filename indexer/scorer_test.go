@@ -15,11 +15,11 @@ import (
 	"pgregory.net/rapid"
 )
 
-func cand(r kvevent.Rank, dev, host, disk, ext uint32, l Load, potential int64) Candidate {
-	return Candidate{Rank: r, Overlap: [kvevent.NumTiers]uint32{dev, host, disk, ext}, Load: l, PotentialDecodeBlocks: potential}
+func mkCand(r kvevent.Rank, dev, host, disk, ext uint32, l Load, potentialDecode int64) Candidate {
+	return Candidate{Rank: r, Overlap: [kvevent.NumTiers]uint32{dev, host, disk, ext}, Load: l, PotentialDecodeBlocks: potentialDecode}
 }
 
-func mustSelect(t *testing.T, p Params, req Request, cands []Candidate, rng *rand.Rand) *Decision {
+func mustSelectRank(t *testing.T, p Params, req Request, cands []Candidate, rng *rand.Rand) *Decision {
 	t.Helper()
 	var d Decision
 	if err := Select(p, req, cands, rng, &d); err != nil {
@@ -62,45 +62,45 @@ func TestCostTermsFollowTheFormula(t *testing.T) {
 	}{
 		{
 			name: "idle, nothing cached", p: DefaultParams(),
-			c:      cand(rankA, 0, 0, 0, 0, Load{}, 7),
+			c:      mkCand(wkA0, 0, 0, 0, 0, Load{}, 7),
 			credit: 0, wantRaw: 100.0 / 16, prefill: 100.0 / 16, cost: 100.0/16 + 7,
 		},
 		{
 			name: "device hit credits 1 per block", p: DefaultParams(),
-			c:      cand(rankA, 4, 0, 0, 0, Load{}, 7),
+			c:      mkCand(wkA0, 4, 0, 0, 0, Load{}, 7),
 			credit: 4, wantRaw: 6.25, prefill: 2.25, cost: 2.25 + 7, wantOverlap: 4,
 		},
 		{
 			name: "host 0.75, disk and external 0.25", p: DefaultParams(),
-			c:      cand(rankA, 1, 2, 1, 3, Load{}, 7),
+			c:      mkCand(wkA0, 1, 2, 1, 3, Load{}, 7),
 			credit: 1 + 1.5 + 0.25*4, wantRaw: 6.25, prefill: 6.25 - 3.5, cost: 2.75 + 7, wantOverlap: 7,
 		},
 		{
 			name: "active prefill tokens add to raw prefill", p: DefaultParams(),
-			c:      cand(rankA, 0, 0, 0, 0, Load{ActivePrefillTokens: 60}, 0),
+			c:      mkCand(wkA0, 0, 0, 0, 0, Load{ActivePrefillTokens: 60}, 0),
 			credit: 0, wantRaw: 10, prefill: 10, cost: 10,
 		},
 		{
 			name: "credit never makes prefill negative", p: DefaultParams(),
-			c:      cand(rankA, 50, 0, 0, 0, Load{}, 3),
+			c:      mkCand(wkA0, 50, 0, 0, 0, Load{}, 3),
 			credit: 50, wantRaw: 6.25, prefill: 0, cost: 3, wantOverlap: 50,
 		},
 		{
 			name: "prefill load scale and active request weight",
 			p:    Params{OverlapScoreCredit: 1, PrefillLoadScale: 2, DecodeActiveRequestWeight: 0.5},
-			c:    cand(rankA, 2, 0, 0, 0, Load{ActiveRequests: 4}, 10),
+			c:    mkCand(wkA0, 2, 0, 0, 0, Load{ActiveRequests: 4}, 10),
 			// raw 6.25, credit 2, prefill 4.25; cost 8.5 + 10 + 2
 			credit: 2, wantRaw: 6.25, prefill: 4.25, cost: 20.5, wantOverlap: 2,
 		},
 	}
 	for _, c := range cases {
-		d := mustSelect(t, c.p, req, []Candidate{c.c}, nil)
+		d := mustSelectRank(t, c.p, req, []Candidate{c.c}, nil)
 		s := d.Candidates[0]
 		if s.Credit != c.credit || s.RawPrefillBlocks != c.wantRaw || s.PrefillBlocks != c.prefill || s.Cost != c.cost || s.OverlapBlocks != c.wantOverlap {
 			t.Errorf("%s: credit %v raw %v prefill %v cost %v overlap %d; want %v %v %v %v %d",
 				c.name, s.Credit, s.RawPrefillBlocks, s.PrefillBlocks, s.Cost, s.OverlapBlocks, c.credit, c.wantRaw, c.prefill, c.cost, c.wantOverlap)
 		}
-		if d.Cost != c.cost || d.Rank != rankA || d.Index != 0 {
+		if d.Cost != c.cost || d.Rank != wkA0 || d.Index != 0 {
 			t.Errorf("%s: decision %v cost %v index %d", c.name, d.Rank, d.Cost, d.Index)
 		}
 	}
@@ -111,7 +111,7 @@ func TestRequestBlocksRoundsUp(t *testing.T) {
 		isl, bs int
 		want    int64
 	}{{0, 16, 0}, {1, 16, 1}, {16, 16, 1}, {17, 16, 2}, {math.MaxInt, 1, math.MaxInt64}, {math.MaxInt, 16, math.MaxInt/16 + 1}} {
-		d := mustSelect(t, DefaultParams(), Request{ISL: c.isl, BlockSize: c.bs}, []Candidate{{Rank: rankA}}, nil)
+		d := mustSelectRank(t, DefaultParams(), Request{ISL: c.isl, BlockSize: c.bs}, []Candidate{{Rank: wkA0}}, nil)
 		if d.RequestBlocks != c.want {
 			t.Errorf("isl %d bs %d: request blocks %d, want %d", c.isl, c.bs, d.RequestBlocks, c.want)
 		}
@@ -120,38 +120,38 @@ func TestRequestBlocksRoundsUp(t *testing.T) {
 
 func TestCheapestRankWinsAtZeroTemperature(t *testing.T) {
 	cands := []Candidate{
-		cand(rankA, 0, 0, 0, 0, Load{}, 8),  // 6.25 + 8
-		cand(rankB, 4, 0, 0, 0, Load{}, 10), // 2.25 + 10
-		cand(rankC, 6, 0, 0, 0, Load{}, 8),  // 0.25 + 8: cheapest
-		cand(rankA1, 6, 0, 0, 0, Load{}, 9), // one block dearer
+		mkCand(wkA0, 0, 0, 0, 0, Load{}, 8),  // 6.25 + 8
+		mkCand(wkB0, 4, 0, 0, 0, Load{}, 10), // 2.25 + 10
+		mkCand(wkC0, 6, 0, 0, 0, Load{}, 8),  // 0.25 + 8: cheapest
+		mkCand(wkA1, 6, 0, 0, 0, Load{}, 9),  // one block dearer
 	}
-	d := mustSelect(t, DefaultParams(), Request{ISL: 100, BlockSize: 16}, cands, nil)
-	if d.Rank != rankC || d.DecidedBy != DecidedByCost {
-		t.Fatalf("chose %v by %v, want %v by cost", d.Rank, d.DecidedBy, rankC)
+	d := mustSelectRank(t, DefaultParams(), Request{ISL: 100, BlockSize: 16}, cands, nil)
+	if d.Rank != wkC0 || d.DecidedBy != DecidedByCost {
+		t.Fatalf("chose %v by %v, want %v by cost", d.Rank, d.DecidedBy, wkC0)
 	}
 }
 
 func TestCostTieGoesToLongerOverlap(t *testing.T) {
 	// Both cost 5: A by a long overlap plus decode load, B with none.
 	cands := []Candidate{
-		cand(rankB, 0, 0, 0, 0, Load{}, 0),     // prefill 5, decode 0
-		cand(rankA, 5, 0, 0, 0, Load{}, 5),     // prefill 0, decode 5
-		cand(rankC, 0, 4, 0, 0, Load{}, 5-2+1), // prefill 5-3=2, decode 4: cost 6
+		mkCand(wkB0, 0, 0, 0, 0, Load{}, 0),     // prefill 5, decode 0
+		mkCand(wkA0, 5, 0, 0, 0, Load{}, 5),     // prefill 0, decode 5
+		mkCand(wkC0, 0, 4, 0, 0, Load{}, 5-2+1), // prefill 5-3=2, decode 4: cost 6
 	}
-	d := mustSelect(t, DefaultParams(), Request{ISL: 80, BlockSize: 16}, cands, nil)
-	if d.Rank != rankA || d.DecidedBy != DecidedByOverlap {
-		t.Fatalf("chose %v by %v, want %v by overlap", d.Rank, d.DecidedBy, rankA)
+	d := mustSelectRank(t, DefaultParams(), Request{ISL: 80, BlockSize: 16}, cands, nil)
+	if d.Rank != wkA0 || d.DecidedBy != DecidedByOverlap {
+		t.Fatalf("chose %v by %v, want %v by overlap", d.Rank, d.DecidedBy, wkA0)
 	}
 }
 
 func TestCostAndOverlapTieGoesToFewerActiveBlocks(t *testing.T) {
 	cands := []Candidate{
-		cand(rankA, 2, 0, 0, 0, Load{ActiveDecodeBlocks: 9}, 10),
-		cand(rankB, 2, 0, 0, 0, Load{ActiveDecodeBlocks: 3}, 10),
+		mkCand(wkA0, 2, 0, 0, 0, Load{ActiveDecodeBlocks: 9}, 10),
+		mkCand(wkB0, 2, 0, 0, 0, Load{ActiveDecodeBlocks: 3}, 10),
 	}
-	d := mustSelect(t, DefaultParams(), Request{ISL: 80, BlockSize: 16}, cands, nil)
-	if d.Rank != rankB || d.DecidedBy != DecidedByActiveBlocks {
-		t.Fatalf("chose %v by %v, want %v by active blocks", d.Rank, d.DecidedBy, rankB)
+	d := mustSelectRank(t, DefaultParams(), Request{ISL: 80, BlockSize: 16}, cands, nil)
+	if d.Rank != wkB0 || d.DecidedBy != DecidedByActiveBlocks {
+		t.Fatalf("chose %v by %v, want %v by active blocks", d.Rank, d.DecidedBy, wkB0)
 	}
 }
 
@@ -169,8 +169,8 @@ func TestFullTieIsStickyPerPrefixAndSpreadAcrossPrefixes(t *testing.T) {
 	seen := map[kvevent.Rank]bool{}
 	for first := uint64(0); first < 64; first++ {
 		req := Request{ISL: 64, BlockSize: 16, FirstBlockHash: first * 0x1234567}
-		d1 := mustSelect(t, DefaultParams(), req, cands, nil)
-		d2 := mustSelect(t, DefaultParams(), req, reversed, nil)
+		d1 := mustSelectRank(t, DefaultParams(), req, cands, nil)
+		d2 := mustSelectRank(t, DefaultParams(), req, reversed, nil)
 		if d1.Rank != d2.Rank {
 			t.Fatalf("prefix %d: tie went to %v or %v depending on candidate order", first, d1.Rank, d2.Rank)
 		}
@@ -205,8 +205,8 @@ func TestRendezvousHashIsPinned(t *testing.T) {
 }
 
 func TestDuplicateRankFallsBackToInputOrder(t *testing.T) {
-	c := Candidate{Rank: rankA, PotentialDecodeBlocks: 1}
-	d := mustSelect(t, DefaultParams(), Request{ISL: 16, BlockSize: 16}, []Candidate{c, c}, nil)
+	c := Candidate{Rank: wkA0, PotentialDecodeBlocks: 1}
+	d := mustSelectRank(t, DefaultParams(), Request{ISL: 16, BlockSize: 16}, []Candidate{c, c}, nil)
 	if d.Index != 0 || d.DecidedBy != DecidedByInputOrder {
 		t.Fatalf("index %d by %v, want 0 by input order", d.Index, d.DecidedBy)
 	}
@@ -217,7 +217,7 @@ func TestBusyRanksAreSkipped(t *testing.T) {
 	p.BusyDecodeFraction = 0.8
 	p.BusyPrefillTokens = 1000
 	cheap := func(r kvevent.Rank, l Load, capacity int64) Candidate {
-		c := cand(r, 10, 0, 0, 0, l, 0)
+		c := mkCand(r, 10, 0, 0, 0, l, 0)
 		c.CapacityBlocks = capacity
 		return c
 	}
@@ -226,14 +226,14 @@ func TestBusyRanksAreSkipped(t *testing.T) {
 		busy   Candidate
 		reason BusyReason
 	}{
-		{"decode over fraction", cheap(rankA, Load{ActiveDecodeBlocks: 81}, 100), BusyDecodeBlocks},
-		{"prefill over limit", cheap(rankA, Load{ActivePrefillTokens: 1001}, 0), BusyPrefillTokens},
-		{"both", cheap(rankA, Load{ActiveDecodeBlocks: 81, ActivePrefillTokens: 1001}, 100), BusyDecodeBlocks | BusyPrefillTokens},
+		{"decode over fraction", cheap(wkA0, Load{ActiveDecodeBlocks: 81}, 100), BusyDecodeBlocks},
+		{"prefill over limit", cheap(wkA0, Load{ActivePrefillTokens: 1001}, 0), BusyPrefillTokens},
+		{"both", cheap(wkA0, Load{ActiveDecodeBlocks: 81, ActivePrefillTokens: 1001}, 100), BusyDecodeBlocks | BusyPrefillTokens},
 	}
 	for _, c := range cases {
-		other := cand(rankB, 0, 0, 0, 0, Load{ActiveDecodeBlocks: 500}, 500) // dear, but not busy
-		d := mustSelect(t, p, Request{ISL: 160, BlockSize: 16}, []Candidate{c.busy, other}, nil)
-		if d.Rank != rankB {
+		other := mkCand(wkB0, 0, 0, 0, 0, Load{ActiveDecodeBlocks: 500}, 500) // dear, but not busy
+		d := mustSelectRank(t, p, Request{ISL: 160, BlockSize: 16}, []Candidate{c.busy, other}, nil)
+		if d.Rank != wkB0 {
 			t.Errorf("%s: chose busy rank %v", c.name, d.Rank)
 		}
 		if s := d.Candidates[0]; !s.Busy || s.BusyReason != c.reason {
@@ -247,8 +247,8 @@ func TestBusyRanksAreSkipped(t *testing.T) {
 
 func TestBusyThresholdsAtTheLimitAreNotBusy(t *testing.T) {
 	p := Params{BusyDecodeFraction: 0.5, BusyPrefillTokens: 100}
-	c := Candidate{Rank: rankA, Load: Load{ActiveDecodeBlocks: 50, ActivePrefillTokens: 100}, CapacityBlocks: 100}
-	d := mustSelect(t, p, Request{BlockSize: 16}, []Candidate{c}, nil)
+	c := Candidate{Rank: wkA0, Load: Load{ActiveDecodeBlocks: 50, ActivePrefillTokens: 100}, CapacityBlocks: 100}
+	d := mustSelectRank(t, p, Request{BlockSize: 16}, []Candidate{c}, nil)
 	if d.Candidates[0].Busy {
 		t.Fatal("a rank exactly at its thresholds is busy; the rule is 'over'")
 	}
@@ -256,8 +256,8 @@ func TestBusyThresholdsAtTheLimitAreNotBusy(t *testing.T) {
 
 func TestDecodeThresholdIgnoresUnknownCapacity(t *testing.T) {
 	p := Params{BusyDecodeFraction: 0.5}
-	c := Candidate{Rank: rankA, Load: Load{ActiveDecodeBlocks: 1 << 40}}
-	if d := mustSelect(t, p, Request{BlockSize: 16}, []Candidate{c}, nil); d.Candidates[0].Busy {
+	c := Candidate{Rank: wkA0, Load: Load{ActiveDecodeBlocks: 1 << 40}}
+	if d := mustSelectRank(t, p, Request{BlockSize: 16}, []Candidate{c}, nil); d.Candidates[0].Busy {
 		t.Fatal("a rank of unknown capacity counted as busy")
 	}
 }
@@ -265,12 +265,12 @@ func TestDecodeThresholdIgnoresUnknownCapacity(t *testing.T) {
 func TestWorkerWithOneFreeRankStillTakesRequests(t *testing.T) {
 	p := Params{PrefillLoadScale: 1, BusyPrefillTokens: 10}
 	cands := []Candidate{
-		{Rank: rankA, Load: Load{ActivePrefillTokens: 11}},
-		{Rank: rankA1, Load: Load{ActivePrefillTokens: 5}},
+		{Rank: wkA0, Load: Load{ActivePrefillTokens: 11}},
+		{Rank: wkA1, Load: Load{ActivePrefillTokens: 5}},
 	}
-	d := mustSelect(t, p, Request{BlockSize: 16}, cands, nil)
-	if d.Rank != rankA1 {
-		t.Fatalf("chose %v, want the worker's free rank %v", d.Rank, rankA1)
+	d := mustSelectRank(t, p, Request{BlockSize: 16}, cands, nil)
+	if d.Rank != wkA1 {
+		t.Fatalf("chose %v, want the worker's free rank %v", d.Rank, wkA1)
 	}
 }
 
@@ -279,8 +279,8 @@ func TestAllBusyIsOverloadedWithReasonNeverASilentPick(t *testing.T) {
 	p.BusyDecodeFraction = 0.9
 	p.BusyPrefillTokens = 4096
 	cands := []Candidate{
-		{Rank: rankA, Load: Load{ActiveDecodeBlocks: 95}, CapacityBlocks: 100},
-		{Rank: rankB, Load: Load{ActivePrefillTokens: 5000}},
+		{Rank: wkA0, Load: Load{ActiveDecodeBlocks: 95}, CapacityBlocks: 100},
+		{Rank: wkB0, Load: Load{ActivePrefillTokens: 5000}},
 	}
 	var d Decision
 	err := Select(p, Request{ISL: 16, BlockSize: 16}, cands, nil, &d)
@@ -305,7 +305,7 @@ func TestNoCandidatesIsNoWorkers(t *testing.T) {
 }
 
 func TestInvalidInputIsAnErrorNotAPanic(t *testing.T) {
-	ok := []Candidate{{Rank: rankA}}
+	ok := []Candidate{{Rank: wkA0}}
 	nan := math.NaN()
 	cases := []struct {
 		name  string
@@ -324,9 +324,9 @@ func TestInvalidInputIsAnErrorNotAPanic(t *testing.T) {
 		{"negative temperature", Params{Temperature: -0.5}, Request{BlockSize: 16}, ok, nil, ErrInvalidParams},
 		{"negative busy tokens", Params{BusyPrefillTokens: -1}, Request{BlockSize: 16}, ok, nil, ErrInvalidParams},
 		{"temperature without rng", Params{Temperature: 1}, Request{BlockSize: 16}, ok, nil, ErrInvalidParams},
-		{"negative load", DefaultParams(), Request{BlockSize: 16}, []Candidate{{Rank: rankA, Load: Load{ActiveRequests: -1}}}, nil, ErrInvalidCandidate},
-		{"negative potential", DefaultParams(), Request{BlockSize: 16}, []Candidate{{Rank: rankA, PotentialDecodeBlocks: -1}}, nil, ErrInvalidCandidate},
-		{"negative capacity", DefaultParams(), Request{BlockSize: 16}, []Candidate{{Rank: rankA, CapacityBlocks: -1}}, nil, ErrInvalidCandidate},
+		{"negative load", DefaultParams(), Request{BlockSize: 16}, []Candidate{{Rank: wkA0, Load: Load{ActiveRequests: -1}}}, nil, ErrInvalidCandidate},
+		{"negative potential", DefaultParams(), Request{BlockSize: 16}, []Candidate{{Rank: wkA0, PotentialDecodeBlocks: -1}}, nil, ErrInvalidCandidate},
+		{"negative capacity", DefaultParams(), Request{BlockSize: 16}, []Candidate{{Rank: wkA0, CapacityBlocks: -1}}, nil, ErrInvalidCandidate},
 		{"cost overflows", Params{PrefillLoadScale: math.MaxFloat64}, Request{ISL: math.MaxInt, BlockSize: 1}, ok, nil, ErrInvalidCandidate},
 	}
 	for _, c := range cases {
@@ -346,10 +346,10 @@ func TestDecisionIsResetBetweenCalls(t *testing.T) {
 	p := DefaultParams()
 	p.Temperature = 1
 	rng := rand.New(rand.NewPCG(1, 2))
-	if err := Select(p, Request{ISL: 64, BlockSize: 16}, []Candidate{{Rank: rankA}, {Rank: rankB, PotentialDecodeBlocks: 3}, {Rank: rankC}}, rng, &d); err != nil {
+	if err := Select(p, Request{ISL: 64, BlockSize: 16}, []Candidate{{Rank: wkA0}, {Rank: wkB0, PotentialDecodeBlocks: 3}, {Rank: wkC0}}, rng, &d); err != nil {
 		t.Fatal(err)
 	}
-	if err := Select(DefaultParams(), Request{ISL: 16, BlockSize: 16}, []Candidate{{Rank: rankB}}, nil, &d); err != nil {
+	if err := Select(DefaultParams(), Request{ISL: 16, BlockSize: 16}, []Candidate{{Rank: wkB0}}, nil, &d); err != nil {
 		t.Fatal(err)
 	}
 	if len(d.Candidates) != 1 || d.Candidates[0].Probability != 0 || d.DecidedBy != DecidedByCost || d.Params.Temperature != 0 || d.RequestBlocks != 1 {
@@ -360,7 +360,7 @@ func TestDecisionIsResetBetweenCalls(t *testing.T) {
 func TestSelectDoesNotAllocateAtSteadyState(t *testing.T) {
 	cands := make([]Candidate, 64)
 	for i := range cands {
-		cands[i] = cand(kvevent.Rank{Worker: uint64(i)}, uint32(i%5), uint32(i%3), 1, 0, Load{ActiveDecodeBlocks: int64(i)}, int64(100+i%7))
+		cands[i] = mkCand(kvevent.Rank{Worker: uint64(i)}, uint32(i%5), uint32(i%3), 1, 0, Load{ActiveDecodeBlocks: int64(i)}, int64(100+i%7))
 	}
 	req := Request{ISL: 2048, BlockSize: 16, FirstBlockHash: 99}
 	rng := rand.New(rand.NewPCG(7, 7))
@@ -384,12 +384,12 @@ func TestSoftmaxProbabilitiesFollowTheFormula(t *testing.T) {
 	// Costs 0 (ISL 0), 2, 4 from potential decode blocks alone; one busy.
 	p.BusyPrefillTokens = 100
 	cands := []Candidate{
-		{Rank: rankA, PotentialDecodeBlocks: 0},
-		{Rank: rankB, PotentialDecodeBlocks: 2},
-		{Rank: rankC, PotentialDecodeBlocks: 4},
-		{Rank: rankA1, Load: Load{ActivePrefillTokens: 101}},
+		{Rank: wkA0, PotentialDecodeBlocks: 0},
+		{Rank: wkB0, PotentialDecodeBlocks: 2},
+		{Rank: wkC0, PotentialDecodeBlocks: 4},
+		{Rank: wkA1, Load: Load{ActivePrefillTokens: 101}},
 	}
-	d := mustSelect(t, p, Request{BlockSize: 16}, cands, rand.New(rand.NewPCG(1, 1)))
+	d := mustSelectRank(t, p, Request{BlockSize: 16}, cands, rand.New(rand.NewPCG(1, 1)))
 	// p ∝ exp(-(c-0)/((4-0)*0.5)) = exp(-c/2)
 	w := []float64{1, math.Exp(-1), math.Exp(-2)}
 	sum := w[0] + w[1] + w[2]
@@ -406,10 +406,10 @@ func TestSoftmaxProbabilitiesFollowTheFormula(t *testing.T) {
 	}
 }
 
-// drawCounts runs n seeded selections and counts the ranks chosen. The seed
+// drawRankCounts runs n seeded selections and counts the ranks chosen. The seed
 // is fixed, so the counts are the same on every run: the bounds below are
 // loose sanity checks, never flaky.
-func drawCounts(t *testing.T, p Params, cands []Candidate, n int) map[kvevent.Rank]int {
+func drawRankCounts(t *testing.T, p Params, cands []Candidate, n int) map[kvevent.Rank]int {
 	rng := rand.New(rand.NewPCG(42, 1042))
 	counts := map[kvevent.Rank]int{}
 	var d Decision
@@ -426,20 +426,20 @@ func TestSoftmaxPrefersTheCheapestAndIsUniformOnEqualCosts(t *testing.T) {
 	p := DefaultParams()
 	p.Temperature = 0.5
 	const n = 20000
-	counts := drawCounts(t, p, []Candidate{
-		{Rank: rankA, PotentialDecodeBlocks: 0},
-		{Rank: rankB, PotentialDecodeBlocks: 5},
-		{Rank: rankC, PotentialDecodeBlocks: 10},
+	counts := drawRankCounts(t, p, []Candidate{
+		{Rank: wkA0, PotentialDecodeBlocks: 0},
+		{Rank: wkB0, PotentialDecodeBlocks: 5},
+		{Rank: wkC0, PotentialDecodeBlocks: 10},
 	}, n)
-	if !(counts[rankA] > counts[rankB] && counts[rankB] > counts[rankC] && counts[rankC] > 0) {
+	if !(counts[wkA0] > counts[wkB0] && counts[wkB0] > counts[wkC0] && counts[wkC0] > 0) {
 		t.Fatalf("counts %v: want cheapest > middle > dearest > 0", counts)
 	}
 	// Expected shares: exp(0), exp(-1), exp(-2) over their sum: .665 .245 .090.
-	if f := float64(counts[rankA]) / n; f < 0.62 || f > 0.71 {
+	if f := float64(counts[wkA0]) / n; f < 0.62 || f > 0.71 {
 		t.Fatalf("cheapest chosen %.3f of the time, want about 0.665", f)
 	}
 
-	uniform := drawCounts(t, p, []Candidate{{Rank: rankA}, {Rank: rankB}, {Rank: rankC}, {Rank: rankA1}}, n)
+	uniform := drawRankCounts(t, p, []Candidate{{Rank: wkA0}, {Rank: wkB0}, {Rank: wkC0}, {Rank: wkA1}}, n)
 	for r, c := range uniform {
 		if f := float64(c) / n; f < 0.22 || f > 0.28 {
 			t.Fatalf("equal costs: rank %v chosen %.3f of the time, want about 0.25", r, f)
@@ -449,8 +449,8 @@ func TestSoftmaxPrefersTheCheapestAndIsUniformOnEqualCosts(t *testing.T) {
 
 func TestSoftmaxWithTinyTemperaturePicksOnlyTheCheapest(t *testing.T) {
 	p := Params{PrefillLoadScale: 1, Temperature: 5e-324}
-	counts := drawCounts(t, p, []Candidate{{Rank: rankA, PotentialDecodeBlocks: 1}, {Rank: rankB, PotentialDecodeBlocks: 2}}, 100)
-	if counts[rankA] != 100 {
+	counts := drawRankCounts(t, p, []Candidate{{Rank: wkA0, PotentialDecodeBlocks: 1}, {Rank: wkB0, PotentialDecodeBlocks: 2}}, 100)
+	if counts[wkA0] != 100 {
 		t.Fatalf("counts %v: a temperature that underflows must act as 0", counts)
 	}
 }
@@ -558,7 +558,7 @@ func genCandidates() *rapid.Generator[[]Candidate] {
 }
 
 func TestSelectMatchesBruteForceReference(t *testing.T) {
-	for range propertyRounds() {
+	for range loadPropertyRounds() {
 		checkSelectMatchesBruteForceReference(t)
 	}
 }
@@ -605,7 +605,7 @@ func checkSelectMatchesBruteForceReference(t *testing.T) {
 }
 
 func TestSoftmaxIsAValidDistributionOverEligibleRanks(t *testing.T) {
-	for range propertyRounds() {
+	for range loadPropertyRounds() {
 		checkSoftmaxIsAValidDistributionOverEligibleRanks(t)
 	}
 }
