@@ -169,6 +169,8 @@ type seqState struct {
 	horizon int64
 	digest  uint64 // wrapping sum of entryHash over byID
 	buf     []byte // encoding scratch for hashes; used under the write lock
+
+	journal SeqJournal // nil when no durable copy follows
 }
 
 func (st *seqState) init() {
@@ -223,6 +225,9 @@ func (s *Sequences) Add(id string, rank kvevent.Rank, seqHashes []uint64, isl, c
 		createdAt: now,
 	}
 	st.insert(b)
+	if st.journal != nil {
+		st.journal.Booked(b.export())
+	}
 	return true, nil
 }
 
@@ -242,6 +247,9 @@ func (s *Sequences) PrefillDone(id string) bool {
 	b.prefillDone = true
 	st.digest += b.entryHash()
 	st.slots[b.slot].load.ActivePrefillTokens -= b.prefill
+	if st.journal != nil {
+		st.journal.Booked(b.export())
+	}
 	return true
 }
 
@@ -283,6 +291,9 @@ func (s *Sequences) Expire(now int64, maxAge time.Duration) (expired int) {
 	st := &s.st
 	if !st.swept || cutoff > st.horizon {
 		st.swept, st.horizon = true, cutoff
+		if st.journal != nil {
+			st.journal.Horizon(cutoff)
+		}
 	}
 	for len(st.expiry) > 0 && st.expiry[0].createdAt < cutoff {
 		b := st.popExpiry()
@@ -295,6 +306,9 @@ func (s *Sequences) Expire(now int64, maxAge time.Duration) (expired int) {
 		}
 		st.digest -= b.entryHash()
 		delete(st.byID, b.id)
+		if st.journal != nil {
+			st.journal.Gone(b.id)
+		}
 	}
 	return expired
 }
@@ -517,6 +531,7 @@ func (s *Sequences) Restore(snap SequencesSnapshot) error {
 		st.horizon = 0
 	}
 	s.mu.Lock()
+	st.journal = s.st.journal // a restore is not reported; the journal stays attached
 	s.st = st
 	s.mu.Unlock()
 	return nil
@@ -559,6 +574,9 @@ func (st *seqState) insert(b *booking) {
 // tombstone frees a live booking and keeps its id as a tombstone with the
 // same createdAt (so its expiry heap entry stays valid).
 func (st *seqState) tombstone(b *booking) {
+	if st.journal != nil {
+		st.journal.Freed(FreedBooking{ID: b.id, CreatedAt: b.createdAt})
+	}
 	st.unbook(b)
 	st.digest -= b.entryHash()
 	b.freed = true
@@ -811,4 +829,31 @@ func (s *hashSet) insert(k uint64) bool {
 		}
 		i = (i + 1) & s.mask
 	}
+}
+
+// A SeqJournal is told of every change to the tracker's logical state, so
+// that a durable copy can follow it (the cluster writes each change into
+// the Pebble batch of the entry being applied). Calls happen under the
+// tracker's write lock; an implementation must not call back into it.
+type SeqJournal interface {
+	// Booked: a live booking was added or changed (prefill done).
+	Booked(b Booking)
+	// Freed: a booking was freed and is now a tombstone.
+	Freed(f FreedBooking)
+	// Gone: a live booking expired or a tombstone was swept; id is forgotten.
+	Gone(id string)
+	// Horizon: the expiry horizon moved to h (and a sweep has run).
+	Horizon(h int64)
+}
+
+// SetJournal attaches j (nil detaches).
+func (s *Sequences) SetJournal(j SeqJournal) {
+	s.mu.Lock()
+	s.st.journal = j
+	s.mu.Unlock()
+}
+
+func (b *booking) export() Booking {
+	return Booking{ID: b.id, Rank: b.rank, SeqHashes: b.seq, ISL: b.isl, CachedTokens: b.cached,
+		PrefillDone: b.prefillDone, CreatedAt: b.createdAt}
 }

@@ -1,0 +1,370 @@
+package raftfsm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// Pebble's and glog-style background goroutines that outlive a
+		// closed DB by design are not ours; raft's transport listener too.
+		goleak.IgnoreTopFunction("github.com/cockroachdb/pebble/v2/internal/cache.(*shard).releaseLoop"),
+		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2.(*tableCacheShard).releaseLoop"),
+	)
+}
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// testCluster is a named builder of in-process clusters on loopback TCP.
+type testCluster struct {
+	t     *testing.T
+	dirs  []string
+	addrs []string
+	nodes []*Node
+	tune  func(*Config)
+}
+
+func newTestCluster(t *testing.T, n int, tune func(*Config)) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, tune: tune}
+	base := t.TempDir()
+	trs := make([]*raft.NetworkTransport, n)
+	for i := 0; i < n; i++ {
+		c.dirs = append(c.dirs, filepath.Join(base, fmt.Sprintf("node%d", i+1)))
+		trs[i] = c.transport("127.0.0.1:0")
+		c.addrs = append(c.addrs, string(trs[i].LocalAddr()))
+		c.nodes = append(c.nodes, nil)
+	}
+	t.Cleanup(c.close)
+	for i := 0; i < n; i++ {
+		c.startOn(i, trs[i])
+	}
+	return c
+}
+
+func (c *testCluster) id(i int) string { return fmt.Sprintf("n%d", i+1) }
+
+func (c *testCluster) transport(bind string) *raft.NetworkTransport {
+	c.t.Helper()
+	var tr *raft.NetworkTransport
+	var err error
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if tr, err = raft.NewTCPTransportWithLogger(bind, nil, 4, 2*time.Second, hclogAdapter(quiet)); err == nil {
+			return tr
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("transport on %s: %v", bind, err)
+		}
+		time.Sleep(20 * time.Millisecond) // the old listener's port is not free yet
+	}
+}
+
+func (c *testCluster) peers() []Member {
+	var peers []Member
+	for j := range c.addrs {
+		peers = append(peers, Member{ID: c.id(j), RaftAddr: c.addrs[j], HTTPAddr: "http-" + c.id(j)})
+	}
+	return peers
+}
+
+// start restarts node i on its data directory and address.
+func (c *testCluster) start(i int) { c.startOn(i, c.transport(c.addrs[i])) }
+
+func (c *testCluster) startOn(i int, tr *raft.NetworkTransport) {
+	c.t.Helper()
+	cfg := Config{ID: c.id(i), RaftAddr: c.addrs[i], HTTPAddr: "http-" + c.id(i), DataDir: c.dirs[i], Peers: c.peers(),
+		Transport: tr, Logger: quiet}
+	if c.tune != nil {
+		c.tune(&cfg)
+	}
+	n, err := NewNode(cfg)
+	if err != nil {
+		c.t.Fatalf("start %s: %v", c.id(i), err)
+	}
+	c.nodes[i] = n
+}
+
+func (c *testCluster) stop(i int) {
+	if c.nodes[i] != nil {
+		c.nodes[i].Close()
+		c.nodes[i] = nil
+	}
+}
+
+func (c *testCluster) close() {
+	for i := range c.nodes {
+		c.stop(i)
+	}
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (c *testCluster) leader() *Node {
+	c.t.Helper()
+	var l *Node
+	waitFor(c.t, 10*time.Second, "a leader", func() bool {
+		for _, n := range c.nodes {
+			if n != nil && n.IsLeader() {
+				l = n
+				return true
+			}
+		}
+		return false
+	})
+	return l
+}
+
+// converged waits until every running node has applied the leader's last
+// index and reports the same digest.
+func (c *testCluster) converged() uint64 {
+	c.t.Helper()
+	var digest uint64
+	waitFor(c.t, 15*time.Second, "replicas to converge", func() bool {
+		l := c.leader()
+		want := l.raft.LastIndex()
+		digest = l.fsm.Digest()
+		for _, n := range c.nodes {
+			if n == nil {
+				continue
+			}
+			if n.raft.AppliedIndex() < want || n.fsm.Digest() != digest {
+				return false
+			}
+		}
+		return true
+	})
+	return digest
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// ingestRetrying sends batches to whichever node leads, retrying on
+// leadership changes, as a publisher does.
+func ingestRetrying(t *testing.T, c *testCluster, b []RankBatch) []RankAck {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		acks, err := c.leader().IngestEvents(ctx(t), b)
+		if err == nil {
+			return acks
+		}
+		if !errors.Is(err, ErrNotLeader) && !errors.Is(err, ErrNoLeader) || time.Now().After(deadline) {
+			t.Fatalf("ingest: %v", err)
+		}
+	}
+}
+
+func TestClusterReplicatesEventsToEveryNode(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	for k := 0; k < 20; k++ {
+		acks := ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, uint64(k*5+1), 5, uint64(1000*k))}})
+		// A retry after a lost acknowledgement finds its events applied:
+		// they come back as duplicates, never twice in the index.
+		if acks[0].Applied+acks[0].Dups != 5 || acks[0].Gap || acks[0].Cursor != uint64(k*5+5) {
+			t.Fatalf("ack %+v", acks[0])
+		}
+	}
+	c.converged()
+	for _, n := range c.nodes {
+		if got := n.IndexStats().Entries; got != 100 {
+			t.Fatalf("%s holds %d entries, want 100", n.cfg.ID, got)
+		}
+		if n.fsm.Cursor(r1) != 100 {
+			t.Fatalf("%s cursor %d", n.cfg.ID, n.fsm.Cursor(r1))
+		}
+	}
+}
+
+func TestFollowerWriteNamesTheLeader(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	c.converged()
+	waitFor(t, 5*time.Second, "member table", func() bool { return len(l.fsm.Members()) == 3 })
+	c.converged()
+	for _, n := range c.nodes {
+		if n == l {
+			continue
+		}
+		err := n.RegisterWorker(ctx(t), WorkerInfo{ID: 9, BlockSize: 16})
+		var nl *NotLeaderError
+		if !errors.As(err, &nl) || nl.LeaderID != l.cfg.ID || nl.LeaderHTTP != l.cfg.HTTPAddr {
+			t.Fatalf("follower write: %v (%+v), want NotLeaderError naming %s at %s", err, nl, l.cfg.ID, l.cfg.HTTPAddr)
+		}
+	}
+}
+
+func TestNodeDownPastLogRetentionCatchesUpFromSnapshot(t *testing.T) {
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.TrailingLogs = 10; cfg.SnapshotThreshold = 20 })
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	c.converged()
+	down := 0
+	for c.nodes[down] == l {
+		down++
+	}
+	c.stop(down)
+	for k := 0; k < 60; k++ {
+		ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, uint64(k+1), 1, uint64(10+k))}})
+	}
+	if err := c.leader().raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	if first, _ := c.leader().logs.FirstIndex(); first <= 2 {
+		t.Fatalf("log not compacted: first index %d", first)
+	}
+	c.start(down)
+	d := c.converged()
+	if c.nodes[down].fsm.Digest() != d || c.nodes[down].IndexStats().Entries != 60 {
+		t.Fatalf("restarted node: entries %d", c.nodes[down].IndexStats().Entries)
+	}
+}
+
+func TestWholeClusterRestartKeepsState(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 30, 7)}})
+	d := c.converged()
+	for i := range c.nodes {
+		c.stop(i)
+	}
+	for i := range c.nodes {
+		c.start(i)
+	}
+	if got := c.converged(); got != d {
+		t.Fatalf("digest after restart %#x, want %#x", got, d)
+	}
+	acks := ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 31, 7)}})
+	if acks[0].Dups != 30 || acks[0].Applied != 1 && acks[0].Cursor != 31 {
+		t.Fatalf("cursor not kept across the restart: %+v", acks[0])
+	}
+}
+
+func TestSnapshotSaveWipeRestore(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 40, 7)}})
+	saved := c.converged()
+	var buf bytes.Buffer
+	info, err := c.leader().SaveSnapshot(ctx(t), &buf)
+	if err != nil || info.Records["residencies"] != 40 {
+		t.Fatalf("save: %+v %v", info, err)
+	}
+	// Change the state, then restore the saved one onto every node.
+	if err := c.leader().DeregisterWorker(ctx(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	c.converged()
+	bad := bytes.Clone(buf.Bytes())
+	bad[100] ^= 1
+	if _, err := c.leader().RestoreSnapshot(ctx(t), bytes.NewReader(bad)); !errors.Is(err, ErrBadSnapshot) {
+		t.Fatalf("corrupted restore: %v, want ErrBadSnapshot", err)
+	}
+	if _, err := c.leader().RestoreSnapshot(ctx(t), bytes.NewReader(buf.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the restore to reach every node", func() bool {
+		for _, n := range c.nodes {
+			if n.fsm.Digest() != saved {
+				return false
+			}
+		}
+		return true
+	})
+	// Writes after the restore apply everywhere.
+	ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, 41, 1, 500)}})
+	c.converged()
+	for _, n := range c.nodes {
+		if n.IndexStats().Entries != 41 {
+			t.Fatalf("%s: entries %d after restore + write", n.cfg.ID, n.IndexStats().Entries)
+		}
+	}
+}
+
+var _ = io.Discard
+var _ = os.Remove
+var _ = kvevent.TierDevice
+
+func TestRouteFollowsTheIndexOnEveryNode(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	for id := uint64(1); id <= 3; id++ {
+		if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: id, BlockSize: 4}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+	local := kvevent.LocalHashes(nil, tokens, 4, kvevent.Seed)
+	r2 := kvevent.Rank{Worker: 2}
+	ev := kvevent.Event{Rank: r2, EventID: 1, Kind: kvevent.KindStored}
+	for i, h := range local {
+		ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: uint64(100 + i), LocalHash: h})
+	}
+	ingestRetrying(t, c, []RankBatch{{Rank: r2, Events: []kvevent.Event{ev}}})
+	c.converged()
+	for _, n := range c.nodes {
+		res, err := n.Route(ctx(t), RouteQuery{Tokens: tokens})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Decision.Rank != r2 || res.Decision.Chosen().OverlapBlocks != 3 {
+			t.Fatalf("%s routed to %v with overlap %d, want worker 2 with 3 blocks", n.cfg.ID, res.Decision.Rank, res.Decision.Chosen().OverlapBlocks)
+		}
+	}
+	// Booking goes through Raft and shows as load everywhere.
+	res, err := c.leader().Route(ctx(t), RouteQuery{Tokens: tokens, Book: true, RequestID: "req-1"})
+	if err != nil || !res.Booked {
+		t.Fatalf("book: %v %+v", err, res)
+	}
+	c.converged()
+	for _, n := range c.nodes {
+		if l := n.fsm.Sequences().Load(r2); l.ActiveRequests != 1 {
+			t.Fatalf("%s: load %+v", n.cfg.ID, l)
+		}
+	}
+	if err := c.leader().Free(ctx(t), "req-1"); err != nil {
+		t.Fatal(err)
+	}
+	c.converged()
+	if l := c.nodes[0].fsm.Sequences().Load(r2); l.ActiveRequests != 0 {
+		t.Fatalf("after free: %+v", l)
+	}
+}

@@ -1,0 +1,352 @@
+package raftfsm
+
+import (
+	"fmt"
+
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// Commands are the Raft log's entries. Each starts with a format version
+// byte and a type byte; the rest is the type's compact binary encoding
+// (codec.go). A decoder rejects anything it does not fully understand with
+// ErrBadCommand, and the FSM skips such an entry as a domain error: a
+// committed entry cannot be refused, but it must never corrupt state.
+//
+// Every command is safe to apply twice (a write that timed out may have
+// committed, and its client retries): event batches through the per-rank
+// cursor, registrations and settings by being absolute, bookings by
+// request id, sweeps by their timestamp.
+
+const commandVersion = 1
+
+type cmdType uint8
+
+const (
+	cmdEvents     cmdType = iota + 1 // per-rank event batches
+	cmdReplace                       // a rank's full dump replaces its state
+	cmdRegister                      // worker registration
+	cmdDeregister                    // worker removal
+	cmdBook                          // booking operations
+	cmdExpire                        // expiry sweep
+	cmdSettings                      // cluster scoring settings
+	cmdMember                        // member table entry
+	cmdMemberGone                    // member removed
+)
+
+// command is the decoded form of any entry. Only the fields of its type are set.
+type command struct {
+	typ     cmdType
+	now     int64 // leader time (unix nanos) for aging and bookings
+	batches []RankBatch
+	// cmdReplace
+	rank   kvevent.Rank
+	cursor uint64
+	stored []kvevent.Event
+	// cmdRegister / cmdDeregister
+	worker   WorkerInfo
+	workerID uint64
+	// cmdBook
+	books []bookOp
+	// cmdExpire
+	maxAgeNs int64
+	// cmdSettings
+	settings Settings
+	// cmdMember / cmdMemberGone
+	member Member
+}
+
+type bookKind uint8
+
+const (
+	bookAdd bookKind = iota + 1
+	bookPrefillDone
+	bookFree
+)
+
+type bookOp struct {
+	kind bookKind
+	b    Booking
+}
+
+func encodeHeader(e *enc, t cmdType, now int64) {
+	e.u8(commandVersion)
+	e.u8(uint8(t))
+	e.sv(now)
+}
+
+func encodeEvent(e *enc, ev *kvevent.Event) {
+	e.uv(ev.EventID)
+	e.u8(uint8(ev.Kind))
+	e.u8(uint8(ev.Tier))
+	switch ev.Kind {
+	case kvevent.KindStored:
+		e.bool(ev.HasParent)
+		if ev.HasParent {
+			e.u64(ev.Parent)
+		}
+		e.uv(uint64(len(ev.Blocks)))
+		for _, b := range ev.Blocks {
+			e.u64(b.EngineHash)
+			e.u64(b.LocalHash)
+		}
+	case kvevent.KindRemoved:
+		e.uv(uint64(len(ev.Removed)))
+		for _, h := range ev.Removed {
+			e.u64(h)
+		}
+	}
+}
+
+func decodeEvent(d *dec, r kvevent.Rank, ev *kvevent.Event) {
+	ev.Rank = r
+	ev.EventID = d.uv("event id")
+	ev.Kind = kvevent.Kind(d.u8("event kind"))
+	ev.Tier = kvevent.Tier(d.u8("event tier"))
+	switch ev.Kind {
+	case kvevent.KindStored:
+		ev.HasParent = d.bool("has parent")
+		if ev.HasParent {
+			ev.Parent = d.u64("parent")
+		}
+		n := d.count("blocks", 16)
+		ev.Blocks = make([]kvevent.Block, n)
+		for i := range ev.Blocks {
+			ev.Blocks[i] = kvevent.Block{EngineHash: d.u64("engine hash"), LocalHash: d.u64("local hash")}
+		}
+	case kvevent.KindRemoved:
+		n := d.count("removed", 8)
+		ev.Removed = make([]uint64, n)
+		for i := range ev.Removed {
+			ev.Removed[i] = d.u64("removed hash")
+		}
+	case kvevent.KindCleared:
+	default:
+		d.fail("event kind")
+	}
+}
+
+func encodeRank(e *enc, r kvevent.Rank) { e.uv(r.Worker); e.uv(uint64(r.DP)) }
+
+func decodeRank(d *dec) kvevent.Rank {
+	w := d.uv("worker")
+	dp := d.uv("dp rank")
+	if dp > 1<<32-1 {
+		d.fail("dp rank")
+	}
+	return kvevent.Rank{Worker: w, DP: uint32(dp)}
+}
+
+// EncodeEvents encodes a batch of per-rank event batches.
+func encodeEvents(now int64, batches []RankBatch) []byte {
+	e := enc{b: make([]byte, 0, 64+32*len(batches))}
+	encodeHeader(&e, cmdEvents, now)
+	e.uv(uint64(len(batches)))
+	for i := range batches {
+		encodeRank(&e, batches[i].Rank)
+		e.uv(uint64(len(batches[i].Events)))
+		for j := range batches[i].Events {
+			encodeEvent(&e, &batches[i].Events[j])
+		}
+	}
+	return e.b
+}
+
+func encodeReplace(now int64, r kvevent.Rank, cursor uint64, stored []kvevent.Event) []byte {
+	var e enc
+	encodeHeader(&e, cmdReplace, now)
+	encodeRank(&e, r)
+	e.uv(cursor)
+	e.uv(uint64(len(stored)))
+	for i := range stored {
+		encodeEvent(&e, &stored[i])
+	}
+	return e.b
+}
+
+func encodeWorker(e *enc, w *WorkerInfo) {
+	e.uv(w.ID)
+	e.uv(uint64(len(w.DPRanks)))
+	for _, r := range w.DPRanks {
+		e.uv(uint64(r))
+	}
+	e.uv(uint64(w.BlockSize))
+	for _, c := range w.Capacity {
+		e.sv(c)
+	}
+	e.str(w.Endpoint)
+	e.str(w.Model)
+}
+
+func decodeWorker(d *dec) WorkerInfo {
+	var w WorkerInfo
+	w.ID = d.uv("worker id")
+	n := d.count("dp ranks", 1)
+	for i := 0; i < n; i++ {
+		r := d.uv("dp rank")
+		if r > 1<<32-1 {
+			d.fail("dp rank")
+		}
+		w.DPRanks = append(w.DPRanks, uint32(r))
+	}
+	bs := d.uv("block size")
+	if bs > 1<<20 {
+		d.fail("block size")
+	}
+	w.BlockSize = int(bs)
+	for i := range w.Capacity {
+		w.Capacity[i] = d.sv("capacity")
+	}
+	w.Endpoint = d.str("endpoint")
+	w.Model = d.str("model")
+	return w
+}
+
+func encodeRegister(now int64, w *WorkerInfo) []byte {
+	var e enc
+	encodeHeader(&e, cmdRegister, now)
+	encodeWorker(&e, w)
+	return e.b
+}
+
+func encodeDeregister(now int64, id uint64) []byte {
+	var e enc
+	encodeHeader(&e, cmdDeregister, now)
+	e.uv(id)
+	return e.b
+}
+
+func encodeBook(now int64, ops []bookOp) []byte {
+	var e enc
+	encodeHeader(&e, cmdBook, now)
+	e.uv(uint64(len(ops)))
+	for _, op := range ops {
+		e.u8(uint8(op.kind))
+		e.str(op.b.ID)
+		if op.kind == bookAdd {
+			encodeRank(&e, op.b.Rank)
+			e.uv(uint64(len(op.b.SeqHashes)))
+			for _, h := range op.b.SeqHashes {
+				e.u64(h)
+			}
+			e.uv(uint64(op.b.ISL))
+			e.uv(uint64(op.b.CachedTokens))
+		}
+	}
+	return e.b
+}
+
+func encodeExpire(now int64, maxAgeNs int64) []byte {
+	var e enc
+	encodeHeader(&e, cmdExpire, now)
+	e.sv(maxAgeNs)
+	return e.b
+}
+
+func encodeSettings(now int64, s *Settings) []byte {
+	var e enc
+	encodeHeader(&e, cmdSettings, now)
+	p := s.Params
+	for _, f := range []float64{p.OverlapScoreCredit, p.HostCacheHitWeight, p.DiskCacheHitWeight, p.PrefillLoadScale,
+		p.DecodeActiveRequestWeight, p.Temperature, p.BusyDecodeFraction} {
+		e.f64(f)
+	}
+	e.sv(p.BusyPrefillTokens)
+	e.u8(uint8(s.View))
+	return e.b
+}
+
+func encodeMember(now int64, m *Member) []byte {
+	var e enc
+	encodeHeader(&e, cmdMember, now)
+	e.str(m.ID)
+	e.str(m.RaftAddr)
+	e.str(m.HTTPAddr)
+	return e.b
+}
+
+func encodeMemberGone(now int64, id string) []byte {
+	var e enc
+	encodeHeader(&e, cmdMemberGone, now)
+	e.str(id)
+	return e.b
+}
+
+// decodeCommand decodes one entry's data.
+func decodeCommand(b []byte) (command, error) {
+	d := dec{b: b}
+	var c command
+	if v := d.u8("version"); d.err == nil && v != commandVersion {
+		return c, fmt.Errorf("%w: command format version %d (this build reads %d)", ErrBadCommand, v, commandVersion)
+	}
+	c.typ = cmdType(d.u8("type"))
+	c.now = d.sv("time")
+	switch c.typ {
+	case cmdEvents:
+		n := d.count("batches", 2)
+		c.batches = make([]RankBatch, n)
+		for i := range c.batches {
+			rb := &c.batches[i]
+			rb.Rank = decodeRank(&d)
+			m := d.count("events", 3)
+			rb.Events = make([]kvevent.Event, m)
+			for j := range rb.Events {
+				decodeEvent(&d, rb.Rank, &rb.Events[j])
+			}
+		}
+	case cmdReplace:
+		c.rank = decodeRank(&d)
+		c.cursor = d.uv("cursor")
+		n := d.count("stored", 3)
+		c.stored = make([]kvevent.Event, n)
+		for i := range c.stored {
+			decodeEvent(&d, c.rank, &c.stored[i])
+		}
+	case cmdRegister:
+		c.worker = decodeWorker(&d)
+	case cmdDeregister:
+		c.workerID = d.uv("worker id")
+	case cmdBook:
+		n := d.count("bookings", 2)
+		c.books = make([]bookOp, n)
+		for i := range c.books {
+			op := &c.books[i]
+			op.kind = bookKind(d.u8("booking kind"))
+			op.b.ID = d.str("request id")
+			switch op.kind {
+			case bookAdd:
+				op.b.Rank = decodeRank(&d)
+				m := d.count("seq hashes", 8)
+				op.b.SeqHashes = make([]uint64, m)
+				for j := range op.b.SeqHashes {
+					op.b.SeqHashes[j] = d.u64("seq hash")
+				}
+				op.b.ISL = int(min(d.uv("isl"), 1<<40))
+				op.b.CachedTokens = int(min(d.uv("cached"), 1<<40))
+			case bookPrefillDone, bookFree:
+			default:
+				d.fail("booking kind")
+			}
+		}
+	case cmdExpire:
+		c.maxAgeNs = d.sv("max age")
+	case cmdSettings:
+		p := &c.settings.Params
+		for _, f := range []*float64{&p.OverlapScoreCredit, &p.HostCacheHitWeight, &p.DiskCacheHitWeight, &p.PrefillLoadScale,
+			&p.DecodeActiveRequestWeight, &p.Temperature, &p.BusyDecodeFraction} {
+			*f = d.f64("param")
+		}
+		p.BusyPrefillTokens = d.sv("busy prefill tokens")
+		c.settings.View = indexer.View(d.u8("view"))
+	case cmdMember:
+		c.member = Member{ID: d.str("member id"), RaftAddr: d.str("raft addr"), HTTPAddr: d.str("http addr")}
+	case cmdMemberGone:
+		c.member.ID = d.str("member id")
+	default:
+		d.fail("command type")
+	}
+	if err := d.done(); err != nil {
+		return command{}, err
+	}
+	return c, nil
+}

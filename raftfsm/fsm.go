@@ -1,0 +1,426 @@
+package raftfsm
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/store"
+)
+
+// FSM is the router's replicated state machine: the tiered index, the load
+// tracker, per-rank event cursors, worker registrations, cluster settings
+// and the member table, in memory and in a Pebble state database.
+//
+// Apply is deterministic: time comes from the command (the leader stamps
+// it), nothing iterates a map into state, and the same entries give the
+// same state and Digest on every replica.
+//
+// Durability: each ApplyBatch is one Pebble batch holding every change of
+// its entries (through the index's and the tracker's journals) and the
+// applied index and term. Entries at or below the applied index are
+// skipped: Raft re-delivers every entry after its last snapshot on each
+// restart, and without the skip refcounts and residency would double-apply.
+type FSM struct {
+	logger *slog.Logger
+	dir    string // the state database's directory
+
+	dbMu sync.RWMutex // write-held only while Restore swaps the database
+	db   *store.StateDB
+
+	ix   *indexer.Index
+	seqs *indexer.Sequences
+
+	batch *store.StateBatch // the batch of the ApplyBatch in progress
+	jrnl  journal
+
+	curMu   sync.RWMutex
+	cursors map[kvevent.Rank]uint64
+
+	workers  atomic.Pointer[map[uint64]WorkerInfo] // copy-on-write
+	settings atomic.Pointer[Settings]
+	members  atomic.Pointer[map[string]Member]
+
+	applied     atomic.Uint64
+	appliedTerm atomic.Uint64
+	malformed   atomic.Uint64
+
+	// onFatal is called when the state database fails under Apply, which
+	// must not happen silently: a committed entry cannot be refused.
+	onFatal func(error)
+}
+
+// FSMConfig configures a FSM.
+type FSMConfig struct {
+	Dir     string // the state database directory (created if missing)
+	Logger  *slog.Logger
+	Index   indexer.Config
+	OnFatal func(error) // default: log and panic
+}
+
+var _ raft.BatchingFSM = (*FSM)(nil)
+
+// OpenFSM opens the state database in cfg.Dir and rebuilds the in-memory
+// state from it.
+func OpenFSM(cfg FSMConfig) (*FSM, error) {
+	f := &FSM{logger: cfg.Logger, dir: cfg.Dir, onFatal: cfg.OnFatal}
+	if f.logger == nil {
+		f.logger = slog.Default()
+	}
+	if f.onFatal == nil {
+		f.onFatal = func(err error) {
+			f.logger.Error("state database failed under apply; stopping", "err", err)
+			panic(err)
+		}
+	}
+	if err := cleanupRestore(f.dir); err != nil {
+		return nil, err
+	}
+	db, err := store.OpenState(f.dir, store.StateOptions{Logger: f.logger})
+	if err != nil {
+		return nil, err
+	}
+	f.db = db
+	f.ix = indexer.New(cfg.Index)
+	f.seqs = indexer.NewSequences()
+	f.jrnl.f = f
+	if err := f.load(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	f.ix.SetJournal(&f.jrnl)
+	f.seqs.SetJournal(&f.jrnl)
+	return f, nil
+}
+
+// Close closes the state database.
+func (f *FSM) Close() error {
+	f.dbMu.Lock()
+	defer f.dbMu.Unlock()
+	return f.db.Close()
+}
+
+// Index returns the in-memory index (for lookups).
+func (f *FSM) Index() *indexer.Index { return f.ix }
+
+// Sequences returns the load tracker (for lookups).
+func (f *FSM) Sequences() *indexer.Sequences { return f.seqs }
+
+// Applied returns the last applied index and term.
+func (f *FSM) Applied() (index, term uint64) { return f.applied.Load(), f.appliedTerm.Load() }
+
+// Workers returns the registered workers (do not modify).
+func (f *FSM) Workers() map[uint64]WorkerInfo { return *f.workers.Load() }
+
+// Settings returns the cluster settings.
+func (f *FSM) Settings() Settings { return *f.settings.Load() }
+
+// Members returns the member table (do not modify).
+func (f *FSM) Members() map[string]Member { return *f.members.Load() }
+
+// Cursor returns a rank's last applied event id.
+func (f *FSM) Cursor(r kvevent.Rank) uint64 {
+	f.curMu.RLock()
+	defer f.curMu.RUnlock()
+	return f.cursors[r]
+}
+
+// Digest is the state digest: the index's and the load tracker's, mixed
+// with the cursors and registrations. Equal on replicas at equal applied
+// index.
+func (f *FSM) Digest() uint64 {
+	d := f.ix.Digest()*0x9e3779b97f4a7c15 + f.seqs.Digest()
+	f.curMu.RLock()
+	for r, c := range f.cursors {
+		d += mix(r.Worker ^ mix(uint64(r.DP)^mix(c+0x7f4a7c15)))
+	}
+	f.curMu.RUnlock()
+	for id, w := range f.Workers() {
+		d += mix(id ^ mix(uint64(w.BlockSize)+uint64(len(w.DPRanks))<<32+uint64(w.Capacity[0])))
+	}
+	return d
+}
+
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// Apply applies one entry (raft.FSM).
+func (f *FSM) Apply(l *raft.Log) interface{} { return f.ApplyBatch([]*raft.Log{l})[0] }
+
+// ApplyBatch applies entries in one Pebble batch (raft.BatchingFSM). The
+// response of a command entry is its result value (see the command types)
+// or an error value for a domain error; it is nil for skipped entries and
+// for configuration, barrier and no-op entries.
+func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
+	f.dbMu.RLock()
+	defer f.dbMu.RUnlock()
+	out := make([]interface{}, len(logs))
+	applied := f.applied.Load()
+	f.batch = f.db.NewBatch()
+	defer func() {
+		f.batch.Close()
+		f.batch = nil
+	}()
+	var last, lastTerm uint64
+	for i, l := range logs {
+		if l.Index <= applied {
+			continue // re-delivered after a restart: already in the state
+		}
+		last, lastTerm = l.Index, l.Term
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		c, err := decodeCommand(l.Data)
+		if err != nil {
+			f.malformed.Add(1)
+			f.logger.Warn("skipping undecodable entry", "index", l.Index, "err", err)
+			out[i] = err
+			continue
+		}
+		out[i] = f.applyCommand(&c)
+	}
+	if last == 0 {
+		return out
+	}
+	f.ix.FlushJournal()
+	f.batch.SetApplied(last, lastTerm)
+	if err := f.batch.Commit(); err != nil {
+		f.onFatal(fmt.Errorf("apply entries up to %d: %w", last, err))
+		return out
+	}
+	f.applied.Store(last)
+	f.appliedTerm.Store(lastTerm)
+	return out
+}
+
+// applyCommand applies one decoded command and returns its response.
+func (f *FSM) applyCommand(c *command) interface{} {
+	switch c.typ {
+	case cmdEvents:
+		acks := make([]RankAck, len(c.batches))
+		for i := range c.batches {
+			acks[i] = f.applyRankBatch(&c.batches[i], c.now)
+		}
+		return acks
+	case cmdReplace:
+		cur := f.Cursor(c.rank)
+		if c.cursor < cur {
+			// A dump older than what is applied (a retried command): applying
+			// it would move the rank back in time.
+			return RankAck{Rank: c.rank, Cursor: cur}
+		}
+		f.ix.ReplaceRank(c.rank, c.stored, c.now)
+		f.setCursor(c.rank, c.cursor)
+		return RankAck{Rank: c.rank, Cursor: c.cursor, Applied: len(c.stored)}
+	case cmdRegister:
+		w := c.worker
+		if len(w.DPRanks) == 0 {
+			w.DPRanks = []uint32{0}
+		}
+		next := maps.Clone(f.Workers())
+		next[w.ID] = w
+		f.workers.Store(&next)
+		for _, dp := range w.DPRanks {
+			f.ix.SetCapacity(kvevent.Rank{Worker: w.ID, DP: dp}, w.Capacity)
+		}
+		var e enc
+		encodeWorker(&e, &w)
+		f.batch.Put(store.KindWorker, u64key(w.ID), e.b)
+		return nil
+	case cmdDeregister:
+		return f.removeWorker(c.workerID)
+	case cmdBook:
+		for _, op := range c.books {
+			switch op.kind {
+			case bookAdd:
+				_, _ = f.seqs.Add(op.b.ID, op.b.Rank, op.b.SeqHashes, op.b.ISL, op.b.CachedTokens, c.now)
+			case bookPrefillDone:
+				f.seqs.PrefillDone(op.b.ID)
+			case bookFree:
+				f.seqs.Free(op.b.ID)
+			}
+		}
+		return nil
+	case cmdExpire:
+		n := f.seqs.Expire(c.now, time.Duration(c.maxAgeNs))
+		f.ix.ExpireOrphans(c.now)
+		return n
+	case cmdSettings:
+		s := c.settings
+		f.settings.Store(&s)
+		var e enc
+		encodeSettingsValue(&e, &s)
+		f.batch.Put(store.KindSettings, []byte{'s'}, e.b)
+		return nil
+	case cmdMember:
+		next := maps.Clone(f.Members())
+		next[c.member.ID] = c.member
+		f.members.Store(&next)
+		var e enc
+		e.str(c.member.RaftAddr)
+		e.str(c.member.HTTPAddr)
+		f.batch.Put(store.KindMember, []byte(c.member.ID), e.b)
+		return nil
+	case cmdMemberGone:
+		next := maps.Clone(f.Members())
+		delete(next, c.member.ID)
+		f.members.Store(&next)
+		f.batch.Delete(store.KindMember, []byte(c.member.ID))
+		return nil
+	}
+	return fmt.Errorf("%w: command type %d", ErrBadCommand, c.typ)
+}
+
+// applyRankBatch applies a rank's events through its cursor: an id at or
+// below the cursor is a duplicate (a re-delivery) and is skipped; the next
+// id applies and advances the cursor; an id past it is a gap, and nothing
+// after the gap applies, so the index never runs ahead of a missing event.
+func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
+	cur := f.Cursor(rb.Rank)
+	ack := RankAck{Rank: rb.Rank}
+	for i := range rb.Events {
+		ev := &rb.Events[i]
+		if ev.EventID <= cur {
+			ack.Dups++
+			continue
+		}
+		if ev.EventID != cur+1 {
+			ack.Gap = true
+			break
+		}
+		// A malformed event still consumes its id: it is counted by the
+		// index and skipped, and the stream goes on.
+		_ = f.ix.Apply(ev, now)
+		cur++
+		ack.Applied++
+	}
+	if ack.Applied > 0 {
+		f.setCursor(rb.Rank, cur)
+	}
+	ack.Cursor = cur
+	return ack
+}
+
+func (f *FSM) setCursor(r kvevent.Rank, c uint64) {
+	f.curMu.Lock()
+	f.cursors[r] = c
+	f.curMu.Unlock()
+	f.batch.PutCursor(r.Worker, r.DP, c)
+}
+
+func (f *FSM) removeWorker(id uint64) error {
+	cur := f.Workers()
+	_, known := cur[id]
+	f.ix.RemoveWorker(id)
+	f.seqs.RemoveWorker(id)
+	f.curMu.Lock()
+	var gone []kvevent.Rank
+	for r := range f.cursors {
+		if r.Worker == id {
+			gone = append(gone, r)
+		}
+	}
+	slices.SortFunc(gone, cmpRank)
+	for _, r := range gone {
+		delete(f.cursors, r)
+		f.batch.DeleteCursor(r.Worker, r.DP)
+	}
+	f.curMu.Unlock()
+	if !known {
+		return fmt.Errorf("deregister %d: %w", id, ErrUnknownWorker)
+	}
+	next := maps.Clone(cur)
+	delete(next, id)
+	f.workers.Store(&next)
+	f.batch.Delete(store.KindWorker, u64key(id))
+	return nil
+}
+
+func cmpRank(a, b kvevent.Rank) int {
+	switch {
+	case a == b:
+		return 0
+	case a.Less(b):
+		return -1
+	}
+	return 1
+}
+
+func u64key(v uint64) []byte {
+	var e enc
+	e.u64(v)
+	return e.b
+}
+
+// journal writes the index's and the tracker's changes into the batch of
+// the ApplyBatch in progress.
+type journal struct{ f *FSM }
+
+func (j *journal) NodeCreated(seq, parent uint64, root bool, local uint64) {
+	j.f.batch.PutNode(seq, parent, root, local)
+}
+func (j *journal) NodeFreed(seq uint64) { j.f.batch.DeleteNode(seq) }
+func (j *journal) EntrySet(r kvevent.Rank, eh, seq uint64, m kvevent.Mask, order uint32) {
+	j.f.batch.PutEntry(r.Worker, r.DP, eh, seq, uint8(m), order)
+}
+func (j *journal) EntryDeleted(r kvevent.Rank, eh uint64) { j.f.batch.DeleteEntry(r.Worker, r.DP, eh) }
+func (j *journal) RankMeta(m indexer.RankMeta) {
+	var e enc
+	encodeRankMeta(&e, &m)
+	j.f.batch.PutRank(m.Rank.Worker, m.Rank.DP, e.b)
+}
+func (j *journal) RankRemoved(r kvevent.Rank) { j.f.batch.DeleteRank(r.Worker, r.DP) }
+
+func (j *journal) Booked(b indexer.Booking) {
+	var e enc
+	encodeBooking(&e, &b)
+	j.f.batch.Delete(store.KindTomb, []byte(b.ID))
+	j.f.batch.Put(store.KindBooking, []byte(b.ID), e.b)
+}
+func (j *journal) Freed(fb indexer.FreedBooking) {
+	var e enc
+	e.sv(fb.CreatedAt)
+	j.f.batch.Delete(store.KindBooking, []byte(fb.ID))
+	j.f.batch.Put(store.KindTomb, []byte(fb.ID), e.b)
+}
+func (j *journal) Gone(id string) {
+	j.f.batch.Delete(store.KindBooking, []byte(id))
+	j.f.batch.Delete(store.KindTomb, []byte(id))
+}
+func (j *journal) Horizon(h int64) {
+	var e enc
+	e.sv(h)
+	j.f.batch.Put(store.KindLoadMeta, []byte{'l'}, e.b)
+}
+
+// Snapshot makes the state database durable up to the applied index and
+// opens a consistent read view of it (raft.FSM). It runs on the FSM
+// goroutine, so no apply is in flight.
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	f.dbMu.RLock()
+	defer f.dbMu.RUnlock()
+	if err := f.db.Sync(); err != nil {
+		return nil, err
+	}
+	return &fsmSnapshot{view: f.db.Snapshot(), logger: f.logger}, nil
+}
+
+// Restore replaces the whole state with a snapshot stream (raft.FSM): it
+// is written into a fresh directory and checked first, then swapped in.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	return f.restoreFrom(rc)
+}

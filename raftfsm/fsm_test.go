@@ -1,0 +1,289 @@
+package raftfsm
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+func openTestFSM(t *testing.T, dir string) *FSM {
+	t.Helper()
+	f, err := OpenFSM(FSMConfig{Dir: dir, Logger: quiet, OnFatal: func(err error) { t.Fatalf("fatal: %v", err) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+type logWriter struct {
+	index uint64
+}
+
+func (w *logWriter) next(data []byte) *raft.Log {
+	w.index++
+	return &raft.Log{Index: w.index, Term: 1, Type: raft.LogCommand, Data: data}
+}
+
+func chainEvents(r kvevent.Rank, first uint64, n int, base uint64) []kvevent.Event {
+	var evs []kvevent.Event
+	for i := 0; i < n; i++ {
+		ev := kvevent.Event{Rank: r, EventID: first + uint64(i), Kind: kvevent.KindStored,
+			Blocks: []kvevent.Block{{EngineHash: base + uint64(i), LocalHash: 1000 + base + uint64(i)}}}
+		if i > 0 {
+			ev.HasParent, ev.Parent = true, base+uint64(i-1)
+		}
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+var (
+	r1 = kvevent.Rank{Worker: 1}
+	r2 = kvevent.Rank{Worker: 2, DP: 1}
+)
+
+// applyFixture drives a FSM through every command type.
+func applyFixture(t *testing.T, f *FSM, w *logWriter) {
+	t.Helper()
+	logs := []*raft.Log{
+		w.next(encodeRegister(1, &WorkerInfo{ID: 1, BlockSize: 16, Capacity: [4]int64{100, 0, 0, 0}})),
+		w.next(encodeRegister(1, &WorkerInfo{ID: 2, DPRanks: []uint32{0, 1}, BlockSize: 16})),
+		w.next(encodeEvents(2, []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 5, 10)}, {Rank: r2, Events: chainEvents(r2, 1, 3, 10)}})),
+		{Index: w.index + 1, Term: 1, Type: raft.LogNoop},
+		w.next(encodeBook(3, []bookOp{{kind: bookAdd, b: Booking{ID: "q1", Rank: r1, SeqHashes: []uint64{1, 2}, ISL: 64, CachedTokens: 16}},
+			{kind: bookAdd, b: Booking{ID: "q2", Rank: r2, SeqHashes: []uint64{3}, ISL: 32}}})),
+		w.next(encodeBook(4, []bookOp{{kind: bookPrefillDone, b: Booking{ID: "q1"}}, {kind: bookFree, b: Booking{ID: "q2"}}})),
+		w.next(encodeSettings(5, &Settings{Params: indexer.DefaultParams(), View: indexer.ViewTiered})),
+		w.next(encodeMember(5, &Member{ID: "n1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"})),
+		w.next(encodeEvents(6, []RankBatch{{Rank: r1, Events: []kvevent.Event{{Rank: r1, EventID: 6, Kind: kvevent.KindRemoved, Removed: []uint64{14}}}}})),
+	}
+	logs[3].Index = logs[2].Index + 1
+	w.index = logs[3].Index
+	for i := 4; i < len(logs); i++ {
+		logs[i].Index = logs[i-1].Index + 1
+	}
+	w.index = logs[len(logs)-1].Index
+	f.ApplyBatch(logs[:4])
+	f.ApplyBatch(logs[4:])
+}
+
+func TestFSMStateSurvivesReopen(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "fsm")
+	f := openTestFSM(t, dir)
+	var w logWriter
+	applyFixture(t, f, &w)
+	digest, applied := f.Digest(), f.applied.Load()
+	if f.Cursor(r1) != 6 || f.Index().Stats().Entries != 7 || len(f.Workers()) != 2 {
+		t.Fatalf("cursor %d entries %d workers %d", f.Cursor(r1), f.Index().Stats().Entries, len(f.Workers()))
+	}
+	if err := f.db.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	g := openTestFSM(t, dir)
+	defer g.Close()
+	if g.Digest() != digest || g.applied.Load() != applied {
+		t.Fatalf("after reopen: digest %#x applied %d, want %#x %d", g.Digest(), g.applied.Load(), digest, applied)
+	}
+	if g.Settings().View != indexer.ViewTiered || g.Members()["n1"].HTTPAddr != "127.0.0.1:2" {
+		t.Fatalf("settings/members not restored: %+v %+v", g.Settings(), g.Members())
+	}
+	if l := g.Sequences().Load(r1); l.ActiveRequests != 1 || l.ActivePrefillTokens != 0 {
+		t.Fatalf("bookings not restored: %+v", l)
+	}
+}
+
+func TestRestartDoesNotDoubleApplyReplayedEntries(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "fsm")
+	f := openTestFSM(t, dir)
+	var w logWriter
+	applyFixture(t, f, &w)
+	digest := f.Digest()
+	// Raft re-delivers everything after its last snapshot (here: all).
+	var replay logWriter
+	applyFixture(t, f, &replay)
+	if f.Digest() != digest {
+		t.Fatal("re-delivered entries changed the state")
+	}
+	f.Close()
+}
+
+func TestEventBatchesGoThroughTheCursor(t *testing.T) {
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	var w logWriter
+	evs := chainEvents(r1, 1, 6, 10)
+	res := f.ApplyBatch([]*raft.Log{
+		w.next(encodeEvents(1, []RankBatch{{Rank: r1, Events: evs[:3]}})),
+		w.next(encodeEvents(1, []RankBatch{{Rank: r1, Events: evs[1:4]}})),                          // overlaps: 2 dups
+		w.next(encodeEvents(1, []RankBatch{{Rank: r1, Events: append([]kvevent.Event{}, evs[5])}})), // gap
+	})
+	a := res[0].([]RankAck)[0]
+	b := res[1].([]RankAck)[0]
+	c := res[2].([]RankAck)[0]
+	if a.Applied != 3 || a.Cursor != 3 || b.Dups != 2 || b.Applied != 1 || b.Cursor != 4 || !c.Gap || c.Applied != 0 || c.Cursor != 4 {
+		t.Fatalf("acks %+v %+v %+v", a, b, c)
+	}
+	if n := f.Index().Stats().Entries; n != 4 {
+		t.Fatalf("entries %d, want 4: nothing past the gap applies", n)
+	}
+}
+
+func TestUndecodableEntryChangesNothing(t *testing.T) {
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	var w logWriter
+	applyFixture(t, f, &w)
+	d := f.Digest()
+	good := encodeEvents(9, []RankBatch{{Rank: r1, Events: chainEvents(r1, 7, 2, 50)}})
+	for _, data := range [][]byte{nil, {9}, {commandVersion, 99}, good[:len(good)-3], append(bytes.Clone(good), 0)} {
+		res := f.ApplyBatch([]*raft.Log{w.next(data)})
+		if err, ok := res[0].(error); !ok || !errors.Is(err, ErrBadCommand) {
+			t.Fatalf("entry %x: response %v, want ErrBadCommand", data, res[0])
+		}
+	}
+	if f.Digest() != d {
+		t.Fatal("an undecodable entry changed the state")
+	}
+}
+
+func snapshotBytes(t *testing.T, f *FSM) []byte {
+	t.Helper()
+	s, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Release()
+	var buf bytes.Buffer
+	if _, err := writeSnapshot(&buf, s.(*fsmSnapshot).view); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestSnapshotRestoreRoundTrip(t *testing.T) {
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	var w logWriter
+	applyFixture(t, f, &w)
+	snap := snapshotBytes(t, f)
+	info, err := InspectSnapshot(bytes.NewReader(snap))
+	if err != nil || info.Index != f.applied.Load() || info.Records["residencies"] != 7 {
+		t.Fatalf("inspect: %+v %v", info, err)
+	}
+
+	g := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer g.Close()
+	if err := g.Restore(nopCloser{bytes.NewReader(snap)}); err != nil {
+		t.Fatal(err)
+	}
+	if g.Digest() != f.Digest() {
+		t.Fatalf("restored digest %#x, want %#x", g.Digest(), f.Digest())
+	}
+	// Every entry Raft delivers after a restore must apply, whatever index
+	// the stream was taken at.
+	if g.applied.Load() != 0 {
+		t.Fatalf("applied after restore = %d, want 0", g.applied.Load())
+	}
+	var gw logWriter
+	g.ApplyBatch([]*raft.Log{gw.next(encodeRegister(1, &WorkerInfo{ID: 3, BlockSize: 16}))})
+	if len(g.Workers()) != 3 {
+		t.Fatal("the first entry after a restore was skipped")
+	}
+	if _, err := os.Stat(g.dir + ".old"); !os.IsNotExist(err) {
+		t.Fatal("the old state directory was left behind")
+	}
+}
+
+func TestCorruptSnapshotIsRefusedAndStateKept(t *testing.T) {
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	var w logWriter
+	applyFixture(t, f, &w)
+	snap := snapshotBytes(t, f)
+
+	g := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer g.Close()
+	var gw logWriter
+	g.ApplyBatch([]*raft.Log{gw.next(encodeRegister(1, &WorkerInfo{ID: 77, BlockSize: 16}))})
+	before := g.Digest()
+	flipped := bytes.Clone(snap)
+	flipped[len(flipped)/2] ^= 0x40
+	for name, b := range map[string][]byte{
+		"truncated":   snap[:len(snap)-10],
+		"bit flipped": flipped,
+		"empty":       nil,
+		"not ours":    []byte("hello world, this is not a snapshot at all"),
+		"trailing":    append(bytes.Clone(snap), 1),
+	} {
+		if _, err := InspectSnapshot(bytes.NewReader(b)); !errors.Is(err, ErrBadSnapshot) {
+			t.Errorf("%s: inspect err %v, want ErrBadSnapshot", name, err)
+		}
+		if err := g.Restore(nopCloser{bytes.NewReader(b)}); !errors.Is(err, ErrBadSnapshot) {
+			t.Errorf("%s: restore err %v, want ErrBadSnapshot", name, err)
+		}
+	}
+	if g.Digest() != before || len(g.Workers()) != 1 {
+		t.Fatal("a refused snapshot changed the state")
+	}
+}
+
+func TestInterruptedRestoreSwapRollsBack(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "fsm")
+	f := openTestFSM(t, dir)
+	var w logWriter
+	applyFixture(t, f, &w)
+	d := f.Digest()
+	f.db.Sync()
+	f.Close()
+	// Crash after the first rename of the swap: dir moved to dir.old, the
+	// new state still in dir.restore.
+	if err := os.Rename(dir, dir+".old"); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(dir+".restore", 0o755)
+	g := openTestFSM(t, dir)
+	defer g.Close()
+	if g.Digest() != d {
+		t.Fatal("the interrupted swap was not rolled back")
+	}
+}
+
+type nopCloser struct{ *bytes.Reader }
+
+func (nopCloser) Close() error { return nil }
+
+func FuzzDecodeCommand(f *testing.F) {
+	f.Add(encodeEvents(1, []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 3, 10)}}))
+	f.Add(encodeBook(3, []bookOp{{kind: bookAdd, b: Booking{ID: "q1", Rank: r1, SeqHashes: []uint64{1, 2}, ISL: 64}}}))
+	f.Add(encodeRegister(1, &WorkerInfo{ID: 1, DPRanks: []uint32{0, 3}, BlockSize: 16, Endpoint: "x"}))
+	f.Add(encodeSettings(1, &Settings{Params: indexer.DefaultParams()}))
+	f.Add(encodeReplace(1, r2, 9, chainEvents(r2, 1, 2, 5)))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := decodeCommand(b)
+		if err != nil {
+			return
+		}
+		// Whatever decodes must apply without harm.
+		fsm := openFuzzFSM(t)
+		var w logWriter
+		fsm.ApplyBatch([]*raft.Log{w.next(b)})
+		_ = c
+	})
+}
+
+func openFuzzFSM(t *testing.T) *FSM {
+	f, err := OpenFSM(FSMConfig{Dir: filepath.Join(t.TempDir(), "fsm"), Logger: quiet, OnFatal: func(err error) { t.Fatal(err) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}

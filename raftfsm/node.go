@@ -1,0 +1,654 @@
+package raftfsm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/store"
+)
+
+// Config configures a Node. Timeouts default to LAN values that give
+// failover well under a second on loopback.
+type Config struct {
+	ID       string // this node's Raft server id
+	RaftAddr string // where this node's Raft transport listens (host:port)
+	HTTPAddr string // where this node's HTTP API listens, as peers should dial it
+	DataDir  string // raft/, fsm/ and snapshots/ live here
+
+	// Peers, when set, bootstraps a new cluster of these voters (this node
+	// among them) if the data directory holds no Raft state yet. Leave it
+	// empty to join an existing cluster (an operator or kvrouter --join
+	// asks the leader to add this node).
+	Peers []Member
+
+	HeartbeatTimeout   time.Duration // default 200ms
+	ElectionTimeout    time.Duration // default 200ms
+	LeaderLeaseTimeout time.Duration // default 100ms
+	CommitTimeout      time.Duration // default 5ms
+	ApplyTimeout       time.Duration // default 5s, when the context has no deadline
+	SnapshotThreshold  uint64        // entries between snapshots, default 8192
+	SnapshotInterval   time.Duration // how often to check, default 30s
+	TrailingLogs       uint64        // entries kept after a snapshot, default 10240
+
+	ExpiryInterval time.Duration // leader's booking/orphan sweep, default 10s
+	BookingMaxAge  time.Duration // default indexer.DefaultBookingMaxAge
+
+	Index  indexer.Config
+	Logger *slog.Logger
+	// Transport replaces the TCP transport (in-process tests).
+	Transport raft.Transport
+}
+
+func (c *Config) defaults() {
+	d := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	d(&c.HeartbeatTimeout, 200*time.Millisecond)
+	d(&c.ElectionTimeout, 200*time.Millisecond)
+	d(&c.LeaderLeaseTimeout, 100*time.Millisecond)
+	d(&c.CommitTimeout, 5*time.Millisecond)
+	d(&c.ApplyTimeout, 5*time.Second)
+	d(&c.SnapshotInterval, 30*time.Second)
+	d(&c.ExpiryInterval, 10*time.Second)
+	d(&c.BookingMaxAge, indexer.DefaultBookingMaxAge)
+	if c.SnapshotThreshold == 0 {
+		c.SnapshotThreshold = 8192
+	}
+	if c.TrailingLogs == 0 {
+		c.TrailingLogs = 10240
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Node is one kvrouter cluster member: a Raft server over the Pebble log
+// store, the router FSM, and the operations the HTTP API serves. Reads are
+// answered from the local state; writes go through Raft on the leader and
+// return a *NotLeaderError on a follower (the API forwards them).
+type Node struct {
+	cfg    Config
+	logger *slog.Logger
+	raft   *raft.Raft
+	fsm    *FSM
+	logs   *store.LogStore
+	snaps  raft.SnapshotStore
+	trans  raft.Transport
+
+	ready atomic.Bool
+
+	rngMu sync.Mutex
+	rng   *rand.Rand
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// NewNode opens the node's storage, rebuilds its state and starts Raft.
+func NewNode(cfg Config) (*Node, error) {
+	cfg.defaults()
+	if cfg.ID == "" || cfg.DataDir == "" {
+		return nil, fmt.Errorf("%w: a node needs an id and a data directory", ErrInvalid)
+	}
+	n := &Node{cfg: cfg, logger: cfg.Logger.With("node", cfg.ID), stop: make(chan struct{}),
+		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x6b76726f75746572))}
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			n.closeStorage()
+		}
+	}()
+	var err error
+	if n.logs, err = store.OpenLogStore(filepath.Join(cfg.DataDir, "raft"), store.LogStoreOptions{Logger: n.logger}); err != nil {
+		return nil, err
+	}
+	if n.snaps, err = raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hclogAdapter(n.logger)); err != nil {
+		return nil, fmt.Errorf("open snapshot store: %w", err)
+	}
+	if n.fsm, err = OpenFSM(FSMConfig{Dir: filepath.Join(cfg.DataDir, "fsm"), Logger: n.logger, Index: cfg.Index}); err != nil {
+		return nil, err
+	}
+	if err := n.catchUpFromSnapshot(); err != nil {
+		return nil, err
+	}
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.ID)
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = cfg.CommitTimeout
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.BatchApplyCh = true
+	rc.MaxAppendEntries = 256
+	// The FSM rebuilds itself from its own database and catchUpFromSnapshot
+	// restores it when it is behind; Raft must not restore it again.
+	rc.NoSnapshotRestoreOnStart = true
+	rc.Logger = hclogAdapter(n.logger)
+
+	n.trans = cfg.Transport
+	if n.trans == nil {
+		addr, err := net.ResolveTCPAddr("tcp", cfg.RaftAddr)
+		if err != nil {
+			return nil, fmt.Errorf("%w: raft address %q: %v", ErrInvalid, cfg.RaftAddr, err)
+		}
+		t, err := raft.NewTCPTransportWithLogger(cfg.RaftAddr, addr, 4, 10*time.Second, hclogAdapter(n.logger))
+		if err != nil {
+			return nil, fmt.Errorf("raft transport on %s: %w", cfg.RaftAddr, err)
+		}
+		n.trans = t
+	}
+	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.logs, n.snaps, n.trans); err != nil {
+		if c, ok := n.trans.(io.Closer); ok {
+			c.Close()
+		}
+		return nil, fmt.Errorf("start raft: %w", err)
+	}
+	if len(cfg.Peers) > 0 {
+		has, err := raft.HasExistingState(n.logs, n.logs, n.snaps)
+		if err != nil {
+			return nil, err
+		}
+		if !has {
+			var servers []raft.Server
+			for _, p := range cfg.Peers {
+				servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.RaftAddr)})
+			}
+			if err := n.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+				return nil, fmt.Errorf("bootstrap: %w", err)
+			}
+		}
+	}
+	n.wg.Add(1)
+	go n.leaderLoop()
+	ok = true
+	return n, nil
+}
+
+// catchUpFromSnapshot restores the FSM from the newest Raft snapshot when
+// its own database is behind it (lost unsynced writes, a wiped fsm/
+// directory). Raft itself never restores at start (NoSnapshotRestoreOnStart).
+func (n *Node) catchUpFromSnapshot() error {
+	list, err := n.snaps.List()
+	if err != nil || len(list) == 0 {
+		return err
+	}
+	newest := list[0]
+	applied, _ := n.fsm.Applied()
+	if applied >= newest.Index {
+		return nil
+	}
+	_, rc, err := n.snaps.Open(newest.ID)
+	if err != nil {
+		return fmt.Errorf("open snapshot %s: %w", newest.ID, err)
+	}
+	n.logger.Info("state is behind the newest snapshot; restoring it", "applied", applied, "snapshot", newest.Index)
+	return n.fsm.Restore(rc)
+}
+
+func (n *Node) closeStorage() {
+	if n.fsm != nil {
+		n.fsm.Close()
+	}
+	if n.logs != nil {
+		n.logs.Close()
+	}
+}
+
+// Close stops the node: Raft shuts down, then storage closes.
+func (n *Node) Close() error {
+	select {
+	case <-n.stop:
+		return nil
+	default:
+	}
+	close(n.stop)
+	err := n.raft.Shutdown().Error()
+	n.wg.Wait()
+	if c, ok := n.trans.(io.Closer); ok {
+		c.Close()
+	}
+	n.closeStorage()
+	return err
+}
+
+// FSM exposes the state machine (tests, tools).
+func (n *Node) FSM() *FSM { return n.fsm }
+
+// Raft exposes the Raft server (tests, tools).
+func (n *Node) Raft() *raft.Raft { return n.raft }
+
+// leaderLoop does the leader's chores: after winning an election it waits
+// for a Barrier (so everything committed by earlier leaders is applied
+// before it serves anything that depends on it), records the members' HTTP
+// addresses, and runs the replicated expiry sweep.
+func (n *Node) leaderLoop() {
+	defer n.wg.Done()
+	tick := time.NewTicker(n.cfg.ExpiryInterval)
+	defer tick.Stop()
+	ready := time.NewTicker(20 * time.Millisecond)
+	defer ready.Stop()
+	leader := false
+	for {
+		select {
+		case <-n.stop:
+			return
+		case isLeader := <-n.raft.LeaderCh():
+			leader = isLeader
+			if leader {
+				n.onLeadership()
+			}
+		case <-tick.C:
+			if leader {
+				now := time.Now().UnixNano()
+				n.raft.Apply(encodeExpire(now, int64(n.cfg.BookingMaxAge)), n.cfg.ApplyTimeout)
+			}
+		case <-ready.C:
+			n.checkReady()
+		}
+	}
+}
+
+func (n *Node) onLeadership() {
+	if err := n.raft.Barrier(n.cfg.ApplyTimeout).Error(); err != nil {
+		n.logger.Warn("barrier after election failed", "err", err)
+		return
+	}
+	members := n.fsm.Members()
+	want := []Member{{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAddr, HTTPAddr: n.cfg.HTTPAddr}}
+	for _, p := range n.cfg.Peers {
+		if p.ID != n.cfg.ID && p.HTTPAddr != "" {
+			want = append(want, p)
+		}
+	}
+	for _, m := range want {
+		if cur, ok := members[m.ID]; !ok || cur.HTTPAddr != m.HTTPAddr || cur.RaftAddr != m.RaftAddr {
+			n.raft.Apply(encodeMember(time.Now().UnixNano(), &m), n.cfg.ApplyTimeout)
+		}
+	}
+	n.logger.Info("leading", "term", n.raft.CurrentTerm())
+}
+
+// checkReady latches readiness once a leader is known and everything
+// committed when it looked has gone through the FSM. Raft's applied index
+// is the one to compare: no-op and barrier entries never reach the FSM, so
+// the FSM's own applied index can stay below the commit index for good.
+func (n *Node) checkReady() {
+	if n.ready.Load() {
+		return
+	}
+	addr, _ := n.raft.LeaderWithID()
+	applied, _ := n.fsm.Applied()
+	if addr != "" && n.raft.CommitIndex() > 0 && n.raft.AppliedIndex() >= n.raft.CommitIndex() {
+		n.ready.Store(true)
+		n.logger.Info("ready", "applied_index", applied)
+	}
+}
+
+// WaitReady blocks until the node is ready or ctx ends.
+func (n *Node) WaitReady(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for !n.ready.Load() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			n.checkReady()
+		}
+	}
+	return nil
+}
+
+// IsLeader reports whether this node leads now.
+func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+func (n *Node) notLeader() error {
+	_, id := n.raft.LeaderWithID()
+	if id == "" {
+		return &NotLeaderError{}
+	}
+	return &NotLeaderError{LeaderID: string(id), LeaderHTTP: n.fsm.Members()[string(id)].HTTPAddr}
+}
+
+// apply proposes a command on the leader and waits for it to apply.
+func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
+	if n.raft.State() != raft.Leader {
+		return nil, n.notLeader()
+	}
+	timeout := n.cfg.ApplyTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+		if timeout <= 0 {
+			return nil, ctx.Err()
+		}
+	}
+	f := n.raft.Apply(data, timeout)
+	if err := f.Error(); err != nil {
+		switch {
+		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+			// The entry may still commit under the next leader: every
+			// command is safe to retry.
+			return nil, n.notLeader()
+		case errors.Is(err, raft.ErrRaftShutdown):
+			return nil, ErrShutdown
+		}
+		return nil, fmt.Errorf("raft apply: %w", err)
+	}
+	if err, ok := f.Response().(error); ok && err != nil {
+		return nil, err
+	}
+	return f.Response(), nil
+}
+
+func now() int64 { return time.Now().UnixNano() }
+
+// Status returns this node's view of itself.
+func (n *Node) Status() NodeStatus {
+	st := n.raft.Stats()
+	u := func(k string) uint64 { v, _ := strconv.ParseUint(st[k], 10, 64); return v }
+	addr, id := n.raft.LeaderWithID()
+	applied, _ := n.fsm.Applied()
+	s := NodeStatus{
+		ID: n.cfg.ID, RaftAddr: n.cfg.RaftAddr, HTTPAddr: n.cfg.HTTPAddr,
+		State: n.raft.State().String(), Term: u("term"), LastIndex: u("last_log_index"),
+		CommitIndex: n.raft.CommitIndex(), AppliedIndex: applied, LeaderID: string(id),
+		SnapshotIndex: u("last_snapshot_index"), Digest: fmt.Sprintf("%016x", n.fsm.Digest()),
+		Ready: n.ready.Load(), LastContactMs: -1,
+	}
+	if id != "" {
+		s.LeaderHTTP = n.fsm.Members()[string(id)].HTTPAddr
+	}
+	_ = addr
+	if n.raft.State() == raft.Leader {
+		s.LastContactMs = 0
+	} else if lc := n.raft.LastContact(); !lc.IsZero() {
+		s.LastContactMs = time.Since(lc).Milliseconds()
+	}
+	return s
+}
+
+// Members lists the Raft configuration with the members' HTTP addresses.
+func (n *Node) Members(ctx context.Context) ([]Member, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, err
+	}
+	_, leader := n.raft.LeaderWithID()
+	table := n.fsm.Members()
+	var out []Member
+	for _, s := range f.Configuration().Servers {
+		out = append(out, Member{ID: string(s.ID), RaftAddr: string(s.Address), HTTPAddr: table[string(s.ID)].HTTPAddr,
+			Voter: s.Suffrage == raft.Voter, Leader: s.ID == leader})
+	}
+	slices.SortFunc(out, func(a, b Member) int { return cmpString(a.ID, b.ID) })
+	return out, nil
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Workers lists registrations with each rank's index and load figures.
+func (n *Node) Workers() []WorkerStatus {
+	ws := n.fsm.Workers()
+	stats := map[kvevent.Rank]indexer.RankStats{}
+	for _, rs := range n.fsm.Index().RankStats() {
+		stats[rs.Rank] = rs
+	}
+	out := make([]WorkerStatus, 0, len(ws))
+	for _, w := range ws {
+		s := WorkerStatus{Info: w}
+		for _, dp := range w.DPRanks {
+			r := kvevent.Rank{Worker: w.ID, DP: dp}
+			st := stats[r]
+			s.Ranks = append(s.Ranks, RankStatus{DPRank: dp, Blocks: st.Blocks, Cursor: n.fsm.Cursor(r),
+				NeedsResync: st.NeedsResync, Load: n.fsm.Sequences().Load(r)})
+		}
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b WorkerStatus) int { return cmpU64(a.Info.ID, b.Info.ID) })
+	return out
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// IndexStats returns the local index's figures.
+func (n *Node) IndexStats() indexer.Stats { return n.fsm.Index().Stats() }
+
+// IngestEvents commits per-rank event batches and returns what each did.
+func (n *Node) IngestEvents(ctx context.Context, batches []RankBatch) ([]RankAck, error) {
+	if len(batches) == 0 {
+		return nil, nil
+	}
+	for i := range batches {
+		for j := range batches[i].Events {
+			ev := &batches[i].Events[j]
+			ev.Rank = batches[i].Rank
+			if err := ev.Validate(); err != nil {
+				return nil, fmt.Errorf("%w: batch %d event %d: %v", ErrInvalid, i, j, err)
+			}
+		}
+	}
+	res, err := n.apply(ctx, encodeEvents(now(), batches))
+	if err != nil {
+		return nil, err
+	}
+	return res.([]RankAck), nil
+}
+
+// ReplaceRank replaces a rank's state with a full dump of Stored events,
+// and sets its cursor (a resync).
+func (n *Node) ReplaceRank(ctx context.Context, r kvevent.Rank, cursor uint64, stored []kvevent.Event) error {
+	for i := range stored {
+		stored[i].Rank = r
+		if stored[i].Kind != kvevent.KindStored {
+			return fmt.Errorf("%w: a rank dump holds only stored events", ErrInvalid)
+		}
+		if err := stored[i].Validate(); err != nil {
+			return fmt.Errorf("%w: dump event %d: %v", ErrInvalid, i, err)
+		}
+	}
+	_, err := n.apply(ctx, encodeReplace(now(), r, cursor, stored))
+	return err
+}
+
+// RegisterWorker registers (or re-registers) a worker.
+func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
+	if w.BlockSize <= 0 || w.BlockSize > 1<<20 {
+		return fmt.Errorf("%w: block size %d", ErrInvalid, w.BlockSize)
+	}
+	for _, c := range w.Capacity {
+		if c < 0 {
+			return fmt.Errorf("%w: negative capacity", ErrInvalid)
+		}
+	}
+	_, err := n.apply(ctx, encodeRegister(now(), &w))
+	return err
+}
+
+// DeregisterWorker removes a worker and everything the index holds of it.
+func (n *Node) DeregisterWorker(ctx context.Context, id uint64) error {
+	_, err := n.apply(ctx, encodeDeregister(now(), id))
+	return err
+}
+
+// PrefillDone marks a booked request past its prefill.
+func (n *Node) PrefillDone(ctx context.Context, id string) error {
+	if id == "" {
+		return fmt.Errorf("%w: empty request id", ErrInvalid)
+	}
+	_, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookPrefillDone, b: Booking{ID: id}}}))
+	return err
+}
+
+// Free ends a booked request.
+func (n *Node) Free(ctx context.Context, id string) error {
+	if id == "" {
+		return fmt.Errorf("%w: empty request id", ErrInvalid)
+	}
+	_, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookFree, b: Booking{ID: id}}}))
+	return err
+}
+
+// SetSettings replaces the cluster's scoring settings.
+func (n *Node) SetSettings(ctx context.Context, s Settings) error {
+	if err := s.Params.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if s.View != indexer.ViewDedup && s.View != indexer.ViewTiered {
+		return fmt.Errorf("%w: view %d", ErrInvalid, s.View)
+	}
+	_, err := n.apply(ctx, encodeSettings(now(), &s))
+	return err
+}
+
+// AddMember adds a voter and records its HTTP address.
+func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) error {
+	if id == "" || raftAddr == "" {
+		return fmt.Errorf("%w: a member needs an id and a raft address", ErrInvalid)
+	}
+	if n.raft.State() != raft.Leader {
+		return n.notLeader()
+	}
+	if err := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, n.cfg.ApplyTimeout).Error(); err != nil {
+		return fmt.Errorf("add voter %s: %w", id, err)
+	}
+	_, err := n.apply(ctx, encodeMember(now(), &Member{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}))
+	return err
+}
+
+// RemoveMember removes a server from the cluster.
+func (n *Node) RemoveMember(ctx context.Context, id string) error {
+	if n.raft.State() != raft.Leader {
+		return n.notLeader()
+	}
+	if err := n.raft.RemoveServer(raft.ServerID(id), 0, n.cfg.ApplyTimeout).Error(); err != nil {
+		return fmt.Errorf("remove %s: %w", id, err)
+	}
+	if id == n.cfg.ID {
+		return nil // this node just stepped down; the next leader keeps the table
+	}
+	_, err := n.apply(ctx, encodeMemberGone(now(), id))
+	return err
+}
+
+// TransferLeadership hands leadership to toID ("" = any up-to-date voter).
+func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
+	if n.raft.State() != raft.Leader {
+		return n.notLeader()
+	}
+	var f raft.Future
+	if toID == "" {
+		f = n.raft.LeadershipTransfer()
+	} else {
+		m, ok := n.fsm.Members()[toID]
+		addr := raft.ServerAddress(m.RaftAddr)
+		if !ok {
+			cf := n.raft.GetConfiguration()
+			if err := cf.Error(); err != nil {
+				return err
+			}
+			for _, s := range cf.Configuration().Servers {
+				if string(s.ID) == toID {
+					addr, ok = s.Address, true
+				}
+			}
+		}
+		if !ok {
+			return fmt.Errorf("%w: no member %q", ErrInvalid, toID)
+		}
+		f = n.raft.LeadershipTransferToServer(raft.ServerID(toID), addr)
+	}
+	if err := f.Error(); err != nil {
+		return fmt.Errorf("leadership transfer: %w", err)
+	}
+	return nil
+}
+
+// SaveSnapshot streams the leader's current state. A Barrier first makes
+// sure everything committed is applied; the stream is read from one
+// consistent view of the state database.
+func (n *Node) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotInfo, error) {
+	if n.raft.State() != raft.Leader {
+		return SnapshotInfo{}, n.notLeader()
+	}
+	if err := n.raft.Barrier(n.cfg.ApplyTimeout).Error(); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("barrier: %w", err)
+	}
+	n.fsm.dbMu.RLock()
+	view := n.fsm.db.Snapshot()
+	n.fsm.dbMu.RUnlock()
+	defer view.Close()
+	return writeSnapshot(w, view)
+}
+
+// RestoreSnapshot installs a snapshot stream on every node through Raft's
+// user restore. The stream is spooled to a file and checked whole first:
+// a truncated or corrupted one is refused and the cluster keeps its state.
+func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, error) {
+	if n.raft.State() != raft.Leader {
+		return SnapshotInfo{}, n.notLeader()
+	}
+	tmp, err := os.CreateTemp(n.cfg.DataDir, "restore-*.snap")
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	if _, err := io.Copy(tmp, r); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("receive snapshot: %w", err)
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return SnapshotInfo{}, err
+	}
+	info, err := InspectSnapshot(tmp)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return SnapshotInfo{}, err
+	}
+	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Index: info.Index, Term: info.Term, Size: info.Bytes}
+	timeout := 10 * n.cfg.ApplyTimeout
+	if err := n.raft.Restore(meta, tmp, timeout); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("raft restore: %w", err)
+	}
+	return info, nil
+}

@@ -1,0 +1,138 @@
+package raftfsm
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// DefaultBlockSize is the block size used to hash token ids when no worker
+// has registered one.
+const DefaultBlockSize = 16
+
+// routeScratch is the per-call working memory of Route, pooled so that a
+// route decision allocates little beyond its result.
+type routeScratch struct {
+	local   []uint64
+	seq     []uint64
+	matches indexer.Matches
+	loads   []indexer.RankLoad
+	pot     indexer.PotentialScratch
+	cands   []indexer.Candidate
+}
+
+var routePool = sync.Pool{New: func() any { return new(routeScratch) }}
+
+// blockSize returns the block size of the registered workers. Workers of
+// one cluster serve one model and must agree; the smallest id's wins when
+// they do not.
+func blockSizeOf(ws map[uint64]WorkerInfo) int {
+	bs, first := DefaultBlockSize, ^uint64(0)
+	for id, w := range ws {
+		if id < first && w.BlockSize > 0 {
+			bs, first = w.BlockSize, id
+		}
+	}
+	return bs
+}
+
+// Route scores every registered rank for the query from this node's local
+// index and load view (slightly stale is fine for routing) and returns the
+// decision. With q.Book the request is booked on the chosen rank through
+// Raft before Route returns, so a follower answers ErrNotLeader for it.
+func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
+	ws := n.fsm.Workers()
+	bs := blockSizeOf(ws)
+	sc := routePool.Get().(*routeScratch)
+	defer routePool.Put(sc)
+	local := q.LocalHashes
+	if len(q.Tokens) > 0 {
+		if len(local) > 0 {
+			return RouteResult{}, fmt.Errorf("%w: give token ids or block hashes, not both", ErrInvalid)
+		}
+		sc.local = kvevent.LocalHashes(sc.local[:0], q.Tokens, bs, kvevent.SeedFor(q.LoRA, q.Salt))
+		local = sc.local
+	}
+	isl := q.ISL
+	if isl == 0 {
+		isl = len(q.Tokens)
+		if isl == 0 {
+			isl = len(local) * bs
+		}
+	}
+	if isl <= 0 {
+		return RouteResult{}, fmt.Errorf("%w: an empty prompt", ErrInvalid)
+	}
+	if q.Book && q.RequestID == "" {
+		return RouteResult{}, fmt.Errorf("%w: booking needs a request id", ErrInvalid)
+	}
+	if q.Book && !n.IsLeader() {
+		return RouteResult{}, n.notLeader()
+	}
+	sc.seq = kvevent.SequenceHashes(sc.seq[:0], local)
+	settings := n.fsm.Settings()
+	n.fsm.Index().FindMatchesByTier(local, settings.View, false, &sc.matches)
+	var idle int64
+	sc.loads, idle = n.fsm.Sequences().PotentialDecodeBlocks(sc.loads[:0], sc.seq, &sc.pot)
+
+	// Candidates: every registered rank, in rank order (deterministic).
+	sc.cands = sc.cands[:0]
+	ids := make([]uint64, 0, len(ws))
+	for id := range ws {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		w := ws[id]
+		for _, dp := range w.DPRanks {
+			sc.cands = append(sc.cands, indexer.Candidate{Rank: kvevent.Rank{Worker: id, DP: dp},
+				PotentialDecodeBlocks: idle, CapacityBlocks: w.Capacity[kvevent.TierDevice]})
+		}
+	}
+	pos := func(r kvevent.Rank) int {
+		i, ok := slices.BinarySearchFunc(sc.cands, r, func(c indexer.Candidate, r kvevent.Rank) int { return cmpRank(c.Rank, r) })
+		if !ok {
+			return -1
+		}
+		return i
+	}
+	for _, m := range sc.matches.Ranks {
+		if i := pos(m.Rank); i >= 0 {
+			sc.cands[i].Overlap = m.Blocks
+		}
+	}
+	for _, l := range sc.loads {
+		if i := pos(l.Rank); i >= 0 {
+			sc.cands[i].Load = l.Load
+			sc.cands[i].PotentialDecodeBlocks = l.PotentialDecodeBlocks
+		}
+	}
+	var first uint64
+	if len(local) > 0 {
+		first = local[0]
+	}
+	res := RouteResult{BlockSize: bs}
+	n.rngMu.Lock()
+	err := indexer.Select(settings.Params.With(q.Overrides), indexer.Request{ISL: isl, BlockSize: bs, FirstBlockHash: first},
+		sc.cands, n.rng, &res.Decision)
+	n.rngMu.Unlock()
+	if err != nil {
+		return res, err
+	}
+	// The decision outlives the pooled scratch: give it its own candidates.
+	res.Decision.Candidates = slices.Clone(res.Decision.Candidates)
+	if q.Book {
+		c := res.Decision.Chosen()
+		b := Booking{ID: q.RequestID, Rank: res.Decision.Rank, SeqHashes: slices.Clone(sc.seq), ISL: isl,
+			CachedTokens: int(c.OverlapBlocks) * bs}
+		if _, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookAdd, b: b}})); err != nil {
+			return res, fmt.Errorf("book %s: %w", q.RequestID, err)
+		}
+		res.Booked = true
+	}
+	return res, nil
+}

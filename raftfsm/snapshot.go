@@ -1,0 +1,435 @@
+package raftfsm
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/store"
+)
+
+// The snapshot stream: a whole state database, self-checking.
+//
+//	header   magic "KVRSNAP\x00", format version (u32 LE), applied index and
+//	         term (u64 LE each), the number of kinds (u8) and per kind its
+//	         byte and record count (u64 LE)
+//	records  uvarint key length, key (kind byte first), uvarint value
+//	         length, value; in key order
+//	end      a zero key length
+//	trailer  SHA-256 of every byte before it
+//
+// Restore checks the counts and the checksum before anything replaces the
+// live state, so a truncated or bit-flipped file is refused whole.
+
+const (
+	snapshotMagic   = "KVRSNAP\x00"
+	snapshotVersion = 1
+	maxRecordBytes  = 64 << 20
+)
+
+type fsmSnapshot struct {
+	view   *store.StateSnapshot
+	logger *slog.Logger
+}
+
+// Persist streams the view (raft.FSMSnapshot). The applied index comes
+// from the same view as the records.
+func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	if _, err := writeSnapshot(sink, s.view); err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+
+// Release closes the view; it always runs, so the Pebble snapshot never leaks.
+func (s *fsmSnapshot) Release() { s.view.Close() }
+
+// writeSnapshot writes the stream of a view and returns what it wrote.
+func writeSnapshot(w io.Writer, view *store.StateSnapshot) (SnapshotInfo, error) {
+	idx, term, err := view.Applied()
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	counts := map[byte]int64{}
+	if err := view.Each(func(k, _ []byte) error { counts[k[0]]++; return nil }); err != nil {
+		return SnapshotInfo{}, err
+	}
+	h := sha256.New()
+	cw := &countWriter{w: io.MultiWriter(w, h)}
+	bw := bufio.NewWriterSize(cw, 1<<20)
+	hdr := []byte(snapshotMagic)
+	hdr = binary.LittleEndian.AppendUint32(hdr, snapshotVersion)
+	hdr = binary.LittleEndian.AppendUint64(hdr, idx)
+	hdr = binary.LittleEndian.AppendUint64(hdr, term)
+	hdr = append(hdr, byte(len(counts)))
+	info := SnapshotInfo{FormatVersion: snapshotVersion, Index: idx, Term: term, Records: map[string]int64{}}
+	for k := byte(0); k < 255; k++ {
+		if n, ok := counts[k]; ok {
+			hdr = append(hdr, k)
+			hdr = binary.LittleEndian.AppendUint64(hdr, uint64(n))
+			info.Records[store.KindName(k)] = n
+		}
+	}
+	if _, err := bw.Write(hdr); err != nil {
+		return info, fmt.Errorf("write snapshot header: %w", err)
+	}
+	var lb [binary.MaxVarintLen64]byte
+	err = view.Each(func(k, v []byte) error {
+		bw.Write(lb[:binary.PutUvarint(lb[:], uint64(len(k)))])
+		bw.Write(k)
+		bw.Write(lb[:binary.PutUvarint(lb[:], uint64(len(v)))])
+		_, err := bw.Write(v)
+		return err
+	})
+	if err != nil {
+		return info, fmt.Errorf("write snapshot records: %w", err)
+	}
+	bw.WriteByte(0)
+	if err := bw.Flush(); err != nil {
+		return info, fmt.Errorf("write snapshot: %w", err)
+	}
+	sum := h.Sum(nil)
+	if _, err := w.Write(sum); err != nil {
+		return info, fmt.Errorf("write snapshot trailer: %w", err)
+	}
+	info.Bytes = cw.n + int64(len(sum))
+	info.SHA256 = hex.EncodeToString(sum)
+	return info, nil
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// snapReader parses a stream while hashing every byte it consumes.
+type snapReader struct {
+	r    *bufio.Reader
+	h    hash.Hash
+	n    int64
+	buf  []byte
+	info SnapshotInfo
+	want map[byte]uint64
+	got  map[byte]uint64
+}
+
+func newSnapReader(r io.Reader) *snapReader {
+	return &snapReader{r: bufio.NewReaderSize(r, 1<<20), h: sha256.New(), want: map[byte]uint64{}, got: map[byte]uint64{}}
+}
+
+func (s *snapReader) ReadByte() (byte, error) {
+	b, err := s.r.ReadByte()
+	if err == nil {
+		s.h.Write([]byte{b})
+		s.n++
+	}
+	return b, err
+}
+
+func (s *snapReader) full(n int) ([]byte, error) {
+	if cap(s.buf) < n {
+		s.buf = make([]byte, n)
+	}
+	p := s.buf[:n]
+	if _, err := io.ReadFull(s.r, p); err != nil {
+		return nil, err
+	}
+	s.h.Write(p)
+	s.n += int64(n)
+	return p, nil
+}
+
+func bad(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadSnapshot, fmt.Sprintf(format, args...))
+}
+
+func truncated(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return bad("truncated stream")
+	}
+	return fmt.Errorf("read snapshot: %w", err)
+}
+
+func (s *snapReader) header() error {
+	p, err := s.full(len(snapshotMagic) + 4 + 16 + 1)
+	if err != nil {
+		return truncated(err)
+	}
+	if string(p[:8]) != snapshotMagic {
+		return bad("not a kvrouter snapshot (bad magic)")
+	}
+	v := binary.LittleEndian.Uint32(p[8:])
+	if v != snapshotVersion {
+		return bad("format version %d (this build reads %d)", v, snapshotVersion)
+	}
+	s.info = SnapshotInfo{FormatVersion: v, Index: binary.LittleEndian.Uint64(p[12:]), Term: binary.LittleEndian.Uint64(p[20:]), Records: map[string]int64{}}
+	nk := int(p[28])
+	for i := 0; i < nk; i++ {
+		q, err := s.full(9)
+		if err != nil {
+			return truncated(err)
+		}
+		if !store.ValidKind(q[0]) {
+			return bad("unknown record kind %#x in header", q[0])
+		}
+		s.want[q[0]] = binary.LittleEndian.Uint64(q[1:])
+		s.info.Records[store.KindName(q[0])] = int64(s.want[q[0]])
+	}
+	return nil
+}
+
+// next returns the next record, or nil key at the end marker.
+func (s *snapReader) next() (key, value []byte, err error) {
+	kl, err := binary.ReadUvarint(s)
+	if err != nil {
+		return nil, nil, truncated(err)
+	}
+	if kl == 0 {
+		return nil, nil, nil
+	}
+	if kl > 1<<16 {
+		return nil, nil, bad("record key of %d bytes", kl)
+	}
+	k, err := s.full(int(kl))
+	if err != nil {
+		return nil, nil, truncated(err)
+	}
+	key = bytes.Clone(k)
+	if !store.ValidKind(key[0]) {
+		return nil, nil, bad("record of unknown kind %#x", key[0])
+	}
+	vl, err := binary.ReadUvarint(s)
+	if err != nil {
+		return nil, nil, truncated(err)
+	}
+	if vl > maxRecordBytes {
+		return nil, nil, bad("record value of %d bytes", vl)
+	}
+	v, err := s.full(int(vl))
+	if err != nil {
+		return nil, nil, truncated(err)
+	}
+	s.got[key[0]]++
+	return key, v, nil
+}
+
+// finish checks the counts and the trailer.
+func (s *snapReader) finish() error {
+	for k, n := range s.want {
+		if s.got[k] != n {
+			return bad("%d %s records, header says %d", s.got[k], store.KindName(k), n)
+		}
+	}
+	for k, n := range s.got {
+		if s.want[k] != n {
+			return bad("%d %s records not announced in the header", n, store.KindName(k))
+		}
+	}
+	sum := s.h.Sum(nil)
+	var trailer [sha256.Size]byte
+	if _, err := io.ReadFull(s.r, trailer[:]); err != nil {
+		return truncated(err)
+	}
+	if !bytes.Equal(sum, trailer[:]) {
+		return bad("checksum mismatch (the file is corrupted)")
+	}
+	if _, err := s.r.ReadByte(); err != io.EOF {
+		return bad("trailing bytes after the checksum")
+	}
+	s.info.Bytes = s.n + sha256.Size
+	s.info.SHA256 = hex.EncodeToString(sum)
+	return nil
+}
+
+// InspectSnapshot reads a whole stream and reports what it holds, checking
+// its counts and checksum; a bad stream is ErrBadSnapshot.
+func InspectSnapshot(r io.Reader) (SnapshotInfo, error) {
+	s := newSnapReader(r)
+	if err := s.header(); err != nil {
+		return SnapshotInfo{}, err
+	}
+	for {
+		k, _, err := s.next()
+		if err != nil {
+			return SnapshotInfo{}, err
+		}
+		if k == nil {
+			break
+		}
+	}
+	if err := s.finish(); err != nil {
+		return SnapshotInfo{}, err
+	}
+	return s.info, nil
+}
+
+// loadSnapshot writes a stream into a fresh state directory dir and checks
+// it; on any error dir is removed. resetApplied zeroes the applied index
+// (seeding a new cluster, whose log starts again at 1).
+func loadSnapshot(r io.Reader, dir string, resetApplied bool, logger *slog.Logger) (SnapshotInfo, error) {
+	if err := os.RemoveAll(dir); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("clear %s: %w", dir, err)
+	}
+	db, err := store.OpenState(dir, store.StateOptions{Logger: logger, DisableWAL: true})
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	fail := func(err error) (SnapshotInfo, error) {
+		db.Close()
+		os.RemoveAll(dir)
+		return SnapshotInfo{}, err
+	}
+	s := newSnapReader(r)
+	if err := s.header(); err != nil {
+		return fail(err)
+	}
+	ld := db.NewLoader()
+	for {
+		k, v, err := s.next()
+		if err != nil {
+			return fail(err)
+		}
+		if k == nil {
+			break
+		}
+		if resetApplied && k[0] == store.KindApplied {
+			continue
+		}
+		if err := ld.Set(k, v); err != nil {
+			return fail(err)
+		}
+	}
+	if err := s.finish(); err != nil {
+		return fail(err)
+	}
+	if err := ld.Finish(); err != nil {
+		return fail(err)
+	}
+	if err := db.Close(); err != nil {
+		return fail(err)
+	}
+	if err := syncDir(dir); err != nil {
+		return fail(err)
+	}
+	return s.info, nil
+}
+
+// restoreFrom replaces the state with a stream: load into dir.restore,
+// check, then swap directories (dir → dir.old, dir.restore → dir, remove
+// dir.old) with the parent directory synced after each rename, and rebuild
+// the in-memory state. cleanupRestore finishes or rolls back a swap that a
+// crash interrupted.
+func (f *FSM) restoreFrom(r io.Reader) error {
+	tmp, old := f.dir+".restore", f.dir+".old"
+	// The applied index restarts at 0: Raft delivers only entries after the
+	// snapshot it restores, and every one of them must apply, whatever
+	// index the stream was taken at (a user restore into a younger cluster).
+	info, err := loadSnapshot(r, tmp, true, f.logger)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	f.dbMu.Lock()
+	defer f.dbMu.Unlock()
+	if err := f.db.Close(); err != nil {
+		return fmt.Errorf("restore: close state db: %w", err)
+	}
+	parent := filepath.Dir(f.dir)
+	steps := []func() error{
+		func() error { return os.Rename(f.dir, old) },
+		func() error { return syncDir(parent) },
+		func() error { return os.Rename(tmp, f.dir) },
+		func() error { return syncDir(parent) },
+		func() error { return os.RemoveAll(old) },
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			// Leave it to cleanupRestore at the next start; this node
+			// cannot go on without a state database.
+			f.onFatal(fmt.Errorf("restore swap: %w", err))
+			return err
+		}
+	}
+	db, err := store.OpenState(f.dir, store.StateOptions{Logger: f.logger})
+	if err != nil {
+		f.onFatal(fmt.Errorf("reopen restored state: %w", err))
+		return err
+	}
+	f.db = db
+	if err := f.load(); err != nil {
+		f.onFatal(fmt.Errorf("load restored state: %w", err))
+		return err
+	}
+	f.logger.Info("state restored from snapshot", "index", info.Index, "term", info.Term, "bytes", info.Bytes)
+	return nil
+}
+
+// cleanupRestore finishes or rolls back a restore a crash interrupted.
+func cleanupRestore(dir string) error {
+	tmp, old := dir+".restore", dir+".old"
+	if err := os.RemoveAll(tmp); err != nil {
+		return fmt.Errorf("remove half-done restore %s: %w", tmp, err)
+	}
+	if _, err := os.Stat(old); err == nil {
+		if _, err := os.Stat(dir); err == nil {
+			return os.RemoveAll(old) // the swap completed
+		}
+		if err := os.Rename(old, dir); err != nil { // the swap did not
+			return fmt.Errorf("roll back interrupted restore: %w", err)
+		}
+		return syncDir(filepath.Dir(dir))
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// SeedDataDir writes a snapshot file into a new node's data directory, so
+// that a new cluster starts from it (kvctl snapshot restore --data-dir).
+// The applied index is reset, because the new cluster's log starts at 1;
+// every node of the new cluster must be seeded from the same file and then
+// started with the same peers. It refuses a directory that already holds
+// state.
+func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
+	if nodeID == "" || len(peers) == 0 {
+		return fmt.Errorf("%w: seeding needs a node id and the peers", ErrInvalid)
+	}
+	for _, sub := range []string{"fsm", "raft"} {
+		if _, err := os.Stat(filepath.Join(dataDir, sub)); err == nil {
+			return fmt.Errorf("%w: %s already holds state; seed a new, empty directory", ErrInvalid, dataDir)
+		}
+	}
+	f, err := os.Open(snapshotPath)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return err
+	}
+	_, err = loadSnapshot(f, filepath.Join(dataDir, "fsm"), true, slog.Default())
+	return err
+}

@@ -1,0 +1,414 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// StateDB is the router FSM's state on its own Pebble database (the node's
+// fsm/ directory), separate from the Raft log. Its writes are NOT synced:
+// the Raft log is the write-ahead log, and the state is made durable when a
+// Raft snapshot is taken (Sync), so after a crash the database holds a
+// prefix of the applied entries at or past the last snapshot, and Raft
+// replays the rest. Each applied batch of entries is one Pebble batch that
+// also records the applied index, so the state and the index that produced
+// it never disagree.
+//
+// Key layout: one kind byte, then the kind's key. Integers are big-endian
+// so that keys of one kind sort by them.
+//
+//	0x01 'a'                      applied index and term (16 bytes)
+//	0x02 worker(8) dp(4)          rank cursor: last applied event id (8)
+//	0x03 worker(8)                worker registration (opaque, the FSM's encoding)
+//	0x04 seq(8)                   index tree node: parent seq(8) local(8) flags(1)
+//	0x05 worker(8) dp(4) eh(8)    residency: node seq(8) mask(1) order(4)
+//	0x06 worker(8) dp(4)          rank metadata (opaque)
+//	0x07 request id               live booking (opaque)
+//	0x08 request id               freed booking tombstone (opaque)
+//	0x09 'l'                      load tracker metadata (opaque)
+//	0x0a 's'                      cluster settings (opaque)
+//	0x0b member id                cluster member (opaque)
+type StateDB struct {
+	db     *pebble.DB
+	dir    string
+	logger *slog.Logger
+}
+
+// Record kinds of the state database.
+const (
+	KindApplied  byte = 0x01
+	KindCursor   byte = 0x02
+	KindWorker   byte = 0x03
+	KindNode     byte = 0x04
+	KindEntry    byte = 0x05
+	KindRank     byte = 0x06
+	KindBooking  byte = 0x07
+	KindTomb     byte = 0x08
+	KindLoadMeta byte = 0x09
+	KindSettings byte = 0x0a
+	KindMember   byte = 0x0b
+	kindEnd      byte = 0x0c
+)
+
+// KindName is the label of a record kind in snapshot inspections.
+func KindName(k byte) string {
+	switch k {
+	case KindApplied:
+		return "applied"
+	case KindCursor:
+		return "cursors"
+	case KindWorker:
+		return "workers"
+	case KindNode:
+		return "nodes"
+	case KindEntry:
+		return "residencies"
+	case KindRank:
+		return "ranks"
+	case KindBooking:
+		return "bookings"
+	case KindTomb:
+		return "freed_bookings"
+	case KindLoadMeta:
+		return "load_meta"
+	case KindSettings:
+		return "settings"
+	case KindMember:
+		return "members"
+	}
+	return fmt.Sprintf("kind_%#x", k)
+}
+
+// ValidKind reports whether k is a record kind of this format.
+func ValidKind(k byte) bool { return k >= KindApplied && k < kindEnd }
+
+// StateOptions configures OpenState.
+type StateOptions struct {
+	FS     vfs.FS
+	Logger *slog.Logger
+	// DisableWAL is for bulk loads into a fresh directory (restores): the
+	// caller flushes before it relies on the data.
+	DisableWAL bool
+}
+
+// OpenState opens (creating if needed) the state database in dir.
+func OpenState(dir string, opts StateOptions) (*StateDB, error) {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	logger = logger.With("component", "store.state", "dir", dir)
+	popts := &pebble.Options{
+		FS:                 opts.FS,
+		Logger:             pebbleLogger{logger},
+		FormatMajorVersion: pebble.FormatNewest,
+		DisableWAL:         opts.DisableWAL,
+		MemTableSize:       64 << 20,
+	}
+	if popts.FS == nil {
+		popts.FS = vfs.Default
+	}
+	db, err := pebble.Open(dir, popts)
+	if err != nil {
+		return nil, fmt.Errorf("open state db %s: %w", dir, err)
+	}
+	return &StateDB{db: db, dir: dir, logger: logger}, nil
+}
+
+// Close closes the database.
+func (s *StateDB) Close() error {
+	if s.db == nil {
+		return nil
+	}
+	err := s.db.Close()
+	s.db = nil
+	return err
+}
+
+// Dir returns the database's directory.
+func (s *StateDB) Dir() string { return s.dir }
+
+// Sync makes every committed batch durable by forcing the WAL to disk (a
+// synced empty log record). The FSM calls it when Raft takes a snapshot.
+func (s *StateDB) Sync() error {
+	if err := s.db.LogData([]byte{0}, pebble.Sync); err != nil {
+		return fmt.Errorf("sync state db: %w", err)
+	}
+	return nil
+}
+
+// Flush writes the memtables to sstables (after a bulk load without WAL).
+func (s *StateDB) Flush() error { return s.db.Flush() }
+
+// Applied returns the applied index and term recorded in the database, or
+// zeros for a fresh one.
+func (s *StateDB) Applied() (index, term uint64, err error) {
+	return readApplied(s.db)
+}
+
+func readApplied(r pebble.Reader) (uint64, uint64, error) {
+	v, c, err := r.Get(appliedKey)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("read applied index: %w", err)
+	}
+	defer c.Close()
+	if len(v) != 16 {
+		return 0, 0, fmt.Errorf("%w: applied record of %d bytes", ErrCorrupt, len(v))
+	}
+	return binary.BigEndian.Uint64(v), binary.BigEndian.Uint64(v[8:]), nil
+}
+
+var appliedKey = []byte{KindApplied, 'a'}
+
+// Scan calls fn for every record of a kind, in key order, with the key
+// without its kind byte. The slices are valid only during the call.
+func (s *StateDB) Scan(kind byte, fn func(key, value []byte) error) error {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kind}, UpperBound: []byte{kind + 1}})
+	if err != nil {
+		return fmt.Errorf("scan %s: %w", KindName(kind), err)
+	}
+	for it.First(); it.Valid(); it.Next() {
+		if err := fn(it.Key()[1:], it.Value()); err != nil {
+			it.Close()
+			return err
+		}
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("scan %s: %w", KindName(kind), err)
+	}
+	return nil
+}
+
+// StateBatch collects one apply's writes. Commit writes them atomically,
+// not synced.
+type StateBatch struct {
+	db  *pebble.DB
+	b   *pebble.Batch
+	key []byte
+	val []byte
+}
+
+// NewBatch starts a batch.
+func (s *StateDB) NewBatch() *StateBatch {
+	return &StateBatch{db: s.db, b: s.db.NewBatch()}
+}
+
+// Reset empties the batch for reuse after Commit.
+func (b *StateBatch) Reset() { b.b.Reset() }
+
+// Empty reports whether the batch holds no writes.
+func (b *StateBatch) Empty() bool { return b.b.Empty() }
+
+// Commit writes the batch atomically, without syncing.
+func (b *StateBatch) Commit() error {
+	if err := b.b.Commit(pebble.NoSync); err != nil {
+		return fmt.Errorf("commit state batch: %w", err)
+	}
+	return nil
+}
+
+// Close releases the batch.
+func (b *StateBatch) Close() error { return b.b.Close() }
+
+func (b *StateBatch) k(kind byte) []byte {
+	b.key = append(b.key[:0], kind)
+	return b.key
+}
+
+func appendRank(k []byte, worker uint64, dp uint32) []byte {
+	k = binary.BigEndian.AppendUint64(k, worker)
+	return binary.BigEndian.AppendUint32(k, dp)
+}
+
+// SetApplied records the applied index and term.
+func (b *StateBatch) SetApplied(index, term uint64) {
+	v := binary.BigEndian.AppendUint64(b.val[:0], index)
+	v = binary.BigEndian.AppendUint64(v, term)
+	_ = b.b.Set(appliedKey, v, nil)
+}
+
+// PutCursor records a rank's last applied event id.
+func (b *StateBatch) PutCursor(worker uint64, dp uint32, id uint64) {
+	k := appendRank(b.k(KindCursor), worker, dp)
+	_ = b.b.Set(k, binary.BigEndian.AppendUint64(b.val[:0], id), nil)
+}
+
+// DeleteCursor drops a rank's cursor.
+func (b *StateBatch) DeleteCursor(worker uint64, dp uint32) {
+	_ = b.b.Delete(appendRank(b.k(KindCursor), worker, dp), nil)
+}
+
+// PutNode records an index tree node.
+func (b *StateBatch) PutNode(seq, parent uint64, root bool, local uint64) {
+	k := binary.BigEndian.AppendUint64(b.k(KindNode), seq)
+	v := binary.BigEndian.AppendUint64(b.val[:0], parent)
+	v = binary.BigEndian.AppendUint64(v, local)
+	flags := byte(0)
+	if root {
+		flags = 1
+	}
+	_ = b.b.Set(k, append(v, flags), nil)
+}
+
+// DeleteNode drops an index tree node.
+func (b *StateBatch) DeleteNode(seq uint64) {
+	_ = b.b.Delete(binary.BigEndian.AppendUint64(b.k(KindNode), seq), nil)
+}
+
+// PutEntry records a residency.
+func (b *StateBatch) PutEntry(worker uint64, dp uint32, eh, seq uint64, mask uint8, order uint32) {
+	k := binary.BigEndian.AppendUint64(appendRank(b.k(KindEntry), worker, dp), eh)
+	v := binary.BigEndian.AppendUint64(b.val[:0], seq)
+	v = append(v, mask)
+	_ = b.b.Set(k, binary.BigEndian.AppendUint32(v, order), nil)
+}
+
+// DeleteEntry drops a residency.
+func (b *StateBatch) DeleteEntry(worker uint64, dp uint32, eh uint64) {
+	_ = b.b.Delete(binary.BigEndian.AppendUint64(appendRank(b.k(KindEntry), worker, dp), eh), nil)
+}
+
+// PutRank records a rank's metadata (opaque).
+func (b *StateBatch) PutRank(worker uint64, dp uint32, meta []byte) {
+	_ = b.b.Set(appendRank(b.k(KindRank), worker, dp), meta, nil)
+}
+
+// DeleteRank drops a rank's metadata.
+func (b *StateBatch) DeleteRank(worker uint64, dp uint32) {
+	_ = b.b.Delete(appendRank(b.k(KindRank), worker, dp), nil)
+}
+
+// Put sets an opaque record of a kind keyed by key (workers, bookings,
+// tombstones, settings, members).
+func (b *StateBatch) Put(kind byte, key, value []byte) {
+	_ = b.b.Set(append(b.k(kind), key...), value, nil)
+}
+
+// Delete drops an opaque record.
+func (b *StateBatch) Delete(kind byte, key []byte) {
+	_ = b.b.Delete(append(b.k(kind), key...), nil)
+}
+
+// DeleteKind drops every record of a kind (one range tombstone).
+func (b *StateBatch) DeleteKind(kind byte) {
+	_ = b.b.DeleteRange([]byte{kind}, []byte{kind + 1}, nil)
+}
+
+// DecodeNode decodes a node record's value.
+func DecodeNode(v []byte) (parent, local uint64, root bool, err error) {
+	if len(v) != 17 {
+		return 0, 0, false, fmt.Errorf("%w: node record of %d bytes", ErrCorrupt, len(v))
+	}
+	return binary.BigEndian.Uint64(v), binary.BigEndian.Uint64(v[8:]), v[16] == 1, nil
+}
+
+// DecodeEntry decodes a residency record.
+func DecodeEntry(k, v []byte) (worker uint64, dp uint32, eh, seq uint64, mask uint8, order uint32, err error) {
+	if len(k) != 20 || len(v) != 13 {
+		return 0, 0, 0, 0, 0, 0, fmt.Errorf("%w: residency record of %d/%d bytes", ErrCorrupt, len(k), len(v))
+	}
+	return binary.BigEndian.Uint64(k), binary.BigEndian.Uint32(k[8:]), binary.BigEndian.Uint64(k[12:]),
+		binary.BigEndian.Uint64(v), v[8], binary.BigEndian.Uint32(v[9:]), nil
+}
+
+// DecodeRankKey decodes a cursor or rank-metadata key.
+func DecodeRankKey(k []byte) (worker uint64, dp uint32, err error) {
+	if len(k) != 12 {
+		return 0, 0, fmt.Errorf("%w: rank key of %d bytes", ErrCorrupt, len(k))
+	}
+	return binary.BigEndian.Uint64(k), binary.BigEndian.Uint32(k[8:]), nil
+}
+
+// DecodeU64 decodes an 8-byte big-endian value (cursors).
+func DecodeU64(v []byte) (uint64, error) {
+	if len(v) != 8 {
+		return 0, fmt.Errorf("%w: value of %d bytes, want 8", ErrCorrupt, len(v))
+	}
+	return binary.BigEndian.Uint64(v), nil
+}
+
+// StateSnapshot is a consistent read view of the whole database, for
+// streaming a Raft snapshot while applies go on. Close it always: an open
+// Pebble snapshot holds back compaction.
+type StateSnapshot struct {
+	snap *pebble.Snapshot
+}
+
+// Snapshot opens a read view.
+func (s *StateDB) Snapshot() *StateSnapshot { return &StateSnapshot{snap: s.db.NewSnapshot()} }
+
+// Applied reads the applied index and term of the view.
+func (v *StateSnapshot) Applied() (uint64, uint64, error) { return readApplied(v.snap) }
+
+// Each calls fn for every record of the view in key order (the full key,
+// kind byte first). The slices are valid only during the call.
+func (v *StateSnapshot) Each(fn func(key, value []byte) error) error {
+	it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: []byte{KindApplied}, UpperBound: []byte{kindEnd}})
+	if err != nil {
+		return fmt.Errorf("iterate state snapshot: %w", err)
+	}
+	for it.First(); it.Valid(); it.Next() {
+		if err := fn(it.Key(), it.Value()); err != nil {
+			it.Close()
+			return err
+		}
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("iterate state snapshot: %w", err)
+	}
+	return nil
+}
+
+// Close releases the view.
+func (v *StateSnapshot) Close() error { return v.snap.Close() }
+
+// Loader bulk-writes records into a fresh state database (a restore).
+type Loader struct {
+	s *StateDB
+	b *pebble.Batch
+}
+
+// NewLoader starts a bulk load.
+func (s *StateDB) NewLoader() *Loader { return &Loader{s: s, b: s.db.NewBatch()} }
+
+// Set writes one record (full key, kind byte first). Keys of unknown kinds
+// are refused.
+func (l *Loader) Set(key, value []byte) error {
+	if len(key) == 0 || !ValidKind(key[0]) {
+		return fmt.Errorf("%w: record key of unknown kind", ErrCorrupt)
+	}
+	if err := l.b.Set(key, value, nil); err != nil {
+		return err
+	}
+	if l.b.Len() > 16<<20 {
+		if err := l.b.Commit(pebble.NoSync); err != nil {
+			return fmt.Errorf("bulk load: %w", err)
+		}
+		l.b.Reset()
+	}
+	return nil
+}
+
+// Finish commits what is left and flushes the database to disk.
+func (l *Loader) Finish() error {
+	if err := l.b.Commit(pebble.NoSync); err != nil {
+		return fmt.Errorf("bulk load: %w", err)
+	}
+	l.b.Close()
+	if err := l.s.db.Flush(); err != nil {
+		return fmt.Errorf("bulk load flush: %w", err)
+	}
+	return nil
+}
+
+// RemoveAll removes a state directory (a half-done restore).
+func RemoveAll(dir string) error { return os.RemoveAll(dir) }
