@@ -10,7 +10,7 @@ TEST_TIMEOUT ?= 900s
 # deprecated; silence those warnings (and only those) in every build.
 export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test test-long lint fmt bench bench-indexer bench-events run clean tools
+.PHONY: all build test test-long lint fmt bench bench-indexer bench-events run replay clean tools
 
 all: build
 
@@ -48,7 +48,12 @@ bench-indexer:
 bench-events:
 	scripts/bench.sh events
 
+# The main job: a local 3-node cluster serving routes (see scripts/run-local.sh).
 run:
+	scripts/run-local.sh
+
+# The in-process trace replay (no cluster): hit rate and imbalance per policy.
+replay:
 	$(GO) run ./cmd/kvsim replay --trace ../shared/traces/mooncake_synthetic_trace.jsonl
 
 clean:

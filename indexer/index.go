@@ -21,7 +21,7 @@ type Config struct {
 	// fraction before its oldest entries are dropped. Default 0.1.
 	CapacitySlack float64
 	// ApplyChunk is how many blocks ApplyBatch applies under one hold of
-	// the write lock before letting lookups in. Default 256.
+	// the write lock before letting lookups in. Default 64.
 	ApplyChunk int
 }
 
@@ -39,7 +39,7 @@ func (c Config) withDefaults() Config {
 		c.CapacitySlack = 0.1
 	}
 	if c.ApplyChunk <= 0 {
-		c.ApplyChunk = 256
+		c.ApplyChunk = 64
 	}
 	return c
 }
