@@ -262,7 +262,7 @@ func (ix *Index) setBitMapped(rs *rankState, n *node, eh uint64, t kvevent.Tier)
 	i := n.find(rs.slot)
 	if i < 0 {
 		rs.order++
-		n.holders = append(n.holders, holder{eh: eh, sm: mkSM(rs.slot, t.Bit()), order: rs.order})
+		n.addHolder(holder{eh: eh, sm: mkSM(rs.slot, t.Bit()), order: rs.order})
 		rs.blocks[eh] = n
 		rs.count[t]++
 		ix.perTier[t]++

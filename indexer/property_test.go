@@ -183,7 +183,10 @@ func checkInvariants(t interface{ Fatalf(string, ...any) }, ix *Index) {
 			if len(c.holders) == 0 && !c.hasChildren() {
 				t.Fatalf("node %#x is held by nobody and has no children: should be unlinked", c.seq)
 			}
-			for _, h := range c.holders {
+			for i, h := range c.holders {
+				if i > 0 && c.holders[i-1].slot() >= h.slot() {
+					t.Fatalf("node %#x: holders not in slot order", c.seq)
+				}
 				entries++
 				if h.mask() == 0 {
 					t.Fatalf("node %#x: holder with empty mask", c.seq)

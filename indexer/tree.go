@@ -100,21 +100,52 @@ func (n *node) forEachChild(f func(*node)) {
 	}
 }
 
+// Holders are kept sorted by slot: a shared node near the root is held by
+// every rank, and a binary search there beats a scan of hundreds of holders
+// on every store and remove. Short lists are scanned.
+
 // find returns the index of slot's holder on n, or -1.
 func (n *node) find(slot uint32) int {
-	for i := range n.holders {
-		if n.holders[i].sm>>maskBits == slot {
-			return i
+	hs := n.holders
+	if len(hs) <= 16 {
+		for i := range hs {
+			if hs[i].sm>>maskBits == slot {
+				return i
+			}
 		}
+		return -1
+	}
+	lo, hi := 0, len(hs)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if hs[m].sm>>maskBits < slot {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(hs) && hs[lo].sm>>maskBits == slot {
+		return lo
 	}
 	return -1
 }
 
-// removeHolder drops holder i. The order of holders is not state: lookups
-// report per rank, so swap-with-last is safe and O(1).
+// addHolder inserts h at its place in slot order.
+func (n *node) addHolder(h holder) {
+	slot := h.sm >> maskBits
+	i := len(n.holders)
+	for i > 0 && n.holders[i-1].sm>>maskBits > slot {
+		i--
+	}
+	n.holders = append(n.holders, holder{})
+	copy(n.holders[i+1:], n.holders[i:])
+	n.holders[i] = h
+}
+
+// removeHolder drops holder i, keeping the slot order.
 func (n *node) removeHolder(i int) {
 	last := len(n.holders) - 1
-	n.holders[i] = n.holders[last]
+	copy(n.holders[i:], n.holders[i+1:])
 	n.holders[last] = holder{}
 	n.holders = n.holders[:last]
 	if len(n.holders) == 0 {
