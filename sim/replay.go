@@ -60,6 +60,7 @@ type Result struct {
 	TTFTP50Ms, TTFTP99Ms  float64
 	Evicted               uint64
 	Errors                int
+	FirstError            string // the first routing error, for the report
 }
 
 // Prepared is a trace expanded once into blocks, shared by every policy's
@@ -167,6 +168,9 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 		rq := RouteQuery{ID: ids[k], Local: pr.Local[k], Seq: pr.Seq[k], ISL: q.InputLength}
 		w, predicted, err := p.Route(&rq, now)
 		if err != nil || w < 0 || w >= cfg.Workers {
+			if res.Errors == 0 {
+				res.FirstError = fmt.Sprintf("request %d: worker %d: %v", k, w, err)
+			}
 			res.Errors++
 			continue
 		}

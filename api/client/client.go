@@ -1,0 +1,583 @@
+// Package client is the Go client of a kvrouter cluster's HTTP API
+// (package api; docs/api.md).
+//
+// A Client knows several endpoints (the nodes' HTTP addresses). A call goes
+// to the endpoint that answered last, and moves on to the next ones only
+// when a node cannot be reached at all; a node that answers, even with an
+// error, is believed. Writes need no leader address: any node forwards them
+// to its leader. Every command of the API is safe to retry, which is what
+// makes moving on after a broken connection safe.
+//
+// Errors from the API come back as *Error, keeping the HTTP status and the
+// reason; errors.Is matches them against the node's sentinel errors too
+// (raftfsm.ErrNoLeader, indexer.ErrOverloaded, ...). When no endpoint can be
+// reached the error wraps ErrUnreachable.
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+// ErrUnreachable means no endpoint could be reached (connection refused,
+// reset, DNS, ...): the request may not have reached any node.
+var ErrUnreachable = errors.New("no endpoint reachable")
+
+// Options configure a Client. The zero value works.
+type Options struct {
+	// HTTPClient sends the requests. Default: a client with its own
+	// transport (closed by Client.Close) and no overall timeout: bound
+	// calls with their context.
+	HTTPClient *http.Client
+	// UserAgent is sent with every request. Default "kvrouter-client".
+	UserAgent string
+}
+
+// Client calls the API of a kvrouter cluster. It is safe for concurrent use.
+type Client struct {
+	endpoints []string // base URLs, "http://host:port"
+	hc        *http.Client
+	own       *http.Transport // closed by Close; nil when the caller gave the client
+	ua        string
+	preferred atomic.Int32 // the endpoint that answered last
+}
+
+// New returns a client of the nodes at endpoints: "host:port" or
+// "http(s)://host:port" each.
+func New(endpoints []string, opts Options) (*Client, error) {
+	c := &Client{hc: opts.HTTPClient, ua: opts.UserAgent}
+	if c.ua == "" {
+		c.ua = "kvrouter-client"
+	}
+	for _, e := range endpoints {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		base, err := baseURL(e)
+		if err != nil {
+			return nil, fmt.Errorf("endpoint %q: %w", e, err)
+		}
+		c.endpoints = append(c.endpoints, base)
+	}
+	if len(c.endpoints) == 0 {
+		return nil, errors.New("no endpoints (want host:port, ...)")
+	}
+	if c.hc == nil {
+		c.own = http.DefaultTransport.(*http.Transport).Clone()
+		c.hc = &http.Client{Transport: c.own}
+	}
+	return c, nil
+}
+
+func baseURL(e string) (string, error) {
+	if !strings.Contains(e, "://") {
+		e = "http://" + e
+	}
+	u, err := url.Parse(e)
+	if err != nil {
+		return "", err
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", fmt.Errorf("scheme %q (want http or https)", u.Scheme)
+	}
+	if u.Host == "" {
+		return "", errors.New("no host (want host:port)")
+	}
+	if u.Path != "" && u.Path != "/" || u.RawQuery != "" {
+		return "", errors.New("want host:port with no path")
+	}
+	return u.Scheme + "://" + u.Host, nil
+}
+
+// Endpoints returns the endpoints' base URLs, in the order given.
+func (c *Client) Endpoints() []string { return append([]string(nil), c.endpoints...) }
+
+// Close drops the idle connections of the client's own transport.
+func (c *Client) Close() error {
+	if c.own != nil {
+		c.own.CloseIdleConnections()
+	}
+	return nil
+}
+
+// Error is an error answer of the API.
+type Error struct {
+	Endpoint   string // the base URL that answered
+	StatusCode int
+	Reason     string // api.Reason*; "" when the body was not an API error
+	Message    string
+	// Candidates of a route that failed with reason overloaded: every one
+	// is busy, and says why.
+	Candidates []api.Candidate
+}
+
+func (e *Error) Error() string {
+	host := strings.TrimPrefix(strings.TrimPrefix(e.Endpoint, "http://"), "https://")
+	if e.Reason == "" {
+		return fmt.Sprintf("%s: HTTP %d: %s", host, e.StatusCode, e.Message)
+	}
+	return fmt.Sprintf("%s: %s (HTTP %d, %s)", host, e.Message, e.StatusCode, e.Reason)
+}
+
+// Unwrap returns the node's sentinel error for the reason, so that
+// errors.Is(err, raftfsm.ErrNoLeader) and the like work across the wire.
+func (e *Error) Unwrap() error {
+	switch e.Reason {
+	case api.ReasonNoLeader:
+		return raftfsm.ErrNoLeader
+	case api.ReasonOverloaded:
+		return indexer.ErrOverloaded
+	case api.ReasonNoWorkers:
+		return indexer.ErrNoWorkers
+	case api.ReasonUnknownWorker:
+		return raftfsm.ErrUnknownWorker
+	case api.ReasonUnknownRank:
+		return indexer.ErrUnknownRank
+	case api.ReasonBadSnapshot:
+		return raftfsm.ErrBadSnapshot
+	case api.ReasonInvalid, api.ReasonBadJSON:
+		return raftfsm.ErrInvalid
+	case api.ReasonShuttingDown:
+		return raftfsm.ErrShutdown
+	}
+	return nil
+}
+
+// request is one API call.
+type request struct {
+	method, path string
+	json         []byte    // a JSON body; replayable
+	stream       io.Reader // a streamed body; replayable only while unread, or when it is an io.Seeker
+	streamLen    int64     // its length, -1 when unknown
+	endpoint     string    // when set, this endpoint only
+}
+
+// do sends req to the preferred endpoint, then to the others in order
+// while none can be reached, and returns the first answer. A 4xx or 5xx
+// answer is returned as *Error with the body closed; a 2xx answer's body is
+// the caller's to close.
+func (c *Client) do(ctx context.Context, req request) (*http.Response, string, error) {
+	order := c.order(req.endpoint)
+	var errs []string
+	var start int64 = -1
+	seeker, _ := req.stream.(io.Seeker)
+	if seeker != nil {
+		if off, err := seeker.Seek(0, io.SeekCurrent); err == nil {
+			start = off
+		}
+	}
+	for i, base := range order {
+		var body io.Reader
+		var counted *countingReader
+		switch {
+		case req.json != nil:
+			body = bytes.NewReader(req.json)
+		case req.stream != nil:
+			counted = &countingReader{r: req.stream}
+			body = counted
+		}
+		hr, err := http.NewRequestWithContext(ctx, req.method, base+req.path, body)
+		if err != nil {
+			return nil, base, err
+		}
+		hr.Header.Set("User-Agent", c.ua)
+		hr.Header.Set("Accept", "application/json")
+		switch {
+		case req.json != nil:
+			hr.Header.Set("Content-Type", "application/json")
+		case req.stream != nil:
+			hr.Header.Set("Content-Type", "application/octet-stream")
+			hr.ContentLength = req.streamLen
+			if req.streamLen == 0 {
+				hr.Body = http.NoBody
+			}
+		}
+		resp, err := c.hc.Do(hr)
+		if err != nil {
+			if ctxErr := ctx.Err(); ctxErr != nil {
+				return nil, base, fmt.Errorf("%s %s: %w", req.method, req.path, ctxErr)
+			}
+			errs = append(errs, fmt.Sprintf("%s: %v", hostOf(base), unwrapURLError(err)))
+			if i == len(order)-1 {
+				break
+			}
+			// Moving on re-sends the body: fine while none of it was read,
+			// or when it can be rewound.
+			if counted != nil && counted.n > 0 {
+				if start < 0 {
+					errs = append(errs, "the body was partly sent and cannot be sent again")
+					break
+				}
+				if _, serr := seeker.Seek(start, io.SeekStart); serr != nil {
+					errs = append(errs, fmt.Sprintf("rewind the body: %v", serr))
+					break
+				}
+			}
+			continue
+		}
+		c.prefer(base)
+		if resp.StatusCode >= 400 {
+			defer resp.Body.Close()
+			return nil, base, decodeError(base, resp)
+		}
+		return resp, base, nil
+	}
+	return nil, "", fmt.Errorf("%s %s: %w: %s", req.method, req.path, ErrUnreachable, strings.Join(errs, "; "))
+}
+
+// order returns the endpoints to try: the preferred one first, then the
+// others in their order; or only the one asked for.
+func (c *Client) order(only string) []string {
+	if only != "" {
+		return []string{only}
+	}
+	n := len(c.endpoints)
+	p := int(c.preferred.Load()) % n
+	out := make([]string, 0, n)
+	for i := range n {
+		out = append(out, c.endpoints[(p+i)%n])
+	}
+	return out
+}
+
+func (c *Client) prefer(base string) {
+	for i, e := range c.endpoints {
+		if e == base {
+			c.preferred.Store(int32(i))
+			return
+		}
+	}
+}
+
+func hostOf(base string) string {
+	return strings.TrimPrefix(strings.TrimPrefix(base, "http://"), "https://")
+}
+
+func unwrapURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// decodeError reads an error answer.
+func decodeError(base string, resp *http.Response) error {
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	e := &Error{Endpoint: base, StatusCode: resp.StatusCode}
+	var body api.ErrorResponse
+	if json.Unmarshal(raw, &body) == nil && body.Error != "" {
+		e.Reason, e.Message, e.Candidates = body.Reason, body.Error, body.Candidates
+		return e
+	}
+	msg := strings.TrimSpace(string(raw))
+	if len(msg) > 200 {
+		msg = msg[:200] + "…"
+	}
+	if msg == "" {
+		msg = http.StatusText(resp.StatusCode)
+	}
+	e.Message = msg
+	return e
+}
+
+// call sends a JSON request (in may be nil) and decodes a JSON answer into
+// out (nil: the answer is dropped).
+func (c *Client) call(ctx context.Context, method, path string, in, out any) error {
+	req := request{method: method, path: path}
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("%s %s: encode: %w", method, path, err)
+		}
+		req.json = b
+	}
+	return c.callReq(ctx, req, out)
+}
+
+func (c *Client) callReq(ctx context.Context, req request, out any) error {
+	resp, _, err := c.do(ctx, req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: decode the answer: %w", req.method, req.path, err)
+	}
+	return nil
+}
+
+// Route asks for a routing decision (and books it with req.Book). On
+// reason overloaded the *Error carries every candidate's score.
+func (c *Client) Route(ctx context.Context, req api.RouteRequest) (*api.RouteResponse, error) {
+	var out api.RouteResponse
+	if err := c.call(ctx, http.MethodPost, "/v1/route", req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// PrefillDone marks a booked request's prefill as finished.
+func (c *Client) PrefillDone(ctx context.Context, requestID string) error {
+	return c.call(ctx, http.MethodPost, "/v1/requests/"+url.PathEscape(requestID)+"/prefill_done", nil, nil)
+}
+
+// Free ends a booked request.
+func (c *Client) Free(ctx context.Context, requestID string) error {
+	return c.call(ctx, http.MethodDelete, "/v1/requests/"+url.PathEscape(requestID), nil, nil)
+}
+
+// Workers lists the registered workers, sorted by id.
+func (c *Client) Workers(ctx context.Context) ([]api.Worker, error) {
+	var out api.WorkersResponse
+	if err := c.call(ctx, http.MethodGet, "/v1/workers", nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Workers, nil
+}
+
+// RegisterWorker registers a worker or updates its registration.
+func (c *Client) RegisterWorker(ctx context.Context, w raftfsm.WorkerInfo) error {
+	return c.call(ctx, http.MethodPost, "/v1/workers", api.RegisterWorkerRequestFrom(w), nil)
+}
+
+// DeregisterWorker removes a worker; errors.Is(err, raftfsm.ErrUnknownWorker)
+// when there is none of that id.
+func (c *Client) DeregisterWorker(ctx context.Context, workerID uint64) error {
+	return c.call(ctx, http.MethodDelete, "/v1/workers/"+strconv.FormatUint(workerID, 10), nil, nil)
+}
+
+// IndexStats returns the index summary of the node that answers.
+func (c *Client) IndexStats(ctx context.Context) (*api.IndexStats, error) {
+	var out api.IndexStats
+	if err := c.call(ctx, http.MethodGet, "/v1/index/stats", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// SetSettings replaces the cluster's scoring settings. Params fields left at
+// their zero value are sent as zero: start from indexer.DefaultParams.
+func (c *Client) SetSettings(ctx context.Context, p indexer.Params, view indexer.View) error {
+	return c.call(ctx, http.MethodPut, "/v1/settings", api.SettingsRequest{Params: &p, View: view.String()}, nil)
+}
+
+// Status returns the status of the node that answers (the preferred
+// endpoint, or the next reachable one).
+func (c *Client) Status(ctx context.Context) (*raftfsm.NodeStatus, error) {
+	var out raftfsm.NodeStatus
+	if err := c.call(ctx, http.MethodGet, "/v1/cluster/status", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// EndpointStatus is one endpoint's answer to StatusAll.
+type EndpointStatus struct {
+	Endpoint string              // the base URL asked
+	Status   *raftfsm.NodeStatus // nil when Err is set
+	Err      error
+}
+
+// StatusAll asks every endpoint for its status, concurrently, and returns
+// the answers in the order of the endpoints.
+func (c *Client) StatusAll(ctx context.Context) []EndpointStatus {
+	out := make([]EndpointStatus, len(c.endpoints))
+	var wg sync.WaitGroup
+	for i, base := range c.endpoints {
+		out[i].Endpoint = base
+		wg.Go(func() {
+			var st raftfsm.NodeStatus
+			err := c.callReq(ctx, request{method: http.MethodGet, path: "/v1/cluster/status", endpoint: base}, &st)
+			if err != nil {
+				out[i].Err = err
+				return
+			}
+			out[i].Status = &st
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// Ready reports whether the node that answers is ready, and its applied
+// index.
+func (c *Client) Ready(ctx context.Context) (api.ReadyResponse, error) {
+	var out api.ReadyResponse
+	resp, _, err := c.do(ctx, request{method: http.MethodGet, path: "/readyz"})
+	if err != nil {
+		var ae *Error
+		if errors.As(err, &ae) && ae.Reason == api.ReasonNotReady {
+			return api.ReadyResponse{Ready: false, Error: ae.Message, Reason: ae.Reason}, nil
+		}
+		return out, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return out, fmt.Errorf("GET /readyz: decode the answer: %w", err)
+	}
+	return out, nil
+}
+
+// Members lists the cluster's members, sorted by id.
+func (c *Client) Members(ctx context.Context) ([]raftfsm.Member, error) {
+	var out api.MembersResponse
+	if err := c.call(ctx, http.MethodGet, "/v1/cluster/members", nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Members, nil
+}
+
+// AddMember adds a voter.
+func (c *Client) AddMember(ctx context.Context, id, raftAddr, httpAddr string) error {
+	return c.call(ctx, http.MethodPost, "/v1/cluster/members",
+		api.AddMemberRequest{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}, nil)
+}
+
+// RemoveMember removes a member.
+func (c *Client) RemoveMember(ctx context.Context, id string) error {
+	return c.call(ctx, http.MethodDelete, "/v1/cluster/members/"+url.PathEscape(id), nil, nil)
+}
+
+// TransferLeader hands leadership to the member to, or to any up-to-date
+// voter when to is "".
+func (c *Client) TransferLeader(ctx context.Context, to string) error {
+	return c.call(ctx, http.MethodPost, "/v1/cluster/leader/transfer", api.TransferLeaderRequest{To: to}, nil)
+}
+
+// IngestEvents sends batches of events and returns one ack per batch, in
+// order, each with its rank.
+func (c *Client) IngestEvents(ctx context.Context, batches []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	var out api.EventsResponse
+	if err := c.call(ctx, http.MethodPost, "/v1/events", api.EventsRequestFrom(batches), &out); err != nil {
+		return nil, err
+	}
+	if len(out.Acks) != len(batches) {
+		return nil, fmt.Errorf("POST /v1/events: %d acks for %d batches", len(out.Acks), len(batches))
+	}
+	acks := make([]raftfsm.RankAck, len(out.Acks))
+	for i, a := range out.Acks {
+		acks[i] = a.RankAck()
+	}
+	return acks, nil
+}
+
+// DumpRank replaces a rank's whole state with stored events, at cursor.
+func (c *Client) DumpRank(ctx context.Context, rank kvevent.Rank, cursor uint64, stored []kvevent.Event) error {
+	req := api.DumpRequest{Cursor: cursor, Events: make([]api.Event, len(stored))}
+	for i := range stored {
+		req.Events[i] = api.EventFrom(&stored[i])
+	}
+	path := fmt.Sprintf("/v1/ranks/%d/%d/dump", rank.Worker, rank.DP)
+	return c.call(ctx, http.MethodPost, path, req, nil)
+}
+
+// SnapshotResult describes a downloaded snapshot.
+type SnapshotResult struct {
+	// Info is what the server reported in the stream's trailers; fields it
+	// did not report are zero.
+	Info     raftfsm.SnapshotInfo
+	Bytes    int64  // bytes received and written
+	SHA256   string // of the bytes received
+	Endpoint string // the base URL that answered
+}
+
+// SaveSnapshot streams the cluster's latest snapshot into w. On an error
+// w may hold part of a stream, which must be thrown away; the stream
+// itself ends with a checksum that raftfsm.InspectSnapshot verifies.
+func (c *Client) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotResult, error) {
+	var res SnapshotResult
+	resp, base, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/snapshot"})
+	if err != nil {
+		return res, err
+	}
+	defer resp.Body.Close()
+	res.Endpoint = base
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(w, h), resp.Body)
+	res.Bytes = n
+	if err != nil {
+		return res, fmt.Errorf("GET /v1/snapshot from %s: after %d bytes: %w", hostOf(base), n, err)
+	}
+	res.SHA256 = hex.EncodeToString(h.Sum(nil))
+	// Trailers are filled in once the body has been read to its end.
+	t := resp.Trailer
+	if msg := t.Get(api.TrailerError); msg != "" {
+		return res, &Error{Endpoint: base, StatusCode: resp.StatusCode, Reason: t.Get(api.TrailerErrorReason),
+			Message: "snapshot stream failed after " + strconv.FormatInt(n, 10) + " bytes: " + msg}
+	}
+	res.Info.Index, _ = strconv.ParseUint(t.Get(api.TrailerSnapshotIndex), 10, 64)
+	res.Info.Term, _ = strconv.ParseUint(t.Get(api.TrailerSnapshotTerm), 10, 64)
+	res.Info.Bytes, _ = strconv.ParseInt(t.Get(api.TrailerSnapshotBytes), 10, 64)
+	v, _ := strconv.ParseUint(t.Get(api.TrailerSnapshotVersion), 10, 32)
+	res.Info.FormatVersion = uint32(v)
+	res.Info.SHA256 = t.Get(api.TrailerSnapshotSHA256)
+	return res, nil
+}
+
+// RestoreSnapshot uploads a snapshot stream and installs it on the whole
+// cluster. r is read once, unless it is an io.Seeker: then a call that
+// could not reach a node is retried on the next endpoint from where r
+// started. The upload announces its length when r tells it (an *os.File,
+// a *bytes.Reader), and is chunked otherwise.
+func (c *Client) RestoreSnapshot(ctx context.Context, r io.Reader) (raftfsm.SnapshotInfo, error) {
+	var out raftfsm.SnapshotInfo
+	err := c.callReq(ctx, request{method: http.MethodPost, path: "/v1/snapshot/restore", stream: r, streamLen: streamLen(r)}, &out)
+	return out, err
+}
+
+// streamLen returns how many bytes are left in r, or -1 when r cannot say.
+func streamLen(r io.Reader) int64 {
+	switch v := r.(type) {
+	case interface{ Len() int }:
+		return int64(v.Len())
+	case interface {
+		Stat() (fs.FileInfo, error)
+		io.Seeker
+	}:
+		fi, err := v.Stat()
+		if err != nil || !fi.Mode().IsRegular() {
+			return -1
+		}
+		off, err := v.Seek(0, io.SeekCurrent)
+		if err != nil || off > fi.Size() {
+			return -1
+		}
+		return fi.Size() - off
+	}
+	return -1
+}

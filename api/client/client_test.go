@@ -1,0 +1,406 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+type node struct {
+	fake *apitest.Fake
+	srv  *httptest.Server
+}
+
+func (n *node) addr() string { return strings.TrimPrefix(n.srv.URL, "http://") }
+
+func newNode(t *testing.T, id string) *node {
+	t.Helper()
+	f := apitest.New(id, "")
+	s := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewServer(s)
+	t.Cleanup(func() {
+		hs.Close()
+		s.Close()
+	})
+	n := &node{fake: f, srv: hs}
+	st := f.Status()
+	st.HTTPAddr, st.LeaderHTTP = n.addr(), n.addr()
+	f.SetStatus(st)
+	return n
+}
+
+func newClient(t *testing.T, endpoints ...string) *client.Client {
+	t.Helper()
+	c, err := client.New(endpoints, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// hangUp is an endpoint that accepts connections, reads a little of each
+// and hangs up: reachable, but never answering.
+type hangUp struct {
+	ln       net.Listener
+	accepted atomic.Int32
+	wg       sync.WaitGroup
+}
+
+func newHangUp(t *testing.T) *hangUp {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &hangUp{ln: ln}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			h.accepted.Add(1)
+			buf := make([]byte, 512)
+			_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+			_, _ = conn.Read(buf)
+			conn.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		h.wg.Wait()
+	})
+	return h
+}
+
+func (h *hangUp) addr() string { return h.ln.Addr().String() }
+
+func TestNewRefusesBadEndpoints(t *testing.T) {
+	for _, eps := range [][]string{nil, {""}, {"ftp://h:1"}, {"http://h:1/path"}, {"http://"}} {
+		if _, err := client.New(eps, client.Options{}); err == nil {
+			t.Errorf("New(%q) accepted", eps)
+		}
+	}
+	c, err := client.New([]string{" h1:1 ", "https://h2:2", "http://h3:3/"}, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := strings.Join(c.Endpoints(), ","); got != "http://h1:1,https://h2:2,http://h3:3" {
+		t.Fatalf("endpoints = %s", got)
+	}
+}
+
+func TestMovesOnFromAnEndpointThatCannotBeReachedAndStaysThere(t *testing.T) {
+	n := newNode(t, "n1")
+	bad := newHangUp(t)
+	c := newClient(t, bad.addr(), n.addr())
+	for range 3 {
+		if _, err := c.Members(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := bad.accepted.Load(); got != 1 {
+		t.Fatalf("the broken endpoint was tried %d times, want once: the client should stay with the one that answers", got)
+	}
+}
+
+func TestNoEndpointReachable(t *testing.T) {
+	a, b := deadAddr(t), deadAddr(t)
+	c := newClient(t, a, b)
+	_, err := c.Workers(context.Background())
+	if !errors.Is(err, client.ErrUnreachable) || !strings.Contains(err.Error(), a) || !strings.Contains(err.Error(), b) {
+		t.Fatalf("err = %v, want ErrUnreachable naming both endpoints", err)
+	}
+}
+
+func TestAnErrorAnswerIsBelievedNotRetried(t *testing.T) {
+	n1, n2 := newNode(t, "n1"), newNode(t, "n2")
+	c := newClient(t, n1.addr(), n2.addr())
+	err := c.DeregisterWorker(context.Background(), 99)
+	var ae *client.Error
+	if !errors.As(err, &ae) || ae.StatusCode != 404 || ae.Reason != api.ReasonUnknownWorker {
+		t.Fatalf("err = %#v, want a 404 unknown_worker *client.Error", err)
+	}
+	if !errors.Is(err, raftfsm.ErrUnknownWorker) {
+		t.Fatalf("errors.Is(%v, raftfsm.ErrUnknownWorker) = false", err)
+	}
+	if n2.fake.Calls()["DeregisterWorker"] != 0 {
+		t.Fatal("a 404 was retried on the next endpoint")
+	}
+	if !strings.Contains(err.Error(), "404") || !strings.Contains(err.Error(), n1.addr()) {
+		t.Fatalf("err %q names neither the status nor the node", err)
+	}
+}
+
+func TestNonAPIErrorBodies(t *testing.T) {
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "<html>bad gateway</html>", http.StatusBadGateway)
+	}))
+	defer hs.Close()
+	c := newClient(t, hs.URL)
+	_, err := c.Status(context.Background())
+	var ae *client.Error
+	if !errors.As(err, &ae) || ae.StatusCode != 502 || ae.Reason != "" || !strings.Contains(ae.Message, "bad gateway") {
+		t.Fatalf("err = %#v", err)
+	}
+}
+
+func TestCanceledContextIsNotUnreachable(t *testing.T) {
+	block := make(chan struct{})
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-block:
+		case <-r.Context().Done():
+		}
+	}))
+	defer hs.Close()
+	defer close(block)
+	c := newClient(t, hs.URL, deadAddr(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := c.Status(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, client.ErrUnreachable) {
+		t.Fatalf("err = %v, want the deadline, not unreachable", err)
+	}
+}
+
+func TestRouteBookAndFree(t *testing.T) {
+	n := newNode(t, "n1")
+	ctx := context.Background()
+	c := newClient(t, n.addr())
+	if _, err := c.Route(ctx, api.RouteRequest{TokenIDs: []uint32{1, 2, 3, 4}}); !errors.Is(err, indexer.ErrNoWorkers) {
+		t.Fatalf("route with no workers: %v, want ErrNoWorkers", err)
+	}
+	if err := c.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 5, DPRanks: []uint32{0, 1}, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	const id = "req a/b?c"
+	resp, err := c.Route(ctx, api.RouteRequest{TokenIDs: []uint32{1, 2, 3, 4}, Book: true, RequestID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.WorkerID != 5 || !resp.Booked || len(resp.Candidates) != 2 || resp.BlockSize != 4 {
+		t.Fatalf("route = %+v", resp)
+	}
+	if err := c.PrefillDone(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if b := n.fake.Bookings(); len(b) != 1 || b[id] {
+		t.Fatalf("bookings after prefill_done = %v, want %q out of prefill", b, id)
+	}
+	if err := c.Free(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if b := n.fake.Bookings(); len(b) != 0 {
+		t.Fatalf("bookings after free = %v", b)
+	}
+	_, err = c.Route(ctx, api.RouteRequest{})
+	if !errors.Is(err, raftfsm.ErrInvalid) {
+		t.Fatalf("an empty route: %v, want ErrInvalid", err)
+	}
+}
+
+func TestRouteOverloadedCarriesCandidates(t *testing.T) {
+	n := newNode(t, "n1")
+	ctx := context.Background()
+	c := newClient(t, n.addr())
+	_ = c.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 5, BlockSize: 4})
+	p := indexer.DefaultParams()
+	p.BusyPrefillTokens = 1
+	if err := c.SetSettings(ctx, p, indexer.ViewDedup); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Route(ctx, api.RouteRequest{TokenIDs: []uint32{1, 2, 3, 4}, Book: true, RequestID: "r"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Route(ctx, api.RouteRequest{TokenIDs: []uint32{1, 2, 3, 4}})
+	var ae *client.Error
+	if !errors.Is(err, indexer.ErrOverloaded) || !errors.As(err, &ae) || len(ae.Candidates) != 1 || !ae.Candidates[0].Busy {
+		t.Fatalf("err = %v, want overloaded with the busy candidate", err)
+	}
+}
+
+func TestIngestEventsAndDump(t *testing.T) {
+	n := newNode(t, "n1")
+	ctx := context.Background()
+	c := newClient(t, n.addr())
+	if err := c.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 1, DPRanks: []uint32{0, 2}, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	r0, r2 := kvevent.Rank{Worker: 1, DP: 0}, kvevent.Rank{Worker: 1, DP: 2}
+	stored := kvevent.Event{Rank: r2, EventID: 1, Tier: kvevent.TierHostPinned, Kind: kvevent.KindStored,
+		HasParent: true, Parent: 1 << 63, Blocks: []kvevent.Block{{EngineHash: 1<<64 - 1, LocalHash: 7}}}
+	acks, err := c.IngestEvents(ctx, []raftfsm.RankBatch{
+		{Rank: r0, Events: []kvevent.Event{{Rank: r0, EventID: 1, Kind: kvevent.KindCleared}, {Rank: r0, EventID: 2, Kind: kvevent.KindCleared}}},
+		{Rank: r2, Events: []kvevent.Event{stored}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(acks) != 2 || acks[0].Rank != r0 || acks[0].Cursor != 2 || acks[1].Rank != r2 || acks[1].Applied != 1 {
+		t.Fatalf("acks = %+v", acks)
+	}
+	// The same batch again is all duplicates.
+	acks, err = c.IngestEvents(ctx, []raftfsm.RankBatch{{Rank: r2, Events: []kvevent.Event{stored}}})
+	if err != nil || acks[0].Dups != 1 || acks[0].Applied != 0 {
+		t.Fatalf("resent batch: %+v %v", acks, err)
+	}
+	ws, err := c.Workers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ws[0].Ranks[1].Blocks.Host; got != 1 {
+		t.Fatalf("rank 1/2 holds %d host blocks, want 1 (full 64-bit hashes must survive the wire)", got)
+	}
+	if err := c.DumpRank(ctx, r2, 40, []kvevent.Event{stored}); err != nil {
+		t.Fatal(err)
+	}
+	ws, _ = c.Workers(ctx)
+	if ws[0].Ranks[1].LastEventID != 40 {
+		t.Fatalf("cursor after the dump = %d, want 40", ws[0].Ranks[1].LastEventID)
+	}
+	bad := stored
+	bad.Blocks = nil
+	if _, err := c.IngestEvents(ctx, []raftfsm.RankBatch{{Rank: r2, Events: []kvevent.Event{bad}}}); !errors.Is(err, raftfsm.ErrInvalid) {
+		t.Fatalf("a malformed event: %v, want ErrInvalid", err)
+	}
+}
+
+func TestClusterCalls(t *testing.T) {
+	n := newNode(t, "n1")
+	ctx := context.Background()
+	c := newClient(t, n.addr())
+	if err := c.AddMember(ctx, "n2", "h2:7946", "h2:7080"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.TransferLeader(ctx, "n2"); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := c.Members(ctx)
+	if err != nil || len(ms) != 2 || !ms[1].Leader {
+		t.Fatalf("members = %+v %v", ms, err)
+	}
+	if err := c.RemoveMember(ctx, "n2"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Status(ctx)
+	if err != nil || st.ID != "n1" {
+		t.Fatalf("status = %+v %v", st, err)
+	}
+	if _, err := c.IndexStats(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := c.Ready(ctx)
+	if err != nil || !rd.Ready || rd.AppliedIndex != 10 {
+		t.Fatalf("ready = %+v %v", rd, err)
+	}
+	n.fake.SetReady(false)
+	if rd, err := c.Ready(ctx); err != nil || rd.Ready {
+		t.Fatalf("ready when not = %+v %v", rd, err)
+	}
+}
+
+func TestStatusAllReportsEachEndpoint(t *testing.T) {
+	n1, n2 := newNode(t, "n1"), newNode(t, "n2")
+	dead := deadAddr(t)
+	c := newClient(t, n1.addr(), dead, n2.addr())
+	res := c.StatusAll(context.Background())
+	if len(res) != 3 || res[0].Status.ID != "n1" || res[1].Err == nil || res[2].Status.ID != "n2" {
+		t.Fatalf("StatusAll = %+v", res)
+	}
+	if !strings.Contains(res[1].Endpoint, dead) || !errors.Is(res[1].Err, client.ErrUnreachable) {
+		t.Fatalf("the dead endpoint's answer = %+v", res[1])
+	}
+}
+
+func TestSnapshotRoundTrip(t *testing.T) {
+	n := newNode(t, "n1")
+	ctx := context.Background()
+	c := newClient(t, n.addr())
+	_ = c.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 1, BlockSize: 4})
+	var buf bytes.Buffer
+	res, err := c.SaveSnapshot(ctx, &buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := apitest.InspectSnapshot(bytes.NewReader(buf.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Info.Index != info.Index || res.Info.Term != info.Term || res.Info.SHA256 != info.SHA256 ||
+		res.Bytes != int64(buf.Len()) || res.Info.FormatVersion != 1 {
+		t.Fatalf("save = %+v, file = %+v", res, info)
+	}
+
+	// The upload moves on from an endpoint that hung up half-way: a
+	// bytes.Reader can be rewound.
+	bad := newHangUp(t)
+	c2 := newClient(t, bad.addr(), n.addr())
+	got, err := c2.RestoreSnapshot(ctx, bytes.NewReader(buf.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Index != info.Index || n.fake.Restores() != 1 {
+		t.Fatalf("restore = %+v, restores %d", got, n.fake.Restores())
+	}
+	// A stream that cannot be rewound is not sent twice.
+	c3 := newClient(t, bad.addr(), n.addr())
+	_, err = c3.RestoreSnapshot(ctx, io.MultiReader(bytes.NewReader(buf.Bytes())))
+	if err == nil || n.fake.Restores() != 1 {
+		t.Fatalf("a half-sent, unrewindable upload: err %v, restores %d", err, n.fake.Restores())
+	}
+
+	_, err = c.RestoreSnapshot(ctx, strings.NewReader("garbage"))
+	if !errors.Is(err, raftfsm.ErrBadSnapshot) {
+		t.Fatalf("garbage: %v, want ErrBadSnapshot", err)
+	}
+}
+
+func TestSnapshotBrokenMidStreamIsAnError(t *testing.T) {
+	n := newNode(t, "n1")
+	n.fake.FailSnapshotAfter(64)
+	c := newClient(t, n.addr())
+	var buf bytes.Buffer
+	_, err := c.SaveSnapshot(context.Background(), &buf)
+	var ae *client.Error
+	if !errors.As(err, &ae) || !strings.Contains(ae.Message, "disk read failed") || ae.Reason != api.ReasonInternal {
+		t.Fatalf("err = %v, want the failure from the trailer", err)
+	}
+}

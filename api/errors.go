@@ -1,0 +1,84 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+// Reasons: the "reason" of an error body, what a client branches on. The
+// status code goes with the reason as listed.
+const (
+	ReasonBadJSON          = "bad_json"           // 400: not JSON, a wrong type, an unknown field, trailing data
+	ReasonInvalid          = "invalid"            // 400: well-formed, but a value is wrong
+	ReasonBadSnapshot      = "bad_snapshot"       // 400: a truncated, corrupted or unknown snapshot; nothing installed
+	ReasonNotFound         = "not_found"          // 404: no such route
+	ReasonUnknownWorker    = "unknown_worker"     // 404
+	ReasonUnknownRank      = "unknown_rank"       // 404
+	ReasonMethodNotAllowed = "method_not_allowed" // 405
+	ReasonTooLarge         = "too_large"          // 413: the body is over the server's limit
+	ReasonInternal         = "internal"           // 500: a bug or a storage failure; see the node's log
+	ReasonNoLeader         = "no_leader"          // 503: no leader known or reachable; retry
+	ReasonOverloaded       = "overloaded"         // 503: every candidate rank is busy
+	ReasonNoWorkers        = "no_workers"         // 503: no worker can take the request
+	ReasonNotReady         = "not_ready"          // 503: /readyz before the node caught up
+	ReasonShuttingDown     = "shutting_down"      // 503
+	ReasonTimeout          = "timeout"            // 503: the node gave up waiting (the write may still apply; retrying is safe)
+	ReasonCanceled         = "canceled"           // 503: the client went away
+)
+
+// httpError is an error with the status code and reason it is answered
+// with. Handlers return it for input they refuse.
+type httpError struct {
+	code   int
+	reason string
+	err    error
+}
+
+func (e *httpError) Error() string { return e.err.Error() }
+func (e *httpError) Unwrap() error { return e.err }
+
+func invalidf(format string, args ...any) error {
+	return &httpError{code: http.StatusBadRequest, reason: ReasonInvalid, err: fmt.Errorf(format, args...)}
+}
+
+// classify returns the status code and reason that err is answered with.
+func classify(err error) (int, string) {
+	var he *httpError
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &he):
+		return he.code, he.reason
+	case errors.As(err, &mbe):
+		return http.StatusRequestEntityTooLarge, ReasonTooLarge
+	case errors.Is(err, indexer.ErrOverloaded):
+		return http.StatusServiceUnavailable, ReasonOverloaded
+	case errors.Is(err, indexer.ErrNoWorkers):
+		return http.StatusServiceUnavailable, ReasonNoWorkers
+	case errors.Is(err, raftfsm.ErrNotLeader), errors.Is(err, raftfsm.ErrNoLeader):
+		return http.StatusServiceUnavailable, ReasonNoLeader
+	case errors.Is(err, raftfsm.ErrShutdown):
+		return http.StatusServiceUnavailable, ReasonShuttingDown
+	case errors.Is(err, raftfsm.ErrUnknownWorker):
+		return http.StatusNotFound, ReasonUnknownWorker
+	case errors.Is(err, indexer.ErrUnknownRank):
+		return http.StatusNotFound, ReasonUnknownRank
+	case errors.Is(err, raftfsm.ErrBadSnapshot):
+		return http.StatusBadRequest, ReasonBadSnapshot
+	case errors.Is(err, raftfsm.ErrInvalid), errors.Is(err, raftfsm.ErrBadCommand),
+		errors.Is(err, indexer.ErrInvalidParams), errors.Is(err, indexer.ErrInvalidRequest),
+		errors.Is(err, indexer.ErrInvalidBooking), errors.Is(err, indexer.ErrBadDump),
+		errors.Is(err, kvevent.ErrMalformed), errors.Is(err, kvevent.ErrUnknownTier):
+		return http.StatusBadRequest, ReasonInvalid
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable, ReasonTimeout
+	case errors.Is(err, context.Canceled):
+		return http.StatusServiceUnavailable, ReasonCanceled
+	}
+	return http.StatusInternalServerError, ReasonInternal
+}

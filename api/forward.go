@@ -1,0 +1,96 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+)
+
+// The snapshot routes, which stream for as long as the snapshot takes.
+const (
+	patternSnapshot = "GET /v1/snapshot"
+	patternRestore  = "POST /v1/snapshot/restore"
+)
+
+// forward proxies a write that reached a follower to the leader at
+// leaderHTTP (host:port, or a URL) and copies the leader's answer back,
+// status, headers, body and trailers, streaming. body is the request body
+// as the client sent it (nil: none).
+//
+// The forward carries HeaderForwarded, so that a leader that lost its
+// leadership in the meantime answers 503 instead of forwarding once more:
+// at most one hop, whatever the cluster does. A leader that cannot be
+// reached is answered 503 no_leader (timeout when the deadline passed:
+// the write may still apply, and retrying it is safe).
+func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP string, body io.Reader) {
+	target, err := leaderURL(leaderHTTP)
+	if err != nil {
+		s.m.httpForwards.WithLabelValues(pattern, forwardFailed).Inc()
+		s.writeError(w, r, &httpError{code: http.StatusServiceUnavailable, reason: ReasonNoLeader,
+			err: fmt.Errorf("not the leader, and the leader's address %q is unusable: %v", leaderHTTP, err)})
+		return
+	}
+	ctx := r.Context()
+	if pattern != patternSnapshot && pattern != patternRestore { // streams: bounded by the client's deadline only
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.opts.ForwardTimeout)
+		defer cancel()
+	}
+	outcome := forwardSent
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.SetXForwarded()
+			pr.Out.Header.Set(HeaderForwarded, "1")
+			pr.Out.GetBody = nil
+			if body == nil || r.ContentLength == 0 {
+				pr.Out.Body, pr.Out.ContentLength = nil, 0
+				return
+			}
+			pr.Out.Body = io.NopCloser(body)
+			pr.Out.ContentLength = r.ContentLength // -1 (chunked) when the client did not say
+		},
+		Transport: s.transport,
+		ModifyResponse: func(resp *http.Response) error {
+			resp.Header.Set(HeaderForwardedTo, target.Host)
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			outcome = forwardFailed
+			reason := ReasonNoLeader
+			if errors.Is(err, context.DeadlineExceeded) {
+				reason = ReasonTimeout
+			}
+			s.log.Warn("api forward to the leader failed", "route", pattern, "leader", target.Host, "err", err)
+			if rec, ok := w.(*recorder); ok && rec.wrote {
+				return // the leader's answer broke off half-way; nothing more to say
+			}
+			s.writeError(w, r, &httpError{code: http.StatusServiceUnavailable, reason: reason,
+				err: fmt.Errorf("forward to the leader at %s: %w", target.Host, err)})
+		},
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	proxy.ServeHTTP(w, r.WithContext(ctx))
+	s.m.httpForwards.WithLabelValues(pattern, outcome).Inc()
+}
+
+// leaderURL turns a member's HTTP address into the base URL to forward to.
+func leaderURL(addr string) (*url.URL, error) {
+	if !strings.Contains(addr, "://") {
+		addr = "http://" + addr
+	}
+	u, err := url.Parse(addr)
+	if err != nil {
+		return nil, err
+	}
+	if u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, fmt.Errorf("want host:port or an http(s) URL")
+	}
+	return &url.URL{Scheme: u.Scheme, Host: u.Host}, nil
+}

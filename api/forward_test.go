@@ -1,0 +1,260 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// pair is a leader and a follower that knows it.
+func pair(t *testing.T, opts api.Options) (leader, follower *node) {
+	t.Helper()
+	leader = newNode(t, "n1", opts)
+	follower = newNode(t, "n2", opts)
+	follower.fake.SetFollower("n1", leader.addr())
+	return leader, follower
+}
+
+func TestFollowerForwardsWritesToTheLeader(t *testing.T) {
+	leader, follower := pair(t, api.Options{})
+	withWorkers(t, leader)
+	cases := []struct {
+		method, path, body string
+		backend            string // the backend method the write lands in
+		code               int
+	}{
+		{"POST", "/v1/workers", `{"worker_id":7,"block_size":4}`, "RegisterWorker", 204},
+		{"POST", "/v1/events", events(storedEv, removedEv), "IngestEvents", 200},
+		{"POST", "/v1/ranks/1/1/dump", `{"cursor":9,"events":[` + storedEv + `]}`, "ReplaceRank", 200},
+		{"POST", "/v1/route", `{"token_ids":[1,2,3,4],"book":true,"request_id":"r-9"}`, "Route", 200},
+		{"POST", "/v1/requests/r-9/prefill_done", "", "PrefillDone", 204},
+		{"DELETE", "/v1/requests/r-9", "", "Free", 204},
+		{"PUT", "/v1/settings", `{"view":"tiered"}`, "SetSettings", 204},
+		{"POST", "/v1/cluster/members", `{"id":"n3","raft_addr":"h3:7946","http_addr":"h3:7080"}`, "AddMember", 204},
+		{"POST", "/v1/cluster/leader/transfer", `{"to":"n3"}`, "TransferLeadership", 204},
+		{"DELETE", "/v1/cluster/members/n3", "", "RemoveMember", 204},
+		{"DELETE", "/v1/workers/7", "", "DeregisterWorker", 204},
+	}
+	for _, tc := range cases {
+		before := leader.fake.Calls()[tc.backend]
+		a := send(t, follower.http.URL, tc.method, tc.path, tc.body)
+		if a.code != tc.code {
+			t.Fatalf("%s %s on the follower: %d %s, want %d from the leader", tc.method, tc.path, a.code, a.body, tc.code)
+		}
+		if got := a.header.Get(api.HeaderForwardedTo); got != leader.addr() {
+			t.Fatalf("%s %s: %s = %q, want the leader %q", tc.method, tc.path, api.HeaderForwardedTo, got, leader.addr())
+		}
+		if got := leader.fake.Calls()[tc.backend]; got != before+1 {
+			t.Fatalf("%s %s: the leader's %s ran %d times, want %d", tc.method, tc.path, tc.backend, got, before+1)
+		}
+	}
+	// The events went through whole: the leader acknowledged both.
+	ws := send(t, leader.http.URL, "GET", "/v1/workers", "").json(t)["workers"].([]any)
+	rank0 := ws[0].(map[string]any)["ranks"].([]any)[0].(map[string]any)
+	if rank0["last_event_id"] != 2.0 {
+		t.Fatalf("the leader's rank 1/0 is at event %v, want 2", rank0["last_event_id"])
+	}
+	if got := counterValue(t, follower.reg, "kvrouter_http_forwards_total", map[string]string{"outcome": "sent"}); got != float64(len(cases)) {
+		t.Fatalf("forwards counted %v, want %d", got, len(cases))
+	}
+	if m := leader.fake.Malformed() + follower.fake.Malformed(); m != 0 {
+		t.Fatalf("%d malformed arguments reached a backend", m)
+	}
+}
+
+func TestFollowerAnswersReadsItself(t *testing.T) {
+	_, follower := pair(t, api.Options{})
+	a := send(t, follower.http.URL, "GET", "/v1/cluster/status", "")
+	if a.code != 200 || a.json(t)["id"] != "n2" || a.header.Get(api.HeaderForwardedTo) != "" {
+		t.Fatalf("status on the follower: %d %s (forwarded to %q), want its own", a.code, a.body, a.header.Get(api.HeaderForwardedTo))
+	}
+}
+
+func TestForwardedRequestIsNotForwardedAgain(t *testing.T) {
+	// Each believes the other leads: a forward must stop after one hop.
+	a, b := newNode(t, "n1", api.Options{}), newNode(t, "n2", api.Options{})
+	a.fake.SetFollower("n2", b.addr())
+	b.fake.SetFollower("n1", a.addr())
+	ans := send(t, a.http.URL, "POST", "/v1/workers", `{"worker_id":7,"block_size":4}`)
+	if ans.code != 503 || ans.reason(t) != api.ReasonNoLeader {
+		t.Fatalf("a forwarding loop: %d %s, want 503 no_leader", ans.code, ans.body)
+	}
+	if got := a.fake.Calls()["RegisterWorker"] + b.fake.Calls()["RegisterWorker"]; got != 2 {
+		t.Fatalf("RegisterWorker ran %d times, want 2 (one hop)", got)
+	}
+	if got := counterValue(t, b.reg, "kvrouter_http_forwards_total", map[string]string{"outcome": "loop"}); got != 1 {
+		t.Fatalf("loops counted %v, want 1", got)
+	}
+}
+
+func TestForwardToUnreachableLeaderIs503(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	n := newNode(t, "n2", api.Options{})
+	n.fake.SetFollower("n1", dead)
+	a := send(t, n.http.URL, "POST", "/v1/workers", `{"worker_id":7,"block_size":4}`)
+	if a.code != 503 || a.reason(t) != api.ReasonNoLeader || !strings.Contains(a.json(t)["error"].(string), dead) {
+		t.Fatalf("leader down: %d %s, want 503 no_leader naming %s", a.code, a.body, dead)
+	}
+	if got := counterValue(t, n.reg, "kvrouter_http_forwards_total", map[string]string{"outcome": "failed"}); got != 1 {
+		t.Fatalf("failed forwards counted %v, want 1", got)
+	}
+}
+
+func TestWriteWithNoLeaderKnownIs503(t *testing.T) {
+	n := newNode(t, "n2", api.Options{})
+	n.fake.SetFollower("", "")
+	a := send(t, n.http.URL, "DELETE", "/v1/requests/r1", "")
+	if a.code != 503 || a.reason(t) != api.ReasonNoLeader {
+		t.Fatalf("no leader: %d %s, want 503 no_leader", a.code, a.body)
+	}
+}
+
+func TestForwardGivesUpAtItsDeadline(t *testing.T) {
+	release := make(chan struct{})
+	leader, follower := pair(t, api.Options{ForwardTimeout: 50 * time.Millisecond})
+	defer close(release) // before the servers close: their handlers must end
+	leader.fake.SetHook(func(m string) error {
+		if m == "RegisterWorker" {
+			<-release
+		}
+		return nil
+	})
+	a := send(t, follower.http.URL, "POST", "/v1/workers", `{"worker_id":7,"block_size":4}`)
+	if a.code != 503 || a.reason(t) != api.ReasonTimeout {
+		t.Fatalf("a leader slower than the forward timeout: %d %s, want 503 timeout", a.code, a.body)
+	}
+}
+
+func TestSnapshotStreamsThroughAFollower(t *testing.T) {
+	leader, follower := pair(t, api.Options{})
+	withWorkers(t, leader)
+	resp, err := http.Get(follower.http.URL + "/v1/snapshot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		t.Fatalf("snapshot via the follower: %d %s", resp.StatusCode, data)
+	}
+	info, err := apitest.InspectSnapshot(bytes.NewReader(data))
+	if err != nil {
+		t.Fatalf("the forwarded stream does not verify: %v", err)
+	}
+	if got := resp.Trailer.Get(api.TrailerSnapshotIndex); got != strconv.FormatUint(info.Index, 10) {
+		t.Fatalf("index trailer = %q, want %d", got, info.Index)
+	}
+	if got := resp.Trailer.Get(api.TrailerSnapshotSHA256); got != info.SHA256 {
+		t.Fatalf("sha256 trailer = %q, want %q", got, info.SHA256)
+	}
+	if got := resp.Trailer.Get(api.TrailerSnapshotBytes); got != strconv.Itoa(len(data)) {
+		t.Fatalf("bytes trailer = %q, want %d", got, len(data))
+	}
+
+	// And the upload goes the other way.
+	a := send(t, follower.http.URL, "POST", "/v1/snapshot/restore", string(data))
+	if a.code != 200 || leader.fake.Restores() != 1 {
+		t.Fatalf("restore via the follower: %d %s, leader restores %d", a.code, a.body, leader.fake.Restores())
+	}
+	if got := a.json(t)["index"]; got != float64(info.Index) {
+		t.Fatalf("restored index %v, want %d", got, info.Index)
+	}
+}
+
+func TestSnapshotFailingMidStreamSetsTheErrorTrailer(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	n.fake.FailSnapshotAfter(128)
+	resp, err := http.Get(n.http.URL + "/v1/snapshot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || len(data) != 128 {
+		t.Fatalf("status %d with %d bytes, want 200 and the 128 bytes sent before the failure", resp.StatusCode, len(data))
+	}
+	if msg := resp.Trailer.Get(api.TrailerError); !strings.Contains(msg, "disk read failed") {
+		t.Fatalf("error trailer = %q, want the failure", msg)
+	}
+	if got := resp.Trailer.Get(api.TrailerSnapshotIndex); got != "" {
+		t.Fatalf("a failed stream announces index %q", got)
+	}
+}
+
+func TestRestoreRefusesACorruptSnapshot(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	var buf bytes.Buffer
+	if _, err := n.fake.SaveSnapshot(context.Background(), &buf); err != nil {
+		t.Fatal(err)
+	}
+	data := buf.Bytes()
+	for name, bad := range map[string][]byte{
+		"truncated": data[:len(data)/2],
+		"flipped":   append(append([]byte{}, data[:40]...), append([]byte{data[40] ^ 1}, data[41:]...)...),
+		"empty":     nil,
+	} {
+		a := send(t, n.http.URL, "POST", "/v1/snapshot/restore", string(bad))
+		if a.code != 400 || a.reason(t) != api.ReasonBadSnapshot {
+			t.Fatalf("%s snapshot: %d %s, want 400 bad_snapshot", name, a.code, a.body)
+		}
+	}
+	if n.fake.Restores() != 0 {
+		t.Fatal("a bad snapshot was installed")
+	}
+}
+
+// greedyFollower reads a whole upload before it finds out that it is not
+// the leader.
+type greedyFollower struct{ *apitest.Fake }
+
+func (g greedyFollower) RestoreSnapshot(ctx context.Context, r io.Reader) (raftfsm.SnapshotInfo, error) {
+	_, _ = io.Copy(io.Discard, r)
+	return raftfsm.SnapshotInfo{}, &raftfsm.NotLeaderError{LeaderID: "n1", LeaderHTTP: "127.0.0.1:1"}
+}
+
+func TestUploadTooLargeToKeepIsNotForwarded(t *testing.T) {
+	fake := apitest.New("n2", "")
+	reg := prometheus.NewRegistry()
+	s := api.NewServer(greedyFollower{fake}, api.Options{MaxBodyBytes: 1024, Registerer: reg, Gatherer: reg,
+		Logger: slog.New(slog.DiscardHandler)})
+	defer s.Close()
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/snapshot/restore", strings.NewReader(strings.Repeat("x", 4096))))
+	if rec.Code != 503 || !strings.Contains(rec.Body.String(), "too large to forward") {
+		t.Fatalf("an upload the follower could not keep: %d %s, want 503 naming the leader", rec.Code, rec.Body)
+	}
+	if got := counterValue(t, reg, "kvrouter_http_forwards_total", map[string]string{"outcome": "no_body"}); got != 1 {
+		t.Fatalf("unforwardable uploads counted %v, want 1", got)
+	}
+}
+
+func TestNotLeaderErrorsUnwrap(t *testing.T) {
+	// The forwarding keys on these; pin them.
+	if !errors.Is(&raftfsm.NotLeaderError{LeaderID: "n1", LeaderHTTP: "h:1"}, raftfsm.ErrNotLeader) ||
+		!errors.Is(&raftfsm.NotLeaderError{}, raftfsm.ErrNoLeader) {
+		t.Fatal("NotLeaderError does not unwrap as the API expects")
+	}
+}

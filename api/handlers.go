@@ -1,0 +1,331 @@
+package api
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+func (s *Server) route(w http.ResponseWriter, r *http.Request) error {
+	var req RouteRequest
+	if err := decodeJSON(r, &req, false); err != nil {
+		s.m.routeRequests.WithLabelValues(outcomeError).Inc()
+		return err
+	}
+	q, err := routeQuery(&req)
+	if err != nil {
+		s.m.routeRequests.WithLabelValues(outcomeError).Inc()
+		return err
+	}
+	start := time.Now()
+	res, err := s.b.Route(r.Context(), q)
+	s.m.routeDuration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		switch {
+		case errors.Is(err, raftfsm.ErrNotLeader):
+			// A booking for the leader: forwarded, and counted there.
+		case errors.Is(err, indexer.ErrOverloaded):
+			s.m.routeRequests.WithLabelValues(outcomeBusy).Inc()
+			if len(res.Decision.Candidates) > 0 {
+				err = &withCandidates{error: err, cands: candidates(&res.Decision)}
+			}
+		case errors.Is(err, indexer.ErrNoWorkers):
+			s.m.routeRequests.WithLabelValues(outcomeNoWorkers).Inc()
+		default:
+			s.m.routeRequests.WithLabelValues(outcomeError).Inc()
+		}
+		return err
+	}
+	s.m.routeRequests.WithLabelValues(outcomeRouted).Inc()
+	return reply(w, http.StatusOK, routeResponse(&res))
+}
+
+func (s *Server) prefillDone(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	if err := checkID("request id", id); err != nil {
+		return err
+	}
+	if err := s.b.PrefillDone(r.Context(), id); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) free(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	if err := checkID("request id", id); err != nil {
+		return err
+	}
+	if err := s.b.Free(r.Context(), id); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) workers(w http.ResponseWriter, _ *http.Request) error {
+	return reply(w, http.StatusOK, workers(s.b.Workers()))
+}
+
+func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request) error {
+	var req RegisterWorkerRequest
+	if err := decodeJSON(r, &req, false); err != nil {
+		return err
+	}
+	info, err := workerInfo(&req)
+	if err != nil {
+		return err
+	}
+	if err := s.b.RegisterWorker(r.Context(), info); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) deregisterWorker(w http.ResponseWriter, r *http.Request) error {
+	id, err := parseUint("worker id", r.PathValue("id"), 64)
+	if err != nil {
+		return err
+	}
+	if err := s.b.DeregisterWorker(r.Context(), id); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) indexStats(w http.ResponseWriter, _ *http.Request) error {
+	return reply(w, http.StatusOK, indexStats(s.b.IndexStats()))
+}
+
+func (s *Server) setSettings(w http.ResponseWriter, r *http.Request) error {
+	// Decoding into the defaults leaves the fields the client left out at
+	// their default values.
+	defaults := indexer.DefaultParams()
+	req := SettingsRequest{Params: &defaults}
+	if err := decodeJSON(r, &req, false); err != nil {
+		return err
+	}
+	st, err := settings(&req)
+	if err != nil {
+		return err
+	}
+	if err := s.b.SetSettings(r.Context(), st); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
+	var req EventsRequest
+	if err := decodeJSON(r, &req, false); err != nil {
+		return err
+	}
+	batches, err := rankBatches(&req)
+	if err != nil {
+		return err
+	}
+	acks, err := s.b.IngestEvents(r.Context(), batches)
+	if err != nil {
+		return err
+	}
+	if len(acks) != len(batches) {
+		return fmt.Errorf("the node acknowledged %d batches of %d", len(acks), len(batches))
+	}
+	out := EventsResponse{Acks: make([]Ack, len(acks))}
+	for i, a := range acks {
+		// The rank comes from the batch: an ack answers its batch by position.
+		rank := batches[i].Rank
+		out.Acks[i] = Ack{WorkerID: rank.Worker, DPRank: rank.DP,
+			Cursor: a.Cursor, Applied: a.Applied, Dups: a.Dups, Gap: a.Gap}
+	}
+	return reply(w, http.StatusOK, out)
+}
+
+func (s *Server) dump(w http.ResponseWriter, r *http.Request) error {
+	worker, err := parseUint("worker id", r.PathValue("worker"), 64)
+	if err != nil {
+		return err
+	}
+	dp, err := parseUint("dp rank", r.PathValue("dp"), 32)
+	if err != nil {
+		return err
+	}
+	rank := kvevent.Rank{Worker: worker, DP: uint32(dp)}
+	var req DumpRequest
+	if err := decodeJSON(r, &req, false); err != nil {
+		return err
+	}
+	stored, err := dumpEvents(rank, &req)
+	if err != nil {
+		return err
+	}
+	if err := s.b.ReplaceRank(r.Context(), rank, req.Cursor, stored); err != nil {
+		return err
+	}
+	return reply(w, http.StatusOK, DumpResponse{WorkerID: worker, DPRank: uint32(dp), Cursor: req.Cursor, Events: len(stored)})
+}
+
+func (s *Server) status(w http.ResponseWriter, _ *http.Request) error {
+	return reply(w, http.StatusOK, s.b.Status())
+}
+
+func (s *Server) members(w http.ResponseWriter, r *http.Request) error {
+	ms, err := s.b.Members(r.Context())
+	if err != nil {
+		return err
+	}
+	ms = slices.Clone(ms)
+	slices.SortFunc(ms, func(a, b raftfsm.Member) int { return cmp.Compare(a.ID, b.ID) })
+	if ms == nil {
+		ms = []raftfsm.Member{}
+	}
+	return reply(w, http.StatusOK, MembersResponse{Members: ms})
+}
+
+func (s *Server) addMember(w http.ResponseWriter, r *http.Request) error {
+	var req AddMemberRequest
+	if err := decodeJSON(r, &req, false); err != nil {
+		return err
+	}
+	if err := checkID("id", req.ID); err != nil {
+		return err
+	}
+	if err := checkAddr("raft_addr", req.RaftAddr); err != nil {
+		return err
+	}
+	if err := checkAddr("http_addr", req.HTTPAddr); err != nil {
+		return err
+	}
+	if err := s.b.AddMember(r.Context(), req.ID, req.RaftAddr, req.HTTPAddr); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) removeMember(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	if err := checkID("member id", id); err != nil {
+		return err
+	}
+	if err := s.b.RemoveMember(r.Context(), id); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) transferLeader(w http.ResponseWriter, r *http.Request) error {
+	var req TransferLeaderRequest
+	if err := decodeJSON(r, &req, true); err != nil {
+		return err
+	}
+	if req.To != "" {
+		if err := checkID("to", req.To); err != nil {
+			return err
+		}
+	}
+	if err := s.b.TransferLeadership(r.Context(), req.To); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+var snapshotTrailers = strings.Join([]string{
+	TrailerSnapshotIndex, TrailerSnapshotTerm, TrailerSnapshotSHA256, TrailerSnapshotBytes,
+	TrailerSnapshotVersion, TrailerError, TrailerErrorReason,
+}, ", ")
+
+// saveSnapshot streams the backend's snapshot. What describes it (index,
+// term, checksum) is known only once it is written, so it goes in HTTP
+// trailers; a failure after the first byte goes in the error trailers,
+// and the client must throw the stream away.
+func (s *Server) saveSnapshot(w http.ResponseWriter, r *http.Request) error {
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Trailer", snapshotTrailers)
+	cw := &countingWriter{w: w}
+	info, err := s.b.SaveSnapshot(r.Context(), cw)
+	if err != nil {
+		if cw.n == 0 {
+			// Nothing sent yet: answer (or forward) like any other error.
+			h.Del("Trailer")
+			h.Del("Content-Type")
+			return err
+		}
+		_, reason := classify(err)
+		h.Set(TrailerError, oneLine(err.Error()))
+		h.Set(TrailerErrorReason, reason)
+		return err
+	}
+	if cw.n == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	h.Set(TrailerSnapshotIndex, strconv.FormatUint(info.Index, 10))
+	h.Set(TrailerSnapshotTerm, strconv.FormatUint(info.Term, 10))
+	h.Set(TrailerSnapshotVersion, strconv.FormatUint(uint64(info.FormatVersion), 10))
+	h.Set(TrailerSnapshotBytes, strconv.FormatInt(cmp.Or(info.Bytes, cw.n), 10))
+	if info.SHA256 != "" {
+		h.Set(TrailerSnapshotSHA256, info.SHA256)
+	}
+	return nil
+}
+
+func (s *Server) restoreSnapshot(w http.ResponseWriter, r *http.Request) error {
+	info, err := s.b.RestoreSnapshot(r.Context(), r.Body)
+	if err != nil {
+		return err
+	}
+	return reply(w, http.StatusOK, info)
+}
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) error {
+	return reply(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) error {
+	st := s.b.Status()
+	resp := ReadyResponse{Ready: st.Ready, State: st.State, AppliedIndex: st.AppliedIndex}
+	if st.Ready {
+		return reply(w, http.StatusOK, resp)
+	}
+	resp.Reason = ReasonNotReady
+	resp.Error = fmt.Sprintf("not ready: %s at applied index %d", cmp.Or(st.State, "starting"), st.AppliedIndex)
+	return reply(w, http.StatusServiceUnavailable, resp)
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// oneLine makes s fit a header value.
+func oneLine(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+}

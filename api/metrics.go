@@ -1,0 +1,81 @@
+package api
+
+import (
+	"errors"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Route outcomes, the values of kvrouter_route_requests_total{outcome}.
+const (
+	outcomeRouted    = "routed"
+	outcomeBusy      = "busy"
+	outcomeNoWorkers = "no_workers"
+	outcomeError     = "error"
+)
+
+// Forward outcomes, the values of kvrouter_http_forwards_total{outcome}.
+const (
+	forwardSent   = "sent"   // proxied to the leader (whatever it answered)
+	forwardFailed = "failed" // the leader could not be reached
+	forwardLoop   = "loop"   // a forwarded request reached a follower again
+	forwardNoBody = "no_body"
+)
+
+type metrics struct {
+	httpRequests  *prometheus.CounterVec   // route, code
+	httpDuration  *prometheus.HistogramVec // route
+	httpForwards  *prometheus.CounterVec   // route, outcome
+	routeRequests *prometheus.CounterVec   // outcome
+	routeDuration prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer, log *slog.Logger) *metrics {
+	m := &metrics{
+		httpRequests: register(reg, log, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_http_requests_total",
+			Help: "HTTP requests answered, by route pattern and status code.",
+		}, []string{"route", "code"})),
+		httpDuration: register(reg, log, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvrouter_http_request_duration_seconds",
+			Help:    "Time to answer an HTTP request, by route pattern (a forwarded request includes the leader's time).",
+			Buckets: prometheus.ExponentialBuckets(100e-6, 2, 18), // 100µs .. 13s
+		}, []string{"route"})),
+		httpForwards: register(reg, log, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_http_forwards_total",
+			Help: "Writes that reached a follower, by route pattern and outcome (sent to the leader, failed, loop, no_body).",
+		}, []string{"route", "outcome"})),
+		routeRequests: register(reg, log, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_route_requests_total",
+			Help: "Route requests answered by this node, by outcome (routed, busy, no_workers, error).",
+		}, []string{"outcome"})),
+		routeDuration: register(reg, log, prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvrouter_route_duration_seconds",
+			Help:    "Time the backend took to decide (and book) a route request.",
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 18), // 10µs .. 1.3s
+		})),
+	}
+	for _, o := range []string{outcomeRouted, outcomeBusy, outcomeNoWorkers, outcomeError} {
+		m.routeRequests.WithLabelValues(o)
+	}
+	return m
+}
+
+// register registers c, or returns the collector already registered under
+// its name, so that several Servers can share one registry. A registry that
+// refuses c for another reason is logged and c works unregistered.
+func register[C prometheus.Collector](reg prometheus.Registerer, log *slog.Logger, c C) C {
+	err := reg.Register(c)
+	if err == nil {
+		return c
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing
+		}
+	}
+	log.Warn("metric not registered", "err", err)
+	return c
+}

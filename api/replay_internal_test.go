@@ -1,0 +1,55 @@
+package api
+
+import (
+	"io"
+	"strings"
+	"testing"
+)
+
+func TestReplayBodyGivesBackWhatWasReadAndTheRest(t *testing.T) {
+	const body = "0123456789abcdef"
+	b := newReplayBody(io.NopCloser(strings.NewReader(body)), 10)
+	head := make([]byte, 6)
+	if _, err := io.ReadFull(b, head); err != nil {
+		t.Fatal(err)
+	}
+	r, ok := b.replay()
+	if !ok {
+		t.Fatal("6 bytes read of a 10-byte allowance: not replayable")
+	}
+	if got, _ := io.ReadAll(r); string(got) != body {
+		t.Fatalf("replay = %q, want %q", got, body)
+	}
+}
+
+func TestReplayBodyPastItsAllowanceCannotReplay(t *testing.T) {
+	b := newReplayBody(io.NopCloser(strings.NewReader(strings.Repeat("x", 100))), 10)
+	if _, err := io.ReadAll(b); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := b.replay(); ok {
+		t.Fatal("100 bytes read of a 10-byte allowance: replayable")
+	}
+	if b.kept.Len() != 0 {
+		t.Fatalf("kept %d bytes after giving up", b.kept.Len())
+	}
+}
+
+func TestLeaderURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.0.0.1:7080":       "http://10.0.0.1:7080",
+		"http://h:1":          "http://h:1",
+		"https://h:1/ignored": "https://h:1",
+		"[::1]:7080":          "http://[::1]:7080",
+	} {
+		u, err := leaderURL(in)
+		if err != nil || u.String() != want {
+			t.Errorf("leaderURL(%q) = %v, %v; want %s", in, u, err, want)
+		}
+	}
+	for _, bad := range []string{"", "ftp://h:1", "http://"} {
+		if _, err := leaderURL(bad); err == nil {
+			t.Errorf("leaderURL(%q) accepted", bad)
+		}
+	}
+}

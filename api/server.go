@@ -1,0 +1,484 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Headers the API sets or reads.
+const (
+	// HeaderForwarded marks a request that a follower forwarded to the
+	// leader; a node that is not the leader answers it 503 no_leader
+	// instead of forwarding it again.
+	HeaderForwarded = "X-Kvrouter-Forwarded"
+	// HeaderForwardedTo, on a response, names the leader that answered a
+	// forwarded request.
+	HeaderForwardedTo = "X-Kvrouter-Forwarded-To"
+
+	// Trailers of GET /v1/snapshot: known only once the stream is written.
+	TrailerSnapshotIndex   = "X-Kvrouter-Snapshot-Index"
+	TrailerSnapshotTerm    = "X-Kvrouter-Snapshot-Term"
+	TrailerSnapshotSHA256  = "X-Kvrouter-Snapshot-Sha256"
+	TrailerSnapshotBytes   = "X-Kvrouter-Snapshot-Bytes"
+	TrailerSnapshotVersion = "X-Kvrouter-Snapshot-Format-Version"
+	// TrailerError is set when a stream failed after its status was sent;
+	// its content is incomplete and must be thrown away.
+	TrailerError = "X-Kvrouter-Error"
+	// TrailerErrorReason is the failure's reason, as in an error body.
+	TrailerErrorReason = "X-Kvrouter-Error-Reason"
+)
+
+// Defaults of Options.
+const (
+	DefaultMaxBodyBytes   = 32 << 20
+	DefaultForwardTimeout = 30 * time.Second
+)
+
+// Options configure a Server. The zero value works.
+type Options struct {
+	// Logger gets one line per failed request (Debug for 4xx and 503, Error
+	// for 500) and per forward failure. Default: slog.Default().
+	Logger *slog.Logger
+	// Registerer gets the API's metrics; Gatherer serves GET /metrics.
+	// When both are nil a fresh registry serves both; when only one is set
+	// the other defaults to it where it can (a *prometheus.Registry is
+	// both).
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+	// MaxBodyBytes bounds a JSON body (413 above it), and how much of a
+	// snapshot upload a follower keeps to forward it. Default
+	// DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// MaxSnapshotBytes bounds a snapshot upload. 0: no limit.
+	MaxSnapshotBytes int64
+	// ForwardTimeout bounds a request forwarded to the leader (snapshot
+	// downloads and uploads are bounded by their client only). Default DefaultForwardTimeout.
+	ForwardTimeout time.Duration
+	// ForwardTransport carries forwarded requests. Default: a clone of
+	// http.DefaultTransport, closed by Server.Close.
+	ForwardTransport http.RoundTripper
+}
+
+// Server is the HTTP API of one node. It is an http.Handler; Close it to
+// drop the idle connections of its forwarding transport.
+type Server struct {
+	b         Backend
+	opts      Options
+	log       *slog.Logger
+	mux       *http.ServeMux
+	m         *metrics
+	transport http.RoundTripper
+	ownTransp *http.Transport // closed by Close; nil when the caller gave one
+}
+
+// NewServer returns the API of backend b.
+func NewServer(b Backend, opts Options) *Server {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	switch {
+	case opts.Registerer == nil && opts.Gatherer == nil:
+		reg := prometheus.NewRegistry()
+		opts.Registerer, opts.Gatherer = reg, reg
+	case opts.Registerer == nil:
+		if r, ok := opts.Gatherer.(prometheus.Registerer); ok {
+			opts.Registerer = r
+		} else {
+			opts.Registerer = prometheus.NewRegistry()
+		}
+	case opts.Gatherer == nil:
+		if g, ok := opts.Registerer.(prometheus.Gatherer); ok {
+			opts.Gatherer = g
+		} else {
+			opts.Gatherer = prometheus.NewRegistry()
+		}
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.ForwardTimeout <= 0 {
+		opts.ForwardTimeout = DefaultForwardTimeout
+	}
+	s := &Server{b: b, opts: opts, log: opts.Logger, mux: http.NewServeMux()}
+	s.m = newMetrics(opts.Registerer, s.log)
+	if opts.ForwardTransport != nil {
+		s.transport = opts.ForwardTransport
+	} else {
+		s.ownTransp = http.DefaultTransport.(*http.Transport).Clone()
+		s.transport = s.ownTransp
+	}
+	s.routes()
+	return s
+}
+
+// Close releases the forwarding transport's idle connections. The Server
+// still answers requests afterwards.
+func (s *Server) Close() error {
+	if s.ownTransp != nil {
+		s.ownTransp.CloseIdleConnections()
+	}
+	return nil
+}
+
+// routes registers every route; docs/api.md documents each.
+func (s *Server) routes() {
+	s.handle("POST /v1/route", jsonBody, s.route)
+	s.handle("POST /v1/requests/{id}/prefill_done", noBody, s.prefillDone)
+	s.handle("DELETE /v1/requests/{id}", noBody, s.free)
+
+	s.handle("GET /v1/workers", noBody, s.workers)
+	s.handle("POST /v1/workers", jsonBody, s.registerWorker)
+	s.handle("DELETE /v1/workers/{id}", noBody, s.deregisterWorker)
+
+	s.handle("GET /v1/index/stats", noBody, s.indexStats)
+	s.handle("PUT /v1/settings", jsonBody, s.setSettings)
+
+	s.handle("POST /v1/events", jsonBody, s.events)
+	s.handle("POST /v1/ranks/{worker}/{dp}/dump", jsonBody, s.dump)
+
+	s.handle("GET /v1/cluster/status", noBody, s.status)
+	s.handle("GET /v1/cluster/members", noBody, s.members)
+	s.handle("POST /v1/cluster/members", jsonBody, s.addMember)
+	s.handle("DELETE /v1/cluster/members/{id}", noBody, s.removeMember)
+	s.handle("POST /v1/cluster/leader/transfer", optionalJSONBody, s.transferLeader)
+
+	s.handle(patternSnapshot, noBody, s.saveSnapshot)
+	s.handle(patternRestore, streamBody, s.restoreSnapshot)
+
+	s.handle("GET /healthz", noBody, s.healthz)
+	s.handle("GET /readyz", noBody, s.readyz)
+	metrics := promhttp.HandlerFor(s.opts.Gatherer, promhttp.HandlerOpts{
+		ErrorLog:      slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		ErrorHandling: promhttp.ContinueOnError,
+	})
+	s.handle("GET /metrics", noBody, func(w http.ResponseWriter, r *http.Request) error {
+		metrics.ServeHTTP(w, r)
+		return nil
+	})
+}
+
+// ServeHTTP answers a request. Unknown paths and methods get JSON errors
+// like every other failure.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h, pattern := s.mux.Handler(r); pattern == "" {
+		// No route: run the mux's answer on the side to learn whether it is
+		// a 404 or a 405 (and which methods the path allows), and answer it
+		// in JSON. Anything else (a redirect to a cleaned path) goes out as
+		// the mux wrote it.
+		var probe headerProbe
+		h.ServeHTTP(&probe, r)
+		switch probe.code {
+		case http.StatusNotFound, http.StatusMethodNotAllowed:
+			start := time.Now()
+			rec := &recorder{ResponseWriter: w}
+			reason, err := ReasonNotFound, fmt.Errorf("no route %s %s; see docs/api.md", r.Method, r.URL.Path)
+			if probe.code == http.StatusMethodNotAllowed {
+				allow := probe.h.Get("Allow")
+				w.Header().Set("Allow", allow)
+				reason, err = ReasonMethodNotAllowed, fmt.Errorf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow)
+			}
+			s.writeError(rec, r, &httpError{code: probe.code, reason: reason, err: err})
+			s.observe("unmatched", rec, start)
+			return
+		}
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// headerProbe is a ResponseWriter that keeps the status and headers and
+// drops the body.
+type headerProbe struct {
+	h    http.Header
+	code int
+}
+
+func (p *headerProbe) Header() http.Header {
+	if p.h == nil {
+		p.h = http.Header{}
+	}
+	return p.h
+}
+func (p *headerProbe) Write(b []byte) (int, error) {
+	if p.code == 0 {
+		p.code = http.StatusOK
+	}
+	return len(b), nil
+}
+func (p *headerProbe) WriteHeader(code int) {
+	if p.code == 0 {
+		p.code = code
+	}
+}
+
+type bodyKind uint8
+
+const (
+	noBody           bodyKind = iota // the body is ignored
+	jsonBody                         // a JSON object, at most MaxBodyBytes
+	optionalJSONBody                 // a JSON object or nothing
+	streamBody                       // a stream, at most MaxSnapshotBytes; its head is kept for a forward
+)
+
+// A handlerFunc answers a request or returns an error without having
+// written anything; the error is then answered (or the request forwarded
+// to the leader) by the Server.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// handle registers h under pattern with the middleware every route gets:
+// metrics labelled with the pattern, panic recovery, the body limit and
+// replay buffer, and error answers with leader forwarding.
+func (s *Server) handle(pattern string, kind bodyKind, h handlerFunc) {
+	s.m.httpDuration.WithLabelValues(pattern) // present from the start
+	s.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &recorder{ResponseWriter: w}
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler { // the server aborts the response; let it
+					s.observe(pattern, rec, start)
+					panic(p)
+				}
+				s.log.Error("api handler panicked", "route", pattern, "panic", p, "stack", string(debug.Stack()))
+				if !rec.wrote {
+					s.writeError(rec, r, &httpError{code: http.StatusInternalServerError, reason: ReasonInternal,
+						err: fmt.Errorf("internal error: %v", p)})
+				}
+			}
+			s.observe(pattern, rec, start)
+		}()
+
+		var body *replayBody
+		switch kind {
+		case jsonBody, optionalJSONBody:
+			body = newReplayBody(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes), s.opts.MaxBodyBytes)
+		case streamBody:
+			rc := r.Body
+			if s.opts.MaxSnapshotBytes > 0 {
+				rc = http.MaxBytesReader(w, rc, s.opts.MaxSnapshotBytes)
+			}
+			body = newReplayBody(rc, s.opts.MaxBodyBytes)
+		}
+		if body != nil {
+			r.Body = body
+		}
+		if err := h(rec, r); err != nil {
+			s.fail(rec, r, pattern, body, err)
+		}
+	}))
+}
+
+func (s *Server) observe(route string, rec *recorder, start time.Time) {
+	s.m.httpRequests.WithLabelValues(route, strconv.Itoa(rec.status())).Inc()
+	s.m.httpDuration.WithLabelValues(route).Observe(time.Since(start).Seconds())
+}
+
+// fail answers a handler's error: a forward to the leader when the backend
+// said it is not the leader and the request can be replayed there, a JSON
+// error otherwise.
+func (s *Server) fail(w *recorder, r *http.Request, pattern string, body *replayBody, err error) {
+	if w.wrote {
+		// The status line is out (a stream failed half-way); the handler
+		// reported what it could in a trailer.
+		s.log.Warn("api stream failed", "route", pattern, "err", err)
+		return
+	}
+	var nle *raftfsm.NotLeaderError
+	if errors.Is(err, raftfsm.ErrNotLeader) {
+		switch {
+		case r.Header.Get(HeaderForwarded) != "":
+			// Forwarded once already and still not at the leader:
+			// leadership moved in between. Stop here; the client retries.
+			s.m.httpForwards.WithLabelValues(pattern, forwardLoop).Inc()
+			err = &httpError{code: http.StatusServiceUnavailable, reason: ReasonNoLeader,
+				err: fmt.Errorf("%w (the request was already forwarded once; leadership is moving, retry)", err)}
+		case errors.As(err, &nle) && nle.LeaderHTTP != "":
+			replay, ok := body.replay()
+			if ok {
+				s.forward(w, r, pattern, nle.LeaderHTTP, replay)
+				return
+			}
+			s.m.httpForwards.WithLabelValues(pattern, forwardNoBody).Inc()
+			err = &httpError{code: http.StatusServiceUnavailable, reason: ReasonNoLeader,
+				err: fmt.Errorf("%w; the body was too large to forward, send it to the leader at %s", err, nle.LeaderHTTP)}
+		}
+	}
+	s.writeError(w, r, err)
+}
+
+// withCandidates carries a failed route decision's scores to the error body.
+type withCandidates struct {
+	error
+	cands []Candidate
+}
+
+func (e *withCandidates) Unwrap() error { return e.error }
+
+// writeError answers err as a JSON error body.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	code, reason := classify(err)
+	body := ErrorResponse{Error: err.Error(), Reason: reason}
+	var wc *withCandidates
+	if errors.As(err, &wc) {
+		body.Candidates = wc.cands
+	}
+	level := slog.LevelDebug
+	if code >= 500 && code != http.StatusServiceUnavailable {
+		level = slog.LevelError
+	}
+	s.log.Log(r.Context(), level, "api request failed", "method", r.Method, "path", r.URL.Path,
+		"code", code, "reason", reason, "err", err)
+	buf, merr := json.Marshal(body)
+	if merr != nil { // cannot happen for these types; answer in plain JSON anyway
+		buf = []byte(`{"error":"internal error","reason":"internal"}`)
+		code = http.StatusInternalServerError
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Del("Content-Length")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(buf, '\n'))
+}
+
+// reply writes v as a JSON body with status code. It marshals before it
+// writes, so that a value that cannot be encoded is still answered 500.
+func reply(w http.ResponseWriter, code int, v any) error {
+	buf, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode the response: %w", err)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(buf, '\n'))
+	return nil
+}
+
+// decodeJSON decodes the body into v strictly: one JSON object, no unknown
+// field, nothing after it. An empty body is an error unless optional.
+func decodeJSON(r *http.Request, v any, optional bool) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			if optional {
+				return nil
+			}
+			return &httpError{code: http.StatusBadRequest, reason: ReasonBadJSON,
+				err: errors.New("the body is empty (want a JSON object)")}
+		}
+		return jsonError(err)
+	}
+	if err := dec.Decode(new(json.RawMessage)); !errors.Is(err, io.EOF) {
+		if err == nil {
+			err = errors.New("more than one JSON value in the body")
+		}
+		var mbe *http.MaxBytesError
+		if !errors.As(err, &mbe) {
+			err = fmt.Errorf("after the JSON object: %w", err)
+		}
+		return jsonError(err)
+	}
+	return nil
+}
+
+func jsonError(err error) error {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return &httpError{code: http.StatusRequestEntityTooLarge, reason: ReasonTooLarge,
+			err: fmt.Errorf("the body is larger than %d bytes", mbe.Limit)}
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		err = errors.New("the JSON body ends early")
+	}
+	return &httpError{code: http.StatusBadRequest, reason: ReasonBadJSON, err: fmt.Errorf("bad JSON: %w", err)}
+}
+
+// recorder is the ResponseWriter handlers see: it remembers the status for
+// the metrics and whether anything was written (after which an error can no
+// longer be answered, nor the request forwarded).
+type recorder struct {
+	http.ResponseWriter
+	code  int
+	wrote bool
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if !r.wrote && code >= 200 {
+		r.code, r.wrote = code, true
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if !r.wrote {
+		r.code, r.wrote = http.StatusOK, true
+	}
+	return r.ResponseWriter.Write(p)
+}
+
+// Flush lets streams and the forwarding proxy flush through the recorder.
+func (r *recorder) Flush() { _ = http.NewResponseController(r.ResponseWriter).Flush() }
+
+// Unwrap gives http.ResponseController the connection underneath.
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func (r *recorder) status() int {
+	if !r.wrote {
+		return http.StatusOK
+	}
+	return r.code
+}
+
+// replayBody keeps what a handler reads of a request body, up to keep
+// bytes, so that the request can be forwarded to the leader after the
+// backend refused it: the forward sends the kept bytes and then whatever
+// the handler left unread.
+type replayBody struct {
+	rc   io.ReadCloser
+	kept bytes.Buffer
+	keep int64
+	over bool // read more than keep: cannot replay
+}
+
+func newReplayBody(rc io.ReadCloser, keep int64) *replayBody {
+	return &replayBody{rc: rc, keep: keep}
+}
+
+func (b *replayBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if n > 0 && !b.over {
+		if int64(b.kept.Len()+n) > b.keep {
+			b.over = true
+			b.kept = bytes.Buffer{}
+		} else {
+			b.kept.Write(p[:n])
+		}
+	}
+	return n, err
+}
+
+func (b *replayBody) Close() error { return b.rc.Close() }
+
+// replay returns the body as the client sent it, when it can. A nil
+// replayBody (a route without a body) replays as nothing.
+func (b *replayBody) replay() (io.Reader, bool) {
+	if b == nil {
+		return nil, true
+	}
+	if b.over {
+		return nil, false
+	}
+	return io.MultiReader(bytes.NewReader(b.kept.Bytes()), b.rc), true
+}

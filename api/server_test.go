@@ -1,0 +1,518 @@
+package api_test
+
+import (
+	"fmt"
+	"maps"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+// routeCase is one request to one route and what must come back.
+type routeCase struct {
+	name   string
+	setup  func(t *testing.T, n *node)
+	method string
+	path   string
+	body   string
+	code   int
+	reason string   // for error answers
+	msg    []string // substrings of the error message
+	check  func(t *testing.T, a answer)
+	// byBackend: the refusal is the backend's (it knows what the API
+	// cannot), so the request does reach it.
+	byBackend bool
+}
+
+const (
+	storedEv  = `{"event_id":1,"type":"stored","tier":"device","blocks":[{"hash":11,"local_hash":101},{"hash":12,"local_hash":102}]}`
+	removedEv = `{"event_id":2,"type":"removed","tier":"device","hashes":[12]}`
+)
+
+func events(evs ...string) string {
+	return `{"batches":[{"worker_id":1,"dp_rank":0,"events":[` + strings.Join(evs, ",") + `]}]}`
+}
+
+func TestRoutes(t *testing.T) {
+	cases := []routeCase{
+		// POST /v1/route
+		{name: "route by tokens", setup: withWorkers, method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1,2,3,4,5,6,7,8,9]}`, code: 200, check: checkRouteShape},
+		{name: "route by hashes with overrides", setup: withWorkers, method: "POST", path: "/v1/route",
+			body: `{"block_hashes":[101,102],"isl":8,"overrides":{"overlap_score_credit":2,"temperature":0}}`, code: 200, check: checkRouteShape},
+		{name: "route books", setup: withWorkers, method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1,2,3,4],"book":true,"request_id":"r-1"}`, code: 200,
+			check: func(t *testing.T, a answer) {
+				if a.json(t)["booked"] != true {
+					t.Fatalf("booked = %v, want true", a.json(t)["booked"])
+				}
+			}},
+		{name: "route with no workers", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1,2,3,4]}`, code: 503, reason: api.ReasonNoWorkers},
+		{name: "route bad JSON", setup: withWorkers, method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1,2`, code: 400, reason: api.ReasonBadJSON, msg: []string{"ends early"}},
+		{name: "route not JSON", method: "POST", path: "/v1/route",
+			body: `token_ids=1`, code: 400, reason: api.ReasonBadJSON},
+		{name: "route unknown field", method: "POST", path: "/v1/route",
+			body: `{"tokens":[1,2,3]}`, code: 400, reason: api.ReasonBadJSON, msg: []string{`unknown field "tokens"`}},
+		{name: "route unknown override", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"overrides":{"busy_prefill_tokens":0}}`, code: 400, reason: api.ReasonBadJSON, msg: []string{"busy_prefill_tokens"}},
+		{name: "route negative override", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"overrides":{"prefill_load_scale":-1}}`, code: 400, reason: api.ReasonInvalid, msg: []string{"prefill_load_scale"}},
+		{name: "route token over u32", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[4294967296]}`, code: 400, reason: api.ReasonBadJSON},
+		{name: "route negative hash", method: "POST", path: "/v1/route",
+			body: `{"block_hashes":[-1]}`, code: 400, reason: api.ReasonBadJSON},
+		{name: "route both inputs", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"block_hashes":[1]}`, code: 400, reason: api.ReasonInvalid, msg: []string{"not both"}},
+		{name: "route no input", method: "POST", path: "/v1/route",
+			body: `{"lora_name":"x"}`, code: 400, reason: api.ReasonInvalid},
+		{name: "route negative isl", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"isl":-3}`, code: 400, reason: api.ReasonInvalid, msg: []string{"isl"}},
+		{name: "route book without id", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"book":true}`, code: 400, reason: api.ReasonInvalid, msg: []string{"request_id"}},
+		{name: "route trailing data", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1]} {"token_ids":[2]}`, code: 400, reason: api.ReasonBadJSON, msg: []string{"more than one"}},
+		{name: "route empty body", method: "POST", path: "/v1/route",
+			code: 400, reason: api.ReasonBadJSON, msg: []string{"empty"}},
+		{name: "route array body", method: "POST", path: "/v1/route",
+			body: `[1,2]`, code: 400, reason: api.ReasonBadJSON},
+
+		// bookings
+		{name: "prefill done", method: "POST", path: "/v1/requests/r-1/prefill_done", code: 204},
+		{name: "free", method: "DELETE", path: "/v1/requests/r-1", code: 204},
+		{name: "free escaped id", method: "DELETE", path: "/v1/requests/a%2Fb", code: 204},
+		{name: "free id too long", method: "DELETE", path: "/v1/requests/" + strings.Repeat("x", 300), code: 400, reason: api.ReasonInvalid},
+		{name: "free id with control char", method: "DELETE", path: "/v1/requests/a%0Ab", code: 400, reason: api.ReasonInvalid},
+
+		// workers
+		{name: "workers", setup: withWorkers, method: "GET", path: "/v1/workers", code: 200, check: checkWorkersShape},
+		{name: "register", method: "POST", path: "/v1/workers",
+			body: `{"worker_id":7,"dp_ranks":[0,1],"block_size":16,"capacity_blocks":{"device":100,"host":0,"disk":5,"external":0},"endpoint":"http://w7:8000","model":"llama"}`,
+			code: 204},
+		{name: "register worker 0", method: "POST", path: "/v1/workers", body: `{"worker_id":0,"block_size":16}`, code: 204},
+		{name: "register without id", method: "POST", path: "/v1/workers",
+			body: `{"block_size":16}`, code: 400, reason: api.ReasonInvalid, msg: []string{"worker_id"}},
+		{name: "register zero block size", method: "POST", path: "/v1/workers",
+			body: `{"worker_id":7}`, code: 400, reason: api.ReasonInvalid, msg: []string{"block_size"}},
+		{name: "register negative capacity", method: "POST", path: "/v1/workers",
+			body: `{"worker_id":7,"block_size":16,"capacity_blocks":{"disk":-1}}`, code: 400, reason: api.ReasonInvalid, msg: []string{"capacity_blocks.disk"}},
+		{name: "register unknown tier in capacity", method: "POST", path: "/v1/workers",
+			body: `{"worker_id":7,"block_size":16,"capacity_blocks":{"gpu":1}}`, code: 400, reason: api.ReasonBadJSON, msg: []string{`"gpu"`}},
+		{name: "register duplicate dp rank", method: "POST", path: "/v1/workers",
+			body: `{"worker_id":7,"block_size":16,"dp_ranks":[1,1]}`, code: 400, reason: api.ReasonInvalid, msg: []string{"twice"}},
+		{name: "deregister", setup: withWorkers, method: "DELETE", path: "/v1/workers/2", code: 204},
+		{name: "deregister unknown", method: "DELETE", path: "/v1/workers/99", code: 404, reason: api.ReasonUnknownWorker},
+		{name: "deregister bad id", method: "DELETE", path: "/v1/workers/abc", code: 400, reason: api.ReasonInvalid},
+		{name: "deregister id over u64", method: "DELETE", path: "/v1/workers/18446744073709551616", code: 400, reason: api.ReasonInvalid},
+
+		// index and settings
+		{name: "index stats", method: "GET", path: "/v1/index/stats", code: 200, check: checkStatsShape},
+		{name: "settings", method: "PUT", path: "/v1/settings", body: `{"params":{"overlap_score_credit":2},"view":"tiered"}`, code: 204,
+			check: func(t *testing.T, a answer) {}},
+		{name: "settings bad view", method: "PUT", path: "/v1/settings", body: `{"view":"fancy"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"fancy"}},
+		{name: "settings negative", method: "PUT", path: "/v1/settings", body: `{"params":{"temperature":-1}}`, code: 400, reason: api.ReasonInvalid, msg: []string{"temperature"}},
+
+		// events
+		{name: "events", method: "POST", path: "/v1/events", body: events(storedEv, removedEv), code: 200,
+			check: func(t *testing.T, a answer) {
+				acks := a.json(t)["acks"].([]any)
+				if len(acks) != 1 {
+					t.Fatalf("acks = %v", acks)
+				}
+				want := sorted("worker_id", "dp_rank", "cursor", "applied", "dups", "gap")
+				if got := keysOf(acks[0]); !equal(got, want) {
+					t.Fatalf("ack keys = %v, want %v", got, want)
+				}
+				ack := acks[0].(map[string]any)
+				if ack["cursor"] != 2.0 || ack["applied"] != 2.0 || ack["worker_id"] != 1.0 {
+					t.Fatalf("ack = %v", ack)
+				}
+			}},
+		{name: "events cleared without tier", method: "POST", path: "/v1/events", body: events(`{"event_id":1,"type":"cleared"}`), code: 200},
+		{name: "events unknown tier", method: "POST", path: "/v1/events",
+			body: events(`{"event_id":1,"type":"stored","tier":"gpu2","blocks":[{"hash":1,"local_hash":1}]}`),
+			code: 400, reason: api.ReasonInvalid, msg: []string{`unknown tier "gpu2"`, "batch 0", "event 0"}},
+		{name: "events missing tier", method: "POST", path: "/v1/events",
+			body: events(`{"event_id":1,"type":"removed","hashes":[1]}`), code: 400, reason: api.ReasonInvalid, msg: []string{"tier is missing"}},
+		{name: "events unknown type", method: "POST", path: "/v1/events",
+			body: events(`{"event_id":1,"type":"evicted","tier":"host","hashes":[1]}`), code: 400, reason: api.ReasonInvalid, msg: []string{`"evicted"`}},
+		{name: "events stored without blocks", method: "POST", path: "/v1/events",
+			body: events(`{"event_id":1,"type":"stored","tier":"host"}`), code: 400, reason: api.ReasonInvalid, msg: []string{"no blocks"}},
+		{name: "events hash repeated", method: "POST", path: "/v1/events",
+			body: events(`{"event_id":1,"type":"stored","tier":"host","blocks":[{"hash":5,"local_hash":1},{"hash":5,"local_hash":2}]}`),
+			code: 400, reason: api.ReasonInvalid, msg: []string{"repeated"}},
+		{name: "events own parent", method: "POST", path: "/v1/events",
+			body: events(`{"event_id":1,"type":"stored","tier":"disk","parent_hash":5,"blocks":[{"hash":5,"local_hash":1}]}`),
+			code: 400, reason: api.ReasonInvalid, msg: []string{"own parent"}},
+		{name: "events removed without hashes", method: "POST", path: "/v1/events",
+			body: events(`{"event_id":1,"type":"removed","tier":"disk"}`), code: 400, reason: api.ReasonInvalid, msg: []string{"no hashes"}},
+		{name: "events removed with blocks", method: "POST", path: "/v1/events",
+			body: events(`{"event_id":1,"type":"removed","tier":"disk","hashes":[1],"blocks":[{"hash":1,"local_hash":1}]}`),
+			code: 400, reason: api.ReasonInvalid},
+		{name: "events cleared with hashes", method: "POST", path: "/v1/events",
+			body: events(`{"event_id":1,"type":"cleared","hashes":[1]}`), code: 400, reason: api.ReasonInvalid},
+		{name: "events ids not consecutive", method: "POST", path: "/v1/events",
+			body: events(storedEv, strings.Replace(removedEv, `"event_id":2`, `"event_id":4`, 1)), code: 400, reason: api.ReasonInvalid, msg: []string{"rise by one"}},
+		{name: "events no batches", method: "POST", path: "/v1/events", body: `{"batches":[]}`, code: 400, reason: api.ReasonInvalid},
+		{name: "events empty batch", method: "POST", path: "/v1/events", body: events(), code: 400, reason: api.ReasonInvalid, msg: []string{"no events"}},
+		{name: "events unknown field", method: "POST", path: "/v1/events",
+			body: events(`{"event_id":1,"type":"cleared","medium":"GPU"}`), code: 400, reason: api.ReasonBadJSON, msg: []string{"medium"}},
+		{name: "events dp rank over u32", method: "POST", path: "/v1/events",
+			body: `{"batches":[{"worker_id":1,"dp_rank":4294967296,"events":[{"event_id":1,"type":"cleared"}]}]}`, code: 400, reason: api.ReasonBadJSON},
+
+		// dumps
+		{name: "dump", setup: withWorkers, method: "POST", path: "/v1/ranks/1/0/dump",
+			body: `{"cursor":42,"events":[` + storedEv + `]}`, code: 200,
+			check: func(t *testing.T, a answer) {
+				m := a.json(t)
+				if m["cursor"] != 42.0 || m["events"] != 1.0 {
+					t.Fatalf("dump answer = %v", m)
+				}
+			}},
+		{name: "dump empty", setup: withWorkers, method: "POST", path: "/v1/ranks/1/1/dump", body: `{"cursor":3,"events":[]}`, code: 200},
+		{name: "dump of unknown worker", method: "POST", path: "/v1/ranks/9/0/dump", body: `{"cursor":3}`, code: 404, reason: api.ReasonUnknownWorker},
+		{name: "dump with a remove", setup: withWorkers, method: "POST", path: "/v1/ranks/1/0/dump",
+			body: `{"cursor":42,"events":[` + removedEv + `]}`, code: 400, reason: api.ReasonInvalid, msg: []string{"stored events only"}},
+		{name: "dump bad tier", setup: withWorkers, method: "POST", path: "/v1/ranks/1/0/dump",
+			body: `{"cursor":42,"events":[` + strings.Replace(storedEv, "device", "nvme", 1) + `]}`, code: 400, reason: api.ReasonInvalid, msg: []string{`"nvme"`}},
+		{name: "dump bad worker", method: "POST", path: "/v1/ranks/x/0/dump", body: `{"cursor":1}`, code: 400, reason: api.ReasonInvalid},
+		{name: "dump dp over u32", method: "POST", path: "/v1/ranks/1/4294967296/dump", body: `{"cursor":1}`, code: 400, reason: api.ReasonInvalid},
+
+		// cluster
+		{name: "status", method: "GET", path: "/v1/cluster/status", code: 200, check: checkStatusShape},
+		{name: "members", method: "GET", path: "/v1/cluster/members", code: 200,
+			check: func(t *testing.T, a answer) {
+				ms := a.json(t)["members"].([]any)
+				want := sorted("id", "raft_addr", "http_addr", "voter", "leader")
+				if len(ms) != 1 || !equal(keysOf(ms[0]), want) {
+					t.Fatalf("members = %v, want one with keys %v", ms, want)
+				}
+			}},
+		{name: "add member", method: "POST", path: "/v1/cluster/members",
+			body: `{"id":"n2","raft_addr":"10.0.0.2:7946","http_addr":"10.0.0.2:7080"}`, code: 204},
+		{name: "add member bad address", method: "POST", path: "/v1/cluster/members",
+			body: `{"id":"n2","raft_addr":"10.0.0.2","http_addr":"10.0.0.2:7080"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"raft_addr"}},
+		{name: "add member bad port", method: "POST", path: "/v1/cluster/members",
+			body: `{"id":"n2","raft_addr":"h:1","http_addr":"h:99999"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"http_addr"}},
+		{name: "add member no id", method: "POST", path: "/v1/cluster/members",
+			body: `{"raft_addr":"h:1","http_addr":"h:2"}`, code: 400, reason: api.ReasonInvalid},
+		{name: "remove member", setup: func(t *testing.T, n *node) {
+			if err := n.fake.AddMember(t.Context(), "n2", "h:1", "h:2"); err != nil {
+				t.Fatal(err)
+			}
+		}, method: "DELETE", path: "/v1/cluster/members/n2", code: 204},
+		{name: "remove unknown member", method: "DELETE", path: "/v1/cluster/members/n9", code: 400, reason: api.ReasonInvalid, byBackend: true},
+		{name: "transfer to any", setup: func(t *testing.T, n *node) {
+			if err := n.fake.AddMember(t.Context(), "n2", "h:1", "h:2"); err != nil {
+				t.Fatal(err)
+			}
+		}, method: "POST", path: "/v1/cluster/leader/transfer", code: 204},
+		{name: "transfer to one", setup: func(t *testing.T, n *node) {
+			if err := n.fake.AddMember(t.Context(), "n2", "h:1", "h:2"); err != nil {
+				t.Fatal(err)
+			}
+		}, method: "POST", path: "/v1/cluster/leader/transfer", body: `{"to":"n2"}`, code: 204},
+		{name: "transfer bad body", method: "POST", path: "/v1/cluster/leader/transfer", body: `{"to":5}`, code: 400, reason: api.ReasonBadJSON},
+
+		// health
+		{name: "healthz", method: "GET", path: "/healthz", code: 200},
+		{name: "readyz", method: "GET", path: "/readyz", code: 200,
+			check: func(t *testing.T, a answer) {
+				if m := a.json(t); m["ready"] != true || m["applied_index"] != 10.0 {
+					t.Fatalf("readyz = %v", m)
+				}
+			}},
+		{name: "readyz not ready", setup: func(t *testing.T, n *node) { n.fake.SetReady(false) },
+			method: "GET", path: "/readyz", code: 503, reason: api.ReasonNotReady,
+			check: func(t *testing.T, a answer) {
+				if m := a.json(t); m["applied_index"] != 10.0 {
+					t.Fatalf("readyz = %v, want the applied index", m)
+				}
+			}},
+		{name: "metrics", method: "GET", path: "/metrics", code: 200,
+			check: func(t *testing.T, a answer) {
+				if !strings.Contains(string(a.body), "kvrouter_route_requests_total") {
+					t.Fatalf("metrics lack kvrouter_route_requests_total:\n%s", a.body)
+				}
+			}},
+
+		// unknown routes
+		{name: "unknown path", method: "GET", path: "/v1/nothing", code: 404, reason: api.ReasonNotFound},
+		{name: "wrong method", method: "GET", path: "/v1/route", code: 405, reason: api.ReasonMethodNotAllowed,
+			check: func(t *testing.T, a answer) {
+				if a.header.Get("Allow") != "POST" {
+					t.Fatalf("Allow = %q, want POST", a.header.Get("Allow"))
+				}
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t, "n1", api.Options{})
+			if tc.setup != nil {
+				tc.setup(t, n)
+			}
+			before := n.fake.Calls()
+			a := send(t, n.http.URL, tc.method, tc.path, tc.body)
+			if a.code != tc.code {
+				t.Fatalf("%s %s: code %d, want %d; body %s", tc.method, tc.path, a.code, tc.code, a.body)
+			}
+			if tc.code >= 400 {
+				if ct := a.header.Get("Content-Type"); ct != "application/json" {
+					t.Errorf("error Content-Type = %q, want application/json", ct)
+				}
+				m := a.json(t)
+				if m["reason"] != tc.reason {
+					t.Errorf("reason = %v, want %q (body %s)", m["reason"], tc.reason, a.body)
+				}
+				msg, _ := m["error"].(string)
+				for _, s := range tc.msg {
+					if !strings.Contains(msg, s) {
+						t.Errorf("error %q does not mention %q", msg, s)
+					}
+				}
+			}
+			if (tc.code == 400 || tc.code == 413) && !tc.byBackend {
+				// A refused request reaches nothing of the backend.
+				if after := n.fake.Calls(); !maps.Equal(before, after) {
+					t.Errorf("a refused request reached the backend: calls %v -> %v", before, after)
+				}
+			}
+			if tc.check != nil {
+				tc.check(t, a)
+			}
+			if m := n.fake.Malformed(); m != 0 {
+				t.Errorf("%d malformed arguments reached the backend", m)
+			}
+		})
+	}
+}
+
+func equal(a, b []string) bool { return strings.Join(a, ",") == strings.Join(b, ",") }
+
+func checkRouteShape(t *testing.T, a answer) {
+	t.Helper()
+	m := a.json(t)
+	want := sorted("worker_id", "dp_rank", "cost", "decided_by", "block_size", "request_blocks", "booked", "params", "candidates")
+	if got := keysOf(m); !equal(got, want) {
+		t.Fatalf("route keys = %v, want %v", got, want)
+	}
+	cands := m["candidates"].([]any)
+	if len(cands) != 4 {
+		t.Fatalf("%d candidates, want 4 (2 workers x 2 ranks)", len(cands))
+	}
+	wantC := sorted("worker_id", "dp_rank", "chosen", "overlap", "credit", "prefill_blocks", "potential_decode_blocks",
+		"active_requests", "active_prefill_tokens", "active_decode_blocks", "cost", "busy", "probability")
+	if got := keysOf(cands[0]); !equal(got, wantC) {
+		t.Fatalf("candidate keys = %v, want %v", got, wantC)
+	}
+	if got := keysOf(cands[0].(map[string]any)["overlap"]); !equal(got, sorted("device", "host", "disk", "external")) {
+		t.Fatalf("overlap keys = %v", got)
+	}
+	chosen := 0
+	for _, c := range cands {
+		if c.(map[string]any)["chosen"] == true {
+			chosen++
+		}
+	}
+	if chosen != 1 {
+		t.Fatalf("%d candidates chosen, want 1", chosen)
+	}
+	if m["block_size"] != 4.0 {
+		t.Fatalf("block_size = %v, want 4", m["block_size"])
+	}
+}
+
+func checkWorkersShape(t *testing.T, a answer) {
+	t.Helper()
+	ws := a.json(t)["workers"].([]any)
+	if len(ws) != 2 {
+		t.Fatalf("%d workers, want 2", len(ws))
+	}
+	want := sorted("worker_id", "dp_ranks", "block_size", "capacity_blocks", "model", "ranks")
+	if got := keysOf(ws[0]); !equal(got, want) {
+		t.Fatalf("worker keys = %v, want %v", got, want)
+	}
+	ranks := ws[0].(map[string]any)["ranks"].([]any)
+	if got, want := keysOf(ranks[0]), sorted("dp_rank", "blocks", "last_event_id", "needs_resync", "load"); !equal(got, want) {
+		t.Fatalf("rank keys = %v, want %v", got, want)
+	}
+	load := ranks[0].(map[string]any)["load"]
+	if got, want := keysOf(load), sorted("active_prefill_tokens", "active_decode_blocks", "active_requests"); !equal(got, want) {
+		t.Fatalf("load keys = %v, want %v", got, want)
+	}
+}
+
+func checkStatsShape(t *testing.T, a answer) {
+	t.Helper()
+	m := a.json(t)
+	want := sorted("nodes", "ranks", "entries", "blocks", "orphan_events", "orphan_blocks", "need_resync", "over_capacity", "counters")
+	if got := keysOf(m); !equal(got, want) {
+		t.Fatalf("stats keys = %v, want %v", got, want)
+	}
+	if got := len(keysOf(m["counters"])); got != 10 {
+		t.Fatalf("%d counters, want 10", got)
+	}
+}
+
+func checkStatusShape(t *testing.T, a answer) {
+	t.Helper()
+	want := sorted("id", "raft_addr", "http_addr", "state", "term", "last_index", "commit_index", "applied_index",
+		"leader_id", "leader_http", "last_contact_ms", "snapshot_index", "digest", "ready")
+	if got := keysOf(a.json(t)); !equal(got, want) {
+		t.Fatalf("status keys = %v, want %v", got, want)
+	}
+}
+
+func TestBodyOverLimitIs413(t *testing.T) {
+	n := newNode(t, "n1", api.Options{MaxBodyBytes: 1 << 10})
+	big := `{"token_ids":[` + strings.Repeat("1,", 2000) + `1]}`
+	for _, path := range []string{"/v1/route", "/v1/events", "/v1/workers"} {
+		before := n.fake.Calls()
+		a := send(t, n.http.URL, "POST", path, big)
+		if a.code != http.StatusRequestEntityTooLarge || a.reason(t) != api.ReasonTooLarge {
+			t.Fatalf("POST %s with %d bytes: %d %s, want 413 too_large", path, len(big), a.code, a.body)
+		}
+		if after := n.fake.Calls(); !maps.Equal(before, after) {
+			t.Fatalf("an oversized body reached the backend: %v -> %v", before, after)
+		}
+	}
+}
+
+func TestSettingsLeftOutTakeDefaults(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	a := send(t, n.http.URL, "PUT", "/v1/settings", `{"params":{"overlap_score_credit":2,"busy_prefill_tokens":500}}`)
+	if a.code != 204 {
+		t.Fatalf("PUT /v1/settings: %d %s", a.code, a.body)
+	}
+	want := indexer.DefaultParams()
+	want.OverlapScoreCredit, want.BusyPrefillTokens = 2, 500
+	if got := n.fake.Settings(); got.Params != want || got.View != indexer.ViewDedup {
+		t.Fatalf("settings = %+v, want %+v (dedup)", got, want)
+	}
+}
+
+func TestOverloadedRouteAnswers503WithBusyCandidates(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	a := send(t, n.http.URL, "PUT", "/v1/settings", `{"params":{"busy_prefill_tokens":1}}`)
+	if a.code != 204 {
+		t.Fatal(a.code, string(a.body))
+	}
+	// Load every rank past the threshold.
+	for i := range 4 {
+		a := send(t, n.http.URL, "POST", "/v1/route", fmt.Sprintf(`{"token_ids":[1,2,3,4],"book":true,"request_id":"r%d"}`, i))
+		if a.code != 200 {
+			t.Fatalf("booking %d: %d %s", i, a.code, a.body)
+		}
+	}
+	a = send(t, n.http.URL, "POST", "/v1/route", `{"token_ids":[1,2,3,4]}`)
+	if a.code != 503 || a.reason(t) != api.ReasonOverloaded {
+		t.Fatalf("route with every rank busy: %d %s, want 503 overloaded", a.code, a.body)
+	}
+	cands, _ := a.json(t)["candidates"].([]any)
+	if len(cands) != 4 {
+		t.Fatalf("overloaded answer has %d candidates, want 4: %s", len(cands), a.body)
+	}
+	for _, c := range cands {
+		if m := c.(map[string]any); m["busy"] != true || m["busy_reason"] != "prefill_tokens" {
+			t.Fatalf("candidate %v: want busy for prefill_tokens", m)
+		}
+	}
+	if got := counterValue(t, n.reg, "kvrouter_route_requests_total", map[string]string{"outcome": "busy"}); got != 1 {
+		t.Fatalf("route busy count = %v, want 1", got)
+	}
+}
+
+func TestMetricsLabelRoutesByPatternNotPath(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	for _, id := range []string{"a", "b", "c"} {
+		if a := send(t, n.http.URL, "POST", "/v1/requests/"+id+"/prefill_done", ""); a.code != 204 {
+			t.Fatal(a.code, string(a.body))
+		}
+	}
+	send(t, n.http.URL, "GET", "/v1/no/such/"+"path", "")
+	send(t, n.http.URL, "POST", "/v1/route", `{`)
+	if got := counterValue(t, n.reg, "kvrouter_http_requests_total",
+		map[string]string{"route": "POST /v1/requests/{id}/prefill_done", "code": "204"}); got != 3 {
+		t.Fatalf("prefill_done requests counted %v, want 3 under the pattern", got)
+	}
+	if got := counterValue(t, n.reg, "kvrouter_http_requests_total", map[string]string{"route": "unmatched", "code": "404"}); got != 1 {
+		t.Fatalf("unmatched requests counted %v, want 1", got)
+	}
+	if got := counterValue(t, n.reg, "kvrouter_route_requests_total", map[string]string{"outcome": "error"}); got != 1 {
+		t.Fatalf("route errors counted %v, want 1", got)
+	}
+	mfs, err := n.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "route" && strings.Contains(lp.GetValue(), "/a/") {
+					t.Fatalf("%s has a path as its route label: %q", mf.GetName(), lp.GetValue())
+				}
+			}
+		}
+	}
+}
+
+func TestTwoServersShareARegistry(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	// A second server on the same registry reuses the collectors instead of
+	// failing to register them.
+	s2 := api.NewServer(n.fake, api.Options{Registerer: n.reg, Gatherer: n.reg})
+	defer s2.Close()
+	send(t, n.http.URL, "GET", "/healthz", "")
+	if got := counterValue(t, n.reg, "kvrouter_http_requests_total", map[string]string{"route": "GET /healthz"}); got != 1 {
+		t.Fatalf("healthz counted %v, want 1", got)
+	}
+}
+
+func TestBackendPanicIsAnswered500(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	n.fake.SetHook(func(method string) error {
+		if method == "Workers" {
+			panic("boom")
+		}
+		return nil
+	})
+	a := send(t, n.http.URL, "GET", "/v1/workers", "")
+	if a.code != 500 || a.reason(t) != api.ReasonInternal {
+		t.Fatalf("a panicking backend: %d %s, want 500 internal", a.code, a.body)
+	}
+}
+
+func TestBackendErrorsMapToStatus(t *testing.T) {
+	cases := []struct {
+		err    error
+		code   int
+		reason string
+	}{
+		{fmt.Errorf("x: %w", indexer.ErrOverloaded), 503, api.ReasonOverloaded},
+		{fmt.Errorf("x: %w", indexer.ErrNoWorkers), 503, api.ReasonNoWorkers},
+		{fmt.Errorf("x: %w", indexer.ErrInvalidRequest), 400, api.ReasonInvalid},
+		{fmt.Errorf("x: %w", raftfsm.ErrShutdown), 503, api.ReasonShuttingDown},
+		{fmt.Errorf("x: %w", raftfsm.ErrNoLeader), 503, api.ReasonNoLeader},
+		{fmt.Errorf("disk on fire"), 500, api.ReasonInternal},
+	}
+	for _, tc := range cases {
+		t.Run(tc.reason, func(t *testing.T) {
+			n := newNode(t, "n1", api.Options{})
+			withWorkers(t, n)
+			n.fake.SetHook(func(string) error { return tc.err })
+			a := send(t, n.http.URL, "POST", "/v1/route", `{"token_ids":[1,2,3,4]}`)
+			if a.code != tc.code || a.reason(t) != tc.reason {
+				t.Fatalf("backend error %v: %d %s, want %d %s", tc.err, a.code, a.body, tc.code, tc.reason)
+			}
+			if msg := a.json(t)["error"].(string); !strings.Contains(msg, tc.err.Error()) {
+				t.Fatalf("error %q does not carry the backend's %q", msg, tc.err)
+			}
+		})
+	}
+}

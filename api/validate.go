@@ -1,0 +1,293 @@
+package api
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+// Limits on strings a client supplies. They keep ids printable and logs and
+// Raft entries small; nothing else depends on them.
+const (
+	maxIDLen    = 256  // request ids, member ids
+	maxNameLen  = 1024 // LoRA names, cache salts, models, endpoints
+	maxAddrLen  = 512  // host:port
+	maxDPRanks  = 4096 // data-parallel ranks of one worker
+	maxBlockLen = 1 << 20
+)
+
+// checkID refuses an empty, overlong or non-printable id: ids travel in URL
+// paths and log lines.
+func checkID(what, id string) error {
+	switch {
+	case id == "":
+		return invalidf("%s is empty", what)
+	case len(id) > maxIDLen:
+		return invalidf("%s is %d bytes long (at most %d)", what, len(id), maxIDLen)
+	case !utf8.ValidString(id):
+		return invalidf("%s is not valid UTF-8", what)
+	}
+	for _, r := range id {
+		if r < 0x20 || r == 0x7f {
+			return invalidf("%s %q holds a control character", what, id)
+		}
+	}
+	return nil
+}
+
+func checkName(what, s string) error {
+	if len(s) > maxNameLen {
+		return invalidf("%s is %d bytes long (at most %d)", what, len(s), maxNameLen)
+	}
+	return nil
+}
+
+func checkAddr(what, addr string) error {
+	if addr == "" {
+		return invalidf("%s is empty (want host:port)", what)
+	}
+	if len(addr) > maxAddrLen {
+		return invalidf("%s is %d bytes long (at most %d)", what, len(addr), maxAddrLen)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return invalidf("%s %q: %v (want host:port)", what, addr, err)
+	}
+	if host == "" {
+		return invalidf("%s %q has no host (want host:port)", what, addr)
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+		return invalidf("%s %q: port %q is not a number in 1-65535", what, addr, port)
+	}
+	return nil
+}
+
+func parseUint(what, s string, bits int) (uint64, error) {
+	v, err := strconv.ParseUint(s, 10, bits)
+	if err != nil {
+		return 0, invalidf("%s %q is not an unsigned %d-bit decimal number", what, s, bits)
+	}
+	return v, nil
+}
+
+// routeQuery validates a route request and converts it.
+func routeQuery(req *RouteRequest) (raftfsm.RouteQuery, error) {
+	var q raftfsm.RouteQuery
+	switch {
+	case len(req.TokenIDs) > 0 && len(req.BlockHashes) > 0:
+		return q, invalidf("give token_ids or block_hashes, not both")
+	case len(req.TokenIDs) == 0 && len(req.BlockHashes) == 0 && req.ISL == 0:
+		// A prompt shorter than one block has no block hash: isl alone is
+		// then a valid query (it is scored on load only).
+		return q, invalidf("give token_ids (the prompt), block_hashes (its blocks' content hashes), or isl")
+	case req.ISL < 0:
+		return q, invalidf("isl = %d (want >= 0)", req.ISL)
+	}
+	if err := checkName("lora_name", req.LoRAName); err != nil {
+		return q, err
+	}
+	if err := checkName("cache_salt", req.CacheSalt); err != nil {
+		return q, err
+	}
+	if req.Overrides != nil {
+		// Validate the overrides alone: any valid base gives the same verdict,
+		// because Validate checks each field on its own.
+		if err := indexer.DefaultParams().With(req.Overrides).Validate(); err != nil {
+			return q, invalidf("overrides: %v", err)
+		}
+	}
+	if req.Book {
+		if err := checkID("request_id", req.RequestID); err != nil {
+			return q, fmt.Errorf("book: %w", err)
+		}
+	} else if req.RequestID != "" {
+		if err := checkID("request_id", req.RequestID); err != nil {
+			return q, err
+		}
+	}
+	q = raftfsm.RouteQuery{
+		Tokens:      req.TokenIDs,
+		LocalHashes: req.BlockHashes,
+		ISL:         req.ISL,
+		LoRA:        req.LoRAName,
+		Salt:        req.CacheSalt,
+		Overrides:   req.Overrides,
+		Book:        req.Book,
+		RequestID:   req.RequestID,
+	}
+	return q, nil
+}
+
+// workerInfo validates a registration and converts it.
+func workerInfo(req *RegisterWorkerRequest) (raftfsm.WorkerInfo, error) {
+	var w raftfsm.WorkerInfo
+	if req.WorkerID == nil {
+		return w, invalidf("worker_id is missing")
+	}
+	if req.BlockSize <= 0 {
+		return w, invalidf("block_size = %d (want the tokens per KV block, > 0)", req.BlockSize)
+	}
+	if len(req.DPRanks) > maxDPRanks {
+		return w, invalidf("%d dp_ranks (at most %d)", len(req.DPRanks), maxDPRanks)
+	}
+	seen := make(map[uint32]struct{}, len(req.DPRanks))
+	for _, dp := range req.DPRanks {
+		if _, dup := seen[dp]; dup {
+			return w, invalidf("dp rank %d is listed twice", dp)
+		}
+		seen[dp] = struct{}{}
+	}
+	for t, c := range req.Capacity.Array() {
+		if c < 0 {
+			return w, invalidf("capacity_blocks.%s = %d (want >= 0; 0 = unknown)", kvevent.Tier(t), c)
+		}
+	}
+	if err := checkName("endpoint", req.Endpoint); err != nil {
+		return w, err
+	}
+	if err := checkName("model", req.Model); err != nil {
+		return w, err
+	}
+	return raftfsm.WorkerInfo{
+		ID:        *req.WorkerID,
+		DPRanks:   req.DPRanks,
+		BlockSize: req.BlockSize,
+		Capacity:  req.Capacity.Array(),
+		Endpoint:  req.Endpoint,
+		Model:     req.Model,
+	}, nil
+}
+
+// toKV validates one wire event and converts it; the rank comes from its
+// batch. It checks what Validate checks and what only the wire can get
+// wrong: the type and tier names, and fields that do not belong to the type.
+func (e *Event) toKV(rank kvevent.Rank) (kvevent.Event, error) {
+	out := kvevent.Event{Rank: rank, EventID: e.EventID}
+	switch e.Type {
+	case EventStored:
+		out.Kind = kvevent.KindStored
+	case EventRemoved:
+		out.Kind = kvevent.KindRemoved
+	case EventCleared:
+		out.Kind = kvevent.KindCleared
+	case "":
+		return out, invalidf("type is missing (want stored, removed or cleared)")
+	default:
+		return out, invalidf("unknown event type %q (want stored, removed or cleared)", e.Type)
+	}
+	switch {
+	case e.Tier != "":
+		t, err := kvevent.ParseTier(e.Tier)
+		if err != nil {
+			return out, invalidf("unknown tier %q (want device, host, disk or external)", e.Tier)
+		}
+		out.Tier = t
+	case out.Kind != kvevent.KindCleared:
+		return out, invalidf("tier is missing (want device, host, disk or external)")
+	}
+	if out.Kind != kvevent.KindStored && (e.ParentHash != nil || len(e.Blocks) > 0) {
+		return out, invalidf("a %s event carries no parent_hash or blocks", e.Type)
+	}
+	if out.Kind != kvevent.KindRemoved && len(e.Hashes) > 0 {
+		return out, invalidf("a %s event carries no hashes (removed events do)", e.Type)
+	}
+	if len(e.Blocks) > maxBlockLen || len(e.Hashes) > maxBlockLen {
+		return out, invalidf("more than %d blocks in one event", maxBlockLen)
+	}
+	if e.ParentHash != nil {
+		out.HasParent, out.Parent = true, *e.ParentHash
+	}
+	if len(e.Blocks) > 0 {
+		out.Blocks = make([]kvevent.Block, len(e.Blocks))
+		for i, b := range e.Blocks {
+			out.Blocks[i] = kvevent.Block{EngineHash: b.Hash, LocalHash: b.LocalHash}
+		}
+	}
+	out.Removed = e.Hashes
+	if err := out.Validate(); err != nil {
+		return out, &httpError{code: 400, reason: ReasonInvalid, err: err}
+	}
+	return out, nil
+}
+
+// rankBatches validates an events request and converts it. Within a batch,
+// event ids must rise by exactly one: a publisher numbers a rank's events
+// consecutively, and a batch with a hole in it could not be acknowledged
+// with one cursor.
+func rankBatches(req *EventsRequest) ([]raftfsm.RankBatch, error) {
+	if len(req.Batches) == 0 {
+		return nil, invalidf("no batches")
+	}
+	out := make([]raftfsm.RankBatch, len(req.Batches))
+	for i := range req.Batches {
+		b := &req.Batches[i]
+		rank := kvevent.Rank{Worker: b.WorkerID, DP: b.DPRank}
+		if len(b.Events) == 0 {
+			return nil, invalidf("batch %d (rank %v) has no events", i, rank)
+		}
+		rb := raftfsm.RankBatch{Rank: rank, Events: make([]kvevent.Event, len(b.Events))}
+		for j := range b.Events {
+			e := &b.Events[j]
+			if j > 0 && e.EventID != b.Events[j-1].EventID+1 {
+				return nil, invalidf("batch %d (rank %v) event %d: event_id %d follows %d (ids must rise by one within a batch)",
+					i, rank, j, e.EventID, b.Events[j-1].EventID)
+			}
+			ev, err := e.toKV(rank)
+			if err != nil {
+				return nil, locate(err, "batch %d (rank %v) event %d (id %d)", i, rank, j, e.EventID)
+			}
+			rb.Events[j] = ev
+		}
+		out[i] = rb
+	}
+	return out, nil
+}
+
+// dumpEvents validates a rank dump: stored events only.
+func dumpEvents(rank kvevent.Rank, req *DumpRequest) ([]kvevent.Event, error) {
+	out := make([]kvevent.Event, len(req.Events))
+	for j := range req.Events {
+		e := &req.Events[j]
+		if e.Type != EventStored {
+			return nil, invalidf("event %d: a dump holds stored events only, not %q", j, e.Type)
+		}
+		ev, err := e.toKV(rank)
+		if err != nil {
+			return nil, locate(err, "event %d", j)
+		}
+		out[j] = ev
+	}
+	return out, nil
+}
+
+// locate prefixes an input error with where in the body it was found,
+// keeping its code and reason.
+func locate(err error, format string, args ...any) error {
+	code, reason := classify(err)
+	return &httpError{code: code, reason: reason, err: fmt.Errorf(format+": %w", append(args, err)...)}
+}
+
+// settings validates a settings request and converts it.
+func settings(req *SettingsRequest) (raftfsm.Settings, error) {
+	s := raftfsm.Settings{Params: indexer.DefaultParams()}
+	if req.Params != nil {
+		s.Params = *req.Params
+	}
+	if err := s.Params.Validate(); err != nil {
+		return s, invalidf("params: %v", err)
+	}
+	switch req.View {
+	case "", "dedup":
+		s.View = indexer.ViewDedup
+	case "tiered":
+		s.View = indexer.ViewTiered
+	default:
+		return s, invalidf("unknown view %q (want dedup or tiered)", req.View)
+	}
+	return s, nil
+}

@@ -1,0 +1,229 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/urfave/cli/v2"
+)
+
+// env is everything kvctl touches outside its arguments, so that tests can
+// run the whole command line in-process.
+type env struct {
+	stdout, stderr io.Writer
+	stdin          io.Reader
+	terminal       bool // stderr is a terminal: long operations show progress there
+	inspect        func(r io.Reader) (raftfsm.SnapshotInfo, error)
+	seed           func(snapshotPath, dataDir, nodeID string, peers []raftfsm.Member) error
+}
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// usageError is a command line that kvctl cannot run as written: exit 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// run runs kvctl with args (args[0] is the program name) and returns its
+// exit code. Errors are reported on e.stderr, one line each.
+func run(ctx context.Context, args []string, e *env) int {
+	app := newApp(e)
+	args, err := hoistFlags(app, args)
+	if err == nil {
+		err = app.RunContext(ctx, args)
+	}
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintln(e.stderr, "kvctl: "+oneLine(explain(err)))
+	var ue *usageError
+	if errors.As(err, &ue) {
+		return exitUsage
+	}
+	return exitError
+}
+
+func newApp(e *env) *cli.App {
+	app := &cli.App{
+		Name:  "kvctl",
+		Usage: "operate a kvrouter cluster",
+		Description: "kvctl talks to the nodes' HTTP API. Reads are answered by the first endpoint that\n" +
+			"answers; writes may go to any node, which forwards them to the leader.\n\n" +
+			"Example:\n" +
+			"   kvctl --endpoints 10.0.0.1:7080,10.0.0.2:7080,10.0.0.3:7080 status",
+		Writer:          e.stdout,
+		ErrWriter:       e.stderr,
+		HideVersion:     true,
+		HideHelpCommand: true,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "endpoints", Value: "127.0.0.1:7080", EnvVars: []string{"KVCTL_ENDPOINTS"},
+				Usage: "the nodes' HTTP addresses, host:port,..."},
+			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, EnvVars: []string{"KVCTL_TIMEOUT"},
+				Usage: "how long a command may take (snapshot save and restore: see their --max-time)"},
+			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", EnvVars: []string{"KVCTL_OUTPUT"},
+				Usage: "output format: table or json"},
+		},
+		Before: func(c *cli.Context) error {
+			switch c.String("output") {
+			case "table", "json":
+			default:
+				return usagef("-o %q: want table or json", c.String("output"))
+			}
+			if c.Duration("timeout") <= 0 {
+				return usagef("--timeout %v: want a positive duration such as 10s", c.Duration("timeout"))
+			}
+			return nil
+		},
+		Action: func(c *cli.Context) error {
+			if c.Args().Present() {
+				return usagef("unknown command %q; kvctl --help lists the commands", c.Args().First())
+			}
+			_ = cli.ShowAppHelp(c)
+			return usagef("a command is needed; kvctl --help lists them")
+		},
+		ExitErrHandler: func(*cli.Context, error) {}, // run decides the exit code, never os.Exit
+		Commands: []*cli.Command{
+			statusCommand(e),
+			membersCommand(e),
+			leaderCommand(e),
+			workersCommand(e),
+			routeCommand(e),
+			indexCommand(e),
+			snapshotCommand(e),
+		},
+	}
+	app.OnUsageError = onUsageError
+	for _, c := range app.Commands {
+		setUsageErrors(c)
+	}
+	return app
+}
+
+func onUsageError(c *cli.Context, err error, _ bool) error {
+	return usagef("%v; see %s --help", err, helpName(c))
+}
+
+func helpName(c *cli.Context) string {
+	if c.Command != nil && c.Command.HelpName != "" {
+		return c.Command.HelpName
+	}
+	return "kvctl"
+}
+
+func setUsageErrors(c *cli.Command) {
+	c.OnUsageError = onUsageError
+	for _, s := range c.Subcommands {
+		setUsageErrors(s)
+	}
+}
+
+// group returns the action of a command that only holds subcommands.
+func group(want string) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		if c.Args().Present() {
+			return usagef("unknown command %q (want %s); see %s --help", c.Args().First(), want, helpName(c))
+		}
+		_ = cli.ShowSubcommandHelp(c)
+		return usagef("%s needs a command: %s", helpName(c), want)
+	}
+}
+
+// args checks the number of positional arguments.
+func args(c *cli.Context, n int, names string) error {
+	if c.NArg() != n {
+		return usagef("%s takes %s (got %d argument(s)); see %s --help", helpName(c), names, c.NArg(), helpName(c))
+	}
+	return nil
+}
+
+func jsonOut(c *cli.Context) bool { return c.String("output") == "json" }
+
+// newClient returns a client of --endpoints whose connections give up
+// after --timeout.
+func newClient(c *cli.Context) (*client.Client, error) {
+	dialer := &net.Dialer{Timeout: c.Duration("timeout"), KeepAlive: 30 * time.Second}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = dialer.DialContext
+	cl, err := client.New(strings.Split(c.String("endpoints"), ","),
+		client.Options{HTTPClient: &http.Client{Transport: tr}, UserAgent: "kvctl"})
+	if err != nil {
+		return nil, usagef("--endpoints %q: %v", c.String("endpoints"), err)
+	}
+	return cl, nil
+}
+
+// withClient runs f with a client and a context bounded by --timeout.
+func withClient(c *cli.Context, f func(ctx context.Context, cl *client.Client) error) error {
+	cl, err := newClient(c)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+	defer cancel()
+	err = f(ctx, cl)
+	if err != nil && errors.Is(err, context.DeadlineExceeded) && c.Context.Err() == nil {
+		return fmt.Errorf("no answer within --timeout %v: %w", c.Duration("timeout"), err)
+	}
+	return err
+}
+
+// explain turns an error into the line kvctl prints: what went wrong and
+// what to do about it.
+func explain(err error) string {
+	var ue *usageError
+	var ae *client.Error
+	switch {
+	case errors.As(err, &ue):
+		return ue.msg
+	case errors.Is(err, client.ErrUnreachable):
+		return err.Error() + "; check --endpoints (or KVCTL_ENDPOINTS) and that the nodes run"
+	case errors.Is(err, context.Canceled):
+		return "interrupted"
+	case errors.Is(err, context.DeadlineExceeded):
+		return err.Error() + "; raise --timeout, or see kvctl status"
+	case errors.As(err, &ae):
+		switch ae.Reason {
+		case api.ReasonNoLeader:
+			return err.Error() + "; the cluster has no leader right now: check kvctl status and retry"
+		case api.ReasonOverloaded:
+			return err.Error() + "; every rank is busy: retry later, add workers or raise the busy thresholds"
+		case api.ReasonNoWorkers:
+			return err.Error() + "; no worker can take requests: register workers first (kvctl workers lists them)"
+		case api.ReasonUnknownWorker:
+			return err.Error() + "; kvctl workers lists the registered workers"
+		case api.ReasonBadSnapshot:
+			return err.Error() + "; the file is damaged or not a snapshot: take a new one with kvctl snapshot save"
+		case api.ReasonTimeout:
+			return err.Error() + "; the write may still apply: check with kvctl status and retry (retrying is safe)"
+		case api.ReasonShuttingDown:
+			return err.Error() + "; the node is stopping: use another endpoint"
+		case api.ReasonInternal:
+			return err.Error() + "; see the node's log"
+		}
+	}
+	return err.Error()
+}
+
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, "\r\n", " ")
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
+}

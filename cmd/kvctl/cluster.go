@@ -1,0 +1,275 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+
+	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/urfave/cli/v2"
+)
+
+func statusCommand(e *env) *cli.Command {
+	return &cli.Command{
+		Name:  "status",
+		Usage: "show every node's Raft and state status, one row per endpoint",
+		Description: "Asks every endpoint for its own status: id, address, Raft state and term, last log\n" +
+			"index, commit index, FSM applied index, leader, last contact with the leader, last\n" +
+			"snapshot index and state digest. Replicas at the same applied index must show the\n" +
+			"same digest. An endpoint that does not answer gets a row saying so, and the exit\n" +
+			"code is 1.\n\n" +
+			"Example:\n" +
+			"   kvctl --endpoints n1:7080,n2:7080,n3:7080 status\n" +
+			"   kvctl status -o json",
+		Action: func(c *cli.Context) error {
+			if err := args(c, 0, "no arguments"); err != nil {
+				return err
+			}
+			return withClient(c, func(ctx context.Context, cl *client.Client) error {
+				return printStatus(c, e, cl.StatusAll(ctx))
+			})
+		},
+	}
+}
+
+// statusRow is one endpoint's line of kvctl status -o json.
+type statusRow struct {
+	Endpoint string              `json:"endpoint"`
+	Status   *raftfsm.NodeStatus `json:"status,omitempty"`
+	Error    string              `json:"error,omitempty"`
+}
+
+func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
+	failed := 0
+	rows := make([]statusRow, len(res))
+	for i, r := range res {
+		rows[i] = statusRow{Endpoint: hostOf(r.Endpoint), Status: r.Status}
+		if r.Err != nil {
+			failed++
+			rows[i].Error = shortError(r.Err)
+		}
+	}
+	if jsonOut(c) {
+		if err := writeJSON(e.stdout, rows); err != nil {
+			return err
+		}
+	} else {
+		header := []string{"ENDPOINT", "ID", "STATE", "TERM", "LAST_INDEX", "COMMIT", "APPLIED", "LEADER",
+			"LAST_CONTACT", "SNAPSHOT", "DIGEST", "READY"}
+		if failed > 0 {
+			header = append(header, "ERROR")
+		}
+		t := newTable(e.stdout, header...)
+		for _, r := range rows {
+			if r.Status == nil {
+				t.row(r.Endpoint, "-", "UNREACHABLE", "-", "-", "-", "-", "-", "-", "-", "-", "-", r.Error)
+				continue
+			}
+			s := r.Status
+			contact := ago(s.LastContactMs)
+			if s.State == "Leader" {
+				contact = "-"
+			}
+			cells := []string{r.Endpoint, orDash(s.ID), orDash(s.State), u64(s.Term), u64(s.LastIndex),
+				u64(s.CommitIndex), u64(s.AppliedIndex), orDash(s.LeaderID), contact, u64(s.SnapshotIndex),
+				orDash(s.Digest), yesNo(s.Ready)}
+			if failed > 0 {
+				cells = append(cells, "")
+			}
+			t.row(cells...)
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
+	}
+	for _, w := range divergence(rows) {
+		fmt.Fprintln(e.stderr, "kvctl: warning: "+w)
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d endpoints did not answer; check that those nodes run and that --endpoints names them right",
+			failed, len(rows))
+	}
+	return nil
+}
+
+// divergence reports replicas that applied the same index but hold
+// different states: the digests are equal on replicas at equal applied
+// index unless they diverged.
+func divergence(rows []statusRow) []string {
+	byIndex := map[uint64]map[string][]string{} // applied -> digest -> ids
+	for _, r := range rows {
+		if s := r.Status; s != nil && s.Digest != "" {
+			if byIndex[s.AppliedIndex] == nil {
+				byIndex[s.AppliedIndex] = map[string][]string{}
+			}
+			byIndex[s.AppliedIndex][s.Digest] = append(byIndex[s.AppliedIndex][s.Digest], orDash(s.ID))
+		}
+	}
+	var out []string
+	for idx, digests := range byIndex {
+		if len(digests) < 2 {
+			continue
+		}
+		var parts []string
+		for d, ids := range digests {
+			parts = append(parts, strings.Join(ids, ",")+" has "+d)
+		}
+		slices.Sort(parts)
+		out = append(out, fmt.Sprintf("different state digests at applied index %d (%s): the replicas diverged; see the nodes' logs",
+			idx, strings.Join(parts, "; ")))
+	}
+	slices.Sort(out)
+	return out
+}
+
+func hostOf(base string) string {
+	if u, err := url.Parse(base); err == nil && u.Host != "" {
+		return u.Host
+	}
+	return base
+}
+
+// shortError is an error without the request in front, for a table cell.
+func shortError(err error) string {
+	var ae *client.Error
+	if errors.As(err, &ae) {
+		return fmt.Sprintf("HTTP %d %s", ae.StatusCode, ae.Message)
+	}
+	s := err.Error()
+	if i := strings.LastIndex(s, ": "); i >= 0 && errors.Is(err, client.ErrUnreachable) {
+		s = s[i+2:]
+	}
+	return oneLine(s)
+}
+
+func membersCommand(e *env) *cli.Command {
+	return &cli.Command{
+		Name:  "members",
+		Usage: "list, add or remove cluster members",
+		Description: "Example:\n" +
+			"   kvctl members list\n" +
+			"   kvctl members add n4 10.0.0.4:7946 10.0.0.4:7080\n" +
+			"   kvctl members remove n4",
+		Action: group("list, add or remove"),
+		Subcommands: []*cli.Command{
+			{
+				Name:        "list",
+				Usage:       "list the members as the replicated member table knows them",
+				Description: "Example:\n   kvctl members list -o json",
+				Action: func(c *cli.Context) error {
+					if err := args(c, 0, "no arguments"); err != nil {
+						return err
+					}
+					return withClient(c, func(ctx context.Context, cl *client.Client) error {
+						ms, err := cl.Members(ctx)
+						if err != nil {
+							return err
+						}
+						if jsonOut(c) {
+							return writeJSON(e.stdout, ms)
+						}
+						t := newTable(e.stdout, "ID", "RAFT_ADDR", "HTTP_ADDR", "VOTER", "LEADER")
+						for _, m := range ms {
+							t.row(m.ID, m.RaftAddr, orDash(m.HTTPAddr), yesNo(m.Voter), yesNo(m.Leader))
+						}
+						return t.flush()
+					})
+				},
+			},
+			{
+				Name:      "add",
+				Usage:     "add a voter: its id, Raft address and HTTP address",
+				ArgsUsage: "ID RAFTADDR HTTPADDR",
+				Description: "Start the new node first (kvrouter --join also adds it), then add it here.\n\n" +
+					"Example:\n   kvctl members add n4 10.0.0.4:7946 10.0.0.4:7080",
+				Action: func(c *cli.Context) error {
+					if err := args(c, 3, "ID RAFTADDR HTTPADDR"); err != nil {
+						return err
+					}
+					id, raftAddr, httpAddr := c.Args().Get(0), c.Args().Get(1), c.Args().Get(2)
+					return withClient(c, func(ctx context.Context, cl *client.Client) error {
+						if err := cl.AddMember(ctx, id, raftAddr, httpAddr); err != nil {
+							return err
+						}
+						m := raftfsm.Member{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr, Voter: true}
+						if jsonOut(c) {
+							return writeJSON(e.stdout, map[string]any{"added": m})
+						}
+						_, err := fmt.Fprintf(e.stdout, "added member %s (raft %s, http %s)\n", id, raftAddr, httpAddr)
+						return err
+					})
+				},
+			},
+			{
+				Name:        "remove",
+				Usage:       "remove a member",
+				ArgsUsage:   "ID",
+				Description: "Example:\n   kvctl members remove n4",
+				Action: func(c *cli.Context) error {
+					if err := args(c, 1, "ID"); err != nil {
+						return err
+					}
+					id := c.Args().First()
+					return withClient(c, func(ctx context.Context, cl *client.Client) error {
+						if err := cl.RemoveMember(ctx, id); err != nil {
+							return err
+						}
+						if jsonOut(c) {
+							return writeJSON(e.stdout, map[string]string{"removed": id})
+						}
+						_, err := fmt.Fprintf(e.stdout, "removed member %s\n", id)
+						return err
+					})
+				},
+			},
+		},
+	}
+}
+
+func leaderCommand(e *env) *cli.Command {
+	return &cli.Command{
+		Name:        "leader",
+		Usage:       "move leadership",
+		Description: "Example:\n   kvctl leader transfer --to n2",
+		Action:      group("transfer"),
+		Subcommands: []*cli.Command{{
+			Name:  "transfer",
+			Usage: "hand leadership to another voter (before maintenance of the leader)",
+			Description: "Without --to, any up-to-date voter takes over.\n\n" +
+				"Example:\n   kvctl leader transfer\n   kvctl leader transfer --to n2",
+			Flags: []cli.Flag{&cli.StringFlag{Name: "to", Usage: "the member `ID` to hand leadership to"}},
+			Action: func(c *cli.Context) error {
+				if err := args(c, 0, "no arguments (the target is --to ID)"); err != nil {
+					return err
+				}
+				to := c.String("to")
+				return withClient(c, func(ctx context.Context, cl *client.Client) error {
+					if err := cl.TransferLeader(ctx, to); err != nil {
+						return err
+					}
+					leader := to
+					if leader == "" {
+						// Ask who took over; a node that has not heard yet
+						// may still name the old leader.
+						if st, err := cl.Status(ctx); err == nil {
+							leader = st.LeaderID
+						}
+					}
+					if jsonOut(c) {
+						return writeJSON(e.stdout, map[string]string{"leader": leader})
+					}
+					if leader == "" {
+						_, err := fmt.Fprintln(e.stdout, "leadership transferred")
+						return err
+					}
+					_, err := fmt.Fprintf(e.stdout, "leadership transferred to %s\n", leader)
+					return err
+				})
+			},
+		}},
+	}
+}

@@ -1,0 +1,32 @@
+// Command kvctl is the operator CLI of a kvrouter cluster: cluster status
+// and membership, leadership transfer, workers, route decisions, index
+// statistics, and snapshots (save, inspect, restore online or seed a new
+// cluster offline), over the HTTP API of docs/api.md.
+//
+// Exit codes: 0 success, 1 error, 2 bad usage. Errors are one line on
+// stderr that says what to do; -o json writes only JSON to stdout.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"golang.org/x/term"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args, &env{
+		stdout:   os.Stdout,
+		stderr:   os.Stderr,
+		stdin:    os.Stdin,
+		terminal: term.IsTerminal(int(os.Stderr.Fd())),
+		inspect:  raftfsm.InspectSnapshot,
+		seed:     raftfsm.SeedDataDir,
+	})
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,656 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/urfave/cli/v2"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// cluster is three API servers over fakes: n1 leads, n2 and n3 follow.
+type cluster struct {
+	nodes []*testNode
+}
+
+type testNode struct {
+	fake *apitest.Fake
+	srv  *httptest.Server
+}
+
+func (n *testNode) addr() string { return strings.TrimPrefix(n.srv.URL, "http://") }
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	c := &cluster{}
+	var members []raftfsm.Member
+	for _, id := range []string{"n1", "n2", "n3"} {
+		f := apitest.New(id, "")
+		s := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
+		hs := httptest.NewServer(s)
+		t.Cleanup(func() {
+			hs.Close()
+			s.Close()
+		})
+		n := &testNode{fake: f, srv: hs}
+		c.nodes = append(c.nodes, n)
+		members = append(members, raftfsm.Member{ID: id, RaftAddr: id + ":7946", HTTPAddr: n.addr(), Voter: true, Leader: id == "n1"})
+	}
+	for i, n := range c.nodes {
+		st := n.fake.Status()
+		st.HTTPAddr, st.LeaderHTTP = n.addr(), c.nodes[0].addr()
+		n.fake.SetStatus(st)
+		n.fake.SetMembers(members)
+		if i > 0 {
+			n.fake.SetFollower("n1", c.nodes[0].addr())
+		}
+	}
+	return c
+}
+
+func (c *cluster) leader() *apitest.Fake { return c.nodes[0].fake }
+
+func (c *cluster) endpoints() string {
+	var es []string
+	for _, n := range c.nodes {
+		es = append(es, n.addr())
+	}
+	return strings.Join(es, ",")
+}
+
+// registerWorkers registers two workers of two ranks on the leader.
+func (c *cluster) registerWorkers(t *testing.T) {
+	t.Helper()
+	for _, id := range []uint64{1, 2} {
+		if err := c.leader().RegisterWorker(context.Background(), raftfsm.WorkerInfo{
+			ID: id, DPRanks: []uint32{0, 1}, BlockSize: 4, Capacity: [4]int64{100, 200, 0, 0}, Model: "llama"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Followers score from their own (replicated) state: give them the same.
+	for _, n := range c.nodes[1:] {
+		n.fake.SetLeader()
+		for _, id := range []uint64{1, 2} {
+			_ = n.fake.RegisterWorker(context.Background(), raftfsm.WorkerInfo{
+				ID: id, DPRanks: []uint32{0, 1}, BlockSize: 4, Capacity: [4]int64{100, 200, 0, 0}, Model: "llama"})
+		}
+		n.fake.SetFollower("n1", c.nodes[0].addr())
+	}
+}
+
+// seedCall records what the offline seed was asked to do.
+type seedCall struct {
+	snapshot, dir, id string
+	peers             []raftfsm.Member
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+type harness struct {
+	mu       sync.Mutex
+	seeds    []seedCall
+	terminal bool
+	inspect  func(io.Reader) (raftfsm.SnapshotInfo, error)
+	stdin    string
+}
+
+func (h *harness) run(t *testing.T, args ...string) result {
+	t.Helper()
+	var out, errb bytes.Buffer
+	inspect := h.inspect
+	if inspect == nil {
+		inspect = apitest.InspectSnapshot
+	}
+	e := &env{
+		stdout: &out, stderr: &errb, stdin: strings.NewReader(h.stdin), terminal: h.terminal,
+		inspect: inspect,
+		seed: func(snapshot, dir, id string, peers []raftfsm.Member) error {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			h.seeds = append(h.seeds, seedCall{snapshot, dir, id, peers})
+			return nil
+		},
+	}
+	code := run(context.Background(), append([]string{"kvctl"}, args...), e)
+	return result{stdout: out.String(), stderr: errb.String(), code: code}
+}
+
+func kvctl(t *testing.T, args ...string) result {
+	t.Helper()
+	return (&harness{}).run(t, args...)
+}
+
+// wantCode checks the exit code and, for failures, that stderr is one
+// line.
+func (r result) wantCode(t *testing.T, code int) result {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("exit code %d, want %d\nstdout:\n%s\nstderr:\n%s", r.code, code, r.stdout, r.stderr)
+	}
+	if code != 0 {
+		lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
+		last := lines[len(lines)-1]
+		if !strings.HasPrefix(last, "kvctl: ") {
+			t.Fatalf("the error line %q does not start with kvctl:", last)
+		}
+		for _, l := range lines[:len(lines)-1] {
+			if !strings.HasPrefix(l, "kvctl: warning: ") {
+				t.Fatalf("stderr has more than the error line:\n%s", r.stderr)
+			}
+		}
+	}
+	return r
+}
+
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func TestStatusShowsARowPerNodeAndTheUnreachable(t *testing.T) {
+	c := newCluster(t)
+	dead := deadAddr(t)
+	r := kvctl(t, "--endpoints", c.endpoints()+","+dead, "status").wantCode(t, 1)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 5 {
+		t.Fatalf("%d lines, want a header and 4 rows:\n%s", len(lines), r.stdout)
+	}
+	for _, col := range []string{"ENDPOINT", "ID", "STATE", "TERM", "LAST_INDEX", "COMMIT", "APPLIED", "LEADER", "LAST_CONTACT", "SNAPSHOT", "DIGEST"} {
+		if !strings.Contains(lines[0], col) {
+			t.Errorf("header lacks %s: %s", col, lines[0])
+		}
+	}
+	for i, id := range []string{"n1", "n2", "n3"} {
+		f := strings.Fields(lines[i+1])
+		if f[0] != c.nodes[i].addr() || f[1] != id {
+			t.Errorf("row %d = %q, want %s %s", i, lines[i+1], c.nodes[i].addr(), id)
+		}
+	}
+	if !strings.Contains(lines[1], "Leader") || !strings.Contains(lines[2], "Follower") {
+		t.Errorf("states wrong:\n%s", r.stdout)
+	}
+	if last := lines[4]; !strings.HasPrefix(last, dead) || !strings.Contains(last, "UNREACHABLE") || !strings.Contains(last, "refused") {
+		t.Errorf("the dead endpoint's row = %q, want it marked UNREACHABLE with why", last)
+	}
+	if !strings.Contains(r.stderr, "1 of 4 endpoints did not answer") {
+		t.Errorf("stderr = %q", r.stderr)
+	}
+}
+
+func TestStatusJSONIsOnlyJSON(t *testing.T) {
+	c := newCluster(t)
+	dead := deadAddr(t)
+	r := kvctl(t, "status", "-o", "json", "--endpoints", c.endpoints()+","+dead).wantCode(t, 1)
+	var rows []struct {
+		Endpoint string              `json:"endpoint"`
+		Status   *raftfsm.NodeStatus `json:"status"`
+		Error    string              `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil {
+		t.Fatalf("stdout is not JSON: %v\n%s", err, r.stdout)
+	}
+	if len(rows) != 4 || rows[0].Status.ID != "n1" || rows[3].Status != nil || rows[3].Error == "" {
+		t.Fatalf("rows = %+v", rows)
+	}
+}
+
+func TestStatusWarnsOfDivergedReplicas(t *testing.T) {
+	c := newCluster(t)
+	st := c.nodes[2].fake.Status()
+	st.Digest = "ffffffffffffffff"
+	c.nodes[2].fake.SetStatus(st)
+	r := kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+	if !strings.Contains(r.stderr, "warning: different state digests at applied index 10") || !strings.Contains(r.stderr, "n3 has ffffffffffffffff") {
+		t.Fatalf("stderr = %q, want a divergence warning naming n3", r.stderr)
+	}
+}
+
+func TestMembersThroughAFollower(t *testing.T) {
+	c := newCluster(t)
+	follower := c.nodes[1].addr()
+	r := kvctl(t, "--endpoints", follower, "members", "add", "n4", "10.0.0.4:7946", "10.0.0.4:7080").wantCode(t, 0)
+	if r.stdout != "added member n4 (raft 10.0.0.4:7946, http 10.0.0.4:7080)\n" {
+		t.Fatalf("stdout = %q", r.stdout)
+	}
+	ms, _ := c.leader().Members(context.Background())
+	if len(ms) != 4 {
+		t.Fatalf("the leader has %d members, want 4", len(ms))
+	}
+	r = kvctl(t, "--endpoints", c.nodes[0].addr(), "members", "list").wantCode(t, 0)
+	if !strings.Contains(r.stdout, "n4") || !strings.Contains(r.stdout, "RAFT_ADDR") {
+		t.Fatalf("list:\n%s", r.stdout)
+	}
+	kvctl(t, "--endpoints", follower, "members", "remove", "n4").wantCode(t, 0)
+	r = kvctl(t, "--endpoints", c.nodes[0].addr(), "-o", "json", "members", "list").wantCode(t, 0)
+	var got []raftfsm.Member
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || len(got) != 3 {
+		t.Fatalf("members after remove: %v %s", err, r.stdout)
+	}
+	r = kvctl(t, "--endpoints", follower, "members", "remove", "n9").wantCode(t, 1)
+	if !strings.Contains(r.stderr, "n9") {
+		t.Fatalf("stderr = %q", r.stderr)
+	}
+}
+
+func TestLeaderTransfer(t *testing.T) {
+	c := newCluster(t)
+	r := kvctl(t, "--endpoints", c.nodes[2].addr(), "leader", "transfer", "--to", "n2").wantCode(t, 0)
+	if r.stdout != "leadership transferred to n2\n" {
+		t.Fatalf("stdout = %q", r.stdout)
+	}
+	if c.leader().Calls()["TransferLeadership"] != 1 {
+		t.Fatal("the transfer did not reach the leader")
+	}
+	kvctl(t, "--endpoints", c.nodes[0].addr(), "leader", "transfer", "n2").wantCode(t, 2)
+}
+
+func TestWorkers(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	r := kvctl(t, "--endpoints", c.endpoints(), "workers").wantCode(t, 0)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 5 || !strings.Contains(lines[0], "DEVICE") || !strings.Contains(lines[0], "EXTERNAL") {
+		t.Fatalf("workers:\n%s", r.stdout)
+	}
+	r = kvctl(t, "--endpoints", c.endpoints(), "workers", "--tier", "host").wantCode(t, 0)
+	if head := strings.Split(r.stdout, "\n")[0]; !strings.Contains(head, "HOST") || strings.Contains(head, "DEVICE") {
+		t.Fatalf("--tier host header = %q", head)
+	}
+	kvctl(t, "workers", "--tier", "gpu").wantCode(t, 2)
+	r = kvctl(t, "--endpoints", c.endpoints(), "workers", "-o", "json").wantCode(t, 0)
+	var ws []api.Worker
+	if err := json.Unmarshal([]byte(r.stdout), &ws); err != nil || len(ws) != 2 || len(ws[0].Ranks) != 2 {
+		t.Fatalf("workers json: %v %s", err, r.stdout)
+	}
+}
+
+func TestRoute(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	dir := t.TempDir()
+	jsonTokens := filepath.Join(dir, "tokens.json")
+	os.WriteFile(jsonTokens, []byte("[1,2,3,4,5,6,7,8]\n"), 0o644)
+	textTokens := filepath.Join(dir, "tokens.txt")
+	os.WriteFile(textTokens, []byte("1 2 3 4\n5 6\t7 8\n"), 0o644)
+	ep := "--endpoints=" + c.nodes[1].addr()
+
+	for _, file := range []string{jsonTokens, textTokens} {
+		r := kvctl(t, ep, "route", "--tokens", file).wantCode(t, 0)
+		if !strings.HasPrefix(r.stdout, "routed to worker ") || !strings.Contains(r.stdout, "2 request blocks") {
+			t.Fatalf("route %s:\n%s", file, r.stdout)
+		}
+		if n := strings.Count(r.stdout, "\n*"); n != 1 {
+			t.Fatalf("%d candidates marked chosen, want 1:\n%s", n, r.stdout)
+		}
+	}
+	r := (&harness{stdin: "1 2 3 4"}).run(t, ep, "route", "--tokens", "-", "-o", "json")
+	r.wantCode(t, 0)
+	var resp api.RouteResponse
+	if err := json.Unmarshal([]byte(r.stdout), &resp); err != nil || len(resp.Candidates) != 4 {
+		t.Fatalf("route json: %v %s", err, r.stdout)
+	}
+	r = kvctl(t, ep, "route", "--hashes", "0x10,20", "--isl", "8", "--set", "temperature=0.5", "--set", "overlap_score_credit=2").wantCode(t, 0)
+	if !strings.Contains(r.stdout, "decided by sample") {
+		t.Fatalf("temperature 0.5 did not sample:\n%s", r.stdout)
+	}
+
+	kvctl(t, ep, "route").wantCode(t, 2)
+	kvctl(t, ep, "route", "--tokens", jsonTokens, "--hashes", "1").wantCode(t, 2)
+	kvctl(t, ep, "route", "--hashes", "1,x").wantCode(t, 2)
+	kvctl(t, ep, "route", "--hashes", "1", "--set", "busy_prefill_tokens=1").wantCode(t, 2)
+	kvctl(t, ep, "route", "--hashes", "1", "--set", "temperature=hot").wantCode(t, 2)
+	bad := filepath.Join(dir, "bad.txt")
+	os.WriteFile(bad, []byte("1 2 -3"), 0o644)
+	if r := kvctl(t, ep, "route", "--tokens", bad).wantCode(t, 1); !strings.Contains(r.stderr, `token 2 "-3"`) {
+		t.Fatalf("stderr = %q", r.stderr)
+	}
+	kvctl(t, ep, "route", "--tokens", filepath.Join(dir, "missing")).wantCode(t, 1)
+	if r := kvctl(t, ep, "route", "--hashes", "1", "--set", "prefill_load_scale=-1").wantCode(t, 1); !strings.Contains(r.stderr, "prefill_load_scale") {
+		t.Fatalf("a negative override: stderr = %q", r.stderr)
+	}
+}
+
+func TestRouteOverloadedShowsWhyAndFails(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	ctx := context.Background()
+	p := indexer.DefaultParams()
+	p.BusyPrefillTokens = 1
+	if err := c.leader().SetSettings(ctx, raftfsm.Settings{Params: p}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		if _, err := c.leader().Route(ctx, raftfsm.RouteQuery{Tokens: []uint32{1, 2, 3, 4}, Book: true, RequestID: string(rune('a' + i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := &harness{stdin: "1 2 3 4"}
+	r := h.run(t, "--endpoints", c.nodes[0].addr(), "route", "--tokens", "-")
+	r.wantCode(t, 1)
+	if !strings.Contains(r.stdout, "no rank can take the request") || strings.Count(r.stdout, "prefill_tokens") != 4 {
+		t.Fatalf("stdout:\n%s", r.stdout)
+	}
+	if !strings.Contains(r.stderr, "overloaded") || !strings.Contains(r.stderr, "retry later") {
+		t.Fatalf("stderr = %q", r.stderr)
+	}
+}
+
+func TestIndexStats(t *testing.T) {
+	c := newCluster(t)
+	r := kvctl(t, "--endpoints", c.endpoints(), "index", "stats").wantCode(t, 0)
+	for _, k := range []string{"nodes", "blocks device", "orphan events", "malformed events"} {
+		if !strings.Contains(r.stdout, k) {
+			t.Errorf("index stats lack %q:\n%s", k, r.stdout)
+		}
+	}
+	r = kvctl(t, "--endpoints", c.endpoints(), "index", "stats", "-o", "json").wantCode(t, 0)
+	var st api.IndexStats
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("json: %v %s", err, r.stdout)
+	}
+}
+
+func TestSnapshotSaveVerifiesThenRenames(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	file := filepath.Join(t.TempDir(), "backup.snap")
+	r := kvctl(t, "--endpoints", c.nodes[1].addr(), "snapshot", "save", file).wantCode(t, 0)
+	info, err := inspectPath(file)
+	if err != nil {
+		t.Fatalf("the saved file does not inspect: %v", err)
+	}
+	fi, _ := os.Stat(file)
+	want := "saved " + file + " (index 10, term 2, " + size(fi.Size()) + ", sha256 " + info.SHA256 + ")\n"
+	if r.stdout != want {
+		t.Fatalf("stdout = %q, want %q", r.stdout, want)
+	}
+	if _, err := os.Stat(file + ".part"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("%s.part left behind: %v", file, err)
+	}
+	if r.stderr != "" {
+		t.Fatalf("stderr off a terminal = %q, want nothing", r.stderr)
+	}
+}
+
+func TestSnapshotSaveFailingLeavesNothing(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	dir := t.TempDir()
+
+	c.leader().FailSnapshotAfter(128)
+	file := filepath.Join(dir, "a.snap")
+	r := kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file).wantCode(t, 1)
+	if !strings.Contains(r.stderr, "disk read failed") || !strings.Contains(r.stderr, "nothing was saved") {
+		t.Fatalf("stderr = %q", r.stderr)
+	}
+	assertNoFiles(t, dir)
+
+	c.leader().FailSnapshotAfter(0)
+	h := &harness{inspect: func(io.Reader) (raftfsm.SnapshotInfo, error) {
+		return raftfsm.SnapshotInfo{}, raftfsm.ErrBadSnapshot
+	}}
+	r = h.run(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file)
+	r.wantCode(t, 1)
+	if !strings.Contains(r.stderr, "does not verify") {
+		t.Fatalf("stderr = %q", r.stderr)
+	}
+	assertNoFiles(t, dir)
+
+	r = kvctl(t, "--endpoints", deadAddr(t), "snapshot", "save", file).wantCode(t, 1)
+	if !strings.Contains(r.stderr, "check --endpoints") {
+		t.Fatalf("stderr = %q", r.stderr)
+	}
+	assertNoFiles(t, dir)
+}
+
+func assertNoFiles(t *testing.T, dir string) {
+	t.Helper()
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 0 {
+		t.Fatalf("%s holds %v after a failed save, want nothing", dir, ents)
+	}
+}
+
+func TestSnapshotProgressOnlyOnATerminalTable(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	dir := t.TempDir()
+	h := &harness{terminal: true}
+	r := h.run(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", filepath.Join(dir, "a.snap"))
+	r.wantCode(t, 0)
+	if !strings.HasPrefix(r.stdout, "saved ") || strings.Count(r.stdout, "\n") != 1 {
+		t.Fatalf("stdout with a progress bar = %q, want only the saved line", r.stdout)
+	}
+	if !strings.Contains(r.stderr, "saving snapshot") {
+		t.Fatalf("no progress on the terminal: stderr = %q", r.stderr)
+	}
+	r = h.run(t, "--endpoints", c.nodes[0].addr(), "-o", "json", "snapshot", "save", filepath.Join(dir, "b.snap"))
+	r.wantCode(t, 0)
+	if r.stderr != "" {
+		t.Fatalf("-o json showed progress: %q", r.stderr)
+	}
+	var rep map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || rep["file"] == nil || rep["index"] != 10.0 {
+		t.Fatalf("-o json stdout = %q (%v)", r.stdout, err)
+	}
+}
+
+func TestSnapshotInspect(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	file := filepath.Join(t.TempDir(), "a.snap")
+	kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file).wantCode(t, 0)
+	r := kvctl(t, "snapshot", "inspect", file).wantCode(t, 0)
+	for _, want := range []string{"index", "term", "records workers", "checksum", "OK"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("inspect lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	data, _ := os.ReadFile(file)
+	os.WriteFile(file, data[:len(data)-10], 0o644)
+	r = kvctl(t, "snapshot", "inspect", file).wantCode(t, 1)
+	if !strings.Contains(r.stderr, "bad snapshot") {
+		t.Fatalf("a truncated file: stderr = %q", r.stderr)
+	}
+	kvctl(t, "snapshot", "inspect").wantCode(t, 2)
+	kvctl(t, "snapshot", "inspect", filepath.Join(t.TempDir(), "none")).wantCode(t, 1)
+}
+
+func TestSnapshotRestoreOnline(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	file := filepath.Join(t.TempDir(), "a.snap")
+	kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file).wantCode(t, 0)
+
+	// Through a follower, after a dead endpoint: the upload is rewound and
+	// forwarded to the leader.
+	r := (&harness{terminal: true}).run(t, "--endpoints", deadAddr(t)+","+c.nodes[2].addr(), "snapshot", "restore", file)
+	r.wantCode(t, 0)
+	if !strings.HasPrefix(r.stdout, "restored "+file+" to the cluster (index 10, term 2, ") {
+		t.Fatalf("stdout = %q", r.stdout)
+	}
+	if c.leader().Restores() != 1 {
+		t.Fatalf("the leader restored %d times, want 1", c.leader().Restores())
+	}
+
+	data, _ := os.ReadFile(file)
+	data[len(data)/2] ^= 0xff
+	os.WriteFile(file, data, 0o644)
+	r = kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "restore", file).wantCode(t, 1)
+	if !strings.Contains(r.stderr, "nothing was sent") {
+		t.Fatalf("stderr = %q", r.stderr)
+	}
+	if c.leader().Calls()["RestoreSnapshot"] != 1 {
+		t.Fatal("a damaged file was sent to the cluster")
+	}
+}
+
+func TestSnapshotRestoreOfflineSeeds(t *testing.T) {
+	c := newCluster(t)
+	file := filepath.Join(t.TempDir(), "a.snap")
+	kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file).wantCode(t, 0)
+	h := &harness{}
+	peers := "n1=10.0.0.1:7946=10.0.0.1:7080,n2=10.0.0.2:7946=10.0.0.2:7080"
+	r := h.run(t, "snapshot", "restore", file, "--data-dir", "/tmp/d1", "--node-id", "n1", "--peers", peers)
+	r.wantCode(t, 0)
+	if len(h.seeds) != 1 {
+		t.Fatalf("%d seeds, want 1", len(h.seeds))
+	}
+	s := h.seeds[0]
+	if s.snapshot != file || s.dir != "/tmp/d1" || s.id != "n1" || len(s.peers) != 2 ||
+		s.peers[1] != (raftfsm.Member{ID: "n2", RaftAddr: "10.0.0.2:7946", HTTPAddr: "10.0.0.2:7080", Voter: true}) {
+		t.Fatalf("seed = %+v", s)
+	}
+	if !strings.HasPrefix(r.stdout, "seeded /tmp/d1 for node n1") {
+		t.Fatalf("stdout = %q", r.stdout)
+	}
+	for _, bad := range [][]string{
+		{"snapshot", "restore", file, "--data-dir", "/tmp/d1", "--peers", peers},
+		{"snapshot", "restore", file, "--data-dir", "/tmp/d1", "--node-id", "n1"},
+		{"snapshot", "restore", file, "--data-dir", "/tmp/d1", "--node-id", "n9", "--peers", peers},
+		{"snapshot", "restore", file, "--data-dir", "/tmp/d1", "--node-id", "n1", "--peers", "n1=a"},
+		{"snapshot", "restore", file, "--data-dir", "/tmp/d1", "--node-id", "n1", "--peers", "n1=a=b,n1=c=d"},
+		{"snapshot", "restore", file, "--node-id", "n1", "--peers", peers},
+		{"snapshot", "restore", file, "--data-dir"},
+	} {
+		h.run(t, bad...).wantCode(t, 2)
+	}
+	if len(h.seeds) != 1 {
+		t.Fatal("a bad command line seeded a directory")
+	}
+}
+
+func TestExitCodes(t *testing.T) {
+	cases := []struct {
+		args []string
+		code int
+	}{
+		{nil, 2},
+		{[]string{"frobnicate"}, 2},
+		{[]string{"--bogus", "status"}, 2},
+		{[]string{"status", "--bogus"}, 2},
+		{[]string{"status", "extra"}, 2},
+		{[]string{"-o", "yaml", "status"}, 2},
+		{[]string{"--timeout", "soon", "status"}, 2},
+		{[]string{"--timeout", "0s", "status"}, 2},
+		{[]string{"--endpoints", "ftp://x:1", "status"}, 2},
+		{[]string{"members"}, 2},
+		{[]string{"members", "promote"}, 2},
+		{[]string{"members", "add", "n4"}, 2},
+		{[]string{"snapshot", "save"}, 2},
+		{[]string{"--help"}, 0},
+		{[]string{"snapshot", "save", "--help"}, 0},
+	}
+	for _, tc := range cases {
+		kvctl(t, tc.args...).wantCode(t, tc.code)
+	}
+}
+
+func TestUnreachableSaysWhatToDo(t *testing.T) {
+	r := kvctl(t, "--endpoints", deadAddr(t), "workers").wantCode(t, 1)
+	if !strings.Contains(r.stderr, "check --endpoints") {
+		t.Fatalf("stderr = %q", r.stderr)
+	}
+}
+
+func TestNoLeaderSaysWhatToDo(t *testing.T) {
+	c := newCluster(t)
+	c.nodes[1].fake.SetFollower("", "")
+	r := kvctl(t, "--endpoints", c.nodes[1].addr(), "members", "remove", "n3").wantCode(t, 1)
+	if !strings.Contains(r.stderr, "no leader") || !strings.Contains(r.stderr, "kvctl status") {
+		t.Fatalf("stderr = %q", r.stderr)
+	}
+}
+
+func TestEndpointsFromTheEnvironment(t *testing.T) {
+	c := newCluster(t)
+	t.Setenv("KVCTL_ENDPOINTS", c.nodes[0].addr())
+	t.Setenv("KVCTL_OUTPUT", "json")
+	r := kvctl(t, "members", "list").wantCode(t, 0)
+	if !strings.HasPrefix(r.stdout, "[") {
+		t.Fatalf("KVCTL_OUTPUT=json ignored: %q", r.stdout)
+	}
+}
+
+func TestEveryCommandHelpShowsAnExample(t *testing.T) {
+	app := newApp(&env{stdout: io.Discard, stderr: io.Discard})
+	var walk func(path []string, cmds []*cli.Command)
+	walk = func(path []string, cmds []*cli.Command) {
+		for _, c := range cmds {
+			p := append(append([]string{}, path...), c.Name)
+			r := kvctl(t, append(p, "--help")...).wantCode(t, 0)
+			if !strings.Contains(r.stdout, "Example:") || !strings.Contains(r.stdout, "kvctl "+strings.Join(p, " ")) {
+				t.Errorf("kvctl %s --help has no example:\n%s", strings.Join(p, " "), r.stdout)
+			}
+			walk(p, c.Subcommands)
+		}
+	}
+	walk(nil, app.Commands)
+	if r := kvctl(t, "--help").wantCode(t, 0); !strings.Contains(r.stdout, "Example:") {
+		t.Errorf("kvctl --help has no example")
+	}
+}
+
+func TestHoistFlags(t *testing.T) {
+	app := newApp(&env{stdout: io.Discard, stderr: io.Discard})
+	cases := []struct{ in, want string }{
+		{"status", "status"},
+		{"status -o json", "-o json status"},
+		{"--endpoints a:1 status --output=json", "--endpoints a:1 --output=json status"},
+		{"snapshot restore F --data-dir D --node-id n1 --peers p", "snapshot restore --data-dir D --node-id n1 --peers p F"},
+		{"snapshot save F --max-time 1m -o json", "-o json snapshot save --max-time 1m F"},
+		{"route --hashes 1,2 --set a=1 --set b=2", "route --hashes 1,2 --set a=1 --set b=2"},
+		{"members add n4 r:1 h:1 --bogus", "members add --bogus n4 r:1 h:1"},
+		{"snapshot inspect -- -weird-name", "snapshot inspect -- -weird-name"},
+		{"members -o json list", "-o json members list"},
+		{"leader transfer --to n2 -h", "leader transfer --to n2 -h"},
+		{"frob --x 1", "frob --x 1"},
+	}
+	for _, tc := range cases {
+		got, err := hoistFlags(app, append([]string{"kvctl"}, strings.Fields(tc.in)...))
+		if err != nil {
+			t.Errorf("%q: %v", tc.in, err)
+			continue
+		}
+		if s := strings.Join(got[1:], " "); s != tc.want {
+			t.Errorf("hoistFlags(%q) = %q, want %q", tc.in, s, tc.want)
+		}
+	}
+}
+
+func inspectPath(path string) (raftfsm.SnapshotInfo, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return raftfsm.SnapshotInfo{}, err
+	}
+	defer f.Close()
+	return apitest.InspectSnapshot(f)
+}

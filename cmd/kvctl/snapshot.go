@@ -1,0 +1,380 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/schollz/progressbar/v3"
+	"github.com/urfave/cli/v2"
+)
+
+func snapshotCommand(e *env) *cli.Command {
+	maxTime := &cli.DurationFlag{Name: "max-time", Usage: "give up after `DURATION` (default: no limit; Ctrl-C stops)"}
+	return &cli.Command{
+		Name:  "snapshot",
+		Usage: "save, inspect or restore a snapshot of the cluster's state",
+		Description: "Example:\n" +
+			"   kvctl snapshot save backup.snap\n" +
+			"   kvctl snapshot inspect backup.snap\n" +
+			"   kvctl snapshot restore backup.snap",
+		Action: group("save, inspect or restore"),
+		Subcommands: []*cli.Command{
+			{
+				Name:      "save",
+				Usage:     "stream the leader's latest state into FILE",
+				ArgsUsage: "FILE",
+				Description: "The stream goes to FILE.part, which is synced, verified (header, counts and\n" +
+					"checksum) and only then renamed to FILE: FILE is never half-written. A progress bar\n" +
+					"shows on a terminal. --timeout does not bound the transfer; --max-time does.\n\n" +
+					"Example:\n   kvctl snapshot save /backups/kvrouter-$(date +%F).snap",
+				Flags: []cli.Flag{maxTime},
+				Action: func(c *cli.Context) error {
+					if err := args(c, 1, "FILE"); err != nil {
+						return err
+					}
+					return snapshotSave(c, e, c.Args().First())
+				},
+			},
+			{
+				Name:      "inspect",
+				Usage:     "offline: show what FILE holds and check its checksum",
+				ArgsUsage: "FILE",
+				Description: "Reads the file only; no node is asked.\n\n" +
+					"Example:\n   kvctl snapshot inspect backup.snap",
+				Action: func(c *cli.Context) error {
+					if err := args(c, 1, "FILE"); err != nil {
+						return err
+					}
+					path := c.Args().First()
+					info, err := inspectFile(e, path)
+					if err != nil {
+						return err
+					}
+					return printSnapshotInfo(c, e, path, info)
+				},
+			},
+			{
+				Name:      "restore",
+				Usage:     "install FILE on the running cluster, or seed a new node's data directory with it",
+				ArgsUsage: "FILE",
+				Description: "Online (no --data-dir): the file is verified here, uploaded and installed through\n" +
+					"Raft on every node; it replaces the whole state of the cluster. A damaged file is\n" +
+					"refused and the cluster keeps its state.\n\n" +
+					"Offline (--data-dir, --node-id, --peers): the file is written into a new node's\n" +
+					"empty data directory. Seed every node of the new cluster from the same file, then\n" +
+					"start each with the same --peers.\n\n" +
+					"Example:\n" +
+					"   kvctl snapshot restore backup.snap\n" +
+					"   kvctl snapshot restore backup.snap --data-dir /var/lib/kvrouter --node-id n1 \\\n" +
+					"      --peers n1=10.0.0.1:7946=10.0.0.1:7080,n2=10.0.0.2:7946=10.0.0.2:7080,n3=10.0.0.3:7946=10.0.0.3:7080",
+				Flags: []cli.Flag{
+					maxTime,
+					// No environment variable: which mode runs must show on
+					// the command line (KVROUTER_DATA_DIR is the daemon's).
+					&cli.StringFlag{Name: "data-dir", Usage: "offline: seed this new node's data `DIR` instead of restoring online"},
+					&cli.StringFlag{Name: "node-id", Usage: "offline: the `ID` of the node that will own --data-dir"},
+					&cli.StringFlag{Name: "peers", Usage: "offline: every node of the new cluster as `id=raftaddr=httpaddr`,..."},
+				},
+				Action: func(c *cli.Context) error {
+					if err := args(c, 1, "FILE"); err != nil {
+						return err
+					}
+					if c.String("data-dir") != "" {
+						return snapshotSeed(c, e, c.Args().First())
+					}
+					if c.String("node-id") != "" || c.String("peers") != "" {
+						return usagef("--node-id and --peers seed a data directory: give --data-dir DIR too (or neither, to restore online)")
+					}
+					return snapshotRestore(c, e, c.Args().First())
+				},
+			},
+		},
+	}
+}
+
+// snapshotCtx bounds a snapshot transfer by --max-time only.
+func snapshotCtx(c *cli.Context) (context.Context, context.CancelFunc) {
+	if d := c.Duration("max-time"); d > 0 {
+		return context.WithTimeout(c.Context, d)
+	}
+	return context.WithCancel(c.Context)
+}
+
+// snapshotSave streams the snapshot into path+".part", syncs it, verifies
+// it by reading it back, and renames it to path; on any failure the .part
+// file is removed and path is untouched.
+func snapshotSave(c *cli.Context, e *env, path string) (err error) {
+	part := path + ".part"
+	f, err := os.OpenFile(part, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", part, err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			f.Close()
+		}
+		if err != nil {
+			os.Remove(part)
+		}
+	}()
+	cl, err := newClient(c)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := snapshotCtx(c)
+	defer cancel()
+
+	var w io.Writer = f
+	bar := e.progress(c, -1, "saving snapshot")
+	if bar != nil {
+		w = io.MultiWriter(f, bar)
+	}
+	res, err := cl.SaveSnapshot(ctx, w)
+	finishBar(bar)
+	if err != nil {
+		return fmt.Errorf("snapshot save: %w; nothing was saved", err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", part, err)
+	}
+	closed = true
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", part, err)
+	}
+
+	info, err := inspectFile(e, part)
+	if err != nil {
+		return fmt.Errorf("the snapshot from %s does not verify: %w; nothing was saved, retry", hostOf(res.Endpoint), err)
+	}
+	// The server's trailers, where it sent them, must describe the same
+	// stream that the file holds.
+	srv := res.Info
+	if (srv.Index != 0 && srv.Index != info.Index) || (srv.Term != 0 && srv.Term != info.Term) ||
+		(srv.SHA256 != "" && info.SHA256 != "" && srv.SHA256 != info.SHA256) {
+		return fmt.Errorf("the snapshot from %s is not the one announced (index %d term %d sha256 %s, file has index %d term %d sha256 %s); nothing was saved, retry",
+			hostOf(res.Endpoint), srv.Index, srv.Term, srv.SHA256, info.Index, info.Term, info.SHA256)
+	}
+	if err := os.Rename(part, path); err != nil {
+		return fmt.Errorf("rename %s to %s: %w", part, path, err)
+	}
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		return fmt.Errorf("sync the directory of %s: %w", path, err)
+	}
+	sum := info.SHA256
+	if sum == "" {
+		sum = res.SHA256
+	}
+	if jsonOut(c) {
+		return writeJSON(e.stdout, snapshotReport{File: path, SnapshotInfo: info, Bytes: res.Bytes, SHA256: sum})
+	}
+	_, err = fmt.Fprintf(e.stdout, "saved %s (index %d, term %d, %s, sha256 %s)\n", path, info.Index, info.Term, size(res.Bytes), sum)
+	return err
+}
+
+// snapshotReport is the JSON of a snapshot file.
+type snapshotReport struct {
+	File string `json:"file"`
+	raftfsm.SnapshotInfo
+	Bytes      int64  `json:"bytes"`  // the file's size
+	SHA256     string `json:"sha256"` // as the snapshot's checksum states it
+	ChecksumOK bool   `json:"checksum_ok"`
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// inspectFile verifies a snapshot file with the node's own reader.
+func inspectFile(e *env, path string) (raftfsm.SnapshotInfo, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return raftfsm.SnapshotInfo{}, err
+	}
+	defer f.Close()
+	info, err := e.inspect(bufio.NewReaderSize(f, 1<<20))
+	if err != nil {
+		return info, fmt.Errorf("%s: %w", path, err)
+	}
+	return info, nil
+}
+
+func printSnapshotInfo(c *cli.Context, e *env, path string, info raftfsm.SnapshotInfo) error {
+	var bytes int64
+	if fi, err := os.Stat(path); err == nil {
+		bytes = fi.Size()
+	}
+	if jsonOut(c) {
+		return writeJSON(e.stdout, snapshotReport{File: path, SnapshotInfo: info, Bytes: bytes, SHA256: info.SHA256, ChecksumOK: true})
+	}
+	t := newTable(e.stdout)
+	t.row("file", path)
+	t.row("format version", fmt.Sprint(info.FormatVersion))
+	t.row("index", u64(info.Index))
+	t.row("term", u64(info.Term))
+	t.row("size", fmt.Sprintf("%s (%d bytes)", size(bytes), bytes))
+	for _, k := range slices.Sorted(maps.Keys(info.Records)) {
+		t.row("records "+k, i64(info.Records[k]))
+	}
+	t.row("sha256", orDash(info.SHA256))
+	t.row("checksum", "OK")
+	return t.flush()
+}
+
+// snapshotRestore verifies the file here, then uploads it to the cluster.
+func snapshotRestore(c *cli.Context, e *env, path string) error {
+	if _, err := inspectFile(e, path); err != nil {
+		return fmt.Errorf("%w; nothing was sent to the cluster", err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	cl, err := newClient(c)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := snapshotCtx(c)
+	defer cancel()
+
+	var r io.Reader = f
+	bar := e.progress(c, fi.Size(), "uploading snapshot")
+	if bar != nil {
+		r = &progressFile{File: f, bar: bar}
+	}
+	info, err := cl.RestoreSnapshot(ctx, r)
+	finishBar(bar)
+	if err != nil {
+		return fmt.Errorf("snapshot restore: %w", err)
+	}
+	if jsonOut(c) {
+		return writeJSON(e.stdout, snapshotReport{File: path, SnapshotInfo: info, Bytes: fi.Size(), SHA256: info.SHA256, ChecksumOK: true})
+	}
+	_, err = fmt.Fprintf(e.stdout, "restored %s to the cluster (index %d, term %d, %s)\n", path, info.Index, info.Term, size(fi.Size()))
+	return err
+}
+
+// snapshotSeed writes the file into a new node's data directory.
+func snapshotSeed(c *cli.Context, e *env, path string) error {
+	dir, id, peersArg := c.String("data-dir"), c.String("node-id"), c.String("peers")
+	if id == "" || peersArg == "" {
+		return usagef("seeding --data-dir needs --node-id ID and --peers id=raftaddr=httpaddr,...")
+	}
+	peers, err := parsePeers(peersArg)
+	if err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(peers, func(m raftfsm.Member) bool { return m.ID == id }) {
+		return usagef("--node-id %q is not one of --peers", id)
+	}
+	info, err := inspectFile(e, path)
+	if err != nil {
+		return fmt.Errorf("%w; nothing was written to %s", err, dir)
+	}
+	if err := e.seed(path, dir, id, peers); err != nil {
+		return fmt.Errorf("seed %s: %w", dir, err)
+	}
+	if jsonOut(c) {
+		return writeJSON(e.stdout, map[string]any{"seeded": dir, "node_id": id, "file": path,
+			"index": info.Index, "term": info.Term, "peers": peers})
+	}
+	_, err = fmt.Fprintf(e.stdout, "seeded %s for node %s from %s (index %d, term %d); seed every peer the same way, then start each with --peers %s\n",
+		dir, id, path, info.Index, info.Term, peersArg)
+	return err
+}
+
+// parsePeers parses id=raftaddr=httpaddr,... as kvrouter --peers does.
+func parsePeers(s string) ([]raftfsm.Member, error) {
+	var out []raftfsm.Member
+	seen := map[string]bool{}
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		f := strings.Split(p, "=")
+		if len(f) != 3 || f[0] == "" || f[1] == "" || f[2] == "" {
+			return nil, usagef("--peers: %q: want id=raftaddr=httpaddr", p)
+		}
+		if seen[f[0]] {
+			return nil, usagef("--peers: %q is listed twice", f[0])
+		}
+		seen[f[0]] = true
+		out = append(out, raftfsm.Member{ID: f[0], RaftAddr: f[1], HTTPAddr: f[2], Voter: true})
+	}
+	if len(out) == 0 {
+		return nil, usagef("--peers: no peers given")
+	}
+	return out, nil
+}
+
+// progress returns a progress bar on stderr when stderr is a terminal and
+// the output is a table; nil otherwise, so that pipes and -o json get no
+// progress text. total < 0: unknown.
+func (e *env) progress(c *cli.Context, total int64, desc string) *progressbar.ProgressBar {
+	if !e.terminal || jsonOut(c) {
+		return nil
+	}
+	return progressbar.NewOptions64(total,
+		progressbar.OptionSetWriter(e.stderr),
+		progressbar.OptionSetDescription(desc),
+		progressbar.OptionShowBytes(true),
+		progressbar.OptionShowTotalBytes(true),
+		progressbar.OptionUseIECUnits(true),
+		progressbar.OptionSetWidth(24),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionSpinnerType(14),
+		progressbar.OptionSetSpinnerChangeInterval(0), // renders on writes; no ticker goroutine
+		progressbar.OptionClearOnFinish(),
+	)
+}
+
+func finishBar(bar *progressbar.ProgressBar) {
+	if bar != nil {
+		_ = bar.Finish()
+		_ = bar.Clear()
+	}
+}
+
+// progressFile is a file whose reads move a progress bar. It keeps
+// *os.File's Stat and Seek, so the client still sends a Content-Length
+// and can rewind for a retry.
+type progressFile struct {
+	*os.File
+	bar *progressbar.ProgressBar
+}
+
+func (p *progressFile) Read(b []byte) (int, error) {
+	n, err := p.File.Read(b)
+	_ = p.bar.Add(n)
+	return n, err
+}
+
+func (p *progressFile) Seek(off int64, whence int) (int64, error) {
+	pos, err := p.File.Seek(off, whence)
+	if err == nil {
+		_ = p.bar.Set64(pos)
+	}
+	return pos, err
+}

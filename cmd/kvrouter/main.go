@@ -1,0 +1,170 @@
+// Command kvrouter runs one node of the kvrouter cluster: a Raft member that
+// keeps the replicated KV-block index and serves the HTTP API (route,
+// workers, events, cluster, snapshots, metrics).
+//
+// With no flags it starts a working single-node cluster with its data in
+// ./data and says where it listens.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/urfave/cli/v2"
+)
+
+func main() {
+	app := &cli.App{
+		Name:  "kvrouter",
+		Usage: "a node of the KV-cache-aware router cluster",
+		Description: `Examples:
+   kvrouter                                   # single-node cluster in ./data
+   kvrouter --node-id n1 --raft-addr 127.0.0.1:7001 --http-addr 127.0.0.1:7081 --data-dir data/n1 \
+            --peers n1=127.0.0.1:7001=127.0.0.1:7081,n2=127.0.0.1:7002=127.0.0.1:7082,n3=127.0.0.1:7003=127.0.0.1:7083
+   kvrouter --node-id n4 --raft-addr 127.0.0.1:7004 --http-addr 127.0.0.1:7084 --data-dir data/n4 --join 127.0.0.1:7081`,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "node-id", Value: "node1", EnvVars: []string{"KVROUTER_NODE_ID"}, Usage: "this node's Raft id"},
+			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:7000", EnvVars: []string{"KVROUTER_RAFT_ADDR"}, Usage: "Raft listen address (host:port, as peers dial it)"},
+			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:7080", EnvVars: []string{"KVROUTER_HTTP_ADDR"}, Usage: "HTTP API listen address (host:port, as peers dial it)"},
+			&cli.StringFlag{Name: "data-dir", Value: "data", EnvVars: []string{"KVROUTER_DATA_DIR"}, Usage: "where the Raft log, snapshots and state live"},
+			&cli.StringFlag{Name: "peers", EnvVars: []string{"KVROUTER_PEERS"}, Usage: "bootstrap a new cluster of these voters: id=raftaddr=httpaddr,... (default: this node alone, unless --join)"},
+			&cli.StringFlag{Name: "join", EnvVars: []string{"KVROUTER_JOIN"}, Usage: "HTTP address of a member of an existing cluster to join"},
+			&cli.DurationFlag{Name: "heartbeat-timeout", Value: 200 * time.Millisecond, Usage: "Raft heartbeat timeout"},
+			&cli.DurationFlag{Name: "election-timeout", Value: 200 * time.Millisecond, Usage: "Raft election timeout"},
+			&cli.Uint64Flag{Name: "snapshot-threshold", Value: 8192, Usage: "log entries between snapshots"},
+			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"KVROUTER_LOG_LEVEL"}, Usage: "debug, info, warn or error"},
+		},
+		Action: run,
+	}
+	if err := app.Run(os.Args); err != nil {
+		fmt.Fprintf(os.Stderr, "kvrouter: %v\n", err)
+		var ec cli.ExitCoder
+		if errors.As(err, &ec) {
+			os.Exit(ec.ExitCode())
+		}
+		os.Exit(1)
+	}
+}
+
+func parsePeers(s string) ([]raftfsm.Member, error) {
+	var out []raftfsm.Member
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		f := strings.Split(p, "=")
+		if len(f) != 3 || f[0] == "" || f[1] == "" || f[2] == "" {
+			return nil, fmt.Errorf("peer %q: want id=raftaddr=httpaddr", p)
+		}
+		out = append(out, raftfsm.Member{ID: f[0], RaftAddr: f[1], HTTPAddr: f[2]})
+	}
+	return out, nil
+}
+
+func run(c *cli.Context) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+		return cli.Exit(fmt.Sprintf("--log-level: %v", err), 2)
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	slog.SetDefault(logger)
+
+	id, raftAddr, httpAddr := c.String("node-id"), c.String("raft-addr"), c.String("http-addr")
+	peers, err := parsePeers(c.String("peers"))
+	if err != nil {
+		return cli.Exit(err.Error(), 2)
+	}
+	if len(peers) == 0 && c.String("join") == "" {
+		peers = []raftfsm.Member{{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}}
+	}
+	// Listen first, so that a port in use is a clear error before Raft starts.
+	ln, err := net.Listen("tcp", httpAddr)
+	if err != nil {
+		return fmt.Errorf("http listen on %s: %w", httpAddr, err)
+	}
+	node, err := raftfsm.NewNode(raftfsm.Config{
+		ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr, DataDir: c.String("data-dir"), Peers: peers,
+		HeartbeatTimeout: c.Duration("heartbeat-timeout"), ElectionTimeout: c.Duration("election-timeout"),
+		SnapshotThreshold: c.Uint64("snapshot-threshold"), Logger: logger,
+	})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		raftfsm.NewCollector(node), buildInfo())
+	srv := api.NewServer(node, api.Options{Logger: logger, Registerer: reg, Gatherer: reg})
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(ln) }()
+	logger.Info("kvrouter listening", "http", "http://"+httpAddr, "raft", raftAddr, "data_dir", c.String("data-dir"))
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if j := c.String("join"); j != "" {
+		if err := join(ctx, j, id, raftAddr, httpAddr); err != nil {
+			logger.Error("join failed", "via", j, "err", err)
+		}
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		logger.Error("http server stopped", "err", err)
+	}
+	logger.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	hs.Shutdown(sctx)
+	srv.Close()
+	return node.Close()
+}
+
+// join asks an existing member to add this node, retrying until it is
+// accepted or ctx ends (the cluster may be electing).
+func join(ctx context.Context, via, id, raftAddr, httpAddr string) error {
+	cl, err := client.New([]string{via}, client.Options{})
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	for {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := cl.AddMember(actx, id, raftAddr, httpAddr)
+		cancel()
+		if err == nil {
+			slog.Info("joined the cluster", "via", via)
+			return nil
+		}
+		slog.Warn("join: retrying", "via", via, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func buildInfo() prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvrouter_build_info", Help: "Build facts; value 1.",
+		ConstLabels: prometheus.Labels{"version": version}})
+	g.Set(1)
+	return g
+}
+
+var version = "dev"
