@@ -27,6 +27,7 @@ stop() {
   for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   echo "stopped; data kept in $base/ (rm -rf $base to start afresh)"
+  exit 0
 }
 trap stop INT TERM EXIT
 
@@ -69,4 +70,4 @@ fi
 echo
 echo "serving routes: try  ./bin/kvctl --endpoints $endpoints route --hashes 1,2,3"
 echo "Ctrl-C stops the cluster."
-while true; do sleep 3600; done
+while true; do sleep 3600 & wait $! || true; done
