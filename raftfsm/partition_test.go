@@ -1,0 +1,152 @@
+package raftfsm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// inmemCluster is a cluster on raft's in-memory transports, whose links can
+// be cut and healed per direction: the partition hub of these tests.
+type inmemCluster struct {
+	t     *testing.T
+	trans []*raft.InmemTransport
+	nodes []*Node
+}
+
+func newInmemCluster(t *testing.T, n int) *inmemCluster {
+	t.Helper()
+	c := &inmemCluster{t: t}
+	base := t.TempDir()
+	var peers []Member
+	for i := 0; i < n; i++ {
+		_, tr := raft.NewInmemTransport(raft.ServerAddress(fmt.Sprintf("inmem-n%d", i+1)))
+		c.trans = append(c.trans, tr)
+		peers = append(peers, Member{ID: fmt.Sprintf("n%d", i+1), RaftAddr: string(tr.LocalAddr()), HTTPAddr: fmt.Sprintf("http-n%d", i+1)})
+	}
+	c.heal()
+	for i := 0; i < n; i++ {
+		nd, err := NewNode(Config{ID: peers[i].ID, RaftAddr: peers[i].RaftAddr, HTTPAddr: peers[i].HTTPAddr,
+			DataDir: filepath.Join(base, peers[i].ID), Peers: peers, Transport: c.trans[i], Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.nodes = append(c.nodes, nd)
+	}
+	t.Cleanup(func() {
+		for _, nd := range c.nodes {
+			nd.Close()
+		}
+	})
+	return c
+}
+
+// heal connects every pair both ways.
+func (c *inmemCluster) heal() {
+	for i, a := range c.trans {
+		for j, b := range c.trans {
+			if i != j {
+				a.Connect(b.LocalAddr(), b)
+			}
+		}
+	}
+}
+
+// isolate cuts node i off from every other node, both directions.
+func (c *inmemCluster) isolate(i int) {
+	c.trans[i].DisconnectAll()
+	for j, tr := range c.trans {
+		if j != i {
+			tr.Disconnect(c.trans[i].LocalAddr())
+		}
+	}
+}
+
+func (c *inmemCluster) leaderExcept(skip int) (int, *Node) {
+	c.t.Helper()
+	var idx int
+	waitFor(c.t, 10*time.Second, "a leader", func() bool {
+		for i, nd := range c.nodes {
+			if i != skip && nd.IsLeader() {
+				idx = i
+				return true
+			}
+		}
+		return false
+	})
+	return idx, c.nodes[idx]
+}
+
+// TestIsolatedLeaderLosesNothingAcknowledged cuts the leader off from both
+// followers while a publisher writes: the followers elect a new leader that
+// serves; the old leader acknowledges nothing it cannot commit; after the
+// heal every acknowledged event is on every node and the digests agree.
+func TestIsolatedLeaderLosesNothingAcknowledged(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	li, l := c.leaderExcept(-1)
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	acked := uint64(0)
+	send := func(nd *Node, id uint64) error {
+		cctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		acks, err := nd.IngestEvents(cctx, []RankBatch{{Rank: r1, Events: chainEvents(r1, id, 1, 10+id)}})
+		if err == nil {
+			acked = acks[0].Cursor
+		}
+		return err
+	}
+	for id := uint64(1); id <= 10; id++ {
+		if err := send(l, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.isolate(li)
+	// The old leader cannot commit: its write fails (timeout or lost
+	// leadership) and is not acknowledged.
+	if err := send(l, 11); err == nil {
+		t.Fatal("an isolated leader acknowledged a write")
+	}
+	ni, nl := c.leaderExcept(li)
+	if ni == li {
+		t.Fatal("the isolated node is still the leader")
+	}
+	// The new leader serves. The write that timed out may or may not have
+	// committed; resending from the cursor is safe either way.
+	for id := acked + 1; id <= 20; id++ {
+		if err := send(nl, id); err != nil {
+			t.Fatalf("new leader: %v", err)
+		}
+	}
+	c.heal()
+	waitFor(t, 10*time.Second, "the old leader to follow and converge", func() bool {
+		if c.nodes[li].IsLeader() {
+			return false
+		}
+		d := nl.fsm.Digest()
+		for _, nd := range c.nodes {
+			if nd.raft.AppliedIndex() < nl.raft.LastIndex() || nd.fsm.Digest() != d {
+				return false
+			}
+		}
+		return true
+	})
+	for _, nd := range c.nodes {
+		if got := nd.fsm.Cursor(r1); got != 20 {
+			t.Fatalf("%s cursor %d, want 20", nd.cfg.ID, got)
+		}
+		if got := nd.IndexStats().Entries; got != 20 {
+			t.Fatalf("%s entries %d, want 20", nd.cfg.ID, got)
+		}
+	}
+	var nle *NotLeaderError
+	if err := send(c.nodes[li], 21); !errors.As(err, &nle) {
+		t.Fatalf("write on the healed old leader: %v, want NotLeaderError", err)
+	}
+}
