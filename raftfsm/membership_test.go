@@ -1,0 +1,87 @@
+package raftfsm
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// TestMembershipChangesKeepTheState adds a fresh node, transfers
+// leadership to it, removes a follower, then removes the leader: the
+// cluster keeps serving and every remaining node converges.
+func TestMembershipChangesKeepTheState(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	_, l := c.leaderExcept(-1)
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 10, 3)}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A fresh node (no peers: it does not bootstrap) joins through the leader.
+	_, tr := raft.NewInmemTransport("inmem-n4")
+	c.trans = append(c.trans, tr)
+	c.heal()
+	n4, err := NewNode(Config{ID: "n4", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n4",
+		DataDir: filepath.Join(t.TempDir(), "n4"), Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes = append(c.nodes, n4)
+	if err := l.AddMember(ctx(t), "n4", string(tr.LocalAddr()), "http-n4"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n4 to catch up", func() bool {
+		return n4.IndexStats().Entries == 10 && n4.fsm.Members()["n4"].HTTPAddr == "http-n4"
+	})
+
+	// Planned transfer to the new node.
+	if err := l.TransferLeadership(ctx(t), "n4"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n4 to lead", n4.IsLeader)
+
+	// Remove a follower, then the leader itself.
+	var follower string
+	for _, nd := range c.nodes[:3] {
+		if !nd.IsLeader() {
+			follower = nd.cfg.ID
+			break
+		}
+	}
+	if err := n4.RemoveMember(ctx(t), follower); err != nil {
+		t.Fatal(err)
+	}
+	if err := n4.RemoveMember(ctx(t), "n4"); err != nil {
+		t.Fatal(err)
+	}
+	var rest []*Node
+	for _, nd := range c.nodes[:3] {
+		if nd.cfg.ID != follower {
+			rest = append(rest, nd)
+		}
+	}
+	var nl *Node
+	waitFor(t, 10*time.Second, "a leader among the remaining two", func() bool {
+		for _, nd := range rest {
+			if nd.IsLeader() {
+				nl = nd
+				return true
+			}
+		}
+		return false
+	})
+	if _, err := nl.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, 11, 1, 99)}}); err != nil {
+		t.Fatal(err)
+	}
+	members, err := nl.Members(ctx(t))
+	if err != nil || len(members) != 2 {
+		t.Fatalf("members %+v, %v", members, err)
+	}
+	waitFor(t, 10*time.Second, "the two to converge", func() bool {
+		return rest[0].fsm.Digest() == rest[1].fsm.Digest() && rest[0].IndexStats().Entries == 11 && rest[1].IndexStats().Entries == 11
+	})
+}
