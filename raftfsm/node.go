@@ -92,7 +92,8 @@ type Node struct {
 	snaps  raft.SnapshotStore
 	trans  raft.Transport
 
-	ready atomic.Bool
+	ready      atomic.Bool
+	lastAssert time.Time // leaderLoop only
 
 	rngMu sync.Mutex
 	rng   *rand.Rand
@@ -267,6 +268,9 @@ func (n *Node) leaderLoop() {
 			}
 		case <-ready.C:
 			n.checkReady()
+			if leader {
+				n.assertSelf()
+			}
 		}
 	}
 }
@@ -289,6 +293,23 @@ func (n *Node) onLeadership() {
 		}
 	}
 	n.logger.Info("leading", "term", n.raft.CurrentTerm())
+}
+
+// assertSelf re-records the leader's own member entry when the table does
+// not hold it: a snapshot restored from another cluster brings that
+// cluster's member table, and followers forward writes to the HTTP address
+// the table gives for the leader.
+func (n *Node) assertSelf() {
+	m, ok := n.fsm.Members()[n.cfg.ID]
+	if ok && m.HTTPAddr == n.cfg.HTTPAddr && m.RaftAddr == n.cfg.RaftAddr {
+		return
+	}
+	if time.Since(n.lastAssert) < time.Second {
+		return // one in flight; do not flood the log
+	}
+	n.lastAssert = time.Now()
+	self := Member{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAddr, HTTPAddr: n.cfg.HTTPAddr}
+	n.raft.Apply(encodeMember(now(), &self), n.cfg.ApplyTimeout)
 }
 
 // checkReady latches readiness once a leader is known and everything
