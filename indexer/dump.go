@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 
@@ -99,24 +100,14 @@ func (ix *Index) DumpRank(r kvevent.Rank) (RankDump, error) {
 		if da != db {
 			return da - db
 		}
-		return cmpU64(a.Seq, b.Seq)
+		return cmp.Compare(a.Seq, b.Seq)
 	})
-	slices.SortFunc(d.Entries, func(a, b DumpEntry) int { return cmpU64(a.EngineHash, b.EngineHash) })
+	slices.SortFunc(d.Entries, func(a, b DumpEntry) int { return cmp.Compare(a.EngineHash, b.EngineHash) })
 	for _, o := range rs.orphans {
 		d.Orphans = append(d.Orphans, DumpOrphan{At: o.at, Tier: o.tier, Parent: o.parent,
 			Blocks: append([]kvevent.Block(nil), o.blocks...)})
 	}
 	return d, nil
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // LoadRank replaces the rank's state with d, atomically: d is checked

@@ -56,7 +56,7 @@ func (ix *Index) FlushJournal() {
 		ix.dirty = ix.dirty[:0]
 		return
 	}
-	slices.SortFunc(ix.dirty, cmpRank)
+	slices.SortFunc(ix.dirty, kvevent.Rank.Compare)
 	ix.dirty = slices.Compact(ix.dirty)
 	for _, r := range ix.dirty {
 		if rs := ix.rankFor(r, false); rs != nil {

@@ -676,27 +676,20 @@ func (st *seqState) slotFor(rank kvevent.Rank) int32 {
 		st.slots = append(st.slots, rankSlot{rank: rank, refs: make(map[uint64]int32)})
 	}
 	st.slotOf[rank] = sl
-	i, _ := slices.BinarySearchFunc(st.order, rank, func(s int32, r kvevent.Rank) int { return cmpRank(st.slots[s].rank, r) })
+	i, _ := slices.BinarySearchFunc(st.order, rank, func(s int32, r kvevent.Rank) int { return st.slots[s].rank.Compare(r) })
 	st.order = slices.Insert(st.order, i, sl)
 	return sl
 }
 
 func (st *seqState) releaseSlot(sl int32) {
 	rank := st.slots[sl].rank
-	i, found := slices.BinarySearchFunc(st.order, rank, func(s int32, r kvevent.Rank) int { return cmpRank(st.slots[s].rank, r) })
+	i, found := slices.BinarySearchFunc(st.order, rank, func(s int32, r kvevent.Rank) int { return st.slots[s].rank.Compare(r) })
 	if found {
 		st.order = slices.Delete(st.order, i, i+1)
 	}
 	delete(st.slotOf, rank)
 	st.slots[sl].rank, st.slots[sl].load = kvevent.Rank{}, Load{}
 	st.freeSlots = append(st.freeSlots, sl)
-}
-
-func cmpRank(a, b kvevent.Rank) int {
-	if c := cmp.Compare(a.Worker, b.Worker); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.DP, b.DP)
 }
 
 // The expiry heap is a plain binary min-heap on (createdAt, id); ids are

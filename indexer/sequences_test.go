@@ -548,7 +548,7 @@ func (st *seqState) check() error {
 		if st.slotOf[rs.rank] != sl || loads[rs.rank] != rs.load {
 			return fmt.Errorf("slot %d rank %v load %+v, recomputed %+v", sl, rs.rank, rs.load, loads[rs.rank])
 		}
-		if i > 0 && cmpRank(st.slots[st.order[i-1]].rank, rs.rank) >= 0 {
+		if i > 0 && st.slots[st.order[i-1]].rank.Compare(rs.rank) >= 0 {
 			return fmt.Errorf("order not sorted at %d", i)
 		}
 	}
@@ -691,7 +691,7 @@ func (m *seqModel) potential(query []uint64) ([]RankLoad, int64) {
 		}
 		out = append(out, RankLoad{Rank: r, Load: l, PotentialDecodeBlocks: union})
 	}
-	slices.SortFunc(out, func(a, b RankLoad) int { return cmpRank(a.Rank, b.Rank) })
+	slices.SortFunc(out, func(a, b RankLoad) int { return a.Rank.Compare(b.Rank) })
 	return out, int64(len(qset))
 }
 

@@ -63,7 +63,7 @@ func (ix *Index) RankStats() []RankStats {
 		out = append(out, RankStats{Rank: rs.rank, Blocks: rs.count, Capacity: rs.cap,
 			OrphanEvents: len(rs.orphans), NeedsResync: rs.needsResync, OverCapacity: rs.overCapacity})
 	}
-	slices.SortFunc(out, func(a, b RankStats) int { return cmpRank(a.Rank, b.Rank) })
+	slices.SortFunc(out, func(a, b RankStats) int { return a.Rank.Compare(b.Rank) })
 	return out
 }
 
@@ -87,7 +87,7 @@ func (ix *Index) NeedsResync() []kvevent.Rank {
 			out = append(out, rs.rank)
 		}
 	}
-	slices.SortFunc(out, cmpRank)
+	slices.SortFunc(out, kvevent.Rank.Compare)
 	return out
 }
 
@@ -99,6 +99,6 @@ func (ix *Index) Ranks() []kvevent.Rank {
 	for r := range ix.slots {
 		out = append(out, r)
 	}
-	slices.SortFunc(out, cmpRank)
+	slices.SortFunc(out, kvevent.Rank.Compare)
 	return out
 }

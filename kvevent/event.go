@@ -21,6 +21,17 @@ func (r Rank) Less(o Rank) bool {
 	return r.DP < o.DP
 }
 
+// Compare orders ranks by worker, then dp rank: -1, 0 or +1.
+func (r Rank) Compare(o Rank) int {
+	switch {
+	case r == o:
+		return 0
+	case r.Less(o):
+		return -1
+	}
+	return 1
+}
+
 // Kind is what an event does.
 type Kind uint8
 

@@ -333,7 +333,7 @@ func (f *FSM) removeWorker(id uint64) error {
 			gone = append(gone, r)
 		}
 	}
-	slices.SortFunc(gone, cmpRank)
+	slices.SortFunc(gone, kvevent.Rank.Compare)
 	for _, r := range gone {
 		delete(f.cursors, r)
 		f.batch.DeleteCursor(r.Worker, r.DP)
@@ -347,16 +347,6 @@ func (f *FSM) removeWorker(id uint64) error {
 	f.workers.Store(&next)
 	f.batch.Delete(store.KindWorker, u64key(id))
 	return nil
-}
-
-func cmpRank(a, b kvevent.Rank) int {
-	switch {
-	case a == b:
-		return 0
-	case a.Less(b):
-		return -1
-	}
-	return 1
 }
 
 func u64key(v uint64) []byte {

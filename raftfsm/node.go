@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -424,18 +425,8 @@ func (n *Node) Members(ctx context.Context) ([]Member, error) {
 		out = append(out, Member{ID: string(s.ID), RaftAddr: string(s.Address), HTTPAddr: table[string(s.ID)].HTTPAddr,
 			Voter: s.Suffrage == raft.Voter, Leader: s.ID == leader})
 	}
-	slices.SortFunc(out, func(a, b Member) int { return cmpString(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b Member) int { return cmp.Compare(a.ID, b.ID) })
 	return out, nil
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Workers lists registrations with each rank's index and load figures.
@@ -456,18 +447,8 @@ func (n *Node) Workers() []WorkerStatus {
 		}
 		out = append(out, s)
 	}
-	slices.SortFunc(out, func(a, b WorkerStatus) int { return cmpU64(a.Info.ID, b.Info.ID) })
+	slices.SortFunc(out, func(a, b WorkerStatus) int { return cmp.Compare(a.Info.ID, b.Info.ID) })
 	return out
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // IndexStats returns the local index's figures.

@@ -94,7 +94,7 @@ func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 		}
 	}
 	pos := func(r kvevent.Rank) int {
-		i, ok := slices.BinarySearchFunc(sc.cands, r, func(c indexer.Candidate, r kvevent.Rank) int { return cmpRank(c.Rank, r) })
+		i, ok := slices.BinarySearchFunc(sc.cands, r, func(c indexer.Candidate, r kvevent.Rank) int { return c.Rank.Compare(r) })
 		if !ok {
 			return -1
 		}

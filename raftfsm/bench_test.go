@@ -1,0 +1,678 @@
+package raftfsm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// The cluster benchmarks of this package (make bench-cluster; the process
+// and HTTP ones live in ../benchcluster). Each is a test gated by
+// KVROUTER_BENCH that prints "BENCH cluster.<figure> k=v ..." lines, every
+// figure next to a baseline measured in the same run and their ratio: the
+// machines are shared and noisy, so nothing here asserts a timing.
+//
+// Workload (seeded; KVROUTER_BENCH_SEED overrides the seed): ranks publish
+// chains of Stored events of 8 blocks each, device tier. A rank stores
+// sequences made of one of 100 family prefixes shared by every rank
+// (16–128 blocks, so ranks share radix-tree nodes) and a private suffix
+// (8–64 blocks); once a rank holds a family's prefix, its later sequences
+// of that family store only their suffix, parented on the prefix, as an
+// engine with a prefix cache does. Engine hashes are unique per rank.
+//
+// Knobs (environment, all optional):
+//
+//	KVROUTER_BENCH_SEED             the workload seed
+//	KVROUTER_BENCH_INGEST_SECONDS   cap of the ingest window (default 20)
+//	KVROUTER_BENCH_PUBLISHERS       concurrent publishers (default 4)
+//	KVROUTER_BENCH_INGEST_CALLS     calls generated ahead per publisher (default 60, 491,520 block events)
+//	KVROUTER_BENCH_BLOCKS           blocks held by the restart and snapshot state (default 1000000)
+//	KVROUTER_BENCH_LOG              non-empty: the nodes log warnings (Raft's too) to stderr
+//	KVROUTER_BENCH_RAFT_TIMEOUT     heartbeat and election timeout, lease half of it (default: Config's defaults)
+
+const (
+	bcRanksPerCall  = 64 // ranks per IngestEvents call (one Raft entry)
+	bcEventsPerRank = 16 // Stored events per rank batch
+	bcBlocksPerEv   = 8  // blocks per Stored event
+	bcBlocksPerCall = bcRanksPerCall * bcEventsPerRank * bcBlocksPerEv
+	bcFamilies      = 100
+)
+
+func bcSkip(t *testing.T) {
+	t.Helper()
+	if os.Getenv("KVROUTER_BENCH") == "" {
+		t.Skip("set KVROUTER_BENCH=1 (make bench-cluster)")
+	}
+}
+
+func bcEnvInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func bcSeed(t *testing.T, def uint64) uint64 {
+	t.Helper()
+	seed := def
+	if v, err := strconv.ParseUint(os.Getenv("KVROUTER_BENCH_SEED"), 10, 64); err == nil {
+		seed = v
+	}
+	t.Logf("seed %d", seed)
+	return seed
+}
+
+// bcRank is one publishing rank's generator state.
+type bcRank struct {
+	rank      kvevent.Rank
+	salt      uint64
+	nextID    uint64
+	held      []bool // per family: this rank holds its prefix
+	queue     []kvevent.Block
+	hasParent bool
+	parent    uint64
+}
+
+// bcGen generates the event stream of a set of ranks (one publisher).
+type bcGen struct {
+	rng      *rand.Rand
+	families [][]uint64 // local hashes of each family's prefix
+	ranks    []*bcRank
+	fresh    uint64
+}
+
+// bcFamilySet returns the family prefixes of a seed: the same for every
+// publisher of a run, so that ranks of different publishers share them.
+func bcFamilySet(seed uint64) [][]uint64 {
+	rng := rand.New(rand.NewPCG(seed, 0xfa111e5))
+	fams := make([][]uint64, bcFamilies)
+	next := uint64(1)
+	for f := range fams {
+		n := bcBlocksPerEv * (2 + rng.IntN(15)) // 16..128 blocks
+		for i := 0; i < n; i++ {
+			fams[f] = append(fams[f], mix(next^0x5eedfa))
+			next++
+		}
+	}
+	return fams
+}
+
+func newBCGen(seed uint64, stream uint64, fams [][]uint64, ranks []kvevent.Rank) *bcGen {
+	g := &bcGen{rng: rand.New(rand.NewPCG(seed, stream)), families: fams}
+	for _, r := range ranks {
+		g.ranks = append(g.ranks, &bcRank{rank: r, salt: mix(r.Worker<<32 ^ uint64(r.DP) ^ 0x7a1), nextID: 1,
+			held: make([]bool, len(fams))})
+	}
+	return g
+}
+
+func (g *bcGen) newSeq(r *bcRank) {
+	f := g.rng.IntN(len(g.families))
+	fam := g.families[f]
+	eng := func(local uint64) uint64 { return mix(r.salt ^ local) } // unique per rank and content
+	suffix := bcBlocksPerEv * (1 + g.rng.IntN(8))                   // 8..64 blocks
+	q := make([]kvevent.Block, 0, len(fam)+suffix)
+	if r.held[f] {
+		r.hasParent, r.parent = true, eng(fam[len(fam)-1])
+	} else {
+		r.hasParent, r.parent = false, 0
+		for _, h := range fam {
+			q = append(q, kvevent.Block{EngineHash: eng(h), LocalHash: h})
+		}
+		r.held[f] = true
+	}
+	for i := 0; i < suffix; i++ {
+		g.fresh++
+		h := mix(r.salt ^ mix(g.fresh))
+		q = append(q, kvevent.Block{EngineHash: eng(h), LocalHash: h})
+	}
+	r.queue = q
+}
+
+func (g *bcGen) event(r *bcRank) kvevent.Event {
+	if len(r.queue) == 0 {
+		g.newSeq(r)
+	}
+	n := min(bcBlocksPerEv, len(r.queue))
+	blocks := r.queue[:n:n]
+	r.queue = r.queue[n:]
+	ev := kvevent.Event{Rank: r.rank, EventID: r.nextID, Kind: kvevent.KindStored, Tier: kvevent.TierDevice,
+		HasParent: r.hasParent, Parent: r.parent, Blocks: blocks}
+	r.nextID++
+	r.hasParent, r.parent = true, blocks[n-1].EngineHash
+	return ev
+}
+
+// call returns the next IngestEvents call: one batch per rank.
+func (g *bcGen) call() []RankBatch {
+	out := make([]RankBatch, len(g.ranks))
+	for i, r := range g.ranks {
+		out[i].Rank = r.rank
+		out[i].Events = make([]kvevent.Event, bcEventsPerRank)
+		for j := range out[i].Events {
+			out[i].Events[j] = g.event(r)
+		}
+	}
+	return out
+}
+
+// bcPublisherRanks returns publisher p's ranks: 32 workers of 2 dp ranks.
+func bcPublisherRanks(p int) []kvevent.Rank {
+	out := make([]kvevent.Rank, 0, bcRanksPerCall)
+	for i := 0; i < bcRanksPerCall; i++ {
+		out = append(out, kvevent.Rank{Worker: uint64(p*bcRanksPerCall/2 + i/2 + 1), DP: uint32(i % 2)})
+	}
+	return out
+}
+
+func bcBlocks(calls [][]RankBatch) int64 {
+	var n int64
+	for _, c := range calls {
+		for _, b := range c {
+			for _, ev := range b.Events {
+				n += int64(len(ev.Blocks))
+			}
+		}
+	}
+	return n
+}
+
+// bcNewCluster is newTestCluster plus a teardown that closes the raft
+// transports' pooled connections once every node is closed. Node.Close
+// closes its NetworkTransport, which stops the listener but neither closes
+// the pooled outbound connections nor the accepted inbound ones, so each
+// peer's handleConn goroutine stays blocked reading until the process
+// ends (and TestMain's goleak check fails the package). CloseStreams on
+// every transport after the nodes are down lets them all see EOF.
+func bcNewCluster(t *testing.T, n int, tune func(*Config)) *testCluster {
+	t.Helper()
+	var mu sync.Mutex
+	var trs []*raft.NetworkTransport
+	// Registered before newTestCluster's own cleanup, so it runs after it.
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, tr := range trs {
+			tr.CloseStreams()
+		}
+	})
+	return newTestCluster(t, n, func(cfg *Config) {
+		if tune != nil {
+			tune(cfg)
+		}
+		if d, err := time.ParseDuration(os.Getenv("KVROUTER_BENCH_RAFT_TIMEOUT")); err == nil && d > 0 {
+			cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = d, d, d/2
+		}
+		if os.Getenv("KVROUTER_BENCH_LOG") != "" {
+			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		}
+		if tr, ok := cfg.Transport.(*raft.NetworkTransport); ok {
+			mu.Lock()
+			trs = append(trs, tr)
+			mu.Unlock()
+		}
+	})
+}
+
+// bcLeaderOf returns the node that leads now, waiting up to timeout; nil
+// if none. Safe off the test goroutine.
+func bcLeaderOf(c *testCluster, timeout time.Duration) *Node {
+	deadline := time.Now().Add(timeout)
+	for {
+		for _, n := range c.nodes {
+			if n != nil && n.IsLeader() {
+				return n
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// bcIngest sends one call to the leader, retrying across leadership
+// changes as a publisher does (every command is safe to retry), and
+// counts each retry in leaderMoves.
+func bcIngest(c *testCluster, call []RankBatch, leaderMoves *atomic.Int64) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		l := bcLeaderOf(c, 10*time.Second)
+		if l == nil {
+			return errors.New("no leader for 10s")
+		}
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		acks, err := l.IngestEvents(cctx, call)
+		cancel()
+		if err == nil {
+			for i, a := range acks {
+				if a.Gap || a.Applied+a.Dups != len(call[i].Events) {
+					return fmt.Errorf("rank %v: ack %+v for %d events", call[i].Rank, a, len(call[i].Events))
+				}
+			}
+			return nil
+		}
+		if !errors.Is(err, ErrNotLeader) && !errors.Is(err, ErrNoLeader) || time.Now().After(deadline) {
+			return err
+		}
+		leaderMoves.Add(1)
+	}
+}
+
+// TestBenchClusterIngest: block events per second committed through a
+// 3-node cluster on loopback TCP, fsync on (the log store syncs every
+// write), many events per entry, several publishers in flight, each
+// waiting for its ack (commit + apply on the leader). Ceiling: the same
+// events applied to a bare in-memory indexer.Index, single writer, in the
+// same run. Also reported: fsm_block_events_per_s, the same entries through
+// one FSM without Raft. The three replicas share this machine's cores, so
+// the cluster figure is bounded by three FSMs' apply work on them.
+func TestBenchClusterIngest(t *testing.T) {
+	bcSkip(t)
+	seed := bcSeed(t, 20261201)
+	publishers := bcEnvInt("KVROUTER_BENCH_PUBLISHERS", 4)
+	window := time.Duration(bcEnvInt("KVROUTER_BENCH_INGEST_SECONDS", 20)) * time.Second
+	// Enough calls that the window, not the workload, ends the run on a
+	// fast machine: generated ahead so that generation is not measured.
+	callsPer := bcEnvInt("KVROUTER_BENCH_INGEST_CALLS", 60)
+
+	fams := bcFamilySet(seed)
+	calls := make([][][]RankBatch, publishers)
+	var entryBytes int64
+	for p := range calls {
+		g := newBCGen(seed, uint64(p+1), fams, bcPublisherRanks(p))
+		for k := 0; k < callsPer; k++ {
+			calls[p] = append(calls[p], g.call())
+		}
+		entryBytes += int64(len(encodeEvents(1, calls[p][0])))
+	}
+	entryBytes /= int64(publishers)
+
+	c := bcNewCluster(t, 3, func(cfg *Config) { cfg.ExpiryInterval = time.Hour })
+	c.leader()
+	c.converged()
+
+	var (
+		acked       = make([]int, publishers) // calls acknowledged, per publisher
+		leaderMoves atomic.Int64
+		wg          sync.WaitGroup
+		errMu       sync.Mutex
+		firstErr    error
+	)
+	start := time.Now()
+	deadline := start.Add(window)
+	for p := 0; p < publishers; p++ {
+		wg.Add(1)
+		go func(p int) {
+			defer wg.Done()
+			for k := range calls[p] {
+				if time.Now().After(deadline) {
+					return
+				}
+				if err := bcIngest(c, calls[p][k], &leaderMoves); err != nil {
+					errMu.Lock()
+					if firstErr == nil {
+						firstErr = fmt.Errorf("publisher %d call %d: %w", p, k, err)
+					}
+					errMu.Unlock()
+					return
+				}
+				acked[p]++
+			}
+		}(p)
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if firstErr != nil {
+		t.Fatal(firstErr)
+	}
+	var ackedCalls int
+	var ackedBlocks int64
+	for p := range calls {
+		ackedCalls += acked[p]
+		ackedBlocks += bcBlocks(calls[p][:acked[p]])
+	}
+	rate := float64(ackedBlocks) / elapsed.Seconds()
+	entries := float64(ackedCalls) / elapsed.Seconds()
+
+	// Every replica holds what was acknowledged; then the cluster stops, so
+	// that its background work (compactions, heartbeats) and its heap are
+	// gone before the baselines run.
+	c.converged()
+	got := c.leader().IndexStats()
+	gotDigest := c.leader().fsm.Index().Digest()
+	electionMs := c.nodes[0].cfg.ElectionTimeout.Milliseconds()
+	c.close()
+	runtime.GC()
+
+	// Ceiling: the acknowledged calls, publishers interleaved call by call,
+	// into a bare index; the median of three runs (each about a second).
+	var ix *indexer.Index
+	var ceilings []float64
+	for rep := 0; rep < 3; rep++ {
+		ix = indexer.New(indexer.Config{})
+		cstart := time.Now()
+		for k := 0; k < callsPer; k++ {
+			for p := range calls {
+				if k >= acked[p] {
+					continue
+				}
+				for _, b := range calls[p][k] {
+					for j := range b.Events {
+						_ = ix.Apply(&b.Events[j], 1)
+					}
+				}
+			}
+		}
+		ceilings = append(ceilings, float64(ackedBlocks)/time.Since(cstart).Seconds())
+	}
+	slices.Sort(ceilings)
+	ceiling := ceilings[1]
+	if want := ix.Stats(); got.Entries != want.Entries || got.Entries != ackedBlocks {
+		t.Errorf("replicated index holds %d entries, the bare index %d, acknowledged %d", got.Entries, want.Entries, ackedBlocks)
+	}
+	if gotDigest != ix.Digest() {
+		t.Logf("note: index digests differ (replicated %#x, bare %#x)", gotDigest, ix.Digest())
+	}
+	ix = nil
+	runtime.GC()
+
+	// Reference between the two: the same calls through one FSM, one entry
+	// per call and 4 entries per ApplyBatch, no Raft (decode, index,
+	// journal, Pebble batch). The cluster pays this on each of its three
+	// replicas, which here share the machine's cores.
+	f, err := OpenFSM(FSMConfig{Dir: filepath.Join(t.TempDir(), "fsm"), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs []*raft.Log
+	for k := 0; k < callsPer; k++ {
+		for p := range calls {
+			if k < acked[p] {
+				logs = append(logs, &raft.Log{Index: uint64(len(logs) + 1), Term: 1, Type: raft.LogCommand, Data: encodeEvents(1, calls[p][k])})
+			}
+		}
+	}
+	fstart := time.Now()
+	for i := 0; i < len(logs); i += 4 {
+		f.ApplyBatch(logs[i:min(i+4, len(logs))])
+	}
+	fsmRate := float64(ackedBlocks) / time.Since(fstart).Seconds()
+	fsmEntries := f.Index().Stats().Entries
+	f.Close()
+	if fsmEntries != ackedBlocks {
+		t.Errorf("the reference FSM holds %d entries, want %d", fsmEntries, ackedBlocks)
+	}
+
+	t.Logf("%d publishers x %d ranks x %d events x %d blocks per call; %d calls in %v; %d leader changes seen; tree nodes %d",
+		publishers, bcRanksPerCall, bcEventsPerRank, bcBlocksPerEv, ackedCalls, elapsed.Round(time.Millisecond), leaderMoves.Load(), got.Nodes)
+	fmt.Printf("BENCH cluster.ingest block_events_per_s=%.3g ceiling_block_events_per_s=%.3g ratio=%.3f fsm_block_events_per_s=%.3g entries_per_s=%.1f entry_bytes=%d events_per_entry=%d publishers=%d block_events=%d retries=%d election_timeout_ms=%d seed=%d\n",
+		rate, ceiling, rate/ceiling, fsmRate, entries, entryBytes, bcRanksPerCall*bcEventsPerRank, publishers, ackedBlocks, leaderMoves.Load(),
+		electionMs, seed)
+}
+
+// bcBuildState fills a single-node cluster's state with about blocks
+// blocks through IngestEvents (the real write path), from 4 publishers.
+// It returns the cluster and the blocks held.
+func bcBuildState(t *testing.T, seed uint64, blocks int64) (*testCluster, int64) {
+	t.Helper()
+	c := bcNewCluster(t, 1, func(cfg *Config) { cfg.ExpiryInterval = time.Hour })
+	c.leader()
+	const publishers = 4
+	fams := bcFamilySet(seed)
+	perPub := (blocks/bcBlocksPerCall + publishers - 1) / publishers
+	var wg sync.WaitGroup
+	errs := make([]error, publishers)
+	var moves atomic.Int64
+	start := time.Now()
+	for p := 0; p < publishers; p++ {
+		wg.Add(1)
+		go func(p int) {
+			defer wg.Done()
+			g := newBCGen(seed, uint64(p+1), fams, bcPublisherRanks(p))
+			for k := int64(0); k < perPub; k++ {
+				if err := bcIngest(c, g.call(), &moves); err != nil {
+					errs[p] = err
+					return
+				}
+			}
+		}(p)
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	held := c.nodes[0].IndexStats().Entries
+	t.Logf("state: %d blocks through IngestEvents in %v", held, time.Since(start).Round(time.Millisecond))
+	return c, held
+}
+
+// bcReadDir reads every regular file under dir sequentially and returns
+// the bytes read.
+func bcReadDir(t *testing.T, dir string) int64 {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	var total int64
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		for {
+			n, err := f.Read(buf)
+			total += int64(n)
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return total
+}
+
+// TestBenchClusterRestart: time for a node holding N blocks to be ready
+// again after it stopped (a whole single-node Node: Pebble stores reopened
+// with their WALs replayed, the index rebuilt from the state database,
+// Raft's log tail replayed and skipped, an election won), against reading
+// the same data directory's files sequentially. Everything runs from the
+// page cache, as after a process crash; a cold start after a reboot adds
+// the disk's read time. Also reported: open_seconds (NewNode returned),
+// and fsm_reopen_seconds, a second OpenFSM of the same directory once the
+// node is down again, whose WAL is then short: the index rebuild alone.
+func TestBenchClusterRestart(t *testing.T) {
+	bcSkip(t)
+	seed := bcSeed(t, 20261202)
+	c, held := bcBuildState(t, seed, int64(bcEnvInt("KVROUTER_BENCH_BLOCKS", 1_000_000)))
+	digest := c.nodes[0].fsm.Digest()
+	c.stop(0)
+	dir := c.dirs[0]
+	bcReadDir(t, dir) // the same page-cache footing for everything below
+
+	start := time.Now()
+	c.start(0)
+	opened := time.Since(start)
+	wctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := c.nodes[0].WaitReady(wctx); err != nil {
+		t.Fatal(err)
+	}
+	ready := time.Since(start)
+	if got := c.nodes[0].fsm.Digest(); got != digest || c.nodes[0].IndexStats().Entries != held {
+		t.Fatalf("after restart: digest %#x entries %d, want %#x %d", got, c.nodes[0].IndexStats().Entries, digest, held)
+	}
+	c.stop(0)
+
+	start = time.Now()
+	f, err := OpenFSM(FSMConfig{Dir: filepath.Join(dir, "fsm"), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsmOpen := time.Since(start)
+	if f.Index().Stats().Entries != held {
+		t.Fatalf("OpenFSM: %d entries, want %d", f.Index().Stats().Entries, held)
+	}
+	f.Close()
+
+	start = time.Now()
+	n := bcReadDir(t, dir)
+	read := time.Since(start)
+	fsmBytes := bcDirBytes(t, filepath.Join(dir, "fsm"))
+	t.Logf("data dir %.1f MB (fsm/ %.1f MB); NewNode returned after %v", float64(n)/1e6, float64(fsmBytes)/1e6, opened.Round(time.Millisecond))
+	fmt.Printf("BENCH cluster.restart blocks=%d seconds=%.3f read_seconds=%.3f ratio=%.1f open_seconds=%.3f fsm_reopen_seconds=%.3f dir_mb=%.1f seed=%d\n",
+		held, ready.Seconds(), read.Seconds(), ready.Seconds()/read.Seconds(), opened.Seconds(), fsmOpen.Seconds(), float64(n)/1e6, seed)
+}
+
+func bcDirBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	var n int64
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		fi, err := d.Info()
+		if err == nil {
+			n += fi.Size()
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// bcCopyFile copies src to dst through user space (1 MiB reads and
+// writes, like cp without copy offload) and syncs dst.
+func bcCopyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	for {
+		n, rerr := in.Read(buf)
+		if n > 0 {
+			if _, err := out.Write(buf[:n]); err != nil {
+				out.Close()
+				return err
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			out.Close()
+			return rerr
+		}
+	}
+	if err := out.Sync(); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// TestBenchClusterSnapshot: Node.SaveSnapshot of N blocks into a file
+// (synced), FSM.Restore of that file into a fresh FSM (checked, swapped in,
+// the index rebuilt), and InspectSnapshot (the checksum pass alone),
+// against a plain copy of the same file through user space (synced).
+func TestBenchClusterSnapshot(t *testing.T) {
+	bcSkip(t)
+	seed := bcSeed(t, 20261203)
+	c, held := bcBuildState(t, seed, int64(bcEnvInt("KVROUTER_BENCH_BLOCKS", 1_000_000)))
+	digest := c.nodes[0].fsm.Digest()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.snap")
+
+	start := time.Now()
+	out, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	info, err := c.nodes[0].SaveSnapshot(sctx, out)
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	save := time.Since(start)
+	c.stop(0) // free its memory before the restore builds a second index
+
+	start = time.Now()
+	if err := bcCopyFile(path, filepath.Join(dir, "copy.snap")); err != nil {
+		t.Fatal(err)
+	}
+	copyT := time.Since(start)
+
+	start = time.Now()
+	in, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := InspectSnapshot(in); err != nil {
+		t.Fatal(err)
+	}
+	in.Close()
+	inspect := time.Since(start)
+
+	f, err := OpenFSM(FSMConfig{Dir: filepath.Join(dir, "fsm"), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	start = time.Now()
+	in, err = os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Restore(in); err != nil {
+		t.Fatal(err)
+	}
+	restore := time.Since(start)
+	if f.Index().Stats().Entries != held || f.Digest() != digest {
+		t.Fatalf("restored %d entries digest %#x, want %d %#x", f.Index().Stats().Entries, f.Digest(), held, digest)
+	}
+
+	mb := float64(info.Bytes) / 1e6
+	t.Logf("snapshot %.1f MB, records %v", mb, info.Records)
+	fmt.Printf("BENCH cluster.snapshot blocks=%d mb=%.1f save_mb_per_s=%.1f restore_mb_per_s=%.1f copy_mb_per_s=%.1f save_ratio=%.3f restore_ratio=%.3f inspect_mb_per_s=%.1f save_seconds=%.2f restore_seconds=%.2f seed=%d\n",
+		held, mb, mb/save.Seconds(), mb/restore.Seconds(), mb/copyT.Seconds(), copyT.Seconds()/save.Seconds(), copyT.Seconds()/restore.Seconds(),
+		mb/inspect.Seconds(), save.Seconds(), restore.Seconds(), seed)
+}
