@@ -580,17 +580,17 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 	if toID == "" {
 		f = n.raft.LeadershipTransfer()
 	} else {
-		m, ok := n.fsm.Members()[toID]
-		addr := raft.ServerAddress(m.RaftAddr)
-		if !ok {
-			cf := n.raft.GetConfiguration()
-			if err := cf.Error(); err != nil {
-				return err
-			}
-			for _, s := range cf.Configuration().Servers {
-				if string(s.ID) == toID {
-					addr, ok = s.Address, true
-				}
+		// The Raft configuration is the authority on where a voter is; the
+		// member table only adds HTTP addresses.
+		cf := n.raft.GetConfiguration()
+		if err := cf.Error(); err != nil {
+			return err
+		}
+		var addr raft.ServerAddress
+		ok := false
+		for _, s := range cf.Configuration().Servers {
+			if string(s.ID) == toID {
+				addr, ok = s.Address, true
 			}
 		}
 		if !ok {
@@ -649,8 +649,44 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 	}
 	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Index: info.Index, Term: info.Term, Size: info.Bytes}
 	timeout := 10 * n.cfg.ApplyTimeout
+	before := n.fsm.Members()
 	if err := n.raft.Restore(meta, tmp, timeout); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("raft restore: %w", err)
 	}
+	// The stream brought its own cluster's member table: put back this
+	// cluster's entry for every current voter, so that forwarding and
+	// `members list` name this cluster's addresses.
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return info, err
+	}
+	after := n.fsm.Members()
+	for _, s := range cf.Configuration().Servers {
+		m, ok := before[string(s.ID)]
+		if !ok {
+			m = Member{ID: string(s.ID), RaftAddr: string(s.Address)}
+		}
+		if cur, ok := after[m.ID]; !ok || cur.RaftAddr != m.RaftAddr || cur.HTTPAddr != m.HTTPAddr {
+			if _, err := n.apply(ctx, encodeMember(now(), &m)); err != nil {
+				return info, fmt.Errorf("restore member table: %w", err)
+			}
+		}
+	}
+	for id := range after {
+		if _, ok := before[id]; !ok && !inConfig(cf.Configuration(), id) {
+			if _, err := n.apply(ctx, encodeMemberGone(now(), id)); err != nil {
+				return info, fmt.Errorf("restore member table: %w", err)
+			}
+		}
+	}
 	return info, nil
+}
+
+func inConfig(c raft.Configuration, id string) bool {
+	for _, s := range c.Servers {
+		if string(s.ID) == id {
+			return true
+		}
+	}
+	return false
 }

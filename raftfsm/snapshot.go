@@ -282,8 +282,9 @@ func InspectSnapshot(r io.Reader) (SnapshotInfo, error) {
 
 // loadSnapshot writes a stream into a fresh state directory dir and checks
 // it; on any error dir is removed. resetApplied zeroes the applied index
-// (seeding a new cluster, whose log starts again at 1).
-func loadSnapshot(r io.Reader, dir string, resetApplied bool, logger *slog.Logger) (SnapshotInfo, error) {
+// (seeding a new cluster, whose log starts again at 1); dropMembers leaves
+// out the member table (seeding a cluster on other addresses).
+func loadSnapshot(r io.Reader, dir string, resetApplied, dropMembers bool, logger *slog.Logger) (SnapshotInfo, error) {
 	if err := os.RemoveAll(dir); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("clear %s: %w", dir, err)
 	}
@@ -309,7 +310,7 @@ func loadSnapshot(r io.Reader, dir string, resetApplied bool, logger *slog.Logge
 		if k == nil {
 			break
 		}
-		if resetApplied && k[0] == store.KindApplied {
+		if resetApplied && k[0] == store.KindApplied || dropMembers && k[0] == store.KindMember {
 			continue
 		}
 		if err := ld.Set(k, v); err != nil {
@@ -341,7 +342,7 @@ func (f *FSM) restoreFrom(r io.Reader) error {
 	// The applied index restarts at 0: Raft delivers only entries after the
 	// snapshot it restores, and every one of them must apply, whatever
 	// index the stream was taken at (a user restore into a younger cluster).
-	info, err := loadSnapshot(r, tmp, true, f.logger)
+	info, err := loadSnapshot(r, tmp, true, false, f.logger)
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
@@ -430,6 +431,8 @@ func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
 		return err
 	}
-	_, err = loadSnapshot(f, filepath.Join(dataDir, "fsm"), true, slog.Default())
+	// The new cluster's member table comes from its own leaders, not from
+	// the cluster the snapshot was taken on.
+	_, err = loadSnapshot(f, filepath.Join(dataDir, "fsm"), true, true, slog.New(slog.DiscardHandler))
 	return err
 }
