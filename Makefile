@@ -10,7 +10,7 @@ TEST_TIMEOUT ?= 900s
 # deprecated; silence those warnings (and only those) in every build.
 export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test test-long lint fmt bench bench-indexer bench-events run replay clean tools
+.PHONY: all build test test-long lint fmt bench bench-indexer bench-events bench-cluster run replay clean tools
 
 all: build
 
@@ -47,6 +47,9 @@ bench-indexer:
 
 bench-events:
 	scripts/bench.sh events
+
+bench-cluster:
+	scripts/bench.sh cluster
 
 # The main job: a local 3-node cluster serving routes (see scripts/run-local.sh).
 run:

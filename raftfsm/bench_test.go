@@ -43,7 +43,9 @@ import (
 //	KVROUTER_BENCH_INGEST_SECONDS   cap of the ingest window (default 20)
 //	KVROUTER_BENCH_PUBLISHERS       concurrent publishers (default 4)
 //	KVROUTER_BENCH_INGEST_CALLS     calls generated ahead per publisher (default 60, 491,520 block events)
-//	KVROUTER_BENCH_BLOCKS           blocks held by the restart and snapshot state (default 1000000)
+//	KVROUTER_BENCH_BLOCKS           blocks held by the restart and snapshot state (default 5000000, the
+//	                                target figure: about 50 s of setup and 100 s per test on 2 cores;
+//	                                1000000 for a quick run)
 //	KVROUTER_BENCH_LOG              non-empty: the nodes log warnings (Raft's too) to stderr
 //	KVROUTER_BENCH_RAFT_TIMEOUT     heartbeat and election timeout, lease half of it (default: Config's defaults)
 
@@ -53,6 +55,7 @@ const (
 	bcBlocksPerEv   = 8  // blocks per Stored event
 	bcBlocksPerCall = bcRanksPerCall * bcEventsPerRank * bcBlocksPerEv
 	bcFamilies      = 100
+	bcDefaultBlocks = 5_000_000 // restart and snapshot state
 )
 
 func bcSkip(t *testing.T) {
@@ -508,7 +511,7 @@ func bcReadDir(t *testing.T, dir string) int64 {
 func TestBenchClusterRestart(t *testing.T) {
 	bcSkip(t)
 	seed := bcSeed(t, 20261202)
-	c, held := bcBuildState(t, seed, int64(bcEnvInt("KVROUTER_BENCH_BLOCKS", 1_000_000)))
+	c, held := bcBuildState(t, seed, int64(bcEnvInt("KVROUTER_BENCH_BLOCKS", bcDefaultBlocks)))
 	digest := c.nodes[0].fsm.Digest()
 	c.stop(0)
 	dir := c.dirs[0]
@@ -610,7 +613,7 @@ func bcCopyFile(src, dst string) error {
 func TestBenchClusterSnapshot(t *testing.T) {
 	bcSkip(t)
 	seed := bcSeed(t, 20261203)
-	c, held := bcBuildState(t, seed, int64(bcEnvInt("KVROUTER_BENCH_BLOCKS", 1_000_000)))
+	c, held := bcBuildState(t, seed, int64(bcEnvInt("KVROUTER_BENCH_BLOCKS", bcDefaultBlocks)))
 	digest := c.nodes[0].fsm.Digest()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "state.snap")

@@ -101,10 +101,14 @@ func OpenFSM(cfg FSMConfig) (*FSM, error) {
 	return f, nil
 }
 
-// Close closes the state database.
+// Close flushes and closes the state database. The flush spares the next
+// start a replay of the memtables from Pebble's WAL.
 func (f *FSM) Close() error {
 	f.dbMu.Lock()
 	defer f.dbMu.Unlock()
+	if err := f.db.Flush(); err != nil {
+		f.logger.Warn("flush state db at close", "err", err)
+	}
 	return f.db.Close()
 }
 

@@ -39,7 +39,7 @@ type Config struct {
 
 	HeartbeatTimeout   time.Duration // default 200ms
 	ElectionTimeout    time.Duration // default 200ms
-	LeaderLeaseTimeout time.Duration // default 100ms
+	LeaderLeaseTimeout time.Duration // default: the heartbeat timeout
 	CommitTimeout      time.Duration // default 5ms
 	ApplyTimeout       time.Duration // default 5s, when the context has no deadline
 	SnapshotThreshold  uint64        // entries between snapshots, default 8192
@@ -63,7 +63,9 @@ func (c *Config) defaults() {
 	}
 	d(&c.HeartbeatTimeout, 200*time.Millisecond)
 	d(&c.ElectionTimeout, 200*time.Millisecond)
-	d(&c.LeaderLeaseTimeout, 100*time.Millisecond)
+	// A lease as long as the heartbeat: a shorter one made leaders step
+	// down under sustained ingest on a busy 2-core machine.
+	d(&c.LeaderLeaseTimeout, c.HeartbeatTimeout)
 	d(&c.CommitTimeout, 5*time.Millisecond)
 	d(&c.ApplyTimeout, 5*time.Second)
 	d(&c.SnapshotInterval, 30*time.Second)
@@ -229,6 +231,12 @@ func (n *Node) Close() error {
 	close(n.stop)
 	err := n.raft.Shutdown().Error()
 	n.wg.Wait()
+	// Close also the pooled outbound connections: the transport's Close
+	// stops only its listener, and each peer's reader of such a
+	// connection would otherwise wait on it for ever.
+	if nt, ok := n.trans.(*raft.NetworkTransport); ok {
+		nt.CloseStreams()
+	}
 	if c, ok := n.trans.(io.Closer); ok {
 		c.Close()
 	}

@@ -125,6 +125,7 @@ type snapReader struct {
 	h    hash.Hash
 	n    int64
 	buf  []byte
+	one  [1]byte
 	info SnapshotInfo
 	want map[byte]uint64
 	got  map[byte]uint64
@@ -137,7 +138,8 @@ func newSnapReader(r io.Reader) *snapReader {
 func (s *snapReader) ReadByte() (byte, error) {
 	b, err := s.r.ReadByte()
 	if err == nil {
-		s.h.Write([]byte{b})
+		s.one[0] = b
+		s.h.Write(s.one[:])
 		s.n++
 	}
 	return b, err

@@ -17,8 +17,9 @@ mkdir -p "$out"
 declare -A spec=(
   [indexer]="./indexer/|TestBench"
   [events]="./kvevent/engine/|TestBenchDecode"
+  [cluster]="-p 1 ./raftfsm/ ./benchcluster/|TestBenchCluster"
 )
-order=(indexer events)
+order=(indexer events cluster)
 
 run_area() {
   local a=$1 pkgs pattern log

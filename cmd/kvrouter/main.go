@@ -21,7 +21,9 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/urfave/cli/v2"
@@ -34,7 +36,8 @@ func main() {
 		Description: `Examples:
    kvrouter                                   # single-node cluster in ./data
    kvrouter --node-id n1 --raft-addr 127.0.0.1:7001 --http-addr 127.0.0.1:7081 --data-dir data/n1 \
-            --peers n1=127.0.0.1:7001=127.0.0.1:7081,n2=127.0.0.1:7002=127.0.0.1:7082,n3=127.0.0.1:7003=127.0.0.1:7083
+            --peers n1=127.0.0.1:7001=127.0.0.1:7081,n2=127.0.0.1:7002=127.0.0.1:7082,n3=127.0.0.1:7003=127.0.0.1:7083 \
+            --nats-addr 127.0.0.1:4221 --nats-cluster-addr 127.0.0.1:6221 --nats-routes 127.0.0.1:6222,127.0.0.1:6223
    kvrouter --node-id n4 --raft-addr 127.0.0.1:7004 --http-addr 127.0.0.1:7084 --data-dir data/n4 --join 127.0.0.1:7081`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "node-id", Value: "node1", EnvVars: []string{"KVROUTER_NODE_ID"}, Usage: "this node's Raft id"},
@@ -45,7 +48,17 @@ func main() {
 			&cli.StringFlag{Name: "join", EnvVars: []string{"KVROUTER_JOIN"}, Usage: "HTTP address of a member of an existing cluster to join"},
 			&cli.DurationFlag{Name: "heartbeat-timeout", Value: 200 * time.Millisecond, Usage: "Raft heartbeat timeout"},
 			&cli.DurationFlag{Name: "election-timeout", Value: 200 * time.Millisecond, Usage: "Raft election timeout"},
+			&cli.DurationFlag{Name: "leader-lease-timeout", Usage: "Raft leader lease (default: the heartbeat timeout)"},
 			&cli.Uint64Flag{Name: "snapshot-threshold", Value: 8192, Usage: "log entries between snapshots"},
+			&cli.StringFlag{Name: "nats-addr", Value: "127.0.0.1:4222", EnvVars: []string{"KVROUTER_NATS_ADDR"}, Usage: "embedded NATS server's client listen address (agents publish events here)"},
+			&cli.StringFlag{Name: "nats-cluster-addr", EnvVars: []string{"KVROUTER_NATS_CLUSTER_ADDR"}, Usage: "embedded NATS server's route listen address; set it on every node to form one NATS cluster"},
+			&cli.StringFlag{Name: "nats-routes", EnvVars: []string{"KVROUTER_NATS_ROUTES"}, Usage: "other nodes' NATS route addresses, host:port,..."},
+			&cli.StringFlag{Name: "nats-url", EnvVars: []string{"KVROUTER_NATS_URL"}, Usage: "use this external NATS (url,url,...) instead of the embedded server"},
+			&cli.StringFlag{Name: "nats-user", EnvVars: []string{"KVROUTER_NATS_USER"}, Usage: "NATS user (required of clients by the embedded server; sent to an external one)"},
+			&cli.StringFlag{Name: "nats-password", EnvVars: []string{"KVROUTER_NATS_PASSWORD"}, Usage: "NATS password"},
+			&cli.StringFlag{Name: "nats-creds", EnvVars: []string{"KVROUTER_NATS_CREDS"}, Usage: "NATS credentials file for an external NATS"},
+			&cli.StringFlag{Name: "events-subject", Value: eventplane.DefaultSubject, Usage: "subject of event requests (the dump subject is <subject>.dump)"},
+			&cli.DurationFlag{Name: "events-linger", Value: time.Millisecond, Usage: "how long the leader waits to pack more event requests into one Raft entry"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"KVROUTER_LOG_LEVEL"}, Usage: "debug, info, warn or error"},
 		},
 		Action: run,
@@ -100,7 +113,8 @@ func run(c *cli.Context) error {
 	node, err := raftfsm.NewNode(raftfsm.Config{
 		ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr, DataDir: c.String("data-dir"), Peers: peers,
 		HeartbeatTimeout: c.Duration("heartbeat-timeout"), ElectionTimeout: c.Duration("election-timeout"),
-		SnapshotThreshold: c.Uint64("snapshot-threshold"), Logger: logger,
+		LeaderLeaseTimeout: c.Duration("leader-lease-timeout"),
+		SnapshotThreshold:  c.Uint64("snapshot-threshold"), Logger: logger,
 	})
 	if err != nil {
 		ln.Close()
@@ -109,6 +123,21 @@ func run(c *cli.Context) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		raftfsm.NewCollector(node), buildInfo())
+	nc, natsSrv, err := startNATS(c, id, logger)
+	if err != nil {
+		node.Close()
+		ln.Close()
+		return err
+	}
+	subject := c.String("events-subject")
+	ing, err := eventplane.NewIngester(eventplane.IngesterConfig{Conn: nc, Node: node, Subject: subject, DumpSubject: subject + ".dump",
+		Linger: c.Duration("events-linger"), Registerer: reg, Logger: logger})
+	if err != nil {
+		nc.Close()
+		node.Close()
+		ln.Close()
+		return err
+	}
 	srv := api.NewServer(node, api.Options{Logger: logger, Registerer: reg, Gatherer: reg})
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	serveErr := make(chan error, 1)
@@ -132,8 +161,55 @@ func run(c *cli.Context) error {
 	defer cancel()
 	hs.Shutdown(sctx)
 	srv.Close()
-	return node.Close()
+	ing.Close()
+	err = node.Close()
+	nc.Close()
+	if natsSrv != nil {
+		natsSrv.Shutdown()
+	}
+	return err
 }
+
+// startNATS connects to the external NATS (--nats-url) or starts the
+// embedded server and connects to it in process.
+func startNATS(c *cli.Context, id string, logger *slog.Logger) (*nats.Conn, natsShutdowner, error) {
+	opts := []nats.Option{nats.Name("kvrouter-" + id), nats.MaxReconnects(-1)}
+	if u := c.String("nats-user"); u != "" {
+		opts = append(opts, nats.UserInfo(u, c.String("nats-password")))
+	}
+	if url := c.String("nats-url"); url != "" {
+		if f := c.String("nats-creds"); f != "" {
+			opts = append(opts, nats.UserCredentials(f))
+		}
+		nc, err := nats.Connect(url, opts...)
+		if err != nil {
+			return nil, nil, fmt.Errorf("connect to nats %s: %w", url, err)
+		}
+		logger.Info("events over external NATS", "url", url)
+		return nc, nil, nil
+	}
+	var routes []string
+	for _, r := range strings.Split(c.String("nats-routes"), ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			routes = append(routes, r)
+		}
+	}
+	s, err := eventplane.StartServer(eventplane.ServerConfig{Name: id, Addr: c.String("nats-addr"),
+		ClusterAddr: c.String("nats-cluster-addr"), Routes: routes,
+		User: c.String("nats-user"), Password: c.String("nats-password"), Logger: logger})
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, err := nats.Connect("", append(opts, nats.InProcessServer(s))...)
+	if err != nil {
+		s.Shutdown()
+		return nil, nil, fmt.Errorf("connect to the embedded nats: %w", err)
+	}
+	logger.Info("embedded NATS listening", "clients", s.ClientURL(), "cluster", c.String("nats-cluster-addr"))
+	return nc, s, nil
+}
+
+type natsShutdowner interface{ Shutdown() }
 
 // join asks an existing member to add this node, retrying until it is
 // accepted or ctx ends (the cluster may be electing).

@@ -1,0 +1,456 @@
+package benchcluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+// TestBenchClusterFailover: three bin/kvrouter processes on loopback; a
+// client streams event batches (POST /v1/events) to the cluster; the
+// leader (found through GET /v1/cluster/status) is killed with SIGKILL;
+// the figure is the time from the kill to the first acknowledged batch
+// sent after it (any live node: a follower forwards to the new leader).
+// The killed node is restarted on its data directory and the next trial
+// waits until all three are ready. Baseline: the configured election
+// timeout. At the end every node must hold the same state (digest at the
+// same applied index) and exactly the acknowledged events.
+//
+//	KVROUTER_BIN                  use this binary instead of building ./cmd/kvrouter
+//	KVROUTER_BENCH_TRIALS         trials (default 10)
+//	KVROUTER_BENCH_RAFT_TIMEOUT   --heartbeat-timeout and --election-timeout (default: the binary's, 200ms)
+func TestBenchClusterFailover(t *testing.T) {
+	skipUnlessBench(t)
+	seed := benchSeed(t, 20261204)
+	trials := envInt("KVROUTER_BENCH_TRIALS", 10)
+	electionTimeout := 200 * time.Millisecond // the binary's default
+	var timeoutFlags []string
+	if d, err := time.ParseDuration(os.Getenv("KVROUTER_BENCH_RAFT_TIMEOUT")); err == nil && d > 0 {
+		electionTimeout = d
+		timeoutFlags = []string{"--heartbeat-timeout", d.String(), "--election-timeout", d.String()}
+	}
+	bin := kvrouterBinary(t)
+
+	base := t.TempDir()
+	procs := make([]*proc, 3)
+	var peers []string
+	for i := range procs {
+		p := &proc{id: fmt.Sprintf("n%d", i+1), raft: freeAddr(t), http: freeAddr(t)}
+		p.dir = filepath.Join(base, p.id)
+		p.logPath = filepath.Join(base, p.id+".log")
+		procs[i] = p
+		peers = append(peers, p.id+"="+p.raft+"="+p.http)
+	}
+	t.Cleanup(func() {
+		for _, p := range procs {
+			p.kill()
+		}
+		if t.Failed() {
+			for _, p := range procs {
+				if b, err := os.ReadFile(p.logPath); err == nil {
+					t.Logf("--- %s log (tail) ---\n%s", p.id, tail(string(b), 3000))
+				}
+			}
+		}
+	})
+	for _, p := range procs {
+		p.args = append([]string{"--node-id", p.id, "--raft-addr", p.raft, "--http-addr", p.http, "--data-dir", p.dir,
+			"--peers", strings.Join(peers, ","), "--log-level", "warn"}, timeoutFlags...)
+		if err := p.start(bin); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}, Timeout: 2 * time.Second}
+	defer hc.CloseIdleConnections()
+	waitAllReady(t, hc, procs, 30*time.Second)
+
+	st := newStreamer(seed, hc, procs)
+	done := make(chan struct{})
+	go func() { defer close(done); st.run() }()
+	defer func() { st.stop.Store(true); <-done }()
+
+	var failovers, elections []time.Duration
+	for trial := 0; trial < trials; trial++ {
+		// A steady stream first.
+		if !st.waitAcks(20, 30*time.Second) {
+			t.Fatalf("trial %d: the stream is not being acknowledged: %v", trial, st.lastErr())
+		}
+		leader := -1
+		waitFor(t, 15*time.Second, "a leader", func() bool {
+			leader = findLeader(hc, procs)
+			return leader >= 0
+		})
+		victim := procs[leader]
+		t0 := time.Now()
+		victim.kill()
+		// Time to the first node that says it leads (election), polled.
+		elected := make(chan time.Duration, 1)
+		go func() {
+			for time.Since(t0) < 30*time.Second {
+				if l := findLeader(hc, procs); l >= 0 && l != leader {
+					elected <- time.Since(t0)
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			elected <- -1
+		}()
+		at, ok := st.firstAckSentAfter(t0, 30*time.Second)
+		if !ok {
+			t.Fatalf("trial %d: no acknowledged write within 30s of killing %s: %v", trial, victim.id, st.lastErr())
+		}
+		failovers = append(failovers, at.Sub(t0))
+		if e := <-elected; e > 0 {
+			elections = append(elections, e)
+		}
+		t.Logf("trial %d: killed leader %s; first ack after %v", trial, victim.id, at.Sub(t0).Round(time.Millisecond))
+		if err := victim.start(bin); err != nil {
+			t.Fatal(err)
+		}
+		waitAllReady(t, hc, procs, 60*time.Second)
+	}
+	if !st.waitAcks(5, 30*time.Second) {
+		t.Fatalf("the stream stopped after the last trial: %v", st.lastErr())
+	}
+	st.stop.Store(true)
+	<-done
+
+	// Every replica holds the same state, and exactly the acknowledged events.
+	var sts []raftfsm.NodeStatus
+	waitFor(t, 30*time.Second, "replicas to converge", func() bool {
+		sts = sts[:0]
+		for _, p := range procs {
+			var s raftfsm.NodeStatus
+			if err := getJSON(hc, "http://"+p.http+"/v1/cluster/status", &s); err != nil {
+				return false
+			}
+			sts = append(sts, s)
+		}
+		return sts[0].Digest == sts[1].Digest && sts[1].Digest == sts[2].Digest &&
+			sts[0].AppliedIndex == sts[1].AppliedIndex && sts[1].AppliedIndex == sts[2].AppliedIndex
+	})
+	want := st.ackedBlocks()
+	for _, p := range procs {
+		var is api.IndexStats
+		if err := getJSON(hc, "http://"+p.http+"/v1/index/stats", &is); err != nil {
+			t.Fatal(err)
+		}
+		if is.Entries != want {
+			t.Errorf("%s holds %d entries; %d blocks were acknowledged", p.id, is.Entries, want)
+		}
+	}
+
+	slices.Sort(failovers)
+	slices.Sort(elections)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
+	p50 := failovers[len(failovers)/2]
+	elect := "na"
+	if len(elections) > 0 {
+		elect = fmt.Sprintf("%.0f", ms(elections[len(elections)/2]))
+	}
+	t.Logf("failovers: %v; %d batches acknowledged, %d retries", failovers, st.acks.Load(), st.retries.Load())
+	fmt.Printf("BENCH cluster.failover trials=%d p50_ms=%.0f max_ms=%.0f min_ms=%.0f election_timeout_ms=%d ratio=%.2f elected_p50_ms=%s batches=%d seed=%d\n",
+		len(failovers), ms(p50), ms(failovers[len(failovers)-1]), ms(failovers[0]), electionTimeout.Milliseconds(),
+		ms(p50)/ms(electionTimeout), elect, st.acks.Load(), seed)
+}
+
+// kvrouterBinary builds ./cmd/kvrouter into the test's temp dir, or
+// returns $KVROUTER_BIN.
+func kvrouterBinary(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("KVROUTER_BIN"); p != "" {
+		return p
+	}
+	out := filepath.Join(t.TempDir(), "kvrouter")
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/kvrouter")
+	cmd.Dir = ".." // the module root
+	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/kvrouter: %v\n%s", err, b)
+	}
+	return out
+}
+
+type proc struct {
+	id, raft, http, dir, logPath string
+	args                         []string
+	mu                           sync.Mutex
+	cmd                          *exec.Cmd
+	log                          *os.File
+}
+
+func (p *proc) start(bin string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	lf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(bin, p.args...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	dieWithParent(cmd)
+	if err := cmd.Start(); err != nil {
+		lf.Close()
+		return fmt.Errorf("start %s: %w", p.id, err)
+	}
+	p.cmd, p.log = cmd, lf
+	return nil
+}
+
+// kill sends SIGKILL (kill -9) and reaps the process.
+func (p *proc) kill() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return
+	}
+	_ = p.cmd.Process.Kill() // SIGKILL
+	_ = p.cmd.Wait()
+	p.log.Close()
+	p.cmd, p.log = nil, nil
+}
+
+func getJSON(hc *http.Client, url string, v any) error {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, resp.Body)
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+func findLeader(hc *http.Client, procs []*proc) int {
+	for i, p := range procs {
+		var s raftfsm.NodeStatus
+		if getJSON(hc, "http://"+p.http+"/v1/cluster/status", &s) == nil && s.State == "Leader" {
+			return i
+		}
+	}
+	return -1
+}
+
+func waitAllReady(t *testing.T, hc *http.Client, procs []*proc, timeout time.Duration) {
+	t.Helper()
+	waitFor(t, timeout, "all nodes ready", func() bool {
+		for _, p := range procs {
+			var r api.ReadyResponse
+			if getJSON(hc, "http://"+p.http+"/readyz", &r) != nil || !r.Ready {
+				return false
+			}
+		}
+		return findLeader(hc, procs) >= 0
+	})
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// streamer posts event batches one after another to whichever node
+// answers, resending a batch until it is acknowledged (every batch is safe
+// to retry: the rank cursors turn a re-applied one into duplicates).
+type streamer struct {
+	hc    *http.Client
+	procs []*proc
+	g     *gen
+	stop  atomic.Bool
+
+	acks    atomic.Int64
+	retries atomic.Int64
+
+	mu      sync.Mutex
+	sent    []time.Time // send time of each acknowledged batch's successful request, rising
+	got     []time.Time // when it was acknowledged
+	lastE   error
+	fatal   error // the cluster acknowledged something it must not have
+	cursors map[kvevent.Rank]uint64
+}
+
+func newStreamer(seed uint64, hc *http.Client, procs []*proc) *streamer {
+	var ranks []kvevent.Rank
+	for w := uint64(1); w <= 4; w++ {
+		ranks = append(ranks, kvevent.Rank{Worker: w})
+	}
+	return &streamer{hc: hc, procs: procs, g: newGen(seed, 1, ranks), cursors: map[kvevent.Rank]uint64{}}
+}
+
+func (s *streamer) run() {
+	target := 0
+	var body []byte
+	var batch []raftfsm.RankBatch
+	for !s.stop.Load() {
+		if body == nil {
+			batch = s.g.call(4) // 4 ranks x 4 events x 8 blocks
+			var err error
+			if body, err = json.Marshal(api.EventsRequestFrom(batch)); err != nil {
+				panic(err)
+			}
+		}
+		sent := time.Now()
+		acks, err := s.post(target, body)
+		if err == nil {
+			if ferr := s.check(batch, acks); ferr != nil {
+				s.mu.Lock()
+				s.fatal, s.lastE = ferr, ferr
+				s.mu.Unlock()
+				return
+			}
+		}
+		if err != nil {
+			s.mu.Lock()
+			s.lastE = err
+			s.mu.Unlock()
+			s.retries.Add(1)
+			target = (target + 1) % len(s.procs)
+			time.Sleep(2 * time.Millisecond)
+			continue
+		}
+		now := time.Now()
+		s.mu.Lock()
+		s.sent = append(s.sent, sent)
+		s.got = append(s.got, now)
+		for _, a := range acks {
+			s.cursors[kvevent.Rank{Worker: a.WorkerID, DP: a.DPRank}] = a.Cursor
+		}
+		s.mu.Unlock()
+		s.acks.Add(1)
+		body = nil
+	}
+}
+
+func (s *streamer) post(target int, body []byte) ([]api.Ack, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.procs[target].http+"/v1/events", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s: %s", s.procs[target].id, resp.Status, bytes.TrimSpace(b))
+	}
+	var out api.EventsResponse
+	if err := json.Unmarshal(b, &out); err != nil {
+		return nil, err
+	}
+	return out.Acks, nil
+}
+
+func (s *streamer) check(batch []raftfsm.RankBatch, acks []api.Ack) error {
+	if len(acks) != len(batch) {
+		return fmt.Errorf("%d acks for %d batches", len(acks), len(batch))
+	}
+	for i, a := range acks {
+		b := batch[i]
+		last := b.Events[len(b.Events)-1].EventID
+		if a.Gap || a.Cursor != last || a.Applied+a.Dups != len(b.Events) {
+			// Not retryable: the cluster lost or skipped events.
+			return fmt.Errorf("rank %v: ack %+v for events %d..%d", b.Rank, a, b.Events[0].EventID, last)
+		}
+	}
+	return nil
+}
+
+func (s *streamer) lastErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lastE == nil {
+		return errors.New("no error seen")
+	}
+	return s.lastE
+}
+
+// waitAcks waits for n more acknowledged batches.
+func (s *streamer) waitAcks(n int, timeout time.Duration) bool {
+	want := s.acks.Load() + int64(n)
+	deadline := time.Now().Add(timeout)
+	for s.acks.Load() < want {
+		s.mu.Lock()
+		fatal := s.fatal
+		s.mu.Unlock()
+		if fatal != nil || time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
+
+// firstAckSentAfter returns when the first batch whose successful request
+// was sent after t0 was acknowledged.
+func (s *streamer) firstAckSentAfter(t0 time.Time, timeout time.Duration) (time.Time, bool) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		s.mu.Lock()
+		i := sort.Search(len(s.sent), func(i int) bool { return s.sent[i].After(t0) })
+		var at time.Time
+		if i < len(s.sent) {
+			at = s.got[i]
+		}
+		fatal := s.fatal
+		s.mu.Unlock()
+		if !at.IsZero() {
+			return at, true
+		}
+		if fatal != nil {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return time.Time{}, false
+}
+
+func (s *streamer) ackedBlocks() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for _, c := range s.cursors {
+		n += int64(c) * blocksPerEvent
+	}
+	return n
+}
