@@ -1,0 +1,20 @@
+// Package eventplane carries KV events from node agents to the router
+// cluster over NATS: the agent side (Publisher) assigns per-rank event ids,
+// keeps what is not yet acknowledged in a bounded replay buffer and resends
+// it to whichever node leads; the router side (Ingester) runs on every node
+// but subscribes only while its node leads, packs the requests that arrive
+// within a short linger into one Raft entry, and answers each request with
+// its ranks' acknowledgements after commit. StartServer runs the embedded
+// NATS server each kvrouter node carries. docs/events.md lists the subjects
+// and the wire format.
+//
+// Invariants:
+//   - An event leaves a Publisher's buffer only when a committed ack covers
+//     its id (Cursor >= id) or a committed rank dump replaced it.
+//   - Re-delivery is always safe: the FSM skips ids at or below its cursor.
+//   - The Ingester acknowledges a request only after the entry that carries
+//     it has committed and applied; an error reply or no reply means
+//     "unknown", and the publisher resends.
+//   - The decoder never panics and never allocates more than the message's
+//     size justifies; malformed input gets an error reply.
+package eventplane

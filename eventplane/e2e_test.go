@@ -1,0 +1,158 @@
+package eventplane
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+func connect(t testing.TB, urls string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(urls, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// checkIndexMatches waits for the publisher to drain, then checks every
+// running node: same digest at the same applied index, the model's entry
+// count, and every rank's cursor at the last published id.
+func checkIndexMatches(t *testing.T, c *testCluster, o *owner, p *Publisher) {
+	t.Helper()
+	waitFor(t, 15*time.Second, "the publisher to drain", func() bool { return p.Pending() == 0 })
+	c.converged()
+	want := o.entries()
+	for i, n := range c.nodes {
+		if n == nil {
+			continue
+		}
+		if got := n.IndexStats().Entries; got != want {
+			t.Errorf("node %d: index entries = %d, model %d", i, got, want)
+		}
+		for r, or := range o.ranks {
+			if got := n.FSM().Cursor(r); got != or.last {
+				t.Errorf("node %d: rank %v cursor = %d, last published %d", i, r, got, or.last)
+			}
+		}
+	}
+}
+
+func TestLeaderCrashMidStreamLosesAndDoublesNothing(t *testing.T) {
+	c := newTestCluster(t, 3)
+	l := c.leader()
+	f := (l + 1) % 3 // the publisher's server survives the crash
+	o := newOwner(1)
+	p, err := NewPublisher(PublisherConfig{Conn: connect(t, c.url(f)), Dump: o.dump, RequestTimeout: 500 * time.Millisecond,
+		MaxRequestEvents: 64, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	o.pub = p
+	ranks := []kvevent.Rank{{Worker: 1, DP: 0}, {Worker: 1, DP: 1}, {Worker: 2, DP: 0}, {Worker: 3, DP: 0}}
+
+	const steps = 3000
+	var wg sync.WaitGroup
+	half := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ctx := ctxT(t)
+		for k := range steps {
+			if k == steps/2 {
+				close(half)
+			}
+			o.step(ctx, t, ranks[k%len(ranks)])
+			if k%10 == 0 {
+				time.Sleep(time.Millisecond) // a stream, not one burst
+			}
+		}
+	}()
+	<-half
+	c.stop(l)
+	ackedAtCrash := val(p.m.acked)
+	wg.Wait()
+	if ackedAtCrash == 0 || ackedAtCrash >= steps {
+		t.Fatalf("%v events acked when the leader crashed: not mid-stream", ackedAtCrash)
+	}
+	if c.leader() == l {
+		t.Fatal("the old leader still leads")
+	}
+	checkIndexMatches(t, c, o, p)
+	t.Logf("acked at crash=%v requests=%v retries=%v dumps=%v", ackedAtCrash, val(p.m.requests), val(p.m.retries), val(p.m.dumps))
+}
+
+func TestBufferOverflowHealsWithADump(t *testing.T) {
+	c := newTestCluster(t, 1)
+	c.leader()
+	o := newOwner(2)
+	p, err := NewPublisher(PublisherConfig{Conn: connect(t, c.url(0)), Dump: o.dump, BufferEvents: 8, DropOldest: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	o.pub = p
+	ranks := []kvevent.Rank{{Worker: 7, DP: 0}, {Worker: 7, DP: 1}}
+	ctx := ctxT(t)
+	// A burst far larger than the buffer: the oldest unacknowledged events
+	// are dropped, the router reports a gap, and the rank is replaced by a
+	// dump of the owner's state.
+	for k := range 2000 {
+		o.step(ctx, t, ranks[k%2])
+	}
+	checkIndexMatches(t, c, o, p)
+	if val(p.m.dropped) == 0 || val(p.m.dumps) == 0 {
+		t.Fatalf("dropped=%v dumps=%v: the test did not exercise the dump path",
+			val(p.m.dropped), val(p.m.dumps))
+	}
+}
+
+func TestFullBufferRefusesWithoutTakingIDs(t *testing.T) {
+	nc := connectNowhere(t)
+	p, err := NewPublisher(PublisherConfig{Conn: nc, BufferEvents: 2, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	r := kvevent.Rank{Worker: 1}
+	ev := []kvevent.Event{{Kind: kvevent.KindCleared}}
+	for want := uint64(1); want <= 2; want++ {
+		if id, err := p.Publish(r, ev); err != nil || id != want {
+			t.Fatalf("publish = %d, %v; want id %d", id, err, want)
+		}
+	}
+	if _, err := p.Publish(r, ev); err != ErrFull {
+		t.Fatalf("publish into a full buffer: %v, want ErrFull", err)
+	}
+	if _, last := p.Cursor(r); last != 2 {
+		t.Fatalf("last id = %d after a refused publish, want 2", last)
+	}
+}
+
+// connectNowhere is a connection to a lone server nobody answers on.
+func connectNowhere(t *testing.T) *nats.Conn {
+	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func val(c prometheus.Counter) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	return m.GetCounter().GetValue()
+}

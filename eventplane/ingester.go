@@ -1,0 +1,362 @@
+package eventplane
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Default subjects (docs/events.md).
+const (
+	DefaultSubject     = "kvrouter.events"
+	DefaultDumpSubject = "kvrouter.events.dump"
+	queueGroup         = "kvrouter-ingest"
+)
+
+// Target is what the ingester commits to: a raftfsm.Node.
+type Target interface {
+	IngestEvents(ctx context.Context, batches []raftfsm.RankBatch) ([]raftfsm.RankAck, error)
+	ReplaceRank(ctx context.Context, r kvevent.Rank, cursor uint64, stored []kvevent.Event) error
+	IsLeader() bool
+}
+
+// IngesterConfig configures an Ingester.
+type IngesterConfig struct {
+	Conn        *nats.Conn // a connection to this node's NATS server
+	Node        Target
+	Subject     string // default DefaultSubject
+	DumpSubject string // default DefaultDumpSubject
+	// Linger is how long the first request of an entry waits for more
+	// (default 1ms); MaxEntryEvents and MaxEntryBytes end it early
+	// (defaults 16384 events, 4 MiB of encoded requests).
+	Linger         time.Duration
+	MaxEntryEvents int
+	MaxEntryBytes  int
+	MaxInFlight    int           // entries being committed at once, default 4
+	CommitTimeout  time.Duration // per entry, default 5s
+	PollInterval   time.Duration // how often leadership is checked, default 20ms
+	Registerer     prometheus.Registerer
+	Logger         *slog.Logger
+}
+
+func (c *IngesterConfig) defaults() {
+	if c.Subject == "" {
+		c.Subject = DefaultSubject
+	}
+	if c.DumpSubject == "" {
+		c.DumpSubject = DefaultDumpSubject
+	}
+	if c.Linger <= 0 {
+		c.Linger = time.Millisecond
+	}
+	if c.MaxEntryEvents <= 0 {
+		c.MaxEntryEvents = 16384
+	}
+	if c.MaxEntryBytes <= 0 {
+		c.MaxEntryBytes = 4 << 20
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 4
+	}
+	if c.CommitTimeout <= 0 {
+		c.CommitTimeout = 5 * time.Second
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = 20 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// An Ingester turns event requests into Raft entries while its node leads.
+// It runs on every node; it holds subscriptions only while the node leads,
+// so that requests go to the one node that can commit them.
+type Ingester struct {
+	cfg IngesterConfig
+	m   ingesterMetrics
+
+	reqs chan request
+	sem  chan struct{}
+	stop chan struct{}
+	wg   sync.WaitGroup // the loops
+	cwg  sync.WaitGroup // commits in flight
+}
+
+type request struct {
+	msg     *nats.Msg
+	batches []raftfsm.RankBatch
+	events  int
+}
+
+type ingesterMetrics struct {
+	requests *prometheus.CounterVec // outcome
+	entries  prometheus.Counter
+	received *prometheus.CounterVec // op, tier
+	rejected *prometheus.CounterVec // reason
+	gaps     prometheus.Counter
+	resyncs  *prometheus.CounterVec // reason
+	subs     prometheus.Gauge
+}
+
+func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
+	m := ingesterMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_requests_total",
+			Help: "Event requests answered by this node's ingester, by outcome (acked, not_leader, invalid, error)."}, []string{"outcome"}),
+		entries: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_events_entries_total",
+			Help: "Raft entries proposed by the ingester (each packs one or more requests)."}),
+		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_received_total",
+			Help: "Events received by the leader's ingester, by op and tier."}, []string{"op", "tier"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_requests_rejected_total",
+			Help: "Event requests rejected before Raft (undecodable), by reason."}, []string{"reason"}),
+		gaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_events_gaps_total",
+			Help: "Rank batches acknowledged with a gap."}),
+		resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_resyncs_total",
+			Help: "Rank dumps committed, by reason."}, []string{"reason"}),
+		subs: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvrouter_events_ingesting",
+			Help: "1 while this node's ingester holds the event subscriptions (it leads)."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.entries, m.received, m.rejected, m.gaps, m.resyncs, m.subs)
+	}
+	return m
+}
+
+// NewIngester starts an ingester; it subscribes as soon as its node leads.
+func NewIngester(cfg IngesterConfig) (*Ingester, error) {
+	cfg.defaults()
+	if cfg.Conn == nil || cfg.Node == nil {
+		return nil, errors.New("eventplane: an ingester needs a NATS connection and a node")
+	}
+	in := &Ingester{cfg: cfg, m: newIngesterMetrics(cfg.Registerer),
+		reqs: make(chan request, 4096), sem: make(chan struct{}, cfg.MaxInFlight), stop: make(chan struct{})}
+	in.wg.Add(2)
+	go in.leadership()
+	go in.batcher()
+	return in, nil
+}
+
+// Close unsubscribes, waits for the entries in flight to finish (each is
+// bounded by CommitTimeout) and stops. Requests not yet answered get no
+// reply: their publishers time out and resend.
+func (in *Ingester) Close() error {
+	select {
+	case <-in.stop:
+		return nil
+	default:
+	}
+	close(in.stop)
+	in.wg.Wait()
+	in.cwg.Wait()
+	return nil
+}
+
+// leadership holds the subscriptions exactly while the node leads. Polling
+// IsLeader (an atomic load) keeps raftfsm untouched; a poll interval of
+// 20ms is small next to an election.
+func (in *Ingester) leadership() {
+	defer in.wg.Done()
+	var subs []*nats.Subscription
+	drop := func() {
+		for _, s := range subs {
+			// Drain lets the requests already delivered reach the batcher;
+			// a stepped-down node answers them "not leader".
+			if err := s.Drain(); err != nil {
+				s.Unsubscribe()
+			}
+		}
+		if subs != nil {
+			in.cfg.Logger.Info("event ingestion stopped")
+		}
+		subs = nil
+		in.m.subs.Set(0)
+	}
+	defer drop()
+	t := time.NewTicker(in.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		leads := in.cfg.Node.IsLeader()
+		switch {
+		case leads && subs == nil:
+			s1, err1 := in.cfg.Conn.QueueSubscribe(in.cfg.Subject, queueGroup, in.onEvents)
+			s2, err2 := in.cfg.Conn.QueueSubscribe(in.cfg.DumpSubject, queueGroup, in.onDump)
+			if err := errors.Join(err1, err2); err != nil {
+				in.cfg.Logger.Warn("subscribe to events", "err", err)
+				for _, s := range []*nats.Subscription{s1, s2} {
+					if s != nil {
+						s.Unsubscribe()
+					}
+				}
+				break
+			}
+			for _, s := range []*nats.Subscription{s1, s2} {
+				s.SetPendingLimits(-1, 256<<20)
+			}
+			subs = []*nats.Subscription{s1, s2}
+			in.m.subs.Set(1)
+			in.cfg.Logger.Info("event ingestion started", "subject", in.cfg.Subject)
+		case !leads && subs != nil:
+			drop()
+		}
+		select {
+		case <-in.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (in *Ingester) reply(m *nats.Msg, b []byte, outcome string) {
+	in.m.requests.WithLabelValues(outcome).Inc()
+	if m.Reply != "" {
+		_ = m.Respond(b)
+	}
+}
+
+func (in *Ingester) replyErr(m *nats.Msg, err error) {
+	code, outcome := uint8(codeInternal), "error"
+	switch {
+	case errors.Is(err, raftfsm.ErrNotLeader), errors.Is(err, raftfsm.ErrNoLeader), errors.Is(err, raftfsm.ErrShutdown):
+		code, outcome = codeNotLeader, "not_leader"
+	case errors.Is(err, ErrMalformed), errors.Is(err, raftfsm.ErrInvalid):
+		code, outcome = codeInvalid, "invalid"
+	}
+	in.reply(m, appendError(nil, code, err.Error()), outcome)
+}
+
+// onEvents decodes a request and hands it to the batcher. It runs on the
+// subscription's goroutine, so decoding is off the batcher's path.
+func (in *Ingester) onEvents(m *nats.Msg) {
+	batches, err := decodeEvents(m.Data)
+	if err != nil {
+		in.m.rejected.WithLabelValues("malformed").Inc()
+		in.replyErr(m, err)
+		return
+	}
+	n := 0
+	for i := range batches {
+		n += len(batches[i].Events)
+		for j := range batches[i].Events {
+			ev := &batches[i].Events[j]
+			in.m.received.WithLabelValues(ev.Kind.String(), ev.Tier.String()).Inc()
+		}
+	}
+	select {
+	case in.reqs <- request{msg: m, batches: batches, events: n}:
+	case <-in.stop:
+	}
+}
+
+// onDump commits a rank dump. Dumps are rare and large: each is its own
+// entry.
+func (in *Ingester) onDump(m *nats.Msg) {
+	r, cursor, stored, err := decodeDump(m.Data)
+	if err != nil {
+		in.m.rejected.WithLabelValues("malformed").Inc()
+		in.replyErr(m, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
+	defer cancel()
+	if err := in.cfg.Node.ReplaceRank(ctx, r, cursor, stored); err != nil {
+		in.replyErr(m, err)
+		return
+	}
+	in.m.resyncs.WithLabelValues("dump").Inc()
+	in.reply(m, appendDumpOK(nil, cursor), "acked")
+}
+
+// batcher packs requests into entries. The first request of an entry
+// starts the linger; the entry closes when the linger ends or it is full.
+// Commits run concurrently (up to MaxInFlight): Raft orders them, and
+// since a publisher has one request in flight, two entries never carry
+// the same publisher's consecutive events out of order — and if they did
+// (a resend racing the original), the cursor turns the late one into
+// duplicates or a gap, which the publisher heals.
+func (in *Ingester) batcher() {
+	defer in.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		var group []request
+		var events, bytes int
+		select {
+		case <-in.stop:
+			return
+		case r := <-in.reqs:
+			group, events, bytes = append(group, r), r.events, len(r.msg.Data)
+		}
+		timer.Reset(in.cfg.Linger)
+	collect:
+		for events < in.cfg.MaxEntryEvents && bytes < in.cfg.MaxEntryBytes {
+			select {
+			case <-in.stop:
+				break collect
+			case r := <-in.reqs:
+				group = append(group, r)
+				events += r.events
+				bytes += len(r.msg.Data)
+			case <-timer.C:
+				break collect
+			}
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		select {
+		case in.sem <- struct{}{}:
+		case <-in.stop:
+			return
+		}
+		in.cwg.Add(1)
+		go in.commit(group)
+	}
+}
+
+func (in *Ingester) commit(group []request) {
+	defer in.cwg.Done()
+	defer func() { <-in.sem }()
+	n := 0
+	for _, r := range group {
+		n += len(r.batches)
+	}
+	all := make([]raftfsm.RankBatch, 0, n)
+	for _, r := range group {
+		all = append(all, r.batches...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
+	defer cancel()
+	in.m.entries.Inc()
+	acks, err := in.cfg.Node.IngestEvents(ctx, all)
+	if err == nil && len(acks) != len(all) {
+		err = errors.New("ingest returned a wrong number of acks")
+	}
+	if err != nil {
+		for _, r := range group {
+			in.replyErr(r.msg, err)
+		}
+		return
+	}
+	var buf []byte
+	for _, r := range group {
+		mine := acks[:len(r.batches)]
+		acks = acks[len(r.batches):]
+		for _, a := range mine {
+			if a.Gap {
+				in.m.gaps.Inc()
+			}
+		}
+		buf = appendAcks(buf[:0], mine)
+		in.reply(r.msg, buf, "acked")
+	}
+}

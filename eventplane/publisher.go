@@ -1,0 +1,478 @@
+package eventplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// DumpFunc returns a rank's whole state as Stored events (each a chain
+// from the root or from a parent stored by an earlier event of the dump)
+// and the id of the last event that state reflects. It is called without
+// any publisher lock held, so it may take the owner's own lock, the same
+// one the owner holds around Publish: that is how the state and the id
+// agree.
+type DumpFunc func(r kvevent.Rank) (stored []kvevent.Event, through uint64)
+
+// PublisherConfig configures a Publisher.
+type PublisherConfig struct {
+	Conn        *nats.Conn
+	Subject     string // default DefaultSubject
+	DumpSubject string // default DefaultDumpSubject
+	// BufferEvents bounds each rank's replay buffer (unacknowledged
+	// events), default 65536.
+	BufferEvents int
+	// DropOldest, when set, makes a full buffer drop its oldest events
+	// instead of refusing new ones: the router then reports a gap, and the
+	// rank heals with a dump. Off, Publish returns ErrFull (PublishWait
+	// waits for room).
+	DropOldest bool
+	Dump       DumpFunc // required when the router's cursor can fall behind the buffer
+	// MaxRequestEvents and MaxRequestBytes bound one request (defaults
+	// 8192 events, 1 MiB — NATS's default max payload).
+	MaxRequestEvents int
+	MaxRequestBytes  int
+	RequestTimeout   time.Duration // default 2s
+	MinBackoff       time.Duration // default 5ms
+	MaxBackoff       time.Duration // default 500ms
+	Registerer       prometheus.Registerer
+	Logger           *slog.Logger
+}
+
+func (c *PublisherConfig) defaults() {
+	if c.Subject == "" {
+		c.Subject = DefaultSubject
+	}
+	if c.DumpSubject == "" {
+		c.DumpSubject = DefaultDumpSubject
+	}
+	if c.BufferEvents <= 0 {
+		c.BufferEvents = 65536
+	}
+	if c.MaxRequestEvents <= 0 {
+		c.MaxRequestEvents = 8192
+	}
+	if c.MaxRequestBytes <= 0 {
+		c.MaxRequestBytes = 1 << 20
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = 2 * time.Second
+	}
+	if c.MinBackoff <= 0 {
+		c.MinBackoff = 5 * time.Millisecond
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = 500 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// A Publisher sends a node agent's events to the router cluster. Per rank
+// it assigns consecutive event ids from 1, keeps every event not yet
+// acknowledged in a bounded replay buffer, and sends the buffers' heads by
+// NATS request to whichever node leads (the leader alone subscribes), one
+// request in flight at a time: events published while a request is out
+// ride in the next one, so batches grow with the commit latency. A request
+// that fails, times out or meets no responder is resent after a backoff;
+// duplicates are harmless (the router skips ids at or below its cursor).
+type Publisher struct {
+	cfg PublisherConfig
+	m   publisherMetrics
+
+	mu    sync.Mutex
+	ranks map[kvevent.Rank]*rankBuf
+	order []kvevent.Rank // round-robin order for fairness within a request
+	rr    int
+	room  chan struct{} // closed (and replaced) when buffers shrink
+
+	kick chan struct{}
+	stop chan struct{}
+	done chan struct{}
+	rng  *rand.Rand
+}
+
+// rankBuf holds a rank's unacknowledged events: ids start..next-1 live in
+// evs[head:] (start may be past acked+1 after DropOldest).
+type rankBuf struct {
+	next     uint64 // the id the next published event gets
+	acked    uint64 // the router's cursor, as last acknowledged
+	evs      []kvevent.Event
+	head     int
+	needDump bool
+}
+
+func (b *rankBuf) pending() []kvevent.Event { return b.evs[b.head:] }
+
+// trim drops events with ids <= id.
+func (b *rankBuf) trim(id uint64) int {
+	p := b.pending()
+	k := 0
+	for k < len(p) && p[k].EventID <= id {
+		k++
+	}
+	clear(p[:k]) // let the GC have the block slices
+	b.head += k
+	if b.head > 1024 && b.head > len(b.evs)/2 {
+		b.evs = append(b.evs[:0], b.evs[b.head:]...)
+		b.head = 0
+	}
+	return k
+}
+
+type publisherMetrics struct {
+	published, acked, full, dropped, dumps, requests, retries prometheus.Counter
+	resends                                                   *prometheus.CounterVec
+	buffered                                                  prometheus.Gauge
+}
+
+func newPublisherMetrics(reg prometheus.Registerer) publisherMetrics {
+	c := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
+	m := publisherMetrics{
+		published: c("kvagent_events_published_total", "Events given ids and buffered for the router."),
+		acked:     c("kvagent_events_acked_total", "Events acknowledged by the router and dropped from the replay buffer."),
+		full:      c("kvagent_events_publish_full_total", "Publish calls refused because a rank's replay buffer was full."),
+		dropped:   c("kvagent_events_dropped_total", "Unacknowledged events dropped from a full buffer (DropOldest); the rank resyncs with a dump."),
+		dumps:     c("kvagent_events_dumps_total", "Rank dumps committed by the router."),
+		requests:  c("kvagent_events_requests_total", "Event requests sent to the router."),
+		retries:   c("kvagent_events_request_retries_total", "Event requests that failed (timeout, no leader, error) and were resent."),
+		resends: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_events_resyncs_total",
+			Help: "Gaps reported by the router, by how they heal (replay from the buffer, dump)."}, []string{"reason"}),
+		buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvagent_events_buffered",
+			Help: "Events in the replay buffers, unacknowledged."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.published, m.acked, m.full, m.dropped, m.dumps, m.requests, m.retries, m.resends, m.buffered)
+	}
+	return m
+}
+
+// NewPublisher starts a publisher's send loop.
+func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
+	cfg.defaults()
+	if cfg.Conn == nil {
+		return nil, errors.New("eventplane: a publisher needs a NATS connection")
+	}
+	p := &Publisher{cfg: cfg, m: newPublisherMetrics(cfg.Registerer), ranks: map[kvevent.Rank]*rankBuf{},
+		room: make(chan struct{}), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))}
+	go p.loop()
+	return p, nil
+}
+
+// Close stops the send loop. Unacknowledged events are lost with the
+// publisher (an agent restart resyncs its ranks with dumps).
+func (p *Publisher) Close() error {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	<-p.done
+	return nil
+}
+
+func (p *Publisher) buf(r kvevent.Rank) *rankBuf {
+	b := p.ranks[r]
+	if b == nil {
+		b = &rankBuf{next: 1}
+		p.ranks[r] = b
+		p.order = append(p.order, r)
+	}
+	return b
+}
+
+// Publish assigns the next ids of rank r to evs (in order), buffers them
+// and returns the last id. The events must be valid (kvevent.Event.Validate)
+// and must not be modified afterwards (their slices are shared). When the
+// rank's buffer has no room it returns ErrFull and takes nothing, unless
+// DropOldest is set.
+func (p *Publisher) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
+	last, _, err := p.publish(r, evs)
+	return last, err
+}
+
+// PublishWait is Publish that waits for room while the buffer is full, until
+// ctx ends.
+func (p *Publisher) PublishWait(ctx context.Context, r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
+	for {
+		last, room, err := p.publish(r, evs)
+		if !errors.Is(err, ErrFull) {
+			return last, err
+		}
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return 0, fmt.Errorf("%w: %w", ErrFull, ctx.Err())
+		case <-p.stop:
+			return 0, ErrClosed
+		}
+	}
+}
+
+func (p *Publisher) publish(r kvevent.Rank, evs []kvevent.Event) (uint64, <-chan struct{}, error) {
+	for i := range evs {
+		if err := evs[i].Validate(); err != nil {
+			return 0, nil, fmt.Errorf("event %d: %w", i, err)
+		}
+	}
+	if len(evs) > p.cfg.BufferEvents {
+		return 0, nil, fmt.Errorf("%w: %d events exceed the buffer (%d)", ErrFull, len(evs), p.cfg.BufferEvents)
+	}
+	p.mu.Lock()
+	select {
+	case <-p.stop:
+		p.mu.Unlock()
+		return 0, nil, ErrClosed
+	default:
+	}
+	b := p.buf(r)
+	if over := len(b.pending()) + len(evs) - p.cfg.BufferEvents; over > 0 {
+		if !p.cfg.DropOldest {
+			room := p.room
+			p.mu.Unlock()
+			p.m.full.Inc()
+			return 0, room, ErrFull
+		}
+		// The dropped ids are gone: the router will report a gap at the
+		// first of them, and the rank resyncs with a dump.
+		k := b.trim(b.pending()[over-1].EventID)
+		p.m.dropped.Add(float64(k))
+		p.m.buffered.Sub(float64(k))
+	}
+	for _, ev := range evs {
+		ev.Rank, ev.EventID = r, b.next
+		b.next++
+		b.evs = append(b.evs, ev)
+	}
+	last := b.next - 1
+	p.mu.Unlock()
+	p.m.published.Add(float64(len(evs)))
+	p.m.buffered.Add(float64(len(evs)))
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+	return last, nil, nil
+}
+
+// Cursor returns the router's cursor of r as last acknowledged, and the id
+// of the last event published (tests, status).
+func (p *Publisher) Cursor(r kvevent.Rank) (acked, last uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if b := p.ranks[r]; b != nil {
+		return b.acked, b.next - 1
+	}
+	return 0, 0
+}
+
+// Pending returns the number of unacknowledged events.
+func (p *Publisher) Pending() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, b := range p.ranks {
+		n += len(b.pending())
+	}
+	return n
+}
+
+// loop sends requests, one at a time, until Close.
+func (p *Publisher) loop() {
+	defer close(p.done)
+	backoff := time.Duration(0)
+	var scratch []byte
+	for {
+		if backoff > 0 {
+			// Full jitter keeps many agents from retrying in step after a
+			// leader change.
+			d := backoff/2 + time.Duration(p.rng.Int64N(int64(backoff/2)+1))
+			select {
+			case <-p.stop:
+				return
+			case <-time.After(d):
+			}
+		}
+		ok := true
+		if r, found := p.nextDump(); found {
+			ok = p.sendDump(r)
+		} else if batches, n := p.nextRequest(); n > 0 {
+			scratch = appendEvents(scratch[:0], batches)
+			ok = p.sendEvents(scratch)
+		} else {
+			backoff = 0
+			select {
+			case <-p.stop:
+				return
+			case <-p.kick:
+			}
+			continue
+		}
+		if ok {
+			backoff = 0
+		} else {
+			p.m.retries.Inc()
+			backoff = min(max(2*backoff, p.cfg.MinBackoff), p.cfg.MaxBackoff)
+		}
+	}
+}
+
+func (p *Publisher) nextDump() (kvevent.Rank, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range p.order {
+		if p.ranks[r].needDump {
+			return r, true
+		}
+	}
+	return kvevent.Rank{}, false
+}
+
+// nextRequest takes the heads of the ranks' buffers, round robin, up to
+// the request bounds. The events are copied (structs only), so the buffers
+// may change while the request is out.
+func (p *Publisher) nextRequest() ([]raftfsm.RankBatch, int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []raftfsm.RankBatch
+	n, size := 0, 16
+	for i := 0; i < len(p.order) && n < p.cfg.MaxRequestEvents && size < p.cfg.MaxRequestBytes; i++ {
+		r := p.order[(p.rr+i)%len(p.order)]
+		b := p.ranks[r]
+		pend := b.pending()
+		if len(pend) == 0 || b.needDump {
+			continue
+		}
+		k := 0
+		size += 24
+		for k < len(pend) && n < p.cfg.MaxRequestEvents {
+			s := eventSize(&pend[k])
+			if size+s > p.cfg.MaxRequestBytes && (n > 0 || k > 0) {
+				break
+			}
+			size += s
+			k++
+			n++
+		}
+		if k > 0 {
+			out = append(out, raftfsm.RankBatch{Rank: r, Events: slices.Clone(pend[:k])})
+		}
+	}
+	if len(p.order) > 0 {
+		p.rr = (p.rr + 1) % len(p.order)
+	}
+	return out, n
+}
+
+func (p *Publisher) request(subject string, data []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
+	p.m.requests.Inc()
+	msg, err := p.cfg.Conn.Request(subject, data, p.cfg.RequestTimeout)
+	if err != nil {
+		return nil, 0, err
+	}
+	return decodeReply(msg.Data)
+}
+
+// sendEvents sends one request and applies its acks; false means resend.
+func (p *Publisher) sendEvents(data []byte) bool {
+	acks, _, err := p.request(p.cfg.Subject, data)
+	if err != nil {
+		p.logRetry("events", err)
+		return false
+	}
+	var freed int
+	p.mu.Lock()
+	for _, a := range acks {
+		b := p.ranks[a.Rank]
+		if b == nil {
+			continue
+		}
+		if a.Cursor >= b.next {
+			// The router is ahead of this publisher: its ids were used by
+			// an earlier incarnation (an agent restart). What we send now
+			// is taken for duplicates. Resync the rank with a dump, which
+			// sets the cursor to our numbering.
+			p.cfg.Logger.Warn("router cursor ahead of the publisher; resyncing the rank", "rank", a.Rank, "cursor", a.Cursor, "next", b.next)
+			b.needDump = true
+			continue
+		}
+		b.acked = a.Cursor
+		freed += b.trim(a.Cursor)
+		if a.Gap {
+			pend := b.pending()
+			if len(pend) > 0 && pend[0].EventID == a.Cursor+1 {
+				// The missing range is still buffered: the next request
+				// resends it from Cursor+1.
+				p.m.resends.WithLabelValues("replay").Inc()
+			} else {
+				p.m.resends.WithLabelValues("dump").Inc()
+				b.needDump = true
+			}
+		}
+	}
+	p.signalRoom(freed)
+	p.mu.Unlock()
+	return true
+}
+
+// signalRoom wakes PublishWait callers; p.mu is held.
+func (p *Publisher) signalRoom(freed int) {
+	if freed == 0 {
+		return
+	}
+	p.m.acked.Add(float64(freed))
+	p.m.buffered.Sub(float64(freed))
+	close(p.room)
+	p.room = make(chan struct{})
+}
+
+// sendDump replaces the rank's state on the router with the owner's dump,
+// then drops what the dump covers from the buffer.
+func (p *Publisher) sendDump(r kvevent.Rank) bool {
+	if p.cfg.Dump == nil {
+		p.cfg.Logger.Error("a rank needs a dump and the publisher has no Dump callback; its events are stuck", "rank", r)
+		return false
+	}
+	stored, through := p.cfg.Dump(r)
+	for i := range stored {
+		stored[i].Rank = r
+	}
+	_, _, err := p.request(p.cfg.DumpSubject, appendDump(nil, r, through, stored))
+	if err != nil {
+		p.logRetry("dump", err)
+		return false
+	}
+	p.m.dumps.Inc()
+	p.mu.Lock()
+	b := p.ranks[r]
+	if through >= b.next {
+		b.next = through + 1
+	}
+	b.acked, b.needDump = through, false
+	p.signalRoom(b.trim(through))
+	p.mu.Unlock()
+	return true
+}
+
+func (p *Publisher) logRetry(what string, err error) {
+	var re *ReplyError
+	if errors.As(err, &re) && re.Code == codeInvalid {
+		p.cfg.Logger.Error("router rejected a request as invalid; retrying", "what", what, "err", err)
+		return
+	}
+	p.cfg.Logger.Debug("request failed; retrying", "what", what, "err", err)
+}

@@ -1,0 +1,100 @@
+package eventplane
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// ServerConfig configures the embedded NATS server a kvrouter node runs.
+type ServerConfig struct {
+	Name        string   // server name, unique in the NATS cluster (the node id)
+	Addr        string   // client listen address host:port; port 0 (or -1) picks one
+	ClusterName string   // default "kvrouter"
+	ClusterAddr string   // route listen address host:port; empty: no NATS cluster
+	Routes      []string // other servers' route addresses, host:port or nats-route://host:port
+	// User and Password, when set, are required of clients. TLS is a TODO
+	// (docs/events.md).
+	User, Password string
+	Logger         *slog.Logger
+}
+
+func splitHostPort(addr string) (string, int, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return "", 0, fmt.Errorf("port %q: %w", p, err)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	return host, port, nil
+}
+
+// StartServer starts an embedded NATS server and waits until it accepts
+// connections. Call Shutdown on it to stop it.
+func StartServer(cfg ServerConfig) (*server.Server, error) {
+	host, port, err := splitHostPort(cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("nats address %q: %w", cfg.Addr, err)
+	}
+	opts := &server.Options{
+		ServerName: cfg.Name, Host: host, Port: port,
+		Username: cfg.User, Password: cfg.Password,
+		NoSigs: true, NoLog: true, MaxPayload: 8 << 20,
+		// Publishers reconnect to any server of the cluster; the default
+		// 2 s write deadline is fine, keep the rest at defaults.
+	}
+	if cfg.ClusterAddr != "" {
+		ch, cp, err := splitHostPort(cfg.ClusterAddr)
+		if err != nil {
+			return nil, fmt.Errorf("nats cluster address %q: %w", cfg.ClusterAddr, err)
+		}
+		opts.Cluster = server.ClusterOpts{Name: cfg.ClusterName, Host: ch, Port: cp}
+		if opts.Cluster.Name == "" {
+			opts.Cluster.Name = "kvrouter"
+		}
+		var routes []string
+		for _, r := range cfg.Routes {
+			if r = strings.TrimSpace(r); r == "" {
+				continue
+			}
+			if !strings.Contains(r, "://") {
+				r = "nats-route://" + r
+			}
+			routes = append(routes, r)
+		}
+		opts.Routes = server.RoutesFromStr(strings.Join(routes, ","))
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("nats server: %w", err)
+	}
+	if cfg.Logger != nil {
+		s.SetLoggerV2(natsLogger{cfg.Logger.With("component", "nats")}, false, false, false)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("nats server on %s did not start", cfg.Addr)
+	}
+	return s, nil
+}
+
+// natsLogger sends the server's log lines to slog.
+type natsLogger struct{ l *slog.Logger }
+
+func (n natsLogger) Noticef(format string, v ...any) { n.l.Info(fmt.Sprintf(format, v...)) }
+func (n natsLogger) Warnf(format string, v ...any)   { n.l.Warn(fmt.Sprintf(format, v...)) }
+func (n natsLogger) Fatalf(format string, v ...any)  { n.l.Error(fmt.Sprintf(format, v...)) }
+func (n natsLogger) Errorf(format string, v ...any)  { n.l.Error(fmt.Sprintf(format, v...)) }
+func (n natsLogger) Debugf(format string, v ...any)  { n.l.Debug(fmt.Sprintf(format, v...)) }
+func (n natsLogger) Tracef(format string, v ...any)  {}

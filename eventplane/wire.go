@@ -1,0 +1,420 @@
+package eventplane
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+// The wire format (docs/events.md): every message starts with the magic
+// bytes 'K','E', a version byte and a message type byte. Integers are
+// unsigned LEB128 varints except hashes, which are fixed 8-byte little
+// endian (they are uniformly random: a varint would be longer).
+const (
+	wireMagic0  = 'K'
+	wireMagic1  = 'E'
+	wireVersion = 1
+
+	msgEvents = 1 // request: rank batches
+	msgDump   = 2 // request: one rank's full state
+	msgAcks   = 3 // reply: one ack per rank batch, in request order
+	msgError  = 4 // reply: an error code and a message
+	msgDumpOK = 5 // reply: the dump is committed
+)
+
+// Error codes of an error reply.
+const (
+	codeNotLeader = 1 // this node does not lead (any more): resend
+	codeInvalid   = 2 // the request is malformed: do not resend it as is
+	codeInternal  = 3 // the commit failed or timed out: resend
+)
+
+var (
+	// ErrMalformed means a message could not be decoded.
+	ErrMalformed = errors.New("malformed event-plane message")
+	// ErrFull means a rank's replay buffer has no room for the events.
+	ErrFull = errors.New("replay buffer full")
+	// ErrClosed means the publisher or ingester is closed.
+	ErrClosed = errors.New("closed")
+)
+
+// ReplyError is an error reply from the ingester.
+type ReplyError struct {
+	Code uint8
+	Msg  string
+}
+
+func (e *ReplyError) Error() string { return fmt.Sprintf("ingester error %d: %s", e.Code, e.Msg) }
+
+// ---- encoding ----
+
+type wbuf struct{ b []byte }
+
+func (w *wbuf) uv(v uint64)  { w.b = binary.AppendUvarint(w.b, v) }
+func (w *wbuf) u64(v uint64) { w.b = binary.LittleEndian.AppendUint64(w.b, v) }
+func (w *wbuf) byte1(v byte) { w.b = append(w.b, v) }
+func (w *wbuf) header(typ byte) {
+	w.b = append(w.b, wireMagic0, wireMagic1, wireVersion, typ)
+}
+
+// eventSize is an upper bound of an event's encoded size.
+func eventSize(ev *kvevent.Event) int {
+	return 2 + 1 + 8 + 10 + 16*len(ev.Blocks) + 10 + 8*len(ev.Removed)
+}
+
+func (w *wbuf) event(ev *kvevent.Event) {
+	w.byte1(byte(ev.Tier))
+	w.byte1(byte(ev.Kind))
+	switch ev.Kind {
+	case kvevent.KindStored:
+		if ev.HasParent {
+			w.byte1(1)
+			w.u64(ev.Parent)
+		} else {
+			w.byte1(0)
+		}
+		w.uv(uint64(len(ev.Blocks)))
+		for _, b := range ev.Blocks {
+			w.u64(b.EngineHash)
+			w.u64(b.LocalHash)
+		}
+	case kvevent.KindRemoved:
+		w.uv(uint64(len(ev.Removed)))
+		for _, h := range ev.Removed {
+			w.u64(h)
+		}
+	}
+}
+
+// appendEvents encodes an events request. Each batch's events must carry
+// consecutive ids; only the first id travels.
+func appendEvents(dst []byte, batches []raftfsm.RankBatch) []byte {
+	w := wbuf{dst}
+	w.header(msgEvents)
+	w.uv(uint64(len(batches)))
+	for i := range batches {
+		b := &batches[i]
+		w.uv(b.Rank.Worker)
+		w.uv(uint64(b.Rank.DP))
+		first := uint64(0)
+		if len(b.Events) > 0 {
+			first = b.Events[0].EventID
+		}
+		w.uv(first)
+		w.uv(uint64(len(b.Events)))
+		for j := range b.Events {
+			w.event(&b.Events[j])
+		}
+	}
+	return w.b
+}
+
+// appendDump encodes a dump request: the rank's Stored events, which make
+// its whole state as of event id cursor.
+func appendDump(dst []byte, r kvevent.Rank, cursor uint64, stored []kvevent.Event) []byte {
+	w := wbuf{dst}
+	w.header(msgDump)
+	w.uv(r.Worker)
+	w.uv(uint64(r.DP))
+	w.uv(cursor)
+	w.uv(uint64(len(stored)))
+	for i := range stored {
+		w.event(&stored[i])
+	}
+	return w.b
+}
+
+func appendAcks(dst []byte, acks []raftfsm.RankAck) []byte {
+	w := wbuf{dst}
+	w.header(msgAcks)
+	w.uv(uint64(len(acks)))
+	for _, a := range acks {
+		w.uv(a.Rank.Worker)
+		w.uv(uint64(a.Rank.DP))
+		w.uv(a.Cursor)
+		w.uv(uint64(a.Applied))
+		w.uv(uint64(a.Dups))
+		if a.Gap {
+			w.byte1(1)
+		} else {
+			w.byte1(0)
+		}
+	}
+	return w.b
+}
+
+func appendError(dst []byte, code uint8, msg string) []byte {
+	w := wbuf{dst}
+	w.header(msgError)
+	w.byte1(code)
+	if len(msg) > 1024 {
+		msg = msg[:1024]
+	}
+	w.uv(uint64(len(msg)))
+	w.b = append(w.b, msg...)
+	return w.b
+}
+
+func appendDumpOK(dst []byte, cursor uint64) []byte {
+	w := wbuf{dst}
+	w.header(msgDumpOK)
+	w.uv(cursor)
+	return w.b
+}
+
+// ---- decoding ----
+
+// rbuf reads a message; the first failure sticks and later reads return
+// zero values, so decoders check err once per loop iteration.
+type rbuf struct {
+	b   []byte
+	err error
+}
+
+func (r *rbuf) fail(format string, a ...any) {
+	if r.err == nil {
+		r.err = fmt.Errorf("%w: "+format, append([]any{ErrMalformed}, a...)...)
+	}
+}
+
+func (r *rbuf) uv() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.fail("bad varint")
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *rbuf) u64() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	if len(r.b) < 8 {
+		r.fail("truncated")
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(r.b)
+	r.b = r.b[8:]
+	return v
+}
+
+func (r *rbuf) byte1() byte {
+	if r.err != nil {
+		return 0
+	}
+	if len(r.b) < 1 {
+		r.fail("truncated")
+		return 0
+	}
+	v := r.b[0]
+	r.b = r.b[1:]
+	return v
+}
+
+// count reads a length whose elements take at least minSize bytes each, so
+// that a forged length can never make the decoder allocate more than the
+// message justifies.
+func (r *rbuf) count(minSize int) int {
+	n := r.uv()
+	if r.err != nil {
+		return 0
+	}
+	if n > uint64(len(r.b)/minSize) {
+		r.fail("count %d exceeds the message", n)
+		return 0
+	}
+	return int(n)
+}
+
+func (r *rbuf) dp() uint32 {
+	v := r.uv()
+	if v > math.MaxUint32 {
+		r.fail("dp rank %d out of range", v)
+	}
+	return uint32(v)
+}
+
+func (r *rbuf) header() byte {
+	if r.byte1() != wireMagic0 || r.byte1() != wireMagic1 {
+		r.fail("bad magic")
+	}
+	if v := r.byte1(); r.err == nil && v != wireVersion {
+		r.fail("unsupported version %d", v)
+	}
+	return r.byte1()
+}
+
+func (r *rbuf) event(ev *kvevent.Event) {
+	ev.Tier = kvevent.Tier(r.byte1())
+	ev.Kind = kvevent.Kind(r.byte1())
+	switch ev.Kind {
+	case kvevent.KindStored:
+		switch r.byte1() {
+		case 0:
+		case 1:
+			ev.HasParent = true
+			ev.Parent = r.u64()
+		default:
+			r.fail("bad parent flag")
+		}
+		n := r.count(16)
+		if r.err != nil {
+			return
+		}
+		ev.Blocks = make([]kvevent.Block, n)
+		for i := range ev.Blocks {
+			ev.Blocks[i] = kvevent.Block{EngineHash: r.u64(), LocalHash: r.u64()}
+		}
+	case kvevent.KindRemoved:
+		n := r.count(8)
+		if r.err != nil {
+			return
+		}
+		ev.Removed = make([]uint64, n)
+		for i := range ev.Removed {
+			ev.Removed[i] = r.u64()
+		}
+	}
+	if r.err == nil {
+		if err := ev.Validate(); err != nil {
+			r.fail("%v", err)
+		}
+	}
+}
+
+func (r *rbuf) end() {
+	if r.err == nil && len(r.b) != 0 {
+		r.fail("%d trailing bytes", len(r.b))
+	}
+}
+
+// msgType returns a message's type after checking its header.
+func msgType(b []byte) (byte, error) {
+	r := rbuf{b: b}
+	t := r.header()
+	return t, r.err
+}
+
+// decodeEvents decodes an events request. Every event is structurally
+// valid (kvevent.Event.Validate) and carries its rank and id.
+func decodeEvents(b []byte) ([]raftfsm.RankBatch, error) {
+	r := rbuf{b: b}
+	if t := r.header(); r.err == nil && t != msgEvents {
+		r.fail("message type %d, want events", t)
+	}
+	nb := r.count(4)
+	batches := make([]raftfsm.RankBatch, 0, nb)
+	for i := 0; i < nb && r.err == nil; i++ {
+		rank := kvevent.Rank{Worker: r.uv(), DP: r.dp()}
+		first := r.uv()
+		ne := r.count(2)
+		if r.err != nil {
+			break
+		}
+		if ne > 0 && (first == 0 || first > math.MaxUint64-uint64(ne)) {
+			r.fail("first event id %d", first)
+			break
+		}
+		evs := make([]kvevent.Event, ne)
+		for j := range evs {
+			evs[j].Rank, evs[j].EventID = rank, first+uint64(j)
+			r.event(&evs[j])
+			if r.err != nil {
+				break
+			}
+		}
+		batches = append(batches, raftfsm.RankBatch{Rank: rank, Events: evs})
+	}
+	r.end()
+	if r.err != nil {
+		return nil, r.err
+	}
+	return batches, nil
+}
+
+// decodeDump decodes a dump request.
+func decodeDump(b []byte) (rank kvevent.Rank, cursor uint64, stored []kvevent.Event, err error) {
+	r := rbuf{b: b}
+	if t := r.header(); r.err == nil && t != msgDump {
+		r.fail("message type %d, want dump", t)
+	}
+	rank = kvevent.Rank{Worker: r.uv(), DP: r.dp()}
+	cursor = r.uv()
+	n := r.count(2)
+	if r.err == nil {
+		stored = make([]kvevent.Event, n)
+	}
+	for i := range stored {
+		stored[i].Rank = rank
+		r.event(&stored[i])
+		if r.err == nil && stored[i].Kind != kvevent.KindStored {
+			r.fail("a dump holds only stored events")
+		}
+		if r.err != nil {
+			break
+		}
+	}
+	r.end()
+	if r.err != nil {
+		return kvevent.Rank{}, 0, nil, r.err
+	}
+	return rank, cursor, stored, nil
+}
+
+// decodeReply decodes an ingester reply: acks, a dump confirmation
+// (cursor) or an error (*ReplyError).
+func decodeReply(b []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
+	r := rbuf{b: b}
+	switch t := r.header(); {
+	case r.err != nil:
+	case t == msgAcks:
+		n := r.count(6)
+		acks = make([]raftfsm.RankAck, 0, n)
+		for i := 0; i < n && r.err == nil; i++ {
+			a := raftfsm.RankAck{Rank: kvevent.Rank{Worker: r.uv(), DP: r.dp()}, Cursor: r.uv()}
+			applied, dups := r.uv(), r.uv()
+			if applied > math.MaxInt32 || dups > math.MaxInt32 {
+				r.fail("ack counts")
+			}
+			a.Applied, a.Dups = int(applied), int(dups)
+			switch r.byte1() {
+			case 0:
+			case 1:
+				a.Gap = true
+			default:
+				r.fail("bad gap flag")
+			}
+			acks = append(acks, a)
+		}
+	case t == msgDumpOK:
+		cursor = r.uv()
+	case t == msgError:
+		code := r.byte1()
+		n := r.count(1)
+		var msg string
+		if r.err == nil {
+			msg = string(r.b[:n])
+			r.b = r.b[n:]
+		}
+		r.end()
+		if r.err == nil {
+			return nil, 0, &ReplyError{Code: code, Msg: msg}
+		}
+	default:
+		r.fail("message type %d, want a reply", t)
+	}
+	r.end()
+	if r.err != nil {
+		return nil, 0, r.err
+	}
+	return acks, cursor, nil
+}
