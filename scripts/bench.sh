@@ -18,8 +18,9 @@ declare -A spec=(
   [indexer]="./indexer/|TestBench"
   [events]="./kvevent/engine/|TestBenchDecode"
   [cluster]="-p 1 ./raftfsm/ ./benchcluster/|TestBenchCluster"
+  [eventplane]="./eventplane/|TestBenchEventsE2E"
 )
-order=(indexer events cluster)
+order=(indexer events cluster eventplane)
 
 run_area() {
   local a=$1 pkgs pattern log
