@@ -73,7 +73,7 @@ func TestBenchClusterFailover(t *testing.T) {
 	})
 	for _, p := range procs {
 		p.args = append([]string{"--node-id", p.id, "--raft-addr", p.raft, "--http-addr", p.http, "--data-dir", p.dir,
-			"--peers", strings.Join(peers, ","), "--log-level", "warn"}, timeoutFlags...)
+			"--peers", strings.Join(peers, ","), "--log-level", "warn", "--nats-addr", "127.0.0.1:0"}, timeoutFlags...)
 		if err := p.start(bin); err != nil {
 			t.Fatal(err)
 		}

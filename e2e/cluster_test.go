@@ -244,6 +244,9 @@ func (c *cluster) start(i int) {
 	args := []string{
 		"--node-id", n.id, "--raft-addr", n.raftAddr, "--http-addr", n.httpAddr,
 		"--data-dir", n.dir, "--peers", c.peers(), "--log-level", "warn",
+		// Each node's embedded NATS on a port the OS picks: these tests
+		// drive events over HTTP.
+		"--nats-addr", "127.0.0.1:0",
 	}
 	f, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

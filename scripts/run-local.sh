@@ -31,9 +31,13 @@ stop() {
 }
 trap stop INT TERM EXIT
 
+natsroutes=""
+for i in 1 2 3; do natsroutes+="127.0.0.1:$((6220 + i)),"; done
 for i in 1 2 3; do
   ./bin/kvrouter --node-id "n$i" --raft-addr "127.0.0.1:$((7100 + i))" --http-addr "127.0.0.1:$((7180 + i))" \
-    --data-dir "$base/node$i" --peers "$peers" --log-level warn 2>"$base/node$i.log" &
+    --data-dir "$base/node$i" --peers "$peers" --log-level warn \
+    --nats-addr "127.0.0.1:$((4220 + i))" --nats-cluster-addr "127.0.0.1:$((6220 + i))" --nats-routes "${natsroutes%,}" \
+    2>"$base/node$i.log" &
   pids+=($!)
 done
 
@@ -52,7 +56,7 @@ done
 echo
 echo "kvrouter cluster on loopback:"
 for i in 1 2 3; do
-  echo "  n$i  http://127.0.0.1:$((7180 + i))  (raft 127.0.0.1:$((7100 + i)), log $base/node$i.log)"
+  echo "  n$i  http://127.0.0.1:$((7180 + i))  (raft 127.0.0.1:$((7100 + i)), NATS nats://127.0.0.1:$((4220 + i)), log $base/node$i.log)"
 done
 echo
 ./bin/kvctl --endpoints "$endpoints" status
