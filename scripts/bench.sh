@@ -19,8 +19,9 @@ declare -A spec=(
   [events]="./kvevent/engine/|TestBenchDecode"
   [cluster]="-p 1 ./raftfsm/ ./benchcluster/|TestBenchCluster"
   [eventplane]="./eventplane/|TestBenchEventsE2E"
+  [sim]="./sim/|TestBenchSim"
 )
-order=(indexer events cluster eventplane)
+order=(indexer events cluster eventplane sim)
 
 run_area() {
   local a=$1 pkgs pattern log

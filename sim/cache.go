@@ -15,13 +15,20 @@ import (
 //
 // Leaf-first: a block is evictable only when it has no cached children, so
 // a shared parent outlives its children. Recency comes from a tick counter:
-// touching a path stamps every block on it, so a parent is never older
-// than its children and the LRU order over leaves is the order to evict.
+// pinning blocks stamps them, and releasing a request stamps its whole
+// path, so an unpinned parent is never older than its children and the
+// LRU order over leaves is the order to evict.
+//
+// Besides the tree, Reserve holds blocks that count against the capacity
+// but are never matched or published (an engine's partial and generated
+// blocks).
 type Cache struct {
 	capacity int
 	blocks   map[uint64]*cblock
 	leaves   leafHeap
 	tick     uint64
+	active   int // blocks with refs > 0
+	reserved int // blocks held outside the tree (Reserve)
 
 	// Emit receives each event; its slices are only valid during the call.
 	Emit func(ev *kvevent.Event)
@@ -64,21 +71,42 @@ func (c *Cache) Match(seq []uint64) int {
 	return len(seq)
 }
 
+// Active returns the number of pinned blocks (used by an in-flight
+// request); the others are inactive, kept for reuse and evictable.
+func (c *Cache) Active() int { return c.active }
+
+// Reserved returns the blocks held outside the prefix tree (Reserve).
+func (c *Cache) Reserved() int { return c.reserved }
+
+// Free returns how many more blocks can be pinned or reserved: the
+// capacity less the pinned and reserved blocks (inactive blocks count as
+// free, as they can be evicted).
+func (c *Cache) Free() int { return c.capacity - c.active - c.reserved }
+
 // Acquire pins the request's blocks, caching those that are missing
 // (evicting others as needed), and returns how many leading blocks it
 // pinned: Release must be given the same prefix. Blocks that cannot be
 // cached because everything else is pinned are counted and not pinned.
 func (c *Cache) Acquire(local, seq []uint64) int {
+	return c.Extend(local, seq, 0, len(seq))
+}
+
+// Extend pins blocks from..to-1 of a request whose first from blocks the
+// caller already pinned (Acquire is Extend from 0), caching the missing
+// ones as Acquire does, and returns how many leading blocks of seq the
+// request now has pinned (to, unless blocks were uncacheable).
+func (c *Cache) Extend(local, seq []uint64, from, to int) int {
 	c.tick++
 	c.stored = c.stored[:0]
 	c.removed = c.removed[:0]
 	firstNew := -1
-	n := 0
-	for i, h := range seq {
+	n := from
+	for i := from; i < to; i++ {
+		h := seq[i]
 		b, ok := c.blocks[h]
 		if !ok {
-			if len(c.blocks) >= c.capacity && !c.evictOne() {
-				c.Uncacheable += uint64(len(seq) - i)
+			if len(c.blocks)+c.reserved >= c.capacity && !c.evictOne() {
+				c.Uncacheable += uint64(to - i)
 				break
 			}
 			b = &cblock{}
@@ -97,6 +125,9 @@ func (c *Cache) Acquire(local, seq []uint64) int {
 			c.flushStored(seq, firstNew)
 			firstNew = -1
 		}
+		if b.refs == 0 {
+			c.active++
+		}
 		b.refs++
 		b.last = c.tick
 		n++
@@ -107,6 +138,37 @@ func (c *Cache) Acquire(local, seq []uint64) int {
 	}
 	return n
 }
+
+// Unpinned returns how many of blocks from..to-1 of seq are not pinned
+// (absent or inactive): what pinning them takes from Free.
+func (c *Cache) Unpinned(seq []uint64, from, to int) int {
+	n := 0
+	for _, h := range seq[from:to] {
+		if b, ok := c.blocks[h]; !ok || b.refs == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// Reserve holds n blocks outside the prefix tree (a request's partial and
+// generated blocks, which no other request can match), evicting inactive
+// blocks to make room. It reports false, holding nothing more, when the
+// pinned and reserved blocks leave no room.
+func (c *Cache) Reserve(n int) bool {
+	if n > c.Free() {
+		return false
+	}
+	c.removed = c.removed[:0]
+	for len(c.blocks)+c.reserved+n > c.capacity && c.evictOne() {
+	}
+	c.reserved += n
+	c.flushRemoved()
+	return true
+}
+
+// Unreserve gives back n reserved blocks.
+func (c *Cache) Unreserve(n int) { c.reserved -= n }
 
 func (c *Cache) flushStored(seq []uint64, first int) {
 	if len(c.stored) == 0 || c.Emit == nil {
@@ -131,12 +193,19 @@ func (c *Cache) flushRemoved() {
 }
 
 // Release unpins the first n blocks of seq (as returned by Acquire).
+// The blocks count as used now: recency is the time of last use, so a
+// long request's prefix is not the first to go when it ends.
 func (c *Cache) Release(seq []uint64, n int) {
+	c.tick++
 	for i := n - 1; i >= 0; i-- {
 		b := c.blocks[seq[i]]
 		b.refs--
-		if b.refs == 0 && b.children == 0 {
-			heap.Push(&c.leaves, leaf{last: b.last, key: seq[i]})
+		b.last = c.tick
+		if b.refs == 0 {
+			c.active--
+			if b.children == 0 {
+				heap.Push(&c.leaves, leaf{last: b.last, key: seq[i]})
+			}
 		}
 	}
 }

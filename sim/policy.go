@@ -14,6 +14,8 @@ type RouteQuery struct {
 	Local []uint64 // content hashes of the full blocks
 	Seq   []uint64 // sequence hashes of the full blocks
 	ISL   int      // prompt tokens
+	// BlockSize is the engine's tokens per block (the replay sets it).
+	BlockSize int
 }
 
 // A Policy routes requests to workers 0..n-1 from what it has observed.
@@ -61,6 +63,11 @@ type Router struct {
 	// CapacityBlocks per worker, for busy thresholds; 0 = unknown.
 	CapacityBlocks int64
 	Label          string // report name; "router" when empty
+	// BookWholePrompt books every request's whole prompt as prefill load
+	// (cached tokens 0) instead of the uncached part the router predicted:
+	// a load term in assigned prompt tokens, for replays where nothing
+	// finishes (cache-only mode), whose imbalance is measured in them.
+	BookWholePrompt bool
 
 	ix      *indexer.Index
 	seqs    *indexer.Sequences
@@ -120,9 +127,16 @@ func (p *Router) Route(q *RouteQuery, now int64) (int, int, error) {
 	return p.dec.Index, int(c.OverlapBlocks) * p.BlockSize, nil
 }
 
+// BlockTokens is the block size the router hashes and counts in; a replay
+// refuses a router whose block size is not the engine's.
+func (p *Router) BlockTokens() int { return p.BlockSize }
+
 func (p *Router) Observe(ev *kvevent.Event, now int64) { _ = p.ix.Apply(ev, now) }
 
 func (p *Router) Started(q *RouteQuery, worker, cached int, now int64) {
+	if p.BookWholePrompt {
+		cached = 0
+	}
 	_, _ = p.seqs.Add(q.ID, RankOf(worker), q.Seq, q.ISL, cached, now)
 }
 func (p *Router) PrefillDone(id string, _ int64) { p.seqs.PrefillDone(id) }

@@ -47,7 +47,8 @@ var ErrBadConfig = errors.New("bad replay config")
 // Result is one policy's figures over a replay.
 type Result struct {
 	Policy       string
-	Requests     int
+	Mode         string // "v1", "timed", "cache" or "ceiling"
+	Requests     int    // requests served (routed and accepted)
 	PromptTokens int64
 	CachedTokens int64 // prompt tokens the chosen worker really had cached
 	// PredictedCachedTokens is what the policy believed the chosen worker
@@ -61,19 +62,36 @@ type Result struct {
 	Evicted               uint64
 	Errors                int
 	FirstError            string // the first routing error, for the report
+
+	// Timed replays only.
+	TTFTMs           []float64 // every served request's TTFT, in trace order
+	TPOTMeanMs       float64   // mean over requests of (finish - first token) / (output - 1)
+	E2EMeanMs        float64
+	E2EP50Ms         float64
+	E2EP99Ms         float64
+	OutputTokensPerS float64 // generated tokens / makespan
+	RequestsPerS     float64 // served requests / makespan
+	MakespanS        float64 // first arrival to last finish, simulated seconds
+	Rejected         int     // requests no worker took: a full queue, too large, or a routing error
+	Queued           int     // requests that waited through a pass that did not admit them
+	Preemptions      int
+	Speed            float64 // the arrival-speed multiplier it ran at
+	Concurrency      int     // closed loop: requests in flight (0: open loop)
+	HitOnly          bool    // the ceiling: only the hit rate means anything
 }
 
 // Prepared is a trace expanded once into blocks, shared by every policy's
 // replay.
 type Prepared struct {
-	Reqs  []Request
-	Local [][]uint64
-	Seq   [][]uint64
+	BlockSize int // engine tokens per block
+	Reqs      []Request
+	Local     [][]uint64
+	Seq       [][]uint64
 }
 
 // Prepare expands every request of the trace into engine blocks.
 func Prepare(reqs []Request, blockSize int) *Prepared {
-	p := &Prepared{Reqs: reqs, Local: make([][]uint64, len(reqs)), Seq: make([][]uint64, len(reqs))}
+	p := &Prepared{BlockSize: blockSize, Reqs: reqs, Local: make([][]uint64, len(reqs)), Seq: make([][]uint64, len(reqs))}
 	e := Expander{BlockSize: blockSize}
 	for i := range reqs {
 		l, s := e.Blocks(&reqs[i])
@@ -123,8 +141,11 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 	if cfg.CapacityTokens < cfg.BlockSize {
 		return Result{}, fmt.Errorf("%w: capacity %d tokens is below one block of %d", ErrBadConfig, cfg.CapacityTokens, cfg.BlockSize)
 	}
+	if pr.BlockSize != 0 && pr.BlockSize != cfg.BlockSize {
+		return Result{}, fmt.Errorf("%w: trace prepared in %d-token blocks, block size %d", ErrBadConfig, pr.BlockSize, cfg.BlockSize)
+	}
 	capBlocks := cfg.CapacityTokens / cfg.BlockSize
-	res := Result{Policy: p.Name(), Assigned: make([]int64, cfg.Workers)}
+	res := Result{Policy: p.Name(), Mode: "v1", Speed: cfg.Speed, Assigned: make([]int64, cfg.Workers)}
 	var now int64
 	eventIDs := make([]uint64, cfg.Workers)
 	workers := make([]*Cache, cfg.Workers)
@@ -165,7 +186,7 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 		settle(at)
 		now = max(now, at)
 		ids[k] = strconv.Itoa(k)
-		rq := RouteQuery{ID: ids[k], Local: pr.Local[k], Seq: pr.Seq[k], ISL: q.InputLength}
+		rq := RouteQuery{ID: ids[k], Local: pr.Local[k], Seq: pr.Seq[k], ISL: q.InputLength, BlockSize: cfg.BlockSize}
 		w, predicted, err := p.Route(&rq, now)
 		if err != nil || w < 0 || w >= cfg.Workers {
 			if res.Errors == 0 {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -20,7 +21,13 @@ import (
 )
 
 func main() {
-	app := &cli.App{
+	if err := newApp().Run(os.Args); err != nil {
+		os.Exit(1)
+	}
+}
+
+func newApp() *cli.App {
+	return &cli.App{
 		Name:     "kvsim",
 		Usage:    "replay request traces against simulated workers and routing policies",
 		Commands: []*cli.Command{replayCommand()},
@@ -36,69 +43,199 @@ func main() {
 			os.Exit(1)
 		},
 	}
-	if err := app.Run(os.Args); err != nil {
-		os.Exit(1)
-	}
 }
 
 func replayCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "replay",
-		Usage: "replay a Mooncake-format trace; print hit rate and load imbalance per policy",
-		Description: `Example:
-   kvsim replay --trace ../shared/traces/mooncake_synthetic_trace.jsonl --workers 8`,
+		Usage: "replay a Mooncake-format trace through simulated workers; report per policy",
+		Description: `Modes:
+   timed  discrete-event replay through simulated vLLM-like workers (scheduler, KV
+          capacity, prefill/decode timing): hit rate, TTFT, TPOT, latency,
+          throughput, imbalance, rejected and queued requests (default)
+   cache  time-free: each worker an LRU cache, count the cached prefix, insert
+   v1     the first model: no queue, TTFT from the prefill model (--live uses it)
+
+Examples:
+   kvsim replay --trace ../shared/traces/mooncake_synthetic_trace.jsonl --speed 6
+   kvsim replay --mode cache --trace ../shared/traces/mooncake_synthetic_trace.jsonl
+   kvsim replay --trace ../shared/traces/mooncake_arxiv_trace_first1000.jsonl --concurrency 64 -o bench`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "trace", Usage: "Mooncake JSONL trace `FILE`", Required: true, EnvVars: []string{"KVSIM_TRACE"}},
+			&cli.StringFlag{Name: "mode", Value: "timed", Usage: "timed, cache or v1 (--live implies v1)"},
 			&cli.IntFlag{Name: "workers", Value: 8, Usage: "simulated workers"},
-			&cli.IntFlag{Name: "block-size", Value: 16, Usage: "engine tokens per KV block"},
-			&cli.IntFlag{Name: "capacity-tokens", Value: 1_000_000, Usage: "KV cache capacity per worker, in tokens"},
-			&cli.Float64Flag{Name: "speed", Value: 1, Usage: "arrival-speed multiplier"},
-			&cli.StringFlag{Name: "policies", Value: "router,round_robin", Usage: "comma-separated: router, round_robin (empty for none)"},
+			&cli.IntFlag{Name: "block-size", Usage: "engine tokens per KV block; the router uses the same (default: timed 64, cache 512, v1 16)"},
+			&cli.IntFlag{Name: "capacity-blocks", Usage: "KV capacity per worker in blocks (default: timed 16384, cache 2048)"},
+			&cli.IntFlag{Name: "capacity-tokens", Value: 1_000_000, Usage: "v1: KV cache capacity per worker, in tokens"},
+			&cli.IntFlag{Name: "max-batched-tokens", Value: 8192, Usage: "timed: token budget of one forward pass"},
+			&cli.IntFlag{Name: "max-seqs", Value: 256, Usage: "timed: running requests per worker at most"},
+			&cli.IntFlag{Name: "max-waiting", Value: 4096, Usage: "timed: a worker with this many waiting requests rejects more (-1: unbounded)"},
+			&cli.Float64Flag{Name: "engine-speed", Value: 1, Usage: "timed: worker speed factor (pass times are divided by it)"},
+			&cli.Float64Flag{Name: "speed", Value: 1, Usage: "arrival-speed multiplier (open loop)"},
+			&cli.IntFlag{Name: "concurrency", Usage: "timed: closed loop with this many requests in flight (0: open loop on the trace's timestamps)"},
+			&cli.StringFlag{Name: "policies", Usage: "comma-separated: " + strings.Join(sim.PolicyNames, ", ") + ", ceiling (default: every policy of the mode; v1: router,round_robin; empty for none)"},
 			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of randomised policies"},
-			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table or bench (BENCH lines)"},
+			&cli.Float64Flag{Name: "overlap-credit", Usage: "router: overlap_score_credit (default: timed 1, cache 50)"},
+			&cli.Float64Flag{Name: "prefill-load-scale", Usage: "router, least_loaded: prefill_load_scale (default: timed 1, cache 30)"},
+			&cli.Float64Flag{Name: "decode-request-weight", Usage: "router, least_loaded: decode_active_request_weight (default 0)"},
+			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table, markdown or bench (BENCH lines)"},
+			&cli.StringFlag{Name: "plots", Usage: "write ttft.png and hit_rate.png into `DIR`"},
 			&cli.IntFlag{Name: "limit", Usage: "replay only the first N requests (0 = all)"},
-			&cli.BoolFlag{Name: "live", Usage: "route through a running cluster (--endpoints) instead of in-process policies"},
+			&cli.BoolFlag{Name: "live", Usage: "route through a running cluster (--endpoints) instead of in-process policies (v1 model)"},
 			&cli.StringFlag{Name: "endpoints", Value: "127.0.0.1:7080", EnvVars: []string{"KVCTL_ENDPOINTS"}, Usage: "cluster HTTP endpoints for --live"},
 		},
-		Action: func(c *cli.Context) error {
-			if c.Int("workers") <= 0 || c.Int("block-size") <= 0 || c.Float64("speed") <= 0 {
-				return cli.Exit("workers, block-size and speed must be positive", 2)
-			}
-			reqs, err := sim.LoadTrace(c.String("trace"))
+		Action: runReplay,
+	}
+}
+
+// modeDefaults are the per-mode defaults of flags left at 0.
+var modeDefaults = map[string]struct {
+	blockSize, capacityBlocks int
+	policies                  string
+	credit, scale             float64
+}{
+	"timed": {64, 16384, "router,round_robin,random,least_loaded,longest_prefix,ceiling", 1, 1},
+	"cache": {512, 2048, "router,round_robin,random,least_loaded,longest_prefix,greedy_balanced,ceiling", 50, 30},
+	"v1":    {16, 0, "router,round_robin", 1, 1},
+}
+
+func runReplay(c *cli.Context) error {
+	mode := c.String("mode")
+	if c.Bool("live") {
+		if c.IsSet("mode") && mode != "v1" {
+			return cli.Exit("--live replays with the v1 model: drop --mode or use --mode v1", 2)
+		}
+		mode = "v1"
+	}
+	def, ok := modeDefaults[mode]
+	if !ok {
+		return cli.Exit(fmt.Sprintf("unknown mode %q (want timed, cache or v1)", mode), 2)
+	}
+	if c.Int("workers") <= 0 || c.Int("block-size") < 0 || c.Float64("speed") <= 0 || c.Float64("engine-speed") <= 0 || c.Int("concurrency") < 0 {
+		return cli.Exit("workers, speed and engine-speed must be positive; block-size and concurrency not negative", 2)
+	}
+	bs := c.Int("block-size")
+	if bs == 0 {
+		bs = def.blockSize
+	}
+	capBlocks := c.Int("capacity-blocks")
+	if capBlocks <= 0 {
+		capBlocks = def.capacityBlocks
+	}
+	policies := def.policies
+	if c.IsSet("policies") {
+		policies = c.String("policies")
+	}
+	var names []string
+	for _, n := range strings.Split(policies, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	params := indexer.DefaultParams()
+	params.OverlapScoreCredit, params.PrefillLoadScale = def.credit, def.scale
+	if c.IsSet("overlap-credit") {
+		params.OverlapScoreCredit = c.Float64("overlap-credit")
+	}
+	if c.IsSet("prefill-load-scale") {
+		params.PrefillLoadScale = c.Float64("prefill-load-scale")
+	}
+	params.DecodeActiveRequestWeight = c.Float64("decode-request-weight")
+	if err := params.Validate(); err != nil {
+		return cli.Exit(err.Error(), 2)
+	}
+
+	reqs, err := sim.LoadTrace(c.String("trace"))
+	if err != nil {
+		return err
+	}
+	if n := c.Int("limit"); n > 0 && n < len(reqs) {
+		reqs = reqs[:n]
+	}
+	pr := sim.Prepare(reqs, bs)
+	trace := sim.TraceLabel(c.String("trace"))
+
+	var results []sim.Result
+	var header string
+	switch mode {
+	case "v1":
+		cfg := sim.Config{Workers: c.Int("workers"), BlockSize: bs, CapacityTokens: c.Int("capacity-tokens"), Speed: c.Float64("speed")}
+		header = fmt.Sprintf("trace %s: %d requests, v1 model, %d workers × %d tokens of KV, block size %d, speed %gx",
+			c.String("trace"), len(reqs), cfg.Workers, cfg.CapacityTokens, bs, cfg.Speed)
+		if c.Bool("live") {
+			r, err := replayLive(c, pr, cfg)
 			if err != nil {
 				return err
 			}
-			if n := c.Int("limit"); n > 0 && n < len(reqs) {
-				reqs = reqs[:n]
+			results = append(results, r)
+		}
+		for _, name := range names {
+			if name == "ceiling" {
+				results = append(results, sim.Ceiling(pr, "v1"))
+				continue
 			}
-			cfg := sim.Config{Workers: c.Int("workers"), BlockSize: c.Int("block-size"),
-				CapacityTokens: c.Int("capacity-tokens"), Speed: c.Float64("speed")}
-			pr := sim.Prepare(reqs, cfg.BlockSize)
-			var results []sim.Result
-			if c.Bool("live") {
-				r, err := replayLive(c, pr, cfg)
-				if err != nil {
-					return err
-				}
-				results = append(results, r)
+			p, err := v1Policy(name, cfg, params, c.Uint64("seed"))
+			if err != nil {
+				return cli.Exit(err.Error(), 2)
 			}
-			for _, name := range strings.Split(c.String("policies"), ",") {
-				if strings.TrimSpace(name) == "" {
-					continue
-				}
-				p, err := policyByName(strings.TrimSpace(name), cfg, c.Uint64("seed"))
-				if err != nil {
-					return cli.Exit(err.Error(), 2)
-				}
-				r, err := sim.Replay(pr, cfg, p)
-				if err != nil {
-					return err
-				}
-				results = append(results, r)
+			r, err := sim.Replay(pr, cfg, p)
+			if err != nil {
+				return err
 			}
-			return printResults(c.App.Writer, c.String("output"), c.String("trace"), cfg, len(reqs), results)
-		},
+			results = append(results, r)
+		}
+	default:
+		suite := sim.SuiteConfig{Mode: mode, Policies: names, Seed: c.Uint64("seed"), RouterParams: &params,
+			Timed: sim.TimedConfig{Workers: c.Int("workers"), Speed: c.Float64("speed"), Concurrency: c.Int("concurrency"),
+				Engine: sim.EngineConfig{NumGPUBlocks: capBlocks, BlockSize: bs, MaxNumBatchedTokens: c.Int("max-batched-tokens"),
+					MaxNumSeqs: c.Int("max-seqs"), MaxWaiting: c.Int("max-waiting"), Speed: c.Float64("engine-speed")}},
+			Cache: sim.CacheConfig{Workers: c.Int("workers"), CapacityBlocks: capBlocks, BlockSize: bs},
+		}
+		if mode == "cache" {
+			header = fmt.Sprintf("trace %s: %d requests, cache-only, %d workers × %d blocks of %d tokens",
+				c.String("trace"), len(reqs), c.Int("workers"), capBlocks, bs)
+		} else {
+			load := fmt.Sprintf("arrival speed %gx", c.Float64("speed"))
+			if c.Int("concurrency") > 0 {
+				load = fmt.Sprintf("closed loop, %d in flight", c.Int("concurrency"))
+			}
+			header = fmt.Sprintf("trace %s: %d requests, timed, %d workers × %d blocks of %d tokens, %s",
+				c.String("trace"), len(reqs), c.Int("workers"), capBlocks, bs, load)
+		}
+		for _, n := range names {
+			if _, err := sim.NewSuitePolicy(n, suite); err != nil && n != "ceiling" {
+				return cli.Exit(err.Error(), 2)
+			}
+		}
+		if c.String("output") != "bench" {
+			suite.Progress = func(p string) { fmt.Fprintf(c.App.ErrWriter, "replaying %s...\n", p) }
+		}
+		results, err = sim.RunSuite(pr, suite)
+		if err != nil {
+			return err
+		}
 	}
+	if dir := c.String("plots"); dir != "" {
+		if err := writePlots(dir, trace+" ("+mode+")", results); err != nil {
+			return err
+		}
+	}
+	return printResults(c.App.Writer, c.String("output"), trace, header, results)
+}
+
+func writePlots(dir, title string, rs []sim.Result) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := sim.PlotHitRate(filepath.Join(dir, "hit_rate.png"), "hit rate per policy: "+title, rs); err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if len(r.TTFTMs) > 0 {
+			return sim.PlotTTFT(filepath.Join(dir, "ttft.png"), "TTFT distribution: "+title, rs)
+		}
+	}
+	return nil
 }
 
 // replayLive replays through a running cluster, with a progress bar on a
@@ -135,37 +272,65 @@ func isatty(f *os.File) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-func policyByName(name string, cfg sim.Config, seed uint64) (sim.Policy, error) {
-	switch name {
-	case "router":
-		return sim.NewRouter(cfg.Workers, cfg.BlockSize, indexer.DefaultParams(), seed), nil
-	case "round_robin":
-		return &sim.RoundRobin{Workers: cfg.Workers}, nil
-	}
-	return nil, fmt.Errorf("unknown policy %q (want router or round_robin)", name)
+// v1Policy builds a policy for the v1 model.
+func v1Policy(name string, cfg sim.Config, params indexer.Params, seed uint64) (sim.Policy, error) {
+	return sim.NewPolicy(name, sim.PolicyConfig{Workers: cfg.Workers, BlockSize: cfg.BlockSize,
+		Seed: seed, RouterParams: &params})
 }
 
-func printResults(w io.Writer, format, trace string, cfg sim.Config, n int, rs []sim.Result) error {
-	short := trace
-	if i := strings.LastIndex(short, "/"); i >= 0 {
-		short = short[i+1:]
-	}
-	short = strings.TrimSuffix(short, ".jsonl")
-	short = strings.TrimPrefix(short, "mooncake_")
-	short = strings.TrimSuffix(strings.TrimSuffix(short, "_trace"), "_trace_first1000")
-	if format == "bench" {
+func printResults(w io.Writer, format, trace, header string, rs []sim.Result) error {
+	switch format {
+	case "bench":
 		for _, r := range rs {
-			fmt.Fprintf(w, "BENCH sim.%s.%s hit_rate=%.4f imbalance=%.3f ttft_mean_ms=%.1f ttft_p99_ms=%.1f rejected=%d\n",
-				short, r.Policy, r.HitRate, r.Imbalance, r.TTFTMeanMs, r.TTFTP99Ms, r.Errors)
+			fmt.Fprintln(w, sim.BenchLine(trace, r))
 		}
 		return nil
+	case "markdown":
+		fmt.Fprintf(w, "%s\n\n", header)
+		return sim.WriteTable(w, rs)
+	case "table":
+	default:
+		return cli.Exit(fmt.Sprintf("unknown output %q (want table, markdown or bench)", format), 2)
 	}
-	fmt.Fprintf(w, "trace %s: %d requests, %d workers × %d tokens of KV, block size %d, speed %gx\n\n",
-		trace, n, cfg.Workers, cfg.CapacityTokens, cfg.BlockSize, cfg.Speed)
+	fmt.Fprintf(w, "%s\n\n", header)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\thit rate\timbalance\tTTFT mean ms\tTTFT p99 ms\tevicted blocks\terrors\t")
+	mode := ""
+	if len(rs) > 0 {
+		mode = rs[len(rs)-1].Mode
+	}
+	timed := mode == "timed"
+	if mode == "v1" {
+		// The v1 model has no queue: TTFT and the cache figures only.
+		fmt.Fprintln(tw, "policy\thit rate\timbalance\tTTFT mean ms\tTTFT p99 ms\tevicted blocks\terrors\t")
+		for _, r := range rs {
+			if r.HitOnly {
+				fmt.Fprintf(tw, "%s\t%.1f %%\t–\t–\t–\t–\t–\t\n", r.Policy, 100*r.HitRate)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%.1f %%\t%.3f\t%.1f\t%.1f\t%d\t%d\t\n", r.Policy, 100*r.HitRate, r.Imbalance, r.TTFTMeanMs, r.TTFTP99Ms, r.Evicted, r.Errors)
+		}
+	} else if timed {
+		fmt.Fprintln(tw, "policy\thit rate\tTTFT mean ms\tp50\tp99\tTPOT ms\tE2E mean ms\tout tok/s\timbalance\trejected\tqueued\tpreempted\t")
+	} else {
+		fmt.Fprintln(tw, "policy\thit rate\timbalance\tevicted blocks\trejected\t")
+	}
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%.1f %%\t%.3f\t%.1f\t%.1f\t%d\t%d\t\n", r.Policy, 100*r.HitRate, r.Imbalance, r.TTFTMeanMs, r.TTFTP99Ms, r.Evicted, r.Errors)
+		switch {
+		case mode == "v1":
+		case r.HitOnly:
+			fmt.Fprintf(tw, "%s\t%.1f %%\t", r.Policy, 100*r.HitRate)
+			if timed {
+				fmt.Fprint(tw, strings.Repeat("–\t", 10))
+			} else {
+				fmt.Fprint(tw, strings.Repeat("–\t", 3))
+			}
+			fmt.Fprintln(tw)
+		case timed:
+			fmt.Fprintf(tw, "%s\t%.1f %%\t%.0f\t%.0f\t%.0f\t%.1f\t%.0f\t%.0f\t%.3f\t%d\t%d\t%d\t\n", r.Policy, 100*r.HitRate,
+				r.TTFTMeanMs, r.TTFTP50Ms, r.TTFTP99Ms, r.TPOTMeanMs, r.E2EMeanMs, r.OutputTokensPerS, r.Imbalance, r.Rejected, r.Queued, r.Preemptions)
+		default:
+			fmt.Fprintf(tw, "%s\t%.1f %%\t%.3f\t%d\t%d\t\n", r.Policy, 100*r.HitRate, r.Imbalance, r.Evicted, r.Rejected)
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err

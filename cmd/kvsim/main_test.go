@@ -1,0 +1,133 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/sim"
+	"github.com/urfave/cli/v2"
+)
+
+// kvsim runs the command in process and returns what it printed.
+func kvsim(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	app := newApp()
+	var out, errb bytes.Buffer
+	app.Writer, app.ErrWriter = &out, &errb
+	app.ExitErrHandler = func(*cli.Context, error) {}
+	err := app.Run(append([]string{"kvsim"}, args...))
+	return out.String(), err
+}
+
+// genTrace writes a small generated trace and returns its path.
+func genTrace(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "chat.jsonl")
+	var b bytes.Buffer
+	for _, r := range sim.GenerateSharedPrefix(sim.SharedPrefixConfig{Requests: 150, Sessions: 20, Seed: 2}) {
+		line, _ := json.Marshal(r)
+		b.Write(line)
+		b.WriteByte('\n')
+	}
+	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestReplayTimedPrintsBenchLines(t *testing.T) {
+	trace := "../../../shared/traces/mooncake_arxiv_trace_first1000.jsonl"
+	if _, err := os.Stat(trace); err != nil {
+		t.Skip("shared traces not present")
+	}
+	out, err := kvsim(t, "replay", "--trace", trace, "--limit", "120", "--speed", "4", "-o", "bench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	want := []string{"router", "round_robin", "random", "least_loaded", "longest_prefix", "ceiling"}
+	if len(lines) != len(want) {
+		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), out)
+	}
+	full := regexp.MustCompile(`^BENCH sim\.arxiv\.(\w+) hit_rate=[0-9.]+ ttft_mean_ms=[0-9.]+ ttft_p99_ms=[0-9.]+ imbalance=[0-9.]+ rejected=\d+ speed=4$`)
+	for i, l := range lines[:5] {
+		m := full.FindStringSubmatch(l)
+		if m == nil || m[1] != want[i] {
+			t.Fatalf("line %q: want the timed figures of %s", l, want[i])
+		}
+	}
+	if !regexp.MustCompile(`^BENCH sim\.arxiv\.ceiling hit_rate=0\.\d+$`).MatchString(lines[5]) {
+		t.Fatalf("ceiling line %q", lines[5])
+	}
+}
+
+func TestReplayCacheModeTableAndPlots(t *testing.T) {
+	trace := genTrace(t)
+	dir := t.TempDir()
+	out, err := kvsim(t, "replay", "--mode", "cache", "--trace", trace, "--workers", "4", "--plots", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"router", "greedy_balanced", "ceiling", "cache-only, 4 workers × 2048 blocks of 512 tokens"} {
+		if !strings.Contains(out, p) {
+			t.Fatalf("table lacks %q:\n%s", p, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "hit_rate.png")); err != nil {
+		t.Fatal(err)
+	}
+	out, err = kvsim(t, "replay", "--mode", "cache", "--trace", trace, "--policies", "round_robin,ceiling", "-o", "bench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^BENCH sim_cache\.chat\.round_robin hit_rate=[0-9.]+ imbalance=[0-9.]+ rejected=0\nBENCH sim_cache\.chat\.ceiling hit_rate=[0-9.]+\n$`).MatchString(out) {
+		t.Fatalf("cache bench lines:\n%s", out)
+	}
+}
+
+func TestReplayTimedMarkdownAndClosedLoop(t *testing.T) {
+	trace := genTrace(t)
+	dir := t.TempDir()
+	out, err := kvsim(t, "replay", "--trace", trace, "--concurrency", "8", "--policies", "router,round_robin", "-o", "markdown", "--plots", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "closed loop, 8 in flight") || !strings.Contains(out, "| router |") || !strings.Contains(out, "| TTFT mean ms |") {
+		t.Fatalf("markdown output:\n%s", out)
+	}
+	for _, f := range []string{"ttft.png", "hit_rate.png"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestReplayV1StillRuns(t *testing.T) {
+	out, err := kvsim(t, "replay", "--mode", "v1", "--trace", genTrace(t), "--policies", "router,round_robin,ceiling")
+	if err != nil || !strings.Contains(out, "v1 model") || !strings.Contains(out, "ceiling") {
+		t.Fatalf("v1 replay: %v\n%s", err, out)
+	}
+}
+
+func TestReplayRejectsBadFlags(t *testing.T) {
+	trace := genTrace(t)
+	for _, args := range [][]string{
+		{"--mode", "fast"},
+		{"--mode", "cache", "--live"},
+		{"--policies", "router,oracle"},
+		{"--workers", "0"},
+		{"-o", "yaml"},
+	} {
+		_, err := kvsim(t, append([]string{"replay", "--trace", trace, "--limit", "5"}, args...)...)
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 {
+			t.Errorf("%v: err %v, want a usage error (exit 2)", args, err)
+		}
+	}
+}

@@ -1,0 +1,288 @@
+package sim
+
+import (
+	"math"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// request builds an engine request of prompt tokens whose full blocks (of
+// bs tokens) have content hashes base, base+1, ...: two requests with the
+// same base share their whole prefix.
+func request(id, prompt, output, bs int, base uint64) *EngineRequest {
+	local := make([]uint64, prompt/bs)
+	for i := range local {
+		local[i] = base + uint64(i)
+	}
+	return &EngineRequest{ID: id, Prompt: prompt, Output: output, Local: local, Seq: kvevent.SequenceHashes(nil, local)}
+}
+
+// pass is what one engine pass did, for assertions.
+type pass struct {
+	start, dur int64
+	tokens     map[int]int // request id -> tokens computed
+	first      []int
+	finished   []int
+}
+
+// drive runs e until it is idle, starting at now, and returns its passes.
+func drive(t *testing.T, e *Engine, now int64, limit int) []pass {
+	t.Helper()
+	var out []pass
+	var po PassOutcome
+	for i := 0; i < limit; i++ {
+		d, ok := e.StartPass(now)
+		if !ok {
+			return out
+		}
+		p := pass{start: now, dur: d, tokens: map[int]int{}}
+		for _, w := range e.batch {
+			p.tokens[w.r.ID] = w.n
+		}
+		now += d
+		e.FinishPass(now, &po)
+		for _, r := range po.FirstTokens {
+			p.first = append(p.first, r.ID)
+		}
+		for _, r := range po.Finished {
+			p.finished = append(p.finished, r.ID)
+		}
+		out = append(out, p)
+	}
+	t.Fatalf("engine still busy after %d passes", limit)
+	return nil
+}
+
+func ms(ns int64) float64 { return float64(ns) / 1e6 }
+
+func TestTimingFormulas(t *testing.T) {
+	tm := DefaultTiming()
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"prefill 0 tokens", tm.PrefillMs(0), 16.5},
+		{"prefill 512 tokens", tm.PrefillMs(512), 4.21e-7*512*512 + 1.518e-2*512 + 16.5},
+		{"prefill 8192 tokens", tm.PrefillMs(8192), 4.21e-7*8192*8192 + 1.518e-2*8192 + 16.5},
+		{"decode empty", tm.DecodeStepMs(0), 5.74},
+		{"decode full", tm.DecodeStepMs(1), -25.74 + 54.01 + 5.74},
+		{"decode half", tm.DecodeStepMs(0.5), -25.74*0.25 + 54.01*0.5 + 5.74},
+	} {
+		if math.Abs(c.got-c.want) > 1e-9 {
+			t.Errorf("%s: %v ms, want %v", c.name, c.got, c.want)
+		}
+	}
+	// simulator.md's examples.
+	if v := tm.PrefillMs(512); math.Abs(v-24.3) > 0.2 {
+		t.Errorf("512 new tokens take %.2f ms, want ≈ 24", v)
+	}
+	if v := tm.PrefillMs(8192); math.Abs(v-169.1) > 0.5 {
+		t.Errorf("8,192 new tokens take %.2f ms, want ≈ 169", v)
+	}
+	// The floor of 1 ms holds for any use the polynomial would take below it.
+	if v := (Timing{DecodeA: 0, DecodeB: 0, DecodeC: -3}).DecodeStepMs(0.3); v != 1 {
+		t.Errorf("decode floor: %v, want 1", v)
+	}
+}
+
+// TestEngineChunksPrefillWithinBudget: a prompt larger than the budget is
+// prefilled in chunks across passes, its first token comes at the end of
+// the last chunk, then one token per pass; each pass takes the prefill
+// polynomial of its tokens (or a decode step), divided by the speed.
+func TestEngineChunksPrefillWithinBudget(t *testing.T) {
+	for _, speed := range []float64{1, 2} {
+		cfg := EngineConfig{NumGPUBlocks: 1000, BlockSize: 16, MaxNumBatchedTokens: 100, Speed: speed}
+		e := NewEngine(RankOf(0), cfg)
+		if !e.Submit(request(1, 250, 3, 16, 100)) {
+			t.Fatal("submit refused")
+		}
+		ps := drive(t, e, 0, 20)
+		if len(ps) != 5 {
+			t.Fatalf("%d passes, want 3 prefill chunks + 2 decode steps", len(ps))
+		}
+		tm := DefaultTiming()
+		for i, want := range []int{100, 100, 50, 1, 1} {
+			if got := ps[i].tokens[1]; got != want {
+				t.Errorf("pass %d computed %d tokens, want %d", i, got, want)
+			}
+		}
+		for i, n := range []int{100, 100, 50} {
+			if got, want := ms(ps[i].dur), tm.PrefillMs(n)/speed; math.Abs(got-want) > 1e-5 {
+				t.Errorf("speed %v: prefill pass %d took %.6f ms, want %.6f", speed, i, got, want)
+			}
+		}
+		// The decode step sees the KV in use: 16 blocks (15 prompt + the
+		// partial one with the first generated token).
+		if got, want := ms(ps[3].dur), tm.DecodeStepMs(16.0/1000)/speed; math.Abs(got-want) > 1e-5 {
+			t.Errorf("decode pass took %.6f ms, want %.6f", got, want)
+		}
+		if len(ps[2].first) != 1 || len(ps[4].finished) != 1 || len(ps[3].finished) != 0 {
+			t.Fatalf("first token at pass %v, finish at %v: want the last chunk, then after 2 more tokens", ps[2].first, ps[4].finished)
+		}
+		if e.Cache().Active() != 0 || e.Cache().Reserved() != 0 || e.Cache().Len() != 15 {
+			t.Fatalf("after the request: %d active, %d reserved, %d cached blocks; want 0, 0, 15",
+				e.Cache().Active(), e.Cache().Reserved(), e.Cache().Len())
+		}
+	}
+}
+
+// TestEngineServesRunningFirst: a decoding request takes its token before a
+// newcomer's prefill, which gets what is left of the budget; a pass that
+// mixes both costs the sum of the prefill and the decode terms.
+func TestEngineServesRunningFirst(t *testing.T) {
+	cfg := EngineConfig{NumGPUBlocks: 1000, BlockSize: 16, MaxNumBatchedTokens: 100}
+	e := NewEngine(RankOf(0), cfg)
+	e.Submit(request(1, 32, 5, 16, 100))
+	var po PassOutcome
+	d, _ := e.StartPass(0)
+	e.FinishPass(d, &po)
+	e.Submit(request(2, 250, 1, 16, 500))
+	d2, _ := e.StartPass(d)
+	got := map[int]int{}
+	for _, w := range e.batch {
+		got[w.r.ID] = w.n
+	}
+	if got[1] != 1 || got[2] != 99 || e.batch[0].r.ID != 1 {
+		t.Fatalf("pass computed %v (in order %d first), want 1 decode token for 1 first, then 99 prefill tokens for 2", got, e.batch[0].r.ID)
+	}
+	tm := DefaultTiming()
+	if want := tm.PrefillMs(99) + tm.DecodeStepMs(e.KVUse()); math.Abs(ms(d2)-want) > 1e-5 {
+		t.Fatalf("mixed pass took %.6f ms, want prefill(99) + decode(u) = %.6f", ms(d2), want)
+	}
+}
+
+// TestEngineRunningLimitQueues: at most MaxNumSeqs run; the others wait in
+// FIFO order, marked queued, and start as running ones finish.
+func TestEngineRunningLimitQueues(t *testing.T) {
+	cfg := EngineConfig{NumGPUBlocks: 1000, BlockSize: 16, MaxNumSeqs: 2}
+	e := NewEngine(RankOf(0), cfg)
+	rs := []*EngineRequest{request(1, 64, 2, 16, 100), request(2, 64, 2, 16, 200), request(3, 64, 2, 16, 300)}
+	for _, r := range rs {
+		e.Submit(r)
+	}
+	ps := drive(t, e, 0, 20)
+	if _, ok := ps[0].tokens[3]; ok || len(ps[0].tokens) != 2 {
+		t.Fatalf("first pass ran %v, want requests 1 and 2 only", ps[0].tokens)
+	}
+	if !rs[2].Queued || rs[0].Queued || rs[1].Queued {
+		t.Fatalf("queued flags %v %v %v, want only the third", rs[0].Queued, rs[1].Queued, rs[2].Queued)
+	}
+	if rs[2].FirstTokenAt <= rs[0].FinishedAt-1 {
+		t.Fatalf("request 3 got its first token at %d, before a running slot freed (%d)", rs[2].FirstTokenAt, rs[0].FinishedAt)
+	}
+}
+
+// TestEnginePreemptsNewestUnderMemoryPressure: when a running request needs
+// a block and none is free, the newest running request is preempted: its
+// blocks unpinned (still cached), its progress dropped; it is recomputed
+// later, reusing the blocks that survived, and finishes with all its
+// output.
+func TestEnginePreemptsNewestUnderMemoryPressure(t *testing.T) {
+	// 8 blocks of 4 tokens; two requests of 3 prompt blocks each growing
+	// by 10 generated tokens cannot both hold their 6 blocks.
+	cfg := EngineConfig{NumGPUBlocks: 8, BlockSize: 4}
+	e := NewEngine(RankOf(0), cfg)
+	a, b := request(1, 12, 10, 4, 100), request(2, 12, 10, 4, 200)
+	e.Submit(a)
+	e.Submit(b)
+	ps := drive(t, e, 0, 100)
+	if a.Preemptions != 0 || b.Preemptions == 0 {
+		t.Fatalf("preemptions: older %d, newer %d; want the newer one preempted", a.Preemptions, b.Preemptions)
+	}
+	if a.generated != 10 || b.generated != 10 || a.FinishedAt == 0 || b.FinishedAt == 0 {
+		t.Fatalf("generated %d and %d, finished at %d and %d", a.generated, b.generated, a.FinishedAt, b.FinishedAt)
+	}
+	if a.FinishedAt >= b.FinishedAt {
+		t.Fatal("the preempted request finished first")
+	}
+	// The recompute found b's prompt blocks still cached: it prefilled the
+	// generated tokens and the last prompt token only.
+	recompute := 0
+	seen := false
+	for _, p := range ps {
+		if n, ok := p.tokens[2]; ok && n > 1 {
+			if seen {
+				recompute = n
+			}
+			seen = true
+		}
+	}
+	if recompute == 0 || recompute >= 12 {
+		t.Fatalf("recompute pass computed %d tokens for the preempted request; want fewer than its 12-token prompt (cache reused)", recompute)
+	}
+	if e.Cache().Active() != 0 || e.Cache().Reserved() != 0 {
+		t.Fatalf("blocks left pinned: %d active, %d reserved", e.Cache().Active(), e.Cache().Reserved())
+	}
+}
+
+// TestEngineAdmissionCountsCachedPrefix: a request admitted after another
+// with the same prompt finds its full blocks cached, except the block of
+// the last token (one token is always computed).
+func TestEngineAdmissionCountsCachedPrefix(t *testing.T) {
+	e := NewEngine(RankOf(0), EngineConfig{NumGPUBlocks: 100, BlockSize: 16})
+	first := request(1, 160, 1, 16, 100)
+	e.Submit(first)
+	drive(t, e, 0, 10)
+	again, longer := request(2, 160, 1, 16, 100), request(3, 170, 1, 16, 100)
+	e.Submit(again)
+	e.Submit(longer)
+	drive(t, e, 0, 10)
+	if first.CachedTokens != 0 || again.CachedTokens != 144 || longer.CachedTokens != 160 {
+		t.Fatalf("cached tokens %d, %d, %d; want 0, 144 (not the last block), 160", first.CachedTokens, again.CachedTokens, longer.CachedTokens)
+	}
+}
+
+// TestEngineRejects: a full waiting queue and a request larger than the
+// whole cache are refused.
+func TestEngineRejects(t *testing.T) {
+	e := NewEngine(RankOf(0), EngineConfig{NumGPUBlocks: 10, BlockSize: 16, MaxWaiting: 1})
+	if e.Submit(request(1, 160, 1, 16, 1)) {
+		t.Fatal("a request of 161 tokens fits no 160-token cache")
+	}
+	if !e.Submit(request(2, 16, 1, 16, 1)) || e.Submit(request(3, 16, 1, 16, 1)) {
+		t.Fatal("want the first accepted and the second refused by a 1-deep queue")
+	}
+}
+
+// TestEngineEventsRebuildItsCache: the Stored and Removed events of a busy
+// engine, applied in order, leave an index holding exactly the engine's
+// cached blocks.
+func TestEngineEventsRebuildItsCache(t *testing.T) {
+	e := NewEngine(RankOf(0), EngineConfig{NumGPUBlocks: 40, BlockSize: 16, MaxNumBatchedTokens: 64})
+	ix := indexer.New(indexer.Config{})
+	var po PassOutcome
+	now := int64(0)
+	id := uint64(1)
+	for i := 0; i < 30; i++ {
+		e.Submit(request(i, 16*(3+i%5), 2, 16, uint64(i%4)*1000))
+		if i%3 == 0 {
+			e.Submit(request(100+i, 100, 1, 16, 5000+uint64(i)*100))
+		}
+		for k := 0; k < 3; k++ {
+			d, ok := e.StartPass(now)
+			if !ok {
+				break
+			}
+			now += d
+			e.FinishPass(now, &po)
+			for j := range po.Events {
+				po.Events[j].EventID = id
+				id++
+				if err := ix.Apply(&po.Events[j], now); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	if got, want := ix.Stats().Entries, int64(e.Cache().Len()); got != want {
+		t.Fatalf("index holds %d blocks, cache %d", got, want)
+	}
+	if e.Cache().Evicted == 0 {
+		t.Fatal("the test meant to evict")
+	}
+	if st := ix.Stats(); st.Counters.UnknownRemoves != 0 || st.OrphanEvents != 0 {
+		t.Fatalf("engine events did not apply cleanly: %+v", st)
+	}
+}

@@ -1,0 +1,183 @@
+package sim
+
+import (
+	"fmt"
+	"image/color"
+	"io"
+	"math"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+)
+
+// TraceLabel is the short name of a trace file in reports and BENCH lines:
+// "synthetic" for mooncake_synthetic_trace.jsonl, "arxiv" for
+// mooncake_arxiv_trace_first1000.jsonl, else the file's base name without
+// extension.
+func TraceLabel(path string) string {
+	base := strings.TrimSuffix(filepath.Base(path), ".jsonl")
+	switch {
+	case strings.Contains(base, "synthetic"):
+		return "synthetic"
+	case strings.Contains(base, "arxiv"):
+		return "arxiv"
+	}
+	return base
+}
+
+// BenchLine is the BENCH line of one policy's result (benchmarks.md):
+// timed and v1 replays as "sim.<trace>.<policy>", cache-only ones as
+// "sim_cache.<trace>.<policy>". The ceiling has only a hit rate.
+func BenchLine(trace string, r Result) string {
+	area := "sim"
+	if r.Mode == "cache" {
+		area = "sim_cache"
+	}
+	if r.HitOnly {
+		return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f", area, trace, r.Policy, r.HitRate)
+	}
+	if r.Mode == "cache" {
+		return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f imbalance=%.3f rejected=%d", area, trace, r.Policy, r.HitRate, r.Imbalance, r.Rejected)
+	}
+	return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d speed=%g",
+		area, trace, r.Policy, r.HitRate, r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Speed)
+}
+
+// WriteTable writes rs (one replay's results) as a markdown table: hit
+// rate and imbalance for every mode, the latency, throughput and queue
+// columns of timed replays, TTFT for v1 ("–" where a figure does not
+// apply).
+func WriteTable(w io.Writer, rs []Result) error {
+	timed := slices.ContainsFunc(rs, func(r Result) bool { return r.Mode == "timed" })
+	var b strings.Builder
+	if slices.ContainsFunc(rs, func(r Result) bool { return r.Mode == "v1" }) {
+		// The v1 model has no queue: TTFT and the cache figures only.
+		b.WriteString("| policy | hit rate | TTFT mean ms | TTFT p50 ms | TTFT p99 ms | imbalance | errors |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		for _, r := range rs {
+			if r.HitOnly {
+				fmt.Fprintf(&b, "| %s | %.1f %% | – | – | – | – | – |\n", r.Policy, 100*r.HitRate)
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %.1f %% | %.0f | %.0f | %.0f | %.3f | %d |\n", r.Policy, 100*r.HitRate, r.TTFTMeanMs, r.TTFTP50Ms, r.TTFTP99Ms, r.Imbalance, r.Errors)
+		}
+		_, err := io.WriteString(w, b.String())
+		return err
+	}
+	if timed {
+		b.WriteString("| policy | hit rate | TTFT mean ms | TTFT p50 ms | TTFT p99 ms | TPOT ms | E2E mean ms | E2E p99 ms | output tok/s | imbalance | rejected | queued | preempted |\n")
+		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	} else {
+		b.WriteString("| policy | hit rate | imbalance | rejected |\n|---|---:|---:|---:|\n")
+	}
+	for _, r := range rs {
+		hit := fmt.Sprintf("%.1f %%", 100*r.HitRate)
+		switch {
+		case r.HitOnly && timed:
+			fmt.Fprintf(&b, "| %s | %s | – | – | – | – | – | – | – | – | – | – | – |\n", r.Policy, hit)
+		case r.HitOnly:
+			fmt.Fprintf(&b, "| %s | %s | – | – |\n", r.Policy, hit)
+		case timed:
+			fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %.0f | %.1f | %.0f | %.0f | %.0f | %.3f | %d | %d | %d |\n",
+				r.Policy, hit, r.TTFTMeanMs, r.TTFTP50Ms, r.TTFTP99Ms, r.TPOTMeanMs, r.E2EMeanMs, r.E2EP99Ms,
+				r.OutputTokensPerS, r.Imbalance, r.Rejected, r.Queued, r.Preemptions)
+		default:
+			fmt.Fprintf(&b, "| %s | %s | %.3f | %d |\n", r.Policy, hit, r.Imbalance, r.Rejected)
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+var palette = []color.Color{
+	color.RGBA{0x1f, 0x77, 0xb4, 0xff}, color.RGBA{0xff, 0x7f, 0x0e, 0xff}, color.RGBA{0x2c, 0xa0, 0x2c, 0xff},
+	color.RGBA{0xd6, 0x27, 0x28, 0xff}, color.RGBA{0x94, 0x67, 0xbd, 0xff}, color.RGBA{0x8c, 0x56, 0x4b, 0xff},
+	color.RGBA{0xe3, 0x77, 0xc2, 0xff},
+}
+
+// PlotTTFT writes a PNG of each timed result's TTFT distribution: the
+// empirical CDF, TTFT on a log axis.
+func PlotTTFT(path, title string, rs []Result) error {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "time to first token (ms, log scale)"
+	p.Y.Label.Text = "fraction of requests"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Y.Min, p.Y.Max = 0, 1
+	p.Add(plotter.NewGrid())
+	i := 0
+	for _, r := range rs {
+		if len(r.TTFTMs) == 0 {
+			continue
+		}
+		xs := slices.Clone(r.TTFTMs)
+		slices.Sort(xs)
+		// At most ~500 points: the curve, not every request.
+		step := max(1, len(xs)/500)
+		var pts plotter.XYs
+		for j := 0; j < len(xs); j += step {
+			pts = append(pts, plotter.XY{X: math.Max(xs[j], 1), Y: float64(j+1) / float64(len(xs))})
+		}
+		pts = append(pts, plotter.XY{X: math.Max(xs[len(xs)-1], 1), Y: 1})
+		l, err := plotter.NewLine(pts)
+		if err != nil {
+			return fmt.Errorf("plot %s: %w", r.Policy, err)
+		}
+		l.Color = palette[i%len(palette)]
+		l.Width = vg.Points(1.5)
+		p.Add(l)
+		p.Legend.Add(r.Policy, l)
+		i++
+	}
+	p.Legend.Top, p.Legend.Left = false, false
+	p.Legend.YOffs = vg.Points(20)
+	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
+}
+
+// PlotHitRate writes a PNG bar chart of each result's hit rate.
+func PlotHitRate(path, title string, rs []Result) error {
+	p := plot.New()
+	p.Title.Text = title
+	p.Y.Label.Text = "prompt tokens served from cache (%)"
+	p.Y.Min, p.Y.Max = 0, 100
+	p.Add(plotter.NewGrid())
+	vals := make(plotter.Values, len(rs))
+	names := make([]string, len(rs))
+	for i, r := range rs {
+		vals[i] = 100 * r.HitRate
+		names[i] = r.Policy
+	}
+	bars, err := plotter.NewBarChart(vals, vg.Points(28))
+	if err != nil {
+		return fmt.Errorf("plot hit rates: %w", err)
+	}
+	bars.Color = palette[0]
+	bars.LineStyle.Width = 0
+	p.Add(bars)
+	p.NominalX(names...)
+	labels, err := plotter.NewLabels(plotter.XYLabels{XYs: barTops(vals), Labels: pctLabels(vals)})
+	if err == nil {
+		p.Add(labels)
+	}
+	return p.Save(7*vg.Inch, 4*vg.Inch, path)
+}
+
+func barTops(vals plotter.Values) plotter.XYs {
+	xys := make(plotter.XYs, len(vals))
+	for i, v := range vals {
+		xys[i] = plotter.XY{X: float64(i) - 0.2, Y: v + 2}
+	}
+	return xys
+}
+
+func pctLabels(vals plotter.Values) []string {
+	out := make([]string, len(vals))
+	for i, v := range vals {
+		out[i] = fmt.Sprintf("%.1f", v)
+	}
+	return out
+}

@@ -1,0 +1,162 @@
+package sim
+
+import (
+	"errors"
+	"math"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/indexer"
+)
+
+func loadTrace(t *testing.T, name string) []Request {
+	t.Helper()
+	reqs, err := LoadTrace("../../shared/traces/" + name)
+	if errors.Is(err, os.ErrNotExist) {
+		t.Skip("shared traces not present")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reqs
+}
+
+// TestTimedBurstIsNotSerialised: requests with one timestamp arrive
+// together: spread over idle workers each gets the TTFT of its own
+// prefill; on one worker they share the first pass.
+func TestTimedBurstIsNotSerialised(t *testing.T) {
+	var reqs []Request
+	for i := 0; i < 4; i++ {
+		reqs = append(reqs, Request{TimestampMs: 1000, InputLength: 1024, OutputLength: 2, HashIDs: []uint64{uint64(10 * i), uint64(10*i + 1)}})
+	}
+	pr := Prepare(reqs, 64)
+	tm := DefaultTiming()
+	r, err := RunTimed(pr, TimedConfig{Workers: 4}, &RoundRobin{Workers: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range r.TTFTMs {
+		if math.Abs(v-tm.PrefillMs(1024)) > 1e-5 {
+			t.Fatalf("request %d: TTFT %.6f ms on an idle worker, want prefill(1024) = %.6f", k, v, tm.PrefillMs(1024))
+		}
+	}
+	one, err := RunTimed(pr, TimedConfig{Workers: 1}, &RoundRobin{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := tm.PrefillMs(4096); math.Abs(one.TTFTMeanMs-want) > 1e-5 || one.Queued != 0 {
+		t.Fatalf("one worker: mean TTFT %.3f ms, %d queued; want all four in one pass of %.3f ms", one.TTFTMeanMs, one.Queued, want)
+	}
+}
+
+// TestTimedClosedLoop: with one request in flight nothing ever waits, and
+// the next request starts when the last one ends.
+func TestTimedClosedLoop(t *testing.T) {
+	reqs := loadTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:60]
+	pr := Prepare(reqs, 64)
+	r, err := RunTimed(pr, TimedConfig{Workers: 2, Concurrency: 1}, &RoundRobin{Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Queued != 0 || r.Requests != 60 || r.Rejected != 0 {
+		t.Fatalf("closed loop of 1: %d served, %d queued, %d rejected", r.Requests, r.Queued, r.Rejected)
+	}
+	// Serial: the makespan is the sum of the end-to-end latencies.
+	if got, want := r.MakespanS*1000, r.E2EMeanMs*60; math.Abs(got-want) > 1e-3*want {
+		t.Fatalf("makespan %.1f ms, want the sum of the latencies %.1f ms", got, want)
+	}
+}
+
+// TestTimedRejectsWhenQueuesAreFull: a worker with a full waiting queue
+// refuses; the refused requests are counted, not served, and the policy
+// never sees them start.
+func TestTimedRejectsWhenQueuesAreFull(t *testing.T) {
+	var reqs []Request
+	for i := 0; i < 10; i++ {
+		reqs = append(reqs, Request{TimestampMs: 0, InputLength: 600, OutputLength: 5, HashIDs: []uint64{uint64(2 * i), uint64(2*i + 1)}})
+	}
+	pr := Prepare(reqs, 64)
+	p := NewRouter(1, 64, indexer.DefaultParams(), 1)
+	r, err := RunTimed(pr, TimedConfig{Workers: 1, Engine: EngineConfig{MaxWaiting: 3}}, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Rejected != 7 || r.Requests != 3 {
+		t.Fatalf("%d served, %d rejected; want 3 and 7", r.Requests, r.Rejected)
+	}
+	if live, _ := p.seqs.Count(); live != 0 {
+		t.Fatalf("%d bookings left live", live)
+	}
+}
+
+func TestTimedRefusesMismatchedBlockSizes(t *testing.T) {
+	pr := Prepare([]Request{{InputLength: 600, OutputLength: 1, HashIDs: []uint64{1, 2}}}, 64)
+	if _, err := RunTimed(pr, TimedConfig{Engine: EngineConfig{BlockSize: 16}}, &RoundRobin{Workers: 8}); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("trace in 64-token blocks on a 16-token engine: %v", err)
+	}
+	if _, err := RunTimed(pr, TimedConfig{}, NewRouter(8, 16, indexer.DefaultParams(), 1)); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("16-token router on a 64-token engine: %v", err)
+	}
+}
+
+// TestTimedIsDeterministic: the same trace, configuration and seed give
+// the same figures, request by request.
+func TestTimedIsDeterministic(t *testing.T) {
+	reqs := loadTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:250]
+	pr := Prepare(reqs, 64)
+	cfg := TimedConfig{Workers: 4, Speed: 6, Engine: EngineConfig{NumGPUBlocks: 2048}}
+	for _, name := range []string{"router", "random"} {
+		var runs [2]Result
+		for i := range runs {
+			p, _ := NewPolicy(name, PolicyConfig{Workers: 4, BlockSize: 64, Seed: 3})
+			r, err := RunTimed(pr, cfg, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runs[i] = r
+		}
+		a, b := runs[0], runs[1]
+		if !slices.Equal(a.TTFTMs, b.TTFTMs) || a.CachedTokens != b.CachedTokens || a.E2EMeanMs != b.E2EMeanMs ||
+			!slices.Equal(a.Assigned, b.Assigned) || a.Preemptions != b.Preemptions {
+			t.Fatalf("%s: two replays differ: %+v vs %+v", name, a, b)
+		}
+		if a.Evicted == 0 {
+			t.Fatalf("%s: the test meant to evict", name)
+		}
+	}
+}
+
+// TestSharedFirstBlockDoesNotCollapse: when every request starts with the
+// same block, pure longest-prefix routing piles everything onto one
+// worker; the router must spread the load and still reuse the prefixes.
+func TestSharedFirstBlockDoesNotCollapse(t *testing.T) {
+	reqs := GenerateSharedPrefix(SharedPrefixConfig{Requests: 800, Sessions: 80, RatePerS: 40, Seed: 1})
+	for i := range reqs {
+		if reqs[i].HashIDs[0] != 0 {
+			t.Fatalf("request %d starts with block %d", i, reqs[i].HashIDs[0])
+		}
+	}
+	pr := Prepare(reqs, 64)
+	cfg := TimedConfig{Workers: 8}
+	res := map[string]Result{}
+	for _, name := range []string{"router", "longest_prefix", "round_robin"} {
+		p, _ := NewPolicy(name, PolicyConfig{Workers: 8, BlockSize: 64, Seed: 1})
+		r, err := RunTimed(pr, cfg, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res[name] = r
+		t.Logf("%-15s hit %.3f imbalance %.2f ttft mean %.0f ms assigned %v", name, r.HitRate, r.Imbalance, r.TTFTMeanMs, r.Assigned)
+	}
+	router, lp, rr := res["router"], res["longest_prefix"], res["round_robin"]
+	if lp.Imbalance < 2 {
+		t.Fatalf("longest_prefix imbalance %.2f: the trace does not show the collapse it is meant to", lp.Imbalance)
+	}
+	if router.Imbalance > 1.5 {
+		t.Fatalf("router collapsed: imbalance %.2f, assigned %v", router.Imbalance, router.Assigned)
+	}
+	if router.HitRate <= rr.HitRate || router.TTFTMeanMs >= rr.TTFTMeanMs {
+		t.Fatalf("router hit %.3f, TTFT %.0f ms; round-robin %.3f, %.0f ms: want better on both", router.HitRate, router.TTFTMeanMs, rr.HitRate, rr.TTFTMeanMs)
+	}
+}
