@@ -59,6 +59,12 @@ func (j *copyJournal) load(t interface{ Fatalf(string, ...any) }) *Index {
 // attached, flushing after every few, and checks that the durable copy the
 // journal describes rebuilds an index equal to the live one.
 func TestJournalRebuildsTheSameIndex(t *testing.T) {
+	for range loadPropertyRounds() {
+		checkJournalRebuildsTheSameIndex(t)
+	}
+}
+
+func checkJournalRebuildsTheSameIndex(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		ix := New(propCfg)
 		j := newCopyJournal()

@@ -82,6 +82,12 @@ func equalMatches(a, b map[kvevent.Rank][kvevent.NumTiers]uint32) bool {
 }
 
 func TestIndexMatchesModel(t *testing.T) {
+	for range loadPropertyRounds() {
+		checkIndexMatchesModel(t)
+	}
+}
+
+func checkIndexMatchesModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		ix, mod := New(propCfg), newModel(propCfg)
 		now := int64(0)

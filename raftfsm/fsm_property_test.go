@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -88,6 +89,16 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 // in random batches, then checks the FSM against the model, and that a
 // reopen and a snapshot/restore both give the same digest.
 func TestFSMMatchesModelAndSurvivesReopenAndSnapshot(t *testing.T) {
+	rounds := 1
+	if os.Getenv("KVROUTER_LONG") != "" {
+		rounds = 20 // make test-long
+	}
+	for range rounds {
+		checkFSMMatchesModel(t)
+	}
+}
+
+func checkFSMMatchesModel(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		dir := filepath.Join(t.TempDir(), "fsm")
 		f, err := OpenFSM(FSMConfig{Dir: dir, Logger: quiet, OnFatal: func(err error) { rt.Fatalf("fatal: %v", err) }})
