@@ -10,7 +10,7 @@ TEST_TIMEOUT ?= 900s
 # deprecated; silence those warnings (and only those) in every build.
 export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test test-long lint fmt bench bench-indexer bench-events bench-cluster bench-sim run replay clean tools
+.PHONY: all build test test-long lint fmt bench bench-indexer bench-events bench-cluster bench-sim bench-eventplane run replay clean tools
 
 all: build
 
@@ -53,6 +53,9 @@ bench-cluster:
 
 bench-sim:
 	scripts/bench.sh sim
+
+bench-eventplane:
+	scripts/bench.sh eventplane
 
 # The main job: a local 3-node cluster serving routes (see scripts/run-local.sh).
 run:
