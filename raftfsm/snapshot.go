@@ -303,7 +303,18 @@ func loadSnapshot(r io.Reader, dir string, resetApplied, dropMembers bool, logge
 	if err := s.header(); err != nil {
 		return fail(err)
 	}
-	ld := db.NewLoader()
+	// Records come in key order: write sstables and ingest them rather
+	// than going through the memtable.
+	ld := db.NewSortedLoader()
+	fail = func(err error) (SnapshotInfo, error) {
+		ld.Abort()
+		db.Close()
+		os.RemoveAll(dir)
+		if errors.Is(err, store.ErrCorrupt) {
+			err = fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+		}
+		return SnapshotInfo{}, err
+	}
 	for {
 		k, v, err := s.next()
 		if err != nil {

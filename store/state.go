@@ -371,44 +371,5 @@ func (v *StateSnapshot) Each(fn func(key, value []byte) error) error {
 // Close releases the view.
 func (v *StateSnapshot) Close() error { return v.snap.Close() }
 
-// Loader bulk-writes records into a fresh state database (a restore).
-type Loader struct {
-	s *StateDB
-	b *pebble.Batch
-}
-
-// NewLoader starts a bulk load.
-func (s *StateDB) NewLoader() *Loader { return &Loader{s: s, b: s.db.NewBatch()} }
-
-// Set writes one record (full key, kind byte first). Keys of unknown kinds
-// are refused.
-func (l *Loader) Set(key, value []byte) error {
-	if len(key) == 0 || !ValidKind(key[0]) {
-		return fmt.Errorf("%w: record key of unknown kind", ErrCorrupt)
-	}
-	if err := l.b.Set(key, value, nil); err != nil {
-		return err
-	}
-	if l.b.Len() > 16<<20 {
-		if err := l.b.Commit(pebble.NoSync); err != nil {
-			return fmt.Errorf("bulk load: %w", err)
-		}
-		l.b.Reset()
-	}
-	return nil
-}
-
-// Finish commits what is left and flushes the database to disk.
-func (l *Loader) Finish() error {
-	if err := l.b.Commit(pebble.NoSync); err != nil {
-		return fmt.Errorf("bulk load: %w", err)
-	}
-	l.b.Close()
-	if err := l.s.db.Flush(); err != nil {
-		return fmt.Errorf("bulk load flush: %w", err)
-	}
-	return nil
-}
-
 // RemoveAll removes a state directory (a half-done restore).
 func RemoveAll(dir string) error { return os.RemoveAll(dir) }
