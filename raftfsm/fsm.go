@@ -45,9 +45,14 @@ type FSM struct {
 	curMu   sync.RWMutex
 	cursors map[kvevent.Rank]uint64
 
-	workers  atomic.Pointer[map[uint64]WorkerInfo] // copy-on-write
-	settings atomic.Pointer[Settings]
-	members  atomic.Pointer[map[string]Member]
+	workers atomic.Pointer[map[uint64]WorkerInfo] // copy-on-write
+	// cands is every registered rank as a route candidate, in rank order,
+	// rebuilt with workers so that a route decision neither allocates nor
+	// sorts for it.
+	cands     atomic.Pointer[[]indexer.Candidate]
+	blockSize atomic.Int64 // of the registered workers (blockSizeOf)
+	settings  atomic.Pointer[Settings]
+	members   atomic.Pointer[map[string]Member]
 
 	applied     atomic.Uint64
 	appliedTerm atomic.Uint64
@@ -123,6 +128,23 @@ func (f *FSM) Applied() (index, term uint64) { return f.applied.Load(), f.applie
 
 // Workers returns the registered workers (do not modify).
 func (f *FSM) Workers() map[uint64]WorkerInfo { return *f.workers.Load() }
+
+// setWorkers publishes a new worker table and its candidate list.
+func (f *FSM) setWorkers(ws map[uint64]WorkerInfo) {
+	var cands []indexer.Candidate
+	for id, w := range ws {
+		for _, dp := range w.DPRanks {
+			cands = append(cands, indexer.Candidate{Rank: kvevent.Rank{Worker: id, DP: dp}, CapacityBlocks: w.Capacity[kvevent.TierDevice]})
+		}
+	}
+	slices.SortFunc(cands, func(a, b indexer.Candidate) int { return a.Rank.Compare(b.Rank) })
+	f.workers.Store(&ws)
+	f.cands.Store(&cands)
+	f.blockSize.Store(int64(blockSizeOf(ws)))
+}
+
+// candidates returns every registered rank, in rank order (do not modify).
+func (f *FSM) candidates() []indexer.Candidate { return *f.cands.Load() }
 
 // Settings returns the cluster settings.
 func (f *FSM) Settings() Settings { return *f.settings.Load() }
@@ -236,7 +258,7 @@ func (f *FSM) applyCommand(c *command) interface{} {
 		}
 		next := maps.Clone(f.Workers())
 		next[w.ID] = w
-		f.workers.Store(&next)
+		f.setWorkers(next)
 		for _, dp := range w.DPRanks {
 			f.ix.SetCapacity(kvevent.Rank{Worker: w.ID, DP: dp}, w.Capacity)
 		}
@@ -348,7 +370,7 @@ func (f *FSM) removeWorker(id uint64) error {
 	}
 	next := maps.Clone(cur)
 	delete(next, id)
-	f.workers.Store(&next)
+	f.setWorkers(next)
 	f.batch.Delete(store.KindWorker, u64key(id))
 	return nil
 }

@@ -220,7 +220,7 @@ func (f *FSM) load() error {
 	f.curMu.Lock()
 	f.cursors = cursors
 	f.curMu.Unlock()
-	f.workers.Store(&workers)
+	f.setWorkers(workers)
 	f.members.Store(&members)
 	f.settings.Store(&settings)
 	f.applied.Store(idx)

@@ -45,8 +45,7 @@ func blockSizeOf(ws map[uint64]WorkerInfo) int {
 // decision. With q.Book the request is booked on the chosen rank through
 // Raft before Route returns, so a follower answers ErrNotLeader for it.
 func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
-	ws := n.fsm.Workers()
-	bs := blockSizeOf(ws)
+	bs := int(n.fsm.blockSize.Load())
 	sc := routePool.Get().(*routeScratch)
 	defer routePool.Put(sc)
 	local := q.LocalHashes
@@ -80,18 +79,9 @@ func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	sc.loads, idle = n.fsm.Sequences().PotentialDecodeBlocks(sc.loads[:0], sc.seq, &sc.pot)
 
 	// Candidates: every registered rank, in rank order (deterministic).
-	sc.cands = sc.cands[:0]
-	ids := make([]uint64, 0, len(ws))
-	for id := range ws {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		w := ws[id]
-		for _, dp := range w.DPRanks {
-			sc.cands = append(sc.cands, indexer.Candidate{Rank: kvevent.Rank{Worker: id, DP: dp},
-				PotentialDecodeBlocks: idle, CapacityBlocks: w.Capacity[kvevent.TierDevice]})
-		}
+	sc.cands = append(sc.cands[:0], n.fsm.candidates()...)
+	for i := range sc.cands {
+		sc.cands[i].PotentialDecodeBlocks = idle
 	}
 	pos := func(r kvevent.Rank) int {
 		i, ok := slices.BinarySearchFunc(sc.cands, r, func(c indexer.Candidate, r kvevent.Rank) int { return c.Rank.Compare(r) })
