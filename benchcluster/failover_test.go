@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kvrouter/kvrouter/internal/benchenv"
 	"io"
 	"net/http"
 	"os"
@@ -38,9 +39,9 @@ import (
 //	KVROUTER_BENCH_TRIALS         trials (default 10)
 //	KVROUTER_BENCH_RAFT_TIMEOUT   --heartbeat-timeout and --election-timeout (default: the binary's, 200ms)
 func TestBenchClusterFailover(t *testing.T) {
-	skipUnlessBench(t)
-	seed := benchSeed(t, 20261204)
-	trials := envInt("KVROUTER_BENCH_TRIALS", 10)
+	benchenv.Skip(t, "bench-cluster")
+	seed := benchenv.Seed(t, 20261204)
+	trials := benchenv.Int("KVROUTER_BENCH_TRIALS", 10)
 	electionTimeout := 200 * time.Millisecond // the binary's default
 	var timeoutFlags []string
 	if d, err := time.ParseDuration(os.Getenv("KVROUTER_BENCH_RAFT_TIMEOUT")); err == nil && d > 0 {

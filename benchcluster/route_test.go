@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kvrouter/kvrouter/internal/benchenv"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -36,13 +37,13 @@ import (
 //	KVROUTER_BENCH_ROUTE_SECONDS   length of each of the four phases, in 3 interleaved rounds (default 6)
 //	KVROUTER_BENCH_ROUTE_CLIENTS   client goroutines (default 8)
 func TestBenchClusterRoute(t *testing.T) {
-	skipUnlessBench(t)
-	seed := benchSeed(t, 20261205)
+	benchenv.Skip(t, "bench-cluster")
+	seed := benchenv.Seed(t, 20261205)
 	const workers, requestBlocks = 64, 128
-	targetBlocks := int64(envInt("KVROUTER_BENCH_ROUTE_BLOCKS", 1_000_000))
-	rate := float64(envInt("KVROUTER_BENCH_ROUTE_RATE", 5000))
-	phase := time.Duration(envInt("KVROUTER_BENCH_ROUTE_SECONDS", 6)) * time.Second
-	clients := envInt("KVROUTER_BENCH_ROUTE_CLIENTS", 8)
+	targetBlocks := int64(benchenv.Int("KVROUTER_BENCH_ROUTE_BLOCKS", 1_000_000))
+	rate := float64(benchenv.Int("KVROUTER_BENCH_ROUTE_RATE", 5000))
+	phase := time.Duration(benchenv.Int("KVROUTER_BENCH_ROUTE_SECONDS", 6)) * time.Second
+	clients := benchenv.Int("KVROUTER_BENCH_ROUTE_CLIENTS", 8)
 
 	raftAddr, httpAddr := freeAddr(t), freeAddr(t)
 	node, err := raftfsm.NewNode(raftfsm.Config{ID: "r1", RaftAddr: raftAddr, HTTPAddr: httpAddr, DataDir: t.TempDir(),

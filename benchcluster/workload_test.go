@@ -4,8 +4,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"os"
-	"strconv"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -13,30 +11,6 @@ import (
 )
 
 var quiet = slog.New(slog.DiscardHandler)
-
-func skipUnlessBench(t *testing.T) {
-	t.Helper()
-	if os.Getenv("KVROUTER_BENCH") == "" {
-		t.Skip("set KVROUTER_BENCH=1 (make bench-cluster)")
-	}
-}
-
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-		return v
-	}
-	return def
-}
-
-func benchSeed(t *testing.T, def uint64) uint64 {
-	t.Helper()
-	seed := def
-	if v, err := strconv.ParseUint(os.Getenv("KVROUTER_BENCH_SEED"), 10, 64); err == nil {
-		seed = v
-	}
-	t.Logf("seed %d", seed)
-	return seed
-}
 
 // freeAddr returns a loopback address whose port was free a moment ago.
 func freeAddr(t *testing.T) string {

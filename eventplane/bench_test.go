@@ -3,7 +3,7 @@ package eventplane
 import (
 	"errors"
 	"fmt"
-	"os"
+	"github.com/kvrouter/kvrouter/internal/benchenv"
 	"sync"
 	"testing"
 	"time"
@@ -18,9 +18,7 @@ import (
 // events given to the leader's Node.IngestEvents directly, in large
 // batches, by as many concurrent callers.
 func TestBenchEventsE2E(t *testing.T) {
-	if os.Getenv("KVROUTER_BENCH") == "" {
-		t.Skip("set KVROUTER_BENCH=1")
-	}
+	benchenv.Skip(t, "bench-eventplane")
 	const (
 		pubs          = 4
 		ranksPerPub   = 4

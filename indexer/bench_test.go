@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"fmt"
+	"github.com/kvrouter/kvrouter/internal/benchenv"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -200,9 +201,7 @@ func pct(sorted []time.Duration, p float64) float64 {
 }
 
 func TestBenchIndexer(t *testing.T) {
-	if os.Getenv("KVROUTER_BENCH") == "" {
-		t.Skip("set KVROUTER_BENCH=1 (make bench-indexer)")
-	}
+	benchenv.Skip(t, "bench-indexer")
 	const seed = 20261130
 	t.Logf("seed %d", seed)
 	for _, ranks := range []int{16, 64, 256} {

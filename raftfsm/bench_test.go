@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvrouter/kvrouter/internal/benchenv"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -12,7 +13,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -57,30 +57,6 @@ const (
 	bcFamilies      = 100
 	bcDefaultBlocks = 5_000_000 // restart and snapshot state
 )
-
-func bcSkip(t *testing.T) {
-	t.Helper()
-	if os.Getenv("KVROUTER_BENCH") == "" {
-		t.Skip("set KVROUTER_BENCH=1 (make bench-cluster)")
-	}
-}
-
-func bcEnvInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-		return v
-	}
-	return def
-}
-
-func bcSeed(t *testing.T, def uint64) uint64 {
-	t.Helper()
-	seed := def
-	if v, err := strconv.ParseUint(os.Getenv("KVROUTER_BENCH_SEED"), 10, 64); err == nil {
-		seed = v
-	}
-	t.Logf("seed %d", seed)
-	return seed
-}
 
 // bcRank is one publishing rank's generator state.
 type bcRank struct {
@@ -288,13 +264,13 @@ func bcIngest(c *testCluster, call []RankBatch, leaderMoves *atomic.Int64) error
 // one FSM without Raft. The three replicas share this machine's cores, so
 // the cluster figure is bounded by three FSMs' apply work on them.
 func TestBenchClusterIngest(t *testing.T) {
-	bcSkip(t)
-	seed := bcSeed(t, 20261201)
-	publishers := bcEnvInt("KVROUTER_BENCH_PUBLISHERS", 4)
-	window := time.Duration(bcEnvInt("KVROUTER_BENCH_INGEST_SECONDS", 20)) * time.Second
+	benchenv.Skip(t, "bench-cluster")
+	seed := benchenv.Seed(t, 20261201)
+	publishers := benchenv.Int("KVROUTER_BENCH_PUBLISHERS", 4)
+	window := time.Duration(benchenv.Int("KVROUTER_BENCH_INGEST_SECONDS", 20)) * time.Second
 	// Enough calls that the window, not the workload, ends the run on a
 	// fast machine: generated ahead so that generation is not measured.
-	callsPer := bcEnvInt("KVROUTER_BENCH_INGEST_CALLS", 60)
+	callsPer := benchenv.Int("KVROUTER_BENCH_INGEST_CALLS", 60)
 
 	fams := bcFamilySet(seed)
 	calls := make([][][]RankBatch, publishers)
@@ -509,9 +485,9 @@ func bcReadDir(t *testing.T, dir string) int64 {
 // and fsm_reopen_seconds, a second OpenFSM of the same directory once the
 // node is down again, whose WAL is then short: the index rebuild alone.
 func TestBenchClusterRestart(t *testing.T) {
-	bcSkip(t)
-	seed := bcSeed(t, 20261202)
-	c, held := bcBuildState(t, seed, int64(bcEnvInt("KVROUTER_BENCH_BLOCKS", bcDefaultBlocks)))
+	benchenv.Skip(t, "bench-cluster")
+	seed := benchenv.Seed(t, 20261202)
+	c, held := bcBuildState(t, seed, int64(benchenv.Int("KVROUTER_BENCH_BLOCKS", bcDefaultBlocks)))
 	digest := c.nodes[0].fsm.Digest()
 	c.stop(0)
 	dir := c.dirs[0]
@@ -611,9 +587,9 @@ func bcCopyFile(src, dst string) error {
 // the index rebuilt), and InspectSnapshot (the checksum pass alone),
 // against a plain copy of the same file through user space (synced).
 func TestBenchClusterSnapshot(t *testing.T) {
-	bcSkip(t)
-	seed := bcSeed(t, 20261203)
-	c, held := bcBuildState(t, seed, int64(bcEnvInt("KVROUTER_BENCH_BLOCKS", bcDefaultBlocks)))
+	benchenv.Skip(t, "bench-cluster")
+	seed := benchenv.Seed(t, 20261203)
+	c, held := bcBuildState(t, seed, int64(benchenv.Int("KVROUTER_BENCH_BLOCKS", bcDefaultBlocks)))
 	digest := c.nodes[0].fsm.Digest()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "state.snap")

@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"fmt"
+	"github.com/kvrouter/kvrouter/internal/benchenv"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -33,9 +34,7 @@ var loadedLadder = []float64{1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20}
 const loadFactor = 5
 
 func TestBenchSim(t *testing.T) {
-	if os.Getenv("KVROUTER_BENCH") == "" {
-		t.Skip("set KVROUTER_BENCH=1 to run the simulator benchmark")
-	}
+	benchenv.Skip(t, "bench-sim")
 	if err := os.MkdirAll(plotDir, 0o755); err != nil {
 		t.Fatal(err)
 	}

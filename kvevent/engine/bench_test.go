@@ -2,8 +2,8 @@ package engine
 
 import (
 	"fmt"
+	"github.com/kvrouter/kvrouter/internal/benchenv"
 	"math/rand/v2"
-	"os"
 	"testing"
 	"time"
 
@@ -119,9 +119,7 @@ func BenchmarkDecodeGeneric(b *testing.B) {
 // TestBenchDecode prints the decoder's BENCH line (make bench; gated by
 // KVROUTER_BENCH like the other areas' benchmarks).
 func TestBenchDecode(t *testing.T) {
-	if os.Getenv("KVROUTER_BENCH") == "" {
-		t.Skip("set KVROUTER_BENCH=1 (make bench)")
-	}
+	benchenv.Skip(t, "bench-events")
 	deadline := time.Now().Add(3 * time.Second)
 	fmt.Println(compareDecode(t, func() bool { return time.Now().Before(deadline) }))
 }
