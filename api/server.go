@@ -169,6 +169,18 @@ func (s *Server) routes() {
 	})
 }
 
+// HandleFunc registers h under pattern (a net/http ServeMux pattern) with
+// the middleware every route of the Server gets: metrics labelled with the
+// pattern, panic recovery, the body limit, and forwarding to the leader
+// when h returns an error wrapping raftfsm.ErrNotLeader before writing
+// anything (the body h read is replayed there). Any other error is
+// answered as the API's JSON error; a handler with an error shape of its
+// own writes it and returns nil. Other APIs served from the same node
+// (package compat) register their routes here.
+func (s *Server) HandleFunc(pattern string, h func(w http.ResponseWriter, r *http.Request) error) {
+	s.handle(pattern, optionalJSONBody, h)
+}
+
 // ServeHTTP answers a request. Unknown paths and methods get JSON errors
 // like every other failure.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {

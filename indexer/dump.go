@@ -221,3 +221,42 @@ func (ix *Index) ReplaceRank(r kvevent.Rank, evs []kvevent.Event, now int64) (ma
 	}
 	return malformed
 }
+
+// StoredEvents returns the rank's reachable state as single-block stored
+// events, parents before children, one per tier the block is held in: what
+// a peer replays to rebuild the rank's matches. A block whose parent the
+// rank does not hold is left out (no lookup can reach it from the root),
+// as are orphans. Event ids count from 1.
+func (d *RankDump) StoredEvents() []kvevent.Event {
+	bySeq := make(map[uint64]int, len(d.Entries))
+	for i, e := range d.Entries {
+		bySeq[e.Seq] = i
+	}
+	kept := make(map[uint64]bool, len(d.Entries)) // node seq → emitted
+	blocks := make([]kvevent.Block, 0, len(d.Entries))
+	out := make([]kvevent.Event, 0, len(d.Entries))
+	for _, n := range d.Nodes { // parents before children
+		i, held := bySeq[n.Seq]
+		if !held {
+			continue
+		}
+		var parent uint64
+		if !n.Root {
+			if !kept[n.Parent] {
+				continue
+			}
+			parent = d.Entries[bySeq[n.Parent]].EngineHash
+		}
+		kept[n.Seq] = true
+		e := d.Entries[i]
+		for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
+			if !e.Mask.Has(t) {
+				continue
+			}
+			blocks = append(blocks, kvevent.Block{EngineHash: e.EngineHash, LocalHash: n.Local})
+			out = append(out, kvevent.Event{Rank: d.Rank, EventID: uint64(len(out) + 1), Kind: kvevent.KindStored, Tier: t,
+				HasParent: !n.Root, Parent: parent, Blocks: blocks[len(blocks)-1 : len(blocks) : len(blocks)]})
+		}
+	}
+	return out
+}

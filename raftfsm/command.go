@@ -2,6 +2,8 @@ package raftfsm
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -176,6 +178,40 @@ func encodeWorker(e *enc, w *WorkerInfo) {
 	}
 	e.str(w.Endpoint)
 	e.str(w.Model)
+	// Extension 1: the compatible APIs' fields. A worker encoded before
+	// it ends after the model.
+	e.u8(1)
+	e.str(w.Tenant)
+	e.uv(w.Instance)
+	encodeEndpoints(e, w.EventEndpoints)
+	encodeEndpoints(e, w.ReplayEndpoints)
+	e.str(w.Salt)
+}
+
+// encodeEndpoints writes a dp rank → endpoint map in rank order, so that
+// equal maps encode to equal bytes on every node.
+func encodeEndpoints(e *enc, m map[uint32]string) {
+	e.uv(uint64(len(m)))
+	for _, r := range slices.Sorted(maps.Keys(m)) {
+		e.uv(uint64(r))
+		e.str(m[r])
+	}
+}
+
+func decodeEndpoints(d *dec) map[uint32]string {
+	n := d.count("endpoints", 2)
+	if n == 0 {
+		return nil
+	}
+	m := make(map[uint32]string, n)
+	for i := 0; i < n; i++ {
+		r := d.uv("endpoint dp rank")
+		if r > 1<<32-1 {
+			d.fail("endpoint dp rank")
+		}
+		m[uint32(r)] = d.str("endpoint")
+	}
+	return m
 }
 
 func decodeWorker(d *dec) WorkerInfo {
@@ -199,6 +235,17 @@ func decodeWorker(d *dec) WorkerInfo {
 	}
 	w.Endpoint = d.str("endpoint")
 	w.Model = d.str("model")
+	if d.err != nil || d.off == len(d.b) {
+		return w // encoded before extension 1
+	}
+	if ext := d.u8("worker extension"); ext != 1 && d.err == nil {
+		d.fail("worker extension")
+	}
+	w.Tenant = d.str("tenant")
+	w.Instance = d.uv("instance id")
+	w.EventEndpoints = decodeEndpoints(d)
+	w.ReplayEndpoints = decodeEndpoints(d)
+	w.Salt = d.str("salt")
 	return w
 }
 

@@ -698,3 +698,20 @@ func inConfig(c raft.Configuration, id string) bool {
 	}
 	return false
 }
+
+// WorkerTable returns the replicated worker registrations by worker id.
+// The map is shared with the FSM: read it, never change it. It never
+// blocks.
+func (n *Node) WorkerTable() map[uint64]WorkerInfo { return n.fsm.Workers() }
+
+// FindMatches looks a prompt's content hashes up in this node's index (no
+// early exit); see indexer.Index.FindMatchesByTier.
+func (n *Node) FindMatches(local []uint64, view indexer.View, out *indexer.Matches) {
+	n.fsm.Index().FindMatchesByTier(local, view, false, out)
+}
+
+// DumpRank returns a copy of one rank's index state;
+// indexer.ErrUnknownRank when the index holds nothing of it.
+func (n *Node) DumpRank(r kvevent.Rank) (indexer.RankDump, error) {
+	return n.fsm.Index().DumpRank(r)
+}

@@ -14,6 +14,22 @@ type WorkerInfo struct {
 	Capacity  [kvevent.NumTiers]int64 `json:"capacity_blocks"`    // per tier, 0 = unknown
 	Endpoint  string                  `json:"endpoint,omitempty"` // where requests go (opaque here)
 	Model     string                  `json:"model,omitempty"`
+
+	// The fields below come from the compatible APIs (package compat),
+	// whose workers are instances registered per (model, tenant).
+
+	// Tenant partitions a model's workers: a query of one tenant never
+	// scores another's. "" for workers registered through /v1.
+	Tenant string `json:"tenant,omitempty"`
+	// Instance is the instance id the compatible API knows this worker
+	// by; ID is derived from (Instance, Model, Tenant). 0 for /v1 workers.
+	Instance uint64 `json:"instance_id,omitempty"`
+	// EventEndpoints and ReplayEndpoints are the engine's ZMQ event and
+	// replay endpoints per dp rank, when it registered them.
+	EventEndpoints  map[uint32]string `json:"event_endpoints,omitempty"`
+	ReplayEndpoints map[uint32]string `json:"replay_endpoints,omitempty"`
+	// Salt is the engine's additional salt for block hashes.
+	Salt string `json:"salt,omitempty"`
 }
 
 // RankBatch is one rank's consecutive events, as a publisher sent them.

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/compat"
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
@@ -139,6 +140,8 @@ func run(c *cli.Context) error {
 		return err
 	}
 	srv := api.NewServer(node, api.Options{Logger: logger, Registerer: reg, Gatherer: reg})
+	// The standard KV-indexer API at the root, beside /v1 (docs/compat.md).
+	compat.NewIndexer(node, logger).Routes(srv, "")
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()

@@ -1,0 +1,111 @@
+package compat
+
+import (
+	"context"
+	"encoding/binary"
+	"net/http"
+
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/zeebo/xxh3"
+)
+
+// Backend is the node the compatible APIs read and write. *raftfsm.Node
+// implements it.
+type Backend interface {
+	// Status is this node's view of itself and the cluster. It never blocks.
+	Status() raftfsm.NodeStatus
+	// WorkerTable returns the replicated worker registrations by worker
+	// id. The map is shared: read it, never change it. It never blocks.
+	WorkerTable() map[uint64]raftfsm.WorkerInfo
+	// RegisterWorker registers a worker or replaces its registration
+	// (through Raft; raftfsm.ErrNotLeader on a follower).
+	RegisterWorker(ctx context.Context, w raftfsm.WorkerInfo) error
+	// DeregisterWorker removes a worker, its ranks' index state and load;
+	// raftfsm.ErrUnknownWorker when there is none of that id.
+	DeregisterWorker(ctx context.Context, workerID uint64) error
+	// ReplaceRank replaces a rank's index state with stored events and
+	// sets its cursor.
+	ReplaceRank(ctx context.Context, r kvevent.Rank, cursor uint64, stored []kvevent.Event) error
+	// IngestEvents applies each rank's batch through its cursor and
+	// acknowledges each once committed, in the order of batches.
+	IngestEvents(ctx context.Context, batches []raftfsm.RankBatch) ([]raftfsm.RankAck, error)
+	// FindMatches looks content hashes up in this node's index.
+	FindMatches(local []uint64, view indexer.View, out *indexer.Matches)
+	// DumpRank returns a copy of one rank's index state;
+	// indexer.ErrUnknownRank when the index holds nothing of it.
+	DumpRank(r kvevent.Rank) (indexer.RankDump, error)
+}
+
+var _ Backend = (*raftfsm.Node)(nil)
+
+// Router is where the APIs register their routes: *api.Server, whose
+// middleware gives them metrics, body limits and forwarding to the leader.
+type Router interface {
+	HandleFunc(pattern string, h func(w http.ResponseWriter, r *http.Request) error)
+}
+
+// DefaultTenant is the tenant of a request that names none.
+const DefaultTenant = "default"
+
+// WorkerID is the kvrouter worker id of an instance registered for a
+// (model, tenant): an instance in two tenants is two workers, so that a
+// tenant's state is its own. The top bit is set, keeping these ids apart
+// from the small ids operators give /v1 workers.
+func WorkerID(instance uint64, model, tenant string) uint64 {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], instance)
+	h := xxh3.New()
+	h.Write(b[:])
+	h.WriteString(model)
+	h.Write([]byte{0})
+	h.WriteString(tenant)
+	return h.Sum64() | 1<<63
+}
+
+// namespace is one (model, tenant) pair's workers, from the worker table.
+type namespace struct {
+	model, tenant string
+	blockSize     int
+	workers       map[uint64]*raftfsm.WorkerInfo // by kvrouter worker id
+}
+
+// namespaceOf collects the workers of (model, tenant). blockSize is the
+// smallest worker id's (workers of one model agree), or 0 when none.
+func namespaceOf(table map[uint64]raftfsm.WorkerInfo, model, tenant string) namespace {
+	ns := namespace{model: model, tenant: tenant, workers: map[uint64]*raftfsm.WorkerInfo{}}
+	first := ^uint64(0)
+	for id := range table {
+		w := table[id]
+		if w.Tenant == "" {
+			// A /v1 worker: the instance of its own id, in the default tenant.
+			w.Tenant, w.Instance = DefaultTenant, id
+		}
+		if w.Model != model || w.Tenant != tenant {
+			continue
+		}
+		ns.workers[id] = &w
+		if id < first {
+			ns.blockSize, first = w.BlockSize, id
+		}
+	}
+	return ns
+}
+
+// has reports whether the namespace serves rank r.
+func (ns *namespace) has(r kvevent.Rank) (*raftfsm.WorkerInfo, bool) {
+	w := ns.workers[r.Worker]
+	if w == nil {
+		return nil, false
+	}
+	if len(w.DPRanks) == 0 {
+		return w, r.DP == 0
+	}
+	for _, dp := range w.DPRanks {
+		if dp == r.DP {
+			return w, true
+		}
+	}
+	return nil, false
+}

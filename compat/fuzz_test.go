@@ -1,0 +1,46 @@
+package compat
+
+import (
+	"bytes"
+	"net/http"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// FuzzRequestBodies feeds arbitrary bytes, in both encodings, to the
+// decoders of every request body and to the event conversion: nothing
+// panics, and an event that converts is valid.
+func FuzzRequestBodies(f *testing.F) {
+	f.Add([]byte(`{"instance_id":1,"events":[{"event_id":1,"type":"stored","parent_hash":-5,"blocks":[{"block_hash":1,"tokens_hash":18446744073709551615}]}]}`), false)
+	f.Add([]byte(`{"block_hashes":[1,-2,3],"model_name":"m"}`), false)
+	f.Add([]byte{0x81, 0xa6, 'e', 'v', 'e', 'n', 't', 's', 0x91, 0x82, 0xa8, 'e', 'v', 'e', 'n', 't', '_', 'i', 'd', 0x01, 0xa4, 't', 'y', 'p', 'e', 0xa7, 'c', 'l', 'e', 'a', 'r', 'e', 'd'}, true)
+	f.Fuzz(func(t *testing.T, body []byte, mp bool) {
+		c := codecJSON
+		if mp {
+			c = codecMsgpack
+		}
+		req := func() *http.Request {
+			r, _ := http.NewRequest("POST", "/", bytes.NewReader(body))
+			return r
+		}
+		var ev EventsRequest
+		if decode(req(), c, &ev) == nil {
+			for i := range ev.Events {
+				if e, err := ev.Events[i].toEvent(kvevent.Rank{Worker: 1}); err == nil {
+					if err := e.Validate(); err != nil {
+						t.Fatalf("converted event %+v is invalid: %v", e, err)
+					}
+				}
+			}
+		}
+		var q QueryByHashRequest
+		_ = decode(req(), c, &q)
+		var qt QueryRequest
+		_ = decode(req(), c, &qt)
+		var reg RegisterRequest
+		if decode(req(), c, &reg) == nil {
+			_ = checkEndpoint("endpoint", reg.Endpoint)
+		}
+	})
+}

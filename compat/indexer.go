@@ -1,0 +1,697 @@
+package compat
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+// RegisterRequest is the body of POST /register: one dp rank of an engine
+// instance, for a (model, tenant).
+type RegisterRequest struct {
+	InstanceID     uint64  `json:"instance_id"`
+	Endpoint       string  `json:"endpoint"` // the engine's ZMQ event endpoint, tcp://host:port
+	ModelName      string  `json:"model_name"`
+	TenantID       string  `json:"tenant_id,omitempty"`
+	RoutingGroup   string  `json:"routing_group,omitempty"` // alias of tenant_id
+	BlockSize      int     `json:"block_size"`
+	DPRank         *uint32 `json:"dp_rank,omitempty"`
+	ReplayEndpoint string  `json:"replay_endpoint,omitempty"`
+	AdditionalSalt string  `json:"additional_salt,omitempty"`
+}
+
+// UnregisterRequest is the body of POST /unregister. Without tenant_id the
+// instance leaves every tenant of the model; without dp_rank, every rank.
+type UnregisterRequest struct {
+	InstanceID uint64  `json:"instance_id"`
+	ModelName  string  `json:"model_name"`
+	TenantID   string  `json:"tenant_id,omitempty"`
+	DPRank     *uint32 `json:"dp_rank,omitempty"`
+}
+
+// Instance is one entry of GET /workers: an instance and its event
+// endpoint per dp rank, over every (model, tenant) it is registered for.
+type Instance struct {
+	InstanceID uint64            `json:"instance_id"`
+	Endpoints  map[string]string `json:"endpoints"`
+}
+
+// QueryRequest is the body of POST /query: a prompt's token ids, hashed
+// here with the namespace's block size and the LoRA name and salt.
+type QueryRequest struct {
+	TokenIDs  []uint32 `json:"token_ids"`
+	ModelName string   `json:"model_name"`
+	TenantID  string   `json:"tenant_id,omitempty"`
+	LoRAName  string   `json:"lora_name,omitempty"`
+	CacheSalt string   `json:"cache_salt,omitempty"`
+}
+
+// QueryByHashRequest is the body of POST /query_by_hash: the content
+// hashes of the prompt's full blocks.
+type QueryByHashRequest struct {
+	BlockHashes []Hash `json:"block_hashes"`
+	ModelName   string `json:"model_name"`
+	TenantID    string `json:"tenant_id,omitempty"`
+}
+
+// QueryResponse answers both queries. Every figure is in tokens (blocks ×
+// block size).
+type QueryResponse struct {
+	// Scores is each instance's matched prefix per dp rank, over all tiers.
+	Scores map[string]map[string]int `json:"scores"`
+	// Frequencies[d] is how many ranks of the namespace hold the prompt's
+	// block d at the end of a matched prefix or beyond it.
+	Frequencies []int `json:"frequencies"`
+	// Instances is each instance's overlap by tier.
+	Instances map[string]InstanceOverlap `json:"instances"`
+}
+
+// InstanceOverlap is an instance's matched prefix by tier, the best over
+// its dp ranks. The walk goes device, then host, then disk: CPU and Disk
+// are cumulative (GPU ≤ CPU ≤ Disk ≤ LongestMatched).
+type InstanceOverlap struct {
+	LongestMatched int            `json:"longest_matched"`
+	GPU            int            `json:"gpu"`
+	DP             map[string]int `json:"dp"`
+	CPU            int            `json:"cpu"`
+	Disk           int            `json:"disk"`
+}
+
+// EventsRequest is the body of POST /events: router events of one
+// instance, through each rank's cursor as on NATS.
+type EventsRequest struct {
+	InstanceID uint64  `json:"instance_id"`
+	ModelName  string  `json:"model_name,omitempty"`
+	TenantID   string  `json:"tenant_id,omitempty"`
+	BlockSize  int     `json:"block_size,omitempty"`
+	Events     []Event `json:"events"`
+}
+
+// Event is one KV event. Type is "stored", "removed" or "cleared"; Medium
+// the tier ("GPU" when absent; see kvevent.ParseMedium).
+type Event struct {
+	InstanceID  *uint64 `json:"instance_id,omitempty"` // in GET /dump only
+	DPRank      uint32  `json:"dp_rank"`
+	EventID     uint64  `json:"event_id"`
+	Type        string  `json:"type"`
+	Medium      string  `json:"medium,omitempty"`
+	ParentHash  *Hash   `json:"parent_hash,omitempty"`
+	Blocks      []Block `json:"blocks,omitempty"`
+	BlockHashes []Hash  `json:"block_hashes,omitempty"` // removed
+}
+
+// Block is one stored block: the engine's block hash and the content hash
+// of its tokens.
+type Block struct {
+	BlockHash  Hash `json:"block_hash"`
+	TokensHash Hash `json:"tokens_hash"`
+}
+
+// EventsResponse answers POST /events.
+type EventsResponse struct {
+	Status string     `json:"status"`
+	Acks   []EventAck `json:"acks"`
+}
+
+// EventAck is what the cluster did with one rank's events.
+type EventAck struct {
+	DPRank     uint32 `json:"dp_rank"`
+	Cursor     uint64 `json:"cursor"`
+	Applied    int    `json:"applied"`
+	Duplicates int    `json:"duplicates"`
+	Gap        bool   `json:"gap"`
+}
+
+// DumpNamespace is one "<model>:<tenant>" entry of GET /dump.
+type DumpNamespace struct {
+	BlockSize int     `json:"block_size"`
+	Events    []Event `json:"events"`
+}
+
+// Event types.
+const (
+	typeStored  = "stored"
+	typeRemoved = "removed"
+	typeCleared = "cleared"
+)
+
+// Indexer serves the standard KV-indexer API from the replicated state.
+type Indexer struct {
+	b   Backend
+	log *slog.Logger
+
+	regMu sync.Mutex // serialises register/unregister read-modify-writes
+	pool  sync.Pool  // *queryScratch
+}
+
+type queryScratch struct {
+	local   []uint64
+	matches indexer.Matches
+}
+
+// NewIndexer returns the indexer API of b. Mount it with Routes.
+func NewIndexer(b Backend, log *slog.Logger) *Indexer {
+	if log == nil {
+		log = slog.Default()
+	}
+	x := &Indexer{b: b, log: log}
+	x.pool.New = func() any { return new(queryScratch) }
+	return x
+}
+
+// Routes registers the API's routes on r under prefix ("" for the root).
+// GET /metrics is the node's own and not registered here.
+func (x *Indexer) Routes(r Router, prefix string) {
+	r.HandleFunc("POST "+prefix+"/register", x.register)
+	r.HandleFunc("POST "+prefix+"/unregister", x.unregister)
+	r.HandleFunc("GET "+prefix+"/workers", x.workers)
+	r.HandleFunc("POST "+prefix+"/query", x.query)
+	r.HandleFunc("POST "+prefix+"/query_by_hash", x.queryByHash)
+	r.HandleFunc("POST "+prefix+"/events", x.events)
+	r.HandleFunc("GET "+prefix+"/dump", x.dump)
+	r.HandleFunc("GET "+prefix+"/health", x.health)
+}
+
+// httpError is an error answer.
+type httpError struct {
+	code int
+	err  error
+}
+
+func (e *httpError) Error() string { return e.err.Error() }
+func (e *httpError) Unwrap() error { return e.err }
+
+func badRequest(format string, args ...any) error {
+	return &httpError{code: http.StatusBadRequest, err: fmt.Errorf(format, args...)}
+}
+
+// answer writes v, or the error err as {"error": ...}. An error that
+// wraps raftfsm.ErrNotLeader is returned for the server to forward.
+func answer(w http.ResponseWriter, c codec, code int, v any, err error) error {
+	if err == nil {
+		return write(w, c, code, v)
+	}
+	if errors.Is(err, raftfsm.ErrNotLeader) {
+		return err
+	}
+	var he *httpError
+	switch {
+	case errors.As(err, &he):
+		code = he.code
+	case errors.Is(err, errBody), errors.Is(err, raftfsm.ErrInvalid):
+		code = http.StatusBadRequest
+	case errors.Is(err, raftfsm.ErrUnknownWorker):
+		code = http.StatusNotFound
+	case errors.Is(err, raftfsm.ErrNoLeader), errors.Is(err, context.DeadlineExceeded):
+		code = http.StatusServiceUnavailable
+	default:
+		code = http.StatusInternalServerError
+	}
+	return write(w, c, code, ErrorBody{Error: err.Error()})
+}
+
+func tenantOf(tenant, group string) string {
+	switch {
+	case tenant != "":
+		return tenant
+	case group != "":
+		return group
+	}
+	return DefaultTenant
+}
+
+// checkEndpoint accepts a ZMQ endpoint: tcp://host:port or ipc://path.
+func checkEndpoint(what, ep string) error {
+	u, err := url.Parse(ep)
+	if err != nil {
+		return badRequest("%s %q: %v", what, ep, err)
+	}
+	switch u.Scheme {
+	case "tcp":
+		port, perr := strconv.ParseUint(u.Port(), 10, 16)
+		if u.Hostname() == "" || perr != nil || port == 0 || u.Path != "" {
+			return badRequest("%s %q: want tcp://host:port", what, ep)
+		}
+	case "ipc":
+		if u.Host+u.Path == "" {
+			return badRequest("%s %q: want ipc://path", what, ep)
+		}
+	default:
+		return badRequest("%s %q: want tcp://host:port or ipc://path", what, ep)
+	}
+	return nil
+}
+
+func (x *Indexer) register(w http.ResponseWriter, r *http.Request) error {
+	c := codecOf(r)
+	var req RegisterRequest
+	if err := decode(r, c, &req); err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	return answer(w, c, http.StatusCreated, StatusBody{Status: "ok"}, x.doRegister(r.Context(), &req))
+}
+
+func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
+	if req.ModelName == "" {
+		return badRequest("model_name is required")
+	}
+	if req.BlockSize <= 0 || req.BlockSize > 1<<20 {
+		return badRequest("block_size %d: want 1 to %d tokens", req.BlockSize, 1<<20)
+	}
+	if err := checkEndpoint("endpoint", req.Endpoint); err != nil {
+		return err
+	}
+	if req.ReplayEndpoint != "" {
+		if err := checkEndpoint("replay_endpoint", req.ReplayEndpoint); err != nil {
+			return err
+		}
+	}
+	tenant := tenantOf(req.TenantID, req.RoutingGroup)
+	dp := uint32(0)
+	if req.DPRank != nil {
+		dp = *req.DPRank
+	}
+	id := WorkerID(req.InstanceID, req.ModelName, tenant)
+
+	x.regMu.Lock()
+	defer x.regMu.Unlock()
+	old, exists := x.b.WorkerTable()[id]
+	nw := raftfsm.WorkerInfo{ID: id, Instance: req.InstanceID, Model: req.ModelName, Tenant: tenant,
+		BlockSize: req.BlockSize, Salt: req.AdditionalSalt}
+	if exists {
+		if old.Instance != req.InstanceID || old.Model != req.ModelName || old.Tenant != tenant {
+			return &httpError{code: http.StatusConflict, err: fmt.Errorf("worker id %#x is taken by another registration", id)}
+		}
+		if old.BlockSize != req.BlockSize || old.Salt != req.AdditionalSalt {
+			return &httpError{code: http.StatusConflict, err: fmt.Errorf(
+				"instance %d is registered for %s/%s with block_size %d and another salt or block size",
+				req.InstanceID, req.ModelName, tenant, old.BlockSize)}
+		}
+		if ep, ok := old.EventEndpoints[dp]; ok {
+			if ep != req.Endpoint || old.ReplayEndpoints[dp] != req.ReplayEndpoint {
+				return &httpError{code: http.StatusConflict, err: fmt.Errorf(
+					"instance %d dp rank %d is registered for %s/%s with endpoint %s", req.InstanceID, dp,
+					req.ModelName, tenant, ep)}
+			}
+			return nil // the same registration again
+		}
+		nw = old
+		nw.DPRanks = slices.Clone(old.DPRanks)
+		nw.EventEndpoints = maps.Clone(old.EventEndpoints)
+		nw.ReplayEndpoints = maps.Clone(old.ReplayEndpoints)
+	}
+	nw.DPRanks = append(nw.DPRanks, dp)
+	slices.Sort(nw.DPRanks)
+	if nw.EventEndpoints == nil {
+		nw.EventEndpoints = map[uint32]string{}
+	}
+	nw.EventEndpoints[dp] = req.Endpoint
+	if req.ReplayEndpoint != "" {
+		if nw.ReplayEndpoints == nil {
+			nw.ReplayEndpoints = map[uint32]string{}
+		}
+		nw.ReplayEndpoints[dp] = req.ReplayEndpoint
+	}
+	if err := x.b.RegisterWorker(ctx, nw); err != nil {
+		return fmt.Errorf("register instance %d: %w", req.InstanceID, err)
+	}
+	return nil
+}
+
+func (x *Indexer) unregister(w http.ResponseWriter, r *http.Request) error {
+	c := codecOf(r)
+	var req UnregisterRequest
+	if err := decode(r, c, &req); err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	return answer(w, c, http.StatusOK, StatusBody{Status: "ok"}, x.doUnregister(r.Context(), &req))
+}
+
+func (x *Indexer) doUnregister(ctx context.Context, req *UnregisterRequest) error {
+	if req.ModelName == "" {
+		return badRequest("model_name is required")
+	}
+	x.regMu.Lock()
+	defer x.regMu.Unlock()
+	var matched []raftfsm.WorkerInfo
+	for _, wi := range x.b.WorkerTable() {
+		if wi.Instance == req.InstanceID && wi.Model == req.ModelName && wi.Tenant != "" &&
+			(req.TenantID == "" || wi.Tenant == req.TenantID) {
+			matched = append(matched, wi)
+		}
+	}
+	slices.SortFunc(matched, func(a, b raftfsm.WorkerInfo) int { return cmp.Compare(a.ID, b.ID) })
+	found := false
+	for _, wi := range matched {
+		if req.DPRank == nil {
+			found = true
+			if err := x.b.DeregisterWorker(ctx, wi.ID); err != nil {
+				return fmt.Errorf("unregister instance %d: %w", req.InstanceID, err)
+			}
+			continue
+		}
+		dp := *req.DPRank
+		if _, ok := wi.EventEndpoints[dp]; !ok {
+			continue
+		}
+		found = true
+		if len(wi.DPRanks) <= 1 {
+			if err := x.b.DeregisterWorker(ctx, wi.ID); err != nil {
+				return fmt.Errorf("unregister instance %d: %w", req.InstanceID, err)
+			}
+			continue
+		}
+		nw := wi
+		nw.DPRanks = slices.DeleteFunc(slices.Clone(wi.DPRanks), func(r uint32) bool { return r == dp })
+		nw.EventEndpoints = maps.Clone(wi.EventEndpoints)
+		delete(nw.EventEndpoints, dp)
+		nw.ReplayEndpoints = maps.Clone(wi.ReplayEndpoints)
+		delete(nw.ReplayEndpoints, dp)
+		if err := x.b.RegisterWorker(ctx, nw); err != nil {
+			return fmt.Errorf("unregister instance %d dp rank %d: %w", req.InstanceID, dp, err)
+		}
+		// The rank's state goes with it; a later registration starts clean.
+		if err := x.b.ReplaceRank(ctx, kvevent.Rank{Worker: wi.ID, DP: dp}, 0, nil); err != nil {
+			return fmt.Errorf("unregister instance %d dp rank %d: clear its index: %w", req.InstanceID, dp, err)
+		}
+	}
+	if !found {
+		what := fmt.Sprintf("instance %d of model %s", req.InstanceID, req.ModelName)
+		if req.TenantID != "" {
+			what += " tenant " + req.TenantID
+		}
+		if req.DPRank != nil {
+			what += fmt.Sprintf(" dp rank %d", *req.DPRank)
+		}
+		return &httpError{code: http.StatusNotFound, err: fmt.Errorf("%s is not registered", what)}
+	}
+	return nil
+}
+
+func (x *Indexer) workers(w http.ResponseWriter, r *http.Request) error {
+	byInst := map[uint64]map[string]string{}
+	for _, wi := range x.b.WorkerTable() {
+		if wi.Tenant == "" {
+			continue // a /v1 worker has no event endpoints
+		}
+		eps := byInst[wi.Instance]
+		if eps == nil {
+			eps = map[string]string{}
+			byInst[wi.Instance] = eps
+		}
+		for dp, ep := range wi.EventEndpoints {
+			eps[strconv.FormatUint(uint64(dp), 10)] = ep
+		}
+	}
+	out := make([]Instance, 0, len(byInst))
+	for _, id := range slices.Sorted(maps.Keys(byInst)) {
+		out = append(out, Instance{InstanceID: id, Endpoints: byInst[id]})
+	}
+	return answer(w, codecOf(r), http.StatusOK, out, nil)
+}
+
+func (x *Indexer) query(w http.ResponseWriter, r *http.Request) error {
+	c := codecOf(r)
+	var req QueryRequest
+	if err := decode(r, c, &req); err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	if req.ModelName == "" {
+		return answer(w, c, 0, nil, badRequest("model_name is required"))
+	}
+	ns := namespaceOf(x.b.WorkerTable(), req.ModelName, tenantOf(req.TenantID, ""))
+	sc := x.pool.Get().(*queryScratch)
+	defer x.pool.Put(sc)
+	bs := ns.blockSize
+	if bs <= 0 {
+		bs = raftfsm.DefaultBlockSize
+	}
+	sc.local = kvevent.LocalHashes(sc.local[:0], req.TokenIDs, bs, kvevent.SeedFor(req.LoRAName, req.CacheSalt))
+	return answer(w, c, http.StatusOK, x.lookup(&ns, sc), nil)
+}
+
+func (x *Indexer) queryByHash(w http.ResponseWriter, r *http.Request) error {
+	c := codecOf(r)
+	var req QueryByHashRequest
+	if err := decode(r, c, &req); err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	if req.ModelName == "" {
+		return answer(w, c, 0, nil, badRequest("model_name is required"))
+	}
+	ns := namespaceOf(x.b.WorkerTable(), req.ModelName, tenantOf(req.TenantID, ""))
+	sc := x.pool.Get().(*queryScratch)
+	defer x.pool.Put(sc)
+	sc.local = sc.local[:0]
+	for _, h := range req.BlockHashes {
+		sc.local = append(sc.local, uint64(h))
+	}
+	return answer(w, c, http.StatusOK, x.lookup(&ns, sc), nil)
+}
+
+// lookup scores sc.local against the namespace's ranks. The index walk
+// sees every rank; ranks of other namespaces are dropped here.
+func (x *Indexer) lookup(ns *namespace, sc *queryScratch) QueryResponse {
+	out := QueryResponse{Scores: map[string]map[string]int{}, Frequencies: []int{}, Instances: map[string]InstanceOverlap{}}
+	if len(ns.workers) == 0 || len(sc.local) == 0 {
+		return out
+	}
+	bs := ns.blockSize
+	x.b.FindMatches(sc.local, indexer.ViewTiered, &sc.matches)
+	for _, m := range sc.matches.Ranks {
+		wi, ok := ns.has(m.Rank)
+		if !ok {
+			continue
+		}
+		total := int(m.Total())
+		if total == 0 {
+			continue
+		}
+		for len(out.Frequencies) < total {
+			out.Frequencies = append(out.Frequencies, 0)
+		}
+		for d := 0; d < total; d++ {
+			out.Frequencies[d]++
+		}
+		inst := strconv.FormatUint(wi.Instance, 10)
+		dp := strconv.FormatUint(uint64(m.Rank.DP), 10)
+		s := out.Scores[inst]
+		if s == nil {
+			s = map[string]int{}
+			out.Scores[inst] = s
+		}
+		s[dp] = total * bs
+		o, ok := out.Instances[inst]
+		if !ok {
+			o.DP = map[string]int{}
+		}
+		o.DP[dp] = total * bs
+		gpu := int(m.Blocks[kvevent.TierDevice])
+		cpu := gpu + int(m.Blocks[kvevent.TierHostPinned])
+		disk := cpu + int(m.Blocks[kvevent.TierDisk])
+		o.GPU = max(o.GPU, gpu*bs)
+		o.CPU = max(o.CPU, cpu*bs)
+		o.Disk = max(o.Disk, disk*bs)
+		o.LongestMatched = max(o.LongestMatched, total*bs)
+		out.Instances[inst] = o
+	}
+	return out
+}
+
+// resolve finds the worker an events request is for: (instance, model,
+// tenant) when the model is named, else the instance's only registration.
+func (x *Indexer) resolve(instance uint64, model, tenant string) (*raftfsm.WorkerInfo, error) {
+	table := x.b.WorkerTable()
+	if model != "" {
+		wi, ok := table[WorkerID(instance, model, tenantOf(tenant, ""))]
+		if !ok {
+			return nil, &httpError{code: http.StatusNotFound, err: fmt.Errorf(
+				"instance %d is not registered for model %s tenant %s", instance, model, tenantOf(tenant, ""))}
+		}
+		return &wi, nil
+	}
+	var found []raftfsm.WorkerInfo
+	for _, wi := range table {
+		if wi.Tenant != "" && wi.Instance == instance && (tenant == "" || wi.Tenant == tenant) {
+			found = append(found, wi)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return nil, &httpError{code: http.StatusNotFound, err: fmt.Errorf("instance %d is not registered", instance)}
+	case 1:
+		return &found[0], nil
+	}
+	return nil, badRequest("instance %d is registered for %d (model, tenant) pairs: name model_name and tenant_id", instance, len(found))
+}
+
+func (x *Indexer) events(w http.ResponseWriter, r *http.Request) error {
+	c := codecOf(r)
+	var req EventsRequest
+	if err := decode(r, c, &req); err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	resp, err := x.doEvents(r.Context(), &req)
+	return answer(w, c, http.StatusOK, resp, err)
+}
+
+func (x *Indexer) doEvents(ctx context.Context, req *EventsRequest) (EventsResponse, error) {
+	wi, err := x.resolve(req.InstanceID, req.ModelName, req.TenantID)
+	if err != nil {
+		return EventsResponse{}, err
+	}
+	if req.BlockSize != 0 && req.BlockSize != wi.BlockSize {
+		return EventsResponse{}, badRequest("block_size %d: instance %d is registered with %d", req.BlockSize, req.InstanceID, wi.BlockSize)
+	}
+	ns := namespace{workers: map[uint64]*raftfsm.WorkerInfo{wi.ID: wi}}
+	var batches []raftfsm.RankBatch
+	at := map[uint32]int{} // dp rank → its batch
+	for i := range req.Events {
+		e := &req.Events[i]
+		rank := kvevent.Rank{Worker: wi.ID, DP: e.DPRank}
+		if _, ok := ns.has(rank); !ok {
+			return EventsResponse{}, badRequest("event %d: dp rank %d of instance %d is not registered", i, e.DPRank, req.InstanceID)
+		}
+		ev, err := e.toEvent(rank)
+		if err != nil {
+			return EventsResponse{}, badRequest("event %d: %v", i, err)
+		}
+		j, ok := at[e.DPRank]
+		if !ok {
+			j = len(batches)
+			at[e.DPRank] = j
+			batches = append(batches, raftfsm.RankBatch{Rank: rank})
+		}
+		batches[j].Events = append(batches[j].Events, ev)
+	}
+	resp := EventsResponse{Status: "ok", Acks: []EventAck{}}
+	if len(batches) == 0 {
+		return resp, nil
+	}
+	acks, err := x.b.IngestEvents(ctx, batches)
+	if err != nil {
+		return resp, fmt.Errorf("events of instance %d: %w", req.InstanceID, err)
+	}
+	for _, a := range acks {
+		resp.Acks = append(resp.Acks, EventAck{DPRank: a.Rank.DP, Cursor: a.Cursor, Applied: a.Applied,
+			Duplicates: a.Dups, Gap: a.Gap})
+	}
+	return resp, nil
+}
+
+// toEvent converts a wire event of rank r; the result owns its slices.
+func (e *Event) toEvent(r kvevent.Rank) (kvevent.Event, error) {
+	ev := kvevent.Event{Rank: r, EventID: e.EventID}
+	if e.EventID == 0 {
+		return ev, errors.New("event_id 0: ids start at 1")
+	}
+	tier := kvevent.TierDevice
+	if e.Medium != "" {
+		t, err := kvevent.ParseMedium(e.Medium)
+		if err != nil {
+			return ev, err
+		}
+		tier = t
+	}
+	ev.Tier = tier
+	switch strings.ToLower(e.Type) {
+	case typeStored:
+		ev.Kind = kvevent.KindStored
+		if e.ParentHash != nil {
+			ev.HasParent, ev.Parent = true, uint64(*e.ParentHash)
+		}
+		ev.Blocks = make([]kvevent.Block, len(e.Blocks))
+		for i, b := range e.Blocks {
+			ev.Blocks[i] = kvevent.Block{EngineHash: uint64(b.BlockHash), LocalHash: uint64(b.TokensHash)}
+		}
+	case typeRemoved:
+		ev.Kind = kvevent.KindRemoved
+		ev.Removed = make([]uint64, len(e.BlockHashes))
+		for i, h := range e.BlockHashes {
+			ev.Removed[i] = uint64(h)
+		}
+	case typeCleared:
+		ev.Kind = kvevent.KindCleared
+	default:
+		return ev, fmt.Errorf("type %q: want stored, removed or cleared", e.Type)
+	}
+	if err := ev.Validate(); err != nil {
+		return ev, err
+	}
+	return ev, nil
+}
+
+// mediumOf is each tier's medium on the wire.
+var mediumOf = [kvevent.NumTiers]string{"GPU", "CPU", "DISK", "EXTERNAL"}
+
+// eventOf is the wire form of a stored event of the dump.
+func eventOf(instance uint64, ev *kvevent.Event) Event {
+	inst := instance
+	out := Event{InstanceID: &inst, DPRank: ev.Rank.DP, EventID: ev.EventID, Type: typeStored,
+		Medium: mediumOf[ev.Tier], Blocks: make([]Block, len(ev.Blocks))}
+	if ev.HasParent {
+		p := Hash(ev.Parent)
+		out.ParentHash = &p
+	}
+	for i, b := range ev.Blocks {
+		out.Blocks[i] = Block{BlockHash: Hash(b.EngineHash), TokensHash: Hash(b.LocalHash)}
+	}
+	return out
+}
+
+func (x *Indexer) dump(w http.ResponseWriter, r *http.Request) error {
+	out := map[string]*DumpNamespace{}
+	table := x.b.WorkerTable()
+	for _, id := range slices.Sorted(maps.Keys(table)) {
+		wi := table[id]
+		if wi.Tenant == "" {
+			wi.Tenant, wi.Instance = DefaultTenant, id
+		}
+		key := wi.Model + ":" + wi.Tenant
+		ns := out[key]
+		if ns == nil {
+			ns = &DumpNamespace{BlockSize: wi.BlockSize, Events: []Event{}}
+			out[key] = ns
+		}
+		ranks := wi.DPRanks
+		if len(ranks) == 0 {
+			ranks = []uint32{0}
+		}
+		for _, dp := range ranks {
+			d, err := x.b.DumpRank(kvevent.Rank{Worker: id, DP: dp})
+			if errors.Is(err, indexer.ErrUnknownRank) {
+				continue
+			}
+			if err != nil {
+				return answer(w, codecOf(r), 0, nil, fmt.Errorf("dump instance %d dp rank %d: %w", wi.Instance, dp, err))
+			}
+			evs := d.StoredEvents()
+			for i := range evs {
+				ns.Events = append(ns.Events, eventOf(wi.Instance, &evs[i]))
+			}
+		}
+	}
+	return answer(w, codecOf(r), http.StatusOK, out, nil)
+}
+
+func (x *Indexer) health(w http.ResponseWriter, r *http.Request) error {
+	st := x.b.Status()
+	if !st.Ready {
+		return answer(w, codecOf(r), http.StatusServiceUnavailable,
+			map[string]string{"status": "not ready", "state": st.State}, nil)
+	}
+	return answer(w, codecOf(r), http.StatusOK, map[string]string{"status": "ok", "state": st.State}, nil)
+}

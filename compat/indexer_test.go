@@ -1,0 +1,172 @@
+package compat
+
+import (
+	"encoding/json"
+	"net/http"
+	"reflect"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+const testBlockSize = 4
+
+// prompt is 12 tokens: three blocks of testBlockSize.
+var prompt = []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+
+// promptHashes are the content hashes of prompt's blocks.
+func promptHashes() []Hash {
+	hs := kvevent.LocalHashes(nil, prompt, testBlockSize, kvevent.SeedFor("", ""))
+	out := make([]Hash, len(hs))
+	for i, h := range hs {
+		out[i] = Hash(h)
+	}
+	return out
+}
+
+func u32(v uint32) *uint32 { return &v }
+func hp(v Hash) *Hash      { return &v }
+
+// stored builds a stored event of the prompt's blocks [from, to) with
+// engine hashes 1000+i, chained to the previous block.
+func stored(id uint64, dp uint32, medium string, from, to int) Event {
+	hs := promptHashes()
+	e := Event{DPRank: dp, EventID: id, Type: "stored", Medium: medium}
+	if from > 0 {
+		e.ParentHash = hp(Hash(1000 + from - 1))
+	}
+	for i := from; i < to; i++ {
+		e.Blocks = append(e.Blocks, Block{BlockHash: Hash(1000 + i), TokensHash: hs[i]})
+	}
+	return e
+}
+
+// step is one request of the golden script.
+type step struct {
+	name   string
+	method string
+	path   string
+	body   any
+	code   int
+}
+
+func indexerScript() []step {
+	reg := func(inst uint64, tenant string, dp uint32, ep string) RegisterRequest {
+		return RegisterRequest{InstanceID: inst, Endpoint: ep, ModelName: "llama", TenantID: tenant,
+			BlockSize: testBlockSize, DPRank: u32(dp)}
+	}
+	hs := promptHashes()
+	return []step{
+		{"health", "GET", "/health", nil, 200},
+		{"register", "POST", "/register", reg(1, "", 0, "tcp://10.0.0.1:5557"), 201},
+		{"register_dp1", "POST", "/register", reg(1, "", 1, "tcp://10.0.0.1:5558"), 201},
+		{"register_again", "POST", "/register", reg(1, "", 0, "tcp://10.0.0.1:5557"), 201},
+		{"register_conflict", "POST", "/register", reg(1, "", 0, "tcp://10.0.0.9:5557"), 409},
+		{"register_bad_endpoint", "POST", "/register", reg(3, "", 0, "10.0.0.3:5557"), 400},
+		{"register_no_model", "POST", "/register", RegisterRequest{InstanceID: 3, Endpoint: "tcp://h:1", BlockSize: 4}, 400},
+		{"register_tenant", "POST", "/register", RegisterRequest{InstanceID: 2, Endpoint: "tcp://10.0.0.2:5557",
+			ModelName: "llama", RoutingGroup: "blue", BlockSize: testBlockSize, ReplayEndpoint: "tcp://10.0.0.2:5560"}, 201},
+		{"workers", "GET", "/workers", nil, 200},
+		{"events", "POST", "/events", EventsRequest{InstanceID: 1, ModelName: "llama", Events: []Event{
+			stored(1, 0, "", 0, 3), stored(1, 1, "CPU", 0, 2), stored(2, 1, "DISK", 2, 3)}}, 200},
+		{"events_again", "POST", "/events", EventsRequest{InstanceID: 1, Events: []Event{stored(1, 0, "", 0, 3)}}, 200},
+		{"events_gap", "POST", "/events", EventsRequest{InstanceID: 1, Events: []Event{
+			{DPRank: 0, EventID: 9, Type: "cleared"}}}, 200},
+		{"events_tenant", "POST", "/events", EventsRequest{InstanceID: 2, TenantID: "blue", BlockSize: testBlockSize,
+			Events: []Event{stored(1, 0, "GPU", 0, 2)}}, 200},
+		{"events_bad_type", "POST", "/events", EventsRequest{InstanceID: 1, ModelName: "llama", Events: []Event{
+			{EventID: 3, Type: "evicted"}}}, 400},
+		{"events_bad_rank", "POST", "/events", EventsRequest{InstanceID: 1, ModelName: "llama", Events: []Event{
+			{DPRank: 7, EventID: 1, Type: "cleared"}}}, 400},
+		{"events_bad_block_size", "POST", "/events", EventsRequest{InstanceID: 1, ModelName: "llama", BlockSize: 16}, 400},
+		{"events_unknown_instance", "POST", "/events", EventsRequest{InstanceID: 99}, 404},
+		{"query", "POST", "/query", QueryRequest{TokenIDs: prompt, ModelName: "llama"}, 200},
+		{"query_tenant", "POST", "/query", QueryRequest{TokenIDs: prompt, ModelName: "llama", TenantID: "blue"}, 200},
+		{"query_by_hash", "POST", "/query_by_hash", QueryByHashRequest{BlockHashes: hs, ModelName: "llama"}, 200},
+		{"query_unknown_model", "POST", "/query", QueryRequest{TokenIDs: prompt, ModelName: "mistral"}, 200},
+		{"query_no_model", "POST", "/query", QueryRequest{TokenIDs: prompt}, 400},
+		{"query_bad_body", "POST", "/query", []byte("{\"token_ids\": [1,"), 400},
+		{"dump", "GET", "/dump", nil, 200},
+		{"events_removed", "POST", "/events", EventsRequest{InstanceID: 1, ModelName: "llama", Events: []Event{
+			{DPRank: 0, EventID: 2, Type: "removed", BlockHashes: []Hash{1002}}}}, 200},
+		{"query_after_remove", "POST", "/query_by_hash", QueryByHashRequest{BlockHashes: hs, ModelName: "llama"}, 200},
+		{"unregister_dp1", "POST", "/unregister", UnregisterRequest{InstanceID: 1, ModelName: "llama", DPRank: u32(1)}, 200},
+		{"query_after_unregister", "POST", "/query_by_hash", QueryByHashRequest{BlockHashes: hs, ModelName: "llama"}, 200},
+		{"unregister_all_tenants", "POST", "/unregister", UnregisterRequest{InstanceID: 2, ModelName: "llama"}, 200},
+		{"unregister_unknown", "POST", "/unregister", UnregisterRequest{InstanceID: 2, ModelName: "llama"}, 404},
+		{"workers_after", "GET", "/workers", nil, 200},
+	}
+}
+
+// TestIndexerGolden runs the script against a fresh node in each encoding,
+// checks every status, pins every answer in testdata/golden, and checks
+// that the two encodings answer the same values.
+func TestIndexerGolden(t *testing.T) {
+	script := indexerScript()
+	answers := map[codec][]reply{}
+	for _, c := range []codec{codecJSON, codecMsgpack} {
+		n := startNode(t)
+		for _, s := range script {
+			body := s.body
+			if b, ok := body.([]byte); ok && c == codecMsgpack {
+				body = append([]byte{0x81, 0xa9}, b[:3]...) // a truncated map
+			}
+			r := n.do(t, c, s.method, s.path, body)
+			if r.code != s.code {
+				t.Fatalf("%s (%v): status %d, want %d: %s", s.name, c, r.code, s.code, r.body)
+			}
+			golden(t, "indexer_"+s.name, c, r)
+			answers[c] = append(answers[c], r)
+		}
+	}
+	for i, s := range script {
+		if s.code >= 400 {
+			continue // error texts may name the encoding
+		}
+		j, m := answers[codecJSON][i].asJSON(t), answers[codecMsgpack][i].asJSON(t)
+		if !reflect.DeepEqual(j, m) {
+			t.Errorf("%s: JSON and MessagePack answers differ:\n%v\n%v", s.name, j, m)
+		}
+	}
+}
+
+// TestIndexerQueryFigures checks the figures of a query answer against
+// what the script stored, in tokens.
+func TestIndexerQueryFigures(t *testing.T) {
+	n := startNode(t)
+	script := indexerScript()
+	var got QueryResponse
+	for _, s := range script {
+		r := n.do(t, codecJSON, s.method, s.path, s.body)
+		if r.code != s.code {
+			t.Fatalf("%s: status %d, want %d: %s", s.name, r.code, s.code, r.body)
+		}
+		if s.name == "query" {
+			if err := json.Unmarshal(r.body, &got); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	// Instance 1: dp 0 holds all 3 blocks on GPU; dp 1 holds 2 on CPU and
+	// the third on disk. Instance 2 is another tenant: not scored.
+	want := QueryResponse{
+		Scores:      map[string]map[string]int{"1": {"0": 12, "1": 12}},
+		Frequencies: []int{2, 2, 2},
+		Instances: map[string]InstanceOverlap{"1": {LongestMatched: 12, GPU: 12, CPU: 12, Disk: 12,
+			DP: map[string]int{"0": 12, "1": 12}}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("query answer\n got %+v\nwant %+v", got, want)
+	}
+	// The tenant's own query sees instance 2 only.
+	r := n.do(t, codecJSON, "POST", "/query", QueryRequest{TokenIDs: prompt, ModelName: "llama", TenantID: "blue"})
+	var blue QueryResponse
+	if err := json.Unmarshal(r.body, &blue); err != nil || r.code != http.StatusOK {
+		t.Fatalf("%d %s: %v", r.code, r.body, err)
+	}
+	wantBlue := map[string]InstanceOverlap{"2": {LongestMatched: 8, GPU: 8, CPU: 8, Disk: 8, DP: map[string]int{"0": 8}}}
+	if !reflect.DeepEqual(blue.Instances, wantBlue) {
+		t.Fatalf("tenant blue: %+v, want %+v", blue.Instances, wantBlue)
+	}
+}

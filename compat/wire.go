@@ -1,0 +1,158 @@
+package compat
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Hash is a 64-bit block hash. The compatible APIs carry hashes as signed
+// 64-bit integers; Hash writes them so and reads either form, signed or
+// unsigned, in JSON and MessagePack.
+type Hash uint64
+
+// MarshalJSON writes h as a signed 64-bit integer.
+func (h Hash) MarshalJSON() ([]byte, error) {
+	return strconv.AppendInt(nil, int64(h), 10), nil
+}
+
+// UnmarshalJSON reads a signed or unsigned 64-bit integer.
+func (h *Hash) UnmarshalJSON(b []byte) error {
+	s := string(b)
+	if v, err := strconv.ParseInt(s, 10, 64); err == nil {
+		*h = Hash(v)
+		return nil
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return fmt.Errorf("block hash %s: not a 64-bit integer", s)
+	}
+	*h = Hash(v)
+	return nil
+}
+
+// EncodeMsgpack writes h as a signed 64-bit integer.
+func (h Hash) EncodeMsgpack(e *msgpack.Encoder) error { return e.EncodeInt(int64(h)) }
+
+// DecodeMsgpack reads a signed or unsigned integer.
+func (h *Hash) DecodeMsgpack(d *msgpack.Decoder) error {
+	v, err := d.DecodeInterfaceLoose()
+	if err != nil {
+		return err
+	}
+	switch v := v.(type) {
+	case int64:
+		*h = Hash(v)
+	case uint64:
+		*h = Hash(v)
+	default:
+		return fmt.Errorf("block hash: %T is not an integer", v)
+	}
+	return nil
+}
+
+// TokenID is a prompt token id: an unsigned 32-bit integer.
+type TokenID = uint32
+
+// The two body encodings.
+const (
+	contentJSON    = "application/json"
+	contentMsgpack = "application/msgpack"
+)
+
+// codec is the encoding of one request and of its answer.
+type codec uint8
+
+const (
+	codecJSON codec = iota
+	codecMsgpack
+)
+
+// codecOf returns the request's encoding: its Content-Type when it names
+// one, else its Accept header; JSON unless MessagePack is named.
+func codecOf(r *http.Request) codec {
+	h := r.Header.Get("Content-Type")
+	if h == "" {
+		h = r.Header.Get("Accept")
+	}
+	if mt, _, err := mime.ParseMediaType(h); err == nil {
+		switch mt {
+		case contentMsgpack, "application/x-msgpack", "application/vnd.msgpack":
+			return codecMsgpack
+		}
+	}
+	return codecJSON
+}
+
+// errBody is a request body that does not decode.
+var errBody = errors.New("bad request body")
+
+// decode reads the request body into v in the request's encoding. Unknown
+// fields are ignored (peers add fields); an empty body is an error.
+func decode(r *http.Request, c codec, v any) error {
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return fmt.Errorf("%w: larger than %d bytes", errBody, mbe.Limit)
+		}
+		return fmt.Errorf("%w: %v", errBody, err)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return fmt.Errorf("%w: empty", errBody)
+	}
+	if c == codecMsgpack {
+		d := msgpack.NewDecoder(bytes.NewReader(b))
+		d.SetCustomStructTag("json")
+		if err := d.Decode(v); err != nil {
+			return fmt.Errorf("%w: msgpack: %v", errBody, err)
+		}
+		return nil
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%w: json: %v", errBody, err)
+	}
+	return nil
+}
+
+// write answers v with status code in encoding c. Map keys are sorted in
+// both encodings, so equal answers are equal bytes.
+func write(w http.ResponseWriter, c codec, code int, v any) error {
+	var buf bytes.Buffer
+	if c == codecMsgpack {
+		e := msgpack.NewEncoder(&buf)
+		e.SetCustomStructTag("json")
+		e.SetSortMapKeys(true)
+		e.UseCompactInts(true)
+		if err := e.Encode(v); err != nil {
+			return fmt.Errorf("encode answer: %w", err)
+		}
+		w.Header().Set("Content-Type", contentMsgpack)
+	} else {
+		e := json.NewEncoder(&buf)
+		if err := e.Encode(v); err != nil {
+			return fmt.Errorf("encode answer: %w", err)
+		}
+		w.Header().Set("Content-Type", contentJSON)
+	}
+	w.WriteHeader(code)
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+// ErrorBody is every error answer: {"error": "..."}.
+type ErrorBody struct {
+	Error string `json:"error"`
+}
+
+// StatusBody is a plain success answer: {"status": "ok"}.
+type StatusBody struct {
+	Status string `json:"status"`
+}
