@@ -60,6 +60,7 @@ func startNode(t testing.TB) *testNode {
 	}
 	srv := api.NewServer(node, api.Options{Logger: quiet})
 	NewIndexer(node, quiet).Routes(srv, "")
+	NewSelection(node, quiet).Routes(srv, SelectionPrefix)
 	handler = srv
 	hs.Start()
 	t.Cleanup(func() {

@@ -45,8 +45,8 @@ type UnregisterRequest struct {
 // Instance is one entry of GET /workers: an instance and its event
 // endpoint per dp rank, over every (model, tenant) it is registered for.
 type Instance struct {
-	InstanceID uint64            `json:"instance_id"`
-	Endpoints  map[string]string `json:"endpoints"`
+	InstanceID uint64      `json:"instance_id"`
+	Endpoints  Map[string] `json:"endpoints"`
 }
 
 // QueryRequest is the body of POST /query: a prompt's token ids, hashed
@@ -71,23 +71,23 @@ type QueryByHashRequest struct {
 // block size).
 type QueryResponse struct {
 	// Scores is each instance's matched prefix per dp rank, over all tiers.
-	Scores map[string]map[string]int `json:"scores"`
+	Scores Map[Map[int]] `json:"scores"`
 	// Frequencies[d] is how many ranks of the namespace hold the prompt's
 	// block d at the end of a matched prefix or beyond it.
 	Frequencies []int `json:"frequencies"`
 	// Instances is each instance's overlap by tier.
-	Instances map[string]InstanceOverlap `json:"instances"`
+	Instances Map[InstanceOverlap] `json:"instances"`
 }
 
 // InstanceOverlap is an instance's matched prefix by tier, the best over
 // its dp ranks. The walk goes device, then host, then disk: CPU and Disk
 // are cumulative (GPU ≤ CPU ≤ Disk ≤ LongestMatched).
 type InstanceOverlap struct {
-	LongestMatched int            `json:"longest_matched"`
-	GPU            int            `json:"gpu"`
-	DP             map[string]int `json:"dp"`
-	CPU            int            `json:"cpu"`
-	Disk           int            `json:"disk"`
+	LongestMatched int      `json:"longest_matched"`
+	GPU            int      `json:"gpu"`
+	DP             Map[int] `json:"dp"`
+	CPU            int      `json:"cpu"`
+	Disk           int      `json:"disk"`
 }
 
 // EventsRequest is the body of POST /events: router events of one
@@ -402,14 +402,14 @@ func (x *Indexer) doUnregister(ctx context.Context, req *UnregisterRequest) erro
 }
 
 func (x *Indexer) workers(w http.ResponseWriter, r *http.Request) error {
-	byInst := map[uint64]map[string]string{}
+	byInst := map[uint64]Map[string]{}
 	for _, wi := range x.b.WorkerTable() {
 		if wi.Tenant == "" {
 			continue // a /v1 worker has no event endpoints
 		}
 		eps := byInst[wi.Instance]
 		if eps == nil {
-			eps = map[string]string{}
+			eps = Map[string]{}
 			byInst[wi.Instance] = eps
 		}
 		for dp, ep := range wi.EventEndpoints {
@@ -465,7 +465,7 @@ func (x *Indexer) queryByHash(w http.ResponseWriter, r *http.Request) error {
 // lookup scores sc.local against the namespace's ranks. The index walk
 // sees every rank; ranks of other namespaces are dropped here.
 func (x *Indexer) lookup(ns *namespace, sc *queryScratch) QueryResponse {
-	out := QueryResponse{Scores: map[string]map[string]int{}, Frequencies: []int{}, Instances: map[string]InstanceOverlap{}}
+	out := QueryResponse{Scores: Map[Map[int]]{}, Frequencies: []int{}, Instances: Map[InstanceOverlap]{}}
 	if len(ns.workers) == 0 || len(sc.local) == 0 {
 		return out
 	}
@@ -490,13 +490,13 @@ func (x *Indexer) lookup(ns *namespace, sc *queryScratch) QueryResponse {
 		dp := strconv.FormatUint(uint64(m.Rank.DP), 10)
 		s := out.Scores[inst]
 		if s == nil {
-			s = map[string]int{}
+			s = Map[int]{}
 			out.Scores[inst] = s
 		}
 		s[dp] = total * bs
 		o, ok := out.Instances[inst]
 		if !ok {
-			o.DP = map[string]int{}
+			o.DP = Map[int]{}
 		}
 		o.DP[dp] = total * bs
 		gpu := int(m.Blocks[kvevent.TierDevice])
@@ -653,7 +653,7 @@ func eventOf(instance uint64, ev *kvevent.Event) Event {
 }
 
 func (x *Indexer) dump(w http.ResponseWriter, r *http.Request) error {
-	out := map[string]*DumpNamespace{}
+	out := Map[*DumpNamespace]{}
 	table := x.b.WorkerTable()
 	for _, id := range slices.Sorted(maps.Keys(table)) {
 		wi := table[id]
@@ -691,7 +691,7 @@ func (x *Indexer) health(w http.ResponseWriter, r *http.Request) error {
 	st := x.b.Status()
 	if !st.Ready {
 		return answer(w, codecOf(r), http.StatusServiceUnavailable,
-			map[string]string{"status": "not ready", "state": st.State}, nil)
+			Map[string]{"status": "not ready", "state": st.State}, nil)
 	}
-	return answer(w, codecOf(r), http.StatusOK, map[string]string{"status": "ok", "state": st.State}, nil)
+	return answer(w, codecOf(r), http.StatusOK, Map[string]{"status": "ok", "state": st.State}, nil)
 }

@@ -151,10 +151,10 @@ func TestIndexerQueryFigures(t *testing.T) {
 	// Instance 1: dp 0 holds all 3 blocks on GPU; dp 1 holds 2 on CPU and
 	// the third on disk. Instance 2 is another tenant: not scored.
 	want := QueryResponse{
-		Scores:      map[string]map[string]int{"1": {"0": 12, "1": 12}},
+		Scores:      Map[Map[int]]{"1": {"0": 12, "1": 12}},
 		Frequencies: []int{2, 2, 2},
-		Instances: map[string]InstanceOverlap{"1": {LongestMatched: 12, GPU: 12, CPU: 12, Disk: 12,
-			DP: map[string]int{"0": 12, "1": 12}}},
+		Instances: Map[InstanceOverlap]{"1": {LongestMatched: 12, GPU: 12, CPU: 12, Disk: 12,
+			DP: Map[int]{"0": 12, "1": 12}}},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("query answer\n got %+v\nwant %+v", got, want)
@@ -165,7 +165,7 @@ func TestIndexerQueryFigures(t *testing.T) {
 	if err := json.Unmarshal(r.body, &blue); err != nil || r.code != http.StatusOK {
 		t.Fatalf("%d %s: %v", r.code, r.body, err)
 	}
-	wantBlue := map[string]InstanceOverlap{"2": {LongestMatched: 8, GPU: 8, CPU: 8, Disk: 8, DP: map[string]int{"0": 8}}}
+	wantBlue := Map[InstanceOverlap]{"2": {LongestMatched: 8, GPU: 8, CPU: 8, Disk: 8, DP: Map[int]{"0": 8}}}
 	if !reflect.DeepEqual(blue.Instances, wantBlue) {
 		t.Fatalf("tenant blue: %+v, want %+v", blue.Instances, wantBlue)
 	}

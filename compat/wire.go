@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -155,4 +157,29 @@ type ErrorBody struct {
 // StatusBody is a plain success answer: {"status": "ok"}.
 type StatusBody struct {
 	Status string `json:"status"`
+}
+
+// Map is a JSON object / MessagePack map with string keys, written with
+// its keys sorted in both encodings (encoding/json sorts on its own; the
+// MessagePack encoder sorts only some map types), so that equal answers
+// are equal bytes.
+type Map[V any] map[string]V
+
+// EncodeMsgpack writes m with its keys in order.
+func (m Map[V]) EncodeMsgpack(e *msgpack.Encoder) error {
+	if m == nil {
+		return e.EncodeNil()
+	}
+	if err := e.EncodeMapLen(len(m)); err != nil {
+		return err
+	}
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if err := e.EncodeString(k); err != nil {
+			return err
+		}
+		if err := e.Encode(m[k]); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -179,9 +179,12 @@ const (
 	DecidedByRendezvous                    // tied on all; the highest rendezvous hash
 	DecidedByInputOrder                    // the same rank given twice; the first
 	DecidedBySample                        // sampled from the softmax (temperature > 0)
+	// DecidedBySession: tied on cost, the rank a session used last (set by
+	// the caller of Select, which knows sessions; see Decision.Prefer).
+	DecidedBySession
 )
 
-var decidedByNames = [...]string{"cost", "overlap", "active_blocks", "rendezvous", "input_order", "sample"}
+var decidedByNames = [...]string{"cost", "overlap", "active_blocks", "rendezvous", "input_order", "sample", "session"}
 
 func (d DecidedBy) String() string {
 	if int(d) < len(decidedByNames) {
@@ -224,6 +227,26 @@ type Decision struct {
 	Params        Params // the effective parameters (cluster merged with overrides)
 	Request       Request
 	Candidates    []CandidateScore
+}
+
+// Prefer moves the choice to rank r when r is an eligible candidate whose
+// cost equals the chosen one's, so that a session stays where its cache
+// is when nothing separates the two on cost; the tie chain after cost
+// (overlap, active blocks, rendezvous) gives way to it. A sampled decision
+// (temperature > 0) is left as it is. It reports whether the choice moved.
+func (d *Decision) Prefer(r kvevent.Rank) bool {
+	c := d.Chosen()
+	if c == nil || d.DecidedBy == DecidedBySample || c.Rank == r {
+		return false
+	}
+	for i := range d.Candidates {
+		p := &d.Candidates[i]
+		if p.Rank == r && !p.Busy && p.Cost == c.Cost {
+			d.Rank, d.Index, d.DecidedBy = r, i, DecidedBySession
+			return true
+		}
+	}
+	return false
 }
 
 // Chosen returns the chosen candidate's score, or nil when none was chosen.

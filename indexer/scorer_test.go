@@ -645,3 +645,34 @@ func checkSoftmaxIsAValidDistributionOverEligibleRanks(t *testing.T) {
 		}
 	})
 }
+
+// TestPreferMovesOnlyACostTie: Prefer takes a rank tied on cost with the
+// chosen one, never a dearer or busy one, and leaves a sampled decision.
+func TestPreferMovesOnlyACostTie(t *testing.T) {
+	r := func(w uint64) kvevent.Rank { return kvevent.Rank{Worker: w} }
+	cands := []Candidate{{Rank: r(1)}, {Rank: r(2)}, {Rank: r(3), Load: Load{ActivePrefillTokens: 32}}}
+	var d Decision
+	if err := Select(DefaultParams(), Request{ISL: 64, BlockSize: 16, FirstBlockHash: 7}, cands, nil, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Rank == r(3) {
+		t.Fatalf("the loaded rank won: %+v", d)
+	}
+	other := r(1)
+	if d.Rank == other {
+		other = r(2)
+	}
+	if !d.Prefer(other) || d.Rank != other || d.DecidedBy != DecidedBySession || d.Chosen().Rank != other {
+		t.Fatalf("Prefer(%v) did not take the tie: %+v", other, d)
+	}
+	if d.Prefer(r(3)) || d.Rank != other {
+		t.Fatalf("Prefer took the dearer rank 3: %+v", d)
+	}
+	if d.Prefer(r(9)) {
+		t.Fatal("Prefer took a rank that is no candidate")
+	}
+	d.DecidedBy = DecidedBySample
+	if d.Prefer(r(1)) && other != r(1) {
+		t.Fatal("Prefer moved a sampled decision")
+	}
+}

@@ -253,6 +253,32 @@ func (s *Sequences) PrefillDone(id string) bool {
 	return true
 }
 
+// AddOutputBlock records that live request id produced an output block of
+// sequence hash h: the block counts as decode load on the request's rank
+// from now on, until the request is freed. It reports whether it changed
+// anything: false for an unknown or freed id, or an h the request already
+// holds (so a retry with the same h changes nothing).
+func (s *Sequences) AddOutputBlock(id string, h uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := &s.st
+	b, ok := st.byID[id]
+	if !ok || b.freed || slices.Contains(b.seq, h) {
+		return false
+	}
+	st.digest -= b.entryHash()
+	b.seq = append(slices.Clip(b.seq), h)
+	if st.incRef(h, b.slot) {
+		st.slots[b.slot].load.ActiveDecodeBlocks++
+	}
+	b.hash = st.bookingHash(b)
+	st.digest += b.entryHash()
+	if st.journal != nil {
+		st.journal.Booked(b.export())
+	}
+	return true
+}
+
 // Free ends request id (finished, failed or cancelled): its load goes, and
 // its id stays as a tombstone until Expire sweeps it. It reports whether it
 // freed anything: false for an unknown or already freed id.
@@ -372,6 +398,20 @@ func (s *Sequences) Loads(dst []RankLoad) []RankLoad {
 		dst = append(dst, RankLoad{Rank: s.st.slots[sl].rank, Load: s.st.slots[sl].load})
 	}
 	return dst
+}
+
+// Get returns live request id's booking (a copy); false when id is
+// unknown or freed.
+func (s *Sequences) Get(id string) (Booking, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	b, ok := s.st.byID[id]
+	if !ok || b.freed {
+		return Booking{}, false
+	}
+	out := b.export()
+	out.SeqHashes = slices.Clone(out.SeqHashes)
+	return out, true
 }
 
 // Count returns the number of live bookings and of tombstones.

@@ -604,6 +604,15 @@ func (m *seqModel) prefillDone(id string) bool {
 	return true
 }
 
+func (m *seqModel) outputBlock(id string, h uint64) bool {
+	q, ok := m.reqs[id]
+	if !ok || q.freed || slices.Contains(q.SeqHashes, h) {
+		return false
+	}
+	q.SeqHashes = append(q.SeqHashes, h)
+	return true
+}
+
 func (m *seqModel) free(id string) bool {
 	q, ok := m.reqs[id]
 	if !ok || q.freed {
@@ -833,6 +842,19 @@ func checkSequencesMatchNaiveModel(t *testing.T) {
 				id := rapid.SampledFrom(seqModelIDs).Draw(t, "id")
 				if got, want := s.PrefillDone(id), m.prefillDone(id); got != want {
 					t.Fatalf("PrefillDone(%q) = %v, model %v", id, got, want)
+				}
+			},
+			"outputBlock": func(t *rapid.T) {
+				id := rapid.SampledFrom(seqModelIDs).Draw(t, "id")
+				h := rapid.Uint64Range(0, 14).Draw(t, "hash")
+				if got, want := s.AddOutputBlock(id, h), m.outputBlock(id, h); got != want {
+					t.Fatalf("AddOutputBlock(%q, %d) = %v, model %v", id, h, got, want)
+				}
+				b, ok := s.Get(id)
+				q, live := m.reqs[id]
+				live = live && !q.freed
+				if ok != live || (ok && !slices.Equal(b.SeqHashes, q.SeqHashes)) {
+					t.Fatalf("Get(%q) = %+v %v, model %+v live %v", id, b, ok, q, live)
 				}
 			},
 			"free": func(t *rapid.T) {

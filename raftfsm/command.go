@@ -64,6 +64,7 @@ const (
 	bookAdd bookKind = iota + 1
 	bookPrefillDone
 	bookFree
+	bookOutput // an output block: its sequence hash is SeqHashes[0]
 )
 
 type bookOp struct {
@@ -279,6 +280,9 @@ func encodeBook(now int64, ops []bookOp) []byte {
 			e.uv(uint64(op.b.ISL))
 			e.uv(uint64(op.b.CachedTokens))
 		}
+		if op.kind == bookOutput {
+			e.u64(op.b.SeqHashes[0])
+		}
 	}
 	return e.b
 }
@@ -371,6 +375,8 @@ func decodeCommand(b []byte) (command, error) {
 				op.b.ISL = int(min(d.uv("isl"), 1<<40))
 				op.b.CachedTokens = int(min(d.uv("cached"), 1<<40))
 			case bookPrefillDone, bookFree:
+			case bookOutput:
+				op.b.SeqHashes = []uint64{d.u64("output block hash")}
 			default:
 				d.fail("booking kind")
 			}

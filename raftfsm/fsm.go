@@ -277,6 +277,8 @@ func (f *FSM) applyCommand(c *command) interface{} {
 				f.seqs.PrefillDone(op.b.ID)
 			case bookFree:
 				f.seqs.Free(op.b.ID)
+			case bookOutput:
+				f.seqs.AddOutputBlock(op.b.ID, op.b.SeqHashes[0])
 			}
 		}
 		return nil

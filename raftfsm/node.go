@@ -715,3 +715,46 @@ func (n *Node) FindMatches(local []uint64, view indexer.View, out *indexer.Match
 func (n *Node) DumpRank(r kvevent.Rank) (indexer.RankDump, error) {
 	return n.fsm.Index().DumpRank(r)
 }
+
+// Reserve books a request on a rank the caller chose, through Raft
+// (semantics.md §6). Idempotent by b.ID: a live or recently freed id books
+// nothing.
+func (n *Node) Reserve(ctx context.Context, b Booking) error {
+	switch {
+	case b.ID == "":
+		return fmt.Errorf("%w: empty request id", ErrInvalid)
+	case b.ISL <= 0:
+		return fmt.Errorf("%w: request %q: input length %d", ErrInvalid, b.ID, b.ISL)
+	case b.CachedTokens < 0 || b.CachedTokens > b.ISL:
+		return fmt.Errorf("%w: request %q: %d cached tokens of %d", ErrInvalid, b.ID, b.CachedTokens, b.ISL)
+	}
+	_, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookAdd, b: b}}))
+	return err
+}
+
+// OutputBlock records, through Raft, that booked request id produced an
+// output block of sequence hash h: it counts as decode load on the
+// request's rank until the request is freed. Idempotent by (id, h).
+func (n *Node) OutputBlock(ctx context.Context, id string, h uint64) error {
+	if id == "" {
+		return fmt.Errorf("%w: empty request id", ErrInvalid)
+	}
+	_, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookOutput, b: Booking{ID: id, SeqHashes: []uint64{h}}}}))
+	return err
+}
+
+// Booking returns live request id's booking from this node's load
+// tracker; false when it is unknown or freed.
+func (n *Node) Booking(id string) (indexer.Booking, bool) { return n.fsm.Sequences().Get(id) }
+
+// Loads returns every rank's load from this node's load tracker, in rank
+// order; ranks without a live booking are left out.
+func (n *Node) Loads() []indexer.RankLoad { return n.fsm.Sequences().Loads(nil) }
+
+// PotentialLoads returns, for every rank with a live booking, its load and
+// the decode blocks it would hold with a request of sequence hashes seq
+// too; idle is that figure for a rank without bookings.
+func (n *Node) PotentialLoads(seq []uint64) (loads []indexer.RankLoad, idle int64) {
+	var sc indexer.PotentialScratch
+	return n.fsm.Sequences().PotentialDecodeBlocks(nil, seq, &sc)
+}

@@ -46,6 +46,9 @@ func blockSizeOf(ws map[uint64]WorkerInfo) int {
 // Raft before Route returns, so a follower answers ErrNotLeader for it.
 func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	bs := int(n.fsm.blockSize.Load())
+	if q.BlockSize > 0 {
+		bs = q.BlockSize
+	}
 	sc := routePool.Get().(*routeScratch)
 	defer routePool.Put(sc)
 	local := q.LocalHashes
@@ -72,14 +75,21 @@ func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	if q.Book && !n.IsLeader() {
 		return RouteResult{}, n.notLeader()
 	}
-	sc.seq = kvevent.SequenceHashes(sc.seq[:0], local)
+	seq := q.SeqHashes
+	if len(seq) == 0 {
+		sc.seq = kvevent.SequenceHashes(sc.seq[:0], local)
+		seq = sc.seq
+	}
 	settings := n.fsm.Settings()
 	n.fsm.Index().FindMatchesByTier(local, settings.View, false, &sc.matches)
 	var idle int64
-	sc.loads, idle = n.fsm.Sequences().PotentialDecodeBlocks(sc.loads[:0], sc.seq, &sc.pot)
+	sc.loads, idle = n.fsm.Sequences().PotentialDecodeBlocks(sc.loads[:0], seq, &sc.pot)
 
 	// Candidates: every registered rank, in rank order (deterministic).
 	sc.cands = append(sc.cands[:0], n.fsm.candidates()...)
+	if q.Filter != nil {
+		sc.cands = slices.DeleteFunc(sc.cands, func(c indexer.Candidate) bool { return !q.Filter(c.Rank) })
+	}
 	for i := range sc.cands {
 		sc.cands[i].PotentialDecodeBlocks = idle
 	}
@@ -113,11 +123,14 @@ func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	if err != nil {
 		return res, err
 	}
+	if q.Prefer != nil {
+		res.Decision.Prefer(*q.Prefer)
+	}
 	// The decision outlives the pooled scratch: give it its own candidates.
 	res.Decision.Candidates = slices.Clone(res.Decision.Candidates)
 	if q.Book {
 		c := res.Decision.Chosen()
-		b := Booking{ID: q.RequestID, Rank: res.Decision.Rank, SeqHashes: slices.Clone(sc.seq), ISL: isl,
+		b := Booking{ID: q.RequestID, Rank: res.Decision.Rank, SeqHashes: slices.Clone(seq), ISL: isl,
 			CachedTokens: int(c.OverlapBlocks) * bs}
 		if _, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookAdd, b: b}})); err != nil {
 			return res, fmt.Errorf("book %s: %w", q.RequestID, err)

@@ -125,6 +125,20 @@ type RouteQuery struct {
 	// under RequestID before returning (semantics.md §6).
 	Book      bool
 	RequestID string
+
+	// Filter, when set, keeps only the candidates it accepts (the ranks of
+	// one namespace of the compatible APIs).
+	Filter func(kvevent.Rank) bool
+	// BlockSize, when > 0, replaces the cluster's block size (a
+	// namespace's own).
+	BlockSize int
+	// SeqHashes, when set, are the request's sequence hashes as the caller
+	// computed them: used for the load view and the booking instead of the
+	// ones derived from the content hashes.
+	SeqHashes []uint64
+	// Prefer, when set, wins a tie on cost with the chosen rank (the rank
+	// a session used last; indexer.Decision.Prefer).
+	Prefer *kvevent.Rank
 }
 
 // RouteResult is a decision and its explanation.

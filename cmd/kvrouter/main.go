@@ -44,6 +44,7 @@ func main() {
 			&cli.StringFlag{Name: "node-id", Value: "node1", EnvVars: []string{"KVROUTER_NODE_ID"}, Usage: "this node's Raft id"},
 			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:7000", EnvVars: []string{"KVROUTER_RAFT_ADDR"}, Usage: "Raft listen address (host:port, as peers dial it)"},
 			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:7080", EnvVars: []string{"KVROUTER_HTTP_ADDR"}, Usage: "HTTP API listen address (host:port, as peers dial it)"},
+			&cli.StringFlag{Name: "selection-addr", EnvVars: []string{"KVROUTER_SELECTION_ADDR"}, Usage: "also serve the selection and reservation API at the root of this address (it is always under /selection on --http-addr; docs/compat.md)"},
 			&cli.StringFlag{Name: "data-dir", Value: "data", EnvVars: []string{"KVROUTER_DATA_DIR"}, Usage: "where the Raft log, snapshots and state live"},
 			&cli.StringFlag{Name: "peers", EnvVars: []string{"KVROUTER_PEERS"}, Usage: "bootstrap a new cluster of these voters: id=raftaddr=httpaddr,... (default: this node alone, unless --join)"},
 			&cli.StringFlag{Name: "join", EnvVars: []string{"KVROUTER_JOIN"}, Usage: "HTTP address of a member of an existing cluster to join"},
@@ -142,9 +143,26 @@ func run(c *cli.Context) error {
 	srv := api.NewServer(node, api.Options{Logger: logger, Registerer: reg, Gatherer: reg})
 	// The standard KV-indexer API at the root, beside /v1 (docs/compat.md).
 	compat.NewIndexer(node, logger).Routes(srv, "")
+	// The selection and reservation API under /selection: its GET /workers
+	// is not the indexer API's.
+	compat.NewSelection(node, logger).Routes(srv, compat.SelectionPrefix)
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
-	serveErr := make(chan error, 1)
+	serveErr := make(chan error, 2)
 	go func() { serveErr <- hs.Serve(ln) }()
+	if a := c.String("selection-addr"); a != "" {
+		sln, err := net.Listen("tcp", a)
+		if err != nil {
+			hs.Close()
+			ing.Close()
+			node.Close()
+			nc.Close()
+			return fmt.Errorf("selection API: %w", err)
+		}
+		shs := &http.Server{Handler: compat.SelectionHandler(srv), ReadHeaderTimeout: 10 * time.Second}
+		go func() { serveErr <- shs.Serve(sln) }()
+		defer shs.Close()
+		logger.Info("selection API listening", "http", "http://"+sln.Addr().String())
+	}
 	logger.Info("kvrouter listening", "http", "http://"+httpAddr, "raft", raftAddr, "data_dir", c.String("data-dir"))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

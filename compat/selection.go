@@ -1,0 +1,757 @@
+package compat
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/zeebo/xxh3"
+)
+
+// SelectionBackend is what the selection and reservation API needs beyond
+// Backend. *raftfsm.Node implements it.
+type SelectionBackend interface {
+	Backend
+	// IsLeader reports whether this node leads the cluster now.
+	IsLeader() bool
+	// Route chooses a rank for a request (and books it with q.Book).
+	Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteResult, error)
+	// Reserve books a request on a chosen rank; idempotent by id.
+	Reserve(ctx context.Context, b raftfsm.Booking) error
+	// PrefillDone and Free move a booking on; idempotent.
+	PrefillDone(ctx context.Context, id string) error
+	Free(ctx context.Context, id string) error
+	// OutputBlock adds an output block of hash h to booking id's decode load.
+	OutputBlock(ctx context.Context, id string, h uint64) error
+	// Booking returns a live booking from this node's load tracker.
+	Booking(id string) (indexer.Booking, bool)
+	// Loads returns every rank with a live booking and its load.
+	Loads() []indexer.RankLoad
+	// PotentialLoads returns each booked rank's decode blocks with a
+	// request of sequence hashes seq added; idle for any other rank.
+	PotentialLoads(seq []uint64) (loads []indexer.RankLoad, idle int64)
+}
+
+var _ SelectionBackend = (*raftfsm.Node)(nil)
+
+// CatalogWorker is a worker of the selection API's catalog: one engine
+// with dp ranks [data_parallel_start_rank, +data_parallel_size), for a
+// (model, routing group).
+type CatalogWorker struct {
+	WorkerID              uint64      `json:"worker_id"`
+	ModelName             string      `json:"model_name"`
+	RoutingGroup          string      `json:"routing_group"`
+	Endpoint              string      `json:"endpoint"`
+	BlockSize             int         `json:"block_size"`
+	DataParallelStartRank uint32      `json:"data_parallel_start_rank"`
+	DataParallelSize      uint32      `json:"data_parallel_size"`
+	KVEventsEndpoints     Map[string] `json:"kv_events_endpoints,omitempty"`
+	ReplayEndpoint        string      `json:"replay_endpoint,omitempty"`
+}
+
+// WorkerPatch is the body of PATCH /workers/{id}: the fields to change.
+// ModelName and RoutingGroup pick the registration when the worker has
+// several.
+type WorkerPatch struct {
+	ModelName             string            `json:"model_name,omitempty"`
+	RoutingGroup          string            `json:"routing_group,omitempty"`
+	Endpoint              *string           `json:"endpoint,omitempty"`
+	BlockSize             *int              `json:"block_size,omitempty"`
+	DataParallelStartRank *uint32           `json:"data_parallel_start_rank,omitempty"`
+	DataParallelSize      *uint32           `json:"data_parallel_size,omitempty"`
+	KVEventsEndpoints     map[string]string `json:"kv_events_endpoints,omitempty"`
+	ReplayEndpoint        *string           `json:"replay_endpoint,omitempty"`
+}
+
+// SelectRequest is the body of POST /select and /select_and_reserve.
+// BlockHashes are the prompt's content hashes (or give TokenIDs, hashed
+// with the namespace's block size); SequenceHashes key the load booking.
+type SelectRequest struct {
+	SelectionID    string   `json:"selection_id,omitempty"`
+	ModelName      string   `json:"model_name"`
+	RoutingGroup   string   `json:"routing_group,omitempty"`
+	BlockHashes    []Hash   `json:"block_hashes"`
+	SequenceHashes []Hash   `json:"sequence_hashes"`
+	ISLTokens      int      `json:"isl_tokens"`
+	TokenIDs       []uint32 `json:"token_ids,omitempty"`
+	SessionID      string   `json:"session_id,omitempty"`
+}
+
+// SelectResponse is the chosen worker and rank with its cache overlap.
+type SelectResponse struct {
+	SelectionID            string          `json:"selection_id"`
+	ModelName              string          `json:"model_name"`
+	RoutingGroup           string          `json:"routing_group"`
+	WorkerID               uint64          `json:"worker_id"`
+	DPRank                 uint32          `json:"dp_rank"`
+	Endpoint               string          `json:"endpoint"`
+	BlockSize              int             `json:"block_size"`
+	Overlap                InstanceOverlap `json:"overlap"`
+	EffectivePrefillTokens int             `json:"effective_prefill_tokens"`
+	Reserved               bool            `json:"reserved"`
+}
+
+// ReservationRequest is the body of POST /reservations: book a request on
+// a rank the caller chose.
+type ReservationRequest struct {
+	ReservationID  string `json:"reservation_id"`
+	ModelName      string `json:"model_name"`
+	RoutingGroup   string `json:"routing_group,omitempty"`
+	WorkerID       uint64 `json:"worker_id"`
+	DPRank         uint32 `json:"dp_rank"`
+	SequenceHashes []Hash `json:"sequence_hashes"`
+	ISLTokens      int    `json:"isl_tokens"`
+	CachedTokens   int    `json:"cached_tokens,omitempty"`
+}
+
+// OutputBlockRequest is the body of POST /reservations/{id}/output_block.
+type OutputBlockRequest struct {
+	DecayFraction *float64 `json:"decay_fraction,omitempty"`
+}
+
+// RankLoad is one rank's load in GET /loads and POST /potential_loads.
+type RankLoad struct {
+	WorkerID              uint64 `json:"worker_id"`
+	DPRank                uint32 `json:"dp_rank"`
+	ActivePrefillTokens   int64  `json:"active_prefill_tokens"`
+	ActiveDecodeBlocks    int64  `json:"active_decode_blocks"`
+	ActiveRequests        int64  `json:"active_requests"`
+	PotentialDecodeBlocks *int64 `json:"potential_decode_blocks,omitempty"`
+	PotentialPrefillToks  *int64 `json:"potential_prefill_tokens,omitempty"`
+}
+
+// PotentialLoadsRequest is the body of POST /potential_loads.
+type PotentialLoadsRequest struct {
+	ModelName      string `json:"model_name"`
+	RoutingGroup   string `json:"routing_group,omitempty"`
+	BlockHashes    []Hash `json:"block_hashes,omitempty"`
+	SequenceHashes []Hash `json:"sequence_hashes"`
+	ISLTokens      int    `json:"isl_tokens"`
+}
+
+// OverlapScoresRequest is the body of POST /overlap_scores.
+type OverlapScoresRequest struct {
+	ModelName    string `json:"model_name"`
+	RoutingGroup string `json:"routing_group,omitempty"`
+	BlockHashes  []Hash `json:"block_hashes"`
+}
+
+// maxSessions bounds the session → last rank memory.
+const maxSessions = 1 << 16
+
+// Selection serves the selection and reservation API.
+type Selection struct {
+	b   SelectionBackend
+	x   *Indexer // lookups and registration rules
+	log *slog.Logger
+
+	outMu sync.Mutex // serialises output blocks, whose hashes count the booking's blocks
+
+	sessMu   sync.Mutex
+	sessions map[string]kvevent.Rank
+	sessRing []string // insertion order, for eviction
+	sessNext int
+}
+
+// NewSelection returns the selection API of b.
+func NewSelection(b SelectionBackend, log *slog.Logger) *Selection {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Selection{b: b, x: NewIndexer(b, log), log: log, sessions: map[string]kvevent.Rank{}}
+}
+
+// Routes registers the API's routes on r under prefix. GET /workers
+// collides with the indexer API's, so the two cannot share a prefix.
+func (s *Selection) Routes(r Router, prefix string) {
+	r.HandleFunc("POST "+prefix+"/workers", s.addWorker)
+	r.HandleFunc("PATCH "+prefix+"/workers/{id}", s.patchWorker)
+	r.HandleFunc("DELETE "+prefix+"/workers/{id}", s.deleteWorker)
+	r.HandleFunc("GET "+prefix+"/workers", s.listWorkers)
+	r.HandleFunc("GET "+prefix+"/ready", s.ready)
+	r.HandleFunc("POST "+prefix+"/select", s.selectOnly)
+	r.HandleFunc("POST "+prefix+"/select_and_reserve", s.selectAndReserve)
+	r.HandleFunc("POST "+prefix+"/reservations", s.reserve)
+	r.HandleFunc("POST "+prefix+"/reservations/{id}/prefill_complete", s.prefillComplete)
+	r.HandleFunc("POST "+prefix+"/reservations/{id}/output_block", s.outputBlock)
+	r.HandleFunc("DELETE "+prefix+"/reservations/{id}", s.release)
+	r.HandleFunc("GET "+prefix+"/loads", s.loads)
+	r.HandleFunc("POST "+prefix+"/potential_loads", s.potentialLoads)
+	r.HandleFunc("POST "+prefix+"/overlap_scores", s.overlapScores)
+}
+
+// catalogOf is the catalog form of a registration.
+func catalogOf(id uint64, w *raftfsm.WorkerInfo) CatalogWorker {
+	inst, tenant := w.Instance, w.Tenant
+	if tenant == "" {
+		inst, tenant = id, DefaultTenant
+	}
+	c := CatalogWorker{WorkerID: inst, ModelName: w.Model, RoutingGroup: tenant, Endpoint: w.Endpoint,
+		BlockSize: w.BlockSize, DataParallelSize: 1}
+	if len(w.DPRanks) > 0 {
+		c.DataParallelStartRank = w.DPRanks[0]
+		c.DataParallelSize = uint32(len(w.DPRanks))
+	}
+	if len(w.EventEndpoints) > 0 {
+		c.KVEventsEndpoints = Map[string]{}
+		for dp, ep := range w.EventEndpoints {
+			c.KVEventsEndpoints[strconv.FormatUint(uint64(dp), 10)] = ep
+		}
+	}
+	c.ReplayEndpoint = w.ReplayEndpoints[c.DataParallelStartRank]
+	return c
+}
+
+// infoOf checks a catalog worker and returns its registration.
+func infoOf(c *CatalogWorker) (raftfsm.WorkerInfo, error) {
+	if c.ModelName == "" {
+		return raftfsm.WorkerInfo{}, badRequest("model_name is required")
+	}
+	if c.BlockSize <= 0 || c.BlockSize > 1<<20 {
+		return raftfsm.WorkerInfo{}, badRequest("block_size %d: want 1 to %d tokens", c.BlockSize, 1<<20)
+	}
+	size := c.DataParallelSize
+	if size == 0 {
+		size = 1
+	}
+	if size > 1<<12 || uint64(c.DataParallelStartRank)+uint64(size) > 1<<32 {
+		return raftfsm.WorkerInfo{}, badRequest("data_parallel_size %d from rank %d is too large", size, c.DataParallelStartRank)
+	}
+	tenant := tenantOf(c.RoutingGroup, "")
+	w := raftfsm.WorkerInfo{ID: WorkerID(c.WorkerID, c.ModelName, tenant), Instance: c.WorkerID, Model: c.ModelName,
+		Tenant: tenant, Endpoint: c.Endpoint, BlockSize: c.BlockSize}
+	for r := uint32(0); r < size; r++ {
+		w.DPRanks = append(w.DPRanks, c.DataParallelStartRank+r)
+	}
+	for k, ep := range c.KVEventsEndpoints {
+		dp, err := strconv.ParseUint(k, 10, 32)
+		if err != nil || uint32(dp) < c.DataParallelStartRank || uint32(dp) >= c.DataParallelStartRank+size {
+			return w, badRequest("kv_events_endpoints key %q: want a dp rank in [%d, %d)", k, c.DataParallelStartRank,
+				c.DataParallelStartRank+size)
+		}
+		if err := checkEndpoint("kv_events_endpoints["+k+"]", ep); err != nil {
+			return w, err
+		}
+		if w.EventEndpoints == nil {
+			w.EventEndpoints = map[uint32]string{}
+		}
+		w.EventEndpoints[uint32(dp)] = ep
+	}
+	if c.ReplayEndpoint != "" {
+		if err := checkEndpoint("replay_endpoint", c.ReplayEndpoint); err != nil {
+			return w, err
+		}
+		w.ReplayEndpoints = map[uint32]string{c.DataParallelStartRank: c.ReplayEndpoint}
+	}
+	return w, nil
+}
+
+// sameRegistration reports whether a and b register the same thing.
+func sameRegistration(a, b *raftfsm.WorkerInfo) bool {
+	return a.ID == b.ID && a.Instance == b.Instance && a.Model == b.Model && a.Tenant == b.Tenant &&
+		a.Endpoint == b.Endpoint && a.BlockSize == b.BlockSize && a.Salt == b.Salt &&
+		slices.Equal(a.DPRanks, b.DPRanks) && maps.Equal(a.EventEndpoints, b.EventEndpoints) &&
+		maps.Equal(a.ReplayEndpoints, b.ReplayEndpoints) && a.Capacity == b.Capacity
+}
+
+func (s *Selection) addWorker(w http.ResponseWriter, r *http.Request) error {
+	c := codecOf(r)
+	var req CatalogWorker
+	if err := decode(r, c, &req); err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	nw, err := infoOf(&req)
+	if err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	s.x.regMu.Lock()
+	defer s.x.regMu.Unlock()
+	if old, ok := s.b.WorkerTable()[nw.ID]; ok {
+		if sameRegistration(&old, &nw) {
+			return answer(w, c, http.StatusCreated, catalogOf(nw.ID, &nw), nil)
+		}
+		return answer(w, c, 0, nil, &httpError{code: http.StatusConflict, err: fmt.Errorf(
+			"worker %d is registered for %s/%s differently; PATCH it", req.WorkerID, nw.Model, nw.Tenant)})
+	}
+	if err := s.b.RegisterWorker(r.Context(), nw); err != nil {
+		return answer(w, c, 0, nil, fmt.Errorf("register worker %d: %w", req.WorkerID, err))
+	}
+	return answer(w, c, http.StatusCreated, catalogOf(nw.ID, &nw), nil)
+}
+
+// find returns the registrations of worker id, narrowed by model and
+// group when given; an error answer when there are none or, with one
+// wanted, several.
+func (s *Selection) find(id uint64, model, group string, one bool) ([]raftfsm.WorkerInfo, error) {
+	var out []raftfsm.WorkerInfo
+	for wid, wi := range s.b.WorkerTable() {
+		inst, tenant := wi.Instance, wi.Tenant
+		if tenant == "" {
+			inst, tenant = wid, DefaultTenant
+		}
+		if inst == id && (model == "" || wi.Model == model) && (group == "" || tenant == group) {
+			out = append(out, wi)
+		}
+	}
+	slices.SortFunc(out, func(a, b raftfsm.WorkerInfo) int { return cmp.Compare(a.ID, b.ID) })
+	switch {
+	case len(out) == 0:
+		return nil, &httpError{code: http.StatusNotFound, err: fmt.Errorf("worker %d is not registered", id)}
+	case one && len(out) > 1:
+		return nil, badRequest("worker %d is registered for %d (model, routing group) pairs: name model_name and routing_group", id, len(out))
+	}
+	return out, nil
+}
+
+func pathID(r *http.Request) (uint64, error) {
+	id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
+	if err != nil {
+		return 0, badRequest("worker id %q: not an unsigned integer", r.PathValue("id"))
+	}
+	return id, nil
+}
+
+func (s *Selection) patchWorker(w http.ResponseWriter, r *http.Request) error {
+	c := codecOf(r)
+	id, err := pathID(r)
+	if err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	var p WorkerPatch
+	if err := decode(r, c, &p); err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	s.x.regMu.Lock()
+	defer s.x.regMu.Unlock()
+	found, err := s.find(id, p.ModelName, p.RoutingGroup, true)
+	if err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	old := found[0]
+	cw := catalogOf(old.ID, &old)
+	if p.Endpoint != nil {
+		cw.Endpoint = *p.Endpoint
+	}
+	if p.BlockSize != nil {
+		cw.BlockSize = *p.BlockSize
+	}
+	if p.DataParallelStartRank != nil {
+		cw.DataParallelStartRank = *p.DataParallelStartRank
+	}
+	if p.DataParallelSize != nil {
+		cw.DataParallelSize = *p.DataParallelSize
+	}
+	if p.KVEventsEndpoints != nil {
+		cw.KVEventsEndpoints = p.KVEventsEndpoints
+	}
+	if p.ReplayEndpoint != nil {
+		cw.ReplayEndpoint = *p.ReplayEndpoint
+	}
+	nw, err := infoOf(&cw)
+	if err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	nw.Capacity, nw.Salt = old.Capacity, old.Salt
+	if err := s.b.RegisterWorker(r.Context(), nw); err != nil {
+		return answer(w, c, 0, nil, fmt.Errorf("update worker %d: %w", id, err))
+	}
+	return answer(w, c, http.StatusOK, catalogOf(nw.ID, &nw), nil)
+}
+
+func (s *Selection) deleteWorker(w http.ResponseWriter, r *http.Request) error {
+	c := codecOf(r)
+	id, err := pathID(r)
+	if err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	q := r.URL.Query()
+	s.x.regMu.Lock()
+	defer s.x.regMu.Unlock()
+	found, err := s.find(id, q.Get("model_name"), q.Get("routing_group"), false)
+	if err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	for _, wi := range found {
+		if err := s.b.DeregisterWorker(r.Context(), wi.ID); err != nil {
+			return answer(w, c, 0, nil, fmt.Errorf("remove worker %d: %w", id, err))
+		}
+	}
+	return answer(w, c, http.StatusOK, StatusBody{Status: "ok"}, nil)
+}
+
+func (s *Selection) listWorkers(w http.ResponseWriter, r *http.Request) error {
+	table := s.b.WorkerTable()
+	out := make([]CatalogWorker, 0, len(table))
+	for id := range table {
+		wi := table[id]
+		out = append(out, catalogOf(id, &wi))
+	}
+	slices.SortFunc(out, func(a, b CatalogWorker) int {
+		return cmp.Or(cmp.Compare(a.WorkerID, b.WorkerID), cmp.Compare(a.ModelName, b.ModelName),
+			cmp.Compare(a.RoutingGroup, b.RoutingGroup))
+	})
+	return answer(w, codecOf(r), http.StatusOK, out, nil)
+}
+
+func (s *Selection) ready(w http.ResponseWriter, r *http.Request) error {
+	st := s.b.Status()
+	n := 0
+	for _, wi := range s.b.WorkerTable() {
+		if wi.BlockSize > 0 {
+			n++
+		}
+	}
+	body := Map[any]{"ready": st.Ready && n > 0, "workers": n, "state": st.State}
+	if !st.Ready || n == 0 {
+		return answer(w, codecOf(r), http.StatusServiceUnavailable, body, nil)
+	}
+	return answer(w, codecOf(r), http.StatusOK, body, nil)
+}
+
+func (s *Selection) selectOnly(w http.ResponseWriter, r *http.Request) error {
+	return s.doSelect(w, r, false)
+}
+
+func (s *Selection) selectAndReserve(w http.ResponseWriter, r *http.Request) error {
+	return s.doSelect(w, r, true)
+}
+
+func newSelectionID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func hashes(hs []Hash) []uint64 {
+	if len(hs) == 0 {
+		return nil
+	}
+	out := make([]uint64, len(hs))
+	for i, h := range hs {
+		out[i] = uint64(h)
+	}
+	return out
+}
+
+func (s *Selection) doSelect(w http.ResponseWriter, r *http.Request, reserve bool) error {
+	c := codecOf(r)
+	var req SelectRequest
+	if err := decode(r, c, &req); err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	if req.ModelName == "" {
+		return answer(w, c, 0, nil, badRequest("model_name is required"))
+	}
+	if len(req.BlockHashes) > 0 && len(req.TokenIDs) > 0 {
+		return answer(w, c, 0, nil, badRequest("give block_hashes or token_ids, not both"))
+	}
+	if req.ISLTokens < 0 {
+		return answer(w, c, 0, nil, badRequest("isl_tokens %d is negative", req.ISLTokens))
+	}
+	group := tenantOf(req.RoutingGroup, "")
+	ns := namespaceOf(s.b.WorkerTable(), req.ModelName, group)
+	if len(ns.workers) == 0 {
+		return answer(w, c, 0, nil, &httpError{code: http.StatusServiceUnavailable,
+			err: fmt.Errorf("no worker is registered for model %s routing group %s", req.ModelName, group)})
+	}
+	if req.SelectionID == "" {
+		req.SelectionID = newSelectionID()
+	}
+	local := hashes(req.BlockHashes)
+	if len(req.TokenIDs) > 0 {
+		local = kvevent.LocalHashes(nil, req.TokenIDs, ns.blockSize, kvevent.SeedFor("", ""))
+	}
+	q := raftfsm.RouteQuery{LocalHashes: local, ISL: req.ISLTokens, BlockSize: ns.blockSize,
+		SeqHashes: hashes(req.SequenceHashes), Book: reserve, RequestID: req.SelectionID,
+		Filter: func(rk kvevent.Rank) bool { _, ok := ns.has(rk); return ok }}
+	if req.SessionID != "" {
+		if rk, ok := s.session(req.SessionID); ok {
+			q.Prefer = &rk
+		}
+	}
+	res, err := s.b.Route(r.Context(), q)
+	if err != nil {
+		if errors.Is(err, indexer.ErrOverloaded) || errors.Is(err, indexer.ErrNoWorkers) {
+			err = &httpError{code: http.StatusServiceUnavailable, err: err}
+		}
+		return answer(w, c, 0, nil, err)
+	}
+	chosen := res.Decision.Chosen()
+	wi := ns.workers[res.Decision.Rank.Worker]
+	if chosen == nil || wi == nil {
+		return answer(w, c, 0, nil, fmt.Errorf("route chose %v outside the namespace", res.Decision.Rank))
+	}
+	if req.SessionID != "" {
+		s.remember(req.SessionID, res.Decision.Rank)
+	}
+	out := SelectResponse{SelectionID: req.SelectionID, ModelName: req.ModelName, RoutingGroup: group,
+		WorkerID: wi.Instance, DPRank: res.Decision.Rank.DP, Endpoint: wi.Endpoint, BlockSize: res.BlockSize,
+		Reserved: res.Booked}
+	out.Overlap = s.overlapOf(&ns, local, wi)
+	isl := req.ISLTokens
+	if isl == 0 {
+		isl = len(local) * res.BlockSize
+	}
+	out.EffectivePrefillTokens = max(isl-int(chosen.OverlapBlocks)*res.BlockSize, 0)
+	return answer(w, c, http.StatusOK, out, nil)
+}
+
+// overlapOf is one worker's tiered overlap, in tokens.
+func (s *Selection) overlapOf(ns *namespace, local []uint64, wi *raftfsm.WorkerInfo) InstanceOverlap {
+	one := namespace{blockSize: ns.blockSize, workers: map[uint64]*raftfsm.WorkerInfo{wi.ID: wi}}
+	sc := s.x.pool.Get().(*queryScratch)
+	defer s.x.pool.Put(sc)
+	sc.local = append(sc.local[:0], local...)
+	res := s.x.lookup(&one, sc)
+	o, ok := res.Instances[strconv.FormatUint(wi.Instance, 10)]
+	if !ok {
+		o.DP = Map[int]{}
+	}
+	return o
+}
+
+func (s *Selection) session(id string) (kvevent.Rank, bool) {
+	s.sessMu.Lock()
+	defer s.sessMu.Unlock()
+	rk, ok := s.sessions[id]
+	return rk, ok
+}
+
+// remember records a session's rank, forgetting the oldest session when
+// maxSessions are known.
+func (s *Selection) remember(id string, rk kvevent.Rank) {
+	s.sessMu.Lock()
+	defer s.sessMu.Unlock()
+	if _, ok := s.sessions[id]; !ok {
+		if len(s.sessRing) < maxSessions {
+			s.sessRing = append(s.sessRing, id)
+		} else {
+			delete(s.sessions, s.sessRing[s.sessNext])
+			s.sessRing[s.sessNext] = id
+			s.sessNext = (s.sessNext + 1) % maxSessions
+		}
+	}
+	s.sessions[id] = rk
+}
+
+func (s *Selection) reserve(w http.ResponseWriter, r *http.Request) error {
+	c := codecOf(r)
+	var req ReservationRequest
+	if err := decode(r, c, &req); err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	if req.ReservationID == "" {
+		return answer(w, c, 0, nil, badRequest("reservation_id is required"))
+	}
+	if req.ModelName == "" {
+		return answer(w, c, 0, nil, badRequest("model_name is required"))
+	}
+	group := tenantOf(req.RoutingGroup, "")
+	ns := namespaceOf(s.b.WorkerTable(), req.ModelName, group)
+	rk := kvevent.Rank{Worker: WorkerID(req.WorkerID, req.ModelName, group), DP: req.DPRank}
+	if _, ok := ns.has(rk); !ok {
+		// A /v1 worker is its own instance in the default group.
+		rk.Worker = req.WorkerID
+		if _, ok := ns.has(rk); !ok {
+			return answer(w, c, 0, nil, &httpError{code: http.StatusNotFound, err: fmt.Errorf(
+				"worker %d dp rank %d is not registered for model %s routing group %s", req.WorkerID, req.DPRank, req.ModelName, group)})
+		}
+	}
+	b := raftfsm.Booking{ID: req.ReservationID, Rank: rk, SeqHashes: hashes(req.SequenceHashes), ISL: req.ISLTokens,
+		CachedTokens: req.CachedTokens}
+	if err := s.b.Reserve(r.Context(), b); err != nil {
+		return answer(w, c, 0, nil, fmt.Errorf("reserve %s: %w", req.ReservationID, err))
+	}
+	return answer(w, c, http.StatusCreated, Map[string]{"status": "ok", "reservation_id": req.ReservationID}, nil)
+}
+
+// onLeader runs a reservation write: on a follower it goes to the leader
+// (errNotLeader from the write itself); on the leader an unknown id is a
+// 404, checked against the leader's own tracker, which holds every
+// acknowledged booking.
+func (s *Selection) onLeader(w http.ResponseWriter, r *http.Request, c codec, write func(ctx context.Context, id string, b indexer.Booking) error) error {
+	id := r.PathValue("id")
+	var b indexer.Booking
+	if s.b.IsLeader() {
+		var ok bool
+		if b, ok = s.b.Booking(id); !ok {
+			return answer(w, c, 0, nil, &httpError{code: http.StatusNotFound, err: fmt.Errorf("reservation %q is not live", id)})
+		}
+	}
+	if err := write(r.Context(), id, b); err != nil {
+		return answer(w, c, 0, nil, fmt.Errorf("reservation %s: %w", id, err))
+	}
+	return answer(w, c, http.StatusOK, StatusBody{Status: "ok"}, nil)
+}
+
+func (s *Selection) prefillComplete(w http.ResponseWriter, r *http.Request) error {
+	return s.onLeader(w, r, codecOf(r), func(ctx context.Context, id string, _ indexer.Booking) error {
+		return s.b.PrefillDone(ctx, id)
+	})
+}
+
+func (s *Selection) release(w http.ResponseWriter, r *http.Request) error {
+	return s.onLeader(w, r, codecOf(r), func(ctx context.Context, id string, _ indexer.Booking) error {
+		return s.b.Free(ctx, id)
+	})
+}
+
+func (s *Selection) outputBlock(w http.ResponseWriter, r *http.Request) error {
+	c := codecOf(r)
+	var req OutputBlockRequest
+	if r.ContentLength != 0 {
+		if err := decode(r, c, &req); err != nil {
+			return answer(w, c, 0, nil, err)
+		}
+	}
+	if req.DecayFraction != nil && *req.DecayFraction != 1 {
+		return answer(w, c, 0, nil, badRequest("decay_fraction %v: only whole output blocks (1) are tracked", *req.DecayFraction))
+	}
+	s.outMu.Lock()
+	defer s.outMu.Unlock()
+	return s.onLeader(w, r, c, func(ctx context.Context, id string, b indexer.Booking) error {
+		// The block's hash: the reservation's id and how many blocks it
+		// holds, so that each call adds one new block.
+		var buf [8]byte
+		binary.LittleEndian.PutUint64(buf[:], uint64(len(b.SeqHashes)))
+		h := xxh3.New()
+		h.WriteString(id)
+		h.Write(buf[:])
+		return s.b.OutputBlock(ctx, id, h.Sum64())
+	})
+}
+
+// ranksOf lists a namespace's ranks (every worker's when model is ""),
+// ordered by instance id and dp rank, with the instance id of each worker.
+func (s *Selection) ranksOf(model, group string) ([]kvevent.Rank, map[uint64]uint64) {
+	table := s.b.WorkerTable()
+	var ranks []kvevent.Rank
+	inst := map[uint64]uint64{}
+	for id, wi := range table {
+		i, tenant := wi.Instance, wi.Tenant
+		if tenant == "" {
+			i, tenant = id, DefaultTenant
+		}
+		if model != "" && (wi.Model != model || tenant != group) {
+			continue
+		}
+		inst[id] = i
+		dps := wi.DPRanks
+		if len(dps) == 0 {
+			dps = []uint32{0}
+		}
+		for _, dp := range dps {
+			ranks = append(ranks, kvevent.Rank{Worker: id, DP: dp})
+		}
+	}
+	slices.SortFunc(ranks, func(a, b kvevent.Rank) int {
+		return cmp.Or(cmp.Compare(inst[a.Worker], inst[b.Worker]), cmp.Compare(a.Worker, b.Worker), cmp.Compare(a.DP, b.DP))
+	})
+	return ranks, inst
+}
+
+func (s *Selection) loads(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	ranks, inst := s.ranksOf(q.Get("model_name"), tenantOf(q.Get("routing_group"), ""))
+	byRank := map[kvevent.Rank]indexer.Load{}
+	for _, l := range s.b.Loads() {
+		byRank[l.Rank] = l.Load
+	}
+	out := make([]RankLoad, 0, len(ranks))
+	for _, rk := range ranks {
+		l := byRank[rk]
+		out = append(out, RankLoad{WorkerID: inst[rk.Worker], DPRank: rk.DP, ActivePrefillTokens: l.ActivePrefillTokens,
+			ActiveDecodeBlocks: l.ActiveDecodeBlocks, ActiveRequests: l.ActiveRequests})
+	}
+	return answer(w, codecOf(r), http.StatusOK, out, nil)
+}
+
+func (s *Selection) potentialLoads(w http.ResponseWriter, r *http.Request) error {
+	c := codecOf(r)
+	var req PotentialLoadsRequest
+	if err := decode(r, c, &req); err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	if req.ModelName == "" {
+		return answer(w, c, 0, nil, badRequest("model_name is required"))
+	}
+	if req.ISLTokens < 0 {
+		return answer(w, c, 0, nil, badRequest("isl_tokens %d is negative", req.ISLTokens))
+	}
+	group := tenantOf(req.RoutingGroup, "")
+	ranks, inst := s.ranksOf(req.ModelName, group)
+	ns := namespaceOf(s.b.WorkerTable(), req.ModelName, group)
+	loads, idle := s.b.PotentialLoads(hashes(req.SequenceHashes))
+	byRank := map[kvevent.Rank]indexer.RankLoad{}
+	for _, l := range loads {
+		byRank[l.Rank] = l
+	}
+	// Cached tokens per rank, from the index, for the prefill figure.
+	cached := map[kvevent.Rank]int64{}
+	if len(req.BlockHashes) > 0 {
+		var m indexer.Matches
+		s.b.FindMatches(hashes(req.BlockHashes), indexer.ViewDedup, &m)
+		for _, rm := range m.Ranks {
+			cached[rm.Rank] = int64(rm.Total()) * int64(ns.blockSize)
+		}
+	}
+	out := make([]RankLoad, 0, len(ranks))
+	for _, rk := range ranks {
+		l, ok := byRank[rk]
+		pot := idle
+		if ok {
+			pot = l.PotentialDecodeBlocks
+		}
+		pre := l.Load.ActivePrefillTokens + max(int64(req.ISLTokens)-cached[rk], 0)
+		out = append(out, RankLoad{WorkerID: inst[rk.Worker], DPRank: rk.DP, ActivePrefillTokens: l.Load.ActivePrefillTokens,
+			ActiveDecodeBlocks: l.Load.ActiveDecodeBlocks, ActiveRequests: l.Load.ActiveRequests,
+			PotentialDecodeBlocks: &pot, PotentialPrefillToks: &pre})
+	}
+	return answer(w, c, http.StatusOK, out, nil)
+}
+
+func (s *Selection) overlapScores(w http.ResponseWriter, r *http.Request) error {
+	c := codecOf(r)
+	var req OverlapScoresRequest
+	if err := decode(r, c, &req); err != nil {
+		return answer(w, c, 0, nil, err)
+	}
+	if req.ModelName == "" {
+		return answer(w, c, 0, nil, badRequest("model_name is required"))
+	}
+	ns := namespaceOf(s.b.WorkerTable(), req.ModelName, tenantOf(req.RoutingGroup, ""))
+	sc := s.x.pool.Get().(*queryScratch)
+	defer s.x.pool.Put(sc)
+	sc.local = append(sc.local[:0], hashes(req.BlockHashes)...)
+	return answer(w, c, http.StatusOK, s.x.lookup(&ns, sc), nil)
+}
+
+// SelectionPrefix is where a node serves the selection API beside the
+// indexer API. SelectionHandler serves it at the root of its own listener.
+const SelectionPrefix = "/selection"
+
+// SelectionHandler serves the selection API at the root of a listener of
+// its own by handing each request to h (the node's server, where Routes
+// mounted it under SelectionPrefix) with the prefix added, so that a
+// forward to the leader reaches the same route there.
+func SelectionHandler(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r2 := r.Clone(r.Context())
+		r2.URL.Path = SelectionPrefix + r.URL.Path
+		r2.URL.RawPath = ""
+		h.ServeHTTP(w, r2)
+	})
+}

@@ -1,0 +1,173 @@
+package compat
+
+import (
+	"encoding/json"
+	"net/http"
+	"reflect"
+	"testing"
+)
+
+func selectionScript() []step {
+	hs := promptHashes()
+	seq := []Hash{11, 12, 13}
+	p := "/selection"
+	w1 := CatalogWorker{WorkerID: 1, ModelName: "llama", Endpoint: "http://10.0.0.1:8000", BlockSize: testBlockSize,
+		DataParallelSize: 2, KVEventsEndpoints: Map[string]{"0": "tcp://10.0.0.1:5557", "1": "tcp://10.0.0.1:5558"}}
+	w2 := CatalogWorker{WorkerID: 2, ModelName: "llama", Endpoint: "http://10.0.0.2:8000", BlockSize: testBlockSize}
+	sel := func(id string, reserve bool) SelectRequest {
+		return SelectRequest{SelectionID: id, ModelName: "llama", BlockHashes: hs, SequenceHashes: seq, ISLTokens: 16}
+	}
+	endpoint := "http://10.0.0.9:8000"
+	return []step{
+		{"ready_empty", "GET", p + "/ready", nil, 503},
+		{"add_worker", "POST", p + "/workers", w1, 201},
+		{"add_worker2", "POST", p + "/workers", w2, 201},
+		{"add_worker_again", "POST", p + "/workers", w1, 201},
+		{"add_worker_conflict", "POST", p + "/workers", CatalogWorker{WorkerID: 1, ModelName: "llama", BlockSize: 8}, 409},
+		{"add_worker_bad_key", "POST", p + "/workers", CatalogWorker{WorkerID: 3, ModelName: "llama", BlockSize: 4,
+			KVEventsEndpoints: Map[string]{"5": "tcp://h:1"}}, 400},
+		{"patch_worker", "PATCH", p + "/workers/2", WorkerPatch{Endpoint: &endpoint}, 200},
+		{"patch_unknown", "PATCH", p + "/workers/7", WorkerPatch{Endpoint: &endpoint}, 404},
+		{"list_workers", "GET", p + "/workers", nil, 200},
+		{"ready", "GET", p + "/ready", nil, 200},
+		// Worker 1 dp 1 holds the prompt's first two blocks.
+		{"events", "POST", "/events", EventsRequest{InstanceID: 1, ModelName: "llama", Events: []Event{stored(1, 1, "", 0, 2)}}, 200},
+		{"overlap_scores", "POST", p + "/overlap_scores", OverlapScoresRequest{ModelName: "llama", BlockHashes: hs}, 200},
+		{"select", "POST", p + "/select", sel("s1", false), 200},
+		{"select_and_reserve", "POST", p + "/select_and_reserve", sel("s2", true), 200},
+		{"select_no_workers", "POST", p + "/select", SelectRequest{ModelName: "mistral", ISLTokens: 4}, 503},
+		{"loads_reserved", "GET", p + "/loads?model_name=llama", nil, 200},
+		{"potential_loads", "POST", p + "/potential_loads", PotentialLoadsRequest{ModelName: "llama", BlockHashes: hs,
+			SequenceHashes: seq, ISLTokens: 16}, 200},
+		{"prefill_complete", "POST", p + "/reservations/s2/prefill_complete", nil, 200},
+		{"output_block", "POST", p + "/reservations/s2/output_block", map[string]any{}, 200},
+		{"output_block_decay", "POST", p + "/reservations/s2/output_block", OutputBlockRequest{DecayFraction: ptr(0.5)}, 400},
+		{"loads_after_output", "GET", p + "/loads?model_name=llama", nil, 200},
+		{"release", "DELETE", p + "/reservations/s2", nil, 200},
+		{"release_again", "DELETE", p + "/reservations/s2", nil, 404},
+		{"reserve", "POST", p + "/reservations", ReservationRequest{ReservationID: "r1", ModelName: "llama", WorkerID: 2,
+			SequenceHashes: seq, ISLTokens: 12, CachedTokens: 4}, 201},
+		{"reserve_unknown_rank", "POST", p + "/reservations", ReservationRequest{ReservationID: "r2", ModelName: "llama",
+			WorkerID: 2, DPRank: 3, ISLTokens: 4}, 404},
+		{"reserve_bad", "POST", p + "/reservations", ReservationRequest{ReservationID: "r3", ModelName: "llama",
+			WorkerID: 2, ISLTokens: 4, CachedTokens: 8}, 400},
+		{"loads_reserve", "GET", p + "/loads?model_name=llama", nil, 200},
+		{"release_r1", "DELETE", p + "/reservations/r1", nil, 200},
+		{"loads_zero", "GET", p + "/loads", nil, 200},
+		{"delete_worker", "DELETE", p + "/workers/2", nil, 200},
+		{"delete_unknown", "DELETE", p + "/workers/2", nil, 404},
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestSelectionGolden runs the selection script against a fresh node in
+// each encoding, checks every status and pins every answer that does not
+// carry a generated id.
+func TestSelectionGolden(t *testing.T) {
+	script := selectionScript()
+	answers := map[codec][]reply{}
+	for _, c := range []codec{codecJSON, codecMsgpack} {
+		n := startNode(t)
+		for _, s := range script {
+			r := n.do(t, c, s.method, s.path, s.body)
+			if r.code != s.code {
+				t.Fatalf("%s (%v): status %d, want %d: %s", s.name, c, r.code, s.code, r.body)
+			}
+			golden(t, "selection_"+s.name, c, r)
+			answers[c] = append(answers[c], r)
+		}
+	}
+	for i, s := range script {
+		if s.code >= 400 {
+			continue
+		}
+		j, m := answers[codecJSON][i].asJSON(t), answers[codecMsgpack][i].asJSON(t)
+		if !reflect.DeepEqual(j, m) {
+			t.Errorf("%s: JSON and MessagePack answers differ:\n%v\n%v", s.name, j, m)
+		}
+	}
+}
+
+// TestSelectionLifecycle follows one reservation through the load tracker:
+// the cached worker is chosen, its load appears, prefill_complete drops
+// the prefill tokens, an output block adds a decode block, and release
+// returns the loads to zero.
+func TestSelectionLifecycle(t *testing.T) {
+	n := startNode(t)
+	var loads []RankLoad
+	for _, s := range selectionScript() {
+		r := n.do(t, codecJSON, s.method, s.path, s.body)
+		if r.code != s.code {
+			t.Fatalf("%s: status %d, want %d: %s", s.name, r.code, s.code, r.body)
+		}
+		switch s.name {
+		case "select", "select_and_reserve":
+			var got SelectResponse
+			if err := json.Unmarshal(r.body, &got); err != nil {
+				t.Fatal(err)
+			}
+			// Worker 1 dp 1 has 2 of the 4 prompt blocks cached: 8 tokens.
+			if got.WorkerID != 1 || got.DPRank != 1 || got.EffectivePrefillTokens != 8 || got.Overlap.GPU != 8 ||
+				got.Reserved != (s.name == "select_and_reserve") || got.Endpoint != "http://10.0.0.1:8000" {
+				t.Fatalf("%s: %+v", s.name, got)
+			}
+		case "loads_reserved", "loads_after_output", "loads_reserve", "loads_zero":
+			loads = nil
+			if err := json.Unmarshal(r.body, &loads); err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]RankLoad{
+				"loads_reserved":     {WorkerID: 1, DPRank: 1, ActivePrefillTokens: 8, ActiveDecodeBlocks: 3, ActiveRequests: 1},
+				"loads_after_output": {WorkerID: 1, DPRank: 1, ActivePrefillTokens: 0, ActiveDecodeBlocks: 4, ActiveRequests: 1},
+				"loads_reserve":      {WorkerID: 2, DPRank: 0, ActivePrefillTokens: 8, ActiveDecodeBlocks: 3, ActiveRequests: 1},
+			}[s.name]
+			for _, l := range loads {
+				if l.WorkerID == want.WorkerID && l.DPRank == want.DPRank && want.ActiveRequests > 0 {
+					if l != want {
+						t.Fatalf("%s: %+v, want %+v", s.name, l, want)
+					}
+				} else if l.ActiveRequests != 0 || l.ActiveDecodeBlocks != 0 || l.ActivePrefillTokens != 0 {
+					t.Fatalf("%s: unexpected load %+v", s.name, l)
+				}
+			}
+		}
+	}
+	if len(loads) != 3 {
+		t.Fatalf("loads of every rank: %+v", loads)
+	}
+}
+
+// TestSessionBreaksTies: two idle workers with no cache tie on cost; a
+// session's later requests stay on the rank it got first.
+func TestSessionBreaksTies(t *testing.T) {
+	n := startNode(t)
+	for id := uint64(1); id <= 4; id++ {
+		r := n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: id, ModelName: "m", BlockSize: 4})
+		if r.code != http.StatusCreated {
+			t.Fatalf("%d %s", r.code, r.body)
+		}
+	}
+	pick := func(session string, first Hash) uint64 {
+		r := n.do(t, codecJSON, "POST", "/selection/select", SelectRequest{ModelName: "m", BlockHashes: []Hash{first},
+			ISLTokens: 4, SessionID: session})
+		var got SelectResponse
+		if err := json.Unmarshal(r.body, &got); err != nil || r.code != 200 {
+			t.Fatalf("%d %s %v", r.code, r.body, err)
+		}
+		return got.WorkerID
+	}
+	// Without a session the rendezvous hash of the first block decides, so
+	// different prompts spread; with one, they follow the session.
+	first := pick("chat-1", 1)
+	spread := map[uint64]bool{}
+	for h := Hash(2); h < 40; h++ {
+		spread[pick("", h)] = true
+		if got := pick("chat-1", h); got != first {
+			t.Fatalf("prompt %d of session chat-1 went to worker %d, its first to %d", h, got, first)
+		}
+	}
+	if len(spread) < 2 {
+		t.Fatalf("without a session every prompt went to %v: the test cannot tell sessions apart", spread)
+	}
+}
