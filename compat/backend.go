@@ -16,6 +16,12 @@ import (
 type Backend interface {
 	// Status is this node's view of itself and the cluster. It never blocks.
 	Status() raftfsm.NodeStatus
+	// CheckLeader returns nil on the leader, else the error a write would
+	// return (wrapping raftfsm.ErrNotLeader, naming the leader when known).
+	// A write handler calls it before validating against the replicated
+	// state, so that the leader's state, not a follower's stale one,
+	// judges the write.
+	CheckLeader() error
 	// WorkerTable returns the replicated worker registrations by worker
 	// id. The map is shared: read it, never change it. It never blocks.
 	WorkerTable() map[uint64]raftfsm.WorkerInfo

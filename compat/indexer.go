@@ -265,6 +265,9 @@ func (x *Indexer) register(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
+	if err := x.b.CheckLeader(); err != nil {
+		return err
+	}
 	if req.ModelName == "" {
 		return badRequest("model_name is required")
 	}
@@ -341,6 +344,9 @@ func (x *Indexer) unregister(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (x *Indexer) doUnregister(ctx context.Context, req *UnregisterRequest) error {
+	if err := x.b.CheckLeader(); err != nil {
+		return err
+	}
 	if req.ModelName == "" {
 		return badRequest("model_name is required")
 	}
@@ -549,6 +555,9 @@ func (x *Indexer) events(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (x *Indexer) doEvents(ctx context.Context, req *EventsRequest) (EventsResponse, error) {
+	if err := x.b.CheckLeader(); err != nil {
+		return EventsResponse{}, err
+	}
 	wi, err := x.resolve(req.InstanceID, req.ModelName, req.TenantID)
 	if err != nil {
 		return EventsResponse{}, err

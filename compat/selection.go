@@ -25,8 +25,6 @@ import (
 // Backend. *raftfsm.Node implements it.
 type SelectionBackend interface {
 	Backend
-	// IsLeader reports whether this node leads the cluster now.
-	IsLeader() bool
 	// Route chooses a rank for a request (and books it with q.Book).
 	Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteResult, error)
 	// Reserve books a request on a chosen rank; idempotent by id.
@@ -269,6 +267,9 @@ func sameRegistration(a, b *raftfsm.WorkerInfo) bool {
 
 func (s *Selection) addWorker(w http.ResponseWriter, r *http.Request) error {
 	c := codecOf(r)
+	if err := s.b.CheckLeader(); err != nil {
+		return err
+	}
 	var req CatalogWorker
 	if err := decode(r, c, &req); err != nil {
 		return answer(w, c, 0, nil, err)
@@ -326,6 +327,9 @@ func pathID(r *http.Request) (uint64, error) {
 
 func (s *Selection) patchWorker(w http.ResponseWriter, r *http.Request) error {
 	c := codecOf(r)
+	if err := s.b.CheckLeader(); err != nil {
+		return err
+	}
 	id, err := pathID(r)
 	if err != nil {
 		return answer(w, c, 0, nil, err)
@@ -373,6 +377,9 @@ func (s *Selection) patchWorker(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Selection) deleteWorker(w http.ResponseWriter, r *http.Request) error {
 	c := codecOf(r)
+	if err := s.b.CheckLeader(); err != nil {
+		return err
+	}
 	id, err := pathID(r)
 	if err != nil {
 		return answer(w, c, 0, nil, err)
@@ -448,6 +455,11 @@ func hashes(hs []Hash) []uint64 {
 
 func (s *Selection) doSelect(w http.ResponseWriter, r *http.Request, reserve bool) error {
 	c := codecOf(r)
+	if reserve {
+		if err := s.b.CheckLeader(); err != nil {
+			return err
+		}
+	}
 	var req SelectRequest
 	if err := decode(r, c, &req); err != nil {
 		return answer(w, c, 0, nil, err)
@@ -549,6 +561,9 @@ func (s *Selection) remember(id string, rk kvevent.Rank) {
 
 func (s *Selection) reserve(w http.ResponseWriter, r *http.Request) error {
 	c := codecOf(r)
+	if err := s.b.CheckLeader(); err != nil {
+		return err
+	}
 	var req ReservationRequest
 	if err := decode(r, c, &req); err != nil {
 		return answer(w, c, 0, nil, err)
@@ -578,18 +593,17 @@ func (s *Selection) reserve(w http.ResponseWriter, r *http.Request) error {
 	return answer(w, c, http.StatusCreated, Map[string]{"status": "ok", "reservation_id": req.ReservationID}, nil)
 }
 
-// onLeader runs a reservation write: on a follower it goes to the leader
-// (errNotLeader from the write itself); on the leader an unknown id is a
-// 404, checked against the leader's own tracker, which holds every
-// acknowledged booking.
+// onLeader runs a reservation write: a follower forwards it to the leader,
+// where an unknown id is a 404, checked against the leader's own tracker,
+// which holds every acknowledged booking.
 func (s *Selection) onLeader(w http.ResponseWriter, r *http.Request, c codec, write func(ctx context.Context, id string, b indexer.Booking) error) error {
+	if err := s.b.CheckLeader(); err != nil {
+		return err
+	}
 	id := r.PathValue("id")
-	var b indexer.Booking
-	if s.b.IsLeader() {
-		var ok bool
-		if b, ok = s.b.Booking(id); !ok {
-			return answer(w, c, 0, nil, &httpError{code: http.StatusNotFound, err: fmt.Errorf("reservation %q is not live", id)})
-		}
+	b, ok := s.b.Booking(id)
+	if !ok {
+		return answer(w, c, 0, nil, &httpError{code: http.StatusNotFound, err: fmt.Errorf("reservation %q is not live", id)})
 	}
 	if err := write(r.Context(), id, b); err != nil {
 		return answer(w, c, 0, nil, fmt.Errorf("reservation %s: %w", id, err))

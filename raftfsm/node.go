@@ -758,3 +758,15 @@ func (n *Node) PotentialLoads(seq []uint64) (loads []indexer.RankLoad, idle int6
 	var sc indexer.PotentialScratch
 	return n.fsm.Sequences().PotentialDecodeBlocks(nil, seq, &sc)
 }
+
+// CheckLeader returns nil on the leader and, elsewhere, the error a write
+// would return (a *NotLeaderError naming the leader when one is known).
+// Handlers that validate a write against the replicated state call it
+// first, so that a follower's slightly stale state never judges a write:
+// the leader's does, after the forward.
+func (n *Node) CheckLeader() error {
+	if n.raft.State() == raft.Leader {
+		return nil
+	}
+	return n.notLeader()
+}

@@ -1,0 +1,246 @@
+package compat
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+// testCluster is three real nodes on raft's in-memory transports, each
+// serving /v1 and the compatible APIs over HTTP, so that followers forward
+// writes to the leader as in production.
+type testCluster struct {
+	t     *testing.T
+	nodes []*testNode
+	http  []*httptest.Server
+	down  []bool
+}
+
+func startCluster(t *testing.T) *testCluster {
+	t.Helper()
+	const n = 3
+	c := &testCluster{t: t, down: make([]bool, n)}
+	base := t.TempDir()
+	var peers []raftfsm.Member
+	var trans []*raft.InmemTransport
+	handlers := make([]http.Handler, n)
+	for i := 0; i < n; i++ {
+		_, tr := raft.NewInmemTransport(raft.ServerAddress(fmt.Sprintf("inmem-n%d", i+1)))
+		trans = append(trans, tr)
+		i := i
+		hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			handlers[i].ServeHTTP(w, r)
+		}))
+		c.http = append(c.http, hs)
+		peers = append(peers, raftfsm.Member{ID: fmt.Sprintf("n%d", i+1), RaftAddr: string(tr.LocalAddr()),
+			HTTPAddr: hs.Listener.Addr().String(), Voter: true})
+	}
+	for i, a := range trans {
+		for j, b := range trans {
+			if i != j {
+				a.Connect(b.LocalAddr(), b)
+			}
+		}
+	}
+	for i := 0; i < n; i++ {
+		node, err := raftfsm.NewNode(raftfsm.Config{ID: peers[i].ID, RaftAddr: peers[i].RaftAddr,
+			HTTPAddr: peers[i].HTTPAddr, DataDir: filepath.Join(base, peers[i].ID), Peers: peers,
+			Transport: trans[i], Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := api.NewServer(node, api.Options{Logger: quiet})
+		NewIndexer(node, quiet).Routes(srv, "")
+		NewSelection(node, quiet).Routes(srv, SelectionPrefix)
+		handlers[i] = srv
+		c.http[i].Start()
+		c.nodes = append(c.nodes, &testNode{node: node, url: c.http[i].URL})
+		t.Cleanup(func() {
+			c.http[i].Close()
+			srv.Close()
+			node.Close()
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, nd := range c.nodes {
+		if err := nd.node.WaitReady(ctx); err != nil {
+			t.Fatalf("a node did not get ready: %v", err)
+		}
+	}
+	return c
+}
+
+// leader returns the index of the live leader, waiting for one.
+func (c *testCluster) leader() int {
+	c.t.Helper()
+	at := -1
+	waitFor(c.t, 10*time.Second, "a leader", func() bool {
+		for i, nd := range c.nodes {
+			if !c.down[i] && nd.node.IsLeader() {
+				at = i
+				return true
+			}
+		}
+		return false
+	})
+	return at
+}
+
+// follower returns a live node that does not lead.
+func (c *testCluster) follower() int {
+	l := c.leader()
+	for i := range c.nodes {
+		if i != l && !c.down[i] {
+			return i
+		}
+	}
+	c.t.Fatal("no live follower")
+	return -1
+}
+
+// stop kills node i: its HTTP server and its Raft node close.
+func (c *testCluster) stop(i int) {
+	c.http[i].CloseClientConnections()
+	c.http[i].Close()
+	c.nodes[i].node.Close()
+	c.down[i] = true
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestReservationSurvivesLeaderLoss: a reservation booked through a
+// follower (forwarded to the leader) is seen on every node; the leader is
+// killed; the reservation is completed, grown and freed through a survivor,
+// and every survivor's loads return to zero.
+func TestReservationSurvivesLeaderLoss(t *testing.T) {
+	c := startCluster(t)
+	f := c.nodes[c.follower()]
+	mustCode := func(r reply, code int) {
+		t.Helper()
+		if r.code != code {
+			t.Fatalf("status %d, want %d: %s", r.code, code, r.body)
+		}
+	}
+	for id := uint64(1); id <= 2; id++ {
+		mustCode(f.do(t, codecJSON, "POST", "/selection/workers",
+			CatalogWorker{WorkerID: id, ModelName: "llama", Endpoint: fmt.Sprintf("http://w%d", id), BlockSize: 4}), 201)
+	}
+	r := f.do(t, codecJSON, "POST", "/selection/select_and_reserve", SelectRequest{SelectionID: "req-1", ModelName: "llama",
+		BlockHashes: promptHashes(), SequenceHashes: []Hash{1, 2, 3}, ISLTokens: 12})
+	mustCode(r, 200)
+	var sel SelectResponse
+	if err := json.Unmarshal(r.body, &sel); err != nil || !sel.Reserved {
+		t.Fatalf("%s: %v", r.body, err)
+	}
+	load := func(nd *testNode) RankLoad {
+		var ls []RankLoad
+		rr := nd.do(t, codecJSON, "GET", "/selection/loads?model_name=llama", nil)
+		if err := json.Unmarshal(rr.body, &ls); err != nil || rr.code != 200 {
+			t.Fatalf("%d %s: %v", rr.code, rr.body, err)
+		}
+		var sum RankLoad
+		for _, l := range ls {
+			sum.ActiveRequests += l.ActiveRequests
+			sum.ActiveDecodeBlocks += l.ActiveDecodeBlocks
+			sum.ActivePrefillTokens += l.ActivePrefillTokens
+		}
+		return sum
+	}
+	for i, nd := range c.nodes {
+		waitFor(t, 10*time.Second, fmt.Sprintf("node %d to see the reservation", i), func() bool {
+			l := load(nd)
+			return l.ActiveRequests == 1 && l.ActiveDecodeBlocks == 3 && l.ActivePrefillTokens == 12
+		})
+	}
+
+	old := c.leader()
+	c.stop(old)
+	c.leader() // a new one
+	s := c.nodes[c.follower()]
+	mustCode(s.do(t, codecJSON, "POST", "/selection/reservations/req-1/prefill_complete", nil), 200)
+	mustCode(s.do(t, codecJSON, "POST", "/selection/reservations/req-1/output_block", nil), 200)
+	for i, nd := range c.nodes {
+		if c.down[i] {
+			continue
+		}
+		waitFor(t, 10*time.Second, fmt.Sprintf("node %d to see the output block", i), func() bool {
+			l := load(nd)
+			return l.ActiveRequests == 1 && l.ActiveDecodeBlocks == 4 && l.ActivePrefillTokens == 0
+		})
+	}
+	mustCode(s.do(t, codecJSON, "DELETE", "/selection/reservations/req-1", nil), 200)
+	for i, nd := range c.nodes {
+		if c.down[i] {
+			continue
+		}
+		waitFor(t, 10*time.Second, fmt.Sprintf("node %d's loads to return to zero", i), func() bool {
+			return load(nd) == RankLoad{}
+		})
+	}
+}
+
+// TestEveryNodeAnswersTheSame: events posted through one node; once every
+// node has applied the leader's log, /query_by_hash and /dump answer the
+// same bytes on all three.
+func TestEveryNodeAnswersTheSame(t *testing.T) {
+	c := startCluster(t)
+	for _, s := range indexerScript() {
+		if s.name == "query" {
+			break
+		}
+		r := c.nodes[c.follower()].do(t, codecJSON, s.method, s.path, s.body)
+		if r.code != s.code {
+			t.Fatalf("%s: status %d, want %d: %s", s.name, r.code, s.code, r.body)
+		}
+	}
+	l := c.nodes[c.leader()].node
+	want := l.Status().CommitIndex
+	for i, nd := range c.nodes {
+		waitFor(t, 10*time.Second, fmt.Sprintf("node %d to apply index %d", i, want), func() bool {
+			return nd.node.Status().AppliedIndex >= want
+		})
+	}
+	for _, q := range []struct {
+		method, path string
+		body         any
+	}{
+		{"POST", "/query_by_hash", QueryByHashRequest{BlockHashes: promptHashes(), ModelName: "llama"}},
+		{"POST", "/query", QueryRequest{TokenIDs: prompt, ModelName: "llama", TenantID: "blue"}},
+		{"GET", "/dump", nil},
+		{"GET", "/workers", nil},
+	} {
+		var first []byte
+		for i, nd := range c.nodes {
+			r := nd.do(t, codecJSON, q.method, q.path, q.body)
+			if r.code != 200 {
+				t.Fatalf("node %d %s: %d %s", i, q.path, r.code, r.body)
+			}
+			if i == 0 {
+				first = r.body
+			} else if !bytes.Equal(r.body, first) {
+				t.Fatalf("%s: node %d answers\n%s\nnode 0\n%s", q.path, i, r.body, first)
+			}
+		}
+	}
+}
