@@ -1,0 +1,251 @@
+package enginesub
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/kvevent/engine"
+)
+
+// Stats are a Subscriber's counters since it was made.
+type Stats struct {
+	Batches     uint64 // batches given to the sink, live or replayed
+	Events      uint64 // router events in them
+	BlockEvents uint64 // stored blocks plus removed hashes in them
+	Gaps        uint64 // jumps forward in the sequence
+	Replays     uint64 // replays asked of the engine
+	Replayed    uint64 // batches applied from replays
+	Overruns    uint64 // replays that started above the sequence asked for
+	Resyncs     uint64 // Sink.Resync calls, whatever the reason
+	Epochs      uint64 // new epochs: engine restarts seen (Sink.Reset calls)
+	Duplicates  uint64 // batches skipped because they were applied already
+	Malformed   uint64 // messages skipped as malformed, live or replayed
+	SinkErrors  uint64 // batches Sink.Events refused
+	NextSeq     uint64 // the sequence expected next
+	Decoder     engine.Stats
+}
+
+// replayFunc asks the engine for its buffered batches from sequence from
+// on, and calls each with every reply (the frames a DEALER receives) until
+// each returns false. It returns an error when the replay cannot be asked
+// for, times out, or ctx ends.
+type replayFunc func(ctx context.Context, from uint64, each func(frames [][]byte) bool) error
+
+// core is a Subscriber without its sockets: sequence tracking, replay and
+// decoding, one message at a time. Only the Run goroutine (or a test) calls
+// its methods, except Stats.
+type core struct {
+	rank   kvevent.Rank
+	sink   Sink
+	dec    *engine.Decoder
+	batch  engine.Batch
+	log    *slog.Logger
+	m      rankMetrics
+	replay replayFunc // nil: no replay endpoint
+
+	started  bool
+	next     uint64 // the sequence to apply next
+	liveLast uint64 // the last sequence seen on the live stream
+
+	mu    sync.Mutex // guards stats
+	stats Stats
+}
+
+func (c *core) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats
+}
+
+func (c *core) count(f func(*Stats)) {
+	c.mu.Lock()
+	f(&c.stats)
+	c.mu.Unlock()
+}
+
+// live handles one message of the live stream. It returns an error only
+// when ctx ended during a replay.
+func (c *core) live(ctx context.Context, frames [][]byte) error {
+	seq, payload, bad := parseLive(frames)
+	if bad != "" {
+		c.malformed(bad, nil)
+		return nil
+	}
+	if !c.started {
+		c.started, c.next, c.liveLast = true, seq, seq
+		c.apply(seq, payload)
+		return nil
+	}
+	// The live stream comes over one connection at a time, in order: within
+	// an epoch it only goes up. Going back means a new publisher, counting
+	// from 0 again. (Sequences the replay applied may be above liveLast:
+	// those are duplicates, below.)
+	if seq <= c.liveLast {
+		c.newEpoch(seq)
+	}
+	c.liveLast = seq
+	switch {
+	case seq < c.next:
+		c.count(func(s *Stats) { s.Duplicates++ })
+		c.m.duplicates.Inc()
+	case seq == c.next:
+		c.apply(seq, payload)
+	default:
+		return c.heal(ctx, seq, payload)
+	}
+	return nil
+}
+
+// newEpoch starts the epoch of a restarted engine, first seen at seq.
+func (c *core) newEpoch(seq uint64) {
+	c.log.Info("engine restarted: new epoch", "rank", c.rank, "last_seq", c.liveLast, "seq", seq)
+	c.count(func(s *Stats) { s.Epochs++ })
+	c.m.epochs.Inc()
+	c.sink.Reset(c.rank)
+	c.dec.Reset()
+	// The new epoch starts at 0: if seq is above, its first batches were
+	// missed, which is a gap like any other.
+	c.next = 0
+}
+
+// heal handles the live batch seq, which follows a gap: batches c.next to
+// seq-1 are missing. It fills the gap from a replay when it can, else
+// resyncs, and then applies the batch unless the replay already did.
+//
+// The replay runs on this goroutine: live messages that arrive meanwhile
+// wait in the SUB socket's queue, and those the replay covers are skipped
+// as duplicates when live reads them (their sequence is above liveLast and
+// below next).
+func (c *core) heal(ctx context.Context, seq uint64, payload []byte) error {
+	from := c.next
+	c.count(func(s *Stats) { s.Gaps++ })
+	c.m.gaps.Inc()
+	reason := ReasonGap
+	if c.replay != nil {
+		reason = c.replayGap(ctx, from, seq)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	if reason != "" {
+		c.resync(reason, "missing", fmt.Sprintf("%d..%d", c.next, seq-1))
+		c.next = seq
+	}
+	if seq < c.next {
+		c.count(func(s *Stats) { s.Duplicates++ })
+		c.m.duplicates.Inc()
+		return nil
+	}
+	c.apply(seq, payload)
+	return nil
+}
+
+// replayGap asks for the batches from `from` on and applies those it gets,
+// in order. It returns "" when the gap up to upTo (excluded) was filled,
+// else the reason to resync.
+//
+// A replay that starts above from means the engine's buffer no longer holds
+// the batches asked for: an overrun, and nothing replayed can stand in for
+// them. Its batches are not applied; the stream goes on from the live batch
+// that showed the gap.
+func (c *core) replayGap(ctx context.Context, from, upTo uint64) Reason {
+	c.count(func(s *Stats) { s.Replays++ })
+	first, overrun, hole := true, false, false
+	err := c.replay(ctx, from, func(frames [][]byte) bool {
+		seq, payload, end, bad := parseReply(frames)
+		switch {
+		case bad != "":
+			c.malformed(bad, nil)
+			return true
+		case end:
+			return false
+		}
+		if first {
+			first = false
+			if seq > from {
+				overrun = true
+				return false
+			}
+		}
+		switch {
+		case seq < c.next: // applied already
+			c.count(func(s *Stats) { s.Duplicates++ })
+			c.m.duplicates.Inc()
+		case seq > c.next: // a hole in the replay: never apply past it
+			hole = true
+			return false
+		default:
+			c.count(func(s *Stats) { s.Replayed++ })
+			c.apply(seq, payload)
+		}
+		return true
+	})
+	switch {
+	case ctx.Err() != nil:
+		return ""
+	case overrun:
+		c.count(func(s *Stats) { s.Overruns++ })
+		c.m.replays.WithLabelValues("overrun").Inc()
+		return ReasonOverrun
+	case c.next >= upTo:
+		if err != nil {
+			c.log.Debug("replay ended badly after filling the gap", "rank", c.rank, "err", err)
+		}
+		c.m.replays.WithLabelValues("healed").Inc()
+		c.log.Info("gap filled by replay", "rank", c.rank, "from", from, "to", upTo-1)
+		return ""
+	}
+	c.m.replays.WithLabelValues("failed").Inc()
+	switch {
+	case err != nil:
+		c.log.Warn("replay failed", "rank", c.rank, "from", from, "err", err)
+	case hole:
+		c.log.Warn("replay skipped a batch", "rank", c.rank, "from", from, "missing", c.next)
+	default:
+		c.log.Warn("replay ended short of the gap", "rank", c.rank, "from", from, "reached", c.next, "want", upTo)
+	}
+	return ReasonReplayFailed
+}
+
+// apply decodes batch seq and gives it to the sink. It consumes seq even
+// when the decoder rejects the payload (see the package comment).
+func (c *core) apply(seq uint64, payload []byte) {
+	c.next = seq + 1
+	c.batch.Reset()
+	if err := c.dec.Decode(payload, &c.batch); err != nil {
+		c.malformed(badPayload, err)
+		c.count(func(s *Stats) { s.NextSeq = c.next; s.Decoder = c.dec.Stats() })
+		return
+	}
+	n := c.batch.BlockEvents()
+	c.count(func(s *Stats) {
+		s.Batches++
+		s.Events += uint64(len(c.batch.Events))
+		s.BlockEvents += uint64(n)
+		s.NextSeq = c.next
+		s.Decoder = c.dec.Stats()
+	})
+	c.m.batches.Inc()
+	c.m.blockEvents.Add(float64(n))
+	if err := c.sink.Events(c.rank, seq, c.batch.Events); err != nil {
+		c.count(func(s *Stats) { s.SinkErrors++ })
+		c.resync(ReasonSinkError, "seq", seq, "err", err)
+	}
+	c.batch.Reset() // drop references the sink must not keep
+}
+
+func (c *core) resync(reason Reason, args ...any) {
+	c.log.Warn("rank resync", append([]any{"rank", c.rank, "reason", string(reason)}, args...)...)
+	c.count(func(s *Stats) { s.Resyncs++ })
+	c.m.resyncs.WithLabelValues(string(reason)).Inc()
+	c.sink.Resync(c.rank, reason)
+}
+
+func (c *core) malformed(why string, err error) {
+	c.count(func(s *Stats) { s.Malformed++ })
+	c.m.malformed.WithLabelValues(why).Inc()
+	c.log.Debug("malformed engine message skipped", "rank", c.rank, "reason", why, "err", err)
+}

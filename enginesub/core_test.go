@@ -1,0 +1,203 @@
+package enginesub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// step is one thing a core test does: a live message, or a change to what
+// the fake engine replays next.
+type step struct {
+	live    [][]byte
+	replies [][][]byte // what the next replay answers
+	err     error      // and the error it ends with
+}
+
+func live(seqs ...uint64) []step {
+	var out []step
+	for _, s := range seqs {
+		out = append(out, step{live: liveMsg(s)})
+	}
+	return out
+}
+
+func replies(err error, seqs ...uint64) step {
+	st := step{err: err}
+	for _, s := range seqs {
+		st.replies = append(st.replies, replyMsg(s, s%2 == 0))
+	}
+	if err == nil {
+		st.replies = append(st.replies, endMsg)
+	}
+	return st
+}
+
+func steps(parts ...any) []step {
+	var out []step
+	for _, p := range parts {
+		switch p := p.(type) {
+		case step:
+			out = append(out, p)
+		case []step:
+			out = append(out, p...)
+		default:
+			panic(fmt.Sprintf("steps: %T", p))
+		}
+	}
+	return out
+}
+
+// TestSequenceRules drives the per-message handler through the cases of
+// the package comment, with a fake engine for replays, and checks what the
+// sink hears, in order.
+func TestSequenceRules(t *testing.T) {
+	timeout := fmt.Errorf("%w (fake)", errReplayTimeout)
+	cases := []struct {
+		name      string
+		replay    bool // the subscriber has a replay endpoint
+		steps     []step
+		fail      uint64 // the sink refuses this batch (0: none)
+		want      string
+		malformed uint64
+	}{
+		{name: "in order", steps: live(0, 1, 2), want: "ev0 ev1 ev2"},
+		{name: "first message accepted whatever its seq", steps: live(7, 8), want: "ev7 ev8"},
+		{name: "seq back to zero starts an epoch", steps: live(0, 1, 2, 0, 1),
+			want: "ev0 ev1 ev2 reset ev0 ev1"},
+		{name: "seq back to the same starts an epoch", steps: live(0, 1, 1, 2),
+			want: "ev0 ev1 reset resync:gap ev1 ev2"},
+		{name: "new epoch first seen above zero is a gap", steps: live(0, 1, 2, 3, 4, 2, 3),
+			want: "ev0 ev1 ev2 ev3 ev4 reset resync:gap ev2 ev3"},
+		{name: "gap without replay resyncs and goes on", steps: live(0, 1, 3, 4),
+			want: "ev0 ev1 resync:gap ev3 ev4"},
+		{name: "gap filled by replay, live duplicates skipped", replay: true,
+			steps: steps(replies(nil, 2, 3, 4, 5, 6, 7), live(0, 1, 4, 5, 6, 7, 8)),
+			want:  "ev0 ev1 replay:2 ev2 ev3 ev4 ev5 ev6 ev7 ev8"},
+		{name: "replay that repeats applied batches skips them", replay: true,
+			steps: steps(replies(nil, 0, 1, 2, 3), live(0, 1, 3, 4)),
+			want:  "ev0 ev1 replay:2 ev2 ev3 ev4"},
+		{name: "overrun resyncs and goes on from the live batch", replay: true,
+			steps: steps(replies(nil, 3, 4, 5), live(0, 1, 5, 6)),
+			want:  "ev0 ev1 replay:2 resync:overrun ev5 ev6"},
+		{name: "hole in the replay is never applied past", replay: true,
+			steps: steps(replies(nil, 2, 4, 5), live(0, 1, 5, 6)),
+			want:  "ev0 ev1 replay:2 ev2 resync:replay_failed ev5 ev6"},
+		{name: "replay ending short of the gap resyncs", replay: true,
+			steps: steps(replies(nil, 2), live(0, 1, 4)),
+			want:  "ev0 ev1 replay:2 ev2 resync:replay_failed ev4"},
+		{name: "replay timeout resyncs", replay: true,
+			steps: steps(replies(timeout), live(0, 1, 4)),
+			want:  "ev0 ev1 replay:2 resync:replay_failed ev4"},
+		{name: "replay that filled the gap before timing out heals", replay: true,
+			steps: steps(replies(timeout, 2, 3), live(0, 1, 4)),
+			want:  "ev0 ev1 replay:2 ev2 ev3 ev4"},
+		{name: "restart during a gap: new epoch replayed from zero", replay: true,
+			steps: steps(live(0, 1, 2), replies(nil, 0, 1, 2), live(2, 3)),
+			want:  "ev0 ev1 ev2 reset replay:0 ev0 ev1 ev2 ev3"},
+		{name: "sink refusal resyncs", steps: live(0, 1, 2), fail: 1,
+			want: "ev0 ev1! resync:sink_error ev2"},
+		{name: "undecodable payload consumes its seq",
+			steps: steps(live(0), step{live: [][]byte{{}, seqFrame(1), []byte("\xc1 not msgpack")}}, live(2)),
+			want:  "ev0 ev2", malformed: 1},
+		{name: "malformed replies are skipped", replay: true,
+			steps: steps(step{replies: [][][]byte{
+				{seqFrame(2), removedPayload(hashOf(2), 0)}, // no delimiter
+				{{}, seqFrame(2)}, // one frame
+				{{}, {}, {}, seqFrame(2), removedPayload(hashOf(2), 0)}, // four frames
+				{{}, seqFrame(2)[:7], removedPayload(hashOf(2), 0)},     // 7-byte seq
+				{{}, seqFrame(endSeq), {1}},                             // end marker with a payload
+				replyMsg(2, true), replyMsg(3, false), endMsg}}, live(0, 1, 3)),
+			want: "ev0 ev1 replay:2 ev2 ev3", malformed: 5},
+		{name: "malformed live messages are skipped",
+			steps: steps(live(0),
+				step{live: [][]byte{{}}},
+				step{live: [][]byte{{}, seqFrame(1)}},
+				step{live: [][]byte{{}, seqFrame(1), removedPayload(1, 0), {}}},
+				step{live: [][]byte{{}, seqFrame(1)[1:], removedPayload(1, 0)}},
+				step{live: [][]byte{{}, seqFrame(endSeq), {}}},
+				live(1)),
+			want: "ev0 ev1", malformed: 5},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sink := &recSink{}
+			if tc.fail != 0 {
+				sink.fail = func(seq uint64) bool { return seq == tc.fail }
+			}
+			var next step
+			var replay replayFunc
+			if tc.replay {
+				replay = func(ctx context.Context, from uint64, each func([][]byte) bool) error {
+					sink.add(call{kind: "replay", seq: from})
+					for _, r := range next.replies {
+						if !each(r) {
+							return nil
+						}
+					}
+					return next.err
+				}
+			}
+			c := newCore(t, sink, replay)
+			for _, st := range tc.steps {
+				if st.live == nil {
+					next = st
+					continue
+				}
+				if err := c.live(bg, st.live); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := sink.of(nil)
+			if trace(got) != tc.want {
+				t.Fatalf("sink calls:\n got %s\nwant %s", trace(got), tc.want)
+			}
+			for _, cl := range got {
+				if cl.kind == "ev" && !eventsEqual(cl.events, removedEvent(kvevent.Rank{}, cl.seq)) {
+					t.Fatalf("batch %d delivered %s", cl.seq, fmtEvents(cl.events))
+				}
+			}
+			st := c.Stats()
+			if st.Malformed != tc.malformed {
+				t.Fatalf("malformed = %d, want %d", st.Malformed, tc.malformed)
+			}
+			var evs, resyncs, resets uint64
+			for _, cl := range got {
+				switch cl.kind {
+				case "ev":
+					evs++
+				case "resync":
+					resyncs++
+				case "reset":
+					resets++
+				}
+			}
+			if st.Batches != evs || st.Resyncs != resyncs || st.Epochs != resets {
+				t.Fatalf("stats %+v disagree with the sink's %d batches, %d resyncs, %d resets", st, evs, resyncs, resets)
+			}
+		})
+	}
+}
+
+// TestReplayStopsWhenContextEnds checks that a cancellation during a replay
+// returns at once, applying nothing more and resyncing nothing.
+func TestReplayStopsWhenContextEnds(t *testing.T) {
+	sink := &recSink{}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := newCore(t, sink, func(ctx context.Context, from uint64, each func([][]byte) bool) error {
+		cancel()
+		return ctx.Err()
+	})
+	if err := c.live(ctx, liveMsg(0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.live(ctx, liveMsg(2)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("live during a cancelled replay: %v, want context.Canceled", err)
+	}
+	if got := trace(sink.of(nil)); got != "ev0" {
+		t.Fatalf("sink calls %s, want ev0", got)
+	}
+}

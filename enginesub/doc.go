@@ -1,0 +1,49 @@
+// Package enginesub subscribes to one inference engine's KV event stream
+// (shared/design/wire.md): a ZMQ SUB socket receives the engine's 3-frame
+// messages [topic, seq, payload], the engine decoder (kvevent/engine) turns
+// each payload into router events, and a Sink receives them, one call per
+// batch. A Subscriber follows one data-parallel rank of one worker; a Group
+// runs one per rank.
+//
+// The sequence number is the only loss signal a PUB socket gives, so each
+// Subscriber tracks it:
+//
+//   - The first message is accepted whatever its sequence.
+//   - seq == next: the batch is applied.
+//   - seq at or below the last sequence seen on the live stream: the engine
+//     restarted (a new publisher counts from 0 again). The rank starts a new
+//     epoch: Sink.Reset, the decoder forgets what it learned, and the next
+//     batch expected is 0, so a new epoch first seen above 0 is a gap.
+//   - seq above next: a gap. With a replay endpoint the missing batches are
+//     asked for (a DEALER to the engine's ROUTER) and applied in order; a
+//     replay that starts above the one asked for means the engine's buffer
+//     was overrun. When history cannot be had (no replay endpoint, overrun,
+//     timeout, a short or holed replay), Sink.Resync says the rank's state is
+//     unknown, and the stream is followed on from the batch that showed the
+//     gap.
+//   - Live messages that arrive while a replay runs wait in the SUB socket's
+//     queue; those the replay already applied (above the last live sequence,
+//     at or below the last applied) are duplicates and are skipped.
+//
+// Invariants:
+//   - Within an epoch, every batch reaches the sink at most once, and in
+//     sequence order.
+//   - A gap is never applied past: the batch after a gap reaches the sink
+//     only after the missing batches did, or after Sink.Resync.
+//   - When history is lost the sink hears of it (Resync); when the engine
+//     restarts, Reset.
+//   - A malformed message (wrong frame count, a sequence frame that is not 8
+//     bytes, a payload the decoder rejects) never reaches the sink and never
+//     stops the subscriber: it is skipped and counted. A rejected payload
+//     with a readable sequence consumes that sequence: a replay would return
+//     the same bytes, so asking again could only end in a resync.
+//   - Each socket lives on the Run goroutine, which is the only caller of
+//     the sink; Run returns when its context is cancelled, sockets closed.
+//
+// What the wire cannot tell: an engine that restarts and whose first batches
+// are lost, so that the first sequence seen from it is above the last one
+// seen before, looks like a gap, not a new epoch; a replay would then mix
+// the two epochs' batches. The first message a Subscriber sees may be
+// preceded by history it never saw: a caller that needs the engine's whole
+// cache must start the subscriber before the engine.
+package enginesub

@@ -1,0 +1,13 @@
+package enginesub
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// Every test stops what it starts: subscribers, their sockets, the Python
+// publishers and the goroutines that read them.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}

@@ -1,0 +1,95 @@
+package enginesub
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the families of every subscriber registered on one
+// Registerer, labelled by rank.
+type metrics struct {
+	batches, blockEvents, gaps, epochs, duplicates *prometheus.CounterVec // worker, dp_rank
+	replays                                        *prometheus.CounterVec // worker, dp_rank, outcome
+	resyncs, malformed                             *prometheus.CounterVec // worker, dp_rank, reason
+}
+
+// rankMetrics are one subscriber's series: its rank's labels are fixed.
+type rankMetrics struct {
+	batches, blockEvents, gaps, epochs, duplicates prometheus.Counter
+	replays                                        *prometheus.CounterVec // outcome
+	resyncs, malformed                             *prometheus.CounterVec // reason
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	rank := []string{"worker", "dp_rank"}
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, append(rank, labels...))
+	}
+	m := &metrics{
+		batches: counter("kvagent_subscriber_batches_total",
+			"Engine batches decoded and given to the sink, live or replayed."),
+		blockEvents: counter("kvagent_subscriber_block_events_total",
+			"Stored blocks plus removed hashes in the batches given to the sink."),
+		gaps: counter("kvagent_engine_seq_gaps_total",
+			"Jumps forward in an engine rank's event sequence (batches the PUB socket dropped)."),
+		epochs: counter("kvagent_subscriber_epochs_total",
+			"Engine restarts seen: the sequence fell back and the rank started a new epoch."),
+		duplicates: counter("kvagent_subscriber_duplicates_total",
+			"Batches skipped because a replay had applied them already."),
+		replays: counter("kvagent_subscriber_replays_total",
+			"Replays asked of the engine, by outcome (healed, overrun, failed).", "outcome"),
+		resyncs: counter("kvagent_subscriber_resyncs_total",
+			"Ranks whose state was declared unknown, by reason (gap, overrun, replay_failed, sink_error).", "reason"),
+		malformed: counter("kvagent_subscriber_malformed_total",
+			"Engine messages skipped as malformed, by reason (frames, seq, payload, delimiter).", "reason"),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	// Several subscribers (a Group's) share a Registerer: the second one
+	// finds the families registered and uses them.
+	for _, p := range []**prometheus.CounterVec{&m.batches, &m.blockEvents, &m.gaps, &m.epochs, &m.duplicates,
+		&m.replays, &m.resyncs, &m.malformed} {
+		if err := reg.Register(*p); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return nil, fmt.Errorf("enginesub: register metrics: %w", err)
+			}
+			existing, ok := are.ExistingCollector.(*prometheus.CounterVec)
+			if !ok {
+				return nil, fmt.Errorf("enginesub: register metrics: %w", err)
+			}
+			*p = existing
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) forRank(worker uint64, dp uint32) rankMetrics {
+	w, d := strconv.FormatUint(worker, 10), strconv.FormatUint(uint64(dp), 10)
+	labels := prometheus.Labels{"worker": w, "dp_rank": d}
+	r := rankMetrics{
+		batches:     m.batches.WithLabelValues(w, d),
+		blockEvents: m.blockEvents.WithLabelValues(w, d),
+		gaps:        m.gaps.WithLabelValues(w, d),
+		epochs:      m.epochs.WithLabelValues(w, d),
+		duplicates:  m.duplicates.WithLabelValues(w, d),
+		replays:     m.replays.MustCurryWith(labels),
+		resyncs:     m.resyncs.MustCurryWith(labels),
+		malformed:   m.malformed.MustCurryWith(labels),
+	}
+	// The labelled series show zero before their first occurrence.
+	for _, o := range []string{"healed", "overrun", "failed"} {
+		r.replays.WithLabelValues(o)
+	}
+	for _, why := range []Reason{ReasonGap, ReasonOverrun, ReasonReplayFailed, ReasonSinkError} {
+		r.resyncs.WithLabelValues(string(why))
+	}
+	for _, why := range badReasons {
+		r.malformed.WithLabelValues(why)
+	}
+	return r
+}

@@ -1,0 +1,243 @@
+package enginesub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/kvevent/engine"
+)
+
+// DefaultReplayTimeout bounds a replay when Config.ReplayTimeout is zero.
+const DefaultReplayTimeout = 3 * time.Second
+
+// pollInterval is how long a receive waits before Run looks at its context
+// again: the longest Run takes to notice a cancellation.
+const pollInterval = 50 * time.Millisecond
+
+// Config configures a Subscriber for one data-parallel rank of one worker.
+type Config struct {
+	// Endpoint is the engine's event endpoint, "tcp://host:port". Required.
+	Endpoint string
+	// Bind makes the subscriber bind Endpoint (for engines that connect
+	// their publisher); otherwise it connects. A bound port of 0 or "*" is
+	// chosen by the system: LocalEndpoint tells which.
+	Bind bool
+	// Topic filters messages by the prefix of their topic frame; "" takes
+	// every message.
+	Topic string
+	// ReplayEndpoint is the engine's replay ROUTER endpoint, or "" when it
+	// has none: then every gap resyncs the rank.
+	ReplayEndpoint string
+	// ReplayTimeout bounds one replay, from request to end marker; zero
+	// means DefaultReplayTimeout. A replay that runs out resyncs the rank.
+	ReplayTimeout time.Duration
+	// RecvHWM is the SUB socket's receive high-water mark, in messages: how
+	// many batches may wait while a replay runs before the socket drops some
+	// (which a later gap then shows). Zero keeps libzmq's default (1000).
+	RecvHWM int
+	// Rank is the rank followed; it names the rank in Sink calls and
+	// metrics. Its DP is replaced in events by the batch's
+	// data_parallel_rank when the batch has one.
+	Rank kvevent.Rank
+	// Decoder configures the payload decoder; its Rank is replaced by Rank.
+	// Decoder.BlockSize is required.
+	Decoder engine.Config
+	// Sink receives the events. Required.
+	Sink Sink
+	// Logger, when nil, is slog.Default().
+	Logger *slog.Logger
+	// Registerer, when set, registers the kvagent_subscriber_* metrics
+	// (and kvagent_engine_seq_gaps_total), labelled by worker and dp_rank.
+	// Subscribers may share one.
+	Registerer prometheus.Registerer
+}
+
+// A Subscriber follows one engine rank's KV event stream and gives its
+// batches to a Sink; see the package comment for what it promises. Make one
+// with New and call Run once.
+type Subscriber struct {
+	cfg   Config
+	core  *core
+	ran   atomic.Bool
+	ready chan struct{}
+	local atomic.Pointer[string]
+}
+
+// New checks cfg and returns a Subscriber. It opens no socket: Run does.
+func New(cfg Config) (*Subscriber, error) {
+	switch {
+	case cfg.Endpoint == "":
+		return nil, fmt.Errorf("%w: no endpoint", ErrConfig)
+	case cfg.Sink == nil:
+		return nil, fmt.Errorf("%w: no sink", ErrConfig)
+	case cfg.ReplayTimeout < 0:
+		return nil, fmt.Errorf("%w: replay timeout %v", ErrConfig, cfg.ReplayTimeout)
+	case cfg.RecvHWM < 0:
+		return nil, fmt.Errorf("%w: receive high-water mark %d", ErrConfig, cfg.RecvHWM)
+	}
+	if cfg.ReplayTimeout == 0 {
+		cfg.ReplayTimeout = DefaultReplayTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cfg.Decoder.Rank = cfg.Rank
+	dec, err := engine.NewDecoder(cfg.Decoder)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Subscriber{cfg: cfg, ready: make(chan struct{})}
+	s.core = &core{rank: cfg.Rank, sink: cfg.Sink, dec: dec, log: cfg.Logger,
+		m: m.forRank(cfg.Rank.Worker, cfg.Rank.DP)}
+	if cfg.ReplayEndpoint != "" {
+		s.core.replay = s.replay
+	}
+	return s, nil
+}
+
+// Rank returns the rank the subscriber follows.
+func (s *Subscriber) Rank() kvevent.Rank { return s.cfg.Rank }
+
+// Stats returns the subscriber's counters. It may be called at any time,
+// from any goroutine.
+func (s *Subscriber) Stats() Stats { return s.core.Stats() }
+
+// Ready is closed once Run has opened its socket: bound it, or started
+// connecting (a connection is made in the background, and remade after the
+// engine restarts). It is never closed when Run fails to open the socket.
+func (s *Subscriber) Ready() <-chan struct{} { return s.ready }
+
+// LocalEndpoint returns, once Ready, the endpoint the socket was bound to
+// (with the port the system chose) or connected to; "" before.
+func (s *Subscriber) LocalEndpoint() string {
+	if p := s.local.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Run receives the engine's messages until ctx is cancelled, then closes
+// its sockets and returns nil. It returns an error when the socket cannot
+// be opened or fails. Run may be called once.
+func (s *Subscriber) Run(ctx context.Context) error {
+	if !s.ran.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	sock, err := s.open()
+	if err != nil {
+		return err
+	}
+	defer sock.Close()
+	close(s.ready)
+	s.cfg.Logger.Debug("engine subscriber started", "rank", s.cfg.Rank, "endpoint", s.LocalEndpoint(), "bind", s.cfg.Bind)
+	for ctx.Err() == nil {
+		frames, err := sock.RecvMessageBytes(0)
+		if err != nil {
+			if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
+				continue // the receive timeout: look at ctx again
+			}
+			return fmt.Errorf("enginesub: receive from %s: %w", s.cfg.Endpoint, err)
+		}
+		if err := s.core.live(ctx, frames); err != nil && ctx.Err() == nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// open makes the SUB socket, binds or connects it, and records where.
+func (s *Subscriber) open() (_ *zmq.Socket, err error) {
+	sock, err := zmq.NewSocket(zmq.SUB)
+	if err != nil {
+		return nil, fmt.Errorf("enginesub: new socket: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			sock.Close()
+		}
+	}()
+	set := func(what string, err error) error {
+		if err != nil {
+			return fmt.Errorf("enginesub: set %s: %w", what, err)
+		}
+		return nil
+	}
+	if err := errors.Join(
+		set("linger", sock.SetLinger(0)),
+		set("receive timeout", sock.SetRcvtimeo(pollInterval)),
+		set("subscription", sock.SetSubscribe(s.cfg.Topic)),
+	); err != nil {
+		return nil, err
+	}
+	if s.cfg.RecvHWM > 0 {
+		if err := set("receive high-water mark", sock.SetRcvhwm(s.cfg.RecvHWM)); err != nil {
+			return nil, err
+		}
+	}
+	local := s.cfg.Endpoint
+	if s.cfg.Bind {
+		if err := sock.Bind(s.cfg.Endpoint); err != nil {
+			return nil, fmt.Errorf("enginesub: bind %s: %w", s.cfg.Endpoint, err)
+		}
+		if ep, err := sock.GetLastEndpoint(); err == nil {
+			local = ep
+		}
+	} else if err := sock.Connect(s.cfg.Endpoint); err != nil {
+		return nil, fmt.Errorf("enginesub: connect %s: %w", s.cfg.Endpoint, err)
+	}
+	s.local.Store(&local)
+	return sock, nil
+}
+
+// replay is the core's replayFunc over ZMQ. Each replay has its own DEALER,
+// closed at the end: a reply that comes after a replay gave up can never be
+// read as part of the next one.
+func (s *Subscriber) replay(ctx context.Context, from uint64, each func(frames [][]byte) bool) error {
+	deadline := time.Now().Add(s.cfg.ReplayTimeout)
+	d, err := zmq.NewSocket(zmq.DEALER)
+	if err != nil {
+		return fmt.Errorf("new replay socket: %w", err)
+	}
+	defer d.Close()
+	if err := errors.Join(d.SetLinger(0), d.SetSndtimeo(s.cfg.ReplayTimeout), d.SetRcvtimeo(pollInterval)); err != nil {
+		return fmt.Errorf("set replay socket options: %w", err)
+	}
+	if err := d.Connect(s.cfg.ReplayEndpoint); err != nil {
+		return fmt.Errorf("connect %s: %w", s.cfg.ReplayEndpoint, err)
+	}
+	req := replayRequest(from)
+	if _, err := d.SendMessage(req[0], req[1]); err != nil {
+		return fmt.Errorf("ask %s for a replay from %d: %w", s.cfg.ReplayEndpoint, from, err)
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w after %v", errReplayTimeout, s.cfg.ReplayTimeout)
+		}
+		frames, err := d.RecvMessageBytes(0)
+		if err != nil {
+			if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
+				continue
+			}
+			return fmt.Errorf("receive replay from %s: %w", s.cfg.ReplayEndpoint, err)
+		}
+		if !each(frames) {
+			return nil
+		}
+	}
+}

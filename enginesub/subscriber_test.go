@@ -1,0 +1,168 @@
+package enginesub
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/kvevent/engine"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func TestNewRejectsImpossibleConfigs(t *testing.T) {
+	ok := Config{Endpoint: "tcp://127.0.0.1:5557", Sink: &recSink{}, Decoder: engine.Config{BlockSize: 16}}
+	for name, tune := range map[string]func(*Config){
+		"no endpoint":         func(c *Config) { c.Endpoint = "" },
+		"no sink":             func(c *Config) { c.Sink = nil },
+		"no block size":       func(c *Config) { c.Decoder.BlockSize = 0 },
+		"negative timeout":    func(c *Config) { c.ReplayTimeout = -1 },
+		"negative water mark": func(c *Config) { c.RecvHWM = -1 },
+	} {
+		c := ok
+		tune(&c)
+		if _, err := New(c); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: %v, want ErrConfig", name, err)
+		}
+	}
+	if _, err := New(ok); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRunTwiceIsRefused(t *testing.T) {
+	s, err := New(Config{Endpoint: "tcp://127.0.0.1:1", Sink: &recSink{}, Logger: quiet, Decoder: engine.Config{BlockSize: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Run(ctx); err != nil {
+		t.Fatalf("first run: %v", err)
+	}
+	if err := s.Run(ctx); !errors.Is(err, ErrRunning) {
+		t.Fatalf("second run: %v, want ErrRunning", err)
+	}
+}
+
+func TestRunReportsAnUnusableEndpoint(t *testing.T) {
+	s, err := New(Config{Endpoint: "nonsense://x", Sink: &recSink{}, Logger: quiet, Decoder: engine.Config{BlockSize: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Run(context.Background()); err == nil {
+		t.Fatal("Run on a nonsense endpoint returned nil")
+	}
+}
+
+func TestRankEndpointOffsetsThePort(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		dp   uint32
+		want string
+		err  bool
+	}{
+		{"tcp://*:5557", 0, "tcp://*:5557", false},
+		{"tcp://*:5557", 3, "tcp://*:5560", false},
+		{"tcp://10.0.0.7:5557", 1, "tcp://10.0.0.7:5558", false},
+		{"tcp://[::1]:6000", 2, "tcp://[::1]:6002", false},
+		{"ipc:///tmp/kv", 0, "ipc:///tmp/kv", false},
+		{"ipc:///tmp/kv", 1, "", true},
+		{"tcp://host", 1, "", true},
+		{"tcp://host:65535", 1, "", true},
+		{"tcp://host:*", 1, "", true},
+	} {
+		got, err := RankEndpoint(tc.in, tc.dp)
+		if got != tc.want || (err != nil) != tc.err {
+			t.Errorf("RankEndpoint(%q, %d) = %q, %v; want %q (error %v)", tc.in, tc.dp, got, err, tc.want, tc.err)
+		}
+	}
+}
+
+func TestGroupGivesEachRankItsEndpoints(t *testing.T) {
+	g, err := NewGroup(Config{Endpoint: "tcp://engine:5557", ReplayEndpoint: "tcp://engine:5600", Rank: kvevent.Rank{Worker: 3, DP: 2},
+		Sink: &recSink{}, Logger: quiet, Decoder: engine.Config{BlockSize: 16}, Registerer: prometheus.NewRegistry()}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range g.Subscribers() {
+		dp := uint32(2 + i)
+		want := []string{"tcp://engine:" + strconv.Itoa(5557+int(dp)), "tcp://engine:" + strconv.Itoa(5600+int(dp))}
+		if s.Rank() != (kvevent.Rank{Worker: 3, DP: dp}) || s.cfg.Endpoint != want[0] || s.cfg.ReplayEndpoint != want[1] {
+			t.Errorf("subscriber %d: rank %v, endpoints %s %s; want dp %d on %v", i, s.Rank(), s.cfg.Endpoint, s.cfg.ReplayEndpoint, dp, want)
+		}
+	}
+	if _, err := NewGroup(Config{Endpoint: "tcp://engine:5557", Sink: &recSink{}, Decoder: engine.Config{BlockSize: 16}}, 0); !errors.Is(err, ErrConfig) {
+		t.Fatalf("a group of no ranks: %v", err)
+	}
+}
+
+// TestMetricsAreLabelledByRank runs two subscribers on one registry: both
+// register, and each counts under its own rank.
+func TestMetricsAreLabelledByRank(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	mk := func(r kvevent.Rank) *core {
+		s, err := New(Config{Endpoint: "tcp://127.0.0.1:1", Sink: &recSink{}, Logger: quiet, Rank: r,
+			Decoder: engine.Config{BlockSize: 4}, Registerer: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.core
+	}
+	a, b := mk(kvevent.Rank{Worker: 1}), mk(kvevent.Rank{Worker: 1, DP: 1})
+	for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(3)} {
+		a.live(bg, m)
+	}
+	b.live(bg, liveMsg(0))
+	b.live(bg, [][]byte{{}, seqFrame(1), []byte("not msgpack")})
+
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"kvagent_subscriber_batches_total", map[string]string{"dp_rank": "0"}, 3},
+		{"kvagent_subscriber_batches_total", map[string]string{"dp_rank": "1"}, 1},
+		{"kvagent_subscriber_block_events_total", map[string]string{"dp_rank": "0"}, 3},
+		{"kvagent_engine_seq_gaps_total", map[string]string{"dp_rank": "0"}, 1},
+		{"kvagent_engine_seq_gaps_total", map[string]string{"dp_rank": "1"}, 0},
+		{"kvagent_subscriber_resyncs_total", map[string]string{"dp_rank": "0", "reason": "gap"}, 1},
+		{"kvagent_subscriber_resyncs_total", map[string]string{"dp_rank": "0", "reason": "overrun"}, 0},
+		{"kvagent_subscriber_malformed_total", map[string]string{"dp_rank": "1", "reason": "payload"}, 1},
+		{"kvagent_subscriber_epochs_total", map[string]string{"dp_rank": "1"}, 0},
+	} {
+		tc.labels["worker"] = "1"
+		if got, ok := counterValue(t, reg, tc.name, tc.labels); !ok || got != tc.want {
+			t.Errorf("%s%v = %v (found %v), want %v", tc.name, tc.labels, got, ok, tc.want)
+		}
+	}
+}
+
+// counterValue returns the value of the counter of family name whose labels
+// are exactly labels.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) != len(labels) {
+				continue
+			}
+			for _, l := range m.GetLabel() {
+				if labels[l.GetName()] != l.GetValue() {
+					continue metric
+				}
+			}
+			return m.GetCounter().GetValue(), true
+		}
+	}
+	return 0, false
+}
