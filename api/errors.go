@@ -20,6 +20,7 @@ const (
 	ReasonNotFound         = "not_found"          // 404: no such route
 	ReasonUnknownWorker    = "unknown_worker"     // 404
 	ReasonUnknownRank      = "unknown_rank"       // 404
+	ReasonStaleDump        = "stale_dump"         // 409: the rank's cursor is past the dump's
 	ReasonMethodNotAllowed = "method_not_allowed" // 405
 	ReasonTooLarge         = "too_large"          // 413: the body is over the server's limit
 	ReasonInternal         = "internal"           // 500: a bug or a storage failure; see the node's log
@@ -68,6 +69,8 @@ func classify(err error) (int, string) {
 		return http.StatusNotFound, ReasonUnknownWorker
 	case errors.Is(err, indexer.ErrUnknownRank):
 		return http.StatusNotFound, ReasonUnknownRank
+	case errors.Is(err, raftfsm.ErrStaleDump):
+		return http.StatusConflict, ReasonStaleDump
 	case errors.Is(err, raftfsm.ErrBadSnapshot):
 		return http.StatusBadRequest, ReasonBadSnapshot
 	case errors.Is(err, raftfsm.ErrInvalid), errors.Is(err, raftfsm.ErrBadCommand),

@@ -266,6 +266,14 @@ func (in *Ingester) onDump(m *nats.Msg) {
 	ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
 	defer cancel()
 	if err := in.cfg.Node.ReplaceRank(ctx, r, cursor, stored); err != nil {
+		var stale *raftfsm.StaleDumpError
+		if errors.As(err, &stale) {
+			// The publisher numbers anew (it restarted): tell it where the
+			// rank is, so that it renumbers past it and dumps again.
+			in.m.rejected.WithLabelValues("stale_dump").Inc()
+			in.reply(m, appendDumpOK(nil, stale.Cursor), "stale")
+			return
+		}
 		in.replyErr(m, err)
 		return
 	}

@@ -269,6 +269,22 @@ func (p *Publisher) publish(r kvevent.Rank, evs []kvevent.Event) (uint64, <-chan
 	return last, nil, nil
 }
 
+// Resync has rank r's state replaced on the router by a dump (the Dump
+// callback) before any more of its events go out: what an owner calls
+// when it starts (the router may hold a previous incarnation's state and
+// cursor) or when it learns that its own view of the rank was lost.
+// Events published meanwhile wait in the buffer; those the dump covers are
+// dropped from it once the dump is acknowledged.
+func (p *Publisher) Resync(r kvevent.Rank) {
+	p.mu.Lock()
+	p.buf(r).needDump = true
+	p.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
 // Cursor returns the router's cursor of r as last acknowledged, and the id
 // of the last event published (tests, status).
 func (p *Publisher) Cursor(r kvevent.Rank) (acked, last uint64) {
@@ -451,14 +467,29 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 	for i := range stored {
 		stored[i].Rank = r
 	}
-	_, _, err := p.request(p.cfg.DumpSubject, appendDump(nil, r, through, stored))
+	_, cursor, err := p.request(p.cfg.DumpSubject, appendDump(nil, r, through, stored))
 	if err != nil {
 		p.logRetry("dump", err)
 		return false
 	}
-	p.m.dumps.Inc()
 	p.mu.Lock()
 	b := p.ranks[r]
+	if cursor > through {
+		// The router is past this numbering (an earlier incarnation used
+		// these ids) and kept its state. Renumber the unacknowledged events
+		// past its cursor and dump again: the next dump's through is then
+		// at or above it.
+		shift := cursor - through
+		pend := b.pending()
+		for i := range pend {
+			pend[i].EventID += shift
+		}
+		b.next += shift
+		p.mu.Unlock()
+		p.cfg.Logger.Info("router cursor ahead of the publisher; renumbering past it", "rank", r, "cursor", cursor, "through", through)
+		return true
+	}
+	p.m.dumps.Inc()
 	if through >= b.next {
 		b.next = through + 1
 	}

@@ -1,6 +1,9 @@
 package raftfsm
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 var (
 	// ErrNotLeader means the write must go to the leader; the error's text
@@ -21,7 +24,25 @@ var (
 	ErrUnknownWorker = errors.New("unknown worker")
 	// ErrShutdown means the node is closing.
 	ErrShutdown = errors.New("node shut down")
+	// ErrStaleDump means a rank dump named a cursor below the one the rank
+	// is at, and was not applied (it would move the rank back in time);
+	// StaleDumpError carries the rank's cursor.
+	ErrStaleDump = errors.New("stale rank dump")
 )
+
+// StaleDumpError is returned by ReplaceRank when the dump's cursor is
+// below the rank's: a publisher that numbers its events anew (an agent
+// restart) resends its dump numbered past Cursor.
+type StaleDumpError struct {
+	Cursor uint64 // the rank's cursor, which the dump did not reach
+}
+
+func (e *StaleDumpError) Error() string {
+	return fmt.Sprintf("%v: the rank is at event %d", ErrStaleDump, e.Cursor)
+}
+
+// Unwrap makes errors.Is(err, ErrStaleDump) true.
+func (e *StaleDumpError) Unwrap() error { return ErrStaleDump }
 
 // NotLeaderError is returned by writes on a follower.
 type NotLeaderError struct {

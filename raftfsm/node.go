@@ -495,8 +495,14 @@ func (n *Node) ReplaceRank(ctx context.Context, r kvevent.Rank, cursor uint64, s
 			return fmt.Errorf("%w: dump event %d: %v", ErrInvalid, i, err)
 		}
 	}
-	_, err := n.apply(ctx, encodeReplace(now(), r, cursor, stored))
-	return err
+	res, err := n.apply(ctx, encodeReplace(now(), r, cursor, stored))
+	if err != nil {
+		return err
+	}
+	if ack, ok := res.(RankAck); ok && ack.Cursor > cursor {
+		return &StaleDumpError{Cursor: ack.Cursor}
+	}
+	return nil
 }
 
 // RegisterWorker registers (or re-registers) a worker.

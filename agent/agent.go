@@ -1,0 +1,229 @@
+// Package agent is the node agent's event path: it follows an engine's KV
+// event stream, one subscriber per dp rank (enginesub), keeps a mirror of
+// what each rank holds (an indexer.Index of this worker alone), and
+// publishes every change to the router cluster (eventplane.Publisher).
+//
+// Invariants:
+//
+//   - The mirror and the publisher's event ids move together, under one
+//     lock: a dump of the mirror (what the publisher sends when the router
+//     lost track of a rank) reflects exactly the events up to the id it
+//     names, so the router resumes from the right cursor.
+//   - On start every rank is resynced with a dump before any of its events
+//     go out: the router may hold a previous incarnation's state and
+//     cursor, and the new numbering must not be taken for duplicates.
+//   - When the engine restarts (a new epoch) or its stream lost batches that
+//     cannot be replayed, the rank is cleared, on the router too: a block
+//     the router may still route to must be one the engine reported and
+//     did not take back. Blocks the engine stored during a loss reappear
+//     when it stores or offloads them again.
+//   - The engine path never blocks on the router: the publisher drops its
+//     oldest events when its buffer is full (DropOldest), and the rank heals
+//     with a dump once the router reports the gap.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/kvrouter/kvrouter/enginesub"
+	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/kvevent/engine"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config configures an Agent.
+type Config struct {
+	Worker  uint64 // the worker id the router knows this engine by
+	DPStart uint32 // the first dp rank this agent follows
+	DPRanks int    // how many, from DPStart (default 1)
+
+	// Endpoint and ReplayEndpoint are dp rank 0's ZMQ endpoints; rank r's
+	// port is offset by r (wire.md). ReplayEndpoint may be empty.
+	Endpoint       string
+	ReplayEndpoint string
+	Bind           bool   // bind the SUB socket (the engine connects)
+	Topic          string // topic prefix filter
+	BlockSize      int    // the engine's block size in tokens (required)
+
+	Conn *nats.Conn // the router cluster's NATS
+	// Publisher tunes the publisher; Conn, Dump, DropOldest, Registerer and
+	// Logger are set by the agent.
+	Publisher eventplane.PublisherConfig
+
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Agent follows one worker's engine ranks and publishes their events.
+type Agent struct {
+	cfg   Config
+	log   *slog.Logger
+	pub   *eventplane.Publisher
+	group *enginesub.Group
+	ranks []kvevent.Rank
+
+	mu     sync.Mutex // held around a publish and its mirror apply, and by Dump
+	mirror *indexer.Index
+
+	resets  *prometheus.CounterVec
+	pubErrs prometheus.Counter
+}
+
+var _ enginesub.Sink = (*Agent)(nil)
+
+// New checks cfg and returns an Agent; Run starts it.
+func New(cfg Config) (*Agent, error) {
+	if cfg.DPRanks == 0 {
+		cfg.DPRanks = 1
+	}
+	switch {
+	case cfg.BlockSize <= 0:
+		return nil, fmt.Errorf("agent: block size %d", cfg.BlockSize)
+	case cfg.Conn == nil:
+		return nil, errors.New("agent: no NATS connection")
+	case cfg.DPRanks < 0:
+		return nil, fmt.Errorf("agent: %d dp ranks", cfg.DPRanks)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	a := &Agent{cfg: cfg, log: cfg.Logger, mirror: indexer.New(indexer.Config{})}
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	a.resets = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_rank_clears_total",
+		Help: "Ranks cleared on the router because the engine restarted or its stream lost batches."}, []string{"reason"})
+	a.pubErrs = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvagent_publish_errors_total",
+		Help: "Engine batches the publisher refused (the rank is resynced)."})
+	for _, c := range []prometheus.Collector{a.resets, a.pubErrs} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("agent metrics: %w", err)
+		}
+	}
+	pc := cfg.Publisher
+	pc.Conn, pc.Dump, pc.DropOldest, pc.Registerer, pc.Logger = cfg.Conn, a.dump, true, reg, cfg.Logger
+	pub, err := eventplane.NewPublisher(pc)
+	if err != nil {
+		return nil, err
+	}
+	g, err := enginesub.NewGroup(enginesub.Config{Endpoint: cfg.Endpoint, ReplayEndpoint: cfg.ReplayEndpoint,
+		Bind: cfg.Bind, Topic: cfg.Topic, Rank: kvevent.Rank{Worker: cfg.Worker, DP: cfg.DPStart},
+		Decoder: engine.Config{BlockSize: cfg.BlockSize}, Sink: a, Logger: cfg.Logger, Registerer: reg}, cfg.DPRanks)
+	if err != nil {
+		pub.Close()
+		return nil, err
+	}
+	a.pub, a.group = pub, g
+	for _, s := range g.Subscribers() {
+		a.ranks = append(a.ranks, s.Rank())
+	}
+	return a, nil
+}
+
+// Ranks returns the ranks the agent follows.
+func (a *Agent) Ranks() []kvevent.Rank { return a.ranks }
+
+// Publisher returns the agent's publisher (status, tests).
+func (a *Agent) Publisher() *eventplane.Publisher { return a.pub }
+
+// Subscribers returns the agent's engine subscribers (status, tests).
+func (a *Agent) Subscribers() []*enginesub.Subscriber { return a.group.Subscribers() }
+
+// Run resyncs every rank and follows the engine until ctx ends. It returns
+// nil when ctx is cancelled.
+func (a *Agent) Run(ctx context.Context) error {
+	for _, r := range a.ranks {
+		a.pub.Resync(r)
+	}
+	return a.group.Run(ctx)
+}
+
+// Close stops the publisher; call it after Run returned. Unacknowledged
+// events are dropped: the next incarnation resyncs every rank.
+func (a *Agent) Close() error { return a.pub.Close() }
+
+// Events publishes one engine batch of rank r and applies it to the
+// mirror (enginesub.Sink).
+func (a *Agent) Events(r kvevent.Rank, _ uint64, evs []kvevent.Event) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	cp := cloneEvents(evs, r)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, err := a.pub.Publish(r, cp); err != nil {
+		a.pubErrs.Inc()
+		return fmt.Errorf("publish rank %v: %w", r, err)
+	}
+	a.mirror.ApplyBatch(cp, time.Now().UnixNano())
+	return nil
+}
+
+// Reset clears rank r: its engine restarted with an empty cache.
+func (a *Agent) Reset(r kvevent.Rank) { a.clear(r, "engine_restart") }
+
+// Resync clears rank r: its engine's stream lost batches for good.
+func (a *Agent) Resync(r kvevent.Rank, reason enginesub.Reason) { a.clear(r, string(reason)) }
+
+func (a *Agent) clear(r kvevent.Rank, reason string) {
+	a.resets.WithLabelValues(reason).Inc()
+	a.log.Warn("clearing the rank on the router", "rank", r, "reason", reason)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.mirror.RemoveRank(r)
+	ev := []kvevent.Event{{Rank: r, Kind: kvevent.KindCleared}}
+	if _, err := a.pub.Publish(r, ev); err != nil {
+		// The publisher is closing; the next incarnation resyncs anyway.
+		a.pubErrs.Inc()
+		a.log.Error("publishing a clear failed", "rank", r, "err", err)
+	}
+}
+
+// dump is the publisher's Dump callback: the mirror's state of r and the
+// id of the last event it reflects.
+func (a *Agent) dump(r kvevent.Rank) ([]kvevent.Event, uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, last := a.pub.Cursor(r)
+	d, err := a.mirror.DumpRank(r)
+	if err != nil { // the mirror holds nothing of r
+		return nil, last
+	}
+	return d.StoredEvents(), last
+}
+
+// cloneEvents copies evs (valid only during a Sink call) for the publisher,
+// which keeps them: one backing array for all their blocks and hashes.
+func cloneEvents(evs []kvevent.Event, r kvevent.Rank) []kvevent.Event {
+	nb, nh := 0, 0
+	for i := range evs {
+		nb += len(evs[i].Blocks)
+		nh += len(evs[i].Removed)
+	}
+	blocks := make([]kvevent.Block, 0, nb)
+	hashes := make([]uint64, 0, nh)
+	out := make([]kvevent.Event, len(evs))
+	for i := range evs {
+		e := evs[i]
+		e.Rank = r
+		if len(e.Blocks) > 0 {
+			blocks = append(blocks, e.Blocks...)
+			e.Blocks = blocks[len(blocks)-len(e.Blocks) : len(blocks) : len(blocks)]
+		}
+		if len(e.Removed) > 0 {
+			hashes = append(hashes, e.Removed...)
+			e.Removed = hashes[len(hashes)-len(e.Removed) : len(hashes) : len(hashes)]
+		}
+		out[i] = e
+	}
+	return out
+}

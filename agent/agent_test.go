@@ -1,0 +1,196 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/enginesub"
+	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("github.com/cockroachdb/pebble/v2/internal/cache.(*shard).releaseLoop"),
+		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2.(*tableCacheShard).releaseLoop"),
+	)
+}
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// router is a single-node cluster with its embedded NATS and ingester.
+type router struct {
+	node *raftfsm.Node
+	ns   *server.Server
+}
+
+func startRouter(t *testing.T) *router {
+	t.Helper()
+	ns, err := eventplane.StartServer(eventplane.ServerConfig{Name: "n1", Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, tr := raft.NewInmemTransport("")
+	node, err := raftfsm.NewNode(raftfsm.Config{ID: "n1", RaftAddr: string(addr), HTTPAddr: "http-n1",
+		DataDir: filepath.Join(t.TempDir(), "n1"), Transport: tr, Logger: quiet,
+		Peers: []raftfsm.Member{{ID: "n1", RaftAddr: string(addr), HTTPAddr: "http-n1", Voter: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect("", nats.InProcessServer(ns), nats.NoReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := eventplane.NewIngester(eventplane.IngesterConfig{Conn: nc, Node: node, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		in.Close()
+		node.Close()
+		nc.Close()
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := node.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return &router{node: node, ns: ns}
+}
+
+// startAgent runs an agent for worker 7 rank 0 whose subscriber binds an
+// ephemeral port no engine connects to: the tests feed its Sink directly.
+func startAgent(t *testing.T, r *router) (*Agent, func()) {
+	t.Helper()
+	nc, err := nats.Connect(r.ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Config{Worker: 7, Endpoint: "tcp://127.0.0.1:*", Bind: true, BlockSize: 4, Conn: nc, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("agent run: %v", err)
+		}
+		a.Close()
+		nc.Close()
+	}
+	t.Cleanup(stop)
+	return a, stop
+}
+
+var rank = kvevent.Rank{Worker: 7}
+
+func storedChain(parent uint64, hs ...uint64) kvevent.Event {
+	ev := kvevent.Event{Rank: rank, Kind: kvevent.KindStored}
+	if parent != 0 {
+		ev.HasParent, ev.Parent = true, parent
+	}
+	for _, h := range hs {
+		ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: h, LocalHash: 1000 + h})
+	}
+	return ev
+}
+
+// matched returns how many of the local hashes 1001..1000+n rank 7's
+// prefix covers in the router's index.
+func matched(r *router, n int) uint32 {
+	q := make([]uint64, n)
+	for i := range q {
+		q[i] = uint64(1001 + i)
+	}
+	var m indexer.Matches
+	r.node.FindMatches(q, indexer.ViewDedup, &m)
+	for _, rm := range m.Ranks {
+		if rm.Rank == rank {
+			return rm.Total()
+		}
+	}
+	return 0
+}
+
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestAgentPublishesAndClears: engine batches reach the router's index
+// through the agent; a reset or resync clears the rank there.
+func TestAgentPublishesAndClears(t *testing.T) {
+	r := startRouter(t)
+	a, _ := startAgent(t, r)
+	if err := a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2), storedChain(2, 3)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the chain in the router's index", func() bool { return matched(r, 3) == 3 })
+	a.Reset(rank)
+	waitFor(t, "the reset to clear the rank", func() bool { return matched(r, 3) == 0 })
+	if err := a.Events(rank, 0, []kvevent.Event{storedChain(0, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the new epoch's block", func() bool { return matched(r, 3) == 1 })
+	a.Resync(rank, enginesub.ReasonOverrun)
+	waitFor(t, "the resync to clear the rank", func() bool { return matched(r, 3) == 0 })
+}
+
+// TestAgentRestartReplacesTheOldIncarnation: a restarted agent numbers
+// its events from 1 again; its resync on start replaces what the router
+// kept of the old one, so its new events are applied, not taken for
+// duplicates of the old ids.
+func TestAgentRestartReplacesTheOldIncarnation(t *testing.T) {
+	r := startRouter(t)
+	a, stop := startAgent(t, r)
+	for i := uint64(1); i <= 5; i++ {
+		if err := a.Events(rank, 0, []kvevent.Event{storedChain(i-1, i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the old incarnation's chain", func() bool { return matched(r, 5) == 5 })
+	stop()
+
+	b, _ := startAgent(t, r)
+	// The new incarnation's engine (restarted too) stores a shorter chain.
+	if err := b.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the router to hold exactly the new incarnation's chain", func() bool {
+		return matched(r, 5) == 2 && r.node.FSM().Cursor(rank) >= 1
+	})
+	acked, last := b.Publisher().Cursor(rank)
+	waitFor(t, "the new events acknowledged", func() bool {
+		acked, last = b.Publisher().Cursor(rank)
+		return acked == last
+	})
+	if got := r.node.FSM().Cursor(rank); got != last {
+		t.Fatalf("router cursor %d, agent's last id %d", got, last)
+	}
+}
