@@ -35,6 +35,7 @@ import (
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/kvevent/engine"
+	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -58,8 +59,26 @@ type Config struct {
 	// Logger are set by the agent.
 	Publisher eventplane.PublisherConfig
 
+	// Registration, when Registrar is set, is registered on start and
+	// again whenever the leader answers a heartbeat saying the worker is
+	// unknown (its lease expired while the agent was cut off). Its ID and
+	// DPRanks are set from Worker, DPStart and DPRanks.
+	Registration raftfsm.WorkerInfo
+	Registrar    Registrar
+	// HeartbeatInterval is how often the agent tells the leader its worker
+	// is alive (default 1s); HeartbeatSubject where (default
+	// eventplane.DefaultHeartbeatSubject). Give Registration a LeaseMs of a
+	// few intervals.
+	HeartbeatInterval time.Duration
+	HeartbeatSubject  string
+
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+}
+
+// Registrar registers a worker with the router cluster: *client.Client.
+type Registrar interface {
+	RegisterWorker(ctx context.Context, w raftfsm.WorkerInfo) error
 }
 
 // Agent follows one worker's engine ranks and publishes their events.
@@ -95,6 +114,12 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = time.Second
+	}
+	if cfg.HeartbeatSubject == "" {
+		cfg.HeartbeatSubject = eventplane.DefaultHeartbeatSubject
+	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, mirror: indexer.New(indexer.Config{})}
 	reg := cfg.Registerer
 	if reg == nil {
@@ -125,7 +150,9 @@ func New(cfg Config) (*Agent, error) {
 	a.pub, a.group = pub, g
 	for _, s := range g.Subscribers() {
 		a.ranks = append(a.ranks, s.Rank())
+		a.cfg.Registration.DPRanks = append(a.cfg.Registration.DPRanks, s.Rank().DP)
 	}
+	a.cfg.Registration.ID = cfg.Worker
 	return a, nil
 }
 
@@ -144,7 +171,59 @@ func (a *Agent) Run(ctx context.Context) error {
 	for _, r := range a.ranks {
 		a.pub.Resync(r)
 	}
-	return a.group.Run(ctx)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.heartbeats(ctx)
+	}()
+	err := a.group.Run(ctx)
+	cancel()
+	<-done
+	return err
+}
+
+// heartbeats registers the worker (when a Registrar is set) and tells the
+// leader every HeartbeatInterval that it is alive, registering again when
+// the leader does not know it. It returns when ctx ends.
+func (a *Agent) heartbeats(ctx context.Context) {
+	register := a.cfg.Registrar != nil
+	t := time.NewTicker(a.cfg.HeartbeatInterval)
+	defer t.Stop()
+	body := eventplane.AppendHeartbeat(nil, []uint64{a.cfg.Worker})
+	warned := false
+	for {
+		if register {
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := a.cfg.Registrar.RegisterWorker(rctx, a.cfg.Registration)
+			cancel()
+			if err != nil {
+				a.log.Warn("registering the worker failed; retrying", "worker", a.cfg.Worker, "err", err)
+			} else {
+				register = false
+				a.log.Info("worker registered", "worker", a.cfg.Worker, "lease", time.Duration(a.cfg.Registration.LeaseMs)*time.Millisecond)
+			}
+		}
+		hctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval)
+		msg, err := a.cfg.Conn.RequestWithContext(hctx, a.cfg.HeartbeatSubject, body)
+		cancel()
+		if err == nil {
+			if unknown, err := eventplane.DecodeHeartbeat(msg.Data); err == nil && len(unknown) > 0 {
+				if a.cfg.Registrar != nil {
+					register = true
+				} else if !warned {
+					warned = true
+					a.log.Warn("the router does not know this worker and the agent has no router address to register it", "worker", a.cfg.Worker)
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // Close stops the publisher; call it after Run returned. Unacknowledged

@@ -73,12 +73,17 @@ func startRouter(t *testing.T) *router {
 // startAgent runs an agent for worker 7 rank 0 whose subscriber binds an
 // ephemeral port no engine connects to: the tests feed its Sink directly.
 func startAgent(t *testing.T, r *router) (*Agent, func()) {
+	return startAgentWith(t, r, Config{})
+}
+
+func startAgentWith(t *testing.T, r *router, cfg Config) (*Agent, func()) {
 	t.Helper()
 	nc, err := nats.Connect(r.ns.ClientURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(Config{Worker: 7, Endpoint: "tcp://127.0.0.1:*", Bind: true, BlockSize: 4, Conn: nc, Logger: quiet})
+	cfg.Worker, cfg.Endpoint, cfg.Bind, cfg.BlockSize, cfg.Conn, cfg.Logger = 7, "tcp://127.0.0.1:*", true, 4, nc, quiet
+	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,4 +198,29 @@ func TestAgentRestartReplacesTheOldIncarnation(t *testing.T) {
 	if got := r.node.FSM().Cursor(rank); got != last {
 		t.Fatalf("router cursor %d, agent's last id %d", got, last)
 	}
+}
+
+// TestLeaseExpiresWithoutHeartbeats: an agent registers its worker with a
+// lease and keeps it alive with heartbeats; removed by hand, it registers
+// again; once the agent stops, the leader removes the worker.
+func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {
+	r := startRouter(t)
+	_, stop := startAgentWith(t, r, Config{Registrar: r.node, HeartbeatInterval: 50 * time.Millisecond,
+		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 1500}})
+	registered := func() bool { _, ok := r.node.WorkerTable()[7]; return ok }
+	waitFor(t, "the agent to register its worker", registered)
+	// Heartbeats keep it: several leases pass and it stays.
+	until := time.Now().Add(2 * time.Second)
+	for time.Now().Before(until) {
+		if !registered() {
+			t.Fatal("the worker was removed while its agent sent heartbeats")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := r.node.DeregisterWorker(context.Background(), 7); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the agent to register again after the leader said it was unknown", registered)
+	stop()
+	waitFor(t, "the lease to expire", func() bool { return !registered() })
 }

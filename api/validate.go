@@ -153,6 +153,9 @@ func workerInfo(req *RegisterWorkerRequest) (raftfsm.WorkerInfo, error) {
 	if err := checkName("model", req.Model); err != nil {
 		return w, err
 	}
+	if req.LeaseMs < 0 {
+		return w, invalidf("lease_ms = %d (want >= 0; 0 = no lease)", req.LeaseMs)
+	}
 	return raftfsm.WorkerInfo{
 		ID:        *req.WorkerID,
 		DPRanks:   req.DPRanks,
@@ -160,6 +163,7 @@ func workerInfo(req *RegisterWorkerRequest) (raftfsm.WorkerInfo, error) {
 		Capacity:  req.Capacity.Array(),
 		Endpoint:  req.Endpoint,
 		Model:     req.Model,
+		LeaseMs:   req.LeaseMs,
 	}, nil
 }
 

@@ -162,6 +162,7 @@ type Worker struct {
 	Capacity  TierBlocks `json:"capacity_blocks"`
 	Endpoint  string     `json:"endpoint,omitempty"`
 	Model     string     `json:"model,omitempty"`
+	LeaseMs   int64      `json:"lease_ms,omitempty"`
 	Ranks     []RankInfo `json:"ranks"`
 }
 
@@ -200,6 +201,7 @@ func workers(ws []raftfsm.WorkerStatus) WorkersResponse {
 			Capacity:  tierBlocks(w.Info.Capacity),
 			Endpoint:  w.Info.Endpoint,
 			Model:     w.Info.Model,
+			LeaseMs:   w.Info.LeaseMs,
 			Ranks:     make([]RankInfo, 0, len(w.Ranks)),
 		}
 		for _, r := range w.Ranks {
@@ -230,6 +232,9 @@ type RegisterWorkerRequest struct {
 	Capacity  TierBlocks `json:"capacity_blocks"`    // per tier, 0 = unknown
 	Endpoint  string     `json:"endpoint,omitempty"`
 	Model     string     `json:"model,omitempty"`
+	// LeaseMs, when > 0, removes the worker once the leader has heard no
+	// heartbeat from it for this long (docs/events.md).
+	LeaseMs int64 `json:"lease_ms,omitempty"`
 }
 
 // RegisterWorkerRequestFrom returns the body that registers w.
@@ -242,6 +247,7 @@ func RegisterWorkerRequestFrom(w raftfsm.WorkerInfo) RegisterWorkerRequest {
 		Capacity:  tierBlocks(w.Capacity),
 		Endpoint:  w.Endpoint,
 		Model:     w.Model,
+		LeaseMs:   w.LeaseMs,
 	}
 }
 

@@ -25,6 +25,9 @@ type Target interface {
 	IngestEvents(ctx context.Context, batches []raftfsm.RankBatch) ([]raftfsm.RankAck, error)
 	ReplaceRank(ctx context.Context, r kvevent.Rank, cursor uint64, stored []kvevent.Event) error
 	IsLeader() bool
+	// WorkerTable and DeregisterWorker serve worker leases (lease.go).
+	WorkerTable() map[uint64]raftfsm.WorkerInfo
+	DeregisterWorker(ctx context.Context, id uint64) error
 }
 
 // IngesterConfig configures an Ingester.
@@ -33,6 +36,11 @@ type IngesterConfig struct {
 	Node        Target
 	Subject     string // default DefaultSubject
 	DumpSubject string // default DefaultDumpSubject
+	// HeartbeatSubject carries agents' heartbeats (default
+	// DefaultHeartbeatSubject); LeaseSweep is how often the leader looks
+	// for expired worker leases (default 250ms).
+	HeartbeatSubject string
+	LeaseSweep       time.Duration
 	// Linger is how long the first request of an entry waits for more
 	// (default 1ms); MaxEntryEvents and MaxEntryBytes end it early
 	// (defaults 16384 events, 4 MiB of encoded requests).
@@ -52,6 +60,12 @@ func (c *IngesterConfig) defaults() {
 	}
 	if c.DumpSubject == "" {
 		c.DumpSubject = DefaultDumpSubject
+	}
+	if c.HeartbeatSubject == "" {
+		c.HeartbeatSubject = DefaultHeartbeatSubject
+	}
+	if c.LeaseSweep <= 0 {
+		c.LeaseSweep = 250 * time.Millisecond
 	}
 	if c.Linger <= 0 {
 		c.Linger = time.Millisecond
@@ -83,6 +97,8 @@ type Ingester struct {
 	cfg IngesterConfig
 	m   ingesterMetrics
 
+	leases leases
+
 	reqs chan request
 	sem  chan struct{}
 	stop chan struct{}
@@ -104,6 +120,9 @@ type ingesterMetrics struct {
 	gaps     prometheus.Counter
 	resyncs  *prometheus.CounterVec // reason
 	subs     prometheus.Gauge
+
+	heartbeats prometheus.Counter
+	expired    prometheus.Counter
 }
 
 func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
@@ -122,9 +141,13 @@ func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
 			Help: "Rank dumps committed, by reason."}, []string{"reason"}),
 		subs: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvrouter_events_ingesting",
 			Help: "1 while this node's ingester holds the event subscriptions (it leads)."}),
+		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_worker_heartbeats_total",
+			Help: "Worker heartbeats received by the leader (one per worker id)."}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_worker_leases_expired_total",
+			Help: "Workers removed because the leader heard no heartbeat for their lease."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.entries, m.received, m.rejected, m.gaps, m.resyncs, m.subs)
+		reg.MustRegister(m.requests, m.entries, m.received, m.rejected, m.gaps, m.resyncs, m.subs, m.heartbeats, m.expired)
 	}
 	return m
 }
@@ -177,33 +200,42 @@ func (in *Ingester) leadership() {
 		}
 		subs = nil
 		in.m.subs.Set(0)
+		in.leases.stepDown()
 	}
 	defer drop()
 	t := time.NewTicker(in.cfg.PollInterval)
 	defer t.Stop()
+	var lastSweep time.Time
 	for {
 		leads := in.cfg.Node.IsLeader()
 		switch {
 		case leads && subs == nil:
+			in.leases.lead(time.Now())
 			s1, err1 := in.cfg.Conn.QueueSubscribe(in.cfg.Subject, queueGroup, in.onEvents)
 			s2, err2 := in.cfg.Conn.QueueSubscribe(in.cfg.DumpSubject, queueGroup, in.onDump)
-			if err := errors.Join(err1, err2); err != nil {
+			s3, err3 := in.cfg.Conn.QueueSubscribe(in.cfg.HeartbeatSubject, queueGroup, in.onHeartbeat)
+			if err := errors.Join(err1, err2, err3); err != nil {
 				in.cfg.Logger.Warn("subscribe to events", "err", err)
-				for _, s := range []*nats.Subscription{s1, s2} {
+				for _, s := range []*nats.Subscription{s1, s2, s3} {
 					if s != nil {
 						s.Unsubscribe()
 					}
 				}
+				in.leases.stepDown()
 				break
 			}
 			for _, s := range []*nats.Subscription{s1, s2} {
 				s.SetPendingLimits(-1, 256<<20)
 			}
-			subs = []*nats.Subscription{s1, s2}
+			subs = []*nats.Subscription{s1, s2, s3}
 			in.m.subs.Set(1)
 			in.cfg.Logger.Info("event ingestion started", "subject", in.cfg.Subject)
 		case !leads && subs != nil:
 			drop()
+		}
+		if subs != nil && time.Since(lastSweep) >= in.cfg.LeaseSweep {
+			lastSweep = time.Now()
+			in.sweepLeases(lastSweep)
 		}
 		select {
 		case <-in.stop:

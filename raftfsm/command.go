@@ -187,6 +187,7 @@ func encodeWorker(e *enc, w *WorkerInfo) {
 	encodeEndpoints(e, w.EventEndpoints)
 	encodeEndpoints(e, w.ReplayEndpoints)
 	e.str(w.Salt)
+	e.sv(w.LeaseMs)
 }
 
 // encodeEndpoints writes a dp rank → endpoint map in rank order, so that
@@ -247,6 +248,7 @@ func decodeWorker(d *dec) WorkerInfo {
 	w.EventEndpoints = decodeEndpoints(d)
 	w.ReplayEndpoints = decodeEndpoints(d)
 	w.Salt = d.str("salt")
+	w.LeaseMs = d.sv("lease")
 	return w
 }
 

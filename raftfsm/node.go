@@ -515,6 +515,9 @@ func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 			return fmt.Errorf("%w: negative capacity", ErrInvalid)
 		}
 	}
+	if w.LeaseMs < 0 {
+		return fmt.Errorf("%w: negative lease %d ms", ErrInvalid, w.LeaseMs)
+	}
 	_, err := n.apply(ctx, encodeRegister(now(), &w))
 	return err
 }

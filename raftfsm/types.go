@@ -30,6 +30,11 @@ type WorkerInfo struct {
 	ReplayEndpoints map[uint32]string `json:"replay_endpoints,omitempty"`
 	// Salt is the engine's additional salt for block hashes.
 	Salt string `json:"salt,omitempty"`
+	// LeaseMs, when > 0, makes the registration a lease: the leader removes
+	// the worker (through Raft) once it has heard no heartbeat from it for
+	// this long (eventplane's heartbeat subject; kvagent sends them). 0: the
+	// registration stays until deregistered.
+	LeaseMs int64 `json:"lease_ms,omitempty"`
 }
 
 // RankBatch is one rank's consecutive events, as a publisher sent them.

@@ -1,0 +1,142 @@
+package eventplane
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/nats-io/nats.go"
+)
+
+// DefaultHeartbeatSubject is where agents send their workers' heartbeats.
+const DefaultHeartbeatSubject = "kvrouter.heartbeat"
+
+// A heartbeat is a NATS request whose body is the worker ids it vouches
+// for, 8 bytes little-endian each. The leader answers with the ids among
+// them that are not registered (same encoding): the agent registers those
+// again (a lease that expired while the agent was cut off, or a cluster
+// restored from an older snapshot).
+
+// AppendHeartbeat appends the heartbeat body of ids to dst.
+func AppendHeartbeat(dst []byte, ids []uint64) []byte {
+	for _, id := range ids {
+		dst = binary.LittleEndian.AppendUint64(dst, id)
+	}
+	return dst
+}
+
+// DecodeHeartbeat reads a heartbeat body (or its answer).
+func DecodeHeartbeat(b []byte) ([]uint64, error) {
+	if len(b)%8 != 0 {
+		return nil, fmt.Errorf("%w: heartbeat of %d bytes is not a list of 8-byte ids", ErrMalformed, len(b))
+	}
+	ids := make([]uint64, len(b)/8)
+	for i := range ids {
+		ids[i] = binary.LittleEndian.Uint64(b[8*i:])
+	}
+	return ids, nil
+}
+
+// leases is the leader's view of its leased workers: when each was last
+// heard of. It is not replicated: a new leader starts every lease afresh
+// at its election (a grace of one lease), so a failover never expires a
+// worker that kept sending heartbeats.
+type leases struct {
+	mu     sync.Mutex
+	since  time.Time            // when this node became leader; zero when it does not lead
+	seen   map[uint64]time.Time // last heartbeat per worker, this term
+	expiry map[uint64]bool      // removals in flight
+}
+
+func (l *leases) lead(now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.since, l.seen, l.expiry = now, map[uint64]time.Time{}, map[uint64]bool{}
+}
+
+func (l *leases) stepDown() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.since, l.seen, l.expiry = time.Time{}, nil, nil
+}
+
+// onHeartbeat records a heartbeat and answers the ids the cluster does not
+// know.
+func (in *Ingester) onHeartbeat(m *nats.Msg) {
+	ids, err := DecodeHeartbeat(m.Data)
+	if err != nil {
+		in.m.rejected.WithLabelValues("malformed").Inc()
+		in.replyErr(m, err)
+		return
+	}
+	now := time.Now()
+	table := in.cfg.Node.WorkerTable()
+	var unknown []uint64
+	in.leases.mu.Lock()
+	for _, id := range ids {
+		if in.leases.seen != nil {
+			in.leases.seen[id] = now
+		}
+		if _, ok := table[id]; !ok {
+			unknown = append(unknown, id)
+		}
+	}
+	in.leases.mu.Unlock()
+	in.m.heartbeats.Add(float64(len(ids)))
+	if m.Reply != "" {
+		_ = m.Respond(AppendHeartbeat(nil, unknown))
+	}
+}
+
+// sweepLeases removes, through Raft, every leased worker not heard of for
+// its lease. It runs on the leader only.
+func (in *Ingester) sweepLeases(now time.Time) {
+	table := in.cfg.Node.WorkerTable()
+	var expired []raftfsm.WorkerInfo
+	in.leases.mu.Lock()
+	if in.leases.since.IsZero() {
+		in.leases.mu.Unlock()
+		return
+	}
+	for id, w := range table {
+		if w.LeaseMs <= 0 || in.leases.expiry[id] {
+			continue
+		}
+		last := in.leases.since
+		if t, ok := in.leases.seen[id]; ok && t.After(last) {
+			last = t
+		}
+		if now.Sub(last) > time.Duration(w.LeaseMs)*time.Millisecond {
+			in.leases.expiry[id] = true
+			expired = append(expired, w)
+		}
+	}
+	in.leases.mu.Unlock()
+	for _, w := range expired {
+		in.cwg.Add(1)
+		go func() {
+			defer in.cwg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
+			defer cancel()
+			err := in.cfg.Node.DeregisterWorker(ctx, w.ID)
+			in.leases.mu.Lock()
+			if in.leases.expiry != nil {
+				delete(in.leases.expiry, w.ID)
+				delete(in.leases.seen, w.ID)
+			}
+			in.leases.mu.Unlock()
+			switch {
+			case err == nil, errors.Is(err, raftfsm.ErrUnknownWorker):
+				in.m.expired.Inc()
+				in.cfg.Logger.Warn("worker lease expired; removed", "worker", w.ID,
+					"lease", time.Duration(w.LeaseMs)*time.Millisecond)
+			default:
+				in.cfg.Logger.Warn("removing a worker whose lease expired failed; retrying", "worker", w.ID, "err", err)
+			}
+		}()
+	}
+}
