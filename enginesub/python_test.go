@@ -1,176 +1,17 @@
 package enginesub
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/hex"
-	"encoding/json"
-	"io"
 	"math/rand/v2"
-	"os/exec"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/pypub"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/kvevent/engine"
 )
 
-// debianPython is Debian's interpreter, which has python3-zmq and
-// python3-msgpack; the pyenv python3 on PATH does not.
-const debianPython = "/usr/bin/python3"
-
-var pythonOK = sync.OnceValue(func() error {
-	return exec.Command(debianPython, "-c", "import zmq, msgpack").Run()
-})
-
-func requirePython(t testing.TB) {
-	t.Helper()
-	if err := pythonOK(); err != nil {
-		t.Skipf("%s with zmq and msgpack not available: %v", debianPython, err)
-	}
-}
-
-// pubConfig is testdata/publisher.py's configuration.
-type pubConfig struct {
-	Pub         string `json:"pub"`
-	Connect     bool   `json:"connect,omitempty"`
-	Replay      string `json:"replay,omitempty"`
-	ReplayShape int    `json:"replay_shape,omitempty"`
-	Topic       string `json:"topic,omitempty"`
-}
-
-// pyPub is a running testdata/publisher.py: an engine's publisher over
-// real libzmq, driven one command at a time.
-type pyPub struct {
-	t      testing.TB
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	lines  chan string
-	stderr bytes.Buffer
-	closed bool
-
-	Pub, Replay string // the endpoints, ports resolved
-}
-
-func startPub(t testing.TB, cfg pubConfig) *pyPub {
-	t.Helper()
-	requirePython(t)
-	arg, _ := json.Marshal(cfg)
-	p := &pyPub{t: t, cmd: exec.Command(debianPython, "testdata/publisher.py", string(arg)), lines: make(chan string, 16)}
-	p.cmd.Stderr = &p.stderr
-	var err error
-	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	out, err := p.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		defer close(p.lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-	}()
-	t.Cleanup(p.close)
-	var hello struct{ Pub, Replay string }
-	p.read(&hello)
-	p.Pub, p.Replay = hello.Pub, hello.Replay
-	return p
-}
-
-func (p *pyPub) read(v any) {
-	p.t.Helper()
-	select {
-	case line, ok := <-p.lines:
-		if !ok {
-			p.close()
-			p.t.Fatalf("publisher exited: %s", p.stderr.String())
-		}
-		if err := json.Unmarshal([]byte(line), v); err != nil {
-			p.t.Fatalf("publisher said %q: %v", line, err)
-		}
-	case <-time.After(15 * time.Second):
-		p.t.Fatalf("publisher silent for 15s")
-	}
-}
-
-// do sends one command and waits for its answer.
-func (p *pyPub) do(cmd any) {
-	p.t.Helper()
-	b, _ := json.Marshal(cmd)
-	if _, err := p.stdin.Write(append(b, '\n')); err != nil {
-		p.t.Fatalf("write to publisher: %v", err)
-	}
-	var r struct {
-		OK  bool
-		Err string
-	}
-	p.read(&r)
-	if !r.OK {
-		p.t.Fatalf("publisher: %s", r.Err)
-	}
-}
-
-func (p *pyPub) waitSub() { p.t.Helper(); p.do(map[string]string{"cmd": "wait_sub"}) }
-
-func (p *pyPub) raw(frames ...[]byte) {
-	p.t.Helper()
-	hexes := make([]string, len(frames))
-	for i, f := range frames {
-		hexes[i] = hex.EncodeToString(f)
-	}
-	p.do(map[string]any{"cmd": "raw", "frames": hexes})
-}
-
-func (p *pyPub) forgetBelow(seq uint64) {
-	p.t.Helper()
-	p.do(map[string]any{"cmd": "forget_below", "seq": seq})
-}
-
-// close ends the publisher: EOF on its stdin, then waits for it (killing
-// it after a while).
-func (p *pyPub) close() {
-	if p.closed {
-		return
-	}
-	p.closed = true
-	p.stdin.Close()
-	timer := time.AfterFunc(10*time.Second, func() { p.cmd.Process.Kill() })
-	defer timer.Stop()
-	for range p.lines { // the stdout pipe must be drained before Wait
-	}
-	if err := p.cmd.Wait(); err != nil {
-		p.t.Errorf("publisher: %v\n%s", err, p.stderr.String())
-	}
-}
-
 // Batches: generated in Go, encoded by Python.
-
-type evSpec struct {
-	Type      string   `json:"type"`
-	Map       bool     `json:"map,omitempty"`
-	Hashes    []uint64 `json:"hashes,omitempty"`
-	Parent    *uint64  `json:"parent,omitempty"`
-	Tokens    []uint32 `json:"tokens,omitempty"`
-	BlockSize int      `json:"block_size,omitempty"`
-	Medium    string   `json:"medium,omitempty"`
-}
-
-type batchCmd struct {
-	Cmd    string   `json:"cmd"`
-	Seq    uint64   `json:"seq"`
-	Form   string   `json:"form"`
-	DP     *uint32  `json:"dp"`
-	Events []evSpec `json:"events"`
-	Live   bool     `json:"live"`
-}
 
 const testBlockSize = 4
 
@@ -203,8 +44,8 @@ var mediums = []struct {
 }{{"", kvevent.TierDevice}, {"GPU", kvevent.TierDevice}, {"CPU", kvevent.TierHostPinned}}
 
 // batch returns batch seq, published live or not, and its router events.
-func (g *batchGen) batch(seq uint64, live bool) (batchCmd, []kvevent.Event) {
-	b := batchCmd{Cmd: "batch", Seq: seq, Form: "array", Live: live}
+func (g *batchGen) batch(seq uint64, live bool) (pypub.BatchCmd, []kvevent.Event) {
+	b := pypub.BatchCmd{Cmd: "batch", Seq: seq, Form: "array", Live: live}
 	dp := g.rank.DP
 	switch g.rng.IntN(3) {
 	case 0:
@@ -216,7 +57,7 @@ func (g *batchGen) batch(seq uint64, live bool) (batchCmd, []kvevent.Event) {
 	want := []kvevent.Event{}
 	for range 1 + g.rng.IntN(3) {
 		m := mediums[g.rng.IntN(len(mediums))]
-		spec := evSpec{Map: g.rng.IntN(2) == 0, Medium: m.name}
+		spec := pypub.EvSpec{Map: g.rng.IntN(2) == 0, Medium: m.name}
 		e := kvevent.Event{Rank: g.rank, Tier: m.tier}
 		switch k := g.rng.IntN(10); {
 		case k < 6 || len(g.stored) == 0:
@@ -256,12 +97,11 @@ func (g *batchGen) batch(seq uint64, live bool) (batchCmd, []kvevent.Event) {
 
 // publish has p publish batches from..to (inclusive) of g, live or not, and
 // returns the sink calls they should give.
-func publish(p *pyPub, g *batchGen, from, to uint64, live bool) []call {
-	p.t.Helper()
+func publish(p *pypub.Pub, g *batchGen, from, to uint64, live bool) []call {
 	var calls []call
 	for seq := from; seq <= to; seq++ {
 		b, want := g.batch(seq, live)
-		p.do(b)
+		p.Do(b)
 		calls = append(calls, call{kind: "ev", rank: g.rank, seq: seq, events: want})
 	}
 	return calls
@@ -300,11 +140,11 @@ func runSub(t testing.TB, cfg Config) *Subscriber {
 
 func TestPythonPublisherBatchesArriveInOrder(t *testing.T) {
 	rank := kvevent.Rank{Worker: 42, DP: 3}
-	p := startPub(t, pubConfig{Pub: "tcp://127.0.0.1:*", Topic: "kv@w42"})
+	p := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Topic: "kv@w42"})
 	sink := &recSink{}
 	s := runSub(t, Config{Endpoint: p.Pub, Topic: "kv@", Rank: rank, Sink: sink})
-	p.waitSub()
-	p.raw([]byte("other"), seqFrame(1000), removedPayload(1, 0)) // filtered out by topic
+	p.WaitSub()
+	p.Raw([]byte("other"), seqFrame(1000), removedPayload(1, 0)) // filtered out by topic
 	g := newGen(t, rank)
 	want := publish(p, g, 0, 59, true)
 	waitCalls(t, sink, &rank, want)
@@ -328,17 +168,17 @@ func TestPythonPublisherBatchesArriveInOrder(t *testing.T) {
 // reconnects by itself, resets the rank, and follows the new stream.
 func TestEngineRestartStartsNewEpochAndReconnects(t *testing.T) {
 	rank := kvevent.Rank{Worker: 1}
-	first := startPub(t, pubConfig{Pub: "tcp://127.0.0.1:*"})
+	first := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*"})
 	sink := &recSink{}
 	s := runSub(t, Config{Endpoint: first.Pub, Rank: rank, Sink: sink})
-	first.waitSub()
+	first.WaitSub()
 	g := newGen(t, rank)
 	want := publish(first, g, 0, 4, true)
 	waitCalls(t, sink, &rank, want)
-	first.close()
+	first.Close()
 
-	second := startPub(t, pubConfig{Pub: first.Pub})
-	second.waitSub()
+	second := pypub.Start(t, pypub.Config{Pub: first.Pub})
+	second.WaitSub()
 	want = append(want, call{kind: "reset"})
 	want = append(want, publish(second, g, 0, 2, true)...)
 	waitCalls(t, sink, &rank, want)
@@ -354,10 +194,10 @@ func TestGapHealedByReplay(t *testing.T) {
 	for _, shape := range []int{2, 3} {
 		t.Run(map[int]string{2: "seq_payload", 3: "topic_seq_payload"}[shape], func(t *testing.T) {
 			rank := kvevent.Rank{Worker: 5, DP: 1}
-			p := startPub(t, pubConfig{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*", ReplayShape: shape})
+			p := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*", ReplayShape: shape})
 			sink := &recSink{}
 			s := runSub(t, Config{Endpoint: p.Pub, ReplayEndpoint: p.Replay, Rank: rank, Sink: sink})
-			p.waitSub()
+			p.WaitSub()
 			g := newGen(t, rank)
 			want := publish(p, g, 0, 2, true)
 			want = append(want, publish(p, g, 3, 5, false)...) // dropped by PUB
@@ -378,14 +218,14 @@ func TestGapHealedByReplay(t *testing.T) {
 // subscriber missed: the replay starts above the one asked for.
 func TestReplayOverrunResyncs(t *testing.T) {
 	rank := kvevent.Rank{Worker: 9}
-	p := startPub(t, pubConfig{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*"})
+	p := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*"})
 	sink := &recSink{}
 	s := runSub(t, Config{Endpoint: p.Pub, ReplayEndpoint: p.Replay, Rank: rank, Sink: sink})
-	p.waitSub()
+	p.WaitSub()
 	g := newGen(t, rank)
 	want := publish(p, g, 0, 2, true)
 	publish(p, g, 3, 7, false)
-	p.forgetBelow(5)
+	p.ForgetBelow(5)
 	want = append(want, call{kind: "resync", reason: ReasonOverrun})
 	want = append(want, publish(p, g, 8, 9, true)...)
 	waitCalls(t, sink, &rank, want)
@@ -396,10 +236,10 @@ func TestReplayOverrunResyncs(t *testing.T) {
 
 func TestGapWithoutReplayEndpointResyncs(t *testing.T) {
 	rank := kvevent.Rank{Worker: 2}
-	p := startPub(t, pubConfig{Pub: "tcp://127.0.0.1:*"})
+	p := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*"})
 	sink := &recSink{}
 	s := runSub(t, Config{Endpoint: p.Pub, Rank: rank, Sink: sink})
-	p.waitSub()
+	p.WaitSub()
 	g := newGen(t, rank)
 	want := publish(p, g, 0, 1, true)
 	publish(p, g, 2, 2, false)
@@ -415,12 +255,12 @@ func TestGapWithoutReplayEndpointResyncs(t *testing.T) {
 // where nothing answers: the replay's deadline ends it.
 func TestUnansweredReplayTimesOutAndResyncs(t *testing.T) {
 	rank := kvevent.Rank{Worker: 3}
-	p := startPub(t, pubConfig{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*"})
+	p := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*"})
 	sink := &recSink{}
 	nobody := "tcp://127.0.0.1:" + freePorts(t, 1)
 	s := runSub(t, Config{Endpoint: p.Pub, ReplayEndpoint: nobody, ReplayTimeout: 200 * time.Millisecond,
 		Rank: rank, Sink: sink})
-	p.waitSub()
+	p.WaitSub()
 	g := newGen(t, rank)
 	want := publish(p, g, 0, 1, true)
 	publish(p, g, 2, 2, false)
@@ -434,19 +274,19 @@ func TestUnansweredReplayTimesOutAndResyncs(t *testing.T) {
 
 func TestMalformedFramesAreCountedAndSkipped(t *testing.T) {
 	rank := kvevent.Rank{Worker: 4}
-	p := startPub(t, pubConfig{Pub: "tcp://127.0.0.1:*"})
+	p := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*"})
 	sink := &recSink{}
 	s := runSub(t, Config{Endpoint: p.Pub, Rank: rank, Sink: sink})
-	p.waitSub()
+	p.WaitSub()
 	g := newGen(t, rank)
 	want := publish(p, g, 0, 1, true)
 	payload := removedPayload(1, 0)
-	p.raw([]byte{}, seqFrame(2))                        // 2 frames
-	p.raw([]byte{}, seqFrame(2), payload, []byte("x"))  // 4 frames
-	p.raw([]byte{}, seqFrame(2)[1:], payload)           // 7-byte seq
-	p.raw([]byte{}, seqFrame(2), []byte("\xc1garbage")) // a payload the decoder rejects
-	p.raw([]byte{})                                     // 1 frame
-	p.raw([]byte{}, seqFrame(endSeq), []byte{})         // the replay end marker, live
+	p.Raw([]byte{}, seqFrame(2))                        // 2 frames
+	p.Raw([]byte{}, seqFrame(2), payload, []byte("x"))  // 4 frames
+	p.Raw([]byte{}, seqFrame(2)[1:], payload)           // 7-byte seq
+	p.Raw([]byte{}, seqFrame(2), []byte("\xc1garbage")) // a payload the decoder rejects
+	p.Raw([]byte{})                                     // 1 frame
+	p.Raw([]byte{}, seqFrame(endSeq), []byte{})         // the replay end marker, live
 	want = append(want, publish(p, g, 3, 4, true)...)   // the garbage consumed seq 2
 	waitCalls(t, sink, &rank, want)
 	st := s.Stats()
@@ -464,8 +304,8 @@ func TestBindModeReceivesFromConnectingPublisher(t *testing.T) {
 	if s.LocalEndpoint() == "tcp://127.0.0.1:*" {
 		t.Fatalf("local endpoint %q: port not resolved", s.LocalEndpoint())
 	}
-	p := startPub(t, pubConfig{Pub: s.LocalEndpoint(), Connect: true})
-	p.waitSub()
+	p := pypub.Start(t, pypub.Config{Pub: s.LocalEndpoint(), Connect: true})
+	p.WaitSub()
 	g := newGen(t, rank)
 	waitCalls(t, sink, &rank, publish(p, g, 0, 19, true))
 }
@@ -473,7 +313,7 @@ func TestBindModeReceivesFromConnectingPublisher(t *testing.T) {
 // TestGroupFollowsEachRankOnItsPort runs a group of two ranks in bind mode
 // on ports base and base+1, with one publisher per rank.
 func TestGroupFollowsEachRankOnItsPort(t *testing.T) {
-	requirePython(t)
+	pypub.Require(t)
 	base := freePorts(t, 2)
 	sink := &recSink{}
 	grp, err := NewGroup(Config{Endpoint: "tcp://127.0.0.1:" + base, Bind: true, Rank: kvevent.Rank{Worker: 8},
@@ -498,8 +338,8 @@ func TestGroupFollowsEachRankOnItsPort(t *testing.T) {
 		if s.Rank() != rank {
 			t.Fatalf("subscriber %d follows %v", i, s.Rank())
 		}
-		p := startPub(t, pubConfig{Pub: s.LocalEndpoint(), Connect: true})
-		p.waitSub()
+		p := pypub.Start(t, pypub.Config{Pub: s.LocalEndpoint(), Connect: true})
+		p.WaitSub()
 		waitCalls(t, sink, &rank, publish(p, newGen(t, rank), 0, 4, true))
 	}
 }

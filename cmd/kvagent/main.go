@@ -1,0 +1,146 @@
+// Command kvagent is the node agent: it follows an inference engine's KV
+// event stream over ZMQ, one subscriber per data-parallel rank, and
+// publishes every change to the kvrouter cluster over NATS, keeping the
+// worker registered with heartbeats (docs/events.md).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvrouter/kvrouter/agent"
+	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/urfave/cli/v2"
+)
+
+func main() {
+	if err := app().Run(os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "kvagent:", err)
+		os.Exit(1)
+	}
+}
+
+func app() *cli.App {
+	return &cli.App{
+		Name:  "kvagent",
+		Usage: "follow an engine's KV events and publish them to the kvrouter cluster",
+		Description: `Example: an engine with two dp ranks publishing on ports 5557 and 5558:
+
+   kvagent --worker-id 1 --block-size 16 --dp-size 2 \
+     --engine-endpoint tcp://127.0.0.1:5557 --replay-endpoint tcp://127.0.0.1:5567 \
+     --nats-url nats://127.0.0.1:4221,nats://127.0.0.1:4222 --router 127.0.0.1:7181`,
+		Flags: []cli.Flag{
+			&cli.Uint64Flag{Name: "worker-id", Required: true, EnvVars: []string{"KVAGENT_WORKER_ID"}, Usage: "the worker id the router knows this engine by"},
+			&cli.IntFlag{Name: "block-size", Required: true, EnvVars: []string{"KVAGENT_BLOCK_SIZE"}, Usage: "the engine's KV block size in tokens"},
+			&cli.StringFlag{Name: "engine-endpoint", Value: "tcp://127.0.0.1:5557", EnvVars: []string{"KVAGENT_ENGINE_ENDPOINT"}, Usage: "dp rank 0's ZMQ event endpoint; rank r uses port + r"},
+			&cli.StringFlag{Name: "replay-endpoint", EnvVars: []string{"KVAGENT_REPLAY_ENDPOINT"}, Usage: "dp rank 0's ZMQ replay endpoint (ROUTER); rank r uses port + r"},
+			&cli.BoolFlag{Name: "bind", Usage: "bind the event endpoint (the engine connects) instead of connecting to it"},
+			&cli.StringFlag{Name: "topic", Usage: "topic prefix to subscribe to"},
+			&cli.UintFlag{Name: "dp-start", Usage: "the first dp rank to follow"},
+			&cli.IntFlag{Name: "dp-size", Value: 1, Usage: "how many dp ranks to follow"},
+			&cli.StringFlag{Name: "nats-url", Value: "nats://127.0.0.1:4222", EnvVars: []string{"KVAGENT_NATS_URL"}, Usage: "the router cluster's NATS (url,url,...: any node's embedded server)"},
+			&cli.StringFlag{Name: "nats-user", EnvVars: []string{"KVAGENT_NATS_USER"}, Usage: "NATS user"},
+			&cli.StringFlag{Name: "nats-password", EnvVars: []string{"KVAGENT_NATS_PASSWORD"}, Usage: "NATS password"},
+			&cli.StringFlag{Name: "nats-creds", EnvVars: []string{"KVAGENT_NATS_CREDS"}, Usage: "NATS credentials file"},
+			&cli.StringFlag{Name: "router", EnvVars: []string{"KVAGENT_ROUTER"}, Usage: "router HTTP addresses (host:port,...) to register the worker with; empty: register it elsewhere"},
+			&cli.StringFlag{Name: "endpoint", Usage: "where the router should send this worker's requests (registered as is)"},
+			&cli.StringFlag{Name: "model", Usage: "the model this worker serves (registered as is)"},
+			&cli.Int64Flag{Name: "capacity-device", Usage: "KV capacity in blocks on the GPU (0 = unknown)"},
+			&cli.Int64Flag{Name: "capacity-host", Usage: "KV capacity in blocks in host memory"},
+			&cli.Int64Flag{Name: "capacity-disk", Usage: "KV capacity in blocks on disk"},
+			&cli.DurationFlag{Name: "heartbeat-interval", Value: time.Second, Usage: "how often to tell the leader the worker is alive"},
+			&cli.DurationFlag{Name: "lease", Value: 10 * time.Second, Usage: "the worker's lease: the leader removes it after this long without a heartbeat (0: never)"},
+			&cli.StringFlag{Name: "metrics-addr", Value: "127.0.0.1:9464", EnvVars: []string{"KVAGENT_METRICS_ADDR"}, Usage: "where /metrics is served (empty: nowhere)"},
+			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
+		},
+		Action: run,
+	}
+}
+
+func run(c *cli.Context) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if c.Int("dp-size") < 1 {
+		return fmt.Errorf("--dp-size %d: want at least 1", c.Int("dp-size"))
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	opts := []nats.Option{nats.Name(fmt.Sprintf("kvagent-%d", c.Uint64("worker-id"))), nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond)}
+	if u := c.String("nats-user"); u != "" {
+		opts = append(opts, nats.UserInfo(u, c.String("nats-password")))
+	}
+	if f := c.String("nats-creds"); f != "" {
+		opts = append(opts, nats.UserCredentials(f))
+	}
+	nc, err := nats.Connect(c.String("nats-url"), opts...)
+	if err != nil {
+		return fmt.Errorf("connect to nats %s: %w", c.String("nats-url"), err)
+	}
+	defer nc.Close()
+
+	cfg := agent.Config{
+		Worker: c.Uint64("worker-id"), DPStart: uint32(c.Uint("dp-start")), DPRanks: c.Int("dp-size"),
+		Endpoint: c.String("engine-endpoint"), ReplayEndpoint: c.String("replay-endpoint"),
+		Bind: c.Bool("bind"), Topic: c.String("topic"), BlockSize: c.Int("block-size"), Conn: nc,
+		HeartbeatInterval: c.Duration("heartbeat-interval"),
+		Registration: raftfsm.WorkerInfo{BlockSize: c.Int("block-size"), Endpoint: c.String("endpoint"),
+			Model: c.String("model"), LeaseMs: c.Duration("lease").Milliseconds(),
+			Capacity: [4]int64{c.Int64("capacity-device"), c.Int64("capacity-host"), c.Int64("capacity-disk")}},
+		Registerer: reg, Logger: logger,
+	}
+	if r := c.String("router"); r != "" {
+		cl, err := client.New(strings.Split(r, ","), client.Options{UserAgent: "kvagent"})
+		if err != nil {
+			return fmt.Errorf("--router: %w", err)
+		}
+		defer cl.Close()
+		cfg.Registrar = cl
+	}
+	a, err := agent.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+
+	if addr := c.String("metrics-addr"); addr != "" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go hs.Serve(ln)
+		defer hs.Close()
+		logger.Info("metrics listening", "addr", "http://"+ln.Addr().String()+"/metrics")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	logger.Info("kvagent following the engine", "worker", cfg.Worker, "endpoint", cfg.Endpoint,
+		"ranks", c.Int("dp-size"), "nats", c.String("nats-url"))
+	if err := a.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	logger.Info("kvagent stopped")
+	return nil
+}
