@@ -41,6 +41,9 @@ type node struct {
 	httpAddr string
 	dir      string // --data-dir
 	logPath  string // every run's stdout and stderr, appended
+	// natsAddr and natsClusterAddr are the embedded NATS server's client
+	// and route ports, when the cluster runs with NATS (startClusterNATS).
+	natsAddr, natsClusterAddr string
 	cl       *client.Client
 
 	p       *proc // the current run; nil before the first start
@@ -85,6 +88,9 @@ type cluster struct {
 	// after a port conflict made startCluster begin anew in wiped
 	// directories (an offline seed, for one).
 	prepare func(c *cluster)
+	// nats gives every node's embedded NATS fixed ports and routes them
+	// into one NATS cluster, for agents to publish to.
+	nats bool
 }
 
 // startCluster starts an n-node cluster bootstrapped with --peers and
@@ -102,6 +108,26 @@ func startClusterWith(t *testing.T, n int, prepare func(c *cluster)) *cluster {
 	c.prepare = prepare
 	c.bootstrap()
 	return c
+}
+
+// startClusterNATS is startCluster with the nodes' embedded NATS servers
+// on known ports, routed into one NATS cluster (agents publish there).
+func startClusterNATS(t *testing.T, n int) *cluster {
+	t.Helper()
+	c := newCluster(t, n)
+	c.nats = true
+	c.assignPorts()
+	c.bootstrap()
+	return c
+}
+
+// natsURLs is every node's NATS client URL, comma-separated.
+func (c *cluster) natsURLs() string {
+	var us []string
+	for _, n := range c.nodes {
+		us = append(us, "nats://"+n.natsAddr)
+	}
+	return strings.Join(us, ",")
 }
 
 // newCluster lays out an n-node cluster (ports, data directories, log
@@ -128,10 +154,17 @@ func newCluster(t *testing.T, n int) *cluster {
 // assignPorts gives every node a fresh Raft and HTTP port, and new clients.
 func (c *cluster) assignPorts() {
 	c.t.Helper()
-	ports := freePorts(c.t, 2*len(c.nodes))
+	per := 2
+	if c.nats {
+		per = 4
+	}
+	ports := freePorts(c.t, per*len(c.nodes))
 	var endpoints []string
 	for i, n := range c.nodes {
-		n.raftAddr, n.httpAddr = ports[2*i], ports[2*i+1]
+		n.raftAddr, n.httpAddr = ports[per*i], ports[per*i+1]
+		if c.nats {
+			n.natsAddr, n.natsClusterAddr = ports[per*i+2], ports[per*i+3]
+		}
 		if n.cl != nil {
 			n.cl.Close()
 		}
@@ -244,9 +277,20 @@ func (c *cluster) start(i int) {
 	args := []string{
 		"--node-id", n.id, "--raft-addr", n.raftAddr, "--http-addr", n.httpAddr,
 		"--data-dir", n.dir, "--peers", c.peers(), "--log-level", "warn",
+	}
+	if c.nats {
+		var routes []string
+		for _, o := range c.nodes {
+			if o != n {
+				routes = append(routes, o.natsClusterAddr)
+			}
+		}
+		args = append(args, "--nats-addr", n.natsAddr, "--nats-cluster-addr", n.natsClusterAddr,
+			"--nats-routes", strings.Join(routes, ","))
+	} else {
 		// Each node's embedded NATS on a port the OS picks: these tests
 		// drive events over HTTP.
-		"--nats-addr", "127.0.0.1:0",
+		args = append(args, "--nats-addr", "127.0.0.1:0")
 	}
 	f, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

@@ -19,6 +19,7 @@ var seedFlag = flag.Uint64("seed", 0, "seed of the random event streams (0: a ne
 var (
 	kvrouterBin string
 	kvctlBin    string
+	kvagentBin  string
 )
 
 func TestMain(m *testing.M) {
@@ -33,7 +34,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		os.Exit(1)
 	}
-	kvrouterBin, kvctlBin = filepath.Join(dir, "kvrouter"), filepath.Join(dir, "kvctl")
+	kvrouterBin, kvctlBin, kvagentBin = filepath.Join(dir, "kvrouter"), filepath.Join(dir, "kvctl"), filepath.Join(dir, "kvagent")
 	// goleak.VerifyTestMain exits the process, so the binaries are removed
 	// by the cleanup option rather than after it returns.
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
@@ -42,7 +43,7 @@ func TestMain(m *testing.M) {
 	}))
 }
 
-// buildBinaries builds kvrouter and kvctl into dir, once for the whole run.
+// buildBinaries builds kvrouter, kvctl and kvagent into dir, once for the whole run.
 // The race detector stays off whatever GOFLAGS says: it would make the
 // daemons several times slower, and the daemons' own packages have their
 // race-enabled tests.
@@ -54,15 +55,16 @@ func buildBinaries(dir string) error {
 	}
 	start := time.Now()
 	cmd := exec.Command(goBin, "build", "-race=false", "-o", dir+string(filepath.Separator),
-		"github.com/kvrouter/kvrouter/cmd/kvrouter", "github.com/kvrouter/kvrouter/cmd/kvctl")
+		"github.com/kvrouter/kvrouter/cmd/kvrouter", "github.com/kvrouter/kvrouter/cmd/kvctl",
+		"github.com/kvrouter/kvrouter/cmd/kvagent")
 	// The environment is the test's own, CGO_CFLAGS included, so that the
 	// build reuses what `go build` and `make` put in the build cache.
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("go build kvrouter kvctl: %v\n%s", err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("go build kvrouter kvctl kvagent: %v\n%s", err, strings.TrimSpace(string(out)))
 	}
 	if testing.Verbose() {
-		fmt.Fprintf(os.Stderr, "e2e: built kvrouter and kvctl in %v\n", time.Since(start).Round(time.Millisecond))
+		fmt.Fprintf(os.Stderr, "e2e: built kvrouter, kvctl and kvagent in %v\n", time.Since(start).Round(time.Millisecond))
 	}
 	return nil
 }

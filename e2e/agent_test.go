@@ -1,0 +1,295 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/pypub"
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+const agentBlockSize = 4
+
+// agentProc is a running kvagent process.
+type agentProc struct {
+	cmd     *exec.Cmd
+	done    chan struct{}
+	logPath string
+}
+
+// startAgent runs kvagent for worker 1 against the engine publisher pub and
+// the cluster's NATS, registering through the cluster's HTTP API.
+func startAgent(t *testing.T, c *cluster, pub *pypub.Pub) *agentProc {
+	t.Helper()
+	a := &agentProc{done: make(chan struct{}), logPath: filepath.Join(c.base, "kvagent.log")}
+	args := []string{"--worker-id", "1", "--block-size", fmt.Sprint(agentBlockSize),
+		"--engine-endpoint", pub.Pub, "--nats-url", c.natsURLs(), "--router", c.endpoints(),
+		"--heartbeat-interval", "200ms", "--lease", "30s", "--metrics-addr", "", "--log-level", "info"}
+	if pub.Replay != "" {
+		args = append(args, "--replay-endpoint", pub.Replay)
+	}
+	f, err := os.OpenFile(a.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	a.cmd = exec.Command(kvagentBin, args...)
+	a.cmd.Stdout, a.cmd.Stderr = f, f
+	a.cmd.Env = childEnv()
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		a.cmd.Wait()
+		close(a.done)
+	}()
+	t.Cleanup(func() {
+		a.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-a.done:
+		case <-time.After(stopTimeout):
+			a.cmd.Process.Kill()
+			<-a.done
+		}
+		if t.Failed() {
+			if b, err := os.ReadFile(a.logPath); err == nil {
+				t.Logf("kvagent log:\n%s", b)
+			}
+		}
+	})
+	return a
+}
+
+// engineGen makes an engine's event stream for the python publisher:
+// independent chains stored on the GPU, offloaded whole to CPU, and
+// trimmed at their GPU tail. model holds what each tier should hold.
+type engineGen struct {
+	rng    *rand.Rand
+	n      uint64
+	chains [][]uint64          // engine hashes, root first
+	tokens map[uint64][]uint32 // a block's tokens
+	parent map[uint64]uint64
+	gpuLen []int // how much of each chain the GPU holds (a prefix)
+	model  [kvevent.NumTiers]map[uint64]bool
+}
+
+func newEngineGen(seed uint64) *engineGen {
+	g := &engineGen{rng: rand.New(rand.NewPCG(seed, 99)), tokens: map[uint64][]uint32{}, parent: map[uint64]uint64{}}
+	for i := range g.model {
+		g.model[i] = map[uint64]bool{}
+	}
+	return g
+}
+
+func (g *engineGen) stored(hashes []uint64, medium string) pypub.EvSpec {
+	spec := pypub.EvSpec{Type: "BlockStored", Hashes: hashes, BlockSize: agentBlockSize, Medium: medium, Map: g.rng.IntN(2) == 0}
+	if p, ok := g.parent[hashes[0]]; ok {
+		spec.Parent = &p
+	}
+	for _, h := range hashes {
+		spec.Tokens = append(spec.Tokens, g.tokens[h]...)
+	}
+	return spec
+}
+
+// newChain stores a fresh chain of n blocks on the GPU.
+func (g *engineGen) newChain(n int) pypub.EvSpec {
+	var hs []uint64
+	for i := 0; i < n; i++ {
+		g.n++
+		h := 1<<40 | g.n
+		toks := make([]uint32, agentBlockSize)
+		for j := range toks {
+			toks[j] = g.rng.Uint32N(50000)
+		}
+		g.tokens[h] = toks
+		if i > 0 {
+			g.parent[h] = hs[i-1]
+		}
+		hs = append(hs, h)
+		g.model[kvevent.TierDevice][h] = true
+	}
+	g.chains = append(g.chains, hs)
+	g.gpuLen = append(g.gpuLen, n)
+	return g.stored(hs, "GPU")
+}
+
+// next returns the next event.
+func (g *engineGen) next() pypub.EvSpec {
+	k := g.rng.IntN(100)
+	if len(g.chains) == 0 || k < 60 {
+		return g.newChain(1 + g.rng.IntN(4))
+	}
+	ci := g.rng.IntN(len(g.chains))
+	ch := g.chains[ci]
+	if k < 80 {
+		for _, h := range ch {
+			g.model[kvevent.TierHostPinned][h] = true
+		}
+		return g.stored(ch, "CPU")
+	}
+	if g.gpuLen[ci] == 0 {
+		return g.newChain(1)
+	}
+	g.gpuLen[ci]--
+	tail := ch[g.gpuLen[ci]]
+	delete(g.model[kvevent.TierDevice], tail)
+	return pypub.EvSpec{Type: "BlockRemoved", Hashes: []uint64{tail}, Medium: "GPU"}
+}
+
+// publishBatches publishes n batches of 1–3 events from seq on.
+func publishBatches(pub *pypub.Pub, g *engineGen, seq *uint64, n int) {
+	for range n {
+		var evs []pypub.EvSpec
+		for range 1 + g.rng.IntN(3) {
+			evs = append(evs, g.next())
+		}
+		pub.Do(pypub.BatchCmd{Cmd: "batch", Seq: *seq, Form: "array", Events: evs, Live: true})
+		*seq++
+	}
+}
+
+// rankBlocks returns worker 1 rank 0's blocks per tier from one node.
+func rankBlocks(ctx context.Context, n *node) (api.TierBlocks, bool) {
+	ws, err := n.cl.Workers(ctx)
+	if err != nil {
+		return api.TierBlocks{}, false
+	}
+	for _, w := range ws {
+		if w.WorkerID == 1 {
+			for _, r := range w.Ranks {
+				if r.DPRank == 0 {
+					return r.Blocks, true
+				}
+			}
+		}
+	}
+	return api.TierBlocks{}, false
+}
+
+// waitModel waits until every serving node's index holds exactly the
+// model's blocks per tier for worker 1, and the nodes' digests agree.
+func waitModel(c *cluster, g *engineGen) {
+	c.t.Helper()
+	want := api.TierBlocks{Device: int64(len(g.model[kvevent.TierDevice])), Host: int64(len(g.model[kvevent.TierHostPinned]))}
+	c.waitFor(convergeTimeout, fmt.Sprintf("every node's index to hold %+v", want), func() (bool, string) {
+		for i, n := range c.nodes {
+			if !n.serving() {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+			got, ok := rankBlocks(ctx, n)
+			cancel()
+			if !ok || got != want {
+				return false, fmt.Sprintf("node %d holds %+v", i, got)
+			}
+		}
+		return true, ""
+	})
+	c.converged()
+}
+
+// TestAgentEndToEnd: a Python engine publisher over real libzmq → kvagent
+// → NATS → a 3-node cluster. The worker registers itself, the route API
+// shows the overlap per tier, and after a kill -9 of the leader while the
+// engine streams, every node's index equals a model of everything
+// published, with equal digests.
+func TestAgentEndToEnd(t *testing.T) {
+	pypub.Require(t)
+	seed := testSeed(t)
+	c := startClusterNATS(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := c.cl.SetSettings(ctx, indexer.DefaultParams(), indexer.ViewTiered); err != nil {
+		t.Fatal(err)
+	}
+	pub := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*", ReplayShape: 3})
+	startAgent(t, c, pub)
+	pub.WaitSub()
+	c.waitFor(readyTimeout, "the agent to register worker 1", func() (bool, string) {
+		ws, err := c.cl.Workers(ctx)
+		return err == nil && len(ws) == 1 && ws[0].WorkerID == 1 && ws[0].LeaseMs == 30000, fmt.Sprint(ws, err)
+	})
+
+	// A chain of 3 on the GPU, offloaded whole to CPU, its GPU tail
+	// dropped: the route sees 2 blocks on the device and 1 on the host.
+	g := newEngineGen(seed)
+	var seq uint64
+	chain := g.newChain(3)
+	pub.Do(pypub.BatchCmd{Cmd: "batch", Seq: seq, Form: "map", Events: []pypub.EvSpec{chain}, Live: true})
+	seq++
+	hs := g.chains[0]
+	g.gpuLen[0] = 2
+	delete(g.model[kvevent.TierDevice], hs[2])
+	for _, h := range hs {
+		g.model[kvevent.TierHostPinned][h] = true
+	}
+	pub.Do(pypub.BatchCmd{Cmd: "batch", Seq: seq, Form: "array", Events: []pypub.EvSpec{g.stored(hs, "CPU"),
+		{Type: "BlockRemoved", Hashes: []uint64{hs[2]}, Medium: "GPU"}}, Live: true})
+	seq++
+	var prompt []uint32
+	for _, h := range hs {
+		prompt = append(prompt, g.tokens[h]...)
+	}
+	c.waitFor(convergeTimeout, "the route to see 2 blocks on the device and 1 on the host", func() (bool, string) {
+		res, err := c.cl.Route(ctx, api.RouteRequest{TokenIDs: prompt})
+		if err != nil || len(res.Candidates) != 1 {
+			return false, fmt.Sprint(res, err)
+		}
+		o := res.Candidates[0].Overlap
+		return o.Device == 2 && o.Host == 1 && o.Disk == 0, fmt.Sprintf("%+v", o)
+	})
+
+	// Stream, kill -9 the leader a third of the way in, stream on.
+	publishBatches(pub, g, &seq, 100)
+	c.kill9(c.leader())
+	publishBatches(pub, g, &seq, 200)
+	waitModel(c, g)
+
+	// The killed node comes back and catches up to the same state.
+	for i, n := range c.nodes {
+		if !n.up() {
+			c.restart(i)
+		}
+	}
+	waitModel(c, g)
+}
+
+// TestAgentRestartResyncs: the agent is killed, and the engine restarts
+// with an empty cache under a new agent. The new agent's event ids start
+// over below the router's cursor; its resync on start replaces the rank, so
+// that what it publishes afterwards is applied, not dropped as duplicates,
+// and nothing of the old incarnation stays in the index.
+func TestAgentRestartResyncs(t *testing.T) {
+	pypub.Require(t)
+	seed := testSeed(t)
+	c := startClusterNATS(t, 3)
+	pub := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*"})
+	a := startAgent(t, c, pub)
+	pub.WaitSub()
+	g := newEngineGen(seed)
+	var seq uint64
+	publishBatches(pub, g, &seq, 50)
+	waitModel(c, g)
+
+	a.cmd.Process.Signal(syscall.SIGKILL)
+	<-a.done
+	// The engine restarts too (its cache empties) and a new agent follows it.
+	pub.Close()
+	pub = pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*"})
+	startAgent(t, c, pub)
+	pub.WaitSub()
+	g = newEngineGen(seed + 1)
+	seq = 0
+	publishBatches(pub, g, &seq, 30)
+	waitModel(c, g)
+}
