@@ -173,6 +173,11 @@ type RankInfo struct {
 	LastEventID uint64     `json:"last_event_id"`
 	NeedsResync bool       `json:"needs_resync"`
 	Load        Load       `json:"load"`
+	// LastHeardMs is when the rank's events last reached the log (unix
+	// ms, the leader's clock); 0 when not since the answering node started.
+	LastHeardMs int64 `json:"last_heard_ms"`
+	// Silent: nothing heard of the rank for the node's --silent-after.
+	Silent bool `json:"silent"`
 }
 
 // Load is the load that live bookings put on a rank.
@@ -210,6 +215,8 @@ func workers(ws []raftfsm.WorkerStatus) WorkersResponse {
 				Blocks:      tierBlocks(r.Blocks),
 				LastEventID: r.Cursor,
 				NeedsResync: r.NeedsResync,
+				LastHeardMs: r.LastHeard / 1e6,
+				Silent:      r.Silent,
 				Load: Load{
 					ActivePrefillTokens: r.Load.ActivePrefillTokens,
 					ActiveDecodeBlocks:  r.Load.ActiveDecodeBlocks,

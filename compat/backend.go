@@ -26,14 +26,12 @@ type Backend interface {
 	// id. The map is shared: read it, never change it. It never blocks.
 	WorkerTable() map[uint64]raftfsm.WorkerInfo
 	// RegisterWorker registers a worker or replaces its registration
-	// (through Raft; raftfsm.ErrNotLeader on a follower).
+	// (through Raft; raftfsm.ErrNotLeader on a follower). Ranks the new
+	// registration drops lose their index state, bookings and cursor.
 	RegisterWorker(ctx context.Context, w raftfsm.WorkerInfo) error
 	// DeregisterWorker removes a worker, its ranks' index state and load;
 	// raftfsm.ErrUnknownWorker when there is none of that id.
 	DeregisterWorker(ctx context.Context, workerID uint64) error
-	// ReplaceRank replaces a rank's index state with stored events and
-	// sets its cursor.
-	ReplaceRank(ctx context.Context, r kvevent.Rank, cursor uint64, stored []kvevent.Event) error
 	// IngestEvents applies each rank's batch through its cursor and
 	// acknowledges each once committed, in the order of batches.
 	IngestEvents(ctx context.Context, batches []raftfsm.RankBatch) ([]raftfsm.RankAck, error)

@@ -386,12 +386,9 @@ func (x *Indexer) doUnregister(ctx context.Context, req *UnregisterRequest) erro
 		delete(nw.EventEndpoints, dp)
 		nw.ReplayEndpoints = maps.Clone(wi.ReplayEndpoints)
 		delete(nw.ReplayEndpoints, dp)
+		// The registration without the rank drops the rank's state with it.
 		if err := x.b.RegisterWorker(ctx, nw); err != nil {
 			return fmt.Errorf("unregister instance %d dp rank %d: %w", req.InstanceID, dp, err)
-		}
-		// The rank's state goes with it; a later registration starts clean.
-		if err := x.b.ReplaceRank(ctx, kvevent.Rank{Worker: wi.ID, DP: dp}, 0, nil); err != nil {
-			return fmt.Errorf("unregister instance %d dp rank %d: clear its index: %w", req.InstanceID, dp, err)
 		}
 	}
 	if !found {

@@ -373,3 +373,39 @@ func TestRouteFollowsTheIndexOnEveryNode(t *testing.T) {
 		t.Fatalf("after free: %+v", l)
 	}
 }
+
+// TestSilentRanks: a registered rank that sends nothing for SilentAfter is
+// reported silent on every node; its events make it heard again.
+func TestSilentRanks(t *testing.T) {
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.SilentAfter = 2 * time.Second })
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	silent := func(n *Node) (bool, int64) {
+		ws := n.Workers()
+		if len(ws) != 1 || len(ws[0].Ranks) != 1 {
+			t.Fatalf("workers %+v", ws)
+		}
+		return ws[0].Ranks[0].Silent, ws[0].Ranks[0].LastHeard
+	}
+	for _, n := range c.nodes {
+		waitFor(t, 20*time.Second, "the idle rank to be reported silent", func() bool {
+			s, _ := silent(n)
+			return s
+		})
+	}
+	ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 2, 10)}})
+	for _, n := range c.nodes {
+		waitFor(t, 10*time.Second, "every node to hear the rank", func() bool {
+			s, heard := silent(n)
+			return !s && heard > 0
+		})
+	}
+	_, want := silent(l)
+	for _, n := range c.nodes {
+		if _, heard := silent(n); heard != want {
+			t.Fatalf("last heard %d on one node, %d on the leader: replicas disagree", heard, want)
+		}
+	}
+}

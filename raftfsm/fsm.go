@@ -44,6 +44,10 @@ type FSM struct {
 
 	curMu   sync.RWMutex
 	cursors map[kvevent.Rank]uint64
+	// heard is when each rank's events (or dump) last reached the log, in
+	// the leader's clock as the commands carry it: equal on every replica,
+	// kept in memory only (unknown after a restart until the rank sends).
+	heard map[kvevent.Rank]int64
 
 	workers atomic.Pointer[map[uint64]WorkerInfo] // copy-on-write
 	// cands is every registered rank as a route candidate, in rank order,
@@ -250,11 +254,22 @@ func (f *FSM) applyCommand(c *command) interface{} {
 		}
 		f.ix.ReplaceRank(c.rank, c.stored, c.now)
 		f.setCursor(c.rank, c.cursor)
+		f.noteHeard(c.rank, c.now)
 		return RankAck{Rank: c.rank, Cursor: c.cursor, Applied: len(c.stored)}
 	case cmdRegister:
 		w := c.worker
 		if len(w.DPRanks) == 0 {
 			w.DPRanks = []uint32{0}
+		}
+		// Ranks the new registration drops go with their state, as a
+		// deregistration takes a worker's: a later registration of the rank
+		// starts clean.
+		if prev, ok := f.Workers()[w.ID]; ok {
+			for _, dp := range prev.DPRanks {
+				if !slices.Contains(w.DPRanks, dp) {
+					f.removeRank(kvevent.Rank{Worker: w.ID, DP: dp})
+				}
+			}
 		}
 		next := maps.Clone(f.Workers())
 		next[w.ID] = w
@@ -317,6 +332,7 @@ func (f *FSM) applyCommand(c *command) interface{} {
 // id applies and advances the cursor; an id past it is a gap, and nothing
 // after the gap applies, so the index never runs ahead of a missing event.
 func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
+	f.noteHeard(rb.Rank, now)
 	cur := f.Cursor(rb.Rank)
 	ack := RankAck{Rank: rb.Rank}
 	for i := range rb.Events {
@@ -342,11 +358,39 @@ func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
 	return ack
 }
 
+func (f *FSM) noteHeard(r kvevent.Rank, now int64) {
+	f.curMu.Lock()
+	if f.heard == nil {
+		f.heard = map[kvevent.Rank]int64{}
+	}
+	f.heard[r] = now
+	f.curMu.Unlock()
+}
+
+// LastHeard returns when rank r's events last reached the log (unix nanos
+// of the leader's clock), or 0 when not since this node started.
+func (f *FSM) LastHeard(r kvevent.Rank) int64 {
+	f.curMu.RLock()
+	defer f.curMu.RUnlock()
+	return f.heard[r]
+}
+
 func (f *FSM) setCursor(r kvevent.Rank, c uint64) {
 	f.curMu.Lock()
 	f.cursors[r] = c
 	f.curMu.Unlock()
 	f.batch.PutCursor(r.Worker, r.DP, c)
+}
+
+// removeRank drops one rank's index state, bookings and cursor.
+func (f *FSM) removeRank(r kvevent.Rank) {
+	f.ix.RemoveRank(r)
+	f.seqs.RemoveRank(r)
+	f.curMu.Lock()
+	delete(f.cursors, r)
+	delete(f.heard, r)
+	f.curMu.Unlock()
+	f.batch.DeleteCursor(r.Worker, r.DP)
 }
 
 func (f *FSM) removeWorker(id uint64) error {
@@ -364,6 +408,7 @@ func (f *FSM) removeWorker(id uint64) error {
 	slices.SortFunc(gone, kvevent.Rank.Compare)
 	for _, r := range gone {
 		delete(f.cursors, r)
+		delete(f.heard, r)
 		f.batch.DeleteCursor(r.Worker, r.DP)
 	}
 	f.curMu.Unlock()

@@ -287,3 +287,39 @@ func openFuzzFSM(t *testing.T) *FSM {
 	t.Cleanup(func() { f.Close() })
 	return f
 }
+
+// TestRegistrationDroppingARankClearsIt: a worker registered again with
+// fewer dp ranks loses the dropped rank's index state, bookings and
+// cursor, so that a later registration of the rank starts clean (its
+// engine's events from id 1 apply); the kept rank is untouched.
+func TestRegistrationDroppingARankClearsIt(t *testing.T) {
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	var w logWriter
+	r0, r1 := kvevent.Rank{Worker: 2, DP: 0}, kvevent.Rank{Worker: 2, DP: 1}
+	f.ApplyBatch([]*raft.Log{
+		w.next(encodeRegister(1, &WorkerInfo{ID: 2, DPRanks: []uint32{0, 1}, BlockSize: 16})),
+		w.next(encodeEvents(2, []RankBatch{{Rank: r0, Events: chainEvents(r0, 1, 3, 10)}, {Rank: r1, Events: chainEvents(r1, 1, 4, 20)}})),
+		w.next(encodeBook(3, []bookOp{{kind: bookAdd, b: Booking{ID: "q", Rank: r1, SeqHashes: []uint64{7}, ISL: 16}}})),
+		w.next(encodeRegister(4, &WorkerInfo{ID: 2, DPRanks: []uint32{0}, BlockSize: 16})),
+	})
+	if f.Cursor(r1) != 0 || f.Sequences().Load(r1).ActiveRequests != 0 {
+		t.Fatalf("dropped rank kept cursor %d, load %+v", f.Cursor(r1), f.Sequences().Load(r1))
+	}
+	for _, rs := range f.Index().RankStats() {
+		if rs.Rank == r1 && rs.Blocks != [kvevent.NumTiers]int64{} {
+			t.Fatalf("dropped rank kept blocks %v", rs.Blocks)
+		}
+	}
+	if f.Cursor(r0) != 3 {
+		t.Fatalf("kept rank's cursor %d, want 3", f.Cursor(r0))
+	}
+	// Registered again, the rank takes events from id 1.
+	res := f.ApplyBatch([]*raft.Log{
+		w.next(encodeRegister(5, &WorkerInfo{ID: 2, DPRanks: []uint32{0, 1}, BlockSize: 16})),
+		w.next(encodeEvents(6, []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 2, 30)}})),
+	})
+	if ack := res[1].([]RankAck)[0]; ack.Applied != 2 || f.Cursor(r1) != 2 {
+		t.Fatalf("after registering again: ack %+v cursor %d", ack, f.Cursor(r1))
+	}
+}

@@ -48,6 +48,9 @@ type Config struct {
 
 	ExpiryInterval time.Duration // leader's booking/orphan sweep, default 10s
 	BookingMaxAge  time.Duration // default indexer.DefaultBookingMaxAge
+	// SilentAfter is how long a registered rank may send nothing before
+	// Workers reports it silent (default 60s).
+	SilentAfter time.Duration
 
 	Index  indexer.Config
 	Logger *slog.Logger
@@ -62,6 +65,7 @@ func (c *Config) defaults() {
 		}
 	}
 	d(&c.HeartbeatTimeout, 200*time.Millisecond)
+	d(&c.SilentAfter, time.Minute)
 	d(&c.ElectionTimeout, 200*time.Millisecond)
 	// A lease as long as the heartbeat: a shorter one made leaders step
 	// down under sustained ingest on a busy 2-core machine.
@@ -97,6 +101,7 @@ type Node struct {
 
 	ready      atomic.Bool
 	lastAssert time.Time // leaderLoop only
+	started    time.Time // when NewNode ran: silence is counted from here
 
 	rngMu sync.Mutex
 	rng   *rand.Rand
@@ -111,7 +116,7 @@ func NewNode(cfg Config) (*Node, error) {
 	if cfg.ID == "" || cfg.DataDir == "" {
 		return nil, fmt.Errorf("%w: a node needs an id and a data directory", ErrInvalid)
 	}
-	n := &Node{cfg: cfg, logger: cfg.Logger.With("node", cfg.ID), stop: make(chan struct{}),
+	n := &Node{cfg: cfg, logger: cfg.Logger.With("node", cfg.ID), stop: make(chan struct{}), started: time.Now(),
 		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x6b76726f75746572))}
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, err
@@ -445,13 +450,20 @@ func (n *Node) Workers() []WorkerStatus {
 		stats[rs.Rank] = rs
 	}
 	out := make([]WorkerStatus, 0, len(ws))
+	now := time.Now()
 	for _, w := range ws {
 		s := WorkerStatus{Info: w}
 		for _, dp := range w.DPRanks {
 			r := kvevent.Rank{Worker: w.ID, DP: dp}
 			st := stats[r]
+			heard := n.fsm.LastHeard(r)
+			since := n.started
+			if heard > 0 {
+				since = time.Unix(0, heard)
+			}
 			s.Ranks = append(s.Ranks, RankStatus{DPRank: dp, Blocks: st.Blocks, Cursor: n.fsm.Cursor(r),
-				NeedsResync: st.NeedsResync, Load: n.fsm.Sequences().Load(r)})
+				NeedsResync: st.NeedsResync, Load: n.fsm.Sequences().Load(r), LastHeard: heard,
+				Silent: now.Sub(since) > n.cfg.SilentAfter})
 		}
 		out = append(out, s)
 	}

@@ -112,6 +112,13 @@ type RankStatus struct {
 	Cursor      uint64                  `json:"last_event_id"`
 	NeedsResync bool                    `json:"needs_resync"`
 	Load        indexer.Load            `json:"load"`
+	// LastHeard is when the rank's events last reached the log (unix
+	// nanos, the leader's clock); 0 when not since this node started.
+	LastHeard int64 `json:"last_heard"`
+	// Silent: nothing heard of the rank for Config.SilentAfter (counted
+	// from this node's start when it has heard nothing yet). Its agent or
+	// engine may be down while the worker's registration stays.
+	Silent bool `json:"silent"`
 }
 
 // RouteQuery asks which rank should serve a request. Give either Tokens

@@ -21,7 +21,7 @@ import (
 func workersCommand(e *env) *cli.Command {
 	return &cli.Command{
 		Name:  "workers",
-		Usage: "list the workers: ranks, blocks per tier, last event id, resync flag, load",
+		Usage: "list the workers: ranks, blocks per tier, last event id, resync and silence flags, load",
 		Description: "One row per rank. --tier keeps one tier's block column in the table (JSON always has\n" +
 			"every tier).\n\n" +
 			"Example:\n   kvctl workers\n   kvctl workers --tier host",
@@ -57,7 +57,7 @@ func printWorkers(e *env, ws []api.Worker, tiers []kvevent.Tier) error {
 	for _, t := range tiers {
 		header = append(header, strings.ToUpper(t.String()))
 	}
-	header = append(header, "LAST_EVENT", "RESYNC", "REQUESTS", "PREFILL_TOKENS", "DECODE_BLOCKS")
+	header = append(header, "LAST_EVENT", "RESYNC", "SILENT", "REQUESTS", "PREFILL_TOKENS", "DECODE_BLOCKS")
 	t := newTable(e.stdout, header...)
 	for _, w := range ws {
 		for _, r := range w.Ranks {
@@ -65,7 +65,7 @@ func printWorkers(e *env, ws []api.Worker, tiers []kvevent.Tier) error {
 			for _, tier := range tiers {
 				cells = append(cells, i64(r.Blocks.Get(tier)))
 			}
-			cells = append(cells, u64(r.LastEventID), yesNo(r.NeedsResync), i64(r.Load.ActiveRequests),
+			cells = append(cells, u64(r.LastEventID), yesNo(r.NeedsResync), yesNo(r.Silent), i64(r.Load.ActiveRequests),
 				i64(r.Load.ActivePrefillTokens), i64(r.Load.ActiveDecodeBlocks))
 			t.row(cells...)
 		}
