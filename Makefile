@@ -10,7 +10,7 @@ TEST_TIMEOUT ?= 900s
 # deprecated; silence those warnings (and only those) in every build.
 export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test test-long lint fmt bench bench-indexer bench-events bench-cluster bench-sim bench-eventplane run replay clean tools
+.PHONY: all build test test-long lint fmt bench bench-indexer bench-events bench-cluster bench-sim bench-eventplane bench-compat bench-offload run replay clean tools
 
 all: build
 
@@ -56,6 +56,12 @@ bench-sim:
 
 bench-eventplane:
 	scripts/bench.sh eventplane
+
+bench-compat:
+	scripts/bench.sh compat
+
+bench-offload:
+	scripts/bench.sh offload
 
 # The main job: a local 3-node cluster serving routes (see scripts/run-local.sh).
 run:

@@ -4,6 +4,10 @@ import (
 	"context"
 	"encoding/binary"
 	"net/http"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"unsafe"
 
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -112,4 +116,46 @@ func (ns *namespace) has(r kvevent.Rank) (*raftfsm.WorkerInfo, bool) {
 		}
 	}
 	return nil, false
+}
+
+// maxCachedNamespaces bounds the namespace cache: queries name models and
+// tenants freely, and a name nobody registered still gets an entry.
+const maxCachedNamespaces = 1024
+
+// nsCache holds the namespaces built from one worker table. The table is
+// copy-on-write (a registration publishes a new map), so the map's
+// identity says when the cache is stale.
+type nsCache struct {
+	table unsafe.Pointer
+	mu    sync.Mutex
+	byKey map[[2]string]*namespace
+}
+
+// namespaces returns the namespace of (model, tenant) from the current
+// worker table, built once per table. The result is shared: read it only.
+type namespaces struct {
+	cur atomic.Pointer[nsCache]
+}
+
+func (c *namespaces) get(b Backend, model, tenant string) *namespace {
+	table := b.WorkerTable()
+	id := reflect.ValueOf(table).UnsafePointer()
+	nc := c.cur.Load()
+	if nc == nil || nc.table != id {
+		nc = &nsCache{table: id, byKey: map[[2]string]*namespace{}}
+		c.cur.Store(nc)
+	}
+	k := [2]string{model, tenant}
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	ns := nc.byKey[k]
+	if ns == nil {
+		if len(nc.byKey) >= maxCachedNamespaces {
+			clear(nc.byKey)
+		}
+		n := namespaceOf(table, model, tenant)
+		ns = &n
+		nc.byKey[k] = ns
+	}
+	return ns
 }

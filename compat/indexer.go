@@ -90,6 +90,90 @@ type InstanceOverlap struct {
 	Disk           int      `json:"disk"`
 }
 
+// MarshalJSON writes the answer as encoding/json would (keys of every map
+// sorted, the fields in declaration order) without its reflection over
+// maps: this answer is the hot path of /query and /query_by_hash.
+func (q QueryResponse) MarshalJSON() ([]byte, error) {
+	b := make([]byte, 0, 64+48*len(q.Instances)+8*len(q.Frequencies))
+	b = append(b, `{"scores":`...)
+	if q.Scores == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '{')
+		for i, k := range slices.Sorted(maps.Keys(q.Scores)) {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendQuote(b, k)
+			b = append(b, ':')
+			b = appendIntMap(b, q.Scores[k])
+		}
+		b = append(b, '}')
+	}
+	b = append(b, `,"frequencies":`...)
+	if q.Frequencies == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i, f := range q.Frequencies {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, int64(f), 10)
+		}
+		b = append(b, ']')
+	}
+	b = append(b, `,"instances":`...)
+	if q.Instances == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '{')
+		for i, k := range slices.Sorted(maps.Keys(q.Instances)) {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendQuote(b, k)
+			b = append(b, ':')
+			b = q.Instances[k].appendJSON(b)
+		}
+		b = append(b, '}')
+	}
+	return append(b, '}'), nil
+}
+
+// MarshalJSON writes o as encoding/json would.
+func (o InstanceOverlap) MarshalJSON() ([]byte, error) { return o.appendJSON(nil), nil }
+
+func (o InstanceOverlap) appendJSON(b []byte) []byte {
+	b = append(b, `{"longest_matched":`...)
+	b = strconv.AppendInt(b, int64(o.LongestMatched), 10)
+	b = append(b, `,"gpu":`...)
+	b = strconv.AppendInt(b, int64(o.GPU), 10)
+	b = append(b, `,"dp":`...)
+	b = appendIntMap(b, o.DP)
+	b = append(b, `,"cpu":`...)
+	b = strconv.AppendInt(b, int64(o.CPU), 10)
+	b = append(b, `,"disk":`...)
+	b = strconv.AppendInt(b, int64(o.Disk), 10)
+	return append(b, '}')
+}
+
+func appendIntMap(b []byte, m Map[int]) []byte {
+	if m == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '{')
+	for i, k := range slices.Sorted(maps.Keys(m)) {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendQuote(b, k)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, int64(m[k]), 10)
+	}
+	return append(b, '}')
+}
+
 // EventsRequest is the body of POST /events: router events of one
 // instance, through each rank's cursor as on NATS.
 type EventsRequest struct {
@@ -155,6 +239,7 @@ type Indexer struct {
 
 	regMu sync.Mutex // serialises register/unregister read-modify-writes
 	pool  sync.Pool  // *queryScratch
+	ns    namespaces
 }
 
 type queryScratch struct {
@@ -435,7 +520,7 @@ func (x *Indexer) query(w http.ResponseWriter, r *http.Request) error {
 	if req.ModelName == "" {
 		return answer(w, c, 0, nil, badRequest("model_name is required"))
 	}
-	ns := namespaceOf(x.b.WorkerTable(), req.ModelName, tenantOf(req.TenantID, ""))
+	ns := x.ns.get(x.b, req.ModelName, tenantOf(req.TenantID, ""))
 	sc := x.pool.Get().(*queryScratch)
 	defer x.pool.Put(sc)
 	bs := ns.blockSize
@@ -443,7 +528,7 @@ func (x *Indexer) query(w http.ResponseWriter, r *http.Request) error {
 		bs = raftfsm.DefaultBlockSize
 	}
 	sc.local = kvevent.LocalHashes(sc.local[:0], req.TokenIDs, bs, kvevent.SeedFor(req.LoRAName, req.CacheSalt))
-	return answer(w, c, http.StatusOK, x.lookup(&ns, sc), nil)
+	return answer(w, c, http.StatusOK, x.lookup(ns, sc), nil)
 }
 
 func (x *Indexer) queryByHash(w http.ResponseWriter, r *http.Request) error {
@@ -455,14 +540,14 @@ func (x *Indexer) queryByHash(w http.ResponseWriter, r *http.Request) error {
 	if req.ModelName == "" {
 		return answer(w, c, 0, nil, badRequest("model_name is required"))
 	}
-	ns := namespaceOf(x.b.WorkerTable(), req.ModelName, tenantOf(req.TenantID, ""))
+	ns := x.ns.get(x.b, req.ModelName, tenantOf(req.TenantID, ""))
 	sc := x.pool.Get().(*queryScratch)
 	defer x.pool.Put(sc)
 	sc.local = sc.local[:0]
 	for _, h := range req.BlockHashes {
 		sc.local = append(sc.local, uint64(h))
 	}
-	return answer(w, c, http.StatusOK, x.lookup(&ns, sc), nil)
+	return answer(w, c, http.StatusOK, x.lookup(ns, sc), nil)
 }
 
 // lookup scores sc.local against the namespace's ranks. The index walk

@@ -474,7 +474,7 @@ func (s *Selection) doSelect(w http.ResponseWriter, r *http.Request, reserve boo
 		return answer(w, c, 0, nil, badRequest("isl_tokens %d is negative", req.ISLTokens))
 	}
 	group := tenantOf(req.RoutingGroup, "")
-	ns := namespaceOf(s.b.WorkerTable(), req.ModelName, group)
+	ns := s.x.ns.get(s.b, req.ModelName, group)
 	if len(ns.workers) == 0 {
 		return answer(w, c, 0, nil, &httpError{code: http.StatusServiceUnavailable,
 			err: fmt.Errorf("no worker is registered for model %s routing group %s", req.ModelName, group)})
@@ -512,7 +512,7 @@ func (s *Selection) doSelect(w http.ResponseWriter, r *http.Request, reserve boo
 	out := SelectResponse{SelectionID: req.SelectionID, ModelName: req.ModelName, RoutingGroup: group,
 		WorkerID: wi.Instance, DPRank: res.Decision.Rank.DP, Endpoint: wi.Endpoint, BlockSize: res.BlockSize,
 		Reserved: res.Booked}
-	out.Overlap = s.overlapOf(&ns, local, wi)
+	out.Overlap = s.overlapOf(ns, local, wi)
 	isl := req.ISLTokens
 	if isl == 0 {
 		isl = len(local) * res.BlockSize
@@ -575,7 +575,7 @@ func (s *Selection) reserve(w http.ResponseWriter, r *http.Request) error {
 		return answer(w, c, 0, nil, badRequest("model_name is required"))
 	}
 	group := tenantOf(req.RoutingGroup, "")
-	ns := namespaceOf(s.b.WorkerTable(), req.ModelName, group)
+	ns := s.x.ns.get(s.b, req.ModelName, group)
 	rk := kvevent.Rank{Worker: WorkerID(req.WorkerID, req.ModelName, group), DP: req.DPRank}
 	if _, ok := ns.has(rk); !ok {
 		// A /v1 worker is its own instance in the default group.
@@ -707,7 +707,7 @@ func (s *Selection) potentialLoads(w http.ResponseWriter, r *http.Request) error
 	}
 	group := tenantOf(req.RoutingGroup, "")
 	ranks, inst := s.ranksOf(req.ModelName, group)
-	ns := namespaceOf(s.b.WorkerTable(), req.ModelName, group)
+	ns := s.x.ns.get(s.b, req.ModelName, group)
 	loads, idle := s.b.PotentialLoads(hashes(req.SequenceHashes))
 	byRank := map[kvevent.Rank]indexer.RankLoad{}
 	for _, l := range loads {
@@ -746,11 +746,11 @@ func (s *Selection) overlapScores(w http.ResponseWriter, r *http.Request) error 
 	if req.ModelName == "" {
 		return answer(w, c, 0, nil, badRequest("model_name is required"))
 	}
-	ns := namespaceOf(s.b.WorkerTable(), req.ModelName, tenantOf(req.RoutingGroup, ""))
+	ns := s.x.ns.get(s.b, req.ModelName, tenantOf(req.RoutingGroup, ""))
 	sc := s.x.pool.Get().(*queryScratch)
 	defer s.x.pool.Put(sc)
 	sc.local = append(sc.local[:0], hashes(req.BlockHashes)...)
-	return answer(w, c, http.StatusOK, s.x.lookup(&ns, sc), nil)
+	return answer(w, c, http.StatusOK, s.x.lookup(ns, sc), nil)
 }
 
 // SelectionPrefix is where a node serves the selection API beside the

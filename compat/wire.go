@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"maps"
 	"mime"
 	"net/http"
@@ -27,14 +28,30 @@ func (h Hash) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON reads a signed or unsigned 64-bit integer.
 func (h *Hash) UnmarshalJSON(b []byte) error {
-	s := string(b)
-	if v, err := strconv.ParseInt(s, 10, 64); err == nil {
-		*h = Hash(v)
-		return nil
+	neg := len(b) > 0 && b[0] == '-'
+	digits := b
+	if neg {
+		digits = b[1:]
 	}
-	v, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		return fmt.Errorf("block hash %s: not a 64-bit integer", s)
+	if len(digits) == 0 {
+		return fmt.Errorf("block hash %s: not a 64-bit integer", b)
+	}
+	var v uint64
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return fmt.Errorf("block hash %s: not a 64-bit integer", b)
+		}
+		d := uint64(c - '0')
+		if v > (math.MaxUint64-d)/10 {
+			return fmt.Errorf("block hash %s: not a 64-bit integer", b)
+		}
+		v = v*10 + d
+	}
+	if neg {
+		if v > 1<<63 {
+			return fmt.Errorf("block hash %s: not a 64-bit integer", b)
+		}
+		v = -v
 	}
 	*h = Hash(v)
 	return nil

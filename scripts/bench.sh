@@ -20,8 +20,10 @@ declare -A spec=(
   [cluster]="-p 1 ./raftfsm/ ./benchcluster/|TestBenchCluster"
   [eventplane]="./eventplane/|TestBenchEventsE2E"
   [sim]="./sim/|TestBenchSim"
+  [compat]="./compat/|TestBenchCompat"
+  [offload]="./offload/pool/|TestBenchOffload"
 )
-order=(indexer events cluster eventplane sim)
+order=(indexer events cluster eventplane sim compat offload)
 
 run_area() {
   local a=$1 pkgs pattern log

@@ -85,7 +85,7 @@ func BenchmarkHostCopy(b *testing.B) {
 		ours, base = ours+t1.Sub(t0), base+time.Since(t1)
 	}
 	oursGB, baseGB := gbps(total*b.N, ours), gbps(total*b.N, base)
-	fmt.Printf("BENCH offload.host gb_per_s=%.3g memmove_gb_per_s=%.3g ratio=%.2f block_mib=2 streams=%d\n",
+	fmt.Printf("BENCH offload.host_copy gb_per_s=%.3g memmove_gb_per_s=%.3g ratio=%.2f block_mib=2 streams=%d\n",
 		oursGB, baseGB, oursGB/baseGB, k)
 }
 

@@ -1,0 +1,496 @@
+package pool
+
+import (
+	"cmp"
+	"container/heap"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// The core is the bookkeeping both pools share: the blocks held, their
+// reference counts, and which one to evict next. Storage (a slot of host
+// memory, or two Pebble keys) is attached through the storage hooks.
+//
+// A block is in one of three states:
+//
+//	pending     reserved by a writer, bytes not yet written; not readable,
+//	            not evictable, counts against the capacity
+//	referenced  written, and acquired by at least one reader
+//	inactive    written, no reference: found by hash, and evictable when no
+//	            child of it is in the pool
+//
+// Eviction order. The evictable blocks are kept in a min-heap on their
+// last-use stamp (a counter bumped by registration, Acquire and revival).
+// A block enters the heap when it becomes evictable and leaves it when it
+// stops being so. "Leaves before parents" then needs no tree walk: kids
+// counts, per hash, the blocks in the pool (any state) whose Parent is that
+// hash, and a block with kids is simply not evictable. When the last child
+// goes, the parent enters the heap at its own, older stamp, so it is next in
+// line if it is the least recently used, exactly as a plain LRU over the
+// unreferenced leaves would pick it. kids is kept for hashes not in the pool
+// too, so a parent registered after its child starts out with the count.
+//
+// Reserving a block adds it to its parent's kids before looking for room, so
+// that storing a child never evicts its own parent.
+type core struct {
+	mu    sync.Mutex
+	cfg   Config
+	tier  kvevent.Tier
+	store storage
+
+	entries map[uint64]*entry
+	kids    map[uint64]int32
+	lru     evictHeap
+	clock   uint64
+	closed  bool
+
+	pending, inactive, referenced int
+	hits, misses                  uint64
+	registered, revived           uint64
+	evictions, publishErrors      uint64
+	lastEventID                   uint64
+}
+
+// storage places and drops a block's bytes. Both hooks run with the core's
+// lock held.
+type storage interface {
+	// place gives a newly reserved entry its storage (a slot).
+	place(e *entry)
+	// drop releases an entry's storage: evicted says it was stored,
+	// otherwise a reservation is being abandoned. On an error an eviction
+	// is abandoned and the entry stays; an abandoned reservation goes anyway.
+	drop(e *entry, evicted bool) error
+}
+
+type entry struct {
+	Block
+	slot  int32  // HostPool's slot
+	refs  int32  // readers holding it
+	ready bool   // bytes written
+	stamp uint64 // last use
+	hidx  int    // index in the eviction heap, -1 when not in it
+}
+
+func newCore(cfg Config, tier kvevent.Tier, st storage) *core {
+	return &core{
+		cfg:     cfg,
+		tier:    tier,
+		store:   st,
+		entries: make(map[uint64]*entry, cfg.Capacity),
+		kids:    make(map[uint64]int32),
+	}
+}
+
+func (c *core) tick() uint64 { c.clock++; return c.clock }
+
+func (c *core) evictable(e *entry) bool { return e.ready && e.refs == 0 && c.kids[e.Hash] == 0 }
+
+// settle puts e into the eviction heap or takes it out, as its state says.
+func (c *core) settle(e *entry) {
+	switch want, in := c.evictable(e), e.hidx >= 0; {
+	case want && !in:
+		heap.Push(&c.lru, e)
+	case !want && in:
+		heap.Remove(&c.lru, e.hidx)
+	}
+}
+
+func (c *core) touch(e *entry) {
+	e.stamp = c.tick()
+	if e.hidx >= 0 {
+		heap.Fix(&c.lru, e.hidx)
+	}
+}
+
+func (c *core) addKid(parent uint64) {
+	c.kids[parent]++
+	if p := c.entries[parent]; p != nil {
+		c.settle(p)
+	}
+}
+
+func (c *core) dropKid(parent uint64) {
+	if n := c.kids[parent] - 1; n > 0 {
+		c.kids[parent] = n
+	} else {
+		delete(c.kids, parent)
+	}
+	if p := c.entries[parent]; p != nil {
+		c.settle(p)
+	}
+}
+
+// descends reports whether the block anc is an ancestor of (or is) the
+// block h, following parents through the pool. It is only called when
+// something in the pool names anc as its parent, so the common register
+// pays nothing for it.
+func (c *core) descends(h, anc uint64) bool {
+	for n := 0; h != 0 && n <= len(c.entries); n++ {
+		if h == anc {
+			return true
+		}
+		e := c.entries[h]
+		if e == nil {
+			return false
+		}
+		h = e.Parent
+	}
+	return false
+}
+
+// reserve makes room for b and adds it as pending. If b is already held it
+// is revived (touched) and reserve fails with ErrExists.
+func (c *core) reserve(b Block) (*entry, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if e := c.entries[b.Hash]; e != nil {
+		if !e.ready {
+			return nil, fmt.Errorf("register %#x: %w (being written)", b.Hash, ErrExists)
+		}
+		c.touch(e)
+		c.revived++
+		return nil, fmt.Errorf("register %#x: %w", b.Hash, ErrExists)
+	}
+	if b.Parent != 0 && c.kids[b.Hash] > 0 && c.descends(b.Parent, b.Hash) {
+		return nil, fmt.Errorf("%w: block %#x would be its own ancestor", ErrInvalid, b.Hash)
+	}
+	if b.Parent != 0 {
+		c.addKid(b.Parent)
+	}
+	if len(c.entries) >= c.cfg.Capacity {
+		if err := c.evictOne(true); err != nil {
+			if b.Parent != 0 {
+				c.dropKid(b.Parent)
+			}
+			return nil, fmt.Errorf("register %#x: %w", b.Hash, err)
+		}
+	}
+	e := &entry{Block: b, hidx: -1, stamp: c.tick()}
+	c.store.place(e)
+	c.entries[b.Hash] = e
+	c.pending++
+	return e, nil
+}
+
+// evictOne evicts the least recently used evictable block.
+func (c *core) evictOne(publish bool) error {
+	if len(c.lru) == 0 {
+		return fmt.Errorf("%w (%d blocks: %d being written, %d referenced, %d inactive parents)",
+			ErrFull, len(c.entries), c.pending, c.referenced, c.inactive)
+	}
+	e := c.lru[0]
+	if err := c.store.drop(e, true); err != nil {
+		return fmt.Errorf("evict %#x: %w", e.Hash, err)
+	}
+	c.unlink(e)
+	c.inactive--
+	c.evictions++
+	if publish {
+		c.publish([]kvevent.Event{{Rank: c.cfg.Rank, Tier: c.tier, Kind: kvevent.KindRemoved, Removed: []uint64{e.Hash}}})
+	}
+	return nil
+}
+
+func (c *core) unlink(e *entry) {
+	if e.hidx >= 0 {
+		heap.Remove(&c.lru, e.hidx)
+	}
+	delete(c.entries, e.Hash)
+	if e.Parent != 0 {
+		c.dropKid(e.Parent)
+	}
+}
+
+// commit marks reserved entries as written and publishes their STORE
+// events, consecutive blocks of one chain in one event. Entries that are not
+// pending reservations of this pool any more are skipped.
+func (c *core) commit(es []*entry) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	var evs []kvevent.Event
+	for _, e := range es {
+		if e == nil || e.ready || c.entries[e.Hash] != e {
+			continue
+		}
+		e.ready = true
+		c.pending--
+		c.inactive++
+		c.registered++
+		c.settle(e)
+		evs = c.appendStored(evs, e.Block, 0)
+	}
+	if len(evs) > 0 {
+		c.publish(evs)
+	}
+	return nil
+}
+
+// appendStored adds b to evs: to the last event when b continues its chain
+// (and the chain is shorter than limit, when limit > 0), else as a new one.
+func (c *core) appendStored(evs []kvevent.Event, b Block, limit int) []kvevent.Event {
+	kb := kvevent.Block{EngineHash: b.Hash, LocalHash: b.Local}
+	if n := len(evs); n > 0 && b.Parent != 0 {
+		last := &evs[n-1]
+		if last.Blocks[len(last.Blocks)-1].EngineHash == b.Parent && (limit <= 0 || len(last.Blocks) < limit) {
+			last.Blocks = append(last.Blocks, kb)
+			return evs
+		}
+	}
+	return append(evs, kvevent.Event{
+		Rank:      c.cfg.Rank,
+		Tier:      c.tier,
+		Kind:      kvevent.KindStored,
+		HasParent: b.Parent != 0,
+		Parent:    b.Parent,
+		Blocks:    []kvevent.Block{kb},
+	})
+}
+
+// abort abandons reservations that were not committed.
+func (c *core) abort(es []*entry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range es {
+		if e == nil || e.ready || c.entries[e.Hash] != e {
+			continue
+		}
+		if err := c.store.drop(e, false); err != nil {
+			c.cfg.Logger.Warn("offload pool: dropping an abandoned block", "tier", c.tier, "hash", e.Hash, "err", err)
+		}
+		c.unlink(e)
+		c.pending--
+	}
+}
+
+// acquire takes a reference on a written block, which keeps it from being
+// evicted until release.
+func (c *core) acquire(h uint64) (*entry, error) {
+	if h == 0 {
+		return nil, fmt.Errorf("%w: zero block hash", ErrInvalid)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	e := c.entries[h]
+	if e == nil || !e.ready {
+		c.misses++
+		return nil, fmt.Errorf("acquire %#x: %w", h, ErrNotFound)
+	}
+	c.hits++
+	if e.refs == 0 {
+		c.inactive--
+		c.referenced++
+	}
+	e.refs++
+	e.stamp = c.tick()
+	c.settle(e)
+	return e, nil
+}
+
+func (c *core) release(h uint64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	e := c.entries[h]
+	if e == nil || !e.ready {
+		return fmt.Errorf("release %#x: %w", h, ErrNotFound)
+	}
+	if e.refs == 0 {
+		return fmt.Errorf("release %#x: %w", h, ErrNotHeld)
+	}
+	if e.refs--; e.refs == 0 {
+		c.referenced--
+		c.inactive++
+		c.settle(e)
+	}
+	return nil
+}
+
+// lookup reports, per hash, whether it is stored (written) in the pool.
+func (c *core) lookup(hs []uint64, dst []bool) []bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, h := range hs {
+		e := c.entries[h]
+		dst = append(dst, e != nil && e.ready)
+	}
+	return dst
+}
+
+// prefix counts the leading hashes that are stored.
+func (c *core) prefix(hs []uint64) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, h := range hs {
+		if e := c.entries[h]; e == nil || !e.ready {
+			return i
+		}
+	}
+	return len(hs)
+}
+
+// dumpChain bounds the blocks of one dumped event, so that one event stays
+// well under a request's byte limit on the event plane.
+const dumpChain = 256
+
+// dump returns every written block as STORE events, each block after its
+// parent when the parent is in the pool, and the id the Sink returned for
+// the last event this pool published (0 if none). Chains become one event
+// each (split every dumpChain blocks); siblings, and blocks whose parent is
+// not in the pool, start new events. Among siblings, older ones come first.
+func (c *core) dump() ([]kvevent.Event, uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	children := make(map[uint64][]*entry)
+	var roots []*entry
+	for _, e := range c.entries {
+		if !e.ready {
+			continue
+		}
+		if p := c.entries[e.Parent]; e.Parent != 0 && p != nil && p.ready {
+			children[e.Parent] = append(children[e.Parent], e)
+		} else {
+			roots = append(roots, e)
+		}
+	}
+	byAge := func(a, b *entry) int { return cmp.Or(cmp.Compare(a.stamp, b.stamp), cmp.Compare(a.Hash, b.Hash)) }
+	slices.SortFunc(roots, byAge)
+	var evs []kvevent.Event
+	stack := make([]*entry, 0, 64)
+	for i := len(roots) - 1; i >= 0; i-- {
+		stack = append(stack, roots[i])
+	}
+	// Depth-first, preorder: a block's first child directly follows it, so
+	// a chain stays one event.
+	for len(stack) > 0 {
+		e := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		evs = c.appendStored(evs, e.Block, dumpChain)
+		kids := children[e.Hash]
+		slices.SortFunc(kids, byAge)
+		for i := len(kids) - 1; i >= 0; i-- {
+			stack = append(stack, kids[i])
+		}
+	}
+	return evs, c.lastEventID
+}
+
+func (c *core) publish(evs []kvevent.Event) {
+	if c.cfg.Sink == nil {
+		return
+	}
+	id, err := c.cfg.Sink.Publish(c.cfg.Rank, evs)
+	if err != nil {
+		c.publishErrors++
+		c.cfg.Logger.Warn("offload pool: publishing events failed", "tier", c.tier, "rank", c.cfg.Rank,
+			"events", len(evs), "err", err)
+		return
+	}
+	c.lastEventID = id
+}
+
+func (c *core) stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return Stats{
+		Tier:          c.tier,
+		Capacity:      c.cfg.Capacity,
+		BlockSize:     c.cfg.BlockSize,
+		Used:          len(c.entries),
+		Pending:       c.pending,
+		Referenced:    c.referenced,
+		Inactive:      c.inactive,
+		Evictable:     len(c.lru),
+		Hits:          c.hits,
+		Misses:        c.misses,
+		Registered:    c.registered,
+		Revived:       c.revived,
+		Evictions:     c.evictions,
+		PublishErrors: c.publishErrors,
+	}
+}
+
+// close marks the core closed and reports whether it was open.
+func (c *core) close() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	was := !c.closed
+	c.closed = true
+	return was
+}
+
+// restore loads written blocks found in storage (a reopened disk pool), then
+// evicts, without events, down to the capacity. The clock continues after
+// the largest stamp.
+func (c *core) restore(bs []restored) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range bs {
+		if _, dup := c.entries[r.Hash]; dup || r.check() != nil {
+			continue
+		}
+		e := &entry{Block: r.Block, ready: true, stamp: r.stamp, hidx: -1}
+		c.entries[r.Hash] = e
+		if r.Parent != 0 {
+			c.kids[r.Parent]++
+		}
+		c.inactive++
+		c.clock = max(c.clock, r.stamp)
+	}
+	for _, e := range c.entries {
+		c.settle(e)
+	}
+	for len(c.entries) > c.cfg.Capacity {
+		if err := c.evictOne(false); err != nil {
+			c.cfg.Logger.Warn("offload pool: holds more blocks than its capacity", "tier", c.tier,
+				"blocks", len(c.entries), "capacity", c.cfg.Capacity, "err", err)
+			return
+		}
+	}
+}
+
+type restored struct {
+	Block
+	stamp uint64
+}
+
+// evictHeap orders evictable entries by last use, oldest first.
+type evictHeap []*entry
+
+func (h evictHeap) Len() int { return len(h) }
+func (h evictHeap) Less(i, j int) bool {
+	return h[i].stamp < h[j].stamp || h[i].stamp == h[j].stamp && h[i].Hash < h[j].Hash
+}
+func (h evictHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].hidx, h[j].hidx = i, j
+}
+func (h *evictHeap) Push(x any) {
+	e := x.(*entry)
+	e.hidx = len(*h)
+	*h = append(*h, e)
+}
+func (h *evictHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	e.hidx = -1
+	return e
+}

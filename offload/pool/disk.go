@@ -1,0 +1,552 @@
+package pool
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// DiskPool is the G3 pool: blocks in a Pebble database in one directory,
+// which a later OpenDisk on that directory finds again. Its events carry
+// kvevent.TierDisk.
+//
+// Key layout (one kind byte, then a big-endian hash):
+//
+//	'h'            format version (1) and block size (8)
+//	'm' hash(8)    metadata: version(1) parent(8) local(8) stamp(8)
+//	'd' hash(8)    the block's bytes
+//
+// A block's two keys are written in one batch, so they appear together.
+// Opening scans only the small 'm' keys (and the 'd' keys without their
+// values) to rebuild the pool; the stamp restores the eviction order as of
+// each block's registration.
+//
+// All methods are safe for concurrent use.
+type DiskPool struct {
+	c          *core
+	db         *pebble.DB
+	dir        string
+	opts       DiskOptions
+	bs         int
+	unregister func()
+
+	// io is held shared by every call that uses db outside the core's
+	// lock, and exclusively by Close, so the database is never closed
+	// under a write or a read.
+	io sync.RWMutex
+
+	// Group commit of SyncFlush: each Put, once its batch is committed,
+	// takes a number from committed; flushed is the highest number known
+	// to be on disk. A Put whose number is covered returns without
+	// flushing. Guarded by flushMu.
+	committed atomic.Uint64
+	flushMu   sync.Mutex
+	flushed   uint64
+}
+
+// SyncMode is how a DiskPool makes a Put durable before it returns.
+type SyncMode uint8
+
+const (
+	// SyncFlush (the default) runs Pebble without a write-ahead log: a Put
+	// commits its batch to the memtable and then flushes the memtable
+	// (concurrent Puts share one flush). A block's bytes are written to disk
+	// once, into a blob file. Evictions become durable with the next flush
+	// or Close; after a crash, blocks evicted since may reappear.
+	SyncFlush SyncMode = iota
+	// SyncWAL runs Pebble with its write-ahead log and commits every Put's
+	// batch with Sync. A block's bytes are written twice: to the log, then
+	// to a blob file when the memtable is flushed.
+	SyncWAL
+)
+
+func (m SyncMode) String() string {
+	switch m {
+	case SyncFlush:
+		return "flush"
+	case SyncWAL:
+		return "wal"
+	}
+	return fmt.Sprintf("sync(%d)", uint8(m))
+}
+
+// DiskOptions tunes a DiskPool's Pebble database. The zero value is the
+// tuned default (see DESIGN.md).
+type DiskOptions struct {
+	Sync SyncMode
+	// MemTableSize, default 64 MiB. A Put batch of at least about half of it
+	// skips the memtable (Pebble queues it for flushing as is).
+	MemTableSize uint64
+	// FS, default the operating system's.
+	FS vfs.FS
+}
+
+const (
+	diskFormat  = 1
+	kindHeader  = 'h'
+	kindMeta    = 'm'
+	kindData    = 'd'
+	metaLen     = 1 + 8 + 8 + 8
+	headerLen   = 1 + 8
+	defaultMemT = 64 << 20
+)
+
+func hashKey(kind byte, h uint64) []byte {
+	k := make([]byte, 9)
+	k[0] = kind
+	binary.BigEndian.PutUint64(k[1:], h)
+	return k
+}
+
+func encodeMeta(b Block, stamp uint64) []byte {
+	v := make([]byte, metaLen)
+	v[0] = diskFormat
+	binary.BigEndian.PutUint64(v[1:], b.Parent)
+	binary.BigEndian.PutUint64(v[9:], b.Local)
+	binary.BigEndian.PutUint64(v[17:], stamp)
+	return v
+}
+
+func pebbleOptions(o DiskOptions, logger *slog.Logger) *pebble.Options {
+	popts := &pebble.Options{
+		FS:                 o.FS,
+		Logger:             pebbleLogger{logger},
+		FormatMajorVersion: pebble.FormatValueSeparation,
+		DisableWAL:         o.Sync == SyncFlush,
+		MemTableSize:       o.MemTableSize,
+		// Up to four memtables may queue for flushing before writes stall:
+		// a burst of offloads is absorbed while the disk catches up.
+		MemTableStopWritesThreshold: 4,
+		// The block cache only ever holds keys and metadata worth caching;
+		// block bytes are read once per onboarding.
+		CacheSize: 8 << 20,
+	}
+	// KV tensors do not compress (and compressing 2 MiB per block costs a
+	// core on a small machine); keys are tiny.
+	popts.ApplyCompressionSettings(func() pebble.DBCompressionSettings { return pebble.DBCompressionNone })
+	// Value separation: a block's bytes go to a blob file when the memtable
+	// is flushed and stay there; compactions move only the small keys and
+	// blob references, never the blocks.
+	popts.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy {
+		return pebble.ValueSeparationPolicy{
+			Enabled:     true,
+			MinimumSize: 1024, // block bytes; metadata (25 bytes) stays inline
+			// Hash keys are spread over the whole key space, so every
+			// key sstable overlaps every blob file: Pebble's default depth
+			// (a handful) would make each compaction of the tiny key files
+			// rewrite all the block bytes. Never rewrite for depth; point
+			// reads of one value do not care how many blob files a table
+			// references.
+			MaxBlobReferenceDepth: 1 << 20,
+			// Space from evicted blocks comes back when a blob file is
+			// entirely dead (LRU evicts roughly in registration order, so
+			// most die whole); one more than 30% dead and a minute old is
+			// rewritten.
+			RewriteMinimumAge:  time.Minute,
+			TargetGarbageRatio: 0.3,
+		}
+	}
+	// One output file per flush. The default (2 MB) splits a flush of 16
+	// blocks into 16 sstables, each with its own blob file (Pebble pairs
+	// them one to one) and its own fsync, which halved the write rate.
+	popts.TargetFileSizes[0] = 128 << 20
+	return popts
+}
+
+// OpenDisk opens the disk pool in dir, creating it if needed. An existing
+// pool is rebuilt from its keys: the blocks, their parents and their
+// registration order; if it holds more than cfg.Capacity blocks, the excess
+// is evicted (least recently registered leaves first) without events. It
+// fails with ErrCorrupt when dir holds a pool of another block size or
+// format.
+func OpenDisk(dir string, cfg Config, opts DiskOptions) (*DiskPool, error) {
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("open disk pool %s: %w", dir, err)
+	}
+	if opts.Sync != SyncFlush && opts.Sync != SyncWAL {
+		return nil, fmt.Errorf("open disk pool %s: %w: sync mode %d", dir, ErrInvalid, opts.Sync)
+	}
+	if opts.MemTableSize == 0 {
+		opts.MemTableSize = defaultMemT
+	}
+	if opts.FS == nil {
+		opts.FS = vfs.Default
+	}
+	logger := cfg.Logger.With("component", "offload.pool.disk", "dir", dir)
+	db, err := pebble.Open(dir, pebbleOptions(opts, logger))
+	if err != nil {
+		return nil, fmt.Errorf("open disk pool %s: %w", dir, err)
+	}
+	p := &DiskPool{db: db, dir: dir, opts: opts, bs: cfg.BlockSize}
+	p.c = newCore(cfg, kvevent.TierDisk, p)
+	if err := p.load(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open disk pool %s: %w", dir, err)
+	}
+	if p.unregister, err = registerMetrics(cfg.Registerer, p.c); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open disk pool %s: %w", dir, err)
+	}
+	return p, nil
+}
+
+// load checks the header (writing it into a new pool) and restores the
+// blocks.
+func (p *DiskPool) load() error {
+	hk := []byte{kindHeader}
+	v, closer, err := p.db.Get(hk)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		hdr := make([]byte, headerLen)
+		hdr[0] = diskFormat
+		binary.BigEndian.PutUint64(hdr[1:], uint64(p.bs))
+		b := p.db.NewBatch()
+		b.Set(hk, hdr, nil)
+		err := p.commitBatch(b)
+		b.Close()
+		if err != nil {
+			return err
+		}
+	case err != nil:
+		return err
+	default:
+		ok := len(v) == headerLen && v[0] == diskFormat
+		var bs uint64
+		if ok {
+			bs = binary.BigEndian.Uint64(v[1:])
+		}
+		closer.Close()
+		if !ok {
+			return fmt.Errorf("%w: header %x", ErrCorrupt, v)
+		}
+		if bs != uint64(p.bs) {
+			return fmt.Errorf("%w: pool of %d-byte blocks, opened for %d", ErrCorrupt, bs, p.bs)
+		}
+	}
+
+	// Which blocks have bytes: keys only, so no blob value is read.
+	data := make(map[uint64]struct{})
+	if err := p.scan(kindData, func(h uint64, _ *pebble.Iterator) error {
+		data[h] = struct{}{}
+		return nil
+	}); err != nil {
+		return err
+	}
+	var bs []restored
+	var stray []uint64
+	if err := p.scan(kindMeta, func(h uint64, it *pebble.Iterator) error {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return err
+		}
+		if _, ok := data[h]; !ok || len(v) != metaLen || v[0] != diskFormat {
+			stray = append(stray, h)
+			return nil
+		}
+		delete(data, h)
+		bs = append(bs, restored{
+			Block: Block{Hash: h, Parent: binary.BigEndian.Uint64(v[1:]), Local: binary.BigEndian.Uint64(v[9:])},
+			stamp: binary.BigEndian.Uint64(v[17:]),
+		})
+		return nil
+	}); err != nil {
+		return err
+	}
+	// Half a block (metadata or bytes alone) cannot come from Put, which
+	// writes both in one batch; drop it rather than fail the node.
+	for h := range data {
+		stray = append(stray, h)
+	}
+	if len(stray) > 0 {
+		p.c.cfg.Logger.Warn("offload pool: dropping incomplete blocks", "dir", p.dir, "blocks", len(stray))
+		b := p.db.NewBatch()
+		for _, h := range stray {
+			b.Delete(hashKey(kindMeta, h), nil)
+			b.Delete(hashKey(kindData, h), nil)
+		}
+		if err := b.Commit(pebble.NoSync); err != nil {
+			return err
+		}
+		b.Close()
+	}
+	slices.SortFunc(bs, func(a, b restored) int {
+		if a.stamp != b.stamp {
+			return cmpU64(a.stamp, b.stamp)
+		}
+		return cmpU64(a.Hash, b.Hash)
+	})
+	p.c.restore(bs)
+	return nil
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// scan calls f for every key of one kind, in hash order.
+func (p *DiskPool) scan(kind byte, f func(h uint64, it *pebble.Iterator) error) error {
+	it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kind}, UpperBound: []byte{kind + 1}})
+	if err != nil {
+		return err
+	}
+	for it.First(); it.Valid(); it.Next() {
+		k := it.Key()
+		if len(k) != 9 {
+			continue
+		}
+		if err := f(binary.BigEndian.Uint64(k[1:]), it); err != nil {
+			it.Close()
+			return err
+		}
+	}
+	return errors.Join(it.Error(), it.Close())
+}
+
+// place: a disk block needs no slot.
+func (p *DiskPool) place(*entry) {}
+
+// drop deletes a block's keys. It runs under the core's lock, as an
+// unsynced batch: a memtable insert (and, with SyncWAL, a buffered log
+// append), not a disk write. It must run under the lock: done later, it
+// could delete the bytes of the same hash registered again in between.
+func (p *DiskPool) drop(e *entry, _ bool) error {
+	b := p.db.NewBatch()
+	defer b.Close()
+	b.Delete(hashKey(kindMeta, e.Hash), nil)
+	b.Delete(hashKey(kindData, e.Hash), nil)
+	return b.Commit(pebble.NoSync)
+}
+
+// Put stores blocks with their bytes (data[i] is blocks[i]'s, BlockSize
+// bytes each) durably: all in one Pebble batch, on disk when Put returns
+// (see SyncMode), then their STORE events. It reserves room in order,
+// evicting as needed, skips (and revives) blocks already held, and stops at
+// the first block that does not fit (ErrFull), storing those before it:
+// stored counts the blocks it stored, err says why it stopped early. A
+// batch never evicts its own blocks. A bad argument changes nothing; a
+// failed write stores nothing (evictions made to find room stand). Put
+// copies the bytes: data may be reused once it returns.
+//
+// The pool's lock is not held while the batch is written, so concurrent
+// Puts overlap their copies and share flushes.
+func (p *DiskPool) Put(blocks []Block, data [][]byte) (stored int, err error) {
+	if len(blocks) != len(data) {
+		return 0, fmt.Errorf("put: %w: %d blocks, %d buffers", ErrInvalid, len(blocks), len(data))
+	}
+	for i, b := range blocks {
+		if err := b.check(); err != nil {
+			return 0, fmt.Errorf("put: %w", err)
+		}
+		if len(data[i]) != p.bs {
+			return 0, fmt.Errorf("put %#x: %w: %d bytes, block size %d", b.Hash, ErrInvalid, len(data[i]), p.bs)
+		}
+	}
+	p.io.RLock()
+	defer p.io.RUnlock()
+
+	es := make([]*entry, 0, len(blocks))
+	idx := make([]int, 0, len(blocks))
+	var stop error
+	for i, b := range blocks {
+		e, err := p.c.reserve(b)
+		if errors.Is(err, ErrExists) {
+			continue
+		}
+		if err != nil {
+			stop = err
+			break
+		}
+		es = append(es, e)
+		idx = append(idx, i)
+	}
+	if len(es) == 0 {
+		return 0, stop
+	}
+	// A pending entry's Block and stamp do not change until commit or
+	// abort, so they are read here without the lock.
+	batch := p.db.NewBatchWithSize(len(es) * (p.bs + 2*9 + metaLen + 32))
+	for j, e := range es {
+		batch.Set(hashKey(kindMeta, e.Hash), encodeMeta(e.Block, e.stamp), nil)
+		batch.Set(hashKey(kindData, e.Hash), data[idx[j]], nil)
+	}
+	err = p.commitBatch(batch)
+	batch.Close()
+	if err != nil {
+		p.c.abort(es)
+		return 0, fmt.Errorf("put %d blocks: %w", len(es), err)
+	}
+	if err := p.c.commit(es); err != nil {
+		return 0, err
+	}
+	return len(es), stop
+}
+
+func (p *DiskPool) commitBatch(b *pebble.Batch) error {
+	if p.opts.Sync == SyncWAL {
+		return b.Commit(pebble.Sync)
+	}
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return err
+	}
+	return p.flushThrough(p.committed.Add(1))
+}
+
+// flushThrough returns once the batch numbered gen is on disk. A flush
+// covers every batch committed before it started (Flush rotates the
+// memtable under Pebble's commit lock), so the number read before it is
+// what it makes durable.
+func (p *DiskPool) flushThrough(gen uint64) error {
+	p.flushMu.Lock()
+	defer p.flushMu.Unlock()
+	if p.flushed >= gen {
+		return nil
+	}
+	through := p.committed.Load()
+	if err := p.db.Flush(); err != nil {
+		return err
+	}
+	p.flushed = through
+	return nil
+}
+
+// Register stores one block; see Put. It fails with ErrExists when the
+// block is already held (reviving it).
+func (p *DiskPool) Register(b Block, data []byte) error {
+	n, err := p.Put([]Block{b}, [][]byte{data})
+	if err == nil && n == 0 {
+		return fmt.Errorf("register %#x: %w", b.Hash, ErrExists)
+	}
+	return err
+}
+
+// Read copies a stored block into dst (BlockSize bytes). The block is
+// referenced while it is read, so it cannot be evicted under the read.
+func (p *DiskPool) Read(hash uint64, dst []byte) error {
+	if len(dst) != p.bs {
+		return fmt.Errorf("read %#x: %w: %d bytes, block size %d", hash, ErrInvalid, len(dst), p.bs)
+	}
+	p.io.RLock()
+	defer p.io.RUnlock()
+	if _, err := p.c.acquire(hash); err != nil {
+		return err
+	}
+	err := p.read(hash, dst)
+	return errors.Join(err, p.c.release(hash))
+}
+
+func (p *DiskPool) read(hash uint64, dst []byte) error {
+	v, closer, err := p.db.Get(hashKey(kindData, hash))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return fmt.Errorf("read %#x: %w: bytes missing", hash, ErrCorrupt)
+	}
+	if err != nil {
+		return fmt.Errorf("read %#x: %w", hash, err)
+	}
+	defer closer.Close()
+	if len(v) != p.bs {
+		return fmt.Errorf("read %#x: %w: %d bytes stored, block size %d", hash, ErrCorrupt, len(v), p.bs)
+	}
+	copy(dst, v)
+	return nil
+}
+
+// Acquire takes a reference on a stored block, so it is not evicted until
+// Release (while, say, several reads onboard it), and counts as its use. It
+// fails with ErrNotFound (a miss) when the block is not stored.
+func (p *DiskPool) Acquire(hash uint64) error {
+	_, err := p.c.acquire(hash)
+	return err
+}
+
+// Release drops a reference taken by Acquire.
+func (p *DiskPool) Release(hash uint64) error { return p.c.release(hash) }
+
+// Lookup appends to dst, per hash, whether the block is stored, and returns
+// it. It does not count as a use.
+func (p *DiskPool) Lookup(hashes []uint64, dst []bool) []bool { return p.c.lookup(hashes, dst) }
+
+// Prefix returns how many of the leading hashes are stored.
+func (p *DiskPool) Prefix(hashes []uint64) int { return p.c.prefix(hashes) }
+
+// Dump returns the stored blocks as STORE events, every block after its
+// parent when that is in the pool, and the id the Sink returned for the
+// last event this pool published (0 after a reopen, until it publishes):
+// what the agent republishes as this tier's part of its rank's full dump.
+func (p *DiskPool) Dump() ([]kvevent.Event, uint64) { return p.c.dump() }
+
+// Stats returns the pool's counters.
+func (p *DiskPool) Stats() Stats { return p.c.stats() }
+
+// DiskBytes is the space the pool's database takes on disk, including
+// blob files that still hold evicted blocks not yet reclaimed.
+func (p *DiskPool) DiskBytes() uint64 {
+	p.io.RLock()
+	defer p.io.RUnlock()
+	if p.isClosed() {
+		return 0
+	}
+	return p.db.Metrics().DiskSpaceUsage()
+}
+
+func (p *DiskPool) isClosed() bool {
+	p.c.mu.Lock()
+	defer p.c.mu.Unlock()
+	return p.c.closed
+}
+
+// Dir is the pool's directory.
+func (p *DiskPool) Dir() string { return p.dir }
+
+// Close waits for Puts and Reads in progress, makes the evictions durable
+// and closes the database. Later calls fail with ErrClosed; a second Close
+// returns nil.
+func (p *DiskPool) Close() error {
+	p.io.Lock()
+	defer p.io.Unlock()
+	if !p.c.close() {
+		return nil
+	}
+	p.unregister()
+	var errs []error
+	if p.opts.Sync == SyncFlush {
+		errs = append(errs, p.db.Flush())
+	}
+	errs = append(errs, p.db.Close())
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("close disk pool %s: %w", p.dir, err)
+	}
+	return nil
+}
+
+// pebbleLogger routes Pebble's logging to slog; its routine messages go to
+// Debug.
+type pebbleLogger struct{ l *slog.Logger }
+
+func (p pebbleLogger) Infof(format string, args ...any) { p.l.Debug(fmt.Sprintf(format, args...)) }
+func (p pebbleLogger) Errorf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...))
+}
+
+// Fatalf must not return (Pebble's contract): log, then panic so that a
+// test sees the stack.
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	p.l.Error(msg, "fatal", true)
+	panic("pebble fatal: " + msg)
+}

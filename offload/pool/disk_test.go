@@ -1,0 +1,225 @@
+package pool_test
+
+import (
+	"bytes"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/offload/pool"
+)
+
+func syncModes() []pool.SyncMode { return []pool.SyncMode{pool.SyncFlush, pool.SyncWAL} }
+
+func openDisk(t testing.TB, dir string, capacity int, mode pool.SyncMode, s pool.Sink) *pool.DiskPool {
+	t.Helper()
+	p, err := pool.OpenDisk(dir, pool.Config{Rank: rank, Capacity: capacity, BlockSize: testBlock, Sink: s},
+		pool.DiskOptions{Sync: mode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() }) // after a failure; a second Close is a no-op
+	return p
+}
+
+func TestDiskReopenRestoresContentsAndDumpsInParentOrder(t *testing.T) {
+	for _, mode := range syncModes() {
+		t.Run(mode.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			p := openDisk(t, dir, 16, mode, newSink(t))
+			trunk := chain(0, 0, 5)
+			branch := chain(100, 3, 4)
+			// Children before parents, across several Puts.
+			put(t, p, branch[2:]...)
+			put(t, p, trunk[3:]...)
+			put(t, p, branch[:2]...)
+			put(t, p, trunk[:3]...)
+			wantDump := dumpBlocks(p)
+			check(t, p.Close())
+
+			s := newSink(t)
+			p = openDisk(t, dir, 16, mode, s)
+			defer p.Close()
+			evs, _ := p.Dump()
+			checkParentOrder(t, evs)
+			got := storedBlocks(evs)
+			if !sameBlocks(got, wantDump) || len(got) != 9 {
+				t.Fatalf("reopened pool dumps %v, want %v", got, wantDump)
+			}
+			buf := make([]byte, testBlock)
+			for _, b := range append(trunk, branch...) {
+				check(t, p.Read(b.Hash, buf))
+				if !bytes.Equal(buf, pattern(testBlock, b.Hash)) {
+					t.Fatalf("block %#x differs after reopen", b.Hash)
+				}
+			}
+			if evs := s.take(); len(evs) != 0 {
+				t.Fatalf("reopening published %v", evs)
+			}
+		})
+	}
+}
+
+func TestDiskReopenKeepsRegistrationOrderForEviction(t *testing.T) {
+	dir := t.TempDir()
+	p := openDisk(t, dir, 3, pool.SyncFlush, newSink(t))
+	put(t, p, pool.Block{Hash: 3}, pool.Block{Hash: 1}, pool.Block{Hash: 2})
+	check(t, p.Close())
+
+	s := newSink(t)
+	p = openDisk(t, dir, 3, pool.SyncFlush, s)
+	defer p.Close()
+	put(t, p, pool.Block{Hash: 4})
+	if got := removed(s.take()); !slices.Equal(got, []uint64{3}) {
+		t.Fatalf("evicted %v, want [3]: the oldest registration", got)
+	}
+}
+
+func TestDiskEvictionIsGoneAfterReopen(t *testing.T) {
+	for _, mode := range syncModes() {
+		t.Run(mode.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			p := openDisk(t, dir, 2, mode, newSink(t))
+			put(t, p, pool.Block{Hash: 1}, pool.Block{Hash: 2})
+			put(t, p, pool.Block{Hash: 3})
+			check(t, p.Close())
+			p = openDisk(t, dir, 2, mode, newSink(t))
+			defer p.Close()
+			if got := present(p, 1, 2, 3); !slices.Equal(got, []uint64{2, 3}) {
+				t.Fatalf("present after reopen %v, want [2 3]", got)
+			}
+		})
+	}
+}
+
+func TestDiskReopenWithSmallerCapacityEvictsLeavesFirst(t *testing.T) {
+	dir := t.TempDir()
+	p := openDisk(t, dir, 8, pool.SyncFlush, newSink(t))
+	put(t, p, chain(0, 0, 4)...) // 1 <- 2 <- 3 <- 4
+	put(t, p, pool.Block{Hash: 10})
+	check(t, p.Close())
+
+	s := newSink(t)
+	p = openDisk(t, dir, 3, pool.SyncFlush, s)
+	if got := present(p, 1, 2, 3, 4, 10); !slices.Equal(got, []uint64{1, 2, 10}) {
+		t.Fatalf("present %v, want [1 2 10]: 4 then 3 evicted", got)
+	}
+	if st := p.Stats(); st.Used != 3 || st.Evictions != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	if evs := s.take(); len(evs) != 0 {
+		t.Fatalf("reopening published %v (the agent dumps instead)", evs)
+	}
+	check(t, p.Close())
+	p = openDisk(t, dir, 8, pool.SyncFlush, newSink(t))
+	defer p.Close()
+	if got := p.Stats().Used; got != 3 {
+		t.Fatalf("the evictions at open did not last: %d blocks", got)
+	}
+}
+
+func TestDiskOpenWithAnotherBlockSizeFails(t *testing.T) {
+	dir := t.TempDir()
+	p := openDisk(t, dir, 4, pool.SyncFlush, nil)
+	put(t, p, pool.Block{Hash: 1})
+	check(t, p.Close())
+	_, err := pool.OpenDisk(dir, pool.Config{Rank: rank, Capacity: 4, BlockSize: testBlock * 2}, pool.DiskOptions{})
+	if !errors.Is(err, pool.ErrCorrupt) {
+		t.Fatalf("open with another block size: %v, want ErrCorrupt", err)
+	}
+}
+
+func TestDiskPutStopsAtTheFirstBlockThatDoesNotFit(t *testing.T) {
+	s := newSink(t)
+	p := openDisk(t, t.TempDir(), 3, pool.SyncFlush, s)
+	defer p.Close()
+	put(t, p, pool.Block{Hash: 1})
+	check(t, p.Acquire(1))
+	bs := chain(10, 0, 4) // a chain: each needs room, and a parent is never evicted for its child
+	data := make([][]byte, len(bs))
+	for i, b := range bs {
+		data[i] = pattern(testBlock, b.Hash)
+	}
+	n, err := p.Put(bs, data)
+	if n != 2 || !errors.Is(err, pool.ErrFull) {
+		t.Fatalf("put: %d stored, %v; want 2 stored and ErrFull", n, err)
+	}
+	if got := present(p, 1, 11, 12, 13, 14); !slices.Equal(got, []uint64{1, 11, 12}) {
+		t.Fatalf("present %v, want [1 11 12]", got)
+	}
+	if st := p.Stats(); st.Pending != 0 || st.Used != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+	// A batch with a bad member changes nothing.
+	data[3] = data[3][:1]
+	if n, err := p.Put(chain(20, 0, 4), data); n != 0 || !errors.Is(err, pool.ErrInvalid) {
+		t.Fatalf("put with a short buffer: %d, %v", n, err)
+	}
+}
+
+func TestDiskConcurrentPutsShareFlushesAndAllLand(t *testing.T) {
+	for _, mode := range syncModes() {
+		t.Run(mode.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			p := openDisk(t, dir, 64, mode, newSink(t))
+			var wg sync.WaitGroup
+			for w := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					bs := chain(uint64(w)*1000, 0, 12)
+					for i := 0; i < len(bs); i += 3 {
+						data := [][]byte{pattern(testBlock, bs[i].Hash), pattern(testBlock, bs[i+1].Hash), pattern(testBlock, bs[i+2].Hash)}
+						if n, err := p.Put(bs[i:i+3], data); n != 3 || err != nil {
+							t.Errorf("put: %d, %v", n, err)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			check(t, p.Close())
+			p = openDisk(t, dir, 64, mode, newSink(t))
+			defer p.Close()
+			if got := p.Stats().Used; got != 48 {
+				t.Fatalf("%d blocks after reopen, want 48", got)
+			}
+			buf := make([]byte, testBlock)
+			for w := range 4 {
+				for _, b := range chain(uint64(w)*1000, 0, 12) {
+					check(t, p.Read(b.Hash, buf))
+					if !bytes.Equal(buf, pattern(testBlock, b.Hash)) {
+						t.Fatalf("block %#x differs", b.Hash)
+					}
+				}
+			}
+		})
+	}
+}
+
+func put(t testing.TB, p *pool.DiskPool, bs ...pool.Block) {
+	t.Helper()
+	data := make([][]byte, len(bs))
+	for i, b := range bs {
+		data[i] = pattern(testBlock, b.Hash)
+	}
+	if n, err := p.Put(bs, data); err != nil || n != len(bs) {
+		t.Fatalf("put %d blocks: %d stored, %v", len(bs), n, err)
+	}
+}
+
+func sameBlocks(a, b []pool.Block) bool {
+	cmp := func(x, y pool.Block) int {
+		switch {
+		case x.Hash < y.Hash:
+			return -1
+		case x.Hash > y.Hash:
+			return 1
+		}
+		return 0
+	}
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.SortFunc(a, cmp)
+	slices.SortFunc(b, cmp)
+	return slices.Equal(a, b)
+}

@@ -1,0 +1,28 @@
+// Package pool holds the node agent's offloaded KV blocks, one pool per
+// tier: HostPool in one large region of pinned host memory (G2, from an
+// offload/backend.Backend) split into fixed-size slots, and DiskPool in a
+// Pebble database on local disk (G3) that survives a restart.
+//
+// Both share one core (core.go) for the bookkeeping: which sequence hashes
+// are held, their parents, reference counts, the inactive set and the
+// eviction order. The storage behind it only places and drops a block's
+// bytes. See DESIGN.md for the data flow and the trade-offs.
+//
+// Invariants:
+//   - A pool never holds more than Capacity blocks, counting blocks still
+//     being written.
+//   - A referenced block (acquired for a read or a copy) is never evicted.
+//   - A block is never evicted while a child of it (a block whose Parent is
+//     its hash) is in the same pool: eviction takes leaves before parents.
+//   - Among the blocks that may be evicted, the least recently used goes
+//     first (use = registration, Acquire, or a re-registration that revives).
+//   - A call that fails with an error leaves the pool as it was, except that
+//     a batch call keeps the blocks it completed before the error and says how
+//     many (see HostPool.RegisterFrom and DiskPool.Put).
+//   - Every registration publishes one STORE and every eviction one REMOVE to
+//     the Sink, with the pool's tier, under the pool lock, so the order of the
+//     events is the order of the changes. Each event passes kvevent.Validate.
+//   - DiskPool reopened on its directory holds the blocks it held when it was
+//     closed (or, after a crash, every block whose Put returned nil and that
+//     was not evicted since, plus possibly some evicted just before the crash).
+package pool
