@@ -18,7 +18,7 @@ import (
 
 func (s *Server) route(w http.ResponseWriter, r *http.Request) error {
 	var req RouteRequest
-	if err := decodeJSON(r, &req, false); err != nil {
+	if err := decodeRouteRequest(r, &req); err != nil {
 		s.m.routeRequests.WithLabelValues(outcomeError).Inc()
 		return err
 	}
@@ -47,7 +47,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.m.routeRequests.WithLabelValues(outcomeRouted).Inc()
-	return reply(w, http.StatusOK, routeResponse(&res))
+	return reply(w, http.StatusOK, routeResponse(&res, req.Brief))
 }
 
 func (s *Server) prefillDone(w http.ResponseWriter, r *http.Request) error {

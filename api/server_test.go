@@ -42,6 +42,15 @@ func TestRoutes(t *testing.T) {
 		// POST /v1/route
 		{name: "route by tokens", setup: withWorkers, method: "POST", path: "/v1/route",
 			body: `{"token_ids":[1,2,3,4,5,6,7,8,9]}`, code: 200, check: checkRouteShape},
+		{name: "route brief", setup: withWorkers, method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1,2,3,4,5,6,7,8,9],"brief":true}`, code: 200,
+			check: func(t *testing.T, a answer) {
+				m := a.json(t)
+				want := sorted("worker_id", "dp_rank", "cost", "decided_by", "block_size", "request_blocks", "booked", "overlap", "params")
+				if got := keysOf(m); !equal(got, want) {
+					t.Fatalf("brief route keys = %v, want %v", got, want)
+				}
+			}},
 		{name: "route by hashes with overrides", setup: withWorkers, method: "POST", path: "/v1/route",
 			body: `{"block_hashes":[101,102],"isl":8,"overrides":{"overlap_score_credit":2,"temperature":0}}`, code: 200, check: checkRouteShape},
 		{name: "route books", setup: withWorkers, method: "POST", path: "/v1/route",
@@ -297,7 +306,7 @@ func equal(a, b []string) bool { return strings.Join(a, ",") == strings.Join(b, 
 func checkRouteShape(t *testing.T, a answer) {
 	t.Helper()
 	m := a.json(t)
-	want := sorted("worker_id", "dp_rank", "cost", "decided_by", "block_size", "request_blocks", "booked", "params", "candidates")
+	want := sorted("worker_id", "dp_rank", "cost", "decided_by", "block_size", "request_blocks", "booked", "overlap", "params", "candidates")
 	if got := keysOf(m); !equal(got, want) {
 		t.Fatalf("route keys = %v, want %v", got, want)
 	}

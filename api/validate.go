@@ -119,6 +119,7 @@ func routeQuery(req *RouteRequest) (raftfsm.RouteQuery, error) {
 		Overrides:   req.Overrides,
 		Book:        req.Book,
 		RequestID:   req.RequestID,
+		Brief:       req.Brief,
 	}
 	return q, nil
 }

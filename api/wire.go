@@ -81,6 +81,9 @@ type RouteRequest struct {
 	// then) before answering; free it with DELETE /v1/requests/{id}.
 	Book      bool   `json:"book,omitempty"`
 	RequestID string `json:"request_id,omitempty"`
+	// Brief answers without the candidates' scores: the choice, its cost
+	// and overlap. A router's hot path wants this; kvctl route does not.
+	Brief bool `json:"brief,omitempty"`
 }
 
 // RouteResponse is a route decision and its explanation.
@@ -92,8 +95,10 @@ type RouteResponse struct {
 	BlockSize     int            `json:"block_size"`
 	RequestBlocks int64          `json:"request_blocks"`
 	Booked        bool           `json:"booked"`
-	Params        indexer.Params `json:"params"` // the effective scoring parameters
-	Candidates    []Candidate    `json:"candidates"`
+	// Overlap is the chosen rank's matched blocks per tier.
+	Overlap    TierBlocks     `json:"overlap"`
+	Params     indexer.Params `json:"params"` // the effective scoring parameters
+	Candidates []Candidate    `json:"candidates,omitempty"` // every rank's score; absent when brief
 }
 
 // Candidate is one rank's score in a route decision: every term of its cost.
@@ -138,9 +143,13 @@ func candidates(d *indexer.Decision) []Candidate {
 	return out
 }
 
-func routeResponse(res *raftfsm.RouteResult) RouteResponse {
+func routeResponse(res *raftfsm.RouteResult, brief bool) RouteResponse {
 	d := &res.Decision
-	return RouteResponse{
+	var overlap TierBlocks
+	if c := d.Chosen(); c != nil {
+		overlap = tierBlocks(c.Overlap)
+	}
+	out := RouteResponse{
 		WorkerID:      d.Rank.Worker,
 		DPRank:        d.Rank.DP,
 		Cost:          d.Cost,
@@ -148,9 +157,13 @@ func routeResponse(res *raftfsm.RouteResult) RouteResponse {
 		BlockSize:     res.BlockSize,
 		RequestBlocks: d.RequestBlocks,
 		Booked:        res.Booked,
+		Overlap:       overlap,
 		Params:        d.Params,
-		Candidates:    candidates(d),
 	}
+	if !brief {
+		out.Candidates = candidates(d)
+	}
+	return out
 }
 
 // Worker is a registered worker and what the index and the load tracker

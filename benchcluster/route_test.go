@@ -36,6 +36,7 @@ import (
 //	KVROUTER_BENCH_ROUTE_RATE      offered rate per second (default 5000)
 //	KVROUTER_BENCH_ROUTE_SECONDS   length of each of the four phases, in 3 interleaved rounds (default 6)
 //	KVROUTER_BENCH_ROUTE_CLIENTS   client goroutines (default 8)
+//	KVROUTER_BENCH_ROUTE_EXPLAIN   1: full answers with every candidate's score (default 0: brief answers, as a router asks)
 func TestBenchClusterRoute(t *testing.T) {
 	benchenv.Skip(t, "bench-cluster")
 	seed := benchenv.Seed(t, 20261205)
@@ -44,6 +45,7 @@ func TestBenchClusterRoute(t *testing.T) {
 	rate := float64(benchenv.Int("KVROUTER_BENCH_ROUTE_RATE", 5000))
 	phase := time.Duration(benchenv.Int("KVROUTER_BENCH_ROUTE_SECONDS", 6)) * time.Second
 	clients := benchenv.Int("KVROUTER_BENCH_ROUTE_CLIENTS", 8)
+	explain := benchenv.Int("KVROUTER_BENCH_ROUTE_EXPLAIN", 0) == 1
 
 	raftAddr, httpAddr := freeAddr(t), freeAddr(t)
 	node, err := raftfsm.NewNode(raftfsm.Config{ID: "r1", RaftAddr: raftAddr, HTTPAddr: httpAddr, DataDir: t.TempDir(),
@@ -89,7 +91,7 @@ func TestBenchClusterRoute(t *testing.T) {
 		for len(q) < requestBlocks {
 			q = append(q, mix(rng.Uint64()))
 		}
-		b, err := json.Marshal(api.RouteRequest{BlockHashes: q})
+		b, err := json.Marshal(api.RouteRequest{BlockHashes: q, Brief: !explain})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,8 +105,8 @@ func TestBenchClusterRoute(t *testing.T) {
 	// One real answer: checked, and the baseline's constant body.
 	var sample api.RouteResponse
 	constBody := postOnce(t, routeURL, bodies[0], &sample)
-	if len(sample.Candidates) != workers {
-		t.Fatalf("route answer has %d candidates, want %d", len(sample.Candidates), workers)
+	if want := map[bool]int{true: workers, false: 0}[explain]; len(sample.Candidates) != want {
+		t.Fatalf("route answer has %d candidates, want %d", len(sample.Candidates), want)
 	}
 	ceilURL := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -133,9 +135,9 @@ func TestBenchClusterRoute(t *testing.T) {
 	t.Logf("route: paced %s; closed loop %s", paced, closed)
 	t.Logf("ceiling: paced %s; closed loop %s", ceilPaced, ceilClosed)
 	t.Logf("request %d bytes, answer %d bytes", len(bodies[0]), len(constBody))
-	fmt.Printf("BENCH cluster.route offered_qps=%.0f qps=%.0f p50_us=%.0f p99_us=%.0f ceiling_qps=%.0f ceiling_p99_us=%.0f max_qps=%.0f ratio=%.3f workers=%d blocks=%d request_blocks=%d clients=%d seed=%d\n",
+	fmt.Printf("BENCH cluster.route offered_qps=%.0f qps=%.0f p50_us=%.0f p99_us=%.0f ceiling_qps=%.0f ceiling_p99_us=%.0f max_qps=%.0f ratio=%.3f workers=%d blocks=%d request_blocks=%d clients=%d answer_bytes=%d seed=%d\n",
 		rate, paced.qps, paced.pct(0.50), paced.pct(0.99), ceilClosed.qps, ceilPaced.pct(0.99), closed.qps, closed.qps/ceilClosed.qps,
-		workers, st.Entries, requestBlocks, clients, seed)
+		workers, st.Entries, requestBlocks, clients, len(constBody), seed)
 }
 
 // serve serves h on a loopback port until the test ends; it returns the base URL.

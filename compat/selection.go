@@ -487,7 +487,7 @@ func (s *Selection) doSelect(w http.ResponseWriter, r *http.Request, reserve boo
 		local = kvevent.LocalHashes(nil, req.TokenIDs, ns.blockSize, kvevent.SeedFor("", ""))
 	}
 	q := raftfsm.RouteQuery{LocalHashes: local, ISL: req.ISLTokens, BlockSize: ns.blockSize,
-		SeqHashes: hashes(req.SequenceHashes), Book: reserve, RequestID: req.SelectionID,
+		SeqHashes: hashes(req.SequenceHashes), Book: reserve, RequestID: req.SelectionID, Brief: true,
 		Filter: func(rk kvevent.Rank) bool { _, ok := ns.has(rk); return ok }}
 	if req.SessionID != "" {
 		if rk, ok := s.session(req.SessionID); ok {

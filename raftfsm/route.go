@@ -126,8 +126,14 @@ func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	if q.Prefer != nil {
 		res.Decision.Prefer(*q.Prefer)
 	}
-	// The decision outlives the pooled scratch: give it its own candidates.
-	res.Decision.Candidates = slices.Clone(res.Decision.Candidates)
+	// The decision outlives the pooled scratch: give it its own candidates
+	// (only the chosen one when brief).
+	if q.Brief {
+		res.Decision.Candidates = []indexer.CandidateScore{*res.Decision.Chosen()}
+		res.Decision.Index = 0
+	} else {
+		res.Decision.Candidates = slices.Clone(res.Decision.Candidates)
+	}
 	if q.Book {
 		c := res.Decision.Chosen()
 		b := Booking{ID: q.RequestID, Rank: res.Decision.Rank, SeqHashes: slices.Clone(seq), ISL: isl,

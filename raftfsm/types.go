@@ -151,6 +151,10 @@ type RouteQuery struct {
 	// Prefer, when set, wins a tie on cost with the chosen rank (the rank
 	// a session used last; indexer.Decision.Prefer).
 	Prefer *kvevent.Rank
+	// Brief keeps only the chosen candidate in the result's Decision
+	// (Candidates has one element, Index 0): what a caller that does not
+	// explain the decision needs, without copying every candidate.
+	Brief bool
 }
 
 // RouteResult is a decision and its explanation.

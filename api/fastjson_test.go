@@ -1,0 +1,85 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+// jsonRouteRequest decodes b as decodeJSON does (unknown fields refused).
+func jsonRouteRequest(b []byte) (RouteRequest, error) {
+	var req RouteRequest
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, err
+	}
+	var extra json.RawMessage
+	if err := dec.Decode(&extra); err == nil {
+		return req, errExtra
+	}
+	return req, nil
+}
+
+var errExtra = errors.New("more than one JSON value")
+
+var routeBodies = []string{
+	`{"block_hashes":[1,2,18446744073709551615],"isl":12,"brief":true}`,
+	`{"token_ids":[1,2,3,4294967295],"lora_name":"a","cache_salt":"s","book":true,"request_id":"r-1"}`,
+	` { "block_hashes" : [ ] , "token_ids" : null , "isl" : 0 } `,
+	`{}`,
+	`{"block_hashes":[01]}`,
+	`{"block_hashes":[1.5]}`,
+	`{"block_hashes":[18446744073709551616]}`,
+	`{"token_ids":[4294967296]}`,
+	`{"isl":-1}`,
+	`{"isl":1e3}`,
+	`{"request_id":"a\"b"}`,
+	`{"Block_Hashes":[1]}`,
+	`{"block_hashes":[1],"block_hashes":[2]}`,
+	`{"overrides":{"temperature":0}}`,
+	`{"brief":null}`,
+	`{"unknown":1}`,
+	`{"isl":1}{}`,
+	`{"isl":1} x`,
+	`[1]`,
+	``,
+}
+
+// TestRouteFastPathAgreesWithEncodingJSON: on every body it accepts, the
+// fast path gives what encoding/json gives; the others it leaves to it.
+func TestRouteFastPathAgreesWithEncodingJSON(t *testing.T) {
+	fast := 0
+	for _, body := range routeBodies {
+		var got RouteRequest
+		if !fastRouteRequest([]byte(body), &got) {
+			continue
+		}
+		fast++
+		want, err := jsonRouteRequest([]byte(body))
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: fast path %+v, encoding/json %+v (%v)", body, got, want, err)
+		}
+	}
+	if fast < 4 {
+		t.Fatalf("the fast path took only %d of the bodies", fast)
+	}
+}
+
+func FuzzRouteRequestFastPath(f *testing.F) {
+	for _, b := range routeBodies {
+		f.Add([]byte(b))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var got RouteRequest
+		if !fastRouteRequest(b, &got) {
+			return
+		}
+		want, err := jsonRouteRequest(b)
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q: fast path %+v, encoding/json %+v (%v)", b, got, want, err)
+		}
+	})
+}
