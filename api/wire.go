@@ -88,16 +88,16 @@ type RouteRequest struct {
 
 // RouteResponse is a route decision and its explanation.
 type RouteResponse struct {
-	WorkerID      uint64         `json:"worker_id"`
-	DPRank        uint32         `json:"dp_rank"`
-	Cost          float64        `json:"cost"`
-	DecidedBy     string         `json:"decided_by"` // cost, overlap, active_blocks, rendezvous, input_order, sample
-	BlockSize     int            `json:"block_size"`
-	RequestBlocks int64          `json:"request_blocks"`
-	Booked        bool           `json:"booked"`
+	WorkerID      uint64  `json:"worker_id"`
+	DPRank        uint32  `json:"dp_rank"`
+	Cost          float64 `json:"cost"`
+	DecidedBy     string  `json:"decided_by"` // cost, overlap, active_blocks, rendezvous, input_order, sample
+	BlockSize     int     `json:"block_size"`
+	RequestBlocks int64   `json:"request_blocks"`
+	Booked        bool    `json:"booked"`
 	// Overlap is the chosen rank's matched blocks per tier.
 	Overlap    TierBlocks     `json:"overlap"`
-	Params     indexer.Params `json:"params"` // the effective scoring parameters
+	Params     indexer.Params `json:"params"`               // the effective scoring parameters
 	Candidates []Candidate    `json:"candidates,omitempty"` // every rank's score; absent when brief
 }
 
