@@ -49,6 +49,8 @@ type core struct {
 	started  bool
 	next     uint64 // the sequence to apply next
 	liveLast uint64 // the last sequence seen on the live stream
+	liveSeen bool   // liveLast holds a sequence (false only before the first, after a resume at 0)
+	resume   *uint64
 
 	mu    sync.Mutex // guards stats
 	stats Stats
@@ -74,19 +76,27 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 		c.malformed(bad, nil)
 		return nil
 	}
-	if !c.started {
-		c.started, c.next, c.liveLast = true, seq, seq
+	if !c.started && c.resume == nil {
+		c.started, c.next, c.liveLast, c.liveSeen = true, seq, seq, true
 		c.apply(seq, payload)
 		return nil
+	}
+	if !c.started {
+		// Taking over from a predecessor that applied everything below
+		// *resume: it saw those sequences live or in a replay (which only
+		// holds what was published), so a live sequence below *resume
+		// means the engine restarted since.
+		r := *c.resume
+		c.started, c.next, c.liveLast, c.liveSeen = true, r, r-1, r > 0
 	}
 	// The live stream comes over one connection at a time, in order: within
 	// an epoch it only goes up. Going back means a new publisher, counting
 	// from 0 again. (Sequences the replay applied may be above liveLast:
 	// those are duplicates, below.)
-	if seq <= c.liveLast {
+	if c.liveSeen && seq <= c.liveLast {
 		c.newEpoch(seq)
 	}
-	c.liveLast = seq
+	c.liveLast, c.liveSeen = seq, true
 	switch {
 	case seq < c.next:
 		c.count(func(s *Stats) { s.Duplicates++ })

@@ -58,7 +58,8 @@ func TestSequenceRules(t *testing.T) {
 	timeout := fmt.Errorf("%w (fake)", errReplayTimeout)
 	cases := []struct {
 		name      string
-		replay    bool // the subscriber has a replay endpoint
+		replay    bool    // the subscriber has a replay endpoint
+		resume    *uint64 // Config.Resume
 		steps     []step
 		fail      uint64 // the sink refuses this batch (0: none)
 		want      string
@@ -121,6 +122,15 @@ func TestSequenceRules(t *testing.T) {
 				step{live: [][]byte{{}, seqFrame(endSeq), {}}},
 				live(1)),
 			want: "ev0 ev1", malformed: 5},
+		{name: "resume: the expected batch first", resume: u64p(5), steps: live(5, 6), want: "ev5 ev6"},
+		{name: "resume: a later batch first is a gap, replayed", resume: u64p(5), replay: true,
+			steps: steps(replies(nil, 5, 6, 7), live(8)), want: "replay:5 ev5 ev6 ev7 ev8"},
+		{name: "resume: a later batch first without replay resyncs", resume: u64p(5), steps: live(7, 8),
+			want: "resync:gap ev7 ev8"},
+		{name: "resume: an earlier batch first is a new epoch", resume: u64p(5), steps: live(0, 1),
+			want: "reset ev0 ev1"},
+		{name: "resume at zero: batch zero first", resume: u64p(0), steps: live(0, 1), want: "ev0 ev1"},
+		{name: "resume at zero: a later batch is a gap", resume: u64p(0), steps: live(2), want: "resync:gap ev2"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -142,6 +152,7 @@ func TestSequenceRules(t *testing.T) {
 				}
 			}
 			c := newCore(t, sink, replay)
+			c.resume = tc.resume
 			for _, st := range tc.steps {
 				if st.live == nil {
 					next = st
@@ -201,3 +212,5 @@ func TestReplayStopsWhenContextEnds(t *testing.T) {
 		t.Fatalf("sink calls %s, want ev0", got)
 	}
 }
+
+func u64p(v uint64) *uint64 { return &v }

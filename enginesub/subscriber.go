@@ -51,6 +51,13 @@ type Config struct {
 	// Decoder configures the payload decoder; its Rank is replaced by Rank.
 	// Decoder.BlockSize is required.
 	Decoder engine.Config
+	// Resume, when set, is the sequence expected first: a subscriber that
+	// takes over from another (the router's agentless subscriber after a
+	// failover) continues where its predecessor stopped. A first batch above
+	// it is a gap (replayed, or resynced), one below it a new epoch (the
+	// engine restarted since). Nil: the first batch is accepted whatever its
+	// sequence.
+	Resume *uint64
 	// Sink receives the events. Required.
 	Sink Sink
 	// Logger, when nil, is slog.Default().
@@ -101,7 +108,7 @@ func New(cfg Config) (*Subscriber, error) {
 	}
 	s := &Subscriber{cfg: cfg, ready: make(chan struct{})}
 	s.core = &core{rank: cfg.Rank, sink: cfg.Sink, dec: dec, log: cfg.Logger,
-		m: m.forRank(cfg.Rank.Worker, cfg.Rank.DP)}
+		m: m.forRank(cfg.Rank.Worker, cfg.Rank.DP), resume: cfg.Resume}
 	if cfg.ReplayEndpoint != "" {
 		s.core.replay = s.replay
 	}
