@@ -20,10 +20,11 @@ import (
 // serving /v1 and the compatible APIs over HTTP, so that followers forward
 // writes to the leader as in production.
 type testCluster struct {
-	t     *testing.T
-	nodes []*testNode
-	http  []*httptest.Server
-	down  []bool
+	t         *testing.T
+	nodes     []*testNode
+	agentless []*Agentless
+	http      []*httptest.Server
+	down      []bool
 }
 
 func startCluster(t *testing.T) *testCluster {
@@ -62,10 +63,13 @@ func startCluster(t *testing.T) *testCluster {
 		srv := api.NewServer(node, api.Options{Logger: quiet})
 		NewIndexer(node, quiet).Routes(srv, "")
 		NewSelection(node, quiet).Routes(srv, SelectionPrefix)
+		ag := NewAgentless(node, AgentlessConfig{Poll: 50 * time.Millisecond, ReplayTimeout: 2 * time.Second, Logger: quiet})
+		c.agentless = append(c.agentless, ag)
 		handlers[i] = srv
 		c.http[i].Start()
 		c.nodes = append(c.nodes, &testNode{node: node, url: c.http[i].URL})
 		t.Cleanup(func() {
+			ag.Close()
 			c.http[i].Close()
 			srv.Close()
 			node.Close()
@@ -111,6 +115,7 @@ func (c *testCluster) follower() int {
 
 // stop kills node i: its HTTP server and its Raft node close.
 func (c *testCluster) stop(i int) {
+	c.agentless[i].Close()
 	c.http[i].CloseClientConnections()
 	c.http[i].Close()
 	c.nodes[i].node.Close()

@@ -31,6 +31,10 @@ type RegisterRequest struct {
 	DPRank         *uint32 `json:"dp_rank,omitempty"`
 	ReplayEndpoint string  `json:"replay_endpoint,omitempty"`
 	AdditionalSalt string  `json:"additional_salt,omitempty"`
+	// Agentless (default true): the cluster's leader subscribes to
+	// Endpoint itself. false: the instance's events come through
+	// POST /events or a kvagent, with contiguous event ids.
+	Agentless *bool `json:"agentless,omitempty"`
 }
 
 // UnregisterRequest is the body of POST /unregister. Without tenant_id the
@@ -377,11 +381,16 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 	x.regMu.Lock()
 	defer x.regMu.Unlock()
 	old, exists := x.b.WorkerTable()[id]
+	agentless := req.Agentless == nil || *req.Agentless
 	nw := raftfsm.WorkerInfo{ID: id, Instance: req.InstanceID, Model: req.ModelName, Tenant: tenant,
-		BlockSize: req.BlockSize, Salt: req.AdditionalSalt}
+		BlockSize: req.BlockSize, Salt: req.AdditionalSalt, Positional: agentless}
 	if exists {
 		if old.Instance != req.InstanceID || old.Model != req.ModelName || old.Tenant != tenant {
 			return &httpError{code: http.StatusConflict, err: fmt.Errorf("worker id %#x is taken by another registration", id)}
+		}
+		if old.Positional != agentless {
+			return &httpError{code: http.StatusConflict, err: fmt.Errorf(
+				"instance %d is registered for %s/%s with agentless %v", req.InstanceID, req.ModelName, tenant, old.Positional)}
 		}
 		if old.BlockSize != req.BlockSize || old.Salt != req.AdditionalSalt {
 			return &httpError{code: http.StatusConflict, err: fmt.Errorf(

@@ -53,7 +53,7 @@ type step struct {
 func indexerScript() []step {
 	reg := func(inst uint64, tenant string, dp uint32, ep string) RegisterRequest {
 		return RegisterRequest{InstanceID: inst, Endpoint: ep, ModelName: "llama", TenantID: tenant,
-			BlockSize: testBlockSize, DPRank: u32(dp)}
+			BlockSize: testBlockSize, DPRank: u32(dp), Agentless: ptr(false)}
 	}
 	hs := promptHashes()
 	return []step{
@@ -64,8 +64,11 @@ func indexerScript() []step {
 		{"register_conflict", "POST", "/register", reg(1, "", 0, "tcp://10.0.0.9:5557"), 409},
 		{"register_bad_endpoint", "POST", "/register", reg(3, "", 0, "10.0.0.3:5557"), 400},
 		{"register_no_model", "POST", "/register", RegisterRequest{InstanceID: 3, Endpoint: "tcp://h:1", BlockSize: 4}, 400},
+		{"register_agentless_conflict", "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557",
+			ModelName: "llama", BlockSize: testBlockSize, DPRank: u32(0)}, 409},
 		{"register_tenant", "POST", "/register", RegisterRequest{InstanceID: 2, Endpoint: "tcp://10.0.0.2:5557",
-			ModelName: "llama", RoutingGroup: "blue", BlockSize: testBlockSize, ReplayEndpoint: "tcp://10.0.0.2:5560"}, 201},
+			ModelName: "llama", RoutingGroup: "blue", BlockSize: testBlockSize, ReplayEndpoint: "tcp://10.0.0.2:5560",
+			Agentless: ptr(false)}, 201},
 		{"workers", "GET", "/workers", nil, 200},
 		{"events", "POST", "/events", EventsRequest{InstanceID: 1, ModelName: "llama", Events: []Event{
 			stored(1, 0, "", 0, 3), stored(1, 1, "CPU", 0, 2), stored(2, 1, "DISK", 2, 3)}}, 200},

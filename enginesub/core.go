@@ -109,6 +109,29 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 	return nil
 }
 
+// catchUp, for a subscriber that resumes (Config.Resume) and has a replay
+// endpoint, asks the engine at once for what it published since: an idle
+// engine sends nothing live that would show the gap. A replay that starts
+// above the resume point (an overrun) resyncs the rank, and the first live
+// batch is then taken whatever its sequence. It returns an error only when
+// ctx ended.
+func (c *core) catchUp(ctx context.Context) error {
+	if c.started || c.resume == nil || c.replay == nil {
+		return nil
+	}
+	r := *c.resume
+	c.started, c.next, c.liveLast, c.liveSeen = true, r, r-1, r > 0
+	reason := c.replayGap(ctx, r, r)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if reason != "" {
+		c.resync(reason, "missing", fmt.Sprintf("%d..", r))
+		c.started, c.resume = false, nil
+	}
+	return nil
+}
+
 // newEpoch starts the epoch of a restarted engine, first seen at seq.
 func (c *core) newEpoch(seq uint64) {
 	c.log.Info("engine restarted: new epoch", "rank", c.rank, "last_seq", c.liveLast, "seq", seq)

@@ -214,3 +214,44 @@ func TestReplayStopsWhenContextEnds(t *testing.T) {
 }
 
 func u64p(v uint64) *uint64 { return &v }
+
+// TestCatchUpOnResume: a resuming subscriber with a replay endpoint asks
+// for what it missed before any live batch; an overrun resyncs and the
+// next live batch is taken whatever its sequence.
+func TestCatchUpOnResume(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		replies step
+		live    []uint64
+		want    string
+	}{
+		{"missed batches replayed at once", replies(nil, 5, 6, 7), []uint64{8}, "replay:5 ev5 ev6 ev7 ev8"},
+		{"nothing missed", replies(nil), []uint64{5, 6}, "replay:5 ev5 ev6"},
+		{"overrun resyncs, then the live stream is taken", replies(nil, 7, 8), []uint64{9, 10}, "replay:5 resync:overrun ev9 ev10"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sink := &recSink{}
+			c := newCore(t, sink, func(ctx context.Context, from uint64, each func([][]byte) bool) error {
+				sink.add(call{kind: "replay", seq: from})
+				for _, r := range tc.replies.replies {
+					if !each(r) {
+						return nil
+					}
+				}
+				return tc.replies.err
+			})
+			c.resume = u64p(5)
+			if err := c.catchUp(bg); err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range tc.live {
+				if err := c.live(bg, liveMsg(s)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := trace(sink.of(nil)); got != tc.want {
+				t.Fatalf("sink calls:\n got %s\nwant %s", got, tc.want)
+			}
+		})
+	}
+}

@@ -149,6 +149,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 	defer sock.Close()
 	close(s.ready)
+	if err := s.core.catchUp(ctx); err != nil {
+		return nil // ctx ended during the replay
+	}
 	s.cfg.Logger.Debug("engine subscriber started", "rank", s.cfg.Rank, "endpoint", s.LocalEndpoint(), "bind", s.cfg.Bind)
 	for ctx.Err() == nil {
 		frames, err := sock.RecvMessageBytes(0)

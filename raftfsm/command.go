@@ -188,6 +188,7 @@ func encodeWorker(e *enc, w *WorkerInfo) {
 	encodeEndpoints(e, w.ReplayEndpoints)
 	e.str(w.Salt)
 	e.sv(w.LeaseMs)
+	e.bool(w.Positional)
 }
 
 // encodeEndpoints writes a dp rank → endpoint map in rank order, so that
@@ -249,6 +250,7 @@ func decodeWorker(d *dec) WorkerInfo {
 	w.ReplayEndpoints = decodeEndpoints(d)
 	w.Salt = d.str("salt")
 	w.LeaseMs = d.sv("lease")
+	w.Positional = d.u8("positional") == 1
 	return w
 }
 

@@ -12,7 +12,7 @@ func TestWorkerEncodingRoundTrip(t *testing.T) {
 	full := WorkerInfo{ID: 1<<63 | 7, DPRanks: []uint32{0, 3}, BlockSize: 16, Capacity: [4]int64{10, 20, 0, -1},
 		Endpoint: "http://w:8000", Model: "llama", Tenant: "blue", Instance: 42,
 		EventEndpoints:  map[uint32]string{0: "tcp://w:5557", 3: "tcp://w:5560"},
-		ReplayEndpoints: map[uint32]string{3: "tcp://w:5570"}, Salt: "s", LeaseMs: 10000}
+		ReplayEndpoints: map[uint32]string{3: "tcp://w:5570"}, Salt: "s", LeaseMs: 10000, Positional: true}
 	c, err := decodeCommand(encodeRegister(9, &full))
 	if err != nil {
 		t.Fatal(err)
@@ -31,9 +31,9 @@ func TestWorkerEncodingRoundTrip(t *testing.T) {
 	var e enc
 	encodeHeader(&e, cmdRegister, 9)
 	encodeWorker(&e, &old)
-	b := e.b[:len(e.b)-7] // drop extension 1: its marker byte, empty tenant, instance 0, two empty maps, empty salt, lease 0
+	b := e.b[:len(e.b)-8] // drop extension 1: its marker byte, empty tenant, instance 0, two empty maps, empty salt, lease 0, not positional
 	if b[len(b)-1] != 'm' {
-		t.Fatalf("extension 1 is not 7 bytes here: %x", e.b)
+		t.Fatalf("extension 1 is not 8 bytes here: %x", e.b)
 	}
 	c, err = decodeCommand(b)
 	if err != nil {

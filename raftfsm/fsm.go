@@ -335,20 +335,23 @@ func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
 	f.noteHeard(rb.Rank, now)
 	cur := f.Cursor(rb.Rank)
 	ack := RankAck{Rank: rb.Rank}
+	// A positional worker's ids are its engine stream's positions: they
+	// only go up, with holes between batches, so nothing is a gap.
+	positional := f.Workers()[rb.Rank.Worker].Positional
 	for i := range rb.Events {
 		ev := &rb.Events[i]
 		if ev.EventID <= cur {
 			ack.Dups++
 			continue
 		}
-		if ev.EventID != cur+1 {
+		if ev.EventID != cur+1 && !positional {
 			ack.Gap = true
 			break
 		}
 		// A malformed event still consumes its id: it is counted by the
 		// index and skipped, and the stream goes on.
 		_ = f.ix.Apply(ev, now)
-		cur++
+		cur = ev.EventID
 		ack.Applied++
 	}
 	if ack.Applied > 0 {

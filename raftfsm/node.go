@@ -791,3 +791,6 @@ func (n *Node) CheckLeader() error {
 	}
 	return n.notLeader()
 }
+
+// Cursor returns rank r's last applied event id on this node.
+func (n *Node) Cursor(r kvevent.Rank) uint64 { return n.fsm.Cursor(r) }

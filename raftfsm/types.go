@@ -35,6 +35,13 @@ type WorkerInfo struct {
 	// this long (eventplane's heartbeat subject; kvagent sends them). 0: the
 	// registration stays until deregistered.
 	LeaseMs int64 `json:"lease_ms,omitempty"`
+	// Positional: the ranks' event ids are positions in the engine's
+	// stream (compat.Position: epoch, batch sequence, index), assigned by
+	// the cluster's own subscriber (the agentless mode of the compatible
+	// indexer API). They only go up, with holes: the cursor still drops an
+	// id at or below it, but a hole is no gap. The cursor then says where
+	// a new leader's subscriber resumes.
+	Positional bool `json:"positional,omitempty"`
 }
 
 // RankBatch is one rank's consecutive events, as a publisher sent them.

@@ -147,6 +147,9 @@ func run(c *cli.Context) error {
 	// The selection and reservation API under /selection: its GET /workers
 	// is not the indexer API's.
 	compat.NewSelection(node, logger).Routes(srv, compat.SelectionPrefix)
+	// Engines registered through POST /register are followed by the leader.
+	agentless := compat.NewAgentless(node, compat.AgentlessConfig{Registerer: reg, Logger: logger})
+	defer agentless.Close()
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- hs.Serve(ln) }()

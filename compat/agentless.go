@@ -1,0 +1,276 @@
+package compat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/kvrouter/kvrouter/enginesub"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/kvevent/engine"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The agentless mode: for an instance registered through POST /register,
+// the cluster's leader subscribes to the engine's event endpoint itself
+// (the subscriber kvagent uses) and commits each batch through Raft. Its
+// event ids are positions in the engine's stream, so that the replicated
+// cursor says where the stream was: a new leader resumes there through the
+// engine's replay socket, and resyncs the rank when it cannot.
+//
+// A position packs, from the top bit down:
+//
+//	epoch    20 bits  bumped when the engine restarts or history is lost
+//	sequence 32 bits  the engine batch's sequence number
+//	index    12 bits  the event's place in its batch, from 1; 0 marks a
+//	                  clear that starts an epoch (next expected batch: 0)
+//
+// Positions only go up within a rank; the rank's registration is
+// Positional, so the holes between batches are no gaps.
+const (
+	positionIndexBits = 12
+	positionSeqBits   = 32
+	maxBatchEvents    = 1<<positionIndexBits - 1
+)
+
+// Position returns the event id of event idx (from 1; 0 for a clear) of
+// engine batch seq in epoch.
+func Position(epoch uint32, seq uint64, idx int) uint64 {
+	return uint64(epoch)<<(positionSeqBits+positionIndexBits) | seq<<positionIndexBits | uint64(idx)
+}
+
+// SplitPosition undoes Position.
+func SplitPosition(id uint64) (epoch uint32, seq uint64, idx int) {
+	return uint32(id >> (positionSeqBits + positionIndexBits)), id >> positionIndexBits & (1<<positionSeqBits - 1),
+		int(id & (1<<positionIndexBits - 1))
+}
+
+// resumeAt returns where a subscriber taking over a rank at cursor goes
+// on: the epoch, and the engine sequence it expects first (nil: accept the
+// first batch whatever its sequence, for a rank never heard of).
+func resumeAt(cursor uint64) (uint32, *uint64) {
+	if cursor == 0 {
+		return 0, nil
+	}
+	epoch, seq, idx := SplitPosition(cursor)
+	next := seq + 1
+	if idx == 0 { // a clear: the epoch's first batch is next
+		next = 0
+	}
+	return epoch, &next
+}
+
+// AgentlessTarget is the node the agentless subscribers commit to:
+// *raftfsm.Node.
+type AgentlessTarget interface {
+	IsLeader() bool
+	WorkerTable() map[uint64]raftfsm.WorkerInfo
+	Cursor(r kvevent.Rank) uint64
+	IngestEvents(ctx context.Context, batches []raftfsm.RankBatch) ([]raftfsm.RankAck, error)
+}
+
+var _ AgentlessTarget = (*raftfsm.Node)(nil)
+
+// AgentlessConfig configures Agentless.
+type AgentlessConfig struct {
+	Poll          time.Duration // how often leadership and registrations are checked (default 200ms)
+	CommitTimeout time.Duration // per batch (default 5s)
+	ReplayTimeout time.Duration // enginesub's (default its own)
+	Registerer    prometheus.Registerer
+	Logger        *slog.Logger
+}
+
+// Agentless runs, while its node leads, one engine subscriber per dp rank
+// of every Positional worker that registered an event endpoint.
+type Agentless struct {
+	b   AgentlessTarget
+	cfg AgentlessConfig
+	log *slog.Logger
+
+	mu   sync.Mutex
+	subs map[kvevent.Rank]*agentlessSub
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+type agentlessSub struct {
+	endpoint, replay string
+	blockSize        int
+	sub              *enginesub.Subscriber
+	cancel           context.CancelFunc
+	done             chan struct{}
+}
+
+// NewAgentless starts the agentless mode of b; Close stops it.
+func NewAgentless(b AgentlessTarget, cfg AgentlessConfig) *Agentless {
+	if cfg.Poll <= 0 {
+		cfg.Poll = 200 * time.Millisecond
+	}
+	if cfg.CommitTimeout <= 0 {
+		cfg.CommitTimeout = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	a := &Agentless{b: b, cfg: cfg, log: cfg.Logger, subs: map[kvevent.Rank]*agentlessSub{},
+		stop: make(chan struct{}), done: make(chan struct{})}
+	go a.loop()
+	return a
+}
+
+// Close stops every subscriber and the loop.
+func (a *Agentless) Close() error {
+	select {
+	case <-a.stop:
+	default:
+		close(a.stop)
+	}
+	<-a.done
+	return nil
+}
+
+// Ranks returns the ranks followed now (tests, status).
+func (a *Agentless) Ranks() []kvevent.Rank {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]kvevent.Rank, 0, len(a.subs))
+	for r := range a.subs {
+		out = append(out, r)
+	}
+	return out
+}
+
+func (a *Agentless) loop() {
+	defer close(a.done)
+	defer a.reconcile(nil)
+	t := time.NewTicker(a.cfg.Poll)
+	defer t.Stop()
+	for {
+		if a.b.IsLeader() {
+			a.reconcile(a.b.WorkerTable())
+		} else {
+			a.reconcile(nil)
+		}
+		select {
+		case <-a.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// reconcile runs a subscriber for each rank that should have one (none
+// when table is nil) and stops the others.
+func (a *Agentless) reconcile(table map[uint64]raftfsm.WorkerInfo) {
+	want := map[kvevent.Rank]agentlessSub{}
+	for id, w := range table {
+		if !w.Positional {
+			continue
+		}
+		for dp, ep := range w.EventEndpoints {
+			want[kvevent.Rank{Worker: id, DP: dp}] = agentlessSub{endpoint: ep, replay: w.ReplayEndpoints[dp], blockSize: w.BlockSize}
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for r, s := range a.subs {
+		if w, ok := want[r]; !ok || w.endpoint != s.endpoint || w.replay != s.replay || w.blockSize != s.blockSize {
+			s.cancel()
+			<-s.done
+			delete(a.subs, r)
+		}
+	}
+	for r, w := range want {
+		if _, ok := a.subs[r]; ok {
+			continue
+		}
+		if err := a.start(r, w); err != nil {
+			a.log.Warn("agentless: cannot follow the engine", "rank", r, "endpoint", w.endpoint, "err", err)
+		}
+	}
+}
+
+// start subscribes to rank r's engine, resuming at the rank's cursor; a.mu
+// is held.
+func (a *Agentless) start(r kvevent.Rank, w agentlessSub) error {
+	epoch, resume := resumeAt(a.b.Cursor(r))
+	sink := &positionSink{a: a, rank: r, epoch: epoch}
+	sub, err := enginesub.New(enginesub.Config{Endpoint: w.endpoint, ReplayEndpoint: w.replay,
+		ReplayTimeout: a.cfg.ReplayTimeout, Rank: r, Decoder: engine.Config{BlockSize: w.blockSize},
+		Resume: resume, Sink: sink, Logger: a.log, Registerer: a.cfg.Registerer})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w.sub, w.cancel, w.done = sub, cancel, make(chan struct{})
+	go func() {
+		defer close(w.done)
+		if err := sub.Run(ctx); err != nil {
+			a.log.Warn("agentless: subscriber stopped", "rank", r, "err", err)
+		}
+	}()
+	a.subs[r] = &w
+	a.log.Info("agentless: following the engine", "rank", r, "endpoint", w.endpoint, "epoch", epoch, "resume", resume)
+	return nil
+}
+
+// positionSink commits one rank's engine batches with positional ids.
+type positionSink struct {
+	a     *Agentless
+	rank  kvevent.Rank
+	epoch uint32
+}
+
+func (s *positionSink) commit(evs []kvevent.Event) error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.a.cfg.CommitTimeout)
+	defer cancel()
+	acks, err := s.a.b.IngestEvents(ctx, []raftfsm.RankBatch{{Rank: s.rank, Events: evs}})
+	if err != nil {
+		return err
+	}
+	if len(acks) != 1 || acks[0].Gap {
+		return fmt.Errorf("agentless: rank %v not applied: %+v", s.rank, acks)
+	}
+	return nil
+}
+
+// Events commits one engine batch (enginesub.Sink). IngestEvents encodes
+// the events before it returns, so evs need no copy.
+func (s *positionSink) Events(r kvevent.Rank, seq uint64, evs []kvevent.Event) error {
+	switch {
+	case len(evs) == 0:
+		return nil
+	case len(evs) > maxBatchEvents:
+		return fmt.Errorf("agentless: a batch of %d events is more than a position holds (%d)", len(evs), maxBatchEvents)
+	case seq >= 1<<positionSeqBits:
+		return fmt.Errorf("agentless: engine sequence %d is past what a position holds", seq)
+	}
+	for i := range evs {
+		evs[i].Rank = s.rank
+		evs[i].EventID = Position(s.epoch, seq, i+1)
+	}
+	return s.commit(evs)
+}
+
+// Reset starts a new epoch with a clear: the engine restarted, empty.
+func (s *positionSink) Reset(r kvevent.Rank) { s.clear("engine restart") }
+
+// Resync starts a new epoch with a clear: history was lost.
+func (s *positionSink) Resync(r kvevent.Rank, reason enginesub.Reason) { s.clear(string(reason)) }
+
+func (s *positionSink) clear(why string) {
+	s.epoch++
+	ev := []kvevent.Event{{Rank: s.rank, Kind: kvevent.KindCleared, EventID: Position(s.epoch, 0, 0)}}
+	if err := s.commit(ev); err != nil && !errors.Is(err, context.Canceled) {
+		// Not committed (leadership moved, most likely): the next leader
+		// resumes from the cursor and meets the same loss again.
+		s.a.log.Warn("agentless: clearing the rank failed", "rank", s.rank, "why", why, "err", err)
+		return
+	}
+	s.a.log.Info("agentless: rank cleared", "rank", s.rank, "why", why, "epoch", s.epoch)
+}

@@ -1,0 +1,158 @@
+package compat
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/internal/pypub"
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+func TestPositionRoundTrip(t *testing.T) {
+	for _, c := range []struct {
+		epoch uint32
+		seq   uint64
+		idx   int
+	}{{0, 0, 1}, {1, 0, 0}, {3, 1<<32 - 1, maxBatchEvents}, {1<<20 - 1, 12345, 7}} {
+		id := Position(c.epoch, c.seq, c.idx)
+		e, s, i := SplitPosition(id)
+		if e != c.epoch || s != c.seq || i != c.idx {
+			t.Fatalf("%+v → %#x → %d %d %d", c, id, e, s, i)
+		}
+	}
+	// Positions order as the stream: by epoch, then sequence, then index.
+	if !(Position(0, 5, 2) < Position(0, 6, 1) && Position(0, 1<<32-1, 9) < Position(1, 0, 0) && Position(1, 0, 0) < Position(1, 0, 1)) {
+		t.Fatal("positions do not order as the stream")
+	}
+	if e, next := resumeAt(Position(2, 9, 3)); e != 2 || *next != 10 {
+		t.Fatalf("resume after batch 9: epoch %d next %d", e, *next)
+	}
+	if e, next := resumeAt(Position(3, 0, 0)); e != 3 || *next != 0 {
+		t.Fatalf("resume after a clear: epoch %d next %d", e, *next)
+	}
+	if _, next := resumeAt(0); next != nil {
+		t.Fatal("a rank never heard of resumes somewhere")
+	}
+}
+
+// chainGen makes an engine's stream for the Python publisher: independent
+// chains stored on the GPU, and GPU tails removed. held is what the rank
+// holds.
+type chainGen struct {
+	rng    *rand.Rand
+	n      uint64
+	chains [][]uint64
+	held   map[uint64]bool
+}
+
+func (g *chainGen) next() pypub.EvSpec {
+	if len(g.chains) > 0 && g.rng.IntN(4) == 0 {
+		i := g.rng.IntN(len(g.chains))
+		if ch := g.chains[i]; len(ch) > 0 {
+			tail := ch[len(ch)-1]
+			g.chains[i] = ch[:len(ch)-1]
+			delete(g.held, tail)
+			return pypub.EvSpec{Type: "BlockRemoved", Hashes: []uint64{tail}, Medium: "GPU"}
+		}
+	}
+	spec := pypub.EvSpec{Type: "BlockStored", BlockSize: testBlockSize, Medium: "GPU"}
+	var ch []uint64
+	for range 1 + g.rng.IntN(3) {
+		g.n++
+		h := 1<<50 | g.n
+		ch = append(ch, h)
+		g.held[h] = true
+		spec.Hashes = append(spec.Hashes, h)
+		for range testBlockSize {
+			spec.Tokens = append(spec.Tokens, g.rng.Uint32N(50000))
+		}
+	}
+	g.chains = append(g.chains, ch)
+	return spec
+}
+
+// TestAgentlessSurvivesLeaderLoss: an engine registered through
+// POST /register is followed by the leader itself; every node answers the
+// same; the leader is killed while the engine streams, the new leader
+// resumes from the replicated cursor through the engine's replay socket,
+// and every node's index still holds exactly what the engine does.
+func TestAgentlessSurvivesLeaderLoss(t *testing.T) {
+	pypub.Require(t)
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	c := startCluster(t)
+	pub := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*", ReplayShape: 3})
+	r := c.nodes[c.follower()].do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 9, Endpoint: pub.Pub,
+		ReplayEndpoint: pub.Replay, ModelName: "llama", BlockSize: testBlockSize})
+	if r.code != 201 {
+		t.Fatalf("register: %d %s", r.code, r.body)
+	}
+	pub.WaitSub()
+
+	g := &chainGen{rng: rand.New(rand.NewPCG(seed, 1)), held: map[uint64]bool{}}
+	var seq uint64
+	publish := func(n int) {
+		for range n {
+			var evs []pypub.EvSpec
+			for range 1 + g.rng.IntN(3) {
+				evs = append(evs, g.next())
+			}
+			pub.Do(pypub.BatchCmd{Cmd: "batch", Seq: seq, Form: "array", Events: evs, Live: true})
+			seq++
+		}
+	}
+	// held counts the blocks a node's dump holds for instance 9.
+	held := func(nd *testNode) (int, []byte) {
+		r := nd.do(t, codecJSON, "GET", "/dump", nil)
+		var d map[string]DumpNamespace
+		if err := json.Unmarshal(r.body, &d); err != nil || r.code != 200 {
+			t.Fatalf("dump: %d %s %v", r.code, r.body, err)
+		}
+		return len(d["llama:default"].Events), r.body
+	}
+	agree := func(what string) {
+		t.Helper()
+		waitFor(t, 30*time.Second, what, func() bool {
+			var first []byte
+			for i, nd := range c.nodes {
+				if c.down[i] {
+					continue
+				}
+				n, body := held(nd)
+				if n != len(g.held) {
+					return false
+				}
+				if first == nil {
+					first = body
+				} else if !bytes.Equal(first, body) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	publish(40)
+	agree("every node to hold what the engine holds")
+
+	old := c.leader()
+	c.stop(old)
+	publish(60) // partly while no one leads: the PUB drops those
+	c.leader()
+	agree("the new leader to resume through the replay socket and every node to hold what the engine holds")
+
+	// The replay, not a resync, healed it: the rank was never cleared.
+	for i, nd := range c.nodes {
+		if c.down[i] {
+			continue
+		}
+		cur := nd.node.Cursor(kvevent.Rank{Worker: WorkerID(9, "llama", DefaultTenant)})
+		if e, s, _ := SplitPosition(cur); e != 0 || s != seq-1 {
+			t.Fatalf("node %d: cursor at epoch %d batch %d, want epoch 0 batch %d", i, e, s, seq-1)
+		}
+	}
+	_ = fmt.Sprint
+}
