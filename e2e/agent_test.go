@@ -158,14 +158,14 @@ func publishBatches(pub *pypub.Pub, g *engineGen, seq *uint64, n int) {
 	}
 }
 
-// rankBlocks returns worker 1 rank 0's blocks per tier from one node.
-func rankBlocks(ctx context.Context, n *node) (api.TierBlocks, bool) {
+// rankBlocks returns worker id's rank 0's blocks per tier from one node.
+func rankBlocks(ctx context.Context, n *node, id uint64) (api.TierBlocks, bool) {
 	ws, err := n.cl.Workers(ctx)
 	if err != nil {
 		return api.TierBlocks{}, false
 	}
 	for _, w := range ws {
-		if w.WorkerID == 1 {
+		if w.WorkerID == id {
 			for _, r := range w.Ranks {
 				if r.DPRank == 0 {
 					return r.Blocks, true
@@ -178,7 +178,10 @@ func rankBlocks(ctx context.Context, n *node) (api.TierBlocks, bool) {
 
 // waitModel waits until every serving node's index holds exactly the
 // model's blocks per tier for worker 1, and the nodes' digests agree.
-func waitModel(c *cluster, g *engineGen) {
+func waitModel(c *cluster, g *engineGen) { waitModelOf(c, g, 1) }
+
+// waitModelOf is waitModel for worker id.
+func waitModelOf(c *cluster, g *engineGen, id uint64) {
 	c.t.Helper()
 	want := api.TierBlocks{Device: int64(len(g.model[kvevent.TierDevice])), Host: int64(len(g.model[kvevent.TierHostPinned]))}
 	c.waitFor(convergeTimeout, fmt.Sprintf("every node's index to hold %+v", want), func() (bool, string) {
@@ -187,7 +190,7 @@ func waitModel(c *cluster, g *engineGen) {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-			got, ok := rankBlocks(ctx, n)
+			got, ok := rankBlocks(ctx, n, id)
 			cancel()
 			if !ok || got != want {
 				return false, fmt.Sprintf("node %d holds %+v", i, got)

@@ -1,0 +1,85 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/compat"
+	"github.com/kvrouter/kvrouter/internal/pypub"
+)
+
+// postJSON posts body to node n's path and returns the status and answer.
+func postJSON(t *testing.T, n *node, path, body string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Post("http://"+n.httpAddr+path, "application/json", bytes.NewBufferString(body))
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// TestAgentlessEndToEnd: a Python engine publisher registered through the
+// compatible POST /register is followed by the cluster's leader itself (no
+// agent). Every node's POST /query answers the same; after a kill -9 of
+// the leader while the engine streams, the new leader resumes through the
+// replay socket and every node again holds exactly what the engine does.
+func TestAgentlessEndToEnd(t *testing.T) {
+	pypub.Require(t)
+	seed := testSeed(t)
+	c := startCluster(t, 3)
+	pub := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*", ReplayShape: 2})
+	code, body := postJSON(t, c.nodes[0], "/register", fmt.Sprintf(
+		`{"instance_id":7,"endpoint":%q,"replay_endpoint":%q,"model_name":"m","block_size":%d}`,
+		pub.Pub, pub.Replay, agentBlockSize))
+	if code != 201 {
+		t.Fatalf("register: %d %s", code, body)
+	}
+	pub.WaitSub()
+	id := compat.WorkerID(7, "m", compat.DefaultTenant)
+
+	g := newEngineGen(seed)
+	var seq uint64
+	publishBatches(pub, g, &seq, 60)
+	waitModelOf(c, g, id)
+	// POST /query on every node: the same answer, naming the instance.
+	var prompt []uint32
+	for _, h := range g.chains[0] {
+		prompt = append(prompt, g.tokens[h]...)
+	}
+	q := fmt.Sprintf(`{"token_ids":%s,"model_name":"m"}`, jsonInts(prompt))
+	var first []byte
+	for i, n := range c.nodes {
+		code, ans := postJSON(t, n, "/query", q)
+		if code != 200 || !bytes.Contains(ans, []byte(`"7":`)) {
+			t.Fatalf("node %d query: %d %s", i, code, ans)
+		}
+		if first == nil {
+			first = ans
+		} else if !bytes.Equal(ans, first) {
+			t.Fatalf("node %d answers %s, node 0 %s", i, ans, first)
+		}
+	}
+
+	publishBatches(pub, g, &seq, 40)
+	c.kill9(c.leader())
+	publishBatches(pub, g, &seq, 80)
+	waitModelOf(c, g, id)
+}
+
+func jsonInts(v []uint32) string {
+	var b bytes.Buffer
+	b.WriteByte('[')
+	for i, x := range v {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprint(&b, x)
+	}
+	b.WriteByte(']')
+	return b.String()
+}
