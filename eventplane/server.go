@@ -18,10 +18,14 @@ type ServerConfig struct {
 	ClusterName string   // default "kvrouter"
 	ClusterAddr string   // route listen address host:port; empty: no NATS cluster
 	Routes      []string // other servers' route addresses, host:port or nats-route://host:port
-	// User and Password, when set, are required of clients. TLS is a TODO
-	// (docs/events.md).
+	// User and Password, when set, are required of clients.
 	User, Password string
-	Logger         *slog.Logger
+	// TLSCert and TLSKey (PEM files), when set, make clients connect with
+	// TLS; TLSCA, when set too, requires of them a certificate that CA
+	// signed. Routes between the servers stay plain (the cluster network).
+	// In-process connections (the node's own) skip TLS.
+	TLSCert, TLSKey, TLSCA string
+	Logger                 *slog.Logger
 }
 
 func splitHostPort(addr string) (string, int, error) {
@@ -52,6 +56,14 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 		NoSigs: true, NoLog: true, MaxPayload: 8 << 20,
 		// Publishers reconnect to any server of the cluster; the default
 		// 2 s write deadline is fine, keep the rest at defaults.
+	}
+	if cfg.TLSCert != "" || cfg.TLSKey != "" {
+		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cfg.TLSCert, KeyFile: cfg.TLSKey,
+			CaFile: cfg.TLSCA, Verify: cfg.TLSCA != ""})
+		if err != nil {
+			return nil, fmt.Errorf("nats TLS: %w", err)
+		}
+		opts.TLS, opts.TLSConfig, opts.TLSVerify, opts.TLSTimeout = true, tc, cfg.TLSCA != "", 2
 	}
 	if cfg.ClusterAddr != "" {
 		ch, cp, err := splitHostPort(cfg.ClusterAddr)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/agent"
 	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,6 +57,9 @@ func app() *cli.App {
 			&cli.StringFlag{Name: "nats-user", EnvVars: []string{"KVAGENT_NATS_USER"}, Usage: "NATS user"},
 			&cli.StringFlag{Name: "nats-password", EnvVars: []string{"KVAGENT_NATS_PASSWORD"}, Usage: "NATS password"},
 			&cli.StringFlag{Name: "nats-creds", EnvVars: []string{"KVAGENT_NATS_CREDS"}, Usage: "NATS credentials file"},
+			&cli.StringFlag{Name: "nats-tls-ca", EnvVars: []string{"KVAGENT_NATS_TLS_CA"}, Usage: "PEM CA of the NATS servers' certificates (turns TLS on)"},
+			&cli.StringFlag{Name: "nats-tls-cert", EnvVars: []string{"KVAGENT_NATS_TLS_CERT"}, Usage: "PEM client certificate, for servers that require one"},
+			&cli.StringFlag{Name: "nats-tls-key", EnvVars: []string{"KVAGENT_NATS_TLS_KEY"}, Usage: "PEM key of --nats-tls-cert"},
 			&cli.StringFlag{Name: "router", EnvVars: []string{"KVAGENT_ROUTER"}, Usage: "router HTTP addresses (host:port,...) to register the worker with; empty: register it elsewhere"},
 			&cli.StringFlag{Name: "endpoint", Usage: "where the router should send this worker's requests (registered as is)"},
 			&cli.StringFlag{Name: "model", Usage: "the model this worker serves (registered as is)"},
@@ -83,14 +87,9 @@ func run(c *cli.Context) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	opts := []nats.Option{nats.Name(fmt.Sprintf("kvagent-%d", c.Uint64("worker-id"))), nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond)}
-	if u := c.String("nats-user"); u != "" {
-		opts = append(opts, nats.UserInfo(u, c.String("nats-password")))
-	}
-	if f := c.String("nats-creds"); f != "" {
-		opts = append(opts, nats.UserCredentials(f))
-	}
+	opts := eventplane.ClientOptions{Name: fmt.Sprintf("kvagent-%d", c.Uint64("worker-id")),
+		User: c.String("nats-user"), Password: c.String("nats-password"), Creds: c.String("nats-creds"),
+		TLSCA: c.String("nats-tls-ca"), TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key")}.NATSOptions()
 	nc, err := nats.Connect(c.String("nats-url"), opts...)
 	if err != nil {
 		return fmt.Errorf("connect to nats %s: %w", c.String("nats-url"), err)

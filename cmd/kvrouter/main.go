@@ -60,6 +60,9 @@ func main() {
 			&cli.StringFlag{Name: "nats-user", EnvVars: []string{"KVROUTER_NATS_USER"}, Usage: "NATS user (required of clients by the embedded server; sent to an external one)"},
 			&cli.StringFlag{Name: "nats-password", EnvVars: []string{"KVROUTER_NATS_PASSWORD"}, Usage: "NATS password"},
 			&cli.StringFlag{Name: "nats-creds", EnvVars: []string{"KVROUTER_NATS_CREDS"}, Usage: "NATS credentials file for an external NATS"},
+			&cli.StringFlag{Name: "nats-tls-cert", EnvVars: []string{"KVROUTER_NATS_TLS_CERT"}, Usage: "PEM certificate: the embedded server serves TLS with it; with --nats-url, this node's client certificate"},
+			&cli.StringFlag{Name: "nats-tls-key", EnvVars: []string{"KVROUTER_NATS_TLS_KEY"}, Usage: "PEM key of --nats-tls-cert"},
+			&cli.StringFlag{Name: "nats-tls-ca", EnvVars: []string{"KVROUTER_NATS_TLS_CA"}, Usage: "PEM CA: the embedded server requires client certificates it signed; with --nats-url, the CA of the server's certificate"},
 			&cli.StringFlag{Name: "events-subject", Value: eventplane.DefaultSubject, Usage: "subject of event requests (the dump subject is <subject>.dump)"},
 			&cli.DurationFlag{Name: "events-linger", Value: time.Millisecond, Usage: "how long the leader waits to pack more event requests into one Raft entry"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"KVROUTER_LOG_LEVEL"}, Usage: "debug, info, warn or error"},
@@ -198,21 +201,17 @@ func run(c *cli.Context) error {
 // startNATS connects to the external NATS (--nats-url) or starts the
 // embedded server and connects to it in process.
 func startNATS(c *cli.Context, id string, logger *slog.Logger) (*nats.Conn, natsShutdowner, error) {
-	opts := []nats.Option{nats.Name("kvrouter-" + id), nats.MaxReconnects(-1)}
-	if u := c.String("nats-user"); u != "" {
-		opts = append(opts, nats.UserInfo(u, c.String("nats-password")))
-	}
 	if url := c.String("nats-url"); url != "" {
-		if f := c.String("nats-creds"); f != "" {
-			opts = append(opts, nats.UserCredentials(f))
-		}
-		nc, err := nats.Connect(url, opts...)
+		o := eventplane.ClientOptions{Name: "kvrouter-" + id, User: c.String("nats-user"), Password: c.String("nats-password"),
+			Creds: c.String("nats-creds"), TLSCA: c.String("nats-tls-ca"), TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key")}
+		nc, err := nats.Connect(url, o.NATSOptions()...)
 		if err != nil {
 			return nil, nil, fmt.Errorf("connect to nats %s: %w", url, err)
 		}
 		logger.Info("events over external NATS", "url", url)
 		return nc, nil, nil
 	}
+	opts := eventplane.ClientOptions{Name: "kvrouter-" + id, User: c.String("nats-user"), Password: c.String("nats-password")}.NATSOptions()
 	var routes []string
 	for _, r := range strings.Split(c.String("nats-routes"), ",") {
 		if r = strings.TrimSpace(r); r != "" {
@@ -221,7 +220,8 @@ func startNATS(c *cli.Context, id string, logger *slog.Logger) (*nats.Conn, nats
 	}
 	s, err := eventplane.StartServer(eventplane.ServerConfig{Name: id, Addr: c.String("nats-addr"),
 		ClusterAddr: c.String("nats-cluster-addr"), Routes: routes,
-		User: c.String("nats-user"), Password: c.String("nats-password"), Logger: logger})
+		User: c.String("nats-user"), Password: c.String("nats-password"),
+		TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key"), TLSCA: c.String("nats-tls-ca"), Logger: logger})
 	if err != nil {
 		return nil, nil, err
 	}

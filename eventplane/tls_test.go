@@ -1,0 +1,122 @@
+package eventplane
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// testPKI writes a CA, a server certificate for 127.0.0.1 and a client
+// certificate into dir, as PEM files.
+type testPKI struct{ ca, serverCert, serverKey, clientCert, clientKey string }
+
+func newTestPKI(t *testing.T) testPKI {
+	t.Helper()
+	dir := t.TempDir()
+	write := func(name, typ string, der []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	key := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	keyPEM := func(name string, k *ecdsa.PrivateKey) string {
+		der, err := x509.MarshalECPrivateKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return write(name, "EC PRIVATE KEY", der)
+	}
+	now := time.Now()
+	caKey := key()
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kvrouter test CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	leaf := func(serial int64, usage x509.ExtKeyUsage, k *ecdsa.PrivateKey) []byte {
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "leaf"},
+			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{usage},
+			KeyUsage: x509.KeyUsageDigitalSignature, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return der
+	}
+	sk, ck := key(), key()
+	return testPKI{
+		ca:         write("ca.pem", "CERTIFICATE", caDER),
+		serverCert: write("server.pem", "CERTIFICATE", leaf(2, x509.ExtKeyUsageServerAuth, sk)),
+		serverKey:  keyPEM("server-key.pem", sk),
+		clientCert: write("client.pem", "CERTIFICATE", leaf(3, x509.ExtKeyUsageClientAuth, ck)),
+		clientKey:  keyPEM("client-key.pem", ck),
+	}
+}
+
+// TestTLSPassesThrough: an embedded server that serves TLS and requires
+// client certificates takes a client with the CA and its certificate, and
+// refuses one without either; a request round trip works over TLS.
+func TestTLSPassesThrough(t *testing.T) {
+	pki := newTestPKI(t)
+	s, err := StartServer(ServerConfig{Name: "tls", Addr: "127.0.0.1:0", TLSCert: pki.serverCert, TLSKey: pki.serverKey, TLSCA: pki.ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	}()
+	url := s.ClientURL()
+	connect := func(o ClientOptions) (*nats.Conn, error) {
+		return nats.Connect(url, append(o.NATSOptions(), nats.MaxReconnects(0), nats.Timeout(5*time.Second))...)
+	}
+
+	good, err := connect(ClientOptions{Name: "agent", TLSCA: pki.ca, TLSCert: pki.clientCert, TLSKey: pki.clientKey})
+	if err != nil {
+		t.Fatalf("a client with the CA and a certificate: %v", err)
+	}
+	defer good.Close()
+	sub, err := good.Subscribe("echo", func(m *nats.Msg) { _ = m.Respond(m.Data) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if m, err := good.Request("echo", []byte("hi"), 5*time.Second); err != nil || string(m.Data) != "hi" {
+		t.Fatalf("request over TLS: %v %v", m, err)
+	}
+	if !good.TLSRequired() {
+		t.Fatal("the connection is not TLS")
+	}
+
+	for name, o := range map[string]ClientOptions{
+		"without a client certificate": {TLSCA: pki.ca},
+		"without the CA":               {TLSCert: pki.clientCert, TLSKey: pki.clientKey},
+	} {
+		if nc, err := connect(o); err == nil {
+			nc.Close()
+			t.Errorf("a client %s connected", name)
+		}
+	}
+}
