@@ -44,7 +44,7 @@ type node struct {
 	// natsAddr and natsClusterAddr are the embedded NATS server's client
 	// and route ports, when the cluster runs with NATS (startClusterNATS).
 	natsAddr, natsClusterAddr string
-	cl       *client.Client
+	cl                        *client.Client
 
 	p       *proc // the current run; nil before the first start
 	stopped bool  // the test stopped or killed it: its exit is no failure
