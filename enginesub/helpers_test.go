@@ -45,8 +45,6 @@ func (c call) String() string {
 	return c.kind
 }
 
-func ev(seq uint64) call { return call{kind: "ev", seq: seq} }
-
 // recSink records every call, copying the events.
 type recSink struct {
 	mu    sync.Mutex

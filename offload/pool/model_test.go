@@ -61,19 +61,19 @@ func (m *model) ancestor(h, anc uint64) bool {
 	return false
 }
 
-// reserve returns the error class and the evicted hash (0 for none).
-func (m *model) reserve(h, parent uint64) (error, uint64) {
+// reserve returns the evicted hash (0 for none) and the error class.
+func (m *model) reserve(h, parent uint64) (uint64, error) {
 	if h == 0 || h == parent {
-		return pool.ErrInvalid, 0
+		return 0, pool.ErrInvalid
 	}
 	if b := m.blocks[h]; b != nil {
 		if b.ready {
 			m.use(h)
 		}
-		return pool.ErrExists, 0
+		return 0, pool.ErrExists
 	}
 	if parent != 0 && m.hasChild(h) && m.ancestor(parent, h) {
-		return pool.ErrInvalid, 0
+		return 0, pool.ErrInvalid
 	}
 	var victim uint64
 	if len(m.blocks) >= m.capacity {
@@ -84,14 +84,14 @@ func (m *model) reserve(h, parent uint64) (error, uint64) {
 			}
 		}
 		if victim == 0 {
-			return pool.ErrFull, 0
+			return 0, pool.ErrFull
 		}
 		delete(m.blocks, victim)
 		m.order = slices.DeleteFunc(m.order, func(x uint64) bool { return x == victim })
 	}
 	m.blocks[h] = &mBlock{parent: parent}
 	m.use(h)
-	return nil, victim
+	return victim, nil
 }
 
 func (m *model) commit(h uint64) { m.blocks[h].ready = true }
@@ -170,7 +170,7 @@ func TestPoolMatchesModel(t *testing.T) {
 			case 0, 1: // register (op 0) or reserve and hold (op 1)
 				h, parent := genHash.Draw(rt, "hash"), genHash.Draw(rt, "parent")
 				var victim uint64
-				wantErr, victim = m.reserve(h, parent)
+				victim, wantErr = m.reserve(h, parent)
 				if victim != 0 {
 					wantEvicted = []uint64{victim}
 				}
