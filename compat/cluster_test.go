@@ -183,8 +183,18 @@ func TestReservationSurvivesLeaderLoss(t *testing.T) {
 	c.stop(old)
 	c.leader() // a new one
 	s := c.nodes[c.follower()]
-	mustCode(s.do(t, codecJSON, "POST", "/selection/reservations/req-1/prefill_complete", nil), 200)
-	mustCode(s.do(t, codecJSON, "POST", "/selection/reservations/req-1/output_block", nil), 200)
+	// A client retries a 503 (no leader known yet: the follower may not
+	// have heard from the new leader) as it would during any election.
+	retry := func(method, path string) reply {
+		var r reply
+		waitFor(t, 10*time.Second, method+" "+path+" past the election", func() bool {
+			r = s.do(t, codecJSON, method, path, nil)
+			return r.code != http.StatusServiceUnavailable
+		})
+		return r
+	}
+	mustCode(retry("POST", "/selection/reservations/req-1/prefill_complete"), 200)
+	mustCode(retry("POST", "/selection/reservations/req-1/output_block"), 200)
 	for i, nd := range c.nodes {
 		if c.down[i] {
 			continue
