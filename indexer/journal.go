@@ -1,7 +1,6 @@
 package indexer
 
 import (
-	"fmt"
 	"slices"
 
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -86,76 +85,23 @@ func (ix *Index) markDirty(rs *rankState) {
 // order, each naming its parent), every rank's residencies (RankDump with
 // Nodes left empty) and metadata. It replaces everything the index held.
 // The journal is not told. A reference to a missing node is ErrBadDump and
-// leaves the index empty.
+// leaves the index empty. It is a Loader fed from the arguments; a caller
+// that reads the copy record by record should feed a Loader directly.
 func (ix *Index) LoadState(nodes map[uint64]DumpNode, ranks []RankDump) error {
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	j := ix.journal
-	ix.journal = nil
-	defer func() { ix.journal = j }()
-	ix.resetLocked()
-	built := make(map[uint64]*node, len(nodes))
-	var build func(seq uint64, depth int) (*node, error)
-	build = func(seq uint64, depth int) (*node, error) {
-		if n, ok := built[seq]; ok {
-			return n, nil
-		}
-		dn, ok := nodes[seq]
-		if !ok || depth > 1<<20 {
-			return nil, fmt.Errorf("%w: node %#x missing or in a cycle", ErrBadDump, seq)
-		}
-		parent := &ix.root
-		if !dn.Root {
-			p, err := build(dn.Parent, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			parent = p
-		}
-		c := parent.child(dn.Local)
-		if c == nil {
-			c = newNode(parent, dn.Local, dn.Seq)
-			parent.addChild(c)
-			ix.nodes++
-		}
-		built[seq] = c
-		return c, nil
+	l := NewLoader(len(nodes), len(ranks))
+	for seq, n := range nodes {
+		l.AddNode(seq, n.Parent, n.Root, n.Local)
 	}
 	for i := range ranks {
 		d := &ranks[i]
-		rs := ix.rankFor(d.Rank, true)
-		rs.cap = d.Capacity
 		for _, e := range d.Entries {
-			if e.Mask == 0 || e.Mask >= 1<<kvevent.NumTiers {
-				ix.resetLocked()
-				return fmt.Errorf("%w: entry %#x of %s has mask %#x", ErrBadDump, e.EngineHash, d.Rank, e.Mask)
-			}
-			n, err := build(e.Seq, 0)
-			if err != nil {
-				ix.resetLocked()
-				return fmt.Errorf("load %s: %w", d.Rank, err)
-			}
-			for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
-				if e.Mask.Has(t) {
-					ix.setBit(rs, n, e.EngineHash, t)
-				}
-			}
-			n.holders[n.find(rs.slot)].order = e.Order
+			l.AddEntry(d.Rank, e.EngineHash, e.Seq, e.Mask, e.Order)
 		}
-		rs.order = d.Order
-		for _, o := range d.Orphans {
-			or := orphan{at: o.At, tier: o.Tier, parent: o.Parent, blocks: slices.Clone(o.Blocks)}
-			rs.orphans = append(rs.orphans, or)
-			rs.orphanBlocks += len(or.blocks)
-			ix.orphanDigest(rs, &or, +1)
-		}
+		lr := l.rank(d.Rank)
+		lr.meta.Capacity, lr.meta.Order = d.Capacity, d.Order
+		lr.meta.Orphans = append(lr.meta.Orphans, d.Orphans...)
 	}
-	// Nodes no entry reached are not kept: the invariant says a node exists
-	// only while some rank holds it or a descendant.
-	for _, n := range built {
-		ix.unlink(n)
-	}
-	return nil
+	return l.Finish(ix)
 }
 
 // SetRankState sets what LoadState cannot derive from entries: the resync

@@ -382,29 +382,31 @@ func TestSilentRanks(t *testing.T) {
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
 		t.Fatal(err)
 	}
-	silent := func(n *Node) (bool, int64) {
+	// silent reports the rank's flags on n; ok is false until n has
+	// applied the registration.
+	silent := func(n *Node) (s bool, heard int64, ok bool) {
 		ws := n.Workers()
 		if len(ws) != 1 || len(ws[0].Ranks) != 1 {
-			t.Fatalf("workers %+v", ws)
+			return false, 0, false
 		}
-		return ws[0].Ranks[0].Silent, ws[0].Ranks[0].LastHeard
+		return ws[0].Ranks[0].Silent, ws[0].Ranks[0].LastHeard, true
 	}
 	for _, n := range c.nodes {
 		waitFor(t, 20*time.Second, "the idle rank to be reported silent", func() bool {
-			s, _ := silent(n)
-			return s
+			s, _, ok := silent(n)
+			return ok && s
 		})
 	}
 	ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 2, 10)}})
 	for _, n := range c.nodes {
 		waitFor(t, 10*time.Second, "every node to hear the rank", func() bool {
-			s, heard := silent(n)
-			return !s && heard > 0
+			s, heard, ok := silent(n)
+			return ok && !s && heard > 0
 		})
 	}
-	_, want := silent(l)
+	_, want, _ := silent(l)
 	for _, n := range c.nodes {
-		if _, heard := silent(n); heard != want {
+		if _, heard, _ := silent(n); heard != want {
 			t.Fatalf("last heard %d on one node, %d on the leader: replicas disagree", heard, want)
 		}
 	}

@@ -1,0 +1,407 @@
+package indexer
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"math/bits"
+	"slices"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// A Loader rebuilds an index from its durable copy (the records a Journal
+// describes: tree nodes, residencies, rank metadata) in bulk, which is what
+// a node does at start-up and after a snapshot restore. Feed it every
+// record with AddNode, AddEntry and AddRank, then call Finish.
+//
+// Why it is fast. The obvious rebuild (look each entry's node up in a map
+// of node records, build its path to the root on demand, then set the
+// entry's tier bits through the index's write path) pays, per block, a
+// handful of cache misses in maps that outgrew the caches, maps regrown
+// from empty, and the write path's checks (holder searches, remap checks)
+// that cannot fire on a consistent copy. At millions of blocks the misses
+// are the cost, so the Loader is built to take few:
+//
+//   - A node record carries everything the rebuild needs of it (its
+//     parent's record, its child count, its link state, the node built for
+//     it), so a lookup lands on one record and the rest is on its line.
+//   - The records are kept sorted by sequence hash (the state database
+//     yields them in that order) and found through a directory of bucket
+//     starts indexed by the top bits of the hash: sequence hashes are
+//     uniform, so a bucket holds one or two records and a lookup costs a
+//     directory read and a record read. No hash table is built. Skewed
+//     hashes (tests use small integers) only fill some buckets more, and a
+//     full bucket is binary-searched.
+//   - Every node is linked once, parents before children, by walking up
+//     from each record to the first ancestor already linked; the same walk
+//     finds the records that do not reach the root (a missing parent, a
+//     cycle).
+//   - Every map is sized from counts known before it is filled: each
+//     rank's engine-hash map from its entry count, each node's child map
+//     from its child count.
+//   - Ranks take slots in rank order and their entries are applied in that
+//     order, so a holder is always appended (never inserted), and a
+//     residency costs one map store and one digest term. The general write
+//     path (setBit) is kept for copies that break the index's invariants
+//     (an engine hash twice in a rank, two holders of one rank on a node),
+//     so that such a copy loads exactly as it did through the write path.
+//
+// Nodes are still allocated one by one (newNode), as the write path does:
+// a slab would be retained whole by any one of its nodes, and the shared
+// prefix nodes near the root live for ever, so slabs would pin the memory
+// of every block the index held at start-up.
+//
+// AddNode may run concurrently with AddEntry and AddRank (they touch
+// disjoint state), so that the node and residency scans can run side by
+// side; calls of one method, and AddEntry with AddRank, must not overlap.
+type Loader struct {
+	nodes    []loadNode
+	ranks    []*loadRank
+	rankAt   map[kvevent.Rank]*loadRank
+	lastRank *loadRank // the rank of the previous AddEntry: entries come grouped
+}
+
+// loadNode is one node record and what Finish works out about it.
+type loadNode struct {
+	seq, parent, local uint64
+	n                  *node // the node built for the record, once linked
+	par                int32 // the parent's record: parRoot, parMissing, or an index
+	kids               uint32
+	root               bool
+	state              uint8 // linkNone ...
+	held               bool  // some entry names this record
+}
+
+const parRoot, parMissing = -1, -2
+
+// Link states of a node record during Finish.
+const (
+	linkNone    uint8 = iota // not reached yet
+	linkPending              // on the current walk's path
+	linkDone                 // linked under the root (n is set)
+	linkBroken               // does not reach the root: parent missing, or a cycle
+)
+
+// loadRank is what the Loader collected of one rank.
+type loadRank struct {
+	meta    RankMeta
+	entries []loadEntry
+	// unique is set while every entry's engine hash was above the previous
+	// one: then no engine hash repeats, and the fast path may skip the
+	// check (the state database yields a rank's entries in hash order).
+	unique bool
+}
+
+// loadEntry is one residency, 24 bytes.
+type loadEntry struct {
+	seq, eh uint64
+	order   uint32
+	mask    kvevent.Mask
+}
+
+// NewLoader returns an empty Loader. nodes and ranks are capacity hints
+// (0 when unknown).
+func NewLoader(nodes, ranks int) *Loader {
+	return &Loader{
+		nodes:  make([]loadNode, 0, nodes),
+		ranks:  make([]*loadRank, 0, ranks),
+		rankAt: make(map[kvevent.Rank]*loadRank, ranks),
+	}
+}
+
+// AddNode records a tree node. Records are cheapest in ascending seq order.
+func (l *Loader) AddNode(seq, parent uint64, root bool, local uint64) {
+	l.nodes = append(l.nodes, loadNode{seq: seq, parent: parent, local: local, root: root})
+}
+
+// AddEntry records that rank r holds node seq under engine hash eh.
+// Entries are cheapest grouped by rank and in ascending eh order.
+func (l *Loader) AddEntry(r kvevent.Rank, eh, seq uint64, mask kvevent.Mask, order uint32) {
+	lr := l.lastRank
+	if lr == nil || lr.meta.Rank != r {
+		lr = l.rank(r)
+		l.lastRank = lr
+	}
+	if n := len(lr.entries); n > 0 && lr.entries[n-1].eh >= eh {
+		lr.unique = false
+	}
+	lr.entries = append(lr.entries, loadEntry{seq: seq, eh: eh, order: order, mask: mask})
+}
+
+// AddRank records a rank's metadata (its flags included: Finish sets them).
+func (l *Loader) AddRank(m RankMeta) {
+	lr := l.rank(m.Rank)
+	lr.meta = m
+}
+
+func (l *Loader) rank(r kvevent.Rank) *loadRank {
+	lr := l.rankAt[r]
+	if lr == nil {
+		lr = &loadRank{meta: RankMeta{Rank: r}, unique: true}
+		l.rankAt[r] = lr
+		l.ranks = append(l.ranks, lr)
+	}
+	return lr
+}
+
+// Finish replaces everything ix held with the collected state (the
+// journal is not told) and releases the Loader's records. An entry whose
+// node is missing or does not reach the root, or whose mask is empty or
+// out of range, is ErrBadDump and leaves ix empty. Nodes no entry needs are
+// not kept: a node exists only while some rank holds it or a descendant.
+func (l *Loader) Finish(ix *Index) error {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	j := ix.journal
+	ix.journal = nil
+	defer func() { ix.journal = j }()
+	ix.resetLocked()
+	err := l.build(ix)
+	if err != nil {
+		ix.resetLocked()
+	}
+	*l = Loader{}
+	return err
+}
+
+func (l *Loader) build(ix *Index) error {
+	if len(l.nodes) > math.MaxInt32 {
+		return fmt.Errorf("%w: %d nodes", ErrBadDump, len(l.nodes))
+	}
+	nodes := newSeqIndex(l.nodes)
+	ix.linkAll(nodes)
+
+	// Ranks take slots in rank order: deterministic, and the order in
+	// which their entries are applied below, so that every holder lands
+	// at the end of its node's slot-ordered list.
+	slices.SortFunc(l.ranks, func(a, b *loadRank) int { return a.meta.Rank.Compare(b.meta.Rank) })
+	var at []*node // the node of each entry of the rank at hand
+	for _, lr := range l.ranks {
+		rs := ix.rankFor(lr.meta.Rank, true)
+		rs.blocks = make(map[uint64]*node, len(lr.entries))
+		rs.cap = lr.meta.Capacity
+		// Two passes over the rank's entries: the first finds their nodes,
+		// the second adds the residencies. Each pass's iterations are
+		// independent of one another, so the processor overlaps their
+		// cache misses (a record, then a node, per entry) instead of
+		// waiting out each in turn as one loop doing both would.
+		at = slices.Grow(at[:0], len(lr.entries))[:len(lr.entries)]
+		for i := range lr.entries {
+			e := &lr.entries[i]
+			if e.mask == 0 || e.mask >= 1<<kvevent.NumTiers {
+				return fmt.Errorf("%w: entry %#x of %s has mask %#x", ErrBadDump, e.eh, rs.rank, e.mask)
+			}
+			k := nodes.find(e.seq)
+			if k < 0 || nodes.recs[k].state != linkDone {
+				return fmt.Errorf("load %s: %w: node %#x missing or in a cycle", rs.rank, ErrBadDump, e.seq)
+			}
+			rec := &nodes.recs[k]
+			rec.held = true
+			at[i] = rec.n
+		}
+		for i := range lr.entries {
+			e, n := &lr.entries[i], at[i]
+			if lr.unique && (len(n.holders) == 0 || n.holders[len(n.holders)-1].slot() < rs.slot) {
+				ix.addLoaded(rs, n, e)
+				continue
+			}
+			// A copy the write path would have reconciled (an engine hash
+			// given twice, or a second holder of this rank on n): load it
+			// the way the write path does, so the outcome is the same.
+			for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
+				if e.mask.Has(t) {
+					ix.setBit(rs, n, e.eh, t)
+				}
+			}
+			n.holders[n.find(rs.slot)].order = e.order
+		}
+		lr.entries = nil // the collector may have them while the rest loads
+		rs.order = lr.meta.Order
+		rs.needsResync, rs.overCapacity = lr.meta.NeedsResync, lr.meta.OverCapacity
+		for _, o := range lr.meta.Orphans {
+			or := orphan{at: o.At, tier: o.Tier, parent: o.Parent, blocks: slices.Clone(o.Blocks)}
+			rs.orphans = append(rs.orphans, or)
+			rs.orphanBlocks += len(or.blocks)
+			ix.orphanDigest(rs, &or, +1)
+		}
+	}
+
+	// Unlink the nodes no rank holds and that lead to no held node. On a
+	// consistent copy there are none, and only records no entry named are
+	// looked at (a sequential pass over the records, not over the nodes).
+	for k := range nodes.recs {
+		if rec := &nodes.recs[k]; !rec.held && rec.state == linkDone {
+			ix.unlink(rec.n)
+		}
+	}
+	return nil
+}
+
+// addLoaded adds the residency e of rank rs on node n, which rs does not
+// hold yet and whose holders all have lower slots: the write path's
+// setBitMapped without its checks, and with all tier bits at once.
+func (ix *Index) addLoaded(rs *rankState, n *node, e *loadEntry) {
+	n.holders = append(n.holders, holder{eh: e.eh, sm: mkSM(rs.slot, e.mask), order: e.order})
+	rs.blocks[e.eh] = n
+	for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
+		if e.mask.Has(t) {
+			rs.count[t]++
+			ix.perTier[t]++
+		}
+	}
+	ix.entries++
+	ix.digest += residencyTerm(rs.key, n.seq, e.eh, e.mask)
+}
+
+// seqIndex finds node records by sequence hash: the records sorted by
+// seq, and dir[b] the first record whose seq's top bits are >= b (dir has
+// one bucket per one or two records, and a last entry len(recs)).
+type seqIndex struct {
+	recs  []loadNode
+	dir   []uint32
+	shift uint
+}
+
+// newSeqIndex sorts the records by seq with one record per seq (the last
+// one given, as a map keyed by seq would keep) and builds the directory.
+// Records already in strictly ascending order, as the state database
+// yields them, are checked in one pass and not moved.
+func newSeqIndex(recs []loadNode) *seqIndex {
+	sorted := true
+	for i := 1; i < len(recs); i++ {
+		if recs[i-1].seq >= recs[i].seq {
+			sorted = false
+			break
+		}
+	}
+	if !sorted {
+		// A stable sort keeps duplicates in the order given; keep the last.
+		slices.SortStableFunc(recs, func(a, b loadNode) int { return cmp.Compare(a.seq, b.seq) })
+		out := recs[:0]
+		for i := range recs {
+			if i+1 < len(recs) && recs[i+1].seq == recs[i].seq {
+				continue
+			}
+			out = append(out, recs[i])
+		}
+		recs = out
+	}
+	// 2^logB buckets, the power of two at or above half the records.
+	logB := bits.Len(uint(len(recs)/2 + 1))
+	x := &seqIndex{recs: recs, dir: make([]uint32, 1<<logB+1), shift: uint(64 - logB)}
+	b := 0
+	for i := range recs {
+		for top := int(recs[i].seq >> x.shift); b <= top; b++ {
+			x.dir[b] = uint32(i)
+		}
+	}
+	for ; b < len(x.dir); b++ {
+		x.dir[b] = uint32(len(recs))
+	}
+	return x
+}
+
+// find returns the index of seq's record, or -1.
+func (x *seqIndex) find(seq uint64) int {
+	b := seq >> x.shift
+	lo, hi := int(x.dir[b]), int(x.dir[b+1])
+	if hi-lo <= 8 {
+		for i := lo; i < hi; i++ {
+			if x.recs[i].seq == seq {
+				return i
+			}
+		}
+		return -1
+	}
+	k, ok := slices.BinarySearchFunc(x.recs[lo:hi], seq, func(r loadNode, s uint64) int { return cmp.Compare(r.seq, s) })
+	if !ok {
+		return -1
+	}
+	return lo + k
+}
+
+// linkAll builds and links the node of every record that reaches the
+// root, parents before children: such a record ends linkDone with its
+// node in n, the others linkBroken.
+//
+// For each record not yet decided it walks up the parent records to the
+// root, to a linked record or to one that cannot be linked, then links the
+// path top-down; every record is on one walk only, so this is linear in
+// the records.
+func (ix *Index) linkAll(x *seqIndex) {
+	recs := x.recs
+	// One pass finds every record's parent record and counts children, so
+	// that a node with several gets its child map at its final size at
+	// once (the root's and the shared prefixes' maps are the large ones).
+	var rootKids int
+	for k := range recs {
+		r := &recs[k]
+		switch {
+		case r.root:
+			r.par = parRoot
+			rootKids++
+		default:
+			p := x.find(r.parent)
+			if p < 0 {
+				r.par = parMissing
+				continue
+			}
+			r.par = int32(p)
+			recs[p].kids++
+		}
+	}
+	if rootKids > 1 {
+		ix.root.more = make(map[uint64]*node, rootKids-1)
+	}
+	var path []int32
+	for k := range recs {
+		if recs[k].state != linkNone {
+			continue
+		}
+		path = path[:0]
+		parent := &ix.root // what the path's last record hangs below
+		ok := true
+		for c := int32(k); ; {
+			recs[c].state = linkPending
+			path = append(path, c)
+			p := recs[c].par
+			if p == parRoot {
+				break
+			}
+			if p == parMissing || recs[p].state == linkBroken || recs[p].state == linkPending {
+				ok = false // no parent, or one that cannot be linked, or a cycle
+				break
+			}
+			if recs[p].state == linkDone {
+				parent = recs[p].n
+				break
+			}
+			c = p
+		}
+		if !ok {
+			for _, c := range path {
+				recs[c].state = linkBroken
+			}
+			continue
+		}
+		for i := len(path) - 1; i >= 0; i-- {
+			r := &recs[path[i]]
+			n := parent.child(r.local)
+			if n == nil {
+				n = newNode(parent, r.local, r.seq)
+				if r.kids > 1 {
+					n.more = make(map[uint64]*node, r.kids-1)
+				}
+				parent.addChild(n)
+				ix.nodes++
+			}
+			// else: another record already named this (parent, local)
+			// position; both records denote that node, as they would
+			// have through the write path.
+			r.n = n
+			r.state = linkDone
+			parent = n
+		}
+	}
+}

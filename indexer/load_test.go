@@ -1,0 +1,346 @@
+package indexer
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"pgregory.net/rapid"
+)
+
+// loadStateReference is LoadState as it was before the Loader: the
+// obvious rebuild (paths built on demand through a map of node records,
+// entries set through the write path). The Loader must produce the same
+// index from the same records, consistent or not.
+func (ix *Index) loadStateReference(nodes map[uint64]DumpNode, ranks []RankDump) error {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	j := ix.journal
+	ix.journal = nil
+	defer func() { ix.journal = j }()
+	ix.resetLocked()
+	built := make(map[uint64]*node, len(nodes))
+	var build func(seq uint64, depth int) (*node, error)
+	build = func(seq uint64, depth int) (*node, error) {
+		if n, ok := built[seq]; ok {
+			return n, nil
+		}
+		dn, ok := nodes[seq]
+		if !ok || depth > 1<<20 {
+			return nil, fmt.Errorf("%w: node %#x missing or in a cycle", ErrBadDump, seq)
+		}
+		parent := &ix.root
+		if !dn.Root {
+			p, err := build(dn.Parent, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			parent = p
+		}
+		c := parent.child(dn.Local)
+		if c == nil {
+			c = newNode(parent, dn.Local, dn.Seq)
+			parent.addChild(c)
+			ix.nodes++
+		}
+		built[seq] = c
+		return c, nil
+	}
+	for i := range ranks {
+		d := &ranks[i]
+		rs := ix.rankFor(d.Rank, true)
+		rs.cap = d.Capacity
+		for _, e := range d.Entries {
+			if e.Mask == 0 || e.Mask >= 1<<kvevent.NumTiers {
+				ix.resetLocked()
+				return fmt.Errorf("%w: entry %#x of %s has mask %#x", ErrBadDump, e.EngineHash, d.Rank, e.Mask)
+			}
+			n, err := build(e.Seq, 0)
+			if err != nil {
+				ix.resetLocked()
+				return fmt.Errorf("load %s: %w", d.Rank, err)
+			}
+			for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
+				if e.Mask.Has(t) {
+					ix.setBit(rs, n, e.EngineHash, t)
+				}
+			}
+			n.holders[n.find(rs.slot)].order = e.Order
+		}
+		rs.order = d.Order
+		for _, o := range d.Orphans {
+			or := orphan{at: o.At, tier: o.Tier, parent: o.Parent, blocks: slices.Clone(o.Blocks)}
+			rs.orphans = append(rs.orphans, or)
+			rs.orphanBlocks += len(or.blocks)
+			ix.orphanDigest(rs, &or, +1)
+		}
+	}
+	for _, n := range built {
+		ix.unlink(n)
+	}
+	return nil
+}
+
+// loadCase is a durable copy: the records of a live index's journal, then
+// possibly damaged.
+type loadCase struct {
+	nodes map[uint64]DumpNode
+	ranks []RankDump
+	meta  map[kvevent.Rank]RankMeta
+	// aliased: two node records name one (parent, local) position. The
+	// write path never makes such a copy (a node's seq is a hash of its
+	// parent's and its content), and the node takes the seq of whichever
+	// record is linked first, which differs between the rebuilds (the
+	// reference goes in entry order, the Loader in seq order): such a copy
+	// must load, consistently, but not necessarily to the same digest.
+	aliased bool
+}
+
+// drawLoadCase builds a live index from random events with a journal and
+// returns its durable copy; when damage is set it also adds records a
+// consistent copy never holds (a node with a missing parent, a cycle, a
+// record naming an existing position, an unheld extra node, an entry on a
+// node its rank already holds, an entry of a missing node, a bad mask).
+func drawLoadCase(t *rapid.T, damage bool) loadCase {
+	ix := New(propCfg)
+	j := newCopyJournal()
+	ix.SetJournal(j)
+	now := int64(0)
+	for i, s := range rapid.SliceOfN(genStep(), 1, 60).Draw(t, "steps") {
+		now += int64(s.dt)
+		if s.removeWorker != 0 {
+			ix.RemoveWorker(s.removeWorker)
+		} else {
+			ev := s.ev
+			_ = ix.Apply(&ev, now)
+		}
+		if i%3 == 0 {
+			ix.FlushJournal()
+		}
+	}
+	ix.FlushJournal()
+	c := loadCase{nodes: j.nodes, meta: j.meta}
+	var seqs []uint64
+	for s := range c.nodes {
+		seqs = append(seqs, s)
+	}
+	slices.Sort(seqs)
+	if damage && len(seqs) > 0 {
+		pick := func(label string) uint64 { return rapid.SampledFrom(seqs).Draw(t, label) }
+		for _, k := range rapid.SliceOfN(rapid.IntRange(0, 4), 1, 3).Draw(t, "damage") {
+			fresh := rapid.Uint64Range(1000, 1010).Draw(t, "fresh")
+			switch k {
+			case 0: // a chain whose top names a missing parent
+				c.nodes[fresh] = DumpNode{Seq: fresh, Parent: 999, Local: 7}
+				c.nodes[fresh+100] = DumpNode{Seq: fresh + 100, Parent: fresh, Local: 8}
+			case 1: // a cycle through two records
+				c.nodes[fresh] = DumpNode{Seq: fresh, Parent: fresh + 100, Local: 7}
+				c.nodes[fresh+100] = DumpNode{Seq: fresh + 100, Parent: fresh, Local: 8}
+			case 2: // a second record for an existing position
+				p := c.nodes[pick("alias")]
+				c.nodes[fresh] = DumpNode{Seq: fresh, Parent: p.Parent, Root: p.Root, Local: p.Local}
+				c.aliased = true
+			case 3: // an unheld node below an existing one
+				c.nodes[fresh] = DumpNode{Seq: fresh, Parent: pick("under"), Local: fresh}
+			}
+		}
+	}
+	for r, m := range c.meta {
+		d := RankDump{Rank: r, Capacity: m.Capacity, Order: m.Order, Orphans: m.Orphans}
+		for _, e := range j.entries[r] {
+			d.Entries = append(d.Entries, e)
+		}
+		slices.SortFunc(d.Entries, func(a, b DumpEntry) int { return cmp.Compare(a.EngineHash, b.EngineHash) })
+		c.ranks = append(c.ranks, d)
+	}
+	slices.SortFunc(c.ranks, func(a, b RankDump) int { return a.Rank.Compare(b.Rank) })
+	if damage && len(c.ranks) > 0 {
+		var all []uint64
+		for s := range c.nodes {
+			all = append(all, s)
+		}
+		slices.Sort(all)
+		for _, k := range rapid.SliceOfN(rapid.IntRange(0, 3), 0, 2).Draw(t, "entry damage") {
+			d := &c.ranks[rapid.IntRange(0, len(c.ranks)-1).Draw(t, "rank")]
+			eh := rapid.Uint64Range(1, 12).Draw(t, "eh")
+			if slices.ContainsFunc(d.Entries, func(e DumpEntry) bool { return e.EngineHash == eh }) {
+				continue // the copy's keys are unique per rank and hash
+			}
+			e := DumpEntry{EngineHash: eh, Mask: 1, Order: 5}
+			switch k {
+			case 0, 1: // on any node record (held by the rank already, or not)
+				if len(all) == 0 {
+					continue
+				}
+				e.Seq = rapid.SampledFrom(all).Draw(t, "entry node")
+			case 2:
+				e.Seq = 4242 // missing
+			case 3:
+				if len(all) == 0 {
+					continue
+				}
+				e.Seq, e.Mask = all[0], kvevent.Mask(rapid.SampledFrom([]int{0, 16}).Draw(t, "mask"))
+			}
+			d.Entries = append(d.Entries, e)
+			slices.SortFunc(d.Entries, func(a, b DumpEntry) int { return cmp.Compare(a.EngineHash, b.EngineHash) })
+		}
+	}
+	return c
+}
+
+// loadPebbleStyle feeds a Loader the way FSM.load does: node records in
+// seq order on one goroutine, entries grouped by rank in hash order and
+// the rank records on another.
+func (c *loadCase) loadPebbleStyle(ix *Index) error {
+	l := NewLoader(0, 0)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		seqs := make([]uint64, 0, len(c.nodes))
+		for s := range c.nodes {
+			seqs = append(seqs, s)
+		}
+		slices.Sort(seqs)
+		for _, s := range seqs {
+			n := c.nodes[s]
+			l.AddNode(s, n.Parent, n.Root, n.Local)
+		}
+	}()
+	for _, d := range c.ranks {
+		for _, e := range d.Entries {
+			l.AddEntry(d.Rank, e.EngineHash, e.Seq, e.Mask, e.Order)
+		}
+	}
+	for _, d := range c.ranks {
+		m := c.meta[d.Rank]
+		m.Capacity, m.Order, m.Orphans = d.Capacity, d.Order, d.Orphans
+		l.AddRank(m)
+	}
+	<-done
+	return l.Finish(ix)
+}
+
+// sameIndex fails unless a and b hold the same logical state.
+func sameIndex(t *rapid.T, a, b *Index) {
+	if a.Digest() != b.Digest() {
+		t.Fatalf("digest %#x, want %#x", a.Digest(), b.Digest())
+	}
+	sa, sb := a.Stats(), b.Stats()
+	if sa != sb {
+		t.Fatalf("stats %+v, want %+v", sa, sb)
+	}
+	ra, rb := a.Ranks(), b.Ranks()
+	slices.SortFunc(ra, kvevent.Rank.Compare)
+	slices.SortFunc(rb, kvevent.Rank.Compare)
+	if !slices.Equal(ra, rb) {
+		t.Fatalf("ranks %v, want %v", ra, rb)
+	}
+	for _, r := range ra {
+		da, err1 := a.DumpRank(r)
+		db, err2 := b.DumpRank(r)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("dump %s: %v %v", r, err1, err2)
+		}
+		if !reflect.DeepEqual(da, db) {
+			t.Fatalf("rank %s: dump\n%+v\nwant\n%+v", r, da, db)
+		}
+	}
+	var ma, mb Matches
+	for _, q := range [][]uint64{{11}, {11, 12}, {12, 13, 14}, {13, 11, 12, 14}, {14, 14, 14}} {
+		for _, view := range []View{ViewDedup, ViewTiered} {
+			a.FindMatchesByTier(q, view, false, &ma)
+			b.FindMatchesByTier(q, view, false, &mb)
+			if !equalMatches(toMap(&ma), toMap(&mb)) || !slicesEqual(ma.Frequencies, mb.Frequencies) {
+				t.Fatalf("query %v view %v: %v, want %v", q, view, toMap(&ma), toMap(&mb))
+			}
+		}
+	}
+}
+
+// TestLoaderMatchesReference: on random durable copies, consistent or
+// damaged, LoadState and a Loader fed like FSM.load feeds it (concurrent
+// node records) build the index the reference rebuild builds, or fail
+// alike with ErrBadDump.
+func TestLoaderMatchesReference(t *testing.T) {
+	for range loadPropertyRounds() {
+		rapid.Check(t, func(t *rapid.T) {
+			c := drawLoadCase(t, rapid.Bool().Draw(t, "damage"))
+			ref := New(propCfg)
+			refErr := ref.loadStateReference(c.nodes, c.ranks)
+			if refErr == nil {
+				for r, m := range c.meta {
+					ref.SetRankFlags(r, m.NeedsResync, m.OverCapacity)
+				}
+			}
+			viaState := New(propCfg)
+			err := viaState.LoadState(c.nodes, c.ranks)
+			if err == nil {
+				for r, m := range c.meta {
+					viaState.SetRankFlags(r, m.NeedsResync, m.OverCapacity)
+				}
+			}
+			viaLoader := New(propCfg)
+			errL := c.loadPebbleStyle(viaLoader)
+			for _, got := range []struct {
+				ix  *Index
+				err error
+			}{{viaState, err}, {viaLoader, errL}} {
+				if (got.err == nil) != (refErr == nil) || (got.err != nil && !errors.Is(got.err, ErrBadDump)) {
+					t.Fatalf("error %v, reference %v", got.err, refErr)
+				}
+				if got.err != nil {
+					if st := got.ix.Stats(); st.Nodes != 0 || st.Entries != 0 || st.Ranks != 0 {
+						t.Fatalf("failed load left %+v", st)
+					}
+					continue
+				}
+				if !c.aliased {
+					sameIndex(t, got.ix, ref)
+				}
+				checkInvariants(t, got.ix)
+			}
+		})
+	}
+}
+
+// TestSeqIndexFinds: the directory lookup finds every record and nothing
+// else, on uniform and on skewed hashes.
+func TestSeqIndexFinds(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{0, 1, 2, 3, 17, 1000, 5000} {
+		for _, skew := range []bool{false, true} {
+			var recs []loadNode
+			want := map[uint64]bool{}
+			for len(recs) < n {
+				s := rng.Uint64()
+				if skew {
+					s >>= rng.IntN(64) // mostly tiny values, crowded in bucket 0
+				}
+				if !want[s] {
+					want[s] = true
+					recs = append(recs, loadNode{seq: s})
+				}
+			}
+			x := newSeqIndex(recs)
+			for i, r := range x.recs {
+				if got := x.find(r.seq); got != i {
+					t.Fatalf("n=%d skew=%v: find(%#x) = %d, want %d", n, skew, r.seq, got, i)
+				}
+			}
+			for range 1000 {
+				s := rng.Uint64()
+				if got := x.find(s); (got >= 0) != want[s] {
+					t.Fatalf("n=%d skew=%v: find(%#x) = %d", n, skew, s, got)
+				}
+			}
+			if got := x.find(^uint64(0)); (got >= 0) != want[^uint64(0)] {
+				t.Fatalf("find(max) = %d", got)
+			}
+		}
+	}
+}
