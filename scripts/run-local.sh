@@ -3,9 +3,16 @@
 #
 # Builds the binaries, starts three nodes (data under ./data/nodeN), waits
 # until every node is ready, prints the addresses and `kvctl status`, then
-# replays the synthetic trace through the cluster's route API with simulated
-# workers (kvsim replay --live) and keeps serving until Ctrl-C, when it stops
-# every node cleanly. Set KVROUTER_RUN_REPLAY=0 to skip the replay.
+# replays the synthetic trace through the cluster with simulated workers
+# (kvsim replay --live): each simulated worker publishes its KV events on
+# its own ZMQ engine wire (tcp://127.0.0.1:5600+i, replays on 5700+i), as
+# vLLM does, and one kvagent per worker follows that stream, publishes the
+# events to the nodes' NATS and registers the worker. The replay routes
+# through the cluster's API, whose index learns the workers' caches only
+# from those events. It keeps serving until Ctrl-C, when it stops every
+# agent and node cleanly. Set KVROUTER_RUN_REPLAY=0 to skip the replay (and
+# the agents), KVROUTER_RUN_REQUESTS (600) and KVROUTER_RUN_WORKERS (4) to
+# size it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,12 +27,20 @@ peers=${peers%,}
 endpoints="127.0.0.1:7181,127.0.0.1:7182,127.0.0.1:7183"
 
 pids=()
+agents=()
+sleeper=""
 stop() {
   trap - INT TERM EXIT
   echo
+  if [ ${#agents[@]} -gt 0 ]; then
+    echo "stopping the agents..."
+    for p in "${agents[@]}"; do kill -INT "$p" 2>/dev/null || true; done
+    for p in "${agents[@]}"; do wait "$p" 2>/dev/null || true; done
+  fi
   echo "stopping the cluster..."
   for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  [ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null || true
   echo "stopped; data kept in $base/ (rm -rf $base to start afresh)"
   exit 0
 }
@@ -63,8 +78,22 @@ echo
 echo
 
 if [ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && [ -f ../shared/traces/mooncake_synthetic_trace.jsonl ]; then
+  workers=${KVROUTER_RUN_WORKERS:-4}
+  blocksize=16                     # kvsim's v1 block size
+  capacity=$((1000000 / blocksize)) # kvsim's v1 capacity (1,000,000 tokens), in blocks
+  natsurls="nats://127.0.0.1:4221,nats://127.0.0.1:4222,nats://127.0.0.1:4223"
+  for i in $(seq 1 "$workers"); do
+    ./bin/kvagent --worker-id "$i" --block-size "$blocksize" --capacity-device "$capacity" \
+      --engine-endpoint "tcp://127.0.0.1:$((5600 + i - 1))" --replay-endpoint "tcp://127.0.0.1:$((5700 + i - 1))" \
+      --nats-url "$natsurls" --router "$endpoints" --metrics-addr "" --log-level warn \
+      2>"$base/kvagent$i.log" &
+    agents+=($!)
+  done
+  echo "kvagents for simulated workers 1..$workers: engine wires tcp://127.0.0.1:5600..$((5600 + workers - 1)), NATS $natsurls (logs $base/kvagentN.log)"
+  echo
   ./bin/kvsim replay --live --endpoints "$endpoints" --trace ../shared/traces/mooncake_synthetic_trace.jsonl \
-    --workers 4 --limit "${KVROUTER_RUN_REQUESTS:-600}" || true
+    --workers "$workers" --limit "${KVROUTER_RUN_REQUESTS:-600}" \
+    --zmq-base-port 5600 --zmq-replay-base-port 5700 --agent-wait 60s || true
   echo
   ./bin/kvctl --endpoints "$endpoints" workers || true
   echo
@@ -74,4 +103,4 @@ fi
 echo
 echo "serving routes: try  ./bin/kvctl --endpoints $endpoints route --hashes 1,2,3"
 echo "Ctrl-C stops the cluster."
-while true; do sleep 3600 & wait $! || true; done
+while true; do sleep 3600 & sleeper=$!; wait "$sleeper" || true; done

@@ -16,7 +16,11 @@
 //     model of Timing), open or closed loop;
 //   - RunCacheOnly: time-free, count the cached prefix on the chosen
 //     worker and insert;
-//   - Replay: the first model (no queue), kept for the live policy Remote.
+//   - Replay: the first model (no queue), kept for the live policy Remote,
+//     which routes through a running cluster. There the workers can publish
+//     their events on real engine wires (WithWire, WireFleet, AppendBatch;
+//     the ZMQ sockets in sim/enginepub) for node agents to bring to the
+//     cluster, as vLLM engines do.
 //
 // Invariants:
 //   - Everything is deterministic for a given trace, configuration and seed:

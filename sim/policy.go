@@ -16,6 +16,9 @@ type RouteQuery struct {
 	ISL   int      // prompt tokens
 	// BlockSize is the engine's tokens per block (the replay sets it).
 	BlockSize int
+	// Req is the request's trace row (the replays set it): what its
+	// tokens are made from (Expander.Tokens).
+	Req *Request
 }
 
 // A Policy routes requests to workers 0..n-1 from what it has observed.

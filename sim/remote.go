@@ -15,10 +15,24 @@ import (
 )
 
 // Remote is the live policy: it routes through a running kvrouter
-// cluster's HTTP API, and the simulated workers' events reach that
-// cluster's index through its event ingestion. Each request is booked on
-// the chosen rank, marked prefill-done and freed through the API, so the
-// cluster's load view follows the replay.
+// cluster's HTTP API. Each request is booked on the chosen rank, marked
+// prefill-done and freed through the API, so the cluster's load view
+// follows the replay.
+//
+// The simulated workers' events reach the cluster's index one of two
+// ways:
+//   - Agents unset: Remote registers the workers itself and sends their
+//     events through the cluster's event ingestion (POST /v1/events)
+//     before each decision, so the cluster decides on exactly what the
+//     workers hold.
+//   - Agents set: the workers publish their events on their own engine
+//     wires (WithWire over sim/enginepub: a ZMQ PUB per worker, as vLLM
+//     does), a node agent (kvagent) per worker follows that stream,
+//     publishes the events to the cluster over NATS and registers the
+//     worker. Remote sends no events and registers nothing; Setup waits
+//     until every worker is registered. The cluster then decides on what
+//     the events brought it by the time of each decision, as it would
+//     with real engines.
 type Remote struct {
 	Client    *client.Client
 	Workers   int
@@ -26,6 +40,10 @@ type Remote struct {
 	// CapacityBlocks is registered as each worker's device capacity.
 	CapacityBlocks int64
 	Timeout        time.Duration // per call, default 10s
+	Agents         bool          // events and registrations come from node agents (see above)
+	// PollInterval is how often Setup looks for the agents' registrations
+	// (default 100ms).
+	PollInterval time.Duration
 
 	prefix  string
 	pending []raftfsm.RankBatch // events not yet sent, per rank in first-seen order
@@ -39,6 +57,9 @@ func (p *Remote) Setup(ctx context.Context) error {
 		p.Timeout = 10 * time.Second
 	}
 	p.prefix = "kvsim-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
+	if p.Agents {
+		return p.awaitWorkers(ctx)
+	}
 	for i := 0; i < p.Workers; i++ {
 		id := RankOf(i).Worker
 		if err := p.Client.DeregisterWorker(ctx, id); err != nil && !isNotFound(err) {
@@ -50,6 +71,126 @@ func (p *Remote) Setup(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// awaitWorkers waits until the agents registered every worker, with the
+// replay's block size.
+func (p *Remote) awaitWorkers(ctx context.Context) error {
+	every := p.PollInterval
+	if every <= 0 {
+		every = 100 * time.Millisecond
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var missing []uint64 // as of the last answer
+	var lastErr error
+	for {
+		m, err := p.unregistered(ctx)
+		switch {
+		case errors.Is(err, ErrBadConfig):
+			return err
+		case err != nil:
+			lastErr = err
+		case len(m) == 0:
+			return nil
+		default:
+			missing = m
+		}
+		select {
+		case <-ctx.Done():
+			if missing == nil {
+				return fmt.Errorf("waiting for the agents to register the workers: %w (last: %v)", ctx.Err(), lastErr)
+			}
+			return fmt.Errorf("waiting for the agents to register the workers: %w; not registered: %v", ctx.Err(), missing)
+		case <-t.C:
+		}
+	}
+}
+
+// AwaitEmpty waits until the cluster holds no block of any worker, in any
+// tier: with Agents, after the workers announced an empty cache
+// (WireFleet.ClearAll), so that no decision sees an earlier run's blocks.
+func (p *Remote) AwaitEmpty(ctx context.Context) error {
+	if p.Timeout <= 0 {
+		p.Timeout = 10 * time.Second
+	}
+	every := p.PollInterval
+	if every <= 0 {
+		every = 100 * time.Millisecond
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var held map[uint64]int64
+	var lastErr error
+	for {
+		h, err := p.heldBlocks(ctx)
+		if err == nil && len(h) == 0 {
+			return nil
+		}
+		if err != nil {
+			lastErr = err
+		} else {
+			held = h
+		}
+		select {
+		case <-ctx.Done():
+			if held == nil {
+				return fmt.Errorf("waiting for the cluster to drop the workers' blocks: %w (last: %v)", ctx.Err(), lastErr)
+			}
+			return fmt.Errorf("waiting for the cluster to drop the workers' blocks: %w; still held (worker: blocks): %v", ctx.Err(), held)
+		case <-t.C:
+		}
+	}
+}
+
+// heldBlocks returns the blocks the cluster holds of each replay worker
+// that holds any.
+func (p *Remote) heldBlocks(ctx context.Context) (map[uint64]int64, error) {
+	cctx, cancel := context.WithTimeout(ctx, p.Timeout)
+	defer cancel()
+	ws, err := p.Client.Workers(cctx)
+	if err != nil {
+		return nil, err
+	}
+	held := map[uint64]int64{}
+	for _, w := range ws {
+		if w.WorkerID < 1 || w.WorkerID > uint64(p.Workers) {
+			continue
+		}
+		for _, r := range w.Ranks {
+			if n := r.Blocks.Device + r.Blocks.Host + r.Blocks.Disk + r.Blocks.External; n > 0 {
+				held[w.WorkerID] += n
+			}
+		}
+	}
+	return held, nil
+}
+
+// unregistered returns the ids of the workers the cluster does not know.
+func (p *Remote) unregistered(ctx context.Context) ([]uint64, error) {
+	cctx, cancel := context.WithTimeout(ctx, p.Timeout)
+	defer cancel()
+	ws, err := p.Client.Workers(cctx)
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[uint64]api.Worker, len(ws))
+	for _, w := range ws {
+		byID[w.WorkerID] = w
+	}
+	var missing []uint64
+	for i := 0; i < p.Workers; i++ {
+		id := RankOf(i).Worker
+		w, ok := byID[id]
+		if !ok {
+			missing = append(missing, id)
+			continue
+		}
+		if w.BlockSize != p.BlockSize {
+			return nil, fmt.Errorf("%w: worker %d is registered with block size %d, the replay's is %d", ErrBadConfig, id, w.BlockSize, p.BlockSize)
+		}
+	}
+	return missing, nil
 }
 
 func isNotFound(err error) bool {
@@ -106,6 +247,9 @@ func (p *Remote) Route(q *RouteQuery, _ int64) (int, int, error) {
 }
 
 func (p *Remote) Observe(ev *kvevent.Event, _ int64) {
+	if p.Agents {
+		return // the agents bring the events
+	}
 	c := *ev
 	c.Blocks = slices.Clone(ev.Blocks)
 	c.Removed = slices.Clone(ev.Removed)

@@ -186,7 +186,7 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 		settle(at)
 		now = max(now, at)
 		ids[k] = strconv.Itoa(k)
-		rq := RouteQuery{ID: ids[k], Local: pr.Local[k], Seq: pr.Seq[k], ISL: q.InputLength, BlockSize: cfg.BlockSize}
+		rq := RouteQuery{ID: ids[k], Local: pr.Local[k], Seq: pr.Seq[k], ISL: q.InputLength, BlockSize: cfg.BlockSize, Req: q}
 		w, predicted, err := p.Route(&rq, now)
 		if err != nil || w < 0 || w >= cfg.Workers {
 			if res.Errors == 0 {

@@ -135,7 +135,7 @@ func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (Result, error) {
 			k := queue[qhead].k
 			q := &pr.Reqs[k]
 			ids[k] = strconv.Itoa(k)
-			rq := RouteQuery{ID: ids[k], Local: pr.Local[k], Seq: pr.Seq[k], ISL: q.InputLength, BlockSize: bs}
+			rq := RouteQuery{ID: ids[k], Local: pr.Local[k], Seq: pr.Seq[k], ISL: q.InputLength, BlockSize: bs, Req: q}
 			w, predicted, err := p.Route(&rq, t)
 			routed++
 			if cfg.Progress != nil {

@@ -10,12 +10,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/sim"
+	"github.com/kvrouter/kvrouter/sim/enginepub"
 	"github.com/schollz/progressbar/v3"
 	"github.com/urfave/cli/v2"
 )
@@ -83,9 +85,32 @@ Examples:
 			&cli.IntFlag{Name: "limit", Usage: "replay only the first N requests (0 = all)"},
 			&cli.BoolFlag{Name: "live", Usage: "route through a running cluster (--endpoints) instead of in-process policies (v1 model)"},
 			&cli.StringFlag{Name: "endpoints", Value: "127.0.0.1:7080", EnvVars: []string{"KVCTL_ENDPOINTS"}, Usage: "cluster HTTP endpoints for --live"},
+			&cli.IntFlag{Name: "zmq-base-port", Usage: "--live: simulated worker i publishes its KV events on the engine wire at tcp://ZMQ-HOST:(PORT+i), for a kvagent per worker (worker id i+1) to bring them to the cluster and register the worker; 0: kvsim registers the workers and sends their events through the cluster's API"},
+			&cli.IntFlag{Name: "zmq-replay-base-port", Usage: "with --zmq-base-port: worker i also serves replays of its last batches on a ROUTER at tcp://ZMQ-HOST:(PORT+i) (0: none)"},
+			&cli.StringFlag{Name: "zmq-host", Value: "127.0.0.1", Usage: "with --zmq-base-port: the address the workers' sockets bind"},
+			&cli.DurationFlag{Name: "agent-wait", Value: time.Minute, Usage: "with --zmq-base-port: how long to wait for every worker's agent to subscribe and register it"},
 		},
 		Action: runReplay,
 	}
+}
+
+// checkWireFlags checks the --zmq-* flags: they need --live, and every
+// worker's port must be a port.
+func checkWireFlags(c *cli.Context) error {
+	base, rbase, n := c.Int("zmq-base-port"), c.Int("zmq-replay-base-port"), c.Int("workers")
+	switch {
+	case base == 0 && rbase == 0:
+		return nil
+	case base == 0:
+		return cli.Exit("--zmq-replay-base-port needs --zmq-base-port", 2)
+	case !c.Bool("live"):
+		return cli.Exit("--zmq-base-port needs --live: the engine wires feed a running cluster's agents", 2)
+	case base < 0 || rbase < 0 || base+n-1 > 65535 || rbase+n-1 > 65535:
+		return cli.Exit(fmt.Sprintf("--zmq-base-port %d / --zmq-replay-base-port %d: %d workers need ports up to 65535", base, rbase, n), 2)
+	case rbase > 0 && rbase < base+n && base < rbase+n:
+		return cli.Exit(fmt.Sprintf("--zmq-base-port %d and --zmq-replay-base-port %d overlap for %d workers", base, rbase, n), 2)
+	}
+	return nil
 }
 
 // modeDefaults are the per-mode defaults of flags left at 0.
@@ -113,6 +138,9 @@ func runReplay(c *cli.Context) error {
 	}
 	if c.Int("workers") <= 0 || c.Int("block-size") < 0 || c.Float64("speed") <= 0 || c.Float64("engine-speed") <= 0 || c.Int("concurrency") < 0 {
 		return cli.Exit("workers, speed and engine-speed must be positive; block-size and concurrency not negative", 2)
+	}
+	if err := checkWireFlags(c); err != nil {
+		return err
 	}
 	bs := c.Int("block-size")
 	if bs == 0 {
@@ -239,7 +267,8 @@ func writePlots(dir, title string, rs []sim.Result) error {
 }
 
 // replayLive replays through a running cluster, with a progress bar on a
-// terminal.
+// terminal. With --zmq-base-port the workers publish their events on
+// their engine wires and node agents bring them to the cluster.
 func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config) (sim.Result, error) {
 	cl, err := client.New(strings.Split(c.String("endpoints"), ","), client.Options{})
 	if err != nil {
@@ -247,10 +276,46 @@ func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config) (sim.Result, e
 	}
 	defer cl.Close()
 	p := &sim.Remote{Client: cl, Workers: cfg.Workers, BlockSize: cfg.BlockSize, CapacityBlocks: int64(cfg.CapacityTokens / cfg.BlockSize)}
-	ctx, cancel := context.WithTimeout(c.Context, 30*time.Second)
+	var policy sim.Policy = p
+	var fleet *sim.WireFleet
+	setupWait := 30 * time.Second
+	if base := c.Int("zmq-base-port"); base > 0 {
+		pubs, err := openWires(c, cfg.Workers)
+		if err != nil {
+			return sim.Result{}, err
+		}
+		defer closeWires(pubs)
+		ctx, cancel := context.WithTimeout(c.Context, c.Duration("agent-wait"))
+		defer cancel()
+		fmt.Fprintf(c.App.ErrWriter, "simulated workers 1..%d publish their KV events on %s..%s; waiting for their kvagents...\n",
+			cfg.Workers, pubs[0].Endpoint(), pubs[len(pubs)-1].Endpoint())
+		bps := make([]sim.BatchPublisher, len(pubs))
+		for i, pub := range pubs {
+			if err := pub.WaitSubscribed(ctx, 1); err != nil {
+				return sim.Result{}, fmt.Errorf("worker %d: no kvagent subscribed to %s: %w", i+1, pub.Endpoint(), err)
+			}
+			bps[i] = pub
+		}
+		p.Agents = true
+		setupWait = time.Until(deadlineOf(ctx))
+		fleet = &sim.WireFleet{BlockSize: cfg.BlockSize, Pubs: bps}
+		policy = sim.WithWire(p, fleet)
+	}
+	ctx, cancel := context.WithTimeout(c.Context, setupWait)
 	defer cancel()
 	if err := p.Setup(ctx); err != nil {
 		return sim.Result{}, err
+	}
+	if fleet != nil {
+		// The workers start empty: say so on their wires, and wait until the
+		// cluster dropped what it held of them (an earlier run's blocks,
+		// from agents that outlived it, or from the cluster's own data).
+		if err := fleet.ClearAll(); err != nil {
+			return sim.Result{}, err
+		}
+		if err := p.AwaitEmpty(ctx); err != nil {
+			return sim.Result{}, err
+		}
 	}
 	var bar *progressbar.ProgressBar
 	if f, ok := c.App.Writer.(*os.File); ok && isatty(f) {
@@ -259,12 +324,61 @@ func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config) (sim.Result, e
 		cfg.Progress = func(done, _ int) { _ = bar.Set(done) }
 	}
 	start := time.Now()
-	r, err := sim.Replay(pr, cfg, p)
+	r, err := sim.Replay(pr, cfg, policy)
+	if fleet != nil {
+		if ferr := fleet.Flush(); err == nil {
+			err = ferr
+		}
+	}
 	if bar != nil {
 		_ = bar.Finish()
 	}
-	fmt.Fprintf(c.App.ErrWriter, "live replay: %d requests, %d API calls in %v\n", r.Requests, p.Calls, time.Since(start).Round(time.Millisecond))
+	took := time.Since(start).Round(time.Millisecond)
+	if fleet != nil {
+		fmt.Fprintf(c.App.ErrWriter, "live replay: %d requests, %d API calls, %d engine batches (%d events, %d blocks stored) over ZMQ in %v\n",
+			r.Requests, p.Calls, fleet.Batches, fleet.Events, fleet.Blocks, took)
+	} else {
+		fmt.Fprintf(c.App.ErrWriter, "live replay: %d requests, %d API calls in %v\n", r.Requests, p.Calls, took)
+	}
+	// What the cluster's index believed at each decision against what the
+	// chosen worker held: a gap is events not applied yet (or lost).
+	fmt.Fprintf(c.App.ErrWriter, "live replay: the cluster predicted %d cached prompt tokens on the chosen workers; they held %d\n",
+		r.PredictedCachedTokens, r.CachedTokens)
 	return r, err
+}
+
+// openWires binds each worker's engine wire.
+func openWires(c *cli.Context, n int) ([]*enginepub.Publisher, error) {
+	base, rbase, host := c.Int("zmq-base-port"), c.Int("zmq-replay-base-port"), c.String("zmq-host")
+	var pubs []*enginepub.Publisher
+	for i := 0; i < n; i++ {
+		pc := enginepub.Config{Endpoint: fmt.Sprintf("tcp://%s:%d", host, base+i)}
+		if rbase > 0 {
+			pc.ReplayEndpoint = fmt.Sprintf("tcp://%s:%d", host, rbase+i)
+		}
+		pub, err := enginepub.New(pc)
+		if err != nil {
+			closeWires(pubs)
+			return nil, fmt.Errorf("worker %d: %w", i+1, err)
+		}
+		pubs = append(pubs, pub)
+	}
+	return pubs, nil
+}
+
+// closeWires closes the workers' sockets and lets their last batches go
+// out (for at most their linger).
+func closeWires(pubs []*enginepub.Publisher) {
+	var wg sync.WaitGroup
+	for _, p := range pubs {
+		wg.Go(func() { _ = p.Close() })
+	}
+	wg.Wait()
+}
+
+func deadlineOf(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
 }
 
 func isatty(f *os.File) bool {

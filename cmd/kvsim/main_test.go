@@ -123,6 +123,10 @@ func TestReplayRejectsBadFlags(t *testing.T) {
 		{"--policies", "router,oracle"},
 		{"--workers", "0"},
 		{"-o", "yaml"},
+		{"--zmq-base-port", "5600"},
+		{"--live", "--zmq-replay-base-port", "5700"},
+		{"--live", "--zmq-base-port", "65534", "--workers", "4"},
+		{"--live", "--zmq-base-port", "5600", "--zmq-replay-base-port", "5602", "--workers", "4"},
 	} {
 		_, err := kvsim(t, append([]string{"replay", "--trace", trace, "--limit", "5"}, args...)...)
 		var ec cli.ExitCoder

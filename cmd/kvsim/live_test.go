@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http/httptest"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/enginesub"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/kvevent/engine"
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+// ingestSink is a node agent reduced to its event path: each decoded
+// engine batch, numbered, straight into the fake cluster's ingestion.
+type ingestSink struct {
+	f    *apitest.Fake
+	mu   sync.Mutex
+	next map[kvevent.Rank]uint64
+	errs []string
+}
+
+func (s *ingestSink) Events(r kvevent.Rank, _ uint64, evs []kvevent.Event) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cp := make([]kvevent.Event, len(evs))
+	for i, e := range evs {
+		s.next[r]++
+		e.EventID = s.next[r]
+		e.Blocks, e.Removed = slices.Clone(e.Blocks), slices.Clone(e.Removed)
+		cp[i] = e
+	}
+	acks, err := s.f.IngestEvents(context.Background(), []raftfsm.RankBatch{{Rank: r, Events: cp}})
+	if err != nil || len(acks) != 1 || acks[0].Gap || acks[0].Applied != len(cp) {
+		s.errs = append(s.errs, fmt.Sprintf("rank %v: acks %+v, %v", r, acks, err))
+	}
+	return nil
+}
+
+func (s *ingestSink) Reset(r kvevent.Rank) { s.note("reset " + r.String()) }
+func (s *ingestSink) Resync(r kvevent.Rank, why enginesub.Reason) {
+	s.note("resync " + r.String() + " " + string(why))
+}
+func (s *ingestSink) note(m string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.errs = append(s.errs, m)
+}
+
+// freePorts returns a port p such that p to p+n-1 were free on the
+// loopback interface a moment ago.
+func freePorts(t *testing.T, n int) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := l.Addr().(*net.TCPAddr).Port
+		ls := []net.Listener{l}
+		ok := true
+		for i := 1; i < n && ok; i++ {
+			li, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+i))
+			if ok = err == nil; ok {
+				ls = append(ls, li)
+			}
+		}
+		for _, l := range ls {
+			l.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatalf("no %d consecutive free ports", n)
+	return 0
+}
+
+// kvsim replay --live --zmq-base-port: the simulated workers publish on
+// their engine wires, agents (here: engine subscribers feeding a fake
+// cluster) bring the events in and register the workers, and kvsim itself
+// sends no event and registers nothing.
+func TestLiveReplayOverEngineWires(t *testing.T) {
+	const workers = 3
+	f := apitest.New("n1", "")
+	srv := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewServer(srv)
+	t.Cleanup(func() {
+		hs.Close()
+		srv.Close()
+	})
+	addr := strings.TrimPrefix(hs.URL, "http://")
+	st := f.Status()
+	st.HTTPAddr, st.LeaderHTTP = addr, addr
+	f.SetStatus(st)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	base := freePorts(t, 2*workers)
+	sink := &ingestSink{f: f, next: map[kvevent.Rank]uint64{}}
+	for i := range workers {
+		r := kvevent.Rank{Worker: uint64(i + 1)}
+		sub, err := enginesub.New(enginesub.Config{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+i),
+			ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+workers+i),
+			Rank:           r, Decoder: engine.Config{BlockSize: 16}, Sink: sink})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := sub.Run(ctx); err != nil {
+				t.Errorf("subscriber %d: %v", i, err)
+			}
+		}()
+		// The agents register their workers while kvsim waits for them.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-sub.Ready():
+			case <-ctx.Done():
+				return
+			}
+			if err := f.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: r.Worker, BlockSize: 16, DPRanks: []uint32{0}, Capacity: [4]int64{62500}}); err != nil {
+				t.Errorf("register %d: %v", r.Worker, err)
+			}
+		}()
+	}
+
+	out, err := kvsim(t, "replay", "--live", "--endpoints", addr, "--trace", genTrace(t), "--workers", strconv.Itoa(workers),
+		"--zmq-base-port", strconv.Itoa(base), "--zmq-replay-base-port", strconv.Itoa(base+workers), "--agent-wait", "30s")
+	if err != nil {
+		t.Fatalf("kvsim: %v\n%s", err, out)
+	}
+	m := regexp.MustCompile(`(?m)^\s*router_live\s+([0-9.]+) %.*\s(\d+)\s*$`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no router_live row:\n%s", out)
+	}
+	if hit, _ := strconv.ParseFloat(m[1], 64); hit <= 0 || m[2] != "0" {
+		t.Fatalf("router_live: hit rate %s %%, %s errors; want a hit rate and no errors:\n%s", m[1], m[2], out)
+	}
+	calls := f.Calls()
+	if calls["RegisterWorker"] != workers || calls["DeregisterWorker"] != 0 {
+		t.Fatalf("registrations %d, deregistrations %d: kvsim must leave them to the agents", calls["RegisterWorker"], calls["DeregisterWorker"])
+	}
+	// Every batch reached the agents (Close let the last ones go out).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sink.mu.Lock()
+		errs := slices.Clone(sink.errs)
+		sink.mu.Unlock()
+		if len(errs) > 0 {
+			t.Fatalf("agents: %v", errs)
+		}
+		held := 0
+		for _, w := range f.Workers() {
+			if b := w.Ranks[0].Blocks[kvevent.TierDevice]; b > 0 {
+				held++
+			}
+		}
+		if held == workers {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d workers hold blocks on the cluster", held, workers)
+		}
+		time.Sleep(5 * time.Millisecond) // polling, bounded by the deadline
+	}
+	t.Logf("\n%s", out)
+}

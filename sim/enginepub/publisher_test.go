@@ -1,0 +1,181 @@
+package enginepub
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+func newPub(t *testing.T, cfg Config) *Publisher {
+	t.Helper()
+	if cfg.Endpoint == "" {
+		cfg.Endpoint = "tcp://127.0.0.1:*"
+	}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func socket(t *testing.T, typ zmq.Type) *zmq.Socket {
+	t.Helper()
+	s, err := zmq.NewSocket(typ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetRcvtimeo(100 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// recv receives one message, polling until the deadline.
+func recv(t *testing.T, s *zmq.Socket, deadline time.Time) [][]byte {
+	t.Helper()
+	for time.Now().Before(deadline) {
+		m, err := s.RecvMessageBytes(0)
+		if err == nil {
+			return m
+		}
+		if zmq.AsErrno(err) != zmq.Errno(syscall.EAGAIN) {
+			t.Fatal(err)
+		}
+	}
+	t.Fatal("no message before the deadline")
+	return nil
+}
+
+func seqOf(b []byte) uint64 { return binary.BigEndian.Uint64(b) }
+
+// A subscriber receives every batch as [topic, seq, payload] with
+// consecutive sequence numbers from 0, once WaitSubscribed saw it.
+func TestPublishesThreeFramesInSequence(t *testing.T) {
+	p := newPub(t, Config{Topic: "kv"})
+	sub := socket(t, zmq.SUB)
+	if err := sub.SetSubscribe(""); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Connect(p.Endpoint()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.WaitSubscribed(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if p.Subscribers() != 1 {
+		t.Fatalf("%d subscribers", p.Subscribers())
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for i := range 5 {
+		payload := []byte(fmt.Sprintf("batch %d", i))
+		if seq, err := p.Publish(payload); err != nil || seq != uint64(i) {
+			t.Fatalf("publish %d: seq %d, %v", i, seq, err)
+		}
+		m := recv(t, sub, deadline)
+		if len(m) != 3 || string(m[0]) != "kv" || len(m[1]) != 8 || seqOf(m[1]) != uint64(i) || !bytes.Equal(m[2], payload) {
+			t.Fatalf("message %d: %q", i, m)
+		}
+	}
+	if p.Seq() != 5 {
+		t.Fatalf("next seq %d", p.Seq())
+	}
+}
+
+// A replay returns the kept batches from the sequence asked for, then the
+// end marker; a request below what the buffer still holds starts at its
+// oldest batch (the overrun a subscriber detects); a malformed request gets
+// no answer.
+func TestReplayServesTheBoundedBuffer(t *testing.T) {
+	p := newPub(t, Config{ReplayEndpoint: "tcp://127.0.0.1:*", Buffer: 4})
+	for i := range 10 {
+		if _, err := p.Publish([]byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := socket(t, zmq.DEALER)
+	if err := d.Connect(p.ReplayEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	ask := func(from uint64) []uint64 {
+		t.Helper()
+		var sf [8]byte
+		binary.BigEndian.PutUint64(sf[:], from)
+		if _, err := d.SendMessage([]byte{}, sf[:]); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		var got []uint64
+		for {
+			m := recv(t, d, deadline)
+			if len(m) != 4 || len(m[0]) != 0 || len(m[2]) != 8 {
+				t.Fatalf("reply %q: want [\"\", topic, seq, payload]", m)
+			}
+			s := seqOf(m[2])
+			if s == ^uint64(0) {
+				if len(m[3]) != 0 {
+					t.Fatalf("end marker with a payload %q", m[3])
+				}
+				return got
+			}
+			if !bytes.Equal(m[3], []byte{byte(s)}) {
+				t.Fatalf("batch %d: payload %q", s, m[3])
+			}
+			got = append(got, s)
+		}
+	}
+	if got := ask(7); fmt.Sprint(got) != "[7 8 9]" {
+		t.Fatalf("replay from 7: %v", got)
+	}
+	if got := ask(2); fmt.Sprint(got) != "[6 7 8 9]" {
+		t.Fatalf("replay from 2 (overrun): %v", got)
+	}
+	if got := ask(10); len(got) != 0 {
+		t.Fatalf("replay from 10: %v", got)
+	}
+	// One frame too many: refused without an answer; the next good request
+	// is still served.
+	if _, err := d.SendMessage([]byte{}, []byte{0, 0, 0, 0, 0, 0, 0, 9}, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if got := ask(9); fmt.Sprint(got) != "[9]" {
+		t.Fatalf("replay from 9 after a bad request: %v", got)
+	}
+}
+
+func TestWaitSubscribedEndsWithItsContext(t *testing.T) {
+	p := newPub(t, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := p.WaitSubscribed(ctx, 1); err == nil {
+		t.Fatal("no subscriber, yet WaitSubscribed returned nil")
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Publish([]byte("late")); err == nil {
+		t.Fatal("publish after Close succeeded")
+	}
+}
+
+func TestNewRefusesABusyEndpoint(t *testing.T) {
+	p := newPub(t, Config{})
+	if _, err := New(Config{Endpoint: p.Endpoint()}); err == nil {
+		t.Fatal("bound the same endpoint twice")
+	}
+	if _, err := New(Config{}); err == nil {
+		t.Fatal("no endpoint accepted")
+	}
+}

@@ -1,0 +1,85 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+func fakeCluster(t *testing.T) (*apitest.Fake, *client.Client) {
+	t.Helper()
+	f := apitest.New("n1", "")
+	srv := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewServer(srv)
+	t.Cleanup(func() {
+		hs.Close()
+		srv.Close()
+	})
+	addr := strings.TrimPrefix(hs.URL, "http://")
+	st := f.Status()
+	st.HTTPAddr, st.LeaderHTTP = addr, addr
+	f.SetStatus(st)
+	cl, err := client.New([]string{addr}, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return f, cl
+}
+
+// With Agents, Setup registers nothing and waits for the agents'
+// registrations; Observe sends nothing.
+func TestRemoteWithAgentsWaitsForTheirRegistrations(t *testing.T) {
+	f, cl := fakeCluster(t)
+	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, Agents: true, PollInterval: 5 * time.Millisecond}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := f.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	err := p.Setup(ctx)
+	if err == nil || !strings.Contains(err.Error(), "not registered: [2]") {
+		t.Fatalf("setup with worker 2 missing: %v", err)
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		done <- p.Setup(ctx)
+	}()
+	if err := f.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 2, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("setup once both are registered: %v", err)
+	}
+	p.Observe(&kvevent.Event{Rank: RankOf(0), Kind: kvevent.KindCleared}, 0)
+	if err := p.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if c := f.Calls(); c["RegisterWorker"] != 2 || c["DeregisterWorker"] != 0 || c["IngestEvents"] != 0 {
+		t.Fatalf("calls %v: Remote must leave registrations and events to the agents", c)
+	}
+
+	// A worker registered in another block size cannot be replayed.
+	if err := f.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 2, BlockSize: 64}); err != nil {
+		t.Fatal(err)
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel2()
+	if err := p.Setup(ctx2); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("setup with a 64-token worker: %v, want ErrBadConfig", err)
+	}
+}

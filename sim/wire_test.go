@@ -1,0 +1,111 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/kvevent/engine"
+)
+
+// wire.md's golden BlockRemoved, array form.
+func TestAppendWireEventGoldenRemoved(t *testing.T) {
+	want, _ := hex.DecodeString("93ac426c6f636b52656d6f76656491cfdab89baa7b5857c0a3475055")
+	got := AppendWireEvent(nil, &WireEvent{Kind: kvevent.KindRemoved, Hashes: []uint64{0xdab89baa7b5857c0}})
+	if !bytes.Equal(got, want) {
+		t.Fatalf("got  % x\nwant % x", got, want)
+	}
+}
+
+// AppendBatch's payloads decode, with the repository's decoder, into the
+// events they were made of; the content hashes come from the tokens.
+func TestAppendBatchDecodes(t *testing.T) {
+	const bs = 4
+	toks := make([]uint32, 3*bs)
+	for i := range toks {
+		toks[i] = uint32(i*7919) % 131072
+	}
+	local := kvevent.LocalHashes(nil, toks, bs, kvevent.SeedFor("", ""))
+	evs := []WireEvent{
+		{Kind: kvevent.KindStored, Hashes: []uint64{10, 1 << 63}, Tokens: toks[:2*bs], BlockSize: bs},
+		{Kind: kvevent.KindStored, Hashes: []uint64{7}, Parent: 1 << 63, HasParent: true, Tokens: toks[2*bs:], BlockSize: bs},
+		{Kind: kvevent.KindRemoved, Hashes: []uint64{7, 1 << 63}},
+		{Kind: kvevent.KindCleared},
+	}
+	payload := AppendBatch(nil, 1700000000.5, evs, 0)
+	rank := kvevent.Rank{Worker: 3}
+	d, err := engine.NewDecoder(engine.Config{Rank: rank, BlockSize: bs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b engine.Batch
+	if err := d.Decode(payload, &b); err != nil {
+		t.Fatal(err)
+	}
+	want := []kvevent.Event{
+		{Rank: rank, Kind: kvevent.KindStored, Tier: kvevent.TierDevice, Blocks: []kvevent.Block{{EngineHash: 10, LocalHash: local[0]}, {EngineHash: 1 << 63, LocalHash: local[1]}}},
+		{Rank: rank, Kind: kvevent.KindStored, Tier: kvevent.TierDevice, HasParent: true, Parent: 1 << 63, Blocks: []kvevent.Block{{EngineHash: 7, LocalHash: local[2]}}},
+		{Rank: rank, Kind: kvevent.KindRemoved, Tier: kvevent.TierDevice, Removed: []uint64{7, 1 << 63}},
+		{Rank: rank, Kind: kvevent.KindCleared},
+	}
+	if b.TS != 1700000000.5 || !b.HasDPRank || b.DPRank != 0 {
+		t.Fatalf("ts %v, dp %v/%v", b.TS, b.DPRank, b.HasDPRank)
+	}
+	if got, want := fmtWire(b.Events), fmtWire(want); got != want {
+		t.Fatalf("decoded\n%s\nwant\n%s", got, want)
+	}
+	if s := d.Stats(); s.Emitted != 4 || s.Events != 4 {
+		t.Fatalf("decoder stats %+v", s)
+	}
+}
+
+// fmtWire prints events without their ids, for comparisons.
+func fmtWire(evs []kvevent.Event) string {
+	var b bytes.Buffer
+	for _, e := range evs {
+		fmt.Fprintf(&b, "%v %v tier=%v parent=%v/%#x blocks=%v removed=%#x\n", e.Rank, e.Kind, e.Tier, e.HasParent, e.Parent, e.Blocks, e.Removed)
+	}
+	return b.String()
+}
+
+type recPub struct {
+	payloads [][]byte
+	fail     error
+}
+
+func (p *recPub) Publish(b []byte) (uint64, error) {
+	if p.fail != nil {
+		return 0, p.fail
+	}
+	p.payloads = append(p.payloads, slices.Clone(b))
+	return uint64(len(p.payloads) - 1), nil
+}
+
+// A store that is not the current request's blocks cannot be given its
+// tokens: the fleet says so at the next flush instead of sending a wrong
+// event.
+func TestWireFleetRefusesBlocksOfAnotherRequest(t *testing.T) {
+	reqs := GenerateSharedPrefix(SharedPrefixConfig{Requests: 2, Sessions: 2, Seed: 1})
+	pr := Prepare(reqs, 16)
+	f := &WireFleet{BlockSize: 16, Pubs: []BatchPublisher{&recPub{}}}
+	f.Query(&RouteQuery{ID: "0", Local: pr.Local[0], Seq: pr.Seq[0], Req: &pr.Reqs[0]})
+	n := len(pr.Seq[1]) - 1
+	f.Observe(&kvevent.Event{Rank: RankOf(0), Kind: kvevent.KindStored, HasParent: true, Parent: pr.Seq[1][n-1],
+		Blocks: []kvevent.Block{{EngineHash: pr.Seq[1][n], LocalHash: pr.Local[1][n]}}})
+	if err := f.Flush(); !errors.Is(err, ErrWire) {
+		t.Fatalf("flush: %v, want ErrWire", err)
+	}
+	f.Observe(&kvevent.Event{Rank: RankOf(1), Kind: kvevent.KindCleared})
+	if err := f.Flush(); !errors.Is(err, ErrWire) {
+		t.Fatalf("event of worker 2 of 1: %v, want ErrWire", err)
+	}
+	f.Pubs[0] = &recPub{fail: errors.New("socket gone")}
+	f.Observe(&kvevent.Event{Rank: RankOf(0), Kind: kvevent.KindCleared})
+	if err := f.Flush(); !errors.Is(err, ErrWire) {
+		t.Fatalf("publisher error: %v, want ErrWire", err)
+	}
+}
