@@ -1,0 +1,475 @@
+package manager_test
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/offload/manager"
+	"github.com/kvrouter/kvrouter/offload/pool"
+)
+
+var (
+	host = kvevent.TierHostPinned
+	disk = kvevent.TierDisk
+)
+
+func onboard(t *testing.T, m *manager.Manager, hashes []uint64, g1 []int) manager.Result {
+	t.Helper()
+	res, err := m.Onboard(context.Background(), hashes, g1)
+	check(t, err)
+	return res
+}
+
+func settled(res manager.Result) bool {
+	select {
+	case <-res.Settled:
+		return true
+	default:
+		return false
+	}
+}
+
+func TestOffloadedBlocksOnboardBackIntoOtherG1BlocksByteForByte(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 32})
+	reqs := r.compute(0, 1, ids(0, 8)...)
+	if res := r.offload(reqs); res.Queued != 8 {
+		t.Fatalf("Offload queued %d of 8 blocks (%+v)", res.Queued, res)
+	}
+	r.idle()
+	hs := hashesOf(reqs)
+	if got := r.sink.stored(host); !slices.Equal(got, hs) {
+		t.Fatalf("STORE host for %v, want %v", got, hs)
+	}
+	if s := r.m.Stats().Paths[manager.D2H]; s.Blocks != 8 || s.Bytes != 8*bs {
+		t.Fatalf("D2H copied %d blocks, %d bytes; want 8, %d", s.Blocks, s.Bytes, 8*bs)
+	}
+	for i, mask := range r.m.Lookup(hs) {
+		if mask != host.Bit() {
+			t.Fatalf("Lookup(%#x) = %b, want host only", hs[i], mask)
+		}
+	}
+
+	// The engine evicts the blocks from G1 and reuses them for other data.
+	r.scribble(ids(0, 8)...)
+	res := onboard(t, r.m, hs, ids(16, 8))
+	if res.Loaded() != 8 || res.Prefix() != 8 || !settled(res) {
+		t.Fatalf("Onboard loaded %d (prefix %d, settled %v), want all 8: %+v", res.Loaded(), res.Prefix(), settled(res), res.Blocks)
+	}
+	for i, h := range hs {
+		if res.Blocks[i].From != host {
+			t.Fatalf("block %d came from %v, want host", i, res.Blocks[i].From)
+		}
+		r.checkBytes(16+i, h)
+	}
+	if st := r.host.Stats(); st.Referenced != 0 {
+		t.Fatalf("%d G2 blocks still pinned after Onboard", st.Referenced)
+	}
+	if s := r.m.Stats(); s.Onboard.FromHost != 8 || s.Paths[manager.H2D].Blocks != 8 {
+		t.Fatalf("stats after onboarding: %+v", s.Onboard)
+	}
+}
+
+func TestBlockFreedBeforeItsTurnIsSkippedWithoutStore(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 32, gate: gateD2H, cfg: manager.Config{Workers: 1, BatchSize: 1}})
+	a := r.compute(0, 1, 0)
+	r.offload(a)
+	r.gate.waitEntered(t) // the only worker is copying a
+	b := r.compute(0, 1, 1)
+	c := r.compute(0, 1, 2)
+	r.offload(append(b, c...))
+	r.scribble(1) // b is freed while queued
+	// The engine reuses block 2 for d without a Free: c is gone too.
+	d := r.compute(0, 1, 2)
+	r.offload(d)
+	r.gate.release()
+	r.idle()
+
+	want := []uint64{a[0].Hash, d[0].Hash}
+	if got := r.sink.stored(host); !slices.Equal(got, want) {
+		t.Fatalf("STORE host for %v, want %v (b freed and c overwritten before their turn)", got, want)
+	}
+	if s := r.m.Stats().Paths[manager.D2H]; s.Skipped != 2 || s.Blocks != 2 {
+		t.Fatalf("D2H skipped %d, copied %d; want 2 and 2", s.Skipped, s.Blocks)
+	}
+	if st := r.host.Stats(); st.Used != 2 || st.Pending != 0 {
+		t.Fatalf("host pool holds %d blocks (%d pending), want 2 (0)", st.Used, st.Pending)
+	}
+}
+
+func TestBlockFreedDuringItsCopyPublishesNoStore(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 32, gate: gateD2HLate, cfg: manager.Config{Workers: 1, BatchSize: 4}})
+	a := r.compute(0, 1, 0, 1)
+	r.offload(a)
+	r.gate.waitEntered(t) // the copy is queued; the worker has not committed
+	r.scribble(1)         // the engine frees and overwrites block 1 mid-copy
+	r.gate.release()
+	r.idle()
+
+	if got := r.sink.stored(host); !slices.Equal(got, []uint64{a[0].Hash}) {
+		t.Fatalf("STORE host for %v, want only %#x: block 1 was freed before its copy was confirmed", got, a[0].Hash)
+	}
+	if s := r.m.Stats().Paths[manager.D2H]; s.Skipped != 1 || s.Blocks != 1 {
+		t.Fatalf("D2H skipped %d, copied %d; want 1 and 1", s.Skipped, s.Blocks)
+	}
+	if st := r.host.Stats(); st.Used != 1 || st.Pending != 0 {
+		t.Fatalf("host pool holds %d blocks (%d pending), want 1 (0): the aborted slot leaked", st.Used, st.Pending)
+	}
+}
+
+func TestFullHostPoolEvictsLeastRecentAndPublishesRemoveForHostTier(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 4})
+	first := r.compute(0, 1, 0)
+	first = append(first, r.compute(0, 1, 1)...)
+	rest := append(r.compute(0, 1, 2), r.compute(0, 1, 3)...)
+	r.offload(first)
+	r.idle()
+	r.offload(rest)
+	r.idle()
+	more := append(r.compute(0, 1, 4), r.compute(0, 1, 5)...)
+	r.offload(more)
+	r.idle()
+
+	if got, want := r.sink.removed(host), hashesOf(first); !slices.Equal(got, want) {
+		t.Fatalf("REMOVE host for %v, want the two least recently stored %v", got, want)
+	}
+	if got := r.sink.removed(disk); len(got) != 0 {
+		t.Fatalf("REMOVE disk for %v without a disk pool", got)
+	}
+	for i, mask := range r.m.Lookup(hashesOf(first)) {
+		if mask != 0 {
+			t.Fatalf("evicted block %d still found in %b", i, mask)
+		}
+	}
+	if st := r.host.Stats(); st.Evictions != 2 || st.Used != 4 {
+		t.Fatalf("host pool: %d evictions, %d used; want 2, 4", st.Evictions, st.Used)
+	}
+}
+
+func TestDiskGetsBlocksSeenTwiceAndServesThemAfterG2Eviction(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 4, diskCap: 32})
+	a := r.compute(0, 1, 0)[0]
+	b := r.compute(0, 1, 1)[0]
+	c := r.compute(0, 1, 2)[0]
+	r.offload([]manager.OffloadRequest{a, b, c})
+	r.idle()
+	if got := r.sink.stored(disk); len(got) != 0 {
+		t.Fatalf("blocks seen once went to disk: %v", got)
+	}
+
+	// a is computed again by a later request (a second Offload); c is
+	// onboarded once. Both are now seen twice; b only once.
+	r.offload([]manager.OffloadRequest{r.recompute(a, 3)})
+	if res := onboard(t, r.m, []uint64{c.Hash}, []int{10}); res.Loaded() != 1 {
+		t.Fatalf("onboard c: %+v", res.Blocks)
+	}
+	r.idle()
+	if got, want := r.sink.stored(disk), []uint64{a.Hash, c.Hash}; !slices.Equal(sorted(got), sorted(want)) {
+		t.Fatalf("STORE disk for %v, want %v (seen twice); b was seen once", got, want)
+	}
+
+	// Four new blocks push a, b, c out of G2.
+	r.offload(r.compute(0, 1, 4, 5, 6, 7))
+	r.idle()
+	if got := r.sink.removed(host); !slices.Contains(got, a.Hash) || !slices.Contains(got, c.Hash) {
+		t.Fatalf("REMOVE host for %v, want a and c among them", got)
+	}
+	masks := r.m.Lookup([]uint64{a.Hash, b.Hash, c.Hash})
+	if want := []kvevent.Mask{disk.Bit(), 0, disk.Bit()}; !slices.Equal(masks, want) {
+		t.Fatalf("Lookup(a, b, c) = %v, want %v", masks, want)
+	}
+
+	r.scribble(0, 2, 3, 10)
+	res := onboard(t, r.m, []uint64{a.Hash, b.Hash, c.Hash}, []int{20, 21, 22})
+	want := []manager.Status{manager.Loaded, manager.NotFound, manager.Loaded}
+	for i, st := range want {
+		if res.Blocks[i].Status != st {
+			t.Fatalf("block %d: %v, want %v (%+v)", i, res.Blocks[i].Status, st, res.Blocks)
+		}
+	}
+	if res.Blocks[0].From != disk || res.Blocks[2].From != disk || res.Prefix() != 1 {
+		t.Fatalf("onboard from disk: %+v, prefix %d", res.Blocks, res.Prefix())
+	}
+	r.checkBytes(20, a.Hash)
+	r.checkBytes(22, c.Hash)
+	s := r.m.Stats()
+	if s.Paths[manager.Disk2H].Blocks != 2 || s.Onboard.FromDisk != 2 || s.Onboard.NotFound != 1 {
+		t.Fatalf("stats: Disk2H %+v, onboard %+v", s.Paths[manager.Disk2H], s.Onboard)
+	}
+	if st := r.disk.Stats(); st.Referenced != 0 {
+		t.Fatalf("%d G3 blocks still pinned after Onboard", st.Referenced)
+	}
+}
+
+func TestWithoutHostPoolOnlyRepeatedBlocksAreWrittenToDisk(t *testing.T) {
+	r := newRig(t, rigConfig{diskCap: 16})
+	a := r.compute(0, 1, 0)
+	if res := r.offload(a); res.Cold != 1 || res.Queued != 0 {
+		t.Fatalf("first Offload of a: %+v, want it cold", res)
+	}
+	if res := r.offload([]manager.OffloadRequest{r.recompute(a[0], 1)}); res.Queued != 1 {
+		t.Fatalf("second Offload of a: %+v, want it queued", res)
+	}
+	r.idle()
+	if got := r.sink.stored(disk); !slices.Equal(got, hashesOf(a)) {
+		t.Fatalf("STORE disk for %v, want %v", got, hashesOf(a))
+	}
+	r.scribble(0, 1)
+	res := onboard(t, r.m, hashesOf(a), []int{5})
+	if res.Loaded() != 1 || res.Blocks[0].From != disk {
+		t.Fatalf("onboard: %+v", res.Blocks)
+	}
+	r.checkBytes(5, a[0].Hash)
+	if s := r.m.Stats().Paths[manager.D2Disk]; s.Blocks != 1 {
+		t.Fatalf("D2Disk copied %d blocks, want 1", s.Blocks)
+	}
+}
+
+func TestOffloadFloodNeverBlocksAndShedsLowestPriorityFirst(t *testing.T) {
+	const capacity, flood = 8, 100
+	r := newRig(t, rigConfig{blocks: flood + 1, hostCap: 2 * flood,
+		gate: gateD2H, cfg: manager.Config{Workers: 1, BatchSize: 1, QueueCapacity: capacity}})
+	first := r.compute(0, 1000, 0)
+	r.offload(first)
+	r.gate.waitEntered(t) // every copy from now on waits
+
+	reqs := make([]manager.OffloadRequest, flood)
+	for i := range reqs {
+		reqs[i] = r.compute(0, r.rng.IntN(10), i+1)[0]
+	}
+	done := make(chan int)
+	go func() {
+		shed := 0
+		for _, q := range reqs {
+			res, err := r.m.Offload([]manager.OffloadRequest{q})
+			if err != nil {
+				t.Error(err)
+			}
+			shed += res.Shed
+		}
+		done <- shed
+	}()
+	var shed int
+	select {
+	case shed = <-done:
+	case <-time.After(10 * time.Second):
+		r.gate.release()
+		<-done
+		t.Fatal("Offload blocked behind stalled copies")
+	}
+	s := r.m.Stats().Paths[manager.D2H]
+	if shed != flood-capacity || s.Shed != flood-capacity || s.Depth != capacity {
+		t.Fatalf("shed %d (stats %d), depth %d; want %d shed, %d queued", shed, s.Shed, s.Depth, flood-capacity, capacity)
+	}
+
+	// The queue kept the best tasks: highest priority, and among the lowest
+	// kept priority the newest (the oldest were shed). They run best first:
+	// priority, then arrival.
+	order := slices.Clone(reqs)
+	for i := range order {
+		order[i].G1Block = i // arrival
+	}
+	slices.SortStableFunc(order, func(a, b manager.OffloadRequest) int {
+		return cmp.Or(cmp.Compare(b.Priority, a.Priority), cmp.Compare(b.G1Block, a.G1Block))
+	})
+	kept := order[:capacity]
+	slices.SortStableFunc(kept, func(a, b manager.OffloadRequest) int {
+		return cmp.Or(cmp.Compare(b.Priority, a.Priority), cmp.Compare(a.G1Block, b.G1Block))
+	})
+	want := append(hashesOf(first), hashesOf(kept)...)
+
+	r.gate.release()
+	r.idle()
+	if got := r.sink.stored(host); !slices.Equal(got, want) {
+		t.Fatalf("STORE host order %v, want %v", got, want)
+	}
+	if s := r.m.Stats().Paths[manager.D2H]; s.Blocks != capacity+1 {
+		t.Fatalf("D2H copied %d blocks, want %d", s.Blocks, capacity+1)
+	}
+}
+
+func TestOnboardReturnsAtDeadlineWhenCopyIntoG1Stalls(t *testing.T) {
+	const timeout = 250 * time.Millisecond
+	r := newRig(t, rigConfig{hostCap: 16, gate: gateIntoG1,
+		cfg: manager.Config{Workers: 1, BatchSize: 2, OnboardTimeout: timeout}})
+	reqs := r.compute(0, 1, 0, 1, 2, 3)
+	r.offload(reqs)
+	r.idle()
+	hs := hashesOf(reqs)
+
+	// The context's deadline is the earlier one: it wins.
+	ctx, cancel := context.WithTimeout(context.Background(), timeout/2)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	res, err := r.m.Onboard(ctx, hs, ids(10, 4))
+	check(t, err)
+	if late := time.Since(deadline); late < 0 || late > time.Second {
+		t.Fatalf("Onboard returned %v after its deadline, want at it", late)
+	}
+	for i, b := range res.Blocks {
+		if b.Status != manager.TimedOut {
+			t.Fatalf("block %d: %v, want timeout", i, b.Status)
+		}
+	}
+	// The first chunk's copy is held at the gate (running: it cannot be
+	// recalled); the second never started and was released at once.
+	if settled(res) {
+		t.Fatal("Settled is closed while a copy into G1 is still held")
+	}
+	if st := r.host.Stats(); st.Referenced != 2 {
+		t.Fatalf("%d G2 blocks pinned, want 2 (the held chunk's)", st.Referenced)
+	}
+	if s := r.m.Stats().Onboard; s.TimedOut != 4 || s.LateWrites != 2 {
+		t.Fatalf("onboard stats %+v, want 4 timed out, 2 late writes", s)
+	}
+
+	// Without a context deadline, OnboardTimeout applies. The only worker
+	// is still held, so nothing of this call starts: it settles on return.
+	start := time.Now()
+	res2 := onboard(t, r.m, hs[:2], ids(20, 2))
+	if elapsed := time.Since(start); elapsed < timeout || elapsed > timeout+time.Second {
+		t.Fatalf("Onboard returned after %v, want at the default %v deadline", elapsed, timeout)
+	}
+	if res2.Loaded() != 0 || !settled(res2) {
+		t.Fatalf("second Onboard: %+v, settled %v; want nothing loaded, settled", res2.Blocks, settled(res2))
+	}
+
+	r.gate.release()
+	select {
+	case <-res.Settled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Settled not closed after the held copy was let through")
+	}
+	if st := r.host.Stats(); st.Referenced != 0 {
+		t.Fatalf("%d G2 blocks still pinned after settling", st.Referenced)
+	}
+	r.idle()
+}
+
+func TestOnboardReportsMissingBlocksAndRefusesBadArguments(t *testing.T) {
+	r := newRig(t, rigConfig{blocks: 8, hostCap: 8})
+	reqs := r.compute(0, 1, 0)
+	r.offload(reqs)
+	r.idle()
+
+	res := onboard(t, r.m, []uint64{reqs[0].Hash, 999_999}, []int{4, 5})
+	if res.Blocks[0].Status != manager.Loaded || res.Blocks[1].Status != manager.NotFound || res.Prefix() != 1 {
+		t.Fatalf("Onboard of a stored and a missing block: %+v", res.Blocks)
+	}
+	for _, tc := range []struct {
+		name   string
+		hashes []uint64
+		g1     []int
+		want   error
+	}{
+		{"length mismatch", []uint64{1, 2}, []int{1}, manager.ErrInvalid},
+		{"block named twice", []uint64{1, 2}, []int{3, 3}, manager.ErrInvalid},
+		{"zero hash", []uint64{0}, []int{1}, manager.ErrInvalid},
+		{"id past the end", []uint64{1}, []int{8}, manager.ErrBadBlock},
+		{"negative id", []uint64{1}, []int{-1}, manager.ErrBadBlock},
+	} {
+		if _, err := r.m.Onboard(context.Background(), tc.hashes, tc.g1); !errors.Is(err, tc.want) {
+			t.Errorf("%s: Onboard error %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	res2 := r.offload([]manager.OffloadRequest{
+		{G1Block: 8, Hash: 5, Priority: 1},            // out of range
+		{G1Block: 1, Hash: 0, Priority: 1},            // zero hash
+		{G1Block: 1, Hash: 6, Parent: 6, Priority: 1}, // own parent
+		{G1Block: 1, Hash: 7, Priority: manager.NoPriority},
+		reqs[0], // already offloaded from block 0: a duplicate
+	})
+	if res2.Invalid != 3 || res2.NoPriority != 1 || res2.Duplicate != 1 || res2.Queued != 0 {
+		t.Fatalf("Offload of bad requests: %+v", res2)
+	}
+	if err := r.m.Free(1, 8); !errors.Is(err, manager.ErrBadBlock) {
+		t.Fatalf("Free of an id out of range: %v, want ErrBadBlock", err)
+	}
+}
+
+func TestMetricsFollowStatsAndAreUnregisteredByClose(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 8})
+	r.offload(r.compute(0, 1, 0, 1, 2))
+	r.idle()
+	fams, err := r.reg.Gather()
+	check(t, err)
+	var blocks float64
+	for _, f := range fams {
+		if !strings.HasPrefix(f.GetName(), "kvagent_offload_") {
+			t.Errorf("metric %s lacks the kvagent_offload_ prefix", f.GetName())
+		}
+		for _, mt := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range mt.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["rank"] != rank.String() {
+				t.Errorf("%s has rank %q, want %q", f.GetName(), labels["rank"], rank)
+			}
+			if f.GetName() == "kvagent_offload_blocks_total" && labels["from"] == "device" && labels["to"] == "host" {
+				blocks = mt.GetCounter().GetValue()
+			}
+		}
+	}
+	if blocks != 3 {
+		t.Fatalf("kvagent_offload_blocks_total{from=device,to=host} = %v, want 3", blocks)
+	}
+	check(t, r.m.Close())
+	fams, err = r.reg.Gather()
+	check(t, err)
+	if len(fams) != 0 {
+		t.Fatalf("%d metric families left after Close", len(fams))
+	}
+}
+
+func TestClosedManagerRefusesWork(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 8})
+	check(t, r.m.Close())
+	if _, err := r.m.Offload(r.compute(0, 1, 0)); !errors.Is(err, manager.ErrClosed) {
+		t.Fatalf("Offload after Close: %v, want ErrClosed", err)
+	}
+	if _, err := r.m.Onboard(context.Background(), []uint64{1}, []int{1}); !errors.Is(err, manager.ErrClosed) {
+		t.Fatalf("Onboard after Close: %v, want ErrClosed", err)
+	}
+	check(t, r.m.Free(1))
+	check(t, r.m.Close())
+}
+
+func TestConfigIsChecked(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 8})
+	other, err := pool.NewHost(r.raw, pool.Config{Rank: rank, Capacity: 2, BlockSize: 2 * bs})
+	check(t, err)
+	defer other.Close()
+	for _, tc := range []struct {
+		name string
+		edit func(*manager.Config)
+	}{
+		{"nil backend", func(c *manager.Config) { c.Backend = nil }},
+		{"no pool", func(c *manager.Config) { c.Host = nil }},
+		{"nil G1 base", func(c *manager.Config) { c.G1.Base = 0 }},
+		{"empty G1", func(c *manager.Config) { c.G1.Blocks = 0 }},
+		{"block size differs from the pool's", func(c *manager.Config) { c.Host = other }},
+		{"negative workers", func(c *manager.Config) { c.Workers = -1 }},
+		{"negative filter threshold", func(c *manager.Config) { c.Filter.Threshold = -2 }},
+	} {
+		cfg := manager.Config{Backend: r.raw, G1: r.region, Host: r.host}
+		tc.edit(&cfg)
+		if m, err := manager.New(cfg); !errors.Is(err, manager.ErrInvalid) {
+			if m != nil {
+				m.Close()
+			}
+			t.Errorf("%s: New error %v, want ErrInvalid", tc.name, err)
+		}
+	}
+}
+
+func sorted(hs []uint64) []uint64 {
+	out := slices.Clone(hs)
+	slices.Sort(out)
+	return out
+}
