@@ -10,14 +10,19 @@ TEST_TIMEOUT ?= 900s
 # deprecated; silence those warnings (and only those) in every build.
 export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test test-long lint fmt bench bench-indexer bench-events bench-cluster bench-sim bench-eventplane bench-compat bench-offload run replay clean tools
+.PHONY: all deps build test test-long lint fmt bench bench-indexer bench-events bench-cluster bench-sim bench-eventplane bench-compat bench-offload run replay clean tools
 
 all: build
 
-build:
+# libzmq (cgo) and, for the tests, the python3 interop peers.
+deps:
+	@scripts/deps.sh
+
+build: deps
 	$(GO) build -o bin/ ./cmd/...
 
 test:
+	@scripts/deps.sh test
 	$(GO) test -race -timeout $(TEST_TIMEOUT) $(PKGS)
 
 # Soak, chaos and long property runs; not part of CI's time budget.
@@ -29,7 +34,7 @@ $(TOOLS)/staticcheck:
 
 tools: $(TOOLS)/staticcheck
 
-lint: tools
+lint: tools deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(TOOLS)/staticcheck $(PKGS)
@@ -68,7 +73,7 @@ run:
 	scripts/run-local.sh
 
 # The in-process trace replay (no cluster): hit rate and imbalance per policy.
-replay:
+replay: deps
 	$(GO) run ./cmd/kvsim replay --trace ../shared/traces/mooncake_synthetic_trace.jsonl
 
 clean:
