@@ -232,18 +232,14 @@ func (p *Remote) Route(q *RouteQuery, _ int64) (int, int, error) {
 	}
 	ctx, cancel := p.ctx()
 	defer cancel()
-	res, err := p.Client.Route(ctx, api.RouteRequest{BlockHashes: q.Local, ISL: q.ISL, Book: true, RequestID: p.prefix + q.ID})
+	res, err := p.Client.Route(ctx, api.RouteRequest{BlockHashes: q.Local, ISL: q.ISL, Book: true, RequestID: p.prefix + q.ID,
+		Brief: true})
 	p.Calls++
 	if err != nil {
 		return 0, 0, err
 	}
-	for _, c := range res.Candidates {
-		if c.WorkerID == res.WorkerID && c.DPRank == res.DPRank {
-			o := c.Overlap
-			return int(res.WorkerID) - 1, int(o.Device+o.Host+o.Disk+o.External) * res.BlockSize, nil
-		}
-	}
-	return int(res.WorkerID) - 1, 0, nil
+	o := res.Overlap
+	return int(res.WorkerID) - 1, int(o.Device+o.Host+o.Disk+o.External) * res.BlockSize, nil
 }
 
 func (p *Remote) Observe(ev *kvevent.Event, _ int64) {
