@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"strings"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -63,7 +65,7 @@ func startCluster(t *testing.T) *testCluster {
 		srv := api.NewServer(node, api.Options{Logger: quiet})
 		NewIndexer(node, quiet).Routes(srv, "")
 		NewSelection(node, quiet).Routes(srv, SelectionPrefix)
-		ag := NewAgentless(node, AgentlessConfig{Poll: 50 * time.Millisecond, ReplayTimeout: 2 * time.Second, Logger: quiet})
+		ag := NewAgentless(node, AgentlessConfig{Poll: 50 * time.Millisecond, ReplayTimeout: 2 * time.Second, Logger: testLogger(t, peers[i].ID)})
 		c.agentless = append(c.agentless, ag)
 		handlers[i] = srv
 		c.http[i].Start()
@@ -258,4 +260,17 @@ func TestEveryNodeAnswersTheSame(t *testing.T) {
 			}
 		}
 	}
+}
+
+// testLogger logs through t (shown when the test fails or with -v).
+func testLogger(t *testing.T, node string) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", node)
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }

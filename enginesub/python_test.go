@@ -343,3 +343,34 @@ func TestGroupFollowsEachRankOnItsPort(t *testing.T) {
 		waitCalls(t, sink, &rank, publish(p, newGen(t, rank), 0, 4, true))
 	}
 }
+
+// slowSink takes a while over every batch, as a sink that commits each one
+// through Raft does.
+type slowSink struct {
+	recSink
+	delay time.Duration
+}
+
+func (s *slowSink) Events(r kvevent.Rank, seq uint64, evs []kvevent.Event) error {
+	time.Sleep(s.delay) // the sink's own work, not a wait for a condition
+	return s.recSink.Events(r, seq, evs)
+}
+
+// TestLongReplayOutlastsTheTimeout: the replay timeout bounds the engine's
+// silence, not the replay; a replay whose batches the sink takes longer to
+// apply than the timeout still heals the gap.
+func TestLongReplayOutlastsTheTimeout(t *testing.T) {
+	rank := kvevent.Rank{Worker: 6}
+	p := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*"})
+	sink := &slowSink{delay: 20 * time.Millisecond}
+	s := runSub(t, Config{Endpoint: p.Pub, ReplayEndpoint: p.Replay, ReplayTimeout: 300 * time.Millisecond, Rank: rank, Sink: sink})
+	p.WaitSub()
+	g := newGen(t, rank)
+	want := publish(p, g, 0, 0, true)
+	want = append(want, publish(p, g, 1, 40, false)...) // 40 × 20ms of sink work: longer than the timeout
+	want = append(want, publish(p, g, 41, 41, true)...)
+	waitCalls(t, &sink.recSink, &rank, want)
+	if st := s.Stats(); st.Resyncs != 0 || st.Replayed < 40 {
+		t.Fatalf("stats %+v", st)
+	}
+}

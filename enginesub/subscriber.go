@@ -37,8 +37,10 @@ type Config struct {
 	// ReplayEndpoint is the engine's replay ROUTER endpoint, or "" when it
 	// has none: then every gap resyncs the rank.
 	ReplayEndpoint string
-	// ReplayTimeout bounds one replay, from request to end marker; zero
-	// means DefaultReplayTimeout. A replay that runs out resyncs the rank.
+	// ReplayTimeout bounds how long a replay waits for the engine: for its
+	// first reply, then between replies (not the whole replay, whose
+	// batches the sink may take a while to apply); zero means
+	// DefaultReplayTimeout. A replay that runs out resyncs the rank.
 	ReplayTimeout time.Duration
 	// RecvHWM is the SUB socket's receive high-water mark, in messages: how
 	// many batches may wait while a replay runs before the socket drops some
@@ -249,5 +251,9 @@ func (s *Subscriber) replay(ctx context.Context, from uint64, each func(frames [
 		if !each(frames) {
 			return nil
 		}
+		// The deadline bounds the engine's silence, not the replay: applying
+		// a long replay (a sink that commits each batch through Raft) takes
+		// as long as it takes while the engine keeps answering.
+		deadline = time.Now().Add(s.cfg.ReplayTimeout)
 	}
 }
