@@ -86,7 +86,7 @@ func TestAgentlessSurvivesLeaderLoss(t *testing.T) {
 	t.Logf("seed %d", seed)
 	c := startCluster(t)
 	pub := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*", ReplayShape: 3})
-	r := c.nodes[c.follower()].do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 9, Endpoint: pub.Pub,
+	r := c.nodes[c.follower()].doRetry(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 9, Endpoint: pub.Pub,
 		ReplayEndpoint: pub.Replay, ModelName: "llama", BlockSize: testBlockSize})
 	if r.code != 201 {
 		t.Fatalf("register: %d %s", r.code, r.body)

@@ -124,6 +124,19 @@ func (c *testCluster) stop(i int) {
 	c.down[i] = true
 }
 
+// doRetry is do, retried while the answer is 503: a client's answer to an
+// election in progress, or to a follower that does not know the leader's
+// address yet (it forwards writes there).
+func (n *testNode) doRetry(t testing.TB, c codec, method, path string, body any) reply {
+	t.Helper()
+	var r reply
+	waitFor(t, 10*time.Second, method+" "+path+" answered by a leader", func() bool {
+		r = n.do(t, c, method, path, body)
+		return r.code != http.StatusServiceUnavailable
+	})
+	return r
+}
+
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -150,10 +163,10 @@ func TestReservationSurvivesLeaderLoss(t *testing.T) {
 		}
 	}
 	for id := uint64(1); id <= 2; id++ {
-		mustCode(f.do(t, codecJSON, "POST", "/selection/workers",
+		mustCode(f.doRetry(t, codecJSON, "POST", "/selection/workers",
 			CatalogWorker{WorkerID: id, ModelName: "llama", Endpoint: fmt.Sprintf("http://w%d", id), BlockSize: 4}), 201)
 	}
-	r := f.do(t, codecJSON, "POST", "/selection/select_and_reserve", SelectRequest{SelectionID: "req-1", ModelName: "llama",
+	r := f.doRetry(t, codecJSON, "POST", "/selection/select_and_reserve", SelectRequest{SelectionID: "req-1", ModelName: "llama",
 		BlockHashes: promptHashes(), SequenceHashes: []Hash{1, 2, 3}, ISLTokens: 12})
 	mustCode(r, 200)
 	var sel SelectResponse
@@ -226,7 +239,7 @@ func TestEveryNodeAnswersTheSame(t *testing.T) {
 		if s.name == "query" {
 			break
 		}
-		r := c.nodes[c.follower()].do(t, codecJSON, s.method, s.path, s.body)
+		r := c.nodes[c.follower()].doRetry(t, codecJSON, s.method, s.path, s.body)
 		if r.code != s.code {
 			t.Fatalf("%s: status %d, want %d: %s", s.name, r.code, s.code, r.body)
 		}
