@@ -33,9 +33,14 @@ func TestAgentlessEndToEnd(t *testing.T) {
 	seed := testSeed(t)
 	c := startCluster(t, 3)
 	pub := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*", ReplayShape: 2})
-	code, body := postJSON(t, c.nodes[0], "/register", fmt.Sprintf(
-		`{"instance_id":7,"endpoint":%q,"replay_endpoint":%q,"model_name":"m","block_size":%d}`,
-		pub.Pub, pub.Replay, agentBlockSize))
+	reg := fmt.Sprintf(`{"instance_id":7,"endpoint":%q,"replay_endpoint":%q,"model_name":"m","block_size":%d}`,
+		pub.Pub, pub.Replay, agentBlockSize)
+	var code int
+	var body []byte
+	c.waitFor(readyTimeout, "the registration answered by a leader", func() (bool, string) {
+		code, body = postJSON(t, c.nodes[0], "/register", reg)
+		return code != 503 && code != 0, string(body) // 503: an election; retry as a client does
+	})
 	if code != 201 {
 		t.Fatalf("register: %d %s", code, body)
 	}
