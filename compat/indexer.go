@@ -264,12 +264,18 @@ func NewIndexer(b Backend, log *slog.Logger) *Indexer {
 // Routes registers the API's routes on r under prefix ("" for the root).
 // GET /metrics is the node's own and not registered here.
 func (x *Indexer) Routes(r Router, prefix string) {
-	r.HandleFunc("POST "+prefix+"/register", x.register)
-	r.HandleFunc("POST "+prefix+"/unregister", x.unregister)
+	r.HandleFunc("POST "+prefix+"/register", bodyHandler(http.StatusCreated, func(ctx context.Context, req *RegisterRequest) (any, error) {
+		return statusOK, x.doRegister(ctx, req)
+	}))
+	r.HandleFunc("POST "+prefix+"/unregister", bodyHandler(http.StatusOK, func(ctx context.Context, req *UnregisterRequest) (any, error) {
+		return statusOK, x.doUnregister(ctx, req)
+	}))
 	r.HandleFunc("GET "+prefix+"/workers", x.workers)
-	r.HandleFunc("POST "+prefix+"/query", x.query)
-	r.HandleFunc("POST "+prefix+"/query_by_hash", x.queryByHash)
-	r.HandleFunc("POST "+prefix+"/events", x.events)
+	r.HandleFunc("POST "+prefix+"/query", bodyHandler(http.StatusOK, x.query))
+	r.HandleFunc("POST "+prefix+"/query_by_hash", bodyHandler(http.StatusOK, x.queryByHash))
+	r.HandleFunc("POST "+prefix+"/events", bodyHandler(http.StatusOK, func(ctx context.Context, req *EventsRequest) (any, error) {
+		return x.doEvents(ctx, req)
+	}))
 	r.HandleFunc("GET "+prefix+"/dump", x.dump)
 	r.HandleFunc("GET "+prefix+"/health", x.health)
 }
@@ -344,21 +350,12 @@ func checkEndpoint(what, ep string) error {
 	return nil
 }
 
-func (x *Indexer) register(w http.ResponseWriter, r *http.Request) error {
-	c := codecOf(r)
-	var req RegisterRequest
-	if err := decode(r, c, &req); err != nil {
-		return answer(w, c, 0, nil, err)
-	}
-	return answer(w, c, http.StatusCreated, StatusBody{Status: "ok"}, x.doRegister(r.Context(), &req))
-}
-
 func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 	if err := x.b.CheckLeader(); err != nil {
 		return err
 	}
-	if req.ModelName == "" {
-		return badRequest("model_name is required")
+	if err := requireModel(req.ModelName); err != nil {
+		return err
 	}
 	if req.BlockSize <= 0 || req.BlockSize > 1<<20 {
 		return badRequest("block_size %d: want 1 to %d tokens", req.BlockSize, 1<<20)
@@ -428,21 +425,12 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 	return nil
 }
 
-func (x *Indexer) unregister(w http.ResponseWriter, r *http.Request) error {
-	c := codecOf(r)
-	var req UnregisterRequest
-	if err := decode(r, c, &req); err != nil {
-		return answer(w, c, 0, nil, err)
-	}
-	return answer(w, c, http.StatusOK, StatusBody{Status: "ok"}, x.doUnregister(r.Context(), &req))
-}
-
 func (x *Indexer) doUnregister(ctx context.Context, req *UnregisterRequest) error {
 	if err := x.b.CheckLeader(); err != nil {
 		return err
 	}
-	if req.ModelName == "" {
-		return badRequest("model_name is required")
+	if err := requireModel(req.ModelName); err != nil {
+		return err
 	}
 	x.regMu.Lock()
 	defer x.regMu.Unlock()
@@ -520,14 +508,9 @@ func (x *Indexer) workers(w http.ResponseWriter, r *http.Request) error {
 	return answer(w, codecOf(r), http.StatusOK, out, nil)
 }
 
-func (x *Indexer) query(w http.ResponseWriter, r *http.Request) error {
-	c := codecOf(r)
-	var req QueryRequest
-	if err := decode(r, c, &req); err != nil {
-		return answer(w, c, 0, nil, err)
-	}
-	if req.ModelName == "" {
-		return answer(w, c, 0, nil, badRequest("model_name is required"))
+func (x *Indexer) query(_ context.Context, req *QueryRequest) (any, error) {
+	if err := requireModel(req.ModelName); err != nil {
+		return nil, err
 	}
 	ns := x.ns.get(x.b, req.ModelName, tenantOf(req.TenantID, ""))
 	sc := x.pool.Get().(*queryScratch)
@@ -537,26 +520,25 @@ func (x *Indexer) query(w http.ResponseWriter, r *http.Request) error {
 		bs = raftfsm.DefaultBlockSize
 	}
 	sc.local = kvevent.LocalHashes(sc.local[:0], req.TokenIDs, bs, kvevent.SeedFor(req.LoRAName, req.CacheSalt))
-	return answer(w, c, http.StatusOK, x.lookup(ns, sc), nil)
+	return x.lookup(ns, sc), nil
 }
 
-func (x *Indexer) queryByHash(w http.ResponseWriter, r *http.Request) error {
-	c := codecOf(r)
-	var req QueryByHashRequest
-	if err := decode(r, c, &req); err != nil {
-		return answer(w, c, 0, nil, err)
+func (x *Indexer) queryByHash(_ context.Context, req *QueryByHashRequest) (any, error) {
+	if err := requireModel(req.ModelName); err != nil {
+		return nil, err
 	}
-	if req.ModelName == "" {
-		return answer(w, c, 0, nil, badRequest("model_name is required"))
-	}
-	ns := x.ns.get(x.b, req.ModelName, tenantOf(req.TenantID, ""))
+	return x.lookupHashes(x.ns.get(x.b, req.ModelName, tenantOf(req.TenantID, "")), req.BlockHashes), nil
+}
+
+// lookupHashes is lookup of content hashes given on the wire.
+func (x *Indexer) lookupHashes(ns *namespace, hs []Hash) QueryResponse {
 	sc := x.pool.Get().(*queryScratch)
 	defer x.pool.Put(sc)
 	sc.local = sc.local[:0]
-	for _, h := range req.BlockHashes {
+	for _, h := range hs {
 		sc.local = append(sc.local, uint64(h))
 	}
-	return answer(w, c, http.StatusOK, x.lookup(ns, sc), nil)
+	return x.lookup(ns, sc)
 }
 
 // lookup scores sc.local against the namespace's ranks. The index walk
@@ -633,16 +615,6 @@ func (x *Indexer) resolve(instance uint64, model, tenant string) (*raftfsm.Worke
 		return &found[0], nil
 	}
 	return nil, badRequest("instance %d is registered for %d (model, tenant) pairs: name model_name and tenant_id", instance, len(found))
-}
-
-func (x *Indexer) events(w http.ResponseWriter, r *http.Request) error {
-	c := codecOf(r)
-	var req EventsRequest
-	if err := decode(r, c, &req); err != nil {
-		return answer(w, c, 0, nil, err)
-	}
-	resp, err := x.doEvents(r.Context(), &req)
-	return answer(w, c, http.StatusOK, resp, err)
 }
 
 func (x *Indexer) doEvents(ctx context.Context, req *EventsRequest) (EventsResponse, error) {

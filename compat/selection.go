@@ -175,20 +175,24 @@ func NewSelection(b SelectionBackend, log *slog.Logger) *Selection {
 // Routes registers the API's routes on r under prefix. GET /workers
 // collides with the indexer API's, so the two cannot share a prefix.
 func (s *Selection) Routes(r Router, prefix string) {
-	r.HandleFunc("POST "+prefix+"/workers", s.addWorker)
+	r.HandleFunc("POST "+prefix+"/workers", bodyHandler(http.StatusCreated, s.addWorker))
 	r.HandleFunc("PATCH "+prefix+"/workers/{id}", s.patchWorker)
 	r.HandleFunc("DELETE "+prefix+"/workers/{id}", s.deleteWorker)
 	r.HandleFunc("GET "+prefix+"/workers", s.listWorkers)
 	r.HandleFunc("GET "+prefix+"/ready", s.ready)
-	r.HandleFunc("POST "+prefix+"/select", s.selectOnly)
-	r.HandleFunc("POST "+prefix+"/select_and_reserve", s.selectAndReserve)
-	r.HandleFunc("POST "+prefix+"/reservations", s.reserve)
+	r.HandleFunc("POST "+prefix+"/select", bodyHandler(http.StatusOK, func(ctx context.Context, req *SelectRequest) (any, error) {
+		return s.doSelect(ctx, req, false)
+	}))
+	r.HandleFunc("POST "+prefix+"/select_and_reserve", bodyHandler(http.StatusOK, func(ctx context.Context, req *SelectRequest) (any, error) {
+		return s.doSelect(ctx, req, true)
+	}))
+	r.HandleFunc("POST "+prefix+"/reservations", bodyHandler(http.StatusCreated, s.reserve))
 	r.HandleFunc("POST "+prefix+"/reservations/{id}/prefill_complete", s.prefillComplete)
 	r.HandleFunc("POST "+prefix+"/reservations/{id}/output_block", s.outputBlock)
 	r.HandleFunc("DELETE "+prefix+"/reservations/{id}", s.release)
 	r.HandleFunc("GET "+prefix+"/loads", s.loads)
-	r.HandleFunc("POST "+prefix+"/potential_loads", s.potentialLoads)
-	r.HandleFunc("POST "+prefix+"/overlap_scores", s.overlapScores)
+	r.HandleFunc("POST "+prefix+"/potential_loads", bodyHandler(http.StatusOK, s.potentialLoads))
+	r.HandleFunc("POST "+prefix+"/overlap_scores", bodyHandler(http.StatusOK, s.overlapScores))
 }
 
 // catalogOf is the catalog form of a registration.
@@ -265,32 +269,27 @@ func sameRegistration(a, b *raftfsm.WorkerInfo) bool {
 		maps.Equal(a.ReplayEndpoints, b.ReplayEndpoints) && a.Capacity == b.Capacity
 }
 
-func (s *Selection) addWorker(w http.ResponseWriter, r *http.Request) error {
-	c := codecOf(r)
+func (s *Selection) addWorker(ctx context.Context, req *CatalogWorker) (any, error) {
 	if err := s.b.CheckLeader(); err != nil {
-		return err
+		return nil, err
 	}
-	var req CatalogWorker
-	if err := decode(r, c, &req); err != nil {
-		return answer(w, c, 0, nil, err)
-	}
-	nw, err := infoOf(&req)
+	nw, err := infoOf(req)
 	if err != nil {
-		return answer(w, c, 0, nil, err)
+		return nil, err
 	}
 	s.x.regMu.Lock()
 	defer s.x.regMu.Unlock()
 	if old, ok := s.b.WorkerTable()[nw.ID]; ok {
 		if sameRegistration(&old, &nw) {
-			return answer(w, c, http.StatusCreated, catalogOf(nw.ID, &nw), nil)
+			return catalogOf(nw.ID, &nw), nil
 		}
-		return answer(w, c, 0, nil, &httpError{code: http.StatusConflict, err: fmt.Errorf(
-			"worker %d is registered for %s/%s differently; PATCH it", req.WorkerID, nw.Model, nw.Tenant)})
+		return nil, &httpError{code: http.StatusConflict, err: fmt.Errorf(
+			"worker %d is registered for %s/%s differently; PATCH it", req.WorkerID, nw.Model, nw.Tenant)}
 	}
-	if err := s.b.RegisterWorker(r.Context(), nw); err != nil {
-		return answer(w, c, 0, nil, fmt.Errorf("register worker %d: %w", req.WorkerID, err))
+	if err := s.b.RegisterWorker(ctx, nw); err != nil {
+		return nil, fmt.Errorf("register worker %d: %w", req.WorkerID, err)
 	}
-	return answer(w, c, http.StatusCreated, catalogOf(nw.ID, &nw), nil)
+	return catalogOf(nw.ID, &nw), nil
 }
 
 // find returns the registrations of worker id, narrowed by model and
@@ -428,14 +427,6 @@ func (s *Selection) ready(w http.ResponseWriter, r *http.Request) error {
 	return answer(w, codecOf(r), http.StatusOK, body, nil)
 }
 
-func (s *Selection) selectOnly(w http.ResponseWriter, r *http.Request) error {
-	return s.doSelect(w, r, false)
-}
-
-func (s *Selection) selectAndReserve(w http.ResponseWriter, r *http.Request) error {
-	return s.doSelect(w, r, true)
-}
-
 func newSelectionID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
@@ -453,31 +444,27 @@ func hashes(hs []Hash) []uint64 {
 	return out
 }
 
-func (s *Selection) doSelect(w http.ResponseWriter, r *http.Request, reserve bool) error {
-	c := codecOf(r)
+// doSelect chooses a rank for req, and books it when reserve.
+func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bool) (any, error) {
 	if reserve {
 		if err := s.b.CheckLeader(); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	var req SelectRequest
-	if err := decode(r, c, &req); err != nil {
-		return answer(w, c, 0, nil, err)
-	}
-	if req.ModelName == "" {
-		return answer(w, c, 0, nil, badRequest("model_name is required"))
+	if err := requireModel(req.ModelName); err != nil {
+		return nil, err
 	}
 	if len(req.BlockHashes) > 0 && len(req.TokenIDs) > 0 {
-		return answer(w, c, 0, nil, badRequest("give block_hashes or token_ids, not both"))
+		return nil, badRequest("give block_hashes or token_ids, not both")
 	}
 	if req.ISLTokens < 0 {
-		return answer(w, c, 0, nil, badRequest("isl_tokens %d is negative", req.ISLTokens))
+		return nil, badRequest("isl_tokens %d is negative", req.ISLTokens)
 	}
 	group := tenantOf(req.RoutingGroup, "")
 	ns := s.x.ns.get(s.b, req.ModelName, group)
 	if len(ns.workers) == 0 {
-		return answer(w, c, 0, nil, &httpError{code: http.StatusServiceUnavailable,
-			err: fmt.Errorf("no worker is registered for model %s routing group %s", req.ModelName, group)})
+		return nil, &httpError{code: http.StatusServiceUnavailable,
+			err: fmt.Errorf("no worker is registered for model %s routing group %s", req.ModelName, group)}
 	}
 	if req.SelectionID == "" {
 		req.SelectionID = newSelectionID()
@@ -494,17 +481,17 @@ func (s *Selection) doSelect(w http.ResponseWriter, r *http.Request, reserve boo
 			q.Prefer = &rk
 		}
 	}
-	res, err := s.b.Route(r.Context(), q)
+	res, err := s.b.Route(ctx, q)
 	if err != nil {
 		if errors.Is(err, indexer.ErrOverloaded) || errors.Is(err, indexer.ErrNoWorkers) {
 			err = &httpError{code: http.StatusServiceUnavailable, err: err}
 		}
-		return answer(w, c, 0, nil, err)
+		return nil, err
 	}
 	chosen := res.Decision.Chosen()
 	wi := ns.workers[res.Decision.Rank.Worker]
 	if chosen == nil || wi == nil {
-		return answer(w, c, 0, nil, fmt.Errorf("route chose %v outside the namespace", res.Decision.Rank))
+		return nil, fmt.Errorf("route chose %v outside the namespace", res.Decision.Rank)
 	}
 	if req.SessionID != "" {
 		s.remember(req.SessionID, res.Decision.Rank)
@@ -518,7 +505,7 @@ func (s *Selection) doSelect(w http.ResponseWriter, r *http.Request, reserve boo
 		isl = len(local) * res.BlockSize
 	}
 	out.EffectivePrefillTokens = max(isl-int(chosen.OverlapBlocks)*res.BlockSize, 0)
-	return answer(w, c, http.StatusOK, out, nil)
+	return out, nil
 }
 
 // overlapOf is one worker's tiered overlap, in tokens.
@@ -559,20 +546,15 @@ func (s *Selection) remember(id string, rk kvevent.Rank) {
 	s.sessions[id] = rk
 }
 
-func (s *Selection) reserve(w http.ResponseWriter, r *http.Request) error {
-	c := codecOf(r)
+func (s *Selection) reserve(ctx context.Context, req *ReservationRequest) (any, error) {
 	if err := s.b.CheckLeader(); err != nil {
-		return err
-	}
-	var req ReservationRequest
-	if err := decode(r, c, &req); err != nil {
-		return answer(w, c, 0, nil, err)
+		return nil, err
 	}
 	if req.ReservationID == "" {
-		return answer(w, c, 0, nil, badRequest("reservation_id is required"))
+		return nil, badRequest("reservation_id is required")
 	}
-	if req.ModelName == "" {
-		return answer(w, c, 0, nil, badRequest("model_name is required"))
+	if err := requireModel(req.ModelName); err != nil {
+		return nil, err
 	}
 	group := tenantOf(req.RoutingGroup, "")
 	ns := s.x.ns.get(s.b, req.ModelName, group)
@@ -581,16 +563,16 @@ func (s *Selection) reserve(w http.ResponseWriter, r *http.Request) error {
 		// A /v1 worker is its own instance in the default group.
 		rk.Worker = req.WorkerID
 		if _, ok := ns.has(rk); !ok {
-			return answer(w, c, 0, nil, &httpError{code: http.StatusNotFound, err: fmt.Errorf(
-				"worker %d dp rank %d is not registered for model %s routing group %s", req.WorkerID, req.DPRank, req.ModelName, group)})
+			return nil, &httpError{code: http.StatusNotFound, err: fmt.Errorf(
+				"worker %d dp rank %d is not registered for model %s routing group %s", req.WorkerID, req.DPRank, req.ModelName, group)}
 		}
 	}
 	b := raftfsm.Booking{ID: req.ReservationID, Rank: rk, SeqHashes: hashes(req.SequenceHashes), ISL: req.ISLTokens,
 		CachedTokens: req.CachedTokens}
-	if err := s.b.Reserve(r.Context(), b); err != nil {
-		return answer(w, c, 0, nil, fmt.Errorf("reserve %s: %w", req.ReservationID, err))
+	if err := s.b.Reserve(ctx, b); err != nil {
+		return nil, fmt.Errorf("reserve %s: %w", req.ReservationID, err)
 	}
-	return answer(w, c, http.StatusCreated, Map[string]{"status": "ok", "reservation_id": req.ReservationID}, nil)
+	return Map[string]{"status": "ok", "reservation_id": req.ReservationID}, nil
 }
 
 // onLeader runs a reservation write: a follower forwards it to the leader,
@@ -693,17 +675,12 @@ func (s *Selection) loads(w http.ResponseWriter, r *http.Request) error {
 	return answer(w, codecOf(r), http.StatusOK, out, nil)
 }
 
-func (s *Selection) potentialLoads(w http.ResponseWriter, r *http.Request) error {
-	c := codecOf(r)
-	var req PotentialLoadsRequest
-	if err := decode(r, c, &req); err != nil {
-		return answer(w, c, 0, nil, err)
-	}
-	if req.ModelName == "" {
-		return answer(w, c, 0, nil, badRequest("model_name is required"))
+func (s *Selection) potentialLoads(_ context.Context, req *PotentialLoadsRequest) (any, error) {
+	if err := requireModel(req.ModelName); err != nil {
+		return nil, err
 	}
 	if req.ISLTokens < 0 {
-		return answer(w, c, 0, nil, badRequest("isl_tokens %d is negative", req.ISLTokens))
+		return nil, badRequest("isl_tokens %d is negative", req.ISLTokens)
 	}
 	group := tenantOf(req.RoutingGroup, "")
 	ranks, inst := s.ranksOf(req.ModelName, group)
@@ -734,23 +711,14 @@ func (s *Selection) potentialLoads(w http.ResponseWriter, r *http.Request) error
 			ActiveDecodeBlocks: l.Load.ActiveDecodeBlocks, ActiveRequests: l.Load.ActiveRequests,
 			PotentialDecodeBlocks: &pot, PotentialPrefillToks: &pre})
 	}
-	return answer(w, c, http.StatusOK, out, nil)
+	return out, nil
 }
 
-func (s *Selection) overlapScores(w http.ResponseWriter, r *http.Request) error {
-	c := codecOf(r)
-	var req OverlapScoresRequest
-	if err := decode(r, c, &req); err != nil {
-		return answer(w, c, 0, nil, err)
+func (s *Selection) overlapScores(_ context.Context, req *OverlapScoresRequest) (any, error) {
+	if err := requireModel(req.ModelName); err != nil {
+		return nil, err
 	}
-	if req.ModelName == "" {
-		return answer(w, c, 0, nil, badRequest("model_name is required"))
-	}
-	ns := s.x.ns.get(s.b, req.ModelName, tenantOf(req.RoutingGroup, ""))
-	sc := s.x.pool.Get().(*queryScratch)
-	defer s.x.pool.Put(sc)
-	sc.local = append(sc.local[:0], hashes(req.BlockHashes)...)
-	return answer(w, c, http.StatusOK, s.x.lookup(ns, sc), nil)
+	return s.x.lookupHashes(s.x.ns.get(s.b, req.ModelName, tenantOf(req.RoutingGroup, "")), req.BlockHashes), nil
 }
 
 // SelectionPrefix is where a node serves the selection API beside the

@@ -2,6 +2,7 @@ package compat
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -165,6 +166,33 @@ func write(w http.ResponseWriter, c codec, code int, v any) error {
 	_, err := w.Write(buf.Bytes())
 	return err
 }
+
+// bodyHandler is a route whose request body decodes into a Req: do's
+// answer goes out with code, in the request's encoding; its error as
+// {"error": ...} (answer), or to the leader when it wraps
+// raftfsm.ErrNotLeader.
+func bodyHandler[Req any](code int, do func(ctx context.Context, req *Req) (any, error)) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		c := codecOf(r)
+		var req Req
+		if err := decode(r, c, &req); err != nil {
+			return answer(w, c, 0, nil, err)
+		}
+		v, err := do(r.Context(), &req)
+		return answer(w, c, code, v, err)
+	}
+}
+
+// requireModel refuses a request that names no model.
+func requireModel(model string) error {
+	if model == "" {
+		return badRequest("model_name is required")
+	}
+	return nil
+}
+
+// statusOK is the plain success answer.
+var statusOK = StatusBody{Status: "ok"}
 
 // ErrorBody is every error answer: {"error": "..."}.
 type ErrorBody struct {
