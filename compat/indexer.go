@@ -100,20 +100,7 @@ type InstanceOverlap struct {
 func (q QueryResponse) MarshalJSON() ([]byte, error) {
 	b := make([]byte, 0, 64+48*len(q.Instances)+8*len(q.Frequencies))
 	b = append(b, `{"scores":`...)
-	if q.Scores == nil {
-		b = append(b, "null"...)
-	} else {
-		b = append(b, '{')
-		for i, k := range slices.Sorted(maps.Keys(q.Scores)) {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendQuote(b, k)
-			b = append(b, ':')
-			b = appendIntMap(b, q.Scores[k])
-		}
-		b = append(b, '}')
-	}
+	b = appendMap(b, q.Scores, appendIntMap)
 	b = append(b, `,"frequencies":`...)
 	if q.Frequencies == nil {
 		b = append(b, "null"...)
@@ -128,20 +115,7 @@ func (q QueryResponse) MarshalJSON() ([]byte, error) {
 		b = append(b, ']')
 	}
 	b = append(b, `,"instances":`...)
-	if q.Instances == nil {
-		b = append(b, "null"...)
-	} else {
-		b = append(b, '{')
-		for i, k := range slices.Sorted(maps.Keys(q.Instances)) {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendQuote(b, k)
-			b = append(b, ':')
-			b = q.Instances[k].appendJSON(b)
-		}
-		b = append(b, '}')
-	}
+	b = appendMap(b, q.Instances, func(b []byte, o InstanceOverlap) []byte { return o.appendJSON(b) })
 	return append(b, '}'), nil
 }
 
@@ -163,6 +137,12 @@ func (o InstanceOverlap) appendJSON(b []byte) []byte {
 }
 
 func appendIntMap(b []byte, m Map[int]) []byte {
+	return appendMap(b, m, func(b []byte, v int) []byte { return strconv.AppendInt(b, int64(v), 10) })
+}
+
+// appendMap writes m as a JSON object with its keys sorted, each value by
+// appendV.
+func appendMap[V any](b []byte, m Map[V], appendV func([]byte, V) []byte) []byte {
 	if m == nil {
 		return append(b, "null"...)
 	}
@@ -173,7 +153,7 @@ func appendIntMap(b []byte, m Map[int]) []byte {
 		}
 		b = strconv.AppendQuote(b, k)
 		b = append(b, ':')
-		b = strconv.AppendInt(b, int64(m[k]), 10)
+		b = appendV(b, m[k])
 	}
 	return append(b, '}')
 }
