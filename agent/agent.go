@@ -16,7 +16,13 @@
 //     cannot be replayed, the rank is cleared, on the router too: a block
 //     the router may still route to must be one the engine reported and
 //     did not take back. Blocks the engine stored during a loss reappear
-//     when it stores or offloads them again.
+//     when it stores or offloads them again. The blocks of the agent's own
+//     offload pools (Publish) are not the engine's to lose: they stay in
+//     the mirror and go back to the router with a dump of the rank.
+//   - The offload pools publish through the agent (Publish), under the
+//     same lock as the engine's batches, so the mirror holds their G2 and
+//     G3 blocks too and a dump after a gap keeps them. A G3 pool reopened
+//     on start gives its state to Restore, and the rank's dump carries it.
 //   - The engine path never blocks on the router: the publisher drops its
 //     oldest events when its buffer is full (DropOldest), and the rank heals
 //     with a dump once the router reports the gap.
@@ -91,6 +97,9 @@ type Agent struct {
 
 	mu     sync.Mutex // held around a publish and its mirror apply, and by Dump
 	mirror *indexer.Index
+	// offloaded[r] has the bit of every tier an offload pool of rank r
+	// published or restored blocks in: what a clear keeps. Guarded by mu.
+	offloaded map[kvevent.Rank]kvevent.Mask
 
 	resets  *prometheus.CounterVec
 	pubErrs prometheus.Counter
@@ -120,7 +129,7 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.HeartbeatSubject == "" {
 		cfg.HeartbeatSubject = eventplane.DefaultHeartbeatSubject
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, mirror: indexer.New(indexer.Config{})}
+	a := &Agent{cfg: cfg, log: cfg.Logger, mirror: indexer.New(indexer.Config{}), offloaded: map[kvevent.Rank]kvevent.Mask{}}
 	reg := cfg.Registerer
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -253,11 +262,17 @@ func (a *Agent) Reset(r kvevent.Rank) { a.clear(r, "engine_restart") }
 // Resync clears rank r: its engine's stream lost batches for good.
 func (a *Agent) Resync(r kvevent.Rank, reason enginesub.Reason) { a.clear(r, string(reason)) }
 
+// clear drops what the engine reported of rank r, here and on the router.
+// The blocks of the agent's offload pools survive: the mirror gets them
+// back at once, and a resync sends the router the rank's dump, which
+// replaces its state after the clear (a dump, not events, because a pool
+// may hold more blocks than the replay buffer).
 func (a *Agent) clear(r kvevent.Rank, reason string) {
 	a.resets.WithLabelValues(reason).Inc()
 	a.log.Warn("clearing the rank on the router", "rank", r, "reason", reason)
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	keep := a.offloadedLocked(r)
 	a.mirror.RemoveRank(r)
 	ev := []kvevent.Event{{Rank: r, Kind: kvevent.KindCleared}}
 	if _, err := a.pub.Publish(r, ev); err != nil {
@@ -265,6 +280,102 @@ func (a *Agent) clear(r kvevent.Rank, reason string) {
 		a.pubErrs.Inc()
 		a.log.Error("publishing a clear failed", "rank", r, "err", err)
 	}
+	if len(keep) > 0 {
+		a.mirror.ApplyBatch(keep, time.Now().UnixNano())
+		a.pub.Resync(r)
+	}
+}
+
+// offloadedLocked returns, from the mirror, the blocks of rank r held in
+// the tiers of its offload pools, as stored events, parents first. A block
+// whose parent is held only in another tier is left out: after a clear no
+// lookup could reach it. The caller holds a.mu.
+func (a *Agent) offloadedLocked(r kvevent.Rank) []kvevent.Event {
+	tiers := a.offloaded[r]
+	if tiers == 0 {
+		return nil
+	}
+	d, err := a.mirror.DumpRank(r)
+	if err != nil {
+		return nil
+	}
+	kept := d.Entries[:0]
+	for _, e := range d.Entries {
+		if e.Mask &= tiers; e.Mask != 0 {
+			kept = append(kept, e)
+		}
+	}
+	d.Entries = kept
+	return d.StoredEvents()
+}
+
+// Publish publishes a batch of events of one of rank r's offload pools
+// and applies it to the mirror, under the lock Events takes, so a dump of
+// the rank includes the pools' blocks (pool.Sink: the pools call it with
+// their own lock held, so the lock order is pool → agent → publisher; the
+// agent never calls a pool). It returns the id of the batch's last event.
+// It refuses a rank the agent does not follow, and fails once the
+// publisher is closed; the pool counts the error and goes on.
+func (a *Agent) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
+	if !a.follows(r) {
+		return 0, fmt.Errorf("offload pool events of rank %v: the agent does not follow it", r)
+	}
+	if len(evs) == 0 {
+		_, last := a.pub.Cursor(r)
+		return last, nil
+	}
+	cp := cloneEvents(evs, r)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	last, err := a.pub.Publish(r, cp)
+	if err != nil {
+		a.pubErrs.Inc()
+		return 0, fmt.Errorf("publish offload events of rank %v: %w", r, err)
+	}
+	a.markOffloadedLocked(r, cp)
+	a.mirror.ApplyBatch(cp, time.Now().UnixNano())
+	return last, nil
+}
+
+// Restore adds an offload pool's stored blocks (its Dump) to rank r's
+// mirror without publishing them as events, and has the rank resynced:
+// the router gets them in the rank's next dump, which Run sends first
+// when Restore is called before it. This is how a G3 pool reopened on
+// start republishes its blocks as part of a full dump of its rank. Every
+// event must be a valid KindStored; otherwise nothing is applied.
+func (a *Agent) Restore(r kvevent.Rank, stored []kvevent.Event) error {
+	if !a.follows(r) {
+		return fmt.Errorf("restore offloaded blocks of rank %v: the agent does not follow it", r)
+	}
+	cp := cloneEvents(stored, r)
+	for i := range cp {
+		if err := cp[i].Validate(); err != nil || cp[i].Kind != kvevent.KindStored {
+			return fmt.Errorf("restore offloaded blocks of rank %v: event %d is not a valid store (%v)", r, i, err)
+		}
+	}
+	a.mu.Lock()
+	a.markOffloadedLocked(r, cp)
+	a.mirror.ApplyBatch(cp, time.Now().UnixNano())
+	a.mu.Unlock()
+	a.pub.Resync(r)
+	return nil
+}
+
+func (a *Agent) markOffloadedLocked(r kvevent.Rank, evs []kvevent.Event) {
+	for i := range evs {
+		if evs[i].Kind == kvevent.KindStored {
+			a.offloaded[r] |= evs[i].Tier.Bit()
+		}
+	}
+}
+
+func (a *Agent) follows(r kvevent.Rank) bool {
+	for _, x := range a.ranks {
+		if x == r {
+			return true
+		}
+	}
+	return false
 }
 
 // dump is the publisher's Dump callback: the mirror's state of r and the

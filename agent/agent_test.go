@@ -78,6 +78,13 @@ func startAgent(t *testing.T, r *router) (*Agent, func()) {
 
 func startAgentWith(t *testing.T, r *router, cfg Config) (*Agent, func()) {
 	t.Helper()
+	return startAgentThen(t, r, cfg, nil)
+}
+
+// startAgentThen is startAgentWith that calls before (when not nil) with
+// the new agent before it runs, as kvagent opens its offload pools.
+func startAgentThen(t *testing.T, r *router, cfg Config, before func(*Agent)) (*Agent, func()) {
+	t.Helper()
 	nc, err := nats.Connect(r.ns.ClientURL())
 	if err != nil {
 		t.Fatal(err)
@@ -86,6 +93,9 @@ func startAgentWith(t *testing.T, r *router, cfg Config) (*Agent, func()) {
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if before != nil {
+		before(a)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

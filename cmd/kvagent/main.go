@@ -1,7 +1,10 @@
 // Command kvagent is the node agent: it follows an inference engine's KV
 // event stream over ZMQ, one subscriber per data-parallel rank, and
 // publishes every change to the kvrouter cluster over NATS, keeping the
-// worker registered with heartbeats (docs/events.md).
+// worker registered with heartbeats (docs/events.md). With
+// --offload-socket it also offloads the engine's KV blocks to pinned host
+// memory (G2) and disk (G3) through an API on a Unix socket, and publishes
+// those tiers too (docs/offload.md).
 package main
 
 import (
@@ -20,6 +23,7 @@ import (
 	"github.com/kvrouter/kvrouter/agent"
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,8 +47,13 @@ func app() *cli.App {
 
    kvagent --worker-id 1 --block-size 16 --dp-size 2 \
      --engine-endpoint tcp://127.0.0.1:5557 --replay-endpoint tcp://127.0.0.1:5567 \
-     --nats-url nats://127.0.0.1:4221,nats://127.0.0.1:4222 --router 127.0.0.1:7181`,
-		Flags: []cli.Flag{
+     --nats-url nats://127.0.0.1:4221,nats://127.0.0.1:4222 --router 127.0.0.1:7181
+
+   With offloading of 2 MiB blocks to 20 GiB of host memory and 400 GiB of disk per rank:
+
+   kvagent ... --offload-socket /run/kvagent/offload.sock --block-bytes 2097152 \
+     --host-blocks 10240 --disk-dir /var/lib/kvagent/g3 --disk-blocks 204800`,
+		Flags: append([]cli.Flag{
 			&cli.Uint64Flag{Name: "worker-id", Required: true, EnvVars: []string{"KVAGENT_WORKER_ID"}, Usage: "the worker id the router knows this engine by"},
 			&cli.IntFlag{Name: "block-size", Required: true, EnvVars: []string{"KVAGENT_BLOCK_SIZE"}, Usage: "the engine's KV block size in tokens"},
 			&cli.StringFlag{Name: "engine-endpoint", Value: "tcp://127.0.0.1:5557", EnvVars: []string{"KVAGENT_ENGINE_ENDPOINT"}, Usage: "dp rank 0's ZMQ event endpoint; rank r uses port + r"},
@@ -70,7 +79,7 @@ func app() *cli.App {
 			&cli.DurationFlag{Name: "lease", Value: 10 * time.Second, Usage: "the worker's lease: the leader removes it after this long without a heartbeat (0: never)"},
 			&cli.StringFlag{Name: "metrics-addr", Value: "127.0.0.1:9464", EnvVars: []string{"KVAGENT_METRICS_ADDR"}, Usage: "where /metrics is served (empty: nowhere)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
-		},
+		}, offloadCLIFlags()...),
 		Action: run,
 	}
 }
@@ -83,6 +92,10 @@ func run(c *cli.Context) error {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if c.Int("dp-size") < 1 {
 		return fmt.Errorf("--dp-size %d: want at least 1", c.Int("dp-size"))
+	}
+	oc, err := offloadConfigFrom(c)
+	if err != nil {
+		return err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -106,6 +119,17 @@ func run(c *cli.Context) error {
 			Capacity: [4]int64{c.Int64("capacity-device"), c.Int64("capacity-host"), c.Int64("capacity-disk")}},
 		Registerer: reg, Logger: logger,
 	}
+	if oc.Socket != "" {
+		// The router bounds what it keeps of a rank per tier by the
+		// registered capacity: let it keep what the pools hold.
+		capa := &cfg.Registration.Capacity
+		if capa[kvevent.TierHostPinned] == 0 {
+			capa[kvevent.TierHostPinned] = int64(oc.HostBlocks)
+		}
+		if capa[kvevent.TierDisk] == 0 {
+			capa[kvevent.TierDisk] = int64(oc.DiskBlocks)
+		}
+	}
 	if r := c.String("router"); r != "" {
 		cl, err := client.New(strings.Split(r, ","), client.Options{UserAgent: "kvagent"})
 		if err != nil {
@@ -119,6 +143,20 @@ func run(c *cli.Context) error {
 		return err
 	}
 	defer a.Close()
+
+	if oc.Socket != "" {
+		off, err := startOffload(oc, a.Ranks(), a, reg, logger)
+		if err != nil {
+			return fmt.Errorf("offload: %w", err)
+		}
+		// Deferred after a.Close, so it runs first: the pools publish their
+		// last events while the publisher is still open.
+		defer func() {
+			if err := off.Close(); err != nil {
+				logger.Warn("closing the offload side", "err", err)
+			}
+		}()
+	}
 
 	if addr := c.String("metrics-addr"); addr != "" {
 		ln, err := net.Listen("tcp", addr)

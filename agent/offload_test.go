@@ -1,0 +1,314 @@
+package agent
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/offload/backend"
+	"github.com/kvrouter/kvrouter/offload/engineapi"
+	"github.com/kvrouter/kvrouter/offload/manager"
+	"github.com/kvrouter/kvrouter/offload/pool"
+)
+
+var _ pool.Sink = (*Agent)(nil)
+
+const blockBytes = 256 // bytes per KV block in these tests
+
+func seed(t testing.TB) uint64 {
+	s := rand.Uint64()
+	if v := os.Getenv("KVROUTER_TEST_SEED"); v != "" {
+		var err error
+		if s, err = strconv.ParseUint(v, 10, 64); err != nil {
+			t.Fatalf("KVROUTER_TEST_SEED=%q: %v", v, err)
+		}
+	}
+	t.Logf("seed %d (KVROUTER_TEST_SEED=%d replays it)", s, s)
+	return s
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tierBlocks is how many blocks the router's index holds for rank in tier.
+func tierBlocks(r *router, tier kvevent.Tier) int64 {
+	for _, rs := range r.node.FSM().Index().RankStats() {
+		if rs.Rank == rank {
+			return rs.Blocks[tier]
+		}
+	}
+	return 0
+}
+
+// tieredMatch is rank's match of the local hashes in the router's tiered
+// view.
+func tieredMatch(r *router, locals []uint64) [kvevent.NumTiers]uint32 {
+	var m indexer.Matches
+	r.node.FindMatches(locals, indexer.ViewTiered, &m)
+	for _, rm := range m.Ranks {
+		if rm.Rank == rank {
+			return rm.Blocks
+		}
+	}
+	return [kvevent.NumTiers]uint32{}
+}
+
+// caughtUp waits until the router has applied every event the agent
+// published so far (a count alone can look right while it lags: a STORE
+// and a REMOVE keep it steady).
+func caughtUp(t *testing.T, r *router, a *Agent) {
+	t.Helper()
+	_, last := a.Publisher().Cursor(rank)
+	waitFor(t, "the router to apply the agent's events", func() bool { return r.node.Cursor(rank) >= last })
+}
+
+// offloadRig is the offload side of one agent: the host backend, rank 7/0's
+// pools publishing through the agent, the engine API on a socket, and the
+// engine's simulated G1 region registered with it.
+type offloadRig struct {
+	t    *testing.T
+	rng  *rand.Rand
+	be   *backend.Host
+	host *pool.HostPool
+	disk *pool.DiskPool
+	srv  *engineapi.Server
+	c    *engineapi.Client
+	g1   []byte
+	next uint64
+}
+
+type offloadConfig struct {
+	hostCap, diskCap int
+	diskDir          string
+	filter           manager.FilterConfig
+}
+
+func startOffload(t *testing.T, a *Agent, oc offloadConfig) *offloadRig {
+	t.Helper()
+	be, err := backend.NewHost()
+	must(t, err)
+	o := &offloadRig{t: t, rng: rand.New(rand.NewPCG(seed(t), 1)), be: be, next: 1 << 20}
+	pc := pool.Config{Rank: rank, BlockSize: blockBytes, Sink: a, Logger: quiet}
+	if oc.hostCap > 0 {
+		pc.Capacity = oc.hostCap
+		o.host, err = pool.NewHost(be, pc)
+		must(t, err)
+	}
+	if oc.diskCap > 0 {
+		pc.Capacity = oc.diskCap
+		o.disk, err = pool.OpenDisk(oc.diskDir, pc, pool.DiskOptions{})
+		must(t, err)
+		// What kvagent does on start: the reopened pool's blocks go into
+		// the rank's dump.
+		evs, _ := o.disk.Dump()
+		must(t, a.Restore(rank, evs))
+	}
+	sockDir, err := os.MkdirTemp("", "agent")
+	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	o.srv, err = engineapi.Listen(engineapi.Config{Socket: filepath.Join(sockDir, "s"), Backend: be,
+		Ranks:   []engineapi.RankPools{{Rank: rank, Host: o.host, Disk: o.disk}},
+		Manager: manager.Config{Filter: oc.filter}, Logger: quiet})
+	must(t, err)
+	o.c = engineapi.NewClient(o.srv.Socket())
+
+	const g1Blocks = 64
+	f, err := os.Create(filepath.Join(t.TempDir(), "g1"))
+	must(t, err)
+	defer f.Close()
+	must(t, f.Truncate(g1Blocks*blockBytes))
+	o.g1, err = unix.Mmap(int(f.Fd()), 0, g1Blocks*blockBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	must(t, err)
+	_, err = o.c.Register(context.Background(), engineapi.RegisterRequest{ShmPath: f.Name(),
+		BlockSizeBytes: blockBytes, NumBlocks: g1Blocks})
+	must(t, err)
+	t.Cleanup(o.stop)
+	return o
+}
+
+// stop closes everything in kvagent's order: server, pools, backend.
+func (o *offloadRig) stop() {
+	if o.srv == nil {
+		return
+	}
+	o.c.Close()
+	must(o.t, o.srv.Close())
+	if o.host != nil {
+		must(o.t, o.host.Close())
+	}
+	if o.disk != nil {
+		must(o.t, o.disk.Close())
+	}
+	must(o.t, o.be.Close())
+	unix.Munmap(o.g1)
+	o.srv = nil
+}
+
+// offload plays the engine computing blocks into G1 blocks ids and
+// offloading them: one chain when chain is set, else independent blocks
+// (each the first of its sequence). It waits until the copies are done and
+// returns the blocks' hashes and local hashes.
+func (o *offloadRig) offload(chain bool, ids ...int) (hashes, locals []uint64) {
+	o.t.Helper()
+	req := engineapi.OffloadRequest{}
+	var parent uint64
+	for _, id := range ids {
+		o.next++
+		for j := range blockBytes {
+			o.g1[id*blockBytes+j] = byte(o.rng.Uint32())
+		}
+		h, l := o.next, o.next^0x5eed
+		req.Blocks = append(req.Blocks, engineapi.OffloadBlock{G1Block: id, Hash: engineapi.Hash(h),
+			Parent: engineapi.Hash(parent), Local: engineapi.Hash(l), Priority: 1})
+		hashes, locals = append(hashes, h), append(locals, l)
+		if chain {
+			parent = h
+		}
+	}
+	res, err := o.c.Offload(context.Background(), req)
+	must(o.t, err)
+	if res.Queued != len(ids) {
+		o.t.Fatalf("offload queued %d of %d", res.Queued, len(ids))
+	}
+	o.idle()
+	return hashes, locals
+}
+
+func (o *offloadRig) idle() {
+	o.t.Helper()
+	waitFor(o.t, "the offload manager to go idle", func() bool {
+		st, err := o.c.Stats(context.Background())
+		must(o.t, err)
+		rs, _ := st.Rank(0)
+		return rs.Idle()
+	})
+}
+
+// TestG2EvictionsReachTheRouterIndex: a G2 pool of 4 blocks gets 12 through
+// the engine API; each eviction's REMOVE reaches the router, whose index
+// holds exactly the pool's last 4 blocks in the host tier. A dump of the
+// rank (what heals a gap) holds them too.
+func TestG2EvictionsReachTheRouterIndex(t *testing.T) {
+	r := startRouter(t)
+	a, _ := startAgent(t, r)
+	o := startOffload(t, a, offloadConfig{hostCap: 4})
+	var rounds [][]uint64
+	for round := range 3 {
+		_, locals := o.offload(false, 4*round, 4*round+1, 4*round+2, 4*round+3)
+		rounds = append(rounds, locals)
+	}
+	if st := o.host.Stats(); st.Used != 4 || st.Evictions != 8 {
+		t.Fatalf("host pool: %d used, %d evictions; want 4, 8", st.Used, st.Evictions)
+	}
+	caughtUp(t, r, a)
+	if n := tierBlocks(r, kvevent.TierHostPinned); n != 4 {
+		t.Fatalf("the router holds %d blocks in the host tier, want the pool's 4", n)
+	}
+	for i, locals := range rounds {
+		for _, l := range locals {
+			want := uint32(0)
+			if i == 2 {
+				want = 1
+			}
+			if got := tieredMatch(r, []uint64{l})[kvevent.TierHostPinned]; got != want {
+				t.Fatalf("round %d block %#x: router holds %d in the host tier, want %d", i, l, got, want)
+			}
+		}
+	}
+
+	// The router loses the rank; the agent's dump brings the G2 blocks back.
+	ctx := context.Background()
+	must(t, r.node.ReplaceRank(ctx, rank, r.node.Cursor(rank), nil))
+	waitFor(t, "the router to forget the rank", func() bool { return tierBlocks(r, kvevent.TierHostPinned) == 0 })
+	a.Publisher().Resync(rank)
+	waitFor(t, "the dump to restore the G2 blocks", func() bool { return tierBlocks(r, kvevent.TierHostPinned) == 4 })
+}
+
+// TestG3SurvivesAgentRestart: blocks written through to disk stay there
+// when the agent stops; a new agent on the same directory republishes
+// them in its first dump, so the router (which lost them meanwhile) holds
+// them again in the disk tier, as a chain it can match.
+func TestG3SurvivesAgentRestart(t *testing.T) {
+	r := startRouter(t)
+	dir := t.TempDir()
+	a, stop := startAgent(t, r)
+	o := startOffload(t, a, offloadConfig{hostCap: 8, diskCap: 64, diskDir: dir, filter: manager.FilterConfig{Always: true}})
+	hashes, locals := o.offload(true, 0, 1, 2, 3, 4, 5)
+	waitFor(t, "the chain on disk", func() bool { return o.disk.Stats().Used == len(hashes) })
+	o.idle()
+	waitFor(t, "the router to see the chain on disk", func() bool { return tierBlocks(r, kvevent.TierDisk) == 6 })
+	o.stop()
+	stop()
+
+	ctx := context.Background()
+	must(t, r.node.ReplaceRank(ctx, rank, r.node.Cursor(rank), nil))
+	waitFor(t, "the router to forget the rank", func() bool { return tierBlocks(r, kvevent.TierDisk) == 0 })
+
+	var o2 *offloadRig
+	startAgentThen(t, r, Config{}, func(b *Agent) {
+		o2 = startOffload(t, b, offloadConfig{hostCap: 8, diskCap: 64, diskDir: dir})
+	})
+	waitFor(t, "the new agent's dump to carry the disk tier", func() bool {
+		return tieredMatch(r, locals)[kvevent.TierDisk] == 6
+	})
+	look, err := o2.c.Lookup(ctx, engineapi.LookupRequest{Hashes: []engineapi.Hash{engineapi.Hash(hashes[0]), engineapi.Hash(hashes[5])}})
+	must(t, err)
+	if look.Prefix != 2 || look.Tiers[1][0] != "disk" {
+		t.Fatalf("lookup after the restart: %+v", look)
+	}
+}
+
+// TestEngineResetKeepsOffloadedBlocksOnTheRouter: when the engine restarts
+// or its stream loses batches, the rank's engine blocks are cleared on the
+// router, but the agent's own G2 blocks stay: the pool still holds them.
+func TestEngineResetKeepsOffloadedBlocksOnTheRouter(t *testing.T) {
+	r := startRouter(t)
+	a, _ := startAgent(t, r)
+	be, err := backend.NewHost()
+	must(t, err)
+	defer be.Close()
+	host, err := pool.NewHost(be, pool.Config{Rank: rank, Capacity: 8, BlockSize: blockBytes, Sink: a, Logger: quiet})
+	must(t, err)
+	defer host.Close()
+
+	// The engine holds 1..4 on the GPU; 1..3 were offloaded to G2.
+	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3, 4)}))
+	for h := uint64(1); h <= 3; h++ {
+		must(t, host.Register(pool.Block{Hash: h, Parent: h - 1, Local: 1000 + h}, make([]byte, blockBytes)))
+	}
+	waitFor(t, "device and host blocks on the router", func() bool {
+		return tierBlocks(r, kvevent.TierDevice) == 4 && tierBlocks(r, kvevent.TierHostPinned) == 3
+	})
+	a.Reset(rank)
+	waitFor(t, "the reset to clear only the engine's blocks", func() bool {
+		return tierBlocks(r, kvevent.TierDevice) == 0 && tierBlocks(r, kvevent.TierHostPinned) == 3 && matched(r, 4) == 3
+	})
+	// The pool still publishes into the cleared rank: an eviction lands.
+	must(t, host.Register(pool.Block{Hash: 9, Local: 1009}, make([]byte, blockBytes)))
+	waitFor(t, "a new G2 block after the reset", func() bool { return tierBlocks(r, kvevent.TierHostPinned) == 4 })
+}
+
+// TestPublishRefusesARankTheAgentDoesNotFollow: a pool configured for the
+// wrong rank gets an error (counted by the pool), not a silent publish.
+func TestPublishRefusesARankTheAgentDoesNotFollow(t *testing.T) {
+	r := startRouter(t)
+	a, _ := startAgent(t, r)
+	other := kvevent.Rank{Worker: 8}
+	if _, err := a.Publish(other, []kvevent.Event{storedChain(0, 1)}); err == nil {
+		t.Fatal("Publish accepted a rank the agent does not follow")
+	}
+	if err := a.Restore(rank, []kvevent.Event{{Rank: rank, Kind: kvevent.KindRemoved, Removed: []uint64{1}}}); err == nil {
+		t.Fatal("Restore accepted a remove")
+	}
+}

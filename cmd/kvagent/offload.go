@@ -1,0 +1,174 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/urfave/cli/v2"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/offload/backend"
+	"github.com/kvrouter/kvrouter/offload/engineapi"
+	"github.com/kvrouter/kvrouter/offload/manager"
+	"github.com/kvrouter/kvrouter/offload/pool"
+)
+
+// offloadCLIFlags are the flags of the offload side (docs/offload.md).
+func offloadCLIFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "offload-socket", EnvVars: []string{"KVAGENT_OFFLOAD_SOCKET"}, Usage: "Unix socket of the engine offload API (empty: offload off)"},
+		&cli.StringFlag{Name: "backend", Value: "auto", Usage: "copy backend: auto (cuda when a GPU is found), host or cuda"},
+		&cli.IntFlag{Name: "block-bytes", Usage: "bytes per KV block (all layers), as the engine's G1 region holds them; required with --offload-socket"},
+		&cli.IntFlag{Name: "host-blocks", Usage: "G2 capacity per dp rank, in blocks of pinned host memory (0: no G2)"},
+		&cli.StringFlag{Name: "disk-dir", Usage: "G3 directory; each dp rank's pool lives in <dir>/dp<rank> and survives a restart"},
+		&cli.IntFlag{Name: "disk-blocks", Usage: "G3 capacity per dp rank, in blocks (0: no G3)"},
+		&cli.IntFlag{Name: "offload-workers", Value: 2, Usage: "copy workers per path and rank"},
+		&cli.IntFlag{Name: "offload-queue", Value: 4096, Usage: "blocks each offload queue holds before it sheds the lowest priority"},
+		&cli.IntFlag{Name: "offload-filter-threshold", Value: 2, Usage: "times a block must be seen before it is written to disk (1: every block)"},
+		&cli.DurationFlag{Name: "onboard-timeout", Value: time.Second, Usage: "default deadline of an onboard that gives none"},
+	}
+}
+
+// offloadConfig is what the offload flags say.
+type offloadConfig struct {
+	Socket         string
+	Backend        backend.Kind
+	BlockBytes     int
+	HostBlocks     int
+	DiskDir        string
+	DiskBlocks     int
+	Workers        int
+	Queue          int
+	Threshold      int
+	OnboardTimeout time.Duration
+}
+
+func offloadConfigFrom(c *cli.Context) (offloadConfig, error) {
+	kind, err := backend.ParseKind(c.String("backend"))
+	if err != nil {
+		return offloadConfig{}, fmt.Errorf("--backend: %w", err)
+	}
+	oc := offloadConfig{Socket: c.String("offload-socket"), Backend: kind, BlockBytes: c.Int("block-bytes"),
+		HostBlocks: c.Int("host-blocks"), DiskDir: c.String("disk-dir"), DiskBlocks: c.Int("disk-blocks"),
+		Workers: c.Int("offload-workers"), Queue: c.Int("offload-queue"), Threshold: c.Int("offload-filter-threshold"),
+		OnboardTimeout: c.Duration("onboard-timeout")}
+	return oc, oc.check()
+}
+
+func (oc offloadConfig) check() error {
+	if oc.Socket == "" {
+		return nil
+	}
+	switch {
+	case oc.BlockBytes <= 0:
+		return fmt.Errorf("--block-bytes %d: want the size of one KV block in bytes", oc.BlockBytes)
+	case oc.HostBlocks < 0 || oc.DiskBlocks < 0:
+		return fmt.Errorf("--host-blocks %d, --disk-blocks %d: want 0 or more", oc.HostBlocks, oc.DiskBlocks)
+	case oc.HostBlocks == 0 && oc.DiskBlocks == 0:
+		return errors.New("--offload-socket needs --host-blocks or --disk-blocks")
+	case (oc.DiskBlocks > 0) != (oc.DiskDir != ""):
+		return errors.New("--disk-dir and --disk-blocks go together")
+	case oc.Workers < 1 || oc.Queue < 1 || oc.Threshold < 1:
+		return fmt.Errorf("--offload-workers %d, --offload-queue %d, --offload-filter-threshold %d: want at least 1",
+			oc.Workers, oc.Queue, oc.Threshold)
+	case oc.OnboardTimeout <= 0:
+		return fmt.Errorf("--onboard-timeout %v: want > 0", oc.OnboardTimeout)
+	}
+	return nil
+}
+
+// offloadSink is what the pools publish through and what republishes a
+// reopened G3 pool: *agent.Agent.
+type offloadSink interface {
+	pool.Sink
+	Restore(r kvevent.Rank, stored []kvevent.Event) error
+}
+
+// offload is the agent's offload side: the backend, each rank's pools and
+// the engine API. Managers are started by the engine API when the engine
+// registers its G1 region.
+type offload struct {
+	be    backend.Backend
+	hosts []*pool.HostPool
+	disks []*pool.DiskPool
+	srv   *engineapi.Server
+}
+
+// startOffload opens the backend, each rank's pools (a G3 pool reopened
+// with blocks gives them to sink.Restore, so the rank's first dump carries
+// them) and the engine API. Call it before the agent runs.
+func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg prometheus.Registerer, log *slog.Logger) (_ *offload, err error) {
+	o := &offload{}
+	defer func() {
+		if err != nil {
+			o.Close()
+		}
+	}()
+	if o.be, err = backend.Open(oc.Backend); err != nil {
+		return nil, fmt.Errorf("open the %s backend: %w", oc.Backend, err)
+	}
+	var rps []engineapi.RankPools
+	for _, r := range ranks {
+		rp := engineapi.RankPools{Rank: r}
+		pc := pool.Config{Rank: r, BlockSize: oc.BlockBytes, Sink: sink, Registerer: reg, Logger: log}
+		if oc.HostBlocks > 0 {
+			pc.Capacity = oc.HostBlocks
+			if rp.Host, err = pool.NewHost(o.be, pc); err != nil {
+				return nil, fmt.Errorf("rank %s: %w", r, err)
+			}
+			o.hosts = append(o.hosts, rp.Host)
+		}
+		if oc.DiskBlocks > 0 {
+			dir := filepath.Join(oc.DiskDir, "dp"+strconv.FormatUint(uint64(r.DP), 10))
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				return nil, fmt.Errorf("rank %s: %w", r, err)
+			}
+			pc.Capacity = oc.DiskBlocks
+			if rp.Disk, err = pool.OpenDisk(dir, pc, pool.DiskOptions{}); err != nil {
+				return nil, fmt.Errorf("rank %s: %w", r, err)
+			}
+			o.disks = append(o.disks, rp.Disk)
+			if evs, _ := rp.Disk.Dump(); len(evs) > 0 {
+				if err := sink.Restore(r, evs); err != nil {
+					return nil, fmt.Errorf("rank %s: republish the disk pool: %w", r, err)
+				}
+				log.Info("disk pool reopened", "rank", r, "dir", dir, "blocks", rp.Disk.Stats().Used)
+			}
+		}
+		rps = append(rps, rp)
+	}
+	o.srv, err = engineapi.Listen(engineapi.Config{Socket: oc.Socket, Backend: o.be, Ranks: rps,
+		Manager: manager.Config{QueueCapacity: oc.Queue, Workers: oc.Workers, OnboardTimeout: oc.OnboardTimeout,
+			Filter: manager.FilterConfig{Threshold: oc.Threshold}},
+		Registerer: reg, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// Close stops the offload side in order: the engine API (its Managers
+// finish their copies in flight, the G1 mappings go), the pools, the
+// backend.
+func (o *offload) Close() error {
+	var errs []error
+	if o.srv != nil {
+		errs = append(errs, o.srv.Close())
+	}
+	for _, p := range o.hosts {
+		errs = append(errs, p.Close())
+	}
+	for _, p := range o.disks {
+		errs = append(errs, p.Close())
+	}
+	if o.be != nil {
+		errs = append(errs, o.be.Close())
+	}
+	return errors.Join(errs...)
+}

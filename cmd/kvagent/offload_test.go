@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/offload/backend"
+	"github.com/kvrouter/kvrouter/offload/engineapi"
+	"github.com/kvrouter/kvrouter/offload/pool"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("github.com/cockroachdb/pebble/v2/internal/cache.(*shard).releaseLoop"),
+		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2.(*tableCacheShard).releaseLoop"),
+	)
+}
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// fakeAgent records what the pools publish and restore.
+type fakeAgent struct {
+	mu        sync.Mutex
+	published map[kvevent.Rank]int // blocks stored
+	restored  map[kvevent.Rank][]kvevent.Event
+}
+
+func newFakeAgent() *fakeAgent {
+	return &fakeAgent{published: map[kvevent.Rank]int{}, restored: map[kvevent.Rank][]kvevent.Event{}}
+}
+
+func (f *fakeAgent) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, ev := range evs {
+		f.published[r] += len(ev.Blocks)
+	}
+	return 1, nil
+}
+
+func (f *fakeAgent) Restore(r kvevent.Rank, evs []kvevent.Event) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.restored[r] = append(f.restored[r], evs...)
+	return nil
+}
+
+func TestOffloadFlagsAreChecked(t *testing.T) {
+	ok := offloadConfig{Socket: "/s", Backend: backend.KindHost, BlockBytes: 64, HostBlocks: 4,
+		Workers: 1, Queue: 1, Threshold: 2, OnboardTimeout: time.Second}
+	for _, tc := range []struct {
+		name string
+		edit func(*offloadConfig)
+		want string // "" for no error
+	}{
+		{"host only", func(*offloadConfig) {}, ""},
+		{"offload off ignores the rest", func(c *offloadConfig) { *c = offloadConfig{} }, ""},
+		{"disk only", func(c *offloadConfig) { c.HostBlocks, c.DiskDir, c.DiskBlocks = 0, "/d", 8 }, ""},
+		{"no block size", func(c *offloadConfig) { c.BlockBytes = 0 }, "--block-bytes"},
+		{"no pool", func(c *offloadConfig) { c.HostBlocks = 0 }, "--host-blocks or --disk-blocks"},
+		{"disk blocks without a dir", func(c *offloadConfig) { c.DiskBlocks = 8 }, "--disk-dir"},
+		{"disk dir without blocks", func(c *offloadConfig) { c.DiskDir = "/d" }, "--disk-dir"},
+		{"no workers", func(c *offloadConfig) { c.Workers = 0 }, "--offload-workers"},
+		{"threshold 0", func(c *offloadConfig) { c.Threshold = 0 }, "--offload-filter-threshold"},
+	} {
+		c := ok
+		tc.edit(&c)
+		err := c.check()
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v, want an error naming %q", tc.name, err, tc.want)
+		}
+	}
+	// The flags reach the check before anything is started.
+	err := app().Run([]string{"kvagent", "--worker-id", "1", "--block-size", "4", "--offload-socket", "/tmp/x.sock",
+		"--host-blocks", "4", "--metrics-addr", ""})
+	if err == nil || !strings.Contains(err.Error(), "--block-bytes") {
+		t.Fatalf("kvagent with --offload-socket and no --block-bytes: %v", err)
+	}
+	err = app().Run([]string{"kvagent", "--worker-id", "1", "--block-size", "4", "--backend", "tpu"})
+	if err == nil || !strings.Contains(err.Error(), "--backend") {
+		t.Fatalf("kvagent --backend tpu: %v", err)
+	}
+}
+
+// TestOffloadReopensEachRanksDiskPoolAndRestoresIt: each rank's G3 pool
+// lives in <disk-dir>/dp<rank>; after a restart the blocks of a pool go to
+// the agent's Restore (which makes them part of the rank's first dump),
+// and Close leaves no socket and no goroutine behind.
+func TestOffloadReopensEachRanksDiskPoolAndRestoresIt(t *testing.T) {
+	sockDir, err := os.MkdirTemp("", "kvagent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(sockDir)
+	oc := offloadConfig{Socket: filepath.Join(sockDir, "s"), Backend: backend.KindHost, BlockBytes: 64,
+		HostBlocks: 4, DiskDir: t.TempDir(), DiskBlocks: 16, Workers: 1, Queue: 8, Threshold: 2, OnboardTimeout: time.Second}
+	ranks := []kvevent.Rank{{Worker: 1, DP: 0}, {Worker: 1, DP: 1}}
+	start := func(f *fakeAgent) *offload {
+		t.Helper()
+		o, err := startOffload(oc, ranks, f, prometheus.NewRegistry(), quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+
+	f := newFakeAgent()
+	o := start(f)
+	c := engineapi.NewClient(oc.Socket)
+	defer c.Close()
+	st, err := c.Stats(context.Background())
+	if err != nil || len(st.Ranks) != 2 || st.Ranks[1].Host == nil || st.Ranks[1].Disk == nil || st.Backend != "host" {
+		t.Fatalf("stats: %+v, %v", st, err)
+	}
+	for h := uint64(1); h <= 3; h++ {
+		if err := o.disks[1].Register(pool.Block{Hash: h, Parent: h - 1, Local: 100 + h}, make([]byte, 64)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if f.published[ranks[1]] != 3 || len(f.restored) != 0 {
+		t.Fatalf("published %v, restored %v; want 3 blocks of rank 1 published, nothing restored", f.published, f.restored)
+	}
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if _, err := os.Stat(oc.Socket); !os.IsNotExist(err) {
+		t.Fatalf("the socket outlived Close: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(oc.DiskDir, "dp1")); err != nil {
+		t.Fatalf("rank 1's disk pool is not in <disk-dir>/dp1: %v", err)
+	}
+
+	f = newFakeAgent()
+	o = start(f)
+	defer o.Close()
+	n := 0
+	for _, ev := range f.restored[ranks[1]] {
+		n += len(ev.Blocks)
+	}
+	if n != 3 || len(f.restored[ranks[0]]) != 0 {
+		t.Fatalf("restored %v, want rank 1's 3 blocks", f.restored)
+	}
+	if err := c.Health(context.Background()); err != nil {
+		t.Fatalf("the restarted engine API: %v", err)
+	}
+}

@@ -1,0 +1,94 @@
+package engineapi
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/offload/backend"
+)
+
+const fuzzBlocks = 64
+
+// checked decodes body as each request type and checks it against a
+// region of fuzzBlocks blocks of 1024 bytes; it returns what was accepted.
+func checked(t *testing.T, body []byte) {
+	if q, err := decode[OffloadRequest](body); err == nil && q.check(fuzzBlocks) == nil {
+		seen := map[int]bool{}
+		for _, b := range q.Blocks {
+			if b.G1Block < 0 || b.G1Block >= fuzzBlocks || b.Hash == 0 || b.Parent == b.Hash || seen[b.G1Block] {
+				t.Fatalf("accepted a bad offload block %+v", b)
+			}
+			seen[b.G1Block] = true
+		}
+	} else if err == nil && !errors.Is(q.check(fuzzBlocks), ErrBadRequest) {
+		t.Fatal("an offload refusal is not ErrBadRequest")
+	}
+	if q, err := decode[FreeRequest](body); err == nil && q.check(fuzzBlocks) == nil {
+		for _, id := range q.G1Blocks {
+			if id < 0 || id >= fuzzBlocks {
+				t.Fatalf("accepted free of block %d", id)
+			}
+		}
+	}
+	if q, err := decode[OnboardRequest](body); err == nil && q.check(fuzzBlocks) == nil {
+		if len(q.Hashes) != len(q.G1Blocks) || q.TimeoutMs < 0 || q.TimeoutMs > MaxTimeoutMs {
+			t.Fatalf("accepted a bad onboard %+v", q)
+		}
+		seen := map[int]bool{}
+		for i, id := range q.G1Blocks {
+			if id < 0 || id >= fuzzBlocks || q.Hashes[i] == 0 || seen[id] {
+				t.Fatalf("accepted a bad onboard %+v", q)
+			}
+			seen[id] = true
+		}
+	}
+	if q, err := decode[RegisterRequest](body); err == nil {
+		if h, l, err := q.check(backend.KindHost, 1024); err == nil {
+			if len(h) == 0 || l.BlockSize != 1024 || l.Blocks <= 0 {
+				t.Fatalf("accepted a bad registration %+v", q)
+			}
+		}
+	}
+	if _, err := decode[LookupRequest](body); err != nil && !errors.Is(err, ErrBadRequest) {
+		t.Fatal("a decode error is not ErrBadRequest")
+	}
+}
+
+// FuzzDecodeRequests: no body makes a decoder panic, and a request the
+// checks accept is one the Manager can apply whole (go test -fuzz
+// FuzzDecodeRequests ./offload/engineapi/).
+func FuzzDecodeRequests(f *testing.F) {
+	for _, s := range []string{
+		`{"dp_rank":0,"blocks":[{"g1_block":3,"hash":7,"parent":0,"local":9,"priority":1}]}`,
+		`{"dp_rank":0,"blocks":[{"g1_block":3,"hash":7},{"g1_block":3,"hash":8}]}`,
+		`{"dp_rank":1,"g1_blocks":[0,63,64,-1]}`,
+		`{"dp_rank":0,"hashes":[1,-1,18446744073709551615],"g1_blocks":[1,2,3],"timeout_ms":100}`,
+		`{"dp_rank":0,"hashes":[1e3, 1.5, "2", null]}`,
+		`{"dp_rank":0,"shm_path":"/dev/shm/x","block_size_bytes":1024,"num_blocks":64}`,
+		`{"ipc_handle":"AAECAw==","block_size_bytes":1024,"num_blocks":9223372036854775807}`,
+		`{} {}`, `[`, `null`, ``,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) { checked(t, body) })
+}
+
+func TestHashAcceptsSignedAndUnsignedIntegersOnly(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want uint64
+		ok   bool
+	}{
+		{"0", 0, true}, {"7", 7, true}, {"18446744073709551615", 1<<64 - 1, true},
+		{"-1", 1<<64 - 1, true}, {"-9223372036854775808", 1 << 63, true},
+		{"18446744073709551616", 0, false}, {"-9223372036854775809", 0, false},
+		{"1.0", 0, false}, {"1e3", 0, false}, {`"7"`, 0, false}, {"null", 0, false}, {"true", 0, false},
+	} {
+		var h Hash
+		err := json.Unmarshal([]byte(tc.in), &h)
+		if (err == nil) != tc.ok || (tc.ok && uint64(h) != tc.want) {
+			t.Errorf("%s → %d, %v; want %d, ok %v", tc.in, uint64(h), err, tc.want, tc.ok)
+		}
+	}
+}

@@ -1,0 +1,438 @@
+package engineapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/offload/backend"
+	"github.com/kvrouter/kvrouter/offload/engineapi"
+	"github.com/kvrouter/kvrouter/offload/manager"
+)
+
+func TestOffloadEvictOnboardOverTheSocketIsByteIdentical(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 32})
+	if res := r.register(0); res.Replaced || res.Backend != "host" {
+		t.Fatalf("first registration: %+v", res)
+	}
+	blocks := r.compute(0, 1, ids(0, 8)...)
+	if res := r.offload(0, blocks); res.Queued != 8 {
+		t.Fatalf("offload queued %d of 8: %+v", res.Queued, res)
+	}
+	r.idle(0)
+	hs := hashesOf(blocks)
+	look, err := r.c.Lookup(r.ctx(), engineapi.LookupRequest{DPRank: 0, Hashes: append(slices.Clone(hs), 12345)})
+	check(t, err)
+	for i := range hs {
+		if !slices.Equal(look.Tiers[i], []string{"host"}) {
+			t.Fatalf("lookup of block %d: tiers %v, want [host]", i, look.Tiers[i])
+		}
+	}
+	if len(look.Tiers[8]) != 0 || look.Prefix != 8 {
+		t.Fatalf("lookup of an unknown hash: tiers %v, prefix %d; want none, 8", look.Tiers[8], look.Prefix)
+	}
+
+	// The engine evicts the blocks from G1 and reuses them.
+	r.scribble(0, ids(0, 8)...)
+	res, err := r.c.Onboard(r.ctx(), engineapi.OnboardRequest{DPRank: 0, Hashes: hs, G1Blocks: ids(20, 8), TimeoutMs: 5000})
+	check(t, err)
+	if res.Loaded != 8 || res.Prefix != 8 || !res.Settled {
+		t.Fatalf("onboard: %+v", res)
+	}
+	for i, h := range hs {
+		if b := res.Blocks[i]; b.Status != "loaded" || b.From != "host" {
+			t.Fatalf("block %d: %+v, want loaded from host", i, b)
+		}
+		r.checkBytes(0, 20+i, h)
+	}
+	if st := r.rankStats(0); st.Host.Referenced != 0 || st.Manager.Onboard.FromHost != 8 {
+		t.Fatalf("after onboarding: host %+v, onboard %+v", *st.Host, st.Manager.Onboard)
+	}
+}
+
+func TestDiskTierServesBlocksEvictedFromHost(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 4, diskCap: 64, mgr: manager.Config{Filter: manager.FilterConfig{Always: true}}})
+	r.register(0)
+	var rounds [][]engineapi.OffloadBlock
+	for round := range 3 {
+		blocks := r.compute(0, 1, ids(4*round, 4)...)
+		rounds = append(rounds, blocks)
+		r.offload(0, blocks)
+		waitFor(t, "the round on disk", func() bool {
+			st := r.rankStats(0)
+			return st.Idle() && st.Disk.Used == 4*(round+1)
+		})
+	}
+	look, err := r.c.Lookup(r.ctx(), engineapi.LookupRequest{DPRank: 0, Hashes: append(hashesOf(rounds[0]), hashesOf(rounds[2])...)})
+	check(t, err)
+	for i, tiers := range look.Tiers {
+		want := []string{"disk"}
+		if i >= 4 {
+			want = []string{"host", "disk"}
+		}
+		if !slices.Equal(tiers, want) {
+			t.Fatalf("lookup %d: %v, want %v", i, tiers, want)
+		}
+	}
+
+	r.scribble(0, ids(0, 12)...)
+	hs := hashesOf(rounds[0])
+	res, err := r.c.Onboard(r.ctx(), engineapi.OnboardRequest{DPRank: 0, Hashes: hs, G1Blocks: ids(40, 4)})
+	check(t, err)
+	if res.Loaded != 4 || !res.Settled {
+		t.Fatalf("onboard from disk: %+v", res)
+	}
+	for i, h := range hs {
+		if res.Blocks[i].From != "disk" {
+			t.Fatalf("block %d came from %q, want disk", i, res.Blocks[i].From)
+		}
+		r.checkBytes(0, 40+i, h)
+	}
+}
+
+func TestReRegisteringReplacesTheRegionAndKeepsThePools(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 16})
+	r.register(0)
+	blocks := r.compute(0, 1, ids(0, 4)...)
+	r.offload(0, blocks)
+	r.idle(0)
+
+	// The engine restarts with a new G1 region (another file).
+	r.g1[0] = newG1Sim(t, r.dir, r.n)
+	if res := r.register(0); !res.Replaced {
+		t.Fatalf("second registration: %+v, want replaced", res)
+	}
+	st := r.rankStats(0)
+	if st.Manager.Paths["d2h"].Blocks != 0 || st.Host.Used != 4 {
+		t.Fatalf("after replacing: d2h %+v, host used %d; want a new manager on the same pool", st.Manager.Paths["d2h"], st.Host.Used)
+	}
+	hs := hashesOf(blocks)
+	res, err := r.c.Onboard(r.ctx(), engineapi.OnboardRequest{DPRank: 0, Hashes: hs, G1Blocks: ids(10, 4)})
+	check(t, err)
+	if res.Loaded != 4 {
+		t.Fatalf("onboard into the new region: %+v", res)
+	}
+	for i, h := range hs {
+		r.checkBytes(0, 10+i, h)
+	}
+
+	if res, err := r.c.Unregister(r.ctx(), 0); err != nil || !res.Unregistered {
+		t.Fatalf("unregister: %+v, %v", res, err)
+	}
+	if _, err := r.c.Offload(r.ctx(), engineapi.OffloadRequest{DPRank: 0, Blocks: r.compute(0, 1, 0)}); !errors.Is(err, engineapi.ErrNotRegistered) {
+		t.Fatalf("offload after unregister: %v, want ErrNotRegistered", err)
+	}
+	look, err := r.c.Lookup(r.ctx(), engineapi.LookupRequest{DPRank: 0, Hashes: hs})
+	check(t, err)
+	if look.Prefix != 4 {
+		t.Fatalf("lookup without a region: %+v, want the pool's 4 blocks", look)
+	}
+}
+
+func TestBadRequestsAreRefusedAndChangeNothing(t *testing.T) {
+	r := newRig(t, rigConfig{ranks: 2, hostCap: 16})
+	r.register(0) // rank 1 has pools but no region
+	good := r.compute(0, 1, 0, 1)
+	r.offload(0, good)
+	r.idle(0)
+	short := filepath.Join(r.dir, "short")
+	check(t, os.WriteFile(short, make([]byte, bs), 0o600))
+
+	j := func(v any) string {
+		b, err := json.Marshal(v)
+		check(t, err)
+		return string(b)
+	}
+	off := func(bs ...engineapi.OffloadBlock) string { return j(engineapi.OffloadRequest{DPRank: 0, Blocks: bs}) }
+	blk := func(id int, h uint64) engineapi.OffloadBlock {
+		return engineapi.OffloadBlock{G1Block: id, Hash: engineapi.Hash(h), Priority: 1}
+	}
+	cases := []struct {
+		name, method, path, body string
+		status                   int
+		want                     error
+	}{
+		{"malformed JSON", "POST", engineapi.PathOffload, `{"dp_rank":0,"blocks":[`, 400, engineapi.ErrBadRequest},
+		{"unknown field", "POST", engineapi.PathOffload, `{"dp_rank":0,"block":[]}`, 400, engineapi.ErrBadRequest},
+		{"trailing data", "POST", engineapi.PathFree, `{"dp_rank":0,"g1_blocks":[3]} {}`, 400, engineapi.ErrBadRequest},
+		{"not an object", "POST", engineapi.PathFree, `[1,2]`, 400, engineapi.ErrBadRequest},
+		{"fractional hash", "POST", engineapi.PathOffload, `{"dp_rank":0,"blocks":[{"g1_block":3,"hash":1.5}]}`, 400, engineapi.ErrBadRequest},
+		{"hash as a string", "POST", engineapi.PathLookup, `{"dp_rank":0,"hashes":["7"]}`, 400, engineapi.ErrBadRequest},
+		{"hash over 64 bits", "POST", engineapi.PathLookup, `{"dp_rank":0,"hashes":[18446744073709551616]}`, 400, engineapi.ErrBadRequest},
+		{"unknown dp rank", "POST", engineapi.PathOffload, j(engineapi.OffloadRequest{DPRank: 9, Blocks: []engineapi.OffloadBlock{blk(3, 77)}}), 404, engineapi.ErrUnknownRank},
+		{"unknown dp rank lookup", "POST", engineapi.PathLookup, `{"dp_rank":9,"hashes":[1]}`, 404, engineapi.ErrUnknownRank},
+		{"region not registered", "POST", engineapi.PathOffload, j(engineapi.OffloadRequest{DPRank: 1, Blocks: []engineapi.OffloadBlock{blk(3, 77)}}), 409, engineapi.ErrNotRegistered},
+		{"free without a region", "POST", engineapi.PathFree, `{"dp_rank":1,"g1_blocks":[0]}`, 409, engineapi.ErrNotRegistered},
+		{"block id out of range", "POST", engineapi.PathOffload, off(blk(3, 77), blk(64, 78)), 400, engineapi.ErrBadRequest},
+		{"negative block id", "POST", engineapi.PathOffload, off(blk(-1, 77)), 400, engineapi.ErrBadRequest},
+		{"zero hash", "POST", engineapi.PathOffload, off(blk(3, 77), blk(4, 0)), 400, engineapi.ErrBadRequest},
+		{"own parent", "POST", engineapi.PathOffload, off(engineapi.OffloadBlock{G1Block: 3, Hash: 9, Parent: 9}), 400, engineapi.ErrBadRequest},
+		{"block named twice", "POST", engineapi.PathOffload, off(blk(3, 77), blk(3, 78)), 400, engineapi.ErrBadRequest},
+		{"free out of range", "POST", engineapi.PathFree, `{"dp_rank":0,"g1_blocks":[0,1,64]}`, 400, engineapi.ErrBadRequest},
+		{"onboard lengths differ", "POST", engineapi.PathOnboard, j(engineapi.OnboardRequest{Hashes: hashesOf(good), G1Blocks: []int{5}}), 400, engineapi.ErrBadRequest},
+		{"onboard into a block twice", "POST", engineapi.PathOnboard, j(engineapi.OnboardRequest{Hashes: hashesOf(good), G1Blocks: []int{5, 5}}), 400, engineapi.ErrBadRequest},
+		{"onboard zero hash", "POST", engineapi.PathOnboard, j(engineapi.OnboardRequest{Hashes: []engineapi.Hash{good[0].Hash, 0}, G1Blocks: []int{5, 6}}), 400, engineapi.ErrBadRequest},
+		{"onboard out of range", "POST", engineapi.PathOnboard, j(engineapi.OnboardRequest{Hashes: hashesOf(good), G1Blocks: []int{5, 99}}), 400, engineapi.ErrBadRequest},
+		{"onboard negative timeout", "POST", engineapi.PathOnboard, j(engineapi.OnboardRequest{Hashes: hashesOf(good), G1Blocks: []int{5, 6}, TimeoutMs: -1}), 400, engineapi.ErrBadRequest},
+		{"register wrong block size", "POST", engineapi.PathRegion, j(engineapi.RegisterRequest{ShmPath: r.g1[0].path, BlockSizeBytes: 512, NumBlocks: 64}), 400, engineapi.ErrBadRequest},
+		{"register no blocks", "POST", engineapi.PathRegion, j(engineapi.RegisterRequest{ShmPath: r.g1[0].path, BlockSizeBytes: bs}), 400, engineapi.ErrBadRequest},
+		{"register no handle", "POST", engineapi.PathRegion, j(engineapi.RegisterRequest{BlockSizeBytes: bs, NumBlocks: 64}), 400, engineapi.ErrBadRequest},
+		{"register both handles", "POST", engineapi.PathRegion, j(engineapi.RegisterRequest{IPCHandle: []byte(r.g1[0].path), ShmPath: r.g1[0].path, BlockSizeBytes: bs, NumBlocks: 64}), 400, engineapi.ErrBadRequest},
+		{"register relative path", "POST", engineapi.PathRegion, j(engineapi.RegisterRequest{ShmPath: "g1", BlockSizeBytes: bs, NumBlocks: 64}), 400, engineapi.ErrBadRequest},
+		{"register missing file", "POST", engineapi.PathRegion, j(engineapi.RegisterRequest{ShmPath: filepath.Join(r.dir, "nope"), BlockSizeBytes: bs, NumBlocks: 64}), 400, engineapi.ErrBadRequest},
+		{"register file too short", "POST", engineapi.PathRegion, j(engineapi.RegisterRequest{ShmPath: short, BlockSizeBytes: bs, NumBlocks: 64}), 400, engineapi.ErrBadRequest},
+		{"register bad base64", "POST", engineapi.PathRegion, `{"ipc_handle":"!!","block_size_bytes":1024,"num_blocks":64}`, 400, engineapi.ErrBadRequest},
+		{"wrong method", "GET", engineapi.PathOffload, ``, 405, nil},
+		{"unknown path", "POST", "/v1/nothing", `{}`, 404, nil},
+	}
+	before, events := r.stats(), r.sink.count()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body, err := r.c.Raw(r.ctx(), tc.method, tc.path, []byte(tc.body))
+			check(t, err)
+			var e engineapi.Error
+			if err := json.Unmarshal(body, &e); err != nil || e.Code == "" || e.Message == "" {
+				t.Fatalf("error answer %q is not {error, code} JSON", body)
+			}
+			e.Status = status
+			if status != tc.status || (tc.want != nil && !errors.Is(&e, tc.want)) {
+				t.Fatalf("answer %d %s, want %d %v", status, body, tc.status, tc.want)
+			}
+			r.idle(0)
+			if after := r.stats(); !statsEqual(before, after) {
+				t.Fatalf("a refused request changed the state:\nbefore %s\nafter  %s", jsonOf(before), jsonOf(after))
+			}
+			if n := r.sink.count(); n != events {
+				t.Fatalf("a refused request published %d events", n-events)
+			}
+		})
+	}
+	// The good blocks are still where they were, and onboard back.
+	r.scribble(0, 0, 1)
+	res, err := r.c.Onboard(r.ctx(), engineapi.OnboardRequest{DPRank: 0, Hashes: hashesOf(good), G1Blocks: []int{7, 8}})
+	check(t, err)
+	if res.Loaded != 2 {
+		t.Fatalf("onboard after the refused requests: %+v", res)
+	}
+	r.checkBytes(0, 7, good[0].Hash)
+	r.checkBytes(0, 8, good[1].Hash)
+}
+
+func jsonOf(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func statsEqual(a, b engineapi.StatsResponse) bool { return jsonOf(a) == jsonOf(b) }
+
+// TestSignedHashesAreTheirUnsignedBits: an engine that numbers its blocks
+// with signed 64-bit hashes sends them as they are.
+func TestSignedHashesAreTheirUnsignedBits(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 4})
+	r.register(0)
+	b := r.compute(0, 1, 0)[0]
+	neg := int64(-42)
+	r.bytes[uint64(neg)] = r.bytes[uint64(b.Hash)]
+	body := fmt.Sprintf(`{"dp_rank":0,"blocks":[{"g1_block":0,"hash":%d,"local":5,"priority":1}]}`, neg)
+	if status, ans, err := r.c.Raw(r.ctx(), "POST", engineapi.PathOffload, []byte(body)); err != nil || status != 200 {
+		t.Fatalf("offload with a signed hash: %d %s %v", status, ans, err)
+	}
+	r.idle(0)
+	look, err := r.c.Lookup(r.ctx(), engineapi.LookupRequest{Hashes: []engineapi.Hash{engineapi.Hash(uint64(neg))}})
+	check(t, err)
+	if look.Prefix != 1 {
+		t.Fatalf("lookup by the unsigned bits of -42: %+v", look)
+	}
+}
+
+// TestOffloadFloodWithStalledBackendAnswersPromptlyAndSheds: every copy
+// into G2 hangs; the engine floods offloads (and frees and lookups) from
+// several goroutines. Each answer comes at once; the queue keeps its
+// capacity and sheds the rest, and says so.
+func TestOffloadFloodWithStalledBackendAnswersPromptlyAndSheds(t *testing.T) {
+	const capacity, senders, each = 8, 4, 25
+	r := newRig(t, rigConfig{blocks: 128, hostCap: 256, gate: gateIntoG2,
+		mgr: manager.Config{Workers: 1, BatchSize: 1, QueueCapacity: capacity}})
+	r.register(0)
+	r.offload(0, r.compute(0, 100, 0))
+	r.gate.waitEntered(t) // every copy from now on hangs
+
+	reqs := make([][]engineapi.OffloadBlock, senders)
+	for s := range reqs {
+		reqs[s] = r.compute(0, 1, ids(1+s*each, each)...)
+	}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		shed    int
+		slowest time.Duration
+	)
+	for s := range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, b := range reqs[s] {
+				start := time.Now()
+				res, err := r.c.Offload(r.ctx(), engineapi.OffloadRequest{Blocks: []engineapi.OffloadBlock{b}})
+				_, ferr := r.c.Free(r.ctx(), engineapi.FreeRequest{G1Blocks: []int{127}})
+				_, lerr := r.c.Lookup(r.ctx(), engineapi.LookupRequest{Hashes: []engineapi.Hash{b.Hash}})
+				d := time.Since(start)
+				if err := errors.Join(err, ferr, lerr); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				shed += res.Shed
+				slowest = max(slowest, d)
+				mu.Unlock()
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		r.gate.release()
+		<-done
+		t.Fatal("the engine's requests blocked behind stalled copies")
+	}
+	t.Logf("slowest offload+free+lookup round trip while stalled: %v", slowest)
+	st := r.rankStats(0).Manager.Paths["d2h"]
+	if flood := senders * each; shed != flood-capacity || st.Shed != uint64(flood-capacity) || st.Depth != capacity {
+		t.Fatalf("shed %d (stats %d), depth %d; want %d shed, %d queued", shed, st.Shed, st.Depth, flood-capacity, capacity)
+	}
+	r.gate.release()
+	r.idle(0)
+	if used := r.rankStats(0).Host.Used; used != capacity+1 {
+		t.Fatalf("host pool holds %d blocks, want %d", used, capacity+1)
+	}
+}
+
+// TestOnboardAnswerSaysWhetherCopiesIntoG1MayStillLand: a copy into G1
+// that hangs past the deadline is reported timed out; the answer waits
+// SettleTimeout for it and then says settled=false. Once the copy is let
+// go, a later onboard settles normally.
+func TestOnboardAnswerSaysWhetherCopiesIntoG1MayStillLand(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 8, gate: gateOutOfG2, settle: 50 * time.Millisecond,
+		mgr: manager.Config{Workers: 1, BatchSize: 4}})
+	r.register(0)
+	blocks := r.compute(0, 1, ids(0, 2)...)
+	r.offload(0, blocks)
+	r.idle(0)
+	res, err := r.c.Onboard(r.ctx(), engineapi.OnboardRequest{Hashes: hashesOf(blocks), G1Blocks: ids(10, 2), TimeoutMs: 50})
+	check(t, err)
+	if res.Settled || res.Loaded != 0 || res.Blocks[0].Status != "timeout" {
+		t.Fatalf("onboard with a hung copy: %+v, want timed out and not settled", res)
+	}
+	r.gate.release()
+	waitFor(t, "the late write to be counted", func() bool { return r.rankStats(0).Manager.Onboard.LateWrites == 2 })
+	res, err = r.c.Onboard(r.ctx(), engineapi.OnboardRequest{Hashes: hashesOf(blocks), G1Blocks: ids(20, 2)})
+	check(t, err)
+	if !res.Settled || res.Loaded != 2 {
+		t.Fatalf("onboard after the release: %+v", res)
+	}
+	r.checkBytes(0, 20, blocks[0].Hash)
+	r.checkBytes(0, 21, blocks[1].Hash)
+}
+
+func TestListenRemovesAStaleSocketAndRefusesALiveOne(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 4})
+	be, err := backend.NewHost()
+	check(t, err)
+	defer be.Close()
+	cfg := engineapi.Config{Socket: r.srv.Socket(), Backend: be, Ranks: []engineapi.RankPools{{Rank: rankOf(0), Host: r.host[0]}}}
+	if _, err := engineapi.Listen(cfg); err == nil {
+		t.Fatal("a second server took over a live socket")
+	}
+	if fi, err := os.Stat(r.srv.Socket()); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode: %v %v, want 0600", fi.Mode(), err)
+	}
+
+	// A socket file nobody serves on (a crashed agent's) is taken over.
+	stale := filepath.Join(r.dir, "stale.sock")
+	ln, err := net.Listen("unix", stale)
+	check(t, err)
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	ln.Close()
+	cfg.Socket = stale
+	srv, err := engineapi.Listen(cfg)
+	check(t, err)
+	c := engineapi.NewClient(stale)
+	defer c.Close()
+	check(t, c.Health(context.Background()))
+	check(t, srv.Close())
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("Close left the socket file: %v", err)
+	}
+
+	// Any other file is not ours to remove.
+	plain := filepath.Join(r.dir, "plain")
+	check(t, os.WriteFile(plain, nil, 0o600))
+	cfg.Socket = plain
+	if _, err := engineapi.Listen(cfg); err == nil {
+		t.Fatal("Listen replaced a regular file")
+	}
+}
+
+// TestCloseWithRequestsInFlightLeavesNothingRunning: onboards waiting on a
+// hung copy when the agent stops get their answer; Close returns once the
+// copies are let go, and goleak finds nothing after.
+func TestCloseWithRequestsInFlightLeavesNothingRunning(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 8, gate: gateOutOfG2, mgr: manager.Config{Workers: 1, BatchSize: 1}})
+	r.register(0)
+	blocks := r.compute(0, 1, ids(0, 3)...)
+	r.offload(0, blocks)
+	r.idle(0)
+	var wg sync.WaitGroup
+	for i, b := range blocks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := r.c.Onboard(r.ctx(), engineapi.OnboardRequest{Hashes: []engineapi.Hash{b.Hash}, G1Blocks: []int{10 + i}, TimeoutMs: 30_000})
+			var e *engineapi.Error
+			if err != nil && !errors.As(err, &e) && !errors.Is(err, net.ErrClosed) {
+				t.Logf("onboard during Close: %v", err) // a cut connection is fine
+			}
+		}()
+	}
+	r.gate.waitEntered(t)
+	closed := make(chan error)
+	go func() { closed <- r.srv.Close() }()
+	r.gate.release()
+	select {
+	case err := <-closed:
+		check(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	wg.Wait()
+	if _, err := r.c.Stats(r.ctx()); err == nil {
+		t.Fatal("the server answers after Close")
+	}
+	if st := r.host[0].Stats(); st.Referenced != 0 {
+		t.Fatalf("%d G2 blocks still pinned after Close", st.Referenced)
+	}
+}
+
+func TestErrorsKeepTheirSentinel(t *testing.T) {
+	for _, tc := range []struct {
+		code string
+		want error
+	}{{"bad_request", engineapi.ErrBadRequest}, {"unknown_rank", engineapi.ErrUnknownRank},
+		{"not_registered", engineapi.ErrNotRegistered}, {"closed", engineapi.ErrClosed}} {
+		err := fmt.Errorf("wrapped: %w", &engineapi.Error{Status: http.StatusBadRequest, Code: tc.code, Message: "x"})
+		if !errors.Is(err, tc.want) {
+			t.Fatalf("code %s does not unwrap to %v", tc.code, tc.want)
+		}
+	}
+}
