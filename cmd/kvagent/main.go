@@ -24,6 +24,7 @@ import (
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/offload/nvml"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -99,6 +100,11 @@ func run(c *cli.Context) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// GPU inventory and telemetry; a machine without NVML gets a monitor
+	// that calls nothing (offload/nvml).
+	gpus := nvml.Open(nvml.Config{})
+	defer gpus.Close()
+	reg.MustRegister(nvml.NewCollector(gpus))
 
 	opts := eventplane.ClientOptions{Name: fmt.Sprintf("kvagent-%d", c.Uint64("worker-id")),
 		User: c.String("nats-user"), Password: c.String("nats-password"), Creds: c.String("nats-creds"),
