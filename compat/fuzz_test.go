@@ -2,6 +2,8 @@ package compat
 
 import (
 	"bytes"
+	"encoding/json"
+	"reflect"
 	"net/http"
 	"testing"
 
@@ -41,6 +43,25 @@ func FuzzRequestBodies(f *testing.F) {
 		var reg RegisterRequest
 		if decode(req(), c, &reg) == nil {
 			_ = checkEndpoint("endpoint", reg.Endpoint)
+		}
+	})
+}
+
+// FuzzQueryByHashScan: on every body the one-pass reader accepts, it gives
+// what encoding/json gives.
+func FuzzQueryByHashScan(f *testing.F) {
+	f.Add([]byte(`{"block_hashes":[1,-2,18446744073709551615,-9223372036854775808],"model_name":"m","tenant_id":"t"}`))
+	f.Add([]byte(` { "block_hashes" : [ ] , "model_name" : "" } `))
+	f.Add([]byte(`{"block_hashes":null}`))
+	f.Add([]byte(`{"block_hashes":[-0,01]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var got QueryByHashRequest
+		if !got.scanJSON(b) {
+			return
+		}
+		var want QueryByHashRequest
+		if err := json.Unmarshal(b, &want); err != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q: scanned %+v, encoding/json %+v (%v)", b, got, want, err)
 		}
 	})
 }

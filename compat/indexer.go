@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/jsonscan"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
@@ -69,6 +70,70 @@ type QueryByHashRequest struct {
 	BlockHashes []Hash `json:"block_hashes"`
 	ModelName   string `json:"model_name"`
 	TenantID    string `json:"tenant_id,omitempty"`
+}
+
+// scanJSON reads the common shape of the body in one pass (jsonScanner):
+// the hot path of /query_by_hash.
+func (q *QueryByHashRequest) scanJSON(b []byte) bool {
+	*q = QueryByHashRequest{}
+	p := jsonscan.New(b)
+	p.WS()
+	if !p.Lit('{') {
+		return false
+	}
+	p.WS()
+	if p.Lit('}') {
+		return p.End()
+	}
+	seen := 0
+	for {
+		key, ok := p.Str()
+		if !ok {
+			return false
+		}
+		p.WS()
+		if !p.Lit(':') {
+			return false
+		}
+		p.WS()
+		var bit int
+		switch string(key) {
+		case "block_hashes":
+			bit = 1
+			var hs []uint64
+			hs, ok = p.Int64s(nil)
+			if ok && hs != nil {
+				q.BlockHashes = make([]Hash, len(hs))
+				for i, h := range hs {
+					q.BlockHashes[i] = Hash(h)
+				}
+			}
+		case "model_name":
+			bit = 2
+			var v []byte
+			v, ok = p.Str()
+			q.ModelName = string(v)
+		case "tenant_id":
+			bit = 4
+			var v []byte
+			v, ok = p.Str()
+			q.TenantID = string(v)
+		default:
+			return false
+		}
+		if !ok || seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		p.WS()
+		if p.Lit('}') {
+			return p.End()
+		}
+		if !p.Lit(',') {
+			return false
+		}
+		p.WS()
+	}
 }
 
 // QueryResponse answers both queries. Every figure is in tokens (blocks ×

@@ -128,6 +128,9 @@ func decode(r *http.Request, c codec, v any) error {
 	if len(bytes.TrimSpace(b)) == 0 {
 		return fmt.Errorf("%w: empty", errBody)
 	}
+	if f, ok := v.(jsonScanner); ok && c == codecJSON && f.scanJSON(b) {
+		return nil
+	}
 	if c == codecMsgpack {
 		d := msgpack.NewDecoder(bytes.NewReader(b))
 		d.SetCustomStructTag("json")
@@ -140,6 +143,13 @@ func decode(r *http.Request, c codec, v any) error {
 		return fmt.Errorf("%w: json: %v", errBody, err)
 	}
 	return nil
+}
+
+// jsonScanner is a request type with a one-pass reader of its common
+// JSON shape (internal/jsonscan); when scanJSON reports false, the body is
+// decoded with encoding/json, which then says what is wrong with it.
+type jsonScanner interface {
+	scanJSON(b []byte) bool
 }
 
 // write answers v with status code in encoding c. Map keys are sorted in
@@ -156,8 +166,16 @@ func write(w http.ResponseWriter, c codec, code int, v any) error {
 		}
 		w.Header().Set("Content-Type", contentMsgpack)
 	} else {
-		e := json.NewEncoder(&buf)
-		if err := e.Encode(v); err != nil {
+		if m, ok := v.(json.Marshaler); ok {
+			// Our own writers (the query answer) write compact, valid JSON:
+			// skip encoding/json's check and compaction of it.
+			b, err := m.MarshalJSON()
+			if err != nil {
+				return fmt.Errorf("encode answer: %w", err)
+			}
+			buf.Write(b)
+			buf.WriteByte('\n')
+		} else if err := json.NewEncoder(&buf).Encode(v); err != nil {
 			return fmt.Errorf("encode answer: %w", err)
 		}
 		w.Header().Set("Content-Type", contentJSON)

@@ -1,0 +1,192 @@
+// Package jsonscan reads the common shapes of hot-path JSON request bodies
+// (flat objects of known keys, arrays of integers, strings without escapes)
+// in one pass, with no reflection. It handles a subset of JSON on purpose:
+// whatever it does not handle it reports, and the caller decodes that body
+// with encoding/json instead, so every error and corner case stays
+// encoding/json's. The callers' fuzz tests check that on every body the
+// scanner accepts, it agrees with encoding/json.
+package jsonscan
+
+import (
+	"bytes"
+	"math"
+)
+
+// Scanner reads JSON tokens from a body; every method reports false on
+// anything it does not handle, and the caller then decodes the body with
+// encoding/json.
+type Scanner struct {
+	b []byte
+	i int
+}
+
+// New returns a Scanner of b.
+func New(b []byte) *Scanner { return &Scanner{b: b} }
+
+// WS skips whitespace.
+func (p *Scanner) WS() {
+	for p.i < len(p.b) {
+		switch p.b[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
+
+// Lit consumes byte c if it comes next.
+func (p *Scanner) Lit(c byte) bool {
+	if p.i < len(p.b) && p.b[p.i] == c {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// End reports whether only whitespace is left.
+func (p *Scanner) End() bool {
+	p.WS()
+	return p.i == len(p.b)
+}
+
+// Str reads a string without escapes, control or non-ASCII bytes; the
+// result aliases the body.
+func (p *Scanner) Str() ([]byte, bool) {
+	if !p.Lit('"') {
+		return nil, false
+	}
+	start := p.i
+	for p.i < len(p.b) {
+		c := p.b[p.i]
+		switch {
+		case c == '"':
+			s := p.b[start:p.i]
+			p.i++
+			return s, true
+		case c == '\\' || c < 0x20 || c >= 0x80:
+			return nil, false // escapes, control and non-ASCII bytes: encoding/json
+		}
+		p.i++
+	}
+	return nil, false
+}
+
+// Uint reads a non-negative integer no larger than limit, in JSON's
+// syntax (no leading zeros, no fraction or exponent).
+func (p *Scanner) Uint(limit uint64) (uint64, bool) {
+	start := p.i
+	var v uint64
+	for p.i < len(p.b) {
+		c := p.b[p.i]
+		if c < '0' || c > '9' {
+			break
+		}
+		d := uint64(c - '0')
+		if v > (limit-d)/10 {
+			return 0, false
+		}
+		v = v*10 + d
+		p.i++
+	}
+	n := p.i - start
+	if n == 0 || (n > 1 && p.b[start] == '0') {
+		return 0, false
+	}
+	if p.i < len(p.b) {
+		switch p.b[p.i] {
+		case '.', 'e', 'E':
+			return 0, false
+		}
+	}
+	return v, true
+}
+
+// Uints appends an array of non-negative integers no larger than limit to
+// dst; null gives nil, [] an empty non-nil slice (as encoding/json).
+func (p *Scanner) Uints(dst []uint64, limit uint64) ([]uint64, bool) {
+	if bytes.HasPrefix(p.b[p.i:], []byte("null")) {
+		p.i += 4
+		return nil, true
+	}
+	if !p.Lit('[') {
+		return nil, false
+	}
+	if dst == nil {
+		dst = []uint64{} // as encoding/json: [] is empty, not null
+	}
+	p.WS()
+	if p.Lit(']') {
+		return dst, true
+	}
+	for {
+		v, ok := p.Uint(limit)
+		if !ok {
+			return nil, false
+		}
+		dst = append(dst, v)
+		p.WS()
+		if p.Lit(']') {
+			return dst, true
+		}
+		if !p.Lit(',') {
+			return nil, false
+		}
+		p.WS()
+	}
+}
+
+// Bool reads true or false.
+func (p *Scanner) Bool() (bool, bool) {
+	switch {
+	case bytes.HasPrefix(p.b[p.i:], []byte("true")):
+		p.i += 4
+		return true, true
+	case bytes.HasPrefix(p.b[p.i:], []byte("false")):
+		p.i += 5
+		return false, true
+	}
+	return false, false
+}
+
+// Int64s appends an array of 64-bit integers, signed or unsigned (what
+// fits an int64 or a uint64), as their 64-bit patterns; null gives nil.
+func (p *Scanner) Int64s(dst []uint64) ([]uint64, bool) {
+	if bytes.HasPrefix(p.b[p.i:], []byte("null")) {
+		p.i += 4
+		return nil, true
+	}
+	if !p.Lit('[') {
+		return nil, false
+	}
+	if dst == nil {
+		dst = []uint64{}
+	}
+	p.WS()
+	if p.Lit(']') {
+		return dst, true
+	}
+	for {
+		neg := p.Lit('-')
+		limit := uint64(math.MaxUint64)
+		if neg {
+			limit = 1 << 63
+		}
+		v, ok := p.Uint(limit)
+		if !ok {
+			return nil, false
+		}
+		if neg {
+			v = -v
+		}
+		dst = append(dst, v)
+		p.WS()
+		if p.Lit(']') {
+			return dst, true
+		}
+		if !p.Lit(',') {
+			return nil, false
+		}
+		p.WS()
+	}
+}
