@@ -3,8 +3,8 @@ package compat
 import (
 	"bytes"
 	"encoding/json"
-	"reflect"
 	"net/http"
+	"reflect"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevent"
