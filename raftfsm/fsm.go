@@ -110,8 +110,9 @@ func OpenFSM(cfg FSMConfig) (*FSM, error) {
 	return f, nil
 }
 
-// Close flushes and closes the state database. The flush spares the next
-// start a replay of the memtables from Pebble's WAL.
+// Close flushes and closes the state database. The state database has no
+// WAL (store.StateDB), so the flush is what keeps the applies since the
+// last one: without it the next start would replay them from the Raft log.
 func (f *FSM) Close() error {
 	f.dbMu.Lock()
 	defer f.dbMu.Unlock()
