@@ -216,7 +216,7 @@ func TestAgentRestartReplacesTheOldIncarnation(t *testing.T) {
 func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {
 	r := startRouter(t)
 	_, stop := startAgentWith(t, r, Config{Registrar: r.node, HeartbeatInterval: 50 * time.Millisecond,
-		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 1500}})
+		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 4000}})
 	registered := func() bool { _, ok := r.node.WorkerTable()[7]; return ok }
 	waitFor(t, "the agent to register its worker", registered)
 	// Heartbeats keep it: several leases pass and it stays.

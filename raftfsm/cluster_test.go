@@ -377,7 +377,7 @@ func TestRouteFollowsTheIndexOnEveryNode(t *testing.T) {
 // TestSilentRanks: a registered rank that sends nothing for SilentAfter is
 // reported silent on every node; its events make it heard again.
 func TestSilentRanks(t *testing.T) {
-	c := newTestCluster(t, 3, func(cfg *Config) { cfg.SilentAfter = 2 * time.Second })
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.SilentAfter = 3 * time.Second })
 	l := c.leader()
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
 		t.Fatal(err)
