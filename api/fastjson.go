@@ -46,27 +46,11 @@ func decodeRouteRequest(r *http.Request, req *RouteRequest) error {
 // returns false req holds garbage and the caller decodes b again.
 func fastRouteRequest(b []byte, req *RouteRequest) bool {
 	p := jsonscan.New(b)
-	p.WS()
-	if !p.Lit('{') {
-		return false
-	}
-	p.WS()
-	if p.Lit('}') {
-		return p.End()
-	}
 	seen := 0 // a bit per key: a repeated key goes to encoding/json
-	for {
-		key, ok := p.Str()
-		if !ok {
-			return false
-		}
-		p.WS()
-		if !p.Lit(':') {
-			return false
-		}
-		p.WS()
+	return p.Object(func(key string) bool {
 		var bit int
-		switch string(key) {
+		ok := false
+		switch key {
 		case "block_hashes":
 			bit = 1
 			req.BlockHashes, ok = p.Uints(req.BlockHashes[:0], math.MaxUint64)
@@ -87,22 +71,16 @@ func fastRouteRequest(b []byte, req *RouteRequest) bool {
 			req.ISL = int(v)
 		case "lora_name":
 			bit = 8
-			var s []byte
-			s, ok = p.Str()
-			req.LoRAName = string(s)
+			req.LoRAName, ok = p.Text()
 		case "cache_salt":
 			bit = 16
-			var s []byte
-			s, ok = p.Str()
-			req.CacheSalt = string(s)
+			req.CacheSalt, ok = p.Text()
 		case "book":
 			bit = 32
 			req.Book, ok = p.Bool()
 		case "request_id":
 			bit = 64
-			var s []byte
-			s, ok = p.Str()
-			req.RequestID = string(s)
+			req.RequestID, ok = p.Text()
 		case "brief":
 			bit = 128
 			req.Brief, ok = p.Bool()
@@ -113,13 +91,6 @@ func fastRouteRequest(b []byte, req *RouteRequest) bool {
 			return false
 		}
 		seen |= bit
-		p.WS()
-		if p.Lit('}') {
-			return p.End()
-		}
-		if !p.Lit(',') {
-			return false
-		}
-		p.WS()
-	}
+		return true
+	})
 }

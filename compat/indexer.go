@@ -77,27 +77,11 @@ type QueryByHashRequest struct {
 func (q *QueryByHashRequest) scanJSON(b []byte) bool {
 	*q = QueryByHashRequest{}
 	p := jsonscan.New(b)
-	p.WS()
-	if !p.Lit('{') {
-		return false
-	}
-	p.WS()
-	if p.Lit('}') {
-		return p.End()
-	}
-	seen := 0
-	for {
-		key, ok := p.Str()
-		if !ok {
-			return false
-		}
-		p.WS()
-		if !p.Lit(':') {
-			return false
-		}
-		p.WS()
+	seen := 0 // a bit per key: a repeated key goes to encoding/json
+	return p.Object(func(key string) bool {
 		var bit int
-		switch string(key) {
+		ok := false
+		switch key {
 		case "block_hashes":
 			bit = 1
 			var hs []uint64
@@ -110,14 +94,10 @@ func (q *QueryByHashRequest) scanJSON(b []byte) bool {
 			}
 		case "model_name":
 			bit = 2
-			var v []byte
-			v, ok = p.Str()
-			q.ModelName = string(v)
+			q.ModelName, ok = p.Text()
 		case "tenant_id":
 			bit = 4
-			var v []byte
-			v, ok = p.Str()
-			q.TenantID = string(v)
+			q.TenantID, ok = p.Text()
 		default:
 			return false
 		}
@@ -125,15 +105,8 @@ func (q *QueryByHashRequest) scanJSON(b []byte) bool {
 			return false
 		}
 		seen |= bit
-		p.WS()
-		if p.Lit('}') {
-			return p.End()
-		}
-		if !p.Lit(',') {
-			return false
-		}
-		p.WS()
-	}
+		return true
+	})
 }
 
 // QueryResponse answers both queries. Every figure is in tokens (blocks ×

@@ -190,3 +190,47 @@ func (p *Scanner) Int64s(dst []uint64) ([]uint64, bool) {
 		p.WS()
 	}
 }
+
+// Object reads a whole body that is one flat JSON object: for each key it
+// calls value, which reads the key's value with the Scanner and reports
+// whether it could. It reports false on anything else, including a key
+// value refuses (an unknown or repeated key, for callers that refuse
+// those), and trailing bytes after the object.
+func (p *Scanner) Object(value func(key string) bool) bool {
+	p.WS()
+	if !p.Lit('{') {
+		return false
+	}
+	p.WS()
+	if p.Lit('}') {
+		return p.End()
+	}
+	for {
+		key, ok := p.Str()
+		if !ok {
+			return false
+		}
+		p.WS()
+		if !p.Lit(':') {
+			return false
+		}
+		p.WS()
+		if !value(string(key)) {
+			return false
+		}
+		p.WS()
+		if p.Lit('}') {
+			return p.End()
+		}
+		if !p.Lit(',') {
+			return false
+		}
+		p.WS()
+	}
+}
+
+// Text is Str as a Go string (a copy).
+func (p *Scanner) Text() (string, bool) {
+	b, ok := p.Str()
+	return string(b), ok
+}
