@@ -37,6 +37,8 @@ func checkBlock(what string, id, n int) error {
 
 // check refuses the whole request if any block is bad for a region of n
 // blocks, so that an Offload never applies in part.
+func (q *OffloadRequest) rank() uint32 { return q.DPRank }
+
 func (q *OffloadRequest) check(n int) error {
 	seen := make(map[int]struct{}, len(q.Blocks))
 	for i, b := range q.Blocks {
@@ -57,6 +59,8 @@ func (q *OffloadRequest) check(n int) error {
 	return nil
 }
 
+func (q *FreeRequest) rank() uint32 { return q.DPRank }
+
 func (q *FreeRequest) check(n int) error {
 	for i, id := range q.G1Blocks {
 		if err := checkBlock(fmt.Sprintf("g1_blocks[%d]", i), id, n); err != nil {
@@ -65,6 +69,8 @@ func (q *FreeRequest) check(n int) error {
 	}
 	return nil
 }
+
+func (q *OnboardRequest) rank() uint32 { return q.DPRank }
 
 func (q *OnboardRequest) check(n int) error {
 	if len(q.Hashes) != len(q.G1Blocks) {

@@ -553,12 +553,26 @@ func (s *Server) handleUnregister(_ context.Context, body []byte) (any, error) {
 	return UnregisterResponse{Unregistered: ok}, nil
 }
 
-func (s *Server) handleOffload(_ context.Context, body []byte) (any, error) {
-	q, err := decode[OffloadRequest](body)
+// regionRequest is a request about a rank's registered G1 region: its
+// block ids are checked against the region's layout.
+type regionRequest interface {
+	rank() uint32
+	check(blocks int) error
+}
+
+// withRegion decodes a Q from body, holds its rank's registered region
+// (its manager stays open) while do runs, and runs do only when q's block
+// ids fit the region's layout.
+func withRegion[Q any, PQ interface {
+	*Q
+	regionRequest
+}](s *Server, body []byte, do func(a *attachment, q PQ) (any, error)) (any, error) {
+	q, err := decode[Q](body)
 	if err != nil {
 		return nil, err
 	}
-	sl, err := s.slot(q.DPRank)
+	pq := PQ(&q)
+	sl, err := s.slot(pq.rank())
 	if err != nil {
 		return nil, err
 	}
@@ -567,43 +581,35 @@ func (s *Server) handleOffload(_ context.Context, body []byte) (any, error) {
 		return nil, err
 	}
 	defer a.users.Done()
-	if err := q.check(a.layout.Blocks); err != nil {
+	if err := pq.check(a.layout.Blocks); err != nil {
 		return nil, err
 	}
-	reqs := make([]manager.OffloadRequest, len(q.Blocks))
-	for i, b := range q.Blocks {
-		reqs[i] = manager.OffloadRequest{G1Block: b.G1Block, Hash: uint64(b.Hash), Parent: uint64(b.Parent),
-			Local: uint64(b.Local), Priority: b.Priority}
-	}
-	res, err := a.m.Offload(reqs)
-	if err != nil {
-		return nil, err
-	}
-	return OffloadResponse{Queued: res.Queued, Shed: res.Shed, NoPriority: res.NoPriority,
-		Duplicate: res.Duplicate, Cold: res.Cold}, nil
+	return do(a, pq)
+}
+
+func (s *Server) handleOffload(_ context.Context, body []byte) (any, error) {
+	return withRegion(s, body, func(a *attachment, q *OffloadRequest) (any, error) {
+		reqs := make([]manager.OffloadRequest, len(q.Blocks))
+		for i, b := range q.Blocks {
+			reqs[i] = manager.OffloadRequest{G1Block: b.G1Block, Hash: uint64(b.Hash), Parent: uint64(b.Parent),
+				Local: uint64(b.Local), Priority: b.Priority}
+		}
+		res, err := a.m.Offload(reqs)
+		if err != nil {
+			return nil, err
+		}
+		return OffloadResponse{Queued: res.Queued, Shed: res.Shed, NoPriority: res.NoPriority,
+			Duplicate: res.Duplicate, Cold: res.Cold}, nil
+	})
 }
 
 func (s *Server) handleFree(_ context.Context, body []byte) (any, error) {
-	q, err := decode[FreeRequest](body)
-	if err != nil {
-		return nil, err
-	}
-	sl, err := s.slot(q.DPRank)
-	if err != nil {
-		return nil, err
-	}
-	a, err := sl.acquire()
-	if err != nil {
-		return nil, err
-	}
-	defer a.users.Done()
-	if err := q.check(a.layout.Blocks); err != nil {
-		return nil, err
-	}
-	if err := a.m.Free(q.G1Blocks...); err != nil {
-		return nil, err
-	}
-	return FreeResponse{Freed: len(q.G1Blocks)}, nil
+	return withRegion(s, body, func(a *attachment, q *FreeRequest) (any, error) {
+		if err := a.m.Free(q.G1Blocks...); err != nil {
+			return nil, err
+		}
+		return FreeResponse{Freed: len(q.G1Blocks)}, nil
+	})
 }
 
 func (s *Server) handleLookup(_ context.Context, body []byte) (any, error) {
@@ -638,49 +644,35 @@ func (s *Server) handleLookup(_ context.Context, body []byte) (any, error) {
 }
 
 func (s *Server) handleOnboard(ctx context.Context, body []byte) (any, error) {
-	q, err := decode[OnboardRequest](body)
-	if err != nil {
-		return nil, err
-	}
-	sl, err := s.slot(q.DPRank)
-	if err != nil {
-		return nil, err
-	}
-	a, err := sl.acquire()
-	if err != nil {
-		return nil, err
-	}
-	defer a.users.Done()
-	if err := q.check(a.layout.Blocks); err != nil {
-		return nil, err
-	}
-	hs := make([]uint64, len(q.Hashes))
-	for i, h := range q.Hashes {
-		hs[i] = uint64(h)
-	}
-	octx := ctx
-	if q.TimeoutMs > 0 {
-		var cancel context.CancelFunc
-		octx, cancel = context.WithTimeout(ctx, time.Duration(q.TimeoutMs)*time.Millisecond)
-		defer cancel()
-	}
-	res, err := a.m.Onboard(octx, hs, q.G1Blocks)
-	if err != nil {
-		return nil, err
-	}
-	resp := OnboardResponse{Blocks: make([]OnboardBlock, len(res.Blocks)), Loaded: res.Loaded(), Prefix: res.Prefix(),
-		Settled: s.waitSettled(ctx, res.Settled)}
-	for i, b := range res.Blocks {
-		ob := OnboardBlock{Status: b.Status.String()}
-		if b.Status != manager.NotFound {
-			ob.From = b.From.String()
+	return withRegion(s, body, func(a *attachment, q *OnboardRequest) (any, error) {
+		hs := make([]uint64, len(q.Hashes))
+		for i, h := range q.Hashes {
+			hs[i] = uint64(h)
 		}
-		if b.Err != nil {
-			ob.Error = b.Err.Error()
+		octx := ctx
+		if q.TimeoutMs > 0 {
+			var cancel context.CancelFunc
+			octx, cancel = context.WithTimeout(ctx, time.Duration(q.TimeoutMs)*time.Millisecond)
+			defer cancel()
 		}
-		resp.Blocks[i] = ob
-	}
-	return resp, nil
+		res, err := a.m.Onboard(octx, hs, q.G1Blocks)
+		if err != nil {
+			return nil, err
+		}
+		resp := OnboardResponse{Blocks: make([]OnboardBlock, len(res.Blocks)), Loaded: res.Loaded(), Prefix: res.Prefix(),
+			Settled: s.waitSettled(ctx, res.Settled)}
+		for i, b := range res.Blocks {
+			ob := OnboardBlock{Status: b.Status.String()}
+			if b.Status != manager.NotFound {
+				ob.From = b.From.String()
+			}
+			if b.Err != nil {
+				ob.Error = b.Err.Error()
+			}
+			resp.Blocks[i] = ob
+		}
+		return resp, nil
+	})
 }
 
 // waitSettled waits for an onboard's copies into G1 to finish, for at most
