@@ -21,19 +21,25 @@ import (
 // The snapshot stream: a whole state database, self-checking.
 //
 //	header   magic "KVRSNAP\x00", format version (u32 LE), applied index and
-//	         term (u64 LE each), the number of kinds (u8) and per kind its
-//	         byte and record count (u64 LE)
+//	         term (u64 LE each), a count block (below) that is empty in
+//	         version 2
 //	records  uvarint key length, key (kind byte first), uvarint value
 //	         length, value; in key order
 //	end      a zero key length
+//	counts   version 2 only: the count block, so that the writer streams
+//	         the database in one pass
 //	trailer  SHA-256 of every byte before it
+//
+// A count block is the number of kinds (u8) and per kind its byte and record
+// count (u64 LE). Version 1 (counts in the header, the writer scanning the
+// database twice) is still read.
 //
 // Restore checks the counts and the checksum before anything replaces the
 // live state, so a truncated or bit-flipped file is refused whole.
 
 const (
 	snapshotMagic   = "KVRSNAP\x00"
-	snapshotVersion = 1
+	snapshotVersion = 2 // written; 1 and 2 are read
 	maxRecordBytes  = 64 << 20
 )
 
@@ -61,10 +67,6 @@ func writeSnapshot(w io.Writer, view *store.StateSnapshot) (SnapshotInfo, error)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	counts := map[byte]int64{}
-	if err := view.Each(func(k, _ []byte) error { counts[k[0]]++; return nil }); err != nil {
-		return SnapshotInfo{}, err
-	}
 	h := sha256.New()
 	cw := &countWriter{w: io.MultiWriter(w, h)}
 	bw := bufio.NewWriterSize(cw, 1<<20)
@@ -72,20 +74,15 @@ func writeSnapshot(w io.Writer, view *store.StateSnapshot) (SnapshotInfo, error)
 	hdr = binary.LittleEndian.AppendUint32(hdr, snapshotVersion)
 	hdr = binary.LittleEndian.AppendUint64(hdr, idx)
 	hdr = binary.LittleEndian.AppendUint64(hdr, term)
-	hdr = append(hdr, byte(len(counts)))
+	hdr = append(hdr, 0) // the header's count block is empty: counts follow the records
 	info := SnapshotInfo{FormatVersion: snapshotVersion, Index: idx, Term: term, Records: map[string]int64{}}
-	for k := byte(0); k < 255; k++ {
-		if n, ok := counts[k]; ok {
-			hdr = append(hdr, k)
-			hdr = binary.LittleEndian.AppendUint64(hdr, uint64(n))
-			info.Records[store.KindName(k)] = n
-		}
-	}
 	if _, err := bw.Write(hdr); err != nil {
 		return info, fmt.Errorf("write snapshot header: %w", err)
 	}
+	var counts [256]int64
 	var lb [binary.MaxVarintLen64]byte
 	err = view.Each(func(k, v []byte) error {
+		counts[k[0]]++
 		bw.Write(lb[:binary.PutUvarint(lb[:], uint64(len(k)))])
 		bw.Write(k)
 		bw.Write(lb[:binary.PutUvarint(lb[:], uint64(len(v)))])
@@ -96,6 +93,16 @@ func writeSnapshot(w io.Writer, view *store.StateSnapshot) (SnapshotInfo, error)
 		return info, fmt.Errorf("write snapshot records: %w", err)
 	}
 	bw.WriteByte(0)
+	block := []byte{0}
+	for k, n := range counts {
+		if n > 0 {
+			block[0]++
+			block = append(block, byte(k))
+			block = binary.LittleEndian.AppendUint64(block, uint64(n))
+			info.Records[store.KindName(byte(k))] = n
+		}
+	}
+	bw.Write(block)
 	if err := bw.Flush(); err != nil {
 		return info, fmt.Errorf("write snapshot: %w", err)
 	}
@@ -178,18 +185,28 @@ func (s *snapReader) header() error {
 		return bad("not a kvrouter snapshot (bad magic)")
 	}
 	v := binary.LittleEndian.Uint32(p[8:])
-	if v != snapshotVersion {
-		return bad("format version %d (this build reads %d)", v, snapshotVersion)
+	if v != 1 && v != 2 {
+		return bad("format version %d (this build reads 1 and 2)", v)
 	}
 	s.info = SnapshotInfo{FormatVersion: v, Index: binary.LittleEndian.Uint64(p[12:]), Term: binary.LittleEndian.Uint64(p[20:]), Records: map[string]int64{}}
-	nk := int(p[28])
-	for i := 0; i < nk; i++ {
+	if v == 2 && p[28] != 0 {
+		return bad("version 2 announces counts in the header")
+	}
+	return s.counts(int(p[28]))
+}
+
+// counts reads n entries of a count block.
+func (s *snapReader) counts(n int) error {
+	for i := 0; i < n; i++ {
 		q, err := s.full(9)
 		if err != nil {
 			return truncated(err)
 		}
 		if !store.ValidKind(q[0]) {
-			return bad("unknown record kind %#x in header", q[0])
+			return bad("unknown record kind %#x in the counts", q[0])
+		}
+		if _, dup := s.want[q[0]]; dup {
+			return bad("record kind %#x counted twice", q[0])
 		}
 		s.want[q[0]] = binary.LittleEndian.Uint64(q[1:])
 		s.info.Records[store.KindName(q[0])] = int64(s.want[q[0]])
@@ -232,16 +249,26 @@ func (s *snapReader) next() (key, value []byte, err error) {
 	return key, v, nil
 }
 
-// finish checks the counts and the trailer.
+// finish reads the counts of a version 2 stream, and checks the counts
+// and the trailer.
 func (s *snapReader) finish() error {
+	if s.info.FormatVersion == 2 {
+		nk, err := s.ReadByte()
+		if err != nil {
+			return truncated(err)
+		}
+		if err := s.counts(int(nk)); err != nil {
+			return err
+		}
+	}
 	for k, n := range s.want {
 		if s.got[k] != n {
-			return bad("%d %s records, header says %d", s.got[k], store.KindName(k), n)
+			return bad("%d %s records, the counts say %d", s.got[k], store.KindName(k), n)
 		}
 	}
 	for k, n := range s.got {
 		if s.want[k] != n {
-			return bad("%d %s records not announced in the header", n, store.KindName(k))
+			return bad("%d %s records not in the counts", n, store.KindName(k))
 		}
 	}
 	sum := s.h.Sum(nil)
