@@ -9,8 +9,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -318,10 +320,20 @@ func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config) (sim.Result, e
 		}
 	}
 	var bar *progressbar.ProgressBar
+	counted := &countingPolicy{Policy: policy}
+	policy = counted
 	if f, ok := c.App.Writer.(*os.File); ok && isatty(f) {
 		bar = progressbar.NewOptions(len(pr.Reqs), progressbar.OptionSetWriter(os.Stderr),
 			progressbar.OptionSetDescription("live replay"), progressbar.OptionShowCount(), progressbar.OptionClearOnFinish())
-		cfg.Progress = func(done, _ int) { _ = bar.Set(done) }
+		sctx, stop := context.WithCancel(c.Context)
+		defer stop()
+		summary := liveSummary(sctx, cl, counted)
+		cfg.Progress = func(done, _ int) {
+			if d, ok := summary.Load().(string); ok {
+				bar.Describe(d)
+			}
+			_ = bar.Set(done)
+		}
 	}
 	start := time.Now()
 	r, err := sim.Replay(pr, cfg, policy)
@@ -345,6 +357,62 @@ func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config) (sim.Result, e
 	fmt.Fprintf(c.App.ErrWriter, "live replay: the cluster predicted %d cached prompt tokens on the chosen workers; they held %d\n",
 		r.PredictedCachedTokens, r.CachedTokens)
 	return r, err
+}
+
+// countingPolicy counts what the live router predicted: the prompt tokens
+// routed and those it expected cached, for the live summary.
+type countingPolicy struct {
+	sim.Policy
+	prompt, cached atomic.Int64
+}
+
+func (p *countingPolicy) Route(q *sim.RouteQuery, now int64) (int, int, error) {
+	w, cached, err := p.Policy.Route(q, now)
+	if err == nil {
+		p.prompt.Add(int64(q.ISL))
+		p.cached.Add(int64(cached))
+	}
+	return w, cached, err
+}
+
+// liveSummary refreshes, every second until ctx ends, a line for the
+// progress bar: the live router's predicted hit rate so far, the leader,
+// and each worker's requests in flight as the cluster books them.
+func liveSummary(ctx context.Context, cl *client.Client, p *countingPolicy) *atomic.Value {
+	var v atomic.Value
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			line := "live replay"
+			if prompt := p.prompt.Load(); prompt > 0 {
+				line += fmt.Sprintf(" · hit %.1f%%", 100*float64(p.cached.Load())/float64(prompt))
+			}
+			if st, err := cl.Status(cctx); err == nil && st.LeaderID != "" {
+				line += " · leader " + st.LeaderID
+			}
+			if ws, err := cl.Workers(cctx); err == nil {
+				var load []string
+				for _, w := range ws {
+					var n int64
+					for _, r := range w.Ranks {
+						n += r.Load.ActiveRequests
+					}
+					load = append(load, strconv.FormatInt(n, 10))
+				}
+				line += " · in flight " + strings.Join(load, "/")
+			}
+			cancel()
+			v.Store(line)
+		}
+	}()
+	return &v
 }
 
 // openWires binds each worker's engine wire.
