@@ -46,16 +46,12 @@ func decodeRouteRequest(r *http.Request, req *RouteRequest) error {
 // returns false req holds garbage and the caller decodes b again.
 func fastRouteRequest(b []byte, req *RouteRequest) bool {
 	p := jsonscan.New(b)
-	seen := 0 // a bit per key: a repeated key goes to encoding/json
 	return p.Object(func(key string) bool {
-		var bit int
 		ok := false
 		switch key {
 		case "block_hashes":
-			bit = 1
 			req.BlockHashes, ok = p.Uints(req.BlockHashes[:0], math.MaxUint64)
 		case "token_ids":
-			bit = 2
 			var v []uint64
 			v, ok = p.Uints(nil, math.MaxUint32)
 			if ok && v != nil {
@@ -65,32 +61,22 @@ func fastRouteRequest(b []byte, req *RouteRequest) bool {
 				}
 			}
 		case "isl":
-			bit = 4
 			var v uint64
 			v, ok = p.Uint(math.MaxInt)
 			req.ISL = int(v)
 		case "lora_name":
-			bit = 8
 			req.LoRAName, ok = p.Text()
 		case "cache_salt":
-			bit = 16
 			req.CacheSalt, ok = p.Text()
 		case "book":
-			bit = 32
 			req.Book, ok = p.Bool()
 		case "request_id":
-			bit = 64
 			req.RequestID, ok = p.Text()
 		case "brief":
-			bit = 128
 			req.Brief, ok = p.Bool()
 		default: // overrides, unknown keys: encoding/json
 			return false
 		}
-		if !ok || seen&bit != 0 {
-			return false
-		}
-		seen |= bit
-		return true
+		return ok
 	})
 }

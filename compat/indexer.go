@@ -77,13 +77,10 @@ type QueryByHashRequest struct {
 func (q *QueryByHashRequest) scanJSON(b []byte) bool {
 	*q = QueryByHashRequest{}
 	p := jsonscan.New(b)
-	seen := 0 // a bit per key: a repeated key goes to encoding/json
 	return p.Object(func(key string) bool {
-		var bit int
 		ok := false
 		switch key {
 		case "block_hashes":
-			bit = 1
 			var hs []uint64
 			hs, ok = p.Int64s(nil)
 			if ok && hs != nil {
@@ -93,19 +90,13 @@ func (q *QueryByHashRequest) scanJSON(b []byte) bool {
 				}
 			}
 		case "model_name":
-			bit = 2
 			q.ModelName, ok = p.Text()
 		case "tenant_id":
-			bit = 4
 			q.TenantID, ok = p.Text()
 		default:
 			return false
 		}
-		if !ok || seen&bit != 0 {
-			return false
-		}
-		seen |= bit
-		return true
+		return ok
 	})
 }
 

@@ -193,9 +193,9 @@ func (p *Scanner) Int64s(dst []uint64) ([]uint64, bool) {
 
 // Object reads a whole body that is one flat JSON object: for each key it
 // calls value, which reads the key's value with the Scanner and reports
-// whether it could. It reports false on anything else, including a key
-// value refuses (an unknown or repeated key, for callers that refuse
-// those), and trailing bytes after the object.
+// whether it could. It reports false on anything else: a key value
+// refuses (an unknown key), a key given twice (encoding/json keeps the
+// last, and callers leave that to it), and trailing bytes after the object.
 func (p *Scanner) Object(value func(key string) bool) bool {
 	p.WS()
 	if !p.Lit('{') {
@@ -205,11 +205,20 @@ func (p *Scanner) Object(value func(key string) bool) bool {
 	if p.Lit('}') {
 		return p.End()
 	}
+	var seen [8][]byte // request bodies have a few keys; more go to encoding/json
+	n := 0
 	for {
 		key, ok := p.Str()
-		if !ok {
+		if !ok || n == len(seen) {
 			return false
 		}
+		for _, k := range seen[:n] {
+			if bytes.Equal(k, key) {
+				return false
+			}
+		}
+		seen[n] = key
+		n++
 		p.WS()
 		if !p.Lit(':') {
 			return false

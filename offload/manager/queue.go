@@ -40,8 +40,8 @@ type task struct {
 type taskQueue struct {
 	capacity int
 	seq      uint64
-	best     bestHeap
-	worst    worstHeap
+	best     taskHeap // pos[0]; the next task on top
+	worst    taskHeap // pos[1]; the task to shed on top
 }
 
 // newTask returns a task that is in no queue.
@@ -50,10 +50,10 @@ func newTask(prio, g1 int, gen uint64, b pool.Block) *task {
 }
 
 func newTaskQueue(capacity int) *taskQueue {
-	return &taskQueue{capacity: capacity}
+	return &taskQueue{capacity: capacity, best: taskHeap{slot: 0, less: better}, worst: taskHeap{slot: 1, less: worse}}
 }
 
-func (q *taskQueue) len() int { return len(q.best) }
+func (q *taskQueue) len() int { return len(q.best.ts) }
 
 // push queues t and, when that overfills the queue, sheds and returns the
 // worst task (possibly t itself); otherwise it returns nil.
@@ -65,7 +65,7 @@ func (q *taskQueue) push(t *task) (shed *task) {
 	if q.len() <= q.capacity {
 		return nil
 	}
-	shed = q.worst[0]
+	shed = q.worst.ts[0]
 	q.remove(shed)
 	return shed
 }
@@ -75,7 +75,7 @@ func (q *taskQueue) pop() *task {
 	if q.len() == 0 {
 		return nil
 	}
-	t := q.best[0]
+	t := q.best.ts[0]
 	q.remove(t)
 	return t
 }
@@ -90,52 +90,36 @@ func (q *taskQueue) remove(t *task) bool {
 	return true
 }
 
-// bestHeap has the best task on top: highest priority, then oldest.
-type bestHeap []*task
+// taskHeap is one of the queue's two views of its tasks, a heap whose
+// top is the task before every other by less; the task's pos[slot] is its
+// place in this heap (-1 when out of it), for heap.Remove.
+type taskHeap struct {
+	ts   []*task
+	slot int
+	less func(a, b *task) bool
+}
 
-func (h bestHeap) Len() int { return len(h) }
-func (h bestHeap) Less(i, j int) bool {
-	return h[i].prio > h[j].prio || h[i].prio == h[j].prio && h[i].seq < h[j].seq
+// better: highest priority, then oldest — the best heap's order.
+func better(a, b *task) bool { return a.prio > b.prio || a.prio == b.prio && a.seq < b.seq }
+
+// worse: lowest priority, then oldest — the order of the task to shed.
+func worse(a, b *task) bool { return a.prio < b.prio || a.prio == b.prio && a.seq < b.seq }
+
+func (h *taskHeap) Len() int           { return len(h.ts) }
+func (h *taskHeap) Less(i, j int) bool { return h.less(h.ts[i], h.ts[j]) }
+func (h *taskHeap) Swap(i, j int) {
+	h.ts[i], h.ts[j] = h.ts[j], h.ts[i]
+	h.ts[i].pos[h.slot], h.ts[j].pos[h.slot] = i, j
 }
-func (h bestHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].pos[0], h[j].pos[0] = i, j
-}
-func (h *bestHeap) Push(x any) {
+func (h *taskHeap) Push(x any) {
 	t := x.(*task)
-	t.pos[0] = len(*h)
-	*h = append(*h, t)
+	t.pos[h.slot] = len(h.ts)
+	h.ts = append(h.ts, t)
 }
-func (h *bestHeap) Pop() any {
-	old := *h
-	t := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	t.pos[0] = -1
-	return t
-}
-
-// worstHeap has the task to shed on top: lowest priority, then oldest.
-type worstHeap []*task
-
-func (h worstHeap) Len() int { return len(h) }
-func (h worstHeap) Less(i, j int) bool {
-	return h[i].prio < h[j].prio || h[i].prio == h[j].prio && h[i].seq < h[j].seq
-}
-func (h worstHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].pos[1], h[j].pos[1] = i, j
-}
-func (h *worstHeap) Push(x any) {
-	t := x.(*task)
-	t.pos[1] = len(*h)
-	*h = append(*h, t)
-}
-func (h *worstHeap) Pop() any {
-	old := *h
-	t := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	t.pos[1] = -1
+func (h *taskHeap) Pop() any {
+	t := h.ts[len(h.ts)-1]
+	h.ts[len(h.ts)-1] = nil
+	h.ts = h.ts[:len(h.ts)-1]
+	t.pos[h.slot] = -1
 	return t
 }
