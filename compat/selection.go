@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -32,8 +33,10 @@ type SelectionBackend interface {
 	// PrefillDone and Free move a booking on; idempotent.
 	PrefillDone(ctx context.Context, id string) error
 	Free(ctx context.Context, id string) error
-	// OutputBlock adds an output block of hash h to booking id's decode load.
-	OutputBlock(ctx context.Context, id string, h uint64) error
+	// OutputBlock adds an output block of hash h to booking id's decode
+	// load and, unless weight is raftfsm.NoDecay, sets how much the blocks
+	// it alone holds count (parts per million, indexer.Sequences.SetDecay).
+	OutputBlock(ctx context.Context, id string, h uint64, weight int64) error
 	// Booking returns a live booking from this node's load tracker.
 	Booking(id string) (indexer.Booking, bool)
 	// Loads returns every rank with a live booking and its load.
@@ -613,8 +616,12 @@ func (s *Selection) outputBlock(w http.ResponseWriter, r *http.Request) error {
 			return answer(w, c, 0, nil, err)
 		}
 	}
-	if req.DecayFraction != nil && *req.DecayFraction != 1 {
-		return answer(w, c, 0, nil, badRequest("decay_fraction %v: only whole output blocks (1) are tracked", *req.DecayFraction))
+	weight := int64(raftfsm.NoDecay)
+	if f := req.DecayFraction; f != nil {
+		if !(*f >= 0 && *f <= 1) { // NaN fails both
+			return answer(w, c, 0, nil, badRequest("decay_fraction %v: want a number in [0, 1]", *f))
+		}
+		weight = int64(math.Round(*f * indexer.DecayScale))
 	}
 	s.outMu.Lock()
 	defer s.outMu.Unlock()
@@ -626,7 +633,7 @@ func (s *Selection) outputBlock(w http.ResponseWriter, r *http.Request) error {
 		h := xxh3.New()
 		h.WriteString(id)
 		h.Write(buf[:])
-		return s.b.OutputBlock(ctx, id, h.Sum64())
+		return s.b.OutputBlock(ctx, id, h.Sum64(), weight)
 	})
 }
 

@@ -41,8 +41,12 @@ func selectionScript() []step {
 			SequenceHashes: seq, ISLTokens: 16}, 200},
 		{"prefill_complete", "POST", p + "/reservations/s2/prefill_complete", nil, 200},
 		{"output_block", "POST", p + "/reservations/s2/output_block", map[string]any{}, 200},
-		{"output_block_decay", "POST", p + "/reservations/s2/output_block", OutputBlockRequest{DecayFraction: ptr(0.5)}, 400},
 		{"loads_after_output", "GET", p + "/loads?model_name=llama", nil, 200},
+		// Five blocks, held by s2 alone, at weight 0.5: 2.5, rounded up.
+		{"output_block_decay", "POST", p + "/reservations/s2/output_block", OutputBlockRequest{DecayFraction: ptr(0.5)}, 200},
+		{"output_block_decay_bad", "POST", p + "/reservations/s2/output_block", OutputBlockRequest{DecayFraction: ptr(1.5)}, 400},
+		{"output_block_decay_negative", "POST", p + "/reservations/s2/output_block", OutputBlockRequest{DecayFraction: ptr(-0.1)}, 400},
+		{"loads_after_decay", "GET", p + "/loads?model_name=llama", nil, 200},
 		{"release", "DELETE", p + "/reservations/s2", nil, 200},
 		{"release_again", "DELETE", p + "/reservations/s2", nil, 404},
 		{"reserve", "POST", p + "/reservations", ReservationRequest{ReservationID: "r1", ModelName: "llama", WorkerID: 2,

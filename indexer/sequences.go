@@ -7,7 +7,9 @@
 // already had cached. From the live bookings of a rank follow its load:
 //
 //   - ActiveDecodeBlocks: the number of DISTINCT sequence hashes among them
-//     (two requests sharing a prefix share its KV blocks);
+//     (two requests sharing a prefix share its KV blocks), each counting 1,
+//     except that a block held by one booking alone counts 1 - d, d that
+//     booking's discount (SetDecay); the sum is rounded half up;
 //   - ActivePrefillTokens: the sum of max(isl-cached, 0) over the bookings
 //     still in prefill;
 //   - ActiveRequests: the number of live bookings.
@@ -17,6 +19,11 @@
 //     live bookings of its rank; its ActiveDecodeBlocks is len(refs).
 //   - blocks[h] lists, once each, exactly the slots whose refs hold h; a
 //     hash nobody holds has no entry.
+//   - A slot's refs[h].ords is the wrapping sum of the ords of the
+//     occurrences of h, so when refs[h].n == 1 it names the one holder; the
+//     slot's discount is the sum, over its h with refs[h].n == 1, of that
+//     holder's discount (parts per million), and discounted maps the ord
+//     of every live booking with a non-zero discount to it.
 //   - A rank has a slot exactly while it has a live booking; order lists the
 //     slots in rank order, so every query walks the ranks in one order.
 //   - byID holds each request id at most once, live or freed (a tombstone);
@@ -77,7 +84,15 @@ type Booking struct {
 	CachedTokens int      // tokens the rank had cached when the request was routed
 	PrefillDone  bool     // the first token was produced
 	CreatedAt    int64    // the now of the Add (unix nanos)
+	// Discount is taken off each block that this request alone holds on
+	// its rank, in parts per million of a block (0: such blocks count
+	// whole; DecayScale: they count nothing). SetDecay sets it.
+	Discount uint32
 }
+
+// DecayScale is one whole block in the parts per million of SetDecay and
+// Booking.Discount.
+const DecayScale = 1_000_000
 
 // FreedBooking is the tombstone of a freed request: it keeps a retried Add
 // of the same id from booking it again until it is swept.
@@ -131,7 +146,18 @@ type booking struct {
 	prefillDone bool
 	freed       bool
 	createdAt   int64
+	discount    uint32 // parts per million off each block it alone holds
+	ord         uint64 // unique among live bookings; see refEntry
 	hash        uint64 // digest hash of the fields that never change
+}
+
+// refEntry counts the occurrences of one hash among a rank's bookings and
+// sums their bookings' ords, so that when n is 1, ords is the ord of the
+// one booking holding it: what lets a discount follow a block as it goes
+// from shared to held alone and back without a list of holders.
+type refEntry struct {
+	n    int32
+	ords uint64
 }
 
 // slotList lists the slots of the ranks holding one sequence hash. Most
@@ -148,9 +174,20 @@ type slotList struct {
 // rank share its prefixes) touches only this map, and the global holders
 // map changes only when a rank starts or stops holding a block.
 type rankSlot struct {
-	rank kvevent.Rank
-	load Load
-	refs map[uint64]int32
+	rank     kvevent.Rank
+	load     Load  // ActiveDecodeBlocks counts every block whole; see view
+	discount int64 // parts per million off load.ActiveDecodeBlocks
+	refs     map[uint64]refEntry
+}
+
+// view is the slot's load as callers see it: the discount of the blocks
+// held by one decaying booking taken off the decode blocks, rounded half up.
+func (rs *rankSlot) view() Load {
+	l := rs.load
+	if rs.discount != 0 {
+		l.ActiveDecodeBlocks = (l.ActiveDecodeBlocks*DecayScale - rs.discount + DecayScale/2) / DecayScale
+	}
+	return l
 }
 
 type seqState struct {
@@ -165,6 +202,9 @@ type seqState struct {
 	freeSlots []int32
 	order     []int32 // live slots, in rank order
 
+	discounted map[uint64]*booking // ord -> live booking with a discount
+	nextOrd    uint64
+
 	swept   bool
 	horizon int64
 	digest  uint64 // wrapping sum of entryHash over byID
@@ -177,6 +217,7 @@ func (st *seqState) init() {
 	st.byID = make(map[string]*booking)
 	st.blocks = make(map[uint64]slotList)
 	st.slotOf = make(map[kvevent.Rank]int32)
+	st.discounted = make(map[uint64]*booking)
 }
 
 func validateBooking(id string, isl, cached int) error {
@@ -268,8 +309,49 @@ func (s *Sequences) AddOutputBlock(id string, h uint64) bool {
 	}
 	st.digest -= b.entryHash()
 	b.seq = append(slices.Clip(b.seq), h)
-	if st.incRef(h, b.slot) {
+	if st.incRef(h, b) {
 		st.slots[b.slot].load.ActiveDecodeBlocks++
+	}
+	b.hash = st.bookingHash(b)
+	st.digest += b.entryHash()
+	if st.journal != nil {
+		st.journal.Booked(b.export())
+	}
+	return true
+}
+
+// SetDecay sets how much the blocks that live request id alone holds on its
+// rank count in its rank's decode load: weight parts per million of a block
+// (DecayScale: whole, 0: nothing), for as long as the request holds such a
+// block alone; a block another live request also holds counts whole. It is
+// the "decay fraction" of output-block tracking: a client that expects the
+// request to end soon (weight = 1 - generated/expected output tokens) makes
+// the blocks that will go with it weigh less in routing decisions. A weight
+// above DecayScale counts as DecayScale. It reports whether it changed
+// anything: false for an unknown or freed id or the weight it has.
+func (s *Sequences) SetDecay(id string, weight uint32) bool {
+	discount := DecayScale - min(weight, DecayScale)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := &s.st
+	b, ok := st.byID[id]
+	if !ok || b.freed || b.discount == discount {
+		return false
+	}
+	rs := &st.slots[b.slot]
+	var alone int64
+	for _, h := range b.seq {
+		if rs.refs[h].n == 1 {
+			alone++
+		}
+	}
+	rs.discount += alone * (int64(discount) - int64(b.discount))
+	st.digest -= b.entryHash()
+	b.discount = discount
+	if discount == 0 {
+		delete(st.discounted, b.ord)
+	} else {
+		st.discounted[b.ord] = b
 	}
 	b.hash = st.bookingHash(b)
 	st.digest += b.entryHash()
@@ -384,7 +466,7 @@ func (s *Sequences) Load(rank kvevent.Rank) Load {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if sl, ok := s.st.slotOf[rank]; ok {
-		return s.st.slots[sl].load
+		return s.st.slots[sl].view()
 	}
 	return Load{}
 }
@@ -395,7 +477,7 @@ func (s *Sequences) Loads(dst []RankLoad) []RankLoad {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	for _, sl := range s.st.order {
-		dst = append(dst, RankLoad{Rank: s.st.slots[sl].rank, Load: s.st.slots[sl].load})
+		dst = append(dst, RankLoad{Rank: s.st.slots[sl].rank, Load: s.st.slots[sl].view()})
 	}
 	return dst
 }
@@ -476,10 +558,11 @@ func (s *Sequences) PotentialDecodeBlocks(dst []RankLoad, seqHashes []uint64, sc
 	// this walk also leaves hits all zero for the next call.
 	for _, sl := range st.order {
 		rs := &st.slots[sl]
+		l := rs.view()
 		dst = append(dst, RankLoad{
 			Rank:                  rs.rank,
-			Load:                  rs.load,
-			PotentialDecodeBlocks: rs.load.ActiveDecodeBlocks + distinct - int64(hits[sl]),
+			Load:                  l,
+			PotentialDecodeBlocks: l.ActiveDecodeBlocks + distinct - int64(hits[sl]),
 		})
 		hits[sl] = 0
 	}
@@ -516,7 +599,7 @@ func (st *seqState) bookings() []Booking {
 		if !b.freed {
 			out = append(out, Booking{
 				ID: b.id, Rank: b.rank, SeqHashes: slices.Clone(b.seq), ISL: b.isl,
-				CachedTokens: b.cached, PrefillDone: b.prefillDone, CreatedAt: b.createdAt,
+				CachedTokens: b.cached, PrefillDone: b.prefillDone, CreatedAt: b.createdAt, Discount: b.discount,
 			})
 		}
 	}
@@ -540,9 +623,12 @@ func (s *Sequences) Restore(snap SequencesSnapshot) error {
 		if _, dup := st.byID[bk.ID]; dup {
 			return fmt.Errorf("restore: %w: request %q given twice", ErrInvalidBooking, bk.ID)
 		}
+		if bk.Discount > DecayScale {
+			return fmt.Errorf("restore booking %d: %w: request %q: discount %d above %d", i, ErrInvalidBooking, bk.ID, bk.Discount, DecayScale)
+		}
 		b := &booking{
 			id: bk.ID, rank: bk.Rank, seq: slices.Clone(bk.SeqHashes), isl: bk.ISL, cached: bk.CachedTokens,
-			prefill: max(int64(bk.ISL)-int64(bk.CachedTokens), 0), createdAt: bk.CreatedAt,
+			prefill: max(int64(bk.ISL)-int64(bk.CachedTokens), 0), createdAt: bk.CreatedAt, discount: bk.Discount,
 		}
 		st.insert(b)
 		if bk.PrefillDone {
@@ -596,9 +682,14 @@ func (s *Sequences) Digest() uint64 {
 // records it in byID, the expiry heap and the digest.
 func (st *seqState) insert(b *booking) {
 	b.slot = st.slotFor(b.rank)
+	st.nextOrd++
+	b.ord = st.nextOrd
+	if b.discount != 0 {
+		st.discounted[b.ord] = b
+	}
 	rs := &st.slots[b.slot]
 	for _, h := range b.seq {
-		if st.incRef(h, b.slot) {
+		if st.incRef(h, b) {
 			rs.load.ActiveDecodeBlocks++
 		}
 	}
@@ -621,6 +712,7 @@ func (st *seqState) tombstone(b *booking) {
 	st.digest -= b.entryHash()
 	b.freed = true
 	b.seq = nil
+	b.discount = 0
 	b.prefillDone = false
 	b.hash = st.tombHash(b)
 	st.digest += b.hash
@@ -633,69 +725,93 @@ func (st *seqState) tombstone(b *booking) {
 func (st *seqState) unbook(b *booking) {
 	rs := &st.slots[b.slot]
 	for _, h := range b.seq {
-		if st.decRef(h, b.slot) {
+		if st.decRef(h, b) {
 			rs.load.ActiveDecodeBlocks--
 		}
 	}
+	delete(st.discounted, b.ord)
 	if !b.prefillDone {
 		rs.load.ActivePrefillTokens -= b.prefill
 	}
 	rs.load.ActiveRequests--
 	if rs.load.ActiveRequests == 0 {
+		rs.discount = 0 // already 0 while the invariants hold
 		st.releaseSlot(b.slot)
 	}
 }
 
-// incRef counts one more occurrence of h on slot; it reports whether the
-// slot did not hold h before, in which case the slot joins h's holders.
-func (st *seqState) incRef(h uint64, slot int32) bool {
-	refs := st.slots[slot].refs
-	n := refs[h]
-	refs[h] = n + 1
-	if n > 0 {
+// incRef counts one more occurrence of h, held by b, on b's slot; it
+// reports whether the slot did not hold h before, in which case the slot
+// joins h's holders. It keeps the slot's discount: h held alone by b now
+// takes b's discount; h held alone by another booking until now stops
+// taking that one's.
+func (st *seqState) incRef(h uint64, b *booking) bool {
+	slot := b.slot
+	rs := &st.slots[slot]
+	e := rs.refs[h]
+	switch e.n {
+	case 0:
+		rs.discount += int64(b.discount)
+	case 1:
+		if o := st.discounted[e.ords]; o != nil {
+			rs.discount -= int64(o.discount)
+		}
+	}
+	rs.refs[h] = refEntry{n: e.n + 1, ords: e.ords + b.ord}
+	if e.n > 0 {
 		return false
 	}
-	e, ok := st.blocks[h]
+	sl, ok := st.blocks[h]
 	if !ok {
 		st.blocks[h] = slotList{first: slot}
 		return true
 	}
-	e.rest = append(e.rest, slot)
-	st.blocks[h] = e
+	sl.rest = append(sl.rest, slot)
+	st.blocks[h] = sl
 	return true
 }
 
-// decRef counts one occurrence of h on slot less; it reports whether the
-// slot no longer holds h, in which case it leaves h's holders, and h's
-// entry goes when nobody holds it.
-func (st *seqState) decRef(h uint64, slot int32) bool {
-	refs := st.slots[slot].refs
-	n := refs[h]
-	if n > 1 {
-		refs[h] = n - 1
+// decRef counts one occurrence of h, held by b, less on b's slot; it
+// reports whether the slot no longer holds h, in which case it leaves h's
+// holders, and h's entry goes when nobody holds it. It keeps the slot's
+// discount as incRef does.
+func (st *seqState) decRef(h uint64, b *booking) bool {
+	slot := b.slot
+	rs := &st.slots[slot]
+	e := rs.refs[h]
+	if e.n > 1 {
+		e.n--
+		e.ords -= b.ord
+		if e.n == 1 {
+			if o := st.discounted[e.ords]; o != nil {
+				rs.discount += int64(o.discount)
+			}
+		}
+		rs.refs[h] = e
 		return false
 	}
-	if n == 0 {
+	if e.n == 0 {
 		return false // unreachable while the invariants hold
 	}
-	delete(refs, h)
-	e := st.blocks[h]
-	last := len(e.rest) - 1
-	if e.first == slot {
+	rs.discount -= int64(b.discount)
+	delete(rs.refs, h)
+	sl := st.blocks[h]
+	last := len(sl.rest) - 1
+	if sl.first == slot {
 		if last < 0 {
 			delete(st.blocks, h)
 			return true
 		}
-		e.first = e.rest[last]
+		sl.first = sl.rest[last]
 	} else {
-		i := slices.Index(e.rest, slot)
+		i := slices.Index(sl.rest, slot)
 		if i < 0 {
 			return true // unreachable while the invariants hold
 		}
-		e.rest[i] = e.rest[last]
+		sl.rest[i] = sl.rest[last]
 	}
-	e.rest = e.rest[:last] // keeps its array: a shared block's holders come and go
-	st.blocks[h] = e
+	sl.rest = sl.rest[:last] // keeps its array: a shared block's holders come and go
+	st.blocks[h] = sl
 	return true
 }
 
@@ -713,7 +829,7 @@ func (st *seqState) slotFor(rank kvevent.Rank) int32 {
 		st.slots[sl].rank = rank
 	} else {
 		sl = int32(len(st.slots))
-		st.slots = append(st.slots, rankSlot{rank: rank, refs: make(map[uint64]int32)})
+		st.slots = append(st.slots, rankSlot{rank: rank, refs: make(map[uint64]refEntry)})
 	}
 	st.slotOf[rank] = sl
 	i, _ := slices.BinarySearchFunc(st.order, rank, func(s int32, r kvevent.Rank) int { return st.slots[s].rank.Compare(r) })
@@ -728,7 +844,7 @@ func (st *seqState) releaseSlot(sl int32) {
 		st.order = slices.Delete(st.order, i, i+1)
 	}
 	delete(st.slotOf, rank)
-	st.slots[sl].rank, st.slots[sl].load = kvevent.Rank{}, Load{}
+	st.slots[sl].rank, st.slots[sl].load, st.slots[sl].discount = kvevent.Rank{}, Load{}, 0
 	st.freeSlots = append(st.freeSlots, sl)
 }
 
@@ -807,6 +923,10 @@ func (st *seqState) bookingHash(b *booking) uint64 {
 	for _, h := range b.seq {
 		buf = binary.LittleEndian.AppendUint64(buf, h)
 	}
+	if b.discount != 0 { // absent when 0, so older digests stay as they were
+		buf = append(buf, 'D')
+		buf = binary.LittleEndian.AppendUint32(buf, b.discount)
+	}
 	st.buf = buf
 	return xxh3.Hash(buf)
 }
@@ -869,7 +989,8 @@ func (s *hashSet) insert(k uint64) bool {
 // the Pebble batch of the entry being applied). Calls happen under the
 // tracker's write lock; an implementation must not call back into it.
 type SeqJournal interface {
-	// Booked: a live booking was added or changed (prefill done).
+	// Booked: a live booking was added or changed (prefill done, an output
+	// block, a discount).
 	Booked(b Booking)
 	// Freed: a booking was freed and is now a tombstone.
 	Freed(f FreedBooking)
@@ -888,5 +1009,5 @@ func (s *Sequences) SetJournal(j SeqJournal) {
 
 func (b *booking) export() Booking {
 	return Booking{ID: b.id, Rank: b.rank, SeqHashes: b.seq, ISL: b.isl, CachedTokens: b.cached,
-		PrefillDone: b.prefillDone, CreatedAt: b.createdAt}
+		PrefillDone: b.prefillDone, CreatedAt: b.createdAt, Discount: b.discount}
 }

@@ -476,6 +476,7 @@ func (st *seqState) check() error {
 		rank kvevent.Rank
 	}
 	refs := map[key]int32{}
+	holder := map[key]*booking{} // the last booking seen holding h on rank
 	loads := map[kvevent.Rank]Load{}
 	var digest uint64
 	live, freed := 0, 0
@@ -499,8 +500,23 @@ func (st *seqState) check() error {
 				l.ActiveDecodeBlocks++
 			}
 			refs[key{h, b.rank}]++
+			holder[key{h, b.rank}] = b
 		}
 		loads[b.rank] = l
+		if (b.discount != 0) != (st.discounted[b.ord] == b) {
+			return fmt.Errorf("booking %q discount %d, in discounted %v", b.id, b.discount, st.discounted[b.ord] == b)
+		}
+	}
+	discounts := map[kvevent.Rank]int64{}
+	for k, n := range refs {
+		if n == 1 {
+			discounts[k.rank] += int64(holder[k].discount)
+		}
+	}
+	for ord, b := range st.discounted {
+		if b.ord != ord || b.freed || st.byID[b.id] != b {
+			return fmt.Errorf("discounted[%d] holds %q (ord %d, freed %v)", ord, b.id, b.ord, b.freed)
+		}
 	}
 	if live != st.live || freed != st.freed {
 		return fmt.Errorf("counts %d/%d, recomputed %d/%d", st.live, st.freed, live, freed)
@@ -530,9 +546,15 @@ func (st *seqState) check() error {
 			return fmt.Errorf("rank %v: %d refs, %d decode blocks", rs.rank, len(rs.refs), rs.load.ActiveDecodeBlocks)
 		}
 		for h, c := range rs.refs {
-			if c <= 0 || refs[key{h, rs.rank}] != c {
-				return fmt.Errorf("rank %v block %#x: refs %d, recomputed %d", rs.rank, h, c, refs[key{h, rs.rank}])
+			if c.n <= 0 || refs[key{h, rs.rank}] != c.n {
+				return fmt.Errorf("rank %v block %#x: refs %d, recomputed %d", rs.rank, h, c.n, refs[key{h, rs.rank}])
 			}
+			if c.n == 1 && c.ords != holder[key{h, rs.rank}].ord {
+				return fmt.Errorf("rank %v block %#x: ords %d, holder's ord %d", rs.rank, h, c.ords, holder[key{h, rs.rank}].ord)
+			}
+		}
+		if rs.discount != discounts[rs.rank] {
+			return fmt.Errorf("rank %v: discount %d, recomputed %d", rs.rank, rs.discount, discounts[rs.rank])
 		}
 	}
 	for _, sl := range st.freeSlots {
@@ -613,12 +635,22 @@ func (m *seqModel) outputBlock(id string, h uint64) bool {
 	return true
 }
 
+func (m *seqModel) setDecay(id string, weight uint32) bool {
+	q, ok := m.reqs[id]
+	d := DecayScale - min(weight, DecayScale)
+	if !ok || q.freed || q.Discount == d {
+		return false
+	}
+	q.Discount = d
+	return true
+}
+
 func (m *seqModel) free(id string) bool {
 	q, ok := m.reqs[id]
 	if !ok || q.freed {
 		return false
 	}
-	q.freed, q.PrefillDone, q.SeqHashes = true, false, nil
+	q.freed, q.PrefillDone, q.SeqHashes, q.Discount = true, false, nil, 0
 	return true
 }
 
@@ -653,10 +685,18 @@ func (m *seqModel) remove(match func(kvevent.Rank) bool) int {
 	return n
 }
 
-// loads recomputes every rank's load and block set from scratch.
+// loads recomputes every rank's load and block set from scratch: a block
+// counts 1 - d/DecayScale when one booking alone holds it (once), d that
+// booking's discount, and 1 otherwise; the sum is rounded half up.
 func (m *seqModel) loads() (map[kvevent.Rank]Load, map[kvevent.Rank]map[uint64]bool) {
 	loads := map[kvevent.Rank]Load{}
 	held := map[kvevent.Rank]map[uint64]bool{}
+	type key struct {
+		r kvevent.Rank
+		h uint64
+	}
+	count := map[key]int{}
+	holder := map[key]*seqModelReq{}
 	for _, q := range m.reqs {
 		if q.freed {
 			continue
@@ -671,12 +711,21 @@ func (m *seqModel) loads() (map[kvevent.Rank]Load, map[kvevent.Rank]map[uint64]b
 		}
 		for _, h := range q.SeqHashes {
 			held[q.Rank][h] = true
+			count[key{q.Rank, h}]++
+			holder[key{q.Rank, h}] = q
 		}
 		loads[q.Rank] = l
 	}
 	for r, set := range held {
+		ppm := int64(0)
+		for h := range set {
+			ppm += DecayScale
+			if count[key{r, h}] == 1 {
+				ppm -= int64(holder[key{r, h}].Discount)
+			}
+		}
 		l := loads[r]
-		l.ActiveDecodeBlocks = int64(len(set))
+		l.ActiveDecodeBlocks = (ppm + DecayScale/2) / DecayScale
 		loads[r] = l
 	}
 	return loads, held
@@ -692,7 +741,7 @@ func (m *seqModel) potential(query []uint64) ([]RankLoad, int64) {
 	}
 	var out []RankLoad
 	for r, l := range loads {
-		union := int64(len(held[r]))
+		union := l.ActiveDecodeBlocks
 		for h := range qset {
 			if !held[r][h] {
 				union++
@@ -762,6 +811,9 @@ func rebuildSeqs(t *rapid.T, snap SequencesSnapshot) *Sequences {
 		if b.PrefillDone {
 			s.PrefillDone(b.ID)
 		}
+		if b.Discount != 0 {
+			s.SetDecay(b.ID, DecayScale-b.Discount)
+		}
 	}
 	if snap.Swept {
 		// A sweep whose cutoff is exactly the horizon; nothing is older.
@@ -828,6 +880,15 @@ func checkSequencesMatchNaiveModel(t *testing.T) {
 				now:    clock - rapid.Int64Range(0, 30).Draw(t, "lag")*nsPerSec,
 			})
 		}
+		setDecay := func(t *rapid.T) {
+			id := rapid.SampledFrom(seqModelIDs).Draw(t, "id")
+			// Weights on a coarse grid (so that a repeat happens) and
+			// beyond the scale (which counts as the scale).
+			w := uint32(rapid.IntRange(0, 5).Draw(t, "weight")) * DecayScale / 4
+			if got, want := s.SetDecay(id, w), m.setDecay(id, w); got != want {
+				t.Fatalf("SetDecay(%q, %d) = %v, model %v", id, w, got, want)
+			}
+		}
 		actions := map[string]func(*rapid.T){
 			// Adds weigh three times the other actions, so that states grow
 			// enough for blocks to gather several holders.
@@ -857,6 +918,7 @@ func checkSequencesMatchNaiveModel(t *testing.T) {
 					t.Fatalf("Get(%q) = %+v %v, model %+v live %v", id, b, ok, q, live)
 				}
 			},
+			"setDecay": setDecay, "setDecay2": setDecay,
 			"free": func(t *rapid.T) {
 				id := rapid.SampledFrom(seqModelIDs).Draw(t, "id")
 				if got, want := s.Free(id), m.free(id); got != want {
@@ -953,7 +1015,7 @@ func checkDigestChangesExactlyWhenStateChanges(t *testing.T) {
 		prevSnap, prevDigest := normaliseSnap(s.Snapshot()), s.Digest()
 		for range rapid.IntRange(1, 40).Draw(t, "steps") {
 			id := rapid.SampledFrom(seqModelIDs[:4]).Draw(t, "id")
-			switch rapid.IntRange(0, 3).Draw(t, "op") {
+			switch rapid.IntRange(0, 4).Draw(t, "op") {
 			case 0:
 				_, _ = s.Add(id, rapid.SampledFrom(seqModelRanks).Draw(t, "rank"), genSeqHashes().Draw(t, "seq"), 16, 0, rapid.Int64Range(0, 5).Draw(t, "now"))
 			case 1:
@@ -962,6 +1024,8 @@ func checkDigestChangesExactlyWhenStateChanges(t *testing.T) {
 				s.Free(id)
 			case 3:
 				s.Expire(rapid.Int64Range(0, 8).Draw(t, "now"), 2)
+			case 4:
+				s.SetDecay(id, uint32(rapid.IntRange(0, 4).Draw(t, "weight"))*DecayScale/4)
 			}
 			snap, d := normaliseSnap(s.Snapshot()), s.Digest()
 			if changed := !reflect.DeepEqual(snap, prevSnap); changed != (d != prevDigest) {
@@ -970,4 +1034,54 @@ func checkDigestChangesExactlyWhenStateChanges(t *testing.T) {
 			prevSnap, prevDigest = snap, d
 		}
 	})
+}
+
+// TestDecayDiscountsOnlyBlocksHeldAlone follows one block from shared to
+// held alone and back: a decaying request's discount applies to the blocks
+// only it holds, whatever the order of the other requests' bookings.
+func TestDecayDiscountsOnlyBlocksHeldAlone(t *testing.T) {
+	s := NewSequences()
+	decode := func() int64 { return s.Load(wkA0).ActiveDecodeBlocks }
+	mustBook(t, s, "r1", wkA0, []uint64{1, 2, 3, 4}, 64, 0, 0)
+	mustBook(t, s, "r2", wkA0, []uint64{1, 2}, 32, 0, 0)
+	// r1 alone holds 3 and 4: at weight 1/4 they count 0.5 together.
+	if !s.SetDecay("r1", DecayScale/4) {
+		t.Fatal("SetDecay changed nothing")
+	}
+	if got := decode(); got != 3 { // 1 + 1 + 0.25 + 0.25 = 2.5, rounded half up
+		t.Fatalf("decode blocks = %d, want 3", got)
+	}
+	if s.SetDecay("r1", DecayScale/4) {
+		t.Fatal("repeating a weight reported a change")
+	}
+	// r2 goes: 1 and 2 are r1's alone now and take its discount.
+	s.Free("r2")
+	if got := decode(); got != 1 {
+		t.Fatalf("after r2 left, decode blocks = %d, want 1 (4 × 0.25)", got)
+	}
+	// r3 shares 1 again: it counts whole.
+	mustBook(t, s, "r3", wkA0, []uint64{1}, 16, 0, 0)
+	if got := decode(); got != 2 { // 1 + 3 × 0.25 = 1.75
+		t.Fatalf("after r3 shared block 1, decode blocks = %d, want 2", got)
+	}
+	// An output block of r1 is r1's alone from the start.
+	s.AddOutputBlock("r1", 9)
+	if got, want := s.Load(wkA0).ActiveDecodeBlocks, int64(2); got != want { // 1 + 4 × 0.25
+		t.Fatalf("after an output block, decode blocks = %d, want %d", got, want)
+	}
+	if b, _ := s.Get("r1"); b.Discount != DecayScale*3/4 {
+		t.Fatalf("r1 discount = %d, want %d", b.Discount, DecayScale*3/4)
+	}
+	// Weight 0: r1's own blocks count nothing; back to whole: all count.
+	s.SetDecay("r1", 0)
+	if got := decode(); got != 1 {
+		t.Fatalf("at weight 0, decode blocks = %d, want 1 (the shared block)", got)
+	}
+	s.SetDecay("r1", DecayScale+5) // above the scale counts as whole
+	if got := decode(); got != 5 {
+		t.Fatalf("back to whole, decode blocks = %d, want 5", got)
+	}
+	if err := s.st.check(); err != nil {
+		t.Fatal(err)
+	}
 }

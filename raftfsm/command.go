@@ -65,6 +65,7 @@ const (
 	bookPrefillDone
 	bookFree
 	bookOutput // an output block: its sequence hash is SeqHashes[0]
+	bookDecay  // a decay weight: Booking.Discount = DecayScale - weight
 )
 
 type bookOp struct {
@@ -287,6 +288,9 @@ func encodeBook(now int64, ops []bookOp) []byte {
 		if op.kind == bookOutput {
 			e.u64(op.b.SeqHashes[0])
 		}
+		if op.kind == bookDecay {
+			e.uv(uint64(op.b.Discount))
+		}
 	}
 	return e.b
 }
@@ -381,6 +385,12 @@ func decodeCommand(b []byte) (command, error) {
 			case bookPrefillDone, bookFree:
 			case bookOutput:
 				op.b.SeqHashes = []uint64{d.u64("output block hash")}
+			case bookDecay:
+				if v := d.uv("discount"); v <= indexer.DecayScale {
+					op.b.Discount = uint32(v)
+				} else {
+					d.fail("discount")
+				}
 			default:
 				d.fail("booking kind")
 			}

@@ -295,6 +295,8 @@ func (f *FSM) applyCommand(c *command) interface{} {
 				f.seqs.Free(op.b.ID)
 			case bookOutput:
 				f.seqs.AddOutputBlock(op.b.ID, op.b.SeqHashes[0])
+			case bookDecay:
+				f.seqs.SetDecay(op.b.ID, indexer.DecayScale-op.b.Discount)
 			}
 		}
 		return nil

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"pgregory.net/rapid"
 )
@@ -23,7 +24,7 @@ type fsmModel struct {
 
 func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 	ranks := []kvevent.Rank{{Worker: 1}, {Worker: 1, DP: 1}, {Worker: 2}}
-	switch rapid.IntRange(0, 9).Draw(t, "cmd") {
+	switch rapid.IntRange(0, 10).Draw(t, "cmd") {
 	case 0, 1, 2, 3, 4:
 		var batches []RankBatch
 		for _, r := range rapid.SliceOfNDistinct(rapid.SampledFrom(ranks), 1, 3, func(r kvevent.Rank) kvevent.Rank { return r }).Draw(t, "ranks") {
@@ -75,6 +76,15 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 			m.live[rid] = r
 		}
 		return encodeBook(5, []bookOp{{kind: bookAdd, b: Booking{ID: rid, Rank: r, SeqHashes: []uint64{1, 2}, ISL: 32}}})
+	case 8:
+		// An output block with a decay weight: the booking's discount must
+		// survive a reopen and a snapshot like the rest of it.
+		rid := rapid.SampledFrom([]string{"a", "b", "c"}).Draw(t, "request")
+		ops := []bookOp{{kind: bookOutput, b: Booking{ID: rid, SeqHashes: []uint64{rapid.Uint64Range(1, 4).Draw(t, "output hash")}}}}
+		if rapid.Bool().Draw(t, "decay") {
+			ops = append(ops, bookOp{kind: bookDecay, b: Booking{ID: rid, Discount: uint32(rapid.IntRange(0, 4).Draw(t, "quarters")) * indexer.DecayScale / 4}})
+		}
+		return encodeBook(5, ops)
 	default:
 		rid := rapid.SampledFrom([]string{"a", "b", "c"}).Draw(t, "request")
 		if _, ok := m.live[rid]; ok {

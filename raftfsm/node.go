@@ -753,14 +753,28 @@ func (n *Node) Reserve(ctx context.Context, b Booking) error {
 	return err
 }
 
+// NoDecay, as OutputBlock's weight, leaves the request's decay weight as
+// it is.
+const NoDecay = -1
+
 // OutputBlock records, through Raft, that booked request id produced an
 // output block of sequence hash h: it counts as decode load on the
-// request's rank until the request is freed. Idempotent by (id, h).
-func (n *Node) OutputBlock(ctx context.Context, id string, h uint64) error {
+// request's rank until the request is freed. A weight in [0,
+// indexer.DecayScale] also sets, in the same entry, how much the blocks
+// the request alone holds count (indexer.Sequences.SetDecay); NoDecay
+// leaves it. Idempotent by (id, h, weight).
+func (n *Node) OutputBlock(ctx context.Context, id string, h uint64, weight int64) error {
 	if id == "" {
 		return fmt.Errorf("%w: empty request id", ErrInvalid)
 	}
-	_, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookOutput, b: Booking{ID: id, SeqHashes: []uint64{h}}}}))
+	if weight != NoDecay && (weight < 0 || weight > indexer.DecayScale) {
+		return fmt.Errorf("%w: request %q: decay weight %d outside [0, %d]", ErrInvalid, id, weight, indexer.DecayScale)
+	}
+	ops := []bookOp{{kind: bookOutput, b: Booking{ID: id, SeqHashes: []uint64{h}}}}
+	if weight != NoDecay {
+		ops = append(ops, bookOp{kind: bookDecay, b: Booking{ID: id, Discount: uint32(indexer.DecayScale - weight)}})
+	}
+	_, err := n.apply(ctx, encodeBook(now(), ops))
 	return err
 }
 

@@ -64,6 +64,11 @@ func encodeBooking(e *enc, b *indexer.Booking) {
 	e.uv(uint64(b.CachedTokens))
 	e.bool(b.PrefillDone)
 	e.sv(b.CreatedAt)
+	if b.Discount != 0 {
+		// A trailing field, written only when set, so that a booking
+		// without one is encoded as before the field existed.
+		e.uv(uint64(b.Discount))
+	}
 }
 
 func decodeBooking(id string, v []byte) (indexer.Booking, error) {
@@ -78,6 +83,13 @@ func decodeBooking(id string, v []byte) (indexer.Booking, error) {
 	b.CachedTokens = int(min(d.uv("cached"), 1<<40))
 	b.PrefillDone = d.bool("prefill done")
 	b.CreatedAt = d.sv("created at")
+	if d.err == nil && d.off < len(d.b) {
+		if v := d.uv("discount"); v > 0 && v <= indexer.DecayScale {
+			b.Discount = uint32(v)
+		} else {
+			d.fail("discount")
+		}
+	}
 	return b, d.done()
 }
 

@@ -70,6 +70,8 @@ type Booking struct {
 	SeqHashes    []uint64     `json:"-"`
 	ISL          int          `json:"isl"`
 	CachedTokens int          `json:"cached_tokens"`
+	// Discount is carried only by a decay operation (see Node.OutputBlock).
+	Discount uint32 `json:"-"`
 }
 
 // Settings are the cluster-wide scoring settings.
