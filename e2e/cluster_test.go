@@ -91,6 +91,9 @@ type cluster struct {
 	// nats gives every node's embedded NATS fixed ports and routes them
 	// into one NATS cluster, for agents to publish to.
 	nats bool
+	// peersOf, when set, is node n's --peers value in place of peers():
+	// the partition tests give each node the addresses of its own proxies.
+	peersOf func(n *node) string
 }
 
 // startCluster starts an n-node cluster bootstrapped with --peers and
@@ -274,9 +277,13 @@ func (c *cluster) start(i int) {
 	if n.up() {
 		c.t.Fatalf("start %s: it runs already", n.id)
 	}
+	peers := c.peers()
+	if c.peersOf != nil {
+		peers = c.peersOf(n)
+	}
 	args := []string{
 		"--node-id", n.id, "--raft-addr", n.raftAddr, "--http-addr", n.httpAddr,
-		"--data-dir", n.dir, "--peers", c.peers(), "--log-level", "warn",
+		"--data-dir", n.dir, "--peers", peers, "--log-level", "warn",
 	}
 	if c.nats {
 		var routes []string
