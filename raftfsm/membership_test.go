@@ -85,3 +85,44 @@ func TestMembershipChangesKeepTheState(t *testing.T) {
 		return rest[0].fsm.Digest() == rest[1].fsm.Digest() && rest[0].IndexStats().Entries == 11 && rest[1].IndexStats().Entries == 11
 	})
 }
+
+// TestNewLeaderKeepsMemberEntriesNewerThanItsFlags: a node's --peers are
+// those of the bootstrap. A member whose entry changed since (it moved), or
+// that was removed, must not get its bootstrap entry back when a node
+// started with those flags wins an election.
+func TestNewLeaderKeepsMemberEntriesNewerThanItsFlags(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	li, l := c.leaderExcept(-1)
+	a, b := c.nodes[(li+1)%3], c.nodes[(li+2)%3]
+	waitFor(t, 10*time.Second, "the first leader's set-up", func() bool { return l.ledTerm.Load() > 0 })
+	lead := func(from, to *Node) {
+		t.Helper()
+		if err := from.TransferLeadership(ctx(t), to.cfg.ID); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 10*time.Second, to.cfg.ID+"'s set-up as leader", func() bool { return to.IsLeader() && to.ledTerm.Load() > from.ledTerm.Load() })
+		// A write after the set-up: every member entry it sent is applied.
+		if err := to.RegisterWorker(ctx(t), WorkerInfo{ID: to.ledTerm.Load(), BlockSize: 16}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// a moves its HTTP address; b, started with a's old one, then leads.
+	m := Member{ID: a.cfg.ID, RaftAddr: a.cfg.RaftAddr, HTTPAddr: "http-moved"}
+	if _, err := l.apply(ctx(t), encodeMember(now(), &m)); err != nil {
+		t.Fatal(err)
+	}
+	lead(l, b)
+	if got := b.fsm.Members()[a.cfg.ID].HTTPAddr; got != "http-moved" {
+		t.Fatalf("%s's HTTP address = %q after %s's election, want the newer %q", a.cfg.ID, got, b.cfg.ID, "http-moved")
+	}
+
+	// The first leader is removed; a, started with it in its flags, leads.
+	if err := b.RemoveMember(ctx(t), l.cfg.ID); err != nil {
+		t.Fatal(err)
+	}
+	lead(b, a)
+	if e, ok := a.fsm.Members()[l.cfg.ID]; ok {
+		t.Fatalf("removed member %s is back in the table: %+v", l.cfg.ID, e)
+	}
+}

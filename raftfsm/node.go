@@ -101,7 +101,10 @@ type Node struct {
 
 	ready      atomic.Bool
 	lastAssert time.Time // leaderLoop only
-	started    time.Time // when NewNode ran: silence is counted from here
+	// ledTerm is the term whose leadership set-up (onLeadership) finished
+	// on this node: the barrier passed and the member entries went out.
+	ledTerm atomic.Uint64
+	started time.Time // when NewNode ran: silence is counted from here
 
 	rngMu sync.Mutex
 	rng   *rand.Rand
@@ -294,11 +297,25 @@ func (n *Node) onLeadership() {
 		n.logger.Warn("barrier after election failed", "err", err)
 		return
 	}
+	// The member table gets this node's own entry as it runs now, and the
+	// entry of each bootstrap peer that it lacks while that peer is still
+	// a voter: the first leader of a new cluster records them all. A peer's
+	// existing entry is never rewritten from the flags (they are those of
+	// the bootstrap; a member that joined or moved since has its own
+	// entry), nor is a removed member brought back.
 	members := n.fsm.Members()
 	want := []Member{{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAddr, HTTPAddr: n.cfg.HTTPAddr}}
-	for _, p := range n.cfg.Peers {
-		if p.ID != n.cfg.ID && p.HTTPAddr != "" {
-			want = append(want, p)
+	if len(n.cfg.Peers) > 0 {
+		if cf := n.raft.GetConfiguration(); cf.Error() == nil {
+			voters := map[string]bool{}
+			for _, srv := range cf.Configuration().Servers {
+				voters[string(srv.ID)] = true
+			}
+			for _, p := range n.cfg.Peers {
+				if _, known := members[p.ID]; !known && p.ID != n.cfg.ID && p.HTTPAddr != "" && voters[p.ID] {
+					want = append(want, p)
+				}
+			}
 		}
 	}
 	for _, m := range want {
@@ -306,6 +323,7 @@ func (n *Node) onLeadership() {
 			n.raft.Apply(encodeMember(time.Now().UnixNano(), &m), n.cfg.ApplyTimeout)
 		}
 	}
+	n.ledTerm.Store(n.raft.CurrentTerm())
 	n.logger.Info("leading", "term", n.raft.CurrentTerm())
 }
 

@@ -211,34 +211,50 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 				hr.Body = http.NoBody
 			}
 		}
+		// rewind readies the body to be sent again to the next endpoint:
+		// fine while none of it was read, or when it can be rewound.
+		rewind := func() bool {
+			if counted == nil || counted.n == 0 {
+				return true
+			}
+			if start < 0 {
+				errs = append(errs, "the body was partly sent and cannot be sent again")
+				return false
+			}
+			if _, serr := seeker.Seek(start, io.SeekStart); serr != nil {
+				errs = append(errs, fmt.Sprintf("rewind the body: %v", serr))
+				return false
+			}
+			return true
+		}
+		last := i == len(order)-1
 		resp, err := c.hc.Do(hr)
 		if err != nil {
 			if ctxErr := ctx.Err(); ctxErr != nil {
 				return nil, base, fmt.Errorf("%s %s: %w", req.method, req.path, ctxErr)
 			}
 			errs = append(errs, fmt.Sprintf("%s: %v", hostOf(base), unwrapURLError(err)))
-			if i == len(order)-1 {
+			if last || !rewind() {
 				break
-			}
-			// Moving on re-sends the body: fine while none of it was read,
-			// or when it can be rewound.
-			if counted != nil && counted.n > 0 {
-				if start < 0 {
-					errs = append(errs, "the body was partly sent and cannot be sent again")
-					break
-				}
-				if _, serr := seeker.Seek(start, io.SeekStart); serr != nil {
-					errs = append(errs, fmt.Sprintf("rewind the body: %v", serr))
-					break
-				}
 			}
 			continue
 		}
-		c.prefer(base)
 		if resp.StatusCode >= 400 {
-			defer resp.Body.Close()
-			return nil, base, decodeError(base, resp)
+			apiErr := decodeError(base, resp)
+			resp.Body.Close()
+			// A node cut off from the others (a partition, an election
+			// in progress) answers 503 no_leader while the rest of the
+			// cluster may serve: try the next endpoint rather than stick
+			// to this one. Every write of the API may be sent twice.
+			var e *Error
+			if !last && errors.As(apiErr, &e) && e.StatusCode == http.StatusServiceUnavailable && e.Reason == api.ReasonNoLeader && rewind() {
+				errs = append(errs, fmt.Sprintf("%s: %v", hostOf(base), apiErr))
+				continue
+			}
+			c.prefer(base)
+			return nil, base, apiErr
 		}
+		c.prefer(base)
 		return resp, base, nil
 	}
 	return nil, "", fmt.Errorf("%s %s: %w: %s", req.method, req.path, ErrUnreachable, strings.Join(errs, "; "))

@@ -3,6 +3,7 @@ package client_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -166,6 +167,51 @@ func TestAnErrorAnswerIsBelievedNotRetried(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "404") || !strings.Contains(err.Error(), n1.addr()) {
 		t.Fatalf("err %q names neither the status nor the node", err)
+	}
+}
+
+// noLeaderNode answers every request as a node cut off from its cluster
+// does: 503 no_leader.
+func noLeaderNode(t *testing.T) (addr string, hits *atomic.Int64) {
+	hits = new(atomic.Int64)
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(api.ErrorResponse{Error: "no leader known", Reason: api.ReasonNoLeader})
+	}))
+	t.Cleanup(hs.Close)
+	return hs.URL, hits
+}
+
+func TestMovesOnFromANodeWithoutLeaderAndStaysThere(t *testing.T) {
+	cut, hits := noLeaderNode(t)
+	n := newNode(t, "n1")
+	c := newClient(t, cut, n.addr())
+	ctx := context.Background()
+	for id := range uint64(3) {
+		if err := c.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: id + 1, BlockSize: 4}); err != nil {
+			t.Fatalf("register through %s then %s: %v", cut, n.addr(), err)
+		}
+	}
+	if got := hits.Load(); got != 1 {
+		t.Fatalf("the node without a leader was asked %d times, want once", got)
+	}
+	if got := n.fake.Calls()["RegisterWorker"]; got != 3 {
+		t.Fatalf("the serving node registered %d workers, want 3", got)
+	}
+}
+
+func TestEveryNodeWithoutLeaderIsA503NoLeader(t *testing.T) {
+	a, ha := noLeaderNode(t)
+	b, hb := noLeaderNode(t)
+	err := newClient(t, a, b).RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 1, BlockSize: 4})
+	var ae *client.Error
+	if !errors.As(err, &ae) || ae.StatusCode != 503 || ae.Reason != api.ReasonNoLeader || ae.Endpoint != b {
+		t.Fatalf("err = %#v, want the last node's 503 no_leader", err)
+	}
+	if ha.Load() != 1 || hb.Load() != 1 {
+		t.Fatalf("asked %d and %d times, want once each", ha.Load(), hb.Load())
 	}
 }
 
