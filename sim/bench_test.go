@@ -50,6 +50,7 @@ func TestBenchSim(t *testing.T) {
 		pr, speed := benchTimed(t, &doc, label, reqs)
 		if label == "synthetic" {
 			benchTimedSweep(t, &doc, pr, speed)
+			benchOffload(t, &doc, pr, speed)
 		}
 	}
 	benchCacheSweep(t, &doc)
@@ -146,6 +147,61 @@ func benchTimedSweep(t *testing.T, doc *bytes.Buffer, pr *Prepared, speed float6
 		fmt.Printf("BENCH sim_sweep.synthetic.router_credit_%g hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d speed=%g\n",
 			c, r.HitRate, r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, speed)
 		fmt.Fprintf(doc, "| %g | %.1f %% | %.0f | %.0f | %.3f |\n", c, 100*r.HitRate, r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance)
+	}
+}
+
+// offloadTiers are the tier configurations benchOffload compares, per
+// worker (G1 is 16,384 blocks): none, a G2 as large as G1, and that G2
+// with a G3 four times as large behind it (the offload manager's default
+// filter: a block reaches G3 on its second sighting).
+var offloadTiers = []struct {
+	label string
+	cfg   OffloadConfig
+}{
+	{"none", OffloadConfig{}},
+	{"G2 16,384", OffloadConfig{HostBlocks: 16384}},
+	{"G2 16,384 + G3 65,536", OffloadConfig{HostBlocks: 16384, DiskBlocks: 65536}},
+}
+
+// benchOffload replays router, round_robin and least_loaded at the loaded
+// speed without and with offload tiers (sim/offload.go): where the prompt
+// tokens came from (G1, G2, G3) and what it does to TTFT.
+//
+//	KVROUTER_BENCH=1 go test -count=1 -run TestBenchSim -v ./sim/
+//
+// rewrites the table with the rest; one configuration alone:
+//
+//	go run ./cmd/kvsim replay --trace ../shared/traces/mooncake_synthetic_trace.jsonl --speed 5 \
+//	    --policies router,round_robin,least_loaded --offload-host-blocks 16384 --offload-disk-blocks 65536
+func benchOffload(t *testing.T, doc *bytes.Buffer, pr *Prepared, speed float64) {
+	fmt.Fprintf(doc, "\n### Offload tiers, timed at %gx\n\n", speed)
+	doc.WriteString("G1 hit: prompt tokens found in the worker's KV cache; G2 / G3 hit: loaded from the host pool / the disk pool at transfer cost (20 / 5 GB/s, 8 MiB per 64-token block) instead of prefill. Per worker, G1 is 16,384 blocks.\n\n")
+	doc.WriteString("| policy | tiers per worker | G1 hit | G2 hit | G3 hit | TTFT mean ms | TTFT p99 ms | imbalance | G1→G2 blocks | G3 writes | loaded G2 / G3 blocks | wall s |\n")
+	doc.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, name := range []string{"router", "round_robin", "least_loaded"} {
+		for _, tier := range offloadTiers {
+			cfg := TimedConfig{Workers: 8, Speed: speed, Engine: EngineConfig{Offload: tier.cfg}}
+			start := time.Now()
+			rs, err := RunSuite(pr, SuiteConfig{Mode: ModeTimed, Policies: []string{name}, Timed: cfg, Seed: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := rs[0]
+			wall := time.Since(start).Seconds()
+			fmt.Println(BenchLine("synthetic", r))
+			moved := "–"
+			written, loaded := "–", "–"
+			if st := r.Offload; st != nil {
+				moved = fmt.Sprint(st.Offloaded)
+				loaded = fmt.Sprintf("%d / %d", st.LoadedHost, st.LoadedDisk)
+				if tier.cfg.DiskBlocks > 0 {
+					written = fmt.Sprint(st.DiskWritten)
+				}
+			}
+			fmt.Fprintf(doc, "| %s | %s | %.1f %% | %.1f %% | %.1f %% | %.0f | %.0f | %.3f | %s | %s | %s | %.0f |\n",
+				name, tier.label, 100*r.HitRate, 100*r.share(r.HostTokens), 100*r.share(r.DiskTokens),
+				r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, moved, written, loaded, wall)
+		}
 	}
 }
 

@@ -24,6 +24,10 @@ type EngineConfig struct {
 	// Speed divides every pass time: 2 is a worker twice as fast as the
 	// timing model says. Default 1.
 	Speed float64
+	// Offload gives the worker G2/G3 tiers (OffloadConfig); the zero value
+	// is none. A worker with offload tiers must be opened with OpenEngine
+	// and closed.
+	Offload OffloadConfig
 }
 
 func (c EngineConfig) withDefaults() EngineConfig {
@@ -48,6 +52,7 @@ func (c EngineConfig) withDefaults() EngineConfig {
 	if c.Speed <= 0 {
 		c.Speed = 1
 	}
+	c.Offload = c.Offload.withDefaults()
 	return c
 }
 
@@ -59,11 +64,14 @@ type EngineRequest struct {
 	Output       int // tokens to generate; at least 1 is generated
 	Local, Seq   []uint64
 	Arrival      int64 // simulated nanoseconds
-	CachedTokens int   // prompt tokens found cached when first admitted
-	FirstTokenAt int64 // when its first token came (end of its last prefill pass)
-	FinishedAt   int64
-	Queued       bool // waited in the queue through at least one pass that did not admit it
-	Preemptions  int
+	CachedTokens int   // prompt tokens found cached in G1 when first admitted
+	// HostTokens and DiskTokens are the prompt tokens loaded from G2 and
+	// from G3 when first admitted (offload tiers only).
+	HostTokens, DiskTokens int
+	FirstTokenAt           int64 // when its first token came (end of its last prefill pass)
+	FinishedAt             int64
+	Queued                 bool // waited in the queue through at least one pass that did not admit it
+	Preemptions            int
 
 	target     int  // tokens to compute before the next token: prompt + generated at admission
 	computed   int  // tokens whose KV is computed (or was found cached)
@@ -101,12 +109,19 @@ type EngineRequest struct {
 // the KV capacity pinned or reserved when it starts; a pass without prefill
 // work has no prefill term, one without decoding requests no decode term
 // (a mixed pass costs the sum of both: docs/sim.md says why).
+//
+// With offload tiers (EngineConfig.Offload, sim/offload.go) the blocks G1
+// evicts go to G2/G3, and admission continues the cached prefix there: those
+// blocks are copied back into G1 and the pass also takes their transfer
+// time (their real KV size over the tier's bandwidth) instead of their
+// prefill.
 // At its end (FinishPass) every request that completed its prefill emits
 // its first token, every decoding request one more, and requests that have
 // all their output finish and release their blocks.
 type Engine struct {
 	cfg   EngineConfig
 	cache *Cache
+	off   *offloader // nil without offload tiers
 
 	waiting []*EngineRequest // FIFO from whead; preempted requests go back to the head
 	whead   int
@@ -121,6 +136,7 @@ type Engine struct {
 	BusyNs      int64
 	Preemptions int
 	PrefillToks int64 // tokens computed by prefill passes
+	LoadNs      int64 // pass time spent loading blocks from G2/G3 (after Speed)
 }
 
 type work struct {
@@ -128,12 +144,52 @@ type work struct {
 	n int
 }
 
-// NewEngine returns an idle worker publishing as rank.
+// NewEngine returns an idle worker publishing as rank. It panics when
+// cfg.Offload is set and its tiers cannot be made: use OpenEngine then.
 func NewEngine(rank kvevent.Rank, cfg EngineConfig) *Engine {
+	e, err := OpenEngine(rank, cfg)
+	if err != nil {
+		panic(err)
+	}
+	return e
+}
+
+// OpenEngine returns an idle worker publishing as rank, with the offload
+// tiers cfg.Offload asks for (Close releases them).
+func OpenEngine(rank kvevent.Rank, cfg EngineConfig) (*Engine, error) {
 	cfg = cfg.withDefaults()
 	e := &Engine{cfg: cfg}
 	e.cache = NewCache(rank, cfg.NumGPUBlocks, e.record)
-	return e
+	if cfg.Offload.Enabled() {
+		off, err := newOffloader(rank, cfg.NumGPUBlocks, cfg.Offload, e.record)
+		if err != nil {
+			return nil, err
+		}
+		e.off = off
+		e.cache.Emit = off.event
+	}
+	return e, nil
+}
+
+// Close releases the worker's offload tiers (memory, the G3 directory);
+// without them it does nothing.
+func (e *Engine) Close() error {
+	if e.off == nil {
+		return nil
+	}
+	err := e.off.close()
+	e.off = nil
+	e.cache.Emit = e.record
+	return err
+}
+
+// OffloadStats returns what the worker's offload tiers did; ok is false
+// without them.
+func (e *Engine) OffloadStats() (s OffloadStats, ok bool) {
+	if e.off == nil {
+		return s, false
+	}
+	return e.off.snapshot(), true
 }
 
 // Config returns the engine's configuration with defaults applied.
@@ -257,6 +313,7 @@ func (e *Engine) StartPass(now int64) (dur int64, ok bool) {
 	e.batch = e.batch[:0]
 	budget := e.cfg.MaxNumBatchedTokens
 	prefill, decode := 0, 0
+	loadMs := 0.0
 	preempted := false
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		r := e.running[i]
@@ -287,16 +344,32 @@ func (e *Engine) StartPass(now int64) (dur int64, ok bool) {
 		r.target = r.Prompt + r.generated
 		// The cached prefix, in whole blocks, but never the last token:
 		// one token at least is computed to produce the next.
-		hit := min(e.cache.Match(r.Seq), (r.target-1)/e.cfg.BlockSize)
-		r.computed = hit * e.cfg.BlockSize
+		limit := (r.target - 1) / e.cfg.BlockSize
+		hit := min(e.cache.Match(r.Seq), limit)
+		// With offload tiers the prefix may go on in G2/G3: those blocks
+		// are loaded into G1 (pinned in their pool until then) and cost
+		// their transfer time instead of their prefill.
+		host, disk := 0, 0
+		if to := min(limit, len(r.Seq)); e.off != nil && hit < to {
+			host, disk = e.off.planOnboard(r.Local, r.Seq, hit, to)
+		}
+		r.computed = (hit + host + disk) * e.cfg.BlockSize
 		n := min(r.target-r.computed, budget)
 		if !e.allocate(r, n) {
+			if e.off != nil {
+				e.off.endPlan(false)
+			}
 			r.computed = 0
 			break
 		}
+		if e.off != nil {
+			e.off.endPlan(true)
+			loadMs += e.off.loadMs(host, disk, e.cfg.BlockSize, e.cfg.Timing)
+		}
 		if !r.admitted {
 			r.admitted = true
-			r.CachedTokens = r.computed
+			r.CachedTokens = hit * e.cfg.BlockSize
+			r.HostTokens, r.DiskTokens = host*e.cfg.BlockSize, disk*e.cfg.BlockSize
 		}
 		r.prefilling = true
 		e.waiting[e.whead] = nil
@@ -319,6 +392,9 @@ func (e *Engine) StartPass(now int64) (dur int64, ok bool) {
 	}
 	clear(e.fresh)
 	e.fresh = e.fresh[:0]
+	if e.off != nil {
+		e.off.flushDisk()
+	}
 	if len(e.batch) == 0 {
 		return 0, false
 	}
@@ -329,10 +405,12 @@ func (e *Engine) StartPass(now int64) (dur int64, ok bool) {
 	if decode > 0 {
 		ms += e.cfg.Timing.DecodeStepMs(e.KVUse())
 	}
+	ms += loadMs
 	dur = max(int64(math.Round(ms*1e6/e.cfg.Speed)), 1)
 	e.busy = true
 	e.Passes++
 	e.BusyNs += dur
+	e.LoadNs += int64(math.Round(loadMs * 1e6 / e.cfg.Speed))
 	e.PrefillToks += int64(prefill)
 	return dur, true
 }

@@ -78,6 +78,14 @@ type Result struct {
 	Speed            float64 // the arrival-speed multiplier it ran at
 	Concurrency      int     // closed loop: requests in flight (0: open loop)
 	HitOnly          bool    // the ceiling: only the hit rate means anything
+
+	// Timed replays with offload tiers (EngineConfig.Offload) only: the
+	// prompt tokens loaded from G2 and from G3 at each request's first
+	// admission (HitRate counts those found in G1), their share of the
+	// prompt tokens, and what the tiers did. Offload is nil without tiers.
+	HostTokens, DiskTokens int64
+	OffloadHitRate         float64
+	Offload                *OffloadStats
 }
 
 // Prepared is a trace expanded once into blocks, shared by every policy's

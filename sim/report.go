@@ -37,6 +37,11 @@ func BenchLine(trace string, r Result) string {
 	if r.Mode == "cache" {
 		area = "sim_cache"
 	}
+	if r.Offload != nil {
+		// With offload tiers: its own area, and the G2/G3 shares.
+		return fmt.Sprintf("BENCH sim_offload.%s.%s hit_rate=%.4f g2_hit_rate=%.4f g3_hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d speed=%g",
+			trace, r.Policy, r.HitRate, r.share(r.HostTokens), r.share(r.DiskTokens), r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Speed)
+	}
 	if r.HitOnly {
 		return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f", area, trace, r.Policy, r.HitRate)
 	}
@@ -45,6 +50,14 @@ func BenchLine(trace string, r Result) string {
 	}
 	return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d speed=%g",
 		area, trace, r.Policy, r.HitRate, r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Speed)
+}
+
+// share is tokens as a fraction of the prompt tokens.
+func (r *Result) share(tokens int64) float64 {
+	if r.PromptTokens == 0 {
+		return 0
+	}
+	return float64(tokens) / float64(r.PromptTokens)
 }
 
 // WriteTable writes rs (one replay's results) as a markdown table: hit
@@ -67,14 +80,28 @@ func WriteTable(w io.Writer, rs []Result) error {
 		_, err := io.WriteString(w, b.String())
 		return err
 	}
+	// With offload tiers, the hit rate is G1's and a column gives G2 + G3's.
+	tiers := slices.ContainsFunc(rs, func(r Result) bool { return r.Offload != nil })
+	tierHead, tierSep := "", ""
+	if tiers {
+		tierHead, tierSep = " G2 / G3 hit |", "---:|"
+	}
 	if timed {
-		b.WriteString("| policy | hit rate | TTFT mean ms | TTFT p50 ms | TTFT p99 ms | TPOT ms | E2E mean ms | E2E p99 ms | output tok/s | imbalance | rejected | queued | preempted |\n")
-		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| policy | hit rate |" + tierHead + " TTFT mean ms | TTFT p50 ms | TTFT p99 ms | TPOT ms | E2E mean ms | E2E p99 ms | output tok/s | imbalance | rejected | queued | preempted |\n")
+		b.WriteString("|---|---:|" + tierSep + "---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	} else {
 		b.WriteString("| policy | hit rate | imbalance | rejected |\n|---|---:|---:|---:|\n")
 	}
 	for _, r := range rs {
 		hit := fmt.Sprintf("%.1f %%", 100*r.HitRate)
+		if tiers {
+			switch {
+			case r.Offload != nil:
+				hit += fmt.Sprintf(" | %.1f %% / %.1f %%", 100*r.share(r.HostTokens), 100*r.share(r.DiskTokens))
+			default:
+				hit += " | –"
+			}
+		}
 		switch {
 		case r.HitOnly && timed:
 			fmt.Fprintf(&b, "| %s | %s | – | – | – | – | – | – | – | – | – | – | – |\n", r.Policy, hit)

@@ -96,6 +96,13 @@ func NewSuitePolicy(name string, cfg SuiteConfig) (Policy, error) {
 	if r, ok := p.(*Router); ok && cfg.Mode == ModeCache {
 		r.BookWholePrompt = true
 	}
+	// With offload tiers the workers report G2/G3 residency: the router
+	// (and least_loaded, whose tier weights are 0) reads the index tier by
+	// tier, so a host or disk block earns host_cache_hit_weight or
+	// disk_cache_hit_weight, as a cluster set to the tiered view does.
+	if r, ok := p.(*Router); ok && cfg.Mode == ModeTimed && cfg.Timed.Engine.Offload.Enabled() {
+		r.View = indexer.ViewTiered
+	}
 	return p, nil
 }
 

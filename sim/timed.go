@@ -52,7 +52,7 @@ type blockSized interface{ BlockTokens() int }
 // A request a worker cannot take (queue full, or larger than the whole
 // cache) and a routing error count as rejected; the policy never sees it
 // start.
-func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (Result, error) {
+func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (res Result, err error) {
 	cfg = cfg.withDefaults()
 	bs := cfg.Engine.BlockSize
 	if pr.BlockSize != 0 && pr.BlockSize != bs {
@@ -62,12 +62,23 @@ func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (Result, error) {
 		return Result{}, fmt.Errorf("%w: policy %s counts in %d-token blocks, engine block size %d", ErrBadConfig, p.Name(), b.BlockTokens(), bs)
 	}
 	n := len(pr.Reqs)
-	res := Result{Policy: p.Name(), Mode: "timed", Speed: cfg.Speed, Concurrency: cfg.Concurrency, Assigned: make([]int64, cfg.Workers)}
-	engines := make([]*Engine, cfg.Workers)
+	res = Result{Policy: p.Name(), Mode: "timed", Speed: cfg.Speed, Concurrency: cfg.Concurrency, Assigned: make([]int64, cfg.Workers)}
+	engines := make([]*Engine, 0, cfg.Workers)
 	eventIDs := make([]uint64, cfg.Workers)
 	passEnd := make([]int64, cfg.Workers)
-	for i := range engines {
-		engines[i] = NewEngine(RankOf(i), cfg.Engine)
+	defer func() {
+		for _, e := range engines {
+			if cerr := e.Close(); err == nil && cerr != nil {
+				err = cerr
+			}
+		}
+	}()
+	for i := 0; i < cfg.Workers; i++ {
+		e, err := OpenEngine(RankOf(i), cfg.Engine)
+		if err != nil {
+			return res, err
+		}
+		engines = append(engines, e)
 	}
 	reqs := make([]EngineRequest, n)
 	ids := make([]string, n)
@@ -188,6 +199,8 @@ func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (Result, error) {
 		res.Requests++
 		res.PromptTokens += int64(r.Prompt)
 		res.CachedTokens += int64(r.CachedTokens)
+		res.HostTokens += int64(r.HostTokens)
+		res.DiskTokens += int64(r.DiskTokens)
 		res.TTFTMs = append(res.TTFTMs, float64(r.FirstTokenAt-r.Arrival)/1e6)
 		e2e = append(e2e, float64(r.FinishedAt-r.Arrival)/1e6)
 		if r.Output > 1 {
@@ -203,9 +216,19 @@ func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (Result, error) {
 	for _, e := range engines {
 		res.Evicted += e.cache.Evicted
 		res.Preemptions += e.Preemptions
+		if s, ok := e.OffloadStats(); ok {
+			if res.Offload == nil {
+				res.Offload = &OffloadStats{}
+			}
+			res.Offload.add(&s)
+		}
 	}
 	if res.PromptTokens > 0 {
 		res.HitRate = float64(res.CachedTokens) / float64(res.PromptTokens)
+		res.OffloadHitRate = float64(res.HostTokens+res.DiskTokens) / float64(res.PromptTokens)
+	}
+	if res.Offload != nil && res.Offload.Mismatches > 0 {
+		return res, fmt.Errorf("sim: %d of %d blocks onboarded from G2/G3 had other bytes than they were offloaded with", res.Offload.Mismatches, res.Offload.Checked)
 	}
 	if tpotN > 0 {
 		res.TPOTMeanMs = tpotSum / float64(tpotN)

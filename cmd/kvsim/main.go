@@ -77,6 +77,14 @@ Examples:
 			&cli.Float64Flag{Name: "engine-speed", Value: 1, Usage: "timed: worker speed factor (pass times are divided by it)"},
 			&cli.Float64Flag{Name: "speed", Value: 1, Usage: "arrival-speed multiplier (open loop)"},
 			&cli.IntFlag{Name: "concurrency", Usage: "timed: closed loop with this many requests in flight (0: open loop on the trace's timestamps)"},
+			&cli.IntFlag{Name: "offload-host-blocks", Usage: "timed: G2 offload tier per worker, in blocks (a host-memory pool of the real offload code; 0: none)"},
+			&cli.IntFlag{Name: "offload-disk-blocks", Usage: "timed: G3 offload tier per worker, in blocks (a Pebble pool in a temporary directory; 0: none)"},
+			&cli.IntFlag{Name: "offload-block-bytes", Value: 1024, Usage: "timed, offload: bytes a simulated block holds in G1/G2/G3 (synthetic; timing uses the real KV size)"},
+			&cli.Float64Flag{Name: "offload-host-gbps", Value: 20, Usage: "timed, offload: G2 → G1 (host → GPU) bandwidth, GB/s"},
+			&cli.Float64Flag{Name: "offload-disk-gbps", Value: 5, Usage: "timed, offload: G3 → G1 (disk → GPU) bandwidth, GB/s"},
+			&cli.IntFlag{Name: "offload-disk-threshold", Value: 2, Usage: "timed, offload: sightings before a block is written to G3 (the offload manager's filter; 1: every block)"},
+			&cli.StringFlag{Name: "offload-dir", Usage: "timed, offload: parent `DIR` of the G3 databases (default: the system's temporary directory)"},
+			&cli.Float64Flag{Name: "kv-bytes-per-token", Value: sim.DefaultKVBytesPerToken, Usage: "timed: the model's KV bytes per token, which sizes a block's transfer between tiers"},
 			&cli.StringFlag{Name: "policies", Usage: "comma-separated: " + strings.Join(sim.PolicyNames, ", ") + ", ceiling (default: every policy of the mode; v1: router,round_robin; empty for none)"},
 			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of randomised policies"},
 			&cli.Float64Flag{Name: "overlap-credit", Usage: "router: overlap_score_credit (default: timed 1, cache 50)"},
@@ -144,6 +152,19 @@ func runReplay(c *cli.Context) error {
 	if err := checkWireFlags(c); err != nil {
 		return err
 	}
+	offload := sim.OffloadConfig{HostBlocks: c.Int("offload-host-blocks"), DiskBlocks: c.Int("offload-disk-blocks"),
+		BlockBytes: c.Int("offload-block-bytes"), HostGBps: c.Float64("offload-host-gbps"), DiskGBps: c.Float64("offload-disk-gbps"),
+		DiskThreshold: c.Int("offload-disk-threshold"), Dir: c.String("offload-dir")}
+	switch {
+	case offload.HostBlocks < 0 || offload.DiskBlocks < 0:
+		return cli.Exit("--offload-host-blocks and --offload-disk-blocks must not be negative", 2)
+	case offload.Enabled() && mode != "timed":
+		return cli.Exit("offload tiers need --mode timed", 2)
+	case offload.BlockBytes <= 0 || offload.HostGBps <= 0 || offload.DiskGBps <= 0 || offload.DiskThreshold <= 0 || c.Float64("kv-bytes-per-token") <= 0:
+		return cli.Exit("--offload-block-bytes, --offload-host-gbps, --offload-disk-gbps, --offload-disk-threshold and --kv-bytes-per-token must be positive", 2)
+	}
+	timing := sim.DefaultTiming()
+	timing.KVBytesPerToken = c.Float64("kv-bytes-per-token")
 	bs := c.Int("block-size")
 	if bs == 0 {
 		bs = def.blockSize
@@ -218,7 +239,8 @@ func runReplay(c *cli.Context) error {
 		suite := sim.SuiteConfig{Mode: mode, Policies: names, Seed: c.Uint64("seed"), RouterParams: &params,
 			Timed: sim.TimedConfig{Workers: c.Int("workers"), Speed: c.Float64("speed"), Concurrency: c.Int("concurrency"),
 				Engine: sim.EngineConfig{NumGPUBlocks: capBlocks, BlockSize: bs, MaxNumBatchedTokens: c.Int("max-batched-tokens"),
-					MaxNumSeqs: c.Int("max-seqs"), MaxWaiting: c.Int("max-waiting"), Speed: c.Float64("engine-speed")}},
+					MaxNumSeqs: c.Int("max-seqs"), MaxWaiting: c.Int("max-waiting"), Speed: c.Float64("engine-speed"),
+					Timing: timing, Offload: offload}},
 			Cache: sim.CacheConfig{Workers: c.Int("workers"), CapacityBlocks: capBlocks, BlockSize: bs},
 		}
 		if mode == "cache" {
@@ -231,6 +253,10 @@ func runReplay(c *cli.Context) error {
 			}
 			header = fmt.Sprintf("trace %s: %d requests, timed, %d workers × %d blocks of %d tokens, %s",
 				c.String("trace"), len(reqs), c.Int("workers"), capBlocks, bs, load)
+			if offload.Enabled() {
+				header += fmt.Sprintf("; offload tiers G2 %d, G3 %d blocks per worker (G3 filter %d), %.0f / %.0f GB/s to G1, %.0f KiB of KV per token",
+					offload.HostBlocks, offload.DiskBlocks, offload.DiskThreshold, offload.HostGBps, offload.DiskGBps, timing.KVBytesPerToken/1024)
+			}
 		}
 		for _, n := range names {
 			if _, err := sim.NewSuitePolicy(n, suite); err != nil && n != "ceiling" {
@@ -481,6 +507,10 @@ func printResults(w io.Writer, format, trace, header string, rs []sim.Result) er
 		mode = rs[len(rs)-1].Mode
 	}
 	timed := mode == "timed"
+	tiers := false
+	for _, r := range rs {
+		tiers = tiers || r.Offload != nil
+	}
 	if mode == "v1" {
 		// The v1 model has no queue: TTFT and the cache figures only.
 		fmt.Fprintln(tw, "policy\thit rate\timbalance\tTTFT mean ms\tTTFT p99 ms\tevicted blocks\terrors\t")
@@ -491,6 +521,8 @@ func printResults(w io.Writer, format, trace, header string, rs []sim.Result) er
 			}
 			fmt.Fprintf(tw, "%s\t%.1f %%\t%.3f\t%.1f\t%.1f\t%d\t%d\t\n", r.Policy, 100*r.HitRate, r.Imbalance, r.TTFTMeanMs, r.TTFTP99Ms, r.Evicted, r.Errors)
 		}
+	} else if timed && tiers {
+		fmt.Fprintln(tw, "policy\tG1 hit\tG2 hit\tG3 hit\tTTFT mean ms\tp50\tp99\tTPOT ms\tE2E mean ms\tout tok/s\timbalance\trejected\tqueued\tpreempted\t")
 	} else if timed {
 		fmt.Fprintln(tw, "policy\thit rate\tTTFT mean ms\tp50\tp99\tTPOT ms\tE2E mean ms\tout tok/s\timbalance\trejected\tqueued\tpreempted\t")
 	} else {
@@ -501,12 +533,18 @@ func printResults(w io.Writer, format, trace, header string, rs []sim.Result) er
 		case mode == "v1":
 		case r.HitOnly:
 			fmt.Fprintf(tw, "%s\t%.1f %%\t", r.Policy, 100*r.HitRate)
-			if timed {
+			if timed && tiers {
+				fmt.Fprint(tw, strings.Repeat("–\t", 12))
+			} else if timed {
 				fmt.Fprint(tw, strings.Repeat("–\t", 10))
 			} else {
 				fmt.Fprint(tw, strings.Repeat("–\t", 3))
 			}
 			fmt.Fprintln(tw)
+		case timed && tiers:
+			fmt.Fprintf(tw, "%s\t%.1f %%\t%.1f %%\t%.1f %%\t%.0f\t%.0f\t%.0f\t%.1f\t%.0f\t%.0f\t%.3f\t%d\t%d\t%d\t\n", r.Policy, 100*r.HitRate,
+				100*share(r.HostTokens, r.PromptTokens), 100*share(r.DiskTokens, r.PromptTokens),
+				r.TTFTMeanMs, r.TTFTP50Ms, r.TTFTP99Ms, r.TPOTMeanMs, r.E2EMeanMs, r.OutputTokensPerS, r.Imbalance, r.Rejected, r.Queued, r.Preemptions)
 		case timed:
 			fmt.Fprintf(tw, "%s\t%.1f %%\t%.0f\t%.0f\t%.0f\t%.1f\t%.0f\t%.0f\t%.3f\t%d\t%d\t%d\t\n", r.Policy, 100*r.HitRate,
 				r.TTFTMeanMs, r.TTFTP50Ms, r.TTFTP99Ms, r.TPOTMeanMs, r.E2EMeanMs, r.OutputTokensPerS, r.Imbalance, r.Rejected, r.Queued, r.Preemptions)
@@ -523,4 +561,11 @@ func printResults(w io.Writer, format, trace, header string, rs []sim.Result) er
 		}
 	}
 	return nil
+}
+
+func share(n, of int64) float64 {
+	if of == 0 {
+		return 0
+	}
+	return float64(n) / float64(of)
 }

@@ -135,3 +135,28 @@ func TestReplayRejectsBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayOffloadTiers: --offload-host-blocks / --offload-disk-blocks
+// give the timed workers G2/G3 tiers: the table gains their hit rates;
+// other modes refuse them.
+func TestReplayOffloadTiers(t *testing.T) {
+	trace := genTrace(t)
+	out, err := kvsim(t, "replay", "--trace", trace, "--speed", "8", "--capacity-blocks", "64", "--block-size", "16",
+		"--policies", "router,round_robin", "--offload-host-blocks", "64", "--offload-disk-blocks", "256",
+		"--offload-disk-threshold", "1", "--offload-dir", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "offload tiers G2 64, G3 256 blocks per worker") || !strings.Contains(out, "G2 hit") || !strings.Contains(out, "G3 hit") {
+		t.Fatalf("no offload columns:\n%s", out)
+	}
+	out, err = kvsim(t, "replay", "--trace", trace, "--capacity-blocks", "64", "--block-size", "16", "--policies", "router",
+		"--offload-host-blocks", "64", "-o", "bench")
+	if err != nil || !strings.HasPrefix(out, "BENCH sim_offload.chat.router hit_rate=") || !strings.Contains(out, " g2_hit_rate=") {
+		t.Fatalf("bench output %q, err %v", out, err)
+	}
+	var ec cli.ExitCoder
+	if _, err := kvsim(t, "replay", "--mode", "cache", "--trace", trace, "--offload-host-blocks", "8"); !errors.As(err, &ec) || ec.ExitCode() != 2 {
+		t.Fatalf("cache mode with offload tiers: %v, want exit 2", err)
+	}
+}
