@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/backend"
+	"github.com/kvrouter/kvrouter/offload/manager"
 	"github.com/kvrouter/kvrouter/offload/pool"
 )
 
@@ -143,7 +144,7 @@ type offloader struct {
 
 	slots  map[uint64]g1block // blocks in G1
 	free   []int32            // free G1 slots, popped from the end
-	filter sightings
+	filter *manager.Sightings[struct{}]
 	plan   map[uint64]planned // the onboarding of the admission in progress
 	diskQ  []diskWrite        // G3 writes waiting for the end of the pass
 
@@ -187,9 +188,12 @@ func (f sinkFunc) Publish(_ kvevent.Rank, evs []kvevent.Event) (uint64, error) {
 }
 
 func newOffloader(rank kvevent.Rank, g1Blocks int, cfg OffloadConfig, emit func(*kvevent.Event)) (o *offloader, err error) {
+	filter, err := manager.NewSightings[struct{}](manager.FilterConfig{Threshold: cfg.DiskThreshold, HalfLife: cfg.DiskHalfLife})
+	if err != nil {
+		return nil, err
+	}
 	o = &offloader{cfg: cfg, rank: rank, bs: cfg.BlockBytes, emit: emit, slots: make(map[uint64]g1block),
-		filter: sightings{threshold: uint32(cfg.DiskThreshold), halfLife: cfg.DiskHalfLife, m: make(map[uint64]sighting)},
-		plan:   make(map[uint64]planned), want: make([]byte, cfg.BlockBytes)}
+		filter: filter, plan: make(map[uint64]planned), want: make([]byte, cfg.BlockBytes)}
 	defer func() {
 		if err != nil {
 			o.close()
@@ -334,7 +338,7 @@ func (o *offloader) evicted(hs []uint64) {
 	}
 	hot := make([]bool, len(blocks))
 	for i := range blocks {
-		hot[i] = o.filter.hot(o.filter.see(blocks[i]))
+		hot[i] = o.filter.Hot(o.filter.See(blocks[i].Hash, nil))
 	}
 	if o.host == nil {
 		o.toDiskFromG1(blocks, src, hot)
@@ -543,7 +547,7 @@ func (o *offloader) onboard(cs []onboardCopy) {
 		p := o.plan[c.h]
 		p.used = true
 		o.plan[c.h] = p
-		if o.filter.hot(o.filter.see(c.p.blk)) && o.disk != nil && c.p.tier == kvevent.TierHostPinned {
+		if o.filter.Hot(o.filter.See(c.p.blk.Hash, nil)) && o.disk != nil && c.p.tier == kvevent.TierHostPinned {
 			o.diskQ = append(o.diskQ, diskWrite{blk: c.p.blk})
 		}
 	}
@@ -597,35 +601,3 @@ func (o *offloader) flushDisk() {
 		}
 	}
 }
-
-// sightings is the offload manager's frequency filter (offload/manager,
-// filter.go), which the manager does not export: a count per hash that
-// halves every halfLife sightings. (The manager also keeps each block's
-// metadata for a promotion; here the caller always has it.)
-type sightings struct {
-	threshold uint32
-	halfLife  int
-	since     int
-	m         map[uint64]sighting
-}
-
-type sighting struct{ n uint32 }
-
-func (s *sightings) see(b pool.Block) uint32 {
-	e := s.m[b.Hash]
-	e.n++
-	s.m[b.Hash] = e
-	if s.since++; s.since >= s.halfLife {
-		s.since = 0
-		for h, e := range s.m {
-			if e.n >>= 1; e.n == 0 {
-				delete(s.m, h)
-			} else {
-				s.m[h] = e
-			}
-		}
-	}
-	return e.n
-}
-
-func (s *sightings) hot(n uint32) bool { return n >= s.threshold }

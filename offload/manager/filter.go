@@ -2,8 +2,6 @@ package manager
 
 import (
 	"fmt"
-
-	"github.com/kvrouter/kvrouter/offload/pool"
 )
 
 // FilterConfig says which blocks are worth writing to G3 (disk).
@@ -49,9 +47,10 @@ func (c *FilterConfig) check() error {
 	return nil
 }
 
-// sightings is the frequency filter: a decaying count per hash, and the
-// block's metadata (parent, content hash, priority) from its last Offload,
-// which a promotion from G2 to G3 needs and the pools do not hand out.
+// Sightings is the frequency filter: a decaying count per hash and, with
+// each, a value M of the caller's (the Manager keeps the block's metadata
+// from its last Offload there, which a promotion from G2 to G3 needs and
+// the pools do not hand out; the simulator keeps nothing).
 //
 // Decay is by halving, as TinyLFU's reset does: after every HalfLife
 // sightings all counts are halved. That bounds the memory without a clock:
@@ -61,31 +60,35 @@ func (c *FilterConfig) check() error {
 // one, at most 2 × HalfLife hashes are ever tracked. The halving sweeps the
 // map once, so it costs O(1) per sighting amortized.
 //
-// It is not safe for concurrent use; the Manager guards it.
-type sightings struct {
+// It is not safe for concurrent use; the Manager guards its own.
+type Sightings[M any] struct {
 	cfg   FilterConfig
 	since int // sightings since the last halving
-	m     map[uint64]sighting
+	m     map[uint64]sighting[M]
 }
 
-type sighting struct {
+type sighting[M any] struct {
 	n     uint32
-	prio  int
-	known bool // block and prio were set by an Offload
-	block pool.Block
+	known bool // meta was given by a See
+	meta  M
 }
 
-func newSightings(cfg FilterConfig) *sightings {
-	return &sightings{cfg: cfg, m: make(map[uint64]sighting)}
+// NewSightings returns an empty filter; cfg's zero fields take their
+// defaults. It fails on a negative threshold or half-life.
+func NewSightings[M any](cfg FilterConfig) (*Sightings[M], error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	return &Sightings[M]{cfg: cfg, m: make(map[uint64]sighting[M])}, nil
 }
 
-// see counts one sighting of h and returns its count, this one included.
-// b, when not nil, is remembered with prio for a later promotion.
-func (s *sightings) see(h uint64, b *pool.Block, prio int) uint32 {
+// See counts one sighting of h and returns its count, this one included.
+// meta, when not nil, is remembered with h (until h is forgotten).
+func (s *Sightings[M]) See(h uint64, meta *M) uint32 {
 	e := s.m[h]
 	e.n++
-	if b != nil {
-		e.block, e.prio, e.known = *b, prio, true
+	if meta != nil {
+		e.meta, e.known = *meta, true
 	}
 	s.m[h] = e
 	s.since++
@@ -95,19 +98,19 @@ func (s *sightings) see(h uint64, b *pool.Block, prio int) uint32 {
 	return e.n
 }
 
-// hot reports whether a block seen n times is to be written to G3.
-func (s *sightings) hot(n uint32) bool { return s.cfg.Always || n >= uint32(s.cfg.Threshold) }
+// Hot reports whether a block seen n times is to be written to G3.
+func (s *Sightings[M]) Hot(n uint32) bool { return s.cfg.Always || n >= uint32(s.cfg.Threshold) }
 
-// count returns h's current count.
-func (s *sightings) count(h uint64) uint32 { return s.m[h].n }
+// Count returns h's current count.
+func (s *Sightings[M]) Count(h uint64) uint32 { return s.m[h].n }
 
-// block returns what the last Offload of h said about it.
-func (s *sightings) block(h uint64) (pool.Block, int, bool) {
+// Meta returns what the last See of h with a value remembered.
+func (s *Sightings[M]) Meta(h uint64) (M, bool) {
 	e, ok := s.m[h]
-	return e.block, e.prio, ok && e.known
+	return e.meta, ok && e.known
 }
 
-func (s *sightings) halve() {
+func (s *Sightings[M]) halve() {
 	s.since = 0
 	for h, e := range s.m {
 		if e.n >>= 1; e.n == 0 {
@@ -118,4 +121,5 @@ func (s *sightings) halve() {
 	}
 }
 
-func (s *sightings) len() int { return len(s.m) }
+// Len returns how many hashes the filter tracks.
+func (s *Sightings[M]) Len() int { return len(s.m) }

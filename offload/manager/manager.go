@@ -219,7 +219,7 @@ type Manager struct {
 	lanes     [NumPaths]*lane // nil for a path the Config does not allow
 	g1s       []g1State       // per G1 block, for the current generation
 	promoting map[uint64]*task
-	filter    *sightings
+	filter    *Sightings[promotion]
 	stats     Stats // counters; Depth, InFlight and Tracked are filled in by Stats
 
 	closing    chan struct{} // closed by Close
@@ -267,7 +267,7 @@ func New(cfg Config) (*Manager, error) {
 		gens:      make([]atomic.Uint64, cfg.G1.Blocks),
 		g1s:       make([]g1State, cfg.G1.Blocks),
 		promoting: make(map[uint64]*task),
-		filter:    newSightings(cfg.Filter),
+		filter:    &Sightings[promotion]{cfg: cfg.Filter, m: make(map[uint64]sighting[promotion])}, // cfg.Filter checked above
 		closing:   make(chan struct{}),
 	}
 	type plan struct {
@@ -384,12 +384,12 @@ func (m *Manager) Offload(reqs []OffloadRequest) (OffloadResult, error) {
 			m.freeLocked(r.G1Block)
 		}
 		st.hash = r.Hash
-		n := m.filter.see(r.Hash, &b, r.Priority)
-		if path == D2Disk && !m.filter.hot(n) {
+		n := m.filter.See(r.Hash, &promotion{b, r.Priority})
+		if path == D2Disk && !m.filter.Hot(n) {
 			res.Cold++
 			continue
 		}
-		if path == D2H && m.disk != nil && m.filter.hot(n) {
+		if path == D2H && m.disk != nil && m.filter.Hot(n) {
 			// Maybe in G2 already (a block seen again): promote now. A
 			// block not in G2 yet is promoted when its copy commits.
 			hot = append(hot, promotion{b, r.Priority})
@@ -536,7 +536,7 @@ func (m *Manager) promoteHot(ts []*task) {
 	var ps []promotion
 	m.mu.Lock()
 	for _, t := range ts {
-		if m.filter.hot(m.filter.count(t.block.Hash)) {
+		if m.filter.Hot(m.filter.Count(t.block.Hash)) {
 			ps = append(ps, promotion{t.block, t.prio})
 		}
 	}
@@ -630,7 +630,7 @@ func (m *Manager) Stats() Stats {
 		}
 		s.Paths[p].InFlight = l.inflight
 	}
-	s.Tracked = m.filter.len()
+	s.Tracked = m.filter.Len()
 	return s
 }
 

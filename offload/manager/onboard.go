@@ -297,12 +297,12 @@ func (m *Manager) see(hashes []uint64) {
 	var ps []promotion
 	m.mu.Lock()
 	for _, h := range hashes {
-		n := m.filter.see(h, nil, 0)
-		if m.disk == nil || m.host == nil || !m.filter.hot(n) {
+		n := m.filter.See(h, nil)
+		if m.disk == nil || m.host == nil || !m.filter.Hot(n) {
 			continue
 		}
-		if b, prio, ok := m.filter.block(h); ok {
-			ps = append(ps, promotion{b, prio})
+		if p, ok := m.filter.Meta(h); ok {
+			ps = append(ps, p)
 		} else {
 			m.log.Debug("onboard: cannot promote a block whose parent is unknown", "hash", h)
 		}
