@@ -11,7 +11,7 @@
 # through the cluster's API, whose index learns the workers' caches only
 # from those events. It keeps serving until Ctrl-C, when it stops every
 # agent and node cleanly. Set KVROUTER_RUN_REPLAY=0 to skip the replay (and
-# the agents), KVROUTER_RUN_REQUESTS (600) and KVROUTER_RUN_WORKERS (4) to
+# the agents), KVROUTER_RUN_TRACE to replay another trace file, KVROUTER_RUN_REQUESTS (600) and KVROUTER_RUN_WORKERS (4) to
 # size it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -77,7 +77,12 @@ echo
 ./bin/kvctl --endpoints "$endpoints" status
 echo
 
-if [ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && [ -f ../shared/traces/mooncake_synthetic_trace.jsonl ]; then
+trace=${KVROUTER_RUN_TRACE:-../shared/traces/mooncake_synthetic_trace.jsonl}
+if [ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && [ ! -f "$trace" ]; then
+  echo "no trace at $trace (set KVROUTER_RUN_TRACE to a Mooncake JSONL file): serving routes without a replay"
+  echo
+fi
+if [ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && [ -f "$trace" ]; then
   workers=${KVROUTER_RUN_WORKERS:-4}
   blocksize=16                     # kvsim's v1 block size
   capacity=$((1000000 / blocksize)) # kvsim's v1 capacity (1,000,000 tokens), in blocks
@@ -91,7 +96,7 @@ if [ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && [ -f ../shared/traces/mooncake_synthe
   done
   echo "kvagents for simulated workers 1..$workers: engine wires tcp://127.0.0.1:5600..$((5600 + workers - 1)), NATS $natsurls (logs $base/kvagentN.log)"
   echo
-  ./bin/kvsim replay --live --endpoints "$endpoints" --trace ../shared/traces/mooncake_synthetic_trace.jsonl \
+  ./bin/kvsim replay --live --endpoints "$endpoints" --trace "$trace" \
     --workers "$workers" --limit "${KVROUTER_RUN_REQUESTS:-600}" \
     --zmq-base-port 5600 --zmq-replay-base-port 5700 --agent-wait 60s || true
   echo
