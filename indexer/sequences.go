@@ -753,8 +753,10 @@ func (st *seqState) incRef(h uint64, b *booking) bool {
 	case 0:
 		rs.discount += int64(b.discount)
 	case 1:
-		if o := st.discounted[e.ords]; o != nil {
-			rs.discount -= int64(o.discount)
+		if len(st.discounted) > 0 { // no map probe while nobody decays
+			if o := st.discounted[e.ords]; o != nil {
+				rs.discount -= int64(o.discount)
+			}
 		}
 	}
 	rs.refs[h] = refEntry{n: e.n + 1, ords: e.ords + b.ord}
@@ -782,7 +784,7 @@ func (st *seqState) decRef(h uint64, b *booking) bool {
 	if e.n > 1 {
 		e.n--
 		e.ords -= b.ord
-		if e.n == 1 {
+		if e.n == 1 && len(st.discounted) > 0 {
 			if o := st.discounted[e.ords]; o != nil {
 				rs.discount += int64(o.discount)
 			}
