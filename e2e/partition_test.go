@@ -215,10 +215,11 @@ func (c *cluster) term(i int) uint64 {
 
 // publishAny is publishNext for a client outside the partition that, after
 // an error, sends the request again to the next node, starting at node
-// *at and leaving *at at the node that acknowledged it. api/client moves on
-// to another endpoint only when one cannot be reached; a node cut off from
-// the majority does answer (503 no_leader), and a publisher that kept
-// asking it would wait out the whole partition.
+// *at and leaving *at at the node that acknowledged it. It goes through
+// one single-node client per node, rather than a client with every
+// endpoint (which also moves on from a node answering 503 no_leader), so
+// that the test decides which node each request reaches first: the cut-off
+// one included.
 func (c *cluster) publishAny(ctx context.Context, p *publisher, at *int) error {
 	req := p.request()
 	var acks []raftfsm.RankAck

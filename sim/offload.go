@@ -72,12 +72,8 @@ func (c OffloadConfig) withDefaults() OffloadConfig {
 	if c.DiskGBps <= 0 {
 		c.DiskGBps = 5
 	}
-	if c.DiskThreshold <= 0 {
-		c.DiskThreshold = 2
-	}
-	if c.DiskHalfLife <= 0 {
-		c.DiskHalfLife = 1 << 16
-	}
+	// DiskThreshold and DiskHalfLife: zero takes the manager's defaults
+	// (manager.NewSightings); a negative one is refused there.
 	return c
 }
 
