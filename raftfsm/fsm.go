@@ -24,11 +24,15 @@ import (
 // it), nothing iterates a map into state, and the same entries give the
 // same state and Digest on every replica.
 //
-// Durability: each ApplyBatch is one Pebble batch holding every change of
-// its entries (through the index's and the tracker's journals) and the
-// applied index and term. Entries at or below the applied index are
-// skipped: Raft re-delivers every entry after its last snapshot on each
-// restart, and without the skip refcounts and residency would double-apply.
+// Durability: the changes of applied entries (through the index's and the
+// tracker's journals) and the applied index and term go into one Pebble
+// batch, which the FSM keeps across ApplyBatch calls and commits as a
+// group when it reaches store.GroupBytes, and always before a snapshot, a
+// restore or Close. So the state database holds the state as of one
+// applied index, never a part of an entry. Entries at or below the
+// applied index are skipped: Raft re-delivers every entry after its last
+// snapshot on each restart, and without the skip refcounts and residency
+// would double-apply.
 type FSM struct {
 	logger *slog.Logger
 	dir    string // the state database's directory
@@ -39,7 +43,9 @@ type FSM struct {
 	ix   *indexer.Index
 	seqs *indexer.Sequences
 
-	batch *store.StateBatch // the batch of the ApplyBatch in progress
+	// batch holds the changes applied since the last group commit (nil
+	// when there are none); only the FSM goroutine touches it.
+	batch *store.StateBatch
 	jrnl  journal
 
 	curMu   sync.RWMutex
@@ -116,6 +122,9 @@ func OpenFSM(cfg FSMConfig) (*FSM, error) {
 func (f *FSM) Close() error {
 	f.dbMu.Lock()
 	defer f.dbMu.Unlock()
+	if err := f.commitGroup(); err != nil {
+		f.logger.Warn("commit applied entries at close", "err", err)
+	}
 	if err := f.db.Flush(); err != nil {
 		f.logger.Warn("flush state db at close", "err", err)
 	}
@@ -191,20 +200,19 @@ func mix(x uint64) uint64 {
 // Apply applies one entry (raft.FSM).
 func (f *FSM) Apply(l *raft.Log) interface{} { return f.ApplyBatch([]*raft.Log{l})[0] }
 
-// ApplyBatch applies entries in one Pebble batch (raft.BatchingFSM). The
-// response of a command entry is its result value (see the command types)
-// or an error value for a domain error; it is nil for skipped entries and
-// for configuration, barrier and no-op entries.
+// ApplyBatch applies entries (raft.BatchingFSM) into the group batch,
+// committed once it is full (see FSM). The response of a command entry is
+// its result value (see the command types) or an error value for a domain
+// error; it is nil for skipped entries and for configuration, barrier and
+// no-op entries.
 func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	f.dbMu.RLock()
 	defer f.dbMu.RUnlock()
 	out := make([]interface{}, len(logs))
 	applied := f.applied.Load()
-	f.batch = f.db.NewBatch()
-	defer func() {
-		f.batch.Close()
-		f.batch = nil
-	}()
+	if f.batch == nil {
+		f.batch = f.db.NewBatch()
+	}
 	var last, lastTerm uint64
 	for i, l := range logs {
 		if l.Index <= applied {
@@ -228,13 +236,47 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	f.ix.FlushJournal()
 	f.batch.SetApplied(last, lastTerm)
-	if err := f.batch.Commit(); err != nil {
-		f.onFatal(fmt.Errorf("apply entries up to %d: %w", last, err))
-		return out
+	if f.batch.Full() {
+		if err := f.commitGroup(); err != nil {
+			f.onFatal(fmt.Errorf("apply entries up to %d: %w", last, err))
+			return out
+		}
 	}
 	f.applied.Store(last)
 	f.appliedTerm.Store(lastTerm)
 	return out
+}
+
+// commitGroup commits the group batch, if any, and drops it. Callers hold
+// dbMu and run on the FSM goroutine (or have stopped it).
+func (f *FSM) commitGroup() error {
+	b := f.batch
+	if b == nil {
+		return nil
+	}
+	f.batch = nil
+	defer b.Close()
+	return b.Commit()
+}
+
+// view commits the group batch and opens a read view of the state
+// database, from outside the FSM goroutine: it holds dbMu for writing, so
+// no apply runs meanwhile.
+func (f *FSM) view() (*store.StateSnapshot, error) {
+	f.dbMu.Lock()
+	defer f.dbMu.Unlock()
+	if err := f.commitGroup(); err != nil {
+		return nil, fmt.Errorf("commit applied entries: %w", err)
+	}
+	return f.db.Snapshot(), nil
+}
+
+// dropGroup discards the group batch (its state is being replaced).
+func (f *FSM) dropGroup() {
+	if f.batch != nil {
+		f.batch.Close()
+		f.batch = nil
+	}
 }
 
 // applyCommand applies one decoded command and returns its response.
@@ -475,12 +517,15 @@ func (j *journal) Horizon(h int64) {
 	j.f.batch.Put(store.KindLoadMeta, []byte{'l'}, e.b)
 }
 
-// Snapshot makes the state database durable up to the applied index and
-// opens a consistent read view of it (raft.FSM). It runs on the FSM
-// goroutine, so no apply is in flight.
+// Snapshot commits the group batch, makes the state database durable up to
+// the applied index and opens a consistent read view of it (raft.FSM). It
+// runs on the FSM goroutine, so no apply is in flight.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.dbMu.RLock()
 	defer f.dbMu.RUnlock()
+	if err := f.commitGroup(); err != nil {
+		return nil, fmt.Errorf("commit applied entries: %w", err)
+	}
 	if err := f.db.Sync(); err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/store"
 )
 
 func openTestFSM(t *testing.T, dir string) *FSM {
@@ -322,5 +323,52 @@ func TestRegistrationDroppingARankClearsIt(t *testing.T) {
 	})
 	if ack := res[1].([]RankAck)[0]; ack.Applied != 2 || f.Cursor(r1) != 2 {
 		t.Fatalf("after registering again: ack %+v cursor %d", ack, f.Cursor(r1))
+	}
+}
+
+// TestGroupCommitHoldsOneAppliedIndex: the FSM commits its changes in
+// groups (store.GroupBytes), and whatever the state database holds at any
+// moment is the state of one applied index: its residency records are
+// exactly the index's entries when that index was applied. A snapshot
+// commits the open group.
+func TestGroupCommitHoldsOneAppliedIndex(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "fsm")
+	f := openTestFSM(t, dir)
+	defer f.Close()
+	var w logWriter
+	entriesAt := map[uint64]int64{0: 0} // applied index → index entries then
+	commits := 0
+	lastDB := uint64(0)
+	const perEntry = 2000
+	for k := 0; k < 100; k++ {
+		r := kvevent.Rank{Worker: uint64(k%7 + 1)}
+		evs := chainEvents(r, uint64(k/7*perEntry+1), perEntry, uint64(k)<<32)
+		f.ApplyBatch([]*raft.Log{w.next(encodeEvents(int64(k), []RankBatch{{Rank: r, Events: evs}}))})
+		entriesAt[w.index] = f.Index().Stats().Entries
+		dbApplied, _, err := f.db.Applied()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if dbApplied == lastDB {
+			continue
+		}
+		commits++
+		lastDB = dbApplied
+		var n int64
+		if err := f.db.Scan(store.KindEntry, func(_, _ []byte) error { n++; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if want, ok := entriesAt[dbApplied]; !ok || n != want {
+			t.Fatalf("state database at applied %d holds %d residencies, the index held %d then (known %v)", dbApplied, n, want, ok)
+		}
+	}
+	if commits == 0 || lastDB == w.index {
+		t.Fatalf("%d group commits, database at %d of %d: want groups committed between applies", commits, lastDB, w.index)
+	}
+	if _, err := f.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ := f.db.Applied(); got != w.index {
+		t.Fatalf("after Snapshot the database is at %d, want %d", got, w.index)
 	}
 }

@@ -388,6 +388,7 @@ func (f *FSM) restoreFrom(r io.Reader) error {
 	}
 	f.dbMu.Lock()
 	defer f.dbMu.Unlock()
+	f.dropGroup() // changes to the state the stream replaces
 	if err := f.db.Close(); err != nil {
 		return fmt.Errorf("restore: close state db: %w", err)
 	}
