@@ -45,8 +45,9 @@ type FSM struct {
 
 	// batch holds the changes applied since the last group commit (nil
 	// when there are none); only the FSM goroutine touches it.
-	batch *store.StateBatch
-	jrnl  journal
+	batch      *store.StateBatch
+	groupBytes int
+	jrnl       journal
 
 	curMu   sync.RWMutex
 	cursors map[kvevent.Rank]uint64
@@ -79,6 +80,9 @@ type FSMConfig struct {
 	Logger  *slog.Logger
 	Index   indexer.Config
 	OnFatal func(error) // default: log and panic
+	// GroupBytes is the size at which applied changes are committed as a
+	// group (default store.GroupBytes).
+	GroupBytes int
 }
 
 var _ raft.BatchingFSM = (*FSM)(nil)
@@ -86,7 +90,10 @@ var _ raft.BatchingFSM = (*FSM)(nil)
 // OpenFSM opens the state database in cfg.Dir and rebuilds the in-memory
 // state from it.
 func OpenFSM(cfg FSMConfig) (*FSM, error) {
-	f := &FSM{logger: cfg.Logger, dir: cfg.Dir, onFatal: cfg.OnFatal}
+	f := &FSM{logger: cfg.Logger, dir: cfg.Dir, onFatal: cfg.OnFatal, groupBytes: cfg.GroupBytes}
+	if f.groupBytes <= 0 {
+		f.groupBytes = store.GroupBytes
+	}
 	if f.logger == nil {
 		f.logger = slog.Default()
 	}
@@ -236,7 +243,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	f.ix.FlushJournal()
 	f.batch.SetApplied(last, lastTerm)
-	if f.batch.Full() {
+	if f.batch.Len() >= f.groupBytes {
 		if err := f.commitGroup(); err != nil {
 			f.onFatal(fmt.Errorf("apply entries up to %d: %w", last, err))
 			return out
@@ -247,16 +254,14 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	return out
 }
 
-// commitGroup commits the group batch, if any, and drops it. Callers hold
-// dbMu and run on the FSM goroutine (or have stopped it).
+// commitGroup commits the group batch, if any; the batch stays, empty, for
+// the next group. Callers hold dbMu and run on the FSM goroutine (or
+// exclude it).
 func (f *FSM) commitGroup() error {
-	b := f.batch
-	if b == nil {
+	if f.batch == nil {
 		return nil
 	}
-	f.batch = nil
-	defer b.Close()
-	return b.Commit()
+	return f.batch.Commit()
 }
 
 // view commits the group batch and opens a read view of the state

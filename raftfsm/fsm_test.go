@@ -327,13 +327,16 @@ func TestRegistrationDroppingARankClearsIt(t *testing.T) {
 }
 
 // TestGroupCommitHoldsOneAppliedIndex: the FSM commits its changes in
-// groups (store.GroupBytes), and whatever the state database holds at any
+// groups (FSMConfig.GroupBytes, here 1 MiB), and whatever the state database holds at any
 // moment is the state of one applied index: its residency records are
 // exactly the index's entries when that index was applied. A snapshot
 // commits the open group.
 func TestGroupCommitHoldsOneAppliedIndex(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "fsm")
-	f := openTestFSM(t, dir)
+	f, err := OpenFSM(FSMConfig{Dir: filepath.Join(t.TempDir(), "fsm"), Logger: quiet, GroupBytes: 1 << 20,
+		OnFatal: func(err error) { t.Fatalf("fatal: %v", err) }})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer f.Close()
 	var w logWriter
 	entriesAt := map[uint64]int64{0: 0} // applied index → index entries then

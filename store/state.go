@@ -6,22 +6,21 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // StateDB is the router FSM's state on its own Pebble database (the node's
-// fsm/ directory), separate from the Raft log. Its writes are NOT synced,
-// and it has no Pebble WAL at all: the Raft log is the write-ahead log.
-// Committed batches live in memtables until Pebble flushes them (when one
-// fills, and always in Sync, which the FSM calls when Raft takes a
-// snapshot, and in Close). A batch never spans memtables and memtables are
-// flushed in order, so after a crash the database holds a prefix of the
-// applied entries at or past the last snapshot, and Raft replays the rest.
-// The FSM's changes reach it in Pebble batches that each also record the
-// applied index (one batch per group of applies, see GroupBytes), so the
-// state and the index that produced it never disagree.
+// fsm/ directory), separate from the Raft log. The FSM writes it in groups
+// (StateBatch): each group, with the applied index that ends it, becomes
+// one sorted sstable ingested atomically and durably. There is no Pebble
+// WAL and nothing goes through the memtable: the Raft log is the
+// write-ahead log, and after a crash the database holds the state at a
+// group boundary at or past the last snapshot (the FSM commits its group
+// when Raft takes one), so the state and the index that produced it never
+// disagree and Raft replays the rest.
 //
 // The database is written far more than it is read (it is read whole at
 // start and when a snapshot streams), and its bulk is a tree-node and a
@@ -44,8 +43,10 @@ import (
 //	0x0b member id                cluster member (opaque)
 type StateDB struct {
 	db     *pebble.DB
+	fs     vfs.FS // the database's filesystem (group tables are written on it)
 	dir    string
 	logger *slog.Logger
+	groups atomic.Uint64 // group tables written, for their file names
 }
 
 // Record kinds of the state database.
@@ -111,11 +112,9 @@ type StateOptions struct {
 // machine). Each block event writes about 1.4 keys (a residency, and a
 // tree node when the block is new) with random engine hashes, so:
 //
-//   - Memtable inserts are cache misses in a skiplist: with 64 MiB
-//     memtables they cost ~2 µs a key and were 40% of the FSM's CPU; at
-//     16 MiB the skiplist mostly stays in cache and they cost ~4x less.
-//     More (smaller) memtables may queue for flush before writes stall.
-//   - Every flushed file overlaps the whole residency keyspace, so each
+//   - The FSM's groups skip the memtable (StateBatch); the memtable only
+//     sees what else is written (nothing in steady state).
+//   - Every group table overlaps the whole residency keyspace, so each
 //     L0 compaction rewrites the base level. Letting L0 reach more
 //     sublevels before compacting, and a larger base level, trade read
 //     amplification (reads are only the full scans at start and in
@@ -158,7 +157,8 @@ func OpenState(dir string, opts StateOptions) (*StateDB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open state db %s: %w", dir, err)
 	}
-	return &StateDB{db: db, dir: dir, logger: logger}, nil
+	removeStaleGroups(popts.FS, dir)
+	return &StateDB{db: db, fs: popts.FS, dir: dir, logger: logger}, nil
 }
 
 // Close closes the database.
@@ -230,54 +230,6 @@ func (s *StateDB) Scan(kind byte, fn func(key, value []byte) error) error {
 	return nil
 }
 
-// StateBatch collects one apply's writes. Commit writes them atomically,
-// not synced.
-type StateBatch struct {
-	db  *pebble.DB
-	b   *pebble.Batch
-	key []byte
-	val []byte
-}
-
-// NewBatch starts a batch.
-func (s *StateDB) NewBatch() *StateBatch {
-	return &StateBatch{db: s.db, b: s.db.NewBatch()}
-}
-
-// Reset empties the batch for reuse after Commit.
-func (b *StateBatch) Reset() { b.b.Reset() }
-
-// Empty reports whether the batch holds no writes.
-func (b *StateBatch) Empty() bool { return b.b.Empty() }
-
-// Commit writes the batch atomically, without syncing.
-func (b *StateBatch) Commit() error {
-	if err := b.b.Commit(pebble.NoSync); err != nil {
-		return fmt.Errorf("commit state batch: %w", err)
-	}
-	return nil
-}
-
-// Close releases the batch.
-func (b *StateBatch) Close() error { return b.b.Close() }
-
-// Len is the batch's encoded size in bytes.
-func (b *StateBatch) Len() int { return b.b.Len() }
-
-// Full reports whether the batch has reached GroupBytes. The FSM commits
-// its group of applies then (see GroupBytes).
-func (b *StateBatch) Full() bool { return b.b.Len() >= GroupBytes }
-
-// GroupBytes is the size at which the FSM commits the batch it keeps
-// across applies. A Pebble batch at least half a memtable large skips the
-// memtable: Pebble sorts it once and queues it for flush as a memtable of
-// its own, instead of inserting its keys one by one into the skiplist
-// (the state database's largest cost on the cluster ingest benchmark).
-// Since the state database has no WAL, a batch committed to a memtable is
-// no more durable than one still held by the FSM: both are lost in a
-// crash, and the Raft log replays them.
-const GroupBytes = stateMemTableSize / 2
-
 func (b *StateBatch) k(kind byte) []byte {
 	b.key = append(b.key[:0], kind)
 	return b.key
@@ -292,18 +244,18 @@ func appendRank(k []byte, worker uint64, dp uint32) []byte {
 func (b *StateBatch) SetApplied(index, term uint64) {
 	v := binary.BigEndian.AppendUint64(b.val[:0], index)
 	v = binary.BigEndian.AppendUint64(v, term)
-	_ = b.b.Set(appliedKey, v, nil)
+	b.set(appliedKey, v)
 }
 
 // PutCursor records a rank's last applied event id.
 func (b *StateBatch) PutCursor(worker uint64, dp uint32, id uint64) {
 	k := appendRank(b.k(KindCursor), worker, dp)
-	_ = b.b.Set(k, binary.BigEndian.AppendUint64(b.val[:0], id), nil)
+	b.set(k, binary.BigEndian.AppendUint64(b.val[:0], id))
 }
 
 // DeleteCursor drops a rank's cursor.
 func (b *StateBatch) DeleteCursor(worker uint64, dp uint32) {
-	_ = b.b.Delete(appendRank(b.k(KindCursor), worker, dp), nil)
+	b.del(appendRank(b.k(KindCursor), worker, dp))
 }
 
 // PutNode records an index tree node.
@@ -315,12 +267,12 @@ func (b *StateBatch) PutNode(seq, parent uint64, root bool, local uint64) {
 	if root {
 		flags = 1
 	}
-	_ = b.b.Set(k, append(v, flags), nil)
+	b.set(k, append(v, flags))
 }
 
 // DeleteNode drops an index tree node.
 func (b *StateBatch) DeleteNode(seq uint64) {
-	_ = b.b.Delete(binary.BigEndian.AppendUint64(b.k(KindNode), seq), nil)
+	b.del(binary.BigEndian.AppendUint64(b.k(KindNode), seq))
 }
 
 // PutEntry records a residency.
@@ -328,38 +280,33 @@ func (b *StateBatch) PutEntry(worker uint64, dp uint32, eh, seq uint64, mask uin
 	k := binary.BigEndian.AppendUint64(appendRank(b.k(KindEntry), worker, dp), eh)
 	v := binary.BigEndian.AppendUint64(b.val[:0], seq)
 	v = append(v, mask)
-	_ = b.b.Set(k, binary.BigEndian.AppendUint32(v, order), nil)
+	b.set(k, binary.BigEndian.AppendUint32(v, order))
 }
 
 // DeleteEntry drops a residency.
 func (b *StateBatch) DeleteEntry(worker uint64, dp uint32, eh uint64) {
-	_ = b.b.Delete(binary.BigEndian.AppendUint64(appendRank(b.k(KindEntry), worker, dp), eh), nil)
+	b.del(binary.BigEndian.AppendUint64(appendRank(b.k(KindEntry), worker, dp), eh))
 }
 
 // PutRank records a rank's metadata (opaque).
 func (b *StateBatch) PutRank(worker uint64, dp uint32, meta []byte) {
-	_ = b.b.Set(appendRank(b.k(KindRank), worker, dp), meta, nil)
+	b.set(appendRank(b.k(KindRank), worker, dp), meta)
 }
 
 // DeleteRank drops a rank's metadata.
 func (b *StateBatch) DeleteRank(worker uint64, dp uint32) {
-	_ = b.b.Delete(appendRank(b.k(KindRank), worker, dp), nil)
+	b.del(appendRank(b.k(KindRank), worker, dp))
 }
 
 // Put sets an opaque record of a kind keyed by key (workers, bookings,
 // tombstones, settings, members).
 func (b *StateBatch) Put(kind byte, key, value []byte) {
-	_ = b.b.Set(append(b.k(kind), key...), value, nil)
+	b.set(append(b.k(kind), key...), value)
 }
 
 // Delete drops an opaque record.
 func (b *StateBatch) Delete(kind byte, key []byte) {
-	_ = b.b.Delete(append(b.k(kind), key...), nil)
-}
-
-// DeleteKind drops every record of a kind (one range tombstone).
-func (b *StateBatch) DeleteKind(kind byte) {
-	_ = b.b.DeleteRange([]byte{kind}, []byte{kind + 1}, nil)
+	b.del(append(b.k(kind), key...))
 }
 
 // DecodeNode decodes a node record's value.
