@@ -52,14 +52,31 @@ import (
 // prefix nodes near the root live for ever, so slabs would pin the memory
 // of every block the index held at start-up.
 //
-// AddNode may run concurrently with AddEntry and AddRank (they touch
-// disjoint state), so that the node and residency scans can run side by
-// side; calls of one method, and AddEntry with AddRank, must not overlap.
+// Records are collected in chunks that are never moved (see chunks): a
+// slice grown by append copies each record about four times and clears
+// every new backing array, which at millions of records cost as much as
+// the tree it was collected for.
+//
+// AddNode, then LinkNodes, may run concurrently with AddEntry and AddRank
+// (they touch disjoint state), so that the node and residency scans run
+// side by side and the tree is built while residencies are still read;
+// calls of one method, and AddEntry with AddRank, must not overlap.
 type Loader struct {
-	nodes    []loadNode
+	nodes    chunks[loadNode]
 	ranks    []*loadRank
 	rankAt   map[kvevent.Rank]*loadRank
 	lastRank *loadRank // the rank of the previous AddEntry: entries come grouped
+
+	// Set by LinkNodes: the records by seq, and the tree built from them
+	// under a root of the Loader's own, which Finish hands to the index.
+	linked  bool
+	linkErr error
+	seqs    *seqIndex
+	root    node
+	built   int64 // nodes under root
+
+	parts int                               // Spread's parts, 0 when unset
+	run   func(parts int, f func(part int)) // Spread's runner
 }
 
 // loadNode is one node record and what Finish works out about it.
@@ -70,7 +87,7 @@ type loadNode struct {
 	kids               uint32
 	root               bool
 	state              uint8 // linkNone ...
-	held               bool  // some entry names this record
+	part               uint8 // top byte of the node's seq: who adds its holders (applySpread)
 }
 
 const parRoot, parMissing = -1, -2
@@ -86,11 +103,12 @@ const (
 // loadRank is what the Loader collected of one rank.
 type loadRank struct {
 	meta    RankMeta
-	entries []loadEntry
+	entries chunks[loadEntry]
 	// unique is set while every entry's engine hash was above the previous
 	// one: then no engine hash repeats, and the fast path may skip the
 	// check (the state database yields a rank's entries in hash order).
 	unique bool
+	lastEH uint64 // the engine hash of the last entry added
 }
 
 // loadEntry is one residency, 24 bytes.
@@ -103,16 +121,17 @@ type loadEntry struct {
 // NewLoader returns an empty Loader. nodes and ranks are capacity hints
 // (0 when unknown).
 func NewLoader(nodes, ranks int) *Loader {
-	return &Loader{
-		nodes:  make([]loadNode, 0, nodes),
+	l := &Loader{
 		ranks:  make([]*loadRank, 0, ranks),
 		rankAt: make(map[kvevent.Rank]*loadRank, ranks),
 	}
+	l.nodes.reserve(nodes)
+	return l
 }
 
 // AddNode records a tree node. Records are cheapest in ascending seq order.
 func (l *Loader) AddNode(seq, parent uint64, root bool, local uint64) {
-	l.nodes = append(l.nodes, loadNode{seq: seq, parent: parent, local: local, root: root})
+	*l.nodes.next() = loadNode{seq: seq, parent: parent, local: local, root: root}
 }
 
 // AddEntry records that rank r holds node seq under engine hash eh.
@@ -123,10 +142,11 @@ func (l *Loader) AddEntry(r kvevent.Rank, eh, seq uint64, mask kvevent.Mask, ord
 		lr = l.rank(r)
 		l.lastRank = lr
 	}
-	if n := len(lr.entries); n > 0 && lr.entries[n-1].eh >= eh {
+	if lr.entries.n > 0 && eh <= lr.lastEH {
 		lr.unique = false
 	}
-	lr.entries = append(lr.entries, loadEntry{seq: seq, eh: eh, order: order, mask: mask})
+	lr.lastEH = eh
+	*lr.entries.next() = loadEntry{seq: seq, eh: eh, order: order, mask: mask}
 }
 
 // AddRank records a rank's metadata (its flags included: Finish sets them).
@@ -165,58 +185,70 @@ func (l *Loader) Finish(ix *Index) error {
 	return err
 }
 
-func (l *Loader) build(ix *Index) error {
-	if len(l.nodes) > math.MaxInt32 {
-		return fmt.Errorf("%w: %d nodes", ErrBadDump, len(l.nodes))
+// LinkNodes builds the tree of the node records added so far, under a
+// root of the Loader's own: nothing of it is visible in an index before
+// Finish. Call it after the last AddNode (a later AddNode is lost); it may
+// run while AddEntry and AddRank calls go on, so that the tree is built
+// while the residencies are read. Finish calls it when no one did.
+func (l *Loader) LinkNodes() {
+	if l.linked {
+		return
 	}
-	nodes := newSeqIndex(l.nodes)
-	ix.linkAll(nodes)
+	l.linked = true
+	if l.nodes.n > math.MaxInt32 {
+		l.linkErr = fmt.Errorf("%w: %d nodes", ErrBadDump, l.nodes.n)
+		l.nodes = chunks[loadNode]{}
+		return
+	}
+	l.seqs = newSeqIndex(l.nodes.flatten())
+	l.nodes = chunks[loadNode]{}
+	l.built = l.linkAll(l.seqs)
+}
+
+// adoptTree moves the tree LinkNodes built into ix, whose root is empty:
+// the root's children are re-parented (the root is a value in each).
+func (l *Loader) adoptTree(ix *Index) {
+	ix.root.c1, ix.root.more = l.root.c1, l.root.more
+	ix.root.forEachChild(func(c *node) { c.parent = &ix.root })
+	ix.nodes = l.built
+	l.root = node{}
+}
+
+func (l *Loader) build(ix *Index) error {
+	l.LinkNodes()
+	if l.linkErr != nil {
+		return l.linkErr
+	}
+	nodes := l.seqs
+	l.adoptTree(ix)
 
 	// Ranks take slots in rank order: deterministic, and the order in
 	// which their entries are applied below, so that every holder lands
 	// at the end of its node's slot-ordered list.
 	slices.SortFunc(l.ranks, func(a, b *loadRank) int { return a.meta.Rank.Compare(b.meta.Rank) })
-	var at []*node // the node of each entry of the rank at hand
-	for _, lr := range l.ranks {
+	rss := make([]*rankState, len(l.ranks))
+	unique := true
+	for i, lr := range l.ranks {
 		rs := ix.rankFor(lr.meta.Rank, true)
-		rs.blocks = make(map[uint64]*node, len(lr.entries))
+		rs.blocks = make(map[uint64]*node, lr.entries.n)
 		rs.cap = lr.meta.Capacity
-		// Two passes over the rank's entries: the first finds their nodes,
-		// the second adds the residencies. Each pass's iterations are
-		// independent of one another, so the processor overlaps their
-		// cache misses (a record, then a node, per entry) instead of
-		// waiting out each in turn as one loop doing both would.
-		at = slices.Grow(at[:0], len(lr.entries))[:len(lr.entries)]
-		for i := range lr.entries {
-			e := &lr.entries[i]
-			if e.mask == 0 || e.mask >= 1<<kvevent.NumTiers {
-				return fmt.Errorf("%w: entry %#x of %s has mask %#x", ErrBadDump, e.eh, rs.rank, e.mask)
-			}
-			k := nodes.find(e.seq)
-			if k < 0 || nodes.recs[k].state != linkDone {
-				return fmt.Errorf("load %s: %w: node %#x missing or in a cycle", rs.rank, ErrBadDump, e.seq)
-			}
-			rec := &nodes.recs[k]
-			rec.held = true
-			at[i] = rec.n
+		rss[i] = rs
+		unique = unique && lr.unique
+	}
+	done := false
+	if l.parts > 1 && unique {
+		var err error
+		if done, err = l.applySpread(ix, nodes, rss); err != nil {
+			return err
 		}
-		for i := range lr.entries {
-			e, n := &lr.entries[i], at[i]
-			if lr.unique && (len(n.holders) == 0 || n.holders[len(n.holders)-1].slot() < rs.slot) {
-				ix.addLoaded(rs, n, e)
-				continue
-			}
-			// A copy the write path would have reconciled (an engine hash
-			// given twice, or a second holder of this rank on n): load it
-			// the way the write path does, so the outcome is the same.
-			for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
-				if e.mask.Has(t) {
-					ix.setBit(rs, n, e.eh, t)
-				}
-			}
-			n.holders[n.find(rs.slot)].order = e.order
+	}
+	if !done {
+		if err := l.applySerial(ix, nodes, rss); err != nil {
+			return err
 		}
-		lr.entries = nil // the collector may have them while the rest loads
+	}
+	for i, lr := range l.ranks {
+		rs := rss[i]
 		rs.order = lr.meta.Order
 		rs.needsResync, rs.overCapacity = lr.meta.NeedsResync, lr.meta.OverCapacity
 		for _, o := range lr.meta.Orphans {
@@ -228,12 +260,58 @@ func (l *Loader) build(ix *Index) error {
 	}
 
 	// Unlink the nodes no rank holds and that lead to no held node. On a
-	// consistent copy there are none, and only records no entry named are
-	// looked at (a sequential pass over the records, not over the nodes).
+	// consistent copy there are none. Nodes were allocated in record
+	// order, so this pass reads them close to sequentially.
 	for k := range nodes.recs {
-		if rec := &nodes.recs[k]; !rec.held && rec.state == linkDone {
+		if rec := &nodes.recs[k]; rec.state == linkDone && len(rec.n.holders) == 0 && !rec.n.hasChildren() {
 			ix.unlink(rec.n)
 		}
+	}
+	return nil
+}
+
+// applySerial adds every residency, rank by rank in slot order.
+func (l *Loader) applySerial(ix *Index, nodes *seqIndex, rss []*rankState) error {
+	var at []*node // the node of each entry of the chunk at hand
+	for ri, lr := range l.ranks {
+		rs := rss[ri]
+		// Two passes over each chunk of the rank's entries: the first
+		// finds their nodes, the second adds the residencies. Each pass's
+		// iterations are independent of one another, so the processor
+		// overlaps their cache misses (a record, then a node, per entry)
+		// instead of waiting out each in turn as one loop doing both would.
+		for _, es := range lr.entries.all {
+			at = slices.Grow(at[:0], len(es))[:len(es)]
+			for i := range es {
+				e := &es[i]
+				if e.mask == 0 || e.mask >= 1<<kvevent.NumTiers {
+					return fmt.Errorf("%w: entry %#x of %s has mask %#x", ErrBadDump, e.eh, rs.rank, e.mask)
+				}
+				k := nodes.find(e.seq)
+				if k < 0 || nodes.recs[k].state != linkDone {
+					return fmt.Errorf("load %s: %w: node %#x missing or in a cycle", rs.rank, ErrBadDump, e.seq)
+				}
+				at[i] = nodes.recs[k].n
+			}
+			for i := range es {
+				e, n := &es[i], at[i]
+				if lr.unique && (len(n.holders) == 0 || n.holders[len(n.holders)-1].slot() < rs.slot) {
+					ix.addLoaded(rs, n, e)
+					continue
+				}
+				// A copy the write path would have reconciled (an engine
+				// hash given twice, or a second holder of this rank on n):
+				// load it the way the write path does, so the outcome is
+				// the same.
+				for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
+					if e.mask.Has(t) {
+						ix.setBit(rs, n, e.eh, t)
+					}
+				}
+				n.holders[n.find(rs.slot)].order = e.order
+			}
+		}
+		lr.entries = chunks[loadEntry]{} // the collector may have them while the rest loads
 	}
 	return nil
 }
@@ -321,15 +399,16 @@ func (x *seqIndex) find(seq uint64) int {
 	return lo + k
 }
 
-// linkAll builds and links the node of every record that reaches the
-// root, parents before children: such a record ends linkDone with its
-// node in n, the others linkBroken.
+// linkAll builds and links, under l.root, the node of every record that
+// reaches the root, parents before children: such a record ends linkDone
+// with its node in n, the others linkBroken. It returns the number of
+// nodes built.
 //
 // For each record not yet decided it walks up the parent records to the
 // root, to a linked record or to one that cannot be linked, then links the
 // path top-down; every record is on one walk only, so this is linear in
 // the records.
-func (ix *Index) linkAll(x *seqIndex) {
+func (l *Loader) linkAll(x *seqIndex) (built int64) {
 	recs := x.recs
 	// One pass finds every record's parent record and counts children, so
 	// that a node with several gets its child map at its final size at
@@ -352,7 +431,7 @@ func (ix *Index) linkAll(x *seqIndex) {
 		}
 	}
 	if rootKids > 1 {
-		ix.root.more = make(map[uint64]*node, rootKids-1)
+		l.root.more = make(map[uint64]*node, rootKids-1)
 	}
 	var path []int32
 	for k := range recs {
@@ -360,7 +439,7 @@ func (ix *Index) linkAll(x *seqIndex) {
 			continue
 		}
 		path = path[:0]
-		parent := &ix.root // what the path's last record hangs below
+		parent := &l.root // what the path's last record hangs below
 		ok := true
 		for c := int32(k); ; {
 			recs[c].state = linkPending
@@ -394,14 +473,15 @@ func (ix *Index) linkAll(x *seqIndex) {
 					n.more = make(map[uint64]*node, r.kids-1)
 				}
 				parent.addChild(n)
-				ix.nodes++
+				built++
 			}
 			// else: another record already named this (parent, local)
 			// position; both records denote that node, as they would
 			// have through the write path.
-			r.n = n
+			r.n, r.part = n, uint8(n.seq>>56)
 			r.state = linkDone
 			parent = n
 		}
 	}
+	return built
 }

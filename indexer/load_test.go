@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -194,10 +195,14 @@ func drawLoadCase(t *rapid.T, damage bool) loadCase {
 }
 
 // loadPebbleStyle feeds a Loader the way FSM.load does: node records in
-// seq order on one goroutine, entries grouped by rank in hash order and
-// the rank records on another.
-func (c *loadCase) loadPebbleStyle(ix *Index) error {
+// seq order on one goroutine, which then links them (LinkNodes), entries
+// grouped by rank in hash order and the rank records on another; Finish
+// works in parts parts (Spread) when parts > 1.
+func (c *loadCase) loadPebbleStyle(ix *Index, parts int) error {
 	l := NewLoader(0, 0)
+	if parts > 1 {
+		l.Spread(parts, spreadGo)
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -210,6 +215,7 @@ func (c *loadCase) loadPebbleStyle(ix *Index) error {
 			n := c.nodes[s]
 			l.AddNode(s, n.Parent, n.Root, n.Local)
 		}
+		l.LinkNodes()
 	}()
 	for _, d := range c.ranks {
 		for _, e := range d.Entries {
@@ -264,8 +270,8 @@ func sameIndex(t *rapid.T, a, b *Index) {
 
 // TestLoaderMatchesReference: on random durable copies, consistent or
 // damaged, LoadState and a Loader fed like FSM.load feeds it (concurrent
-// node records) build the index the reference rebuild builds, or fail
-// alike with ErrBadDump.
+// node records, linked before Finish), alone and in parts (Spread), build
+// the index the reference rebuild builds, or fail alike with ErrBadDump.
 func TestLoaderMatchesReference(t *testing.T) {
 	for range loadPropertyRounds() {
 		rapid.Check(t, func(t *rapid.T) {
@@ -285,11 +291,13 @@ func TestLoaderMatchesReference(t *testing.T) {
 				}
 			}
 			viaLoader := New(propCfg)
-			errL := c.loadPebbleStyle(viaLoader)
+			errL := c.loadPebbleStyle(viaLoader, 0)
+			viaSpread := New(propCfg)
+			errS := c.loadPebbleStyle(viaSpread, rapid.IntRange(2, 3).Draw(t, "parts"))
 			for _, got := range []struct {
 				ix  *Index
 				err error
-			}{{viaState, err}, {viaLoader, errL}} {
+			}{{viaState, err}, {viaLoader, errL}, {viaSpread, errS}} {
 				if (got.err == nil) != (refErr == nil) || (got.err != nil && !errors.Is(got.err, ErrBadDump)) {
 					t.Fatalf("error %v, reference %v", got.err, refErr)
 				}
@@ -340,6 +348,84 @@ func TestSeqIndexFinds(t *testing.T) {
 			}
 			if got := x.find(^uint64(0)); (got >= 0) != want[^uint64(0)] {
 				t.Fatalf("find(max) = %d", got)
+			}
+		}
+	}
+}
+
+// spreadGo runs f(0) … f(parts-1) on goroutines of their own, as
+// FSM.load does.
+func spreadGo(parts int, f func(part int)) {
+	var wg sync.WaitGroup
+	for p := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(p)
+		}()
+	}
+	wg.Wait()
+}
+
+// TestLoaderSpreadFallsBack: a copy with two holders of one rank on a node
+// makes the parts give up (the serial path alone loads it as the write
+// path would), and the index loads as without Spread.
+func TestLoaderSpreadFallsBack(t *testing.T) {
+	load := func(parts int) *Index {
+		ix := New(Config{})
+		l := NewLoader(0, 0)
+		if parts > 1 {
+			l.Spread(parts, spreadGo)
+		}
+		l.AddNode(1, 0, true, 11)
+		l.AddNode(2, 1, false, 12)
+		r := kvevent.Rank{Worker: 1}
+		l.AddEntry(r, 100, 1, 1, 1)
+		l.AddEntry(r, 101, 2, 1, 2)
+		l.AddEntry(r, 102, 2, 2, 3) // a second holder of r on node 2
+		l.AddEntry(kvevent.Rank{Worker: 2}, 100, 2, 1, 1)
+		l.AddRank(RankMeta{Rank: r})
+		if err := l.Finish(ix); err != nil {
+			t.Fatal(err)
+		}
+		return ix
+	}
+	want := load(0)
+	for _, parts := range []int{2, 3} {
+		got := load(parts)
+		if got.Digest() != want.Digest() || got.Stats() != want.Stats() {
+			t.Fatalf("parts %d: digest %#x stats %+v, want %#x %+v", parts, got.Digest(), got.Stats(), want.Digest(), want.Stats())
+		}
+	}
+}
+
+// TestChunksKeepOrder: records come back in the order added, whatever the
+// chunking (a reserved first chunk, doubling chunks, full-size chunks).
+func TestChunksKeepOrder(t *testing.T) {
+	for _, tc := range []struct{ reserve, n int }{{0, 0}, {0, 1}, {0, chunkMin}, {0, 3*chunkMax + 5}, {10, 1000}, {1000, 1000}, {2 * chunkMax, 5 * chunkMax}} {
+		var c chunks[int]
+		c.reserve(tc.reserve)
+		for i := range tc.n {
+			*c.next() = i
+		}
+		if c.n != tc.n {
+			t.Fatalf("%+v: n %d", tc, c.n)
+		}
+		for k, ch := range c.all {
+			if k < len(c.all)-1 && len(ch) != cap(ch) {
+				t.Fatalf("%+v: chunk %d of %d not full (%d of %d)", tc, k, len(c.all), len(ch), cap(ch))
+			}
+			if cap(ch) > max(chunkMax, tc.reserve) {
+				t.Fatalf("%+v: chunk %d holds %d", tc, k, cap(ch))
+			}
+		}
+		flat := c.flatten()
+		if len(flat) != tc.n {
+			t.Fatalf("%+v: flatten gave %d", tc, len(flat))
+		}
+		for i, v := range flat {
+			if v != i {
+				t.Fatalf("%+v: record %d is %d", tc, i, v)
 			}
 		}
 	}

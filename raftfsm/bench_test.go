@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -484,6 +485,8 @@ func bcReadDir(t *testing.T, dir string) int64 {
 // the disk's read time. Also reported: open_seconds (NewNode returned),
 // and fsm_reopen_seconds, a second OpenFSM of the same directory once the
 // node is down again, whose WAL is then short: the index rebuild alone.
+// KVROUTER_BENCH_PROFILE=file writes a CPU profile of the restart and the
+// reopen alone (-cpuprofile would be mostly the state's ingest).
 func TestBenchClusterRestart(t *testing.T) {
 	benchenv.Skip(t, "bench-cluster")
 	seed := benchenv.Seed(t, 20261202)
@@ -492,6 +495,7 @@ func TestBenchClusterRestart(t *testing.T) {
 	c.stop(0)
 	dir := c.dirs[0]
 	bcReadDir(t, dir) // the same page-cache footing for everything below
+	defer bcProfile(t)()
 
 	start := time.Now()
 	c.start(0)
@@ -525,6 +529,26 @@ func TestBenchClusterRestart(t *testing.T) {
 	t.Logf("data dir %.1f MB (fsm/ %.1f MB); NewNode returned after %v", float64(n)/1e6, float64(fsmBytes)/1e6, opened.Round(time.Millisecond))
 	fmt.Printf("BENCH cluster.restart blocks=%d seconds=%.3f read_seconds=%.3f ratio=%.1f open_seconds=%.3f fsm_reopen_seconds=%.3f dir_mb=%.1f seed=%d\n",
 		held, ready.Seconds(), read.Seconds(), ready.Seconds()/read.Seconds(), opened.Seconds(), fsmOpen.Seconds(), float64(n)/1e6, seed)
+}
+
+// bcProfile starts a CPU profile into $KVROUTER_BENCH_PROFILE, when set,
+// and returns the function that stops it.
+func bcProfile(t *testing.T) (stop func()) {
+	path := os.Getenv("KVROUTER_BENCH_PROFILE")
+	if path == "" {
+		return func() {}
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		out.Close()
+	}
 }
 
 func bcDirBytes(t *testing.T, dir string) int64 {
@@ -586,6 +610,7 @@ func bcCopyFile(src, dst string) error {
 // (synced), FSM.Restore of that file into a fresh FSM (checked, swapped in,
 // the index rebuilt), and InspectSnapshot (the checksum pass alone),
 // against a plain copy of the same file through user space (synced).
+// KVROUTER_BENCH_PROFILE=file writes a CPU profile of the restore alone.
 func TestBenchClusterSnapshot(t *testing.T) {
 	benchenv.Skip(t, "bench-cluster")
 	seed := benchenv.Seed(t, 20261203)
@@ -636,6 +661,7 @@ func TestBenchClusterSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
+	stopProfile := bcProfile(t)
 	start = time.Now()
 	in, err = os.Open(path)
 	if err != nil {
@@ -645,6 +671,7 @@ func TestBenchClusterSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	restore := time.Since(start)
+	stopProfile()
 	if f.Index().Stats().Entries != held || f.Digest() != digest {
 		t.Fatalf("restored %d entries digest %#x, want %d %#x", f.Index().Stats().Entries, f.Digest(), held, digest)
 	}

@@ -2,7 +2,9 @@ package raftfsm
 
 import (
 	"fmt"
+	"runtime"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/kvrouter/kvrouter/indexer"
@@ -115,10 +117,12 @@ func encodeHeaderBytes(t cmdType) []byte {
 // The index is the bulk of it (a tree node and a residency record per
 // block): its records go straight into an indexer.Loader, which builds the
 // index in one pass (see Loader for why that is fast). The node scan runs
-// on its own goroutine beside the residency and rank scans: they read
-// disjoint key ranges of the database and fill disjoint parts of the
-// Loader, and on two cores that halves the time spent in Pebble's
-// iterators. The small kinds are read after.
+// on its own goroutine beside the residency and rank scans, and builds the
+// tree (Loader.LinkNodes) as soon as it has every node: they read disjoint
+// key ranges of the database and fill disjoint parts of the Loader, and on
+// two cores that halves the time spent in Pebble's iterators and hides
+// most of the tree's construction. The small kinds are read after. Then
+// the residencies are added in one part per processor (Loader.Spread).
 //
 // The heap grows from nothing to the index's size while loading, and all
 // of it stays live: collections during the load would find nothing to
@@ -133,6 +137,7 @@ func (f *FSM) load() error {
 		return err
 	}
 	l := indexer.NewLoader(0, 0)
+	l.Spread(runtime.GOMAXPROCS(0), spreadGo)
 	scan := func(kind byte, fn func(k, v []byte) error) error {
 		if err := db.Scan(kind, fn); err != nil {
 			return fmt.Errorf("rebuild %s from %s: %w", store.KindName(kind), f.dir, err)
@@ -141,7 +146,7 @@ func (f *FSM) load() error {
 	}
 	nodesDone := make(chan error, 1)
 	go func() {
-		nodesDone <- scan(store.KindNode, func(k, v []byte) error {
+		err := scan(store.KindNode, func(k, v []byte) error {
 			seq, err := store.DecodeU64(k)
 			if err != nil {
 				return err
@@ -150,6 +155,10 @@ func (f *FSM) load() error {
 			l.AddNode(seq, parent, root, local)
 			return err
 		})
+		if err == nil {
+			l.LinkNodes() // the tree, while the residencies are still read
+		}
+		nodesDone <- err
 	}()
 	err = scan(store.KindEntry, func(k, v []byte) error {
 		w, dp, eh, seq, mask, order, err := store.DecodeEntry(k, v)
@@ -253,6 +262,21 @@ func (f *FSM) load() error {
 	f.logger.Info("state loaded", "applied_index", idx, "nodes", st.Nodes, "entries", st.Entries,
 		"workers", len(workers), "bookings", len(snap.Bookings), "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// spreadGo runs f(0) … f(parts-1) each on a goroutine and waits for them
+// (indexer.Loader.Spread: the indexer starts no goroutines itself).
+func spreadGo(parts int, f func(part int)) {
+	var wg sync.WaitGroup
+	for p := 1; p < parts; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(p)
+		}()
+	}
+	f(0)
+	wg.Wait()
 }
 
 // loadGCPercent is GOGC while the state loads (see FSM.load): between two

@@ -132,6 +132,7 @@ type snapReader struct {
 	h    hash.Hash
 	n    int64
 	buf  []byte
+	key  []byte // the last key, reused: callers keep a key only until the next call
 	one  [1]byte
 	info SnapshotInfo
 	want map[byte]uint64
@@ -214,9 +215,26 @@ func (s *snapReader) counts(n int) error {
 	return nil
 }
 
-// next returns the next record, or nil key at the end marker.
+// uvarint reads a uvarint, hashing its bytes in one write: read byte by
+// byte (binary.ReadUvarint), the hash's per-call cost was most of the
+// parse. Near the end of the stream, or on a malformed varint, it falls
+// back to binary.ReadUvarint, which reports those exactly.
+func (s *snapReader) uvarint() (uint64, error) {
+	p, _ := s.r.Peek(binary.MaxVarintLen64)
+	v, n := binary.Uvarint(p)
+	if n <= 0 {
+		return binary.ReadUvarint(s)
+	}
+	s.h.Write(p[:n])
+	s.n += int64(n)
+	s.r.Discard(n)
+	return v, nil
+}
+
+// next returns the next record, or nil key at the end marker. Both slices
+// are valid only until the next call.
 func (s *snapReader) next() (key, value []byte, err error) {
-	kl, err := binary.ReadUvarint(s)
+	kl, err := s.uvarint()
 	if err != nil {
 		return nil, nil, truncated(err)
 	}
@@ -230,11 +248,12 @@ func (s *snapReader) next() (key, value []byte, err error) {
 	if err != nil {
 		return nil, nil, truncated(err)
 	}
-	key = bytes.Clone(k)
+	s.key = append(s.key[:0], k...) // k is s.buf, which the value reuses
+	key = s.key
 	if !store.ValidKind(key[0]) {
 		return nil, nil, bad("record of unknown kind %#x", key[0])
 	}
-	vl, err := binary.ReadUvarint(s)
+	vl, err := s.uvarint()
 	if err != nil {
 		return nil, nil, truncated(err)
 	}
