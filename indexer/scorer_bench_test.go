@@ -57,7 +57,7 @@ func newBenchFleet(nRanks, blocks int) *benchFleet {
 		fl.overlaps = append(fl.overlaps, [kvevent.NumTiers]uint32{uint32(rng.IntN(blocks)), uint32(rng.IntN(8)), uint32(rng.IntN(4)), 0})
 		for q := range benchReqPerRank {
 			b := Booking{ID: fmt.Sprintf("r%d-%d", r, q), Rank: rank, SeqHashes: request(), ISL: blocks * 16, CachedTokens: rng.IntN(blocks * 16)}
-			if _, err := fl.seqs.Add(b.ID, b.Rank, b.SeqHashes, b.ISL, b.CachedTokens, 0); err != nil {
+			if _, err := fl.seqs.Add(b.ID, b.Rank, b.SeqHashes, b.ISL, b.CachedTokens, benchFleetBooked); err != nil {
 				panic(err)
 			}
 			fl.naive.add(b)
@@ -216,20 +216,34 @@ func BenchmarkSelect(b *testing.B) {
 
 // BenchmarkBookingAddFree measures one Add and one Free of a 128-block
 // request against a fleet with live load, against the per-rank-map baseline.
+// benchFleetBooked is when the bench fleet's bookings were made: later
+// than any request a benchmark books and sweeps, so sweeps leave them.
+const benchFleetBooked = 1 << 62
+
 func BenchmarkBookingAddFree(b *testing.B) {
 	const blocks = 128
 	nRanks := 64
 	fl := newBenchFleet(nRanks, blocks)
 	sideBySideBench(b, "booking_add_free", nRanks, blocks, func(b *testing.B) {
+		// Each freed id stays as a tombstone until a sweep: sweeping every
+		// 1,024 requests keeps the state the same size whatever b.N is, so
+		// ns/op compares across runs. The sweep's cutoff stays below the
+		// fleet's own bookings (benchFleetBooked), which stay live.
 		i := 0
 		for b.Loop() {
 			bk := fl.bookings[i%len(fl.bookings)]
 			id := fmt.Sprint("x", i)
-			if _, err := fl.seqs.Add(id, bk.Rank, bk.SeqHashes, bk.ISL, bk.CachedTokens, 0); err != nil {
+			if _, err := fl.seqs.Add(id, bk.Rank, bk.SeqHashes, bk.ISL, bk.CachedTokens, int64(i+1)); err != nil {
 				b.Fatal(err)
 			}
 			fl.seqs.Free(id)
 			i++
+			if i%1024 == 0 {
+				fl.seqs.Expire(int64(i+1), 1)
+			}
+		}
+		if _, freed := fl.seqs.Count(); freed > 1025 {
+			b.Fatalf("%d tombstones after the sweeps, want at most 1,025", freed)
 		}
 	}, func(b *testing.B) {
 		i := 0
