@@ -38,7 +38,10 @@ type Backend interface {
 	// Route chooses a rank for a request from this node's index and load
 	// view. With q.Book set it is a write: it books the request under
 	// q.RequestID through Raft before returning. On indexer.ErrOverloaded the
-	// result still holds every candidate's score, for the operator.
+	// result still holds every candidate's score, for the operator. The
+	// slices of q belong to the Server, which reuses them for a later
+	// request once Route returns: Route must not keep them (a booking keeps
+	// a copy).
 	Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteResult, error)
 
 	// IngestEvents applies each rank's batch in order and acknowledges each

@@ -22,8 +22,18 @@ import (
 
 var routeBodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
-// decodeRouteRequest decodes a POST /v1/route body into req.
+// decodeRouteRequest decodes a POST /v1/route body into req. Slices that
+// req holds on entry (emptied) are reused for the decoded ones.
 func decodeRouteRequest(r *http.Request, req *RouteRequest) error {
+	if rb, ok := r.Body.(*replayBody); ok {
+		// The Server's own body: read into its kept bytes, which a forward
+		// replays anyway; they stay valid until the handler returns.
+		b, err := rb.readRest()
+		if err != nil {
+			return jsonError(err)
+		}
+		return decodeRouteBody(r, b, req)
+	}
 	buf := routeBodyPool.Get().(*bytes.Buffer)
 	buf.Reset()
 	defer func() {
@@ -34,16 +44,25 @@ func decodeRouteRequest(r *http.Request, req *RouteRequest) error {
 	if _, err := buf.ReadFrom(r.Body); err != nil {
 		return jsonError(err)
 	}
-	if fastRouteRequest(buf.Bytes(), req) {
+	return decodeRouteBody(r, buf.Bytes(), req)
+}
+
+func decodeRouteBody(r *http.Request, b []byte, req *RouteRequest) error {
+	hashes, tokens := req.BlockHashes[:0], req.TokenIDs[:0]
+	*req = RouteRequest{BlockHashes: hashes, TokenIDs: tokens}
+	if fastRouteRequest(b, req) {
 		return nil
 	}
 	*req = RouteRequest{}
-	r.Body = io.NopCloser(bytes.NewReader(buf.Bytes()))
+	r.Body = io.NopCloser(bytes.NewReader(b))
 	return decodeJSON(r, req, false)
 }
 
 // fastRouteRequest parses b into req and reports whether it could; when it
-// returns false req holds garbage and the caller decodes b again.
+// returns false req holds garbage and the caller decodes b again. The
+// arrays are appended to req's (empty) slices, so that a caller can reuse
+// them; a key absent from b leaves its slice as it was (empty, which the
+// API treats as absent, like nil).
 func fastRouteRequest(b []byte, req *RouteRequest) bool {
 	p := jsonscan.New(b)
 	return p.Object(func(key string) bool {
@@ -52,14 +71,7 @@ func fastRouteRequest(b []byte, req *RouteRequest) bool {
 		case "block_hashes":
 			req.BlockHashes, ok = p.Uints(req.BlockHashes[:0], math.MaxUint64)
 		case "token_ids":
-			var v []uint64
-			v, ok = p.Uints(nil, math.MaxUint32)
-			if ok && v != nil {
-				req.TokenIDs = make([]uint32, len(v))
-				for i, x := range v {
-					req.TokenIDs[i] = uint32(x)
-				}
-			}
+			req.TokenIDs, ok = p.Uint32s(req.TokenIDs[:0])
 		case "isl":
 			var v uint64
 			v, ok = p.Uint(math.MaxInt)

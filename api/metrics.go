@@ -29,6 +29,9 @@ type metrics struct {
 	httpForwards  *prometheus.CounterVec   // route, outcome
 	routeRequests *prometheus.CounterVec   // outcome
 	routeDuration prometheus.Histogram
+
+	// routeRequests' series, resolved once.
+	routeRouted, routeBusy, routeNoWorkers, routeError prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, log *slog.Logger) *metrics {
@@ -56,9 +59,10 @@ func newMetrics(reg prometheus.Registerer, log *slog.Logger) *metrics {
 			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 18), // 10µs .. 1.3s
 		})),
 	}
-	for _, o := range []string{outcomeRouted, outcomeBusy, outcomeNoWorkers, outcomeError} {
-		m.routeRequests.WithLabelValues(o)
-	}
+	m.routeRouted = m.routeRequests.WithLabelValues(outcomeRouted)
+	m.routeBusy = m.routeRequests.WithLabelValues(outcomeBusy)
+	m.routeNoWorkers = m.routeRequests.WithLabelValues(outcomeNoWorkers)
+	m.routeError = m.routeRequests.WithLabelValues(outcomeError)
 	return m
 }
 

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -252,14 +254,15 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 // metrics labelled with the pattern, panic recovery, the body limit and
 // replay buffer, and error answers with leader forwarding.
 func (s *Server) handle(pattern string, kind bodyKind, h handlerFunc) {
-	s.m.httpDuration.WithLabelValues(pattern) // present from the start
+	rm := &routeMetrics{route: pattern, dur: s.m.httpDuration.WithLabelValues(pattern)} // present from the start
 	s.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &recorder{ResponseWriter: w}
+		var body *replayBody
 		defer func() {
 			if p := recover(); p != nil {
 				if p == http.ErrAbortHandler { // the server aborts the response; let it
-					s.observe(pattern, rec, start)
+					s.observeRoute(rm, rec, start)
 					panic(p)
 				}
 				s.log.Error("api handler panicked", "route", pattern, "panic", p, "stack", string(debug.Stack()))
@@ -267,11 +270,14 @@ func (s *Server) handle(pattern string, kind bodyKind, h handlerFunc) {
 					s.writeError(rec, r, &httpError{code: http.StatusInternalServerError, reason: ReasonInternal,
 						err: fmt.Errorf("internal error: %v", p)})
 				}
+			} else {
+				// The handler is done with the body (a panicking one may not
+				// be: its body is left to the garbage collector).
+				body.release()
 			}
-			s.observe(pattern, rec, start)
+			s.observeRoute(rm, rec, start)
 		}()
 
-		var body *replayBody
 		switch kind {
 		case jsonBody, optionalJSONBody:
 			body = newReplayBody(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes), s.opts.MaxBodyBytes)
@@ -289,6 +295,31 @@ func (s *Server) handle(pattern string, kind bodyKind, h handlerFunc) {
 			s.fail(rec, r, pattern, body, err)
 		}
 	}))
+}
+
+// routeMetrics are one route pattern's metric handles, resolved once
+// instead of per request: the duration histogram, and the counter of 200
+// answers once the first one is counted (a series appears with its first
+// request, as before).
+type routeMetrics struct {
+	route string
+	dur   prometheus.Observer
+	ok    atomic.Pointer[prometheus.Counter]
+}
+
+func (s *Server) observeRoute(rm *routeMetrics, rec *recorder, start time.Time) {
+	if code := rec.status(); code == http.StatusOK {
+		c := rm.ok.Load()
+		if c == nil {
+			ok := s.m.httpRequests.WithLabelValues(rm.route, "200")
+			c = &ok
+			rm.ok.Store(c)
+		}
+		(*c).Inc()
+	} else {
+		s.m.httpRequests.WithLabelValues(rm.route, strconv.Itoa(code)).Inc()
+	}
+	rm.dur.Observe(time.Since(start).Seconds())
 }
 
 func (s *Server) observe(route string, rec *recorder, start time.Time) {
@@ -456,16 +487,40 @@ func (r *recorder) status() int {
 // replayBody keeps what a handler reads of a request body, up to keep
 // bytes, so that the request can be forwarded to the leader after the
 // backend refused it: the forward sends the kept bytes and then whatever
-// the handler left unread.
+// the handler left unread. They are pooled: a request's kept bytes are
+// reused by a later request once the handler is done (release), unless
+// they were handed to a forward.
 type replayBody struct {
-	rc   io.ReadCloser
-	kept bytes.Buffer
-	keep int64
-	over bool // read more than keep: cannot replay
+	rc       io.ReadCloser
+	kept     bytes.Buffer
+	keep     int64
+	over     bool // read more than keep: cannot replay
+	replayed bool // handed to a forward: not reused
 }
 
+// maxPooledReplay bounds the kept bytes a pooled replayBody holds on to.
+const maxPooledReplay = 64 << 10
+
+var replayPool = sync.Pool{New: func() any { return new(replayBody) }}
+
 func newReplayBody(rc io.ReadCloser, keep int64) *replayBody {
-	return &replayBody{rc: rc, keep: keep}
+	b := replayPool.Get().(*replayBody)
+	b.rc, b.keep = rc, keep
+	return b
+}
+
+// release returns b to the pool; b must not be used afterwards. A nil
+// replayBody releases as nothing.
+func (b *replayBody) release() {
+	if b == nil || b.replayed {
+		return
+	}
+	b.rc, b.over = nil, false
+	if b.kept.Cap() > maxPooledReplay {
+		b.kept = bytes.Buffer{}
+	}
+	b.kept.Reset()
+	replayPool.Put(b)
 }
 
 func (b *replayBody) Read(p []byte) (int, error) {
@@ -481,6 +536,23 @@ func (b *replayBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// readRest reads the rest of the body and returns it. When nothing was
+// read before, it reads straight into the kept bytes (one copy, no
+// allocation once the pooled buffer has grown); the result is then only
+// valid until release.
+func (b *replayBody) readRest() ([]byte, error) {
+	if b.over || b.kept.Len() > 0 {
+		return io.ReadAll(b)
+	}
+	_, err := b.kept.ReadFrom(b.rc)
+	rest := b.kept.Bytes()
+	if int64(len(rest)) > b.keep {
+		b.over = true
+		b.kept = bytes.Buffer{}
+	}
+	return rest, err
+}
+
 func (b *replayBody) Close() error { return b.rc.Close() }
 
 // replay returns the body as the client sent it, when it can. A nil
@@ -492,5 +564,8 @@ func (b *replayBody) replay() (io.Reader, bool) {
 	if b.over {
 		return nil, false
 	}
+	// The forward's transport may still read the kept bytes after the
+	// handler returns: they are not reused.
+	b.replayed = true
 	return io.MultiReader(bytes.NewReader(b.kept.Bytes()), b.rc), true
 }

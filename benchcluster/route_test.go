@@ -11,13 +11,19 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
@@ -25,18 +31,26 @@ import (
 // TestBenchClusterRoute: route decisions (POST /v1/route, 128 block
 // hashes per request) served by a node's api.Server over loopback HTTP,
 // against an index of 64 registered workers holding about a million
-// blocks. A few client goroutines offer a fixed rate (5000/s) and then
-// send as fast as they can (closed loop); the baseline is an http.Handler
-// that reads the request and answers a constant body of the same size as
-// a route answer, driven the same way in the same run (the transport
-// ceiling). The node is a single-node cluster (a route is a local read on
-// any node); client and server share the machine's cores.
+// blocks. A few client goroutines offer a fixed rate (5000/s, open loop:
+// latency from each request's due time, see drive) and then send as fast
+// as they can (closed loop); the baseline is an http.Handler that reads
+// the request and answers a constant body of the same size as a route
+// answer, driven the same way in the same run (the transport ceiling).
+// The node is a single-node cluster (a route is a local read on any
+// node). The load generator runs in a child process (the test binary
+// again), so that its allocations do not start the server's collections
+// (which mark the whole index) and its goroutines do not queue on the
+// server's Ps; the two still share the machine's cores. In the test's
+// process instead (KVROUTER_BENCH_ROUTE_LOADGEN=inproc) they share
+// GOMAXPROCS and the garbage collector as well. The constant handler is
+// measured under the same conditions, and ratio_p99 compares the two.
 //
 //	KVROUTER_BENCH_ROUTE_BLOCKS    blocks in the index (default 1000000)
 //	KVROUTER_BENCH_ROUTE_RATE      offered rate per second (default 5000)
 //	KVROUTER_BENCH_ROUTE_SECONDS   length of each of the four phases, in 3 interleaved rounds (default 6)
 //	KVROUTER_BENCH_ROUTE_CLIENTS   client goroutines (default 8)
 //	KVROUTER_BENCH_ROUTE_EXPLAIN   1: full answers with every candidate's score (default 0: brief answers, as a router asks)
+//	KVROUTER_BENCH_ROUTE_LOADGEN   inproc: the load generator in the test's process (default: a child process)
 func TestBenchClusterRoute(t *testing.T) {
 	benchenv.Skip(t, "bench-cluster")
 	seed := benchenv.Seed(t, 20261205)
@@ -47,56 +61,8 @@ func TestBenchClusterRoute(t *testing.T) {
 	clients := benchenv.Int("KVROUTER_BENCH_ROUTE_CLIENTS", 8)
 	explain := benchenv.Int("KVROUTER_BENCH_ROUTE_EXPLAIN", 0) == 1
 
-	raftAddr, httpAddr := freeAddr(t), freeAddr(t)
-	node, err := raftfsm.NewNode(raftfsm.Config{ID: "r1", RaftAddr: raftAddr, HTTPAddr: httpAddr, DataDir: t.TempDir(),
-		Peers:  []raftfsm.Member{{ID: "r1", RaftAddr: raftAddr, HTTPAddr: httpAddr}},
-		Logger: quiet, ExpiryInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	if err := node.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	var ranks []kvevent.Rank
-	for w := uint64(1); w <= workers; w++ {
-		if err := node.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: w, BlockSize: 16,
-			Capacity: [kvevent.NumTiers]int64{1 << 16}, Endpoint: fmt.Sprintf("10.0.0.%d:8000", w)}); err != nil {
-			t.Fatal(err)
-		}
-		ranks = append(ranks, kvevent.Rank{Worker: w})
-	}
-
-	// The index: every rank publishes 16 events of 8 blocks per call.
-	start := time.Now()
-	g := newGen(seed, 1, ranks)
-	for node.IndexStats().Entries < targetBlocks {
-		if _, err := node.IngestEvents(ctx, g.call(16)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	st := node.IndexStats()
-	t.Logf("index: %d blocks, %d tree nodes, %d workers, built in %v", st.Entries, st.Nodes, workers, time.Since(start).Round(time.Millisecond))
-
-	// Requests: 128-block prefixes of stored sequences (a family prefix
-	// shared by many ranks, then one rank's suffix), padded with blocks
-	// nobody holds.
-	rng := rand.New(rand.NewPCG(seed, 2))
-	var bodies [][]byte
-	for len(bodies) < 4096 {
-		s := g.samples[rng.IntN(len(g.samples))]
-		q := slices.Clone(s[:min(len(s), requestBlocks)])
-		for len(q) < requestBlocks {
-			q = append(q, mix(rng.Uint64()))
-		}
-		b, err := json.Marshal(api.RouteRequest{BlockHashes: q, Brief: !explain})
-		if err != nil {
-			t.Fatal(err)
-		}
-		bodies = append(bodies, b)
-	}
+	env := newRouteEnv(t, seed, targetBlocks, explain)
+	node, bodies, st := env.node, env.bodies, env.stats
 
 	srv := api.NewServer(node, api.Options{Logger: quiet})
 	defer srv.Close()
@@ -114,17 +80,38 @@ func TestBenchClusterRoute(t *testing.T) {
 		_, _ = w.Write(constBody)
 	})) + "/v1/route"
 
-	drive(routeURL, bodies, 0, clients, time.Second) // warm up connections and pools
-	drive(ceilURL, bodies, 0, clients, time.Second)
+	// The load generator: a child process (the test binary again, see
+	// TestRouteLoadGenChild) by default, so that its allocations and
+	// goroutines are not the server's; in this process with
+	// KVROUTER_BENCH_ROUTE_LOADGEN=inproc.
+	loadgen := "process"
+	bodiesFile := filepath.Join(t.TempDir(), "bodies")
+	if err := os.WriteFile(bodiesFile, bytes.Join(bodies, []byte("\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(url string, rate float64, d time.Duration) driveResult {
+		return driveChild(t, url, bodiesFile, rate, clients, d)
+	}
+	if os.Getenv("KVROUTER_BENCH_ROUTE_LOADGEN") == "inproc" {
+		loadgen = "inproc"
+		run = func(url string, rate float64, d time.Duration) driveResult {
+			return drive(url, bodies, rate, clients, d)
+		}
+	}
+	run(routeURL, 0, time.Second) // warm up connections and pools
+	run(ceilURL, 0, time.Second)
 	// The four phases interleaved in rounds, so that the machine's noise
 	// falls on the route and its baseline alike.
 	var paced, ceilPaced, closed, ceilClosed driveResult
+	var gcs gcDelta
 	const rounds = 3
 	for k := 0; k < rounds; k++ {
-		paced.add(drive(routeURL, bodies, rate, clients, phase/rounds))
-		ceilPaced.add(drive(ceilURL, bodies, rate, clients, phase/rounds))
-		closed.add(drive(routeURL, bodies, 0, clients, phase/rounds))
-		ceilClosed.add(drive(ceilURL, bodies, 0, clients, phase/rounds))
+		g0 := readGC()
+		paced.add(run(routeURL, rate, phase/rounds))
+		gcs.add(g0, readGC())
+		ceilPaced.add(run(ceilURL, rate, phase/rounds))
+		closed.add(run(routeURL, 0, phase/rounds))
+		ceilClosed.add(run(ceilURL, 0, phase/rounds))
 	}
 	for _, r := range []*driveResult{&paced, &ceilPaced, &closed, &ceilClosed} {
 		if r.err != nil {
@@ -134,10 +121,37 @@ func TestBenchClusterRoute(t *testing.T) {
 	}
 	t.Logf("route: paced %s; closed loop %s", paced, closed)
 	t.Logf("ceiling: paced %s; closed loop %s", ceilPaced, ceilClosed)
-	t.Logf("request %d bytes, answer %d bytes", len(bodies[0]), len(constBody))
-	fmt.Printf("BENCH cluster.route offered_qps=%.0f qps=%.0f p50_us=%.0f p99_us=%.0f ceiling_qps=%.0f ceiling_p99_us=%.0f max_qps=%.0f ratio=%.3f workers=%d blocks=%d request_blocks=%d clients=%d answer_bytes=%d seed=%d\n",
-		rate, paced.qps, paced.pct(0.50), paced.pct(0.99), ceilClosed.qps, ceilPaced.pct(0.99), closed.qps, closed.qps/ceilClosed.qps,
-		workers, st.Entries, requestBlocks, clients, len(constBody), seed)
+	t.Logf("request %d bytes, answer %d bytes; load generator: %s (GOMAXPROCS %d, %d CPUs); "+
+		"server process during the paced route phases: %.1f GCs/s, %.1f MB allocated per 1000 requests",
+		len(bodies[0]), len(constBody), loadgen, runtime.GOMAXPROCS(0), runtime.NumCPU(),
+		float64(gcs.n)/paced.elapsed.Seconds(), float64(gcs.bytes)/1e6/float64(max(paced.n, 1))*1000)
+	fmt.Printf("BENCH cluster.route offered_qps=%.0f qps=%.0f p50_us=%.0f p99_us=%.0f p99_send_us=%.0f ceiling_qps=%.0f ceiling_p50_us=%.0f ceiling_p99_us=%.0f ceiling_p99_send_us=%.0f ratio_p99=%.2f max_qps=%.0f ratio=%.3f workers=%d blocks=%d request_blocks=%d clients=%d answer_bytes=%d loadgen=%s seed=%d\n",
+		rate, paced.qps, paced.pct(0.50), paced.pct(0.99), pctOf(paced.svc, 0.99), ceilClosed.qps, ceilPaced.pct(0.50), ceilPaced.pct(0.99), pctOf(ceilPaced.svc, 0.99),
+		paced.pct(0.99)/max(ceilPaced.pct(0.99), 1), closed.qps, closed.qps/ceilClosed.qps,
+		workers, st.Entries, requestBlocks, clients, len(constBody), loadgen, seed)
+}
+
+// gcDelta counts the collections and the bytes allocated over some phases
+// (of the whole process: server, node and load generator together).
+type gcDelta struct {
+	n     uint32
+	bytes uint64
+}
+
+type gcMark struct {
+	n     uint32
+	bytes uint64
+}
+
+func readGC() gcMark {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return gcMark{n: ms.NumGC, bytes: ms.TotalAlloc}
+}
+
+func (g *gcDelta) add(from, to gcMark) {
+	g.n += to.n - from.n
+	g.bytes += to.bytes - from.bytes
 }
 
 // serve serves h on a loopback port until the test ends; it returns the base URL.
@@ -177,7 +191,9 @@ type driveResult struct {
 	n       int
 	elapsed time.Duration
 	qps     float64
-	lat     []time.Duration // sorted
+	lat     []time.Duration // sorted; paced: from the due time, closed loop: from the send
+	svc     []time.Duration // sorted; from the send (paced only)
+	lag     []time.Duration // sorted; the send's delay after the due time (paced only)
 	err     error
 }
 
@@ -186,6 +202,8 @@ func (r *driveResult) add(o driveResult) {
 	r.n += o.n
 	r.elapsed += o.elapsed
 	r.lat = append(r.lat, o.lat...)
+	r.svc = append(r.svc, o.svc...)
+	r.lag = append(r.lag, o.lag...)
 	if r.err == nil {
 		r.err = o.err
 	}
@@ -193,38 +211,55 @@ func (r *driveResult) add(o driveResult) {
 
 func (r *driveResult) finish() {
 	slices.Sort(r.lat)
+	slices.Sort(r.svc)
+	slices.Sort(r.lag)
 	r.qps = float64(r.n) / r.elapsed.Seconds()
 }
 
-func (r driveResult) pct(p float64) float64 {
-	if len(r.lat) == 0 {
+func pctOf(lat []time.Duration, p float64) float64 {
+	if len(lat) == 0 {
 		return 0
 	}
-	return float64(r.lat[int(float64(len(r.lat)-1)*p)].Nanoseconds()) / 1e3
+	return float64(lat[int(float64(len(lat)-1)*p)].Nanoseconds()) / 1e3
 }
+
+func (r driveResult) pct(p float64) float64 { return pctOf(r.lat, p) }
 
 func (r driveResult) String() string {
-	return fmt.Sprintf("%d requests in %v = %.0f/s, p50 %.0fµs p99 %.0fµs max %.0fµs",
+	s := fmt.Sprintf("%d requests in %v = %.0f/s, p50 %.0fµs p99 %.0fµs max %.0fµs",
 		r.n, r.elapsed.Round(time.Millisecond), r.qps, r.pct(0.5), r.pct(0.99), r.pct(1))
+	if len(r.svc) > 0 {
+		s += fmt.Sprintf(" (from the due time; from the send: p50 %.0fµs p99 %.0fµs; send lag p50 %.0fµs p99 %.0fµs)",
+			pctOf(r.svc, 0.5), pctOf(r.svc, 0.99), pctOf(r.lag, 0.5), pctOf(r.lag, 0.99))
+	}
+	return s
 }
 
-// drive sends bodies round-robin from clients goroutines for d: at rate
-// requests per second in all (each request due at start + i/rate, sent
-// when due or as soon as a client is free, so that a server slower than
-// the rate is driven at its capacity with clients requests in flight), or
-// as fast as they can when rate is 0. Latency is from the send to the last
-// byte of the answer (not from the due time).
+// drive sends bodies round-robin from clients goroutines for d.
+//
+// With rate > 0 the load is open loop: request i is due at start + i/rate
+// whatever the server does. A free client sleeps until the next due time
+// and sends; when every client is busy the request goes out late, on the
+// first client free. Its latency is measured from its due time, not from
+// the send, so that a server that falls behind (a GC pause, a slow answer)
+// shows the queue it built in the latency instead of hiding it by sending
+// less (coordinated omission). The send's delay after the due time (all
+// clients busy, or the generator woken late on a busy machine) and the
+// latency from the send are reported beside it.
+//
+// With rate 0 the clients send as fast as they can (closed loop); latency
+// is from the send.
 func drive(url string, bodies [][]byte, rate float64, clients int, d time.Duration) driveResult {
 	tr := &http.Transport{MaxIdleConnsPerHost: clients, DisableCompression: true}
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	var (
-		next    atomic.Int64
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		all     []time.Duration
-		errOnce sync.Once
-		firstE  error
+		next          atomic.Int64
+		wg            sync.WaitGroup
+		mu            sync.Mutex
+		all, svc, lag []time.Duration
+		errOnce       sync.Once
+		firstE        error
 	)
 	start := time.Now()
 	end := start.Add(d)
@@ -232,10 +267,12 @@ func drive(url string, bodies [][]byte, rate float64, clients int, d time.Durati
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			lat := make([]time.Duration, 0, 1<<14)
+			var myLat, mySvc, myLag []time.Duration
 			defer func() {
 				mu.Lock()
-				all = append(all, lat...)
+				all = append(all, myLat...)
+				svc = append(svc, mySvc...)
+				lag = append(lag, myLag...)
 				mu.Unlock()
 			}()
 			for {
@@ -243,8 +280,9 @@ func drive(url string, bodies [][]byte, rate float64, clients int, d time.Durati
 				if time.Now().After(end) {
 					return
 				}
+				var due time.Time
 				if rate > 0 {
-					due := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
+					due = start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
 					if due.After(end) {
 						return
 					}
@@ -265,12 +303,180 @@ func drive(url string, bodies [][]byte, rate float64, clients int, d time.Durati
 					errOnce.Do(func() { firstE = fmt.Errorf("POST %s: %w", url, err) })
 					return
 				}
-				lat = append(lat, time.Since(t0))
+				t1 := time.Now()
+				if rate > 0 {
+					myLat = append(myLat, t1.Sub(due))
+					mySvc = append(mySvc, t1.Sub(t0))
+					myLag = append(myLag, max(t0.Sub(due), 0))
+				} else {
+					myLat = append(myLat, t1.Sub(t0))
+				}
 			}
 		}()
 	}
 	wg.Wait()
-	r := driveResult{n: len(all), elapsed: time.Since(start), lat: all, err: firstE}
+	r := driveResult{n: len(all), elapsed: time.Since(start), lat: all, svc: svc, lag: lag, err: firstE}
 	r.finish()
 	return r
+}
+
+// routeEnv is the route benchmarks' fixture: a single-node cluster with
+// 64 registered workers, an index of about the blocks asked for, and
+// 4096 route request bodies of 128 block hashes.
+type routeEnv struct {
+	node   *raftfsm.Node
+	gen    *gen
+	bodies [][]byte
+	stats  indexer.Stats
+}
+
+func newRouteEnv(tb testing.TB, seed uint64, targetBlocks int64, explain bool) *routeEnv {
+	tb.Helper()
+	const workers, requestBlocks = 64, 128
+	raftAddr, httpAddr := loopbackAddr(tb), loopbackAddr(tb)
+	node, err := raftfsm.NewNode(raftfsm.Config{ID: "r1", RaftAddr: raftAddr, HTTPAddr: httpAddr, DataDir: tb.TempDir(),
+		Peers:  []raftfsm.Member{{ID: "r1", RaftAddr: raftAddr, HTTPAddr: httpAddr}},
+		Logger: quiet, ExpiryInterval: time.Hour})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = node.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := node.WaitReady(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	var ranks []kvevent.Rank
+	for w := uint64(1); w <= workers; w++ {
+		if err := node.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: w, BlockSize: 16,
+			Capacity: [kvevent.NumTiers]int64{1 << 16}, Endpoint: fmt.Sprintf("10.0.0.%d:8000", w)}); err != nil {
+			tb.Fatal(err)
+		}
+		ranks = append(ranks, kvevent.Rank{Worker: w})
+	}
+
+	// The index: every rank publishes 16 events of 8 blocks per call.
+	start := time.Now()
+	g := newGen(seed, 1, ranks)
+	for node.IndexStats().Entries < targetBlocks {
+		if _, err := node.IngestEvents(ctx, g.call(16)); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	st := node.IndexStats()
+	tb.Logf("index: %d blocks, %d tree nodes, %d workers, built in %v", st.Entries, st.Nodes, workers, time.Since(start).Round(time.Millisecond))
+
+	// Requests: 128-block prefixes of stored sequences (a family prefix
+	// shared by many ranks, then one rank's suffix), padded with blocks
+	// nobody holds.
+	rng := rand.New(rand.NewPCG(seed, 2))
+	var bodies [][]byte
+	for len(bodies) < 4096 {
+		s := g.samples[rng.IntN(len(g.samples))]
+		q := slices.Clone(s[:min(len(s), requestBlocks)])
+		for len(q) < requestBlocks {
+			q = append(q, mix(rng.Uint64()))
+		}
+		b, err := json.Marshal(api.RouteRequest{BlockHashes: q, Brief: !explain})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		bodies = append(bodies, b)
+	}
+	return &routeEnv{node: node, gen: g, bodies: bodies, stats: st}
+}
+
+// loopbackAddr returns a loopback address whose port was free a moment ago.
+func loopbackAddr(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// The child-process load generator: driveChild runs the test binary again
+// with TestRouteLoadGenChild only, which runs drive with the arguments in
+// its environment and writes the result to a file.
+const envLoadGenSpec = "KVROUTER_ROUTE_LOADGEN_SPEC"
+
+type loadGenSpec struct {
+	URL, Bodies, Out string
+	Rate             float64
+	Clients          int
+	Duration         time.Duration
+}
+
+type loadGenResult struct {
+	N        int
+	Elapsed  time.Duration
+	Lat, Svc []time.Duration
+	Lag      []time.Duration
+	Err      string
+}
+
+// bodiesFile holds the request bodies, one a line.
+func driveChild(t *testing.T, url, bodiesFile string, rate float64, clients int, d time.Duration) driveResult {
+	t.Helper()
+	dir := t.TempDir()
+	spec := loadGenSpec{URL: url, Bodies: bodiesFile, Out: filepath.Join(dir, "result.json"),
+		Rate: rate, Clients: clients, Duration: d}
+	b, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRouteLoadGenChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), envLoadGenSpec+"="+string(b))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("load generator: %v\n%s", err, out)
+	}
+	raw, err := os.ReadFile(spec.Out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res loadGenResult
+	if err := json.Unmarshal(raw, &res); err != nil {
+		t.Fatal(err)
+	}
+	r := driveResult{n: res.N, elapsed: res.Elapsed, lat: res.Lat, svc: res.Svc, lag: res.Lag}
+	if res.Err != "" {
+		r.err = errors.New(res.Err)
+	}
+	r.finish()
+	return r
+}
+
+// TestRouteLoadGenChild is TestBenchClusterRoute's load generator when the
+// test binary runs it as a child process; otherwise it is skipped.
+func TestRouteLoadGenChild(t *testing.T) {
+	raw := os.Getenv(envLoadGenSpec)
+	if raw == "" {
+		t.Skip("the route benchmark's load generator (a child process of TestBenchClusterRoute)")
+	}
+	var spec loadGenSpec
+	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(spec.Bodies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bodies [][]byte
+	for _, line := range strings.Split(string(data), "\n") {
+		bodies = append(bodies, []byte(line))
+	}
+	r := drive(spec.URL, bodies, spec.Rate, spec.Clients, spec.Duration)
+	res := loadGenResult{N: r.n, Elapsed: r.elapsed, Lat: r.lat, Svc: r.svc, Lag: r.lag}
+	if r.err != nil {
+		res.Err = r.err.Error()
+	}
+	out, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(spec.Out, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -23,6 +23,9 @@ type routeScratch struct {
 	loads   []indexer.RankLoad
 	pot     indexer.PotentialScratch
 	cands   []indexer.Candidate
+	// dec is what Select fills: its candidates' scores (one per rank)
+	// stay with the scratch, and the result gets a copy of what it needs.
+	dec indexer.Decision
 }
 
 var routePool = sync.Pool{New: func() any { return new(routeScratch) }}
@@ -116,23 +119,38 @@ func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 		first = local[0]
 	}
 	res := RouteResult{BlockSize: bs}
-	n.rngMu.Lock()
-	err := indexer.Select(settings.Params.With(q.Overrides), indexer.Request{ISL: isl, BlockSize: bs, FirstBlockHash: first},
-		sc.cands, n.rng, &res.Decision)
-	n.rngMu.Unlock()
+	params := settings.Params.With(q.Overrides)
+	req := indexer.Request{ISL: isl, BlockSize: bs, FirstBlockHash: first}
+	var err error
+	if params.Temperature > 0 {
+		// Only a sampled decision draws from the node's random source: a
+		// decision at temperature 0 takes no lock shared by every route.
+		n.rngMu.Lock()
+		err = indexer.Select(params, req, sc.cands, n.rng, &sc.dec)
+		n.rngMu.Unlock()
+	} else {
+		err = indexer.Select(params, req, sc.cands, nil, &sc.dec)
+	}
 	if err != nil {
+		// On ErrOverloaded the scores are for the operator: all of them.
+		res.Decision = sc.dec
+		res.Decision.Candidates = nil
+		if len(sc.dec.Candidates) > 0 {
+			res.Decision.Candidates = slices.Clone(sc.dec.Candidates)
+		}
 		return res, err
 	}
 	if q.Prefer != nil {
-		res.Decision.Prefer(*q.Prefer)
+		sc.dec.Prefer(*q.Prefer)
 	}
 	// The decision outlives the pooled scratch: give it its own candidates
 	// (only the chosen one when brief).
+	res.Decision = sc.dec
 	if q.Brief {
-		res.Decision.Candidates = []indexer.CandidateScore{*res.Decision.Chosen()}
+		res.Decision.Candidates = []indexer.CandidateScore{*sc.dec.Chosen()}
 		res.Decision.Index = 0
 	} else {
-		res.Decision.Candidates = slices.Clone(res.Decision.Candidates)
+		res.Decision.Candidates = slices.Clone(sc.dec.Candidates)
 	}
 	if q.Book {
 		c := res.Decision.Chosen()

@@ -10,6 +10,7 @@ package jsonscan
 import (
 	"bytes"
 	"math"
+	"math/bits"
 )
 
 // Scanner reads JSON tokens from a body; every method reports false on
@@ -75,30 +76,41 @@ func (p *Scanner) Str() ([]byte, bool) {
 // Uint reads a non-negative integer no larger than limit, in JSON's
 // syntax (no leading zeros, no fraction or exponent).
 func (p *Scanner) Uint(limit uint64) (uint64, bool) {
-	start := p.i
+	b, start := p.b, p.i
+	i := start
 	var v uint64
-	for p.i < len(p.b) {
-		c := p.b[p.i]
-		if c < '0' || c > '9' {
+	// Up to 19 digits cannot overflow a uint64 (10^19 - 1 < 2^64).
+	for end := min(len(b), start+19); i < end; i++ {
+		d := b[i] - '0'
+		if d > 9 {
 			break
 		}
-		d := uint64(c - '0')
-		if v > (limit-d)/10 {
+		v = v*10 + uint64(d)
+	}
+	if i < len(b) && b[i]-'0' <= 9 {
+		// A 20th digit: it may overflow; a 21st always does.
+		hi, lo := bits.Mul64(v, 10)
+		lo, carry := bits.Add64(lo, uint64(b[i]-'0'), 0)
+		if hi != 0 || carry != 0 {
 			return 0, false
 		}
-		v = v*10 + d
-		p.i++
+		v = lo
+		i++
+		if i < len(b) && b[i]-'0' <= 9 {
+			return 0, false
+		}
 	}
-	n := p.i - start
-	if n == 0 || (n > 1 && p.b[start] == '0') {
+	n := i - start
+	if n == 0 || (n > 1 && b[start] == '0') || v > limit {
 		return 0, false
 	}
-	if p.i < len(p.b) {
-		switch p.b[p.i] {
+	if i < len(b) {
+		switch b[i] {
 		case '.', 'e', 'E':
 			return 0, false
 		}
 	}
+	p.i = i
 	return v, true
 }
 
@@ -125,6 +137,40 @@ func (p *Scanner) Uints(dst []uint64, limit uint64) ([]uint64, bool) {
 			return nil, false
 		}
 		dst = append(dst, v)
+		p.WS()
+		if p.Lit(']') {
+			return dst, true
+		}
+		if !p.Lit(',') {
+			return nil, false
+		}
+		p.WS()
+	}
+}
+
+// Uint32s appends an array of integers in [0, 2^32) to dst; null gives
+// nil, [] an empty non-nil slice (as encoding/json).
+func (p *Scanner) Uint32s(dst []uint32) ([]uint32, bool) {
+	if bytes.HasPrefix(p.b[p.i:], []byte("null")) {
+		p.i += 4
+		return nil, true
+	}
+	if !p.Lit('[') {
+		return nil, false
+	}
+	if dst == nil {
+		dst = []uint32{}
+	}
+	p.WS()
+	if p.Lit(']') {
+		return dst, true
+	}
+	for {
+		v, ok := p.Uint(math.MaxUint32)
+		if !ok {
+			return nil, false
+		}
+		dst = append(dst, uint32(v))
 		p.WS()
 		if p.Lit(']') {
 			return dst, true
