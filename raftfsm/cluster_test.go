@@ -411,3 +411,27 @@ func TestSilentRanks(t *testing.T) {
 		}
 	}
 }
+
+// TestSnapshotByAppliedBytes: with an entry threshold that never fires, a
+// node still snapshots once the entries applied since its last snapshot
+// hold SnapshotBytes, and the count starts over.
+func TestSnapshotByAppliedBytes(t *testing.T) {
+	c := newTestCluster(t, 1, func(cfg *Config) {
+		cfg.SnapshotThreshold = 1 << 30
+		cfg.SnapshotInterval = time.Hour
+		cfg.SnapshotBytes = 16 << 10
+	})
+	c.leader()
+	n := c.nodes[0]
+	if list, _ := n.snaps.List(); len(list) != 0 {
+		t.Fatalf("%d snapshots before any write", len(list))
+	}
+	ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 2000, 7)}})
+	waitFor(t, 30*time.Second, "a snapshot by applied bytes", func() bool {
+		list, _ := n.snaps.List()
+		return len(list) > 0
+	})
+	waitFor(t, 30*time.Second, "the byte count to start over", func() bool {
+		return n.fsm.BytesSinceSnapshot() < 16<<10
+	})
+}

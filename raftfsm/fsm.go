@@ -67,7 +67,10 @@ type FSM struct {
 
 	applied     atomic.Uint64
 	appliedTerm atomic.Uint64
-	malformed   atomic.Uint64
+	// sinceSnap is the bytes of the entries applied since the last
+	// Snapshot (Node.maybeSnapshot).
+	sinceSnap atomic.Int64
+	malformed atomic.Uint64
 
 	// onFatal is called when the state database fails under Apply, which
 	// must not happen silently: a committed entry cannot be refused.
@@ -143,6 +146,10 @@ func (f *FSM) Index() *indexer.Index { return f.ix }
 
 // Sequences returns the load tracker (for lookups).
 func (f *FSM) Sequences() *indexer.Sequences { return f.seqs }
+
+// BytesSinceSnapshot is the size of the entries applied since the last
+// Snapshot.
+func (f *FSM) BytesSinceSnapshot() int64 { return f.sinceSnap.Load() }
 
 // Applied returns the last applied index and term.
 func (f *FSM) Applied() (index, term uint64) { return f.applied.Load(), f.appliedTerm.Load() }
@@ -226,6 +233,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 			continue // re-delivered after a restart: already in the state
 		}
 		last, lastTerm = l.Index, l.Term
+		f.sinceSnap.Add(int64(len(l.Data)))
 		if l.Type != raft.LogCommand {
 			continue
 		}
@@ -531,6 +539,7 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if err := f.commitGroup(); err != nil {
 		return nil, fmt.Errorf("commit applied entries: %w", err)
 	}
+	f.sinceSnap.Store(0)
 	if err := f.db.Sync(); err != nil {
 		return nil, err
 	}

@@ -45,6 +45,13 @@ type Config struct {
 	SnapshotThreshold  uint64        // entries between snapshots, default 8192
 	SnapshotInterval   time.Duration // how often to check, default 30s
 	TrailingLogs       uint64        // entries kept after a snapshot, default 10240
+	// SnapshotBytes also takes a snapshot once the entries applied since
+	// the last one hold this many bytes (default 256 MiB; negative: never).
+	// Entry counts alone let the log grow without bound when entries are
+	// large (an events entry carries up to a few hundred KB), and every
+	// start reads the whole log after the last snapshot (Raft looks for
+	// configuration entries in it, and replays it).
+	SnapshotBytes int64
 
 	ExpiryInterval time.Duration // leader's booking/orphan sweep, default 10s
 	BookingMaxAge  time.Duration // default indexer.DefaultBookingMaxAge
@@ -81,6 +88,9 @@ func (c *Config) defaults() {
 	if c.TrailingLogs == 0 {
 		c.TrailingLogs = 10240
 	}
+	if c.SnapshotBytes == 0 {
+		c.SnapshotBytes = 256 << 20
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -99,8 +109,10 @@ type Node struct {
 	snaps  raft.SnapshotStore
 	trans  raft.Transport
 
-	ready      atomic.Bool
-	lastAssert time.Time // leaderLoop only
+	ready atomic.Bool
+	// snapshotting is set while a snapshot by applied bytes runs.
+	snapshotting atomic.Bool
+	lastAssert   time.Time // leaderLoop only
 	// ledTerm is the term whose leadership set-up (onLeadership) finished
 	// on this node: the barrier passed and the member entries went out.
 	ledTerm atomic.Uint64
@@ -285,11 +297,28 @@ func (n *Node) leaderLoop() {
 			}
 		case <-ready.C:
 			n.checkReady()
+			n.maybeSnapshot()
 			if leader {
 				n.assertSelf()
 			}
 		}
 	}
+}
+
+// maybeSnapshot starts a snapshot, in the background, once the entries
+// applied since the last one hold Config.SnapshotBytes.
+func (n *Node) maybeSnapshot() {
+	if n.cfg.SnapshotBytes < 0 || n.fsm.BytesSinceSnapshot() < n.cfg.SnapshotBytes || !n.snapshotting.CompareAndSwap(false, true) {
+		return
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		defer n.snapshotting.Store(false)
+		if err := n.raft.Snapshot().Error(); err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) {
+			n.logger.Warn("snapshot by applied bytes failed", "err", err)
+		}
+	}()
 }
 
 func (n *Node) onLeadership() {

@@ -52,6 +52,7 @@ func main() {
 			&cli.DurationFlag{Name: "election-timeout", Value: 200 * time.Millisecond, Usage: "Raft election timeout"},
 			&cli.DurationFlag{Name: "leader-lease-timeout", Usage: "Raft leader lease (default: the heartbeat timeout)"},
 			&cli.Uint64Flag{Name: "snapshot-threshold", Value: 8192, Usage: "log entries between snapshots"},
+			&cli.Int64Flag{Name: "snapshot-bytes", Value: 256 << 20, Usage: "also snapshot once the entries applied since the last snapshot hold this many bytes (negative: never)"},
 			&cli.DurationFlag{Name: "silent-after", Value: time.Minute, Usage: "report a registered rank silent after this long without events (kvctl workers)"},
 			&cli.StringFlag{Name: "nats-addr", Value: "127.0.0.1:4222", EnvVars: []string{"KVROUTER_NATS_ADDR"}, Usage: "embedded NATS server's client listen address (agents publish events here)"},
 			&cli.StringFlag{Name: "nats-cluster-addr", EnvVars: []string{"KVROUTER_NATS_CLUSTER_ADDR"}, Usage: "embedded NATS server's route listen address; set it on every node to form one NATS cluster"},
@@ -120,7 +121,7 @@ func run(c *cli.Context) error {
 		ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr, DataDir: c.String("data-dir"), Peers: peers,
 		HeartbeatTimeout: c.Duration("heartbeat-timeout"), ElectionTimeout: c.Duration("election-timeout"),
 		LeaderLeaseTimeout: c.Duration("leader-lease-timeout"),
-		SnapshotThreshold:  c.Uint64("snapshot-threshold"), SilentAfter: c.Duration("silent-after"), Logger: logger,
+		SnapshotThreshold:  c.Uint64("snapshot-threshold"), SnapshotBytes: c.Int64("snapshot-bytes"), SilentAfter: c.Duration("silent-after"), Logger: logger,
 	})
 	if err != nil {
 		ln.Close()
