@@ -114,9 +114,9 @@ func (p *Scanner) Uint(limit uint64) (uint64, bool) {
 	return v, true
 }
 
-// Uints appends an array of non-negative integers no larger than limit to
-// dst; null gives nil, [] an empty non-nil slice (as encoding/json).
-func (p *Scanner) Uints(dst []uint64, limit uint64) ([]uint64, bool) {
+// array appends the elements of a JSON array to dst, each read by elem;
+// null gives nil, [] an empty non-nil slice (as encoding/json).
+func array[T any](p *Scanner, dst []T, elem func() (T, bool)) ([]T, bool) {
 	if bytes.HasPrefix(p.b[p.i:], []byte("null")) {
 		p.i += 4
 		return nil, true
@@ -125,14 +125,14 @@ func (p *Scanner) Uints(dst []uint64, limit uint64) ([]uint64, bool) {
 		return nil, false
 	}
 	if dst == nil {
-		dst = []uint64{} // as encoding/json: [] is empty, not null
+		dst = []T{}
 	}
 	p.WS()
 	if p.Lit(']') {
 		return dst, true
 	}
 	for {
-		v, ok := p.Uint(limit)
+		v, ok := elem()
 		if !ok {
 			return nil, false
 		}
@@ -148,38 +148,35 @@ func (p *Scanner) Uints(dst []uint64, limit uint64) ([]uint64, bool) {
 	}
 }
 
-// Uint32s appends an array of integers in [0, 2^32) to dst; null gives
-// nil, [] an empty non-nil slice (as encoding/json).
+// Uints appends an array of non-negative integers no larger than limit to
+// dst; null gives nil, [] an empty non-nil slice (as encoding/json).
+func (p *Scanner) Uints(dst []uint64, limit uint64) ([]uint64, bool) {
+	return array(p, dst, func() (uint64, bool) { return p.Uint(limit) })
+}
+
+// Uint32s appends an array of integers in [0, 2^32) to dst, as Uints.
 func (p *Scanner) Uint32s(dst []uint32) ([]uint32, bool) {
-	if bytes.HasPrefix(p.b[p.i:], []byte("null")) {
-		p.i += 4
-		return nil, true
-	}
-	if !p.Lit('[') {
-		return nil, false
-	}
-	if dst == nil {
-		dst = []uint32{}
-	}
-	p.WS()
-	if p.Lit(']') {
-		return dst, true
-	}
-	for {
+	return array(p, dst, func() (uint32, bool) {
 		v, ok := p.Uint(math.MaxUint32)
-		if !ok {
-			return nil, false
+		return uint32(v), ok
+	})
+}
+
+// Int64s appends an array of 64-bit integers, signed or unsigned (what
+// fits an int64 or a uint64), as their 64-bit patterns, as Uints.
+func (p *Scanner) Int64s(dst []uint64) ([]uint64, bool) {
+	return array(p, dst, func() (uint64, bool) {
+		neg := p.Lit('-')
+		limit := uint64(math.MaxUint64)
+		if neg {
+			limit = 1 << 63
 		}
-		dst = append(dst, uint32(v))
-		p.WS()
-		if p.Lit(']') {
-			return dst, true
+		v, ok := p.Uint(limit)
+		if neg {
+			v = -v
 		}
-		if !p.Lit(',') {
-			return nil, false
-		}
-		p.WS()
-	}
+		return v, ok
+	})
 }
 
 // Bool reads true or false.
@@ -193,48 +190,6 @@ func (p *Scanner) Bool() (bool, bool) {
 		return false, true
 	}
 	return false, false
-}
-
-// Int64s appends an array of 64-bit integers, signed or unsigned (what
-// fits an int64 or a uint64), as their 64-bit patterns; null gives nil.
-func (p *Scanner) Int64s(dst []uint64) ([]uint64, bool) {
-	if bytes.HasPrefix(p.b[p.i:], []byte("null")) {
-		p.i += 4
-		return nil, true
-	}
-	if !p.Lit('[') {
-		return nil, false
-	}
-	if dst == nil {
-		dst = []uint64{}
-	}
-	p.WS()
-	if p.Lit(']') {
-		return dst, true
-	}
-	for {
-		neg := p.Lit('-')
-		limit := uint64(math.MaxUint64)
-		if neg {
-			limit = 1 << 63
-		}
-		v, ok := p.Uint(limit)
-		if !ok {
-			return nil, false
-		}
-		if neg {
-			v = -v
-		}
-		dst = append(dst, v)
-		p.WS()
-		if p.Lit(']') {
-			return dst, true
-		}
-		if !p.Lit(',') {
-			return nil, false
-		}
-		p.WS()
-	}
 }
 
 // Object reads a whole body that is one flat JSON object: for each key it
