@@ -5,6 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/store"
@@ -86,4 +90,88 @@ func TestSnapshotFormatVersions(t *testing.T) {
 			}
 		})
 	}
+}
+
+// batchStream builds a version 2 stream of n cursor records of 1 KiB each
+// (key and value), record i keyed i, so that recBatchBytes/1024 records
+// make a batch; dup, if not negative, makes record dup a copy of the one
+// before it (a key out of order).
+func batchStream(n, dup int) []byte {
+	recs := make([]rec, n)
+	for i := range recs {
+		j := i
+		if i == dup {
+			j = i - 1
+		}
+		k := binary.BigEndian.AppendUint64([]byte{store.KindCursor}, uint64(j))
+		recs[i] = rec{k, bytes.Repeat([]byte{byte(i)}, 1024-len(k))}
+	}
+	return buildStream(2, recs, nil, map[byte]uint64{store.KindCursor: uint64(n)})
+}
+
+// TestSnapshotLoadAcrossBatches: a stream of several batches loads whole
+// (one table per batch, written on several goroutines), and a key out of
+// order is found where one batch meets the next, and inside a batch, and
+// wins over a truncation further on, as it did when one goroutine did it
+// all.
+func TestSnapshotLoadAcrossBatches(t *testing.T) {
+	per := recBatchBytes / 1024
+	n := 3*per + 17
+	dir := filepath.Join(t.TempDir(), "fsm")
+	info, err := loadSnapshot(bytes.NewReader(batchStream(n, -1)), dir, true, false, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Records[store.KindName(store.KindCursor)] != int64(n) {
+		t.Fatalf("info %+v", info)
+	}
+	db, err := store.OpenState(dir, store.StateOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	err = db.Scan(store.KindCursor, func(k, v []byte) error {
+		// Scan hands over the key without its kind byte.
+		if want := binary.BigEndian.AppendUint64(nil, uint64(got)); !bytes.Equal(k, want) || len(k)+len(v) != 1023 || v[0] != byte(got) {
+			return fmt.Errorf("record %d: key %x", got, k)
+		}
+		got++
+		return nil
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil || got != n {
+		t.Fatalf("%d records back, want %d: %v", got, n, err)
+	}
+
+	for _, tc := range []struct {
+		name     string
+		dup, cut int
+	}{
+		{"at a batch boundary", per, 0},
+		{"at the second boundary", 2 * per, 0},
+		{"inside a batch", per + 5, 0},
+		{"then truncated", 2*per + 3, 3000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stream := batchStream(n, tc.dup)
+			stream = stream[:len(stream)-tc.cut]
+			dir := filepath.Join(t.TempDir(), "fsm")
+			_, err := loadSnapshot(bytes.NewReader(stream), dir, true, false, quiet)
+			if !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), "out of order") {
+				t.Fatalf("load: %v, want ErrBadSnapshot for keys out of order", err)
+			}
+			if _, err := os.Stat(dir); !os.IsNotExist(err) {
+				t.Fatalf("a failed load left %s: %v", dir, err)
+			}
+		})
+	}
+	t.Run("truncated", func(t *testing.T) {
+		stream := batchStream(n, -1)
+		_, err := loadSnapshot(bytes.NewReader(stream[:len(stream)/2]), filepath.Join(t.TempDir(), "fsm"), true, false, quiet)
+		if !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), "truncated") {
+			t.Fatalf("load: %v, want ErrBadSnapshot for a truncated stream", err)
+		}
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
 	"github.com/cockroachdb/pebble/v2/sstable"
@@ -20,6 +21,7 @@ import (
 type SortedLoader struct {
 	s     *StateDB
 	n     int
+	mu    sync.Mutex // guards paths while tables (SortedTable) are written
 	paths []string
 	w     *sstable.Writer
 	size  int64
