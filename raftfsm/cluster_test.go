@@ -221,6 +221,12 @@ func TestFollowerWriteNamesTheLeader(t *testing.T) {
 		if n == l {
 			continue
 		}
+		// converged compares Raft's applied index, which runs ahead of the
+		// FSM (Raft counts entries handed to it), and the digest, which
+		// leaves members out: wait for the member entry itself.
+		waitFor(t, 5*time.Second, n.cfg.ID+" to know the leader's address", func() bool {
+			return n.fsm.Members()[l.cfg.ID].HTTPAddr == l.cfg.HTTPAddr
+		})
 		err := n.RegisterWorker(ctx(t), WorkerInfo{ID: 9, BlockSize: 16})
 		var nl *NotLeaderError
 		if !errors.As(err, &nl) || nl.LeaderID != l.cfg.ID || nl.LeaderHTTP != l.cfg.HTTPAddr {
