@@ -315,7 +315,7 @@ func (n *Node) maybeSnapshot() {
 	go func() {
 		defer n.wg.Done()
 		defer n.snapshotting.Store(false)
-		if err := n.raft.Snapshot().Error(); err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) {
+		if err := n.raft.Snapshot().Error(); err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) && !errors.Is(err, raft.ErrRaftShutdown) {
 			n.logger.Warn("snapshot by applied bytes failed", "err", err)
 		}
 	}()
