@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
-	"github.com/cockroachdb/pebble/v2/sstable"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
@@ -218,11 +216,10 @@ func (b *StateBatch) Commit() error {
 	b.sortOps()
 	s := b.s
 	path := s.fs.PathJoin(s.dir, fmt.Sprintf("group-%06d.sst", s.groups.Add(1)))
-	f, err := s.fs.Create(path, vfs.WriteCategoryUnspecified)
+	w, err := s.createTable(path)
 	if err != nil {
 		return fmt.Errorf("commit state group: %w", err)
 	}
-	w := sstable.NewWriter(objstorageprovider.NewFileWritable(f), sstable.WriterOptions{TableFormat: s.db.TableFormat()})
 	// Gather the surviving writes into key order first, in a loop tight
 	// enough that the processor overlaps the cache misses of the arena's
 	// random reads; the table writer then reads sequentially. (Reading the

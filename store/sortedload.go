@@ -1,11 +1,9 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
@@ -17,47 +15,48 @@ import (
 // order — a snapshot stream is written from an iterator, so it is — by
 // writing sstables directly and ingesting them: no memtable, no WAL, every
 // byte written once. A key out of order is ErrCorrupt (the stream is bad),
-// and Abort removes what was written.
+// and Abort removes what was written. Records go in through Set, one
+// table after another, or through tables written at once (NewTable).
 type SortedLoader struct {
 	s     *StateDB
-	n     int
 	mu    sync.Mutex // guards paths while tables (SortedTable) are written
 	paths []string
-	w     *sstable.Writer
+
+	// Set's tables: the one being written, its place, its size so far,
+	// and the last key of the one before it.
+	cur   *SortedTable
+	n     int
 	size  int64
-	last  []byte
+	after []byte
 }
 
-// sortedTableBytes is where a loader starts a new table.
+// sortedTableBytes is where Set starts a new table.
 const sortedTableBytes = 256 << 20
 
 // NewSortedLoader starts a sorted bulk load into s, which must be a fresh,
-// empty database on the OS filesystem.
+// empty database.
 func (s *StateDB) NewSortedLoader() *SortedLoader { return &SortedLoader{s: s} }
+
+// createTable creates the file path on the database's filesystem and
+// returns a table writer for it in the database's format.
+func (s *StateDB) createTable(path string) (*sstable.Writer, error) {
+	f, err := s.fs.Create(path, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return nil, err
+	}
+	return sstable.NewWriter(objstorageprovider.NewFileWritable(f), sstable.WriterOptions{TableFormat: s.db.TableFormat()}), nil
+}
 
 // Set writes one record (full key, kind byte first).
 func (l *SortedLoader) Set(key, value []byte) error {
-	if len(key) == 0 || !ValidKind(key[0]) {
-		return fmt.Errorf("%w: record key of unknown kind", ErrCorrupt)
-	}
-	if l.last != nil && bytes.Compare(key, l.last) <= 0 {
-		return fmt.Errorf("%w: record keys out of order", ErrCorrupt)
-	}
-	if l.w == nil {
-		path := filepath.Join(l.s.dir, fmt.Sprintf("load-%06d.sst", l.n))
+	if l.cur == nil {
+		l.cur = l.NewTable(l.n, l.after)
 		l.n++
-		f, err := vfs.Default.Create(path, vfs.WriteCategoryUnspecified)
-		if err != nil {
-			return fmt.Errorf("bulk load: %w", err)
-		}
-		l.paths = append(l.paths, path)
-		l.w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), sstable.WriterOptions{TableFormat: l.s.db.TableFormat()})
 		l.size = 0
 	}
-	if err := l.w.Set(key, value); err != nil {
-		return fmt.Errorf("bulk load: %w", err)
+	if err := l.cur.Set(key, value); err != nil {
+		return err
 	}
-	l.last = append(l.last[:0], key...)
 	l.size += int64(len(key) + len(value))
 	if l.size >= sortedTableBytes {
 		return l.closeTable()
@@ -66,15 +65,13 @@ func (l *SortedLoader) Set(key, value []byte) error {
 }
 
 func (l *SortedLoader) closeTable() error {
-	if l.w == nil {
+	if l.cur == nil {
 		return nil
 	}
-	err := l.w.Close()
-	l.w = nil
-	if err != nil {
-		return fmt.Errorf("bulk load: close table: %w", err)
-	}
-	return nil
+	l.after = append(l.after[:0], l.cur.last...)
+	err := l.cur.Close()
+	l.cur = nil
+	return err
 }
 
 // Finish closes the last table and ingests every table into the database.
@@ -98,9 +95,9 @@ func (l *SortedLoader) Finish() error {
 
 // Abort discards what was written.
 func (l *SortedLoader) Abort() {
-	if l.w != nil {
-		l.w.Close()
-		l.w = nil
+	if l.cur != nil {
+		l.cur.Close()
+		l.cur = nil
 	}
 	for _, p := range l.paths {
 		os.Remove(p)

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
 	"github.com/cockroachdb/pebble/v2/sstable"
-	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // SortedTable writes one table of a SortedLoader, so that several runs of
@@ -46,14 +44,14 @@ func (t *SortedTable) Set(key, value []byte) error {
 	}
 	if t.w == nil {
 		path := filepath.Join(t.l.s.dir, t.name)
-		f, err := vfs.Default.Create(path, vfs.WriteCategoryUnspecified)
+		w, err := t.l.s.createTable(path)
 		if err != nil {
 			return fmt.Errorf("bulk load: %w", err)
 		}
 		t.l.mu.Lock()
 		t.l.paths = append(t.l.paths, path)
 		t.l.mu.Unlock()
-		t.w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), sstable.WriterOptions{TableFormat: t.l.s.db.TableFormat()})
+		t.w = w
 	}
 	if err := t.w.Set(key, value); err != nil {
 		return fmt.Errorf("bulk load: %w", err)
