@@ -126,6 +126,22 @@ func (d *dec) bytes(what string) []byte {
 
 func (d *dec) str(what string) string { return string(d.bytes(what)) }
 
+// maxKeyID is the longest id that becomes part of a state database key
+// (request and member ids; the API allows 256 bytes). The state
+// database's group handles hold a key's length in 16 bits, and a longer
+// id would be a command no API sends: it is refused as malformed.
+const maxKeyID = 4096
+
+// id reads an id that keys a state database record (see maxKeyID).
+func (d *dec) id(what string) string {
+	b := d.bytes(what)
+	if d.err == nil && len(b) > maxKeyID {
+		d.err = fmt.Errorf("%w: %s of %d bytes (at most %d)", ErrBadCommand, what, len(b), maxKeyID)
+		return ""
+	}
+	return string(b)
+}
+
 func (d *dec) done() error {
 	if d.err == nil && d.off != len(d.b) {
 		d.err = fmt.Errorf("%w: %d trailing bytes", ErrBadCommand, len(d.b)-d.off)

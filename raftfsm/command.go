@@ -371,7 +371,7 @@ func decodeCommand(b []byte) (command, error) {
 		for i := range c.books {
 			op := &c.books[i]
 			op.kind = bookKind(d.u8("booking kind"))
-			op.b.ID = d.str("request id")
+			op.b.ID = d.id("request id")
 			switch op.kind {
 			case bookAdd:
 				op.b.Rank = decodeRank(&d)
@@ -406,9 +406,9 @@ func decodeCommand(b []byte) (command, error) {
 		p.BusyPrefillTokens = d.sv("busy prefill tokens")
 		c.settings.View = indexer.View(d.u8("view"))
 	case cmdMember:
-		c.member = Member{ID: d.str("member id"), RaftAddr: d.str("raft addr"), HTTPAddr: d.str("http addr")}
+		c.member = Member{ID: d.id("member id"), RaftAddr: d.str("raft addr"), HTTPAddr: d.str("http addr")}
 	case cmdMemberGone:
-		c.member.ID = d.str("member id")
+		c.member.ID = d.id("member id")
 	default:
 		d.fail("command type")
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -145,7 +146,12 @@ func TestUndecodableEntryChangesNothing(t *testing.T) {
 	applyFixture(t, f, &w)
 	d := f.Digest()
 	good := encodeEvents(9, []RankBatch{{Rank: r1, Events: chainEvents(r1, 7, 2, 50)}})
-	for _, data := range [][]byte{nil, {9}, {commandVersion, 99}, good[:len(good)-3], append(bytes.Clone(good), 0)} {
+	// Ids that would key state records past what the state database's
+	// group handles hold (maxKeyID).
+	longID := strings.Repeat("x", maxKeyID+1)
+	longBooking := encodeBook(9, []bookOp{{kind: bookAdd, b: Booking{ID: longID, Rank: r1, SeqHashes: []uint64{1}, ISL: 16}}})
+	longMember := encodeMember(9, &Member{ID: longID, RaftAddr: "a", HTTPAddr: "b"})
+	for _, data := range [][]byte{nil, {9}, {commandVersion, 99}, good[:len(good)-3], append(bytes.Clone(good), 0), longBooking, longMember} {
 		res := f.ApplyBatch([]*raft.Log{w.next(data)})
 		if err, ok := res[0].(error); !ok || !errors.Is(err, ErrBadCommand) {
 			t.Fatalf("entry %x: response %v, want ErrBadCommand", data, res[0])
