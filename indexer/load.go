@@ -33,10 +33,15 @@ import (
 //     directory read and a record read. No hash table is built. Skewed
 //     hashes (tests use small integers) only fill some buckets more, and a
 //     full bucket is binary-searched.
-//   - Every node is linked once, parents before children, by walking up
-//     from each record to the first ancestor already linked; the same walk
-//     finds the records that do not reach the root (a missing parent, a
-//     cycle).
+//   - Lookups by seq come in batches (each record's parent, each
+//     residency's node) and are answered partition by partition of the
+//     records, so that they hit the cache (batcher, load_batch.go).
+//   - Every node is linked once, parents before children: the records are
+//     laid out by parent (a counting sort) and built top-down from the
+//     root, depth first, in parts side by side under Spread (linkDown);
+//     the records not reached do not reach the root (a missing parent, a
+//     cycle). A copy in which two records name one position is linked by
+//     walking up from each record instead, as it always was.
 //   - Every map is sized from counts known before it is filled: each
 //     rank's engine-hash map from its entry count, each node's child map
 //     from its child count.
@@ -83,10 +88,8 @@ type Loader struct {
 type loadNode struct {
 	seq, parent, local uint64
 	n                  *node // the node built for the record, once linked
-	par                int32 // the parent's record: parRoot, parMissing, or an index
 	kids               uint32
 	root               bool
-	state              uint8 // linkNone ...
 	part               uint8 // top byte of the node's seq: who adds its holders (applySpread)
 }
 
@@ -260,10 +263,9 @@ func (l *Loader) build(ix *Index) error {
 	}
 
 	// Unlink the nodes no rank holds and that lead to no held node. On a
-	// consistent copy there are none. Nodes were allocated in record
-	// order, so this pass reads them close to sequentially.
+	// consistent copy there are none.
 	for k := range nodes.recs {
-		if rec := &nodes.recs[k]; rec.state == linkDone && len(rec.n.holders) == 0 && !rec.n.hasChildren() {
+		if rec := &nodes.recs[k]; nodes.state[k] == linkDone && len(rec.n.holders) == 0 && !rec.n.hasChildren() {
 			ix.unlink(rec.n)
 		}
 	}
@@ -272,29 +274,21 @@ func (l *Loader) build(ix *Index) error {
 
 // applySerial adds every residency, rank by rank in slot order.
 func (l *Loader) applySerial(ix *Index, nodes *seqIndex, rss []*rankState) error {
-	var at []*node // the node of each entry of the chunk at hand
+	var at []*node // the node of each entry of the rank at hand
+	var b batcher
 	for ri, lr := range l.ranks {
 		rs := rss[ri]
-		// Two passes over each chunk of the rank's entries: the first
-		// finds their nodes, the second adds the residencies. Each pass's
-		// iterations are independent of one another, so the processor
-		// overlaps their cache misses (a record, then a node, per entry)
-		// instead of waiting out each in turn as one loop doing both would.
+		// First every entry's node (one batch of lookups, see batcher),
+		// then the residencies.
+		at = slices.Grow(at[:0], lr.entries.n)[:lr.entries.n]
+		if err := resolveRanks(nodes, &b, l.ranks[ri:ri+1], at, nil)[0]; err != nil {
+			return err
+		}
+		j := 0
 		for _, es := range lr.entries.all {
-			at = slices.Grow(at[:0], len(es))[:len(es)]
 			for i := range es {
-				e := &es[i]
-				if e.mask == 0 || e.mask >= 1<<kvevent.NumTiers {
-					return fmt.Errorf("%w: entry %#x of %s has mask %#x", ErrBadDump, e.eh, rs.rank, e.mask)
-				}
-				k := nodes.find(e.seq)
-				if k < 0 || nodes.recs[k].state != linkDone {
-					return fmt.Errorf("load %s: %w: node %#x missing or in a cycle", rs.rank, ErrBadDump, e.seq)
-				}
-				at[i] = nodes.recs[k].n
-			}
-			for i := range es {
-				e, n := &es[i], at[i]
+				e, n := &es[i], at[j]
+				j++
 				if lr.unique && (len(n.holders) == 0 || n.holders[len(n.holders)-1].slot() < rs.slot) {
 					ix.addLoaded(rs, n, e)
 					continue
@@ -339,6 +333,12 @@ type seqIndex struct {
 	recs  []loadNode
 	dir   []uint32
 	shift uint
+	// Set by linkAll, per record: its parent's record (parRoot,
+	// parMissing or an index) and its link state (linkNone ...). Kept
+	// apart from the records so that the walks, which read them at
+	// random, touch small arrays.
+	par   []int32
+	state []uint8
 }
 
 // newSeqIndex sorts the records by seq with one record per seq (the last
@@ -404,55 +404,98 @@ func (x *seqIndex) find(seq uint64) int {
 // with its node in n, the others linkBroken. It returns the number of
 // nodes built.
 //
-// For each record not yet decided it walks up the parent records to the
-// root, to a linked record or to one that cannot be linked, then links the
-// path top-down; every record is on one walk only, so this is linear in
-// the records.
+// linkDown does it when no two records name one position; else, for each
+// record not yet decided, it walks up the parent records to the root, to a
+// linked record or to one that cannot be linked, then links the path
+// top-down; every record is on one walk only, so this is linear in the
+// records.
 func (l *Loader) linkAll(x *seqIndex) (built int64) {
 	recs := x.recs
+	x.par = make([]int32, len(recs))
+	x.state = make([]uint8, len(recs))
+	par, state := x.par, x.state
 	// One pass finds every record's parent record and counts children, so
 	// that a node with several gets its child map at its final size at
 	// once (the root's and the shared prefixes' maps are the large ones).
+	// The lookups are batched (see batcher) when the records are many.
 	var rootKids int
-	for k := range recs {
-		r := &recs[k]
-		switch {
-		case r.root:
-			r.par = parRoot
-			rootKids++
-		default:
-			p := x.find(r.parent)
+	if x.batched() {
+		var b batcher
+		b.reset(x, len(recs))
+		for k := range recs {
+			if r := &recs[k]; r.root {
+				par[k] = parRoot
+				rootKids++
+			} else {
+				b.count(r.parent)
+			}
+		}
+		b.scatterStart()
+		for k := range recs {
+			if r := &recs[k]; !r.root {
+				b.put(r.parent, uint32(k))
+			}
+		}
+		for _, q := range b.pairs[:b.start[len(b.start)-1]] {
+			p := x.find(q.seq)
 			if p < 0 {
-				r.par = parMissing
+				par[q.at] = parMissing
 				continue
 			}
-			r.par = int32(p)
+			par[q.at] = int32(p)
 			recs[p].kids++
+		}
+	} else {
+		for k := range recs {
+			r := &recs[k]
+			switch {
+			case r.root:
+				par[k] = parRoot
+				rootKids++
+			default:
+				p := x.find(r.parent)
+				if p < 0 {
+					par[k] = parMissing
+					continue
+				}
+				par[k] = int32(p)
+				recs[p].kids++
+			}
 		}
 	}
 	if rootKids > 1 {
 		l.root.more = make(map[uint64]*node, rootKids-1)
 	}
+	if built, ok := l.linkDown(x, rootKids); ok {
+		return built
+	}
+	// Two records name one (parent, local) position: link as the walk
+	// below always did, so that such a copy loads as it did.
+	l.root = node{}
+	clear(state)
+	if rootKids > 1 {
+		l.root.more = make(map[uint64]*node, rootKids-1)
+	}
 	var path []int32
 	for k := range recs {
-		if recs[k].state != linkNone {
+		if state[k] != linkNone {
 			continue
 		}
 		path = path[:0]
 		parent := &l.root // what the path's last record hangs below
 		ok := true
 		for c := int32(k); ; {
-			recs[c].state = linkPending
+			state[c] = linkPending
 			path = append(path, c)
-			p := recs[c].par
+			p := par[c]
 			if p == parRoot {
 				break
 			}
-			if p == parMissing || recs[p].state == linkBroken || recs[p].state == linkPending {
+			if p == parMissing || state[p] == linkBroken || state[p] == linkPending {
 				ok = false // no parent, or one that cannot be linked, or a cycle
 				break
 			}
-			if recs[p].state == linkDone {
+			if state[p] == linkDone {
 				parent = recs[p].n
 				break
 			}
@@ -460,7 +503,7 @@ func (l *Loader) linkAll(x *seqIndex) (built int64) {
 		}
 		if !ok {
 			for _, c := range path {
-				recs[c].state = linkBroken
+				state[c] = linkBroken
 			}
 			continue
 		}
@@ -479,7 +522,7 @@ func (l *Loader) linkAll(x *seqIndex) (built int64) {
 			// position; both records denote that node, as they would
 			// have through the write path.
 			r.n, r.part = n, uint8(n.seq>>56)
-			r.state = linkDone
+			state[path[i]] = linkDone
 			parent = n
 		}
 	}

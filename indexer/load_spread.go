@@ -1,17 +1,13 @@
 package indexer
 
-import (
-	"fmt"
+import "github.com/kvrouter/kvrouter/kvevent"
 
-	"github.com/kvrouter/kvrouter/kvevent"
-)
-
-// Spread lets Finish split the residencies' work into parts that run side
-// by side: run must call f(0) … f(parts-1) concurrently and return once
-// every call has returned. The indexer starts no goroutines of its own
-// (DESIGN.md), so the caller supplies them. Without Spread, or with fewer
-// than two parts, Finish works alone. The index built is the same either
-// way.
+// Spread lets LinkNodes split the tree's construction, and Finish the
+// residencies' work, into parts that run side by side: run must call
+// f(0) … f(parts-1) concurrently and return once every call has returned.
+// The indexer starts no goroutines of its own (DESIGN.md), so the caller
+// supplies them. Without Spread, or with fewer than two parts, they work
+// alone. The index built is the same either way.
 func (l *Loader) Spread(parts int, run func(parts int, f func(part int))) {
 	l.parts, l.run = min(parts, 256), run
 }
@@ -37,8 +33,21 @@ func (l *Loader) applySpread(ix *Index, x *seqIndex, rss []*rankState) (bool, er
 	owner := make([][]uint8, len(ranks)) // per rank, per entry: its node's part byte
 	errs := make([]error, len(ranks))
 	l.run(parts, func(p int) {
+		// This part's ranks, resolved in one batch of lookups.
+		var mine []*loadRank
+		total := 0
 		for i := p; i < len(ranks); i += parts {
-			ats[i], owner[i], errs[i] = resolveRank(x, ranks[i], rss[i].rank)
+			mine = append(mine, ranks[i])
+			total += ranks[i].entries.n
+		}
+		at, own := make([]*node, total), make([]uint8, total)
+		var b batcher
+		es := resolveRanks(x, &b, mine, at, own)
+		off := 0
+		for k, i := 0, p; i < len(ranks); k, i = k+1, i+parts {
+			n := ranks[i].entries.n
+			ats[i], owner[i], errs[i] = at[off:off+n:off+n], own[off:off+n:off+n], es[k]
+			off += n
 		}
 	})
 	for _, err := range errs {
@@ -122,33 +131,11 @@ func (l *Loader) applySpread(ix *Index, x *seqIndex, rss []*rankState) (bool, er
 	return true, nil
 }
 
-// resolveRank finds the node of each of a rank's entries, and the part
-// byte of its record, checking each entry as the serial path does.
-func resolveRank(x *seqIndex, lr *loadRank, r kvevent.Rank) ([]*node, []uint8, error) {
-	at := make([]*node, 0, lr.entries.n)
-	own := make([]uint8, 0, lr.entries.n)
-	for _, es := range lr.entries.all {
-		for i := range es {
-			e := &es[i]
-			if e.mask == 0 || e.mask >= 1<<kvevent.NumTiers {
-				return nil, nil, fmt.Errorf("%w: entry %#x of %s has mask %#x", ErrBadDump, e.eh, r, e.mask)
-			}
-			k := x.find(e.seq)
-			if k < 0 || x.recs[k].state != linkDone {
-				return nil, nil, fmt.Errorf("load %s: %w: node %#x missing or in a cycle", r, ErrBadDump, e.seq)
-			}
-			at = append(at, x.recs[k].n)
-			own = append(own, x.recs[k].part)
-		}
-	}
-	return at, own, nil
-}
-
 // undoHolders takes back what an abandoned applySpread added: the holders
 // of every node (the tree had none before it) and the ranks' maps.
 func undoHolders(x *seqIndex, rss []*rankState, ranks []*loadRank) {
 	for k := range x.recs {
-		if r := &x.recs[k]; r.state == linkDone {
+		if r := &x.recs[k]; x.state[k] == linkDone {
 			clear(r.n.holders)
 			r.n.holders = r.n.holders[:0]
 		}

@@ -270,12 +270,19 @@ func sameIndex(t *rapid.T, a, b *Index) {
 
 // TestLoaderMatchesReference: on random durable copies, consistent or
 // damaged, LoadState and a Loader fed like FSM.load feeds it (concurrent
-// node records, linked before Finish), alone and in parts (Spread), build
-// the index the reference rebuild builds, or fail alike with ErrBadDump.
+// node records, linked before Finish), alone and in parts (Spread), with
+// batched lookups or not, build the index the reference rebuild builds, or
+// fail alike with ErrBadDump.
 func TestLoaderMatchesReference(t *testing.T) {
 	for range loadPropertyRounds() {
 		rapid.Check(t, func(t *rapid.T) {
 			c := drawLoadCase(t, rapid.Bool().Draw(t, "damage"))
+			// The batched lookups (load_batch.go) serve copies of 64Ki
+			// records and more: force them here, in one or many partitions.
+			if rapid.Bool().Draw(t, "batched") {
+				defer func(m, p int) { batchMinRecs, batchPartRecs = m, p }(batchMinRecs, batchPartRecs)
+				batchMinRecs, batchPartRecs = 0, rapid.SampledFrom([]int{1, 2, 4, 1 << 20}).Draw(t, "partRecs")
+			}
 			ref := New(propCfg)
 			refErr := ref.loadStateReference(c.nodes, c.ranks)
 			if refErr == nil {
