@@ -126,17 +126,17 @@ func OpenFSM(cfg FSMConfig) (*FSM, error) {
 	return f, nil
 }
 
-// Close flushes and closes the state database. The state database has no
-// WAL (store.StateDB), so the flush is what keeps the applies since the
-// last one: without it the next start would replay them from the Raft log.
+// Close commits the open group and closes the state database: the group
+// is what keeps the applies since the last commit (without it the next
+// start would replay them from the Raft log).
 func (f *FSM) Close() error {
 	f.dbMu.Lock()
 	defer f.dbMu.Unlock()
 	if err := f.commitGroup(); err != nil {
 		f.logger.Warn("commit applied entries at close", "err", err)
 	}
-	if err := f.db.Flush(); err != nil {
-		f.logger.Warn("flush state db at close", "err", err)
+	if err := f.db.Sync(); err != nil {
+		f.logger.Warn("sync state db at close", "err", err)
 	}
 	return f.db.Close()
 }

@@ -78,9 +78,6 @@ func (b *StateBatch) add(key, value []byte, del bool) {
 func (b *StateBatch) set(key, value []byte) { b.add(key, value, false) }
 func (b *StateBatch) del(key []byte)        { b.add(key, nil, true) }
 
-// Empty reports whether the group holds no writes.
-func (b *StateBatch) Empty() bool { return len(b.ops) == 0 }
-
 // Len is the group's size in bytes (keys and values).
 func (b *StateBatch) Len() int { return len(b.arena) }
 

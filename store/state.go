@@ -174,19 +174,17 @@ func (s *StateDB) Close() error {
 // Dir returns the database's directory.
 func (s *StateDB) Dir() string { return s.dir }
 
-// Sync makes every committed batch durable by flushing the memtables to
-// sstables (the database has no WAL to force; Pebble syncs the flushed
-// files and the manifest before Flush returns). The FSM calls it when Raft
-// takes a snapshot, so the database never falls behind the snapshot.
+// Sync makes everything written durable. Group commits (StateBatch) are
+// durable when they return; Sync flushes whatever else reached the
+// memtable (nothing in steady state), so that callers need not know which
+// writes went which way. The FSM calls it when Raft takes a snapshot and
+// at Close.
 func (s *StateDB) Sync() error {
 	if err := s.db.Flush(); err != nil {
 		return fmt.Errorf("sync state db: %w", err)
 	}
 	return nil
 }
-
-// Flush writes the memtables to sstables (the same as Sync).
-func (s *StateDB) Flush() error { return s.db.Flush() }
 
 // Applied returns the applied index and term recorded in the database, or
 // zeros for a fresh one.
