@@ -57,9 +57,9 @@ func (ix *Index) DumpRank(r kvevent.Rank) (RankDump, error) {
 		return RankDump{}, fmt.Errorf("dump %s: %w", r, ErrUnknownRank)
 	}
 	d := RankDump{Rank: r, Capacity: rs.cap, Order: rs.order}
-	seen := make(map[*node]bool, len(rs.blocks))
+	seen := make(map[*node]bool, rs.blocks.len())
 	var path []*node
-	for eh, n := range rs.blocks {
+	for eh, n := range rs.blocks.all() {
 		h := n.holders[n.find(rs.slot)]
 		d.Entries = append(d.Entries, DumpEntry{Seq: n.seq, EngineHash: eh, Mask: h.mask(), Order: h.order})
 		path = path[:0]

@@ -93,7 +93,7 @@ type rankState struct {
 	rank   kvevent.Rank
 	slot   uint32
 	key    uint64                  // rankKey(rank), cached for the digest
-	blocks map[uint64]*node        // engine hash -> node
+	blocks blockMap                // engine hash -> node
 	count  [kvevent.NumTiers]int64 // residencies per tier
 	order  uint32                  // store counter for oldest-first eviction
 	cap    [kvevent.NumTiers]int64 // capacity per tier, 0 = unbounded
@@ -123,7 +123,7 @@ func (ix *Index) rankFor(r kvevent.Rank, create bool) *rankState {
 		s = uint32(len(ix.ranks))
 		ix.ranks = append(ix.ranks, nil)
 	}
-	rs := &rankState{rank: r, slot: s, key: rankKey(r), blocks: make(map[uint64]*node)}
+	rs := &rankState{rank: r, slot: s, key: rankKey(r)}
 	ix.ranks[s] = rs
 	ix.slots[r] = s
 	return rs
@@ -199,7 +199,7 @@ func (ix *Index) applyLocked(ev *kvevent.Event, now int64) {
 func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH uint64, blocks []kvevent.Block, now int64, hold bool) bool {
 	parent := &ix.root
 	if hasParent {
-		p, ok := rs.blocks[parentEH]
+		p, ok := rs.blocks.get(parentEH)
 		if !ok {
 			if hold {
 				ix.holdOrphan(rs, t, parentEH, blocks, now)
@@ -239,11 +239,20 @@ func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH u
 func (ix *Index) setBit(rs *rankState, n *node, eh uint64, t kvevent.Tier) {
 	// Fast path: the rank already holds n under this engine hash (a
 	// re-store, or the same block arriving in another tier). No map access.
-	if i := n.find(rs.slot); i >= 0 && n.holders[i].eh == eh {
+	i := n.find(rs.slot)
+	if i >= 0 && n.holders[i].eh == eh {
 		ix.setTier(rs, n, &n.holders[i], t)
 		return
 	}
-	if old, ok := rs.blocks[eh]; ok && old != n {
+	slot, old := rs.blocks.lookup(eh)
+	if old == nil && i < 0 {
+		// A new residency, the common case: one probe of the map finds
+		// that eh is not in it and where it goes.
+		rs.blocks.setAt(slot, eh, n)
+		ix.addHolder(rs, n, eh, t)
+		return
+	}
+	if old != nil && old != n {
 		// The engine reused a hash for another block: the old residency is
 		// gone (every tier), the new one starts fresh. The old node is
 		// unlinked only after n holds the rank: n may be an ancestor of the
@@ -261,17 +270,8 @@ func (ix *Index) setBit(rs *rankState, n *node, eh uint64, t kvevent.Tier) {
 func (ix *Index) setBitMapped(rs *rankState, n *node, eh uint64, t kvevent.Tier) {
 	i := n.find(rs.slot)
 	if i < 0 {
-		rs.order++
-		n.addHolder(holder{eh: eh, sm: mkSM(rs.slot, t.Bit()), order: rs.order})
-		rs.blocks[eh] = n
-		rs.count[t]++
-		ix.perTier[t]++
-		ix.entries++
-		ix.digest += residencyTerm(rs.key, n.seq, eh, t.Bit())
-		if ix.journal != nil {
-			ix.journal.EntrySet(rs.rank, eh, n.seq, t.Bit(), rs.order)
-			ix.markDirty(rs)
-		}
+		rs.blocks.put(eh, n)
+		ix.addHolder(rs, n, eh, t)
 		return
 	}
 	h := &n.holders[i]
@@ -281,16 +281,31 @@ func (ix *Index) setBitMapped(rs *rankState, n *node, eh uint64, t kvevent.Tier)
 		// one-to-one.
 		ix.counters.Remapped++
 		ix.digest -= residencyTerm(rs.key, n.seq, h.eh, h.mask())
-		delete(rs.blocks, h.eh)
+		rs.blocks.del(h.eh)
 		if ix.journal != nil {
 			ix.journal.EntryDeleted(rs.rank, h.eh)
 			ix.journal.EntrySet(rs.rank, eh, n.seq, h.mask(), h.order)
 		}
 		h.eh = eh
-		rs.blocks[eh] = n
+		rs.blocks.put(eh, n)
 		ix.digest += residencyTerm(rs.key, n.seq, eh, h.mask())
 	}
 	ix.setTier(rs, n, h, t)
+}
+
+// addHolder makes rank rs a holder of node n, which it did not hold, as
+// engine hash eh in tier t (the caller has mapped eh to n).
+func (ix *Index) addHolder(rs *rankState, n *node, eh uint64, t kvevent.Tier) {
+	rs.order++
+	n.addHolder(holder{eh: eh, sm: mkSM(rs.slot, t.Bit()), order: rs.order})
+	rs.count[t]++
+	ix.perTier[t]++
+	ix.entries++
+	ix.digest += residencyTerm(rs.key, n.seq, eh, t.Bit())
+	if ix.journal != nil {
+		ix.journal.EntrySet(rs.rank, eh, n.seq, t.Bit(), rs.order)
+		ix.markDirty(rs)
+	}
 }
 
 // setTier sets tier t on the rank's holder h of node n.
@@ -312,7 +327,7 @@ func (ix *Index) setTier(rs *rankState, n *node, h *holder, t kvevent.Tier) {
 
 // removeOne clears tier t of the block rs knows as eh.
 func (ix *Index) removeOne(rs *rankState, eh uint64, t kvevent.Tier) {
-	n, ok := rs.blocks[eh]
+	n, ok := rs.blocks.get(eh)
 	if !ok {
 		if !ix.removeHeldOrphanBlock(rs, eh, t) {
 			ix.counters.UnknownRemoves++
@@ -361,7 +376,7 @@ func (ix *Index) detachHolder(rs *rankState, n *node, i int) {
 		}
 	}
 	ix.entries--
-	delete(rs.blocks, h.eh)
+	rs.blocks.del(h.eh)
 	n.removeHolder(i)
 	if ix.journal != nil {
 		ix.journal.EntryDeleted(rs.rank, h.eh)
@@ -388,12 +403,15 @@ func (ix *Index) unlink(n *node) {
 func (ix *Index) clearRank(rs *rankState) {
 	// The order of removal does not matter: the result of dropping all of
 	// a rank's holders is the same whatever order they go in.
-	for _, n := range rs.blocks {
+	// Holders drop while the old map is walked; their deletes miss the
+	// new, empty one.
+	old := rs.blocks
+	rs.blocks = blockMap{}
+	for _, n := range old.all() {
 		if i := n.find(rs.slot); i >= 0 {
 			ix.dropHolder(rs, n, i)
 		}
 	}
-	rs.blocks = make(map[uint64]*node)
 	ix.dropAllOrphans(rs, false)
 	rs.needsResync = false
 	rs.overCapacity = false
@@ -472,7 +490,7 @@ func (ix *Index) evictOldest(rs *rankState, t kvevent.Tier, k int64) {
 		eh  uint64
 	}
 	var all []aged
-	for eh, n := range rs.blocks {
+	for eh, n := range rs.blocks.all() {
 		h := n.holders[n.find(rs.slot)]
 		if h.mask().Has(t) {
 			// Ages are distances from the rank's counter, so the uint32

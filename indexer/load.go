@@ -233,7 +233,7 @@ func (l *Loader) build(ix *Index) error {
 	unique := true
 	for i, lr := range l.ranks {
 		rs := ix.rankFor(lr.meta.Rank, true)
-		rs.blocks = make(map[uint64]*node, lr.entries.n)
+		rs.blocks = newBlockMap(lr.entries.n)
 		rs.cap = lr.meta.Capacity
 		rss[i] = rs
 		unique = unique && lr.unique
@@ -315,7 +315,7 @@ func (l *Loader) applySerial(ix *Index, nodes *seqIndex, rss []*rankState) error
 // setBitMapped without its checks, and with all tier bits at once.
 func (ix *Index) addLoaded(rs *rankState, n *node, e *loadEntry) {
 	n.holders = append(n.holders, holder{eh: e.eh, sm: mkSM(rs.slot, e.mask), order: e.order})
-	rs.blocks[e.eh] = n
+	rs.blocks.put(e.eh, n)
 	for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
 		if e.mask.Has(t) {
 			rs.count[t]++

@@ -99,7 +99,7 @@ func (l *Loader) applySpread(ix *Index, x *seqIndex, rss []*rankState) (bool, er
 				j = 0
 				for _, es := range lr.entries.all {
 					for k := range es {
-						rs.blocks[es[k].eh] = at[j]
+						rs.blocks.put(es[k].eh, at[j])
 						j++
 					}
 				}
@@ -141,6 +141,6 @@ func undoHolders(x *seqIndex, rss []*rankState, ranks []*loadRank) {
 		}
 	}
 	for i, rs := range rss {
-		rs.blocks = make(map[uint64]*node, ranks[i].entries.n)
+		rs.blocks = newBlockMap(ranks[i].entries.n)
 	}
 }

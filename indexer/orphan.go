@@ -106,7 +106,7 @@ func (ix *Index) ExpireOrphans(now int64) {
 func (ix *Index) adoptOrphans(rs *rankState, now int64) {
 	for i := 0; i < len(rs.orphans); {
 		o := rs.orphans[i]
-		if _, ok := rs.blocks[o.parent]; !ok {
+		if _, ok := rs.blocks.get(o.parent); !ok {
 			i++
 			continue
 		}

@@ -198,7 +198,7 @@ func checkInvariants(t interface{ Fatalf(string, ...any) }, ix *Index) {
 					t.Fatalf("node %#x: holder with empty mask", c.seq)
 				}
 				rs := ix.ranks[h.slot()]
-				if rs == nil || rs.blocks[h.eh] != c {
+				if rs == nil || func() *node { n, _ := rs.blocks.get(h.eh); return n }() != c {
 					t.Fatalf("node %#x: holder %#x not mapped back by its rank", c.seq, h.eh)
 				}
 				for tr := kvevent.Tier(0); tr < kvevent.NumTiers; tr++ {
@@ -218,7 +218,10 @@ func checkInvariants(t interface{ Fatalf(string, ...any) }, ix *Index) {
 	var mapped int64
 	for _, rs := range ix.ranks {
 		if rs != nil {
-			mapped += int64(len(rs.blocks))
+			mapped += int64(rs.blocks.len())
+			if err := rs.blocks.check(); err != nil {
+				t.Fatalf("rank %v: %v", rs.rank, err)
+			}
 		}
 	}
 	if mapped != entries {

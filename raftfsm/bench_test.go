@@ -264,6 +264,7 @@ func bcIngest(c *testCluster, call []RankBatch, leaderMoves *atomic.Int64) error
 // same run. Also reported: fsm_block_events_per_s, the same entries through
 // one FSM without Raft. The three replicas share this machine's cores, so
 // the cluster figure is bounded by three FSMs' apply work on them.
+// KVROUTER_BENCH_PROFILE=file writes a CPU profile of the ingest window.
 func TestBenchClusterIngest(t *testing.T) {
 	benchenv.Skip(t, "bench-cluster")
 	seed := benchenv.Seed(t, 20261201)
@@ -296,6 +297,7 @@ func TestBenchClusterIngest(t *testing.T) {
 		errMu       sync.Mutex
 		firstErr    error
 	)
+	stopProfile := bcProfile(t)
 	start := time.Now()
 	deadline := start.Add(window)
 	for p := 0; p < publishers; p++ {
@@ -320,6 +322,7 @@ func TestBenchClusterIngest(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	stopProfile()
 	if firstErr != nil {
 		t.Fatal(firstErr)
 	}
@@ -534,7 +537,12 @@ func TestBenchClusterRestart(t *testing.T) {
 // bcProfile starts a CPU profile into $KVROUTER_BENCH_PROFILE, when set,
 // and returns the function that stops it.
 func bcProfile(t *testing.T) (stop func()) {
-	path := os.Getenv("KVROUTER_BENCH_PROFILE")
+	return bcProfileTo(t, os.Getenv("KVROUTER_BENCH_PROFILE"))
+}
+
+// bcProfileTo starts a CPU profile into path, unless path is empty, and
+// returns the function that stops it.
+func bcProfileTo(t *testing.T, path string) (stop func()) {
 	if path == "" {
 		return func() {}
 	}
@@ -610,7 +618,8 @@ func bcCopyFile(src, dst string) error {
 // (synced), FSM.Restore of that file into a fresh FSM (checked, swapped in,
 // the index rebuilt), and InspectSnapshot (the checksum pass alone),
 // against a plain copy of the same file through user space (synced).
-// KVROUTER_BENCH_PROFILE=file writes a CPU profile of the restore alone.
+// KVROUTER_BENCH_PROFILE=file writes a CPU profile of the restore alone,
+// KVROUTER_BENCH_SAVE_PROFILE=file one of the save alone.
 func TestBenchClusterSnapshot(t *testing.T) {
 	benchenv.Skip(t, "bench-cluster")
 	seed := benchenv.Seed(t, 20261203)
@@ -619,6 +628,7 @@ func TestBenchClusterSnapshot(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "state.snap")
 
+	stopSave := bcProfileTo(t, os.Getenv("KVROUTER_BENCH_SAVE_PROFILE"))
 	start := time.Now()
 	out, err := os.Create(path)
 	if err != nil {
@@ -637,6 +647,7 @@ func TestBenchClusterSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	save := time.Since(start)
+	stopSave()
 	c.stop(0) // free its memory before the restore builds a second index
 
 	start = time.Now()

@@ -65,6 +65,16 @@ func (s *StateDB) NewBatch() *StateBatch {
 func (b *StateBatch) add(key, value []byte, del bool) {
 	var pad [16]byte
 	copy(pad[:], key)
+	// Grow the buffers by doubling: append grows a slice this large by a
+	// quarter at a time, and each step copies it into fresh pages that
+	// fault in (a tenth of the apply time on the ingest benchmark, until
+	// the first group was full). The buffers are kept from group to group.
+	if n := 4 + len(key) + len(value); len(b.arena)+n > cap(b.arena) {
+		b.arena = slices.Grow(b.arena, max(n, cap(b.arena)))
+	}
+	if len(b.ops) == cap(b.ops) {
+		b.ops = slices.Grow(b.ops, max(1, cap(b.ops)))
+	}
 	off := len(b.arena)
 	b.arena = binary.LittleEndian.AppendUint32(b.arena, uint32(len(value)))
 	b.arena = append(b.arena, key...)
@@ -221,6 +231,10 @@ func (b *StateBatch) Commit() error {
 	// enough that the processor overlaps the cache misses of the arena's
 	// random reads; the table writer then reads sequentially. (Reading the
 	// arena from the writer's loop took a miss at a time: half of Commit.)
+	// Each surviving write takes 3 bytes more than its arena bytes.
+	if need := len(b.arena) + 3*len(b.ops); cap(b.out) < need {
+		b.out = make([]byte, 0, need)
+	}
 	out := b.out[:0]
 	for i := range b.ops {
 		o := &b.ops[i]

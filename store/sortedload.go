@@ -38,13 +38,14 @@ const sortedTableBytes = 256 << 20
 func (s *StateDB) NewSortedLoader() *SortedLoader { return &SortedLoader{s: s} }
 
 // createTable creates the file path on the database's filesystem and
-// returns a table writer for it in the database's format.
+// returns a table writer for it in the database's format, with the
+// options of the database's own tables (OpenState).
 func (s *StateDB) createTable(path string) (*sstable.Writer, error) {
 	f, err := s.fs.Create(path, vfs.WriteCategoryUnspecified)
 	if err != nil {
 		return nil, err
 	}
-	return sstable.NewWriter(objstorageprovider.NewFileWritable(f), sstable.WriterOptions{TableFormat: s.db.TableFormat()}), nil
+	return sstable.NewWriter(objstorageprovider.NewFileWritable(f), s.opts.MakeWriterOptions(0, s.db.TableFormat())), nil
 }
 
 // Set writes one record (full key, kind byte first).

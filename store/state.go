@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/sstable"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
@@ -43,7 +44,8 @@ import (
 //	0x0b member id                cluster member (opaque)
 type StateDB struct {
 	db     *pebble.DB
-	fs     vfs.FS // the database's filesystem (group tables are written on it)
+	opts   *pebble.Options // the options it was opened with (table writers take theirs)
+	fs     vfs.FS          // the database's filesystem (group tables are written on it)
 	dir    string
 	logger *slog.Logger
 	groups atomic.Uint64 // group tables written, for their file names
@@ -121,6 +123,11 @@ type StateOptions struct {
 //     snapshots) for several times less compaction work.
 //   - No WAL: the Raft log is the write-ahead log (StateDB), and the WAL
 //     doubled every byte written.
+//   - Tables are not compressed and have 32 KiB blocks (the default is
+//     Snappy and 4 KiB): the records are random hashes that Snappy cannot
+//     shrink, and every table is written to be read whole. On the group
+//     commit benchmark (BenchmarkGroupCommit) this made writing a group
+//     about 15 % cheaper; Pebble's compactions write the same way.
 const (
 	stateMemTableSize      = 16 << 20
 	stateMemTableStop      = 8
@@ -128,6 +135,7 @@ const (
 	stateL0StopWritesSubs  = 256
 	stateL0CompactionFiles = 2000
 	stateLBaseMaxBytes     = 1 << 30
+	stateBlockBytes        = 32 << 10
 )
 
 // OpenState opens (creating if needed) the state database in dir.
@@ -150,15 +158,19 @@ func OpenState(dir string, opts StateOptions) (*StateDB, error) {
 		L0StopWritesThreshold:       stateL0StopWritesSubs,
 		LBaseMaxBytes:               stateLBaseMaxBytes,
 	}
+	// Level 0's settings carry over to every level below it.
+	popts.Levels[0].BlockSize = stateBlockBytes
+	popts.Levels[0].Compression = func() *sstable.CompressionProfile { return sstable.NoCompression }
 	if popts.FS == nil {
 		popts.FS = vfs.Default
 	}
+	popts.EnsureDefaults() // Open defaults a copy; createTable reads these
 	db, err := pebble.Open(dir, popts)
 	if err != nil {
 		return nil, fmt.Errorf("open state db %s: %w", dir, err)
 	}
 	removeStaleGroups(popts.FS, dir)
-	return &StateDB{db: db, fs: popts.FS, dir: dir, logger: logger}, nil
+	return &StateDB{db: db, opts: popts, fs: popts.FS, dir: dir, logger: logger}, nil
 }
 
 // Close closes the database.
