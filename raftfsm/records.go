@@ -115,14 +115,15 @@ func encodeHeaderBytes(t cmdType) []byte {
 // load rebuilds the in-memory state from the state database.
 //
 // The index is the bulk of it (a tree node and a residency record per
-// block): its records go straight into an indexer.Loader, which builds the
-// index in one pass (see Loader for why that is fast). The node scan runs
-// on its own goroutine beside the residency and rank scans, and builds the
-// tree (Loader.LinkNodes) as soon as it has every node: they read disjoint
-// key ranges of the database and fill disjoint parts of the Loader, and on
-// two cores that halves the time spent in Pebble's iterators and hides
-// most of the tree's construction. The small kinds are read after. Then
-// the residencies are added in one part per processor (Loader.Spread).
+// block): its records go straight into an indexer.Loader (stateBuilder),
+// which builds the index in one pass (see Loader for why that is fast).
+// The node scan runs on its own goroutine beside the residency and rank
+// scans, and builds the tree (Loader.LinkNodes) as soon as it has every
+// node: they read disjoint key ranges of the database and fill disjoint
+// parts of the Loader, and on two cores that halves the time spent in
+// Pebble's iterators and hides most of the tree's construction. The small
+// kinds are read after. Then the residencies are added in one part per
+// processor (Loader.Spread).
 //
 // The heap grows from nothing to the index's size while loading, and all
 // of it stays live: collections during the load would find nothing to
@@ -132,12 +133,12 @@ func (f *FSM) load() error {
 	start := time.Now()
 	defer raiseGCPercent(loadGCPercent)()
 	db := f.db
-	idx, term, err := db.Applied()
+	b := newStateBuilder()
+	var err error
+	b.applied, b.appliedTerm, err = db.Applied()
 	if err != nil {
 		return err
 	}
-	l := indexer.NewLoader(0, 0)
-	l.Spread(runtime.GOMAXPROCS(0), spreadGo)
 	scan := func(kind byte, fn func(k, v []byte) error) error {
 		if err := db.Scan(kind, fn); err != nil {
 			return fmt.Errorf("rebuild %s from %s: %w", store.KindName(kind), f.dir, err)
@@ -146,41 +147,15 @@ func (f *FSM) load() error {
 	}
 	nodesDone := make(chan error, 1)
 	go func() {
-		err := scan(store.KindNode, func(k, v []byte) error {
-			seq, err := store.DecodeU64(k)
-			if err != nil {
-				return err
-			}
-			parent, local, root, err := store.DecodeNode(v)
-			l.AddNode(seq, parent, root, local)
-			return err
-		})
+		err := scan(store.KindNode, b.node)
 		if err == nil {
-			l.LinkNodes() // the tree, while the residencies are still read
+			b.l.LinkNodes() // the tree, while the residencies are still read
 		}
 		nodesDone <- err
 	}()
-	err = scan(store.KindEntry, func(k, v []byte) error {
-		w, dp, eh, seq, mask, order, err := store.DecodeEntry(k, v)
-		if err != nil {
-			return err
-		}
-		l.AddEntry(kvevent.Rank{Worker: w, DP: dp}, eh, seq, kvevent.Mask(mask), order)
-		return nil
-	})
+	err = scan(store.KindEntry, b.entry)
 	if err == nil {
-		err = scan(store.KindRank, func(k, v []byte) error {
-			w, dp, err := store.DecodeRankKey(k)
-			if err != nil {
-				return err
-			}
-			m, err := decodeRankMeta(v, kvevent.Rank{Worker: w, DP: dp})
-			if err != nil {
-				return err
-			}
-			l.AddRank(m)
-			return nil
-		})
+		err = scan(store.KindRank, b.rank)
 	}
 	if nerr := <-nodesDone; err == nil {
 		err = nerr
@@ -188,79 +163,210 @@ func (f *FSM) load() error {
 	if err != nil {
 		return err
 	}
-
-	cursors := map[kvevent.Rank]uint64{}
-	workers := map[uint64]WorkerInfo{}
-	members := map[string]Member{}
-	settings := Settings{Params: indexer.DefaultParams()}
-	var snap indexer.SequencesSnapshot
-	scans := []struct {
-		kind byte
-		fn   func(k, v []byte) error
-	}{
-		{store.KindCursor, func(k, v []byte) error {
-			w, dp, err := store.DecodeRankKey(k)
-			if err != nil {
-				return err
-			}
-			c, err := store.DecodeU64(v)
-			cursors[kvevent.Rank{Worker: w, DP: dp}] = c
-			return err
-		}},
-		{store.KindWorker, func(k, v []byte) error {
-			d := dec{b: v}
-			w := decodeWorker(&d)
-			workers[w.ID] = w
-			return d.done()
-		}},
-		{store.KindBooking, func(k, v []byte) error {
-			b, err := decodeBooking(string(k), v)
-			snap.Bookings = append(snap.Bookings, b)
-			return err
-		}},
-		{store.KindTomb, func(k, v []byte) error {
-			d := dec{b: v}
-			snap.Freed = append(snap.Freed, indexer.FreedBooking{ID: string(k), CreatedAt: d.sv("created at")})
-			return d.done()
-		}},
-		{store.KindLoadMeta, func(k, v []byte) error {
-			d := dec{b: v}
-			snap.Swept, snap.Horizon = true, d.sv("horizon")
-			return d.done()
-		}},
-		{store.KindSettings, func(k, v []byte) error {
-			s, err := decodeSettingsValue(v)
-			settings = s
-			return err
-		}},
-		{store.KindMember, func(k, v []byte) error {
-			d := dec{b: v}
-			members[string(k)] = Member{ID: string(k), RaftAddr: d.str("raft addr"), HTTPAddr: d.str("http addr")}
-			return d.done()
-		}},
-	}
-	for _, s := range scans {
-		if err := scan(s.kind, s.fn); err != nil {
+	for _, kind := range []byte{store.KindCursor, store.KindWorker, store.KindBooking, store.KindTomb,
+		store.KindLoadMeta, store.KindSettings, store.KindMember} {
+		if err := scan(kind, func(k, v []byte) error { return b.small(kind, k, v) }); err != nil {
 			return err
 		}
 	}
-	if err := l.Finish(f.ix); err != nil {
-		return fmt.Errorf("rebuild index from %s: %w", f.dir, err)
+	if err := b.install(f); err != nil {
+		return fmt.Errorf("rebuild from %s: %w", f.dir, err)
 	}
-	if err := f.seqs.Restore(snap); err != nil {
-		return fmt.Errorf("rebuild bookings from %s: %w", f.dir, err)
+	f.logLoaded("state loaded", b, start)
+	return nil
+}
+
+// logLoaded logs what a rebuild installed.
+func (f *FSM) logLoaded(msg string, b *stateBuilder, start time.Time) {
+	st := f.ix.Stats()
+	f.logger.Info(msg, "applied_index", b.applied, "nodes", st.Nodes, "entries", st.Entries,
+		"workers", len(b.workers), "bookings", len(b.snap.Bookings), "took", time.Since(start).Round(time.Millisecond))
+}
+
+// stateBuilder gathers the records of a state database — scanned from
+// Pebble at start (FSM.load), or taken from a snapshot stream while it is
+// restored (restoreFrom) — and installs the in-memory state they describe
+// (install). Nothing it gathers is visible until install.
+//
+// The record methods take a key without its kind byte. node may run
+// beside entry and rank (they fill disjoint parts of the Loader); the
+// tree is built (l.LinkNodes) once every node is in, and may run beside
+// entry and rank too.
+type stateBuilder struct {
+	l                    *indexer.Loader
+	applied, appliedTerm uint64
+	cursors              map[kvevent.Rank]uint64
+	workers              map[uint64]WorkerInfo
+	members              map[string]Member
+	settings             Settings
+	snap                 indexer.SequencesSnapshot
+
+	// The stream path (add): the tree is linked on its own goroutine
+	// from the first record after the nodes; linked reports its end.
+	linked chan struct{}
+	err    error // add's first error; add ignores records after it
+}
+
+func newStateBuilder() *stateBuilder {
+	l := indexer.NewLoader(0, 0)
+	l.Spread(runtime.GOMAXPROCS(0), spreadGo)
+	return &stateBuilder{
+		l:        l,
+		cursors:  map[kvevent.Rank]uint64{},
+		workers:  map[uint64]WorkerInfo{},
+		members:  map[string]Member{},
+		settings: Settings{Params: indexer.DefaultParams()},
+	}
+}
+
+// node adds a tree node record.
+func (b *stateBuilder) node(k, v []byte) error {
+	seq, err := store.DecodeU64(k)
+	if err != nil {
+		return err
+	}
+	parent, local, root, err := store.DecodeNode(v)
+	b.l.AddNode(seq, parent, root, local)
+	return err
+}
+
+// entry adds a residency record.
+func (b *stateBuilder) entry(k, v []byte) error {
+	w, dp, eh, seq, mask, order, err := store.DecodeEntry(k, v)
+	if err != nil {
+		return err
+	}
+	b.l.AddEntry(kvevent.Rank{Worker: w, DP: dp}, eh, seq, kvevent.Mask(mask), order)
+	return nil
+}
+
+// rank adds a rank metadata record.
+func (b *stateBuilder) rank(k, v []byte) error {
+	w, dp, err := store.DecodeRankKey(k)
+	if err != nil {
+		return err
+	}
+	m, err := decodeRankMeta(v, kvevent.Rank{Worker: w, DP: dp})
+	if err != nil {
+		return err
+	}
+	b.l.AddRank(m)
+	return nil
+}
+
+// small adds a record of one of the other kinds.
+func (b *stateBuilder) small(kind byte, k, v []byte) error {
+	switch kind {
+	case store.KindApplied:
+		idx, term, err := store.DecodeApplied(v)
+		b.applied, b.appliedTerm = idx, term
+		return err
+	case store.KindCursor:
+		w, dp, err := store.DecodeRankKey(k)
+		if err != nil {
+			return err
+		}
+		c, err := store.DecodeU64(v)
+		b.cursors[kvevent.Rank{Worker: w, DP: dp}] = c
+		return err
+	case store.KindWorker:
+		d := dec{b: v}
+		w := decodeWorker(&d)
+		b.workers[w.ID] = w
+		return d.done()
+	case store.KindBooking:
+		bk, err := decodeBooking(string(k), v)
+		b.snap.Bookings = append(b.snap.Bookings, bk)
+		return err
+	case store.KindTomb:
+		d := dec{b: v}
+		b.snap.Freed = append(b.snap.Freed, indexer.FreedBooking{ID: string(k), CreatedAt: d.sv("created at")})
+		return d.done()
+	case store.KindLoadMeta:
+		d := dec{b: v}
+		b.snap.Swept, b.snap.Horizon = true, d.sv("horizon")
+		return d.done()
+	case store.KindSettings:
+		s, err := decodeSettingsValue(v)
+		b.settings = s
+		return err
+	case store.KindMember:
+		d := dec{b: v}
+		b.members[string(k)] = Member{ID: string(k), RaftAddr: d.str("raft addr"), HTTPAddr: d.str("http addr")}
+		return d.done()
+	}
+	return fmt.Errorf("%w: record of kind %#x", store.ErrCorrupt, kind)
+}
+
+// add adds one record of a snapshot stream (the full key, kind byte
+// first). Records come in key order, so every tree node comes before any
+// later kind: the first record past the nodes starts the tree's linking
+// on its own goroutine, beside the residencies that follow. After an
+// error add ignores everything; the error is b.err.
+func (b *stateBuilder) add(key, value []byte) {
+	if b.err != nil {
+		return
+	}
+	kind, k := key[0], key[1:]
+	if kind > store.KindNode {
+		b.startLink()
+	}
+	var err error
+	switch kind {
+	case store.KindNode:
+		err = b.node(k, value)
+	case store.KindEntry:
+		err = b.entry(k, value)
+	case store.KindRank:
+		err = b.rank(k, value)
+	default:
+		err = b.small(kind, k, value)
+	}
+	if err != nil {
+		b.err = fmt.Errorf("%s record: %w", store.KindName(kind), err)
+	}
+}
+
+// startLink starts linking the tree, once.
+func (b *stateBuilder) startLink() {
+	if b.linked != nil {
+		return
+	}
+	b.linked = make(chan struct{})
+	go func() {
+		defer close(b.linked)
+		b.l.LinkNodes()
+	}()
+}
+
+// wait waits for a linking add started; it returns add's error.
+func (b *stateBuilder) wait() error {
+	if b.linked != nil {
+		<-b.linked
+	}
+	return b.err
+}
+
+// install finishes the index into f.ix and installs the rest of the
+// state in f. The caller excludes applies (start, or dbMu held).
+func (b *stateBuilder) install(f *FSM) error {
+	if b.linked != nil {
+		<-b.linked
+	}
+	if err := b.l.Finish(f.ix); err != nil { // links the tree if no one did
+		return fmt.Errorf("index: %w", err)
+	}
+	if err := f.seqs.Restore(b.snap); err != nil {
+		return fmt.Errorf("bookings: %w", err)
 	}
 	f.curMu.Lock()
-	f.cursors = cursors
+	f.cursors = b.cursors
 	f.curMu.Unlock()
-	f.setWorkers(workers)
-	f.members.Store(&members)
-	f.settings.Store(&settings)
-	f.applied.Store(idx)
-	f.appliedTerm.Store(term)
-	st := f.ix.Stats()
-	f.logger.Info("state loaded", "applied_index", idx, "nodes", st.Nodes, "entries", st.Entries,
-		"workers", len(workers), "bookings", len(snap.Bookings), "took", time.Since(start).Round(time.Millisecond))
+	f.setWorkers(b.workers)
+	f.members.Store(&b.members)
+	f.settings.Store(&b.settings)
+	f.applied.Store(b.applied)
+	f.appliedTerm.Store(b.appliedTerm)
 	return nil
 }
 

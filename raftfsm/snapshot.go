@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/store"
@@ -326,8 +327,11 @@ func InspectSnapshot(r io.Reader) (SnapshotInfo, error) {
 // loadSnapshot writes a stream into a fresh state directory dir and checks
 // it; on any error dir is removed. resetApplied zeroes the applied index
 // (seeding a new cluster, whose log starts again at 1); dropMembers leaves
-// out the member table (seeding a cluster on other addresses).
-func loadSnapshot(r io.Reader, dir string, resetApplied, dropMembers bool, logger *slog.Logger) (SnapshotInfo, error) {
+// out the member table (seeding a cluster on other addresses). build,
+// unless nil, is given every record written (so that it holds what the
+// directory holds), and a record it cannot decode fails the load, as a
+// bad snapshot, once the stream's checksum is known to be good.
+func loadSnapshot(r io.Reader, dir string, resetApplied, dropMembers bool, logger *slog.Logger, build *stateBuilder) (SnapshotInfo, error) {
 	if err := os.RemoveAll(dir); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("clear %s: %w", dir, err)
 	}
@@ -348,6 +352,9 @@ func loadSnapshot(r io.Reader, dir string, resetApplied, dropMembers bool, logge
 	// than going through the memtable.
 	ld := db.NewSortedLoader()
 	fail = func(err error) (SnapshotInfo, error) {
+		if build != nil {
+			build.wait() // the tree's linking, if it started
+		}
 		ld.Abort()
 		db.Close()
 		os.RemoveAll(dir)
@@ -359,11 +366,16 @@ func loadSnapshot(r io.Reader, dir string, resetApplied, dropMembers bool, logge
 	skip := func(kind byte) bool {
 		return resetApplied && kind == store.KindApplied || dropMembers && kind == store.KindMember
 	}
-	if err := loadRecords(s, skip, ld); err != nil {
+	if err := loadRecords(s, skip, ld, build); err != nil {
 		return fail(err)
 	}
 	if err := s.finish(); err != nil {
 		return fail(err)
+	}
+	if build != nil {
+		if err := build.wait(); err != nil {
+			return fail(fmt.Errorf("%w: %v", ErrBadSnapshot, err))
+		}
 	}
 	if err := ld.Finish(); err != nil {
 		return fail(err)
@@ -383,11 +395,17 @@ func loadSnapshot(r io.Reader, dir string, resetApplied, dropMembers bool, logge
 // the in-memory state. cleanupRestore finishes or rolls back a swap that a
 // crash interrupted.
 func (f *FSM) restoreFrom(r io.Reader) error {
+	start := time.Now()
 	tmp, old := f.dir+".restore", f.dir+".old"
+	// The in-memory state is built from the stream as it is written (b),
+	// rather than read back from the new directory after the swap; the
+	// collector is off meanwhile, as for FSM.load.
+	defer raiseGCPercent(loadGCPercent)()
+	b := newStateBuilder()
 	// The applied index restarts at 0: Raft delivers only entries after the
 	// snapshot it restores, and every one of them must apply, whatever
 	// index the stream was taken at (a user restore into a younger cluster).
-	info, err := loadSnapshot(r, tmp, true, false, f.logger)
+	info, err := loadSnapshot(r, tmp, true, false, f.logger, b)
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
@@ -419,11 +437,12 @@ func (f *FSM) restoreFrom(r io.Reader) error {
 		return err
 	}
 	f.db = db
-	if err := f.load(); err != nil {
-		f.onFatal(fmt.Errorf("load restored state: %w", err))
+	if err := b.install(f); err != nil {
+		f.onFatal(fmt.Errorf("install restored state: %w", err))
 		return err
 	}
-	f.logger.Info("state restored from snapshot", "index", info.Index, "term", info.Term, "bytes", info.Bytes)
+	f.logLoaded("state restored from snapshot", b, start)
+	f.logger.Info("snapshot restored", "index", info.Index, "term", info.Term, "bytes", info.Bytes)
 	return nil
 }
 
@@ -479,6 +498,6 @@ func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 	}
 	// The new cluster's member table comes from its own leaders, not from
 	// the cluster the snapshot was taken on.
-	_, err = loadSnapshot(f, filepath.Join(dataDir, "fsm"), true, true, slog.New(slog.DiscardHandler))
+	_, err = loadSnapshot(f, filepath.Join(dataDir, "fsm"), true, true, slog.New(slog.DiscardHandler), nil)
 	return err
 }

@@ -118,7 +118,7 @@ func TestSnapshotLoadAcrossBatches(t *testing.T) {
 	per := recBatchBytes / 1024
 	n := 3*per + 17
 	dir := filepath.Join(t.TempDir(), "fsm")
-	info, err := loadSnapshot(bytes.NewReader(batchStream(n, -1)), dir, true, false, quiet)
+	info, err := loadSnapshot(bytes.NewReader(batchStream(n, -1)), dir, true, false, quiet, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestSnapshotLoadAcrossBatches(t *testing.T) {
 			stream := batchStream(n, tc.dup)
 			stream = stream[:len(stream)-tc.cut]
 			dir := filepath.Join(t.TempDir(), "fsm")
-			_, err := loadSnapshot(bytes.NewReader(stream), dir, true, false, quiet)
+			_, err := loadSnapshot(bytes.NewReader(stream), dir, true, false, quiet, nil)
 			if !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), "out of order") {
 				t.Fatalf("load: %v, want ErrBadSnapshot for keys out of order", err)
 			}
@@ -169,7 +169,7 @@ func TestSnapshotLoadAcrossBatches(t *testing.T) {
 	}
 	t.Run("truncated", func(t *testing.T) {
 		stream := batchStream(n, -1)
-		_, err := loadSnapshot(bytes.NewReader(stream[:len(stream)/2]), filepath.Join(t.TempDir(), "fsm"), true, false, quiet)
+		_, err := loadSnapshot(bytes.NewReader(stream[:len(stream)/2]), filepath.Join(t.TempDir(), "fsm"), true, false, quiet, nil)
 		if !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), "truncated") {
 			t.Fatalf("load: %v, want ErrBadSnapshot for a truncated stream", err)
 		}

@@ -53,6 +53,16 @@ func (b *recBatch) add(k, v []byte) {
 	b.ends = append(b.ends, len(b.data))
 }
 
+// each calls fn for every record of b, in order.
+func (b *recBatch) each(fn func(k, v []byte)) {
+	prev := 0
+	for i := 0; i < len(b.ends); i += 2 {
+		ke, ve := b.ends[i], b.ends[i+1]
+		fn(b.data[prev:ke:ke], b.data[ke:ve:ve])
+		prev = ve
+	}
+}
+
 // fill parses records into b until b is full or the stream's end marker
 // (end true). A record wholly in the read buffer is parsed in place and
 // its bytes hashed together with its neighbours'; anything else — a
@@ -118,10 +128,11 @@ func (s *snapReader) fill(b *recBatch, skip func(kind byte) bool) (end bool, err
 
 // loadRecords parses every record of s (after its header, up to the end
 // marker) and writes those skip leaves in into ld, one table per batch,
-// on recWriters goroutines. It returns the first error in stream order;
-// every goroutine it started has ended, and every table is closed, when
-// it returns.
-func loadRecords(s *snapReader, skip func(kind byte) bool, ld *store.SortedLoader) error {
+// on recWriters goroutines; build, unless nil, is given each of them too
+// (on the caller's goroutine, before the batch goes to a writer). It
+// returns the first error in stream order; every goroutine it started has
+// ended, and every table is closed, when it returns.
+func loadRecords(s *snapReader, skip func(kind byte) bool, ld *store.SortedLoader, build *stateBuilder) error {
 	free := make(chan *recBatch, recBatches)
 	for i := 0; i < recBatches; i++ {
 		free <- &recBatch{data: make([]byte, 0, recBatchBytes+64<<10)}
@@ -175,6 +186,9 @@ parse:
 			break parse
 		}
 		end, err := s.fill(b, skip)
+		if build != nil {
+			b.each(build.add)
+		}
 		if n := len(b.ends); n > 0 {
 			b.seq = seq
 			seq++

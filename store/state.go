@@ -213,6 +213,11 @@ func readApplied(r pebble.Reader) (uint64, uint64, error) {
 		return 0, 0, fmt.Errorf("read applied index: %w", err)
 	}
 	defer c.Close()
+	return DecodeApplied(v)
+}
+
+// DecodeApplied decodes the value of the applied record: index and term.
+func DecodeApplied(v []byte) (index, term uint64, err error) {
 	if len(v) != 16 {
 		return 0, 0, fmt.Errorf("%w: applied record of %d bytes", ErrCorrupt, len(v))
 	}
