@@ -63,68 +63,61 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 func (s *fsmSnapshot) Release() { s.view.Close() }
 
 // writeSnapshot writes the stream of a view and returns what it wrote.
+// The records are encoded here while a blockWriter writes and hashes the
+// blocks before them.
 func writeSnapshot(w io.Writer, view *store.StateSnapshot) (SnapshotInfo, error) {
 	idx, term, err := view.Applied()
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
 	h := sha256.New()
-	cw := &countWriter{w: io.MultiWriter(w, h)}
-	bw := bufio.NewWriterSize(cw, 1<<20)
-	hdr := []byte(snapshotMagic)
-	hdr = binary.LittleEndian.AppendUint32(hdr, snapshotVersion)
-	hdr = binary.LittleEndian.AppendUint64(hdr, idx)
-	hdr = binary.LittleEndian.AppendUint64(hdr, term)
-	hdr = append(hdr, 0) // the header's count block is empty: counts follow the records
+	bw := newBlockWriter(w, h)
+	b := append(bw.buf, snapshotMagic...)
+	b = binary.LittleEndian.AppendUint32(b, snapshotVersion)
+	b = binary.LittleEndian.AppendUint64(b, idx)
+	b = binary.LittleEndian.AppendUint64(b, term)
+	b = append(b, 0) // the header's count block is empty: counts follow the records
+	bw.buf = b
 	info := SnapshotInfo{FormatVersion: snapshotVersion, Index: idx, Term: term, Records: map[string]int64{}}
-	if _, err := bw.Write(hdr); err != nil {
-		return info, fmt.Errorf("write snapshot header: %w", err)
-	}
 	var counts [256]int64
-	var lb [binary.MaxVarintLen64]byte
 	err = view.Each(func(k, v []byte) error {
 		counts[k[0]]++
-		bw.Write(lb[:binary.PutUvarint(lb[:], uint64(len(k)))])
-		bw.Write(k)
-		bw.Write(lb[:binary.PutUvarint(lb[:], uint64(len(v)))])
-		_, err := bw.Write(v)
-		return err
+		b := binary.AppendUvarint(bw.buf, uint64(len(k)))
+		b = append(b, k...)
+		b = binary.AppendUvarint(b, uint64(len(v)))
+		bw.buf = append(b, v...)
+		if len(bw.buf) >= snapWriteBlock {
+			return bw.flush()
+		}
+		return nil
 	})
 	if err != nil {
+		bw.finish()
 		return info, fmt.Errorf("write snapshot records: %w", err)
 	}
-	bw.WriteByte(0)
-	block := []byte{0}
+	b = append(bw.buf, 0)
+	b = append(b, 0) // the count block's kind count, set below
+	nk := len(b) - 1
 	for k, n := range counts {
 		if n > 0 {
-			block[0]++
-			block = append(block, byte(k))
-			block = binary.LittleEndian.AppendUint64(block, uint64(n))
+			b[nk]++
+			b = append(b, byte(k))
+			b = binary.LittleEndian.AppendUint64(b, uint64(n))
 			info.Records[store.KindName(byte(k))] = n
 		}
 	}
-	bw.Write(block)
-	if err := bw.Flush(); err != nil {
+	bw.buf = b
+	n, err := bw.finish()
+	if err != nil {
 		return info, fmt.Errorf("write snapshot: %w", err)
 	}
 	sum := h.Sum(nil)
 	if _, err := w.Write(sum); err != nil {
 		return info, fmt.Errorf("write snapshot trailer: %w", err)
 	}
-	info.Bytes = cw.n + int64(len(sum))
+	info.Bytes = n + int64(len(sum))
 	info.SHA256 = hex.EncodeToString(sum)
 	return info, nil
-}
-
-type countWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
 }
 
 // snapReader parses a stream while hashing every byte it consumes.
