@@ -2,27 +2,41 @@ package indexer
 
 import "iter"
 
-// blockMap is a rank's engine hash → node map (rankState.blocks): open
-// addressing with linear probing over a power-of-two table of (hash, node)
-// slots. A slot with a nil node is empty; every key sits in the run of
-// full slots that starts at its home slot (mix64 of the key), so a probe
-// stops at the first empty slot. A delete shifts the rest of the run back
-// over the hole instead of leaving a tombstone (Knuth's algorithm R), so
-// probes never pass deleted slots and the table needs no rebuilding under
-// churn. The table doubles when it is 7/8 full and never shrinks (like a
-// Go map).
+// blockMap is a rank's engine hash → node map (rankState.blocks).
+//
+// It is extendible hashing over small open-addressing tables. The key's
+// hash h (mix64 of the engine hash) picks a segment by its top bits, from
+// a directory of 1<<depth segment pointers; a segment whose local depth is
+// below the directory's fills a run of directory entries. Inside a segment,
+// linear probing over a power-of-two table of (hash, node) slots from the
+// home slot h's low bits: a slot with a nil node is empty, and every key
+// sits in the run of full slots that starts at its home, so a probe stops
+// at the first empty slot. A delete shifts the rest of the run back over
+// the hole instead of leaving a tombstone (Knuth's algorithm R).
+//
+// Growth: a segment at 7/8 full doubles in place while it is smaller than
+// segSlots; a full-sized one splits in two by the next bit of h (doubling
+// the directory when its depth is the directory's). So growing never
+// copies more than one 16 KiB segment at once: the apply that grows a map
+// of millions of blocks pauses for microseconds, not for a copy of the
+// whole table, and the memory freed is one segment, not the old table.
+// Nothing shrinks (like a Go map).
 //
 // Why not a Go map: storing a block looks its engine hash up and, nearly
 // always, inserts it; a Go map hashes and probes twice for that, here
-// lookup finds the slot the insert then fills (setAt). Growing doubles one
-// array; the Go map's incremental growth left about twice the garbage per
-// entry on the cluster ingest benchmark, and its hashing and probing were
-// a quarter of the index's apply time there.
+// lookup finds the slot the insert then fills (setAt).
 //
 // A blockMap must not be changed while all's iteration runs.
 type blockMap struct {
-	slots []blockSlot // len is 0 or a power of two
-	n     int         // full slots
+	dir   []*bmSegment // 1<<depth entries; nil while the map is empty
+	depth uint
+	n     int
+}
+
+type bmSegment struct {
+	slots []blockSlot // len a power of two, at most segSlots unless depth is maxSegDepth
+	n     int
+	depth uint // local depth: the top depth bits of h are the same for every key here
 }
 
 type blockSlot struct {
@@ -30,74 +44,113 @@ type blockSlot struct {
 	n  *node // nil: empty
 }
 
-const blockMapMinSlots = 8
+const (
+	segSlots    = 1024 // a full-sized segment: 16 KiB
+	minSegSlots = 8
+	// maxSegDepth bounds splitting: past it a segment grows in place. Keys
+	// are distinct and mix64 is a bijection, so a segment can only be that
+	// deep with more than segSlots*7/8 keys sharing 54 bits of hash: never.
+	maxSegDepth = 54
+)
 
-// newBlockMap returns a map with room for hint entries before it grows.
+// newBlockMap returns a map with room for about hint entries before it
+// grows.
 func newBlockMap(hint int) blockMap {
 	if hint <= 0 {
 		return blockMap{}
 	}
-	size := blockMapMinSlots
-	for size*7/8 < hint {
-		size *= 2
+	var m blockMap
+	if hint <= segSlots*7/8 {
+		size := minSegSlots
+		for size*7/8 < hint {
+			size *= 2
+		}
+		m.dir = []*bmSegment{{slots: make([]blockSlot, size)}}
+		return m
 	}
-	return blockMap{slots: make([]blockSlot, size)}
+	// Full-sized segments, each expected to be about 60 % full.
+	for (1<<m.depth)*segSlots*6/10 < hint {
+		m.depth++
+	}
+	m.dir = make([]*bmSegment, 1<<m.depth)
+	for i := range m.dir {
+		m.dir[i] = &bmSegment{slots: make([]blockSlot, segSlots), depth: m.depth}
+	}
+	return m
 }
 
 // len returns the number of entries.
 func (m *blockMap) len() int { return m.n }
 
-func (m *blockMap) home(eh uint64) int { return int(mix64(eh) & uint64(len(m.slots)-1)) }
+// seg returns the segment of hash h.
+func (m *blockMap) seg(h uint64) *bmSegment {
+	return m.dir[h>>(64-m.depth)] // a shift by 64 is 0
+}
 
 // get returns the node eh maps to.
 func (m *blockMap) get(eh uint64) (*node, bool) {
 	if m.n == 0 {
 		return nil, false
 	}
-	mask := len(m.slots) - 1
-	for i := m.home(eh); ; i = (i + 1) & mask {
-		s := &m.slots[i]
-		if s.n == nil {
+	h := mix64(eh)
+	s := m.seg(h)
+	mask := len(s.slots) - 1
+	for i := int(h) & mask; ; i = (i + 1) & mask {
+		sl := &s.slots[i]
+		if sl.n == nil {
 			return nil, false
 		}
-		if s.eh == eh {
-			return s.n, true
+		if sl.eh == eh {
+			return sl.n, true
 		}
 	}
+}
+
+// bmRef names a slot: lookup's answer, setAt's argument.
+type bmRef struct {
+	s *bmSegment
+	i int
 }
 
 // lookup returns the slot of eh and the node it maps to, or, when eh is
 // not in the map (n nil), the empty slot where setAt would put it. It
-// grows the table first if one more entry would overfill it, so the slot
-// stays valid until the map is next changed.
-func (m *blockMap) lookup(eh uint64) (slot int, n *node) {
-	if (m.n+1)*8 > len(m.slots)*7 {
-		m.grow()
+// grows the map first if one more entry would overfill eh's segment, so
+// the slot stays valid until the map is next changed.
+func (m *blockMap) lookup(eh uint64) (ref bmRef, n *node) {
+	h := mix64(eh)
+	if m.dir == nil {
+		m.dir = []*bmSegment{{slots: make([]blockSlot, minSegSlots)}}
 	}
-	mask := len(m.slots) - 1
-	for i := m.home(eh); ; i = (i + 1) & mask {
-		s := &m.slots[i]
-		if s.n == nil || s.eh == eh {
-			return i, s.n
+	s := m.seg(h)
+	for (s.n+1)*8 > len(s.slots)*7 {
+		m.grow(s, h)
+		s = m.seg(h)
+	}
+	mask := len(s.slots) - 1
+	for i := int(h) & mask; ; i = (i + 1) & mask {
+		sl := &s.slots[i]
+		if sl.n == nil || sl.eh == eh {
+			return bmRef{s, i}, sl.n
 		}
 	}
 }
 
-// setAt fills slot (an empty one that lookup returned for eh, with no
-// change to the map since) with eh → n.
-func (m *blockMap) setAt(slot int, eh uint64, n *node) {
-	m.slots[slot] = blockSlot{eh: eh, n: n}
+// setAt fills the empty slot lookup returned for eh (no change to the map
+// since) with eh → n.
+func (m *blockMap) setAt(ref bmRef, eh uint64, n *node) {
+	ref.s.slots[ref.i] = blockSlot{eh: eh, n: n}
+	ref.s.n++
 	m.n++
 }
 
 // put maps eh to n (not nil), replacing any node eh mapped to.
 func (m *blockMap) put(eh uint64, n *node) {
-	i, old := m.lookup(eh)
+	ref, old := m.lookup(eh)
 	if old != nil {
-		m.slots[i].n = n
+		ref.s.slots[ref.i].n = n
 		return
 	}
-	m.setAt(i, eh, n)
+	m.setAt(ref, eh, n)
 }
 
 // del removes eh, if present.
@@ -105,14 +158,16 @@ func (m *blockMap) del(eh uint64) {
 	if m.n == 0 {
 		return
 	}
-	mask := len(m.slots) - 1
-	i := m.home(eh)
+	h := mix64(eh)
+	s := m.seg(h)
+	mask := len(s.slots) - 1
+	i := int(h) & mask
 	for {
-		s := &m.slots[i]
-		if s.n == nil {
+		sl := &s.slots[i]
+		if sl.n == nil {
 			return
 		}
-		if s.eh == eh {
+		if sl.eh == eh {
 			break
 		}
 		i = (i + 1) & mask
@@ -120,45 +175,98 @@ func (m *blockMap) del(eh uint64) {
 	// Close the hole at i: move back each later entry of the run whose
 	// home is not between the hole and it (cyclically), i.e. which a probe
 	// from its home would no longer reach across the hole.
-	for j := (i + 1) & mask; m.slots[j].n != nil; j = (j + 1) & mask {
-		h := m.home(m.slots[j].eh)
-		if (j-h)&mask >= (j-i)&mask {
-			m.slots[i] = m.slots[j]
+	for j := (i + 1) & mask; s.slots[j].n != nil; j = (j + 1) & mask {
+		home := int(mix64(s.slots[j].eh)) & mask
+		if (j-home)&mask >= (j-i)&mask {
+			s.slots[i] = s.slots[j]
 			i = j
 		}
 	}
-	m.slots[i] = blockSlot{}
+	s.slots[i] = blockSlot{}
+	s.n--
 	m.n--
 }
 
-// grow doubles the table (or makes the first one) and reinserts every entry.
-func (m *blockMap) grow() {
-	old := m.slots
-	size := 2 * len(old)
-	if size < blockMapMinSlots {
-		size = blockMapMinSlots
+// grow makes room in segment s, the segment of hash h: it doubles a small
+// segment in place, and splits a full-sized one in two by the next bit of
+// the hash.
+func (m *blockMap) grow(s *bmSegment, h uint64) {
+	if len(s.slots) < segSlots || s.depth >= maxSegDepth {
+		old := s.slots
+		s.slots = make([]blockSlot, 2*len(old))
+		s.n = 0
+		for _, sl := range old {
+			if sl.n != nil {
+				s.insert(sl, mix64(sl.eh))
+			}
+		}
+		return
 	}
-	m.slots = make([]blockSlot, size)
-	mask := size - 1
-	for _, s := range old {
-		if s.n == nil {
+	if s.depth == m.depth {
+		// Double the directory: entry i becomes entries 2i and 2i+1.
+		dir := make([]*bmSegment, 2*len(m.dir))
+		for i, p := range m.dir {
+			dir[2*i], dir[2*i+1] = p, p
+		}
+		m.dir = dir
+		m.depth++
+	}
+	// s becomes the lower half: its entries are copied out and those of
+	// the lower half put back; only the upper half is a new segment.
+	var tmp [segSlots]blockSlot
+	copy(tmp[:], s.slots)
+	clear(s.slots)
+	s.n = 0
+	s.depth++
+	lo := s
+	hi := &bmSegment{slots: make([]blockSlot, segSlots), depth: s.depth}
+	bit := 64 - s.depth // the hash bit that tells lo from hi
+	for _, sl := range tmp {
+		if sl.n == nil {
 			continue
 		}
-		i := m.home(s.eh)
-		for m.slots[i].n != nil {
-			i = (i + 1) & mask
+		kh := mix64(sl.eh)
+		if kh>>bit&1 == 0 {
+			lo.insert(sl, kh)
+		} else {
+			hi.insert(sl, kh)
 		}
-		m.slots[i] = s
 	}
+	// s filled the directory entries whose top (old) s.depth bits are h's:
+	// the first half of that run goes to lo, the second to hi.
+	span := 1 << (m.depth - (s.depth - 1))
+	first := int(h>>(64-(s.depth-1))) * span // h>>64 is 0
+	for i := first; i < first+span/2; i++ {
+		m.dir[i] = lo
+	}
+	for i := first + span/2; i < first+span; i++ {
+		m.dir[i] = hi
+	}
+}
+
+// insert puts a slot's entry, whose key is not in s and whose hash is kh,
+// into s (which has room).
+func (s *bmSegment) insert(sl blockSlot, kh uint64) {
+	mask := len(s.slots) - 1
+	i := int(kh) & mask
+	for s.slots[i].n != nil {
+		i = (i + 1) & mask
+	}
+	s.slots[i] = sl
+	s.n++
 }
 
 // all yields every entry, in no particular order.
 func (m *blockMap) all() iter.Seq2[uint64, *node] {
 	return func(yield func(uint64, *node) bool) {
-		for _, s := range m.slots {
-			if s.n != nil && !yield(s.eh, s.n) {
-				return
+		for i := 0; i < len(m.dir); {
+			s := m.dir[i]
+			for _, sl := range s.slots {
+				if sl.n != nil && !yield(sl.eh, sl.n) {
+					return
+				}
 			}
+			i += 1 << (m.depth - s.depth)
 		}
 	}
 }

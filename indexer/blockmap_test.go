@@ -7,40 +7,77 @@ import (
 	"pgregory.net/rapid"
 )
 
-// check verifies the table's invariants: the count of full slots, and
-// that every key is found from its home slot (no empty slot between its
-// home and it), once.
+// check verifies the map's invariants: the directory has 1<<depth entries
+// and every segment fills the aligned run of them its local depth says;
+// every key is in the segment of its hash, reachable from its home slot
+// (no empty slot between), once; the counts add up; no segment is fuller
+// than 7/8.
 func (m *blockMap) check() error {
-	full := 0
+	if m.dir == nil {
+		if m.n != 0 {
+			return fmt.Errorf("block map: no segments, count %d", m.n)
+		}
+		return nil
+	}
+	if len(m.dir) != 1<<m.depth {
+		return fmt.Errorf("block map: directory of %d entries at depth %d", len(m.dir), m.depth)
+	}
+	total := 0
 	seen := map[uint64]bool{}
-	mask := len(m.slots) - 1
-	for i, s := range m.slots {
-		if s.n == nil {
-			continue
+	for i := 0; i < len(m.dir); {
+		s := m.dir[i]
+		if s.depth > m.depth {
+			return fmt.Errorf("block map: segment depth %d over the directory's %d", s.depth, m.depth)
 		}
-		full++
-		if seen[s.eh] {
-			return fmt.Errorf("block map: key %#x twice", s.eh)
+		span := 1 << (m.depth - s.depth)
+		if i%span != 0 {
+			return fmt.Errorf("block map: segment at entry %d not aligned to its span %d", i, span)
 		}
-		seen[s.eh] = true
-		for j := m.home(s.eh); j != i; j = (j + 1) & mask {
-			if m.slots[j].n == nil {
-				return fmt.Errorf("block map: key %#x in slot %d, unreachable from its home %d", s.eh, i, m.home(s.eh))
+		for j := i; j < i+span; j++ {
+			if m.dir[j] != s {
+				return fmt.Errorf("block map: entry %d is not its run's segment", j)
 			}
 		}
+		full := 0
+		mask := len(s.slots) - 1
+		for k, sl := range s.slots {
+			if sl.n == nil {
+				continue
+			}
+			full++
+			if seen[sl.eh] {
+				return fmt.Errorf("block map: key %#x twice", sl.eh)
+			}
+			seen[sl.eh] = true
+			h := mix64(sl.eh)
+			if m.seg(h) != s {
+				return fmt.Errorf("block map: key %#x in the wrong segment", sl.eh)
+			}
+			for j := int(h) & mask; j != k; j = (j + 1) & mask {
+				if s.slots[j].n == nil {
+					return fmt.Errorf("block map: key %#x in slot %d, unreachable from its home %d", sl.eh, k, int(h)&mask)
+				}
+			}
+		}
+		if full != s.n {
+			return fmt.Errorf("block map: segment with %d full slots, count %d", full, s.n)
+		}
+		if s.n*8 > len(s.slots)*7 {
+			return fmt.Errorf("block map: segment of %d entries in %d slots", s.n, len(s.slots))
+		}
+		total += full
+		i += span
 	}
-	if full != m.n {
-		return fmt.Errorf("block map: %d full slots, count %d", full, m.n)
-	}
-	if len(m.slots) > 0 && m.n*8 > len(m.slots)*7 {
-		return fmt.Errorf("block map: %d entries in %d slots", m.n, len(m.slots))
+	if total != m.n {
+		return fmt.Errorf("block map: %d entries in segments, count %d", total, m.n)
 	}
 	return nil
 }
 
 // TestBlockMapMatchesMap runs random puts, lookup-and-fill inserts, gets
-// and deletes against a Go map. Keys come from a small set, so that runs
-// of colliding keys form and deletes shift them back.
+// and deletes against a Go map, over key sets of several sizes: small ones
+// make runs of colliding keys that deletes shift back, large ones split
+// segments and double the directory.
 func TestBlockMapMatchesMap(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		nodes := make([]*node, 8)
@@ -49,8 +86,10 @@ func TestBlockMapMatchesMap(t *testing.T) {
 		}
 		m := newBlockMap(rapid.IntRange(0, 40).Draw(rt, "hint"))
 		ref := map[uint64]*node{}
-		keys := rapid.IntRange(1, 200).Draw(rt, "keys")
-		for step := rapid.IntRange(0, 600).Draw(rt, "steps"); step > 0; step-- {
+		// Small key sets make long colliding runs inside one segment;
+		// large ones split segments and double the directory.
+		keys := rapid.SampledFrom([]int{20, 200, 5000}).Draw(rt, "keys")
+		for step := rapid.IntRange(0, 3*keys).Draw(rt, "steps"); step > 0; step-- {
 			k := rapid.Uint64Range(0, uint64(keys)).Draw(rt, "key") * 0x9e3779b97f4a7c15
 			n := nodes[rapid.IntRange(0, len(nodes)-1).Draw(rt, "node")]
 			switch rapid.IntRange(0, 3).Draw(rt, "op") {
@@ -76,9 +115,14 @@ func TestBlockMapMatchesMap(t *testing.T) {
 					rt.Fatalf("get %#x: %v %v, want %v %v", k, got, ok, want, wok)
 				}
 			}
-			if err := m.check(); err != nil {
-				rt.Fatal(err)
+			if keys < 1000 || step%101 == 0 {
+				if err := m.check(); err != nil {
+					rt.Fatal(err)
+				}
 			}
+		}
+		if err := m.check(); err != nil {
+			rt.Fatal(err)
 		}
 		if m.len() != len(ref) {
 			rt.Fatalf("len %d, want %d", m.len(), len(ref))
@@ -96,17 +140,19 @@ func TestBlockMapMatchesMap(t *testing.T) {
 	})
 }
 
-// TestBlockMapDeleteShiftsRuns fills a small table with keys that share a
-// home slot and keys homed inside their run, deletes from the middle, and
-// checks every key is still found.
+// TestBlockMapDeleteShiftsRuns fills a small segment with keys that share
+// a home slot and keys homed inside their run, wrapping around the
+// segment's end, deletes from the middle, and checks every key is still
+// found.
 func TestBlockMapDeleteShiftsRuns(t *testing.T) {
-	m := newBlockMap(6) // 8 slots
+	m := newBlockMap(6) // one segment of 8 slots
+	home := func(k uint64) int { return int(mix64(k)) & 7 }
 	var same, other []uint64
 	for k := uint64(1); len(same) < 3 || len(other) < 3; k++ {
 		switch {
-		case m.home(k) == 6 && len(same) < 3:
+		case home(k) == 6 && len(same) < 3:
 			same = append(same, k)
-		case m.home(k) == 7 && len(other) < 3:
+		case home(k) == 7 && len(other) < 3:
 			other = append(other, k)
 		}
 	}
@@ -114,6 +160,9 @@ func TestBlockMapDeleteShiftsRuns(t *testing.T) {
 	// Slots 6, 7, 0 for same; other's keys (home 7) land at 1, 2, 3.
 	for _, k := range append(append([]uint64(nil), same...), other...) {
 		m.put(k, n)
+	}
+	if len(m.dir) != 1 || len(m.dir[0].slots) != 8 {
+		t.Fatalf("want one segment of 8 slots, have %d segments", len(m.dir))
 	}
 	if err := m.check(); err != nil {
 		t.Fatal(err)
@@ -129,5 +178,39 @@ func TestBlockMapDeleteShiftsRuns(t *testing.T) {
 	}
 	if _, ok := m.get(same[0]); ok {
 		t.Fatalf("deleted key %#x still found", same[0])
+	}
+}
+
+// TestBlockMapSplits grows a map across many segment splits and directory
+// doublings, with deletes between, and checks it against a Go map.
+func TestBlockMapSplits(t *testing.T) {
+	for _, hint := range []int{0, 5000} {
+		m := newBlockMap(hint)
+		ref := map[uint64]*node{}
+		n := &node{}
+		for i := uint64(1); i <= 20_000; i++ {
+			m.put(i*7919, n)
+			ref[i*7919] = n
+			if i%3 == 0 {
+				m.del((i - 1) * 7919)
+				delete(ref, (i-1)*7919)
+			}
+		}
+		if err := m.check(); err != nil {
+			t.Fatal(err)
+		}
+		if m.depth < 3 || m.len() != len(ref) {
+			t.Fatalf("hint %d: depth %d, %d entries (want %d)", hint, m.depth, m.len(), len(ref))
+		}
+		got := 0
+		for k := range m.all() {
+			if ref[k] == nil {
+				t.Fatalf("all yielded %#x, not in the map", k)
+			}
+			got++
+		}
+		if got != len(ref) {
+			t.Fatalf("all yielded %d entries, want %d", got, len(ref))
+		}
 	}
 }
