@@ -177,25 +177,40 @@ func snapshotBytes(t *testing.T, f *FSM) []byte {
 	return buf.Bytes()
 }
 
-func TestSnapshotRestoreRoundTrip(t *testing.T) {
+// fixtureSnapshot returns an FSM holding applyFixture's state (closed at
+// the test's end) and a snapshot stream of it.
+func fixtureSnapshot(t *testing.T) (*FSM, []byte) {
+	t.Helper()
 	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
-	defer f.Close()
+	t.Cleanup(func() { f.Close() })
 	var w logWriter
 	applyFixture(t, f, &w)
-	snap := snapshotBytes(t, f)
+	return f, snapshotBytes(t, f)
+}
+
+// restoredFSM restores snap into a fresh FSM (closed at the test's end)
+// and checks that it has the digest want.
+func restoredFSM(t *testing.T, snap []byte, want uint64) *FSM {
+	t.Helper()
+	g := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	t.Cleanup(func() { g.Close() })
+	if err := g.Restore(nopCloser{bytes.NewReader(snap)}); err != nil {
+		t.Fatal(err)
+	}
+	if g.Digest() != want {
+		t.Fatalf("restored digest %#x, want %#x", g.Digest(), want)
+	}
+	return g
+}
+
+func TestSnapshotRestoreRoundTrip(t *testing.T) {
+	f, snap := fixtureSnapshot(t)
 	info, err := InspectSnapshot(bytes.NewReader(snap))
 	if err != nil || info.Index != f.applied.Load() || info.Records["residencies"] != 7 {
 		t.Fatalf("inspect: %+v %v", info, err)
 	}
 
-	g := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
-	defer g.Close()
-	if err := g.Restore(nopCloser{bytes.NewReader(snap)}); err != nil {
-		t.Fatal(err)
-	}
-	if g.Digest() != f.Digest() {
-		t.Fatalf("restored digest %#x, want %#x", g.Digest(), f.Digest())
-	}
+	g := restoredFSM(t, snap, f.Digest())
 	// Every entry Raft delivers after a restore must apply, whatever index
 	// the stream was taken at.
 	if g.applied.Load() != 0 {
@@ -215,11 +230,7 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 // state from the stream while it writes the new directory; that state
 // must be the one a start would load from the directory (FSM.load).
 func TestRestoreBuildsWhatTheDirectoryHolds(t *testing.T) {
-	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
-	defer f.Close()
-	var w logWriter
-	applyFixture(t, f, &w)
-	snap := snapshotBytes(t, f)
+	f, snap := fixtureSnapshot(t)
 
 	dir := filepath.Join(t.TempDir(), "fsm")
 	g := openTestFSM(t, dir)
@@ -263,11 +274,7 @@ func TestRestoreBuildsWhatTheDirectoryHolds(t *testing.T) {
 }
 
 func TestCorruptSnapshotIsRefusedAndStateKept(t *testing.T) {
-	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
-	defer f.Close()
-	var w logWriter
-	applyFixture(t, f, &w)
-	snap := snapshotBytes(t, f)
+	_, snap := fixtureSnapshot(t)
 
 	g := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
 	defer g.Close()

@@ -34,14 +34,7 @@ func TestSnapshotOfManyBlocksRoundTrips(t *testing.T) {
 	if err != nil || info.Records["residencies"] != 40_000 || info.Bytes != int64(len(snap)) {
 		t.Fatalf("inspect: %+v %v", info, err)
 	}
-	g := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
-	defer g.Close()
-	if err := g.Restore(nopCloser{bytes.NewReader(snap)}); err != nil {
-		t.Fatal(err)
-	}
-	if g.Digest() != f.Digest() {
-		t.Fatalf("restored digest %#x, want %#x", g.Digest(), f.Digest())
-	}
+	restoredFSM(t, snap, f.Digest())
 }
 
 // failingWriter accepts limit bytes, then fails every write.
