@@ -97,6 +97,16 @@ func TestBenchFSMLoad(t *testing.T) {
 		if got := f.Digest(); got != digest || f.Index().Stats().Entries != held {
 			t.Fatalf("loaded digest %#x entries %d, want %#x %d", got, f.Index().Stats().Entries, digest, held)
 		}
+		if rep == 0 {
+			// The live heap once the load's temporaries are gone, against
+			// the peak the load reached (collector off meanwhile).
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			peak := ms.HeapAlloc
+			runtime.GC()
+			runtime.ReadMemStats(&ms)
+			t.Logf("heap after the load %.0f MB, live after a collection %.0f MB", float64(peak)/1e6, float64(ms.HeapAlloc)/1e6)
+		}
 		if p := os.Getenv("KVROUTER_LOAD_MEMPROFILE"); p != "" && rep == 0 {
 			out, err := os.Create(p)
 			if err != nil {
