@@ -290,6 +290,14 @@ func TestCorruptSnapshotIsRefusedAndStateKept(t *testing.T) {
 	if err := g.Restore(nopCloser{bytes.NewReader(badNode)}); !errors.Is(err, ErrBadSnapshot) {
 		t.Errorf("undecodable record: restore err %v, want ErrBadSnapshot", err)
 	}
+	// A tree node after a residency: out of key order, refused (and the
+	// tree being linked from the residency on is not raced by the node).
+	node := rec{k: append([]byte{store.KindNode}, make([]byte, 8)...), v: make([]byte, 17)}
+	entry := rec{k: append([]byte{store.KindEntry}, make([]byte, 20)...), v: make([]byte, 13)}
+	disordered := buildStream(snapshotVersion, []rec{entry, node}, map[byte]uint64{}, map[byte]uint64{store.KindNode: 1, store.KindEntry: 1})
+	if err := g.Restore(nopCloser{bytes.NewReader(disordered)}); !errors.Is(err, ErrBadSnapshot) {
+		t.Errorf("records out of order: restore err %v, want ErrBadSnapshot", err)
+	}
 	for name, b := range map[string][]byte{
 		"truncated":   snap[:len(snap)-10],
 		"bit flipped": flipped,

@@ -203,8 +203,9 @@ type stateBuilder struct {
 
 	// The stream path (add): the tree is linked on its own goroutine
 	// from the first record after the nodes; linked reports its end.
-	linked chan struct{}
-	err    error // add's first error; add ignores records after it
+	linked   chan struct{}
+	lastKind byte  // the kind of add's last record
+	err      error // add's first error; add ignores records after it
 }
 
 func newStateBuilder() *stateBuilder {
@@ -308,6 +309,13 @@ func (b *stateBuilder) add(key, value []byte) {
 		return
 	}
 	kind, k := key[0], key[1:]
+	if kind < b.lastKind {
+		// The stream's writer refuses keys out of order too, but only
+		// after this: a node added while the tree is linked would race.
+		b.err = fmt.Errorf("%w: %s record after a %s record", store.ErrCorrupt, store.KindName(kind), store.KindName(b.lastKind))
+		return
+	}
+	b.lastKind = kind
 	if kind > store.KindNode {
 		b.startLink()
 	}
