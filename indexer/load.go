@@ -188,6 +188,48 @@ func (l *Loader) Finish(ix *Index) error {
 	return err
 }
 
+// FinishDetached is Finish into a new index with like's configuration,
+// which nothing else sees: a caller that must not change any state before
+// it knows the records are consistent (a snapshot restore) builds here,
+// and on success moves the result into the live index with Index.Take.
+func (l *Loader) FinishDetached(like *Index) (*Index, error) {
+	ix := New(like.cfg)
+	if err := l.Finish(ix); err != nil {
+		return nil, err
+	}
+	return ix, nil
+}
+
+// Take replaces the index's contents (tree, ranks, counts, digest) with
+// o's and leaves o empty. o must be an index nothing else uses
+// (FinishDetached's). The index keeps its configuration and journal
+// (nothing is journaled), and its counters, to which o's are added (what
+// the load counted, as Finish counts into the index it loads).
+func (ix *Index) Take(o *Index) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ix.resetLocked()
+	ix.root.c1, ix.root.more = o.root.c1, o.root.more
+	ix.root.forEachChild(func(c *node) { c.parent = &ix.root })
+	ix.ranks, ix.slots, ix.free = o.ranks, o.slots, o.free
+	ix.nodes, ix.entries, ix.perTier, ix.digest = o.nodes, o.entries, o.perTier, o.digest
+	c, oc := &ix.counters, &o.counters
+	c.StoredBlocks += oc.StoredBlocks
+	c.RemovedBlocks += oc.RemovedBlocks
+	c.Cleared += oc.Cleared
+	c.UnknownRemoves += oc.UnknownRemoves
+	c.Malformed += oc.Malformed
+	c.OrphansHeld += oc.OrphansHeld
+	c.OrphansApplied += oc.OrphansApplied
+	c.OrphansDropped += oc.OrphansDropped
+	c.Remapped += oc.Remapped
+	c.CapacityEvicted += oc.CapacityEvicted
+	o.resetLocked()
+	o.counters = Counters{}
+}
+
 // LinkNodes builds the tree of the node records added so far, under a
 // root of the Loader's own: nothing of it is visible in an index before
 // Finish. Call it after the last AddNode (a later AddNode is lost); it may

@@ -197,8 +197,9 @@ func drawLoadCase(t *rapid.T, damage bool) loadCase {
 // loadPebbleStyle feeds a Loader the way FSM.load does: node records in
 // seq order on one goroutine, which then links them (LinkNodes), entries
 // grouped by rank in hash order and the rank records on another; Finish
-// works in parts parts (Spread) when parts > 1.
-func (c *loadCase) loadPebbleStyle(ix *Index, parts int) error {
+// works in parts parts (Spread) when parts > 1. detached builds into a new
+// index (FinishDetached) that ix then takes, as a snapshot restore does.
+func (c *loadCase) loadPebbleStyle(ix *Index, parts int, detached bool) error {
 	l := NewLoader(0, 0)
 	if parts > 1 {
 		l.Spread(parts, spreadGo)
@@ -228,7 +229,18 @@ func (c *loadCase) loadPebbleStyle(ix *Index, parts int) error {
 		l.AddRank(m)
 	}
 	<-done
-	return l.Finish(ix)
+	if !detached {
+		return l.Finish(ix)
+	}
+	d, err := l.FinishDetached(ix)
+	if err != nil {
+		return err
+	}
+	ix.Take(d)
+	if st := d.Stats(); st.Nodes != 0 || st.Entries != 0 || st.Ranks != 0 {
+		return fmt.Errorf("the taken index still holds %+v", st)
+	}
+	return nil
 }
 
 // sameIndex fails unless a and b hold the same logical state.
@@ -298,13 +310,29 @@ func TestLoaderMatchesReference(t *testing.T) {
 				}
 			}
 			viaLoader := New(propCfg)
-			errL := c.loadPebbleStyle(viaLoader, 0)
+			errL := c.loadPebbleStyle(viaLoader, 0, false)
 			viaSpread := New(propCfg)
-			errS := c.loadPebbleStyle(viaSpread, rapid.IntRange(2, 3).Draw(t, "parts"))
+			errS := c.loadPebbleStyle(viaSpread, rapid.IntRange(2, 3).Draw(t, "parts"), false)
+			// Detached, into an index that held something before: a failed
+			// build leaves what it held, a good one replaces it whole.
+			viaDetached := New(propCfg)
+			viaDetached.Apply(&kvevent.Event{Rank: kvevent.Rank{Worker: 999}, EventID: 1, Kind: kvevent.KindStored,
+				Blocks: []kvevent.Block{{EngineHash: 7, LocalHash: 77}}}, 1)
+			held := viaDetached.Digest()
+			// The counters are the process's, kept across a load; start
+			// them at zero like the other indexes' (the Apply counted).
+			viaDetached.counters = Counters{}
+			errD := c.loadPebbleStyle(viaDetached, rapid.IntRange(0, 3).Draw(t, "detachedParts"), true)
+			if errD != nil && viaDetached.Digest() != held {
+				t.Fatalf("a failed detached build changed the index it was for")
+			}
+			if errD != nil {
+				viaDetached = New(propCfg) // compared below as a failed load's empty index
+			}
 			for _, got := range []struct {
 				ix  *Index
 				err error
-			}{{viaState, err}, {viaLoader, errL}, {viaSpread, errS}} {
+			}{{viaState, err}, {viaLoader, errL}, {viaSpread, errS}, {viaDetached, errD}} {
 				if (got.err == nil) != (refErr == nil) || (got.err != nil && !errors.Is(got.err, ErrBadDump)) {
 					t.Fatalf("error %v, reference %v", got.err, refErr)
 				}
@@ -435,5 +463,20 @@ func TestChunksKeepOrder(t *testing.T) {
 				t.Fatalf("%+v: record %d is %d", tc, i, v)
 			}
 		}
+	}
+}
+
+// TestTakeAddsEveryCounter: Take adds each of the taken index's counters
+// (a counter added to Counters and not to Take fails here).
+func TestTakeAddsEveryCounter(t *testing.T) {
+	o, ix := New(Config{}), New(Config{})
+	v := reflect.ValueOf(&o.counters).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		v.Field(i).SetUint(uint64(i + 1))
+	}
+	want := o.counters
+	ix.Take(o)
+	if ix.counters != want || o.counters != (Counters{}) {
+		t.Fatalf("after Take: counters %+v (want %+v), the taken index keeps %+v", ix.counters, want, o.counters)
 	}
 }

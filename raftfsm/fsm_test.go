@@ -298,6 +298,14 @@ func TestCorruptSnapshotIsRefusedAndStateKept(t *testing.T) {
 	if err := g.Restore(nopCloser{bytes.NewReader(disordered)}); !errors.Is(err, ErrBadSnapshot) {
 		t.Errorf("records out of order: restore err %v, want ErrBadSnapshot", err)
 	}
+	// Records that decode but do not make a consistent state (a residency
+	// of a tree node the stream lacks): refused before the swap too, and
+	// the node does not fail (openTestFSM's OnFatal fails the test).
+	orphanEntry := rec{k: append([]byte{store.KindEntry}, make([]byte, 20)...), v: []byte{0, 0, 0, 0, 0, 0, 0, 5, 1, 0, 0, 0, 1}}
+	inconsistent := buildStream(snapshotVersion, []rec{orphanEntry}, map[byte]uint64{}, map[byte]uint64{store.KindEntry: 1})
+	if err := g.Restore(nopCloser{bytes.NewReader(inconsistent)}); !errors.Is(err, ErrBadSnapshot) {
+		t.Errorf("inconsistent records: restore err %v, want ErrBadSnapshot", err)
+	}
 	for name, b := range map[string][]byte{
 		"truncated":   snap[:len(snap)-10],
 		"bit flipped": flipped,

@@ -206,6 +206,8 @@ type stateBuilder struct {
 	linked   chan struct{}
 	lastKind byte  // the kind of add's last record
 	err      error // add's first error; add ignores records after it
+
+	built *indexer.Index // prepare's index, for install
 }
 
 func newStateBuilder() *stateBuilder {
@@ -355,14 +357,39 @@ func (b *stateBuilder) wait() error {
 	return b.err
 }
 
-// install finishes the index into f.ix and installs the rest of the
-// state in f. The caller excludes applies (start, or dbMu held).
-func (b *stateBuilder) install(f *FSM) error {
+// prepare builds the index apart from f's (Loader.FinishDetached) and
+// checks the bookings, so that records that do not make a consistent
+// state are refused before anything is replaced (a restore calls it
+// before its swap). install then only moves the result in.
+func (b *stateBuilder) prepare(f *FSM) error {
 	if b.linked != nil {
 		<-b.linked
 	}
-	if err := b.l.Finish(f.ix); err != nil { // links the tree if no one did
+	ix, err := b.l.FinishDetached(f.ix) // links the tree if no one did
+	if err != nil {
 		return fmt.Errorf("index: %w", err)
+	}
+	if err := indexer.NewSequences().Restore(b.snap); err != nil {
+		return fmt.Errorf("bookings: %w", err)
+	}
+	b.built = ix
+	return nil
+}
+
+// install finishes the index into f.ix, or moves in the one prepare
+// built, and installs the rest of the state in f. The caller excludes
+// applies (start, or dbMu held).
+func (b *stateBuilder) install(f *FSM) error {
+	if b.built != nil {
+		f.ix.Take(b.built)
+		b.built = nil
+	} else {
+		if b.linked != nil {
+			<-b.linked
+		}
+		if err := b.l.Finish(f.ix); err != nil { // links the tree if no one did
+			return fmt.Errorf("index: %w", err)
+		}
 	}
 	if err := f.seqs.Restore(b.snap); err != nil {
 		return fmt.Errorf("bookings: %w", err)

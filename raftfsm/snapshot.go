@@ -402,6 +402,13 @@ func (f *FSM) restoreFrom(r io.Reader) error {
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
+	// The records decode; do they make a consistent state? Checked before
+	// the swap, so that a stream that does not is refused and the node
+	// keeps its state.
+	if err := b.prepare(f); err != nil {
+		os.RemoveAll(tmp)
+		return fmt.Errorf("restore: %w: %v", ErrBadSnapshot, err)
+	}
 	f.dbMu.Lock()
 	defer f.dbMu.Unlock()
 	f.dropGroup() // changes to the state the stream replaces
