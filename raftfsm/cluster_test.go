@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/store"
 	"go.uber.org/goleak"
 )
 
@@ -308,6 +309,14 @@ func TestSnapshotSaveWipeRestore(t *testing.T) {
 	bad[100] ^= 1
 	if _, err := c.leader().RestoreSnapshot(ctx(t), bytes.NewReader(bad)); !errors.Is(err, ErrBadSnapshot) {
 		t.Fatalf("corrupted restore: %v, want ErrBadSnapshot", err)
+	}
+	// A good checksum around records that do not make a consistent state
+	// (a residency of a missing tree node): refused too, before Raft,
+	// whose user restore would panic on the FSM's refusal.
+	orphanEntry := rec{k: append([]byte{store.KindEntry}, make([]byte, 20)...), v: []byte{0, 0, 0, 0, 0, 0, 0, 5, 1, 0, 0, 0, 1}}
+	inconsistent := buildStream(snapshotVersion, []rec{orphanEntry}, map[byte]uint64{}, map[byte]uint64{store.KindEntry: 1})
+	if _, err := c.leader().RestoreSnapshot(ctx(t), bytes.NewReader(inconsistent)); !errors.Is(err, ErrBadSnapshot) {
+		t.Fatalf("inconsistent restore: %v, want ErrBadSnapshot", err)
 	}
 	if _, err := c.leader().RestoreSnapshot(ctx(t), bytes.NewReader(buf.Bytes())); err != nil {
 		t.Fatal(err)

@@ -717,7 +717,9 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return SnapshotInfo{}, err
 	}
-	info, err := InspectSnapshot(tmp)
+	// Checked whole, records and all, before Raft sees it: Raft's user
+	// restore panics if the FSM refuses the stream.
+	info, err := checkSnapshot(tmp, n.fsm.Index())
 	if err != nil {
 		return SnapshotInfo{}, err
 	}

@@ -361,11 +361,12 @@ func (b *stateBuilder) wait() error {
 // checks the bookings, so that records that do not make a consistent
 // state are refused before anything is replaced (a restore calls it
 // before its swap). install then only moves the result in.
-func (b *stateBuilder) prepare(f *FSM) error {
+// like gives the index's configuration (the FSM's index).
+func (b *stateBuilder) prepare(like *indexer.Index) error {
 	if b.linked != nil {
 		<-b.linked
 	}
-	ix, err := b.l.FinishDetached(f.ix) // links the tree if no one did
+	ix, err := b.l.FinishDetached(like) // links the tree if no one did
 	if err != nil {
 		return fmt.Errorf("index: %w", err)
 	}

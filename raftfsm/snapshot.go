@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/store"
 )
 
@@ -317,6 +318,48 @@ func InspectSnapshot(r io.Reader) (SnapshotInfo, error) {
 	return s.info, nil
 }
 
+// checkSnapshot reads a whole stream as InspectSnapshot does, and also
+// builds the state it describes apart from any FSM's (like gives the
+// index configuration) and drops it: a stream whose records do not
+// decode, are out of key order, or do not make a consistent state is
+// ErrBadSnapshot, like a corrupt one. The online restore checks with it
+// before it hands a stream to Raft, whose user restore panics when the
+// FSM refuses one. The collector stays on: the state built is garbage
+// once checked, and the restore that follows builds it again.
+func checkSnapshot(r io.Reader, like *indexer.Index) (SnapshotInfo, error) {
+	s := newSnapReader(r)
+	if err := s.header(); err != nil {
+		return SnapshotInfo{}, err
+	}
+	b := newStateBuilder()
+	// As restoreFrom loads it: the applied record is left out.
+	skip := func(kind byte) bool { return kind == store.KindApplied }
+	batch := &recBatch{}
+	for {
+		batch.reset()
+		end, err := s.fill(batch, skip)
+		batch.each(b.add)
+		if err != nil {
+			b.wait()
+			return SnapshotInfo{}, err
+		}
+		if end {
+			break
+		}
+	}
+	if err := s.finish(); err != nil {
+		b.wait()
+		return SnapshotInfo{}, err
+	}
+	if err := b.wait(); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+	}
+	if err := b.prepare(like); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+	}
+	return s.info, nil
+}
+
 // loadSnapshot writes a stream into a fresh state directory dir and checks
 // it; on any error dir is removed. resetApplied zeroes the applied index
 // (seeding a new cluster, whose log starts again at 1); dropMembers leaves
@@ -405,7 +448,7 @@ func (f *FSM) restoreFrom(r io.Reader) error {
 	// The records decode; do they make a consistent state? Checked before
 	// the swap, so that a stream that does not is refused and the node
 	// keeps its state.
-	if err := b.prepare(f); err != nil {
+	if err := b.prepare(f.ix); err != nil {
 		os.RemoveAll(tmp)
 		return fmt.Errorf("restore: %w: %v", ErrBadSnapshot, err)
 	}
@@ -493,6 +536,14 @@ func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 		return err
 	}
 	defer f.Close()
+	// Checked whole first, so that a stream the nodes could not load is
+	// refused here rather than at their first start.
+	if _, err := checkSnapshot(f, indexer.New(indexer.Config{})); err != nil {
+		return err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
 		return err
 	}

@@ -229,3 +229,36 @@ func FuzzRestoreRecords(f *testing.F) {
 		}
 	})
 }
+
+// TestSeedDataDirChecksTheStream: seeding a new node's directory refuses a
+// stream whose records do not make a consistent state, writing nothing,
+// and seeds one that does.
+func TestSeedDataDirChecksTheStream(t *testing.T) {
+	peers := []Member{{ID: "n1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}}
+	orphanEntry := rec{k: append([]byte{store.KindEntry}, make([]byte, 20)...), v: []byte{0, 0, 0, 0, 0, 0, 0, 5, 1, 0, 0, 0, 1}}
+	bad := filepath.Join(t.TempDir(), "bad.snap")
+	if err := os.WriteFile(bad, buildStream(snapshotVersion, []rec{orphanEntry}, map[byte]uint64{}, map[byte]uint64{store.KindEntry: 1}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "node")
+	if err := SeedDataDir(bad, dir, "n1", peers); !errors.Is(err, ErrBadSnapshot) {
+		t.Fatalf("seed from an inconsistent stream: %v, want ErrBadSnapshot", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "fsm")); !os.IsNotExist(err) {
+		t.Fatalf("a refused seed left %s/fsm behind", dir)
+	}
+
+	f, snap := fixtureSnapshot(t)
+	good := filepath.Join(t.TempDir(), "good.snap")
+	if err := os.WriteFile(good, snap, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := SeedDataDir(good, dir, "n1", peers); err != nil {
+		t.Fatal(err)
+	}
+	g := openTestFSM(t, filepath.Join(dir, "fsm"))
+	defer g.Close()
+	if g.Digest() != f.Digest() {
+		t.Fatalf("seeded digest %#x, want %#x", g.Digest(), f.Digest())
+	}
+}
