@@ -143,7 +143,11 @@ func checkFSMMatchesModel(t *testing.T) {
 			f.Close() // durability round trips cost a few Pebble opens: check half the runs
 			return
 		}
+		saved := viewBytes(t, f) // a user's save: the open group laid over the database
 		snap := snapshotBytes(t, f)
+		if !bytes.Equal(saved, snap) {
+			rt.Fatal("a save's stream differs from Raft's snapshot of the same state")
+		}
 		if err := f.db.Sync(); err != nil {
 			rt.Fatal(err)
 		}

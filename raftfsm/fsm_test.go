@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -177,6 +178,19 @@ func snapshotBytes(t *testing.T, f *FSM) []byte {
 	return buf.Bytes()
 }
 
+// viewBytes returns the stream of a user's save (FSM.view: the open group
+// laid over the database, not committed).
+func viewBytes(t *testing.T, f *FSM) []byte {
+	t.Helper()
+	v := f.view()
+	defer v.Close()
+	var buf bytes.Buffer
+	if _, err := writeSnapshot(&buf, v); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
 // fixtureSnapshot returns an FSM holding applyFixture's state (closed at
 // the test's end) and a snapshot stream of it.
 func fixtureSnapshot(t *testing.T) (*FSM, []byte) {
@@ -223,6 +237,57 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	}
 	if _, err := os.Stat(g.dir + ".old"); !os.IsNotExist(err) {
 		t.Fatal("the old state directory was left behind")
+	}
+}
+
+// TestSaveLaysTheGroupOverTheDatabase: a user's save (Node.SaveSnapshot
+// through FSM.view) streams the open group laid over the database without
+// committing it: no table is added, the stream is byte for byte the one
+// Raft's snapshot writes after committing the group, and a view taken
+// before more applies streams the state it was taken at.
+func TestSaveLaysTheGroupOverTheDatabase(t *testing.T) {
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	var w logWriter
+	applyFixture(t, f, &w)
+	tables := func() []string {
+		ts, err := filepath.Glob(filepath.Join(f.dir, "*.sst"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ts
+	}
+	before := tables()
+	if f.batch == nil || f.batch.Len() == 0 {
+		t.Fatal("the fixture left no open group: the test needs one")
+	}
+	saved := viewBytes(t, f)
+	if after := tables(); !slices.Equal(before, after) {
+		t.Fatalf("the save committed the group: tables %v, then %v", before, after)
+	}
+	v := f.view()
+	defer v.Close()
+	digest := f.Digest()
+	f.ApplyBatch([]*raft.Log{w.next(encodeEvents(7, []RankBatch{{Rank: r2, Events: chainEvents(r2, 4, 2, 50)}}))})
+	if f.Digest() == digest {
+		t.Fatal("the later apply changed nothing: the test needs it to")
+	}
+	var later bytes.Buffer
+	if _, err := writeSnapshot(&later, v); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(later.Bytes(), saved) {
+		t.Fatal("a view streams writes applied after it was taken")
+	}
+	restoredFSM(t, saved, digest)
+
+	// Raft's snapshot of the same state, group committed, is the same stream.
+	g := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer g.Close()
+	var gw logWriter
+	applyFixture(t, g, &gw)
+	if snap := snapshotBytes(t, g); !bytes.Equal(snap, saved) {
+		t.Fatal("the save's stream differs from Raft's snapshot of the same state")
 	}
 }
 

@@ -233,31 +233,15 @@ func (b *StateBatch) Commit() error {
 	// arena from the writer's loop took a miss at a time: half of Commit.)
 	// Each surviving write takes 3 bytes more than its arena bytes; the
 	// slack keeps slightly larger groups from reallocating every time.
-	if need := len(b.arena) + 3*len(b.ops); cap(b.out) < need {
+	if need := b.gatherBytes(); cap(b.out) < need {
 		b.out = make([]byte, 0, need+need/8)
 	}
-	out := b.out[:0]
-	for i := range b.ops {
-		o := &b.ops[i]
-		if i+1 < len(b.ops) && b.sameKey(o, &b.ops[i+1]) {
-			continue // a later write of the same key wins
-		}
-		n := binary.LittleEndian.Uint32(b.arena[o.off:])
-		out = binary.LittleEndian.AppendUint16(out, o.klen)
-		if o.del {
-			out = append(out, 1)
-		} else {
-			out = append(out, 0)
-		}
-		out = append(out, b.arena[o.off:o.off+4+uint32(o.klen)+n]...)
-	}
+	out := b.gather(b.out[:0])
 	b.out = out
 	for len(out) > 0 {
-		klen := int(binary.LittleEndian.Uint16(out))
-		del := out[2] == 1
-		n := int(binary.LittleEndian.Uint32(out[3:]))
-		key, value := out[7:7+klen], out[7+klen:7+klen+n]
-		out = out[7+klen+n:]
+		var key, value []byte
+		var del bool
+		key, value, del, out = nextGathered(out)
 		if del {
 			err = w.Delete(key)
 		} else {
@@ -281,6 +265,54 @@ func (b *StateBatch) Commit() error {
 	}
 	b.arena, b.ops, b.out = b.arena[:0], b.ops[:0], b.out[:0]
 	return nil
+}
+
+// gatherBytes is the most that gather appends.
+func (b *StateBatch) gatherBytes() int { return len(b.arena) + 3*len(b.ops) }
+
+// gather appends the group's writes to out in key order, the last write
+// of each key only (the ops are sorted, see sortOps): per write its key
+// length (u16 LE), 1 for a delete or 0, its value length (u32 LE), the
+// key and the value. nextGathered reads them back.
+func (b *StateBatch) gather(out []byte) []byte {
+	for i := range b.ops {
+		o := &b.ops[i]
+		if i+1 < len(b.ops) && b.sameKey(o, &b.ops[i+1]) {
+			continue // a later write of the same key wins
+		}
+		n := binary.LittleEndian.Uint32(b.arena[o.off:])
+		out = binary.LittleEndian.AppendUint16(out, o.klen)
+		if o.del {
+			out = append(out, 1)
+		} else {
+			out = append(out, 0)
+		}
+		out = append(out, b.arena[o.off:o.off+4+uint32(o.klen)+n]...)
+	}
+	return out
+}
+
+// nextGathered reads the first write of a non-empty gather output and
+// returns it and the rest.
+func nextGathered(g []byte) (key, value []byte, del bool, rest []byte) {
+	klen := int(binary.LittleEndian.Uint16(g))
+	del = g[2] == 1
+	n := int(binary.LittleEndian.Uint32(g[3:]))
+	return g[7 : 7+klen], g[7+klen : 7+klen+n], del, g[7+klen+n:]
+}
+
+// View opens a read view of the database as committing the group now
+// would leave it, without committing it: a snapshot of the database,
+// and a copy of the group's writes, in key order, laid over it. The
+// group goes on taking writes; they are not in the view. A view costs a
+// copy of the group (at most GroupBytes and a little more) where a
+// commit would write, sync and ingest a table, and add an L0 sublevel
+// that can start a compaction of the whole base level beside the reader
+// (a snapshot save did start one).
+func (b *StateBatch) View() *StateSnapshot {
+	b.sortOps()
+	over := b.gather(make([]byte, 0, b.gatherBytes()))
+	return &StateSnapshot{snap: b.s.db.NewSnapshot(), over: over}
 }
 
 // removeStaleGroups removes group tables that a crash left unlinked

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -15,7 +16,10 @@ import (
 // bytes and differ after, keys that are prefixes of others, keys of few
 // byte values that collide at every byte position — committed
 // as tables, against a map. After every commit the database holds exactly
-// the model's records, and after a reopen too.
+// the model's records, and after a reopen too. Before some commits a
+// view of the uncommitted group (StateBatch.View) holds the model's
+// records, and still holds them after later groups are written and
+// committed.
 func TestGroupMatchesModel(t *testing.T) {
 	dir := t.TempDir()
 	runs := 0
@@ -32,6 +36,18 @@ func TestGroupMatchesModel(t *testing.T) {
 		// first 16 bytes.
 		keys := []string{"", "a", "a\x00", "ab", "0123456789abcdef", "0123456789abcdef0", "0123456789abcdef1", "0123456789abcdef10", "0123456789abcdeg"}
 		model := map[string]string{}
+		var applied uint64
+		type heldView struct {
+			v       *StateSnapshot
+			model   map[string]string
+			applied uint64
+		}
+		var views []heldView
+		defer func() {
+			for _, h := range views {
+				h.v.Close()
+			}
+		}()
 		b := s.NewBatch()
 		groups := rapid.IntRange(1, 6).Draw(rt, "groups")
 		for g := 0; g < groups; g++ {
@@ -53,10 +69,25 @@ func TestGroupMatchesModel(t *testing.T) {
 					model[string(kind)+k] = v
 				}
 			}
+			if rapid.Bool().Draw(rt, "set applied") {
+				applied++
+				b.SetApplied(applied, 1)
+			}
+			if rapid.Bool().Draw(rt, "view") {
+				h := heldView{v: b.View(), model: maps.Clone(model), applied: applied}
+				views = append(views, h)
+				checkViewModel(rt, h.v, h.model, h.applied)
+				// More writes after the view, in the same group: not in it.
+				b.Put(KindBooking, []byte("after the view"), []byte("x"))
+				b.Delete(KindBooking, []byte("after the view"))
+			}
 			if err := b.Commit(); err != nil {
 				rt.Fatal(err)
 			}
 			checkGroupModel(rt, s, model)
+		}
+		for _, h := range views {
+			checkViewModel(rt, h.v, h.model, h.applied)
 		}
 		s.Close()
 		if s, err = OpenState(path, StateOptions{Logger: logStoreTestLogger(t)}); err != nil {
@@ -92,6 +123,35 @@ func checkGroupModel(rt *rapid.T, s *StateDB, model map[string]string) {
 		if got[k] != v {
 			rt.Fatalf("key %q: database %q, model %q (database %v)", k, got[k], v, got)
 		}
+	}
+}
+
+// checkViewModel checks that a view holds the model's records, in key
+// order, and the applied index (0: none).
+func checkViewModel(rt *rapid.T, v *StateSnapshot, model map[string]string, applied uint64) {
+	got := map[string]string{}
+	var last []byte
+	sawApplied := false
+	if err := v.Each(func(k, val []byte) error {
+		if last != nil && bytes.Compare(k, last) <= 0 {
+			rt.Fatalf("view out of order: %q after %q", k, last)
+		}
+		last = append(last[:0], k...)
+		if k[0] == KindApplied {
+			sawApplied = true
+			return nil
+		}
+		got[string(k)] = string(val)
+		return nil
+	}); err != nil {
+		rt.Fatal(err)
+	}
+	if !maps.Equal(got, model) {
+		rt.Fatalf("view holds %v, model %v", got, model)
+	}
+	idx, _, err := v.Applied()
+	if err != nil || idx != applied || sawApplied != (applied != 0) {
+		rt.Fatalf("view's applied index %d (record seen: %v, err %v), want %d", idx, sawApplied, err, applied)
 	}
 }
 

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -362,31 +363,64 @@ func DecodeU64(v []byte) (uint64, error) {
 // Pebble snapshot holds back compaction.
 type StateSnapshot struct {
 	snap *pebble.Snapshot
+	over []byte // writes laid over snap, as StateBatch.gather lays them out (StateBatch.View)
 }
 
 // Snapshot opens a read view.
 func (s *StateDB) Snapshot() *StateSnapshot { return &StateSnapshot{snap: s.db.NewSnapshot()} }
 
 // Applied reads the applied index and term of the view.
-func (v *StateSnapshot) Applied() (uint64, uint64, error) { return readApplied(v.snap) }
+func (v *StateSnapshot) Applied() (uint64, uint64, error) {
+	// The applied record's kind sorts first: if the overlay has it, it is
+	// the overlay's first write.
+	if len(v.over) > 0 {
+		if k, val, del, _ := nextGathered(v.over); bytes.Equal(k, appliedKey) {
+			if del {
+				return 0, 0, nil
+			}
+			return DecodeApplied(val)
+		}
+	}
+	return readApplied(v.snap)
+}
 
 // Each calls fn for every record of the view in key order (the full key,
 // kind byte first). The slices are valid only during the call.
 func (v *StateSnapshot) Each(fn func(key, value []byte) error) error {
-	it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: []byte{KindApplied}, UpperBound: []byte{kindEnd}})
+	lower, upper := []byte{KindApplied}, []byte{kindEnd}
+	it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
 	if err != nil {
 		return fmt.Errorf("iterate state snapshot: %w", err)
 	}
-	for it.First(); it.Valid(); it.Next() {
-		if err := fn(it.Key(), it.Value()); err != nil {
-			it.Close()
-			return err
+	over := v.over
+	valid := it.First()
+	for err == nil && (valid || len(over) > 0) {
+		if len(over) > 0 {
+			k, val, del, rest := nextGathered(over)
+			c := -1
+			if valid {
+				c = bytes.Compare(k, it.Key())
+			}
+			if c <= 0 {
+				// The overlay's write comes first, or replaces the
+				// database's record of the same key.
+				over = rest
+				if c == 0 {
+					valid = it.Next()
+				}
+				if !del && bytes.Compare(k, lower) >= 0 && bytes.Compare(k, upper) < 0 {
+					err = fn(k, val)
+				}
+				continue
+			}
 		}
+		err = fn(it.Key(), it.Value())
+		valid = it.Next()
 	}
-	if err := it.Close(); err != nil {
-		return fmt.Errorf("iterate state snapshot: %w", err)
+	if cerr := it.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("iterate state snapshot: %w", cerr)
 	}
-	return nil
+	return err
 }
 
 // Close releases the view.
