@@ -480,9 +480,11 @@ func bcReadDir(t *testing.T, dir string) int64 {
 }
 
 // TestBenchClusterRestart: time for a node holding N blocks to be ready
-// again after it stopped (a whole single-node Node: Pebble stores reopened
+// again after a crash (testCluster.crash: the FSM's open group is lost,
+// as after kill -9), as a whole single-node Node: Pebble stores reopened
 // with their WALs replayed, the index rebuilt from the state database,
-// Raft's log tail replayed and skipped, an election won), against reading
+// Raft's log read and the entries after the last group applied again, an
+// election won; against reading
 // the same data directory's files sequentially. Everything runs from the
 // page cache, as after a process crash; a cold start after a reboot adds
 // the disk's read time. Also reported: open_seconds (NewNode returned),
@@ -495,7 +497,8 @@ func TestBenchClusterRestart(t *testing.T) {
 	seed := benchenv.Seed(t, 20261202)
 	c, held := bcBuildState(t, seed, int64(benchenv.Int("KVROUTER_BENCH_BLOCKS", bcDefaultBlocks)))
 	digest := c.nodes[0].fsm.Digest()
-	c.stop(0)
+	lostBytes := c.nodes[0].fsm.groupLen()
+	c.crash(0)
 	dir := c.dirs[0]
 	bcReadDir(t, dir) // the same page-cache footing for everything below
 	defer bcProfile(t)()
@@ -529,7 +532,8 @@ func TestBenchClusterRestart(t *testing.T) {
 	n := bcReadDir(t, dir)
 	read := time.Since(start)
 	fsmBytes := bcDirBytes(t, filepath.Join(dir, "fsm"))
-	t.Logf("data dir %.1f MB (fsm/ %.1f MB); NewNode returned after %v", float64(n)/1e6, float64(fsmBytes)/1e6, opened.Round(time.Millisecond))
+	t.Logf("data dir %.1f MB (fsm/ %.1f MB); the crash lost a group of %.1f MB; NewNode returned after %v",
+		float64(n)/1e6, float64(fsmBytes)/1e6, float64(lostBytes)/1e6, opened.Round(time.Millisecond))
 	fmt.Printf("BENCH cluster.restart blocks=%d seconds=%.3f read_seconds=%.3f ratio=%.1f open_seconds=%.3f fsm_reopen_seconds=%.3f dir_mb=%.1f seed=%d\n",
 		held, ready.Seconds(), read.Seconds(), ready.Seconds()/read.Seconds(), opened.Seconds(), fsmOpen.Seconds(), float64(n)/1e6, seed)
 }

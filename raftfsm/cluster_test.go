@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,6 +113,34 @@ func (c *testCluster) stop(i int) {
 	}
 }
 
+// crash stops node i leaving its storage as kill -9 would: Raft stops
+// (no apply after it), the FSM's open group is dropped instead of
+// committed, and the stores close without flushing (the log store's
+// memtable stays in its WAL, as Pebble's Close leaves it). What a crash
+// would lose of the state, the entries after the last group, the node
+// replays from its log when it starts again.
+func (c *testCluster) crash(i int) {
+	n := c.nodes[i]
+	if n == nil {
+		return
+	}
+	_ = n.raft.Shutdown().Error()
+	n.fsm.dbMu.Lock()
+	n.fsm.dropGroup()
+	n.fsm.dbMu.Unlock()
+	c.stop(i)
+}
+
+// groupLen is the size of the FSM's open group.
+func (f *FSM) groupLen() int {
+	f.dbMu.Lock()
+	defer f.dbMu.Unlock()
+	if f.batch == nil {
+		return 0
+	}
+	return f.batch.Len()
+}
+
 func (c *testCluster) close() {
 	for i := range c.nodes {
 		c.stop(i)
@@ -209,6 +239,90 @@ func TestClusterReplicatesEventsToEveryNode(t *testing.T) {
 		if n.fsm.Cursor(r1) != 100 {
 			t.Fatalf("%s cursor %d", n.cfg.ID, n.fsm.Cursor(r1))
 		}
+	}
+}
+
+// TestReadyWaitsForTheLogTail: a node restarted after a crash applies
+// again, from its log, the entries of the group the crash lost; it is not
+// ready until its FSM has applied them. Raft's own applied index moves
+// when Raft hands entries to the FSM's goroutine: here that goroutine is
+// held (Config.applyGate) until readiness has been checked at the point
+// where Raft's index says everything is applied.
+func TestReadyWaitsForTheLogTail(t *testing.T) {
+	gate := make(chan struct{})
+	var open sync.Once
+	var gated atomic.Bool
+	c := newTestCluster(t, 1, func(cfg *Config) {
+		if gated.Load() {
+			cfg.applyGate = gate
+		}
+	})
+	// Cleanups run last first: the gate opens before the node closes
+	// (Raft's shutdown waits for the FSM's goroutine), even on a failure.
+	t.Cleanup(func() { open.Do(func() { close(gate) }) })
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	for k := 0; k < 10; k++ {
+		ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, uint64(k*5+1), 5, uint64(1000*k))}})
+	}
+	n := c.nodes[0]
+	digest := n.fsm.Digest()
+	if n.fsm.groupLen() == 0 {
+		t.Fatal("no open group: the crash would lose nothing")
+	}
+	c.crash(0)
+
+	gated.Store(true)
+	c.start(0)
+	n = c.nodes[0]
+	waitFor(t, 10*time.Second, "Raft to hand the tail to the FSM", func() bool {
+		addr, _ := n.raft.LeaderWithID()
+		return addr != "" && n.raft.CommitIndex() > 0 && n.raft.AppliedIndex() >= n.raft.CommitIndex()
+	})
+	n.checkReady()
+	if n.ready.Load() {
+		t.Fatalf("ready while the FSM has not applied the log tail (FSM at %d, holding %d entries)", n.fsm.applied.Load(), n.IndexStats().Entries)
+	}
+	open.Do(func() { close(gate) })
+	if err := n.WaitReady(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.fsm.Digest(); got != digest || n.IndexStats().Entries != 50 {
+		t.Fatalf("ready with digest %#x and %d entries, want %#x and 50", got, n.IndexStats().Entries, digest)
+	}
+}
+
+// TestStartCatchesUpFromTheNewestSnapshot: a node whose fsm/ directory is
+// gone restores Raft's newest snapshot at start, before Raft applies the
+// entries after it (Raft itself never restores at start; its calls into
+// the FSM wait until the catch-up is done), and comes back with the same
+// state.
+func TestStartCatchesUpFromTheNewestSnapshot(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	for k := 0; k < 6; k++ {
+		ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, uint64(k*5+1), 5, uint64(1000*k))}})
+		if k == 2 {
+			if err := c.nodes[0].raft.Snapshot().Error(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	digest := c.nodes[0].fsm.Digest()
+	c.stop(0)
+	if err := os.RemoveAll(filepath.Join(c.dirs[0], "fsm")); err != nil {
+		t.Fatal(err)
+	}
+	c.start(0)
+	n := c.nodes[0]
+	if err := n.WaitReady(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.fsm.Digest(); got != digest || n.IndexStats().Entries != 30 {
+		t.Fatalf("after the catch-up: digest %#x and %d entries, want %#x and 30", got, n.IndexStats().Entries, digest)
 	}
 }
 

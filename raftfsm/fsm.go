@@ -48,6 +48,7 @@ type FSM struct {
 	batch      *store.StateBatch
 	groupBytes int
 	jrnl       journal
+	applyGate  chan struct{} // Config.applyGate (tests)
 
 	curMu   sync.RWMutex
 	cursors map[kvevent.Rank]uint64
@@ -75,6 +76,13 @@ type FSM struct {
 	// onFatal is called when the state database fails under Apply, which
 	// must not happen silently: a committed entry cannot be refused.
 	onFatal func(error)
+
+	// started is closed by release, once the state is loaded (and, in a
+	// node, caught up with the newest snapshot): Raft's calls (ApplyBatch,
+	// Snapshot, Restore) wait for it, so that a node can start Raft while
+	// its state still loads. startErr, set before the close, fails them.
+	started  chan struct{}
+	startErr error
 }
 
 // FSMConfig configures a FSM.
@@ -93,7 +101,22 @@ var _ raft.BatchingFSM = (*FSM)(nil)
 // OpenFSM opens the state database in cfg.Dir and rebuilds the in-memory
 // state from it.
 func OpenFSM(cfg FSMConfig) (*FSM, error) {
-	f := &FSM{logger: cfg.Logger, dir: cfg.Dir, onFatal: cfg.OnFatal, groupBytes: cfg.GroupBytes}
+	f, err := openFSM(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.loadState(); err != nil {
+		f.db.Close()
+		return nil, err
+	}
+	f.release(nil)
+	return f, nil
+}
+
+// openFSM opens the state database and returns an FSM with an empty
+// state: loadState fills it, and Raft's calls wait for release.
+func openFSM(cfg FSMConfig) (*FSM, error) {
+	f := &FSM{logger: cfg.Logger, dir: cfg.Dir, onFatal: cfg.OnFatal, groupBytes: cfg.GroupBytes, started: make(chan struct{})}
 	if f.groupBytes <= 0 {
 		f.groupBytes = store.GroupBytes
 	}
@@ -117,13 +140,35 @@ func OpenFSM(cfg FSMConfig) (*FSM, error) {
 	f.ix = indexer.New(cfg.Index)
 	f.seqs = indexer.NewSequences()
 	f.jrnl.f = f
+	return f, nil
+}
+
+// loadState rebuilds the in-memory state from the state database. The
+// caller closes the database if it fails.
+func (f *FSM) loadState() error {
 	if err := f.load(); err != nil {
-		db.Close()
-		return nil, err
+		return err
 	}
 	f.ix.SetJournal(&f.jrnl)
 	f.seqs.SetJournal(&f.jrnl)
-	return f, nil
+	return nil
+}
+
+// release lets Raft's calls through, once; with an error (the node failed
+// to start) each of them fails with it instead.
+func (f *FSM) release(err error) {
+	select {
+	case <-f.started:
+	default:
+		f.startErr = err
+		close(f.started)
+	}
+}
+
+// waitStarted waits for release and returns its error.
+func (f *FSM) waitStarted() error {
+	<-f.started
+	return f.startErr
 }
 
 // Close commits the open group and closes the state database: the group
@@ -220,6 +265,16 @@ func (f *FSM) Apply(l *raft.Log) interface{} { return f.ApplyBatch([]*raft.Log{l
 // error; it is nil for skipped entries and for configuration, barrier and
 // no-op entries.
 func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
+	if err := f.waitStarted(); err != nil {
+		out := make([]interface{}, len(logs))
+		for i := range out {
+			out[i] = err
+		}
+		return out
+	}
+	if f.applyGate != nil {
+		<-f.applyGate
+	}
 	f.dbMu.RLock()
 	defer f.dbMu.RUnlock()
 	out := make([]interface{}, len(logs))
@@ -538,6 +593,9 @@ func (j *journal) Horizon(h int64) {
 // the applied index and opens a consistent read view of it (raft.FSM). It
 // runs on the FSM goroutine, so no apply is in flight.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	if err := f.waitStarted(); err != nil {
+		return nil, err
+	}
 	f.dbMu.RLock()
 	defer f.dbMu.RUnlock()
 	if err := f.commitGroup(); err != nil {
@@ -554,5 +612,8 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 // is written into a fresh directory and checked first, then swapped in.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
+	if err := f.waitStarted(); err != nil {
+		return err
+	}
 	return f.restoreFrom(rc)
 }
