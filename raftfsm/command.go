@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"slices"
@@ -79,6 +80,22 @@ func encodeHeader(e *enc, t cmdType, now int64) {
 	e.sv(now)
 }
 
+// eventBound is the most bytes encodeEvent writes for ev, so that a
+// command's buffer is sized once: a large entry grown by append left
+// about its own size again in garbage, which the collector paid for by
+// tracing the index.
+func eventBound(ev *kvevent.Event) int {
+	return 2*binary.MaxVarintLen64 + 3 + 8 + 16*len(ev.Blocks) + 8*len(ev.Removed)
+}
+
+func eventsBound(evs []kvevent.Event) int {
+	n := binary.MaxVarintLen64
+	for i := range evs {
+		n += eventBound(&evs[i])
+	}
+	return n
+}
+
 func encodeEvent(e *enc, ev *kvevent.Event) {
 	e.uv(ev.EventID)
 	e.u8(uint8(ev.Kind))
@@ -143,7 +160,11 @@ func decodeRank(d *dec) kvevent.Rank {
 
 // EncodeEvents encodes a batch of per-rank event batches.
 func encodeEvents(now int64, batches []RankBatch) []byte {
-	e := enc{b: make([]byte, 0, 64+32*len(batches))}
+	size := 64
+	for i := range batches {
+		size += 32 + eventsBound(batches[i].Events)
+	}
+	e := enc{b: make([]byte, 0, size)}
 	encodeHeader(&e, cmdEvents, now)
 	e.uv(uint64(len(batches)))
 	for i := range batches {
@@ -157,7 +178,7 @@ func encodeEvents(now int64, batches []RankBatch) []byte {
 }
 
 func encodeReplace(now int64, r kvevent.Rank, cursor uint64, stored []kvevent.Event) []byte {
-	var e enc
+	e := enc{b: make([]byte, 0, 96+eventsBound(stored))}
 	encodeHeader(&e, cmdReplace, now)
 	encodeRank(&e, r)
 	e.uv(cursor)

@@ -3,6 +3,9 @@ package raftfsm
 import (
 	"reflect"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"pgregory.net/rapid"
 )
 
 // TestWorkerEncodingRoundTrip: a registration with every field decodes to
@@ -48,4 +51,69 @@ func TestWorkerEncodingRoundTrip(t *testing.T) {
 	if _, err := decodeCommand(bad); err == nil {
 		t.Fatal("extension 2 decoded")
 	}
+}
+
+// TestEventCommandsAreSizedOnce: the event commands' buffers are sized
+// from eventBound before encoding, so encoding never grows them (a grown
+// buffer is garbage the size of the entry), and they decode to what was
+// encoded, for events of every kind and field width.
+func TestEventCommandsAreSizedOnce(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		u64 := rapid.OneOf(rapid.Uint64Range(0, 300), rapid.Uint64())
+		var batches []RankBatch
+		size := 64
+		for i, n := 0, rapid.IntRange(0, 4).Draw(rt, "batches"); i < n; i++ {
+			r := kvevent.Rank{Worker: u64.Draw(rt, "worker"), DP: rapid.Uint32().Draw(rt, "dp")}
+			var evs []kvevent.Event
+			for j, m := 0, rapid.IntRange(0, 5).Draw(rt, "events"); j < m; j++ {
+				ev := kvevent.Event{Rank: r, EventID: u64.Draw(rt, "id"), Tier: kvevent.Tier(rapid.IntRange(0, 3).Draw(rt, "tier"))}
+				if rapid.Bool().Draw(rt, "stored") {
+					ev.Kind = kvevent.KindStored
+					if ev.HasParent = rapid.Bool().Draw(rt, "has parent"); ev.HasParent {
+						ev.Parent = u64.Draw(rt, "parent")
+					}
+					for k, nb := 0, rapid.IntRange(0, 40).Draw(rt, "blocks"); k < nb; k++ {
+						ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: u64.Draw(rt, "eh"), LocalHash: u64.Draw(rt, "lh")})
+					}
+				} else {
+					ev.Kind = kvevent.KindRemoved
+					ev.Removed = rapid.SliceOfN(u64, 0, 40).Draw(rt, "removed")
+				}
+				evs = append(evs, ev)
+			}
+			batches = append(batches, RankBatch{Rank: r, Events: evs})
+			size += 32 + eventsBound(evs)
+		}
+		now := rapid.Int64().Draw(rt, "now")
+		b := encodeEvents(now, batches)
+		if cap(b) != size {
+			rt.Fatalf("encoding grew the buffer: capacity %d, sized %d (%d bytes written)", cap(b), size, len(b))
+		}
+		c, err := decodeCommand(b)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		if len(c.batches) != len(batches) {
+			rt.Fatalf("decoded %d batches, want %d", len(c.batches), len(batches))
+		}
+		for i := range batches {
+			if c.batches[i].Rank != batches[i].Rank || len(c.batches[i].Events) != len(batches[i].Events) {
+				rt.Fatalf("batch %d decoded as %+v", i, c.batches[i])
+			}
+			for j := range batches[i].Events {
+				got, want := c.batches[i].Events[j], batches[i].Events[j]
+				if got.EventID != want.EventID || got.Kind != want.Kind || got.Tier != want.Tier || got.HasParent != want.HasParent ||
+					got.Parent != want.Parent || len(got.Blocks) != len(want.Blocks) || len(got.Removed) != len(want.Removed) {
+					rt.Fatalf("event %d.%d decoded as %+v, want %+v", i, j, got, want)
+				}
+			}
+		}
+		if len(batches) == 1 {
+			r := batches[0].Rank
+			b := encodeReplace(now, r, 7, batches[0].Events)
+			if want := 96 + eventsBound(batches[0].Events); cap(b) != want {
+				rt.Fatalf("replace encoding grew the buffer: capacity %d, sized %d", cap(b), want)
+			}
+		}
+	})
 }

@@ -31,6 +31,11 @@ type LogStoreOptions struct {
 	// MemTableSize bounds one Pebble memtable; 0 means
 	// DefaultLogMemTableSize. Up to two may be held at once.
 	MemTableSize uint64
+	// CacheBytes bounds the cache of recently stored entries (see
+	// logCache); 0 means DefaultLogCacheBytes, a negative value no cache.
+	CacheBytes int64
+	// cacheSlots, when set, replaces logCacheSlots (tests).
+	cacheSlots int
 
 	// tune, when set, adjusts the Pebble options just before Open. It is for
 	// this package's tests (small memtables to force flushes during crash
@@ -58,6 +63,8 @@ type LogStore struct {
 
 	firstIndex atomic.Uint64
 	lastIndex  atomic.Uint64
+
+	cache *logCache // nil when disabled
 }
 
 var (
@@ -93,7 +100,15 @@ func OpenLogStore(dir string, opts LogStoreOptions) (*LogStore, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open log store %s: %w", dir, err)
 	}
-	s := &LogStore{logger: logger, db: db}
+	cacheBytes := opts.CacheBytes
+	if cacheBytes == 0 {
+		cacheBytes = DefaultLogCacheBytes
+	}
+	slots := opts.cacheSlots
+	if slots == 0 {
+		slots = logCacheSlots
+	}
+	s := &LogStore{logger: logger, db: db, cache: newLogCache(cacheBytes, slots)}
 	if err := s.checkLayout(); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open log store %s: %w", dir, err)
@@ -193,6 +208,9 @@ func (s *LogStore) GetLog(index uint64, log *raft.Log) error {
 	if s.db == nil {
 		return fmt.Errorf("get log %d: %w", index, ErrClosed)
 	}
+	if s.cache.get(index, log) {
+		return nil
+	}
 	v, closer, err := s.db.Get(logKey(index))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return raft.ErrLogNotFound
@@ -258,6 +276,7 @@ func (s *LogStore) StoreLogs(logs []*raft.Log) error {
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("store logs %d..%d: %w", lo, hi, err)
 	}
+	s.cache.add(logs)
 
 	// Only after the commit is durable may readers see the new bounds.
 	if first := s.firstIndex.Load(); first == 0 || lo < first {
@@ -291,6 +310,9 @@ func (s *LogStore) DeleteRange(min, max uint64) error {
 	if err := b.DeleteRange(logKey(min), logSpanEnd(max), nil); err != nil {
 		return fmt.Errorf("delete range %d..%d: %w", min, max, err)
 	}
+	// Dropped before the commit: a reader between the two would find
+	// entries the log no longer holds.
+	s.cache.deleted(min, max)
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("delete range %d..%d: %w", min, max, err)
 	}

@@ -12,11 +12,24 @@ import (
 // TestLogStoreMatchesInmemStore drives this store and raft's reference
 // InmemStore with the same raft-shaped operations (contiguous appends, head
 // compaction, tail truncation, stable-store writes) and requires the same
-// answers from both after every step, and from this store after a reopen.
+// answers from both after every step, and from this store after a reopen:
+// with the default entry cache, with one so small that it evicts by bytes
+// and by slots all the time, and with none.
 func TestLogStoreMatchesInmemStore(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		bytes int64
+		slots int
+	}{{"default cache", 0, 0}, {"tiny cache", 300, 5}, {"no cache", -1, 0}} {
+		t.Run(tc.name, func(t *testing.T) { checkLogStoreMatchesInmemStore(t, tc.bytes, tc.slots) })
+	}
+}
+
+func checkLogStoreMatchesInmemStore(t *testing.T, cacheBytes int64, cacheSlots int) {
 	rapid.Check(t, func(rt *rapid.T) {
 		fs := vfs.NewMem()
-		s, err := OpenLogStore("raft", LogStoreOptions{FS: fs, Logger: logStoreTestLogger(t)})
+		opts := LogStoreOptions{FS: fs, Logger: logStoreTestLogger(t), CacheBytes: cacheBytes, cacheSlots: cacheSlots}
+		s, err := OpenLogStore("raft", opts)
 		if err != nil {
 			rt.Fatalf("open: %v", err)
 		}
@@ -64,7 +77,7 @@ func TestLogStoreMatchesInmemStore(t *testing.T) {
 		if err := s.Close(); err != nil {
 			rt.Fatalf("close: %v", err)
 		}
-		s, err = OpenLogStore("raft", LogStoreOptions{FS: fs, Logger: logStoreTestLogger(t)})
+		s, err = OpenLogStore("raft", opts)
 		if err != nil {
 			rt.Fatalf("reopen: %v", err)
 		}
