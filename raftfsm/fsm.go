@@ -44,8 +44,15 @@ type FSM struct {
 	seqs *indexer.Sequences
 
 	// batch holds the changes applied since the last group commit (nil
-	// when there are none); only the FSM goroutine touches it.
+	// when there are none). A full group commits on its own goroutine
+	// (commitAsync): committing receives its result, inflight is its
+	// batch, and spare an empty batch for the group after. Only the FSM
+	// goroutine, or a caller holding dbMu for writing, touches them.
 	batch      *store.StateBatch
+	inflight   *store.StateBatch
+	spare      *store.StateBatch
+	committing chan error
+	commitErr  error // a background commit's failure, for good: the database lacks that group
 	groupBytes int
 	jrnl       journal
 	applyGate  chan struct{} // Config.applyGate (tests)
@@ -307,7 +314,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	f.ix.FlushJournal()
 	f.batch.SetApplied(last, lastTerm)
 	if f.batch.Len() >= f.groupBytes {
-		if err := f.commitGroup(); err != nil {
+		if err := f.commitAsync(); err != nil {
 			f.onFatal(fmt.Errorf("apply entries up to %d: %w", last, err))
 			return out
 		}
@@ -317,14 +324,56 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	return out
 }
 
-// commitGroup commits the group batch, if any; the batch stays, empty, for
-// the next group. Callers hold dbMu and run on the FSM goroutine (or
-// exclude it).
+// commitGroup commits the group batch, if any, after the group committing
+// in the background; the batch stays, empty, for the next group. Callers
+// hold dbMu and run on the FSM goroutine (or exclude it).
 func (f *FSM) commitGroup() error {
+	if err := f.waitCommit(); err != nil {
+		return err
+	}
 	if f.batch == nil {
 		return nil
 	}
 	return f.batch.Commit()
+}
+
+// commitAsync hands the full group to a goroutine that commits it, and
+// goes on in the spare batch: a group's commit (sort, write, sync, ingest:
+// a few hundred milliseconds for 16 MiB on a busy 2-core machine) no
+// longer stalls the entries applied after it, nor every client waiting on
+// one of them. One group commits at a time, in order: the next full group
+// first waits for the one before (and fails with its error). What a crash
+// loses is unchanged: the database holds the state at the end of the last
+// group ingested, and Raft replays the entries after it.
+func (f *FSM) commitAsync() error {
+	if err := f.waitCommit(); err != nil {
+		return err
+	}
+	full := f.batch
+	f.batch = f.spare
+	if f.batch == nil {
+		f.batch = f.db.NewBatch()
+	}
+	f.spare = nil
+	done := make(chan error, 1)
+	f.inflight, f.committing = full, done
+	go func() { done <- full.Commit() }()
+	return nil
+}
+
+// waitCommit waits for the group committing in the background, if any,
+// and keeps its emptied batch as the spare.
+// A failure stays: no later group may commit over the missing one.
+func (f *FSM) waitCommit() error {
+	if f.committing != nil {
+		err := <-f.committing
+		f.spare, f.inflight, f.committing = f.inflight, nil, nil
+		if err != nil {
+			f.spare = nil // its contents are not known to be empty
+			f.commitErr = fmt.Errorf("commit applied entries in the background: %w", err)
+		}
+	}
+	return f.commitErr
 }
 
 // view opens a read view of the state as applied so far, from outside
@@ -334,20 +383,29 @@ func (f *FSM) commitGroup() error {
 // an L0 compaction that would share the cores with the save (it did on
 // the 5M snapshot benchmark). Raft's own snapshots still commit (see
 // Snapshot): their log truncation needs the state durable.
-func (f *FSM) view() *store.StateSnapshot {
+func (f *FSM) view() (*store.StateSnapshot, error) {
 	f.dbMu.Lock()
 	defer f.dbMu.Unlock()
-	if f.batch == nil {
-		return f.db.Snapshot()
+	if err := f.waitCommit(); err != nil {
+		return nil, err // the database lacks a group the index holds
 	}
-	return f.batch.View()
+	if f.batch == nil {
+		return f.db.Snapshot(), nil
+	}
+	return f.batch.View(), nil
 }
 
-// dropGroup discards the group batch (its state is being replaced).
+// dropGroup discards the group batch (its state is being replaced), once
+// the group committing in the background, if any, is done with the
+// database.
 func (f *FSM) dropGroup() {
-	if f.batch != nil {
-		f.batch.Close()
-		f.batch = nil
+	_ = f.waitCommit() // the state it wrote is being replaced too
+	f.commitErr = nil
+	for _, b := range []**store.StateBatch{&f.batch, &f.spare} {
+		if *b != nil {
+			(*b).Close()
+			*b = nil
+		}
 	}
 }
 

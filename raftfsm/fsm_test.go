@@ -182,7 +182,10 @@ func snapshotBytes(t *testing.T, f *FSM) []byte {
 // laid over the database, not committed).
 func viewBytes(t *testing.T, f *FSM) []byte {
 	t.Helper()
-	v := f.view()
+	v, err := f.view()
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer v.Close()
 	var buf bytes.Buffer
 	if _, err := writeSnapshot(&buf, v); err != nil {
@@ -265,7 +268,10 @@ func TestSaveLaysTheGroupOverTheDatabase(t *testing.T) {
 	if after := tables(); !slices.Equal(before, after) {
 		t.Fatalf("the save committed the group: tables %v, then %v", before, after)
 	}
-	v := f.view()
+	v, err := f.view()
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer v.Close()
 	digest := f.Digest()
 	f.ApplyBatch([]*raft.Log{w.next(encodeEvents(7, []RankBatch{{Rank: r2, Events: chainEvents(r2, 4, 2, 50)}}))})
@@ -482,15 +488,18 @@ func TestRegistrationDroppingARankClearsIt(t *testing.T) {
 // TestGroupCommitHoldsOneAppliedIndex: the FSM commits its changes in
 // groups (FSMConfig.GroupBytes, here 1 MiB), and whatever the state database holds at any
 // moment is the state of one applied index: its residency records are
-// exactly the index's entries when that index was applied. A snapshot
-// commits the open group.
+// exactly the index's entries when that index was applied. Full groups
+// commit on their own goroutine while applies go on (commitAsync), one at
+// a time and in order. A snapshot commits the open group, and a reopen
+// after Close loads the same state.
 func TestGroupCommitHoldsOneAppliedIndex(t *testing.T) {
-	f, err := OpenFSM(FSMConfig{Dir: filepath.Join(t.TempDir(), "fsm"), Logger: quiet, GroupBytes: 1 << 20,
-		OnFatal: func(err error) { t.Fatalf("fatal: %v", err) }})
+	dir := filepath.Join(t.TempDir(), "fsm")
+	cfg := FSMConfig{Dir: dir, Logger: quiet, GroupBytes: 1 << 20, OnFatal: func(err error) { t.Fatalf("fatal: %v", err) }}
+	f, err := OpenFSM(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { f.Close() }()
 	var w logWriter
 	entriesAt := map[uint64]int64{0: 0} // applied index → index entries then
 	commits := 0
@@ -526,5 +535,19 @@ func TestGroupCommitHoldsOneAppliedIndex(t *testing.T) {
 	}
 	if got, _, _ := f.db.Applied(); got != w.index {
 		t.Fatalf("after Snapshot the database is at %d, want %d", got, w.index)
+	}
+	// More groups, the last one open at Close.
+	for k := 100; k < 130; k++ {
+		r := kvevent.Rank{Worker: uint64(k%7 + 1)}
+		evs := chainEvents(r, uint64(k/7*perEntry+1), perEntry, uint64(k)<<32)
+		f.ApplyBatch([]*raft.Log{w.next(encodeEvents(int64(k), []RankBatch{{Rank: r, Events: evs}}))})
+	}
+	digest := f.Digest()
+	f.Close()
+	if f, err = OpenFSM(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if f.Digest() != digest || f.applied.Load() != w.index {
+		t.Fatalf("reopened at %d with digest %#x, want %d and %#x", f.applied.Load(), f.Digest(), w.index, digest)
 	}
 }

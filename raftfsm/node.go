@@ -761,7 +761,10 @@ func (n *Node) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotInfo, err
 	if err := n.raft.Barrier(n.cfg.ApplyTimeout).Error(); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("barrier: %w", err)
 	}
-	view := n.fsm.view()
+	view, err := n.fsm.view()
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
 	defer view.Close()
 	return writeSnapshot(w, view)
 }
