@@ -445,10 +445,16 @@ func (n *Node) checkReady() {
 // entry up to commit that Raft gives it: commands and configurations. It
 // reads the log back from commit, stopping at the first such entry (no-op
 // and barrier entries never reach the FSM, so its applied index can stay
-// below the commit index for good). An entry no longer in the log was
-// compacted into a snapshot, which the FSM's state includes.
+// below the commit index for good). Entries up to Raft's last snapshot
+// are in the state whatever the FSM's applied index says: a restored
+// state's restarts at 0. An entry no longer in the log was compacted into
+// a snapshot, which the state includes too.
 func (n *Node) fsmHasApplied(commit, applied uint64) bool {
-	for idx := commit; idx > applied; idx-- {
+	floor := applied
+	if s, err := strconv.ParseUint(n.raft.Stats()["last_snapshot_index"], 10, 64); err == nil {
+		floor = max(floor, s)
+	}
+	for idx := commit; idx > floor; idx-- {
 		var l raft.Log
 		if err := n.logs.GetLog(idx, &l); err != nil {
 			return errors.Is(err, raft.ErrLogNotFound)
