@@ -171,11 +171,7 @@ func snapshotBytes(t *testing.T, f *FSM) []byte {
 		t.Fatal(err)
 	}
 	defer s.Release()
-	var buf bytes.Buffer
-	if _, err := writeSnapshot(&buf, s.(*fsmSnapshot).view); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
+	return streamOf(t, s.(*fsmSnapshot).view)
 }
 
 // viewBytes returns the stream of a user's save (FSM.view: the open group
@@ -187,6 +183,12 @@ func viewBytes(t *testing.T, f *FSM) []byte {
 		t.Fatal(err)
 	}
 	defer v.Close()
+	return streamOf(t, v)
+}
+
+// streamOf returns the snapshot stream of a view.
+func streamOf(t *testing.T, v *store.StateSnapshot) []byte {
+	t.Helper()
 	var buf bytes.Buffer
 	if _, err := writeSnapshot(&buf, v); err != nil {
 		t.Fatal(err)
@@ -278,11 +280,7 @@ func TestSaveLaysTheGroupOverTheDatabase(t *testing.T) {
 	if f.Digest() == digest {
 		t.Fatal("the later apply changed nothing: the test needs it to")
 	}
-	var later bytes.Buffer
-	if _, err := writeSnapshot(&later, v); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(later.Bytes(), saved) {
+	if !bytes.Equal(streamOf(t, v), saved) {
 		t.Fatal("a view streams writes applied after it was taken")
 	}
 	restoredFSM(t, saved, digest)
