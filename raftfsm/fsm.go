@@ -56,6 +56,7 @@ type FSM struct {
 	groupBytes int
 	jrnl       journal
 	applyGate  chan struct{} // Config.applyGate (tests)
+	scratch    decodeScratch // ApplyBatch's commands decode into it
 
 	curMu   sync.RWMutex
 	cursors map[kvevent.Rank]uint64
@@ -299,7 +300,8 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		if l.Type != raft.LogCommand {
 			continue
 		}
-		c, err := decodeCommand(l.Data)
+		f.scratch.reset()
+		c, err := decodeCommandInto(l.Data, &f.scratch)
 		if err != nil {
 			f.malformed.Add(1)
 			f.logger.Warn("skipping undecodable entry", "index", l.Index, "err", err)
