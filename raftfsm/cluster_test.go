@@ -252,9 +252,11 @@ func TestReadyWaitsForTheLogTail(t *testing.T) {
 	gate := make(chan struct{})
 	var open sync.Once
 	var gated atomic.Bool
+	var logReads atomic.Int64
 	c := newTestCluster(t, 1, func(cfg *Config) {
 		if gated.Load() {
 			cfg.applyGate = gate
+			cfg.readyLogRead = func() { logReads.Add(1) }
 		}
 	})
 	// Cleanups run last first: the gate opens before the node closes
@@ -280,9 +282,17 @@ func TestReadyWaitsForTheLogTail(t *testing.T) {
 		addr, _ := n.raft.LeaderWithID()
 		return addr != "" && n.raft.CommitIndex() > 0 && n.raft.AppliedIndex() >= n.raft.CommitIndex()
 	})
-	n.checkReady()
-	if n.ready.Load() {
-		t.Fatalf("ready while the FSM has not applied the log tail (FSM at %d, holding %d entries)", n.fsm.applied.Load(), n.IndexStats().Entries)
+	// Polled again and again while the FSM is held, readiness reads the
+	// log for the first poll only: the entry it found stays unapplied.
+	const polls = 50
+	for range polls {
+		n.checkReady()
+		if n.ready.Load() {
+			t.Fatalf("ready while the FSM has not applied the log tail (FSM at %d, holding %d entries)", n.fsm.applied.Load(), n.IndexStats().Entries)
+		}
+	}
+	if reads := logReads.Load(); reads == 0 || reads > 3 {
+		t.Fatalf("%d polls of readiness (and the node's own) read %d log entries, want 1 to 3", polls, reads)
 	}
 	open.Do(func() { close(gate) })
 	if err := n.WaitReady(ctx(t)); err != nil {
