@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -249,6 +250,7 @@ func TestClusterReplicatesEventsToEveryNode(t *testing.T) {
 // held (Config.applyGate) until readiness has been checked at the point
 // where Raft's index says everything is applied.
 func TestReadyWaitsForTheLogTail(t *testing.T) {
+	gcBefore, limitBefore := collectorSettings()
 	gate := make(chan struct{})
 	var open sync.Once
 	var gated atomic.Bool
@@ -294,13 +296,28 @@ func TestReadyWaitsForTheLogTail(t *testing.T) {
 	if reads := logReads.Load(); reads == 0 || reads > 3 {
 		t.Fatalf("%d polls of readiness (and the node's own) read %d log entries, want 1 to 3", polls, reads)
 	}
+	// The collector stays off until the node is ready, under a memory
+	// limit, and comes back as it was then.
+	if gc, limit := collectorSettings(); gc >= 0 || limit >= limitBefore {
+		t.Fatalf("while the log tail waits: GOGC %d, memory limit %d (%d before); want the collector off under a lower limit", gc, limit, limitBefore)
+	}
 	open.Do(func() { close(gate) })
 	if err := n.WaitReady(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
+	if gc, limit := collectorSettings(); gc != gcBefore || limit != limitBefore {
+		t.Fatalf("ready: GOGC %d, memory limit %d; want them back at %d, %d", gc, limit, gcBefore, limitBefore)
+	}
 	if got := n.fsm.Digest(); got != digest || n.IndexStats().Entries != 50 {
 		t.Fatalf("ready with digest %#x and %d entries, want %#x and 50", got, n.IndexStats().Entries, digest)
 	}
+}
+
+// collectorSettings reads GOGC and the memory limit.
+func collectorSettings() (gcPercent int, limit int64) {
+	gcPercent = debug.SetGCPercent(-1)
+	debug.SetGCPercent(gcPercent)
+	return gcPercent, debug.SetMemoryLimit(-1)
 }
 
 // TestStartCatchesUpFromTheNewestSnapshot: a node whose fsm/ directory is

@@ -56,7 +56,13 @@ type FSM struct {
 	groupBytes int
 	jrnl       journal
 	applyGate  chan struct{} // Config.applyGate (tests)
-	scratch    decodeScratch // ApplyBatch's commands decode into it
+
+	// holdAfterLoad, set before loadState, keeps the collector off after
+	// a successful load until endLoadHold (collector.go): a node's start,
+	// which replays its log tail before it is ready.
+	holdAfterLoad bool
+	loadHold      atomic.Pointer[func()]
+	scratch       decodeScratch // ApplyBatch's commands decode into it
 
 	curMu   sync.RWMutex
 	cursors map[kvevent.Rank]uint64
@@ -173,6 +179,13 @@ func (f *FSM) release(err error) {
 	}
 }
 
+// endLoadHold releases the collector holdAfterLoad kept off, if it did.
+func (f *FSM) endLoadHold() {
+	if release := f.loadHold.Swap(nil); release != nil {
+		(*release)()
+	}
+}
+
 // waitStarted waits for release and returns its error.
 func (f *FSM) waitStarted() error {
 	<-f.started
@@ -183,6 +196,7 @@ func (f *FSM) waitStarted() error {
 // is what keeps the applies since the last commit (without it the next
 // start would replay them from the Raft log).
 func (f *FSM) Close() error {
+	f.endLoadHold()
 	f.dbMu.Lock()
 	defer f.dbMu.Unlock()
 	if err := f.commitGroup(); err != nil {

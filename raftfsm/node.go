@@ -159,6 +159,7 @@ func NewNode(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.fsm.applyGate = cfg.applyGate
+	n.fsm.holdAfterLoad = true // until ready: the log tail replays first
 	// The state's rebuild, the long part of a start, runs beside opening
 	// the Raft log (its WAL replayed) and starting Raft (which reads the
 	// whole log tail after the last snapshot, and may win an election
@@ -349,6 +350,9 @@ func (n *Node) leaderLoop() {
 			}
 		case <-ready.C:
 			n.checkReady()
+			if time.Since(n.started) > collectorHoldMax {
+				n.fsm.endLoadHold() // not ready for long: collect as usual
+			}
 			n.maybeSnapshot()
 			if leader {
 				n.assertSelf()
@@ -425,6 +429,10 @@ func (n *Node) assertSelf() {
 	n.raft.Apply(encodeMember(now(), &self), n.cfg.ApplyTimeout)
 }
 
+// collectorHoldMax bounds how long a start keeps the collector off while
+// the node is not ready (FSM.holdAfterLoad).
+const collectorHoldMax = 30 * time.Second
+
 // checkReady latches readiness once a leader is known and the FSM has
 // applied every entry committed when it looked. Raft's own applied index
 // is no proof of that: Raft moves it when it hands entries to the FSM's
@@ -446,6 +454,7 @@ func (n *Node) checkReady() {
 		return
 	}
 	n.ready.Store(true)
+	n.fsm.endLoadHold()
 	n.logger.Info("ready", "applied_index", applied)
 }
 

@@ -3,7 +3,6 @@ package raftfsm
 import (
 	"fmt"
 	"runtime"
-	"runtime/debug"
 	"sync"
 	"time"
 
@@ -125,16 +124,21 @@ func encodeHeaderBytes(t cmdType) []byte {
 // kinds are read after. Then the residencies are added in one part per
 // processor (Loader.Spread).
 //
-// The heap grows from nothing to the index's size while loading, and all
-// of it stays live: collections during the load would find nothing to
-// free, and each would trace the whole heap built so far. So the collector
-// is turned off for the load and restored after (loadGCPercent).
-func (f *FSM) load() error {
+// The collector is off during the load, and after it too when
+// holdAfterLoad is set (collector.go).
+func (f *FSM) load() (err error) {
 	start := time.Now()
-	defer raiseGCPercent(loadGCPercent)()
+	defer holdCollector()()
+	defer func() {
+		// Taken before the load's own hold is released (defers run last
+		// first), so that no collection starts in between.
+		if err == nil && f.holdAfterLoad {
+			release := holdCollectorAfterLoad()
+			f.loadHold.Store(&release)
+		}
+	}()
 	db := f.db
 	b := newStateBuilder()
-	var err error
 	b.applied, b.appliedTerm, err = db.Applied()
 	if err != nil {
 		return err
@@ -419,25 +423,4 @@ func spreadGo(parts int, f func(part int)) {
 	}
 	f(0)
 	wg.Wait()
-}
-
-// loadGCPercent is GOGC while the state loads (see FSM.load): off. The
-// heap grows from nothing to the index's size and nearly all of it stays
-// live (the loader's record chunks never move), so a collection during the
-// load would find little to free and trace everything built so far; on
-// the 5M-block restart benchmark, collections at GOGC=800 cost about
-// 0.6 s of the restart. A memory limit (GOMEMLIMIT) still applies: the
-// runtime collects when the heap nears it.
-const loadGCPercent = -1
-
-// raiseGCPercent sets GOGC to p (a higher setting, or collection already
-// off, is left as it is; p < 0 turns collection off) and returns the
-// function that restores the previous setting.
-func raiseGCPercent(p int) (restore func()) {
-	prev := debug.SetGCPercent(p)
-	if prev < 0 || (p >= 0 && prev >= p) {
-		debug.SetGCPercent(prev)
-		return func() {}
-	}
-	return func() { debug.SetGCPercent(prev) }
 }

@@ -436,7 +436,7 @@ func (f *FSM) restoreFrom(r io.Reader) error {
 	// The in-memory state is built from the stream as it is written (b),
 	// rather than read back from the new directory after the swap; the
 	// collector is off meanwhile, as for FSM.load.
-	defer raiseGCPercent(loadGCPercent)()
+	defer holdCollector()()
 	b := newStateBuilder()
 	// The applied index restarts at 0: Raft delivers only entries after the
 	// snapshot it restores, and every one of them must apply, whatever
