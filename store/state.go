@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -50,6 +51,10 @@ type StateDB struct {
 	dir    string
 	logger *slog.Logger
 	groups atomic.Uint64 // group tables written, for their file names
+	// views is read-held by every open StateSnapshot, so that Close waits
+	// for them: Pebble refuses to close under an open snapshot or
+	// iterator, and a reader of a closed database panics.
+	views sync.RWMutex
 }
 
 // Record kinds of the state database.
@@ -174,11 +179,15 @@ func OpenState(dir string, opts StateOptions) (*StateDB, error) {
 	return &StateDB{db: db, opts: popts, fs: popts.FS, dir: dir, logger: logger}, nil
 }
 
-// Close closes the database.
+// Close closes the database, once every open view is closed: a Raft
+// snapshot being persisted, or a user's save, finishes first. No view may
+// be opened while Close runs.
 func (s *StateDB) Close() error {
 	if s.db == nil {
 		return nil
 	}
+	s.views.Lock()
+	defer s.views.Unlock()
 	err := s.db.Close()
 	s.db = nil
 	return err
@@ -362,12 +371,18 @@ func DecodeU64(v []byte) (uint64, error) {
 // streaming a Raft snapshot while applies go on. Close it always: an open
 // Pebble snapshot holds back compaction.
 type StateSnapshot struct {
-	snap *pebble.Snapshot
-	over []byte // writes laid over snap, as StateBatch.gather lays them out (StateBatch.View)
+	snap  *pebble.Snapshot
+	over  []byte        // writes laid over snap, as StateBatch.gather lays them out (StateBatch.View)
+	views *sync.RWMutex // the database's, read-held until Close
 }
 
-// Snapshot opens a read view.
-func (s *StateDB) Snapshot() *StateSnapshot { return &StateSnapshot{snap: s.db.NewSnapshot()} }
+// Snapshot opens a read view. Close must be called on it, once.
+func (s *StateDB) Snapshot() *StateSnapshot { return s.newView(nil) }
+
+func (s *StateDB) newView(over []byte) *StateSnapshot {
+	s.views.RLock()
+	return &StateSnapshot{snap: s.db.NewSnapshot(), over: over, views: &s.views}
+}
 
 // Applied reads the applied index and term of the view.
 func (v *StateSnapshot) Applied() (uint64, uint64, error) {
@@ -424,7 +439,11 @@ func (v *StateSnapshot) Each(fn func(key, value []byte) error) error {
 }
 
 // Close releases the view.
-func (v *StateSnapshot) Close() error { return v.snap.Close() }
+func (v *StateSnapshot) Close() error {
+	err := v.snap.Close()
+	v.views.RUnlock()
+	return err
+}
 
 // RemoveAll removes a state directory (a half-done restore).
 func RemoveAll(dir string) error { return os.RemoveAll(dir) }
