@@ -313,6 +313,50 @@ func TestReadyWaitsForTheLogTail(t *testing.T) {
 	}
 }
 
+// TestStartSkipsASnapshotOfNoCommand: Raft snapshots at its own applied
+// index, which counts barrier and no-op entries the FSM never sees, so
+// the newest snapshot can sit above the state's applied index with
+// nothing for the state in between. A start then keeps the state it has
+// instead of restoring the whole snapshot (a restore replaces the fsm/
+// directory: a file left in it survives only without one) and comes back
+// ready with the same digest. (A state that is behind by a command still
+// restores: TestStartCatchesUpFromTheNewestSnapshot.)
+func TestStartSkipsASnapshotOfNoCommand(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 5, 1000)}})
+	n := c.nodes[0]
+	if err := n.raft.Barrier(10 * time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	applied, _ := n.fsm.Applied()
+	if s := n.raft.Stats()["last_snapshot_index"]; s == fmt.Sprint(applied) {
+		t.Fatalf("the snapshot is at the state's applied index %s: the test needs it above", s)
+	}
+	marker := filepath.Join(c.dirs[0], "fsm", "marker")
+	if err := os.WriteFile(marker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	digest := n.fsm.Digest()
+	c.crash(0)
+	c.start(0)
+	n = c.nodes[0]
+	if err := n.WaitReady(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.fsm.Digest(); got != digest {
+		t.Fatalf("after the start: digest %#x, want %#x", got, digest)
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Fatalf("the state was restored from a snapshot that adds nothing to it: %v", err)
+	}
+}
+
 // collectorSettings reads GOGC and the memory limit.
 func collectorSettings() (gcPercent int, limit int64) {
 	gcPercent = debug.SetGCPercent(-1)

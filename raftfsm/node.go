@@ -276,6 +276,14 @@ func (n *Node) catchUpFromSnapshot() error {
 	if applied >= newest.Index {
 		return nil
 	}
+	// Raft snapshots at its own applied index, which counts the no-op and
+	// barrier entries the FSM never sees: a state whose last command
+	// comes before such entries is not behind at all. The log still holds
+	// the entries just below a snapshot (TrailingLogs).
+	if last, err := n.lastFSMEntry(newest.Index, applied); err == nil && last == 0 {
+		n.logger.Info("the newest snapshot adds no command to the state; not restoring it", "applied", applied, "snapshot", newest.Index)
+		return nil
+	}
 	_, rc, err := n.snaps.Open(newest.ID)
 	if err != nil {
 		return fmt.Errorf("open snapshot %s: %w", newest.ID, err)
@@ -481,20 +489,37 @@ func (n *Node) fsmHasApplied(commit, applied uint64) bool {
 	if n.unapplied.Load() > floor {
 		return false
 	}
-	for idx := commit; idx > floor; idx-- {
+	last, err := n.lastFSMEntry(commit, floor)
+	switch {
+	case err != nil:
+		// An entry missing from the log was compacted into a snapshot,
+		// which the state holds.
+		return errors.Is(err, raft.ErrLogNotFound)
+	case last > 0:
+		n.unapplied.Store(last)
+		return false
+	}
+	return true
+}
+
+// lastFSMEntry reads the log back from top to the first entry above floor
+// that Raft gives the FSM (a command or a configuration) and returns its
+// index, 0 when there is none, or the error of the first entry it could
+// not read (raft.ErrLogNotFound: one missing from the log).
+func (n *Node) lastFSMEntry(top, floor uint64) (uint64, error) {
+	for idx := top; idx > floor; idx-- {
 		if n.cfg.readyLogRead != nil {
 			n.cfg.readyLogRead()
 		}
 		var l raft.Log
 		if err := n.logs.GetLog(idx, &l); err != nil {
-			return errors.Is(err, raft.ErrLogNotFound)
+			return 0, err
 		}
 		if l.Type == raft.LogCommand || l.Type == raft.LogConfiguration {
-			n.unapplied.Store(idx)
-			return false
+			return idx, nil
 		}
 	}
-	return true
+	return 0, nil
 }
 
 // WaitReady blocks until the node is ready or ctx ends.
