@@ -6,9 +6,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"runtime"
 	"testing"
-	"time"
 
 	"pgregory.net/rapid"
 )
@@ -93,9 +91,7 @@ func TestGroupMatchesModel(t *testing.T) {
 		}
 		for _, h := range views {
 			checkViewModel(rt, h.v, h.model, h.applied)
-			h.v.Close() // Close waits for open views
 		}
-		views = nil
 		s.Close()
 		if s, err = OpenState(path, StateOptions{Logger: logStoreTestLogger(t)}); err != nil {
 			rt.Fatal(err)
@@ -199,66 +195,3 @@ func TestGroupLeavesNoTables(t *testing.T) {
 }
 
 func writeFile(path string, b []byte) error { return os.WriteFile(path, b, 0o644) }
-
-// TestCloseWaitsForOpenViews: Close under an open view (a Raft snapshot
-// being persisted, a user's save) waits until the view is closed; the
-// view reads all of its records meanwhile, and Close then succeeds.
-// Pebble's own Close fails under an open snapshot ("leaked snapshots"),
-// and reads from a closed database panic.
-func TestCloseWaitsForOpenViews(t *testing.T) {
-	s, err := OpenState(filepath.Join(t.TempDir(), "fsm"), StateOptions{Logger: logStoreTestLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := s.NewBatch()
-	b.Put(KindBooking, []byte("committed"), []byte("1"))
-	if err := b.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	b.Put(KindBooking, []byte("in the group"), []byte("2"))
-	for _, open := range []struct {
-		name string
-		view func() *StateSnapshot
-	}{
-		{"snapshot", func() *StateSnapshot { return s.Snapshot() }},
-		{"group view", func() *StateSnapshot { return b.View() }},
-	} {
-		v := open.view()
-		closed := make(chan error, 1)
-		go func() { closed <- s.Close() }()
-		// Close is waiting once the views lock refuses a reader.
-		deadline := time.Now().Add(10 * time.Second)
-		for s.views.TryRLock() {
-			s.views.RUnlock()
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: Close did not start waiting", open.name)
-			}
-			runtime.Gosched()
-		}
-		n := 0
-		if err := v.Each(func(k, _ []byte) error { n++; return nil }); err != nil {
-			t.Fatalf("%s: read while Close waits: %v", open.name, err)
-		}
-		if want := map[string]int{"snapshot": 1, "group view": 2}[open.name]; n != want {
-			t.Fatalf("%s: read %d records, want %d", open.name, n, want)
-		}
-		select {
-		case err := <-closed:
-			t.Fatalf("%s: Close returned (%v) under an open view", open.name, err)
-		default:
-		}
-		if err := v.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-closed; err != nil {
-			t.Fatalf("%s: Close after the view closed: %v", open.name, err)
-		}
-		if s, err = OpenState(s.dir, StateOptions{Logger: logStoreTestLogger(t)}); err != nil {
-			t.Fatal(err)
-		}
-		b = s.NewBatch()
-		b.Put(KindBooking, []byte("in the group"), []byte("2"))
-	}
-	b.Close()
-	s.Close()
-}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -51,10 +50,6 @@ type StateDB struct {
 	dir    string
 	logger *slog.Logger
 	groups atomic.Uint64 // group tables written, for their file names
-	// views is read-held by every open StateSnapshot, so that Close waits
-	// for them: Pebble refuses to close under an open snapshot or
-	// iterator, and a reader of a closed database panics.
-	views sync.RWMutex
 }
 
 // Record kinds of the state database.
@@ -179,15 +174,11 @@ func OpenState(dir string, opts StateOptions) (*StateDB, error) {
 	return &StateDB{db: db, opts: popts, fs: popts.FS, dir: dir, logger: logger}, nil
 }
 
-// Close closes the database, once every open view is closed: a Raft
-// snapshot being persisted, or a user's save, finishes first. No view may
-// be opened while Close runs.
+// Close closes the database.
 func (s *StateDB) Close() error {
 	if s.db == nil {
 		return nil
 	}
-	s.views.Lock()
-	defer s.views.Unlock()
 	err := s.db.Close()
 	s.db = nil
 	return err
@@ -371,18 +362,12 @@ func DecodeU64(v []byte) (uint64, error) {
 // streaming a Raft snapshot while applies go on. Close it always: an open
 // Pebble snapshot holds back compaction.
 type StateSnapshot struct {
-	snap  *pebble.Snapshot
-	over  []byte        // writes laid over snap, as StateBatch.gather lays them out (StateBatch.View)
-	views *sync.RWMutex // the database's, read-held until Close
+	snap *pebble.Snapshot
+	over []byte // writes laid over snap, as StateBatch.gather lays them out (StateBatch.View)
 }
 
-// Snapshot opens a read view. Close must be called on it, once.
-func (s *StateDB) Snapshot() *StateSnapshot { return s.newView(nil) }
-
-func (s *StateDB) newView(over []byte) *StateSnapshot {
-	s.views.RLock()
-	return &StateSnapshot{snap: s.db.NewSnapshot(), over: over, views: &s.views}
-}
+// Snapshot opens a read view.
+func (s *StateDB) Snapshot() *StateSnapshot { return &StateSnapshot{snap: s.db.NewSnapshot()} }
 
 // Applied reads the applied index and term of the view.
 func (v *StateSnapshot) Applied() (uint64, uint64, error) {
@@ -439,11 +424,7 @@ func (v *StateSnapshot) Each(fn func(key, value []byte) error) error {
 }
 
 // Close releases the view.
-func (v *StateSnapshot) Close() error {
-	err := v.snap.Close()
-	v.views.RUnlock()
-	return err
-}
+func (v *StateSnapshot) Close() error { return v.snap.Close() }
 
 // RemoveAll removes a state directory (a half-done restore).
 func RemoveAll(dir string) error { return os.RemoveAll(dir) }

@@ -188,11 +188,7 @@ func run(c *cli.Context) error {
 	logger.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil {
-		// Requests still running (a long snapshot save) end with their
-		// connections: the node's close waits for a save's read view.
-		hs.Close()
-	}
+	hs.Shutdown(sctx)
 	srv.Close()
 	ing.Close()
 	err = node.Close()
