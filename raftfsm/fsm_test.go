@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -243,6 +244,39 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	if _, err := os.Stat(g.dir + ".old"); !os.IsNotExist(err) {
 		t.Fatal("the old state directory was left behind")
 	}
+}
+
+// TestRestoreBesideAnOpenSnapshot: Raft may install a leader's snapshot
+// (Restore, on the FSM goroutine) while this node's own snapshot is open
+// for persisting, and Raft holds that one until the install is done. The
+// restore goes on: the state becomes the leader's, and the open
+// snapshot's persist fails with ErrClosed, which Raft logs. It used to
+// fail the restore ("leaked snapshots") and leave the FSM without a
+// database, and the persist then panicked on the closed database.
+func TestRestoreBesideAnOpenSnapshot(t *testing.T) {
+	leader, stream := fixtureSnapshot(t)
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	bigFixture(t, f, 5_000)
+	own, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Release()
+	if err := f.Restore(nopCloser{bytes.NewReader(stream)}); err != nil {
+		t.Fatalf("restore beside an open snapshot: %v", err)
+	}
+	if f.Digest() != leader.Digest() {
+		t.Fatalf("restored digest %#x, want the leader's %#x", f.Digest(), leader.Digest())
+	}
+	if _, err := writeSnapshot(io.Discard, own.(*fsmSnapshot).view); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("persisting the snapshot of the replaced state: %v, want store.ErrClosed", err)
+	}
+	// The restored state takes applies and snapshots as ever.
+	var w logWriter
+	w.index = 1 << 20
+	f.ApplyBatch([]*raft.Log{w.next(encodeRegister(1, &WorkerInfo{ID: 9, BlockSize: 16}))})
+	restoredFSM(t, snapshotBytes(t, f), f.Digest())
 }
 
 // TestSaveLaysTheGroupOverTheDatabase: a user's save (Node.SaveSnapshot

@@ -312,7 +312,7 @@ func nextGathered(g []byte) (key, value []byte, del bool, rest []byte) {
 func (b *StateBatch) View() *StateSnapshot {
 	b.sortOps()
 	over := b.gather(make([]byte, 0, b.gatherBytes()))
-	return &StateSnapshot{snap: b.s.db.NewSnapshot(), over: over}
+	return b.s.newView(over)
 }
 
 // removeStaleGroups removes group tables that a crash left unlinked

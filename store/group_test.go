@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -195,3 +196,55 @@ func TestGroupLeavesNoTables(t *testing.T) {
 }
 
 func writeFile(path string, b []byte) error { return os.WriteFile(path, b, 0o644) }
+
+// TestCloseClosesOpenViews: closing the database under open views (Raft
+// persisting a snapshot while it installs a leader's, which closes the
+// database to swap it in; Raft holds that view until the install is done,
+// so Close cannot wait for it) closes them too: the database closes
+// cleanly (Pebble refuses to close under an open snapshot, "leaked
+// snapshots"), and a view's reads fail with ErrClosed, in the middle of an
+// Each as well, instead of panicking on a closed database.
+func TestCloseClosesOpenViews(t *testing.T) {
+	defer func(n int) { viewChunkBytes = n }(viewChunkBytes)
+	viewChunkBytes = 64 // many chunks
+	for _, name := range []string{"snapshot", "group view"} {
+		s, err := OpenState(filepath.Join(t.TempDir(), "fsm"), StateOptions{Logger: logStoreTestLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := s.NewBatch()
+		for i := range 100 {
+			b.Put(KindBooking, fmt.Appendf(nil, "committed %03d", i), []byte("v"))
+		}
+		if err := b.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		b.Put(KindBooking, []byte("in the group"), []byte("v"))
+		v, idle := s.Snapshot(), s.Snapshot()
+		if name == "group view" {
+			v = b.View()
+		}
+		read := 0
+		err = v.Each(func(_, _ []byte) error {
+			read++
+			if read == 1 {
+				if err := s.Close(); err != nil {
+					t.Fatalf("%s: close under open views: %v", name, err)
+				}
+			}
+			return nil
+		})
+		if !errors.Is(err, ErrClosed) || read == 0 || read >= 100 {
+			t.Fatalf("%s: Each across the close read %d records and returned %v, want ErrClosed part way", name, read, err)
+		}
+		if _, _, err := idle.Applied(); !errors.Is(err, ErrClosed) {
+			t.Fatalf("%s: Applied on a view of a closed database: %v, want ErrClosed", name, err)
+		}
+		for _, w := range []*StateSnapshot{v, idle} {
+			if err := w.Close(); err != nil {
+				t.Fatalf("%s: closing a view after its database: %v", name, err)
+			}
+		}
+		b.Close()
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -50,6 +51,15 @@ type StateDB struct {
 	dir    string
 	logger *slog.Logger
 	groups atomic.Uint64 // group tables written, for their file names
+
+	// viewMu guards views and every view's use of the database. Close
+	// closes the views' snapshots and iterators first: Raft may install
+	// a leader's snapshot (a restore, which closes this database to swap
+	// it) while a snapshot of this one is still being persisted, and
+	// Raft holds that view while it waits for the restore, so Close must
+	// not wait for it. A view whose database closed fails with ErrClosed.
+	viewMu sync.Mutex
+	views  map[*StateSnapshot]struct{}
 }
 
 // Record kinds of the state database.
@@ -174,11 +184,17 @@ func OpenState(dir string, opts StateOptions) (*StateDB, error) {
 	return &StateDB{db: db, opts: popts, fs: popts.FS, dir: dir, logger: logger}, nil
 }
 
-// Close closes the database.
+// Close closes the database. Open views are closed with it: their reads
+// then fail with ErrClosed.
 func (s *StateDB) Close() error {
 	if s.db == nil {
 		return nil
 	}
+	s.viewMu.Lock()
+	for v := range s.views {
+		v.release()
+	}
+	s.viewMu.Unlock()
 	err := s.db.Close()
 	s.db = nil
 	return err
@@ -362,12 +378,44 @@ func DecodeU64(v []byte) (uint64, error) {
 // streaming a Raft snapshot while applies go on. Close it always: an open
 // Pebble snapshot holds back compaction.
 type StateSnapshot struct {
-	snap *pebble.Snapshot
-	over []byte // writes laid over snap, as StateBatch.gather lays them out (StateBatch.View)
+	s    *StateDB
+	snap *pebble.Snapshot // nil once the view or its database is closed
+	it   *pebble.Iterator // Each's, while it runs
+	over []byte           // writes laid over snap, as StateBatch.gather lays them out (StateBatch.View)
 }
 
 // Snapshot opens a read view.
-func (s *StateDB) Snapshot() *StateSnapshot { return &StateSnapshot{snap: s.db.NewSnapshot()} }
+func (s *StateDB) Snapshot() *StateSnapshot { return s.newView(nil) }
+
+func (s *StateDB) newView(over []byte) *StateSnapshot {
+	v := &StateSnapshot{s: s, snap: s.db.NewSnapshot(), over: over}
+	s.viewMu.Lock()
+	if s.views == nil {
+		s.views = make(map[*StateSnapshot]struct{})
+	}
+	s.views[v] = struct{}{}
+	s.viewMu.Unlock()
+	return v
+}
+
+// release closes the view's iterator and snapshot (viewMu held).
+func (v *StateSnapshot) release() error {
+	var err error
+	if v.it != nil {
+		err = v.it.Close()
+		v.it = nil
+	}
+	if v.snap != nil {
+		if cerr := v.snap.Close(); err == nil {
+			err = cerr
+		}
+		v.snap = nil
+	}
+	delete(v.s.views, v)
+	return err
+}
+
+var errViewClosed = fmt.Errorf("read view: %w", ErrClosed)
 
 // Applied reads the applied index and term of the view.
 func (v *StateSnapshot) Applied() (uint64, uint64, error) {
@@ -381,50 +429,112 @@ func (v *StateSnapshot) Applied() (uint64, uint64, error) {
 			return DecodeApplied(val)
 		}
 	}
+	v.s.viewMu.Lock()
+	defer v.s.viewMu.Unlock()
+	if v.snap == nil {
+		return 0, 0, errViewClosed
+	}
 	return readApplied(v.snap)
 }
 
+// viewChunkBytes is how much Each copies out of the database at a time
+// (a variable so that tests can make many chunks of a small view).
+var viewChunkBytes = 1 << 20
+
 // Each calls fn for every record of the view in key order (the full key,
-// kind byte first). The slices are valid only during the call.
+// kind byte first). The slices are valid only during the call. The
+// records are copied out of the database a chunk at a time, and fn runs
+// without the view's lock, so that closing the database never waits for
+// fn (a slow reader of a user's save, Raft's snapshot sink).
 func (v *StateSnapshot) Each(fn func(key, value []byte) error) error {
 	lower, upper := []byte{KindApplied}, []byte{kindEnd}
+	mu := &v.s.viewMu
+	mu.Lock()
+	if v.snap == nil || v.it != nil {
+		mu.Unlock()
+		return errViewClosed
+	}
 	it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
 	if err != nil {
+		mu.Unlock()
 		return fmt.Errorf("iterate state snapshot: %w", err)
 	}
-	over := v.over
+	v.it = it
 	valid := it.First()
-	for err == nil && (valid || len(over) > 0) {
-		if len(over) > 0 {
-			k, val, del, rest := nextGathered(over)
-			c := -1
-			if valid {
-				c = bytes.Compare(k, it.Key())
-			}
-			if c <= 0 {
-				// The overlay's write comes first, or replaces the
-				// database's record of the same key.
-				over = rest
-				if c == 0 {
-					valid = it.Next()
-				}
-				if !del && bytes.Compare(k, lower) >= 0 && bytes.Compare(k, upper) < 0 {
-					err = fn(k, val)
-				}
-				continue
-			}
+	mu.Unlock()
+	over := v.over
+	var data []byte
+	var ends []int // record i: key data[ends[2i-1]:ends[2i]], value data[ends[2i]:ends[2i+1]]
+	add := func(k, val []byte) {
+		data = append(data, k...)
+		ends = append(ends, len(data))
+		data = append(data, val...)
+		ends = append(ends, len(data))
+	}
+	for {
+		data, ends = data[:0], ends[:0]
+		mu.Lock()
+		if v.it != it {
+			mu.Unlock()
+			return errViewClosed // the database closed under the view
 		}
-		err = fn(it.Key(), it.Value())
-		valid = it.Next()
+		for len(data) < viewChunkBytes && (valid || len(over) > 0) {
+			if len(over) > 0 {
+				k, val, del, rest := nextGathered(over)
+				c := -1
+				if valid {
+					c = bytes.Compare(k, it.Key())
+				}
+				if c <= 0 {
+					// The overlay's write comes first, or replaces the
+					// database's record of the same key.
+					over = rest
+					if c == 0 {
+						valid = it.Next()
+					}
+					if !del && bytes.Compare(k, lower) >= 0 && bytes.Compare(k, upper) < 0 {
+						add(k, val)
+					}
+					continue
+				}
+			}
+			add(it.Key(), it.Value())
+			valid = it.Next()
+		}
+		done := !valid && len(over) == 0
+		if done {
+			if cerr := it.Close(); cerr != nil {
+				err = fmt.Errorf("iterate state snapshot: %w", cerr)
+			}
+			v.it = nil
+		}
+		mu.Unlock()
+		prev := 0
+		for i := 0; i < len(ends) && err == nil; i += 2 {
+			ke, ve := ends[i], ends[i+1]
+			err = fn(data[prev:ke:ke], data[ke:ve:ve])
+			prev = ve
+		}
+		if done || err != nil {
+			if !done {
+				mu.Lock()
+				if v.it == it {
+					it.Close()
+					v.it = nil
+				}
+				mu.Unlock()
+			}
+			return err
+		}
 	}
-	if cerr := it.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("iterate state snapshot: %w", cerr)
-	}
-	return err
 }
 
-// Close releases the view.
-func (v *StateSnapshot) Close() error { return v.snap.Close() }
+// Close releases the view; after its database closed, it does nothing.
+func (v *StateSnapshot) Close() error {
+	v.s.viewMu.Lock()
+	defer v.s.viewMu.Unlock()
+	return v.release()
+}
 
 // RemoveAll removes a state directory (a half-done restore).
 func RemoveAll(dir string) error { return os.RemoveAll(dir) }
