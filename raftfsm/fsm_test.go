@@ -255,14 +255,7 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 // database, and the persist then panicked on the closed database.
 func TestRestoreBesideAnOpenSnapshot(t *testing.T) {
 	leader, stream := fixtureSnapshot(t)
-	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
-	defer f.Close()
-	bigFixture(t, f, 5_000)
-	own, err := f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer own.Release()
+	f, own := openBigSnapshot(t, 5_000)
 	if err := f.Restore(nopCloser{bytes.NewReader(stream)}); err != nil {
 		t.Fatalf("restore beside an open snapshot: %v", err)
 	}

@@ -20,6 +20,21 @@ func bigFixture(t *testing.T, f *FSM, n int) {
 	}
 }
 
+// openBigSnapshot returns an FSM holding bigFixture's n blocks and a Raft
+// snapshot of it, both closed at the test's end.
+func openBigSnapshot(t *testing.T, n int) (*FSM, raft.FSMSnapshot) {
+	t.Helper()
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	t.Cleanup(func() { f.Close() })
+	bigFixture(t, f, n)
+	s, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Release) // before the FSM's close: cleanups run last first
+	return f, s
+}
+
 // TestSnapshotOfManyBlocksRoundTrips: a stream of several write blocks
 // (blockWriter) reads back whole and restores the same state.
 func TestSnapshotOfManyBlocksRoundTrips(t *testing.T) {
@@ -53,14 +68,7 @@ func (w *failingWriter) Write(p []byte) (int, error) {
 // TestSnapshotWriteErrorIsReturned: a sink that fails part way makes the
 // save fail with its error (and the writing goroutine ends: goleak).
 func TestSnapshotWriteErrorIsReturned(t *testing.T) {
-	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
-	defer f.Close()
-	bigFixture(t, f, 40_000)
-	s, err := f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Release()
+	_, s := openBigSnapshot(t, 40_000)
 	for _, limit := range []int{0, snapWriteBlock / 2, snapWriteBlock + 1} {
 		if _, err := writeSnapshot(&failingWriter{limit: limit}, s.(*fsmSnapshot).view); !errors.Is(err, errSinkFull) {
 			t.Fatalf("limit %d: err %v, want the sink's", limit, err)
