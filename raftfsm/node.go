@@ -226,9 +226,11 @@ func (n *Node) startRaft() error {
 		}
 		n.trans = t
 	}
-	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.logs, n.snaps, n.trans); err != nil {
-		return fmt.Errorf("start raft: %w", err)
-	}
+	// A new node of a new cluster writes the first configuration into its
+	// stores before Raft starts. Bootstrapping through the running Raft
+	// instead left a window in which a leader's snapshot could reach Raft
+	// first: Raft's main goroutine then waited for the FSM's restore, which
+	// waits for the start to finish, which waited for the bootstrap.
 	if len(cfg.Peers) > 0 {
 		has, err := raft.HasExistingState(n.logs, n.logs, n.snaps)
 		if err != nil {
@@ -239,10 +241,14 @@ func (n *Node) startRaft() error {
 			for _, p := range cfg.Peers {
 				servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.RaftAddr)})
 			}
-			if err := n.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+			err := raft.BootstrapCluster(rc, n.logs, n.logs, n.snaps, n.trans, raft.Configuration{Servers: servers})
+			if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
 				return fmt.Errorf("bootstrap: %w", err)
 			}
 		}
+	}
+	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.logs, n.snaps, n.trans); err != nil {
+		return fmt.Errorf("start raft: %w", err)
 	}
 	return nil
 }
