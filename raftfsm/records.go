@@ -309,17 +309,17 @@ func (b *stateBuilder) small(kind byte, k, v []byte) error {
 // first). Records come in key order, so every tree node comes before any
 // later kind: the first record past the nodes starts the tree's linking
 // on its own goroutine, beside the residencies that follow. After an
-// error add ignores everything; the error is b.err.
-func (b *stateBuilder) add(key, value []byte) {
+// error add ignores everything; it returns b.err.
+func (b *stateBuilder) add(key, value []byte) error {
 	if b.err != nil {
-		return
+		return b.err
 	}
 	kind, k := key[0], key[1:]
 	if kind < b.lastKind {
 		// The stream's writer refuses keys out of order too, but only
 		// after this: a node added while the tree is linked would race.
 		b.err = fmt.Errorf("%w: %s record after a %s record", store.ErrCorrupt, store.KindName(kind), store.KindName(b.lastKind))
-		return
+		return b.err
 	}
 	b.lastKind = kind
 	if kind > store.KindNode {
@@ -339,6 +339,7 @@ func (b *stateBuilder) add(key, value []byte) {
 	if err != nil {
 		b.err = fmt.Errorf("%s record: %w", store.KindName(kind), err)
 	}
+	return b.err
 }
 
 // startLink starts linking the tree, once.

@@ -336,9 +336,9 @@ func checkSnapshot(r io.Reader, like *indexer.Index) (SnapshotInfo, error) {
 	skip := func(kind byte) bool { return kind == store.KindApplied }
 	batch := &recBatch{}
 	for {
-		batch.reset()
+		batch.Reset()
 		end, err := s.fill(batch, skip)
-		batch.each(b.add)
+		_ = batch.Each(b.add) // its error comes back from b.wait
 		if err != nil {
 			b.wait()
 			return SnapshotInfo{}, err

@@ -30,37 +30,12 @@ const (
 	recBatches    = 4       // batches in flight (parsed, being written, free)
 )
 
-// recBatch is a run of records: record i's key is data[ends[2i-1]:ends[2i]]
-// and its value data[ends[2i]:ends[2i+1]] (with ends[-1] taken as 0).
+// recBatch is a run of records and its place in the stream.
 type recBatch struct {
-	data    []byte
-	ends    []int
+	store.Records
 	seq     int    // the batch's place in the stream, from 0; its table's number
 	prev    []byte // the last key of the batches before it, if hasPrev
 	hasPrev bool
-}
-
-func (b *recBatch) reset() {
-	b.data = b.data[:0]
-	b.ends = b.ends[:0]
-}
-
-// add appends a record.
-func (b *recBatch) add(k, v []byte) {
-	b.data = append(b.data, k...)
-	b.ends = append(b.ends, len(b.data))
-	b.data = append(b.data, v...)
-	b.ends = append(b.ends, len(b.data))
-}
-
-// each calls fn for every record of b, in order.
-func (b *recBatch) each(fn func(k, v []byte)) {
-	prev := 0
-	for i := 0; i < len(b.ends); i += 2 {
-		ke, ve := b.ends[i], b.ends[i+1]
-		fn(b.data[prev:ke:ke], b.data[ke:ve:ve])
-		prev = ve
-	}
 }
 
 // fill parses records into b until b is full or the stream's end marker
@@ -70,13 +45,13 @@ func (b *recBatch) each(fn func(k, v []byte)) {
 // through next, which reads it, or reports its error, exactly as ever.
 // skip tells which records are counted but left out.
 func (s *snapReader) fill(b *recBatch, skip func(kind byte) bool) (end bool, err error) {
-	for len(b.data) < recBatchBytes {
+	for b.Bytes() < recBatchBytes {
 		if s.r.Buffered() < 4096 {
 			s.r.Peek(4096) // refill; an error is found and reported by next
 		}
 		p, _ := s.r.Peek(s.r.Buffered())
 		pos := 0
-		for len(b.data) < recBatchBytes {
+		for b.Bytes() < recBatchBytes {
 			kl, n := binary.Uvarint(p[pos:])
 			if n <= 0 || kl == 0 || kl > 1<<16 {
 				break
@@ -98,7 +73,7 @@ func (s *snapReader) fill(b *recBatch, skip func(kind byte) bool) (end bool, err
 			kind := p[ks]
 			s.got[kind]++
 			if !skip(kind) {
-				b.add(p[ks:ke], p[vs:ve])
+				b.Add(p[ks:ke], p[vs:ve])
 			}
 			pos = ve
 		}
@@ -107,7 +82,7 @@ func (s *snapReader) fill(b *recBatch, skip func(kind byte) bool) (end bool, err
 			s.n += int64(pos)
 			s.r.Discard(pos)
 		}
-		if len(b.data) >= recBatchBytes {
+		if b.Bytes() >= recBatchBytes {
 			break
 		}
 		// The next record is not wholly buffered, is the end marker, or is
@@ -120,7 +95,7 @@ func (s *snapReader) fill(b *recBatch, skip func(kind byte) bool) (end bool, err
 			return true, nil
 		}
 		if !skip(k[0]) {
-			b.add(k, v)
+			b.Add(k, v)
 		}
 	}
 	return false, nil
@@ -135,7 +110,9 @@ func (s *snapReader) fill(b *recBatch, skip func(kind byte) bool) (end bool, err
 func loadRecords(s *snapReader, skip func(kind byte) bool, ld *store.SortedLoader, build *stateBuilder) error {
 	free := make(chan *recBatch, recBatches)
 	for i := 0; i < recBatches; i++ {
-		free <- &recBatch{data: make([]byte, 0, recBatchBytes+64<<10)}
+		b := &recBatch{}
+		b.Grow(recBatchBytes + 64<<10)
+		free <- b
 	}
 	full := make(chan *recBatch, recBatches)
 	failed := make(chan struct{}) // closed when a writer fails
@@ -167,7 +144,7 @@ func loadRecords(s *snapReader, skip func(kind byte) bool, ld *store.SortedLoade
 						failOnce.Do(func() { close(failed) })
 					}
 				}
-				b.reset()
+				b.Reset()
 				free <- b // free has room for every batch: never blocks
 			}
 		}()
@@ -187,18 +164,15 @@ parse:
 		}
 		end, err := s.fill(b, skip)
 		if build != nil {
-			b.each(build.add)
+			_ = b.Each(build.add) // its error comes back from build.wait
 		}
-		if n := len(b.ends); n > 0 {
+		if n := b.Len(); n > 0 {
 			b.seq = seq
 			seq++
 			b.prev = append(b.prev[:0], prev...)
 			b.hasPrev = seq > 1
-			ks := 0
-			if n > 2 {
-				ks = b.ends[n-3]
-			}
-			prev = append(prev[:0], b.data[ks:b.ends[n-2]]...)
+			last, _ := b.At(n - 1)
+			prev = append(prev[:0], last...)
 			full <- b // full has room for every batch: never blocks
 		} else {
 			free <- b
@@ -226,14 +200,9 @@ func writeBatch(ld *store.SortedLoader, b *recBatch) error {
 		after = b.prev
 	}
 	t := ld.NewTable(b.seq, after)
-	prev := 0
-	for i := 0; i < len(b.ends); i += 2 {
-		ke, ve := b.ends[i], b.ends[i+1]
-		if err := t.Set(b.data[prev:ke:ke], b.data[ke:ve:ve]); err != nil {
-			t.Close()
-			return err
-		}
-		prev = ve
+	if err := b.Each(t.Set); err != nil {
+		t.Close()
+		return err
 	}
 	return t.Close()
 }

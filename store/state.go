@@ -463,22 +463,15 @@ func (v *StateSnapshot) Each(fn func(key, value []byte) error) error {
 	valid := it.First()
 	mu.Unlock()
 	over := v.over
-	var data []byte
-	var ends []int // record i: key data[ends[2i-1]:ends[2i]], value data[ends[2i]:ends[2i+1]]
-	add := func(k, val []byte) {
-		data = append(data, k...)
-		ends = append(ends, len(data))
-		data = append(data, val...)
-		ends = append(ends, len(data))
-	}
+	var chunk Records
 	for {
-		data, ends = data[:0], ends[:0]
+		chunk.Reset()
 		mu.Lock()
 		if v.it != it {
 			mu.Unlock()
 			return errViewClosed // the database closed under the view
 		}
-		for len(data) < viewChunkBytes && (valid || len(over) > 0) {
+		for chunk.Bytes() < viewChunkBytes && (valid || len(over) > 0) {
 			if len(over) > 0 {
 				k, val, del, rest := nextGathered(over)
 				c := -1
@@ -493,12 +486,12 @@ func (v *StateSnapshot) Each(fn func(key, value []byte) error) error {
 						valid = it.Next()
 					}
 					if !del && bytes.Compare(k, lower) >= 0 && bytes.Compare(k, upper) < 0 {
-						add(k, val)
+						chunk.Add(k, val)
 					}
 					continue
 				}
 			}
-			add(it.Key(), it.Value())
+			chunk.Add(it.Key(), it.Value())
 			valid = it.Next()
 		}
 		done := !valid && len(over) == 0
@@ -509,11 +502,8 @@ func (v *StateSnapshot) Each(fn func(key, value []byte) error) error {
 			v.it = nil
 		}
 		mu.Unlock()
-		prev := 0
-		for i := 0; i < len(ends) && err == nil; i += 2 {
-			ke, ve := ends[i], ends[i+1]
-			err = fn(data[prev:ke:ke], data[ke:ve:ve])
-			prev = ve
+		if err == nil {
+			err = chunk.Each(fn)
 		}
 		if done || err != nil {
 			if !done {

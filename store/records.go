@@ -1,0 +1,59 @@
+package store
+
+import "slices"
+
+// Records is a run of records, key and value bytes back to back in one
+// buffer that is reused from run to run, so that adding a record
+// allocates nothing once the buffer has grown: record i's key is
+// data[ends[2i-1]:ends[2i]] and its value data[ends[2i]:ends[2i+1]]
+// (ends[-1] taken as 0). A snapshot's restore parses its stream into runs
+// (raftfsm), and a view copies records out of the database a run at a
+// time (StateSnapshot.Each).
+type Records struct {
+	data []byte
+	ends []int
+}
+
+// Reset empties the run, keeping its buffers.
+func (r *Records) Reset() {
+	r.data = r.data[:0]
+	r.ends = r.ends[:0]
+}
+
+// Grow makes room for n more bytes of keys and values.
+func (r *Records) Grow(n int) { r.data = slices.Grow(r.data, n) }
+
+// Add appends a record (copies of k and v).
+func (r *Records) Add(k, v []byte) {
+	r.data = append(r.data, k...)
+	r.ends = append(r.ends, len(r.data))
+	r.data = append(r.data, v...)
+	r.ends = append(r.ends, len(r.data))
+}
+
+// Len is the number of records; Bytes their keys' and values' bytes.
+func (r *Records) Len() int   { return len(r.ends) / 2 }
+func (r *Records) Bytes() int { return len(r.data) }
+
+// At returns record i. The slices are the run's until it is reset.
+func (r *Records) At(i int) (k, v []byte) {
+	ks := 0
+	if i > 0 {
+		ks = r.ends[2*i-1]
+	}
+	ke, ve := r.ends[2*i], r.ends[2*i+1]
+	return r.data[ks:ke:ke], r.data[ke:ve:ve]
+}
+
+// Each calls fn for every record in order, until fn fails.
+func (r *Records) Each(fn func(k, v []byte) error) error {
+	prev := 0
+	for i := 0; i < len(r.ends); i += 2 {
+		ke, ve := r.ends[i], r.ends[i+1]
+		if err := fn(r.data[prev:ke:ke], r.data[ke:ve:ve]); err != nil {
+			return err
+		}
+		prev = ve
+	}
+	return nil
+}
