@@ -22,6 +22,7 @@ import (
 // records, and still holds them after later groups are written and
 // committed.
 func TestGroupMatchesModel(t *testing.T) {
+	smallViewReads(t, 16)
 	dir := t.TempDir()
 	runs := 0
 	rapid.Check(t, func(rt *rapid.T) {
@@ -195,6 +196,14 @@ func TestGroupLeavesNoTables(t *testing.T) {
 	}
 }
 
+// smallViewReads makes a view's reads (StateSnapshot.Each) cut a small
+// view into many parts and chunks of about n bytes, until the test ends.
+func smallViewReads(t *testing.T, n int) {
+	chunk, part, parts := viewChunkBytes, viewPartBytes, viewMaxParts
+	t.Cleanup(func() { viewChunkBytes, viewPartBytes, viewMaxParts = chunk, part, parts })
+	viewChunkBytes, viewPartBytes, viewMaxParts = n, uint64(n), 16
+}
+
 func writeFile(path string, b []byte) error { return os.WriteFile(path, b, 0o644) }
 
 // TestCloseClosesOpenViews: closing the database under open views (Raft
@@ -205,8 +214,7 @@ func writeFile(path string, b []byte) error { return os.WriteFile(path, b, 0o644
 // snapshots"), and a view's reads fail with ErrClosed, in the middle of an
 // Each as well, instead of panicking on a closed database.
 func TestCloseClosesOpenViews(t *testing.T) {
-	defer func(n int) { viewChunkBytes = n }(viewChunkBytes)
-	viewChunkBytes = 64 // many chunks
+	smallViewReads(t, 64)
 	for _, name := range []string{"snapshot", "group view"} {
 		s, err := OpenState(filepath.Join(t.TempDir(), "fsm"), StateOptions{Logger: logStoreTestLogger(t)})
 		if err != nil {

@@ -1,0 +1,135 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"testing"
+)
+
+// TestEachReadsInParts: a view cut into many parts, with an uncommitted
+// group laid over it (new keys, replaced and deleted committed keys, in
+// every part), reads every record once and in key order; fn's error ends
+// Each with that error; a second Each beside a running one is refused.
+func TestEachReadsInParts(t *testing.T) {
+	smallViewReads(t, 16)
+	s, err := OpenState(filepath.Join(t.TempDir(), "fsm"), StateOptions{Logger: logStoreTestLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	model := map[string]string{}
+	put := func(b *StateBatch, kind byte, k, v string) {
+		b.Put(kind, []byte(k), []byte(v))
+		model[string(kind)+k] = v
+	}
+	for g := range 3 {
+		b := s.NewBatch()
+		for i := range 40 {
+			put(b, groupTestKinds[i%len(groupTestKinds)], fmt.Sprintf("k%03d-%d", i, g), "committed")
+		}
+		if err := b.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		b.Close()
+	}
+	b := s.NewBatch()
+	defer b.Close()
+	for i := range 40 {
+		kind := groupTestKinds[i%len(groupTestKinds)]
+		switch i % 3 {
+		case 0:
+			put(b, kind, fmt.Sprintf("k%03d-%d", i, 1), "replaced")
+		case 1:
+			b.Delete(kind, fmt.Appendf(nil, "k%03d-%d", i, 2))
+			delete(model, string(kind)+fmt.Sprintf("k%03d-%d", i, 2))
+		case 2:
+			put(b, kind, fmt.Sprintf("k%03d-new", i), "new")
+		}
+	}
+	v := b.View()
+	defer v.Close()
+
+	s.viewMu.Lock()
+	parts := v.parts([]byte{KindApplied}, []byte{kindEnd})
+	s.viewMu.Unlock()
+	if len(parts) < 2 || len(parts) > viewMaxParts+1 {
+		t.Fatalf("view cut into %d parts, want 2 to %d", len(parts), viewMaxParts+1)
+	}
+	overlaid := 0
+	for i, p := range parts {
+		if i > 0 && !bytes.Equal(p.lo, parts[i-1].hi) {
+			t.Fatalf("part %d starts at %q, the one before ends at %q", i, p.lo, parts[i-1].hi)
+		}
+		for rest := p.over; len(rest) > 0; {
+			k, _, _, r := nextGathered(rest)
+			if bytes.Compare(k, p.lo) < 0 || bytes.Compare(k, p.hi) >= 0 {
+				t.Fatalf("part %d [%q, %q) has the overlay's %q", i, p.lo, p.hi, k)
+			}
+			rest = r
+			overlaid++
+		}
+	}
+	if overlaid != 40 {
+		t.Fatalf("parts hold %d of the overlay's 40 writes", overlaid)
+	}
+
+	got := map[string]string{}
+	var last []byte
+	inner := errors.New("unset")
+	if err := v.Each(func(k, val []byte) error {
+		if last != nil && bytes.Compare(k, last) <= 0 {
+			t.Fatalf("view out of order: %q after %q", k, last)
+		}
+		last = append(last[:0], k...)
+		got[string(k)] = string(val)
+		if inner != nil && len(got) == 1 {
+			inner = v.Each(func(_, _ []byte) error { return nil })
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(got, model) {
+		t.Fatalf("view holds %d records, model %d:\n%v\n%v", len(got), len(model), got, model)
+	}
+	if !errors.Is(inner, errViewReading) {
+		t.Fatalf("an Each inside a running one returned %v, want errViewReading", inner)
+	}
+
+	stop := errors.New("stop here")
+	read := 0
+	err = v.Each(func(_, _ []byte) error {
+		if read++; read == 10 {
+			return stop
+		}
+		return nil
+	})
+	if !errors.Is(err, stop) || read != 10 {
+		t.Fatalf("Each whose fn failed at the 10th record read %d and returned %v", read, err)
+	}
+	// The view reads again after a failed Each.
+	n := 0
+	if err := v.Each(func(_, _ []byte) error { n++; return nil }); err != nil || n != len(model) {
+		t.Fatalf("Each after a failed one: %d records, %v; want %d", n, err, len(model))
+	}
+}
+
+// TestMidKey: the key halfway between two keys lies strictly between them
+// (keys that differ only in trailing zeros have none: cutRange stops there).
+func TestMidKey(t *testing.T) {
+	for _, c := range []struct{ lo, hi, want string }{
+		{"\x01", "\x0c", "\x06\x80"},
+		{"\x05", "\x06", "\x05\x80"},
+		{"a", "a\x00\x01", "a\x00\x00\x80"},
+		{"\x05\xff", "\x06", "\x05\xff\x80"},
+		{"ab", "b", "a\xb1"},
+	} {
+		got := midKey([]byte(c.lo), []byte(c.hi))
+		if string(got) != c.want || bytes.Compare(got, []byte(c.lo)) <= 0 || bytes.Compare(got, []byte(c.hi)) >= 0 {
+			t.Errorf("midKey(%q, %q) = %q, want %q", c.lo, c.hi, got, c.want)
+		}
+	}
+}
