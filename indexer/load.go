@@ -137,6 +137,20 @@ func (l *Loader) AddNode(seq, parent uint64, root bool, local uint64) {
 	*l.nodes.next() = loadNode{seq: seq, parent: parent, local: local, root: root}
 }
 
+// NodeRecords collects node records apart from a Loader, so that a second
+// scan of the node records can run beside the one that feeds the Loader;
+// Loader.AddNodes hands them over.
+type NodeRecords struct{ c chunks[loadNode] }
+
+// Add records a tree node, as Loader.AddNode does.
+func (r *NodeRecords) Add(seq, parent uint64, root bool, local uint64) {
+	*r.c.next() = loadNode{seq: seq, parent: parent, local: local, root: root}
+}
+
+// AddNodes adds r's records after those added so far, without copying
+// them, and empties r. It is an AddNode as to what may overlap it.
+func (l *Loader) AddNodes(r *NodeRecords) { l.nodes.join(&r.c) }
+
 // AddEntry records that rank r holds node seq under engine hash eh.
 // Entries are cheapest grouped by rank and in ascending eh order.
 func (l *Loader) AddEntry(r kvevent.Rank, eh, seq uint64, mask kvevent.Mask, order uint32) {

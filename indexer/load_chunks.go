@@ -7,7 +7,7 @@ package indexer
 // four times (large slices grow by a quarter) and leaves every outgrown
 // backing array to the collector.
 type chunks[T any] struct {
-	all [][]T // every chunk but the last is full
+	all [][]T // every chunk but the last is full, unless joined (join)
 	n   int   // records in all
 }
 
@@ -48,4 +48,11 @@ func (c *chunks[T]) flatten() []T {
 		out = append(out, ch...)
 	}
 	return out
+}
+
+// join moves o's records after c's, without copying them, and empties o.
+func (c *chunks[T]) join(o *chunks[T]) {
+	c.all = append(c.all, o.all...)
+	c.n += o.n
+	*o = chunks[T]{}
 }

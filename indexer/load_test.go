@@ -195,8 +195,10 @@ func drawLoadCase(t *rapid.T, damage bool) loadCase {
 }
 
 // loadPebbleStyle feeds a Loader the way FSM.load does: node records in
-// seq order on one goroutine, which then links them (LinkNodes), entries
-// grouped by rank in hash order and the rank records on another; Finish
+// seq order, the lower half of the seqs on one goroutine (AddNode) and
+// the upper half beside it (NodeRecords, then AddNodes), then the first
+// links them (LinkNodes) while another adds the entries grouped by rank
+// in hash order and the rank records; Finish
 // works in parts parts (Spread) when parts > 1. detached builds into a new
 // index (FinishDetached) that ix then takes, as a snapshot restore does.
 func (c *loadCase) loadPebbleStyle(ix *Index, parts int, detached bool) error {
@@ -204,20 +206,29 @@ func (c *loadCase) loadPebbleStyle(ix *Index, parts int, detached bool) error {
 	if parts > 1 {
 		l.Spread(parts, spreadGo)
 	}
-	done := make(chan struct{})
+	seqs := make([]uint64, 0, len(c.nodes))
+	for s := range c.nodes {
+		seqs = append(seqs, s)
+	}
+	slices.Sort(seqs)
+	half, _ := slices.BinarySearch(seqs, 1<<63)
+	var upper NodeRecords
+	upperDone, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		seqs := make([]uint64, 0, len(c.nodes))
-		for s := range c.nodes {
-			seqs = append(seqs, s)
-		}
-		slices.Sort(seqs)
-		for _, s := range seqs {
+		for _, s := range seqs[:half] {
 			n := c.nodes[s]
 			l.AddNode(s, n.Parent, n.Root, n.Local)
 		}
+		<-upperDone
+		l.AddNodes(&upper)
 		l.LinkNodes()
 	}()
+	for _, s := range seqs[half:] {
+		n := c.nodes[s]
+		upper.Add(s, n.Parent, n.Root, n.Local)
+	}
+	close(upperDone)
 	for _, d := range c.ranks {
 		for _, e := range d.Entries {
 			l.AddEntry(d.Rank, e.EngineHash, e.Seq, e.Mask, e.Order)
@@ -457,6 +468,34 @@ func TestChunksKeepOrder(t *testing.T) {
 		flat := c.flatten()
 		if len(flat) != tc.n {
 			t.Fatalf("%+v: flatten gave %d", tc, len(flat))
+		}
+		for i, v := range flat {
+			if v != i {
+				t.Fatalf("%+v: record %d is %d", tc, i, v)
+			}
+		}
+	}
+}
+
+// TestChunksJoin: joined collections give back the first's records, then
+// the second's, and a record added after the join comes last.
+func TestChunksJoin(t *testing.T) {
+	for _, tc := range []struct{ a, b int }{{0, 0}, {0, 5}, {5, 0}, {3, chunkMin + 1}, {2*chunkMax + 1, chunkMax + 3}} {
+		var a, b chunks[int]
+		for i := range tc.a {
+			*a.next() = i
+		}
+		for i := range tc.b {
+			*b.next() = tc.a + i
+		}
+		a.join(&b)
+		*a.next() = tc.a + tc.b
+		if b.n != 0 || len(b.all) != 0 {
+			t.Fatalf("%+v: the joined collection kept %d records", tc, b.n)
+		}
+		flat := a.flatten()
+		if a.n != tc.a+tc.b+1 || len(flat) != a.n {
+			t.Fatalf("%+v: n %d, flatten gave %d", tc, a.n, len(flat))
 		}
 		for i, v := range flat {
 			if v != i {

@@ -116,11 +116,13 @@ func encodeHeaderBytes(t cmdType) []byte {
 // The index is the bulk of it (a tree node and a residency record per
 // block): its records go straight into an indexer.Loader (stateBuilder),
 // which builds the index in one pass (see Loader for why that is fast).
-// The node scan runs on its own goroutine beside the residency and rank
-// scans, and builds the tree (Loader.LinkNodes) as soon as it has every
-// node: they read disjoint key ranges of the database and fill disjoint
-// parts of the Loader, and on two cores that halves the time spent in
-// Pebble's iterators and hides most of the tree's construction. The small
+// Two goroutines read the two halves of the node records side by side;
+// then one builds the tree (Loader.LinkNodes) while the other reads the
+// residencies and ranks: they read disjoint key ranges of the database
+// and fill disjoint parts of the Loader, and on two cores that halves
+// the time spent in Pebble's iterators and hides most of the tree's
+// construction. (With the whole node scan on one goroutine, the
+// residency scan finished about a second before the tree.) The small
 // kinds are read after. Then the residencies are added in one part per
 // processor (Loader.Spread).
 //
@@ -143,21 +145,40 @@ func (f *FSM) load() (err error) {
 	if err != nil {
 		return err
 	}
-	scan := func(kind byte, fn func(k, v []byte) error) error {
-		if err := db.Scan(kind, fn); err != nil {
+	scanRange := func(kind byte, from, to []byte, fn func(k, v []byte) error) error {
+		if err := db.ScanRange(kind, from, to, fn); err != nil {
 			return fmt.Errorf("rebuild %s from %s: %w", store.KindName(kind), f.dir, err)
 		}
 		return nil
 	}
-	nodesDone := make(chan error, 1)
+	scan := func(kind byte, fn func(k, v []byte) error) error { return scanRange(kind, nil, nil, fn) }
+	// The node records are read in two halves side by side (their keys
+	// are sequence hashes: the halves are about even), the upper half
+	// apart from the Loader; the tree is then built on one goroutine
+	// while the other reads the residencies.
+	half := []byte{0x80}
+	var upper indexer.NodeRecords
+	upperDone, nodesDone := make(chan error, 1), make(chan error, 1)
 	go func() {
-		err := scan(store.KindNode, b.node)
+		err := scanRange(store.KindNode, nil, half, b.node)
+		if uerr := <-upperDone; err == nil {
+			err = uerr
+		}
 		if err == nil {
+			b.l.AddNodes(&upper)
 			b.l.LinkNodes() // the tree, while the residencies are still read
 		}
 		nodesDone <- err
 	}()
-	err = scan(store.KindEntry, b.entry)
+	err = scanRange(store.KindNode, half, nil, func(k, v []byte) error {
+		seq, parent, local, root, err := decodeNodeRecord(k, v)
+		upper.Add(seq, parent, root, local)
+		return err
+	})
+	upperDone <- err
+	if err == nil {
+		err = scan(store.KindEntry, b.entry)
+	}
 	if err == nil {
 		err = scan(store.KindRank, b.rank)
 	}
@@ -228,13 +249,18 @@ func newStateBuilder() *stateBuilder {
 
 // node adds a tree node record.
 func (b *stateBuilder) node(k, v []byte) error {
-	seq, err := store.DecodeU64(k)
-	if err != nil {
-		return err
-	}
-	parent, local, root, err := store.DecodeNode(v)
+	seq, parent, local, root, err := decodeNodeRecord(k, v)
 	b.l.AddNode(seq, parent, root, local)
 	return err
+}
+
+// decodeNodeRecord decodes a tree node record (key without its kind).
+func decodeNodeRecord(k, v []byte) (seq, parent, local uint64, root bool, err error) {
+	if seq, err = store.DecodeU64(k); err != nil {
+		return 0, 0, 0, false, err
+	}
+	parent, local, root, err = store.DecodeNode(v)
+	return seq, parent, local, root, err
 }
 
 // entry adds a residency record.

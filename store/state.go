@@ -245,7 +245,19 @@ var appliedKey = []byte{KindApplied, 'a'}
 // Scan calls fn for every record of a kind, in key order, with the key
 // without its kind byte. The slices are valid only during the call.
 func (s *StateDB) Scan(kind byte, fn func(key, value []byte) error) error {
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kind}, UpperBound: []byte{kind + 1}})
+	return s.ScanRange(kind, nil, nil, fn)
+}
+
+// ScanRange is Scan of the records of a kind whose keys (without the
+// kind byte) are at or above from and below to; a nil bound is the
+// kind's first or last key. Scans of disjoint ranges may run side by
+// side.
+func (s *StateDB) ScanRange(kind byte, from, to []byte, fn func(key, value []byte) error) error {
+	lower, upper := append([]byte{kind}, from...), append([]byte{kind}, to...)
+	if to == nil {
+		upper = []byte{kind + 1}
+	}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
 	if err != nil {
 		return fmt.Errorf("scan %s: %w", KindName(kind), err)
 	}

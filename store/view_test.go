@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -130,6 +131,49 @@ func TestMidKey(t *testing.T) {
 		got := midKey([]byte(c.lo), []byte(c.hi))
 		if string(got) != c.want || bytes.Compare(got, []byte(c.lo)) <= 0 || bytes.Compare(got, []byte(c.hi)) >= 0 {
 			t.Errorf("midKey(%q, %q) = %q, want %q", c.lo, c.hi, got, c.want)
+		}
+	}
+}
+
+// TestScanRange: a range scan yields the kind's records in [from, to),
+// a nil bound being the kind's end, and nothing of a neighbouring kind.
+func TestScanRange(t *testing.T) {
+	s, err := OpenState(filepath.Join(t.TempDir(), "fsm"), StateOptions{Logger: logStoreTestLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	b := s.NewBatch()
+	defer b.Close()
+	for _, k := range []string{"\x00", "\x7f\xff", "\x80", "\x80\x00", "\xff"} {
+		b.Put(KindBooking, []byte(k), []byte("v"))
+		b.Put(KindTomb, []byte(k), []byte("other kind"))
+		b.Put(KindWorker, []byte(k), []byte("other kind"))
+	}
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		from, to []byte
+		want     string
+	}{
+		{nil, nil, "00 7fff 80 8000 ff"},
+		{nil, []byte{0x80}, "00 7fff"},
+		{[]byte{0x80}, nil, "80 8000 ff"},
+		{[]byte{0x7f}, []byte{0x80, 0x00}, "7fff 80"},
+	} {
+		var got []string
+		if err := s.ScanRange(KindBooking, c.from, c.to, func(k, v []byte) error {
+			if string(v) != "v" {
+				t.Fatalf("range [%x, %x) yields %q of another kind", c.from, c.to, v)
+			}
+			got = append(got, fmt.Sprintf("%x", k))
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if g := strings.Join(got, " "); g != c.want {
+			t.Errorf("range [%x, %x): %s, want %s", c.from, c.to, g, c.want)
 		}
 	}
 }
