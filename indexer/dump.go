@@ -130,7 +130,7 @@ func (ix *Index) LoadRank(d *RankDump) error {
 		}
 		c := parent.child(dn.Local)
 		if c == nil {
-			c = newNode(parent, dn.Local, dn.Seq)
+			c = ix.pool.get(parent, dn.Local, dn.Seq)
 			parent.addChild(c)
 			ix.nodes++
 			if ix.journal != nil {

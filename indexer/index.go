@@ -67,6 +67,7 @@ type Index struct {
 	cfg Config
 
 	root  node
+	pool  nodePool                // the tree's nodes
 	ranks []*rankState            // by slot; nil when the slot is free
 	slots map[kvevent.Rank]uint32 // rank -> slot
 	free  []uint32                // free slots, reused lowest first
@@ -215,7 +216,7 @@ func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH u
 			if parent != &ix.root {
 				seq = kvevent.SequenceHash(parent.seq, b.LocalHash)
 			}
-			c = newNode(parent, b.LocalHash, seq)
+			c = ix.pool.get(parent, b.LocalHash, seq)
 			parent.addChild(c)
 			ix.nodes++
 			if ix.journal != nil {
@@ -389,11 +390,11 @@ func (ix *Index) unlink(n *node) {
 	for n != &ix.root && n.parent != nil && len(n.holders) == 0 && !n.hasChildren() {
 		p := n.parent
 		p.removeChild(n.local)
-		n.parent = nil
 		ix.nodes--
 		if ix.journal != nil {
 			ix.journal.NodeFreed(n.seq)
 		}
+		ix.pool.put(n) // parent nil: a second unlink of n stops at once
 		n = p
 	}
 }

@@ -117,6 +117,7 @@ func (ix *Index) SetRankFlags(r kvevent.Rank, needsResync, overCapacity bool) {
 // resetLocked empties the index.
 func (ix *Index) resetLocked() {
 	ix.root = node{}
+	ix.pool = nodePool{}
 	ix.ranks = nil
 	ix.slots = make(map[kvevent.Rank]uint32)
 	ix.free = nil

@@ -52,10 +52,9 @@ import (
 //     (an engine hash twice in a rank, two holders of one rank on a node),
 //     so that such a copy loads exactly as it did through the write path.
 //
-// Nodes are still allocated one by one (newNode), as the write path does:
-// a slab would be retained whole by any one of its nodes, and the shared
-// prefix nodes near the root live for ever, so slabs would pin the memory
-// of every block the index held at start-up.
+// Nodes come from slabs (nodePool), one pool per part of the tree's
+// construction; the index adopts the first part's pool, and the freed
+// nodes of every slab go to its free list as the write path frees them.
 //
 // Records are collected in chunks that are never moved (see chunks): a
 // slice grown by append copies each record about four times and clears
@@ -78,7 +77,8 @@ type Loader struct {
 	linkErr error
 	seqs    *seqIndex
 	root    node
-	built   int64 // nodes under root
+	built   int64      // nodes under root
+	pools   []nodePool // the tree's nodes, a pool per part that built them
 
 	parts int                               // Spread's parts, 0 when unset
 	run   func(parts int, f func(part int)) // Spread's runner
@@ -227,6 +227,7 @@ func (ix *Index) Take(o *Index) {
 	ix.resetLocked()
 	ix.root.c1, ix.root.more = o.root.c1, o.root.more
 	ix.root.forEachChild(func(c *node) { c.parent = &ix.root })
+	ix.pool, o.pool = o.pool, nodePool{}
 	ix.ranks, ix.slots, ix.free = o.ranks, o.slots, o.free
 	ix.nodes, ix.entries, ix.perTier, ix.digest = o.nodes, o.entries, o.perTier, o.digest
 	c, oc := &ix.counters, &o.counters
@@ -264,13 +265,24 @@ func (l *Loader) LinkNodes() {
 	l.built = l.linkAll(l.seqs)
 }
 
+// pool returns part p's node pool.
+func (l *Loader) pool(p int) *nodePool {
+	for len(l.pools) <= p {
+		l.pools = append(l.pools, nodePool{})
+	}
+	return &l.pools[p]
+}
+
 // adoptTree moves the tree LinkNodes built into ix, whose root is empty:
 // the root's children are re-parented (the root is a value in each).
 func (l *Loader) adoptTree(ix *Index) {
 	ix.root.c1, ix.root.more = l.root.c1, l.root.more
 	ix.root.forEachChild(func(c *node) { c.parent = &ix.root })
 	ix.nodes = l.built
-	l.root = node{}
+	if len(l.pools) > 0 {
+		ix.pool = l.pools[0]
+	}
+	l.root, l.pools = node{}, nil
 }
 
 func (l *Loader) build(ix *Index) error {
@@ -527,7 +539,7 @@ func (l *Loader) linkAll(x *seqIndex) (built int64) {
 	}
 	// Two records name one (parent, local) position: link as the walk
 	// below always did, so that such a copy loads as it did.
-	l.root = node{}
+	l.root, l.pools = node{}, nil
 	clear(state)
 	if rootKids > 1 {
 		l.root.more = make(map[uint64]*node, rootKids-1)
@@ -567,7 +579,7 @@ func (l *Loader) linkAll(x *seqIndex) (built int64) {
 			r := &recs[path[i]]
 			n := parent.child(r.local)
 			if n == nil {
-				n = newNode(parent, r.local, r.seq)
+				n = l.pool(0).get(parent, r.local, r.seq)
 				if r.kids > 1 {
 					n.more = make(map[uint64]*node, r.kids-1)
 				}

@@ -58,11 +58,11 @@ func (l *Loader) linkDown(x *seqIndex, rootKids int) (built int64, ok bool) {
 	}
 	// next builds the node of f's next child; nil when it names a
 	// position taken.
-	next := func(f *frame) *kid {
+	next := func(f *frame, pool *nodePool) *kid {
 		e := &ch[f.lo]
 		f.lo++
 		parent := f.parent
-		nd := newNode(parent, e.local, e.seq)
+		nd := pool.get(parent, e.local, e.seq)
 		if e.kids > 1 {
 			nd.more = make(map[uint64]*node, e.kids-1)
 		}
@@ -99,7 +99,7 @@ func (l *Loader) linkDown(x *seqIndex, rootKids int) (built int64, ok bool) {
 			for i := range frames {
 				f := &frames[i]
 				for f.lo < f.hi {
-					e := next(f)
+					e := next(f, l.pool(0))
 					if e == nil {
 						return 0, false
 					}
@@ -118,7 +118,9 @@ func (l *Loader) linkDown(x *seqIndex, rootKids int) (built int64, ok bool) {
 		_     [64]byte
 	}
 	tallies := make([]tally, parts)
+	l.pool(parts - 1) // every part's pool, before the parts run
 	dfs := func(p int) {
+		pool := &l.pools[p]
 		var stack []frame
 		for i := p; i < len(frames); i += parts {
 			stack = append(stack, frames[i])
@@ -130,7 +132,7 @@ func (l *Loader) linkDown(x *seqIndex, rootKids int) (built int64, ok bool) {
 				stack = stack[:len(stack)-1]
 				continue
 			}
-			e := next(f)
+			e := next(f, pool)
 			if e == nil {
 				t.bad = true
 				return

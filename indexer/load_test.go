@@ -45,7 +45,7 @@ func (ix *Index) loadStateReference(nodes map[uint64]DumpNode, ranks []RankDump)
 		}
 		c := parent.child(dn.Local)
 		if c == nil {
-			c = newNode(parent, dn.Local, dn.Seq)
+			c = ix.pool.get(parent, dn.Local, dn.Seq)
 			parent.addChild(c)
 			ix.nodes++
 		}
