@@ -72,6 +72,10 @@ type Index struct {
 	slots map[kvevent.Rank]uint32 // rank -> slot
 	free  []uint32                // free slots, reused lowest first
 
+	// keepNodes, set while a Loader applies residencies one by one,
+	// makes unlink keep nodes in the tree (applySerial).
+	keepNodes bool
+
 	nodes    int64
 	entries  int64                   // (rank, block) residencies
 	perTier  [kvevent.NumTiers]int64 // residencies with the tier's bit set
@@ -387,6 +391,9 @@ func (ix *Index) detachHolder(rs *rankState, n *node, i int) {
 // unlink frees n and then each ancestor while it is held by no rank and has
 // no children. This is what keeps memory bounded under store/remove churn.
 func (ix *Index) unlink(n *node) {
+	if ix.keepNodes {
+		return
+	}
 	for n != &ix.root && n.parent != nil && len(n.holders) == 0 && !n.hasChildren() {
 		p := n.parent
 		p.removeChild(n.local)

@@ -341,7 +341,15 @@ func (l *Loader) build(ix *Index) error {
 }
 
 // applySerial adds every residency, rank by rank in slot order.
+//
+// Nodes are not unlinked meanwhile (Index.keepNodes): each entry's node
+// is resolved before its rank is applied, and the write path's remap (an
+// engine hash given twice) would unlink a node that a later entry, of
+// this rank or a later one, still holds, and free it for reuse under
+// that entry. build's last pass unlinks what is left empty.
 func (l *Loader) applySerial(ix *Index, nodes *seqIndex, rss []*rankState) error {
+	ix.keepNodes = true
+	defer func() { ix.keepNodes = false }()
 	var at []*node // the node of each entry of the rank at hand
 	var b batcher
 	for ri, lr := range l.ranks {

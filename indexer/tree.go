@@ -43,6 +43,7 @@ type nodePool struct {
 	slab  []node // handed out from the front
 	free  *node  // freed nodes, linked through c1
 	nfree int64
+	_     [64]byte // keeps the pools of a parallel build off each other's cache lines
 }
 
 const nodeSlab = 4096 // nodes per slab: 320 KiB

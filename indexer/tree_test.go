@@ -38,3 +38,44 @@ func TestFreedNodesAreReused(t *testing.T) {
 	}
 	checkInvariants(t, ix)
 }
+
+// TestLoadKeepsNodesItStillApplies: a copy in which a rank gives one
+// engine hash on two nodes (loaded the write path's way: the second
+// remaps it) and a later rank holds the first node. The remap must not
+// free that node while the later rank's entry is still to come (it was
+// freed, handed out again for the next new node, and a removal then
+// indexed its emptied holders at -1). The load equals the same residencies
+// stored through the write path.
+func TestLoadKeepsNodesItStillApplies(t *testing.T) {
+	rA, rB, rC := kvevent.Rank{Worker: 1}, kvevent.Rank{Worker: 2}, kvevent.Rank{Worker: 3}
+	ix := New(Config{})
+	nodes := map[uint64]DumpNode{
+		101: {Seq: 101, Root: true, Local: 101},
+		102: {Seq: 102, Root: true, Local: 102},
+	}
+	ranks := []RankDump{
+		{Rank: rA, Entries: []DumpEntry{{EngineHash: 5, Seq: 101, Mask: 1, Order: 1}, {EngineHash: 5, Seq: 102, Mask: 1, Order: 2}}},
+		{Rank: rB, Entries: []DumpEntry{{EngineHash: 7, Seq: 101, Mask: 1, Order: 1}}},
+	}
+	if err := ix.LoadState(nodes, ranks); err != nil {
+		t.Fatal(err)
+	}
+	checkInvariants(t, ix)
+	ref := New(Config{})
+	mustApply(t, ref,
+		stored(rA, kvevent.TierDevice, []kvevent.Block{{EngineHash: 5, LocalHash: 101}}),
+		stored(rA, kvevent.TierDevice, []kvevent.Block{{EngineHash: 5, LocalHash: 102}}),
+		stored(rB, kvevent.TierDevice, []kvevent.Block{{EngineHash: 7, LocalHash: 101}}))
+	if ix.Digest() != ref.Digest() || ix.Stats().Nodes != ref.Stats().Nodes || ix.Stats().Entries != ref.Stats().Entries {
+		t.Fatalf("loaded %+v digest %#x; through the write path %+v digest %#x", ix.Stats(), ix.Digest(), ref.Stats(), ref.Digest())
+	}
+	for _, x := range []*Index{ix, ref} {
+		mustApply(t, x,
+			stored(rC, kvevent.TierDevice, []kvevent.Block{{EngineHash: 9, LocalHash: 199}}),
+			removed(rB, kvevent.TierDevice, 7))
+		checkInvariants(t, x)
+	}
+	if ix.Digest() != ref.Digest() {
+		t.Fatalf("after a store and a removal: %+v digest %#x; write path %+v digest %#x", ix.Stats(), ix.Digest(), ref.Stats(), ref.Digest())
+	}
+}

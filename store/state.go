@@ -57,8 +57,9 @@ type StateDB struct {
 	// it) while a snapshot of this one is still being persisted, and
 	// Raft holds that view while it waits for the restore, so Close must
 	// not wait for it. A view whose database closed fails with ErrClosed.
-	viewMu sync.Mutex
-	views  map[*StateSnapshot]struct{}
+	viewMu  sync.Mutex
+	views   map[*StateSnapshot]struct{}
+	closing bool // Close has begun: a new view opens closed
 }
 
 // Record kinds of the state database.
@@ -190,6 +191,7 @@ func (s *StateDB) Close() error {
 		return nil
 	}
 	s.viewMu.Lock()
+	s.closing = true
 	for v := range s.views {
 		v.release()
 	}

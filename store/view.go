@@ -52,13 +52,17 @@ func (vi *viewIter) close() error {
 func (s *StateDB) Snapshot() *StateSnapshot { return s.newView(nil) }
 
 func (s *StateDB) newView(over []byte) *StateSnapshot {
-	v := &StateSnapshot{s: s, snap: s.db.NewSnapshot(), over: over, its: make(map[*viewIter]struct{})}
+	v := &StateSnapshot{s: s, over: over, its: make(map[*viewIter]struct{})}
 	s.viewMu.Lock()
+	defer s.viewMu.Unlock()
+	if s.closing {
+		return v // closed: its reads fail with ErrClosed
+	}
+	v.snap = s.db.NewSnapshot()
 	if s.views == nil {
 		s.views = make(map[*StateSnapshot]struct{})
 	}
 	s.views[v] = struct{}{}
-	s.viewMu.Unlock()
 	return v
 }
 
@@ -136,6 +140,10 @@ var (
 	viewReaders    = 4
 	viewWindow     = 4
 )
+
+// viewReaderOpened, when set (tests), runs in a reader between opening
+// its iterator and first using it.
+var viewReaderOpened func()
 
 // Each calls fn for every record of the view in key order (the full key,
 // kind byte first), on the caller's goroutine. The slices are valid only
@@ -338,6 +346,11 @@ func midKey(lo, hi []byte) []byte {
 // when the view closes (ErrClosed) or Each stops it.
 func (v *StateSnapshot) readPart(p *viewPart, rd *viewRead) {
 	defer close(p.chunks)
+	select {
+	case <-rd.stop:
+		return // Each is done: no one reads this part
+	default:
+	}
 	mu := &v.s.viewMu
 	mu.Lock()
 	if v.snap == nil {
@@ -354,6 +367,9 @@ func (v *StateSnapshot) readPart(p *viewPart, rd *viewRead) {
 	vi := &viewIter{it: it}
 	v.its[vi] = struct{}{}
 	mu.Unlock()
+	if viewReaderOpened != nil {
+		viewReaderOpened()
+	}
 	// done forgets the iterator and closes it, unless the view's close did.
 	done := func() error {
 		mu.Lock()
@@ -364,6 +380,11 @@ func (v *StateSnapshot) readPart(p *viewPart, rd *viewRead) {
 		return vi.close()
 	}
 	vi.mu.Lock()
+	if vi.it == nil {
+		vi.mu.Unlock()
+		p.err = errViewClosed // the view closed since the iterator opened
+		return
+	}
 	valid := it.First()
 	vi.mu.Unlock()
 	over := p.over
@@ -398,7 +419,16 @@ func (v *StateSnapshot) readPart(p *viewPart, rd *viewRead) {
 			c.Add(it.Key(), it.Value())
 			valid = it.Next()
 		}
+		var ierr error
+		if !valid {
+			ierr = it.Error() // read before a close can drop it
+		}
 		vi.mu.Unlock()
+		if ierr != nil {
+			_ = done()
+			p.err = fmt.Errorf("iterate state snapshot: %w", ierr)
+			return
+		}
 		last := !valid && len(over) == 0
 		if last {
 			if err := done(); err != nil {

@@ -177,3 +177,41 @@ func TestScanRange(t *testing.T) {
 		}
 	}
 }
+
+// TestEachAcrossACloseBeforeTheFirstRead: the database closes (a restore
+// swapping it) after a reader opened its iterator and before it read
+// anything; Each fails with ErrClosed instead of reading through a closed
+// iterator (that crashed in Pebble).
+func TestEachAcrossACloseBeforeTheFirstRead(t *testing.T) {
+	s, err := OpenState(filepath.Join(t.TempDir(), "fsm"), StateOptions{Logger: logStoreTestLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := s.NewBatch()
+	for i := range 100 {
+		b.Put(KindBooking, fmt.Appendf(nil, "k%03d", i), []byte("v"))
+	}
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	v := s.Snapshot()
+	closed := false
+	viewReaderOpened = func() {
+		if !closed {
+			closed = true
+			if err := s.Close(); err != nil {
+				t.Errorf("close: %v", err)
+			}
+		}
+	}
+	defer func() { viewReaderOpened = nil }()
+	read := 0
+	err = v.Each(func(_, _ []byte) error { read++; return nil })
+	if !errors.Is(err, ErrClosed) || read != 0 || !closed {
+		t.Fatalf("Each across a close before its first read: %d records, %v (closed %v); want ErrClosed", read, err, closed)
+	}
+	if err := v.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
