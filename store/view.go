@@ -122,8 +122,8 @@ func (v *StateSnapshot) Close() error {
 // How Each reads (variables so that tests can make many small parts and
 // chunks of a small view):
 //
-//   - viewChunkBytes: records are copied out of the database a chunk of
-//     about this many bytes at a time, under the view's lock.
+//   - viewChunkBytes: a reader copies records out of the database a chunk
+//     of about this many bytes at a time, under its iterator's lock.
 //   - viewPartBytes: the keyspace is cut into parts of about this many
 //     bytes of tables (Pebble's estimate); one reader reads a part.
 //   - viewMaxParts: at most this many parts (a range that Pebble
@@ -149,15 +149,15 @@ var viewReaderOpened func()
 // kind byte first), on the caller's goroutine. The slices are valid only
 // during the call. One Each at a time: another, while one runs, fails.
 //
-// How: the keyspace is cut into parts (viewParts), readers take the parts
-// in key order, each part through an iterator of its own on the view's
-// snapshot, with the overlay's writes of the part merged in, and copy the
-// records out a chunk at a time; fn gets the parts' chunks in order. The
-// chunks are read under the view's lock and fn runs without it, so that
-// closing the database never waits for fn (a slow reader of a user's save,
-// Raft's snapshot sink): Close closes the readers' iterators, and Each
-// then fails with ErrClosed. When fn fails, the readers stop and Each
-// returns fn's error once they have.
+// How: the keyspace is cut into parts (StateSnapshot.parts), readers
+// take the parts in key order, each part through an iterator of its own
+// on the view's snapshot, with the overlay's writes of the part merged
+// in, and copy the records out a chunk at a time; fn gets the parts'
+// chunks in order. A chunk is read under its reader's iterator lock and
+// fn runs without any lock, so that closing the database never waits for
+// fn (a slow reader of a user's save, Raft's snapshot sink): Close closes
+// the readers' iterators, and Each then fails with ErrClosed. When fn
+// fails, the readers stop and Each returns fn's error once they have.
 func (v *StateSnapshot) Each(fn func(key, value []byte) error) error {
 	mu := &v.s.viewMu
 	mu.Lock()
