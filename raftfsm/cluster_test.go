@@ -399,6 +399,22 @@ func TestStartCatchesUpFromTheNewestSnapshot(t *testing.T) {
 			if got := n.fsm.Digest(); got != digest || n.IndexStats().Entries != 30 {
 				t.Fatalf("after the catch-up: digest %#x and %d entries, want %#x and 30", got, n.IndexStats().Entries, digest)
 			}
+			// The state records the snapshot's index (or a later one),
+			// durably: a start before any further command keeps it.
+			snaps, err := n.snaps.List()
+			if err != nil || len(snaps) == 0 {
+				t.Fatalf("snapshots: %v %v", snaps, err)
+			}
+			c.stop(0)
+			f, err := OpenFSM(FSMConfig{Dir: filepath.Join(c.dirs[0], "fsm"), Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			applied, _ := f.Applied()
+			f.Close()
+			if applied < snaps[0].Index {
+				t.Fatalf("the caught-up state's applied index is %d, below the snapshot's %d: the next start restores it again", applied, snaps[0].Index)
+			}
 		})
 	}
 }

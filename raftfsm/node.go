@@ -296,7 +296,15 @@ func (n *Node) catchUpFromSnapshot() error {
 	}
 	n.logger.Info("state is behind the newest snapshot; restoring it", "applied", applied, "snapshot", newest.Index)
 	defer rc.Close()
-	return n.fsm.restoreFrom(rc) // not Restore: that waits for the FSM's release, which waits for this
+	if err := n.fsm.restoreFrom(rc); err != nil { // not Restore: that waits for the FSM's release, which waits for this
+		return err
+	}
+	// A restored state's applied index restarts at 0 (restoreFrom: a
+	// user's stream may come from another cluster's log). This stream is
+	// Raft's own snapshot at newest.Index, and Raft applies only the
+	// entries after it: record that index, so that a restart before the
+	// next command does not restore the snapshot again.
+	return n.fsm.markApplied(newest.Index, newest.Term)
 }
 
 func (n *Node) closeStorage() {
