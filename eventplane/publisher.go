@@ -111,6 +111,15 @@ type rankBuf struct {
 	evs      []kvevent.Event
 	head     int
 	needDump bool
+	// dumpAsks counts the times a dump was asked for (askDump): a dump
+	// built before the last ask does not answer it (sendDump).
+	dumpAsks uint64
+}
+
+// askDump marks the rank as needing a dump.
+func (b *rankBuf) askDump() {
+	b.needDump = true
+	b.dumpAsks++
 }
 
 func (b *rankBuf) pending() []kvevent.Event { return b.evs[b.head:] }
@@ -277,7 +286,7 @@ func (p *Publisher) publish(r kvevent.Rank, evs []kvevent.Event) (uint64, <-chan
 // dropped from it once the dump is acknowledged.
 func (p *Publisher) Resync(r kvevent.Rank) {
 	p.mu.Lock()
-	p.buf(r).needDump = true
+	p.buf(r).askDump()
 	p.mu.Unlock()
 	select {
 	case p.kick <- struct{}{}:
@@ -423,7 +432,7 @@ func (p *Publisher) sendEvents(data []byte) bool {
 			// is taken for duplicates. Resync the rank with a dump, which
 			// sets the cursor to our numbering.
 			p.cfg.Logger.Warn("router cursor ahead of the publisher; resyncing the rank", "rank", a.Rank, "cursor", a.Cursor, "next", b.next)
-			b.needDump = true
+			b.askDump()
 			continue
 		}
 		b.acked = a.Cursor
@@ -436,7 +445,7 @@ func (p *Publisher) sendEvents(data []byte) bool {
 				p.m.resends.WithLabelValues("replay").Inc()
 			} else {
 				p.m.resends.WithLabelValues("dump").Inc()
-				b.needDump = true
+				b.askDump()
 			}
 		}
 	}
@@ -463,6 +472,12 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 		p.cfg.Logger.Error("a rank needs a dump and the publisher has no Dump callback; its events are stuck", "rank", r)
 		return false
 	}
+	// A dump answers the asks made before it is built: one made while it
+	// is built or sent (an engine reset as the agent's first dump goes
+	// out) may have changed the owner's state after it, and needs another.
+	p.mu.Lock()
+	asks := p.ranks[r].dumpAsks
+	p.mu.Unlock()
 	stored, through := p.cfg.Dump(r)
 	for i := range stored {
 		stored[i].Rank = r
@@ -493,7 +508,10 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 	if through >= b.next {
 		b.next = through + 1
 	}
-	b.acked, b.needDump = through, false
+	b.acked = through
+	if b.dumpAsks == asks {
+		b.needDump = false
+	}
 	p.signalRoom(b.trim(through))
 	p.mu.Unlock()
 	return true
