@@ -166,8 +166,8 @@ func val(c prometheus.Counter) float64 {
 func TestResyncDuringADumpSendsAnother(t *testing.T) {
 	c := newTestCluster(t, 1)
 	l := c.leader()
-	r := kvevent.Rank{Worker: 5}
-	block := func(h uint64) kvevent.Event {
+	warm, r := kvevent.Rank{Worker: 4}, kvevent.Rank{Worker: 5}
+	block := func(r kvevent.Rank, h uint64) kvevent.Event {
 		return kvevent.Event{Rank: r, Kind: kvevent.KindStored, Tier: kvevent.TierDevice,
 			Blocks: []kvevent.Block{{EngineHash: h, LocalHash: 1000 + h}}}
 	}
@@ -182,9 +182,9 @@ func TestResyncDuringADumpSendsAnother(t *testing.T) {
 			// The stale state is built; then the owner resets (the
 			// resync comes from its own goroutine in the agent).
 			p.Resync(r)
-			return []kvevent.Event{block(1), block(2), block(3)}, 0
+			return []kvevent.Event{block(r, 1), block(r, 2), block(r, 3)}, 0
 		}
-		return []kvevent.Event{block(9)}, 0
+		return []kvevent.Event{block(r, 9)}, 0
 	}
 	var err error
 	p, err = NewPublisher(PublisherConfig{Conn: connect(t, c.url(l)), Dump: dump, Logger: quiet})
@@ -192,11 +192,23 @@ func TestResyncDuringADumpSendsAnother(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
+	// The router answers before the scenario starts: a first dump that
+	// failed for want of a responder would be built again, fresh, and
+	// hide the fault.
+	if _, err := p.PublishWait(ctxT(t), warm, []kvevent.Event{block(warm, 100)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "the warm-up event's ack", func() bool { return p.Pending() == 0 })
 	p.Resync(r)
 	n := c.nodes[l]
+	// Two dumps committed (the stale one, then the one the reset asked
+	// for), and the router holds the second: the warm-up block and block 9.
 	waitFor(t, 15*time.Second, "the second dump's state on the router", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return calls >= 2 && n.IndexStats().Entries == 1 && p.Pending() == 0
+		return val(p.m.dumps) == 2 && n.IndexStats().Entries == 2 && p.Pending() == 0
 	})
+	mu.Lock()
+	defer mu.Unlock()
+	if calls < 2 {
+		t.Fatalf("the owner built %d dumps, want 2", calls)
+	}
 }
