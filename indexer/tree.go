@@ -40,10 +40,9 @@ type node struct {
 // belongs to one tree and is used under its lock; a parallel build uses a
 // pool per part.
 type nodePool struct {
-	slab  []node // handed out from the front
-	free  *node  // freed nodes, linked through c1
-	nfree int64
-	_     [64]byte // keeps the pools of a parallel build off each other's cache lines
+	slab []node   // handed out from the front
+	free *node    // freed nodes, linked through c1
+	_    [64]byte // keeps the pools of a parallel build off each other's cache lines
 }
 
 const nodeSlab = 4096 // nodes per slab: 320 KiB
@@ -52,7 +51,7 @@ const nodeSlab = 4096 // nodes per slab: 320 KiB
 func (p *nodePool) get(parent *node, local, seq uint64) *node {
 	n := p.free
 	if n != nil {
-		p.free, p.nfree = n.c1, p.nfree-1
+		p.free = n.c1
 	} else {
 		if len(p.slab) == cap(p.slab) {
 			p.slab = make([]node, 0, nodeSlab)
@@ -70,7 +69,6 @@ func (p *nodePool) get(parent *node, local, seq uint64) *node {
 func (p *nodePool) put(n *node) {
 	*n = node{c1: p.free} // drops the grown holders and child map
 	p.free = n
-	p.nfree++
 }
 
 // holder is one rank's residency on a node. sm packs the rank's slot
