@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -538,10 +539,27 @@ func TestBenchClusterRestart(t *testing.T) {
 		held, ready.Seconds(), read.Seconds(), ready.Seconds()/read.Seconds(), opened.Seconds(), fsmOpen.Seconds(), float64(n)/1e6, seed)
 }
 
-// bcProfile starts a CPU profile into $KVROUTER_BENCH_PROFILE, when set,
-// and returns the function that stops it.
+// bcProfile starts a CPU profile into $KVROUTER_BENCH_PROFILE and an
+// execution trace into $KVROUTER_BENCH_TRACE, each when set, and returns
+// the function that stops them.
 func bcProfile(t *testing.T) (stop func()) {
-	return bcProfileTo(t, os.Getenv("KVROUTER_BENCH_PROFILE"))
+	stopProfile := bcProfileTo(t, os.Getenv("KVROUTER_BENCH_PROFILE"))
+	path := os.Getenv("KVROUTER_BENCH_TRACE")
+	if path == "" {
+		return stopProfile
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := trace.Start(out); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		trace.Stop()
+		out.Close()
+		stopProfile()
+	}
 }
 
 // bcProfileTo starts a CPU profile into path, unless path is empty, and
@@ -622,7 +640,8 @@ func bcCopyFile(src, dst string) error {
 // (synced), FSM.Restore of that file into a fresh FSM (checked, swapped in,
 // the index rebuilt), and InspectSnapshot (the checksum pass alone),
 // against a plain copy of the same file through user space (synced).
-// KVROUTER_BENCH_PROFILE=file writes a CPU profile of the restore alone,
+// KVROUTER_BENCH_PROFILE=file writes a CPU profile of the restore alone
+// (KVROUTER_BENCH_TRACE=file an execution trace of it),
 // KVROUTER_BENCH_SAVE_PROFILE=file one of the save alone.
 func TestBenchClusterSnapshot(t *testing.T) {
 	benchenv.Skip(t, "bench-cluster")
