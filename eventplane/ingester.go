@@ -11,6 +11,7 @@ import (
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 )
 
 // Default subjects (docs/events.md).
@@ -47,11 +48,22 @@ type IngesterConfig struct {
 	Linger         time.Duration
 	MaxEntryEvents int
 	MaxEntryBytes  int
-	MaxInFlight    int           // entries being committed at once, default 4
-	CommitTimeout  time.Duration // per entry, default 5s
-	PollInterval   time.Duration // how often leadership is checked, default 20ms
-	Registerer     prometheus.Registerer
-	Logger         *slog.Logger
+	MaxInFlight    int // entries being committed at once, default 4
+	// MaxRequestEvents refuses, as invalid, an events request of more
+	// events (default 65536; a publisher sends at most its own
+	// MaxRequestEvents, default 8192, which must not be larger).
+	// MaxQueuedEvents bounds the events decoded and waiting for an entry
+	// (default 262144): past it the subscription takes no more requests,
+	// which wait in NATS, within its pending limit, or are dropped there
+	// for their publishers to resend. A decoded event takes about 100
+	// bytes however few it was sent in (2 at least), so the leader's
+	// memory for requests is bounded by events, not by what is sent.
+	MaxRequestEvents int
+	MaxQueuedEvents  int
+	CommitTimeout    time.Duration // per entry, default 5s
+	PollInterval     time.Duration // how often leadership is checked, default 20ms
+	Registerer       prometheus.Registerer
+	Logger           *slog.Logger
 }
 
 func (c *IngesterConfig) defaults() {
@@ -79,6 +91,14 @@ func (c *IngesterConfig) defaults() {
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = 4
 	}
+	if c.MaxRequestEvents <= 0 {
+		c.MaxRequestEvents = 65536
+	}
+	if c.MaxQueuedEvents <= 0 {
+		c.MaxQueuedEvents = 1 << 18
+	}
+	// A request the cap lets through must fit the queue whole.
+	c.MaxQueuedEvents = max(c.MaxQueuedEvents, c.MaxRequestEvents)
 	if c.CommitTimeout <= 0 {
 		c.CommitTimeout = 5 * time.Second
 	}
@@ -99,11 +119,14 @@ type Ingester struct {
 
 	leases leases
 
-	reqs chan request
-	sem  chan struct{}
-	stop chan struct{}
-	wg   sync.WaitGroup // the loops
-	cwg  sync.WaitGroup // commits in flight
+	reqs   chan request
+	queued *semaphore.Weighted // events decoded and not yet taken by the batcher (MaxQueuedEvents)
+	sem    chan struct{}
+	stop   chan struct{}
+	ctx    context.Context // canceled by Close: ends waits for queue room
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the loops
+	cwg    sync.WaitGroup // commits in flight
 }
 
 type request struct {
@@ -154,16 +177,24 @@ func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
 
 // NewIngester starts an ingester; it subscribes as soon as its node leads.
 func NewIngester(cfg IngesterConfig) (*Ingester, error) {
-	cfg.defaults()
 	if cfg.Conn == nil || cfg.Node == nil {
 		return nil, errors.New("eventplane: an ingester needs a NATS connection and a node")
 	}
-	in := &Ingester{cfg: cfg, m: newIngesterMetrics(cfg.Registerer),
-		reqs: make(chan request, 4096), sem: make(chan struct{}, cfg.MaxInFlight), stop: make(chan struct{})}
+	in := newIngester(cfg)
 	in.wg.Add(2)
 	go in.leadership()
 	go in.batcher()
 	return in, nil
+}
+
+// newIngester returns an ingester with its loops not started.
+func newIngester(cfg IngesterConfig) *Ingester {
+	cfg.defaults()
+	in := &Ingester{cfg: cfg, m: newIngesterMetrics(cfg.Registerer),
+		reqs: make(chan request, 4096), queued: semaphore.NewWeighted(int64(cfg.MaxQueuedEvents)),
+		sem: make(chan struct{}, cfg.MaxInFlight), stop: make(chan struct{})}
+	in.ctx, in.cancel = context.WithCancel(context.Background())
+	return in
 }
 
 // Close unsubscribes, waits for the entries in flight to finish (each is
@@ -176,6 +207,7 @@ func (in *Ingester) Close() error {
 	default:
 	}
 	close(in.stop)
+	in.cancel()
 	in.wg.Wait()
 	in.cwg.Wait()
 	return nil
@@ -264,9 +296,10 @@ func (in *Ingester) replyErr(m *nats.Msg, err error) {
 }
 
 // onEvents decodes a request and hands it to the batcher. It runs on the
-// subscription's goroutine, so decoding is off the batcher's path.
+// subscription's goroutine, so decoding is off the batcher's path; it
+// waits there while the queue holds MaxQueuedEvents.
 func (in *Ingester) onEvents(m *nats.Msg) {
-	batches, err := decodeEvents(m.Data)
+	batches, err := decodeEvents(m.Data, in.cfg.MaxRequestEvents)
 	if err != nil {
 		in.m.rejected.WithLabelValues("malformed").Inc()
 		in.replyErr(m, err)
@@ -280,9 +313,13 @@ func (in *Ingester) onEvents(m *nats.Msg) {
 			in.m.received.WithLabelValues(ev.Kind.String(), ev.Tier.String()).Inc()
 		}
 	}
+	if err := in.queued.Acquire(in.ctx, int64(n)); err != nil {
+		return // closing: unanswered, its publisher resends
+	}
 	select {
 	case in.reqs <- request{msg: m, batches: batches, events: n}:
 	case <-in.stop:
+		in.queued.Release(int64(n))
 	}
 }
 
@@ -331,6 +368,7 @@ func (in *Ingester) batcher() {
 		case <-in.stop:
 			return
 		case r := <-in.reqs:
+			in.queued.Release(int64(r.events))
 			group, events, bytes = append(group, r), r.events, len(r.msg.Data)
 		}
 		timer.Reset(in.cfg.Linger)
@@ -340,6 +378,7 @@ func (in *Ingester) batcher() {
 			case <-in.stop:
 				break collect
 			case r := <-in.reqs:
+				in.queued.Release(int64(r.events))
 				group = append(group, r)
 				events += r.events
 				bytes += len(r.msg.Data)

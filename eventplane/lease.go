@@ -42,13 +42,22 @@ func DecodeHeartbeat(b []byte) ([]uint64, error) {
 }
 
 // leases is the leader's view of its leased workers: when each was last
-// heard of. It is not replicated: a new leader starts every lease afresh
-// at its election (a grace of one lease), so a failover never expires a
-// worker that kept sending heartbeats.
+// heard of. It is not replicated: a lease runs from the later of the
+// worker's last heartbeat and the first time this leader saw the worker
+// in its table (a sweep, or a heartbeat). So a new leader grants every
+// worker a grace of one lease from its election, and a failover never
+// expires a worker that kept sending heartbeats; and a worker registered
+// during the term gets a whole lease before its first heartbeat is due,
+// however long the leader has led.
+//
+// seen holds registered workers only: a heartbeat naming an id the table
+// lacks is answered "unknown" and not remembered, and a sweep forgets the
+// workers gone from the table, so the map is bounded by the table (not by
+// what clients send).
 type leases struct {
 	mu     sync.Mutex
 	since  time.Time            // when this node became leader; zero when it does not lead
-	seen   map[uint64]time.Time // last heartbeat per worker, this term
+	seen   map[uint64]time.Time // per registered worker: its last heartbeat, or when first seen, this term
 	expiry map[uint64]bool      // removals in flight
 }
 
@@ -78,11 +87,12 @@ func (in *Ingester) onHeartbeat(m *nats.Msg) {
 	var unknown []uint64
 	in.leases.mu.Lock()
 	for _, id := range ids {
-		if in.leases.seen != nil {
-			in.leases.seen[id] = now
-		}
 		if _, ok := table[id]; !ok {
 			unknown = append(unknown, id)
+			continue
+		}
+		if in.leases.seen != nil {
+			in.leases.seen[id] = now
 		}
 	}
 	in.leases.mu.Unlock()
@@ -102,13 +112,21 @@ func (in *Ingester) sweepLeases(now time.Time) {
 		in.leases.mu.Unlock()
 		return
 	}
+	for id := range in.leases.seen {
+		if _, ok := table[id]; !ok && !in.leases.expiry[id] {
+			delete(in.leases.seen, id) // deregistered some other way
+		}
+	}
 	for id, w := range table {
 		if w.LeaseMs <= 0 || in.leases.expiry[id] {
 			continue
 		}
-		last := in.leases.since
-		if t, ok := in.leases.seen[id]; ok && t.After(last) {
-			last = t
+		last, ok := in.leases.seen[id]
+		if !ok {
+			// First seen now: registered since the last sweep (or the
+			// election), its lease starts here.
+			in.leases.seen[id] = now
+			continue
 		}
 		if now.Sub(last) > time.Duration(w.LeaseMs)*time.Millisecond {
 			in.leases.expiry[id] = true
@@ -123,14 +141,20 @@ func (in *Ingester) sweepLeases(now time.Time) {
 			ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
 			defer cancel()
 			err := in.cfg.Node.DeregisterWorker(ctx, w.ID)
+			removed := err == nil || errors.Is(err, raftfsm.ErrUnknownWorker)
 			in.leases.mu.Lock()
 			if in.leases.expiry != nil {
 				delete(in.leases.expiry, w.ID)
-				delete(in.leases.seen, w.ID)
+				if removed {
+					// A registration from now on starts a new lease. After
+					// a failure the old heartbeat stays: the next sweep
+					// retries at once.
+					delete(in.leases.seen, w.ID)
+				}
 			}
 			in.leases.mu.Unlock()
 			switch {
-			case err == nil, errors.Is(err, raftfsm.ErrUnknownWorker):
+			case removed:
 				in.m.expired.Inc()
 				in.cfg.Logger.Warn("worker lease expired; removed", "worker", w.ID,
 					"lease", time.Duration(w.LeaseMs)*time.Millisecond)

@@ -304,20 +304,27 @@ func msgType(b []byte) (byte, error) {
 	return t, r.err
 }
 
-// decodeEvents decodes an events request. Every event is structurally
-// valid (kvevent.Event.Validate) and carries its rank and id.
-func decodeEvents(b []byte) ([]raftfsm.RankBatch, error) {
+// decodeEvents decodes an events request of at most maxEvents events.
+// Every event is structurally valid (kvevent.Event.Validate) and carries
+// its rank and id. The cap is checked before the events are allocated: a
+// decoded event is far larger than the 2 bytes it may be sent in.
+func decodeEvents(b []byte, maxEvents int) ([]raftfsm.RankBatch, error) {
 	r := rbuf{b: b}
 	if t := r.header(); r.err == nil && t != msgEvents {
 		r.fail("message type %d, want events", t)
 	}
 	nb := r.count(4)
 	batches := make([]raftfsm.RankBatch, 0, nb)
+	total := 0
 	for i := 0; i < nb && r.err == nil; i++ {
 		rank := kvevent.Rank{Worker: r.uv(), DP: r.dp()}
 		first := r.uv()
 		ne := r.count(2)
 		if r.err != nil {
+			break
+		}
+		if total += ne; total > maxEvents {
+			r.fail("request of more than %d events", maxEvents)
 			break
 		}
 		if ne > 0 && (first == 0 || first > math.MaxUint64-uint64(ne)) {

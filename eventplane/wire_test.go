@@ -3,6 +3,7 @@ package eventplane
 import (
 	"bytes"
 	"errors"
+	"math"
 	"reflect"
 	"testing"
 
@@ -22,13 +23,34 @@ func sampleBatches() []raftfsm.RankBatch {
 
 func TestEventsRoundTrip(t *testing.T) {
 	in := sampleBatches()
-	out, err := decodeEvents(appendEvents(nil, in))
+	out, err := decodeEvents(appendEvents(nil, in), 4)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(in, out) {
 		t.Fatalf("decoded %+v\nwant %+v", out, in)
 	}
+}
+
+// TestEventsOverTheCapAreRefused: a request of more events than the cap
+// is malformed, counted across its rank batches, before the events are
+// allocated (a cleared event is 2 bytes on the wire, about 100 decoded).
+func TestEventsOverTheCapAreRefused(t *testing.T) {
+	if _, err := decodeEvents(appendEvents(nil, sampleBatches()), 3); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("4 events under a cap of 3: err = %v, want ErrMalformed", err)
+	}
+	r := kvevent.Rank{Worker: 9}
+	many := make([]kvevent.Event, 1<<20)
+	for i := range many {
+		many[i] = kvevent.Event{Rank: r, EventID: uint64(i) + 1, Kind: kvevent.KindCleared}
+	}
+	b := appendEvents(nil, []raftfsm.RankBatch{{Rank: r, Events: many[:1<<19]}, {Rank: r, Events: many[1<<19:]}})
+	allocs := testing.AllocsPerRun(1, func() {
+		if _, err := decodeEvents(b, 1<<19); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("2^20 events under a cap of 2^19: err = %v, want ErrMalformed", err)
+		}
+	})
+	t.Logf("%d bytes, refused with %.0f allocations", len(b), allocs)
 }
 
 func TestMalformedMessagesAreRejected(t *testing.T) {
@@ -48,7 +70,7 @@ func TestMalformedMessagesAreRejected(t *testing.T) {
 		"dp overflow": {'K', 'E', 1, msgEvents, 1, 1, 0xff, 0xff, 0xff, 0xff, 0x7f, 1, 0},
 	}
 	for name, b := range cases {
-		if _, err := decodeEvents(b); !errors.Is(err, ErrMalformed) {
+		if _, err := decodeEvents(b, 1<<20); !errors.Is(err, ErrMalformed) {
 			t.Errorf("%s: err = %v, want ErrMalformed", name, err)
 		}
 	}
@@ -85,8 +107,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(appendError(nil, codeInvalid, "x"))
 	f.Add(appendDumpOK(nil, 3))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if bs, err := decodeEvents(b); err == nil {
-			again, err := decodeEvents(appendEvents(nil, bs))
+		if bs, err := decodeEvents(b, math.MaxInt); err == nil {
+			again, err := decodeEvents(appendEvents(nil, bs), math.MaxInt)
 			if err != nil || !reflect.DeepEqual(again, bs) {
 				t.Fatalf("events re-encode: %v", err)
 			}

@@ -1,0 +1,258 @@
+package eventplane
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/nats-io/nats.go"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// fakeTarget is a leader that commits nothing: it records what it is
+// given, and its IngestEvents waits while hold is set (until release).
+type fakeTarget struct {
+	mu       sync.Mutex
+	workers  map[uint64]raftfsm.WorkerInfo
+	removed  []uint64
+	failNext int // DeregisterWorker fails this many more times
+	ingested []raftfsm.RankBatch
+	calls    int
+	hold     chan struct{} // nil: IngestEvents returns at once
+}
+
+func newFakeTarget() *fakeTarget { return &fakeTarget{workers: map[uint64]raftfsm.WorkerInfo{}} }
+
+func (t *fakeTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	t.mu.Lock()
+	t.calls++
+	hold := t.hold
+	t.mu.Unlock()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.ingested = append(t.ingested, bs...)
+	return make([]raftfsm.RankAck, len(bs)), nil
+}
+
+func (t *fakeTarget) ReplaceRank(context.Context, kvevent.Rank, uint64, []kvevent.Event) error {
+	return nil
+}
+
+func (t *fakeTarget) IsLeader() bool { return true }
+
+func (t *fakeTarget) WorkerTable() map[uint64]raftfsm.WorkerInfo {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[uint64]raftfsm.WorkerInfo, len(t.workers))
+	for k, v := range t.workers {
+		out[k] = v
+	}
+	return out
+}
+
+func (t *fakeTarget) DeregisterWorker(_ context.Context, id uint64) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.failNext > 0 {
+		t.failNext--
+		return errors.New("no quorum")
+	}
+	if _, ok := t.workers[id]; !ok {
+		return raftfsm.ErrUnknownWorker
+	}
+	delete(t.workers, id)
+	t.removed = append(t.removed, id)
+	return nil
+}
+
+func (t *fakeTarget) register(id uint64, lease time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.workers[id] = raftfsm.WorkerInfo{ID: id, LeaseMs: lease.Milliseconds()}
+}
+
+func (t *fakeTarget) removedIDs() []uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.removed)
+}
+
+// sweep runs one lease sweep at now and waits for the removals it starts.
+func sweep(in *Ingester, now time.Time) {
+	in.sweepLeases(now)
+	in.cwg.Wait()
+}
+
+// TestLeaseStartsWhenTheLeaderFirstSeesTheWorker: a worker registered long
+// after the election gets a whole lease before its first heartbeat is due
+// (its lease used to run from the election, so the next sweep removed it);
+// heartbeats extend it; silence past it removes it.
+func TestLeaseStartsWhenTheLeaderFirstSeesTheWorker(t *testing.T) {
+	tg := newFakeTarget()
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0.Add(time.Minute)) // nothing registered yet
+
+	const lease = 10 * time.Second
+	tg.register(7, lease)
+	t1 := t0.Add(time.Minute + 250*time.Millisecond) // the next sweep
+	sweep(in, t1)
+	sweep(in, t1.Add(lease-time.Millisecond))
+	if r := tg.removedIDs(); len(r) != 0 {
+		t.Fatalf("worker removed %v within a lease of its registration, before any heartbeat was due", r)
+	}
+	in.onHeartbeat(&nats.Msg{Data: AppendHeartbeat(nil, []uint64{7})})
+	sweep(in, time.Now().Add(lease-time.Millisecond))
+	if r := tg.removedIDs(); len(r) != 0 {
+		t.Fatalf("worker removed %v within a lease of its heartbeat", r)
+	}
+	sweep(in, time.Now().Add(lease+time.Second))
+	if r := tg.removedIDs(); !slices.Equal(r, []uint64{7}) {
+		t.Fatalf("removed %v, want [7] after a lease of silence", r)
+	}
+	if _, ok := in.leases.seen[7]; ok {
+		t.Fatal("a removed worker's heartbeat time is kept")
+	}
+}
+
+// TestNewLeaderGivesEveryWorkerALease: the workers in the table at an
+// election get a lease from it, whatever their last heartbeat to the old
+// leader.
+func TestNewLeaderGivesEveryWorkerALease(t *testing.T) {
+	tg := newFakeTarget()
+	tg.register(1, time.Second)
+	tg.register(2, 0) // no lease: stays
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0)
+	sweep(in, t0.Add(time.Second))
+	if r := tg.removedIDs(); len(r) != 0 {
+		t.Fatalf("removed %v within a lease of the election", r)
+	}
+	sweep(in, t0.Add(time.Second+time.Millisecond))
+	if r := tg.removedIDs(); !slices.Equal(r, []uint64{1}) {
+		t.Fatalf("removed %v, want [1]", r)
+	}
+}
+
+// TestHeartbeatsOfUnknownWorkersAreNotKept: the leader remembers only
+// registered workers, so a heartbeat naming many ids no worker has does
+// not grow its memory, and a worker deregistered some other way is
+// forgotten at the next sweep. Unknown ids are answered as unknown.
+func TestHeartbeatsOfUnknownWorkersAreNotKept(t *testing.T) {
+	tg := newFakeTarget()
+	tg.register(5, time.Minute)
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	in.leases.lead(time.Now())
+	ids := make([]uint64, 100_000)
+	for i := range ids {
+		ids[i] = uint64(i) + 1000
+	}
+	in.onHeartbeat(&nats.Msg{Data: AppendHeartbeat(nil, append(ids, 5))})
+	if n := len(in.leases.seen); n != 1 {
+		t.Fatalf("the leader keeps %d heartbeat times, want 1 (the registered worker)", n)
+	}
+	tg.mu.Lock()
+	delete(tg.workers, 5) // deregistered through the API
+	tg.mu.Unlock()
+	sweep(in, time.Now())
+	if n := len(in.leases.seen); n != 0 {
+		t.Fatalf("the leader keeps %d heartbeat times after the worker left, want 0", n)
+	}
+}
+
+// TestFailedRemovalIsRetriedAtTheNextSweep: a removal that fails (no
+// quorum) is tried again at the next sweep, not a lease later.
+func TestFailedRemovalIsRetriedAtTheNextSweep(t *testing.T) {
+	tg := newFakeTarget()
+	tg.register(3, time.Second)
+	tg.failNext = 1
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0)
+	sweep(in, t0.Add(2*time.Second)) // expired; the removal fails
+	if r := tg.removedIDs(); len(r) != 0 {
+		t.Fatalf("removed %v through a failing target", r)
+	}
+	sweep(in, t0.Add(2*time.Second+250*time.Millisecond))
+	if r := tg.removedIDs(); !slices.Equal(r, []uint64{3}) {
+		t.Fatalf("removed %v at the sweep after a failed removal, want [3]", r)
+	}
+}
+
+// clearedEvents returns an events request of n cleared events of rank r,
+// numbered from first.
+func clearedEvents(r kvevent.Rank, first uint64, n int) *nats.Msg {
+	evs := make([]kvevent.Event, n)
+	for i := range evs {
+		evs[i] = kvevent.Event{Rank: r, EventID: first + uint64(i), Kind: kvevent.KindCleared}
+	}
+	return &nats.Msg{Data: appendEvents(nil, []raftfsm.RankBatch{{Rank: r, Events: evs}})}
+}
+
+// TestDecodedEventsWaitingAreBounded: with the commits stalled, requests
+// queue until MaxQueuedEvents events wait; the next request's callback
+// then waits for room (leaving further requests in NATS) and goes on once
+// the commits do. A request over MaxRequestEvents is refused undecoded.
+func TestDecodedEventsWaitingAreBounded(t *testing.T) {
+	tg := newFakeTarget()
+	tg.hold = make(chan struct{})
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet, MaxInFlight: 1,
+		MaxEntryEvents: 4, MaxRequestEvents: 4, MaxQueuedEvents: 8})
+	in.wg.Add(1)
+	go in.batcher()
+	defer in.Close()
+	r := kvevent.Rank{Worker: 1}
+
+	in.onEvents(clearedEvents(r, 1, 5)) // over the cap
+	var m dto.Metric
+	if err := in.m.rejected.WithLabelValues("malformed").Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+		n := m.GetCounter().GetValue()
+		t.Fatalf("%v requests rejected, want the one over the cap", n)
+	}
+
+	in.onEvents(clearedEvents(r, 1, 4)) // A: committing, held
+	waitFor(t, 10*time.Second, "the first entry's commit", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		return tg.calls == 1
+	})
+	in.onEvents(clearedEvents(r, 5, 4)) // B: the batcher holds it, waiting for the commit slot
+	waitFor(t, 10*time.Second, "the batcher to take the second request", func() bool { return len(in.reqs) == 0 })
+	in.onEvents(clearedEvents(r, 9, 4))  // C: queued
+	in.onEvents(clearedEvents(r, 13, 4)) // D: queued; the queue is full
+	if in.queued.TryAcquire(1) {
+		t.Fatalf("room in the queue with %d requests of 8 events waiting", len(in.reqs))
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		in.onEvents(clearedEvents(r, 17, 4)) // E: waits for room
+	}()
+	close(tg.hold)
+	<-done
+	waitFor(t, 10*time.Second, "every queued request to commit", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		n := 0
+		for _, b := range tg.ingested {
+			n += len(b.Events)
+		}
+		return n == 20
+	})
+}
