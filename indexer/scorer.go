@@ -182,9 +182,12 @@ const (
 	// DecidedBySession: tied on cost, the rank a session used last (set by
 	// the caller of Select, which knows sessions; see Decision.Prefer).
 	DecidedBySession
+	// DecidedByBooking: the request was already booked on this rank (a
+	// retried route that books; set by the caller, see Decision.Keep).
+	DecidedByBooking
 )
 
-var decidedByNames = [...]string{"cost", "overlap", "active_blocks", "rendezvous", "input_order", "sample", "session"}
+var decidedByNames = [...]string{"cost", "overlap", "active_blocks", "rendezvous", "input_order", "sample", "session", "booking"}
 
 func (d DecidedBy) String() string {
 	if int(d) < len(decidedByNames) {
@@ -243,6 +246,23 @@ func (d *Decision) Prefer(r kvevent.Rank) bool {
 		p := &d.Candidates[i]
 		if p.Rank == r && !p.Busy && p.Cost == c.Cost {
 			d.Rank, d.Index, d.DecidedBy = r, i, DecidedBySession
+			return true
+		}
+	}
+	return false
+}
+
+// Keep moves the choice to rank r, whatever its cost, when r is a
+// candidate: the request is already booked there (DecidedByBooking), and
+// a second booking elsewhere would count its load twice. It reports
+// whether r is a candidate.
+func (d *Decision) Keep(r kvevent.Rank) bool {
+	if c := d.Chosen(); c != nil && c.Rank == r {
+		return true
+	}
+	for i := range d.Candidates {
+		if d.Candidates[i].Rank == r {
+			d.Rank, d.Index, d.DecidedBy = r, i, DecidedByBooking
 			return true
 		}
 	}

@@ -496,6 +496,18 @@ func (s *Sequences) Get(id string) (Booking, bool) {
 	return out, true
 }
 
+// RankOf returns the rank live request id is booked on; false when it is
+// unknown or freed.
+func (s *Sequences) RankOf(id string) (kvevent.Rank, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	b, ok := s.st.byID[id]
+	if !ok || b.freed {
+		return kvevent.Rank{}, false
+	}
+	return b.rank, true
+}
+
 // Count returns the number of live bookings and of tombstones.
 func (s *Sequences) Count() (live, freed int) {
 	s.mu.RLock()

@@ -74,6 +74,14 @@ type bookOp struct {
 	b    Booking
 }
 
+// bookOutcome is the response of a book command of one add: the rank the
+// id is booked on after it (the first booking's, for a retried add), or
+// live false when the id was freed (or expired) before and nothing is.
+type bookOutcome struct {
+	rank kvevent.Rank
+	live bool
+}
+
 func encodeHeader(e *enc, t cmdType, now int64) {
 	e.u8(commandVersion)
 	e.u8(uint8(t))

@@ -492,10 +492,18 @@ func (f *FSM) applyCommand(c *command) interface{} {
 	case cmdDeregister:
 		return f.removeWorker(c.workerID)
 	case cmdBook:
+		var out interface{}
 		for _, op := range c.books {
 			switch op.kind {
 			case bookAdd:
 				_, _ = f.seqs.Add(op.b.ID, op.b.Rank, op.b.SeqHashes, op.b.ISL, op.b.CachedTokens, c.now)
+				if len(c.books) == 1 {
+					// The booking as it stands: a retried add (an id already
+					// live) books nothing, and its caller answers with the
+					// rank the first one booked.
+					r, live := f.seqs.RankOf(op.b.ID)
+					out = bookOutcome{rank: r, live: live}
+				}
 			case bookPrefillDone:
 				f.seqs.PrefillDone(op.b.ID)
 			case bookFree:
@@ -506,7 +514,7 @@ func (f *FSM) applyCommand(c *command) interface{} {
 				f.seqs.SetDecay(op.b.ID, indexer.DecayScale-op.b.Discount)
 			}
 		}
-		return nil
+		return out
 	case cmdExpire:
 		n := f.seqs.Expire(c.now, time.Duration(c.maxAgeNs))
 		f.ix.ExpireOrphans(c.now)

@@ -371,6 +371,9 @@ func (n *Node) leaderLoop() {
 				n.raft.Apply(encodeExpire(now, int64(n.cfg.BookingMaxAge)), n.cfg.ApplyTimeout)
 			}
 		case <-ready.C:
+			if leader && !n.ledThisTerm() && n.raft.State() == raft.Leader {
+				n.onLeadership() // the Barrier failed: try again
+			}
 			n.checkReady()
 			if time.Since(n.started) > collectorHoldMax {
 				n.fsm.endLoadHold() // not ready for long: collect as usual
@@ -399,9 +402,14 @@ func (n *Node) maybeSnapshot() {
 	}()
 }
 
+// onLeadership sets up a term's leadership: a Barrier, so that the FSM
+// holds every entry committed before the term (CheckLeader refuses until
+// it passed), then the member entries. leaderLoop runs it again while it
+// has not finished for the current term (a failed Barrier).
 func (n *Node) onLeadership() {
+	term := n.raft.CurrentTerm() // the term the Barrier covers
 	if err := n.raft.Barrier(n.cfg.ApplyTimeout).Error(); err != nil {
-		n.logger.Warn("barrier after election failed", "err", err)
+		n.logger.Warn("barrier after election failed; retrying", "err", err)
 		return
 	}
 	// The member table gets this node's own entry as it runs now, and the
@@ -430,9 +438,12 @@ func (n *Node) onLeadership() {
 			n.raft.Apply(encodeMember(time.Now().UnixNano(), &m), n.cfg.ApplyTimeout)
 		}
 	}
-	n.ledTerm.Store(n.raft.CurrentTerm())
-	n.logger.Info("leading", "term", n.raft.CurrentTerm())
+	n.ledTerm.Store(term)
+	n.logger.Info("leading", "term", term)
 }
+
+// ledThisTerm reports whether this term's leadership set-up finished.
+func (n *Node) ledThisTerm() bool { return n.ledTerm.Load() == n.raft.CurrentTerm() }
 
 // assertSelf re-records the leader's own member entry when the table does
 // not hold it: a snapshot restored from another cluster brings that
@@ -583,6 +594,10 @@ func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 			return nil, n.notLeader()
 		case errors.Is(err, raft.ErrRaftShutdown):
 			return nil, ErrShutdown
+		case errors.Is(err, raft.ErrEnqueueTimeout):
+			// Not proposed within the deadline; nothing was written, and
+			// retrying is safe.
+			return nil, fmt.Errorf("raft apply: %w: %w", context.DeadlineExceeded, err)
 		}
 		return nil, fmt.Errorf("raft apply: %w", err)
 	}
@@ -800,6 +815,9 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 		return n.notLeader()
 	}
 	var f raft.Future
+	if toID == n.cfg.ID {
+		return fmt.Errorf("%w: %s already leads", ErrInvalid, toID)
+	}
 	if toID == "" {
 		f = n.raft.LeadershipTransfer()
 	} else {
@@ -822,6 +840,12 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 		f = n.raft.LeadershipTransferToServer(raft.ServerID(toID), addr)
 	}
 	if err := f.Error(); err != nil {
+		switch {
+		case errors.Is(err, raft.ErrLeadershipTransferInProgress):
+			return fmt.Errorf("%w: a leadership transfer is already in progress; retry", ErrNoLeader)
+		case err.Error() == "leadership transfer timeout": // raft has no sentinel for it
+			return fmt.Errorf("leadership transfer: %w: the target did not take over within an election timeout (is it up and caught up?); retry", context.DeadlineExceeded)
+		}
 		return fmt.Errorf("leadership transfer: %w", err)
 	}
 	return nil
@@ -991,16 +1015,23 @@ func (n *Node) PotentialLoads(seq []uint64) (loads []indexer.RankLoad, idle int6
 	return n.fsm.Sequences().PotentialDecodeBlocks(nil, seq, &sc)
 }
 
-// CheckLeader returns nil on the leader and, elsewhere, the error a write
-// would return (a *NotLeaderError naming the leader when one is known).
-// Handlers that validate a write against the replicated state call it
-// first, so that a follower's slightly stale state never judges a write:
-// the leader's does, after the forward.
+// CheckLeader returns nil on a leader whose state holds every entry
+// committed before its term, and elsewhere the error a write would return
+// (a *NotLeaderError naming the leader when one is known). Handlers that
+// validate a write against the replicated state call it first, so that a
+// follower's slightly stale state never judges a write: the leader's
+// does, after the forward. A new leader whose post-election Barrier has
+// not passed answers ErrNoLeader (retry): its state may still lack
+// entries its predecessor acknowledged, and a read-modify-write judged on
+// it would undo them.
 func (n *Node) CheckLeader() error {
-	if n.raft.State() == raft.Leader {
-		return nil
+	if n.raft.State() != raft.Leader {
+		return n.notLeader()
 	}
-	return n.notLeader()
+	if !n.ledThisTerm() {
+		return fmt.Errorf("%w: this node was just elected and has not yet applied every entry of the terms before its own; retry", ErrNoLeader)
+	}
+	return nil
 }
 
 // Cursor returns rank r's last applied event id on this node.

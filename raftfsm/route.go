@@ -143,6 +143,28 @@ func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	if q.Prefer != nil {
 		sc.dec.Prefer(*q.Prefer)
 	}
+	if q.Book {
+		c := sc.dec.Chosen()
+		b := Booking{ID: q.RequestID, Rank: sc.dec.Rank, SeqHashes: slices.Clone(seq), ISL: isl,
+			CachedTokens: int(c.OverlapBlocks) * bs}
+		resp, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookAdd, b: b}}))
+		if err != nil {
+			return res, fmt.Errorf("book %s: %w", q.RequestID, err)
+		}
+		bo, _ := resp.(bookOutcome)
+		switch {
+		case !bo.live:
+			// The id was booked and freed (or expired) before: ids are
+			// single-use, nothing is booked.
+		case sc.dec.Keep(bo.rank):
+			// Booked by this route, or by an earlier try of it (a retry
+			// after a lost answer or a leader change): answer the rank
+			// the load is counted on.
+			res.Booked = true
+		default:
+			return res, fmt.Errorf("%w: request %q is already booked on %v, which is not a candidate of this request", ErrInvalid, q.RequestID, bo.rank)
+		}
+	}
 	// The decision outlives the pooled scratch: give it its own candidates
 	// (only the chosen one when brief).
 	res.Decision = sc.dec
@@ -151,15 +173,6 @@ func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 		res.Decision.Index = 0
 	} else {
 		res.Decision.Candidates = slices.Clone(sc.dec.Candidates)
-	}
-	if q.Book {
-		c := res.Decision.Chosen()
-		b := Booking{ID: q.RequestID, Rank: res.Decision.Rank, SeqHashes: slices.Clone(seq), ISL: isl,
-			CachedTokens: int(c.OverlapBlocks) * bs}
-		if _, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookAdd, b: b}})); err != nil {
-			return res, fmt.Errorf("book %s: %w", q.RequestID, err)
-		}
-		res.Booked = true
 	}
 	return res, nil
 }

@@ -458,9 +458,8 @@ func (f *Fake) ReplaceRank(ctx context.Context, rank kvevent.Rank, cursor uint64
 		return err
 	}
 	defer f.mu.Unlock()
-	if _, ok := f.workers[rank.Worker]; !ok {
-		return fmt.Errorf("replace rank %v: %w", rank, raftfsm.ErrUnknownWorker)
-	}
+	// Like events, a dump is applied whether or not its worker is
+	// registered (as raftfsm does).
 	st := &rankState{Cursor: cursor, Held: map[uint64]kvevent.Mask{}, Engine: map[uint64]uint64{}}
 	for i := range stored {
 		e := &stored[i]
