@@ -345,6 +345,9 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) error {
 	}
 	resp.Reason = ReasonNotReady
 	resp.Error = fmt.Sprintf("not ready: %s at applied index %d", cmp.Or(st.State, "starting"), st.AppliedIndex)
+	if st.LeaderID == "" && st.State != "" {
+		resp.Error += ", no leader known"
+	}
 	return reply(w, http.StatusServiceUnavailable, resp)
 }
 

@@ -466,8 +466,14 @@ func TestNodeDownPastLogRetentionCatchesUpFromSnapshot(t *testing.T) {
 	}
 	c.start(down)
 	d := c.converged()
-	if c.nodes[down].fsm.Digest() != d || c.nodes[down].IndexStats().Entries != 60 {
-		t.Fatalf("restarted node: entries %d", c.nodes[down].IndexStats().Entries)
+	n := c.nodes[down]
+	if n.fsm.Digest() != d || n.IndexStats().Entries != 60 {
+		t.Fatalf("restarted node: entries %d", n.IndexStats().Entries)
+	}
+	// The installed snapshot's index is the state's applied index (it
+	// used to read 0 until the next command).
+	if st := n.Status(); st.AppliedIndex == 0 || st.AppliedIndex < st.SnapshotIndex {
+		t.Fatalf("after installing a snapshot at %d the state's applied index is %d", st.SnapshotIndex, st.AppliedIndex)
 	}
 }
 
@@ -525,8 +531,18 @@ func TestSnapshotSaveWipeRestore(t *testing.T) {
 	if _, err := c.leader().RestoreSnapshot(ctx(t), bytes.NewReader(inconsistent)); !errors.Is(err, ErrBadSnapshot) {
 		t.Fatalf("inconsistent restore: %v, want ErrBadSnapshot", err)
 	}
-	if _, err := c.leader().RestoreSnapshot(ctx(t), bytes.NewReader(buf.Bytes())); err != nil {
-		t.Fatal(err)
+	// Followers install the restore beside each other; a leader that loses
+	// its lease meanwhile (a loaded machine) asks for a retry.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := c.leader().RestoreSnapshot(ctx(t), bytes.NewReader(buf.Bytes()))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrNoLeader) && !errors.Is(err, ErrNotLeader) || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		t.Logf("restore: %v", err)
 	}
 	waitFor(t, 10*time.Second, "the restore to reach every node", func() bool {
 		for _, n := range c.nodes {
@@ -536,6 +552,14 @@ func TestSnapshotSaveWipeRestore(t *testing.T) {
 		}
 		return true
 	})
+	// Each node's state reports the index it was restored at, Raft's
+	// snapshot index (it used to read 0 until the next command).
+	for _, n := range c.nodes {
+		waitFor(t, 10*time.Second, n.cfg.ID+"'s state to report the restored index", func() bool {
+			st := n.Status()
+			return st.AppliedIndex > 0 && st.AppliedIndex >= st.SnapshotIndex
+		})
+	}
 	// Writes after the restore apply everywhere.
 	ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, 41, 1, 500)}})
 	c.converged()
@@ -630,6 +654,20 @@ func TestSilentRanks(t *testing.T) {
 	for _, n := range c.nodes {
 		if _, heard, _ := silent(n); heard != want {
 			t.Fatalf("last heard %d on one node, %d on the leader: replicas disagree", heard, want)
+		}
+	}
+
+	// A worker registered after the nodes have been up for longer than
+	// SilentAfter is not silent at once: its silence counts from its
+	// registration (it used to count from the node's start).
+	before := time.Now()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 2, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	ws := l.Workers()
+	if time.Since(before) < 3*time.Second { // else the rank may rightly be silent by now
+		if len(ws) != 2 || ws[1].Info.ID != 2 || ws[1].Ranks[0].Silent {
+			t.Fatalf("a worker registered %v ago is reported silent: %+v", time.Since(before), ws)
 		}
 	}
 }

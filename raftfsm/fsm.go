@@ -56,6 +56,10 @@ type FSM struct {
 	groupBytes int
 	jrnl       journal
 	applyGate  chan struct{} // Config.applyGate (tests)
+	// newestSnapshot, when set (a Node), returns the index and term of
+	// the newest snapshot in Raft's store: Restore's, which Raft saves
+	// before it calls Restore without saying its index.
+	newestSnapshot func() (index, term uint64, ok bool)
 
 	// holdAfterLoad, set before loadState, keeps the collector off after
 	// a successful load until endLoadHold (collector.go): a node's start,
@@ -70,6 +74,9 @@ type FSM struct {
 	// the leader's clock as the commands carry it: equal on every replica,
 	// kept in memory only (unknown after a restart until the rank sends).
 	heard map[kvevent.Rank]int64
+	// registered is when each worker last registered (leader's clock, in
+	// memory only, like heard): a rank's silence counts from it too.
+	registered map[uint64]int64
 
 	workers atomic.Pointer[map[uint64]WorkerInfo] // copy-on-write
 	// cands is every registered rank as a route candidate, in rank order,
@@ -482,6 +489,12 @@ func (f *FSM) applyCommand(c *command) interface{} {
 		next := maps.Clone(f.Workers())
 		next[w.ID] = w
 		f.setWorkers(next)
+		f.curMu.Lock()
+		if f.registered == nil {
+			f.registered = map[uint64]int64{}
+		}
+		f.registered[w.ID] = c.now
+		f.curMu.Unlock()
 		for _, dp := range w.DPRanks {
 			f.ix.SetCapacity(kvevent.Rank{Worker: w.ID, DP: dp}, w.Capacity)
 		}
@@ -596,6 +609,14 @@ func (f *FSM) LastHeard(r kvevent.Rank) int64 {
 	return f.heard[r]
 }
 
+// RegisteredAt returns when worker id last registered (unix nanos of the
+// leader's clock), or 0 when not since this node started.
+func (f *FSM) RegisteredAt(id uint64) int64 {
+	f.curMu.RLock()
+	defer f.curMu.RUnlock()
+	return f.registered[id]
+}
+
 func (f *FSM) setCursor(r kvevent.Rank, c uint64) {
 	f.curMu.Lock()
 	f.cursors[r] = c
@@ -632,6 +653,7 @@ func (f *FSM) removeWorker(id uint64) error {
 		delete(f.heard, r)
 		f.batch.DeleteCursor(r.Worker, r.DP)
 	}
+	delete(f.registered, id)
 	f.curMu.Unlock()
 	if !known {
 		return fmt.Errorf("deregister %d: %w", id, ErrUnknownWorker)
@@ -711,10 +733,26 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 
 // Restore replaces the whole state with a snapshot stream (raft.FSM): it
 // is written into a fresh directory and checked first, then swapped in.
+//
+// A restored state's applied index restarts at 0 (restoreFrom). Raft
+// restores only a snapshot it has just saved in its store, a leader's
+// (InstallSnapshot) or a user's (raft.Restore, numbered after the log's
+// last index): the newest there, whose index Raft then takes as applied
+// and delivers only entries after. Restore records that index as the
+// state's, so that status and readiness report it, and a restart before
+// the next command does not restore the snapshot again.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	if err := f.waitStarted(); err != nil {
 		return err
 	}
-	return f.restoreFrom(rc)
+	if err := f.restoreFrom(rc); err != nil {
+		return err
+	}
+	if f.newestSnapshot != nil {
+		if index, term, ok := f.newestSnapshot(); ok {
+			return f.markApplied(index, term)
+		}
+	}
+	return nil
 }

@@ -146,3 +146,46 @@ func TestTransferToTheLeaderItselfIsInvalid(t *testing.T) {
 		t.Fatalf("transfer to the leader itself: %v, want ErrInvalid", err)
 	}
 }
+
+// TestReadyNeedsALeaderAndMembership: a node that caught up stays ready
+// only while it knows a leader and is a member: cut off from a quorum it
+// is not ready (it used to stay ready, serving routes from an index that
+// no longer moved), and ready again once a leader is back; removed from
+// the cluster it is not ready.
+func TestReadyNeedsALeaderAndMembership(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	c.converged()
+	for _, n := range c.nodes {
+		if err := n.WaitReady(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Remove a follower: it is no longer ready.
+	var gone *Node
+	for _, n := range c.nodes {
+		if n != l {
+			gone = n
+			break
+		}
+	}
+	if err := l.RemoveMember(ctx(t), gone.cfg.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the removed member to be not ready", func() bool { return !gone.Status().Ready })
+
+	// Stop the other follower: the leader loses its quorum and steps down.
+	other := -1
+	for i, n := range c.nodes {
+		if n != l && n != gone {
+			other = i
+		}
+	}
+	c.stop(other)
+	waitFor(t, 10*time.Second, "the node without a quorum to be not ready", func() bool { return !l.Status().Ready })
+	if st := l.Status(); st.LeaderID != "" {
+		t.Fatalf("not ready with leader %q known", st.LeaderID)
+	}
+	c.start(other)
+	waitFor(t, 10*time.Second, "a leader again, and the node ready", func() bool { return l.Status().Ready })
+}

@@ -1,7 +1,10 @@
 package raftfsm
 
 import (
+	"errors"
+	"fmt"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -125,4 +128,50 @@ func TestNewLeaderKeepsMemberEntriesNewerThanItsFlags(t *testing.T) {
 	if e, ok := a.fsm.Members()[l.cfg.ID]; ok {
 		t.Fatalf("removed member %s is back in the table: %+v", l.cfg.ID, e)
 	}
+}
+
+// TestMemberChangesThatWouldCutAMemberOffAreRefused: adding a member id
+// that is already a voter at another address (Raft would move it there,
+// cutting the live member off), or an address another member has, is
+// invalid; adding a member again as it is refreshes its entry; removing
+// an id that is not a member is invalid, not a success.
+func TestMemberChangesThatWouldCutAMemberOffAreRefused(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	ms, err := l.Members(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var other Member
+	for _, m := range ms {
+		if m.ID != l.cfg.ID {
+			other = m
+		}
+	}
+	if err := l.AddMember(ctx(t), other.ID, "127.0.0.1:1", "127.0.0.1:2"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("add %s at another address: %v, want ErrInvalid", other.ID, err)
+	}
+	if err := l.AddMember(ctx(t), "n9", other.RaftAddr, "127.0.0.1:2"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("add n9 at %s's address: %v, want ErrInvalid", other.ID, err)
+	}
+	if err := l.AddMember(ctx(t), other.ID, other.RaftAddr, other.HTTPAddr); err != nil {
+		t.Fatalf("add %s again as it is: %v", other.ID, err)
+	}
+	if err := l.RemoveMember(ctx(t), "n9"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("remove n9, not a member: %v, want ErrInvalid", err)
+	}
+	after, err := l.Members(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	voters := func(ms []Member) (out []string) {
+		for _, m := range ms {
+			out = append(out, fmt.Sprintf("%s@%s voter=%v", m.ID, m.RaftAddr, m.Voter))
+		}
+		return out
+	}
+	if !slices.Equal(voters(after), voters(ms)) {
+		t.Fatalf("members changed: %v, was %v", voters(after), voters(ms))
+	}
+	c.converged() // every member still replicates
 }

@@ -159,6 +159,13 @@ func NewNode(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.fsm.applyGate = cfg.applyGate
+	n.fsm.newestSnapshot = func() (uint64, uint64, bool) {
+		list, err := n.snaps.List() // set before Raft can call Restore
+		if err != nil || len(list) == 0 {
+			return 0, 0, false
+		}
+		return list[0].Index, list[0].Term, true
+	}
 	n.fsm.holdAfterLoad = true // until ready: the log tail replays first
 	// The state's rebuild, the long part of a start, runs beside opening
 	// the Raft log (its WAL replayed) and starting Raft (which reads the
@@ -620,8 +627,13 @@ func (n *Node) Status() NodeStatus {
 		State: n.raft.State().String(), Term: u("term"), LastIndex: u("last_log_index"),
 		CommitIndex: n.raft.CommitIndex(), AppliedIndex: applied, LeaderID: string(id),
 		SnapshotIndex: u("last_snapshot_index"), Digest: fmt.Sprintf("%016x", n.fsm.Digest()),
-		Ready: n.ready.Load(), LastContactMs: -1,
+		LastContactMs: -1,
 	}
+	// Ready to serve: caught up since the start (ready, which stays set),
+	// and now part of a cluster with a known leader. A node cut off from
+	// its peers (a candidate), or removed from the cluster (its Raft shut
+	// down), answers routes from an index that no longer moves.
+	s.Ready = n.ready.Load() && id != "" && n.raft.State() != raft.Shutdown
 	if id != "" {
 		s.LeaderHTTP = n.fsm.Members()[string(id)].HTTPAddr
 	}
@@ -665,10 +677,12 @@ func (n *Node) Workers() []WorkerStatus {
 		for _, dp := range w.DPRanks {
 			r := kvevent.Rank{Worker: w.ID, DP: dp}
 			st := stats[r]
+			// Silence counts from the rank's last events, its worker's
+			// registration or this node's start, the latest.
 			heard := n.fsm.LastHeard(r)
 			since := n.started
-			if heard > 0 {
-				since = time.Unix(0, heard)
+			if t := max(heard, n.fsm.RegisteredAt(w.ID)); t > 0 && time.Unix(0, t).After(since) {
+				since = time.Unix(0, t)
 			}
 			s.Ranks = append(s.Ranks, RankStatus{DPRank: dp, Blocks: st.Blocks, Cursor: n.fsm.Cursor(r),
 				NeedsResync: st.NeedsResync, Load: n.fsm.Sequences().Load(r), LastHeard: heard,
@@ -787,6 +801,22 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 	if n.raft.State() != raft.Leader {
 		return n.notLeader()
 	}
+	// Raft's AddVoter moves a voter whose id it knows to the new address:
+	// one mistyped add would cut a live member off. Moving a member is a
+	// remove and an add; adding it again as it is only refreshes its
+	// member entry.
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return err
+	}
+	for _, s := range cf.Configuration().Servers {
+		switch {
+		case string(s.ID) == id && string(s.Address) != raftAddr:
+			return fmt.Errorf("%w: member %q is at %s, not %s (to move it, remove it first)", ErrInvalid, id, s.Address, raftAddr)
+		case string(s.ID) != id && string(s.Address) == raftAddr:
+			return fmt.Errorf("%w: %s is member %q's raft address", ErrInvalid, raftAddr, s.ID)
+		}
+	}
 	if err := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, n.cfg.ApplyTimeout).Error(); err != nil {
 		return fmt.Errorf("add voter %s: %w", id, err)
 	}
@@ -798,6 +828,13 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 func (n *Node) RemoveMember(ctx context.Context, id string) error {
 	if n.raft.State() != raft.Leader {
 		return n.notLeader()
+	}
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(cf.Configuration().Servers, func(s raft.Server) bool { return string(s.ID) == id }) {
+		return fmt.Errorf("%w: no member %q", ErrInvalid, id)
 	}
 	if err := n.raft.RemoveServer(raft.ServerID(id), 0, n.cfg.ApplyTimeout).Error(); err != nil {
 		return fmt.Errorf("remove %s: %w", id, err)
@@ -901,6 +938,13 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 	timeout := 10 * n.cfg.ApplyTimeout
 	before := n.fsm.Members()
 	if err := n.raft.Restore(meta, tmp, timeout); err != nil {
+		if errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrNotLeader) {
+			// Raft restored this node's state, then lost its leadership
+			// before the cluster confirmed the restore (the followers
+			// install it meanwhile). Restoring the same stream again is
+			// safe: retry through the new leader.
+			return SnapshotInfo{}, fmt.Errorf("%w: leadership moved during the restore (it may be installed on some nodes); retry it", ErrNoLeader)
+		}
 		return SnapshotInfo{}, fmt.Errorf("raft restore: %w", err)
 	}
 	// The stream brought its own cluster's member table: put back this

@@ -191,9 +191,12 @@ func withClient(c *cli.Context, f func(ctx context.Context, cl *client.Client) e
 func explain(err error) string {
 	var ue *usageError
 	var ae *client.Error
+	var mt *maxTimeError
 	switch {
 	case errors.As(err, &ue):
 		return ue.msg
+	case errors.As(err, &mt):
+		return fmt.Sprintf("%v; the transfer took longer than --max-time %v: raise it, or leave it out (no limit)", err, mt.max)
 	case errors.Is(err, client.ErrUnreachable):
 		return err.Error() + "; check --endpoints (or KVCTL_ENDPOINTS) and that the nodes run"
 	case errors.Is(err, context.Canceled):

@@ -431,6 +431,35 @@ func TestSnapshotSaveFailingLeavesNothing(t *testing.T) {
 	assertNoFiles(t, dir)
 }
 
+// TestSnapshotMaxTimeSaysSo: a save cut off by --max-time says to raise
+// --max-time (not --timeout, which does not bound a transfer) and leaves
+// nothing; a save's JSON report says the file's checksum was verified.
+func TestSnapshotMaxTimeSaysSo(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "a.snap")
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // before the servers close
+	c.leader().SetHook(func(method string) error {
+		if method == "SaveSnapshot" {
+			<-release
+		}
+		return nil
+	})
+	r := kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", "--max-time", "50ms", file).wantCode(t, 1)
+	if !strings.Contains(r.stderr, "--max-time 50ms: raise it") || strings.Contains(r.stderr, "raise --timeout") {
+		t.Fatalf("stderr = %q, want advice on --max-time", r.stderr)
+	}
+	assertNoFiles(t, dir)
+
+	c.leader().SetHook(nil)
+	r = kvctl(t, "--endpoints", c.nodes[0].addr(), "-o", "json", "snapshot", "save", file).wantCode(t, 0)
+	if !strings.Contains(r.stdout, `"checksum_ok": true`) {
+		t.Fatalf("stdout = %s, want checksum_ok true", r.stdout)
+	}
+}
+
 func assertNoFiles(t *testing.T, dir string) {
 	t.Helper()
 	ents, _ := os.ReadDir(dir)

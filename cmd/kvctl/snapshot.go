@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -109,6 +110,24 @@ func snapshotCtx(c *cli.Context) (context.Context, context.CancelFunc) {
 	return context.WithCancel(c.Context)
 }
 
+// maxTimeError is a snapshot transfer cut off by --max-time (not by
+// --timeout, which does not bound it).
+type maxTimeError struct {
+	err error
+	max time.Duration
+}
+
+func (e *maxTimeError) Error() string { return e.err.Error() }
+func (e *maxTimeError) Unwrap() error { return e.err }
+
+// transferErr wraps err as a maxTimeError when --max-time ended ctx.
+func transferErr(c *cli.Context, ctx context.Context, err error) error {
+	if d := c.Duration("max-time"); d > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return &maxTimeError{err: err, max: d}
+	}
+	return err
+}
+
 // snapshotSave streams the snapshot into path+".part", syncs it, verifies
 // it by reading it back, and renames it to path; on any failure the .part
 // file is removed and path is untouched.
@@ -143,7 +162,7 @@ func snapshotSave(c *cli.Context, e *env, path string) (err error) {
 	res, err := cl.SaveSnapshot(ctx, w)
 	finishBar(bar)
 	if err != nil {
-		return fmt.Errorf("snapshot save: %w; nothing was saved", err)
+		return transferErr(c, ctx, fmt.Errorf("snapshot save: %w; nothing was saved", err))
 	}
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("sync %s: %w", part, err)
@@ -176,7 +195,7 @@ func snapshotSave(c *cli.Context, e *env, path string) (err error) {
 		sum = res.SHA256
 	}
 	if jsonOut(c) {
-		return writeJSON(e.stdout, snapshotReport{File: path, SnapshotInfo: info, Bytes: res.Bytes, SHA256: sum})
+		return writeJSON(e.stdout, snapshotReport{File: path, SnapshotInfo: info, Bytes: res.Bytes, SHA256: sum, ChecksumOK: true})
 	}
 	_, err = fmt.Fprintf(e.stdout, "saved %s (index %d, term %d, %s, sha256 %s)\n", path, info.Index, info.Term, size(res.Bytes), sum)
 	return err
@@ -266,7 +285,7 @@ func snapshotRestore(c *cli.Context, e *env, path string) error {
 	info, err := cl.RestoreSnapshot(ctx, r)
 	finishBar(bar)
 	if err != nil {
-		return fmt.Errorf("snapshot restore: %w", err)
+		return transferErr(c, ctx, fmt.Errorf("snapshot restore: %w", err))
 	}
 	if jsonOut(c) {
 		return writeJSON(e.stdout, snapshotReport{File: path, SnapshotInfo: info, Bytes: fi.Size(), SHA256: info.SHA256, ChecksumOK: true})

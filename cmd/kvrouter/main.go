@@ -7,6 +7,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -48,12 +49,12 @@ func main() {
 			&cli.StringFlag{Name: "data-dir", Value: "data", EnvVars: []string{"KVROUTER_DATA_DIR"}, Usage: "where the Raft log, snapshots and state live"},
 			&cli.StringFlag{Name: "peers", EnvVars: []string{"KVROUTER_PEERS"}, Usage: "bootstrap a new cluster of these voters: id=raftaddr=httpaddr,... (default: this node alone, unless --join)"},
 			&cli.StringFlag{Name: "join", EnvVars: []string{"KVROUTER_JOIN"}, Usage: "HTTP address of a member of an existing cluster to join"},
-			&cli.DurationFlag{Name: "heartbeat-timeout", Value: 200 * time.Millisecond, Usage: "Raft heartbeat timeout"},
-			&cli.DurationFlag{Name: "election-timeout", Value: 200 * time.Millisecond, Usage: "Raft election timeout"},
-			&cli.DurationFlag{Name: "leader-lease-timeout", Usage: "Raft leader lease (default: the heartbeat timeout)"},
-			&cli.Uint64Flag{Name: "snapshot-threshold", Value: 8192, Usage: "log entries between snapshots"},
-			&cli.Int64Flag{Name: "snapshot-bytes", Value: 256 << 20, Usage: "also snapshot once the entries applied since the last snapshot hold this many bytes (negative: never)"},
-			&cli.DurationFlag{Name: "silent-after", Value: time.Minute, Usage: "report a registered rank silent after this long without events (kvctl workers)"},
+			&cli.DurationFlag{Name: "heartbeat-timeout", Value: 200 * time.Millisecond, EnvVars: []string{"KVROUTER_HEARTBEAT_TIMEOUT"}, Usage: "Raft heartbeat timeout"},
+			&cli.DurationFlag{Name: "election-timeout", Value: 200 * time.Millisecond, EnvVars: []string{"KVROUTER_ELECTION_TIMEOUT"}, Usage: "Raft election timeout"},
+			&cli.DurationFlag{Name: "leader-lease-timeout", EnvVars: []string{"KVROUTER_LEADER_LEASE_TIMEOUT"}, Usage: "Raft leader lease (default: the heartbeat timeout)"},
+			&cli.Uint64Flag{Name: "snapshot-threshold", Value: 8192, EnvVars: []string{"KVROUTER_SNAPSHOT_THRESHOLD"}, Usage: "log entries between snapshots"},
+			&cli.Int64Flag{Name: "snapshot-bytes", Value: 256 << 20, EnvVars: []string{"KVROUTER_SNAPSHOT_BYTES"}, Usage: "also snapshot once the entries applied since the last snapshot hold this many bytes (negative: never)"},
+			&cli.DurationFlag{Name: "silent-after", Value: time.Minute, EnvVars: []string{"KVROUTER_SILENT_AFTER"}, Usage: "report a registered rank silent after this long without events (kvctl workers)"},
 			&cli.StringFlag{Name: "nats-addr", Value: "127.0.0.1:4222", EnvVars: []string{"KVROUTER_NATS_ADDR"}, Usage: "embedded NATS server's client listen address (agents publish events here)"},
 			&cli.StringFlag{Name: "nats-cluster-addr", EnvVars: []string{"KVROUTER_NATS_CLUSTER_ADDR"}, Usage: "embedded NATS server's route listen address; set it on every node to form one NATS cluster"},
 			&cli.StringFlag{Name: "nats-routes", EnvVars: []string{"KVROUTER_NATS_ROUTES"}, Usage: "other nodes' NATS route addresses, host:port,..."},
@@ -64,11 +65,14 @@ func main() {
 			&cli.StringFlag{Name: "nats-tls-cert", EnvVars: []string{"KVROUTER_NATS_TLS_CERT"}, Usage: "PEM certificate: the embedded server serves TLS with it; with --nats-url, this node's client certificate"},
 			&cli.StringFlag{Name: "nats-tls-key", EnvVars: []string{"KVROUTER_NATS_TLS_KEY"}, Usage: "PEM key of --nats-tls-cert"},
 			&cli.StringFlag{Name: "nats-tls-ca", EnvVars: []string{"KVROUTER_NATS_TLS_CA"}, Usage: "PEM CA: the embedded server requires client certificates it signed; with --nats-url, the CA of the server's certificate"},
-			&cli.StringFlag{Name: "events-subject", Value: eventplane.DefaultSubject, Usage: "subject of event requests (the dump subject is <subject>.dump)"},
-			&cli.DurationFlag{Name: "events-linger", Value: time.Millisecond, Usage: "how long the leader waits to pack more event requests into one Raft entry"},
+			&cli.StringFlag{Name: "events-subject", Value: eventplane.DefaultSubject, EnvVars: []string{"KVROUTER_EVENTS_SUBJECT"}, Usage: "subject of event requests (the dump subject is <subject>.dump)"},
+			&cli.DurationFlag{Name: "events-linger", Value: time.Millisecond, EnvVars: []string{"KVROUTER_EVENTS_LINGER"}, Usage: "how long the leader waits to pack more event requests into one Raft entry"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"KVROUTER_LOG_LEVEL"}, Usage: "debug, info, warn or error"},
 		},
 		Action: run,
+		// A flag that does not parse is a usage error: exit 2, as for the
+		// flags run checks itself.
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return cli.Exit(err.Error(), 2) },
 	}
 	if err := app.Run(os.Args); err != nil {
 		fmt.Fprintf(os.Stderr, "kvrouter: %v\n", err)
@@ -82,6 +86,7 @@ func main() {
 
 func parsePeers(s string) ([]raftfsm.Member, error) {
 	var out []raftfsm.Member
+	seen := map[string]bool{}
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
 		if p == "" {
@@ -91,9 +96,37 @@ func parsePeers(s string) ([]raftfsm.Member, error) {
 		if len(f) != 3 || f[0] == "" || f[1] == "" || f[2] == "" {
 			return nil, fmt.Errorf("peer %q: want id=raftaddr=httpaddr", p)
 		}
+		for _, a := range f[1:] {
+			if _, _, err := net.SplitHostPort(a); err != nil {
+				return nil, fmt.Errorf("peer %q: address %q: want host:port", p, a)
+			}
+		}
+		for _, k := range []string{"id " + f[0], "raft address " + f[1], "http address " + f[2]} {
+			if seen[k] {
+				return nil, fmt.Errorf("peer %q: %s given twice", p, k)
+			}
+			seen[k] = true
+		}
 		out = append(out, raftfsm.Member{ID: f[0], RaftAddr: f[1], HTTPAddr: f[2]})
 	}
 	return out, nil
+}
+
+// checkPeers checks that this node is one of the bootstrap peers, as it
+// runs: a node left out would wait forever for a configuration naming it,
+// and one listed at other addresses would be dialed where it is not.
+func checkPeers(peers []raftfsm.Member, id, raftAddr, httpAddr string) error {
+	for _, p := range peers {
+		if p.ID != id {
+			continue
+		}
+		if p.RaftAddr != raftAddr || p.HTTPAddr != httpAddr {
+			return fmt.Errorf("--peers lists %s at %s (raft) and %s (http), but it runs at --raft-addr %s and --http-addr %s",
+				id, p.RaftAddr, p.HTTPAddr, raftAddr, httpAddr)
+		}
+		return nil
+	}
+	return fmt.Errorf("--peers does not list this node (--node-id %s)", id)
 }
 
 func run(c *cli.Context) error {
@@ -109,7 +142,14 @@ func run(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit(err.Error(), 2)
 	}
-	if len(peers) == 0 && c.String("join") == "" {
+	switch {
+	case len(peers) > 0 && c.String("join") != "":
+		return cli.Exit("--peers bootstraps a new cluster and --join joins an existing one: give one of them", 2)
+	case len(peers) > 0:
+		if err := checkPeers(peers, id, raftAddr, httpAddr); err != nil {
+			return cli.Exit(err.Error(), 2)
+		}
+	case c.String("join") == "":
 		peers = []raftfsm.Member{{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}}
 	}
 	// Listen first, so that a port in use is a clear error before Raft starts.
@@ -175,15 +215,18 @@ func run(c *cli.Context) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	var joinErr error
 	if j := c.String("join"); j != "" {
-		if err := join(ctx, j, id, raftAddr, httpAddr); err != nil {
-			logger.Error("join failed", "via", j, "err", err)
+		if err := join(ctx, j, id, raftAddr, httpAddr); err != nil && ctx.Err() == nil {
+			joinErr = fmt.Errorf("join via %s: %w", j, err) // refused: stop rather than idle outside the cluster
 		}
 	}
-	select {
-	case <-ctx.Done():
-	case err := <-serveErr:
-		logger.Error("http server stopped", "err", err)
+	if joinErr == nil {
+		select {
+		case <-ctx.Done():
+		case err := <-serveErr:
+			logger.Error("http server stopped", "err", err)
+		}
 	}
 	logger.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -196,7 +239,7 @@ func run(c *cli.Context) error {
 	if natsSrv != nil {
 		natsSrv.Shutdown()
 	}
-	return err
+	return cmp.Or(joinErr, err)
 }
 
 // startNATS connects to the external NATS (--nats-url) or starts the
@@ -252,6 +295,9 @@ func join(ctx context.Context, via, id, raftAddr, httpAddr string) error {
 		if err == nil {
 			slog.Info("joined the cluster", "via", via)
 			return nil
+		}
+		if errors.Is(err, raftfsm.ErrInvalid) {
+			return err // the cluster refused this node as it is (an id taken at another address)
 		}
 		slog.Warn("join: retrying", "via", via, "err", err)
 		select {
