@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	rtmetrics "runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -146,7 +147,13 @@ func (s *Server) deregisterWorker(w http.ResponseWriter, r *http.Request) error 
 }
 
 func (s *Server) indexStats(w http.ResponseWriter, _ *http.Request) error {
-	return reply(w, http.StatusOK, indexStats(s.b.IndexStats()))
+	st := indexStats(s.b.IndexStats())
+	m := []rtmetrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	rtmetrics.Read(m)
+	if m[0].Value.Kind() == rtmetrics.KindUint64 {
+		st.HeapBytes = m[0].Value.Uint64()
+	}
+	return reply(w, http.StatusOK, st)
 }
 
 func (s *Server) setSettings(w http.ResponseWriter, r *http.Request) error {

@@ -359,9 +359,12 @@ func checkWorkersShape(t *testing.T, a answer) {
 func checkStatsShape(t *testing.T, a answer) {
 	t.Helper()
 	m := a.json(t)
-	want := sorted("nodes", "ranks", "entries", "blocks", "orphan_events", "orphan_blocks", "need_resync", "over_capacity", "counters")
+	want := sorted("nodes", "ranks", "entries", "blocks", "orphan_events", "orphan_blocks", "need_resync", "over_capacity", "counters", "heap_bytes")
 	if got := keysOf(m); !equal(got, want) {
 		t.Fatalf("stats keys = %v, want %v", got, want)
+	}
+	if h, _ := m["heap_bytes"].(float64); h <= 0 {
+		t.Fatalf("heap_bytes = %v, want the node's heap", m["heap_bytes"])
 	}
 	if got := len(keysOf(m["counters"])); got != 10 {
 		t.Fatalf("%d counters, want 10", got)

@@ -282,6 +282,9 @@ type IndexStats struct {
 	NeedResync   int           `json:"need_resync"`
 	OverCapacity int           `json:"over_capacity"`
 	Counters     IndexCounters `json:"counters"`
+	// HeapBytes is the answering node's Go heap in live and not yet
+	// collected objects: mostly its index (docs/operations.md, memory).
+	HeapBytes uint64 `json:"heap_bytes"`
 }
 
 // IndexCounters are the index's event counters since the node started.

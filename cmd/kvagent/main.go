@@ -82,6 +82,8 @@ func app() *cli.App {
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 		}, offloadCLIFlags()...),
 		Action: run,
+		// A flag that does not parse is a usage error: exit 2.
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return cli.Exit(err.Error(), 2) },
 	}
 }
 

@@ -32,9 +32,10 @@ func main() {
 
 func newApp() *cli.App {
 	return &cli.App{
-		Name:     "kvsim",
-		Usage:    "replay request traces against simulated workers and routing policies",
-		Commands: []*cli.Command{replayCommand()},
+		Name:         "kvsim",
+		Usage:        "replay request traces against simulated workers and routing policies",
+		Commands:     []*cli.Command{replayCommand()},
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return cli.Exit(err.Error(), 2) },
 		ExitErrHandler: func(c *cli.Context, err error) {
 			if err == nil {
 				return
@@ -101,6 +102,8 @@ Examples:
 			&cli.DurationFlag{Name: "agent-wait", Value: time.Minute, Usage: "with --zmq-base-port: how long to wait for every worker's agent to subscribe and register it"},
 		},
 		Action: runReplay,
+		// A flag that does not parse is a usage error: exit 2.
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return cli.Exit(err.Error(), 2) },
 	}
 }
 
