@@ -58,7 +58,10 @@ func (p *Remote) Setup(ctx context.Context) error {
 	}
 	p.prefix = "kvsim-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 	if p.Agents {
-		return p.awaitWorkers(ctx)
+		if err := p.awaitWorkers(ctx); err != nil {
+			return err
+		}
+		return p.onlyOurs(ctx)
 	}
 	for i := 0; i < p.Workers; i++ {
 		id := RankOf(i).Worker
@@ -70,8 +73,33 @@ func (p *Remote) Setup(ctx context.Context) error {
 			return fmt.Errorf("register worker %d: %w", id, err)
 		}
 	}
+	return p.onlyOurs(ctx)
+}
+
+// onlyOurs refuses a cluster with workers other than the replay's: it
+// would route some requests to them, which the replay cannot serve.
+func (p *Remote) onlyOurs(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, p.Timeout)
+	defer cancel()
+	ws, err := p.Client.Workers(cctx)
+	if err != nil {
+		return fmt.Errorf("list workers: %w", err)
+	}
+	var others []uint64
+	for _, w := range ws {
+		if !p.ours(w.WorkerID) {
+			others = append(others, w.WorkerID)
+		}
+	}
+	if len(others) > 0 {
+		return fmt.Errorf("%w: the cluster has workers %v besides the replay's 1..%d; a live replay needs a cluster of its workers only (deregister the others, or use another cluster)",
+			ErrBadConfig, others, p.Workers)
+	}
 	return nil
 }
+
+// ours reports whether worker id is one of the replay's.
+func (p *Remote) ours(id uint64) bool { return id >= 1 && id <= uint64(p.Workers) }
 
 // awaitWorkers waits until the agents registered every worker, with the
 // replay's block size.
@@ -237,6 +265,12 @@ func (p *Remote) Route(q *RouteQuery, _ int64) (int, int, error) {
 	p.Calls++
 	if err != nil {
 		return 0, 0, err
+	}
+	if !p.ours(res.WorkerID) {
+		// Registered after Setup: give its booking back, so that its
+		// load does not stay counted on the cluster.
+		p.Finished(q.ID, 0)
+		return -1, 0, fmt.Errorf("the cluster chose worker %d, which is not one of the replay's 1..%d", res.WorkerID, p.Workers)
 	}
 	o := res.Overlap
 	return int(res.WorkerID) - 1, int(o.Device+o.Host+o.Disk+o.External) * res.BlockSize, nil

@@ -83,3 +83,26 @@ func TestRemoteWithAgentsWaitsForTheirRegistrations(t *testing.T) {
 		t.Fatalf("setup with a 64-token worker: %v, want ErrBadConfig", err)
 	}
 }
+
+// TestRemoteRefusesAClusterWithOtherWorkers: a live replay on a cluster
+// that also has workers of its own would have some requests routed to
+// them (it used to report "worker 11: <nil>" errors and leave their
+// bookings on the cluster): Setup refuses it, naming them.
+func TestRemoteRefusesAClusterWithOtherWorkers(t *testing.T) {
+	f, cl := fakeCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 11, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	p := &Remote{Client: cl, Workers: 2, BlockSize: 16}
+	if err := p.Setup(ctx); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "[11]") {
+		t.Fatalf("setup beside worker 11: %v, want ErrBadConfig naming it", err)
+	}
+	if err := f.DeregisterWorker(ctx, 11); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Setup(ctx); err != nil {
+		t.Fatalf("setup of a cluster of the replay's workers only: %v", err)
+	}
+}
