@@ -175,3 +175,28 @@ func TestMemberChangesThatWouldCutAMemberOffAreRefused(t *testing.T) {
 	}
 	c.converged() // every member still replicates
 }
+
+// TestRetriedRemoveFinishesAnInterruptedOne: a remove whose Raft change
+// committed but whose member entry did not (leadership moved in between;
+// the client resends on the 503) succeeds when retried, and the entry goes.
+func TestRetriedRemoveFinishesAnInterruptedOne(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	var victim string
+	for _, n := range c.nodes {
+		if n != l {
+			victim = n.cfg.ID
+			break
+		}
+	}
+	waitFor(t, 10*time.Second, "the member entries", func() bool { _, ok := l.fsm.Members()[victim]; return ok })
+	if err := l.raft.RemoveServer(raft.ServerID(victim), 0, 5*time.Second).Error(); err != nil {
+		t.Fatal(err) // the first try's first half
+	}
+	if err := l.RemoveMember(ctx(t), victim); err != nil {
+		t.Fatalf("retried remove of %s: %v", victim, err)
+	}
+	if _, ok := l.fsm.Members()[victim]; ok {
+		t.Fatalf("member %s stays in the member table after the retried remove", victim)
+	}
+}

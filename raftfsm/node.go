@@ -214,7 +214,12 @@ func (n *Node) startRaft() error {
 	rc.SnapshotThreshold = cfg.SnapshotThreshold
 	rc.SnapshotInterval = cfg.SnapshotInterval
 	rc.TrailingLogs = cfg.TrailingLogs
-	rc.BatchApplyCh = true
+	// No buffered apply channel (BatchApplyCh): Raft's shutdown leaves the
+	// futures still in that buffer unanswered, and their writers waiting
+	// for good (a crash test's client hung). Unbuffered, an apply is taken
+	// by the leader, refused by a follower, or refused at shutdown; the
+	// leader still gathers every apply waiting to send into one commit.
+	rc.BatchApplyCh = false
 	rc.MaxAppendEntries = 256
 	// The FSM rebuilds itself from its own database and catchUpFromSnapshot
 	// restores it when it is behind; Raft must not restore it again.
@@ -834,6 +839,13 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 		return err
 	}
 	if !slices.ContainsFunc(cf.Configuration().Servers, func(s raft.Server) bool { return string(s.ID) == id }) {
+		if _, ok := n.fsm.Members()[id]; ok {
+			// Removed from Raft by an earlier try that did not finish
+			// (leadership moved before its member entry went): finish it,
+			// so that a retried remove succeeds.
+			_, err := n.apply(ctx, encodeMemberGone(now(), id))
+			return err
+		}
 		return fmt.Errorf("%w: no member %q", ErrInvalid, id)
 	}
 	if err := n.raft.RemoveServer(raft.ServerID(id), 0, n.cfg.ApplyTimeout).Error(); err != nil {
