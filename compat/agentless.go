@@ -67,7 +67,9 @@ func resumeAt(cursor uint64) (uint32, *uint64) {
 // AgentlessTarget is the node the agentless subscribers commit to:
 // *raftfsm.Node.
 type AgentlessTarget interface {
-	IsLeader() bool
+	// CheckLeader returns nil on a leader whose state holds every entry
+	// committed before its term (the cursors subscribers resume from).
+	CheckLeader() error
 	WorkerTable() map[uint64]raftfsm.WorkerInfo
 	Cursor(r kvevent.Rank) uint64
 	IngestEvents(ctx context.Context, batches []raftfsm.RankBatch) ([]raftfsm.RankAck, error)
@@ -151,7 +153,7 @@ func (a *Agentless) loop() {
 	t := time.NewTicker(a.cfg.Poll)
 	defer t.Stop()
 	for {
-		if a.b.IsLeader() {
+		if a.b.CheckLeader() == nil {
 			a.reconcile(a.b.WorkerTable())
 		} else {
 			a.reconcile(nil)
@@ -220,10 +222,16 @@ func (a *Agentless) start(r kvevent.Rank, w agentlessSub) error {
 }
 
 // positionSink commits one rank's engine batches with positional ids.
+//
+// A clear (a new epoch) that does not commit stays due: the next batch
+// commits it first, and fails if it cannot, so that no batch after a lost
+// one is applied without a clear in between (keeping the old epoch would
+// apply it above the loss; taking the new one without its clear too).
 type positionSink struct {
-	a     *Agentless
-	rank  kvevent.Rank
-	epoch uint32
+	a        *Agentless
+	rank     kvevent.Rank
+	epoch    uint32
+	clearDue string // why a clear is due; "" when none
 }
 
 func (s *positionSink) commit(evs []kvevent.Event) error {
@@ -250,6 +258,9 @@ func (s *positionSink) Events(r kvevent.Rank, seq uint64, evs []kvevent.Event) e
 	case seq >= 1<<positionSeqBits:
 		return fmt.Errorf("agentless: engine sequence %d is past what a position holds", seq)
 	}
+	if err := s.commitClear(); err != nil {
+		return fmt.Errorf("agentless: rank %v: the clear before this batch did not commit: %w", s.rank, err)
+	}
 	for i := range evs {
 		evs[i].Rank = s.rank
 		evs[i].EventID = Position(s.epoch, seq, i+1)
@@ -264,13 +275,28 @@ func (s *positionSink) Reset(r kvevent.Rank) { s.clear("engine restart") }
 func (s *positionSink) Resync(r kvevent.Rank, reason enginesub.Reason) { s.clear(string(reason)) }
 
 func (s *positionSink) clear(why string) {
-	s.epoch++
-	ev := []kvevent.Event{{Rank: s.rank, Kind: kvevent.KindCleared, EventID: Position(s.epoch, 0, 0)}}
-	if err := s.commit(ev); err != nil && !errors.Is(err, context.Canceled) {
-		// Not committed (leadership moved, most likely): the next leader
-		// resumes from the cursor and meets the same loss again.
+	s.clearDue = why
+	if err := s.commitClear(); err != nil && !errors.Is(err, context.Canceled) {
+		// Due still: the next batch tries again first. (Leadership moved,
+		// most likely: the next leader resumes from the cursor and meets
+		// the same loss again.)
 		s.a.log.Warn("agentless: clearing the rank failed", "rank", s.rank, "why", why, "err", err)
-		return
 	}
-	s.a.log.Info("agentless: rank cleared", "rank", s.rank, "why", why, "epoch", s.epoch)
+}
+
+// commitClear commits the clear that is due, if any, as the next epoch's
+// first position; the sink moves to that epoch once it is committed. A
+// clear retried after one whose answer was lost counts as a duplicate.
+func (s *positionSink) commitClear() error {
+	if s.clearDue == "" {
+		return nil
+	}
+	next := s.epoch + 1
+	ev := []kvevent.Event{{Rank: s.rank, Kind: kvevent.KindCleared, EventID: Position(next, 0, 0)}}
+	if err := s.commit(ev); err != nil {
+		return err
+	}
+	s.a.log.Info("agentless: rank cleared", "rank", s.rank, "why", s.clearDue, "epoch", next)
+	s.epoch, s.clearDue = next, ""
+	return nil
 }

@@ -41,10 +41,11 @@ type RegisterRequest struct {
 // UnregisterRequest is the body of POST /unregister. Without tenant_id the
 // instance leaves every tenant of the model; without dp_rank, every rank.
 type UnregisterRequest struct {
-	InstanceID uint64  `json:"instance_id"`
-	ModelName  string  `json:"model_name"`
-	TenantID   string  `json:"tenant_id,omitempty"`
-	DPRank     *uint32 `json:"dp_rank,omitempty"`
+	InstanceID   uint64  `json:"instance_id"`
+	ModelName    string  `json:"model_name"`
+	TenantID     string  `json:"tenant_id,omitempty"`
+	RoutingGroup string  `json:"routing_group,omitempty"` // tenant_id's alias
+	DPRank       *uint32 `json:"dp_rank,omitempty"`
 }
 
 // Instance is one entry of GET /workers: an instance and its event
@@ -57,19 +58,21 @@ type Instance struct {
 // QueryRequest is the body of POST /query: a prompt's token ids, hashed
 // here with the namespace's block size and the LoRA name and salt.
 type QueryRequest struct {
-	TokenIDs  []uint32 `json:"token_ids"`
-	ModelName string   `json:"model_name"`
-	TenantID  string   `json:"tenant_id,omitempty"`
-	LoRAName  string   `json:"lora_name,omitempty"`
-	CacheSalt string   `json:"cache_salt,omitempty"`
+	TokenIDs     []uint32 `json:"token_ids"`
+	ModelName    string   `json:"model_name"`
+	TenantID     string   `json:"tenant_id,omitempty"`
+	RoutingGroup string   `json:"routing_group,omitempty"` // tenant_id's alias
+	LoRAName     string   `json:"lora_name,omitempty"`
+	CacheSalt    string   `json:"cache_salt,omitempty"`
 }
 
 // QueryByHashRequest is the body of POST /query_by_hash: the content
 // hashes of the prompt's full blocks.
 type QueryByHashRequest struct {
-	BlockHashes []Hash `json:"block_hashes"`
-	ModelName   string `json:"model_name"`
-	TenantID    string `json:"tenant_id,omitempty"`
+	BlockHashes  []Hash `json:"block_hashes"`
+	ModelName    string `json:"model_name"`
+	TenantID     string `json:"tenant_id,omitempty"`
+	RoutingGroup string `json:"routing_group,omitempty"` // tenant_id's alias
 }
 
 // scanJSON reads the common shape of the body in one pass (jsonScanner):
@@ -93,6 +96,8 @@ func (q *QueryByHashRequest) scanJSON(b []byte) bool {
 			q.ModelName, ok = p.Text()
 		case "tenant_id":
 			q.TenantID, ok = p.Text()
+		case "routing_group":
+			q.RoutingGroup, ok = p.Text()
 		default:
 			return false
 		}
@@ -190,11 +195,12 @@ func appendMap[V any](b []byte, m Map[V], appendV func([]byte, V) []byte) []byte
 // EventsRequest is the body of POST /events: router events of one
 // instance, through each rank's cursor as on NATS.
 type EventsRequest struct {
-	InstanceID uint64  `json:"instance_id"`
-	ModelName  string  `json:"model_name,omitempty"`
-	TenantID   string  `json:"tenant_id,omitempty"`
-	BlockSize  int     `json:"block_size,omitempty"`
-	Events     []Event `json:"events"`
+	InstanceID   uint64  `json:"instance_id"`
+	ModelName    string  `json:"model_name,omitempty"`
+	TenantID     string  `json:"tenant_id,omitempty"`
+	RoutingGroup string  `json:"routing_group,omitempty"` // tenant_id's alias
+	BlockSize    int     `json:"block_size,omitempty"`
+	Events       []Event `json:"events"`
 }
 
 // Event is one KV event. Type is "stored", "removed" or "cleared"; Medium
@@ -250,9 +256,23 @@ type Indexer struct {
 	b   Backend
 	log *slog.Logger
 
-	regMu sync.Mutex // serialises register/unregister read-modify-writes
-	pool  sync.Pool  // *queryScratch
+	// regMu serialises the read-modify-writes of b's worker table made
+	// in this process, by every API of b (regLock).
+	regMu *sync.Mutex
+	pool  sync.Pool // *queryScratch
 	ns    namespaces
+}
+
+// regLocks holds the registration lock of each backend: the indexer API
+// and the selection API (which has an Indexer of its own) of one node
+// edit the same worker table, read then written, and must not interleave
+// (a PATCH lost a rank that a /register between its read and its write
+// had added).
+var regLocks sync.Map // Backend → *sync.Mutex
+
+func regLock(b Backend) *sync.Mutex {
+	m, _ := regLocks.LoadOrStore(b, new(sync.Mutex))
+	return m.(*sync.Mutex)
 }
 
 type queryScratch struct {
@@ -265,7 +285,7 @@ func NewIndexer(b Backend, log *slog.Logger) *Indexer {
 	if log == nil {
 		log = slog.Default()
 	}
-	x := &Indexer{b: b, log: log}
+	x := &Indexer{b: b, log: log, regMu: regLock(b)}
 	x.pool.New = func() any { return new(queryScratch) }
 	return x
 }
@@ -411,13 +431,17 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 			}
 			return nil // the same registration again
 		}
+		// A rank registered without an event endpoint (through the
+		// selection API) gets this one; a new rank joins.
 		nw = old
 		nw.DPRanks = slices.Clone(old.DPRanks)
 		nw.EventEndpoints = maps.Clone(old.EventEndpoints)
 		nw.ReplayEndpoints = maps.Clone(old.ReplayEndpoints)
 	}
-	nw.DPRanks = append(nw.DPRanks, dp)
-	slices.Sort(nw.DPRanks)
+	if !slices.Contains(nw.DPRanks, dp) {
+		nw.DPRanks = append(nw.DPRanks, dp)
+		slices.Sort(nw.DPRanks)
+	}
 	if nw.EventEndpoints == nil {
 		nw.EventEndpoints = map[uint32]string{}
 	}
@@ -444,9 +468,10 @@ func (x *Indexer) doUnregister(ctx context.Context, req *UnregisterRequest) erro
 	x.regMu.Lock()
 	defer x.regMu.Unlock()
 	var matched []raftfsm.WorkerInfo
+	tenant := cmp.Or(req.TenantID, req.RoutingGroup)
 	for _, wi := range x.b.WorkerTable() {
 		if wi.Instance == req.InstanceID && wi.Model == req.ModelName && wi.Tenant != "" &&
-			(req.TenantID == "" || wi.Tenant == req.TenantID) {
+			(tenant == "" || wi.Tenant == tenant) {
 			matched = append(matched, wi)
 		}
 	}
@@ -461,7 +486,7 @@ func (x *Indexer) doUnregister(ctx context.Context, req *UnregisterRequest) erro
 			continue
 		}
 		dp := *req.DPRank
-		if _, ok := wi.EventEndpoints[dp]; !ok {
+		if !slices.Contains(wi.DPRanks, dp) {
 			continue
 		}
 		found = true
@@ -484,8 +509,8 @@ func (x *Indexer) doUnregister(ctx context.Context, req *UnregisterRequest) erro
 	}
 	if !found {
 		what := fmt.Sprintf("instance %d of model %s", req.InstanceID, req.ModelName)
-		if req.TenantID != "" {
-			what += " tenant " + req.TenantID
+		if tenant != "" {
+			what += " tenant " + tenant
 		}
 		if req.DPRank != nil {
 			what += fmt.Sprintf(" dp rank %d", *req.DPRank)
@@ -497,7 +522,11 @@ func (x *Indexer) doUnregister(ctx context.Context, req *UnregisterRequest) erro
 
 func (x *Indexer) workers(w http.ResponseWriter, r *http.Request) error {
 	byInst := map[uint64]Map[string]{}
-	for _, wi := range x.b.WorkerTable() {
+	table := x.b.WorkerTable()
+	// In id order, the first registration of a rank naming an endpoint
+	// gives it: the same answer on every call and every replica.
+	for _, id := range slices.Sorted(maps.Keys(table)) {
+		wi := table[id]
 		if wi.Tenant == "" {
 			continue // a /v1 worker has no event endpoints
 		}
@@ -507,7 +536,10 @@ func (x *Indexer) workers(w http.ResponseWriter, r *http.Request) error {
 			byInst[wi.Instance] = eps
 		}
 		for dp, ep := range wi.EventEndpoints {
-			eps[strconv.FormatUint(uint64(dp), 10)] = ep
+			k := strconv.FormatUint(uint64(dp), 10)
+			if _, ok := eps[k]; !ok {
+				eps[k] = ep
+			}
 		}
 	}
 	out := make([]Instance, 0, len(byInst))
@@ -521,7 +553,7 @@ func (x *Indexer) query(_ context.Context, req *QueryRequest) (any, error) {
 	if err := requireModel(req.ModelName); err != nil {
 		return nil, err
 	}
-	ns := x.ns.get(x.b, req.ModelName, tenantOf(req.TenantID, ""))
+	ns := x.ns.get(x.b, req.ModelName, tenantOf(req.TenantID, req.RoutingGroup))
 	sc := x.pool.Get().(*queryScratch)
 	defer x.pool.Put(sc)
 	bs := ns.blockSize
@@ -536,7 +568,7 @@ func (x *Indexer) queryByHash(_ context.Context, req *QueryByHashRequest) (any, 
 	if err := requireModel(req.ModelName); err != nil {
 		return nil, err
 	}
-	return x.lookupHashes(x.ns.get(x.b, req.ModelName, tenantOf(req.TenantID, "")), req.BlockHashes), nil
+	return x.lookupHashes(x.ns.get(x.b, req.ModelName, tenantOf(req.TenantID, req.RoutingGroup)), req.BlockHashes), nil
 }
 
 // lookupHashes is lookup of content hashes given on the wire.
@@ -630,7 +662,7 @@ func (x *Indexer) doEvents(ctx context.Context, req *EventsRequest) (EventsRespo
 	if err := x.b.CheckLeader(); err != nil {
 		return EventsResponse{}, err
 	}
-	wi, err := x.resolve(req.InstanceID, req.ModelName, req.TenantID)
+	wi, err := x.resolve(req.InstanceID, req.ModelName, cmp.Or(req.TenantID, req.RoutingGroup))
 	if err != nil {
 		return EventsResponse{}, err
 	}

@@ -167,7 +167,8 @@ type Selection struct {
 	sessNext int
 }
 
-// NewSelection returns the selection API of b.
+// NewSelection returns the selection API of b. Its registrations and
+// those of b's Indexer (POST /register) serialise on one lock.
 func NewSelection(b SelectionBackend, log *slog.Logger) *Selection {
 	if log == nil {
 		log = slog.Default()
@@ -207,8 +208,11 @@ func catalogOf(id uint64, w *raftfsm.WorkerInfo) CatalogWorker {
 	c := CatalogWorker{WorkerID: inst, ModelName: w.Model, RoutingGroup: tenant, Endpoint: w.Endpoint,
 		BlockSize: w.BlockSize, DataParallelSize: 1}
 	if len(w.DPRanks) > 0 {
-		c.DataParallelStartRank = w.DPRanks[0]
-		c.DataParallelSize = uint32(len(w.DPRanks))
+		// The range that covers the ranks: /register may leave holes
+		// (ranks 0 and 2), and kv_events_endpoints keys stay inside it.
+		lo, hi := slices.Min(w.DPRanks), slices.Max(w.DPRanks)
+		c.DataParallelStartRank = lo
+		c.DataParallelSize = hi - lo + 1
 	}
 	if len(w.EventEndpoints) > 0 {
 		c.KVEventsEndpoints = Map[string]{}
@@ -366,15 +370,63 @@ func (s *Selection) patchWorker(w http.ResponseWriter, r *http.Request) error {
 	if p.ReplayEndpoint != nil {
 		cw.ReplayEndpoint = *p.ReplayEndpoint
 	}
-	nw, err := infoOf(&cw)
+	patched, err := infoOf(&cw)
 	if err != nil {
 		return answer(w, c, 0, nil, err)
 	}
-	nw.Capacity, nw.Salt = old.Capacity, old.Salt
+	nw := patchedWorker(&old, &patched, &p)
 	if err := s.b.RegisterWorker(r.Context(), nw); err != nil {
 		return answer(w, c, 0, nil, fmt.Errorf("update worker %d: %w", id, err))
 	}
 	return answer(w, c, http.StatusOK, catalogOf(nw.ID, &nw), nil)
+}
+
+// patchedWorker is old with what patch p sets, as infoOf read it into
+// patched. Everything else stays as old has it: the worker's identity (a
+// /v1 worker stays a /v1 worker), capacity, salt, lease, whether the
+// leader follows its engine (agentless), and its ranks and their replay
+// endpoints unless the patch names them (the catalog form shows the
+// ranks as one range and only the first rank's replay endpoint).
+func patchedWorker(old, patched *raftfsm.WorkerInfo, p *WorkerPatch) raftfsm.WorkerInfo {
+	nw := *old
+	nw.Endpoint, nw.BlockSize = patched.Endpoint, patched.BlockSize
+	if p.DataParallelStartRank != nil || p.DataParallelSize != nil {
+		nw.DPRanks = patched.DPRanks
+	}
+	if p.KVEventsEndpoints != nil {
+		nw.EventEndpoints = patched.EventEndpoints
+	}
+	replay := map[uint32]string{}
+	for dp, ep := range old.ReplayEndpoints {
+		if slices.Contains(nw.DPRanks, dp) {
+			replay[dp] = ep
+		}
+	}
+	if p.ReplayEndpoint != nil {
+		start := uint32(0) // no ranks: rank 0
+		if len(nw.DPRanks) > 0 {
+			start = slices.Min(nw.DPRanks)
+		}
+		if *p.ReplayEndpoint == "" {
+			delete(replay, start)
+		} else {
+			replay[start] = *p.ReplayEndpoint
+		}
+	}
+	nw.ReplayEndpoints = nil
+	if len(replay) > 0 {
+		nw.ReplayEndpoints = replay
+	}
+	if nw.EventEndpoints != nil {
+		kept := map[uint32]string{}
+		for dp, ep := range nw.EventEndpoints {
+			if slices.Contains(nw.DPRanks, dp) {
+				kept[dp] = ep
+			}
+		}
+		nw.EventEndpoints = kept
+	}
+	return nw
 }
 
 func (s *Selection) deleteWorker(w http.ResponseWriter, r *http.Request) error {
@@ -637,7 +689,7 @@ func (s *Selection) outputBlock(w http.ResponseWriter, r *http.Request) error {
 	})
 }
 
-// ranksOf lists a namespace's ranks (every worker's when model is ""),
+// ranksOf lists the ranks of model's workers in group (either "": any),
 // ordered by instance id and dp rank, with the instance id of each worker.
 func (s *Selection) ranksOf(model, group string) ([]kvevent.Rank, map[uint64]uint64) {
 	table := s.b.WorkerTable()
@@ -648,7 +700,7 @@ func (s *Selection) ranksOf(model, group string) ([]kvevent.Rank, map[uint64]uin
 		if tenant == "" {
 			i, tenant = id, DefaultTenant
 		}
-		if model != "" && (wi.Model != model || tenant != group) {
+		if model != "" && wi.Model != model || group != "" && tenant != group {
 			continue
 		}
 		inst[id] = i
@@ -668,7 +720,13 @@ func (s *Selection) ranksOf(model, group string) ([]kvevent.Rank, map[uint64]uin
 
 func (s *Selection) loads(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	ranks, inst := s.ranksOf(q.Get("model_name"), tenantOf(q.Get("routing_group"), ""))
+	// A model's ranks are those of one group (default "default"); a group
+	// alone gives its ranks over every model; neither, every rank.
+	model, group := q.Get("model_name"), q.Get("routing_group")
+	if model != "" {
+		group = tenantOf(group, "")
+	}
+	ranks, inst := s.ranksOf(model, group)
 	byRank := map[kvevent.Rank]indexer.Load{}
 	for _, l := range s.b.Loads() {
 		byRank[l.Rank] = l.Load

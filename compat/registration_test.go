@@ -1,0 +1,272 @@
+package compat
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/api"
+
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+func mustCode(t *testing.T, r reply, want int, what string) {
+	t.Helper()
+	if r.code != want {
+		t.Fatalf("%s: status %d, want %d: %s", what, r.code, want, r.body)
+	}
+}
+
+// A PATCH of an instance registered through POST /register (agentless by
+// default) keeps it agentless: the leader goes on following its engine,
+// and the same /register again is accepted. (The PATCH rebuilt the worker
+// from its catalog form, which has no such flag: the leader stopped
+// following the engine and the /register was a 409.)
+func TestPatchKeepsAnAgentlessInstanceFollowed(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557",
+		ModelName: "llama", BlockSize: 4}), 201, "register")
+	id := WorkerID(1, "llama", "default")
+	if !n.node.WorkerTable()[id].Positional {
+		t.Fatal("not positional after register")
+	}
+	ep := "http://10.0.0.1:8000"
+	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/1", WorkerPatch{Endpoint: &ep}), 200, "patch")
+	if !n.node.WorkerTable()[id].Positional {
+		t.Errorf("PATCH of the HTTP endpoint dropped Positional: the agentless subscriber stops following the engine")
+	}
+	r := n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557",
+		ModelName: "llama", BlockSize: 4})
+	if r.code != 201 {
+		t.Errorf("the same /register again after the PATCH: %d %s", r.code, r.body)
+	}
+}
+
+// A PATCH of a /v1 worker updates it (it registered a second worker, under
+// the compat id of the catalog form, beside it).
+func TestPatchOfAV1WorkerUpdatesIt(t *testing.T) {
+	n := startNode(t)
+	if err := n.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 5, BlockSize: 4, Model: "llama"}); err != nil {
+		t.Fatal(err)
+	}
+	ep := "http://10.0.0.5:8000"
+	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/5", WorkerPatch{Endpoint: &ep}), 200, "patch")
+	tbl := n.node.WorkerTable()
+	if len(tbl) != 1 {
+		t.Errorf("PATCH of /v1 worker 5: the table holds %d workers, want 1: %+v", len(tbl), tbl)
+	}
+	r := n.do(t, codecJSON, "GET", "/selection/workers", nil)
+	var ws []CatalogWorker
+	_ = json.Unmarshal(r.body, &ws)
+	if len(ws) != 1 {
+		t.Errorf("GET /selection/workers lists %d workers after a PATCH of one: %s", len(ws), r.body)
+	}
+}
+
+// /register of a dp rank that a catalog worker already has (added without
+// an event endpoint) gives it the endpoint; it appended the rank twice.
+func TestRegisterOfARankTheCatalogAddedDoesNotRepeatIt(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "llama",
+		BlockSize: 4, DataParallelSize: 2}), 201, "add")
+	mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5558",
+		ModelName: "llama", BlockSize: 4, DPRank: u32(1), Agentless: ptr(false)}), 201, "register")
+	w := n.node.WorkerTable()[WorkerID(1, "llama", "default")]
+	if len(w.DPRanks) != 2 {
+		t.Errorf("dp ranks %v, want [0 1]", w.DPRanks)
+	}
+	if w.EventEndpoints[1] != "tcp://10.0.0.1:5558" {
+		t.Errorf("event endpoints %v: rank 1's is missing", w.EventEndpoints)
+	}
+}
+
+// dp ranks registered through /register need not be contiguous: the
+// catalog lists the range that covers them, and a PATCH of the endpoint
+// alone is accepted (the catalog listed ranks [0, 2), so rank 2's event
+// endpoint fell outside it and every PATCH was refused).
+func TestCatalogCoversRanksWithHoles(t *testing.T) {
+	n := startNode(t)
+	for _, dp := range []uint32{0, 2} {
+		mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:555" + string(rune('7'+dp)),
+			ModelName: "llama", BlockSize: 4, DPRank: u32(dp), Agentless: ptr(false)}), 201, "register")
+	}
+	r := n.do(t, codecJSON, "GET", "/selection/workers", nil)
+	var ws []CatalogWorker
+	_ = json.Unmarshal(r.body, &ws)
+	if len(ws) != 1 || ws[0].DataParallelStartRank != 0 || ws[0].DataParallelSize != 3 {
+		t.Errorf("catalog says ranks [%d, %d) while ranks 0 and 2 are registered (kv_events_endpoints %v)",
+			ws[0].DataParallelStartRank, ws[0].DataParallelStartRank+ws[0].DataParallelSize, ws[0].KVEventsEndpoints)
+	}
+	ep := "http://10.0.0.1:8000"
+	r = n.do(t, codecJSON, "PATCH", "/selection/workers/1", WorkerPatch{Endpoint: &ep})
+	if r.code != 200 {
+		t.Errorf("PATCH of the endpoint only: %d %s", r.code, r.body)
+	}
+	if w := n.node.WorkerTable()[WorkerID(1, "llama", "default")]; !slices.Equal(w.DPRanks, []uint32{0, 2}) {
+		t.Errorf("dp ranks %v after a PATCH of the endpoint, want [0 2]", w.DPRanks)
+	}
+}
+
+// routing_group, the documented alias of tenant_id, names the tenant that
+// /unregister acts on (it was ignored: the instance left every tenant).
+func TestUnregisterTakesRoutingGroupAsTheTenant(t *testing.T) {
+	n := startNode(t)
+	for _, g := range []string{"blue", "red"} {
+		mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557",
+			ModelName: "llama", RoutingGroup: g, BlockSize: 4, Agentless: ptr(false)}), 201, "register "+g)
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/unregister", map[string]any{"instance_id": 1, "model_name": "llama",
+		"routing_group": "blue"}), 200, "unregister")
+	if _, ok := n.node.WorkerTable()[WorkerID(1, "llama", "red")]; !ok {
+		t.Errorf("unregister with routing_group blue removed the instance from tenant red too")
+	}
+}
+
+// /events with routing_group apply to that tenant's worker (they were
+// applied to the default tenant's).
+func TestEventsTakeRoutingGroupAsTheTenant(t *testing.T) {
+	n := startNode(t)
+	for _, g := range []string{"default", "blue"} {
+		mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557",
+			ModelName: "llama", RoutingGroup: g, BlockSize: 4, Agentless: ptr(false)}), 201, "register "+g)
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/events", map[string]any{"instance_id": 1, "model_name": "llama",
+		"routing_group": "blue", "events": []Event{stored(1, 0, "", 0, 3)}}), 200, "events")
+	r := n.do(t, codecJSON, "POST", "/query", QueryRequest{TokenIDs: prompt, ModelName: "llama"})
+	var q QueryResponse
+	_ = json.Unmarshal(r.body, &q)
+	if len(q.Scores) != 0 {
+		t.Errorf("events sent for routing_group blue landed in tenant default: %s", r.body)
+	}
+}
+
+// GET /workers merges an instance's endpoints over its tenants by dp
+// rank: where two tenants' rank 0 differ, the answer is the same every
+// time (it depended on map order).
+func TestWorkersAnswerIsDeterministic(t *testing.T) {
+	n := startNode(t)
+	for i, g := range []string{"blue", "red"} {
+		mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:555" + string(rune('7'+i)),
+			ModelName: "llama", TenantID: g, BlockSize: 4, Agentless: ptr(false)}), 201, "register "+g)
+	}
+	seen := map[string]bool{}
+	for range 50 {
+		seen[string(n.do(t, codecJSON, "GET", "/workers", nil).body)] = true
+	}
+	if len(seen) > 1 {
+		t.Errorf("GET /workers gave %d different answers for one state: %v", len(seen), seen)
+	}
+}
+
+// /unregister with dp_rank removes a rank registered through POST
+// /selection/workers without event endpoints (it was a 404).
+func TestUnregisterOfARankTheCatalogAdded(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "llama",
+		BlockSize: 4, DataParallelSize: 2}), 201, "add")
+	r := n.do(t, codecJSON, "POST", "/unregister", UnregisterRequest{InstanceID: 1, ModelName: "llama", DPRank: u32(1)})
+	if r.code != 200 {
+		t.Errorf("unregister dp rank 1 of a registered worker: %d %s", r.code, r.body)
+	}
+}
+
+// slowNode holds the first RegisterWorker of one rank with an HTTP
+// endpoint (the PATCH's write) until release is closed: a slow commit.
+type slowNode struct {
+	*raftfsm.Node
+	once    sync.Once
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (s *slowNode) RegisterWorker(ctx context.Context, w raftfsm.WorkerInfo) error {
+	if len(w.DPRanks) == 1 && w.Endpoint != "" {
+		s.once.Do(func() {
+			close(s.held)
+			<-s.release
+		})
+	}
+	return s.Node.RegisterWorker(ctx, w)
+}
+
+// TestRegistrationsOfBothAPIsSerialise: the indexer API's /register and
+// the selection API's worker writes read the worker table and write it
+// back, under one lock per node. With a lock each (the selection API has
+// an Indexer of its own), a /register that committed while a PATCH of the
+// same instance was committing was undone by the PATCH: its acknowledged
+// rank was gone.
+func TestRegistrationsOfBothAPIsSerialise(t *testing.T) {
+	var handler http.Handler
+	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
+	httpAddr := hs.Listener.Addr().String()
+	raftAddr, tr := raft.NewInmemTransport("")
+	node, err := raftfsm.NewNode(raftfsm.Config{ID: "n1", RaftAddr: string(raftAddr), HTTPAddr: httpAddr, DataDir: t.TempDir(),
+		Peers: []raftfsm.Member{{ID: "n1", RaftAddr: string(raftAddr), HTTPAddr: httpAddr, Voter: true}}, Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn := &slowNode{Node: node, held: make(chan struct{}), release: make(chan struct{})}
+	srv := api.NewServer(node, api.Options{Logger: quiet})
+	NewIndexer(sn, quiet).Routes(srv, "")
+	NewSelection(sn, quiet).Routes(srv, SelectionPrefix)
+	handler = srv
+	hs.Start()
+	var once sync.Once
+	open := func() { once.Do(func() { close(sn.release) }) }
+	t.Cleanup(func() { open(); hs.Close(); srv.Close(); node.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := node.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n := &testNode{node: node, url: hs.URL}
+
+	mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557",
+		ModelName: "llama", BlockSize: 4, Agentless: ptr(false)}), 201, "register dp 0")
+	ep := "http://10.0.0.1:8000"
+	patched := make(chan reply, 1)
+	go func() { patched <- n.do(t, codecJSON, "PATCH", "/selection/workers/1", WorkerPatch{Endpoint: &ep}) }()
+	<-sn.held // the PATCH read the table (rank 0 alone) and is committing
+	if l := regLock(sn); l.TryLock() {
+		l.Unlock()
+		t.Fatal("the registration lock is free while a PATCH commits: a /register would interleave")
+	}
+	registered := make(chan reply, 1)
+	go func() {
+		registered <- n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5558",
+			ModelName: "llama", BlockSize: 4, DPRank: u32(1), Agentless: ptr(false)})
+	}()
+	open()
+	mustCode(t, <-patched, 200, "patch")
+	mustCode(t, <-registered, 201, "register dp 1")
+	w := node.WorkerTable()[WorkerID(1, "llama", "default")]
+	if !slices.Equal(w.DPRanks, []uint32{0, 1}) || w.Endpoint != ep {
+		t.Fatalf("dp ranks %v endpoint %q, want [0 1] and the patched endpoint", w.DPRanks, w.Endpoint)
+	}
+}
+
+// TestLoadsOfAGroupAlone: GET /selection/loads with routing_group and no
+// model_name lists that group's ranks over every model (it ignored the
+// group and listed every rank).
+func TestLoadsOfAGroupAlone(t *testing.T) {
+	n := startNode(t)
+	for i, g := range []string{"blue", "red"} {
+		mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: uint64(i + 1), Endpoint: "tcp://10.0.0.1:5557",
+			ModelName: "llama", RoutingGroup: g, BlockSize: 4, Agentless: ptr(false)}), 201, "register "+g)
+	}
+	r := n.do(t, codecJSON, "GET", "/selection/loads?routing_group=blue", nil)
+	mustCode(t, r, 200, "loads")
+	var loads []RankLoad
+	if err := json.Unmarshal(r.body, &loads); err != nil {
+		t.Fatal(err)
+	}
+	if len(loads) != 1 || loads[0].WorkerID != 1 {
+		t.Fatalf("loads of group blue: %s, want instance 1's rank alone", r.body)
+	}
+}
