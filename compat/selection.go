@@ -212,7 +212,7 @@ func catalogOf(id uint64, w *raftfsm.WorkerInfo) CatalogWorker {
 		// (ranks 0 and 2), and kv_events_endpoints keys stay inside it.
 		lo, hi := slices.Min(w.DPRanks), slices.Max(w.DPRanks)
 		c.DataParallelStartRank = lo
-		c.DataParallelSize = hi - lo + 1
+		c.DataParallelSize = uint32(min(uint64(hi)-uint64(lo)+1, math.MaxUint32))
 	}
 	if len(w.EventEndpoints) > 0 {
 		c.KVEventsEndpoints = Map[string]{}
@@ -352,6 +352,12 @@ func (s *Selection) patchWorker(w http.ResponseWriter, r *http.Request) error {
 	}
 	old := found[0]
 	cw := catalogOf(old.ID, &old)
+	if p.DataParallelStartRank == nil && p.DataParallelSize == nil {
+		// The worker keeps its ranks (patchedWorker), which the catalog's
+		// one range need not fit (holes, a span past its limit): infoOf
+		// checks the rest on one rank, patchedWorker the event endpoints.
+		cw.DataParallelStartRank, cw.DataParallelSize, cw.KVEventsEndpoints = 0, 1, nil
+	}
 	if p.Endpoint != nil {
 		cw.Endpoint = *p.Endpoint
 	}
@@ -364,7 +370,7 @@ func (s *Selection) patchWorker(w http.ResponseWriter, r *http.Request) error {
 	if p.DataParallelSize != nil {
 		cw.DataParallelSize = *p.DataParallelSize
 	}
-	if p.KVEventsEndpoints != nil {
+	if p.KVEventsEndpoints != nil && (p.DataParallelStartRank != nil || p.DataParallelSize != nil) {
 		cw.KVEventsEndpoints = p.KVEventsEndpoints
 	}
 	if p.ReplayEndpoint != nil {
@@ -374,7 +380,10 @@ func (s *Selection) patchWorker(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return answer(w, c, 0, nil, err)
 	}
-	nw := patchedWorker(&old, &patched, &p)
+	nw, err := patchedWorker(&old, &patched, &p)
+	if err != nil {
+		return answer(w, c, 0, nil, err)
+	}
 	if err := s.b.RegisterWorker(r.Context(), nw); err != nil {
 		return answer(w, c, 0, nil, fmt.Errorf("update worker %d: %w", id, err))
 	}
@@ -387,14 +396,28 @@ func (s *Selection) patchWorker(w http.ResponseWriter, r *http.Request) error {
 // leader follows its engine (agentless), and its ranks and their replay
 // endpoints unless the patch names them (the catalog form shows the
 // ranks as one range and only the first rank's replay endpoint).
-func patchedWorker(old, patched *raftfsm.WorkerInfo, p *WorkerPatch) raftfsm.WorkerInfo {
+func patchedWorker(old, patched *raftfsm.WorkerInfo, p *WorkerPatch) (raftfsm.WorkerInfo, error) {
 	nw := *old
 	nw.Endpoint, nw.BlockSize = patched.Endpoint, patched.BlockSize
-	if p.DataParallelStartRank != nil || p.DataParallelSize != nil {
-		nw.DPRanks = patched.DPRanks
+	ranksNamed := p.DataParallelStartRank != nil || p.DataParallelSize != nil
+	if ranksNamed {
+		nw.DPRanks = patched.DPRanks // infoOf checked the endpoints' ranks against them
 	}
-	if p.KVEventsEndpoints != nil {
+	switch {
+	case p.KVEventsEndpoints != nil && ranksNamed:
 		nw.EventEndpoints = patched.EventEndpoints
+	case p.KVEventsEndpoints != nil:
+		nw.EventEndpoints = map[uint32]string{}
+		for k, ep := range p.KVEventsEndpoints {
+			dp, err := strconv.ParseUint(k, 10, 32)
+			if err != nil || !slices.Contains(nw.DPRanks, uint32(dp)) {
+				return nw, badRequest("kv_events_endpoints key %q: want one of the worker's dp ranks %v", k, nw.DPRanks)
+			}
+			if err := checkEndpoint("kv_events_endpoints["+k+"]", ep); err != nil {
+				return nw, err
+			}
+			nw.EventEndpoints[uint32(dp)] = ep
+		}
 	}
 	replay := map[uint32]string{}
 	for dp, ep := range old.ReplayEndpoints {
@@ -426,7 +449,7 @@ func patchedWorker(old, patched *raftfsm.WorkerInfo, p *WorkerPatch) raftfsm.Wor
 		}
 		nw.EventEndpoints = kept
 	}
-	return nw
+	return nw, nil
 }
 
 func (s *Selection) deleteWorker(w http.ResponseWriter, r *http.Request) error {

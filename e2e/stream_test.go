@@ -482,5 +482,6 @@ func (c *cluster) checkAll(m *model) {
 func indexState(st *api.IndexStats) api.IndexStats {
 	s := *st
 	s.Counters = api.IndexCounters{}
+	s.HeapBytes = 0 // the process's, not the state's
 	return s
 }

@@ -498,6 +498,9 @@ func (n *Node) checkReady() {
 	if !n.fsmHasApplied(commit, applied) {
 		return
 	}
+	if n.raft.State() == raft.Leader && !n.ledThisTerm() {
+		return // a leader is ready once its Barrier passed (CheckLeader)
+	}
 	n.ready.Store(true)
 	n.fsm.endLoadHold()
 	n.logger.Info("ready", "applied_index", applied)
