@@ -185,6 +185,9 @@ func (a *Agentless) reconcile(table map[uint64]raftfsm.WorkerInfo) {
 			s.cancel()
 			<-s.done
 			delete(a.subs, r)
+			if !ok {
+				s.sub.ForgetMetrics() // the rank is not followed any more
+			}
 		}
 	}
 	for r, w := range want {

@@ -68,6 +68,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
+// forget deletes a rank's series from every family (a rank no longer
+// followed: its series would stay exported with their last values).
+func (m *metrics) forget(worker uint64, dp uint32) {
+	labels := prometheus.Labels{"worker": strconv.FormatUint(worker, 10), "dp_rank": strconv.FormatUint(uint64(dp), 10)}
+	for _, v := range []*prometheus.CounterVec{m.batches, m.blockEvents, m.gaps, m.epochs, m.duplicates,
+		m.replays, m.resyncs, m.malformed} {
+		v.DeletePartialMatch(labels)
+	}
+}
+
 func (m *metrics) forRank(worker uint64, dp uint32) rankMetrics {
 	w, d := strconv.FormatUint(worker, 10), strconv.FormatUint(uint64(dp), 10)
 	labels := prometheus.Labels{"worker": w, "dp_rank": d}

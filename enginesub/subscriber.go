@@ -76,6 +76,7 @@ type Config struct {
 type Subscriber struct {
 	cfg   Config
 	core  *core
+	m     *metrics
 	ran   atomic.Bool
 	ready chan struct{}
 	local atomic.Pointer[string]
@@ -108,7 +109,7 @@ func New(cfg Config) (*Subscriber, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Subscriber{cfg: cfg, ready: make(chan struct{})}
+	s := &Subscriber{cfg: cfg, m: m, ready: make(chan struct{})}
 	s.core = &core{rank: cfg.Rank, sink: cfg.Sink, dec: dec, log: cfg.Logger,
 		m: m.forRank(cfg.Rank.Worker, cfg.Rank.DP), resume: cfg.Resume}
 	if cfg.ReplayEndpoint != "" {
@@ -116,6 +117,12 @@ func New(cfg Config) (*Subscriber, error) {
 	}
 	return s, nil
 }
+
+// ForgetMetrics deletes the rank's metric series from the Registerer's
+// families, for a rank no longer followed (its series would stay exported
+// with their last values). Call it once Run has returned, and before a
+// new Subscriber of the rank is made: that one's series are the same.
+func (s *Subscriber) ForgetMetrics() { s.m.forget(s.cfg.Rank.Worker, s.cfg.Rank.DP) }
 
 // Rank returns the rank the subscriber follows.
 func (s *Subscriber) Rank() kvevent.Rank { return s.cfg.Rank }

@@ -166,3 +166,43 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels ma
 	}
 	return 0, false
 }
+
+// TestForgetMetricsDeletesTheRanksSeries: a rank no longer followed leaves
+// no series behind; another rank's stay.
+func TestForgetMetricsDeletesTheRanksSeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	mk := func(r kvevent.Rank) *Subscriber {
+		s, err := New(Config{Endpoint: "tcp://127.0.0.1:1", Sink: &recSink{}, Logger: quiet, Rank: r,
+			Decoder: engine.Config{BlockSize: 4}, Registerer: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a, b := mk(kvevent.Rank{Worker: 1}), mk(kvevent.Rank{Worker: 2})
+	a.core.live(bg, liveMsg(0))
+	b.core.live(bg, liveMsg(0))
+	a.ForgetMetrics()
+	for _, c := range []struct {
+		worker string
+		want   bool
+	}{{"1", false}, {"2", true}} {
+		_, ok := counterValue(t, reg, "kvagent_subscriber_batches_total", map[string]string{"worker": c.worker, "dp_rank": "0"})
+		if ok != c.want {
+			t.Errorf("worker %s's batches series present %v, want %v", c.worker, ok, c.want)
+		}
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "worker" && l.GetValue() == "1" {
+					t.Fatalf("%s keeps a series of the forgotten rank: %v", mf.GetName(), m.GetLabel())
+				}
+			}
+		}
+	}
+}
