@@ -146,7 +146,13 @@ func (ix *Index) LoadRank(d *RankDump) error {
 				ix.setBit(rs, n, e.EngineHash, t)
 			}
 		}
-		n.holders[n.find(rs.slot)].order = e.Order
+		h := &n.holders[n.find(rs.slot)]
+		h.order = e.Order
+		if ix.journal != nil {
+			// setBit journaled the entry with a fresh order; the state
+			// database must hold the dump's, as the index now does.
+			ix.journal.EntrySet(rs.rank, h.eh, n.seq, h.mask(), h.order)
+		}
 	}
 	rs.order = d.Order
 	ix.markDirty(rs)

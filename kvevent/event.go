@@ -2,6 +2,7 @@ package kvevent
 
 import (
 	"fmt"
+	"slices"
 )
 
 // Rank identifies one data-parallel rank of one worker: the unit of
@@ -108,9 +109,14 @@ func (e *Event) Validate() error {
 	return nil
 }
 
-// firstRepeat reports the first value that occurs twice among n values.
-// Short chains (the common case) are checked pairwise without allocating;
-// long ones through a map.
+// firstRepeat reports a value that occurs twice among n values: the first
+// repeated in order for short chains, checked pairwise; the smallest
+// repeated for longer ones, sorted in a stack buffer. Neither allocates
+// (every replica validates every event it applies); chains past the
+// buffer go through a map.
+// sortedRepeatMax bounds the chains firstRepeat sorts on its stack (8 KiB).
+const sortedRepeatMax = 1024
+
 func firstRepeat(n int, at func(int) uint64) (uint64, bool) {
 	if n <= 32 {
 		for i := 1; i < n; i++ {
@@ -119,6 +125,20 @@ func firstRepeat(n int, at func(int) uint64) (uint64, bool) {
 				if at(j) == hi {
 					return hi, true
 				}
+			}
+		}
+		return 0, false
+	}
+	if n <= sortedRepeatMax {
+		var buf [sortedRepeatMax]uint64
+		vs := buf[:n]
+		for i := range vs {
+			vs[i] = at(i)
+		}
+		slices.Sort(vs)
+		for i := 1; i < n; i++ {
+			if vs[i] == vs[i-1] {
+				return vs[i], true
 			}
 		}
 		return 0, false

@@ -77,3 +77,28 @@ func TestValidateRejectsMalformedEvents(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateFindsRepeatsInLongChainsWithoutAllocating: a hash repeated
+// in a chain is refused at every length, and checking a chain of up to
+// 1024 blocks allocates nothing (every replica validates every event it
+// applies; a chain over 32 blocks made a map).
+func TestValidateFindsRepeatsInLongChainsWithoutAllocating(t *testing.T) {
+	for _, n := range []int{2, 32, 33, 256, 1024, 2000} {
+		ev := Event{Rank: Rank{Worker: 1}, EventID: 1, Kind: KindStored, Tier: TierDevice}
+		for i := range n {
+			ev.Blocks = append(ev.Blocks, Block{EngineHash: uint64(1000 + i), LocalHash: uint64(5000 + i)})
+		}
+		if err := ev.Validate(); err != nil {
+			t.Fatalf("%d distinct blocks: %v", n, err)
+		}
+		if n <= 1024 {
+			if a := testing.AllocsPerRun(20, func() { _ = ev.Validate() }); a != 0 {
+				t.Errorf("%d blocks: %v allocations per Validate, want 0", n, a)
+			}
+		}
+		ev.Blocks[n-1].EngineHash = ev.Blocks[0].EngineHash
+		if err := ev.Validate(); err == nil {
+			t.Errorf("%d blocks with an engine hash twice: no error", n)
+		}
+	}
+}
