@@ -127,11 +127,26 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := s.b.RegisterWorker(r.Context(), info); err != nil {
+	unlock := s.lockWorkers()
+	err = s.b.RegisterWorker(r.Context(), info)
+	unlock()
+	if err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// lockWorkers takes the backend's worker-table lock, when it has one
+// (raftfsm.Node.WorkersMutex: the compatible APIs' read-modify-writes of
+// the table take it too), and returns its unlock.
+func (s *Server) lockWorkers() (unlock func()) {
+	if l, ok := s.b.(interface{ WorkersMutex() *sync.Mutex }); ok {
+		m := l.WorkersMutex()
+		m.Lock()
+		return m.Unlock
+	}
+	return func() {}
 }
 
 func (s *Server) deregisterWorker(w http.ResponseWriter, r *http.Request) error {
@@ -139,7 +154,10 @@ func (s *Server) deregisterWorker(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	if err := s.b.DeregisterWorker(r.Context(), id); err != nil {
+	unlock := s.lockWorkers()
+	err = s.b.DeregisterWorker(r.Context(), id)
+	unlock()
+	if err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -263,17 +263,22 @@ type Indexer struct {
 	ns    namespaces
 }
 
-// regLocks holds the registration lock of each backend: the indexer API
+// regLock returns the lock of b's worker-table writes: the indexer API
 // and the selection API (which has an Indexer of its own) of one node
 // edit the same worker table, read then written, and must not interleave
 // (a PATCH lost a rank that a /register between its read and its write
-// had added).
-var regLocks sync.Map // Backend → *sync.Mutex
-
+// had added). A node's own lock (raftfsm.Node.WorkersMutex) also orders
+// its /v1 registrations and lease removals; other backends get one lock
+// each, shared by their APIs.
 func regLock(b Backend) *sync.Mutex {
+	if l, ok := b.(interface{ WorkersMutex() *sync.Mutex }); ok {
+		return l.WorkersMutex()
+	}
 	m, _ := regLocks.LoadOrStore(b, new(sync.Mutex))
 	return m.(*sync.Mutex)
 }
+
+var regLocks sync.Map // Backend → *sync.Mutex, for backends without their own
 
 type queryScratch struct {
 	local   []uint64

@@ -24,7 +24,12 @@ type fakeTarget struct {
 	ingested []raftfsm.RankBatch
 	calls    int
 	hold     chan struct{} // nil: IngestEvents returns at once
+
+	workersMu        sync.Mutex // the node's worker-table lock (raftfsm.Node.WorkersMutex)
+	unlockedRemovals int        // removals made without it held
 }
+
+func (t *fakeTarget) WorkersMutex() *sync.Mutex { return &t.workersMu }
 
 func newFakeTarget() *fakeTarget { return &fakeTarget{workers: map[uint64]raftfsm.WorkerInfo{}} }
 
@@ -63,8 +68,15 @@ func (t *fakeTarget) WorkerTable() map[uint64]raftfsm.WorkerInfo {
 }
 
 func (t *fakeTarget) DeregisterWorker(_ context.Context, id uint64) error {
+	held := !t.workersMu.TryLock()
+	if !held {
+		t.workersMu.Unlock()
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if !held {
+		t.unlockedRemovals++
+	}
 	if t.failNext > 0 {
 		t.failNext--
 		return errors.New("no quorum")
@@ -125,6 +137,11 @@ func TestLeaseStartsWhenTheLeaderFirstSeesTheWorker(t *testing.T) {
 	}
 	if _, ok := in.leases.seen[7]; ok {
 		t.Fatal("a removed worker's heartbeat time is kept")
+	}
+	// The removal was made under the node's worker-table lock, so that a
+	// compatible API's read-modify-write cannot bring the worker back.
+	if tg.unlockedRemovals != 0 {
+		t.Fatalf("%d lease removals made without the node's worker-table lock", tg.unlockedRemovals)
 	}
 }
 

@@ -140,7 +140,17 @@ func (in *Ingester) sweepLeases(now time.Time) {
 			defer in.cwg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
 			defer cancel()
+			// Under the node's worker-table lock, when it has one: a
+			// compatible API's read-modify-write must not bring the
+			// worker back (raftfsm.Node.WorkersMutex).
+			unlock := func() {}
+			if l, ok := in.cfg.Node.(interface{ WorkersMutex() *sync.Mutex }); ok {
+				m := l.WorkersMutex()
+				m.Lock()
+				unlock = m.Unlock
+			}
 			err := in.cfg.Node.DeregisterWorker(ctx, w.ID)
+			unlock()
 			removed := err == nil || errors.Is(err, raftfsm.ErrUnknownWorker)
 			in.leases.mu.Lock()
 			if in.leases.expiry != nil {

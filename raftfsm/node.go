@@ -130,6 +130,9 @@ type Node struct {
 	ledTerm atomic.Uint64
 	started time.Time // when NewNode ran: silence is counted from here
 
+	// workersMu orders this node's worker-table writes (WorkersMutex).
+	workersMu sync.Mutex
+
 	rngMu sync.Mutex
 	rng   *rand.Rand
 
@@ -1092,6 +1095,14 @@ func (n *Node) CheckLeader() error {
 	}
 	return nil
 }
+
+// WorkersMutex returns the lock that orders the worker-table writes made
+// through this node: the compatible APIs read the table and write it back
+// under it, and /v1 registrations and the lease sweep's removals write
+// under it too, so that a read-modify-write never undoes a write made
+// between its read and its write. Hold it around the write (a Raft
+// apply) only, never across a forward to another node.
+func (n *Node) WorkersMutex() *sync.Mutex { return &n.workersMu }
 
 // Cursor returns rank r's last applied event id on this node.
 func (n *Node) Cursor(r kvevent.Rank) uint64 { return n.fsm.Cursor(r) }
