@@ -127,7 +127,9 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	unlock := s.lockWorkers()
+	// Under the backend's worker-table lock, which the compatible APIs'
+	// read-modify-writes of the table take too.
+	unlock := raftfsm.LockWorkers(s.b)
 	err = s.b.RegisterWorker(r.Context(), info)
 	unlock()
 	if err != nil {
@@ -137,24 +139,12 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// lockWorkers takes the backend's worker-table lock, when it has one
-// (raftfsm.Node.WorkersMutex: the compatible APIs' read-modify-writes of
-// the table take it too), and returns its unlock.
-func (s *Server) lockWorkers() (unlock func()) {
-	if l, ok := s.b.(interface{ WorkersMutex() *sync.Mutex }); ok {
-		m := l.WorkersMutex()
-		m.Lock()
-		return m.Unlock
-	}
-	return func() {}
-}
-
 func (s *Server) deregisterWorker(w http.ResponseWriter, r *http.Request) error {
 	id, err := parseUint("worker id", r.PathValue("id"), 64)
 	if err != nil {
 		return err
 	}
-	unlock := s.lockWorkers()
+	unlock := raftfsm.LockWorkers(s.b)
 	err = s.b.DeregisterWorker(r.Context(), id)
 	unlock()
 	if err != nil {

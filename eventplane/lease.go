@@ -143,12 +143,7 @@ func (in *Ingester) sweepLeases(now time.Time) {
 			// Under the node's worker-table lock, when it has one: a
 			// compatible API's read-modify-write must not bring the
 			// worker back (raftfsm.Node.WorkersMutex).
-			unlock := func() {}
-			if l, ok := in.cfg.Node.(interface{ WorkersMutex() *sync.Mutex }); ok {
-				m := l.WorkersMutex()
-				m.Lock()
-				unlock = m.Unlock
-			}
+			unlock := raftfsm.LockWorkers(in.cfg.Node)
 			err := in.cfg.Node.DeregisterWorker(ctx, w.ID)
 			unlock()
 			removed := err == nil || errors.Is(err, raftfsm.ErrUnknownWorker)

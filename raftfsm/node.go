@@ -1104,5 +1104,17 @@ func (n *Node) CheckLeader() error {
 // apply) only, never across a forward to another node.
 func (n *Node) WorkersMutex() *sync.Mutex { return &n.workersMu }
 
+// LockWorkers takes b's worker-table lock when b has one (a *Node, or a
+// value that wraps one: WorkersMutex) and returns its unlock; for any
+// other b it does nothing.
+func LockWorkers(b any) (unlock func()) {
+	if l, ok := b.(interface{ WorkersMutex() *sync.Mutex }); ok {
+		m := l.WorkersMutex()
+		m.Lock()
+		return m.Unlock
+	}
+	return func() {}
+}
+
 // Cursor returns rank r's last applied event id on this node.
 func (n *Node) Cursor(r kvevent.Rank) uint64 { return n.fsm.Cursor(r) }
