@@ -544,20 +544,9 @@ func TestBenchClusterRestart(t *testing.T) {
 // the function that stops them.
 func bcProfile(t *testing.T) (stop func()) {
 	stopProfile := bcProfileTo(t, os.Getenv("KVROUTER_BENCH_PROFILE"))
-	path := os.Getenv("KVROUTER_BENCH_TRACE")
-	if path == "" {
-		return stopProfile
-	}
-	out, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := trace.Start(out); err != nil {
-		t.Fatal(err)
-	}
+	stopTrace := bcRecordTo(t, os.Getenv("KVROUTER_BENCH_TRACE"), trace.Start, trace.Stop)
 	return func() {
-		trace.Stop()
-		out.Close()
+		stopTrace()
 		stopProfile()
 	}
 }
@@ -565,6 +554,13 @@ func bcProfile(t *testing.T) (stop func()) {
 // bcProfileTo starts a CPU profile into path, unless path is empty, and
 // returns the function that stops it.
 func bcProfileTo(t *testing.T, path string) (stop func()) {
+	return bcRecordTo(t, path, pprof.StartCPUProfile, pprof.StopCPUProfile)
+}
+
+// bcRecordTo starts a recording (a CPU profile, an execution trace) into
+// path, unless path is empty, and returns the function that stops it and
+// closes the file.
+func bcRecordTo(t *testing.T, path string, start func(io.Writer) error, end func()) (stop func()) {
 	if path == "" {
 		return func() {}
 	}
@@ -572,11 +568,11 @@ func bcProfileTo(t *testing.T, path string) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pprof.StartCPUProfile(out); err != nil {
+	if err := start(out); err != nil {
 		t.Fatal(err)
 	}
 	return func() {
-		pprof.StopCPUProfile()
+		end()
 		out.Close()
 	}
 }
