@@ -14,12 +14,14 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
+	testwatch.Start()
 	goleak.VerifyTestMain(m)
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/vmihailenco/msgpack/v5"
 	"go.uber.org/goleak"
@@ -27,7 +28,10 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden answers in testdata/golden")
 
 func TestMain(m *testing.M) {
+	testwatch.Start()
 	goleak.VerifyTestMain(m,
+		// raftfsm.Node.await's waiter on a future Raft dropped at shutdown.
+		goleak.IgnoreAnyFunction("github.com/kvrouter/kvrouter/raftfsm.awaitFuture"),
 		goleak.IgnoreTopFunction("github.com/cockroachdb/pebble/v2/internal/cache.(*shard).releaseLoop"),
 		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2.(*tableCacheShard).releaseLoop"),
 	)

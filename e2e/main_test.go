@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"go.uber.org/goleak"
 )
 
@@ -23,6 +24,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	testwatch.Start()
 	flag.Parse()
 	dir, err := os.MkdirTemp("", "kvrouter-e2e-bin-")
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -18,7 +19,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	testwatch.Start()
 	goleak.VerifyTestMain(m,
+		// raftfsm.Node.await's waiter on a future Raft dropped at shutdown.
+		goleak.IgnoreAnyFunction("github.com/kvrouter/kvrouter/raftfsm.awaitFuture"),
 		goleak.IgnoreTopFunction("github.com/cockroachdb/pebble/v2/internal/cache.(*shard).releaseLoop"),
 		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2.(*tableCacheShard).releaseLoop"),
 		// raft's NetworkTransport does not track accepted connections

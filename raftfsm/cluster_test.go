@@ -16,13 +16,17 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/store"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
+	testwatch.Start()
 	goleak.VerifyTestMain(m,
+		// raftfsm.Node.await's waiter on a future Raft dropped at shutdown.
+		goleak.IgnoreAnyFunction("github.com/kvrouter/kvrouter/raftfsm.awaitFuture"),
 		// Pebble's and glog-style background goroutines that outlive a
 		// closed DB by design are not ours; raft's transport listener too.
 		goleak.IgnoreTopFunction("github.com/cockroachdb/pebble/v2/internal/cache.(*shard).releaseLoop"),

@@ -2,11 +2,13 @@ package raftfsm
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/indexer"
 )
 
@@ -17,34 +19,13 @@ import (
 // API registration judged on the stale worker table then dropped the
 // acknowledged dp rank and its index state.
 func TestCheckLeaderWaitsForTheBarrier(t *testing.T) {
-	// n3's FSM takes a batch per token; once paused it takes none until
-	// released (then the gate stays open).
-	gate := make(chan struct{})
-	pause, release, fed := make(chan chan struct{}), make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(fed)
-		for {
-			select {
-			case gate <- struct{}{}:
-			case ack := <-pause:
-				close(ack)
-				<-release
-				close(gate)
-				return
-			case <-release:
-				close(gate)
-				return
-			}
-		}
-	}()
+	g := newFSMGate()
 	c := newTestCluster(t, 3, func(cfg *Config) {
 		if cfg.ID == "n3" {
-			cfg.applyGate = gate
+			cfg.applyGate = g.gate
 		}
 	})
-	var once sync.Once
-	open := func() { once.Do(func() { close(release); <-fed }) }
-	t.Cleanup(open) // before the cluster closes: Raft's shutdown waits for the FSM
+	t.Cleanup(g.open) // before the cluster closes: Raft's shutdown waits for the FSM
 
 	l := c.leader()
 	n3 := c.nodes[2]
@@ -58,9 +39,7 @@ func TestCheckLeaderWaitsForTheBarrier(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.converged()
-	ack := make(chan struct{})
-	pause <- ack
-	<-ack
+	g.pause()
 	// Acknowledged by n1 and n2; n3 holds it in its log, unapplied.
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}}); err != nil {
 		t.Fatal(err)
@@ -74,11 +53,116 @@ func TestCheckLeaderWaitsForTheBarrier(t *testing.T) {
 		t.Fatalf("CheckLeader = %v on a new leader whose worker table holds dp ranks %v of the acknowledged [0 1]; want ErrNoLeader",
 			err, n3.WorkerTable()[1].DPRanks)
 	}
-	open()
+	g.open()
 	waitFor(t, 10*time.Second, "n3's Barrier", func() bool { return n3.CheckLeader() == nil })
 	if got := n3.WorkerTable()[1].DPRanks; !slices.Equal(got, []uint32{0, 1}) {
 		t.Fatalf("the leader's worker table holds dp ranks %v once CheckLeader passes, want [0 1]", got)
 	}
+}
+
+// fsmGate is a Config.applyGate that a test can pause: the FSM takes a
+// batch per token; once paused it takes none until opened, and then the
+// gate stays open.
+type fsmGate struct {
+	gate         chan struct{}
+	pauseCh      chan chan struct{}
+	release, fed chan struct{}
+	once         sync.Once
+}
+
+func newFSMGate() *fsmGate {
+	g := &fsmGate{gate: make(chan struct{}), pauseCh: make(chan chan struct{}), release: make(chan struct{}), fed: make(chan struct{})}
+	go func() {
+		defer close(g.fed)
+		for {
+			select {
+			case g.gate <- struct{}{}:
+			case ack := <-g.pauseCh:
+				close(ack)
+				<-g.release
+				close(g.gate)
+				return
+			case <-g.release:
+				close(g.gate)
+				return
+			}
+		}
+	}()
+	return g
+}
+
+// pause stops the tokens: the batch the FSM takes next waits in the gate.
+func (g *fsmGate) pause() {
+	ack := make(chan struct{})
+	g.pauseCh <- ack
+	<-ack
+}
+
+// open lets everything through from now on; it may be called again.
+func (g *fsmGate) open() { g.once.Do(func() { close(g.release); <-g.fed }) }
+
+// TestCloseWhileABarrierWaitsForTheFSM: a node closed while its
+// post-election Barrier is committed but queued behind a batch the FSM is
+// still applying closes. Raft drops what is queued for the FSM when it
+// shuts down, unanswered, and the leader loop used to wait on that
+// Barrier for ever, so Close (which waits for the loop) never returned;
+// it hung a whole test package on CI. Which of the two the FSM goroutine
+// takes once the batch is done is Raft's random choice, so the test tries
+// a few times.
+func TestCloseWhileABarrierWaitsForTheFSM(t *testing.T) {
+	for try := range 4 {
+		t.Run(fmt.Sprintf("try%d", try), func(t *testing.T) {
+			g := newFSMGate()
+			c := newTestCluster(t, 3, func(cfg *Config) {
+				if cfg.ID == "n3" {
+					cfg.applyGate = g.gate
+				}
+			})
+			t.Cleanup(g.open)
+			l, n3 := c.leader(), c.nodes[2]
+			if l == n3 {
+				if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
+					t.Fatal(err)
+				}
+				l = c.leader()
+			}
+			if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}}); err != nil {
+				t.Fatal(err)
+			}
+			c.converged()
+			g.pause()
+			// n3's FSM goroutine now waits in the gate with this entry.
+			if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}}); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 10*time.Second, "n3 to hold the entry in its log", func() bool { return n3.raft.LastIndex() >= l.raft.LastIndex() })
+			if err := l.TransferLeadership(ctx(t), "n3"); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 10*time.Second, "n3 to lead with its Barrier committed", func() bool {
+				return n3.IsLeader() && n3.raft.CommitIndex() == n3.raft.LastIndex() && lastIsBarrier(n3)
+			})
+			closed := make(chan struct{})
+			go func() { n3.Close(); close(closed) }()
+			waitFor(t, 10*time.Second, "n3's Raft to begin its shutdown", func() bool { return n3.raft.State() == raft.Shutdown })
+			g.open() // the FSM finishes the batch, then takes the Barrier or the shutdown
+			waitFor(t, 10*time.Second, "n3's Close to return", func() bool {
+				select {
+				case <-closed:
+					return true
+				default:
+					return false
+				}
+			})
+		})
+	}
+}
+
+// lastIsBarrier reports whether n's last log entry is a Barrier of its
+// current term.
+func lastIsBarrier(n *Node) bool {
+	var e raft.Log
+	return n.logs.GetLog(n.raft.LastIndex(), &e) == nil && e.Type == raft.LogBarrier && e.Term == n.raft.CurrentTerm()
 }
 
 // TestRetriedBookingAnswersTheBookedRank: a route that books, sent again

@@ -411,7 +411,7 @@ func (n *Node) maybeSnapshot() {
 	go func() {
 		defer n.wg.Done()
 		defer n.snapshotting.Store(false)
-		if err := n.raft.Snapshot().Error(); err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) && !errors.Is(err, raft.ErrRaftShutdown) {
+		if err := n.await(context.Background(), n.raft.Snapshot()); err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) && !errors.Is(err, raft.ErrRaftShutdown) {
 			n.logger.Warn("snapshot by applied bytes failed", "err", err)
 		}
 	}()
@@ -423,8 +423,10 @@ func (n *Node) maybeSnapshot() {
 // has not finished for the current term (a failed Barrier).
 func (n *Node) onLeadership() {
 	term := n.raft.CurrentTerm() // the term the Barrier covers
-	if err := n.raft.Barrier(n.cfg.ApplyTimeout).Error(); err != nil {
-		n.logger.Warn("barrier after election failed; retrying", "err", err)
+	if err := n.await(context.Background(), n.raft.Barrier(n.cfg.ApplyTimeout)); err != nil {
+		if !errors.Is(err, raft.ErrRaftShutdown) {
+			n.logger.Warn("barrier after election failed; retrying", "err", err)
+		}
 		return
 	}
 	// The member table gets this node's own entry as it runs now, and the
@@ -604,7 +606,7 @@ func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 		}
 	}
 	f := n.raft.Apply(data, timeout)
-	if err := f.Error(); err != nil {
+	if err := n.await(ctx, f); err != nil {
 		switch {
 		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
 			// The entry may still commit under the next leader: every
@@ -616,6 +618,10 @@ func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 			// Not proposed within the deadline; nothing was written, and
 			// retrying is safe.
 			return nil, fmt.Errorf("raft apply: %w: %w", context.DeadlineExceeded, err)
+		case errors.Is(err, ctx.Err()):
+			// Proposed, not yet applied: it may still commit, and
+			// retrying is safe.
+			return nil, fmt.Errorf("raft apply: waiting for the entry to apply: %w", err)
 		}
 		return nil, fmt.Errorf("raft apply: %w", err)
 	}
@@ -626,6 +632,52 @@ func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 }
 
 func now() int64 { return time.Now().UnixNano() }
+
+// awaitPoll is how often await looks whether Raft has shut down.
+const awaitPoll = 50 * time.Millisecond
+
+// await waits for a Raft future, for ctx, and for the node's end. Raft
+// answers every future it takes but one kind: an entry (a command, a
+// Barrier, a configuration change) committed and queued for the FSM when
+// Raft shuts down is dropped with the queue (runFSM returns without
+// answering it), and its Error() blocks for ever. Waiting on it directly
+// hung Close, whose leaderLoop waited on such a Barrier. await returns
+// raft.ErrRaftShutdown once Close began or Raft shut down (a removed member
+// shuts its Raft down by itself), unless the future answered first; the
+// goroutine blocked on a lost future stays blocked: one per lost future,
+// at shutdown only. A future that answers wins over ctx and shutdown.
+func (n *Node) await(ctx context.Context, f raft.Future) error {
+	done := make(chan error, 1)
+	go awaitFuture(f, done)
+	poll := time.NewTicker(awaitPoll)
+	defer poll.Stop()
+	answered := func(otherwise error) error {
+		select {
+		case err := <-done:
+			return err
+		default:
+			return otherwise
+		}
+	}
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-ctx.Done():
+			return answered(ctx.Err())
+		case <-n.stop:
+			return answered(raft.ErrRaftShutdown)
+		case <-poll.C:
+			if n.raft.State() == raft.Shutdown {
+				return answered(raft.ErrRaftShutdown)
+			}
+		}
+	}
+}
+
+// awaitFuture is await's waiter (named: the goroutine leak checks of the
+// tests allow it, blocked on a future Raft dropped at shutdown).
+func awaitFuture(f raft.Future, done chan<- error) { done <- f.Error() }
 
 // Status returns this node's view of itself.
 func (n *Node) Status() NodeStatus {
@@ -828,7 +880,7 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 			return fmt.Errorf("%w: %s is member %q's raft address", ErrInvalid, raftAddr, s.ID)
 		}
 	}
-	if err := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, n.cfg.ApplyTimeout).Error(); err != nil {
+	if err := n.await(ctx, n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, n.cfg.ApplyTimeout)); err != nil {
 		return fmt.Errorf("add voter %s: %w", id, err)
 	}
 	_, err := n.apply(ctx, encodeMember(now(), &Member{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}))
@@ -854,7 +906,7 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 		}
 		return fmt.Errorf("%w: no member %q", ErrInvalid, id)
 	}
-	if err := n.raft.RemoveServer(raft.ServerID(id), 0, n.cfg.ApplyTimeout).Error(); err != nil {
+	if err := n.await(ctx, n.raft.RemoveServer(raft.ServerID(id), 0, n.cfg.ApplyTimeout)); err != nil {
 		return fmt.Errorf("remove %s: %w", id, err)
 	}
 	if id == n.cfg.ID {
@@ -894,7 +946,7 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 		}
 		f = n.raft.LeadershipTransferToServer(raft.ServerID(toID), addr)
 	}
-	if err := f.Error(); err != nil {
+	if err := n.await(ctx, f); err != nil {
 		switch {
 		case errors.Is(err, raft.ErrLeadershipTransferInProgress):
 			return fmt.Errorf("%w: a leadership transfer is already in progress; retry", ErrNoLeader)
@@ -913,7 +965,7 @@ func (n *Node) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotInfo, err
 	if n.raft.State() != raft.Leader {
 		return SnapshotInfo{}, n.notLeader()
 	}
-	if err := n.raft.Barrier(n.cfg.ApplyTimeout).Error(); err != nil {
+	if err := n.await(ctx, n.raft.Barrier(n.cfg.ApplyTimeout)); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("barrier: %w", err)
 	}
 	view, err := n.fsm.view()

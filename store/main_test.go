@@ -6,12 +6,14 @@ import (
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"go.uber.org/goleak"
 )
 
 // Every test in the package must leave no goroutine behind: a Pebble DB or a
 // raft node that outlives its test is a leak here, not noise.
 func TestMain(m *testing.M) {
+	testwatch.Start()
 	goleak.VerifyTestMain(m)
 }
 

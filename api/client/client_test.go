@@ -20,12 +20,14 @@ import (
 	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
+	testwatch.Start()
 	goleak.VerifyTestMain(m)
 }
 

@@ -18,13 +18,18 @@ import (
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/urfave/cli/v2"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	testwatch.Start()
+	goleak.VerifyTestMain(m,
+		// raftfsm.Node.await's waiter on a future Raft dropped at shutdown.
+		goleak.IgnoreAnyFunction("github.com/kvrouter/kvrouter/raftfsm.awaitFuture"),
+	)
 }
 
 // cluster is three API servers over fakes: n1 leads, n2 and n3 follow.

@@ -10,9 +10,16 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/sim"
 	"github.com/urfave/cli/v2"
 )
+
+// A test that hangs is named at the end of the output (testwatch).
+func TestMain(m *testing.M) {
+	testwatch.Start()
+	os.Exit(m.Run())
+}
 
 // kvsim runs the command in process and returns what it printed.
 func kvsim(t *testing.T, args ...string) (string, error) {

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/offload/backend"
 )
 
@@ -32,6 +33,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	testwatch.Start()
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) {
 		if fakeDir != "" {
 			os.RemoveAll(fakeDir)

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/engineapi"
@@ -25,6 +26,7 @@ import (
 // No test may leave a goroutine behind: a handler, a copy worker or a
 // connection that outlives the server's Close is a leak.
 func TestMain(m *testing.M) {
+	testwatch.Start()
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreTopFunction("github.com/cockroachdb/pebble/v2/internal/cache.(*shard).releaseLoop"),
 		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2.(*tableCacheShard).releaseLoop"),

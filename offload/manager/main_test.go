@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/manager"
@@ -23,6 +24,7 @@ import (
 // Every test must leave no goroutine behind: a copy worker, a backend
 // stream or a Pebble database that outlives its test is a leak here.
 func TestMain(m *testing.M) {
+	testwatch.Start()
 	goleak.VerifyTestMain(m)
 }
 

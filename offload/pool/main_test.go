@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/pool"
@@ -15,6 +16,7 @@ import (
 // Every test must leave no goroutine behind: a Pebble database or a backend
 // stream that outlives its test is a leak here, not noise.
 func TestMain(m *testing.M) {
+	testwatch.Start()
 	goleak.VerifyTestMain(m)
 }
 

@@ -1,0 +1,126 @@
+// Package testwatch names the tests that hang. A test binary killed by its
+// -test.timeout prints every goroutine's stack, and the name of the test
+// that hung comes first, far above the end of the output, which is all a
+// CI log may keep. Start arms a watchdog that fires shortly before that
+// timeout: it prints the goroutine dump, then, last, one short entry per
+// test goroutine (the test, its state, and the frames of this module it is
+// blocked in), and exits the binary with status 2.
+//
+// The watchdog only reads: it never fires in a run that ends in time, and
+// it changes no test's behaviour.
+package testwatch
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// module is the import path prefix of this project's frames.
+const module = "github.com/kvrouter/kvrouter/"
+
+// Start arms the watchdog for the binary's -test.timeout (parsing the
+// flags if TestMain has not). It fires at the timeout less a tenth of it,
+// at most a minute. It does nothing when the timeout is off.
+func Start() {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	f := flag.Lookup("test.timeout")
+	if f == nil {
+		return
+	}
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return
+	}
+	timeout, _ := g.Get().(time.Duration)
+	if timeout <= 0 {
+		return
+	}
+	margin := min(timeout/10, time.Minute)
+	start := time.Now()
+	time.AfterFunc(timeout-margin, func() {
+		Report(os.Stderr, dump(), time.Since(start))
+		os.Exit(2)
+	})
+}
+
+// dump returns every goroutine's stack.
+func dump() []byte {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return buf[:n]
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// testFrame matches a frame of a test function or of a closure in one.
+var testFrame = regexp.MustCompile(`\.((?:Test|Fuzz|Example)[A-Za-z0-9_]*)(?:\.func[0-9.]+)?\(`)
+
+// Report writes the dump, then one entry per test goroutine, then a line
+// naming the running tests: the part a truncated log keeps comes last.
+func Report(w io.Writer, stacks []byte, after time.Duration) {
+	fmt.Fprintf(w, "testwatch: still running after %v, near -test.timeout; all goroutines:\n\n", after.Round(time.Second))
+	w.Write(stacks)
+	var names []string
+	fmt.Fprintf(w, "\ntestwatch: the test goroutines, each with its state and the frames of this module it is in (innermost first):\n")
+	for _, g := range bytes.Split(stacks, []byte("\n\n")) {
+		e, ok := summarize(string(g))
+		if !ok {
+			continue
+		}
+		names = append(names, e.test)
+		fmt.Fprintf(w, "  %s [%s]: %s\n", e.test, e.state, strings.Join(e.frames, " <- "))
+	}
+	fmt.Fprintf(w, "testwatch: running tests: %s\n", strings.Join(names, ", "))
+}
+
+type entry struct {
+	test, state string
+	frames      []string // "pkg.Func file.go:N"
+}
+
+// summarize reads one goroutine's block of a dump; ok is false for a
+// goroutine that runs no test.
+func summarize(g string) (entry, bool) {
+	lines := strings.Split(strings.TrimSpace(g), "\n")
+	if len(lines) < 3 || !strings.HasPrefix(lines[0], "goroutine ") || !strings.Contains(g, "testing.tRunner(") ||
+		strings.Contains(g, "\nmain.main()") || strings.HasPrefix(lines[1], "testing.(*T).Run(") {
+		return entry{}, false // no test, TestMain, or a parent waiting for its subtests
+	}
+	var e entry
+	if i, j := strings.IndexByte(lines[0], '['), strings.LastIndexByte(lines[0], ']'); i >= 0 && j > i {
+		e.state = lines[0][i+1 : j]
+	}
+	for k := 1; k+1 < len(lines); k += 2 {
+		fn, loc := lines[k], strings.TrimSpace(lines[k+1])
+		if m := testFrame.FindStringSubmatch(fn); m != nil && strings.HasPrefix(fn, module) && e.test == "" {
+			e.test = m[1]
+		}
+		if !strings.HasPrefix(fn, module) && k > 3 {
+			continue // the two innermost frames, then only ours
+		}
+		if p := strings.LastIndexByte(fn, '('); p > 0 {
+			fn = fn[:p]
+		}
+		fn = strings.TrimPrefix(fn, module)
+		if sp := strings.IndexByte(loc, ' '); sp > 0 {
+			loc = loc[:sp]
+		}
+		e.frames = append(e.frames, fn+" "+loc[strings.LastIndexByte(loc, '/')+1:])
+	}
+	if e.test == "" {
+		return entry{}, false
+	}
+	return e, true
+}

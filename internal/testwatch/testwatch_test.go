@@ -1,0 +1,85 @@
+package testwatch
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+func TestMain(m *testing.M) {
+	Start()
+	os.Exit(m.Run())
+}
+
+// TestReportNamesTheHungTestLast: a test binary whose test hangs is
+// stopped by the watchdog before its -test.timeout, with status 2, and the
+// last lines of its output name the test and the frame it is stuck in.
+func TestReportNamesTheHungTestLast(t *testing.T) {
+	if os.Getenv("TESTWATCH_HANG") == "1" {
+		t.Skip("the helper runs only in the child")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperHangs$", "-test.timeout=3s")
+	cmd.Env = append(os.Environ(), "TESTWATCH_HANG=1")
+	out, err := cmd.CombinedOutput()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 2 {
+		t.Fatalf("child ended with %v, want exit status 2; output:\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	last := lines[len(lines)-1]
+	if last != "testwatch: running tests: TestHelperHangs" {
+		t.Fatalf("last line %q; output:\n%s", last, out)
+	}
+	entry := lines[len(lines)-2]
+	if !strings.HasPrefix(entry, "  TestHelperHangs [chan receive") || !strings.Contains(entry, "internal/testwatch.hangHere testwatch_test.go:") {
+		t.Fatalf("entry %q does not name the test, its state and the frame it waits in", entry)
+	}
+	if bytes.Contains(out, []byte("panic: test timed out")) {
+		t.Fatal("Go's own timeout fired first")
+	}
+}
+
+func TestHelperHangs(t *testing.T) {
+	if os.Getenv("TESTWATCH_HANG") != "1" {
+		t.Skip("run by TestReportNamesTheHungTestLast")
+	}
+	hangHere(make(chan struct{}))
+}
+
+//go:noinline
+func hangHere(c chan struct{}) { <-c }
+
+// TestSummarizeSkipsGoroutinesOfNoTest: only goroutines that run a test
+// get an entry; a cleanup's closure is named after its test.
+func TestSummarizeSkipsGoroutinesOfNoTest(t *testing.T) {
+	const dump = `goroutine 7 [select]:
+github.com/hashicorp/raft.(*Raft).run(0xc0)
+	/mod/raft/raft.go:1 +0x1
+created by github.com/hashicorp/raft.NewRaft in goroutine 5
+	/mod/raft/api.go:2 +0x2
+
+goroutine 5 [semacquire, 14 minutes]:
+sync.runtime_SemacquireWaitGroup(0xc0)
+	/go/src/runtime/sema.go:114 +0x2e
+sync.(*WaitGroup).Wait(0xc0)
+	/go/src/sync/waitgroup.go:118 +0x48
+github.com/kvrouter/kvrouter/raftfsm.(*Node).Close(0xc0)
+	/w/raftfsm/node.go:343 +0x5
+github.com/kvrouter/kvrouter/raftfsm.TestSomething.func2()
+	/w/raftfsm/x_test.go:9 +0x5
+testing.(*common).Cleanup.func1()
+	/go/src/testing/testing.go:1 +0x1
+testing.tRunner(0xc0, 0x1)
+	/go/src/testing/testing.go:2 +0x2
+created by testing.(*T).Run in goroutine 1
+	/go/src/testing/testing.go:3 +0x3`
+	var b bytes.Buffer
+	Report(&b, []byte(dump), 0)
+	out := b.String()
+	want := "  TestSomething [semacquire, 14 minutes]: sync.runtime_SemacquireWaitGroup sema.go:114 <- sync.(*WaitGroup).Wait waitgroup.go:118 <- raftfsm.(*Node).Close node.go:343 <- raftfsm.TestSomething.func2 x_test.go:9\ntestwatch: running tests: TestSomething\n"
+	if !strings.HasSuffix(out, want) {
+		t.Fatalf("report ends\n%s\nwant it to end\n%s", out[len(out)-min(len(out), 400):], want)
+	}
+}
