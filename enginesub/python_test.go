@@ -331,7 +331,14 @@ func TestGroupFollowsEachRankOnItsPort(t *testing.T) {
 		}
 	}()
 	for _, s := range grp.Subscribers() {
-		<-s.Ready()
+		select {
+		case <-s.Ready():
+		case err := <-done: // Run failed (a port taken meanwhile): Ready never comes
+			done <- err
+			t.Fatalf("group: %v", err)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("subscriber of %v not ready after 20s", s.Rank())
+		}
 	}
 	for i, s := range grp.Subscribers() {
 		rank := kvevent.Rank{Worker: 8, DP: uint32(i)}

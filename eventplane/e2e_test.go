@@ -61,13 +61,16 @@ func TestLeaderCrashMidStreamLosesAndDoublesNothing(t *testing.T) {
 	const steps = 3000
 	var wg sync.WaitGroup
 	half := make(chan struct{})
+	var halfOnce sync.Once
+	reachedHalf := func() { halfOnce.Do(func() { close(half) }) }
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer reachedHalf() // also when step fails: the test must not wait for ever
 		ctx := ctxT(t)
 		for k := range steps {
 			if k == steps/2 {
-				close(half)
+				reachedHalf()
 			}
 			o.step(ctx, t, ranks[k%len(ranks)])
 			if k%10 == 0 {

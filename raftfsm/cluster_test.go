@@ -129,7 +129,7 @@ func (c *testCluster) crash(i int) {
 	if n == nil {
 		return
 	}
-	_ = n.raft.Shutdown().Error()
+	_ = n.shutdownRaft().Error()
 	n.fsm.dbMu.Lock()
 	n.fsm.dropGroup()
 	n.fsm.dbMu.Unlock()

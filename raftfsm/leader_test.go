@@ -273,3 +273,56 @@ func TestReadyNeedsALeaderAndMembership(t *testing.T) {
 	c.start(other)
 	waitFor(t, 10*time.Second, "a leader again, and the node ready", func() bool { return l.Status().Ready })
 }
+
+// TestLeaderRemovingItselfSucceeds: a leader that removes itself, its FSM
+// slow to apply the removal, gets nil once it has, and its Raft is then
+// shut down. Raft's own ShutdownOnRemove shut Raft down from inside,
+// before the FSM goroutine had answered (the call got "raft is already
+// shutdown"), and left Close no shutdown to wait for: it closed the
+// storage under an FSM that could still be applying.
+func TestLeaderRemovingItselfSucceeds(t *testing.T) {
+	g := newFSMGate()
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		if cfg.ID == "n1" {
+			cfg.applyGate = g.gate
+		}
+	})
+	t.Cleanup(g.open)
+	n1 := c.nodes[0]
+	if l := c.leader(); l != n1 {
+		if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 10*time.Second, "n1 to lead", n1.IsLeader)
+	}
+	waitFor(t, 10*time.Second, "n1's Barrier", func() bool { return n1.CheckLeader() == nil })
+	g.pause()
+	removed := make(chan error, 1)
+	go func() { removed <- n1.RemoveMember(ctx(t), "n1") }()
+	waitFor(t, 10*time.Second, "the removal to commit", func() bool { return n1.raft.CommitIndex() == n1.raft.LastIndex() && !n1.inConfiguration("n1") })
+	if st := n1.raft.State(); st == raft.Shutdown {
+		t.Fatal("Raft shut down before the FSM applied the removal")
+	}
+	g.open()
+	if err := within(t, removed, "RemoveMember(self)"); err != nil {
+		t.Fatalf("RemoveMember(self) = %v", err)
+	}
+	if st := n1.raft.State(); st != raft.Shutdown {
+		t.Fatalf("n1's Raft is %v after removing itself, want Shutdown", st)
+	}
+	if err := n1.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// within returns what ch brings, failing the test after 10 s without it.
+func within[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out after 10s waiting for %s", what)
+		panic("unreachable")
+	}
+}

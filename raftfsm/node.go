@@ -136,8 +136,11 @@ type Node struct {
 	rngMu sync.Mutex
 	rng   *rand.Rand
 
-	stop chan struct{}
-	wg   sync.WaitGroup
+	closing    atomic.Bool // Close ran
+	shutMu     sync.Mutex
+	shutFuture raft.Future // Raft's shutdown, once begun (shutdownRaft)
+	stop       chan struct{}
+	wg         sync.WaitGroup
 }
 
 // NewNode opens the node's storage, rebuilds its state and starts Raft.
@@ -227,6 +230,11 @@ func (n *Node) startRaft() error {
 	// The FSM rebuilds itself from its own database and catchUpFromSnapshot
 	// restores it when it is behind; Raft must not restore it again.
 	rc.NoSnapshotRestoreOnStart = true
+	// A leader that removes itself shuts its Raft down through the node
+	// (RemoveMember), not inside Raft: Close must wait for a shutdown's
+	// goroutines (the FSM's among them) before it closes the storage, and
+	// only the first Shutdown call's future waits for them.
+	rc.ShutdownOnRemove = false
 	rc.Logger = hclogAdapter(n.logger)
 
 	n.trans = cfg.Transport
@@ -276,7 +284,7 @@ func (n *Node) abortStart() {
 		n.fsm.release(ErrShutdown)
 	}
 	if n.raft != nil {
-		_ = n.raft.Shutdown().Error()
+		_ = n.shutdownRaft().Error()
 	}
 	if c, ok := n.trans.(io.Closer); ok {
 		c.Close()
@@ -333,13 +341,11 @@ func (n *Node) closeStorage() {
 
 // Close stops the node: Raft shuts down, then storage closes.
 func (n *Node) Close() error {
-	select {
-	case <-n.stop:
-		return nil
-	default:
+	if !n.closing.CompareAndSwap(false, true) {
+		return nil // closed, or closing in another goroutine
 	}
 	close(n.stop)
-	err := n.raft.Shutdown().Error()
+	err := n.shutdownRaft().Error()
 	n.wg.Wait()
 	// Close also the pooled outbound connections: the transport's Close
 	// stops only its listener, and each peer's reader of such a
@@ -352,6 +358,18 @@ func (n *Node) Close() error {
 	}
 	n.closeStorage()
 	return err
+}
+
+// shutdownRaft shuts Raft down once and returns that shutdown's future,
+// to every caller: Raft gives a later Shutdown call a future that waits for
+// nothing.
+func (n *Node) shutdownRaft() raft.Future {
+	n.shutMu.Lock()
+	defer n.shutMu.Unlock()
+	if n.shutFuture == nil {
+		n.shutFuture = n.raft.Shutdown()
+	}
+	return n.shutFuture
 }
 
 // FSM exposes the state machine (tests, tools).
@@ -633,8 +651,14 @@ func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 
 func now() int64 { return time.Now().UnixNano() }
 
-// awaitPoll is how often await looks whether Raft has shut down.
-const awaitPoll = 50 * time.Millisecond
+// awaitPoll is how often await looks whether Raft has shut down, and
+// awaitGrace how long it then still waits for the answer: Raft that shuts
+// itself down (a removed member) may still be applying the entry that
+// removed it.
+const (
+	awaitPoll  = 50 * time.Millisecond
+	awaitGrace = 2 * time.Second
+)
 
 // await waits for a Raft future, for ctx, and for the node's end. Raft
 // answers every future it takes but one kind: an entry (a command, a
@@ -668,7 +692,19 @@ func (n *Node) await(ctx context.Context, f raft.Future) error {
 		case <-n.stop:
 			return answered(raft.ErrRaftShutdown)
 		case <-poll.C:
-			if n.raft.State() == raft.Shutdown {
+			if n.raft.State() != raft.Shutdown {
+				continue
+			}
+			grace := time.NewTimer(awaitGrace)
+			defer grace.Stop()
+			select {
+			case err := <-done:
+				return err
+			case <-grace.C:
+				return raft.ErrRaftShutdown
+			case <-ctx.Done():
+				return answered(ctx.Err())
+			case <-n.stop:
 				return answered(raft.ErrRaftShutdown)
 			}
 		}
@@ -907,13 +943,26 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 		return fmt.Errorf("%w: no member %q", ErrInvalid, id)
 	}
 	if err := n.await(ctx, n.raft.RemoveServer(raft.ServerID(id), 0, n.cfg.ApplyTimeout)); err != nil {
+		if id == n.cfg.ID && errors.Is(err, raft.ErrRaftShutdown) && !n.inConfiguration(id) {
+			return nil // removed itself: Raft shut down before answering
+		}
 		return fmt.Errorf("remove %s: %w", id, err)
 	}
 	if id == n.cfg.ID {
-		return nil // this node just stepped down; the next leader keeps the table
+		// This node just stepped down; the next leader keeps the table.
+		// Its Raft stops, as Raft's ShutdownOnRemove would have stopped it.
+		n.shutdownRaft()
+		return nil
 	}
 	_, err := n.apply(ctx, encodeMemberGone(now(), id))
 	return err
+}
+
+// inConfiguration reports whether id is in the latest Raft configuration
+// (readable after Raft's shutdown too).
+func (n *Node) inConfiguration(id string) bool {
+	cf := n.raft.GetConfiguration()
+	return cf.Error() != nil || slices.ContainsFunc(cf.Configuration().Servers, func(s raft.Server) bool { return string(s.ID) == id })
 }
 
 // TransferLeadership hands leadership to toID ("" = any up-to-date voter).
