@@ -197,15 +197,3 @@ func golden(t *testing.T, name string, c codec, r reply) {
 		t.Errorf("%s: answer differs from the golden file\n got: %s\nwant: %s", path, got, strings.TrimSpace(string(want)))
 	}
 }
-
-// within returns what ch brings, failing the test after 10 s without it.
-func within[T any](t *testing.T, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(10 * time.Second):
-		t.Fatalf("timed out after 10s waiting for %s", what)
-		panic("unreachable")
-	}
-}

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/api"
 
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
@@ -232,7 +233,7 @@ func TestRegistrationsOfBothAPIsSerialise(t *testing.T) {
 	ep := "http://10.0.0.1:8000"
 	patched := make(chan reply, 1)
 	go func() { patched <- n.do(t, codecJSON, "PATCH", "/selection/workers/1", WorkerPatch{Endpoint: &ep}) }()
-	within(t, sn.held, "the PATCH to reach the commit") // the PATCH read the table (rank 0 alone) and is committing
+	testwatch.Within(t, 10*time.Second, sn.held, "the PATCH to reach the commit") // the PATCH read the table (rank 0 alone) and is committing
 	if l := regLock(sn); l.TryLock() {
 		l.Unlock()
 		t.Fatal("the registration lock is free while a PATCH commits: a /register would interleave")
@@ -243,8 +244,8 @@ func TestRegistrationsOfBothAPIsSerialise(t *testing.T) {
 			ModelName: "llama", BlockSize: 4, DPRank: u32(1), Agentless: ptr(false)})
 	}()
 	open()
-	mustCode(t, within(t, patched, "the PATCH's answer"), 200, "patch")
-	mustCode(t, within(t, registered, "the /register's answer"), 201, "register dp 1")
+	mustCode(t, testwatch.Within(t, 10*time.Second, patched, "the PATCH's answer"), 200, "patch")
+	mustCode(t, testwatch.Within(t, 10*time.Second, registered, "the /register's answer"), 201, "register dp 1")
 	w := node.WorkerTable()[WorkerID(1, "llama", "default")]
 	if !slices.Equal(w.DPRanks, []uint32{0, 1}) || w.Endpoint != ep {
 		t.Fatalf("dp ranks %v endpoint %q, want [0 1] and the patched endpoint", w.DPRanks, w.Endpoint)

@@ -10,25 +10,25 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 )
 
-// TestCheckLeaderWaitsForTheBarrier: a node elected while its FSM still
-// lacks an entry its predecessor acknowledged refuses CheckLeader (the
-// gate of handlers that judge a write by the replicated state) until its
-// post-election Barrier has passed. It used to pass at once: a compatible
-// API registration judged on the stale worker table then dropped the
-// acknowledged dp rank and its index state.
-func TestCheckLeaderWaitsForTheBarrier(t *testing.T) {
+// electBehindTheFSM sets up a new leader whose FSM lacks an entry its
+// predecessor acknowledged: a 3-node cluster where n3's FSM goroutine,
+// paused in its gate (the returned fsmGate; opened at cleanup, before the
+// cluster closes: Raft's shutdown waits for the FSM), holds a worker
+// registration that n1 and n2 applied, when n3 takes over. It returns n3,
+// leading.
+func electBehindTheFSM(t *testing.T) (*Node, *fsmGate) {
+	t.Helper()
 	g := newFSMGate()
 	c := newTestCluster(t, 3, func(cfg *Config) {
 		if cfg.ID == "n3" {
 			cfg.applyGate = g.gate
 		}
 	})
-	t.Cleanup(g.open) // before the cluster closes: Raft's shutdown waits for the FSM
-
-	l := c.leader()
-	n3 := c.nodes[2]
+	t.Cleanup(g.open)
+	l, n3 := c.leader(), c.nodes[2]
 	if l == n3 {
 		if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
 			t.Fatal(err)
@@ -40,7 +40,6 @@ func TestCheckLeaderWaitsForTheBarrier(t *testing.T) {
 	}
 	c.converged()
 	g.pause()
-	// Acknowledged by n1 and n2; n3 holds it in its log, unapplied.
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}}); err != nil {
 		t.Fatal(err)
 	}
@@ -49,6 +48,17 @@ func TestCheckLeaderWaitsForTheBarrier(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "n3 to lead", n3.IsLeader)
+	return n3, g
+}
+
+// TestCheckLeaderWaitsForTheBarrier: a node elected while its FSM still
+// lacks an entry its predecessor acknowledged refuses CheckLeader (the
+// gate of handlers that judge a write by the replicated state) until its
+// post-election Barrier has passed. It used to pass at once: a compatible
+// API registration judged on the stale worker table then dropped the
+// acknowledged dp rank and its index state.
+func TestCheckLeaderWaitsForTheBarrier(t *testing.T) {
+	n3, g := electBehindTheFSM(t)
 	if err := n3.CheckLeader(); !errors.Is(err, ErrNoLeader) {
 		t.Fatalf("CheckLeader = %v on a new leader whose worker table holds dp ranks %v of the acknowledged [0 1]; want ErrNoLeader",
 			err, n3.WorkerTable()[1].DPRanks)
@@ -112,35 +122,9 @@ func (g *fsmGate) open() { g.once.Do(func() { close(g.release); <-g.fed }) }
 func TestCloseWhileABarrierWaitsForTheFSM(t *testing.T) {
 	for try := range 4 {
 		t.Run(fmt.Sprintf("try%d", try), func(t *testing.T) {
-			g := newFSMGate()
-			c := newTestCluster(t, 3, func(cfg *Config) {
-				if cfg.ID == "n3" {
-					cfg.applyGate = g.gate
-				}
-			})
-			t.Cleanup(g.open)
-			l, n3 := c.leader(), c.nodes[2]
-			if l == n3 {
-				if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
-					t.Fatal(err)
-				}
-				l = c.leader()
-			}
-			if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}}); err != nil {
-				t.Fatal(err)
-			}
-			c.converged()
-			g.pause()
-			// n3's FSM goroutine now waits in the gate with this entry.
-			if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}}); err != nil {
-				t.Fatal(err)
-			}
-			waitFor(t, 10*time.Second, "n3 to hold the entry in its log", func() bool { return n3.raft.LastIndex() >= l.raft.LastIndex() })
-			if err := l.TransferLeadership(ctx(t), "n3"); err != nil {
-				t.Fatal(err)
-			}
-			waitFor(t, 10*time.Second, "n3 to lead with its Barrier committed", func() bool {
-				return n3.IsLeader() && n3.raft.CommitIndex() == n3.raft.LastIndex() && lastIsBarrier(n3)
+			n3, g := electBehindTheFSM(t) // n3's FSM goroutine waits in the gate with an entry
+			waitFor(t, 10*time.Second, "n3's Barrier to commit", func() bool {
+				return n3.raft.CommitIndex() == n3.raft.LastIndex() && lastIsBarrier(n3)
 			})
 			closed := make(chan struct{})
 			go func() { n3.Close(); close(closed) }()
@@ -304,7 +288,7 @@ func TestLeaderRemovingItselfSucceeds(t *testing.T) {
 		t.Fatal("Raft shut down before the FSM applied the removal")
 	}
 	g.open()
-	if err := within(t, removed, "RemoveMember(self)"); err != nil {
+	if err := testwatch.Within(t, 10*time.Second, removed, "RemoveMember(self)"); err != nil {
 		t.Fatalf("RemoveMember(self) = %v", err)
 	}
 	if st := n1.raft.State(); st != raft.Shutdown {
@@ -312,17 +296,5 @@ func TestLeaderRemovingItselfSucceeds(t *testing.T) {
 	}
 	if err := n1.Close(); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// within returns what ch brings, failing the test after 10 s without it.
-func within[T any](t *testing.T, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(10 * time.Second):
-		t.Fatalf("timed out after 10s waiting for %s", what)
-		panic("unreachable")
 	}
 }

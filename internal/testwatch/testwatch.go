@@ -7,7 +7,8 @@
 // blocked in), and exits the binary with status 2.
 //
 // The watchdog only reads: it never fires in a run that ends in time, and
-// it changes no test's behaviour.
+// it changes no test's behaviour. Within is the bounded wait for a test's
+// own goroutines that keeps a failed one from hanging the binary.
 package testwatch
 
 import (
@@ -19,6 +20,7 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -123,4 +125,20 @@ func summarize(g string) (entry, bool) {
 		return entry{}, false
 	}
 	return e, true
+}
+
+// Within returns what ch brings, failing the test when nothing comes
+// within d: the wait for a goroutine of the test that may have failed
+// before it could send.
+func Within[T any](t testing.TB, d time.Duration, ch <-chan T, what string) T {
+	t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+		t.Fatalf("timed out after %v waiting for %s", d, what)
+		panic("unreachable")
+	}
 }

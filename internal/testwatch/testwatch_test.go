@@ -2,10 +2,13 @@ package testwatch
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestMain(m *testing.M) {
@@ -82,4 +85,36 @@ created by testing.(*T).Run in goroutine 1
 	if !strings.HasSuffix(out, want) {
 		t.Fatalf("report ends\n%s\nwant it to end\n%s", out[len(out)-min(len(out), 400):], want)
 	}
+}
+
+// TestWithinFailsWithoutASend: Within returns what comes, and fails the
+// test (here a recorder) when nothing does.
+func TestWithinFailsWithoutASend(t *testing.T) {
+	ch := make(chan int, 1)
+	ch <- 7
+	if got := Within(t, time.Second, ch, "seven"); got != 7 {
+		t.Fatalf("got %d", got)
+	}
+	rec := &fatalRecorder{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Within(rec, 10*time.Millisecond, make(chan int), "nothing")
+	}()
+	<-done
+	if !strings.Contains(rec.msg, "timed out after 10ms waiting for nothing") {
+		t.Fatalf("failure %q", rec.msg)
+	}
+}
+
+// fatalRecorder records a Fatalf and ends its goroutine, as testing does.
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+func (r *fatalRecorder) Helper() {}
+func (r *fatalRecorder) Fatalf(format string, args ...any) {
+	r.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
 }
