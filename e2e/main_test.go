@@ -24,7 +24,6 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	testwatch.Start()
 	flag.Parse()
 	dir, err := os.MkdirTemp("", "kvrouter-e2e-bin-")
 	if err != nil {
@@ -37,6 +36,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	kvrouterBin, kvctlBin, kvagentBin = filepath.Join(dir, "kvrouter"), filepath.Join(dir, "kvctl"), filepath.Join(dir, "kvagent")
+	testwatch.Start() // after the build: -test.timeout counts from m.Run
 	// goleak.VerifyTestMain exits the process, so the binaries are removed
 	// by the cleanup option rather than after it returns.
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {

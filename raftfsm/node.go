@@ -138,7 +138,8 @@ type Node struct {
 
 	closing    atomic.Bool // Close ran
 	shutMu     sync.Mutex
-	shutFuture raft.Future // Raft's shutdown, once begun (shutdownRaft)
+	shutFuture raft.Future   // Raft's shutdown, once begun (shutdownRaft)
+	raftDown   chan struct{} // closed when it begins
 	stop       chan struct{}
 	wg         sync.WaitGroup
 }
@@ -149,7 +150,7 @@ func NewNode(cfg Config) (*Node, error) {
 	if cfg.ID == "" || cfg.DataDir == "" {
 		return nil, fmt.Errorf("%w: a node needs an id and a data directory", ErrInvalid)
 	}
-	n := &Node{cfg: cfg, logger: cfg.Logger.With("node", cfg.ID), stop: make(chan struct{}), started: time.Now(),
+	n := &Node{cfg: cfg, logger: cfg.Logger.With("node", cfg.ID), stop: make(chan struct{}), raftDown: make(chan struct{}), started: time.Now(),
 		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x6b76726f75746572))}
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, err
@@ -368,6 +369,7 @@ func (n *Node) shutdownRaft() raft.Future {
 	defer n.shutMu.Unlock()
 	if n.shutFuture == nil {
 		n.shutFuture = n.raft.Shutdown()
+		close(n.raftDown)
 	}
 	return n.shutFuture
 }
@@ -651,14 +653,10 @@ func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 
 func now() int64 { return time.Now().UnixNano() }
 
-// awaitPoll is how often await looks whether Raft has shut down, and
-// awaitGrace how long it then still waits for the answer: Raft that shuts
-// itself down (a removed member) may still be applying the entry that
-// removed it.
-const (
-	awaitPoll  = 50 * time.Millisecond
-	awaitGrace = 2 * time.Second
-)
+// awaitGrace is how long await still waits for an answer once Raft shut
+// down outside Close: a leader that removed itself (RemoveMember) may still
+// be applying another entry.
+const awaitGrace = 2 * time.Second
 
 // await waits for a Raft future, for ctx, and for the node's end. Raft
 // answers every future it takes but one kind: an entry (a command, a
@@ -666,15 +664,13 @@ const (
 // Raft shuts down is dropped with the queue (runFSM returns without
 // answering it), and its Error() blocks for ever. Waiting on it directly
 // hung Close, whose leaderLoop waited on such a Barrier. await returns
-// raft.ErrRaftShutdown once Close began or Raft shut down (a removed member
-// shuts its Raft down by itself), unless the future answered first; the
+// raft.ErrRaftShutdown once Close began, or awaitGrace after Raft shut
+// down otherwise (shutdownRaft), unless the future answered first; the
 // goroutine blocked on a lost future stays blocked: one per lost future,
 // at shutdown only. A future that answers wins over ctx and shutdown.
 func (n *Node) await(ctx context.Context, f raft.Future) error {
 	done := make(chan error, 1)
 	go awaitFuture(f, done)
-	poll := time.NewTicker(awaitPoll)
-	defer poll.Stop()
 	answered := func(otherwise error) error {
 		select {
 		case err := <-done:
@@ -683,31 +679,26 @@ func (n *Node) await(ctx context.Context, f raft.Future) error {
 			return otherwise
 		}
 	}
-	for {
-		select {
-		case err := <-done:
-			return err
-		case <-ctx.Done():
-			return answered(ctx.Err())
-		case <-n.stop:
-			return answered(raft.ErrRaftShutdown)
-		case <-poll.C:
-			if n.raft.State() != raft.Shutdown {
-				continue
-			}
-			grace := time.NewTimer(awaitGrace)
-			defer grace.Stop()
-			select {
-			case err := <-done:
-				return err
-			case <-grace.C:
-				return raft.ErrRaftShutdown
-			case <-ctx.Done():
-				return answered(ctx.Err())
-			case <-n.stop:
-				return answered(raft.ErrRaftShutdown)
-			}
-		}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return answered(ctx.Err())
+	case <-n.stop:
+		return answered(raft.ErrRaftShutdown)
+	case <-n.raftDown:
+	}
+	grace := time.NewTimer(awaitGrace)
+	defer grace.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-grace.C:
+		return raft.ErrRaftShutdown
+	case <-ctx.Done():
+		return answered(ctx.Err())
+	case <-n.stop:
+		return answered(raft.ErrRaftShutdown)
 	}
 }
 
@@ -942,9 +933,17 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 		}
 		return fmt.Errorf("%w: no member %q", ErrInvalid, id)
 	}
-	if err := n.await(ctx, n.raft.RemoveServer(raft.ServerID(id), 0, n.cfg.ApplyTimeout)); err != nil {
+	wait := ctx
+	if id == n.cfg.ID {
+		// A leader removing itself waits for the answer whatever ctx says
+		// (Raft answers every configuration change: applied, or leadership
+		// lost), so that a removal that commits late still shuts its Raft
+		// down below instead of leaving it an idle follower.
+		wait = context.WithoutCancel(ctx)
+	}
+	if err := n.await(wait, n.raft.RemoveServer(raft.ServerID(id), 0, n.cfg.ApplyTimeout)); err != nil {
 		if id == n.cfg.ID && errors.Is(err, raft.ErrRaftShutdown) && !n.inConfiguration(id) {
-			return nil // removed itself: Raft shut down before answering
+			return nil // removed itself, and Close came before the answer
 		}
 		return fmt.Errorf("remove %s: %w", id, err)
 	}

@@ -1,14 +1,16 @@
 // Package testwatch names the tests that hang. A test binary killed by its
 // -test.timeout prints every goroutine's stack, and the name of the test
 // that hung comes first, far above the end of the output, which is all a
-// CI log may keep. Start arms a watchdog that fires shortly before that
-// timeout: it prints the goroutine dump, then, last, one short entry per
-// test goroutine (the test, its state, and the frames of this module it is
-// blocked in), and exits the binary with status 2.
+// CI log may keep. Start arms a watchdog that fires a little before that
+// timeout: if a test is still running then, it prints the goroutine dump,
+// then, last, one short entry per test goroutine (the test, its state, and
+// the frames of this module it is blocked in), and exits the binary with
+// status 2, where Go would have killed it a few seconds later anyway.
 //
-// The watchdog only reads: it never fires in a run that ends in time, and
-// it changes no test's behaviour. Within is the bounded wait for a test's
-// own goroutines that keeps a failed one from hanging the binary.
+// The watchdog only reads: it changes no test's behaviour, and with no
+// test running (benchmarks and fuzzing, which Go's timeout does not cover
+// either) it does nothing. Within is the bounded wait for a test's own
+// goroutines that keeps a failed one from hanging the binary.
 package testwatch
 
 import (
@@ -28,11 +30,16 @@ import (
 const module = "github.com/kvrouter/kvrouter/"
 
 // Start arms the watchdog for the binary's -test.timeout (parsing the
-// flags if TestMain has not). It fires at the timeout less a tenth of it,
-// at most a minute. It does nothing when the timeout is off.
+// flags if TestMain has not). It fires at the timeout less a twentieth of
+// it, at most 10 s. It does nothing when the timeout is off, and in a
+// fuzzing worker. Call it just before m.Run: Go's timeout counts from
+// there.
 func Start() {
 	if !flag.Parsed() {
 		flag.Parse()
+	}
+	if f := flag.Lookup("test.fuzzworker"); f != nil && f.Value.String() == "true" {
+		return
 	}
 	f := flag.Lookup("test.timeout")
 	if f == nil {
@@ -46,12 +53,27 @@ func Start() {
 	if timeout <= 0 {
 		return
 	}
-	margin := min(timeout/10, time.Minute)
+	margin := min(timeout/20, 10*time.Second)
 	start := time.Now()
 	time.AfterFunc(timeout-margin, func() {
-		Report(os.Stderr, dump(), time.Since(start))
+		stacks := dump()
+		if len(running(stacks)) == 0 {
+			return // benchmarks or fuzzing: past Go's timeout too
+		}
+		Report(os.Stderr, stacks, time.Since(start))
 		os.Exit(2)
 	})
+}
+
+// running names the tests the dump shows running.
+func running(stacks []byte) []string {
+	var names []string
+	for _, g := range bytes.Split(stacks, []byte("\n\n")) {
+		if e, ok := summarize(string(g)); ok {
+			names = append(names, e.test)
+		}
+	}
+	return names
 }
 
 // dump returns every goroutine's stack.

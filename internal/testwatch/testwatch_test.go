@@ -118,3 +118,26 @@ func (r *fatalRecorder) Fatalf(format string, args ...any) {
 	r.msg = fmt.Sprintf(format, args...)
 	runtime.Goexit()
 }
+
+// TestBenchmarksOutliveTheWatchdog: Go's -test.timeout does not cover
+// benchmarks, and neither does the watchdog: a benchmark that runs past
+// the timeout ends normally.
+func TestBenchmarksOutliveTheWatchdog(t *testing.T) {
+	if os.Getenv("TESTWATCH_HANG") == "1" {
+		t.Skip("runs only in the parent")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^BenchmarkPastTheTimeout$", "-test.benchtime=1x", "-test.timeout=1s")
+	cmd.Env = append(os.Environ(), "TESTWATCH_BENCH=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("benchmark run: %v\n%s", err, out)
+	}
+}
+
+func BenchmarkPastTheTimeout(b *testing.B) {
+	if os.Getenv("TESTWATCH_BENCH") != "1" {
+		b.Skip("run by TestBenchmarksOutliveTheWatchdog")
+	}
+	for b.Loop() {
+		time.Sleep(1500 * time.Millisecond) // the workload: longer than -test.timeout
+	}
+}
