@@ -136,6 +136,13 @@ func (c *testCluster) crash(i int) {
 	c.stop(i)
 }
 
+// closed reports whether the FSM's Close ran.
+func (f *FSM) closed() bool {
+	f.dbMu.RLock()
+	defer f.dbMu.RUnlock()
+	return f.isClosed
+}
+
 // groupLen is the size of the FSM's open group.
 func (f *FSM) groupLen() int {
 	f.dbMu.Lock()

@@ -56,6 +56,7 @@ type FSM struct {
 	groupBytes int
 	jrnl       journal
 	applyGate  chan struct{} // Config.applyGate (tests)
+	isClosed   bool          // Close ran; under dbMu
 	// newestSnapshot, when set (a Node), returns the index and term of
 	// the newest snapshot in Raft's store: Restore's, which Raft saves
 	// before it calls Restore without saying its index.
@@ -206,6 +207,10 @@ func (f *FSM) Close() error {
 	f.endLoadHold()
 	f.dbMu.Lock()
 	defer f.dbMu.Unlock()
+	if f.isClosed {
+		return nil
+	}
+	f.isClosed = true
 	if err := f.commitGroup(); err != nil {
 		f.logger.Warn("commit applied entries at close", "err", err)
 	}
@@ -307,6 +312,12 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	f.dbMu.RLock()
 	defer f.dbMu.RUnlock()
 	out := make([]interface{}, len(logs))
+	if f.isClosed { // Raft outlived the node's Close: apply nothing
+		for i := range out {
+			out[i] = ErrShutdown
+		}
+		return out
+	}
 	applied := f.applied.Load()
 	if f.batch == nil {
 		f.batch = f.db.NewBatch()
@@ -721,6 +732,9 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	}
 	f.dbMu.RLock()
 	defer f.dbMu.RUnlock()
+	if f.isClosed {
+		return nil, ErrShutdown
+	}
 	if err := f.commitGroup(); err != nil {
 		return nil, fmt.Errorf("commit applied entries: %w", err)
 	}

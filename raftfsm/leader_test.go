@@ -301,3 +301,26 @@ func TestLeaderRemovingItselfSucceeds(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestConcurrentClosesWaitForTheFirst: Close called from two goroutines
+// at once closes the node once, and neither returns before its storage
+// is closed.
+func TestConcurrentClosesWaitForTheFirst(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	n := c.leader()
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			err := n.Close()
+			if err == nil && !n.fsm.closed() {
+				err = errors.New("Close returned before the state database closed")
+			}
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := testwatch.Within(t, 10*time.Second, errs, "Close"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

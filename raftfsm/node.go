@@ -136,7 +136,7 @@ type Node struct {
 	rngMu sync.Mutex
 	rng   *rand.Rand
 
-	closing    atomic.Bool // Close ran
+	closeOnce  func() error // Close
 	shutMu     sync.Mutex
 	shutFuture raft.Future   // Raft's shutdown, once begun (shutdownRaft)
 	raftDown   chan struct{} // closed when it begins
@@ -152,6 +152,7 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, logger: cfg.Logger.With("node", cfg.ID), stop: make(chan struct{}), raftDown: make(chan struct{}), started: time.Now(),
 		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x6b76726f75746572))}
+	n.closeOnce = sync.OnceValue(n.close)
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, err
 	}
@@ -340,11 +341,13 @@ func (n *Node) closeStorage() {
 	}
 }
 
-// Close stops the node: Raft shuts down, then storage closes.
-func (n *Node) Close() error {
-	if !n.closing.CompareAndSwap(false, true) {
-		return nil // closed, or closing in another goroutine
-	}
+// Close stops the node: Raft shuts down, then storage closes. A second
+// Close, at once or later, waits for the first and returns its result.
+func (n *Node) Close() error { return n.closeOnce() }
+
+// close is Close, run once: a second Close waits for the first and returns
+// its result.
+func (n *Node) close() error {
 	close(n.stop)
 	err := n.shutdownRaft().Error()
 	n.wg.Wait()
