@@ -54,6 +54,9 @@ type core struct {
 
 	mu    sync.Mutex // guards stats
 	stats Stats
+
+	decSeen engine.Stats            // the decoder's counters already exported
+	warned  [engine.NumReasons]bool // reasons logged for this rank
 }
 
 func (c *core) Stats() Stats {
@@ -113,15 +116,18 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 // endpoint, asks the engine at once for what it published since: an idle
 // engine sends nothing live that would show the gap. A replay that starts
 // above the resume point (an overrun) resyncs the rank, and the first live
-// batch is then taken whatever its sequence. It returns an error only when
-// ctx ended.
+// batch is then taken whatever its sequence. A replay that fails (cannot
+// reach the engine, times out, skips a batch) resyncs too: nothing tells
+// what the engine published meanwhile. It returns an error only when ctx
+// ended.
 func (c *core) catchUp(ctx context.Context) error {
 	if c.started || c.resume == nil || c.replay == nil {
 		return nil
 	}
 	r := *c.resume
 	c.started, c.next, c.liveLast, c.liveSeen = true, r, r-1, r > 0
-	reason := c.replayGap(ctx, r, r)
+	c.count(func(s *Stats) { s.NextSeq = c.next })
+	reason := c.replayGap(ctx, r, r, true)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -142,6 +148,7 @@ func (c *core) newEpoch(seq uint64) {
 	// The new epoch starts at 0: if seq is above, its first batches were
 	// missed, which is a gap like any other.
 	c.next = 0
+	c.count(func(s *Stats) { s.NextSeq = c.next })
 }
 
 // heal handles the live batch seq, which follows a gap: batches c.next to
@@ -158,7 +165,7 @@ func (c *core) heal(ctx context.Context, seq uint64, payload []byte) error {
 	c.m.gaps.Inc()
 	reason := ReasonGap
 	if c.replay != nil {
-		reason = c.replayGap(ctx, from, seq)
+		reason = c.replayGap(ctx, from, seq, false)
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -178,13 +185,15 @@ func (c *core) heal(ctx context.Context, seq uint64, payload []byte) error {
 
 // replayGap asks for the batches from `from` on and applies those it gets,
 // in order. It returns "" when the gap up to upTo (excluded) was filled,
-// else the reason to resync.
+// and, with whole, the replay also ended cleanly (a catch-up, whose gap
+// has no known end: only the replay's end says it is filled), else the
+// reason to resync.
 //
 // A replay that starts above from means the engine's buffer no longer holds
 // the batches asked for: an overrun, and nothing replayed can stand in for
 // them. Its batches are not applied; the stream goes on from the live batch
 // that showed the gap.
-func (c *core) replayGap(ctx context.Context, from, upTo uint64) Reason {
+func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) Reason {
 	c.count(func(s *Stats) { s.Replays++ })
 	first, overrun, hole := true, false, false
 	err := c.replay(ctx, from, func(frames [][]byte) bool {
@@ -223,7 +232,7 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64) Reason {
 		c.count(func(s *Stats) { s.Overruns++ })
 		c.m.replays.WithLabelValues("overrun").Inc()
 		return ReasonOverrun
-	case c.next >= upTo:
+	case c.next >= upTo && !(whole && (err != nil || hole)):
 		if err != nil {
 			c.log.Debug("replay ended badly after filling the gap", "rank", c.rank, "err", err)
 		}
@@ -251,8 +260,10 @@ func (c *core) apply(seq uint64, payload []byte) {
 	if err := c.dec.Decode(payload, &c.batch); err != nil {
 		c.malformed(badPayload, err)
 		c.count(func(s *Stats) { s.NextSeq = c.next; s.Decoder = c.dec.Stats() })
+		c.exportSkips()
 		return
 	}
+	c.exportSkips()
 	n := c.batch.BlockEvents()
 	c.count(func(s *Stats) {
 		s.Batches++
@@ -268,6 +279,38 @@ func (c *core) apply(seq uint64, payload []byte) {
 		c.resync(ReasonSinkError, "seq", seq, "err", err)
 	}
 	c.batch.Reset() // drop references the sink must not keep
+}
+
+// exportSkips counts, in the metrics, the wire events and blocks the
+// decoder left out since the last call, and logs each reason the first
+// time it shows on this rank: a worker registered with the wrong block
+// size, for one, loses every store to it.
+func (c *core) exportSkips() {
+	st := c.dec.Stats()
+	for r := range engine.NumReasons {
+		ev := st.Skipped[r] - c.decSeen.Skipped[r]
+		bl := st.DroppedBlocks[r] - c.decSeen.DroppedBlocks[r]
+		if ev == 0 && bl == 0 {
+			continue
+		}
+		name := r.String()
+		if ev > 0 {
+			c.m.skipped.WithLabelValues(name).Add(float64(ev))
+		}
+		if bl > 0 {
+			c.m.droppedBlocks.WithLabelValues(name).Add(float64(bl))
+		}
+		if !c.warned[r] {
+			c.warned[r] = true
+			level := slog.LevelWarn
+			if r == engine.ReasonNotMainGroup {
+				level = slog.LevelInfo // a hybrid model's other groups: expected
+			}
+			c.log.Log(context.Background(), level, "engine events left out", "rank", c.rank, "reason", name,
+				"events", ev, "blocks", bl, "metric", "kvagent_subscriber_skipped_events_total")
+		}
+	}
+	c.decSeen.Skipped, c.decSeen.DroppedBlocks = st.Skipped, st.DroppedBlocks
 }
 
 func (c *core) resync(reason Reason, args ...any) {

@@ -6,7 +6,15 @@ import (
 	"fmt"
 	"testing"
 
+	"bytes"
+	"encoding/binary"
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/kvevent/engine"
+	"github.com/prometheus/client_golang/prometheus"
+	"log/slog"
+	"math"
+	"slices"
+	"strings"
 )
 
 // step is one thing a core test does: a live message, or a change to what
@@ -228,6 +236,11 @@ func TestCatchUpOnResume(t *testing.T) {
 		{"missed batches replayed at once", replies(nil, 5, 6, 7), []uint64{8}, "replay:5 ev5 ev6 ev7 ev8"},
 		{"nothing missed", replies(nil), []uint64{5, 6}, "replay:5 ev5 ev6"},
 		{"overrun resyncs, then the live stream is taken", replies(nil, 7, 8), []uint64{9, 10}, "replay:5 resync:overrun ev9 ev10"},
+		// Before, a catch-up whose replay failed counted as healed: the
+		// gap of a resume has no end but the replay's own.
+		{"a replay that fails resyncs", replies(errors.New("no answer")), []uint64{7, 8}, "replay:5 resync:replay_failed ev7 ev8"},
+		{"a replay that fails after some batches resyncs", replies(errors.New("cut"), 5, 6), []uint64{9}, "replay:5 ev5 ev6 resync:replay_failed ev9"},
+		{"a replay with a hole resyncs", replies(nil, 5, 7), []uint64{9}, "replay:5 ev5 resync:replay_failed ev9"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sink := &recSink{}
@@ -254,4 +267,65 @@ func TestCatchUpOnResume(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSkippedEventsAreCountedAndLogged: wire events the decoder leaves out
+// show in kvagent_subscriber_skipped_events_total by reason, and each
+// reason is logged once per rank. They were counted only in the
+// subscriber's in-memory Stats, which nothing exported: a worker
+// registered with the wrong block size lost every store silently.
+func TestSkippedEventsAreCountedAndLogged(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	var logs bytes.Buffer
+	s, err := New(Config{Endpoint: "tcp://127.0.0.1:1", Sink: &recSink{}, Registerer: reg,
+		Logger:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Rank:    kvevent.Rank{Worker: 3, DP: 1},
+		Decoder: engine.Config{BlockSize: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := range uint64(3) {
+		if err := s.core.live(bg, [][]byte{{}, seqFrame(seq), floppyPayload(hashOf(seq))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var series []string
+	for _, mf := range mfs {
+		if mf.GetName() != "kvagent_subscriber_skipped_events_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var l []string
+			for _, p := range m.GetLabel() {
+				l = append(l, p.GetName()+"="+p.GetValue())
+			}
+			series = append(series, fmt.Sprintf("%s %v", strings.Join(l, ","), m.GetCounter().GetValue()))
+		}
+	}
+	if want := []string{"dp_rank=1,reason=unknown_medium,worker=3 3"}; !slices.Equal(series, want) {
+		t.Fatalf("kvagent_subscriber_skipped_events_total series %q, want %q", series, want)
+	}
+	if n := strings.Count(logs.String(), "engine events left out"); n != 1 || !strings.Contains(logs.String(), "reason=unknown_medium") {
+		t.Fatalf("%d log lines for the skipped events, want 1 naming the reason:\n%s", n, logs.String())
+	}
+}
+
+// floppyPayload is the batch [ts, [["BlockRemoved", [0x77], "FLOPPY"],
+// ["BlockRemoved", [hash]]]]: a remove from a medium that names no tier,
+// then one of a device block.
+func floppyPayload(hash uint64) []byte {
+	b := []byte{0x92, 0xcb}
+	b = binary.BigEndian.AppendUint64(b, math.Float64bits(1.5))
+	b = append(b, 0x92, 0x93, 0xac)
+	b = append(b, "BlockRemoved"...)
+	b = append(b, 0x91, 0x77, 0xa6)
+	b = append(b, "FLOPPY"...)
+	b = append(b, 0x92, 0xac)
+	b = append(b, "BlockRemoved"...)
+	b = append(b, 0x91, 0xcf)
+	return binary.BigEndian.AppendUint64(b, hash)
 }

@@ -14,6 +14,7 @@ type metrics struct {
 	batches, blockEvents, gaps, epochs, duplicates *prometheus.CounterVec // worker, dp_rank
 	replays                                        *prometheus.CounterVec // worker, dp_rank, outcome
 	resyncs, malformed                             *prometheus.CounterVec // worker, dp_rank, reason
+	skipped, droppedBlocks                         *prometheus.CounterVec // worker, dp_rank, reason
 }
 
 // rankMetrics are one subscriber's series: its rank's labels are fixed.
@@ -21,6 +22,7 @@ type rankMetrics struct {
 	batches, blockEvents, gaps, epochs, duplicates prometheus.Counter
 	replays                                        *prometheus.CounterVec // outcome
 	resyncs, malformed                             *prometheus.CounterVec // reason
+	skipped, droppedBlocks                         *prometheus.CounterVec // reason (engine.Reason)
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -45,6 +47,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Ranks whose state was declared unknown, by reason (gap, overrun, replay_failed, sink_error).", "reason"),
 		malformed: counter("kvagent_subscriber_malformed_total",
 			"Engine messages skipped as malformed, by reason (frames, seq, payload, delimiter).", "reason"),
+		skipped: counter("kvagent_subscriber_skipped_events_total",
+			"Wire events of decoded batches that gave no router event, by the decoder's reason (block_size, unknown_medium, not_main_group, ...).", "reason"),
+		droppedBlocks: counter("kvagent_subscriber_dropped_blocks_total",
+			"Blocks left out of stored events by the per-block rules, by reason (block_size, unresolved).", "reason"),
 	}
 	if reg == nil {
 		return m, nil
@@ -52,7 +58,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	// Several subscribers (a Group's) share a Registerer: the second one
 	// finds the families registered and uses them.
 	for _, p := range []**prometheus.CounterVec{&m.batches, &m.blockEvents, &m.gaps, &m.epochs, &m.duplicates,
-		&m.replays, &m.resyncs, &m.malformed} {
+		&m.replays, &m.resyncs, &m.malformed, &m.skipped, &m.droppedBlocks} {
 		if err := reg.Register(*p); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -73,7 +79,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 func (m *metrics) forget(worker uint64, dp uint32) {
 	labels := prometheus.Labels{"worker": strconv.FormatUint(worker, 10), "dp_rank": strconv.FormatUint(uint64(dp), 10)}
 	for _, v := range []*prometheus.CounterVec{m.batches, m.blockEvents, m.gaps, m.epochs, m.duplicates,
-		m.replays, m.resyncs, m.malformed} {
+		m.replays, m.resyncs, m.malformed, m.skipped, m.droppedBlocks} {
 		v.DeletePartialMatch(labels)
 	}
 }
@@ -82,14 +88,16 @@ func (m *metrics) forRank(worker uint64, dp uint32) rankMetrics {
 	w, d := strconv.FormatUint(worker, 10), strconv.FormatUint(uint64(dp), 10)
 	labels := prometheus.Labels{"worker": w, "dp_rank": d}
 	r := rankMetrics{
-		batches:     m.batches.WithLabelValues(w, d),
-		blockEvents: m.blockEvents.WithLabelValues(w, d),
-		gaps:        m.gaps.WithLabelValues(w, d),
-		epochs:      m.epochs.WithLabelValues(w, d),
-		duplicates:  m.duplicates.WithLabelValues(w, d),
-		replays:     m.replays.MustCurryWith(labels),
-		resyncs:     m.resyncs.MustCurryWith(labels),
-		malformed:   m.malformed.MustCurryWith(labels),
+		batches:       m.batches.WithLabelValues(w, d),
+		blockEvents:   m.blockEvents.WithLabelValues(w, d),
+		gaps:          m.gaps.WithLabelValues(w, d),
+		epochs:        m.epochs.WithLabelValues(w, d),
+		duplicates:    m.duplicates.WithLabelValues(w, d),
+		replays:       m.replays.MustCurryWith(labels),
+		resyncs:       m.resyncs.MustCurryWith(labels),
+		malformed:     m.malformed.MustCurryWith(labels),
+		skipped:       m.skipped.MustCurryWith(labels),
+		droppedBlocks: m.droppedBlocks.MustCurryWith(labels),
 	}
 	// The labelled series show zero before their first occurrence.
 	for _, o := range []string{"healed", "overrun", "failed"} {

@@ -28,7 +28,8 @@
 //   - A payload that is not a readable batch returns ErrPayload and leaves the
 //     Batch and the counters as they were (bar Stats.BadPayloads): a payload
 //     is decoded whole or not at all. (Content hashes it taught the decoder
-//     are kept: they are facts about block contents, not index state.)
+//     are kept, and so are group kinds with LearnGroupKinds: they are facts
+//     about block contents and the engine's groups, not index state.)
 //   - Nothing is sized from a length header alone: a header is checked
 //     against the bytes that remain before it is used, so memory grows at
 //     most in proportion to the payload, and any input, however hostile,
