@@ -1,14 +1,10 @@
 package sim
 
 import (
-	"os"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 )
 
 // A test that hangs is named at the end of the output (testwatch).
-func TestMain(m *testing.M) {
-	testwatch.Start()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testwatch.Main(m) }

@@ -2,16 +2,12 @@ package main
 
 import (
 	"github.com/kvrouter/kvrouter/internal/testwatch"
-	"os"
 	"strings"
 	"testing"
 )
 
 // A test that hangs is named at the end of the output (testwatch).
-func TestMain(m *testing.M) {
-	testwatch.Start()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testwatch.Main(m) }
 
 // TestPeersAreChecked: --peers entries must be id=host:port=host:port,
 // each id and address once, and must list this node as it runs.

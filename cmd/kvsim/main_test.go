@@ -16,10 +16,7 @@ import (
 )
 
 // A test that hangs is named at the end of the output (testwatch).
-func TestMain(m *testing.M) {
-	testwatch.Start()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testwatch.Main(m) }
 
 // kvsim runs the command in process and returns what it printed.
 func kvsim(t *testing.T, args ...string) (string, error) {

@@ -65,6 +65,13 @@ func Start() {
 	})
 }
 
+// Main is the TestMain of a package that needs nothing else: Start, then
+// the tests.
+func Main(m *testing.M) {
+	Start()
+	os.Exit(m.Run())
+}
+
 // running names the tests the dump shows running.
 func running(stacks []byte) []string {
 	var names []string
