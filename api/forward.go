@@ -71,6 +71,14 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 			if rec, ok := w.(*recorder); ok && rec.wrote {
 				return // the leader's answer broke off half-way; nothing more to say
 			}
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				// This node's own body limit stopped the forward: the
+				// body can never be taken, by any node (not no_leader,
+				// which sends the client on to the next one).
+				s.writeError(w, r, err)
+				return
+			}
 			s.writeError(w, r, &httpError{code: http.StatusServiceUnavailable, reason: reason,
 				err: fmt.Errorf("forward to the leader at %s: %w", target.Host, err)})
 		},

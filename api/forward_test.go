@@ -258,3 +258,18 @@ func TestNotLeaderErrorsUnwrap(t *testing.T) {
 		t.Fatal("NotLeaderError does not unwrap as the API expects")
 	}
 }
+
+// TestOversizedUploadThroughAFollowerIs413: a snapshot upload over the
+// follower's MaxSnapshotBytes, forwarded to the leader, is answered 413
+// too_large, as at the leader. It was 503 no_leader (the limit stopped
+// the forward's transport), which sends a client on to the next node with
+// a body no node can take.
+func TestOversizedUploadThroughAFollowerIs413(t *testing.T) {
+	leader, follower := pair(t, api.Options{MaxSnapshotBytes: 1024})
+	for name, n := range map[string]*node{"leader": leader, "follower": follower} {
+		a := send(t, n.http.URL, "POST", "/v1/snapshot/restore", strings.Repeat("x", 4096))
+		if a.code != http.StatusRequestEntityTooLarge || !strings.Contains(string(a.body), api.ReasonTooLarge) {
+			t.Fatalf("an upload of 4096 bytes over a limit of 1024 at the %s: %d %s, want 413 too_large", name, a.code, a.body)
+		}
+	}
+}

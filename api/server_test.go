@@ -167,6 +167,8 @@ func TestRoutes(t *testing.T) {
 			body: events(`{"event_id":1,"type":"cleared","hashes":[1]}`), code: 400, reason: api.ReasonInvalid},
 		{name: "events ids not consecutive", method: "POST", path: "/v1/events",
 			body: events(storedEv, strings.Replace(removedEv, `"event_id":2`, `"event_id":4`, 1)), code: 400, reason: api.ReasonInvalid, msg: []string{"rise by one"}},
+		{name: "events ids wrapping", method: "POST", path: "/v1/events",
+			body: events(`{"event_id":18446744073709551615,"type":"cleared"}`, `{"event_id":0,"type":"cleared"}`), code: 400, reason: api.ReasonInvalid, msg: []string{"rise by one"}},
 		{name: "events no batches", method: "POST", path: "/v1/events", body: `{"batches":[]}`, code: 400, reason: api.ReasonInvalid},
 		{name: "events empty batch", method: "POST", path: "/v1/events", body: events(), code: 400, reason: api.ReasonInvalid, msg: []string{"no events"}},
 		{name: "events unknown field", method: "POST", path: "/v1/events",

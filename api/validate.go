@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"strconv"
 	"unicode/utf8"
@@ -238,9 +239,12 @@ func rankBatches(req *EventsRequest) ([]raftfsm.RankBatch, error) {
 		rb := raftfsm.RankBatch{Rank: rank, Events: make([]kvevent.Event, len(b.Events))}
 		for j := range b.Events {
 			e := &b.Events[j]
-			if j > 0 && e.EventID != b.Events[j-1].EventID+1 {
-				return nil, invalidf("batch %d (rank %v) event %d: event_id %d follows %d (ids must rise by one within a batch)",
-					i, rank, j, e.EventID, b.Events[j-1].EventID)
+			if j > 0 {
+				// A wrap past the largest id is no rise.
+				if prev := b.Events[j-1].EventID; prev == math.MaxUint64 || e.EventID != prev+1 {
+					return nil, invalidf("batch %d (rank %v) event %d: event_id %d follows %d (ids must rise by one within a batch)",
+						i, rank, j, e.EventID, prev)
+				}
 			}
 			ev, err := e.toKV(rank)
 			if err != nil {

@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -322,5 +323,31 @@ func TestConcurrentClosesWaitForTheFirst(t *testing.T) {
 		if err := testwatch.Within(t, 10*time.Second, errs, "Close"); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestRaftErrorsAreTheNodes: the errors of Raft's futures reach callers as
+// the node's sentinels, whatever call waited on them (the API answers
+// those with a retryable 503; Raft's own errors were a 500 outside apply).
+func TestRaftErrorsAreTheNodes(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	n := c.leader()
+	for _, tc := range []struct {
+		raft error
+		want error
+	}{
+		{raft.ErrNotLeader, ErrNotLeader},
+		{raft.ErrLeadershipLost, ErrNotLeader},
+		{raft.ErrLeadershipTransferInProgress, ErrNotLeader},
+		{raft.ErrRaftShutdown, ErrShutdown},
+		{raft.ErrEnqueueTimeout, context.DeadlineExceeded},
+	} {
+		if got := n.raftError(fmt.Errorf("wrapped: %w", tc.raft)); !errors.Is(got, tc.want) {
+			t.Errorf("raftError(%v) = %v, want %v", tc.raft, got, tc.want)
+		}
+	}
+	other := errors.New("disk on fire")
+	if got := n.raftError(other); got != other {
+		t.Errorf("raftError(%v) = %v, want it as it is", other, got)
 	}
 }

@@ -630,18 +630,13 @@ func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 	}
 	f := n.raft.Apply(data, timeout)
 	if err := n.await(ctx, f); err != nil {
-		switch {
-		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
-			// The entry may still commit under the next leader: every
-			// command is safe to retry.
-			return nil, n.notLeader()
-		case errors.Is(err, raft.ErrRaftShutdown):
-			return nil, ErrShutdown
-		case errors.Is(err, raft.ErrEnqueueTimeout):
-			// Not proposed within the deadline; nothing was written, and
-			// retrying is safe.
-			return nil, fmt.Errorf("raft apply: %w: %w", context.DeadlineExceeded, err)
-		case errors.Is(err, ctx.Err()):
+		// A lost leadership: the entry may still commit under the next
+		// leader, and every command is safe to retry. An enqueue timeout:
+		// nothing was written.
+		if rerr := n.raftError(err); rerr != err {
+			return nil, rerr
+		}
+		if errors.Is(err, ctx.Err()) {
 			// Proposed, not yet applied: it may still commit, and
 			// retrying is safe.
 			return nil, fmt.Errorf("raft apply: waiting for the entry to apply: %w", err)
@@ -655,6 +650,23 @@ func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 }
 
 func now() int64 { return time.Now().UnixNano() }
+
+// raftError turns the errors of Raft's futures into the node's, which
+// callers (the API's status codes) branch on: a lost or moving leadership
+// into *NotLeaderError, Raft's shutdown into ErrShutdown, an enqueue
+// timeout into context.DeadlineExceeded. Any other error is returned as it
+// is.
+func (n *Node) raftError(err error) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		return n.notLeader()
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return ErrShutdown
+	case errors.Is(err, raft.ErrEnqueueTimeout):
+		return fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
+	}
+	return err
+}
 
 // awaitGrace is how long await still waits for an answer once Raft shut
 // down outside Close: a leader that removed itself (RemoveMember) may still
@@ -911,7 +923,7 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 		}
 	}
 	if err := n.await(ctx, n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, n.cfg.ApplyTimeout)); err != nil {
-		return fmt.Errorf("add voter %s: %w", id, err)
+		return fmt.Errorf("add voter %s: %w", id, n.raftError(err))
 	}
 	_, err := n.apply(ctx, encodeMember(now(), &Member{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}))
 	return err
@@ -948,7 +960,7 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 		if id == n.cfg.ID && errors.Is(err, raft.ErrRaftShutdown) && !n.inConfiguration(id) {
 			return nil // removed itself, and Close came before the answer
 		}
-		return fmt.Errorf("remove %s: %w", id, err)
+		return fmt.Errorf("remove %s: %w", id, n.raftError(err))
 	}
 	if id == n.cfg.ID {
 		// This node just stepped down; the next leader keeps the table.
@@ -1004,7 +1016,7 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 		case err.Error() == "leadership transfer timeout": // raft has no sentinel for it
 			return fmt.Errorf("leadership transfer: %w: the target did not take over within an election timeout (is it up and caught up?); retry", context.DeadlineExceeded)
 		}
-		return fmt.Errorf("leadership transfer: %w", err)
+		return fmt.Errorf("leadership transfer: %w", n.raftError(err))
 	}
 	return nil
 }
@@ -1017,7 +1029,7 @@ func (n *Node) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotInfo, err
 		return SnapshotInfo{}, n.notLeader()
 	}
 	if err := n.await(ctx, n.raft.Barrier(n.cfg.ApplyTimeout)); err != nil {
-		return SnapshotInfo{}, fmt.Errorf("barrier: %w", err)
+		return SnapshotInfo{}, fmt.Errorf("barrier: %w", n.raftError(err))
 	}
 	view, err := n.fsm.view()
 	if err != nil {
@@ -1066,7 +1078,7 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 			// safe: retry through the new leader.
 			return SnapshotInfo{}, fmt.Errorf("%w: leadership moved during the restore (it may be installed on some nodes); retry it", ErrNoLeader)
 		}
-		return SnapshotInfo{}, fmt.Errorf("raft restore: %w", err)
+		return SnapshotInfo{}, fmt.Errorf("raft restore: %w", n.raftError(err))
 	}
 	// The stream brought its own cluster's member table: put back this
 	// cluster's entry for every current voter, so that forwarding and

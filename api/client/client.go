@@ -128,6 +128,8 @@ type Error struct {
 	// Candidates of a route that failed with reason overloaded: every one
 	// is busy, and says why.
 	Candidates []api.Candidate
+
+	body []byte // the answer's body (up to 1 MiB), for calls that read more of it
 }
 
 func (e *Error) Error() string {
@@ -191,8 +193,10 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 		switch {
 		case req.json != nil:
 			body = bytes.NewReader(req.json)
+		case req.stream != nil && req.streamLen == 0:
+			body = http.NoBody
 		case req.stream != nil:
-			counted = &countingReader{r: req.stream}
+			counted = &countingReader{r: req.stream, closed: make(chan struct{})}
 			body = counted
 		}
 		hr, err := http.NewRequestWithContext(ctx, req.method, base+req.path, body)
@@ -207,14 +211,24 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 		case req.stream != nil:
 			hr.Header.Set("Content-Type", "application/octet-stream")
 			hr.ContentLength = req.streamLen
-			if req.streamLen == 0 {
-				hr.Body = http.NoBody
-			}
 		}
 		// rewind readies the body to be sent again to the next endpoint:
-		// fine while none of it was read, or when it can be rewound.
+		// fine while none of it was read, or when it can be rewound. The
+		// transport may still be sending this try's body when the answer
+		// (an early 503) comes: rewinding under it would hand both tries
+		// the same reader, and the next one a corrupted stream. The
+		// transport closes the body once done with it, error or not.
 		rewind := func() bool {
-			if counted == nil || counted.n == 0 {
+			if counted == nil {
+				return true
+			}
+			select {
+			case <-counted.closed:
+			case <-ctx.Done():
+				errs = append(errs, fmt.Sprintf("waiting for the body's last send: %v", ctx.Err()))
+				return false
+			}
+			if counted.n == 0 {
 				return true
 			}
 			if start < 0 {
@@ -296,9 +310,19 @@ func unwrapURLError(err error) error {
 	return err
 }
 
+// countingReader is a streamed body: it counts what the transport read,
+// and closed tells when the transport is done with it.
 type countingReader struct {
-	r io.Reader
-	n int64
+	r      io.Reader
+	n      int64
+	closed chan struct{}
+	once   sync.Once
+}
+
+// Close is the transport's: it never closes the caller's stream.
+func (c *countingReader) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return nil
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
@@ -310,7 +334,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // decodeError reads an error answer.
 func decodeError(base string, resp *http.Response) error {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	e := &Error{Endpoint: base, StatusCode: resp.StatusCode}
+	e := &Error{Endpoint: base, StatusCode: resp.StatusCode, body: raw}
 	var body api.ErrorResponse
 	if json.Unmarshal(raw, &body) == nil && body.Error != "" {
 		e.Reason, e.Message, e.Candidates = body.Reason, body.Error, body.Candidates
@@ -458,7 +482,11 @@ func (c *Client) Ready(ctx context.Context) (api.ReadyResponse, error) {
 	if err != nil {
 		var ae *Error
 		if errors.As(err, &ae) && ae.Reason == api.ReasonNotReady {
-			return api.ReadyResponse{Ready: false, Error: ae.Message, Reason: ae.Reason}, nil
+			// The 503's body is a ReadyResponse too: state, applied index.
+			out = api.ReadyResponse{Error: ae.Message, Reason: ae.Reason}
+			_ = json.Unmarshal(ae.body, &out)
+			out.Ready = false
+			return out, nil
 		}
 		return out, err
 	}

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"crypto/sha256"
+	"encoding/hex"
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/api/client"
@@ -24,6 +26,7 @@ import (
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"go.uber.org/goleak"
+	"math/rand/v2"
 )
 
 func TestMain(m *testing.M) {
@@ -380,7 +383,9 @@ func TestClusterCalls(t *testing.T) {
 		t.Fatalf("ready = %+v %v", rd, err)
 	}
 	n.fake.SetReady(false)
-	if rd, err := c.Ready(ctx); err != nil || rd.Ready {
+	// A node that is not ready still says its state and applied index
+	// (they were dropped).
+	if rd, err := c.Ready(ctx); err != nil || rd.Ready || rd.AppliedIndex != 10 || rd.State == "" || rd.Reason != api.ReasonNotReady {
 		t.Fatalf("ready when not = %+v %v", rd, err)
 	}
 }
@@ -450,5 +455,42 @@ func TestSnapshotBrokenMidStreamIsAnError(t *testing.T) {
 	var ae *client.Error
 	if !errors.As(err, &ae) || !strings.Contains(ae.Message, "disk read failed") || ae.Reason != api.ReasonInternal {
 		t.Fatalf("err = %v, want the failure from the trailer", err)
+	}
+}
+
+// TestUploadAfterAnEarly503IsWhole: a node that answers 503 no_leader
+// before reading an upload sends the client on to the next endpoint with
+// the whole stream. The transport was still sending the first try's body
+// when the client rewound the reader for the second: both read it at once,
+// and about half the uploads reached the next node corrupted (a leader
+// then refuses them as a bad snapshot).
+func TestUploadAfterAnEarly503IsWhole(t *testing.T) {
+	early := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		json.NewEncoder(w).Encode(api.ErrorResponse{Error: "no leader", Reason: api.ReasonNoLeader})
+	}))
+	t.Cleanup(early.Close)
+	var got atomic.Value
+	full := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := sha256.New()
+		io.Copy(h, r.Body)
+		got.Store(hex.EncodeToString(h.Sum(nil)))
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte("{}"))
+	}))
+	t.Cleanup(full.Close)
+	body := make([]byte, 4<<20)
+	rand.NewChaCha8([32]byte{1}).Read(body)
+	sum := sha256.Sum256(body)
+	want := hex.EncodeToString(sum[:])
+	for try := range 8 {
+		c := newClient(t, early.URL, full.URL)
+		if _, err := c.RestoreSnapshot(context.Background(), bytes.NewReader(body)); err != nil {
+			t.Fatalf("try %d: %v", try, err)
+		}
+		if got.Load() != want {
+			t.Fatalf("try %d: the second endpoint received a stream of sha256 %v, want %s", try, got.Load(), want)
+		}
 	}
 }
