@@ -28,6 +28,8 @@ var (
 	// is at, and was not applied (it would move the rank back in time);
 	// StaleDumpError carries the rank's cursor.
 	ErrStaleDump = errors.New("stale rank dump")
+	// ErrDataDirInUse means another node holds the data directory's lock.
+	ErrDataDirInUse = errors.New("data directory in use")
 )
 
 // StaleDumpError is returned by ReplaceRank when the dump's cursor is

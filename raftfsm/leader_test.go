@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -350,4 +352,30 @@ func TestRaftErrorsAreTheNodes(t *testing.T) {
 	if got := n.raftError(other); got != other {
 		t.Errorf("raftError(%v) = %v, want it as it is", other, got)
 	}
+}
+
+// TestASecondNodeOnTheDataDirIsRefused: a node started on a data directory
+// another node holds fails with ErrDataDirInUse before it touches
+// anything there. It used to tidy the running node's restore directories
+// first (an interrupted restore's leftovers, as it took them) and only
+// then meet Pebble's own lock.
+func TestASecondNodeOnTheDataDirIsRefused(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	c.leader()
+	inRestore := filepath.Join(c.dirs[0], "fsm.restore")
+	if err := os.MkdirAll(inRestore, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err := NewNode(Config{ID: "n1", RaftAddr: "127.0.0.1:1", DataDir: c.dirs[0], Logger: quiet})
+	if !errors.Is(err, ErrDataDirInUse) {
+		t.Fatalf("a second node on the data directory: %v, want ErrDataDirInUse", err)
+	}
+	if _, err := os.Stat(inRestore); err != nil {
+		t.Fatalf("the running node's fsm.restore: %v", err)
+	}
+	// Closed, the node lets the directory go.
+	os.Remove(inRestore)
+	c.stop(0)
+	c.start(0)
+	c.leader()
 }

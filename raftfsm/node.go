@@ -108,13 +108,14 @@ func (c *Config) defaults() {
 // answered from the local state; writes go through Raft on the leader and
 // return a *NotLeaderError on a follower (the API forwards them).
 type Node struct {
-	cfg    Config
-	logger *slog.Logger
-	raft   *raft.Raft
-	fsm    *FSM
-	logs   *store.LogStore
-	snaps  raft.SnapshotStore
-	trans  raft.Transport
+	cfg     Config
+	logger  *slog.Logger
+	raft    *raft.Raft
+	fsm     *FSM
+	logs    *store.LogStore
+	dirLock *os.File // the data directory's lock (lockDataDir)
+	snaps   raft.SnapshotStore
+	trans   raft.Transport
 
 	ready atomic.Bool
 	// unapplied is an index the readiness checks found to hold a
@@ -156,13 +157,16 @@ func NewNode(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, err
 	}
+	var err error
+	if n.dirLock, err = lockDataDir(cfg.DataDir); err != nil {
+		return nil, err
+	}
 	ok := false
 	defer func() {
 		if !ok {
 			n.abortStart()
 		}
 	}()
-	var err error
 	if n.fsm, err = openFSM(FSMConfig{Dir: filepath.Join(cfg.DataDir, "fsm"), Logger: n.logger, Index: cfg.Index}); err != nil {
 		return nil, err
 	}
@@ -338,6 +342,9 @@ func (n *Node) closeStorage() {
 	}
 	if n.logs != nil {
 		n.logs.Close()
+	}
+	if n.dirLock != nil {
+		n.dirLock.Close() // releases the lock
 	}
 }
 

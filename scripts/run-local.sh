@@ -29,7 +29,10 @@ endpoints="127.0.0.1:7181,127.0.0.1:7182,127.0.0.1:7183"
 pids=()
 agents=()
 sleeper=""
+# stop ends the run: status 0 on Ctrl-C or SIGTERM (a clean stop), and
+# the script's own status when it ends by itself (a failure stays one).
 stop() {
+  local code=${1:-0}
   trap - INT TERM EXIT
   echo
   if [ ${#agents[@]} -gt 0 ]; then
@@ -42,9 +45,10 @@ stop() {
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   [ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null || true
   echo "stopped; data kept in $base/ (rm -rf $base to start afresh)"
-  exit 0
+  exit "$code"
 }
-trap stop INT TERM EXIT
+trap 'stop 0' INT TERM
+trap 'stop $?' EXIT
 
 natsroutes=""
 for i in 1 2 3; do natsroutes+="127.0.0.1:$((6220 + i)),"; done
@@ -59,7 +63,12 @@ done
 echo "waiting for the cluster to be ready..."
 deadline=$((SECONDS + 60))
 for i in 1 2 3; do
-  until curl -sf "http://127.0.0.1:$((7180 + i))/readyz" >/dev/null 2>&1; do
+  until curl -sf --max-time 2 "http://127.0.0.1:$((7180 + i))/readyz" >/dev/null 2>&1; do
+    if ! kill -0 "${pids[i - 1]}" 2>/dev/null; then
+      echo "node n$i exited; its log:" >&2
+      tail -20 "$base/node$i.log" >&2
+      exit 1
+    fi
     if [ $SECONDS -gt $deadline ]; then
       echo "node n$i is not ready after 60s; its log:" >&2
       tail -20 "$base/node$i.log" >&2

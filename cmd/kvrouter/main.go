@@ -32,7 +32,19 @@ import (
 )
 
 func main() {
-	app := &cli.App{
+	if err := newApp().Run(os.Args); err != nil {
+		fmt.Fprintf(os.Stderr, "kvrouter: %v\n", err)
+		var ec cli.ExitCoder
+		if errors.As(err, &ec) {
+			os.Exit(ec.ExitCode())
+		}
+		os.Exit(1)
+	}
+}
+
+// newApp is the command: its flags, and run.
+func newApp() *cli.App {
+	return &cli.App{
 		Name:  "kvrouter",
 		Usage: "a node of the KV-cache-aware router cluster",
 		Description: `Examples:
@@ -73,14 +85,6 @@ func main() {
 		// A flag that does not parse is a usage error: exit 2, as for the
 		// flags run checks itself.
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return cli.Exit(err.Error(), 2) },
-	}
-	if err := app.Run(os.Args); err != nil {
-		fmt.Fprintf(os.Stderr, "kvrouter: %v\n", err)
-		var ec cli.ExitCoder
-		if errors.As(err, &ec) {
-			os.Exit(ec.ExitCode())
-		}
-		os.Exit(1)
 	}
 }
 
@@ -130,6 +134,9 @@ func checkPeers(peers []raftfsm.Member, id, raftAddr, httpAddr string) error {
 }
 
 func run(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return cli.Exit(fmt.Sprintf("unexpected argument %q: kvrouter takes flags only (see --help)", c.Args().First()), 2)
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
 		return cli.Exit(fmt.Sprintf("--log-level: %v", err), 2)
@@ -193,53 +200,65 @@ func run(c *cli.Context) error {
 	compat.NewSelection(node, logger).Routes(srv, compat.SelectionPrefix)
 	// Engines registered through POST /register are followed by the leader.
 	agentless := compat.NewAgentless(node, compat.AgentlessConfig{Registerer: reg, Logger: logger})
-	defer agentless.Close()
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	servers := []*http.Server{hs}
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- hs.Serve(ln) }()
 	if a := c.String("selection-addr"); a != "" {
 		sln, err := net.Listen("tcp", a)
 		if err != nil {
 			hs.Close()
+			agentless.Close()
 			ing.Close()
 			node.Close()
 			nc.Close()
 			return fmt.Errorf("selection API: %w", err)
 		}
 		shs := &http.Server{Handler: compat.SelectionHandler(srv), ReadHeaderTimeout: 10 * time.Second}
+		servers = append(servers, shs)
 		go func() { serveErr <- shs.Serve(sln) }()
-		defer shs.Close()
 		logger.Info("selection API listening", "http", "http://"+sln.Addr().String())
 	}
 	logger.Info("kvrouter listening", "http", "http://"+httpAddr, "raft", raftAddr, "data_dir", c.String("data-dir"))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	var joinErr error
+	var runErr error
 	if j := c.String("join"); j != "" {
 		if err := join(ctx, j, id, raftAddr, httpAddr); err != nil && ctx.Err() == nil {
-			joinErr = fmt.Errorf("join via %s: %w", j, err) // refused: stop rather than idle outside the cluster
+			runErr = fmt.Errorf("join via %s: %w", j, err) // refused: stop rather than idle outside the cluster
 		}
 	}
-	if joinErr == nil {
+	if runErr == nil {
 		select {
 		case <-ctx.Done():
 		case err := <-serveErr:
 			logger.Error("http server stopped", "err", err)
+			runErr = fmt.Errorf("http server: %w", err)
 		}
 	}
+	// From here a second signal kills the process at once, as a signal
+	// does by default: a shutdown that hangs can still be stopped.
+	stop()
 	logger.Info("shutting down")
+	// Users of the node stop before it closes: the HTTP servers (their
+	// requests drained for up to 5 s), the followers of agentless engines,
+	// the event ingester (in-flight entries answered); then the node, then
+	// NATS.
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	hs.Shutdown(sctx)
+	for _, s := range servers {
+		s.Shutdown(sctx)
+	}
 	srv.Close()
+	agentless.Close()
 	ing.Close()
 	err = node.Close()
 	nc.Close()
 	if natsSrv != nil {
 		natsSrv.Shutdown()
 	}
-	return cmp.Or(joinErr, err)
+	return cmp.Or(runErr, err)
 }
 
 // startNATS connects to the external NATS (--nats-url) or starts the

@@ -1,9 +1,12 @@
 package main
 
 import (
-	"github.com/kvrouter/kvrouter/internal/testwatch"
+	"errors"
 	"strings"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/internal/testwatch"
+	"github.com/urfave/cli/v2"
 )
 
 // A test that hangs is named at the end of the output (testwatch).
@@ -38,5 +41,18 @@ func TestPeersAreChecked(t *testing.T) {
 		if _, err := parsePeers(bad); err == nil {
 			t.Errorf("--peers %s parsed", bad)
 		}
+	}
+}
+
+// TestArgumentsAreRefused: kvrouter takes flags only; a stray argument (a
+// flag's value split off, a mistyped flag) is a usage error, exit 2, before
+// anything starts. It used to be ignored.
+func TestArgumentsAreRefused(t *testing.T) {
+	app := newApp()
+	app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+	err := app.Run([]string{"kvrouter", "--data-dir", t.TempDir(), "n1"})
+	var ec cli.ExitCoder
+	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), `"n1"`) {
+		t.Fatalf("kvrouter with an argument: %v, want exit 2 naming it", err)
 	}
 }
