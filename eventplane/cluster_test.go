@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -75,7 +74,7 @@ func newTestCluster(t *testing.T, n int) *testCluster {
 	trs := make([]*raft.NetworkTransport, n)
 	var peers []raftfsm.Member
 	for i := 0; i < n; i++ {
-		tr, err := raft.NewTCPTransportWithLogger("127.0.0.1:0", nil, 4, 2*time.Second, hclog.NewNullLogger())
+		tr, err := raftfsm.NewTransport("127.0.0.1:0", nil, 2*time.Second, slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -76,7 +76,7 @@ func (c *testCluster) transport(bind string) *raft.NetworkTransport {
 	var err error
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if tr, err = raft.NewTCPTransportWithLogger(bind, nil, 4, 2*time.Second, hclogAdapter(quiet)); err == nil {
+		if tr, err = NewTransport(bind, nil, 2*time.Second, quiet); err == nil {
 			return tr
 		}
 		if time.Now().After(deadline) {

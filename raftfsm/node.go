@@ -249,7 +249,7 @@ func (n *Node) startRaft() error {
 		if err != nil {
 			return fmt.Errorf("%w: raft address %q: %v", ErrInvalid, cfg.RaftAddr, err)
 		}
-		t, err := raft.NewTCPTransportWithLogger(cfg.RaftAddr, addr, 4, 10*time.Second, hclogAdapter(n.logger))
+		t, err := NewTransport(cfg.RaftAddr, addr, 10*time.Second, n.logger)
 		if err != nil {
 			return fmt.Errorf("raft transport on %s: %w", cfg.RaftAddr, err)
 		}

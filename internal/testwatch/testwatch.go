@@ -72,17 +72,6 @@ func Main(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// running names the tests the dump shows running.
-func running(stacks []byte) []string {
-	var names []string
-	for _, g := range bytes.Split(stacks, []byte("\n\n")) {
-		if e, ok := summarize(string(g)); ok {
-			names = append(names, e.test)
-		}
-	}
-	return names
-}
-
 // dump returns every goroutine's stack.
 func dump() []byte {
 	buf := make([]byte, 1<<20)
@@ -105,36 +94,90 @@ func Report(w io.Writer, stacks []byte, after time.Duration) {
 	w.Write(stacks)
 	var names []string
 	fmt.Fprintf(w, "\ntestwatch: the test goroutines, each with its state and the frames of this module it is in (innermost first):\n")
-	for _, g := range bytes.Split(stacks, []byte("\n\n")) {
-		e, ok := summarize(string(g))
-		if !ok {
-			continue
-		}
+	for _, e := range tests(stacks) {
 		names = append(names, e.test)
 		fmt.Fprintf(w, "  %s [%s]: %s\n", e.test, e.state, strings.Join(e.frames, " <- "))
 	}
 	fmt.Fprintf(w, "testwatch: running tests: %s\n", strings.Join(names, ", "))
 }
 
+// running names the tests the dump shows running.
+func running(stacks []byte) []string {
+	var names []string
+	for _, e := range tests(stacks) {
+		names = append(names, e.test)
+	}
+	return names
+}
+
 type entry struct {
 	test, state string
 	frames      []string // "pkg.Func file.go:N"
+	runner      bool     // runs a test, a subtest or a test's cleanup
+	parentWait  bool     // a test waiting for its subtests
+	createdBy   string   // the id of the goroutine that started it
 }
 
-// summarize reads one goroutine's block of a dump; ok is false for a
-// goroutine that runs no test.
-func summarize(g string) (entry, bool) {
-	lines := strings.Split(strings.TrimSpace(g), "\n")
-	if len(lines) < 3 || !strings.HasPrefix(lines[0], "goroutine ") || !strings.Contains(g, "testing.tRunner(") ||
-		strings.Contains(g, "\nmain.main()") || strings.HasPrefix(lines[1], "testing.(*T).Run(") {
-		return entry{}, false // no test, TestMain, or a parent waiting for its subtests
+// tests returns the entries of the goroutines that run a test, in the
+// dump's order. One with no test frame of its own (a test's cleanup, say
+// a cluster's close) is named after the test of the goroutine that started
+// it, with " (cleanup or subtest)".
+func tests(stacks []byte) []entry {
+	byID := map[string]entry{}
+	var order []string
+	for _, g := range bytes.Split(stacks, []byte("\n\n")) {
+		id, e := summarize(string(g))
+		if id != "" {
+			byID[id] = e
+			order = append(order, id)
+		}
 	}
+	var out []entry
+	for _, id := range order {
+		e := byID[id]
+		if !e.runner || e.parentWait {
+			continue
+		}
+		if e.test == "" {
+			e.test = "an unnamed test"
+			for p, hops := e.createdBy, 0; p != "" && hops < 8; hops++ {
+				if pe, ok := byID[p]; ok && pe.test != "" {
+					e.test = pe.test + " (cleanup or subtest)"
+					break
+				}
+				p = byID[p].createdBy
+			}
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// createdIn matches the last line pair's "created by F in goroutine N".
+var createdIn = regexp.MustCompile(`in goroutine ([0-9]+)$`)
+
+// summarize reads one goroutine's block of a dump: its id ("" when the
+// block is none) and its entry.
+func summarize(g string) (string, entry) {
+	lines := strings.Split(strings.TrimSpace(g), "\n")
+	if len(lines) < 3 || !strings.HasPrefix(lines[0], "goroutine ") {
+		return "", entry{}
+	}
+	id, _, _ := strings.Cut(strings.TrimPrefix(lines[0], "goroutine "), " ")
 	var e entry
 	if i, j := strings.IndexByte(lines[0], '['), strings.LastIndexByte(lines[0], ']'); i >= 0 && j > i {
 		e.state = lines[0][i+1 : j]
 	}
+	e.runner = strings.Contains(g, "testing.tRunner(") && !strings.Contains(g, "\nmain.main()")
+	e.parentWait = strings.HasPrefix(lines[1], "testing.(*T).Run(")
 	for k := 1; k+1 < len(lines); k += 2 {
 		fn, loc := lines[k], strings.TrimSpace(lines[k+1])
+		if strings.HasPrefix(fn, "created by ") {
+			if m := createdIn.FindStringSubmatch(fn); m != nil {
+				e.createdBy = m[1]
+			}
+			break
+		}
 		if m := testFrame.FindStringSubmatch(fn); m != nil && strings.HasPrefix(fn, module) && e.test == "" {
 			e.test = m[1]
 		}
@@ -150,10 +193,7 @@ func summarize(g string) (entry, bool) {
 		}
 		e.frames = append(e.frames, fn+" "+loc[strings.LastIndexByte(loc, '/')+1:])
 	}
-	if e.test == "" {
-		return entry{}, false
-	}
-	return e, true
+	return id, e
 }
 
 // Within returns what ch brings, failing the test when nothing comes

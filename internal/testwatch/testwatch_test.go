@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -139,5 +140,53 @@ func BenchmarkPastTheTimeout(b *testing.B) {
 	}
 	for b.Loop() {
 		time.Sleep(1500 * time.Millisecond) // the workload: longer than -test.timeout
+	}
+}
+
+// TestACleanupIsNamedAfterItsTest: a goroutine stuck in a test's cleanup
+// has no frame of the test (the cleanup is a method value, say a
+// cluster's close); it is named after the test whose t.Run started it.
+// The watchdog took such a dump for one with no test running, and let
+// Go's timeout end the binary (the CI hang it was written for).
+func TestACleanupIsNamedAfterItsTest(t *testing.T) {
+	const dump = `goroutine 1 [chan receive, 14 minutes]:
+testing.(*T).Run(0xc000179448, {0x176deba, 0x24}, 0x17a3348)
+	/go/src/testing/testing.go:2109 +0xb3e
+testing.runTests.func1(0xc000179448)
+	/go/src/testing/testing.go:2585 +0x85
+testing.tRunner(0xc000179448, 0xc000499928)
+	/go/src/testing/testing.go:2036 +0x21d
+testing.(*M).Run(0xc0001cf220)
+	/go/src/testing/testing.go:2443 +0xf4c
+main.main()
+	_testmain.go:150 +0x172
+
+goroutine 6258 [chan receive, 14 minutes]:
+testing.(*T).Run(0xc0000d2b48, {0xc00195dabc, 0x4}, 0x17a3668)
+	/go/src/testing/testing.go:2109 +0xb3e
+github.com/kvrouter/kvrouter/raftfsm.TestCloseWhileABarrierWaitsForTheFSM(0xc0000d2b48)
+	/w/raftfsm/leader_test.go:125 +0x93
+testing.tRunner(0xc0000d2b48, 0x17a3348)
+	/go/src/testing/testing.go:2036 +0x21d
+created by testing.(*T).Run in goroutine 1
+	/go/src/testing/testing.go:2101 +0xb13
+
+goroutine 6602 [sync.WaitGroup.Wait, 14 minutes]:
+sync.runtime_SemacquireWaitGroup(0xc001efda08?, 0x6b?)
+	/go/src/runtime/sema.go:114 +0x2e
+sync.(*WaitGroup).Wait(0xc001be6308)
+	/go/src/sync/waitgroup.go:206 +0xc5
+github.com/kvrouter/kvrouter/raftfsm.(*Node).close(0xc008cf5a00)
+	/w/raftfsm/node.go:352 +0x5b
+github.com/kvrouter/kvrouter/raftfsm.(*testCluster).close(0xc001949c80)
+	/w/raftfsm/cluster_test.go:158 +0x11f
+testing.(*common).Cleanup.func1()
+	/go/src/testing/testing.go:1317 +0x169
+testing.tRunner(0xc00117cd88, 0x17a3668)
+	/go/src/testing/testing.go:2042 +0x256
+created by testing.(*T).Run in goroutine 6258
+	/go/src/testing/testing.go:2101 +0xb13`
+	if got := running([]byte(dump)); !slices.Equal(got, []string{"TestCloseWhileABarrierWaitsForTheFSM (cleanup or subtest)"}) {
+		t.Fatalf("running = %q", got)
 	}
 }
