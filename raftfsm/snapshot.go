@@ -526,6 +526,16 @@ func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 	if nodeID == "" || len(peers) == 0 {
 		return fmt.Errorf("%w: seeding needs a node id and the peers", ErrInvalid)
 	}
+	// Held while the directory is checked and written: a node started on
+	// it meanwhile would find it empty, and lose what it wrote to fsm/.
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return err
+	}
+	lock, err := lockDataDir(dataDir)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
 	for _, sub := range []string{"fsm", "raft"} {
 		if _, err := os.Stat(filepath.Join(dataDir, sub)); err == nil {
 			return fmt.Errorf("%w: %s already holds state; seed a new, empty directory", ErrInvalid, dataDir)
@@ -542,9 +552,6 @@ func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 		return err
 	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(dataDir, 0o755); err != nil {
 		return err
 	}
 	// The new cluster's member table comes from its own leaders, not from

@@ -29,6 +29,25 @@ endpoints="127.0.0.1:7181,127.0.0.1:7182,127.0.0.1:7183"
 pids=()
 agents=()
 sleeper=""
+# stop_all stops processes: SIGTERM (a script's background jobs ignore
+# SIGINT until they install their own handler, so a node still starting
+# would not hear it), then, past 20 s, SIGKILL.
+stop_all() {
+  for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
+  local deadline=$((SECONDS + 20))
+  for p in "$@"; do
+    while kill -0 "$p" 2>/dev/null; do
+      if [ $SECONDS -gt $deadline ]; then
+        echo "process $p did not stop within 20s: killing it" >&2
+        kill -KILL "$p" 2>/dev/null || true
+        break
+      fi
+      sleep 0.1
+    done
+    wait "$p" 2>/dev/null || true
+  done
+}
+
 # stop ends the run: status 0 on Ctrl-C or SIGTERM (a clean stop), and
 # the script's own status when it ends by itself (a failure stays one).
 stop() {
@@ -37,12 +56,12 @@ stop() {
   echo
   if [ ${#agents[@]} -gt 0 ]; then
     echo "stopping the agents..."
-    for p in "${agents[@]}"; do kill -INT "$p" 2>/dev/null || true; done
-    for p in "${agents[@]}"; do wait "$p" 2>/dev/null || true; done
+    stop_all "${agents[@]}"
   fi
-  echo "stopping the cluster..."
-  for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  if [ ${#pids[@]} -gt 0 ]; then
+    echo "stopping the cluster..."
+    stop_all "${pids[@]}"
+  fi
   [ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null || true
   echo "stopped; data kept in $base/ (rm -rf $base to start afresh)"
   exit "$code"

@@ -115,6 +115,7 @@ type entry struct {
 	frames      []string // "pkg.Func file.go:N"
 	runner      bool     // runs a test, a subtest or a test's cleanup
 	parentWait  bool     // a test waiting for its subtests
+	main        bool     // the main goroutine (TestMain, the test runner)
 	createdBy   string   // the id of the goroutine that started it
 }
 
@@ -139,13 +140,20 @@ func tests(stacks []byte) []entry {
 			continue
 		}
 		if e.test == "" {
-			e.test = "an unnamed test"
+			// The dump does not name a top-level test whose own goroutine
+			// runs its cleanup: the goroutine that started it is the
+			// main one.
+			e.test = "a top-level test's cleanup"
 			for p, hops := e.createdBy, 0; p != "" && hops < 8; hops++ {
-				if pe, ok := byID[p]; ok && pe.test != "" {
+				pe, ok := byID[p]
+				if !ok || pe.main {
+					break
+				}
+				if pe.test != "" {
 					e.test = pe.test + " (cleanup or subtest)"
 					break
 				}
-				p = byID[p].createdBy
+				p = pe.createdBy
 			}
 		}
 		out = append(out, e)
@@ -168,20 +176,31 @@ func summarize(g string) (string, entry) {
 	if i, j := strings.IndexByte(lines[0], '['), strings.LastIndexByte(lines[0], ']'); i >= 0 && j > i {
 		e.state = lines[0][i+1 : j]
 	}
-	e.runner = strings.Contains(g, "testing.tRunner(") && !strings.Contains(g, "\nmain.main()")
+	e.main = strings.Contains(g, "\nmain.main()")
+	e.runner = strings.Contains(g, "testing.tRunner(") && !e.main
 	e.parentWait = strings.HasPrefix(lines[1], "testing.(*T).Run(")
-	for k := 1; k+1 < len(lines); k += 2 {
-		fn, loc := lines[k], strings.TrimSpace(lines[k+1])
+	// A frame is a function line then its tab-indented location line; a
+	// deep stack also holds a "...N frames elided..." line of its own.
+	for k, nth := 1, 0; k < len(lines); k++ {
+		fn := lines[k]
+		if strings.HasPrefix(fn, "\t") || strings.HasPrefix(fn, "...") {
+			continue
+		}
+		loc := ""
+		if k+1 < len(lines) && strings.HasPrefix(lines[k+1], "\t") {
+			loc = strings.TrimSpace(lines[k+1])
+		}
+		nth++
 		if strings.HasPrefix(fn, "created by ") {
 			if m := createdIn.FindStringSubmatch(fn); m != nil {
 				e.createdBy = m[1]
 			}
 			break
 		}
-		if m := testFrame.FindStringSubmatch(fn); m != nil && strings.HasPrefix(fn, module) && e.test == "" {
+		if m := testFrame.FindStringSubmatch(fn); m != nil && strings.HasPrefix(fn, module) && e.test == "" && m[1] != "TestMain" {
 			e.test = m[1]
 		}
-		if !strings.HasPrefix(fn, module) && k > 3 {
+		if !strings.HasPrefix(fn, module) && nth > 2 {
 			continue // the two innermost frames, then only ours
 		}
 		if p := strings.LastIndexByte(fn, '('); p > 0 {

@@ -190,3 +190,42 @@ created by testing.(*T).Run in goroutine 6258
 		t.Fatalf("running = %q", got)
 	}
 }
+
+// TestTopLevelCleanupsAndDeepStacks: the cleanup of a top-level test
+// runs on a goroutine the main one started, whose TestMain frame names no
+// test; a stack deeper than the runtime prints holds an elided-frames
+// line, after which frames still pair with their locations.
+func TestTopLevelCleanupsAndDeepStacks(t *testing.T) {
+	const dump = `goroutine 1 [chan receive]:
+testing.(*T).Run(0xc000179448, {0x176deba, 0x24}, 0x17a3348)
+	/go/src/testing/testing.go:2109 +0xb3e
+github.com/kvrouter/kvrouter/raftfsm.TestMain(0xc0001cf220)
+	/w/raftfsm/cluster_test.go:27 +0x3fc
+main.main()
+	_testmain.go:150 +0x172
+
+goroutine 7 [semacquire]:
+sync.(*WaitGroup).Wait(0xc001be6308)
+	/go/src/sync/waitgroup.go:206 +0xc5
+github.com/kvrouter/kvrouter/raftfsm.(*testCluster).close(0xc001949c80)
+	/w/raftfsm/cluster_test.go:158 +0x11f
+testing.tRunner(0xc00117cd88, 0x17a3668)
+	/go/src/testing/testing.go:2042 +0x256
+created by testing.(*T).Run in goroutine 1
+	/go/src/testing/testing.go:2101 +0xb13
+
+goroutine 9 [chan receive]:
+github.com/kvrouter/kvrouter/raftfsm.deep(0x1)
+	/w/raftfsm/x_test.go:5 +0x1
+...additional frames elided...
+github.com/kvrouter/kvrouter/raftfsm.TestDeep(0xc0000d2b48)
+	/w/raftfsm/x_test.go:9 +0x93
+testing.tRunner(0xc0000d2b48, 0x17a3348)
+	/go/src/testing/testing.go:2036 +0x21d
+created by testing.(*T).Run in goroutine 1
+	/go/src/testing/testing.go:2101 +0xb13`
+	want := []string{"a top-level test's cleanup", "TestDeep"}
+	if got := running([]byte(dump)); !slices.Equal(got, want) {
+		t.Fatalf("running = %q, want %q", got, want)
+	}
+}
