@@ -637,18 +637,15 @@ func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 	}
 	f := n.raft.Apply(data, timeout)
 	if err := n.await(ctx, f); err != nil {
-		// A lost leadership: the entry may still commit under the next
-		// leader, and every command is safe to retry. An enqueue timeout:
-		// nothing was written.
-		if rerr := n.raftError(err); rerr != err {
-			return nil, rerr
-		}
-		if errors.Is(err, ctx.Err()) {
+		if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
 			// Proposed, not yet applied: it may still commit, and
 			// retrying is safe.
 			return nil, fmt.Errorf("raft apply: waiting for the entry to apply: %w", err)
 		}
-		return nil, fmt.Errorf("raft apply: %w", err)
+		// A lost leadership: the entry may still commit under the next
+		// leader, and every command is safe to retry. An enqueue timeout:
+		// nothing was written.
+		return nil, fmt.Errorf("raft apply: %w", n.raftError(err))
 	}
 	if err, ok := f.Response().(error); ok && err != nil {
 		return nil, err
