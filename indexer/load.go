@@ -286,6 +286,15 @@ func (l *Loader) adoptTree(ix *Index) {
 }
 
 func (l *Loader) build(ix *Index) error {
+	// A held orphan is checked as a dump's is (RankDump.validate): one of
+	// an unknown tier would load and then fail the apply that adopts it.
+	for _, lr := range l.ranks {
+		for _, o := range lr.meta.Orphans {
+			if !o.Tier.Valid() || len(o.Blocks) == 0 {
+				return fmt.Errorf("%w: rank %v holds an orphan of tier %d with %d blocks", ErrBadDump, lr.meta.Rank, o.Tier, len(o.Blocks))
+			}
+		}
+	}
 	l.LinkNodes()
 	if l.linkErr != nil {
 		return l.linkErr

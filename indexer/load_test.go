@@ -519,3 +519,26 @@ func TestTakeAddsEveryCounter(t *testing.T) {
 		t.Fatalf("after Take: counters %+v (want %+v), the taken index keeps %+v", ix.counters, want, o.counters)
 	}
 }
+
+// TestLoaderRefusesABadOrphan: held orphans come from the state database
+// or a restored snapshot, outside bytes; one of an unknown tier (or with
+// no blocks) is refused as a dump's is, and the index is left empty,
+// instead of loading and failing the apply that later adopts it.
+func TestLoaderRefusesABadOrphan(t *testing.T) {
+	for _, o := range []DumpOrphan{
+		{Tier: kvevent.Tier(7), Parent: 1, Blocks: chain(2)},
+		{Tier: host, Parent: 1},
+	} {
+		ix := New(Config{})
+		mustApply(t, ix, stored(rk1, dev, chain(9)))
+		l := NewLoader(0, 0)
+		l.AddRank(RankMeta{Rank: rk1, Orphans: []DumpOrphan{o}})
+		if err := l.Finish(ix); !errors.Is(err, ErrBadDump) {
+			t.Fatalf("orphan %+v: Finish = %v, want ErrBadDump", o, err)
+		}
+		if st := ix.Stats(); st.Entries != 0 || st.Nodes != 0 {
+			t.Fatalf("orphan %+v: a refused load left %+v", o, st)
+		}
+		mustApply(t, ix, stored(rk1, dev, chain(1))) // the parent a bad orphan would wait for
+	}
+}

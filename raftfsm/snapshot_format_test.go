@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/store"
 )
 
@@ -260,5 +262,24 @@ func TestSeedDataDirChecksTheStream(t *testing.T) {
 	defer g.Close()
 	if g.Digest() != f.Digest() {
 		t.Fatalf("seeded digest %#x, want %#x", g.Digest(), f.Digest())
+	}
+}
+
+// TestRestoreRefusesABadOrphan: a rank's held orphan of an unknown tier
+// is refused at restore (ErrBadSnapshot, state unchanged); loaded, it
+// would have failed the apply that later adopts it, on every replica.
+func TestRestoreRefusesABadOrphan(t *testing.T) {
+	var e enc
+	encodeRankMeta(&e, &indexer.RankMeta{Orphans: []indexer.DumpOrphan{{Tier: kvevent.Tier(7), Parent: 1, Blocks: []kvevent.Block{{EngineHash: 2, LocalHash: 3}}}}})
+	k := binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint64([]byte{store.KindRank}, 1), 0)
+	stream := buildStream(snapshotVersion, []rec{{k: k, v: e.b}}, map[byte]uint64{}, map[byte]uint64{store.KindRank: 1})
+	g := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer g.Close()
+	before := g.Digest()
+	if err := g.Restore(nopCloser{bytes.NewReader(stream)}); !errors.Is(err, ErrBadSnapshot) {
+		t.Fatalf("restore of a bad orphan: %v, want ErrBadSnapshot", err)
+	}
+	if g.Digest() != before {
+		t.Fatal("a refused restore changed the state")
 	}
 }
