@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -135,7 +136,7 @@ func New(cfg Config) (*Agent, error) {
 		reg = prometheus.NewRegistry()
 	}
 	a.resets = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_rank_clears_total",
-		Help: "Ranks cleared on the router because the engine restarted or its stream lost batches."}, []string{"reason"})
+		Help: "Ranks cleared on the router: the engine restarted (engine_restart) or reset its cache (engine_cleared, on ranks with offload pools), or its stream lost batches."}, []string{"reason"})
 	a.pubErrs = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvagent_publish_errors_total",
 		Help: "Engine batches the publisher refused (the rank is resynced)."})
 	for _, c := range []prometheus.Collector{a.resets, a.pubErrs} {
@@ -241,6 +242,13 @@ func (a *Agent) Close() error { return a.pub.Close() }
 
 // Events publishes one engine batch of rank r and applies it to the
 // mirror (enginesub.Sink).
+//
+// An engine's clear (vLLM's AllBlocksCleared, on a prefix-cache reset)
+// empties the engine's own cache, not the agent's offload pools: on a
+// rank with pools it is done as the agent's own clears are (clearLocked),
+// which keeps the pools' blocks here and on the router. Published as it
+// came, it would drop them from both for good: nothing stores them again
+// while the pools hold them.
 func (a *Agent) Events(r kvevent.Rank, _ uint64, evs []kvevent.Event) error {
 	if len(evs) == 0 {
 		return nil
@@ -248,11 +256,28 @@ func (a *Agent) Events(r kvevent.Rank, _ uint64, evs []kvevent.Event) error {
 	cp := cloneEvents(evs, r)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if _, err := a.pub.Publish(r, cp); err != nil {
-		a.pubErrs.Inc()
-		return fmt.Errorf("publish rank %v: %w", r, err)
+	for len(cp) > 0 {
+		part := cp
+		i := -1
+		if a.offloaded[r] != 0 {
+			i = slices.IndexFunc(cp, func(e kvevent.Event) bool { return e.Kind == kvevent.KindCleared })
+		}
+		if i >= 0 {
+			part = cp[:i]
+		}
+		if len(part) > 0 {
+			if _, err := a.pub.Publish(r, part); err != nil {
+				a.pubErrs.Inc()
+				return fmt.Errorf("publish rank %v: %w", r, err)
+			}
+			a.mirror.ApplyBatch(part, time.Now().UnixNano())
+		}
+		if i < 0 {
+			return nil
+		}
+		a.clearLocked(r, "engine_cleared")
+		cp = cp[i+1:]
 	}
-	a.mirror.ApplyBatch(cp, time.Now().UnixNano())
 	return nil
 }
 
@@ -268,10 +293,19 @@ func (a *Agent) Resync(r kvevent.Rank, reason enginesub.Reason) { a.clear(r, str
 // replaces its state after the clear (a dump, not events, because a pool
 // may hold more blocks than the replay buffer).
 func (a *Agent) clear(r kvevent.Rank, reason string) {
-	a.resets.WithLabelValues(reason).Inc()
-	a.log.Warn("clearing the rank on the router", "rank", r, "reason", reason)
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.clearLocked(r, reason)
+}
+
+// clearLocked is clear with a.mu held.
+func (a *Agent) clearLocked(r kvevent.Rank, reason string) {
+	a.resets.WithLabelValues(reason).Inc()
+	level := slog.LevelWarn
+	if reason == "engine_cleared" {
+		level = slog.LevelInfo // the engine was asked to reset its cache
+	}
+	a.log.Log(context.Background(), level, "clearing the rank on the router", "rank", r, "reason", reason)
 	keep := a.offloadedLocked(r)
 	a.mirror.RemoveRank(r)
 	ev := []kvevent.Event{{Rank: r, Kind: kvevent.KindCleared}}

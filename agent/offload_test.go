@@ -299,6 +299,51 @@ func TestEngineResetKeepsOffloadedBlocksOnTheRouter(t *testing.T) {
 	waitFor(t, "a new G2 block after the reset", func() bool { return tierBlocks(r, kvevent.TierHostPinned) == 4 })
 }
 
+// TestEngineClearKeepsOffloadedBlocks: an engine's AllBlocksCleared (a
+// prefix-cache reset) empties the engine's tier only, here and on the
+// router; the G2 pool's blocks stay in both (a dump of the rank is built
+// from the agent's copy), and what the engine stores after the clear, in
+// the same batch, lands.
+func TestEngineClearKeepsOffloadedBlocks(t *testing.T) {
+	r := startRouter(t)
+	a, _ := startAgent(t, r)
+	be, err := backend.NewHost()
+	must(t, err)
+	defer be.Close()
+	host, err := pool.NewHost(be, pool.Config{Rank: rank, Capacity: 8, BlockSize: blockBytes, Sink: a, Logger: quiet})
+	must(t, err)
+	defer host.Close()
+
+	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3, 4)}))
+	for h := uint64(1); h <= 3; h++ {
+		must(t, host.Register(pool.Block{Hash: h, Parent: h - 1, Local: 1000 + h}, make([]byte, blockBytes)))
+	}
+	waitFor(t, "device and host blocks on the router", func() bool {
+		return tierBlocks(r, kvevent.TierDevice) == 4 && tierBlocks(r, kvevent.TierHostPinned) == 3
+	})
+	must(t, a.Events(rank, 1, []kvevent.Event{{Kind: kvevent.KindCleared}, storedChain(0, 20, 21)}))
+	waitFor(t, "the engine's clear to drop only its own blocks", func() bool {
+		return tierBlocks(r, kvevent.TierDevice) == 2 && tierBlocks(r, kvevent.TierHostPinned) == 3 && matched(r, 4) == 3
+	})
+	caughtUp(t, r, a)
+	if st := host.Stats(); st.Used != 3 {
+		t.Fatalf("host pool holds %d blocks, want 3", st.Used)
+	}
+	evs, _ := a.dump(rank)
+	var dev, hostBlocks int
+	for _, e := range evs {
+		switch e.Tier {
+		case kvevent.TierDevice:
+			dev += len(e.Blocks)
+		case kvevent.TierHostPinned:
+			hostBlocks += len(e.Blocks)
+		}
+	}
+	if dev != 2 || hostBlocks != 3 {
+		t.Fatalf("the agent's copy of the rank holds %d device and %d host blocks after the clear, want 2 and 3", dev, hostBlocks)
+	}
+}
+
 // TestPublishRefusesARankTheAgentDoesNotFollow: a pool configured for the
 // wrong rank gets an error (counted by the pool), not a silent publish.
 func TestPublishRefusesARankTheAgentDoesNotFollow(t *testing.T) {
