@@ -163,7 +163,9 @@ type Backend interface {
 
 	// CopyBatchAsync queues many copies on s as CopyAsync does, in order, for
 	// the cost of one call. It checks every copy first and queues none if any
-	// is invalid, so a batch is queued whole or not at all.
+	// is invalid. If the driver then fails one, it waits for those queued
+	// before it: on any error, no copy of the batch is still running when it
+	// returns, so the caller may give the batch's buffers back at once.
 	CopyBatchAsync(s Stream, copies []Copy) error
 
 	// SynchronizeStream blocks until every copy queued on s has finished.

@@ -350,8 +350,9 @@ func (c *CUDA) CopyAsync(s Stream, dst, src Ptr, n int) error {
 }
 
 // CopyBatchAsync queues the copies under one context switch. Every copy is
-// checked before any is queued; a driver error part-way leaves the copies
-// before it queued, and says how many.
+// checked before any is queued; after a driver error part-way it waits for
+// the copies queued before it (cuStreamSynchronize), so that none is still
+// running when the caller gives the failed batch's buffers back.
 func (c *CUDA) CopyBatchAsync(s Stream, copies []Copy) error {
 	return c.copyBatch(s, copies, make([]resolved, 0, len(copies)))
 }
@@ -390,7 +391,11 @@ func (c *CUDA) copyBatch(s Stream, copies []Copy, buf []resolved) error {
 			op, r = "cuMemcpyAsync", d.cuMemcpyAsync(uint64(dst), uint64(src), n, cs.h)
 		}
 		if err := d.check(op, r); err != nil {
-			return fmt.Errorf("copy %d of %d (%d queued): %w", i, len(rs), i, err)
+			err = fmt.Errorf("copy %d of %d (%d queued): %w", i, len(rs), i, err)
+			if i > 0 {
+				err = errors.Join(err, d.check("cuStreamSynchronize", d.cuStreamSynchronize(cs.h)))
+			}
+			return err
 		}
 	}
 	return nil

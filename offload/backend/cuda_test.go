@@ -1,6 +1,7 @@
 package backend_test
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"strings"
@@ -118,5 +119,33 @@ func TestParseKind(t *testing.T) {
 	}
 	if _, err := backend.ParseKind("rocm"); !errors.Is(err, backend.ErrInvalidArgument) {
 		t.Errorf("ParseKind(rocm): err = %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestCUDAFailedBatchLeavesNoCopyRunning: when the driver fails a copy
+// part-way through a batch, the copies queued before it have finished by
+// the time CopyBatchAsync returns its error: the callers give a failed
+// batch's buffers back at once, and a copy landing later would write into
+// memory that is someone else's by then. (The fake driver runs queued
+// copies only at a synchronisation and fails a copy of 4099 bytes.)
+func TestCUDAFailedBatchLeavesNoCopyRunning(t *testing.T) {
+	lib := fakeOrSkip(t)
+	be := mustOpen(t, "cuda-fake:"+lib)
+	h := must(be.AllocHost(1 << 16)).ok(t)
+	s := must(be.NewStream()).ok(t)
+	buf := h.Bytes()
+	for i := range 4096 {
+		buf[i] = 0xAB
+	}
+	err := be.CopyBatchAsync(s, []backend.Copy{
+		{Dst: h.At(16384), Src: h.At(0), N: 4096},
+		{Dst: h.At(32768), Src: h.At(8192), N: 4099},
+	})
+	var ce *backend.CUDAError
+	if !errors.As(err, &ce) || ce.Name != "CUDA_ERROR_LAUNCH_FAILED" {
+		t.Fatalf("err = %v, want the second copy's CUDA_ERROR_LAUNCH_FAILED", err)
+	}
+	if got := buf[16384 : 16384+4096]; !bytes.Equal(got, bytes.Repeat([]byte{0xAB}, 4096)) {
+		t.Fatalf("the copy queued before the failure had not run when the batch's error returned (byte 0 is %#x)", got[0])
 	}
 }

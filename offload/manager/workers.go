@@ -41,7 +41,7 @@ func newCopier(be backend.Backend, stream, stage bool, stageBytes int) (*copier,
 // error, so the buffers may be reused or given back.
 func (c *copier) run(copies []backend.Copy) error {
 	if err := c.be.CopyBatchAsync(c.s, copies); err != nil {
-		return err // a batch is queued whole or not at all
+		return err // a failed batch leaves no copy of it running
 	}
 	err := c.be.Record(c.e, c.s)
 	if err == nil {

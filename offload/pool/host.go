@@ -180,7 +180,7 @@ func (p *HostPool) RegisterFrom(s backend.Stream, e backend.Event, blocks []Bloc
 // whatever was queued, so the slots can be given back.
 func (p *HostPool) copyIn(s backend.Stream, e backend.Event, copies []backend.Copy) error {
 	if err := p.be.CopyBatchAsync(s, copies); err != nil {
-		return err // a batch is queued whole or not at all
+		return err // a failed batch leaves no copy of it running
 	}
 	err := p.be.Record(e, s)
 	if err == nil {

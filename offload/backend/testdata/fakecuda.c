@@ -13,6 +13,10 @@
 //
 // Environment: FAKECUDA_NO_DEVICE=1 makes cuInit fail with
 // CUDA_ERROR_NO_DEVICE.
+//
+// A copy of exactly FAIL_COPY_BYTES (4099) bytes fails with
+// CUDA_ERROR_LAUNCH_FAILED: the tests' way to fail one copy part-way
+// through a batch.
 
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -44,7 +48,10 @@ enum {
   INVALID_CONTEXT = 201,
   INVALID_HANDLE = 400,
   NOT_READY = 600,
+  LAUNCH_FAILED = 719,
 };
+
+#define FAIL_COPY_BYTES 4099
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int initialized;
@@ -345,6 +352,7 @@ CUresult cuStreamSynchronize(CUstream s) {
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
   LOCK();
   NEED_CTX();
+  if (n == FAIL_COPY_BYTES) RET(LAUNCH_FAILED);
   if (!inside((uintptr_t)dst, n, 0) || !inside((uintptr_t)src, n, 1)) RET(INVALID_VALUE);
   RET(enqueue(s, dst, (const void *)(uintptr_t)src, n));
 }
@@ -352,6 +360,7 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
   LOCK();
   NEED_CTX();
+  if (n == FAIL_COPY_BYTES) RET(LAUNCH_FAILED);
   if (!inside((uintptr_t)dst, n, 1) || !inside((uintptr_t)src, n, 0)) RET(INVALID_VALUE);
   RET(enqueue(s, (void *)(uintptr_t)dst, src, n));
 }
@@ -359,6 +368,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstre
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
   LOCK();
   NEED_CTX();
+  if (n == FAIL_COPY_BYTES) RET(LAUNCH_FAILED);
   if (!inside((uintptr_t)dst, n, 1) || !inside((uintptr_t)src, n, 1)) RET(INVALID_VALUE);
   RET(enqueue(s, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n));
 }
@@ -366,6 +376,7 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstre
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
   LOCK();
   NEED_CTX();
+  if (n == FAIL_COPY_BYTES) RET(LAUNCH_FAILED);
   if (!inside((uintptr_t)dst, n, -1) || !inside((uintptr_t)src, n, -1)) RET(INVALID_VALUE);
   RET(enqueue(s, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n));
 }
@@ -493,6 +504,7 @@ static CUresult describe(CUresult code, const char **p, int which) {
     case INVALID_CONTEXT: *p = which ? "invalid device context" : "CUDA_ERROR_INVALID_CONTEXT"; return SUCCESS;
     case INVALID_HANDLE: *p = which ? "invalid resource handle" : "CUDA_ERROR_INVALID_HANDLE"; return SUCCESS;
     case NOT_READY: *p = which ? "device not ready" : "CUDA_ERROR_NOT_READY"; return SUCCESS;
+    case LAUNCH_FAILED: *p = which ? "unspecified launch failure" : "CUDA_ERROR_LAUNCH_FAILED"; return SUCCESS;
   }
   *p = NULL;
   return INVALID_VALUE;
