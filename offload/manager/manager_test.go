@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -400,7 +401,7 @@ func TestMetricsFollowStatsAndAreUnregisteredByClose(t *testing.T) {
 	check(t, err)
 	var blocks float64
 	for _, f := range fams {
-		if !strings.HasPrefix(f.GetName(), "kvagent_offload_") {
+		if !strings.HasPrefix(f.GetName(), "kvagent_offload_") && f.GetName() != "kvagent_onboard_blocks_total" {
 			t.Errorf("metric %s lacks the kvagent_offload_ prefix", f.GetName())
 		}
 		for _, mt := range f.GetMetric() {
@@ -408,8 +409,12 @@ func TestMetricsFollowStatsAndAreUnregisteredByClose(t *testing.T) {
 			for _, l := range mt.GetLabel() {
 				labels[l.GetName()] = l.GetValue()
 			}
-			if labels["rank"] != rank.String() {
-				t.Errorf("%s has rank %q, want %q", f.GetName(), labels["rank"], rank)
+			// The labels metrics.md names for a rank, as enginesub's.
+			if w, dp := labels["worker"], labels["dp_rank"]; w != fmt.Sprint(rank.Worker) || dp != fmt.Sprint(rank.DP) {
+				t.Errorf("%s has worker %q dp_rank %q, want rank %v", f.GetName(), w, dp, rank)
+			}
+			if f.GetName() == "kvagent_onboard_blocks_total" && labels["to"] != "device" {
+				t.Errorf("kvagent_onboard_blocks_total has to=%q, want device", labels["to"])
 			}
 			if f.GetName() == "kvagent_offload_blocks_total" && labels["from"] == "device" && labels["to"] == "host" {
 				blocks = mt.GetCounter().GetValue()

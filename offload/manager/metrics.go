@@ -1,6 +1,8 @@
 package manager
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -8,7 +10,8 @@ import (
 // in one place (Manager.stats, under its lock); only the two latency
 // histograms are observed on the hot path.
 //
-// Families (all labelled rank; from and to are tiers: device, host, disk):
+// Families (all labelled worker and dp_rank; from and to are tiers:
+// device, host, disk):
 //
 //	kvagent_offload_queue_depth{from,to}             blocks queued
 //	kvagent_offload_inflight_blocks{from,to}         blocks being copied
@@ -20,7 +23,7 @@ import (
 //	kvagent_offload_requests_ignored_total{reason}   invalid|no_priority|duplicate|cold
 //	kvagent_offload_filter_hashes                    hashes the frequency filter tracks
 //	kvagent_offload_onboard_calls_total
-//	kvagent_offload_onboard_blocks_total{from}       blocks loaded into G1, by source tier
+//	kvagent_onboard_blocks_total{from,to}            blocks loaded into G1 (to=device), by source tier
 //	kvagent_offload_onboard_failures_total{reason}   not_found|timeout|canceled|error
 //	kvagent_offload_onboard_late_writes_total        copies into G1 that outlived their Onboard
 //	kvagent_offload_onboard_duration_seconds         one Onboard call
@@ -38,7 +41,7 @@ type metrics struct {
 }
 
 func newMetrics(m *Manager) *metrics {
-	labels := prometheus.Labels{"rank": m.cfg.Rank.String()}
+	labels := prometheus.Labels{"worker": strconv.FormatUint(m.cfg.Rank.Worker, 10), "dp_rank": strconv.FormatUint(uint64(m.cfg.Rank.DP), 10)}
 	d := func(name, help string, vars ...string) *prometheus.Desc {
 		return prometheus.NewDesc("kvagent_offload_"+name, help, vars, labels)
 	}
@@ -53,7 +56,7 @@ func newMetrics(m *Manager) *metrics {
 		ignored:    d("requests_ignored_total", "Offload requests not queued, by reason.", "reason"),
 		tracked:    d("filter_hashes", "Block hashes the frequency filter counts."),
 		onCalls:    d("onboard_calls_total", "Onboard calls."),
-		onBlocks:   d("onboard_blocks_total", "Blocks loaded into G1, by the tier they came from.", "from"),
+		onBlocks:   prometheus.NewDesc("kvagent_onboard_blocks_total", "Blocks loaded into G1 (to=device), by the tier they came from.", []string{"from", "to"}, labels),
 		onFailures: d("onboard_failures_total", "Blocks an Onboard did not load, by reason.", "reason"),
 		onLate:     d("onboard_late_writes_total", "Copies into G1 still running when their Onboard gave up."),
 		copyVec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -116,8 +119,8 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	g(x.tracked, s.Tracked)
 	o := s.Onboard
 	n(x.onCalls, o.Calls)
-	n(x.onBlocks, o.FromHost, "host")
-	n(x.onBlocks, o.FromDisk, "disk")
+	n(x.onBlocks, o.FromHost, "host", "device")
+	n(x.onBlocks, o.FromDisk, "disk", "device")
 	n(x.onFailures, o.NotFound, NotFound.String())
 	n(x.onFailures, o.TimedOut, TimedOut.String())
 	n(x.onFailures, o.Canceled, Canceled.String())

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"fmt"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -16,7 +17,8 @@ type collector struct {
 }
 
 func newCollector(c *core) *collector {
-	labels := prometheus.Labels{"tier": c.tier.String(), "rank": c.cfg.Rank.String()}
+	labels := prometheus.Labels{"tier": c.tier.String(),
+		"worker": strconv.FormatUint(c.cfg.Rank.Worker, 10), "dp_rank": strconv.FormatUint(uint64(c.cfg.Rank.DP), 10)}
 	d := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc("kvagent_pool_"+name, help, nil, labels)
 	}
@@ -24,7 +26,7 @@ func newCollector(c *core) *collector {
 		c:             c,
 		capacity:      d("capacity_blocks", "Blocks the offload pool can hold."),
 		bytes:         d("block_bytes", "Size of one block of the offload pool."),
-		used:          d("used_blocks", "Blocks held by the offload pool, including those being written."),
+		used:          d("blocks", "Blocks held by the offload pool, including those being written."),
 		pending:       d("pending_blocks", "Blocks of the offload pool whose bytes are being written."),
 		referenced:    d("referenced_blocks", "Blocks of the offload pool acquired by a reader."),
 		inactive:      d("inactive_blocks", "Written, unreferenced blocks of the offload pool (reusable by hash)."),

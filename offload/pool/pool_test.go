@@ -414,12 +414,12 @@ func TestMetricsFollowTheStats(t *testing.T) {
 	_, _ = p.Acquire(9)
 	got := gather(t, reg)
 	for name, want := range map[string]float64{
-		`kvagent_pool_evictions_total{rank="7/1",tier="host"}`: 1,
-		`kvagent_pool_evictions_total{rank="7/1",tier="disk"}`: 0,
-		`kvagent_pool_misses_total{rank="7/1",tier="host"}`:    1,
-		`kvagent_pool_used_blocks{rank="7/1",tier="host"}`:     2,
-		`kvagent_pool_used_blocks{rank="7/1",tier="disk"}`:     0,
-		`kvagent_pool_capacity_blocks{rank="7/1",tier="disk"}`: 2,
+		`kvagent_pool_evictions_total{dp_rank="1",tier="host",worker="7"}`: 1,
+		`kvagent_pool_evictions_total{dp_rank="1",tier="disk",worker="7"}`: 0,
+		`kvagent_pool_misses_total{dp_rank="1",tier="host",worker="7"}`:    1,
+		`kvagent_pool_blocks{dp_rank="1",tier="host",worker="7"}`:          2,
+		`kvagent_pool_blocks{dp_rank="1",tier="disk",worker="7"}`:          0,
+		`kvagent_pool_capacity_blocks{dp_rank="1",tier="disk",worker="7"}`: 2,
 	} {
 		if v, ok := got[name]; !ok || v != want {
 			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
