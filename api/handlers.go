@@ -204,7 +204,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 		// The rank comes from the batch: an ack answers its batch by position.
 		rank := batches[i].Rank
 		out.Acks[i] = Ack{WorkerID: rank.Worker, DPRank: rank.DP,
-			Cursor: a.Cursor, Applied: a.Applied, Dups: a.Dups, Gap: a.Gap}
+			Cursor: a.Cursor, Applied: a.Applied, Dups: a.Dups, Gap: a.Gap, Resync: a.Resync}
 	}
 	return reply(w, http.StatusOK, out)
 }

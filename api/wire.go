@@ -436,12 +436,15 @@ type Ack struct {
 	// Gap: the batch started above cursor+1 and nothing past the gap was
 	// applied; resend from cursor+1, or dump the rank.
 	Gap bool `json:"gap"`
+	// Resync: the rank lost events the cluster held for it (orphans past
+	// their bounds); send a dump of the rank.
+	Resync bool `json:"resync,omitempty"`
 }
 
 // RankAck returns a in the node's form.
 func (a Ack) RankAck() raftfsm.RankAck {
 	return raftfsm.RankAck{Rank: kvevent.Rank{Worker: a.WorkerID, DP: a.DPRank},
-		Cursor: a.Cursor, Applied: a.Applied, Dups: a.Dups, Gap: a.Gap}
+		Cursor: a.Cursor, Applied: a.Applied, Dups: a.Dups, Gap: a.Gap, Resync: a.Resync}
 }
 
 // EventsResponse is the body answering POST /v1/events: one ack per batch,

@@ -117,6 +117,40 @@ func TestBufferOverflowHealsWithADump(t *testing.T) {
 	}
 }
 
+// TestRouterAskedResyncHealsWithADump: a rank whose held orphans overflow
+// the router's bound loses events; the ack says so (Resync) and the
+// publisher answers with a dump of the rank, which replaces its state
+// and clears the flag (semantics.md §3: "request a resync of that rank").
+func TestRouterAskedResyncHealsWithADump(t *testing.T) {
+	c := newTestCluster(t, 1)
+	c.leader()
+	o := newOwner(3)
+	p, err := NewPublisher(PublisherConfig{Conn: connect(t, c.url(0)), Dump: o.dump, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	o.pub = p
+	r := kvevent.Rank{Worker: 9, DP: 0}
+	ctx := ctxT(t)
+	for range 20 {
+		o.step(ctx, t, r)
+	}
+	o.orphans(ctx, t, r, 100) // the router holds 64 (indexer.Config's default)
+	checkIndexMatches(t, c, o, p)
+	waitFor(t, 15*time.Second, "the dump the router asked for", func() bool {
+		st := c.nodes[0].IndexStats()
+		return st.NeedResync == 0 && st.OrphanEvents == 0
+	})
+	if val(p.m.dumps) == 0 {
+		t.Fatal("no dump was sent")
+	}
+	if got := val(p.m.resends.WithLabelValues("router")); got == 0 {
+		t.Fatal("kvagent_events_resyncs_total{reason=router} did not count the router's ask")
+	}
+	checkIndexMatches(t, c, o, p)
+}
+
 func TestFullBufferRefusesWithoutTakingIDs(t *testing.T) {
 	nc := connectNowhere(t)
 	p, err := NewPublisher(PublisherConfig{Conn: nc, BufferEvents: 2, Logger: quiet})

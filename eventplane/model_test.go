@@ -76,6 +76,26 @@ func (o *owner) step(ctx context.Context, t testing.TB, r kvevent.Rank) {
 	}
 }
 
+// orphans publishes n stores on rank r whose parent the router never
+// learns, which the owner does not keep (its engine has since dropped
+// them): the router holds them as orphans, past its bound drops the
+// oldest, and must ask for a dump of the rank.
+func (o *owner) orphans(ctx context.Context, t testing.TB, r kvevent.Rank, n int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	or := o.rank(r)
+	for range n {
+		o.hash++
+		ev := kvevent.Event{Kind: kvevent.KindStored, Tier: kvevent.TierDevice, Parent: 1<<63 | o.hash, HasParent: true,
+			Blocks: []kvevent.Block{{EngineHash: o.hash, LocalHash: o.hash*0x9e3779b97f4a7c15 | 1}}}
+		id, err := o.pub.PublishWait(ctx, r, []kvevent.Event{ev})
+		if err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		or.last = id
+	}
+}
+
 // dump is the publisher's DumpFunc.
 func (o *owner) dump(r kvevent.Rank) ([]kvevent.Event, uint64) {
 	o.mu.Lock()

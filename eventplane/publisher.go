@@ -159,7 +159,7 @@ func newPublisherMetrics(reg prometheus.Registerer) publisherMetrics {
 		requests:  c("kvagent_events_requests_total", "Event requests sent to the router."),
 		retries:   c("kvagent_events_request_retries_total", "Event requests that failed (timeout, no leader, error) and were resent."),
 		resends: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_events_resyncs_total",
-			Help: "Gaps reported by the router, by how they heal (replay from the buffer, dump)."}, []string{"reason"}),
+			Help: "Gaps reported by the router, by how they heal (replay from the buffer, dump), and dumps the router asked for (router: it dropped events it could not place)."}, []string{"reason"}),
 		buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvagent_events_buffered",
 			Help: "Events in the replay buffers, unacknowledged."}),
 	}
@@ -437,6 +437,12 @@ func (p *Publisher) sendEvents(data []byte) bool {
 		}
 		b.acked = a.Cursor
 		freed += b.trim(a.Cursor)
+		if a.Resync && !b.needDump {
+			// The router dropped events of this rank it could not place
+			// (orphans past its bounds): only a dump makes it whole.
+			p.m.resends.WithLabelValues("router").Inc()
+			b.askDump()
+		}
 		if a.Gap {
 			pend := b.pending()
 			if len(pend) > 0 && pend[0].EventID == a.Cursor+1 {

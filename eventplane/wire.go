@@ -26,6 +26,12 @@ const (
 	msgDumpOK = 5 // reply: the dump is committed
 )
 
+// Flags of an ack (one byte; older publishers know only ackGap).
+const (
+	ackGap    = 1 << 0 // RankAck.Gap
+	ackResync = 1 << 1 // RankAck.Resync
+)
+
 // Error codes of an error reply.
 const (
 	codeNotLeader = 1 // this node does not lead (any more): resend
@@ -138,11 +144,14 @@ func appendAcks(dst []byte, acks []raftfsm.RankAck) []byte {
 		w.uv(a.Cursor)
 		w.uv(uint64(a.Applied))
 		w.uv(uint64(a.Dups))
+		var flags byte
 		if a.Gap {
-			w.byte1(1)
-		} else {
-			w.byte1(0)
+			flags |= ackGap
 		}
+		if a.Resync {
+			flags |= ackResync
+		}
+		w.byte1(flags)
 	}
 	return w.b
 }
@@ -393,13 +402,11 @@ func decodeReply(b []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
 				r.fail("ack counts")
 			}
 			a.Applied, a.Dups = int(applied), int(dups)
-			switch r.byte1() {
-			case 0:
-			case 1:
-				a.Gap = true
-			default:
-				r.fail("bad gap flag")
+			flags := r.byte1()
+			if flags&^(ackGap|ackResync) != 0 {
+				r.fail("bad ack flags %#x", flags)
 			}
+			a.Gap, a.Resync = flags&ackGap != 0, flags&ackResync != 0
 			acks = append(acks, a)
 		}
 	case t == msgDumpOK:

@@ -91,6 +91,15 @@ func (ix *Index) NeedsResync() []kvevent.Rank {
 	return out
 }
 
+// RankNeedsResync reports whether rank r lost held events (NeedsResync
+// lists every such rank): the apply path's per-batch question.
+func (ix *Index) RankNeedsResync(r kvevent.Rank) bool {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	rs := ix.rankFor(r, false)
+	return rs != nil && rs.needsResync
+}
+
 // Ranks returns every rank with state, sorted.
 func (ix *Index) Ranks() []kvevent.Rank {
 	ix.mu.RLock()

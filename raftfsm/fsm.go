@@ -600,6 +600,7 @@ func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
 		f.setCursor(rb.Rank, cur)
 	}
 	ack.Cursor = cur
+	ack.Resync = f.ix.RankNeedsResync(rb.Rank)
 	return ack
 }
 

@@ -61,6 +61,10 @@ type RankAck struct {
 	// Cursor+1: nothing past the gap was applied; resend from Cursor+1, or
 	// send a full dump of the rank.
 	Gap bool `json:"gap"`
+	// Resync is set when the rank lost events it held (an orphan store
+	// dropped past its bound or age, semantics.md §3) and no dump has
+	// replaced its state since: send a full dump of the rank.
+	Resync bool `json:"resync,omitempty"`
 }
 
 // Booking is a routed request's load booking (semantics.md §6).
