@@ -456,7 +456,9 @@ func (f *FSM) restoreFrom(r io.Reader) error {
 	defer f.dbMu.Unlock()
 	f.dropGroup() // changes to the state the stream replaces
 	if err := f.db.Close(); err != nil {
-		return fmt.Errorf("restore: close state db: %w", err)
+		// Closed all the same (StateDB.Close), and its contents are being
+		// replaced: returning here would leave the FSM on a closed database.
+		f.logger.Warn("restore: closing the state database failed; replacing it anyway", "err", err)
 	}
 	parent := filepath.Dir(f.dir)
 	steps := []func() error{

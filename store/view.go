@@ -145,6 +145,10 @@ var (
 // its iterator and first using it.
 var viewReaderOpened func()
 
+// viewIterForgotten, when set (tests), runs in a reader that is done with
+// its part, between forgetting its iterator and closing it.
+var viewIterForgotten func()
+
 // Each calls fn for every record of the view in key order (the full key,
 // kind byte first), on the caller's goroutine. The slices are valid only
 // during the call. One Each at a time: another, while one runs, fails.
@@ -370,11 +374,17 @@ func (v *StateSnapshot) readPart(p *viewPart, rd *viewRead) {
 	if viewReaderOpened != nil {
 		viewReaderOpened()
 	}
-	// done forgets the iterator and closes it, unless the view's close did.
+	// done forgets the iterator and closes it, unless the view's close did,
+	// under viewMu throughout (release's lock order: viewMu, then vi.mu): a
+	// StateDB.Close between the two would find no iterator to close and
+	// close the database under an open one.
 	done := func() error {
 		mu.Lock()
+		defer mu.Unlock()
 		delete(v.its, vi)
-		mu.Unlock()
+		if viewIterForgotten != nil {
+			viewIterForgotten()
+		}
 		vi.mu.Lock()
 		defer vi.mu.Unlock()
 		return vi.close()

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestEachReadsInParts: a view cut into many parts, with an uncommitted
@@ -213,5 +214,49 @@ func TestEachAcrossACloseBeforeTheFirstRead(t *testing.T) {
 	}
 	if err := v.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCloseWhileAReaderClosesItsIterator: a reader done with its part
+// forgets its iterator and closes it as one step under the views' lock,
+// so a StateDB.Close (a restore swapping the database) cannot run in
+// between, find no iterator to close, and close Pebble under an open one
+// ("leaked iterators"). The hook starts the Close at that point and gives
+// it a moment: it must wait for the reader.
+func TestCloseWhileAReaderClosesItsIterator(t *testing.T) {
+	s, err := OpenState(filepath.Join(t.TempDir(), "fsm"), StateOptions{Logger: logStoreTestLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := s.NewBatch()
+	for i := range 10 {
+		b.Put(KindBooking, fmt.Appendf(nil, "k%03d", i), []byte("v"))
+	}
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	v := s.Snapshot()
+	closed := make(chan error, 1)
+	started := false
+	viewIterForgotten = func() {
+		if started {
+			return
+		}
+		started = true
+		go func() { closed <- s.Close() }()
+		select {
+		case err := <-closed: // Close did not wait for the reader
+			closed <- err
+		case <-time.After(100 * time.Millisecond): // a moment for it to run if it could
+		}
+	}
+	defer func() { viewIterForgotten = nil }()
+	_ = v.Each(func(_, _ []byte) error { return nil }) // ErrClosed or nil: the close races the rest
+	if !started {
+		t.Fatal("no reader finished a part")
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("close while a reader closed its iterator: %v", err)
 	}
 }
