@@ -132,6 +132,11 @@ func (d *dec) str(what string) string { return string(d.bytes(what)) }
 // id would be a command no API sends: it is refused as malformed.
 const maxKeyID = 4096
 
+// maxRecordKey is the longest state database key a snapshot record may
+// carry: a kind byte and an id. The fixed-layout keys are shorter, and
+// the state database's group commits hold keys of at most 65535 bytes.
+const maxRecordKey = 1 + maxKeyID
+
 // id reads an id that keys a state database record (see maxKeyID).
 func (d *dec) id(what string) string {
 	b := d.bytes(what)

@@ -236,8 +236,8 @@ func (s *snapReader) next() (key, value []byte, err error) {
 	if kl == 0 {
 		return nil, nil, nil
 	}
-	if kl > 1<<16 {
-		return nil, nil, bad("record key of %d bytes", kl)
+	if kl > maxRecordKey {
+		return nil, nil, bad("record key of %d bytes (at most %d)", kl, maxRecordKey)
 	}
 	k, err := s.full(int(kl))
 	if err != nil {
@@ -558,6 +558,10 @@ func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 	}
 	// The new cluster's member table comes from its own leaders, not from
 	// the cluster the snapshot was taken on.
-	_, err = loadSnapshot(f, filepath.Join(dataDir, "fsm"), true, true, slog.New(slog.DiscardHandler), nil)
-	return err
+	if _, err = loadSnapshot(f, filepath.Join(dataDir, "fsm"), true, true, slog.New(slog.DiscardHandler), nil); err != nil {
+		return err
+	}
+	// The new fsm/ entry is durable too: without it a power loss could
+	// leave an empty directory, and the node would start with no state.
+	return syncDir(dataDir)
 }

@@ -283,3 +283,25 @@ func TestRestoreRefusesABadOrphan(t *testing.T) {
 		t.Fatal("a refused restore changed the state")
 	}
 }
+
+// TestRestoreRefusesALongKey: a record key longer than a command could
+// write (an id over maxKeyID) is refused at restore. One of 65536 bytes
+// passed before and wrapped the state database's 16-bit key length at the
+// next group commit, which then failed on every replica.
+func TestRestoreRefusesALongKey(t *testing.T) {
+	for _, n := range []int{maxKeyID + 1, 1<<16 - 1, 1 << 16} {
+		id := strings.Repeat("x", n)
+		var e enc
+		encodeBooking(&e, &indexer.Booking{ID: id, Rank: r1, ISL: 1, CreatedAt: 1})
+		stream := buildStream(snapshotVersion, []rec{{k: append([]byte{store.KindBooking}, id...), v: e.b}},
+			map[byte]uint64{}, map[byte]uint64{store.KindBooking: 1})
+		g := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+		if err := g.Restore(nopCloser{bytes.NewReader(stream)}); !errors.Is(err, ErrBadSnapshot) {
+			t.Errorf("restore of a booking id of %d bytes: %v, want ErrBadSnapshot", n, err)
+		}
+		if _, err := checkSnapshot(bytes.NewReader(stream), indexer.New(indexer.Config{})); !errors.Is(err, ErrBadSnapshot) {
+			t.Errorf("check of a booking id of %d bytes: %v, want ErrBadSnapshot", n, err)
+		}
+		g.Close()
+	}
+}

@@ -53,7 +53,7 @@ func (s *snapReader) fill(b *recBatch, skip func(kind byte) bool) (end bool, err
 		pos := 0
 		for b.Bytes() < recBatchBytes {
 			kl, n := binary.Uvarint(p[pos:])
-			if n <= 0 || kl == 0 || kl > 1<<16 {
+			if n <= 0 || kl == 0 || kl > maxRecordKey {
 				break
 			}
 			ks := pos + n

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -63,6 +64,11 @@ func (s *StateDB) NewBatch() *StateBatch {
 }
 
 func (b *StateBatch) add(key, value []byte, del bool) {
+	if len(key) > math.MaxUint16 {
+		// Callers bound their ids far below this (raftfsm's maxKeyID); a
+		// longer key would wrap klen and write the group out of order.
+		panic(fmt.Sprintf("store: a state key of %d bytes (at most %d)", len(key), math.MaxUint16))
+	}
 	var pad [16]byte
 	copy(pad[:], key)
 	// Grow the buffers by doubling: append grows a slice this large by a
@@ -315,16 +321,17 @@ func (b *StateBatch) View() *StateSnapshot {
 	return b.s.newView(over)
 }
 
-// removeStaleGroups removes group tables that a crash left unlinked
-// between their writing and their ingest (an ingested table lives on under
-// Pebble's own name; these names are never Pebble's).
+// removeStaleGroups removes group and bulk-load tables that a crash left
+// behind between their writing and their ingest, or between the ingest and
+// their removal (an ingested table lives on under Pebble's own name; these
+// names are never Pebble's, and no load runs while the database opens).
 func removeStaleGroups(fs vfs.FS, dir string) {
 	names, err := fs.List(dir)
 	if err != nil {
 		return
 	}
 	for _, n := range names {
-		if strings.HasPrefix(n, "group-") && strings.HasSuffix(n, ".sst") {
+		if (strings.HasPrefix(n, "group-") || strings.HasPrefix(n, "load-")) && strings.HasSuffix(n, ".sst") {
 			_ = fs.Remove(fs.PathJoin(dir, n))
 		}
 	}

@@ -162,7 +162,7 @@ func checkViewModel(rt *rapid.T, v *StateSnapshot, model map[string]string, appl
 
 // TestGroupLeavesNoTables: a committed group's table is linked into the
 // database under Pebble's name; no group file stays behind, and one left
-// by a crash before its ingest is removed at open.
+// by a crash before its ingest is removed at open, as is a bulk load's.
 func TestGroupLeavesNoTables(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "fsm")
 	s, err := OpenState(dir, StateOptions{Logger: logStoreTestLogger(t)})
@@ -179,17 +179,22 @@ func TestGroupLeavesNoTables(t *testing.T) {
 		t.Fatalf("group tables left: %v", ms)
 	}
 	s.Close()
-	stale := filepath.Join(dir, "group-000009.sst")
-	if err := writeFile(stale, []byte("half written")); err != nil {
-		t.Fatal(err)
+	// A group table a crash left before its ingest, and a bulk load's
+	// table left between its ingest and its removal.
+	for _, name := range []string{"group-000009.sst", "load-000002.sst"} {
+		if err := writeFile(filepath.Join(dir, name), []byte("half written")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	s, err = OpenState(dir, StateOptions{Logger: logStoreTestLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if ms, _ := filepath.Glob(filepath.Join(dir, "group-*")); len(ms) != 0 {
-		t.Fatalf("stale group table kept: %v", ms)
+	for _, glob := range []string{"group-*", "load-*"} {
+		if ms, _ := filepath.Glob(filepath.Join(dir, glob)); len(ms) != 0 {
+			t.Fatalf("stale table kept: %v", ms)
+		}
 	}
 	if idx, _, err := s.Applied(); err != nil || idx != 3 {
 		t.Fatalf("applied %d %v, want 3", idx, err)

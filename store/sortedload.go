@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
@@ -89,7 +88,9 @@ func (l *SortedLoader) Finish() error {
 		return fmt.Errorf("bulk load: ingest: %w", err)
 	}
 	for _, p := range l.paths {
-		os.Remove(p) // ingested tables are linked into the store; the originals may linger
+		// Ingested tables are linked into the store under Pebble's names;
+		// these may linger (removeStaleGroups takes them at the next open).
+		_ = l.s.fs.Remove(p)
 	}
 	return nil
 }
@@ -101,7 +102,7 @@ func (l *SortedLoader) Abort() {
 		l.cur = nil
 	}
 	for _, p := range l.paths {
-		os.Remove(p)
+		_ = l.s.fs.Remove(p)
 	}
 	l.paths = nil
 }

@@ -169,6 +169,11 @@ func OpenState(dir string, opts StateOptions) (*StateDB, error) {
 		L0StopWritesThreshold:       stateL0StopWritesSubs,
 		LBaseMaxBytes:               stateLBaseMaxBytes,
 	}
+	// An ingest that overlaps the memtable would otherwise be queued as a
+	// flushable, in memory only until a flush, and with the WAL off that is
+	// not durable when Ingest returns. Nothing writes to this memtable
+	// today; this keeps every group commit durable if something ever does.
+	popts.Experimental.DisableIngestAsFlushable = func() bool { return true }
 	// Level 0's settings carry over to every level below it.
 	popts.Levels[0].BlockSize = stateBlockBytes
 	popts.Levels[0].Compression = func() *sstable.CompressionProfile { return sstable.NoCompression }
