@@ -274,10 +274,11 @@ func (p *DiskPool) load() error {
 			b.Delete(hashKey(kindMeta, h), nil)
 			b.Delete(hashKey(kindData, h), nil)
 		}
-		if err := b.Commit(pebble.NoSync); err != nil {
+		err := b.Commit(pebble.NoSync)
+		b.Close()
+		if err != nil {
 			return err
 		}
-		b.Close()
 	}
 	slices.SortFunc(bs, func(a, b restored) int {
 		if a.stamp != b.stamp {
