@@ -327,6 +327,31 @@ func TestCapacityDropsOldestEntriesFirst(t *testing.T) {
 	}
 }
 
+// TestCapacityAgesAnEntryFromItsNewTier: a block stored on the GPU long
+// ago and offloaded to host now is host's newest entry; host's capacity
+// drops the host entry held longest first.
+func TestCapacityAgesAnEntryFromItsNewTier(t *testing.T) {
+	ix := New(Config{})
+	ix.SetCapacity(rk1, [4]int64{0, 2, 0, 0}) // host 2 (the 10 % slack evicts at 3)
+	mustApply(t, ix,
+		stored(rk1, dev, chain(1)),  // block 1 on the GPU
+		stored(rk1, host, chain(2)), // block 2: host's oldest entry
+		stored(rk1, host, chain(1)), // block 1 offloaded: host's newest
+		stored(rk1, host, chain(3)), // over: drop host's oldest
+	)
+	if got := find(ix, ViewTiered, locals(2)); len(got) != 0 {
+		t.Fatalf("block 2, host's oldest entry, was kept: %v", got)
+	}
+	// The tiered view reports a block in its fastest tier: block 1 on the
+	// GPU; host's two entries are then blocks 1 and 3.
+	if got := find(ix, ViewTiered, locals(3)); got[rk1][host] != 1 {
+		t.Fatalf("block 3 lost its host entry: %v", got)
+	}
+	if rs := ix.RankStats(); rs[0].Blocks[host] != 2 || rs[0].Blocks[dev] != 1 {
+		t.Fatalf("rank holds %v, want block 1 on the GPU and blocks 1 and 3 on host", rs[0].Blocks)
+	}
+}
+
 func TestDigestIsIndependentOfHistory(t *testing.T) {
 	a, b := New(Config{}), New(Config{})
 	mustApply(t, a, stored(rk1, dev, chain(1, 2)), stored(rk2, host, chain(1)), stored(rk1, disk, chain(9)))
