@@ -156,18 +156,38 @@ func args(c *cli.Context, n int, names string) error {
 
 func jsonOut(c *cli.Context) bool { return c.String("output") == "json" }
 
-// newClient returns a client of --endpoints whose connections give up
-// after --timeout.
+// newClient returns a client of --endpoints for a command bounded by
+// --timeout: each try of a node gives up on connecting, and on the answer's
+// headers, after attemptTimeout, so that a node that accepts connections
+// but never answers (stopped, wedged) leaves time to try the others.
 func newClient(c *cli.Context) (*client.Client, error) {
-	dialer := &net.Dialer{Timeout: c.Duration("timeout"), KeepAlive: 30 * time.Second}
+	return newClientWith(c, endpointsArg(c), attemptTimeout(c), attemptTimeout(c))
+}
+
+// newClientWith returns a client of endpoints whose connections give up
+// after dial and whose requests wait at most headers for an answer's
+// headers once sent (0: no bound; the context's).
+func newClientWith(c *cli.Context, endpoints []string, dial, headers time.Duration) (*client.Client, error) {
+	dialer := &net.Dialer{Timeout: dial, KeepAlive: 30 * time.Second}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DialContext = dialer.DialContext
-	cl, err := client.New(strings.Split(c.String("endpoints"), ","),
-		client.Options{HTTPClient: &http.Client{Transport: tr}, UserAgent: "kvctl"})
+	tr.ResponseHeaderTimeout = headers
+	cl, err := client.New(endpoints, client.Options{HTTPClient: &http.Client{Transport: tr}, UserAgent: "kvctl"})
 	if err != nil {
 		return nil, usagef("--endpoints %q: %v", c.String("endpoints"), err)
 	}
 	return cl, nil
+}
+
+func endpointsArg(c *cli.Context) []string { return strings.Split(c.String("endpoints"), ",") }
+
+// attemptTimeout is how long one try of one node may wait: an equal share
+// of --timeout per endpoint, but at least 2 s (or --timeout, if shorter),
+// since a busy node can take a second or two.
+func attemptTimeout(c *cli.Context) time.Duration {
+	total := c.Duration("timeout")
+	share := total / time.Duration(len(endpointsArg(c)))
+	return max(share, min(total, 2*time.Second))
 }
 
 // withClient runs f with a client and a context bounded by --timeout.

@@ -61,7 +61,8 @@ func hoistFlags(app *cli.App, args []string) ([]string, error) {
 			continue
 		}
 		name := flagName(a)
-		if takes, ok := local[name]; ok && takes && !strings.Contains(a, "=") && j+1 == len(rest) {
+		_, isLocal := local[name]
+		if takes := local[name] || (!isLocal && globals[name]); takes && !strings.Contains(a, "=") && j+1 == len(rest) {
 			// Moved in front of the arguments, it would take one of them
 			// as its value.
 			return nil, usagef("flag %s needs a value; see %s --help", a, strings.Join(append([]string{"kvctl"}, path...), " "))

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/schollz/progressbar/v3"
 	"github.com/urfave/cli/v2"
@@ -39,7 +40,7 @@ func snapshotCommand(e *env) *cli.Command {
 					"Example:\n   kvctl snapshot save /backups/kvrouter-$(date +%F).snap",
 				Flags: []cli.Flag{maxTime},
 				Action: func(c *cli.Context) error {
-					if err := args(c, 1, "FILE"); err != nil {
+					if err := fileArg(c); err != nil {
 						return err
 					}
 					return snapshotSave(c, e, c.Args().First())
@@ -52,7 +53,7 @@ func snapshotCommand(e *env) *cli.Command {
 				Description: "Reads the file only; no node is asked.\n\n" +
 					"Example:\n   kvctl snapshot inspect backup.snap",
 				Action: func(c *cli.Context) error {
-					if err := args(c, 1, "FILE"); err != nil {
+					if err := fileArg(c); err != nil {
 						return err
 					}
 					path := c.Args().First()
@@ -86,7 +87,7 @@ func snapshotCommand(e *env) *cli.Command {
 					&cli.StringFlag{Name: "peers", Usage: "offline: every node of the new cluster as `id=raftaddr=httpaddr`,..."},
 				},
 				Action: func(c *cli.Context) error {
-					if err := args(c, 1, "FILE"); err != nil {
+					if err := fileArg(c); err != nil {
 						return err
 					}
 					if c.String("data-dir") != "" {
@@ -100,6 +101,20 @@ func snapshotCommand(e *env) *cli.Command {
 			},
 		},
 	}
+}
+
+// fileArg checks that the command got one FILE, a path: a snapshot is
+// written through a .part file, synced and verified before it is renamed,
+// and read twice on restore (checked, then sent), none of which a pipe
+// allows, so "-" is refused rather than taken as a file name.
+func fileArg(c *cli.Context) error {
+	if err := args(c, 1, "FILE"); err != nil {
+		return err
+	}
+	if c.Args().First() == "-" {
+		return usagef("%s FILE: a snapshot file must be a path (- for stdin or stdout is not supported)", helpName(c))
+	}
+	return nil
 }
 
 // snapshotCtx bounds a snapshot transfer by --max-time only.
@@ -146,7 +161,9 @@ func snapshotSave(c *cli.Context, e *env, path string) (err error) {
 			os.Remove(part)
 		}
 	}()
-	cl, err := newClient(c)
+	// The stream may take long (--max-time bounds it); its first bytes
+	// come within --timeout from a node that answers at all.
+	cl, err := newClientWith(c, endpointsArg(c), attemptTimeout(c), c.Duration("timeout"))
 	if err != nil {
 		return err
 	}
@@ -269,7 +286,10 @@ func snapshotRestore(c *cli.Context, e *env, path string) error {
 	if err != nil {
 		return err
 	}
-	cl, err := newClient(c)
+	// The answer comes only once the cluster has installed the snapshot,
+	// which may take long, and a node that never reads the upload stalls
+	// it for good: so the upload goes first to a node that answers.
+	cl, err := newClientWith(c, answeringFirst(c), attemptTimeout(c), 0)
 	if err != nil {
 		return err
 	}
@@ -292,6 +312,27 @@ func snapshotRestore(c *cli.Context, e *env, path string) error {
 	}
 	_, err = fmt.Fprintf(e.stdout, "restored %s to the cluster (index %d, term %d, %s)\n", path, info.Index, info.Term, size(fi.Size()))
 	return err
+}
+
+// answeringFirst returns --endpoints with the first one that answers a
+// readiness probe (ready or not) within attemptTimeout moved to the front.
+func answeringFirst(c *cli.Context) []string {
+	eps := endpointsArg(c)
+	for i, ep := range eps {
+		cl, err := newClientWith(c, []string{ep}, attemptTimeout(c), attemptTimeout(c))
+		if err != nil {
+			return eps
+		}
+		ctx, cancel := context.WithTimeout(c.Context, attemptTimeout(c))
+		_, err = cl.Ready(ctx)
+		cancel()
+		cl.Close()
+		var ae *client.Error
+		if err == nil || errors.As(err, &ae) {
+			return append(append([]string{ep}, eps[:i]...), eps[i+1:]...)
+		}
+	}
+	return eps
 }
 
 // snapshotSeed writes the file into a new node's data directory.

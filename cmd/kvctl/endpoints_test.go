@@ -1,0 +1,125 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+// hungAddr is a node that accepts connections and never answers nor reads
+// (a stopped or wedged process).
+func hungAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	return ln.Addr().String()
+}
+
+// runBounded runs kvctl under a context that ends after d: a kvctl that
+// would wait for ever fails the test instead of hanging it.
+func runBounded(t *testing.T, d time.Duration, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var out, errb bytes.Buffer
+	e := &env{stdout: &out, stderr: &errb, stdin: strings.NewReader(""), inspect: apitest.InspectSnapshot,
+		seed: func(string, string, string, []raftfsm.Member) error { return nil }}
+	code := run(ctx, append([]string{"kvctl"}, args...), e)
+	return result{stdout: out.String(), stderr: errb.String(), code: code}
+}
+
+// TestAHungFirstEndpointIsSkipped: a node that accepts connections and
+// never answers takes one try's share of --timeout, and the next node
+// answers; it used to take all of --timeout, so the others were never
+// tried (and the advice was to raise --timeout).
+func TestAHungFirstEndpointIsSkipped(t *testing.T) {
+	c := newCluster(t)
+	for _, cmd := range [][]string{{"members", "list"}, {"workers"}, {"index", "stats"}} {
+		r := runBounded(t, time.Minute, append([]string{"--endpoints", hungAddr(t) + "," + c.endpoints(), "--timeout", "6s"}, cmd...)...)
+		r.wantCode(t, 0)
+	}
+}
+
+// TestSnapshotsSkipAHungEndpoint: a save or restore whose first node
+// hangs goes to the next instead of waiting for ever (neither has a limit
+// without --max-time).
+func TestSnapshotsSkipAHungEndpoint(t *testing.T) {
+	c := newCluster(t)
+	file := filepath.Join(t.TempDir(), "a.snap")
+	eps := hungAddr(t) + "," + c.endpoints()
+	runBounded(t, time.Minute, "--endpoints", eps, "--timeout", "2s", "snapshot", "save", file).wantCode(t, 0)
+	if _, err := os.Stat(file); err != nil {
+		t.Fatal(err)
+	}
+	runBounded(t, time.Minute, "--endpoints", eps, "--timeout", "2s", "snapshot", "restore", file).wantCode(t, 0)
+	if c.leader().Restores() != 1 {
+		t.Fatalf("the leader restored %d times, want 1", c.leader().Restores())
+	}
+}
+
+// TestAStoppingNodeIsSkipped: a node answering 503 shutting_down (a
+// rolling restart) is passed over for the next, as kvctl's own advice
+// says, rather than failing the command.
+func TestAStoppingNodeIsSkipped(t *testing.T) {
+	c := newCluster(t)
+	c.nodes[0].fake.SetHook(func(string) error { return raftfsm.ErrShutdown })
+	kvctl(t, "--endpoints", c.endpoints(), "members", "list").wantCode(t, 0)
+}
+
+// TestAGlobalFlagWithoutItsValue: "kvctl status -o" is a flag without a
+// value, not -o "status".
+func TestAGlobalFlagWithoutItsValue(t *testing.T) {
+	r := kvctl(t, "status", "-o").wantCode(t, 2)
+	if !strings.Contains(r.stderr, "flag -o needs a value") {
+		t.Fatalf("stderr = %q", r.stderr)
+	}
+}
+
+// TestSnapshotFileDashIsRefused: "-" is not taken as a file name (save
+// wrote a file named "-"); it is a usage error.
+func TestSnapshotFileDashIsRefused(t *testing.T) {
+	c := newCluster(t)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, cmd := range [][]string{{"snapshot", "save", "-"}, {"snapshot", "inspect", "-"}, {"snapshot", "restore", "-"}} {
+		r := kvctl(t, append([]string{"--endpoints", c.endpoints()}, cmd...)...).wantCode(t, 2)
+		if !strings.Contains(r.stderr, "must be a path") {
+			t.Fatalf("%v: stderr = %q", cmd, r.stderr)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "-")); err == nil {
+		t.Fatal(`a file named "-" was written`)
+	}
+}
