@@ -23,3 +23,22 @@ func TestHeartbeatEncoding(t *testing.T) {
 		}
 	}
 }
+
+// FuzzDecodeHeartbeat: any bytes from NATS either decode to ids that
+// encode back to the same bytes or are refused as malformed.
+func FuzzDecodeHeartbeat(f *testing.F) {
+	f.Add(AppendHeartbeat(nil, []uint64{1, 1 << 63}))
+	f.Add([]byte{1, 2, 3})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ids, err := DecodeHeartbeat(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v is not ErrMalformed", err)
+			}
+			return
+		}
+		if got := AppendHeartbeat(nil, ids); !slices.Equal(got, b) {
+			t.Fatalf("%x decodes to %v, which encodes to %x", b, ids, got)
+		}
+	})
+}

@@ -1,6 +1,8 @@
 package indexer
 
 import (
+	"cmp"
+	"slices"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -98,5 +100,46 @@ func checkJournalRebuildsTheSameIndex(t *testing.T) {
 			t.Fatalf("journal holds %d nodes, index %d", len(j.nodes), b.Nodes)
 		}
 		checkInvariants(t, re)
+		// Ages too (capacity drops a tier's oldest entries first): the
+		// rank's counter and every entry's order.
+		for _, r := range ix.Ranks() {
+			want, err1 := ix.DumpRank(r)
+			got, err2 := re.DumpRank(r)
+			if err1 != nil || err2 != nil {
+				t.Fatalf("dump rank %v: %v, %v", r, err1, err2)
+			}
+			if got.Order != want.Order {
+				t.Fatalf("rank %v: rebuilt order %d, live %d", r, got.Order, want.Order)
+			}
+			byHash := func(a, b DumpEntry) int { return cmp.Compare(a.EngineHash, b.EngineHash) }
+			slices.SortFunc(got.Entries, byHash)
+			slices.SortFunc(want.Entries, byHash)
+			if !slices.Equal(got.Entries, want.Entries) {
+				t.Fatalf("rank %v: rebuilt entries %v, live %v", r, got.Entries, want.Entries)
+			}
+		}
 	})
+}
+
+// TestJournalKeepsAgesWhenATierIsAdded: a block that gains a tier takes a
+// new age, and the rank's counter with it; both reach the durable copy,
+// or a restart would hand out ages already taken.
+func TestJournalKeepsAgesWhenATierIsAdded(t *testing.T) {
+	ix := New(Config{})
+	j := newCopyJournal()
+	ix.SetJournal(j)
+	mustApply(t, ix, stored(rk1, dev, chain(1)), stored(rk1, dev, chain(2)))
+	ix.FlushJournal()
+	mustApply(t, ix, stored(rk1, host, chain(1)))
+	ix.FlushJournal()
+	live, err := ix.DumpRank(rk1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.meta[rk1].Order != live.Order || live.Order != 3 {
+		t.Fatalf("journal's rank order %d, live %d, want 3", j.meta[rk1].Order, live.Order)
+	}
+	if e := j.entries[rk1][1]; e.Order != 3 || e.Mask != dev.Bit()|host.Bit() {
+		t.Fatalf("journal's entry of block 1: %+v, want order 3 in device and host", e)
+	}
 }

@@ -13,10 +13,16 @@ import (
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/sim"
 	"github.com/urfave/cli/v2"
+	"go.uber.org/goleak"
 )
 
-// A test that hangs is named at the end of the output (testwatch).
-func TestMain(m *testing.M) { testwatch.Main(m) }
+// A test that hangs is named at the end of the output (testwatch), and
+// none may leave a goroutine behind (publishers serve replays, the live
+// replay runs subscribers).
+func TestMain(m *testing.M) {
+	testwatch.Start()
+	goleak.VerifyTestMain(m)
+}
 
 // kvsim runs the command in process and returns what it printed.
 func kvsim(t *testing.T, args ...string) (string, error) {
