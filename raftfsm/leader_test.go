@@ -216,6 +216,11 @@ func TestTransferToTheLeaderItselfIsInvalid(t *testing.T) {
 	if err := l.TransferLeadership(ctx(t), l.cfg.ID); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("transfer to the leader itself: %v, want ErrInvalid", err)
 	}
+	// Nor can a lone voter hand over to anyone (Raft's "cannot find peer"
+	// was a 500).
+	if err := l.TransferLeadership(ctx(t), ""); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("transfer from a lone voter: %v, want ErrInvalid", err)
+	}
 }
 
 // TestReadyNeedsALeaderAndMembership: a node that caught up stays ready

@@ -993,6 +993,18 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 		return fmt.Errorf("%w: %s already leads", ErrInvalid, toID)
 	}
 	if toID == "" {
+		// Raft answers a lone voter's transfer with "cannot find peer":
+		// the caller's mistake (a 400), said as such.
+		cf := n.raft.GetConfiguration()
+		if err := cf.Error(); err != nil {
+			return err
+		}
+		other := slices.ContainsFunc(cf.Configuration().Servers, func(s raft.Server) bool {
+			return s.Suffrage == raft.Voter && string(s.ID) != n.cfg.ID
+		})
+		if !other {
+			return fmt.Errorf("%w: no other voter to take over", ErrInvalid)
+		}
 		f = n.raft.LeadershipTransfer()
 	} else {
 		// The Raft configuration is the authority on where a voter is; the
