@@ -269,20 +269,18 @@ func TestG3SurvivesAgentRestart(t *testing.T) {
 	}
 }
 
-// TestEngineResetKeepsOffloadedBlocksOnTheRouter: when the engine restarts
-// or its stream loses batches, the rank's engine blocks are cleared on the
-// router, but the agent's own G2 blocks stay: the pool still holds them.
-func TestEngineResetKeepsOffloadedBlocksOnTheRouter(t *testing.T) {
+// offloadedRank starts a router and an agent with a G2 pool on rank: the
+// engine holds blocks 1..4 on the GPU, and 1..3 were offloaded to G2.
+func offloadedRank(t *testing.T) (*router, *Agent, *pool.HostPool) {
+	t.Helper()
 	r := startRouter(t)
 	a, _ := startAgent(t, r)
 	be, err := backend.NewHost()
 	must(t, err)
-	defer be.Close()
+	t.Cleanup(func() { be.Close() })
 	host, err := pool.NewHost(be, pool.Config{Rank: rank, Capacity: 8, BlockSize: blockBytes, Sink: a, Logger: quiet})
 	must(t, err)
-	defer host.Close()
-
-	// The engine holds 1..4 on the GPU; 1..3 were offloaded to G2.
+	t.Cleanup(func() { host.Close() })
 	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3, 4)}))
 	for h := uint64(1); h <= 3; h++ {
 		must(t, host.Register(pool.Block{Hash: h, Parent: h - 1, Local: 1000 + h}, make([]byte, blockBytes)))
@@ -290,6 +288,14 @@ func TestEngineResetKeepsOffloadedBlocksOnTheRouter(t *testing.T) {
 	waitFor(t, "device and host blocks on the router", func() bool {
 		return tierBlocks(r, kvevent.TierDevice) == 4 && tierBlocks(r, kvevent.TierHostPinned) == 3
 	})
+	return r, a, host
+}
+
+// TestEngineResetKeepsOffloadedBlocksOnTheRouter: when the engine restarts
+// or its stream loses batches, the rank's engine blocks are cleared on the
+// router, but the agent's own G2 blocks stay: the pool still holds them.
+func TestEngineResetKeepsOffloadedBlocksOnTheRouter(t *testing.T) {
+	r, a, host := offloadedRank(t)
 	a.Reset(rank)
 	waitFor(t, "the reset to clear only the engine's blocks", func() bool {
 		return tierBlocks(r, kvevent.TierDevice) == 0 && tierBlocks(r, kvevent.TierHostPinned) == 3 && matched(r, 4) == 3
@@ -305,22 +311,7 @@ func TestEngineResetKeepsOffloadedBlocksOnTheRouter(t *testing.T) {
 // from the agent's copy), and what the engine stores after the clear, in
 // the same batch, lands.
 func TestEngineClearKeepsOffloadedBlocks(t *testing.T) {
-	r := startRouter(t)
-	a, _ := startAgent(t, r)
-	be, err := backend.NewHost()
-	must(t, err)
-	defer be.Close()
-	host, err := pool.NewHost(be, pool.Config{Rank: rank, Capacity: 8, BlockSize: blockBytes, Sink: a, Logger: quiet})
-	must(t, err)
-	defer host.Close()
-
-	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3, 4)}))
-	for h := uint64(1); h <= 3; h++ {
-		must(t, host.Register(pool.Block{Hash: h, Parent: h - 1, Local: 1000 + h}, make([]byte, blockBytes)))
-	}
-	waitFor(t, "device and host blocks on the router", func() bool {
-		return tierBlocks(r, kvevent.TierDevice) == 4 && tierBlocks(r, kvevent.TierHostPinned) == 3
-	})
+	r, a, host := offloadedRank(t)
 	must(t, a.Events(rank, 1, []kvevent.Event{{Kind: kvevent.KindCleared}, storedChain(0, 20, 21)}))
 	waitFor(t, "the engine's clear to drop only its own blocks", func() bool {
 		return tierBlocks(r, kvevent.TierDevice) == 2 && tierBlocks(r, kvevent.TierHostPinned) == 3 && matched(r, 4) == 3
