@@ -234,7 +234,7 @@ func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH u
 	if len(rs.orphans) > 0 {
 		ix.adoptOrphans(rs, now)
 	}
-	if rs.cap[t] > 0 && rs.count[t] > rs.cap[t]+int64(float64(rs.cap[t])*ix.cfg.CapacitySlack) {
+	if ix.overCapacity(rs, t) {
 		ix.evictOldest(rs, t, rs.count[t]-rs.cap[t])
 	}
 	return true
@@ -480,7 +480,11 @@ func (ix *Index) RemoveWorker(worker uint64) int {
 }
 
 // SetCapacity bounds how many blocks the rank may hold per tier (0 =
-// unbounded). It creates the rank if needed and enforces the bound at once.
+// unbounded). It creates the rank if needed and enforces the bound at once,
+// as a store does: a tier over its capacity and the slack drops its oldest
+// entries down to the capacity. (A registration repeats the capacity it
+// had: trimming every rank within its slack then dropped entries the
+// engine still held, and sorted the rank's entries each time.)
 func (ix *Index) SetCapacity(r kvevent.Rank, capacity [kvevent.NumTiers]int64) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -488,10 +492,17 @@ func (ix *Index) SetCapacity(r kvevent.Rank, capacity [kvevent.NumTiers]int64) {
 	rs.cap = capacity
 	ix.markDirty(rs)
 	for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
-		if c := capacity[t]; c > 0 && rs.count[t] > c {
-			ix.evictOldest(rs, t, rs.count[t]-c)
+		if ix.overCapacity(rs, t) {
+			ix.evictOldest(rs, t, rs.count[t]-rs.cap[t])
 		}
 	}
+}
+
+// overCapacity reports whether the rank's tier t holds more than its
+// capacity and the slack allow.
+func (ix *Index) overCapacity(rs *rankState, t kvevent.Tier) bool {
+	c := rs.cap[t]
+	return c > 0 && rs.count[t] > c+int64(float64(c)*ix.cfg.CapacitySlack)
 }
 
 // evictOldest clears tier t of the rank's k oldest entries that hold it.

@@ -327,6 +327,29 @@ func TestCapacityDropsOldestEntriesFirst(t *testing.T) {
 	}
 }
 
+// TestSetCapacityKeepsTheSlack: a registration that repeats a rank's
+// capacity leaves a rank within its slack alone (it trimmed it to the
+// capacity, dropping blocks the engine still held); a capacity lowered
+// past the slack drops the oldest entries down to it.
+func TestSetCapacityKeepsTheSlack(t *testing.T) {
+	ix := New(Config{CapacitySlack: 0.5})
+	ix.SetCapacity(rk1, [4]int64{4, 0, 0, 0})
+	for i := uint64(1); i <= 6; i++ {
+		mustApply(t, ix, stored(rk1, dev, chain(i)))
+	}
+	ix.SetCapacity(rk1, [4]int64{4, 0, 0, 0})
+	if n := ix.Stats().Blocks[dev]; n != 6 {
+		t.Fatalf("a repeated capacity left %d blocks, want the 6 within its slack", n)
+	}
+	ix.SetCapacity(rk1, [4]int64{2, 0, 0, 0})
+	if n := ix.Stats().Blocks[dev]; n != 2 {
+		t.Fatalf("a capacity of 2 left %d blocks", n)
+	}
+	if got := find(ix, ViewDedup, locals(6)); got[rk1][dev] != 1 {
+		t.Fatal("the newest block must stay")
+	}
+}
+
 // TestCapacityAgesAnEntryFromItsNewTier: a block stored on the GPU long
 // ago and offloaded to host now is host's newest entry; host's capacity
 // drops the host entry held longest first.
