@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/store"
@@ -95,6 +96,14 @@ type FSM struct {
 	sinceSnap atomic.Int64
 	malformed atomic.Uint64
 
+	// Figures for the node's metrics (Collector): bookings the sweep
+	// expired, how long each ApplyBatch and snapshot write took, and the
+	// last restore (seconds, as float64 bits).
+	expiredBookings atomic.Uint64
+	applySeconds    prometheus.Histogram
+	persistSeconds  prometheus.Histogram
+	restoreSeconds  atomic.Uint64
+
 	// onFatal is called when the state database fails under Apply, which
 	// must not happen silently: a committed entry cannot be refused.
 	onFatal func(error)
@@ -138,7 +147,11 @@ func OpenFSM(cfg FSMConfig) (*FSM, error) {
 // openFSM opens the state database and returns an FSM with an empty
 // state: loadState fills it, and Raft's calls wait for release.
 func openFSM(cfg FSMConfig) (*FSM, error) {
-	f := &FSM{logger: cfg.Logger, dir: cfg.Dir, onFatal: cfg.OnFatal, groupBytes: cfg.GroupBytes, started: make(chan struct{})}
+	f := &FSM{logger: cfg.Logger, dir: cfg.Dir, onFatal: cfg.OnFatal, groupBytes: cfg.GroupBytes, started: make(chan struct{}),
+		applySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvrouter_raft_apply_duration_seconds",
+			Help: "Time the FSM took to apply one batch of committed entries.", Buckets: prometheus.ExponentialBuckets(50e-6, 4, 10)}),
+		persistSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvrouter_raft_snapshot_duration_seconds",
+			Help: "Time one Raft snapshot took to write.", Buckets: prometheus.ExponentialBuckets(0.01, 4, 10)})}
 	if f.groupBytes <= 0 {
 		f.groupBytes = store.GroupBytes
 	}
@@ -311,6 +324,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	f.dbMu.RLock()
 	defer f.dbMu.RUnlock()
+	defer observeSince(f.applySeconds, time.Now())
 	out := make([]interface{}, len(logs))
 	if f.isClosed { // Raft outlived the node's Close: apply nothing
 		for i := range out {
@@ -541,6 +555,7 @@ func (f *FSM) applyCommand(c *command) interface{} {
 		return out
 	case cmdExpire:
 		n := f.seqs.Expire(c.now, time.Duration(c.maxAgeNs))
+		f.expiredBookings.Add(uint64(n))
 		f.ix.ExpireOrphans(c.now)
 		return n
 	case cmdSettings:
@@ -743,7 +758,7 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if err := f.db.Sync(); err != nil {
 		return nil, err
 	}
-	return &fsmSnapshot{view: f.db.Snapshot(), logger: f.logger}, nil
+	return &fsmSnapshot{view: f.db.Snapshot(), logger: f.logger, persistSeconds: f.persistSeconds}, nil
 }
 
 // Restore replaces the whole state with a snapshot stream (raft.FSM): it

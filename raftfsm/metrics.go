@@ -1,6 +1,12 @@
 package raftfsm
 
 import (
+	"io/fs"
+	"math"
+	"path/filepath"
+	"strconv"
+	"time"
+
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -13,6 +19,10 @@ type Collector struct {
 	state, term, commit, applied, lastIndex, snapIndex *prometheus.Desc
 	blocks, nodes, entries, orphans, needResync        *prometheus.Desc
 	malformed, unknownRemoves, workers, ready          *prometheus.Desc
+
+	leaderChanges, readySeconds, restoreSeconds, diskBytes  *prometheus.Desc
+	bookings, bookingsExpired                               *prometheus.Desc
+	workerBlocks, workerSilent, workerPrefill, workerDecode *prometheus.Desc
 }
 
 // NewCollector returns the collector of node n.
@@ -36,15 +46,30 @@ func NewCollector(n *Node) *Collector {
 		unknownRemoves: d("events_unknown_removes_total", "Removes of blocks the rank did not hold."),
 		workers:        d("workers", "Registered workers."),
 		ready:          d("ready", "1 once the node has caught up and serves."),
+
+		leaderChanges:   d("raft_leader_changes_total", "Leaders this node has seen take over (sampled every 20 ms)."),
+		readySeconds:    d("startup_ready_seconds", "Seconds from the node's start to ready (absent until ready)."),
+		restoreSeconds:  d("restore_duration_seconds", "Seconds the last snapshot restore took (absent before one)."),
+		diskBytes:       d("store_disk_bytes", "Bytes on disk under the data directory, by store: raft (log), fsm (state), snapshots.", "store"),
+		bookings:        d("bookings_active", "Live load bookings (routed requests not yet freed)."),
+		bookingsExpired: d("bookings_expired_total", "Bookings the expiry sweep removed (never freed)."),
+		workerBlocks:    d("index_worker_blocks", "(rank, block) residencies per worker and tier.", "worker", "tier"),
+		workerSilent:    d("worker_silent", "1 when a rank of the worker has sent nothing for --silent-after.", "worker"),
+		workerPrefill:   d("worker_active_prefill_tokens", "Uncached input tokens of the worker's requests still in prefill.", "worker"),
+		workerDecode:    d("worker_active_decode_blocks", "Distinct KV blocks the worker's live requests hold.", "worker"),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.state, c.term, c.commit, c.applied, c.lastIndex, c.snapIndex, c.blocks,
-		c.nodes, c.entries, c.orphans, c.needResync, c.malformed, c.unknownRemoves, c.workers, c.ready} {
+		c.nodes, c.entries, c.orphans, c.needResync, c.malformed, c.unknownRemoves, c.workers, c.ready,
+		c.leaderChanges, c.readySeconds, c.restoreSeconds, c.diskBytes, c.bookings, c.bookingsExpired,
+		c.workerBlocks, c.workerSilent, c.workerPrefill, c.workerDecode} {
 		ch <- d
 	}
+	c.n.fsm.applySeconds.Describe(ch)
+	c.n.fsm.persistSeconds.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -81,4 +106,65 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		r = 1
 	}
 	g(c.ready, r)
+
+	n, f := c.n, c.n.fsm
+	ch <- prometheus.MustNewConstMetric(c.leaderChanges, prometheus.CounterValue, float64(n.leaderChanges.Load()))
+	if v := n.readySeconds.Load(); v != 0 {
+		g(c.readySeconds, math.Float64frombits(v))
+	}
+	if v := f.restoreSeconds.Load(); v != 0 {
+		g(c.restoreSeconds, math.Float64frombits(v))
+	}
+	for _, sub := range []string{"raft", "fsm", "snapshots"} {
+		g(c.diskBytes, float64(dirBytes(filepath.Join(n.cfg.DataDir, sub))), sub)
+	}
+	live, _ := f.Sequences().Count()
+	g(c.bookings, float64(live))
+	ch <- prometheus.MustNewConstMetric(c.bookingsExpired, prometheus.CounterValue, float64(f.expiredBookings.Load()))
+	f.applySeconds.Collect(ch)
+	f.persistSeconds.Collect(ch)
+
+	// Per worker (bounded by the fleet): its ranks summed.
+	for _, w := range n.Workers() {
+		id := strconv.FormatUint(w.Info.ID, 10)
+		var blocks [kvevent.NumTiers]int64
+		var silent, prefill, decode int64
+		for _, rs := range w.Ranks {
+			for t := range blocks {
+				blocks[t] += rs.Blocks[t]
+			}
+			if rs.Silent {
+				silent = 1
+			}
+			prefill += rs.Load.ActivePrefillTokens
+			decode += rs.Load.ActiveDecodeBlocks
+		}
+		for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
+			g(c.workerBlocks, float64(blocks[t]), id, t.String())
+		}
+		g(c.workerSilent, float64(silent), id)
+		g(c.workerPrefill, float64(prefill), id)
+		g(c.workerDecode, float64(decode), id)
+	}
 }
+
+// dirBytes is the size of the regular files under dir (0 when it is
+// missing); a file removed during the walk is skipped.
+func dirBytes(dir string) int64 {
+	var total int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				total += info.Size()
+			}
+		}
+		return nil
+	})
+	return total
+}
+
+// observeSince observes the seconds since start on h.
+func observeSince(h prometheus.Histogram, start time.Time) { h.Observe(time.Since(start).Seconds()) }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -130,6 +131,11 @@ type Node struct {
 	// on this node: the barrier passed and the member entries went out.
 	ledTerm atomic.Uint64
 	started time.Time // when NewNode ran: silence is counted from here
+	// For the metrics: leaders this node has seen take over, the one it
+	// saw last (leaderLoop only), and the seconds from NewNode to ready.
+	leaderChanges atomic.Uint64
+	lastLeader    raft.ServerID
+	readySeconds  atomic.Uint64 // float64 bits; 0 until ready
 
 	// workersMu orders this node's worker-table writes (WorkersMutex).
 	workersMu sync.Mutex
@@ -416,6 +422,10 @@ func (n *Node) leaderLoop() {
 				n.raft.Apply(encodeExpire(now, int64(n.cfg.BookingMaxAge)), n.cfg.ApplyTimeout)
 			}
 		case <-ready.C:
+			if _, id := n.raft.LeaderWithID(); id != "" && id != n.lastLeader {
+				n.lastLeader = id
+				n.leaderChanges.Add(1)
+			}
 			if leader && !n.ledThisTerm() && n.raft.State() == raft.Leader {
 				n.onLeadership() // the Barrier failed: try again
 			}
@@ -537,6 +547,7 @@ func (n *Node) checkReady() {
 		return // a leader is ready once its Barrier passed (CheckLeader)
 	}
 	n.ready.Store(true)
+	n.readySeconds.Store(math.Float64bits(time.Since(n.started).Seconds()))
 	n.fsm.endLoadHold()
 	n.logger.Info("ready", "applied_index", applied)
 }

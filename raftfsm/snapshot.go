@@ -11,11 +11,13 @@ import (
 	"hash"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/store"
 )
@@ -46,13 +48,15 @@ const (
 )
 
 type fsmSnapshot struct {
-	view   *store.StateSnapshot
-	logger *slog.Logger
+	view           *store.StateSnapshot
+	logger         *slog.Logger
+	persistSeconds prometheus.Histogram
 }
 
 // Persist streams the view (raft.FSMSnapshot). The applied index comes
 // from the same view as the records.
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	defer observeSince(s.persistSeconds, time.Now())
 	if _, err := writeSnapshot(sink, s.view); err != nil {
 		sink.Cancel()
 		return err
@@ -487,6 +491,7 @@ func (f *FSM) restoreFrom(r io.Reader) error {
 		return err
 	}
 	f.logLoaded("state restored from snapshot", b, start)
+	f.restoreSeconds.Store(math.Float64bits(time.Since(start).Seconds()))
 	f.logger.Info("snapshot restored", "index", info.Index, "term", info.Term, "bytes", info.Bytes)
 	return nil
 }

@@ -1,0 +1,94 @@
+package raftfsm
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// gather scrapes c and returns each sample's value by its name and
+// labels, as "name{k=v,...}".
+func gather(t *testing.T, c prometheus.Collector) map[string]*dto.Metric {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*dto.Metric{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			key := f.GetName() + "{"
+			for i, l := range m.GetLabel() {
+				if i > 0 {
+					key += ","
+				}
+				key += l.GetName() + "=" + l.GetValue()
+			}
+			out[key+"}"] = m
+		}
+	}
+	return out
+}
+
+// TestCollectorAnswersTheOperatorsQuestions: the families metrics.md asks
+// of a node carry what happened: the leader it saw take over, its time to
+// ready, applies and snapshots timed, its disk, live bookings, and each
+// worker's blocks, load and silence.
+func TestCollectorAnswersTheOperatorsQuestions(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 7, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	r := kvevent.Rank{Worker: 7}
+	ev := kvevent.Event{Rank: r, EventID: 1, Kind: kvevent.KindStored, Tier: kvevent.TierHostPinned}
+	for i, h := range kvevent.LocalHashes(nil, tokens, 4, kvevent.Seed) {
+		ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: uint64(100 + i), LocalHash: h})
+	}
+	ingestRetrying(t, c, []RankBatch{{Rank: r, Events: []kvevent.Event{ev}}})
+	if res, err := l.Route(ctx(t), RouteQuery{Tokens: append(tokens, 9, 10, 11, 12, 13), Book: true, RequestID: "req-1"}); err != nil || !res.Booked {
+		t.Fatalf("book: %v %+v", err, res)
+	}
+	if err := l.await(ctx(t), l.raft.Snapshot()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the node to see its leader", func() bool { return l.leaderChanges.Load() > 0 })
+
+	m := gather(t, NewCollector(l))
+	want := func(key string, ok func(v float64) bool) {
+		t.Helper()
+		s, found := m[key]
+		if !found {
+			t.Fatalf("no sample %s", key)
+		}
+		v := s.GetGauge().GetValue() + s.GetCounter().GetValue() + float64(s.GetHistogram().GetSampleCount())
+		if !ok(v) {
+			t.Fatalf("%s = %v", key, v)
+		}
+	}
+	positive := func(v float64) bool { return v > 0 }
+	is := func(w float64) func(float64) bool { return func(v float64) bool { return v == w } }
+	want("kvrouter_raft_leader_changes_total{}", is(1))
+	want("kvrouter_startup_ready_seconds{}", positive)
+	want("kvrouter_raft_apply_duration_seconds{}", positive)
+	want("kvrouter_raft_snapshot_duration_seconds{}", is(1))
+	want("kvrouter_store_disk_bytes{store=raft}", positive)
+	want("kvrouter_store_disk_bytes{store=fsm}", positive)
+	want("kvrouter_store_disk_bytes{store=snapshots}", positive)
+	want("kvrouter_bookings_active{}", is(1))
+	want("kvrouter_bookings_expired_total{}", is(0))
+	want("kvrouter_index_worker_blocks{tier=host,worker=7}", is(2))
+	want("kvrouter_index_worker_blocks{tier=device,worker=7}", is(0))
+	want("kvrouter_worker_silent{worker=7}", is(0))
+	want("kvrouter_worker_active_prefill_tokens{worker=7}", positive)
+	want("kvrouter_worker_active_decode_blocks{worker=7}", positive)
+	if _, ok := m["kvrouter_restore_duration_seconds{}"]; ok {
+		t.Fatal("a restore duration before any restore")
+	}
+}
