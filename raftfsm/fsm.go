@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/store"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // FSM is the router's replicated state machine: the tiered index, the load

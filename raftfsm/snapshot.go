@@ -17,9 +17,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/store"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // The snapshot stream: a whole state database, self-checking.
