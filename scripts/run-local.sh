@@ -69,6 +69,23 @@ stop() {
 trap 'stop 0' INT TERM
 trap 'stop $?' EXIT
 
+# Every port this run listens on must be free: a node that cannot bind
+# exits, and another cluster answering on its HTTP port would be taken
+# for it (the replay would then clear that cluster's workers).
+replay_on=0
+[ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && replay_on=1
+ports=""
+for i in 1 2 3; do ports+=" $((7100 + i)) $((7180 + i)) $((4220 + i)) $((6220 + i))"; done
+if [ "$replay_on" = 1 ]; then
+  for i in $(seq 1 "${KVROUTER_RUN_WORKERS:-4}"); do ports+=" $((5600 + i - 1)) $((5700 + i - 1))"; done
+fi
+for p in $ports; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+    echo "port $p on 127.0.0.1 is in use (another make run, or a cluster of yours?): stop it first" >&2
+    exit 1
+  fi
+done
+
 natsroutes=""
 for i in 1 2 3; do natsroutes+="127.0.0.1:$((6220 + i)),"; done
 for i in 1 2 3; do
@@ -95,6 +112,14 @@ for i in 1 2 3; do
     fi
     sleep 0.2
   done
+done
+# The answers must be our nodes': each is still running.
+for i in 1 2 3; do
+  if ! kill -0 "${pids[i - 1]}" 2>/dev/null; then
+    echo "node n$i exited; its log:" >&2
+    tail -20 "$base/node$i.log" >&2
+    exit 1
+  fi
 done
 echo
 echo "kvrouter cluster on loopback:"
@@ -136,4 +161,16 @@ fi
 echo
 echo "serving routes: try  ./bin/kvctl --endpoints $endpoints route --hashes 1,2,3"
 echo "Ctrl-C stops the cluster."
-while true; do sleep 3600 & sleeper=$!; wait "$sleeper" || true; done
+# Say so when a node exits (killed to try a failover, or crashed); the
+# others go on serving.
+gone=(0 0 0)
+while true; do
+  sleep 5 & sleeper=$!
+  wait "$sleeper" || true
+  for i in 1 2 3; do
+    if [ "${gone[i - 1]}" = 0 ] && ! kill -0 "${pids[i - 1]}" 2>/dev/null; then
+      gone[i - 1]=1
+      echo "node n$i exited (log $base/node$i.log); the others go on serving" >&2
+    fi
+  done
+done

@@ -62,7 +62,7 @@ func RunCacheOnly(pr *Prepared, cfg CacheConfig, p Policy) (Result, error) {
 	}
 	for k := range pr.Reqs {
 		q := &pr.Reqs[k]
-		now = q.TimestampMs * 1e6
+		now = arrivalNs(q.TimestampMs, 1)
 		rq := RouteQuery{ID: strconv.Itoa(k), Local: pr.Local[k], Seq: pr.Seq[k], ISL: q.InputLength, BlockSize: cfg.BlockSize, Req: q}
 		w, predicted, err := p.Route(&rq, now)
 		if err != nil || w < 0 || w >= cfg.Workers {

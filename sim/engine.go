@@ -223,6 +223,10 @@ func (e *Engine) KVUse() float64 {
 // Fits reports whether a request of prompt and output tokens can ever run
 // here: its whole context fits in the KV capacity.
 func (e *Engine) Fits(prompt, output int) bool {
+	room := e.cfg.NumGPUBlocks * e.cfg.BlockSize // tokens; no sum below can wrap
+	if prompt > room || output > room {
+		return false
+	}
 	return blocksFor(prompt+max(output, 1), e.cfg.BlockSize) <= e.cfg.NumGPUBlocks
 }
 

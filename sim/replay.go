@@ -190,7 +190,7 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 
 	for k := range pr.Reqs {
 		q := &pr.Reqs[k]
-		at := int64(float64(q.TimestampMs) * 1e6 / cfg.Speed)
+		at := arrivalNs(q.TimestampMs, cfg.Speed)
 		settle(at)
 		now = max(now, at)
 		ids[k] = strconv.Itoa(k)

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -21,10 +22,38 @@ func TestReadTraceRejectsBadRows(t *testing.T) {
 		`{"timestamp": -5, "input_length": 10, "output_length": 3, "hash_ids": [1]}`,
 		`{"timestamp": 0, "input_length": "x"}`,
 		`not json`,
+		// Past the bounds: they would wrap the simulated clock (an epoch
+		// in microseconds) or a block count.
+		`{"timestamp": 4398046511105, "input_length": 10, "output_length": 3, "hash_ids": [1]}`,
+		`{"timestamp": 0, "input_length": 10, "output_length": 9223372036854775800, "hash_ids": [1]}`,
+		`{"timestamp": 0, "input_length": 2147483649, "output_length": 3, "hash_ids": [1]}`,
 	} {
 		if _, err := ReadTrace(strings.NewReader(good + bad)); !errors.Is(err, ErrBadTrace) || !strings.Contains(err.Error(), "line 3") {
 			t.Errorf("%s: err %v, want ErrBadTrace at line 3", bad, err)
 		}
+	}
+	// Timestamps going backwards: the replays issue requests in trace
+	// order, so the timed clock ran backwards (a later row's request
+	// waited behind an earlier row's).
+	later := `{"timestamp": 1000, "input_length": 10, "output_length": 3, "hash_ids": [1]}` + "\n"
+	earlier := `{"timestamp": 0, "input_length": 10, "output_length": 3, "hash_ids": [2]}` + "\n"
+	if _, err := ReadTrace(strings.NewReader(later + earlier)); !errors.Is(err, ErrBadTrace) || !strings.Contains(err.Error(), "line 2") {
+		t.Errorf("a timestamp going backwards: err %v, want ErrBadTrace at line 2", err)
+	}
+	if _, err := ReadTrace(strings.NewReader(earlier + later + later)); err != nil {
+		t.Errorf("equal and rising timestamps: %v", err)
+	}
+}
+
+// TestFitsCannotWrap: a request far larger than a worker's cache never
+// fits, however large (prompt + output wrapped negative and fit).
+func TestFitsCannotWrap(t *testing.T) {
+	e := NewEngine(RankOf(0), EngineConfig{NumGPUBlocks: 4, BlockSize: 16})
+	if e.Fits(20, math.MaxInt64-10) || e.Fits(math.MaxInt64-10, 1) {
+		t.Fatal("a request past the cache fits")
+	}
+	if !e.Fits(20, 40) {
+		t.Fatal("a request of 60 tokens does not fit 64")
 	}
 }
 

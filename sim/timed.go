@@ -98,7 +98,7 @@ func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (res Result, err error) {
 		}
 	} else {
 		for k := range pr.Reqs {
-			queue = append(queue, arrival{int64(math.Round(float64(pr.Reqs[k].TimestampMs) * 1e6 / cfg.Speed)), k})
+			queue = append(queue, arrival{arrivalNs(pr.Reqs[k].TimestampMs, cfg.Speed), k})
 		}
 		issued = n
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -26,8 +27,17 @@ type Request struct {
 	HashIDs      []uint64 `json:"hash_ids"`
 }
 
+// Bounds of a trace row: a timestamp past MaxTraceTimestampMs (139
+// years; epoch milliseconds still pass) or lengths past MaxTraceTokens
+// would overflow the simulated clock and the block counts.
+const (
+	MaxTraceTimestampMs = 1 << 42
+	MaxTraceTokens      = 1 << 31
+)
+
 // ReadTrace parses a Mooncake JSONL trace. Blank lines are skipped; a bad
-// line fails the whole read with its line number.
+// line fails the whole read with its line number. Timestamps must not go
+// backwards: the replays issue requests in trace order.
 func ReadTrace(r io.Reader) ([]Request, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
@@ -41,9 +51,14 @@ func ReadTrace(r io.Reader) ([]Request, error) {
 		if err := json.Unmarshal(b, &q); err != nil {
 			return nil, fmt.Errorf("%w: line %d: %v", ErrBadTrace, line, err)
 		}
-		if q.InputLength <= 0 || q.OutputLength < 0 || q.TimestampMs < 0 {
+		if q.InputLength <= 0 || q.OutputLength < 0 || q.TimestampMs < 0 ||
+			q.InputLength > MaxTraceTokens || q.OutputLength > MaxTraceTokens || q.TimestampMs > MaxTraceTimestampMs {
 			return nil, fmt.Errorf("%w: line %d: input_length %d, output_length %d, timestamp %d",
 				ErrBadTrace, line, q.InputLength, q.OutputLength, q.TimestampMs)
+		}
+		if n := len(out); n > 0 && q.TimestampMs < out[n-1].TimestampMs {
+			return nil, fmt.Errorf("%w: line %d: timestamp %d is before the previous row's %d (sort the trace by timestamp)",
+				ErrBadTrace, line, q.TimestampMs, out[n-1].TimestampMs)
 		}
 		if want := (q.InputLength + TraceBlockTokens - 1) / TraceBlockTokens; len(q.HashIDs) < want {
 			return nil, fmt.Errorf("%w: line %d: %d hash ids for %d tokens (want %d)", ErrBadTrace, line, len(q.HashIDs), q.InputLength, want)
@@ -54,6 +69,16 @@ func ReadTrace(r io.Reader) ([]Request, error) {
 		return nil, fmt.Errorf("read trace: %w", err)
 	}
 	return out, nil
+}
+
+// arrivalNs is a trace timestamp as nanoseconds of simulated time at an
+// arrival-speed multiplier, capped so that no speed wraps the clock.
+func arrivalNs(ms int64, speed float64) int64 {
+	const most = math.MaxInt64 / 2
+	if v := math.Round(float64(ms) * 1e6 / speed); v < most {
+		return int64(v)
+	}
+	return most
 }
 
 // LoadTrace reads a trace file.
