@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"strings"
 
@@ -302,15 +303,12 @@ func (b *StateBatch) gather(out []byte) []byte {
 		}
 		out = append(out, b.arena[o.off:o.off+4+uint32(o.klen)+n]...)
 	}
-	gatherTouched = touched
+	runtime.KeepAlive(touched) // the touches are not optimised away
 	return out
 }
 
-// gatherAhead is how far ahead gather touches the arena; gatherTouched
-// keeps the touches from being optimised away.
+// gatherAhead is how far ahead gather touches the arena.
 const gatherAhead = 8
-
-var gatherTouched byte
 
 // nextGathered reads the first write of a non-empty gather output and
 // returns it and the rest.
