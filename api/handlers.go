@@ -75,7 +75,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) error {
 		}
 		return err
 	}
-	s.m.routeRouted.Inc()
+	s.m.routed(&res.Decision, res.BlockSize)
 	if req.Brief {
 		// The router's hot path: encoded by hand, byte for byte what
 		// encoding/json gives (TestBriefRouteResponseMatchesEncodingJSON).

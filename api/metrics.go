@@ -4,6 +4,8 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -29,6 +31,16 @@ type metrics struct {
 	httpForwards  *prometheus.CounterVec   // route, outcome
 	routeRequests *prometheus.CounterVec   // outcome
 	routeDuration prometheus.Histogram
+
+	// Is routing winning (metrics.md)? Of the routed requests: their
+	// prompt tokens, the chosen rank's cached tokens per tier as the index
+	// predicts them, and the best any eligible rank had. With the engines'
+	// own cached-token counts these tell "no reuse in the traffic" (best
+	// low) from "routing lost it" (predicted below best) from "the index
+	// is stale" (the engines' below predicted).
+	routePromptTokens prometheus.Counter
+	routePredicted    [kvevent.NumTiers]prometheus.Counter
+	routeBest         prometheus.Counter
 
 	// routeRequests' series, resolved once.
 	routeRouted, routeBusy, routeNoWorkers, routeError prometheus.Counter
@@ -59,6 +71,21 @@ func newMetrics(reg prometheus.Registerer, log *slog.Logger) *metrics {
 			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 18), // 10µs .. 1.3s
 		})),
 	}
+	m.routePromptTokens = register(reg, log, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvrouter_route_prompt_tokens_total",
+		Help: "Prompt tokens of the requests this node routed.",
+	}))
+	predicted := register(reg, log, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrouter_route_predicted_cached_tokens_total",
+		Help: "Prompt tokens the index predicted cached on the chosen rank, by tier.",
+	}, []string{"tier"}))
+	for t := range kvevent.NumTiers {
+		m.routePredicted[t] = predicted.WithLabelValues(kvevent.Tier(t).String())
+	}
+	m.routeBest = register(reg, log, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvrouter_route_best_cached_tokens_total",
+		Help: "Prompt tokens the index predicted cached on the best eligible rank (any tier).",
+	}))
 	m.routeRouted = m.routeRequests.WithLabelValues(outcomeRouted)
 	m.routeBusy = m.routeRequests.WithLabelValues(outcomeBusy)
 	m.routeNoWorkers = m.routeRequests.WithLabelValues(outcomeNoWorkers)
@@ -82,4 +109,27 @@ func register[C prometheus.Collector](reg prometheus.Registerer, log *slog.Logge
 	}
 	log.Warn("metric not registered", "err", err)
 	return c
+}
+
+// routed counts a routed request's tokens (see metrics.routePromptTokens).
+func (m *metrics) routed(d *indexer.Decision, blockSize int) {
+	m.routeRouted.Inc()
+	isl := int64(d.Request.ISL)
+	m.routePromptTokens.Add(float64(isl))
+	bs := int64(blockSize)
+	if c := d.Chosen(); c != nil {
+		left := isl // the tiers' tokens add up to at most the prompt
+		for t, n := range c.Overlap {
+			v := min(int64(n)*bs, left)
+			left -= v
+			m.routePredicted[t].Add(float64(v))
+		}
+	}
+	var best int64
+	for i := range d.Candidates {
+		if c := &d.Candidates[i]; !c.Busy {
+			best = max(best, c.OverlapBlocks)
+		}
+	}
+	m.routeBest.Add(float64(min(best*bs, isl)))
 }

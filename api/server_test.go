@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
@@ -528,5 +530,39 @@ func TestBackendErrorsMapToStatus(t *testing.T) {
 				t.Fatalf("error %q does not carry the backend's %q", msg, tc.err)
 			}
 		})
+	}
+}
+
+// TestRoutedTokensAreCounted: a routed request's prompt tokens, the
+// chosen rank's cached tokens per tier as the index predicts them, and
+// the best any eligible rank had (metrics.md: is routing winning?).
+func TestRoutedTokensAreCounted(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	r := kvevent.Rank{Worker: 2, DP: 1}
+	ev := kvevent.Event{Rank: r, EventID: 1, Kind: kvevent.KindStored, Tier: kvevent.TierHostPinned}
+	for i, h := range kvevent.LocalHashes(nil, tokens, 4, kvevent.Seed) {
+		ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: uint64(50 + i), LocalHash: h})
+	}
+	if _, err := n.fake.IngestEvents(context.Background(), []raftfsm.RankBatch{{Rank: r, Events: []kvevent.Event{ev}}}); err != nil {
+		t.Fatal(err)
+	}
+	a := send(t, n.http.URL, "POST", "/v1/route", `{"token_ids":[1,2,3,4,5,6,7,8,9,10]}`)
+	if a.code != 200 {
+		t.Fatal(a.code, string(a.body))
+	}
+	for name, want := range map[string]float64{
+		"kvrouter_route_prompt_tokens_total":      10,
+		"kvrouter_route_best_cached_tokens_total": 8,
+	} {
+		if got := counterValue(t, n.reg, name, nil); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	for tier, want := range map[string]float64{"host": 8, "device": 0} {
+		if got := counterValue(t, n.reg, "kvrouter_route_predicted_cached_tokens_total", map[string]string{"tier": tier}); got != want {
+			t.Errorf("predicted cached tokens on %s = %v, want %v", tier, got, want)
+		}
 	}
 }
