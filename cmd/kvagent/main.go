@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -101,7 +102,7 @@ func run(c *cli.Context) error {
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
 	// GPU inventory and telemetry; a machine without NVML gets a monitor
 	// that calls nothing (offload/nvml).
 	gpus := nvml.Open(nvml.Config{})
@@ -189,3 +190,14 @@ func run(c *cli.Context) error {
 	logger.Info("kvagent stopped")
 	return nil
 }
+
+// buildInfo is kvagent_build_info (metrics.md: build facts in a gauge of 1).
+func buildInfo() prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvagent_build_info", Help: "Build facts; value 1.",
+		ConstLabels: prometheus.Labels{"version": version, "go_version": runtime.Version()}})
+	g.Set(1)
+	return g
+}
+
+// version is set at link time (-ldflags "-X main.version=...").
+var version = "dev"

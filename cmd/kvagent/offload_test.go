@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -155,5 +156,24 @@ func TestOffloadReopensEachRanksDiskPoolAndRestoresIt(t *testing.T) {
 	}
 	if err := c.Health(context.Background()); err != nil {
 		t.Fatalf("the restarted engine API: %v", err)
+	}
+}
+
+// TestBuildInfo: kvagent_build_info is 1 with the version and Go version
+// (metrics.md: build facts in an *_info gauge).
+func TestBuildInfo(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(buildInfo())
+	fams, err := reg.Gather()
+	if err != nil || len(fams) != 1 || fams[0].GetName() != "kvagent_build_info" {
+		t.Fatalf("gathered %v, %v", fams, err)
+	}
+	m := fams[0].GetMetric()[0]
+	labels := map[string]string{}
+	for _, l := range m.GetLabel() {
+		labels[l.GetName()] = l.GetValue()
+	}
+	if m.GetGauge().GetValue() != 1 || labels["version"] != version || labels["go_version"] != runtime.Version() {
+		t.Fatalf("kvagent_build_info %v = %v", labels, m.GetGauge().GetValue())
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -329,7 +330,7 @@ func join(ctx context.Context, via, id, raftAddr, httpAddr string) error {
 
 func buildInfo() prometheus.Collector {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvrouter_build_info", Help: "Build facts; value 1.",
-		ConstLabels: prometheus.Labels{"version": version}})
+		ConstLabels: prometheus.Labels{"version": version, "go_version": runtime.Version()}})
 	g.Set(1)
 	return g
 }
