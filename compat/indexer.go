@@ -236,6 +236,9 @@ type EventAck struct {
 	Applied    int    `json:"applied"`
 	Duplicates int    `json:"duplicates"`
 	Gap        bool   `json:"gap"`
+	// Resync: the rank lost stores the router held for it (their parent
+	// never came); its state is short of them until a dump replaces it.
+	Resync bool `json:"resync,omitempty"`
 }
 
 // DumpNamespace is one "<model>:<tenant>" entry of GET /dump.
@@ -705,7 +708,7 @@ func (x *Indexer) doEvents(ctx context.Context, req *EventsRequest) (EventsRespo
 	}
 	for _, a := range acks {
 		resp.Acks = append(resp.Acks, EventAck{DPRank: a.Rank.DP, Cursor: a.Cursor, Applied: a.Applied,
-			Duplicates: a.Dups, Gap: a.Gap})
+			Duplicates: a.Dups, Gap: a.Gap, Resync: a.Resync})
 	}
 	return resp, nil
 }

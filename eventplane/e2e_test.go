@@ -148,6 +148,22 @@ func TestRouterAskedResyncHealsWithADump(t *testing.T) {
 		t.Fatal("kvagent_events_resyncs_total{reason=router} did not count the router's ask")
 	}
 	checkIndexMatches(t, c, o, p)
+
+	// Again, within RouterResyncEvery: the router asks, and the publisher
+	// does not dump the rank again yet (the owner's copy dropped the same
+	// stores; a dump on every ack would resend the rank without end).
+	dumps := val(p.m.dumps)
+	o.orphans(ctx, t, r, 100)
+	checkIndexMatches(t, c, o, p)
+	if st := c.nodes[0].IndexStats(); st.NeedResync != 1 {
+		t.Fatalf("%d ranks need a resync, want the one that dropped orphans again", st.NeedResync)
+	}
+	p.mu.Lock()
+	pending := p.ranks[r].needDump
+	p.mu.Unlock()
+	if got := val(p.m.dumps); got != dumps || pending {
+		t.Fatalf("%v dumps after the second ask (want %v), another pending %v: dumped again within RouterResyncEvery", got, dumps, pending)
+	}
 }
 
 func TestFullBufferRefusesWithoutTakingIDs(t *testing.T) {

@@ -43,7 +43,13 @@ type PublisherConfig struct {
 	MaxRequestEvents int
 	MaxRequestBytes  int
 	RequestTimeout   time.Duration // default 2s
-	MinBackoff       time.Duration // default 5ms
+	// RouterResyncEvery bounds how often a rank is dumped because the
+	// router asked (an ack's Resync: it dropped stores whose parent never
+	// came). Default 5m. The owner's copy of the rank usually dropped the
+	// same stores, so such a dump mostly clears the flag rather than
+	// brings the blocks back; it must not run on every ack.
+	RouterResyncEvery time.Duration
+	MinBackoff        time.Duration // default 5ms
 	MaxBackoff       time.Duration // default 500ms
 	Registerer       prometheus.Registerer
 	Logger           *slog.Logger
@@ -67,6 +73,9 @@ func (c *PublisherConfig) defaults() {
 	}
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = 2 * time.Second
+	}
+	if c.RouterResyncEvery <= 0 {
+		c.RouterResyncEvery = 5 * time.Minute
 	}
 	if c.MinBackoff <= 0 {
 		c.MinBackoff = 5 * time.Millisecond
@@ -114,6 +123,8 @@ type rankBuf struct {
 	// dumpAsks counts the times a dump was asked for (askDump): a dump
 	// built before the last ask does not answer it (sendDump).
 	dumpAsks uint64
+	// routerAsked is when the router's Resync last made this rank dump.
+	routerAsked time.Time
 }
 
 // askDump marks the rank as needing a dump.
@@ -437,10 +448,12 @@ func (p *Publisher) sendEvents(data []byte) bool {
 		}
 		b.acked = a.Cursor
 		freed += b.trim(a.Cursor)
-		if a.Resync && !b.needDump {
+		if a.Resync && !b.needDump && time.Since(b.routerAsked) >= p.cfg.RouterResyncEvery {
 			// The router dropped events of this rank it could not place
-			// (orphans past its bounds): only a dump makes it whole.
+			// (orphans past its bounds): a dump replaces the rank with
+			// the owner's copy (RouterResyncEvery).
 			p.m.resends.WithLabelValues("router").Inc()
+			b.routerAsked = time.Now()
 			b.askDump()
 		}
 		if a.Gap {

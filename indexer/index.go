@@ -313,11 +313,9 @@ func (ix *Index) addHolder(rs *rankState, n *node, eh uint64, t kvevent.Tier) {
 	}
 }
 
-// setTier sets tier t on the rank's holder h of node n. The entry's age
-// restarts: it is the newest entry of tier t (capacity drops a tier's
-// oldest entries first, semantics.md §3), where a block offloaded from the
-// GPU long after its first store would otherwise be the first its new
-// tier dropped.
+// setTier sets tier t on the rank's holder h of node n. The entry keeps
+// its age, its first store's: one counter per entry serves every tier it
+// holds (see DESIGN.md, Capacity).
 func (ix *Index) setTier(rs *rankState, n *node, h *holder, t kvevent.Tier) {
 	m := h.mask()
 	if m.Has(t) {
@@ -329,11 +327,8 @@ func (ix *Index) setTier(rs *rankState, n *node, h *holder, t kvevent.Tier) {
 	ix.digest += residencyTerm(rs.key, n.seq, h.eh, m)
 	rs.count[t]++
 	ix.perTier[t]++
-	rs.order++
-	h.order = rs.order
 	if ix.journal != nil {
 		ix.journal.EntrySet(rs.rank, h.eh, n.seq, m, h.order)
-		ix.markDirty(rs)
 	}
 }
 

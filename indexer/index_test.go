@@ -350,28 +350,24 @@ func TestSetCapacityKeepsTheSlack(t *testing.T) {
 	}
 }
 
-// TestCapacityAgesAnEntryFromItsNewTier: a block stored on the GPU long
-// ago and offloaded to host now is host's newest entry; host's capacity
-// drops the host entry held longest first.
-func TestCapacityAgesAnEntryFromItsNewTier(t *testing.T) {
+// TestCapacityKeepsOneAgePerEntry: an entry's age is its first store's,
+// for every tier it holds. A block copied to host while on the GPU keeps
+// its GPU age, so the GPU drops it, its oldest entry, first (renewing the
+// age on the copy dropped block 2 instead, which only the GPU held).
+func TestCapacityKeepsOneAgePerEntry(t *testing.T) {
 	ix := New(Config{})
-	ix.SetCapacity(rk1, [4]int64{0, 2, 0, 0}) // host 2 (the 10 % slack evicts at 3)
+	ix.SetCapacity(rk1, [4]int64{2, 0, 0, 0}) // GPU 2 (the 10 % slack evicts at 3)
 	mustApply(t, ix,
-		stored(rk1, dev, chain(1)),  // block 1 on the GPU
-		stored(rk1, host, chain(2)), // block 2: host's oldest entry
-		stored(rk1, host, chain(1)), // block 1 offloaded: host's newest
-		stored(rk1, host, chain(3)), // over: drop host's oldest
+		stored(rk1, dev, chain(1)),  // the GPU's oldest entry
+		stored(rk1, dev, chain(2)),
+		stored(rk1, host, chain(1)), // block 1 copied to host, still on the GPU
+		stored(rk1, dev, chain(3)),  // the GPU is over: its oldest goes
 	)
-	if got := find(ix, ViewTiered, locals(2)); len(got) != 0 {
-		t.Fatalf("block 2, host's oldest entry, was kept: %v", got)
+	if got := find(ix, ViewTiered, locals(2)); got[rk1][dev] != 1 {
+		t.Fatalf("block 2's GPU entry was dropped, though block 1's was older: %v", got)
 	}
-	// The tiered view reports a block in its fastest tier: block 1 on the
-	// GPU; host's two entries are then blocks 1 and 3.
-	if got := find(ix, ViewTiered, locals(3)); got[rk1][host] != 1 {
-		t.Fatalf("block 3 lost its host entry: %v", got)
-	}
-	if rs := ix.RankStats(); rs[0].Blocks[host] != 2 || rs[0].Blocks[dev] != 1 {
-		t.Fatalf("rank holds %v, want block 1 on the GPU and blocks 1 and 3 on host", rs[0].Blocks)
+	if rs := ix.RankStats(); rs[0].Blocks[dev] != 2 || rs[0].Blocks[host] != 1 {
+		t.Fatalf("rank holds %v, want blocks 2 and 3 on the GPU and block 1 on host", rs[0].Blocks)
 	}
 }
 

@@ -120,26 +120,3 @@ func checkJournalRebuildsTheSameIndex(t *testing.T) {
 		}
 	})
 }
-
-// TestJournalKeepsAgesWhenATierIsAdded: a block that gains a tier takes a
-// new age, and the rank's counter with it; both reach the durable copy,
-// or a restart would hand out ages already taken.
-func TestJournalKeepsAgesWhenATierIsAdded(t *testing.T) {
-	ix := New(Config{})
-	j := newCopyJournal()
-	ix.SetJournal(j)
-	mustApply(t, ix, stored(rk1, dev, chain(1)), stored(rk1, dev, chain(2)))
-	ix.FlushJournal()
-	mustApply(t, ix, stored(rk1, host, chain(1)))
-	ix.FlushJournal()
-	live, err := ix.DumpRank(rk1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if j.meta[rk1].Order != live.Order || live.Order != 3 {
-		t.Fatalf("journal's rank order %d, live %d, want 3", j.meta[rk1].Order, live.Order)
-	}
-	if e := j.entries[rk1][1]; e.Order != 3 || e.Mask != dev.Bit()|host.Bit() {
-		t.Fatalf("journal's entry of block 1: %+v, want order 3 in device and host", e)
-	}
-}
