@@ -50,9 +50,9 @@ type PublisherConfig struct {
 	// brings the blocks back; it must not run on every ack.
 	RouterResyncEvery time.Duration
 	MinBackoff        time.Duration // default 5ms
-	MaxBackoff       time.Duration // default 500ms
-	Registerer       prometheus.Registerer
-	Logger           *slog.Logger
+	MaxBackoff        time.Duration // default 500ms
+	Registerer        prometheus.Registerer
+	Logger            *slog.Logger
 }
 
 func (c *PublisherConfig) defaults() {

@@ -358,7 +358,7 @@ func TestCapacityKeepsOneAgePerEntry(t *testing.T) {
 	ix := New(Config{})
 	ix.SetCapacity(rk1, [4]int64{2, 0, 0, 0}) // GPU 2 (the 10 % slack evicts at 3)
 	mustApply(t, ix,
-		stored(rk1, dev, chain(1)),  // the GPU's oldest entry
+		stored(rk1, dev, chain(1)), // the GPU's oldest entry
 		stored(rk1, dev, chain(2)),
 		stored(rk1, host, chain(1)), // block 1 copied to host, still on the GPU
 		stored(rk1, dev, chain(3)),  // the GPU is over: its oldest goes
