@@ -58,6 +58,9 @@ func TestCollectorAnswersTheOperatorsQuestions(t *testing.T) {
 	if err := l.await(ctx(t), l.raft.Snapshot()); err != nil {
 		t.Fatal(err)
 	}
+	if err := l.WaitReady(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, 10*time.Second, "the node to see its leader", func() bool { return l.leaderChanges.Load() > 0 })
 
 	m := gather(t, NewCollector(l))
@@ -90,5 +93,27 @@ func TestCollectorAnswersTheOperatorsQuestions(t *testing.T) {
 	want("kvrouter_worker_active_decode_blocks{worker=7}", positive)
 	if _, ok := m["kvrouter_restore_duration_seconds{}"]; ok {
 		t.Fatal("a restore duration before any restore")
+	}
+}
+
+// TestLeaderChangesCountEveryTakeOver: each leader a node sees take over
+// counts, a term each, the same node winning again too.
+func TestLeaderChangesCountEveryTakeOver(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	other := c.nodes[0]
+	if other == l {
+		other = c.nodes[1]
+	}
+	if err := l.TransferLeadership(ctx(t), other.cfg.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the new leader", other.IsLeader)
+	if err := other.TransferLeadership(ctx(t), l.cfg.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the first leader to lead again", l.IsLeader)
+	for _, n := range c.nodes {
+		waitFor(t, 10*time.Second, n.cfg.ID+" to count three take-overs", func() bool { return n.leaderChanges.Load() >= 3 })
 	}
 }

@@ -131,10 +131,9 @@ type Node struct {
 	// on this node: the barrier passed and the member entries went out.
 	ledTerm atomic.Uint64
 	started time.Time // when NewNode ran: silence is counted from here
-	// For the metrics: leaders this node has seen take over, the one it
-	// saw last (leaderLoop only), and the seconds from NewNode to ready.
+	// For the metrics: leaders this node has seen take over
+	// (countLeaders), and the seconds from NewNode to ready.
 	leaderChanges atomic.Uint64
-	lastLeader    raft.ServerID
 	readySeconds  atomic.Uint64 // float64 bits; 0 until ready
 
 	// workersMu orders this node's worker-table writes (WorkersMutex).
@@ -204,10 +203,35 @@ func NewNode(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go n.leaderLoop()
+	go n.countLeaders()
 	ok = true
 	return n, nil
+}
+
+// countLeaders counts the leaders Raft reports taking over (a leader
+// observation names one each time the leader changes, the same node
+// re-elected after an election too) until the node stops.
+func (n *Node) countLeaders() {
+	defer n.wg.Done()
+	ch := make(chan raft.Observation, 16)
+	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	n.raft.RegisterObserver(obs)
+	defer n.raft.DeregisterObserver(obs)
+	for {
+		select {
+		case <-n.stop:
+			return
+		case o := <-ch:
+			if lo, ok := o.Data.(raft.LeaderObservation); ok && lo.LeaderID != "" {
+				n.leaderChanges.Add(1)
+			}
+		}
+	}
 }
 
 // startRaft opens the Raft log and snapshot stores and starts Raft,
@@ -422,10 +446,6 @@ func (n *Node) leaderLoop() {
 				n.raft.Apply(encodeExpire(now, int64(n.cfg.BookingMaxAge)), n.cfg.ApplyTimeout)
 			}
 		case <-ready.C:
-			if _, id := n.raft.LeaderWithID(); id != "" && id != n.lastLeader {
-				n.lastLeader = id
-				n.leaderChanges.Add(1)
-			}
 			if leader && !n.ledThisTerm() && n.raft.State() == raft.Leader {
 				n.onLeadership() // the Barrier failed: try again
 			}
@@ -546,8 +566,8 @@ func (n *Node) checkReady() {
 	if n.raft.State() == raft.Leader && !n.ledThisTerm() {
 		return // a leader is ready once its Barrier passed (CheckLeader)
 	}
+	n.readySeconds.Store(math.Float64bits(time.Since(n.started).Seconds())) // before ready: a reader of ready sees it
 	n.ready.Store(true)
-	n.readySeconds.Store(math.Float64bits(time.Since(n.started).Seconds()))
 	n.fsm.endLoadHold()
 	n.logger.Info("ready", "applied_index", applied)
 }
