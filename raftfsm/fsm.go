@@ -334,7 +334,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	applied := f.applied.Load()
 	if f.batch == nil {
-		f.batch = f.db.NewBatch()
+		f.batch = f.newBatch()
 	}
 	var last, lastTerm uint64
 	for i, l := range logs {
@@ -393,7 +393,7 @@ func (f *FSM) markApplied(index, term uint64) error {
 	f.dbMu.Lock()
 	defer f.dbMu.Unlock()
 	if f.batch == nil {
-		f.batch = f.db.NewBatch()
+		f.batch = f.newBatch()
 	}
 	f.batch.SetApplied(index, term)
 	if err := f.commitGroup(); err != nil {
@@ -402,6 +402,14 @@ func (f *FSM) markApplied(index, term uint64) error {
 	f.applied.Store(index)
 	f.appliedTerm.Store(term)
 	return nil
+}
+
+// newBatch starts a group with room for a whole one (its commit comes
+// once it holds groupBytes; one more command may take it past that).
+func (f *FSM) newBatch() *store.StateBatch {
+	b := f.db.NewBatch()
+	b.Reserve(f.groupBytes + f.groupBytes/4)
+	return b
 }
 
 // commitAsync hands the full group to a goroutine that commits it, and
@@ -419,7 +427,7 @@ func (f *FSM) commitAsync() error {
 	full := f.batch
 	f.batch = f.spare
 	if f.batch == nil {
-		f.batch = f.db.NewBatch()
+		f.batch = f.newBatch()
 	}
 	f.spare = nil
 	done := make(chan error, 1)

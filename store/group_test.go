@@ -261,3 +261,45 @@ func TestCloseClosesOpenViews(t *testing.T) {
 		b.Close()
 	}
 }
+
+// TestReserveGrowsOnceToTheGroupSize: a group that outgrows its first MiB
+// grows straight to the reserved size (no doublings past it, each a copy
+// into fresh pages), and one that stays small allocates no more than it
+// holds.
+func TestReserveGrowsOnceToTheGroupSize(t *testing.T) {
+	s, err := OpenState(filepath.Join(t.TempDir(), "fsm"), StateOptions{Logger: logStoreTestLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const reserved = 8 << 20
+	small, big := s.NewBatch(), s.NewBatch()
+	small.Reserve(reserved)
+	big.Reserve(reserved)
+	for i := range 1000 {
+		small.PutCursor(uint64(i), 0, 1)
+	}
+	if cap(small.arena) >= reserveFrom {
+		t.Fatalf("a small group's arena has room for %d bytes", cap(small.arena))
+	}
+	var arenas, opss []int
+	for i := 0; big.Len() < reserved*9/10; i++ {
+		big.PutCursor(uint64(i), 0, 1)
+		if n := cap(big.arena); len(arenas) == 0 || arenas[len(arenas)-1] != n {
+			arenas = append(arenas, n)
+		}
+		if n := cap(big.ops); len(opss) == 0 || opss[len(opss)-1] != n {
+			opss = append(opss, n)
+		}
+	}
+	if last := arenas[len(arenas)-1]; last < reserved || arenas[len(arenas)-2] >= reserveFrom*2 {
+		t.Fatalf("arena capacities %v: want a doubling up to about %d, then one step to %d", arenas, reserveFrom, reserved)
+	}
+	if last := opss[len(opss)-1]; last < reserved/24 {
+		t.Fatalf("ops capacities %v: want room for an op per 24 reserved bytes at the end", opss)
+	}
+	big.SetApplied(1, 1)
+	if err := big.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
