@@ -265,6 +265,13 @@ func TestAgentEndToEnd(t *testing.T) {
 		}
 	}
 	waitModel(c, g)
+
+	// docs/grafana/kvrouter.json queries only what a node exports.
+	var addrs []string
+	for _, n := range c.nodes {
+		addrs = append(addrs, n.httpAddr)
+	}
+	checkDashboardRouterNames(t, addrs)
 }
 
 // TestAgentRestartResyncs: the agent is killed, and the engine restarts
