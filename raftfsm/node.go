@@ -135,6 +135,8 @@ type Node struct {
 	// (countLeaders), and the seconds from NewNode to ready.
 	leaderChanges atomic.Uint64
 	readySeconds  atomic.Uint64 // float64 bits; 0 until ready
+	leaders       chan raft.Observation
+	leaderObs     *raft.Observer
 
 	// workersMu orders this node's worker-table writes (WorkersMutex).
 	workersMu sync.Mutex
@@ -215,18 +217,12 @@ func NewNode(cfg Config) (*Node, error) {
 // re-elected after an election too) until the node stops.
 func (n *Node) countLeaders() {
 	defer n.wg.Done()
-	ch := make(chan raft.Observation, 16)
-	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
-		_, ok := o.Data.(raft.LeaderObservation)
-		return ok
-	})
-	n.raft.RegisterObserver(obs)
-	defer n.raft.DeregisterObserver(obs)
+	defer n.raft.DeregisterObserver(n.leaderObs)
 	for {
 		select {
 		case <-n.stop:
 			return
-		case o := <-ch:
+		case o := <-n.leaders:
 			if lo, ok := o.Data.(raft.LeaderObservation); ok && lo.LeaderID != "" {
 				n.leaderChanges.Add(1)
 			}
@@ -309,6 +305,14 @@ func (n *Node) startRaft() error {
 	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.logs, n.snaps, n.trans); err != nil {
 		return fmt.Errorf("start raft: %w", err)
 	}
+	// Watched from the start: the first leader may win before NewNode
+	// returns; countLeaders reads what this buffers meanwhile.
+	n.leaders = make(chan raft.Observation, 16)
+	n.leaderObs = raft.NewObserver(n.leaders, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	n.raft.RegisterObserver(n.leaderObs)
 	return nil
 }
 
