@@ -307,7 +307,7 @@ func (n *Node) startRaft() error {
 	}
 	// Watched from the start: the first leader may win before NewNode
 	// returns; countLeaders reads what this buffers meanwhile.
-	n.leaders = make(chan raft.Observation, 16)
+	n.leaders = make(chan raft.Observation, 64)
 	n.leaderObs = raft.NewObserver(n.leaders, false, func(o *raft.Observation) bool {
 		_, ok := o.Data.(raft.LeaderObservation)
 		return ok

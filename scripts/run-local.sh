@@ -52,7 +52,7 @@ stop_all() {
 # the script's own status when it ends by itself (a failure stays one).
 stop() {
   local code=${1:-0}
-  trap - INT TERM EXIT
+  trap - INT TERM HUP EXIT
   echo
   if [ ${#agents[@]} -gt 0 ]; then
     echo "stopping the agents..."
@@ -66,7 +66,7 @@ stop() {
   echo "stopped; data kept in $base/ (rm -rf $base to start afresh)"
   exit "$code"
 }
-trap 'stop 0' INT TERM
+trap 'stop 0' INT TERM HUP
 trap 'stop $?' EXIT
 
 # Every port this run listens on must be free: a node that cannot bind
