@@ -35,6 +35,7 @@ const (
 	cmdSettings                      // cluster scoring settings
 	cmdMember                        // member table entry
 	cmdMemberGone                    // member removed
+	cmdCheck                         // replica digest check (see FSM.applyCheck)
 )
 
 // command is the decoded form of any entry. Only the fields of its type are set.
@@ -57,6 +58,9 @@ type command struct {
 	settings Settings
 	// cmdMember / cmdMemberGone
 	member Member
+	// cmdCheck: the proposer's digest after it applied the check entry at
+	// checkIndex (0: it has none to compare).
+	checkIndex, checkDigest uint64
 }
 
 type bookKind uint8
@@ -366,6 +370,16 @@ func encodeExpire(now int64, maxAgeNs int64) []byte {
 	return e.b
 }
 
+// encodeCheck encodes a digest check carrying the proposer's digest after
+// its apply of the check entry at index (0 and 0 when it has none).
+func encodeCheck(now int64, index, digest uint64) []byte {
+	var e enc
+	encodeHeader(&e, cmdCheck, now)
+	e.uv(index)
+	e.u64(digest)
+	return e.b
+}
+
 func encodeSettings(now int64, s *Settings) []byte {
 	var e enc
 	encodeHeader(&e, cmdSettings, now)
@@ -478,6 +492,9 @@ func decodeCommandInto(b []byte, sc *decodeScratch) (command, error) {
 		c.member = Member{ID: d.id("member id"), RaftAddr: d.str("raft addr"), HTTPAddr: d.str("http addr")}
 	case cmdMemberGone:
 		c.member.ID = d.id("member id")
+	case cmdCheck:
+		c.checkIndex = d.uv("check index")
+		c.checkDigest = d.u64("check digest")
 	default:
 		d.fail("command type")
 	}

@@ -100,6 +100,11 @@ type FSM struct {
 	// expired, how long each ApplyBatch and snapshot write took, and the
 	// last restore (seconds, as float64 bits).
 	expiredBookings atomic.Uint64
+	// Digest checks (applyCheck): the last one applied, and counts.
+	checkMu          sync.Mutex
+	lastCheck        CheckPoint
+	checksCompared   atomic.Uint64
+	digestMismatches atomic.Uint64
 	applySeconds    prometheus.Histogram
 	persistSeconds  prometheus.Histogram
 	restoreSeconds  atomic.Uint64
@@ -354,7 +359,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 			out[i] = err
 			continue
 		}
-		out[i] = f.applyCommand(&c)
+		out[i] = f.applyCommand(&c, l.Index)
 	}
 	if last == 0 {
 		return out
@@ -485,7 +490,7 @@ func (f *FSM) dropGroup() {
 }
 
 // applyCommand applies one decoded command and returns its response.
-func (f *FSM) applyCommand(c *command) interface{} {
+func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 	switch c.typ {
 	case cmdEvents:
 		acks := make([]RankAck, len(c.batches))
@@ -588,6 +593,8 @@ func (f *FSM) applyCommand(c *command) interface{} {
 		f.members.Store(&next)
 		f.batch.Delete(store.KindMember, []byte(c.member.ID))
 		return nil
+	case cmdCheck:
+		return f.applyCheck(c, index)
 	}
 	return fmt.Errorf("%w: command type %d", ErrBadCommand, c.typ)
 }

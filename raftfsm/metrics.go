@@ -23,6 +23,7 @@ type Collector struct {
 	leaderChanges, readySeconds, restoreSeconds, diskBytes  *prometheus.Desc
 	bookings, bookingsExpired                               *prometheus.Desc
 	workerBlocks, workerSilent, workerPrefill, workerDecode *prometheus.Desc
+	checks, mismatches                                      *prometheus.Desc
 }
 
 // NewCollector returns the collector of node n.
@@ -57,6 +58,8 @@ func NewCollector(n *Node) *Collector {
 		workerSilent:    d("worker_silent", "1 when a rank of the worker has sent nothing for --silent-after.", "worker"),
 		workerPrefill:   d("worker_active_prefill_tokens", "Uncached input tokens of the worker's requests still in prefill.", "worker"),
 		workerDecode:    d("worker_active_decode_blocks", "Distinct KV blocks the worker's live requests hold.", "worker"),
+		checks:          d("state_digest_checks_total", "Replica digest checks that compared this node's digest with the leader's, since it started."),
+		mismatches:      d("state_digest_mismatch_total", "Replica digest checks that found this node's state differing from the leader's: its state has diverged."),
 	}
 }
 
@@ -65,7 +68,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.state, c.term, c.commit, c.applied, c.lastIndex, c.snapIndex, c.blocks,
 		c.nodes, c.entries, c.orphans, c.needResync, c.malformed, c.unknownRemoves, c.workers, c.ready,
 		c.leaderChanges, c.readySeconds, c.restoreSeconds, c.diskBytes, c.bookings, c.bookingsExpired,
-		c.workerBlocks, c.workerSilent, c.workerPrefill, c.workerDecode} {
+		c.workerBlocks, c.workerSilent, c.workerPrefill, c.workerDecode, c.checks, c.mismatches} {
 		ch <- d
 	}
 	c.n.fsm.applySeconds.Describe(ch)
@@ -121,6 +124,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	live, _ := f.Sequences().Count()
 	g(c.bookings, float64(live))
 	ch <- prometheus.MustNewConstMetric(c.bookingsExpired, prometheus.CounterValue, float64(f.expiredBookings.Load()))
+	compared, mismatched := f.DigestChecks()
+	ch <- prometheus.MustNewConstMetric(c.checks, prometheus.CounterValue, float64(compared))
+	ch <- prometheus.MustNewConstMetric(c.mismatches, prometheus.CounterValue, float64(mismatched))
 	f.applySeconds.Collect(ch)
 	f.persistSeconds.Collect(ch)
 

@@ -55,6 +55,9 @@ type Config struct {
 	SnapshotBytes int64
 
 	ExpiryInterval time.Duration // leader's booking/orphan sweep, default 10s
+	// CheckInterval is how often the leader proposes a replica digest
+	// check (check.go), default 30s.
+	CheckInterval time.Duration
 	BookingMaxAge  time.Duration // default indexer.DefaultBookingMaxAge
 	// SilentAfter is how long a registered rank may send nothing before
 	// Workers reports it silent (default 60s).
@@ -89,6 +92,7 @@ func (c *Config) defaults() {
 	d(&c.ApplyTimeout, 5*time.Second)
 	d(&c.SnapshotInterval, 30*time.Second)
 	d(&c.ExpiryInterval, 10*time.Second)
+	d(&c.CheckInterval, 30*time.Second)
 	d(&c.BookingMaxAge, indexer.DefaultBookingMaxAge)
 	if c.SnapshotThreshold == 0 {
 		c.SnapshotThreshold = 8192
@@ -427,11 +431,14 @@ func (n *Node) Raft() *raft.Raft { return n.raft }
 // leaderLoop does the leader's chores: after winning an election it waits
 // for a Barrier (so everything committed by earlier leaders is applied
 // before it serves anything that depends on it), records the members' HTTP
-// addresses, and runs the replicated expiry sweep.
+// addresses, and runs the replicated expiry sweep and the replica digest
+// checks.
 func (n *Node) leaderLoop() {
 	defer n.wg.Done()
 	tick := time.NewTicker(n.cfg.ExpiryInterval)
 	defer tick.Stop()
+	check := time.NewTicker(n.cfg.CheckInterval)
+	defer check.Stop()
 	ready := time.NewTicker(20 * time.Millisecond)
 	defer ready.Stop()
 	leader := false
@@ -448,6 +455,10 @@ func (n *Node) leaderLoop() {
 			if leader {
 				now := time.Now().UnixNano()
 				n.raft.Apply(encodeExpire(now, int64(n.cfg.BookingMaxAge)), n.cfg.ApplyTimeout)
+			}
+		case <-check.C:
+			if leader && n.ledThisTerm() {
+				n.proposeCheck()
 			}
 		case <-ready.C:
 			if leader && !n.ledThisTerm() && n.raft.State() == raft.Leader {

@@ -490,6 +490,7 @@ func (f *FSM) restoreFrom(r io.Reader) error {
 		f.onFatal(fmt.Errorf("install restored state: %w", err))
 		return err
 	}
+	f.resetCheck()
 	f.logLoaded("state restored from snapshot", b, start)
 	f.restoreSeconds.Store(math.Float64bits(time.Since(start).Seconds()))
 	f.logger.Info("snapshot restored", "index", info.Index, "term", info.Term, "bytes", info.Bytes)
