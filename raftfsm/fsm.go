@@ -105,9 +105,9 @@ type FSM struct {
 	lastCheck        CheckPoint
 	checksCompared   atomic.Uint64
 	digestMismatches atomic.Uint64
-	applySeconds    prometheus.Histogram
-	persistSeconds  prometheus.Histogram
-	restoreSeconds  atomic.Uint64
+	applySeconds     prometheus.Histogram
+	persistSeconds   prometheus.Histogram
+	restoreSeconds   atomic.Uint64
 
 	// onFatal is called when the state database fails under Apply, which
 	// must not happen silently: a committed entry cannot be refused.

@@ -58,7 +58,7 @@ type Config struct {
 	// CheckInterval is how often the leader proposes a replica digest
 	// check (check.go), default 30s.
 	CheckInterval time.Duration
-	BookingMaxAge  time.Duration // default indexer.DefaultBookingMaxAge
+	BookingMaxAge time.Duration // default indexer.DefaultBookingMaxAge
 	// SilentAfter is how long a registered rank may send nothing before
 	// Workers reports it silent (default 60s).
 	SilentAfter time.Duration
