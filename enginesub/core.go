@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/kvevent/engine"
+	"github.com/zeebo/xxh3"
 )
 
 // Stats are a Subscriber's counters since it was made.
@@ -52,6 +53,14 @@ type core struct {
 	liveSeen bool   // liveLast holds a sequence (false only before the first, after a resume at 0)
 	resume   *uint64
 
+	// replayed holds a fingerprint of each batch the last replay applied,
+	// from sequence replayedFrom on, until the live stream passes them:
+	// their live copies, queued while the replay ran, are duplicates,
+	// while a live batch of one of those sequences with other bytes comes
+	// from a restarted engine (see live).
+	replayedFrom uint64
+	replayed     []uint64
+
 	mu    sync.Mutex // guards stats
 	stats Stats
 
@@ -79,6 +88,23 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 		c.malformed(bad, nil)
 		return nil
 	}
+	// A sequence a replay applied: the live copy of that batch, or, with
+	// other bytes, a restarted engine's batch (the sequence alone cannot
+	// tell them apart when the replay started at 0, nor after a catch-up
+	// that failed part-way).
+	restarted := false
+	if i := seq - c.replayedFrom; seq >= c.replayedFrom && i < uint64(len(c.replayed)) {
+		if xxh3.Hash(payload) == c.replayed[i] {
+			c.liveLast, c.liveSeen = seq, true
+			c.count(func(s *Stats) { s.Duplicates++ })
+			c.m.duplicates.Inc()
+			return nil
+		}
+		restarted = c.started
+		c.replayed = c.replayed[:0]
+	} else if seq >= c.replayedFrom {
+		c.replayed = c.replayed[:0] // the live stream is past the replay
+	}
 	if !c.started && c.resume == nil {
 		c.started, c.next, c.liveLast, c.liveSeen = true, seq, seq, true
 		c.apply(seq, payload)
@@ -96,7 +122,7 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 	// an epoch it only goes up. Going back means a new publisher, counting
 	// from 0 again. (Sequences the replay applied may be above liveLast:
 	// those are duplicates, below.)
-	if c.liveSeen && seq <= c.liveLast {
+	if restarted || c.liveSeen && seq <= c.liveLast {
 		c.newEpoch(seq)
 	}
 	c.liveLast, c.liveSeen = seq, true
@@ -145,6 +171,7 @@ func (c *core) newEpoch(seq uint64) {
 	c.m.epochs.Inc()
 	c.sink.Reset(c.rank)
 	c.dec.Reset()
+	c.replayed = c.replayed[:0]
 	// The new epoch starts at 0: if seq is above, its first batches were
 	// missed, which is a gap like any other.
 	c.next = 0
@@ -195,6 +222,7 @@ func (c *core) heal(ctx context.Context, seq uint64, payload []byte) error {
 // that showed the gap.
 func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) Reason {
 	c.count(func(s *Stats) { s.Replays++ })
+	c.replayed, c.replayedFrom = c.replayed[:0], from
 	first, overrun, hole := true, false, false
 	err := c.replay(ctx, from, func(frames [][]byte) bool {
 		seq, payload, end, bad := parseReply(frames)
@@ -221,6 +249,10 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) Rea
 			return false
 		default:
 			c.count(func(s *Stats) { s.Replayed++ })
+			if len(c.replayed) == 0 {
+				c.replayedFrom = seq
+			}
+			c.replayed = append(c.replayed, xxh3.Hash(payload))
 			c.apply(seq, payload)
 		}
 		return true

@@ -229,18 +229,33 @@ func u64p(v uint64) *uint64 { return &v }
 func TestCatchUpOnResume(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
+		resume  uint64
 		replies step
-		live    []uint64
+		live    []step
 		want    string
 	}{
-		{"missed batches replayed at once", replies(nil, 5, 6, 7), []uint64{8}, "replay:5 ev5 ev6 ev7 ev8"},
-		{"nothing missed", replies(nil), []uint64{5, 6}, "replay:5 ev5 ev6"},
-		{"overrun resyncs, then the live stream is taken", replies(nil, 7, 8), []uint64{9, 10}, "replay:5 resync:overrun ev9 ev10"},
+		{"missed batches replayed at once", 5, replies(nil, 5, 6, 7), live(8), "replay:5 ev5 ev6 ev7 ev8"},
+		{"nothing missed", 5, replies(nil), live(5, 6), "replay:5 ev5 ev6"},
+		{"overrun resyncs, then the live stream is taken", 5, replies(nil, 7, 8), live(9, 10), "replay:5 resync:overrun ev9 ev10"},
 		// Before, a catch-up whose replay failed counted as healed: the
 		// gap of a resume has no end but the replay's own.
-		{"a replay that fails resyncs", replies(errors.New("no answer")), []uint64{7, 8}, "replay:5 resync:replay_failed ev7 ev8"},
-		{"a replay that fails after some batches resyncs", replies(errors.New("cut"), 5, 6), []uint64{9}, "replay:5 ev5 ev6 resync:replay_failed ev9"},
-		{"a replay with a hole resyncs", replies(nil, 5, 7), []uint64{9}, "replay:5 ev5 resync:replay_failed ev9"},
+		{"a replay that fails resyncs", 5, replies(errors.New("no answer")), live(7, 8), "replay:5 resync:replay_failed ev7 ev8"},
+		{"a replay that fails after some batches resyncs", 5, replies(errors.New("cut"), 5, 6), live(9), "replay:5 ev5 ev6 resync:replay_failed ev9"},
+		{"a replay with a hole resyncs", 5, replies(nil, 5, 7), live(9), "replay:5 ev5 resync:replay_failed ev9"},
+		// The live copies of replayed batches, queued while the replay
+		// ran, are duplicates, also when the replay started at 0.
+		{"live copies of the replay are duplicates", 5, replies(nil, 5, 6, 7), live(6, 7, 8), "replay:5 ev5 ev6 ev7 ev8"},
+		{"live copies of a replay from 0 are duplicates", 0, replies(nil, 0, 1, 2), live(0, 1, 2, 3), "replay:0 ev0 ev1 ev2 ev3"},
+		// From a review: after a catch-up from 0, the restarted engine's
+		// 0, 1, 2 were dropped as duplicates and its 3 applied on the old
+		// epoch's state, for good.
+		{"a restart after a replay from 0 starts an epoch", 0, replies(nil, 0, 1, 2), restarted(0, 1, 2, 3),
+			"replay:0 ev0 ev1 ev2 reset ev0 ev1 ev2 ev3"},
+		{"a restart after a replay starts an epoch", 5, replies(nil, 5, 6, 7), restarted(0, 1), "replay:5 ev5 ev6 ev7 reset ev0 ev1"},
+		// From a review: the live copy of a batch that a failed catch-up
+		// applied reached the sink a second time.
+		{"a failed catch-up's batches are not applied again", 5, replies(errors.New("cut"), 5, 6), live(6, 7),
+			"replay:5 ev5 ev6 resync:replay_failed ev7"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sink := &recSink{}
@@ -253,12 +268,12 @@ func TestCatchUpOnResume(t *testing.T) {
 				}
 				return tc.replies.err
 			})
-			c.resume = u64p(5)
+			c.resume = u64p(tc.resume)
 			if err := c.catchUp(bg); err != nil {
 				t.Fatal(err)
 			}
-			for _, s := range tc.live {
-				if err := c.live(bg, liveMsg(s)); err != nil {
+			for _, st := range tc.live {
+				if err := c.live(bg, st.live); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -267,6 +282,16 @@ func TestCatchUpOnResume(t *testing.T) {
 			}
 		})
 	}
+}
+
+// restarted is live batches of a restarted engine: the same sequences as
+// live's, other bytes (a real batch carries its publish time).
+func restarted(seqs ...uint64) []step {
+	var out []step
+	for _, s := range seqs {
+		out = append(out, step{live: [][]byte{{}, seqFrame(s), removedPayload(hashOf(s)+1<<40, 0)}})
+	}
+	return out
 }
 
 // TestSkippedEventsAreCountedAndLogged: wire events the decoder leaves out

@@ -24,6 +24,12 @@
 //   - Live messages that arrive while a replay runs wait in the SUB socket's
 //     queue; those the replay already applied (above the last live sequence,
 //     at or below the last applied) are duplicates and are skipped.
+//   - A live message of a sequence the last replay applied is told apart by
+//     its bytes (a fingerprint of each replayed payload is kept until the
+//     live stream passes them): the same bytes are that batch's live copy, a
+//     duplicate; other bytes come from a restarted engine, a new epoch. The
+//     sequence alone cannot tell them apart after a catch-up from 0, or
+//     after a catch-up that failed part-way.
 //
 // Invariants:
 //   - Within an epoch, every batch reaches the sink at most once, and in

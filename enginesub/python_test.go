@@ -3,6 +3,7 @@ package enginesub
 import (
 	"context"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -379,5 +380,52 @@ func TestLongReplayOutlastsTheTimeout(t *testing.T) {
 	waitCalls(t, &sink.recSink, &rank, want)
 	if st := s.Stats(); st.Resyncs != 0 || st.Replayed < 40 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// slowFirstSink is busy on the first replayed batch (seq 1), as a sink
+// that commits through Raft may be.
+type slowFirstSink struct {
+	recSink
+	once sync.Once
+	busy time.Duration
+}
+
+func (s *slowFirstSink) Events(r kvevent.Rank, seq uint64, evs []kvevent.Event) error {
+	if seq == 1 {
+		s.once.Do(func() { time.Sleep(s.busy) })
+	}
+	return s.recSink.Events(r, seq, evs)
+}
+
+// TestLargeReplayIsNotDropped: a replay of 4,000 batches while the sink is
+// busy arrives whole. From a review: past libzmq's default receive limit
+// of 1,000 messages the engine's ROUTER dropped the rest of the replay,
+// which the subscriber saw as a hole and resynced the rank.
+func TestLargeReplayIsNotDropped(t *testing.T) {
+	const n = 4000
+	rank := kvevent.Rank{Worker: 9}
+	p := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*", ReplayPace: 100})
+	sink := &slowFirstSink{busy: 3 * time.Second}
+	s := runSub(t, Config{Endpoint: p.Pub, ReplayEndpoint: p.Replay, ReplayTimeout: 15 * time.Second, Rank: rank, Sink: sink})
+	p.WaitSub()
+	batch := func(seq uint64, live bool) pypub.BatchCmd {
+		hs := make([]uint64, 500)
+		for i := range hs {
+			hs[i] = 1<<63 + seq*1000 + uint64(i)
+		}
+		return pypub.BatchCmd{Cmd: "batch", Seq: seq, Form: "array", Live: live,
+			Events: []pypub.EvSpec{{Type: "BlockRemoved", Hashes: hs}}}
+	}
+	p.Do(batch(0, true))
+	for seq := uint64(1); seq <= n; seq++ {
+		p.Do(batch(seq, false)) // kept for replay, not published
+	}
+	p.Do(batch(n+1, true))
+	waitFor(t, 60*time.Second, "the batch after the gap", func() bool {
+		return s.Stats().NextSeq > n+1 || s.Stats().Resyncs > 0
+	})
+	if st := s.Stats(); st.Resyncs != 0 || st.Replayed < n {
+		t.Fatalf("replayed %d of %d batches, %d resyncs", st.Replayed, n, st.Resyncs)
 	}
 }

@@ -231,7 +231,12 @@ func (s *Subscriber) replay(ctx context.Context, from uint64, each func(frames [
 		return fmt.Errorf("new replay socket: %w", err)
 	}
 	defer d.Close()
-	if err := errors.Join(d.SetLinger(0), d.SetSndtimeo(s.cfg.ReplayTimeout), d.SetRcvtimeo(pollInterval)); err != nil {
+	// No receive limit: the engine sends a whole replay at once (up to its
+	// buffer, 10,000 batches in vLLM), and past libzmq's default of 1,000
+	// queued messages its ROUTER drops the rest without a word while the
+	// sink is busy, which the replay sees as a hole and resyncs. The
+	// engine's buffer bounds what queues here.
+	if err := errors.Join(d.SetLinger(0), d.SetSndtimeo(s.cfg.ReplayTimeout), d.SetRcvtimeo(pollInterval), d.SetRcvhwm(0)); err != nil {
 		return fmt.Errorf("set replay socket options: %w", err)
 	}
 	if err := d.Connect(s.cfg.ReplayEndpoint); err != nil {

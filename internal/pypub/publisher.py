@@ -10,6 +10,10 @@ Run as `/usr/bin/python3 publisher.py CONFIG`, CONFIG a JSON object:
   replay        an endpoint to bind a ROUTER replay socket on, or null
   replay_shape  2: replies are [seq, payload]; 3: [topic, seq, payload]
   topic         the topic frame (default "")
+  replay_pace   when set, a replay pauses 1 ms after every this many
+                replies, so that libzmq's I/O thread keeps its send queue
+                short: a test of the subscriber's receive limit then does
+                not also depend on this sender's (1,000 by default)
 The event socket is an XPUB: a PUB that also reports subscriptions, so that
 "wait_sub" can tell when a subscriber is there (PUB drops what it sends
 before then).
@@ -31,6 +35,7 @@ Replay requests are served between commands. EOF on stdin ends it.
 import json
 import os
 import sys
+import time
 
 import msgpack
 import zmq
@@ -114,6 +119,7 @@ def main():
 
     reply({"pub": endpoint(pub), "replay": endpoint(router)})
 
+    pace = cfg.get("replay_pace") or 0
     kept = {}  # seq -> payload, the replay buffer
     replies = 0
 
@@ -131,6 +137,8 @@ def main():
                 frames.insert(0, topic)
             router.send_multipart([ident, b""] + frames)
             replies += 1
+            if pace and replies % pace == 0:
+                time.sleep(0.001)
         router.send_multipart([ident, b""] + ([topic] if shape == 3 else []) + [b"\xff" * 8, b""])
 
     def command(c):

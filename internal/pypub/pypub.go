@@ -42,6 +42,7 @@ type Config struct {
 	Replay      string `json:"replay,omitempty"`
 	ReplayShape int    `json:"replay_shape,omitempty"`
 	Topic       string `json:"topic,omitempty"`
+	ReplayPace  int    `json:"replay_pace,omitempty"` // see publisher.py
 }
 
 // Pub is a running publisher.py: an engine's publisher over
