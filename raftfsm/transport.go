@@ -3,6 +3,8 @@ package raftfsm
 import (
 	"log/slog"
 	"net"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -30,4 +32,76 @@ func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger
 		MaxRPCsInFlight: 1,
 		Logger:          hclogAdapter(logger),
 	})
+}
+
+// commitWatch passes a transport's RPCs on to Raft and notes the first
+// commit index a leader sends this node (in an AppendEntries request).
+//
+// A follower's own commit index is no measure of being caught up: Raft
+// sets it to the leader's commit index capped at the follower's last log
+// index, so a follower that restarted far behind, applying the entries
+// of each batch as it arrives, has applied "everything committed" between
+// batches while it lacks most of the cluster's state. The leader's commit
+// index as first heard after the start is a point the node must reach
+// before it is ready (checkReady). The leader sends it at least every
+// CommitTimeout, entries or not.
+type commitWatch struct {
+	raft.Transport
+	out    chan raft.RPC
+	stop   chan struct{}
+	done   chan struct{}
+	first  atomic.Uint64 // the first leader commit index heard; 0: none yet
+	closed sync.Once
+}
+
+// watchCommits wraps t; close stops its goroutine. The wrapper is a
+// raft.WithPreVote when t is.
+func watchCommits(t raft.Transport) (raft.Transport, *commitWatch) {
+	w := &commitWatch{Transport: t, out: make(chan raft.RPC), stop: make(chan struct{}), done: make(chan struct{})}
+	go w.run(t.Consumer())
+	if pv, ok := t.(raft.WithPreVote); ok {
+		return &commitWatchPreVote{commitWatch: w, pv: pv}, w
+	}
+	return w, w
+}
+
+func (w *commitWatch) run(in <-chan raft.RPC) {
+	defer close(w.done)
+	for {
+		select {
+		case rpc := <-in:
+			if ae, ok := rpc.Command.(*raft.AppendEntriesRequest); ok && ae.LeaderCommitIndex > 0 {
+				w.first.CompareAndSwap(0, ae.LeaderCommitIndex)
+			}
+			select {
+			case w.out <- rpc:
+			case <-w.stop:
+				return
+			}
+		case <-w.stop:
+			return
+		}
+	}
+}
+
+// Consumer implements raft.Transport: the RPCs, after the watch.
+func (w *commitWatch) Consumer() <-chan raft.RPC { return w.out }
+
+// leaderCommit returns the first commit index a leader sent, 0 before one.
+func (w *commitWatch) leaderCommit() uint64 { return w.first.Load() }
+
+// close stops the watch's goroutine (once Raft no longer reads RPCs).
+func (w *commitWatch) close() {
+	w.closed.Do(func() { close(w.stop) })
+	<-w.done
+}
+
+type commitWatchPreVote struct {
+	*commitWatch
+	pv raft.WithPreVote
+}
+
+// RequestPreVote implements raft.WithPreVote.
+func (w *commitWatchPreVote) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
+	return w.pv.RequestPreVote(id, target, args, resp)
 }
