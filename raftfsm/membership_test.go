@@ -200,3 +200,49 @@ func TestRetriedRemoveFinishesAnInterruptedOne(t *testing.T) {
 		t.Fatalf("member %s stays in the member table after the retried remove", victim)
 	}
 }
+
+// TestRemovedLeaderLeavesTheMemberTable: a leader that removes itself
+// steps down before it can remove its own member entry; the next leader
+// removes it. From a review: the entry stayed in every replica and
+// snapshot, and a later remove of the id answered success.
+func TestRemovedLeaderLeavesTheMemberTable(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	c.converged()
+	waitFor(t, 10*time.Second, "the member entries", func() bool { return len(l.fsm.Members()) == 3 })
+	id := l.cfg.ID
+	if err := l.RemoveMember(ctx(t), id); err != nil {
+		t.Fatal(err)
+	}
+	var next *Node
+	waitFor(t, 10*time.Second, "the next leader's entry-free table", func() bool {
+		for _, n := range c.nodes {
+			if n != l && n.IsLeader() && n.CheckLeader() == nil {
+				next = n
+				_, stale := n.fsm.Members()[id]
+				return !stale
+			}
+		}
+		return false
+	})
+	if err := next.RemoveMember(ctx(t), id); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("removing %s again: %v, want ErrInvalid", id, err)
+	}
+	if len(next.fsm.Members()) != 2 {
+		t.Fatalf("member table %v, want the two members left", next.fsm.Members())
+	}
+}
+
+// TestLastVoterIsNotRemoved: removing a cluster's last voter is the
+// caller's mistake (400), not Raft's internal error (500).
+func TestLastVoterIsNotRemoved(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	waitFor(t, 10*time.Second, "the leader's barrier", func() bool { return l.CheckLeader() == nil })
+	if err := l.RemoveMember(ctx(t), l.cfg.ID); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("removing the last voter: %v, want ErrInvalid", err)
+	}
+	if !l.IsLeader() {
+		t.Fatal("the last voter stepped down")
+	}
+}

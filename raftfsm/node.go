@@ -518,19 +518,26 @@ func (n *Node) onLeadership() {
 	// a voter: the first leader of a new cluster records them all. A peer's
 	// existing entry is never rewritten from the flags (they are those of
 	// the bootstrap; a member that joined or moved since has its own
-	// entry), nor is a removed member brought back.
+	// entry), nor is a removed member brought back. Entries of servers no
+	// longer in the configuration go: a leader that removed itself stepped
+	// down before it could remove its own entry (RemoveMember), and a
+	// snapshot restored from another cluster brings that cluster's table.
 	members := n.fsm.Members()
 	want := []Member{{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAddr, HTTPAddr: n.cfg.HTTPAddr}}
-	if len(n.cfg.Peers) > 0 {
-		if cf := n.raft.GetConfiguration(); cf.Error() == nil {
-			voters := map[string]bool{}
-			for _, srv := range cf.Configuration().Servers {
-				voters[string(srv.ID)] = true
+	var gone []string
+	if cf := n.raft.GetConfiguration(); cf.Error() == nil {
+		servers := map[string]bool{}
+		for _, srv := range cf.Configuration().Servers {
+			servers[string(srv.ID)] = true
+		}
+		for _, p := range n.cfg.Peers {
+			if _, known := members[p.ID]; !known && p.ID != n.cfg.ID && p.HTTPAddr != "" && servers[p.ID] {
+				want = append(want, p)
 			}
-			for _, p := range n.cfg.Peers {
-				if _, known := members[p.ID]; !known && p.ID != n.cfg.ID && p.HTTPAddr != "" && voters[p.ID] {
-					want = append(want, p)
-				}
+		}
+		for id := range members {
+			if !servers[id] && id != n.cfg.ID {
+				gone = append(gone, id)
 			}
 		}
 	}
@@ -538,6 +545,11 @@ func (n *Node) onLeadership() {
 		if cur, ok := members[m.ID]; !ok || cur.HTTPAddr != m.HTTPAddr || cur.RaftAddr != m.RaftAddr {
 			n.raft.Apply(encodeMember(time.Now().UnixNano(), &m), n.cfg.ApplyTimeout)
 		}
+	}
+	slices.Sort(gone)
+	for _, id := range gone {
+		n.logger.Info("member table: removing the entry of a server not in the configuration", "member", id)
+		n.raft.Apply(encodeMemberGone(time.Now().UnixNano(), id), n.cfg.ApplyTimeout)
 	}
 	n.ledTerm.Store(term)
 	n.logger.Info("leading", "term", term)
@@ -1015,6 +1027,15 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 			return err
 		}
 		return fmt.Errorf("%w: no member %q", ErrInvalid, id)
+	}
+	voters := 0
+	for _, s := range cf.Configuration().Servers {
+		if s.Suffrage == raft.Voter && string(s.ID) != id {
+			voters++
+		}
+	}
+	if voters == 0 {
+		return fmt.Errorf("%w: %q is the last voter; a cluster needs one", ErrInvalid, id)
 	}
 	wait := ctx
 	if id == n.cfg.ID {
