@@ -351,7 +351,7 @@ func checkWorkersShape(t *testing.T, a answer) {
 		t.Fatalf("worker keys = %v, want %v", got, want)
 	}
 	ranks := ws[0].(map[string]any)["ranks"].([]any)
-	if got, want := keysOf(ranks[0]), sorted("dp_rank", "blocks", "last_event_id", "needs_resync", "load", "last_heard_ms", "silent"); !equal(got, want) {
+	if got, want := keysOf(ranks[0]), sorted("dp_rank", "blocks", "last_event_id", "needs_resync", "load", "last_heard_ms", "silent", "busy"); !equal(got, want) {
 		t.Fatalf("rank keys = %v, want %v", got, want)
 	}
 	load := ranks[0].(map[string]any)["load"]

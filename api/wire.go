@@ -191,6 +191,9 @@ type RankInfo struct {
 	LastHeardMs int64 `json:"last_heard_ms"`
 	// Silent: nothing heard of the rank for the node's --silent-after.
 	Silent bool `json:"silent"`
+	// Busy: the rank's load is over a busy threshold of the cluster's
+	// scoring settings; routes pass it over while another rank is not.
+	Busy bool `json:"busy"`
 }
 
 // Load is the load that live bookings put on a rank.
@@ -230,6 +233,7 @@ func workers(ws []raftfsm.WorkerStatus) WorkersResponse {
 				NeedsResync: r.NeedsResync,
 				LastHeardMs: r.LastHeard / 1e6,
 				Silent:      r.Silent,
+				Busy:        r.Busy,
 				Load: Load{
 					ActivePrefillTokens: r.Load.ActivePrefillTokens,
 					ActiveDecodeBlocks:  r.Load.ActiveDecodeBlocks,

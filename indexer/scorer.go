@@ -393,14 +393,22 @@ func scoreCandidate(s *CandidateScore, p *Params, req *Request, c *Candidate) {
 	s.Cost = float64(p.PrefillLoadScale*s.PrefillBlocks) + float64(c.PotentialDecodeBlocks) +
 		float64(p.DecodeActiveRequestWeight*float64(c.Load.ActiveRequests))
 
-	if p.BusyDecodeFraction > 0 && c.CapacityBlocks > 0 &&
-		float64(c.Load.ActiveDecodeBlocks) > float64(p.BusyDecodeFraction*float64(c.CapacityBlocks)) {
-		s.BusyReason |= BusyDecodeBlocks
-	}
-	if p.BusyPrefillTokens > 0 && c.Load.ActivePrefillTokens > p.BusyPrefillTokens {
-		s.BusyReason |= BusyPrefillTokens
-	}
+	s.BusyReason = p.BusyOf(c.Load, c.CapacityBlocks)
 	s.Busy = s.BusyReason != 0
+}
+
+// BusyOf says which busy thresholds a rank with load l and a KV capacity
+// of capacityBlocks (0: unknown) is over.
+func (p *Params) BusyOf(l Load, capacityBlocks int64) BusyReason {
+	var r BusyReason
+	if p.BusyDecodeFraction > 0 && capacityBlocks > 0 &&
+		float64(l.ActiveDecodeBlocks) > float64(p.BusyDecodeFraction*float64(capacityBlocks)) {
+		r |= BusyDecodeBlocks
+	}
+	if p.BusyPrefillTokens > 0 && l.ActivePrefillTokens > p.BusyPrefillTokens {
+		r |= BusyPrefillTokens
+	}
+	return r
 }
 
 // better reports whether a goes before b in the temperature-0 order: lower

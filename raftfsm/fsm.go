@@ -108,6 +108,7 @@ type FSM struct {
 	applySeconds     prometheus.Histogram
 	persistSeconds   prometheus.Histogram
 	restoreSeconds   atomic.Uint64
+	stalls           store.WriteStalls // the state database's write stalls
 
 	// onFatal is called when the state database fails under Apply, which
 	// must not happen silently: a committed entry cannot be refused.
@@ -172,7 +173,7 @@ func openFSM(cfg FSMConfig) (*FSM, error) {
 	if err := cleanupRestore(f.dir); err != nil {
 		return nil, err
 	}
-	db, err := store.OpenState(f.dir, store.StateOptions{Logger: f.logger})
+	db, err := store.OpenState(f.dir, store.StateOptions{Logger: f.logger, Stalls: &f.stalls})
 	if err != nil {
 		return nil, err
 	}

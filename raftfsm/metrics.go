@@ -23,7 +23,7 @@ type Collector struct {
 	leaderChanges, readySeconds, restoreSeconds, diskBytes  *prometheus.Desc
 	bookings, bookingsExpired                               *prometheus.Desc
 	workerBlocks, workerSilent, workerPrefill, workerDecode *prometheus.Desc
-	checks, mismatches                                      *prometheus.Desc
+	checks, mismatches, stalls, workerBusy                  *prometheus.Desc
 }
 
 // NewCollector returns the collector of node n.
@@ -60,6 +60,8 @@ func NewCollector(n *Node) *Collector {
 		workerDecode:    d("worker_active_decode_blocks", "Distinct KV blocks the worker's live requests hold.", "worker"),
 		checks:          d("state_digest_checks_total", "Replica digest checks that compared this node's digest with the leader's, since it started."),
 		mismatches:      d("state_digest_mismatch_total", "Replica digest checks that found this node's state differing from the leader's: its state has diverged."),
+		workerBusy:      d("worker_busy", "1 when a rank of the worker is over a busy threshold of the scoring settings.", "worker"),
+		stalls:          d("store_write_stall_seconds_total", "Seconds Pebble held writes back (memtables waiting for a flush, or too many level 0 sublevels), by store: raft (log), fsm (state).", "store"),
 	}
 }
 
@@ -68,7 +70,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.state, c.term, c.commit, c.applied, c.lastIndex, c.snapIndex, c.blocks,
 		c.nodes, c.entries, c.orphans, c.needResync, c.malformed, c.unknownRemoves, c.workers, c.ready,
 		c.leaderChanges, c.readySeconds, c.restoreSeconds, c.diskBytes, c.bookings, c.bookingsExpired,
-		c.workerBlocks, c.workerSilent, c.workerPrefill, c.workerDecode, c.checks, c.mismatches} {
+		c.workerBlocks, c.workerSilent, c.workerPrefill, c.workerDecode, c.checks, c.mismatches, c.stalls, c.workerBusy} {
 		ch <- d
 	}
 	c.n.fsm.applySeconds.Describe(ch)
@@ -127,6 +129,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	compared, mismatched := f.DigestChecks()
 	ch <- prometheus.MustNewConstMetric(c.checks, prometheus.CounterValue, float64(compared))
 	ch <- prometheus.MustNewConstMetric(c.mismatches, prometheus.CounterValue, float64(mismatched))
+	ch <- prometheus.MustNewConstMetric(c.stalls, prometheus.CounterValue, n.logStalls.Seconds(), "raft")
+	ch <- prometheus.MustNewConstMetric(c.stalls, prometheus.CounterValue, f.stalls.Seconds(), "fsm")
 	f.applySeconds.Collect(ch)
 	f.persistSeconds.Collect(ch)
 
@@ -134,13 +138,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for _, w := range n.Workers() {
 		id := strconv.FormatUint(w.Info.ID, 10)
 		var blocks [kvevent.NumTiers]int64
-		var silent, prefill, decode int64
+		var silent, busy, prefill, decode int64
 		for _, rs := range w.Ranks {
 			for t := range blocks {
 				blocks[t] += rs.Blocks[t]
 			}
 			if rs.Silent {
 				silent = 1
+			}
+			if rs.Busy {
+				busy = 1
 			}
 			prefill += rs.Load.ActivePrefillTokens
 			decode += rs.Load.ActiveDecodeBlocks
@@ -149,6 +156,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			g(c.workerBlocks, float64(blocks[t]), id, t.String())
 		}
 		g(c.workerSilent, float64(silent), id)
+		g(c.workerBusy, float64(busy), id)
 		g(c.workerPrefill, float64(prefill), id)
 		g(c.workerDecode, float64(decode), id)
 	}

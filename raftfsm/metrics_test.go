@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -62,6 +63,11 @@ func TestCollectorAnswersTheOperatorsQuestions(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the node to see its leader", func() bool { return l.leaderChanges.Load() > 0 })
+	busyAt := indexer.DefaultParams()
+	busyAt.BusyPrefillTokens = 1 // the booked request's prefill is over it
+	if err := l.SetSettings(ctx(t), Settings{Params: busyAt}); err != nil {
+		t.Fatal(err)
+	}
 
 	m := gather(t, NewCollector(l))
 	want := func(key string, ok func(v float64) bool) {
@@ -91,6 +97,11 @@ func TestCollectorAnswersTheOperatorsQuestions(t *testing.T) {
 	want("kvrouter_worker_silent{worker=7}", is(0))
 	want("kvrouter_worker_active_prefill_tokens{worker=7}", positive)
 	want("kvrouter_worker_active_decode_blocks{worker=7}", positive)
+	want("kvrouter_worker_busy{worker=7}", is(1))
+	want("kvrouter_state_digest_checks_total{}", is(0)) // no check in this test's 30s
+	want("kvrouter_state_digest_mismatch_total{}", is(0))
+	want("kvrouter_store_write_stall_seconds_total{store=raft}", is(0))
+	want("kvrouter_store_write_stall_seconds_total{store=fsm}", is(0))
 	if _, ok := m["kvrouter_restore_duration_seconds{}"]; ok {
 		t.Fatal("a restore duration before any restore")
 	}

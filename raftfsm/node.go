@@ -123,6 +123,8 @@ type Node struct {
 	trans   raft.Transport
 	watch   *commitWatch // Raft's view of trans (checkReady)
 
+	logStalls store.WriteStalls // the log store's write stalls
+
 	ready atomic.Bool
 	// unapplied is an index the readiness checks found to hold a
 	// committed entry the FSM applies (0: none yet): while the FSM has not
@@ -241,7 +243,7 @@ func (n *Node) countLeaders() {
 func (n *Node) startRaft() error {
 	cfg := n.cfg
 	var err error
-	if n.logs, err = store.OpenLogStore(filepath.Join(cfg.DataDir, "raft"), store.LogStoreOptions{Logger: n.logger}); err != nil {
+	if n.logs, err = store.OpenLogStore(filepath.Join(cfg.DataDir, "raft"), store.LogStoreOptions{Logger: n.logger, Stalls: &n.logStalls}); err != nil {
 		return err
 	}
 	if n.snaps, err = raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hclogAdapter(n.logger)); err != nil {
@@ -857,6 +859,7 @@ func (n *Node) Workers() []WorkerStatus {
 	}
 	out := make([]WorkerStatus, 0, len(ws))
 	now := time.Now()
+	params := n.fsm.Settings().Params
 	for _, w := range ws {
 		s := WorkerStatus{Info: w}
 		for _, dp := range w.DPRanks {
@@ -869,9 +872,10 @@ func (n *Node) Workers() []WorkerStatus {
 			if t := max(heard, n.fsm.RegisteredAt(w.ID)); t > 0 && time.Unix(0, t).After(since) {
 				since = time.Unix(0, t)
 			}
+			load := n.fsm.Sequences().Load(r)
 			s.Ranks = append(s.Ranks, RankStatus{DPRank: dp, Blocks: st.Blocks, Cursor: n.fsm.Cursor(r),
-				NeedsResync: st.NeedsResync, Load: n.fsm.Sequences().Load(r), LastHeard: heard,
-				Silent: now.Sub(since) > n.cfg.SilentAfter})
+				NeedsResync: st.NeedsResync, Load: load, LastHeard: heard,
+				Silent: now.Sub(since) > n.cfg.SilentAfter, Busy: params.BusyOf(load, w.Capacity[kvevent.TierDevice]) != 0})
 		}
 		out = append(out, s)
 	}

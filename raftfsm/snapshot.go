@@ -480,7 +480,7 @@ func (f *FSM) restoreFrom(r io.Reader) error {
 			return err
 		}
 	}
-	db, err := store.OpenState(f.dir, store.StateOptions{Logger: f.logger})
+	db, err := store.OpenState(f.dir, store.StateOptions{Logger: f.logger, Stalls: &f.stalls})
 	if err != nil {
 		f.onFatal(fmt.Errorf("reopen restored state: %w", err))
 		return err

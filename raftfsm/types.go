@@ -132,6 +132,10 @@ type RankStatus struct {
 	// from this node's start when it has heard nothing yet). Its agent or
 	// engine may be down while the worker's registration stays.
 	Silent bool `json:"silent"`
+	// Busy: the rank's load is over a busy threshold of the cluster's
+	// scoring settings (busy_decode_fraction of its device capacity, or
+	// busy_prefill_tokens); a route passes it over while another is not.
+	Busy bool `json:"busy"`
 }
 
 // RouteQuery asks which rank should serve a request. Give either Tokens

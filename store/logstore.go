@@ -36,6 +36,9 @@ type LogStoreOptions struct {
 	CacheBytes int64
 	// cacheSlots, when set, replaces logCacheSlots (tests).
 	cacheSlots int
+	// Stalls, when set, adds up the time Pebble stalls this store's
+	// writes.
+	Stalls *WriteStalls
 
 	// tune, when set, adjusts the Pebble options just before Open. It is for
 	// this package's tests (small memtables to force flushes during crash
@@ -93,6 +96,7 @@ func OpenLogStore(dir string, opts LogStoreOptions) (*LogStore, error) {
 	if popts.FS == nil {
 		popts.FS = vfs.Default
 	}
+	opts.Stalls.listen(popts, logger)
 	if opts.tune != nil {
 		opts.tune(popts)
 	}

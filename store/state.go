@@ -118,6 +118,9 @@ type StateOptions struct {
 	// (restores); the state database never writes a WAL now (see StateDB),
 	// so it changes nothing.
 	DisableWAL bool
+	// Stalls, when set, adds up the time Pebble stalls this database's
+	// writes.
+	Stalls *WriteStalls
 }
 
 // Pebble options of the state database, measured on the cluster ingest
@@ -180,6 +183,7 @@ func OpenState(dir string, opts StateOptions) (*StateDB, error) {
 	if popts.FS == nil {
 		popts.FS = vfs.Default
 	}
+	opts.Stalls.listen(popts, logger)
 	popts.EnsureDefaults() // Open defaults a copy; createTable reads these
 	db, err := pebble.Open(dir, popts)
 	if err != nil {

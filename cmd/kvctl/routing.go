@@ -57,7 +57,7 @@ func printWorkers(e *env, ws []api.Worker, tiers []kvevent.Tier) error {
 	for _, t := range tiers {
 		header = append(header, strings.ToUpper(t.String()))
 	}
-	header = append(header, "LAST_EVENT", "RESYNC", "SILENT", "REQUESTS", "PREFILL_TOKENS", "DECODE_BLOCKS")
+	header = append(header, "LAST_EVENT", "RESYNC", "SILENT", "BUSY", "REQUESTS", "PREFILL_TOKENS", "DECODE_BLOCKS")
 	t := newTable(e.stdout, header...)
 	for _, w := range ws {
 		for _, r := range w.Ranks {
@@ -65,7 +65,7 @@ func printWorkers(e *env, ws []api.Worker, tiers []kvevent.Tier) error {
 			for _, tier := range tiers {
 				cells = append(cells, i64(r.Blocks.Get(tier)))
 			}
-			cells = append(cells, u64(r.LastEventID), yesNo(r.NeedsResync), yesNo(r.Silent), i64(r.Load.ActiveRequests),
+			cells = append(cells, u64(r.LastEventID), yesNo(r.NeedsResync), yesNo(r.Silent), yesNo(r.Busy), i64(r.Load.ActiveRequests),
 				i64(r.Load.ActivePrefillTokens), i64(r.Load.ActiveDecodeBlocks))
 			t.row(cells...)
 		}
