@@ -80,6 +80,8 @@ func fastRouteRequest(b []byte, req *RouteRequest) bool {
 			req.LoRAName, ok = p.Text()
 		case "cache_salt":
 			req.CacheSalt, ok = p.Text()
+		case "model":
+			req.Model, ok = p.Text()
 		case "book":
 			req.Book, ok = p.Bool()
 		case "request_id":

@@ -47,34 +47,40 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) error {
 		routeScratchPool.Put(sc)
 	}()
 	req := &sc.req
+	decodeStart := time.Now()
 	if err := decodeRouteRequest(r, req); err != nil {
-		s.m.routeError.Inc()
+		s.m.forModel("").error.Inc()
 		return err
 	}
+	counts := s.m.forModel(req.Model)
 	q, err := routeQuery(req)
 	if err != nil {
-		s.m.routeError.Inc()
+		counts.error.Inc()
 		return err
 	}
 	start := time.Now()
+	s.m.stageDecode.Observe(start.Sub(decodeStart).Seconds())
 	res, err := s.b.Route(r.Context(), q)
-	s.m.routeDuration.Observe(time.Since(start).Seconds())
+	s.m.stageBackend.Observe(time.Since(start).Seconds())
 	if err != nil {
 		switch {
 		case errors.Is(err, raftfsm.ErrNotLeader):
 			// A booking for the leader: forwarded, and counted there.
 		case errors.Is(err, indexer.ErrOverloaded):
-			s.m.routeBusy.Inc()
+			s.m.stages(&res.Stages)
+			counts.busy.Inc()
 			if len(res.Decision.Candidates) > 0 {
 				err = &withCandidates{error: err, cands: candidates(&res.Decision)}
 			}
 		case errors.Is(err, indexer.ErrNoWorkers):
-			s.m.routeNoWorkers.Inc()
+			counts.noWorkers.Inc()
 		default:
-			s.m.routeError.Inc()
+			counts.error.Inc()
 		}
 		return err
 	}
+	s.m.stages(&res.Stages)
+	counts.routed.Inc()
 	s.m.routed(&res.Decision, res.BlockSize)
 	if req.Brief {
 		// The router's hot path: encoded by hand, byte for byte what

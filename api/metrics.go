@@ -3,9 +3,12 @@ package api
 import (
 	"errors"
 	"log/slog"
+	"sync"
+	"unicode/utf8"
 
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -29,8 +32,8 @@ type metrics struct {
 	httpRequests  *prometheus.CounterVec   // route, code
 	httpDuration  *prometheus.HistogramVec // route
 	httpForwards  *prometheus.CounterVec   // route, outcome
-	routeRequests *prometheus.CounterVec   // outcome
-	routeDuration prometheus.Histogram
+	routeRequests *prometheus.CounterVec   // model, outcome
+	routeDuration *prometheus.HistogramVec // stage
 
 	// Is routing winning (metrics.md)? Of the routed requests: their
 	// prompt tokens, the chosen rank's cached tokens per tier as the index
@@ -42,8 +45,68 @@ type metrics struct {
 	routePredicted    [kvevent.NumTiers]prometheus.Counter
 	routeBest         prometheus.Counter
 
-	// routeRequests' series, resolved once.
-	routeRouted, routeBusy, routeNoWorkers, routeError prometheus.Counter
+	// routeDuration's series, resolved once: the request's decoding, the
+	// backend's stages (raftfsm.RouteStages) and the backend's whole call.
+	stageDecode, stageHash, stageMatch, stageLoad, stageScore, stageBook, stageBackend prometheus.Observer
+
+	// routeRequests' series per model, resolved on a model's first route:
+	// at most maxModelLabels models get their own, the rest share other's.
+	modelMu sync.Mutex
+	models  sync.Map // model name -> *modelOutcomes
+	nModels int      // models with their own series (under modelMu)
+	other   *modelOutcomes
+}
+
+// maxModelLabels bounds kvrouter_route_requests_total's model label: the
+// model is what a client says, so the first this many names get a series
+// of their own and later ones count as "other" (metrics.md). A request
+// that names none counts as "none".
+const maxModelLabels = 32
+
+// modelOutcomes are one model's routeRequests series.
+type modelOutcomes struct{ routed, busy, noWorkers, error prometheus.Counter }
+
+func (m *metrics) newOutcomes(model string) *modelOutcomes {
+	return &modelOutcomes{routed: m.routeRequests.WithLabelValues(model, outcomeRouted),
+		busy:      m.routeRequests.WithLabelValues(model, outcomeBusy),
+		noWorkers: m.routeRequests.WithLabelValues(model, outcomeNoWorkers),
+		error:     m.routeRequests.WithLabelValues(model, outcomeError)}
+}
+
+// forModel returns the series of a request's model.
+func (m *metrics) forModel(model string) *modelOutcomes {
+	switch {
+	case model == "":
+		model = "none"
+	case len(model) > maxNameLen || !utf8.ValidString(model):
+		return m.other // refused anyway (or not a label value)
+	}
+	if o, ok := m.models.Load(model); ok {
+		return o.(*modelOutcomes)
+	}
+	m.modelMu.Lock()
+	defer m.modelMu.Unlock()
+	if o, ok := m.models.Load(model); ok {
+		return o.(*modelOutcomes)
+	}
+	if m.nModels >= maxModelLabels {
+		return m.other
+	}
+	m.nModels++
+	o := m.newOutcomes(model)
+	m.models.Store(model, o)
+	return o
+}
+
+// stages observes a route's stage times.
+func (m *metrics) stages(st *raftfsm.RouteStages) {
+	m.stageHash.Observe(st.Hash.Seconds())
+	m.stageMatch.Observe(st.Match.Seconds())
+	m.stageLoad.Observe(st.Load.Seconds())
+	m.stageScore.Observe(st.Score.Seconds())
+	if st.Book > 0 {
+		m.stageBook.Observe(st.Book.Seconds())
+	}
 }
 
 func newMetrics(reg prometheus.Registerer, log *slog.Logger) *metrics {
@@ -63,13 +126,13 @@ func newMetrics(reg prometheus.Registerer, log *slog.Logger) *metrics {
 		}, []string{"route", "outcome"})),
 		routeRequests: register(reg, log, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_route_requests_total",
-			Help: "Route requests answered by this node, by outcome (routed, busy, no_workers, error).",
-		}, []string{"outcome"})),
-		routeDuration: register(reg, log, prometheus.NewHistogram(prometheus.HistogramOpts{
+			Help: "Route requests answered by this node, by the request's model (the first 32 names; later ones as other, none when unnamed) and outcome (routed, busy, no_workers, error).",
+		}, []string{"model", "outcome"})),
+		routeDuration: register(reg, log, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvrouter_route_duration_seconds",
-			Help:    "Time the backend took to decide (and book) a route request.",
-			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 18), // 10µs .. 1.3s
-		})),
+			Help:    "Time a route request spent in each stage: decode (the request), hash, match (the index lookup), load, score, book (through Raft), and backend (the whole decision, booking included).",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 2, 22), // 1µs .. 2s
+		}, []string{"stage"})),
 	}
 	m.routePromptTokens = register(reg, log, prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvrouter_route_prompt_tokens_total",
@@ -86,10 +149,10 @@ func newMetrics(reg prometheus.Registerer, log *slog.Logger) *metrics {
 		Name: "kvrouter_route_best_cached_tokens_total",
 		Help: "Prompt tokens the index predicted cached on the best eligible rank (any tier).",
 	}))
-	m.routeRouted = m.routeRequests.WithLabelValues(outcomeRouted)
-	m.routeBusy = m.routeRequests.WithLabelValues(outcomeBusy)
-	m.routeNoWorkers = m.routeRequests.WithLabelValues(outcomeNoWorkers)
-	m.routeError = m.routeRequests.WithLabelValues(outcomeError)
+	m.other = m.newOutcomes("other")
+	stage := func(name string) prometheus.Observer { return m.routeDuration.WithLabelValues(name) }
+	m.stageDecode, m.stageHash, m.stageMatch, m.stageLoad = stage("decode"), stage("hash"), stage("match"), stage("load")
+	m.stageScore, m.stageBook, m.stageBackend = stage("score"), stage("book"), stage("backend")
 	return m
 }
 
@@ -113,7 +176,6 @@ func register[C prometheus.Collector](reg prometheus.Registerer, log *slog.Logge
 
 // routed counts a routed request's tokens (see metrics.routePromptTokens).
 func (m *metrics) routed(d *indexer.Decision, blockSize int) {
-	m.routeRouted.Inc()
 	isl := int64(d.Request.ISL)
 	m.routePromptTokens.Add(float64(isl))
 	bs := int64(blockSize)

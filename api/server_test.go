@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"maps"
 	"net/http"
 	"strings"
@@ -564,5 +565,85 @@ func TestRoutedTokensAreCounted(t *testing.T) {
 		if got := counterValue(t, n.reg, "kvrouter_route_predicted_cached_tokens_total", map[string]string{"tier": tier}); got != want {
 			t.Errorf("predicted cached tokens on %s = %v, want %v", tier, got, want)
 		}
+	}
+}
+
+// histogramCount returns the sample count of a histogram series.
+func histogramCount(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) uint64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				got[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if got[k] != v {
+					continue series
+				}
+			}
+			n += m.GetHistogram().GetSampleCount()
+		}
+	}
+	return n
+}
+
+// TestRouteMetricsByModelAndStage: routes count under their model (the
+// first 32 names, later ones as other, none when unnamed), and each stage
+// of a decision is timed; a booking's only when booked.
+func TestRouteMetricsByModelAndStage(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	route := func(body string) {
+		t.Helper()
+		if a := send(t, n.http.URL, "POST", "/v1/route", body); a.code != 200 {
+			t.Fatalf("route %s: %d %s", body, a.code, a.body)
+		}
+	}
+	route(`{"token_ids":[1,2,3,4],"model":"llama"}`)
+	route(`{"token_ids":[1,2,3,4],"model":"llama","book":true,"request_id":"q1"}`)
+	route(`{"token_ids":[1,2,3,4]}`)
+	for i := range 40 {
+		route(fmt.Sprintf(`{"token_ids":[1,2,3,4],"model":"m%02d"}`, i))
+	}
+	count := func(model, outcome string) float64 {
+		return counterValue(t, n.reg, "kvrouter_route_requests_total", map[string]string{"model": model, "outcome": outcome})
+	}
+	if got := count("llama", "routed"); got != 2 {
+		t.Fatalf("llama routed %v, want 2", got)
+	}
+	if got := count("none", "routed"); got != 1 {
+		t.Fatalf("unnamed routed %v, want 1", got)
+	}
+	// llama and none take 2 of the 32 labels: m00..m29 get their own.
+	if got := count("m29", "routed"); got != 1 {
+		t.Fatalf("m29 routed %v, want 1", got)
+	}
+	if got := count("m30", "routed"); got != 0 {
+		t.Fatalf("m30 has a label of its own (%v), past the cap", got)
+	}
+	if got := count("other", "routed"); got != 10 {
+		t.Fatalf("other routed %v, want 10 (m30..m39)", got)
+	}
+	if a := send(t, n.http.URL, "POST", "/v1/route", `{"token_ids":[1],"model":"`+strings.Repeat("x", 1025)+`"}`); a.code != 400 {
+		t.Fatalf("an overlong model: %d %s, want 400", a.code, a.body)
+	}
+	routes := uint64(43)
+	for _, stage := range []string{"decode", "hash", "match", "load", "score", "backend"} {
+		if got := histogramCount(t, n.reg, "kvrouter_route_duration_seconds", map[string]string{"stage": stage}); got != routes {
+			t.Fatalf("stage %s timed %d times, want %d", stage, got, routes)
+		}
+	}
+	if got := histogramCount(t, n.reg, "kvrouter_route_duration_seconds", map[string]string{"stage": "book"}); got != 1 {
+		t.Fatalf("stage book timed %d times, want 1", got)
 	}
 }

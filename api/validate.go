@@ -95,6 +95,9 @@ func routeQuery(req *RouteRequest) (raftfsm.RouteQuery, error) {
 	if err := checkName("cache_salt", req.CacheSalt); err != nil {
 		return q, err
 	}
+	if err := checkName("model", req.Model); err != nil {
+		return q, err
+	}
 	if req.Overrides != nil {
 		// Validate the overrides alone: any valid base gives the same verdict,
 		// because Validate checks each field on its own.

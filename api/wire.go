@@ -84,6 +84,10 @@ type RouteRequest struct {
 	// Brief answers without the candidates' scores: the choice, its cost
 	// and overlap. A router's hot path wants this; kvctl route does not.
 	Brief bool `json:"brief,omitempty"`
+	// Model names the request's model for the metrics only
+	// (kvrouter_route_requests_total{model}); routing does not filter by
+	// it: a cluster serves one model (the compatible API has namespaces).
+	Model string `json:"model,omitempty"`
 }
 
 // RouteResponse is a route decision and its explanation.

@@ -75,6 +75,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	c.n.fsm.applySeconds.Describe(ch)
 	c.n.fsm.persistSeconds.Describe(ch)
+	c.n.lookupSeconds.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -133,6 +134,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.stalls, prometheus.CounterValue, f.stalls.Seconds(), "fsm")
 	f.applySeconds.Collect(ch)
 	f.persistSeconds.Collect(ch)
+	n.lookupSeconds.Collect(ch)
 
 	// Per worker (bounded by the fleet): its ranks summed.
 	for _, w := range n.Workers() {

@@ -22,6 +22,7 @@ import (
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/store"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Config configures a Node. Timeouts default to LAN values that give
@@ -124,6 +125,8 @@ type Node struct {
 	watch   *commitWatch // Raft's view of trans (checkReady)
 
 	logStalls store.WriteStalls // the log store's write stalls
+	// lookupSeconds times the index lookups of routes and FindMatches.
+	lookupSeconds prometheus.Histogram
 
 	ready atomic.Bool
 	// unapplied is an index the readiness checks found to hold a
@@ -166,7 +169,10 @@ func NewNode(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("%w: a node needs an id and a data directory", ErrInvalid)
 	}
 	n := &Node{cfg: cfg, logger: cfg.Logger.With("node", cfg.ID), stop: make(chan struct{}), raftDown: make(chan struct{}), started: time.Now(),
-		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x6b76726f75746572))}
+		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x6b76726f75746572)),
+		lookupSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvrouter_index_lookup_duration_seconds",
+			Help:    "Time one index lookup (a route's, or a compatible API query's) took.",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12)})} // 1µs .. 4s
 	n.closeOnce = sync.OnceValue(n.close)
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, err
@@ -1231,7 +1237,9 @@ func (n *Node) WorkerTable() map[uint64]WorkerInfo { return n.fsm.Workers() }
 // FindMatches looks a prompt's content hashes up in this node's index (no
 // early exit); see indexer.Index.FindMatchesByTier.
 func (n *Node) FindMatches(local []uint64, view indexer.View, out *indexer.Matches) {
+	start := time.Now()
 	n.fsm.Index().FindMatchesByTier(local, view, false, out)
+	observeSince(n.lookupSeconds, start)
 }
 
 // DumpRank returns a copy of one rank's index state;

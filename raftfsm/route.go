@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -48,6 +49,7 @@ func blockSizeOf(ws map[uint64]WorkerInfo) int {
 // decision. With q.Book the request is booked on the chosen rank through
 // Raft before Route returns, so a follower answers ErrNotLeader for it.
 func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
+	start := time.Now()
 	bs := int(n.fsm.blockSize.Load())
 	if q.BlockSize > 0 {
 		bs = q.BlockSize
@@ -83,8 +85,14 @@ func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 		sc.seq = kvevent.SequenceHashes(sc.seq[:0], local)
 		seq = sc.seq
 	}
+	var st RouteStages
+	hashed := time.Now()
+	st.Hash = hashed.Sub(start)
 	settings := n.fsm.Settings()
 	n.fsm.Index().FindMatchesByTier(local, settings.View, false, &sc.matches)
+	matched := time.Now()
+	st.Match = matched.Sub(hashed)
+	n.lookupSeconds.Observe(st.Match.Seconds())
 	var idle int64
 	sc.loads, idle = n.fsm.Sequences().PotentialDecodeBlocks(sc.loads[:0], seq, &sc.pot)
 
@@ -118,6 +126,8 @@ func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	if len(local) > 0 {
 		first = local[0]
 	}
+	loaded := time.Now()
+	st.Load = loaded.Sub(matched)
 	res := RouteResult{BlockSize: bs}
 	params := settings.Params.With(q.Overrides)
 	req := indexer.Request{ISL: isl, BlockSize: bs, FirstBlockHash: first}
@@ -131,6 +141,9 @@ func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	} else {
 		err = indexer.Select(params, req, sc.cands, nil, &sc.dec)
 	}
+	scored := time.Now()
+	st.Score = scored.Sub(loaded)
+	res.Stages = st
 	if err != nil {
 		// On ErrOverloaded the scores are for the operator: all of them.
 		res.Decision = sc.dec
@@ -148,6 +161,7 @@ func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 		b := Booking{ID: q.RequestID, Rank: sc.dec.Rank, SeqHashes: slices.Clone(seq), ISL: isl,
 			CachedTokens: int(c.OverlapBlocks) * bs}
 		resp, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookAdd, b: b}}))
+		res.Stages.Book = time.Since(scored)
 		if err != nil {
 			return res, fmt.Errorf("book %s: %w", q.RequestID, err)
 		}

@@ -1,6 +1,8 @@
 package raftfsm
 
 import (
+	"time"
+
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
 )
@@ -179,6 +181,17 @@ type RouteResult struct {
 	Decision  indexer.Decision
 	BlockSize int
 	Booked    bool
+	Stages    RouteStages
+}
+
+// RouteStages is how long each stage of a route decision took
+// (kvrouter_route_duration_seconds{stage}); a stage not reached is 0.
+type RouteStages struct {
+	Hash  time.Duration // the prompt's block and sequence hashes
+	Match time.Duration // the index lookup (FindMatchesByTier)
+	Load  time.Duration // the load view and the candidates
+	Score time.Duration // scoring and the choice
+	Book  time.Duration // the booking, through Raft (0 without one)
 }
 
 // SnapshotInfo describes a snapshot stream.

@@ -30,6 +30,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -368,6 +369,8 @@ func (f *Fake) Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteRe
 	if p.Temperature > 0 {
 		rng = rand.New(rand.NewPCG(1, 2))
 	}
+	// Every stage takes a microsecond here, so that tests can count them.
+	res.Stages = raftfsm.RouteStages{Hash: time.Microsecond, Match: time.Microsecond, Load: time.Microsecond, Score: time.Microsecond}
 	if err := indexer.Select(p, req, cands, rng, &res.Decision); err != nil {
 		return res, err
 	}
@@ -376,6 +379,7 @@ func (f *Fake) Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteRe
 			f.bookings[q.RequestID] = &booking{rank: res.Decision.Rank, isl: isl, blocks: reqBlocks, prefill: true}
 		}
 		res.Booked = true
+		res.Stages.Book = time.Microsecond
 	}
 	return res, nil
 }
