@@ -99,7 +99,7 @@ func TestCollectorAnswersTheOperatorsQuestions(t *testing.T) {
 	want("kvrouter_worker_active_decode_blocks{worker=7}", positive)
 	want("kvrouter_worker_busy{worker=7}", is(1))
 	want("kvrouter_index_lookup_duration_seconds{}", is(1)) // the route's
-	want("kvrouter_state_digest_checks_total{}", is(0)) // no check in this test's 30s
+	want("kvrouter_state_digest_checks_total{}", is(0))     // no check in this test's 30s
 	want("kvrouter_state_digest_mismatch_total{}", is(0))
 	want("kvrouter_store_write_stall_seconds_total{store=raft}", is(0))
 	want("kvrouter_store_write_stall_seconds_total{store=fsm}", is(0))
