@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -138,7 +139,7 @@ type request struct {
 type ingesterMetrics struct {
 	requests *prometheus.CounterVec // outcome
 	entries  prometheus.Counter
-	received *prometheus.CounterVec // op, tier
+	received *prometheus.CounterVec // worker, op, tier
 	rejected *prometheus.CounterVec // reason
 	gaps     prometheus.Counter
 	resyncs  *prometheus.CounterVec // reason
@@ -155,7 +156,7 @@ func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
 		entries: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_events_entries_total",
 			Help: "Raft entries proposed by the ingester (each packs one or more requests)."}),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_received_total",
-			Help: "Events received by the leader's ingester, by op and tier."}, []string{"op", "tier"}),
+			Help: "Events received by the leader's ingester, by worker (its id when registered, else other), op and tier."}, []string{"worker", "op", "tier"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_requests_rejected_total",
 			Help: "Event requests rejected before Raft (undecodable), by reason."}, []string{"reason"}),
 		gaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_events_gaps_total",
@@ -306,12 +307,10 @@ func (in *Ingester) onEvents(m *nats.Msg) {
 		return
 	}
 	n := 0
+	workers := in.cfg.Node.WorkerTable()
 	for i := range batches {
 		n += len(batches[i].Events)
-		for j := range batches[i].Events {
-			ev := &batches[i].Events[j]
-			in.m.received.WithLabelValues(ev.Kind.String(), ev.Tier.String()).Inc()
-		}
+		in.countReceived(&batches[i], workers)
 	}
 	if err := in.queued.Acquire(in.ctx, int64(n)); err != nil {
 		return // closing: unanswered, its publisher resends
@@ -320,6 +319,31 @@ func (in *Ingester) onEvents(m *nats.Msg) {
 	case in.reqs <- request{msg: m, batches: batches, events: n}:
 	case <-in.stop:
 		in.queued.Release(int64(n))
+	}
+}
+
+// countReceived counts a rank batch's events in
+// kvrouter_events_received_total{worker,op,tier}, once per series. The
+// worker label is the worker's id when it is registered, else "other":
+// anyone may publish, and the fleet bounds the registered ids.
+func (in *Ingester) countReceived(b *raftfsm.RankBatch, workers map[uint64]raftfsm.WorkerInfo) {
+	var counts [kvevent.KindCleared + 1][kvevent.NumTiers]int
+	for j := range b.Events {
+		ev := &b.Events[j]
+		if ev.Kind <= kvevent.KindCleared && ev.Tier < kvevent.NumTiers { // checked by the decoder
+			counts[ev.Kind][ev.Tier]++
+		}
+	}
+	worker := "other"
+	if _, ok := workers[b.Rank.Worker]; ok {
+		worker = strconv.FormatUint(b.Rank.Worker, 10)
+	}
+	for k := kvevent.KindStored; k <= kvevent.KindCleared; k++ {
+		for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
+			if c := counts[k][t]; c > 0 {
+				in.m.received.WithLabelValues(worker, k.String(), t.String()).Add(float64(c))
+			}
+		}
 	}
 }
 

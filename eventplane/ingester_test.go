@@ -273,3 +273,36 @@ func TestDecodedEventsWaitingAreBounded(t *testing.T) {
 		return n == 20
 	})
 }
+
+// TestReceivedEventsAreCountedPerWorker: received events count by worker
+// (a registered one's id, anyone else's as other), op and tier.
+func TestReceivedEventsAreCountedPerWorker(t *testing.T) {
+	tg := newFakeTarget()
+	tg.register(7, 0)
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	defer in.Close()
+	known, stranger := kvevent.Rank{Worker: 7}, kvevent.Rank{Worker: 99}
+	stored := kvevent.Event{Rank: known, EventID: 1, Kind: kvevent.KindStored, Tier: kvevent.TierHostPinned,
+		Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 2}}}
+	removed := kvevent.Event{Rank: known, EventID: 2, Kind: kvevent.KindRemoved, Tier: kvevent.TierHostPinned, Removed: []uint64{1}}
+	in.onEvents(&nats.Msg{Data: appendEvents(nil, []raftfsm.RankBatch{{Rank: known, Events: []kvevent.Event{stored, removed}}})})
+	in.onEvents(clearedEvents(known, 3, 2))
+	in.onEvents(clearedEvents(stranger, 1, 3))
+	count := func(worker, op, tier string) float64 {
+		var m dto.Metric
+		if err := in.m.received.WithLabelValues(worker, op, tier).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	for _, c := range []struct {
+		worker, op, tier string
+		want             float64
+	}{
+		{"7", "store", "host", 1}, {"7", "remove", "host", 1}, {"7", "clear", "device", 2}, {"other", "clear", "device", 3},
+	} {
+		if got := count(c.worker, c.op, c.tier); got != c.want {
+			t.Errorf("received{worker=%s,op=%s,tier=%s} = %v, want %v", c.worker, c.op, c.tier, got, c.want)
+		}
+	}
+}
