@@ -364,7 +364,7 @@ func checkWorkersShape(t *testing.T, a answer) {
 func checkStatsShape(t *testing.T, a answer) {
 	t.Helper()
 	m := a.json(t)
-	want := sorted("nodes", "ranks", "entries", "blocks", "orphan_events", "orphan_blocks", "need_resync", "over_capacity", "counters", "heap_bytes")
+	want := sorted("nodes", "ranks", "entries", "blocks", "orphan_events", "orphan_blocks", "need_resync", "over_capacity", "counters", "heap_bytes", "memory_bytes")
 	if got := keysOf(m); !equal(got, want) {
 		t.Fatalf("stats keys = %v, want %v", got, want)
 	}

@@ -293,6 +293,9 @@ type IndexStats struct {
 	// HeapBytes is the answering node's Go heap in live and not yet
 	// collected objects: mostly its index (docs/operations.md, memory).
 	HeapBytes uint64 `json:"heap_bytes"`
+	// MemoryBytes estimates what the index itself holds
+	// (kvrouter_index_memory_bytes).
+	MemoryBytes int64 `json:"memory_bytes"`
 }
 
 // IndexCounters are the index's event counters since the node started.
@@ -314,7 +317,7 @@ func indexStats(s indexer.Stats) IndexStats {
 	return IndexStats{
 		Nodes: s.Nodes, Ranks: s.Ranks, Entries: s.Entries, Blocks: tierBlocks(s.Blocks),
 		OrphanEvents: s.OrphanEvents, OrphanBlocks: s.OrphanBlocks,
-		NeedResync: s.NeedResync, OverCapacity: s.OverCapacity,
+		NeedResync: s.NeedResync, OverCapacity: s.OverCapacity, MemoryBytes: s.MemoryBytes,
 		Counters: IndexCounters{
 			StoredBlocks: c.StoredBlocks, RemovedBlocks: c.RemovedBlocks, Cleared: c.Cleared,
 			UnknownRemoves: c.UnknownRemoves, Malformed: c.Malformed,

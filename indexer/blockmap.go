@@ -1,6 +1,9 @@
 package indexer
 
-import "iter"
+import (
+	"iter"
+	"unsafe"
+)
 
 // blockMap is a rank's engine hash → node map (rankState.blocks).
 //
@@ -81,6 +84,20 @@ func newBlockMap(hint int) blockMap {
 
 // len returns the number of entries.
 func (m *blockMap) len() int { return m.n }
+
+// bytes returns the memory the map holds: its directory and segments (a
+// segment fills a run of directory entries).
+func (m *blockMap) bytes() int64 {
+	b := int64(len(m.dir)) * int64(unsafe.Sizeof((*bmSegment)(nil)))
+	var prev *bmSegment
+	for _, s := range m.dir {
+		if s != prev && s != nil {
+			b += int64(unsafe.Sizeof(bmSegment{})) + int64(len(s.slots))*int64(unsafe.Sizeof(blockSlot{}))
+		}
+		prev = s
+	}
+	return b
+}
 
 // seg returns the segment of hash h.
 func (m *blockMap) seg(h uint64) *bmSegment {

@@ -23,7 +23,7 @@ type Collector struct {
 	leaderChanges, readySeconds, restoreSeconds, diskBytes  *prometheus.Desc
 	bookings, bookingsExpired                               *prometheus.Desc
 	workerBlocks, workerSilent, workerPrefill, workerDecode *prometheus.Desc
-	checks, mismatches, stalls, workerBusy                  *prometheus.Desc
+	checks, mismatches, stalls, workerBusy, indexMemory     *prometheus.Desc
 }
 
 // NewCollector returns the collector of node n.
@@ -60,6 +60,7 @@ func NewCollector(n *Node) *Collector {
 		workerDecode:    d("worker_active_decode_blocks", "Distinct KV blocks the worker's live requests hold.", "worker"),
 		checks:          d("state_digest_checks_total", "Replica digest checks that compared this node's digest with the leader's, since it started."),
 		mismatches:      d("state_digest_mismatch_total", "Replica digest checks that found this node's state differing from the leader's: its state has diverged."),
+		indexMemory:     d("index_memory_bytes", "Estimated bytes the in-memory index holds (nodes, holders, engine-hash maps, orphan buffers)."),
 		workerBusy:      d("worker_busy", "1 when a rank of the worker is over a busy threshold of the scoring settings.", "worker"),
 		stalls:          d("store_write_stall_seconds_total", "Seconds Pebble held writes back (memtables waiting for a flush, or too many level 0 sublevels), by store: raft (log), fsm (state).", "store"),
 	}
@@ -70,7 +71,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.state, c.term, c.commit, c.applied, c.lastIndex, c.snapIndex, c.blocks,
 		c.nodes, c.entries, c.orphans, c.needResync, c.malformed, c.unknownRemoves, c.workers, c.ready,
 		c.leaderChanges, c.readySeconds, c.restoreSeconds, c.diskBytes, c.bookings, c.bookingsExpired,
-		c.workerBlocks, c.workerSilent, c.workerPrefill, c.workerDecode, c.checks, c.mismatches, c.stalls, c.workerBusy} {
+		c.workerBlocks, c.workerSilent, c.workerPrefill, c.workerDecode, c.checks, c.mismatches, c.stalls, c.workerBusy, c.indexMemory} {
 		ch <- d
 	}
 	c.n.fsm.applySeconds.Describe(ch)
@@ -101,6 +102,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		g(c.blocks, float64(st.Blocks[t]), t.String())
 	}
 	g(c.nodes, float64(st.Nodes))
+	g(c.indexMemory, float64(st.MemoryBytes))
 	g(c.entries, float64(st.Entries))
 	g(c.orphans, float64(st.OrphanBlocks))
 	g(c.needResync, float64(st.NeedResync))
