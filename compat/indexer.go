@@ -412,9 +412,19 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 	}
 	id := WorkerID(req.InstanceID, req.ModelName, tenant)
 
+	if strings.ContainsRune(req.ModelName, 0) || strings.ContainsRune(tenant, 0) {
+		return badRequest("model_name and tenant_id must not hold a NUL byte")
+	}
+
 	x.regMu.Lock()
 	defer x.regMu.Unlock()
-	old, exists := x.b.WorkerTable()[id]
+	table := x.b.WorkerTable()
+	old, exists := table[id]
+	if !exists {
+		if err := joinsNamespace(table, req, tenant); err != nil {
+			return err
+		}
+	}
 	agentless := req.Agentless == nil || *req.Agentless
 	nw := raftfsm.WorkerInfo{ID: id, Instance: req.InstanceID, Model: req.ModelName, Tenant: tenant,
 		BlockSize: req.BlockSize, Salt: req.AdditionalSalt, Positional: agentless}
@@ -462,6 +472,31 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 	}
 	if err := x.b.RegisterWorker(ctx, nw); err != nil {
 		return fmt.Errorf("register instance %d: %w", req.InstanceID, err)
+	}
+	return nil
+}
+
+// joinsNamespace checks that a new instance fits its namespace: one block
+// size for all (the namespace's queries hash and score with one), and an
+// instance id no /v1 worker of the namespace has (a /v1 worker is the
+// instance of its own id there, and answers are keyed by instance).
+func joinsNamespace(table map[uint64]raftfsm.WorkerInfo, req *RegisterRequest, tenant string) error {
+	for wid, w := range table {
+		instance, wt := w.Instance, w.Tenant
+		if wt == "" {
+			instance, wt = wid, DefaultTenant // a /v1 worker
+		}
+		if w.Model != req.ModelName || wt != tenant {
+			continue
+		}
+		if w.BlockSize > 0 && w.BlockSize != req.BlockSize {
+			return &httpError{code: http.StatusConflict, err: fmt.Errorf(
+				"%s/%s serves block_size %d (instance %d): a namespace has one block size", req.ModelName, tenant, w.BlockSize, instance)}
+		}
+		if instance == req.InstanceID {
+			return &httpError{code: http.StatusConflict, err: fmt.Errorf(
+				"instance %d of %s/%s is a worker registered through /v1/workers", req.InstanceID, req.ModelName, tenant)}
+		}
 	}
 	return nil
 }
@@ -644,7 +679,11 @@ func (x *Indexer) lookup(ns *namespace, sc *queryScratch) QueryResponse {
 func (x *Indexer) resolve(instance uint64, model, tenant string) (*raftfsm.WorkerInfo, error) {
 	table := x.b.WorkerTable()
 	if model != "" {
-		wi, ok := table[WorkerID(instance, model, tenantOf(tenant, ""))]
+		t := tenantOf(tenant, "")
+		wi, ok := table[WorkerID(instance, model, t)]
+		if ok && (wi.Instance != instance || wi.Model != model || wi.Tenant != t) {
+			ok = false // another registration's id (WorkerID is a hash)
+		}
 		if !ok {
 			return nil, &httpError{code: http.StatusNotFound, err: fmt.Errorf(
 				"instance %d is not registered for model %s tenant %s", instance, model, tenantOf(tenant, ""))}

@@ -271,3 +271,32 @@ func TestLoadsOfAGroupAlone(t *testing.T) {
 		t.Fatalf("loads of group blue: %s, want instance 1's rank alone", r.body)
 	}
 }
+
+// TestNamespaceKeepsOneBlockSizeAndDistinctInstances: from a review. A
+// namespace's queries hash and score with one block size, so a second one
+// is a 409 (instance 1 of 4 tokens a block was scored as 16); an instance
+// with the id of a /v1 worker of the namespace is a 409 (the two shared
+// one key in every answer); names with a NUL byte are a 400 (WorkerID
+// joins model and tenant with one, so ("m", "x\x00t") and ("m\x00x", "t")
+// were one worker).
+func TestNamespaceKeepsOneBlockSizeAndDistinctInstances(t *testing.T) {
+	n := startNode(t)
+	no := false
+	reg := func(instance uint64, model, tenant string, blockSize int) reply {
+		return n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: instance, Endpoint: "tcp://10.0.0.1:5557",
+			ModelName: model, TenantID: tenant, BlockSize: blockSize, Agentless: &no})
+	}
+	mustCode(t, reg(1, "llama", "", 4), 201, "the first instance")
+	mustCode(t, reg(2, "llama", "", 16), 409, "another block size in the namespace")
+	mustCode(t, reg(2, "llama", "", 4), 201, "the same block size")
+	mustCode(t, reg(3, "llama", "other", 16), 201, "another block size in another tenant")
+
+	if err := n.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 5, BlockSize: 4, Model: "llama"}); err != nil {
+		t.Fatal(err)
+	}
+	mustCode(t, reg(5, "llama", "", 4), 409, "the id of a /v1 worker of the namespace")
+	mustCode(t, reg(5, "llama", "other", 16), 201, "that id in another tenant")
+
+	mustCode(t, reg(9, "m", "x\x00t", 4), 400, "a NUL in the tenant")
+	mustCode(t, reg(9, "m\x00x", "t", 4), 400, "a NUL in the model")
+}
