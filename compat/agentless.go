@@ -235,7 +235,14 @@ type positionSink struct {
 	rank     kvevent.Rank
 	epoch    uint32
 	clearDue string // why a clear is due; "" when none
+	// pastSeq is set once a batch's sequence was past what a position
+	// holds: that batch cleared the rank, and later ones of the epoch are
+	// dropped without another clear each (the engine's restart ends it).
+	pastSeq bool
 }
+
+// maxEpoch is the last epoch a position holds.
+const maxEpoch = 1<<(64-positionSeqBits-positionIndexBits) - 1
 
 func (s *positionSink) commit(evs []kvevent.Event) error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.a.cfg.CommitTimeout)
@@ -259,7 +266,11 @@ func (s *positionSink) Events(r kvevent.Rank, seq uint64, evs []kvevent.Event) e
 	case len(evs) > maxBatchEvents:
 		return fmt.Errorf("agentless: a batch of %d events is more than a position holds (%d)", len(evs), maxBatchEvents)
 	case seq >= 1<<positionSeqBits:
-		return fmt.Errorf("agentless: engine sequence %d is past what a position holds", seq)
+		if s.pastSeq {
+			return nil // cleared already; dropped until the engine restarts
+		}
+		s.pastSeq = true
+		return fmt.Errorf("agentless: engine sequence %d is past what a position holds: the rank stays empty until the engine restarts", seq)
 	}
 	if err := s.commitClear(); err != nil {
 		return fmt.Errorf("agentless: rank %v: the clear before this batch did not commit: %w", s.rank, err)
@@ -272,7 +283,10 @@ func (s *positionSink) Events(r kvevent.Rank, seq uint64, evs []kvevent.Event) e
 }
 
 // Reset starts a new epoch with a clear: the engine restarted, empty.
-func (s *positionSink) Reset(r kvevent.Rank) { s.clear("engine restart") }
+func (s *positionSink) Reset(r kvevent.Rank) {
+	s.pastSeq = false
+	s.clear("engine restart")
+}
 
 // Resync starts a new epoch with a clear: history was lost.
 func (s *positionSink) Resync(r kvevent.Rank, reason enginesub.Reason) { s.clear(string(reason)) }
@@ -293,6 +307,11 @@ func (s *positionSink) clear(why string) {
 func (s *positionSink) commitClear() error {
 	if s.clearDue == "" {
 		return nil
+	}
+	if s.epoch >= maxEpoch {
+		// The next clear's position would wrap to 0, a duplicate of
+		// everything: the rank would never apply a batch again, silently.
+		return fmt.Errorf("agentless: rank %v has used all %d epochs of its positions: unregister and register the instance again to start over", s.rank, maxEpoch+1)
 	}
 	next := s.epoch + 1
 	ev := []kvevent.Event{{Rank: s.rank, Kind: kvevent.KindCleared, EventID: Position(next, 0, 0)}}

@@ -66,3 +66,47 @@ func TestAgentlessLostBatchIsFollowedByAClear(t *testing.T) {
 		t.Fatalf("committed %v, want %v", got, want)
 	}
 }
+
+// TestAgentlessPositionLimits: from a review. A clear past the last epoch
+// used to wrap to position 0, a duplicate of everything, and the rank then
+// dropped every batch silently; it is an error now, and nothing commits. A
+// sequence past what a position holds cleared the rank and bumped the
+// epoch on every batch; now the first such batch clears it once and the
+// rest of the epoch is dropped until the engine restarts.
+func TestAgentlessPositionLimits(t *testing.T) {
+	ft := &fakeTarget{}
+	a := &Agentless{b: ft, cfg: AgentlessConfig{CommitTimeout: time.Second}, log: quiet}
+	r := kvevent.Rank{Worker: 1}
+	st := []kvevent.Event{{Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 2}}}}
+
+	s := &positionSink{a: a, rank: r, epoch: maxEpoch}
+	s.Resync(r, enginesub.ReasonGap)
+	if err := s.Events(r, 7, st); err == nil {
+		t.Fatal("a batch committed after the epochs ran out")
+	}
+	if len(ft.committed) != 0 {
+		t.Fatalf("committed %d events past the last epoch", len(ft.committed))
+	}
+
+	s = &positionSink{a: a, rank: r, epoch: 3}
+	past := uint64(1) << positionSeqBits
+	if err := s.Events(r, past, st); err == nil {
+		t.Fatal("a sequence past a position's was taken")
+	}
+	s.Resync(r, enginesub.ReasonSinkError) // as enginesub does
+	for seq := past + 1; seq < past+4; seq++ {
+		if err := s.Events(r, seq, st); err != nil {
+			t.Fatalf("batch %d: %v", seq, err)
+		}
+	}
+	if s.epoch != 4 || len(ft.committed) != 1 || ft.committed[0].Kind != kvevent.KindCleared {
+		t.Fatalf("epoch %d, committed %v: want one clear, into epoch 4", s.epoch, ft.committed)
+	}
+	s.Reset(r) // the engine restarted: batches apply again
+	if err := s.Events(r, 0, st); err != nil {
+		t.Fatal(err)
+	}
+	if len(ft.committed) != 3 || ft.committed[2].Kind != kvevent.KindStored {
+		t.Fatalf("after the restart, committed %v", ft.committed)
+	}
+}
