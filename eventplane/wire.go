@@ -332,6 +332,13 @@ func decodeEvents(b []byte, maxEvents int) ([]raftfsm.RankBatch, error) {
 		if r.err != nil {
 			break
 		}
+		if ne == 0 {
+			// A publisher never sends one, and each would cost a decoded
+			// batch, a queue slot and a Raft apply for free (the caps
+			// count events).
+			r.fail("an empty rank batch")
+			break
+		}
 		if total += ne; total > maxEvents {
 			r.fail("request of more than %d events", maxEvents)
 			break
@@ -357,6 +364,10 @@ func decodeEvents(b []byte, maxEvents int) ([]raftfsm.RankBatch, error) {
 	return batches, nil
 }
 
+// minStoredBytes is the least a stored event is encoded in: tier, kind,
+// parent flag, block count and one block.
+const minStoredBytes = 4 + 16
+
 // decodeDump decodes a dump request.
 func decodeDump(b []byte) (rank kvevent.Rank, cursor uint64, stored []kvevent.Event, err error) {
 	r := rbuf{b: b}
@@ -365,7 +376,9 @@ func decodeDump(b []byte) (rank kvevent.Rank, cursor uint64, stored []kvevent.Ev
 	}
 	rank = kvevent.Rank{Worker: r.uv(), DP: r.dp()}
 	cursor = r.uv()
-	n := r.count(2)
+	// A stored event takes at least minStoredBytes: a forged count can
+	// make the decoder allocate no more than the message justifies.
+	n := r.count(minStoredBytes)
 	if r.err == nil {
 		stored = make([]kvevent.Event, n)
 	}

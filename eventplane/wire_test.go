@@ -2,9 +2,11 @@ package eventplane
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"math"
 	"reflect"
+	"runtime"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -18,12 +20,12 @@ func sampleBatches() []raftfsm.RankBatch {
 		{Rank: r, EventID: 8, Kind: kvevent.KindStored, Tier: kvevent.TierDevice, HasParent: true, Parent: 3, Blocks: []kvevent.Block{{EngineHash: 5, LocalHash: 6}}},
 		{Rank: r, EventID: 9, Kind: kvevent.KindRemoved, Tier: kvevent.TierDisk, Removed: []uint64{1, 3}},
 		{Rank: r, EventID: 10, Kind: kvevent.KindCleared},
-	}}, {Rank: kvevent.Rank{Worker: 2}, Events: []kvevent.Event{}}}
+	}}, {Rank: kvevent.Rank{Worker: 2}, Events: []kvevent.Event{{Rank: kvevent.Rank{Worker: 2}, EventID: 1, Kind: kvevent.KindCleared}}}}
 }
 
 func TestEventsRoundTrip(t *testing.T) {
 	in := sampleBatches()
-	out, err := decodeEvents(appendEvents(nil, in), 4)
+	out, err := decodeEvents(appendEvents(nil, in), 5)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,8 +38,8 @@ func TestEventsRoundTrip(t *testing.T) {
 // is malformed, counted across its rank batches, before the events are
 // allocated (a cleared event is 2 bytes on the wire, about 100 decoded).
 func TestEventsOverTheCapAreRefused(t *testing.T) {
-	if _, err := decodeEvents(appendEvents(nil, sampleBatches()), 3); !errors.Is(err, ErrMalformed) {
-		t.Fatalf("4 events under a cap of 3: err = %v, want ErrMalformed", err)
+	if _, err := decodeEvents(appendEvents(nil, sampleBatches()), 4); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("5 events under a cap of 4: err = %v, want ErrMalformed", err)
 	}
 	r := kvevent.Rank{Worker: 9}
 	many := make([]kvevent.Event, 1<<20)
@@ -68,6 +70,9 @@ func TestMalformedMessagesAreRejected(t *testing.T) {
 		"bad tier":    {'K', 'E', 1, msgEvents, 1, 1, 0, 1, 1, 9, byte(kvevent.KindCleared)},
 		"empty store": {'K', 'E', 1, msgEvents, 1, 1, 0, 1, 1, 0, byte(kvevent.KindStored), 0, 0},
 		"dp overflow": {'K', 'E', 1, msgEvents, 1, 1, 0xff, 0xff, 0xff, 0xff, 0x7f, 1, 0},
+		// From a review: a request of empty batches went past the caps,
+		// which count events, and left state for every rank named.
+		"empty batch": {'K', 'E', 1, msgEvents, 1, 1, 0, 0, 0},
 	}
 	for name, b := range cases {
 		if _, err := decodeEvents(b, 1<<20); !errors.Is(err, ErrMalformed) {
@@ -77,6 +82,28 @@ func TestMalformedMessagesAreRejected(t *testing.T) {
 }
 
 func clone(b []byte) []byte { return append([]byte(nil), b...) }
+
+// TestForgedDumpCountIsRefused: from a review. A dump's event count is
+// checked against the least bytes a stored event takes, before the events
+// are allocated: a count of one per two bytes made the decoder allocate
+// about 44 times the message.
+func TestForgedDumpCountIsRefused(t *testing.T) {
+	body := make([]byte, 1<<20)
+	b := appendDump(nil, kvevent.Rank{Worker: 5}, 17, nil)
+	b = b[:len(b)-1]                                                // drop the count of 0
+	b = binary.AppendUvarint(b, uint64(len(body)/minStoredBytes+1)) // more than the bytes can hold
+	b = append(b, body...)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, _, _, err := decodeDump(b)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a forged count: %v, want ErrMalformed", err)
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > uint64(len(b)) {
+		t.Fatalf("refusing a forged count of a %d-byte dump allocated %d bytes", len(b), grew)
+	}
+}
 
 func TestReplyRoundTrip(t *testing.T) {
 	acks := []raftfsm.RankAck{{Rank: kvevent.Rank{Worker: 3, DP: 1}, Cursor: 99, Applied: 4, Dups: 2, Gap: true},
