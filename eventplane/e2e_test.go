@@ -264,3 +264,47 @@ func TestResyncDuringADumpSendsAnother(t *testing.T) {
 		t.Fatalf("the owner built %d dumps, want 2", calls)
 	}
 }
+
+// TestStaleDumpRenumbersOnce: a new incarnation's first dump is behind the
+// router's cursor (an earlier incarnation used those ids); the publisher
+// renumbers past it and the next dump goes through, also when the owner
+// reports through in the ids Publish returned before the renumbering.
+// From a review: each dump then renumbered again, with no backoff, for
+// ever, and Close waited on the spinning loop.
+func TestStaleDumpRenumbersOnce(t *testing.T) {
+	c := newTestCluster(t, 1)
+	c.leader()
+	r := kvevent.Rank{Worker: 9}
+	o1 := newOwner(11)
+	p1, err := NewPublisher(PublisherConfig{Conn: connect(t, c.url(0)), Dump: o1.dump, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o1.pub = p1
+	for range 50 {
+		o1.step(ctxT(t), t, r)
+	}
+	waitFor(t, 10*time.Second, "the first incarnation's events", func() bool { return p1.Pending() == 0 })
+	p1.Close()
+
+	o2 := newOwner(12) // holds nothing: its dump's through is 0
+	p2, err := NewPublisher(PublisherConfig{Conn: connect(t, c.url(0)), Dump: o2.dump, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.Close()
+	o2.pub = p2
+	p2.Resync(r)
+	waitFor(t, 10*time.Second, "the second incarnation's dump", func() bool {
+		p2.mu.Lock()
+		defer p2.mu.Unlock()
+		return !p2.ranks[r].needDump
+	})
+	if n := val(p2.m.requests); n > 5 {
+		t.Fatalf("%v requests for one stale dump", n)
+	}
+	for range 5 {
+		o2.step(ctxT(t), t, r)
+	}
+	checkIndexMatches(t, c, o2, p2)
+}

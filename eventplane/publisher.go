@@ -125,6 +125,13 @@ type rankBuf struct {
 	dumpAsks uint64
 	// routerAsked is when the router's Resync last made this rank dump.
 	routerAsked time.Time
+	// floor and shift record renumbering (sendDump): the router's cursor
+	// the ids were last moved past, and how far they moved in all. A
+	// dump's through below floor is in the numbering from before, and is
+	// moved by shift. renumbers counts renumberings since the last dump
+	// went through.
+	floor, shift uint64
+	renumbers    int
 }
 
 // askDump marks the rank as needing a dump.
@@ -333,6 +340,11 @@ func (p *Publisher) loop() {
 	backoff := time.Duration(0)
 	var scratch []byte
 	for {
+		select {
+		case <-p.stop:
+			return
+		default:
+		}
 		if backoff > 0 {
 			// Full jitter keeps many agents from retrying in step after a
 			// leader change.
@@ -495,9 +507,15 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 	// is built or sent (an engine reset as the agent's first dump goes
 	// out) may have changed the owner's state after it, and needs another.
 	p.mu.Lock()
-	asks := p.ranks[r].dumpAsks
+	asks, floor, shift := p.ranks[r].dumpAsks, p.ranks[r].floor, p.ranks[r].shift
 	p.mu.Unlock()
 	stored, through := p.cfg.Dump(r)
+	if through < floor {
+		// The owner reports an id Publish returned before a renumbering
+		// (kvagent reads Cursor, which is past it): move it as the ids
+		// moved, or the router would find the dump stale again, for ever.
+		through += shift
+	}
 	for i := range stored {
 		stored[i].Rank = r
 	}
@@ -519,11 +537,22 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 			pend[i].EventID += shift
 		}
 		b.next += shift
+		b.floor, b.shift = cursor, b.shift+shift
+		b.renumbers++
+		n := b.renumbers
 		p.mu.Unlock()
+		if n > 3 {
+			// Each renumbering should have let the next dump through;
+			// back off rather than spin.
+			p.cfg.Logger.Error("router cursor still ahead of the rank's dumps after renumbering; retrying with backoff",
+				"rank", r, "cursor", cursor, "through", through, "renumbers", n)
+			return false
+		}
 		p.cfg.Logger.Info("router cursor ahead of the publisher; renumbering past it", "rank", r, "cursor", cursor, "through", through)
 		return true
 	}
 	p.m.dumps.Inc()
+	b.renumbers = 0
 	if through >= b.next {
 		b.next = through + 1
 	}
