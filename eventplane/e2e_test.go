@@ -308,3 +308,27 @@ func TestStaleDumpRenumbersOnce(t *testing.T) {
 	}
 	checkIndexMatches(t, c, o2, p2)
 }
+
+// TestFailingDumpHoldsOnlyItsRank: a rank whose dump keeps failing (here
+// the publisher has no Dump callback; in the field, a dump larger than the
+// server takes) is retried on its own backoff while the other ranks'
+// events go on. From a review: the loop retried that dump only, and every
+// other rank of the agent stalled for good.
+func TestFailingDumpHoldsOnlyItsRank(t *testing.T) {
+	c := newTestCluster(t, 1)
+	c.leader()
+	stuck, fine := kvevent.Rank{Worker: 1}, kvevent.Rank{Worker: 2}
+	p, err := NewPublisher(PublisherConfig{Conn: connect(t, c.url(0)), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Resync(stuck)
+	if _, err := p.Publish(fine, []kvevent.Event{{Kind: kvevent.KindCleared}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the other rank's event", func() bool {
+		acked, _ := p.Cursor(fine)
+		return acked == 1
+	})
+}

@@ -132,6 +132,11 @@ type rankBuf struct {
 	// went through.
 	floor, shift uint64
 	renumbers    int
+	// A dump that failed is retried after its own backoff, so that the
+	// other ranks' events go on meanwhile (a dump too large for the
+	// server, say, would otherwise hold every rank of the agent).
+	dumpBackoff time.Duration
+	dumpRetryAt time.Time
 }
 
 // askDump marks the rank as needing a dump.
@@ -356,17 +361,30 @@ func (p *Publisher) loop() {
 			}
 		}
 		ok := true
-		if r, found := p.nextDump(); found {
-			ok = p.sendDump(r)
-		} else if batches, n := p.nextRequest(); n > 0 {
+		r, found, retryAt := p.nextDump(time.Now())
+		if found {
+			p.dumpDone(r, p.sendDump(r))
+			continue
+		}
+		if batches, n := p.nextRequest(); n > 0 {
 			scratch = appendEvents(scratch[:0], batches)
 			ok = p.sendEvents(scratch)
 		} else {
 			backoff = 0
+			var retry *time.Timer
+			var retryC <-chan time.Time
+			if !retryAt.IsZero() {
+				retry = time.NewTimer(time.Until(retryAt))
+				retryC = retry.C
+			}
 			select {
 			case <-p.stop:
 				return
 			case <-p.kick:
+			case <-retryC:
+			}
+			if retry != nil {
+				retry.Stop()
 			}
 			continue
 		}
@@ -379,15 +397,41 @@ func (p *Publisher) loop() {
 	}
 }
 
-func (p *Publisher) nextDump() (kvevent.Rank, bool) {
+// nextDump returns a rank whose dump is due at now, or, when none is, the
+// earliest time one will be (zero when no rank needs a dump).
+func (p *Publisher) nextDump(now time.Time) (kvevent.Rank, bool, time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var earliest time.Time
 	for _, r := range p.order {
-		if p.ranks[r].needDump {
-			return r, true
+		b := p.ranks[r]
+		if !b.needDump {
+			continue
+		}
+		if !b.dumpRetryAt.After(now) {
+			return r, true, time.Time{}
+		}
+		if earliest.IsZero() || b.dumpRetryAt.Before(earliest) {
+			earliest = b.dumpRetryAt
 		}
 	}
-	return kvevent.Rank{}, false
+	return kvevent.Rank{}, false, earliest
+}
+
+// dumpDone sets the rank's next dump try after one that went (ok) or
+// failed: at once, or after the rank's own backoff, with full jitter.
+func (p *Publisher) dumpDone(r kvevent.Rank, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b := p.ranks[r]
+	if ok {
+		b.dumpBackoff, b.dumpRetryAt = 0, time.Time{}
+		return
+	}
+	p.m.retries.Inc()
+	b.dumpBackoff = min(max(2*b.dumpBackoff, p.cfg.MinBackoff), p.cfg.MaxBackoff)
+	d := b.dumpBackoff/2 + time.Duration(p.rng.Int64N(int64(b.dumpBackoff/2)+1))
+	b.dumpRetryAt = time.Now().Add(d)
 }
 
 // nextRequest takes the heads of the ranks' buffers, round robin, up to
