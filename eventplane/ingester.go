@@ -128,6 +128,39 @@ type Ingester struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // the loops
 	cwg    sync.WaitGroup // commits in flight
+
+	// The subscriptions' callbacks run on NATS's goroutines, and a
+	// drained subscription still delivers what it holds after Close has
+	// dropped it: hwg counts the callbacks running, which Close waits
+	// for, and a callback that starts once Close has begun does nothing.
+	hmu     sync.Mutex
+	closing bool
+	hwg     sync.WaitGroup
+}
+
+// enter starts a subscription callback: false once Close has begun.
+// A true answer must be followed by leave.
+func (in *Ingester) enter() bool {
+	in.hmu.Lock()
+	defer in.hmu.Unlock()
+	if in.closing {
+		return false
+	}
+	in.hwg.Add(1)
+	return true
+}
+
+func (in *Ingester) leave() { in.hwg.Done() }
+
+// closed reports whether Close has begun: a callback then answers nothing
+// (its publisher times out and resends to the next leader).
+func (in *Ingester) closed() bool {
+	select {
+	case <-in.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 type request struct {
@@ -207,9 +240,13 @@ func (in *Ingester) Close() error {
 		return nil
 	default:
 	}
+	in.hmu.Lock()
+	in.closing = true
+	in.hmu.Unlock()
 	close(in.stop)
 	in.cancel()
 	in.wg.Wait()
+	in.hwg.Wait()
 	in.cwg.Wait()
 	return nil
 }
@@ -300,6 +337,10 @@ func (in *Ingester) replyErr(m *nats.Msg, err error) {
 // subscription's goroutine, so decoding is off the batcher's path; it
 // waits there while the queue holds MaxQueuedEvents.
 func (in *Ingester) onEvents(m *nats.Msg) {
+	if !in.enter() {
+		return
+	}
+	defer in.leave()
 	batches, err := decodeEvents(m.Data, in.cfg.MaxRequestEvents)
 	if err != nil {
 		in.m.rejected.WithLabelValues("malformed").Inc()
@@ -350,15 +391,23 @@ func (in *Ingester) countReceived(b *raftfsm.RankBatch, workers map[uint64]raftf
 // onDump commits a rank dump. Dumps are rare and large: each is its own
 // entry.
 func (in *Ingester) onDump(m *nats.Msg) {
+	if !in.enter() {
+		return
+	}
+	defer in.leave()
 	r, cursor, stored, err := decodeDump(m.Data)
 	if err != nil {
 		in.m.rejected.WithLabelValues("malformed").Inc()
 		in.replyErr(m, err)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
+	ctx, cancel := context.WithTimeout(in.ctx, in.cfg.CommitTimeout)
 	defer cancel()
-	if err := in.cfg.Node.ReplaceRank(ctx, r, cursor, stored); err != nil {
+	err = in.cfg.Node.ReplaceRank(ctx, r, cursor, stored)
+	if in.closed() {
+		return // unanswered, as Close says: its publisher resends
+	}
+	if err != nil {
 		var stale *raftfsm.StaleDumpError
 		if errors.As(err, &stale) {
 			// The publisher numbers anew (it restarted): tell it where the

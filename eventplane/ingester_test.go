@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -304,5 +305,59 @@ func TestReceivedEventsAreCountedPerWorker(t *testing.T) {
 		if got := count(c.worker, c.op, c.tier); got != c.want {
 			t.Errorf("received{worker=%s,op=%s,tier=%s} = %v, want %v", c.worker, c.op, c.tier, got, c.want)
 		}
+	}
+}
+
+// ctxDumpTarget's ReplaceRank waits for its context, as a node's commit
+// does when the context ends first.
+type ctxDumpTarget struct {
+	*fakeTarget
+	entered  chan struct{}
+	returned atomic.Bool
+}
+
+func (c *ctxDumpTarget) ReplaceRank(ctx context.Context, _ kvevent.Rank, _ uint64, _ []kvevent.Event) error {
+	close(c.entered)
+	<-ctx.Done()
+	c.returned.Store(true)
+	return ctx.Err()
+}
+
+// TestCloseWaitsForCallbacksAndAnswersNothing: Close ends a dump's commit
+// in flight, waits for its callback, and no reply goes out after it. From
+// a review: Close returned while the dump still committed on NATS's
+// goroutine, which then replied.
+func TestCloseWaitsForCallbacksAndAnswersNothing(t *testing.T) {
+	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	tg := &ctxDumpTarget{fakeTarget: newFakeTarget(), entered: make(chan struct{})}
+	in, err := NewIngester(IngesterConfig{Conn: connect(t, s.ClientURL()), Node: tg, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := connect(t, s.ClientURL())
+	answer := make(chan error, 1)
+	go func() {
+		data := appendDump(nil, kvevent.Rank{Worker: 1}, 5, nil)
+		for {
+			_, err := pc.Request(DefaultDumpSubject, data, 2*time.Second)
+			if errors.Is(err, nats.ErrNoResponders) {
+				time.Sleep(10 * time.Millisecond) // the ingester has not subscribed yet
+				continue
+			}
+			answer <- err
+			return
+		}
+	}()
+	<-tg.entered
+	in.Close()
+	if !tg.returned.Load() {
+		t.Fatal("Close returned before the dump's callback")
+	}
+	if err := <-answer; !errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("the dump in flight at Close: %v, want no answer (a timeout)", err)
 	}
 }

@@ -76,6 +76,10 @@ func (l *leases) stepDown() {
 // onHeartbeat records a heartbeat and answers the ids the cluster does not
 // know.
 func (in *Ingester) onHeartbeat(m *nats.Msg) {
+	if !in.enter() {
+		return
+	}
+	defer in.leave()
 	ids, err := DecodeHeartbeat(m.Data)
 	if err != nil {
 		in.m.rejected.WithLabelValues("malformed").Inc()
