@@ -166,6 +166,36 @@ func TestRouterAskedResyncHealsWithADump(t *testing.T) {
 	}
 }
 
+// TestHeldBackResyncAskIsAnsweredLater: an ask the publisher held back
+// within RouterResyncEvery is answered once the interval ends, though the
+// rank sends nothing more. From the eighth session's note: the held-back
+// ask waited for another flagged ack, and a quiet rank stayed flagged.
+func TestHeldBackResyncAskIsAnsweredLater(t *testing.T) {
+	c := newTestCluster(t, 1)
+	c.leader()
+	o := newOwner(4)
+	p, err := NewPublisher(PublisherConfig{Conn: connect(t, c.url(0)), Dump: o.dump, Logger: quiet, RouterResyncEvery: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	o.pub = p
+	r := kvevent.Rank{Worker: 9}
+	ctx := ctxT(t)
+	o.step(ctx, t, r)
+	o.orphans(ctx, t, r, 100)
+	waitFor(t, 15*time.Second, "the first dump", func() bool {
+		return c.nodes[0].IndexStats().NeedResync == 0 && val(p.m.dumps) > 0
+	})
+	dumps := val(p.m.dumps)
+	o.orphans(ctx, t, r, 100) // asked again at once: held back
+	checkIndexMatches(t, c, o, p)
+	// The rank is quiet from here on.
+	waitFor(t, 15*time.Second, "the held-back ask's dump", func() bool {
+		return c.nodes[0].IndexStats().NeedResync == 0 && val(p.m.dumps) > dumps
+	})
+}
+
 func TestFullBufferRefusesWithoutTakingIDs(t *testing.T) {
 	nc := connectNowhere(t)
 	p, err := NewPublisher(PublisherConfig{Conn: nc, BufferEvents: 2, Logger: quiet})

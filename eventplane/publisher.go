@@ -123,8 +123,11 @@ type rankBuf struct {
 	// dumpAsks counts the times a dump was asked for (askDump): a dump
 	// built before the last ask does not answer it (sendDump).
 	dumpAsks uint64
-	// routerAsked is when the router's Resync last made this rank dump.
-	routerAsked time.Time
+	// routerAsked is when the router's Resync last made this rank dump;
+	// routerDue, when set, is when an ask held back within
+	// RouterResyncEvery makes it dump (nextDump), unless an ack without
+	// the flag or a dump comes first.
+	routerAsked, routerDue time.Time
 	// floor and shift record renumbering (sendDump): the router's cursor
 	// the ids were last moved past, and how far they moved in all. A
 	// dump's through below floor is in the numbering from before, and is
@@ -405,6 +408,15 @@ func (p *Publisher) nextDump(now time.Time) (kvevent.Rank, bool, time.Time) {
 	var earliest time.Time
 	for _, r := range p.order {
 		b := p.ranks[r]
+		if !b.needDump && !b.routerDue.IsZero() {
+			if !b.routerDue.After(now) {
+				p.m.resends.WithLabelValues("router").Inc()
+				b.routerAsked, b.routerDue = now, time.Time{}
+				b.askDump()
+			} else if earliest.IsZero() || b.routerDue.Before(earliest) {
+				earliest = b.routerDue
+			}
+		}
 		if !b.needDump {
 			continue
 		}
@@ -504,13 +516,21 @@ func (p *Publisher) sendEvents(data []byte) bool {
 		}
 		b.acked = a.Cursor
 		freed += b.trim(a.Cursor)
-		if a.Resync && !b.needDump && time.Since(b.routerAsked) >= p.cfg.RouterResyncEvery {
+		switch {
+		case !a.Resync:
+			b.routerDue = time.Time{}
+		case b.needDump:
+		case time.Since(b.routerAsked) >= p.cfg.RouterResyncEvery:
 			// The router dropped events of this rank it could not place
 			// (orphans past its bounds): a dump replaces the rank with
 			// the owner's copy (RouterResyncEvery).
 			p.m.resends.WithLabelValues("router").Inc()
-			b.routerAsked = time.Now()
+			b.routerAsked, b.routerDue = time.Now(), time.Time{}
 			b.askDump()
+		case b.routerDue.IsZero():
+			// Asked again within the interval: the dump waits for its end,
+			// also when the rank sends nothing more meanwhile.
+			b.routerDue = b.routerAsked.Add(p.cfg.RouterResyncEvery)
 		}
 		if a.Gap {
 			pend := b.pending()
@@ -597,6 +617,7 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 	}
 	p.m.dumps.Inc()
 	b.renumbers = 0
+	b.routerDue = time.Time{} // the dump answers a held-back ask too
 	if through >= b.next {
 		b.next = through + 1
 	}
