@@ -267,7 +267,10 @@ func (s *positionSink) Events(r kvevent.Rank, seq uint64, evs []kvevent.Event) e
 		return fmt.Errorf("agentless: a batch of %d events is more than a position holds (%d)", len(evs), maxBatchEvents)
 	case seq >= 1<<positionSeqBits:
 		if s.pastSeq {
-			return nil // cleared already; dropped until the engine restarts
+			// Dropped until the engine restarts, once the clear is in: a
+			// clear that failed is tried again (and its failure resyncs
+			// again), or the rank would keep the old epoch's blocks.
+			return s.commitClear()
 		}
 		s.pastSeq = true
 		return fmt.Errorf("agentless: engine sequence %d is past what a position holds: the rank stays empty until the engine restarts", seq)

@@ -102,6 +102,18 @@ func TestAgentlessPositionLimits(t *testing.T) {
 	if s.epoch != 4 || len(ft.committed) != 1 || ft.committed[0].Kind != kvevent.KindCleared {
 		t.Fatalf("epoch %d, committed %v: want one clear, into epoch 4", s.epoch, ft.committed)
 	}
+	// From a review: a clear that fails there is tried again with the
+	// next batch, not left due for the rest of the epoch.
+	s.pastSeq, s.clearDue = true, ""
+	ft.fail = 1
+	s.Resync(r, enginesub.ReasonSinkError) // its clear fails
+	if err := s.Events(r, past+10, st); err != nil {
+		t.Fatalf("the due clear's retry: %v", err)
+	}
+	if s.clearDue != "" || s.epoch != 5 {
+		t.Fatalf("clear due %q, epoch %d: the failed clear was not retried", s.clearDue, s.epoch)
+	}
+	ft.committed = ft.committed[:1]
 	s.Reset(r) // the engine restarted: batches apply again
 	if err := s.Events(r, 0, st); err != nil {
 		t.Fatal(err)

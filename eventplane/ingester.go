@@ -136,6 +136,25 @@ type Ingester struct {
 	hmu     sync.Mutex
 	closing bool
 	hwg     sync.WaitGroup
+
+	// labelled holds the worker ids with events_received series, so that
+	// a worker's series go when it leaves the table (dropLeftWorkers):
+	// the label is bounded by the fleet, not by every worker there was.
+	labelMu  sync.Mutex
+	labelled map[uint64]struct{}
+}
+
+// dropLeftWorkers deletes the received-events series of workers no longer
+// in table.
+func (in *Ingester) dropLeftWorkers(table map[uint64]raftfsm.WorkerInfo) {
+	in.labelMu.Lock()
+	defer in.labelMu.Unlock()
+	for id := range in.labelled {
+		if _, ok := table[id]; !ok {
+			in.m.received.DeletePartialMatch(prometheus.Labels{"worker": strconv.FormatUint(id, 10)})
+			delete(in.labelled, id)
+		}
+	}
 }
 
 // enter starts a subscription callback: false once Close has begun.
@@ -378,6 +397,12 @@ func (in *Ingester) countReceived(b *raftfsm.RankBatch, workers map[uint64]raftf
 	worker := "other"
 	if _, ok := workers[b.Rank.Worker]; ok {
 		worker = strconv.FormatUint(b.Rank.Worker, 10)
+		in.labelMu.Lock()
+		if in.labelled == nil {
+			in.labelled = map[uint64]struct{}{}
+		}
+		in.labelled[b.Rank.Worker] = struct{}{}
+		in.labelMu.Unlock()
 	}
 	for k := kvevent.KindStored; k <= kvevent.KindCleared; k++ {
 		for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {

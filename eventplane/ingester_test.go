@@ -12,6 +12,7 @@ import (
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -305,6 +306,33 @@ func TestReceivedEventsAreCountedPerWorker(t *testing.T) {
 		if got := count(c.worker, c.op, c.tier); got != c.want {
 			t.Errorf("received{worker=%s,op=%s,tier=%s} = %v, want %v", c.worker, c.op, c.tier, got, c.want)
 		}
+	}
+	// From a review: a worker's series stayed after it left, so they
+	// grew with every worker there ever was.
+	series := func(worker string) int {
+		ch := make(chan prometheus.Metric, 64)
+		in.m.received.Collect(ch)
+		close(ch)
+		n := 0
+		for m := range ch {
+			var d dto.Metric
+			if err := m.Write(&d); err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range d.GetLabel() {
+				if l.GetName() == "worker" && l.GetValue() == worker {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	if series("7") != 3 {
+		t.Fatalf("worker 7 has %d series, want 3", series("7"))
+	}
+	in.dropLeftWorkers(map[uint64]raftfsm.WorkerInfo{}) // worker 7 left
+	if n := series("7"); n != 0 {
+		t.Fatalf("worker 7 left and still has %d series", n)
 	}
 }
 

@@ -110,6 +110,7 @@ func (in *Ingester) onHeartbeat(m *nats.Msg) {
 // its lease. It runs on the leader only.
 func (in *Ingester) sweepLeases(now time.Time) {
 	table := in.cfg.Node.WorkerTable()
+	in.dropLeftWorkers(table)
 	var expired []raftfsm.WorkerInfo
 	in.leases.mu.Lock()
 	if in.leases.since.IsZero() {

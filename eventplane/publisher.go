@@ -616,7 +616,9 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 		return true
 	}
 	p.m.dumps.Inc()
-	b.renumbers = 0
+	// The owner's numbering and the publisher's agree from here: a
+	// later renumbering starts its own translation.
+	b.renumbers, b.floor, b.shift = 0, 0, 0
 	b.routerDue = time.Time{} // the dump answers a held-back ask too
 	if through >= b.next {
 		b.next = through + 1

@@ -35,7 +35,7 @@ const (
 	rankBytes   = int64(unsafe.Sizeof(rankState{}))
 )
 
-// Stats returns a summary. It is O(ranks).
+// Stats returns a summary. It is O(ranks and their block maps' segments).
 func (ix *Index) Stats() Stats {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()

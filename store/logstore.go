@@ -68,6 +68,8 @@ type LogStore struct {
 	lastIndex  atomic.Uint64
 
 	cache *logCache // nil when disabled
+
+	stalls *WriteStalls // nil: not counted
 }
 
 var (
@@ -112,7 +114,7 @@ func OpenLogStore(dir string, opts LogStoreOptions) (*LogStore, error) {
 	if slots == 0 {
 		slots = logCacheSlots
 	}
-	s := &LogStore{logger: logger, db: db, cache: newLogCache(cacheBytes, slots)}
+	s := &LogStore{logger: logger, db: db, cache: newLogCache(cacheBytes, slots), stalls: opts.Stalls}
 	if err := s.checkLayout(); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open log store %s: %w", dir, err)
@@ -404,6 +406,7 @@ func (s *LogStore) Close() error {
 	}
 	err := s.db.Close()
 	s.db = nil
+	s.stalls.closed()
 	if err != nil {
 		return fmt.Errorf("close log store: %w", err)
 	}

@@ -60,6 +60,14 @@ func (w *WriteStalls) begin(now time.Time) (warn bool) {
 // over (each stall is short, and they come by the hundred).
 const stallLogEvery = 10 * time.Second
 
+// closed ends a stall in progress when its database closes (Pebble says
+// nothing more of it then).
+func (w *WriteStalls) closed() {
+	if w != nil {
+		w.end(time.Now())
+	}
+}
+
 func (w *WriteStalls) end(now time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -79,3 +79,15 @@ func TestWriteStallsAreCounted(t *testing.T) {
 		t.Fatalf("the stalled time grows after the stall ended: %v then %v", first, again)
 	}
 }
+
+// TestStallEndsWithItsDatabase: a stall still in progress when its
+// database closes ends there; the count does not grow for ever after.
+func TestStallEndsWithItsDatabase(t *testing.T) {
+	var w WriteStalls
+	w.begin(time.Now())
+	w.closed()
+	first := w.Seconds()
+	if again := w.Seconds(); again != first {
+		t.Fatalf("a closed database's stall goes on: %v then %v", first, again)
+	}
+}

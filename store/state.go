@@ -50,6 +50,7 @@ type StateDB struct {
 	dir    string
 	logger *slog.Logger
 	groups atomic.Uint64 // group tables written, for their file names
+	stalls *WriteStalls  // nil: not counted
 
 	// viewMu guards views and every view's use of the database. Close
 	// closes the views' snapshots and iterators first: Raft may install
@@ -190,7 +191,7 @@ func OpenState(dir string, opts StateOptions) (*StateDB, error) {
 		return nil, fmt.Errorf("open state db %s: %w", dir, err)
 	}
 	removeStaleGroups(popts.FS, dir)
-	return &StateDB{db: db, opts: popts, fs: popts.FS, dir: dir, logger: logger}, nil
+	return &StateDB{db: db, opts: popts, fs: popts.FS, dir: dir, logger: logger, stalls: opts.Stalls}, nil
 }
 
 // Close closes the database. Open views are closed with it: their reads
@@ -207,6 +208,7 @@ func (s *StateDB) Close() error {
 	s.viewMu.Unlock()
 	err := s.db.Close()
 	s.db = nil
+	s.stalls.closed()
 	return err
 }
 
