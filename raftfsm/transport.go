@@ -87,6 +87,15 @@ func (w *commitWatch) run(in <-chan raft.RPC) {
 // Consumer implements raft.Transport: the RPCs, after the watch.
 func (w *commitWatch) Consumer() <-chan raft.RPC { return w.out }
 
+// Close implements raft.WithClose: Raft's shutdown closes the transport
+// it was given, as it did before the watch.
+func (w *commitWatch) Close() error {
+	if c, ok := w.Transport.(raft.WithClose); ok {
+		return c.Close()
+	}
+	return nil
+}
+
 // leaderCommit returns the first commit index a leader sent, 0 before one.
 func (w *commitWatch) leaderCommit() uint64 { return w.first.Load() }
 
