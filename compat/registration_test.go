@@ -1,8 +1,10 @@
 package compat
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 func mustCode(t *testing.T, r reply, want int, what string) {
@@ -299,4 +302,38 @@ func TestNamespaceKeepsOneBlockSizeAndDistinctInstances(t *testing.T) {
 
 	mustCode(t, reg(9, "m", "x\x00t", 4), 400, "a NUL in the tenant")
 	mustCode(t, reg(9, "m\x00x", "t", 4), 400, "a NUL in the model")
+}
+
+// TestMsgpackRefusesNumbersOutOfRange: from a review. Msgpack bodies
+// wrapped numbers out of their field's range where JSON refuses them:
+// instance_id -1 became 2^64-1, dp_rank 2^32+3 registered rank 3, and
+// token ids wrapped.
+func TestMsgpackRefusesNumbersOutOfRange(t *testing.T) {
+	n := startNode(t)
+	enc := func(v any) []byte {
+		var buf bytes.Buffer
+		if err := msgpack.NewEncoder(&buf).Encode(v); err != nil {
+			t.Fatal(err)
+		}
+		return buf.Bytes()
+	}
+	reg := func(instance, dp any) reply {
+		return n.do(t, codecMsgpack, "POST", "/register", enc(map[string]any{"instance_id": instance, "endpoint": "tcp://10.0.0.1:5557",
+			"model_name": "llama", "block_size": 4, "dp_rank": dp, "agentless": false}))
+	}
+	mustCode(t, reg(int64(-1), 0), 400, "instance_id -1")
+	mustCode(t, reg(1, int64(1)<<32+3), 400, "dp_rank 2^32+3")
+	mustCode(t, reg(1, -2), 400, "dp_rank -2")
+	mustCode(t, reg(1, 1.5), 400, "dp_rank 1.5")
+	if len(n.node.WorkerTable()) != 0 {
+		t.Fatalf("refused registrations left workers: %v", n.node.WorkerTable())
+	}
+	mustCode(t, reg(uint64(math.MaxUint64), 3), 201, "instance_id 2^64-1 and dp_rank 3 as they are")
+	mustCode(t, reg(int64(2), int8(1)), 201, "small numbers in signed encodings")
+	query := func(tokens []int64) reply {
+		return n.do(t, codecMsgpack, "POST", "/query", enc(map[string]any{"model_name": "llama", "token_ids": tokens}))
+	}
+	mustCode(t, query([]int64{-1, 2}), 400, "token id -1")
+	mustCode(t, query([]int64{1 << 40}), 400, "token id 2^40")
+	mustCode(t, query([]int64{1, 2, 3, 4, 5}), 200, "token ids in range")
 }
