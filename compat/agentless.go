@@ -204,14 +204,15 @@ func (a *Agentless) reconcile(table map[uint64]raftfsm.WorkerInfo) {
 // is held.
 func (a *Agentless) start(r kvevent.Rank, w agentlessSub) error {
 	epoch, resume := resumeAt(a.b.Cursor(r))
-	sink := &positionSink{a: a, rank: r, epoch: epoch}
+	ctx, cancel := context.WithCancel(context.Background())
+	sink := &positionSink{a: a, rank: r, epoch: epoch, ctx: ctx}
 	sub, err := enginesub.New(enginesub.Config{Endpoint: w.endpoint, ReplayEndpoint: w.replay,
 		ReplayTimeout: a.cfg.ReplayTimeout, Rank: r, Decoder: engine.Config{BlockSize: w.blockSize},
 		Resume: resume, Sink: sink, Logger: a.log, Registerer: a.cfg.Registerer})
 	if err != nil {
+		cancel()
 		return err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	w.sub, w.cancel, w.done = sub, cancel, make(chan struct{})
 	go func() {
 		defer close(w.done)
@@ -232,6 +233,7 @@ func (a *Agentless) start(r kvevent.Rank, w agentlessSub) error {
 // apply it above the loss; taking the new one without its clear too).
 type positionSink struct {
 	a        *Agentless
+	ctx      context.Context // ends when the subscriber stops; nil: never
 	rank     kvevent.Rank
 	epoch    uint32
 	clearDue string // why a clear is due; "" when none
@@ -245,7 +247,13 @@ type positionSink struct {
 const maxEpoch = 1<<(64-positionSeqBits-positionIndexBits) - 1
 
 func (s *positionSink) commit(evs []kvevent.Event) error {
-	ctx, cancel := context.WithTimeout(context.Background(), s.a.cfg.CommitTimeout)
+	parent := s.ctx
+	if parent == nil {
+		parent = context.Background()
+	}
+	// A subscriber that stops (its rank left, or this node stopped
+	// leading) stops waiting for its commit at once.
+	ctx, cancel := context.WithTimeout(parent, s.a.cfg.CommitTimeout)
 	defer cancel()
 	acks, err := s.a.b.IngestEvents(ctx, []raftfsm.RankBatch{{Rank: s.rank, Events: evs}})
 	if err != nil {
