@@ -17,6 +17,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 )
 
@@ -139,6 +140,20 @@ func sorted(ks ...string) []string {
 // include labels.
 func counterValue(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
+	return sumOf(t, g, name, labels, func(m *dto.Metric) float64 { return m.GetCounter().GetValue() })
+}
+
+// histogramCount returns the sample count of the histograms of family name
+// whose labels include labels.
+func histogramCount(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) uint64 {
+	t.Helper()
+	return uint64(sumOf(t, g, name, labels, func(m *dto.Metric) float64 { return float64(m.GetHistogram().GetSampleCount()) }))
+}
+
+// sumOf sums value over the series of family name whose labels include
+// labels.
+func sumOf(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string, value func(*dto.Metric) float64) float64 {
+	t.Helper()
 	mfs, err := g.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +174,7 @@ func counterValue(t *testing.T, g prometheus.Gatherer, name string, labels map[s
 					continue metrics
 				}
 			}
-			sum += m.GetCounter().GetValue()
+			sum += value(m)
 		}
 	}
 	return sum

@@ -3,7 +3,6 @@ package api_test
 import (
 	"context"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"maps"
 	"net/http"
 	"strings"
@@ -566,35 +565,6 @@ func TestRoutedTokensAreCounted(t *testing.T) {
 			t.Errorf("predicted cached tokens on %s = %v, want %v", tier, got, want)
 		}
 	}
-}
-
-// histogramCount returns the sample count of a histogram series.
-func histogramCount(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) uint64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n uint64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			got := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				got[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range labels {
-				if got[k] != v {
-					continue series
-				}
-			}
-			n += m.GetHistogram().GetSampleCount()
-		}
-	}
-	return n
 }
 
 // TestRouteMetricsByModelAndStage: routes count under their model (the

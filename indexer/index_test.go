@@ -2,7 +2,6 @@ package indexer
 
 import (
 	"errors"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -429,12 +428,7 @@ func TestLoadRankRejectsInconsistentDump(t *testing.T) {
 func TestChurnReturnsMemoryToBaseline(t *testing.T) {
 	ix := New(Config{})
 	mustApply(t, ix, stored(rk1, dev, chain(1)))
-	heap := func() uint64 {
-		runtime.GC()
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		return ms.HeapAlloc
-	}
+	heap := liveHeap
 	base := heap()
 	baseNodes := ix.Stats().Nodes
 	blocks := make([]kvevent.Block, 64)

@@ -20,13 +20,7 @@ func TestMemoryEstimate(t *testing.T) {
 	}{{"shared prompts", true}, {"own prompts", false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			const ranks, prompts, blocks = 4, 400, 64
-			heap := func() uint64 {
-				runtime.GC()
-				var ms runtime.MemStats
-				runtime.ReadMemStats(&ms)
-				return ms.HeapAlloc
-			}
-			before := heap()
+			before := liveHeap()
 			ix := New(Config{})
 			for r := range uint64(ranks) {
 				rank := kvevent.Rank{Worker: r + 1}
@@ -45,7 +39,7 @@ func TestMemoryEstimate(t *testing.T) {
 					}
 				}
 			}
-			grew := float64(heap() - before)
+			grew := float64(liveHeap() - before)
 			est := float64(ix.Stats().MemoryBytes)
 			runtime.KeepAlive(ix)
 			t.Logf("%d entries on %d nodes: estimate %.0f bytes, heap grew %.0f (ratio %.2f)", ix.Stats().Entries, ix.Stats().Nodes, est, grew, est/grew)
@@ -54,4 +48,12 @@ func TestMemoryEstimate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// liveHeap returns the heap's live bytes after a collection.
+func liveHeap() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
 }
