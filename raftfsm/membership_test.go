@@ -246,3 +246,17 @@ func TestLastVoterIsNotRemoved(t *testing.T) {
 		t.Fatal("the last voter stepped down")
 	}
 }
+
+// TestNotLeaderNeverNamesItself: a node that answers "not the leader"
+// while Raft still names it leader (a leader stepping down answers its
+// futures before it forgets its leadership) says no leader is known, so
+// that the API does not forward the request to itself.
+func TestNotLeaderNeverNamesItself(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	err := l.notLeader()
+	var nle *NotLeaderError
+	if !errors.As(err, &nle) || nle.LeaderID != "" || !errors.Is(err, ErrNoLeader) {
+		t.Fatalf("notLeader on the node Raft names leader: %v, want no leader known", err)
+	}
+}

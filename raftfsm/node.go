@@ -701,7 +701,10 @@ func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
 
 func (n *Node) notLeader() error {
 	_, id := n.raft.LeaderWithID()
-	if id == "" {
+	if id == "" || string(id) == n.cfg.ID {
+		// No leader known, or this node still named as the one it stopped
+		// being (Raft answers a leader's futures before it forgets its
+		// own leadership): no one to forward to yet.
 		return &NotLeaderError{}
 	}
 	return &NotLeaderError{LeaderID: string(id), LeaderHTTP: n.fsm.Members()[string(id)].HTTPAddr}
