@@ -31,7 +31,7 @@ type paramsJSON struct {
 var lastParams atomic.Pointer[paramsJSON]
 
 func appendParams(dst []byte, p indexer.Params) ([]byte, bool) {
-	if c := lastParams.Load(); c != nil && c.p == p {
+	if c := lastParams.Load(); c != nil && c.p == p && sameSigns(c.p, p) {
 		return append(dst, c.b...), true
 	}
 	b, err := json.Marshal(p)
@@ -40,6 +40,22 @@ func appendParams(dst []byte, p indexer.Params) ([]byte, bool) {
 	}
 	lastParams.Store(&paramsJSON{p: p, b: b})
 	return append(dst, b...), true
+}
+
+// sameSigns reports whether equal params also agree on the sign of each
+// zero: 0 == -0, but encoding/json writes them apart (a client may send -0
+// as an override).
+func sameSigns(a, b indexer.Params) bool {
+	fa := [...]float64{a.OverlapScoreCredit, a.HostCacheHitWeight, a.DiskCacheHitWeight, a.PrefillLoadScale,
+		a.DecodeActiveRequestWeight, a.Temperature, a.BusyDecodeFraction}
+	fb := [...]float64{b.OverlapScoreCredit, b.HostCacheHitWeight, b.DiskCacheHitWeight, b.PrefillLoadScale,
+		b.DecodeActiveRequestWeight, b.Temperature, b.BusyDecodeFraction}
+	for i := range fa {
+		if math.Signbit(fa[i]) != math.Signbit(fb[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // appendBriefRouteResponse appends the JSON of routeResponse(res, true)

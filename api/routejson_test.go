@@ -168,3 +168,22 @@ func TestRouteReusesNothingAcrossRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestBriefParamsKeepTheSignOfZero: the cached encoding of the last params
+// is not reused for params equal to them but for a zero's sign. From a
+// review: one client's temperature -0 made every later brief answer say
+// -0 (or the reverse), where encoding/json writes each as it is.
+func TestBriefParamsKeepTheSignOfZero(t *testing.T) {
+	plus := indexer.DefaultParams()
+	minus := plus
+	minus.Temperature = math.Copysign(0, -1)
+	for _, order := range [][2]indexer.Params{{plus, minus}, {minus, plus}} {
+		for _, p := range order {
+			got, ok := appendParams(nil, p)
+			want, err := json.Marshal(p)
+			if !ok || err != nil || string(got) != string(want) {
+				t.Fatalf("params with temperature %v: %s, want %s", p.Temperature, got, want)
+			}
+		}
+	}
+}

@@ -3,10 +3,13 @@ package api_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/indexer"
@@ -615,5 +618,46 @@ func TestRouteMetricsByModelAndStage(t *testing.T) {
 	}
 	if got := histogramCount(t, n.reg, "kvrouter_route_duration_seconds", map[string]string{"stage": "book"}); got != 1 {
 		t.Fatalf("stage book timed %d times, want 1", got)
+	}
+}
+
+// TestStalledBodyIsCutAndSlowHandlersAreNot: a client that sends its
+// headers and stalls its body is cut off after BodyTimeout; a booking that
+// takes longer than BodyTimeout once the body is read still answers (the
+// deadline bounds reads, not the request's context). From a review: a
+// stalled body held its connection and handler for ever.
+func TestStalledBodyIsCutAndSlowHandlersAreNot(t *testing.T) {
+	n := newNode(t, "n1", api.Options{BodyTimeout: 100 * time.Millisecond})
+	withWorkers(t, n)
+
+	conn, err := net.Dial("tcp", n.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"token_ids\":[")
+	if err := conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(conn) // the server answers and closes, or just closes
+	if err != nil {
+		t.Fatalf("the stalled body's connection stays open: %v (read %q)", err, got)
+	}
+
+	slow := make(chan struct{})
+	n.fake.SetHook(func(method string) error {
+		if method == "Route" {
+			<-slow
+		}
+		return nil
+	})
+	done := make(chan answer, 1)
+	go func() {
+		done <- send(t, n.http.URL, "POST", "/v1/route", `{"token_ids":[1,2,3,4],"book":true,"request_id":"slow"}`)
+	}()
+	time.Sleep(300 * time.Millisecond) // a handler slower than BodyTimeout: the point of the test
+	close(slow)
+	if a := <-done; a.code != 200 {
+		t.Fatalf("a route slower than the body timeout: %d %s", a.code, a.body)
 	}
 }

@@ -316,8 +316,14 @@ func (f *Fake) Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteRe
 		return raftfsm.RouteResult{}, err
 	}
 	defer f.mu.Unlock()
+	if err := ctx.Err(); q.Book && err != nil {
+		return raftfsm.RouteResult{}, err // a booking waits on Raft under ctx, as the node's does
+	}
 	var res raftfsm.RouteResult
-	if (len(q.Tokens) == 0) == (len(q.LocalHashes) == 0) || q.ISL < 0 || (q.Book && q.RequestID == "") {
+	// Tokens or hashes, not both; or neither with an ISL (a prompt shorter
+	// than a block), as the node takes it.
+	if len(q.Tokens) > 0 && len(q.LocalHashes) > 0 || len(q.Tokens) == 0 && len(q.LocalHashes) == 0 && q.ISL == 0 ||
+		q.ISL < 0 || (q.Book && q.RequestID == "") {
 		f.malformed++
 		return res, fmt.Errorf("%w: route query", raftfsm.ErrInvalid)
 	}

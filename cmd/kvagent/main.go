@@ -174,7 +174,7 @@ func run(c *cli.Context) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 		go hs.Serve(ln)
 		defer hs.Close()
 		logger.Info("metrics listening", "addr", "http://"+ln.Addr().String()+"/metrics")

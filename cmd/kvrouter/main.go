@@ -201,7 +201,7 @@ func run(c *cli.Context) error {
 	compat.NewSelection(node, logger).Routes(srv, compat.SelectionPrefix)
 	// Engines registered through POST /register are followed by the leader.
 	agentless := compat.NewAgentless(node, compat.AgentlessConfig{Registerer: reg, Logger: logger})
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	servers := []*http.Server{hs}
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- hs.Serve(ln) }()
@@ -215,7 +215,7 @@ func run(c *cli.Context) error {
 			nc.Close()
 			return fmt.Errorf("selection API: %w", err)
 		}
-		shs := &http.Server{Handler: compat.SelectionHandler(srv), ReadHeaderTimeout: 10 * time.Second}
+		shs := &http.Server{Handler: compat.SelectionHandler(srv), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 		servers = append(servers, shs)
 		go func() { serveErr <- shs.Serve(sln) }()
 		logger.Info("selection API listening", "http", "http://"+sln.Addr().String())

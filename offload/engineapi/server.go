@@ -163,7 +163,7 @@ func Listen(cfg Config) (*Server, error) {
 		s.metrics.unregister()
 		return nil, fmt.Errorf("engine API: %w", err)
 	}
-	s.hs = &http.Server{Handler: s.mux(), ReadHeaderTimeout: 10 * time.Second,
+	s.hs = &http.Server{Handler: s.mux(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 	go func() {
 		defer close(s.served)
