@@ -482,6 +482,7 @@ func (c *cluster) checkAll(m *model) {
 func indexState(st *api.IndexStats) api.IndexStats {
 	s := *st
 	s.Counters = api.IndexCounters{}
-	s.HeapBytes = 0 // the process's, not the state's
+	s.HeapBytes = 0   // the process's, not the state's
+	s.MemoryBytes = 0 // depends on how the index was built (a load sizes its maps once)
 	return s
 }
