@@ -257,13 +257,14 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 			apiErr := decodeError(base, resp)
 			resp.Body.Close()
 			// A node cut off from the others (a partition, an election
-			// in progress) answers 503 no_leader, and a stopping one 503
-			// shutting_down, while the rest of the cluster may serve: try
-			// the next endpoint rather than stick to this one. Every write
-			// of the API may be sent twice.
+			// in progress) answers 503 no_leader, a stopping one 503
+			// shutting_down and a starting one 503 not_ready, while the
+			// rest of the cluster may serve: try the next endpoint rather
+			// than stick to this one. Every write of the API may be sent
+			// twice.
 			var e *Error
 			if !last && errors.As(apiErr, &e) && e.StatusCode == http.StatusServiceUnavailable &&
-				(e.Reason == api.ReasonNoLeader || e.Reason == api.ReasonShuttingDown) && rewind() {
+				(e.Reason == api.ReasonNoLeader || e.Reason == api.ReasonShuttingDown || e.Reason == api.ReasonNotReady) && rewind() {
 				errs = append(errs, fmt.Sprintf("%s: %v", hostOf(base), apiErr))
 				continue
 			}

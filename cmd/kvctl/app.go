@@ -239,6 +239,8 @@ func explain(err error) string {
 			return err.Error() + "; the write may still apply: check with kvctl status and retry (retrying is safe)"
 		case api.ReasonShuttingDown:
 			return err.Error() + "; the node is stopping: use another endpoint"
+		case api.ReasonNotReady:
+			return err.Error() + "; the node is starting or catching up: retry, or use another endpoint"
 		case api.ReasonInternal:
 			return err.Error() + "; see the node's log"
 		}

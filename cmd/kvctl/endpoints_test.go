@@ -3,7 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"github.com/kvrouter/kvrouter/api"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -122,4 +126,18 @@ func TestSnapshotFileDashIsRefused(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "-")); err == nil {
 		t.Fatal(`a file named "-" was written`)
 	}
+}
+
+// TestAStartingNodeIsSkipped: a node still loading its state answers 503
+// not_ready (kvrouter's starting handler) and is passed over for the next.
+func TestAStartingNodeIsSkipped(t *testing.T) {
+	c := newCluster(t)
+	starting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, `{"error":"not ready: starting","reason":%q}`+"\n", api.ReasonNotReady)
+	}))
+	defer starting.Close()
+	eps := strings.TrimPrefix(starting.URL, "http://") + "," + c.endpoints()
+	kvctl(t, "--endpoints", eps, "members", "list").wantCode(t, 0)
 }

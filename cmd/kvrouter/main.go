@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -160,11 +161,20 @@ func run(c *cli.Context) error {
 	case c.String("join") == "":
 		peers = []raftfsm.Member{{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}}
 	}
-	// Listen first, so that a port in use is a clear error before Raft starts.
+	// Listen first, so that a port in use is a clear error before Raft
+	// starts, and answer at once: while the state loads (seconds for
+	// millions of blocks) /healthz is 200 and everything else a 503
+	// not_ready, rather than connections that hang.
 	ln, err := net.Listen("tcp", httpAddr)
 	if err != nil {
 		return fmt.Errorf("http listen on %s: %w", httpAddr, err)
 	}
+	var handler atomic.Pointer[http.Handler]
+	handler.Store(&startingHandler)
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*handler.Load()).ServeHTTP(w, r) }),
+		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	serveErr := make(chan error, 2)
+	go func() { serveErr <- hs.Serve(ln) }()
 	node, err := raftfsm.NewNode(raftfsm.Config{
 		ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr, DataDir: c.String("data-dir"), Peers: peers,
 		HeartbeatTimeout: c.Duration("heartbeat-timeout"), ElectionTimeout: c.Duration("election-timeout"),
@@ -172,7 +182,7 @@ func run(c *cli.Context) error {
 		SnapshotThreshold:  c.Uint64("snapshot-threshold"), SnapshotBytes: c.Int64("snapshot-bytes"), SilentAfter: c.Duration("silent-after"), Logger: logger,
 	})
 	if err != nil {
-		ln.Close()
+		hs.Close()
 		return err
 	}
 	reg := prometheus.NewRegistry()
@@ -181,7 +191,7 @@ func run(c *cli.Context) error {
 	nc, natsSrv, err := startNATS(c, id, logger)
 	if err != nil {
 		node.Close()
-		ln.Close()
+		hs.Close()
 		return err
 	}
 	subject := c.String("events-subject")
@@ -190,7 +200,7 @@ func run(c *cli.Context) error {
 	if err != nil {
 		nc.Close()
 		node.Close()
-		ln.Close()
+		hs.Close()
 		return err
 	}
 	srv := api.NewServer(node, api.Options{Logger: logger, Registerer: reg, Gatherer: reg})
@@ -201,10 +211,9 @@ func run(c *cli.Context) error {
 	compat.NewSelection(node, logger).Routes(srv, compat.SelectionPrefix)
 	// Engines registered through POST /register are followed by the leader.
 	agentless := compat.NewAgentless(node, compat.AgentlessConfig{Registerer: reg, Logger: logger})
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	var serving http.Handler = srv
+	handler.Store(&serving) // the node loaded its state: the API answers from here
 	servers := []*http.Server{hs}
-	serveErr := make(chan error, 2)
-	go func() { serveErr <- hs.Serve(ln) }()
 	if a := c.String("selection-addr"); a != "" {
 		sln, err := net.Listen("tcp", a)
 		if err != nil {
@@ -327,6 +336,19 @@ func join(ctx context.Context, via, id, raftAddr, httpAddr string) error {
 		}
 	}
 }
+
+// startingHandler answers while the node starts (run): alive, not ready.
+var startingHandler http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	if r.URL.Path == "/healthz" {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
+		return
+	}
+	w.Header().Set("Retry-After", "1")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	_, _ = w.Write([]byte(`{"error":"not ready: starting (loading its state)","reason":"` + api.ReasonNotReady + `"}` + "\n"))
+})
 
 func buildInfo() prometheus.Collector {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvrouter_build_info", Help: "Build facts; value 1.",

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
+	"github.com/kvrouter/kvrouter/api"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -54,5 +57,26 @@ func TestArgumentsAreRefused(t *testing.T) {
 	var ec cli.ExitCoder
 	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), `"n1"`) {
 		t.Fatalf("kvrouter with an argument: %v, want exit 2 naming it", err)
+	}
+}
+
+// TestStartingNodeAnswers: while the state loads, the listening port
+// answers: alive (/healthz 200), not ready (503 not_ready, Retry-After) for
+// everything else. From a review: the port was bound seconds before it was
+// served, and probes hung on it.
+func TestStartingNodeAnswers(t *testing.T) {
+	for path, want := range map[string]int{"/healthz": 200, "/readyz": 503, "/v1/route": 503, "/v1/cluster/status": 503} {
+		rec := httptest.NewRecorder()
+		startingHandler.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		if rec.Code != want {
+			t.Fatalf("%s while starting: %d, want %d", path, rec.Code, want)
+		}
+		var body map[string]string
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+			t.Fatalf("%s: %v in %q", path, err, rec.Body)
+		}
+		if want == 503 && (body["reason"] != api.ReasonNotReady || rec.Header().Get("Retry-After") == "") {
+			t.Fatalf("%s while starting: %v %v", path, body, rec.Header())
+		}
 	}
 }
