@@ -289,11 +289,14 @@ func (s *Server) handle(pattern string, kind bodyKind, h handlerFunc) {
 
 		switch kind {
 		case jsonBody, optionalJSONBody:
-			// The deadline bounds the body's reads only (a handler's work
-			// after them is not cut, TestStalledBodyIsCutAndSlowHandlersAreNot);
-			// a connection that cannot take one (a test's recorder) reads
-			// the body without.
-			if d, ok := w.(readDeadliner); ok { // net/http's own writer (no allocation, unlike a ResponseController)
+			// The deadline bounds the body's reads only: net/http clears it
+			// when the body ends and it starts watching the connection. A
+			// request without a body gets none: net/http is watching the
+			// connection already, and a deadline there would cancel the
+			// connection's context, this request's and every later one's
+			// on it (TestBodyDeadlineCutsOnlyBodies). A connection that
+			// cannot take one (a test's recorder) reads the body without.
+			if d, ok := w.(readDeadliner); ok && r.Body != http.NoBody && r.ContentLength != 0 { // no allocation, unlike a ResponseController
 				_ = d.SetReadDeadline(time.Now().Add(s.opts.BodyTimeout))
 			}
 			body = newReplayBody(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes), s.opts.MaxBodyBytes)

@@ -661,3 +661,26 @@ func TestStalledBodyIsCutAndSlowHandlersAreNot(t *testing.T) {
 		t.Fatalf("a route slower than the body timeout: %d %s", a.code, a.body)
 	}
 }
+
+// TestBodyDeadlineCutsOnlyBodies: a request without a body whose handler
+// runs past BodyTimeout keeps its context, and so does the next request on
+// the same connection. From a review: the deadline applied to net/http's
+// read watching the connection, whose timeout cancelled the connection's
+// context for good (every compat route takes an optional body).
+func TestBodyDeadlineCutsOnlyBodies(t *testing.T) {
+	n := newNode(t, "n1", api.Options{BodyTimeout: 100 * time.Millisecond})
+	n.api.HandleFunc("GET /x/slow", func(w http.ResponseWriter, r *http.Request) error {
+		time.Sleep(300 * time.Millisecond) // a handler slower than the body timeout: the point of the test
+		fmt.Fprintf(w, "%v", r.Context().Err())
+		return nil
+	})
+	n.api.HandleFunc("GET /x/quick", func(w http.ResponseWriter, r *http.Request) error {
+		fmt.Fprintf(w, "%v", r.Context().Err())
+		return nil
+	})
+	slow := send(t, n.http.URL, "GET", "/x/slow", "")
+	next := send(t, n.http.URL, "GET", "/x/quick", "") // the same keep-alive connection
+	if string(slow.body) != "<nil>" || string(next.body) != "<nil>" {
+		t.Fatalf("contexts: the slow request's %s, the next one's %s", slow.body, next.body)
+	}
+}

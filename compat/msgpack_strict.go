@@ -28,8 +28,8 @@ func init() {
 	})
 }
 
-// decodeUnsigned reads an integer in [0, max]; a negative or larger one,
-// or anything else, is an error.
+// decodeUnsigned reads an integer in [0, max], or nil as 0; a negative or
+// larger integer, or anything else, is an error.
 func decodeUnsigned(d *msgpack.Decoder, max uint64) (uint64, error) {
 	c, err := d.PeekCode()
 	if err != nil {
@@ -37,6 +37,8 @@ func decodeUnsigned(d *msgpack.Decoder, max uint64) (uint64, error) {
 	}
 	var u uint64
 	switch {
+	case c == msgpcode.Nil: // as JSON's null: the zero value
+		return 0, d.DecodeNil()
 	case c <= msgpcode.PosFixedNumHigh, c == msgpcode.Uint8, c == msgpcode.Uint16, c == msgpcode.Uint32, c == msgpcode.Uint64:
 		if u, err = d.DecodeUint64(); err != nil {
 			return 0, err

@@ -330,6 +330,7 @@ func TestMsgpackRefusesNumbersOutOfRange(t *testing.T) {
 	}
 	mustCode(t, reg(uint64(math.MaxUint64), 3), 201, "instance_id 2^64-1 and dp_rank 3 as they are")
 	mustCode(t, reg(int64(2), int8(1)), 201, "small numbers in signed encodings")
+	mustCode(t, reg(nil, 4), 201, "a nil instance_id, as JSON's null (instance 0)")
 	query := func(tokens []int64) reply {
 		return n.do(t, codecMsgpack, "POST", "/query", enc(map[string]any{"model_name": "llama", "token_ids": tokens}))
 	}
