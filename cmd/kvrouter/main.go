@@ -199,6 +199,9 @@ func run(c *cli.Context) error {
 		Linger: c.Duration("events-linger"), Registerer: reg, Logger: logger})
 	if err != nil {
 		nc.Close()
+		if natsSrv != nil {
+			natsSrv.Shutdown()
+		}
 		node.Close()
 		hs.Close()
 		return err
@@ -218,10 +221,14 @@ func run(c *cli.Context) error {
 		sln, err := net.Listen("tcp", a)
 		if err != nil {
 			hs.Close()
+			srv.Close()
 			agentless.Close()
 			ing.Close()
 			node.Close()
 			nc.Close()
+			if natsSrv != nil {
+				natsSrv.Shutdown()
+			}
 			return fmt.Errorf("selection API: %w", err)
 		}
 		shs := &http.Server{Handler: compat.SelectionHandler(srv), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
