@@ -64,7 +64,10 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			outcome = forwardFailed
 			reason := ReasonNoLeader
-			if errors.Is(err, context.DeadlineExceeded) {
+			switch {
+			case r.Context().Err() != nil && errors.Is(r.Context().Err(), context.Canceled):
+				reason = ReasonCanceled // the client went away: the leader was not at fault
+			case errors.Is(err, context.DeadlineExceeded):
 				reason = ReasonTimeout
 			}
 			s.log.Warn("api forward to the leader failed", "route", pattern, "leader", target.Host, "err", err)

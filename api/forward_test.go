@@ -3,6 +3,7 @@ package api_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -271,5 +272,40 @@ func TestOversizedUploadThroughAFollowerIs413(t *testing.T) {
 		if a.code != http.StatusRequestEntityTooLarge || !strings.Contains(string(a.body), api.ReasonTooLarge) {
 			t.Fatalf("an upload of 4096 bytes over a limit of 1024 at the %s: %d %s, want 413 too_large", name, a.code, a.body)
 		}
+	}
+}
+
+// TestForwardOfAClientThatLeftSaysCanceled: a client that goes away during
+// a forward is answered (and counted) canceled, not no_leader: the leader
+// was not at fault. From a review.
+func TestForwardOfAClientThatLeftSaysCanceled(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	leader, follower := pair(t, api.Options{})
+	defer close(release)
+	leader.fake.SetHook(func(m string) error {
+		if m == "RegisterWorker" {
+			entered <- struct{}{}
+			<-release
+		}
+		return nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	req := httptest.NewRequest("POST", "/v1/workers", strings.NewReader(`{"worker_id":7,"block_size":4}`)).WithContext(ctx)
+	rec := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		follower.api.ServeHTTP(rec, req)
+	}()
+	<-entered
+	cancel()
+	<-done
+	var body map[string]any
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatalf("%v in %q", err, rec.Body)
+	}
+	if body["reason"] != api.ReasonCanceled {
+		t.Fatalf("a client that left during the forward: %d %v, want reason canceled", rec.Code, body)
 	}
 }
