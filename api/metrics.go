@@ -51,16 +51,17 @@ type metrics struct {
 
 	// routeRequests' series per model, resolved on a model's first route:
 	// at most maxModelLabels models get their own, the rest share other's.
-	modelMu sync.Mutex
-	models  sync.Map // model name -> *modelOutcomes
-	nModels int      // models with their own series (under modelMu)
-	other   *modelOutcomes
+	modelMu     sync.Mutex
+	models      sync.Map // model name -> *modelOutcomes
+	nModels     int      // models with their own series (under modelMu)
+	none, other *modelOutcomes
 }
 
 // maxModelLabels bounds kvrouter_route_requests_total's model label: the
 // model is what a client says, so the first this many names get a series
 // of their own and later ones count as "other" (metrics.md). A request
-// that names none counts as "none".
+// that names none (or whose body does not decode) counts as "none",
+// outside the cap.
 const maxModelLabels = 32
 
 // modelOutcomes are one model's routeRequests series.
@@ -77,7 +78,7 @@ func (m *metrics) newOutcomes(model string) *modelOutcomes {
 func (m *metrics) forModel(model string) *modelOutcomes {
 	switch {
 	case model == "":
-		model = "none"
+		return m.none
 	case len(model) > maxNameLen || !utf8.ValidString(model):
 		return m.other // refused anyway (or not a label value)
 	}
@@ -126,7 +127,7 @@ func newMetrics(reg prometheus.Registerer, log *slog.Logger) *metrics {
 		}, []string{"route", "outcome"})),
 		routeRequests: register(reg, log, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_route_requests_total",
-			Help: "Route requests answered by this node, by the request's model (the first 32 names; later ones as other, none when unnamed) and outcome (routed, busy, no_workers, error).",
+			Help: "Route requests answered by this node, by the request's model (the first 32 names; later ones as other; none when unnamed) and outcome (routed, busy, no_workers, error).",
 		}, []string{"model", "outcome"})),
 		routeDuration: register(reg, log, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvrouter_route_duration_seconds",
@@ -149,7 +150,7 @@ func newMetrics(reg prometheus.Registerer, log *slog.Logger) *metrics {
 		Name: "kvrouter_route_best_cached_tokens_total",
 		Help: "Prompt tokens the index predicted cached on the best eligible rank (any tier).",
 	}))
-	m.other = m.newOutcomes("other")
+	m.none, m.other = m.newOutcomes("none"), m.newOutcomes("other")
 	stage := func(name string) prometheus.Observer { return m.routeDuration.WithLabelValues(name) }
 	m.stageDecode, m.stageHash, m.stageMatch, m.stageLoad = stage("decode"), stage("hash"), stage("match"), stage("load")
 	m.stageScore, m.stageBook, m.stageBackend = stage("score"), stage("book"), stage("backend")

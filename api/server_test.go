@@ -597,20 +597,25 @@ func TestRouteMetricsByModelAndStage(t *testing.T) {
 	if got := count("none", "routed"); got != 1 {
 		t.Fatalf("unnamed routed %v, want 1", got)
 	}
-	// llama and none take 2 of the 32 labels: m00..m29 get their own.
-	if got := count("m29", "routed"); got != 1 {
-		t.Fatalf("m29 routed %v, want 1", got)
+	// llama takes 1 of the 32 labels (none is outside the cap): m00..m30
+	// get their own.
+	if got := count("m30", "routed"); got != 1 {
+		t.Fatalf("m30 routed %v, want 1", got)
 	}
-	if got := count("m30", "routed"); got != 0 {
-		t.Fatalf("m30 has a label of its own (%v), past the cap", got)
+	if got := count("m31", "routed"); got != 0 {
+		t.Fatalf("m31 has a label of its own (%v), past the cap", got)
 	}
-	if got := count("other", "routed"); got != 10 {
-		t.Fatalf("other routed %v, want 10 (m30..m39)", got)
+	if got := count("other", "routed"); got != 9 {
+		t.Fatalf("other routed %v, want 9 (m31..m39)", got)
+	}
+	route(`{"token_ids":[1,2,3,4]}`)
+	if got := count("none", "routed"); got != 2 {
+		t.Fatalf("unnamed routed %v past the cap, want 2 under none", got)
 	}
 	if a := send(t, n.http.URL, "POST", "/v1/route", `{"token_ids":[1],"model":"`+strings.Repeat("x", 1025)+`"}`); a.code != 400 {
 		t.Fatalf("an overlong model: %d %s, want 400", a.code, a.body)
 	}
-	routes := uint64(43)
+	routes := uint64(44)
 	for _, stage := range []string{"decode", "hash", "match", "load", "score", "backend"} {
 		if got := histogramCount(t, n.reg, "kvrouter_route_duration_seconds", map[string]string{"stage": stage}); got != routes {
 			t.Fatalf("stage %s timed %d times, want %d", stage, got, routes)

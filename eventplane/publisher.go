@@ -638,5 +638,11 @@ func (p *Publisher) logRetry(what string, err error) {
 		p.cfg.Logger.Error("router rejected a request as invalid; retrying", "what", what, "err", err)
 		return
 	}
+	if errors.Is(err, nats.ErrMaxPayload) {
+		// It will fail the same way every time (a dump of a rank larger
+		// than the server takes, docs/offload.md): say so.
+		p.cfg.Logger.Error("request larger than the NATS server takes; retrying", "what", what, "err", err)
+		return
+	}
 	p.cfg.Logger.Debug("request failed; retrying", "what", what, "err", err)
 }
