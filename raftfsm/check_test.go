@@ -110,3 +110,37 @@ func TestClusterDigestChecks(t *testing.T) {
 		t.Fatal("kvrouter_state_digest_mismatch_total is 0 on the diverged follower")
 	}
 }
+
+// TestEventOutcomesAreCounted: the events of event batches count by op,
+// tier and outcome: applied, duplicate (at or below the cursor), gap (after
+// a gap in the batch: not applied) and malformed (consumes its id).
+func TestEventOutcomesAreCounted(t *testing.T) {
+	f := openTestFSM(t, t.TempDir())
+	defer f.Close()
+	w := &logWriter{}
+	host := kvevent.TierHostPinned
+	st := func(id, h uint64) kvevent.Event {
+		return kvevent.Event{Rank: r1, EventID: id, Kind: kvevent.KindStored, Tier: host, Blocks: []kvevent.Block{{EngineHash: h, LocalHash: h + 1}}}
+	}
+	f.ApplyBatch([]*raft.Log{w.next(encodeEvents(1, []RankBatch{{Rank: r1, Events: []kvevent.Event{st(1, 10), st(2, 20)}}}))})
+	f.ApplyBatch([]*raft.Log{w.next(encodeEvents(2, []RankBatch{{Rank: r1, Events: []kvevent.Event{
+		st(2, 20), // a duplicate
+		st(3, 30), // applied
+		{Rank: r1, EventID: 4, Kind: kvevent.KindRemoved, Tier: host, Removed: []uint64{10}}, // applied
+		st(6, 60), // past a gap
+		st(7, 70), // after it
+	}}}))})
+	count := func(k kvevent.Kind, o int) uint64 { return f.events[k][host][o].Load() }
+	if got := count(kvevent.KindStored, outcomeApplied); got != 3 {
+		t.Errorf("stores applied %d, want 3", got)
+	}
+	if got := count(kvevent.KindRemoved, outcomeApplied); got != 1 {
+		t.Errorf("removes applied %d, want 1", got)
+	}
+	if got := count(kvevent.KindStored, outcomeDuplicate); got != 1 {
+		t.Errorf("duplicates %d, want 1", got)
+	}
+	if got := count(kvevent.KindStored, outcomeGap); got != 2 {
+		t.Errorf("events after the gap %d, want 2", got)
+	}
+}

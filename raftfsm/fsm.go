@@ -109,6 +109,9 @@ type FSM struct {
 	persistSeconds   prometheus.Histogram
 	restoreSeconds   atomic.Uint64
 	stalls           store.WriteStalls // the state database's write stalls
+	// events counts the events of event batches by op, tier and outcome
+	// since this node started (kvrouter_events_applied_total).
+	events [kvevent.KindCleared + 1][kvevent.NumTiers][numOutcomes]atomic.Uint64
 
 	// onFatal is called when the state database fails under Apply, which
 	// must not happen silently: a committed entry cannot be refused.
@@ -615,15 +618,23 @@ func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
 		ev := &rb.Events[i]
 		if ev.EventID <= cur {
 			ack.Dups++
+			f.countEvent(ev, outcomeDuplicate)
 			continue
 		}
 		if ev.EventID != cur+1 && !positional {
 			ack.Gap = true
+			for j := i; j < len(rb.Events); j++ {
+				f.countEvent(&rb.Events[j], outcomeGap)
+			}
 			break
 		}
 		// A malformed event still consumes its id: it is counted by the
 		// index and skipped, and the stream goes on.
-		_ = f.ix.Apply(ev, now)
+		if err := f.ix.Apply(ev, now); err != nil {
+			f.countEvent(ev, outcomeMalformed)
+		} else {
+			f.countEvent(ev, outcomeApplied)
+		}
 		cur = ev.EventID
 		ack.Applied++
 	}
@@ -633,6 +644,23 @@ func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
 	ack.Cursor = cur
 	ack.Resync = f.ix.RankNeedsResync(rb.Rank)
 	return ack
+}
+
+// Outcomes of an event in an event batch (kvrouter_events_applied_total).
+const (
+	outcomeApplied   = iota // applied to the index
+	outcomeDuplicate        // at or below the rank's cursor: applied before
+	outcomeGap              // after a gap in its batch: not applied
+	outcomeMalformed        // consumed its id, refused by the index
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{"applied", "duplicate", "gap", "malformed"}
+
+func (f *FSM) countEvent(ev *kvevent.Event, outcome int) {
+	if ev.Kind <= kvevent.KindCleared && ev.Tier < kvevent.NumTiers {
+		f.events[ev.Kind][ev.Tier][outcome].Add(1)
+	}
 }
 
 func (f *FSM) noteHeard(r kvevent.Rank, now int64) {

@@ -24,6 +24,7 @@ type Collector struct {
 	bookings, bookingsExpired                               *prometheus.Desc
 	workerBlocks, workerSilent, workerPrefill, workerDecode *prometheus.Desc
 	checks, mismatches, stalls, workerBusy, indexMemory     *prometheus.Desc
+	eventsApplied                                           *prometheus.Desc
 }
 
 // NewCollector returns the collector of node n.
@@ -60,6 +61,7 @@ func NewCollector(n *Node) *Collector {
 		workerDecode:    d("worker_active_decode_blocks", "Distinct KV blocks the worker's live requests hold.", "worker"),
 		checks:          d("state_digest_checks_total", "Replica digest checks that compared this node's digest with the leader's, since it started."),
 		mismatches:      d("state_digest_mismatch_total", "Replica digest checks that found this node's state differing from the leader's: its state has diverged."),
+		eventsApplied:   d("events_applied_total", "Events of event batches this node's state machine took, by op, tier and outcome (applied, duplicate, gap: after a gap in its batch, malformed), since it started.", "op", "tier", "outcome"),
 		indexMemory:     d("index_memory_bytes", "Estimated bytes the in-memory index holds (nodes, holders, engine-hash maps, orphan buffers)."),
 		workerBusy:      d("worker_busy", "1 when a rank of the worker is over a busy threshold of the scoring settings.", "worker"),
 		stalls:          d("store_write_stall_seconds_total", "Seconds Pebble held writes back (memtables waiting for a flush, or too many level 0 sublevels), by store: raft (log), fsm (state).", "store"),
@@ -71,7 +73,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.state, c.term, c.commit, c.applied, c.lastIndex, c.snapIndex, c.blocks,
 		c.nodes, c.entries, c.orphans, c.needResync, c.malformed, c.unknownRemoves, c.workers, c.ready,
 		c.leaderChanges, c.readySeconds, c.restoreSeconds, c.diskBytes, c.bookings, c.bookingsExpired,
-		c.workerBlocks, c.workerSilent, c.workerPrefill, c.workerDecode, c.checks, c.mismatches, c.stalls, c.workerBusy, c.indexMemory} {
+		c.workerBlocks, c.workerSilent, c.workerPrefill, c.workerDecode, c.checks, c.mismatches, c.stalls, c.workerBusy, c.indexMemory, c.eventsApplied} {
 		ch <- d
 	}
 	c.n.fsm.applySeconds.Describe(ch)
@@ -129,6 +131,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	live, _ := f.Sequences().Count()
 	g(c.bookings, float64(live))
 	ch <- prometheus.MustNewConstMetric(c.bookingsExpired, prometheus.CounterValue, float64(f.expiredBookings.Load()))
+	for k := kvevent.KindStored; k <= kvevent.KindCleared; k++ {
+		for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
+			for o, name := range outcomeNames {
+				ch <- prometheus.MustNewConstMetric(c.eventsApplied, prometheus.CounterValue, float64(f.events[k][t][o].Load()), k.String(), t.String(), name)
+			}
+		}
+	}
 	compared, mismatched := f.DigestChecks()
 	ch <- prometheus.MustNewConstMetric(c.checks, prometheus.CounterValue, float64(compared))
 	ch <- prometheus.MustNewConstMetric(c.mismatches, prometheus.CounterValue, float64(mismatched))

@@ -99,6 +99,8 @@ func TestCollectorAnswersTheOperatorsQuestions(t *testing.T) {
 	want("kvrouter_worker_active_decode_blocks{worker=7}", positive)
 	want("kvrouter_worker_busy{worker=7}", is(1))
 	want("kvrouter_index_memory_bytes{}", positive)
+	want("kvrouter_events_applied_total{op=store,outcome=applied,tier=host}", is(1))
+	want("kvrouter_events_applied_total{op=store,outcome=duplicate,tier=host}", is(0))
 	want("kvrouter_index_lookup_duration_seconds{}", is(1)) // the route's
 	want("kvrouter_state_digest_checks_total{}", is(0))     // no check in this test's 30s
 	want("kvrouter_state_digest_mismatch_total{}", is(0))
