@@ -356,7 +356,7 @@ func (p *Publisher) loop() {
 		if backoff > 0 {
 			// Full jitter keeps many agents from retrying in step after a
 			// leader change.
-			d := backoff/2 + time.Duration(p.rng.Int64N(int64(backoff/2)+1))
+			d := p.jitter(backoff)
 			select {
 			case <-p.stop:
 				return
@@ -401,7 +401,8 @@ func (p *Publisher) loop() {
 }
 
 // nextDump returns a rank whose dump is due at now, or, when none is, the
-// earliest time one will be (zero when no rank needs a dump).
+// earliest time one will be (zero when no rank needs a dump). A router's
+// held-back resync ask whose time has come becomes a dump ask here.
 func (p *Publisher) nextDump(now time.Time) (kvevent.Rank, bool, time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -430,6 +431,13 @@ func (p *Publisher) nextDump(now time.Time) (kvevent.Rank, bool, time.Time) {
 	return kvevent.Rank{}, false, earliest
 }
 
+// jitter returns a wait of half of d to d ("full jitter" over the upper
+// half), so that many agents do not retry in step. Only the loop
+// goroutine calls it (p.rng is not locked).
+func (p *Publisher) jitter(d time.Duration) time.Duration {
+	return d/2 + time.Duration(p.rng.Int64N(int64(d/2)+1))
+}
+
 // dumpDone sets the rank's next dump try after one that went (ok) or
 // failed: at once, or after the rank's own backoff, with full jitter.
 func (p *Publisher) dumpDone(r kvevent.Rank, ok bool) {
@@ -442,8 +450,7 @@ func (p *Publisher) dumpDone(r kvevent.Rank, ok bool) {
 	}
 	p.m.retries.Inc()
 	b.dumpBackoff = min(max(2*b.dumpBackoff, p.cfg.MinBackoff), p.cfg.MaxBackoff)
-	d := b.dumpBackoff/2 + time.Duration(p.rng.Int64N(int64(b.dumpBackoff/2)+1))
-	b.dumpRetryAt = time.Now().Add(d)
+	b.dumpRetryAt = time.Now().Add(p.jitter(b.dumpBackoff))
 }
 
 // nextRequest takes the heads of the ranks' buffers, round robin, up to
