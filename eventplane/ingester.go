@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -151,10 +152,19 @@ func (in *Ingester) dropLeftWorkers(table map[uint64]raftfsm.WorkerInfo) {
 	defer in.labelMu.Unlock()
 	for id := range in.labelled {
 		if _, ok := table[id]; !ok {
-			in.m.received.DeletePartialMatch(prometheus.Labels{"worker": strconv.FormatUint(id, 10)})
+			w := strconv.FormatUint(id, 10)
+			in.m.received.DeletePartialMatch(prometheus.Labels{"worker": w})
+			in.m.lag.DeleteLabelValues(w)
 			delete(in.labelled, id)
 		}
 	}
+}
+
+// hasLabelled says whether any worker has events_received series.
+func (in *Ingester) hasLabelled() bool {
+	in.labelMu.Lock()
+	defer in.labelMu.Unlock()
+	return len(in.labelled) > 0
 }
 
 // enter starts a subscription callback: false once Close has begun.
@@ -186,12 +196,16 @@ type request struct {
 	msg     *nats.Msg
 	batches []raftfsm.RankBatch
 	events  int
+	// published holds, per batch, when its first event was published
+	// (unix microseconds, 0 unknown; headerPublished), or nothing.
+	published []uint64
 }
 
 type ingesterMetrics struct {
 	requests *prometheus.CounterVec // outcome
 	entries  prometheus.Counter
 	received *prometheus.CounterVec // worker, op, tier
+	lag      *prometheus.GaugeVec   // worker
 	rejected *prometheus.CounterVec // reason
 	gaps     prometheus.Counter
 	resyncs  *prometheus.CounterVec // reason
@@ -209,6 +223,8 @@ func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
 			Help: "Raft entries proposed by the ingester (each packs one or more requests)."}),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_received_total",
 			Help: "Events received by the leader's ingester, by worker (its id when registered, else other), op and tier."}, []string{"worker", "op", "tier"}),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvrouter_events_lag_seconds",
+			Help: "On the leader, by registered worker: how long before its last committed request the oldest event in it was handed to its publisher (agent clocks count)."}, []string{"worker"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_requests_rejected_total",
 			Help: "Event requests rejected before Raft (undecodable), by reason."}, []string{"reason"}),
 		gaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_events_gaps_total",
@@ -223,7 +239,7 @@ func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
 			Help: "Workers removed because the leader heard no heartbeat for their lease."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.entries, m.received, m.rejected, m.gaps, m.resyncs, m.subs, m.heartbeats, m.expired)
+		reg.MustRegister(m.requests, m.entries, m.received, m.lag, m.rejected, m.gaps, m.resyncs, m.subs, m.heartbeats, m.expired)
 	}
 	return m
 }
@@ -289,6 +305,7 @@ func (in *Ingester) leadership() {
 		}
 		subs = nil
 		in.m.subs.Set(0)
+		in.m.lag.Reset() // measured by the leader only
 		in.leases.stepDown()
 	}
 	defer drop()
@@ -322,9 +339,15 @@ func (in *Ingester) leadership() {
 		case !leads && subs != nil:
 			drop()
 		}
-		if subs != nil && time.Since(lastSweep) >= in.cfg.LeaseSweep {
+		if time.Since(lastSweep) >= in.cfg.LeaseSweep {
 			lastSweep = time.Now()
-			in.sweepLeases(lastSweep)
+			if subs != nil {
+				in.sweepLeases(lastSweep)
+			} else if in.hasLabelled() {
+				// A node that led keeps its received-events series; those
+				// of workers that left since go here.
+				in.dropLeftWorkers(in.cfg.Node.WorkerTable())
+			}
 		}
 		select {
 		case <-in.stop:
@@ -375,8 +398,12 @@ func (in *Ingester) onEvents(m *nats.Msg) {
 	if err := in.queued.Acquire(in.ctx, int64(n)); err != nil {
 		return // closing: unanswered, its publisher resends
 	}
+	var published []uint64
+	if v := m.Header.Get(headerPublished); v != "" {
+		published, _ = parsePublished(v, len(batches), make([]uint64, 0, len(batches)))
+	}
 	select {
-	case in.reqs <- request{msg: m, batches: batches, events: n}:
+	case in.reqs <- request{msg: m, batches: batches, events: n, published: published}:
 	case <-in.stop:
 		in.queued.Release(int64(n))
 	}
@@ -410,6 +437,39 @@ func (in *Ingester) countReceived(b *raftfsm.RankBatch, workers map[uint64]raftf
 				in.m.received.WithLabelValues(worker, k.String(), t.String()).Add(float64(c))
 			}
 		}
+	}
+}
+
+// observeLag sets kvrouter_events_lag_seconds of the registered workers
+// whose batches committed at now: the age of each one's oldest event in
+// group. A publisher's clock that runs ahead reads as no lag.
+func (in *Ingester) observeLag(group []request, now time.Time) {
+	type age struct{ worker, oldest uint64 }
+	var ages []age // few workers per entry: a linear search beats a map
+	in.labelMu.Lock()
+	defer in.labelMu.Unlock()
+	for _, r := range group {
+		for i, t := range r.published {
+			w := r.batches[i].Rank.Worker
+			if _, ok := in.labelled[w]; !ok || t == 0 {
+				continue
+			}
+			j := slices.IndexFunc(ages, func(a age) bool { return a.worker == w })
+			switch {
+			case j < 0:
+				ages = append(ages, age{w, t})
+			case t < ages[j].oldest:
+				ages[j].oldest = t
+			}
+		}
+	}
+	us := uint64(now.UnixMicro())
+	for _, a := range ages {
+		lag := 0.0
+		if a.oldest < us {
+			lag = float64(us-a.oldest) / 1e6
+		}
+		in.m.lag.WithLabelValues(strconv.FormatUint(a.worker, 10)).Set(lag)
 	}
 }
 
@@ -524,6 +584,7 @@ func (in *Ingester) commit(group []request) {
 		}
 		return
 	}
+	in.observeLag(group, time.Now())
 	var buf []byte
 	for _, r := range group {
 		mine := acks[:len(r.batches)]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -50,7 +51,11 @@ func (t *fakeTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) (
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.ingested = append(t.ingested, bs...)
-	return make([]raftfsm.RankAck, len(bs)), nil
+	acks := make([]raftfsm.RankAck, len(bs))
+	for i, b := range bs { // every batch applies
+		acks[i] = raftfsm.RankAck{Rank: b.Rank, Cursor: b.Events[len(b.Events)-1].EventID, Applied: len(b.Events)}
+	}
+	return acks, nil
 }
 
 func (t *fakeTarget) ReplaceRank(context.Context, kvevent.Rank, uint64, []kvevent.Event) error {
@@ -387,5 +392,173 @@ func TestCloseWaitsForCallbacksAndAnswersNothing(t *testing.T) {
 	}
 	if err := <-answer; !errors.Is(err, nats.ErrTimeout) {
 		t.Fatalf("the dump in flight at Close: %v, want no answer (a timeout)", err)
+	}
+}
+
+// lagOf returns kvrouter_events_lag_seconds{worker} and whether the series
+// exists.
+func lagOf(t *testing.T, in *Ingester, worker string) (float64, bool) {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 64)
+	in.m.lag.Collect(ch)
+	close(ch)
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		if l := d.GetLabel(); len(l) == 1 && l[0].GetValue() == worker {
+			return d.GetGauge().GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+// TestEventsLagIsTheOldestPublishedEventsAge: a committed request sets its
+// registered workers' kvrouter_events_lag_seconds from its published-times
+// header (the oldest of a worker's batches); strangers, unknown times and a
+// malformed header set nothing, and a worker's series goes when it leaves.
+func TestEventsLagIsTheOldestPublishedEventsAge(t *testing.T) {
+	tg := newFakeTarget()
+	tg.register(7, 0)
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	in.wg.Add(1)
+	go in.batcher()
+	defer in.Close()
+	w7a, w7b, stranger := kvevent.Rank{Worker: 7}, kvevent.Rank{Worker: 7, DP: 1}, kvevent.Rank{Worker: 99}
+	batch := func(r kvevent.Rank) raftfsm.RankBatch {
+		return raftfsm.RankBatch{Rank: r, Events: []kvevent.Event{{Rank: r, EventID: 1, Kind: kvevent.KindCleared}}}
+	}
+	request := func(header string, ranks ...kvevent.Rank) {
+		var bs []raftfsm.RankBatch
+		for _, r := range ranks {
+			bs = append(bs, batch(r))
+		}
+		m := &nats.Msg{Data: appendEvents(nil, bs), Header: nats.Header{}}
+		if header != "" {
+			m.Header.Set(headerPublished, header)
+		}
+		tg.mu.Lock()
+		before := len(tg.ingested)
+		tg.mu.Unlock()
+		in.onEvents(m)
+		waitFor(t, 10*time.Second, "the request to commit", func() bool {
+			tg.mu.Lock()
+			defer tg.mu.Unlock()
+			return len(tg.ingested) == before+len(bs)
+		})
+		in.cwg.Wait() // the commit's replies and lag are done once it returns
+	}
+	start := time.Now()
+	us := func(ago time.Duration) string { return strconv.FormatInt(start.Add(-ago).UnixMicro(), 10) }
+	in.onEvents(clearedEvents(w7a, 1, 1)) // no header: nothing to measure
+	waitFor(t, 10*time.Second, "the first request", func() bool { tg.mu.Lock(); defer tg.mu.Unlock(); return len(tg.ingested) == 1 })
+	in.cwg.Wait()
+	if _, ok := lagOf(t, in, "7"); ok {
+		t.Fatal("a request without published times set a lag")
+	}
+	request(us(3*time.Second)+","+us(10*time.Second)+","+us(20*time.Second), w7a, w7b, stranger)
+	lag, ok := lagOf(t, in, "7")
+	if max := time.Since(start) + 10*time.Second; !ok || lag < 10 || lag > max.Seconds() {
+		t.Fatalf("worker 7's lag = %v (series %v), want its oldest batch's age, 10 s to %v", lag, ok, max)
+	}
+	if _, ok := lagOf(t, in, "99"); ok {
+		t.Fatal("an unregistered worker has a lag series")
+	}
+	request("0", w7a) // unknown time: the gauge keeps its value
+	request("12,x", w7a, w7b)
+	request(us(time.Second), w7a, w7b) // count mismatch
+	if again, _ := lagOf(t, in, "7"); again != lag {
+		t.Fatalf("worker 7's lag moved to %v on requests without a usable time", again)
+	}
+	request(us(-time.Hour), w7a) // the publisher's clock runs ahead
+	if lag, _ := lagOf(t, in, "7"); lag != 0 {
+		t.Fatalf("a time in the future gave a lag of %v, want 0", lag)
+	}
+	in.dropLeftWorkers(map[uint64]raftfsm.WorkerInfo{})
+	if _, ok := lagOf(t, in, "7"); ok {
+		t.Fatal("worker 7 left and kept its lag series")
+	}
+}
+
+// TestPublishMarksFollowTheBuffer: a rank buffer's marks give each event
+// the time of the Publish call that took it, and follow trimming and
+// renumbering.
+func TestPublishMarksFollowTheBuffer(t *testing.T) {
+	b := &rankBuf{next: 1}
+	add := func(n int, at uint64) {
+		b.marks = append(b.marks, publishMark{id: b.next, at: at})
+		for range n {
+			b.evs = append(b.evs, kvevent.Event{EventID: b.next})
+			b.next++
+		}
+	}
+	add(3, 100) // ids 1-3
+	add(2, 200) // ids 4-5
+	add(1, 300) // id 6
+	for id, want := range map[uint64]uint64{0: 0, 1: 100, 3: 100, 4: 200, 5: 200, 6: 300, 9: 300} {
+		if got := b.publishedAt(id); got != want {
+			t.Errorf("publishedAt(%d) = %d, want %d", id, got, want)
+		}
+	}
+	b.trim(2) // 3 is still buffered: its mark stays
+	if len(b.marks) != 3 || b.publishedAt(3) != 100 {
+		t.Fatalf("after trimming to 2: marks %v", b.marks)
+	}
+	b.trim(4)
+	if len(b.marks) != 2 || b.publishedAt(5) != 200 || b.publishedAt(6) != 300 {
+		t.Fatalf("after trimming to 4: marks %v", b.marks)
+	}
+	for i := range b.marks { // a renumbering moves ids and marks alike (sendDump)
+		b.marks[i].id += 10
+	}
+	if b.publishedAt(15) != 200 || b.publishedAt(16) != 300 {
+		t.Fatalf("after renumbering: marks %v", b.marks)
+	}
+	for i := range b.pending() {
+		b.pending()[i].EventID += 10
+	}
+	b.next += 10
+	b.trim(16)
+	if len(b.marks) != 0 {
+		t.Fatalf("an empty buffer kept marks %v", b.marks)
+	}
+}
+
+// TestPublisherSendsPublishedTimes: a publisher's requests carry their
+// batches' published times, and the leader's lag for the worker lies
+// between the time the commit was held and the whole round trip.
+func TestPublisherSendsPublishedTimes(t *testing.T) {
+	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	tg := newFakeTarget()
+	tg.register(7, 0)
+	tg.hold = make(chan struct{})
+	in, err := NewIngester(IngesterConfig{Conn: connect(t, s.ClientURL()), Node: tg, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	p, err := NewPublisher(PublisherConfig{Conn: connect(t, s.ClientURL()), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	r := kvevent.Rank{Worker: 7}
+	before := time.Now()
+	if _, err := p.Publish(r, []kvevent.Event{{Kind: kvevent.KindCleared}}); err != nil {
+		t.Fatal(err)
+	}
+	published := time.Now()
+	waitFor(t, 10*time.Second, "the request's commit", func() bool { tg.mu.Lock(); defer tg.mu.Unlock(); return tg.calls > 0 })
+	held := time.Now()
+	close(tg.hold)
+	waitFor(t, 10*time.Second, "the ack", func() bool { return p.Pending() == 0 })
+	lag, ok := lagOf(t, in, "7")
+	if low, high := held.Sub(published).Seconds(), time.Since(before).Seconds(); !ok || lag < low || lag > high {
+		t.Fatalf("worker 7's lag = %v (series %v), want between %v and %v", lag, ok, low, high)
 	}
 }

@@ -1,6 +1,7 @@
 package eventplane
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -140,6 +141,28 @@ type rankBuf struct {
 	// server, say, would otherwise hold every rank of the agent).
 	dumpBackoff time.Duration
 	dumpRetryAt time.Time
+	// marks records when events were published: one per Publish call, by
+	// its first id, in id order. A request tells the leader when the
+	// oldest event of each of its rank batches was published
+	// (headerPublished), which the leader turns into
+	// kvrouter_events_lag_seconds.
+	marks []publishMark
+}
+
+// A publishMark says that the events from id on were published at at
+// (unix microseconds), up to the next mark's id.
+type publishMark struct {
+	id, at uint64
+}
+
+// publishedAt returns when the event with id was published: the time of
+// the last mark at or below id (0 when no mark is).
+func (b *rankBuf) publishedAt(id uint64) uint64 {
+	i, _ := slices.BinarySearchFunc(b.marks, id, func(m publishMark, id uint64) int { return cmp.Compare(m.id, id+1) })
+	if i == 0 {
+		return 0
+	}
+	return b.marks[i-1].at
 }
 
 // askDump marks the rank as needing a dump.
@@ -163,7 +186,27 @@ func (b *rankBuf) trim(id uint64) int {
 		b.evs = append(b.evs[:0], b.evs[b.head:]...)
 		b.head = 0
 	}
+	b.trimMarks()
 	return k
+}
+
+// trimMarks drops the marks of events no longer buffered, keeping the one
+// that covers the first event still buffered.
+func (b *rankBuf) trimMarks() {
+	first := b.next
+	if p := b.pending(); len(p) > 0 {
+		first = p[0].EventID
+	}
+	k := 0
+	for k+1 < len(b.marks) && b.marks[k+1].id <= first {
+		k++
+	}
+	if len(b.pending()) == 0 {
+		k = len(b.marks)
+	}
+	if k > 0 {
+		b.marks = append(b.marks[:0], b.marks[k:]...)
+	}
 }
 
 type publisherMetrics struct {
@@ -288,6 +331,9 @@ func (p *Publisher) publish(r kvevent.Rank, evs []kvevent.Event) (uint64, <-chan
 		p.m.dropped.Add(float64(k))
 		p.m.buffered.Sub(float64(k))
 	}
+	if len(evs) > 0 {
+		b.marks = append(b.marks, publishMark{id: b.next, at: uint64(time.Now().UnixMicro())})
+	}
 	for _, ev := range evs {
 		ev.Rank, ev.EventID = r, b.next
 		b.next++
@@ -346,7 +392,8 @@ func (p *Publisher) Pending() int {
 func (p *Publisher) loop() {
 	defer close(p.done)
 	backoff := time.Duration(0)
-	var scratch []byte
+	var scratch, hdr []byte
+	var published []uint64
 	for {
 		select {
 		case <-p.stop:
@@ -369,9 +416,11 @@ func (p *Publisher) loop() {
 			p.dumpDone(r, p.sendDump(r))
 			continue
 		}
-		if batches, n := p.nextRequest(); n > 0 {
+		var batches []raftfsm.RankBatch
+		var n int
+		if batches, published, n = p.nextRequest(published); n > 0 {
 			scratch = appendEvents(scratch[:0], batches)
-			ok = p.sendEvents(scratch)
+			ok = p.sendEvents(scratch, appendPublished(hdr[:0], published))
 		} else {
 			backoff = 0
 			var retry *time.Timer
@@ -456,10 +505,11 @@ func (p *Publisher) dumpDone(r kvevent.Rank, ok bool) {
 // nextRequest takes the heads of the ranks' buffers, round robin, up to
 // the request bounds. The events are copied (structs only), so the buffers
 // may change while the request is out.
-func (p *Publisher) nextRequest() ([]raftfsm.RankBatch, int) {
+func (p *Publisher) nextRequest(published []uint64) ([]raftfsm.RankBatch, []uint64, int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []raftfsm.RankBatch
+	published = published[:0]
 	n, size := 0, 16
 	for i := 0; i < len(p.order) && n < p.cfg.MaxRequestEvents && size < p.cfg.MaxRequestBytes; i++ {
 		r := p.order[(p.rr+i)%len(p.order)]
@@ -481,17 +531,24 @@ func (p *Publisher) nextRequest() ([]raftfsm.RankBatch, int) {
 		}
 		if k > 0 {
 			out = append(out, raftfsm.RankBatch{Rank: r, Events: slices.Clone(pend[:k])})
+			published = append(published, b.publishedAt(pend[0].EventID))
 		}
 	}
 	if len(p.order) > 0 {
 		p.rr = (p.rr + 1) % len(p.order)
 	}
-	return out, n
+	return out, published, n
 }
 
-func (p *Publisher) request(subject string, data []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
+// request sends data on subject and decodes the reply; published, when
+// not empty, goes in the headerPublished header.
+func (p *Publisher) request(subject string, data, published []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
 	p.m.requests.Inc()
-	msg, err := p.cfg.Conn.Request(subject, data, p.cfg.RequestTimeout)
+	m := &nats.Msg{Subject: subject, Data: data}
+	if len(published) > 0 {
+		m.Header = nats.Header{headerPublished: []string{string(published)}}
+	}
+	msg, err := p.cfg.Conn.RequestMsg(m, p.cfg.RequestTimeout)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -499,8 +556,8 @@ func (p *Publisher) request(subject string, data []byte) (acks []raftfsm.RankAck
 }
 
 // sendEvents sends one request and applies its acks; false means resend.
-func (p *Publisher) sendEvents(data []byte) bool {
-	acks, _, err := p.request(p.cfg.Subject, data)
+func (p *Publisher) sendEvents(data, published []byte) bool {
+	acks, _, err := p.request(p.cfg.Subject, data, published)
 	if err != nil {
 		p.logRetry("events", err)
 		return false
@@ -590,7 +647,7 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 	for i := range stored {
 		stored[i].Rank = r
 	}
-	_, cursor, err := p.request(p.cfg.DumpSubject, appendDump(nil, r, through, stored))
+	_, cursor, err := p.request(p.cfg.DumpSubject, appendDump(nil, r, through, stored), nil)
 	if err != nil {
 		p.logRetry("dump", err)
 		return false
@@ -606,6 +663,9 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 		pend := b.pending()
 		for i := range pend {
 			pend[i].EventID += shift
+		}
+		for i := range b.marks {
+			b.marks[i].id += shift
 		}
 		b.next += shift
 		b.floor, b.shift = cursor, b.shift+shift

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -444,4 +446,50 @@ func decodeReply(b []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
 		return nil, 0, r.err
 	}
 	return acks, cursor, nil
+}
+
+// ---- the published-times header ----
+
+// headerPublished is the NATS header of an events request that says, for
+// each rank batch in order, when its publisher was handed the batch's first
+// event: unix microseconds in decimal, comma-separated, 0 for unknown. The
+// leader measures kvrouter_events_lag_seconds from it. It is a header, not
+// part of the body, so that a router that does not know it ignores it and a
+// publisher that does not send it is still understood.
+const headerPublished = "Kvrouter-Published"
+
+// appendPublished appends the header value for times.
+func appendPublished(b []byte, times []uint64) []byte {
+	for i, t := range times {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, t, 10)
+	}
+	return b
+}
+
+// parsePublished parses a header value into times (reusing its room). It
+// returns false for a malformed value or one whose count is not n: the
+// header only feeds a metric, so a bad one is ignored, not refused.
+func parsePublished(v string, n int, times []uint64) ([]uint64, bool) {
+	times = times[:0]
+	for len(v) > 0 && len(times) < n {
+		i := strings.IndexByte(v, ',')
+		field := v
+		if i >= 0 {
+			field, v = v[:i], v[i+1:]
+		} else {
+			v = ""
+		}
+		t, err := strconv.ParseUint(field, 10, 64)
+		if err != nil {
+			return times[:0], false
+		}
+		times = append(times, t)
+	}
+	if len(v) > 0 || len(times) != n {
+		return times[:0], false
+	}
+	return times, true
 }
