@@ -87,6 +87,10 @@ func TestRoutes(t *testing.T) {
 			body: `{"lora_name":"x"}`, code: 400, reason: api.ReasonInvalid},
 		{name: "route negative isl", method: "POST", path: "/v1/route",
 			body: `{"token_ids":[1],"isl":-3}`, code: 400, reason: api.ReasonInvalid, msg: []string{"isl"}},
+		// From a review: an isl of 2^63-1 booked that many prefill tokens,
+		// and two such bookings overflowed the rank's load.
+		{name: "route isl over the longest input", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"isl":9223372036854775807,"book":true,"request_id":"x"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"isl"}},
 		{name: "route book without id", method: "POST", path: "/v1/route",
 			body: `{"token_ids":[1],"book":true}`, code: 400, reason: api.ReasonInvalid, msg: []string{"request_id"}},
 		{name: "route trailing data", method: "POST", path: "/v1/route",

@@ -86,8 +86,8 @@ func routeQuery(req *RouteRequest) (raftfsm.RouteQuery, error) {
 		// A prompt shorter than one block has no block hash: isl alone is
 		// then a valid query (it is scored on load only).
 		return q, invalidf("give token_ids (the prompt), block_hashes (its blocks' content hashes), or isl")
-	case req.ISL < 0:
-		return q, invalidf("isl = %d (want >= 0)", req.ISL)
+	case req.ISL < 0 || req.ISL > raftfsm.MaxISL:
+		return q, invalidf("isl = %d (want 0 to %d tokens)", req.ISL, raftfsm.MaxISL)
 	}
 	if err := checkName("lora_name", req.LoRAName); err != nil {
 		return q, err

@@ -81,9 +81,13 @@ type bookOp struct {
 // bookOutcome is the response of a book command of one add: the rank the
 // id is booked on after it (the first booking's, for a retried add), or
 // live false when the id was freed (or expired) before and nothing is.
+// left is set when the add named a rank no registered worker has (its
+// worker left between the route's decision and the commit): nothing was
+// booked.
 type bookOutcome struct {
 	rank kvevent.Rank
 	live bool
+	left bool
 }
 
 func encodeHeader(e *enc, t cmdType, now int64) {

@@ -551,6 +551,15 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 		for _, op := range c.books {
 			switch op.kind {
 			case bookAdd:
+				if w, ok := f.Workers()[op.b.Rank.Worker]; !ok || !slices.Contains(w.DPRanks, op.b.Rank.DP) {
+					// The rank left after the decision that chose it: a
+					// booking there would come back as phantom load if
+					// the worker registered again within the expiry.
+					if len(c.books) == 1 {
+						out = bookOutcome{rank: op.b.Rank, left: true}
+					}
+					continue
+				}
 				_, _ = f.seqs.Add(op.b.ID, op.b.Rank, op.b.SeqHashes, op.b.ISL, op.b.CachedTokens, c.now)
 				if len(c.books) == 1 {
 					// The booking as it stands: a retried add (an id already

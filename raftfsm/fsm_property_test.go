@@ -72,7 +72,9 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 	case 7:
 		rid := rapid.SampledFrom([]string{"a", "b", "c"}).Draw(t, "request")
 		r := rapid.SampledFrom(ranks).Draw(t, "rank")
-		if _, ok := m.live[rid]; !ok && !m.freed[rid] {
+		// A rank no registered worker has books nothing (its worker left
+		// between the route's decision and the commit).
+		if _, ok := m.live[rid]; !ok && !m.freed[rid] && m.workers[r.Worker] {
 			m.live[rid] = r
 		}
 		return encodeBook(5, []bookOp{{kind: bookAdd, b: Booking{ID: rid, Rank: r, SeqHashes: []uint64{1, 2}, ISL: 32}}})

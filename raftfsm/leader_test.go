@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
+	"github.com/kvrouter/kvrouter/kvevent"
 )
 
 // electBehindTheFSM sets up a new leader whose FSM lacks an entry its
@@ -391,4 +392,73 @@ func TestASecondNodeOnTheDataDirIsRefused(t *testing.T) {
 	c.stop(0)
 	c.start(0)
 	c.leader()
+}
+
+// TestBookingOnARankThatLeftBooksNothing: a worker that leaves between a
+// route's decision and its booking's commit gets no booking (from a
+// review: it came back as phantom load when the worker registered again
+// within the expiry); the route decides again among the ranks left, and
+// gives up as no workers when the chosen rank keeps leaving. Reserve on a
+// rank nobody has is ErrUnknownRank.
+func TestBookingOnARankThatLeftBooksNothing(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	register := func(id uint64) {
+		t.Helper()
+		if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: id, BlockSize: 16, DPRanks: []uint32{0}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	register(1)
+	// The filter runs after the decision took its candidates: the first
+	// decision can only choose worker 1, which then leaves for worker 2.
+	var turns int
+	q := RouteQuery{LocalHashes: []uint64{1, 2}, ISL: 32, Book: true, RequestID: "req-1",
+		Filter: func(kvevent.Rank) bool {
+			if turns++; turns == 1 {
+				register(2)
+				if err := l.DeregisterWorker(ctx(t), 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return true
+		}}
+	res, err := l.Route(ctx(t), q)
+	if want := (kvevent.Rank{Worker: 2}); err != nil || !res.Booked || res.Decision.Rank != want {
+		t.Fatalf("route: %v booked %v, err %v; want booked on %v", res.Decision.Rank, res.Booked, err, want)
+	}
+	register(1)
+	if load := l.fsm.Sequences().Load(kvevent.Rank{Worker: 1}); load != (indexer.Load{}) {
+		t.Fatalf("worker 1 registered again with load %+v from a booking made after it left", load)
+	}
+
+	next := uint64(3)
+	q.RequestID, q.Filter = "req-2", func(kvevent.Rank) bool {
+		// Every decision's only rank leaves before its booking commits.
+		register(next)
+		for id := range l.fsm.Workers() {
+			if id != next {
+				if err := l.DeregisterWorker(ctx(t), id); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		next++
+		return true
+	}
+	// Leave one worker for the first decision.
+	if err := l.DeregisterWorker(ctx(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Route(ctx(t), q); !errors.Is(err, indexer.ErrNoWorkers) {
+		t.Fatalf("a route whose rank always left: %v, want ErrNoWorkers", err)
+	}
+	if b, ok := l.Booking("req-2"); ok {
+		t.Fatalf("req-2 booked %+v on a rank that left", b)
+	}
+
+	err = l.Reserve(ctx(t), Booking{ID: "req-3", Rank: kvevent.Rank{Worker: 99}, ISL: 16})
+	if !errors.Is(err, indexer.ErrUnknownRank) {
+		t.Fatalf("reserve on a rank nobody has: %v, want ErrUnknownRank", err)
+	}
 }

@@ -1253,18 +1253,25 @@ func (n *Node) DumpRank(r kvevent.Rank) (indexer.RankDump, error) {
 
 // Reserve books a request on a rank the caller chose, through Raft
 // (semantics.md §6). Idempotent by b.ID: a live or recently freed id books
-// nothing.
+// nothing. A rank no registered worker has (checked when the entry
+// applies) books nothing either: indexer.ErrUnknownRank.
 func (n *Node) Reserve(ctx context.Context, b Booking) error {
 	switch {
 	case b.ID == "":
 		return fmt.Errorf("%w: empty request id", ErrInvalid)
-	case b.ISL <= 0:
-		return fmt.Errorf("%w: request %q: input length %d", ErrInvalid, b.ID, b.ISL)
+	case b.ISL <= 0 || b.ISL > MaxISL:
+		return fmt.Errorf("%w: request %q: input length %d (want 1 to %d)", ErrInvalid, b.ID, b.ISL, MaxISL)
 	case b.CachedTokens < 0 || b.CachedTokens > b.ISL:
 		return fmt.Errorf("%w: request %q: %d cached tokens of %d", ErrInvalid, b.ID, b.CachedTokens, b.ISL)
 	}
-	_, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookAdd, b: b}}))
-	return err
+	resp, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookAdd, b: b}}))
+	if err != nil {
+		return err
+	}
+	if bo, _ := resp.(bookOutcome); bo.left {
+		return fmt.Errorf("book %s: %w: %v is not a registered rank", b.ID, indexer.ErrUnknownRank, b.Rank)
+	}
+	return nil
 }
 
 // NoDecay, as OutputBlock's weight, leaves the request's decay weight as

@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -49,6 +50,31 @@ func blockSizeOf(ws map[uint64]WorkerInfo) int {
 // decision. With q.Book the request is booked on the chosen rank through
 // Raft before Route returns, so a follower answers ErrNotLeader for it.
 func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
+	for try := 1; ; try++ {
+		res, err := n.route(ctx, q)
+		if !errors.Is(err, errRankLeft) || try == routeTries {
+			return res, err
+		}
+		// The chosen rank's worker left between the decision and the
+		// booking's commit: decide again without it.
+	}
+}
+
+// MaxISL is the longest input a route or booking may give, in tokens:
+// beyond any model's context, and small enough that no number of bookings
+// a rank could hold overflows its prefill load.
+const MaxISL = 1 << 32
+
+// routeTries bounds the decisions of one Route whose chosen rank keeps
+// leaving before the booking commits.
+const routeTries = 3
+
+// errRankLeft is the error of a route whose booking found its rank gone.
+// It wraps indexer.ErrNoWorkers: a caller that still meets it after
+// routeTries decisions retries later, as with no workers at all.
+var errRankLeft = fmt.Errorf("%w: the chosen rank left before its booking committed", indexer.ErrNoWorkers)
+
+func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	start := time.Now()
 	bs := int(n.fsm.blockSize.Load())
 	if q.BlockSize > 0 {
@@ -73,6 +99,9 @@ func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	}
 	if isl <= 0 {
 		return RouteResult{}, fmt.Errorf("%w: an empty prompt", ErrInvalid)
+	}
+	if isl > MaxISL {
+		return RouteResult{}, fmt.Errorf("%w: input length %d is over %d tokens", ErrInvalid, isl, MaxISL)
 	}
 	if q.Book && q.RequestID == "" {
 		return RouteResult{}, fmt.Errorf("%w: booking needs a request id", ErrInvalid)
@@ -158,8 +187,11 @@ func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	}
 	if q.Book {
 		c := sc.dec.Chosen()
+		// Cached blocks in any tier spare their prefill compute (the
+		// scorer weighs what loading them costs); an isl given below the
+		// blocks' tokens caps them.
 		b := Booking{ID: q.RequestID, Rank: sc.dec.Rank, SeqHashes: slices.Clone(seq), ISL: isl,
-			CachedTokens: int(c.OverlapBlocks) * bs}
+			CachedTokens: min(int(c.OverlapBlocks)*bs, isl)}
 		resp, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookAdd, b: b}}))
 		res.Stages.Book = time.Since(scored)
 		if err != nil {
@@ -167,6 +199,8 @@ func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 		}
 		bo, _ := resp.(bookOutcome)
 		switch {
+		case bo.left:
+			return res, fmt.Errorf("book %s on %v: %w", q.RequestID, bo.rank, errRankLeft)
 		case !bo.live:
 			// The id was booked and freed (or expired) before: ids are
 			// single-use, nothing is booked.
