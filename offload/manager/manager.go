@@ -104,7 +104,11 @@ type OffloadResult struct {
 	// NoPriority counts the requests without a priority (not written).
 	NoPriority int
 	// Duplicate counts requests for a block already offloaded from the same
-	// G1 block since it was last freed (nothing to do).
+	// G1 block since it was last freed (nothing to do): its task is still
+	// queued or running, or its copy stored it, or (without G2) the filter
+	// found it cold. A task that was shed, or whose copy stored nothing
+	// (no room in the pool, a failed copy or write), leaves no duplicate:
+	// asking again queues it again.
 	Duplicate int
 	// Cold counts, without a G2 pool, the requests the frequency filter
 	// did not pass: not yet seen often enough to be written to disk.
@@ -337,7 +341,8 @@ func New(cfg Config) (*Manager, error) {
 // block seen often enough it also asks the host pool (in memory) whether
 // the block is there already, to queue its promotion to G3. A
 // request without a priority, or for a block already offloaded from the same
-// G1 block in its current generation, is counted and otherwise ignored.
+// G1 block in its current generation, is counted and otherwise ignored
+// (see OffloadResult.Duplicate: a shed or failed task does not count).
 //
 // A queued task is a weak reference to its G1 block: if the block is freed
 // (Free, or Onboard into it) before its copy has finished, the copy is
@@ -403,7 +408,7 @@ func (m *Manager) Offload(reqs []OffloadRequest) (OffloadResult, error) {
 			l.cond.Signal()
 		}
 		if shed != nil {
-			m.untrackLocked(shed)
+			m.shedLocked(shed)
 			res.Shed++
 			ps.Shed++
 		}
@@ -479,6 +484,29 @@ func (m *Manager) untrackLocked(t *task) {
 	}
 }
 
+// shedLocked forgets a task a full queue dropped. Its G1 block no longer
+// has a task for the hash: a later Offload of the block is not a duplicate.
+func (m *Manager) shedLocked(t *task) {
+	m.untrackLocked(t)
+	m.forgetLocked(t)
+}
+
+// forgetLocked clears the hash of t's G1 block, if it is still t's (same
+// generation, same hash, no other task queued), so that a later Offload of
+// the block queues a copy again rather than counting a duplicate: t was
+// shed, or its copy stored nothing (the pool had no room, or it failed).
+// A G1 block's hash is set only by the Offload that queues its task, and
+// cleared only by Free or by that task, so in one generation at most one
+// task can own it. The caller holds m.mu.
+func (m *Manager) forgetLocked(t *task) {
+	if t.g1 < 0 || !m.current(t) {
+		return
+	}
+	if st := &m.g1s[t.g1]; st.hash == t.block.Hash && st.queued == nil {
+		st.hash = 0
+	}
+}
+
 // current reports whether t's G1 block is still in the generation t was
 // queued at.
 func (m *Manager) current(t *task) bool { return m.gens[t.g1].Load() == t.gen }
@@ -522,7 +550,7 @@ func (m *Manager) promote(ps []promotion) {
 			l.cond.Signal()
 		}
 		if shed != nil {
-			m.untrackLocked(shed)
+			m.shedLocked(shed)
 			st.Shed++
 		}
 	}

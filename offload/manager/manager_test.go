@@ -481,3 +481,53 @@ func sorted(hs []uint64) []uint64 {
 	slices.Sort(out)
 	return out
 }
+
+func TestShedBlockIsNotADuplicateAndCanBeOffloadedAgain(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 8, gate: gateD2H, cfg: manager.Config{Workers: 1, BatchSize: 1, QueueCapacity: 1}})
+	a := r.compute(0, 5, 0)
+	r.offload(a)
+	r.gate.waitEntered(t) // the only worker holds a
+	b := r.compute(0, 0, 1)
+	if res := r.offload(b); res.Queued != 1 {
+		t.Fatalf("Offload of b: %+v, want it queued", res)
+	}
+	c := r.compute(0, 9, 2)
+	if res := r.offload(c); res.Queued != 1 || res.Shed != 1 {
+		t.Fatalf("Offload of c: %+v, want it queued and b shed", res)
+	}
+	// b has no task any more: asking again is not a duplicate. The queue
+	// still holds c, better than b: the newcomer is shed again.
+	if res := r.offload(b); res.Duplicate != 0 || res.Shed != 1 {
+		t.Fatalf("Offload of b again while c is queued: %+v, want it shed, not a duplicate", res)
+	}
+	r.gate.release()
+	r.idle()
+	if res := r.offload(b); res.Queued != 1 {
+		t.Fatalf("Offload of b once idle: %+v, want it queued", res)
+	}
+	r.idle()
+	want := []uint64{a[0].Hash, c[0].Hash, b[0].Hash}
+	if got := r.sink.stored(host); !slices.Equal(got, want) {
+		t.Fatalf("STORE host for %v, want %v: b was shed, then asked for again", got, want)
+	}
+}
+
+func TestBlockTheHostPoolHadNoRoomForCanBeOffloadedAgain(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 1, gate: gateD2H, cfg: manager.Config{Workers: 2, BatchSize: 1}})
+	a := r.compute(0, 1, 0)
+	r.offload(a)
+	r.gate.waitEntered(t) // a's G2 slot, the only one, is reserved and held
+	b := r.compute(0, 1, 1)
+	r.offload(b)
+	waitFor(t, 10*time.Second, "b's copy to find G2 full", func() bool { return r.m.Stats().Paths[manager.D2H].Full == 1 })
+	r.gate.release()
+	r.idle()
+	if res := r.offload(b); res.Queued != 1 || res.Duplicate != 0 {
+		t.Fatalf("Offload of b after G2 had no room for it: %+v, want it queued", res)
+	}
+	r.idle()
+	want := []uint64{a[0].Hash, b[0].Hash}
+	if got := r.sink.stored(host); !slices.Equal(got, want) {
+		t.Fatalf("STORE host for %v, want %v: b found G2 full, then was asked for again", got, want)
+	}
+}

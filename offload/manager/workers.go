@@ -75,6 +75,9 @@ func (c *copier) close() error {
 // outcome is what one batch did, added to its path's stats at the end.
 type outcome struct {
 	skipped, exists, full, failed, blocks int
+	// lost are the offload tasks whose copy stored nothing (full or
+	// failed): their G1 blocks' hashes are forgotten (see forgetLocked).
+	lost []*task
 }
 
 func (m *Manager) account(p Path, o outcome, d time.Duration) {
@@ -86,6 +89,9 @@ func (m *Manager) account(p Path, o outcome, d time.Duration) {
 	s.Failed += uint64(o.failed)
 	s.Blocks += uint64(o.blocks)
 	s.Bytes += uint64(o.blocks) * uint64(m.bs)
+	for _, t := range o.lost {
+		m.forgetLocked(t)
+	}
 	m.mu.Unlock()
 	if h := m.metrics.copySeconds[p]; h != nil && d > 0 {
 		h.Observe(d.Seconds())
@@ -168,8 +174,10 @@ func (m *Manager) d2h(c *copier, ts []*task) {
 			present = append(present, t)
 		case errors.Is(err, pool.ErrFull):
 			o.full++
+			o.lost = append(o.lost, t)
 		default:
 			o.failed++
+			o.lost = append(o.lost, t)
 			m.log.Warn("offload: reserving a G2 slot failed", "hash", t.block.Hash, "err", err)
 		}
 	}
@@ -180,6 +188,7 @@ func (m *Manager) d2h(c *copier, ts []*task) {
 		if err != nil {
 			m.host.Abort(rs...)
 			o.failed += len(rs)
+			o.lost = append(o.lost, copied...)
 			m.log.Warn("offload: G1→G2 copy failed", "blocks", len(rs), "err", err)
 		} else {
 			commit := rs[:0:0]
@@ -198,6 +207,7 @@ func (m *Manager) d2h(c *copier, ts []*task) {
 			}
 			if err := m.host.Commit(commit...); err != nil {
 				o.failed += len(commit)
+				o.lost = append(o.lost, present[len(present)-len(commit):]...)
 				present = present[:len(present)-len(commit)]
 			} else {
 				o.blocks += len(commit)
@@ -241,10 +251,12 @@ func (m *Manager) d2disk(c *copier, ts []*task) {
 		start := time.Now()
 		if err := c.run(copies); err != nil {
 			o.failed += len(copies)
+			o.lost = append(o.lost, copied...)
 			m.log.Warn("offload: G1→staging copy failed", "blocks", len(copies), "err", err)
 		} else {
 			blocks := make([]pool.Block, 0, len(copied))
 			data := make([][]byte, 0, len(copied))
+			put := make([]*task, 0, len(copied))
 			for i, t := range copied {
 				if !m.current(t) {
 					o.skipped++
@@ -253,8 +265,21 @@ func (m *Manager) d2disk(c *copier, ts []*task) {
 				_, b := c.slot(i, m.bs)
 				blocks = append(blocks, t.block)
 				data = append(data, b)
+				put = append(put, t)
 			}
-			o.put(m.disk, blocks, data, m)
+			if o.put(m.disk, blocks, data, m) != nil {
+				// Put stops early: the blocks G3 does not hold now were
+				// not stored (or were evicted since, just as well).
+				hs := make([]uint64, len(put))
+				for i, t := range put {
+					hs[i] = t.block.Hash
+				}
+				for i, held := range m.disk.Lookup(hs, nil) {
+					if !held {
+						o.lost = append(o.lost, put[i])
+					}
+				}
+			}
 		}
 		d = time.Since(start)
 	}
@@ -304,10 +329,11 @@ func (m *Manager) h2disk(ts []*task) {
 	m.account(H2Disk, o, d)
 }
 
-// put writes blocks to the disk pool and counts the result.
-func (o *outcome) put(disk *pool.DiskPool, blocks []pool.Block, data [][]byte, m *Manager) {
+// put writes blocks to the disk pool and counts the result. It returns
+// Put's error: not every block was stored.
+func (o *outcome) put(disk *pool.DiskPool, blocks []pool.Block, data [][]byte, m *Manager) error {
 	if len(blocks) == 0 {
-		return
+		return nil
 	}
 	n, err := disk.Put(blocks, data)
 	o.blocks += n
@@ -320,4 +346,5 @@ func (o *outcome) put(disk *pool.DiskPool, blocks []pool.Block, data [][]byte, m
 		o.failed += len(blocks) - n
 		m.log.Warn("offload: writing blocks to disk failed", "blocks", len(blocks), "err", err)
 	}
+	return err
 }
