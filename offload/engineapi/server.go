@@ -649,6 +649,9 @@ func (s *Server) handleOnboard(ctx context.Context, body []byte) (any, error) {
 		for i, h := range q.Hashes {
 			hs[i] = uint64(h)
 		}
+		// The request's context has no deadline of its own: with
+		// timeout_ms 0 the manager's OnboardTimeout applies; any other
+		// timeout_ms is the deadline, longer or shorter than that.
 		octx := ctx
 		if q.TimeoutMs > 0 {
 			var cancel context.CancelFunc

@@ -138,8 +138,8 @@ type Config struct {
 	BatchSize int
 	// Filter decides which blocks go to G3.
 	Filter FilterConfig
-	// OnboardTimeout bounds every Onboard that has no earlier context
-	// deadline; default 1s.
+	// OnboardTimeout bounds every Onboard whose context has no deadline
+	// (a context deadline is kept, even a later one); default 1s.
 	OnboardTimeout time.Duration
 	// Registerer, when set, gets the manager's metrics (kvagent_offload_*),
 	// labelled with Rank. Close unregisters them.

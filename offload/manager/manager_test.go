@@ -531,3 +531,40 @@ func TestBlockTheHostPoolHadNoRoomForCanBeOffloadedAgain(t *testing.T) {
 		t.Fatalf("STORE host for %v, want %v: b found G2 full, then was asked for again", got, want)
 	}
 }
+
+func TestOnboardContextDeadlineLaterThanOnboardTimeoutIsKept(t *testing.T) {
+	const timeout = 100 * time.Millisecond
+	r := newRig(t, rigConfig{hostCap: 8, gate: gateIntoG1,
+		cfg: manager.Config{Workers: 1, BatchSize: 1, OnboardTimeout: timeout}})
+	reqs := r.compute(0, 1, 0)
+	r.offload(reqs)
+	r.idle()
+
+	// The engine gives a deadline far past OnboardTimeout (timeout_ms):
+	// that is the one that counts.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan manager.Result, 1)
+	go func() {
+		res, err := r.m.Onboard(ctx, hashesOf(reqs), []int{10})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	r.gate.waitEntered(t)
+	// Hold the copy into G1 well past OnboardTimeout (the gate has no
+	// clock of its own).
+	time.Sleep(4 * timeout)
+	r.gate.release()
+	var res manager.Result
+	select {
+	case res = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Onboard did not return")
+	}
+	if res.Loaded() != 1 || res.Blocks[0].Status != manager.Loaded || !settled(res) {
+		t.Fatalf("Onboard with a 10s context deadline and a copy held %v: %+v, want it loaded", 4*timeout, res.Blocks)
+	}
+	r.checkBytes(10, reqs[0].Hash)
+}

@@ -137,10 +137,10 @@ type chunk struct {
 // until its copy has finished, so it cannot be evicted under the copy.
 //
 // Onboard waits until every block is settled or until the deadline: the
-// context's, or OnboardTimeout from now, whichever comes first. It then
-// returns, per block, Loaded, or why not (NotFound, TimedOut, Canceled,
-// Failed), so that the engine recomputes the rest; copies not yet started
-// are dropped. See Result.Settled for the one case where a copy may still
+// context's, even one later than OnboardTimeout, or OnboardTimeout from now
+// when the context has none. It then returns, per block, Loaded, or why not
+// (NotFound, TimedOut, Canceled, Failed), so that the engine recomputes the
+// rest; copies not yet started are dropped. See Result.Settled for the one case where a copy may still
 // land in G1 after Onboard returned.
 //
 // Onboard counts as a Free of every destination block (its old contents are
@@ -153,9 +153,9 @@ func (m *Manager) Onboard(ctx context.Context, hashes []uint64, g1Blocks []int) 
 	if err := m.checkOnboard(hashes, g1Blocks); err != nil {
 		return Result{}, fmt.Errorf("onboard: %w", err)
 	}
-	deadline := start.Add(m.cfg.OnboardTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = start.Add(m.cfg.OnboardTimeout)
 	}
 	m.mu.Lock()
 	if m.closed {
