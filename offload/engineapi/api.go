@@ -169,7 +169,8 @@ type OffloadResponse struct {
 
 // FreeRequest tells the agent that the engine freed G1 blocks, or is about
 // to write other data into them. The engine must call it, and wait for the
-// answer, before it writes into a block it offloaded.
+// answer, before it writes into a block it offloaded. It names at most
+// MaxRequestBlocks ids, or the region's NumBlocks if that is more.
 type FreeRequest struct {
 	DPRank   uint32 `json:"dp_rank"`
 	G1Blocks []int  `json:"g1_blocks"`
@@ -180,8 +181,8 @@ type FreeResponse struct {
 	Freed int `json:"freed"`
 }
 
-// LookupRequest asks which tiers hold blocks. It works before a region is
-// registered (it asks the pools).
+// LookupRequest asks which tiers hold blocks, at most MaxRequestBlocks. It
+// works before a region is registered (it asks the pools).
 type LookupRequest struct {
 	DPRank uint32 `json:"dp_rank"`
 	Hashes []Hash `json:"hashes"`
@@ -208,6 +209,13 @@ type OnboardRequest struct {
 
 // MaxTimeoutMs bounds OnboardRequest.TimeoutMs.
 const MaxTimeoutMs = 60_000
+
+// MaxRequestBlocks bounds the hashes of a LookupRequest, and the ids of a
+// FreeRequest unless the region has more blocks: the agent holds its locks
+// across the whole request, so a larger one is refused (bad_request) rather
+// than stall the engine's other calls. Offload and Onboard name each G1
+// block at most once, so the region's size bounds them.
+const MaxRequestBlocks = 65_536
 
 // OnboardResponse gives, per block in request order, its status: "loaded"
 // (the bytes are in its G1 block), "not_found", "timeout", "canceled" or

@@ -62,10 +62,23 @@ func (q *OffloadRequest) check(n int) error {
 func (q *FreeRequest) rank() uint32 { return q.DPRank }
 
 func (q *FreeRequest) check(n int) error {
+	if most := max(n, MaxRequestBlocks); len(q.G1Blocks) > most {
+		return fmt.Errorf("%w: %d g1_blocks: at most %d in one request (the region has %d blocks); split it",
+			ErrBadRequest, len(q.G1Blocks), most, n)
+	}
 	for i, id := range q.G1Blocks {
 		if err := checkBlock(fmt.Sprintf("g1_blocks[%d]", i), id, n); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// check refuses a lookup of more than MaxRequestBlocks hashes: the pools'
+// locks are held across the whole lookup.
+func (q *LookupRequest) check() error {
+	if len(q.Hashes) > MaxRequestBlocks {
+		return fmt.Errorf("%w: %d hashes: at most %d in one lookup; split it", ErrBadRequest, len(q.Hashes), MaxRequestBlocks)
 	}
 	return nil
 }

@@ -617,6 +617,9 @@ func (s *Server) handleLookup(_ context.Context, body []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := q.check(); err != nil {
+		return nil, err
+	}
 	sl, err := s.slot(q.DPRank)
 	if err != nil {
 		return nil, err

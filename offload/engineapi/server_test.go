@@ -152,6 +152,10 @@ func TestBadRequestsAreRefusedAndChangeNothing(t *testing.T) {
 		check(t, err)
 		return string(b)
 	}
+	tooMany := make([]engineapi.Hash, engineapi.MaxRequestBlocks+1)
+	for i := range tooMany {
+		tooMany[i] = engineapi.Hash(i + 1)
+	}
 	off := func(bs ...engineapi.OffloadBlock) string { return j(engineapi.OffloadRequest{DPRank: 0, Blocks: bs}) }
 	blk := func(id int, h uint64) engineapi.OffloadBlock {
 		return engineapi.OffloadBlock{G1Block: id, Hash: engineapi.Hash(h), Priority: 1}
@@ -178,6 +182,8 @@ func TestBadRequestsAreRefusedAndChangeNothing(t *testing.T) {
 		{"own parent", "POST", engineapi.PathOffload, off(engineapi.OffloadBlock{G1Block: 3, Hash: 9, Parent: 9}), 400, engineapi.ErrBadRequest},
 		{"block named twice", "POST", engineapi.PathOffload, off(blk(3, 77), blk(3, 78)), 400, engineapi.ErrBadRequest},
 		{"free out of range", "POST", engineapi.PathFree, `{"dp_rank":0,"g1_blocks":[0,1,64]}`, 400, engineapi.ErrBadRequest},
+		{"free more ids than the cap", "POST", engineapi.PathFree, j(engineapi.FreeRequest{G1Blocks: make([]int, engineapi.MaxRequestBlocks+1)}), 400, engineapi.ErrBadRequest},
+		{"lookup more hashes than the cap", "POST", engineapi.PathLookup, j(engineapi.LookupRequest{Hashes: tooMany}), 400, engineapi.ErrBadRequest},
 		{"onboard lengths differ", "POST", engineapi.PathOnboard, j(engineapi.OnboardRequest{Hashes: hashesOf(good), G1Blocks: []int{5}}), 400, engineapi.ErrBadRequest},
 		{"onboard into a block twice", "POST", engineapi.PathOnboard, j(engineapi.OnboardRequest{Hashes: hashesOf(good), G1Blocks: []int{5, 5}}), 400, engineapi.ErrBadRequest},
 		{"onboard zero hash", "POST", engineapi.PathOnboard, j(engineapi.OnboardRequest{Hashes: []engineapi.Hash{good[0].Hash, 0}, G1Blocks: []int{5, 6}}), 400, engineapi.ErrBadRequest},
@@ -216,6 +222,13 @@ func TestBadRequestsAreRefusedAndChangeNothing(t *testing.T) {
 			}
 		})
 	}
+	// A request of exactly the cap is answered.
+	look, err := r.c.Lookup(r.ctx(), engineapi.LookupRequest{Hashes: tooMany[:engineapi.MaxRequestBlocks]})
+	check(t, err)
+	if len(look.Tiers) != engineapi.MaxRequestBlocks {
+		t.Fatalf("lookup of %d hashes answered %d", engineapi.MaxRequestBlocks, len(look.Tiers))
+	}
+
 	// The good blocks are still where they were, and onboard back.
 	r.scribble(0, 0, 1)
 	res, err := r.c.Onboard(r.ctx(), engineapi.OnboardRequest{DPRank: 0, Hashes: hashesOf(good), G1Blocks: []int{7, 8}})
