@@ -81,6 +81,8 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "nats-tls-ca", EnvVars: []string{"KVROUTER_NATS_TLS_CA"}, Usage: "PEM CA: the embedded server requires client certificates it signed; with --nats-url, the CA of the server's certificate"},
 			&cli.StringFlag{Name: "events-subject", Value: eventplane.DefaultSubject, EnvVars: []string{"KVROUTER_EVENTS_SUBJECT"}, Usage: "subject of event requests (the dump subject is <subject>.dump)"},
 			&cli.DurationFlag{Name: "events-linger", Value: time.Millisecond, EnvVars: []string{"KVROUTER_EVENTS_LINGER"}, Usage: "how long the leader waits to pack more event requests into one Raft entry"},
+			&cli.Int64Flag{Name: "max-body-bytes", Value: api.DefaultMaxBodyBytes, EnvVars: []string{"KVROUTER_MAX_BODY_BYTES"}, Usage: "largest JSON request body (413 above it)"},
+			&cli.Int64Flag{Name: "max-snapshot-bytes", EnvVars: []string{"KVROUTER_MAX_SNAPSHOT_BYTES"}, Usage: "largest snapshot upload to restore (413 above it; 0: no limit)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"KVROUTER_LOG_LEVEL"}, Usage: "debug, info, warn or error"},
 		},
 		Action: run,
@@ -142,6 +144,12 @@ func run(c *cli.Context) error {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
 		return cli.Exit(fmt.Sprintf("--log-level: %v", err), 2)
+	}
+	if n := c.Int64("max-body-bytes"); n <= 0 {
+		return cli.Exit(fmt.Sprintf("--max-body-bytes %d: want > 0", n), 2)
+	}
+	if n := c.Int64("max-snapshot-bytes"); n < 0 {
+		return cli.Exit(fmt.Sprintf("--max-snapshot-bytes %d: want >= 0 (0: no limit)", n), 2)
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(logger)
@@ -206,7 +214,8 @@ func run(c *cli.Context) error {
 		hs.Close()
 		return err
 	}
-	srv := api.NewServer(node, api.Options{Logger: logger, Registerer: reg, Gatherer: reg})
+	srv := api.NewServer(node, api.Options{Logger: logger, Registerer: reg, Gatherer: reg,
+		MaxBodyBytes: c.Int64("max-body-bytes"), MaxSnapshotBytes: c.Int64("max-snapshot-bytes")})
 	// The standard KV-indexer API at the root, beside /v1 (docs/compat.md).
 	compat.NewIndexer(node, logger).Routes(srv, "")
 	// The selection and reservation API under /selection: its GET /workers

@@ -80,3 +80,18 @@ func TestStartingNodeAnswers(t *testing.T) {
 		}
 	}
 }
+
+// TestBodyLimitsAreChecked: the body limits must be positive (a snapshot
+// limit of 0 means none); a bad one is a usage error before anything
+// starts.
+func TestBodyLimitsAreChecked(t *testing.T) {
+	for _, args := range [][]string{{"--max-body-bytes", "0"}, {"--max-body-bytes", "-5"}, {"--max-snapshot-bytes", "-1"}} {
+		app := newApp()
+		app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+		err := app.Run(append([]string{"kvrouter", "--data-dir", t.TempDir()}, args...))
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), args[0]) {
+			t.Fatalf("kvrouter %v: %v, want exit 2 naming the flag", args, err)
+		}
+	}
+}
