@@ -45,6 +45,50 @@ func TestReadTraceRejectsBadRows(t *testing.T) {
 	}
 }
 
+// TestReadTraceIsStrict: a row is exactly the README's four fields with
+// ceil(input_length/512) hash ids (an unknown key was ignored and a
+// missing field read as 0, so {"ts": 9000, ...} arrived at 0); a line of
+// whitespace is blank; a trace without rows and a row asking for more
+// than MaxTraceTokens are refused before anything is built for them.
+func TestReadTraceIsStrict(t *testing.T) {
+	good := `{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}` + "\n \t\n"
+	if reqs, err := ReadTrace(strings.NewReader(good)); err != nil || len(reqs) != 1 {
+		t.Fatalf("a row and a whitespace line: %v %v", reqs, err)
+	}
+	for _, bad := range []string{
+		`{"ts": 9000, "timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}`,
+		`{"ts": 9000, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}`,
+		`{"timestamp": 0, "output_length": 3, "hash_ids": [1, 2]}`,
+		`{"timestamp": 0, "input_length": 600, "hash_ids": [1, 2]}`,
+		`{"timestamp": 0, "input_length": 600, "output_length": 3}`,
+		`{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": null}`,
+		`{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2, 3]}`,
+		`{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]} {}`,
+		`{"timestamp": 0, "input_length": 16777217, "output_length": 3, "hash_ids": [1]}`,
+		`{"timestamp": 0, "input_length": 10, "output_length": 16777217, "hash_ids": [1]}`,
+	} {
+		_, err := ReadTrace(strings.NewReader(good + bad + "\n"))
+		if !errors.Is(err, ErrBadTrace) || !strings.Contains(err.Error(), "line 3") {
+			t.Errorf("%s: err %v, want ErrBadTrace at line 3", bad, err)
+		}
+	}
+	for _, empty := range []string{"", "\n", "  \n\t\n"} {
+		if reqs, err := ReadTrace(strings.NewReader(empty)); !errors.Is(err, ErrBadTrace) {
+			t.Errorf("%q: %d rows, err %v, want ErrBadTrace", empty, len(reqs), err)
+		}
+	}
+	// Every shared trace still loads, all its rows.
+	for name, rows := range map[string]int{"mooncake_synthetic_trace.jsonl": 3993, "mooncake_arxiv_trace_first1000.jsonl": 1000} {
+		reqs, err := LoadTrace("../../shared/traces/" + name)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil || len(reqs) != rows {
+			t.Errorf("%s: %d rows, err %v; want %d", name, len(reqs), err, rows)
+		}
+	}
+}
+
 // TestFitsCannotWrap: a request far larger than a worker's cache never
 // fits, however large (prompt + output wrapped negative and fit).
 func TestFitsCannotWrap(t *testing.T) {

@@ -2,12 +2,14 @@ package sim
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
+	"strings"
 
 	"github.com/kvrouter/kvrouter/kvevent"
 )
@@ -28,47 +30,95 @@ type Request struct {
 }
 
 // Bounds of a trace row: a timestamp past MaxTraceTimestampMs (139
-// years; epoch milliseconds still pass) or lengths past MaxTraceTokens
-// would overflow the simulated clock and the block counts.
+// years; epoch milliseconds still pass) would overflow the simulated
+// clock, and a length past MaxTraceTokens (16 Mi tokens; the largest row
+// of the shared traces has 191,378) would have Prepare build that many
+// token ids for one line before anything runs.
 const (
 	MaxTraceTimestampMs = 1 << 42
-	MaxTraceTokens      = 1 << 31
+	MaxTraceTokens      = 1 << 24
 )
 
-// ReadTrace parses a Mooncake JSONL trace. Blank lines are skipped; a bad
-// line fails the whole read with its line number. Timestamps must not go
-// backwards: the replays issue requests in trace order.
+// traceRow is a trace line as written: a field left out stays nil, so
+// that a missing field is told from a zero.
+type traceRow struct {
+	TimestampMs  *int64    `json:"timestamp"`
+	InputLength  *int      `json:"input_length"`
+	OutputLength *int      `json:"output_length"`
+	HashIDs      *[]uint64 `json:"hash_ids"`
+}
+
+// ReadTrace parses a Mooncake JSONL trace (shared/traces/README.md). Each
+// line is one object with exactly the fields timestamp, input_length,
+// output_length and hash_ids, and ceil(input_length / 512) hash ids; an
+// unknown or missing field fails the read. Blank lines (whitespace only)
+// are skipped; a bad line fails the whole read with its line number, and
+// so does a trace without rows. Timestamps must not go backwards: the
+// replays issue requests in trace order.
 func ReadTrace(r io.Reader) ([]Request, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
 	var out []Request
-	for line := 1; sc.Scan(); line++ {
-		b := sc.Bytes()
+	line := 0
+	for sc.Scan() {
+		line++
+		b := bytes.TrimSpace(sc.Bytes())
 		if len(b) == 0 {
 			continue
 		}
-		var q Request
-		if err := json.Unmarshal(b, &q); err != nil {
+		q, err := parseRow(b)
+		if err != nil {
 			return nil, fmt.Errorf("%w: line %d: %v", ErrBadTrace, line, err)
-		}
-		if q.InputLength <= 0 || q.OutputLength < 0 || q.TimestampMs < 0 ||
-			q.InputLength > MaxTraceTokens || q.OutputLength > MaxTraceTokens || q.TimestampMs > MaxTraceTimestampMs {
-			return nil, fmt.Errorf("%w: line %d: input_length %d, output_length %d, timestamp %d",
-				ErrBadTrace, line, q.InputLength, q.OutputLength, q.TimestampMs)
 		}
 		if n := len(out); n > 0 && q.TimestampMs < out[n-1].TimestampMs {
 			return nil, fmt.Errorf("%w: line %d: timestamp %d is before the previous row's %d (sort the trace by timestamp)",
 				ErrBadTrace, line, q.TimestampMs, out[n-1].TimestampMs)
 		}
-		if want := (q.InputLength + TraceBlockTokens - 1) / TraceBlockTokens; len(q.HashIDs) < want {
-			return nil, fmt.Errorf("%w: line %d: %d hash ids for %d tokens (want %d)", ErrBadTrace, line, len(q.HashIDs), q.InputLength, want)
-		}
 		out = append(out, q)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read trace: %w", err)
+		return nil, fmt.Errorf("read trace: line %d: %w", line+1, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: no rows (%d lines, all blank)", ErrBadTrace, line)
 	}
 	return out, nil
+}
+
+// parseRow parses and checks one trace line.
+func parseRow(b []byte) (Request, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var row traceRow
+	if err := dec.Decode(&row); err != nil {
+		return Request{}, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return Request{}, errors.New("more than one JSON object on the line")
+	}
+	var missing []string
+	for _, f := range []struct {
+		name string
+		nil  bool
+	}{{"timestamp", row.TimestampMs == nil}, {"input_length", row.InputLength == nil},
+		{"output_length", row.OutputLength == nil}, {"hash_ids", row.HashIDs == nil}} {
+		if f.nil {
+			missing = append(missing, f.name)
+		}
+	}
+	if len(missing) > 0 {
+		return Request{}, fmt.Errorf("missing %s (a row has timestamp, input_length, output_length and hash_ids)", strings.Join(missing, ", "))
+	}
+	q := Request{TimestampMs: *row.TimestampMs, InputLength: *row.InputLength, OutputLength: *row.OutputLength, HashIDs: *row.HashIDs}
+	if q.InputLength <= 0 || q.OutputLength < 0 || q.TimestampMs < 0 ||
+		q.InputLength > MaxTraceTokens || q.OutputLength > MaxTraceTokens || q.TimestampMs > MaxTraceTimestampMs {
+		return Request{}, fmt.Errorf("input_length %d, output_length %d, timestamp %d (want 1..%d tokens in, 0..%d out, 0..%d ms)",
+			q.InputLength, q.OutputLength, q.TimestampMs, MaxTraceTokens, MaxTraceTokens, int64(MaxTraceTimestampMs))
+	}
+	if want := (q.InputLength + TraceBlockTokens - 1) / TraceBlockTokens; len(q.HashIDs) != want {
+		return Request{}, fmt.Errorf("%d hash ids for %d tokens (want ceil(%d/%d) = %d)", len(q.HashIDs), q.InputLength, q.InputLength, TraceBlockTokens, want)
+	}
+	return q, nil
 }
 
 // arrivalNs is a trace timestamp as nanoseconds of simulated time at an
