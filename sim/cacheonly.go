@@ -64,6 +64,8 @@ func RunCacheOnly(pr *Prepared, cfg CacheConfig, p Policy) (Result, error) {
 		q := &pr.Reqs[k]
 		now = arrivalNs(q.TimestampMs, 1)
 		rq := RouteQuery{ID: strconv.Itoa(k), Local: pr.Local[k], Seq: pr.Seq[k], ISL: q.InputLength, BlockSize: cfg.BlockSize, Req: q}
+		res.Offered++
+		res.PromptTokens += int64(q.InputLength)
 		w, predicted, err := p.Route(&rq, now)
 		if err != nil || w < 0 || w >= cfg.Workers {
 			if res.Errors == 0 {
@@ -79,7 +81,6 @@ func RunCacheOnly(pr *Prepared, cfg CacheConfig, p Policy) (Result, error) {
 		c.Release(rq.Seq, n)
 		p.Started(&rq, w, predicted, now)
 		res.Requests++
-		res.PromptTokens += int64(q.InputLength)
 		res.CachedTokens += int64(cached)
 		res.PredictedCachedTokens += int64(predicted)
 		res.Assigned[w] += int64(q.InputLength)
@@ -114,6 +115,7 @@ func Ceiling(pr *Prepared, mode string) Result {
 			seen[h] = struct{}{}
 		}
 		res.Requests++
+		res.Offered++
 		res.PromptTokens += int64(pr.Reqs[k].InputLength)
 		res.CachedTokens += int64(m * pr.BlockSize)
 	}

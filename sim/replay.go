@@ -46,15 +46,20 @@ var ErrBadConfig = errors.New("bad replay config")
 
 // Result is one policy's figures over a replay.
 type Result struct {
-	Policy       string
-	Mode         string // "v1", "timed", "cache" or "ceiling"
-	Requests     int    // requests served (routed and accepted)
+	Policy   string
+	Mode     string // "v1", "timed", "cache" or "ceiling"
+	Requests int    // requests served (routed and accepted)
+	Offered  int    // requests routed: served, rejected or failed to route
+	// PromptTokens counts the prompt tokens of every offered request,
+	// served or not: a request no worker took counts as a miss, so that
+	// a policy that rejects cannot raise its hit rate (nor pass the
+	// ceiling, which counts every request).
 	PromptTokens int64
 	CachedTokens int64 // prompt tokens the chosen worker really had cached
 	// PredictedCachedTokens is what the policy believed the chosen worker
 	// had cached (0 for policies that do not look).
 	PredictedCachedTokens int64
-	HitRate               float64 // CachedTokens / PromptTokens
+	HitRate               float64 // CachedTokens / PromptTokens (rejected requests count as misses)
 	Assigned              []int64 // prompt tokens per worker
 	Imbalance             float64 // max / mean of Assigned
 	TTFTMeanMs            float64
@@ -195,6 +200,8 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 		now = max(now, at)
 		ids[k] = strconv.Itoa(k)
 		rq := RouteQuery{ID: ids[k], Local: pr.Local[k], Seq: pr.Seq[k], ISL: q.InputLength, BlockSize: cfg.BlockSize, Req: q}
+		res.Offered++
+		res.PromptTokens += int64(q.InputLength)
 		w, predicted, err := p.Route(&rq, now)
 		if err != nil || w < 0 || w >= cfg.Workers {
 			if res.Errors == 0 {
@@ -217,7 +224,6 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 		heap.Push(&pending, completion{at: now + int64((prefill+decode)*1e6), order: k, done: true})
 
 		res.Requests++
-		res.PromptTokens += int64(q.InputLength)
 		res.CachedTokens += int64(cached)
 		res.PredictedCachedTokens += int64(predicted)
 		res.Assigned[w] += int64(q.InputLength)
@@ -237,6 +243,15 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 	res.Imbalance = imbalance(res.Assigned)
 	res.TTFTMeanMs, res.TTFTP50Ms, res.TTFTP99Ms = summarize(ttft)
 	return res, nil
+}
+
+// Served is the share of the offered requests that were served (1 with
+// none offered).
+func (r *Result) Served() float64 {
+	if r.Offered == 0 {
+		return 1
+	}
+	return float64(r.Requests) / float64(r.Offered)
 }
 
 func imbalance(xs []int64) float64 {

@@ -39,17 +39,17 @@ func BenchLine(trace string, r Result) string {
 	}
 	if r.Offload != nil {
 		// With offload tiers: its own area, and the G2/G3 shares.
-		return fmt.Sprintf("BENCH sim_offload.%s.%s hit_rate=%.4f g2_hit_rate=%.4f g3_hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d speed=%g",
-			trace, r.Policy, r.HitRate, r.share(r.HostTokens), r.share(r.DiskTokens), r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Speed)
+		return fmt.Sprintf("BENCH sim_offload.%s.%s hit_rate=%.4f g2_hit_rate=%.4f g3_hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d served=%.4f speed=%g",
+			trace, r.Policy, r.HitRate, r.share(r.HostTokens), r.share(r.DiskTokens), r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Served(), r.Speed)
 	}
 	if r.HitOnly {
 		return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f", area, trace, r.Policy, r.HitRate)
 	}
 	if r.Mode == "cache" {
-		return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f imbalance=%.3f rejected=%d", area, trace, r.Policy, r.HitRate, r.Imbalance, r.Rejected)
+		return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f imbalance=%.3f rejected=%d served=%.4f", area, trace, r.Policy, r.HitRate, r.Imbalance, r.Rejected, r.Served())
 	}
-	return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d speed=%g",
-		area, trace, r.Policy, r.HitRate, r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Speed)
+	return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d served=%.4f speed=%g",
+		area, trace, r.Policy, r.HitRate, r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Served(), r.Speed)
 }
 
 // share is tokens as a fraction of the prompt tokens.
@@ -63,7 +63,8 @@ func (r *Result) share(tokens int64) float64 {
 // WriteTable writes rs (one replay's results) as a markdown table: hit
 // rate and imbalance for every mode, the latency, throughput and queue
 // columns of timed replays, TTFT for v1 ("–" where a figure does not
-// apply).
+// apply). The hit rate counts rejected requests as misses; "served" is
+// the share of the requests that a worker took.
 func WriteTable(w io.Writer, rs []Result) error {
 	timed := slices.ContainsFunc(rs, func(r Result) bool { return r.Mode == "timed" })
 	var b strings.Builder
@@ -87,10 +88,10 @@ func WriteTable(w io.Writer, rs []Result) error {
 		tierHead, tierSep = " G2 / G3 hit |", "---:|"
 	}
 	if timed {
-		b.WriteString("| policy | hit rate |" + tierHead + " TTFT mean ms | TTFT p50 ms | TTFT p99 ms | TPOT ms | E2E mean ms | E2E p99 ms | output tok/s | imbalance | rejected | queued | preempted |\n")
-		b.WriteString("|---|---:|" + tierSep + "---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| policy | hit rate |" + tierHead + " TTFT mean ms | TTFT p50 ms | TTFT p99 ms | TPOT ms | E2E mean ms | E2E p99 ms | output tok/s | imbalance | rejected | served | queued | preempted |\n")
+		b.WriteString("|---|---:|" + tierSep + "---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	} else {
-		b.WriteString("| policy | hit rate | imbalance | rejected |\n|---|---:|---:|---:|\n")
+		b.WriteString("| policy | hit rate | imbalance | rejected | served |\n|---|---:|---:|---:|---:|\n")
 	}
 	for _, r := range rs {
 		hit := fmt.Sprintf("%.1f %%", 100*r.HitRate)
@@ -104,15 +105,15 @@ func WriteTable(w io.Writer, rs []Result) error {
 		}
 		switch {
 		case r.HitOnly && timed:
-			fmt.Fprintf(&b, "| %s | %s | – | – | – | – | – | – | – | – | – | – | – |\n", r.Policy, hit)
+			fmt.Fprintf(&b, "| %s | %s | – | – | – | – | – | – | – | – | – | – | – | – |\n", r.Policy, hit)
 		case r.HitOnly:
-			fmt.Fprintf(&b, "| %s | %s | – | – |\n", r.Policy, hit)
+			fmt.Fprintf(&b, "| %s | %s | – | – | – |\n", r.Policy, hit)
 		case timed:
-			fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %.0f | %.1f | %.0f | %.0f | %.0f | %.3f | %d | %d | %d |\n",
+			fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %.0f | %.1f | %.0f | %.0f | %.0f | %.3f | %d | %.1f %% | %d | %d |\n",
 				r.Policy, hit, r.TTFTMeanMs, r.TTFTP50Ms, r.TTFTP99Ms, r.TPOTMeanMs, r.E2EMeanMs, r.E2EP99Ms,
-				r.OutputTokensPerS, r.Imbalance, r.Rejected, r.Queued, r.Preemptions)
+				r.OutputTokensPerS, r.Imbalance, r.Rejected, 100*r.Served(), r.Queued, r.Preemptions)
 		default:
-			fmt.Fprintf(&b, "| %s | %s | %.3f | %d |\n", r.Policy, hit, r.Imbalance, r.Rejected)
+			fmt.Fprintf(&b, "| %s | %s | %.3f | %d | %.1f %% |\n", r.Policy, hit, r.Imbalance, r.Rejected, 100*r.Served())
 		}
 	}
 	_, err := io.WriteString(w, b.String())

@@ -188,7 +188,12 @@ func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (res Result, err error) {
 	var tpotN int
 	var outTokens int64
 	e2e := make([]float64, 0, n)
+	res.Offered = routed
 	for k := range reqs {
+		// Every routed request's prompt counts: a rejected one as a miss.
+		if k < issued {
+			res.PromptTokens += int64(pr.Reqs[k].InputLength)
+		}
 		if !served[k] {
 			continue
 		}
@@ -197,7 +202,6 @@ func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (res Result, err error) {
 			return res, fmt.Errorf("sim: request %d never finished (worker stuck)", k)
 		}
 		res.Requests++
-		res.PromptTokens += int64(r.Prompt)
 		res.CachedTokens += int64(r.CachedTokens)
 		res.HostTokens += int64(r.HostTokens)
 		res.DiskTokens += int64(r.DiskTokens)

@@ -160,3 +160,58 @@ func TestSharedFirstBlockDoesNotCollapse(t *testing.T) {
 		t.Fatalf("router hit %.3f, TTFT %.0f ms; round-robin %.3f, %.0f ms: want better on both", router.HitRate, router.TTFTMeanMs, rr.HitRate, rr.TTFTMeanMs)
 	}
 }
+
+// pickyPolicy sends every request to worker 0 but refuses (a routing
+// error) those whose first hash id is odd.
+type pickyPolicy struct{ RoundRobin }
+
+func (p *pickyPolicy) Route(q *RouteQuery, _ int64) (int, int, error) {
+	if q.Req.HashIDs[0]%2 == 1 {
+		return -1, 0, errors.New("refused")
+	}
+	return 0, 0, nil
+}
+
+// TestRejectedRequestsCountAsMisses: a request no worker took counts in
+// the hit rate's denominator with nothing cached, in every mode, so a
+// policy that rejects the requests that would miss cannot pass the
+// ceiling (the hit rate counted only served requests: here 75 % against
+// a ceiling of 37.5 %); Served says what share was taken.
+func TestRejectedRequestsCountAsMisses(t *testing.T) {
+	var reqs []Request
+	for i := 0; i < 8; i++ {
+		// Even rows repeat one prompt (a miss, then hits); odd rows are
+		// new prompts, each a miss, and refused.
+		ids := []uint64{2, 4}
+		if i%2 == 1 {
+			ids = []uint64{uint64(100*i + 1), uint64(100*i + 3)}
+		}
+		reqs = append(reqs, Request{TimestampMs: int64(1000 * i), InputLength: 1024, OutputLength: 2, HashIDs: ids})
+	}
+	pr := Prepare(reqs, 64)
+	ceiling := Ceiling(pr, "timed")
+	timed, err := RunTimed(pr, TimedConfig{Workers: 2}, &pickyPolicy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1, err := Replay(pr, Config{Workers: 2, BlockSize: 64}, &pickyPolicy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr512 := Prepare(reqs, TraceBlockTokens)
+	cache, err := RunCacheOnly(pr512, CacheConfig{Workers: 2}, &pickyPolicy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []Result{timed, v1, cache} {
+		if r.Requests != 4 || r.Offered != 8 || r.Served() != 0.5 || r.PromptTokens != 8*1024 {
+			t.Errorf("%s: %d served of %d offered (share %.2f), %d prompt tokens; want 4 of 8, 0.50, %d",
+				r.Mode, r.Requests, r.Offered, r.Served(), r.PromptTokens, 8*1024)
+		}
+		// 3 hits of 1,024 tokens (timed: of 960, the last block is
+		// recomputed) over 8 prompts.
+		if r.HitRate > ceiling.HitRate+1e-9 || r.HitRate < 3*960/8192.0-1e-9 {
+			t.Errorf("%s: hit rate %.4f, want 0.35..0.375 (the ceiling %.4f)", r.Mode, r.HitRate, ceiling.HitRate)
+		}
+	}
+}

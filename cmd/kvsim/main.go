@@ -525,11 +525,11 @@ func printResults(w io.Writer, format, trace, header string, rs []sim.Result) er
 			fmt.Fprintf(tw, "%s\t%.1f %%\t%.3f\t%.1f\t%.1f\t%d\t%d\t\n", r.Policy, 100*r.HitRate, r.Imbalance, r.TTFTMeanMs, r.TTFTP99Ms, r.Evicted, r.Errors)
 		}
 	} else if timed && tiers {
-		fmt.Fprintln(tw, "policy\tG1 hit\tG2 hit\tG3 hit\tTTFT mean ms\tp50\tp99\tTPOT ms\tE2E mean ms\tout tok/s\timbalance\trejected\tqueued\tpreempted\t")
+		fmt.Fprintln(tw, "policy\tG1 hit\tG2 hit\tG3 hit\tTTFT mean ms\tp50\tp99\tTPOT ms\tE2E mean ms\tout tok/s\timbalance\trejected\tserved\tqueued\tpreempted\t")
 	} else if timed {
-		fmt.Fprintln(tw, "policy\thit rate\tTTFT mean ms\tp50\tp99\tTPOT ms\tE2E mean ms\tout tok/s\timbalance\trejected\tqueued\tpreempted\t")
+		fmt.Fprintln(tw, "policy\thit rate\tTTFT mean ms\tp50\tp99\tTPOT ms\tE2E mean ms\tout tok/s\timbalance\trejected\tserved\tqueued\tpreempted\t")
 	} else {
-		fmt.Fprintln(tw, "policy\thit rate\timbalance\tevicted blocks\trejected\t")
+		fmt.Fprintln(tw, "policy\thit rate\timbalance\tevicted blocks\trejected\tserved\t")
 	}
 	for _, r := range rs {
 		switch {
@@ -537,22 +537,22 @@ func printResults(w io.Writer, format, trace, header string, rs []sim.Result) er
 		case r.HitOnly:
 			fmt.Fprintf(tw, "%s\t%.1f %%\t", r.Policy, 100*r.HitRate)
 			if timed && tiers {
-				fmt.Fprint(tw, strings.Repeat("–\t", 12))
+				fmt.Fprint(tw, strings.Repeat("–\t", 13))
 			} else if timed {
-				fmt.Fprint(tw, strings.Repeat("–\t", 10))
+				fmt.Fprint(tw, strings.Repeat("–\t", 11))
 			} else {
-				fmt.Fprint(tw, strings.Repeat("–\t", 3))
+				fmt.Fprint(tw, strings.Repeat("–\t", 4))
 			}
 			fmt.Fprintln(tw)
 		case timed && tiers:
-			fmt.Fprintf(tw, "%s\t%.1f %%\t%.1f %%\t%.1f %%\t%.0f\t%.0f\t%.0f\t%.1f\t%.0f\t%.0f\t%.3f\t%d\t%d\t%d\t\n", r.Policy, 100*r.HitRate,
+			fmt.Fprintf(tw, "%s\t%.1f %%\t%.1f %%\t%.1f %%\t%.0f\t%.0f\t%.0f\t%.1f\t%.0f\t%.0f\t%.3f\t%d\t%.1f %%\t%d\t%d\t\n", r.Policy, 100*r.HitRate,
 				100*share(r.HostTokens, r.PromptTokens), 100*share(r.DiskTokens, r.PromptTokens),
-				r.TTFTMeanMs, r.TTFTP50Ms, r.TTFTP99Ms, r.TPOTMeanMs, r.E2EMeanMs, r.OutputTokensPerS, r.Imbalance, r.Rejected, r.Queued, r.Preemptions)
+				r.TTFTMeanMs, r.TTFTP50Ms, r.TTFTP99Ms, r.TPOTMeanMs, r.E2EMeanMs, r.OutputTokensPerS, r.Imbalance, r.Rejected, 100*r.Served(), r.Queued, r.Preemptions)
 		case timed:
-			fmt.Fprintf(tw, "%s\t%.1f %%\t%.0f\t%.0f\t%.0f\t%.1f\t%.0f\t%.0f\t%.3f\t%d\t%d\t%d\t\n", r.Policy, 100*r.HitRate,
-				r.TTFTMeanMs, r.TTFTP50Ms, r.TTFTP99Ms, r.TPOTMeanMs, r.E2EMeanMs, r.OutputTokensPerS, r.Imbalance, r.Rejected, r.Queued, r.Preemptions)
+			fmt.Fprintf(tw, "%s\t%.1f %%\t%.0f\t%.0f\t%.0f\t%.1f\t%.0f\t%.0f\t%.3f\t%d\t%.1f %%\t%d\t%d\t\n", r.Policy, 100*r.HitRate,
+				r.TTFTMeanMs, r.TTFTP50Ms, r.TTFTP99Ms, r.TPOTMeanMs, r.E2EMeanMs, r.OutputTokensPerS, r.Imbalance, r.Rejected, 100*r.Served(), r.Queued, r.Preemptions)
 		default:
-			fmt.Fprintf(tw, "%s\t%.1f %%\t%.3f\t%d\t%d\t\n", r.Policy, 100*r.HitRate, r.Imbalance, r.Evicted, r.Rejected)
+			fmt.Fprintf(tw, "%s\t%.1f %%\t%.3f\t%d\t%d\t%.1f %%\t\n", r.Policy, 100*r.HitRate, r.Imbalance, r.Evicted, r.Rejected, 100*r.Served())
 		}
 	}
 	if err := tw.Flush(); err != nil {

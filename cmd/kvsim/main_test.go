@@ -65,7 +65,7 @@ func TestReplayTimedPrintsBenchLines(t *testing.T) {
 	if len(lines) != len(want) {
 		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), out)
 	}
-	full := regexp.MustCompile(`^BENCH sim\.arxiv\.(\w+) hit_rate=[0-9.]+ ttft_mean_ms=[0-9.]+ ttft_p99_ms=[0-9.]+ imbalance=[0-9.]+ rejected=\d+ speed=4$`)
+	full := regexp.MustCompile(`^BENCH sim\.arxiv\.(\w+) hit_rate=[0-9.]+ ttft_mean_ms=[0-9.]+ ttft_p99_ms=[0-9.]+ imbalance=[0-9.]+ rejected=\d+ served=[0-9.]+ speed=4$`)
 	for i, l := range lines[:5] {
 		m := full.FindStringSubmatch(l)
 		if m == nil || m[1] != want[i] {
@@ -96,7 +96,7 @@ func TestReplayCacheModeTableAndPlots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !regexp.MustCompile(`(?m)^BENCH sim_cache\.chat\.round_robin hit_rate=[0-9.]+ imbalance=[0-9.]+ rejected=0\nBENCH sim_cache\.chat\.ceiling hit_rate=[0-9.]+\n$`).MatchString(out) {
+	if !regexp.MustCompile(`(?m)^BENCH sim_cache\.chat\.round_robin hit_rate=[0-9.]+ imbalance=[0-9.]+ rejected=0 served=1\.0000\nBENCH sim_cache\.chat\.ceiling hit_rate=[0-9.]+\n$`).MatchString(out) {
 		t.Fatalf("cache bench lines:\n%s", out)
 	}
 }
