@@ -276,6 +276,13 @@ func summarize(xs []float64) (mean, p50, p99 float64) {
 	for _, x := range s {
 		sum += x
 	}
-	at := func(q float64) float64 { return s[int(q*float64(len(s)-1))] }
-	return sum / float64(len(s)), at(0.5), at(0.99)
+	return sum / float64(len(s)), percentile(s, 0.5), percentile(s, 0.99)
+}
+
+// percentile is the nearest-rank q-quantile of sorted (non-empty): the
+// smallest value that at least q of the values are at or below,
+// sorted[ceil(q·n) − 1].
+func percentile(sorted []float64, q float64) float64 {
+	i := int(math.Ceil(q*float64(len(sorted))-1e-9)) - 1 // 1e-9: q·n a hair over an integer
+	return sorted[min(max(i, 0), len(sorted)-1)]
 }

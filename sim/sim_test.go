@@ -253,3 +253,34 @@ func TestReplayRouterBeatsRoundRobinOnTrace(t *testing.T) {
 		t.Fatal("replay is not deterministic")
 	}
 }
+
+// TestPercentilesAreNearestRank: p50 and p99 are the nearest-rank
+// percentiles, s[ceil(q·n) − 1] (they rounded the index down, so the p99
+// of two requests was the faster one, and of ten the ninth).
+func TestPercentilesAreNearestRank(t *testing.T) {
+	seq := func(n int) []float64 {
+		xs := make([]float64, n)
+		for i := range xs {
+			xs[i] = float64(n - i) // unsorted: summarize sorts
+		}
+		return xs
+	}
+	for _, c := range []struct {
+		n              int
+		mean, p50, p99 float64
+	}{
+		{1, 1, 1, 1},
+		{2, 1.5, 1, 2},
+		{10, 5.5, 5, 10},
+		{100, 50.5, 50, 99},
+		{1000, 500.5, 500, 990},
+	} {
+		mean, p50, p99 := summarize(seq(c.n))
+		if mean != c.mean || p50 != c.p50 || p99 != c.p99 {
+			t.Errorf("1..%d: mean %g, p50 %g, p99 %g; want %g, %g, %g", c.n, mean, p50, p99, c.mean, c.p50, c.p99)
+		}
+	}
+	if m, p50, p99 := summarize(nil); m != 0 || p50 != 0 || p99 != 0 {
+		t.Errorf("no values: %g %g %g", m, p50, p99)
+	}
+}
