@@ -68,16 +68,17 @@ type Result struct {
 	Errors                int
 	FirstError            string // the first routing error, for the report
 
+	TTFTMs []float64 // every served request's TTFT, in trace order (timed and v1)
+
 	// Timed replays only.
-	TTFTMs           []float64 // every served request's TTFT, in trace order
-	TPOTMeanMs       float64   // mean over requests of (finish - first token) / (output - 1)
+	TPOTMeanMs       float64 // mean over requests of (finish - first token) / (output - 1)
 	E2EMeanMs        float64
 	E2EP50Ms         float64
 	E2EP99Ms         float64
 	OutputTokensPerS float64 // generated tokens / makespan
 	RequestsPerS     float64 // served requests / makespan
 	MakespanS        float64 // first arrival to last finish, simulated seconds
-	Rejected         int     // requests no worker took: a full queue, too large, or a routing error
+	Rejected         int     // requests no worker took: a full queue, too large, or a routing error (v1: a routing error)
 	Queued           int     // requests that waited through a pass that did not admit them
 	Preemptions      int
 	Speed            float64 // the arrival-speed multiplier it ran at
@@ -148,7 +149,9 @@ func (h *completions) Pop() any {
 // v1 model: a request is served at once on its worker (no queue); its
 // time to first token is the prefill time of its uncached tokens, and it
 // finishes after output_length decode steps at the worker's KV use when it
-// started. Its blocks stay pinned until it finishes.
+// started (the share of its capacity that in-flight requests pin). Its
+// blocks stay pinned until it finishes. A routing error counts as an
+// error and as a rejection.
 func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 	cfg = cfg.withDefaults()
 	if cfg.CapacityTokens < cfg.BlockSize {
@@ -208,12 +211,15 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 				res.FirstError = fmt.Sprintf("request %d: worker %d: %v", k, w, err)
 			}
 			res.Errors++
+			res.Rejected++
 			continue
 		}
 		c := workers[w]
 		hitBlocks := c.Match(rq.Seq)
 		cached := hitBlocks * cfg.BlockSize
-		u := float64(c.Len()) / float64(c.Capacity())
+		// KV use: the blocks in-flight requests pin. Inactive cached
+		// blocks are free memory (as in the timed engine's KVUse).
+		u := float64(c.Active()) / float64(c.Capacity())
 		pinned := c.Acquire(rq.Local, rq.Seq)
 		p.Started(&rq, w, predicted, now)
 		live[k] = inflight{worker: w, pinned: pinned}
@@ -241,6 +247,7 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 		res.HitRate = float64(res.CachedTokens) / float64(res.PromptTokens)
 	}
 	res.Imbalance = imbalance(res.Assigned)
+	res.TTFTMs = ttft
 	res.TTFTMeanMs, res.TTFTP50Ms, res.TTFTP99Ms = summarize(ttft)
 	return res, nil
 }

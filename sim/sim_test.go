@@ -284,3 +284,51 @@ func TestPercentilesAreNearestRank(t *testing.T) {
 		t.Errorf("no values: %g %g %g", m, p50, p99)
 	}
 }
+
+// finishClock routes everything to worker 0 and records when each
+// request finishes.
+type finishClock struct {
+	RoundRobin
+	at map[string]int64
+}
+
+func (p *finishClock) Finished(id string, now int64) { p.at[id] = now }
+
+// TestV1DecodeLoadAndRejections: a v1 request decodes at the KV use of
+// the blocks in-flight requests pin, not counting a finished request's
+// cached blocks (it decoded as if they were in use); a routing error counts
+// as rejected (v1 counted only errors, so its BENCH line said rejected=0);
+// the served requests' TTFTs are kept for the plot.
+func TestV1DecodeLoadAndRejections(t *testing.T) {
+	reqs := []Request{
+		{TimestampMs: 0, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+		{TimestampMs: 10_000, InputLength: 512, OutputLength: 100, HashIDs: []uint64{3}},
+	}
+	cfg := Config{Workers: 1, BlockSize: 16, CapacityTokens: 1600}
+	p := &finishClock{RoundRobin: RoundRobin{Workers: 1}, at: map[string]int64{}}
+	r, err := Replay(Prepare(reqs, 16), cfg, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm := DefaultTiming()
+	want := tm.PrefillMs(512) + 100*tm.DecodeStepMs(0) // the first request's 64 blocks are cached, not in use
+	if got := float64(p.at["1"]-10_000*1e6) / 1e6; math.Abs(got-want) > 0.01 {
+		t.Fatalf("second request took %.2f ms, want %.2f (decode at KV use 0; at 64 %% it would take %.2f)",
+			got, want, tm.PrefillMs(512)+100*tm.DecodeStepMs(0.64))
+	}
+	if len(r.TTFTMs) != 2 {
+		t.Fatalf("%d TTFTs kept, want 2", len(r.TTFTMs))
+	}
+
+	var picky []Request
+	for i := 0; i < 4; i++ {
+		picky = append(picky, Request{TimestampMs: int64(i), InputLength: 512, OutputLength: 1, HashIDs: []uint64{uint64(i)}})
+	}
+	r, err = Replay(Prepare(picky, 16), Config{Workers: 2, BlockSize: 16}, &pickyPolicy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Errors != 2 || r.Rejected != 2 || r.Requests != 2 || !strings.Contains(BenchLine("t", r), " rejected=2 served=0.5000 ") {
+		t.Fatalf("v1 with 2 routing errors: %d errors, %d rejected, %d served; %s", r.Errors, r.Rejected, r.Requests, BenchLine("t", r))
+	}
+}

@@ -275,14 +275,16 @@ func runReplay(c *cli.Context) error {
 		}
 	}
 	if dir := c.String("plots"); dir != "" {
-		if err := writePlots(dir, trace+" ("+mode+")", results); err != nil {
+		if err := writePlots(c.App.ErrWriter, dir, trace+" ("+mode+")", results); err != nil {
 			return err
 		}
 	}
 	return printResults(c.App.Writer, c.String("output"), trace, header, results)
 }
 
-func writePlots(dir, title string, rs []sim.Result) error {
+// writePlots writes hit_rate.png, and ttft.png when a result has TTFT
+// figures (timed and v1); without, it says so on errw.
+func writePlots(errw io.Writer, dir, title string, rs []sim.Result) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -294,6 +296,8 @@ func writePlots(dir, title string, rs []sim.Result) error {
 			return sim.PlotTTFT(filepath.Join(dir, "ttft.png"), "TTFT distribution: "+title, rs)
 		}
 	}
+	fmt.Fprintf(errw, "kvsim: --plots: no TTFT figures in this replay (cache-only mode has none): wrote %s, no ttft.png\n",
+		filepath.Join(dir, "hit_rate.png"))
 	return nil
 }
 

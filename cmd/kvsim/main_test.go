@@ -35,6 +35,40 @@ func kvsim(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
+// kvsimStderr runs the command in process and returns what it printed on
+// stdout and on stderr.
+func kvsimStderr(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	app := newApp()
+	var out, errb bytes.Buffer
+	app.Writer, app.ErrWriter = &out, &errb
+	app.ExitErrHandler = func(*cli.Context, error) {}
+	err := app.Run(append([]string{"kvsim"}, args...))
+	return out.String(), errb.String(), err
+}
+
+// TestPlotsSayWhenThereIsNoTTFT: --plots writes ttft.png for a v1 replay
+// too (it has TTFTs), and a cache-only replay, which has none, says on
+// stderr that it wrote no ttft.png (it left it out silently).
+func TestPlotsSayWhenThereIsNoTTFT(t *testing.T) {
+	trace := genTrace(t)
+	dir := t.TempDir()
+	if _, _, err := kvsimStderr(t, "replay", "--mode", "v1", "--trace", trace, "--policies", "round_robin", "--plots", dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ttft.png")); err != nil {
+		t.Fatalf("v1 replay: %v", err)
+	}
+	dir = t.TempDir()
+	_, stderr, err := kvsimStderr(t, "replay", "--mode", "cache", "--trace", trace, "--policies", "round_robin", "--plots", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stderr, "no ttft.png") {
+		t.Fatalf("cache replay with --plots: stderr %q, want a word that no ttft.png was written", stderr)
+	}
+}
+
 // genTrace writes a small generated trace and returns its path.
 func genTrace(t *testing.T) string {
 	t.Helper()
