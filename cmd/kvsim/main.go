@@ -1,5 +1,8 @@
 // Command kvsim replays request traces through simulated inference workers
 // and routing policies, and reports what each policy wins.
+//
+// Exit codes: 0 success, 1 error, 2 bad usage; an error is one line on
+// stderr.
 package main
 
 import (
@@ -25,28 +28,59 @@ import (
 )
 
 func main() {
-	if err := newApp().Run(os.Args); err != nil {
-		os.Exit(1)
+	os.Exit(run(os.Args, os.Stdout, os.Stderr))
+}
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// run runs kvsim with args (args[0] is the program name) and returns its
+// exit code: a usage error (a cli.Exit with code 2: a bad flag, a missing
+// --trace, an unknown command) exits 2, any other error 1, each reported
+// as one line on stderr.
+func run(args []string, stdout, stderr io.Writer) int {
+	app := newApp()
+	app.Writer, app.ErrWriter = stdout, stderr
+	err := app.Run(args)
+	if err == nil {
+		return exitOK
 	}
+	fmt.Fprintln(stderr, "kvsim: "+oneLine(err.Error()))
+	var ec cli.ExitCoder
+	if errors.As(err, &ec) && ec.ExitCode() == exitUsage {
+		return exitUsage
+	}
+	return exitError
+}
+
+// usagef is a command line kvsim cannot run as written: exit 2.
+func usagef(format string, args ...any) error {
+	return cli.Exit(fmt.Sprintf(format, args...), exitUsage)
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
 }
 
 func newApp() *cli.App {
 	return &cli.App{
 		Name:         "kvsim",
 		Usage:        "replay request traces against simulated workers and routing policies",
+		HideVersion:  true,
 		Commands:     []*cli.Command{replayCommand()},
-		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return cli.Exit(err.Error(), 2) },
-		ExitErrHandler: func(c *cli.Context, err error) {
-			if err == nil {
-				return
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usagef("%v; see kvsim --help", err) },
+		Action: func(c *cli.Context) error {
+			if c.Args().Present() {
+				return usagef("unknown command %q; kvsim --help lists the commands", c.Args().First())
 			}
-			fmt.Fprintf(c.App.ErrWriter, "kvsim: %v\n", err)
-			var ec cli.ExitCoder
-			if errors.As(err, &ec) {
-				os.Exit(ec.ExitCode())
-			}
-			os.Exit(1)
+			_ = cli.ShowAppHelp(c)
+			return usagef("a command is needed; kvsim --help lists them")
 		},
+		ExitErrHandler: func(*cli.Context, error) {}, // run decides the exit code, never os.Exit
 	}
 }
 
@@ -66,7 +100,9 @@ Examples:
    kvsim replay --mode cache --trace ../shared/traces/mooncake_synthetic_trace.jsonl
    kvsim replay --trace ../shared/traces/mooncake_arxiv_trace_first1000.jsonl --concurrency 64 -o bench`,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "trace", Usage: "Mooncake JSONL trace `FILE`", Required: true, EnvVars: []string{"KVSIM_TRACE"}},
+			// Required, but checked by runReplay: urfave/cli's own check
+			// printed the help and no error.
+			&cli.StringFlag{Name: "trace", Usage: "Mooncake JSONL trace `FILE` (required)", EnvVars: []string{"KVSIM_TRACE"}},
 			&cli.StringFlag{Name: "mode", Value: "timed", Usage: "timed, cache or v1 (--live implies v1)"},
 			&cli.IntFlag{Name: "workers", Value: 8, Usage: "simulated workers"},
 			&cli.IntFlag{Name: "block-size", Usage: "engine tokens per KV block; the router uses the same (default: timed 64, cache 512, v1 16)"},
@@ -103,7 +139,9 @@ Examples:
 		},
 		Action: runReplay,
 		// A flag that does not parse is a usage error: exit 2.
-		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return cli.Exit(err.Error(), 2) },
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
+			return usagef("%v; see kvsim replay --help", err)
+		},
 	}
 }
 
@@ -138,6 +176,12 @@ var modeDefaults = map[string]struct {
 }
 
 func runReplay(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return usagef("replay takes no arguments (got %q); see kvsim replay --help", c.Args().First())
+	}
+	if c.String("trace") == "" {
+		return usagef("replay needs --trace FILE (or KVSIM_TRACE); see kvsim replay --help")
+	}
 	mode := c.String("mode")
 	if c.Bool("live") {
 		if c.IsSet("mode") && mode != "v1" {

@@ -69,6 +69,33 @@ func TestPlotsSayWhenThereIsNoTTFT(t *testing.T) {
 	}
 }
 
+// TestExitCodes: a usage error (a missing --trace, an unknown command or
+// flag) prints one line on stderr and exits 2, another failure
+// exits 1 (a missing --trace printed the help, nothing on stderr, and
+// exited 1; an unknown command exited 3).
+func TestExitCodes(t *testing.T) {
+	t.Setenv("KVSIM_TRACE", "")
+	missing := filepath.Join(t.TempDir(), "none.jsonl")
+	for _, c := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"replay"}, 2, "--trace"},
+		{[]string{"bogus"}, 2, "bogus"},
+		{[]string{}, 2, "command"},
+		{[]string{"replay", "--trace", missing, "--no-such-flag"}, 2, "no-such-flag"},
+		{[]string{"replay", "--trace", missing}, 1, "none.jsonl"},
+	} {
+		var out, errb bytes.Buffer
+		code := run(append([]string{"kvsim"}, c.args...), &out, &errb)
+		lines := strings.Split(strings.TrimSuffix(errb.String(), "\n"), "\n")
+		if code != c.code || len(lines) != 1 || !strings.HasPrefix(lines[0], "kvsim: ") || !strings.Contains(lines[0], c.says) {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d and one line naming %q", c.args, code, errb.String(), c.code, c.says)
+		}
+	}
+}
+
 // genTrace writes a small generated trace and returns its path.
 func genTrace(t *testing.T) string {
 	t.Helper()
