@@ -182,6 +182,11 @@ func runReplay(c *cli.Context) error {
 	if c.String("trace") == "" {
 		return usagef("replay needs --trace FILE (or KVSIM_TRACE); see kvsim replay --help")
 	}
+	switch c.String("output") {
+	case "table", "markdown", "bench":
+	default:
+		return usagef("-o %q: want table, markdown or bench", c.String("output"))
+	}
 	mode := c.String("mode")
 	if c.Bool("live") {
 		if c.IsSet("mode") && mode != "v1" {

@@ -70,9 +70,10 @@ func TestPlotsSayWhenThereIsNoTTFT(t *testing.T) {
 }
 
 // TestExitCodes: a usage error (a missing --trace, an unknown command or
-// flag) prints one line on stderr and exits 2, another failure
+// flag, a bad -o) prints one line on stderr and exits 2, another failure
 // exits 1 (a missing --trace printed the help, nothing on stderr, and
-// exited 1; an unknown command exited 3).
+// exited 1; an unknown command exited 3; -o was checked after the whole
+// replay ran).
 func TestExitCodes(t *testing.T) {
 	t.Setenv("KVSIM_TRACE", "")
 	missing := filepath.Join(t.TempDir(), "none.jsonl")
@@ -85,6 +86,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"bogus"}, 2, "bogus"},
 		{[]string{}, 2, "command"},
 		{[]string{"replay", "--trace", missing, "--no-such-flag"}, 2, "no-such-flag"},
+		{[]string{"replay", "--trace", missing, "-o", "yaml"}, 2, "yaml"},
 		{[]string{"replay", "--trace", missing}, 1, "none.jsonl"},
 	} {
 		var out, errb bytes.Buffer
