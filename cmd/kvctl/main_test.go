@@ -572,6 +572,11 @@ func TestSnapshotRestoreOfflineSeeds(t *testing.T) {
 		{"snapshot", "restore", file, "--data-dir", "/tmp/d1", "--node-id", "n9", "--peers", peers},
 		{"snapshot", "restore", file, "--data-dir", "/tmp/d1", "--node-id", "n1", "--peers", "n1=a"},
 		{"snapshot", "restore", file, "--data-dir", "/tmp/d1", "--node-id", "n1", "--peers", "n1=a=b,n1=c=d"},
+		// As kvrouter refuses them: an address twice, or not host:port (a
+		// seeded cluster would never start).
+		{"snapshot", "restore", file, "--data-dir", "/tmp/d1", "--node-id", "n1", "--peers", "n1=10.0.0.1:7946=10.0.0.1:7080,n2=10.0.0.1:7946=10.0.0.2:7080"},
+		{"snapshot", "restore", file, "--data-dir", "/tmp/d1", "--node-id", "n1", "--peers", "n1=10.0.0.1:7946=10.0.0.1:7080,n2=10.0.0.2:7946=10.0.0.1:7080"},
+		{"snapshot", "restore", file, "--data-dir", "/tmp/d1", "--node-id", "n1", "--peers", "n1=a=b"},
 		{"snapshot", "restore", file, "--node-id", "n1", "--peers", peers},
 		{"snapshot", "restore", file, "--data-dir"},
 	} {

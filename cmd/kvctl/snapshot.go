@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api/client"
@@ -364,24 +363,13 @@ func snapshotSeed(c *cli.Context, e *env, path string) error {
 	return err
 }
 
-// parsePeers parses id=raftaddr=httpaddr,... as kvrouter --peers does.
+// parsePeers parses id=raftaddr=httpaddr,... as kvrouter --peers does
+// (raftfsm.ParsePeers: host:port addresses, no id or address twice), and
+// wants at least one peer.
 func parsePeers(s string) ([]raftfsm.Member, error) {
-	var out []raftfsm.Member
-	seen := map[string]bool{}
-	for _, p := range strings.Split(s, ",") {
-		p = strings.TrimSpace(p)
-		if p == "" {
-			continue
-		}
-		f := strings.Split(p, "=")
-		if len(f) != 3 || f[0] == "" || f[1] == "" || f[2] == "" {
-			return nil, usagef("--peers: %q: want id=raftaddr=httpaddr", p)
-		}
-		if seen[f[0]] {
-			return nil, usagef("--peers: %q is listed twice", f[0])
-		}
-		seen[f[0]] = true
-		out = append(out, raftfsm.Member{ID: f[0], RaftAddr: f[1], HTTPAddr: f[2], Voter: true})
+	out, err := raftfsm.ParsePeers(s)
+	if err != nil {
+		return nil, usagef("--peers: %v", err)
 	}
 	if len(out) == 0 {
 		return nil, usagef("--peers: no peers given")

@@ -92,33 +92,9 @@ func newApp() *cli.App {
 	}
 }
 
-func parsePeers(s string) ([]raftfsm.Member, error) {
-	var out []raftfsm.Member
-	seen := map[string]bool{}
-	for _, p := range strings.Split(s, ",") {
-		p = strings.TrimSpace(p)
-		if p == "" {
-			continue
-		}
-		f := strings.Split(p, "=")
-		if len(f) != 3 || f[0] == "" || f[1] == "" || f[2] == "" {
-			return nil, fmt.Errorf("peer %q: want id=raftaddr=httpaddr", p)
-		}
-		for _, a := range f[1:] {
-			if _, _, err := net.SplitHostPort(a); err != nil {
-				return nil, fmt.Errorf("peer %q: address %q: want host:port", p, a)
-			}
-		}
-		for _, k := range []string{"id " + f[0], "raft address " + f[1], "http address " + f[2]} {
-			if seen[k] {
-				return nil, fmt.Errorf("peer %q: %s given twice", p, k)
-			}
-			seen[k] = true
-		}
-		out = append(out, raftfsm.Member{ID: f[0], RaftAddr: f[1], HTTPAddr: f[2]})
-	}
-	return out, nil
-}
+// parsePeers parses --peers (raftfsm.ParsePeers: kvctl snapshot restore
+// parses its --peers the same way).
+func parsePeers(s string) ([]raftfsm.Member, error) { return raftfsm.ParsePeers(s) }
 
 // checkPeers checks that this node is one of the bootstrap peers, as it
 // runs: a node left out would wait forever for a configuration naming it,
