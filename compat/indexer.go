@@ -345,9 +345,10 @@ func answer(w http.ResponseWriter, c codec, code int, v any, err error) error {
 		code = he.code
 	case errors.Is(err, errBody), errors.Is(err, raftfsm.ErrInvalid):
 		code = http.StatusBadRequest
-	case errors.Is(err, raftfsm.ErrUnknownWorker):
+	case errors.Is(err, raftfsm.ErrUnknownWorker), errors.Is(err, indexer.ErrUnknownRank):
 		code = http.StatusNotFound
-	case errors.Is(err, raftfsm.ErrNoLeader), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, raftfsm.ErrNoLeader), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, indexer.ErrNoWorkers), errors.Is(err, indexer.ErrOverloaded):
 		code = http.StatusServiceUnavailable
 	default:
 		code = http.StatusInternalServerError

@@ -2,9 +2,13 @@ package compat
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/indexer"
 )
 
 func selectionScript() []step {
@@ -173,5 +177,27 @@ func TestSessionBreaksTies(t *testing.T) {
 	}
 	if len(spread) < 2 {
 		t.Fatalf("without a session every prompt went to %v: the test cannot tell sessions apart", spread)
+	}
+}
+
+// TestBookingErrorsMapToStatus: a reservation on a rank that left before
+// its commit is a 404, as the docs say, and a route with no worker to
+// choose a 503 (from a review: both were answered 500).
+func TestBookingErrorsMapToStatus(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want int
+	}{
+		{fmt.Errorf("reserve r: book r: %w: 1/0 is not a registered rank", indexer.ErrUnknownRank), http.StatusNotFound},
+		{fmt.Errorf("route: %w", indexer.ErrNoWorkers), http.StatusServiceUnavailable},
+		{fmt.Errorf("route: %w", indexer.ErrOverloaded), http.StatusServiceUnavailable},
+	} {
+		rec := httptest.NewRecorder()
+		if err := answer(rec, codecJSON, http.StatusOK, nil, c.err); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Code != c.want {
+			t.Errorf("%v: answered %d, want %d", c.err, rec.Code, c.want)
+		}
 	}
 }

@@ -143,6 +143,9 @@ type Ingester struct {
 	// the label is bounded by the fleet, not by every worker there was.
 	labelMu  sync.Mutex
 	labelled map[uint64]struct{}
+	// terms counts the times this node stopped leading, under labelMu: a
+	// commit of an earlier term sets no lag after the step-down reset it.
+	terms uint64
 }
 
 // dropLeftWorkers deletes the received-events series of workers no longer
@@ -305,7 +308,10 @@ func (in *Ingester) leadership() {
 		}
 		subs = nil
 		in.m.subs.Set(0)
+		in.labelMu.Lock()
+		in.terms++
 		in.m.lag.Reset() // measured by the leader only
+		in.labelMu.Unlock()
 		in.leases.stepDown()
 	}
 	defer drop()
@@ -442,12 +448,17 @@ func (in *Ingester) countReceived(b *raftfsm.RankBatch, workers map[uint64]raftf
 
 // observeLag sets kvrouter_events_lag_seconds of the registered workers
 // whose batches committed at now: the age of each one's oldest event in
-// group. A publisher's clock that runs ahead reads as no lag.
-func (in *Ingester) observeLag(group []request, now time.Time) {
+// group. A publisher's clock that runs ahead reads as no lag. A group
+// whose commit began before this node last stopped leading (term) sets
+// nothing: the step-down cleared the gauge, which only a leader keeps.
+func (in *Ingester) observeLag(group []request, term uint64, now time.Time) {
 	type age struct{ worker, oldest uint64 }
 	var ages []age // few workers per entry: a linear search beats a map
 	in.labelMu.Lock()
 	defer in.labelMu.Unlock()
+	if term != in.terms {
+		return
+	}
 	for _, r := range group {
 		for i, t := range r.published {
 			w := r.batches[i].Rank.Worker
@@ -571,6 +582,9 @@ func (in *Ingester) commit(group []request) {
 	for _, r := range group {
 		all = append(all, r.batches...)
 	}
+	in.labelMu.Lock()
+	term := in.terms
+	in.labelMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
 	defer cancel()
 	in.m.entries.Inc()
@@ -584,7 +598,7 @@ func (in *Ingester) commit(group []request) {
 		}
 		return
 	}
-	in.observeLag(group, time.Now())
+	in.observeLag(group, term, time.Now())
 	var buf []byte
 	for _, r := range group {
 		mine := acks[:len(r.batches)]

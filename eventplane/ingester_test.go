@@ -502,27 +502,79 @@ func TestPublishMarksFollowTheBuffer(t *testing.T) {
 		}
 	}
 	b.trim(2) // 3 is still buffered: its mark stays
-	if len(b.marks) != 3 || b.publishedAt(3) != 100 {
+	if len(b.liveMarks()) != 3 || b.publishedAt(3) != 100 {
 		t.Fatalf("after trimming to 2: marks %v", b.marks)
 	}
 	b.trim(4)
-	if len(b.marks) != 2 || b.publishedAt(5) != 200 || b.publishedAt(6) != 300 {
+	if len(b.liveMarks()) != 2 || b.publishedAt(5) != 200 || b.publishedAt(6) != 300 {
 		t.Fatalf("after trimming to 4: marks %v", b.marks)
 	}
-	for i := range b.marks { // a renumbering moves ids and marks alike (sendDump)
-		b.marks[i].id += 10
+	b.renumber(10) // as sendDump does: ids 5, 6 become 15, 16
+	if b.publishedAt(15) != 200 || b.publishedAt(16) != 300 || b.pending()[0].EventID != 15 || b.next != 17 {
+		t.Fatalf("after renumbering: marks %v, events from %d, next %d", b.liveMarks(), b.pending()[0].EventID, b.next)
 	}
-	if b.publishedAt(15) != 200 || b.publishedAt(16) != 300 {
-		t.Fatalf("after renumbering: marks %v", b.marks)
-	}
-	for i := range b.pending() {
-		b.pending()[i].EventID += 10
-	}
-	b.next += 10
 	b.trim(16)
-	if len(b.marks) != 0 {
+	if len(b.liveMarks()) != 0 {
 		t.Fatalf("an empty buffer kept marks %v", b.marks)
 	}
+}
+
+// TestDroppedEventsTakeTheirMarks: with DropOldest, a full buffer drops
+// its oldest events' marks with them, keeps the mark of the first event
+// still buffered, and does not copy every mark on each drop (from a
+// review: each Publish into a full buffer moved all of them).
+func TestDroppedEventsTakeTheirMarks(t *testing.T) {
+	const size = 2048
+	p, err := NewPublisher(PublisherConfig{Conn: connectNowhere(t), BufferEvents: size, DropOldest: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	r := kvevent.Rank{Worker: 1}
+	ev := []kvevent.Event{{Kind: kvevent.KindCleared}}
+	var at [3]uint64
+	for i := range 3 { // ids 1, 2, 3
+		before := uint64(time.Now().UnixMicro())
+		if _, err := p.Publish(r, ev); err != nil {
+			t.Fatal(err)
+		}
+		at[i] = before
+	}
+	three := []kvevent.Event{ev[0], ev[0], ev[0]}
+	if _, err := p.Publish(r, three); err != nil { // ids 4-6
+		t.Fatal(err)
+	}
+	check := func(what string, wantFirst uint64, wantLive int, from uint64) {
+		t.Helper()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		b := p.ranks[r]
+		live := b.liveMarks()
+		if first := b.pending()[0].EventID; first != wantFirst || len(live) != wantLive || live[0].id > first || b.publishedAt(first) < from {
+			t.Fatalf("%s: first buffered id %d, %d live marks from id %d; want id %d covered by the first of %d, at or after %d",
+				what, first, len(live), live[0].id, wantFirst, wantLive, from)
+		}
+		if len(b.marks) > 2*size+2 {
+			t.Fatalf("%s: %d marks held for %d live", what, len(b.marks), len(live))
+		}
+	}
+	check("six events", 1, 4, at[0])
+	for range size - 6 {
+		if _, err := p.Publish(r, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("a full buffer", 1, size-6+4, at[0])
+	if _, err := p.Publish(r, three); err != nil { // drops ids 1-3
+		t.Fatal(err)
+	}
+	check("three dropped", 4, size-6+2, at[2])
+	for range 3 * size { // one drop per Publish
+		if _, err := p.Publish(r, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("many drops", 3*size+3+1, size, at[2])
 }
 
 // TestPublisherSendsPublishedTimes: a publisher's requests carry their

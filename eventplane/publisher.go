@@ -142,11 +142,12 @@ type rankBuf struct {
 	dumpBackoff time.Duration
 	dumpRetryAt time.Time
 	// marks records when events were published: one per Publish call, by
-	// its first id, in id order. A request tells the leader when the
-	// oldest event of each of its rank batches was published
-	// (headerPublished), which the leader turns into
+	// its first id, in id order; marks[mhead:] are live. A request tells
+	// the leader when the oldest event of each of its rank batches was
+	// published (headerPublished), which the leader turns into
 	// kvrouter_events_lag_seconds.
 	marks []publishMark
+	mhead int
 }
 
 // A publishMark says that the events from id on were published at at
@@ -155,14 +156,22 @@ type publishMark struct {
 	id, at uint64
 }
 
+func (b *rankBuf) liveMarks() []publishMark { return b.marks[b.mhead:] }
+
+// markAfter returns the index in liveMarks of the first mark above id.
+func (b *rankBuf) markAfter(id uint64) int {
+	i, _ := slices.BinarySearchFunc(b.liveMarks(), id, func(m publishMark, id uint64) int { return cmp.Compare(m.id, id+1) })
+	return i
+}
+
 // publishedAt returns when the event with id was published: the time of
 // the last mark at or below id (0 when no mark is).
 func (b *rankBuf) publishedAt(id uint64) uint64 {
-	i, _ := slices.BinarySearchFunc(b.marks, id, func(m publishMark, id uint64) int { return cmp.Compare(m.id, id+1) })
+	i := b.markAfter(id)
 	if i == 0 {
 		return 0
 	}
-	return b.marks[i-1].at
+	return b.liveMarks()[i-1].at
 }
 
 // askDump marks the rank as needing a dump.
@@ -190,22 +199,38 @@ func (b *rankBuf) trim(id uint64) int {
 	return k
 }
 
+// renumber moves the buffered events' ids, their marks and the next id up
+// by shift, and adds it to the shift the rank has moved in all.
+func (b *rankBuf) renumber(shift uint64) {
+	pend := b.pending()
+	for i := range pend {
+		pend[i].EventID += shift
+	}
+	live := b.liveMarks()
+	for i := range live {
+		live[i].id += shift
+	}
+	b.next += shift
+	b.shift += shift
+}
+
 // trimMarks drops the marks of events no longer buffered, keeping the one
-// that covers the first event still buffered.
+// that covers the first event still buffered. Like the events, dropped
+// marks are compacted away only once they are most of the slice, so that
+// a full buffer dropping its oldest event per Publish (DropOldest) costs
+// no copy of every mark.
 func (b *rankBuf) trimMarks() {
-	first := b.next
-	if p := b.pending(); len(p) > 0 {
-		first = p[0].EventID
+	p := b.pending()
+	if len(p) == 0 {
+		b.marks, b.mhead = b.marks[:0], 0
+		return
 	}
-	k := 0
-	for k+1 < len(b.marks) && b.marks[k+1].id <= first {
-		k++
+	if i := b.markAfter(p[0].EventID); i > 1 {
+		b.mhead += i - 1
 	}
-	if len(b.pending()) == 0 {
-		k = len(b.marks)
-	}
-	if k > 0 {
-		b.marks = append(b.marks[:0], b.marks[k:]...)
+	if b.mhead > 1024 && b.mhead > len(b.marks)/2 {
+		b.marks = append(b.marks[:0], b.marks[b.mhead:]...)
+		b.mhead = 0
 	}
 }
 
@@ -545,7 +570,9 @@ func (p *Publisher) nextRequest(published []uint64) ([]raftfsm.RankBatch, []uint
 func (p *Publisher) request(subject string, data, published []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
 	p.m.requests.Inc()
 	m := &nats.Msg{Subject: subject, Data: data}
-	if len(published) > 0 {
+	if len(published) > 0 && p.cfg.Conn.HeadersSupported() {
+		// A server without header support (before NATS 2.2) refuses a
+		// message with any: the metric is not worth the events.
 		m.Header = nats.Header{headerPublished: []string{string(published)}}
 	}
 	msg, err := p.cfg.Conn.RequestMsg(m, p.cfg.RequestTimeout)
@@ -659,16 +686,8 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 		// these ids) and kept its state. Renumber the unacknowledged events
 		// past its cursor and dump again: the next dump's through is then
 		// at or above it.
-		shift := cursor - through
-		pend := b.pending()
-		for i := range pend {
-			pend[i].EventID += shift
-		}
-		for i := range b.marks {
-			b.marks[i].id += shift
-		}
-		b.next += shift
-		b.floor, b.shift = cursor, b.shift+shift
+		b.renumber(cursor - through)
+		b.floor = cursor
 		b.renumbers++
 		n := b.renumbers
 		p.mu.Unlock()
