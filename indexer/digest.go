@@ -24,6 +24,6 @@ func residencyTerm(rk, seq, eh uint64, m kvevent.Mask) uint64 {
 	return mix64(rk ^ mix64(seq^mix64(eh^mix64(uint64(m)+1))))
 }
 
-func orphanTerm(rk, parent, eh uint64, t kvevent.Tier) uint64 {
-	return mix64(rk ^ 0x6f727068616e ^ mix64(parent^mix64(eh^mix64(uint64(t)+17))))
+func orphanTerm(rk, parent, eh, local uint64, t kvevent.Tier) uint64 {
+	return mix64(rk ^ 0x6f727068616e ^ mix64(parent^mix64(eh^mix64(local^mix64(uint64(t)+17)))))
 }

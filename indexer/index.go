@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"sync"
@@ -86,6 +87,8 @@ type Index struct {
 
 	journal Journal        // nil when no durable copy follows the index
 	dirty   []kvevent.Rank // ranks whose metadata changed since FlushJournal
+
+	evict evictScratch // evictOldest's working memory, kept between trims
 }
 
 // New returns an empty index.
@@ -500,41 +503,91 @@ func (ix *Index) overCapacity(rs *rankState, t kvevent.Tier) bool {
 	return c > 0 && rs.count[t] > c+int64(float64(c)*ix.cfg.CapacitySlack)
 }
 
+// evictScratch is evictOldest's working memory. A trim of a rank of
+// capacity c handles about c entries; reused, its slices cost neither an
+// allocation nor, for the pointers, the collector's scan per trim.
+type evictScratch struct {
+	all   []evictEntry
+	keys  []uint64
+	order []evictAged
+}
+
+type evictEntry struct {
+	n   *node
+	h   *holder // stays put until the evictions
+	eh  uint64
+	own uint32 // distance from the rank's counter
+}
+
+type evictAged struct {
+	key uint64 // the oldest subtree first, then the deepest of a chain (the youngest own)
+	eh  uint64
+}
+
 // evictOldest clears tier t of the rank's k oldest entries that hold it.
 // Capacity is enforced with slack, so this runs once per slack's worth of
 // stores and its O(n log n) cost is amortised.
+//
+// An entry is as old as the youngest entry the rank holds in t at or below
+// it: a prefix is in use while any of its extensions is, and a lookup
+// counts only an unbroken prefix from the root, so dropping a chain's first
+// block makes the rest of it unreachable while it still takes capacity.
+// Among entries of one age (the blocks of one chain, stored together, up to
+// its last) the deepest go first: a chain is trimmed from its leaf, as an
+// engine evicts.
 func (ix *Index) evictOldest(rs *rankState, t kvevent.Tier, k int64) {
 	rs.overCapacity = true
 	ix.markDirty(rs)
-	type aged struct {
-		age uint32
-		eh  uint64
-	}
-	var all []aged
+	sc := &ix.evict
+	all := sc.all[:0]
 	for eh, n := range rs.blocks.all() {
-		h := n.holders[n.find(rs.slot)]
+		h := &n.holders[n.find(rs.slot)]
 		if h.mask().Has(t) {
 			// Ages are distances from the rank's counter, so the uint32
 			// counter may wrap without reordering live entries.
-			all = append(all, aged{age: rs.order - h.order, eh: eh})
+			all = append(all, evictEntry{n: n, h: h, eh: eh, own: rs.order - h.order})
 		}
 	}
-	slices.SortFunc(all, func(a, b aged) int {
-		if a.age != b.age {
-			if a.age > b.age {
-				return -1
+	// Youngest first, each entry hands its order up to the ancestors it
+	// holds in t until one is as young already, so a node's order is set
+	// by its youngest descendant, once. The holders' order fields carry
+	// the ages meanwhile (no map of the entries), and get their own back
+	// before anything else reads them. Sort keys are packed in a uint64:
+	// sorting them is several times faster than sorting the entries.
+	keys := sc.keys[:0]
+	for i := range all {
+		keys = append(keys, uint64(all[i].own)<<32|uint64(i))
+	}
+	slices.Sort(keys)
+	for _, key := range keys {
+		e := &all[uint32(key)]
+		for p := e.n.parent; p != nil; p = p.parent {
+			j := p.find(rs.slot)
+			if j < 0 || !p.holders[j].mask().Has(t) || rs.order-p.holders[j].order <= rs.order-e.h.order {
+				break
 			}
-			return 1
+			p.holders[j].order = e.h.order
 		}
-		if a.eh < b.eh {
-			return -1
-		}
-		return 1
-	})
-	if int64(len(all)) < k {
-		k = int64(len(all))
 	}
-	for _, a := range all[:k] {
+	order := sc.order[:0]
+	for i := range all {
+		e := &all[i]
+		age := rs.order - e.h.order
+		order = append(order, evictAged{key: uint64(^age)<<32 | uint64(e.own), eh: e.eh})
+		e.h.order = rs.order - e.own
+	}
+	clear(all) // the nodes may be freed below
+	sc.all, sc.keys, sc.order = all[:0], keys[:0], order[:0]
+	slices.SortFunc(order, func(a, b evictAged) int {
+		if a.key != b.key {
+			return cmp.Compare(a.key, b.key)
+		}
+		return cmp.Compare(a.eh, b.eh)
+	})
+	if int64(len(order)) < k {
+		k = int64(len(order))
+	}
+	for _, a := range order[:k] {
 		ix.removeOne(rs, a.eh, t)
 		ix.counters.CapacityEvicted++
 	}

@@ -516,3 +516,51 @@ func TestFindMatchesDoesNotAllocate(t *testing.T) {
 		t.Fatalf("FindMatchesByTier allocated %.1f times per call", n)
 	}
 }
+
+// TestCapacityTrimsChainsFromTheLeaf: an entry is as old as the youngest
+// entry the rank holds below it, and a chain is trimmed from its leaf.
+// From a review: the oldest entry of a chain is its first block, and
+// dropping it left the rest held but unreachable (a chain of 5 under a
+// capacity of 4 matched nothing).
+func TestCapacityTrimsChainsFromTheLeaf(t *testing.T) {
+	ix := New(Config{CapacitySlack: 0.01})
+	ix.SetCapacity(rk1, [4]int64{4, 0, 0, 0})
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2, 3, 4, 5)))
+	if got := find(ix, ViewDedup, locals(1, 2, 3, 4, 5)); got[rk1][dev] != 4 {
+		t.Fatalf("a chain of 5 under a capacity of 4 matches %v, want its first 4 blocks", got)
+	}
+
+	// A is older than B, but C extends A later: A's prefix is in use. D
+	// takes the rank 2 over: A's third block goes (the oldest in use),
+	// then B's leaf.
+	ix = New(Config{CapacitySlack: 0.01})
+	ix.SetCapacity(rk1, [4]int64{6, 0, 0, 0})
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2, 3)), // A
+		stored(rk1, dev, chain(11, 12, 13)), // B
+		storedUnder(rk1, dev, 2, chain(21)), // C, under A's second block
+		stored(rk1, dev, chain(31)))         // D
+	for _, c := range []struct {
+		hs   []uint64
+		want uint32
+	}{{locals(1, 2, 21), 3}, {locals(1, 2, 3), 2}, {locals(11, 12, 13), 2}, {locals(31), 1}} {
+		if got := find(ix, ViewDedup, c.hs); got[rk1][dev] != c.want {
+			t.Errorf("%v matches %v, want %d blocks", c.hs, got, c.want)
+		}
+	}
+	if n := ix.Stats().Blocks[dev]; n != 6 {
+		t.Fatalf("%d blocks held, want the capacity's 6", n)
+	}
+}
+
+// TestOrphanDigestSeesContentHashes: two indexes that hold the same
+// orphan blocks with their content hashes swapped differ in digest. From
+// a review: the content hash was added outside the mix, so the sums
+// matched.
+func TestOrphanDigestSeesContentHashes(t *testing.T) {
+	a, b := New(Config{}), New(Config{})
+	mustApply(t, a, storedUnder(rk1, dev, 99, []kvevent.Block{{EngineHash: 1, LocalHash: 11}, {EngineHash: 2, LocalHash: 12}}))
+	mustApply(t, b, storedUnder(rk1, dev, 99, []kvevent.Block{{EngineHash: 1, LocalHash: 12}, {EngineHash: 2, LocalHash: 11}}))
+	if a.Digest() == b.Digest() {
+		t.Fatalf("digest %#x for both", a.Digest())
+	}
+}

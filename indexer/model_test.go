@@ -285,7 +285,7 @@ func (m *model) digest() uint64 {
 			o := &mr.orphans[i]
 			parent := o.parent
 			for _, b := range o.blocks {
-				d += orphanTerm(rk, parent, b.EngineHash, o.tier) + b.LocalHash*0x9e3779b97f4a7c15
+				d += orphanTerm(rk, parent, b.EngineHash, b.LocalHash, o.tier)
 				parent = b.EngineHash
 			}
 		}

@@ -46,7 +46,9 @@ func (ix *Index) holdOrphan(rs *rankState, t kvevent.Tier, parent uint64, blocks
 func (ix *Index) orphanDigest(rs *rankState, o *orphan, sign int) {
 	parent := o.parent
 	for _, b := range o.blocks {
-		term := orphanTerm(rs.key, parent, b.EngineHash, o.tier) + b.LocalHash*0x9e3779b97f4a7c15
+		// The content hash goes inside the mix: added outside it, two
+		// held stores whose content hashes were swapped summed alike.
+		term := orphanTerm(rs.key, parent, b.EngineHash, b.LocalHash, o.tier)
 		if sign > 0 {
 			ix.digest += term
 		} else {
