@@ -367,9 +367,16 @@ func (n *Node) catchUpFromSnapshot() error {
 	// barrier entries the FSM never sees: a state whose last command
 	// comes before such entries is not behind at all. The log still holds
 	// the entries just below a snapshot (TrailingLogs).
-	if last, err := n.lastFSMEntry(newest.Index, applied); err == nil && last == 0 {
-		n.logger.Info("the newest snapshot adds no command to the state; not restoring it", "applied", applied, "snapshot", newest.Index)
-		return nil
+	// Only when the log's entry at the snapshot's index is the snapshot's
+	// own: a crash between Raft's install of a leader's snapshot and the
+	// end of its restore leaves the log's older entries in place, and
+	// uncommitted ones of a deposed leader there may be no-ops as well.
+	var at raft.Log
+	if n.logs.GetLog(newest.Index, &at) == nil && at.Term == newest.Term {
+		if last, err := n.lastFSMEntry(newest.Index, applied); err == nil && last == 0 {
+			n.logger.Info("the newest snapshot adds no command to the state; not restoring it", "applied", applied, "snapshot", newest.Index)
+			return nil
+		}
 	}
 	_, rc, err := n.snaps.Open(newest.ID)
 	if err != nil {

@@ -562,9 +562,17 @@ func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
+	// The state is built beside fsm/ and renamed into place whole: built in
+	// fsm/, a seed killed part-way left a valid, empty state there, which a
+	// second seed refused and a node started from. A killed seed now leaves
+	// fsm.restore, which the next seed (or the node's start) removes.
 	// The new cluster's member table comes from its own leaders, not from
 	// the cluster the snapshot was taken on.
-	if _, err = loadSnapshot(f, filepath.Join(dataDir, "fsm"), true, true, slog.New(slog.DiscardHandler), nil); err != nil {
+	dir := filepath.Join(dataDir, "fsm")
+	if _, err = loadSnapshot(f, dir+".restore", true, true, slog.New(slog.DiscardHandler), nil); err != nil {
+		return err
+	}
+	if err := os.Rename(dir+".restore", dir); err != nil {
 		return err
 	}
 	// The new fsm/ entry is durable too: without it a power loss could
