@@ -77,7 +77,7 @@ run:
 
 # The in-process trace replay (no cluster): hit rate and imbalance per policy.
 replay: deps
-	$(GO) run ./cmd/kvsim replay --trace ../shared/traces/mooncake_synthetic_trace.jsonl
+	$(GO) run ./cmd/kvsim replay --trace traces/mooncake_synthetic_trace.jsonl
 
 clean:
 	rm -rf bin

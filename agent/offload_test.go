@@ -5,12 +5,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/testseed"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/engineapi"
@@ -22,17 +22,7 @@ var _ pool.Sink = (*Agent)(nil)
 
 const blockBytes = 256 // bytes per KV block in these tests
 
-func seed(t testing.TB) uint64 {
-	s := rand.Uint64()
-	if v := os.Getenv("KVROUTER_TEST_SEED"); v != "" {
-		var err error
-		if s, err = strconv.ParseUint(v, 10, 64); err != nil {
-			t.Fatalf("KVROUTER_TEST_SEED=%q: %v", v, err)
-		}
-	}
-	t.Logf("seed %d (KVROUTER_TEST_SEED=%d replays it)", s, s)
-	return s
-}
+func seed(t testing.TB) uint64 { return testseed.Seed(t) }
 
 func must(t testing.TB, err error) {
 	t.Helper()

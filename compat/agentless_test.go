@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/pypub"
+	"github.com/kvrouter/kvrouter/internal/testseed"
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
@@ -82,8 +83,7 @@ func (g *chainGen) next() pypub.EvSpec {
 // and every node's index still holds exactly what the engine does.
 func TestAgentlessSurvivesLeaderLoss(t *testing.T) {
 	pypub.Require(t)
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
+	seed := testseed.Seed(t)
 	c := startCluster(t)
 	pub := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*", ReplayShape: 3})
 	r := c.nodes[c.follower()].doRetry(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 9, Endpoint: pub.Pub,

@@ -142,11 +142,23 @@ func TestEventsTakeRoutingGroupAsTheTenant(t *testing.T) {
 	}
 	mustCode(t, n.do(t, codecJSON, "POST", "/events", map[string]any{"instance_id": 1, "model_name": "llama",
 		"routing_group": "blue", "events": []Event{stored(1, 0, "", 0, 3)}}), 200, "events")
-	r := n.do(t, codecJSON, "POST", "/query", QueryRequest{TokenIDs: prompt, ModelName: "llama"})
-	var q QueryResponse
-	_ = json.Unmarshal(r.body, &q)
-	if len(q.Scores) != 0 {
-		t.Errorf("events sent for routing_group blue landed in tenant default: %s", r.body)
+	query := func(group string) QueryResponse {
+		t.Helper()
+		r := n.do(t, codecJSON, "POST", "/query", QueryRequest{TokenIDs: prompt, ModelName: "llama", RoutingGroup: group})
+		mustCode(t, r, 200, "query "+group)
+		var q QueryResponse
+		if err := json.Unmarshal(r.body, &q); err != nil {
+			t.Fatalf("query %s: %v in %s", group, err, r.body)
+		}
+		return q
+	}
+	if q := query(""); len(q.Scores) != 0 {
+		t.Errorf("events sent for routing_group blue landed in tenant default: %v", q.Scores)
+	}
+	// From a review: the check above alone passed when the events landed
+	// nowhere.
+	if q := query("blue"); len(q.Scores) == 0 {
+		t.Errorf("events sent for routing_group blue are not in tenant blue: %v", q.Scores)
 	}
 }
 
@@ -161,7 +173,9 @@ func TestWorkersAnswerIsDeterministic(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for range 50 {
-		seen[string(n.do(t, codecJSON, "GET", "/workers", nil).body)] = true
+		r := n.do(t, codecJSON, "GET", "/workers", nil)
+		mustCode(t, r, 200, "workers")
+		seen[string(r.body)] = true
 	}
 	if len(seen) > 1 {
 		t.Errorf("GET /workers gave %d different answers for one state: %v", len(seen), seen)
@@ -174,9 +188,23 @@ func TestUnregisterOfARankTheCatalogAdded(t *testing.T) {
 	n := startNode(t)
 	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "llama",
 		BlockSize: 4, DataParallelSize: 2}), 201, "add")
+	holdsRank1 := func() bool {
+		for _, w := range n.node.WorkerTable() {
+			if slices.Contains(w.DPRanks, 1) {
+				return true
+			}
+		}
+		return false
+	}
+	if !holdsRank1() {
+		t.Fatalf("the catalog's worker has no dp rank 1: %v", n.node.WorkerTable())
+	}
 	r := n.do(t, codecJSON, "POST", "/unregister", UnregisterRequest{InstanceID: 1, ModelName: "llama", DPRank: u32(1)})
 	if r.code != 200 {
 		t.Errorf("unregister dp rank 1 of a registered worker: %d %s", r.code, r.body)
+	}
+	if holdsRank1() {
+		t.Errorf("dp rank 1 is still registered: %v", n.node.WorkerTable())
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/pypub"
+	"github.com/kvrouter/kvrouter/internal/testseed"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/kvevent/engine"
 )
@@ -26,8 +27,7 @@ type batchGen struct {
 }
 
 func newGen(t testing.TB, rank kvevent.Rank) *batchGen {
-	seed := rand.Uint64()
-	t.Logf("batch generator seed %#x", seed)
+	seed := testseed.Seed(t)
 	return &batchGen{rng: rand.New(rand.NewPCG(seed, 7)), rank: rank}
 }
 

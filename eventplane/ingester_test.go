@@ -614,3 +614,26 @@ func TestPublisherSendsPublishedTimes(t *testing.T) {
 		t.Fatalf("worker 7's lag = %v (series %v), want between %v and %v", lag, ok, low, high)
 	}
 }
+
+// TestHeartbeatRenewsTheLease: a heartbeat renews a worker's lease from
+// when it arrives: a sweep past a lease from the worker's first sighting,
+// within one from its heartbeat, keeps it; past a lease from the
+// heartbeat, it goes. (From a review: no test checked the renewal.)
+func TestHeartbeatRenewsTheLease(t *testing.T) {
+	tg := newFakeTarget()
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	const lease = 10 * time.Second
+	tg.register(7, lease)
+	t0 := time.Now().Add(-8 * time.Second) // the heartbeat below arrives 8 s after t0
+	in.leases.lead(t0)
+	sweep(in, t0) // the leader first sees the worker
+	in.onHeartbeat(&nats.Msg{Data: AppendHeartbeat(nil, []uint64{7})})
+	sweep(in, t0.Add(15*time.Second))
+	if r := tg.removedIDs(); len(r) != 0 {
+		t.Fatalf("worker removed %v 7 s after its heartbeat, within its 10 s lease", r)
+	}
+	sweep(in, t0.Add(19*time.Second))
+	if r := tg.removedIDs(); !slices.Equal(r, []uint64{7}) {
+		t.Fatalf("removed %v, want [7] 11 s after its heartbeat", r)
+	}
+}

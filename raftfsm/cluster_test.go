@@ -676,10 +676,12 @@ func TestSilentRanks(t *testing.T) {
 		t.Fatal(err)
 	}
 	ws := l.Workers()
-	if time.Since(before) < 3*time.Second { // else the rank may rightly be silent by now
+	if took := time.Since(before); took < 3*time.Second { // else the rank may rightly be silent by now
 		if len(ws) != 2 || ws[1].Info.ID != 2 || ws[1].Ranks[0].Silent {
-			t.Fatalf("a worker registered %v ago is reported silent: %+v", time.Since(before), ws)
+			t.Fatalf("a worker registered %v ago is reported silent: %+v", took, ws)
 		}
+	} else {
+		t.Logf("the registration took %v, past the silence threshold: its silence not checked", took)
 	}
 }
 

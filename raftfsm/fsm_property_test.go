@@ -128,8 +128,10 @@ func checkFSMMatchesModel(t *testing.T) {
 			}
 		}
 		f.ApplyBatch(pending)
-		for r, c := range m.cursors {
-			if got := f.Cursor(r); got != c {
+		// Every rank the commands name, so that a cursor the FSM kept
+		// and the model dropped (a worker's removal) is compared too.
+		for _, r := range []kvevent.Rank{{Worker: 1}, {Worker: 1, DP: 1}, {Worker: 2}} {
+			if got, c := f.Cursor(r), m.cursors[r]; got != c {
 				rt.Fatalf("cursor of %v = %d, model %d", r, got, c)
 			}
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/kvrouter/kvrouter/internal/testseed"
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
@@ -113,8 +114,7 @@ var ingestModel = porcupine.Model{
 // cursors read from every node at the end agree with that order. A
 // failing history is written as a porcupine visualization.
 func TestIngestIsLinearizable(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	seed := testseed.Seed(t)
 	c := newTestCluster(t, 3, nil)
 	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
 		t.Fatal(err)

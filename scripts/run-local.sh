@@ -130,7 +130,7 @@ echo
 ./bin/kvctl --endpoints "$endpoints" status
 echo
 
-trace=${KVROUTER_RUN_TRACE:-../shared/traces/mooncake_synthetic_trace.jsonl}
+trace=${KVROUTER_RUN_TRACE:-traces/mooncake_synthetic_trace.jsonl}
 if [ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && [ ! -f "$trace" ]; then
   echo "no trace at $trace (set KVROUTER_RUN_TRACE to a Mooncake JSONL file): serving routes without a replay"
   echo

@@ -171,7 +171,7 @@ var offloadTiers = []struct {
 //
 // rewrites the table with the rest; one configuration alone:
 //
-//	go run ./cmd/kvsim replay --trace ../shared/traces/mooncake_synthetic_trace.jsonl --speed 5 \
+//	go run ./cmd/kvsim replay --trace traces/mooncake_synthetic_trace.jsonl --speed 5 \
 //	    --policies router,round_robin,least_loaded --offload-host-blocks 16384 --offload-disk-blocks 65536
 func benchOffload(t *testing.T, doc *bytes.Buffer, pr *Prepared, speed float64) {
 	fmt.Fprintf(doc, "\n### Offload tiers, timed at %gx\n\n", speed)

@@ -3,7 +3,6 @@ package sim
 import (
 	"errors"
 	"math"
-	"os"
 	"strings"
 	"testing"
 
@@ -79,10 +78,7 @@ func TestReadTraceIsStrict(t *testing.T) {
 	}
 	// Every shared trace still loads, all its rows.
 	for name, rows := range map[string]int{"mooncake_synthetic_trace.jsonl": 3993, "mooncake_arxiv_trace_first1000.jsonl": 1000} {
-		reqs, err := LoadTrace("../../shared/traces/" + name)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
+		reqs, err := LoadTrace("../traces/" + name)
 		if err != nil || len(reqs) != rows {
 			t.Errorf("%s: %d rows, err %v; want %d", name, len(reqs), err, rows)
 		}
@@ -222,10 +218,7 @@ func TestCacheEventsRebuildItsContents(t *testing.T) {
 }
 
 func TestReplayRouterBeatsRoundRobinOnTrace(t *testing.T) {
-	reqs, err := LoadTrace("../../shared/traces/mooncake_arxiv_trace_first1000.jsonl")
-	if errors.Is(err, os.ErrNotExist) {
-		t.Skip("shared traces not present")
-	}
+	reqs, err := LoadTrace("../traces/mooncake_arxiv_trace_first1000.jsonl")
 	if err != nil {
 		t.Fatal(err)
 	}

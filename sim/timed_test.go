@@ -3,7 +3,6 @@ package sim
 import (
 	"errors"
 	"math"
-	"os"
 	"slices"
 	"testing"
 
@@ -12,10 +11,7 @@ import (
 
 func loadTrace(t *testing.T, name string) []Request {
 	t.Helper()
-	reqs, err := LoadTrace("../../shared/traces/" + name)
-	if errors.Is(err, os.ErrNotExist) {
-		t.Skip("shared traces not present")
-	}
+	reqs, err := LoadTrace("../traces/" + name) // in the repository: no skip
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,7 @@ type traceRow struct {
 	HashIDs      *[]uint64 `json:"hash_ids"`
 }
 
-// ReadTrace parses a Mooncake JSONL trace (shared/traces/README.md). Each
+// ReadTrace parses a Mooncake JSONL trace (traces/README.md). Each
 // line is one object with exactly the fields timestamp, input_length,
 // output_length and hash_ids, and ceil(input_length / 512) hash ids; an
 // unknown or missing field fails the read. Blank lines (whitespace only)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/enginesub"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/testseed"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/kvevent/engine"
 	"github.com/kvrouter/kvrouter/sim/enginepub"
@@ -75,8 +76,7 @@ func (p *recording) Observe(ev *kvevent.Event, now int64) {
 // kvevent.SeedFor("", "")), so a router indexing them matches the
 // requests' prompts.
 func TestWorkersPublishTheirCacheChangesOverZMQ(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	seed := testseed.Seed(t)
 	const workers, bs = 3, 16
 	reqs := GenerateSharedPrefix(SharedPrefixConfig{Requests: 200, Sessions: 24, Seed: seed})
 	pr := Prepare(reqs, bs)

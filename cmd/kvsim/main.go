@@ -96,9 +96,9 @@ func replayCommand() *cli.Command {
    v1     the first model: no queue, TTFT from the prefill model (--live uses it)
 
 Examples:
-   kvsim replay --trace ../shared/traces/mooncake_synthetic_trace.jsonl --speed 6
-   kvsim replay --mode cache --trace ../shared/traces/mooncake_synthetic_trace.jsonl
-   kvsim replay --trace ../shared/traces/mooncake_arxiv_trace_first1000.jsonl --concurrency 64 -o bench`,
+   kvsim replay --trace traces/mooncake_synthetic_trace.jsonl --speed 6
+   kvsim replay --mode cache --trace traces/mooncake_synthetic_trace.jsonl
+   kvsim replay --trace traces/mooncake_arxiv_trace_first1000.jsonl --concurrency 64 -o bench`,
 		Flags: []cli.Flag{
 			// Required, but checked by runReplay: urfave/cli's own check
 			// printed the help and no error.

@@ -115,10 +115,7 @@ func genTrace(t *testing.T) string {
 }
 
 func TestReplayTimedPrintsBenchLines(t *testing.T) {
-	trace := "../../../shared/traces/mooncake_arxiv_trace_first1000.jsonl"
-	if _, err := os.Stat(trace); err != nil {
-		t.Skip("shared traces not present")
-	}
+	trace := "../../traces/mooncake_arxiv_trace_first1000.jsonl"
 	out, err := kvsim(t, "replay", "--trace", trace, "--limit", "120", "--speed", "4", "-o", "bench")
 	if err != nil {
 		t.Fatal(err)

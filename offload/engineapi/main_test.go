@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvrouter/kvrouter/internal/testseed"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/backend"
@@ -41,17 +42,7 @@ func rankOf(dp uint32) kvevent.Rank { return kvevent.Rank{Worker: worker, DP: dp
 
 // seed returns the seed of a test's random bytes, from KVROUTER_TEST_SEED
 // when set, and logs it so a failure can be replayed.
-func seed(t testing.TB) uint64 {
-	s := rand.Uint64()
-	if v := os.Getenv("KVROUTER_TEST_SEED"); v != "" {
-		var err error
-		if s, err = strconv.ParseUint(v, 10, 64); err != nil {
-			t.Fatalf("KVROUTER_TEST_SEED=%q: %v", v, err)
-		}
-	}
-	t.Logf("seed %d (KVROUTER_TEST_SEED=%d replays it)", s, s)
-	return s
-}
+func seed(t testing.TB) uint64 { return testseed.Seed(t) }
 
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()

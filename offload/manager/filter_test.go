@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/internal/testseed"
 	"github.com/kvrouter/kvrouter/offload/pool"
 )
 
@@ -78,8 +79,7 @@ func TestFilterCountsHalveEveryHalfLifeAndOnesAreForgotten(t *testing.T) {
 }
 
 func TestFilterMemoryStaysBounded(t *testing.T) {
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
+	seed := testseed.Seed(t)
 	rng := rand.New(rand.NewPCG(seed, 0))
 	const halfLife = 64
 	f := newFilter(t, FilterConfig{HalfLife: halfLife})

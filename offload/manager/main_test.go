@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvrouter/kvrouter/internal/testseed"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/backend"
@@ -34,17 +34,7 @@ const bs = 1024 // bytes per block: small blocks keep the tests fast
 
 // seed returns the seed for a test's random bytes, from
 // KVROUTER_TEST_SEED when set, and logs it so a failure can be replayed.
-func seed(t testing.TB) uint64 {
-	s := rand.Uint64()
-	if v := os.Getenv("KVROUTER_TEST_SEED"); v != "" {
-		var err error
-		if s, err = strconv.ParseUint(v, 10, 64); err != nil {
-			t.Fatalf("KVROUTER_TEST_SEED=%q: %v", v, err)
-		}
-	}
-	t.Logf("seed %d (KVROUTER_TEST_SEED=%d replays it)", s, s)
-	return s
-}
+func seed(t testing.TB) uint64 { return testseed.Seed(t) }
 
 // waitFor polls cond until it holds or the timeout passes.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
