@@ -27,12 +27,8 @@ func TestMain(m *testing.M) {
 // kvsim runs the command in process and returns what it printed.
 func kvsim(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	app := newApp()
-	var out, errb bytes.Buffer
-	app.Writer, app.ErrWriter = &out, &errb
-	app.ExitErrHandler = func(*cli.Context, error) {}
-	err := app.Run(append([]string{"kvsim"}, args...))
-	return out.String(), err
+	out, _, err := kvsimStderr(t, args...)
+	return out, err
 }
 
 // kvsimStderr runs the command in process and returns what it printed on
