@@ -128,7 +128,7 @@ Examples:
 			&cli.Float64Flag{Name: "prefill-load-scale", Usage: "router, least_loaded: prefill_load_scale (default: timed 1, cache 30)"},
 			&cli.Float64Flag{Name: "decode-request-weight", Usage: "router, least_loaded: decode_active_request_weight (default 0)"},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table, markdown or bench (BENCH lines)"},
-			&cli.StringFlag{Name: "plots", Usage: "write ttft.png and hit_rate.png into `DIR`"},
+			&cli.StringFlag{Name: "plots", Usage: "write hit_rate.png (and ttft.png for timed and v1 replays) into `DIR`"},
 			&cli.IntFlag{Name: "limit", Usage: "replay only the first N requests (0 = all)"},
 			&cli.BoolFlag{Name: "live", Usage: "route through a running cluster (--endpoints) instead of in-process policies (v1 model)"},
 			&cli.StringFlag{Name: "endpoints", Value: "127.0.0.1:7080", EnvVars: []string{"KVCTL_ENDPOINTS"}, Usage: "cluster HTTP endpoints for --live"},
