@@ -33,8 +33,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvrouter/kvrouter/enginesub"
@@ -194,34 +196,43 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
-// heartbeats registers the worker (when a Registrar is set) and tells the
-// leader every HeartbeatInterval that it is alive, registering again when
-// the leader does not know it. It returns when ctx ends.
+// heartbeats tells the leader every HeartbeatInterval that the worker is
+// alive, and has it registered (when a Registrar is set) at the start and
+// whenever the leader does not know it. Registration runs beside the
+// heartbeats, not between them: a try against a slow or unreachable HTTP
+// API takes seconds, and heartbeats held back meanwhile let the lease of a
+// live worker run out. It returns when ctx ends.
 func (a *Agent) heartbeats(ctx context.Context) {
-	register := a.cfg.Registrar != nil
+	var kick chan struct{}
+	var registered atomic.Bool // since the last kick
+	if a.cfg.Registrar != nil {
+		kick = make(chan struct{}, 1)
+		kick <- struct{}{}
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.registrations(ctx, kick, &registered)
+		}()
+		defer wg.Wait()
+	}
 	t := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer t.Stop()
 	body := eventplane.AppendHeartbeat(nil, []uint64{a.cfg.Worker})
 	warned := false
 	for {
-		if register {
-			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := a.cfg.Registrar.RegisterWorker(rctx, a.cfg.Registration)
-			cancel()
-			if err != nil {
-				a.log.Warn("registering the worker failed; retrying", "worker", a.cfg.Worker, "err", err)
-			} else {
-				register = false
-				a.log.Info("worker registered", "worker", a.cfg.Worker, "lease", time.Duration(a.cfg.Registration.LeaseMs)*time.Millisecond)
-			}
-		}
 		hctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval)
 		msg, err := a.cfg.Conn.RequestWithContext(hctx, a.cfg.HeartbeatSubject, body)
 		cancel()
 		if err == nil {
 			if unknown, err := eventplane.DecodeHeartbeat(msg.Data); err == nil && len(unknown) > 0 {
-				if a.cfg.Registrar != nil {
-					register = true
+				if kick != nil {
+					// Unknown since the last registration went through:
+					// the worker was removed. (Before it went through,
+					// the registration under way answers this.)
+					if registered.Swap(false) {
+						kick <- struct{}{}
+					}
 				} else if !warned {
 					warned = true
 					a.log.Warn("the router does not know this worker and the agent has no router address to register it", "worker", a.cfg.Worker)
@@ -233,6 +244,47 @@ func (a *Agent) heartbeats(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// registrations registers the worker each time kick asks, retrying with
+// backoff until it succeeds. A registration after the first one follows a
+// removal (the lease ran out, or an operator removed the worker), which
+// took the ranks' state off the router: every rank is resynced, so that
+// the router holds what the engine does again without waiting for the
+// engine's next event to show a gap.
+func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, registered *atomic.Bool) {
+	first := true
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-kick:
+		}
+		backoff := 100 * time.Millisecond
+		for {
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := a.cfg.Registrar.RegisterWorker(rctx, a.cfg.Registration)
+			cancel()
+			if err == nil {
+				break
+			}
+			a.log.Warn("registering the worker failed; retrying", "worker", a.cfg.Worker, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff/2 + rand.N(backoff/2+1)):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+		}
+		a.log.Info("worker registered", "worker", a.cfg.Worker, "lease", time.Duration(a.cfg.Registration.LeaseMs)*time.Millisecond)
+		registered.Store(true)
+		if !first {
+			for _, r := range a.ranks {
+				a.pub.Resync(r)
+			}
+		}
+		first = false
 	}
 }
 

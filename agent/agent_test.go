@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -240,4 +241,71 @@ func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {
 	waitFor(t, "the agent to register again after the leader said it was unknown", registered)
 	stop()
 	waitFor(t, "the lease to expire", func() bool { return !registered() })
+}
+
+// heldRegistrar holds every registration until its context ends.
+type heldRegistrar struct{ calls atomic.Int32 }
+
+func (h *heldRegistrar) RegisterWorker(ctx context.Context, _ raftfsm.WorkerInfo) error {
+	h.calls.Add(1)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestHeartbeatsGoOnWhileRegistrationHangs: a registration against an HTTP
+// API that does not answer holds no heartbeat back. From a review: the
+// registration ran between heartbeats, so a 5 s try kept a live worker
+// silent past a short lease.
+func TestHeartbeatsGoOnWhileRegistrationHangs(t *testing.T) {
+	r := startRouter(t)
+	lc, err := nats.Connect(r.ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Close()
+	// Counted beside the leader's own answer (a plain subscription gets
+	// every heartbeat; the leader's queue group answers).
+	var beats atomic.Int32
+	sub, err := lc.Subscribe(eventplane.DefaultHeartbeatSubject, func(*nats.Msg) { beats.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := lc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	reg := &heldRegistrar{}
+	startAgentWith(t, r, Config{Registrar: reg, HeartbeatInterval: 50 * time.Millisecond,
+		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 1000}})
+	// Well within the first try's 5 s.
+	deadline := time.Now().Add(4 * time.Second)
+	for beats.Load() < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d heartbeats while the first registration hung (%d tries)", beats.Load(), reg.calls.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestReRegistrationResyncsTheRanks: a worker removed on the router (its
+// lease ran out while the agent was cut off; here an operator's removal)
+// is registered again by its agent, which resyncs its ranks: the router
+// holds the engine's blocks again although the engine sends nothing more.
+// From a review: it waited for the engine's next event to show the gap.
+func TestReRegistrationResyncsTheRanks(t *testing.T) {
+	r := startRouter(t)
+	a, _ := startAgentWith(t, r, Config{Registrar: r.node, HeartbeatInterval: 50 * time.Millisecond,
+		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 10000}})
+	registered := func() bool { _, ok := r.node.WorkerTable()[7]; return ok }
+	waitFor(t, "the agent to register its worker", registered)
+	if err := a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2), storedChain(2, 3)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the chain in the router's index", func() bool { return matched(r, 3) == 3 })
+	if err := r.node.DeregisterWorker(context.Background(), 7); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the chain back in the router's index after the worker registered again", func() bool {
+		return registered() && matched(r, 3) == 3
+	})
 }

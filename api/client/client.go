@@ -2,16 +2,23 @@
 // (package api; docs/api.md).
 //
 // A Client knows several endpoints (the nodes' HTTP addresses). A call goes
-// to the endpoint that answered last, and moves on to the next ones only
-// when a node cannot be reached at all; a node that answers, even with an
-// error, is believed. Writes need no leader address: any node forwards them
-// to its leader. Every command of the API is safe to retry, which is what
-// makes moving on after a broken connection safe.
+// to the endpoint that answered last, and moves on to the next ones when a
+// node cannot be reached, or answers 503 no_leader, shutting_down or
+// not_ready (it is cut off, stopping or starting while the others may
+// serve); a node that answers anything else, even an error, is believed.
+// Writes need no leader address: any node forwards them to its leader.
+// Event batches (by event id), bookings (by request id) and registrations
+// are safe to send twice, which is what makes moving on after a broken
+// connection safe. Two are not quite: a leadership transfer sent again may
+// move leadership a second time (or answer that the target already
+// leads), and a snapshot restore sent again installs the snapshot again,
+// dropping what was applied between the two.
 //
 // Errors from the API come back as *Error, keeping the HTTP status and the
 // reason; errors.Is matches them against the node's sentinel errors too
 // (raftfsm.ErrNoLeader, indexer.ErrOverloaded, ...). When no endpoint can be
-// reached the error wraps ErrUnreachable.
+// reached the error wraps ErrUnreachable; when one answered and was passed
+// over, and none after it answered, the error is that answer.
 package client
 
 import (
@@ -180,6 +187,7 @@ type request struct {
 func (c *Client) do(ctx context.Context, req request) (*http.Response, string, error) {
 	order := c.order(req.endpoint)
 	var errs []string
+	var answered error // the last node that answered, passed over
 	var start int64 = -1
 	seeker, _ := req.stream.(io.Seeker)
 	if seeker != nil {
@@ -266,6 +274,7 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 			if !last && errors.As(apiErr, &e) && e.StatusCode == http.StatusServiceUnavailable &&
 				(e.Reason == api.ReasonNoLeader || e.Reason == api.ReasonShuttingDown || e.Reason == api.ReasonNotReady) && rewind() {
 				errs = append(errs, fmt.Sprintf("%s: %v", hostOf(base), apiErr))
+				answered = apiErr
 				continue
 			}
 			c.prefer(base)
@@ -273,6 +282,12 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 		}
 		c.prefer(base)
 		return resp, base, nil
+	}
+	if answered != nil {
+		// A node answered (no leader, stopping, starting) and the rest
+		// could not be reached: that answer is the error, not
+		// ErrUnreachable, which says the request may have reached nobody.
+		return nil, "", fmt.Errorf("%w (tried: %s)", answered, strings.Join(errs, "; "))
 	}
 	return nil, "", fmt.Errorf("%s %s: %w: %s", req.method, req.path, ErrUnreachable, strings.Join(errs, "; "))
 }

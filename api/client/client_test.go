@@ -220,6 +220,19 @@ func TestEveryNodeWithoutLeaderIsA503NoLeader(t *testing.T) {
 	}
 }
 
+// TestANodeWithoutLeaderThenADeadOneIsNoLeader: when one node answers no
+// leader and the other cannot be reached, the error is the answer (retry
+// later), not ErrUnreachable (the request may have reached nobody). From
+// a review: the answer was lost, and with it kvctl's hint.
+func TestANodeWithoutLeaderThenADeadOneIsNoLeader(t *testing.T) {
+	cut, _ := noLeaderNode(t)
+	dead := deadAddr(t)
+	err := newClient(t, cut, dead).RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 1, BlockSize: 4})
+	if !errors.Is(err, raftfsm.ErrNoLeader) || errors.Is(err, client.ErrUnreachable) || !strings.Contains(err.Error(), dead) {
+		t.Fatalf("err = %v, want no leader, naming the unreachable node too", err)
+	}
+}
+
 func TestNonAPIErrorBodies(t *testing.T) {
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "<html>bad gateway</html>", http.StatusBadGateway)

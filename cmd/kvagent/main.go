@@ -56,8 +56,8 @@ func app() *cli.App {
    kvagent ... --offload-socket /run/kvagent/offload.sock --block-bytes 2097152 \
      --host-blocks 10240 --disk-dir /var/lib/kvagent/g3 --disk-blocks 204800`,
 		Flags: append([]cli.Flag{
-			&cli.Uint64Flag{Name: "worker-id", Required: true, EnvVars: []string{"KVAGENT_WORKER_ID"}, Usage: "the worker id the router knows this engine by"},
-			&cli.IntFlag{Name: "block-size", Required: true, EnvVars: []string{"KVAGENT_BLOCK_SIZE"}, Usage: "the engine's KV block size in tokens"},
+			&cli.Uint64Flag{Name: "worker-id", EnvVars: []string{"KVAGENT_WORKER_ID"}, Usage: "the worker id the router knows this engine by (required)"},
+			&cli.IntFlag{Name: "block-size", EnvVars: []string{"KVAGENT_BLOCK_SIZE"}, Usage: "the engine's KV block size in tokens (required)"},
 			&cli.StringFlag{Name: "engine-endpoint", Value: "tcp://127.0.0.1:5557", EnvVars: []string{"KVAGENT_ENGINE_ENDPOINT"}, Usage: "dp rank 0's ZMQ event endpoint; rank r uses port + r"},
 			&cli.StringFlag{Name: "replay-endpoint", EnvVars: []string{"KVAGENT_REPLAY_ENDPOINT"}, Usage: "dp rank 0's ZMQ replay endpoint (ROUTER); rank r uses port + r"},
 			&cli.BoolFlag{Name: "bind", Usage: "bind the event endpoint (the engine connects) instead of connecting to it"},
@@ -89,14 +89,18 @@ func app() *cli.App {
 }
 
 func run(c *cli.Context) error {
+	// Signals are caught from the start: one during a slow start (pinned
+	// memory, a disk pool opening) still closes what was opened.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := checkFlags(c); err != nil {
+		return err
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+		return cli.Exit(fmt.Sprintf("--log-level: %v", err), 2)
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	if c.Int("dp-size") < 1 {
-		return fmt.Errorf("--dp-size %d: want at least 1", c.Int("dp-size"))
-	}
 	oc, err := offloadConfigFrom(c)
 	if err != nil {
 		return err
@@ -112,6 +116,9 @@ func run(c *cli.Context) error {
 	opts := eventplane.ClientOptions{Name: fmt.Sprintf("kvagent-%d", c.Uint64("worker-id")),
 		User: c.String("nats-user"), Password: c.String("nats-password"), Creds: c.String("nats-creds"),
 		TLSCA: c.String("nats-tls-ca"), TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key")}.NATSOptions()
+	// A NATS not up yet (the routers start beside the agents) is waited
+	// for, as a lost connection is.
+	opts = append(opts, nats.RetryOnFailedConnect(true))
 	nc, err := nats.Connect(c.String("nats-url"), opts...)
 	if err != nil {
 		return fmt.Errorf("connect to nats %s: %w", c.String("nats-url"), err)
@@ -140,7 +147,7 @@ func run(c *cli.Context) error {
 		}
 	}
 	if r := c.String("router"); r != "" {
-		cl, err := client.New(strings.Split(r, ","), client.Options{UserAgent: "kvagent"})
+		cl, err := newRouterClient(strings.Split(r, ","))
 		if err != nil {
 			return fmt.Errorf("--router: %w", err)
 		}
@@ -180,8 +187,6 @@ func run(c *cli.Context) error {
 		logger.Info("metrics listening", "addr", "http://"+ln.Addr().String()+"/metrics")
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	logger.Info("kvagent following the engine", "worker", cfg.Worker, "endpoint", cfg.Endpoint,
 		"ranks", c.Int("dp-size"), "nats", c.String("nats-url"))
 	if err := a.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
@@ -189,6 +194,47 @@ func run(c *cli.Context) error {
 	}
 	logger.Info("kvagent stopped")
 	return nil
+}
+
+// checkFlags refuses, as usage errors (exit 2), the flags the agent could
+// not run with: without them it would retry a registration the router
+// refuses for ever, or let its worker's lease run out between heartbeats.
+func checkFlags(c *cli.Context) error {
+	usage := func(format string, args ...any) error { return cli.Exit(fmt.Sprintf(format, args...), 2) }
+	hb, lease := c.Duration("heartbeat-interval"), c.Duration("lease")
+	switch {
+	case !c.IsSet("worker-id"):
+		return usage("--worker-id is required")
+	case c.Int("block-size") <= 0:
+		return usage("--block-size %d: want the engine's KV block size in tokens, > 0 (required)", c.Int("block-size"))
+	case c.Int("dp-size") < 1:
+		return usage("--dp-size %d: want at least 1", c.Int("dp-size"))
+	case hb <= 0:
+		return usage("--heartbeat-interval %v: want > 0", hb)
+	case lease < 0 || lease > 0 && lease < time.Millisecond:
+		return usage("--lease %v: want 0 (never) or at least 1ms", lease)
+	case lease > 0 && lease <= hb:
+		return usage("--lease %v is not longer than --heartbeat-interval %v: the worker would be removed between heartbeats", lease, hb)
+	}
+	for _, f := range []string{"capacity-device", "capacity-host", "capacity-disk"} {
+		if n := c.Int64(f); n < 0 {
+			return usage("--%s %d: want >= 0 (0: unknown)", f, n)
+		}
+	}
+	return nil
+}
+
+// newRouterClient is the client registrations go through. Each try of a
+// node is bounded (a connect timeout, and one for the answer's headers) so
+// that a node that accepts connections and never answers costs one try's
+// share of the registration's 5 s, and the next node is tried: with the
+// client's defaults a hung first node took every try whole.
+func newRouterClient(endpoints []string) (*client.Client, error) {
+	perTry := max(time.Second, 4*time.Second/time.Duration(len(endpoints)))
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = (&net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}).DialContext
+	tr.ResponseHeaderTimeout = perTry
+	return client.New(endpoints, client.Options{HTTPClient: &http.Client{Transport: tr}, UserAgent: "kvagent"})
 }
 
 // buildInfo is kvagent_build_info (metrics.md: build facts in a gauge of 1).

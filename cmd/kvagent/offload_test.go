@@ -2,16 +2,22 @@ package main
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/urfave/cli/v2"
 	"go.uber.org/goleak"
 
 	"github.com/kvrouter/kvrouter/internal/testwatch"
@@ -19,6 +25,7 @@ import (
 	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/engineapi"
 	"github.com/kvrouter/kvrouter/offload/pool"
+	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
 func TestMain(m *testing.M) {
@@ -175,5 +182,62 @@ func TestBuildInfo(t *testing.T) {
 	}
 	if m.GetGauge().GetValue() != 1 || labels["version"] != version || labels["go_version"] != runtime.Version() {
 		t.Fatalf("kvagent_build_info %v = %v", labels, m.GetGauge().GetValue())
+	}
+}
+
+// TestLivenessFlagsAreChecked: flags the agent could not run with are
+// usage errors (exit 2) before anything starts. From a review: a missing
+// --worker-id exited 1, a negative lease or capacity was retried against
+// the router's refusal for ever, and a lease not longer than the heartbeat
+// interval let the worker be removed between heartbeats.
+func TestLivenessFlagsAreChecked(t *testing.T) {
+	base := []string{"kvagent", "--metrics-addr", ""}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--block-size", "4"}, "--worker-id"},
+		{[]string{"--worker-id", "1"}, "--block-size"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--lease", "-1s"}, "--lease"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--lease", "500us"}, "--lease"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--lease", "1s", "--heartbeat-interval", "1s"}, "--heartbeat-interval"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--heartbeat-interval", "0s"}, "--heartbeat-interval"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--capacity-host", "-3"}, "--capacity-host"},
+	} {
+		a := app()
+		a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+		err := a.Run(append(base, tc.args...))
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("kvagent %v: %v, want exit 2 naming %s", tc.args, err, tc.want)
+		}
+	}
+}
+
+// TestRegistrationPassesOverAHungNode: a node that accepts connections and
+// never answers costs a registration one try's share, and the next node
+// takes it. From a review: with the client's defaults every registration
+// spent its whole 5 s on the hung first node.
+func TestRegistrationPassesOverAHungNode(t *testing.T) {
+	hung, err := net.Listen("tcp", "127.0.0.1:0") // accepted by the kernel, never answered
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Close()
+	var hits atomic.Int32
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer ok.Close()
+	cl, err := newRouterClient([]string{hung.Addr().String(), strings.TrimPrefix(ok.URL, "http://")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // the agent's registration bound
+	defer cancel()
+	if err := cl.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 1, BlockSize: 4}); err != nil || hits.Load() != 1 {
+		t.Fatalf("registration with a hung first node: %v, %d reached the healthy one", err, hits.Load())
 	}
 }
