@@ -288,6 +288,11 @@ func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, registe
 	}
 }
 
+// Flush waits until the router acknowledged every event published so far,
+// or ctx ends; call it after Run returned (and the offload side closed),
+// before Close.
+func (a *Agent) Flush(ctx context.Context) error { return a.pub.Flush(ctx) }
+
 // Close stops the publisher; call it after Run returned. Unacknowledged
 // events are dropped: the next incarnation resyncs every rank.
 func (a *Agent) Close() error { return a.pub.Close() }

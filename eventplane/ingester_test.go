@@ -637,3 +637,48 @@ func TestHeartbeatRenewsTheLease(t *testing.T) {
 		t.Fatalf("removed %v, want [7] 11 s after its heartbeat", r)
 	}
 }
+
+// TestFlushWaitsForTheAcks: Flush returns once the router acknowledged
+// every event published, and with ctx's error while nobody answers.
+func TestFlushWaitsForTheAcks(t *testing.T) {
+	p, err := NewPublisher(PublisherConfig{Conn: connectNowhere(t), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	r := kvevent.Rank{Worker: 1}
+	if _, err := p.Publish(r, []kvevent.Event{{Kind: kvevent.KindCleared}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := p.Flush(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("flush with nobody answering: %v, want the deadline", err)
+	}
+
+	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	in, err := NewIngester(IngesterConfig{Conn: connect(t, s.ClientURL()), Node: newFakeTarget(), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	q, err := NewPublisher(PublisherConfig{Conn: connect(t, s.ClientURL()), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	for range 3 {
+		if _, err := q.Publish(r, []kvevent.Event{{Kind: kvevent.KindCleared}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel2()
+	if err := q.Flush(ctx2); err != nil || q.Pending() != 0 {
+		t.Fatalf("flush: %v, %d pending", err, q.Pending())
+	}
+}

@@ -413,6 +413,23 @@ func (p *Publisher) Pending() int {
 	return n
 }
 
+// Flush waits until every event published so far is acknowledged (a
+// clean shutdown's last step before Close), or ctx ends.
+func (p *Publisher) Flush(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for p.Pending() > 0 {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d events not acknowledged: %w", p.Pending(), ctx.Err())
+		case <-p.stop:
+			return ErrClosed
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
 // loop sends requests, one at a time, until Close.
 func (p *Publisher) loop() {
 	defer close(p.done)

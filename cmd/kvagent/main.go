@@ -159,14 +159,26 @@ func run(c *cli.Context) error {
 		return err
 	}
 	defer a.Close()
+	// Before the publisher closes, its last events get a moment to be
+	// acknowledged, so that the router is left with what the engine and
+	// the pools held; what is still out then, the next agent's resync
+	// brings back.
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := a.Flush(fctx); err != nil {
+			logger.Warn("events not acknowledged at shutdown; the next agent resyncs its ranks", "err", err)
+		}
+	}()
 
 	if oc.Socket != "" {
 		off, err := startOffload(oc, a.Ranks(), a, reg, logger)
 		if err != nil {
 			return fmt.Errorf("offload: %w", err)
 		}
-		// Deferred after a.Close, so it runs first: the pools publish their
-		// last events while the publisher is still open.
+		// Deferred after a.Close and the flush, so it runs first: what
+		// the pools publish as they close goes out while the publisher is
+		// still open.
 		defer func() {
 			if err := off.Close(); err != nil {
 				logger.Warn("closing the offload side", "err", err)
