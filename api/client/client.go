@@ -493,7 +493,10 @@ func (c *Client) StatusAll(ctx context.Context) []EndpointStatus {
 }
 
 // Ready reports whether the node that answers is ready, and its applied
-// index.
+// index. A node that is not ready answers 503 not_ready, which the client
+// passes over like no_leader: with several endpoints, the answer is the
+// first ready node's (or the last one's); give a client of one endpoint to
+// ask a given node.
 func (c *Client) Ready(ctx context.Context) (api.ReadyResponse, error) {
 	var out api.ReadyResponse
 	resp, _, err := c.do(ctx, request{method: http.MethodGet, path: "/readyz"})
