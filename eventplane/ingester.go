@@ -227,7 +227,7 @@ func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_received_total",
 			Help: "Events received by the leader's ingester, by worker (its id when registered, else other), op and tier."}, []string{"worker", "op", "tier"}),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvrouter_events_lag_seconds",
-			Help: "On the leader, by registered worker: how long before its last committed request the oldest event in it was handed to its publisher (agent clocks count)."}, []string{"worker"}),
+			Help: "On the leader, by registered worker: how long before its last commit the oldest of its events in that Raft entry was handed to its agent's publisher (agent clocks count)."}, []string{"worker"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_requests_rejected_total",
 			Help: "Event requests rejected before Raft (undecodable), by reason."}, []string{"reason"}),
 		gaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_events_gaps_total",
