@@ -462,7 +462,8 @@ func (p *Publisher) loop() {
 		var n int
 		if batches, published, n = p.nextRequest(published); n > 0 {
 			scratch = appendEvents(scratch[:0], batches)
-			ok = p.sendEvents(scratch, appendPublished(hdr[:0], published))
+			hdr = appendPublished(hdr[:0], published)
+			ok = p.sendEvents(scratch, hdr)
 		} else {
 			backoff = 0
 			var retry *time.Timer
