@@ -513,14 +513,15 @@ type evictScratch struct {
 }
 
 type evictEntry struct {
-	n   *node
-	h   *holder // stays put until the evictions
-	eh  uint64
-	own uint32 // distance from the rank's counter
+	n        *node
+	h        *holder // stays put until the evictions
+	eh       uint64
+	own, age uint32 // distances from the rank's counter: the entry's own, and its youngest descendant's
+	tie      uint32 // steps from that descendant
 }
 
 type evictAged struct {
-	key uint64 // the oldest subtree first, then the deepest of a chain (the youngest own)
+	key uint64 // the oldest subtree first, then the deepest of a chain (the fewest steps)
 	eh  uint64
 }
 
@@ -545,35 +546,43 @@ func (ix *Index) evictOldest(rs *rankState, t kvevent.Tier, k int64) {
 		if h.mask().Has(t) {
 			// Ages are distances from the rank's counter, so the uint32
 			// counter may wrap without reordering live entries.
-			all = append(all, evictEntry{n: n, h: h, eh: eh, own: rs.order - h.order})
+			own := rs.order - h.order
+			all = append(all, evictEntry{n: n, h: h, eh: eh, own: own, age: own})
 		}
 	}
-	// Youngest first, each entry hands its order up to the ancestors it
-	// holds in t until one is as young already, so a node's order is set
-	// by its youngest descendant, once. The holders' order fields carry
-	// the ages meanwhile (no map of the entries), and get their own back
-	// before anything else reads them. Sort keys are packed in a uint64:
-	// sorting them is several times faster than sorting the entries.
+	// Youngest first, each entry hands its age up the chain of ancestors
+	// the rank holds in t until one is as young already, so an entry's
+	// age is set by its youngest descendant, once, and tie counts the
+	// steps from that descendant: the deepest of one age has the least.
+	// While this runs, each holder's order field holds its entry's index
+	// in all (no map of the entries); it gets its own order back before
+	// anything else reads it. Sort keys are packed in a uint64: sorting
+	// them is several times faster than sorting the entries.
 	keys := sc.keys[:0]
 	for i := range all {
 		keys = append(keys, uint64(all[i].own)<<32|uint64(i))
+		all[i].h.order = uint32(i)
 	}
 	slices.Sort(keys)
 	for _, key := range keys {
 		e := &all[uint32(key)]
 		for p := e.n.parent; p != nil; p = p.parent {
 			j := p.find(rs.slot)
-			if j < 0 || !p.holders[j].mask().Has(t) || rs.order-p.holders[j].order <= rs.order-e.h.order {
+			if j < 0 || !p.holders[j].mask().Has(t) {
+				break // a chain the rank holds in t ends here
+			}
+			a := &all[p.holders[j].order]
+			if a.age <= e.age {
 				break
 			}
-			p.holders[j].order = e.h.order
+			a.age, a.tie = e.age, e.tie+1
+			e = a
 		}
 	}
 	order := sc.order[:0]
 	for i := range all {
 		e := &all[i]
-		age := rs.order - e.h.order
-		order = append(order, evictAged{key: uint64(^age)<<32 | uint64(e.own), eh: e.eh})
+		order = append(order, evictAged{key: uint64(^e.age)<<32 | uint64(e.tie), eh: e.eh})
 		e.h.order = rs.order - e.own
 	}
 	clear(all) // the nodes may be freed below

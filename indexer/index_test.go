@@ -550,6 +550,19 @@ func TestCapacityTrimsChainsFromTheLeaf(t *testing.T) {
 	if n := ix.Stats().Blocks[dev]; n != 6 {
 		t.Fatalf("%d blocks held, want the capacity's 6", n)
 	}
+
+	// A chain's first block stored again after its second (removed and
+	// re-stored, as an offload pool's own LRU may do): of one age, the
+	// deepest still go first. From the review of the change: ordered by
+	// each entry's own store, the re-stored first block went before the
+	// second, which stayed held and unreachable.
+	ix = New(Config{CapacitySlack: 0.01})
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2)), removed(rk1, dev, 1), stored(rk1, dev, chain(1)),
+		storedUnder(rk1, dev, 2, chain(3)))
+	ix.SetCapacity(rk1, [4]int64{1, 0, 0, 0})
+	if got := find(ix, ViewDedup, locals(1, 2, 3)); got[rk1][dev] != 1 {
+		t.Fatalf("after trimming to 1: %v, want the chain's first block", got)
+	}
 }
 
 // TestOrphanDigestSeesContentHashes: two indexes that hold the same

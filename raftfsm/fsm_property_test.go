@@ -22,8 +22,11 @@ type fsmModel struct {
 	freed   map[string]bool
 }
 
+// fsmRanks are the ranks the generated commands name.
+var fsmRanks = []kvevent.Rank{{Worker: 1}, {Worker: 1, DP: 1}, {Worker: 2}}
+
 func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
-	ranks := []kvevent.Rank{{Worker: 1}, {Worker: 1, DP: 1}, {Worker: 2}}
+	ranks := fsmRanks
 	switch rapid.IntRange(0, 10).Draw(t, "cmd") {
 	case 0, 1, 2, 3, 4:
 		var batches []RankBatch
@@ -130,7 +133,7 @@ func checkFSMMatchesModel(t *testing.T) {
 		f.ApplyBatch(pending)
 		// Every rank the commands name, so that a cursor the FSM kept
 		// and the model dropped (a worker's removal) is compared too.
-		for _, r := range []kvevent.Rank{{Worker: 1}, {Worker: 1, DP: 1}, {Worker: 2}} {
+		for _, r := range fsmRanks {
 			if got, c := f.Cursor(r), m.cursors[r]; got != c {
 				rt.Fatalf("cursor of %v = %d, model %d", r, got, c)
 			}

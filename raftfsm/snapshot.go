@@ -565,7 +565,8 @@ func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 	// The state is built beside fsm/ and renamed into place whole: built in
 	// fsm/, a seed killed part-way left a valid, empty state there, which a
 	// second seed refused and a node started from. A killed seed now leaves
-	// fsm.restore, which the next seed (or the node's start) removes.
+	// only fsm.restore, which the next seed removes (a node started on the
+	// directory removes it too, and starts empty: docs/operations.md).
 	// The new cluster's member table comes from its own leaders, not from
 	// the cluster the snapshot was taken on.
 	dir := filepath.Join(dataDir, "fsm")

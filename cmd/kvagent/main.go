@@ -242,7 +242,7 @@ func checkFlags(c *cli.Context) error {
 // share of the registration's 5 s, and the next node is tried: with the
 // client's defaults a hung first node took every try whole.
 func newRouterClient(endpoints []string) (*client.Client, error) {
-	perTry := max(time.Second, 4*time.Second/time.Duration(len(endpoints)))
+	perTry := max(2*time.Second, 4*time.Second/time.Duration(len(endpoints))) // a write may wait for an election
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DialContext = (&net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}).DialContext
 	tr.ResponseHeaderTimeout = perTry
