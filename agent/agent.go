@@ -204,7 +204,10 @@ func (a *Agent) Run(ctx context.Context) error {
 // live worker run out. It returns when ctx ends.
 func (a *Agent) heartbeats(ctx context.Context) {
 	var kick chan struct{}
-	var registered atomic.Bool // since the last kick
+	// Heartbeats are numbered; registeredAt is the number of the first
+	// heartbeat sent after the last registration went through, 0 while
+	// one is asked for or under way.
+	var beats, registeredAt atomic.Int64
 	if a.cfg.Registrar != nil {
 		kick = make(chan struct{}, 1)
 		kick <- struct{}{}
@@ -212,7 +215,7 @@ func (a *Agent) heartbeats(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.registrations(ctx, kick, &registered)
+			a.registrations(ctx, kick, &beats, &registeredAt)
 		}()
 		defer wg.Wait()
 	}
@@ -221,16 +224,18 @@ func (a *Agent) heartbeats(ctx context.Context) {
 	body := eventplane.AppendHeartbeat(nil, []uint64{a.cfg.Worker})
 	warned := false
 	for {
+		sent := beats.Add(1)
 		hctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval)
 		msg, err := a.cfg.Conn.RequestWithContext(hctx, a.cfg.HeartbeatSubject, body)
 		cancel()
 		if err == nil {
 			if unknown, err := eventplane.DecodeHeartbeat(msg.Data); err == nil && len(unknown) > 0 {
 				if kick != nil {
-					// Unknown since the last registration went through:
-					// the worker was removed. (Before it went through,
-					// the registration under way answers this.)
-					if registered.Swap(false) {
+					// Unknown to a heartbeat sent after the last
+					// registration went through: the worker was removed.
+					// (An answer to one sent before is stale, and while
+					// one is under way it answers this.)
+					if at := registeredAt.Load(); at != 0 && sent >= at && registeredAt.CompareAndSwap(at, 0) {
 						kick <- struct{}{}
 					}
 				} else if !warned {
@@ -253,7 +258,7 @@ func (a *Agent) heartbeats(ctx context.Context) {
 // took the ranks' state off the router: every rank is resynced, so that
 // the router holds what the engine does again without waiting for the
 // engine's next event to show a gap.
-func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, registered *atomic.Bool) {
+func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, beats, registeredAt *atomic.Int64) {
 	first := true
 	for {
 		select {
@@ -278,7 +283,7 @@ func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, registe
 			backoff = min(2*backoff, 5*time.Second)
 		}
 		a.log.Info("worker registered", "worker", a.cfg.Worker, "lease", time.Duration(a.cfg.Registration.LeaseMs)*time.Millisecond)
-		registered.Store(true)
+		registeredAt.Store(beats.Load() + 1)
 		if !first {
 			for _, r := range a.ranks {
 				a.pub.Resync(r)
