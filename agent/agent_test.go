@@ -124,6 +124,9 @@ func startAgentThen(t *testing.T, r *router, cfg Config, before func(*Agent)) (*
 
 var rank = kvevent.Rank{Worker: 7}
 
+// workerRegistered says whether the router's worker table holds worker 7.
+func workerRegistered(r *router) bool { _, ok := r.node.WorkerTable()[7]; return ok }
+
 func storedChain(parent uint64, hs ...uint64) kvevent.Event {
 	ev := kvevent.Event{Rank: rank, Kind: kvevent.KindStored}
 	if parent != 0 {
@@ -222,7 +225,7 @@ func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {
 	r := startRouter(t)
 	_, stop := startAgentWith(t, r, Config{Registrar: r.node, HeartbeatInterval: 50 * time.Millisecond,
 		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 1000}})
-	registered := func() bool { _, ok := r.node.WorkerTable()[7]; return ok }
+	registered := func() bool { return workerRegistered(r) }
 	waitFor(t, "the agent to register its worker", registered)
 	// Heartbeats keep it: several leases pass and it stays. (From a review:
 	// this watched 2 s of a 4 s lease, which a worker without heartbeats
@@ -296,7 +299,7 @@ func TestReRegistrationResyncsTheRanks(t *testing.T) {
 	r := startRouter(t)
 	a, _ := startAgentWith(t, r, Config{Registrar: r.node, HeartbeatInterval: 50 * time.Millisecond,
 		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 10000}})
-	registered := func() bool { _, ok := r.node.WorkerTable()[7]; return ok }
+	registered := func() bool { return workerRegistered(r) }
 	waitFor(t, "the agent to register its worker", registered)
 	if err := a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2), storedChain(2, 3)}); err != nil {
 		t.Fatal(err)

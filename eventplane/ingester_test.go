@@ -577,28 +577,36 @@ func TestDroppedEventsTakeTheirMarks(t *testing.T) {
 	check("many drops", 3*size+3+1, size, at[2])
 }
 
-// TestPublisherSendsPublishedTimes: a publisher's requests carry their
-// batches' published times, and the leader's lag for the worker lies
-// between the time the commit was held and the whole round trip.
-func TestPublisherSendsPublishedTimes(t *testing.T) {
+// startPlane starts a NATS server, an ingester committing to tg and a
+// publisher, all stopped at the test's end.
+func startPlane(t *testing.T, tg *fakeTarget) (*Ingester, *Publisher) {
+	t.Helper()
 	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { s.Shutdown(); s.WaitForShutdown() }()
-	tg := newFakeTarget()
-	tg.register(7, 0)
-	tg.hold = make(chan struct{})
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
 	in, err := NewIngester(IngesterConfig{Conn: connect(t, s.ClientURL()), Node: tg, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer in.Close()
+	t.Cleanup(func() { in.Close() })
 	p, err := NewPublisher(PublisherConfig{Conn: connect(t, s.ClientURL()), Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	t.Cleanup(func() { p.Close() })
+	return in, p
+}
+
+// TestPublisherSendsPublishedTimes: a publisher's requests carry their
+// batches' published times, and the leader's lag for the worker lies
+// between the time the commit was held and the whole round trip.
+func TestPublisherSendsPublishedTimes(t *testing.T) {
+	tg := newFakeTarget()
+	tg.register(7, 0)
+	tg.hold = make(chan struct{})
+	in, p := startPlane(t, tg)
 	r := kvevent.Rank{Worker: 7}
 	before := time.Now()
 	if _, err := p.Publish(r, []kvevent.Event{{Kind: kvevent.KindCleared}}); err != nil {
@@ -656,21 +664,7 @@ func TestFlushWaitsForTheAcks(t *testing.T) {
 		t.Fatalf("flush with nobody answering: %v, want the deadline", err)
 	}
 
-	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { s.Shutdown(); s.WaitForShutdown() }()
-	in, err := NewIngester(IngesterConfig{Conn: connect(t, s.ClientURL()), Node: newFakeTarget(), Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	q, err := NewPublisher(PublisherConfig{Conn: connect(t, s.ClientURL()), Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
+	_, q := startPlane(t, newFakeTarget())
 	for range 3 {
 		if _, err := q.Publish(r, []kvevent.Event{{Kind: kvevent.KindCleared}}); err != nil {
 			t.Fatal(err)
