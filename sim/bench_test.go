@@ -154,13 +154,19 @@ func benchTimedSweep(t *testing.T, doc *bytes.Buffer, pr *Prepared, speed float6
 // worker (G1 is 16,384 blocks): none, a G2 as large as G1, and that G2
 // with a G3 four times as large behind it (the offload manager's default
 // filter: a block reaches G3 on its second sighting).
+//
+// suffix names the configuration in its BENCH lines
+// ("sim_offload.synthetic.router_g2"), so that every line of a run has a
+// name of its own; the configuration without tiers prints none (its
+// figures are the timed replay's "sim.synthetic.<policy>").
 var offloadTiers = []struct {
-	label string
-	cfg   OffloadConfig
+	label  string
+	suffix string
+	cfg    OffloadConfig
 }{
-	{"none", OffloadConfig{}},
-	{"G2 16,384", OffloadConfig{HostBlocks: 16384}},
-	{"G2 16,384 + G3 65,536", OffloadConfig{HostBlocks: 16384, DiskBlocks: 65536}},
+	{"none", "", OffloadConfig{}},
+	{"G2 16,384", "g2", OffloadConfig{HostBlocks: 16384}},
+	{"G2 16,384 + G3 65,536", "g2_g3", OffloadConfig{HostBlocks: 16384, DiskBlocks: 65536}},
 }
 
 // benchOffload replays router, round_robin and least_loaded at the loaded
@@ -188,7 +194,11 @@ func benchOffload(t *testing.T, doc *bytes.Buffer, pr *Prepared, speed float64) 
 			}
 			r := rs[0]
 			wall := time.Since(start).Seconds()
-			fmt.Println(BenchLine("synthetic", r))
+			if tier.suffix != "" {
+				named := r
+				named.Policy = name + "_" + tier.suffix
+				fmt.Println(BenchLine("synthetic", named))
+			}
 			moved := "–"
 			written, loaded := "–", "–"
 			if st := r.Offload; st != nil {
