@@ -209,6 +209,41 @@ func TestRetriedBookingAnswersTheBookedRank(t *testing.T) {
 	}
 }
 
+// TestRetriedBookingWhenItsBookingMadeTheRankBusy: a retry of a booked
+// route whose first try pushed the only rank over the busy threshold
+// answers that rank, booked, rather than 503 overloaded (which would leave
+// the load counted with no client to free it until it expires).
+func TestRetriedBookingWhenItsBookingMadeTheRankBusy(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	p := indexer.DefaultParams()
+	p.BusyPrefillTokens = 100
+	if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
+		t.Fatal(err)
+	}
+	q := RouteQuery{ISL: 200, Book: true, RequestID: "req-1"}
+	first, err := l.Route(ctx(t), q)
+	if err != nil || !first.Booked {
+		t.Fatalf("first try: booked %v, err %v", first.Booked, err)
+	}
+	retry, err := l.Route(ctx(t), q)
+	if err != nil || !retry.Booked || retry.Decision.Rank != first.Decision.Rank || retry.Decision.DecidedBy != indexer.DecidedByBooking {
+		t.Fatalf("retry: %v booked=%v decided by %v, err %v; want %v, booked", retry.Decision.Rank, retry.Booked, retry.Decision.DecidedBy, err, first.Decision.Rank)
+	}
+	if got := l.fsm.Sequences().Load(first.Decision.Rank).ActiveRequests; got != 1 {
+		t.Fatalf("%d active requests, want 1", got)
+	}
+	// Another request is refused: the rank is busy.
+	other := q
+	other.RequestID = "req-2"
+	if _, err := l.Route(ctx(t), other); !errors.Is(err, indexer.ErrOverloaded) {
+		t.Fatalf("a new request on the busy rank: %v, want ErrOverloaded", err)
+	}
+}
+
 // TestTransferToTheLeaderItselfIsInvalid: naming the leader as the target
 // is the caller's mistake (a 400), not a failure of the node.
 func TestTransferToTheLeaderItselfIsInvalid(t *testing.T) {

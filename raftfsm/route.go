@@ -173,6 +173,15 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	scored := time.Now()
 	st.Score = scored.Sub(loaded)
 	res.Stages = st
+	if errors.Is(err, indexer.ErrOverloaded) && q.Book {
+		// A retry of a route whose booking made its rank (or the last
+		// free one) busy: the request is booked, so the answer is its
+		// rank, not a refusal that leaves the load counted with nobody
+		// to free it. The booking's apply below confirms it.
+		if r, ok := n.fsm.Sequences().RankOf(q.RequestID); ok && sc.dec.Keep(r) {
+			err = nil
+		}
+	}
 	if err != nil {
 		// On ErrOverloaded the scores are for the operator: all of them.
 		res.Decision = sc.dec
