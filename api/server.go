@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -431,11 +432,14 @@ func reply(w http.ResponseWriter, code int, v any) error {
 }
 
 // decodeJSON decodes the body into v strictly: one JSON object, no unknown
-// field, nothing after it. An empty body is an error unless optional.
+// field, nothing after it. An empty body is an error unless optional. The
+// body must be an object: encoding/json decodes a null into a struct as
+// nothing at all, which would make "null" a request of every default.
 func decodeJSON(r *http.Request, v any, optional bool) error {
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	// A small buffer: the decoder's own large reads pass through it.
+	br := bufio.NewReaderSize(r.Body, 16)
+	c, err := firstNonSpace(br)
+	if err != nil {
 		if errors.Is(err, io.EOF) {
 			if optional {
 				return nil
@@ -443,6 +447,15 @@ func decodeJSON(r *http.Request, v any, optional bool) error {
 			return &httpError{code: http.StatusBadRequest, reason: ReasonBadJSON,
 				err: errors.New("the body is empty (want a JSON object)")}
 		}
+		return jsonError(err)
+	}
+	if c != '{' {
+		return &httpError{code: http.StatusBadRequest, reason: ReasonBadJSON,
+			err: fmt.Errorf("the body starts with %q (want a JSON object)", c)}
+	}
+	dec := json.NewDecoder(br)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
 		return jsonError(err)
 	}
 	if err := dec.Decode(new(json.RawMessage)); !errors.Is(err, io.EOF) {
@@ -456,6 +469,22 @@ func decodeJSON(r *http.Request, v any, optional bool) error {
 		return jsonError(err)
 	}
 	return nil
+}
+
+// firstNonSpace returns the first byte of br that is not JSON whitespace
+// and leaves it unread.
+func firstNonSpace(br *bufio.Reader) (byte, error) {
+	for {
+		c, err := br.ReadByte()
+		if err != nil {
+			return 0, err
+		}
+		switch c {
+		case ' ', '\t', '\n', '\r':
+			continue
+		}
+		return c, br.UnreadByte()
+	}
 }
 
 func jsonError(err error) error {

@@ -134,6 +134,14 @@ func TestRoutes(t *testing.T) {
 			check: func(t *testing.T, a answer) {}},
 		{name: "settings bad view", method: "PUT", path: "/v1/settings", body: `{"view":"fancy"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"fancy"}},
 		{name: "settings negative", method: "PUT", path: "/v1/settings", body: `{"params":{"temperature":-1}}`, code: 400, reason: api.ReasonInvalid, msg: []string{"temperature"}},
+		// A null decodes into a struct as nothing: it must not stand for
+		// a body of every default (settings reset, a rank emptied).
+		{name: "settings null", method: "PUT", path: "/v1/settings", body: ` null `, code: 400, reason: api.ReasonBadJSON, msg: []string{"JSON object"}},
+		{name: "settings number", method: "PUT", path: "/v1/settings", body: `5`, code: 400, reason: api.ReasonBadJSON, msg: []string{"JSON object"}},
+		{name: "dump null", setup: withWorkers, method: "POST", path: "/v1/ranks/1/0/dump", body: `null`, code: 400, reason: api.ReasonBadJSON},
+		{name: "route null", method: "POST", path: "/v1/route", body: "\n null", code: 400, reason: api.ReasonBadJSON},
+		{name: "register null", method: "POST", path: "/v1/workers", body: `null`, code: 400, reason: api.ReasonBadJSON},
+		{name: "transfer null", method: "POST", path: "/v1/cluster/leader/transfer", body: `null`, code: 400, reason: api.ReasonBadJSON},
 
 		// events
 		{name: "events", method: "POST", path: "/v1/events", body: events(storedEv, removedEv), code: 200,
