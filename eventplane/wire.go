@@ -325,6 +325,19 @@ func decodeEvents(b []byte, maxEvents int) ([]raftfsm.RankBatch, error) {
 		r.fail("message type %d, want events", t)
 	}
 	nb := r.count(4)
+	switch {
+	case r.err != nil:
+	case nb == 0:
+		// Nothing to apply, yet a queue slot and an acknowledgement.
+		r.fail("a request of no rank batch")
+	case nb > maxEvents:
+		// Every batch holds an event: refused before the batches are
+		// allocated (40 bytes each, against 4 on the wire).
+		r.fail("request of more than %d events", maxEvents)
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
 	batches := make([]raftfsm.RankBatch, 0, nb)
 	total := 0
 	for i := 0; i < nb && r.err == nil; i++ {

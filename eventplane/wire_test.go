@@ -54,6 +54,25 @@ func TestEventsOverTheCapAreRefused(t *testing.T) {
 		}
 	})
 	t.Logf("%d bytes, refused with %.0f allocations", len(b), allocs)
+
+	// A batch count above the cap (but within the message, at 4 bytes a
+	// batch) is refused before the batches are allocated: each batch
+	// holds an event. An 8 MiB request allocated 86 MiB of batches before.
+	forged := []byte{wireMagic0, wireMagic1, wireVersion, msgEvents}
+	forged = binary.AppendUvarint(forged, (8<<20-16)/4)
+	for len(forged) < 8<<20 {
+		forged = append(forged, 1, 0, 1, 1, 0, byte(kvevent.KindCleared))
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := decodeEvents(forged, 1<<16)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a count of 2^21 batches under a cap of 2^16 events: err = %v, want ErrMalformed", err)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20 {
+		t.Fatalf("refusing a forged batch count allocated %d bytes", alloc)
+	}
 }
 
 func TestMalformedMessagesAreRejected(t *testing.T) {
@@ -66,6 +85,7 @@ func TestMalformedMessagesAreRejected(t *testing.T) {
 		"truncated":   good[:len(good)-3],
 		"trailing":    append(clone(good), 0),
 		"huge count":  {'K', 'E', 1, msgEvents, 0xff, 0xff, 0xff, 0xff, 0x0f},
+		"no batch":    {'K', 'E', 1, msgEvents, 0},
 		"first id 0":  {'K', 'E', 1, msgEvents, 1, 1, 0, 0, 1, byte(kvevent.TierDevice), byte(kvevent.KindCleared)},
 		"bad kind":    {'K', 'E', 1, msgEvents, 1, 1, 0, 1, 1, 0, 9},
 		"bad tier":    {'K', 'E', 1, msgEvents, 1, 1, 0, 1, 1, 9, byte(kvevent.KindCleared)},
