@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math"
 	"os"
@@ -336,13 +337,30 @@ func checkSnapshot(r io.Reader, like *indexer.Index) (SnapshotInfo, error) {
 		return SnapshotInfo{}, err
 	}
 	b := newStateBuilder()
-	// As restoreFrom loads it: the applied record is left out.
+	// As restoreFrom loads it: the applied record is left out, and the
+	// keys must rise strictly, as the state's sorted tables refuse them
+	// otherwise (store.SortedTable.Set). Whatever the restore would
+	// refuse must be refused here: Raft's user restore panics when the
+	// FSM's Restore fails.
 	skip := func(kind byte) bool { return kind == store.KindApplied }
+	var prev []byte
+	var orderErr error
+	add := func(k, v []byte) error {
+		if prev != nil && bytes.Compare(k, prev) <= 0 {
+			orderErr = fmt.Errorf("%w: %w: record keys out of order", ErrBadSnapshot, store.ErrCorrupt)
+			return orderErr
+		}
+		prev = append(prev[:0], k...)
+		return b.add(k, v)
+	}
 	batch := &recBatch{}
 	for {
 		batch.Reset()
 		end, err := s.fill(batch, skip)
-		_ = batch.Each(b.add) // its error comes back from b.wait
+		_ = batch.Each(add) // b.add's error comes back from b.wait
+		if err == nil {
+			err = orderErr
+		}
 		if err != nil {
 			b.wait()
 			return SnapshotInfo{}, err
@@ -548,6 +566,13 @@ func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 		if _, err := os.Stat(filepath.Join(dataDir, sub)); err == nil {
 			return fmt.Errorf("%w: %s already holds state; seed a new, empty directory", ErrInvalid, dataDir)
 		}
+	}
+	// Raft snapshots are state too (raft.HasExistingState): a node would
+	// not bootstrap, and would restore the newest of them over the seed.
+	if ents, err := os.ReadDir(filepath.Join(dataDir, "snapshots")); err == nil && len(ents) > 0 {
+		return fmt.Errorf("%w: %s already holds Raft snapshots (%s); seed a new, empty directory", ErrInvalid, dataDir, filepath.Join(dataDir, "snapshots"))
+	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
 	f, err := os.Open(snapshotPath)
 	if err != nil {

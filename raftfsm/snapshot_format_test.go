@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -280,6 +281,36 @@ func TestSeedDataDirChecksTheStream(t *testing.T) {
 	}
 }
 
+// TestSeedDataDirRefusesRaftSnapshots: a directory whose fsm/ and raft/
+// were removed but whose snapshots/ holds one is refused. From a review:
+// it was seeded, and the node, finding Raft state, did not bootstrap and
+// restored the old snapshot over the seed. An empty snapshots/ is fine.
+func TestSeedDataDirRefusesRaftSnapshots(t *testing.T) {
+	peers := []Member{{ID: "n1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}}
+	_, snap := fixtureSnapshot(t)
+	good := filepath.Join(t.TempDir(), "good.snap")
+	if err := os.WriteFile(good, snap, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "node")
+	old := filepath.Join(dir, "snapshots", "2-43-1700000000000")
+	if err := os.MkdirAll(old, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := SeedDataDir(good, dir, "n1", peers); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("seed into a directory holding a Raft snapshot: %v, want ErrInvalid", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "fsm")); !os.IsNotExist(err) {
+		t.Fatalf("a refused seed wrote %s/fsm", dir)
+	}
+	if err := os.Remove(old); err != nil {
+		t.Fatal(err)
+	}
+	if err := SeedDataDir(good, dir, "n1", peers); err != nil {
+		t.Fatalf("seed into a directory with an empty snapshots/: %v", err)
+	}
+}
+
 // TestRestoreRefusesABadOrphan: a rank's held orphan of an unknown tier
 // is refused at restore (ErrBadSnapshot, state unchanged); loaded, it
 // would have failed the apply that later adopts it, on every replica.
@@ -318,6 +349,57 @@ func TestRestoreRefusesALongKey(t *testing.T) {
 			t.Errorf("check of a booking id of %d bytes: %v, want ErrBadSnapshot", n, err)
 		}
 		g.Close()
+	}
+}
+
+// TestCheckRefusesKeysOutOfOrder: a stream whose checksum and counts are
+// good but two records of one kind are swapped (or one is repeated) is
+// refused by the check before a user restore, as the restore refuses it.
+// From a review: the check only checked the kinds' order, and Raft's user
+// restore panics when FSM.Restore fails, which took the process down.
+func TestCheckRefusesKeysOutOfOrder(t *testing.T) {
+	_, snap := fixtureSnapshot(t)
+	s := newSnapReader(bytes.NewReader(snap))
+	if err := s.header(); err != nil {
+		t.Fatal(err)
+	}
+	var recs []rec
+	counts := map[byte]uint64{}
+	for {
+		k, v, err := s.next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k == nil {
+			break
+		}
+		recs = append(recs, rec{bytes.Clone(k), bytes.Clone(v)})
+		counts[k[0]]++
+	}
+	i := 0 // two neighbours of one kind: i and i+1
+	for i+1 < len(recs) && recs[i].k[0] != recs[i+1].k[0] {
+		i++
+	}
+	if i+1 == len(recs) {
+		t.Fatal("the fixture has no two records of one kind")
+	}
+	swapped := slices.Clone(recs)
+	swapped[i], swapped[i+1] = swapped[i+1], swapped[i]
+	repeated := slices.Clone(recs)
+	repeated[i+1] = repeated[i]
+	for name, rs := range map[string][]rec{"swapped": swapped, "repeated": repeated} {
+		stream := buildStream(snapshotVersion, rs, map[byte]uint64{}, counts)
+		if _, err := checkSnapshot(bytes.NewReader(stream), indexer.New(indexer.Config{})); !errors.Is(err, ErrBadSnapshot) {
+			t.Errorf("check of a stream with two records %s: %v, want ErrBadSnapshot", name, err)
+		}
+		g := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+		if err := g.Restore(nopCloser{bytes.NewReader(stream)}); !errors.Is(err, ErrBadSnapshot) {
+			t.Errorf("restore of a stream with two records %s: %v, want ErrBadSnapshot", name, err)
+		}
+		g.Close()
+	}
+	if _, err := checkSnapshot(bytes.NewReader(buildStream(snapshotVersion, recs, map[byte]uint64{}, counts)), indexer.New(indexer.Config{})); err != nil {
+		t.Fatalf("the stream rebuilt unchanged: %v", err)
 	}
 }
 
