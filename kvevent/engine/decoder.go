@@ -348,7 +348,10 @@ func (d *Decoder) readEvents(b []byte, out *Batch) ([]byte, error) {
 const (
 	storedUses  = 1<<fHashes | 1<<fParent | 1<<fTokens | 1<<fBlockSize | 1<<fMedium | 1<<fLoraName | 1<<fGroup | 1<<fKind
 	removedUses = 1<<fHashes | 1<<fMedium | 1<<fGroup | 1<<fKind
-	clearedUses = 1<<fGroup | 1<<fKind
+	// AllBlocksCleared has no fields (wire.md): a clear wipes the rank in
+	// every tier and group, so no group or kind sent with one (the map
+	// encoding reads them) can cost it, as none can in the array one.
+	clearedUses = 0
 )
 
 // convert applies the rules of wire.md and semantics.md §1–2 to one wire
@@ -372,13 +375,13 @@ func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
 	if e.bad&uses != 0 {
 		return ReasonBadField, false
 	}
-	if !d.mainGroup(e) {
-		return ReasonNotMainGroup, false
-	}
 	if e.typ == evCleared {
 		out.Events = append(out.Events, kvevent.Event{Kind: kvevent.KindCleared})
 		d.spans = append(d.spans, span{})
 		return 0, true
+	}
+	if !d.mainGroup(e) {
+		return ReasonNotMainGroup, false
 	}
 
 	tier, ok := d.tier(e.medium)

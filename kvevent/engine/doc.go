@@ -52,7 +52,8 @@
 //     That last rule misfiles removes of hybrid models whose full-attention
 //     group is not group 0 (a BlockRemoved carries no kind): with
 //     Config.LearnGroupKinds, a group's kind learned from its stores decides
-//     instead.
+//     instead. A clear has no fields: it is kept whatever group or kind
+//     it carries (it clears the rank in every group and tier).
 //  3. The medium names a tier per kvevent.ParseMedium, nil being the device
 //     (ReasonUnknownMedium).
 //  4. A store or remove has hashes (ReasonNoBlocks), none repeated

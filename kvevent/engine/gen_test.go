@@ -249,10 +249,9 @@ func (m *model) event(g *genEvent) (kvevent.Event, Reason, bool) {
 	var none kvevent.Event
 	fields, known := genFields[g.Type]
 	if g.Type == "AllBlocksCleared" {
-		fields, known = []string{"group_idx", "kv_cache_spec_kind"}, true
-		if !g.Map {
-			fields = nil // the array form of a clear has no fields
-		}
+		// A clear has no fields, in either form: whatever it carries, it
+		// clears the rank.
+		return kvevent.Event{Kind: kvevent.KindCleared}, 0, true
 	}
 	if !known {
 		return none, ReasonUnknownType, false
@@ -263,18 +262,13 @@ func (m *model) event(g *genEvent) (kvevent.Event, Reason, bool) {
 	if g.Bad != "" && fieldOf[g.Bad] != "" && slices.Contains(fields, g.Bad) {
 		return none, ReasonBadField, false
 	}
-	if g.Map || g.Type != "AllBlocksCleared" {
-		switch {
-		case g.Kind != nil && (g.Map || g.Type == "BlockStored"):
-			if *g.Kind != "full_attention" {
-				return none, ReasonNotMainGroup, false
-			}
-		case g.Group != nil && *g.Group != 0:
+	switch {
+	case g.Kind != nil && (g.Map || g.Type == "BlockStored"):
+		if *g.Kind != "full_attention" {
 			return none, ReasonNotMainGroup, false
 		}
-	}
-	if g.Type == "AllBlocksCleared" {
-		return kvevent.Event{Kind: kvevent.KindCleared}, 0, true
+	case g.Group != nil && *g.Group != 0:
+		return none, ReasonNotMainGroup, false
 	}
 	tier := kvevent.TierDevice
 	if g.Medium != nil {

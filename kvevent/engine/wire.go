@@ -444,7 +444,11 @@ func readField(b []byte, f field, e *wireEvent) ([]byte, error) {
 	case fParent:
 		e.parent, rest, ok, err = readHash(b)
 	case fBlockSize:
-		e.blockSize, rest, ok, err = readUint(b, maxBlockSize)
+		// Any positive size is read: one unlike the registered size
+		// drops the event's blocks as a block-size mismatch (counted
+		// where an operator looks for a worker registered wrong), not as
+		// a bad field.
+		e.blockSize, rest, ok, err = readUint(b, math.MaxUint64)
 		ok = ok && e.blockSize > 0
 	case fGroup:
 		e.group, rest, ok, err = readUint(b, math.MaxInt64)
