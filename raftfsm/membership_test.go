@@ -260,3 +260,96 @@ func TestNotLeaderNeverNamesItself(t *testing.T) {
 		t.Fatalf("notLeader on the node Raft names leader: %v, want no leader known", err)
 	}
 }
+
+// TestANodeAloneFollowsNoOtherCluster: a node bootstrapped alone (kvrouter
+// without --peers or --join) that an operator adds to another cluster
+// refuses that cluster's leader, and keeps its state; started again to
+// join (no peers), it refuses to start. From a review: its log's entries
+// and its applied index passed for the cluster's, and it served a state
+// of its own under the cluster's applied index. A node alone that adds a
+// member still grows into a cluster that any member may lead.
+func TestANodeAloneFollowsNoOtherCluster(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	_, l := c.leaderExcept(-1)
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	_, tr := raft.NewInmemTransport("inmem-n4")
+	c.trans = append(c.trans, tr)
+	c.heal()
+	self := Member{ID: "n4", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n4"}
+	dir := filepath.Join(t.TempDir(), "n4")
+	n4, err := NewNode(Config{ID: "n4", RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: dir,
+		Peers: []Member{self}, Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes = append(c.nodes, n4)
+	waitFor(t, 10*time.Second, "n4 to lead its own cluster", func() bool { return n4.IsLeader() && n4.ledThisTerm() })
+	if err := n4.RegisterWorker(ctx(t), WorkerInfo{ID: 99, BlockSize: 32}); err != nil {
+		t.Fatal(err)
+	}
+	before, applied := n4.fsm.Digest(), n4.fsm.applied.Load()
+
+	if err := l.AddMember(ctx(t), "n4", self.RaftAddr, self.HTTPAddr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 5, 3)}}); err != nil {
+		t.Fatal(err) // three of four voters commit
+	}
+	waitFor(t, 10*time.Second, "n4 to refuse the cluster's leader", func() bool { return n4.watch.refused.Load() > 0 })
+	if _, ok := n4.fsm.Workers()[1]; ok || n4.fsm.Digest() != before || n4.fsm.applied.Load() != applied {
+		t.Fatalf("n4 took the cluster's entries: workers %v, digest %#x (was %#x), applied %d (was %d)",
+			n4.fsm.Workers(), n4.fsm.Digest(), before, n4.fsm.applied.Load(), applied)
+	}
+	if !n4.IsLeader() {
+		t.Fatal("n4 stepped down for the other cluster's leader")
+	}
+	if err := l.RemoveMember(ctx(t), "n4"); err != nil {
+		t.Fatal(err)
+	}
+	c.nodes = c.nodes[:3]
+	n4.Close()
+
+	// Started again to join (no peers): refused, its state kept.
+	if _, err := NewNode(Config{ID: "n4", RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: dir,
+		Transport: tr, Logger: quiet}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a node alone started to join: %v, want ErrInvalid", err)
+	}
+
+	// A node alone that adds a member: the new one may lead it. (On a new
+	// transport, cut off from the other cluster, whose leader's last RPCs
+	// may wait in the old one.)
+	c.isolate(3)
+	_, tr = raft.NewInmemTransport(raft.ServerAddress(self.RaftAddr))
+	_, tr5 := raft.NewInmemTransport("inmem-n5")
+	tr.Connect(tr5.LocalAddr(), tr5)
+	tr5.Connect(tr.LocalAddr(), tr)
+	n4, err = NewNode(Config{ID: "n4", RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: dir,
+		Peers: []Member{self}, Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n4.Close()
+	n5, err := NewNode(Config{ID: "n5", RaftAddr: string(tr5.LocalAddr()), HTTPAddr: "http-n5",
+		DataDir: filepath.Join(t.TempDir(), "n5"), Transport: tr5, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n5.Close()
+	waitFor(t, 10*time.Second, "n4 to lead again", func() bool { return n4.IsLeader() && n4.ledThisTerm() })
+	if err := n4.AddMember(ctx(t), "n5", string(tr5.LocalAddr()), "http-n5"); err != nil {
+		t.Fatal(err)
+	}
+	if err := n4.TransferLeadership(ctx(t), "n5"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n5 to lead n4", func() bool { return n5.IsLeader() && n5.ledThisTerm() })
+	if err := n5.RegisterWorker(ctx(t), WorkerInfo{ID: 5, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n4 to follow n5", func() bool { _, ok := n4.fsm.Workers()[5]; return ok })
+	if n4.watch.refused.Load() != 0 {
+		t.Fatalf("n4 refused %d RPCs of its own cluster's leader", n4.watch.refused.Load())
+	}
+}

@@ -316,10 +316,18 @@ func (n *Node) startRaft() error {
 		}
 	}
 	var watched raft.Transport
-	watched, n.watch = watchCommits(n.trans)
+	watched, n.watch = watchCommits(n.trans, n.cfg.ID, n.logger)
 	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.logs, n.snaps, watched); err != nil {
 		return fmt.Errorf("start raft: %w", err)
 	}
+	// Raft has read its configuration from the log and snapshots. A node
+	// told to join (no peers) must not hold a cluster of its own: its
+	// state would pass for the cluster's (commitWatch).
+	if len(n.cfg.Peers) == 0 && n.alone() {
+		return fmt.Errorf("%w: %s holds a cluster of its own (this node its only member); to join another cluster, start with an empty data directory",
+			ErrInvalid, n.cfg.DataDir)
+	}
+	n.watch.setAlone(n.alone)
 	// Watched from the start: the first leader may win before NewNode
 	// returns; countLeaders reads what this buffers meanwhile.
 	n.leaders = make(chan raft.Observation, 64)
@@ -329,6 +337,14 @@ func (n *Node) startRaft() error {
 	})
 	n.raft.RegisterObserver(n.leaderObs)
 	return nil
+}
+
+// alone reports whether the node's latest configuration (committed or
+// not) is this node alone (commitWatch.setAlone). It allocates a future
+// and reads an atomic: cheap enough for every RPC a leader sends.
+func (n *Node) alone() bool {
+	s := n.raft.GetConfiguration().Configuration().Servers
+	return len(s) == 1 && string(s[0].ID) == n.cfg.ID
 }
 
 // abortStart undoes a NewNode that failed: Raft stops (the FSM was

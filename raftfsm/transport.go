@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -45,6 +46,16 @@ func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger
 // index as first heard after the start is a point the node must reach
 // before it is ready (checkReady). The leader sends it at least every
 // CommitTimeout, entries or not.
+//
+// It also keeps a node that is a cluster of its own from following
+// another cluster's leader (setAlone): while the node's configuration is
+// itself alone, an AppendEntries, InstallSnapshot or TimeoutNow from
+// another server is refused. Such a node was bootstrapped alone (kvrouter
+// without --peers or --join) and then added to another cluster (kvctl
+// members add): its log's entries, or the applied index of its state,
+// would pass for the cluster's, and it would serve a state of its own
+// under the cluster's applied index. No RPC passes before the node has
+// said whether it is alone.
 type commitWatch struct {
 	raft.Transport
 	out    chan raft.RPC
@@ -52,12 +63,19 @@ type commitWatch struct {
 	done   chan struct{}
 	first  atomic.Uint64 // the first leader commit index heard; 0: none yet
 	closed sync.Once
+
+	self     string        // this node's server id
+	alone    func() bool   // whether the node's latest configuration is itself alone
+	aloneSet chan struct{} // closed by setAlone
+	refused  atomic.Uint64 // RPCs refused while alone
+	logger   *slog.Logger
 }
 
 // watchCommits wraps t; close stops its goroutine. The wrapper is a
 // raft.WithPreVote when t is.
-func watchCommits(t raft.Transport) (raft.Transport, *commitWatch) {
-	w := &commitWatch{Transport: t, out: make(chan raft.RPC), stop: make(chan struct{}), done: make(chan struct{})}
+func watchCommits(t raft.Transport, self string, logger *slog.Logger) (raft.Transport, *commitWatch) {
+	w := &commitWatch{Transport: t, out: make(chan raft.RPC), stop: make(chan struct{}), done: make(chan struct{}),
+		self: self, aloneSet: make(chan struct{}), logger: logger}
 	go w.run(t.Consumer())
 	if pv, ok := t.(raft.WithPreVote); ok {
 		return &commitWatchPreVote{commitWatch: w, pv: pv}, w
@@ -67,9 +85,23 @@ func watchCommits(t raft.Transport) (raft.Transport, *commitWatch) {
 
 func (w *commitWatch) run(in <-chan raft.RPC) {
 	defer close(w.done)
+	select {
+	case <-w.aloneSet:
+	case <-w.stop:
+		return
+	}
 	for {
 		select {
 		case rpc := <-in:
+			if from, ok := w.foreign(rpc); ok {
+				if k := w.refused.Add(1); k&(k-1) == 0 { // the 1st, 2nd, 4th, 8th, ... refusal
+					w.logger.Error("refusing a leader's RPC: this node is a cluster of its own; "+
+						"remove it from the other cluster, or wipe its data directory and start it with --join",
+						"from", from, "refused", k)
+				}
+				rpc.Respond(nil, fmt.Errorf("%w: server %s is a cluster of its own and follows no other leader", ErrInvalid, w.self))
+				continue
+			}
 			if ae, ok := rpc.Command.(*raft.AppendEntriesRequest); ok && ae.LeaderCommitIndex > 0 {
 				w.first.CompareAndSwap(0, ae.LeaderCommitIndex)
 			}
@@ -82,6 +114,30 @@ func (w *commitWatch) run(in <-chan raft.RPC) {
 			return
 		}
 	}
+}
+
+// setAlone gives the watch the node's test of being alone, asked on every
+// RPC that a leader sends, and lets RPCs through. Call it once.
+func (w *commitWatch) setAlone(alone func() bool) {
+	w.alone = alone
+	close(w.aloneSet)
+}
+
+// foreign reports whether rpc comes from another server that would lead
+// this node while it is alone, and which.
+func (w *commitWatch) foreign(rpc raft.RPC) (string, bool) {
+	var h raft.RPCHeader
+	switch c := rpc.Command.(type) {
+	case *raft.AppendEntriesRequest:
+		h = c.RPCHeader
+	case *raft.InstallSnapshotRequest:
+		h = c.RPCHeader
+	case *raft.TimeoutNowRequest:
+		h = c.RPCHeader
+	default:
+		return "", false
+	}
+	return string(h.ID), string(h.ID) != w.self && w.alone()
 }
 
 // Consumer implements raft.Transport: the RPCs, after the watch.
