@@ -708,3 +708,26 @@ func TestSnapshotByAppliedBytes(t *testing.T) {
 		return n.fsm.BytesSinceSnapshot() < 16<<10
 	})
 }
+
+// TestStartRemovesARestoresLeftoverSpool: a restore spools its stream into
+// the data directory; a crash leaves the file, which the next start
+// removes (nothing reads it again, and it may be as large as the state).
+func TestStartRemovesARestoresLeftoverSpool(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	c.leader()
+	c.stop(0)
+	spool := filepath.Join(c.dirs[0], "restore-123.snap")
+	other := filepath.Join(c.dirs[0], "backup.snap") // not a spool: kept
+	for _, p := range []string{spool, other} {
+		if err := os.WriteFile(p, []byte("half a stream"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.start(0)
+	if _, err := os.Stat(spool); !os.IsNotExist(err) {
+		t.Fatalf("the leftover spool is still there (%v)", err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Fatalf("a file that is not a spool was removed: %v", err)
+	}
+}

@@ -181,6 +181,15 @@ func NewNode(cfg Config) (*Node, error) {
 	if n.dirLock, err = lockDataDir(cfg.DataDir); err != nil {
 		return nil, err
 	}
+	// A restore's spool (RestoreSnapshot) left by a crash: nothing reads
+	// it again, and it may be as large as the state.
+	if spools, err := filepath.Glob(filepath.Join(cfg.DataDir, "restore-*.snap")); err == nil {
+		for _, p := range spools {
+			if err := os.Remove(p); err != nil {
+				n.logger.Warn("removing a restore's leftover spool failed", "path", p, "err", err)
+			}
+		}
+	}
 	ok := false
 	defer func() {
 		if !ok {
