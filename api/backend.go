@@ -16,10 +16,11 @@ import (
 // through Raft: on a follower they return an error wrapping
 // raftfsm.ErrNotLeader (a *raftfsm.NotLeaderError that carries the
 // leader's HTTP address), which the Server turns into a forward to the
-// leader, or raftfsm.ErrNoLeader when no leader is known. A write must not
-// have changed anything when it returns ErrNotLeader or ErrNoLeader, and
-// every write must be safe to retry (a write that timed out may still
-// apply).
+// leader, or raftfsm.ErrNoLeader when no leader is known. Every write must
+// be safe to retry: the Server forwards one that answered ErrNotLeader,
+// and a write may still apply after that answer (a leader that lost its
+// leadership with the entry in its log: the next leader may commit it), as
+// after a timeout.
 //
 // The Server validates every argument before calling a method; a Backend
 // may still refuse one with raftfsm.ErrInvalid. Methods are called
