@@ -1,11 +1,13 @@
 package eventplane
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -361,4 +363,137 @@ func TestFailingDumpHoldsOnlyItsRank(t *testing.T) {
 		acked, _ := p.Cursor(fine)
 		return acked == 1
 	})
+}
+
+// cursorTarget is a leader that keeps per-rank cursors as the state
+// machine does: ids at or below the cursor are duplicates, the next one
+// applies, one past it is a gap; a dump below the cursor is stale.
+// applied holds the events applied since the last dump.
+type cursorTarget struct {
+	mu      sync.Mutex
+	cursor  map[kvevent.Rank]uint64
+	dumps   int
+	applied []kvevent.Event
+}
+
+func newCursorTarget() *cursorTarget { return &cursorTarget{cursor: map[kvevent.Rank]uint64{}} }
+
+func (t *cursorTarget) IngestEvents(_ context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	acks := make([]raftfsm.RankAck, len(bs))
+	for i, b := range bs {
+		cur := t.cursor[b.Rank]
+		a := raftfsm.RankAck{Rank: b.Rank}
+		for _, ev := range b.Events {
+			if ev.EventID <= cur {
+				a.Dups++
+				continue
+			}
+			if ev.EventID != cur+1 {
+				a.Gap = true
+				break
+			}
+			cur = ev.EventID
+			a.Applied++
+			t.applied = append(t.applied, ev)
+		}
+		t.cursor[b.Rank] = cur
+		a.Cursor = cur
+		acks[i] = a
+	}
+	return acks, nil
+}
+
+func (t *cursorTarget) ReplaceRank(_ context.Context, r kvevent.Rank, cursor uint64, _ []kvevent.Event) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if cur := t.cursor[r]; cursor < cur {
+		return &raftfsm.StaleDumpError{Cursor: cur}
+	}
+	t.cursor[r] = cursor
+	t.dumps++
+	t.applied = nil
+	return nil
+}
+
+func (t *cursorTarget) IsLeader() bool                                 { return true }
+func (t *cursorTarget) WorkerTable() map[uint64]raftfsm.WorkerInfo     { return nil }
+func (t *cursorTarget) DeregisterWorker(context.Context, uint64) error { return nil }
+
+// ingesting reports whether in holds the event subscriptions.
+func ingesting(in *Ingester) bool {
+	var m dto.Metric
+	_ = in.m.subs.Write(&m)
+	return m.GetGauge().GetValue() == 1
+}
+
+// TestRenumberingPastPublishedIDsDoesNotReapplyEvents: the owner
+// publishes while a stale dump is out, past the router's cursor; the
+// publisher renumbers, and the next dump reports its through in the ids
+// Publish returned before the renumbering. That through must be taken as
+// an old id: no event is sent after the dump that holds them all. From
+// the event-plane review: the renumbering moved the ids past the router's
+// cursor only (50), so the old through 80 read as a new id, and the 50
+// events above it were applied again on top of the dump.
+func TestRenumberingPastPublishedIDsDoesNotReapplyEvents(t *testing.T) {
+	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	tg := newCursorTarget()
+	r := kvevent.Rank{Worker: 9}
+	tg.cursor[r] = 50 // an earlier incarnation's
+	in, err := NewIngester(IngesterConfig{Conn: connect(t, s.ClientURL()), Node: tg, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	// The first dump must meet the ingester: one retried for want of a
+	// responder would be built again, after the events below.
+	waitFor(t, 10*time.Second, "the ingester's subscriptions", func() bool { return ingesting(in) })
+	o := newOwner(3)
+	ctx := ctxT(t)
+	calls := 0 // the publisher's loop alone calls dump
+	dump := func(r kvevent.Rank) ([]kvevent.Event, uint64) {
+		calls++
+		stored, through := o.dump(r)
+		if calls == 1 {
+			// Published after the dump was built, before its stale reply:
+			// ids 1..80, past the router's cursor.
+			for range 80 {
+				o.step(ctx, t, r)
+			}
+		}
+		return stored, through
+	}
+	p, err := NewPublisher(PublisherConfig{Conn: connect(t, s.ClientURL()), Dump: dump, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	o.pub = p
+	p.Resync(r)
+	waitFor(t, 10*time.Second, "the dump and the events", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		return tg.dumps == 1 && p.Pending() == 0
+	})
+	waitFor(t, 10*time.Second, "the publisher's cursor to be the router's", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		acked, _ := p.Cursor(r)
+		return acked == tg.cursor[r]
+	})
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	if n := len(tg.applied); n != 0 {
+		_, last := p.Cursor(r)
+		t.Fatalf("router cursor %d, publisher last %d, owner last %d: %d events applied after the dump that already held every one of them, the first with id %d",
+			tg.cursor[r], last, o.ranks[r].last, n, tg.applied[0].EventID)
+	}
+	if calls != 2 {
+		t.Fatalf("the owner built %d dumps, want 2 (the stale one and the one after the renumbering)", calls)
+	}
 }

@@ -129,11 +129,13 @@ type rankBuf struct {
 	// RouterResyncEvery makes it dump (nextDump), unless an ack without
 	// the flag or a dump comes first.
 	routerAsked, routerDue time.Time
-	// floor and shift record renumbering (sendDump): the router's cursor
-	// the ids were last moved past, and how far they moved in all. A
-	// dump's through below floor is in the numbering from before, and is
-	// moved by shift. renumbers counts renumberings since the last dump
-	// went through.
+	// floor and shift record renumbering (sendDump): the first id of the
+	// last renumbering's new numbering (the next id Publish would have
+	// returned before it), and how far the ids moved in all. Every id
+	// Publish returned before the renumbering is below floor and every
+	// one it returns after is at or above it, so a dump's through below
+	// floor is in the numbering from before, and is moved by shift.
+	// renumbers counts renumberings since the last dump went through.
 	floor, shift uint64
 	renumbers    int
 	// A dump that failed is retried after its own backoff, so that the
@@ -704,8 +706,20 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 		// these ids) and kept its state. Renumber the unacknowledged events
 		// past its cursor and dump again: the next dump's through is then
 		// at or above it.
-		b.renumber(cursor - through)
-		b.floor = cursor
+		//
+		// The shift also takes every id past the last one Publish returned
+		// (next-1), which may be past the router's cursor when the owner
+		// published while this dump was out: the owner may report the
+		// next dump's through in either numbering, and an old id must not
+		// read as a new one. Shifted by cursor-through alone, an old id at
+		// or above the cursor was taken as new, too low by the shift: the
+		// events between it and its translation were sent again after the
+		// dump that held them, and applied twice (from the event-plane
+		// review). With no event published meanwhile (through = next-1),
+		// through+shift is the cursor, as before.
+		oldNext := b.next
+		b.renumber(max(cursor, oldNext-1) - through)
+		b.floor = oldNext
 		b.renumbers++
 		n := b.renumbers
 		p.mu.Unlock()
