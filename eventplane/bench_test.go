@@ -32,7 +32,9 @@ func TestBenchEventsE2E(t *testing.T) {
 		batch       = 512 // events per direct call
 	)
 	eventsPerRank := uint64(benchenv.Int("KVROUTER_BENCH_EVENTS_PER_RANK", 20000))
-	c := newTestCluster(t, 3)
+	// The workers are not registered: a long run must not see their ranks
+	// removed (IngesterConfig.UnregisteredGrace).
+	c := newTestClusterWith(t, 3, IngesterConfig{UnregisteredGrace: time.Hour})
 	l := c.leader()
 	mk := func(r kvevent.Rank, id uint64) kvevent.Event {
 		ev := kvevent.Event{Rank: r, EventID: id, Kind: kvevent.KindStored, Tier: kvevent.TierDevice}

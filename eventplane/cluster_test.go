@@ -44,6 +44,13 @@ type testCluster struct {
 
 func newTestCluster(t *testing.T, n int) *testCluster {
 	t.Helper()
+	return newTestClusterWith(t, n, IngesterConfig{})
+}
+
+// newTestClusterWith is newTestCluster whose ingesters have icfg's
+// settings (its Conn, Node and Logger are each node's).
+func newTestClusterWith(t *testing.T, n int, icfg IngesterConfig) *testCluster {
+	t.Helper()
 	c := &testCluster{t: t}
 	base := t.TempDir()
 	t.Cleanup(c.close)
@@ -93,7 +100,8 @@ func newTestCluster(t *testing.T, n int) *testCluster {
 			t.Fatal(err)
 		}
 		c.conns = append(c.conns, nc)
-		in, err := NewIngester(IngesterConfig{Conn: nc, Node: node, Logger: quiet})
+		icfg.Conn, icfg.Node, icfg.Logger = nc, node, quiet
+		in, err := NewIngester(icfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,10 +2,12 @@ package eventplane
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
@@ -495,5 +497,75 @@ func TestRenumberingPastPublishedIDsDoesNotReapplyEvents(t *testing.T) {
 	}
 	if calls != 2 {
 		t.Fatalf("the owner built %d dumps, want 2 (the stale one and the one after the renumbering)", calls)
+	}
+}
+
+// TestUnregisteredWorkersRanksLeaveEveryNode: events and dumps apply for
+// any worker, registered or not; the ranks of a worker that is not
+// registered — one deregistered while its agent goes on publishing (its
+// first batch meets a gap and it dumps the rank anew), one that never
+// registered — are removed from every node once the grace has passed,
+// and a registered worker's rank stays. From the event-plane review: such
+// ranks stayed in the index, the cursors and the heard times for good.
+func TestUnregisteredWorkersRanksLeaveEveryNode(t *testing.T) {
+	c := newTestClusterWith(t, 3, IngesterConfig{UnregisteredGrace: time.Second, LeaseSweep: 50 * time.Millisecond})
+	l := c.leader()
+	n := c.nodes[l]
+	ctx := ctxT(t)
+	for _, id := range []uint64{1, 2} {
+		if err := n.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: id, BlockSize: 16}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := newOwner(21)
+	p, err := NewPublisher(PublisherConfig{Conn: connect(t, c.url(l)), Dump: o.dump, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	o.pub = p
+	kept, gone, never := kvevent.Rank{Worker: 1}, kvevent.Rank{Worker: 2}, kvevent.Rank{Worker: 3}
+	for k := range 30 {
+		o.step(ctx, t, []kvevent.Rank{kept, gone, never}[k%3])
+	}
+	waitFor(t, 10*time.Second, "the events", func() bool { return p.Pending() == 0 })
+
+	if err := n.DeregisterWorker(ctx, gone.Worker); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		o.step(ctx, t, gone)
+	}
+	waitFor(t, 10*time.Second, "the removed worker's dump to bring its rank back", func() bool {
+		return p.Pending() == 0 && n.FSM().Cursor(gone) == o.ranks[gone].last
+	})
+
+	waitFor(t, 15*time.Second, "the unregistered workers' ranks to leave every node", func() bool {
+		for _, nd := range c.nodes {
+			for _, r := range []kvevent.Rank{gone, never} {
+				if _, err := nd.DumpRank(r); nd.FSM().Cursor(r) != 0 || !errors.Is(err, indexer.ErrUnknownRank) {
+					return false
+				}
+			}
+			if len(nd.UnregisteredRanks()) != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	c.converged()
+	for i, nd := range c.nodes {
+		if got, want := nd.FSM().Cursor(kept), o.ranks[kept].last; got != want {
+			t.Errorf("node %d: the registered worker's cursor = %d, want %d", i, got, want)
+		}
+		if _, err := nd.DumpRank(kept); err != nil {
+			t.Errorf("node %d: the registered worker's rank: %v", i, err)
+		}
+		if _, ok := nd.WorkerTable()[kept.Worker]; !ok {
+			t.Errorf("node %d: the registered worker was removed", i)
+		}
+	}
+	if got := val(c.ings[l].m.unregRemoved); got < 2 {
+		t.Fatalf("kvrouter_unregistered_ranks_removed_total = %v, want at least 2 (workers 2 and 3)", got)
 	}
 }

@@ -33,6 +33,14 @@ type Target interface {
 	DeregisterWorker(ctx context.Context, id uint64) error
 }
 
+// unregisteredLister is what a Target may also do (a raftfsm.Node does):
+// list the ranks it holds state of whose worker is not registered, in
+// rank order, so that the lease sweep removes them (lease.go). A Target
+// without it has no such ranks removed.
+type unregisteredLister interface {
+	UnregisteredRanks() []kvevent.Rank
+}
+
 // IngesterConfig configures an Ingester.
 type IngesterConfig struct {
 	Conn        *nats.Conn // a connection to this node's NATS server
@@ -44,6 +52,11 @@ type IngesterConfig struct {
 	// for expired worker leases (default 250ms).
 	HeartbeatSubject string
 	LeaseSweep       time.Duration
+	// UnregisteredGrace is how long the ranks of a worker that is not
+	// registered may keep state (events or dumps sent before its
+	// registration, after its removal, or by a worker that never
+	// registers) before the leader removes them (default 2m; lease.go).
+	UnregisteredGrace time.Duration
 	// Linger is how long the first request of an entry waits for more
 	// (default 1ms); MaxEntryEvents and MaxEntryBytes end it early
 	// (defaults 16384 events, 4 MiB of encoded requests).
@@ -80,6 +93,9 @@ func (c *IngesterConfig) defaults() {
 	}
 	if c.LeaseSweep <= 0 {
 		c.LeaseSweep = 250 * time.Millisecond
+	}
+	if c.UnregisteredGrace <= 0 {
+		c.UnregisteredGrace = 2 * time.Minute
 	}
 	if c.Linger <= 0 {
 		c.Linger = time.Millisecond
@@ -214,8 +230,9 @@ type ingesterMetrics struct {
 	resyncs  *prometheus.CounterVec // reason
 	subs     prometheus.Gauge
 
-	heartbeats prometheus.Counter
-	expired    prometheus.Counter
+	heartbeats   prometheus.Counter
+	expired      prometheus.Counter
+	unregRemoved prometheus.Counter
 }
 
 func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
@@ -240,9 +257,11 @@ func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
 			Help: "Worker heartbeats received by the leader (one per worker id)."}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_worker_leases_expired_total",
 			Help: "Workers removed because the leader heard no heartbeat for their lease."}),
+		unregRemoved: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_unregistered_ranks_removed_total",
+			Help: "Ranks whose state the leader removed because their worker stayed unregistered for the unregistered grace (events or dumps of a worker removed or never registered)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.entries, m.received, m.lag, m.rejected, m.gaps, m.resyncs, m.subs, m.heartbeats, m.expired)
+		reg.MustRegister(m.requests, m.entries, m.received, m.lag, m.rejected, m.gaps, m.resyncs, m.subs, m.heartbeats, m.expired, m.unregRemoved)
 	}
 	return m
 }

@@ -219,6 +219,92 @@ func TestFailedRemovalIsRetriedAtTheNextSweep(t *testing.T) {
 	}
 }
 
+// strayTarget is a fakeTarget that also lists the ranks it holds state of
+// whose worker is not registered (raftfsm.Node.UnregisteredRanks); a
+// deregistration takes the worker's ranks off the list.
+type strayTarget struct {
+	*fakeTarget
+	stray   []kvevent.Rank // in rank order
+	strayed []uint64       // the workers whose ranks a deregistration took
+}
+
+func (t *strayTarget) UnregisteredRanks() []kvevent.Rank {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []kvevent.Rank
+	for _, r := range t.stray {
+		if _, ok := t.workers[r.Worker]; !ok {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (t *strayTarget) DeregisterWorker(ctx context.Context, id uint64) error {
+	t.mu.Lock()
+	n := len(t.stray)
+	t.stray = slices.DeleteFunc(t.stray, func(r kvevent.Rank) bool { return r.Worker == id })
+	if len(t.stray) < n {
+		t.strayed = append(t.strayed, id)
+	}
+	t.mu.Unlock()
+	return t.fakeTarget.DeregisterWorker(ctx, id)
+}
+
+func (t *strayTarget) strayedIDs() []uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.strayed)
+}
+
+// TestUnregisteredWorkersRanksAreRemovedAfterTheGrace: the ranks of a
+// worker that is not registered (its agent publishes after its removal,
+// or never registered) are removed once it stays so for the grace from
+// the leader's first sighting; a worker that registers meanwhile keeps
+// its ranks. From the event-plane review: such ranks were never removed.
+func TestUnregisteredWorkersRanksAreRemovedAfterTheGrace(t *testing.T) {
+	tg := &strayTarget{fakeTarget: newFakeTarget(),
+		stray: []kvevent.Rank{{Worker: 7, DP: 0}, {Worker: 7, DP: 1}, {Worker: 8, DP: 0}}}
+	const grace = 10 * time.Second
+	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0) // first seen
+	sweep(in, t0.Add(grace))
+	if r := tg.strayedIDs(); len(r) != 0 {
+		t.Fatalf("ranks of workers %v removed within the grace", r)
+	}
+	tg.register(8, 0) // registers in time: keeps its rank
+	sweep(in, t0.Add(grace+time.Millisecond))
+	if r := tg.strayedIDs(); !slices.Equal(r, []uint64{7}) {
+		t.Fatalf("ranks of workers %v removed past the grace, want [7]", r)
+	}
+	if got := val(in.m.unregRemoved); got != 2 {
+		t.Fatalf("kvrouter_unregistered_ranks_removed_total = %v, want 2 (worker 7's ranks)", got)
+	}
+	if tg.unlockedRemovals != 0 {
+		t.Fatalf("%d removals made without the node's worker-table lock", tg.unlockedRemovals)
+	}
+	if n := len(in.leases.unreg); n != 0 {
+		t.Fatalf("the leader remembers %d unregistered workers, want none", n)
+	}
+
+	// Worker 7's agent sends on, and dumps its rank anew: a new grace.
+	tg.mu.Lock()
+	tg.stray = append(tg.stray, kvevent.Rank{Worker: 7})
+	tg.mu.Unlock()
+	t1 := t0.Add(time.Minute)
+	sweep(in, t1)
+	sweep(in, t1.Add(grace))
+	if r := tg.strayedIDs(); len(r) != 1 {
+		t.Fatalf("ranks of workers %v removed, want [7] once: the rank that came back has a grace of its own", r)
+	}
+	sweep(in, t1.Add(grace+time.Millisecond))
+	if r := tg.strayedIDs(); !slices.Equal(r, []uint64{7, 7}) {
+		t.Fatalf("ranks of workers %v removed, want [7 7]", r)
+	}
+}
+
 // clearedEvents returns an events request of n cleared events of rank r,
 // numbered from first.
 func clearedEvents(r kvevent.Rank, first uint64, n int) *nats.Msg {

@@ -1,13 +1,16 @@
 package eventplane
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 )
@@ -54,23 +57,33 @@ func DecodeHeartbeat(b []byte) ([]uint64, error) {
 // lacks is answered "unknown" and not remembered, and a sweep forgets the
 // workers gone from the table, so the map is bounded by the table (not by
 // what clients send).
+//
+// unreg holds, per worker that is not registered and whose ranks the
+// node holds state of (raftfsm.FSM.UnregisteredRanks), when this leader
+// first saw it so (at its first sweep, for those it inherits): like a
+// lease, a grace never runs from before the election. It is bounded by
+// those ranks, which the sweep forgets once they are gone.
 type leases struct {
 	mu     sync.Mutex
 	since  time.Time            // when this node became leader; zero when it does not lead
 	seen   map[uint64]time.Time // per registered worker: its last heartbeat, or when first seen, this term
 	expiry map[uint64]bool      // removals in flight
+	unreg  map[uint64]time.Time // per unregistered worker with rank state: when first seen so, this term
+	strays map[uint64]bool      // removals of unregistered workers' ranks in flight
 }
 
 func (l *leases) lead(now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.since, l.seen, l.expiry = now, map[uint64]time.Time{}, map[uint64]bool{}
+	l.unreg, l.strays = map[uint64]time.Time{}, map[uint64]bool{}
 }
 
 func (l *leases) stepDown() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.since, l.seen, l.expiry = time.Time{}, nil, nil
+	l.unreg, l.strays = nil, nil
 }
 
 // onHeartbeat records a heartbeat and answers the ids the cluster does not
@@ -107,10 +120,12 @@ func (in *Ingester) onHeartbeat(m *nats.Msg) {
 }
 
 // sweepLeases removes, through Raft, every leased worker not heard of for
-// its lease. It runs on the leader only.
+// its lease, and the ranks of every worker that stayed unregistered for
+// UnregisteredGrace (sweepUnregistered). It runs on the leader only.
 func (in *Ingester) sweepLeases(now time.Time) {
 	table := in.cfg.Node.WorkerTable()
 	in.dropLeftWorkers(table)
+	in.sweepUnregistered(now, table)
 	var expired []raftfsm.WorkerInfo
 	in.leases.mu.Lock()
 	if in.leases.since.IsZero() {
@@ -170,6 +185,105 @@ func (in *Ingester) sweepLeases(now time.Time) {
 					"lease", time.Duration(w.LeaseMs)*time.Millisecond)
 			default:
 				in.cfg.Logger.Warn("removing a worker whose lease expired failed; retrying", "worker", w.ID, "err", err)
+			}
+		}()
+	}
+}
+
+// sweepUnregistered removes, through Raft, the ranks of the workers that
+// are not registered and have stayed so, with state on this node, for
+// UnregisteredGrace since this leader first saw them so. Events and dumps
+// apply whether or not their worker is registered (a registration may
+// commit after an agent's first events), so an agent that goes on
+// publishing after its worker was removed (its first batch meets a gap,
+// and it dumps the rank anew), or one that never registers, would leave
+// ranks that nothing else removes. The removal is a DeregisterWorker of
+// the worker, which takes an unknown worker's ranks too; a worker that
+// registers before it is not removed.
+func (in *Ingester) sweepUnregistered(now time.Time, table map[uint64]raftfsm.WorkerInfo) {
+	l, ok := in.cfg.Node.(unregisteredLister)
+	if !ok {
+		return
+	}
+	ranks := l.UnregisteredRanks() // in rank order: a worker's ranks are adjacent
+	type stray struct {
+		id    uint64
+		ranks int
+	}
+	var due []stray
+	in.leases.mu.Lock()
+	if in.leases.since.IsZero() {
+		in.leases.mu.Unlock()
+		return
+	}
+	for id := range in.leases.unreg {
+		_, still := slices.BinarySearchFunc(ranks, id, func(r kvevent.Rank, id uint64) int { return cmp.Compare(r.Worker, id) })
+		if !still && !in.leases.strays[id] {
+			delete(in.leases.unreg, id) // registered, or removed
+		}
+	}
+	for i := 0; i < len(ranks); {
+		id, n := ranks[i].Worker, 1
+		for i+n < len(ranks) && ranks[i+n].Worker == id {
+			n++
+		}
+		i += n
+		if _, registered := table[id]; registered {
+			// The table, read before the listing, has it: it left in
+			// between. The next sweep sees it first.
+			delete(in.leases.unreg, id)
+			continue
+		}
+		if in.leases.strays[id] {
+			continue // its removal is in flight
+		}
+		first, ok := in.leases.unreg[id]
+		if !ok {
+			in.leases.unreg[id] = now
+			continue
+		}
+		if now.Sub(first) > in.cfg.UnregisteredGrace {
+			in.leases.strays[id] = true
+			due = append(due, stray{id, n})
+		}
+	}
+	in.leases.mu.Unlock()
+	for _, w := range due {
+		in.cwg.Add(1)
+		go func() {
+			defer in.cwg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
+			defer cancel()
+			// Under the node's worker-table lock, which registrations
+			// through the node take too: a worker that registered since
+			// the listing keeps its ranks.
+			unlock := raftfsm.LockWorkers(in.cfg.Node)
+			_, registered := in.cfg.Node.WorkerTable()[w.id]
+			var err error
+			if !registered {
+				err = in.cfg.Node.DeregisterWorker(ctx, w.id)
+			}
+			unlock()
+			removed := !registered && (err == nil || errors.Is(err, raftfsm.ErrUnknownWorker))
+			in.leases.mu.Lock()
+			if in.leases.strays != nil {
+				delete(in.leases.strays, w.id)
+				if removed || registered {
+					// Its ranks may come back (the agent resends and
+					// dumps): a new grace starts then. After a failure
+					// the first sighting stays: the next sweep retries.
+					delete(in.leases.unreg, w.id)
+				}
+			}
+			in.leases.mu.Unlock()
+			switch {
+			case registered:
+			case removed:
+				in.m.unregRemoved.Add(float64(w.ranks))
+				in.cfg.Logger.Warn("worker not registered for the unregistered grace; its ranks' state removed (its agent publishes without a registration)",
+					"worker", w.id, "ranks", w.ranks, "grace", in.cfg.UnregisteredGrace)
+			default:
+				in.cfg.Logger.Warn("removing the ranks of an unregistered worker failed; retrying", "worker", w.id, "err", err)
 			}
 		}()
 	}

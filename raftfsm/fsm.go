@@ -697,6 +697,35 @@ func (f *FSM) RegisteredAt(id uint64) int64 {
 	return f.registered[id]
 }
 
+// UnregisteredRanks returns, in rank order, the ranks this node holds a
+// cursor or a last-heard time of whose worker is not registered: events
+// and dumps apply whether or not their worker is registered (a
+// registration may commit after an agent's first events), so an agent
+// that goes on publishing after its worker was removed, or one that never
+// registers, leaves ranks that no deregistration takes away unless asked
+// to (the leader's sweep does, eventplane). It allocates only when there
+// are some.
+func (f *FSM) UnregisteredRanks() []kvevent.Rank {
+	workers := f.Workers()
+	var out []kvevent.Rank
+	f.curMu.RLock()
+	for r := range f.cursors {
+		if _, ok := workers[r.Worker]; !ok {
+			out = append(out, r)
+		}
+	}
+	for r := range f.heard {
+		if _, ok := workers[r.Worker]; !ok {
+			if _, dup := f.cursors[r]; !dup {
+				out = append(out, r)
+			}
+		}
+	}
+	f.curMu.RUnlock()
+	slices.SortFunc(out, kvevent.Rank.Compare)
+	return out
+}
+
 func (f *FSM) setCursor(r kvevent.Rank, c uint64) {
 	f.curMu.Lock()
 	f.cursors[r] = c
@@ -732,6 +761,13 @@ func (f *FSM) removeWorker(id uint64) error {
 		delete(f.cursors, r)
 		delete(f.heard, r)
 		f.batch.DeleteCursor(r.Worker, r.DP)
+	}
+	// A rank heard of with no cursor: its batches began past a gap, and
+	// nothing of them applied.
+	for r := range f.heard {
+		if r.Worker == id {
+			delete(f.heard, r)
+		}
 	}
 	delete(f.registered, id)
 	f.curMu.Unlock()

@@ -510,6 +510,43 @@ func TestRegistrationDroppingARankClearsIt(t *testing.T) {
 	}
 }
 
+// TestUnregisteredRanksAreListedUntilTheirWorkerIsRemoved: events and
+// dumps apply for a worker that is not registered, and its ranks are
+// listed as unregistered (the leader's sweep removes them, eventplane);
+// a deregistration of the unknown worker takes them all, a rank heard
+// of only through a batch that began past a gap included.
+func TestUnregisteredRanksAreListedUntilTheirWorkerIsRemoved(t *testing.T) {
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	var w logWriter
+	kept, dumped, gapped, other := kvevent.Rank{Worker: 1}, kvevent.Rank{Worker: 5}, kvevent.Rank{Worker: 5, DP: 2}, kvevent.Rank{Worker: 6}
+	f.ApplyBatch([]*raft.Log{
+		w.next(encodeRegister(1, &WorkerInfo{ID: 1, BlockSize: 16})),
+		w.next(encodeEvents(2, []RankBatch{{Rank: kept, Events: chainEvents(kept, 1, 2, 10)}})),
+		w.next(encodeReplace(3, dumped, 7, chainEvents(dumped, 0, 2, 20))),
+		w.next(encodeEvents(4, []RankBatch{{Rank: gapped, Events: chainEvents(gapped, 3, 1, 30)}, {Rank: other, Events: chainEvents(other, 1, 1, 40)}})),
+	})
+	if got, want := f.UnregisteredRanks(), []kvevent.Rank{dumped, gapped, other}; !slices.Equal(got, want) {
+		t.Fatalf("unregistered ranks %v, want %v", got, want)
+	}
+	res := f.ApplyBatch([]*raft.Log{w.next(encodeDeregister(5, 5))})
+	if err, _ := res[0].(error); !errors.Is(err, ErrUnknownWorker) {
+		t.Fatalf("deregistering an unknown worker: %v, want ErrUnknownWorker", res[0])
+	}
+	if got, want := f.UnregisteredRanks(), []kvevent.Rank{other}; !slices.Equal(got, want) {
+		t.Fatalf("unregistered ranks after removing worker 5: %v, want %v", got, want)
+	}
+	if f.Cursor(dumped) != 0 || f.LastHeard(dumped) != 0 || f.LastHeard(gapped) != 0 {
+		t.Fatalf("worker 5 kept cursor %d, heard %d and %d", f.Cursor(dumped), f.LastHeard(dumped), f.LastHeard(gapped))
+	}
+	if _, err := f.Index().DumpRank(dumped); !errors.Is(err, indexer.ErrUnknownRank) {
+		t.Fatalf("worker 5's dumped rank: %v, want no state", err)
+	}
+	if f.Cursor(kept) != 2 {
+		t.Fatalf("registered worker's cursor %d, want 2", f.Cursor(kept))
+	}
+}
+
 // TestGroupCommitHoldsOneAppliedIndex: the FSM commits its changes in
 // groups (FSMConfig.GroupBytes, here 1 MiB), and whatever the state database holds at any
 // moment is the state of one applied index: its residency records are

@@ -1386,5 +1386,10 @@ func LockWorkers(b any) (unlock func()) {
 	return func() {}
 }
 
+// UnregisteredRanks returns the ranks this node holds state of whose
+// worker is not registered (FSM.UnregisteredRanks): DeregisterWorker of
+// their worker removes them.
+func (n *Node) UnregisteredRanks() []kvevent.Rank { return n.fsm.UnregisteredRanks() }
+
 // Cursor returns rank r's last applied event id on this node.
 func (n *Node) Cursor(r kvevent.Rank) uint64 { return n.fsm.Cursor(r) }

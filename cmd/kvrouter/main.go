@@ -81,6 +81,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "nats-tls-ca", EnvVars: []string{"KVROUTER_NATS_TLS_CA"}, Usage: "PEM CA: the embedded server requires client certificates it signed; with --nats-url, the CA of the server's certificate"},
 			&cli.StringFlag{Name: "events-subject", Value: eventplane.DefaultSubject, EnvVars: []string{"KVROUTER_EVENTS_SUBJECT"}, Usage: "subject of event requests (the dump subject is <subject>.dump)"},
 			&cli.DurationFlag{Name: "events-linger", Value: time.Millisecond, EnvVars: []string{"KVROUTER_EVENTS_LINGER"}, Usage: "how long the leader waits to pack more event requests into one Raft entry"},
+			&cli.DurationFlag{Name: "unregistered-grace", Value: 2 * time.Minute, EnvVars: []string{"KVROUTER_UNREGISTERED_GRACE"}, Usage: "the leader removes the ranks of a worker that is not registered (its agent publishes before registering, after its removal, or never registers) once it stays so for this long"},
 			&cli.Int64Flag{Name: "max-body-bytes", Value: api.DefaultMaxBodyBytes, EnvVars: []string{"KVROUTER_MAX_BODY_BYTES"}, Usage: "largest JSON request body (413 above it)"},
 			&cli.Int64Flag{Name: "max-snapshot-bytes", EnvVars: []string{"KVROUTER_MAX_SNAPSHOT_BYTES"}, Usage: "largest snapshot upload to restore (413 above it; 0: no limit)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"KVROUTER_LOG_LEVEL"}, Usage: "debug, info, warn or error"},
@@ -126,6 +127,9 @@ func run(c *cli.Context) error {
 	}
 	if n := c.Int64("max-snapshot-bytes"); n < 0 {
 		return cli.Exit(fmt.Sprintf("--max-snapshot-bytes %d: want >= 0 (0: no limit)", n), 2)
+	}
+	if d := c.Duration("unregistered-grace"); d <= 0 {
+		return cli.Exit(fmt.Sprintf("--unregistered-grace %v: want > 0", d), 2)
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(logger)
@@ -180,7 +184,7 @@ func run(c *cli.Context) error {
 	}
 	subject := c.String("events-subject")
 	ing, err := eventplane.NewIngester(eventplane.IngesterConfig{Conn: nc, Node: node, Subject: subject, DumpSubject: subject + ".dump",
-		Linger: c.Duration("events-linger"), Registerer: reg, Logger: logger})
+		Linger: c.Duration("events-linger"), UnregisteredGrace: c.Duration("unregistered-grace"), Registerer: reg, Logger: logger})
 	if err != nil {
 		nc.Close()
 		if natsSrv != nil {

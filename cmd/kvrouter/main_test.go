@@ -95,3 +95,17 @@ func TestBodyLimitsAreChecked(t *testing.T) {
 		}
 	}
 }
+
+// TestUnregisteredGraceIsChecked: a grace of 0 or less is a usage error
+// (the ingester would take it for its default).
+func TestUnregisteredGraceIsChecked(t *testing.T) {
+	for _, v := range []string{"0s", "-1m"} {
+		app := newApp()
+		app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+		err := app.Run([]string{"kvrouter", "--data-dir", t.TempDir(), "--unregistered-grace", v})
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), "--unregistered-grace") {
+			t.Fatalf("kvrouter --unregistered-grace %s: %v, want exit 2 naming the flag", v, err)
+		}
+	}
+}
