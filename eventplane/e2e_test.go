@@ -3,6 +3,7 @@ package eventplane
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -568,4 +569,106 @@ func TestUnregisteredWorkersRanksLeaveEveryNode(t *testing.T) {
 	if got := val(c.ings[l].m.unregRemoved); got < 2 {
 		t.Fatalf("kvrouter_unregistered_ranks_removed_total = %v, want at least 2 (workers 2 and 3)", got)
 	}
+}
+
+// refusingTarget is a cursorTarget that answers invalid (raftfsm.ErrInvalid)
+// any request holding event refuse of its rank.
+type refusingTarget struct {
+	*cursorTarget
+	refuse uint64
+}
+
+func (t *refusingTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	for _, b := range bs {
+		for _, ev := range b.Events {
+			if ev.EventID == t.refuse {
+				return nil, fmt.Errorf("%w: event %d", raftfsm.ErrInvalid, ev.EventID)
+			}
+		}
+	}
+	return t.cursorTarget.IngestEvents(ctx, bs)
+}
+
+// TestRequestsShrinkToWhatTheRouterTakes: a router whose request cap is
+// below the publisher's refuses its requests as invalid; the publisher
+// sends smaller ones until they go through, and every event is applied.
+// From the event-plane review: it resent the same request for ever, and
+// every rank in it was stuck.
+func TestRequestsShrinkToWhatTheRouterTakes(t *testing.T) {
+	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	tg := newCursorTarget()
+	in, err := NewIngester(IngesterConfig{Conn: connect(t, s.ClientURL()), Node: tg, MaxRequestEvents: 5, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	waitFor(t, 10*time.Second, "the ingester's subscriptions", func() bool { return ingesting(in) })
+	p, err := NewPublisher(PublisherConfig{Conn: connect(t, s.ClientURL()), MinBackoff: time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ranks := []kvevent.Rank{{Worker: 1}, {Worker: 2}}
+	for _, r := range ranks {
+		evs := make([]kvevent.Event, 100)
+		for i := range evs {
+			evs[i] = kvevent.Event{Rank: r, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: uint64(i + 1), LocalHash: uint64(i + 1)}}}
+		}
+		if _, err := p.Publish(r, evs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 20*time.Second, "every event to be applied", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		return tg.cursor[ranks[0]] == 100 && tg.cursor[ranks[1]] == 100 && p.Pending() == 0
+	})
+}
+
+// TestAnEventRefusedAloneIsReplacedByADump: an event the router refuses
+// even in a request of its own is given up, and the owner's dump, which
+// holds what it did, replaces the rank; the rank's later events go on.
+func TestAnEventRefusedAloneIsReplacedByADump(t *testing.T) {
+	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	tg := &refusingTarget{cursorTarget: newCursorTarget(), refuse: 5}
+	in, err := NewIngester(IngesterConfig{Conn: connect(t, s.ClientURL()), Node: tg, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	waitFor(t, 10*time.Second, "the ingester's subscriptions", func() bool { return ingesting(in) })
+	o := newOwner(5)
+	p, err := NewPublisher(PublisherConfig{Conn: connect(t, s.ClientURL()), Dump: o.dump, MinBackoff: time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	o.pub = p
+	r := kvevent.Rank{Worker: 3}
+	ctx := ctxT(t)
+	for range 20 {
+		o.step(ctx, t, r)
+	}
+	waitFor(t, 20*time.Second, "the dump and the events after it", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		return tg.dumps == 1 && p.Pending() == 0
+	})
+	for range 5 {
+		o.step(ctx, t, r)
+	}
+	waitFor(t, 10*time.Second, "the rank's later events", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		_, last := p.Cursor(r)
+		return p.Pending() == 0 && tg.cursor[r] == last && last > 20
+	})
 }

@@ -255,7 +255,7 @@ func newPublisherMetrics(reg prometheus.Registerer) publisherMetrics {
 		requests:  c("kvagent_events_requests_total", "Event requests sent to the router."),
 		retries:   c("kvagent_events_request_retries_total", "Event requests that failed (timeout, no leader, error) and were resent."),
 		resends: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_events_resyncs_total",
-			Help: "Gaps reported by the router, by how they heal (replay from the buffer, dump), and dumps the router asked for (router: it dropped events it could not place)."}, []string{"reason"}),
+			Help: "Gaps reported by the router, by how they heal (replay from the buffer, dump), and dumps the router asked for (router: it dropped events it could not place) or its refusal of one event forced (refused)."}, []string{"reason"}),
 		buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvagent_events_buffered",
 			Help: "Events in the replay buffers, unacknowledged."}),
 	}
@@ -432,10 +432,19 @@ func (p *Publisher) Flush(ctx context.Context) error {
 	return nil
 }
 
+// refusedFor is how long a request size the router refused stays the
+// publisher's bound (a router upgraded meanwhile may take more).
+const refusedFor = time.Minute
+
 // loop sends requests, one at a time, until Close.
 func (p *Publisher) loop() {
 	defer close(p.done)
 	backoff := time.Duration(0)
+	// Events in the next request: halved when a request is refused as it
+	// is, doubled back on success up to ceiling, which stays below a
+	// refused size for refusedFor.
+	limit, ceiling := p.cfg.MaxRequestEvents, p.cfg.MaxRequestEvents
+	var ceilingUntil time.Time
 	var scratch, hdr []byte
 	var published []uint64
 	for {
@@ -462,10 +471,28 @@ func (p *Publisher) loop() {
 		}
 		var batches []raftfsm.RankBatch
 		var n int
-		if batches, published, n = p.nextRequest(published); n > 0 {
+		if batches, published, n = p.nextRequest(published, limit); n > 0 {
 			scratch = appendEvents(scratch[:0], batches)
 			hdr = appendPublished(hdr[:0], published)
-			ok = p.sendEvents(scratch, hdr)
+			var refused bool
+			ok, refused = p.sendEvents(scratch, hdr)
+			switch {
+			case ok:
+				if time.Now().After(ceilingUntil) {
+					ceiling = p.cfg.MaxRequestEvents
+				}
+				limit = min(2*limit, ceiling)
+			case refused && n > 1:
+				// Refused as it is (a router whose cap is below ours, a
+				// message larger than the server takes): it would be
+				// refused again for ever, with every rank in it. Send
+				// less, and no more than that for a while.
+				limit = max(1, n/2)
+				ceiling, ceilingUntil = n-1, time.Now().Add(refusedFor)
+			case refused:
+				// One event, refused alone: the owner's dump replaces it.
+				p.refusedAlone(batches[0].Rank)
+			}
 		} else {
 			backoff = 0
 			var retry *time.Timer
@@ -550,13 +577,13 @@ func (p *Publisher) dumpDone(r kvevent.Rank, ok bool) {
 // nextRequest takes the heads of the ranks' buffers, round robin, up to
 // the request bounds. The events are copied (structs only), so the buffers
 // may change while the request is out.
-func (p *Publisher) nextRequest(published []uint64) ([]raftfsm.RankBatch, []uint64, int) {
+func (p *Publisher) nextRequest(published []uint64, maxEvents int) ([]raftfsm.RankBatch, []uint64, int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []raftfsm.RankBatch
 	published = published[:0]
 	n, size := 0, 16
-	for i := 0; i < len(p.order) && n < p.cfg.MaxRequestEvents && size < p.cfg.MaxRequestBytes; i++ {
+	for i := 0; i < len(p.order) && n < maxEvents && size < p.cfg.MaxRequestBytes; i++ {
 		r := p.order[(p.rr+i)%len(p.order)]
 		b := p.ranks[r]
 		pend := b.pending()
@@ -565,7 +592,7 @@ func (p *Publisher) nextRequest(published []uint64) ([]raftfsm.RankBatch, []uint
 		}
 		k := 0
 		size += 24
-		for k < len(pend) && n < p.cfg.MaxRequestEvents {
+		for k < len(pend) && n < maxEvents {
 			s := eventSize(&pend[k])
 			if size+s > p.cfg.MaxRequestBytes && (n > 0 || k > 0) {
 				break
@@ -602,12 +629,15 @@ func (p *Publisher) request(subject string, data, published []byte) (acks []raft
 	return decodeReply(msg.Data)
 }
 
-// sendEvents sends one request and applies its acks; false means resend.
-func (p *Publisher) sendEvents(data, published []byte) bool {
+// sendEvents sends one request and applies its acks; false means resend,
+// and refused that the request as it is will never go through (the router
+// answered it invalid, or the NATS server takes no message that large).
+func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 	acks, _, err := p.request(p.cfg.Subject, data, published)
 	if err != nil {
 		p.logRetry("events", err)
-		return false
+		var re *ReplyError
+		return false, errors.As(err, &re) && re.Code == codeInvalid || errors.Is(err, nats.ErrMaxPayload)
 	}
 	var freed int
 	p.mu.Lock()
@@ -657,7 +687,20 @@ func (p *Publisher) sendEvents(data, published []byte) bool {
 	}
 	p.signalRoom(freed)
 	p.mu.Unlock()
-	return true
+	return true, false
+}
+
+// refusedAlone gives up sending rank r's next event, which the router
+// refused as a request of its own: the owner's dump (which holds what the
+// event did) replaces the rank, and the buffer drops what the dump covers.
+func (p *Publisher) refusedAlone(r kvevent.Rank) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if b := p.ranks[r]; b != nil {
+		p.cfg.Logger.Error("the router refuses one event of a rank however it is sent; resyncing the rank with a dump", "rank", r)
+		p.m.resends.WithLabelValues("refused").Inc()
+		b.askDump()
+	}
 }
 
 // signalRoom wakes PublishWait callers; p.mu is held.
