@@ -368,6 +368,9 @@ func tenantOf(tenant, group string) string {
 
 // checkEndpoint accepts a ZMQ endpoint: tcp://host:port or ipc://path.
 func checkEndpoint(what, ep string) error {
+	if err := checkName(what, ep); err != nil {
+		return err
+	}
 	u, err := url.Parse(ep)
 	if err != nil {
 		return badRequest("%s %q: %v", what, ep, err)
@@ -392,7 +395,10 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 	if err := x.b.CheckLeader(); err != nil {
 		return err
 	}
-	if err := requireModel(req.ModelName); err != nil {
+	if err := requireModel(req.ModelName, req.TenantID, req.RoutingGroup); err != nil {
+		return err
+	}
+	if err := checkName("additional_salt", req.AdditionalSalt); err != nil {
 		return err
 	}
 	if req.BlockSize <= 0 || req.BlockSize > 1<<20 {
@@ -458,6 +464,10 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 		nw.ReplayEndpoints = maps.Clone(old.ReplayEndpoints)
 	}
 	if !slices.Contains(nw.DPRanks, dp) {
+		if len(nw.DPRanks) >= maxDPRanks {
+			return badRequest("instance %d has %d dp ranks for %s/%s (at most %d)", req.InstanceID, len(nw.DPRanks),
+				req.ModelName, tenant, maxDPRanks)
+		}
 		nw.DPRanks = append(nw.DPRanks, dp)
 		slices.Sort(nw.DPRanks)
 	}
@@ -506,7 +516,7 @@ func (x *Indexer) doUnregister(ctx context.Context, req *UnregisterRequest) erro
 	if err := x.b.CheckLeader(); err != nil {
 		return err
 	}
-	if err := requireModel(req.ModelName); err != nil {
+	if err := requireModel(req.ModelName, req.TenantID, req.RoutingGroup); err != nil {
 		return err
 	}
 	x.regMu.Lock()
@@ -594,7 +604,13 @@ func (x *Indexer) workers(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (x *Indexer) query(_ context.Context, req *QueryRequest) (any, error) {
-	if err := requireModel(req.ModelName); err != nil {
+	if err := requireModel(req.ModelName, req.TenantID, req.RoutingGroup); err != nil {
+		return nil, err
+	}
+	if err := checkName("lora_name", req.LoRAName); err != nil {
+		return nil, err
+	}
+	if err := checkName("cache_salt", req.CacheSalt); err != nil {
 		return nil, err
 	}
 	ns := x.ns.get(x.b, req.ModelName, tenantOf(req.TenantID, req.RoutingGroup))
@@ -609,7 +625,7 @@ func (x *Indexer) query(_ context.Context, req *QueryRequest) (any, error) {
 }
 
 func (x *Indexer) queryByHash(_ context.Context, req *QueryByHashRequest) (any, error) {
-	if err := requireModel(req.ModelName); err != nil {
+	if err := requireModel(req.ModelName, req.TenantID, req.RoutingGroup); err != nil {
 		return nil, err
 	}
 	return x.lookupHashes(x.ns.get(x.b, req.ModelName, tenantOf(req.TenantID, req.RoutingGroup)), req.BlockHashes), nil

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -365,4 +366,67 @@ func TestMsgpackRefusesNumbersOutOfRange(t *testing.T) {
 	mustCode(t, query([]int64{-1, 2}), 400, "token id -1")
 	mustCode(t, query([]int64{1 << 40}), 400, "token id 2^40")
 	mustCode(t, query([]int64{1, 2, 3, 4, 5}), 200, "token ids in range")
+}
+
+// TestNamesAreBounded: a model, tenant, endpoint or salt past /v1's name
+// limit (1024 bytes) is a 400, and nothing is registered. From a review:
+// the compatible APIs applied none of /v1's string limits, and a
+// megabyte tenant or model name went into the Raft log and into every
+// snapshot; a megabyte reservation id was committed, then refused by the
+// FSM (a 500).
+func TestNamesAreBounded(t *testing.T) {
+	n := startNode(t)
+	big := strings.Repeat("x", maxNameLen+1)
+	reg := func(mod func(*RegisterRequest)) reply {
+		req := RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557", ModelName: "llama", BlockSize: 4, Agentless: ptr(false)}
+		mod(&req)
+		return n.do(t, codecJSON, "POST", "/register", req)
+	}
+	mustCode(t, reg(func(r *RegisterRequest) { r.TenantID = strings.Repeat("x", 1<<20) }), 400, "a 1 MiB tenant_id")
+	mustCode(t, reg(func(r *RegisterRequest) { r.RoutingGroup = big }), 400, "a long routing_group")
+	mustCode(t, reg(func(r *RegisterRequest) { r.ModelName = big }), 400, "a long model_name")
+	mustCode(t, reg(func(r *RegisterRequest) { r.AdditionalSalt = big }), 400, "a long additional_salt")
+	mustCode(t, reg(func(r *RegisterRequest) { r.Endpoint = "tcp://" + big + ":5557" }), 400, "a long endpoint")
+	mustCode(t, reg(func(r *RegisterRequest) { r.ReplayEndpoint = "tcp://" + big + ":5557" }), 400, "a long replay_endpoint")
+	cat := func(mod func(*CatalogWorker)) reply {
+		c := CatalogWorker{WorkerID: 2, ModelName: "llama", BlockSize: 4}
+		mod(&c)
+		return n.do(t, codecJSON, "POST", "/selection/workers", c)
+	}
+	mustCode(t, cat(func(c *CatalogWorker) { c.ModelName = strings.Repeat("x", 1<<20) }), 400, "a 1 MiB catalog model_name")
+	mustCode(t, cat(func(c *CatalogWorker) { c.RoutingGroup = big }), 400, "a long catalog routing_group")
+	mustCode(t, cat(func(c *CatalogWorker) { c.Endpoint = big }), 400, "a long catalog endpoint")
+	mustCode(t, cat(func(c *CatalogWorker) { c.KVEventsEndpoints = Map[string]{"0": "tcp://" + big + ":1"} }), 400,
+		"a long kv_events_endpoints value")
+	if len(n.node.WorkerTable()) != 0 {
+		t.Fatalf("refused registrations left workers: %v", n.node.WorkerTable())
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/query", QueryRequest{ModelName: "llama", LoRAName: big}), 400, "a long lora_name")
+	mustCode(t, n.do(t, codecJSON, "POST", "/query_by_hash", QueryByHashRequest{ModelName: big}), 400, "a long query model_name")
+	mustCode(t, reg(func(r *RegisterRequest) { r.TenantID = strings.Repeat("x", maxNameLen) }), 201, "a tenant_id of the limit's length")
+}
+
+// TestRegisterCapsRanksPerWorker: /register refuses a rank past 4096 of
+// one worker (a 400), as /v1 and POST /selection/workers do. From a
+// review: /register added one rank per call with no cap, each call
+// rewriting the whole registration into the log (and, agentless, starting
+// one more ZMQ subscriber on the leader).
+func TestRegisterCapsRanksPerWorker(t *testing.T) {
+	n := startNode(t)
+	id := WorkerID(1, "llama", "default")
+	w := raftfsm.WorkerInfo{ID: id, Instance: 1, Model: "llama", Tenant: "default", BlockSize: 4, EventEndpoints: map[uint32]string{}}
+	for dp := uint32(0); dp < maxDPRanks; dp++ {
+		w.DPRanks = append(w.DPRanks, dp)
+		w.EventEndpoints[dp] = "tcp://10.0.0.1:5557"
+	}
+	if err := n.node.RegisterWorker(context.Background(), w); err != nil {
+		t.Fatal(err)
+	}
+	r := n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557",
+		ModelName: "llama", BlockSize: 4, DPRank: u32(1 << 31), Agentless: ptr(false)})
+	if r.code != 400 {
+		t.Errorf("rank 4097 through /register: %d; the worker now has %d ranks", r.code, len(n.node.WorkerTable()[id].DPRanks))
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557",
+		ModelName: "llama", BlockSize: 4, DPRank: u32(7), Agentless: ptr(false)}), 201, "a rank it has, again")
 }

@@ -226,8 +226,11 @@ func catalogOf(id uint64, w *raftfsm.WorkerInfo) CatalogWorker {
 
 // infoOf checks a catalog worker and returns its registration.
 func infoOf(c *CatalogWorker) (raftfsm.WorkerInfo, error) {
-	if c.ModelName == "" {
-		return raftfsm.WorkerInfo{}, badRequest("model_name is required")
+	if err := requireModel(c.ModelName, c.RoutingGroup); err != nil {
+		return raftfsm.WorkerInfo{}, err
+	}
+	if err := checkName("endpoint", c.Endpoint); err != nil {
+		return raftfsm.WorkerInfo{}, err
 	}
 	if c.BlockSize <= 0 || c.BlockSize > 1<<20 {
 		return raftfsm.WorkerInfo{}, badRequest("block_size %d: want 1 to %d tokens", c.BlockSize, 1<<20)
@@ -236,7 +239,7 @@ func infoOf(c *CatalogWorker) (raftfsm.WorkerInfo, error) {
 	if size == 0 {
 		size = 1
 	}
-	if size > 1<<12 || uint64(c.DataParallelStartRank)+uint64(size) > 1<<32 {
+	if size > maxDPRanks || uint64(c.DataParallelStartRank)+uint64(size) > 1<<32 {
 		return raftfsm.WorkerInfo{}, badRequest("data_parallel_size %d from rank %d is too large", size, c.DataParallelStartRank)
 	}
 	tenant := tenantOf(c.RoutingGroup, "")
@@ -529,8 +532,16 @@ func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bo
 			return nil, err
 		}
 	}
-	if err := requireModel(req.ModelName); err != nil {
+	if err := requireModel(req.ModelName, req.RoutingGroup); err != nil {
 		return nil, err
+	}
+	if req.SelectionID != "" {
+		if err := checkID("selection_id", req.SelectionID); err != nil {
+			return nil, err
+		}
+	}
+	if len(req.SessionID) > maxIDLen {
+		return nil, badRequest("session_id is %d bytes long (at most %d)", len(req.SessionID), maxIDLen)
 	}
 	if len(req.BlockHashes) > 0 && len(req.TokenIDs) > 0 {
 		return nil, badRequest("give block_hashes or token_ids, not both")
@@ -628,10 +639,10 @@ func (s *Selection) reserve(ctx context.Context, req *ReservationRequest) (any, 
 	if err := s.b.CheckLeader(); err != nil {
 		return nil, err
 	}
-	if req.ReservationID == "" {
-		return nil, badRequest("reservation_id is required")
+	if err := checkID("reservation_id", req.ReservationID); err != nil {
+		return nil, err
 	}
-	if err := requireModel(req.ModelName); err != nil {
+	if err := requireModel(req.ModelName, req.RoutingGroup); err != nil {
 		return nil, err
 	}
 	group := tenantOf(req.RoutingGroup, "")
@@ -764,7 +775,7 @@ func (s *Selection) loads(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Selection) potentialLoads(_ context.Context, req *PotentialLoadsRequest) (any, error) {
-	if err := requireModel(req.ModelName); err != nil {
+	if err := requireModel(req.ModelName, req.RoutingGroup); err != nil {
 		return nil, err
 	}
 	if req.ISLTokens < 0 {
@@ -803,7 +814,7 @@ func (s *Selection) potentialLoads(_ context.Context, req *PotentialLoadsRequest
 }
 
 func (s *Selection) overlapScores(_ context.Context, req *OverlapScoresRequest) (any, error) {
-	if err := requireModel(req.ModelName); err != nil {
+	if err := requireModel(req.ModelName, req.RoutingGroup); err != nil {
 		return nil, err
 	}
 	return s.x.lookupHashes(s.x.ns.get(s.b, req.ModelName, tenantOf(req.RoutingGroup, "")), req.BlockHashes), nil

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/indexer"
@@ -200,4 +201,34 @@ func TestBookingErrorsMapToStatus(t *testing.T) {
 			t.Errorf("%v: answered %d, want %d", c.err, rec.Code, c.want)
 		}
 	}
+}
+
+// TestOverlongIDIsRefusedBeforeItIsCommitted: a selection_id or
+// reservation_id past /v1's id limit (256 bytes) is a 400 and writes
+// nothing to the Raft log. From a review: an id past raftfsm's 4096-byte
+// key limit was proposed and committed, then refused by every FSM as a
+// bad command: a Raft entry for a malformed request, and a 500 instead of
+// a 400.
+func TestOverlongIDIsRefusedBeforeItIsCommitted(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 3, Endpoint: "tcp://10.0.0.1:5557",
+		ModelName: "llama", BlockSize: 4, Agentless: ptr(false)}), 201, "register")
+	before := n.node.Status().LastIndex
+	for _, long := range []string{strings.Repeat("x", 5000), strings.Repeat("x", maxIDLen+1), "a\nb"} {
+		r := n.do(t, codecJSON, "POST", "/selection/select_and_reserve", SelectRequest{SelectionID: long, ModelName: "llama",
+			BlockHashes: []Hash{1}, ISLTokens: 8})
+		r2 := n.do(t, codecJSON, "POST", "/selection/reservations", ReservationRequest{ReservationID: long, ModelName: "llama",
+			WorkerID: 3, ISLTokens: 8})
+		if r.code != 400 || r2.code != 400 {
+			t.Errorf("a %d-byte id: select_and_reserve %d, reservations %d", len(long), r.code, r2.code)
+		}
+	}
+	if after := n.node.Status().LastIndex; after != before {
+		t.Errorf("refused ids reached the Raft log: last index %d -> %d", before, after)
+	}
+	r := n.do(t, codecJSON, "POST", "/selection/select", SelectRequest{ModelName: "llama", BlockHashes: []Hash{1},
+		ISLTokens: 8, SessionID: strings.Repeat("s", maxIDLen+1)})
+	mustCode(t, r, 400, "an overlong session_id")
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", ReservationRequest{ReservationID: strings.Repeat("x", maxIDLen),
+		ModelName: "llama", WorkerID: 3, ISLTokens: 8}), 201, "an id of the limit's length")
 }

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -201,10 +202,56 @@ func bodyHandler[Req any](code int, do func(ctx context.Context, req *Req) (any,
 	}
 }
 
-// requireModel refuses a request that names no model.
-func requireModel(model string) error {
+// Limits on strings a client supplies, as on /v1 (api/validate.go): they
+// keep Raft entries, snapshots and the namespace cache small, and ids
+// printable. An id past raftfsm's own limit was committed and then
+// refused by every replica's FSM: a wasted entry and a 500.
+const (
+	maxIDLen   = 256  // reservation, selection and session ids
+	maxNameLen = 1024 // models, tenants, endpoints, salts, LoRA names
+	maxDPRanks = 4096 // dp ranks of one worker
+)
+
+// requireModel refuses a request that names no model, or names too long:
+// the model and the tenants (or routing groups) given.
+func requireModel(model string, tenants ...string) error {
 	if model == "" {
 		return badRequest("model_name is required")
+	}
+	if err := checkName("model_name", model); err != nil {
+		return err
+	}
+	for _, t := range tenants {
+		if err := checkName("tenant_id or routing_group", t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkName refuses a name longer than maxNameLen bytes.
+func checkName(what, s string) error {
+	if len(s) > maxNameLen {
+		return badRequest("%s is %d bytes long (at most %d)", what, len(s), maxNameLen)
+	}
+	return nil
+}
+
+// checkID refuses an empty, overlong or non-printable id, as /v1 does:
+// ids travel in URL paths and log lines, and key raftfsm's records.
+func checkID(what, id string) error {
+	switch {
+	case id == "":
+		return badRequest("%s is required", what)
+	case len(id) > maxIDLen:
+		return badRequest("%s is %d bytes long (at most %d)", what, len(id), maxIDLen)
+	case !utf8.ValidString(id):
+		return badRequest("%s is not valid UTF-8", what)
+	}
+	for _, r := range id {
+		if r < 0x20 || r == 0x7f {
+			return badRequest("%s %q holds a control character", what, id)
+		}
 	}
 	return nil
 }
