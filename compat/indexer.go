@@ -427,14 +427,14 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 	defer x.regMu.Unlock()
 	table := x.b.WorkerTable()
 	old, exists := table[id]
-	if !exists {
-		if err := joinsNamespace(table, req, tenant); err != nil {
-			return err
-		}
-	}
 	agentless := req.Agentless == nil || *req.Agentless
 	nw := raftfsm.WorkerInfo{ID: id, Instance: req.InstanceID, Model: req.ModelName, Tenant: tenant,
 		BlockSize: req.BlockSize, Salt: req.AdditionalSalt, Positional: agentless}
+	if !exists {
+		if err := joinsNamespace(table, &nw); err != nil {
+			return err
+		}
+	}
 	if exists {
 		if old.Instance != req.InstanceID || old.Model != req.ModelName || old.Tenant != tenant {
 			return &httpError{code: http.StatusConflict, err: fmt.Errorf("worker id %#x is taken by another registration", id)}
@@ -487,29 +487,52 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 	return nil
 }
 
-// joinsNamespace checks that a new instance fits its namespace: one block
-// size for all (the namespace's queries hash and score with one), and an
-// instance id no /v1 worker of the namespace has (a /v1 worker is the
-// instance of its own id there, and answers are keyed by instance).
-func joinsNamespace(table map[uint64]raftfsm.WorkerInfo, req *RegisterRequest, tenant string) error {
-	for wid, w := range table {
-		instance, wt := w.Instance, w.Tenant
-		if wt == "" {
-			instance, wt = wid, DefaultTenant // a /v1 worker
-		}
-		if w.Model != req.ModelName || wt != tenant {
-			continue
-		}
-		if w.BlockSize > 0 && w.BlockSize != req.BlockSize {
+// joinsNamespace checks that w, new to the table, fits its namespace: one
+// block size for all (the namespace's queries hash and score with one),
+// and an instance id no /v1 worker of the namespace has (a /v1 worker is
+// the instance of its own id there, and answers are keyed by instance).
+// Both registration APIs call it, under regMu.
+func joinsNamespace(table map[uint64]raftfsm.WorkerInfo, w *raftfsm.WorkerInfo) error {
+	if err := keepsBlockSize(table, w); err != nil {
+		return err
+	}
+	instance, tenant := instanceOf(w.ID, w)
+	for wid := range table {
+		o := table[wid]
+		if inst, ot := instanceOf(wid, &o); o.Model == w.Model && ot == tenant && inst == instance {
 			return &httpError{code: http.StatusConflict, err: fmt.Errorf(
-				"%s/%s serves block_size %d (instance %d): a namespace has one block size", req.ModelName, tenant, w.BlockSize, instance)}
-		}
-		if instance == req.InstanceID {
-			return &httpError{code: http.StatusConflict, err: fmt.Errorf(
-				"instance %d of %s/%s is a worker registered through /v1/workers", req.InstanceID, req.ModelName, tenant)}
+				"instance %d of %s/%s is a worker registered through /v1/workers", instance, w.Model, tenant)}
 		}
 	}
 	return nil
+}
+
+// keepsBlockSize checks that every other worker of w's namespace serves
+// w's block size, or none.
+func keepsBlockSize(table map[uint64]raftfsm.WorkerInfo, w *raftfsm.WorkerInfo) error {
+	_, tenant := instanceOf(w.ID, w)
+	for wid := range table {
+		o := table[wid]
+		inst, ot := instanceOf(wid, &o)
+		if wid == w.ID || o.Model != w.Model || ot != tenant {
+			continue
+		}
+		if o.BlockSize > 0 && o.BlockSize != w.BlockSize {
+			return &httpError{code: http.StatusConflict, err: fmt.Errorf(
+				"%s/%s serves block_size %d (instance %d): a namespace has one block size", w.Model, tenant, o.BlockSize, inst)}
+		}
+	}
+	return nil
+}
+
+// instanceOf is the instance and tenant worker id w is in the compatible
+// APIs: a /v1 worker (no tenant) is the instance of its own id in the
+// default tenant.
+func instanceOf(id uint64, w *raftfsm.WorkerInfo) (uint64, string) {
+	if w.Tenant == "" {
+		return id, DefaultTenant
+	}
+	return w.Instance, w.Tenant
 }
 
 func (x *Indexer) doUnregister(ctx context.Context, req *UnregisterRequest) error {

@@ -85,3 +85,28 @@ func TestPatchOfAHoleRanksEndpointIsRefused(t *testing.T) {
 		t.Errorf("a refused PATCH changed the worker: ranks %v endpoints %v", w.DPRanks, w.EventEndpoints)
 	}
 }
+
+// TestPatchOfBlockSizeKeepsOneBlockSizePerNamespace: a PATCH of
+// block_size is a 409 while another worker of the namespace serves the
+// old one, and accepted for the namespace's only worker. From a review:
+// the PATCH was accepted, and the namespace then held two block sizes
+// (its queries hash and score with the first worker's).
+func TestPatchOfBlockSizeKeepsOneBlockSizePerNamespace(t *testing.T) {
+	n := startNode(t)
+	for _, id := range []uint64{1, 2} {
+		mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: id, Endpoint: "tcp://10.0.0.1:5557",
+			ModelName: "llama", BlockSize: 4, Agentless: ptr(false)}), 201, "register")
+	}
+	r := n.do(t, codecJSON, "PATCH", "/selection/workers/2", WorkerPatch{BlockSize: ptr(16)})
+	sizes := map[int]bool{}
+	for _, w := range n.node.WorkerTable() {
+		sizes[w.BlockSize] = true
+	}
+	if r.code != 409 || len(sizes) > 1 {
+		t.Fatalf("PATCH answered %d; namespace llama/default now has block sizes %v", r.code, sizes)
+	}
+	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/2", WorkerPatch{BlockSize: ptr(4)}), 200, "the same block size")
+	mustCode(t, n.do(t, codecJSON, "DELETE", "/selection/workers/1", nil), 200, "delete worker 1")
+	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/2", WorkerPatch{BlockSize: ptr(16)}), 200,
+		"the block size of the namespace's only worker")
+}

@@ -430,3 +430,35 @@ func TestRegisterCapsRanksPerWorker(t *testing.T) {
 	mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557",
 		ModelName: "llama", BlockSize: 4, DPRank: u32(7), Agentless: ptr(false)}), 201, "a rank it has, again")
 }
+
+// TestCatalogAddKeepsNamespaceRules: POST /selection/workers applies the
+// namespace rules of /register (TestNamespaceKeepsOneBlockSizeAndDistinctInstances):
+// a second block size in the namespace and an instance id equal to a /v1
+// worker's of the namespace are a 409, a NUL in model_name or
+// routing_group a 400. From a review: the catalog writes the same worker
+// table but checked none of them, so a namespace held two block sizes,
+// instance 5 was listed twice beside /v1 worker 5, and ("m", "x\x00t")
+// was registered as the same worker id as ("m\x00x", "t").
+func TestCatalogAddKeepsNamespaceRules(t *testing.T) {
+	n := startNode(t)
+	add := func(c CatalogWorker) reply { return n.do(t, codecJSON, "POST", "/selection/workers", c) }
+	mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557",
+		ModelName: "llama", BlockSize: 4, Agentless: ptr(false)}), 201, "register bs 4")
+	mustCode(t, add(CatalogWorker{WorkerID: 2, ModelName: "llama", BlockSize: 16}), 409, "block_size 16 into a namespace of 4")
+	mustCode(t, add(CatalogWorker{WorkerID: 2, ModelName: "llama", BlockSize: 4}), 201, "the namespace's block size")
+	mustCode(t, add(CatalogWorker{WorkerID: 3, ModelName: "llama", RoutingGroup: "other", BlockSize: 16}), 201,
+		"another block size in another group")
+
+	if err := n.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 5, BlockSize: 4, Model: "llama"}); err != nil {
+		t.Fatal(err)
+	}
+	mustCode(t, add(CatalogWorker{WorkerID: 5, ModelName: "llama", BlockSize: 4}), 409, "the id of /v1 worker 5 of the namespace")
+	mustCode(t, add(CatalogWorker{WorkerID: 5, ModelName: "llama", RoutingGroup: "other", BlockSize: 16}), 201,
+		"that id in another group")
+
+	mustCode(t, add(CatalogWorker{WorkerID: 9, ModelName: "m", RoutingGroup: "x\x00t", BlockSize: 4}), 400, "a NUL in routing_group")
+	mustCode(t, add(CatalogWorker{WorkerID: 9, ModelName: "m\x00x", RoutingGroup: "t", BlockSize: 4}), 400, "a NUL in model_name")
+	if got := len(n.node.WorkerTable()); got != 5 {
+		t.Errorf("the table holds %d workers, want 5", got)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/kvrouter/kvrouter/indexer"
@@ -243,6 +244,10 @@ func infoOf(c *CatalogWorker) (raftfsm.WorkerInfo, error) {
 		return raftfsm.WorkerInfo{}, badRequest("data_parallel_size %d from rank %d is too large", size, c.DataParallelStartRank)
 	}
 	tenant := tenantOf(c.RoutingGroup, "")
+	if strings.ContainsRune(c.ModelName, 0) || strings.ContainsRune(tenant, 0) {
+		// WorkerID joins them with a NUL, as /register refuses too.
+		return raftfsm.WorkerInfo{}, badRequest("model_name and routing_group must not hold a NUL byte")
+	}
 	w := raftfsm.WorkerInfo{ID: WorkerID(c.WorkerID, c.ModelName, tenant), Instance: c.WorkerID, Model: c.ModelName,
 		Tenant: tenant, Endpoint: c.Endpoint, BlockSize: c.BlockSize}
 	for r := uint32(0); r < size; r++ {
@@ -289,12 +294,17 @@ func (s *Selection) addWorker(ctx context.Context, req *CatalogWorker) (any, err
 	}
 	s.x.regMu.Lock()
 	defer s.x.regMu.Unlock()
-	if old, ok := s.b.WorkerTable()[nw.ID]; ok {
+	table := s.b.WorkerTable()
+	if old, ok := table[nw.ID]; ok {
 		if sameRegistration(&old, &nw) {
 			return catalogOf(nw.ID, &nw), nil
 		}
 		return nil, &httpError{code: http.StatusConflict, err: fmt.Errorf(
 			"worker %d is registered for %s/%s differently; PATCH it", req.WorkerID, nw.Model, nw.Tenant)}
+	}
+	// The namespace rules of /register: the catalog writes the same table.
+	if err := joinsNamespace(table, &nw); err != nil {
+		return nil, err
 	}
 	if err := s.b.RegisterWorker(ctx, nw); err != nil {
 		return nil, fmt.Errorf("register worker %d: %w", req.WorkerID, err)
@@ -386,6 +396,14 @@ func (s *Selection) patchWorker(w http.ResponseWriter, r *http.Request) error {
 	nw, err := patchedWorker(&old, &patched, &p)
 	if err != nil {
 		return answer(w, c, 0, nil, err)
+	}
+	if nw.BlockSize != old.BlockSize {
+		// A namespace has one block size (its queries hash and score with
+		// it): a worker takes a new one only where every other worker of
+		// the namespace has it already.
+		if err := keepsBlockSize(s.b.WorkerTable(), &nw); err != nil {
+			return answer(w, c, 0, nil, err)
+		}
 	}
 	if err := s.b.RegisterWorker(r.Context(), nw); err != nil {
 		return answer(w, c, 0, nil, fmt.Errorf("update worker %d: %w", id, err))
