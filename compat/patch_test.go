@@ -110,3 +110,52 @@ func TestPatchOfBlockSizeKeepsOneBlockSizePerNamespace(t *testing.T) {
 	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/2", WorkerPatch{BlockSize: ptr(16)}), 200,
 		"the block size of the namespace's only worker")
 }
+
+// TestPatchShrinkDropsTheRemovedRanksEndpoints: a PATCH of
+// data_parallel_size 2 → 1, naming no kv_events_endpoints, keeps rank 0
+// with its endpoint and removes rank 1 with its own. From a review: the
+// PATCH was a 400, refused for the endpoint of rank 1, the very rank it
+// removes (the old endpoints were read against the new range).
+func TestPatchShrinkDropsTheRemovedRanksEndpoints(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "llama", BlockSize: 4,
+		DataParallelSize: 2, KVEventsEndpoints: Map[string]{"0": "tcp://10.0.0.1:5557", "1": "tcp://10.0.0.1:5558"}}), 201, "add")
+	r := n.do(t, codecJSON, "PATCH", "/selection/workers/1", WorkerPatch{DataParallelSize: u32(1)})
+	mustCode(t, r, 200, "PATCH data_parallel_size 2 -> 1")
+	w := n.node.WorkerTable()[WorkerID(1, "llama", DefaultTenant)]
+	if !slices.Equal(w.DPRanks, []uint32{0}) || len(w.EventEndpoints) != 1 || w.EventEndpoints[0] != "tcp://10.0.0.1:5557" {
+		t.Errorf("after the PATCH: ranks %v endpoints %v", w.DPRanks, w.EventEndpoints)
+	}
+}
+
+// TestLastRankKeepsItsEndpoint: rank 2^32-1, the last, may have its own
+// event endpoint. From a review: infoOf allowed start + size == 2^32,
+// then compared with that sum in uint32, which wrapped to 0, and refused
+// the endpoint.
+func TestLastRankKeepsItsEndpoint(t *testing.T) {
+	c := CatalogWorker{WorkerID: 1, ModelName: "llama", BlockSize: 4, DataParallelStartRank: math.MaxUint32, DataParallelSize: 1,
+		KVEventsEndpoints: Map[string]{"4294967295": "tcp://10.0.0.1:5557"}}
+	w, err := infoOf(&c)
+	if err != nil {
+		t.Fatalf("rank 2^32-1 with its own endpoint: %v", err)
+	}
+	if w.EventEndpoints[math.MaxUint32] != "tcp://10.0.0.1:5557" {
+		t.Errorf("event endpoints %v", w.EventEndpoints)
+	}
+}
+
+// TestEndpointKeysHaveOneSpelling: a kv_events_endpoints key is a dp rank
+// in decimal without leading zeros or a sign; "01" is a 400, in POST and
+// PATCH. From a review: "01" and "1" both named rank 1, and which of the
+// two endpoints the rank got depended on the map's iteration order.
+func TestEndpointKeysHaveOneSpelling(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "llama", BlockSize: 4,
+		DataParallelSize: 2, KVEventsEndpoints: Map[string]{"01": "tcp://10.0.0.1:5557", "1": "tcp://10.0.0.1:5558"}}), 400, "keys 01 and 1")
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "llama", BlockSize: 4,
+		DataParallelSize: 2, KVEventsEndpoints: Map[string]{"1": "tcp://10.0.0.1:5558"}}), 201, "key 1")
+	for _, k := range []string{"01", "+1", " 1"} {
+		r := n.do(t, codecJSON, "PATCH", "/selection/workers/1", WorkerPatch{KVEventsEndpoints: map[string]string{k: "tcp://10.0.0.1:5559"}})
+		mustCode(t, r, 400, "PATCH of key "+k)
+	}
+}

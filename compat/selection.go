@@ -253,11 +253,12 @@ func infoOf(c *CatalogWorker) (raftfsm.WorkerInfo, error) {
 	for r := uint32(0); r < size; r++ {
 		w.DPRanks = append(w.DPRanks, c.DataParallelStartRank+r)
 	}
+	// In uint64: start + size may be 2^32 (the last rank's range).
+	start, end := uint64(c.DataParallelStartRank), uint64(c.DataParallelStartRank)+uint64(size)
 	for k, ep := range c.KVEventsEndpoints {
-		dp, err := strconv.ParseUint(k, 10, 32)
-		if err != nil || uint32(dp) < c.DataParallelStartRank || uint32(dp) >= c.DataParallelStartRank+size {
-			return w, badRequest("kv_events_endpoints key %q: want a dp rank in [%d, %d)", k, c.DataParallelStartRank,
-				c.DataParallelStartRank+size)
+		dp, ok := rankKey(k)
+		if !ok || uint64(dp) < start || uint64(dp) >= end {
+			return w, badRequest("kv_events_endpoints key %q: want a dp rank in [%d, %d)", k, start, end)
 		}
 		if err := checkEndpoint("kv_events_endpoints["+k+"]", ep); err != nil {
 			return w, err
@@ -265,7 +266,7 @@ func infoOf(c *CatalogWorker) (raftfsm.WorkerInfo, error) {
 		if w.EventEndpoints == nil {
 			w.EventEndpoints = map[uint32]string{}
 		}
-		w.EventEndpoints[uint32(dp)] = ep
+		w.EventEndpoints[dp] = ep
 	}
 	if c.ReplayEndpoint != "" {
 		if err := checkEndpoint("replay_endpoint", c.ReplayEndpoint); err != nil {
@@ -274,6 +275,17 @@ func infoOf(c *CatalogWorker) (raftfsm.WorkerInfo, error) {
 		w.ReplayEndpoints = map[uint32]string{c.DataParallelStartRank: c.ReplayEndpoint}
 	}
 	return w, nil
+}
+
+// rankKey reads a kv_events_endpoints key: a dp rank in decimal, in its
+// one spelling, so that two keys never name one rank ("01" and "1" did,
+// and which endpoint the rank got depended on the map's order).
+func rankKey(k string) (uint32, bool) {
+	dp, err := strconv.ParseUint(k, 10, 32)
+	if err != nil || strconv.FormatUint(dp, 10) != k {
+		return 0, false
+	}
+	return uint32(dp), true
 }
 
 // sameRegistration reports whether a and b register the same thing.
@@ -383,8 +395,14 @@ func (s *Selection) patchWorker(w http.ResponseWriter, r *http.Request) error {
 	if p.DataParallelSize != nil {
 		cw.DataParallelSize = *p.DataParallelSize
 	}
-	if p.KVEventsEndpoints != nil && (p.DataParallelStartRank != nil || p.DataParallelSize != nil) {
+	switch {
+	case p.KVEventsEndpoints != nil && (p.DataParallelStartRank != nil || p.DataParallelSize != nil):
 		cw.KVEventsEndpoints = p.KVEventsEndpoints
+	case p.DataParallelStartRank != nil || p.DataParallelSize != nil:
+		// New ranks and no endpoints named: the kept ranks keep theirs
+		// (patchedWorker), and those of ranks the PATCH removes go with
+		// them rather than be read against the new range.
+		cw.KVEventsEndpoints = nil
 	}
 	if p.ReplayEndpoint != nil {
 		cw.ReplayEndpoint = *p.ReplayEndpoint
@@ -430,14 +448,14 @@ func patchedWorker(old, patched *raftfsm.WorkerInfo, p *WorkerPatch) (raftfsm.Wo
 	case p.KVEventsEndpoints != nil:
 		nw.EventEndpoints = map[uint32]string{}
 		for k, ep := range p.KVEventsEndpoints {
-			dp, err := strconv.ParseUint(k, 10, 32)
-			if err != nil || !slices.Contains(nw.DPRanks, uint32(dp)) {
+			dp, ok := rankKey(k)
+			if !ok || !slices.Contains(nw.DPRanks, dp) {
 				return nw, badRequest("kv_events_endpoints key %q: want one of the worker's dp ranks %v", k, nw.DPRanks)
 			}
 			if err := checkEndpoint("kv_events_endpoints["+k+"]", ep); err != nil {
 				return nw, err
 			}
-			nw.EventEndpoints[uint32(dp)] = ep
+			nw.EventEndpoints[dp] = ep
 		}
 	}
 	replay := map[uint32]string{}
