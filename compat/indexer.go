@@ -366,7 +366,10 @@ func tenantOf(tenant, group string) string {
 	return DefaultTenant
 }
 
-// checkEndpoint accepts a ZMQ endpoint: tcp://host:port or ipc://path.
+// checkEndpoint accepts a ZMQ endpoint to connect to: tcp://host:port or
+// ipc://path. A tcp endpoint is nothing more (no user, query or fragment,
+// which ZMQ would read as part of the host), and its host is no wildcard:
+// "*" binds every interface, and a subscriber cannot connect to it.
 func checkEndpoint(what, ep string) error {
 	if err := checkName(what, ep); err != nil {
 		return err
@@ -378,8 +381,11 @@ func checkEndpoint(what, ep string) error {
 	switch u.Scheme {
 	case "tcp":
 		port, perr := strconv.ParseUint(u.Port(), 10, 16)
-		if u.Hostname() == "" || perr != nil || port == 0 || u.Path != "" {
+		if u.Hostname() == "" || perr != nil || port == 0 || ep != "tcp://"+u.Host {
 			return badRequest("%s %q: want tcp://host:port", what, ep)
+		}
+		if u.Hostname() == "*" {
+			return badRequest("%s %q: want the engine's address, not the wildcard it binds", what, ep)
 		}
 	case "ipc":
 		if u.Host+u.Path == "" {

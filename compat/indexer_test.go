@@ -173,3 +173,20 @@ func TestIndexerQueryFigures(t *testing.T) {
 		t.Fatalf("tenant blue: %+v, want %+v", blue.Instances, wantBlue)
 	}
 }
+
+// TestEndpointIsOneToConnectTo: checkEndpoint takes what a SUB socket can
+// connect to and refuses the rest. From a review: tcp://h:1?x,
+// tcp://user@h:1 and tcp://*:1 were accepted, and the leader's subscriber
+// then could never reach the engine (ZMQ reads the user and query as part
+// of the host, and * is the wildcard an engine binds, not an address).
+func TestEndpointIsOneToConnectTo(t *testing.T) {
+	for ep, ok := range map[string]bool{
+		"tcp://10.0.0.1:5557": true, "tcp://engine-0.svc:5557": true, "tcp://[::1]:5557": true, "ipc:///tmp/engine.sock": true,
+		"tcp://h:1?x": false, "tcp://h:1?": false, "tcp://h:1#f": false, "tcp://user@h:1": false, "tcp://*:1": false,
+		"tcp://h:1/": false, "tcp://h:*": false, "tcp://h:0": false, "tcp://h": false, "http://h:1": false, "": false,
+	} {
+		if err := checkEndpoint("endpoint", ep); (err == nil) != ok {
+			t.Errorf("checkEndpoint(%q) = %v, want ok %v", ep, err, ok)
+		}
+	}
+}
