@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/enginesub"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/kvevent/engine"
@@ -103,6 +104,7 @@ type Agentless struct {
 type agentlessSub struct {
 	endpoint, replay string
 	blockSize        int
+	term             uint64 // the Raft term it started in (termOf)
 	sub              *enginesub.Subscriber
 	cancel           context.CancelFunc
 	done             chan struct{}
@@ -149,14 +151,20 @@ func (a *Agentless) Ranks() []kvevent.Rank {
 
 func (a *Agentless) loop() {
 	defer close(a.done)
-	defer a.reconcile(nil)
+	defer a.reconcile(nil, 0)
 	t := time.NewTicker(a.cfg.Poll)
 	defer t.Stop()
 	for {
+		// The term is read before leadership is checked, so that it is
+		// never later than the term the subscribers started now resume
+		// in: a node that lost leadership and won it back between the two
+		// reads restarts them at the next poll. (Read after, the new
+		// term could stamp subscribers of the old one, and keep them.)
+		term := termOf(a.b)
 		if a.b.CheckLeader() == nil {
-			a.reconcile(a.b.WorkerTable())
+			a.reconcile(a.b.WorkerTable(), term)
 		} else {
-			a.reconcile(nil)
+			a.reconcile(nil, term)
 		}
 		select {
 		case <-a.stop:
@@ -166,9 +174,31 @@ func (a *Agentless) loop() {
 	}
 }
 
+// raftNode is how termOf reads a target's term: *raftfsm.Node's Raft.
+type raftNode interface{ Raft() *raft.Raft }
+
+var _ raftNode = (*raftfsm.Node)(nil)
+
+// termOf returns b's Raft term, or 0 when b does not tell it.
+func termOf(b AgentlessTarget) uint64 {
+	if n, ok := b.(raftNode); ok {
+		return n.Raft().CurrentTerm()
+	}
+	return 0
+}
+
 // reconcile runs a subscriber for each rank that should have one (none
 // when table is nil) and stops the others.
-func (a *Agentless) reconcile(table map[uint64]raftfsm.WorkerInfo) {
+//
+// A subscriber of an older term is stopped and started again, from the
+// rank's cursor: this node lost leadership and won it back between two
+// polls, and the leader of the term between may have moved the cursor,
+// in the same epoch (the subscriber would commit batches again, dropped
+// as duplicates) or into a new one (every later batch dropped, for good;
+// positionSink.commit catches that too, but only by clearing the rank).
+// Started again, it resumes where that leader left off, through the
+// engine's replay socket.
+func (a *Agentless) reconcile(table map[uint64]raftfsm.WorkerInfo, term uint64) {
 	want := map[kvevent.Rank]agentlessSub{}
 	for id, w := range table {
 		if !w.Positional {
@@ -181,7 +211,8 @@ func (a *Agentless) reconcile(table map[uint64]raftfsm.WorkerInfo) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for r, s := range a.subs {
-		if w, ok := want[r]; !ok || w.endpoint != s.endpoint || w.replay != s.replay || w.blockSize != s.blockSize {
+		if w, ok := want[r]; !ok || w.endpoint != s.endpoint || w.replay != s.replay || w.blockSize != s.blockSize ||
+			s.term != term {
 			s.cancel()
 			<-s.done
 			delete(a.subs, r)
@@ -194,6 +225,7 @@ func (a *Agentless) reconcile(table map[uint64]raftfsm.WorkerInfo) {
 		if _, ok := a.subs[r]; ok {
 			continue
 		}
+		w.term = term
 		if err := a.start(r, w); err != nil {
 			a.log.Warn("agentless: cannot follow the engine", "rank", r, "endpoint", w.endpoint, "err", err)
 		}
@@ -262,7 +294,27 @@ func (s *positionSink) commit(evs []kvevent.Event) error {
 	if len(acks) != 1 || acks[0].Gap {
 		return fmt.Errorf("agentless: rank %v not applied: %+v", s.rank, acks)
 	}
+	// The cursor in a later epoch than these events: another leader's
+	// subscriber cleared the rank into it (a replay that failed, while
+	// leadership was there and came back before this node's loop saw it
+	// go). Every position of this sink's epoch is below that cursor now,
+	// dropped as a duplicate with no error, and the rank would follow its
+	// engine no more. The sink takes that epoch, with a clear due past it,
+	// and fails the batch: the subscriber resyncs, and the next batches
+	// apply after the clear.
+	if cur, _, _ := SplitPosition(acks[0].Cursor); cur > epochOf(evs) {
+		s.epoch = cur
+		s.clearDue = fmt.Sprintf("another leader moved the rank to epoch %d", cur)
+		return fmt.Errorf("agentless: rank %v: %s, past this subscriber's %d: its batches would all be dropped",
+			s.rank, s.clearDue, epochOf(evs))
+	}
 	return nil
+}
+
+// epochOf is the epoch of a batch's positions (one for all its events).
+func epochOf(evs []kvevent.Event) uint32 {
+	e, _, _ := SplitPosition(evs[0].EventID)
+	return e
 }
 
 // Events commits one engine batch (enginesub.Sink). IngestEvents encodes

@@ -11,6 +11,7 @@ import (
 	"github.com/kvrouter/kvrouter/enginesub"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // fakeTarget is an AgentlessTarget that fails the commits it is told to fail and records the others.
@@ -120,5 +121,106 @@ func TestAgentlessPositionLimits(t *testing.T) {
 	}
 	if len(ft.committed) != 3 || ft.committed[2].Kind != kvevent.KindStored {
 		t.Fatalf("after the restart, committed %v", ft.committed)
+	}
+}
+
+// cursorTarget applies positional ids as raftfsm does for a Positional
+// rank: an id at or below the cursor is a duplicate, skipped; any higher
+// id applies (holes are no gaps).
+type cursorTarget struct {
+	cursor    uint64
+	committed []kvevent.Event // applied ones
+}
+
+func (f *cursorTarget) CheckLeader() error                         { return nil }
+func (f *cursorTarget) WorkerTable() map[uint64]raftfsm.WorkerInfo { return nil }
+func (f *cursorTarget) Cursor(kvevent.Rank) uint64                 { return f.cursor }
+func (f *cursorTarget) IngestEvents(_ context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	ack := raftfsm.RankAck{Rank: bs[0].Rank}
+	for _, ev := range bs[0].Events {
+		if ev.EventID <= f.cursor {
+			ack.Dups++
+			continue
+		}
+		f.cursor = ev.EventID
+		f.committed = append(f.committed, ev)
+		ack.Applied++
+	}
+	ack.Cursor = f.cursor
+	return []raftfsm.RankAck{ack}, nil
+}
+
+// TestAgentlessSubscriberOfAStaleEpochResyncs: a subscriber whose rank
+// another leader cleared into a later epoch fails its next batch, and
+// the resync clears the rank past that epoch, after which its batches
+// apply. From a review: leadership went to another node and came back
+// between two polls of Agentless.loop, so this node's subscriber kept
+// running with its old epoch; the other leader's subscriber had cleared
+// the rank meanwhile (a catch-up replay that failed: epoch+1), and every
+// later batch of this one was below the cursor, dropped as a duplicate
+// with no error: the rank never followed its engine again.
+func TestAgentlessSubscriberOfAStaleEpochResyncs(t *testing.T) {
+	ft := &cursorTarget{}
+	a := &Agentless{b: ft, cfg: AgentlessConfig{CommitTimeout: time.Second}, log: quiet}
+	r := kvevent.Rank{Worker: 1}
+	st := func() []kvevent.Event {
+		return []kvevent.Event{{Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 2}}}}
+	}
+	s := &positionSink{a: a, rank: r} // this node's subscriber, epoch 0
+	if err := s.Events(r, 4, st()); err != nil {
+		t.Fatal(err)
+	}
+	// The other leader resumed at batch 5, its replay failed, it cleared
+	// the rank into epoch 1 and committed batch 5.
+	ft.cursor = Position(1, 5, 1)
+	failed := 0
+	for seq := uint64(6); seq < 20; seq++ {
+		if err := s.Events(r, seq, st()); err != nil {
+			failed++
+			s.Resync(r, enginesub.ReasonSinkError) // as enginesub does
+		}
+	}
+	var got []string
+	for _, ev := range ft.committed[1:] {
+		e, seq, _ := SplitPosition(ev.EventID)
+		got = append(got, fmt.Sprintf("%v@%d/%d", ev.Kind, e, seq))
+	}
+	if failed != 1 || len(got) < 2 || got[0] != "clear@2/0" || got[1] != "store@2/7" || len(got) != 14 {
+		t.Fatalf("%d batches failed; committed after the other leader's clear: %v (want one failure, a clear into epoch 2, then batches 7 to 19)",
+			failed, got)
+	}
+}
+
+// TestAgentlessRestartsSubscribersOfAnOlderTerm: reconcile stops a
+// subscriber that started in an older Raft term and starts it again, from
+// the rank's cursor now; in the same term it keeps it. From a review: a
+// node that lost leadership and won it back between two polls kept its
+// subscribers, whose epoch and sequence were those from before the other
+// leader's term (see TestAgentlessSubscriberOfAStaleEpochResyncs).
+func TestAgentlessRestartsSubscribersOfAnOlderTerm(t *testing.T) {
+	ft := &cursorTarget{}
+	a := &Agentless{b: ft, cfg: AgentlessConfig{CommitTimeout: time.Second, Registerer: prometheus.NewRegistry()},
+		log: quiet, subs: map[kvevent.Rank]*agentlessSub{}}
+	defer a.reconcile(nil, 0)
+	r := kvevent.Rank{Worker: 1}
+	table := map[uint64]raftfsm.WorkerInfo{1: {ID: 1, Positional: true, BlockSize: 4,
+		EventEndpoints: map[uint32]string{0: "tcp://127.0.0.1:9"}}}
+	a.reconcile(table, 5)
+	first := a.subs[r]
+	if first == nil {
+		t.Fatal("no subscriber for the rank")
+	}
+	a.reconcile(table, 5)
+	if a.subs[r] != first {
+		t.Fatal("a subscriber was restarted within its term")
+	}
+	a.reconcile(table, 7)
+	if a.subs[r] == first || a.subs[r] == nil || a.subs[r].term != 7 {
+		t.Fatalf("after a term change: subscriber %p (was %p)", a.subs[r], first)
+	}
+	select {
+	case <-first.done:
+	default:
+		t.Fatal("the subscriber of the old term still runs")
 	}
 }
