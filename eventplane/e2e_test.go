@@ -572,16 +572,17 @@ func TestUnregisteredWorkersRanksLeaveEveryNode(t *testing.T) {
 }
 
 // refusingTarget is a cursorTarget that answers invalid (raftfsm.ErrInvalid)
-// any request holding event refuse of its rank.
+// any request holding event refuse of rank (of any rank when zero).
 type refusingTarget struct {
 	*cursorTarget
+	rank   kvevent.Rank
 	refuse uint64
 }
 
 func (t *refusingTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
 	for _, b := range bs {
 		for _, ev := range b.Events {
-			if ev.EventID == t.refuse {
+			if ev.EventID == t.refuse && (t.rank == kvevent.Rank{} || t.rank == b.Rank) {
 				return nil, fmt.Errorf("%w: event %d", raftfsm.ErrInvalid, ev.EventID)
 			}
 		}
@@ -671,4 +672,58 @@ func TestAnEventRefusedAloneIsReplacedByADump(t *testing.T) {
 		_, last := p.Cursor(r)
 		return p.Pending() == 0 && tg.cursor[r] == last && last > 20
 	})
+}
+
+// TestOneBadEventAmongManyRanksIsIsolated: the router refuses every
+// request that holds one rank's bad event, among eight ranks' events; the
+// requests shrink until the bad event goes alone, and is given up for a
+// dump of its rank, while every other event is applied.
+func TestOneBadEventAmongManyRanksIsIsolated(t *testing.T) {
+	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	bad := kvevent.Rank{Worker: 3}
+	tg := &refusingTarget{cursorTarget: newCursorTarget(), rank: bad, refuse: 10}
+	in, err := NewIngester(IngesterConfig{Conn: connect(t, s.ClientURL()), Node: tg, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	waitFor(t, 10*time.Second, "the ingester's subscriptions", func() bool { return ingesting(in) })
+	const perRank = 50
+	dump := func(r kvevent.Rank) ([]kvevent.Event, uint64) { return nil, perRank }
+	p, err := NewPublisher(PublisherConfig{Conn: connect(t, s.ClientURL()), Dump: dump, MinBackoff: time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var ranks []kvevent.Rank
+	for w := range uint64(8) {
+		r := kvevent.Rank{Worker: w + 1}
+		ranks = append(ranks, r)
+		evs := make([]kvevent.Event, perRank)
+		for i := range evs {
+			evs[i] = kvevent.Event{Rank: r, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: uint64(i + 1), LocalHash: uint64(i + 1)}}}
+		}
+		if _, err := p.Publish(r, evs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 20*time.Second, "every rank at its last event", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		for _, r := range ranks {
+			if tg.cursor[r] != perRank {
+				return false
+			}
+		}
+		return p.Pending() == 0
+	})
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	if tg.dumps != 1 {
+		t.Fatalf("%d dumps, want 1 (of rank %v)", tg.dumps, bad)
+	}
 }

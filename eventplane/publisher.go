@@ -486,9 +486,11 @@ func (p *Publisher) loop() {
 				// Refused as it is (a router whose cap is below ours, a
 				// message larger than the server takes): it would be
 				// refused again for ever, with every rank in it. Send
-				// less, and no more than that for a while.
+				// half, and no more than that for a while: one bad event
+				// among many ranks' is alone in a request after a few
+				// refusals (refusedAlone), however the others go.
 				limit = max(1, n/2)
-				ceiling, ceilingUntil = n-1, time.Now().Add(refusedFor)
+				ceiling, ceilingUntil = limit, time.Now().Add(refusedFor)
 			case refused:
 				// One event, refused alone: the owner's dump replaces it.
 				p.refusedAlone(batches[0].Rank)
