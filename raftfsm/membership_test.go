@@ -353,3 +353,39 @@ func TestANodeAloneFollowsNoOtherCluster(t *testing.T) {
 		t.Fatalf("n4 refused %d RPCs of its own cluster's leader", n4.watch.refused.Load())
 	}
 }
+
+// TestANodeAloneRefusesHeartbeatsOverTCP: over the TCP transport a
+// heartbeat takes a fast path around the consumer channel, and made a
+// node alone follow the other cluster's leader (it stepped down, and the
+// heartbeats kept it a follower) though that leader's entries were
+// refused. From a review of the alone guard, whose first test ran on the
+// in-memory transport, which has no such path.
+func TestANodeAloneRefusesHeartbeatsOverTCP(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	tr := c.transport("127.0.0.1:0")
+	self := Member{ID: "n4", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n4"}
+	n4, err := NewNode(Config{ID: "n4", RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr,
+		DataDir: filepath.Join(t.TempDir(), "n4"), Peers: []Member{self}, Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n4.Close()
+	waitFor(t, 10*time.Second, "n4 to lead its own cluster", func() bool { return n4.IsLeader() && n4.ledThisTerm() })
+	// A heartbeat of a term below n4's would be ignored anyway.
+	for l.raft.CurrentTerm() < n4.raft.CurrentTerm() {
+		if err := l.TransferLeadership(ctx(t), ""); err != nil {
+			t.Fatal(err)
+		}
+		l = c.leader()
+	}
+	term := n4.raft.CurrentTerm()
+	if err := l.AddMember(ctx(t), "n4", self.RaftAddr, self.HTTPAddr); err != nil {
+		t.Fatal(err)
+	}
+	// Heartbeats go every few milliseconds; refused entries back off.
+	waitFor(t, 10*time.Second, "n4 to refuse the cluster's leader a few times", func() bool { return n4.watch.refused.Load() >= 16 })
+	if _, id := n4.raft.LeaderWithID(); !n4.IsLeader() || n4.raft.CurrentTerm() != term {
+		t.Fatalf("n4 is %v in term %d (was leader in %d), following %q", n4.raft.State(), n4.raft.CurrentTerm(), term, id)
+	}
+}

@@ -64,10 +64,10 @@ type commitWatch struct {
 	first  atomic.Uint64 // the first leader commit index heard; 0: none yet
 	closed sync.Once
 
-	self     string        // this node's server id
-	alone    func() bool   // whether the node's latest configuration is itself alone
-	aloneSet chan struct{} // closed by setAlone
-	refused  atomic.Uint64 // RPCs refused while alone
+	self     string                      // this node's server id
+	alone    atomic.Pointer[func() bool] // whether the node's latest configuration is itself alone; nil until setAlone
+	aloneSet chan struct{}               // closed by setAlone
+	refused  atomic.Uint64               // RPCs refused while alone
 	logger   *slog.Logger
 }
 
@@ -94,12 +94,7 @@ func (w *commitWatch) run(in <-chan raft.RPC) {
 		select {
 		case rpc := <-in:
 			if from, ok := w.foreign(rpc); ok {
-				if k := w.refused.Add(1); k&(k-1) == 0 { // the 1st, 2nd, 4th, 8th, ... refusal
-					w.logger.Error("refusing a leader's RPC: this node is a cluster of its own; "+
-						"remove it from the other cluster, or wipe its data directory and start it with --join",
-						"from", from, "refused", k)
-				}
-				rpc.Respond(nil, fmt.Errorf("%w: server %s is a cluster of its own and follows no other leader", ErrInvalid, w.self))
+				w.refuse(rpc, from)
 				continue
 			}
 			if ae, ok := rpc.Command.(*raft.AppendEntriesRequest); ok && ae.LeaderCommitIndex > 0 {
@@ -116,11 +111,45 @@ func (w *commitWatch) run(in <-chan raft.RPC) {
 	}
 }
 
+// refuse answers rpc, from another cluster's leader, with an error.
+func (w *commitWatch) refuse(rpc raft.RPC, from string) {
+	if k := w.refused.Add(1); k&(k-1) == 0 { // the 1st, 2nd, 4th, 8th, ... refusal
+		w.logger.Error("refusing a leader's RPC: this node is a cluster of its own; "+
+			"remove it from the other cluster, or wipe its data directory and start it with --join",
+			"from", from, "refused", k)
+	}
+	rpc.Respond(nil, fmt.Errorf("%w: server %s is a cluster of its own and follows no other leader", ErrInvalid, w.self))
+}
+
 // setAlone gives the watch the node's test of being alone, asked on every
 // RPC that a leader sends, and lets RPCs through. Call it once.
 func (w *commitWatch) setAlone(alone func() bool) {
-	w.alone = alone
+	w.alone.Store(&alone)
 	close(w.aloneSet)
+}
+
+// SetHeartbeatHandler implements raft.Transport. A heartbeat (an
+// AppendEntries without entries) takes a fast path around the consumer
+// channel, on the transport's connection goroutines, and makes a node
+// follow its sender as surely as any other AppendEntries: the watch
+// checks it the same way. One that comes before the node said whether it
+// is alone is refused (the leader sends another).
+func (w *commitWatch) SetHeartbeatHandler(cb func(rpc raft.RPC)) {
+	if cb == nil {
+		w.Transport.SetHeartbeatHandler(nil)
+		return
+	}
+	w.Transport.SetHeartbeatHandler(func(rpc raft.RPC) {
+		if w.alone.Load() == nil {
+			rpc.Respond(nil, fmt.Errorf("%w: server %s is starting", ErrNoLeader, w.self))
+			return
+		}
+		if from, ok := w.foreign(rpc); ok {
+			w.refuse(rpc, from)
+			return
+		}
+		cb(rpc)
+	})
 }
 
 // foreign reports whether rpc comes from another server that would lead
@@ -137,7 +166,7 @@ func (w *commitWatch) foreign(rpc raft.RPC) (string, bool) {
 	default:
 		return "", false
 	}
-	return string(h.ID), string(h.ID) != w.self && w.alone()
+	return string(h.ID), string(h.ID) != w.self && (*w.alone.Load())()
 }
 
 // Consumer implements raft.Transport: the RPCs, after the watch.
