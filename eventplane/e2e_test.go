@@ -722,8 +722,34 @@ func TestOneBadEventAmongManyRanksIsIsolated(t *testing.T) {
 		return p.Pending() == 0
 	})
 	tg.mu.Lock()
-	defer tg.mu.Unlock()
 	if tg.dumps != 1 {
 		t.Fatalf("%d dumps, want 1 (of rank %v)", tg.dumps, bad)
+	}
+	tg.mu.Unlock()
+
+	// The refusals were the event's, not the requests' size: the ranks'
+	// next events go in full requests again, not one at a time.
+	before := val(p.m.requests)
+	for _, r := range ranks {
+		evs := make([]kvevent.Event, perRank)
+		for i := range evs {
+			evs[i] = kvevent.Event{Rank: r, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: uint64(perRank + i + 1), LocalHash: uint64(perRank + i + 1)}}}
+		}
+		if _, err := p.Publish(r, evs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 20*time.Second, "the next events", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		for _, r := range ranks {
+			if tg.cursor[r] != 2*perRank {
+				return false
+			}
+		}
+		return p.Pending() == 0
+	})
+	if n := val(p.m.requests) - before; n > 50 {
+		t.Fatalf("%v requests for %d events of %d ranks: the requests stayed small after the bad event was given up", n, len(ranks)*perRank, len(ranks))
 	}
 }

@@ -493,7 +493,10 @@ func (p *Publisher) loop() {
 				ceiling, ceilingUntil = limit, time.Now().Add(refusedFor)
 			case refused:
 				// One event, refused alone: the owner's dump replaces it.
+				// The refusals were its own, not the requests' size: the
+				// other ranks go back to full requests.
 				p.refusedAlone(batches[0].Rank)
+				limit, ceiling = p.cfg.MaxRequestEvents, p.cfg.MaxRequestEvents
 			}
 		} else {
 			backoff = 0
