@@ -43,7 +43,7 @@ type CUDA struct {
 	reg    registry
 	closed atomic.Bool
 
-	mu      sync.Mutex // guards the sets below and orders Alloc against Close
+	mu      sync.Mutex // guards the sets below and orders allocs, frees and IPC exports against Close
 	streams map[*cudaStream]struct{}
 	events  map[*cudaEvent]struct{}
 }
@@ -195,7 +195,14 @@ func (c *CUDA) FreeHost(b HostBuffer) error { return c.free(b.region, memHost) }
 // memory, so that no copy still queued can touch it: frees are rare (pool
 // setup and teardown), and a DMA into released pinned memory would corrupt
 // whatever reuses it.
+//
+// It holds c.mu throughout, as the allocations do: a free that passed its
+// closed check must end before Close takes the regions and releases the
+// context (it called the driver on a released context, and the region
+// was never freed).
 func (c *CUDA) free(r region, kind memKind) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.closed.Load() {
 		return fmt.Errorf("free %s: %w", kind, ErrClosed)
 	}
@@ -212,8 +219,11 @@ func (c *CUDA) free(r region, kind memKind) error {
 	return nil
 }
 
-// ExportIPC returns b's CUipcMemHandle.
+// ExportIPC returns b's CUipcMemHandle. It holds c.mu, as free does: the
+// memory can be neither freed nor released by Close meanwhile.
 func (c *CUDA) ExportIPC(b DeviceBuffer) (IPCHandle, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.closed.Load() {
 		return nil, fmt.Errorf("export IPC: %w", ErrClosed)
 	}

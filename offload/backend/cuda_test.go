@@ -3,9 +3,12 @@ package backend_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/offload/backend"
 )
@@ -147,5 +150,58 @@ func TestCUDAFailedBatchLeavesNoCopyRunning(t *testing.T) {
 	}
 	if got := buf[16384 : 16384+4096]; !bytes.Equal(got, bytes.Repeat([]byte{0xAB}, 4096)) {
 		t.Fatalf("the copy queued before the failure had not run when the batch's error returned (byte 0 is %#x)", got[0])
+	}
+}
+
+// TestCUDAFreeRacingCloseIsOrdered: a FreeDevice racing Close either
+// frees before Close or answers ErrClosed (the contract: after Close every
+// method returns ErrClosed, and every region handed out is released). From
+// a review: free took no lock, and one that had passed its closed check and
+// unregistered its region before Close ran called the driver after Close
+// had released the primary context; the region was never freed. The frees
+// and Close queue up behind a synchronize on a large deferred copy of the
+// fake driver, which makes that interleaving likely (the sleeps only stage
+// it: a run where they do not still passes).
+func TestCUDAFreeRacingCloseIsOrdered(t *testing.T) {
+	lib := fakeOrSkip(t)
+	const k = 8
+	const big = 32 << 20
+	var bad []string
+	for iter := range 8 {
+		be, err := backend.OpenCUDA(backend.CUDAConfig{Library: lib})
+		check(t, err)
+		bh := must(be.AllocHost(big)).ok(t)
+		bd := must(be.AllocDevice(big)).ok(t)
+		s := must(be.NewStream()).ok(t)
+		e := must(be.NewEvent()).ok(t)
+		for range 4 {
+			check(t, be.CopyAsync(s, bd.Ptr(), bh.Ptr(), big))
+		}
+		check(t, be.Record(e, s))
+		bufs := make([]backend.DeviceBuffer, k)
+		for i := range bufs {
+			bufs[i] = must(be.AllocDevice(1 << 16)).ok(t)
+		}
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { defer wg.Done(); be.Synchronize(e) }() // holds the driver for a while
+		time.Sleep(2 * time.Millisecond)
+		errs := make([]error, k)
+		for i := range bufs {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[i] = be.FreeDevice(bufs[i]) }()
+		}
+		time.Sleep(2 * time.Millisecond)
+		cerr := be.Close()
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil && !errors.Is(err, backend.ErrClosed) && !errors.Is(err, backend.ErrBadHandle) {
+				bad = append(bad, fmt.Sprintf("iteration %d: FreeDevice %d racing Close: %v (Close: %v)", iter, i, err, cerr))
+			}
+		}
+	}
+	if len(bad) > 0 {
+		t.Fatalf("%d frees ran their driver calls after Close released the context; their regions were never released:\n%s",
+			len(bad), strings.Join(bad, "\n"))
 	}
 }
