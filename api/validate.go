@@ -5,45 +5,36 @@ import (
 	"math"
 	"net"
 	"strconv"
-	"unicode/utf8"
 
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/limits"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
 // Limits on strings a client supplies. They keep ids printable and logs and
-// Raft entries small; nothing else depends on them.
+// Raft entries small; nothing else depends on them. Ids, names and ranks
+// are bounded as the compatible API bounds them (internal/limits).
 const (
-	maxIDLen    = 256  // request ids, member ids
-	maxNameLen  = 1024 // LoRA names, cache salts, models, endpoints
-	maxAddrLen  = 512  // host:port
-	maxDPRanks  = 4096 // data-parallel ranks of one worker
+	maxIDLen    = limits.MaxIDLen   // request ids, member ids
+	maxNameLen  = limits.MaxNameLen // LoRA names, cache salts, models, endpoints
+	maxAddrLen  = 512               // host:port
+	maxDPRanks  = limits.MaxDPRanks // data-parallel ranks of one worker
 	maxBlockLen = 1 << 20
 )
 
 // checkID refuses an empty, overlong or non-printable id: ids travel in URL
 // paths and log lines.
 func checkID(what, id string) error {
-	switch {
-	case id == "":
-		return invalidf("%s is empty", what)
-	case len(id) > maxIDLen:
-		return invalidf("%s is %d bytes long (at most %d)", what, len(id), maxIDLen)
-	case !utf8.ValidString(id):
-		return invalidf("%s is not valid UTF-8", what)
-	}
-	for _, r := range id {
-		if r < 0x20 || r == 0x7f {
-			return invalidf("%s %q holds a control character", what, id)
-		}
+	if p := limits.ID(id); p != "" {
+		return invalidf("%s %s", what, p)
 	}
 	return nil
 }
 
 func checkName(what, s string) error {
-	if len(s) > maxNameLen {
-		return invalidf("%s is %d bytes long (at most %d)", what, len(s), maxNameLen)
+	if p := limits.Name(s); p != "" {
+		return invalidf("%s %s", what, p)
 	}
 	return nil
 }

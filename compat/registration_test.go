@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/api"
 
+	"github.com/kvrouter/kvrouter/internal/limits"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/vmihailenco/msgpack/v5"
@@ -376,7 +377,7 @@ func TestMsgpackRefusesNumbersOutOfRange(t *testing.T) {
 // FSM (a 500).
 func TestNamesAreBounded(t *testing.T) {
 	n := startNode(t)
-	big := strings.Repeat("x", maxNameLen+1)
+	big := strings.Repeat("x", limits.MaxNameLen+1)
 	reg := func(mod func(*RegisterRequest)) reply {
 		req := RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557", ModelName: "llama", BlockSize: 4, Agentless: ptr(false)}
 		mod(&req)
@@ -403,7 +404,7 @@ func TestNamesAreBounded(t *testing.T) {
 	}
 	mustCode(t, n.do(t, codecJSON, "POST", "/query", QueryRequest{ModelName: "llama", LoRAName: big}), 400, "a long lora_name")
 	mustCode(t, n.do(t, codecJSON, "POST", "/query_by_hash", QueryByHashRequest{ModelName: big}), 400, "a long query model_name")
-	mustCode(t, reg(func(r *RegisterRequest) { r.TenantID = strings.Repeat("x", maxNameLen) }), 201, "a tenant_id of the limit's length")
+	mustCode(t, reg(func(r *RegisterRequest) { r.TenantID = strings.Repeat("x", limits.MaxNameLen) }), 201, "a tenant_id of the limit's length")
 }
 
 // TestRegisterCapsRanksPerWorker: /register refuses a rank past 4096 of

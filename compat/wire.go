@@ -13,8 +13,8 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"unicode/utf8"
 
+	"github.com/kvrouter/kvrouter/internal/limits"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -207,9 +207,8 @@ func bodyHandler[Req any](code int, do func(ctx context.Context, req *Req) (any,
 // printable. An id past raftfsm's own limit was committed and then
 // refused by every replica's FSM: a wasted entry and a 500.
 const (
-	maxIDLen   = 256  // reservation, selection and session ids
-	maxNameLen = 1024 // models, tenants, endpoints, salts, LoRA names
-	maxDPRanks = 4096 // dp ranks of one worker
+	maxIDLen   = limits.MaxIDLen   // reservation, selection and session ids
+	maxDPRanks = limits.MaxDPRanks // dp ranks of one worker
 )
 
 // requireModel refuses a request that names no model, or names too long:
@@ -229,10 +228,10 @@ func requireModel(model string, tenants ...string) error {
 	return nil
 }
 
-// checkName refuses a name longer than maxNameLen bytes.
+// checkName refuses a name longer than limits.MaxNameLen bytes.
 func checkName(what, s string) error {
-	if len(s) > maxNameLen {
-		return badRequest("%s is %d bytes long (at most %d)", what, len(s), maxNameLen)
+	if p := limits.Name(s); p != "" {
+		return badRequest("%s %s", what, p)
 	}
 	return nil
 }
@@ -240,18 +239,11 @@ func checkName(what, s string) error {
 // checkID refuses an empty, overlong or non-printable id, as /v1 does:
 // ids travel in URL paths and log lines, and key raftfsm's records.
 func checkID(what, id string) error {
-	switch {
-	case id == "":
+	if id == "" {
 		return badRequest("%s is required", what)
-	case len(id) > maxIDLen:
-		return badRequest("%s is %d bytes long (at most %d)", what, len(id), maxIDLen)
-	case !utf8.ValidString(id):
-		return badRequest("%s is not valid UTF-8", what)
 	}
-	for _, r := range id {
-		if r < 0x20 || r == 0x7f {
-			return badRequest("%s %q holds a control character", what, id)
-		}
+	if p := limits.ID(id); p != "" {
+		return badRequest("%s %s", what, p)
 	}
 	return nil
 }

@@ -1,0 +1,46 @@
+// Package limits holds the bounds every API of the router puts on the ids
+// and names clients send (the HTTP API, package api, and the compatible
+// API, package compat), so that both refuse the same strings before any
+// write: ids travel in URL paths and log lines and key raftfsm's records,
+// and names are replicated into the log and every snapshot.
+package limits
+
+import (
+	"fmt"
+	"unicode/utf8"
+)
+
+const (
+	MaxIDLen   = 256  // request, reservation, selection, session and member ids
+	MaxNameLen = 1024 // models, tenants, endpoints, cache salts, LoRA names
+	MaxDPRanks = 4096 // dp ranks of one worker
+)
+
+// ID says what is wrong with id, or "" when nothing is: it must be
+// non-empty, at most MaxIDLen bytes of valid UTF-8, with no control
+// character. The answer reads after the id's name: "request_id " + ID(id).
+func ID(id string) string {
+	switch {
+	case id == "":
+		return "is empty"
+	case len(id) > MaxIDLen:
+		return fmt.Sprintf("is %d bytes long (at most %d)", len(id), MaxIDLen)
+	case !utf8.ValidString(id):
+		return "is not valid UTF-8"
+	}
+	for _, r := range id {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Sprintf("%q holds a control character", id)
+		}
+	}
+	return ""
+}
+
+// Name says what is wrong with a name, or "" when nothing is: it must be
+// at most MaxNameLen bytes.
+func Name(s string) string {
+	if len(s) > MaxNameLen {
+		return fmt.Sprintf("is %d bytes long (at most %d)", len(s), MaxNameLen)
+	}
+	return ""
+}

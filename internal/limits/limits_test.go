@@ -1,0 +1,34 @@
+package limits
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestID(t *testing.T) {
+	for _, c := range []struct {
+		id, want string
+	}{
+		{"req-1", ""},
+		{strings.Repeat("x", MaxIDLen), ""},
+		{"", "is empty"},
+		{strings.Repeat("x", MaxIDLen+1), "is 257 bytes long (at most 256)"},
+		{"a\xffb", "is not valid UTF-8"},
+		{"a\nb", `"a\nb" holds a control character`},
+		{"a\x7fb", `"a\x7fb" holds a control character`},
+		{"é-☃", ""},
+	} {
+		if got := ID(c.id); got != c.want {
+			t.Errorf("ID(%q) = %q, want %q", c.id, got, c.want)
+		}
+	}
+}
+
+func TestName(t *testing.T) {
+	if got := Name(strings.Repeat("m", MaxNameLen)); got != "" {
+		t.Errorf("a name of %d bytes: %q", MaxNameLen, got)
+	}
+	if got := Name(strings.Repeat("m", MaxNameLen+1)); got != "is 1025 bytes long (at most 1024)" {
+		t.Errorf("a name of %d bytes: %q", MaxNameLen+1, got)
+	}
+}
