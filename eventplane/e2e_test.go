@@ -440,22 +440,9 @@ func ingesting(in *Ingester) bool {
 // cursor only (50), so the old through 80 read as a new id, and the 50
 // events above it were applied again on top of the dump.
 func TestRenumberingPastPublishedIDsDoesNotReapplyEvents(t *testing.T) {
-	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
 	tg := newCursorTarget()
 	r := kvevent.Rank{Worker: 9}
 	tg.cursor[r] = 50 // an earlier incarnation's
-	in, err := NewIngester(IngesterConfig{Conn: connect(t, s.ClientURL()), Node: tg, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	// The first dump must meet the ingester: one retried for want of a
-	// responder would be built again, after the events below.
-	waitFor(t, 10*time.Second, "the ingester's subscriptions", func() bool { return ingesting(in) })
 	o := newOwner(3)
 	ctx := ctxT(t)
 	calls := 0 // the publisher's loop alone calls dump
@@ -471,11 +458,10 @@ func TestRenumberingPastPublishedIDsDoesNotReapplyEvents(t *testing.T) {
 		}
 		return stored, through
 	}
-	p, err := NewPublisher(PublisherConfig{Conn: connect(t, s.ClientURL()), Dump: dump, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	// The first dump must meet the ingester (startPlaneWith waits for its
+	// subscriptions): one retried for want of a responder would be built
+	// again, after the events below.
+	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{Dump: dump})
 	o.pub = p
 	p.Resync(r)
 	waitFor(t, 10*time.Second, "the dump and the events", func() bool {
@@ -596,23 +582,8 @@ func (t *refusingTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatc
 // From the event-plane review: it resent the same request for ever, and
 // every rank in it was stuck.
 func TestRequestsShrinkToWhatTheRouterTakes(t *testing.T) {
-	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
 	tg := newCursorTarget()
-	in, err := NewIngester(IngesterConfig{Conn: connect(t, s.ClientURL()), Node: tg, MaxRequestEvents: 5, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	waitFor(t, 10*time.Second, "the ingester's subscriptions", func() bool { return ingesting(in) })
-	p, err := NewPublisher(PublisherConfig{Conn: connect(t, s.ClientURL()), MinBackoff: time.Millisecond, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	_, p := startPlaneWith(t, tg, IngesterConfig{MaxRequestEvents: 5}, PublisherConfig{MinBackoff: time.Millisecond})
 	ranks := []kvevent.Rank{{Worker: 1}, {Worker: 2}}
 	for _, r := range ranks {
 		evs := make([]kvevent.Event, 100)
@@ -634,24 +605,9 @@ func TestRequestsShrinkToWhatTheRouterTakes(t *testing.T) {
 // even in a request of its own is given up, and the owner's dump, which
 // holds what it did, replaces the rank; the rank's later events go on.
 func TestAnEventRefusedAloneIsReplacedByADump(t *testing.T) {
-	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
 	tg := &refusingTarget{cursorTarget: newCursorTarget(), refuse: 5}
-	in, err := NewIngester(IngesterConfig{Conn: connect(t, s.ClientURL()), Node: tg, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	waitFor(t, 10*time.Second, "the ingester's subscriptions", func() bool { return ingesting(in) })
 	o := newOwner(5)
-	p, err := NewPublisher(PublisherConfig{Conn: connect(t, s.ClientURL()), Dump: o.dump, MinBackoff: time.Millisecond, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{Dump: o.dump, MinBackoff: time.Millisecond})
 	o.pub = p
 	r := kvevent.Rank{Worker: 3}
 	ctx := ctxT(t)
@@ -679,26 +635,11 @@ func TestAnEventRefusedAloneIsReplacedByADump(t *testing.T) {
 // requests shrink until the bad event goes alone, and is given up for a
 // dump of its rank, while every other event is applied.
 func TestOneBadEventAmongManyRanksIsIsolated(t *testing.T) {
-	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
 	bad := kvevent.Rank{Worker: 3}
 	tg := &refusingTarget{cursorTarget: newCursorTarget(), rank: bad, refuse: 10}
-	in, err := NewIngester(IngesterConfig{Conn: connect(t, s.ClientURL()), Node: tg, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	waitFor(t, 10*time.Second, "the ingester's subscriptions", func() bool { return ingesting(in) })
 	const perRank = 50
 	dump := func(r kvevent.Rank) ([]kvevent.Event, uint64) { return nil, perRank }
-	p, err := NewPublisher(PublisherConfig{Conn: connect(t, s.ClientURL()), Dump: dump, MinBackoff: time.Millisecond, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{Dump: dump, MinBackoff: time.Millisecond})
 	var ranks []kvevent.Rank
 	for w := range uint64(8) {
 		r := kvevent.Rank{Worker: w + 1}

@@ -666,18 +666,28 @@ func TestDroppedEventsTakeTheirMarks(t *testing.T) {
 // startPlane starts a NATS server, an ingester committing to tg and a
 // publisher, all stopped at the test's end.
 func startPlane(t *testing.T, tg *fakeTarget) (*Ingester, *Publisher) {
+	return startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{})
+}
+
+// startPlaneWith starts a NATS server, an ingester for node and a
+// publisher, with icfg and pcfg (their connections and loggers filled
+// in), and waits for the ingester's subscriptions.
+func startPlaneWith(t *testing.T, node Target, icfg IngesterConfig, pcfg PublisherConfig) (*Ingester, *Publisher) {
 	t.Helper()
 	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	in, err := NewIngester(IngesterConfig{Conn: connect(t, s.ClientURL()), Node: tg, Logger: quiet})
+	icfg.Conn, icfg.Node, icfg.Logger = connect(t, s.ClientURL()), node, quiet
+	in, err := NewIngester(icfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { in.Close() })
-	p, err := NewPublisher(PublisherConfig{Conn: connect(t, s.ClientURL()), Logger: quiet})
+	waitFor(t, 10*time.Second, "the ingester's subscriptions", func() bool { return ingesting(in) })
+	pcfg.Conn, pcfg.Logger = connect(t, s.ClientURL()), quiet
+	p, err := NewPublisher(pcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
