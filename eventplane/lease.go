@@ -158,15 +158,7 @@ func (in *Ingester) sweepLeases(now time.Time) {
 		in.cwg.Add(1)
 		go func() {
 			defer in.cwg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
-			defer cancel()
-			// Under the node's worker-table lock, when it has one: a
-			// compatible API's read-modify-write must not bring the
-			// worker back (raftfsm.Node.WorkersMutex).
-			unlock := raftfsm.LockWorkers(in.cfg.Node)
-			err := in.cfg.Node.DeregisterWorker(ctx, w.ID)
-			unlock()
-			removed := err == nil || errors.Is(err, raftfsm.ErrUnknownWorker)
+			removed, _, err := in.deregister(w.ID, false)
 			in.leases.mu.Lock()
 			if in.leases.expiry != nil {
 				delete(in.leases.expiry, w.ID)
@@ -252,19 +244,8 @@ func (in *Ingester) sweepUnregistered(now time.Time, table map[uint64]raftfsm.Wo
 		in.cwg.Add(1)
 		go func() {
 			defer in.cwg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
-			defer cancel()
-			// Under the node's worker-table lock, which registrations
-			// through the node take too: a worker that registered since
-			// the listing keeps its ranks.
-			unlock := raftfsm.LockWorkers(in.cfg.Node)
-			_, registered := in.cfg.Node.WorkerTable()[w.id]
-			var err error
-			if !registered {
-				err = in.cfg.Node.DeregisterWorker(ctx, w.id)
-			}
-			unlock()
-			removed := !registered && (err == nil || errors.Is(err, raftfsm.ErrUnknownWorker))
+			// A worker that registered since the listing keeps its ranks.
+			removed, registered, err := in.deregister(w.id, true)
 			in.leases.mu.Lock()
 			if in.leases.strays != nil {
 				delete(in.leases.strays, w.id)
@@ -287,4 +268,24 @@ func (in *Ingester) sweepUnregistered(now time.Time, table map[uint64]raftfsm.Wo
 			}
 		}()
 	}
+}
+
+// deregister removes worker id through Raft, under the node's worker-table
+// lock when it has one (raftfsm.Node.WorkersMutex), which registrations
+// through the node take too: a compatible API's read-modify-write must
+// not bring the worker back. With unlessRegistered, a worker in the table
+// is left alone (registered). removed is true when the worker is gone
+// (ErrUnknownWorker included).
+func (in *Ingester) deregister(id uint64, unlessRegistered bool) (removed, registered bool, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
+	defer cancel()
+	unlock := raftfsm.LockWorkers(in.cfg.Node)
+	defer unlock()
+	if unlessRegistered {
+		if _, registered = in.cfg.Node.WorkerTable()[id]; registered {
+			return false, true, nil
+		}
+	}
+	err = in.cfg.Node.DeregisterWorker(ctx, id)
+	return err == nil || errors.Is(err, raftfsm.ErrUnknownWorker), false, err
 }
