@@ -90,23 +90,51 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nats server: %w", err)
 	}
-	if cfg.Logger != nil {
-		s.SetLoggerV2(natsLogger{cfg.Logger.With("component", "nats")}, false, false, false)
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
 	}
+	// The server reports a port it cannot listen on through Fatalf, from
+	// its accept loop, and never gets ready: that message is the error,
+	// at once (it took the whole wait before, and said only "did not
+	// start").
+	fatal := make(chan string, 1)
+	s.SetLoggerV2(natsLogger{l: logger.With("component", "nats"), fatal: fatal}, false, false, false)
 	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		s.Shutdown()
-		return nil, fmt.Errorf("nats server on %s did not start", cfg.Addr)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if s.ReadyForConnections(20 * time.Millisecond) {
+			return s, nil
+		}
+		select {
+		case msg := <-fatal:
+			s.Shutdown()
+			return nil, fmt.Errorf("nats server on %s: %s", cfg.Addr, msg)
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.Shutdown()
+			return nil, fmt.Errorf("nats server on %s did not start within 10s", cfg.Addr)
+		}
 	}
-	return s, nil
 }
 
-// natsLogger sends the server's log lines to slog.
-type natsLogger struct{ l *slog.Logger }
+// natsLogger sends the server's log lines to slog, and its first fatal
+// one to fatal too.
+type natsLogger struct {
+	l     *slog.Logger
+	fatal chan<- string
+}
 
 func (n natsLogger) Noticef(format string, v ...any) { n.l.Info(fmt.Sprintf(format, v...)) }
 func (n natsLogger) Warnf(format string, v ...any)   { n.l.Warn(fmt.Sprintf(format, v...)) }
-func (n natsLogger) Fatalf(format string, v ...any)  { n.l.Error(fmt.Sprintf(format, v...)) }
-func (n natsLogger) Errorf(format string, v ...any)  { n.l.Error(fmt.Sprintf(format, v...)) }
-func (n natsLogger) Debugf(format string, v ...any)  { n.l.Debug(fmt.Sprintf(format, v...)) }
-func (n natsLogger) Tracef(format string, v ...any)  {}
+func (n natsLogger) Fatalf(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	n.l.Error(msg)
+	select {
+	case n.fatal <- msg:
+	default:
+	}
+}
+func (n natsLogger) Errorf(format string, v ...any) { n.l.Error(fmt.Sprintf(format, v...)) }
+func (n natsLogger) Debugf(format string, v ...any) { n.l.Debug(fmt.Sprintf(format, v...)) }
+func (n natsLogger) Tracef(format string, v ...any) {}

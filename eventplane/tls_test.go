@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,5 +119,31 @@ func TestTLSPassesThrough(t *testing.T) {
 			nc.Close()
 			t.Errorf("a client %s connected", name)
 		}
+	}
+}
+
+// TestServerOnAPortInUseFailsAtOnce: a server that cannot listen answers
+// with the listener's error, as soon as it has it. From a review: the error only went
+// to the log, StartServer waited its whole 10 s and said "did not start",
+// and kvrouter, which started NATS after Raft, had led an election
+// meanwhile.
+func TestServerOnAPortInUseFailsAtOnce(t *testing.T) {
+	for _, which := range []string{"client", "cluster"} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := ServerConfig{Addr: ln.Addr().String()}
+		if which == "cluster" {
+			cfg = ServerConfig{Addr: "127.0.0.1:0", ClusterAddr: ln.Addr().String()}
+		}
+		s, err := StartServer(cfg)
+		if err == nil {
+			s.Shutdown()
+		}
+		if err == nil || !strings.Contains(err.Error(), "address already in use") {
+			t.Errorf("%s port in use: %v, want the listener's error", which, err)
+		}
+		ln.Close()
 	}
 }

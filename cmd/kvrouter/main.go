@@ -128,8 +128,8 @@ func run(c *cli.Context) error {
 	if n := c.Int64("max-snapshot-bytes"); n < 0 {
 		return cli.Exit(fmt.Sprintf("--max-snapshot-bytes %d: want >= 0 (0: no limit)", n), 2)
 	}
-	if d := c.Duration("unregistered-grace"); d <= 0 {
-		return cli.Exit(fmt.Sprintf("--unregistered-grace %v: want > 0", d), 2)
+	if err := checkDurations(c); err != nil {
+		return cli.Exit(err.Error(), 2)
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(logger)
@@ -163,6 +163,29 @@ func run(c *cli.Context) error {
 		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- hs.Serve(ln) }()
+	// The other listeners too, before Raft starts: a node that cannot
+	// serve events should not take part in an election first.
+	var sln net.Listener
+	if a := c.String("selection-addr"); a != "" {
+		if sln, err = net.Listen("tcp", a); err != nil {
+			hs.Close()
+			return fmt.Errorf("selection API listen on %s: %w", a, err)
+		}
+	}
+	nc, natsSrv, err := startNATS(c, id, logger)
+	if err != nil {
+		if sln != nil {
+			sln.Close()
+		}
+		hs.Close()
+		return err
+	}
+	closeNATS := func() {
+		nc.Close()
+		if natsSrv != nil {
+			natsSrv.Shutdown()
+		}
+	}
 	node, err := raftfsm.NewNode(raftfsm.Config{
 		ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr, DataDir: c.String("data-dir"), Peers: peers,
 		HeartbeatTimeout: c.Duration("heartbeat-timeout"), ElectionTimeout: c.Duration("election-timeout"),
@@ -170,27 +193,25 @@ func run(c *cli.Context) error {
 		SnapshotThreshold:  c.Uint64("snapshot-threshold"), SnapshotBytes: c.Int64("snapshot-bytes"), SilentAfter: c.Duration("silent-after"), Logger: logger,
 	})
 	if err != nil {
+		closeNATS()
+		if sln != nil {
+			sln.Close()
+		}
 		hs.Close()
 		return err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		raftfsm.NewCollector(node), buildInfo())
-	nc, natsSrv, err := startNATS(c, id, logger)
-	if err != nil {
-		node.Close()
-		hs.Close()
-		return err
-	}
 	subject := c.String("events-subject")
 	ing, err := eventplane.NewIngester(eventplane.IngesterConfig{Conn: nc, Node: node, Subject: subject, DumpSubject: subject + ".dump",
 		Linger: c.Duration("events-linger"), UnregisteredGrace: c.Duration("unregistered-grace"), Registerer: reg, Logger: logger})
 	if err != nil {
-		nc.Close()
-		if natsSrv != nil {
-			natsSrv.Shutdown()
-		}
 		node.Close()
+		closeNATS()
+		if sln != nil {
+			sln.Close()
+		}
 		hs.Close()
 		return err
 	}
@@ -206,20 +227,7 @@ func run(c *cli.Context) error {
 	var serving http.Handler = srv
 	handler.Store(&serving) // the node loaded its state: the API answers from here
 	servers := []*http.Server{hs}
-	if a := c.String("selection-addr"); a != "" {
-		sln, err := net.Listen("tcp", a)
-		if err != nil {
-			hs.Close()
-			srv.Close()
-			agentless.Close()
-			ing.Close()
-			node.Close()
-			nc.Close()
-			if natsSrv != nil {
-				natsSrv.Shutdown()
-			}
-			return fmt.Errorf("selection API: %w", err)
-		}
+	if sln != nil {
 		shs := &http.Server{Handler: compat.SelectionHandler(srv), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 		servers = append(servers, shs)
 		go func() { serveErr <- shs.Serve(sln) }()
@@ -260,11 +268,37 @@ func run(c *cli.Context) error {
 	agentless.Close()
 	ing.Close()
 	err = node.Close()
-	nc.Close()
-	if natsSrv != nil {
-		natsSrv.Shutdown()
-	}
+	closeNATS()
 	return cmp.Or(runErr, err)
+}
+
+// checkDurations refuses the timing flags that Raft or the event plane
+// would take for their defaults (zero or below) or refuse only once the
+// node has started (Raft's own bounds), with a message that names the
+// flag: a usage error (exit 2), not a failed start.
+func checkDurations(c *cli.Context) error {
+	const raftMin = 5 * time.Millisecond // raft.ValidateConfig's floor
+	hb, el, lease := c.Duration("heartbeat-timeout"), c.Duration("election-timeout"), c.Duration("leader-lease-timeout")
+	switch {
+	case hb < raftMin:
+		return fmt.Errorf("--heartbeat-timeout %v: want at least %v", hb, raftMin)
+	case el < hb:
+		return fmt.Errorf("--election-timeout %v: want at least --heartbeat-timeout (%v)", el, hb)
+	case lease != 0 && (lease < raftMin || lease > hb):
+		return fmt.Errorf("--leader-lease-timeout %v: want between %v and --heartbeat-timeout (%v), or 0 for the heartbeat timeout", lease, raftMin, hb)
+	}
+	for _, name := range []string{"silent-after", "events-linger", "unregistered-grace"} {
+		if d := c.Duration(name); d <= 0 {
+			return fmt.Errorf("--%s %v: want > 0", name, d)
+		}
+	}
+	if c.Uint64("snapshot-threshold") == 0 {
+		return errors.New("--snapshot-threshold 0: want > 0")
+	}
+	if c.Int64("snapshot-bytes") == 0 {
+		return errors.New("--snapshot-bytes 0: want > 0, or negative for never")
+	}
+	return nil
 }
 
 // startNATS connects to the external NATS (--nats-url) or starts the

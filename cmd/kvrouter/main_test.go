@@ -3,11 +3,14 @@ package main
 import (
 	"encoding/json"
 	"errors"
-	"github.com/kvrouter/kvrouter/api"
+	"net"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/urfave/cli/v2"
 )
@@ -96,16 +99,75 @@ func TestBodyLimitsAreChecked(t *testing.T) {
 	}
 }
 
-// TestUnregisteredGraceIsChecked: a grace of 0 or less is a usage error
-// (the ingester would take it for its default).
-func TestUnregisteredGraceIsChecked(t *testing.T) {
-	for _, v := range []string{"0s", "-1m"} {
+// TestTimingFlagsAreChecked: a timing flag that the node would take for
+// its default (zero or below) or that Raft refuses only once the node has
+// started (its own bounds) is a usage error naming the flag, before any
+// listener or the data directory is taken. From a review: a negative
+// heartbeat timeout became 200 ms, and --heartbeat-timeout 1s alone (as
+// "raise them on slow networks" reads) failed the start with exit 1,
+// after the HTTP port and the data directory were taken.
+func TestTimingFlagsAreChecked(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--unregistered-grace", "0s"}, "--unregistered-grace"},
+		{[]string{"--unregistered-grace", "-1m"}, "--unregistered-grace"},
+		{[]string{"--heartbeat-timeout", "-5s"}, "--heartbeat-timeout"},
+		{[]string{"--heartbeat-timeout", "2ms", "--election-timeout", "2ms"}, "--heartbeat-timeout"},
+		{[]string{"--election-timeout", "0s"}, "--election-timeout"},
+		{[]string{"--heartbeat-timeout", "1s"}, "--election-timeout"},
+		{[]string{"--leader-lease-timeout", "1s"}, "--leader-lease-timeout"},
+		{[]string{"--leader-lease-timeout", "1ms"}, "--leader-lease-timeout"},
+		{[]string{"--silent-after", "-1m"}, "--silent-after"},
+		{[]string{"--events-linger", "0s"}, "--events-linger"},
+		{[]string{"--snapshot-threshold", "0"}, "--snapshot-threshold"},
+		{[]string{"--snapshot-bytes", "0"}, "--snapshot-bytes"},
+	} {
 		app := newApp()
 		app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
-		err := app.Run([]string{"kvrouter", "--data-dir", t.TempDir(), "--unregistered-grace", v})
+		// The HTTP port is taken: a flag not checked before the start
+		// fails there instead (exit 1, "http listen").
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = app.Run(append([]string{"kvrouter", "--data-dir", t.TempDir(), "--http-addr", ln.Addr().String()}, c.args...))
+		ln.Close()
 		var ec cli.ExitCoder
-		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), "--unregistered-grace") {
-			t.Fatalf("kvrouter --unregistered-grace %s: %v, want exit 2 naming the flag", v, err)
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), c.flag) {
+			t.Errorf("kvrouter %v: %v, want exit 2 naming %s", c.args, err, c.flag)
+		}
+	}
+}
+
+// TestANATSPortInUseFailsBeforeRaft: a node whose NATS (or selection)
+// port is taken says so and stops before Raft starts: its data directory
+// holds no Raft state. From a review: NATS started after Raft, the node
+// led an election, and the error came 10 s later as "did not start".
+func TestANATSPortInUseFailsBeforeRaft(t *testing.T) {
+	for _, flag := range []string{"--nats-addr", "--selection-addr"} {
+		taken, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		free, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		httpAddr := free.Addr().String()
+		free.Close()
+		dir := t.TempDir()
+		app := newApp()
+		app.ExitErrHandler = func(*cli.Context, error) {}
+		err = app.Run([]string{"kvrouter", "--data-dir", dir, "--http-addr", httpAddr, "--raft-addr", "127.0.0.1:0",
+			"--nats-addr", "127.0.0.1:0", flag, taken.Addr().String()})
+		taken.Close()
+		if err == nil || !strings.Contains(err.Error(), "address already in use") {
+			t.Errorf("%s in use: %v, want the listener's error", flag, err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "raft")); !os.IsNotExist(err) {
+			t.Errorf("%s in use: Raft started (%s/raft: %v)", flag, dir, err)
 		}
 	}
 }
