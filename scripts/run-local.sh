@@ -89,17 +89,32 @@ done
 natsroutes=""
 for i in 1 2 3; do natsroutes+="127.0.0.1:$((6220 + i)),"; done
 for i in 1 2 3; do
-  ./bin/kvrouter --node-id "n$i" --raft-addr "127.0.0.1:$((7100 + i))" --http-addr "127.0.0.1:$((7180 + i))" \
+  # Each in a session of its own (setsid): a Ctrl-C at the terminal
+  # reaches this script alone, whose SIGTERM then stops the node once.
+  # Given both, a node stopping on the first could be killed by the
+  # second, half-way through its shutdown.
+  setsid ./bin/kvrouter --node-id "n$i" --raft-addr "127.0.0.1:$((7100 + i))" --http-addr "127.0.0.1:$((7180 + i))" \
     --data-dir "$base/node$i" --peers "$peers" --log-level warn \
     --nats-addr "127.0.0.1:$((4220 + i))" --nats-cluster-addr "127.0.0.1:$((6220 + i))" --nats-routes "${natsroutes%,}" \
     2>"$base/node$i.log" &
   pids+=($!)
 done
 
+# ready PORT: whether the node's /readyz on 127.0.0.1:PORT answers 200
+# (bash's /dev/tcp: no curl on a fresh machine).
+ready() {
+  (
+    exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+    printf 'GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+    IFS= read -r -t 2 status <&3 || exit 1
+    [[ $status == "HTTP/1."?" 200 "* ]]
+  ) 2>/dev/null
+}
+
 echo "waiting for the cluster to be ready..."
 deadline=$((SECONDS + 60))
 for i in 1 2 3; do
-  until curl -sf --max-time 2 "http://127.0.0.1:$((7180 + i))/readyz" >/dev/null 2>&1; do
+  until ready $((7180 + i)); do
     if ! kill -0 "${pids[i - 1]}" 2>/dev/null; then
       echo "node n$i exited; its log:" >&2
       tail -20 "$base/node$i.log" >&2
@@ -141,7 +156,7 @@ if [ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && [ -f "$trace" ]; then
   capacity=$((1000000 / blocksize)) # kvsim's v1 capacity (1,000,000 tokens), in blocks
   natsurls="nats://127.0.0.1:4221,nats://127.0.0.1:4222,nats://127.0.0.1:4223"
   for i in $(seq 1 "$workers"); do
-    ./bin/kvagent --worker-id "$i" --block-size "$blocksize" --capacity-device "$capacity" \
+    setsid ./bin/kvagent --worker-id "$i" --block-size "$blocksize" --capacity-device "$capacity" \
       --engine-endpoint "tcp://127.0.0.1:$((5600 + i - 1))" --replay-endpoint "tcp://127.0.0.1:$((5700 + i - 1))" \
       --nats-url "$natsurls" --router "$endpoints" --metrics-addr "" --log-level warn \
       2>"$base/kvagent$i.log" &
