@@ -159,3 +159,25 @@ func TestEndpointKeysHaveOneSpelling(t *testing.T) {
 		mustCode(t, r, 400, "PATCH of key "+k)
 	}
 }
+
+// TestPatchLeavesStoredEndpointsUnchecked: a PATCH checks the endpoints
+// it names, not those it keeps. From a review: the stored replay endpoint
+// of a worker an older build registered (tcp://*:5558, refused since) was
+// checked again, and a PATCH of the worker's HTTP endpoint alone was a 400.
+func TestPatchLeavesStoredEndpointsUnchecked(t *testing.T) {
+	n := startNode(t)
+	id := WorkerID(7, "llama", DefaultTenant)
+	w := raftfsm.WorkerInfo{ID: id, Instance: 7, Model: "llama", Tenant: DefaultTenant, BlockSize: 4,
+		DPRanks: []uint32{0}, EventEndpoints: map[uint32]string{0: "tcp://*:5557"},
+		ReplayEndpoints: map[uint32]string{0: "tcp://*:5558"}, Positional: true}
+	if err := n.node.RegisterWorker(context.Background(), w); err != nil {
+		t.Fatal(err)
+	}
+	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/7", WorkerPatch{Endpoint: ptr("http://10.0.0.1:8000")}), 200, "PATCH of the endpoint alone")
+	got := n.node.WorkerTable()[id]
+	if got.Endpoint != "http://10.0.0.1:8000" || got.EventEndpoints[0] != "tcp://*:5557" || got.ReplayEndpoints[0] != "tcp://*:5558" {
+		t.Fatalf("after the PATCH: %+v", got)
+	}
+	// What a PATCH names is checked.
+	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/7", WorkerPatch{ReplayEndpoint: ptr("tcp://*:5559")}), 400, "PATCH naming a wildcard replay endpoint")
+}

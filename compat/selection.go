@@ -395,14 +395,14 @@ func (s *Selection) patchWorker(w http.ResponseWriter, r *http.Request) error {
 	if p.DataParallelSize != nil {
 		cw.DataParallelSize = *p.DataParallelSize
 	}
-	switch {
-	case p.KVEventsEndpoints != nil && (p.DataParallelStartRank != nil || p.DataParallelSize != nil):
+	// Only the endpoints the PATCH names are checked (infoOf, or
+	// patchedWorker for event endpoints of unchanged ranks): the others
+	// stay as they are (patchedWorker), whatever rules they were taken
+	// under, and those of ranks the PATCH removes go with them rather
+	// than be read against the new range.
+	cw.KVEventsEndpoints, cw.ReplayEndpoint = nil, ""
+	if p.KVEventsEndpoints != nil && (p.DataParallelStartRank != nil || p.DataParallelSize != nil) {
 		cw.KVEventsEndpoints = p.KVEventsEndpoints
-	case p.DataParallelStartRank != nil || p.DataParallelSize != nil:
-		// New ranks and no endpoints named: the kept ranks keep theirs
-		// (patchedWorker), and those of ranks the PATCH removes go with
-		// them rather than be read against the new range.
-		cw.KVEventsEndpoints = nil
 	}
 	if p.ReplayEndpoint != nil {
 		cw.ReplayEndpoint = *p.ReplayEndpoint

@@ -7,6 +7,7 @@ package limits
 
 import (
 	"fmt"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -18,7 +19,7 @@ const (
 
 // ID says what is wrong with id, or "" when nothing is: it must be
 // non-empty, at most MaxIDLen bytes of valid UTF-8, with no control
-// character. The answer reads after the id's name: "request_id " + ID(id).
+// character (C0, DEL or C1). The answer reads after the id's name: "request_id " + ID(id).
 func ID(id string) string {
 	switch {
 	case id == "":
@@ -29,7 +30,7 @@ func ID(id string) string {
 		return "is not valid UTF-8"
 	}
 	for _, r := range id {
-		if r < 0x20 || r == 0x7f {
+		if unicode.IsControl(r) { // C0, DEL and C1
 			return fmt.Sprintf("%q holds a control character", id)
 		}
 	}

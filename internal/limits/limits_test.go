@@ -16,6 +16,7 @@ func TestID(t *testing.T) {
 		{"a\xffb", "is not valid UTF-8"},
 		{"a\nb", `"a\nb" holds a control character`},
 		{"a\x7fb", `"a\x7fb" holds a control character`},
+		{"a\u0085b", `"a\u0085b" holds a control character`},
 		{"é-☃", ""},
 	} {
 		if got := ID(c.id); got != c.want {
