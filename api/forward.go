@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -81,6 +82,11 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 				// which sends the client on to the next one).
 				s.writeError(w, r, err)
 				return
+			}
+			var oe *net.OpError
+			if !errors.As(err, &oe) || oe.Op != "dial" {
+				// Past the dial the leader may have the write.
+				w.Header().Set(HeaderMaybeApplied, "true")
 			}
 			s.writeError(w, r, &httpError{code: http.StatusServiceUnavailable, reason: reason,
 				err: fmt.Errorf("forward to the leader at %s: %w", target.Host, err)})

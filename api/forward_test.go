@@ -118,6 +118,39 @@ func TestForwardToUnreachableLeaderIs503(t *testing.T) {
 	if got := counterValue(t, n.reg, "kvrouter_http_forwards_total", map[string]string{"outcome": "failed"}); got != 1 {
 		t.Fatalf("failed forwards counted %v, want 1", got)
 	}
+	// The forward never reached a leader: the write did not apply.
+	if a.header.Get(api.HeaderMaybeApplied) != "" {
+		t.Fatalf("a forward that failed to dial says %s", api.HeaderMaybeApplied)
+	}
+}
+
+// TestForwardBrokenAfterItLeftSaysTheWriteMayHaveApplied: a forward that
+// broke once the leader had the request (it hung up without answering)
+// is 503 no_leader with HeaderMaybeApplied, which keeps a client from
+// sending a write that is not safe twice on to another node.
+func TestForwardBrokenAfterItLeftSaysTheWriteMayHaveApplied(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = conn.Read(make([]byte, 4096))
+			conn.Close()
+		}
+	}()
+	n := newNode(t, "n2", api.Options{})
+	n.fake.SetFollower("n1", ln.Addr().String())
+	a := send(t, n.http.URL, "POST", "/v1/cluster/leader/transfer", `{}`)
+	if a.code != 503 || a.reason(t) != api.ReasonNoLeader || a.header.Get(api.HeaderMaybeApplied) != "true" {
+		t.Fatalf("a forward the leader took and hung up on: %d %s, %s %q; want 503 no_leader saying it may have applied",
+			a.code, a.body, api.HeaderMaybeApplied, a.header.Get(api.HeaderMaybeApplied))
+	}
 }
 
 func TestWriteWithNoLeaderKnownIs503(t *testing.T) {

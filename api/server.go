@@ -30,6 +30,12 @@ const (
 	// forwarded request.
 	HeaderForwardedTo = "X-Kvrouter-Forwarded-To"
 
+	// HeaderMaybeApplied, on a 503 no_leader answer to a forwarded
+	// write, says that the forward failed after it may have reached the
+	// leader (not while dialing it): the write may apply. A client sends
+	// a write that is not safe to send twice to no other node then.
+	HeaderMaybeApplied = "X-Kvrouter-Maybe-Applied"
+
 	// Trailers of GET /v1/snapshot: known only once the stream is written.
 	TrailerSnapshotIndex   = "X-Kvrouter-Snapshot-Index"
 	TrailerSnapshotTerm    = "X-Kvrouter-Snapshot-Term"

@@ -9,16 +9,21 @@
 // Writes need no leader address: any node forwards them to its leader.
 // Event batches (by event id), bookings (by request id) and registrations
 // are safe to send twice, which is what makes moving on after a broken
-// connection safe. Two are not quite: a leadership transfer sent again may
-// move leadership a second time (or answer that the target already
-// leads), and a snapshot restore sent again installs the snapshot again,
-// dropping what was applied between the two.
+// connection safe. Three are not: a leadership transfer sent again may
+// move leadership a second time, a snapshot restore sent again installs
+// the snapshot again, dropping what was applied between the two, and a
+// member removal sent again answers that the id is no member. Once one of
+// those may have reached a node (a timeout or a broken connection after
+// it went out, or a forward to the leader that broke), no other node is
+// tried: the error is ErrOutcomeUnknown, and the caller checks the
+// cluster (members, status) before sending it again.
 //
 // Errors from the API come back as *Error, keeping the HTTP status and the
 // reason; errors.Is matches them against the node's sentinel errors too
 // (raftfsm.ErrNoLeader, indexer.ErrOverloaded, ...). When no endpoint can be
-// reached the error wraps ErrUnreachable; when one answered and was passed
-// over, and none after it answered, the error is that answer.
+// reached the error wraps ErrUnreachable; when one may have taken the
+// request without answering, ErrOutcomeUnknown; when one answered and was
+// passed over, and none after it answered, the error is that answer.
 package client
 
 import (
@@ -31,6 +36,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -44,9 +50,18 @@ import (
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
-// ErrUnreachable means no endpoint could be reached (connection refused,
-// reset, DNS, ...): the request may not have reached any node.
-var ErrUnreachable = errors.New("no endpoint reachable")
+var (
+	// ErrUnreachable means no endpoint could be reached (connection
+	// refused, DNS, ...): the request reached no node.
+	ErrUnreachable = errors.New("no endpoint reachable")
+	// ErrOutcomeUnknown means a request was sent and no answer came (a
+	// timeout, a connection broken after the request went out, a node
+	// whose forward to the leader broke): it may have applied. A write
+	// that is not safe to send twice (a restore, a leadership transfer, a
+	// member removal) is then sent to no other node; any other is, and
+	// when none answers the error is this one.
+	ErrOutcomeUnknown = errors.New("sent, and no answer came: the request may have applied")
+)
 
 // Options configure a Client. The zero value works.
 type Options struct {
@@ -178,6 +193,32 @@ type request struct {
 	stream       io.Reader // a streamed body; replayable only while unread, or when it is an io.Seeker
 	streamLen    int64     // its length, -1 when unknown
 	endpoint     string    // when set, this endpoint only
+	// once: not safe to send twice (its second apply is not a no-op):
+	// once it may have reached a node, no other node is tried.
+	once bool
+}
+
+// neverSent reports whether a transport error came before the request
+// could reach the node: dialing it failed. Any other error may have come
+// after the node took the request.
+func neverSent(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// partlySent reports whether a streamed body (counted) broke off before
+// its end: a node takes a stream (a restore) only whole, so it did not
+// take this one. It waits for the transport to be done with the body.
+func (c *Client) partlySent(ctx context.Context, counted *countingReader, length int64) bool {
+	if counted == nil {
+		return false
+	}
+	select {
+	case <-counted.closed:
+	case <-ctx.Done():
+		return false
+	}
+	return !counted.eof && (length < 0 || counted.n < length)
 }
 
 // do sends req to the preferred endpoint, then to the others in order
@@ -188,6 +229,7 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 	order := c.order(req.endpoint)
 	var errs []string
 	var answered error // the last node that answered, passed over
+	maybeSent := false // a try may have reached a node that did not answer
 	var start int64 = -1
 	seeker, _ := req.stream.(io.Seeker)
 	if seeker != nil {
@@ -256,6 +298,12 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 				return nil, base, fmt.Errorf("%s %s: %w", req.method, req.path, ctxErr)
 			}
 			errs = append(errs, fmt.Sprintf("%s: %v", hostOf(base), unwrapURLError(err)))
+			if !neverSent(err) && !c.partlySent(ctx, counted, req.streamLen) {
+				maybeSent = true
+				if req.once {
+					return nil, base, fmt.Errorf("%s %s to %s: %w: %v", req.method, req.path, hostOf(base), ErrOutcomeUnknown, unwrapURLError(err))
+				}
+			}
 			if last || !rewind() {
 				break
 			}
@@ -270,7 +318,13 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 			// rest of the cluster may serve: try the next endpoint rather
 			// than stick to this one. Every write of the API may be sent
 			// twice.
+			// But a node whose forward to the leader broke after it
+			// may have reached it says so (HeaderMaybeApplied): a write
+			// not safe to send twice stops there.
 			var e *Error
+			if req.once && resp.Header.Get(api.HeaderMaybeApplied) != "" {
+				return nil, base, fmt.Errorf("%w: %w", ErrOutcomeUnknown, apiErr)
+			}
 			if !last && errors.As(apiErr, &e) && e.StatusCode == http.StatusServiceUnavailable &&
 				(e.Reason == api.ReasonNoLeader || e.Reason == api.ReasonShuttingDown || e.Reason == api.ReasonNotReady) && rewind() {
 				errs = append(errs, fmt.Sprintf("%s: %v", hostOf(base), apiErr))
@@ -288,6 +342,9 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 		// could not be reached: that answer is the error, not
 		// ErrUnreachable, which says the request may have reached nobody.
 		return nil, "", fmt.Errorf("%w (tried: %s)", answered, strings.Join(errs, "; "))
+	}
+	if maybeSent {
+		return nil, "", fmt.Errorf("%s %s: %w (tried: %s)", req.method, req.path, ErrOutcomeUnknown, strings.Join(errs, "; "))
 	}
 	return nil, "", fmt.Errorf("%s %s: %w: %s", req.method, req.path, ErrUnreachable, strings.Join(errs, "; "))
 }
@@ -333,6 +390,7 @@ func unwrapURLError(err error) error {
 type countingReader struct {
 	r      io.Reader
 	n      int64
+	eof    bool // the stream's end was read: the whole body went out
 	closed chan struct{}
 	once   sync.Once
 }
@@ -346,6 +404,9 @@ func (c *countingReader) Close() error {
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
+	if err == io.EOF {
+		c.eof = true
+	}
 	return n, err
 }
 
@@ -372,15 +433,34 @@ func decodeError(base string, resp *http.Response) error {
 // call sends a JSON request (in may be nil) and decodes a JSON answer into
 // out (nil: the answer is dropped).
 func (c *Client) call(ctx context.Context, method, path string, in, out any) error {
+	req, err := jsonRequest(method, path, in)
+	if err != nil {
+		return err
+	}
+	return c.callReq(ctx, req, out)
+}
+
+// callOnce is call for a write that is not safe to send twice
+// (request.once).
+func (c *Client) callOnce(ctx context.Context, method, path string, in, out any) error {
+	req, err := jsonRequest(method, path, in)
+	if err != nil {
+		return err
+	}
+	req.once = true
+	return c.callReq(ctx, req, out)
+}
+
+func jsonRequest(method, path string, in any) (request, error) {
 	req := request{method: method, path: path}
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
-			return fmt.Errorf("%s %s: encode: %w", method, path, err)
+			return req, fmt.Errorf("%s %s: encode: %w", method, path, err)
 		}
 		req.json = b
 	}
-	return c.callReq(ctx, req, out)
+	return req, nil
 }
 
 func (c *Client) callReq(ctx context.Context, req request, out any) error {
@@ -535,13 +615,15 @@ func (c *Client) AddMember(ctx context.Context, id, raftAddr, httpAddr string) e
 
 // RemoveMember removes a member.
 func (c *Client) RemoveMember(ctx context.Context, id string) error {
-	return c.call(ctx, http.MethodDelete, "/v1/cluster/members/"+url.PathEscape(id), nil, nil)
+	// Not sent twice: the second try of a removal that went through
+	// answers that id is no member.
+	return c.callOnce(ctx, http.MethodDelete, "/v1/cluster/members/"+url.PathEscape(id), nil, nil)
 }
 
 // TransferLeader hands leadership to the member to, or to any up-to-date
 // voter when to is "".
 func (c *Client) TransferLeader(ctx context.Context, to string) error {
-	return c.call(ctx, http.MethodPost, "/v1/cluster/leader/transfer", api.TransferLeaderRequest{To: to}, nil)
+	return c.callOnce(ctx, http.MethodPost, "/v1/cluster/leader/transfer", api.TransferLeaderRequest{To: to}, nil)
 }
 
 // IngestEvents sends batches of events and returns one ack per batch, in
@@ -621,7 +703,7 @@ func (c *Client) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotResult,
 // a *bytes.Reader), and is chunked otherwise.
 func (c *Client) RestoreSnapshot(ctx context.Context, r io.Reader) (raftfsm.SnapshotInfo, error) {
 	var out raftfsm.SnapshotInfo
-	err := c.callReq(ctx, request{method: http.MethodPost, path: "/v1/snapshot/restore", stream: r, streamLen: streamLen(r)}, &out)
+	err := c.callReq(ctx, request{method: http.MethodPost, path: "/v1/snapshot/restore", stream: r, streamLen: streamLen(r), once: true}, &out)
 	return out, err
 }
 

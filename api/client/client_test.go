@@ -435,10 +435,8 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Fatalf("save = %+v, file = %+v", res, info)
 	}
 
-	// The upload moves on from an endpoint that hung up half-way: a
-	// bytes.Reader can be rewound.
-	bad := newHangUp(t)
-	c2 := newClient(t, bad.addr(), n.addr())
+	// The upload moves on from an endpoint that cannot be reached.
+	c2 := newClient(t, deadAddr(t), n.addr())
 	got, err := c2.RestoreSnapshot(ctx, bytes.NewReader(buf.Bytes()))
 	if err != nil {
 		t.Fatal(err)
@@ -446,11 +444,14 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if got.Index != info.Index || n.fake.Restores() != 1 {
 		t.Fatalf("restore = %+v, restores %d", got, n.fake.Restores())
 	}
-	// A stream that cannot be rewound is not sent twice.
+	// Not from one that took the whole stream and hung up: it may have
+	// restored it, and a second restore would drop what was applied in
+	// between.
+	bad := newHangUp(t)
 	c3 := newClient(t, bad.addr(), n.addr())
-	_, err = c3.RestoreSnapshot(ctx, io.MultiReader(bytes.NewReader(buf.Bytes())))
-	if err == nil || n.fake.Restores() != 1 {
-		t.Fatalf("a half-sent, unrewindable upload: err %v, restores %d", err, n.fake.Restores())
+	_, err = c3.RestoreSnapshot(ctx, bytes.NewReader(buf.Bytes()))
+	if !errors.Is(err, client.ErrOutcomeUnknown) || n.fake.Restores() != 1 {
+		t.Fatalf("an upload sent whole to a node that hung up: err %v, restores %d; want ErrOutcomeUnknown, no second restore", err, n.fake.Restores())
 	}
 
 	_, err = c.RestoreSnapshot(ctx, strings.NewReader("garbage"))
@@ -505,5 +506,41 @@ func TestUploadAfterAnEarly503IsWhole(t *testing.T) {
 		if got.Load() != want {
 			t.Fatalf("try %d: the second endpoint received a stream of sha256 %v, want %s", try, got.Load(), want)
 		}
+	}
+}
+
+// TestWritesNotSafeTwiceAreNotSentTwice: a restore, a leadership transfer
+// and a member removal that reached a node which gave no answer (it hung
+// up after reading the request) are not sent to the next node, and the
+// error says the outcome is unknown; a write safe to send twice goes on
+// to the next node. From a review: every write moved on, and a restore
+// was installed twice, a removal answered "no member" after it had gone
+// through.
+func TestWritesNotSafeTwiceAreNotSentTwice(t *testing.T) {
+	ctx := context.Background()
+	for name, call := range map[string]func(*client.Client) error{
+		"leader transfer": func(c *client.Client) error { return c.TransferLeader(ctx, "") },
+		"member removal":  func(c *client.Client) error { return c.RemoveMember(ctx, "n3") },
+	} {
+		n := newNode(t, "n1")
+		bad := newHangUp(t)
+		err := call(newClient(t, bad.addr(), n.addr()))
+		if !errors.Is(err, client.ErrOutcomeUnknown) || !strings.Contains(err.Error(), bad.addr()) {
+			t.Errorf("%s: %v, want ErrOutcomeUnknown naming the node that took it", name, err)
+		}
+		if calls := n.fake.Calls(); calls["TransferLeadership"]+calls["RemoveMember"] != 0 {
+			t.Errorf("%s: sent on to the next node too (%v)", name, calls)
+		}
+	}
+	// A registration is safe to send twice: it moves on.
+	n := newNode(t, "n1")
+	bad := newHangUp(t)
+	if err := newClient(t, bad.addr(), n.addr()).RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 1, BlockSize: 4}); err != nil {
+		t.Fatalf("a registration after a node that hung up: %v", err)
+	}
+	// And when no node answers one, the error says it may have applied,
+	// not that it reached none.
+	if err := newClient(t, newHangUp(t).addr()).RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 2, BlockSize: 4}); !errors.Is(err, client.ErrOutcomeUnknown) || errors.Is(err, client.ErrUnreachable) {
+		t.Fatalf("a registration no node answered: %v, want ErrOutcomeUnknown", err)
 	}
 }

@@ -217,6 +217,8 @@ func explain(err error) string {
 		return ue.msg
 	case errors.As(err, &mt):
 		return fmt.Sprintf("%v; the transfer took longer than --max-time %v: raise it, or leave it out (no limit)", err, mt.max)
+	case errors.Is(err, client.ErrOutcomeUnknown):
+		return err.Error() + "; see kvctl status (and kvctl members list) before sending it again"
 	case errors.Is(err, client.ErrUnreachable):
 		return err.Error() + "; check --endpoints (or KVCTL_ENDPOINTS) and that the nodes run"
 	case errors.Is(err, context.Canceled):
@@ -236,7 +238,7 @@ func explain(err error) string {
 		case api.ReasonBadSnapshot:
 			return err.Error() + "; the file is damaged or not a snapshot: take a new one with kvctl snapshot save"
 		case api.ReasonTimeout:
-			return err.Error() + "; the write may still apply: check with kvctl status and retry (retrying is safe)"
+			return err.Error() + "; the write may still apply: check with kvctl status (and kvctl members list) before retrying it"
 		case api.ReasonShuttingDown:
 			return err.Error() + "; the node is stopping: use another endpoint"
 		case api.ReasonNotReady:
