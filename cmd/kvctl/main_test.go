@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -332,6 +333,11 @@ func TestRoute(t *testing.T) {
 	kvctl(t, ep, "route", "--hashes", "1,x").wantCode(t, 2)
 	kvctl(t, ep, "route", "--hashes", "1", "--set", "busy_prefill_tokens=1").wantCode(t, 2)
 	kvctl(t, ep, "route", "--hashes", "1", "--set", "temperature=hot").wantCode(t, 2)
+	// From a review: NaN and Inf parsed, then failed the request's
+	// encoding with exit 1.
+	for _, v := range []string{"NaN", "Inf", "-Inf"} {
+		kvctl(t, ep, "route", "--hashes", "1", "--set", "temperature="+v).wantCode(t, 2)
+	}
 	bad := filepath.Join(dir, "bad.txt")
 	os.WriteFile(bad, []byte("1 2 -3"), 0o644)
 	if r := kvctl(t, ep, "route", "--tokens", bad).wantCode(t, 1); !strings.Contains(r.stderr, `token 2 "-3"`) {
@@ -605,6 +611,8 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"members", "promote"}, 2},
 		{[]string{"members", "add", "n4"}, 2},
 		{[]string{"snapshot", "save"}, 2},
+		{[]string{"snapshot", "save", "--max-time", "-1s", "f.snap"}, 2}, // from a review: no limit at all
+		{[]string{"snapshot", "restore", "--max-time", "0s", "f.snap"}, 2},
 		{[]string{"--help"}, 0},
 		{[]string{"snapshot", "save", "--help"}, 0},
 	}
@@ -692,4 +700,19 @@ func inspectPath(path string) (raftfsm.SnapshotInfo, error) {
 	}
 	defer f.Close()
 	return apitest.InspectSnapshot(f)
+}
+
+// TestHashesAreDecimalOrHex: --hashes takes decimal, or hex after 0x, as
+// its help says. From a review: a leading zero read as octal (010 was 8,
+// 089 refused) and 0b, 0o and 1_0 were taken.
+func TestHashesAreDecimalOrHex(t *testing.T) {
+	hs, err := parseHashes("010, 0x10,0X1f,089")
+	if err != nil || !slices.Equal(hs, []uint64{10, 16, 31, 89}) {
+		t.Fatalf("parseHashes = %v, %v; want [10 16 31 89]", hs, err)
+	}
+	for _, bad := range []string{"0b1", "0o7", "1_0", "0x", "-1", "18446744073709551616"} {
+		if _, err := parseHashes(bad); err == nil {
+			t.Errorf("--hashes %s accepted", bad)
+		}
+	}
 }

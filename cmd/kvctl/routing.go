@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -229,7 +230,15 @@ func parseHashes(s string) ([]uint64, error) {
 		if f == "" {
 			continue
 		}
-		v, err := strconv.ParseUint(f, 0, 64)
+		// Decimal, or hex after 0x: not ParseUint's base 0, which reads
+		// a leading zero as octal (010 is 8) and takes 0b, 0o and 1_0.
+		var v uint64
+		var err error
+		if h, ok := strings.CutPrefix(strings.ToLower(f), "0x"); ok {
+			v, err = strconv.ParseUint(h, 16, 64)
+		} else {
+			v, err = strconv.ParseUint(f, 10, 64)
+		}
 		if err != nil {
 			return nil, usagef("--hashes: hash %d %q is not an unsigned 64-bit integer (decimal or 0x hex)", i, f)
 		}
@@ -258,8 +267,8 @@ func parseOverrides(sets []string) (*indexer.Overrides, error) {
 			return nil, usagef("--set %q: want KEY=VALUE with KEY one of %s", kv, strings.Join(overrideKeys, ", "))
 		}
 		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			return nil, usagef("--set %s: %q is not a number", k, v)
+		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+			return nil, usagef("--set %s: %q is not a finite number", k, v)
 		}
 		*dst = &f
 	}

@@ -113,6 +113,9 @@ func fileArg(c *cli.Context) error {
 	if c.Args().First() == "-" {
 		return usagef("%s FILE: a snapshot file must be a path (- for stdin or stdout is not supported)", helpName(c))
 	}
+	if d := c.Duration("max-time"); c.IsSet("max-time") && d <= 0 {
+		return usagef("--max-time %v: want a positive duration, or leave it out (no limit)", d)
+	}
 	return nil
 }
 
