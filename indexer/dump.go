@@ -173,6 +173,14 @@ func (ix *Index) LoadRank(d *RankDump) error {
 // validate checks the dump's internal consistency without touching the index.
 func (d *RankDump) validate() error {
 	known := make(map[uint64]bool, len(d.Nodes))
+	// A position (parent, local) holds one node: LoadRank would take a
+	// second node at one for the first, and an entry of one of them
+	// would be lost.
+	type position struct {
+		parent, local uint64
+		root          bool
+	}
+	at := make(map[position]uint64, len(d.Nodes))
 	for _, dn := range d.Nodes {
 		if !dn.Root && !known[dn.Parent] {
 			return fmt.Errorf("%w: node %#x before its parent %#x", ErrBadDump, dn.Seq, dn.Parent)
@@ -180,6 +188,14 @@ func (d *RankDump) validate() error {
 		if known[dn.Seq] {
 			return fmt.Errorf("%w: node %#x listed twice", ErrBadDump, dn.Seq)
 		}
+		pos := position{local: dn.Local, root: dn.Root}
+		if !dn.Root {
+			pos.parent = dn.Parent
+		}
+		if other, ok := at[pos]; ok {
+			return fmt.Errorf("%w: nodes %#x and %#x at one position (content hash %#x)", ErrBadDump, other, dn.Seq, dn.Local)
+		}
+		at[pos] = dn.Seq
 		known[dn.Seq] = true
 	}
 	ehs := make(map[uint64]bool, len(d.Entries))

@@ -409,6 +409,12 @@ func TestLoadRankRejectsInconsistentDump(t *testing.T) {
 		{Rank: rk1, Nodes: []DumpNode{{Seq: 5, Root: true}}, Entries: []DumpEntry{{Seq: 6, EngineHash: 1, Mask: 1}}},
 		{Rank: rk1, Nodes: []DumpNode{{Seq: 5, Root: true}}, Entries: []DumpEntry{{Seq: 5, EngineHash: 1, Mask: 0}}},
 		{Rank: rk1, Nodes: []DumpNode{{Seq: 5, Root: true}}, Entries: []DumpEntry{{Seq: 5, EngineHash: 1, Mask: 1}, {Seq: 5, EngineHash: 2, Mask: 1}}},
+		// Two nodes at one position: from a review, one of the two
+		// entries was lost, with no error.
+		{Rank: rk1, Nodes: []DumpNode{{Seq: 5, Root: true, Local: 5}, {Seq: 6, Root: true, Local: 5}},
+			Entries: []DumpEntry{{Seq: 5, EngineHash: 100, Mask: 1}, {Seq: 6, EngineHash: 101, Mask: 2}}},
+		{Rank: rk1, Nodes: []DumpNode{{Seq: 5, Root: true, Local: 5}, {Seq: 7, Parent: 5, Local: 9}, {Seq: 8, Parent: 5, Local: 9}},
+			Entries: []DumpEntry{{Seq: 7, EngineHash: 100, Mask: 1}, {Seq: 8, EngineHash: 101, Mask: 1}}},
 	}
 	for i := range bad {
 		if err := ix.LoadRank(&bad[i]); !errors.Is(err, ErrBadDump) {
