@@ -391,6 +391,7 @@ func (a *Agent) offloadedLocked(r kvevent.Rank) []kvevent.Event {
 	if tiers == 0 {
 		return nil
 	}
+	a.mirror.ExpireOrphans(time.Now().UnixNano())
 	d, err := a.mirror.DumpRank(r)
 	if err != nil {
 		return nil
@@ -402,7 +403,18 @@ func (a *Agent) offloadedLocked(r kvevent.Rank) []kvevent.Event {
 		}
 	}
 	d.Entries = kept
-	return d.StoredEvents()
+	evs := d.StoredEvents()
+	for _, o := range d.Orphans {
+		if tiers.Has(o.Tier) {
+			evs = append(evs, orphanEvent(r, o))
+		}
+	}
+	return evs
+}
+
+// orphanEvent is a held store as the event that held it.
+func orphanEvent(r kvevent.Rank, o indexer.DumpOrphan) kvevent.Event {
+	return kvevent.Event{Rank: r, Kind: kvevent.KindStored, Tier: o.Tier, HasParent: true, Parent: o.Parent, Blocks: o.Blocks}
 }
 
 // Publish publishes a batch of events of one of rank r's offload pools
@@ -480,11 +492,18 @@ func (a *Agent) dump(r kvevent.Rank) ([]kvevent.Event, uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	_, last := a.pub.Cursor(r)
+	// Held stores past their age go first: the router would hold them
+	// again, drop them and ask for another dump.
+	a.mirror.ExpireOrphans(time.Now().UnixNano())
 	d, err := a.mirror.DumpRank(r)
 	if err != nil { // the mirror holds nothing of r
 		return nil, last
 	}
-	return d.StoredEvents(), last
+	evs := d.StoredEvents()
+	for _, o := range d.Orphans {
+		evs = append(evs, orphanEvent(r, o))
+	}
+	return evs, last
 }
 
 // cloneEvents copies evs (valid only during a Sink call) for the publisher,

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvrouter/kvrouter/indexer"
@@ -336,5 +337,82 @@ func TestPublishRefusesARankTheAgentDoesNotFollow(t *testing.T) {
 	}
 	if err := a.Restore(rank, []kvevent.Event{{Rank: rank, Kind: kvevent.KindRemoved, Removed: []uint64{1}}}); err == nil {
 		t.Fatal("Restore accepted a remove")
+	}
+}
+
+// hostPoolOn gives a an 8-block G2 pool on the host backend.
+func hostPoolOn(t *testing.T, a *Agent) *pool.HostPool {
+	t.Helper()
+	be, err := backend.NewHost()
+	must(t, err)
+	t.Cleanup(func() { be.Close() })
+	host, err := pool.NewHost(be, pool.Config{Rank: rank, Capacity: 8, BlockSize: blockBytes, Sink: a, Logger: quiet})
+	must(t, err)
+	t.Cleanup(func() { host.Close() })
+	return host
+}
+
+// dumpsCommitted is kvagent_events_dumps_total.
+func dumpsCommitted(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	must(t, err)
+	for _, f := range fams {
+		if f.GetName() == "kvagent_events_dumps_total" {
+			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+// TestDumpKeepsHeldPoolBlocks: a pool block whose copy finished before
+// its parent's (two copy workers, or the parent's task queued later) is
+// held by the mirror and the router until the parent comes; a dump
+// meanwhile carries it, so that the router, which the dump replaces,
+// still has it when the parent lands. From a review: the dump left held
+// stores out, and the router never learned of a block the pool held.
+func TestDumpKeepsHeldPoolBlocks(t *testing.T) {
+	r := startRouter(t)
+	reg := prometheus.NewRegistry()
+	a, _ := startAgentWith(t, r, Config{Registerer: reg})
+	waitFor(t, "the start dump", func() bool { return dumpsCommitted(t, reg) >= 1 })
+	host := hostPoolOn(t, a)
+	// The child's copy finishes first.
+	must(t, host.Register(pool.Block{Hash: 2, Parent: 1, Local: 1002}, make([]byte, blockBytes)))
+	caughtUp(t, r, a)
+	// The router loses track of the rank (a gap): the agent's dump heals it.
+	n := dumpsCommitted(t, reg)
+	a.Publisher().Resync(rank)
+	waitFor(t, "the dump committed", func() bool { return dumpsCommitted(t, reg) > n })
+	// The parent's copy finishes.
+	must(t, host.Register(pool.Block{Hash: 1, Local: 1001}, make([]byte, blockBytes)))
+	caughtUp(t, r, a)
+	evs, _ := a.dump(rank)
+	mirror := 0
+	for _, e := range evs {
+		mirror += len(e.Blocks)
+	}
+	if got := tierBlocks(r, kvevent.TierHostPinned); got != 2 || mirror != 2 {
+		t.Fatalf("after the dump: the router holds %d G2 blocks, the agent's mirror %d; the pool holds %d (want 2 everywhere)",
+			got, mirror, host.Stats().Used)
+	}
+}
+
+// TestClearKeepsHeldPoolBlocks: an engine clear keeps the pools' blocks,
+// those held for their parent too. From a review: they were dropped with
+// the device tier, and the pool's block was never reported once its
+// parent landed.
+func TestClearKeepsHeldPoolBlocks(t *testing.T) {
+	r, a, host := offloadedRank(t) // device 1..4, host 1..3
+	must(t, host.Register(pool.Block{Hash: 12, Parent: 11, Local: 1012}, make([]byte, blockBytes)))
+	a.Reset(rank)
+	must(t, host.Register(pool.Block{Hash: 11, Local: 1011}, make([]byte, blockBytes)))
+	caughtUp(t, r, a)
+	waitFor(t, "the dump after the clear", func() bool {
+		acked, last := a.Publisher().Cursor(rank)
+		return acked == last
+	})
+	if got := tierBlocks(r, kvevent.TierHostPinned); got != 5 {
+		t.Fatalf("the router holds %d G2 blocks, the pool %d (want 5)", got, host.Stats().Used)
 	}
 }
