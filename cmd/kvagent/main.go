@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -103,7 +104,7 @@ func run(c *cli.Context) error {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	oc, err := offloadConfigFrom(c)
 	if err != nil {
-		return err
+		return cli.Exit(err.Error(), 2) // the offload flags, as the others: a usage error
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
@@ -221,6 +222,10 @@ func checkFlags(c *cli.Context) error {
 		return usage("--block-size %d: want the engine's KV block size in tokens, > 0 (required)", c.Int("block-size"))
 	case c.Int("dp-size") < 1:
 		return usage("--dp-size %d: want at least 1", c.Int("dp-size"))
+	case uint64(c.Uint("dp-start"))+uint64(c.Int("dp-size"))-1 > math.MaxUint32:
+		// A rank is 32 bits: past that, --dp-start wrapped to a rank of
+		// another worker's dp range.
+		return usage("--dp-start %d with --dp-size %d: ranks past %d", c.Uint("dp-start"), c.Int("dp-size"), uint64(math.MaxUint32))
 	case hb <= 0:
 		return usage("--heartbeat-interval %v: want > 0", hb)
 	case lease < 0 || lease > 0 && lease < time.Millisecond:

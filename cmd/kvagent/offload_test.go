@@ -203,6 +203,12 @@ func TestLivenessFlagsAreChecked(t *testing.T) {
 		{[]string{"--worker-id", "1", "--block-size", "4", "--lease", "1s", "--heartbeat-interval", "1s"}, "--heartbeat-interval"},
 		{[]string{"--worker-id", "1", "--block-size", "4", "--heartbeat-interval", "0s"}, "--heartbeat-interval"},
 		{[]string{"--worker-id", "1", "--block-size", "4", "--capacity-host", "-3"}, "--capacity-host"},
+		// From a review: a rank past 32 bits wrapped to another worker's
+		// (4294967296 was rank 0), and the offload flags failed with exit 1.
+		{[]string{"--worker-id", "1", "--block-size", "4", "--dp-start", "4294967296"}, "--dp-start"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--dp-start", "4294967295", "--dp-size", "2"}, "--dp-start"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--offload-socket", "/tmp/x.sock", "--host-blocks", "4"}, "--block-bytes"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--backend", "tpu"}, "--backend"},
 	} {
 		a := app()
 		a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
