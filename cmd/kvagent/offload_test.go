@@ -90,16 +90,8 @@ func TestOffloadFlagsAreChecked(t *testing.T) {
 			t.Errorf("%s: %v, want an error naming %q", tc.name, err, tc.want)
 		}
 	}
-	// The flags reach the check before anything is started.
-	err := app().Run([]string{"kvagent", "--worker-id", "1", "--block-size", "4", "--offload-socket", "/tmp/x.sock",
-		"--host-blocks", "4", "--metrics-addr", ""})
-	if err == nil || !strings.Contains(err.Error(), "--block-bytes") {
-		t.Fatalf("kvagent with --offload-socket and no --block-bytes: %v", err)
-	}
-	err = app().Run([]string{"kvagent", "--worker-id", "1", "--block-size", "4", "--backend", "tpu"})
-	if err == nil || !strings.Contains(err.Error(), "--backend") {
-		t.Fatalf("kvagent --backend tpu: %v", err)
-	}
+	// The flags reach the check before anything is started, as usage
+	// errors: TestLivenessFlagsAreChecked.
 }
 
 // TestOffloadReopensEachRanksDiskPoolAndRestoresIt: each rank's G3 pool
