@@ -6,17 +6,20 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync/atomic"
 )
 
 // The snapshot routes, which stream for as long as the snapshot takes.
 const (
 	patternSnapshot = "GET /v1/snapshot"
 	patternRestore  = "POST /v1/snapshot/restore"
+	patternRemove   = "DELETE /v1/cluster/members/{id}"
+	patternTransfer = "POST /v1/cluster/leader/transfer"
 )
 
 // forward proxies a write that reached a follower to the leader at
@@ -44,6 +47,10 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 		defer cancel()
 	}
 	outcome := forwardSent
+	// wrote: the forward's headers went out to the leader (a failed dial,
+	// TLS handshake or deadline before them sent nothing).
+	var wrote atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
@@ -83,9 +90,8 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 				s.writeError(w, r, err)
 				return
 			}
-			var oe *net.OpError
-			if !errors.As(err, &oe) || oe.Op != "dial" {
-				// Past the dial the leader may have the write.
+			if wrote.Load() {
+				// The leader may have the write.
 				w.Header().Set(HeaderMaybeApplied, "true")
 			}
 			s.writeError(w, r, &httpError{code: http.StatusServiceUnavailable, reason: reason,

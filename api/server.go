@@ -169,8 +169,8 @@ func (s *Server) routes() {
 	s.handle("GET /v1/cluster/status", noBody, s.status)
 	s.handle("GET /v1/cluster/members", noBody, s.members)
 	s.handle("POST /v1/cluster/members", jsonBody, s.addMember)
-	s.handle("DELETE /v1/cluster/members/{id}", noBody, s.removeMember)
-	s.handle("POST /v1/cluster/leader/transfer", optionalJSONBody, s.transferLeader)
+	s.handle(patternRemove, noBody, s.removeMember)
+	s.handle(patternTransfer, optionalJSONBody, s.transferLeader)
 
 	s.handle(patternSnapshot, noBody, s.saveSnapshot)
 	s.handle(patternRestore, streamBody, s.restoreSnapshot)
@@ -367,7 +367,15 @@ func (s *Server) fail(w *recorder, r *http.Request, pattern string, body *replay
 		return
 	}
 	var nle *raftfsm.NotLeaderError
-	if errors.Is(err, raftfsm.ErrNotLeader) {
+	if errors.As(err, &nle) && nle.MaybeApplied && notTwice(pattern) {
+		// This node lost its leadership with the write in its log: the
+		// next leader may commit it. A write not safe twice is not
+		// forwarded (it would apply a second time), and the answer says
+		// so (HeaderMaybeApplied); any other is forwarded as ever.
+		w.Header().Set(HeaderMaybeApplied, "true")
+		err = &httpError{code: http.StatusServiceUnavailable, reason: ReasonNoLeader,
+			err: fmt.Errorf("%w (leadership moved with the write in the log: it may apply)", err)}
+	} else if errors.Is(err, raftfsm.ErrNotLeader) {
 		switch {
 		case r.Header.Get(HeaderForwarded) != "":
 			// Forwarded once already and still not at the leader:
@@ -387,6 +395,14 @@ func (s *Server) fail(w *recorder, r *http.Request, pattern string, body *replay
 		}
 	}
 	s.writeError(w, r, err)
+}
+
+// notTwice reports whether the writes of pattern are not safe to apply
+// twice: a restore (a second drops what was applied between the two), a
+// leadership transfer (it may move leadership again) and a member removal
+// (the second answers that the id is no member).
+func notTwice(pattern string) bool {
+	return pattern == patternRestore || pattern == patternTransfer || pattern == patternRemove
 }
 
 // withCandidates carries a failed route decision's scores to the error body.

@@ -50,6 +50,10 @@ func (e *StaleDumpError) Unwrap() error { return ErrStaleDump }
 type NotLeaderError struct {
 	LeaderID   string
 	LeaderHTTP string // empty when unknown
+	// MaybeApplied: the node lost its leadership while the write was in
+	// its log, and the next leader may commit it. A write that is not
+	// safe to send twice must not be sent again as if it had not been.
+	MaybeApplied bool
 }
 
 func (e *NotLeaderError) Error() string {

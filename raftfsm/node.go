@@ -731,7 +731,7 @@ func (n *Node) WaitReady(ctx context.Context) error {
 // IsLeader reports whether this node leads now.
 func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
 
-func (n *Node) notLeader() error {
+func (n *Node) notLeader() *NotLeaderError {
 	_, id := n.raft.LeaderWithID()
 	if id == "" || string(id) == n.cfg.ID {
 		// No leader known, or this node still named as the one it stopped
@@ -781,7 +781,12 @@ func now() int64 { return time.Now().UnixNano() }
 // is.
 func (n *Node) raftError(err error) error {
 	switch {
-	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+	case errors.Is(err, raft.ErrLeadershipLost):
+		// The entry was in the log: the next leader may commit it.
+		nle := n.notLeader()
+		nle.MaybeApplied = true
+		return nle
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress):
 		return n.notLeader()
 	case errors.Is(err, raft.ErrRaftShutdown):
 		return ErrShutdown
@@ -1220,9 +1225,11 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 		if errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrNotLeader) {
 			// Raft restored this node's state, then lost its leadership
 			// before the cluster confirmed the restore (the followers
-			// install it meanwhile). Restoring the same stream again is
-			// safe: retry through the new leader.
-			return SnapshotInfo{}, fmt.Errorf("%w: leadership moved during the restore (it may be installed on some nodes); retry it", ErrNoLeader)
+			// install it meanwhile): it may be in place. A second restore
+			// would drop what was applied since; see the cluster first.
+			nle := n.notLeader()
+			nle.MaybeApplied = true
+			return SnapshotInfo{}, fmt.Errorf("%w: leadership moved during the restore (it may be installed): check the cluster's state before restoring again", nle)
 		}
 		return SnapshotInfo{}, fmt.Errorf("raft restore: %w", n.raftError(err))
 	}

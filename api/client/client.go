@@ -36,8 +36,8 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
@@ -198,13 +198,9 @@ type request struct {
 	once bool
 }
 
-// neverSent reports whether a transport error came before the request
-// could reach the node: dialing it failed. Any other error may have come
-// after the node took the request.
-func neverSent(err error) bool {
-	var oe *net.OpError
-	return errors.As(err, &oe) && oe.Op == "dial"
-}
+// isWrite reports whether method changes state: a read that got no
+// answer applied nothing.
+func isWrite(method string) bool { return method != http.MethodGet && method != http.MethodHead }
 
 // partlySent reports whether a streamed body (counted) broke off before
 // its end: a node takes a stream (a restore) only whole, so it did not
@@ -249,7 +245,12 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 			counted = &countingReader{r: req.stream, closed: make(chan struct{})}
 			body = counted
 		}
-		hr, err := http.NewRequestWithContext(ctx, req.method, base+req.path, body)
+		// wrote: the request's headers went out on a connection (the
+		// transport's own word, whatever its later errors: a dial, a TLS
+		// handshake or a proxy that failed sent nothing).
+		var wrote atomic.Bool
+		tctx := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
+		hr, err := http.NewRequestWithContext(tctx, req.method, base+req.path, body)
 		if err != nil {
 			return nil, base, err
 		}
@@ -298,7 +299,7 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 				return nil, base, fmt.Errorf("%s %s: %w", req.method, req.path, ctxErr)
 			}
 			errs = append(errs, fmt.Sprintf("%s: %v", hostOf(base), unwrapURLError(err)))
-			if !neverSent(err) && !c.partlySent(ctx, counted, req.streamLen) {
+			if wrote.Load() && isWrite(req.method) && !c.partlySent(ctx, counted, req.streamLen) {
 				maybeSent = true
 				if req.once {
 					return nil, base, fmt.Errorf("%s %s to %s: %w: %v", req.method, req.path, hostOf(base), ErrOutcomeUnknown, unwrapURLError(err))

@@ -544,3 +544,52 @@ func TestWritesNotSafeTwiceAreNotSentTwice(t *testing.T) {
 		t.Fatalf("a registration no node answered: %v, want ErrOutcomeUnknown", err)
 	}
 }
+
+// TestANodeThatNeverGotTheRequestIsPassedOver: a TLS handshake that fails
+// sends nothing, so even a write not safe twice moves on to the next
+// node; and a read no node answered applied nothing (unreachable, not
+// "may have applied"). From a review: only a failed dial counted as
+// nothing sent.
+func TestANodeThatNeverGotTheRequestIsPassedOver(t *testing.T) {
+	tlsNode := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		t.Error("the TLS node got the request")
+	}))
+	defer tlsNode.Close()
+	n := newNode(t, "n1")
+	c := newClient(t, tlsNode.URL, n.addr()) // httptest's certificate is not trusted
+	// The next node answers (the fake has no other voter: a 400).
+	if err := c.TransferLeader(context.Background(), ""); errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Fatalf("a transfer after a failed TLS handshake: %v", err)
+	}
+	if got := n.fake.Calls()["TransferLeadership"]; got != 1 {
+		t.Fatalf("the next node was asked %d times, want once", got)
+	}
+	_, err := newClient(t, newHangUp(t).addr()).Members(context.Background())
+	if errors.Is(err, client.ErrOutcomeUnknown) || !errors.Is(err, client.ErrUnreachable) {
+		t.Fatalf("a read no node answered: %v, want ErrUnreachable", err)
+	}
+}
+
+// TestALeaderThatLostLeadershipMidWriteStopsAWriteNotSafeTwice: a node
+// that lost its leadership with the write in its log (the next leader may
+// commit it) answers 503 no_leader saying it may have applied; a restore
+// is then sent to no other node. From a review: the answer was a plain
+// no_leader, and the client sent the restore on.
+func TestALeaderThatLostLeadershipMidWriteStopsAWriteNotSafeTwice(t *testing.T) {
+	n1, n2 := newNode(t, "n1"), newNode(t, "n2")
+	n1.fake.SetHook(func(m string) error {
+		if m == "RestoreSnapshot" {
+			return &raftfsm.NotLeaderError{LeaderID: "n2", LeaderHTTP: n2.addr(), MaybeApplied: true}
+		}
+		return nil
+	})
+	var buf bytes.Buffer
+	if _, err := newClient(t, n2.addr()).SaveSnapshot(context.Background(), &buf); err != nil {
+		t.Fatal(err)
+	}
+	_, err := newClient(t, n1.addr(), n2.addr()).RestoreSnapshot(context.Background(), bytes.NewReader(buf.Bytes()))
+	if !errors.Is(err, client.ErrOutcomeUnknown) || n2.fake.Restores() != 0 {
+		t.Fatalf("a restore whose leader lost its leadership mid-way: %v, %d restores on the next node; want ErrOutcomeUnknown, none",
+			err, n2.fake.Restores())
+	}
+}

@@ -222,7 +222,7 @@ func checkFlags(c *cli.Context) error {
 		return usage("--block-size %d: want the engine's KV block size in tokens, > 0 (required)", c.Int("block-size"))
 	case c.Int("dp-size") < 1:
 		return usage("--dp-size %d: want at least 1", c.Int("dp-size"))
-	case uint64(c.Uint("dp-start"))+uint64(c.Int("dp-size"))-1 > math.MaxUint32:
+	case uint64(c.Uint("dp-start")) > math.MaxUint32 || uint64(c.Int("dp-size")) > math.MaxUint32+1-uint64(c.Uint("dp-start")):
 		// A rank is 32 bits: past that, --dp-start wrapped to a rank of
 		// another worker's dp range.
 		return usage("--dp-start %d with --dp-size %d: ranks past %d", c.Uint("dp-start"), c.Int("dp-size"), uint64(math.MaxUint32))

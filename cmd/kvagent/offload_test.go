@@ -199,6 +199,7 @@ func TestLivenessFlagsAreChecked(t *testing.T) {
 		// (4294967296 was rank 0), and the offload flags failed with exit 1.
 		{[]string{"--worker-id", "1", "--block-size", "4", "--dp-start", "4294967296"}, "--dp-start"},
 		{[]string{"--worker-id", "1", "--block-size", "4", "--dp-start", "4294967295", "--dp-size", "2"}, "--dp-start"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--dp-start", "18446744073709551615", "--dp-size", "2"}, "--dp-start"},
 		{[]string{"--worker-id", "1", "--block-size", "4", "--offload-socket", "/tmp/x.sock", "--host-blocks", "4"}, "--block-bytes"},
 		{[]string{"--worker-id", "1", "--block-size", "4", "--backend", "tpu"}, "--backend"},
 	} {
