@@ -266,12 +266,7 @@ func offloadedRank(t *testing.T) (*router, *Agent, *pool.HostPool) {
 	t.Helper()
 	r := startRouter(t)
 	a, _ := startAgent(t, r)
-	be, err := backend.NewHost()
-	must(t, err)
-	t.Cleanup(func() { be.Close() })
-	host, err := pool.NewHost(be, pool.Config{Rank: rank, Capacity: 8, BlockSize: blockBytes, Sink: a, Logger: quiet})
-	must(t, err)
-	t.Cleanup(func() { host.Close() })
+	host := hostPoolOn(t, a)
 	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3, 4)}))
 	for h := uint64(1); h <= 3; h++ {
 		must(t, host.Register(pool.Block{Hash: h, Parent: h - 1, Local: 1000 + h}, make([]byte, blockBytes)))
