@@ -50,7 +50,12 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 	// wrote: the forward's headers went out to the leader (a failed dial,
 	// TLS handshake or deadline before them sent nothing).
 	var wrote atomic.Bool
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
+	// Of the transport's last attempt (it retries on a new connection
+	// when a kept-alive one took nothing; GetConn starts each attempt).
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GetConn:      func(string) { wrote.Store(false) },
+		WroteHeaders: func() { wrote.Store(true) },
+	})
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)

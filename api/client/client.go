@@ -249,7 +249,13 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 		// transport's own word, whatever its later errors: a dial, a TLS
 		// handshake or a proxy that failed sent nothing).
 		var wrote atomic.Bool
-		tctx := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
+		// (WroteHeaders fires once the headers are in the connection's
+		// buffer; a transport that then retries on a new connection
+		// starts over with GetConn, so wrote tells of the last attempt.)
+		tctx := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+			GetConn:      func(string) { wrote.Store(false) },
+			WroteHeaders: func() { wrote.Store(true) },
+		})
 		hr, err := http.NewRequestWithContext(tctx, req.method, base+req.path, body)
 		if err != nil {
 			return nil, base, err

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -591,5 +592,69 @@ func TestALeaderThatLostLeadershipMidWriteStopsAWriteNotSafeTwice(t *testing.T) 
 	if !errors.Is(err, client.ErrOutcomeUnknown) || n2.fake.Restores() != 0 {
 		t.Fatalf("a restore whose leader lost its leadership mid-way: %v, %d restores on the next node; want ErrOutcomeUnknown, none",
 			err, n2.fake.Restores())
+	}
+}
+
+// brokenConn fails every write once broken is set, having written nothing.
+type brokenConn struct {
+	net.Conn
+	broken *atomic.Bool
+}
+
+func (c *brokenConn) Write(b []byte) (int, error) {
+	if c.broken.Load() {
+		return 0, &net.OpError{Op: "write", Net: "tcp", Err: syscall.EPIPE}
+	}
+	return c.Conn.Write(b)
+}
+
+// TestReviewBufferedHeadersAreNotSent: WroteHeaders fires once the headers
+// are in the transport's buffer, not on the wire. A reused connection whose
+// first write fails writes nothing (the transport's own nothingWrittenError,
+// which it retries on a fresh connection); the fresh dial fails. The node
+// never got a byte, yet the client says ErrOutcomeUnknown and does not try
+// the next node (before the commit: the dial error, passed over).
+// TestAWriteWhoseHeadersNeverLeftMovesOn: a kept-alive connection to a
+// node that went away takes the headers into its buffer and fails to
+// flush them; the transport retries on a new connection, whose dial
+// fails. Nothing reached the node: even a write not safe twice moves on.
+// From a review: the buffered headers counted as sent, and the transfer
+// stopped with ErrOutcomeUnknown.
+func TestAWriteWhoseHeadersNeverLeftMovesOn(t *testing.T) {
+	n1, n2 := newNode(t, "n1"), newNode(t, "n2")
+	var broken atomic.Bool
+	var dials atomic.Int32
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(tr.CloseIdleConnections)
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		if addr != n1.addr() {
+			return d.DialContext(ctx, network, addr)
+		}
+		if dials.Add(1) > 1 {
+			return nil, &net.OpError{Op: "dial", Net: network, Err: syscall.ECONNREFUSED}
+		}
+		conn, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &brokenConn{Conn: conn, broken: &broken}, nil
+	}
+	c, err := client.New([]string{n1.addr(), n2.addr()}, client.Options{HTTPClient: &http.Client{Transport: tr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Members(context.Background()); err != nil { // n1: a kept-alive connection
+		t.Fatal(err)
+	}
+	broken.Store(true) // n1 goes away
+	err = c.TransferLeader(context.Background(), "")
+	t.Logf("transfer: %v; n1 got %d, n2 got %d", err, n1.fake.Calls()["TransferLeadership"], n2.fake.Calls()["TransferLeadership"])
+	if errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Fatalf("a transfer no node got a byte of: %v, want it passed on to n2", err)
+	}
+	if got := n2.fake.Calls()["TransferLeadership"]; got != 1 {
+		t.Fatalf("n2 was asked %d times, want once", got)
 	}
 }
