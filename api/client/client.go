@@ -67,7 +67,10 @@ var (
 type Options struct {
 	// HTTPClient sends the requests. Default: a client with its own
 	// transport (closed by Client.Close) and no overall timeout: bound
-	// calls with their context.
+	// calls with their context. Its transport must report the requests
+	// it writes through net/http/httptrace (GetConn, WroteHeaders), as
+	// *http.Transport does: a failed write that reports nothing counts as
+	// never sent, and a write not safe twice would be sent on.
 	HTTPClient *http.Client
 	// UserAgent is sent with every request. Default "kvrouter-client".
 	UserAgent string
