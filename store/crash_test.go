@@ -40,11 +40,25 @@ func smallMemtables(o *pebble.Options) {
 
 func openCrashStore(t *testing.T, fs vfs.FS) *LogStore {
 	t.Helper()
-	s, err := OpenLogStore("raft", LogStoreOptions{FS: fs, Logger: logStoreTestLogger(t), tune: smallMemtables})
+	s, err := OpenLogStore("raft", LogStoreOptions{FS: noReuseFS{fs}, Logger: logStoreTestLogger(t), tune: smallMemtables})
 	if err != nil {
 		t.Fatalf("open log store: %v", err)
 	}
 	return s
+}
+
+// noReuseFS recycles a WAL file by removing it and creating the new one,
+// which ReuseForWrite's contract allows. Pebble's crashable MemFS
+// (v2.1.7) takes its clone lock for reading in ReuseForWrite and again in
+// the Rename it calls: a CrashClone waiting between the two deadlocks
+// them all (seen once on CI, the whole package hung until its timeout).
+type noReuseFS struct{ vfs.FS }
+
+func (f noReuseFS) ReuseForWrite(oldname, newname string, category vfs.DiskWriteCategory) (vfs.File, error) {
+	if err := f.FS.Remove(oldname); err != nil {
+		return nil, err
+	}
+	return f.FS.Create(newname, category)
 }
 
 // crashLog is the entry a crash workload stores at index in term. Its payload
