@@ -15,6 +15,7 @@ import (
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/store"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/zeebo/xxh3"
 )
 
 // FSM is the router's replicated state machine: the tiered index, the load
@@ -289,8 +290,12 @@ func (f *FSM) Cursor(r kvevent.Rank) uint64 {
 }
 
 // Digest is the state digest: the index's and the load tracker's, mixed
-// with the cursors and registrations. Equal on replicas at equal applied
-// index.
+// with the cursors, the registrations (each whole, as its record
+// encodes it: ranks, capacities, endpoints, positional ids), the
+// settings and the member table. Equal on replicas at equal applied
+// index. (Before the eleventh session's build a registration counted
+// only its block size, rank count and device capacity, and settings and
+// members not at all: replicas that disagreed there passed every check.)
 func (f *FSM) Digest() uint64 {
 	d := f.ix.Digest()*0x9e3779b97f4a7c15 + f.seqs.Digest()
 	f.curMu.RLock()
@@ -298,8 +303,18 @@ func (f *FSM) Digest() uint64 {
 		d += mix(r.Worker ^ mix(uint64(r.DP)^mix(c+0x7f4a7c15)))
 	}
 	f.curMu.RUnlock()
+	var e enc
 	for id, w := range f.Workers() {
-		d += mix(id ^ mix(uint64(w.BlockSize)+uint64(len(w.DPRanks))<<32+uint64(w.Capacity[0])))
+		e.b = e.b[:0]
+		encodeWorker(&e, &w) // its maps are written in key order
+		d += mix(id ^ xxh3.Hash(e.b))
+	}
+	settings := f.Settings()
+	e.b = e.b[:0]
+	encodeSettingsValue(&e, &settings)
+	d += mix(xxh3.Hash(e.b) ^ 0x5e771495)
+	for id, m := range f.Members() {
+		d += mix(xxh3.HashString(id) ^ mix(xxh3.HashString(m.RaftAddr)^0x6d656d62) ^ mix(xxh3.HashString(m.HTTPAddr)))
 	}
 	return d
 }

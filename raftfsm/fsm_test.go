@@ -613,3 +613,42 @@ func TestGroupCommitHoldsOneAppliedIndex(t *testing.T) {
 		t.Fatalf("reopened at %d with digest %#x, want %d and %#x", f.applied.Load(), f.Digest(), w.index, digest)
 	}
 }
+
+// TestDigestSeesRegistrationsSettingsAndMembers: replicas that disagree on
+// a worker's ranks, capacities beyond the device's or positional ids, on
+// the settings or on the member table report different digests. From a
+// review: a registration counted only its block size, rank count and
+// device capacity, and settings and members not at all.
+func TestDigestSeesRegistrationsSettingsAndMembers(t *testing.T) {
+	apply := func(cmds ...[]byte) uint64 {
+		f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+		defer f.Close()
+		var w logWriter
+		var logs []*raft.Log
+		for _, c := range cmds {
+			logs = append(logs, w.next(c))
+		}
+		f.ApplyBatch(logs)
+		return f.Digest()
+	}
+	worker := func(change func(*WorkerInfo)) []byte {
+		w := WorkerInfo{ID: 1, DPRanks: []uint32{0, 1}, BlockSize: 16, Capacity: [4]int64{8, 1}}
+		change(&w)
+		return encodeRegister(1, &w)
+	}
+	base := apply(worker(func(*WorkerInfo) {}))
+	for name, d := range map[string]uint64{
+		"other ranks":       apply(worker(func(w *WorkerInfo) { w.DPRanks = []uint32{0, 2} })),
+		"other G2 capacity": apply(worker(func(w *WorkerInfo) { w.Capacity[1] = 2 })),
+		"positional":        apply(worker(func(w *WorkerInfo) { w.Positional = true })),
+		"settings":          apply(worker(func(*WorkerInfo) {}), encodeSettings(2, &Settings{Params: indexer.Params{Temperature: 5}})),
+		"a member":          apply(worker(func(*WorkerInfo) {}), encodeMember(2, &Member{ID: "x", RaftAddr: "h:1", HTTPAddr: "h:2"})),
+	} {
+		if d == base {
+			t.Errorf("%s: the same digest %#x", name, d)
+		}
+	}
+	if again := apply(worker(func(*WorkerInfo) {})); again != base {
+		t.Fatalf("the same log gave digests %#x and %#x", base, again)
+	}
+}
