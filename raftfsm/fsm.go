@@ -291,11 +291,13 @@ func (f *FSM) Cursor(r kvevent.Rank) uint64 {
 
 // Digest is the state digest: the index's and the load tracker's, mixed
 // with the cursors, the registrations (each whole, as its record
-// encodes it: ranks, capacities, endpoints, positional ids), the
-// settings and the member table. Equal on replicas at equal applied
-// index. (Before the eleventh session's build a registration counted
-// only its block size, rank count and device capacity, and settings and
-// members not at all: replicas that disagreed there passed every check.)
+// encodes it: ranks, capacities, endpoints, positional ids) and the
+// settings. Equal on replicas at equal applied index, and on a state
+// saved and restored into another cluster: the member table, which is
+// each cluster's own (a restore or a seed keeps the cluster's), is left
+// out. (Before the eleventh session's build a registration counted only
+// its block size, rank count and device capacity, and the settings not at
+// all: replicas that disagreed there passed every check.)
 func (f *FSM) Digest() uint64 {
 	d := f.ix.Digest()*0x9e3779b97f4a7c15 + f.seqs.Digest()
 	f.curMu.RLock()
@@ -313,16 +315,6 @@ func (f *FSM) Digest() uint64 {
 	e.b = e.b[:0]
 	encodeSettingsValue(&e, &settings)
 	d += mix(xxh3.Hash(e.b) ^ 0x5e771495)
-	return d + membersDigest(f.Members())
-}
-
-// membersDigest is the member table's term of the digest: a sum, so that a
-// state seeded without members (SeedDataDir) compares by subtraction.
-func membersDigest(ms map[string]Member) uint64 {
-	var d uint64
-	for id, m := range ms {
-		d += mix(xxh3.HashString(id) ^ mix(xxh3.HashString(m.RaftAddr)^0x6d656d62) ^ mix(xxh3.HashString(m.HTTPAddr)))
-	}
 	return d
 }
 
