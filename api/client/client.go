@@ -208,7 +208,7 @@ func isWrite(method string) bool { return method != http.MethodGet && method != 
 // partlySent reports whether a streamed body (counted) broke off before
 // its end: a node takes a stream (a restore) only whole, so it did not
 // take this one. It waits for the transport to be done with the body.
-func (c *Client) partlySent(ctx context.Context, counted *countingReader, length int64) bool {
+func partlySent(ctx context.Context, counted *countingReader, length int64) bool {
 	if counted == nil {
 		return false
 	}
@@ -250,11 +250,11 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 		}
 		// wrote: the request's headers went out on a connection (the
 		// transport's own word, whatever its later errors: a dial, a TLS
-		// handshake or a proxy that failed sent nothing).
+		// handshake or a proxy that failed sent nothing). WroteHeaders
+		// fires once they are in the connection's buffer; a transport that
+		// then retries on a new connection starts over with GetConn, so
+		// wrote tells of the last attempt.
 		var wrote atomic.Bool
-		// (WroteHeaders fires once the headers are in the connection's
-		// buffer; a transport that then retries on a new connection
-		// starts over with GetConn, so wrote tells of the last attempt.)
 		tctx := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 			GetConn:      func(string) { wrote.Store(false) },
 			WroteHeaders: func() { wrote.Store(true) },
@@ -308,7 +308,7 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 				return nil, base, fmt.Errorf("%s %s: %w", req.method, req.path, ctxErr)
 			}
 			errs = append(errs, fmt.Sprintf("%s: %v", hostOf(base), unwrapURLError(err)))
-			if wrote.Load() && isWrite(req.method) && !c.partlySent(ctx, counted, req.streamLen) {
+			if wrote.Load() && isWrite(req.method) && !partlySent(ctx, counted, req.streamLen) {
 				maybeSent = true
 				if req.once {
 					return nil, base, fmt.Errorf("%s %s to %s: %w: %v", req.method, req.path, hostOf(base), ErrOutcomeUnknown, unwrapURLError(err))
@@ -326,11 +326,10 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 			// in progress) answers 503 no_leader, a stopping one 503
 			// shutting_down and a starting one 503 not_ready, while the
 			// rest of the cluster may serve: try the next endpoint rather
-			// than stick to this one. Every write of the API may be sent
-			// twice.
-			// But a node whose forward to the leader broke after it
-			// may have reached it says so (HeaderMaybeApplied): a write
-			// not safe to send twice stops there.
+			// than stick to this one. But a node whose forward may have
+			// reached the leader, or that lost its leadership with the
+			// write in its log, says so (HeaderMaybeApplied): a write not
+			// safe to send twice stops there.
 			var e *Error
 			if req.once && resp.Header.Get(api.HeaderMaybeApplied) != "" {
 				return nil, base, fmt.Errorf("%w: %w", ErrOutcomeUnknown, apiErr)
