@@ -17,6 +17,7 @@ const (
 	ReasonBadJSON          = "bad_json"           // 400: not JSON, a wrong type, an unknown field, trailing data
 	ReasonInvalid          = "invalid"            // 400: well-formed, but a value is wrong
 	ReasonBadSnapshot      = "bad_snapshot"       // 400: a truncated, corrupted or unknown snapshot; nothing installed
+	ReasonUnauthorized     = "unauthorized"       // 401: the cluster asks for a token, and the request's is missing or wrong
 	ReasonNotFound         = "not_found"          // 404: no such route
 	ReasonUnknownWorker    = "unknown_worker"     // 404
 	ReasonUnknownRank      = "unknown_rank"       // 404

@@ -33,7 +33,7 @@ const (
 // reached is answered 503 no_leader (timeout when the deadline passed:
 // the write may still apply, and retrying it is safe).
 func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP string, body io.Reader) {
-	target, err := leaderURL(leaderHTTP)
+	target, err := leaderURL(leaderHTTP, s.opts.ForwardScheme)
 	if err != nil {
 		s.m.httpForwards.WithLabelValues(pattern, forwardFailed).Inc()
 		s.writeError(w, r, &httpError{code: http.StatusServiceUnavailable, reason: ReasonNoLeader,
@@ -108,10 +108,11 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 	s.m.httpForwards.WithLabelValues(pattern, outcome).Inc()
 }
 
-// leaderURL turns a member's HTTP address into the base URL to forward to.
-func leaderURL(addr string) (*url.URL, error) {
+// leaderURL turns a member's HTTP address into the base URL to forward to;
+// a host:port is reached by scheme.
+func leaderURL(addr, scheme string) (*url.URL, error) {
 	if !strings.Contains(addr, "://") {
-		addr = "http://" + addr
+		addr = scheme + "://" + addr
 	}
 	u, err := url.Parse(addr)
 	if err != nil {

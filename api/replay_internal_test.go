@@ -42,13 +42,16 @@ func TestLeaderURL(t *testing.T) {
 		"https://h:1/ignored": "https://h:1",
 		"[::1]:7080":          "http://[::1]:7080",
 	} {
-		u, err := leaderURL(in)
+		u, err := leaderURL(in, "http")
 		if err != nil || u.String() != want {
 			t.Errorf("leaderURL(%q) = %v, %v; want %s", in, u, err, want)
 		}
 	}
+	if u, err := leaderURL("h:1", "https"); err != nil || u.String() != "https://h:1" {
+		t.Errorf(`leaderURL("h:1", "https") = %v, %v; want https://h:1`, u, err)
+	}
 	for _, bad := range []string{"", "ftp://h:1", "http://"} {
-		if _, err := leaderURL(bad); err == nil {
+		if _, err := leaderURL(bad, "http"); err == nil {
 			t.Errorf("leaderURL(%q) accepted", bad)
 		}
 	}

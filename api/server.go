@@ -3,6 +3,8 @@ package api
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +13,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,6 +87,17 @@ type Options struct {
 	// ForwardTransport carries forwarded requests. Default: a clone of
 	// http.DefaultTransport, closed by Server.Close.
 	ForwardTransport http.RoundTripper
+	// ForwardScheme is the scheme of a leader whose HTTP address is
+	// host:port: "http" (default) or "https", when the cluster's nodes
+	// serve TLS (ForwardTransport then trusts their certificates).
+	ForwardScheme string
+	// Token, when set, is the bearer token every request must carry
+	// ("Authorization: Bearer <token>"), except GET /healthz, /readyz and
+	// /metrics, which probes and scrapers reach without one. A request
+	// without it, or with another, is answered 401 unauthorized. A
+	// forward to the leader carries the client's header on, so every node
+	// of a cluster has the same token.
+	Token string
 }
 
 // Server is the HTTP API of one node. It is an http.Handler; Close it to
@@ -95,7 +109,8 @@ type Server struct {
 	mux       *http.ServeMux
 	m         *metrics
 	transport http.RoundTripper
-	ownTransp *http.Transport // closed by Close; nil when the caller gave one
+	ownTransp *http.Transport    // closed by Close; nil when the caller gave one
+	tokenSum  *[sha256.Size]byte // of Options.Token; nil: no token asked
 }
 
 // NewServer returns the API of backend b.
@@ -129,7 +144,14 @@ func NewServer(b Backend, opts Options) *Server {
 	if opts.ForwardTimeout <= 0 {
 		opts.ForwardTimeout = DefaultForwardTimeout
 	}
+	if opts.ForwardScheme == "" {
+		opts.ForwardScheme = "http"
+	}
 	s := &Server{b: b, opts: opts, log: opts.Logger, mux: http.NewServeMux()}
+	if opts.Token != "" {
+		sum := sha256.Sum256([]byte(opts.Token))
+		s.tokenSum = &sum
+	}
 	s.m = newMetrics(opts.Registerer, s.log)
 	if opts.ForwardTransport != nil {
 		s.transport = opts.ForwardTransport
@@ -202,6 +224,18 @@ func (s *Server) HandleFunc(pattern string, h func(w http.ResponseWriter, r *htt
 // ServeHTTP answers a request. Unknown paths and methods get JSON errors
 // like every other failure.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.tokenSum != nil && !s.authorized(r) {
+		start := time.Now()
+		rec := &recorder{ResponseWriter: w}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="kvrouter"`)
+		msg := "this cluster asks for a token (Authorization: Bearer ...), and the request carries none"
+		if r.Header.Get("Authorization") != "" {
+			msg = "the request's token is not this cluster's"
+		}
+		s.writeError(rec, r, &httpError{code: http.StatusUnauthorized, reason: ReasonUnauthorized, err: errors.New(msg)})
+		s.observe("unauthorized", rec, start)
+		return
+	}
 	if h, pattern := s.mux.Handler(r); pattern == "" {
 		// No route: run the mux's answer on the side to learn whether it is
 		// a 404 or a 405 (and which methods the path allows), and answer it
@@ -225,6 +259,25 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// authorized reports whether r may be served: it carries the token, or
+// asks for a probe or for the metrics. The tokens are compared through
+// their SHA-256 sums, in constant time, so that neither the comparison's
+// time nor the token's length tells a client how close it came.
+func (s *Server) authorized(r *http.Request) bool {
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		switch r.URL.Path {
+		case "/healthz", "/readyz", "/metrics":
+			return true
+		}
+	}
+	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return false
+	}
+	sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
+	return subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) == 1
 }
 
 // headerProbe is a ResponseWriter that keeps the status and headers and

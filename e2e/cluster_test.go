@@ -45,6 +45,9 @@ type node struct {
 	// and route ports, when the cluster runs with NATS (startClusterNATS).
 	natsAddr, natsClusterAddr string
 	cl                        *client.Client
+	// join, when set, is the --join address the node starts with instead
+	// of --peers (a node added to a running cluster).
+	join string
 
 	p       *proc // the current run; nil before the first start
 	stopped bool  // the test stopped or killed it: its exit is no failure
@@ -94,6 +97,9 @@ type cluster struct {
 	// peersOf, when set, is node n's --peers value in place of peers():
 	// the partition tests give each node the addresses of its own proxies.
 	peersOf func(n *node) string
+	// sec, when set, is the token and TLS every node runs with, and every
+	// client and kvctl run uses (startClusterSecure).
+	sec *secure
 }
 
 // startCluster starts an n-node cluster bootstrapped with --peers and
@@ -171,13 +177,22 @@ func (c *cluster) assignPorts() {
 		if n.cl != nil {
 			n.cl.Close()
 		}
-		n.cl = newClient(c.t, n.httpAddr)
+		n.cl = c.newClient(n.httpAddr)
 		endpoints = append(endpoints, n.httpAddr)
 	}
 	if c.cl != nil {
 		c.cl.Close()
 	}
-	c.cl = newClient(c.t, endpoints...)
+	c.cl = c.newClient(endpoints...)
+}
+
+// newClient is a client of endpoints with the cluster's token and TLS.
+func (c *cluster) newClient(endpoints ...string) *client.Client {
+	c.t.Helper()
+	if c.sec == nil {
+		return newClient(c.t, endpoints...)
+	}
+	return c.sec.client(c.t, c.sec.token, endpoints...)
 }
 
 func newClient(t *testing.T, endpoints ...string) *client.Client {
@@ -283,7 +298,15 @@ func (c *cluster) start(i int) {
 	}
 	args := []string{
 		"--node-id", n.id, "--raft-addr", n.raftAddr, "--http-addr", n.httpAddr,
-		"--data-dir", n.dir, "--peers", peers, "--log-level", "warn",
+		"--data-dir", n.dir, "--log-level", "warn",
+	}
+	if n.join != "" {
+		args = append(args, "--join", n.join)
+	} else {
+		args = append(args, "--peers", peers)
+	}
+	if c.sec != nil {
+		args = append(args, c.sec.nodeArgs()...)
 	}
 	if c.nats {
 		var routes []string
@@ -751,7 +774,11 @@ func (r cliResult) String() string {
 // kvctl runs kvctl against this cluster (--endpoints every node).
 func (c *cluster) kvctl(args ...string) cliResult {
 	c.t.Helper()
-	return runKvctl(c.t, append([]string{"--endpoints", c.endpoints()}, args...)...)
+	pre := []string{"--endpoints", c.endpoints()}
+	if c.sec != nil {
+		pre = append(pre, "--token", c.sec.token, "--tls-ca", c.sec.certFile)
+	}
+	return runKvctl(c.t, append(pre, args...)...)
 }
 
 // runKvctl runs the kvctl binary with args and returns its output and exit

@@ -28,8 +28,10 @@ package client
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -61,6 +63,10 @@ var (
 	// member removal) is then sent to no other node; any other is, and
 	// when none answers the error is this one.
 	ErrOutcomeUnknown = errors.New("sent, and no answer came: the request may have applied")
+	// ErrUnauthorized matches an answer 401 unauthorized: the cluster asks
+	// for a token (kvrouter --token), and the client's is missing or is
+	// not the cluster's.
+	ErrUnauthorized = errors.New("unauthorized")
 )
 
 // Options configure a Client. The zero value works.
@@ -74,6 +80,16 @@ type Options struct {
 	HTTPClient *http.Client
 	// UserAgent is sent with every request. Default "kvrouter-client".
 	UserAgent string
+	// Token, when set, goes with every request as "Authorization: Bearer
+	// <token>": the cluster's token, when its nodes run with one
+	// (kvrouter --token).
+	Token string
+	// Scheme is how endpoints given as host:port are reached: "http"
+	// (default) or "https". An endpoint given as a URL keeps its own.
+	Scheme string
+	// TLS configures the client's own transport, when HTTPClient is nil
+	// (see TLSConfig). Default: the system's roots.
+	TLS *tls.Config
 }
 
 // Client calls the API of a kvrouter cluster. It is safe for concurrent use.
@@ -82,6 +98,7 @@ type Client struct {
 	hc        *http.Client
 	own       *http.Transport // closed by Close; nil when the caller gave the client
 	ua        string
+	auth      string       // the Authorization header; "" when no token
 	preferred atomic.Int32 // the endpoint that answered last
 }
 
@@ -92,12 +109,22 @@ func New(endpoints []string, opts Options) (*Client, error) {
 	if c.ua == "" {
 		c.ua = "kvrouter-client"
 	}
+	if opts.Token != "" {
+		if strings.ContainsAny(opts.Token, " \t\r\n") {
+			return nil, errors.New("the token holds white space")
+		}
+		c.auth = "Bearer " + opts.Token
+	}
+	scheme := cmp.Or(opts.Scheme, "http")
+	if scheme != "http" && scheme != "https" {
+		return nil, fmt.Errorf("scheme %q (want http or https)", scheme)
+	}
 	for _, e := range endpoints {
 		e = strings.TrimSpace(e)
 		if e == "" {
 			continue
 		}
-		base, err := baseURL(e)
+		base, err := baseURL(e, scheme)
 		if err != nil {
 			return nil, fmt.Errorf("endpoint %q: %w", e, err)
 		}
@@ -108,14 +135,17 @@ func New(endpoints []string, opts Options) (*Client, error) {
 	}
 	if c.hc == nil {
 		c.own = http.DefaultTransport.(*http.Transport).Clone()
+		if opts.TLS != nil {
+			c.own.TLSClientConfig = opts.TLS
+		}
 		c.hc = &http.Client{Transport: c.own}
 	}
 	return c, nil
 }
 
-func baseURL(e string) (string, error) {
+func baseURL(e, scheme string) (string, error) {
 	if !strings.Contains(e, "://") {
-		e = "http://" + e
+		e = scheme + "://" + e
 	}
 	u, err := url.Parse(e)
 	if err != nil {
@@ -185,6 +215,8 @@ func (e *Error) Unwrap() error {
 		return raftfsm.ErrInvalid
 	case api.ReasonShuttingDown:
 		return raftfsm.ErrShutdown
+	case api.ReasonUnauthorized:
+		return ErrUnauthorized
 	}
 	return nil
 }
@@ -265,6 +297,9 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 		}
 		hr.Header.Set("User-Agent", c.ua)
 		hr.Header.Set("Accept", "application/json")
+		if c.auth != "" {
+			hr.Header.Set("Authorization", c.auth)
+		}
 		switch {
 		case req.json != nil:
 			hr.Header.Set("Content-Type", "application/json")

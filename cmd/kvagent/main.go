@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -73,6 +74,9 @@ func app() *cli.App {
 			&cli.StringFlag{Name: "nats-tls-cert", EnvVars: []string{"KVAGENT_NATS_TLS_CERT"}, Usage: "PEM client certificate, for servers that require one"},
 			&cli.StringFlag{Name: "nats-tls-key", EnvVars: []string{"KVAGENT_NATS_TLS_KEY"}, Usage: "PEM key of --nats-tls-cert"},
 			&cli.StringFlag{Name: "router", EnvVars: []string{"KVAGENT_ROUTER"}, Usage: "router HTTP addresses (host:port,...) to register the worker with; empty: register it elsewhere"},
+			&cli.StringFlag{Name: "router-token", EnvVars: []string{"KVAGENT_ROUTER_TOKEN"}, Usage: "the router cluster's bearer token, when its nodes ask for one (kvrouter --token)"},
+			&cli.StringFlag{Name: "router-token-file", EnvVars: []string{"KVAGENT_ROUTER_TOKEN_FILE"}, Usage: "read --router-token from this file"},
+			&cli.StringFlag{Name: "router-tls-ca", EnvVars: []string{"KVAGENT_ROUTER_TLS_CA"}, Usage: "PEM CA of the router nodes' HTTP certificates: reach --router over TLS, trusting it"},
 			&cli.StringFlag{Name: "endpoint", Usage: "where the router should send this worker's requests (registered as is)"},
 			&cli.StringFlag{Name: "model", Usage: "the model this worker serves (registered as is)"},
 			&cli.Int64Flag{Name: "capacity-device", Usage: "KV capacity in blocks on the GPU (0 = unknown)"},
@@ -105,6 +109,10 @@ func run(c *cli.Context) error {
 	oc, err := offloadConfigFrom(c)
 	if err != nil {
 		return cli.Exit(err.Error(), 2) // the offload flags, as the others: a usage error
+	}
+	sec, err := routerSecurity(c)
+	if err != nil {
+		return err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
@@ -148,7 +156,7 @@ func run(c *cli.Context) error {
 		}
 	}
 	if r := c.String("router"); r != "" {
-		cl, err := newRouterClient(strings.Split(r, ","))
+		cl, err := newRouterClient(strings.Split(r, ","), sec)
 		if err != nil {
 			return fmt.Errorf("--router: %w", err)
 		}
@@ -202,7 +210,12 @@ func run(c *cli.Context) error {
 
 	logger.Info("kvagent following the engine", "worker", cfg.Worker, "endpoint", cfg.Endpoint,
 		"ranks", c.Int("dp-size"), "nats", c.String("nats-url"))
-	if err := a.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+	err = a.Run(ctx)
+	// From here a second signal kills the process at once, as a signal
+	// does by default: a shutdown that hangs (a GPU copy that never ends)
+	// can still be stopped.
+	stop()
+	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
 	logger.Info("kvagent stopped")
@@ -246,12 +259,39 @@ func checkFlags(c *cli.Context) error {
 // that a node that accepts connections and never answers costs one try's
 // share of the registration's 5 s, and the next node is tried: with the
 // client's defaults a hung first node took every try whole.
-func newRouterClient(endpoints []string) (*client.Client, error) {
+func newRouterClient(endpoints []string, sec routerSec) (*client.Client, error) {
 	perTry := max(2*time.Second, 4*time.Second/time.Duration(len(endpoints))) // a write may wait for an election
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DialContext = (&net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}).DialContext
 	tr.ResponseHeaderTimeout = perTry
-	return client.New(endpoints, client.Options{HTTPClient: &http.Client{Transport: tr}, UserAgent: "kvagent"})
+	scheme := "http"
+	if sec.tls != nil {
+		tr.TLSClientConfig, scheme = sec.tls, "https"
+	}
+	return client.New(endpoints, client.Options{HTTPClient: &http.Client{Transport: tr}, UserAgent: "kvagent", Token: sec.token, Scheme: scheme})
+}
+
+// routerSec is how the agent reaches the router's API: its token, and TLS
+// when --router-tls-ca is given.
+type routerSec struct {
+	token string
+	tls   *tls.Config
+}
+
+// routerSecurity reads --router-token or --router-token-file and
+// --router-tls-ca; a file missing or wrong is a usage error (exit 2).
+func routerSecurity(c *cli.Context) (routerSec, error) {
+	var sec routerSec
+	var err error
+	if sec.token, err = client.Token(c.String("router-token"), c.String("router-token-file")); err != nil {
+		return sec, cli.Exit(fmt.Sprintf("--router-token, --router-token-file: %v", err), 2)
+	}
+	if ca := c.String("router-tls-ca"); ca != "" {
+		if sec.tls, err = client.TLSConfig(ca); err != nil {
+			return sec, cli.Exit(fmt.Sprintf("--router-tls-ca: %v", err), 2)
+		}
+	}
+	return sec, nil
 }
 
 // buildInfo is kvagent_build_info (metrics.md: build facts in a gauge of 1).

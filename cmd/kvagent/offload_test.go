@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"log/slog"
 	"net"
@@ -184,6 +186,10 @@ func TestBuildInfo(t *testing.T) {
 // interval let the worker be removed between heartbeats.
 func TestLivenessFlagsAreChecked(t *testing.T) {
 	base := []string{"kvagent", "--metrics-addr", ""}
+	junk := filepath.Join(t.TempDir(), "junk")
+	if err := os.WriteFile(junk, []byte("junk\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -202,6 +208,9 @@ func TestLivenessFlagsAreChecked(t *testing.T) {
 		{[]string{"--worker-id", "1", "--block-size", "4", "--dp-start", "18446744073709551615", "--dp-size", "2"}, "--dp-start"},
 		{[]string{"--worker-id", "1", "--block-size", "4", "--offload-socket", "/tmp/x.sock", "--host-blocks", "4"}, "--block-bytes"},
 		{[]string{"--worker-id", "1", "--block-size", "4", "--backend", "tpu"}, "--backend"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--router-token-file", "/nonexistent/token"}, "--router-token"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--router-token", "a", "--router-token-file", junk}, "--router-token"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--router-tls-ca", junk}, "--router-tls-ca"},
 	} {
 		a := app()
 		a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
@@ -210,6 +219,32 @@ func TestLivenessFlagsAreChecked(t *testing.T) {
 		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("kvagent %v: %v, want exit 2 naming %s", tc.args, err, tc.want)
 		}
+	}
+}
+
+// TestRegistrationCarriesTheTokenOverTLS: with --router-tls-ca and a
+// token, the agent registers over TLS with "Authorization: Bearer".
+func TestRegistrationCarriesTheTokenOverTLS(t *testing.T) {
+	var got atomic.Value
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Header.Get("Authorization"))
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	pool := x509.NewCertPool()
+	pool.AddCert(srv.Certificate())
+	cl, err := newRouterClient([]string{strings.TrimPrefix(srv.URL, "https://")}, routerSec{token: "tok", tls: &tls.Config{RootCAs: pool}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := cl.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 1, BlockSize: 4}); err != nil {
+		t.Fatalf("registration over TLS: %v", err)
+	}
+	if a, _ := got.Load().(string); a != "Bearer tok" {
+		t.Fatalf("Authorization %q, want Bearer tok", a)
 	}
 }
 
@@ -229,7 +264,7 @@ func TestRegistrationPassesOverAHungNode(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	defer ok.Close()
-	cl, err := newRouterClient([]string{hung.Addr().String(), strings.TrimPrefix(ok.URL, "http://")})
+	cl, err := newRouterClient([]string{hung.Addr().String(), strings.TrimPrefix(ok.URL, "http://")}, routerSec{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -80,6 +80,12 @@ func newApp(e *env) *cli.App {
 				Usage: "how long a command may take (snapshot save and restore: see their --max-time)"},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", EnvVars: []string{"KVCTL_OUTPUT"},
 				Usage: "output format: table or json"},
+			&cli.StringFlag{Name: "token", EnvVars: []string{"KVCTL_TOKEN"},
+				Usage: "the cluster's bearer token, when its nodes ask for one (kvrouter --token)"},
+			&cli.StringFlag{Name: "token-file", EnvVars: []string{"KVCTL_TOKEN_FILE"},
+				Usage: "read --token from this file"},
+			&cli.StringFlag{Name: "tls-ca", EnvVars: []string{"KVCTL_TLS_CA"},
+				Usage: "PEM CA of the nodes' certificates: reach host:port endpoints over TLS, trusting it (an https:// endpoint trusts the system's roots without it)"},
 		},
 		Before: func(c *cli.Context) error {
 			switch c.String("output") {
@@ -168,11 +174,22 @@ func newClient(c *cli.Context) (*client.Client, error) {
 // after dial and whose requests wait at most headers for an answer's
 // headers once sent (0: no bound; the context's).
 func newClientWith(c *cli.Context, endpoints []string, dial, headers time.Duration) (*client.Client, error) {
+	token, err := client.Token(c.String("token"), c.String("token-file"))
+	if err != nil {
+		return nil, usagef("--token, --token-file: %v", err)
+	}
 	dialer := &net.Dialer{Timeout: dial, KeepAlive: 30 * time.Second}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DialContext = dialer.DialContext
 	tr.ResponseHeaderTimeout = headers
-	cl, err := client.New(endpoints, client.Options{HTTPClient: &http.Client{Transport: tr}, UserAgent: "kvctl"})
+	scheme := "http"
+	if ca := c.String("tls-ca"); ca != "" {
+		if tr.TLSClientConfig, err = client.TLSConfig(ca); err != nil {
+			return nil, usagef("--tls-ca: %v", err)
+		}
+		scheme = "https"
+	}
+	cl, err := client.New(endpoints, client.Options{HTTPClient: &http.Client{Transport: tr}, UserAgent: "kvctl", Token: token, Scheme: scheme})
 	if err != nil {
 		return nil, usagef("--endpoints %q: %v", c.String("endpoints"), err)
 	}
@@ -219,6 +236,8 @@ func explain(err error) string {
 		return fmt.Sprintf("%v; the transfer took longer than --max-time %v: raise it, or leave it out (no limit)", err, mt.max)
 	case errors.Is(err, client.ErrOutcomeUnknown):
 		return err.Error() + "; see kvctl status (and kvctl members list) before sending it again"
+	case errors.Is(err, client.ErrUnauthorized):
+		return err.Error() + "; give the cluster's token with --token or --token-file (or KVCTL_TOKEN)"
 	case errors.Is(err, client.ErrUnreachable):
 		return err.Error() + "; check --endpoints (or KVCTL_ENDPOINTS) and that the nodes run"
 	case errors.Is(err, context.Canceled):

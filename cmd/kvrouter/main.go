@@ -84,6 +84,11 @@ func newApp() *cli.App {
 			&cli.DurationFlag{Name: "unregistered-grace", Value: 2 * time.Minute, EnvVars: []string{"KVROUTER_UNREGISTERED_GRACE"}, Usage: "the leader removes the ranks of a worker that is not registered (its agent publishes before registering, after its removal, or never registers) once it stays so for this long"},
 			&cli.Int64Flag{Name: "max-body-bytes", Value: api.DefaultMaxBodyBytes, EnvVars: []string{"KVROUTER_MAX_BODY_BYTES"}, Usage: "largest JSON request body (413 above it)"},
 			&cli.Int64Flag{Name: "max-snapshot-bytes", EnvVars: []string{"KVROUTER_MAX_SNAPSHOT_BYTES"}, Usage: "largest snapshot upload to restore (413 above it; 0: no limit)"},
+			&cli.StringFlag{Name: "token", EnvVars: []string{"KVROUTER_TOKEN"}, Usage: "bearer token every HTTP request must carry (but GET /healthz, /readyz, /metrics); the same on every node (default: none asked)"},
+			&cli.StringFlag{Name: "token-file", EnvVars: []string{"KVROUTER_TOKEN_FILE"}, Usage: "read --token from this file"},
+			&cli.StringFlag{Name: "tls-cert", EnvVars: []string{"KVROUTER_TLS_CERT"}, Usage: "PEM certificate: serve the HTTP API (and --selection-addr) over TLS with it; then every node must"},
+			&cli.StringFlag{Name: "tls-key", EnvVars: []string{"KVROUTER_TLS_KEY"}, Usage: "PEM key of --tls-cert"},
+			&cli.StringFlag{Name: "tls-ca", EnvVars: []string{"KVROUTER_TLS_CA"}, Usage: "PEM CA of the other nodes' HTTP certificates, trusted when forwarding to the leader and joining (default: the system's roots)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"KVROUTER_LOG_LEVEL"}, Usage: "debug, info, warn or error"},
 		},
 		Action: run,
@@ -131,8 +136,15 @@ func run(c *cli.Context) error {
 	if err := checkDurations(c); err != nil {
 		return cli.Exit(err.Error(), 2)
 	}
+	sec, err := loadSecurity(c)
+	if err != nil {
+		return cli.Exit(err.Error(), 2)
+	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(logger)
+	if sec.token != "" && sec.serverTLS == nil {
+		logger.Warn("the API asks for a token, and sends it in clear text: give --tls-cert and --tls-key too")
+	}
 
 	id, raftAddr, httpAddr := c.String("node-id"), c.String("raft-addr"), c.String("http-addr")
 	peers, err := parsePeers(c.String("peers"))
@@ -153,7 +165,7 @@ func run(c *cli.Context) error {
 	// starts, and answer at once: while the state loads (seconds for
 	// millions of blocks) /healthz is 200 and everything else a 503
 	// not_ready, rather than connections that hang.
-	ln, err := net.Listen("tcp", httpAddr)
+	ln, err := sec.listen(httpAddr)
 	if err != nil {
 		return fmt.Errorf("http listen on %s: %w", httpAddr, err)
 	}
@@ -167,7 +179,7 @@ func run(c *cli.Context) error {
 	// serve events should not take part in an election first.
 	var sln net.Listener
 	if a := c.String("selection-addr"); a != "" {
-		if sln, err = net.Listen("tcp", a); err != nil {
+		if sln, err = sec.listen(a); err != nil {
 			hs.Close()
 			return fmt.Errorf("selection API listen on %s: %w", a, err)
 		}
@@ -215,8 +227,11 @@ func run(c *cli.Context) error {
 		hs.Close()
 		return err
 	}
+	forwardTransport := sec.transport()
+	defer forwardTransport.CloseIdleConnections()
 	srv := api.NewServer(node, api.Options{Logger: logger, Registerer: reg, Gatherer: reg,
-		MaxBodyBytes: c.Int64("max-body-bytes"), MaxSnapshotBytes: c.Int64("max-snapshot-bytes")})
+		MaxBodyBytes: c.Int64("max-body-bytes"), MaxSnapshotBytes: c.Int64("max-snapshot-bytes"),
+		Token: sec.token, ForwardTransport: forwardTransport, ForwardScheme: sec.scheme()})
 	// The standard KV-indexer API at the root, beside /v1 (docs/compat.md).
 	compat.NewIndexer(node, logger).Routes(srv, "")
 	// The selection and reservation API under /selection: its GET /workers
@@ -231,15 +246,15 @@ func run(c *cli.Context) error {
 		shs := &http.Server{Handler: compat.SelectionHandler(srv), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 		servers = append(servers, shs)
 		go func() { serveErr <- shs.Serve(sln) }()
-		logger.Info("selection API listening", "http", "http://"+sln.Addr().String())
+		logger.Info("selection API listening", "http", sec.scheme()+"://"+sln.Addr().String())
 	}
-	logger.Info("kvrouter listening", "http", "http://"+httpAddr, "raft", raftAddr, "data_dir", c.String("data-dir"))
+	logger.Info("kvrouter listening", "http", sec.scheme()+"://"+httpAddr, "raft", raftAddr, "data_dir", c.String("data-dir"))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var runErr error
 	if j := c.String("join"); j != "" {
-		if err := join(ctx, j, id, raftAddr, httpAddr); err != nil && ctx.Err() == nil {
+		if err := join(ctx, sec, j, id, raftAddr, httpAddr); err != nil && ctx.Err() == nil {
 			runErr = fmt.Errorf("join via %s: %w", j, err) // refused: stop rather than idle outside the cluster
 		}
 	}
@@ -341,8 +356,10 @@ type natsShutdowner interface{ Shutdown() }
 
 // join asks an existing member to add this node, retrying until it is
 // accepted or ctx ends (the cluster may be electing).
-func join(ctx context.Context, via, id, raftAddr, httpAddr string) error {
-	cl, err := client.New([]string{via}, client.Options{})
+func join(ctx context.Context, sec security, via, id, raftAddr, httpAddr string) error {
+	tr := sec.transport()
+	defer tr.CloseIdleConnections()
+	cl, err := client.New([]string{via}, client.Options{HTTPClient: &http.Client{Transport: tr}, Token: sec.token, Scheme: sec.scheme()})
 	if err != nil {
 		return err
 	}

@@ -171,3 +171,43 @@ func TestANATSPortInUseFailsBeforeRaft(t *testing.T) {
 		}
 	}
 }
+
+// TestSecurityFlagsAreChecked: the token and TLS flags are read before
+// anything listens; a pair half given, a file missing or wrong, is a
+// usage error (exit 2) naming the flag.
+func TestSecurityFlagsAreChecked(t *testing.T) {
+	dir := t.TempDir()
+	junk := filepath.Join(dir, "junk.pem")
+	if err := os.WriteFile(junk, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--token", "a", "--token-file", empty}, "--token"},
+		{[]string{"--token-file", empty}, "--token"},
+		{[]string{"--token-file", filepath.Join(dir, "missing")}, "--token"},
+		{[]string{"--tls-cert", junk}, "--tls-key"},
+		{[]string{"--tls-key", junk}, "--tls-cert"},
+		{[]string{"--tls-ca", junk}, "--tls-ca"},
+		{[]string{"--tls-cert", junk, "--tls-key", junk}, "--tls-cert"},
+	} {
+		app := newApp()
+		app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+		ln, err := net.Listen("tcp", "127.0.0.1:0")       // a flag not checked first fails at "http listen"
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = app.Run(append([]string{"kvrouter", "--data-dir", t.TempDir(), "--http-addr", ln.Addr().String()}, c.args...))
+		ln.Close()
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), c.flag) {
+			t.Errorf("kvrouter %v: %v, want exit 2 naming %s", c.args, err, c.flag)
+		}
+	}
+}

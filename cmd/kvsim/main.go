@@ -132,6 +132,9 @@ Examples:
 			&cli.IntFlag{Name: "limit", Usage: "replay only the first N requests (0 = all)"},
 			&cli.BoolFlag{Name: "live", Usage: "route through a running cluster (--endpoints) instead of in-process policies (v1 model)"},
 			&cli.StringFlag{Name: "endpoints", Value: "127.0.0.1:7080", EnvVars: []string{"KVCTL_ENDPOINTS"}, Usage: "cluster HTTP endpoints for --live"},
+			&cli.StringFlag{Name: "token", EnvVars: []string{"KVCTL_TOKEN"}, Usage: "--live: the cluster's bearer token, when its nodes ask for one"},
+			&cli.StringFlag{Name: "token-file", EnvVars: []string{"KVCTL_TOKEN_FILE"}, Usage: "--live: read --token from this file"},
+			&cli.StringFlag{Name: "tls-ca", EnvVars: []string{"KVCTL_TLS_CA"}, Usage: "--live: PEM CA of the nodes' certificates: reach host:port endpoints over TLS, trusting it"},
 			&cli.IntFlag{Name: "zmq-base-port", Usage: "--live: simulated worker i publishes its KV events on the engine wire at tcp://ZMQ-HOST:(PORT+i), for a kvagent per worker (worker id i+1) to bring them to the cluster and register the worker; 0: kvsim registers the workers and sends their events through the cluster's API"},
 			&cli.IntFlag{Name: "zmq-replay-base-port", Usage: "with --zmq-base-port: worker i also serves replays of its last batches on a ROUTER at tcp://ZMQ-HOST:(PORT+i) (0: none)"},
 			&cli.StringFlag{Name: "zmq-host", Value: "127.0.0.1", Usage: "with --zmq-base-port: the address the workers' sockets bind"},
@@ -354,7 +357,18 @@ func writePlots(errw io.Writer, dir, title string, rs []sim.Result) error {
 // terminal. With --zmq-base-port the workers publish their events on
 // their engine wires and node agents bring them to the cluster.
 func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config) (sim.Result, error) {
-	cl, err := client.New(strings.Split(c.String("endpoints"), ","), client.Options{})
+	opts := client.Options{UserAgent: "kvsim"}
+	var err error
+	if opts.Token, err = client.Token(c.String("token"), c.String("token-file")); err != nil {
+		return sim.Result{}, cli.Exit("--token, --token-file: "+err.Error(), 2)
+	}
+	if ca := c.String("tls-ca"); ca != "" {
+		if opts.TLS, err = client.TLSConfig(ca); err != nil {
+			return sim.Result{}, cli.Exit("--tls-ca: "+err.Error(), 2)
+		}
+		opts.Scheme = "https"
+	}
+	cl, err := client.New(strings.Split(c.String("endpoints"), ","), opts)
 	if err != nil {
 		return sim.Result{}, cli.Exit(err.Error(), 2)
 	}

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"encoding/pem"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/apitest"
+)
+
+// TestTokenAndTLSFlags: against a node that serves TLS and asks for a
+// token, kvctl needs --tls-ca (or an https:// endpoint it trusts) and the
+// token (--token, --token-file or KVCTL_TOKEN); without the token it exits
+// 1 saying how to give it; a flag it cannot use is a usage error.
+func TestTokenAndTLSFlags(t *testing.T) {
+	const token = "k3y"
+	s := api.NewServer(apitest.New("n1", ""), api.Options{Logger: slog.New(slog.DiscardHandler), Token: token})
+	hs := httptest.NewTLSServer(s)
+	t.Cleanup(func() { hs.Close(); s.Close() })
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca.pem")
+	tokenFile := filepath.Join(dir, "token")
+	junk := filepath.Join(dir, "junk.pem")
+	for f, b := range map[string][]byte{
+		ca:        pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: hs.Certificate().Raw}),
+		tokenFile: []byte(token + "\n"),
+		junk:      []byte("junk\n"),
+	} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ep := "--endpoints=" + strings.TrimPrefix(hs.URL, "https://")
+
+	kvctl(t, ep, "--tls-ca", ca, "--token", token, "status").wantCode(t, 0)
+	kvctl(t, ep, "--tls-ca", ca, "--token-file", tokenFile, "-o", "json", "workers").wantCode(t, 0)
+	t.Setenv("KVCTL_TOKEN", token)
+	kvctl(t, ep, "--tls-ca", ca, "workers").wantCode(t, 0)
+	os.Unsetenv("KVCTL_TOKEN")
+
+	for _, args := range [][]string{{}, {"--token", "other"}} {
+		r := kvctl(t, append([]string{ep, "--tls-ca", ca}, append(args, "workers")...)...).wantCode(t, 1)
+		if !strings.Contains(r.stderr, "unauthorized") || !strings.Contains(r.stderr, "--token") {
+			t.Fatalf("kvctl %v without the cluster's token: stderr %q, want it to say unauthorized and name --token", args, r.stderr)
+		}
+	}
+	// The node's certificate is not trusted without its CA.
+	kvctl(t, ep, "--token", token, "--timeout", "3s", "status").wantCode(t, 1)
+	// Flags it cannot use.
+	kvctl(t, ep, "--tls-ca", junk, "--token", token, "status").wantCode(t, 2)
+	kvctl(t, ep, "--tls-ca", filepath.Join(dir, "missing"), "status").wantCode(t, 2)
+	kvctl(t, ep, "--tls-ca", ca, "--token", token, "--token-file", tokenFile, "status").wantCode(t, 2)
+	kvctl(t, ep, "--tls-ca", ca, "--token", "two words", "status").wantCode(t, 2)
+}

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+
+	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/urfave/cli/v2"
+)
+
+// security is how the node's HTTP API is guarded: the token a request must
+// carry, and TLS. Every node of a cluster runs with the same: a follower
+// forwards the client's token to the leader, over TLS when it serves TLS.
+type security struct {
+	token     string
+	serverTLS *tls.Config // nil: plain HTTP
+	clientTLS *tls.Config // trusts the other nodes' certificates
+}
+
+// loadSecurity reads --token or --token-file and the --tls-* files, so
+// that a file that is missing or wrong stops the start before anything
+// listens.
+func loadSecurity(c *cli.Context) (security, error) {
+	var sec security
+	var err error
+	if sec.token, err = client.Token(c.String("token"), c.String("token-file")); err != nil {
+		return sec, fmt.Errorf("--token, --token-file: %w", err)
+	}
+	cert, key, ca := c.String("tls-cert"), c.String("tls-key"), c.String("tls-ca")
+	switch {
+	case (cert == "") != (key == ""):
+		return sec, errors.New("--tls-cert and --tls-key go together: give both, or neither")
+	case cert == "" && ca != "":
+		return sec, errors.New("--tls-ca trusts the other nodes' certificates: it needs --tls-cert and --tls-key (the nodes of a cluster all serve TLS, or none does)")
+	case cert == "":
+		return sec, nil
+	}
+	pair, err := tls.LoadX509KeyPair(cert, key)
+	if err != nil {
+		return sec, fmt.Errorf("--tls-cert, --tls-key: %w", err)
+	}
+	sec.serverTLS = &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+	if sec.clientTLS, err = client.TLSConfig(ca); err != nil {
+		return sec, fmt.Errorf("--tls-ca: %w", err)
+	}
+	return sec, nil
+}
+
+// scheme is how the nodes' HTTP addresses are reached.
+func (s security) scheme() string {
+	if s.serverTLS != nil {
+		return "https"
+	}
+	return "http"
+}
+
+// listen listens on addr, serving TLS when the node does.
+func (s security) listen(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil || s.serverTLS == nil {
+		return ln, err
+	}
+	return tls.NewListener(ln, s.serverTLS), nil
+}
+
+// transport returns a transport to the other nodes (forwards, joins); the
+// caller closes its idle connections.
+func (s security) transport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if s.clientTLS != nil {
+		tr.TLSClientConfig = s.clientTLS
+	}
+	return tr
+}

@@ -1,0 +1,189 @@
+package e2e
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+// secure is the token and TLS certificate a cluster runs with: one
+// self-signed certificate for 127.0.0.1, every node's and its own CA.
+type secure struct {
+	token             string
+	certFile, keyFile string
+	tokenFile         string
+}
+
+func newSecure(t *testing.T) *secure {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "kvrouter e2e"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	s := &secure{token: "e2e-" + rand.Text(), certFile: filepath.Join(dir, "node.pem"),
+		keyFile: filepath.Join(dir, "node-key.pem"), tokenFile: filepath.Join(dir, "token")}
+	for f, content := range map[string][]byte{
+		s.certFile:  pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		s.keyFile:   pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		s.tokenFile: []byte(s.token + "\n"),
+	} {
+		if err := os.WriteFile(f, content, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
+// nodeArgs are the flags every node of the cluster runs with.
+func (s *secure) nodeArgs() []string {
+	return []string{"--token-file", s.tokenFile, "--tls-cert", s.certFile, "--tls-key", s.keyFile, "--tls-ca", s.certFile}
+}
+
+// client is a client of endpoints over TLS, with token.
+func (s *secure) client(t *testing.T, token string, endpoints ...string) *client.Client {
+	t.Helper()
+	cfg, err := client.TLSConfig(s.certFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(endpoints, client.Options{UserAgent: "kvrouter-e2e", Token: token, Scheme: "https", TLS: cfg})
+	if err != nil {
+		t.Fatalf("client of %v: %v", endpoints, err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// startClusterSecure is startCluster with every node serving its API over
+// TLS and asking for a token.
+func startClusterSecure(t *testing.T, n int) *cluster {
+	t.Helper()
+	c := newCluster(t, n)
+	c.sec = newSecure(t)
+	c.assignPorts() // clients with the token and TLS
+	c.bootstrap()
+	return c
+}
+
+// TestTokenAndTLS runs a cluster whose nodes serve TLS and ask for a
+// token: clients with both are served, a follower forwards a write to the
+// leader over TLS with the client's token, a node joins through --join,
+// and kvctl without the token, or with another, is refused and says what
+// to do. The probes answer without a token.
+func TestTokenAndTLS(t *testing.T) {
+	c := startClusterSecure(t, 3)
+	leader := c.leader()
+	follower := (leader + 1) % len(c.nodes)
+
+	if r := c.kvctl("status"); r.code != 0 || strings.Count(r.stdout, "\n") < 4 {
+		t.Fatalf("kvctl status with the token and CA: %v", r)
+	}
+	// A registration sent to a follower only: it forwards it.
+	ctx := ctxT(t, callTimeout)
+	w := raftfsm.WorkerInfo{ID: 42, DPRanks: []uint32{0}, BlockSize: 16, Model: "m"}
+	if err := c.nodes[follower].cl.RegisterWorker(ctx, w); err != nil {
+		t.Fatalf("register through the follower %s: %v", c.nodes[follower].id, err)
+	}
+	c.waitFor(readyTimeout, "the worker on every node", func() (bool, string) {
+		for _, n := range c.nodes {
+			ws, err := n.cl.Workers(ctxT(t, callTimeout))
+			if err != nil || !slices.ContainsFunc(ws, func(w api.Worker) bool { return w.WorkerID == 42 }) {
+				return false, n.id + " lacks worker 42"
+			}
+		}
+		return true, ""
+	})
+
+	// kvctl without the token, or with another: exit 1, one line saying so.
+	for _, args := range [][]string{
+		{"--endpoints", c.endpoints(), "--tls-ca", c.sec.certFile, "workers"},
+		{"--endpoints", c.endpoints(), "--tls-ca", c.sec.certFile, "--token", "not-it", "workers"},
+	} {
+		r := runKvctl(t, args...)
+		if r.code != 1 || !strings.Contains(r.stderr, "--token") || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Fatalf("kvctl without the cluster's token: %v; want exit 1 and one line naming --token", r)
+		}
+		t.Logf("kvctl %s: %s", strings.Join(args[4:], " "), strings.TrimSpace(r.stderr))
+	}
+	// Without the CA, the nodes' certificate is not trusted.
+	if r := runKvctl(t, "--endpoints", c.endpoints(), "--token", c.sec.token, "--timeout", "5s", "--tls-ca", os.DevNull, "status"); r.code == 0 {
+		t.Fatalf("kvctl with an empty CA file: %v; want a failure", r)
+	}
+	// A client without the token is refused by the node that answers; its
+	// probes are not.
+	bare := c.sec.client(t, "", c.nodes[follower].httpAddr)
+	if _, err := bare.Workers(ctxT(t, callTimeout)); !errors.Is(err, client.ErrUnauthorized) {
+		t.Fatalf("workers without the token: %v, want ErrUnauthorized", err)
+	}
+	if r, err := bare.Ready(ctxT(t, callTimeout)); err != nil || !r.Ready {
+		t.Fatalf("readyz without the token: %+v, %v", r, err)
+	}
+	// Plain HTTP to a TLS node is no API.
+	plain := newClient(t, c.nodes[leader].httpAddr)
+	defer plain.Close()
+	if _, err := plain.Status(ctxT(t, callTimeout)); err == nil {
+		t.Fatal("plain HTTP to a node that serves TLS was answered")
+	}
+
+	// A fourth node joins through a member's address: over TLS, with the
+	// token.
+	ports := freePorts(t, 2)
+	n4 := &node{id: "n4", raftAddr: ports[0], httpAddr: ports[1], dir: filepath.Join(c.base, "n4"),
+		logPath: filepath.Join(c.base, "n4.log"), join: c.nodes[follower].httpAddr}
+	n4.cl = c.newClient(n4.httpAddr)
+	c.nodes = append(c.nodes, n4)
+	c.start(3)
+	c.waitFor(readyTimeout, "n4 a voter", func() (bool, string) {
+		ms, err := c.cl.Members(ctxT(t, callTimeout))
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, m := range ms {
+			if m.ID == "n4" && m.Voter {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("members %+v", ms)
+	})
+	c.waitReady(3)
+	if ws, err := n4.cl.Workers(ctxT(t, callTimeout)); err != nil || !slices.ContainsFunc(ws, func(w api.Worker) bool { return w.WorkerID == 42 }) {
+		t.Fatalf("n4's workers: %+v, %v; want worker 42", ws, err)
+	}
+}
