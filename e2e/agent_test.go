@@ -80,6 +80,9 @@ type engineGen struct {
 	parent map[uint64]uint64
 	gpuLen []int // how much of each chain the GPU holds (a prefix)
 	model  [kvevent.NumTiers]map[uint64]bool
+	// view is the cluster's scoring view, which the route overlaps that
+	// waitModel checks are counted in (the default, or what the test set).
+	view indexer.View
 }
 
 func newEngineGen(seed uint64) *engineGen {
@@ -101,10 +104,11 @@ func (g *engineGen) stored(hashes []uint64, medium string) pypub.EvSpec {
 	return spec
 }
 
-// newChain stores a fresh chain of n blocks on the GPU.
-func (g *engineGen) newChain(n int) pypub.EvSpec {
+// blocks makes n fresh blocks on the GPU, the first a child of parent
+// (0: a root).
+func (g *engineGen) blocks(parent uint64, n int) []uint64 {
 	var hs []uint64
-	for i := 0; i < n; i++ {
+	for range n {
 		g.n++
 		h := 1<<40 | g.n
 		toks := make([]uint32, agentBlockSize)
@@ -112,25 +116,80 @@ func (g *engineGen) newChain(n int) pypub.EvSpec {
 			toks[j] = g.rng.Uint32N(50000)
 		}
 		g.tokens[h] = toks
-		if i > 0 {
-			g.parent[h] = hs[i-1]
+		if parent != 0 {
+			g.parent[h] = parent
 		}
+		parent = h
 		hs = append(hs, h)
 		g.model[kvevent.TierDevice][h] = true
 	}
+	return hs
+}
+
+// newChain stores a fresh chain of n blocks on the GPU.
+func (g *engineGen) newChain(n int) pypub.EvSpec {
+	hs := g.blocks(0, n)
 	g.chains = append(g.chains, hs)
 	g.gpuLen = append(g.gpuLen, n)
 	return g.stored(hs, "GPU")
 }
 
+// extend stores n more blocks at the end of chain ci, which the GPU holds
+// whole: an event whose first block's parent_block_hash is an earlier
+// event's block.
+func (g *engineGen) extend(ci, n int) pypub.EvSpec {
+	ch := g.chains[ci]
+	hs := g.blocks(ch[len(ch)-1], n)
+	g.chains[ci] = append(ch, hs...)
+	g.gpuLen[ci] = len(g.chains[ci])
+	return g.stored(hs, "GPU")
+}
+
+// prompt is chain ci's tokens.
+func (g *engineGen) prompt(ci int) []uint32 {
+	var p []uint32
+	for _, h := range g.chains[ci] {
+		p = append(p, g.tokens[h]...)
+	}
+	return p
+}
+
+// wantOverlap is what a route of chain ci's prompt should find on the
+// worker's rank, per tier, in g.view: the dedup view counts the prefix held
+// in any tier as device blocks; the tiered view walks the device prefix,
+// then the host blocks after it.
+func (g *engineGen) wantOverlap(ci int) [kvevent.NumTiers]int64 {
+	var o [kvevent.NumTiers]int64
+	dev, host := g.model[kvevent.TierDevice], g.model[kvevent.TierHostPinned]
+	tier := kvevent.TierDevice
+	for _, h := range g.chains[ci] {
+		switch {
+		case g.view == indexer.ViewDedup && (dev[h] || host[h]):
+		case tier == kvevent.TierDevice && dev[h]:
+		case host[h]:
+			tier = kvevent.TierHostPinned
+		default:
+			return o
+		}
+		o[tier]++
+	}
+	return o
+}
+
 // next returns the next event.
 func (g *engineGen) next() pypub.EvSpec {
 	k := g.rng.IntN(100)
-	if len(g.chains) == 0 || k < 60 {
+	if len(g.chains) == 0 || k < 50 {
 		return g.newChain(1 + g.rng.IntN(4))
 	}
 	ci := g.rng.IntN(len(g.chains))
 	ch := g.chains[ci]
+	if k < 60 {
+		if g.gpuLen[ci] < len(ch) {
+			return g.newChain(1)
+		}
+		return g.extend(ci, 1+g.rng.IntN(3))
+	}
 	if k < 80 {
 		for _, h := range ch {
 			g.model[kvevent.TierHostPinned][h] = true
@@ -177,7 +236,9 @@ func rankBlocks(ctx context.Context, n *node, id uint64) (api.TierBlocks, bool) 
 }
 
 // waitModel waits until every serving node's index holds exactly the
-// model's blocks per tier for worker 1, and the nodes' digests agree.
+// model's blocks per tier for worker 1, a route of every chain's prompt
+// finds the overlap per tier that the model says on every node, and the
+// nodes' digests agree.
 func waitModel(c *cluster, g *engineGen) { waitModelOf(c, g, 1) }
 
 // waitModelOf is waitModel for worker id.
@@ -194,6 +255,33 @@ func waitModelOf(c *cluster, g *engineGen, id uint64) {
 			cancel()
 			if !ok || got != want {
 				return false, fmt.Sprintf("node %d holds %+v", i, got)
+			}
+		}
+		return true, ""
+	})
+	// The counts agree; the blocks must be the model's too, chained as the
+	// engine chained them.
+	c.waitFor(convergeTimeout, "every chain's route overlap to be the model's", func() (bool, string) {
+		for i, n := range c.nodes {
+			if !n.serving() {
+				continue
+			}
+			for ci := range g.chains {
+				ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+				res, err := n.cl.Route(ctx, api.RouteRequest{TokenIDs: g.prompt(ci)})
+				cancel()
+				if err != nil {
+					return false, fmt.Sprintf("node %d: route chain %d: %v", i, ci, err)
+				}
+				var got [kvevent.NumTiers]int64
+				for _, cand := range res.Candidates {
+					if cand.WorkerID == id && cand.DPRank == 0 {
+						got = cand.Overlap.Array()
+					}
+				}
+				if want := g.wantOverlap(ci); got != want {
+					return false, fmt.Sprintf("node %d: chain %d of %d blocks overlaps %v, want %v", i, ci, len(g.chains[ci]), got, want)
+				}
 			}
 		}
 		return true, ""
@@ -226,6 +314,7 @@ func TestAgentEndToEnd(t *testing.T) {
 	// A chain of 3 on the GPU, offloaded whole to CPU, its GPU tail
 	// dropped: the route sees 2 blocks on the device and 1 on the host.
 	g := newEngineGen(seed)
+	g.view = indexer.ViewTiered
 	var seq uint64
 	chain := g.newChain(3)
 	pub.Do(pypub.BatchCmd{Cmd: "batch", Seq: seq, Form: "map", Events: []pypub.EvSpec{chain}, Live: true})
