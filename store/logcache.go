@@ -17,9 +17,13 @@ import (
 // Invariants: the cached entries are the contiguous indexes lo..hi, each
 // at ring[index % len(ring)], and every one of them is in the store with
 // the same contents (add runs after a commit; a DeleteRange that touches
-// the window empties the cache). A cached raft.Log is shared with whoever
-// stored it and every reader (GetLog copies the struct, not Data): no one
-// modifies an entry's bytes after storing it.
+// the window empties the cache). A cached entry's Data and Extensions are
+// the very bytes its writer passed to StoreLogs, shared with every reader
+// (get copies the struct, not the bytes): no one may modify them in place,
+// and hashicorp/raft, which stores and reads them, does not (nor does the
+// FSM it applies them to). Appending is safe: get caps both slices, so an
+// append reallocates instead of writing into the writer's buffer, where
+// Extensions may follow Data.
 type logCache struct {
 	mu     sync.RWMutex
 	ring   []*raft.Log
@@ -74,7 +78,9 @@ func (c *logCache) add(logs []*raft.Log) {
 	}
 }
 
-// get copies the cached entry at index into out, if there is one.
+// get copies the cached entry at index into out, if there is one. out's
+// Data and Extensions share their bytes with the cache (see logCache),
+// capped at their length.
 func (c *logCache) get(index uint64, out *raft.Log) bool {
 	if c == nil {
 		return false
@@ -85,6 +91,8 @@ func (c *logCache) get(index uint64, out *raft.Log) bool {
 		return false
 	}
 	*out = *c.ring[index%uint64(len(c.ring))]
+	out.Data = out.Data[:len(out.Data):len(out.Data)]
+	out.Extensions = out.Extensions[:len(out.Extensions):len(out.Extensions)]
 	return true
 }
 
