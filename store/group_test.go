@@ -262,6 +262,43 @@ func TestCloseClosesOpenViews(t *testing.T) {
 	}
 }
 
+// TestAppliedOfAClosedGroupViewFails: a group view whose overlay holds the
+// applied record answers Applied with ErrClosed once it is closed, or its
+// database is (a restore swaps the database under Raft's snapshot views),
+// as its Each does: an answer from the overlay would pass for the state of
+// a view that can no longer be read.
+func TestAppliedOfAClosedGroupViewFails(t *testing.T) {
+	for _, closer := range []string{"view", "database"} {
+		s, err := OpenState(filepath.Join(t.TempDir(), "fsm"), StateOptions{Logger: logStoreTestLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := s.NewBatch()
+		b.SetApplied(5, 1)
+		v := b.View()
+		if i, term, err := v.Applied(); err != nil || i != 5 || term != 1 {
+			t.Fatalf("Applied on the open view = (%d, %d, %v), want (5, 1, nil)", i, term, err)
+		}
+		if closer == "view" {
+			err = v.Close()
+		} else {
+			err = s.Close()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := v.Each(func(_, _ []byte) error { return nil }); !errors.Is(err, ErrClosed) {
+			t.Fatalf("closed %s: Each = %v, want ErrClosed", closer, err)
+		}
+		if i, term, err := v.Applied(); !errors.Is(err, ErrClosed) {
+			t.Fatalf("closed %s: Applied = (%d, %d, %v), want ErrClosed", closer, i, term, err)
+		}
+		b.Close()
+		v.Close()
+		s.Close()
+	}
+}
+
 // TestReserveGrowsOnceToTheGroupSize: a group that outgrows its first MiB
 // grows straight to the reserved size (no doublings past it, each a copy
 // into fresh pages), and one that stays small allocates no more than it

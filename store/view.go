@@ -92,8 +92,15 @@ var (
 	errViewReading = errors.New("read view: already being read")
 )
 
-// Applied reads the applied index and term of the view.
+// Applied reads the applied index and term of the view. A closed view
+// (or one whose database closed) fails with ErrClosed, as Each does, even
+// when its overlay holds the answer.
 func (v *StateSnapshot) Applied() (uint64, uint64, error) {
+	v.s.viewMu.Lock()
+	defer v.s.viewMu.Unlock()
+	if v.snap == nil {
+		return 0, 0, errViewClosed
+	}
 	// The applied record's kind sorts first: if the overlay has it, it is
 	// the overlay's first write.
 	if len(v.over) > 0 {
@@ -103,11 +110,6 @@ func (v *StateSnapshot) Applied() (uint64, uint64, error) {
 			}
 			return DecodeApplied(val)
 		}
-	}
-	v.s.viewMu.Lock()
-	defer v.s.viewMu.Unlock()
-	if v.snap == nil {
-		return 0, 0, errViewClosed
 	}
 	return readApplied(v.snap)
 }
