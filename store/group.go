@@ -2,7 +2,6 @@ package store
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -284,7 +283,7 @@ func (b *StateBatch) Commit() error {
 		err = cerr
 	}
 	if err == nil {
-		err = s.db.Ingest(context.Background(), []string{path})
+		err = s.ingest([]string{path})
 	}
 	// An ingested table is linked into the database; the name written here
 	// goes either way.

@@ -40,11 +40,29 @@ func (s *StateDB) NewSortedLoader() *SortedLoader { return &SortedLoader{s: s} }
 // returns a table writer for it in the database's format, with the
 // options of the database's own tables (OpenState).
 func (s *StateDB) createTable(path string) (*sstable.Writer, error) {
+	s.mu.RLock()
+	if s.db == nil {
+		s.mu.RUnlock()
+		return nil, ErrClosed
+	}
+	format := s.db.TableFormat()
+	s.mu.RUnlock()
 	f, err := s.fs.Create(path, vfs.WriteCategoryUnspecified)
 	if err != nil {
 		return nil, err
 	}
-	return sstable.NewWriter(objstorageprovider.NewFileWritable(f), s.opts.MakeWriterOptions(0, s.db.TableFormat())), nil
+	return sstable.NewWriter(objstorageprovider.NewFileWritable(f), s.opts.MakeWriterOptions(0, format)), nil
+}
+
+// ingest links the tables at paths into the database; after Close it
+// fails with ErrClosed.
+func (s *StateDB) ingest(paths []string) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.db == nil {
+		return ErrClosed
+	}
+	return s.db.Ingest(context.Background(), paths)
 }
 
 // Set writes one record (full key, kind byte first).
@@ -83,7 +101,7 @@ func (l *SortedLoader) Finish() error {
 	if len(l.paths) == 0 {
 		return nil
 	}
-	if err := l.s.db.Ingest(context.Background(), l.paths); err != nil {
+	if err := l.s.ingest(l.paths); err != nil {
 		l.Abort()
 		return fmt.Errorf("bulk load: ingest: %w", err)
 	}

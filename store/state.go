@@ -44,6 +44,11 @@ import (
 //	0x0a 's'                      cluster settings (opaque)
 //	0x0b member id                cluster member (opaque)
 type StateDB struct {
+	// mu guards db against Close: every method that uses db holds it for
+	// reading (a scan for all of its iteration), Close holds it for
+	// writing and sets db to nil, and later calls fail with ErrClosed.
+	// Views are the exception: they use db under viewMu (see below).
+	mu     sync.RWMutex
 	db     *pebble.DB
 	opts   *pebble.Options // the options it was opened with (table writers take theirs)
 	fs     vfs.FS          // the database's filesystem (group tables are written on it)
@@ -195,8 +200,12 @@ func OpenState(dir string, opts StateOptions) (*StateDB, error) {
 }
 
 // Close closes the database. Open views are closed with it: their reads
-// then fail with ErrClosed.
+// then fail with ErrClosed, and so do the database's methods (a group's
+// Commit, Applied, Scan, Sync). It waits for the methods that are using
+// the database, not for views. A second Close does nothing.
 func (s *StateDB) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.db == nil {
 		return nil
 	}
@@ -221,6 +230,11 @@ func (s *StateDB) Dir() string { return s.dir }
 // writes went which way. The FSM calls it when Raft takes a snapshot and
 // at Close.
 func (s *StateDB) Sync() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.db == nil {
+		return fmt.Errorf("sync state db: %w", ErrClosed)
+	}
 	if err := s.db.Flush(); err != nil {
 		return fmt.Errorf("sync state db: %w", err)
 	}
@@ -230,6 +244,11 @@ func (s *StateDB) Sync() error {
 // Applied returns the applied index and term recorded in the database, or
 // zeros for a fresh one.
 func (s *StateDB) Applied() (index, term uint64, err error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.db == nil {
+		return 0, 0, fmt.Errorf("read applied index: %w", ErrClosed)
+	}
 	return readApplied(s.db)
 }
 
@@ -264,11 +283,17 @@ func (s *StateDB) Scan(kind byte, fn func(key, value []byte) error) error {
 // ScanRange is Scan of the records of a kind whose keys (without the
 // kind byte) are at or above from and below to; a nil bound is the
 // kind's first or last key. Scans of disjoint ranges may run side by
-// side.
+// side. A Close waits for the scan; fn must not call the database's
+// other methods (a Close waiting between would hold them back for good).
 func (s *StateDB) ScanRange(kind byte, from, to []byte, fn func(key, value []byte) error) error {
 	lower, upper := append([]byte{kind}, from...), append([]byte{kind}, to...)
 	if to == nil {
 		upper = []byte{kind + 1}
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.db == nil {
+		return fmt.Errorf("scan %s: %w", KindName(kind), ErrClosed)
 	}
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
 	if err != nil {
