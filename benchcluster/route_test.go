@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"github.com/kvrouter/kvrouter/internal/benchenv"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -125,8 +126,8 @@ func TestBenchClusterRoute(t *testing.T) {
 		"server process during the paced route phases: %.1f GCs/s, %.1f MB allocated per 1000 requests",
 		len(bodies[0]), len(constBody), loadgen, runtime.GOMAXPROCS(0), runtime.NumCPU(),
 		float64(gcs.n)/paced.elapsed.Seconds(), float64(gcs.bytes)/1e6/float64(max(paced.n, 1))*1000)
-	fmt.Printf("BENCH cluster.route offered_qps=%.0f qps=%.0f p50_us=%.0f p99_us=%.0f p99_send_us=%.0f ceiling_qps=%.0f ceiling_p50_us=%.0f ceiling_p99_us=%.0f ceiling_p99_send_us=%.0f ratio_p99=%.2f max_qps=%.0f ratio=%.3f workers=%d blocks=%d request_blocks=%d clients=%d answer_bytes=%d loadgen=%s seed=%d\n",
-		rate, paced.qps, paced.pct(0.50), paced.pct(0.99), pctOf(paced.svc, 0.99), ceilClosed.qps, ceilPaced.pct(0.50), ceilPaced.pct(0.99), pctOf(ceilPaced.svc, 0.99),
+	fmt.Printf("BENCH cluster.route offered_qps=%.0f qps=%.0f p50_us=%.0f p99_us=%.0f p99_send_us=%.0f dropped=%d ceiling_qps=%.0f ceiling_p50_us=%.0f ceiling_p99_us=%.0f ceiling_p99_send_us=%.0f ceiling_dropped=%d ratio_p99=%.2f max_qps=%.0f ratio=%.3f workers=%d blocks=%d request_blocks=%d clients=%d answer_bytes=%d loadgen=%s seed=%d\n",
+		rate, paced.qps, paced.pct(0.50), paced.pct(0.99), pctOf(paced.svc, 0.99), paced.dropped, ceilClosed.qps, ceilPaced.pct(0.50), ceilPaced.pct(0.99), pctOf(ceilPaced.svc, 0.99), ceilPaced.dropped,
 		paced.pct(0.99)/max(ceilPaced.pct(0.99), 1), closed.qps, closed.qps/ceilClosed.qps,
 		workers, st.Entries, requestBlocks, clients, len(constBody), loadgen, seed)
 }
@@ -188,8 +189,10 @@ func postOnce(t *testing.T, url string, body []byte, v any) []byte {
 }
 
 type driveResult struct {
-	n       int
-	elapsed time.Duration
+	n       int           // requests answered and measured
+	due     int           // paced: requests due in the window
+	dropped int           // paced: due requests not sent by the cap (driveCap)
+	elapsed time.Duration // paced: the window (due times); closed loop: the run
 	qps     float64
 	lat     []time.Duration // sorted; paced: from the due time, closed loop: from the send
 	svc     []time.Duration // sorted; from the send (paced only)
@@ -200,6 +203,8 @@ type driveResult struct {
 // add merges another phase's result into r; finish computes the totals.
 func (r *driveResult) add(o driveResult) {
 	r.n += o.n
+	r.due += o.due
+	r.dropped += o.dropped
 	r.elapsed += o.elapsed
 	r.lat = append(r.lat, o.lat...)
 	r.svc = append(r.svc, o.svc...)
@@ -228,6 +233,9 @@ func (r driveResult) pct(p float64) float64 { return pctOf(r.lat, p) }
 func (r driveResult) String() string {
 	s := fmt.Sprintf("%d requests in %v = %.0f/s, p50 %.0fµs p99 %.0fµs max %.0fµs",
 		r.n, r.elapsed.Round(time.Millisecond), r.qps, r.pct(0.5), r.pct(0.99), r.pct(1))
+	if r.dropped > 0 {
+		s += fmt.Sprintf(", %d of %d due dropped", r.dropped, r.due)
+	}
 	if len(r.svc) > 0 {
 		s += fmt.Sprintf(" (from the due time; from the send: p50 %.0fµs p99 %.0fµs; send lag p50 %.0fµs p99 %.0fµs)",
 			pctOf(r.svc, 0.5), pctOf(r.svc, 0.99), pctOf(r.lag, 0.5), pctOf(r.lag, 0.99))
@@ -238,17 +246,24 @@ func (r driveResult) String() string {
 // drive sends bodies round-robin from clients goroutines for d.
 //
 // With rate > 0 the load is open loop: request i is due at start + i/rate
-// whatever the server does. A free client sleeps until the next due time
-// and sends; when every client is busy the request goes out late, on the
-// first client free. Its latency is measured from its due time, not from
-// the send, so that a server that falls behind (a GC pause, a slow answer)
-// shows the queue it built in the latency instead of hiding it by sending
-// less (coordinated omission). The send's delay after the due time (all
-// clients busy, or the generator woken late on a busy machine) and the
-// latency from the send are reported beside it.
+// whatever the server does, and every request due in the window (due time
+// at or before start + d) is sent, also after the window has passed: the
+// ones still queued when it closes are the slowest of all, and leaving
+// them out would cut the tail the benchmark is there to show. A free
+// client sleeps until the next due time and sends; when every client is
+// busy the request goes out late, on the first client free. Its latency is
+// measured from its due time, not from the send, so that a server that
+// falls behind (a GC pause, a slow answer) shows the queue it built in the
+// latency instead of hiding it by sending less (coordinated omission). The
+// send's delay after the due time (all clients busy, or the generator
+// woken late on a busy machine) and the latency from the send are reported
+// beside it. A request not sent by start + driveCap×d is dropped and
+// counted (dropped): a server that far behind has no latency worth
+// quoting. qps is the requests measured over the window d, so that it is
+// the offered rate when nothing is dropped.
 //
-// With rate 0 the clients send as fast as they can (closed loop); latency
-// is from the send.
+// With rate 0 the clients send as fast as they can (closed loop) until
+// the window closes; latency is from the send, qps over the run.
 func drive(url string, bodies [][]byte, rate float64, clients int, d time.Duration) driveResult {
 	tr := &http.Transport{MaxIdleConnsPerHost: clients, DisableCompression: true}
 	defer tr.CloseIdleConnections()
@@ -263,6 +278,13 @@ func drive(url string, bodies [][]byte, rate float64, clients int, d time.Durati
 	)
 	start := time.Now()
 	end := start.Add(d)
+	// The paced run's requests are i = 0..due-1: due times start + i/rate
+	// at or before end.
+	due := 0
+	if rate > 0 {
+		due = int(math.Floor(rate*d.Seconds())) + 1
+	}
+	cutoff := start.Add(driveCap * d)
 	for c := 0; c < clients; c++ {
 		wg.Add(1)
 		go func() {
@@ -277,18 +299,17 @@ func drive(url string, bodies [][]byte, rate float64, clients int, d time.Durati
 			}()
 			for {
 				i := next.Add(1) - 1
-				if time.Now().After(end) {
-					return
-				}
-				var due time.Time
+				var dueAt time.Time
 				if rate > 0 {
-					due = start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
-					if due.After(end) {
+					if i >= int64(due) || time.Now().After(cutoff) {
 						return
 					}
-					if w := time.Until(due); w > 0 {
+					dueAt = start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
+					if w := time.Until(dueAt); w > 0 {
 						time.Sleep(w)
 					}
+				} else if time.Now().After(end) {
+					return
 				}
 				t0 := time.Now()
 				resp, err := hc.Post(url, "application/json", bytes.NewReader(bodies[int(i)%len(bodies)]))
@@ -305,9 +326,9 @@ func drive(url string, bodies [][]byte, rate float64, clients int, d time.Durati
 				}
 				t1 := time.Now()
 				if rate > 0 {
-					myLat = append(myLat, t1.Sub(due))
+					myLat = append(myLat, t1.Sub(dueAt))
 					mySvc = append(mySvc, t1.Sub(t0))
-					myLag = append(myLag, max(t0.Sub(due), 0))
+					myLag = append(myLag, max(t0.Sub(dueAt), 0))
 				} else {
 					myLat = append(myLat, t1.Sub(t0))
 				}
@@ -316,9 +337,16 @@ func drive(url string, bodies [][]byte, rate float64, clients int, d time.Durati
 	}
 	wg.Wait()
 	r := driveResult{n: len(all), elapsed: time.Since(start), lat: all, svc: svc, lag: lag, err: firstE}
+	if rate > 0 {
+		r.due, r.dropped, r.elapsed = due, due-len(all), d
+	}
 	r.finish()
 	return r
 }
+
+// driveCap bounds a paced run: requests due in its window and not sent
+// by start + driveCap × the window are dropped (drive).
+const driveCap = 10
 
 // routeEnv is the route benchmarks' fixture: a single-node cluster with
 // 64 registered workers, an index of about the blocks asked for, and
@@ -411,6 +439,8 @@ type loadGenSpec struct {
 
 type loadGenResult struct {
 	N        int
+	Due      int
+	Dropped  int
 	Elapsed  time.Duration
 	Lat, Svc []time.Duration
 	Lag      []time.Duration
@@ -440,7 +470,7 @@ func driveChild(t *testing.T, url, bodiesFile string, rate float64, clients int,
 	if err := json.Unmarshal(raw, &res); err != nil {
 		t.Fatal(err)
 	}
-	r := driveResult{n: res.N, elapsed: res.Elapsed, lat: res.Lat, svc: res.Svc, lag: res.Lag}
+	r := driveResult{n: res.N, due: res.Due, dropped: res.Dropped, elapsed: res.Elapsed, lat: res.Lat, svc: res.Svc, lag: res.Lag}
 	if res.Err != "" {
 		r.err = errors.New(res.Err)
 	}
@@ -468,7 +498,7 @@ func TestRouteLoadGenChild(t *testing.T) {
 		bodies = append(bodies, []byte(line))
 	}
 	r := drive(spec.URL, bodies, spec.Rate, spec.Clients, spec.Duration)
-	res := loadGenResult{N: r.n, Elapsed: r.elapsed, Lat: r.lat, Svc: r.svc, Lag: r.lag}
+	res := loadGenResult{N: r.n, Due: r.due, Dropped: r.dropped, Elapsed: r.elapsed, Lat: r.lat, Svc: r.svc, Lag: r.lag}
 	if r.err != nil {
 		res.Err = r.err.Error()
 	}
@@ -478,5 +508,55 @@ func TestRouteLoadGenChild(t *testing.T) {
 	}
 	if err := os.WriteFile(spec.Out, out, 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDriveMeasuresEveryRequestDueInTheWindow: a paced run measures every
+// request due in its window, the backlog still queued when the window
+// closes included: those are the slowest requests, and dropping them
+// would cut the tail out of p99. A server that answers in 2 ms with one
+// client (under 500/s) offered 1000/s for 300 ms leaves most of the 301
+// due requests queued at the window's end; all are sent within the cap
+// (3 s, about three times what they take).
+func TestDriveMeasuresEveryRequestDueInTheWindow(t *testing.T) {
+	url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		time.Sleep(2 * time.Millisecond) // the service time, not a wait for a condition
+		_, _ = w.Write([]byte("{}"))
+	}))
+	const rate, d = 1000.0, 300 * time.Millisecond
+	r := drive(url, [][]byte{[]byte("{}")}, rate, 1, d)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Logf("%s", r)
+	if r.due != 301 || r.n != r.due || r.dropped != 0 {
+		t.Fatalf("measured %d of %d due, %d dropped; want all 301 measured, none dropped", r.n, r.due, r.dropped)
+	}
+	if r.pct(1) < float64(d.Microseconds()) {
+		t.Fatalf("slowest latency from the due time %.0fµs, want at least the window (%v): the backlog was left out", r.pct(1), d)
+	}
+	if r.qps != float64(r.n)/d.Seconds() {
+		t.Fatalf("qps %.0f, want the %d measured over the %v window", r.qps, r.n, d)
+	}
+}
+
+// TestDriveCountsTheRequestsPastItsCapAsDropped: a server too slow for the
+// backlog to drain within driveCap windows has the rest dropped, and
+// counted: measured and dropped add up to the requests due.
+func TestDriveCountsTheRequestsPastItsCapAsDropped(t *testing.T) {
+	url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		time.Sleep(20 * time.Millisecond) // the service time: 50/s with one client
+		_, _ = w.Write([]byte("{}"))
+	}))
+	const rate, d = 1000.0, 50 * time.Millisecond // 51 due; the cap (500 ms) serves about 25
+	r := drive(url, [][]byte{[]byte("{}")}, rate, 1, d)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Logf("%s", r)
+	if r.due != 51 || r.dropped == 0 || r.n+r.dropped != r.due {
+		t.Fatalf("measured %d, dropped %d of %d due; want some dropped, and the two to add up to 51", r.n, r.dropped, r.due)
 	}
 }
