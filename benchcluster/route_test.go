@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"github.com/kvrouter/kvrouter/internal/benchenv"
 	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -126,10 +127,24 @@ func TestBenchClusterRoute(t *testing.T) {
 		"server process during the paced route phases: %.1f GCs/s, %.1f MB allocated per 1000 requests",
 		len(bodies[0]), len(constBody), loadgen, runtime.GOMAXPROCS(0), runtime.NumCPU(),
 		float64(gcs.n)/paced.elapsed.Seconds(), float64(gcs.bytes)/1e6/float64(max(paced.n, 1))*1000)
-	fmt.Printf("BENCH cluster.route offered_qps=%.0f qps=%.0f p50_us=%.0f p99_us=%.0f p99_send_us=%.0f dropped=%d ceiling_qps=%.0f ceiling_p50_us=%.0f ceiling_p99_us=%.0f ceiling_p99_send_us=%.0f ceiling_dropped=%d ratio_p99=%.2f max_qps=%.0f ratio=%.3f workers=%d blocks=%d request_blocks=%d clients=%d answer_bytes=%d loadgen=%s seed=%d\n",
-		rate, paced.qps, paced.pct(0.50), paced.pct(0.99), pctOf(paced.svc, 0.99), paced.dropped, ceilClosed.qps, ceilPaced.pct(0.50), ceilPaced.pct(0.99), pctOf(ceilPaced.svc, 0.99), ceilPaced.dropped,
-		paced.pct(0.99)/max(ceilPaced.pct(0.99), 1), closed.qps, closed.qps/ceilClosed.qps,
+	fmt.Printf("BENCH cluster.route %s workers=%d blocks=%d request_blocks=%d clients=%d answer_bytes=%d loadgen=%s seed=%d\n",
+		routeFigures(rate, &paced, &ceilPaced, &closed, &ceilClosed),
 		workers, st.Entries, requestBlocks, clients, len(constBody), loadgen, seed)
+}
+
+// routeFigures is the measured part of the cluster.route line. Each
+// ceiling_ field sits beside the route's field of the same kind of phase:
+// qps, p50_us, p99_us, p99_send_us and dropped (and their ceiling_
+// twins) are the paced phases', max_qps and ceiling_max_qps the closed
+// loop's; ratio_p99 compares the paced p99s, ratio the closed-loop rates.
+func routeFigures(rate float64, paced, ceilPaced, closed, ceilClosed *driveResult) string {
+	return fmt.Sprintf("offered_qps=%.0f qps=%.0f p50_us=%.0f p99_us=%.0f p99_send_us=%.0f dropped=%d "+
+		"ceiling_qps=%.0f ceiling_p50_us=%.0f ceiling_p99_us=%.0f ceiling_p99_send_us=%.0f ceiling_dropped=%d ratio_p99=%.2f "+
+		"max_qps=%.0f ceiling_max_qps=%.0f ratio=%.3f",
+		rate, paced.qps, paced.pct(0.50), paced.pct(0.99), pctOf(paced.svc, 0.99), paced.dropped,
+		ceilPaced.qps, ceilPaced.pct(0.50), ceilPaced.pct(0.99), pctOf(ceilPaced.svc, 0.99), ceilPaced.dropped,
+		paced.pct(0.99)/max(ceilPaced.pct(0.99), 1),
+		closed.qps, ceilClosed.qps, closed.qps/ceilClosed.qps)
 }
 
 // gcDelta counts the collections and the bytes allocated over some phases
@@ -558,5 +573,38 @@ func TestDriveCountsTheRequestsPastItsCapAsDropped(t *testing.T) {
 	t.Logf("%s", r)
 	if r.due != 51 || r.dropped == 0 || r.n+r.dropped != r.due {
 		t.Fatalf("measured %d, dropped %d of %d due; want some dropped, and the two to add up to 51", r.n, r.dropped, r.due)
+	}
+}
+
+// TestRouteFiguresCompareLikeWithLike: in the cluster.route line each
+// ceiling_ field is the constant handler's figure from the same kind of
+// phase as the route's field it is named after (ceiling_qps was once the
+// closed-loop maximum beside the paced qps, a ratio of 3 that was no
+// comparison at all). Each phase gets a distinct rate here, so a field
+// taken from the wrong phase shows.
+func TestRouteFiguresCompareLikeWithLike(t *testing.T) {
+	phase := func(qps float64, lat time.Duration, dropped int) *driveResult {
+		return &driveResult{qps: qps, lat: []time.Duration{lat}, svc: []time.Duration{lat / 2}, dropped: dropped}
+	}
+	paced, ceilPaced := phase(4999, 400*time.Microsecond, 1), phase(4998, 800*time.Microsecond, 2)
+	closed, ceilClosed := phase(9000, time.Millisecond, 0), phase(18000, time.Millisecond, 0)
+	got := map[string]string{}
+	for _, kv := range strings.Fields(routeFigures(5000, paced, ceilPaced, closed, ceilClosed)) {
+		k, v, _ := strings.Cut(kv, "=")
+		got[k] = v
+	}
+	want := map[string]string{
+		"offered_qps": "5000",
+		"qps":         "4999", "ceiling_qps": "4998",
+		"p50_us": "400", "ceiling_p50_us": "800",
+		"p99_us": "400", "ceiling_p99_us": "800",
+		"p99_send_us": "200", "ceiling_p99_send_us": "400",
+		"dropped": "1", "ceiling_dropped": "2",
+		"ratio_p99": "0.50",
+		"max_qps":   "9000", "ceiling_max_qps": "18000",
+		"ratio": "0.500",
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("route figures = %v\nwant %v", got, want)
 	}
 }
