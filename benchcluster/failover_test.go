@@ -33,20 +33,21 @@ import (
 // The killed node is restarted on its data directory and the next trial
 // waits until all three are ready. Baseline: the configured election
 // timeout. At the end every node must hold the same state (digest at the
-// same applied index) and exactly the acknowledged events.
+// same applied index) and exactly the acknowledged events. The nodes get
+// the Raft timeouts on their command line and none of the KVROUTER_* or
+// KVCTL_* variables of the environment (benchenv.ChildEnv), so the line's
+// election_timeout_ms is the one they ran with.
 //
 //	KVROUTER_BIN                  use this binary instead of building ./cmd/kvrouter
 //	KVROUTER_BENCH_TRIALS         trials (default 10)
-//	KVROUTER_BENCH_RAFT_TIMEOUT   --heartbeat-timeout and --election-timeout (default: the binary's, 200ms)
+//	KVROUTER_BENCH_RAFT_TIMEOUT   --heartbeat-timeout and --election-timeout (default 200ms, the binary's default)
 func TestBenchClusterFailover(t *testing.T) {
 	benchenv.Skip(t, "bench-cluster")
 	seed := benchenv.Seed(t, 20261204)
 	trials := benchenv.Int("KVROUTER_BENCH_TRIALS", 10)
 	electionTimeout := 200 * time.Millisecond // the binary's default
-	var timeoutFlags []string
 	if d, err := time.ParseDuration(os.Getenv("KVROUTER_BENCH_RAFT_TIMEOUT")); err == nil && d > 0 {
 		electionTimeout = d
-		timeoutFlags = []string{"--heartbeat-timeout", d.String(), "--election-timeout", d.String()}
 	}
 	bin := kvrouterBinary(t)
 
@@ -73,8 +74,7 @@ func TestBenchClusterFailover(t *testing.T) {
 		}
 	})
 	for _, p := range procs {
-		p.args = append([]string{"--node-id", p.id, "--raft-addr", p.raft, "--http-addr", p.http, "--data-dir", p.dir,
-			"--peers", strings.Join(peers, ","), "--log-level", "warn", "--nats-addr", "127.0.0.1:0"}, timeoutFlags...)
+		p.args = nodeArgs(p, peers, electionTimeout)
 		if err := p.start(bin); err != nil {
 			t.Fatal(err)
 		}
@@ -190,6 +190,14 @@ func kvrouterBinary(t *testing.T) string {
 	return out
 }
 
+// nodeArgs is the command line of a benchmark node: the Raft timeouts
+// always on it, whatever the binary's defaults.
+func nodeArgs(p *proc, peers []string, raftTimeout time.Duration) []string {
+	return []string{"--node-id", p.id, "--raft-addr", p.raft, "--http-addr", p.http, "--data-dir", p.dir,
+		"--peers", strings.Join(peers, ","), "--log-level", "warn", "--nats-addr", "127.0.0.1:0",
+		"--heartbeat-timeout", raftTimeout.String(), "--election-timeout", raftTimeout.String()}
+}
+
 type proc struct {
 	id, raft, http, dir, logPath string
 	args                         []string
@@ -206,6 +214,7 @@ func (p *proc) start(bin string) error {
 		return err
 	}
 	cmd := exec.Command(bin, p.args...)
+	cmd.Env = benchenv.ChildEnv() // no KVROUTER_* flag defaults from the shell
 	cmd.Stdout, cmd.Stderr = lf, lf
 	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
@@ -454,4 +463,65 @@ func (s *streamer) ackedBlocks() int64 {
 		n += int64(c) * blocksPerEvent
 	}
 	return n
+}
+
+// TestFailoverNodesIgnoreTheShellsKVROUTERVariables: the failover
+// benchmark's nodes take no flag defaults from the KVROUTER_* variables of
+// the shell that runs make bench-cluster: with KVROUTER_ELECTION_TIMEOUT=2s
+// there the daemons would run with 2 s while the BENCH line reports
+// election_timeout_ms=200 and divides by it. A stand-in binary prints the
+// environment it was started with.
+func TestFailoverNodesIgnoreTheShellsKVROUTERVariables(t *testing.T) {
+	t.Setenv("KVROUTER_ELECTION_TIMEOUT", "2s")
+	t.Setenv("KVCTL_ADDR", "127.0.0.1:1")
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "fake-kvrouter")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\nenv\necho END\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{id: "n1", logPath: filepath.Join(dir, "n1.log")}
+	if err := p.start(bin); err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the stand-in: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatal("the stand-in did not exit")
+	}
+	p.log.Close()
+	b, err := os.ReadFile(p.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "END") {
+		t.Fatalf("the stand-in's output is incomplete:\n%s", b)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "KVROUTER_") || strings.HasPrefix(line, "KVCTL_") {
+			t.Errorf("the benchmark's node inherited %s", line)
+		}
+	}
+}
+
+// TestFailoverNodesGetTheRaftTimeoutsOnTheirCommandLine: the timeouts the
+// BENCH line reports are on every node's command line, the default too,
+// rather than left to the binary's defaults.
+func TestFailoverNodesGetTheRaftTimeoutsOnTheirCommandLine(t *testing.T) {
+	p := &proc{id: "n1", raft: "127.0.0.1:1", http: "127.0.0.1:2", dir: "d"}
+	args := strings.Join(nodeArgs(p, []string{"n1=127.0.0.1:1=127.0.0.1:2"}, 200*time.Millisecond), " ")
+	for _, want := range []string{"--heartbeat-timeout 200ms", "--election-timeout 200ms"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("node arguments %q lack %q", args, want)
+		}
+	}
 }

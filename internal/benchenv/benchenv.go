@@ -6,6 +6,7 @@ package benchenv
 import (
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -34,4 +35,20 @@ func Seed(t testing.TB, def uint64) uint64 {
 	}
 	t.Logf("seed %d", seed)
 	return seed
+}
+
+// ChildEnv is the environment for a kvrouter or kvctl process a benchmark
+// starts: this process's, less every KVROUTER_* and KVCTL_* variable.
+// Each of those binaries' flags reads one, so an inherited variable (the
+// shell's KVROUTER_ELECTION_TIMEOUT) would change a setting that the
+// benchmark reports as the one it passed.
+func ChildEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "KVROUTER_") || strings.HasPrefix(kv, "KVCTL_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
 }
