@@ -142,9 +142,10 @@ func TestTokenAndTLS(t *testing.T) {
 		}
 		t.Logf("kvctl %s: %s", strings.Join(args[4:], " "), strings.TrimSpace(r.stderr))
 	}
-	// Without the CA, the nodes' certificate is not trusted.
-	if r := runKvctl(t, "--endpoints", c.endpoints(), "--token", c.sec.token, "--timeout", "5s", "--tls-ca", os.DevNull, "status"); r.code == 0 {
-		t.Fatalf("kvctl with an empty CA file: %v; want a failure", r)
+	// With another CA, the nodes' certificate is not trusted.
+	other := newSecure(t)
+	if r := runKvctl(t, "--endpoints", c.endpoints(), "--token", c.sec.token, "--timeout", "5s", "--tls-ca", other.certFile, "workers"); r.code != 1 || !strings.Contains(r.stderr, "not trusted") {
+		t.Fatalf("kvctl trusting another CA: %v; want exit 1 saying the certificate is not trusted", r)
 	}
 	// A client without the token is refused by the node that answers; its
 	// probes are not.

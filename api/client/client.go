@@ -110,8 +110,8 @@ func New(endpoints []string, opts Options) (*Client, error) {
 		c.ua = "kvrouter-client"
 	}
 	if opts.Token != "" {
-		if strings.ContainsAny(opts.Token, " \t\r\n") {
-			return nil, errors.New("the token holds white space")
+		if err := checkToken(opts.Token); err != nil {
+			return nil, err
 		}
 		c.auth = "Bearer " + opts.Token
 	}
@@ -161,6 +161,18 @@ func baseURL(e, scheme string) (string, error) {
 		return "", errors.New("want host:port with no path")
 	}
 	return u.Scheme + "://" + u.Host, nil
+}
+
+// ClearText returns the endpoints (host:port) that the client reaches over
+// plain http: with a token, it crosses the network as written there.
+func (c *Client) ClearText() []string {
+	var out []string
+	for _, e := range c.endpoints {
+		if h, ok := strings.CutPrefix(e, "http://"); ok {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // Endpoints returns the endpoints' base URLs, in the order given.

@@ -11,8 +11,8 @@ import (
 
 // Token returns the token a command was given: token itself, or the
 // content of file without the white space around it (a trailing newline).
-// Both "" is no token; both set, an empty file, or a token with white
-// space in it (no header can carry it) is an error.
+// Both "" is no token; both set, an empty file, or a token with anything
+// but visible ASCII in it (no header carries it as written) is an error.
 func Token(token, file string) (string, error) {
 	switch {
 	case token != "" && file != "":
@@ -26,10 +26,22 @@ func Token(token, file string) (string, error) {
 			return "", fmt.Errorf("token file %s is empty", file)
 		}
 	}
-	if strings.ContainsAny(token, " \t\r\n") {
-		return "", errors.New("the token holds white space")
+	if err := checkToken(token); err != nil {
+		return "", err
 	}
 	return token, nil
+}
+
+// checkToken refuses a token that an Authorization header cannot carry as
+// written: anything but visible ASCII (white space, control characters,
+// non-ASCII letters).
+func checkToken(token string) error {
+	for i := 0; i < len(token); i++ {
+		if c := token[i]; c < 0x21 || c > 0x7e {
+			return fmt.Errorf("the token holds %q at byte %d: want visible ASCII only", c, i)
+		}
+	}
+	return nil
 }
 
 // TLSConfig returns the TLS configuration of a client of nodes whose

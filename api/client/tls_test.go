@@ -116,8 +116,20 @@ func TestTokenAndTLSConfigErrors(t *testing.T) {
 	if tok, err := client.Token("", ""); tok != "" || err != nil {
 		t.Errorf("no token = %q, %v", tok, err)
 	}
-	if _, err := client.Token("a b", ""); err == nil {
-		t.Error("a token with a space: accepted")
+	for _, bad := range []string{"a b", "a\x00b", "a\x7fb", "clé"} {
+		if _, err := client.Token(bad, ""); err == nil {
+			t.Errorf("token %q: accepted", bad)
+		}
+		if _, err := client.New([]string{"h:1"}, client.Options{Token: bad}); err == nil {
+			t.Errorf("client.New with token %q: accepted", bad)
+		}
+	}
+	nul := filepath.Join(dir, "nul")
+	if err := os.WriteFile(nul, []byte("abc\x00def\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Token("", nul); err == nil {
+		t.Error("a token file with a NUL: accepted")
 	}
 	if _, err := client.TLSConfig(notPEM); err == nil {
 		t.Error("a CA file without PEM: accepted")

@@ -160,6 +160,9 @@ func run(c *cli.Context) error {
 		if err != nil {
 			return fmt.Errorf("--router: %w", err)
 		}
+		if clear := cl.ClearText(); sec.token != "" && len(clear) > 0 {
+			logger.Warn("the router token goes in clear text: give --router-tls-ca, or https:// addresses in --router", "to", strings.Join(clear, ","))
+		}
 		defer cl.Close()
 		cfg.Registrar = cl
 	}
@@ -283,6 +286,13 @@ type routerSec struct {
 func routerSecurity(c *cli.Context) (routerSec, error) {
 	var sec routerSec
 	var err error
+	if c.String("router") == "" {
+		for _, f := range []string{"router-token", "router-token-file", "router-tls-ca"} {
+			if c.String(f) != "" {
+				return sec, cli.Exit(fmt.Sprintf("--%s is for the registrations through --router, and there is no --router", f), 2)
+			}
+		}
+	}
 	if sec.token, err = client.Token(c.String("router-token"), c.String("router-token-file")); err != nil {
 		return sec, cli.Exit(fmt.Sprintf("--router-token, --router-token-file: %v", err), 2)
 	}

@@ -208,9 +208,10 @@ func TestLivenessFlagsAreChecked(t *testing.T) {
 		{[]string{"--worker-id", "1", "--block-size", "4", "--dp-start", "18446744073709551615", "--dp-size", "2"}, "--dp-start"},
 		{[]string{"--worker-id", "1", "--block-size", "4", "--offload-socket", "/tmp/x.sock", "--host-blocks", "4"}, "--block-bytes"},
 		{[]string{"--worker-id", "1", "--block-size", "4", "--backend", "tpu"}, "--backend"},
-		{[]string{"--worker-id", "1", "--block-size", "4", "--router-token-file", "/nonexistent/token"}, "--router-token"},
-		{[]string{"--worker-id", "1", "--block-size", "4", "--router-token", "a", "--router-token-file", junk}, "--router-token"},
-		{[]string{"--worker-id", "1", "--block-size", "4", "--router-tls-ca", junk}, "--router-tls-ca"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--router", "h:1", "--router-token-file", "/nonexistent/token"}, "--router-token"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--router", "h:1", "--router-token", "a", "--router-token-file", junk}, "--router-token"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--router", "h:1", "--router-tls-ca", junk}, "--router-tls-ca"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--router-token", "a"}, "no --router"},
 	} {
 		a := app()
 		a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process

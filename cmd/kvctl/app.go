@@ -193,6 +193,12 @@ func newClientWith(c *cli.Context, endpoints []string, dial, headers time.Durati
 	if err != nil {
 		return nil, usagef("--endpoints %q: %v", c.String("endpoints"), err)
 	}
+	if token != "" && c.App.Metadata["warned-clear-token"] == nil {
+		if clear := cl.ClearText(); len(clear) > 0 {
+			c.App.Metadata["warned-clear-token"] = true
+			fmt.Fprintf(c.App.ErrWriter, "kvctl: warning: the token goes to %s in clear text: give --tls-ca, or https:// endpoints\n", strings.Join(clear, ", "))
+		}
+	}
 	return cl, nil
 }
 
@@ -229,9 +235,18 @@ func explain(err error) string {
 	var ue *usageError
 	var ae *client.Error
 	var mt *maxTimeError
+	msg := err.Error()
 	switch {
 	case errors.As(err, &ue):
 		return ue.msg
+	// TLS on one side only, or a certificate not trusted: the transport's
+	// words say which.
+	case strings.Contains(msg, "x509:"):
+		return msg + "; the node's certificate is not trusted: give --tls-ca with the CA that signed it"
+	case strings.Contains(msg, "HTTP request to an HTTPS server"):
+		return msg + "; the node serves TLS: give --tls-ca, or https:// endpoints"
+	case strings.Contains(msg, "server gave HTTP response to HTTPS client"):
+		return msg + "; the node serves plain HTTP: leave out --tls-ca and the https:// of --endpoints"
 	case errors.As(err, &mt):
 		return fmt.Sprintf("%v; the transfer took longer than --max-time %v: raise it, or leave it out (no limit)", err, mt.max)
 	case errors.Is(err, client.ErrOutcomeUnknown):

@@ -49,8 +49,21 @@ func TestTokenAndTLSFlags(t *testing.T) {
 			t.Fatalf("kvctl %v without the cluster's token: stderr %q, want it to say unauthorized and name --token", args, r.stderr)
 		}
 	}
-	// The node's certificate is not trusted without its CA.
-	kvctl(t, ep, "--token", token, "--timeout", "3s", "status").wantCode(t, 1)
+	// Over TLS, the node's certificate is not trusted without its CA;
+	// without TLS, the node refuses the request (and the token went in
+	// clear text, which kvctl warns of).
+	r := kvctl(t, "--endpoints", hs.URL, "--token", token, "--timeout", "3s", "workers").wantCode(t, 1)
+	if !strings.Contains(r.stderr, "not trusted") || !strings.Contains(r.stderr, "--tls-ca") {
+		t.Fatalf("an https endpoint without the CA: stderr %q, want it to say the certificate is not trusted and name --tls-ca", r.stderr)
+	}
+	r = kvctl(t, ep, "--token", token, "--timeout", "3s", "workers").wantCode(t, 1)
+	if !strings.Contains(r.stderr, "warning: the token goes to") || !strings.Contains(r.stderr, "serves TLS") {
+		t.Fatalf("a host:port endpoint of a TLS node without --tls-ca: stderr %q, want the clear-text warning and a word on TLS", r.stderr)
+	}
+	// With TLS, no warning.
+	if r := kvctl(t, ep, "--tls-ca", ca, "--token", token, "status").wantCode(t, 0); strings.Contains(r.stderr, "warning") {
+		t.Fatalf("over TLS: stderr %q, want nothing", r.stderr)
+	}
 	// Flags it cannot use.
 	kvctl(t, ep, "--tls-ca", junk, "--token", token, "status").wantCode(t, 2)
 	kvctl(t, ep, "--tls-ca", filepath.Join(dir, "missing"), "status").wantCode(t, 2)
