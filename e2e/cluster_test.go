@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/internal/benchenv"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
@@ -347,20 +348,11 @@ func (c *cluster) start(i int) {
 	n.p, n.stopped, n.paused = p, false, false
 }
 
-// childEnv is the test's environment without the KVROUTER_* and KVCTL_*
-// variables that the daemons and kvctl read as flag defaults: a
+// childEnv is the test's environment without the variables that the
+// daemons and kvctl read as flag defaults (benchenv.ChildEnv): a
 // KVROUTER_JOIN or KVCTL_OUTPUT in the shell that runs the tests must not
 // change what the tests start or parse.
-func childEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "KVROUTER_") || strings.HasPrefix(kv, "KVCTL_") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
-}
+func childEnv() []string { return benchenv.ChildEnv() }
 
 // signal sends sig to node i's process.
 func (c *cluster) signal(i int, sig syscall.Signal) {

@@ -37,15 +37,15 @@ func Seed(t testing.TB, def uint64) uint64 {
 	return seed
 }
 
-// ChildEnv is the environment for a kvrouter or kvctl process a benchmark
-// starts: this process's, less every KVROUTER_* and KVCTL_* variable.
-// Each of those binaries' flags reads one, so an inherited variable (the
-// shell's KVROUTER_ELECTION_TIMEOUT) would change a setting that the
-// benchmark reports as the one it passed.
+// ChildEnv is the environment for a kvrouter, kvctl or kvagent process a
+// benchmark or an end-to-end test starts: this process's, less every
+// KVROUTER_*, KVCTL_* and KVAGENT_* variable. Those binaries' flags read
+// them, so an inherited variable (the shell's KVROUTER_ELECTION_TIMEOUT)
+// would change a setting that the test reports as the one it passed.
 func ChildEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "KVROUTER_") || strings.HasPrefix(kv, "KVCTL_") {
+		if strings.HasPrefix(kv, "KVROUTER_") || strings.HasPrefix(kv, "KVCTL_") || strings.HasPrefix(kv, "KVAGENT_") {
 			continue
 		}
 		env = append(env, kv)
