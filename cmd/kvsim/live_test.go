@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -20,6 +21,7 @@ import (
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/kvevent/engine"
 	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/urfave/cli/v2"
 )
 
 // ingestSink is a node agent reduced to its event path: each decoded
@@ -61,6 +63,38 @@ func (s *ingestSink) note(m string) {
 	s.errs = append(s.errs, m)
 }
 
+// fakeCluster serves a fake cluster's API and returns it and its address.
+func fakeCluster(t *testing.T) (*apitest.Fake, string) {
+	t.Helper()
+	f := apitest.New("n1", "")
+	srv := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewServer(srv)
+	t.Cleanup(func() {
+		hs.Close()
+		srv.Close()
+	})
+	addr := strings.TrimPrefix(hs.URL, "http://")
+	st := f.Status()
+	st.HTTPAddr, st.LeaderHTTP = addr, addr
+	f.SetStatus(st)
+	return f, addr
+}
+
+// A --live replay checks every name of --policies before it touches the
+// cluster: an unknown one is a usage error, with no worker registered and
+// no route booked (it was found only after the live replay had run).
+func TestLiveReplayChecksPoliciesBeforeTouchingTheCluster(t *testing.T) {
+	f, addr := fakeCluster(t)
+	_, err := kvsim(t, "replay", "--live", "--endpoints", addr, "--trace", genTrace(t), "--workers", "2", "--policies", "router,oracle")
+	var ec cli.ExitCoder
+	if !errors.As(err, &ec) || ec.ExitCode() != 2 {
+		t.Fatalf("err %v, want exit 2", err)
+	}
+	if c := f.Calls(); c["RegisterWorker"] > 0 || c["Route"] > 0 {
+		t.Fatalf("a bad --policies was refused only after the live replay ran: cluster calls %v", c)
+	}
+}
+
 // freePorts returns a port p such that p to p+n-1 were free on the
 // loopback interface a moment ago.
 func freePorts(t *testing.T, n int) int {
@@ -96,17 +130,7 @@ func freePorts(t *testing.T, n int) int {
 // sends no event and registers nothing.
 func TestLiveReplayOverEngineWires(t *testing.T) {
 	const workers = 3
-	f := apitest.New("n1", "")
-	srv := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
-	hs := httptest.NewServer(srv)
-	t.Cleanup(func() {
-		hs.Close()
-		srv.Close()
-	})
-	addr := strings.TrimPrefix(hs.URL, "http://")
-	st := f.Status()
-	st.HTTPAddr, st.LeaderHTTP = addr, addr
-	f.SetStatus(st)
+	f, addr := fakeCluster(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

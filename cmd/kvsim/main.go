@@ -268,6 +268,17 @@ func runReplay(c *cli.Context) error {
 		cfg := sim.Config{Workers: c.Int("workers"), BlockSize: bs, CapacityTokens: c.Int("capacity-tokens"), Speed: c.Float64("speed")}
 		header = fmt.Sprintf("trace %s: %d requests, v1 model, %d workers × %d tokens of KV, block size %d, speed %gx",
 			c.String("trace"), len(reqs), cfg.Workers, cfg.CapacityTokens, bs, cfg.Speed)
+		// Every policy is built before the live replay touches the
+		// cluster: an unknown name is a usage error, found first.
+		policies := make([]sim.Policy, len(names))
+		for i, name := range names {
+			if name == "ceiling" {
+				continue
+			}
+			if policies[i], err = v1Policy(name, cfg, params, c.Uint64("seed")); err != nil {
+				return cli.Exit(err.Error(), 2)
+			}
+		}
 		if c.Bool("live") {
 			r, err := replayLive(c, pr, cfg)
 			if err != nil {
@@ -275,16 +286,12 @@ func runReplay(c *cli.Context) error {
 			}
 			results = append(results, r)
 		}
-		for _, name := range names {
+		for i, name := range names {
 			if name == "ceiling" {
 				results = append(results, sim.Ceiling(pr, "v1"))
 				continue
 			}
-			p, err := v1Policy(name, cfg, params, c.Uint64("seed"))
-			if err != nil {
-				return cli.Exit(err.Error(), 2)
-			}
-			r, err := sim.Replay(pr, cfg, p)
+			r, err := sim.Replay(pr, cfg, policies[i])
 			if err != nil {
 				return err
 			}
