@@ -9,11 +9,17 @@ import (
 )
 
 // CacheConfig sets up a cache-only replay (simulator.md, "Cache-only
-// figures"): no time, no queues, only which worker holds what.
+// figures"): no time, no queues, only which worker holds what. A zero
+// field takes its default; a negative one is refused (ErrBadConfig).
 type CacheConfig struct {
 	Workers        int // default 8
 	CapacityBlocks int // per worker, default 2,048
 	BlockSize      int // tokens per block, default 512 (one trace id per block)
+}
+
+func (c CacheConfig) check() error {
+	return notNegative(setting{"workers", float64(c.Workers)}, setting{"capacity blocks", float64(c.CapacityBlocks)},
+		setting{"block size", float64(c.BlockSize)})
 }
 
 func (c CacheConfig) withDefaults() CacheConfig {
@@ -41,6 +47,9 @@ func (c CacheConfig) withDefaults() CacheConfig {
 // cumulative assigned prompt tokens the imbalance figure measures. The
 // "now" given to p is the request's trace timestamp.
 func RunCacheOnly(pr *Prepared, cfg CacheConfig, p Policy) (Result, error) {
+	if err := cfg.check(); err != nil {
+		return Result{}, err
+	}
 	cfg = cfg.withDefaults()
 	if pr.BlockSize != 0 && pr.BlockSize != cfg.BlockSize {
 		return Result{}, fmt.Errorf("%w: trace prepared in %d-token blocks, cache block size %d", ErrBadConfig, pr.BlockSize, cfg.BlockSize)

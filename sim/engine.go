@@ -9,7 +9,8 @@ import (
 )
 
 // EngineConfig describes one simulated worker (simulator.md, "One simulated
-// worker"). The zero value of each field takes the default.
+// worker"). The zero value of each field takes the default; a negative
+// one is refused (ErrBadConfig), but for MaxWaiting.
 type EngineConfig struct {
 	NumGPUBlocks int // KV capacity in blocks; default 16,384
 	// BlockSize is the engine's tokens per KV block; default 64. A router
@@ -28,6 +29,12 @@ type EngineConfig struct {
 	// is none. A worker with offload tiers must be opened with OpenEngine
 	// and closed.
 	Offload OffloadConfig
+}
+
+func (c EngineConfig) check() error {
+	return notNegative(setting{"GPU blocks", float64(c.NumGPUBlocks)}, setting{"block size", float64(c.BlockSize)},
+		setting{"max batched tokens", float64(c.MaxNumBatchedTokens)}, setting{"max seqs", float64(c.MaxNumSeqs)},
+		setting{"engine speed", c.Speed})
 }
 
 func (c EngineConfig) withDefaults() EngineConfig {
@@ -144,8 +151,9 @@ type work struct {
 	n int
 }
 
-// NewEngine returns an idle worker publishing as rank. It panics when
-// cfg.Offload is set and its tiers cannot be made: use OpenEngine then.
+// NewEngine returns an idle worker publishing as rank. It panics when cfg
+// has a negative field, or when cfg.Offload is set and its tiers cannot be
+// made: use OpenEngine then.
 func NewEngine(rank kvevent.Rank, cfg EngineConfig) *Engine {
 	e, err := OpenEngine(rank, cfg)
 	if err != nil {
@@ -157,6 +165,9 @@ func NewEngine(rank kvevent.Rank, cfg EngineConfig) *Engine {
 // OpenEngine returns an idle worker publishing as rank, with the offload
 // tiers cfg.Offload asks for (Close releases them).
 func OpenEngine(rank kvevent.Rank, cfg EngineConfig) (*Engine, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
 	cfg = cfg.withDefaults()
 	e := &Engine{cfg: cfg}
 	e.cache = NewCache(rank, cfg.NumGPUBlocks, e.record)

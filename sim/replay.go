@@ -11,7 +11,8 @@ import (
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
-// Config sets up a replay.
+// Config sets up a replay. A zero field takes its default; a negative one
+// is refused (ErrBadConfig).
 type Config struct {
 	Workers        int     // default 8
 	BlockSize      int     // engine tokens per block, default 16
@@ -43,6 +44,29 @@ func (c Config) withDefaults() Config {
 
 // ErrBadConfig means the replay cannot run with this configuration.
 var ErrBadConfig = errors.New("bad replay config")
+
+// setting is a configuration field, for notNegative.
+type setting struct {
+	name string
+	v    float64
+}
+
+// notNegative refuses a negative (or NaN) setting with ErrBadConfig: zero
+// takes a setting's default, a negative one is a mistake, not a request
+// for the default.
+func notNegative(ss ...setting) error {
+	for _, s := range ss {
+		if s.v < 0 || math.IsNaN(s.v) {
+			return fmt.Errorf("%w: %s = %v (want >= 0; 0 takes the default)", ErrBadConfig, s.name, s.v)
+		}
+	}
+	return nil
+}
+
+func (c Config) check() error {
+	return notNegative(setting{"workers", float64(c.Workers)}, setting{"block size", float64(c.BlockSize)},
+		setting{"capacity tokens", float64(c.CapacityTokens)}, setting{"speed", c.Speed})
+}
 
 // Result is one policy's figures over a replay.
 type Result struct {
@@ -153,6 +177,9 @@ func (h *completions) Pop() any {
 // blocks stay pinned until it finishes. A routing error counts as an
 // error and as a rejection.
 func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
+	if err := cfg.check(); err != nil {
+		return Result{}, err
+	}
 	cfg = cfg.withDefaults()
 	if cfg.CapacityTokens < cfg.BlockSize {
 		return Result{}, fmt.Errorf("%w: capacity %d tokens is below one block of %d", ErrBadConfig, cfg.CapacityTokens, cfg.BlockSize)

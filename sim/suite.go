@@ -111,6 +111,9 @@ func NewSuitePolicy(name string, cfg SuiteConfig) (Policy, error) {
 // with round-robin's cache, so its TTFT is its unloaded TTFT.
 func Unloaded(pr *Prepared, cfg TimedConfig) (Result, error) {
 	cfg.Concurrency = 1
+	if err := cfg.check(); err != nil {
+		return Result{}, err
+	}
 	cfg = cfg.withDefaults()
 	return RunTimed(pr, cfg, &RoundRobin{Workers: cfg.Workers})
 }
@@ -123,6 +126,9 @@ func LoadedSpeed(pr *Prepared, cfg TimedConfig, unloadedMs, factor float64, ladd
 	for _, s := range ladder {
 		c := cfg
 		c.Speed, c.Concurrency = s, 0
+		if err := c.check(); err != nil {
+			return s, rr, false, err
+		}
 		c = c.withDefaults()
 		rr, err = RunTimed(pr, c, &RoundRobin{Workers: c.Workers})
 		if err != nil {

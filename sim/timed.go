@@ -6,7 +6,8 @@ import (
 	"strconv"
 )
 
-// TimedConfig sets up a discrete-event replay.
+// TimedConfig sets up a discrete-event replay. A zero field takes its
+// default; a negative one is refused (ErrBadConfig).
 type TimedConfig struct {
 	Workers int          // default 8
 	Engine  EngineConfig // each worker's model; the zero value takes the defaults
@@ -19,6 +20,14 @@ type TimedConfig struct {
 	Concurrency int
 	// Progress, when set, is called after each routed request.
 	Progress func(done, total int)
+}
+
+func (c TimedConfig) check() error {
+	if err := notNegative(setting{"workers", float64(c.Workers)}, setting{"speed", c.Speed},
+		setting{"concurrency", float64(c.Concurrency)}); err != nil {
+		return err
+	}
+	return c.Engine.check()
 }
 
 func (c TimedConfig) withDefaults() TimedConfig {
@@ -53,6 +62,9 @@ type blockSized interface{ BlockTokens() int }
 // cache) and a routing error count as rejected; the policy never sees it
 // start.
 func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (res Result, err error) {
+	if err := cfg.check(); err != nil {
+		return Result{}, err
+	}
 	cfg = cfg.withDefaults()
 	bs := cfg.Engine.BlockSize
 	if pr.BlockSize != 0 && pr.BlockSize != bs {

@@ -96,6 +96,46 @@ func TestTimedRefusesMismatchedBlockSizes(t *testing.T) {
 	}
 }
 
+// A negative setting is refused (ErrBadConfig) by every replay, and by
+// OpenEngine, instead of taking the default as a zero does.
+func TestReplaysRefuseNegativeSettings(t *testing.T) {
+	reqs := GenerateSharedPrefix(SharedPrefixConfig{Requests: 4, Sessions: 2, Seed: 1})
+	for name, run := range map[string]func() error{
+		"timed max seqs": func() error {
+			_, err := RunTimed(Prepare(reqs, 64), TimedConfig{Workers: 2, Engine: EngineConfig{MaxNumSeqs: -3}}, &RoundRobin{Workers: 2})
+			return err
+		},
+		"timed max batched tokens": func() error {
+			_, err := RunTimed(Prepare(reqs, 64), TimedConfig{Workers: 2, Engine: EngineConfig{MaxNumBatchedTokens: -1}}, &RoundRobin{Workers: 2})
+			return err
+		},
+		"timed speed": func() error {
+			_, err := RunTimed(Prepare(reqs, 64), TimedConfig{Workers: 2, Speed: -1}, &RoundRobin{Workers: 2})
+			return err
+		},
+		"unloaded GPU blocks": func() error {
+			_, err := Unloaded(Prepare(reqs, 64), TimedConfig{Workers: 2, Engine: EngineConfig{NumGPUBlocks: -1}})
+			return err
+		},
+		"engine": func() error {
+			_, err := OpenEngine(RankOf(0), EngineConfig{Speed: -2})
+			return err
+		},
+		"cache capacity": func() error {
+			_, err := RunCacheOnly(Prepare(reqs, 512), CacheConfig{Workers: 2, CapacityBlocks: -1}, &RoundRobin{Workers: 2})
+			return err
+		},
+		"v1 capacity": func() error {
+			_, err := Replay(Prepare(reqs, 16), Config{Workers: 2, CapacityTokens: -5}, &RoundRobin{Workers: 2})
+			return err
+		},
+	} {
+		if err := run(); !errors.Is(err, ErrBadConfig) {
+			t.Errorf("%s: %v, want ErrBadConfig", name, err)
+		}
+	}
+}
+
 // TestTimedIsDeterministic: the same trace, configuration and seed give
 // the same figures, request by request.
 func TestTimedIsDeterministic(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -163,6 +164,8 @@ func checkWireFlags(c *cli.Context) error {
 		return cli.Exit(fmt.Sprintf("--zmq-base-port %d / --zmq-replay-base-port %d: %d workers need ports up to 65535", base, rbase, n), 2)
 	case rbase > 0 && rbase < base+n && base < rbase+n:
 		return cli.Exit(fmt.Sprintf("--zmq-base-port %d and --zmq-replay-base-port %d overlap for %d workers", base, rbase, n), 2)
+	case c.Duration("agent-wait") <= 0:
+		return usagef("--agent-wait %v: want a positive duration", c.Duration("agent-wait"))
 	}
 	return nil
 }
@@ -201,8 +204,20 @@ func runReplay(c *cli.Context) error {
 	if !ok {
 		return cli.Exit(fmt.Sprintf("unknown mode %q (want timed, cache or v1)", mode), 2)
 	}
-	if c.Int("workers") <= 0 || c.Int("block-size") < 0 || c.Float64("speed") <= 0 || c.Float64("engine-speed") <= 0 || c.Int("concurrency") < 0 {
-		return cli.Exit("workers, speed and engine-speed must be positive; block-size and concurrency not negative", 2)
+	if c.Int("workers") <= 0 || c.Int("block-size") < 0 || !positive(c.Float64("speed")) || !positive(c.Float64("engine-speed")) || c.Int("concurrency") < 0 {
+		return cli.Exit("workers, speed and engine-speed must be positive (and finite); block-size and concurrency not negative", 2)
+	}
+	// A value out of range is refused, not replaced by the default: 0
+	// takes the default where the flag says so, nothing else does.
+	switch {
+	case c.Int("max-seqs") < 1 || c.Int("max-batched-tokens") < 1:
+		return usagef("--max-seqs %d, --max-batched-tokens %d: want at least 1", c.Int("max-seqs"), c.Int("max-batched-tokens"))
+	case c.Int("max-waiting") < -1:
+		return usagef("--max-waiting %d: want -1 (unbounded), 0 (the default, 4096) or more", c.Int("max-waiting"))
+	case c.Int("capacity-blocks") < 0:
+		return usagef("--capacity-blocks %d: want 0 (the mode's default) or more", c.Int("capacity-blocks"))
+	case c.Int("limit") < 0:
+		return usagef("--limit %d: want 0 (every request) or more", c.Int("limit"))
 	}
 	if err := checkWireFlags(c); err != nil {
 		return err
@@ -215,7 +230,7 @@ func runReplay(c *cli.Context) error {
 		return cli.Exit("--offload-host-blocks and --offload-disk-blocks must not be negative", 2)
 	case offload.Enabled() && mode != "timed":
 		return cli.Exit("offload tiers need --mode timed", 2)
-	case offload.BlockBytes <= 0 || offload.HostGBps <= 0 || offload.DiskGBps <= 0 || offload.DiskThreshold <= 0 || c.Float64("kv-bytes-per-token") <= 0:
+	case offload.BlockBytes <= 0 || !positive(offload.HostGBps) || !positive(offload.DiskGBps) || offload.DiskThreshold <= 0 || !positive(c.Float64("kv-bytes-per-token")):
 		return cli.Exit("--offload-block-bytes, --offload-host-gbps, --offload-disk-gbps, --offload-disk-threshold and --kv-bytes-per-token must be positive", 2)
 	}
 	timing := sim.DefaultTiming()
@@ -224,8 +239,11 @@ func runReplay(c *cli.Context) error {
 	if bs == 0 {
 		bs = def.blockSize
 	}
+	if mode == "v1" && c.Int("capacity-tokens") < bs {
+		return usagef("--capacity-tokens %d: want at least one block (%d tokens)", c.Int("capacity-tokens"), bs)
+	}
 	capBlocks := c.Int("capacity-blocks")
-	if capBlocks <= 0 {
+	if capBlocks == 0 {
 		capBlocks = def.capacityBlocks
 	}
 	policies := def.policies
@@ -551,6 +569,9 @@ func deadlineOf(ctx context.Context) time.Time {
 	d, _ := ctx.Deadline()
 	return d
 }
+
+// positive reports whether x is a positive finite number (NaN is not).
+func positive(x float64) bool { return x > 0 && !math.IsInf(x, 1) }
 
 func isatty(f *os.File) bool {
 	st, err := f.Stat()

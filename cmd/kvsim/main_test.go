@@ -202,6 +202,43 @@ func TestReplayRejectsBadFlags(t *testing.T) {
 	}
 }
 
+// Out-of-range values are usage errors (exit 2), not replaced by the
+// defaults (or, for --limit, ignored) as they were; 0 still takes the
+// default where the flag says so.
+func TestReplayRefusesOutOfRangeValues(t *testing.T) {
+	trace := genTrace(t)
+	for _, args := range [][]string{
+		{"--max-seqs", "-3"},
+		{"--max-seqs", "0"},
+		{"--max-batched-tokens", "-1"},
+		{"--max-batched-tokens", "0"},
+		{"--max-waiting", "-2"},
+		{"--capacity-blocks", "-1"},
+		{"--limit", "-1"},
+		{"--speed", "NaN"},
+		{"--engine-speed", "+Inf"},
+		{"--kv-bytes-per-token", "NaN"},
+		{"--mode", "v1", "--capacity-tokens", "-5"},
+		{"--mode", "v1", "--capacity-tokens", "15"},
+		{"--live", "--zmq-base-port", "5600", "--agent-wait", "0s"},
+	} {
+		_, err := kvsim(t, append([]string{"replay", "--trace", trace, "--policies", "round_robin", "-o", "bench"}, args...)...)
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 {
+			t.Errorf("%v: err %v, want a usage error (exit 2)", args, err)
+		}
+	}
+	for _, args := range [][]string{
+		{"--max-waiting", "0", "--capacity-blocks", "0", "--limit", "0"},
+		{"--max-waiting", "-1"},
+		{"--mode", "v1", "--capacity-tokens", "16"},
+	} {
+		if _, err := kvsim(t, append([]string{"replay", "--trace", trace, "--policies", "round_robin", "-o", "bench"}, args...)...); err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+}
+
 // TestReplayOffloadTiers: --offload-host-blocks / --offload-disk-blocks
 // give the timed workers G2/G3 tiers: the table gains their hit rates;
 // other modes refuse them.
