@@ -45,9 +45,41 @@ type Remote struct {
 	// (default 100ms).
 	PollInterval time.Duration
 
-	prefix  string
-	pending []raftfsm.RankBatch // events not yet sent, per rank in first-seen order
-	Calls   int
+	prefix   string
+	pending  []raftfsm.RankBatch // events not yet sent, per rank in first-seen order
+	Calls    int
+	failures LifecycleFailures
+}
+
+// LifecycleFailures counts the calls of a request's life after its route
+// (prefill-done, free) that a policy could not make on its cluster.
+type LifecycleFailures struct {
+	Failed int // prefill-done and free calls that failed (a free after its retry)
+	// Unfreed is how many bookings may remain on the cluster, counted as
+	// load on their workers until the cluster's booking expiry frees them:
+	// a free that failed twice.
+	Unfreed int
+	First   string // the first failure, for the report
+}
+
+// LifecycleReporter is a policy whose PrefillDone and Finished calls can
+// fail (Remote: they are calls to a cluster). Replay counts its failures
+// as errors, and its unfreed bookings in Result.Unfreed.
+type LifecycleReporter interface {
+	LifecycleFailures() LifecycleFailures
+}
+
+// LifecycleFailures returns the failures since Setup.
+func (p *Remote) LifecycleFailures() LifecycleFailures { return p.failures }
+
+func (p *Remote) fail(unfreed bool, format string, args ...any) {
+	if p.failures.Failed == 0 {
+		p.failures.First = fmt.Sprintf(format, args...)
+	}
+	p.failures.Failed++
+	if unfreed {
+		p.failures.Unfreed++
+	}
 }
 
 // Setup (re)registers the simulated workers, dropping whatever the cluster
@@ -57,6 +89,8 @@ func (p *Remote) Setup(ctx context.Context) error {
 		p.Timeout = 10 * time.Second
 	}
 	p.prefix = "kvsim-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
+	p.failures = LifecycleFailures{}
+	p.pending = p.pending[:0] // an earlier run's, numbered before the workers were registered again
 	if p.Agents {
 		if err := p.awaitWorkers(ctx); err != nil {
 			return err
@@ -294,16 +328,39 @@ func (p *Remote) Observe(ev *kvevent.Event, _ int64) {
 
 func (p *Remote) Started(*RouteQuery, int, int, int64) {}
 
+// PrefillDone marks the request's prefill done on the cluster; a failure
+// is counted (LifecycleFailures): the booking stays counted as prefill
+// load until it is freed.
 func (p *Remote) PrefillDone(id string, _ int64) {
 	ctx, cancel := p.ctx()
 	defer cancel()
-	_ = p.Client.PrefillDone(ctx, p.prefix+id)
+	err := p.Client.PrefillDone(ctx, p.prefix+id)
 	p.Calls++
+	if err != nil {
+		p.fail(false, "request %s: prefill done: %v", id, err)
+	}
 }
 
+// Finished frees the request's booking on the cluster; a free that fails
+// twice is counted (LifecycleFailures), as a booking that may remain.
 func (p *Remote) Finished(id string, _ int64) {
-	ctx, cancel := p.ctx()
-	defer cancel()
-	_ = p.Client.Free(ctx, p.prefix+id)
-	p.Calls++
+	if err := p.free(id); err != nil {
+		p.fail(true, "request %s: free: %v", id, err)
+	}
+}
+
+// free frees the booking of request id, trying twice: a free is
+// idempotent by request id.
+func (p *Remote) free(id string) error {
+	var err error
+	for range 2 {
+		ctx, cancel := p.ctx()
+		err = p.Client.Free(ctx, p.prefix+id)
+		cancel()
+		p.Calls++
+		if err == nil {
+			return nil
+		}
+	}
+	return err
 }

@@ -106,3 +106,47 @@ func TestRemoteRefusesAClusterWithOtherWorkers(t *testing.T) {
 		t.Fatalf("setup of a cluster of the replay's workers only: %v", err)
 	}
 }
+
+// A live replay whose free (and prefill-done) calls fail counts them as
+// errors and its bookings left on the cluster as unfreed, after trying each
+// free twice (the failures were dropped: no error, and the bookings stayed
+// counted as load on the cluster until they expired).
+func TestRemoteCountsFailedLifecycleCalls(t *testing.T) {
+	f, cl := fakeCluster(t)
+	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.SetHook(func(m string) error {
+		if m == "Free" || m == "PrefillDone" {
+			return errors.New("leader lost")
+		}
+		return nil
+	})
+	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 20, Sessions: 4, Seed: 1}), 16)
+	res, err := Replay(pr, Config{Workers: 2, BlockSize: 16}, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := len(f.Bookings())
+	if left != res.Requests || res.Unfreed != left || res.Errors != 2*res.Requests || res.Rejected != 0 ||
+		!strings.Contains(res.FirstError, "leader lost") {
+		t.Fatalf("%d bookings left on the cluster; result: %d served, %d unfreed, %d errors (want %d), %d rejected, first %q",
+			left, res.Requests, res.Unfreed, res.Errors, 2*res.Requests, res.Rejected, res.FirstError)
+	}
+	if c := f.Calls(); c["Free"] != 2*res.Requests {
+		t.Fatalf("%d free calls for %d requests: want each tried twice", c["Free"], res.Requests)
+	}
+
+	// Once the cluster takes the frees again, a replay has no failure left
+	// over from the last (Setup starts the count again).
+	f.SetHook(nil)
+	if err := p.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res, err = Replay(pr, Config{Workers: 2, BlockSize: 16}, p); err != nil || res.Errors != 0 || res.Unfreed != 0 {
+		t.Fatalf("replay on a healthy cluster: %v, %d errors (%s), %d unfreed", err, res.Errors, res.FirstError, res.Unfreed)
+	}
+}

@@ -89,8 +89,14 @@ type Result struct {
 	TTFTMeanMs            float64
 	TTFTP50Ms, TTFTP99Ms  float64
 	Evicted               uint64
-	Errors                int
-	FirstError            string // the first routing error, for the report
+	// Errors counts the routing errors and, for a policy whose lifecycle
+	// calls can fail (LifecycleReporter: the live policy), its failed
+	// prefill-done and free calls.
+	Errors     int
+	FirstError string // the first routing error (with none, the first lifecycle failure), for the report
+	// Unfreed is how many bookings the live policy may have left on its
+	// cluster (LifecycleFailures.Unfreed).
+	Unfreed int
 
 	TTFTMs []float64 // every served request's TTFT, in trace order (timed and v1)
 
@@ -175,7 +181,8 @@ func (h *completions) Pop() any {
 // finishes after output_length decode steps at the worker's KV use when it
 // started (the share of its capacity that in-flight requests pin). Its
 // blocks stay pinned until it finishes. A routing error counts as an
-// error and as a rejection.
+// error and as a rejection; a failed lifecycle call of a
+// LifecycleReporter (the live policy) as an error.
 func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 	if err := cfg.check(); err != nil {
 		return Result{}, err
@@ -267,6 +274,14 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 	}
 	settle(math.MaxInt64)
 
+	if lr, ok := p.(LifecycleReporter); ok {
+		lf := lr.LifecycleFailures()
+		if res.Errors == 0 && lf.Failed > 0 {
+			res.FirstError = lf.First
+		}
+		res.Errors += lf.Failed
+		res.Unfreed = lf.Unfreed
+	}
 	for _, c := range workers {
 		res.Evicted += c.Evicted
 	}

@@ -258,6 +258,15 @@ type wirePolicy struct {
 	f *WireFleet
 }
 
+// LifecycleFailures are the wrapped policy's, when it reports any
+// (LifecycleReporter).
+func (p *wirePolicy) LifecycleFailures() LifecycleFailures {
+	if lr, ok := p.Policy.(LifecycleReporter); ok {
+		return lr.LifecycleFailures()
+	}
+	return LifecycleFailures{}
+}
+
 func (p *wirePolicy) Route(q *RouteQuery, now int64) (int, int, error) {
 	if err := p.f.Flush(); err != nil {
 		return 0, 0, err

@@ -95,6 +95,31 @@ func TestLiveReplayChecksPoliciesBeforeTouchingTheCluster(t *testing.T) {
 	}
 }
 
+// A live replay whose bookings could not be freed exits 1 after printing
+// its figures, saying how many may remain on the cluster and until when
+// (it exited 0 with no error counted, the bookings left as load).
+func TestLiveReplayExitsWhenBookingsCannotBeFreed(t *testing.T) {
+	f, addr := fakeCluster(t)
+	f.SetHook(func(m string) error {
+		if m == "Free" {
+			return errors.New("leader lost")
+		}
+		return nil
+	})
+	out, err := kvsim(t, "replay", "--live", "--endpoints", addr, "--trace", genTrace(t), "--workers", "2", "--limit", "10", "--policies", "round_robin")
+	var ec cli.ExitCoder
+	if err == nil || errors.As(err, &ec) && ec.ExitCode() == 2 ||
+		!regexp.MustCompile(`router_live: 10 bookings may remain on the cluster .*leader lost.* 5m0s after they were made`).MatchString(err.Error()) {
+		t.Fatalf("err %v, want an error (exit 1) saying 10 bookings may remain, and until when", err)
+	}
+	if n := len(f.Bookings()); n != 10 {
+		t.Fatalf("%d bookings on the cluster, want the 10 unfreed", n)
+	}
+	if !regexp.MustCompile(`(?m)^\s*router_live\s.*\s10\s*$`).MatchString(out) || !strings.Contains(out, "round_robin") {
+		t.Fatalf("the figures were not printed, or router_live shows no errors:\n%s", out)
+	}
+}
+
 // freePorts returns a port p such that p to p+n-1 were free on the
 // loopback interface a moment ago.
 func freePorts(t *testing.T, n int) int {

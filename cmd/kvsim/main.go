@@ -356,7 +356,18 @@ func runReplay(c *cli.Context) error {
 			return err
 		}
 	}
-	return printResults(c.App.Writer, c.String("output"), trace, header, results)
+	if err := printResults(c.App.Writer, c.String("output"), trace, header, results); err != nil {
+		return err
+	}
+	for _, r := range results {
+		if r.Unfreed > 0 {
+			return fmt.Errorf("%s: %d bookings may remain on the cluster (a free failed twice; the first error of the replay: %s): "+
+				"they count as load on their workers until the cluster's booking expiry frees them, %v after they were made "+
+				"(indexer.DefaultBookingMaxAge; the leader sweeps every 10 s): wait that long before another live replay or a measurement on this cluster",
+				r.Policy, r.Unfreed, r.FirstError, indexer.DefaultBookingMaxAge)
+		}
+	}
+	return nil
 }
 
 // writePlots writes hit_rate.png, and ttft.png when a result has TTFT
@@ -485,6 +496,14 @@ func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config) (sim.Result, e
 type countingPolicy struct {
 	sim.Policy
 	prompt, cached atomic.Int64
+}
+
+// LifecycleFailures are the live policy's (sim.LifecycleReporter).
+func (p *countingPolicy) LifecycleFailures() sim.LifecycleFailures {
+	if lr, ok := p.Policy.(sim.LifecycleReporter); ok {
+		return lr.LifecycleFailures()
+	}
+	return sim.LifecycleFailures{}
 }
 
 func (p *countingPolicy) Route(q *sim.RouteQuery, now int64) (int, int, error) {
