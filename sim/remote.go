@@ -57,7 +57,8 @@ type LifecycleFailures struct {
 	Failed int // prefill-done and free calls that failed (a free after its retry)
 	// Unfreed is how many bookings may remain on the cluster, counted as
 	// load on their workers until the cluster's booking expiry frees them:
-	// a free that failed twice.
+	// a free that failed twice, or a route that failed after the leader
+	// may have booked it and whose free failed too.
 	Unfreed int
 	First   string // the first failure, for the report
 }
@@ -298,6 +299,14 @@ func (p *Remote) Route(q *RouteQuery, _ int64) (int, int, error) {
 		Brief: true})
 	p.Calls++
 	if err != nil {
+		// The leader may have booked it before the answer was lost (a
+		// timeout, a connection cut): give the booking back, as a free of
+		// an id is idempotent.
+		if mayHaveBooked(err) {
+			if ferr := p.free(q.ID); ferr != nil {
+				p.fail(true, "request %s: free after its route failed (%v): %v", q.ID, err, ferr)
+			}
+		}
 		return 0, 0, err
 	}
 	if !p.ours(res.WorkerID) {
@@ -363,4 +372,15 @@ func (p *Remote) free(id string) error {
 		}
 	}
 	return err
+}
+
+// mayHaveBooked reports whether a route that failed with err may still
+// have been booked: any failure but an answer that refused it (a 4xx, or
+// every worker busy or none able to take it).
+func mayHaveBooked(err error) bool {
+	var ce *client.Error
+	if !errors.As(err, &ce) {
+		return true
+	}
+	return !(ce.StatusCode >= 400 && ce.StatusCode < 500 || ce.Reason == api.ReasonOverloaded || ce.Reason == api.ReasonNoWorkers)
 }

@@ -3,9 +3,12 @@ package sim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,9 +21,15 @@ import (
 
 func fakeCluster(t *testing.T) (*apitest.Fake, *client.Client) {
 	t.Helper()
+	return fakeClusterVia(t, func(h http.Handler) http.Handler { return h })
+}
+
+// fakeClusterVia is fakeCluster with its API served through wrap.
+func fakeClusterVia(t *testing.T, wrap func(http.Handler) http.Handler) (*apitest.Fake, *client.Client) {
+	t.Helper()
 	f := apitest.New("n1", "")
 	srv := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
-	hs := httptest.NewServer(srv)
+	hs := httptest.NewServer(wrap(srv))
 	t.Cleanup(func() {
 		hs.Close()
 		srv.Close()
@@ -148,5 +157,55 @@ func TestRemoteCountsFailedLifecycleCalls(t *testing.T) {
 	}
 	if res, err = Replay(pr, Config{Workers: 2, BlockSize: 16}, p); err != nil || res.Errors != 0 || res.Unfreed != 0 {
 		t.Fatalf("replay on a healthy cluster: %v, %d errors (%s), %d unfreed", err, res.Errors, res.FirstError, res.Unfreed)
+	}
+}
+
+// A route whose answer is lost after the leader booked it (here a 503 in
+// place of the node's answer) counts as a routing error, and its booking
+// is freed: it stayed on the cluster, counted as load, until it expired.
+func TestRemoteFreesTheBookingOfAFailedRoute(t *testing.T) {
+	var routes atomic.Int64
+	f, cl := fakeClusterVia(t, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/v1/route" {
+				h.ServeHTTP(w, r)
+				return
+			}
+			if routes.Add(1)%3 != 0 {
+				h.ServeHTTP(w, r)
+				return
+			}
+			h.ServeHTTP(httptest.NewRecorder(), r) // booked, then the answer is lost
+			http.Error(w, "gateway gave up", http.StatusServiceUnavailable)
+		})
+	})
+	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 20, Sessions: 4, Seed: 1}), 16)
+	res, err := Replay(pr, Config{Workers: 2, BlockSize: 16}, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := f.Bookings(); len(b) != 0 || res.Rejected != 6 || res.Errors != 6 || res.Unfreed != 0 {
+		t.Fatalf("bookings left %v; %d rejected, %d errors (want 6 each), %d unfreed", b, res.Rejected, res.Errors, res.Unfreed)
+	}
+	// A route the cluster answered with a refusal booked nothing: no free.
+	for err, want := range map[error]bool{
+		errors.New("connection reset"):                                       true,
+		&client.Error{StatusCode: 503, Reason: api.ReasonTimeout}:            true,
+		&client.Error{StatusCode: 503, Reason: api.ReasonNoLeader}:           true,
+		&client.Error{StatusCode: 500, Reason: api.ReasonInternal}:           true,
+		&client.Error{StatusCode: 503, Reason: api.ReasonOverloaded}:         false,
+		&client.Error{StatusCode: 503, Reason: api.ReasonNoWorkers}:          false,
+		&client.Error{StatusCode: 400, Reason: api.ReasonInvalid}:            false,
+		fmt.Errorf("route: %w", &client.Error{StatusCode: 401, Reason: "x"}): false,
+	} {
+		if got := mayHaveBooked(err); got != want {
+			t.Errorf("mayHaveBooked(%v) = %v, want %v", err, got, want)
+		}
 	}
 }
