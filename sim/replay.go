@@ -182,7 +182,11 @@ func (h *completions) Pop() any {
 // started (the share of its capacity that in-flight requests pin). Its
 // blocks stay pinned until it finishes. A routing error counts as an
 // error and as a rejection; a failed lifecycle call of a
-// LifecycleReporter (the live policy) as an error.
+// LifecycleReporter (the live policy) as an error. A routing error that is
+// ErrWire (WithWire: a worker's events could not be put on its engine
+// wire, so the cluster's view of it is lost for good) stops the replay:
+// the requests in flight finish (their bookings freed), and Replay returns
+// the error with the counts so far.
 func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 	if err := cfg.check(); err != nil {
 		return Result{}, err
@@ -240,6 +244,12 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 		res.Offered++
 		res.PromptTokens += int64(q.InputLength)
 		w, predicted, err := p.Route(&rq, now)
+		if errors.Is(err, ErrWire) {
+			res.Offered--
+			res.PromptTokens -= int64(q.InputLength)
+			settle(math.MaxInt64)
+			return res, fmt.Errorf("request %d: %w", k, err)
+		}
 		if err != nil || w < 0 || w >= cfg.Workers {
 			if res.Errors == 0 {
 				res.FirstError = fmt.Sprintf("request %d: worker %d: %v", k, w, err)

@@ -107,6 +107,12 @@ var ErrWire = errors.New("engine wire")
 // the request just routed acquires its blocks, so WithWire sets it on each
 // Route. A store of blocks that are not the current request's is an error
 // (ErrWire), returned by the next Flush.
+//
+// An error stays: once a worker's events could not be put on its wire,
+// whoever follows it has lost them for good (a publisher that fails
+// consumes no sequence number, so a subscriber sees no gap to heal from),
+// and every later decision would be made on a view that misses them. Every
+// later Flush returns the error, and Replay stops on it.
 type WireFleet struct {
 	BlockSize int              // engine tokens per block
 	Pubs      []BatchPublisher // one per worker, indexed like the replay's workers
@@ -193,13 +199,13 @@ func (f *WireFleet) storedTokens(ev *kvevent.Event) ([]uint32, error) {
 }
 
 // Flush publishes each worker's pending events as one batch, workers in
-// order, and returns the first error met since the last Flush (a
-// publisher's, or an event that could not be encoded).
+// order, and returns the first error met (a publisher's, or an event that
+// could not be encoded), now or by an earlier Flush or Observe: it stays
+// (see WireFleet). A worker's events stay pending until its publisher took
+// them.
 func (f *WireFleet) Flush() error {
 	if f.err != nil {
-		err := f.err
-		f.err = nil
-		return err
+		return f.err
 	}
 	ts := 0.0
 	for w, evs := range f.pending {
@@ -210,11 +216,12 @@ func (f *WireFleet) Flush() error {
 			ts = f.now()
 		}
 		f.buf = AppendBatch(f.buf[:0], ts, evs, 0)
+		if _, err := f.Pubs[w].Publish(f.buf); err != nil {
+			f.err = fmt.Errorf("%w: worker %d: %w", ErrWire, w+1, err)
+			return f.err
+		}
 		clear(evs)
 		f.pending[w] = evs[:0]
-		if _, err := f.Pubs[w].Publish(f.buf); err != nil {
-			return fmt.Errorf("%w: worker %d: %w", ErrWire, w, err)
-		}
 		f.Batches++
 	}
 	return nil
@@ -231,7 +238,8 @@ func (f *WireFleet) ClearAll() error {
 	for w, pub := range f.Pubs {
 		f.buf = AppendBatch(f.buf[:0], f.now(), []WireEvent{{Kind: kvevent.KindCleared}}, 0)
 		if _, err := pub.Publish(f.buf); err != nil {
-			return fmt.Errorf("%w: worker %d: %w", ErrWire, w, err)
+			f.err = fmt.Errorf("%w: worker %d: %w", ErrWire, w+1, err)
+			return f.err
 		}
 		f.Batches++
 		f.Events++
@@ -249,7 +257,8 @@ func (f *WireFleet) now() float64 {
 // WithWire returns p with its workers' events also put on the fleet's
 // engine wires: every event goes to the fleet, then to p; the fleet
 // publishes what it holds before each route and after each request
-// started (when its blocks were stored). p is unchanged otherwise. Call
+// started (when its blocks were stored). p is unchanged otherwise. A wire
+// error (ErrWire) is returned by the next Route, which stops Replay. Call
 // the fleet's Flush once the replay is over, and check its error.
 func WithWire(p Policy, f *WireFleet) Policy { return &wirePolicy{Policy: p, f: f} }
 
@@ -282,8 +291,6 @@ func (p *wirePolicy) Observe(ev *kvevent.Event, now int64) {
 
 func (p *wirePolicy) Started(q *RouteQuery, worker, cached int, now int64) {
 	p.Policy.Started(q, worker, cached, now)
-	// An error stays in the fleet for the next Route's Flush.
-	if err := p.f.Flush(); err != nil {
-		p.f.err = err
-	}
+	// An error stays in the fleet, for the next Route's Flush.
+	_ = p.f.Flush()
 }

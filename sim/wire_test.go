@@ -2,11 +2,14 @@ package sim
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/kvevent/engine"
@@ -99,13 +102,66 @@ func TestWireFleetRefusesBlocksOfAnotherRequest(t *testing.T) {
 	if err := f.Flush(); !errors.Is(err, ErrWire) {
 		t.Fatalf("flush: %v, want ErrWire", err)
 	}
+	// An error stays (see TestReplayStopsOnAWireError): a fresh fleet each.
+	f = &WireFleet{BlockSize: 16, Pubs: []BatchPublisher{&recPub{}}}
 	f.Observe(&kvevent.Event{Rank: RankOf(1), Kind: kvevent.KindCleared})
-	if err := f.Flush(); !errors.Is(err, ErrWire) {
+	if err := f.Flush(); !errors.Is(err, ErrWire) || !strings.Contains(err.Error(), "1 workers") {
 		t.Fatalf("event of worker 2 of 1: %v, want ErrWire", err)
 	}
-	f.Pubs[0] = &recPub{fail: errors.New("socket gone")}
+	f = &WireFleet{BlockSize: 16, Pubs: []BatchPublisher{&recPub{fail: errors.New("socket gone")}}}
 	f.Observe(&kvevent.Event{Rank: RankOf(0), Kind: kvevent.KindCleared})
-	if err := f.Flush(); !errors.Is(err, ErrWire) {
+	if err := f.Flush(); !errors.Is(err, ErrWire) || !strings.Contains(err.Error(), "socket gone") {
 		t.Fatalf("publisher error: %v, want ErrWire", err)
+	}
+}
+
+// flakyPub fails every publish from the failAt-th on (1-based; 0: none).
+type flakyPub struct {
+	recPub
+	n, failAt int
+}
+
+func (p *flakyPub) Publish(b []byte) (uint64, error) {
+	p.n++
+	if p.failAt > 0 && p.n >= p.failAt {
+		return 0, errors.New("socket gone")
+	}
+	return p.recPub.Publish(b)
+}
+
+// A batch a worker's publisher could not send stops the live replay with
+// the wire error: the batch stays pending, every later Flush returns the
+// error, the requests in flight are freed on the cluster and no request
+// is counted as rejected for it. (The batch was dropped before it was
+// sent, with no gap for the agent to heal from; the error came back on the
+// next route, counted as a rejection of an innocent request, and the
+// replay went on, the fleet dropping every worker's events meanwhile.)
+func TestReplayStopsOnAWireError(t *testing.T) {
+	f, cl := fakeCluster(t)
+	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bad := &flakyPub{failAt: 3}
+	fleet := &WireFleet{BlockSize: 16, Pubs: []BatchPublisher{&recPub{}, bad}}
+	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 40, Sessions: 4, Seed: 1}), 16)
+	res, err := Replay(pr, Config{Workers: 2, BlockSize: 16}, WithWire(p, fleet))
+	if !errors.Is(err, ErrWire) || !strings.Contains(err.Error(), "worker 2: socket gone") {
+		t.Fatalf("replay: %v, want the wire error of worker 2", err)
+	}
+	if res.Rejected != 0 || res.Errors != 0 || res.Requests == 0 || res.Requests >= len(pr.Reqs) || res.Offered != res.Requests {
+		t.Fatalf("stopped after %d served of %d offered, %d rejected, %d errors: want no request blamed for the wire",
+			res.Requests, res.Offered, res.Rejected, res.Errors)
+	}
+	if b := f.Bookings(); len(b) != 0 {
+		t.Fatalf("bookings left on the cluster: %v", b)
+	}
+	if len(bad.payloads) != 2 || len(fleet.pending[1]) == 0 {
+		t.Fatalf("worker 2: %d batches sent, %d events pending; want 2 sent, the failed batch kept", len(bad.payloads), len(fleet.pending[1]))
+	}
+	if err := fleet.Flush(); !errors.Is(err, ErrWire) {
+		t.Fatalf("flush after the failure: %v, want the wire error again", err)
 	}
 }
