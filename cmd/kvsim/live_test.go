@@ -8,10 +8,12 @@ import (
 	"net"
 	"net/http/httptest"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,6 +119,48 @@ func TestLiveReplayExitsWhenBookingsCannotBeFreed(t *testing.T) {
 	}
 	if !regexp.MustCompile(`(?m)^\s*router_live\s.*\s10\s*$`).MatchString(out) || !strings.Contains(out, "round_robin") {
 		t.Fatalf("the figures were not printed, or router_live shows no errors:\n%s", out)
+	}
+}
+
+// slowSource is a cluster whose Workers call is still running a moment
+// after its context ended.
+type slowSource struct {
+	entered  chan struct{}
+	returned atomic.Bool
+}
+
+func (s *slowSource) Status(context.Context) (*raftfsm.NodeStatus, error) {
+	return &raftfsm.NodeStatus{LeaderID: "n1"}, nil
+}
+
+func (s *slowSource) Workers(ctx context.Context) ([]api.Worker, error) {
+	select {
+	case s.entered <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	for range 1000 {
+		runtime.Gosched() // still inside the call after the cancel
+	}
+	s.returned.Store(true)
+	return nil, ctx.Err()
+}
+
+// The live summary's stop returns only once its last call to the cluster
+// is over, so that the client can be closed after it (the summary was
+// cancelled and never waited for: the client could be closed under it).
+func TestLiveSummaryStopWaitsForItsLastCall(t *testing.T) {
+	src := &slowSource{entered: make(chan struct{})}
+	_, stop := liveSummary(context.Background(), src, &countingPolicy{}, time.Millisecond)
+	select {
+	case <-src.entered:
+	case <-time.After(10 * time.Second):
+		stop()
+		t.Fatal("the summary never asked for the workers")
+	}
+	stop()
+	if !src.returned.Load() {
+		t.Fatal("stop returned while the summary was still inside a call to the cluster")
 	}
 }
 

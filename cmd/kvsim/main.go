@@ -20,8 +20,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/kvrouter/kvrouter/sim"
 	"github.com/kvrouter/kvrouter/sim/enginepub"
 	"github.com/schollz/progressbar/v3"
@@ -457,9 +459,10 @@ func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config) (sim.Result, e
 	if f, ok := c.App.Writer.(*os.File); ok && isatty(f) {
 		bar = progressbar.NewOptions(len(pr.Reqs), progressbar.OptionSetWriter(os.Stderr),
 			progressbar.OptionSetDescription("live replay"), progressbar.OptionShowCount(), progressbar.OptionClearOnFinish())
-		sctx, stop := context.WithCancel(c.Context)
-		defer stop()
-		summary := liveSummary(sctx, cl, counted)
+		// Deferred after cl.Close, so run before it: the summary's last
+		// call is over when the client is closed.
+		summary, stopSummary := liveSummary(c.Context, cl, counted, time.Second)
+		defer stopSummary()
 		cfg.Progress = func(done, _ int) {
 			if d, ok := summary.Load().(string); ok {
 				bar.Describe(d)
@@ -515,13 +518,25 @@ func (p *countingPolicy) Route(q *sim.RouteQuery, now int64) (int, int, error) {
 	return w, cached, err
 }
 
-// liveSummary refreshes, every second until ctx ends, a line for the
-// progress bar: the live router's predicted hit rate so far, the leader,
-// and each worker's requests in flight as the cluster books them.
-func liveSummary(ctx context.Context, cl *client.Client, p *countingPolicy) *atomic.Value {
+// summarySource is what the live summary asks the cluster: a
+// *client.Client.
+type summarySource interface {
+	Status(ctx context.Context) (*raftfsm.NodeStatus, error)
+	Workers(ctx context.Context) ([]api.Worker, error)
+}
+
+// liveSummary refreshes, every interval until ctx ends or stop is called,
+// a line for the progress bar: the live router's predicted hit rate so
+// far, the leader, and each worker's requests in flight as the cluster
+// books them. stop ends it and returns once it made its last call, so
+// that cl can be closed then.
+func liveSummary(ctx context.Context, cl summarySource, p *countingPolicy, every time.Duration) (line *atomic.Value, stop func()) {
 	var v atomic.Value
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
 	go func() {
-		t := time.NewTicker(time.Second)
+		defer close(done)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
@@ -529,7 +544,7 @@ func liveSummary(ctx context.Context, cl *client.Client, p *countingPolicy) *ato
 				return
 			case <-t.C:
 			}
-			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			cctx, cancelCall := context.WithTimeout(ctx, time.Second)
 			line := "live replay"
 			if prompt := p.prompt.Load(); prompt > 0 {
 				line += fmt.Sprintf(" · hit %.1f%%", 100*float64(p.cached.Load())/float64(prompt))
@@ -548,11 +563,14 @@ func liveSummary(ctx context.Context, cl *client.Client, p *countingPolicy) *ato
 				}
 				line += " · in flight " + strings.Join(load, "/")
 			}
-			cancel()
+			cancelCall()
 			v.Store(line)
 		}
 	}()
-	return &v
+	return &v, func() {
+		cancel()
+		<-done
+	}
 }
 
 // openWires binds each worker's engine wire.
