@@ -151,6 +151,32 @@ Examples:
 	}
 }
 
+// liveClientOptions reads --token, --token-file and --tls-ca, which only
+// a --live replay uses: without --live, or with a file it cannot use, they
+// are usage errors (exit 2), before the trace is read.
+func liveClientOptions(c *cli.Context) (client.Options, error) {
+	opts := client.Options{UserAgent: "kvsim"}
+	if !c.Bool("live") {
+		for _, f := range []string{"token", "token-file", "tls-ca"} {
+			if c.String(f) != "" {
+				return opts, cli.Exit(fmt.Sprintf("--%s needs --live: it is how kvsim reaches a running cluster", f), 2)
+			}
+		}
+		return opts, nil
+	}
+	var err error
+	if opts.Token, err = client.Token(c.String("token"), c.String("token-file")); err != nil {
+		return opts, cli.Exit("--token, --token-file: "+err.Error(), 2)
+	}
+	if ca := c.String("tls-ca"); ca != "" {
+		if opts.TLS, err = client.TLSConfig(ca); err != nil {
+			return opts, cli.Exit("--tls-ca: "+err.Error(), 2)
+		}
+		opts.Scheme = "https"
+	}
+	return opts, nil
+}
+
 // checkWireFlags checks the --zmq-* flags: they need --live, and every
 // worker's port must be a port.
 func checkWireFlags(c *cli.Context) error {
@@ -222,6 +248,9 @@ func runReplay(c *cli.Context) error {
 		return usagef("--limit %d: want 0 (every request) or more", c.Int("limit"))
 	}
 	if err := checkWireFlags(c); err != nil {
+		return err
+	}
+	if _, err := liveClientOptions(c); err != nil {
 		return err
 	}
 	offload := sim.OffloadConfig{HostBlocks: c.Int("offload-host-blocks"), DiskBlocks: c.Int("offload-disk-blocks"),
@@ -395,22 +424,18 @@ func writePlots(errw io.Writer, dir, title string, rs []sim.Result) error {
 // terminal. With --zmq-base-port the workers publish their events on
 // their engine wires and node agents bring them to the cluster.
 func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config) (sim.Result, error) {
-	opts := client.Options{UserAgent: "kvsim"}
-	var err error
-	if opts.Token, err = client.Token(c.String("token"), c.String("token-file")); err != nil {
-		return sim.Result{}, cli.Exit("--token, --token-file: "+err.Error(), 2)
-	}
-	if ca := c.String("tls-ca"); ca != "" {
-		if opts.TLS, err = client.TLSConfig(ca); err != nil {
-			return sim.Result{}, cli.Exit("--tls-ca: "+err.Error(), 2)
-		}
-		opts.Scheme = "https"
+	opts, err := liveClientOptions(c)
+	if err != nil {
+		return sim.Result{}, err
 	}
 	cl, err := client.New(strings.Split(c.String("endpoints"), ","), opts)
 	if err != nil {
 		return sim.Result{}, cli.Exit(err.Error(), 2)
 	}
 	defer cl.Close()
+	if clear := cl.ClearText(); opts.Token != "" && len(clear) > 0 {
+		fmt.Fprintf(c.App.ErrWriter, "kvsim: warning: the token goes to %s in clear text: give --tls-ca, or https:// endpoints\n", strings.Join(clear, ", "))
+	}
 	p := &sim.Remote{Client: cl, Workers: cfg.Workers, BlockSize: cfg.BlockSize, CapacityBlocks: int64(cfg.CapacityTokens / cfg.BlockSize)}
 	var policy sim.Policy = p
 	var fleet *sim.WireFleet

@@ -193,6 +193,13 @@ func TestReplayRejectsBadFlags(t *testing.T) {
 		{"--live", "--zmq-replay-base-port", "5700"},
 		{"--live", "--zmq-base-port", "65534", "--workers", "4"},
 		{"--live", "--zmq-base-port", "5600", "--zmq-replay-base-port", "5602", "--workers", "4"},
+		// The cluster's token and CA are for --live only, and read before
+		// the trace is.
+		{"--token", "t"},
+		{"--tls-ca", trace},
+		{"--live", "--tls-ca", trace},
+		{"--live", "--token", "t", "--token-file", trace},
+		{"--live", "--token-file", filepath.Join(t.TempDir(), "missing")},
 	} {
 		_, err := kvsim(t, append([]string{"replay", "--trace", trace, "--limit", "5"}, args...)...)
 		var ec cli.ExitCoder
