@@ -6,9 +6,11 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
@@ -181,6 +183,57 @@ func (g *gated) waitEntered(t testing.TB) []backend.Copy {
 	}
 }
 
+// readGate is a file system whose reads of open files are held, while
+// armed, until release: a disk read that stalls. entered is signalled on
+// each read held.
+type readGate struct {
+	vfs.FS
+	armed   atomic.Bool
+	entered chan struct{}
+	open    chan struct{}
+	once    sync.Once
+}
+
+func newReadGate() *readGate {
+	return &readGate{FS: vfs.Default, entered: make(chan struct{}, 1), open: make(chan struct{})}
+}
+
+type gatedFile struct {
+	vfs.File
+	g *readGate
+}
+
+func (g *readGate) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
+	f, err := g.FS.Open(name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return gatedFile{f, g}, nil
+}
+
+func (f gatedFile) ReadAt(p []byte, off int64) (int, error) {
+	if f.g.armed.Load() {
+		select {
+		case f.g.entered <- struct{}{}:
+		default:
+		}
+		<-f.g.open
+	}
+	return f.File.ReadAt(p, off)
+}
+
+func (g *readGate) release() { g.once.Do(func() { close(g.open) }) }
+
+// waitEntered waits until a read is held.
+func (g *readGate) waitEntered(t testing.TB) {
+	t.Helper()
+	select {
+	case <-g.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no disk read reached the gate")
+	}
+}
+
 type gateKind int
 
 const (
@@ -196,6 +249,7 @@ type rigConfig struct {
 	hostCap int // G2 blocks; 0: no host pool
 	diskCap int // G3 blocks; 0: no disk pool
 	gate    gateKind
+	diskFS  *readGate      // when set, the disk pool reads through it
 	cfg     manager.Config // Workers, BatchSize, QueueCapacity, Filter, OnboardTimeout
 }
 
@@ -248,7 +302,11 @@ func newRig(t *testing.T, rc rigConfig) *rig {
 	}
 	if rc.diskCap > 0 {
 		pcfg.Capacity = rc.diskCap
-		r.disk, err = pool.OpenDisk(t.TempDir(), pcfg, pool.DiskOptions{})
+		var opts pool.DiskOptions
+		if rc.diskFS != nil {
+			opts.FS = rc.diskFS
+		}
+		r.disk, err = pool.OpenDisk(t.TempDir(), pcfg, opts)
 		check(t, err)
 		t.Cleanup(func() { check(t, r.disk.Close()) })
 	}
@@ -282,6 +340,9 @@ func newRig(t *testing.T, rc rigConfig) *rig {
 	t.Cleanup(func() { check(t, r.m.Close()) })
 	if r.gate != nil {
 		t.Cleanup(r.gate.release) // runs before Close: a held copy would block it
+	}
+	if rc.diskFS != nil {
+		t.Cleanup(rc.diskFS.release) // runs before Close: a held read would block it
 	}
 	return r
 }

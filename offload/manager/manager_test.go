@@ -355,6 +355,58 @@ func TestOnboardReturnsAtDeadlineWhenCopyIntoG1Stalls(t *testing.T) {
 	r.idle()
 }
 
+// A disk read still running when Onboard gives up is abandoned: it writes
+// nothing into G1, so it must not hold Settled open (the engine API would
+// answer late, or settled=false for blocks nothing will write). The worker
+// keeps the G3 pin until its read ends, then releases it.
+func TestAbandonedDiskReadLeavesSettledClosed(t *testing.T) {
+	fs := newReadGate()
+	r := newRig(t, rigConfig{diskCap: 8, diskFS: fs, cfg: manager.Config{Workers: 1, BatchSize: 1}})
+	reqs := r.compute(0, 1, 0)
+	h := reqs[0].Hash
+	check(t, r.disk.Register(pool.Block{Hash: h, Local: reqs[0].Local}, r.g1.block(0)))
+
+	fs.armed.Store(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan manager.Result, 1)
+	go func() {
+		res, err := r.m.Onboard(ctx, []uint64{h}, []int{3})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	fs.waitEntered(t) // the worker is reading the block from disk
+	cancel()
+	var res manager.Result
+	select {
+	case res = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Onboard did not return once canceled")
+	}
+	if res.Blocks[0].Status != manager.Canceled {
+		t.Fatalf("status %v, want canceled", res.Blocks[0].Status)
+	}
+	if !settled(res) {
+		t.Fatal("Settled is open after Onboard returned, with only a disk read running")
+	}
+	if late := r.m.Stats().Onboard.LateWrites; late != 0 {
+		t.Fatalf("%d late writes, want 0", late)
+	}
+	if st := r.disk.Stats(); st.Referenced != 1 {
+		t.Fatalf("%d G3 blocks pinned during the read, want 1 (the worker's)", st.Referenced)
+	}
+
+	fs.armed.Store(false)
+	fs.release()
+	waitFor(t, 10*time.Second, "the worker to release the G3 pin", func() bool { return r.disk.Stats().Referenced == 0 })
+	r.idle()
+	if r.holds(3, h) {
+		t.Fatal("the abandoned read was copied into G1")
+	}
+}
+
 func TestOnboardReportsMissingBlocksAndRefusesBadArguments(t *testing.T) {
 	r := newRig(t, rigConfig{blocks: 8, hostCap: 8})
 	reqs := r.compute(0, 1, 0)

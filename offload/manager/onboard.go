@@ -52,11 +52,13 @@ type BlockResult struct {
 type Result struct {
 	Blocks []BlockResult
 	// Settled is closed once no copy started by this Onboard can still
-	// write into G1 and every block it pinned is released. It is closed
-	// when Onboard returns, except after a timeout or cancellation hit a
-	// copy into G1 that was already running (the copy cannot be recalled):
-	// the engine must not write into a block that is not Loaded, nor free
-	// it for reuse, before Settled is closed.
+	// write into G1. It is closed when Onboard returns, except after a
+	// timeout or cancellation hit a copy into G1 that was already running
+	// (the copy cannot be recalled): the engine must not write into a block
+	// that is not Loaded, nor free it for reuse, before Settled is closed.
+	// A disk read abandoned at the deadline writes nothing into G1, so it
+	// does not hold Settled open; its worker keeps the G3 pins until the
+	// read ends.
 	Settled <-chan struct{}
 }
 
@@ -101,8 +103,10 @@ func (op *onboardOp) finish() {
 //	queued  → canceled   by the Onboard call at its deadline (or Close): it
 //	                     releases the pins; no worker touches the chunk
 //	running → abandoned  by the Onboard call at its deadline, while a
-//	                     Disk2H worker reads from disk: the worker writes
-//	                     nothing into G1, releases the pins
+//	                     Disk2H worker reads from disk: the Onboard call
+//	                     counts the chunk settled (nothing will be written
+//	                     into G1); the worker releases the pins once its
+//	                     read ends
 //	writing              the copy into G1 is queued: it cannot be recalled;
 //	                     the worker finishes and releases
 //
@@ -324,8 +328,11 @@ func (m *Manager) settle(chunks []*chunk, out []BlockResult, why Status) []int {
 				m.unqueue(ch)
 				m.releaseChunk(ch)
 				ch.op.finish()
-			} else {
-				ch.state.CompareAndSwap(chRunning, chAbandoned)
+			} else if ch.state.CompareAndSwap(chRunning, chAbandoned) {
+				// The worker is still reading from disk; it will write
+				// nothing into G1, so the chunk is settled now. The
+				// worker keeps the pins until its read ends.
+				ch.op.finish()
 			}
 			st = ch.state.Load()
 		}
@@ -501,9 +508,9 @@ func (m *Manager) disk2h(c *copier, ch *chunk) {
 	}
 	m.account(Disk2H, read, time.Since(start))
 	if !ch.state.CompareAndSwap(chRunning, chWriting) {
-		// Abandoned at the deadline: nothing was written into G1.
+		// Abandoned at the deadline: nothing was written into G1, and
+		// the Onboard call counted the chunk settled already.
 		m.releaseChunk(ch)
-		ch.op.finish()
 		return
 	}
 	copies := make([]backend.Copy, 0, len(ch.hashes))
