@@ -620,3 +620,40 @@ func TestOnboardContextDeadlineLaterThanOnboardTimeoutIsKept(t *testing.T) {
 	}
 	r.checkBytes(10, reqs[0].Hash)
 }
+
+// Two G1 blocks hold the same block (same hash). The second one's task finds
+// the first one's copy still running (G2 answers busy), then that copy
+// stores nothing (its G1 block was freed under it). G2 does not hold the
+// block, so the second G1 block's hash must not stay recorded: asked again,
+// the block is queued again, not answered Duplicate until the engine frees
+// the G1 block.
+func TestSameHashBusyInACopyThatStoresNothingIsNotADuplicate(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 8, gate: gateD2H, cfg: manager.Config{Workers: 2, BatchSize: 1}})
+	a := r.compute(0, 1, 0)
+	r.offload(a)
+	r.gate.waitEntered(t) // G1 block 0's copy holds the G2 reservation
+	b := r.recompute(a[0], 1)
+	if res := r.offload([]manager.OffloadRequest{b}); res.Queued != 1 {
+		t.Fatalf("offload from G1 block 1: %+v, want it queued", res)
+	}
+	waitFor(t, 10*time.Second, "G1 block 1's task to find the block being written", func() bool {
+		return r.m.Stats().Paths[manager.D2H].Exists == 1
+	})
+	r.scribble(0) // G1 block 0 freed during its copy: the copy is discarded
+	r.gate.release()
+	r.idle()
+	if got := r.m.Lookup([]uint64{b.Hash}); got[0] != 0 {
+		t.Fatalf("the block is held (%b) after its only copy was discarded", got[0])
+	}
+	if res := r.offload([]manager.OffloadRequest{b}); res.Queued != 1 || res.Duplicate != 0 {
+		t.Fatalf("offload from G1 block 1 again, nothing stored the block: %+v, want it queued", res)
+	}
+	r.idle()
+	if got := r.m.Lookup([]uint64{b.Hash}); got[0] != host.Bit() {
+		t.Fatalf("Lookup = %b after the second offload, want host", got[0])
+	}
+	if res := onboard(t, r.m, []uint64{b.Hash}, []int{5}); res.Loaded() != 1 {
+		t.Fatalf("onboard: %+v, want it loaded", res.Blocks)
+	}
+	r.checkBytes(5, b.Hash)
+}

@@ -169,7 +169,14 @@ func (m *Manager) d2h(c *copier, ts []*task) {
 			rs = append(rs, r)
 			copies = append(copies, backend.Copy{Dst: r.Ptr, Src: m.g1.at(t.g1), N: m.bs})
 			copied = append(copied, t)
-		case errors.Is(err, pool.ErrExists): // revived, or being written by another worker
+		case errors.Is(err, pool.ErrBusy):
+			// Another worker is writing the same hash (from another G1
+			// block). Its copy may yet store nothing, so this block's hash
+			// is forgotten: asked again, it is queued again (and revived,
+			// if that copy stored it).
+			o.exists++
+			o.lost = append(o.lost, t)
+		case errors.Is(err, pool.ErrExists): // revived
 			o.exists++
 			present = append(present, t)
 		case errors.Is(err, pool.ErrFull):
@@ -267,9 +274,11 @@ func (m *Manager) d2disk(c *copier, ts []*task) {
 				data = append(data, b)
 				put = append(put, t)
 			}
-			if o.put(m.disk, blocks, data, m) != nil {
-				// Put stops early: the blocks G3 does not hold now were
-				// not stored (or were evicted since, just as well).
+			if n, _ := o.put(m.disk, blocks, data, m); n < len(put) {
+				// Put stopped early, or skipped blocks held or being
+				// written by another worker, whose write may store
+				// nothing: the blocks G3 does not hold now were not
+				// stored (or were evicted since, just as well).
 				hs := make([]uint64, len(put))
 				for i, t := range put {
 					hs[i] = t.block.Hash
@@ -330,10 +339,10 @@ func (m *Manager) h2disk(ts []*task) {
 }
 
 // put writes blocks to the disk pool and counts the result. It returns
-// Put's error: not every block was stored.
-func (o *outcome) put(disk *pool.DiskPool, blocks []pool.Block, data [][]byte, m *Manager) error {
+// what Put returned: the blocks it stored, and why it stopped early.
+func (o *outcome) put(disk *pool.DiskPool, blocks []pool.Block, data [][]byte, m *Manager) (int, error) {
 	if len(blocks) == 0 {
-		return nil
+		return 0, nil
 	}
 	n, err := disk.Put(blocks, data)
 	o.blocks += n
@@ -346,5 +355,5 @@ func (o *outcome) put(disk *pool.DiskPool, blocks []pool.Block, data [][]byte, m
 		o.failed += len(blocks) - n
 		m.log.Warn("offload: writing blocks to disk failed", "blocks", len(blocks), "err", err)
 	}
-	return err
+	return n, err
 }

@@ -142,7 +142,8 @@ func (c *core) descends(h, anc uint64) bool {
 }
 
 // reserve makes room for b and adds it as pending. If b is already held it
-// is revived (touched) and reserve fails with ErrExists.
+// is revived (touched) and reserve fails with ErrExists; if it is being
+// written, with ErrExists and ErrBusy.
 func (c *core) reserve(b Block) (*entry, error) {
 	if err := b.check(); err != nil {
 		return nil, err
@@ -154,7 +155,7 @@ func (c *core) reserve(b Block) (*entry, error) {
 	}
 	if e := c.entries[b.Hash]; e != nil {
 		if !e.ready {
-			return nil, fmt.Errorf("register %#x: %w (being written)", b.Hash, ErrExists)
+			return nil, fmt.Errorf("register %#x: %w (%w)", b.Hash, ErrExists, ErrBusy)
 		}
 		c.touch(e)
 		c.revived++

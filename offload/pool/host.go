@@ -87,7 +87,9 @@ func (p *HostPool) slot(e *entry) Slot {
 // Reserve claims a slot for b, evicting the least recently used evictable
 // block if the pool is full (publishing its REMOVE). It fails with ErrFull,
 // changing nothing, when nothing can be evicted, and with ErrExists when b
-// is already held (the block is then counted as used now: no copy needed).
+// is already held (the block is then counted as used now: no copy needed)
+// or being written by another caller (the error wraps ErrBusy too: that
+// write may still be aborted).
 func (p *HostPool) Reserve(b Block) (Reservation, error) {
 	e, err := p.c.reserve(b)
 	if err != nil {

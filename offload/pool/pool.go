@@ -21,6 +21,12 @@ var (
 	// It is not a failure; Reserve and Register return it so that the caller
 	// skips the copy.
 	ErrExists = errors.New("block already in the pool")
+	// ErrBusy means another caller is writing the block: it is reserved,
+	// not yet committed, and may still be aborted, leaving the pool without
+	// it. Errors that wrap it wrap ErrExists too (the copy is skipped either
+	// way); a caller that must know whether the block will be held checks
+	// ErrBusy first.
+	ErrBusy = errors.New("being written")
 	// ErrNotFound means the hash is not in the pool, or its bytes are still
 	// being written.
 	ErrNotFound = errors.New("block not in the pool")
