@@ -155,6 +155,10 @@ func Listen(cfg Config) (*Server, error) {
 		m.Filter.Threshold < 0 || m.Filter.HalfLife < 0 {
 		return nil, fmt.Errorf("engine API: manager settings %+v: negative values", m)
 	}
+	if err := m.Filter.Check(); err != nil {
+		// Refused now, not at the first registration.
+		return nil, fmt.Errorf("engine API: manager settings: %w", err)
+	}
 	var err error
 	if s.metrics, err = newServerMetrics(cfg.Registerer); err != nil {
 		return nil, fmt.Errorf("engine API: %w", err)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/engineapi"
 	"github.com/kvrouter/kvrouter/offload/manager"
+	"github.com/kvrouter/kvrouter/offload/pool"
 )
 
 func TestOffloadEvictOnboardOverTheSocketIsByteIdentical(t *testing.T) {
@@ -394,6 +396,28 @@ func TestListenRemovesAStaleSocketAndRefusesALiveOne(t *testing.T) {
 	cfg.Socket = plain
 	if _, err := engineapi.Listen(cfg); err == nil {
 		t.Fatal("Listen replaced a regular file")
+	}
+}
+
+// A filter threshold past the manager's counts is refused when the server
+// starts (kvagent's flag then fails at start, naming the setting), not at
+// the engine's first registration.
+func TestListenRefusesAFilterThresholdPastTheCountRange(t *testing.T) {
+	be, err := backend.NewHost()
+	check(t, err)
+	defer be.Close()
+	host, err := pool.NewHost(be, pool.Config{Rank: rankOf(0), BlockSize: bs, Capacity: 4})
+	check(t, err)
+	defer host.Close()
+	srv, err := engineapi.Listen(engineapi.Config{Socket: filepath.Join(t.TempDir(), "kvagent.sock"), Backend: be,
+		Ranks:   []engineapi.RankPools{{Rank: rankOf(0), Host: host}},
+		Manager: manager.Config{Filter: manager.FilterConfig{Threshold: 1 << 32}}})
+	if err == nil {
+		srv.Close()
+		t.Fatal("Listen accepted filter threshold 1<<32")
+	}
+	if !errors.Is(err, manager.ErrInvalid) || !strings.Contains(err.Error(), "filter threshold") {
+		t.Fatalf("Listen: %v, want ErrInvalid naming the filter threshold", err)
 	}
 }
 

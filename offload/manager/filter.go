@@ -2,6 +2,7 @@ package manager
 
 import (
 	"fmt"
+	"math"
 )
 
 // FilterConfig says which blocks are worth writing to G3 (disk).
@@ -16,8 +17,9 @@ type FilterConfig struct {
 	// Always writes every block to G3 (from G2 as soon as it is stored
 	// there; without G2, from G1 on its first Offload), ignoring counts.
 	Always bool
-	// Threshold is the number of sightings a block needs; default 2. A
-	// Threshold of 1 is the same as Always.
+	// Threshold is the number of sightings a block needs; default 2, at
+	// most math.MaxUint32 (the counts' range). A Threshold of 1 is the same
+	// as Always.
 	Threshold int
 	// HalfLife is the number of sightings after which every count is halved
 	// (rounding down; a count that reaches zero is forgotten); default 65536.
@@ -31,9 +33,19 @@ const (
 	defaultHalfLife  = 1 << 16
 )
 
+// Check reports a configuration New would refuse (ErrInvalid): a negative
+// threshold or half-life, or a threshold past the counts' range. It lets a
+// caller that starts Managers later refuse bad settings up front.
+func (c FilterConfig) Check() error { return c.check() }
+
 func (c *FilterConfig) check() error {
 	if c.Threshold < 0 || c.HalfLife < 0 {
 		return fmt.Errorf("%w: filter threshold %d, half-life %d", ErrInvalid, c.Threshold, c.HalfLife)
+	}
+	if uint64(c.Threshold) > math.MaxUint32 {
+		// A count is a uint32: a larger threshold would wrap (1<<32 to 0,
+		// every block hot on its first sighting).
+		return fmt.Errorf("%w: filter threshold %d above %d", ErrInvalid, c.Threshold, uint32(math.MaxUint32))
 	}
 	if c.Threshold == 0 {
 		c.Threshold = defaultThreshold
@@ -74,7 +86,7 @@ type sighting[M any] struct {
 }
 
 // NewSightings returns an empty filter; cfg's zero fields take their
-// defaults. It fails on a negative threshold or half-life.
+// defaults. It fails as FilterConfig.Check does.
 func NewSightings[M any](cfg FilterConfig) (*Sightings[M], error) {
 	if err := cfg.check(); err != nil {
 		return nil, err

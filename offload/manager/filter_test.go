@@ -1,7 +1,10 @@
 package manager
 
 import (
+	"errors"
+	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/internal/testseed"
@@ -46,6 +49,23 @@ func TestFilterDefaultsToTwoSightingsAndAlwaysPassesEverything(t *testing.T) {
 	}
 	if err := (&FilterConfig{Threshold: -1}).check(); err == nil {
 		t.Fatal("negative threshold accepted")
+	}
+}
+
+// A count is a uint32: a threshold past its range must be refused, not
+// wrapped (1<<32 would become 0, every block hot on its first sighting).
+func TestFilterRefusesThresholdPastTheCountRange(t *testing.T) {
+	if _, err := NewSightings[promotion](FilterConfig{Threshold: math.MaxUint32}); err != nil {
+		t.Fatalf("threshold MaxUint32: %v, want accepted", err)
+	}
+	for _, th := range []int{math.MaxUint32 + 1, 1<<32 + 2, math.MaxInt} {
+		err := FilterConfig{Threshold: th}.Check()
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "filter threshold") {
+			t.Errorf("threshold %d: Check %v, want ErrInvalid naming the filter threshold", th, err)
+		}
+		if f, err := NewSightings[promotion](FilterConfig{Threshold: th}); err == nil {
+			t.Errorf("threshold %d accepted; a block seen once is hot: %v", th, f.Hot(f.See(1, nil)))
+		}
 	}
 }
 
