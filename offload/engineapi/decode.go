@@ -40,7 +40,12 @@ func checkBlock(what string, id, n int) error {
 func (q *OffloadRequest) rank() uint32 { return q.DPRank }
 
 func (q *OffloadRequest) check(n int) error {
-	seen := make(map[int]struct{}, len(q.Blocks))
+	// Each G1 block can be named once: a longer request is refused before
+	// anything is sized by its length.
+	if len(q.Blocks) > n {
+		return fmt.Errorf("%w: %d blocks: the region has %d", ErrBadRequest, len(q.Blocks), n)
+	}
+	seen := make(map[int]bool, len(q.Blocks))
 	for i, b := range q.Blocks {
 		if err := checkBlock(fmt.Sprintf("blocks[%d]: g1_block", i), b.G1Block, n); err != nil {
 			return err
@@ -51,10 +56,10 @@ func (q *OffloadRequest) check(n int) error {
 		if b.Parent == b.Hash {
 			return fmt.Errorf("%w: blocks[%d]: block %d is its own parent", ErrBadRequest, i, uint64(b.Hash))
 		}
-		if _, dup := seen[b.G1Block]; dup {
+		if seen[b.G1Block] {
 			return fmt.Errorf("%w: blocks[%d]: g1_block %d named twice", ErrBadRequest, i, b.G1Block)
 		}
-		seen[b.G1Block] = struct{}{}
+		seen[b.G1Block] = true
 	}
 	return nil
 }
@@ -92,7 +97,12 @@ func (q *OnboardRequest) check(n int) error {
 	if q.TimeoutMs < 0 || q.TimeoutMs > MaxTimeoutMs {
 		return fmt.Errorf("%w: timeout_ms %d (want 0..%d)", ErrBadRequest, q.TimeoutMs, MaxTimeoutMs)
 	}
-	seen := make(map[int]struct{}, len(q.G1Blocks))
+	// Each G1 block can be named once: a longer request is refused before
+	// anything is sized by its length.
+	if len(q.G1Blocks) > n {
+		return fmt.Errorf("%w: %d g1_blocks: the region has %d", ErrBadRequest, len(q.G1Blocks), n)
+	}
+	seen := make(map[int]bool, len(q.G1Blocks))
 	for i, id := range q.G1Blocks {
 		if err := checkBlock(fmt.Sprintf("g1_blocks[%d]", i), id, n); err != nil {
 			return err
@@ -100,10 +110,10 @@ func (q *OnboardRequest) check(n int) error {
 		if q.Hashes[i] == 0 {
 			return fmt.Errorf("%w: hashes[%d]: hash 0", ErrBadRequest, i)
 		}
-		if _, dup := seen[id]; dup {
+		if seen[id] {
 			return fmt.Errorf("%w: g1_blocks[%d]: block %d named twice", ErrBadRequest, i, id)
 		}
-		seen[id] = struct{}{}
+		seen[id] = true
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package engineapi
 import (
 	"encoding/json"
 	"errors"
+	"runtime"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/offload/backend"
@@ -90,5 +91,31 @@ func TestHashAcceptsSignedAndUnsignedIntegersOnly(t *testing.T) {
 		if (err == nil) != tc.ok || (tc.ok && uint64(h) != tc.want) {
 			t.Errorf("%s → %d, %v; want %d, ok %v", tc.in, uint64(h), err, tc.want, tc.ok)
 		}
+	}
+}
+
+// Each G1 block can be named once, so an offload or onboard naming more
+// blocks than the region holds is refused before anything is sized by its
+// length: a 2M-block request for a 64-block region allocated 72 MiB.
+func TestCheckRefusesARequestLongerThanTheRegionWithoutSizingByIt(t *testing.T) {
+	const regionBlocks = 64
+	allocs := func(check func() error) uint64 {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		err := check()
+		runtime.ReadMemStats(&after)
+		if !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("check: %v, want ErrBadRequest", err)
+		}
+		return after.TotalAlloc - before.TotalAlloc
+	}
+	q := OffloadRequest{Blocks: make([]OffloadBlock, 2_000_000)}
+	if n := allocs(func() error { return q.check(regionBlocks) }); n > 1<<20 {
+		t.Errorf("refusing a %d-block offload for a %d-block region allocated %d KiB", len(q.Blocks), regionBlocks, n>>10)
+	}
+	o := OnboardRequest{Hashes: make([]Hash, 2_000_000), G1Blocks: make([]int, 2_000_000)}
+	if n := allocs(func() error { return o.check(regionBlocks) }); n > 1<<20 {
+		t.Errorf("refusing a %d-block onboard for a %d-block region allocated %d KiB", len(o.Hashes), regionBlocks, n>>10)
 	}
 }
