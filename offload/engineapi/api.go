@@ -24,7 +24,9 @@ const (
 // code (see Error).
 var (
 	// ErrBadRequest means the request can never succeed as it is: malformed
-	// JSON, an unknown field, a G1 block id out of the region, a zero hash,
+	// JSON, a body that is not an object, an unknown, misspelled (field
+	// names are exact, case included) or repeated field, no dp_rank, a G1
+	// block id out of the region, a zero hash,
 	// mismatched lengths, a region that cannot be mapped. Nothing changed.
 	ErrBadRequest = errors.New("bad request")
 	// ErrUnknownRank means the agent does not follow that dp rank.

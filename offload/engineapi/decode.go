@@ -7,15 +7,25 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
 
 	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/manager"
 )
 
-// decode reads exactly one JSON object of type T from body: unknown
-// fields, trailing data and type mismatches are ErrBadRequest.
+// decode reads exactly one JSON object of type T from body: anything but
+// an object (null included), unknown fields, trailing data and type
+// mismatches are ErrBadRequest. Field names must be spelled exactly as the
+// API's (encoding/json alone would take "DP_Rank" for dp_rank), each at
+// most once, and dp_rank is required where T has it: a forgotten field must
+// not address rank 0.
 func decode[T any](body []byte) (T, error) {
 	var v T
+	if err := checkKeys(body, reflect.TypeFor[T]()); err != nil {
+		return v, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil {
@@ -143,4 +153,122 @@ func (q *RegisterRequest) check(kind backend.Kind, blockSize int) (backend.IPCHa
 		return nil, l, fmt.Errorf("%w: shm_path %q is not absolute", ErrBadRequest, q.ShmPath)
 	}
 	return backend.IPCHandle(q.ShmPath), l, nil
+}
+
+// requiredKey is the field every request that has it must name.
+const requiredKey = "dp_rank"
+
+// fieldTypes maps a struct type to its fields' exact JSON names and types.
+var fieldTypes sync.Map // reflect.Type → map[string]reflect.Type
+
+func fieldsOf(t reflect.Type) map[string]reflect.Type {
+	if m, ok := fieldTypes.Load(t); ok {
+		return m.(map[string]reflect.Type)
+	}
+	m := map[string]reflect.Type{}
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if !f.IsExported() || name == "-" {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		m[name] = f.Type
+	}
+	fieldTypes.Store(t, m)
+	return m
+}
+
+// checkKeys walks body's JSON along the shape of t: the top level must be
+// an object; in every object decoded into a struct each key must be
+// exactly one of its fields' JSON names, and appear once; the top level
+// must name dp_rank when t has it. The values' types are left to
+// encoding/json.
+func checkKeys(body []byte, t reflect.Type) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber() // numbers are skipped, not parsed
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if tok != json.Delim('{') {
+		return fmt.Errorf("the body is %v, not a JSON object", tok)
+	}
+	seen, err := checkObject(dec, t)
+	if err != nil {
+		return err
+	}
+	if _, has := fieldsOf(t)[requiredKey]; has && !seen[requiredKey] {
+		return fmt.Errorf("%s is required", requiredKey)
+	}
+	return nil
+}
+
+// checkObject checks the keys of an object whose '{' was read, through its
+// '}', and returns them.
+func checkObject(dec *json.Decoder, t reflect.Type) (map[string]bool, error) {
+	fields := fieldsOf(t)
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key, _ := tok.(string)
+		ft, ok := fields[key]
+		if !ok {
+			return nil, fmt.Errorf("unknown field %q", key)
+		}
+		if seen[key] {
+			return nil, fmt.Errorf("field %q given twice", key)
+		}
+		seen[key] = true
+		if err := checkValue(dec, ft); err != nil {
+			return nil, err
+		}
+	}
+	_, err := dec.Token() // '}'
+	return seen, err
+}
+
+// checkValue checks the next value for a Go value of type t: objects for
+// structs and arrays of them are walked, anything else is skipped.
+func checkValue(dec *json.Decoder, t reflect.Type) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	d, ok := tok.(json.Delim)
+	if !ok {
+		return nil // a scalar or null
+	}
+	switch {
+	case d == '{' && t.Kind() == reflect.Struct:
+		_, err := checkObject(dec, t)
+		return err
+	case d == '[' && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array):
+		for dec.More() {
+			if err := checkValue(dec, t.Elem()); err != nil {
+				return err
+			}
+		}
+		_, err := dec.Token() // ']'
+		return err
+	}
+	// A value of another shape: encoding/json refuses it; skip it.
+	for depth := 1; depth > 0; {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		if d, ok := tok.(json.Delim); ok {
+			if d == '{' || d == '[' {
+				depth++
+			} else {
+				depth--
+			}
+		}
+	}
+	return nil
 }

@@ -171,6 +171,16 @@ func TestBadRequestsAreRefusedAndChangeNothing(t *testing.T) {
 		{"unknown field", "POST", engineapi.PathOffload, `{"dp_rank":0,"block":[]}`, 400, engineapi.ErrBadRequest},
 		{"trailing data", "POST", engineapi.PathFree, `{"dp_rank":0,"g1_blocks":[3]} {}`, 400, engineapi.ErrBadRequest},
 		{"not an object", "POST", engineapi.PathFree, `[1,2]`, 400, engineapi.ErrBadRequest},
+		// encoding/json takes null for an empty object: dp_rank 0.
+		{"null unregisters nothing", "POST", engineapi.PathUnregister, `null`, 400, engineapi.ErrBadRequest},
+		{"null offloads nothing", "POST", engineapi.PathOffload, ` null`, 400, engineapi.ErrBadRequest},
+		{"no dp_rank", "POST", engineapi.PathUnregister, `{}`, 400, engineapi.ErrBadRequest},
+		{"no dp_rank free", "POST", engineapi.PathFree, `{"g1_blocks":[3]}`, 400, engineapi.ErrBadRequest},
+		// encoding/json matches names in any case; the last spelling wins.
+		{"field in another case", "POST", engineapi.PathUnregister, `{"dp_rank":1,"DP_Rank":0}`, 400, engineapi.ErrBadRequest},
+		{"field given twice", "POST", engineapi.PathUnregister, `{"dp_rank":1,"dp_rank":0}`, 400, engineapi.ErrBadRequest},
+		{"block field in another case", "POST", engineapi.PathOffload, `{"dp_rank":0,"blocks":[{"G1_Block":3,"hash":7,"priority":1}]}`, 400, engineapi.ErrBadRequest},
+		{"block field given twice", "POST", engineapi.PathOffload, `{"dp_rank":0,"blocks":[{"g1_block":3,"hash":7,"hash":8,"priority":1}]}`, 400, engineapi.ErrBadRequest},
 		{"fractional hash", "POST", engineapi.PathOffload, `{"dp_rank":0,"blocks":[{"g1_block":3,"hash":1.5}]}`, 400, engineapi.ErrBadRequest},
 		{"hash as a string", "POST", engineapi.PathLookup, `{"dp_rank":0,"hashes":["7"]}`, 400, engineapi.ErrBadRequest},
 		{"hash over 64 bits", "POST", engineapi.PathLookup, `{"dp_rank":0,"hashes":[18446744073709551616]}`, 400, engineapi.ErrBadRequest},
@@ -198,7 +208,7 @@ func TestBadRequestsAreRefusedAndChangeNothing(t *testing.T) {
 		{"register relative path", "POST", engineapi.PathRegion, j(engineapi.RegisterRequest{ShmPath: "g1", BlockSizeBytes: bs, NumBlocks: 64}), 400, engineapi.ErrBadRequest},
 		{"register missing file", "POST", engineapi.PathRegion, j(engineapi.RegisterRequest{ShmPath: filepath.Join(r.dir, "nope"), BlockSizeBytes: bs, NumBlocks: 64}), 400, engineapi.ErrBadRequest},
 		{"register file too short", "POST", engineapi.PathRegion, j(engineapi.RegisterRequest{ShmPath: short, BlockSizeBytes: bs, NumBlocks: 64}), 400, engineapi.ErrBadRequest},
-		{"register bad base64", "POST", engineapi.PathRegion, `{"ipc_handle":"!!","block_size_bytes":1024,"num_blocks":64}`, 400, engineapi.ErrBadRequest},
+		{"register bad base64", "POST", engineapi.PathRegion, `{"dp_rank":0,"ipc_handle":"!!","block_size_bytes":1024,"num_blocks":64}`, 400, engineapi.ErrBadRequest},
 		{"wrong method", "GET", engineapi.PathOffload, ``, 405, nil},
 		{"unknown path", "POST", "/v1/nothing", `{}`, 404, nil},
 	}
