@@ -71,7 +71,9 @@ type Config struct {
 	// Registration, when Registrar is set, is registered on start and
 	// again whenever the leader answers a heartbeat saying the worker is
 	// unknown (its lease expired while the agent was cut off). Its ID and
-	// DPRanks are set from Worker, DPStart and DPRanks.
+	// DPRanks are set from Worker, DPStart and DPRanks. Its Salt, the
+	// engine's additional salt, is in every block's content hash
+	// (engine.SaltedSeed), registered or not.
 	Registration raftfsm.WorkerInfo
 	Registrar    Registrar
 	// HeartbeatInterval is how often the agent tells the leader its worker
@@ -154,7 +156,8 @@ func New(cfg Config) (*Agent, error) {
 	}
 	g, err := enginesub.NewGroup(enginesub.Config{Endpoint: cfg.Endpoint, ReplayEndpoint: cfg.ReplayEndpoint,
 		Bind: cfg.Bind, Topic: cfg.Topic, Rank: kvevent.Rank{Worker: cfg.Worker, DP: cfg.DPStart},
-		Decoder: engine.Config{BlockSize: cfg.BlockSize}, Sink: a, Logger: cfg.Logger, Registerer: reg}, cfg.DPRanks)
+		Decoder: engine.Config{BlockSize: cfg.BlockSize, Seed: engine.SaltedSeed(cfg.Registration.Salt)},
+		Sink:    a, Logger: cfg.Logger, Registerer: reg}, cfg.DPRanks)
 	if err != nil {
 		pub.Close()
 		return nil, err

@@ -149,6 +149,9 @@ func workerInfo(req *RegisterWorkerRequest) (raftfsm.WorkerInfo, error) {
 	if err := checkName("model", req.Model); err != nil {
 		return w, err
 	}
+	if err := checkName("salt", req.Salt); err != nil {
+		return w, err
+	}
 	if req.LeaseMs < 0 {
 		return w, invalidf("lease_ms = %d (want >= 0; 0 = no lease)", req.LeaseMs)
 	}
@@ -159,6 +162,7 @@ func workerInfo(req *RegisterWorkerRequest) (raftfsm.WorkerInfo, error) {
 		Capacity:  req.Capacity.Array(),
 		Endpoint:  req.Endpoint,
 		Model:     req.Model,
+		Salt:      req.Salt,
 		LeaseMs:   req.LeaseMs,
 	}, nil
 }

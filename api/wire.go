@@ -179,6 +179,7 @@ type Worker struct {
 	Capacity  TierBlocks `json:"capacity_blocks"`
 	Endpoint  string     `json:"endpoint,omitempty"`
 	Model     string     `json:"model,omitempty"`
+	Salt      string     `json:"salt,omitempty"`
 	LeaseMs   int64      `json:"lease_ms,omitempty"`
 	Ranks     []RankInfo `json:"ranks"`
 }
@@ -226,6 +227,7 @@ func workers(ws []raftfsm.WorkerStatus) WorkersResponse {
 			Capacity:  tierBlocks(w.Info.Capacity),
 			Endpoint:  w.Info.Endpoint,
 			Model:     w.Info.Model,
+			Salt:      w.Info.Salt,
 			LeaseMs:   w.Info.LeaseMs,
 			Ranks:     make([]RankInfo, 0, len(w.Ranks)),
 		}
@@ -260,6 +262,10 @@ type RegisterWorkerRequest struct {
 	Capacity  TierBlocks `json:"capacity_blocks"`    // per tier, 0 = unknown
 	Endpoint  string     `json:"endpoint,omitempty"`
 	Model     string     `json:"model,omitempty"`
+	// Salt is the engine's additional salt: the worker's events are
+	// hashed under it by its agent, and a route finds its blocks only
+	// with cache_salt equal to it.
+	Salt string `json:"salt,omitempty"`
 	// LeaseMs, when > 0, removes the worker once the leader has heard no
 	// heartbeat from it for this long (docs/events.md).
 	LeaseMs int64 `json:"lease_ms,omitempty"`
@@ -275,6 +281,7 @@ func RegisterWorkerRequestFrom(w raftfsm.WorkerInfo) RegisterWorkerRequest {
 		Capacity:  tierBlocks(w.Capacity),
 		Endpoint:  w.Endpoint,
 		Model:     w.Model,
+		Salt:      w.Salt,
 		LeaseMs:   w.LeaseMs,
 	}
 }

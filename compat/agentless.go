@@ -104,6 +104,7 @@ type Agentless struct {
 type agentlessSub struct {
 	endpoint, replay string
 	blockSize        int
+	salt             string // the instance's additional_salt: in every content hash
 	term             uint64 // the Raft term it started in (termOf)
 	sub              *enginesub.Subscriber
 	cancel           context.CancelFunc
@@ -205,13 +206,13 @@ func (a *Agentless) reconcile(table map[uint64]raftfsm.WorkerInfo, term uint64) 
 			continue
 		}
 		for dp, ep := range w.EventEndpoints {
-			want[kvevent.Rank{Worker: id, DP: dp}] = agentlessSub{endpoint: ep, replay: w.ReplayEndpoints[dp], blockSize: w.BlockSize}
+			want[kvevent.Rank{Worker: id, DP: dp}] = agentlessSub{endpoint: ep, replay: w.ReplayEndpoints[dp], blockSize: w.BlockSize, salt: w.Salt}
 		}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for r, s := range a.subs {
-		if w, ok := want[r]; !ok || w.endpoint != s.endpoint || w.replay != s.replay || w.blockSize != s.blockSize ||
+		if w, ok := want[r]; !ok || w.endpoint != s.endpoint || w.replay != s.replay || w.blockSize != s.blockSize || w.salt != s.salt ||
 			s.term != term {
 			s.cancel()
 			<-s.done
@@ -239,7 +240,7 @@ func (a *Agentless) start(r kvevent.Rank, w agentlessSub) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	sink := &positionSink{a: a, rank: r, epoch: epoch, ctx: ctx}
 	sub, err := enginesub.New(enginesub.Config{Endpoint: w.endpoint, ReplayEndpoint: w.replay,
-		ReplayTimeout: a.cfg.ReplayTimeout, Rank: r, Decoder: engine.Config{BlockSize: w.blockSize},
+		ReplayTimeout: a.cfg.ReplayTimeout, Rank: r, Decoder: engine.Config{BlockSize: w.blockSize, Seed: engine.SaltedSeed(w.salt)},
 		Resume: resume, Sink: sink, Logger: a.log, Registerer: a.cfg.Registerer})
 	if err != nil {
 		cancel()

@@ -28,7 +28,7 @@ type agentProc struct {
 
 // startAgent runs kvagent for worker 1 against the engine publisher pub and
 // the cluster's NATS, registering through the cluster's HTTP API.
-func startAgent(t *testing.T, c *cluster, pub *pypub.Pub) *agentProc {
+func startAgent(t *testing.T, c *cluster, pub *pypub.Pub, extra ...string) *agentProc {
 	t.Helper()
 	a := &agentProc{done: make(chan struct{}), logPath: filepath.Join(c.base, "kvagent.log")}
 	args := []string{"--worker-id", "1", "--block-size", fmt.Sprint(agentBlockSize),
@@ -37,6 +37,7 @@ func startAgent(t *testing.T, c *cluster, pub *pypub.Pub) *agentProc {
 	if pub.Replay != "" {
 		args = append(args, "--replay-endpoint", pub.Replay)
 	}
+	args = append(args, extra...)
 	f, err := os.OpenFile(a.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
@@ -83,6 +84,10 @@ type engineGen struct {
 	// view is the cluster's scoring view, which the route overlaps that
 	// waitModel checks are counted in (the default, or what the test set).
 	view indexer.View
+	// salt is the engine's additional salt (kvagent --salt, or the
+	// registration's additional_salt): waitModel's routes carry it as
+	// cache_salt, and must find nothing without it.
+	salt string
 }
 
 func newEngineGen(seed uint64) *engineGen {
@@ -268,25 +273,39 @@ func waitModelOf(c *cluster, g *engineGen, id uint64) {
 			}
 			for ci := range g.chains {
 				ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-				res, err := n.cl.Route(ctx, api.RouteRequest{TokenIDs: g.prompt(ci)})
+				res, err := n.cl.Route(ctx, api.RouteRequest{TokenIDs: g.prompt(ci), CacheSalt: g.salt})
+				var unsalted *api.RouteResponse
+				if err == nil && g.salt != "" {
+					unsalted, err = n.cl.Route(ctx, api.RouteRequest{TokenIDs: g.prompt(ci)})
+				}
 				cancel()
 				if err != nil {
 					return false, fmt.Sprintf("node %d: route chain %d: %v", i, ci, err)
 				}
-				var got [kvevent.NumTiers]int64
-				for _, cand := range res.Candidates {
-					if cand.WorkerID == id && cand.DPRank == 0 {
-						got = cand.Overlap.Array()
-					}
-				}
-				if want := g.wantOverlap(ci); got != want {
+				if want, got := g.wantOverlap(ci), overlapOf(res, id); got != want {
 					return false, fmt.Sprintf("node %d: chain %d of %d blocks overlaps %v, want %v", i, ci, len(g.chains[ci]), got, want)
+				}
+				if got := overlapOf(unsalted, id); got != ([kvevent.NumTiers]int64{}) {
+					return false, fmt.Sprintf("node %d: chain %d, routed without the engine's salt, overlaps %v, want nothing", i, ci, got)
 				}
 			}
 		}
 		return true, ""
 	})
 	c.converged()
+}
+
+// overlapOf is the overlap per tier of worker id's rank 0 in res (none when
+// res is nil or does not name it).
+func overlapOf(res *api.RouteResponse, id uint64) [kvevent.NumTiers]int64 {
+	if res != nil {
+		for _, cand := range res.Candidates {
+			if cand.WorkerID == id && cand.DPRank == 0 {
+				return cand.Overlap.Array()
+			}
+		}
+	}
+	return [kvevent.NumTiers]int64{}
 }
 
 // TestAgentEndToEnd: a Python engine publisher over real libzmq → kvagent
@@ -367,15 +386,18 @@ func TestAgentEndToEnd(t *testing.T) {
 // with an empty cache under a new agent. The new agent's event ids start
 // over below the router's cursor; its resync on start replaces the rank, so
 // that what it publishes afterwards is applied, not dropped as duplicates,
-// and nothing of the old incarnation stays in the index.
+// and nothing of the old incarnation stays in the index. The engine salts
+// its block hashes (kvagent --salt): routes find its blocks with that
+// cache_salt only.
 func TestAgentRestartResyncs(t *testing.T) {
 	pypub.Require(t)
 	seed := testSeed(t)
 	c := startClusterNATS(t, 3)
 	pub := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*"})
-	a := startAgent(t, c, pub)
+	a := startAgent(t, c, pub, "--salt", "tenant-a")
 	pub.WaitSub()
 	g := newEngineGen(seed)
+	g.salt = "tenant-a"
 	var seq uint64
 	publishBatches(pub, g, &seq, 50)
 	waitModel(c, g)
@@ -385,9 +407,10 @@ func TestAgentRestartResyncs(t *testing.T) {
 	// The engine restarts too (its cache empties) and a new agent follows it.
 	pub.Close()
 	pub = pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*"})
-	startAgent(t, c, pub)
+	startAgent(t, c, pub, "--salt", "tenant-a")
 	pub.WaitSub()
 	g = newEngineGen(seed + 1)
+	g.salt = "tenant-a"
 	seq = 0
 	publishBatches(pub, g, &seq, 30)
 	waitModel(c, g)

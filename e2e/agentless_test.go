@@ -34,7 +34,8 @@ func TestAgentlessEndToEnd(t *testing.T) {
 	seed := testSeed(t)
 	c := startCluster(t, 3)
 	pub := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*", ReplayShape: 2})
-	reg := fmt.Sprintf(`{"instance_id":7,"endpoint":%q,"replay_endpoint":%q,"model_name":"m","block_size":%d}`,
+	// The engine salts its block hashes: queries find them with its salt.
+	reg := fmt.Sprintf(`{"instance_id":7,"endpoint":%q,"replay_endpoint":%q,"model_name":"m","block_size":%d,"additional_salt":"tenant-b"}`,
 		pub.Pub, pub.Replay, agentBlockSize)
 	var code int
 	var body []byte
@@ -49,6 +50,7 @@ func TestAgentlessEndToEnd(t *testing.T) {
 	id := compat.WorkerID(7, "m", compat.DefaultTenant)
 
 	g := newEngineGen(seed)
+	g.salt = "tenant-b"
 	var seq uint64
 	publishBatches(pub, g, &seq, 60)
 	waitModelOf(c, g, id)
@@ -67,7 +69,7 @@ func TestAgentlessEndToEnd(t *testing.T) {
 	if prompt == nil {
 		t.Fatal("the engine holds no chain: the generator made nothing to query")
 	}
-	q := fmt.Sprintf(`{"token_ids":%s,"model_name":"m"}`, jsonInts(prompt))
+	q := fmt.Sprintf(`{"token_ids":%s,"model_name":"m","cache_salt":"tenant-b"}`, jsonInts(prompt))
 	var first []byte
 	for i, n := range c.nodes {
 		code, ans := postJSON(t, n, "/query", q)

@@ -10,21 +10,23 @@ import (
 // router use it.
 const Seed uint64 = 1337
 
-// SeedFor returns the content-hash seed of a request that uses a LoRA
-// adapter and/or a cache salt. Each non-empty name adds its own XXH3-64
-// (unseeded) to the seed with wrapping arithmetic, LoRA name first:
+// SeedFor returns the content-hash seed of blocks under a LoRA adapter
+// and/or a cache salt. The LoRA name adds its unseeded XXH3-64, the salt
+// its XXH3-64 seeded with Seed, with wrapping arithmetic:
 //
-//	seed = 1337 + XXH3(lora) + XXH3(salt)    (each term only when non-empty)
+//	seed = 1337 + XXH3(lora) + XXH3(salt, seed 1337)    (each term only when non-empty)
 //
 // so that the same tokens under another adapter or salt land on another
-// path of the tree, and no adapter and no salt gives the plain Seed.
+// path of the tree, no adapter and no salt gives the plain Seed, and a salt
+// never hashes like an adapter of the same name (nor lora and salt like
+// each other swapped): the two terms are of different functions.
 func SeedFor(lora, salt string) uint64 {
 	s := Seed
 	if lora != "" {
 		s += xxh3.HashString(lora)
 	}
 	if salt != "" {
-		s += xxh3.HashString(salt)
+		s += xxh3.HashStringSeed(salt, Seed)
 	}
 	return s
 }

@@ -31,6 +31,7 @@ func TestLocalHashMatchesIndependentXXH3(t *testing.T) {
 		{"max token", []uint32{4294967295, 7, 123456789, 42}, Seed, 0xc189d9f244b6fd7b},
 		{"300 tokens (heap buffer)", seq(0, 300), Seed, 0x1474c801f1576d1c},
 		{"lora seed", seq(1, 16), SeedFor("my-adapter", ""), 0xe7c4d1518de44e34},
+		{"lora and salt seed", seq(1, 16), SeedFor("my-adapter", "salt-1"), 0x7a1b34200787a302},
 	}
 	for _, c := range cases {
 		if got := LocalHash(c.tokens, c.seed); got != c.want {
@@ -46,12 +47,20 @@ func TestSeedForDerivation(t *testing.T) {
 	if got, want := SeedFor("my-adapter", ""), uint64(0x20c184514a4c9eac); got != want {
 		t.Fatalf("lora seed %#x, want %#x", got, want)
 	}
-	if got, want := SeedFor("my-adapter", "salt-1"), uint64(0x4c4d258937cf5614); got != want {
+	// From python3-xxhash: (1337 + xxh3_64(lora) + xxh3_64(salt, seed=1337)) mod 2^64.
+	if got, want := SeedFor("my-adapter", "salt-1"), uint64(0x4dc5905549ba4630); got != want {
 		t.Fatalf("lora+salt seed %#x, want %#x", got, want)
 	}
+	if got, want := SeedFor("", "salt-1"), uint64(0x2d040c03ff6dacbd); got != want {
+		t.Fatalf("salt seed %#x, want %#x", got, want)
+	}
+	// A salt does not hash like an adapter of its name, nor lora and salt
+	// like each other swapped (from a review: both added XXH3(name)).
 	if SeedFor("", "salt-1") == SeedFor("salt-1", "") {
-		// Both add the same term: allowed, but pin that it is so, so a change is noticed.
-		t.Log("lora and salt of the same name give the same seed (by design: both add XXH3(name))")
+		t.Fatal("salt X hashes like LoRA X")
+	}
+	if SeedFor("a", "b") == SeedFor("b", "a") {
+		t.Fatal("SeedFor(a, b) == SeedFor(b, a)")
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/kvrouter/kvrouter/agent"
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/internal/limits"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/nvml"
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -78,6 +79,7 @@ func app() *cli.App {
 			&cli.StringFlag{Name: "router-token-file", EnvVars: []string{"KVAGENT_ROUTER_TOKEN_FILE"}, Usage: "read --router-token from this file"},
 			&cli.StringFlag{Name: "router-tls-ca", EnvVars: []string{"KVAGENT_ROUTER_TLS_CA"}, Usage: "PEM CA of the router nodes' HTTP certificates: reach --router over TLS, trusting it"},
 			&cli.StringFlag{Name: "endpoint", Usage: "where the router should send this worker's requests (registered as is)"},
+			&cli.StringFlag{Name: "salt", EnvVars: []string{"KVAGENT_SALT"}, Usage: "the engine's additional salt, in every block hash it makes: the agent hashes its blocks with it too (and registers it), and a route finds them only with cache_salt set to it"},
 			&cli.StringFlag{Name: "model", Usage: "the model this worker serves (registered as is)"},
 			&cli.Int64Flag{Name: "capacity-device", Usage: "KV capacity in blocks on the GPU (0 = unknown)"},
 			&cli.Int64Flag{Name: "capacity-host", Usage: "KV capacity in blocks in host memory"},
@@ -140,7 +142,7 @@ func run(c *cli.Context) error {
 		Bind: c.Bool("bind"), Topic: c.String("topic"), BlockSize: c.Int("block-size"), Conn: nc,
 		HeartbeatInterval: c.Duration("heartbeat-interval"),
 		Registration: raftfsm.WorkerInfo{BlockSize: c.Int("block-size"), Endpoint: c.String("endpoint"),
-			Model: c.String("model"), LeaseMs: c.Duration("lease").Milliseconds(),
+			Model: c.String("model"), Salt: c.String("salt"), LeaseMs: c.Duration("lease").Milliseconds(),
 			Capacity: [4]int64{c.Int64("capacity-device"), c.Int64("capacity-host"), c.Int64("capacity-disk")}},
 		Registerer: reg, Logger: logger,
 	}
@@ -248,6 +250,9 @@ func checkFlags(c *cli.Context) error {
 		return usage("--lease %v: want 0 (never) or at least 1ms", lease)
 	case lease > 0 && lease <= hb:
 		return usage("--lease %v is not longer than --heartbeat-interval %v: the worker would be removed between heartbeats", lease, hb)
+	}
+	if why := limits.Name(c.String("salt")); why != "" {
+		return usage("--salt %s", why) // the router would refuse the registration
 	}
 	for _, f := range []string{"capacity-device", "capacity-host", "capacity-disk"} {
 		if n := c.Int64(f); n < 0 {

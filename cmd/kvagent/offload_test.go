@@ -212,6 +212,7 @@ func TestLivenessFlagsAreChecked(t *testing.T) {
 		{[]string{"--worker-id", "1", "--block-size", "4", "--router", "h:1", "--router-token", "a", "--router-token-file", junk}, "--router-token"},
 		{[]string{"--worker-id", "1", "--block-size", "4", "--router", "h:1", "--router-tls-ca", junk}, "--router-tls-ca"},
 		{[]string{"--worker-id", "1", "--block-size", "4", "--router-token", "a"}, "no --router"},
+		{[]string{"--worker-id", "1", "--block-size", "4", "--salt", strings.Repeat("s", 1025)}, "--salt"},
 	} {
 		a := app()
 		a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process

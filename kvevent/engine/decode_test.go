@@ -688,3 +688,37 @@ func TestDecodeDoesNotAllocateInSteadyState(t *testing.T) {
 		t.Fatalf("Decode allocated %.1f times per batch, want 0", allocs)
 	}
 }
+
+// An engine that salts every block hash (its registered salt) is decoded
+// with SaltedSeed: its blocks' content hashes are what a route with that
+// cache_salt (and LoRA) looks up, and not what one without it does. From a
+// review: every decoder hashed without the salt, so a route with
+// cache_salt never matched anything.
+func TestSaltedSeedHashesAsASaltedRouteLooksUp(t *testing.T) {
+	const bs = 4
+	toks := tokens(100, 2*bs)
+	for _, lora := range []string{"", "adapter-a"} {
+		d, err := NewDecoder(Config{BlockSize: bs, Seed: SaltedSeed("tenant-a")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := omap{"type", "BlockStored", "block_hashes", []uint64{11, 12}, "token_ids", toks, "block_size", bs, "medium", "GPU"}
+		if lora != "" {
+			ev = append(ev, "lora_name", lora)
+		}
+		evs := decode(t, d, pack(t, []any{1.0, []any{ev}, nil}))
+		if len(evs) != 1 || len(evs[0].Blocks) != 2 {
+			t.Fatalf("decoded %s", fmtEvents(evs))
+		}
+		salted := kvevent.LocalHashes(nil, toks, bs, kvevent.SeedFor(lora, "tenant-a"))
+		plain := kvevent.LocalHashes(nil, toks, bs, kvevent.SeedFor(lora, ""))
+		for i, b := range evs[0].Blocks {
+			if b.LocalHash != salted[i] || b.LocalHash == plain[i] {
+				t.Fatalf("lora %q block %d: content hash %#x, want the salted %#x (unsalted %#x)", lora, i, b.LocalHash, salted[i], plain[i])
+			}
+		}
+	}
+	if SaltedSeed("") != nil {
+		t.Fatal("SaltedSeed(\"\") is not nil: the decoder's plain seeds")
+	}
+}

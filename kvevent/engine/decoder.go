@@ -16,8 +16,9 @@ type Config struct {
 	BlockSize int
 	// Seed returns the content-hash seed of blocks stored under a LoRA
 	// adapter, given the event's lora_name ("" when it has none). Nil means
-	// kvevent.SeedFor(name, ""): a cache salt is never known here, see the
-	// package comment.
+	// kvevent.SeedFor(name, ""); SaltedSeed gives the seeds of an engine
+	// that salts every block hash (its registered salt). A per-request
+	// cache salt is never known here, see the package comment.
 	Seed func(loraName string) uint64
 	// MaxLearned bounds how many engine-hash → content-hash pairs are kept to
 	// resolve stores that carry no tokens (offload tiers). Zero means
@@ -94,6 +95,17 @@ type Stats struct {
 	ExtraKeyBlocks uint64
 	// Learned is the number of engine-hash → content-hash pairs held now.
 	Learned int
+}
+
+// SaltedSeed returns the Config.Seed of an engine whose every block hash
+// carries salt (its registered additional salt): kvevent.SeedFor(lora,
+// salt), so that a route with that cache_salt finds its blocks. Nil (the
+// plain seeds) when salt is empty.
+func SaltedSeed(salt string) func(loraName string) uint64 {
+	if salt == "" {
+		return nil
+	}
+	return func(lora string) uint64 { return kvevent.SeedFor(lora, salt) }
 }
 
 // A Decoder turns the payloads of one rank's engine into router events. It

@@ -79,9 +79,11 @@
 // Blocks lost under rules 6 and 7 are counted in Stats.DroppedBlocks; an
 // event that loses them all is also counted as skipped.
 //
-// What this package cannot know: extra_keys (multimodal ids, a cache salt)
-// change the engine's block hash but are opaque here, so a block's content
-// hash covers its tokens and LoRA only. Blocks of two requests with the same
-// tokens and different images or salts share a content hash;
-// Stats.ExtraKeyBlocks counts how many such blocks are emitted.
+// What this package cannot know: extra_keys (multimodal ids, a per-request
+// cache salt) change the engine's block hash but are opaque here, so a
+// block's content hash covers its tokens, its LoRA and the engine's
+// registered salt (Config.Seed, SaltedSeed) only. Blocks of two requests
+// with the same tokens and different images or per-request salts share a
+// content hash; Stats.ExtraKeyBlocks counts how many such blocks are
+// emitted.
 package engine
