@@ -17,22 +17,25 @@ import (
 
 // decode reads exactly one JSON object of type T from body: anything but
 // an object (null included), unknown fields, trailing data and type
-// mismatches are ErrBadRequest. Field names must be spelled exactly as the
-// API's (encoding/json alone would take "DP_Rank" for dp_rank), each at
-// most once, and dp_rank is required where T has it: a forgotten field must
-// not address rank 0.
+// mismatches are ErrBadRequest, and a refusal returns a zero T. Field names
+// must be spelled exactly as the API's (encoding/json alone would take
+// "DP_Rank" for dp_rank), each at most once, and dp_rank is required where
+// T has it: a forgotten field must not address rank 0. encoding/json parses
+// first: it refuses JSON nested past 10000 levels cheaply, where the key
+// walk's Decoder.Token would stack every level.
 func decode[T any](body []byte) (T, error) {
-	var v T
-	if err := checkKeys(body, reflect.TypeFor[T]()); err != nil {
-		return v, fmt.Errorf("%w: %v", ErrBadRequest, err)
-	}
+	var v, zero T
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil {
-		return v, fmt.Errorf("%w: %v", ErrBadRequest, err)
+		return zero, fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return v, fmt.Errorf("%w: data after the JSON object", ErrBadRequest)
+		return zero, fmt.Errorf("%w: data after the JSON object", ErrBadRequest)
+	}
+	// Valid JSON, nested at most encoding/json's 10000 levels: walk it.
+	if err := checkKeys(body, reflect.TypeFor[T]()); err != nil {
+		return zero, fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
 	return v, nil
 }

@@ -1,6 +1,7 @@
 package engineapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"runtime"
@@ -117,5 +118,30 @@ func TestCheckRefusesARequestLongerThanTheRegionWithoutSizingByIt(t *testing.T) 
 	o := OnboardRequest{Hashes: make([]Hash, 2_000_000), G1Blocks: make([]int, 2_000_000)}
 	if n := allocs(func() error { return o.check(regionBlocks) }); n > 1<<20 {
 		t.Errorf("refusing a %d-block onboard for a %d-block region allocated %d KiB", len(o.Hashes), regionBlocks, n>>10)
+	}
+}
+
+// A 16 MiB body (the default MaxBodyBytes) of nested '[' is refused by
+// encoding/json at depth 10000 before the keys are walked: Decoder.Token,
+// which the key walk uses, keeps a delimiter stack of any depth and spent
+// hundreds of MiB and seconds of CPU on it. A refusal returns a zero value.
+func TestDecodeRefusesADeeplyNestedBodyCheaply(t *testing.T) {
+	var b bytes.Buffer
+	b.WriteString(`{"dp_rank":3,"hashes":[`)
+	b.Write(bytes.Repeat([]byte("["), 16<<20-40))
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	before := ms.TotalAlloc
+	q, err := decode[LookupRequest](b.Bytes())
+	if !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("decode: %v, want ErrBadRequest", err)
+	}
+	runtime.ReadMemStats(&ms)
+	if got := (ms.TotalAlloc - before) >> 20; got > 64 {
+		t.Fatalf("refusing a 16 MiB nested body allocated %d MiB, want at most 64", got)
+	}
+	if q.DPRank != 0 || q.Hashes != nil {
+		t.Fatalf("a refused body returned %+v, want the zero request", q)
 	}
 }
