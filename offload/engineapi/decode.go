@@ -236,15 +236,25 @@ func checkObject(dec *json.Decoder, t reflect.Type) (map[string]bool, error) {
 }
 
 // checkValue checks the next value for a Go value of type t: objects for
-// structs and arrays of them are walked, anything else is skipped.
+// structs and arrays of them are walked, null is refused unless t is a
+// list (or map, pointer, interface), where it is empty (encoding/json takes
+// null for a number as 0: {"dp_rank":null} would address rank 0), and
+// anything else is skipped.
 func checkValue(dec *json.Decoder, t reflect.Type) error {
 	tok, err := dec.Token()
 	if err != nil {
 		return err
 	}
+	if tok == nil {
+		switch t.Kind() {
+		case reflect.Slice, reflect.Map, reflect.Pointer, reflect.Interface:
+			return nil // empty
+		}
+		return fmt.Errorf("null where a %v is expected", t)
+	}
 	d, ok := tok.(json.Delim)
 	if !ok {
-		return nil // a scalar or null
+		return nil // a scalar
 	}
 	switch {
 	case d == '{' && t.Kind() == reflect.Struct:

@@ -121,6 +121,25 @@ func TestCheckRefusesARequestLongerThanTheRegionWithoutSizingByIt(t *testing.T) 
 	}
 }
 
+// encoding/json takes null for a number as 0: {"dp_rank":null} would
+// address rank 0 (a forgotten dp_rank is an error, not rank 0) and a null
+// g1_block would offload G1 block 0. Null is refused where a scalar or an
+// object is expected; it stays an empty list where a list is.
+func TestDecodeRefusesNullForANumber(t *testing.T) {
+	if q, err := decode[UnregisterRequest]([]byte(`{"dp_rank":null}`)); !errors.Is(err, ErrBadRequest) {
+		t.Errorf(`{"dp_rank":null}: %+v, %v; want ErrBadRequest`, q, err)
+	}
+	if q, err := decode[OffloadRequest]([]byte(`{"dp_rank":1,"blocks":[{"g1_block":null,"hash":5,"priority":1}]}`)); !errors.Is(err, ErrBadRequest) {
+		t.Errorf(`a null g1_block: %+v, %v; want ErrBadRequest`, q, err)
+	}
+	if q, err := decode[OffloadRequest]([]byte(`{"dp_rank":1,"blocks":[null]}`)); !errors.Is(err, ErrBadRequest) {
+		t.Errorf(`a null block: %+v, %v; want ErrBadRequest`, q, err)
+	}
+	if q, err := decode[FreeRequest]([]byte(`{"dp_rank":1,"g1_blocks":null}`)); err != nil || q.DPRank != 1 || len(q.G1Blocks) != 0 {
+		t.Errorf(`null g1_blocks: %+v, %v; want an empty list for rank 1`, q, err)
+	}
+}
+
 // A 16 MiB body (the default MaxBodyBytes) of nested '[' is refused by
 // encoding/json at depth 10000 before the keys are walked: Decoder.Token,
 // which the key walk uses, keeps a delimiter stack of any depth and spent
