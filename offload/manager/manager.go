@@ -609,9 +609,11 @@ type PathStats struct {
 	// during their copy: the G1 block was freed or reused, or the G2 block
 	// was evicted. Nothing is stored for them.
 	Skipped uint64
-	// Exists counts blocks the destination already held (no copy), Full
-	// those it had no room for, Failed those whose copy, read or write
-	// failed.
+	// Exists counts blocks not copied because the destination already
+	// held them or another copy was writing them there (that copy may yet
+	// store nothing: the block's hash is then forgotten, so it is queued
+	// again when asked again). Full counts those it had no room for,
+	// Failed those whose copy, read or write failed.
 	Exists, Full, Failed uint64
 	// Blocks and Bytes count what was copied.
 	Blocks, Bytes uint64

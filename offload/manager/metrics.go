@@ -50,7 +50,7 @@ func newMetrics(m *Manager) *metrics {
 		depth:      d("queue_depth", "Blocks waiting in an offload or onboard queue.", "from", "to"),
 		inflight:   d("inflight_blocks", "Blocks taken by a copy worker and not finished.", "from", "to"),
 		queued:     d("queued_total", "Blocks accepted into an offload queue.", "from", "to"),
-		dropped:    d("dropped_total", "Blocks not copied, by reason: shed by a full queue, skipped (freed or evicted before or during the copy), exists in the destination, full destination, error.", "from", "to", "reason"),
+		dropped:    d("dropped_total", "Blocks not copied, by reason: shed by a full queue, skipped (freed or evicted before or during the copy), exists in the destination or is being written there by another copy, full destination, error.", "from", "to", "reason"),
 		blocks:     d("blocks_total", "Blocks copied.", "from", "to"),
 		bytes:      d("bytes_total", "Bytes copied.", "from", "to"),
 		ignored:    d("requests_ignored_total", "Offload requests not queued, by reason.", "reason"),
