@@ -152,13 +152,15 @@ Examples:
 }
 
 // liveClientOptions reads --token, --token-file and --tls-ca, which only
-// a --live replay uses: without --live, or with a file it cannot use, they
-// are usage errors (exit 2), before the trace is read.
+// a --live replay uses: given on the command line without --live, or with a
+// file it cannot use, they are usage errors (exit 2), before the trace is
+// read. Without --live their environment variables (kvctl's KVCTL_TOKEN,
+// KVCTL_TOKEN_FILE, KVCTL_TLS_CA) are ignored.
 func liveClientOptions(c *cli.Context) (client.Options, error) {
 	opts := client.Options{UserAgent: "kvsim"}
 	if !c.Bool("live") {
 		for _, f := range []string{"token", "token-file", "tls-ca"} {
-			if c.String(f) != "" {
+			if onCommandLine(c, f) {
 				return opts, cli.Exit(fmt.Sprintf("--%s needs --live: it is how kvsim reaches a running cluster", f), 2)
 			}
 		}
@@ -175,6 +177,26 @@ func liveClientOptions(c *cli.Context) (client.Options, error) {
 		opts.Scheme = "https"
 	}
 	return opts, nil
+}
+
+// onCommandLine reports whether the string flag name has a value given on
+// the command line: urfave/cli's IsSet also counts one read from the flag's
+// environment variable, which is what the value is when it equals it.
+func onCommandLine(c *cli.Context, name string) bool {
+	v := c.String(name)
+	if v == "" {
+		return false
+	}
+	for _, f := range c.Command.Flags {
+		if sf, ok := f.(*cli.StringFlag); ok && sf.Name == name {
+			for _, e := range sf.EnvVars {
+				if ev, found := os.LookupEnv(e); found {
+					return v != ev // the first variable set is the one read
+				}
+			}
+		}
+	}
+	return true
 }
 
 // checkWireFlags checks the --zmq-* flags: they need --live, and every

@@ -209,6 +209,26 @@ func TestReplayRejectsBadFlags(t *testing.T) {
 	}
 }
 
+// A kvctl user has KVCTL_TOKEN, KVCTL_TOKEN_FILE and KVCTL_TLS_CA in the
+// environment (kvsim reads them for --live): an offline replay ignores
+// them, where it refused them as if given on the command line; --token
+// given on the command line without --live is still refused.
+func TestOfflineReplayIgnoresKVCTLTokenAndCAFromTheEnvironment(t *testing.T) {
+	trace := genTrace(t)
+	t.Setenv("KVCTL_TOKEN", "secret")
+	t.Setenv("KVCTL_TOKEN_FILE", filepath.Join(t.TempDir(), "missing"))
+	t.Setenv("KVCTL_TLS_CA", trace)
+	args := []string{"replay", "--trace", trace, "--policies", "round_robin", "--limit", "5", "-o", "bench"}
+	if _, err := kvsim(t, args...); err != nil {
+		t.Fatalf("offline replay with KVCTL_TOKEN, KVCTL_TOKEN_FILE, KVCTL_TLS_CA in the environment: %v", err)
+	}
+	_, err := kvsim(t, append(args, "--token", "other")...)
+	var ec cli.ExitCoder
+	if !errors.As(err, &ec) || ec.ExitCode() != 2 {
+		t.Errorf("--token on the command line without --live: err %v, want a usage error (exit 2)", err)
+	}
+}
+
 // Out-of-range values are usage errors (exit 2), not replaced by the
 // defaults (or, for --limit, ignored) as they were; 0 still takes the
 // default where the flag says so.
