@@ -375,12 +375,20 @@ func (p *Remote) free(id string) error {
 }
 
 // mayHaveBooked reports whether a route that failed with err may still
-// have been booked: any failure but an answer that refused it (a 4xx, or
-// every worker busy or none able to take it).
+// have been booked: any failure but one that reached no node
+// (client.ErrUnreachable) or an answer that no worker could take it
+// (overloaded, no_workers). Other refusals may follow a try that booked:
+// the client sends a route on to the next endpoint after a forward broke,
+// and the leader refuses the second try as already booked on a worker that
+// is no longer a candidate (400 invalid) while the first booking stands. A
+// free of an id never booked is answered 204, so freeing is cheap.
 func mayHaveBooked(err error) bool {
+	if errors.Is(err, client.ErrUnreachable) {
+		return false
+	}
 	var ce *client.Error
 	if !errors.As(err, &ce) {
 		return true
 	}
-	return !(ce.StatusCode >= 400 && ce.StatusCode < 500 || ce.Reason == api.ReasonOverloaded || ce.Reason == api.ReasonNoWorkers)
+	return ce.Reason != api.ReasonOverloaded && ce.Reason != api.ReasonNoWorkers
 }

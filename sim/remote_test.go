@@ -193,7 +193,10 @@ func TestRemoteFreesTheBookingOfAFailedRoute(t *testing.T) {
 	if b := f.Bookings(); len(b) != 0 || res.Rejected != 6 || res.Errors != 6 || res.Unfreed != 0 {
 		t.Fatalf("bookings left %v; %d rejected, %d errors (want 6 each), %d unfreed", b, res.Rejected, res.Errors, res.Unfreed)
 	}
-	// A route the cluster answered with a refusal booked nothing: no free.
+	// A route that reached no node, or that no worker could take, booked
+	// nothing: no free. Any other refusal may follow a try that booked (a
+	// second try after a broken forward is refused as already booked on a
+	// worker that is no longer a candidate, 400 invalid): it is freed.
 	for err, want := range map[error]bool{
 		errors.New("connection reset"):                                       true,
 		&client.Error{StatusCode: 503, Reason: api.ReasonTimeout}:            true,
@@ -201,11 +204,51 @@ func TestRemoteFreesTheBookingOfAFailedRoute(t *testing.T) {
 		&client.Error{StatusCode: 500, Reason: api.ReasonInternal}:           true,
 		&client.Error{StatusCode: 503, Reason: api.ReasonOverloaded}:         false,
 		&client.Error{StatusCode: 503, Reason: api.ReasonNoWorkers}:          false,
-		&client.Error{StatusCode: 400, Reason: api.ReasonInvalid}:            false,
-		fmt.Errorf("route: %w", &client.Error{StatusCode: 401, Reason: "x"}): false,
+		fmt.Errorf("route: %w: refused", client.ErrUnreachable):              false,
+		&client.Error{StatusCode: 400, Reason: api.ReasonInvalid}:            true,
+		fmt.Errorf("route: %w", &client.Error{StatusCode: 401, Reason: "x"}): true,
 	} {
 		if got := mayHaveBooked(err); got != want {
 			t.Errorf("mayHaveBooked(%v) = %v, want %v", err, got, want)
 		}
+	}
+}
+
+// A route that reached no node (client.ErrUnreachable: every endpoint
+// refused the connection) booked nothing: it is not counted as a booking
+// that may remain on the cluster, where kvsim then exited 1 telling the
+// user to wait for bookings that were never made.
+func TestRemoteUnreachableRouteIsNotAnUnfreedBooking(t *testing.T) {
+	f := apitest.New("n1", "")
+	srv := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	defer srv.Close()
+	hs := httptest.NewServer(srv)
+	addr := strings.TrimPrefix(hs.URL, "http://")
+	st := f.Status()
+	st.HTTPAddr, st.LeaderHTTP = addr, addr
+	f.SetStatus(st)
+	cl, err := client.New([]string{addr}, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hs.Close() // the cluster is gone: every call is refused
+	cl.Close() // and none goes out on a kept-alive connection (EOF: outcome unknown)
+	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 5, Sessions: 2, Seed: 1}), 16)
+	res, err := Replay(pr, Config{Workers: 2, BlockSize: 16}, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Errors == 0 || !strings.Contains(res.FirstError, client.ErrUnreachable.Error()) {
+		t.Fatalf("%d errors, first %q: want the routes refused as unreachable", res.Errors, res.FirstError)
+	}
+	if res.Unfreed != 0 {
+		t.Fatalf("no route reached the cluster (%d errors), yet %d bookings are reported as possibly left on it", res.Errors, res.Unfreed)
 	}
 }
