@@ -186,7 +186,7 @@ func (h *completions) Pop() any {
 // ErrWire (WithWire: a worker's events could not be put on its engine
 // wire, so the cluster's view of it is lost for good) stops the replay:
 // the requests in flight finish (their bookings freed), and Replay returns
-// the error with the counts so far.
+// the error with the counts so far, its lifecycle failures included.
 func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 	if err := cfg.check(); err != nil {
 		return Result{}, err
@@ -234,6 +234,30 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 		}
 	}
 
+	// finish merges the policy's lifecycle failures (the frees and
+	// prefill-dones that failed, the bookings that may remain) and sums up
+	// the figures, on every return: a replay stopped by a wire error freed
+	// what it had booked while stopping, and those failures must be told.
+	finish := func() {
+		if lr, ok := p.(LifecycleReporter); ok {
+			lf := lr.LifecycleFailures()
+			if res.Errors == 0 && lf.Failed > 0 {
+				res.FirstError = lf.First
+			}
+			res.Errors += lf.Failed
+			res.Unfreed = lf.Unfreed
+		}
+		for _, c := range workers {
+			res.Evicted += c.Evicted
+		}
+		if res.PromptTokens > 0 {
+			res.HitRate = float64(res.CachedTokens) / float64(res.PromptTokens)
+		}
+		res.Imbalance = imbalance(res.Assigned)
+		res.TTFTMs = ttft
+		res.TTFTMeanMs, res.TTFTP50Ms, res.TTFTP99Ms = summarize(ttft)
+	}
+
 	for k := range pr.Reqs {
 		q := &pr.Reqs[k]
 		at := arrivalNs(q.TimestampMs, cfg.Speed)
@@ -248,6 +272,7 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 			res.Offered--
 			res.PromptTokens -= int64(q.InputLength)
 			settle(math.MaxInt64)
+			finish()
 			return res, fmt.Errorf("request %d: %w", k, err)
 		}
 		if err != nil || w < 0 || w >= cfg.Workers {
@@ -283,24 +308,7 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 		}
 	}
 	settle(math.MaxInt64)
-
-	if lr, ok := p.(LifecycleReporter); ok {
-		lf := lr.LifecycleFailures()
-		if res.Errors == 0 && lf.Failed > 0 {
-			res.FirstError = lf.First
-		}
-		res.Errors += lf.Failed
-		res.Unfreed = lf.Unfreed
-	}
-	for _, c := range workers {
-		res.Evicted += c.Evicted
-	}
-	if res.PromptTokens > 0 {
-		res.HitRate = float64(res.CachedTokens) / float64(res.PromptTokens)
-	}
-	res.Imbalance = imbalance(res.Assigned)
-	res.TTFTMs = ttft
-	res.TTFTMeanMs, res.TTFTP50Ms, res.TTFTP99Ms = summarize(ttft)
+	finish()
 	return res, nil
 }
 

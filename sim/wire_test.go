@@ -165,3 +165,38 @@ func TestReplayStopsOnAWireError(t *testing.T) {
 		t.Fatalf("flush after the failure: %v, want the wire error again", err)
 	}
 }
+
+// A replay stopped by a wire error still reports the lifecycle failures of
+// the requests it freed while stopping, and before: Result.Unfreed and
+// Errors, as a replay that ran to its end does (kvsim says from Unfreed
+// that bookings may remain, exactly when they are likely stranded).
+func TestReplayStoppedByAWireErrorKeepsItsLifecycleFailures(t *testing.T) {
+	f, cl := fakeCluster(t)
+	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.SetHook(func(m string) error {
+		if m == "Free" {
+			return errors.New("leader lost")
+		}
+		return nil
+	})
+	fleet := &WireFleet{BlockSize: 16, Pubs: []BatchPublisher{&recPub{}, &flakyPub{failAt: 3}}}
+	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 40, Sessions: 4, Seed: 1}), 16)
+	res, err := Replay(pr, Config{Workers: 2, BlockSize: 16}, WithWire(p, fleet))
+	if !errors.Is(err, ErrWire) {
+		t.Fatalf("replay: %v, want ErrWire", err)
+	}
+	left := len(f.Bookings())
+	lf := p.LifecycleFailures()
+	if left == 0 || lf.Unfreed != left {
+		t.Fatalf("setup: %d bookings left, the policy counts %d unfreed", left, lf.Unfreed)
+	}
+	if res.Unfreed != left || res.Errors != lf.Failed || res.FirstError == "" || res.HitRate == 0 {
+		t.Fatalf("%d bookings left on the cluster (policy: %d unfreed, %d failed); the result says %d unfreed, %d errors (first %q), hit rate %v",
+			left, lf.Unfreed, lf.Failed, res.Unfreed, res.Errors, res.FirstError, res.HitRate)
+	}
+}

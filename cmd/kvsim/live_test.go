@@ -23,6 +23,7 @@ import (
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/kvevent/engine"
 	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/kvrouter/kvrouter/sim"
 	"github.com/urfave/cli/v2"
 )
 
@@ -119,6 +120,22 @@ func TestLiveReplayExitsWhenBookingsCannotBeFreed(t *testing.T) {
 	}
 	if !regexp.MustCompile(`(?m)^\s*router_live\s.*\s10\s*$`).MatchString(out) || !strings.Contains(out, "round_robin") {
 		t.Fatalf("the figures were not printed, or router_live shows no errors:\n%s", out)
+	}
+}
+
+// A live replay stopped by an error (a wire error, after which it frees
+// what it booked) says how many bookings may remain after that error, and
+// until when; before, the error alone was printed and the bookings left
+// untold exactly when they were likely stranded.
+func TestStoppedLiveReplaySaysBookingsMayRemain(t *testing.T) {
+	stop := fmt.Errorf("request 7: %w: worker 2: socket gone", sim.ErrWire)
+	err := withBookingsLeft(stop, sim.Result{Policy: "router_live", Unfreed: 3, FirstError: "leader lost"})
+	if !errors.Is(err, sim.ErrWire) ||
+		!regexp.MustCompile(`socket gone; router_live: 3 bookings may remain on the cluster .*leader lost.* 5m0s after they were made`).MatchString(err.Error()) {
+		t.Fatalf("err %v, want the wire error, then that 3 bookings may remain and until when", err)
+	}
+	if err := withBookingsLeft(stop, sim.Result{Policy: "router_live"}); err != stop {
+		t.Fatalf("nothing unfreed: err %v, want the wire error alone", err)
 	}
 }
 

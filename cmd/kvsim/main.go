@@ -353,7 +353,7 @@ func runReplay(c *cli.Context) error {
 		if c.Bool("live") {
 			r, err := replayLive(c, pr, cfg)
 			if err != nil {
-				return err
+				return withBookingsLeft(err, r)
 			}
 			results = append(results, r)
 		}
@@ -413,14 +413,33 @@ func runReplay(c *cli.Context) error {
 		return err
 	}
 	for _, r := range results {
-		if r.Unfreed > 0 {
-			return fmt.Errorf("%s: %d bookings may remain on the cluster (a free failed twice, or a route failed and so did its free; the first error of the replay: %s): "+
-				"they count as load on their workers until the cluster's booking expiry frees them, %v after they were made "+
-				"(indexer.DefaultBookingMaxAge; the leader sweeps every 10 s): wait that long before another live replay or a measurement on this cluster",
-				r.Policy, r.Unfreed, r.FirstError, indexer.DefaultBookingMaxAge)
+		if err := bookingsLeft(r); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// bookingsLeft is the error that says r's bookings may remain on the
+// cluster, and how long until they expire; nil when none may.
+func bookingsLeft(r sim.Result) error {
+	if r.Unfreed == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s: %d bookings may remain on the cluster (a free failed twice, or a route failed and so did its free; the first error of the replay: %s): "+
+		"they count as load on their workers until the cluster's booking expiry frees them, %v after they were made "+
+		"(indexer.DefaultBookingMaxAge; the leader sweeps every 10 s): wait that long before another live replay or a measurement on this cluster",
+		r.Policy, r.Unfreed, r.FirstError, indexer.DefaultBookingMaxAge)
+}
+
+// withBookingsLeft is err, the error that stopped a live replay, followed
+// by what bookingsLeft says of r: a replay stopped by a wire error frees
+// what it booked while stopping, and those frees may fail too.
+func withBookingsLeft(err error, r sim.Result) error {
+	if left := bookingsLeft(r); left != nil {
+		return fmt.Errorf("%w; %v", err, left)
+	}
+	return err
 }
 
 // writePlots writes hit_rate.png, and ttft.png when a result has TTFT
