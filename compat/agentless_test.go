@@ -156,3 +156,50 @@ func TestAgentlessSurvivesLeaderLoss(t *testing.T) {
 	}
 	_ = fmt.Sprint
 }
+
+// An instance registered with an additional_salt is followed with its salt
+// in every content hash: /query and /selection/select with token_ids find
+// its blocks with that cache_salt, and not without it. From a review: the
+// salt reached no decoder, and then /select (which took no cache_salt)
+// could not match a salted instance's blocks at all.
+func TestSaltedInstanceIsMatchedWithItsCacheSaltOnly(t *testing.T) {
+	pypub.Require(t)
+	n := startNode(t)
+	ag := NewAgentless(n.node, AgentlessConfig{Poll: 50 * time.Millisecond, ReplayTimeout: 2 * time.Second, Logger: quiet})
+	t.Cleanup(func() { ag.Close() })
+	pub := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*"})
+	r := n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 9, Endpoint: pub.Pub,
+		ReplayEndpoint: pub.Replay, ModelName: "llama", BlockSize: testBlockSize, AdditionalSalt: "tenant-a"})
+	if r.code != 201 {
+		t.Fatalf("register: %d %s", r.code, r.body)
+	}
+	pub.WaitSub()
+	pub.Do(pypub.BatchCmd{Cmd: "batch", Seq: 0, Form: "array", Live: true, Events: []pypub.EvSpec{{Type: "BlockStored",
+		BlockSize: testBlockSize, Medium: "GPU", Hashes: []uint64{101, 102, 103}, Tokens: prompt}}})
+	query := func(salt string) int {
+		r := n.do(t, codecJSON, "POST", "/query", QueryRequest{TokenIDs: prompt, ModelName: "llama", CacheSalt: salt})
+		var q QueryResponse
+		if err := json.Unmarshal(r.body, &q); err != nil || r.code != 200 {
+			t.Fatalf("query: %d %s %v", r.code, r.body, err)
+		}
+		return q.Instances["9"].LongestMatched
+	}
+	waitFor(t, 20*time.Second, "the salted query to find the blocks", func() bool { return query("tenant-a") == len(prompt) })
+	if got := query(""); got != 0 {
+		t.Fatalf("a query without the salt matched %d tokens, want 0", got)
+	}
+	sel := func(salt string) SelectResponse {
+		r := n.do(t, codecJSON, "POST", "/selection/select", SelectRequest{ModelName: "llama", TokenIDs: prompt, ISLTokens: len(prompt), CacheSalt: salt})
+		var s SelectResponse
+		if err := json.Unmarshal(r.body, &s); err != nil || r.code != 200 {
+			t.Fatalf("select: %d %s %v", r.code, r.body, err)
+		}
+		return s
+	}
+	if s := sel("tenant-a"); s.Overlap.LongestMatched != len(prompt) || s.EffectivePrefillTokens != 0 {
+		t.Fatalf("select with the salt: overlap %+v, effective_prefill_tokens %d; want the whole prompt cached", s.Overlap, s.EffectivePrefillTokens)
+	}
+	if s := sel(""); s.Overlap.LongestMatched != 0 {
+		t.Fatalf("select without the salt: overlap %+v, want none", s.Overlap)
+	}
+}

@@ -89,7 +89,12 @@ type SelectRequest struct {
 	SequenceHashes []Hash   `json:"sequence_hashes"`
 	ISLTokens      int      `json:"isl_tokens"`
 	TokenIDs       []uint32 `json:"token_ids,omitempty"`
-	SessionID      string   `json:"session_id,omitempty"`
+	// LoRAName and CacheSalt seed the hashes of TokenIDs, as /query's: an
+	// instance registered with an additional_salt is matched only with
+	// that cache_salt.
+	LoRAName  string `json:"lora_name,omitempty"`
+	CacheSalt string `json:"cache_salt,omitempty"`
+	SessionID string `json:"session_id,omitempty"`
 }
 
 // SelectResponse is the chosen worker and rank with its cache overlap.
@@ -582,6 +587,12 @@ func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bo
 	if len(req.BlockHashes) > 0 && len(req.TokenIDs) > 0 {
 		return nil, badRequest("give block_hashes or token_ids, not both")
 	}
+	if err := checkName("lora_name", req.LoRAName); err != nil {
+		return nil, err
+	}
+	if err := checkName("cache_salt", req.CacheSalt); err != nil {
+		return nil, err
+	}
 	if req.ISLTokens < 0 {
 		return nil, badRequest("isl_tokens %d is negative", req.ISLTokens)
 	}
@@ -596,7 +607,7 @@ func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bo
 	}
 	local := hashes(req.BlockHashes)
 	if len(req.TokenIDs) > 0 {
-		local = kvevent.LocalHashes(nil, req.TokenIDs, ns.blockSize, kvevent.SeedFor("", ""))
+		local = kvevent.LocalHashes(nil, req.TokenIDs, ns.blockSize, kvevent.SeedFor(req.LoRAName, req.CacheSalt))
 	}
 	q := raftfsm.RouteQuery{LocalHashes: local, ISL: req.ISLTokens, BlockSize: ns.blockSize,
 		SeqHashes: hashes(req.SequenceHashes), Book: reserve, RequestID: req.SelectionID, Brief: true,
