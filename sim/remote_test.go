@@ -116,18 +116,25 @@ func TestRemoteRefusesAClusterWithOtherWorkers(t *testing.T) {
 	}
 }
 
-// A live replay whose free (and prefill-done) calls fail counts them as
-// errors and its bookings left on the cluster as unfreed, after trying each
-// free twice (the failures were dropped: no error, and the bookings stayed
-// counted as load on the cluster until they expired).
-func TestRemoteCountsFailedLifecycleCalls(t *testing.T) {
-	f, cl := fakeCluster(t)
+// setUpRemote returns a Remote of two workers on the cluster of cl, set up.
+func setUpRemote(t *testing.T, cl *client.Client) *Remote {
+	t.Helper()
 	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := p.Setup(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return p
+}
+
+// A live replay whose free (and prefill-done) calls fail counts them as
+// errors and its bookings left on the cluster as unfreed, after trying each
+// free twice (the failures were dropped: no error, and the bookings stayed
+// counted as load on the cluster until they expired).
+func TestRemoteCountsFailedLifecycleCalls(t *testing.T) {
+	f, cl := fakeCluster(t)
+	p := setUpRemote(t, cl)
 	f.SetHook(func(m string) error {
 		if m == "Free" || m == "PrefillDone" {
 			return errors.New("leader lost")
@@ -152,6 +159,8 @@ func TestRemoteCountsFailedLifecycleCalls(t *testing.T) {
 	// Once the cluster takes the frees again, a replay has no failure left
 	// over from the last (Setup starts the count again).
 	f.SetHook(nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	if err := p.Setup(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -179,12 +188,7 @@ func TestRemoteFreesTheBookingOfAFailedRoute(t *testing.T) {
 			http.Error(w, "gateway gave up", http.StatusServiceUnavailable)
 		})
 	})
-	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := p.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	p := setUpRemote(t, cl)
 	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 20, Sessions: 4, Seed: 1}), 16)
 	res, err := Replay(pr, Config{Workers: 2, BlockSize: 16}, p)
 	if err != nil {
@@ -232,12 +236,7 @@ func TestRemoteUnreachableRouteIsNotAnUnfreedBooking(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := p.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	p := setUpRemote(t, cl)
 	hs.Close() // the cluster is gone: every call is refused
 	cl.Close() // and none goes out on a kept-alive connection (EOF: outcome unknown)
 	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 5, Sessions: 2, Seed: 1}), 16)

@@ -2,14 +2,12 @@ package sim
 
 import (
 	"bytes"
-	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/kvevent/engine"
@@ -138,12 +136,7 @@ func (p *flakyPub) Publish(b []byte) (uint64, error) {
 // replay went on, the fleet dropping every worker's events meanwhile.)
 func TestReplayStopsOnAWireError(t *testing.T) {
 	f, cl := fakeCluster(t)
-	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := p.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	p := setUpRemote(t, cl)
 	bad := &flakyPub{failAt: 3}
 	fleet := &WireFleet{BlockSize: 16, Pubs: []BatchPublisher{&recPub{}, bad}}
 	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 40, Sessions: 4, Seed: 1}), 16)
@@ -172,12 +165,7 @@ func TestReplayStopsOnAWireError(t *testing.T) {
 // that bookings may remain, exactly when they are likely stranded).
 func TestReplayStoppedByAWireErrorKeepsItsLifecycleFailures(t *testing.T) {
 	f, cl := fakeCluster(t)
-	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := p.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	p := setUpRemote(t, cl)
 	f.SetHook(func(m string) error {
 		if m == "Free" {
 			return errors.New("leader lost")

@@ -124,20 +124,7 @@ func TestTimingFlagsAreChecked(t *testing.T) {
 		{[]string{"--snapshot-threshold", "0"}, "--snapshot-threshold"},
 		{[]string{"--snapshot-bytes", "0"}, "--snapshot-bytes"},
 	} {
-		app := newApp()
-		app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
-		// The HTTP port is taken: a flag not checked before the start
-		// fails there instead (exit 1, "http listen").
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = app.Run(append([]string{"kvrouter", "--data-dir", t.TempDir(), "--http-addr", ln.Addr().String()}, c.args...))
-		ln.Close()
-		var ec cli.ExitCoder
-		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), c.flag) {
-			t.Errorf("kvrouter %v: %v, want exit 2 naming %s", c.args, err, c.flag)
-		}
+		wantUsageError(t, c.args, c.flag)
 	}
 }
 
@@ -197,17 +184,26 @@ func TestSecurityFlagsAreChecked(t *testing.T) {
 		{[]string{"--tls-ca", junk}, "--tls-ca"},
 		{[]string{"--tls-cert", junk, "--tls-key", junk}, "--tls-cert"},
 	} {
-		app := newApp()
-		app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
-		ln, err := net.Listen("tcp", "127.0.0.1:0")       // a flag not checked first fails at "http listen"
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = app.Run(append([]string{"kvrouter", "--data-dir", t.TempDir(), "--http-addr", ln.Addr().String()}, c.args...))
-		ln.Close()
-		var ec cli.ExitCoder
-		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), c.flag) {
-			t.Errorf("kvrouter %v: %v, want exit 2 naming %s", c.args, err, c.flag)
-		}
+		wantUsageError(t, c.args, c.flag)
+	}
+}
+
+// wantUsageError runs kvrouter with args and checks that it refuses them
+// as a usage error (exit 2) naming flag. The HTTP port is taken: a flag
+// not checked before the start fails there instead (exit 1, "http
+// listen").
+func wantUsageError(t *testing.T, args []string, flag string) {
+	t.Helper()
+	app := newApp()
+	app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = app.Run(append([]string{"kvrouter", "--data-dir", t.TempDir(), "--http-addr", ln.Addr().String()}, args...))
+	ln.Close()
+	var ec cli.ExitCoder
+	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), flag) {
+		t.Errorf("kvrouter %v: %v, want exit 2 naming %s", args, err, flag)
 	}
 }
