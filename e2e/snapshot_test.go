@@ -417,4 +417,19 @@ func TestOfflineSeedNewCluster(t *testing.T) {
 	}
 	c.converged()
 	c.checkAll(p.model)
+
+	// A node added later (--join, an empty directory) gets the seeded
+	// state too, not only the log written since. From a review of
+	// docs/operations.md: the seed was in no Raft log and no snapshot, the
+	// leader sent the new node its log from the first entry, and the node
+	// served an empty index as ready, its digest never the others'.
+	ports := freePorts(t, 2)
+	n4 := &node{id: "n4", raftAddr: ports[0], httpAddr: ports[1], dir: filepath.Join(c.base, "n4"),
+		logPath: filepath.Join(c.base, "n4.log"), join: c.nodes[0].httpAddr}
+	n4.cl = c.newClient(n4.httpAddr)
+	c.nodes = append(c.nodes, n4)
+	c.start(3)
+	c.waitReady(3)
+	c.converged()
+	c.checkAll(p.model)
 }

@@ -509,6 +509,7 @@ func (f *FSM) restoreFrom(r io.Reader) error {
 		return err
 	}
 	f.resetCheck()
+	f.restoredAt.Store(time.Now().UnixNano())
 	f.logLoaded("state restored from snapshot", b, start)
 	f.restoreSeconds.Store(math.Float64bits(time.Since(start).Seconds()))
 	f.logger.Info("snapshot restored", "index", info.Index, "term", info.Term, "bytes", info.Bytes)
@@ -544,10 +545,11 @@ func syncDir(dir string) error {
 
 // SeedDataDir writes a snapshot file into a new node's data directory, so
 // that a new cluster starts from it (kvctl snapshot restore --data-dir).
-// The applied index is reset, because the new cluster's log starts at 1;
-// every node of the new cluster must be seeded from the same file and then
-// started with the same peers. It refuses a directory that already holds
-// state.
+// The state becomes the new cluster's first Raft snapshot, at index 1 with
+// the peers as its configuration (seedRaftSnapshot), in place of a
+// bootstrap: every node of the new cluster must be seeded from the same
+// file with the same peers, and nodes added later receive the state from
+// a leader's snapshot. It refuses a directory that already holds state.
 func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 	if nodeID == "" || len(peers) == 0 {
 		return fmt.Errorf("%w: seeding needs a node id and the peers", ErrInvalid)
@@ -598,10 +600,72 @@ func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 	if _, err = loadSnapshot(f, dir+".restore", true, true, slog.New(slog.DiscardHandler), nil); err != nil {
 		return err
 	}
+	if err := seedRaftSnapshot(dataDir, dir+".restore", peers); err != nil {
+		os.RemoveAll(dir + ".restore")
+		return err
+	}
 	if err := os.Rename(dir+".restore", dir); err != nil {
 		return err
 	}
 	// The new fsm/ entry is durable too: without it a power loss could
 	// leave an empty directory, and the node would start with no state.
 	return syncDir(dataDir)
+}
+
+// seedIndex and seedTerm are the Raft index and term of a seeded state:
+// the new cluster's first snapshot, in place of a bootstrap's first entry.
+const seedIndex, seedTerm = 1, 1
+
+// seedRaftSnapshot makes the state built in stateDir the new cluster's
+// first Raft snapshot, at index 1 with the peers as its configuration.
+//
+// The seeded state is in no Raft log: had the nodes bootstrapped an empty
+// log instead, a node added later (--join) would have been sent that log
+// from its first entry and built its state from nothing but it, an empty
+// index that served routes as ready. Raft sends a node that needs entries
+// a log no longer holds the newest snapshot instead: the seeded state.
+// The state records index 1 as applied, so the nodes apply the log from
+// index 2 on, and a node whose fsm/ is lost (a seed killed before its
+// rename) restores the snapshot at start (Node.catchUpFromSnapshot).
+func seedRaftSnapshot(dataDir, stateDir string, peers []Member) error {
+	db, err := store.OpenState(stateDir, store.StateOptions{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	b := db.NewBatch()
+	b.SetApplied(seedIndex, seedTerm)
+	if err := b.Commit(); err != nil {
+		return fmt.Errorf("seed: record the applied index: %w", err)
+	}
+	if err := db.Sync(); err != nil {
+		return fmt.Errorf("seed: %w", err)
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(dataDir, 2, hclogAdapter(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		return fmt.Errorf("seed: snapshot store: %w", err)
+	}
+	var conf raft.Configuration
+	for _, p := range peers {
+		conf.Servers = append(conf.Servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.RaftAddr)})
+	}
+	// The transport only encodes the peers' addresses for the snapshot's
+	// legacy peer list, as the nodes' own transport does (the address
+	// itself).
+	_, trans := raft.NewInmemTransport("")
+	defer trans.Close()
+	sink, err := snaps.Create(raft.SnapshotVersionMax, seedIndex, seedTerm, conf, seedIndex, trans)
+	if err != nil {
+		return fmt.Errorf("seed: create the Raft snapshot: %w", err)
+	}
+	view := db.Snapshot()
+	defer view.Close()
+	if _, err := writeSnapshot(sink, view); err != nil {
+		sink.Cancel()
+		return fmt.Errorf("seed: write the Raft snapshot: %w", err)
+	}
+	if err := sink.Close(); err != nil {
+		return fmt.Errorf("seed: write the Raft snapshot: %w", err)
+	}
+	return nil
 }

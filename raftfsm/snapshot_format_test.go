@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -278,6 +279,55 @@ func TestSeedDataDirChecksTheStream(t *testing.T) {
 	defer g.Close()
 	if g.Digest() != f.Digest() {
 		t.Fatalf("seeded digest %#x, want %#x", g.Digest(), f.Digest())
+	}
+}
+
+// TestSeedIsTheClustersFirstRaftSnapshot: a seeded directory holds the
+// state as a Raft snapshot at index 1 whose configuration is the peers,
+// and the state records index 1 as applied. From a review of
+// docs/operations.md: the seed was in no log and no snapshot, so a node
+// added to the seeded cluster was sent the log from its first entry and
+// built an empty state (e2e: TestOfflineSeedNewCluster).
+func TestSeedIsTheClustersFirstRaftSnapshot(t *testing.T) {
+	peers := []Member{{ID: "n1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}, {ID: "n2", RaftAddr: "127.0.0.1:3", HTTPAddr: "127.0.0.1:4"}}
+	f, snap := fixtureSnapshot(t)
+	good := filepath.Join(t.TempDir(), "good.snap")
+	if err := os.WriteFile(good, snap, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "node")
+	if err := SeedDataDir(good, dir, "n1", peers); err != nil {
+		t.Fatal(err)
+	}
+	snaps, err := raft.NewFileSnapshotStore(dir, 2, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := snaps.List()
+	if err != nil || len(list) != 1 {
+		t.Fatalf("Raft snapshots of the seeded directory: %v, %v; want one", list, err)
+	}
+	m := list[0]
+	if m.Index != 1 || m.Term != 1 || m.ConfigurationIndex != 1 || len(m.Configuration.Servers) != 2 ||
+		m.Configuration.Servers[1].ID != "n2" || m.Configuration.Servers[1].Address != "127.0.0.1:3" {
+		t.Fatalf("seed snapshot %+v: want index 1, term 1, the peers as configuration", m)
+	}
+	_, rc, err := snaps.Open(m.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer g.Close()
+	if err := g.Restore(rc); err != nil {
+		t.Fatal(err)
+	}
+	if g.Digest() != f.Digest() {
+		t.Fatalf("the seed snapshot's digest %#x, want the file's %#x", g.Digest(), f.Digest())
+	}
+	h := openTestFSM(t, filepath.Join(dir, "fsm"))
+	defer h.Close()
+	if idx, term := h.Applied(); idx != 1 || term != 1 {
+		t.Fatalf("the seeded state is at %d/%d, want index 1, term 1 (the snapshot's)", idx, term)
 	}
 }
 
