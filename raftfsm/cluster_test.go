@@ -683,6 +683,36 @@ func TestSilentRanks(t *testing.T) {
 	} else {
 		t.Logf("the registration took %v, past the silence threshold: its silence not checked", took)
 	}
+
+	// A restore brings no last-heard times: the ranks' silence counts from
+	// it, not from the node's start. From a review: every rank was silent
+	// at once after a restore, and alerts on kvrouter_worker_silent fired.
+	var buf bytes.Buffer
+	if _, err := l.SaveSnapshot(ctx(t), &buf); err != nil {
+		t.Fatal(err)
+	}
+	allSilent := func(n *Node) bool {
+		ws := n.Workers()
+		for _, w := range ws {
+			if !w.Ranks[0].Silent {
+				return false
+			}
+		}
+		return len(ws) == 2
+	}
+	waitFor(t, 20*time.Second, "both ranks to be silent before the restore", func() bool { return allSilent(l) })
+	before = time.Now()
+	if _, err := l.RestoreSnapshot(ctx(t), &buf); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(before); took < 3*time.Second {
+		ws := l.Workers()
+		if len(ws) != 2 || ws[0].Ranks[0].Silent || ws[1].Ranks[0].Silent {
+			t.Fatalf("ranks restored %v ago are reported silent: %+v", took, ws)
+		}
+	} else {
+		t.Logf("the restore took %v, past the silence threshold: its silence not checked", took)
+	}
 }
 
 // TestSnapshotByAppliedBytes: with an entry threshold that never fires, a

@@ -80,6 +80,10 @@ type FSM struct {
 	// registered is when each worker last registered (leader's clock, in
 	// memory only, like heard): a rank's silence counts from it too.
 	registered map[uint64]int64
+	// restoredAt is when this node last restored a snapshot (unix ns, its
+	// own clock; 0: never since it started): the restored state holds no
+	// last-heard times, so a rank's silence counts from it too.
+	restoredAt atomic.Int64
 
 	workers atomic.Pointer[map[uint64]WorkerInfo] // copy-on-write
 	// cands is every registered rank as a route candidate, in rank order,
@@ -710,6 +714,10 @@ func (f *FSM) RegisteredAt(id uint64) int64 {
 	defer f.curMu.RUnlock()
 	return f.registered[id]
 }
+
+// RestoredAt is when this node last restored a snapshot (unix ns, its own
+// clock), or 0.
+func (f *FSM) RestoredAt() int64 { return f.restoredAt.Load() }
 
 // UnregisteredRanks returns, in rank order, the ranks this node holds a
 // cursor or a last-heard time of whose worker is not registered: events

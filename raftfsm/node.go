@@ -912,10 +912,11 @@ func (n *Node) Workers() []WorkerStatus {
 			r := kvevent.Rank{Worker: w.ID, DP: dp}
 			st := stats[r]
 			// Silence counts from the rank's last events, its worker's
-			// registration or this node's start, the latest.
+			// registration, this node's start or its last restore, the
+			// latest.
 			heard := n.fsm.LastHeard(r)
 			since := n.started
-			if t := max(heard, n.fsm.RegisteredAt(w.ID)); t > 0 && time.Unix(0, t).After(since) {
+			if t := max(heard, n.fsm.RegisteredAt(w.ID), n.fsm.RestoredAt()); t > 0 && time.Unix(0, t).After(since) {
 				since = time.Unix(0, t)
 			}
 			load := n.fsm.Sequences().Load(r)

@@ -271,6 +271,7 @@ func newRouterClient(endpoints []string, sec routerSec) (*client.Client, error) 
 	perTry := max(2*time.Second, 4*time.Second/time.Duration(len(endpoints))) // a write may wait for an election
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DialContext = (&net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}).DialContext
+	tr.TLSHandshakeTimeout = perTry // not the transport's 10 s: a hung node costs one try's share
 	tr.ResponseHeaderTimeout = perTry
 	scheme := "http"
 	if sec.tls != nil {

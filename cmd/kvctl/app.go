@@ -181,6 +181,7 @@ func newClientWith(c *cli.Context, endpoints []string, dial, headers time.Durati
 	dialer := &net.Dialer{Timeout: dial, KeepAlive: 30 * time.Second}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DialContext = dialer.DialContext
+	tr.TLSHandshakeTimeout = dial // a node that accepts and never answers costs a try's share, TLS or not
 	tr.ResponseHeaderTimeout = headers
 	scheme := "http"
 	if ca := c.String("tls-ca"); ca != "" {

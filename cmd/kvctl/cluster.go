@@ -152,7 +152,7 @@ func membersCommand(e *env) *cli.Command {
 		Usage: "list, add or remove cluster members",
 		Description: "Example:\n" +
 			"   kvctl members list\n" +
-			"   kvctl members add n4 10.0.0.4:7946 10.0.0.4:7080\n" +
+			"   kvctl members add n4 10.0.0.4:7000 10.0.0.4:7080\n" +
 			"   kvctl members remove n4",
 		Action: group("list, add or remove"),
 		Subcommands: []*cli.Command{
@@ -184,8 +184,10 @@ func membersCommand(e *env) *cli.Command {
 				Name:      "add",
 				Usage:     "add a voter: its id, Raft address and HTTP address",
 				ArgsUsage: "ID RAFTADDR HTTPADDR",
-				Description: "Start the new node first (kvrouter --join also adds it), then add it here.\n\n" +
-					"Example:\n   kvctl members add n4 10.0.0.4:7946 10.0.0.4:7080",
+				Description: "The call behind kvrouter --join, which makes it for the node it starts: start new\n" +
+					"nodes with --join (a node started without --join or --peers is a cluster of its own,\n" +
+					"and refuses another cluster's leader once added here).\n\n" +
+					"Example:\n   kvctl members add n4 10.0.0.4:7000 10.0.0.4:7080",
 				Action: func(c *cli.Context) error {
 					if err := args(c, 3, "ID RAFTADDR HTTPADDR"); err != nil {
 						return err

@@ -76,7 +76,7 @@ func snapshotCommand(e *env) *cli.Command {
 					"Example:\n" +
 					"   kvctl snapshot restore backup.snap\n" +
 					"   kvctl snapshot restore backup.snap --data-dir /var/lib/kvrouter --node-id n1 \\\n" +
-					"      --peers n1=10.0.0.1:7946=10.0.0.1:7080,n2=10.0.0.2:7946=10.0.0.2:7080,n3=10.0.0.3:7946=10.0.0.3:7080",
+					"      --peers n1=10.0.0.1:7000=10.0.0.1:7080,n2=10.0.0.2:7000=10.0.0.2:7080,n3=10.0.0.3:7000=10.0.0.3:7080",
 				Flags: []cli.Flag{
 					maxTime,
 					// No environment variable: which mode runs must show on

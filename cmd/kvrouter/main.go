@@ -184,6 +184,9 @@ func run(c *cli.Context) error {
 			return fmt.Errorf("selection API listen on %s: %w", a, err)
 		}
 	}
+	if (len(peers) > 1 || c.String("join") != "") && c.String("nats-url") == "" && c.String("nats-cluster-addr") == "" {
+		logger.Warn("the embedded NATS server is not clustered with the other nodes': an agent connected to this node reaches the leader's event ingester only while this node leads; give --nats-cluster-addr and --nats-routes (docs/events.md)")
+	}
 	nc, natsSrv, err := startNATS(c, id, logger)
 	if err != nil {
 		if sln != nil {
@@ -375,6 +378,9 @@ func join(ctx context.Context, sec security, via, id, raftAddr, httpAddr string)
 		if errors.Is(err, raftfsm.ErrInvalid) {
 			return err // the cluster refused this node as it is (an id taken at another address)
 		}
+		if why := refusedJoin(err); why != "" {
+			return fmt.Errorf("%w; %s", err, why) // no retry would be let in
+		}
 		slog.Warn("join: retrying", "via", via, "err", err)
 		select {
 		case <-ctx.Done():
@@ -382,6 +388,23 @@ func join(ctx context.Context, sec security, via, id, raftAddr, httpAddr string)
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// refusedJoin says what to do when a join failed for this node's own
+// token or TLS settings, which retrying does not change: "" otherwise.
+func refusedJoin(err error) string {
+	msg := err.Error()
+	switch {
+	case errors.Is(err, client.ErrUnauthorized):
+		return "give this node the cluster's token (--token or --token-file)"
+	case strings.Contains(msg, "x509:"):
+		return "the member's certificate is not trusted: give --tls-ca with the CA that signed it"
+	case strings.Contains(msg, "HTTP request to an HTTPS server"):
+		return "the cluster serves TLS: give this node --tls-cert, --tls-key and --tls-ca as its members have"
+	case strings.Contains(msg, "server gave HTTP response to HTTPS client"):
+		return "the cluster serves plain HTTP: start this node without --tls-cert, as its members run"
+	}
+	return ""
 }
 
 // startingHandler answers while the node starts (run): alive, not ready.

@@ -1,16 +1,22 @@
 package main
 
 import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/urfave/cli/v2"
 )
@@ -205,5 +211,37 @@ func wantUsageError(t *testing.T, args []string, flag string) {
 	var ec cli.ExitCoder
 	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), flag) {
 		t.Errorf("kvrouter %v: %v, want exit 2 naming %s", args, err, flag)
+	}
+}
+
+// TestJoinRefusedForItsTokenOrTLSStops: a join the cluster refuses for this
+// node's token or TLS settings stops the node with what to do, instead of
+// retrying every second for ever. From a review of docs/operations.md,
+// which says a refused join stops the node.
+func TestJoinRefusedForItsTokenOrTLSStops(t *testing.T) {
+	const token = "t0k"
+	s := api.NewServer(apitest.New("n1", ""), api.Options{Logger: slog.New(slog.DiscardHandler), Token: token})
+	hs := httptest.NewTLSServer(s)
+	defer func() { hs.Close(); s.Close() }()
+	addr := strings.TrimPrefix(hs.URL, "https://")
+	pool := x509.NewCertPool()
+	pool.AddCert(hs.Certificate())
+	trusting := &tls.Config{RootCAs: pool}
+	for _, c := range []struct {
+		name string
+		sec  security
+		want string
+	}{
+		{"no TLS", security{token: token}, "serves TLS"},
+		{"no CA", security{token: token, serverTLS: &tls.Config{}, clientTLS: &tls.Config{}}, "--tls-ca"},
+		{"wrong token", security{token: "other", serverTLS: &tls.Config{}, clientTLS: trusting}, "--token"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		err := join(ctx, c.sec, addr, "n2", "127.0.0.1:1", "127.0.0.1:2")
+		expired := ctx.Err()
+		cancel()
+		if err == nil || expired != nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: join = %v (context: %v), want it to stop at once naming %s", c.name, err, expired, c.want)
+		}
 	}
 }
