@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -313,6 +314,11 @@ func (n *Node) startRaft() error {
 		if err != nil {
 			return err
 		}
+		if has {
+			if err := n.checkSeedPeers(cfg.Peers); err != nil {
+				return err
+			}
+		}
 		if !has {
 			var servers []raft.Server
 			for _, p := range cfg.Peers {
@@ -373,6 +379,40 @@ func (n *Node) abortStart() {
 		c.Close()
 	}
 	n.closeStorage()
+}
+
+// checkSeedPeers refuses --peers that differ from the configuration of a
+// seeded directory not yet started (SeedDataDir: a Raft snapshot at the
+// seed's index and an empty log). Its configuration is the seed's, and
+// the start's --peers would otherwise be ignored without a word: a node
+// that never elects, or one that dials addresses the operator did not give.
+func (n *Node) checkSeedPeers(peers []Member) error {
+	last, err := n.logs.LastIndex()
+	if err != nil || last != 0 {
+		return err
+	}
+	list, err := n.snaps.List()
+	if err != nil || len(list) != 1 || list[0].Index != seedIndex || list[0].Term != seedTerm {
+		return err
+	}
+	want := map[raft.ServerID]raft.ServerAddress{}
+	for _, p := range peers {
+		want[raft.ServerID(p.ID)] = raft.ServerAddress(p.RaftAddr)
+	}
+	seeded := list[0].Configuration.Servers
+	same := len(seeded) == len(want)
+	var names []string
+	for _, s := range seeded {
+		names = append(names, string(s.ID)+"="+string(s.Address))
+		if want[s.ID] != s.Address {
+			same = false
+		}
+	}
+	if !same {
+		return fmt.Errorf("%w: %s was seeded for the peers %s, and --peers names others: start it with the seeded peers, or seed a new directory with these (kvctl snapshot restore --data-dir)",
+			ErrInvalid, n.cfg.DataDir, strings.Join(names, ","))
+	}
+	return nil
 }
 
 // catchUpFromSnapshot restores the FSM from the newest Raft snapshot when

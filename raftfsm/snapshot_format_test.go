@@ -497,3 +497,64 @@ func TestStaleNoOpsDoNotStandForTheSnapshot(t *testing.T) {
 		t.Fatalf("state digest %#x after the start, want the snapshot's %#x", g.Digest(), f.Digest())
 	}
 }
+
+// seedFixture seeds a directory for n1 (at a free loopback address) and
+// the peers peersFor gives, from the fixture; it returns the fixture's
+// digest, the directory, a cluster to make transports, and n1 alone as
+// peers.
+func seedFixture(t *testing.T, peersFor func(addr string) []Member) (uint64, string, *testCluster, []Member) {
+	t.Helper()
+	c := &testCluster{t: t}
+	tr := c.transport("127.0.0.1:0")
+	addr := string(tr.LocalAddr())
+	tr.Close()
+	f, snap := fixtureSnapshot(t)
+	file := filepath.Join(t.TempDir(), "b.snap")
+	if err := os.WriteFile(file, snap, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "n1")
+	if err := SeedDataDir(file, dir, "n1", peersFor(addr)); err != nil {
+		t.Fatal(err)
+	}
+	return f.Digest(), dir, c, []Member{{ID: "n1", RaftAddr: addr, HTTPAddr: "http-n1"}}
+}
+
+// TestSeedKilledBeforeItsRenameRestoresAtStart: a seed killed after its
+// Raft snapshot was written, before fsm/ was renamed into place: the start
+// restores the snapshot, at applied index 1, with the file's state.
+func TestSeedKilledBeforeItsRenameRestoresAtStart(t *testing.T) {
+	digest, dir, c, self := seedFixture(t, func(a string) []Member { return []Member{{ID: "n1", RaftAddr: a, HTTPAddr: "http-n1"}} })
+	if err := os.Rename(filepath.Join(dir, "fsm"), filepath.Join(dir, "fsm.restore")); err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{}) // nothing applied past the snapshot
+	n, err := NewNode(Config{ID: "n1", RaftAddr: self[0].RaftAddr, HTTPAddr: "http-n1", DataDir: dir, Peers: self,
+		Transport: c.transport(self[0].RaftAddr), Logger: quiet, applyGate: gate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { close(gate); n.Close() }()
+	if i, tm := n.fsm.Applied(); i != 1 || tm != 1 || n.fsm.Digest() != digest {
+		t.Fatalf("applied %d/%d digest %#x, want 1/1 %#x", i, tm, n.fsm.Digest(), digest)
+	}
+}
+
+// TestSeededNodeStartedWithOtherPeersIsRefused: a seeded directory's
+// configuration is the seed's; a first start with other --peers is refused
+// with what to do, rather than the start's peers silently ignored (a node
+// that never elects). From a review.
+func TestSeededNodeStartedWithOtherPeersIsRefused(t *testing.T) {
+	_, dir, c, self := seedFixture(t, func(a string) []Member {
+		return []Member{{ID: "n1", RaftAddr: a, HTTPAddr: "http-n1"}, {ID: "n2", RaftAddr: "127.0.0.1:9", HTTPAddr: "http-n2"}}
+	})
+	n, err := NewNode(Config{ID: "n1", RaftAddr: self[0].RaftAddr, HTTPAddr: "http-n1", DataDir: dir, Peers: self,
+		Transport: c.transport(self[0].RaftAddr), Logger: quiet})
+	if err == nil {
+		n.Close()
+		t.Fatal("a seeded node started with other --peers than the seed's: started")
+	}
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "n2=127.0.0.1:9") {
+		t.Fatalf("start with other peers: %v; want ErrInvalid naming the seeded peers", err)
+	}
+}

@@ -391,16 +391,28 @@ func join(ctx context.Context, sec security, via, id, raftAddr, httpAddr string)
 }
 
 // refusedJoin says what to do when a join failed for this node's own
-// token or TLS settings, which retrying does not change: "" otherwise.
+// token or TLS settings, which retrying does not change: "" otherwise. An
+// answer is read by its status only: its text may be another node's (a
+// follower's forward to its leader that failed its own TLS check), which
+// a retry through a new leader gets past. Transport errors are this
+// node's own dial, and are read by their text.
 func refusedJoin(err error) string {
+	var ae *client.Error
+	if errors.As(err, &ae) {
+		switch {
+		case errors.Is(err, client.ErrUnauthorized):
+			return "give this node the cluster's token (--token or --token-file)"
+		case ae.StatusCode == http.StatusBadRequest && ae.Reason == "" && strings.Contains(ae.Message, "HTTP request to an HTTPS server"):
+			return "the cluster serves TLS: give this node --tls-cert, --tls-key and --tls-ca as its members have"
+		}
+		return ""
+	}
 	msg := err.Error()
 	switch {
-	case errors.Is(err, client.ErrUnauthorized):
-		return "give this node the cluster's token (--token or --token-file)"
+	case strings.Contains(msg, "x509: certificate is valid for"):
+		return "the member's certificate does not name the address --join gives: join through the address it names"
 	case strings.Contains(msg, "x509:"):
 		return "the member's certificate is not trusted: give --tls-ca with the CA that signed it"
-	case strings.Contains(msg, "HTTP request to an HTTPS server"):
-		return "the cluster serves TLS: give this node --tls-cert, --tls-key and --tls-ca as its members have"
 	case strings.Contains(msg, "server gave HTTP response to HTTPS client"):
 		return "the cluster serves plain HTTP: start this node without --tls-cert, as its members run"
 	}

@@ -8,10 +8,12 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -243,5 +245,40 @@ func TestJoinRefusedForItsTokenOrTLSStops(t *testing.T) {
 		if err == nil || expired != nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: join = %v (context: %v), want it to stop at once naming %s", c.name, err, expired, c.want)
 		}
+	}
+}
+
+// TestJoinThroughAFollowerWhoseForwardFailsIsRetried: a follower whose own
+// forward to its leader fails that forward's TLS check answers 503 with
+// the error's text. The joining node is not at fault: it retries, and
+// joins once the node it asks can add it. From a review: the answer's
+// text was taken for this node's TLS error, and the join stopped.
+func TestJoinThroughAFollowerWhoseForwardFailsIsRetried(t *testing.T) {
+	leaderAPI := api.NewServer(apitest.New("n1", ""), api.Options{Logger: slog.New(slog.DiscardHandler)})
+	leader := httptest.NewTLSServer(leaderAPI)
+	defer func() { leader.Close(); leaderAPI.Close() }()
+	fake := apitest.New("n2", "")
+	fake.SetFollower("n1", strings.TrimPrefix(leader.URL, "https://"))
+	// The follower's forwards trust the system's roots, not the leader's
+	// certificate; after its first answer it becomes the leader itself.
+	followerAPI := api.NewServer(fake, api.Options{Logger: slog.New(slog.DiscardHandler), ForwardScheme: "https"})
+	var answered atomic.Int32
+	follower := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		followerAPI.ServeHTTP(w, r)
+		if answered.Add(1) == 1 {
+			fake.SetLeader()
+		}
+	}))
+	defer func() { follower.Close(); followerAPI.Close() }()
+	pool := x509.NewCertPool()
+	pool.AddCert(follower.Certificate())
+	sec := security{serverTLS: &tls.Config{}, clientTLS: &tls.Config{RootCAs: pool}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := join(ctx, sec, strings.TrimPrefix(follower.URL, "https://"), "n4", "127.0.0.1:1", "127.0.0.1:2"); err != nil {
+		t.Fatalf("join stopped: %v; want it retried until the node asked could add it", err)
+	}
+	if n := answered.Load(); n < 2 || fake.Calls()["AddMember"] < 1 {
+		t.Fatalf("the follower answered %d times and added %d members; want the first refused, a later one taken", n, fake.Calls()["AddMember"])
 	}
 }
