@@ -366,7 +366,10 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) error {
 	}
 	resp.Reason = ReasonNotReady
 	resp.Error = fmt.Sprintf("not ready: %s at applied index %d", cmp.Or(st.State, "starting"), st.AppliedIndex)
-	if st.LeaderID == "" && st.State != "" {
+	switch {
+	case st.Removed:
+		resp.Error += ", removed from the cluster: stop this node (docs/operations.md, Remove a node)"
+	case st.LeaderID == "" && st.State != "":
 		resp.Error += ", no leader known"
 	}
 	return reply(w, http.StatusServiceUnavailable, resp)

@@ -262,6 +262,17 @@ func TestRoutes(t *testing.T) {
 					t.Fatalf("readyz = %v, want the applied index", m)
 				}
 			}},
+		{name: "readyz removed", setup: func(t *testing.T, n *node) {
+			st := n.fake.Status()
+			st.Ready, st.Removed, st.LeaderID = false, true, ""
+			n.fake.SetStatus(st)
+		},
+			method: "GET", path: "/readyz", code: 503, reason: api.ReasonNotReady,
+			check: func(t *testing.T, a answer) {
+				if m := a.json(t); !strings.Contains(fmt.Sprint(m["error"]), "removed from the cluster: stop this node") {
+					t.Fatalf("readyz of a removed node = %v, want it to say so", m)
+				}
+			}},
 		{name: "metrics", method: "GET", path: "/metrics", code: 200,
 			check: func(t *testing.T, a answer) {
 				if !strings.Contains(string(a.body), "kvrouter_route_requests_total") {

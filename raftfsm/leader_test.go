@@ -285,6 +285,14 @@ func TestReadyNeedsALeaderAndMembership(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the removed member to be not ready", func() bool { return !gone.Status().Ready })
+	// It knows why, once the configuration that leaves it out reached it
+	// (readyz then says so, rather than "no leader known").
+	waitFor(t, 10*time.Second, "the removed member to report itself removed", func() bool { return gone.Status().Removed })
+	for _, n := range c.nodes {
+		if n != gone && n.Status().Removed {
+			t.Fatalf("%s reports itself removed", n.cfg.ID)
+		}
+	}
 
 	// Stop the other follower: the leader loses its quorum and steps down.
 	other := -1

@@ -907,6 +907,10 @@ func (n *Node) Status() NodeStatus {
 	// its peers (a candidate), or removed from the cluster (its Raft shut
 	// down), answers routes from an index that no longer moves.
 	s.Ready = n.ready.Load() && id != "" && n.raft.State() != raft.Shutdown
+	if cf := n.raft.GetConfiguration(); cf.Error() == nil {
+		servers := cf.Configuration().Servers
+		s.Removed = len(servers) > 0 && !slices.ContainsFunc(servers, func(sv raft.Server) bool { return string(sv.ID) == n.cfg.ID })
+	}
 	if id != "" {
 		s.LeaderHTTP = n.fsm.Members()[string(id)].HTTPAddr
 	}

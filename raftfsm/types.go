@@ -111,6 +111,9 @@ type NodeStatus struct {
 	SnapshotIndex uint64 `json:"snapshot_index"`
 	Digest        string `json:"digest"` // hex; equal on replicas at equal applied index
 	Ready         bool   `json:"ready"`
+	// Removed: the node's latest Raft configuration has members and not
+	// this node: it was removed from the cluster, and serves nothing more.
+	Removed bool `json:"removed,omitempty"`
 }
 
 // WorkerStatus is a worker's registration with what the index and the load
