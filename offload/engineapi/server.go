@@ -65,7 +65,18 @@ type Config struct {
 const (
 	defaultSettleTimeout = 5 * time.Second
 	defaultMaxBody       = 16 << 20
-	shutdownGrace        = 10 * time.Second
+)
+
+// shutdownGrace is how long Close lets connections with a request in flight
+// finish before it cuts them; a variable so that a test can shorten it.
+var shutdownGrace = 10 * time.Second
+
+// Test hooks, nil outside tests: testHookHandler runs as a handler starts
+// (once it counts as in flight), testHookCloseWait when Close starts
+// waiting for the handlers still running.
+var (
+	testHookHandler   func(path string)
+	testHookCloseWait func()
 )
 
 // Server is the engine-facing offload API on a Unix socket. See the
@@ -80,6 +91,10 @@ type Server struct {
 	ranks   map[uint32]*rankSlot
 	order   []*rankSlot // by dp rank
 	metrics *serverMetrics
+
+	hmu      sync.Mutex     // guards hclosed and the Adds to handlers
+	hclosed  bool           // Close began: handlers are refused
+	handlers sync.WaitGroup // handlers running
 
 	closeOnce sync.Once
 	closeErr  error
@@ -259,9 +274,15 @@ func (s *Server) Socket() string { return s.cfg.Socket }
 // Close stops the server: new requests are refused, every rank's region is
 // shut down (blocks freed, Manager closed, region unmapped), handlers in
 // flight finish, and the socket is removed. It waits for copies in flight
-// (Manager.Close does). A second Close returns the first one's result.
+// (Manager.Close does) and returns only once every handler has returned;
+// connections still busy after shutdownGrace are cut, which ends a handler
+// blocked on a stalled client. A second Close returns the first one's
+// result.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
+		s.hmu.Lock()
+		s.hclosed = true
+		s.hmu.Unlock()
 		for _, sl := range s.order {
 			sl.mu.Lock()
 			sl.closed = true
@@ -285,6 +306,13 @@ func (s *Server) Close() error {
 			s.hs.Close()
 		}
 		cancel()
+		// hs.Close does not wait for handlers; their connections are cut,
+		// so one blocked on the client returns now, and the others hold no
+		// lock Close takes and wait on nothing it still has to do.
+		if testHookCloseWait != nil {
+			testHookCloseWait()
+		}
+		s.handlers.Wait()
 		<-s.served
 		s.metrics.unregister()
 		s.closeErr = errors.Join(errs...)
@@ -401,8 +429,15 @@ func (s *Server) unregister(sl *rankSlot) (bool, error) {
 	return true, a.shutdown()
 }
 
-// lookup asks the rank's pools directly, so it works with no region.
-func (sl *rankSlot) lookup(hs []uint64) []kvevent.Mask {
+// lookup asks the rank's pools directly, so it works with no region; it is
+// refused once Close began.
+func (sl *rankSlot) lookup(hs []uint64) ([]kvevent.Mask, error) {
+	sl.mu.Lock()
+	closed := sl.closed
+	sl.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
 	out := make([]kvevent.Mask, len(hs))
 	for _, p := range []struct {
 		lookup func([]uint64, []bool) []bool
@@ -417,7 +452,7 @@ func (sl *rankSlot) lookup(hs []uint64) []kvevent.Mask {
 			}
 		}
 	}
-	return out
+	return out, nil
 }
 
 func hostLookup(p *pool.HostPool) func([]uint64, []bool) []bool {
@@ -466,6 +501,23 @@ type handler func(ctx context.Context, body []byte) (any, error)
 func (s *Server) route(mux *http.ServeMux, method, path string, h handler) {
 	mux.HandleFunc(method+" "+path, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
+		// Counted in flight, so that Close waits for it (the pools are the
+		// caller's to close once Close returns); refused once Close began.
+		s.hmu.Lock()
+		closed := s.hclosed
+		if !closed {
+			s.handlers.Add(1)
+		}
+		s.hmu.Unlock()
+		if closed {
+			e := classify(ErrClosed)
+			s.reply(w, path, start, e.Status, e)
+			return
+		}
+		defer s.handlers.Done()
+		if testHookHandler != nil {
+			testHookHandler(path)
+		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 		var resp any
 		if err != nil {
@@ -632,8 +684,12 @@ func (s *Server) handleLookup(_ context.Context, body []byte) (any, error) {
 	for i, h := range q.Hashes {
 		hs[i] = uint64(h)
 	}
+	masks, err := sl.lookup(hs)
+	if err != nil {
+		return nil, err
+	}
 	resp := LookupResponse{Tiers: make([][]string, len(hs)), Prefix: -1}
-	for i, m := range sl.lookup(hs) {
+	for i, m := range masks {
 		resp.Tiers[i] = []string{}
 		for _, t := range []kvevent.Tier{kvevent.TierHostPinned, kvevent.TierDisk} {
 			if m.Has(t) {
