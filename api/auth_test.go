@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -45,7 +46,17 @@ func TestTokenGuardsEveryRouteButTheProbes(t *testing.T) {
 			}
 		}
 	}
-	if got := counterValue(t, n.reg, "kvrouter_http_requests_total", map[string]string{"route": "unauthorized", "code": "401"}); got != float64(4*len(guarded)) {
+	// Each refusal says what was wrong with the request.
+	for hdr, want := range map[string]string{"": "carries none", "Bearer wrong": "not this cluster's", "Basic " + testToken: "not a Bearer token"} {
+		var h []string
+		if hdr != "" {
+			h = []string{"Authorization", hdr}
+		}
+		if a := send(t, n.http.URL, "GET", "/v1/workers", "", h...); !strings.Contains(fmt.Sprint(a.json(t)["error"]), want) {
+			t.Fatalf("Authorization %q: %s, want the error to say %q", hdr, a.body, want)
+		}
+	}
+	if got := counterValue(t, n.reg, "kvrouter_http_requests_total", map[string]string{"route": "unauthorized", "code": "401"}); got != float64(4*len(guarded)+3) {
 		t.Fatalf("unauthorized requests counted %v, want %d", got, 4*len(guarded))
 	}
 	// With the token (the scheme's case does not matter, RFC 6750), the

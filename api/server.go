@@ -229,8 +229,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rec := &recorder{ResponseWriter: w}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kvrouter"`)
 		msg := "this cluster asks for a token (Authorization: Bearer ...), and the request carries none"
-		if r.Header.Get("Authorization") != "" {
+		if a := r.Header.Get("Authorization"); a != "" {
 			msg = "the request's token is not this cluster's"
+			if scheme, _, _ := strings.Cut(a, " "); !strings.EqualFold(scheme, "Bearer") {
+				msg = "the request's Authorization is not a Bearer token (Authorization: Bearer ...)"
+			}
 		}
 		s.writeError(rec, r, &httpError{code: http.StatusUnauthorized, reason: ReasonUnauthorized, err: errors.New(msg)})
 		s.observe("unauthorized", rec, start)

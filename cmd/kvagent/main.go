@@ -300,7 +300,7 @@ func routerSecurity(c *cli.Context) (routerSec, error) {
 		}
 	}
 	if sec.token, err = client.Token(c.String("router-token"), c.String("router-token-file")); err != nil {
-		return sec, cli.Exit(fmt.Sprintf("--router-token, --router-token-file: %v", err), 2)
+		return sec, cli.Exit(fmt.Sprintf("--router-token (or KVAGENT_ROUTER_TOKEN), --router-token-file (or KVAGENT_ROUTER_TOKEN_FILE): %v", err), 2)
 	}
 	if ca := c.String("router-tls-ca"); ca != "" {
 		if sec.tls, err = client.TLSConfig(ca); err != nil {

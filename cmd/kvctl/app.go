@@ -176,7 +176,7 @@ func newClient(c *cli.Context) (*client.Client, error) {
 func newClientWith(c *cli.Context, endpoints []string, dial, headers time.Duration) (*client.Client, error) {
 	token, err := client.Token(c.String("token"), c.String("token-file"))
 	if err != nil {
-		return nil, usagef("--token, --token-file: %v", err)
+		return nil, usagef("--token (or KVCTL_TOKEN), --token-file (or KVCTL_TOKEN_FILE): %v", err)
 	}
 	dialer := &net.Dialer{Timeout: dial, KeepAlive: 30 * time.Second}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
@@ -237,17 +237,26 @@ func explain(err error) string {
 	var ae *client.Error
 	var mt *maxTimeError
 	msg := err.Error()
+	// An answer's text may be another node's (a follower's forward to its
+	// leader): only kvctl's own transport errors say what its TLS settings
+	// got wrong, and the plain 400 of a TLS node asked in plain HTTP.
+	answer := errors.As(err, &ae)
 	switch {
 	case errors.As(err, &ue):
 		return ue.msg
 	// TLS on one side only, or a certificate not trusted: the transport's
 	// words say which.
-	case strings.Contains(msg, "x509:"):
+	case !answer && strings.Contains(msg, "x509: certificate is valid for"):
+		return msg + "; the node's certificate does not name the address in --endpoints: use the address it names"
+	case !answer && strings.Contains(msg, "x509:"):
 		return msg + "; the node's certificate is not trusted: give --tls-ca with the CA that signed it"
-	case strings.Contains(msg, "HTTP request to an HTTPS server"):
+	case answer && ae.Reason == "" && strings.Contains(msg, "HTTP request to an HTTPS server"):
 		return msg + "; the node serves TLS: give --tls-ca, or https:// endpoints"
-	case strings.Contains(msg, "server gave HTTP response to HTTPS client"):
+	case !answer && strings.Contains(msg, "server gave HTTP response to HTTPS client"):
 		return msg + "; the node serves plain HTTP: leave out --tls-ca and the https:// of --endpoints"
+	case answer && ae.Reason == api.ReasonNoLeader && strings.Contains(msg, "forward to the leader") &&
+		(strings.Contains(msg, "x509:") || strings.Contains(msg, "HTTPS")):
+		return msg + "; the node's forward to its leader failed TLS: check that node's --tls-ca and the leader's certificate"
 	case errors.As(err, &mt):
 		return fmt.Sprintf("%v; the transfer took longer than --max-time %v: raise it, or leave it out (no limit)", err, mt.max)
 	case errors.Is(err, client.ErrOutcomeUnknown):

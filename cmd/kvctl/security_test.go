@@ -92,3 +92,31 @@ func TestAWedgedTLSNodeIsPassedOver(t *testing.T) {
 	ep := "--endpoints=" + wedged.Addr().String() + "," + strings.TrimPrefix(hs.URL, "https://")
 	kvctl(t, ep, "--tls-ca", ca, "--timeout", "6s", "members", "list").wantCode(t, 0)
 }
+
+// A follower whose own forward to its leader fails that forward's TLS
+// check answers 503 with the x509 text. kvctl's TLS settings are right
+// (it reached the follower over TLS with the token): it must not tell the
+// user to give --tls-ca, but that the node's forward failed. From a
+// review: kvctl read the answer's text for its own TLS error.
+func TestAFollowersFailedForwardIsNotBlamedOnKvctlsTLS(t *testing.T) {
+	const token = "k3y"
+	q := slog.New(slog.DiscardHandler)
+	leaderAPI := api.NewServer(apitest.New("n1", ""), api.Options{Logger: q, Token: token})
+	leader := httptest.NewTLSServer(leaderAPI)
+	defer func() { leader.Close(); leaderAPI.Close() }()
+	fake := apitest.New("n2", "")
+	fake.SetFollower("n1", strings.TrimPrefix(leader.URL, "https://"))
+	// The follower's forwards trust the system's roots, not the leader's cert.
+	followerAPI := api.NewServer(fake, api.Options{Logger: q, Token: token, ForwardScheme: "https"})
+	follower := httptest.NewTLSServer(followerAPI)
+	defer func() { follower.Close(); followerAPI.Close() }()
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: follower.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := kvctl(t, "--endpoints", strings.TrimPrefix(follower.URL, "https://"), "--tls-ca", ca, "--token", token,
+		"--timeout", "5s", "members", "add", "n4", "127.0.0.1:1", "127.0.0.1:2").wantCode(t, 1)
+	if strings.Contains(r.stderr, "give --tls-ca") || !strings.Contains(r.stderr, "forward to its leader failed TLS") {
+		t.Fatalf("kvctl blamed its own --tls-ca for the follower's forward, or did not say the forward failed: %s", r.stderr)
+	}
+}

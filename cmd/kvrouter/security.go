@@ -27,7 +27,7 @@ func loadSecurity(c *cli.Context) (security, error) {
 	var sec security
 	var err error
 	if sec.token, err = client.Token(c.String("token"), c.String("token-file")); err != nil {
-		return sec, fmt.Errorf("--token, --token-file: %w", err)
+		return sec, fmt.Errorf("--token (or KVROUTER_TOKEN), --token-file (or KVROUTER_TOKEN_FILE): %w", err)
 	}
 	cert, key, ca := c.String("tls-cert"), c.String("tls-key"), c.String("tls-ca")
 	switch {
