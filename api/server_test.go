@@ -141,6 +141,8 @@ func TestRoutes(t *testing.T) {
 		{name: "dump null", setup: withWorkers, method: "POST", path: "/v1/ranks/1/0/dump", body: `null`, code: 400, reason: api.ReasonBadJSON},
 		{name: "route null", method: "POST", path: "/v1/route", body: "\n null", code: 400, reason: api.ReasonBadJSON},
 		{name: "register null", method: "POST", path: "/v1/workers", body: `null`, code: 400, reason: api.ReasonBadJSON},
+		{name: "register a salt too long", method: "POST", path: "/v1/workers",
+			body: `{"worker_id":9,"block_size":16,"salt":"` + strings.Repeat("s", 1025) + `"}`, code: 400, reason: api.ReasonInvalid},
 		{name: "transfer null", method: "POST", path: "/v1/cluster/leader/transfer", body: `null`, code: 400, reason: api.ReasonBadJSON},
 
 		// events
@@ -710,5 +712,18 @@ func TestBodyDeadlineCutsOnlyBodies(t *testing.T) {
 	next := send(t, n.http.URL, "GET", "/x/quick", "") // the same keep-alive connection
 	if string(slow.body) != "<nil>" || string(next.body) != "<nil>" {
 		t.Fatalf("contexts: the slow request's %s, the next one's %s", slow.body, next.body)
+	}
+}
+
+// TestRegistrationKeepsTheSalt: a worker registered with a salt lists it,
+// and a salt too long for a name is refused (400).
+func TestRegistrationKeepsTheSalt(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	if a := send(t, n.http.URL, "POST", "/v1/workers", `{"worker_id":8,"block_size":16,"salt":"tenant-a"}`); a.code != 204 {
+		t.Fatalf("register with a salt: %d %s", a.code, a.body)
+	}
+	ws := send(t, n.http.URL, "GET", "/v1/workers", "").json(t)["workers"].([]any)
+	if len(ws) != 1 || ws[0].(map[string]any)["salt"] != "tenant-a" {
+		t.Fatalf("workers = %v, want worker 8 with its salt", ws)
 	}
 }
