@@ -25,6 +25,10 @@ type slogWriter struct{ l *slog.Logger }
 func (w slogWriter) Write(p []byte) (int, error) {
 	msg := strings.TrimSpace(string(p))
 	switch {
+	case strings.Contains(msg, "transport shutdown"):
+		// A connection's reader finding this node's own transport closed:
+		// the routine end of a shutdown, not an error of the cluster.
+		w.l.Info(msg)
 	case strings.Contains(msg, "[ERROR]"):
 		w.l.Error(msg)
 	default:
