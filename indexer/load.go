@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"slices"
 
+	"github.com/kvrouter/kvrouter/internal/hugepage"
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
@@ -82,6 +83,11 @@ type Loader struct {
 
 	parts int                               // Spread's parts, 0 when unset
 	run   func(parts int, f func(part int)) // Spread's runner
+
+	// scratch holds the build's large arrays advised for huge pages (a
+	// first touch of fresh memory is most of a rebuild's cost with 4 KiB
+	// pages); Finish withdraws the advice before it drops them.
+	scratch hugepage.Scratch
 }
 
 // loadNode is one node record and what Finish works out about it.
@@ -128,7 +134,7 @@ func NewLoader(nodes, ranks int) *Loader {
 		ranks:  make([]*loadRank, 0, ranks),
 		rankAt: make(map[kvevent.Rank]*loadRank, ranks),
 	}
-	l.nodes.reserve(nodes)
+	l.nodes.reserve(nodes, &l.scratch)
 	return l
 }
 
@@ -198,6 +204,7 @@ func (l *Loader) Finish(ix *Index) error {
 	if err != nil {
 		ix.resetLocked()
 	}
+	l.scratch.Release()
 	*l = Loader{}
 	return err
 }
@@ -260,7 +267,7 @@ func (l *Loader) LinkNodes() {
 		l.nodes = chunks[loadNode]{}
 		return
 	}
-	l.seqs = newSeqIndex(l.nodes.flatten())
+	l.seqs = newSeqIndex(l.nodes.flatten(&l.scratch), &l.scratch)
 	l.nodes = chunks[loadNode]{}
 	l.built = l.linkAll(l.seqs)
 }
@@ -268,7 +275,7 @@ func (l *Loader) LinkNodes() {
 // pool returns part p's node pool.
 func (l *Loader) pool(p int) *nodePool {
 	for len(l.pools) <= p {
-		l.pools = append(l.pools, nodePool{})
+		l.pools = append(l.pools, nodePool{huge: true})
 	}
 	return &l.pools[p]
 }
@@ -281,6 +288,7 @@ func (l *Loader) adoptTree(ix *Index) {
 	ix.nodes = l.built
 	if len(l.pools) > 0 {
 		ix.pool = l.pools[0]
+		ix.pool.huge = false // the tree grows from here one node at a time
 	}
 	l.root, l.pools = node{}, nil
 }
@@ -424,13 +432,14 @@ type seqIndex struct {
 	// random, touch small arrays.
 	par   []int32
 	state []uint8
+	sc    *hugepage.Scratch // the Loader's, for the arrays of its lookups
 }
 
 // newSeqIndex sorts the records by seq with one record per seq (the last
 // one given, as a map keyed by seq would keep) and builds the directory.
 // Records already in strictly ascending order, as the state database
 // yields them, are checked in one pass and not moved.
-func newSeqIndex(recs []loadNode) *seqIndex {
+func newSeqIndex(recs []loadNode, sc *hugepage.Scratch) *seqIndex {
 	sorted := true
 	for i := 1; i < len(recs); i++ {
 		if recs[i-1].seq >= recs[i].seq {
@@ -452,7 +461,7 @@ func newSeqIndex(recs []loadNode) *seqIndex {
 	}
 	// 2^logB buckets, the power of two at or above half the records.
 	logB := bits.Len(uint(len(recs)/2 + 1))
-	x := &seqIndex{recs: recs, dir: make([]uint32, 1<<logB+1), shift: uint(64 - logB)}
+	x := &seqIndex{recs: recs, dir: hugepage.MakeIn[uint32](sc, 1<<logB+1), shift: uint(64 - logB), sc: sc}
 	b := 0
 	for i := range recs {
 		for top := int(recs[i].seq >> x.shift); b <= top; b++ {
@@ -496,8 +505,8 @@ func (x *seqIndex) find(seq uint64) int {
 // records.
 func (l *Loader) linkAll(x *seqIndex) (built int64) {
 	recs := x.recs
-	x.par = make([]int32, len(recs))
-	x.state = make([]uint8, len(recs))
+	x.par = hugepage.MakeIn[int32](x.sc, len(recs))
+	x.state = hugepage.MakeIn[uint8](x.sc, len(recs))
 	par, state := x.par, x.state
 	// One pass finds every record's parent record and counts children, so
 	// that a node with several gets its child map at its final size at

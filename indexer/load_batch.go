@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/bits"
 
+	"github.com/kvrouter/kvrouter/internal/hugepage"
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
@@ -63,7 +64,7 @@ func (b *batcher) reset(x *seqIndex, n int) {
 	b.start, b.cur = b.start[:np], b.cur[:np]
 	clear(b.start)
 	if cap(b.pairs) < n {
-		b.pairs = make([]batchPair, n)
+		b.pairs = hugepage.MakeIn[batchPair](x.sc, n)
 	}
 	b.pairs = b.pairs[:n]
 }

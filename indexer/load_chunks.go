@@ -1,5 +1,7 @@
 package indexer
 
+import "github.com/kvrouter/kvrouter/internal/hugepage"
+
 // chunks is an append-only collection whose records never move once
 // added: they go into chunks whose sizes double from chunkMin up to
 // chunkMax. Collecting n records this way copies none of them and clears
@@ -13,10 +15,11 @@ type chunks[T any] struct {
 
 const chunkMin, chunkMax = 64, 1 << 16
 
-// reserve makes the first chunk hold n records (a known count).
-func (c *chunks[T]) reserve(n int) {
+// reserve makes the first chunk hold n records (a known count), its
+// array recorded in sc.
+func (c *chunks[T]) reserve(n int, sc *hugepage.Scratch) {
 	if n > 0 && c.n == 0 {
-		c.all = [][]T{make([]T, 0, n)}
+		c.all = [][]T{hugepage.MakeCapIn[T](sc, n)}
 	}
 }
 
@@ -38,12 +41,13 @@ func (c *chunks[T]) next() *T {
 }
 
 // flatten returns the records in one slice, in the order added: the first
-// chunk itself when it is the only one, else one exact-size copy.
-func (c *chunks[T]) flatten() []T {
+// chunk itself when it is the only one, else one exact-size copy, its
+// array recorded in sc.
+func (c *chunks[T]) flatten(sc *hugepage.Scratch) []T {
 	if len(c.all) == 1 {
 		return c.all[0]
 	}
-	out := make([]T, 0, c.n)
+	out := hugepage.MakeCapIn[T](sc, c.n)
 	for _, ch := range c.all {
 		out = append(out, ch...)
 	}

@@ -1,5 +1,7 @@
 package indexer
 
+import "github.com/kvrouter/kvrouter/internal/hugepage"
+
 // linkDown is linkAll's fast way, for copies in which no two records name
 // one (parent, local) position (consistent copies never do): it builds the
 // nodes top-down from the root, depth first, over each record's children
@@ -24,13 +26,13 @@ func (l *Loader) linkDown(x *seqIndex, rootKids int) (built int64, ok bool) {
 	}
 	// cur[p]: where the next child of record p goes; the root's children
 	// come first, in ch[0:rootKids].
-	cur := make([]uint32, n)
+	cur := hugepage.MakeIn[uint32](x.sc, n)
 	off := uint32(rootKids)
 	for k := range recs {
 		cur[k] = off
 		off += recs[k].kids
 	}
-	ch := make([]kid, off)
+	ch := hugepage.MakeIn[kid](x.sc, int(off))
 	var rootAt uint32
 	off = uint32(rootKids)
 	for k := range recs {

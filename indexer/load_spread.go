@@ -1,6 +1,9 @@
 package indexer
 
-import "github.com/kvrouter/kvrouter/kvevent"
+import (
+	"github.com/kvrouter/kvrouter/internal/hugepage"
+	"github.com/kvrouter/kvrouter/kvevent"
+)
 
 // Spread lets LinkNodes split the tree's construction, and Finish the
 // residencies' work, into parts that run side by side: run must call
@@ -40,7 +43,7 @@ func (l *Loader) applySpread(ix *Index, x *seqIndex, rss []*rankState) (bool, er
 			mine = append(mine, ranks[i])
 			total += ranks[i].entries.n
 		}
-		at, own := make([]*node, total), make([]uint8, total)
+		at, own := hugepage.MakeIn[*node](x.sc, total), hugepage.MakeIn[uint8](x.sc, total)
 		var b batcher
 		es := resolveRanks(x, &b, mine, at, own)
 		off := 0

@@ -380,7 +380,7 @@ func TestSeqIndexFinds(t *testing.T) {
 					recs = append(recs, loadNode{seq: s})
 				}
 			}
-			x := newSeqIndex(recs)
+			x := newSeqIndex(recs, nil)
 			for i, r := range x.recs {
 				if got := x.find(r.seq); got != i {
 					t.Fatalf("n=%d skew=%v: find(%#x) = %d, want %d", n, skew, r.seq, got, i)
@@ -450,7 +450,7 @@ func TestLoaderSpreadFallsBack(t *testing.T) {
 func TestChunksKeepOrder(t *testing.T) {
 	for _, tc := range []struct{ reserve, n int }{{0, 0}, {0, 1}, {0, chunkMin}, {0, 3*chunkMax + 5}, {10, 1000}, {1000, 1000}, {2 * chunkMax, 5 * chunkMax}} {
 		var c chunks[int]
-		c.reserve(tc.reserve)
+		c.reserve(tc.reserve, nil)
 		for i := range tc.n {
 			*c.next() = i
 		}
@@ -465,7 +465,7 @@ func TestChunksKeepOrder(t *testing.T) {
 				t.Fatalf("%+v: chunk %d holds %d", tc, k, cap(ch))
 			}
 		}
-		flat := c.flatten()
+		flat := c.flatten(nil)
 		if len(flat) != tc.n {
 			t.Fatalf("%+v: flatten gave %d", tc, len(flat))
 		}
@@ -493,7 +493,7 @@ func TestChunksJoin(t *testing.T) {
 		if b.n != 0 || len(b.all) != 0 {
 			t.Fatalf("%+v: the joined collection kept %d records", tc, b.n)
 		}
-		flat := a.flatten()
+		flat := a.flatten(nil)
 		if a.n != tc.a+tc.b+1 || len(flat) != a.n {
 			t.Fatalf("%+v: n %d, flatten gave %d", tc, a.n, len(flat))
 		}

@@ -1,6 +1,9 @@
 package indexer
 
-import "github.com/kvrouter/kvrouter/kvevent"
+import (
+	"github.com/kvrouter/kvrouter/internal/hugepage"
+	"github.com/kvrouter/kvrouter/kvevent"
+)
 
 // node is one block position of one distinct prefix.
 //
@@ -22,7 +25,7 @@ type node struct {
 	h0      [1]holder
 }
 
-// nodePool hands out nodes from slabs of nodeSlab nodes and takes back the
+// nodePool hands out nodes from slabs (growing, see nodeSlab) and takes back the
 // nodes the tree frees, for reuse.
 //
 // Why slabs: the collector marks a small object through per-object work,
@@ -42,10 +45,23 @@ type node struct {
 type nodePool struct {
 	slab []node   // handed out from the front
 	free *node    // freed nodes, linked through c1
+	next int      // nodes in the next slab; 0 before the first
+	huge bool     // advise large slabs for huge pages (a Loader's build)
 	_    [64]byte // keeps the pools of a parallel build off each other's cache lines
 }
 
-const nodeSlab = 4096 // nodes per slab: 320 KiB
+// Slabs double from nodeSlab nodes (320 KiB) up to maxNodeSlab (10 MiB):
+// a small tree stays small, and a large one takes fewer, larger slabs. A
+// pool holds at most one partly used slab.
+//
+// A Loader's pools (huge) advise their large slabs for huge pages
+// (internal/hugepage): a rebuild writes millions of nodes into fresh
+// memory at once, and a first touch then costs a fault per 2 MiB instead
+// of per 4 KiB (a 5M-block restore: 1.37 s of CPU in get, 0.6 s advised).
+// A growing tree's pool does not: there the advice made the replicated
+// ingest slower (the FSM alone 2.35–2.69M → 1.69–2.14M block events/s in
+// alternating runs), the kernel assembling a huge page at each fault.
+const nodeSlab, maxNodeSlab = 4096, 1 << 17
 
 // get returns a node with the given position and no children or holders.
 func (p *nodePool) get(parent *node, local, seq uint64) *node {
@@ -54,7 +70,13 @@ func (p *nodePool) get(parent *node, local, seq uint64) *node {
 		p.free = n.c1
 	} else {
 		if len(p.slab) == cap(p.slab) {
-			p.slab = make([]node, 0, nodeSlab)
+			size := max(p.next, nodeSlab)
+			if p.huge {
+				p.slab = hugepage.MakeCap[node](size)
+			} else {
+				p.slab = make([]node, 0, size)
+			}
+			p.next = min(2*size, maxNodeSlab)
 		}
 		p.slab = p.slab[:len(p.slab)+1]
 		n = &p.slab[len(p.slab)-1]

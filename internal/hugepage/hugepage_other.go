@@ -1,0 +1,6 @@
+//go:build !linux
+
+package hugepage
+
+func advise([]byte)   {}
+func unadvise([]byte) {}
