@@ -209,6 +209,16 @@ func (l *Loader) Finish(ix *Index) error {
 	return err
 }
 
+// Discard drops what the Loader collected without building anything, for
+// a Loader abandoned part way (a stream refused): like Finish, it
+// withdraws the huge page advice from the Loader's scratch arrays before
+// they are dropped. A LinkNodes running on another goroutine must have
+// returned.
+func (l *Loader) Discard() {
+	l.scratch.Release()
+	*l = Loader{}
+}
+
 // FinishDetached is Finish into a new index with like's configuration,
 // which nothing else sees: a caller that must not change any state before
 // it knows the records are consistent (a snapshot restore) builds here,

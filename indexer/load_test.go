@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/internal/hugepage"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"pgregory.net/rapid"
 )
@@ -540,5 +541,50 @@ func TestLoaderRefusesABadOrphan(t *testing.T) {
 			t.Fatalf("orphan %+v: a refused load left %+v", o, st)
 		}
 		mustApply(t, ix, stored(rk1, dev, chain(1))) // the parent a bad orphan would wait for
+	}
+}
+
+// TestLoaderReleasesItsScratch: the huge page advice on a rebuild's
+// scratch arrays (internal/hugepage) is withdrawn whichever way the
+// Loader ends: Finish, Finish of a bad copy, or Discard after LinkNodes.
+func TestLoaderReleasesItsScratch(t *testing.T) {
+	const chain = 200_000 // node records of 48 bytes: scratch arrays of MiBs
+	fill := func(bad bool) *Loader {
+		l := NewLoader(0, 0)
+		l.Spread(2, spreadGo)
+		r := kvevent.Rank{Worker: 1}
+		for s := uint64(1); s <= chain; s++ {
+			l.AddNode(s, s-1, s == 1, s+1000)
+			l.AddEntry(r, s, s, 1, uint32(s))
+		}
+		if bad {
+			l.AddEntry(r, chain+1, chain+1, 1, 1) // names no node
+		}
+		l.AddRank(RankMeta{Rank: r, Capacity: [kvevent.NumTiers]int64{chain + 1}})
+		return l
+	}
+	for _, tc := range []struct {
+		name string
+		end  func(*Loader) error
+		bad  bool
+	}{
+		{"finish", func(l *Loader) error { return l.Finish(New(Config{})) }, false},
+		{"finish of a bad copy", func(l *Loader) error { return l.Finish(New(Config{})) }, true},
+		{"discard", func(l *Loader) error { l.Discard(); return nil }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := fill(tc.bad)
+			l.LinkNodes()
+			if hugepage.Held() == 0 {
+				t.Fatal("LinkNodes advised no scratch array: the test needs larger ones")
+			}
+			err := tc.end(l)
+			if (err != nil) != tc.bad {
+				t.Fatalf("end: %v", err)
+			}
+			if h := hugepage.Held(); h != 0 {
+				t.Fatalf("%d bytes still advised after the Loader ended", h)
+			}
+		})
 	}
 }

@@ -186,11 +186,13 @@ func (f *FSM) load() (err error) {
 		err = nerr
 	}
 	if err != nil {
+		b.discard()
 		return err
 	}
 	for _, kind := range []byte{store.KindCursor, store.KindWorker, store.KindBooking, store.KindTomb,
 		store.KindLoadMeta, store.KindSettings, store.KindMember} {
 		if err := scan(kind, func(k, v []byte) error { return b.small(kind, k, v) }); err != nil {
+			b.discard()
 			return err
 		}
 	}
@@ -386,6 +388,15 @@ func (b *stateBuilder) wait() error {
 		<-b.linked
 	}
 	return b.err
+}
+
+// discard waits for a linking add started and drops the Loader's records
+// (Loader.Discard), for a build abandoned on an error; it returns add's
+// error.
+func (b *stateBuilder) discard() error {
+	err := b.wait()
+	b.l.Discard()
+	return err
 }
 
 // prepare builds the index apart from f's (Loader.FinishDetached) and

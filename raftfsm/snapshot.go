@@ -362,7 +362,7 @@ func checkSnapshot(r io.Reader, like *indexer.Index) (SnapshotInfo, error) {
 			err = orderErr
 		}
 		if err != nil {
-			b.wait()
+			b.discard()
 			return SnapshotInfo{}, err
 		}
 		if end {
@@ -370,10 +370,11 @@ func checkSnapshot(r io.Reader, like *indexer.Index) (SnapshotInfo, error) {
 		}
 	}
 	if err := s.finish(); err != nil {
-		b.wait()
+		b.discard()
 		return SnapshotInfo{}, err
 	}
 	if err := b.wait(); err != nil {
+		b.discard()
 		return SnapshotInfo{}, fmt.Errorf("%w: %v", ErrBadSnapshot, err)
 	}
 	if err := b.prepare(like); err != nil {
@@ -411,7 +412,7 @@ func loadSnapshot(r io.Reader, dir string, resetApplied, dropMembers bool, logge
 	ld := db.NewSortedLoader()
 	fail = func(err error) (SnapshotInfo, error) {
 		if build != nil {
-			build.wait() // the tree's linking, if it started
+			build.discard() // after the tree's linking, if it started
 		}
 		ld.Abort()
 		db.Close()

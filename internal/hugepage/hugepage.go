@@ -20,6 +20,7 @@ package hugepage
 
 import (
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -108,7 +109,15 @@ func (sc *Scratch) add(b []byte) {
 	sc.mu.Lock()
 	sc.spans = append(sc.spans, b)
 	sc.mu.Unlock()
+	held.Add(int64(len(b)))
 }
+
+// held is the bytes recorded in every Scratch and not yet released.
+var held atomic.Int64
+
+// Held returns the bytes advised through a Scratch and not yet released,
+// in the whole process: for tests that check a job releases its scratch.
+func Held() int64 { return held.Load() }
 
 // Release withdraws the advice from every array recorded, and forgets
 // them. Call it before the arrays are dropped: without it, the kernel's
@@ -124,5 +133,6 @@ func (sc *Scratch) Release() {
 	sc.mu.Unlock()
 	for _, b := range spans {
 		unadvise(b)
+		held.Add(-int64(len(b)))
 	}
 }

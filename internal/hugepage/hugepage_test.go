@@ -51,9 +51,12 @@ func TestMakeKeepsContentsAndShape(t *testing.T) {
 	if len(sc.spans) != 2 {
 		t.Fatalf("%d spans recorded, want 2", len(sc.spans))
 	}
+	if h := Held(); h < 2*Size {
+		t.Fatalf("Held() = %d with two arrays of %d bytes recorded", h, 4*MinBytes)
+	}
 	sc.Release()
-	if len(sc.spans) != 0 {
-		t.Fatalf("%d spans after Release", len(sc.spans))
+	if len(sc.spans) != 0 || Held() != 0 {
+		t.Fatalf("%d spans and %d bytes held after Release", len(sc.spans), Held())
 	}
 	for i := range a {
 		if a[i] != uint32(i) {
