@@ -405,7 +405,11 @@ func (s *slowFirstSink) Events(r kvevent.Rank, seq uint64, evs []kvevent.Event) 
 func TestLargeReplayIsNotDropped(t *testing.T) {
 	const n = 4000
 	rank := kvevent.Rank{Worker: 9}
-	p := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*", ReplayPace: 100})
+	// At most two replies a millisecond: the sender's own queue (1,000
+	// messages) then takes a 500 ms stall of this side's I/O thread to fill,
+	// while the whole replay still comes within the sink's busy 3 s, past
+	// the 2,000 that the two sides' default limits would hold.
+	p := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*", ReplayPace: 2})
 	sink := &slowFirstSink{busy: 3 * time.Second}
 	s := runSub(t, Config{Endpoint: p.Pub, ReplayEndpoint: p.Replay, ReplayTimeout: 15 * time.Second, Rank: rank, Sink: sink})
 	p.WaitSub()
