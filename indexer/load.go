@@ -84,9 +84,10 @@ type Loader struct {
 	parts int                               // Spread's parts, 0 when unset
 	run   func(parts int, f func(part int)) // Spread's runner
 
-	// scratch holds the build's large arrays advised for huge pages (a
-	// first touch of fresh memory is most of a rebuild's cost with 4 KiB
-	// pages); Finish withdraws the advice before it drops them.
+	// scratch holds the build's large arrays and its pools' node slabs,
+	// advised for huge pages (a first touch of fresh memory is most of a
+	// rebuild's cost with 4 KiB pages); Finish and Discard withdraw the
+	// advice (see nodePool).
 	scratch hugepage.Scratch
 }
 
@@ -285,7 +286,7 @@ func (l *Loader) LinkNodes() {
 // pool returns part p's node pool.
 func (l *Loader) pool(p int) *nodePool {
 	for len(l.pools) <= p {
-		l.pools = append(l.pools, nodePool{huge: true})
+		l.pools = append(l.pools, nodePool{huge: &l.scratch})
 	}
 	return &l.pools[p]
 }
@@ -298,7 +299,7 @@ func (l *Loader) adoptTree(ix *Index) {
 	ix.nodes = l.built
 	if len(l.pools) > 0 {
 		ix.pool = l.pools[0]
-		ix.pool.huge = false // the tree grows from here one node at a time
+		ix.pool.huge = nil // the tree grows from here one node at a time
 	}
 	l.root, l.pools = node{}, nil
 }

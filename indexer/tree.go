@@ -43,11 +43,11 @@ type node struct {
 // belongs to one tree and is used under its lock; a parallel build uses a
 // pool per part.
 type nodePool struct {
-	slab []node   // handed out from the front
-	free *node    // freed nodes, linked through c1
-	next int      // nodes in the next slab; 0 before the first
-	huge bool     // advise large slabs for huge pages (a Loader's build)
-	_    [64]byte // keeps the pools of a parallel build off each other's cache lines
+	slab []node            // handed out from the front
+	free *node             // freed nodes, linked through c1
+	next int               // nodes in the next slab; 0 before the first
+	huge *hugepage.Scratch // a Loader's build: large slabs advised, recorded here
+	_    [64]byte          // keeps the pools of a parallel build off each other's cache lines
 }
 
 // Slabs double from nodeSlab nodes (320 KiB) up to maxNodeSlab (10 MiB):
@@ -58,6 +58,10 @@ type nodePool struct {
 // (internal/hugepage): a rebuild writes millions of nodes into fresh
 // memory at once, and a first touch then costs a fault per 2 MiB instead
 // of per 4 KiB (a 5M-block restore: 1.37 s of CPU in get, 0.6 s advised).
+// The advice is withdrawn with the Loader's scratch when it finishes: the
+// huge pages already made stay, and a slab freed later (a tree replaced
+// or thrown away) is not refilled by the kernel once the runtime returns
+// it.
 // A growing tree's pool does not: there the advice made the replicated
 // ingest slower (the FSM alone 2.35–2.69M → 1.69–2.14M block events/s in
 // alternating runs), the kernel assembling a huge page at each fault.
@@ -71,8 +75,8 @@ func (p *nodePool) get(parent *node, local, seq uint64) *node {
 	} else {
 		if len(p.slab) == cap(p.slab) {
 			size := max(p.next, nodeSlab)
-			if p.huge {
-				p.slab = hugepage.MakeCap[node](size)
+			if p.huge != nil {
+				p.slab = hugepage.MakeCapIn[node](p.huge, size)
 			} else {
 				p.slab = make([]node, 0, size)
 			}
