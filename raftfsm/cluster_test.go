@@ -3,10 +3,13 @@ package raftfsm
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -770,5 +773,44 @@ func TestStartRemovesARestoresLeftoverSpool(t *testing.T) {
 	}
 	if _, err := os.Stat(other); err != nil {
 		t.Fatalf("a file that is not a spool was removed: %v", err)
+	}
+}
+
+// TestRestoreIgnoresTheStreamsIndex: Raft numbers a user restore after its
+// own log, whatever index the stream's header carries; one of 2^64-1 (a
+// crafted file with a good checksum) wrapped Raft's numbering to 0 and
+// replayed the old log over the restored state. From a review.
+func TestRestoreIgnoresTheStreamsIndex(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 5, 7)}})
+	var buf bytes.Buffer
+	if _, err := l.SaveSnapshot(ctx(t), &buf); err != nil {
+		t.Fatal(err)
+	}
+	saved := l.fsm.Digest()
+	body := bytes.Clone(buf.Bytes()[:buf.Len()-sha256.Size])
+	binary.LittleEndian.PutUint64(body[12:], math.MaxUint64) // the header's index
+	sum := sha256.Sum256(body)
+	stream := append(body, sum[:]...)
+	if err := l.DeregisterWorker(ctx(t), 1); err != nil { // a change the restore undoes
+		t.Fatal(err)
+	}
+	last := l.raft.LastIndex()
+	if _, err := l.RestoreSnapshot(ctx(t), bytes.NewReader(stream)); err != nil {
+		t.Fatal(err)
+	}
+	if st := l.Status(); st.SnapshotIndex <= last || l.fsm.Digest() != saved {
+		t.Fatalf("after the restore: snapshot index %d (the log's last was %d), digest %016x (saved %016x)",
+			st.SnapshotIndex, last, l.fsm.Digest(), saved)
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 2, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.fsm.Workers()[1]; !ok {
+		t.Fatal("worker 1 of the restored state is gone after the next write")
 	}
 }

@@ -1263,7 +1263,12 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return SnapshotInfo{}, err
 	}
-	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Index: info.Index, Term: info.Term, Size: info.Bytes}
+	// Index 0: Raft numbers the restore after its own last index. The
+	// stream's index is another log's (the FSM does not keep it), and
+	// Raft would number the restore after it when larger: a header index
+	// of 2^64-1 wrapped to 0, and Raft handed the whole old log back to
+	// the FSM over the restored state.
+	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Index: 0, Term: info.Term, Size: info.Bytes}
 	timeout := 10 * n.cfg.ApplyTimeout
 	before := n.fsm.Members()
 	if err := n.raft.Restore(meta, tmp, timeout); err != nil {

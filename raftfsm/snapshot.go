@@ -134,6 +134,7 @@ type snapReader struct {
 	buf  []byte
 	key  []byte // the last key, reused: callers keep a key only until the next call
 	one  [1]byte
+	rerr error // the last error of the reader under ReadByte
 	info SnapshotInfo
 	want map[byte]uint64
 	got  [256]uint64
@@ -150,6 +151,7 @@ func (s *snapReader) ReadByte() (byte, error) {
 		s.h.Write(s.one[:])
 		s.n++
 	}
+	s.rerr = err
 	return b, err
 }
 
@@ -217,13 +219,22 @@ func (s *snapReader) counts(n int) error {
 
 // uvarint reads a uvarint, hashing its bytes in one write: read byte by
 // byte (binary.ReadUvarint), the hash's per-call cost was most of the
-// parse. Near the end of the stream, or on a malformed varint, it falls
-// back to binary.ReadUvarint, which reports those exactly.
+// parse. Near the end of the stream it falls back to binary.ReadUvarint,
+// which tells a truncated stream from a read error. A varint longer than
+// 64 bits is a bad snapshot, not a read error.
 func (s *snapReader) uvarint() (uint64, error) {
 	p, _ := s.r.Peek(binary.MaxVarintLen64)
 	v, n := binary.Uvarint(p)
-	if n <= 0 {
-		return binary.ReadUvarint(s)
+	if n < 0 {
+		return 0, bad("a record length overflows 64 bits")
+	}
+	if n == 0 {
+		s.rerr = nil
+		v, err := binary.ReadUvarint(s)
+		if err != nil && s.rerr == nil { // the reader was fine: the varint was not
+			return 0, bad("a record length overflows 64 bits")
+		}
+		return v, err
 	}
 	s.h.Write(p[:n])
 	s.n += int64(n)

@@ -558,3 +558,45 @@ func TestSeededNodeStartedWithOtherPeersIsRefused(t *testing.T) {
 		t.Fatalf("start with other peers: %v; want ErrInvalid naming the seeded peers", err)
 	}
 }
+
+// TestOverlongLengthIsABadSnapshot: a record length of more than 64 bits
+// (a bit flip can make one) is a bad snapshot, which the API answers 400
+// bad_snapshot, not a read error (500), wherever the stream is read; and
+// the FSM keeps its state. From a review.
+func TestOverlongLengthIsABadSnapshot(t *testing.T) {
+	build := func(tail []byte) []byte {
+		b := []byte(snapshotMagic)
+		b = binary.LittleEndian.AppendUint32(b, snapshotVersion)
+		b = binary.LittleEndian.AppendUint64(b, 42)
+		b = binary.LittleEndian.AppendUint64(b, 3)
+		b = append(b, 0)
+		b = append(b, tail...)
+		sum := sha256.Sum256(b)
+		return append(b, sum[:]...)
+	}
+	over := bytes.Repeat([]byte{0xff}, 10)
+	cases := map[string][]byte{
+		"key length":   build(append(slices.Clone(over), make([]byte, 64)...)),
+		"value length": build(append(append([]byte{2, store.KindCursor, 1}, over...), make([]byte, 64)...)),
+	}
+	for name, stream := range cases {
+		t.Run(name, func(t *testing.T) {
+			if _, err := InspectSnapshot(bytes.NewReader(stream)); !errors.Is(err, ErrBadSnapshot) {
+				t.Errorf("inspect: %v, want ErrBadSnapshot", err)
+			}
+			if _, err := checkSnapshot(bytes.NewReader(stream), indexer.New(indexer.Config{})); !errors.Is(err, ErrBadSnapshot) {
+				t.Errorf("check (the online restore's): %v, want ErrBadSnapshot", err)
+			}
+			f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+			defer f.Close()
+			var w logWriter
+			f.ApplyBatch([]*raft.Log{w.next(encodeRegister(1, &WorkerInfo{ID: 7, BlockSize: 16}))})
+			if err := f.Restore(nopCloser{bytes.NewReader(stream)}); !errors.Is(err, ErrBadSnapshot) {
+				t.Errorf("restore: %v, want ErrBadSnapshot", err)
+			}
+			if _, ok := f.Workers()[7]; !ok {
+				t.Errorf("the refused restore lost worker 7: %v", f.Workers())
+			}
+		})
+	}
+}
