@@ -134,6 +134,10 @@ func TestRoutes(t *testing.T) {
 			check: func(t *testing.T, a answer) {}},
 		{name: "settings bad view", method: "PUT", path: "/v1/settings", body: `{"view":"fancy"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"fancy"}},
 		{name: "settings negative", method: "PUT", path: "/v1/settings", body: `{"params":{"temperature":-1}}`, code: 400, reason: api.ReasonInvalid, msg: []string{"temperature"}},
+		// A weight that overflows every route's cost (a 500 on every route
+		// after the write) is refused. From a review.
+		{name: "settings weight too large", method: "PUT", path: "/v1/settings", body: `{"params":{"prefill_load_scale":1e308}}`, code: 400, reason: api.ReasonInvalid, msg: []string{"prefill_load_scale", "1e+12"}},
+		{name: "route override too large", setup: withWorkers, method: "POST", path: "/v1/route", body: `{"isl":16,"overrides":{"prefill_load_scale":1e308}}`, code: 400, reason: api.ReasonInvalid, msg: []string{"prefill_load_scale"}},
 		// A null decodes into a struct as nothing: it must not stand for
 		// a body of every default (settings reset, a rank emptied).
 		{name: "settings null", method: "PUT", path: "/v1/settings", body: ` null `, code: 400, reason: api.ReasonBadJSON, msg: []string{"JSON object"}},

@@ -71,7 +71,14 @@ func DefaultParams() Params {
 	}
 }
 
-// Validate checks that every weight is finite and not negative.
+// MaxWeight bounds every weight (and the temperature and busy fraction):
+// far above any useful value, and low enough that no cost can overflow
+// (a weight of 1e308 made every route's cost +Inf, and one cluster
+// setting so broke every route).
+const MaxWeight = 1e12
+
+// Validate checks that every weight is finite, not negative and at most
+// MaxWeight.
 func (p Params) Validate() error {
 	for _, f := range [...]struct {
 		name string
@@ -85,8 +92,8 @@ func (p Params) Validate() error {
 		{"temperature", p.Temperature},
 		{"busy_decode_fraction", p.BusyDecodeFraction},
 	} {
-		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
-			return fmt.Errorf("%w: %s = %v (want a finite value >= 0)", ErrInvalidParams, f.name, f.v)
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 || f.v > MaxWeight {
+			return fmt.Errorf("%w: %s = %v (want 0 to %g)", ErrInvalidParams, f.name, f.v, float64(MaxWeight))
 		}
 	}
 	if p.BusyPrefillTokens < 0 {
@@ -254,15 +261,15 @@ func (d *Decision) Prefer(r kvevent.Rank) bool {
 
 // Keep moves the choice to rank r, whatever its cost, when r is a
 // candidate: the request is already booked there (DecidedByBooking), and
-// a second booking elsewhere would count its load twice. It reports
-// whether r is a candidate.
+// a second booking elsewhere would count its load twice. The decision's
+// cost becomes r's. It reports whether r is a candidate.
 func (d *Decision) Keep(r kvevent.Rank) bool {
 	if c := d.Chosen(); c != nil && c.Rank == r {
 		return true
 	}
 	for i := range d.Candidates {
 		if d.Candidates[i].Rank == r {
-			d.Rank, d.Index, d.DecidedBy = r, i, DecidedByBooking
+			d.Rank, d.Index, d.DecidedBy, d.Cost = r, i, DecidedByBooking, d.Candidates[i].Cost
 			return true
 		}
 	}

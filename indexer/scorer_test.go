@@ -327,7 +327,10 @@ func TestInvalidInputIsAnErrorNotAPanic(t *testing.T) {
 		{"negative load", DefaultParams(), Request{BlockSize: 16}, []Candidate{{Rank: wkA0, Load: Load{ActiveRequests: -1}}}, nil, ErrInvalidCandidate},
 		{"negative potential", DefaultParams(), Request{BlockSize: 16}, []Candidate{{Rank: wkA0, PotentialDecodeBlocks: -1}}, nil, ErrInvalidCandidate},
 		{"negative capacity", DefaultParams(), Request{BlockSize: 16}, []Candidate{{Rank: wkA0, CapacityBlocks: -1}}, nil, ErrInvalidCandidate},
-		{"cost overflows", Params{PrefillLoadScale: math.MaxFloat64}, Request{ISL: math.MaxInt, BlockSize: 1}, ok, nil, ErrInvalidCandidate},
+		// A weight that made every cost +Inf (a 500 on every route, for
+		// a cluster setting) is refused as a parameter. From a review.
+		{"weight over MaxWeight", Params{PrefillLoadScale: math.MaxFloat64}, Request{ISL: math.MaxInt, BlockSize: 1}, ok, nil, ErrInvalidParams},
+		{"temperature over MaxWeight", Params{Temperature: 2 * MaxWeight}, Request{BlockSize: 16}, ok, nil, ErrInvalidParams},
 	}
 	for _, c := range cases {
 		var d Decision
@@ -338,6 +341,48 @@ func TestInvalidInputIsAnErrorNotAPanic(t *testing.T) {
 		if d.Chosen() != nil {
 			t.Errorf("%s: a rank was chosen despite the error", c.name)
 		}
+	}
+}
+
+// TestLargestWeightsKeepCostsFinite: at MaxWeight, with the largest
+// request and loads, every cost is finite: Select chooses, and its
+// overflow check (ErrInvalidCandidate) is never reached through valid
+// parameters.
+func TestLargestWeightsKeepCostsFinite(t *testing.T) {
+	p := Params{OverlapScoreCredit: MaxWeight, HostCacheHitWeight: MaxWeight, DiskCacheHitWeight: MaxWeight,
+		PrefillLoadScale: MaxWeight, DecodeActiveRequestWeight: MaxWeight, BusyDecodeFraction: MaxWeight}
+	load := Load{ActivePrefillTokens: math.MaxInt64, ActiveDecodeBlocks: math.MaxInt64, ActiveRequests: math.MaxInt64}
+	cands := []Candidate{{Rank: wkA0, Load: load, PotentialDecodeBlocks: math.MaxInt64, CapacityBlocks: math.MaxInt64}, {Rank: wkA1}}
+	var d Decision
+	if err := Select(p, Request{ISL: math.MaxInt, BlockSize: 1}, cands, nil, &d); err != nil {
+		t.Fatalf("Select at MaxWeight: %v", err)
+	}
+	for _, c := range d.Candidates {
+		if math.IsInf(c.Cost, 0) || math.IsNaN(c.Cost) {
+			t.Fatalf("rank %v: cost %v", c.Rank, c.Cost)
+		}
+	}
+}
+
+// TestKeepMovesTheCostWithTheChoice: a booking kept on its rank reports
+// that rank's cost, not the cost of the rank Select chose. From a review.
+func TestKeepMovesTheCostWithTheChoice(t *testing.T) {
+	cands := []Candidate{
+		{Rank: wkA0, Load: Load{ActivePrefillTokens: 400}},
+		{Rank: wkA1},
+	}
+	var d Decision
+	if err := Select(DefaultParams(), Request{ISL: 4, BlockSize: 4}, cands, nil, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Rank != wkA1 {
+		t.Fatalf("chose %v, want the idle rank %v", d.Rank, wkA1)
+	}
+	if !d.Keep(wkA0) {
+		t.Fatal("Keep: not a candidate")
+	}
+	if c := d.Chosen(); c.Rank != wkA0 || d.Cost != c.Cost || d.DecidedBy != DecidedByBooking {
+		t.Fatalf("after Keep: decision rank %v cost %v by %v; chosen %v cost %v", d.Rank, d.Cost, d.DecidedBy, c.Rank, c.Cost)
 	}
 }
 
