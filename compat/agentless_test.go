@@ -203,3 +203,41 @@ func TestSaltedInstanceIsMatchedWithItsCacheSaltOnly(t *testing.T) {
 		t.Fatalf("select without the salt: overlap %+v, want none", s.Overlap)
 	}
 }
+
+// POST /events for an agentless instance is refused (409): its ids are
+// positions in the engine's stream, which the leader's subscriber commits;
+// a posted id in a late epoch would move the rank's cursor there, and the
+// subscriber could never commit again. The cursor stays, and the
+// subscriber's batches go on committing.
+func TestEventsForAnAgentlessInstanceAreRefused(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://127.0.0.1:9",
+		ModelName: "llama", BlockSize: 4}), 201, "register")
+	id := WorkerID(1, "llama", DefaultTenant)
+	if !n.node.WorkerTable()[id].Positional {
+		t.Fatal("the instance is not agentless")
+	}
+	rk := kvevent.Rank{Worker: id}
+	before := n.node.Cursor(rk)
+	r := n.do(t, codecJSON, "POST", "/events", EventsRequest{InstanceID: 1, ModelName: "llama", Events: []Event{
+		{EventID: Position(maxEpoch, 0, 1), Type: "stored", Blocks: []Block{{BlockHash: 1, TokensHash: 2}}}}})
+	if r.code != 409 || !bytes.Contains(r.body, []byte("agentless")) || !bytes.Contains(r.body, []byte("false")) {
+		t.Fatalf("POST /events for the agentless instance: %d %s, want 409 saying to register it with agentless false", r.code, r.body)
+	}
+	if got := n.node.Cursor(rk); got != before {
+		t.Fatalf("the refused post moved the rank's cursor from %d to %d", before, got)
+	}
+
+	// What the leader's subscriber of the rank commits from now on.
+	a := &Agentless{b: n.node, cfg: AgentlessConfig{CommitTimeout: 5 * time.Second}, log: quiet}
+	s := &positionSink{a: a, rank: rk}
+	for seq := uint64(0); seq < 3; seq++ {
+		ev := []kvevent.Event{{Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 10 + seq, LocalHash: 20 + seq}}}}
+		if seq > 0 {
+			ev[0].HasParent, ev[0].Parent = true, 10+seq-1
+		}
+		if err := s.Events(rk, seq, ev); err != nil {
+			t.Fatalf("the engine's batch %d: %v", seq, err)
+		}
+	}
+}

@@ -751,6 +751,9 @@ func (x *Indexer) resolve(instance uint64, model, tenant string) (*raftfsm.Worke
 	return nil, badRequest("instance %d is registered for %d (model, tenant) pairs: name model_name and tenant_id", instance, len(found))
 }
 
+// doEvents applies posted events through each rank's cursor. An agentless
+// (positional) instance's are refused: its engine's stream is followed by
+// the leader.
 func (x *Indexer) doEvents(ctx context.Context, req *EventsRequest) (EventsResponse, error) {
 	if err := x.b.CheckLeader(); err != nil {
 		return EventsResponse{}, err
@@ -761,6 +764,14 @@ func (x *Indexer) doEvents(ctx context.Context, req *EventsRequest) (EventsRespo
 	}
 	if req.BlockSize != 0 && req.BlockSize != wi.BlockSize {
 		return EventsResponse{}, badRequest("block_size %d: instance %d is registered with %d", req.BlockSize, req.InstanceID, wi.BlockSize)
+	}
+	if wi.Positional {
+		// Its cursor holds positions in the engine's stream, which the
+		// leader's subscriber commits: a posted id past them would leave
+		// the subscriber nothing it could commit.
+		return EventsResponse{}, &httpError{code: http.StatusConflict, err: fmt.Errorf(
+			"instance %d of %s/%s is agentless: its events come from its engine, which the cluster follows; "+
+				"to post its events instead, unregister it and register it with \"agentless\": false", req.InstanceID, wi.Model, wi.Tenant)}
 	}
 	ns := namespace{workers: map[uint64]*raftfsm.WorkerInfo{wi.ID: wi}}
 	var batches []raftfsm.RankBatch
