@@ -302,7 +302,7 @@ func decodeWorker(d *dec) WorkerInfo {
 		w.DPRanks = append(w.DPRanks, uint32(r))
 	}
 	bs := d.uv("block size")
-	if bs > 1<<20 {
+	if bs > MaxBlockSize {
 		d.fail("block size")
 	}
 	w.BlockSize = int(bs)

@@ -1020,9 +1020,15 @@ func (n *Node) ReplaceRank(ctx context.Context, r kvevent.Rank, cursor uint64, s
 	return nil
 }
 
-// RegisterWorker registers (or re-registers) a worker.
+// RegisterWorker registers (or re-registers) a worker. A registration
+// replaces the worker's: the dp ranks the previous one had and this one
+// does not leave the worker, and their index state is removed. For a /v1
+// worker that was registered (its lease live) that is logged at Warn: it
+// is what two agents given one worker id for different dp ranges do to
+// each other.
 func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
-	if w.BlockSize <= 0 || w.BlockSize > 1<<20 {
+	prev, known := n.fsm.Workers()[w.ID]
+	if w.BlockSize <= 0 || w.BlockSize > MaxBlockSize {
 		return fmt.Errorf("%w: block size %d", ErrInvalid, w.BlockSize)
 	}
 	for _, c := range w.Capacity {
@@ -1034,7 +1040,40 @@ func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 		return fmt.Errorf("%w: negative lease %d ms", ErrInvalid, w.LeaseMs)
 	}
 	_, err := n.apply(ctx, encodeRegister(now(), &w))
+	if err == nil && known {
+		n.warnDroppedRanks(&prev, &w)
+	}
 	return err
+}
+
+// warnDroppedRanks logs, at Warn, the dp ranks of prev, a registered /v1
+// worker's registration, that next, its new one, drops. The compatible
+// APIs' workers (a tenant) are left out: their /unregister of one dp rank
+// is such a registration, on purpose.
+func (n *Node) warnDroppedRanks(prev, next *WorkerInfo) {
+	if prev.Tenant != "" {
+		return
+	}
+	ranksOf := func(w *WorkerInfo) []uint32 {
+		if len(w.DPRanks) == 0 {
+			return []uint32{0} // as the FSM registers it
+		}
+		return w.DPRanks
+	}
+	kept := slices.Sorted(slices.Values(ranksOf(next)))
+	var dropped []uint32
+	for _, dp := range ranksOf(prev) {
+		if _, ok := slices.BinarySearch(kept, dp); !ok {
+			dropped = append(dropped, dp)
+		}
+	}
+	if len(dropped) == 0 {
+		return
+	}
+	slices.Sort(dropped)
+	n.logger.Warn("a registration of a registered worker drops dp ranks it had: their index state is removed "+
+		"(a registration replaces the worker's dp ranks; an engine's ranks on several hosts need one worker id per host's agent)",
+		"worker", next.ID, "dropped", dropped, "ranks", kept)
 }
 
 // DeregisterWorker removes a worker and everything the index holds of it.

@@ -7,6 +7,10 @@ import (
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
+// MaxBlockSize is the largest block size, in tokens, a registration may
+// give: RegisterWorker refuses a larger one (ErrInvalid).
+const MaxBlockSize = 1 << 20
+
 // WorkerInfo is a worker's registration: replicated, so that every node
 // scores the same candidates.
 type WorkerInfo struct {
