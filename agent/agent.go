@@ -34,11 +34,13 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/enginesub"
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/indexer"
@@ -71,9 +73,11 @@ type Config struct {
 	// Registration, when Registrar is set, is registered on start and
 	// again whenever the leader answers a heartbeat saying the worker is
 	// unknown (its lease expired while the agent was cut off). Its ID and
-	// DPRanks are set from Worker, DPStart and DPRanks. Its Salt, the
-	// engine's additional salt, is in every block's content hash
-	// (engine.SaltedSeed), registered or not.
+	// DPRanks are set from Worker, DPStart and DPRanks (what the caller
+	// put there is replaced: a registration replaces the worker's dp ranks,
+	// so one agent per worker id). Its BlockSize is BlockSize's: 0 takes
+	// it, another is ErrConfig. Its Salt, the engine's additional salt, is
+	// in every block's content hash (engine.SaltedSeed), registered or not.
 	Registration raftfsm.WorkerInfo
 	Registrar    Registrar
 	// HeartbeatInterval is how often the agent tells the leader its worker
@@ -88,6 +92,9 @@ type Config struct {
 }
 
 // Registrar registers a worker with the router cluster: *client.Client.
+// The agent takes an error wrapping raftfsm.ErrInvalid, or a *client.Error
+// of a status 4xx but 408 and 429, as the router refusing the registration
+// for good (ErrRegistrationRefused); it retries any other.
 type Registrar interface {
 	RegisterWorker(ctx context.Context, w raftfsm.WorkerInfo) error
 }
@@ -112,6 +119,15 @@ type Agent struct {
 
 var _ enginesub.Sink = (*Agent)(nil)
 
+var (
+	// ErrConfig marks a Config that New refuses.
+	ErrConfig = errors.New("agent: invalid config")
+	// ErrRegistrationRefused is what Run returns, wrapping the router's
+	// answer, when the router refused the worker's registration as
+	// invalid: it would refuse it again, and the agent does not retry.
+	ErrRegistrationRefused = errors.New("the router refuses the worker's registration")
+)
+
 // New checks cfg and returns an Agent; Run starts it.
 func New(cfg Config) (*Agent, error) {
 	if cfg.DPRanks == 0 {
@@ -119,12 +135,16 @@ func New(cfg Config) (*Agent, error) {
 	}
 	switch {
 	case cfg.BlockSize <= 0:
-		return nil, fmt.Errorf("agent: block size %d", cfg.BlockSize)
+		return nil, fmt.Errorf("%w: block size %d", ErrConfig, cfg.BlockSize)
 	case cfg.Conn == nil:
-		return nil, errors.New("agent: no NATS connection")
+		return nil, fmt.Errorf("%w: no NATS connection", ErrConfig)
 	case cfg.DPRanks < 0:
-		return nil, fmt.Errorf("agent: %d dp ranks", cfg.DPRanks)
+		return nil, fmt.Errorf("%w: %d dp ranks", ErrConfig, cfg.DPRanks)
+	case cfg.Registration.BlockSize != 0 && cfg.Registration.BlockSize != cfg.BlockSize:
+		return nil, fmt.Errorf("%w: Registration.BlockSize %d and BlockSize %d: the router would score with another block size than the agent hashes with",
+			ErrConfig, cfg.Registration.BlockSize, cfg.BlockSize)
 	}
+	cfg.Registration.BlockSize = cfg.BlockSize
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -163,11 +183,12 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.pub, a.group = pub, g
+	dps := make([]uint32, 0, len(g.Subscribers())) // not the caller's
 	for _, s := range g.Subscribers() {
 		a.ranks = append(a.ranks, s.Rank())
-		a.cfg.Registration.DPRanks = append(a.cfg.Registration.DPRanks, s.Rank().DP)
+		dps = append(dps, s.Rank().DP)
 	}
-	a.cfg.Registration.ID = cfg.Worker
+	a.cfg.Registration.ID, a.cfg.Registration.DPRanks = cfg.Worker, dps
 	return a, nil
 }
 
@@ -181,21 +202,25 @@ func (a *Agent) Publisher() *eventplane.Publisher { return a.pub }
 func (a *Agent) Subscribers() []*enginesub.Subscriber { return a.group.Subscribers() }
 
 // Run resyncs every rank and follows the engine until ctx ends. It returns
-// nil when ctx is cancelled.
+// nil when ctx is cancelled, and an error wrapping ErrRegistrationRefused
+// and the router's answer when the router refused the registration.
 func (a *Agent) Run(ctx context.Context) error {
 	for _, r := range a.ranks {
 		a.pub.Resync(r)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		a.heartbeats(ctx)
+		a.heartbeats(ctx, cancel)
 	}()
 	err := a.group.Run(ctx)
-	cancel()
+	cancel(nil)
 	<-done
+	if cause := context.Cause(ctx); errors.Is(cause, ErrRegistrationRefused) {
+		return errors.Join(cause, err)
+	}
 	return err
 }
 
@@ -204,8 +229,9 @@ func (a *Agent) Run(ctx context.Context) error {
 // whenever the leader does not know it. Registration runs beside the
 // heartbeats, not between them: a try against a slow or unreachable HTTP
 // API takes seconds, and heartbeats held back meanwhile let the lease of a
-// live worker run out. It returns when ctx ends.
-func (a *Agent) heartbeats(ctx context.Context) {
+// live worker run out. It returns when ctx ends; a registration the router
+// refuses ends it, through stop.
+func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 	var kick chan struct{}
 	// Heartbeats are numbered; registeredAt is the number of the first
 	// heartbeat sent after the last registration went through, 0 while
@@ -218,7 +244,9 @@ func (a *Agent) heartbeats(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.registrations(ctx, kick, &beats, &registeredAt)
+			if err := a.registrations(ctx, kick, &beats, &registeredAt); err != nil {
+				stop(err)
+			}
 		}()
 		defer wg.Wait()
 	}
@@ -260,13 +288,15 @@ func (a *Agent) heartbeats(ctx context.Context) {
 // removal (the lease ran out, or an operator removed the worker), which
 // took the ranks' state off the router: every rank is resynced, so that
 // the router holds what the engine does again without waiting for the
-// engine's next event to show a gap.
-func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, beats, registeredAt *atomic.Int64) {
+// engine's next event to show a gap. It returns nil when ctx ends, and an
+// error wrapping ErrRegistrationRefused when the router refused the
+// registration as invalid (refused): a retry would be refused too.
+func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, beats, registeredAt *atomic.Int64) error {
 	first := true
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-kick:
 		}
 		backoff := 100 * time.Millisecond
@@ -277,10 +307,15 @@ func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, beats, 
 			if err == nil {
 				break
 			}
+			if refused(err) {
+				a.log.Error("the router refuses the worker's registration; stopping (fix the registration: a retry would be refused too)",
+					"worker", a.cfg.Worker, "err", err)
+				return fmt.Errorf("%w (worker %d; a retry would be refused too: fix the registration): %w", ErrRegistrationRefused, a.cfg.Worker, err)
+			}
 			a.log.Warn("registering the worker failed; retrying", "worker", a.cfg.Worker, "err", err)
 			select {
 			case <-ctx.Done():
-				return
+				return nil
 			case <-time.After(backoff/2 + rand.N(backoff/2+1)):
 			}
 			backoff = min(2*backoff, 5*time.Second)
@@ -294,6 +329,19 @@ func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, beats, 
 		}
 		first = false
 	}
+}
+
+// refused reports whether err is the router refusing a registration for
+// good: raftfsm.ErrInvalid (from a Node, or the HTTP API's reason invalid),
+// or any other answer 4xx of the HTTP API but 408 (a timeout) and 429 (a
+// rate limit), which a retry may get past.
+func refused(err error) bool {
+	var ae *client.Error
+	if errors.As(err, &ae) {
+		c := ae.StatusCode
+		return c >= 400 && c < 500 && c != http.StatusRequestTimeout && c != http.StatusTooManyRequests
+	}
+	return errors.Is(err, raftfsm.ErrInvalid)
 }
 
 // Flush waits until the router acknowledged every event published so far,

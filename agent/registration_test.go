@@ -1,0 +1,180 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/nats-io/nats.go"
+)
+
+// countingRegistrar counts the registrations it passes on.
+type countingRegistrar struct {
+	next  Registrar
+	calls atomic.Int32
+}
+
+func (c *countingRegistrar) RegisterWorker(ctx context.Context, w raftfsm.WorkerInfo) error {
+	c.calls.Add(1)
+	return c.next.RegisterWorker(ctx, w)
+}
+
+// newAgentOf returns an agent of worker 7 rank 0 (its subscriber binds an
+// ephemeral port no engine connects to) that registers through reg.
+func newAgentOf(t *testing.T, r *router, blockSize int, reg Registrar) *Agent {
+	t.Helper()
+	nc, err := nats.Connect(r.ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	a, err := New(Config{Worker: 7, Endpoint: "tcp://127.0.0.1:*", Bind: true, BlockSize: blockSize, Conn: nc, Logger: quiet,
+		Registrar: reg, HeartbeatInterval: 50 * time.Millisecond, Registration: raftfsm.WorkerInfo{LeaseMs: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
+}
+
+// A registration the router refuses as invalid (a block size past its
+// bound) is not retried: the router would refuse it again, for ever. Run
+// stops and says why.
+func TestRunStopsOnARegistrationTheRouterRefuses(t *testing.T) {
+	r := startRouter(t)
+	reg := &countingRegistrar{next: r.node}
+	a := newAgentOf(t, r, raftfsm.MaxBlockSize+1, reg)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err := a.Run(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("Run went on until its context ended with a registration the router refuses: %d tries", reg.calls.Load())
+	}
+	if !errors.Is(err, ErrRegistrationRefused) || !errors.Is(err, raftfsm.ErrInvalid) || !strings.Contains(err.Error(), "block size") {
+		t.Fatalf("Run: %v, want ErrRegistrationRefused wrapping the router's ErrInvalid about the block size", err)
+	}
+	if n := reg.calls.Load(); n != 1 {
+		t.Errorf("%d registrations sent, want 1", n)
+	}
+}
+
+// Through the HTTP API, a 4xx answer is the router refusing the
+// registration (Run stops), except 408 and 429, which, like a 5xx, are
+// retried.
+func TestRegistrationAnswersThatStopTheAgent(t *testing.T) {
+	for _, tc := range []struct {
+		code int
+		stop bool
+	}{
+		{http.StatusBadRequest, true},
+		{http.StatusUnauthorized, true},
+		{http.StatusNotFound, true},
+		{http.StatusRequestTimeout, false},
+		{http.StatusTooManyRequests, false},
+		{http.StatusServiceUnavailable, false},
+	} {
+		t.Run(fmt.Sprint(tc.code), func(t *testing.T) {
+			r := startRouter(t)
+			var calls atomic.Int32
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				calls.Add(1)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(tc.code)
+				fmt.Fprintf(w, `{"error":"answer %d","reason":"test"}`, tc.code)
+			}))
+			defer srv.Close()
+			cl, err := client.New([]string{strings.TrimPrefix(srv.URL, "http://")}, client.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			a := newAgentOf(t, r, 4, cl)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- a.Run(ctx) }()
+			if !tc.stop {
+				waitFor(t, "a second try", func() bool { return calls.Load() >= 2 })
+				cancel()
+				if err := <-done; err != nil {
+					t.Fatalf("Run after a retried answer %d: %v", tc.code, err)
+				}
+				return
+			}
+			err = <-done
+			if ctx.Err() != nil {
+				t.Fatalf("answer %d: Run went on until its context ended (%d tries)", tc.code, calls.Load())
+			}
+			var ce *client.Error
+			if !errors.Is(err, ErrRegistrationRefused) || !errors.As(err, &ce) || ce.StatusCode != tc.code {
+				t.Fatalf("answer %d: Run returned %v, want ErrRegistrationRefused with the answer", tc.code, err)
+			}
+			if n := calls.Load(); n != 1 {
+				t.Errorf("answer %d: %d tries, want 1", tc.code, n)
+			}
+		})
+	}
+}
+
+// New sets Registration.DPRanks from the ranks the agent follows: a caller
+// that filled them does not register a rank twice (which POST /v1/workers
+// refuses), and the caller's slice is not written.
+func TestNewSetsTheRegisteredDPRanks(t *testing.T) {
+	r := startRouter(t)
+	nc, err := nats.Connect(r.ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	mine := make([]uint32, 1, 4)
+	mine[0] = 9
+	a, err := New(Config{Worker: 7, DPStart: 3, DPRanks: 2, Endpoint: "tcp://127.0.0.1:40000", Bind: true, BlockSize: 4,
+		Conn: nc, Logger: quiet, Registrar: r.node, Registration: raftfsm.WorkerInfo{BlockSize: 4, DPRanks: mine}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if got := a.cfg.Registration.DPRanks; !slices.Equal(got, []uint32{3, 4}) {
+		t.Errorf("the agent registers dp ranks %v, want [3 4]", got)
+	}
+	if full := mine[:cap(mine)]; !slices.Equal(full, []uint32{9, 0, 0, 0}) {
+		t.Errorf("the caller's DPRanks array was written: %v", full)
+	}
+}
+
+// Registration.BlockSize is the block size the router scores with; it
+// defaults to Config.BlockSize, the one the agent hashes with, and New
+// refuses the two when they differ.
+func TestNewReconcilesTheRegisteredBlockSize(t *testing.T) {
+	r := startRouter(t)
+	nc, err := nats.Connect(r.ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cfg := Config{Worker: 7, Endpoint: "tcp://127.0.0.1:*", Bind: true, BlockSize: 16, Conn: nc, Logger: quiet}
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if got := a.cfg.Registration.BlockSize; got != 16 {
+		t.Errorf("registered block size %d, want Config.BlockSize 16", got)
+	}
+	cfg.Registration.BlockSize = 32
+	if a, err := New(cfg); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "32") {
+		if err == nil {
+			a.Close()
+		}
+		t.Errorf("New with Config.BlockSize 16 and Registration.BlockSize 32: %v, want ErrConfig naming both", err)
+	}
+}
