@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/agent"
 	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/enginesub"
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/internal/limits"
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -59,14 +60,16 @@ func app() *cli.App {
    kvagent ... --offload-socket /run/kvagent/offload.sock --block-bytes 2097152 \
      --host-blocks 10240 --disk-dir /var/lib/kvagent/g3 --disk-blocks 204800`,
 		Flags: append([]cli.Flag{
-			&cli.Uint64Flag{Name: "worker-id", EnvVars: []string{"KVAGENT_WORKER_ID"}, Usage: "the worker id the router knows this engine by (required)"},
+			&cli.Uint64Flag{Name: "worker-id", EnvVars: []string{"KVAGENT_WORKER_ID"}, Usage: "the worker id the router knows this engine by (required); one agent per worker id: " +
+				"its registration replaces the worker's dp ranks, so an engine whose dp ranks run on several hosts needs one worker id per host's agent"},
 			&cli.IntFlag{Name: "block-size", EnvVars: []string{"KVAGENT_BLOCK_SIZE"}, Usage: "the engine's KV block size in tokens (required)"},
 			&cli.StringFlag{Name: "engine-endpoint", Value: "tcp://127.0.0.1:5557", EnvVars: []string{"KVAGENT_ENGINE_ENDPOINT"}, Usage: "dp rank 0's ZMQ event endpoint; rank r uses port + r"},
 			&cli.StringFlag{Name: "replay-endpoint", EnvVars: []string{"KVAGENT_REPLAY_ENDPOINT"}, Usage: "dp rank 0's ZMQ replay endpoint (ROUTER); rank r uses port + r"},
-			&cli.BoolFlag{Name: "bind", Usage: "bind the event endpoint (the engine connects) instead of connecting to it"},
-			&cli.StringFlag{Name: "topic", Usage: "topic prefix to subscribe to"},
-			&cli.UintFlag{Name: "dp-start", Usage: "the first dp rank to follow"},
-			&cli.IntFlag{Name: "dp-size", Value: 1, Usage: "how many dp ranks to follow"},
+			&cli.BoolFlag{Name: "bind", EnvVars: []string{"KVAGENT_BIND"}, Usage: "bind the event endpoint (the engine connects) instead of connecting to it"},
+			&cli.StringFlag{Name: "topic", EnvVars: []string{"KVAGENT_TOPIC"}, Usage: "topic prefix to subscribe to"},
+			&cli.UintFlag{Name: "dp-start", EnvVars: []string{"KVAGENT_DP_START"}, Usage: "the first dp rank to follow; the agent registers the worker with its own ranks, which replaces " +
+				"the worker's dp ranks: an engine whose ranks run on several hosts needs one --worker-id per host's agent"},
+			&cli.IntFlag{Name: "dp-size", Value: 1, EnvVars: []string{"KVAGENT_DP_SIZE"}, Usage: "how many dp ranks to follow"},
 			&cli.StringFlag{Name: "nats-url", Value: "nats://127.0.0.1:4222", EnvVars: []string{"KVAGENT_NATS_URL"}, Usage: "the router cluster's NATS (url,url,...: any node's embedded server)"},
 			&cli.StringFlag{Name: "nats-user", EnvVars: []string{"KVAGENT_NATS_USER"}, Usage: "NATS user"},
 			&cli.StringFlag{Name: "nats-password", EnvVars: []string{"KVAGENT_NATS_PASSWORD"}, Usage: "NATS password"},
@@ -78,16 +81,16 @@ func app() *cli.App {
 			&cli.StringFlag{Name: "router-token", EnvVars: []string{"KVAGENT_ROUTER_TOKEN"}, Usage: "the router cluster's bearer token, when its nodes ask for one (kvrouter --token)"},
 			&cli.StringFlag{Name: "router-token-file", EnvVars: []string{"KVAGENT_ROUTER_TOKEN_FILE"}, Usage: "read --router-token from this file"},
 			&cli.StringFlag{Name: "router-tls-ca", EnvVars: []string{"KVAGENT_ROUTER_TLS_CA"}, Usage: "PEM CA of the router nodes' HTTP certificates: reach --router over TLS, trusting it"},
-			&cli.StringFlag{Name: "endpoint", Usage: "where the router should send this worker's requests (registered as is)"},
+			&cli.StringFlag{Name: "endpoint", EnvVars: []string{"KVAGENT_ENDPOINT"}, Usage: "where the router should send this worker's requests (registered as is)"},
 			&cli.StringFlag{Name: "salt", EnvVars: []string{"KVAGENT_SALT"}, Usage: "the engine's additional salt, in every block hash it makes: the agent hashes its blocks with it too (and registers it), and a route finds them only with cache_salt set to it"},
-			&cli.StringFlag{Name: "model", Usage: "the model this worker serves (registered as is)"},
-			&cli.Int64Flag{Name: "capacity-device", Usage: "KV capacity in blocks on the GPU (0 = unknown)"},
-			&cli.Int64Flag{Name: "capacity-host", Usage: "KV capacity in blocks in host memory"},
-			&cli.Int64Flag{Name: "capacity-disk", Usage: "KV capacity in blocks on disk"},
-			&cli.DurationFlag{Name: "heartbeat-interval", Value: time.Second, Usage: "how often to tell the leader the worker is alive"},
-			&cli.DurationFlag{Name: "lease", Value: 10 * time.Second, Usage: "the worker's lease: the leader removes it after this long without a heartbeat (0: never)"},
+			&cli.StringFlag{Name: "model", EnvVars: []string{"KVAGENT_MODEL"}, Usage: "the model this worker serves (registered as is)"},
+			&cli.Int64Flag{Name: "capacity-device", EnvVars: []string{"KVAGENT_CAPACITY_DEVICE"}, Usage: "KV capacity in blocks on the GPU (0 = unknown)"},
+			&cli.Int64Flag{Name: "capacity-host", EnvVars: []string{"KVAGENT_CAPACITY_HOST"}, Usage: "KV capacity in blocks in host memory"},
+			&cli.Int64Flag{Name: "capacity-disk", EnvVars: []string{"KVAGENT_CAPACITY_DISK"}, Usage: "KV capacity in blocks on disk"},
+			&cli.DurationFlag{Name: "heartbeat-interval", Value: time.Second, EnvVars: []string{"KVAGENT_HEARTBEAT_INTERVAL"}, Usage: "how often to tell the leader the worker is alive"},
+			&cli.DurationFlag{Name: "lease", Value: 10 * time.Second, EnvVars: []string{"KVAGENT_LEASE"}, Usage: "the worker's lease: the leader removes it after this long without a heartbeat (0: never)"},
 			&cli.StringFlag{Name: "metrics-addr", Value: "127.0.0.1:9464", EnvVars: []string{"KVAGENT_METRICS_ADDR"}, Usage: "where /metrics is served (empty: nowhere)"},
-			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
+			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"KVAGENT_LOG_LEVEL"}, Usage: "debug, info, warn or error"},
 		}, offloadCLIFlags()...),
 		Action: run,
 		// A flag that does not parse is a usage error: exit 2.
@@ -236,10 +239,10 @@ func checkFlags(c *cli.Context) error {
 	switch {
 	case !c.IsSet("worker-id"):
 		return usage("--worker-id is required")
-	case c.Int("block-size") <= 0:
-		return usage("--block-size %d: want the engine's KV block size in tokens, > 0 (required)", c.Int("block-size"))
-	case c.Int("dp-size") < 1:
-		return usage("--dp-size %d: want at least 1", c.Int("dp-size"))
+	case c.Int("block-size") <= 0 || c.Int("block-size") > raftfsm.MaxBlockSize:
+		return usage("--block-size %d: want the engine's KV block size in tokens, 1 to %d (required)", c.Int("block-size"), raftfsm.MaxBlockSize)
+	case c.Int("dp-size") < 1 || c.Int("dp-size") > limits.MaxDPRanks:
+		return usage("--dp-size %d: want 1 to %d (the ranks of one worker the router takes)", c.Int("dp-size"), limits.MaxDPRanks)
 	case uint64(c.Uint("dp-start")) > math.MaxUint32 || uint64(c.Int("dp-size")) > math.MaxUint32+1-uint64(c.Uint("dp-start")):
 		// A rank is 32 bits: past that, --dp-start wrapped to a rank of
 		// another worker's dp range.
@@ -251,8 +254,22 @@ func checkFlags(c *cli.Context) error {
 	case lease > 0 && lease <= hb:
 		return usage("--lease %v is not longer than --heartbeat-interval %v: the worker would be removed between heartbeats", lease, hb)
 	}
-	if why := limits.Name(c.String("salt")); why != "" {
-		return usage("--salt %s", why) // the router would refuse the registration
+	// The router would refuse the registration.
+	for _, f := range []string{"salt", "model", "endpoint"} {
+		if why := limits.Name(c.String(f)); why != "" {
+			return usage("--%s %s", f, why)
+		}
+	}
+	// Rank r's endpoints are rank 0's, offset by r: the last rank's must
+	// exist (the port offset stays a port; an ipc endpoint has none).
+	last := uint32(c.Uint("dp-start")) + uint32(c.Int("dp-size")-1)
+	for _, f := range []string{"engine-endpoint", "replay-endpoint"} {
+		if ep := c.String(f); ep != "" {
+			if _, err := enginesub.RankEndpoint(ep, last); err != nil {
+				return usage("--%s %s with --dp-start %d and --dp-size %d: rank %d's endpoint is rank 0's with the port offset by %d, "+
+					"and this one cannot be (want tcp://host:port, with port + %d at most 65535)", f, ep, c.Uint("dp-start"), c.Int("dp-size"), last, last, last)
+			}
+		}
 	}
 	for _, f := range []string{"capacity-device", "capacity-host", "capacity-disk"} {
 		if n := c.Int64(f); n < 0 {

@@ -23,15 +23,15 @@ import (
 func offloadCLIFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "offload-socket", EnvVars: []string{"KVAGENT_OFFLOAD_SOCKET"}, Usage: "Unix socket of the engine offload API (empty: offload off)"},
-		&cli.StringFlag{Name: "backend", Value: "auto", Usage: "copy backend: auto (cuda when a GPU is found), host or cuda"},
-		&cli.IntFlag{Name: "block-bytes", Usage: "bytes per KV block (all layers), as the engine's G1 region holds them; required with --offload-socket"},
-		&cli.IntFlag{Name: "host-blocks", Usage: "G2 capacity per dp rank, in blocks of pinned host memory (0: no G2)"},
-		&cli.StringFlag{Name: "disk-dir", Usage: "G3 directory; each dp rank's pool lives in <dir>/dp<rank> and survives a restart"},
-		&cli.IntFlag{Name: "disk-blocks", Usage: "G3 capacity per dp rank, in blocks (0: no G3)"},
-		&cli.IntFlag{Name: "offload-workers", Value: 2, Usage: "copy workers per path and rank"},
-		&cli.IntFlag{Name: "offload-queue", Value: 4096, Usage: "blocks each offload queue holds before it sheds the lowest priority"},
-		&cli.IntFlag{Name: "offload-filter-threshold", Value: 2, Usage: "times a block must be seen before it is written to disk (1: every block)"},
-		&cli.DurationFlag{Name: "onboard-timeout", Value: time.Second, Usage: "default deadline of an onboard that gives none"},
+		&cli.StringFlag{Name: "backend", Value: "auto", EnvVars: []string{"KVAGENT_BACKEND"}, Usage: "copy backend: auto (cuda when a GPU is found), host or cuda"},
+		&cli.IntFlag{Name: "block-bytes", EnvVars: []string{"KVAGENT_BLOCK_BYTES"}, Usage: "bytes per KV block (all layers), as the engine's G1 region holds them; required with --offload-socket"},
+		&cli.IntFlag{Name: "host-blocks", EnvVars: []string{"KVAGENT_HOST_BLOCKS"}, Usage: "G2 capacity per dp rank, in blocks of pinned host memory (0: no G2)"},
+		&cli.StringFlag{Name: "disk-dir", EnvVars: []string{"KVAGENT_DISK_DIR"}, Usage: "G3 directory; each dp rank's pool lives in <dir>/dp<rank> and survives a restart"},
+		&cli.IntFlag{Name: "disk-blocks", EnvVars: []string{"KVAGENT_DISK_BLOCKS"}, Usage: "G3 capacity per dp rank, in blocks (0: no G3)"},
+		&cli.IntFlag{Name: "offload-workers", Value: 2, EnvVars: []string{"KVAGENT_OFFLOAD_WORKERS"}, Usage: "copy workers per path and rank"},
+		&cli.IntFlag{Name: "offload-queue", Value: 4096, EnvVars: []string{"KVAGENT_OFFLOAD_QUEUE"}, Usage: "blocks each offload queue holds before it sheds the lowest priority"},
+		&cli.IntFlag{Name: "offload-filter-threshold", Value: 2, EnvVars: []string{"KVAGENT_OFFLOAD_FILTER_THRESHOLD"}, Usage: "times a block must be seen before it is written to disk (1: every block)"},
+		&cli.DurationFlag{Name: "onboard-timeout", Value: time.Second, EnvVars: []string{"KVAGENT_ONBOARD_TIMEOUT"}, Usage: "default deadline of an onboard that gives none"},
 	}
 }
 

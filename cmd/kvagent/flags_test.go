@@ -1,0 +1,99 @@
+package main
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/urfave/cli/v2"
+)
+
+// checkOnly runs kvagent's flag parsing and checkFlags alone (run would
+// start the agent) and returns the error.
+func checkOnly(args ...string) error {
+	a := app()
+	a.Action = checkFlags
+	a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+	return a.Run(append([]string{"kvagent", "--metrics-addr", "", "--worker-id", "1"}, args...))
+}
+
+// wantUsage fails unless err is a usage error (exit 2) naming want.
+func wantUsage(t *testing.T, args []string, err error, want string) {
+	t.Helper()
+	var ec cli.ExitCoder
+	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), want) {
+		t.Errorf("kvagent %.60q: %v, want exit 2 naming %s", args, err, want)
+	}
+}
+
+// The flags the router bounds in a registration are checked as --salt is:
+// past the bound the router refuses the registration, and the agent stops
+// (exit 1) after starting; the flags' check says which is wrong, at once.
+func TestRegistrationFlagsTheRouterRefusesAreUsageErrors(t *testing.T) {
+	long := strings.Repeat("m", 1025)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--block-size", "4", "--model", long}, "--model"},
+		{[]string{"--block-size", "4", "--endpoint", long}, "--endpoint"},
+		{[]string{"--block-size", "1048577"}, "--block-size"},
+		{[]string{"--block-size", "4", "--dp-size", "4097"}, "--dp-size"},
+	} {
+		wantUsage(t, tc.args, checkOnly(tc.args...), tc.want)
+	}
+	// At the bounds, they pass.
+	args := []string{"--block-size", "1048576", "--dp-size", "4096", "--model", long[1:], "--endpoint", long[1:]}
+	if err := checkOnly(args...); err != nil {
+		t.Errorf("flags at the router's bounds: %v", err)
+	}
+}
+
+// An endpoint flag that cannot be offset to every rank the agent follows
+// (not tcp://host:port, or a port past 65535 for the last rank) is a usage
+// error naming the flag and the ranks, not an error of the engine
+// subscribers after the start.
+func TestEndpointFlagsThatCannotBeOffsetAreUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--engine-endpoint", "ipc:///tmp/kv.sock", "--dp-size", "2"}, "--engine-endpoint"},
+		{[]string{"--engine-endpoint", "tcp://127.0.0.1:65535", "--dp-size", "2"}, "--engine-endpoint"},
+		{[]string{"--engine-endpoint", "ipc:///tmp/kv.sock", "--dp-start", "3"}, "--dp-start 3"},
+		{[]string{"--replay-endpoint", "ipc:///tmp/replay.sock", "--dp-size", "2"}, "--replay-endpoint"},
+		{[]string{"--replay-endpoint", "tcp://127.0.0.1:65534", "--dp-size", "3"}, "--dp-size 3"},
+	} {
+		// The whole command: the check comes before anything starts.
+		a := app()
+		a.ExitErrHandler = func(*cli.Context, error) {}
+		args := append([]string{"kvagent", "--metrics-addr", "", "--worker-id", "1", "--block-size", "4",
+			"--nats-url", "nats://127.0.0.1:1"}, tc.args...)
+		wantUsage(t, tc.args, a.Run(args), tc.want)
+	}
+	for _, args := range [][]string{
+		{"--block-size", "4", "--engine-endpoint", "ipc:///tmp/kv.sock"}, // one rank, rank 0: no offset
+		{"--block-size", "4", "--engine-endpoint", "tcp://127.0.0.1:65534", "--replay-endpoint", "tcp://127.0.0.1:65000", "--dp-size", "2"},
+	} {
+		if err := checkOnly(args...); err != nil {
+			t.Errorf("kvagent %q: %v", args, err)
+		}
+	}
+}
+
+// Every kvagent flag can be set from the environment (design/cli.md), as
+// KVAGENT_<FLAG_NAME>.
+func TestEveryFlagHasAnEnvVar(t *testing.T) {
+	for _, f := range app().Flags {
+		name := f.Names()[0]
+		want := "KVAGENT_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		df, ok := f.(cli.DocGenerationFlag)
+		if !ok {
+			t.Errorf("--%s: %T has no env vars", name, f)
+			continue
+		}
+		if env := df.GetEnvVars(); len(env) != 1 || env[0] != want {
+			t.Errorf("--%s: env vars %q, want [%s]", name, env, want)
+		}
+	}
+}

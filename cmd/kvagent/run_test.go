@@ -1,0 +1,54 @@
+package main
+
+import (
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/urfave/cli/v2"
+)
+
+// A registration the router refuses as invalid ends the agent with the
+// router's reason (main exits 1 with it), after one try: retrying it would
+// be refused for ever.
+func TestARefusedRegistrationEndsTheAgent(t *testing.T) {
+	var tries atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		tries.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		w.Write([]byte(`{"error":"the registration is wrong","reason":"invalid"}`))
+	}))
+	defer srv.Close()
+	closed, err := net.Listen("tcp", "127.0.0.1:0") // a port nothing listens on once closed
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := closed.Addr().(*net.TCPAddr).Port
+	closed.Close()
+	a := app()
+	a.ExitErrHandler = func(*cli.Context, error) {}
+	done := make(chan error, 1)
+	go func() {
+		done <- a.Run([]string{"kvagent", "--metrics-addr", "", "--log-level", "error", "--worker-id", "1", "--block-size", "4",
+			"--nats-url", "nats://127.0.0.1:" + strconv.Itoa(port), "--engine-endpoint", "tcp://127.0.0.1:" + strconv.Itoa(port),
+			"--router", strings.TrimPrefix(srv.URL, "http://")})
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("kvagent still runs 30 s after the router refused its registration (%d tries)", tries.Load())
+	}
+	if ec, ok := err.(cli.ExitCoder); err == nil || ok && ec.ExitCode() != 1 ||
+		!strings.Contains(err.Error(), "refuses the worker's registration") || !strings.Contains(err.Error(), "the registration is wrong") {
+		t.Fatalf("kvagent: %v, want an error (exit 1) with the router's reason", err)
+	}
+	if n := tries.Load(); n != 1 {
+		t.Errorf("%d registrations sent, want 1", n)
+	}
+}
