@@ -121,6 +121,14 @@ func TestRoutes(t *testing.T) {
 			body: `{"worker_id":7,"block_size":16,"capacity_blocks":{"disk":-1}}`, code: 400, reason: api.ReasonInvalid, msg: []string{"capacity_blocks.disk"}},
 		{name: "register unknown tier in capacity", method: "POST", path: "/v1/workers",
 			body: `{"worker_id":7,"block_size":16,"capacity_blocks":{"gpu":1}}`, code: 400, reason: api.ReasonBadJSON, msg: []string{`"gpu"`}},
+		// From a review: a lease past about 292 years overflowed the
+		// leader's lease check, which removed the worker at once.
+		{name: "register a lease of a year", method: "POST", path: "/v1/workers",
+			body: `{"worker_id":7,"block_size":16,"lease_ms":31536000000}`, code: 204},
+		{name: "register a lease over a year", method: "POST", path: "/v1/workers",
+			body: `{"worker_id":7,"block_size":16,"lease_ms":31536000001}`, code: 400, reason: api.ReasonInvalid, msg: []string{"lease_ms", "a year"}},
+		{name: "register a lease of max int64", method: "POST", path: "/v1/workers",
+			body: `{"worker_id":7,"block_size":16,"lease_ms":9223372036854775807}`, code: 400, reason: api.ReasonInvalid, msg: []string{"lease_ms"}},
 		{name: "register duplicate dp rank", method: "POST", path: "/v1/workers",
 			body: `{"worker_id":7,"block_size":16,"dp_ranks":[1,1]}`, code: 400, reason: api.ReasonInvalid, msg: []string{"twice"}},
 		{name: "deregister", setup: withWorkers, method: "DELETE", path: "/v1/workers/2", code: 204},

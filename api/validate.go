@@ -152,8 +152,8 @@ func workerInfo(req *RegisterWorkerRequest) (raftfsm.WorkerInfo, error) {
 	if err := checkName("salt", req.Salt); err != nil {
 		return w, err
 	}
-	if req.LeaseMs < 0 {
-		return w, invalidf("lease_ms = %d (want >= 0; 0 = no lease)", req.LeaseMs)
+	if req.LeaseMs < 0 || req.LeaseMs > raftfsm.MaxLeaseMs {
+		return w, invalidf("lease_ms = %d (want 0, no lease, to %d, a year)", req.LeaseMs, int64(raftfsm.MaxLeaseMs))
 	}
 	return raftfsm.WorkerInfo{
 		ID:        *req.WorkerID,

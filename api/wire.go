@@ -267,7 +267,8 @@ type RegisterWorkerRequest struct {
 	// with cache_salt equal to it.
 	Salt string `json:"salt,omitempty"`
 	// LeaseMs, when > 0, removes the worker once the leader has heard no
-	// heartbeat from it for this long (docs/events.md).
+	// heartbeat from it for this long (docs/events.md); at most
+	// raftfsm.MaxLeaseMs (a year).
 	LeaseMs int64 `json:"lease_ms,omitempty"`
 }
 

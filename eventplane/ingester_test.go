@@ -3,6 +3,7 @@ package eventplane
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -739,6 +740,35 @@ func TestHeartbeatRenewsTheLease(t *testing.T) {
 	sweep(in, t0.Add(19*time.Second))
 	if r := tg.removedIDs(); !slices.Equal(r, []uint64{7}) {
 		t.Fatalf("removed %v, want [7] 11 s after its heartbeat", r)
+	}
+}
+
+// TestHugeLeaseDoesNotExpireAtOnce: a lease too long for a time.Duration
+// (the API refuses one past a year now, but a log or snapshot from before
+// may hold one) runs for ever rather than reads as expired. From a
+// review: lease_ms = MaxInt64 overflowed to -1ms, and the worker was
+// removed at the first sweep after the leader first saw it.
+func TestHugeLeaseDoesNotExpireAtOnce(t *testing.T) {
+	for _, ms := range []int64{math.MaxInt64, 10_000_000_000_000, raftfsm.MaxLeaseMs} {
+		tg := newFakeTarget()
+		in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+		tg.mu.Lock()
+		tg.workers[7] = raftfsm.WorkerInfo{ID: 7, LeaseMs: ms}
+		tg.mu.Unlock()
+		t0 := time.Now()
+		in.leases.lead(t0)
+		sweep(in, t0) // first seen: the lease starts
+		sweep(in, t0.Add(time.Second))
+		sweep(in, t0.Add(300*24*time.Hour))
+		if r := tg.removedIDs(); len(r) != 0 {
+			t.Errorf("lease_ms=%d: worker removed %v within its lease", ms, r)
+		}
+		if ms == raftfsm.MaxLeaseMs {
+			sweep(in, t0.Add(366*24*time.Hour))
+			if r := tg.removedIDs(); !slices.Equal(r, []uint64{7}) {
+				t.Errorf("lease_ms=%d: removed %v, want [7] past its year", ms, r)
+			}
+		}
 	}
 }
 

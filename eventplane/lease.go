@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -86,6 +87,20 @@ func (l *leases) stepDown() {
 	l.unreg, l.strays = nil, nil
 }
 
+// leaseOf returns a lease of ms milliseconds as a time.Duration, the
+// longest one for a lease too long for it: time.Duration(ms) times a
+// millisecond overflowed past about 292 years (to a negative duration
+// for MaxInt64), and the worker was removed at the first sweep. The API
+// and raftfsm.Node.RegisterWorker refuse a lease past
+// raftfsm.MaxLeaseMs, but a log or snapshot from before may hold one.
+// A time.Time's Sub saturates too, so such a lease never expires.
+func leaseOf(ms int64) time.Duration {
+	if ms > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
 // onHeartbeat records a heartbeat and answers the ids the cluster does not
 // know.
 func (in *Ingester) onHeartbeat(m *nats.Msg) {
@@ -148,7 +163,7 @@ func (in *Ingester) sweepLeases(now time.Time) {
 			in.leases.seen[id] = now
 			continue
 		}
-		if now.Sub(last) > time.Duration(w.LeaseMs)*time.Millisecond {
+		if now.Sub(last) > leaseOf(w.LeaseMs) {
 			in.leases.expiry[id] = true
 			expired = append(expired, w)
 		}
@@ -174,7 +189,7 @@ func (in *Ingester) sweepLeases(now time.Time) {
 			case removed:
 				in.m.expired.Inc()
 				in.cfg.Logger.Warn("worker lease expired; removed", "worker", w.ID,
-					"lease", time.Duration(w.LeaseMs)*time.Millisecond)
+					"lease", leaseOf(w.LeaseMs))
 			default:
 				in.cfg.Logger.Warn("removing a worker whose lease expired failed; retrying", "worker", w.ID, "err", err)
 			}

@@ -814,3 +814,22 @@ func TestRestoreIgnoresTheStreamsIndex(t *testing.T) {
 		t.Fatal("worker 1 of the restored state is gone after the next write")
 	}
 }
+
+// TestLeaseIsBounded: RegisterWorker refuses a lease past MaxLeaseMs (a
+// year) as invalid and registers nothing, and takes one of MaxLeaseMs.
+// From a review: any lease >= 0 was taken, and one past about 292 years
+// overflowed the leader's lease check, which removed the worker at once.
+func TestLeaseIsBounded(t *testing.T) {
+	l := newTestCluster(t, 1, nil).leader()
+	for _, ms := range []int64{MaxLeaseMs + 1, 10_000_000_000_000, math.MaxInt64} {
+		if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, LeaseMs: ms}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("lease_ms %d: %v, want ErrInvalid", ms, err)
+		}
+	}
+	if w, ok := l.WorkerTable()[1]; ok {
+		t.Fatalf("a refused registration is in the table: %+v", w)
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, LeaseMs: MaxLeaseMs}); err != nil {
+		t.Fatalf("lease_ms %d (a year): %v", int64(MaxLeaseMs), err)
+	}
+}

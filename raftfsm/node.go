@@ -1036,8 +1036,8 @@ func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 			return fmt.Errorf("%w: negative capacity", ErrInvalid)
 		}
 	}
-	if w.LeaseMs < 0 {
-		return fmt.Errorf("%w: negative lease %d ms", ErrInvalid, w.LeaseMs)
+	if w.LeaseMs < 0 || w.LeaseMs > MaxLeaseMs {
+		return fmt.Errorf("%w: lease %d ms (want 0, no lease, to %d, a year)", ErrInvalid, w.LeaseMs, int64(MaxLeaseMs))
 	}
 	_, err := n.apply(ctx, encodeRegister(now(), &w))
 	if err == nil && known {

@@ -11,6 +11,11 @@ import (
 // give: RegisterWorker refuses a larger one (ErrInvalid).
 const MaxBlockSize = 1 << 20
 
+// MaxLeaseMs bounds WorkerInfo.LeaseMs: a year. A longer lease is refused
+// (RegisterWorker, the API): a lease that long is no lease, and one
+// past about 292 years does not fit a time.Duration.
+const MaxLeaseMs = 365 * 24 * 60 * 60 * 1000
+
 // WorkerInfo is a worker's registration: replicated, so that every node
 // scores the same candidates.
 type WorkerInfo struct {
@@ -39,7 +44,7 @@ type WorkerInfo struct {
 	// LeaseMs, when > 0, makes the registration a lease: the leader removes
 	// the worker (through Raft) once it has heard no heartbeat from it for
 	// this long (eventplane's heartbeat subject; kvagent sends them). 0: the
-	// registration stays until deregistered.
+	// registration stays until deregistered. At most MaxLeaseMs.
 	LeaseMs int64 `json:"lease_ms,omitempty"`
 	// Positional: the ranks' event ids are positions in the engine's
 	// stream (compat.Position: epoch, batch sequence, index), assigned by
