@@ -223,6 +223,46 @@ func TestFullBufferRefusesWithoutTakingIDs(t *testing.T) {
 	}
 }
 
+// TestBatchLargerThanTheBufferFailsAtOnce: a batch of more events than a
+// rank's buffer holds can never fit: Publish and PublishWait both refuse it
+// at once with ErrTooLarge (an ErrFull), taking no ids. From a review:
+// PublishWait waited on a room channel that was nil, until its context
+// ended.
+func TestBatchLargerThanTheBufferFailsAtOnce(t *testing.T) {
+	p, err := NewPublisher(PublisherConfig{Conn: connectNowhere(t), BufferEvents: 2, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	r := kvevent.Rank{Worker: 1}
+	evs := make([]kvevent.Event, 3)
+	for i := range evs {
+		evs[i].Kind = kvevent.KindCleared
+	}
+	if _, err := p.Publish(r, evs); !errors.Is(err, ErrTooLarge) || !errors.Is(err, ErrFull) {
+		t.Fatalf("publish of 3 events into a 2-event buffer: %v, want ErrTooLarge (an ErrFull)", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.PublishWait(ctx, r, evs)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrTooLarge) || errors.Is(err, context.Canceled) {
+			t.Fatalf("PublishWait of 3 events into a 2-event buffer: %v, want ErrTooLarge", err)
+		}
+	case <-time.After(10 * time.Second):
+		cancel()
+		t.Fatalf("PublishWait of 3 events into a 2-event buffer still waits for room after 10s; with its context cancelled: %v", <-done)
+	}
+	if _, last := p.Cursor(r); last != 0 {
+		t.Fatalf("last id = %d after refused publishes, want 0", last)
+	}
+}
+
 // connectNowhere is a connection to a lone server nobody answers on.
 func connectNowhere(t *testing.T) *nats.Conn {
 	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})

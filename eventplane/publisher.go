@@ -304,18 +304,23 @@ func (p *Publisher) buf(r kvevent.Rank) *rankBuf {
 // and returns the last id. The events must be valid (kvevent.Event.Validate)
 // and must not be modified afterwards (their slices are shared). When the
 // rank's buffer has no room it returns ErrFull and takes nothing, unless
-// DropOldest is set.
+// DropOldest is set; a batch of more events than the buffer holds at all
+// (BufferEvents) it refuses with ErrTooLarge (an ErrFull), DropOldest or
+// not.
 func (p *Publisher) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
 	last, _, err := p.publish(r, evs)
 	return last, err
 }
 
 // PublishWait is Publish that waits for room while the buffer is full, until
-// ctx ends.
+// ctx ends. A batch larger than the buffer, for which room never comes, it
+// refuses at once with ErrTooLarge.
 func (p *Publisher) PublishWait(ctx context.Context, r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
 	for {
 		last, room, err := p.publish(r, evs)
-		if !errors.Is(err, ErrFull) {
+		if room == nil {
+			// Taken, or refused for good (ErrTooLarge, an invalid event,
+			// ErrClosed): only a full buffer gives a room to wait for.
 			return last, err
 		}
 		select {
@@ -328,6 +333,8 @@ func (p *Publisher) PublishWait(ctx context.Context, r kvevent.Rank, evs []kveve
 	}
 }
 
+// publish is Publish; when the rank's buffer is full it also returns the
+// channel that is closed when buffers shrink (nil for every other outcome).
 func (p *Publisher) publish(r kvevent.Rank, evs []kvevent.Event) (uint64, <-chan struct{}, error) {
 	for i := range evs {
 		if err := evs[i].Validate(); err != nil {
@@ -335,7 +342,8 @@ func (p *Publisher) publish(r kvevent.Rank, evs []kvevent.Event) (uint64, <-chan
 		}
 	}
 	if len(evs) > p.cfg.BufferEvents {
-		return 0, nil, fmt.Errorf("%w: %d events exceed the buffer (%d)", ErrFull, len(evs), p.cfg.BufferEvents)
+		return 0, nil, fmt.Errorf("%w: %d events, and a rank's buffer holds %d (BufferEvents): publish them in smaller batches",
+			ErrTooLarge, len(evs), p.cfg.BufferEvents)
 	}
 	p.mu.Lock()
 	select {

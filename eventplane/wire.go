@@ -46,6 +46,10 @@ var (
 	ErrMalformed = errors.New("malformed event-plane message")
 	// ErrFull means a rank's replay buffer has no room for the events.
 	ErrFull = errors.New("replay buffer full")
+	// ErrTooLarge means a batch has more events than a rank's replay
+	// buffer holds at all (PublisherConfig.BufferEvents): it can never be
+	// taken, and PublishWait returns it at once. It is an ErrFull.
+	ErrTooLarge = fmt.Errorf("%w: batch larger than the buffer", ErrFull)
 	// ErrClosed means the publisher or ingester is closed.
 	ErrClosed = errors.New("closed")
 )
