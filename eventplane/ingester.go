@@ -75,10 +75,14 @@ type IngesterConfig struct {
 	// memory for requests is bounded by events, not by what is sent.
 	MaxRequestEvents int
 	MaxQueuedEvents  int
-	CommitTimeout    time.Duration // per entry, default 5s
-	PollInterval     time.Duration // how often leadership is checked, default 20ms
-	Registerer       prometheus.Registerer
-	Logger           *slog.Logger
+	// CommitTimeout bounds each entry's commit (default 5s). A request is
+	// answered after its entry commits: publishers must wait longer
+	// (PublisherConfig.MaxRequestTimeout, 16s by default), or the replies
+	// of commits that slow are lost and their events resent for ever.
+	CommitTimeout time.Duration
+	PollInterval  time.Duration // how often leadership is checked, default 20ms
+	Registerer    prometheus.Registerer
+	Logger        *slog.Logger
 }
 
 func (c *IngesterConfig) defaults() {

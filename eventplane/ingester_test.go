@@ -743,6 +743,69 @@ func TestHeartbeatRenewsTheLease(t *testing.T) {
 	}
 }
 
+// slowTarget commits every entry, taking delay.
+type slowTarget struct {
+	*fakeTarget
+	delay time.Duration
+}
+
+func (s *slowTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	select {
+	case <-time.After(s.delay):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.fakeTarget.IngestEvents(ctx, bs)
+}
+
+// TestCommitSlowerThanTheRequestTimeoutIsAcked: a router whose commits
+// take longer than the publisher's RequestTimeout, though well within its
+// CommitTimeout, has its events acknowledged: after a timeout the next
+// try waits twice as long, and after the reply it is back to
+// RequestTimeout. From a review: each resend was committed (again, as
+// duplicates) and its reply came after the publisher stopped waiting,
+// for ever: never acknowledged, and Flush never finished.
+func TestCommitSlowerThanTheRequestTimeoutIsAcked(t *testing.T) {
+	tg := &slowTarget{fakeTarget: newFakeTarget(), delay: 600 * time.Millisecond}
+	const timeout = 200 * time.Millisecond
+	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{RequestTimeout: timeout})
+	r := kvevent.Rank{Worker: 1}
+	if _, err := p.Publish(r, []kvevent.Event{{Kind: kvevent.KindCleared}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err := p.Flush(ctx)
+	tg.mu.Lock()
+	commits := len(tg.ingested)
+	tg.mu.Unlock()
+	if err != nil {
+		t.Fatalf("an event committed %d times in commits of 600ms each, with a request timeout of 200ms, is not acknowledged: %v", commits, err)
+	}
+	if d := p.requestTimeout(); d != timeout {
+		t.Fatalf("request timeout %v after a reply, want RequestTimeout %v again", d, timeout)
+	}
+}
+
+// TestMaxRequestTimeoutAllowsForTheCommitTimeout: by default a
+// publisher's requests, once they time out, come to wait longer than the
+// ingester's commit may take (CommitTimeout and Linger), and
+// MaxRequestTimeout is never below RequestTimeout.
+func TestMaxRequestTimeoutAllowsForTheCommitTimeout(t *testing.T) {
+	var pc PublisherConfig
+	var ic IngesterConfig
+	pc.defaults()
+	ic.defaults()
+	if pc.MaxRequestTimeout <= ic.CommitTimeout+ic.Linger {
+		t.Fatalf("default MaxRequestTimeout %v, not above the default CommitTimeout %v plus Linger %v", pc.MaxRequestTimeout, ic.CommitTimeout, ic.Linger)
+	}
+	pc = PublisherConfig{RequestTimeout: time.Minute}
+	pc.defaults()
+	if pc.MaxRequestTimeout != time.Minute {
+		t.Fatalf("MaxRequestTimeout %v with a RequestTimeout of 1m, want 1m", pc.MaxRequestTimeout)
+	}
+}
+
 // TestHugeLeaseDoesNotExpireAtOnce: a lease too long for a time.Duration
 // (the API refuses one past a year now, but a log or snapshot from before
 // may hold one) runs for ever rather than reads as expired. From a

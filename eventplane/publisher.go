@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -43,7 +44,18 @@ type PublisherConfig struct {
 	// 8192 events, 1 MiB — NATS's default max payload).
 	MaxRequestEvents int
 	MaxRequestBytes  int
-	RequestTimeout   time.Duration // default 2s
+	// RequestTimeout is how long a request waits for the router's reply
+	// (default 2s). The router answers only once the request's entry
+	// commits, which may take up to its CommitTimeout (IngesterConfig,
+	// 5s by default) after the linger and the wait for an entry slot: a
+	// request that times out is resent with twice the timeout, up to
+	// MaxRequestTimeout (default 16s, never below RequestTimeout), and
+	// after a reply the timeout is back to RequestTimeout. A
+	// MaxRequestTimeout below the router's commit time loses every reply
+	// of a slow commit: the same events are resent and committed again
+	// (as duplicates) for ever, never acknowledged.
+	RequestTimeout    time.Duration
+	MaxRequestTimeout time.Duration
 	// RouterResyncEvery bounds how often a rank is dumped because the
 	// router asked (an ack's Resync: it dropped stores whose parent never
 	// came). Default 5m. The owner's copy of the rank usually dropped the
@@ -75,6 +87,10 @@ func (c *PublisherConfig) defaults() {
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = 2 * time.Second
 	}
+	if c.MaxRequestTimeout <= 0 {
+		c.MaxRequestTimeout = 16 * time.Second
+	}
+	c.MaxRequestTimeout = max(c.MaxRequestTimeout, c.RequestTimeout)
 	if c.RouterResyncEvery <= 0 {
 		c.RouterResyncEvery = 5 * time.Minute
 	}
@@ -111,6 +127,10 @@ type Publisher struct {
 	stop chan struct{}
 	done chan struct{}
 	rng  *rand.Rand
+	// timeout is the next request's timeout, in nanoseconds: RequestTimeout,
+	// doubled after each timeout up to MaxRequestTimeout, back after a
+	// reply (request). Only the loop goroutine writes it.
+	timeout atomic.Int64
 }
 
 // rankBuf holds a rank's unacknowledged events: ids start..next-1 live in
@@ -274,6 +294,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	p := &Publisher{cfg: cfg, m: newPublisherMetrics(cfg.Registerer), ranks: map[kvevent.Rank]*rankBuf{},
 		room: make(chan struct{}), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))}
+	p.timeout.Store(int64(cfg.RequestTimeout))
 	go p.loop()
 	return p, nil
 }
@@ -439,6 +460,9 @@ func (p *Publisher) Flush(ctx context.Context) error {
 	}
 	return nil
 }
+
+// requestTimeout is how long the next request waits for its reply.
+func (p *Publisher) requestTimeout() time.Duration { return time.Duration(p.timeout.Load()) }
 
 // refusedFor is how long a request size the router refused stays the
 // publisher's bound (a router upgraded meanwhile may take more).
@@ -635,11 +659,24 @@ func (p *Publisher) request(subject string, data, published []byte) (acks []raft
 		// message with any: the metric is not worth the events.
 		m.Header = nats.Header{headerPublished: []string{string(published)}}
 	}
-	msg, err := p.cfg.Conn.RequestMsg(m, p.cfg.RequestTimeout)
+	timeout := p.requestTimeout()
+	msg, err := p.cfg.Conn.RequestMsg(m, timeout)
+	if errors.Is(err, nats.ErrTimeout) {
+		// The router may have committed the request and answered after
+		// we stopped waiting (a commit slower than the timeout): the
+		// resend waits longer, or its reply would be lost the same way.
+		next := min(2*timeout, p.cfg.MaxRequestTimeout)
+		p.timeout.Store(int64(next))
+		return nil, 0, fmt.Errorf("no reply within %v (the next try waits %v): %w", timeout, next, err)
+	}
 	if err != nil {
 		return nil, 0, err
 	}
-	return decodeReply(msg.Data)
+	acks, cursor, err = decodeReply(msg.Data)
+	if err == nil {
+		p.timeout.Store(int64(p.cfg.RequestTimeout))
+	}
+	return acks, cursor, err
 }
 
 // sendEvents sends one request and applies its acks; false means resend,
