@@ -471,6 +471,34 @@ func ingesting(in *Ingester) bool {
 	return m.GetGauge().GetValue() == 1
 }
 
+// TestFlushFollowsARenumbering: a new incarnation's events, published
+// before a Flush, are renumbered past the router's cursor (an earlier
+// incarnation used their ids) and go through with the dump that follows;
+// Flush waits for them in their new numbering and returns once the router
+// holds them.
+func TestFlushFollowsARenumbering(t *testing.T) {
+	tg := newCursorTarget()
+	r := kvevent.Rank{Worker: 9}
+	tg.cursor[r] = 50 // an earlier incarnation's
+	o := newOwner(5)
+	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{Dump: o.dump})
+	o.pub = p
+	ctx := ctxT(t)
+	for range 10 {
+		o.step(ctx, t, r) // ids 1..10: duplicates, to the router
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v", err)
+	}
+	acked, last := p.Cursor(r)
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	if tg.dumps == 0 || acked != tg.cursor[r] || acked < 50 || last != acked || p.Pending() != 0 {
+		t.Fatalf("after Flush: %d dumps, cursor %d acknowledged of the router's %d, last id %d, %d pending; want the events renumbered past 50 and acknowledged",
+			tg.dumps, acked, tg.cursor[r], last, p.Pending())
+	}
+}
+
 // TestRenumberingPastPublishedIDsDoesNotReapplyEvents: the owner
 // publishes while a stale dump is out, past the router's cursor; the
 // publisher renumbers, and the next dump reports its through in the ids

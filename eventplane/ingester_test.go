@@ -835,6 +835,43 @@ func TestHugeLeaseDoesNotExpireAtOnce(t *testing.T) {
 	}
 }
 
+// TestFlushWaitsOnlyForEventsPublishedBeforeIt: Flush waits for the
+// events published before the call, not for a moment when none at all is
+// buffered. From a review: with an owner that went on publishing, every
+// event published before the call was acknowledged within milliseconds,
+// yet Flush waited for an empty buffer until its context ended.
+func TestFlushWaitsOnlyForEventsPublishedBeforeIt(t *testing.T) {
+	_, p := startPlane(t, newFakeTarget())
+	r := kvevent.Rank{Worker: 1}
+	ev := []kvevent.Event{{Kind: kvevent.KindCleared}}
+	last, err := p.Publish(r, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // the owner keeps publishing
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			p.Publish(r, ev)
+			time.Sleep(50 * time.Microsecond) // pace: the buffer must not fill
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = p.Flush(ctx)
+	acked, _ := p.Cursor(r)
+	if err != nil || acked < last {
+		t.Fatalf("Flush: %v, with the router's cursor at %d and id %d the last published before the call", err, acked, last)
+	}
+}
+
 // TestFlushWaitsForTheAcks: Flush returns once the router acknowledged
 // every event published, and with ctx's error while nobody answers.
 func TestFlushWaitsForTheAcks(t *testing.T) {

@@ -158,6 +158,9 @@ type rankBuf struct {
 	// renumbers counts renumberings since the last dump went through.
 	floor, shift uint64
 	renumbers    int
+	// renumbered is how far the ids moved in all, never reset: Flush
+	// moves an id it waits for as the renumberings since moved it.
+	renumbered uint64
 	// A dump that failed is retried after its own backoff, so that the
 	// other ranks' events go on meanwhile (a dump too large for the
 	// server, say, would otherwise hold every rank of the agent).
@@ -234,6 +237,7 @@ func (b *rankBuf) renumber(shift uint64) {
 	}
 	b.next += shift
 	b.shift += shift
+	b.renumbered += shift
 }
 
 // trimMarks drops the marks of events no longer buffered, keeping the one
@@ -445,20 +449,49 @@ func (p *Publisher) Pending() int {
 }
 
 // Flush waits until every event published so far is acknowledged (a
-// clean shutdown's last step before Close), or ctx ends.
+// clean shutdown's last step before Close), or ctx ends, or the publisher
+// closes (ErrClosed). Events published during the call need not be: for
+// each rank, it waits until the router's cursor, as an ack or a dump set
+// it, reaches the last id published before the call, moved as the
+// renumberings since moved it (sendDump). Events dropped from a full
+// buffer (DropOldest) count once a dump covers them.
 func (p *Publisher) Flush(ctx context.Context) error {
+	type goal struct {
+		r          kvevent.Rank
+		last       uint64 // the last id published before the call
+		renumbered uint64 // the rank's renumbered then
+	}
+	var goals []goal
+	p.mu.Lock()
+	for r, b := range p.ranks {
+		if b.acked < b.next-1 {
+			goals = append(goals, goal{r, b.next - 1, b.renumbered})
+		}
+	}
+	p.mu.Unlock()
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
-	for p.Pending() > 0 {
+	for {
+		var behind uint64
+		p.mu.Lock()
+		goals = slices.DeleteFunc(goals, func(g goal) bool {
+			b := p.ranks[g.r] // ranks are never dropped
+			want := g.last + (b.renumbered - g.renumbered)
+			behind += want - min(b.acked, want)
+			return b.acked >= want
+		})
+		p.mu.Unlock()
+		if len(goals) == 0 {
+			return nil
+		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%d events not acknowledged: %w", p.Pending(), ctx.Err())
+			return fmt.Errorf("%d events of %d ranks, published before the flush, not acknowledged: %w", behind, len(goals), ctx.Err())
 		case <-p.stop:
 			return ErrClosed
 		case <-t.C:
 		}
 	}
-	return nil
 }
 
 // requestTimeout is how long the next request waits for its reply.
