@@ -16,10 +16,11 @@ import (
 	"golang.org/x/sync/semaphore"
 )
 
-// Default subjects (docs/events.md).
+// Default subjects (docs/events.md). A dump subject is its events
+// subject + ".dump".
 const (
 	DefaultSubject     = "kvrouter.events"
-	DefaultDumpSubject = "kvrouter.events.dump"
+	DefaultDumpSubject = DefaultSubject + ".dump"
 	queueGroup         = "kvrouter-ingest"
 )
 
@@ -46,7 +47,7 @@ type IngesterConfig struct {
 	Conn        *nats.Conn // a connection to this node's NATS server
 	Node        Target
 	Subject     string // default DefaultSubject
-	DumpSubject string // default DefaultDumpSubject
+	DumpSubject string // default Subject + ".dump" (DefaultDumpSubject with the default Subject)
 	// HeartbeatSubject carries agents' heartbeats (default
 	// DefaultHeartbeatSubject); LeaseSweep is how often the leader looks
 	// for expired worker leases (default 250ms).
@@ -90,7 +91,7 @@ func (c *IngesterConfig) defaults() {
 		c.Subject = DefaultSubject
 	}
 	if c.DumpSubject == "" {
-		c.DumpSubject = DefaultDumpSubject
+		c.DumpSubject = c.Subject + ".dump"
 	}
 	if c.HeartbeatSubject == "" {
 		c.HeartbeatSubject = DefaultHeartbeatSubject

@@ -806,6 +806,26 @@ func TestMaxRequestTimeoutAllowsForTheCommitTimeout(t *testing.T) {
 	}
 }
 
+// TestDumpSubjectFollowsTheSubject: a publisher or ingester given an
+// events subject alone sends or takes dumps on <subject>.dump, as kvrouter
+// derives its dump subject from --events-subject, so that kvagent's
+// --events-subject moves both.
+func TestDumpSubjectFollowsTheSubject(t *testing.T) {
+	for subject, want := range map[string]string{"": DefaultDumpSubject, "site1.events": "site1.events.dump"} {
+		pc, ic := PublisherConfig{Subject: subject}, IngesterConfig{Subject: subject}
+		pc.defaults()
+		ic.defaults()
+		if pc.DumpSubject != want || ic.DumpSubject != want {
+			t.Errorf("subject %q: dump subjects %q (publisher), %q (ingester), want %q", subject, pc.DumpSubject, ic.DumpSubject, want)
+		}
+	}
+	pc := PublisherConfig{Subject: "a", DumpSubject: "b"}
+	pc.defaults()
+	if pc.DumpSubject != "b" {
+		t.Errorf("dump subject %q given b", pc.DumpSubject)
+	}
+}
+
 // TestHugeLeaseDoesNotExpireAtOnce: a lease too long for a time.Duration
 // (the API refuses one past a year now, but a log or snapshot from before
 // may hold one) runs for ever rather than reads as expired. From a

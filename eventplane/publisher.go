@@ -28,9 +28,13 @@ type DumpFunc func(r kvevent.Rank) (stored []kvevent.Event, through uint64)
 
 // PublisherConfig configures a Publisher.
 type PublisherConfig struct {
-	Conn        *nats.Conn
-	Subject     string // default DefaultSubject
-	DumpSubject string // default DefaultDumpSubject
+	Conn *nats.Conn
+	// Subject is where event requests go (default DefaultSubject): the
+	// routers' --events-subject. DumpSubject is where dumps go, by default
+	// Subject + ".dump" (DefaultDumpSubject with the default Subject), as
+	// kvrouter derives it from --events-subject.
+	Subject     string
+	DumpSubject string
 	// BufferEvents bounds each rank's replay buffer (unacknowledged
 	// events), default 65536.
 	BufferEvents int
@@ -73,7 +77,7 @@ func (c *PublisherConfig) defaults() {
 		c.Subject = DefaultSubject
 	}
 	if c.DumpSubject == "" {
-		c.DumpSubject = DefaultDumpSubject
+		c.DumpSubject = c.Subject + ".dump"
 	}
 	if c.BufferEvents <= 0 {
 		c.BufferEvents = 65536

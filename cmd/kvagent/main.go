@@ -77,6 +77,7 @@ func app() *cli.App {
 			&cli.StringFlag{Name: "nats-tls-ca", EnvVars: []string{"KVAGENT_NATS_TLS_CA"}, Usage: "PEM CA of the NATS servers' certificates (turns TLS on)"},
 			&cli.StringFlag{Name: "nats-tls-cert", EnvVars: []string{"KVAGENT_NATS_TLS_CERT"}, Usage: "PEM client certificate, for servers that require one"},
 			&cli.StringFlag{Name: "nats-tls-key", EnvVars: []string{"KVAGENT_NATS_TLS_KEY"}, Usage: "PEM key of --nats-tls-cert"},
+			&cli.StringFlag{Name: "events-subject", Value: eventplane.DefaultSubject, EnvVars: []string{"KVAGENT_EVENTS_SUBJECT"}, Usage: "subject of event requests: the routers' --events-subject (dumps go on <subject>.dump)"},
 			&cli.StringFlag{Name: "router", EnvVars: []string{"KVAGENT_ROUTER"}, Usage: "router HTTP addresses (host:port,...) to register the worker with; empty: register it elsewhere"},
 			&cli.StringFlag{Name: "router-token", EnvVars: []string{"KVAGENT_ROUTER_TOKEN"}, Usage: "the router cluster's bearer token, when its nodes ask for one (kvrouter --token)"},
 			&cli.StringFlag{Name: "router-token-file", EnvVars: []string{"KVAGENT_ROUTER_TOKEN_FILE"}, Usage: "read --router-token from this file"},
@@ -143,7 +144,7 @@ func run(c *cli.Context) error {
 		Worker: c.Uint64("worker-id"), DPStart: uint32(c.Uint("dp-start")), DPRanks: c.Int("dp-size"),
 		Endpoint: c.String("engine-endpoint"), ReplayEndpoint: c.String("replay-endpoint"),
 		Bind: c.Bool("bind"), Topic: c.String("topic"), BlockSize: c.Int("block-size"), Conn: nc,
-		HeartbeatInterval: c.Duration("heartbeat-interval"),
+		HeartbeatInterval: c.Duration("heartbeat-interval"), Publisher: publisherConfig(c),
 		Registration: raftfsm.WorkerInfo{BlockSize: c.Int("block-size"), Endpoint: c.String("endpoint"),
 			Model: c.String("model"), Salt: c.String("salt"), LeaseMs: c.Duration("lease").Milliseconds(),
 			Capacity: [4]int64{c.Int64("capacity-device"), c.Int64("capacity-host"), c.Int64("capacity-disk")}},
@@ -277,6 +278,14 @@ func checkFlags(c *cli.Context) error {
 		}
 	}
 	return nil
+}
+
+// publisherConfig is what the flags set of the agent's publisher: the
+// subject of its event requests, the routers' --events-subject; its dumps
+// go on <subject>.dump, as the routers take them
+// (eventplane.PublisherConfig.DumpSubject's default).
+func publisherConfig(c *cli.Context) eventplane.PublisherConfig {
+	return eventplane.PublisherConfig{Subject: c.String("events-subject")}
 }
 
 // newRouterClient is the client registrations go through. Each try of a

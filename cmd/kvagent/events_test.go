@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/urfave/cli/v2"
+
+	"github.com/kvrouter/kvrouter/agent"
+	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+// countingTarget is a leader that commits everything and counts the
+// dumps and events it is given.
+type countingTarget struct {
+	mu            sync.Mutex
+	dumps, events int
+}
+
+func (t *countingTarget) IngestEvents(_ context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	acks := make([]raftfsm.RankAck, len(bs))
+	for i, b := range bs {
+		t.events += len(b.Events)
+		acks[i] = raftfsm.RankAck{Rank: b.Rank, Cursor: b.Events[len(b.Events)-1].EventID, Applied: len(b.Events)}
+	}
+	return acks, nil
+}
+
+func (t *countingTarget) ReplaceRank(context.Context, kvevent.Rank, uint64, []kvevent.Event) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.dumps++
+	return nil
+}
+
+func (t *countingTarget) IsLeader() bool                                 { return true }
+func (t *countingTarget) WorkerTable() map[uint64]raftfsm.WorkerInfo     { return nil }
+func (t *countingTarget) DeregisterWorker(context.Context, uint64) error { return nil }
+
+func (t *countingTarget) counts() (dumps, events int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.dumps, t.events
+}
+
+// publisherFlags runs kvagent's flag parsing on args and returns the
+// publisher configuration it makes.
+func publisherFlags(t *testing.T, args ...string) eventplane.PublisherConfig {
+	t.Helper()
+	var pc eventplane.PublisherConfig
+	a := app()
+	a.Action = func(c *cli.Context) error { pc = publisherConfig(c); return nil }
+	a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+	if err := a.Run(append([]string{"kvagent"}, args...)); err != nil {
+		t.Fatalf("kvagent %v: %v", args, err)
+	}
+	return pc
+}
+
+// TestEventsSubjectReachesThePublisher: --events-subject (or
+// KVAGENT_EVENTS_SUBJECT) is the subject the agent's publisher sends on,
+// and its dumps go on <subject>.dump, where a router started with the same
+// --events-subject listens. From a review: kvagent had no such flag, and a
+// router with a subject of its own never got its events.
+func TestEventsSubjectReachesThePublisher(t *testing.T) {
+	if pc := publisherFlags(t); pc.Subject != eventplane.DefaultSubject {
+		t.Fatalf("default subject %q, want %q", pc.Subject, eventplane.DefaultSubject)
+	}
+	t.Setenv("KVAGENT_EVENTS_SUBJECT", "site2.events")
+	if pc := publisherFlags(t); pc.Subject != "site2.events" {
+		t.Fatalf("subject %q from KVAGENT_EVENTS_SUBJECT, want site2.events", pc.Subject)
+	}
+	const subject = "site1.events"
+	pc := publisherFlags(t, "--events-subject", subject)
+
+	s, err := eventplane.StartServer(eventplane.ServerConfig{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	inc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inc.Close()
+	// The router's ingester, as kvrouter --events-subject site1.events
+	// starts it.
+	tg := &countingTarget{}
+	in, err := eventplane.NewIngester(eventplane.IngesterConfig{Conn: inc, Node: tg, Subject: subject,
+		DumpSubject: subject + ".dump", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	a, err := agent.New(agent.Config{Worker: 7, Endpoint: "tcp://127.0.0.1:*", Bind: true, BlockSize: 4,
+		Conn: nc, Publisher: pc, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("agent run: %v", err)
+		}
+	}()
+
+	waitUntil := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// The agent resyncs its rank with a dump as it starts.
+	waitUntil("the agent's first dump on "+subject+".dump", func() bool { d, _ := tg.counts(); return d > 0 })
+	r := kvevent.Rank{Worker: 7}
+	ev := kvevent.Event{Rank: r, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 1001}}}
+	if err := a.Events(r, 0, []kvevent.Event{ev}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil("the agent's event on "+subject, func() bool { _, n := tg.counts(); return n > 0 })
+}
