@@ -3,9 +3,11 @@ package eventplane
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +25,25 @@ const (
 	DefaultDumpSubject = DefaultSubject + ".dump"
 	queueGroup         = "kvrouter-ingest"
 )
+
+// CheckSubject says what is wrong with subject as the subject of event
+// requests (the flags --events-subject), or returns nil: NATS tokens
+// separated by dots, none empty, no wildcard and no white space. Dumps go
+// on subject + ".dump".
+func CheckSubject(subject string) error {
+	if subject == "" {
+		return errors.New("empty (the default is " + DefaultSubject + ")")
+	}
+	if strings.ContainsAny(subject, " \t\r\n*>") {
+		return fmt.Errorf("%q holds white space or a wildcard (* or >)", subject)
+	}
+	for _, tok := range strings.Split(subject, ".") {
+		if tok == "" {
+			return fmt.Errorf("%q has an empty token (a leading, trailing or double dot)", subject)
+		}
+	}
+	return nil
+}
 
 // Target is what the ingester commits to: a raftfsm.Node.
 type Target interface {

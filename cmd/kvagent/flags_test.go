@@ -39,11 +39,15 @@ func TestRegistrationFlagsTheRouterRefusesAreUsageErrors(t *testing.T) {
 		{[]string{"--block-size", "4", "--endpoint", long}, "--endpoint"},
 		{[]string{"--block-size", "1048577"}, "--block-size"},
 		{[]string{"--block-size", "4", "--dp-size", "4097"}, "--dp-size"},
+		{[]string{"--block-size", "4", "--lease", "8761h"}, "--lease"},
+		{[]string{"--block-size", "4", "--events-subject", ""}, "--events-subject"},
+		{[]string{"--block-size", "4", "--events-subject", "kv.*"}, "--events-subject"},
+		{[]string{"--block-size", "4", "--events-subject", "kv..events"}, "--events-subject"},
 	} {
 		wantUsage(t, tc.args, checkOnly(tc.args...), tc.want)
 	}
 	// At the bounds, they pass.
-	args := []string{"--block-size", "1048576", "--dp-size", "4096", "--model", long[1:], "--endpoint", long[1:]}
+	args := []string{"--block-size", "1048576", "--dp-size", "4096", "--model", long[1:], "--endpoint", long[1:], "--lease", "8760h"}
 	if err := checkOnly(args...); err != nil {
 		t.Errorf("flags at the router's bounds: %v", err)
 	}

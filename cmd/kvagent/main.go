@@ -240,6 +240,8 @@ func checkFlags(c *cli.Context) error {
 	switch {
 	case !c.IsSet("worker-id"):
 		return usage("--worker-id is required")
+	case eventplane.CheckSubject(c.String("events-subject")) != nil:
+		return usage("--events-subject: %v", eventplane.CheckSubject(c.String("events-subject")))
 	case c.Int("block-size") <= 0 || c.Int("block-size") > raftfsm.MaxBlockSize:
 		return usage("--block-size %d: want the engine's KV block size in tokens, 1 to %d (required)", c.Int("block-size"), raftfsm.MaxBlockSize)
 	case c.Int("dp-size") < 1 || c.Int("dp-size") > limits.MaxDPRanks:
@@ -250,8 +252,8 @@ func checkFlags(c *cli.Context) error {
 		return usage("--dp-start %d with --dp-size %d: ranks past %d", c.Uint("dp-start"), c.Int("dp-size"), uint64(math.MaxUint32))
 	case hb <= 0:
 		return usage("--heartbeat-interval %v: want > 0", hb)
-	case lease < 0 || lease > 0 && lease < time.Millisecond:
-		return usage("--lease %v: want 0 (never) or at least 1ms", lease)
+	case lease < 0 || lease > 0 && lease < time.Millisecond || lease > time.Duration(raftfsm.MaxLeaseMs)*time.Millisecond:
+		return usage("--lease %v: want 0 (never), or 1ms to a year (%v; the router refuses longer)", lease, time.Duration(raftfsm.MaxLeaseMs)*time.Millisecond)
 	case lease > 0 && lease <= hb:
 		return usage("--lease %v is not longer than --heartbeat-interval %v: the worker would be removed between heartbeats", lease, hb)
 	}

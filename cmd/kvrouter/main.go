@@ -133,6 +133,9 @@ func run(c *cli.Context) error {
 	if n := c.Int64("max-snapshot-bytes"); n < 0 {
 		return cli.Exit(fmt.Sprintf("--max-snapshot-bytes %d: want >= 0 (0: no limit)", n), 2)
 	}
+	if err := eventplane.CheckSubject(c.String("events-subject")); err != nil {
+		return cli.Exit(fmt.Sprintf("--events-subject: %v", err), 2)
+	}
 	if err := checkDurations(c); err != nil {
 		return cli.Exit(err.Error(), 2)
 	}

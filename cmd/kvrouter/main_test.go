@@ -94,9 +94,11 @@ func TestStartingNodeAnswers(t *testing.T) {
 
 // TestBodyLimitsAreChecked: the body limits must be positive (a snapshot
 // limit of 0 means none); a bad one is a usage error before anything
-// starts.
+// starts. So is an events subject that is not one (an empty one took
+// events on the default subject and dumps on ".dump").
 func TestBodyLimitsAreChecked(t *testing.T) {
-	for _, args := range [][]string{{"--max-body-bytes", "0"}, {"--max-body-bytes", "-5"}, {"--max-snapshot-bytes", "-1"}} {
+	for _, args := range [][]string{{"--max-body-bytes", "0"}, {"--max-body-bytes", "-5"}, {"--max-snapshot-bytes", "-1"},
+		{"--events-subject", ""}, {"--events-subject", "kv.>"}, {"--events-subject", ".kv"}} {
 		app := newApp()
 		app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
 		err := app.Run(append([]string{"kvrouter", "--data-dir", t.TempDir()}, args...))
