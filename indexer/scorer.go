@@ -71,15 +71,20 @@ func DefaultParams() Params {
 	}
 }
 
-// MaxWeight bounds every weight (and the temperature and busy fraction):
-// far above any useful value, and low enough that no cost can overflow
-// (a weight of 1e308 made every route's cost +Inf, and one cluster
-// setting so broke every route).
+// MaxWeight bounds every weight (and the temperature and busy fraction)
+// that Validate takes: far above any useful value, and low enough that no
+// cost can overflow (a weight of 1e308 made every route's cost +Inf, and
+// one cluster setting so broke every route). Select does not hold stored
+// settings to it: a cluster may hold larger weights that an older version
+// took, with which costs stay finite.
 const MaxWeight = 1e12
 
 // Validate checks that every weight is finite, not negative and at most
-// MaxWeight.
-func (p Params) Validate() error {
+// MaxWeight: the check of new settings and of a request's overrides.
+func (p Params) Validate() error { return p.validate(MaxWeight) }
+
+// validate is Validate with max as the bound; Select's is +Inf.
+func (p Params) validate(max float64) error {
 	for _, f := range [...]struct {
 		name string
 		v    float64
@@ -92,8 +97,11 @@ func (p Params) Validate() error {
 		{"temperature", p.Temperature},
 		{"busy_decode_fraction", p.BusyDecodeFraction},
 	} {
-		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 || f.v > MaxWeight {
-			return fmt.Errorf("%w: %s = %v (want 0 to %g)", ErrInvalidParams, f.name, f.v, float64(MaxWeight))
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 || f.v > max {
+			if math.IsInf(max, 1) {
+				return fmt.Errorf("%w: %s = %v (want a finite value >= 0)", ErrInvalidParams, f.name, f.v)
+			}
+			return fmt.Errorf("%w: %s = %v (want 0 to %g)", ErrInvalidParams, f.name, f.v, max)
 		}
 	}
 	if p.BusyPrefillTokens < 0 {
@@ -298,7 +306,7 @@ func (d *Decision) reset(p Params, req Request) {
 // reason, for the operator.
 func Select(p Params, req Request, cands []Candidate, rng *rand.Rand, d *Decision) error {
 	d.reset(p, req)
-	if err := p.Validate(); err != nil {
+	if err := p.validate(math.Inf(1)); err != nil {
 		return fmt.Errorf("select: %w", err)
 	}
 	if p.Temperature > 0 && rng == nil {

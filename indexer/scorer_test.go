@@ -327,10 +327,9 @@ func TestInvalidInputIsAnErrorNotAPanic(t *testing.T) {
 		{"negative load", DefaultParams(), Request{BlockSize: 16}, []Candidate{{Rank: wkA0, Load: Load{ActiveRequests: -1}}}, nil, ErrInvalidCandidate},
 		{"negative potential", DefaultParams(), Request{BlockSize: 16}, []Candidate{{Rank: wkA0, PotentialDecodeBlocks: -1}}, nil, ErrInvalidCandidate},
 		{"negative capacity", DefaultParams(), Request{BlockSize: 16}, []Candidate{{Rank: wkA0, CapacityBlocks: -1}}, nil, ErrInvalidCandidate},
-		// A weight that made every cost +Inf (a 500 on every route, for
-		// a cluster setting) is refused as a parameter. From a review.
-		{"weight over MaxWeight", Params{PrefillLoadScale: math.MaxFloat64}, Request{ISL: math.MaxInt, BlockSize: 1}, ok, nil, ErrInvalidParams},
-		{"temperature over MaxWeight", Params{Temperature: 2 * MaxWeight}, Request{BlockSize: 16}, ok, nil, ErrInvalidParams},
+		// Select takes weights over MaxWeight (stored settings of an older
+		// version); one that makes a cost overflow is still an error.
+		{"cost overflows", Params{PrefillLoadScale: math.MaxFloat64}, Request{ISL: math.MaxInt, BlockSize: 1}, ok, nil, ErrInvalidCandidate},
 	}
 	for _, c := range cases {
 		var d Decision
@@ -341,6 +340,28 @@ func TestInvalidInputIsAnErrorNotAPanic(t *testing.T) {
 		if d.Chosen() != nil {
 			t.Errorf("%s: a rank was chosen despite the error", c.name)
 		}
+	}
+}
+
+// TestValidateBoundsWeights: new settings and overrides (Validate) take
+// weights up to MaxWeight, where costs cannot overflow; Select takes
+// larger ones, which a cluster may hold from an older version, and routes
+// with them. From reviews: a weight of 1e308 made every route a 500, and
+// the bound first applied in Select broke routes under stored settings.
+func TestValidateBoundsWeights(t *testing.T) {
+	for _, p := range []Params{{PrefillLoadScale: math.MaxFloat64}, {Temperature: 2 * MaxWeight}, {BusyDecodeFraction: MaxWeight + 1}} {
+		if err := p.Validate(); !errors.Is(err, ErrInvalidParams) {
+			t.Errorf("Validate(%+v) = %v, want ErrInvalidParams", p, err)
+		}
+	}
+	if err := (Params{OverlapScoreCredit: MaxWeight, Temperature: MaxWeight}).Validate(); err != nil {
+		t.Errorf("weights at MaxWeight: %v", err)
+	}
+	stored := DefaultParams()
+	stored.PrefillLoadScale = 2 * MaxWeight
+	var d Decision
+	if err := Select(stored, Request{ISL: 64, BlockSize: 16}, []Candidate{{Rank: wkA0}}, nil, &d); err != nil || d.Rank != wkA0 {
+		t.Fatalf("Select under a stored weight over MaxWeight: %v (rank %v)", err, d.Rank)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/store"
@@ -831,5 +832,28 @@ func TestLeaseIsBounded(t *testing.T) {
 	}
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, LeaseMs: MaxLeaseMs}); err != nil {
 		t.Fatalf("lease_ms %d (a year): %v", int64(MaxLeaseMs), err)
+	}
+}
+
+// TestStoredWeightsOverMaxWeightStillRoute: settings an older version
+// committed (any finite weight >= 0) keep routing after an upgrade that
+// bounds new settings at indexer.MaxWeight. From a review.
+func TestStoredWeightsOverMaxWeightStillRoute(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	p := indexer.DefaultParams()
+	p.PrefillLoadScale = 2 * indexer.MaxWeight
+	s := Settings{Params: p, View: indexer.ViewDedup}
+	if _, err := l.apply(ctx(t), encodeSettings(now(), &s)); err != nil { // as an old SetSettings did
+		t.Fatal(err)
+	}
+	if _, err := l.Route(ctx(t), RouteQuery{ISL: 64}); err != nil {
+		t.Fatalf("route under stored settings with prefill_load_scale %g: %v", p.PrefillLoadScale, err)
+	}
+	if err := l.SetSettings(ctx(t), s); !errors.Is(err, ErrInvalid) && !errors.Is(err, indexer.ErrInvalidParams) {
+		t.Fatalf("new settings over MaxWeight: %v, want them refused", err)
 	}
 }
