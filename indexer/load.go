@@ -300,6 +300,13 @@ func (l *Loader) adoptTree(ix *Index) {
 	if len(l.pools) > 0 {
 		ix.pool = l.pools[0]
 		ix.pool.huge = nil // the tree grows from here one node at a time
+		// The other parts' pools go with the Loader: their partly used
+		// slabs' tails (up to a slab each) would be lost to the tree.
+		for _, q := range l.pools[1:] {
+			if len(q.slab) < cap(q.slab) {
+				ix.pool.spare = append(ix.pool.spare, q.slab)
+			}
+		}
 	}
 	l.root, l.pools = node{}, nil
 }

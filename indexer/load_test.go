@@ -588,3 +588,53 @@ func TestLoaderReleasesItsScratch(t *testing.T) {
 		})
 	}
 }
+
+// TestSpreadBuildHandsOnItsSlabTails: a parallel build's parts fill pools
+// of their own, and the index adopts the first; the others' partly used
+// slabs (up to 10 MiB each) are handed on to it, not stranded, and the
+// tree's next nodes take them first. From a review.
+func TestSpreadBuildHandsOnItsSlabTails(t *testing.T) {
+	const parts, subtrees, depth = 8, 4096, 50
+	l := NewLoader(0, 0)
+	l.Spread(parts, spreadGo)
+	r := kvevent.Rank{Worker: 1}
+	seq := uint64(0)
+	for s := 0; s < subtrees; s++ {
+		parent := uint64(0)
+		for d := 0; d < depth; d++ {
+			seq++
+			l.AddNode(seq, parent, d == 0, uint64(s)<<20|uint64(d))
+			l.AddEntry(r, seq, seq, 1, uint32(seq))
+			parent = seq
+		}
+	}
+	l.AddRank(RankMeta{Rank: r})
+	l.LinkNodes()
+	tails := 0
+	for p := 1; p < len(l.pools); p++ {
+		tails += cap(l.pools[p].slab) - len(l.pools[p].slab)
+	}
+	if tails == 0 {
+		t.Fatal("the parts' pools have no partly used slab: the test needs another shape")
+	}
+	ix := New(Config{})
+	if err := l.Finish(ix); err != nil {
+		t.Fatal(err)
+	}
+	spare := 0
+	for _, s := range ix.pool.spare {
+		spare += cap(s) - len(s)
+	}
+	if spare != tails {
+		t.Fatalf("the index's pool holds %d spare nodes; the parts left %d", spare, tails)
+	}
+	// New nodes come from the current slab, then the spare ones, before
+	// any new slab.
+	slabs, room := len(ix.pool.spare), cap(ix.pool.slab)-len(ix.pool.slab)
+	for i := 0; i <= room; i++ {
+		ix.pool.get(nil, 0, 0)
+	}
+	if len(ix.pool.spare) != slabs-1 {
+		t.Fatalf("after filling the current slab: %d spare slabs, want %d", len(ix.pool.spare), slabs-1)
+	}
+}

@@ -43,28 +43,32 @@ type node struct {
 // belongs to one tree and is used under its lock; a parallel build uses a
 // pool per part.
 type nodePool struct {
-	slab []node            // handed out from the front
-	free *node             // freed nodes, linked through c1
-	next int               // nodes in the next slab; 0 before the first
-	huge *hugepage.Scratch // a Loader's build: large slabs advised, recorded here
-	_    [64]byte          // keeps the pools of a parallel build off each other's cache lines
+	slab []node // handed out from the front
+	free *node  // freed nodes, linked through c1
+	next int    // nodes in the next slab; 0 before the first
+	// spare holds partly used slabs handed on from other pools (a
+	// parallel build's parts, Loader.adoptTree), taken before a new one.
+	spare [][]node
+	huge  *hugepage.Scratch // a Loader's build: large slabs advised, recorded here
+	_     [64]byte          // keeps the pools of a parallel build off each other's cache lines
 }
 
 // Slabs double from nodeSlab nodes (320 KiB) up to maxNodeSlab (10 MiB):
 // a small tree stays small, and a large one takes fewer, larger slabs. A
-// pool holds at most one partly used slab.
+// pool holds at most one partly used slab, besides the spare ones a
+// parallel build's other pools hand on to it.
 //
 // A Loader's pools (huge) advise their large slabs for huge pages
 // (internal/hugepage): a rebuild writes millions of nodes into fresh
 // memory at once, and a first touch then costs a fault per 2 MiB instead
 // of per 4 KiB (a 5M-block restore: 1.37 s of CPU in get, 0.6 s advised).
+// A growing tree's pool does not: there the advice made the replicated
+// ingest slower (the FSM alone 2.35–2.69M → 1.69–2.14M block events/s in
+// alternating runs), the kernel assembling a huge page at each fault.
 // The advice is withdrawn with the Loader's scratch when it finishes: the
 // huge pages already made stay, and a slab freed later (a tree replaced
 // or thrown away) is not refilled by the kernel once the runtime returns
 // it.
-// A growing tree's pool does not: there the advice made the replicated
-// ingest slower (the FSM alone 2.35–2.69M → 1.69–2.14M block events/s in
-// alternating runs), the kernel assembling a huge page at each fault.
 const nodeSlab, maxNodeSlab = 4096, 1 << 17
 
 // get returns a node with the given position and no children or holders.
@@ -73,6 +77,11 @@ func (p *nodePool) get(parent *node, local, seq uint64) *node {
 	if n != nil {
 		p.free = n.c1
 	} else {
+		if len(p.slab) == cap(p.slab) && len(p.spare) > 0 {
+			k := len(p.spare) - 1
+			p.slab, p.spare[k] = p.spare[k], nil
+			p.spare = p.spare[:k]
+		}
 		if len(p.slab) == cap(p.slab) {
 			size := max(p.next, nodeSlab)
 			if p.huge != nil {
