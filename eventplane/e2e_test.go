@@ -762,3 +762,40 @@ func TestOneBadEventAmongManyRanksIsIsolated(t *testing.T) {
 		t.Fatalf("%v requests for %d events of %d ranks: the requests stayed small after the bad event was given up", n, len(ranks)*perRank, len(ranks))
 	}
 }
+
+// TestCloseDoesNotWaitOutARequest: a request waiting for a reply that
+// does not come (a router stuck in a commit) does not hold Close back for
+// its timeout, which grows to MaxRequestTimeout. From a review.
+func TestCloseDoesNotWaitOutARequest(t *testing.T) {
+	nc := connectNowhere(t)
+	got := make(chan struct{}, 1)
+	sub, err := nc.Subscribe(DefaultSubject, func(*nats.Msg) { // takes requests, answers none
+		select {
+		case got <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	p, err := NewPublisher(PublisherConfig{Conn: nc, RequestTimeout: time.Hour, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Publish(kvevent.Rank{Worker: 1}, []kvevent.Event{{Kind: kvevent.KindCleared}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-got:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no request reached the subject")
+	}
+	closed := make(chan struct{})
+	go func() { p.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close waits for a request's reply (timeout 1h)")
+	}
+}

@@ -130,6 +130,10 @@ type Publisher struct {
 	kick chan struct{}
 	stop chan struct{}
 	done chan struct{}
+	// ctx ends at Close: a request waiting for its reply (up to
+	// MaxRequestTimeout) does not hold the close back.
+	ctx    context.Context
+	cancel context.CancelFunc
 	rng  *rand.Rand
 	// timeout is the next request's timeout, in nanoseconds: RequestTimeout,
 	// doubled after each timeout up to MaxRequestTimeout, back after a
@@ -303,6 +307,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		room: make(chan struct{}), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))}
 	p.timeout.Store(int64(cfg.RequestTimeout))
+	p.ctx, p.cancel = context.WithCancel(context.Background())
 	go p.loop()
 	return p, nil
 }
@@ -315,6 +320,7 @@ func (p *Publisher) Close() error {
 	default:
 		close(p.stop)
 	}
+	p.cancel()
 	<-p.done
 	return nil
 }
@@ -697,8 +703,10 @@ func (p *Publisher) request(subject string, data, published []byte) (acks []raft
 		m.Header = nats.Header{headerPublished: []string{string(published)}}
 	}
 	timeout := p.requestTimeout()
-	msg, err := p.cfg.Conn.RequestMsg(m, timeout)
-	if errors.Is(err, nats.ErrTimeout) {
+	ctx, cancel := context.WithTimeout(p.ctx, timeout)
+	defer cancel()
+	msg, err := p.cfg.Conn.RequestMsgWithContext(ctx, m)
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
 		// The router may have committed the request and answered after
 		// we stopped waiting (a commit slower than the timeout): the
 		// resend waits longer, or its reply would be lost the same way.
