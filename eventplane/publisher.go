@@ -134,7 +134,7 @@ type Publisher struct {
 	// MaxRequestTimeout) does not hold the close back.
 	ctx    context.Context
 	cancel context.CancelFunc
-	rng  *rand.Rand
+	rng    *rand.Rand
 	// timeout is the next request's timeout, in nanoseconds: RequestTimeout,
 	// doubled after each timeout up to MaxRequestTimeout, back after a
 	// reply (request). Only the loop goroutine writes it.
