@@ -798,4 +798,9 @@ func TestCloseDoesNotWaitOutARequest(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Close waits for a request's reply (timeout 1h)")
 	}
+	// Nothing failed and nothing is resent: a shutdown is not a retry on
+	// the dashboards.
+	if r := val(p.m.retries); r != 0 {
+		t.Fatalf("kvagent_events_request_retries_total = %v after Close cancelled the only request", r)
+	}
 }

@@ -594,6 +594,8 @@ func (p *Publisher) loop() {
 		}
 		if ok {
 			backoff = 0
+		} else if p.ctx.Err() != nil {
+			return // Close cancelled the request: nothing is resent
 		} else {
 			p.m.retries.Inc()
 			backoff = min(max(2*backoff, p.cfg.MinBackoff), p.cfg.MaxBackoff)
@@ -648,6 +650,9 @@ func (p *Publisher) dumpDone(r kvevent.Rank, ok bool) {
 	if ok {
 		b.dumpBackoff, b.dumpRetryAt = 0, time.Time{}
 		return
+	}
+	if p.ctx.Err() != nil {
+		return // Close cancelled the dump: it is not resent
 	}
 	p.m.retries.Inc()
 	b.dumpBackoff = min(max(2*b.dumpBackoff, p.cfg.MinBackoff), p.cfg.MaxBackoff)
