@@ -74,9 +74,13 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 			if s.State == "Leader" {
 				contact = "-"
 			}
+			ready := yesNo(s.Ready)
+			if s.Removed {
+				ready = "removed"
+			}
 			cells := []string{r.Endpoint, orDash(s.ID), orDash(s.State), u64(s.Term), u64(s.LastIndex),
 				u64(s.CommitIndex), u64(s.AppliedIndex), orDash(s.LeaderID), contact, u64(s.SnapshotIndex),
-				orDash(s.Digest), yesNo(s.Ready)}
+				orDash(s.Digest), ready}
 			if failed > 0 {
 				cells = append(cells, "")
 			}
@@ -88,6 +92,12 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 	}
 	for _, w := range divergence(rows) {
 		fmt.Fprintln(e.stderr, "kvctl: warning: "+w)
+	}
+	for _, r := range rows {
+		if r.Status != nil && r.Status.Removed {
+			fmt.Fprintf(e.stderr, "kvctl: warning: %s (%s) was removed from the cluster and no longer follows it: stop its process (docs/operations.md, \"Remove a node\")\n",
+				orDash(r.Status.ID), r.Endpoint)
+		}
 	}
 	if failed > 0 {
 		return fmt.Errorf("%d of %d endpoints did not answer; check that those nodes run and that --endpoints names them right",

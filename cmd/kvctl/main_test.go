@@ -239,6 +239,29 @@ func TestStatusWarnsOfDivergedReplicas(t *testing.T) {
 	}
 }
 
+// TestStatusMarksARemovedNode: a node removed from the cluster reads
+// "removed" in the READY column, with a warning to stop it (it read "no",
+// like a node catching up). From a walk-through of docs/operations.md.
+func TestStatusMarksARemovedNode(t *testing.T) {
+	c := newCluster(t)
+	st := c.nodes[2].fake.Status()
+	st.Removed, st.Ready = true, false
+	c.nodes[2].fake.SetStatus(st)
+	r := kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+	var row string
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if strings.Contains(l, " n3 ") {
+			row = l
+		}
+	}
+	if !strings.HasSuffix(strings.TrimSpace(row), "removed") {
+		t.Fatalf("n3's row = %q, want READY removed\n%s", row, r.stdout)
+	}
+	if !strings.Contains(r.stderr, "n3") || !strings.Contains(r.stderr, "removed from the cluster") {
+		t.Fatalf("stderr = %q, want a warning naming n3", r.stderr)
+	}
+}
+
 func TestMembersThroughAFollower(t *testing.T) {
 	c := newCluster(t)
 	follower := c.nodes[1].addr()
