@@ -747,11 +747,16 @@ func TestHeartbeatRenewsTheLease(t *testing.T) {
 type slowTarget struct {
 	*fakeTarget
 	delay time.Duration
+	fast  atomic.Bool // commits at once from now on
 }
 
 func (s *slowTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	d := s.delay
+	if s.fast.Load() {
+		d = 0
+	}
 	select {
-	case <-time.After(s.delay):
+	case <-time.After(d):
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -782,8 +787,24 @@ func TestCommitSlowerThanTheRequestTimeoutIsAcked(t *testing.T) {
 	if err != nil {
 		t.Fatalf("an event committed %d times in commits of 600ms each, with a request timeout of 200ms, is not acknowledged: %v", commits, err)
 	}
-	if d := p.requestTimeout(); d != timeout {
-		t.Fatalf("request timeout %v after a reply, want RequestTimeout %v again", d, timeout)
+	// While commits stay slow the timeout stays up: a reset to 200ms at
+	// each reply had every later request time out once and commit twice.
+	if d := p.requestTimeout(); d < 600*time.Millisecond {
+		t.Fatalf("request timeout %v after a reply that took 600ms, want it to stay above", d)
+	}
+	// Once commits are quick, it comes back down to RequestTimeout.
+	tg.fast.Store(true)
+	deadline := time.Now().Add(20 * time.Second)
+	for p.requestTimeout() != timeout {
+		if time.Now().After(deadline) {
+			t.Fatalf("request timeout %v after quick replies, want RequestTimeout %v again", p.requestTimeout(), timeout)
+		}
+		if _, err := p.Publish(r, []kvevent.Event{{Kind: kvevent.KindCleared}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

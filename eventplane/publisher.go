@@ -53,8 +53,9 @@ type PublisherConfig struct {
 	// commits, which may take up to its CommitTimeout (IngesterConfig,
 	// 5s by default) after the linger and the wait for an entry slot: a
 	// request that times out is resent with twice the timeout, up to
-	// MaxRequestTimeout (default 16s, never below RequestTimeout), and
-	// after a reply the timeout is back to RequestTimeout. A
+	// MaxRequestTimeout (default 16s, never below RequestTimeout); it
+	// halves back towards RequestTimeout after each reply that came
+	// within a quarter of it, and stays up while replies are slow. A
 	// MaxRequestTimeout below the router's commit time loses every reply
 	// of a slow commit: the same events are resent and committed again
 	// (as duplicates) for ever, never acknowledged.
@@ -136,8 +137,8 @@ type Publisher struct {
 	cancel context.CancelFunc
 	rng    *rand.Rand
 	// timeout is the next request's timeout, in nanoseconds: RequestTimeout,
-	// doubled after each timeout up to MaxRequestTimeout, back after a
-	// reply (request). Only the loop goroutine writes it.
+	// doubled after each timeout up to MaxRequestTimeout, halved back
+	// after a quick reply (request). Only the loop goroutine writes it.
 	timeout atomic.Int64
 }
 
@@ -710,6 +711,7 @@ func (p *Publisher) request(subject string, data, published []byte) (acks []raft
 	timeout := p.requestTimeout()
 	ctx, cancel := context.WithTimeout(p.ctx, timeout)
 	defer cancel()
+	start := time.Now()
 	msg, err := p.cfg.Conn.RequestMsgWithContext(ctx, m)
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
 		// The router may have committed the request and answered after
@@ -723,8 +725,12 @@ func (p *Publisher) request(subject string, data, published []byte) (acks []raft
 		return nil, 0, err
 	}
 	acks, cursor, err = decodeReply(msg.Data)
-	if err == nil {
-		p.timeout.Store(int64(p.cfg.RequestTimeout))
+	if err == nil && time.Since(start) < timeout/4 {
+		// A reply well within the timeout: it comes down again, halving,
+		// to RequestTimeout. A reset at every reply had every request of
+		// a router whose commits stay slow time out once, and commit
+		// twice.
+		p.timeout.Store(int64(max(timeout/2, p.cfg.RequestTimeout)))
 	}
 	return acks, cursor, err
 }
