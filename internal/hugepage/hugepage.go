@@ -1,9 +1,8 @@
 // Package hugepage asks the kernel to back large, long-lived slices with
 // transparent huge pages.
 //
-// Why: the index is built by filling hundreds of megabytes of fresh memory
-// (a restart's or a restore's rebuild, the tree's node slabs as it grows),
-// and on the virtual machines we run on a first touch of a 4 KiB page is
+// Why: the index's rebuild (at a restart or a restore) fills hundreds of
+// megabytes of fresh memory at once, and on the virtual machines we run on a first touch of a 4 KiB page is
 // expensive: filling 250 MB of new nodes took 1.1–2.3 s with 4 KiB pages
 // and 0.12–0.35 s with 2 MiB ones. Go's runtime no longer advises its heap
 // for huge pages itself (since Go 1.21.1), and most hosts run THP in
@@ -12,10 +11,10 @@
 // Invariants: the advice is a hint that never changes the contents of
 // memory; only whole 2 MiB pages inside one allocation of at least
 // MinBytes are advised, so neighbouring objects are never touched and the
-// number of memory mappings the advice splits stays small. Memory that is
-// dropped soon after (a build's scratch arrays) is handed back with
-// Unadvise first, so that the kernel's background collapsing does not
-// refill pages the Go runtime has returned.
+// number of memory mappings the advice splits stays small. Every array
+// advised is recorded in a Scratch, whose Release withdraws the advice
+// when the job ends, so that the kernel's background collapsing does not
+// refill pages the Go runtime has returned once the arrays are dropped.
 package hugepage
 
 import (
@@ -32,30 +31,6 @@ const (
 	// that at least one lies wholly inside it.
 	MinBytes = 2 * Size
 )
-
-// Make returns make([]T, n, n) advised for huge pages when it is large.
-func Make[T any](n int) []T {
-	s := make([]T, n)
-	Advise(s)
-	return s
-}
-
-// MakeCap returns make([]T, 0, n) advised for huge pages when it is
-// large.
-func MakeCap[T any](n int) []T {
-	s := make([]T, 0, n)
-	Advise(s)
-	return s
-}
-
-// Advise advises the whole huge pages inside s's backing array (up to its
-// capacity) for transparent huge pages. It is best done before the array
-// is first written. Errors (a kernel without THP) are ignored: the advice
-// is only a hint.
-func Advise[T any](s []T) { advise(span(s)) }
-
-// Unadvise withdraws Advise's hint, before s is dropped.
-func Unadvise[T any](s []T) { unadvise(span(s)) }
 
 // span returns the huge-page-aligned part of s's backing array, or a nil
 // slice when it is too small to hold a whole huge page.
@@ -84,14 +59,17 @@ type Scratch struct {
 	spans [][]byte
 }
 
-// MakeIn is Make, the array recorded in sc (nil: not recorded).
+// MakeIn returns make([]T, n, n), advised for huge pages when it is at
+// least MinBytes and recorded in sc (nil: advised, not recorded). The
+// advice is best given before the array is first written; errors (a
+// kernel without THP) are ignored: it is only a hint.
 func MakeIn[T any](sc *Scratch, n int) []T {
 	s := make([]T, n)
 	sc.add(span(s))
 	return s
 }
 
-// MakeCapIn is MakeCap, the array recorded in sc (nil: not recorded).
+// MakeCapIn is MakeIn for make([]T, 0, n).
 func MakeCapIn[T any](sc *Scratch, n int) []T {
 	s := make([]T, 0, n)
 	sc.add(span(s))

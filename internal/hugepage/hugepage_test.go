@@ -38,7 +38,7 @@ func TestMakeKeepsContentsAndShape(t *testing.T) {
 	sc := &Scratch{}
 	a := MakeIn[uint32](sc, MinBytes)
 	b := MakeCapIn[uint32](sc, MinBytes)
-	c := Make[byte](10)
+	c := MakeIn[byte](sc, 10) // too small to advise: not recorded
 	if len(a) != MinBytes || len(b) != 0 || cap(b) != MinBytes || len(c) != 10 {
 		t.Fatalf("shapes: len(a)=%d len(b)=%d cap(b)=%d len(c)=%d", len(a), len(b), cap(b), len(c))
 	}
