@@ -99,9 +99,11 @@ type OffloadResult struct {
 	// queued tasks of the lowest priority that made room for this call's.
 	Shed int
 	// Invalid counts the requests refused: a G1 block id out of range, a
-	// zero hash, a block that is its own parent.
+	// zero hash, a block that is its own parent. They change nothing.
 	Invalid int
-	// NoPriority counts the requests without a priority (not written).
+	// NoPriority counts the requests without a priority (not written). Such
+	// a request for a G1 block that carries a different hash still drops
+	// that block's old task (a reuse without a Free).
 	NoPriority int
 	// Duplicate counts requests for a block already offloaded from the same
 	// G1 block since it was last freed (nothing to do): its task is still
@@ -341,14 +343,17 @@ func New(cfg Config) (*Manager, error) {
 // block seen often enough it also asks the host pool (in memory) whether
 // the block is there already, to queue its promotion to G3. A
 // request without a priority, or for a block already offloaded from the same
-// G1 block in its current generation, is counted and otherwise ignored
-// (see OffloadResult.Duplicate: a shed or failed task does not count).
+// G1 block in its current generation, is counted and queues nothing
+// (see OffloadResult.Duplicate: a shed or failed task does not count), but
+// the first still counts as a reuse of its G1 block (below).
 //
 // A queued task is a weak reference to its G1 block: if the block is freed
 // (Free, or Onboard into it) before its copy has finished, the copy is
-// skipped or discarded and no STORE is published for it. A request for a G1
-// block that still has a task for a different hash is taken as the engine
-// having reused the block without a Free: the old task is skipped.
+// skipped or discarded and no STORE is published for it. A valid request
+// for a G1 block that still carries a different hash, with or without a
+// priority, is taken as the engine having reused the block without a Free:
+// the block is freed first (its old task is skipped, a copy of it running
+// is discarded). An invalid request changes nothing.
 //
 // The block's STORE event is published by the pool when its copy has
 // finished. Offload fails only with ErrClosed.
@@ -374,19 +379,20 @@ func (m *Manager) Offload(reqs []OffloadRequest) (OffloadResult, error) {
 			res.Invalid++
 			continue
 		}
+		st := &m.g1s[r.G1Block]
+		if st.hash != 0 && st.hash != r.Hash {
+			// Reused without a Free: whatever was queued or is being
+			// copied from this block is of bytes that are gone, whatever
+			// this request's priority.
+			m.freeLocked(r.G1Block)
+		}
 		if r.Priority < 0 {
 			res.NoPriority++
 			continue
 		}
-		st := &m.g1s[r.G1Block]
 		if st.hash == r.Hash {
 			res.Duplicate++
 			continue
-		}
-		if st.hash != 0 {
-			// Reused without a Free: whatever was queued or is being
-			// copied from this block is of bytes that are gone.
-			m.freeLocked(r.G1Block)
 		}
 		st.hash = r.Hash
 		n := m.filter.See(r.Hash, &promotion{b, r.Priority})

@@ -103,6 +103,74 @@ func TestBlockFreedBeforeItsTurnIsSkippedWithoutStore(t *testing.T) {
 	}
 }
 
+// The engine reuses G1 blocks without a Free and offloads their new blocks
+// with no priority: the old blocks' tasks, queued or running, are dropped
+// all the same (the priority says only whether to write the new block), so
+// no STORE is published for an old hash with the new bytes.
+func TestNoPriorityOffloadOfBlockReusedWithoutFreeDropsItsOldTask(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 32, gate: gateD2H, cfg: manager.Config{Workers: 1, BatchSize: 1}})
+	a := r.compute(0, 1, 0)
+	r.offload(a)
+	r.gate.waitEntered(t) // the only worker holds a's copy (before it is queued)
+	c := r.compute(0, 1, 1)
+	r.offload(c) // c is queued behind
+	// Blocks 0 and 1 are reused for d and e, without a Free, and offloaded
+	// with no priority.
+	d := r.compute(0, manager.NoPriority, 1)
+	e := r.compute(0, manager.NoPriority, 0)
+	if res := r.offload(append(d, e...)); res.NoPriority != 2 || res.Queued != 0 {
+		t.Fatalf("offload of d and e without priority: %+v, want 2 no_priority, none queued", res)
+	}
+	r.gate.release()
+	r.idle()
+	if got := r.sink.stored(host); len(got) != 0 {
+		t.Fatalf("STORE host for %v (a %#x, c %#x): their G1 blocks were reused for e and d before their copies finished", got, a[0].Hash, c[0].Hash)
+	}
+	if s := r.m.Stats().Paths[manager.D2H]; s.Skipped != 2 || s.Blocks != 0 {
+		t.Fatalf("D2H skipped %d, copied %d; want 2 and 0", s.Skipped, s.Blocks)
+	}
+	if st := r.host.Stats(); st.Used != 0 || st.Pending != 0 {
+		t.Fatalf("host pool holds %d blocks (%d pending), want none", st.Used, st.Pending)
+	}
+	// d asked again with a priority is queued, not a duplicate, and stored
+	// with d's bytes.
+	d[0].Priority = 1
+	if res := r.offload(d); res.Queued != 1 {
+		t.Fatalf("offload of d with a priority: %+v, want it queued", res)
+	}
+	r.idle()
+	if got := r.sink.stored(host); !slices.Equal(got, []uint64{d[0].Hash}) {
+		t.Fatalf("STORE host for %v, want only d %#x", got, d[0].Hash)
+	}
+	if res := onboard(t, r.m, []uint64{d[0].Hash}, []int{5}); res.Loaded() != 1 {
+		t.Fatalf("onboard of d: %+v, want it loaded", res.Blocks)
+	}
+	r.checkBytes(5, d[0].Hash)
+}
+
+// An invalid request naming a G1 block that has a task changes nothing:
+// it is refused, not taken as a reuse of the block.
+func TestInvalidOffloadOfBlockWithATaskLeavesTheTask(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 32, gate: gateD2H, cfg: manager.Config{Workers: 1, BatchSize: 1}})
+	a := r.compute(0, 1, 0)
+	r.offload(a)
+	r.gate.waitEntered(t) // the only worker holds a's copy
+	c := r.compute(0, 1, 1)
+	r.offload(c) // c is queued behind
+	bad := []manager.OffloadRequest{
+		{G1Block: 0, Hash: 0, Priority: 1},                               // zero hash
+		{G1Block: 1, Hash: 77, Parent: 77, Priority: manager.NoPriority}, // its own parent
+	}
+	if res := r.offload(bad); res.Invalid != 2 || res.NoPriority != 0 {
+		t.Fatalf("offload of invalid requests: %+v, want 2 invalid", res)
+	}
+	r.gate.release()
+	r.idle()
+	if got, want := r.sink.stored(host), hashesOf(append(a, c...)); !slices.Equal(got, want) {
+		t.Fatalf("STORE host for %v, want %v: invalid requests dropped tasks", got, want)
+	}
+}
+
 func TestBlockFreedDuringItsCopyPublishesNoStore(t *testing.T) {
 	r := newRig(t, rigConfig{hostCap: 32, gate: gateD2HLate, cfg: manager.Config{Workers: 1, BatchSize: 4}})
 	a := r.compute(0, 1, 0, 1)
