@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/store"
 )
 
 // TestMembershipChangesKeepTheState adds a fresh node, transfers
@@ -311,10 +313,17 @@ func TestANodeAloneFollowsNoOtherCluster(t *testing.T) {
 	c.nodes = c.nodes[:3]
 	n4.Close()
 
-	// Started again to join (no peers): refused, its state kept.
-	if _, err := NewNode(Config{ID: "n4", RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: dir,
-		Transport: tr, Logger: quiet}); !errors.Is(err, ErrInvalid) {
+	// Started again to join (no peers): refused, its state kept. The
+	// message says how to run it, and that its directory holds the state
+	// of the cluster it is.
+	_, err = NewNode(Config{ID: "n4", RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: dir, Transport: tr, Logger: quiet})
+	if !errors.Is(err, ErrInvalid) {
 		t.Fatalf("a node alone started to join: %v, want ErrInvalid", err)
+	}
+	for _, want := range []string{"bootstrapped alone", "start this node without --join", "holds that cluster's state"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("a node alone started to join: %v, want it to say %q", err, want)
+		}
 	}
 
 	// A node alone that adds a member: the new one may lead it. (On a new
@@ -387,5 +396,104 @@ func TestANodeAloneRefusesHeartbeatsOverTCP(t *testing.T) {
 	waitFor(t, 10*time.Second, "n4 to refuse the cluster's leader a few times", func() bool { return n4.watch.refused.Load() >= 16 })
 	if _, id := n4.raft.LeaderWithID(); !n4.IsLeader() || n4.raft.CurrentTerm() != term {
 		t.Fatalf("n4 is %v in term %d (was leader in %d), following %q", n4.raft.State(), n4.raft.CurrentTerm(), term, id)
+	}
+}
+
+// TestTheLastMemberOfAJoinedClusterRestartsWithItsJoinFlags: a node that
+// joined a cluster (no peers) and became its last member once the others
+// were removed (fault scenario 13) starts again with the same flags, and
+// leads the cluster it holds. From a review: it was refused as a node
+// that bootstrapped itself alone, with advice to start from an empty data
+// directory, which held the cluster's only copy of its state.
+func TestTheLastMemberOfAJoinedClusterRestartsWithItsJoinFlags(t *testing.T) {
+	c := newInmemCluster(t, 1)
+	_, l := c.leaderExcept(-1)
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	_, tr := raft.NewInmemTransport("inmem-n2")
+	c.trans = append(c.trans, tr)
+	c.heal()
+	cfg := Config{ID: "n2", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n2", DataDir: filepath.Join(t.TempDir(), "n2"),
+		Transport: tr, Logger: quiet}
+	n2, err := NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes = append(c.nodes, n2)
+	if err := l.AddMember(ctx(t), "n2", cfg.RaftAddr, cfg.HTTPAddr); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n2's member entry", func() bool { _, ok := n2.fsm.Members()["n2"]; return ok })
+	if err := l.RemoveMember(ctx(t), "n1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n2 to lead alone", func() bool { return n2.IsLeader() && n2.alone() })
+	digest := n2.fsm.Digest()
+	n2.Close()
+	c.nodes = c.nodes[:1]
+
+	_, cfg.Transport = raft.NewInmemTransport(raft.ServerAddress(cfg.RaftAddr))
+	n2, err = NewNode(cfg)
+	if err != nil {
+		t.Fatalf("restarting the cluster's last member with its --join flags: %v", err)
+	}
+	defer n2.Close()
+	waitFor(t, 10*time.Second, "n2 to lead again", func() bool { return n2.IsLeader() && n2.ledThisTerm() })
+	if _, ok := n2.fsm.Workers()[1]; !ok || n2.fsm.Digest() != digest {
+		t.Fatalf("n2 restarted with workers %v, digest %#x (was %#x)", n2.fsm.Workers(), n2.fsm.Digest(), digest)
+	}
+}
+
+// TestADirectoryAloneOfAnOlderBuildIsRefusedToJoin: a directory whose
+// latest configuration is this node alone, without the record of how it
+// started (older builds wrote none), is refused a start to join: it may
+// hold a cluster of its own. The message says that it may be its
+// cluster's last member, and that it holds that cluster's state; started
+// without --join it runs that cluster.
+func TestADirectoryAloneOfAnOlderBuildIsRefusedToJoin(t *testing.T) {
+	_, tr := raft.NewInmemTransport("inmem-n1")
+	self := Member{ID: "n1", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n1"}
+	cfg := Config{ID: self.ID, RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: filepath.Join(t.TempDir(), "n1"),
+		Peers: []Member{self}, Transport: tr, Logger: quiet}
+	n1, err := NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n1 to lead", func() bool { return n1.IsLeader() && n1.ledThisTerm() })
+	if err := n1.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	n1.Close()
+	// As an older build left it: no origin (an empty one reads the same).
+	logs, err := store.OpenLogStore(filepath.Join(cfg.DataDir, "raft"), store.LogStoreOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := logs.Set(originKey, nil); err != nil {
+		t.Fatal(err)
+	}
+	logs.Close()
+
+	join := cfg
+	join.Peers = nil
+	_, join.Transport = raft.NewInmemTransport(raft.ServerAddress(self.RaftAddr))
+	_, err = NewNode(join)
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("an older build's directory alone started to join: %v, want ErrInvalid", err)
+	}
+	for _, want := range []string{"older build", "last member", "start this node without --join", "holds that cluster's state"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("an older build's directory alone started to join: %v, want it to say %q", err, want)
+		}
+	}
+	_, cfg.Transport = raft.NewInmemTransport(raft.ServerAddress(self.RaftAddr))
+	if n1, err = NewNode(cfg); err != nil {
+		t.Fatalf("started without --join: %v", err)
+	}
+	defer n1.Close()
+	waitFor(t, 10*time.Second, "n1 to lead again", func() bool { return n1.IsLeader() && n1.ledThisTerm() })
+	if _, ok := n1.fsm.Workers()[1]; !ok {
+		t.Fatalf("n1 lost its state: workers %v", n1.fsm.Workers())
 	}
 }

@@ -37,7 +37,10 @@ type Config struct {
 	// Peers, when set, bootstraps a new cluster of these voters (this node
 	// among them) if the data directory holds no Raft state yet. Leave it
 	// empty to join an existing cluster (an operator or kvrouter --join
-	// asks the leader to add this node).
+	// asks the leader to add this node). A directory whose latest
+	// configuration is this node alone starts with no peers only if this
+	// node joined that cluster rather than bootstrapping it alone
+	// (checkJoinAlone).
 	Peers []Member
 
 	HeartbeatTimeout   time.Duration // default 200ms
@@ -309,25 +312,40 @@ func (n *Node) startRaft() error {
 	// instead left a window in which a leader's snapshot could reach Raft
 	// first: Raft's main goroutine then waited for the FSM's restore, which
 	// waits for the start to finish, which waited for the bootstrap.
-	if len(cfg.Peers) > 0 {
-		has, err := raft.HasExistingState(n.logs, n.logs, n.snaps)
-		if err != nil {
+	has, err := raft.HasExistingState(n.logs, n.logs, n.snaps)
+	if err != nil {
+		return err
+	}
+	seeded, err := n.seededConfiguration()
+	if err != nil {
+		return err
+	}
+	if seeded != nil && len(cfg.Peers) > 0 {
+		if err := n.checkSeedPeers(seeded, cfg.Peers); err != nil {
 			return err
 		}
-		if has {
-			if err := n.checkSeedPeers(cfg.Peers); err != nil {
-				return err
-			}
-		}
-		if !has {
-			var servers []raft.Server
-			for _, p := range cfg.Peers {
-				servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.RaftAddr)})
-			}
-			err := raft.BootstrapCluster(rc, n.logs, n.logs, n.snaps, n.trans, raft.Configuration{Servers: servers})
-			if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
-				return fmt.Errorf("bootstrap: %w", err)
-			}
+	}
+	var servers []raft.Server
+	for _, p := range cfg.Peers {
+		servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.RaftAddr)})
+	}
+	// How the directory got its Raft state, recorded at its first start
+	// (a seeded one's too), before anything else is written.
+	switch {
+	case !has && len(servers) > 0:
+		err = n.recordOrigin(n.originOf(servers))
+	case !has:
+		err = n.recordOrigin(originJoin)
+	case seeded != nil:
+		err = n.recordOrigin(n.originOf(seeded))
+	}
+	if err != nil {
+		return err
+	}
+	if !has && len(servers) > 0 {
+		err := raft.BootstrapCluster(rc, n.logs, n.logs, n.snaps, n.trans, raft.Configuration{Servers: servers})
+		if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+			return fmt.Errorf("bootstrap: %w", err)
 		}
 	}
 	var watched raft.Transport
@@ -337,10 +355,12 @@ func (n *Node) startRaft() error {
 	}
 	// Raft has read its configuration from the log and snapshots. A node
 	// told to join (no peers) must not hold a cluster of its own: its
-	// state would pass for the cluster's (commitWatch).
+	// state would pass for the cluster's (commitWatch). The last member
+	// of a cluster it joined may start so (checkJoinAlone).
 	if len(n.cfg.Peers) == 0 && n.alone() {
-		return fmt.Errorf("%w: %s holds a cluster of its own (this node its only member); to join another cluster, start with an empty data directory",
-			ErrInvalid, n.cfg.DataDir)
+		if err := n.checkJoinAlone(); err != nil {
+			return err
+		}
 	}
 	n.watch.setAlone(n.alone)
 	// Watched from the start: the first leader may win before NewNode
@@ -381,25 +401,90 @@ func (n *Node) abortStart() {
 	n.closeStorage()
 }
 
-// checkSeedPeers refuses --peers that differ from the configuration of a
-// seeded directory not yet started (SeedDataDir: a Raft snapshot at the
-// seed's index and an empty log). Its configuration is the seed's, and
-// the start's --peers would otherwise be ignored without a word: a node
-// that never elects, or one that dials addresses the operator did not give.
-func (n *Node) checkSeedPeers(peers []Member) error {
+// Keys of the stable store (beside Raft's own) that the node keeps.
+var (
+	// originKey holds how the data directory got its Raft state
+	// (originAlone, originPeers, originJoin), written at its first start.
+	// Directories first started by older builds have none.
+	originKey = []byte("kvrouter_origin")
+)
+
+// The origins of a data directory's Raft state (originKey).
+const (
+	originAlone = "alone" // bootstrapped (or seeded) with this node as its only member
+	originPeers = "peers" // bootstrapped (or seeded) with other peers too
+	originJoin  = "join"  // started with no peers: its state came from a cluster it joined
+)
+
+// originOf is the origin of a directory bootstrapped or seeded with the
+// configuration servers.
+func (n *Node) originOf(servers []raft.Server) string {
+	if len(servers) == 1 && string(servers[0].ID) == n.cfg.ID {
+		return originAlone
+	}
+	return originPeers
+}
+
+// recordOrigin writes the directory's origin into the stable store.
+func (n *Node) recordOrigin(origin string) error {
+	if err := n.logs.Set(originKey, []byte(origin)); err != nil {
+		return fmt.Errorf("record how %s started: %w", n.cfg.DataDir, err)
+	}
+	return nil
+}
+
+// checkJoinAlone refuses a start to join (no peers) on a directory whose
+// latest configuration is this node alone when it was bootstrapped (or
+// seeded) that way: it holds a cluster of its own, and joined to another
+// cluster it would refuse that cluster's leader (commitWatch). A node that
+// joined a cluster and became its last member, the others removed, starts:
+// it runs the cluster it holds. A directory first started by an older
+// build has no record of how it started, and is refused too: it may hold
+// a cluster of its own.
+func (n *Node) checkJoinAlone() error {
+	origin, err := n.logs.Get(originKey)
+	if err != nil && !errors.Is(err, store.ErrKeyNotFound) {
+		return fmt.Errorf("read how %s started: %w", n.cfg.DataDir, err)
+	}
+	const what = "To run that cluster, start this node without --join. To join another cluster instead, give that cluster up: " +
+		"move this data directory aside (it holds that cluster's state, and this node is its only member) and start with an empty one"
+	switch string(origin) {
+	case originJoin, originPeers:
+		return nil
+	case originAlone:
+		return fmt.Errorf("%w: %s holds a cluster that this node bootstrapped alone (started without --join, with no other --peers), "+
+			"and this node is its only member, so it cannot join another cluster. %s", ErrInvalid, n.cfg.DataDir, what)
+	}
+	return fmt.Errorf("%w: %s holds a cluster in which this node is the only member, and an older build, which did not record "+
+		"whether this node bootstrapped that cluster alone or joined it and became its last member, started it: it may be a "+
+		"cluster of its own, which cannot join another one. %s", ErrInvalid, n.cfg.DataDir, what)
+}
+
+// seededConfiguration returns the configuration of a seeded directory not
+// yet started (SeedDataDir: a Raft snapshot at the seed's index and an
+// empty log), nil for any other directory.
+func (n *Node) seededConfiguration() ([]raft.Server, error) {
 	last, err := n.logs.LastIndex()
 	if err != nil || last != 0 {
-		return err
+		return nil, err
 	}
 	list, err := n.snaps.List()
 	if err != nil || len(list) != 1 || list[0].Index != seedIndex || list[0].Term != seedTerm {
-		return err
+		return nil, err
 	}
+	return list[0].Configuration.Servers, nil
+}
+
+// checkSeedPeers refuses --peers that differ from the configuration of a
+// seeded directory not yet started (seededConfiguration). Its
+// configuration is the seed's, and the start's --peers would otherwise be
+// ignored without a word: a node that never elects, or one that dials
+// addresses the operator did not give.
+func (n *Node) checkSeedPeers(seeded []raft.Server, peers []Member) error {
 	want := map[raft.ServerID]raft.ServerAddress{}
 	for _, p := range peers {
 		want[raft.ServerID(p.ID)] = raft.ServerAddress(p.RaftAddr)
 	}
-	seeded := list[0].Configuration.Servers
 	same := len(seeded) == len(want)
 	var names []string
 	for _, s := range seeded {
