@@ -285,8 +285,8 @@ func TestReadyNeedsALeaderAndMembership(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the removed member to be not ready", func() bool { return !gone.Status().Ready })
-	// Only a node left out of its own latest configuration reports itself
-	// removed. (The removed follower does only if the entry that removes it
+	// Only a node left out of its own latest configuration, once a
+	// member, reports itself removed. (The removed follower does only if the entry that removes it
 	// reached it before the leader stopped replicating to it: not always;
 	// TestLeaderRemovingItselfSucceeds checks a node that holds the entry.)
 	for _, n := range c.nodes {

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -495,5 +496,84 @@ func TestADirectoryAloneOfAnOlderBuildIsRefusedToJoin(t *testing.T) {
 	waitFor(t, 10*time.Second, "n1 to lead again", func() bool { return n1.IsLeader() && n1.ledThisTerm() })
 	if _, ok := n1.fsm.Workers()[1]; !ok {
 		t.Fatalf("n1 lost its state: workers %v", n1.fsm.Workers())
+	}
+}
+
+// TestAJoiningNodeIsNotRemovedWhileCatchingUp: a node added to a cluster
+// replays the leader's log, whose older configurations do not name it
+// yet; it does not report itself removed meanwhile. From a review: its
+// Status said Removed while it caught up, so kvctl status told the
+// operator to stop it and its /readyz said it was removed.
+func TestAJoiningNodeIsNotRemovedWhileCatchingUp(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	_, l := c.leaderExcept(-1)
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	const entries = 1500 // a catch-up long enough to be seen
+	for i := range entries {
+		if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, uint64(i+1), 1, uint64(1000+i))}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, tr := raft.NewInmemTransport("inmem-n4")
+	c.trans = append(c.trans, tr)
+	c.heal()
+	n4, err := NewNode(Config{ID: "n4", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n4",
+		DataDir: filepath.Join(t.TempDir(), "n4"), Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes = append(c.nodes, n4)
+	var sawRemoved atomic.Int64
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if n4.Status().Removed {
+				sawRemoved.Add(1)
+			}
+		}
+	}()
+	if err := l.AddMember(ctx(t), "n4", string(tr.LocalAddr()), "http-n4"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "n4 to catch up", func() bool { return n4.IndexStats().Entries == entries })
+	close(stop)
+	<-done
+	if n := sawRemoved.Load(); n > 0 {
+		t.Fatalf("a joining node, still catching up, reported Removed in %d Status calls", n)
+	}
+}
+
+// TestARemovedNodeReadsRemovedAfterARestart: a node removed from the
+// cluster, started again on its data directory, still reports itself
+// removed (it has been a member: the stable store says so).
+func TestARemovedNodeReadsRemovedAfterARestart(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	li, l := c.leaderExcept(-1)
+	if err := l.RemoveMember(ctx(t), l.cfg.ID); err != nil {
+		t.Fatal(err)
+	}
+	if st := l.Status(); !st.Removed || st.Ready {
+		t.Fatalf("%s's status after removing itself: %+v, want removed and not ready", l.cfg.ID, st)
+	}
+	cfg := l.cfg
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, cfg.Transport = raft.NewInmemTransport(raft.ServerAddress(cfg.RaftAddr)) // cut off: it is no member
+	n, err := NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[li] = n
+	if st := n.Status(); !st.Removed || st.Ready {
+		t.Fatalf("%s's status after a restart: %+v, want removed and not ready", cfg.ID, st)
 	}
 }

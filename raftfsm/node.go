@@ -138,6 +138,12 @@ type Node struct {
 	// applied it, the node is not ready, and polling need not read the
 	// log again (fsmHasApplied).
 	unapplied atomic.Uint64
+	// wasMember is set once a latest configuration of this node named it
+	// (Status, noteMembership); memberRecorded once the stable store holds
+	// that (wasMemberKey), so that it survives a restart. Only a node that
+	// has been a member reports itself removed.
+	wasMember      atomic.Bool
+	memberRecorded bool // noteMembership only
 	// snapshotting is set while a snapshot by applied bytes runs.
 	snapshotting atomic.Bool
 	lastAssert   time.Time // leaderLoop only
@@ -362,6 +368,9 @@ func (n *Node) startRaft() error {
 			return err
 		}
 	}
+	if err := n.loadMembership(); err != nil {
+		return err
+	}
 	n.watch.setAlone(n.alone)
 	// Watched from the start: the first leader may win before NewNode
 	// returns; countLeaders reads what this buffers meanwhile.
@@ -380,6 +389,50 @@ func (n *Node) startRaft() error {
 func (n *Node) alone() bool {
 	s := n.raft.GetConfiguration().Configuration().Servers
 	return len(s) == 1 && string(s[0].ID) == n.cfg.ID
+}
+
+// namesSelf reports whether the configuration has this node among its
+// servers.
+func (n *Node) namesSelf(servers []raft.Server) bool {
+	return slices.ContainsFunc(servers, func(sv raft.Server) bool { return string(sv.ID) == n.cfg.ID })
+}
+
+// loadMembership reads at start whether this node has been a member
+// (wasMemberKey), and records it if its latest configuration names it.
+func (n *Node) loadMembership() error {
+	v, err := n.logs.GetUint64(wasMemberKey)
+	if err != nil {
+		return fmt.Errorf("read whether this node has been a member: %w", err)
+	}
+	if v != 0 {
+		n.wasMember.Store(true)
+		n.memberRecorded = true
+	}
+	n.noteMembership()
+	return nil
+}
+
+// noteMembership records, once, that this node has been a member, when
+// its latest configuration names it or Status saw one that did. Only a
+// node that has been a member reports itself removed (Status): a node
+// joining replays the leader's log, whose older configurations do not
+// name it yet. Run at start and by leaderLoop, never at once.
+func (n *Node) noteMembership() {
+	if n.memberRecorded {
+		return
+	}
+	if !n.wasMember.Load() {
+		cf := n.raft.GetConfiguration()
+		if cf.Error() != nil || !n.namesSelf(cf.Configuration().Servers) {
+			return
+		}
+		n.wasMember.Store(true)
+	}
+	if err := n.logs.SetUint64(wasMemberKey, 1); err != nil {
+		n.logger.Warn("recording that this node is a member failed; retrying", "err", err)
+		return
+	}
+	n.memberRecorded = true
 }
 
 // abortStart undoes a NewNode that failed: Raft stops (the FSM was
@@ -407,6 +460,9 @@ var (
 	// (originAlone, originPeers, originJoin), written at its first start.
 	// Directories first started by older builds have none.
 	originKey = []byte("kvrouter_origin")
+	// wasMemberKey holds 1 once a latest configuration of this node named
+	// it (loadMembership, noteMembership).
+	wasMemberKey = []byte("kvrouter_was_member")
 )
 
 // The origins of a data directory's Raft state (originKey).
@@ -643,6 +699,7 @@ func (n *Node) leaderLoop() {
 				n.fsm.endLoadHold() // not ready for long: collect as usual
 			}
 			n.maybeSnapshot()
+			n.noteMembership()
 			if leader {
 				n.assertSelf()
 			}
@@ -992,9 +1049,14 @@ func (n *Node) Status() NodeStatus {
 	// its peers (a candidate), or removed from the cluster (its Raft shut
 	// down), answers routes from an index that no longer moves.
 	s.Ready = n.ready.Load() && id != "" && n.raft.State() != raft.Shutdown
+	// Removed only once a member: a node joining replays configurations
+	// from before it was added (noteMembership).
 	if cf := n.raft.GetConfiguration(); cf.Error() == nil {
 		servers := cf.Configuration().Servers
-		s.Removed = len(servers) > 0 && !slices.ContainsFunc(servers, func(sv raft.Server) bool { return string(sv.ID) == n.cfg.ID })
+		if n.namesSelf(servers) {
+			n.wasMember.Store(true) // recorded by leaderLoop
+		}
+		s.Removed = n.wasMember.Load() && len(servers) > 0 && !n.namesSelf(servers)
 	}
 	if id != "" {
 		s.LeaderHTTP = n.fsm.Members()[string(id)].HTTPAddr

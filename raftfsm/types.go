@@ -120,8 +120,12 @@ type NodeStatus struct {
 	SnapshotIndex uint64 `json:"snapshot_index"`
 	Digest        string `json:"digest"` // hex; equal on replicas at equal applied index
 	Ready         bool   `json:"ready"`
-	// Removed: the node's latest Raft configuration has members and not
-	// this node: it was removed from the cluster, and serves nothing more.
+	// Removed: the node has been a member of the cluster (a latest Raft
+	// configuration of its named it; its data directory keeps that across
+	// restarts), and its latest configuration has members and not this
+	// node: it was removed from the cluster, and serves nothing more. A
+	// node joining, whose log still holds only configurations from before
+	// it was added, is not removed.
 	Removed bool `json:"removed,omitempty"`
 }
 
