@@ -28,8 +28,9 @@ import (
 type Backend interface {
 	// Status is this node's view of itself and the cluster. It never blocks.
 	Status() raftfsm.NodeStatus
-	// Members lists the cluster's members as the replicated member table
-	// knows them.
+	// Members lists the servers of this node's latest Raft configuration,
+	// each with its HTTP address from the replicated member table ("" when
+	// the table has none).
 	Members(ctx context.Context) ([]raftfsm.Member, error)
 	// Workers lists every registered worker with its ranks' index and load
 	// figures.

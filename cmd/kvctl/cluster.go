@@ -167,9 +167,12 @@ func membersCommand(e *env) *cli.Command {
 		Action: group("list, add or remove"),
 		Subcommands: []*cli.Command{
 			{
-				Name:        "list",
-				Usage:       "list the members as the replicated member table knows them",
-				Description: "Example:\n   kvctl members list -o json",
+				Name:  "list",
+				Usage: "list the members: the Raft configuration's servers, with their HTTP addresses from the member table",
+				Description: "The answering node's view: the servers of its latest Raft configuration (committed\n" +
+					"or not), each with its Raft address and whether it votes and leads, and its HTTP address\n" +
+					"from the replicated member table (- when the table has no entry for it yet).\n\n" +
+					"Example:\n   kvctl members list -o json",
 				Action: func(c *cli.Context) error {
 					if err := args(c, 0, "no arguments"); err != nil {
 						return err
