@@ -29,7 +29,9 @@ type SelectionBackend interface {
 	Backend
 	// Route chooses a rank for a request (and books it with q.Book).
 	Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteResult, error)
-	// Reserve books a request on a chosen rank; idempotent by id.
+	// Reserve books a request on a chosen rank; idempotent by id: a retry
+	// on the same rank is nil, an id live on another rank a
+	// *raftfsm.BookedElsewhereError and a freed one raftfsm.ErrBookingFreed.
 	Reserve(ctx context.Context, b raftfsm.Booking) error
 	// PrefillDone and Free move a booking on; idempotent.
 	PrefillDone(ctx context.Context, id string) error
@@ -705,10 +707,35 @@ func (s *Selection) reserve(ctx context.Context, req *ReservationRequest) (any, 
 	}
 	b := raftfsm.Booking{ID: req.ReservationID, Rank: rk, SeqHashes: hashes(req.SequenceHashes), ISL: req.ISLTokens,
 		CachedTokens: req.CachedTokens}
-	if err := s.b.Reserve(ctx, b); err != nil {
-		return nil, fmt.Errorf("reserve %s: %w", req.ReservationID, err)
+	err := s.b.Reserve(ctx, b)
+	var elsewhere *raftfsm.BookedElsewhereError
+	switch {
+	case err == nil:
+		return Map[string]{"status": "ok", "reservation_id": req.ReservationID}, nil
+	case errors.Is(err, raftfsm.ErrBookingFreed):
+		return nil, &httpError{code: http.StatusConflict, err: fmt.Errorf(
+			"reservation id %q was already used and freed (or expired): reservation ids are single-use, reserve under a new one",
+			req.ReservationID)}
+	case errors.As(err, &elsewhere):
+		return nil, &httpError{code: http.StatusConflict, err: fmt.Errorf(
+			"reservation id %q is already reserved on %s; release it first or reserve under a new id",
+			req.ReservationID, s.describeRank(elsewhere.Rank))}
 	}
-	return Map[string]{"status": "ok", "reservation_id": req.ReservationID}, nil
+	return nil, fmt.Errorf("reserve %s: %w", req.ReservationID, err)
+}
+
+// describeRank names rank rk in the selection API's terms: the worker id
+// of its catalog worker, its dp rank, model and routing group.
+func (s *Selection) describeRank(rk kvevent.Rank) string {
+	wi, ok := s.b.WorkerTable()[rk.Worker]
+	if !ok {
+		return fmt.Sprintf("internal worker %#x dp rank %d (no longer registered)", rk.Worker, rk.DP)
+	}
+	inst, group := wi.Instance, wi.Tenant
+	if group == "" {
+		inst, group = rk.Worker, DefaultTenant
+	}
+	return fmt.Sprintf("worker %d dp rank %d of model %s routing group %s", inst, rk.DP, wi.Model, group)
 }
 
 // onLeader runs a reservation write: a follower forwards it to the leader,

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
 func selectionScript() []step {
@@ -183,7 +184,8 @@ func TestSessionBreaksTies(t *testing.T) {
 
 // TestBookingErrorsMapToStatus: a reservation on a rank that left before
 // its commit is a 404, as the docs say, and a route with no worker to
-// choose a 503 (from a review: both were answered 500).
+// choose a 503 (from a review: both were answered 500); a booking under
+// an id freed before or live elsewhere is a 409.
 func TestBookingErrorsMapToStatus(t *testing.T) {
 	for _, c := range []struct {
 		err  error
@@ -192,6 +194,8 @@ func TestBookingErrorsMapToStatus(t *testing.T) {
 		{fmt.Errorf("reserve r: book r: %w: 1/0 is not a registered rank", indexer.ErrUnknownRank), http.StatusNotFound},
 		{fmt.Errorf("route: %w", indexer.ErrNoWorkers), http.StatusServiceUnavailable},
 		{fmt.Errorf("route: %w", indexer.ErrOverloaded), http.StatusServiceUnavailable},
+		{fmt.Errorf("reserve r: %w", raftfsm.ErrBookingFreed), http.StatusConflict},
+		{fmt.Errorf("reserve r: %w", &raftfsm.BookedElsewhereError{ID: "r"}), http.StatusConflict},
 	} {
 		rec := httptest.NewRecorder()
 		if err := answer(rec, codecJSON, http.StatusOK, nil, c.err); err != nil {
@@ -231,4 +235,79 @@ func TestOverlongIDIsRefusedBeforeItIsCommitted(t *testing.T) {
 	mustCode(t, r, 400, "an overlong session_id")
 	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", ReservationRequest{ReservationID: strings.Repeat("x", maxIDLen),
 		ModelName: "llama", WorkerID: 3, ISLTokens: 8}), 201, "an id of the limit's length")
+}
+
+// errorOf is the "error" of an error answer.
+func errorOf(t *testing.T, r reply) string {
+	t.Helper()
+	var e ErrorBody
+	if err := json.Unmarshal(r.body, &e); err != nil {
+		t.Fatalf("an error answer that is not {\"error\": ...}: %v: %s", err, r.body)
+	}
+	return e.Error
+}
+
+// loadOf is rank (worker, dp)'s load in GET /selection/loads.
+func loadOf(t *testing.T, n *testNode, model string, worker uint64, dp uint32) RankLoad {
+	t.Helper()
+	r := n.do(t, codecJSON, "GET", "/selection/loads?model_name="+model, nil)
+	mustCode(t, r, 200, "loads")
+	var loads []RankLoad
+	if err := json.Unmarshal(r.body, &loads); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range loads {
+		if l.WorkerID == worker && l.DPRank == dp {
+			return l
+		}
+	}
+	return RankLoad{WorkerID: worker, DPRank: dp}
+}
+
+// TestReservationOfAFreedIDIsAConflict: reservation ids are single-use; a
+// reservation under an id that was reserved and freed books nothing and is
+// a 409 that says so. From a review: it was answered 201 ok, and the
+// prefill_complete that followed was a 404.
+func TestReservationOfAFreedIDIsAConflict(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "m", BlockSize: 4}), 201, "add worker")
+	body := ReservationRequest{ReservationID: "r1", ModelName: "m", WorkerID: 1, SequenceHashes: []Hash{1, 2}, ISLTokens: 8}
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", body), 201, "reserve")
+	mustCode(t, n.do(t, codecJSON, "DELETE", "/selection/reservations/r1", nil), 200, "release")
+	r := n.do(t, codecJSON, "POST", "/selection/reservations", body)
+	mustCode(t, r, http.StatusConflict, "reserve a freed id")
+	if e := errorOf(t, r); !strings.Contains(e, `reservation id "r1" was already used and freed`) {
+		t.Errorf("reserve a freed id: %q, want it to say the id was already used and freed", e)
+	}
+	if l := loadOf(t, n, "m", 1, 0); l.ActiveRequests != 0 {
+		t.Errorf("a refused reservation left load: %+v", l)
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations/r1/prefill_complete", nil), 404, "prefill_complete of the refused id")
+}
+
+// TestReservationOfAnIDLiveElsewhereIsAConflict: a reservation under an id
+// live on another rank is a 409 naming that rank, and the load stays where
+// it is; a retry on the same rank is a 201 that books nothing more. From a
+// review: the other rank's reservation was answered 201 ok, with the load
+// still on the first rank.
+func TestReservationOfAnIDLiveElsewhereIsAConflict(t *testing.T) {
+	n := startNode(t)
+	for id := uint64(1); id <= 2; id++ {
+		mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: id, ModelName: "m", BlockSize: 4}), 201, "add worker")
+	}
+	body := ReservationRequest{ReservationID: "r1", ModelName: "m", WorkerID: 1, SequenceHashes: []Hash{1, 2}, ISLTokens: 8}
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", body), 201, "reserve on worker 1")
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", body), 201, "the same reservation again")
+	body.WorkerID = 2
+	r := n.do(t, codecJSON, "POST", "/selection/reservations", body)
+	mustCode(t, r, http.StatusConflict, "the id on worker 2")
+	if e := errorOf(t, r); !strings.Contains(e, `reservation id "r1" is already reserved on worker 1 dp rank 0`) {
+		t.Errorf("the id on worker 2: %q, want it to name worker 1 dp rank 0", e)
+	}
+	if l := loadOf(t, n, "m", 1, 0); l.ActiveRequests != 1 || l.ActivePrefillTokens != 8 {
+		t.Errorf("worker 1: %+v, want the one reservation of 8 tokens", l)
+	}
+	if l := loadOf(t, n, "m", 2, 0); l.ActiveRequests != 0 {
+		t.Errorf("worker 2: %+v, want no load", l)
+	}
 }

@@ -3,6 +3,8 @@ package raftfsm
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kvrouter/kvrouter/kvevent"
 )
 
 var (
@@ -30,7 +32,29 @@ var (
 	ErrStaleDump = errors.New("stale rank dump")
 	// ErrDataDirInUse means another node holds the data directory's lock.
 	ErrDataDirInUse = errors.New("data directory in use")
+	// ErrBookingFreed means a booking's request id was booked and then
+	// freed (or expired) before: request ids are single-use, and nothing
+	// was booked. Book the request under a new id.
+	ErrBookingFreed = errors.New("request id already used: booked and then freed or expired")
+	// ErrBookedElsewhere means a booking's request id is live on another
+	// rank than the one asked for, where it stays; nothing was booked.
+	// BookedElsewhereError carries that rank.
+	ErrBookedElsewhere = errors.New("request id already booked on another rank")
 )
+
+// BookedElsewhereError is returned by Reserve when the request id is live
+// on another rank than the booking's.
+type BookedElsewhereError struct {
+	ID   string       // the request id
+	Rank kvevent.Rank // the rank the id is booked on
+}
+
+func (e *BookedElsewhereError) Error() string {
+	return fmt.Sprintf("%v: %q is booked on %v", ErrBookedElsewhere, e.ID, e.Rank)
+}
+
+// Unwrap makes errors.Is(err, ErrBookedElsewhere) true.
+func (e *BookedElsewhereError) Unwrap() error { return ErrBookedElsewhere }
 
 // StaleDumpError is returned by ReplaceRank when the dump's cursor is
 // below the rank's: a publisher that numbers its events anew (an agent

@@ -510,3 +510,46 @@ func TestBookingOnARankThatLeftBooksNothing(t *testing.T) {
 		t.Fatalf("reserve on a rank nobody has: %v, want ErrUnknownRank", err)
 	}
 }
+
+// TestReserveReportsWhatItBooked: Reserve of an id already live on the same
+// rank is a retry that succeeds; of an id live on another rank it is a
+// BookedElsewhereError naming that rank, and of an id booked and freed it
+// is ErrBookingFreed; neither books anything. From a review: both said
+// nothing, and their callers answered that the reservation was made.
+func TestReserveReportsWhatItBooked(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	for id := uint64(1); id <= 2; id++ {
+		if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: id, BlockSize: 16, DPRanks: []uint32{0}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	one, two := kvevent.Rank{Worker: 1}, kvevent.Rank{Worker: 2}
+	b := Booking{ID: "req-1", Rank: one, SeqHashes: []uint64{1}, ISL: 16}
+	for i := range 2 {
+		if err := l.Reserve(ctx(t), b); err != nil {
+			t.Fatalf("reserve %d on %v: %v", i+1, one, err)
+		}
+	}
+	b.Rank = two
+	err := l.Reserve(ctx(t), b)
+	var be *BookedElsewhereError
+	if !errors.Is(err, ErrBookedElsewhere) || !errors.As(err, &be) || be.Rank != one {
+		t.Fatalf("reserve on %v of an id live on %v: %v, want a BookedElsewhereError naming %v", two, one, err, one)
+	}
+	if got, ok := l.Booking("req-1"); !ok || got.Rank != one {
+		t.Fatalf("req-1 is booked on %v (live %v), want %v", got.Rank, ok, one)
+	}
+	if err := l.Free(ctx(t), "req-1"); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []kvevent.Rank{one, two} {
+		b.Rank = r
+		if err := l.Reserve(ctx(t), b); !errors.Is(err, ErrBookingFreed) {
+			t.Fatalf("reserve on %v of a freed id: %v, want ErrBookingFreed", r, err)
+		}
+	}
+	if got, ok := l.Booking("req-1"); ok {
+		t.Fatalf("a freed id was booked again: %+v", got)
+	}
+}

@@ -1527,9 +1527,13 @@ func (n *Node) DumpRank(r kvevent.Rank) (indexer.RankDump, error) {
 }
 
 // Reserve books a request on a rank the caller chose, through Raft
-// (semantics.md §6). Idempotent by b.ID: a live or recently freed id books
-// nothing. A rank no registered worker has (checked when the entry
-// applies) books nothing either: indexer.ErrUnknownRank.
+// (semantics.md §6). Idempotent by b.ID: an id already live on b.Rank (a
+// retry) books nothing more and returns nil. Otherwise nothing is booked
+// and the error says why, as it stands when the entry applies: an id live
+// on another rank is a *BookedElsewhereError (ErrBookedElsewhere) naming
+// it; an id booked and freed (or expired) before is ErrBookingFreed, as
+// request ids are single-use; a rank no registered worker has is
+// indexer.ErrUnknownRank.
 func (n *Node) Reserve(ctx context.Context, b Booking) error {
 	switch {
 	case b.ID == "":
@@ -1543,8 +1547,14 @@ func (n *Node) Reserve(ctx context.Context, b Booking) error {
 	if err != nil {
 		return err
 	}
-	if bo, _ := resp.(bookOutcome); bo.left {
+	bo, _ := resp.(bookOutcome)
+	switch {
+	case bo.left:
 		return fmt.Errorf("book %s: %w: %v is not a registered rank", b.ID, indexer.ErrUnknownRank, b.Rank)
+	case !bo.live:
+		return fmt.Errorf("book %s: %w", b.ID, ErrBookingFreed)
+	case bo.rank != b.Rank:
+		return fmt.Errorf("book %s on %v: %w", b.ID, b.Rank, &BookedElsewhereError{ID: b.ID, Rank: bo.rank})
 	}
 	return nil
 }
