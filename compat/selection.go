@@ -83,6 +83,8 @@ type WorkerPatch struct {
 // SelectRequest is the body of POST /select and /select_and_reserve.
 // BlockHashes are the prompt's content hashes (or give TokenIDs, hashed
 // with the namespace's block size); SequenceHashes key the load booking.
+// ISLTokens 0 means the prompt's length is len(TokenIDs), or else
+// len(BlockHashes) times the block size.
 type SelectRequest struct {
 	SelectionID    string   `json:"selection_id,omitempty"`
 	ModelName      string   `json:"model_name"`
@@ -608,10 +610,16 @@ func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bo
 		req.SelectionID = newSelectionID()
 	}
 	local := hashes(req.BlockHashes)
+	// The prompt's length: isl_tokens, else its tokens (a last partial
+	// block too), else (0 here) its blocks' tokens, as /v1/route counts it.
+	isl := req.ISLTokens
 	if len(req.TokenIDs) > 0 {
 		local = kvevent.LocalHashes(nil, req.TokenIDs, ns.blockSize, kvevent.SeedFor(req.LoRAName, req.CacheSalt))
+		if isl == 0 {
+			isl = len(req.TokenIDs)
+		}
 	}
-	q := raftfsm.RouteQuery{LocalHashes: local, ISL: req.ISLTokens, BlockSize: ns.blockSize,
+	q := raftfsm.RouteQuery{LocalHashes: local, ISL: isl, BlockSize: ns.blockSize,
 		SeqHashes: hashes(req.SequenceHashes), Book: reserve, RequestID: req.SelectionID, Brief: true,
 		Filter: func(rk kvevent.Rank) bool { _, ok := ns.has(rk); return ok }}
 	if req.SessionID != "" {
@@ -638,7 +646,6 @@ func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bo
 		WorkerID: wi.Instance, DPRank: res.Decision.Rank.DP, Endpoint: wi.Endpoint, BlockSize: res.BlockSize,
 		Reserved: res.Booked}
 	out.Overlap = s.overlapOf(ns, local, wi)
-	isl := req.ISLTokens
 	if isl == 0 {
 		isl = len(local) * res.BlockSize
 	}

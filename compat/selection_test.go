@@ -311,3 +311,39 @@ func TestReservationOfAnIDLiveElsewhereIsAConflict(t *testing.T) {
 		t.Errorf("worker 2: %+v, want no load", l)
 	}
 }
+
+// TestSelectOfTokenIDsCountsEveryToken: a prompt given as token_ids without
+// isl_tokens is as long as its tokens, also its last partial block. From a
+// review: its length was its full blocks' tokens, so a prompt shorter than
+// a block was refused as empty (/v1/route routes it) and a 20-token prompt
+// of 16-token blocks was costed, answered and booked as 16 tokens.
+func TestSelectOfTokenIDsCountsEveryToken(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "m", BlockSize: 16}), 201, "add worker")
+	toks := make([]uint32, 20)
+	for i := range toks {
+		toks[i] = uint32(i + 1)
+	}
+	for _, c := range []struct {
+		path string
+		toks []uint32
+	}{
+		{"/selection/select", toks[:3]},
+		{"/selection/select", toks},
+		{"/selection/select_and_reserve", toks[:3]},
+		{"/selection/select_and_reserve", toks},
+	} {
+		r := n.do(t, codecJSON, "POST", c.path, SelectRequest{SelectionID: fmt.Sprintf("s%d", len(c.toks)), ModelName: "m", TokenIDs: c.toks})
+		mustCode(t, r, 200, fmt.Sprintf("%s of a %d-token prompt", c.path, len(c.toks)))
+		var got SelectResponse
+		if err := json.Unmarshal(r.body, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.EffectivePrefillTokens != len(c.toks) {
+			t.Errorf("%s of a %d-token prompt: effective_prefill_tokens %d, want %d", c.path, len(c.toks), got.EffectivePrefillTokens, len(c.toks))
+		}
+	}
+	if l := loadOf(t, n, "m", 1, 0); l.ActiveRequests != 2 || l.ActivePrefillTokens != 3+20 {
+		t.Errorf("after reserving a 3- and a 20-token prompt: %+v, want 2 requests of 23 prefill tokens", l)
+	}
+}
