@@ -63,7 +63,11 @@ type Config struct {
 	// CheckInterval is how often the leader proposes a replica digest
 	// check (check.go), default 30s.
 	CheckInterval time.Duration
-	BookingMaxAge time.Duration // default indexer.DefaultBookingMaxAge
+	// BookingMaxAge is how old a booking never freed may grow before the
+	// expiry sweep frees it, and how long a freed id stays used (default
+	// indexer.DefaultBookingMaxAge). Only the leader's counts: each sweep
+	// it proposes carries its value, which every replica applies.
+	BookingMaxAge time.Duration
 	// SilentAfter is how long a registered rank may send nothing before
 	// Workers reports it silent (default 60s).
 	SilentAfter time.Duration

@@ -26,6 +26,7 @@ import (
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/compat"
 	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -68,6 +69,7 @@ func newApp() *cli.App {
 			&cli.DurationFlag{Name: "leader-lease-timeout", EnvVars: []string{"KVROUTER_LEADER_LEASE_TIMEOUT"}, Usage: "Raft leader lease (default: the heartbeat timeout)"},
 			&cli.Uint64Flag{Name: "snapshot-threshold", Value: 8192, EnvVars: []string{"KVROUTER_SNAPSHOT_THRESHOLD"}, Usage: "log entries between snapshots"},
 			&cli.Int64Flag{Name: "snapshot-bytes", Value: 256 << 20, EnvVars: []string{"KVROUTER_SNAPSHOT_BYTES"}, Usage: "also snapshot once the entries applied since the last snapshot hold this many bytes (negative: never)"},
+			&cli.DurationFlag{Name: "booking-max-age", Value: indexer.DefaultBookingMaxAge, EnvVars: []string{"KVROUTER_BOOKING_MAX_AGE"}, Usage: "a booked request never freed stops counting as load this long after it was booked, and a freed request id may be booked again (1s to 24h); the leader's sweep applies its own value, so give every node the same"},
 			&cli.DurationFlag{Name: "silent-after", Value: time.Minute, EnvVars: []string{"KVROUTER_SILENT_AFTER"}, Usage: "report a registered rank silent after this long without events (kvctl workers)"},
 			&cli.StringFlag{Name: "nats-addr", Value: "127.0.0.1:4222", EnvVars: []string{"KVROUTER_NATS_ADDR"}, Usage: "embedded NATS server's client listen address (agents publish events here)"},
 			&cli.StringFlag{Name: "nats-cluster-addr", EnvVars: []string{"KVROUTER_NATS_CLUSTER_ADDR"}, Usage: "embedded NATS server's route listen address; set it on every node to form one NATS cluster"},
@@ -204,12 +206,7 @@ func run(c *cli.Context) error {
 			natsSrv.Shutdown()
 		}
 	}
-	node, err := raftfsm.NewNode(raftfsm.Config{
-		ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr, DataDir: c.String("data-dir"), Peers: peers,
-		HeartbeatTimeout: c.Duration("heartbeat-timeout"), ElectionTimeout: c.Duration("election-timeout"),
-		LeaderLeaseTimeout: c.Duration("leader-lease-timeout"),
-		SnapshotThreshold:  c.Uint64("snapshot-threshold"), SnapshotBytes: c.Int64("snapshot-bytes"), SilentAfter: c.Duration("silent-after"), Logger: logger,
-	})
+	node, err := raftfsm.NewNode(nodeConfig(c, peers, logger))
 	if err != nil {
 		closeNATS()
 		if sln != nil {
@@ -293,9 +290,30 @@ func run(c *cli.Context) error {
 	return cmp.Or(runErr, err)
 }
 
+// The bounds of --booking-max-age. Below a second every booking would be
+// swept at the leader's next sweep (every 10 s), however long its request
+// runs; over a day, a request never freed would count as load, and every
+// freed id would be kept, for longer than any request runs.
+const (
+	minBookingMaxAge = time.Second
+	maxBookingMaxAge = 24 * time.Hour
+)
+
+// nodeConfig is the node's configuration from the flags (checked by run),
+// with the bootstrap peers (none when joining).
+func nodeConfig(c *cli.Context, peers []raftfsm.Member, logger *slog.Logger) raftfsm.Config {
+	return raftfsm.Config{
+		ID: c.String("node-id"), RaftAddr: c.String("raft-addr"), HTTPAddr: c.String("http-addr"), DataDir: c.String("data-dir"), Peers: peers,
+		HeartbeatTimeout: c.Duration("heartbeat-timeout"), ElectionTimeout: c.Duration("election-timeout"),
+		LeaderLeaseTimeout: c.Duration("leader-lease-timeout"),
+		SnapshotThreshold:  c.Uint64("snapshot-threshold"), SnapshotBytes: c.Int64("snapshot-bytes"), SilentAfter: c.Duration("silent-after"), BookingMaxAge: c.Duration("booking-max-age"), Logger: logger,
+	}
+}
+
 // checkDurations refuses the timing flags that Raft or the event plane
 // would take for their defaults (zero or below) or refuse only once the
-// node has started (Raft's own bounds), with a message that names the
+// node has started (Raft's own bounds), and a --booking-max-age outside
+// [minBookingMaxAge, maxBookingMaxAge], with a message that names the
 // flag: a usage error (exit 2), not a failed start.
 func checkDurations(c *cli.Context) error {
 	const raftMin = 5 * time.Millisecond // raft.ValidateConfig's floor
@@ -312,6 +330,9 @@ func checkDurations(c *cli.Context) error {
 		if d := c.Duration(name); d <= 0 {
 			return fmt.Errorf("--%s %v: want > 0", name, d)
 		}
+	}
+	if d := c.Duration("booking-max-age"); d < minBookingMaxAge || d > maxBookingMaxAge {
+		return fmt.Errorf("--booking-max-age %v: want between %v and %v", d, minBookingMaxAge, maxBookingMaxAge)
 	}
 	if c.Uint64("snapshot-threshold") == 0 {
 		return errors.New("--snapshot-threshold 0: want > 0")

@@ -138,6 +138,41 @@ func TestTimingFlagsAreChecked(t *testing.T) {
 	}
 }
 
+// TestBookingMaxAgeReachesTheNode: --booking-max-age (or
+// KVROUTER_BOOKING_MAX_AGE) is the node's raftfsm.Config.BookingMaxAge,
+// 300 s unless given; zero, negative, sub-second and over-a-day ages are
+// usage errors naming the flag. From a review: semantics.md §6 calls the
+// age configurable, and no flag set it.
+func TestBookingMaxAgeReachesTheNode(t *testing.T) {
+	ageOf := func(args ...string) time.Duration {
+		t.Helper()
+		app := newApp()
+		app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+		var got time.Duration
+		app.Action = func(c *cli.Context) error {
+			got = nodeConfig(c, nil, slog.Default()).BookingMaxAge
+			return nil
+		}
+		if err := app.Run(append([]string{"kvrouter"}, args...)); err != nil {
+			t.Fatalf("kvrouter %v: %v", args, err)
+		}
+		return got
+	}
+	if got := ageOf(); got != 300*time.Second {
+		t.Errorf("the default booking max age: %v, want 5m0s", got)
+	}
+	if got := ageOf("--booking-max-age", "90s"); got != 90*time.Second {
+		t.Errorf("--booking-max-age 90s: %v", got)
+	}
+	t.Setenv("KVROUTER_BOOKING_MAX_AGE", "20m")
+	if got := ageOf(); got != 20*time.Minute {
+		t.Errorf("KVROUTER_BOOKING_MAX_AGE=20m: %v", got)
+	}
+	for _, age := range []string{"0s", "-1m", "500ms", "25h"} {
+		wantUsageError(t, []string{"--booking-max-age", age}, "--booking-max-age")
+	}
+}
+
 // TestANATSPortInUseFailsBeforeRaft: a node whose NATS (or selection)
 // port is taken says so and stops before Raft starts: its data directory
 // holds no Raft state. From a review: NATS started after Raft, the node

@@ -428,7 +428,7 @@ func bookingsLeft(r sim.Result) error {
 	}
 	return fmt.Errorf("%s: %d bookings may remain on the cluster (a free failed twice, or a route failed and so did its free; the first error of the replay: %s): "+
 		"they count as load on their workers until the cluster's booking expiry frees them, %v after they were made "+
-		"(indexer.DefaultBookingMaxAge; the leader sweeps every 10 s): wait that long before another live replay or a measurement on this cluster",
+		"(kvrouter --booking-max-age, if the cluster runs its default; the leader sweeps every 10 s): wait that long before another live replay or a measurement on this cluster",
 		r.Policy, r.Unfreed, r.FirstError, indexer.DefaultBookingMaxAge)
 }
 
