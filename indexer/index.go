@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/hugepage"
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
@@ -68,7 +69,8 @@ type Index struct {
 	cfg Config
 
 	root  node
-	pool  nodePool                // the tree's nodes
+	pool  nodePool                // the tree's nodes; pool.huge is &huge
+	huge  hugepage.Scratch        // the pool's slabs advised for huge pages
 	ranks []*rankState            // by slot; nil when the slot is free
 	slots map[kvevent.Rank]uint32 // rank -> slot
 	free  []uint32                // free slots, reused lowest first
@@ -93,7 +95,9 @@ type Index struct {
 
 // New returns an empty index.
 func New(cfg Config) *Index {
-	return &Index{cfg: cfg.withDefaults(), slots: make(map[kvevent.Rank]uint32)}
+	ix := &Index{cfg: cfg.withDefaults(), slots: make(map[kvevent.Rank]uint32)}
+	ix.pool.huge = &ix.huge
+	return ix
 }
 
 // rankState is what the index knows of one rank.

@@ -117,7 +117,8 @@ func (ix *Index) SetRankFlags(r kvevent.Rank, needsResync, overCapacity bool) {
 // resetLocked empties the index.
 func (ix *Index) resetLocked() {
 	ix.root = node{}
-	ix.pool = nodePool{}
+	ix.huge.Release() // the slabs go with the pool
+	ix.pool = nodePool{huge: &ix.huge}
 	ix.ranks = nil
 	ix.slots = make(map[kvevent.Rank]uint32)
 	ix.free = nil

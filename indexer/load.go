@@ -245,7 +245,9 @@ func (ix *Index) Take(o *Index) {
 	ix.resetLocked()
 	ix.root.c1, ix.root.more = o.root.c1, o.root.more
 	ix.root.forEachChild(func(c *node) { c.parent = &ix.root })
-	ix.pool, o.pool = o.pool, nodePool{}
+	ix.pool, o.pool = o.pool, nodePool{huge: &o.huge}
+	ix.pool.huge = &ix.huge
+	o.huge.MoveTo(&ix.huge) // the slabs' records go with them
 	ix.ranks, ix.slots, ix.free = o.ranks, o.slots, o.free
 	ix.nodes, ix.entries, ix.perTier, ix.digest = o.nodes, o.entries, o.perTier, o.digest
 	c, oc := &ix.counters, &o.counters
@@ -299,7 +301,7 @@ func (l *Loader) adoptTree(ix *Index) {
 	ix.nodes = l.built
 	if len(l.pools) > 0 {
 		ix.pool = l.pools[0]
-		ix.pool.huge = nil // the tree grows from here one node at a time
+		ix.pool.huge = &ix.huge // the Loader's scratch is released at its end
 		// The other parts' pools go with the Loader: their partly used
 		// slabs' tails (up to a slab each) would be lost to the tree.
 		for _, q := range l.pools[1:] {

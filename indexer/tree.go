@@ -49,7 +49,7 @@ type nodePool struct {
 	// spare holds partly used slabs handed on from other pools (a
 	// parallel build's parts, Loader.adoptTree), taken before a new one.
 	spare [][]node
-	huge  *hugepage.Scratch // a Loader's build: large slabs advised, recorded here
+	huge  *hugepage.Scratch // large slabs are advised and recorded here (the index's or the Loader's)
 	_     [64]byte          // keeps the pools of a parallel build off each other's cache lines
 }
 
@@ -58,17 +58,21 @@ type nodePool struct {
 // pool holds at most one partly used slab, besides the spare ones a
 // parallel build's other pools hand on to it.
 //
-// A Loader's pools (huge) advise their large slabs for huge pages
-// (internal/hugepage): a rebuild writes millions of nodes into fresh
-// memory at once, and a first touch then costs a fault per 2 MiB instead
-// of per 4 KiB (a 5M-block restore: 1.37 s of CPU in get, 0.6 s advised).
-// A growing tree's pool does not: there the advice made the replicated
-// ingest slower (the FSM alone 2.35–2.69M → 1.69–2.14M block events/s in
-// alternating runs), the kernel assembling a huge page at each fault.
-// The advice is withdrawn with the Loader's scratch when it finishes: the
-// huge pages already made stay, and a slab freed later (a tree replaced
-// or thrown away) is not refilled by the kernel once the runtime returns
-// it.
+// Large slabs (from 64Ki nodes on) are advised for huge pages
+// (internal/hugepage): a first touch of fresh memory then costs a fault
+// per 2 MiB instead of per 4 KiB, and on the virtual machines we run on
+// faults are dear. A rebuild writes millions of nodes into fresh memory
+// at once (a 5M-block restore: 1.37 s of CPU in get, 0.6 s advised); a
+// growing tree takes a slab at a time. With the write groups' buffers
+// (store.StateBatch) advised too, the replicated ingest benchmark's page
+// faults fell from 470k to 288k and its rate rose from 310–365k to
+// 342–435k block events/s (six alternating pairs). The FSM alone, growing
+// a tree in memory a closed cluster had already faulted in, was slower
+// (2.23–2.66M → 1.91–2.49M): the advice is for fresh memory.
+// The slabs are recorded in the pool's Scratch: a Loader's, released when
+// it ends (the huge pages already made stay), or the index's, released
+// when its tree is replaced, so that a slab freed is not refilled by the
+// kernel once the runtime returns it.
 const nodeSlab, maxNodeSlab = 4096, 1 << 17
 
 // get returns a node with the given position and no children or holders.
@@ -84,11 +88,7 @@ func (p *nodePool) get(parent *node, local, seq uint64) *node {
 		}
 		if len(p.slab) == cap(p.slab) {
 			size := max(p.next, nodeSlab)
-			if p.huge != nil {
-				p.slab = hugepage.MakeCapIn[node](p.huge, size)
-			} else {
-				p.slab = make([]node, 0, size)
-			}
+			p.slab = hugepage.MakeCapIn[node](p.huge, size)
 			p.next = min(2*size, maxNodeSlab)
 		}
 		p.slab = p.slab[:len(p.slab)+1]

@@ -3,6 +3,7 @@ package indexer
 import (
 	"testing"
 
+	"github.com/kvrouter/kvrouter/internal/hugepage"
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
@@ -85,5 +86,51 @@ func TestLoadKeepsNodesItStillApplies(t *testing.T) {
 	}
 	if ix.Digest() != ref.Digest() {
 		t.Fatalf("after a store and a removal: %+v digest %#x; write path %+v digest %#x", ix.Stats(), ix.Digest(), ref.Stats(), ref.Digest())
+	}
+}
+
+// TestTreeSlabAdviceGoesWithTheTree: a tree grown past a few MiB of
+// nodes has its large slabs advised for huge pages, recorded in its
+// index; a tree moved into another index (Take) takes the records along,
+// and a tree replaced drops them, withdrawing the advice.
+func TestTreeSlabAdviceGoesWithTheTree(t *testing.T) {
+	const n, per = 200_000, 1000 // two slabs of 64Ki nodes and more
+	grow := func(ix *Index) {
+		for s := uint64(1); s <= n; s += per {
+			bs := make([]kvevent.Block, per)
+			for i := range bs {
+				bs[i] = kvevent.Block{EngineHash: s + uint64(i), LocalHash: 1<<40 + s + uint64(i)}
+			}
+			ev := stored(rk1, kvevent.TierDevice, bs)
+			if s > 1 {
+				ev = storedUnder(rk1, kvevent.TierDevice, s-1, bs)
+			}
+			mustApply(t, ix, ev)
+		}
+	}
+	base := hugepage.Held()
+	a := New(Config{})
+	grow(a)
+	if hugepage.Held() == base {
+		t.Fatalf("a tree of %d nodes advised no slab", a.Stats().Nodes)
+	}
+	held := hugepage.Held()
+	b := New(Config{})
+	b.Take(a)
+	if hugepage.Held() != held || b.Stats().Nodes != n {
+		t.Fatalf("after Take: %d bytes advised (was %d), %d nodes", hugepage.Held(), held, b.Stats().Nodes)
+	}
+	grow(a) // a's new tree records slabs of its own
+	mine := hugepage.Held() - held
+	if mine == 0 {
+		t.Fatal("a's second tree advised no slab")
+	}
+	b.Take(New(Config{}))
+	if b.Stats().Nodes != 0 || hugepage.Held() != base+mine {
+		t.Fatalf("after b's tree was replaced: %d nodes, %d bytes advised, want %d (a's)", b.Stats().Nodes, hugepage.Held()-base, mine)
+	}
+	a.Take(New(Config{}))
+	if hugepage.Held() != base {
+		t.Fatalf("%d bytes still advised with both trees replaced (%d before)", hugepage.Held(), base)
 	}
 }

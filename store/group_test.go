@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/kvrouter/kvrouter/internal/hugepage"
 )
 
 // TestGroupMatchesModel: groups of random writes — sets and deletes, a key
@@ -427,8 +429,22 @@ func TestReserveGrowsOnceToTheGroupSize(t *testing.T) {
 	if last := opss[len(opss)-1]; last < reserved/24 {
 		t.Fatalf("ops capacities %v: want room for an op per 24 reserved bytes at the end", opss)
 	}
+	// The grown buffers are advised for huge pages while the group lives
+	// (its buffers are kept from commit to commit), and no longer once it
+	// is closed.
+	if hugepage.Held() == 0 {
+		t.Fatal("a group grown to its reserved size advised none of its buffers")
+	}
 	big.SetApplied(1, 1)
 	if err := big.Commit(); err != nil {
 		t.Fatal(err)
+	}
+	if hugepage.Held() == 0 {
+		t.Fatal("the commit dropped the group's advice: its buffers are kept")
+	}
+	big.Close()
+	small.Close()
+	if h := hugepage.Held(); h != 0 {
+		t.Fatalf("%d bytes still advised after Close", h)
 	}
 }

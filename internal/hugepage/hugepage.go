@@ -2,8 +2,10 @@
 // transparent huge pages.
 //
 // Why: the index's rebuild (at a restart or a restore) fills hundreds of
-// megabytes of fresh memory at once, and on the virtual machines we run on a first touch of a 4 KiB page is
-// expensive: filling 250 MB of new nodes took 1.1–2.3 s with 4 KiB pages
+// megabytes of fresh memory at once, a growing index and the state
+// machine's write groups fill it as events come, and on the virtual
+// machines we run on a first touch of a 4 KiB page is expensive:
+// filling 250 MB of new nodes took 1.1–2.3 s with 4 KiB pages
 // and 0.12–0.35 s with 2 MiB ones. Go's runtime no longer advises its heap
 // for huge pages itself (since Go 1.21.1), and most hosts run THP in
 // "madvise" mode, so without the advice every such page is a 4 KiB fault.
@@ -18,6 +20,7 @@
 package hugepage
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -76,6 +79,38 @@ func MakeCapIn[T any](sc *Scratch, n int) []T {
 	return s
 }
 
+// Grow is slices.Grow for a long-lived buffer that grows by large steps
+// (a write group's arena): when s lacks room for n more elements, it
+// returns a new array holding s's elements, advised and recorded in sc as
+// MakeCapIn's, and withdraws the advice from s's array if sc recorded it
+// (the caller drops that array).
+func Grow[T any](sc *Scratch, s []T, n int) []T {
+	if n <= cap(s)-len(s) {
+		return s
+	}
+	g := append(MakeCapIn[T](sc, len(s)+n), s...)
+	sc.forget(span(s))
+	return g
+}
+
+// forget withdraws the advice from b, one of sc's records, and drops the
+// record; b not recorded in sc is left alone.
+func (sc *Scratch) forget(b []byte) {
+	if sc == nil || len(b) == 0 {
+		return
+	}
+	sc.mu.Lock()
+	i := slices.IndexFunc(sc.spans, func(x []byte) bool { return unsafe.SliceData(x) == unsafe.SliceData(b) })
+	if i >= 0 {
+		sc.spans = slices.Delete(sc.spans, i, i+1)
+	}
+	sc.mu.Unlock()
+	if i >= 0 {
+		unadvise(b)
+		held.Add(-int64(len(b)))
+	}
+}
+
 func (sc *Scratch) add(b []byte) {
 	if len(b) == 0 {
 		return
@@ -96,6 +131,21 @@ var held atomic.Int64
 // Held returns the bytes advised through a Scratch and not yet released,
 // in the whole process: for tests that check a job releases its scratch.
 func Held() int64 { return held.Load() }
+
+// MoveTo hands every array recorded in sc to dst (their owner changes:
+// a tree moved into another index), leaving sc empty.
+func (sc *Scratch) MoveTo(dst *Scratch) {
+	if sc == nil || dst == nil || sc == dst {
+		return
+	}
+	sc.mu.Lock()
+	spans := sc.spans
+	sc.spans = nil
+	sc.mu.Unlock()
+	dst.mu.Lock()
+	dst.spans = append(dst.spans, spans...)
+	dst.mu.Unlock()
+}
 
 // Release withdraws the advice from every array recorded, and forgets
 // them. Call it before the arrays are dropped: without it, the kernel's

@@ -69,3 +69,45 @@ func TestMakeKeepsContentsAndShape(t *testing.T) {
 	}
 	none.Release() // a nil Scratch records nothing and releases nothing
 }
+
+// TestGrowMovesTheAdvice: Grow keeps the elements, records the new array
+// and forgets the old one (withdrawing its advice), and leaves a buffer
+// with room, and arrays sc never recorded, alone.
+func TestGrowMovesTheAdvice(t *testing.T) {
+	sc := &Scratch{}
+	s := Grow[uint32](sc, nil, 10) // too small to advise
+	s = append(s, 1, 2, 3)
+	if len(sc.spans) != 0 || cap(s) < 10 {
+		t.Fatalf("small grow: %d spans, cap %d", len(sc.spans), cap(s))
+	}
+	if g := Grow(sc, s, 5); &g[0] != &s[0] {
+		t.Fatal("a buffer with room was reallocated")
+	}
+	big := Grow(sc, s, MinBytes/4)
+	if len(big) != 3 || big[0] != 1 || big[2] != 3 || cap(big) < 3+MinBytes/4 {
+		t.Fatalf("grown: len %d cap %d %v", len(big), cap(big), big)
+	}
+	if len(sc.spans) != 1 || Held() != int64(len(sc.spans[0])) {
+		t.Fatalf("after one large grow: %d spans, %d bytes held", len(sc.spans), Held())
+	}
+	first := sc.spans[0]
+	bigger := Grow(sc, big, cap(big))
+	if len(bigger) != 3 || bigger[1] != 2 {
+		t.Fatalf("grown again: %v", bigger)
+	}
+	if len(sc.spans) != 1 || unsafe.SliceData(sc.spans[0]) == unsafe.SliceData(first) {
+		t.Fatalf("after the second grow: %d spans, the old array's still recorded: %v", len(sc.spans), len(sc.spans) == 1)
+	}
+	if Held() != int64(len(sc.spans[0])) {
+		t.Fatalf("Held() = %d, want the new array's %d", Held(), len(sc.spans[0]))
+	}
+	other := MakeIn[uint32](nil, MinBytes) // advised, recorded nowhere
+	_ = Grow(sc, other, 1)
+	if len(sc.spans) != 2 {
+		t.Fatalf("%d spans, want 2 (the new array from other; other itself not recorded)", len(sc.spans))
+	}
+	sc.Release()
+	if Held() != 0 {
+		t.Fatalf("Held() = %d after Release", Held())
+	}
+}
