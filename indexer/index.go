@@ -100,6 +100,17 @@ func New(cfg Config) *Index {
 	return ix
 }
 
+// Release withdraws the huge page advice from the tree's node slabs
+// (nodePool), for an owner done with the index (a state machine closed),
+// so that the kernel does not refill them once the runtime returns their
+// memory. The index stays usable: its contents are unchanged, and slabs
+// taken later are advised again.
+func (ix *Index) Release() {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ix.huge.Release()
+}
+
 // rankState is what the index knows of one rank.
 type rankState struct {
 	rank   kvevent.Rank

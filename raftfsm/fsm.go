@@ -244,6 +244,10 @@ func (f *FSM) Close() error {
 	if err := f.db.Sync(); err != nil {
 		f.logger.Warn("sync state db at close", "err", err)
 	}
+	// The groups' buffers and the tree's slabs are advised for huge
+	// pages: withdrawn before they are dropped (internal/hugepage).
+	f.dropGroup()
+	f.ix.Release()
 	return f.db.Close()
 }
 
@@ -471,7 +475,8 @@ func (f *FSM) waitCommit() error {
 		err := <-f.committing
 		f.spare, f.inflight, f.committing = f.inflight, nil, nil
 		if err != nil {
-			f.spare = nil // its contents are not known to be empty
+			f.spare.Close() // its contents are not known to be empty
+			f.spare = nil
 			f.commitErr = fmt.Errorf("commit applied entries in the background: %w", err)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/hugepage"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/store"
 )
@@ -654,5 +655,38 @@ func TestDigestSeesRegistrationsAndSettings(t *testing.T) {
 	}
 	if again := apply(worker(func(*WorkerInfo) {})); again != base {
 		t.Fatalf("the same log gave digests %#x and %#x", base, again)
+	}
+}
+
+// TestCloseReleasesTheHugePageAdvice: the write groups' buffers and the
+// tree's slabs, advised for huge pages while the FSM runs, are released
+// when it closes (internal/hugepage: memory dropped while advised may be
+// refilled by the kernel once the runtime returns it).
+func TestCloseReleasesTheHugePageAdvice(t *testing.T) {
+	base := hugepage.Held()
+	f := openTestFSM(t, t.TempDir())
+	w := &logWriter{}
+	f.ApplyBatch([]*raft.Log{w.next(encodeRegister(1, &WorkerInfo{ID: 1, BlockSize: 16}))})
+	const per, calls = 1000, 200 // a tree past 64Ki nodes, groups past a few MiB
+	var logs []*raft.Log
+	for i := range calls {
+		logs = append(logs, w.next(encodeEvents(2, []RankBatch{{Rank: r1, Events: chainEvents(r1, uint64(i*per+1), per, uint64(i*per+10))}})))
+	}
+	for len(logs) > 0 {
+		n := min(16, len(logs))
+		f.ApplyBatch(logs[:n])
+		logs = logs[n:]
+	}
+	if hugepage.Held() == base {
+		t.Fatal("nothing was advised: the test needs a larger state")
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if h := hugepage.Held() - base; h != 0 {
+		t.Fatalf("%d bytes still advised after the FSM closed", h)
+	}
+	if st := f.Index().Stats(); st.Entries != per*calls {
+		t.Fatalf("the closed FSM's index holds %d entries, want %d", st.Entries, per*calls)
 	}
 }
