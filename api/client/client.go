@@ -23,7 +23,9 @@
 // (raftfsm.ErrNoLeader, indexer.ErrOverloaded, ...). When no endpoint can be
 // reached the error wraps ErrUnreachable; when one may have taken the
 // request without answering, ErrOutcomeUnknown; when one answered and was
-// passed over, and none after it answered, the error is that answer.
+// passed over, and none after it answered, the error is that answer. A
+// node's TLS certificate that a try refused stays in the error too
+// (*tls.CertificateVerificationError; CertificateHint says what to do).
 package client
 
 import (
@@ -273,6 +275,9 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 	var errs []string
 	var answered error // the last node that answered, passed over
 	maybeSent := false // a try may have reached a node that did not answer
+	// The first try's refusal of a node's TLS certificate: the error keeps
+	// it (errors.As, CertificateHint) beside its text.
+	var certErr *tls.CertificateVerificationError
 	var start int64 = -1
 	seeker, _ := req.stream.(io.Seeker)
 	if seeker != nil {
@@ -355,6 +360,9 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 				return nil, base, fmt.Errorf("%s %s: %w", req.method, req.path, ctxErr)
 			}
 			errs = append(errs, fmt.Sprintf("%s: %v", hostOf(base), unwrapURLError(err)))
+			if certErr == nil {
+				errors.As(err, &certErr)
+			}
 			if wrote.Load() && isWrite(req.method) && !partlySent(ctx, counted, req.streamLen) {
 				maybeSent = true
 				if req.once {
@@ -397,12 +405,32 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 		// A node answered (no leader, stopping, starting) and the rest
 		// could not be reached: that answer is the error, not
 		// ErrUnreachable, which says the request may have reached nobody.
-		return nil, "", fmt.Errorf("%w (tried: %s)", answered, strings.Join(errs, "; "))
+		return nil, "", withCause(fmt.Errorf("%w (tried: %s)", answered, strings.Join(errs, "; ")), certErr)
 	}
 	if maybeSent {
-		return nil, "", fmt.Errorf("%s %s: %w (tried: %s)", req.method, req.path, ErrOutcomeUnknown, strings.Join(errs, "; "))
+		return nil, "", withCause(fmt.Errorf("%s %s: %w (tried: %s)", req.method, req.path, ErrOutcomeUnknown, strings.Join(errs, "; ")), certErr)
 	}
-	return nil, "", fmt.Errorf("%s %s: %w: %s", req.method, req.path, ErrUnreachable, strings.Join(errs, "; "))
+	return nil, "", withCause(fmt.Errorf("%s %s: %w: %s", req.method, req.path, ErrUnreachable, strings.Join(errs, "; ")), certErr)
+}
+
+// causedError is an error that also wraps a cause its text already tells
+// of (a try's error, in the list of the tries).
+type causedError struct {
+	error
+	cause error
+}
+
+func (e *causedError) Unwrap() []error { return []error{e.error, e.cause} }
+
+// withCause returns err, with errors.Is and errors.As also finding cause
+// when it is not nil. Only a certificate's refusal is kept so: a try's
+// other errors (a dial's timeout, which is a context.DeadlineExceeded)
+// would read as the call's own.
+func withCause(err error, cause *tls.CertificateVerificationError) error {
+	if cause == nil {
+		return err
+	}
+	return &causedError{error: err, cause: cause}
 }
 
 // order returns the endpoints to try: the preferred one first, then the

@@ -241,11 +241,15 @@ func explain(err error) string {
 	// leader): only kvctl's own transport errors say what its TLS settings
 	// got wrong, and the plain 400 of a TLS node asked in plain HTTP.
 	answer := errors.As(err, &ae)
+	certHint := client.CertificateHint(err, "--tls-ca")
 	switch {
 	case errors.As(err, &ue):
 		return ue.msg
-	// TLS on one side only, or a certificate not trusted: the transport's
-	// words say which.
+	// A certificate kvctl's own handshake refused: its x509 error says why
+	// (client.CertificateHint); the transport's words are read only for
+	// errors that lost it.
+	case !answer && certHint != "":
+		return msg + "; " + certHint
 	case !answer && strings.Contains(msg, "x509: certificate is valid for"):
 		return msg + "; the node's certificate does not name the address in --endpoints: use the address it names"
 	case !answer && strings.Contains(msg, "x509:"):

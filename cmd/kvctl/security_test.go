@@ -1,14 +1,24 @@
 package main
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
+	"io"
+	"log"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
@@ -118,5 +128,44 @@ func TestAFollowersFailedForwardIsNotBlamedOnKvctlsTLS(t *testing.T) {
 		"--timeout", "5s", "members", "add", "n4", "127.0.0.1:1", "127.0.0.1:2").wantCode(t, 1)
 	if strings.Contains(r.stderr, "give --tls-ca") || !strings.Contains(r.stderr, "forward to its leader failed TLS") {
 		t.Fatalf("kvctl blamed its own --tls-ca for the follower's forward, or did not say the forward failed: %s", r.stderr)
+	}
+}
+
+// TestHostnameMismatchIsNotCalledUntrusted: a node whose certificate kvctl
+// trusts (--tls-ca names it) but which does not name the address kvctl
+// reached it at is told as such, not as a certificate to trust with
+// --tls-ca. From a review: only Go's "certificate is valid for" wording
+// was read as a name mismatch, and its other wordings (no IP SANs, here)
+// were reported as "not trusted: give --tls-ca".
+func TestHostnameMismatchIsNotCalledUntrusted(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "node1"},
+		DNSNames: []string{"node1.example"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := api.NewServer(apitest.New("n1", ""), api.Options{Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewUnstartedServer(s)
+	hs.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
+	hs.Config.ErrorLog = log.New(io.Discard, "", 0) // the handshakes kvctl refuses
+	hs.StartTLS()
+	t.Cleanup(func() { hs.Close(); s.Close() })
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ep := strings.TrimPrefix(hs.URL, "https://")
+	for _, cmd := range [][]string{{"members", "list"}} {
+		r := kvctl(t, append([]string{"--endpoints", ep, "--tls-ca", ca, "--timeout", "3s"}, cmd...)...).wantCode(t, 1)
+		if strings.Contains(r.stderr, "not trusted") || !strings.Contains(r.stderr, "does not name 127.0.0.1") ||
+			!strings.Contains(r.stderr, "node1.example") {
+			t.Errorf("kvctl %v, a trusted certificate that does not name the address: stderr %q, want it to say the certificate does not name 127.0.0.1 (it names node1.example)", cmd, r.stderr)
+		}
 	}
 }

@@ -419,7 +419,8 @@ func join(ctx context.Context, sec security, via, id, raftAddr, httpAddr string)
 // answer is read by its status only: its text may be another node's (a
 // follower's forward to its leader that failed its own TLS check), which
 // a retry through a new leader gets past. Transport errors are this
-// node's own dial, and are read by their text.
+// node's own dial: a certificate refused is read by its x509 error
+// (client.CertificateHint), the rest by their text.
 func refusedJoin(err error) string {
 	var ae *client.Error
 	if errors.As(err, &ae) {
@@ -431,8 +432,11 @@ func refusedJoin(err error) string {
 		}
 		return ""
 	}
+	if why := client.CertificateHint(err, "--tls-ca"); why != "" {
+		return why // the member's certificate, which this node's handshake refused
+	}
 	msg := err.Error()
-	switch {
+	switch { // errors that lost the x509 error, by its text
 	case strings.Contains(msg, "x509: certificate is valid for"):
 		return "the member's certificate does not name the address --join gives: join through the address it names"
 	case strings.Contains(msg, "x509:"):
