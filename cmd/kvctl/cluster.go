@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/url"
@@ -20,8 +21,9 @@ func statusCommand(e *env) *cli.Command {
 		Description: "Asks every endpoint for its own status: id, address, Raft state and term, last log\n" +
 			"index, commit index, FSM applied index, leader, last contact with the leader, last\n" +
 			"snapshot index and state digest. Replicas at the same applied index must show the\n" +
-			"same digest. An endpoint that does not answer gets a row saying so, and the exit\n" +
-			"code is 1.\n\n" +
+			"same digest. An endpoint that does not answer reads UNREACHABLE, and one that answers\n" +
+			"with an error (401 without the token) or whose TLS does not match kvctl's reads ERROR,\n" +
+			"with why in the row; either makes the exit code 1.\n\n" +
 			"Example:\n" +
 			"   kvctl --endpoints n1:7080,n2:7080,n3:7080 status\n" +
 			"   kvctl status -o json",
@@ -41,16 +43,22 @@ type statusRow struct {
 	Endpoint string              `json:"endpoint"`
 	Status   *raftfsm.NodeStatus `json:"status,omitempty"`
 	Error    string              `json:"error,omitempty"`
+
+	answered bool // Error is an answer or a TLS mismatch (failedNotUnreachable), not no answer
 }
 
 func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 	failed := 0
+	var answered error // the first failure that is no endpoint unreachable: explain says what to do
 	rows := make([]statusRow, len(res))
 	for i, r := range res {
 		rows[i] = statusRow{Endpoint: hostOf(r.Endpoint), Status: r.Status}
 		if r.Err != nil {
 			failed++
 			rows[i].Error = shortError(r.Err)
+			if rows[i].answered = failedNotUnreachable(r.Err); rows[i].answered && answered == nil {
+				answered = r.Err
+			}
 		}
 	}
 	if jsonOut(c) {
@@ -66,7 +74,11 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 		t := newTable(e.stdout, header...)
 		for _, r := range rows {
 			if r.Status == nil {
-				t.row(r.Endpoint, "-", "UNREACHABLE", "-", "-", "-", "-", "-", "-", "-", "-", "-", r.Error)
+				state := "UNREACHABLE"
+				if r.answered {
+					state = "ERROR"
+				}
+				t.row(r.Endpoint, "-", state, "-", "-", "-", "-", "-", "-", "-", "-", "-", r.Error)
 				continue
 			}
 			s := r.Status
@@ -99,11 +111,26 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 				orDash(r.Status.ID), r.Endpoint)
 		}
 	}
-	if failed > 0 {
+	switch {
+	case answered != nil:
+		// Wrapped, for explain to say what to do (give the token, the CA).
+		return fmt.Errorf("%d of %d endpoints failed: %w", failed, len(rows), answered)
+	case failed > 0:
 		return fmt.Errorf("%d of %d endpoints did not answer; check that those nodes run and that --endpoints names them right",
 			failed, len(rows))
 	}
 	return nil
+}
+
+// failedNotUnreachable reports whether err is an endpoint that was reached
+// and failed: it answered with an error (a 401 for want of the token), or
+// its TLS did not match kvctl's (a certificate kvctl refused, plain HTTP
+// to --tls-ca). kvctl's own settings may be at fault, and explain says
+// which; any other error is an endpoint that did not answer.
+func failedNotUnreachable(err error) bool {
+	var ae *client.Error
+	var ve *tls.CertificateVerificationError
+	return errors.As(err, &ae) || errors.As(err, &ve) || strings.Contains(err.Error(), "server gave HTTP response to HTTPS client")
 }
 
 // divergence reports replicas that applied the same index but hold

@@ -211,6 +211,33 @@ func TestStatusShowsARowPerNodeAndTheUnreachable(t *testing.T) {
 	}
 }
 
+// TestStatusWithoutTheTokenSaysToGiveIt: a node that answers with an
+// error (401, without the token) is no unreachable node: its row reads
+// ERROR, and kvctl says what to do (give the token) as the other commands
+// do. From a review: every failure read UNREACHABLE, and "check that those
+// nodes run".
+func TestStatusWithoutTheTokenSaysToGiveIt(t *testing.T) {
+	s := api.NewServer(apitest.New("n1", ""), api.Options{Logger: slog.New(slog.DiscardHandler), Token: "k3y"})
+	hs := httptest.NewServer(s)
+	t.Cleanup(func() { hs.Close(); s.Close() })
+	ep := strings.TrimPrefix(hs.URL, "http://")
+	r := kvctl(t, "--endpoints", ep, "status").wantCode(t, 1)
+	if !strings.Contains(r.stderr, "1 of 1 endpoints failed") || !strings.Contains(r.stderr, "--token") || strings.Contains(r.stderr, "did not answer") {
+		t.Fatalf("status without the token: stderr %q, want it to say the endpoint failed and name --token", r.stderr)
+	}
+	// Beside an endpoint that does not answer, each row says which it is.
+	dead := deadAddr(t)
+	r = kvctl(t, "--endpoints", ep+","+dead, "status").wantCode(t, 1)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[1], ep) || strings.Fields(lines[1])[2] != "ERROR" || !strings.Contains(lines[1], "HTTP 401") ||
+		!strings.HasPrefix(lines[2], dead) || strings.Fields(lines[2])[2] != "UNREACHABLE" {
+		t.Fatalf("rows:\n%s\nwant %s ERROR (HTTP 401) and %s UNREACHABLE", r.stdout, ep, dead)
+	}
+	if !strings.Contains(r.stderr, "2 of 2 endpoints failed") || !strings.Contains(r.stderr, "--token") {
+		t.Fatalf("stderr %q, want it to say both failed and name --token", r.stderr)
+	}
+}
+
 func TestStatusJSONIsOnlyJSON(t *testing.T) {
 	c := newCluster(t)
 	dead := deadAddr(t)

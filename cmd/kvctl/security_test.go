@@ -161,7 +161,7 @@ func TestHostnameMismatchIsNotCalledUntrusted(t *testing.T) {
 		t.Fatal(err)
 	}
 	ep := strings.TrimPrefix(hs.URL, "https://")
-	for _, cmd := range [][]string{{"members", "list"}} {
+	for _, cmd := range [][]string{{"members", "list"}, {"status"}} {
 		r := kvctl(t, append([]string{"--endpoints", ep, "--tls-ca", ca, "--timeout", "3s"}, cmd...)...).wantCode(t, 1)
 		if strings.Contains(r.stderr, "not trusted") || !strings.Contains(r.stderr, "does not name 127.0.0.1") ||
 			!strings.Contains(r.stderr, "node1.example") {
