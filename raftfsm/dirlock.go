@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 )
 
@@ -32,5 +33,70 @@ func lockDataDir(dir string) (*os.File, error) {
 		}
 		return nil, fmt.Errorf("lock the data directory: %s: %w", path, err)
 	}
+	return f, nil
+}
+
+// DataDirLock is a data directory's lock taken before the node starts
+// (LockDataDir): a program that does other things first (kvrouter listens
+// on its ports) refuses a directory in use before them, and hands the lock
+// to the node (Config.DataDirLock) with no moment unlocked. A second lock
+// of the directory, from another process or this one, would be refused.
+type DataDirLock struct {
+	mu  sync.Mutex
+	dir string   // absolute
+	f   *os.File // nil once the node took it, or closed
+}
+
+// LockDataDir makes dir if need be and takes its lock, or fails with
+// ErrDataDirInUse when another process (or a lock or node in this one)
+// holds it.
+func LockDataDir(dir string) (*DataDirLock, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("lock the data directory: %w", err)
+	}
+	if err := os.MkdirAll(abs, 0o755); err != nil {
+		return nil, fmt.Errorf("lock the data directory: %w", err)
+	}
+	f, err := lockDataDir(abs)
+	if err != nil {
+		return nil, err
+	}
+	return &DataDirLock{dir: abs, f: f}, nil
+}
+
+// Close releases the lock, unless a node took it over: then the node's
+// Close does.
+func (l *DataDirLock) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return nil
+	}
+	err := l.f.Close()
+	l.f = nil
+	return err
+}
+
+// lockOrTake returns dir's lock: the one given, taken over (it must be
+// dir's, and not yet taken or closed), or else a lock it takes.
+func lockOrTake(dir string, given *DataDirLock) (*os.File, error) {
+	if given == nil {
+		return lockDataDir(dir)
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("lock the data directory: %w", err)
+	}
+	given.mu.Lock()
+	defer given.mu.Unlock()
+	switch {
+	case abs != given.dir:
+		return nil, fmt.Errorf("%w: Config.DataDirLock locks %s, not the data directory %s", ErrInvalid, given.dir, abs)
+	case given.f == nil:
+		return nil, fmt.Errorf("%w: Config.DataDirLock of %s was closed, or taken by another node", ErrInvalid, given.dir)
+	}
+	f := given.f
+	given.f = nil
 	return f, nil
 }

@@ -442,6 +442,54 @@ func TestASecondNodeOnTheDataDirIsRefused(t *testing.T) {
 	c.leader()
 }
 
+// TestANodeTakesOverTheDataDirLockItIsGiven: a lock taken ahead with
+// LockDataDir (kvrouter takes it before it listens) is the node's once
+// given in Config.DataDirLock: the directory stays held throughout, the
+// lock's own Close then leaves it held, and the node's Close releases it.
+// A lock of another directory, or one already taken, is refused.
+func TestANodeTakesOverTheDataDirLockItIsGiven(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "n1") // not there yet: LockDataDir makes it
+	lock, err := LockDataDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if _, err := LockDataDir(dir); !errors.Is(err, ErrDataDirInUse) {
+		t.Fatalf("a second lock of a locked directory: %v, want ErrDataDirInUse", err)
+	}
+	if _, err := NewNode(Config{ID: "n1", RaftAddr: "127.0.0.1:1", DataDir: t.TempDir(), DataDirLock: lock, Logger: quiet}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a node given another directory's lock: %v, want ErrInvalid", err)
+	}
+	tr, err := NewTransport("127.0.0.1:0", nil, 2*time.Second, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := string(tr.LocalAddr())
+	n, err := NewNode(Config{ID: "n1", RaftAddr: addr, DataDir: dir, DataDirLock: lock, Peers: []Member{{ID: "n1", RaftAddr: addr, HTTPAddr: "h:1"}},
+		Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatalf("a node given its directory's lock: %v", err)
+	}
+	defer n.Close()
+	if _, err := NewNode(Config{ID: "n1", RaftAddr: "127.0.0.1:1", DataDir: dir, DataDirLock: lock, Logger: quiet}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a second node given the lock a node took: %v, want ErrInvalid", err)
+	}
+	if err := lock.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LockDataDir(dir); !errors.Is(err, ErrDataDirInUse) {
+		t.Fatalf("the running node's directory after the given lock's Close: %v, want ErrDataDirInUse", err)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := LockDataDir(dir)
+	if err != nil {
+		t.Fatalf("the directory after the node's Close: %v", err)
+	}
+	again.Close()
+}
+
 // TestBookingOnARankThatLeftBooksNothing: a worker that leaves between a
 // route's decision and its booking's commit gets no booking (from a
 // review: it came back as phantom load when the worker registered again

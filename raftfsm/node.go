@@ -34,6 +34,10 @@ type Config struct {
 	HTTPAddr string // where this node's HTTP API listens, as peers should dial it
 	DataDir  string // raft/, fsm/ and snapshots/ live here
 
+	// DataDirLock, when set, is DataDir's lock (LockDataDir), which the
+	// node takes over (its Close releases it) instead of locking DataDir.
+	DataDirLock *DataDirLock
+
 	// Peers, when set, bootstraps a new cluster of these voters (this node
 	// among them) if the data directory holds no Raft state yet. Leave it
 	// empty to join an existing cluster (an operator or kvrouter --join
@@ -192,7 +196,7 @@ func NewNode(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	var err error
-	if n.dirLock, err = lockDataDir(cfg.DataDir); err != nil {
+	if n.dirLock, err = lockOrTake(cfg.DataDir, cfg.DataDirLock); err != nil {
 		return nil, err
 	}
 	// A restore's spool (RestoreSnapshot) left by a crash: nothing reads

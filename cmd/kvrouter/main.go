@@ -166,6 +166,14 @@ func run(c *cli.Context) error {
 	case c.String("join") == "":
 		peers = []raftfsm.Member{{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}}
 	}
+	// The data directory's lock before anything listens: a second kvrouter
+	// on it (the same command line started twice) says the directory is
+	// held, not that a port is in use. The node takes the lock over.
+	dirLock, err := raftfsm.LockDataDir(c.String("data-dir"))
+	if err != nil {
+		return err
+	}
+	defer dirLock.Close() // a no-op once the node took it
 	// Listen first, so that a port in use is a clear error before Raft
 	// starts, and answer at once: while the state loads (seconds for
 	// millions of blocks) /healthz is 200 and everything else a 503
@@ -206,7 +214,9 @@ func run(c *cli.Context) error {
 			natsSrv.Shutdown()
 		}
 	}
-	node, err := raftfsm.NewNode(nodeConfig(c, peers, logger))
+	cfg := nodeConfig(c, peers, logger)
+	cfg.DataDirLock = dirLock
+	node, err := raftfsm.NewNode(cfg)
 	if err != nil {
 		closeNATS()
 		if sln != nil {

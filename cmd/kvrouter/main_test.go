@@ -21,12 +21,14 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
+	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/urfave/cli/v2"
 )
 
@@ -208,6 +210,62 @@ func TestANATSPortInUseFailsBeforeRaft(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, "raft")); !os.IsNotExist(err) {
 			t.Errorf("%s in use: Raft started (%s/raft: %v)", flag, dir, err)
 		}
+	}
+}
+
+// TestTheSameCommandLineTwiceSaysTheDataDirIsHeld: a second kvrouter on a
+// running node's data directory, ports and all (the same command line
+// started twice), exits 1 saying the directory is held, as
+// docs/operations.md says, not that the HTTP port is in use: the lock is
+// taken before anything listens. A start that fails later lets the
+// directory go. From a review: the ports were bound first, and the lock's
+// message never showed for the usual mistake.
+func TestTheSameCommandLineTwiceSaysTheDataDirIsHeld(t *testing.T) {
+	dir := t.TempDir()
+	// The first node: it holds the directory's lock (flock, on its own
+	// open file: another open of it in this process conflicts as another
+	// process's would) and the HTTP port.
+	f, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	httpLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer httpLn.Close()
+	app := newApp()
+	app.ExitErrHandler = func(*cli.Context, error) {}
+	err = app.Run([]string{"kvrouter", "--data-dir", dir, "--http-addr", httpLn.Addr().String(), "--raft-addr", "127.0.0.1:0",
+		"--nats-addr", "127.0.0.1:0"})
+	if !errors.Is(err, raftfsm.ErrDataDirInUse) || !strings.Contains(err.Error(), "held by another kvrouter process") {
+		t.Fatalf("a second kvrouter on a running node's directory and ports: %v, want the directory's lock held", err)
+	}
+	f.Close() // the first node stops
+
+	// A start that fails after the lock (its NATS port taken) releases it.
+	natsLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer natsLn.Close()
+	app = newApp()
+	app.ExitErrHandler = func(*cli.Context, error) {}
+	err = app.Run([]string{"kvrouter", "--data-dir", dir, "--http-addr", "127.0.0.1:0", "--raft-addr", "127.0.0.1:0",
+		"--nats-addr", natsLn.Addr().String()})
+	if err == nil || !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("NATS port in use: %v, want the listener's error", err)
+	}
+	f, err = os.OpenFile(filepath.Join(dir, "LOCK"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatalf("the failed start kept the data directory's lock: %v", err)
 	}
 }
 
