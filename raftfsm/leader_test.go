@@ -286,7 +286,8 @@ func TestReadyNeedsALeaderAndMembership(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "the removed member to be not ready", func() bool { return !gone.Status().Ready })
 	// Only a node left out of its own latest configuration, once a
-	// member, reports itself removed. (The removed follower does only if the entry that removes it
+	// member, and hearing from no leader, reports itself removed. (The
+	// removed follower does only if the entry that removes it
 	// reached it before the leader stopped replicating to it: not always;
 	// TestLeaderRemovingItselfSucceeds checks a node that holds the entry.)
 	for _, n := range c.nodes {

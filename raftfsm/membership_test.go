@@ -577,3 +577,151 @@ func TestARemovedNodeReadsRemovedAfterARestart(t *testing.T) {
 		t.Fatalf("%s's status after a restart: %+v, want removed and not ready", cfg.ID, st)
 	}
 }
+
+// TestAReAddedNodeIsNotRemovedWhileCatchingUp: a member removed, then
+// added back under its id on an empty data directory (how
+// docs/operations.md moves a member), replays the leader's log from the
+// start: the bootstrap configuration names it, then its removal does not,
+// until the entry that adds it back arrives. It is not removed meanwhile:
+// a leader replicates to it. From a review: it had been a member (the
+// bootstrap configuration said so), and its Status said Removed between
+// the two entries, so kvctl status told the operator to stop it. The
+// leader's entries from its removal's on are held back (heldTransport)
+// until the test lets them through; its heartbeats pass. Cut off from
+// the leader meanwhile, the node reads removed, as a removed one does.
+func TestAReAddedNodeIsNotRemovedWhileCatchingUp(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	li, l := c.leaderExcept(-1)
+	gi := (li + 1) % 3
+	gone := c.nodes[gi]
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	// A batch of entries is at most maxAppend: more than that before the
+	// removal, and between the removal and the re-add, so that no batch
+	// holds two of the three configurations.
+	const maxAppend = 256
+	const before, between = maxAppend + 50, maxAppend + 50
+	ingest := func(from, k int) {
+		t.Helper()
+		for i := range k {
+			id := uint64(from + i + 1)
+			if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, id, 1, 1000+id)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ingest(0, before)
+	removal := l.raft.LastIndex() + 1 // the removal's configuration is at or past it
+	id := gone.cfg.ID
+	if err := l.RemoveMember(ctx(t), id); err != nil {
+		t.Fatal(err)
+	}
+	gone.Close()
+	c.nodes = append(c.nodes[:gi:gi], c.nodes[gi+1:]...)
+	removedAt := l.raft.GetConfiguration().Index()
+	ingest(before, between)
+	reAdd := l.raft.LastIndex() + 1 // the re-add's configuration is at or past it
+	if removal <= maxAppend || reAdd-removedAt <= maxAppend {
+		t.Fatalf("the removal at %d (from %d), the re-add from %d: a batch of %d entries could hold two configurations",
+			removedAt, removal, reAdd, maxAppend)
+	}
+
+	_, inner := raft.NewInmemTransport("inmem-new")
+	c.trans = append(c.trans, inner)
+	c.heal()
+	tr := holdEntries(t, inner, removal)
+	n, err := NewNode(Config{ID: id, RaftAddr: string(inner.LocalAddr()), HTTPAddr: "http-new", DataDir: filepath.Join(t.TempDir(), "new"),
+		Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes = append(c.nodes, n)
+	notRemoved := func(what string) {
+		t.Helper()
+		if st := n.Status(); st.Removed {
+			t.Fatalf("the re-added node, catching up, reports itself removed (%s): %+v", what, st)
+		}
+	}
+	latest := func() []raft.Server { return n.raft.GetConfiguration().Configuration().Servers }
+	if err := l.AddMember(ctx(t), id, string(inner.LocalAddr()), "http-new"); err != nil {
+		t.Fatal(err)
+	}
+	// The bootstrap configuration first: it has been a member.
+	waitFor(t, 10*time.Second, "the bootstrap configuration", func() bool { return n.namesSelf(latest()) })
+	notRemoved("the bootstrap configuration")
+	// Then the removal, the re-add held back.
+	tr.hold(reAdd)
+	waitFor(t, 10*time.Second, "the removal's configuration", func() bool { s := latest(); return len(s) > 0 && !n.namesSelf(s) })
+	seen := time.Now()
+	notRemoved("its removal's configuration")
+	// Still not removed once that has been its latest configuration for
+	// longer than a removed node waits, the leader's heartbeats arriving.
+	waitFor(t, 10*time.Second, "the leader's contact, well after the removal arrived", func() bool {
+		notRemoved("its removal's configuration, the leader replicating")
+		return n.raft.LastContact().After(seen.Add(2 * n.removedAfter()))
+	})
+	if s := latest(); n.namesSelf(s) {
+		t.Fatalf("the re-add arrived while held: %v", s)
+	}
+	// Cut off from the leader, as a removed node is (the leader sends it
+	// nothing more), it reads removed once it has heard from none for
+	// that long; and not removed again once the leader's RPCs reach it.
+	c.isolate(len(c.trans) - 1)
+	waitFor(t, 10*time.Second, "the node cut off to read removed", func() bool { return n.Status().Removed })
+	c.heal()
+	waitFor(t, 10*time.Second, "the leader's contact again", func() bool { return !n.Status().Removed })
+	tr.hold(0)
+	waitFor(t, 20*time.Second, "the re-added node to catch up", func() bool {
+		notRemoved("catching up")
+		return n.namesSelf(latest()) && n.IndexStats().Entries == before+between
+	})
+	notRemoved("caught up")
+}
+
+// heldTransport passes an in-memory transport's RPCs on to its node, but
+// answers with an error every AppendEntries that carries an entry at or
+// past an index (hold; 0: none): the leader sends it again later, while
+// its heartbeats (no entries) pass.
+type heldTransport struct {
+	*raft.InmemTransport
+	from atomic.Uint64
+	out  chan raft.RPC
+}
+
+func holdEntries(t *testing.T, tr *raft.InmemTransport, from uint64) *heldTransport {
+	h := &heldTransport{InmemTransport: tr, out: make(chan raft.RPC)}
+	h.from.Store(from)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			var rpc raft.RPC
+			select {
+			case rpc = <-tr.Consumer():
+			case <-stop:
+				return
+			}
+			if ae, ok := rpc.Command.(*raft.AppendEntriesRequest); ok && len(ae.Entries) > 0 {
+				if from := h.from.Load(); from > 0 && ae.Entries[len(ae.Entries)-1].Index >= from {
+					// A response too: the in-memory pipeline reads one.
+					rpc.Respond(&raft.AppendEntriesResponse{Term: ae.Term}, fmt.Errorf("entries from %d held by the test", from))
+					continue
+				}
+			}
+			select {
+			case h.out <- rpc:
+			case <-stop:
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+	return h
+}
+
+// hold holds back the entries at and past index from (0: none).
+func (h *heldTransport) hold(from uint64) { h.from.Store(from) }
+
+// Consumer implements raft.Transport: the RPCs let through.
+func (h *heldTransport) Consumer() <-chan raft.RPC { return h.out }

@@ -443,6 +443,34 @@ func (n *Node) noteMembership() {
 	n.memberRecorded = true
 }
 
+// unreplicated reports whether no leader replicates to this node: its
+// Raft is shut down (a leader that removed itself), or it knows no leader
+// and has heard from none for removedAfter (or never, since its start).
+// A leader replicates only to the servers of its own latest
+// configuration, and a node it catches up hears from it at least every
+// heartbeat, so a node whose own latest configuration leaves it out while
+// a leader replicates to it only lacks the entry that adds it. Read after
+// the configuration: a leader's AppendEntries names its sender before the
+// entries it carries change the configuration.
+func (n *Node) unreplicated() bool {
+	if n.raft.State() == raft.Shutdown {
+		return true
+	}
+	if _, id := n.raft.LeaderWithID(); id != "" {
+		return false
+	}
+	lc := n.raft.LastContact()
+	return lc.IsZero() || time.Since(lc) > n.removedAfter()
+}
+
+// removedAfter is how long a node left out of its latest configuration
+// goes without a leader's contact before it reports itself removed
+// (Status): two election timeouts, and at least two heartbeat timeouts
+// (a follower forgets its leader after one to two without contact).
+func (n *Node) removedAfter() time.Duration {
+	return 2 * max(n.cfg.ElectionTimeout, n.cfg.HeartbeatTimeout)
+}
+
 // abortStart undoes a NewNode that failed: Raft stops (the FSM was
 // released with the error, so nothing waits on it), the transport and
 // the storage close.
@@ -1057,14 +1085,16 @@ func (n *Node) Status() NodeStatus {
 	// its peers (a candidate), or removed from the cluster (its Raft shut
 	// down), answers routes from an index that no longer moves.
 	s.Ready = n.ready.Load() && id != "" && n.raft.State() != raft.Shutdown
-	// Removed only once a member: a node joining replays configurations
-	// from before it was added (noteMembership).
+	// Removed only once a member, and while no leader replicates to it: a
+	// node joining, or added back on an empty directory, replays
+	// configurations from before it was added (noteMembership,
+	// unreplicated).
 	if cf := n.raft.GetConfiguration(); cf.Error() == nil {
 		servers := cf.Configuration().Servers
 		if n.namesSelf(servers) {
 			n.wasMember.Store(true) // recorded by leaderLoop
 		}
-		s.Removed = n.wasMember.Load() && len(servers) > 0 && !n.namesSelf(servers)
+		s.Removed = n.wasMember.Load() && len(servers) > 0 && !n.namesSelf(servers) && n.unreplicated()
 	}
 	if id != "" {
 		s.LeaderHTTP = n.fsm.Members()[string(id)].HTTPAddr

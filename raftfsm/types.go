@@ -122,10 +122,13 @@ type NodeStatus struct {
 	Ready         bool   `json:"ready"`
 	// Removed: the node has been a member of the cluster (a latest Raft
 	// configuration of its named it; its data directory keeps that across
-	// restarts), and its latest configuration has members and not this
-	// node: it was removed from the cluster, and serves nothing more. A
-	// node joining, whose log still holds only configurations from before
-	// it was added, is not removed.
+	// restarts), its latest configuration has members and not this node,
+	// and no leader replicates to it (its Raft is shut down, or it knows
+	// no leader and has heard from none for two election timeouts): it
+	// was removed from the cluster, and serves nothing more. A node
+	// joining, or a removed one added back on an empty data directory,
+	// whose log still holds configurations from before it was added, is
+	// not removed: the leader that adds it replicates to it.
 	Removed bool `json:"removed,omitempty"`
 }
 
