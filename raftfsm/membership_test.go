@@ -403,7 +403,8 @@ func TestANodeAloneRefusesHeartbeatsOverTCP(t *testing.T) {
 // TestTheLastMemberOfAJoinedClusterRestartsWithItsJoinFlags: a node that
 // joined a cluster (no peers) and became its last member once the others
 // were removed (fault scenario 13) starts again with the same flags, and
-// leads the cluster it holds. From a review: it was refused as a node
+// leads the cluster it holds; it reads as its only member (OnlyMember),
+// so kvrouter asks no cluster to add it. From a review: it was refused as a node
 // that bootstrapped itself alone, with advice to start from an empty data
 // directory, which held the cluster's only copy of its state.
 func TestTheLastMemberOfAJoinedClusterRestartsWithItsJoinFlags(t *testing.T) {
@@ -422,10 +423,16 @@ func TestTheLastMemberOfAJoinedClusterRestartsWithItsJoinFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.nodes = append(c.nodes, n2)
+	if n2.OnlyMember() {
+		t.Fatal("a node joining reads as the only member of a cluster")
+	}
 	if err := l.AddMember(ctx(t), "n2", cfg.RaftAddr, cfg.HTTPAddr); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "n2's member entry", func() bool { _, ok := n2.fsm.Members()["n2"]; return ok })
+	if n2.OnlyMember() || l.OnlyMember() {
+		t.Fatal("a member of a cluster of two reads as its only member")
+	}
 	if err := l.RemoveMember(ctx(t), "n1"); err != nil {
 		t.Fatal(err)
 	}
@@ -441,6 +448,10 @@ func TestTheLastMemberOfAJoinedClusterRestartsWithItsJoinFlags(t *testing.T) {
 	}
 	defer n2.Close()
 	waitFor(t, 10*time.Second, "n2 to lead again", func() bool { return n2.IsLeader() && n2.ledThisTerm() })
+	// It is its cluster's only member: kvrouter asks no cluster to add it.
+	if !n2.OnlyMember() {
+		t.Fatal("the cluster's last member, restarted, does not read as its only member")
+	}
 	if _, ok := n2.fsm.Workers()[1]; !ok || n2.fsm.Digest() != digest {
 		t.Fatalf("n2 restarted with workers %v, digest %#x (was %#x)", n2.fsm.Workers(), n2.fsm.Digest(), digest)
 	}

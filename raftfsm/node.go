@@ -44,7 +44,8 @@ type Config struct {
 	// asks the leader to add this node). A directory whose latest
 	// configuration is this node alone starts with no peers only if this
 	// node joined that cluster rather than bootstrapping it alone
-	// (checkJoinAlone).
+	// (checkJoinAlone); such a node asks no cluster to add it
+	// (OnlyMember).
 	Peers []Member
 
 	HeartbeatTimeout   time.Duration // default 200ms
@@ -398,6 +399,15 @@ func (n *Node) alone() bool {
 	s := n.raft.GetConfiguration().Configuration().Servers
 	return len(s) == 1 && string(s[0].ID) == n.cfg.ID
 }
+
+// OnlyMember reports whether this node's latest Raft configuration is
+// this node alone: the node holds a cluster of its own (it bootstrapped
+// it alone, or it is the last member of a cluster it joined or
+// bootstrapped with others), whose only copy of the state is its data
+// directory. Such a node must not ask another cluster to add it: that
+// cluster would gain a voter that never votes, as this node follows no
+// other cluster's leader (commitWatch). kvrouter ignores its --join.
+func (n *Node) OnlyMember() bool { return n.alone() }
 
 // namesSelf reports whether the configuration has this node among its
 // servers.

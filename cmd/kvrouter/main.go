@@ -63,7 +63,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "selection-addr", EnvVars: []string{"KVROUTER_SELECTION_ADDR"}, Usage: "also serve the selection and reservation API at the root of this address (it is always under /selection on --http-addr; docs/compat.md)"},
 			&cli.StringFlag{Name: "data-dir", Value: "data", EnvVars: []string{"KVROUTER_DATA_DIR"}, Usage: "where the Raft log, snapshots and state live"},
 			&cli.StringFlag{Name: "peers", EnvVars: []string{"KVROUTER_PEERS"}, Usage: "bootstrap a new cluster of these voters: id=raftaddr=httpaddr,... (default: this node alone, unless --join)"},
-			&cli.StringFlag{Name: "join", EnvVars: []string{"KVROUTER_JOIN"}, Usage: "HTTP address of a member of an existing cluster to join"},
+			&cli.StringFlag{Name: "join", EnvVars: []string{"KVROUTER_JOIN"}, Usage: "HTTP address of a member of an existing cluster to join (ignored, with a warning, by a node that is the only member of the cluster its data directory holds)"},
 			&cli.DurationFlag{Name: "heartbeat-timeout", Value: 200 * time.Millisecond, EnvVars: []string{"KVROUTER_HEARTBEAT_TIMEOUT"}, Usage: "Raft heartbeat timeout"},
 			&cli.DurationFlag{Name: "election-timeout", Value: 200 * time.Millisecond, EnvVars: []string{"KVROUTER_ELECTION_TIMEOUT"}, Usage: "Raft election timeout"},
 			&cli.DurationFlag{Name: "leader-lease-timeout", EnvVars: []string{"KVROUTER_LEADER_LEASE_TIMEOUT"}, Usage: "Raft leader lease (default: the heartbeat timeout)"},
@@ -267,7 +267,7 @@ func run(c *cli.Context) error {
 	defer stop()
 	var runErr error
 	if j := c.String("join"); j != "" {
-		if err := join(ctx, sec, j, id, raftAddr, httpAddr); err != nil && ctx.Err() == nil {
+		if err := joinCluster(ctx, logger, node, sec, j, id, raftAddr, httpAddr); err != nil && ctx.Err() == nil {
 			runErr = fmt.Errorf("join via %s: %w", j, err) // refused: stop rather than idle outside the cluster
 		}
 	}
@@ -390,6 +390,23 @@ func startNATS(c *cli.Context, id string, logger *slog.Logger) (*nats.Conn, nats
 }
 
 type natsShutdowner interface{ Shutdown() }
+
+// joinCluster asks the member at via to add this node (join), unless the
+// node is the only member of the cluster its data directory holds
+// (raftfsm.Node.OnlyMember: it joined a cluster and the others were
+// removed, and it started again with its --join flags). That node is its
+// cluster: it must not ask another to add it. Added there, it would follow
+// no leader of that cluster, which would gain a voter that never votes (a
+// cluster of one could no longer commit), as when the address --join
+// names now serves another cluster. The join is skipped with a warning.
+func joinCluster(ctx context.Context, logger *slog.Logger, node interface{ OnlyMember() bool }, sec security, via, id, raftAddr, httpAddr string) error {
+	if node.OnlyMember() {
+		logger.Warn("this node is the only member of the cluster it holds; --join ignored: drop --join from its command line "+
+			"(docs/operations.md, Remove a node)", "join", via)
+		return nil
+	}
+	return join(ctx, sec, via, id, raftAddr, httpAddr)
+}
 
 // join asks an existing member to add this node, retrying until it is
 // accepted or ctx ends (the cluster may be electing).

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -25,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
@@ -422,5 +424,112 @@ func TestJoinThroughAFollowerWhoseForwardFailsIsRetried(t *testing.T) {
 	}
 	if n := answered.Load(); n < 2 || fake.Calls()["AddMember"] < 1 {
 		t.Fatalf("the follower answered %d times and added %d members; want the first refused, a later one taken", n, fake.Calls()["AddMember"])
+	}
+}
+
+// TestTheOnlyMemberOfAClusterDoesNotJoinAnother: a node that joined a
+// cluster and became its only member (the others removed) starts again
+// with its --join flags, and the address --join names now serves another
+// cluster (its old members rebuilt there): the node does not ask that
+// cluster to add it, and logs that --join is ignored. From a review: it
+// asked at every start, and the other cluster gained a voter that never
+// votes (this node follows no other cluster's leader): a cluster of one
+// could no longer commit. A node with an empty data directory still joins.
+func TestTheOnlyMemberOfAClusterDoesNotJoinAnother(t *testing.T) {
+	quiet := slog.New(slog.DiscardHandler)
+	ctx := func() context.Context {
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		t.Cleanup(cancel)
+		return c
+	}
+	start := func(cfg raftfsm.Config) *raftfsm.Node {
+		t.Helper()
+		cfg.Logger = quiet
+		n, err := raftfsm.NewNode(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return n
+	}
+	transport := func(addr string, to ...*raft.InmemTransport) *raft.InmemTransport {
+		_, tr := raft.NewInmemTransport(raft.ServerAddress(addr))
+		for _, o := range to {
+			tr.Connect(o.LocalAddr(), o)
+			o.Connect(tr.LocalAddr(), tr)
+		}
+		return tr
+	}
+	leads := func(n *raftfsm.Node) func() bool { return func() bool { return n.CheckLeader() == nil } }
+
+	// Raft runs on in-memory transports (at addresses the API takes,
+	// never dialled). n2 joins n1's cluster, and n1 removes itself: n2 is
+	// its only member.
+	tr1 := transport("127.0.0.1:7001")
+	n1 := start(raftfsm.Config{ID: "n1", RaftAddr: "127.0.0.1:7001", HTTPAddr: "127.0.0.1:7081", DataDir: t.TempDir(),
+		Peers: []raftfsm.Member{{ID: "n1", RaftAddr: "127.0.0.1:7001", HTTPAddr: "127.0.0.1:7081"}}, Transport: tr1})
+	poll(t, "n1 to lead", leads(n1))
+	cfg2 := raftfsm.Config{ID: "n2", RaftAddr: "127.0.0.1:7002", HTTPAddr: "127.0.0.1:7082", DataDir: t.TempDir()}
+	cfg2.Transport = transport(cfg2.RaftAddr, tr1)
+	n2 := start(cfg2)
+	if err := n1.AddMember(ctx(), "n2", cfg2.RaftAddr, cfg2.HTTPAddr); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "n2's member entry", func() bool { _, ok := n2.FSM().Members()["n2"]; return ok })
+	if err := n1.RemoveMember(ctx(), "n1"); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "n2 to lead alone", func() bool { return n2.OnlyMember() && n2.CheckLeader() == nil })
+	n2.Close()
+	n1.Close()
+
+	// Another cluster, b1 alone, serves the address n2's --join names.
+	trB := transport("127.0.0.1:7011")
+	b1 := start(raftfsm.Config{ID: "b1", RaftAddr: "127.0.0.1:7011", HTTPAddr: "127.0.0.1:7091", DataDir: t.TempDir(),
+		Peers: []raftfsm.Member{{ID: "b1", RaftAddr: "127.0.0.1:7011", HTTPAddr: "127.0.0.1:7091"}}, Transport: trB})
+	poll(t, "b1 to lead", leads(b1))
+	srv := api.NewServer(b1, api.Options{Logger: quiet})
+	hs := httptest.NewServer(srv)
+	defer func() { hs.Close(); srv.Close() }()
+	via := strings.TrimPrefix(hs.URL, "http://")
+
+	cfg2.Transport = transport(cfg2.RaftAddr, trB)
+	n2 = start(cfg2)
+	var logs bytes.Buffer
+	jctx := ctx()
+	if err := joinCluster(jctx, slog.New(slog.NewTextHandler(&logs, nil)), n2, security{}, via, "n2", cfg2.RaftAddr, cfg2.HTTPAddr); err != nil {
+		t.Fatalf("the only member's join: %v", err)
+	}
+	if want := "--join ignored: drop --join from its command line"; !strings.Contains(logs.String(), want) {
+		t.Errorf("the only member's join logged %q, want it to say %q", logs.String(), want)
+	}
+	members, err := b1.Members(ctx())
+	if err != nil || len(members) != 1 {
+		t.Fatalf("the other cluster's members: %+v (%v), want b1 alone", members, err)
+	}
+	if err := b1.RegisterWorker(ctx(), raftfsm.WorkerInfo{ID: 7, BlockSize: 16}); err != nil {
+		t.Fatalf("the other cluster can no longer commit: %v", err)
+	}
+	poll(t, "n2 to lead its own cluster", leads(n2))
+
+	// A node with an empty data directory joins as before.
+	n3 := start(raftfsm.Config{ID: "n3", RaftAddr: "127.0.0.1:7003", HTTPAddr: "127.0.0.1:7083", DataDir: t.TempDir(), Transport: transport("127.0.0.1:7003", trB)})
+	if err := joinCluster(ctx(), quiet, n3, security{}, via, "n3", "127.0.0.1:7003", "127.0.0.1:7083"); err != nil {
+		t.Fatalf("a new node's join: %v", err)
+	}
+	if members, err := b1.Members(ctx()); err != nil || len(members) != 2 {
+		t.Fatalf("the cluster's members after n3 joined: %+v (%v), want b1 and n3", members, err)
+	}
+}
+
+// poll waits up to 10 s for cond.
+func poll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
