@@ -455,7 +455,8 @@ func (n *Node) noteMembership() {
 
 // unreplicated reports whether no leader replicates to this node: its
 // Raft is shut down (a leader that removed itself), or it knows no leader
-// and has heard from none for removedAfter (or never, since its start).
+// and has heard from none for removedAfter (counted from its start when
+// it has heard from none since).
 // A leader replicates only to the servers of its own latest
 // configuration, and a node it catches up hears from it at least every
 // heartbeat, so a node whose own latest configuration leaves it out while
@@ -470,7 +471,13 @@ func (n *Node) unreplicated() bool {
 		return false
 	}
 	lc := n.raft.LastContact()
-	return lc.IsZero() || time.Since(lc) > n.removedAfter()
+	if lc.IsZero() {
+		// None yet since the start: a node just started (a member added
+		// back and restarted while it replays its removal) has had no
+		// time to hear from a leader.
+		lc = n.started
+	}
+	return time.Since(lc) > n.removedAfter()
 }
 
 // removedAfter is how long a node left out of its latest configuration

@@ -124,7 +124,8 @@ type NodeStatus struct {
 	// configuration of its named it; its data directory keeps that across
 	// restarts), its latest configuration has members and not this node,
 	// and no leader replicates to it (its Raft is shut down, or it knows
-	// no leader and has heard from none for two election timeouts): it
+	// no leader and has heard from none for two election timeouts, counted
+	// from its start if it has heard from none since): it
 	// was removed from the cluster, and serves nothing more. A node
 	// joining, or a removed one added back on an empty data directory,
 	// whose log still holds configurations from before it was added, is
