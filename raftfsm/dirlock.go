@@ -51,6 +51,9 @@ type DataDirLock struct {
 // ErrDataDirInUse when another process (or a lock or node in this one)
 // holds it.
 func LockDataDir(dir string) (*DataDirLock, error) {
+	if dir == "" {
+		return nil, fmt.Errorf("%w: no data directory to lock", ErrInvalid)
+	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, fmt.Errorf("lock the data directory: %w", err)

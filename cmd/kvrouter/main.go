@@ -152,6 +152,15 @@ func run(c *cli.Context) error {
 	}
 
 	id, raftAddr, httpAddr := c.String("node-id"), c.String("raft-addr"), c.String("http-addr")
+	// Refused here, before the data directory's lock touches anything: an
+	// empty --data-dir would lock (and leave a LOCK file in) the working
+	// directory.
+	if strings.TrimSpace(id) == "" {
+		return cli.Exit("--node-id is empty: give this node's id (unique in its cluster)", 2)
+	}
+	if strings.TrimSpace(c.String("data-dir")) == "" {
+		return cli.Exit("--data-dir is empty: give the directory that holds this node's state", 2)
+	}
 	peers, err := parsePeers(c.String("peers"))
 	if err != nil {
 		return cli.Exit(err.Error(), 2)

@@ -120,6 +120,29 @@ func TestBodyLimitsAreChecked(t *testing.T) {
 	}
 }
 
+// TestEmptyIDOrDataDirTouchesNothing: an empty --node-id or --data-dir
+// is a usage error before the data directory's lock: from a review, a
+// start refused for an empty id had made the data directory and its
+// LOCK, and an empty --data-dir locked the working directory (leaving a
+// LOCK file there).
+func TestEmptyIDOrDataDirTouchesNothing(t *testing.T) {
+	wd := t.TempDir()
+	t.Chdir(wd)
+	dir := filepath.Join(wd, "data")
+	for _, args := range [][]string{{"--node-id", "", "--data-dir", dir}, {"--node-id", " ", "--data-dir", dir}, {"--data-dir", ""}} {
+		app := newApp()
+		app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+		err := app.Run(append([]string{"kvrouter", "--http-addr", "127.0.0.1:0", "--raft-addr", "127.0.0.1:0", "--nats-addr", "127.0.0.1:0"}, args...))
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), args[0]) {
+			t.Fatalf("kvrouter %q: %v, want exit 2 naming the flag", args, err)
+		}
+		if ents, _ := os.ReadDir(wd); len(ents) != 0 {
+			t.Fatalf("kvrouter %q left %v in the working directory", args, ents)
+		}
+	}
+}
+
 // TestTimingFlagsAreChecked: a timing flag that the node would take for
 // its default (zero or below) or that Raft refuses only once the node has
 // started (its own bounds) is a usage error naming the flag, before any
