@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -13,22 +14,130 @@ import (
 )
 
 // fsmModel is the reference of the FSM's own rules (the index has its own
-// model): per-rank cursors with duplicate and gap handling, the worker set,
-// and which bookings are live.
+// model): per-rank cursors with duplicate and gap handling, the worker
+// table, and every booking with the load it puts on its rank, computed here
+// from the bookings alone (semantics.md §6), not read back from Sequences.
 type fsmModel struct {
-	cursors map[kvevent.Rank]uint64
-	workers map[uint64]bool
-	live    map[string]kvevent.Rank
-	freed   map[string]bool
+	cursors  map[kvevent.Rank]uint64
+	workers  map[uint64]WorkerInfo
+	bookings map[string]*fsmModelBooking // live
+	freed    map[string]bool             // tombstones: an add of these books nothing
+}
+
+// fsmModelBooking is one live booking as the model keeps it.
+type fsmModelBooking struct {
+	rank        kvevent.Rank
+	hashes      []uint64 // the add's, then each new output block's
+	isl, cached int
+	prefillDone bool
+	discount    uint32 // parts per DecayScale off each block it alone holds
 }
 
 // fsmRanks are the ranks the generated commands name.
-var fsmRanks = []kvevent.Rank{{Worker: 1}, {Worker: 1, DP: 1}, {Worker: 2}}
+var fsmRanks = []kvevent.Rank{{Worker: 1}, {Worker: 1, DP: 1}, {Worker: 2}, {Worker: 2, DP: 1}}
+
+// fsmRequests are the request ids the generated bookings name.
+var fsmRequests = []string{"a", "b", "c", "d"}
+
+// free ends the live booking of id, leaving a tombstone.
+func (m *fsmModel) free(id string) {
+	if _, ok := m.bookings[id]; ok {
+		delete(m.bookings, id)
+		m.freed[id] = true
+	}
+}
+
+// removeRanks drops the cursors and frees the bookings of every rank match
+// takes, as a deregistration (or a registration without the rank) does.
+func (m *fsmModel) removeRanks(match func(kvevent.Rank) bool) {
+	for r := range m.cursors {
+		if match(r) {
+			delete(m.cursors, r)
+		}
+	}
+	for id, b := range m.bookings {
+		if match(b.rank) {
+			m.free(id)
+		}
+	}
+}
+
+// load is rank's load by the rules of semantics.md §6, from scratch: the
+// live requests, the uncached input tokens of those still in prefill, and
+// the distinct blocks they hold, where a block that one request alone holds
+// counts 1 - discount/DecayScale of a block, and the sum is rounded half up.
+func (m *fsmModel) load(r kvevent.Rank) indexer.Load {
+	var l indexer.Load
+	holders := map[uint64][]*fsmModelBooking{}
+	for _, b := range m.bookings {
+		if b.rank != r {
+			continue
+		}
+		l.ActiveRequests++
+		if !b.prefillDone && b.isl > b.cached {
+			l.ActivePrefillTokens += int64(b.isl - b.cached)
+		}
+		for _, h := range b.hashes {
+			holders[h] = append(holders[h], b)
+		}
+	}
+	var ppm int64
+	for _, hs := range holders {
+		ppm += indexer.DecayScale
+		if len(hs) == 1 {
+			ppm -= int64(hs[0].discount)
+		}
+	}
+	l.ActiveDecodeBlocks = (ppm + indexer.DecayScale/2) / indexer.DecayScale
+	return l
+}
+
+// check compares f with the model: every named rank's cursor and load,
+// every request's booking, and the worker table.
+func (m *fsmModel) check(rt *rapid.T, what string, f *FSM) {
+	// Every rank the commands name, so that a cursor or a load the FSM
+	// kept and the model dropped (a worker's removal) is compared too.
+	for _, r := range fsmRanks {
+		if got, c := f.Cursor(r), m.cursors[r]; got != c {
+			rt.Fatalf("%s: cursor of %v = %d, model %d", what, r, got, c)
+		}
+		if got, want := f.Sequences().Load(r), m.load(r); got != want {
+			rt.Fatalf("%s: load of %v = %+v, model %+v", what, r, got, want)
+		}
+	}
+	for _, id := range fsmRequests {
+		got, live := f.Sequences().Get(id)
+		want, ok := m.bookings[id]
+		if live != ok {
+			rt.Fatalf("%s: booking %q live %v, model %v", what, id, live, ok)
+		}
+		if !ok {
+			continue
+		}
+		if got.Rank != want.rank || !slices.Equal(got.SeqHashes, want.hashes) || got.ISL != want.isl ||
+			got.CachedTokens != want.cached || got.PrefillDone != want.prefillDone || got.Discount != want.discount {
+			rt.Fatalf("%s: booking %q = %+v, model %+v", what, id, got, *want)
+		}
+	}
+	if live, _ := f.Sequences().Count(); live != len(m.bookings) {
+		rt.Fatalf("%s: live bookings %d, model %d", what, live, len(m.bookings))
+	}
+	ws := f.Workers()
+	if len(ws) != len(m.workers) {
+		rt.Fatalf("%s: workers %v, model %v", what, ws, m.workers)
+	}
+	for id, want := range m.workers {
+		got, ok := ws[id]
+		if !ok || got.ID != want.ID || !slices.Equal(got.DPRanks, want.DPRanks) || got.BlockSize != want.BlockSize || got.Capacity != want.Capacity {
+			rt.Fatalf("%s: worker %d = %+v (registered %v), model %+v", what, id, got, ok, want)
+		}
+	}
+}
 
 func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 	ranks := fsmRanks
-	switch rapid.IntRange(0, 10).Draw(t, "cmd") {
-	case 0, 1, 2, 3, 4:
+	switch rapid.IntRange(0, 11).Draw(t, "cmd") {
+	case 0, 1, 2, 3:
 		var batches []RankBatch
 		for _, r := range rapid.SliceOfNDistinct(rapid.SampledFrom(ranks), 1, 3, func(r kvevent.Rank) kvevent.Rank { return r }).Draw(t, "ranks") {
 			// Start near the cursor: duplicates, the next id, or a gap.
@@ -53,49 +162,68 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 			m.cursors[b.Rank] = cur
 		}
 		return encodeEvents(5, batches)
+	case 4:
+		// A registration, or a registration again with other ranks and
+		// capacity: a rank it drops goes with its cursor and bookings.
+		w := WorkerInfo{
+			ID:        uint64(rapid.IntRange(1, 2).Draw(t, "worker")),
+			DPRanks:   rapid.SampledFrom([][]uint32{{0, 1}, {0}, {1}}).Draw(t, "dp ranks"),
+			BlockSize: 16,
+			Capacity:  [4]int64{rapid.Int64Range(1, 3).Draw(t, "capacity") * 64},
+		}
+		if prev, ok := m.workers[w.ID]; ok {
+			m.removeRanks(func(r kvevent.Rank) bool {
+				return r.Worker == w.ID && slices.Contains(prev.DPRanks, r.DP) && !slices.Contains(w.DPRanks, r.DP)
+			})
+		}
+		m.workers[w.ID] = w
+		return encodeRegister(5, &w)
 	case 5:
 		id := uint64(rapid.IntRange(1, 2).Draw(t, "worker"))
-		m.workers[id] = true
-		return encodeRegister(5, &WorkerInfo{ID: id, DPRanks: []uint32{0, 1}, BlockSize: 16, Capacity: [4]int64{64}})
-	case 6:
-		id := uint64(rapid.IntRange(1, 2).Draw(t, "worker"))
 		delete(m.workers, id)
-		for r := range m.cursors {
-			if r.Worker == id {
-				delete(m.cursors, r)
-			}
-		}
-		for rid, r := range m.live {
-			if r.Worker == id {
-				delete(m.live, rid)
-				m.freed[rid] = true
-			}
-		}
+		m.removeRanks(func(r kvevent.Rank) bool { return r.Worker == id })
 		return encodeDeregister(5, id)
-	case 7:
-		rid := rapid.SampledFrom([]string{"a", "b", "c"}).Draw(t, "request")
+	case 6, 7:
+		rid := rapid.SampledFrom(fsmRequests).Draw(t, "request")
 		r := rapid.SampledFrom(ranks).Draw(t, "rank")
+		b := Booking{ID: rid, Rank: r,
+			SeqHashes:    rapid.SliceOfNDistinct(rapid.Uint64Range(1, 6), 0, 4, func(h uint64) uint64 { return h }).Draw(t, "hashes"),
+			ISL:          rapid.IntRange(0, 64).Draw(t, "isl"),
+			CachedTokens: rapid.IntRange(0, 48).Draw(t, "cached")}
 		// A rank no registered worker has books nothing (its worker left
-		// between the route's decision and the commit).
-		if _, ok := m.live[rid]; !ok && !m.freed[rid] && m.workers[r.Worker] {
-			m.live[rid] = r
+		// between the route's decision and the commit), and neither does a
+		// live or freed id.
+		w, registered := m.workers[r.Worker]
+		if _, live := m.bookings[rid]; !live && !m.freed[rid] && registered && slices.Contains(w.DPRanks, r.DP) {
+			m.bookings[rid] = &fsmModelBooking{rank: r, hashes: slices.Clone(b.SeqHashes), isl: b.ISL, cached: b.CachedTokens}
 		}
-		return encodeBook(5, []bookOp{{kind: bookAdd, b: Booking{ID: rid, Rank: r, SeqHashes: []uint64{1, 2}, ISL: 32}}})
+		return encodeBook(5, []bookOp{{kind: bookAdd, b: b}})
 	case 8:
 		// An output block with a decay weight: the booking's discount must
 		// survive a reopen and a snapshot like the rest of it.
-		rid := rapid.SampledFrom([]string{"a", "b", "c"}).Draw(t, "request")
-		ops := []bookOp{{kind: bookOutput, b: Booking{ID: rid, SeqHashes: []uint64{rapid.Uint64Range(1, 4).Draw(t, "output hash")}}}}
+		rid := rapid.SampledFrom(fsmRequests).Draw(t, "request")
+		h := rapid.Uint64Range(1, 8).Draw(t, "output hash")
+		ops := []bookOp{{kind: bookOutput, b: Booking{ID: rid, SeqHashes: []uint64{h}}}}
+		if b, ok := m.bookings[rid]; ok && !slices.Contains(b.hashes, h) {
+			b.hashes = append(b.hashes, h)
+		}
 		if rapid.Bool().Draw(t, "decay") {
-			ops = append(ops, bookOp{kind: bookDecay, b: Booking{ID: rid, Discount: uint32(rapid.IntRange(0, 4).Draw(t, "quarters")) * indexer.DecayScale / 4}})
+			d := uint32(rapid.IntRange(0, 4).Draw(t, "quarters")) * indexer.DecayScale / 4
+			ops = append(ops, bookOp{kind: bookDecay, b: Booking{ID: rid, Discount: d}})
+			if b, ok := m.bookings[rid]; ok {
+				b.discount = d
+			}
 		}
 		return encodeBook(5, ops)
-	default:
-		rid := rapid.SampledFrom([]string{"a", "b", "c"}).Draw(t, "request")
-		if _, ok := m.live[rid]; ok {
-			delete(m.live, rid)
-			m.freed[rid] = true
+	case 9:
+		rid := rapid.SampledFrom(fsmRequests).Draw(t, "request")
+		if b, ok := m.bookings[rid]; ok {
+			b.prefillDone = true
 		}
+		return encodeBook(5, []bookOp{{kind: bookPrefillDone, b: Booking{ID: rid}}})
+	default:
+		rid := rapid.SampledFrom(fsmRequests).Draw(t, "request")
+		m.free(rid)
 		return encodeBook(5, []bookOp{{kind: bookFree, b: Booking{ID: rid}}})
 	}
 }
@@ -120,7 +248,7 @@ func checkFSMMatchesModel(t *testing.T) {
 		if err != nil {
 			rt.Fatal(err)
 		}
-		m := &fsmModel{cursors: map[kvevent.Rank]uint64{}, workers: map[uint64]bool{}, live: map[string]kvevent.Rank{}, freed: map[string]bool{}}
+		m := &fsmModel{cursors: map[kvevent.Rank]uint64{}, workers: map[uint64]WorkerInfo{}, bookings: map[string]*fsmModelBooking{}, freed: map[string]bool{}}
 		var w logWriter
 		var pending []*raft.Log
 		for i, n := 0, rapid.IntRange(1, 40).Draw(rt, "commands"); i < n; i++ {
@@ -131,20 +259,7 @@ func checkFSMMatchesModel(t *testing.T) {
 			}
 		}
 		f.ApplyBatch(pending)
-		// Every rank the commands name, so that a cursor the FSM kept
-		// and the model dropped (a worker's removal) is compared too.
-		for _, r := range fsmRanks {
-			if got, c := f.Cursor(r), m.cursors[r]; got != c {
-				rt.Fatalf("cursor of %v = %d, model %d", r, got, c)
-			}
-		}
-		if len(f.Workers()) != len(m.workers) {
-			rt.Fatalf("workers %v, model %v", f.Workers(), m.workers)
-		}
-		live, _ := f.Sequences().Count()
-		if live != len(m.live) {
-			rt.Fatalf("live bookings %d, model %d", live, len(m.live))
-		}
+		m.check(rt, "applied", f)
 		d := f.Digest()
 		if !rapid.Bool().Draw(rt, "checkDurability") {
 			f.Close() // durability round trips cost a few Pebble opens: check half the runs
@@ -167,6 +282,7 @@ func checkFSMMatchesModel(t *testing.T) {
 		if g.Digest() != d {
 			rt.Fatalf("reopened digest %#x, want %#x", g.Digest(), d)
 		}
+		m.check(rt, "reopened", g)
 		h, err := OpenFSM(FSMConfig{Dir: filepath.Join(t.TempDir(), "fsm"), Logger: quiet, OnFatal: func(err error) { rt.Fatalf("fatal: %v", err) }})
 		if err != nil {
 			rt.Fatal(err)
@@ -178,5 +294,6 @@ func checkFSMMatchesModel(t *testing.T) {
 		if h.Digest() != d {
 			rt.Fatalf("restored digest %#x, want %#x", h.Digest(), d)
 		}
+		m.check(rt, "restored", h)
 	})
 }
