@@ -49,9 +49,44 @@ func (m *model) rank(r kvevent.Rank, create bool) *mRank {
 	return mr
 }
 
-func (m *model) apply(ev *kvevent.Event, now int64) {
-	if ev.Validate() != nil {
-		return
+// wellFormed is the model's own reading of what a valid event is
+// (kvevent's Event doc and semantics.md), written out here rather than
+// calling kvevent.Event.Validate, so that a Validate that refuses a good
+// event (or takes a bad one) disagrees with the model: a tier in range; a
+// known kind; a store with at least one block, no engine hash twice, and a
+// first block that is not its own parent; a remove with at least one hash.
+// A clear carries nothing and is always good.
+func wellFormed(ev *kvevent.Event) bool {
+	if ev.Tier >= kvevent.NumTiers {
+		return false
+	}
+	switch ev.Kind {
+	case kvevent.KindStored:
+		if len(ev.Blocks) == 0 || ev.HasParent && ev.Blocks[0].EngineHash == ev.Parent {
+			return false
+		}
+		seen := map[uint64]bool{}
+		for _, b := range ev.Blocks {
+			if seen[b.EngineHash] {
+				return false
+			}
+			seen[b.EngineHash] = true
+		}
+		return true
+	case kvevent.KindRemoved:
+		return len(ev.Removed) > 0
+	case kvevent.KindCleared:
+		return true
+	default:
+		return false
+	}
+}
+
+// apply applies ev and reports whether it was well formed (a malformed
+// event changes nothing).
+func (m *model) apply(ev *kvevent.Event, now int64) bool {
+	if !wellFormed(ev) {
+		return false
 	}
 	switch ev.Kind {
 	case kvevent.KindStored:
@@ -61,7 +96,7 @@ func (m *model) apply(ev *kvevent.Event, now int64) {
 	case kvevent.KindRemoved:
 		mr := m.rank(ev.Rank, false)
 		if mr == nil {
-			return
+			return true
 		}
 		m.expire(mr, now)
 		for _, eh := range ev.Removed {
@@ -74,6 +109,7 @@ func (m *model) apply(ev *kvevent.Event, now int64) {
 			mr.needsResync = false
 		}
 	}
+	return true
 }
 
 func (m *model) expire(mr *mRank, now int64) {
@@ -291,4 +327,59 @@ func (m *model) digest() uint64 {
 		}
 	}
 	return d
+}
+
+// checkState compares every rank's state in ix, as DumpRank shows it, with
+// the model's, without the digest's hashing: each engine hash's path of
+// content hashes and tier mask, and the held orphans in order. A rank that
+// either side does not know counts as empty.
+func (m *model) checkState(t interface{ Fatalf(string, ...any) }, ix *Index) {
+	ranks := map[kvevent.Rank]bool{}
+	for r := range m.ranks {
+		ranks[r] = true
+	}
+	for _, r := range ix.Ranks() {
+		ranks[r] = true
+	}
+	for r := range ranks {
+		var d RankDump
+		if slices.Contains(ix.Ranks(), r) {
+			var err error
+			if d, err = ix.DumpRank(r); err != nil {
+				t.Fatalf("dump %v: %v", r, err)
+			}
+		}
+		bySeq := map[uint64]DumpNode{}
+		for _, n := range d.Nodes {
+			bySeq[n.Seq] = n
+		}
+		got := map[uint64]string{}
+		for _, e := range d.Entries {
+			var path []uint64
+			for n := bySeq[e.Seq]; ; n = bySeq[n.Parent] {
+				path = append(path, n.Local)
+				if n.Root {
+					break
+				}
+			}
+			slices.Reverse(path)
+			got[e.EngineHash] = fmt.Sprintf("%s mask %v", pathKey(path), e.Mask)
+		}
+		want := map[uint64]string{}
+		var wantOrphans []DumpOrphan
+		if mr := m.ranks[r]; mr != nil {
+			for eh, e := range mr.blocks {
+				want[eh] = fmt.Sprintf("%s mask %v", pathKey(e.path), e.mask)
+			}
+			for _, o := range mr.orphans {
+				wantOrphans = append(wantOrphans, DumpOrphan{At: o.at, Tier: o.tier, Parent: o.parent, Blocks: o.blocks})
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("rank %v holds %v, model %v", r, got, want)
+		}
+		if fmt.Sprint(d.Orphans) != fmt.Sprint(wantOrphans) {
+			t.Fatalf("rank %v orphans %v, model %v", r, d.Orphans, wantOrphans)
+		}
+	}
 }

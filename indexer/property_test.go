@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -9,8 +10,9 @@ import (
 )
 
 // A small universe, so that random events collide: shared prefixes,
-// removes of held and unknown hashes, reused engine hashes, orphans whose
-// parent arrives later, and orphans that age out.
+// removes of held and unknown hashes, reused engine hashes (within an
+// event too, which is malformed), orphans whose parent arrives later, and
+// orphans that age out.
 var (
 	propWorkers = []uint64{1, 2, 3}
 	propLocals  = []uint64{11, 12, 13, 14}
@@ -54,6 +56,17 @@ func genStep() *rapid.Generator[step] {
 			s.ev.Kind = kvevent.KindCleared
 		default:
 			s.removeWorker = rapid.SampledFrom(propWorkers).Draw(t, "removeWorker")
+			return s
+		}
+		// Now and then a malformed event: the index must refuse it (and
+		// only it) as the model does, and change nothing.
+		switch rapid.IntRange(0, 15).Draw(t, "malformed") {
+		case 0:
+			s.ev.Tier = kvevent.Tier(rapid.IntRange(kvevent.NumTiers, 255).Draw(t, "bad tier"))
+		case 1:
+			s.ev.Kind = rapid.SampledFrom([]kvevent.Kind{0, kvevent.KindCleared + 1, 255}).Draw(t, "bad kind")
+		case 2:
+			s.ev.Blocks, s.ev.Removed = nil, nil
 		}
 		return s
 	})
@@ -100,8 +113,12 @@ func checkIndexMatchesModel(t *testing.T) {
 				continue
 			}
 			ev := s.ev
-			ix.Apply(&ev, now)
-			mod.apply(&ev, now)
+			err := ix.Apply(&ev, now)
+			good := mod.apply(&ev, now)
+			if (err == nil) != good || err != nil && !errors.Is(err, kvevent.ErrMalformed) {
+				t.Fatalf("%+v: index says %v, model says well formed %v", ev, err, good)
+			}
+			mod.checkState(t, ix)
 			if ix.Digest() != mod.digest() {
 				t.Fatalf("after %v: digest %#x, model %#x", ev, ix.Digest(), mod.digest())
 			}
