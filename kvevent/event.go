@@ -69,7 +69,8 @@ type Block struct {
 // For KindStored, Blocks form a chain: each block's parent is the previous
 // one, and the first block's parent is Parent when HasParent, else the root.
 // For KindRemoved, Removed lists engine hashes. KindCleared carries no data
-// and applies to every tier, whatever Tier says.
+// and applies to every tier, whichever Tier it carries (which must still
+// be a valid one: Validate refuses any event with a tier out of range).
 type Event struct {
 	Rank      Rank
 	EventID   uint64
