@@ -28,22 +28,67 @@ func connect(t testing.TB, urls string) *nats.Conn {
 
 // checkIndexMatches waits for the publisher to drain, then checks every
 // running node: same digest at the same applied index, the model's entry
-// count, and every rank's cursor at the last published id.
+// count, every rank's cursor at the last published id, each rank's blocks
+// per tier, and the content: every live chain of the model, looked up by
+// its content hashes, matches in full on its owning rank alone and in the
+// tier it was stored in (so a block held under the wrong hash, parent,
+// rank or tier fails).
 func checkIndexMatches(t *testing.T, c *testCluster, o *owner, p *Publisher) {
 	t.Helper()
 	waitFor(t, 15*time.Second, "the publisher to drain", func() bool { return p.Pending() == 0 })
 	c.converged()
 	want := o.entries()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var wantTiers [kvevent.NumTiers]int64
+	wantRank := map[kvevent.Rank][kvevent.NumTiers]int64{}
+	for r, or := range o.ranks {
+		var per [kvevent.NumTiers]int64
+		for _, ev := range or.live {
+			per[ev.Tier] += int64(len(ev.Blocks))
+			wantTiers[ev.Tier] += int64(len(ev.Blocks))
+		}
+		wantRank[r] = per
+	}
+	var m indexer.Matches
 	for i, n := range c.nodes {
 		if n == nil {
 			continue
 		}
-		if got := n.IndexStats().Entries; got != want {
-			t.Errorf("node %d: index entries = %d, model %d", i, got, want)
+		st := n.IndexStats()
+		if st.Entries != want {
+			t.Errorf("node %d: index entries = %d, model %d", i, st.Entries, want)
+		}
+		if st.Blocks != wantTiers {
+			t.Errorf("node %d: blocks per tier = %v, model %v", i, st.Blocks, wantTiers)
+		}
+		for _, rs := range n.FSM().Index().RankStats() {
+			if w := wantRank[rs.Rank]; rs.Blocks != w {
+				t.Errorf("node %d: rank %v blocks per tier = %v, model %v", i, rs.Rank, rs.Blocks, w)
+			}
 		}
 		for r, or := range o.ranks {
 			if got := n.FSM().Cursor(r); got != or.last {
 				t.Errorf("node %d: rank %v cursor = %d, last published %d", i, r, got, or.last)
+			}
+			bad := 0
+			for id, ev := range or.live {
+				local := make([]uint64, len(ev.Blocks))
+				for k, b := range ev.Blocks {
+					local[k] = b.LocalHash
+				}
+				n.FindMatches(local, indexer.ViewTiered, &m)
+				var wantBlocks [kvevent.NumTiers]uint32
+				wantBlocks[ev.Tier] = uint32(len(ev.Blocks))
+				if len(m.Ranks) != 1 || m.Ranks[0].Rank != r || m.Ranks[0].Blocks != wantBlocks {
+					if bad++; bad <= 3 {
+						t.Errorf("node %d: rank %v chain %d (%d blocks in tier %v) matches %+v, want only that rank with %v",
+							i, r, id, len(ev.Blocks), ev.Tier, m.Ranks, wantBlocks)
+					}
+				}
+			}
+			if bad > 3 {
+				t.Errorf("node %d: rank %v: %d chains in all do not match", i, r, bad)
 			}
 		}
 	}
