@@ -42,18 +42,25 @@ func TestEventsOverTheCapAreRefused(t *testing.T) {
 	if _, err := decodeEvents(appendEvents(nil, sampleBatches()), 4); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("5 events under a cap of 4: err = %v, want ErrMalformed", err)
 	}
+	// One event, then a batch of exactly the cap: each batch alone is
+	// within it, together they are not, and the second batch's events
+	// must never be allocated (about 100 bytes each decoded: 50 MiB).
 	r := kvevent.Rank{Worker: 9}
-	many := make([]kvevent.Event, 1<<20)
+	many := make([]kvevent.Event, 1+1<<19)
 	for i := range many {
 		many[i] = kvevent.Event{Rank: r, EventID: uint64(i) + 1, Kind: kvevent.KindCleared}
 	}
-	b := appendEvents(nil, []raftfsm.RankBatch{{Rank: r, Events: many[:1<<19]}, {Rank: r, Events: many[1<<19:]}})
-	allocs := testing.AllocsPerRun(1, func() {
-		if _, err := decodeEvents(b, 1<<19); !errors.Is(err, ErrMalformed) {
-			t.Fatalf("2^20 events under a cap of 2^19: err = %v, want ErrMalformed", err)
-		}
-	})
-	t.Logf("%d bytes, refused with %.0f allocations", len(b), allocs)
+	b := appendEvents(nil, []raftfsm.RankBatch{{Rank: r, Events: many[:1]}, {Rank: r, Events: many[1:]}})
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := decodeEvents(b, 1<<19)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrMalformed) {
+		t.Fatalf("2^19+1 events under a cap of 2^19: err = %v, want ErrMalformed", err)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20 {
+		t.Fatalf("refusing 2^19+1 events (%d bytes) allocated %d bytes: the events over the cap were decoded", len(b), alloc)
+	}
 
 	// A batch count above the cap (but within the message, at 4 bytes a
 	// batch) is refused before the batches are allocated: each batch
@@ -63,9 +70,8 @@ func TestEventsOverTheCapAreRefused(t *testing.T) {
 	for len(forged) < 8<<20 {
 		forged = append(forged, 1, 0, 1, 1, 0, byte(kvevent.KindCleared))
 	}
-	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	_, err := decodeEvents(forged, 1<<16)
+	_, err = decodeEvents(forged, 1<<16)
 	runtime.ReadMemStats(&after)
 	if !errors.Is(err, ErrMalformed) {
 		t.Fatalf("a count of 2^21 batches under a cap of 2^16 events: err = %v, want ErrMalformed", err)
