@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -221,8 +222,10 @@ func TestEachAcrossACloseBeforeTheFirstRead(t *testing.T) {
 // forgets its iterator and closes it as one step under the views' lock,
 // so a StateDB.Close (a restore swapping the database) cannot run in
 // between, find no iterator to close, and close Pebble under an open one
-// ("leaked iterators"). The hook starts the Close at that point and gives
-// it a moment: it must wait for the reader.
+// ("leaked iterators"). The hook starts the Close at that point and waits
+// until Close either returns (it did not wait for the reader: fail) or is
+// seen blocked on a mutex (the goroutine dump shows StateDB.Close in
+// sync.Mutex.Lock), then lets the reader finish.
 func TestCloseWhileAReaderClosesItsIterator(t *testing.T) {
 	s, err := OpenState(filepath.Join(t.TempDir(), "fsm"), StateOptions{Logger: logStoreTestLogger(t)})
 	if err != nil {
@@ -245,10 +248,20 @@ func TestCloseWhileAReaderClosesItsIterator(t *testing.T) {
 		}
 		started = true
 		go func() { closed <- s.Close() }()
-		select {
-		case err := <-closed: // Close did not wait for the reader
-			closed <- err
-		case <-time.After(100 * time.Millisecond): // a moment for it to run if it could
+		deadline := time.Now().Add(20 * time.Second)
+		for !closeBlocked() {
+			select {
+			case err := <-closed:
+				t.Errorf("Close returned (%v) while a reader was closing its iterator: it did not wait", err)
+				closed <- err
+				return
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("Close neither returned nor blocked in 20 s")
+				return
+			}
+			runtime.Gosched()
 		}
 	}
 	defer func() { viewIterForgotten = nil }()
@@ -259,4 +272,24 @@ func TestCloseWhileAReaderClosesItsIterator(t *testing.T) {
 	if err := <-closed; err != nil {
 		t.Fatalf("close while a reader closed its iterator: %v", err)
 	}
+}
+
+// closeBlocked reports whether a goroutine is blocked in sync.Mutex.Lock
+// inside StateDB.Close.
+func closeBlocked() bool {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "[sync.Mutex.Lock") && strings.Contains(g, "store.(*StateDB).Close(") {
+			return true
+		}
+	}
+	return false
 }
