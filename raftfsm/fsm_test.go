@@ -18,7 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/store"
 )
 
-func openTestFSM(t *testing.T, dir string) *FSM {
+func openTestFSM(t testing.TB, dir string) *FSM {
 	t.Helper()
 	f, err := OpenFSM(FSMConfig{Dir: dir, Logger: quiet, OnFatal: func(err error) { t.Fatalf("fatal: %v", err) }})
 	if err != nil {
@@ -55,7 +55,7 @@ var (
 )
 
 // applyFixture drives a FSM through every command type.
-func applyFixture(t *testing.T, f *FSM, w *logWriter) {
+func applyFixture(t testing.TB, f *FSM, w *logWriter) {
 	t.Helper()
 	logs := []*raft.Log{
 		w.next(encodeRegister(1, &WorkerInfo{ID: 1, BlockSize: 16, Capacity: [4]int64{100, 0, 0, 0}})),
@@ -166,7 +166,7 @@ func TestUndecodableEntryChangesNothing(t *testing.T) {
 	}
 }
 
-func snapshotBytes(t *testing.T, f *FSM) []byte {
+func snapshotBytes(t testing.TB, f *FSM) []byte {
 	t.Helper()
 	s, err := f.Snapshot()
 	if err != nil {
@@ -189,7 +189,7 @@ func viewBytes(t *testing.T, f *FSM) []byte {
 }
 
 // streamOf returns the snapshot stream of a view.
-func streamOf(t *testing.T, v *store.StateSnapshot) []byte {
+func streamOf(t testing.TB, v *store.StateSnapshot) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	if _, err := writeSnapshot(&buf, v); err != nil {
