@@ -238,16 +238,20 @@ func TestIngestIsLinearizable(t *testing.T) {
 	}
 	t.Logf("%d operations, %d acknowledged, %d unanswered; cursors %d and %d",
 		len(history), acked.Load(), unanswered, c.nodes[0].Cursor(r1), c.nodes[0].Cursor(r2))
+	checkStart := time.Now()
 	res, info := porcupine.CheckOperationsVerbose(ingestModel, history, time.Minute)
+	t.Logf("porcupine: %v in %v", res, time.Since(checkStart))
 	switch res {
 	case porcupine.Ok:
 	case porcupine.Unknown:
-		// A search that runs out of time says nothing either way; in the
-		// long runs, where there is time to look, it fails the test.
-		if os.Getenv("KVROUTER_LONG") != "" {
-			t.Fatalf("porcupine gave up within its time limit: no verdict (seed %d)", seed)
-		}
-		t.Logf("porcupine gave up within its time limit: no verdict")
+		// A search that runs out of time says nothing either way, so it
+		// fails the test, in CI too. The search stays small: the history is
+		// checked rank by rank (ingestModel.Partition), and what makes it
+		// grow, operations left unanswered (open to the end), come from
+		// the leader crashes, about one a client a crash (12 here); the
+		// check takes a few milliseconds against the minute allowed.
+		t.Fatalf("porcupine gave up within its time limit: no verdict (seed %d, %d operations, %d unanswered)",
+			seed, len(history), unanswered)
 	default:
 		path := filepath.Join(os.TempDir(), fmt.Sprintf("ingest-linearizability-%d.html", seed))
 		if err := porcupine.VisualizePath(ingestModel, info, path); err != nil {
