@@ -2,18 +2,13 @@ package client_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"io"
 	"log"
 	"log/slog"
-	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -152,36 +147,16 @@ func TestTokenAndTLSConfigErrors(t *testing.T) {
 	}
 }
 
-// tlsNode serves the API over TLS with a self-signed CA certificate
-// naming dnsNames only, valid from notBefore to notAfter; it returns the
-// node's address and a client configuration that trusts the certificate.
+// tlsNode serves the API over TLS (apitest.TLSNode) and returns the
+// node's address and a client configuration that trusts its certificate.
 func tlsNode(t *testing.T, dnsNames []string, notBefore, notAfter time.Time) (string, *tls.Config) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "node1"},
-		DNSNames: dnsNames, NotBefore: notBefore, NotAfter: notAfter,
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := api.NewServer(apitest.New("n1", ""), api.Options{Logger: slog.New(slog.DiscardHandler)})
-	hs := httptest.NewUnstartedServer(s)
-	hs.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
-	hs.Config.ErrorLog = log.New(io.Discard, "", 0) // the handshakes the client refuses
-	hs.StartTLS()
-	t.Cleanup(func() { hs.Close(); s.Close() })
+	node := api.NewServer(apitest.New("n1", ""), api.Options{Logger: slog.New(slog.DiscardHandler)})
+	t.Cleanup(func() { node.Close() })
+	addr, cert := apitest.TLSNode(t, node, dnsNames, notBefore, notAfter)
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
-	return strings.TrimPrefix(hs.URL, "https://"), &tls.Config{RootCAs: pool}
+	return addr, &tls.Config{RootCAs: pool}
 }
 
 // TestCertificateHint: a node's certificate that the client's handshake

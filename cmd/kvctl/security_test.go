@@ -1,17 +1,8 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
-	"io"
-	"log"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http/httptest"
 	"os"
@@ -138,29 +129,13 @@ func TestAFollowersFailedForwardIsNotBlamedOnKvctlsTLS(t *testing.T) {
 // was read as a name mismatch, and its other wordings (no IP SANs, here)
 // were reported as "not trusted: give --tls-ca".
 func TestHostnameMismatchIsNotCalledUntrusted(t *testing.T) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "node1"},
-		DNSNames: []string{"node1.example"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := api.NewServer(apitest.New("n1", ""), api.Options{Logger: slog.New(slog.DiscardHandler)})
-	hs := httptest.NewUnstartedServer(s)
-	hs.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
-	hs.Config.ErrorLog = log.New(io.Discard, "", 0) // the handshakes kvctl refuses
-	hs.StartTLS()
-	t.Cleanup(func() { hs.Close(); s.Close() })
+	node := api.NewServer(apitest.New("n1", ""), api.Options{Logger: slog.New(slog.DiscardHandler)})
+	t.Cleanup(func() { node.Close() })
+	ep, cert := apitest.TLSNode(t, node, []string{"node1.example"}, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
 	ca := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ep := strings.TrimPrefix(hs.URL, "https://")
 	for _, cmd := range [][]string{{"members", "list"}, {"status"}} {
 		r := kvctl(t, append([]string{"--endpoints", ep, "--tls-ca", ca, "--timeout", "3s"}, cmd...)...).wantCode(t, 1)
 		if strings.Contains(r.stderr, "not trusted") || !strings.Contains(r.stderr, "does not name 127.0.0.1") ||

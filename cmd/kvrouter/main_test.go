@@ -3,18 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"errors"
-	"io"
-	"log"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -396,33 +389,14 @@ func TestJoinRefusedForItsTokenOrTLSStops(t *testing.T) {
 // other than "certificate is valid for" (no IP SANs, here) read as an
 // untrusted CA.
 func TestJoinToACertificateNotNamingTheAddressSaysSo(t *testing.T) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "node1"},
-		DNSNames: []string{"node1.example"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := api.NewServer(apitest.New("n1", ""), api.Options{Logger: slog.New(slog.DiscardHandler)})
-	hs := httptest.NewUnstartedServer(s)
-	hs.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
-	hs.Config.ErrorLog = log.New(io.Discard, "", 0) // the handshakes the join refuses
-	hs.StartTLS()
-	defer func() { hs.Close(); s.Close() }()
+	node := api.NewServer(apitest.New("n1", ""), api.Options{Logger: slog.New(slog.DiscardHandler)})
+	t.Cleanup(func() { node.Close() })
+	addr, cert := apitest.TLSNode(t, node, []string{"node1.example"}, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	err = join(ctx, security{serverTLS: &tls.Config{}, clientTLS: &tls.Config{RootCAs: pool}}, strings.TrimPrefix(hs.URL, "https://"), "n2", "127.0.0.1:1", "127.0.0.1:2")
+	err := join(ctx, security{serverTLS: &tls.Config{}, clientTLS: &tls.Config{RootCAs: pool}}, addr, "n2", "127.0.0.1:1", "127.0.0.1:2")
 	if err == nil || ctx.Err() != nil || strings.Contains(err.Error(), "not trusted") ||
 		!strings.Contains(err.Error(), "does not name 127.0.0.1") || !strings.Contains(err.Error(), "node1.example") {
 		t.Fatalf("join to a trusted certificate that does not name the address: %v (context: %v), want it to stop at once saying the certificate does not name 127.0.0.1 (it names node1.example)", err, ctx.Err())
