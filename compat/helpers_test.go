@@ -29,12 +29,7 @@ var update = flag.Bool("update", false, "rewrite the golden answers in testdata/
 
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m,
-		// raftfsm.Node.await's waiter on a future Raft dropped at shutdown.
-		goleak.IgnoreAnyFunction("github.com/kvrouter/kvrouter/raftfsm.awaitFuture"),
-		goleak.IgnoreTopFunction("github.com/cockroachdb/pebble/v2/internal/cache.(*shard).releaseLoop"),
-		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2.(*tableCacheShard).releaseLoop"),
-	)
+	goleak.VerifyTestMain(m, testwatch.NodeIgnores()...)
 }
 
 var quiet = slog.New(slog.DiscardHandler)

@@ -19,15 +19,7 @@ import (
 
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m,
-		// raftfsm.Node.await's waiter on a future Raft dropped at shutdown.
-		goleak.IgnoreAnyFunction("github.com/kvrouter/kvrouter/raftfsm.awaitFuture"),
-		goleak.IgnoreTopFunction("github.com/cockroachdb/pebble/v2/internal/cache.(*shard).releaseLoop"),
-		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2.(*tableCacheShard).releaseLoop"),
-		// raft's NetworkTransport does not track accepted connections
-		// (see raftfsm/cluster_test.go).
-		goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"),
-	)
+	goleak.VerifyTestMain(m, testwatch.NodeIgnores()...)
 }
 
 var quiet = slog.New(slog.DiscardHandler)

@@ -28,19 +28,7 @@ import (
 
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m,
-		// raftfsm.Node.await's waiter on a future Raft dropped at shutdown.
-		goleak.IgnoreAnyFunction("github.com/kvrouter/kvrouter/raftfsm.awaitFuture"),
-		// Pebble's and glog-style background goroutines that outlive a
-		// closed DB by design are not ours; raft's transport listener too.
-		goleak.IgnoreTopFunction("github.com/cockroachdb/pebble/v2/internal/cache.(*shard).releaseLoop"),
-		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2.(*tableCacheShard).releaseLoop"),
-		// raft's NetworkTransport does not track the connections it
-		// accepted: Close stops the listener, and each handleConn goroutine
-		// ends only when its peer closes the connection, which can be just
-		// after the last test returns.
-		goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"),
-	)
+	goleak.VerifyTestMain(m, testwatch.NodeIgnores()...)
 }
 
 var quiet = slog.New(slog.DiscardHandler)

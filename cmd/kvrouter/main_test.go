@@ -32,16 +32,7 @@ import (
 // tests run whole nodes in-process: none may leave a goroutine behind.
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m,
-		// raftfsm.Node.await's waiter on a future Raft dropped at shutdown.
-		goleak.IgnoreAnyFunction("github.com/kvrouter/kvrouter/raftfsm.awaitFuture"),
-		// Pebble's background goroutines that outlive a closed DB by design.
-		goleak.IgnoreTopFunction("github.com/cockroachdb/pebble/v2/internal/cache.(*shard).releaseLoop"),
-		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2.(*tableCacheShard).releaseLoop"),
-		// raft's NetworkTransport does not track accepted connections
-		// (see raftfsm/cluster_test.go).
-		goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"),
-	)
+	goleak.VerifyTestMain(m, testwatch.NodeIgnores()...)
 }
 
 // TestPeersAreChecked: --peers entries must be id=host:port=host:port,
