@@ -42,8 +42,8 @@ type node struct {
 	httpAddr string
 	dir      string // --data-dir
 	logPath  string // every run's stdout and stderr, appended
-	// natsAddr and natsClusterAddr are the embedded NATS server's client
-	// and route ports, when the cluster runs with NATS (startClusterNATS).
+	// natsAddr is the embedded NATS server's client port; natsClusterAddr
+	// its route port, when the cluster runs with NATS (startClusterNATS).
 	natsAddr, natsClusterAddr string
 	cl                        *client.Client
 	// join, when set, is the --join address the node starts with instead
@@ -161,19 +161,24 @@ func newCluster(t *testing.T, n int) *cluster {
 	return c
 }
 
-// assignPorts gives every node a fresh Raft and HTTP port, and new clients.
+// assignPorts gives every node a fresh Raft, HTTP and NATS client port
+// (and a NATS cluster port when the nodes' NATS servers are routed), and
+// new clients. Every listener has a port of its own, kept across restarts:
+// a listener on a port the OS picks could take a port of a node that is
+// down (a kill of all three: n1's NATS took n3's Raft port, and n3 never
+// started again).
 func (c *cluster) assignPorts() {
 	c.t.Helper()
-	per := 2
+	per := 3
 	if c.nats {
 		per = 4
 	}
 	ports := freePorts(c.t, per*len(c.nodes))
 	var endpoints []string
 	for i, n := range c.nodes {
-		n.raftAddr, n.httpAddr = ports[per*i], ports[per*i+1]
+		n.raftAddr, n.httpAddr, n.natsAddr = ports[per*i], ports[per*i+1], ports[per*i+2]
 		if c.nats {
-			n.natsAddr, n.natsClusterAddr = ports[per*i+2], ports[per*i+3]
+			n.natsClusterAddr = ports[per*i+3]
 		}
 		if n.cl != nil {
 			n.cl.Close()
@@ -319,9 +324,9 @@ func (c *cluster) start(i int) {
 		args = append(args, "--nats-addr", n.natsAddr, "--nats-cluster-addr", n.natsClusterAddr,
 			"--nats-routes", strings.Join(routes, ","))
 	} else {
-		// Each node's embedded NATS on a port the OS picks: these tests
-		// drive events over HTTP.
-		args = append(args, "--nats-addr", "127.0.0.1:0")
+		// Each node's embedded NATS on its own: these tests drive events
+		// over HTTP.
+		args = append(args, "--nats-addr", n.natsAddr)
 	}
 	f, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

@@ -165,8 +165,8 @@ func TestTokenAndTLS(t *testing.T) {
 
 	// A fourth node joins through a member's address: over TLS, with the
 	// token.
-	ports := freePorts(t, 2)
-	n4 := &node{id: "n4", raftAddr: ports[0], httpAddr: ports[1], dir: filepath.Join(c.base, "n4"),
+	ports := freePorts(t, 3)
+	n4 := &node{id: "n4", raftAddr: ports[0], httpAddr: ports[1], natsAddr: ports[2], dir: filepath.Join(c.base, "n4"),
 		logPath: filepath.Join(c.base, "n4.log"), join: c.nodes[follower].httpAddr}
 	n4.cl = c.newClient(n4.httpAddr)
 	c.nodes = append(c.nodes, n4)

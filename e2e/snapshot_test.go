@@ -423,8 +423,8 @@ func TestOfflineSeedNewCluster(t *testing.T) {
 	// docs/operations.md: the seed was in no Raft log and no snapshot, the
 	// leader sent the new node its log from the first entry, and the node
 	// served an empty index as ready, its digest never the others'.
-	ports := freePorts(t, 2)
-	n4 := &node{id: "n4", raftAddr: ports[0], httpAddr: ports[1], dir: filepath.Join(c.base, "n4"),
+	ports := freePorts(t, 3)
+	n4 := &node{id: "n4", raftAddr: ports[0], httpAddr: ports[1], natsAddr: ports[2], dir: filepath.Join(c.base, "n4"),
 		logPath: filepath.Join(c.base, "n4.log"), join: c.nodes[0].httpAddr}
 	n4.cl = c.newClient(n4.httpAddr)
 	c.nodes = append(c.nodes, n4)
