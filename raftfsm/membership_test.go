@@ -28,16 +28,13 @@ func TestMembershipChangesKeepTheState(t *testing.T) {
 	}
 
 	// A fresh node (no peers: it does not bootstrap) joins through the leader.
-	_, tr := raft.NewInmemTransport("inmem-n4")
-	c.trans = append(c.trans, tr)
-	c.heal()
-	n4, err := NewNode(Config{ID: "n4", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n4",
-		DataDir: filepath.Join(t.TempDir(), "n4"), Transport: tr, Logger: quiet})
+	cfg4 := c.newcomer("n4")
+	n4, err := NewNode(cfg4)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.nodes = append(c.nodes, n4)
-	if err := l.AddMember(ctx(t), "n4", string(tr.LocalAddr()), "http-n4"); err != nil {
+	if err := l.AddMember(ctx(t), "n4", cfg4.RaftAddr, cfg4.HTTPAddr); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "n4 to catch up", func() bool {
@@ -413,11 +410,7 @@ func TestTheLastMemberOfAJoinedClusterRestartsWithItsJoinFlags(t *testing.T) {
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
 		t.Fatal(err)
 	}
-	_, tr := raft.NewInmemTransport("inmem-n2")
-	c.trans = append(c.trans, tr)
-	c.heal()
-	cfg := Config{ID: "n2", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n2", DataDir: filepath.Join(t.TempDir(), "n2"),
-		Transport: tr, Logger: quiet}
+	cfg := c.newcomer("n2")
 	n2, err := NewNode(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -527,11 +520,8 @@ func TestAJoiningNodeIsNotRemovedWhileCatchingUp(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, tr := raft.NewInmemTransport("inmem-n4")
-	c.trans = append(c.trans, tr)
-	c.heal()
-	n4, err := NewNode(Config{ID: "n4", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n4",
-		DataDir: filepath.Join(t.TempDir(), "n4"), Transport: tr, Logger: quiet})
+	cfg4 := c.newcomer("n4")
+	n4, err := NewNode(cfg4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -551,7 +541,7 @@ func TestAJoiningNodeIsNotRemovedWhileCatchingUp(t *testing.T) {
 			}
 		}
 	}()
-	if err := l.AddMember(ctx(t), "n4", string(tr.LocalAddr()), "http-n4"); err != nil {
+	if err := l.AddMember(ctx(t), "n4", cfg4.RaftAddr, cfg4.HTTPAddr); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 20*time.Second, "n4 to catch up", func() bool { return n4.IndexStats().Entries == entries })

@@ -46,6 +46,17 @@ func newInmemCluster(t *testing.T, n int) *inmemCluster {
 	return c
 }
 
+// newcomer returns the configuration of a node id that is no member yet:
+// a fresh in-memory transport, connected to the cluster's, and a new data
+// directory; no peers (it joins, unless the caller gives some).
+func (c *inmemCluster) newcomer(id string) Config {
+	_, tr := raft.NewInmemTransport(raft.ServerAddress("inmem-" + id))
+	c.trans = append(c.trans, tr)
+	c.heal()
+	return Config{ID: id, RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-" + id,
+		DataDir: filepath.Join(c.t.TempDir(), id), Transport: tr, Logger: quiet}
+}
+
 // heal connects every pair both ways.
 func (c *inmemCluster) heal() {
 	for i, a := range c.trans {
