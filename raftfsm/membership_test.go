@@ -579,6 +579,7 @@ func TestARemovedNodeReadsRemovedAfterARestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	c.nodes[li] = n // closed by the cluster's cleanup if the test stops here
 	if st := n.Status(); st.Removed || st.Ready {
 		t.Fatalf("%s's status just after a restart: %+v, want neither removed nor ready", cfg.ID, st)
 	}
