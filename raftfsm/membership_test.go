@@ -28,12 +28,7 @@ func TestMembershipChangesKeepTheState(t *testing.T) {
 	}
 
 	// A fresh node (no peers: it does not bootstrap) joins through the leader.
-	cfg4 := c.newcomer("n4")
-	n4, err := NewNode(cfg4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.nodes = append(c.nodes, n4)
+	n4, cfg4 := c.newcomer("n4")
 	if err := l.AddMember(ctx(t), "n4", cfg4.RaftAddr, cfg4.HTTPAddr); err != nil {
 		t.Fatal(err)
 	}
@@ -410,12 +405,7 @@ func TestTheLastMemberOfAJoinedClusterRestartsWithItsJoinFlags(t *testing.T) {
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
 		t.Fatal(err)
 	}
-	cfg := c.newcomer("n2")
-	n2, err := NewNode(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.nodes = append(c.nodes, n2)
+	n2, cfg := c.newcomer("n2")
 	if n2.OnlyMember() {
 		t.Fatal("a node joining reads as the only member of a cluster")
 	}
@@ -435,7 +425,7 @@ func TestTheLastMemberOfAJoinedClusterRestartsWithItsJoinFlags(t *testing.T) {
 	c.nodes = c.nodes[:1]
 
 	_, cfg.Transport = raft.NewInmemTransport(raft.ServerAddress(cfg.RaftAddr))
-	n2, err = NewNode(cfg)
+	n2, err := NewNode(cfg)
 	if err != nil {
 		t.Fatalf("restarting the cluster's last member with its --join flags: %v", err)
 	}
@@ -520,12 +510,7 @@ func TestAJoiningNodeIsNotRemovedWhileCatchingUp(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cfg4 := c.newcomer("n4")
-	n4, err := NewNode(cfg4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.nodes = append(c.nodes, n4)
+	n4, cfg4 := c.newcomer("n4")
 	var sawRemoved atomic.Int64
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {

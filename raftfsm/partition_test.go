@@ -46,15 +46,23 @@ func newInmemCluster(t *testing.T, n int) *inmemCluster {
 	return c
 }
 
-// newcomer returns the configuration of a node id that is no member yet:
-// a fresh in-memory transport, connected to the cluster's, and a new data
-// directory; no peers (it joins, unless the caller gives some).
-func (c *inmemCluster) newcomer(id string) Config {
+// newcomer starts a node id that is no member yet, and returns it and
+// its configuration: a fresh in-memory transport, connected to the
+// cluster's, a new data directory and no peers (it joins). The cluster's
+// cleanup closes it.
+func (c *inmemCluster) newcomer(id string) (*Node, Config) {
+	c.t.Helper()
 	_, tr := raft.NewInmemTransport(raft.ServerAddress("inmem-" + id))
 	c.trans = append(c.trans, tr)
 	c.heal()
-	return Config{ID: id, RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-" + id,
+	cfg := Config{ID: id, RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-" + id,
 		DataDir: filepath.Join(c.t.TempDir(), id), Transport: tr, Logger: quiet}
+	n, err := NewNode(cfg)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.nodes = append(c.nodes, n)
+	return n, cfg
 }
 
 // heal connects every pair both ways.
