@@ -42,10 +42,20 @@ func statusCommand(e *env) *cli.Command {
 type statusRow struct {
 	Endpoint string              `json:"endpoint"`
 	Status   *raftfsm.NodeStatus `json:"status,omitempty"`
-	Error    string              `json:"error,omitempty"`
+	// Failure is the table's STATE of an endpoint that gave no status:
+	// failUnreachable or failError (answered is true); empty otherwise.
+	Failure string `json:"failure,omitempty"`
+	Error   string `json:"error,omitempty"`
 
 	answered bool // Error is an answer or a TLS mismatch (failedNotUnreachable), not no answer
 }
+
+// The STATE of a row without a status, in the table and in the JSON's
+// failure.
+const (
+	failUnreachable = "UNREACHABLE" // no answer
+	failError       = "ERROR"       // an error answer, or TLS that does not match kvctl's
+)
 
 func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 	failed := 0
@@ -56,8 +66,13 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 		if r.Err != nil {
 			failed++
 			rows[i].Error = shortError(r.Err)
-			if rows[i].answered = failedNotUnreachable(r.Err); rows[i].answered && answered == nil {
-				answered = r.Err
+			rows[i].answered = failedNotUnreachable(r.Err)
+			rows[i].Failure = failUnreachable
+			if rows[i].answered {
+				rows[i].Failure = failError
+				if answered == nil {
+					answered = r.Err
+				}
 			}
 		}
 	}
@@ -74,11 +89,7 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 		t := newTable(e.stdout, header...)
 		for _, r := range rows {
 			if r.Status == nil {
-				state := "UNREACHABLE"
-				if r.answered {
-					state = "ERROR"
-				}
-				t.row(r.Endpoint, "-", state, "-", "-", "-", "-", "-", "-", "-", "-", "-", r.Error)
+				t.row(r.Endpoint, "-", r.Failure, "-", "-", "-", "-", "-", "-", "-", "-", "-", r.Error)
 				continue
 			}
 			s := r.Status

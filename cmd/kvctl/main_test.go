@@ -236,23 +236,39 @@ func TestStatusWithoutTheTokenSaysToGiveIt(t *testing.T) {
 	if !strings.Contains(r.stderr, "2 of 2 endpoints failed") || !strings.Contains(r.stderr, "--token") {
 		t.Fatalf("stderr %q, want it to say both failed and name --token", r.stderr)
 	}
+	// The JSON says the same. From a review: it had only the error text.
+	r = kvctl(t, "--endpoints", ep+","+dead, "status", "-o", "json").wantCode(t, 1)
+	rows := statusJSON(t, r.stdout)
+	if len(rows) != 2 || rows[0].Failure != "ERROR" || !strings.Contains(rows[0].Error, "HTTP 401") || rows[1].Failure != "UNREACHABLE" {
+		t.Fatalf("JSON rows = %+v, want %s ERROR (HTTP 401) and %s UNREACHABLE", rows, ep, dead)
+	}
 }
 
 func TestStatusJSONIsOnlyJSON(t *testing.T) {
 	c := newCluster(t)
 	dead := deadAddr(t)
 	r := kvctl(t, "status", "-o", "json", "--endpoints", c.endpoints()+","+dead).wantCode(t, 1)
-	var rows []struct {
-		Endpoint string              `json:"endpoint"`
-		Status   *raftfsm.NodeStatus `json:"status"`
-		Error    string              `json:"error"`
+	rows := statusJSON(t, r.stdout)
+	if len(rows) != 4 || rows[0].Status == nil || rows[0].Status.ID != "n1" || rows[0].Failure != "" || rows[0].Error != "" ||
+		rows[3].Status != nil || rows[3].Failure != "UNREACHABLE" || !strings.Contains(rows[3].Error, "refused") {
+		t.Fatalf("rows = %+v, want n1's status and the dead endpoint's failure UNREACHABLE with why", rows)
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil {
-		t.Fatalf("stdout is not JSON: %v\n%s", err, r.stdout)
+}
+
+type statusJSONRow struct {
+	Endpoint string              `json:"endpoint"`
+	Status   *raftfsm.NodeStatus `json:"status"`
+	Failure  string              `json:"failure"`
+	Error    string              `json:"error"`
+}
+
+func statusJSON(t *testing.T, stdout string) []statusJSONRow {
+	t.Helper()
+	var rows []statusJSONRow
+	if err := json.Unmarshal([]byte(stdout), &rows); err != nil {
+		t.Fatalf("stdout is not JSON: %v\n%s", err, stdout)
 	}
-	if len(rows) != 4 || rows[0].Status.ID != "n1" || rows[3].Status != nil || rows[3].Error == "" {
-		t.Fatalf("rows = %+v", rows)
-	}
+	return rows
 }
 
 func TestStatusWarnsOfDivergedReplicas(t *testing.T) {
