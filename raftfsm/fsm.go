@@ -27,10 +27,12 @@ import (
 // same state and Digest on every replica.
 //
 // Durability: the changes of applied entries (through the index's and the
-// tracker's journals) and the applied index and term go into one Pebble
-// batch, which the FSM keeps across ApplyBatch calls and commits as a
-// group when it reaches store.GroupBytes, and always before a snapshot, a
-// restore or Close. So the state database holds the state as of one
+// tracker's journals) and the applied index and term go into one
+// store.StateBatch (an arena of records, written out as one ingested
+// sstable), which the FSM keeps across ApplyBatch calls and commits as a
+// group when it reaches store.GroupBytes, and always before a snapshot or
+// Close; a restore discards it (after any background commit ends), since
+// the stream replaces the state it changes. So the state database holds the state as of one
 // applied index, never a part of an entry. Entries at or below the
 // applied index are skipped: Raft re-delivers every entry after its last
 // snapshot on each restart, and without the skip refcounts and residency
