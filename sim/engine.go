@@ -53,9 +53,7 @@ func (c EngineConfig) withDefaults() EngineConfig {
 	if c.MaxWaiting == 0 {
 		c.MaxWaiting = 4096
 	}
-	if c.Timing == (Timing{}) {
-		c.Timing = DefaultTiming()
-	}
+	c.Timing = c.Timing.withDefaults()
 	if c.Speed <= 0 {
 		c.Speed = 1
 	}

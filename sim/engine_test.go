@@ -286,3 +286,23 @@ func TestEngineEventsRebuildItsCache(t *testing.T) {
 		t.Fatalf("engine events did not apply cleanly: %+v", st)
 	}
 }
+
+// TestTimingWithTheKVSizeAloneKeepsTheDefaultModel: a Timing that sets only
+// KVBytesPerToken (whose zero means its default) keeps the default
+// polynomial, in an engine and in a replay. From a review: the default
+// applied only to an all-zero Timing, and an 8,192-token prefill took 0 ms.
+func TestTimingWithTheKVSizeAloneKeepsTheDefaultModel(t *testing.T) {
+	e := NewEngine(RankOf(0), EngineConfig{Timing: Timing{KVBytesPerToken: 65536}})
+	e.Submit(request(0, 8192, 1, 64, 1))
+	d, _ := e.StartPass(0)
+	want := DefaultTiming().PrefillMs(8192)
+	if got := ms(d); got < want*0.99 || got > want*1.01 {
+		t.Fatalf("an 8,192-token prefill pass took %.2f ms, want the default model's %.2f", got, want)
+	}
+	if got := e.cfg.Timing.BlockBytes(64); got != 65536*64 {
+		t.Fatalf("block bytes %v, want the configured KV size's %d", got, 65536*64)
+	}
+	if c := (Config{Timing: Timing{KVBytesPerToken: 65536}}).withDefaults(); c.Timing.PrefillB == 0 || c.Timing.KVBytesPerToken != 65536 {
+		t.Fatalf("replay config timing %+v, want the default polynomial and the KV size 65536", c.Timing)
+	}
+}

@@ -36,9 +36,7 @@ func (c Config) withDefaults() Config {
 	if c.Speed <= 0 {
 		c.Speed = 1
 	}
-	if c.Timing == (Timing{}) {
-		c.Timing = DefaultTiming()
-	}
+	c.Timing = c.Timing.withDefaults()
 	return c
 }
 

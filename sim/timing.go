@@ -2,7 +2,8 @@ package sim
 
 // Timing is the worker's prefill and decode time model (simulator.md), in
 // milliseconds. The defaults are the reference simulator's uncalibrated
-// polynomial.
+// polynomial: a configuration whose six coefficients are all zero takes
+// them (withDefaults), whatever its KVBytesPerToken.
 type Timing struct {
 	PrefillA, PrefillB, PrefillC float64 // prefill(N) = A·N² + B·N + C, N uncached tokens
 	DecodeA, DecodeB, DecodeC    float64 // decode(u) = max(1, A·u² + B·u + C), u KV fraction in use
@@ -23,6 +24,21 @@ const DefaultKVBytesPerToken = 131072
 func DefaultTiming() Timing {
 	return Timing{PrefillA: 4.21e-7, PrefillB: 1.518e-2, PrefillC: 16.5, DecodeA: -25.74, DecodeB: 54.01, DecodeC: 5.74,
 		KVBytesPerToken: DefaultKVBytesPerToken}
+}
+
+// withDefaults gives t the default polynomial when it sets none of the six
+// coefficients, keeping its KVBytesPerToken: a configuration that sets the
+// KV size alone (0 meaning its default) must not get a model in which
+// every pass is free.
+func (t Timing) withDefaults() Timing {
+	if t.PrefillA == 0 && t.PrefillB == 0 && t.PrefillC == 0 && t.DecodeA == 0 && t.DecodeB == 0 && t.DecodeC == 0 {
+		kv := t.KVBytesPerToken
+		t = DefaultTiming()
+		if kv > 0 {
+			t.KVBytesPerToken = kv
+		}
+	}
+	return t
 }
 
 // PrefillMs is the time to prefill n uncached tokens.
