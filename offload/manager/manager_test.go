@@ -270,8 +270,8 @@ func TestDiskGetsBlocksSeenTwiceAndServesThemAfterG2Eviction(t *testing.T) {
 	if s.Paths[manager.Disk2H].Blocks != 2 || s.Onboard.FromDisk != 2 || s.Onboard.NotFound != 1 {
 		t.Fatalf("stats: Disk2H %+v, onboard %+v", s.Paths[manager.Disk2H], s.Onboard)
 	}
-	if st := r.disk.Stats(); st.Referenced != 0 {
-		t.Fatalf("%d G3 blocks still pinned after Onboard", st.Referenced)
+	if st := r.disk.Stats(); st.Referenced != 0 || st.Hits != 2 {
+		t.Fatalf("after onboarding: %d G3 blocks still pinned, %d G3 hits; want 0 and 2 (a and c, once each)", st.Referenced, st.Hits)
 	}
 }
 
@@ -724,4 +724,40 @@ func TestSameHashBusyInACopyThatStoresNothingIsNotADuplicate(t *testing.T) {
 		t.Fatalf("onboard: %+v, want it loaded", res.Blocks)
 	}
 	r.checkBytes(5, b.Hash)
+}
+
+// A block only G3 holds is pinned once when Onboard finds it: its read into
+// the staging buffer is part of that use, not a second hit, and the filter
+// sees it once.
+func TestDiskOnlyOnboardCountsOneHitAndOneSighting(t *testing.T) {
+	// HalfLife 4: a, b offloaded (2 sightings), a onboarded (3). A second
+	// sighting of that onboard would reach 4 and halve every count, and
+	// b, seen once, would be forgotten.
+	r := newRig(t, rigConfig{diskCap: 8, cfg: manager.Config{Filter: manager.FilterConfig{Threshold: 1, HalfLife: 4}}})
+	a := r.compute(0, 1, 0)
+	r.offload(a)
+	r.idle()
+	r.offload(r.compute(0, 1, 1))
+	r.idle()
+	if got := r.sink.stored(disk); len(got) != 2 {
+		t.Fatalf("STORE disk for %v, want a and b", got)
+	}
+	before := r.disk.Stats()
+
+	r.scribble(0, 1)
+	res := onboard(t, r.m, hashesOf(a), []int{5})
+	if res.Loaded() != 1 || res.Blocks[0].From != disk {
+		t.Fatalf("onboard from disk: %+v", res.Blocks)
+	}
+	r.checkBytes(5, a[0].Hash)
+	if hits := r.disk.Stats().Hits - before.Hits; hits != 1 {
+		t.Fatalf("onboarding one block from G3 counted %d G3 hits, want 1", hits)
+	}
+	if st := r.disk.Stats(); st.Referenced != 0 {
+		t.Fatalf("%d G3 blocks still pinned after Onboard", st.Referenced)
+	}
+	if s := r.m.Stats(); s.Onboard.FromDisk != 1 || s.Tracked != 2 {
+		t.Fatalf("after onboarding a from G3: %d loaded from disk, filter tracks %d hashes; want 1 and 2 (a counted once)",
+			s.Onboard.FromDisk, s.Tracked)
+	}
 }

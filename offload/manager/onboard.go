@@ -498,7 +498,9 @@ func (m *Manager) disk2h(c *copier, ch *chunk) {
 	start := time.Now()
 	for i, h := range ch.hashes {
 		_, buf := c.slot(i, m.bs)
-		if err := m.disk.Read(h, buf); err != nil {
+		// pin acquired the block (its hit and its use): read it under
+		// that reference.
+		if err := m.disk.ReadHeld(h, buf); err != nil {
 			ch.errs[i] = err
 			read.failed++
 			m.log.Warn("onboard: reading a block from disk failed", "hash", h, "err", err)

@@ -302,6 +302,24 @@ func (c *core) acquire(h uint64) (*entry, error) {
 	return e, nil
 }
 
+// held checks that h is a written block with a reference on it, for a
+// read on behalf of the reader that acquired it: not a new use, not a hit.
+func (c *core) held(h uint64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	e := c.entries[h]
+	if e == nil || !e.ready {
+		return fmt.Errorf("read %#x: %w", h, ErrNotFound)
+	}
+	if e.refs == 0 {
+		return fmt.Errorf("read %#x: %w: acquire it first", h, ErrNotHeld)
+	}
+	return nil
+}
+
 func (c *core) release(h uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

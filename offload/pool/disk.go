@@ -437,7 +437,9 @@ func (p *DiskPool) Register(b Block, data []byte) error {
 }
 
 // Read copies a stored block into dst (BlockSize bytes). The block is
-// referenced while it is read, so it cannot be evicted under the read.
+// referenced while it is read, so it cannot be evicted under the read, and
+// the read counts as a use and a hit, as Acquire does. A caller that has
+// acquired the block already uses ReadHeld.
 func (p *DiskPool) Read(hash uint64, dst []byte) error {
 	if len(dst) != p.bs {
 		return fmt.Errorf("read %#x: %w: %d bytes, block size %d", hash, ErrInvalid, len(dst), p.bs)
@@ -449,6 +451,23 @@ func (p *DiskPool) Read(hash uint64, dst []byte) error {
 	}
 	err := p.read(hash, dst)
 	return errors.Join(err, p.c.release(hash))
+}
+
+// ReadHeld copies a stored block that the caller has acquired (and not yet
+// released) into dst (BlockSize bytes). The read is part of that Acquire's
+// use: it counts no hit and does not touch the eviction order again. It
+// fails with ErrNotHeld when the block has no reference, ErrNotFound when
+// it is not stored.
+func (p *DiskPool) ReadHeld(hash uint64, dst []byte) error {
+	if len(dst) != p.bs {
+		return fmt.Errorf("read %#x: %w: %d bytes, block size %d", hash, ErrInvalid, len(dst), p.bs)
+	}
+	p.io.RLock()
+	defer p.io.RUnlock()
+	if err := p.c.held(hash); err != nil {
+		return err
+	}
+	return p.read(hash, dst)
 }
 
 func (p *DiskPool) read(hash uint64, dst []byte) error {

@@ -197,6 +197,33 @@ func TestDiskConcurrentPutsShareFlushesAndAllLand(t *testing.T) {
 	}
 }
 
+func TestDiskReadHeldReadsUnderTheCallersReferenceWithoutAnotherHit(t *testing.T) {
+	p := openDisk(t, t.TempDir(), 4, pool.SyncFlush, newSink(t))
+	put(t, p, pool.Block{Hash: 1}, pool.Block{Hash: 2})
+	buf := make([]byte, testBlock)
+	if err := p.ReadHeld(1, buf); !errors.Is(err, pool.ErrNotHeld) {
+		t.Fatalf("ReadHeld of a block not acquired: %v, want ErrNotHeld", err)
+	}
+	if err := p.ReadHeld(9, buf); !errors.Is(err, pool.ErrNotFound) {
+		t.Fatalf("ReadHeld of a block not stored: %v, want ErrNotFound", err)
+	}
+	if err := p.ReadHeld(1, buf[:1]); !errors.Is(err, pool.ErrInvalid) {
+		t.Fatalf("ReadHeld into a short buffer: %v, want ErrInvalid", err)
+	}
+	check(t, p.Acquire(1))
+	check(t, p.ReadHeld(1, buf))
+	if !bytes.Equal(buf, pattern(testBlock, 1)) {
+		t.Fatal("ReadHeld read other bytes than the block's")
+	}
+	if st := p.Stats(); st.Hits != 1 || st.Referenced != 1 {
+		t.Fatalf("after Acquire and ReadHeld: %d hits, %d referenced; want 1 (the Acquire) and 1", st.Hits, st.Referenced)
+	}
+	check(t, p.Release(1))
+	if st := p.Stats(); st.Referenced != 0 {
+		t.Fatalf("%d blocks referenced after the Release", st.Referenced)
+	}
+}
+
 func put(t testing.TB, p *pool.DiskPool, bs ...pool.Block) {
 	t.Helper()
 	data := make([][]byte, len(bs))

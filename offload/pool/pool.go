@@ -122,7 +122,7 @@ type Stats struct {
 	// Evictable counts the inactive blocks that may be evicted now.
 	Evictable int
 
-	Hits          uint64 // Acquire (and Read) of a stored block
+	Hits          uint64 // Acquire (and Read) of a stored block; not ReadHeld
 	Misses        uint64 // Acquire (and Read) of a hash not stored
 	Registered    uint64 // blocks stored
 	Revived       uint64 // registrations of a block already stored
