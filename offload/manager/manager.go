@@ -526,7 +526,8 @@ type promotion struct {
 // promote queues H2Disk tasks for the blocks that are in G2 and have no
 // task queued yet. It looks only at G2, without m.mu: Offload calls it, and
 // the disk pool's lock may be held across a Pebble write (an eviction's
-// delete), which can stall; the H2Disk worker skips blocks already in G3.
+// delete), which can stall; the H2Disk worker skips blocks already in G3
+// (reviving them there: used now).
 func (m *Manager) promote(ps []promotion) {
 	if len(ps) == 0 || m.host == nil || m.disk == nil {
 		return
@@ -616,7 +617,8 @@ type PathStats struct {
 	// was evicted. Nothing is stored for them.
 	Skipped uint64
 	// Exists counts blocks not copied because the destination already
-	// held them or another copy was writing them there (that copy may yet
+	// held them (they count as used now there, in its eviction order) or
+	// another copy was writing them there (that copy may yet
 	// store nothing: the block's hash is then forgotten, so it is queued
 	// again when asked again). Full counts those it had no room for,
 	// Failed those whose copy, read or write failed.

@@ -761,3 +761,55 @@ func TestDiskOnlyOnboardCountsOneHitAndOneSighting(t *testing.T) {
 			s.Onboard.FromDisk, s.Tracked)
 	}
 }
+
+// An offload to G3 of a block G3 holds already skips the copy but counts as
+// a use of the block there, as Reserve does in G2: the LRU then evicts a
+// colder block, not the one being offloaded again.
+func TestOffloadOfABlockAlreadyInG3TouchesItThere(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		hostCap int
+		path    manager.Path
+	}{
+		{"h2disk", 16, manager.H2Disk},
+		{"d2disk", 0, manager.D2Disk},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, rigConfig{hostCap: tc.hostCap, diskCap: 2,
+				cfg: manager.Config{Filter: manager.FilterConfig{Threshold: 1}}})
+			a := r.compute(0, 1, 0)[0]
+			r.offload([]manager.OffloadRequest{a})
+			r.idle()
+			b := r.compute(0, 1, 1)[0]
+			r.offload([]manager.OffloadRequest{b})
+			r.idle()
+			if got := r.sink.stored(disk); !slices.Equal(got, []uint64{a.Hash, b.Hash}) {
+				t.Fatalf("STORE disk for %v, want a then b", got)
+			}
+			before := r.disk.Stats()
+
+			// A later request computes a again: it is offloaded to G3 again,
+			// found there, and not copied.
+			r.offload([]manager.OffloadRequest{r.recompute(a, 2)})
+			r.idle()
+			if got := r.sink.stored(disk); len(got) != 2 {
+				t.Fatalf("STORE disk for %v: a was stored again", got)
+			}
+			if s := r.m.Stats().Paths[tc.path]; s.Exists == 0 {
+				t.Fatalf("%v: %+v, want a counted as existing", tc.path, s)
+			}
+			// With G2, a may be promoted twice (at Offload, and when its
+			// D2H copy finds it in G2): each promotion finds it.
+			if st := r.disk.Stats(); st.Revived == before.Revived {
+				t.Fatal("G3 revived nothing: a was not counted as used")
+			}
+
+			// G3 is full: c evicts the least recently used block, b.
+			r.offload(r.compute(0, 1, 3))
+			r.idle()
+			if got := r.sink.removed(disk); !slices.Equal(got, []uint64{b.Hash}) {
+				t.Fatalf("REMOVE disk for %#x, want [%#x] (b): a was used after it", got, b.Hash)
+			}
+		})
+	}
+}

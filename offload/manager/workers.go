@@ -226,7 +226,8 @@ func (m *Manager) d2h(c *copier, ts []*task) {
 }
 
 // d2disk copies G1 blocks through the staging buffer into G3, with the same
-// two generation checks as d2h.
+// two generation checks as d2h. A block G3 holds already is not copied but
+// revived there (used now), as d2h's Reserve revives one G2 holds.
 func (m *Manager) d2disk(c *copier, ts []*task) {
 	var (
 		o      outcome
@@ -242,7 +243,10 @@ func (m *Manager) d2disk(c *copier, ts []*task) {
 		live = append(live, t)
 		hashes = append(hashes, t.block.Hash)
 	}
-	onDisk := m.disk.Lookup(hashes, nil)
+	// Blocks G3 holds already are not copied; Revive counts this as their
+	// use there, as G2's Reserve does, so the LRU does not take them for
+	// cold ones.
+	onDisk := m.disk.Revive(hashes, nil)
 	copies := make([]backend.Copy, 0, len(live))
 	copied := make([]*task, 0, len(live))
 	for i, t := range live {
@@ -298,14 +302,15 @@ func (m *Manager) d2disk(c *copier, ts []*task) {
 // h2disk copies G2 blocks into G3. The weak reference is the hash: a block
 // evicted from G2 before its turn is skipped; one still there is pinned
 // (Acquire) while its bytes are written, so it cannot be evicted and its
-// slot reused under the write.
+// slot reused under the write. A block G3 holds already is not copied but
+// revived there (used now).
 func (m *Manager) h2disk(ts []*task) {
 	var o outcome
 	hashes := make([]uint64, len(ts))
 	for i, t := range ts {
 		hashes[i] = t.block.Hash
 	}
-	onDisk := m.disk.Lookup(hashes, nil)
+	onDisk := m.disk.Revive(hashes, nil) // used now in G3, as in d2disk
 	blocks := make([]pool.Block, 0, len(ts))
 	data := make([][]byte, 0, len(ts))
 	for i, t := range ts {

@@ -23,7 +23,8 @@ import (
 //	            child of it is in the pool
 //
 // Eviction order. The evictable blocks are kept in a min-heap on their
-// last-use stamp (a counter bumped by registration, Acquire and revival).
+// last-use stamp (a counter bumped by registration, Acquire and revival,
+// by a re-registration or by DiskPool.Revive).
 // A block enters the heap when it becomes evictable and leaves it when it
 // stops being so. "Leaves before parents" then needs no tree walk: kids
 // counts, per hash, the blocks in the pool (any state) whose Parent is that
@@ -348,6 +349,24 @@ func (c *core) lookup(hs []uint64, dst []bool) []bool {
 	for _, h := range hs {
 		e := c.entries[h]
 		dst = append(dst, e != nil && e.ready)
+	}
+	return dst
+}
+
+// revive reports, per hash, whether it is stored (written) in the pool,
+// and revives each one that is, as reserve does for a block already held:
+// touched in the LRU order, counted in revived.
+func (c *core) revive(hs []uint64, dst []bool) []bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, h := range hs {
+		e := c.entries[h]
+		ok := e != nil && e.ready
+		if ok {
+			c.touch(e)
+			c.revived++
+		}
+		dst = append(dst, ok)
 	}
 	return dst
 }

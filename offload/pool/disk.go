@@ -501,6 +501,15 @@ func (p *DiskPool) Release(hash uint64) error { return p.c.release(hash) }
 // it. It does not count as a use.
 func (p *DiskPool) Lookup(hashes []uint64, dst []bool) []bool { return p.c.lookup(hashes, dst) }
 
+// Revive appends to dst, per hash, whether the block is stored, and returns
+// it. Unlike Lookup, each stored block is revived, as Put revives a block
+// it finds held: it counts as used now in the eviction order and in
+// Stats.Revived. A caller that would write blocks calls it to skip those
+// held already without a copy, and without leaving them to be evicted as
+// if unused. A block still being written counts as not stored (Put then
+// answers for it).
+func (p *DiskPool) Revive(hashes []uint64, dst []bool) []bool { return p.c.revive(hashes, dst) }
+
 // Prefix returns how many of the leading hashes are stored.
 func (p *DiskPool) Prefix(hashes []uint64) int { return p.c.prefix(hashes) }
 

@@ -224,6 +224,24 @@ func TestDiskReadHeldReadsUnderTheCallersReferenceWithoutAnotherHit(t *testing.T
 	}
 }
 
+func TestDiskReviveCountsHeldBlocksAsUsedNow(t *testing.T) {
+	s := newSink(t)
+	p := openDisk(t, t.TempDir(), 2, pool.SyncFlush, s)
+	put(t, p, pool.Block{Hash: 1})
+	put(t, p, pool.Block{Hash: 2})
+	if got := p.Revive([]uint64{1, 9}, nil); !slices.Equal(got, []bool{true, false}) {
+		t.Fatalf("Revive(1, 9) = %v, want [true false]", got)
+	}
+	if st := p.Stats(); st.Revived != 1 || st.Hits != 0 {
+		t.Fatalf("stats %+v, want 1 revived and no hit", st)
+	}
+	s.take()
+	put(t, p, pool.Block{Hash: 3})
+	if got := removed(s.take()); !slices.Equal(got, []uint64{2}) {
+		t.Fatalf("evicted %v, want [2]: 1 was revived after it", got)
+	}
+}
+
 func put(t testing.TB, p *pool.DiskPool, bs ...pool.Block) {
 	t.Helper()
 	data := make([][]byte, len(bs))

@@ -33,7 +33,7 @@ func newCollector(c *core) *collector {
 		hits:          d("hits_total", "Acquires and reads of a block the offload pool holds."),
 		misses:        d("misses_total", "Acquires and reads of a block the offload pool does not hold."),
 		registered:    d("registered_total", "Blocks stored into the offload pool."),
-		revived:       d("revived_total", "Registrations of a block the offload pool already held."),
+		revived:       d("revived_total", "Registrations of a block the offload pool already held (a copy skipped, the block used now)."),
 		evictions:     d("evictions_total", "Blocks evicted from the offload pool."),
 		publishErrors: d("publish_errors_total", "Event batches of the offload pool the sink refused."),
 	}

@@ -125,7 +125,7 @@ type Stats struct {
 	Hits          uint64 // Acquire (and Read) of a stored block; not ReadHeld
 	Misses        uint64 // Acquire (and Read) of a hash not stored
 	Registered    uint64 // blocks stored
-	Revived       uint64 // registrations of a block already stored
+	Revived       uint64 // registrations (or DiskPool.Revive) of a block already stored
 	Evictions     uint64
 	PublishErrors uint64
 }
