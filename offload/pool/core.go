@@ -475,7 +475,8 @@ func (c *core) close() bool {
 
 // restore loads written blocks found in storage (a reopened disk pool), then
 // evicts, without events, down to the capacity. The clock continues after
-// the largest stamp.
+// the largest stamp. The caller has deleted the entries that fail
+// Block.check; restore still skips any it is given.
 func (c *core) restore(bs []restored) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -29,7 +29,9 @@ import (
 // A block's two keys are written in one batch, so they appear together.
 // Opening scans only the small 'm' keys (and the 'd' keys without their
 // values) to rebuild the pool; the stamp restores the eviction order as of
-// each block's registration.
+// each block's registration. What it cannot use (half a block, metadata
+// that does not decode or names an invalid block, a key of the wrong
+// length) it deletes, leaving the valid blocks as they are.
 //
 // All methods are safe for concurrent use.
 type DiskPool struct {
@@ -166,9 +168,12 @@ func pebbleOptions(o DiskOptions, logger *slog.Logger) *pebble.Options {
 // OpenDisk opens the disk pool in dir, creating it if needed. An existing
 // pool is rebuilt from its keys: the blocks, their parents and their
 // registration order; if it holds more than cfg.Capacity blocks, the excess
-// is evicted (least recently registered leaves first) without events. It
-// fails with ErrCorrupt when dir holds a pool of another block size or
-// format.
+// is evicted (least recently registered leaves first) without events.
+// Entries it cannot use (half a block, metadata that does not decode or
+// names a block Put would refuse, a key of the wrong length) are deleted
+// and logged with their counts; if that deletion fails, it is logged and
+// the pool opens with its valid blocks all the same. It fails with
+// ErrCorrupt when dir holds a pool of another block size or format.
 func OpenDisk(dir string, cfg Config, opts DiskOptions) (*DiskPool, error) {
 	if err := cfg.check(); err != nil {
 		return nil, fmt.Errorf("open disk pool %s: %w", dir, err)
@@ -236,50 +241,53 @@ func (p *DiskPool) load() error {
 
 	// Which blocks have bytes: keys only, so no blob value is read.
 	data := make(map[uint64]struct{})
-	if err := p.scan(kindData, func(h uint64, _ *pebble.Iterator) error {
+	var malformed [][]byte // keys in a block's range of another length
+	if err := p.scan(kindData, func(k []byte, _ *pebble.Iterator) error {
+		h, ok := keyHash(k)
+		if !ok {
+			malformed = append(malformed, slices.Clone(k))
+			return nil
+		}
 		data[h] = struct{}{}
 		return nil
 	}); err != nil {
 		return err
 	}
 	var bs []restored
-	var stray []uint64
-	if err := p.scan(kindMeta, func(h uint64, it *pebble.Iterator) error {
+	var incomplete, invalid []uint64
+	if err := p.scan(kindMeta, func(k []byte, it *pebble.Iterator) error {
+		h, ok := keyHash(k)
+		if !ok {
+			malformed = append(malformed, slices.Clone(k))
+			return nil
+		}
+		if _, ok := data[h]; !ok {
+			incomplete = append(incomplete, h)
+			return nil
+		}
+		delete(data, h)
 		v, err := it.ValueAndErr()
 		if err != nil {
 			return err
 		}
-		if _, ok := data[h]; !ok || len(v) != metaLen || v[0] != diskFormat {
-			stray = append(stray, h)
+		if len(v) != metaLen || v[0] != diskFormat {
+			invalid = append(invalid, h)
 			return nil
 		}
-		delete(data, h)
-		bs = append(bs, restored{
-			Block: Block{Hash: h, Parent: binary.BigEndian.Uint64(v[1:]), Local: binary.BigEndian.Uint64(v[9:])},
-			stamp: binary.BigEndian.Uint64(v[17:]),
-		})
+		b := Block{Hash: h, Parent: binary.BigEndian.Uint64(v[1:]), Local: binary.BigEndian.Uint64(v[9:])}
+		if b.check() != nil { // a zero hash, or its own parent
+			invalid = append(invalid, h)
+			return nil
+		}
+		bs = append(bs, restored{Block: b, stamp: binary.BigEndian.Uint64(v[17:])})
 		return nil
 	}); err != nil {
 		return err
 	}
-	// Half a block (metadata or bytes alone) cannot come from Put, which
-	// writes both in one batch; drop it rather than fail the node.
-	for h := range data {
-		stray = append(stray, h)
+	for h := range data { // bytes without metadata
+		incomplete = append(incomplete, h)
 	}
-	if len(stray) > 0 {
-		p.c.cfg.Logger.Warn("offload pool: dropping incomplete blocks", "dir", p.dir, "blocks", len(stray))
-		b := p.db.NewBatch()
-		for _, h := range stray {
-			b.Delete(hashKey(kindMeta, h), nil)
-			b.Delete(hashKey(kindData, h), nil)
-		}
-		err := b.Commit(pebble.NoSync)
-		b.Close()
-		if err != nil {
-			return err
-		}
-	}
+	p.dropInvalid(incomplete, invalid, malformed)
 	slices.SortFunc(bs, func(a, b restored) int {
 		if a.stamp != b.stamp {
 			return cmpU64(a.stamp, b.stamp)
@@ -288,6 +296,61 @@ func (p *DiskPool) load() error {
 	})
 	p.c.restore(bs)
 	return nil
+}
+
+// dropInvalid deletes, at open, what the pool cannot use and would never
+// evict: half blocks (metadata or bytes alone: Put writes both in one batch,
+// so only damage makes them), blocks whose metadata does not decode or
+// names a block no Put accepts (a zero hash, its own parent), and keys of
+// the wrong length in a block's key range. Only those keys are deleted,
+// each exactly as found, so a valid block is never touched. It logs what it
+// deleted; a failed deletion is logged and does not fail the open: the
+// valid blocks are restored either way, and the next open tries again.
+func (p *DiskPool) dropInvalid(incomplete, invalid []uint64, malformed [][]byte) {
+	n := len(incomplete) + len(invalid) + len(malformed)
+	if n == 0 {
+		return
+	}
+	log := p.c.cfg.Logger.With("dir", p.dir, "incomplete", len(incomplete), "invalid", len(invalid),
+		"malformed_keys", len(malformed))
+	b := p.db.NewBatch()
+	defer b.Close()
+	for _, hs := range [][]uint64{incomplete, invalid} {
+		for _, h := range hs {
+			b.Delete(hashKey(kindMeta, h), nil)
+			b.Delete(hashKey(kindData, h), nil)
+		}
+	}
+	for _, k := range malformed {
+		b.Delete(k, nil)
+	}
+	var err error
+	if testHookDropCommit != nil {
+		err = testHookDropCommit(b)
+	} else {
+		// Durable with the next flush (or Close), as an eviction is; after
+		// a crash before then, the next open deletes them again.
+		err = b.Commit(pebble.NoSync)
+	}
+	if err != nil {
+		log.Warn("offload pool: could not delete the unusable entries found at open; they stay on disk unused "+
+			"until the next open deletes them", "err", err)
+		return
+	}
+	log.Warn("offload pool: deleted unusable entries found at open (damaged or foreign data)")
+}
+
+// testHookDropCommit, nil outside tests, replaces the commit of the batch
+// in which dropInvalid deletes (to make it fail).
+var testHookDropCommit func(*pebble.Batch) error
+
+// keyHash returns the hash of a block key (kind byte, big-endian hash), and
+// false for a key of another length.
+func keyHash(k []byte) (uint64, bool) {
+	if len(k) != 9 {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(k[1:]), true
 }
 
 func cmpU64(a, b uint64) int {
@@ -300,18 +363,15 @@ func cmpU64(a, b uint64) int {
 	return 0
 }
 
-// scan calls f for every key of one kind, in hash order.
-func (p *DiskPool) scan(kind byte, f func(h uint64, it *pebble.Iterator) error) error {
+// scan calls f for every key that starts with kind, in key order. The key
+// is valid only until f returns.
+func (p *DiskPool) scan(kind byte, f func(k []byte, it *pebble.Iterator) error) error {
 	it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kind}, UpperBound: []byte{kind + 1}})
 	if err != nil {
 		return err
 	}
 	for it.First(); it.Valid(); it.Next() {
-		k := it.Key()
-		if len(k) != 9 {
-			continue
-		}
-		if err := f(binary.BigEndian.Uint64(k[1:]), it); err != nil {
+		if err := f(it.Key(), it); err != nil {
 			it.Close()
 			return err
 		}

@@ -1,0 +1,174 @@
+package pool
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+const internalBlock = 64
+
+// logRecorder keeps the text of every record logged through it.
+type logRecorder struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logRecorder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logRecorder) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func openInternal(t *testing.T, dir string, log *logRecorder) *DiskPool {
+	t.Helper()
+	cfg := Config{Capacity: 8, BlockSize: internalBlock}
+	if log != nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(log, nil))
+	}
+	p, err := OpenDisk(dir, cfg, DiskOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() }) // after a failure; a second Close is a no-op
+	return p
+}
+
+func blockBytes(h uint64) []byte { return bytes.Repeat([]byte{byte(h)}, internalBlock) }
+
+// writeGarbage stores, next to the valid blocks 1 and 2 (2 a child of 1),
+// entries that a reopened pool cannot use: a block of hash 0, a block that
+// is its own parent, metadata without bytes, and keys of the wrong length
+// in the metadata and bytes ranges (one starting with block 1's key). It
+// returns the keys of the valid blocks and the header, in key order.
+func writeGarbage(t *testing.T, dir string) [][]byte {
+	t.Helper()
+	p := openInternal(t, dir, nil)
+	if n, err := p.Put([]Block{{Hash: 1, Local: 11}, {Hash: 2, Parent: 1, Local: 22}},
+		[][]byte{blockBytes(1), blockBytes(2)}); n != 2 || err != nil {
+		t.Fatalf("put: %d, %v", n, err)
+	}
+	b := p.db.NewBatch()
+	b.Set(hashKey(kindMeta, 0), encodeMeta(Block{Local: 3}, 50), nil)
+	b.Set(hashKey(kindData, 0), blockBytes(3), nil)
+	b.Set(hashKey(kindMeta, 5), encodeMeta(Block{Hash: 5, Parent: 5, Local: 55}, 51), nil)
+	b.Set(hashKey(kindData, 5), blockBytes(5), nil)
+	b.Set(hashKey(kindMeta, 7), encodeMeta(Block{Hash: 7, Local: 77}, 52), nil)
+	b.Set(append(hashKey(kindMeta, 1), 0xee), encodeMeta(Block{Hash: 9}, 53), nil)
+	b.Set([]byte{kindData, 1, 2}, blockBytes(4), nil)
+	if err := b.Commit(pebble.NoSync); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return [][]byte{hashKey(kindData, 1), hashKey(kindData, 2), {kindHeader}, hashKey(kindMeta, 1), hashKey(kindMeta, 2)}
+}
+
+// keys lists every key in the pool's database, in order.
+func keys(t *testing.T, p *DiskPool) [][]byte {
+	t.Helper()
+	it, err := p.db.NewIter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ks [][]byte
+	for it.First(); it.Valid(); it.Next() {
+		ks = append(ks, slices.Clone(it.Key()))
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		t.Fatal(err)
+	}
+	return ks
+}
+
+// checkValid fails unless the pool holds exactly blocks 1 and 2, with their
+// parents and bytes.
+func checkValid(t *testing.T, p *DiskPool) {
+	t.Helper()
+	if st := p.Stats(); st.Used != 2 || st.Evictions != 0 {
+		t.Fatalf("reopened pool: %+v, want blocks 1 and 2", st)
+	}
+	evs, _ := p.Dump()
+	if len(evs) != 1 || len(evs[0].Blocks) != 2 || evs[0].Blocks[0].EngineHash != 1 || evs[0].Blocks[1].EngineHash != 2 ||
+		evs[0].Blocks[0].LocalHash != 11 || evs[0].Blocks[1].LocalHash != 22 || evs[0].HasParent {
+		t.Fatalf("reopened pool dumps %+v, want the chain 1 ← 2", evs)
+	}
+	buf := make([]byte, internalBlock)
+	for _, h := range []uint64{1, 2} {
+		if err := p.Read(h, buf); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(buf, blockBytes(h)) {
+			t.Fatalf("block %d's bytes changed", h)
+		}
+	}
+}
+
+func TestDiskReopenDeletesEntriesThatFailTheirCheckAndKeepsValidOnes(t *testing.T) {
+	dir := t.TempDir()
+	valid := writeGarbage(t, dir)
+
+	log := &logRecorder{}
+	p := openInternal(t, dir, log)
+	checkValid(t, p)
+	if got := keys(t, p); !slices.EqualFunc(got, valid, bytes.Equal) {
+		t.Fatalf("keys after reopening: %x, want only the header and blocks 1 and 2: %x", got, valid)
+	}
+	for _, want := range []string{"incomplete=1", "invalid=2", "malformed_keys=2"} {
+		if !strings.Contains(log.String(), want) {
+			t.Fatalf("the reopen logged %q, without %s", log.String(), want)
+		}
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The deletions last.
+	p = openInternal(t, dir, nil)
+	checkValid(t, p)
+	if got := keys(t, p); !slices.EqualFunc(got, valid, bytes.Equal) {
+		t.Fatalf("keys after a second reopen: %x, want %x", got, valid)
+	}
+}
+
+func TestDiskReopenThatCannotDeleteInvalidEntriesKeepsValidBlocks(t *testing.T) {
+	dir := t.TempDir()
+	valid := writeGarbage(t, dir)
+
+	testHookDropCommit = func(*pebble.Batch) error { return errors.New("injected delete failure") }
+	t.Cleanup(func() { testHookDropCommit = nil })
+	log := &logRecorder{}
+	p := openInternal(t, dir, log)
+	checkValid(t, p)
+	if !strings.Contains(log.String(), "injected delete failure") {
+		t.Fatalf("the failed deletion was not logged: %q", log.String())
+	}
+	if got := keys(t, p); len(got) == len(valid) {
+		t.Fatal("invalid entries deleted though the deletion failed")
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The next open deletes them.
+	testHookDropCommit = nil
+	p = openInternal(t, dir, nil)
+	checkValid(t, p)
+	if got := keys(t, p); !slices.EqualFunc(got, valid, bytes.Equal) {
+		t.Fatalf("keys after the next reopen: %x, want %x", got, valid)
+	}
+}
