@@ -64,6 +64,17 @@ type Config struct {
 	Bind           bool   // bind the SUB socket (the engine connects)
 	Topic          string // topic prefix filter
 	BlockSize      int    // the engine's block size in tokens (required)
+	// NoLearnGroupKinds turns off the engine decoder's learning of each KV
+	// cache group's kind (engine.Config.LearnGroupKinds, on by default):
+	// an event without a kv_cache_spec_kind, every BlockRemoved, is then
+	// the main attention group's only when its group_idx is 0 or absent,
+	// as wire.md says. Learning files it by the kind its group's stores
+	// named instead, which a hybrid model whose full-attention group is
+	// not group 0 needs: by the wire rule, its full-attention removes are
+	// left out (the router routes to blocks the engine evicted) and its
+	// group 0's removes go through (the router drops blocks full
+	// attention holds).
+	NoLearnGroupKinds bool
 
 	Conn *nats.Conn // the router cluster's NATS
 	// Publisher tunes the publisher; Conn, Dump, DropOldest, Registerer and
@@ -176,8 +187,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	g, err := enginesub.NewGroup(enginesub.Config{Endpoint: cfg.Endpoint, ReplayEndpoint: cfg.ReplayEndpoint,
 		Bind: cfg.Bind, Topic: cfg.Topic, Rank: kvevent.Rank{Worker: cfg.Worker, DP: cfg.DPStart},
-		Decoder: engine.Config{BlockSize: cfg.BlockSize, Seed: engine.SaltedSeed(cfg.Registration.Salt)},
-		Sink:    a, Logger: cfg.Logger, Registerer: reg}, cfg.DPRanks)
+		Decoder: engine.Config{BlockSize: cfg.BlockSize, Seed: engine.SaltedSeed(cfg.Registration.Salt),
+			LearnGroupKinds: !cfg.NoLearnGroupKinds},
+		Sink: a, Logger: cfg.Logger, Registerer: reg}, cfg.DPRanks)
 	if err != nil {
 		pub.Close()
 		return nil, err

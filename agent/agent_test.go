@@ -72,6 +72,7 @@ func startRouter(t *testing.T) *router {
 
 // startAgent runs an agent for worker 7 rank 0 whose subscriber binds an
 // ephemeral port no engine connects to: the tests feed its Sink directly.
+// (startAgentWith with a Config.Endpoint connects it to that endpoint.)
 func startAgent(t *testing.T, r *router) (*Agent, func()) {
 	return startAgentWith(t, r, Config{})
 }
@@ -89,7 +90,10 @@ func startAgentThen(t *testing.T, r *router, cfg Config, before func(*Agent)) (*
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Worker, cfg.Endpoint, cfg.Bind, cfg.BlockSize, cfg.Conn, cfg.Logger = 7, "tcp://127.0.0.1:*", true, 4, nc, quiet
+	if cfg.Endpoint == "" {
+		cfg.Endpoint, cfg.Bind = "tcp://127.0.0.1:*", true
+	}
+	cfg.Worker, cfg.BlockSize, cfg.Conn, cfg.Logger = 7, 4, nc, quiet
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

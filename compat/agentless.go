@@ -85,6 +85,14 @@ type AgentlessConfig struct {
 	ReplayTimeout time.Duration // enginesub's (default its own)
 	Registerer    prometheus.Registerer
 	Logger        *slog.Logger
+
+	// NoLearnGroupKinds turns off the engine decoders' learning of each KV
+	// cache group's kind (engine.Config.LearnGroupKinds, on by default):
+	// an event without a kv_cache_spec_kind, every BlockRemoved, is then
+	// the main attention group's only when its group_idx is 0 or absent,
+	// as wire.md says, which misfiles the removes of a hybrid model whose
+	// full-attention group is not group 0 (kvagent --learn-group-kinds).
+	NoLearnGroupKinds bool
 }
 
 // Agentless runs, while its node leads, one engine subscriber per dp rank
@@ -240,7 +248,8 @@ func (a *Agentless) start(r kvevent.Rank, w agentlessSub) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	sink := &positionSink{a: a, rank: r, epoch: epoch, ctx: ctx}
 	sub, err := enginesub.New(enginesub.Config{Endpoint: w.endpoint, ReplayEndpoint: w.replay,
-		ReplayTimeout: a.cfg.ReplayTimeout, Rank: r, Decoder: engine.Config{BlockSize: w.blockSize, Seed: engine.SaltedSeed(w.salt)},
+		ReplayTimeout: a.cfg.ReplayTimeout, Rank: r, Decoder: engine.Config{BlockSize: w.blockSize, Seed: engine.SaltedSeed(w.salt),
+			LearnGroupKinds: !a.cfg.NoLearnGroupKinds},
 		Resume: resume, Sink: sink, Logger: a.log, Registerer: a.cfg.Registerer})
 	if err != nil {
 		cancel()

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/kvrouter/kvrouter/agent"
 )
 
 // checkOnly runs kvagent's flag parsing and checkFlags alone (run would
@@ -99,5 +101,37 @@ func TestEveryFlagHasAnEnvVar(t *testing.T) {
 		if env := df.GetEnvVars(); len(env) != 1 || env[0] != want {
 			t.Errorf("--%s: env vars %q, want [%s]", name, env, want)
 		}
+	}
+}
+
+// agentFlags runs kvagent's flag parsing on args and returns the agent
+// configuration it makes.
+func agentFlags(t *testing.T, args ...string) agent.Config {
+	t.Helper()
+	var cfg agent.Config
+	a := app()
+	a.Action = func(c *cli.Context) error { cfg = agentConfig(c); return nil }
+	a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+	if err := a.Run(append([]string{"kvagent"}, args...)); err != nil {
+		t.Fatalf("kvagent %v: %v", args, err)
+	}
+	return cfg
+}
+
+// TestLearnGroupKindsIsOnByDefault: the agent's decoder learns each KV
+// cache group's kind from its stores unless --learn-group-kinds=false (or
+// KVAGENT_LEARN_GROUP_KINDS=false) says otherwise. From a review: nothing
+// turned it on, and a hybrid model whose full-attention group is not
+// group 0 had its removes misfiled (agent.TestHybridModelRemovesFollowTheirGroupsKind).
+func TestLearnGroupKindsIsOnByDefault(t *testing.T) {
+	if agentFlags(t).NoLearnGroupKinds {
+		t.Fatal("group kinds are not learned by default")
+	}
+	if !agentFlags(t, "--learn-group-kinds=false").NoLearnGroupKinds {
+		t.Fatal("--learn-group-kinds=false: group kinds are learned")
+	}
+	t.Setenv("KVAGENT_LEARN_GROUP_KINDS", "false")
+	if !agentFlags(t).NoLearnGroupKinds {
+		t.Fatal("KVAGENT_LEARN_GROUP_KINDS=false: group kinds are learned")
 	}
 }

@@ -67,6 +67,9 @@ func app() *cli.App {
 			&cli.StringFlag{Name: "replay-endpoint", EnvVars: []string{"KVAGENT_REPLAY_ENDPOINT"}, Usage: "dp rank 0's ZMQ replay endpoint (ROUTER); rank r uses port + r"},
 			&cli.BoolFlag{Name: "bind", EnvVars: []string{"KVAGENT_BIND"}, Usage: "bind the event endpoint (the engine connects) instead of connecting to it"},
 			&cli.StringFlag{Name: "topic", EnvVars: []string{"KVAGENT_TOPIC"}, Usage: "topic prefix to subscribe to"},
+			&cli.BoolFlag{Name: "learn-group-kinds", Value: true, EnvVars: []string{"KVAGENT_LEARN_GROUP_KINDS"}, Usage: "file an engine event without a kv_cache_spec_kind " +
+				"(every BlockRemoved) by the kind its group_idx's stores named, so that a hybrid model whose full-attention group is not group 0 has its removes " +
+				"followed; false: by wire.md's rule, group 0 (or none) being the main attention group"},
 			&cli.UintFlag{Name: "dp-start", EnvVars: []string{"KVAGENT_DP_START"}, Usage: "the first dp rank to follow; the agent registers the worker with its own ranks, which replaces " +
 				"the worker's dp ranks: an engine whose ranks run on several hosts needs one --worker-id per host's agent"},
 			&cli.IntFlag{Name: "dp-size", Value: 1, EnvVars: []string{"KVAGENT_DP_SIZE"}, Usage: "how many dp ranks to follow"},
@@ -140,16 +143,8 @@ func run(c *cli.Context) error {
 	}
 	defer nc.Close()
 
-	cfg := agent.Config{
-		Worker: c.Uint64("worker-id"), DPStart: uint32(c.Uint("dp-start")), DPRanks: c.Int("dp-size"),
-		Endpoint: c.String("engine-endpoint"), ReplayEndpoint: c.String("replay-endpoint"),
-		Bind: c.Bool("bind"), Topic: c.String("topic"), BlockSize: c.Int("block-size"), Conn: nc,
-		HeartbeatInterval: c.Duration("heartbeat-interval"), Publisher: publisherConfig(c),
-		Registration: raftfsm.WorkerInfo{BlockSize: c.Int("block-size"), Endpoint: c.String("endpoint"),
-			Model: c.String("model"), Salt: c.String("salt"), LeaseMs: c.Duration("lease").Milliseconds(),
-			Capacity: [4]int64{c.Int64("capacity-device"), c.Int64("capacity-host"), c.Int64("capacity-disk")}},
-		Registerer: reg, Logger: logger,
-	}
+	cfg := agentConfig(c)
+	cfg.Conn, cfg.Registerer, cfg.Logger = nc, reg, logger
 	if oc.Socket != "" {
 		// The router bounds what it keeps of a rank per tier by the
 		// registered capacity: let it keep what the pools hold.
@@ -280,6 +275,20 @@ func checkFlags(c *cli.Context) error {
 		}
 	}
 	return nil
+}
+
+// agentConfig is the agent's configuration as the flags set it; run adds
+// the NATS connection, the registerer, the logger and the registrar.
+func agentConfig(c *cli.Context) agent.Config {
+	return agent.Config{
+		Worker: c.Uint64("worker-id"), DPStart: uint32(c.Uint("dp-start")), DPRanks: c.Int("dp-size"),
+		Endpoint: c.String("engine-endpoint"), ReplayEndpoint: c.String("replay-endpoint"),
+		Bind: c.Bool("bind"), Topic: c.String("topic"), BlockSize: c.Int("block-size"), NoLearnGroupKinds: !c.Bool("learn-group-kinds"),
+		HeartbeatInterval: c.Duration("heartbeat-interval"), Publisher: publisherConfig(c),
+		Registration: raftfsm.WorkerInfo{BlockSize: c.Int("block-size"), Endpoint: c.String("endpoint"),
+			Model: c.String("model"), Salt: c.String("salt"), LeaseMs: c.Duration("lease").Milliseconds(),
+			Capacity: [4]int64{c.Int64("capacity-device"), c.Int64("capacity-host"), c.Int64("capacity-disk")}},
+	}
 }
 
 // publisherConfig is what the flags set of the agent's publisher: the
