@@ -25,7 +25,9 @@
 //     on start gives its state to Restore, and the rank's dump carries it.
 //   - The engine path never blocks on the router: the publisher drops its
 //     oldest events when its buffer is full (DropOldest), and the rank heals
-//     with a dump once the router reports the gap.
+//     with a dump once the router reports the gap. A batch larger than the
+//     buffer (which the publisher refuses whole) is checked whole, then
+//     published in parts of at most the buffer's size, in order.
 package agent
 
 import (
@@ -366,7 +368,8 @@ func (a *Agent) Flush(ctx context.Context) error { return a.pub.Flush(ctx) }
 func (a *Agent) Close() error { return a.pub.Close() }
 
 // Events publishes one engine batch of rank r and applies it to the
-// mirror (enginesub.Sink).
+// mirror (enginesub.Sink). A batch with an invalid event is refused whole;
+// one larger than the publisher's buffer goes out in parts (publishLocked).
 //
 // An engine's clear (vLLM's AllBlocksCleared, on a prefix-cache reset)
 // empties the engine's own cache, not the agent's offload pools: on a
@@ -379,6 +382,10 @@ func (a *Agent) Events(r kvevent.Rank, _ uint64, evs []kvevent.Event) error {
 		return nil
 	}
 	cp := cloneEvents(evs, r)
+	if err := validate(cp); err != nil {
+		a.pubErrs.Inc()
+		return fmt.Errorf("publish rank %v: %w", r, err)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for len(cp) > 0 {
@@ -391,11 +398,10 @@ func (a *Agent) Events(r kvevent.Rank, _ uint64, evs []kvevent.Event) error {
 			part = cp[:i]
 		}
 		if len(part) > 0 {
-			if _, err := a.pub.Publish(r, part); err != nil {
+			if _, err := a.publishLocked(r, part, false); err != nil {
 				a.pubErrs.Inc()
 				return fmt.Errorf("publish rank %v: %w", r, err)
 			}
-			a.mirror.ApplyBatch(part, time.Now().UnixNano())
 		}
 		if i < 0 {
 			return nil
@@ -485,8 +491,10 @@ func orphanEvent(r kvevent.Rank, o indexer.DumpOrphan) kvevent.Event {
 // the rank includes the pools' blocks (pool.Sink: the pools call it with
 // their own lock held, so the lock order is pool → agent → publisher; the
 // agent never calls a pool). It returns the id of the batch's last event.
-// It refuses a rank the agent does not follow, and fails once the
-// publisher is closed; the pool counts the error and goes on.
+// A batch larger than the publisher's buffer goes out in parts, as in
+// Events. It refuses a rank the agent does not follow and a batch with an
+// invalid event (publishing none of it), and fails once the publisher is
+// closed; the pool counts the error and goes on.
 func (a *Agent) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
 	if !a.follows(r) {
 		return 0, fmt.Errorf("offload pool events of rank %v: the agent does not follow it", r)
@@ -496,15 +504,53 @@ func (a *Agent) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
 		return last, nil
 	}
 	cp := cloneEvents(evs, r)
+	if err := validate(cp); err != nil {
+		a.pubErrs.Inc()
+		return 0, fmt.Errorf("publish offload events of rank %v: %w", r, err)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	last, err := a.pub.Publish(r, cp)
+	last, err := a.publishLocked(r, cp, true)
 	if err != nil {
 		a.pubErrs.Inc()
 		return 0, fmt.Errorf("publish offload events of rank %v: %w", r, err)
 	}
-	a.markOffloadedLocked(r, cp)
-	a.mirror.ApplyBatch(cp, time.Now().UnixNano())
+	return last, nil
+}
+
+// validate checks every event of a batch before any of it is published:
+// one published in parts must not go out in part.
+func validate(evs []kvevent.Event) error {
+	for i := range evs {
+		if err := evs[i].Validate(); err != nil {
+			return fmt.Errorf("event %d of %d: %w", i, len(evs), err)
+		}
+	}
+	return nil
+}
+
+// publishLocked publishes evs of rank r, valid, and applies them to the
+// mirror (marking the tiers of their stores as an offload pool's when
+// offload is set). A batch larger than the publisher's buffer, which it
+// would refuse whole (eventplane.ErrTooLarge), goes out in parts of at
+// most the buffer's size, in order, with consecutive ids: a vLLM step that
+// evicts more blocks than that sends as many removes in one batch. Each
+// part is applied to the mirror once the publisher took it, so that the
+// mirror and the ids move together if a later part fails (the publisher
+// closed). It returns the id of the last event. The caller holds a.mu.
+func (a *Agent) publishLocked(r kvevent.Rank, evs []kvevent.Event, offload bool) (uint64, error) {
+	var last uint64
+	for part := range slices.Chunk(evs, a.pub.BufferEvents()) {
+		l, err := a.pub.Publish(r, part)
+		if err != nil {
+			return 0, err
+		}
+		last = l
+		if offload {
+			a.markOffloadedLocked(r, part)
+		}
+		a.mirror.ApplyBatch(part, time.Now().UnixNano())
+	}
 	return last, nil
 }
 

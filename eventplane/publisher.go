@@ -448,6 +448,11 @@ func (p *Publisher) Cursor(r kvevent.Rank) (acked, last uint64) {
 	return 0, 0
 }
 
+// BufferEvents returns how many events a rank's buffer holds
+// (PublisherConfig.BufferEvents, or its default): the largest batch Publish
+// takes. A caller with a larger one publishes it in parts of at most this.
+func (p *Publisher) BufferEvents() int { return p.cfg.BufferEvents }
+
 // Pending returns the number of unacknowledged events.
 func (p *Publisher) Pending() int {
 	p.mu.Lock()
