@@ -119,6 +119,10 @@ func TestRoutes(t *testing.T) {
 			body: `{"worker_id":7}`, code: 400, reason: api.ReasonInvalid, msg: []string{"block_size"}},
 		{name: "register negative capacity", method: "POST", path: "/v1/workers",
 			body: `{"worker_id":7,"block_size":16,"capacity_blocks":{"disk":-1}}`, code: 400, reason: api.ReasonInvalid, msg: []string{"capacity_blocks.disk"}},
+		// From a review: a capacity of 2^63-1 panicked every replica's
+		// apply (the index's slack overflowed).
+		{name: "register a capacity past the bound", method: "POST", path: "/v1/workers",
+			body: `{"worker_id":7,"block_size":16,"capacity_blocks":{"device":9223372036854775807}}`, code: 400, reason: api.ReasonInvalid, msg: []string{"capacity_blocks.device", "1099511627776"}},
 		{name: "register unknown tier in capacity", method: "POST", path: "/v1/workers",
 			body: `{"worker_id":7,"block_size":16,"capacity_blocks":{"gpu":1}}`, code: 400, reason: api.ReasonBadJSON, msg: []string{`"gpu"`}},
 		// From a review: a lease past about 292 years overflowed the

@@ -139,8 +139,8 @@ func workerInfo(req *RegisterWorkerRequest) (raftfsm.WorkerInfo, error) {
 		seen[dp] = struct{}{}
 	}
 	for t, c := range req.Capacity.Array() {
-		if c < 0 {
-			return w, invalidf("capacity_blocks.%s = %d (want >= 0; 0 = unknown)", kvevent.Tier(t), c)
+		if c < 0 || c > raftfsm.MaxCapacity {
+			return w, invalidf("capacity_blocks.%s = %d (want 0, unknown, to %d blocks)", kvevent.Tier(t), c, int64(raftfsm.MaxCapacity))
 		}
 	}
 	if err := checkName("endpoint", req.Endpoint); err != nil {

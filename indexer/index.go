@@ -512,10 +512,20 @@ func (ix *Index) SetCapacity(r kvevent.Rank, capacity [kvevent.NumTiers]int64) {
 }
 
 // overCapacity reports whether the rank's tier t holds more than its
-// capacity and the slack allow.
+// capacity and the slack allow. A capacity or slack too large for the sum
+// to fit an int64 (2^61 blocks and up: no rank holds that many) bounds
+// nothing: the limit must not wrap negative.
 func (ix *Index) overCapacity(rs *rankState, t kvevent.Tier) bool {
+	const unbounded = 1 << 61
 	c := rs.cap[t]
-	return c > 0 && rs.count[t] > c+int64(float64(c)*ix.cfg.CapacitySlack)
+	if c <= 0 || c >= unbounded {
+		return false
+	}
+	slack := float64(c) * ix.cfg.CapacitySlack
+	if slack >= unbounded {
+		return false
+	}
+	return rs.count[t] > c+int64(slack) // < 2^62
 }
 
 // evictScratch is evictOldest's working memory. A trim of a rank of
@@ -608,9 +618,7 @@ func (ix *Index) evictOldest(rs *rankState, t kvevent.Tier, k int64) {
 		}
 		return cmp.Compare(a.eh, b.eh)
 	})
-	if int64(len(order)) < k {
-		k = int64(len(order))
-	}
+	k = max(0, min(k, int64(len(order))))
 	for _, a := range order[:k] {
 		ix.removeOne(rs, a.eh, t)
 		ix.counters.CapacityEvicted++

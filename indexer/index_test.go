@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"errors"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -346,6 +347,28 @@ func TestSetCapacityKeepsTheSlack(t *testing.T) {
 	}
 	if got := find(ix, ViewDedup, locals(6)); got[rk1][dev] != 1 {
 		t.Fatal("the newest block must stay")
+	}
+}
+
+// TestHugeCapacitiesEvictNothing: a capacity whose slack overflows int64
+// (any above about 8.4e18 with the default 10 %) holds everything. From a
+// review: the limit wrapped negative, evictOldest sliced [:-k], and the
+// registration that set it panicked every replica's apply, at every
+// restart too.
+func TestHugeCapacitiesEvictNothing(t *testing.T) {
+	for _, c := range []int64{math.MaxInt64, math.MaxInt64 - 1, 1 << 62, 8_400_000_000_000_000_000} {
+		ix := New(Config{})
+		for i := uint64(1); i <= 3; i++ {
+			mustApply(t, ix, stored(rk1, dev, chain(i)))
+		}
+		ix.SetCapacity(rk1, [4]int64{c, c, c, c})
+		mustApply(t, ix, stored(rk1, dev, chain(4)))
+		if n := ix.Stats().Blocks[dev]; n != 4 {
+			t.Fatalf("capacity %d: %d blocks, want all 4", c, n)
+		}
+		if rs := ix.RankStats(); rs[0].OverCapacity {
+			t.Fatalf("capacity %d: rank stats %+v, want it within capacity", c, rs)
+		}
 	}
 }
 

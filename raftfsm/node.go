@@ -1233,9 +1233,9 @@ func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 	if w.BlockSize <= 0 || w.BlockSize > MaxBlockSize {
 		return fmt.Errorf("%w: block size %d", ErrInvalid, w.BlockSize)
 	}
-	for _, c := range w.Capacity {
-		if c < 0 {
-			return fmt.Errorf("%w: negative capacity", ErrInvalid)
+	for t, c := range w.Capacity {
+		if c < 0 || c > MaxCapacity {
+			return fmt.Errorf("%w: capacity %d blocks in tier %v (want 0, unknown, to %d)", ErrInvalid, c, kvevent.Tier(t), int64(MaxCapacity))
 		}
 	}
 	if w.LeaseMs < 0 || w.LeaseMs > MaxLeaseMs {

@@ -11,6 +11,12 @@ import (
 // give: RegisterWorker refuses a larger one (ErrInvalid).
 const MaxBlockSize = 1 << 20
 
+// MaxCapacity bounds each tier of WorkerInfo.Capacity, in blocks: a
+// trillion, far past any device, host or disk, and small enough that the
+// index's capacity arithmetic (the slack added to it) never overflows.
+// RegisterWorker and the API refuse more (ErrInvalid).
+const MaxCapacity = 1 << 40
+
 // MaxLeaseMs bounds WorkerInfo.LeaseMs: a year. A longer lease is refused
 // (RegisterWorker, the API): a lease that long is no lease, and one
 // past about 292 years does not fit a time.Duration.
