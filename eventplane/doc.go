@@ -12,6 +12,10 @@
 //   - An event leaves a Publisher's buffer only when a committed ack covers
 //     its id (Cursor >= id) or a committed rank dump replaced it.
 //   - Re-delivery is always safe: the FSM skips ids at or below its cursor.
+//     Ids carry no incarnation: a restarted publisher whose dump is refused
+//     as stale renumbers a request cap past the router's cursor, so that a
+//     dead incarnation's request still in flight applies as duplicates
+//     after the new dump, not on top of it (docs/events.md).
 //   - The Ingester acknowledges a request only after the entry that carries
 //     it has committed and applied; an error reply or no reply means
 //     "unknown", and the publisher resends.

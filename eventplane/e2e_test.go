@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -847,5 +848,140 @@ func TestCloseDoesNotWaitOutARequest(t *testing.T) {
 	// the dashboards.
 	if r := val(p.m.retries); r != 0 {
 		t.Fatalf("kvagent_events_request_retries_total = %v after Close cancelled the only request", r)
+	}
+}
+
+// heldCursorTarget is a cursorTarget whose first IngestEvents call waits,
+// as a slow commit does, until release is closed; returned is closed once
+// that call has applied.
+type heldCursorTarget struct {
+	*cursorTarget
+	once     sync.Once
+	entered  chan struct{}
+	release  chan struct{}
+	returned chan struct{}
+}
+
+func newHeldCursorTarget() *heldCursorTarget {
+	return &heldCursorTarget{cursorTarget: newCursorTarget(),
+		entered: make(chan struct{}), release: make(chan struct{}), returned: make(chan struct{})}
+}
+
+func (t *heldCursorTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	first := false
+	t.once.Do(func() { first = true })
+	if !first {
+		return t.cursorTarget.IngestEvents(ctx, bs)
+	}
+	close(t.entered)
+	<-t.release
+	defer close(t.returned)
+	return t.cursorTarget.IngestEvents(ctx, bs)
+}
+
+// tagged returns n valid stored events whose block hashes carry tag in
+// their upper 32 bits.
+func tagged(tag uint64, n int) []kvevent.Event {
+	evs := make([]kvevent.Event, n)
+	for i := range evs {
+		h := tag<<32 | uint64(i+1)
+		evs[i] = kvevent.Event{Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: h, LocalHash: h | 1}}}
+	}
+	return evs
+}
+
+// appliedByTag counts the router's applied events by tagged's tag.
+func appliedByTag(tg *cursorTarget) map[uint64]int {
+	n := map[uint64]int{}
+	for _, ev := range tg.applied {
+		n[ev.Blocks[0].EngineHash>>32]++
+	}
+	return n
+}
+
+// TestOldIncarnationRequestDoesNotApplyOverNewIncarnation: a dead agent
+// incarnation's last request is still at the leader (here a slow commit)
+// when its successor's start dump, refused as stale, renumbers and dumps
+// again. The request must not apply on top of the new incarnation's state,
+// nor make its events duplicates. From the event-plane review: the dump
+// set the cursor to the router's (50), the old request then applied ids
+// 51..60, and the new incarnation's 51..60 were acknowledged as
+// duplicates without being applied.
+func TestOldIncarnationRequestDoesNotApplyOverNewIncarnation(t *testing.T) {
+	tg := newHeldCursorTarget()
+	r := kvevent.Rank{Worker: 9}
+	tg.cursor[r] = 50 // an earlier incarnation's
+	_, old := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{})
+	if _, err := old.Publish(r, tagged(1, 60)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-tg.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the old request never reached the commit")
+	}
+	old.Close()
+	var np *Publisher
+	dump := func(r kvevent.Rank) ([]kvevent.Event, uint64) { _, last := np.Cursor(r); return nil, last }
+	np, err := NewPublisher(PublisherConfig{Conn: old.cfg.Conn, Dump: dump, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { np.Close() })
+	np.Resync(r)
+	waitFor(t, 10*time.Second, "the new incarnation's dump", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		return tg.dumps == 1
+	})
+	close(tg.release)
+	select {
+	case <-tg.returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the old request never applied")
+	}
+	if _, err := np.Publish(r, tagged(2, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := np.Flush(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	if n := appliedByTag(tg.cursorTarget); n[1] != 0 || n[2] != 10 {
+		t.Fatalf("after the new incarnation's dump the router applied %d events of the dead incarnation and %d of the new one's 10 (cursor %d)",
+			n[1], n[2], tg.cursor[r])
+	}
+}
+
+// TestNoRenumberingPastAHugeCursor: a router cursor no publisher ever set
+// (past 2^63) leaves no numbering above it: the publisher keeps its ids,
+// retries the dump, and never wraps them around.
+func TestNoRenumberingPastAHugeCursor(t *testing.T) {
+	tg := newCursorTarget()
+	r := kvevent.Rank{Worker: 9}
+	tg.cursor[r] = math.MaxUint64 - 10
+	var p *Publisher
+	var mu sync.Mutex
+	calls := 0
+	dump := func(r kvevent.Rank) ([]kvevent.Event, uint64) {
+		mu.Lock()
+		calls++
+		mu.Unlock()
+		_, last := p.Cursor(r)
+		return nil, last
+	}
+	_, p = startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{Dump: dump})
+	if _, err := p.Publish(r, tagged(1, 3)); err != nil {
+		t.Fatal(err)
+	}
+	p.Resync(r)
+	waitFor(t, 10*time.Second, "the dump to be retried", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return calls >= 3
+	})
+	if acked, last := p.Cursor(r); last != 3 || acked != 0 {
+		t.Fatalf("after dumps refused below cursor %d: acked %d, last id %d; want the ids kept (last 3)", uint64(math.MaxUint64-10), acked, last)
 	}
 }

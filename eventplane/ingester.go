@@ -26,6 +26,11 @@ const (
 	queueGroup         = "kvrouter-ingest"
 )
 
+// defaultMaxRequestEvents is IngesterConfig.MaxRequestEvents's default: no
+// events request of more events applies. A publisher renumbering past a
+// router's cursor leaves that many ids free above it (Publisher.sendDump).
+const defaultMaxRequestEvents = 65536
+
 // CheckSubject says what is wrong with subject as the subject of event
 // requests (the flags --events-subject), or returns nil: NATS tokens
 // separated by dots, none empty, no wildcard and no white space. Dumps go
@@ -136,7 +141,7 @@ func (c *IngesterConfig) defaults() {
 		c.MaxInFlight = 4
 	}
 	if c.MaxRequestEvents <= 0 {
-		c.MaxRequestEvents = 65536
+		c.MaxRequestEvents = defaultMaxRequestEvents
 	}
 	if c.MaxQueuedEvents <= 0 {
 		c.MaxQueuedEvents = 1 << 18

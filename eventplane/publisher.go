@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -869,10 +870,37 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 		// or above the cursor was taken as new, too low by the shift: the
 		// events between it and its translation were sent again after the
 		// dump that held them, and applied twice (from the event-plane
-		// review). With no event published meanwhile (through = next-1),
-		// through+shift is the cursor, as before.
+		// review).
+		//
+		// And the new numbering starts renumberHeadroom ids further up:
+		// a dead incarnation's last request may still be on its way to
+		// the router (lingering in the leader's batcher, waiting for an
+		// entry slot, in a slow commit, pending in NATS) and commit after
+		// the next dump. Event ids carry no incarnation: had that dump
+		// set the cursor to the router's, the old request would apply
+		// on top of the new state, and this incarnation's events with
+		// the same ids would be taken for duplicates, acknowledged and
+		// never applied (from the event-plane review). A request starts
+		// at its publisher's acknowledged cursor + 1 (after a dump too),
+		// a cursor the router had, so at most cursor + 1 (a rank's
+		// cursor never moves back while it holds state), and applies no
+		// more events than renumberHeadroom; so do its resends. Every id it can apply is
+		// at or below cursor + renumberHeadroom, at or below the next
+		// dump's through: a duplicate once that dump commits. With no
+		// event published meanwhile (through = next-1), through+shift is
+		// cursor + renumberHeadroom.
+		top := max(cursor, b.next-1)
+		headroom := p.renumberHeadroom()
+		if top > math.MaxUint64/2 {
+			// No numbering fits past it: the router's cursor is nothing a
+			// publisher ever set (2^63 events). Say so, and retry.
+			p.mu.Unlock()
+			p.cfg.Logger.Error("router cursor too large to renumber past; retrying the dump with backoff",
+				"rank", r, "cursor", cursor, "through", through)
+			return false
+		}
 		oldNext := b.next
-		b.renumber(max(cursor, oldNext-1) - through)
+		b.renumber(top + headroom - through)
 		b.floor = oldNext
 		b.renumbers++
 		n := b.renumbers
@@ -902,6 +930,16 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 	p.signalRoom(b.trim(through))
 	p.mu.Unlock()
 	return true
+}
+
+// renumberHeadroom is how many ids a renumbering leaves free past the
+// router's cursor (sendDump): the most events one request of an earlier
+// incarnation can apply, the larger of this publisher's own cap and the
+// leader's (IngesterConfig.MaxRequestEvents, which refuses any request
+// of more; kvrouter runs with its default). An earlier incarnation runs
+// the same configuration, or is held to the leader's cap.
+func (p *Publisher) renumberHeadroom() uint64 {
+	return uint64(max(p.cfg.MaxRequestEvents, defaultMaxRequestEvents))
 }
 
 func (p *Publisher) logRetry(what string, err error) {
