@@ -985,3 +985,99 @@ func TestNoRenumberingPastAHugeCursor(t *testing.T) {
 		t.Fatalf("after dumps refused below cursor %d: acked %d, last id %d; want the ids kept (last 3)", uint64(math.MaxUint64-10), acked, last)
 	}
 }
+
+// TestOwnerThroughBetweenTwoRenumberings: two dumps in a row are refused
+// as stale (the router's cursor moved past the first renumbering, here
+// by a second writer), and the owner reports the third dump's through as
+// an id Publish returned between the two renumberings: only the second
+// renumbering moved that id, and the events published while the third
+// dump is out, above it, must reach the router. From the event-plane
+// review: the id was moved by both renumberings, the dump's through
+// landed past those events, and they were dropped as covered by it,
+// never sent.
+func TestOwnerThroughBetweenTwoRenumberings(t *testing.T) {
+	tg := newCursorTarget()
+	r := kvevent.Rank{Worker: 9}
+	tg.cursor[r] = 50 // an earlier incarnation's
+	var p *Publisher
+	var ownerLast uint64 // the last id Publish returned, as an owner keeps it
+	calls := 0           // the publisher's loop alone calls dump
+	dump := func(r kvevent.Rank) ([]kvevent.Event, uint64) {
+		calls++
+		through := ownerLast
+		switch calls {
+		case 2:
+			// Published after the first renumbering; then another writer
+			// moves the router's cursor past this dump.
+			last, err := p.Publish(r, tagged(1, 3))
+			if err != nil {
+				t.Error(err)
+			}
+			ownerLast, through = last, last
+			tg.mu.Lock()
+			tg.cursor[r] = 1 << 40
+			tg.mu.Unlock()
+		case 3:
+			// Published while the third dump is out: above its through.
+			if _, err := p.Publish(r, tagged(2, 5)); err != nil {
+				t.Error(err)
+			}
+		}
+		return nil, through
+	}
+	_, p = startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{Dump: dump})
+	p.Resync(r)
+	waitFor(t, 10*time.Second, "the dump after two renumberings", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		return tg.dumps == 1
+	})
+	if err := p.Flush(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	acked, last := p.Cursor(r)
+	if n := appliedByTag(tg); n[2] != 5 || calls != 3 {
+		t.Fatalf("%d dumps built; after the last, the router applied %d of the 5 events published while it was out (router cursor %d, publisher's acked %d, last %d)",
+			calls, n[2], tg.cursor[r], acked, last)
+	}
+}
+
+// TestRenumberingsTranslateOwnersIDs: an id the owner reports moves as the
+// ids it was published among did, through any number of renumberings,
+// and the renumberings kept stay bounded by maxMoves, merging the oldest:
+// an id from before them all still moves by every shift.
+func TestRenumberingsTranslateOwnersIDs(t *testing.T) {
+	b := &rankBuf{next: 1}
+	publish := func() uint64 { b.next++; return b.next - 1 }
+	type issued struct{ id, want uint64 }
+	var ids []issued
+	for i := range 3 * maxMoves {
+		ids = append(ids, issued{publish(), 0})
+		b.renumber(uint64(1000 + i))
+	}
+	// The expected translation: each id moves by the shifts of the
+	// renumberings after it was published.
+	for j := range ids {
+		want := ids[j].id
+		for i := j; i < 3*maxMoves; i++ {
+			want += uint64(1000 + i)
+		}
+		ids[j].want = want
+	}
+	if len(b.moves) > maxMoves {
+		t.Fatalf("%d renumberings kept, want at most %d", len(b.moves), maxMoves)
+	}
+	if got := translate(b.moves, ids[0].id); got != ids[0].want {
+		t.Errorf("id %d from before every renumbering translated to %d, want %d", ids[0].id, got, ids[0].want)
+	}
+	for _, is := range ids[len(ids)-maxMoves+1:] {
+		if got := translate(b.moves, is.id); got != is.want {
+			t.Errorf("id %d translated to %d, want %d", is.id, got, is.want)
+		}
+	}
+	if last := b.next - 1; translate(b.moves, last) != last {
+		t.Errorf("the current numbering's id %d moved to %d", last, translate(b.moves, last))
+	}
+}

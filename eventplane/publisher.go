@@ -159,15 +159,12 @@ type rankBuf struct {
 	// RouterResyncEvery makes it dump (nextDump), unless an ack without
 	// the flag or a dump comes first.
 	routerAsked, routerDue time.Time
-	// floor and shift record renumbering (sendDump): the first id of the
-	// last renumbering's new numbering (the next id Publish would have
-	// returned before it), and how far the ids moved in all. Every id
-	// Publish returned before the renumbering is below floor and every
-	// one it returns after is at or above it, so a dump's through below
-	// floor is in the numbering from before, and is moved by shift.
-	// renumbers counts renumberings since the last dump went through.
-	floor, shift uint64
-	renumbers    int
+	// moves records the renumberings since the last dump went through
+	// (sendDump), oldest first, so that a dump's through reported in an
+	// earlier numbering is moved as the ids were (translate). renumbers
+	// counts them.
+	moves     []renumbering
+	renumbers int
 	// renumbered is how far the ids moved in all, never reset: Flush
 	// moves an id it waits for as the renumberings since moved it.
 	renumbered uint64
@@ -234,9 +231,27 @@ func (b *rankBuf) trim(id uint64) int {
 	return k
 }
 
+// A renumbering moved the ids below floor (the next id Publish would have
+// returned before it: every id it had returned is below, every one it
+// returns after is at or above floor+shift) up by shift.
+type renumbering struct {
+	floor, shift uint64
+}
+
+// maxMoves bounds rankBuf.moves. Renumberings come one per refused dump,
+// and past a few (a second writer of the rank) on a backoff: a fight that
+// goes on must not grow the list for ever. Past the bound the two oldest
+// merge (mergeMoves).
+const maxMoves = 32
+
 // renumber moves the buffered events' ids, their marks and the next id up
-// by shift, and adds it to the shift the rank has moved in all.
+// by shift, records the renumbering in moves, and adds shift to how far
+// the rank has moved in all.
 func (b *rankBuf) renumber(shift uint64) {
+	b.moves = append(b.moves, renumbering{floor: b.next, shift: shift})
+	if len(b.moves) > maxMoves {
+		b.mergeMoves()
+	}
 	pend := b.pending()
 	for i := range pend {
 		pend[i].EventID += shift
@@ -246,8 +261,37 @@ func (b *rankBuf) renumber(shift uint64) {
 		live[i].id += shift
 	}
 	b.next += shift
-	b.shift += shift
 	b.renumbered += shift
+}
+
+// mergeMoves makes the two oldest renumberings one, at the oldest one's
+// floor: an id from before both still moves by both, and one Publish
+// returned between them is moved by neither, too low, so that the dump
+// reporting it is followed by events it already holds (applied again,
+// rather than lost). Only an owner that reports a through maxMoves
+// renumberings old meets it.
+func (b *rankBuf) mergeMoves() {
+	b.moves[1] = renumbering{floor: b.moves[0].floor, shift: b.moves[0].shift + b.moves[1].shift}
+	b.moves = append(b.moves[:0], b.moves[1:]...)
+}
+
+// translate moves id, as an owner reports it (a dump's through), into the
+// current numbering: each renumbering since the last dump, in turn, moves
+// it when it is below that one's floor. After a renumbering the id is
+// below the next one's floor exactly when it was below this one's, so an
+// id Publish returned before the first renumbering moves by every shift,
+// and one it returned between two of them by the later ones only. Moving
+// every id below the last floor by the sum of the shifts moved one
+// returned between two renumberings too far up, past events published
+// after the dump was built, which were then dropped as covered by it
+// (from the event-plane review).
+func translate(moves []renumbering, id uint64) uint64 {
+	for _, m := range moves {
+		if id < m.floor {
+			id += m.shift
+		}
+	}
+	return id
 }
 
 // trimMarks drops the marks of events no longer buffered, keeping the one
@@ -837,15 +881,13 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 	// is built or sent (an engine reset as the agent's first dump goes
 	// out) may have changed the owner's state after it, and needs another.
 	p.mu.Lock()
-	asks, floor, shift := p.ranks[r].dumpAsks, p.ranks[r].floor, p.ranks[r].shift
+	asks, moves := p.ranks[r].dumpAsks, slices.Clone(p.ranks[r].moves)
 	p.mu.Unlock()
 	stored, through := p.cfg.Dump(r)
-	if through < floor {
-		// The owner reports an id Publish returned before a renumbering
-		// (kvagent reads Cursor, which is past it): move it as the ids
-		// moved, or the router would find the dump stale again, for ever.
-		through += shift
-	}
+	// The owner may report an id Publish returned before a renumbering
+	// (kvagent reads Cursor, which is past it): move it as the ids moved,
+	// or the router would find the dump stale again, for ever.
+	through = translate(moves, through)
 	for i := range stored {
 		stored[i].Rank = r
 	}
@@ -899,9 +941,7 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 				"rank", r, "cursor", cursor, "through", through)
 			return false
 		}
-		oldNext := b.next
 		b.renumber(top + headroom - through)
-		b.floor = oldNext
 		b.renumbers++
 		n := b.renumbers
 		p.mu.Unlock()
@@ -918,7 +958,7 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 	p.m.dumps.Inc()
 	// The owner's numbering and the publisher's agree from here: a
 	// later renumbering starts its own translation.
-	b.renumbers, b.floor, b.shift = 0, 0, 0
+	b.renumbers, b.moves = 0, nil
 	b.routerDue = time.Time{} // the dump answers a held-back ask too
 	if through >= b.next {
 		b.next = through + 1
