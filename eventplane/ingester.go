@@ -50,7 +50,9 @@ func CheckSubject(subject string) error {
 	return nil
 }
 
-// Target is what the ingester commits to: a raftfsm.Node.
+// Target is what the ingester commits to: a raftfsm.Node. It may also
+// list the ranks of unregistered workers (unregisteredLister) and say
+// whether its state is caught up with its leadership (leaderChecker).
 type Target interface {
 	IngestEvents(ctx context.Context, batches []raftfsm.RankBatch) ([]raftfsm.RankAck, error)
 	ReplaceRank(ctx context.Context, r kvevent.Rank, cursor uint64, stored []kvevent.Event) error
@@ -66,6 +68,28 @@ type Target interface {
 // without it has no such ranks removed.
 type unregisteredLister interface {
 	UnregisteredRanks() []kvevent.Rank
+}
+
+// leaderChecker is what a Target may also do (a raftfsm.Node does): say
+// whether it leads with a state that holds every entry committed before
+// its term (raftfsm.Node.CheckLeader fails until the new leader's
+// post-election Barrier has applied them). A Target without it is taken
+// to hold them once it leads.
+type leaderChecker interface {
+	CheckLeader() error
+}
+
+var _ leaderChecker = (*raftfsm.Node)(nil)
+
+// caughtUp reports whether the node's state may judge what the leader
+// answers from it, not through Raft: heartbeats, and the lease and grace
+// sweeps, read the worker table, which misses the registrations (and
+// removals) still in the tail of the terms before until the Barrier. An
+// entry the ingester commits needs no such wait: Raft applies it after
+// that tail.
+func (in *Ingester) caughtUp() bool {
+	c, ok := in.cfg.Node.(leaderChecker)
+	return !ok || c.CheckLeader() == nil
 }
 
 // IngesterConfig configures an Ingester.
@@ -396,13 +420,22 @@ func (in *Ingester) leadership() {
 			drop()
 		}
 		if time.Since(lastSweep) >= in.cfg.LeaseSweep {
-			lastSweep = time.Now()
-			if subs != nil {
+			switch {
+			case subs != nil && in.caughtUp():
+				lastSweep = time.Now()
 				in.sweepLeases(lastSweep)
-			} else if in.hasLabelled() {
-				// A node that led keeps its received-events series; those
-				// of workers that left since go here.
-				in.dropLeftWorkers(in.cfg.Node.WorkerTable())
+			case subs != nil:
+				// Elected, with a state that may still lack entries of
+				// the terms before (caughtUp): a worker registered there
+				// would read as unregistered. The sweep waits, at each
+				// poll, for the Barrier.
+			default:
+				lastSweep = time.Now()
+				if in.hasLabelled() {
+					// A node that led keeps its received-events series;
+					// those of workers that left since go here.
+					in.dropLeftWorkers(in.cfg.Node.WorkerTable())
+				}
 			}
 		}
 		select {

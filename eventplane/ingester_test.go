@@ -3,6 +3,7 @@ package eventplane
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -942,4 +943,66 @@ func TestFlushWaitsForTheAcks(t *testing.T) {
 	if err := q.Flush(ctx2); err != nil || q.Pending() != 0 {
 		t.Fatalf("flush: %v, %d pending", err, q.Pending())
 	}
+}
+
+// barrierTarget is a fakeTarget elected leader whose post-election Barrier
+// has not passed until pass: CheckLeader fails as raftfsm.Node's does.
+type barrierTarget struct {
+	*fakeTarget
+	passed atomic.Bool
+	checks atomic.Int64 // CheckLeader calls
+}
+
+func (t *barrierTarget) CheckLeader() error {
+	t.checks.Add(1)
+	if !t.passed.Load() {
+		return fmt.Errorf("%w: just elected", raftfsm.ErrNoLeader)
+	}
+	return nil
+}
+
+// TestNothingIsJudgedFromTheTableBeforeTheBarrier: a leader whose state
+// may still lack entries its predecessor committed (its post-election
+// Barrier has not passed: CheckLeader fails) answers no heartbeat, and
+// sweeps no lease, until it has them; then it does both. From the
+// event-plane review: it answered a worker whose registration was in the
+// not-yet-applied tail "unknown", and its agent registered again and
+// dumped every rank (a dump storm at each failover).
+func TestNothingIsJudgedFromTheTableBeforeTheBarrier(t *testing.T) {
+	tg := &barrierTarget{fakeTarget: newFakeTarget()}
+	tg.register(8, time.Millisecond) // its lease runs out at the second sweep
+	in, _ := startPlaneWith(t, tg, IngesterConfig{LeaseSweep: 5 * time.Millisecond}, PublisherConfig{})
+	nc := in.cfg.Conn
+	// Worker 7's registration is in the tail this leader has not applied.
+	msg, err := nc.Request(DefaultHeartbeatSubject, AppendHeartbeat(nil, []uint64{7}), 500*time.Millisecond)
+	if err == nil {
+		unknown, _ := DecodeHeartbeat(msg.Data)
+		t.Fatalf("a leader whose Barrier has not passed answered a heartbeat of worker 7 (unknown: %v)", unknown)
+	}
+	if !errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("heartbeat before the Barrier: %v, want no answer (a timeout)", err)
+	}
+	waitFor(t, 10*time.Second, "sweeps to come due", func() bool {
+		return tg.checks.Load() >= 20 || len(tg.removedIDs()) > 0
+	})
+	if r := tg.removedIDs(); len(r) != 0 {
+		t.Fatalf("a leader whose Barrier has not passed removed workers %v for their leases", r)
+	}
+
+	tg.register(7, 0)
+	tg.passed.Store(true)
+	for _, c := range []struct {
+		ids, unknown []uint64
+	}{{[]uint64{7}, nil}, {[]uint64{7, 9}, []uint64{9}}} {
+		msg, err := nc.Request(DefaultHeartbeatSubject, AppendHeartbeat(nil, c.ids), 5*time.Second)
+		if err != nil {
+			t.Fatalf("heartbeat of %v after the Barrier: %v", c.ids, err)
+		}
+		if unknown, err := DecodeHeartbeat(msg.Data); err != nil || !slices.Equal(unknown, c.unknown) {
+			t.Fatalf("heartbeat of %v after the Barrier: unknown %v (%v), want %v", c.ids, unknown, err, c.unknown)
+		}
+	}
+	waitFor(t, 10*time.Second, "the sweep to remove the worker whose lease ran out", func() bool {
+		return slices.Equal(tg.removedIDs(), []uint64{8})
+	})
 }

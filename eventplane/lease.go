@@ -102,12 +102,21 @@ func leaseOf(ms int64) time.Duration {
 }
 
 // onHeartbeat records a heartbeat and answers the ids the cluster does not
-// know.
+// know. A leader whose state may still lack entries of the terms before
+// its own (caughtUp) answers nothing: a worker whose registration is among
+// them would read "unknown", and its agent would register again and dump
+// every rank (at every failover). The agent's request times out, and it
+// sends the next heartbeat when due; the new leader's leases start at its
+// first sweep, which waits as well, so no lease runs out meanwhile. An
+// error answer would not do: the agent reads any answer as a list of ids.
 func (in *Ingester) onHeartbeat(m *nats.Msg) {
 	if !in.enter() {
 		return
 	}
 	defer in.leave()
+	if !in.caughtUp() {
+		return
+	}
 	ids, err := DecodeHeartbeat(m.Data)
 	if err != nil {
 		in.m.rejected.WithLabelValues("malformed").Inc()
