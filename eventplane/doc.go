@@ -10,7 +10,10 @@
 //
 // Invariants:
 //   - An event leaves a Publisher's buffer only when a committed ack covers
-//     its id (Cursor >= id) or a committed rank dump replaced it.
+//     its id (Cursor >= id), a committed rank dump replaced it, or
+//     DropOldest dropped it from a full buffer (the router then reports a
+//     gap and the rank heals with a dump); and with the Publisher, at
+//     Close (its owner's next incarnation resyncs the rank with a dump).
 //   - Re-delivery is always safe: the FSM skips ids at or below its cursor.
 //     Ids carry no incarnation: a restarted publisher whose dump is refused
 //     as stale renumbers a request cap past the router's cursor, so that a
