@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -453,14 +454,21 @@ func FuzzDecodeCommand(f *testing.F) {
 	f.Add(encodeRegister(1, &WorkerInfo{ID: 1, DPRanks: []uint32{0, 3}, BlockSize: 16, Endpoint: "x"}))
 	f.Add(encodeSettings(1, &Settings{Params: indexer.DefaultParams()}))
 	f.Add(encodeReplace(1, r2, 9, chainEvents(r2, 1, 2, 5)))
+	f.Add(encodeRegister(1, &WorkerInfo{ID: 1, BlockSize: 16, Capacity: [4]int64{math.MaxInt64, 1, 0, 0}}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := decodeCommand(b)
 		if err != nil {
 			return
 		}
-		// Whatever decodes must apply without harm.
+		// Whatever decodes must apply without harm, to an empty state and
+		// to one that holds ranks, workers, bookings and settings (a
+		// registration of an absurd capacity panicked only on evicting).
 		fsm := openFuzzFSM(t)
 		var w logWriter
+		fsm.ApplyBatch([]*raft.Log{w.next(b)})
+		fsm = openFuzzFSM(t)
+		w = logWriter{}
+		applyFixture(t, fsm, &w)
 		fsm.ApplyBatch([]*raft.Log{w.next(b)})
 		_ = c
 	})
