@@ -406,6 +406,15 @@ func encodeMember(now int64, m *Member) []byte {
 	return e.b
 }
 
+// encodeMemberValue is the value of a member's record in the state
+// database (its key is the member's id): its Raft and HTTP addresses.
+func encodeMemberValue(m *Member) []byte {
+	var e enc
+	e.str(m.RaftAddr)
+	e.str(m.HTTPAddr)
+	return e.b
+}
+
 func encodeMemberGone(now int64, id string) []byte {
 	var e enc
 	encodeHeader(&e, cmdMemberGone, now)

@@ -620,10 +620,7 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 		next := maps.Clone(f.Members())
 		next[c.member.ID] = c.member
 		f.members.Store(&next)
-		var e enc
-		e.str(c.member.RaftAddr)
-		e.str(c.member.HTTPAddr)
-		f.batch.Put(store.KindMember, []byte(c.member.ID), e.b)
+		f.batch.Put(store.KindMember, []byte(c.member.ID), encodeMemberValue(&c.member))
 		return nil
 	case cmdMemberGone:
 		next := maps.Clone(f.Members())

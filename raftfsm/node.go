@@ -88,6 +88,9 @@ type Config struct {
 	// readyLogRead, for tests: called for every log entry that a
 	// readiness check reads.
 	readyLogRead func()
+	// beforeRestore, for tests: RestoreSnapshot calls it just before it
+	// hands the stream to Raft.
+	beforeRestore func()
 }
 
 func (c *Config) defaults() {
@@ -169,6 +172,8 @@ type Node struct {
 
 	// workersMu orders this node's worker-table writes (WorkersMutex).
 	workersMu sync.Mutex
+	// memberOps orders this node's membership changes and restores.
+	memberOps memberLock
 
 	rngMu sync.Mutex
 	rng   *rand.Rand
@@ -193,6 +198,7 @@ func NewNode(cfg Config) (*Node, error) {
 			Help:    "Time one index lookup (a route's, or a compatible API query's) took.",
 			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12)})} // 1µs .. 4s
 	n.closeOnce = sync.OnceValue(n.close)
+	n.memberOps.ch = make(chan struct{}, 1)
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, err
 	}
@@ -796,7 +802,8 @@ func (n *Node) onLeadership() {
 	// entry), nor is a removed member brought back. Entries of servers no
 	// longer in the configuration go: a leader that removed itself stepped
 	// down before it could remove its own entry (RemoveMember), and a
-	// snapshot restored from another cluster brings that cluster's table.
+	// snapshot restored from another cluster by an older build brought
+	// that cluster's table (RestoreSnapshot now installs this cluster's).
 	members := n.fsm.Members()
 	want := []Member{{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAddr, HTTPAddr: n.cfg.HTTPAddr}}
 	var gone []string
@@ -834,9 +841,9 @@ func (n *Node) onLeadership() {
 func (n *Node) ledThisTerm() bool { return n.ledTerm.Load() == n.raft.CurrentTerm() }
 
 // assertSelf re-records the leader's own member entry when the table does
-// not hold it: a snapshot restored from another cluster brings that
-// cluster's member table, and followers forward writes to the HTTP address
-// the table gives for the leader.
+// not hold it as this node runs: a snapshot restored from another cluster
+// by an older build brought that cluster's member table, and followers
+// forward writes to the HTTP address the table gives for the leader.
 func (n *Node) assertSelf() {
 	m, ok := n.fsm.Members()[n.cfg.ID]
 	if ok && m.HTTPAddr == n.cfg.HTTPAddr && m.RaftAddr == n.cfg.RaftAddr {
@@ -1322,6 +1329,10 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 	if n.raft.State() != raft.Leader {
 		return n.notLeader()
 	}
+	if err := n.memberOps.lock(ctx); err != nil {
+		return fmt.Errorf("add %s: waiting for a membership change or restore in progress: %w", id, err)
+	}
+	defer n.memberOps.unlock()
 	// Raft's AddVoter moves a voter whose id it knows to the new address:
 	// one mistyped add would cut a live member off. Moving a member is a
 	// remove and an add; adding it again as it is only refreshes its
@@ -1350,6 +1361,10 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 	if n.raft.State() != raft.Leader {
 		return n.notLeader()
 	}
+	if err := n.memberOps.lock(ctx); err != nil {
+		return fmt.Errorf("remove %s: waiting for a membership change or restore in progress: %w", id, err)
+	}
+	defer n.memberOps.unlock()
 	cf := n.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
 		return err
@@ -1479,6 +1494,15 @@ func (n *Node) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotInfo, err
 // RestoreSnapshot installs a snapshot stream on every node through Raft's
 // user restore. The stream is spooled to a file and checked whole first:
 // a truncated or corrupted one is refused and the cluster keeps its state.
+//
+// What Raft installs is the stream with its member table replaced by this
+// cluster's (restoredMembers): the stream may come from another cluster,
+// whose members' addresses forwarding and `members list` must not use.
+// Nothing is applied after the install: a restore Raft installed answers
+// success, and leadership moving during the install is a *NotLeaderError
+// with MaybeApplied set (it may be in place). A ctx that ends before Raft
+// takes the stream stops the restore with ctx's error, nothing installed;
+// once Raft has the stream, ctx no longer matters.
 func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, error) {
 	if n.raft.State() != raft.Leader {
 		return SnapshotInfo{}, n.notLeader()
@@ -1501,18 +1525,51 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
+	// From the member table's read to the install, no membership change
+	// made through this node may come between: its entries would be lost
+	// under the restored table, or the table would lack a new voter.
+	if err := n.memberOps.lock(ctx); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("restore: nothing was installed: waiting for a membership change in progress: %w", err)
+	}
+	defer n.memberOps.unlock()
+	members, err := n.restoredMembers()
+	if err != nil {
+		return SnapshotInfo{}, fmt.Errorf("restore: read the member table: %w", err)
+	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return SnapshotInfo{}, err
+	}
+	out, err := os.CreateTemp(n.cfg.DataDir, "restore-*.snap")
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	defer os.Remove(out.Name())
+	defer out.Close()
+	written, err := replaceMembers(out, tmp, members)
+	if err != nil {
+		return SnapshotInfo{}, fmt.Errorf("restore: put this cluster's member table in the stream: %w", err)
+	}
+	// The upload is no longer needed: the disk holds one copy less while
+	// Raft copies the stream into its snapshot store.
+	tmp.Close()
+	os.Remove(tmp.Name())
+	if _, err := out.Seek(0, io.SeekStart); err != nil {
+		return SnapshotInfo{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("restore: nothing was installed: %w", err)
 	}
 	// Index 0: Raft numbers the restore after its own last index. The
 	// stream's index is another log's (the FSM does not keep it), and
 	// Raft would number the restore after it when larger: a header index
 	// of 2^64-1 wrapped to 0, and Raft handed the whole old log back to
 	// the FSM over the restored state.
-	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Index: 0, Term: info.Term, Size: info.Bytes}
+	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Index: 0, Term: written.Term, Size: written.Bytes}
 	timeout := 10 * n.cfg.ApplyTimeout
-	before := n.fsm.Members()
-	if err := n.raft.Restore(meta, tmp, timeout); err != nil {
+	if n.cfg.beforeRestore != nil {
+		n.cfg.beforeRestore()
+	}
+	if err := n.raft.Restore(meta, out, timeout); err != nil {
 		if errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrNotLeader) {
 			// Raft restored this node's state, then lost its leadership
 			// before the cluster confirmed the restore (the followers
@@ -1524,43 +1581,56 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 		}
 		return SnapshotInfo{}, fmt.Errorf("raft restore: %w", n.raftError(err))
 	}
-	// The stream brought its own cluster's member table: put back this
-	// cluster's entry for every current voter, so that forwarding and
-	// `members list` name this cluster's addresses.
-	cf := n.raft.GetConfiguration()
-	if err := cf.Error(); err != nil {
-		return info, err
-	}
-	after := n.fsm.Members()
-	for _, s := range cf.Configuration().Servers {
-		m, ok := before[string(s.ID)]
-		if !ok {
-			m = Member{ID: string(s.ID), RaftAddr: string(s.Address)}
-		}
-		if cur, ok := after[m.ID]; !ok || cur.RaftAddr != m.RaftAddr || cur.HTTPAddr != m.HTTPAddr {
-			if _, err := n.apply(ctx, encodeMember(now(), &m)); err != nil {
-				return info, fmt.Errorf("restore member table: %w", err)
-			}
-		}
-	}
-	for id := range after {
-		if _, ok := before[id]; !ok && !inConfig(cf.Configuration(), id) {
-			if _, err := n.apply(ctx, encodeMemberGone(now(), id)); err != nil {
-				return info, fmt.Errorf("restore member table: %w", err)
-			}
-		}
-	}
 	return info, nil
 }
 
-func inConfig(c raft.Configuration, id string) bool {
-	for _, s := range c.Servers {
-		if string(s.ID) == id {
-			return true
-		}
+// restoredMembers is the member table a restore installs: this cluster's
+// entry for each server of its latest Raft configuration, or the
+// server's Raft address alone when the table has no entry for it.
+// Entries of servers not in the configuration are left out.
+func (n *Node) restoredMembers() ([]Member, error) {
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return nil, err
 	}
-	return false
+	table := n.fsm.Members()
+	var out []Member
+	for _, s := range cf.Configuration().Servers {
+		m, ok := table[string(s.ID)]
+		if !ok {
+			m = Member{ID: string(s.ID), RaftAddr: string(s.Address)}
+		}
+		out = append(out, Member{ID: m.ID, RaftAddr: m.RaftAddr, HTTPAddr: m.HTTPAddr})
+	}
+	return out, nil
 }
+
+// memberLock orders the membership changes made through a node
+// (AddMember, RemoveMember) and its restores (RestoreSnapshot), which
+// replace the member table. It is taken with a context, as a restore may
+// hold it for long.
+type memberLock struct {
+	ch      chan struct{}
+	waiting atomic.Int32 // callers waiting for it (tests)
+}
+
+func (l *memberLock) lock(ctx context.Context) error {
+	select {
+	case l.ch <- struct{}{}:
+		return nil
+	default:
+	}
+	l.waiting.Add(1)
+	defer l.waiting.Add(-1)
+	select {
+	case l.ch <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l *memberLock) unlock() { <-l.ch }
 
 // WorkerTable returns the replicated worker registrations by worker id.
 // The map is shared with the FSM: read it, never change it. It never

@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -15,6 +16,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -69,13 +71,18 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 func (s *fsmSnapshot) Release() { s.view.Close() }
 
 // writeSnapshot writes the stream of a view and returns what it wrote.
-// The records are encoded here while a blockWriter writes and hashes the
-// blocks before them.
 func writeSnapshot(w io.Writer, view *store.StateSnapshot) (SnapshotInfo, error) {
 	idx, term, err := view.Applied()
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
+	return encodeSnapshot(w, idx, term, view.Each)
+}
+
+// encodeSnapshot writes a stream (the current format) of the records each
+// gives, in key order, and returns what it wrote. The records are encoded
+// here while a blockWriter writes and hashes the blocks before them.
+func encodeSnapshot(w io.Writer, idx, term uint64, each func(fn func(k, v []byte) error) error) (SnapshotInfo, error) {
 	h := sha256.New()
 	bw := newBlockWriter(w, h)
 	b := append(bw.buf, snapshotMagic...)
@@ -86,7 +93,7 @@ func writeSnapshot(w io.Writer, view *store.StateSnapshot) (SnapshotInfo, error)
 	bw.buf = b
 	info := SnapshotInfo{FormatVersion: snapshotVersion, Index: idx, Term: term, Records: map[string]int64{}}
 	var counts [256]int64
-	err = view.Each(func(k, v []byte) error {
+	err := each(func(k, v []byte) error {
 		counts[k[0]]++
 		b := binary.AppendUvarint(bw.buf, uint64(len(k)))
 		b = append(b, k...)
@@ -392,6 +399,72 @@ func checkSnapshot(r io.Reader, like *indexer.Index) (SnapshotInfo, error) {
 		return SnapshotInfo{}, fmt.Errorf("%w: %v", ErrBadSnapshot, err)
 	}
 	return s.info, nil
+}
+
+// replaceMembers copies the stream r to w, in the current format, with its
+// member table (the store.KindMember records) replaced by members, and
+// returns what it wrote. Every other record is copied as it is, in its
+// place; the member records, in key order, go where the kind order puts
+// them; the counts and the checksum are those of what is written. r is
+// read whole and checked as InspectSnapshot checks a stream (its counts
+// and checksum): a damaged one is ErrBadSnapshot, and w then holds part of
+// a stream. The online restore installs another cluster's stream with
+// the member table of the cluster it restores into.
+func replaceMembers(w io.Writer, r io.Reader, members []Member) (SnapshotInfo, error) {
+	s := newSnapReader(r)
+	if err := s.header(); err != nil {
+		return SnapshotInfo{}, err
+	}
+	members = slices.Clone(members)
+	slices.SortFunc(members, func(a, b Member) int { return cmp.Compare(a.ID, b.ID) })
+	for i, m := range members {
+		if m.ID == "" || len(m.ID) >= maxRecordKey || i > 0 && members[i-1].ID == m.ID {
+			return SnapshotInfo{}, fmt.Errorf("%w: member table: bad or repeated member id %q", ErrInvalid, m.ID)
+		}
+	}
+	isMember := func(kind byte) bool { return kind == store.KindMember }
+	return encodeSnapshot(w, s.info.Index, s.info.Term, func(fn func(k, v []byte) error) error {
+		written := false
+		writeMembers := func() error {
+			written = true
+			var key []byte
+			for i := range members {
+				key = append(append(key[:0], store.KindMember), members[i].ID...)
+				if err := fn(key, encodeMemberValue(&members[i])); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		batch := &recBatch{}
+		for {
+			batch.Reset()
+			end, err := s.fill(batch, isMember)
+			if err != nil {
+				return err
+			}
+			err = batch.Each(func(k, v []byte) error {
+				if !written && k[0] > store.KindMember {
+					if err := writeMembers(); err != nil {
+						return err
+					}
+				}
+				return fn(k, v)
+			})
+			if err != nil {
+				return err
+			}
+			if end {
+				break
+			}
+		}
+		if !written {
+			if err := writeMembers(); err != nil {
+				return err
+			}
+		}
+		return s.finish()
+	})
 }
 
 // loadSnapshot writes a stream into a fresh state directory dir and checks

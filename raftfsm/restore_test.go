@@ -1,0 +1,307 @@
+package raftfsm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/store"
+)
+
+// foreignSnapshot returns a snapshot stream of another cluster: n1 alone,
+// on its own Raft address, with worker 9 registered.
+func foreignSnapshot(t *testing.T) []byte {
+	t.Helper()
+	other := newTestCluster(t, 1, nil)
+	ol := other.leader()
+	if err := ol.RegisterWorker(ctx(t), WorkerInfo{ID: 9, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := ol.SaveSnapshot(ctx(t), &buf); err != nil {
+		t.Fatal(err)
+	}
+	other.close()
+	return buf.Bytes()
+}
+
+// ownMembers is the member table of the cluster: every node's entry, with
+// its Raft and HTTP addresses.
+func (c *testCluster) ownMembers() map[string]Member {
+	want := map[string]Member{}
+	for _, p := range c.peers() {
+		want[p.ID] = p
+	}
+	return want
+}
+
+// checkRestored fails t unless every running node holds the restored
+// worker 9 and the cluster's own member table.
+func (c *testCluster) checkRestored(t *testing.T) {
+	t.Helper()
+	c.converged()
+	want := c.ownMembers()
+	for _, n := range c.nodes {
+		if n == nil {
+			continue
+		}
+		if _, ok := n.fsm.Workers()[9]; !ok {
+			t.Errorf("%s: the restored worker 9 is missing", n.cfg.ID)
+		}
+		if got := n.fsm.Members(); !maps.Equal(got, want) {
+			t.Errorf("%s: member table %+v after the restore, want the cluster's own %+v", n.cfg.ID, got, want)
+		}
+	}
+}
+
+// committedNoop reports whether n's log holds a committed no-op entry
+// after index from: the entry Raft's Restore appends after it installed a
+// restore, and whose commit it waits for before it answers.
+func committedNoop(n *Node, from uint64) bool {
+	for i := from + 1; i <= n.raft.CommitIndex(); i++ {
+		var l raft.Log
+		if err := n.logs.GetLog(i, &l); err == nil && l.Type == raft.LogNoop {
+			return true
+		}
+	}
+	return false
+}
+
+// quietLeader leaves the leader no entries of its own to propose during a
+// test (expiry sweeps, digest checks), and keeps it leading through a
+// restore on a busy machine: a follower answers no heartbeat while it
+// installs one, which took 1.5 s under -race, and the leader stepped down
+// at the end of its lease.
+func quietLeader(cfg *Config) {
+	cfg.ExpiryInterval, cfg.CheckInterval = time.Hour, time.Hour
+	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 3*time.Second, 3*time.Second, 3*time.Second
+}
+
+// TestRestoreAnswersOnceInstalledThoughLeadershipMovesAfter: a restore
+// that Raft installed answers success, whatever happens to the leadership
+// after. From a review: the node put this cluster's member table back with
+// one apply per member after the install, and a leadership that moved
+// before they applied made RestoreSnapshot answer a plain NotLeaderError
+// (MaybeApplied false), which the API forwards to the new leader (the body
+// replayed) and the client sends on: the snapshot was installed twice.
+func TestRestoreAnswersOnceInstalledThoughLeadershipMovesAfter(t *testing.T) {
+	foreign := foreignSnapshot(t)
+	g := newFSMGate()
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		quietLeader(cfg)
+		if cfg.ID == "n1" {
+			cfg.applyGate = g.gate
+		}
+	})
+	t.Cleanup(g.open)
+	l, n1 := c.leader(), c.nodes[0]
+	if l != n1 {
+		if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 10*time.Second, "n1 to lead", n1.IsLeader)
+	}
+	waitFor(t, 10*time.Second, "n1's leadership set-up", func() bool { return n1.CheckLeader() == nil })
+	c.converged()
+	last := n1.raft.LastIndex()
+	g.pause() // n1's FSM applies no entry from now on (a restore is no entry)
+	rctx := ctx(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := n1.RestoreSnapshot(rctx, bytes.NewReader(foreign))
+		done <- err
+	}()
+	var err error
+	answered := false
+	waitFor(t, 20*time.Second, "the restore to be installed (its no-op entry committed)", func() bool {
+		select {
+		case err = <-done:
+			answered = true
+			return true
+		default:
+			return committedNoop(n1, last)
+		}
+	})
+	if n1.IsLeader() {
+		if err := n1.TransferLeadership(ctx(t), "n2"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "n1 to lose its leadership", func() bool { return !n1.IsLeader() })
+	g.open()
+	if !answered {
+		err = <-done
+	}
+	if err != nil {
+		t.Fatalf("the restore was installed, yet RestoreSnapshot answered %v", err)
+	}
+	c.checkRestored(t)
+}
+
+// TestRestoreUnderAnEndedContextInstallsNothing: a restore whose request
+// ended before Raft took it installs nothing and says why. From a review:
+// it was installed, then answered the context's error (the API's "retrying
+// is safe"), and the member table of the other cluster stayed in place.
+func TestRestoreUnderAnEndedContextInstallsNothing(t *testing.T) {
+	foreign := foreignSnapshot(t)
+	c := newTestCluster(t, 3, quietLeader)
+	l := c.leader()
+	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return l.CheckLeader() == nil })
+	c.converged()
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := l.RestoreSnapshot(gone, bytes.NewReader(foreign)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("restore under a canceled context: %v, want context.Canceled", err)
+	}
+	c.converged()
+	for _, n := range c.nodes {
+		if _, ok := n.fsm.Workers()[9]; ok {
+			t.Errorf("%s: a restore that answered an error is installed", n.cfg.ID)
+		}
+		if got, want := n.fsm.Members(), c.ownMembers(); !maps.Equal(got, want) {
+			t.Errorf("%s: member table %+v, want %+v", n.cfg.ID, got, want)
+		}
+	}
+}
+
+// TestRestoreWhoseContextEndsWhileRaftInstallsIt: a request that ends
+// once Raft has taken the restore changes nothing: the restore is
+// installed whole, member table included, and answered as such. From a
+// review: the member table was put back after the install under the
+// request's context, which had ended: RestoreSnapshot answered the
+// context's error, and the voters' entries were never put back.
+func TestRestoreWhoseContextEndsWhileRaftInstallsIt(t *testing.T) {
+	foreign := foreignSnapshot(t)
+	c := newTestCluster(t, 3, quietLeader)
+	l := c.leader()
+	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return l.CheckLeader() == nil })
+	c.converged()
+	rctx, cancel := context.WithCancel(ctx(t))
+	defer cancel()
+	l.cfg.beforeRestore = cancel
+	if _, err := l.RestoreSnapshot(rctx, bytes.NewReader(foreign)); err != nil {
+		t.Fatalf("a restore Raft took answered %v", err)
+	}
+	c.checkRestored(t)
+}
+
+// TestReplaceMembers: the stream a restore installs is the upload with
+// its member records replaced by the cluster's own, in key order where
+// the kind order puts them; every other record is copied in its place,
+// and the counts and the checksum are those of the new stream (format 2,
+// whatever the upload's). A damaged upload is refused.
+func TestReplaceMembers(t *testing.T) {
+	member := func(id, raftAddr, httpAddr string) rec {
+		m := Member{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}
+		return rec{append([]byte{store.KindMember}, id...), encodeMemberValue(&m)}
+	}
+	others := []rec{{[]byte{store.KindCursor, 1}, []byte("c")}, {[]byte{store.KindCursor, 2}, []byte("d")},
+		{[]byte{store.KindWorker, 1}, []byte("w")}}
+	foreign := append(slices.Clone(others), member("a", "10.9.9.9:1", "h-a"), member("n1", "10.9.9.9:2", "h-n1"))
+	ours := []Member{{ID: "n2", RaftAddr: "10.0.0.2:7000", HTTPAddr: "10.0.0.2:7080"}, {ID: "n1", RaftAddr: "10.0.0.1:7000", HTTPAddr: "10.0.0.1:7080"}}
+	want := buildStream(2, append(slices.Clone(others), member("n1", "10.0.0.1:7000", "10.0.0.1:7080"), member("n2", "10.0.0.2:7000", "10.0.0.2:7080")),
+		nil, map[byte]uint64{store.KindCursor: 2, store.KindWorker: 1, store.KindMember: 2})
+	counts := map[byte]uint64{store.KindCursor: 2, store.KindWorker: 1, store.KindMember: 2}
+	for _, tc := range []struct {
+		name   string
+		stream []byte
+	}{
+		{"version 2", buildStream(2, foreign, nil, counts)},
+		{"version 1", buildStream(1, foreign, counts, nil)},
+		{"no member records", buildStream(2, others, nil, map[byte]uint64{store.KindCursor: 2, store.KindWorker: 1})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			info, err := replaceMembers(&out, bytes.NewReader(tc.stream), ours)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(out.Bytes(), want) {
+				t.Fatalf("wrote\n%x\nwant\n%x", out.Bytes(), want)
+			}
+			if info.Bytes != int64(len(want)) || info.Records["members"] != 2 || info.FormatVersion != 2 || info.Index != 42 || info.Term != 3 {
+				t.Fatalf("info %+v", info)
+			}
+		})
+	}
+	t.Run("across batches", func(t *testing.T) {
+		n := 3*recBatchBytes/1024 + 17
+		var out bytes.Buffer
+		if _, err := replaceMembers(&out, bytes.NewReader(batchStream(n, -1)), ours); err != nil {
+			t.Fatal(err)
+		}
+		info, err := InspectSnapshot(&out)
+		if err != nil || info.Records["cursors"] != int64(n) || info.Records["members"] != 2 {
+			t.Fatalf("inspect the new stream: %+v, %v", info, err)
+		}
+	})
+	t.Run("damaged", func(t *testing.T) {
+		bad := buildStream(2, foreign, nil, counts)
+		bad[40] ^= 1
+		if _, err := replaceMembers(io.Discard, bytes.NewReader(bad), ours); !errors.Is(err, ErrBadSnapshot) {
+			t.Fatalf("a damaged stream: %v, want ErrBadSnapshot", err)
+		}
+	})
+}
+
+// TestMembershipChangeWaitsForARestore: a member added while a restore is
+// on its way to Raft waits for it, and so keeps its entry: the restore
+// installs the member table it read, and an entry applied between that
+// read and the install would be lost under it.
+func TestMembershipChangeWaitsForARestore(t *testing.T) {
+	foreign := foreignSnapshot(t)
+	c := newTestCluster(t, 3, quietLeader)
+	l := c.leader()
+	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return l.CheckLeader() == nil })
+	c.converged()
+	atRestore, release := make(chan struct{}), make(chan struct{})
+	l.cfg.beforeRestore = func() {
+		close(atRestore)
+		<-release
+	}
+	rctx := ctx(t)
+	restored := make(chan error, 1)
+	go func() {
+		_, err := l.RestoreSnapshot(rctx, bytes.NewReader(foreign))
+		restored <- err
+	}()
+	<-atRestore
+	// n4 runs nowhere: three voters of four still commit.
+	added := make(chan error, 1)
+	go func() { added <- l.AddMember(rctx, "n4", "127.0.0.1:1", "http-n4") }()
+	var addErr error
+	addDone := false
+	waitFor(t, 10*time.Second, "the member's add to wait for the restore (or to be done)", func() bool {
+		select {
+		case addErr = <-added:
+			addDone = true
+			return true
+		default:
+			return l.memberOps.waiting.Load() > 0
+		}
+	})
+	close(release)
+	if err := <-restored; err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	if !addDone {
+		addErr = <-added
+	}
+	if addErr != nil {
+		t.Fatalf("add n4: %v", addErr)
+	}
+	c.converged()
+	want := c.ownMembers()
+	want["n4"] = Member{ID: "n4", RaftAddr: "127.0.0.1:1", HTTPAddr: "http-n4"}
+	for _, n := range c.nodes {
+		if got := n.fsm.Members(); !maps.Equal(got, want) {
+			t.Errorf("%s: member table %+v, want %+v", n.cfg.ID, got, want)
+		}
+	}
+}
