@@ -14,9 +14,10 @@
 // the snapshot again, dropping what was applied between the two, and a
 // member removal sent again answers that the id is no member. Once one of
 // those may have reached a node (a timeout or a broken connection after
-// it went out, or a forward to the leader that broke), no other node is
-// tried: the error is ErrOutcomeUnknown, and the caller checks the
-// cluster (members, status) before sending it again.
+// it went out, the call's context ending after it went out whole, or a
+// forward to the leader that broke), no other node is tried: the error is
+// ErrOutcomeUnknown, and the caller checks the cluster (members, status)
+// before sending it again.
 //
 // Errors from the API come back as *Error, keeping the HTTP status and the
 // reason; errors.Is matches them against the node's sentinel errors too
@@ -47,6 +48,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/indexer"
@@ -63,7 +65,11 @@ var (
 	// whose forward to the leader broke): it may have applied. A write
 	// that is not safe to send twice (a restore, a leadership transfer, a
 	// member removal) is then sent to no other node; any other is, and
-	// when none answers the error is this one.
+	// when none answers the error is this one. A write not safe twice
+	// whose context ended after the request went out whole is this error
+	// too, wrapping the context's (a node installs a restore it took
+	// whether or not anyone waits for the answer); any other call whose
+	// context ended is the context's error alone.
 	ErrOutcomeUnknown = errors.New("sent, and no answer came: the request may have applied")
 	// ErrUnauthorized matches an answer 401 unauthorized: the cluster asks
 	// for a token (kvrouter --token), and the client's is missing or is
@@ -266,6 +272,30 @@ func partlySent(ctx context.Context, counted *countingReader, length int64) bool
 	return !counted.eof && (length < 0 || counted.n < length)
 }
 
+// bodyLetGo bounds how long a call whose context ended waits for the
+// transport to be done with a streamed body (sentWhole). The cancel
+// closes the connection, which ends the body's write at once.
+const bodyLetGo = 5 * time.Second
+
+// sentWhole reports, once the call's context ended, whether the request's
+// body (counted, nil for a JSON body) went out whole, waiting for the
+// transport to be done with it. A body the transport still holds after
+// bodyLetGo counts as sent whole: the careful answer for a write not
+// safe twice.
+func sentWhole(counted *countingReader, length int64) bool {
+	if counted == nil {
+		return true
+	}
+	t := time.NewTimer(bodyLetGo)
+	defer t.Stop()
+	select {
+	case <-counted.closed:
+	case <-t.C:
+		return true
+	}
+	return counted.eof || length >= 0 && counted.n >= length
+}
+
 // do sends req to the preferred endpoint, then to the others in order
 // while none can be reached, and returns the first answer. A 4xx or 5xx
 // answer is returned as *Error with the body closed; a 2xx answer's body is
@@ -357,6 +387,14 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 		resp, err := c.hc.Do(hr)
 		if err != nil {
 			if ctxErr := ctx.Err(); ctxErr != nil {
+				// The caller's deadline or cancel: no other node is
+				// tried. A write not safe twice whose request went out
+				// whole may still be applied by the node (a restore it
+				// installs while no one waits for the answer): its
+				// outcome is unknown, not a timeout to retry.
+				if req.once && wrote.Load() && isWrite(req.method) && sentWhole(counted, req.streamLen) {
+					return nil, base, fmt.Errorf("%s %s to %s: %w: %w", req.method, req.path, hostOf(base), ErrOutcomeUnknown, ctxErr)
+				}
 				return nil, base, fmt.Errorf("%s %s: %w", req.method, req.path, ctxErr)
 			}
 			errs = append(errs, fmt.Sprintf("%s: %v", hostOf(base), unwrapURLError(err)))

@@ -624,3 +624,98 @@ func TestAWriteWhoseHeadersNeverLeftMovesOn(t *testing.T) {
 		t.Fatalf("n2 was asked %d times, want once", got)
 	}
 }
+
+// zeros is a stream of n zero bytes that tells its length, as a
+// *bytes.Reader does, without holding them.
+type zeros struct{ n int }
+
+func (z *zeros) Len() int { return z.n }
+
+func (z *zeros) Read(p []byte) (int, error) {
+	if z.n == 0 {
+		return 0, io.EOF
+	}
+	k := min(len(p), z.n)
+	clear(p[:k])
+	z.n -= k
+	return k, nil
+}
+
+// TestAWriteNotSafeTwiceWhoseContextEndsAfterItWentOutIsOutcomeUnknown: a
+// restore, a leadership transfer or a member removal whose context ends
+// (the caller's deadline, kvctl --max-time, an interrupt) after the whole
+// request went out may be applied by the node: the error is
+// ErrOutcomeUnknown, and no other node gets it. A write safe twice ends
+// with the context's error, as ever. From a review: a restore the node
+// went on to install was answered a plain timeout, and kvctl advised to
+// send it again.
+func TestAWriteNotSafeTwiceWhoseContextEndsAfterItWentOutIsOutcomeUnknown(t *testing.T) {
+	got := make(chan struct{}, 1)
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		got <- struct{}{}
+		<-r.Context().Done() // taken whole, and no answer yet
+	}))
+	t.Cleanup(slow.Close)
+	n := newNode(t, "n2")
+	cases := map[string]func(context.Context, *client.Client) error{
+		"restore": func(ctx context.Context, c *client.Client) error {
+			_, err := c.RestoreSnapshot(ctx, bytes.NewReader(make([]byte, 4<<10)))
+			return err
+		},
+		"leader transfer": func(ctx context.Context, c *client.Client) error { return c.TransferLeader(ctx, "") },
+		"member removal":  func(ctx context.Context, c *client.Client) error { return c.RemoveMember(ctx, "n3") },
+		"registration": func(ctx context.Context, c *client.Client) error {
+			return c.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 1, BlockSize: 4})
+		},
+	}
+	for name, call := range cases {
+		c := newClient(t, slow.URL, n.addr())
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- call(ctx, c) }()
+		<-got
+		cancel()
+		err := <-errc
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("%s: %v, want it to wrap context.Canceled", name, err)
+		}
+		if once := name != "registration"; errors.Is(err, client.ErrOutcomeUnknown) != once {
+			t.Errorf("%s: %v; want ErrOutcomeUnknown %v", name, err, once)
+		}
+	}
+	if calls := n.fake.Calls(); calls["RestoreSnapshot"]+calls["TransferLeadership"]+calls["RemoveMember"]+calls["RegisterWorker"] != 0 {
+		t.Errorf("sent on to the next node: %v", calls)
+	}
+}
+
+// TestAnUploadCutOffByItsContextIsNotOutcomeUnknown: an upload whose
+// context ended before its body went out whole was taken by no node (a
+// node takes a restore only whole): the error is the context's, not
+// ErrOutcomeUnknown.
+func TestAnUploadCutOffByItsContextIsNotOutcomeUnknown(t *testing.T) {
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	stalled := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadFull(r.Body, make([]byte, 1<<10))
+		started <- struct{}{}
+		// Reads no more of it. (The server notices a closed connection
+		// only once the body was read whole: the request's context would
+		// not end.)
+		<-release
+	}))
+	t.Cleanup(stalled.Close)
+	t.Cleanup(func() { close(release) })
+	c := newClient(t, stalled.URL)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.RestoreSnapshot(ctx, &zeros{n: 1 << 30})
+		errc <- err
+	}()
+	<-started
+	cancel()
+	if err := <-errc; errors.Is(err, client.ErrOutcomeUnknown) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("an upload cut off half-way by its context: %v, want context.Canceled and not ErrOutcomeUnknown", err)
+	}
+}
