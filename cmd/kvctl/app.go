@@ -261,10 +261,12 @@ func explain(err error) string {
 	case answer && ae.Reason == api.ReasonNoLeader && strings.Contains(msg, "forward to the leader") &&
 		(strings.Contains(msg, "x509:") || strings.Contains(msg, "HTTPS")):
 		return msg + "; the node's forward to its leader failed TLS: check that node's --tls-ca and the leader's certificate"
-	case errors.As(err, &mt):
-		return fmt.Sprintf("%v; the transfer took longer than --max-time %v: raise it, or leave it out (no limit)", err, mt.max)
+	// Before --max-time's advice: a restore cut off after it went out
+	// whole may be installed, and sending it again would install it twice.
 	case errors.Is(err, client.ErrOutcomeUnknown):
 		return err.Error() + "; see kvctl status (and kvctl members list) before sending it again"
+	case errors.As(err, &mt):
+		return fmt.Sprintf("%v; the transfer took longer than --max-time %v: raise it, or leave it out (no limit)", err, mt.max)
 	case errors.Is(err, client.ErrUnauthorized):
 		return err.Error() + "; give the cluster's token with --token or --token-file (or KVCTL_TOKEN)"
 	case errors.Is(err, client.ErrUnreachable):

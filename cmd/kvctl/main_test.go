@@ -537,6 +537,31 @@ func TestSnapshotMaxTimeSaysSo(t *testing.T) {
 	}
 }
 
+// TestSnapshotRestoreCutOffByMaxTimeSaysTheOutcomeIsUnknown: a restore
+// whose upload went out whole and whose answer --max-time did not wait for
+// may be installed (the node goes on without the client): kvctl says the
+// outcome is unknown and to look before sending it again, not to raise
+// --max-time and send it again. From a review: the client answered a
+// plain deadline, and kvctl advised to raise --max-time.
+func TestSnapshotRestoreCutOffByMaxTimeSaysTheOutcomeIsUnknown(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	file := filepath.Join(t.TempDir(), "a.snap")
+	kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file).wantCode(t, 0)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // before the servers close
+	c.leader().SetHook(func(method string) error {
+		if method == "RestoreSnapshot" {
+			<-release // installing, and no answer yet
+		}
+		return nil
+	})
+	r := kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "restore", "--max-time", "1s", file).wantCode(t, 1)
+	if !strings.Contains(r.stderr, "may have applied") || !strings.Contains(r.stderr, "before sending it again") || strings.Contains(r.stderr, "raise it") {
+		t.Fatalf("stderr = %q, want the outcome unknown, and no advice to send it again", r.stderr)
+	}
+}
+
 func assertNoFiles(t *testing.T, dir string) {
 	t.Helper()
 	ents, _ := os.ReadDir(dir)

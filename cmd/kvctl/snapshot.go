@@ -69,7 +69,9 @@ func snapshotCommand(e *env) *cli.Command {
 				ArgsUsage: "FILE",
 				Description: "Online (no --data-dir): the file is verified here, uploaded and installed through\n" +
 					"Raft on every node; it replaces the whole state of the cluster. A damaged file is\n" +
-					"refused and the cluster keeps its state.\n\n" +
+					"refused and the cluster keeps its state. Once the upload went out whole, the cluster\n" +
+					"goes on with it even if kvctl stops waiting (--max-time, Ctrl-C): kvctl then says\n" +
+					"the outcome is unknown; see kvctl status before restoring again.\n\n" +
 					"Offline (--data-dir, --node-id, --peers): the file is written into a new node's\n" +
 					"empty data directory. Seed every node of the new cluster from the same file, then\n" +
 					"start each with the same --peers.\n\n" +
