@@ -49,7 +49,8 @@ func DecodeHeartbeat(b []byte) ([]uint64, error) {
 // heard of. It is not replicated: a lease runs from the later of the
 // worker's last heartbeat and the first time this leader saw the worker
 // in its table (a sweep, or a heartbeat). So a new leader grants every
-// worker a grace of one lease from its election, and a failover never
+// worker a grace of one lease from its first sweep, which waits for its
+// post-election Barrier (Ingester.caughtUp), and a failover never
 // expires a worker that kept sending heartbeats; and a worker registered
 // during the term gets a whole lease before its first heartbeat is due,
 // however long the leader has led.

@@ -26,7 +26,8 @@
 //   - DiskPool reopened on its directory holds the blocks it held when it was
 //     closed (or, after a crash, every block whose Put returned nil and that
 //     was not evicted since, plus possibly some evicted just before the crash).
-//     Entries in its key ranges that no Put could have left (half a block,
-//     undecodable metadata, an invalid block, a key of the wrong length) are
-//     deleted at open.
+//     Entries in its key ranges that it cannot use (half a block,
+//     undecodable metadata, a block Block.check refuses: a zero hash or its
+//     own parent, a key of the wrong length) are deleted at open. Damage of
+//     other shapes (a cycle of parents) is not looked for.
 package pool
