@@ -1499,10 +1499,13 @@ func (n *Node) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotInfo, err
 // cluster's (restoredMembers): the stream may come from another cluster,
 // whose members' addresses forwarding and `members list` must not use.
 // Nothing is applied after the install: a restore Raft installed answers
-// success, and leadership moving during the install is a *NotLeaderError
-// with MaybeApplied set (it may be in place). A ctx that ends before Raft
-// takes the stream stops the restore with ctx's error, nothing installed;
-// once Raft has the stream, ctx no longer matters.
+// success, and leadership moving during the install, or any other Raft
+// error once Raft has read the stream (its one timer, which also bounds
+// the no-op after the install, run out by a long install), is a
+// *NotLeaderError with MaybeApplied set (it may be in place). A ctx that
+// ends before the node hands the rewritten stream to Raft stops the
+// restore with ctx's error, nothing installed; from then on ctx no longer
+// matters.
 func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, error) {
 	if n.raft.State() != raft.Leader {
 		return SnapshotInfo{}, n.notLeader()
@@ -1569,7 +1572,8 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 	if n.cfg.beforeRestore != nil {
 		n.cfg.beforeRestore()
 	}
-	if err := n.raft.Restore(meta, out, timeout); err != nil {
+	taken := &readMark{r: out}
+	if err := n.raft.Restore(meta, taken, timeout); err != nil {
 		if errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrNotLeader) {
 			// Raft restored this node's state, then lost its leadership
 			// before the cluster confirmed the restore (the followers
@@ -1579,9 +1583,32 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 			nle.MaybeApplied = true
 			return SnapshotInfo{}, fmt.Errorf("%w: leadership moved during the restore (it may be installed): check the cluster's state before restoring again", nle)
 		}
+		if taken.read.Load() {
+			// Raft took the stream: its errors after that (its one timer
+			// for the hand-over and for the no-op after the install, run
+			// out by a long install; a shutdown) do not say whether the
+			// restore is in place. Not a timeout to retry: a second
+			// restore would drop what was applied since.
+			nle := n.notLeader()
+			nle.MaybeApplied = true
+			return SnapshotInfo{}, fmt.Errorf("%w: raft took the restore, then answered %v (it may be installed): check the cluster's state before restoring again",
+				nle, n.raftError(err))
+		}
 		return SnapshotInfo{}, fmt.Errorf("raft restore: %w", n.raftError(err))
 	}
 	return info, nil
+}
+
+// readMark is a reader that records whether it was read: Raft reads a
+// user restore's stream only once it has taken the restore.
+type readMark struct {
+	r    io.Reader
+	read atomic.Bool
+}
+
+func (m *readMark) Read(p []byte) (int, error) {
+	m.read.Store(true)
+	return m.r.Read(p)
 }
 
 // restoredMembers is the member table a restore installs: this cluster's

@@ -305,3 +305,57 @@ func TestMembershipChangeWaitsForARestore(t *testing.T) {
 		}
 	}
 }
+
+// TestRestoreInstalledPastItsTimerAnswersMaybeApplied: Raft runs one timer
+// for taking a user restore and for queueing the no-op entry after the
+// install; an install that outlasts it (here: queued behind a batch the
+// FSM is held in) is in place, yet Raft answers ErrEnqueueTimeout when its
+// select takes the fired timer. That answer must not read as a timeout to
+// retry (a second restore drops what was applied since): a restore whose
+// stream Raft took answers MaybeApplied. From a review: it was a plain
+// timeout, which the API answers "retrying is safe". Which case Raft's
+// select takes is its random choice (here the timer, every run seen);
+// either way an installed restore must not answer a plain error.
+func TestRestoreInstalledPastItsTimerAnswersMaybeApplied(t *testing.T) {
+	foreign := foreignSnapshot(t)
+	g := newFSMGate()
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		quietLeader(cfg)
+		cfg.ApplyTimeout = 100 * time.Millisecond // the restore's timer: 1 s
+		if cfg.ID == "n1" {
+			cfg.applyGate = g.gate
+		}
+	})
+	t.Cleanup(g.open)
+	l, n1 := c.leader(), c.nodes[0]
+	if l != n1 {
+		if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 10*time.Second, "n1 to lead", n1.IsLeader)
+	}
+	waitFor(t, 10*time.Second, "n1's leadership set-up", func() bool { return n1.CheckLeader() == nil })
+	c.converged()
+	last := n1.raft.LastIndex()
+	g.pause()
+	// A registration whose batch n1's FSM then holds in the gate:
+	// the restore queues behind it.
+	go n1.RegisterWorker(context.Background(), WorkerInfo{ID: 5, BlockSize: 16}) //nolint:errcheck // it times out in the gate
+	waitFor(t, 10*time.Second, "the registration to commit", func() bool { return n1.raft.CommitIndex() > last })
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := n1.RestoreSnapshot(ctx(t), bytes.NewReader(foreign))
+		done <- err
+	}()
+	waitFor(t, 10*time.Second, "the restore's timer to run out", func() bool { return time.Since(start) > 1500*time.Millisecond })
+	g.open()
+	err := <-done
+	c.converged()
+	_, installed := n1.fsm.Workers()[9]
+	var nle *NotLeaderError
+	if installed && err != nil && !(errors.As(err, &nle) && nle.MaybeApplied) {
+		t.Fatalf("the restore is installed, yet RestoreSnapshot answered %v, not MaybeApplied", err)
+	}
+	t.Logf("installed %v, answer %v", installed, err)
+}
