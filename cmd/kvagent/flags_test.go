@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -133,5 +134,46 @@ func TestLearnGroupKindsIsOnByDefault(t *testing.T) {
 	t.Setenv("KVAGENT_LEARN_GROUP_KINDS", "false")
 	if !agentFlags(t).NoLearnGroupKinds {
 		t.Fatal("KVAGENT_LEARN_GROUP_KINDS=false: group kinds are learned")
+	}
+}
+
+// TestCapacitiesPastTheBoundAreUsageErrors: a --capacity-* past
+// maxCapacityBlocks is a usage error (exit 2), and so is a --host-blocks or
+// --disk-blocks past what a pool holds (2³¹−1 blocks; they are registered
+// as the host and disk capacities). From a review: any non-negative int64
+// was taken, and a capacity of 9223372036854775807 crashed the routers it
+// was registered with; a pool too large failed (exit 1) once the agent
+// had started.
+func TestCapacitiesPastTheBoundAreUsageErrors(t *testing.T) {
+	huge := "9223372036854775807"
+	over := strconv.FormatInt(maxCapacityBlocks+1, 10)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--block-size", "4", "--capacity-device", huge}, "--capacity-device"},
+		{[]string{"--block-size", "4", "--capacity-host", over}, "--capacity-host"},
+		{[]string{"--block-size", "4", "--capacity-disk", huge}, "--capacity-disk"},
+	} {
+		wantUsage(t, tc.args, checkOnly(tc.args...), tc.want)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--offload-socket", "/nonexistent/s", "--block-bytes", "64", "--host-blocks", "2147483648"}, "--host-blocks"},
+		{[]string{"--offload-socket", "/nonexistent/s", "--block-bytes", "64", "--disk-dir", "/nonexistent/d", "--disk-blocks", over}, "--disk-blocks"},
+	} {
+		// The whole command: the offload flags are checked in run, before
+		// anything starts.
+		a := app()
+		a.ExitErrHandler = func(*cli.Context, error) {}
+		args := append([]string{"kvagent", "--metrics-addr", "", "--worker-id", "1", "--block-size", "4",
+			"--nats-url", "nats://127.0.0.1:1"}, tc.args...)
+		wantUsage(t, tc.args, a.Run(args), tc.want)
+	}
+	at := strconv.FormatInt(maxCapacityBlocks, 10)
+	if err := checkOnly("--block-size", "4", "--capacity-device", at, "--capacity-host", at, "--capacity-disk", at); err != nil {
+		t.Errorf("capacities at the bound: %v", err)
 	}
 }

@@ -88,7 +88,7 @@ func app() *cli.App {
 			&cli.StringFlag{Name: "endpoint", EnvVars: []string{"KVAGENT_ENDPOINT"}, Usage: "where the router should send this worker's requests (registered as is)"},
 			&cli.StringFlag{Name: "salt", EnvVars: []string{"KVAGENT_SALT"}, Usage: "the engine's additional salt, in every block hash it makes: the agent hashes its blocks with it too (and registers it), and a route finds them only with cache_salt set to it"},
 			&cli.StringFlag{Name: "model", EnvVars: []string{"KVAGENT_MODEL"}, Usage: "the model this worker serves (registered as is)"},
-			&cli.Int64Flag{Name: "capacity-device", EnvVars: []string{"KVAGENT_CAPACITY_DEVICE"}, Usage: "KV capacity in blocks on the GPU (0 = unknown)"},
+			&cli.Int64Flag{Name: "capacity-device", EnvVars: []string{"KVAGENT_CAPACITY_DEVICE"}, Usage: "KV capacity in blocks on the GPU (0 = unknown; at most 2^40)"},
 			&cli.Int64Flag{Name: "capacity-host", EnvVars: []string{"KVAGENT_CAPACITY_HOST"}, Usage: "KV capacity in blocks in host memory"},
 			&cli.Int64Flag{Name: "capacity-disk", EnvVars: []string{"KVAGENT_CAPACITY_DISK"}, Usage: "KV capacity in blocks on disk"},
 			&cli.DurationFlag{Name: "heartbeat-interval", Value: time.Second, EnvVars: []string{"KVAGENT_HEARTBEAT_INTERVAL"}, Usage: "how often to tell the leader the worker is alive"},
@@ -226,6 +226,14 @@ func run(c *cli.Context) error {
 	return nil
 }
 
+// maxCapacityBlocks bounds each tier's capacity the agent registers
+// (--capacity-*, and --host-blocks and --disk-blocks, which stand in for
+// --capacity-host and --capacity-disk with offload): 2⁴⁰ blocks, a
+// thousand times the largest cache one rank could hold (a petabyte of
+// 1 KiB blocks). The router's index sizes per-rank structures by the
+// registered capacity, and a capacity near 2⁶³ crashed the routers.
+const maxCapacityBlocks = 1 << 40
+
 // checkFlags refuses, as usage errors (exit 2), the flags the agent could
 // not run with: without them it would retry a registration the router
 // refuses for ever, or let its worker's lease run out between heartbeats.
@@ -270,8 +278,8 @@ func checkFlags(c *cli.Context) error {
 		}
 	}
 	for _, f := range []string{"capacity-device", "capacity-host", "capacity-disk"} {
-		if n := c.Int64(f); n < 0 {
-			return usage("--%s %d: want >= 0 (0: unknown)", f, n)
+		if n := c.Int64(f); n < 0 || n > maxCapacityBlocks {
+			return usage("--%s %d: want the tier's capacity in blocks, 0 (unknown) to %d (2^40)", f, n, int64(maxCapacityBlocks))
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -68,8 +69,10 @@ func (oc offloadConfig) check() error {
 	switch {
 	case oc.BlockBytes <= 0:
 		return fmt.Errorf("--block-bytes %d: want the size of one KV block in bytes", oc.BlockBytes)
-	case oc.HostBlocks < 0 || oc.DiskBlocks < 0:
-		return fmt.Errorf("--host-blocks %d, --disk-blocks %d: want 0 or more", oc.HostBlocks, oc.DiskBlocks)
+	case oc.HostBlocks < 0 || oc.HostBlocks > math.MaxInt32:
+		return fmt.Errorf("--host-blocks %d: want 0 (no G2) to %d blocks per rank", oc.HostBlocks, math.MaxInt32)
+	case oc.DiskBlocks < 0 || oc.DiskBlocks > math.MaxInt32:
+		return fmt.Errorf("--disk-blocks %d: want 0 (no G3) to %d blocks per rank", oc.DiskBlocks, math.MaxInt32)
 	case oc.HostBlocks == 0 && oc.DiskBlocks == 0:
 		return errors.New("--offload-socket needs --host-blocks or --disk-blocks")
 	case (oc.DiskBlocks > 0) != (oc.DiskDir != ""):
