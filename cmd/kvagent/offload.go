@@ -113,9 +113,14 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 			o.Close()
 		}
 	}()
-	if o.be, err = backend.Open(oc.Backend); err != nil {
+	be, err := backend.Open(oc.Backend)
+	if err != nil {
+		if errors.Is(err, backend.ErrNoCUDA) {
+			return nil, fmt.Errorf("open the %s backend: %w (give --backend host, or auto, on a machine without a GPU)", oc.Backend, err)
+		}
 		return nil, fmt.Errorf("open the %s backend: %w", oc.Backend, err)
 	}
+	o.be = be // only on success: Close closes it
 	var rps []engineapi.RankPools
 	for _, r := range ranks {
 		rp := engineapi.RankPools{Rank: r}

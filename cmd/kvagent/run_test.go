@@ -1,9 +1,12 @@
 package main
 
 import (
+	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -11,6 +14,8 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/kvrouter/kvrouter/offload/backend"
 )
 
 // A registration the router refuses as invalid ends the agent with the
@@ -51,4 +56,37 @@ func TestARefusedRegistrationEndsTheAgent(t *testing.T) {
 	if n := tries.Load(); n != 1 {
 		t.Errorf("%d registrations sent, want 1", n)
 	}
+}
+
+// TestCUDABackendWithoutAGPUFails: --backend cuda on a machine without a
+// GPU exits 1 saying there is no CUDA, and what to give instead. From a
+// review: it panicked (a nil *CUDA closed through the Backend interface).
+func TestCUDABackendWithoutAGPUFails(t *testing.T) {
+	if backend.Detect() == backend.KindCUDA {
+		t.Skip("a GPU machine: the test is about machines without one")
+	}
+	a := app()
+	a.ExitErrHandler = func(*cli.Context, error) {}
+	sock := filepath.Join(shortTempDir(t), "s")
+	err := a.Run([]string{"kvagent", "--metrics-addr", "", "--log-level", "error", "--worker-id", "1", "--block-size", "4",
+		"--nats-url", "nats://127.0.0.1:1", "--offload-socket", sock, "--block-bytes", "64", "--host-blocks", "4", "--backend", "cuda"})
+	var ec cli.ExitCoder
+	if err == nil || errors.As(err, &ec) && ec.ExitCode() != 1 || !errors.Is(err, backend.ErrNoCUDA) || !strings.Contains(err.Error(), "--backend host") {
+		t.Fatalf("kvagent --backend cuda without a GPU: %v, want exit 1 saying there is no CUDA and naming --backend host", err)
+	}
+	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the offload socket is left behind: %v", err)
+	}
+}
+
+// shortTempDir is a temporary directory with a path short enough for a
+// Unix socket (t.TempDir's can be past the 108 bytes of sun_path).
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kvagent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }

@@ -210,7 +210,8 @@ type Backend interface {
 
 // Open opens a Backend of the given kind. KindAuto picks cuda when Detect
 // finds a GPU and host otherwise; KindCUDA fails with an error wrapping
-// ErrNoCUDA when the driver or a device is missing.
+// ErrNoCUDA when the driver or a device is missing. On an error the
+// Backend is nil.
 func Open(kind Kind) (Backend, error) {
 	switch kind {
 	case KindAuto, "":
@@ -227,7 +228,11 @@ func Open(kind Kind) (Backend, error) {
 	case KindHost:
 		return NewHost()
 	case KindCUDA:
-		return OpenCUDA(CUDAConfig{})
+		b, err := OpenCUDA(CUDAConfig{})
+		if err != nil {
+			return nil, err // not b: a nil *CUDA is a non-nil Backend
+		}
+		return b, nil
 	default:
 		return nil, fmt.Errorf("open backend %q: %w", kind, ErrInvalidArgument)
 	}

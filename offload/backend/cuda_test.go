@@ -30,8 +30,11 @@ func TestOpenCUDAWithoutDriverIsErrNoCUDA(t *testing.T) {
 	if backend.Detect() == backend.KindCUDA {
 		return // a GPU machine: the rest is about machines without one
 	}
-	if _, err := backend.Open(backend.KindCUDA); !errors.Is(err, backend.ErrNoCUDA) {
-		t.Fatalf("Open(KindCUDA) without a GPU: err = %v, want ErrNoCUDA", err)
+	// From a review: the Backend was OpenCUDA's nil *CUDA, not a nil
+	// interface, and a caller that closed what it got back on an error
+	// panicked.
+	if be, err := backend.Open(backend.KindCUDA); !errors.Is(err, backend.ErrNoCUDA) || be != nil {
+		t.Fatalf("Open(KindCUDA) without a GPU: %#v, %v; want nil and ErrNoCUDA", be, err)
 	}
 	be, err := backend.Open(backend.KindAuto)
 	check(t, err)
