@@ -177,3 +177,24 @@ func TestCapacitiesPastTheBoundAreUsageErrors(t *testing.T) {
 		t.Errorf("capacities at the bound: %v", err)
 	}
 }
+
+// TestArgumentsAreUsageErrors: kvagent takes flags only; an argument is a
+// usage error (exit 2) that names it, and, after a boolean flag, says how
+// such a flag takes a value. From a review: "--bind false" set --bind,
+// took "false" as an argument, and dropped every flag after it (the flag
+// parser stops at the first argument) without a word.
+func TestArgumentsAreUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--block-size", "4", "--bind", "false", "--engine-endpoint", "tcp://127.0.0.1:15999"}, "--bind=false"},
+		{[]string{"--block-size", "4", "--learn-group-kinds", "false"}, "--learn-group-kinds=false"},
+		{[]string{"--block-size", "4", "stray"}, `"stray"`},
+	} {
+		wantUsage(t, tc.args, checkOnly(tc.args...), tc.want)
+	}
+	if err := checkOnly("--block-size", "4", "--bind=false", "--engine-endpoint", "tcp://127.0.0.1:15999"); err != nil {
+		t.Errorf("--bind=false: %v", err)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -239,6 +240,9 @@ const maxCapacityBlocks = 1 << 40
 // refuses for ever, or let its worker's lease run out between heartbeats.
 func checkFlags(c *cli.Context) error {
 	usage := func(format string, args ...any) error { return cli.Exit(fmt.Sprintf(format, args...), 2) }
+	if c.NArg() > 0 {
+		return usage("%s", strayArgument(c))
+	}
 	hb, lease := c.Duration("heartbeat-interval"), c.Duration("lease")
 	switch {
 	case !c.IsSet("worker-id"):
@@ -283,6 +287,30 @@ func checkFlags(c *cli.Context) error {
 		}
 	}
 	return nil
+}
+
+// strayArgument says what is wrong with the command line's arguments:
+// kvagent takes flags only, and the flag parser stops at the first
+// argument, ignoring every flag after it. A "true" or "false" there most
+// likely followed a boolean flag ("--bind false"), which takes no
+// separate value: the message names the form that works.
+func strayArgument(c *cli.Context) string {
+	arg := c.Args().First()
+	msg := fmt.Sprintf("unexpected argument %q: kvagent takes flags only, and the flags after it would be ignored", arg)
+	v, err := strconv.ParseBool(arg)
+	if err != nil {
+		return msg
+	}
+	var named []string
+	for _, f := range c.App.Flags {
+		if bf, ok := f.(*cli.BoolFlag); ok && c.IsSet(bf.Name) && c.Bool(bf.Name) {
+			named = append(named, fmt.Sprintf("--%s=%t", bf.Name, v))
+		}
+	}
+	if len(named) == 0 {
+		named = []string{fmt.Sprintf("--<flag>=%t", v)}
+	}
+	return fmt.Sprintf("%s; a boolean flag takes its value after an =: %s", msg, strings.Join(named, " or "))
 }
 
 // agentConfig is the agent's configuration as the flags set it; run adds
