@@ -105,8 +105,9 @@ func app() *cli.App {
 
 func run(c *cli.Context) error {
 	// Signals are caught from the start: one during a slow start (pinned
-	// memory, a disk pool opening) still closes what was opened.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// memory, a disk pool opening) still closes what was opened. The app's
+	// context ending (a test's) stops the agent as a signal does.
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := checkFlags(c); err != nil {
 		return err

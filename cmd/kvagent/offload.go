@@ -55,6 +55,16 @@ func offloadConfigFrom(c *cli.Context) (offloadConfig, error) {
 	if err != nil {
 		return offloadConfig{}, fmt.Errorf("--backend: %w", err)
 	}
+	if c.String("offload-socket") == "" {
+		// The offload side runs only with its socket: its other flags
+		// alone would start an agent without it, and no word.
+		for _, f := range offloadCLIFlags() {
+			if name := f.Names()[0]; name != "offload-socket" && c.IsSet(name) {
+				return offloadConfig{}, fmt.Errorf("--%s (or %s) is for the offload side, which runs only with --offload-socket: give --offload-socket, or leave --%s out",
+					name, f.(cli.DocGenerationFlag).GetEnvVars()[0], name)
+			}
+		}
+	}
 	oc := offloadConfig{Socket: c.String("offload-socket"), Backend: kind, BlockBytes: c.Int("block-bytes"),
 		HostBlocks: c.Int("host-blocks"), DiskDir: c.String("disk-dir"), DiskBlocks: c.Int("disk-blocks"),
 		Workers: c.Int("offload-workers"), Queue: c.Int("offload-queue"), Threshold: c.Int("offload-filter-threshold"),

@@ -277,3 +277,38 @@ func TestRegistrationPassesOverAHungNode(t *testing.T) {
 		t.Fatalf("registration with a hung first node: %v, %d reached the healthy one", err, hits.Load())
 	}
 }
+
+// TestOffloadFlagsWithoutTheSocketAreUsageErrors: an offload flag without
+// --offload-socket is a usage error (exit 2) naming --offload-socket. From
+// a review: "--host-blocks 10" or "--disk-dir /tmp/x" alone started an
+// agent with no offload, and no word of it.
+func TestOffloadFlagsWithoutTheSocketAreUsageErrors(t *testing.T) {
+	// Without the check the agent starts: the context stops it.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, args := range [][]string{
+		{"--host-blocks", "10"},
+		{"--disk-dir", "/nonexistent/g3"},
+		{"--disk-blocks", "10"},
+		{"--block-bytes", "64"},
+		{"--backend", "host"},
+		{"--onboard-timeout", "2s"},
+	} {
+		a := app()
+		a.ExitErrHandler = func(*cli.Context, error) {}
+		err := a.RunContext(ctx, append([]string{"kvagent", "--metrics-addr", "", "--log-level", "error", "--worker-id", "1", "--block-size", "4",
+			"--nats-url", "nats://127.0.0.1:1"}, args...))
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), "--offload-socket") || !strings.Contains(err.Error(), args[0]) {
+			t.Errorf("kvagent %v: %v, want exit 2 naming %s and --offload-socket", args, err, args[0])
+		}
+	}
+	t.Setenv("KVAGENT_HOST_BLOCKS", "10")
+	a := app()
+	a.ExitErrHandler = func(*cli.Context, error) {}
+	err := a.RunContext(ctx, []string{"kvagent", "--metrics-addr", "", "--log-level", "error", "--worker-id", "1", "--block-size", "4", "--nats-url", "nats://127.0.0.1:1"})
+	var ec cli.ExitCoder
+	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), "KVAGENT_HOST_BLOCKS") {
+		t.Errorf("KVAGENT_HOST_BLOCKS without an offload socket: %v, want exit 2 naming the variable", err)
+	}
+}
