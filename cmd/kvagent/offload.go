@@ -3,11 +3,13 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -149,6 +151,10 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 			}
 			pc.Capacity = oc.DiskBlocks
 			if rp.Disk, err = pool.OpenDisk(dir, pc, pool.DiskOptions{}); err != nil {
+				if lockedByAnother(err) {
+					return nil, fmt.Errorf("rank %s: %s is locked by another process: another kvagent using --disk-dir %s? (give each agent a --disk-dir of its own): %w",
+						r, dir, oc.DiskDir, err)
+				}
 				return nil, fmt.Errorf("rank %s: %w", r, err)
 			}
 			o.disks = append(o.disks, rp.Disk)
@@ -169,6 +175,16 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 		return nil, err
 	}
 	return o, nil
+}
+
+// lockedByAnother reports whether err, from opening a disk pool, is its
+// database's lock held by another process: Pebble's lock is an fcntl
+// lock on <dir>/LOCK, which fails with EAGAIN (or, by POSIX, EACCES) when
+// another process holds it. An EACCES from opening the file is a
+// *fs.PathError: a permission problem, not a lock.
+func lockedByAnother(err error) bool {
+	var pe *fs.PathError
+	return errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) && !errors.As(err, &pe)
 }
 
 // Close stops the offload side in order: the engine API (its Managers

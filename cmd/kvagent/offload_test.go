@@ -1,20 +1,25 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -311,4 +316,65 @@ func TestOffloadFlagsWithoutTheSocketAreUsageErrors(t *testing.T) {
 	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), "KVAGENT_HOST_BLOCKS") {
 		t.Errorf("KVAGENT_HOST_BLOCKS without an offload socket: %v, want exit 2 naming the variable", err)
 	}
+}
+
+// TestADiskDirInUseSaysSo: a --disk-dir whose pool another process holds
+// (another kvagent) fails saying it is locked, naming the flag. From a
+// review: the error was "open disk pool ...: resource temporarily
+// unavailable".
+func TestADiskDirInUseSaysSo(t *testing.T) {
+	oc := offloadConfig{Socket: filepath.Join(shortTempDir(t), "s"), Backend: backend.KindHost, BlockBytes: 64,
+		DiskDir: t.TempDir(), DiskBlocks: 16, Workers: 1, Queue: 8, Threshold: 2, OnboardTimeout: time.Second}
+	dir := filepath.Join(oc.DiskDir, "dp0")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// The lock is a process's (fcntl), so another process holds it: this
+	// test binary, running TestHelperHoldsALock.
+	holder := exec.Command(os.Args[0], "-test.run=^TestHelperHoldsALock$")
+	holder.Env = append(os.Environ(), "KVAGENT_TEST_HOLD_LOCK="+filepath.Join(dir, "LOCK"))
+	release, err := holder.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := holder.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Wait()
+	defer release.Close()
+	if line, err := bufio.NewReader(out).ReadString('\n'); line != "locked\n" {
+		t.Fatalf("the lock holder said %q, %v", line, err)
+	}
+	o, err := startOffload(oc, []kvevent.Rank{{Worker: 1, DP: 0}}, newFakeAgent(), prometheus.NewRegistry(), quiet)
+	if err == nil {
+		o.Close()
+		t.Fatal("the agent opened a disk pool another process holds")
+	}
+	if !strings.Contains(err.Error(), "locked by another process") || !strings.Contains(err.Error(), "--disk-dir "+oc.DiskDir) {
+		t.Fatalf("a disk pool in use: %v, want it said locked by another process, naming --disk-dir %s", err, oc.DiskDir)
+	}
+}
+
+// TestHelperHoldsALock is TestADiskDirInUseSaysSo's other process: it
+// locks the file KVAGENT_TEST_HOLD_LOCK names as Pebble does, says
+// "locked", and holds the lock until its stdin closes.
+func TestHelperHoldsALock(t *testing.T) {
+	name := os.Getenv("KVAGENT_TEST_HOLD_LOCK")
+	if name == "" {
+		t.Skip("TestADiskDirInUseSaysSo's helper process")
+	}
+	f, err := os.Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.FcntlFlock(f.Fd(), syscall.F_SETLK, &syscall.Flock_t{Type: syscall.F_WRLCK}); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("locked")
+	io.Copy(io.Discard, os.Stdin)
 }
