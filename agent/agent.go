@@ -268,11 +268,15 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 	defer t.Stop()
 	body := eventplane.AppendHeartbeat(nil, []uint64{a.cfg.Worker})
 	warned := false
+	var failing heartbeatFailures
 	for {
 		sent := beats.Add(1)
 		hctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval)
 		msg, err := a.cfg.Conn.RequestWithContext(hctx, a.cfg.HeartbeatSubject, body)
 		cancel()
+		if ctx.Err() == nil {
+			a.noteHeartbeat(&failing, err, time.Now())
+		}
 		if err == nil {
 			if unknown, err := eventplane.DecodeHeartbeat(msg.Data); err == nil && len(unknown) > 0 {
 				if kick != nil {
@@ -295,6 +299,47 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 		case <-t.C:
 		}
 	}
+}
+
+// heartbeatFailures is what heartbeats remembers of a run of failed
+// heartbeats.
+type heartbeatFailures struct {
+	since  time.Time // the first failure of the run; zero while they go through
+	warned time.Time // the last warning of the run; zero before the first
+}
+
+// noteHeartbeat logs what a run of failed heartbeats means, once it has
+// lasted the worker's lease (or, without a lease, 10 heartbeat intervals):
+// the leader has removed the worker, or will. It warns again each lease
+// while the run goes on, and says at Info when a heartbeat goes through
+// after a warning. Each failure is logged at Debug.
+func (a *Agent) noteHeartbeat(f *heartbeatFailures, err error, now time.Time) {
+	if err == nil {
+		if !f.warned.IsZero() {
+			a.log.Info("heartbeats answered again", "worker", a.cfg.Worker, "after", now.Sub(f.since).Round(time.Millisecond))
+		}
+		*f = heartbeatFailures{}
+		return
+	}
+	a.log.Debug("heartbeat failed", "worker", a.cfg.Worker, "err", err)
+	if f.since.IsZero() {
+		f.since = now
+	}
+	lease := time.Duration(a.cfg.Registration.LeaseMs) * time.Millisecond
+	period := lease
+	if period <= 0 {
+		period = 10 * a.cfg.HeartbeatInterval
+	}
+	if now.Sub(f.since) < period || !f.warned.IsZero() && now.Sub(f.warned) < period {
+		return
+	}
+	f.warned = now
+	msg := "heartbeats have failed for longer than the worker's lease: the router has removed the worker, or will, and routes nothing to it; " +
+		"check that NATS (--nats-url) and the routers are up and reachable"
+	if lease <= 0 {
+		msg = "heartbeats have failed for 10 heartbeat intervals: the router may not hear of this worker; check that NATS (--nats-url) and the routers are up and reachable"
+	}
+	a.log.Warn(msg, "worker", a.cfg.Worker, "for", now.Sub(f.since).Round(time.Millisecond), "lease", lease, "err", err)
 }
 
 // registrations registers the worker each time kick asks, retrying with

@@ -16,11 +16,13 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -116,7 +118,7 @@ func run(c *cli.Context) error {
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
 		return cli.Exit(fmt.Sprintf("--log-level: %v", err), 2)
 	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	logger := slog.New(slog.NewTextHandler(c.App.ErrWriter, &slog.HandlerOptions{Level: level}))
 	oc, err := offloadConfigFrom(c)
 	if err != nil {
 		return cli.Exit(err.Error(), 2) // the offload flags, as the others: a usage error
@@ -137,13 +139,18 @@ func run(c *cli.Context) error {
 		User: c.String("nats-user"), Password: c.String("nats-password"), Creds: c.String("nats-creds"),
 		TLSCA: c.String("nats-tls-ca"), TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key")}.NATSOptions()
 	// A NATS not up yet (the routers start beside the agents) is waited
-	// for, as a lost connection is.
+	// for, as a lost connection is; both are logged.
+	nl := &natsLog{log: logger}
 	opts = append(opts, nats.RetryOnFailedConnect(true))
+	opts = append(opts, nl.options()...)
 	nc, err := nats.Connect(c.String("nats-url"), opts...)
 	if err != nil {
 		return fmt.Errorf("connect to nats %s: %w", c.String("nats-url"), err)
 	}
-	defer nc.Close()
+	defer func() {
+		nl.closing.Store(true)
+		nc.Close()
+	}()
 
 	cfg := agentConfig(c)
 	cfg.Conn, cfg.Registerer, cfg.Logger = nc, reg, logger
@@ -265,6 +272,9 @@ func checkFlags(c *cli.Context) error {
 	case lease > 0 && lease <= hb:
 		return usage("--lease %v is not longer than --heartbeat-interval %v: the worker would be removed between heartbeats", lease, hb)
 	}
+	if err := checkNATSURLs(c.String("nats-url")); err != nil {
+		return usage("--nats-url %q: %v", c.String("nats-url"), err)
+	}
 	// The router would refuse the registration.
 	for _, f := range []string{"salt", "model", "endpoint"} {
 		if why := limits.Name(c.String(f)); why != "" {
@@ -288,6 +298,100 @@ func checkFlags(c *cli.Context) error {
 		}
 	}
 	return nil
+}
+
+// checkNATSURLs says what is wrong with a --nats-url, nil when nothing
+// is: it must list, comma-separated, at least one URL of a NATS server,
+// as nats.Connect takes them: [scheme://][user[:password]@]host[:port],
+// the scheme nats (the default), tls, ws or wss, websocket URLs not mixed
+// with others. Without the check a URL nats.go cannot reach ("http//bad
+// url" is a host named http) is retried for ever.
+func checkNATSURLs(s string) error {
+	n, ws := 0, 0
+	for _, u := range strings.Split(s, ",") {
+		if u = strings.TrimSpace(u); u == "" {
+			continue // nats.Connect skips it too
+		}
+		n++
+		full := u
+		if !strings.Contains(u, "://") {
+			full = "nats://" + u
+		}
+		p, err := url.Parse(full)
+		if err != nil {
+			return fmt.Errorf("%q is not a URL: %w", u, err)
+		}
+		switch strings.ToLower(p.Scheme) {
+		case "nats", "tls":
+		case "ws", "wss":
+			ws++
+		default:
+			return fmt.Errorf("%q: scheme %q, want nats://host:port (or tls://, ws://, wss://)", u, p.Scheme)
+		}
+		if p.Hostname() == "" {
+			return fmt.Errorf("%q has no host: want nats://host:port", u)
+		}
+		if port := p.Port(); port != "" { // none: nats.Connect takes the scheme's default
+			if v, err := strconv.ParseUint(port, 10, 16); err != nil || v == 0 {
+				return fmt.Errorf("%q: port %q, want 1 to 65535", u, port)
+			}
+		}
+		if p.Path != "" && p.Path != "/" || p.RawQuery != "" || p.Fragment != "" || p.Opaque != "" {
+			return fmt.Errorf("%q has more than a host and port (a path, query or fragment): want nats://host:port", u)
+		}
+	}
+	switch {
+	case n == 0:
+		return errors.New("no URL: want nats://host:port[,nats://host:port...]")
+	case ws > 0 && ws < n:
+		return errors.New("websocket URLs (ws://, wss://) mixed with others: NATS takes one kind or the other")
+	}
+	return nil
+}
+
+// natsLog logs the agent's NATS connection as it comes and goes: the
+// connection is retried for ever in the background (reconnects included),
+// and without this the agent said nothing while it could not reach NATS.
+// Only the first failure of a run of them is logged (at Warn); the
+// connection made, or made again, ends the run (Info).
+type natsLog struct {
+	log     *slog.Logger
+	failing atomic.Bool // a failure was logged, and no connection made since
+	closing atomic.Bool // the agent closes the connection: its close is no failure
+}
+
+func (l *natsLog) options() []nats.Option {
+	return []nats.Option{
+		nats.ConnectHandler(func(nc *nats.Conn) {
+			l.failing.Store(false)
+			l.log.Info("connected to NATS", "url", nc.ConnectedUrlRedacted())
+		}),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			// Each try that fails: the first connection's, and a lost
+			// one's (every 250 ms).
+			if l.failing.CompareAndSwap(false, true) {
+				l.log.Warn("cannot reach NATS; retrying until it answers (check --nats-url, and that the routers' NATS is up)", "err", err)
+			}
+		}),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if l.closing.Load() {
+				return
+			}
+			l.failing.Store(true)
+			l.log.Warn("lost the NATS connection; reconnecting (events wait, and heartbeats fail, until it is back)", "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			l.failing.Store(false)
+			l.log.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted())
+		}),
+		nats.ClosedHandler(func(nc *nats.Conn) {
+			if l.closing.Load() {
+				return
+			}
+			l.log.Error("the NATS connection is closed for good: the agent publishes nothing more, and its worker's lease runs out; restart it",
+				"err", nc.LastError())
+		}),
+	}
 }
 
 // strayArgument says what is wrong with the command line's arguments:

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/kvrouter/kvrouter/eventplane"
+)
+
+// logBuffer is an io.Writer for the agent's log (the app's ErrWriter),
+// safe for concurrent use.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// has reports whether a line of the log holds all of want.
+func (l *logBuffer) has(want ...string) bool {
+	for _, line := range strings.Split(l.String(), "\n") {
+		ok := line != ""
+		for _, w := range want {
+			ok = ok && strings.Contains(line, w)
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+// waitFor polls cond until it holds, or fails the test after 15 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// freePort is a TCP port nothing listens on (one the system gave and
+// took back).
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// agentRun is a kvagent started by a test, its log in logs.
+type agentRun struct {
+	logs   *logBuffer
+	cancel context.CancelFunc
+	done   chan error
+	err    error // what it returned, once stopped
+}
+
+// startKvagent runs kvagent with args (after a quiet --metrics-addr) until
+// stop.
+func startKvagent(t *testing.T, args ...string) *agentRun {
+	t.Helper()
+	r := &agentRun{logs: &logBuffer{}, done: make(chan error, 1)}
+	a := app()
+	a.ExitErrHandler = func(*cli.Context, error) {}
+	a.ErrWriter = r.logs
+	var ctx context.Context
+	ctx, r.cancel = context.WithCancel(context.Background())
+	go func() { r.done <- a.RunContext(ctx, append([]string{"kvagent", "--metrics-addr", ""}, args...)) }()
+	t.Cleanup(func() { r.stop(t) })
+	return r
+}
+
+// stop stops the agent (once) and returns what it returned.
+func (r *agentRun) stop(t *testing.T) error {
+	t.Helper()
+	r.cancel()
+	select {
+	case err, ok := <-r.done:
+		if ok {
+			close(r.done)
+			r.err = err
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("kvagent still runs 30 s after it was stopped")
+	}
+	return r.err
+}
+
+// TestNATSURLIsChecked: a --nats-url that is not a list of NATS URLs is a
+// usage error (exit 2). From a review: "http//bad url" started an agent
+// that retried it for ever, without a word.
+func TestNATSURLIsChecked(t *testing.T) {
+	for _, u := range []string{"http//bad url", "http://127.0.0.1:4222", "nats://", "", " , ", "nats://h:99999", "nats://h:x",
+		"nats://127.0.0.1:4222,ws://127.0.0.1:8080", "nats://h:4222/path"} {
+		args := []string{"--block-size", "4", "--nats-url", u}
+		wantUsage(t, args, checkOnly(args...), "--nats-url")
+	}
+	for _, u := range []string{"nats://127.0.0.1:4222", "127.0.0.1:4222", "nats://a:4221, tls://b:4222", "localhost", "nats://h:4222,",
+		"nats://user:pass@h:4222", "wss://h", "[::1]:4222"} {
+		if err := checkOnly("--block-size", "4", "--nats-url", u); err != nil {
+			t.Errorf("--nats-url %q: %v", u, err)
+		}
+	}
+}
+
+// TestNATSConnectionIsLogged: the agent logs, through its logger, that
+// NATS cannot be reached, the connection made, lost and made again. From
+// a review: it logged nothing while it could not reach NATS.
+func TestNATSConnectionIsLogged(t *testing.T) {
+	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	r := startKvagent(t, "--worker-id", "1", "--block-size", "4", "--nats-url", "nats://"+addr,
+		"--engine-endpoint", "tcp://127.0.0.1:"+strconv.Itoa(freePort(t)))
+	waitFor(t, "a warning that NATS cannot be reached", func() bool { return r.logs.has("level=WARN", "cannot reach NATS") })
+	serve := func() func() {
+		ns, err := eventplane.StartServer(eventplane.ServerConfig{Name: "n1", Addr: addr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return func() { ns.Shutdown(); ns.WaitForShutdown() }
+	}
+	shutdown := serve()
+	waitFor(t, "the connection to NATS logged", func() bool { return r.logs.has("level=INFO", "connected to NATS", addr) })
+	shutdown()
+	waitFor(t, "the lost connection logged", func() bool { return r.logs.has("level=WARN", "lost the NATS connection") })
+	shutdown = serve()
+	defer shutdown()
+	waitFor(t, "the reconnection logged", func() bool { return r.logs.has("level=INFO", "reconnected to NATS", addr) })
+	if err := r.stop(t); err != nil {
+		t.Fatalf("kvagent: %v", err)
+	}
+	if r.logs.has("NATS connection is closed") {
+		t.Errorf("the connection closed at shutdown is logged as a failure:\n%s", r.logs)
+	}
+}
