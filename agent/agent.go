@@ -218,18 +218,32 @@ func (a *Agent) Subscribers() []*enginesub.Subscriber { return a.group.Subscribe
 // Run resyncs every rank and follows the engine until ctx ends. It returns
 // nil when ctx is cancelled, and an error wrapping ErrRegistrationRefused
 // and the router's answer when the router refused the registration.
+//
+// The worker is registered, and heartbeats sent, only once every
+// subscriber has opened its socket: a subscriber that cannot (a bind to
+// an address in use) ends Run before the router takes the worker for
+// followed.
 func (a *Agent) Run(ctx context.Context) error {
 	for _, r := range a.ranks {
 		a.pub.Resync(r)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	ran := make(chan error, 1)
+	go func() { ran <- a.group.Run(ctx) }()
+	for _, s := range a.group.Subscribers() {
+		select {
+		case <-s.Ready():
+		case err := <-ran:
+			return err
+		}
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		a.heartbeats(ctx, cancel)
 	}()
-	err := a.group.Run(ctx)
+	err := <-ran
 	cancel(nil)
 	<-done
 	if cause := context.Cause(ctx); errors.Is(cause, ErrRegistrationRefused) {

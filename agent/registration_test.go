@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 )
@@ -176,5 +178,46 @@ func TestNewReconcilesTheRegisteredBlockSize(t *testing.T) {
 			a.Close()
 		}
 		t.Errorf("New with Config.BlockSize 16 and Registration.BlockSize 32: %v, want ErrConfig naming both", err)
+	}
+}
+
+// TestABindThatFailsRegistersNothing: when a subscriber cannot open its
+// socket (a bind to an address in use), Run fails before the worker is
+// registered or a heartbeat sent: the router must not take the worker for
+// followed. From a review: the registration went out beside the failing
+// bind.
+func TestABindThatFailsRegistersNothing(t *testing.T) {
+	r := startRouter(t)
+	inUse, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inUse.Close()
+	nc, err := nats.Connect(r.ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var beats atomic.Int32
+	sub, err := nc.Subscribe(eventplane.DefaultHeartbeatSubject, func(*nats.Msg) { beats.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	reg := &countingRegistrar{next: r.node}
+	a, err := New(Config{Worker: 7, Endpoint: "tcp://" + inUse.Addr().String(), Bind: true, BlockSize: 4, Conn: nc, Logger: quiet,
+		Registrar: reg, HeartbeatInterval: 10 * time.Millisecond, Registration: raftfsm.WorkerInfo{LeaseMs: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "bind") {
+		t.Fatalf("Run with a bind to an address in use: %v", err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n, b := reg.calls.Load(), beats.Load(); n != 0 || b != 0 {
+		t.Errorf("%d registrations and %d heartbeats sent by an agent whose bind failed", n, b)
 	}
 }

@@ -129,6 +129,25 @@ func run(c *cli.Context) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
+	// The ports first: one in use fails the start before anything else
+	// starts (the offload socket, the worker's registration).
+	if addr := c.String("metrics-addr"); addr != "" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr: %w (give each agent a port of its own, or --metrics-addr \"\" for none)", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+		go hs.Serve(ln)
+		defer hs.Close()
+		logger.Info("metrics listening", "addr", "http://"+ln.Addr().String()+"/metrics")
+	}
+	if c.Bool("bind") {
+		if err := checkBind(c.String("engine-endpoint"), uint32(c.Uint("dp-start")), c.Int("dp-size")); err != nil {
+			return err
+		}
+	}
 	// GPU inventory and telemetry; a machine without NVML gets a monitor
 	// that calls nothing (offload/nvml).
 	gpus := nvml.Open(nvml.Config{})
@@ -208,19 +227,6 @@ func run(c *cli.Context) error {
 		}()
 	}
 
-	if addr := c.String("metrics-addr"); addr != "" {
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return fmt.Errorf("--metrics-addr: %w", err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-		go hs.Serve(ln)
-		defer hs.Close()
-		logger.Info("metrics listening", "addr", "http://"+ln.Addr().String()+"/metrics")
-	}
-
 	logger.Info("kvagent following the engine", "worker", cfg.Worker, "endpoint", cfg.Endpoint,
 		"ranks", c.Int("dp-size"), "nats", c.String("nats-url"))
 	err = a.Run(ctx)
@@ -295,6 +301,44 @@ func checkFlags(c *cli.Context) error {
 	for _, f := range []string{"capacity-device", "capacity-host", "capacity-disk"} {
 		if n := c.Int64(f); n < 0 || n > maxCapacityBlocks {
 			return usage("--%s %d: want the tier's capacity in blocks, 0 (unknown) to %d (2^40)", f, n, int64(maxCapacityBlocks))
+		}
+	}
+	return nil
+}
+
+// checkBind fails when the event endpoint of a rank the agent binds
+// (--bind) is a TCP port in use. The subscribers bind only when the agent
+// runs, after the offload side has started and with the worker's
+// registration under way: a port in use found then is a start half made.
+// It checks the endpoints it can listen on as given (an IP address or *,
+// and a port) and leaves any other, and any other failure, to the
+// subscriber's own bind.
+func checkBind(endpoint string, first uint32, ranks int) error {
+	for i := range ranks {
+		dp := first + uint32(i)
+		ep, err := enginesub.RankEndpoint(endpoint, dp)
+		if err != nil {
+			return nil // checkFlags refused it already
+		}
+		hostport, ok := strings.CutPrefix(ep, "tcp://")
+		if !ok {
+			continue
+		}
+		host, port, err := net.SplitHostPort(hostport)
+		if err != nil || port == "*" || port == "0" {
+			continue
+		}
+		if host == "*" {
+			host = ""
+		} else if net.ParseIP(host) == nil {
+			continue // an interface name, which ZMQ resolves
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, port))
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("--bind: rank %d's event endpoint %s: %w (does another kvagent, or the engine itself, bind it?)", dp, ep, err)
+		}
+		if err == nil {
+			ln.Close()
 		}
 	}
 	return nil

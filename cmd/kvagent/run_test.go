@@ -90,3 +90,62 @@ func shortTempDir(t *testing.T) string {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
 }
+
+// TestAPortInUseFailsBeforeAnythingStarts: a --metrics-addr or a --bind
+// endpoint in use fails the start (exit 1, naming the flag) before the
+// offload socket is made, the worker registered or the engine followed.
+// From a review: the agent made the offload socket and logged "engine API
+// listening" before it found --metrics-addr in use, and logged "following
+// the engine" (and with --router registered the worker) before its bind
+// failed.
+func TestAPortInUseFailsBeforeAnythingStarts(t *testing.T) {
+	var registrations atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		registrations.Add(1)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	inUse, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inUse.Close()
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"metrics", []string{"--metrics-addr", inUse.Addr().String()}, "--metrics-addr"},
+		{"bind", []string{"--bind", "--engine-endpoint", "tcp://" + inUse.Addr().String()}, "--bind"},
+		{"bind, rank 1", []string{"--bind", "--dp-size", "2", "--engine-endpoint", "tcp://127.0.0.1:" +
+			strconv.Itoa(inUse.Addr().(*net.TCPAddr).Port-1)}, "rank 1"},
+	} {
+		if tc.name == "bind, rank 1" && inUse.Addr().(*net.TCPAddr).Port == 1 {
+			continue
+		}
+		r := startKvagent(t, append([]string{"--worker-id", "1", "--block-size", "4",
+			"--nats-url", "nats://127.0.0.1:" + strconv.Itoa(freePort(t)), "--router", strings.TrimPrefix(srv.URL, "http://"),
+			"--offload-socket", filepath.Join(shortTempDir(t), "s"), "--block-bytes", "64", "--host-blocks", "4", "--backend", "host"},
+			tc.args...)...)
+		var err error
+		select {
+		case err = <-r.done:
+			close(r.done)
+			r.err = err
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: kvagent still runs 30 s after its start with a port in use", tc.name)
+		}
+		var ec cli.ExitCoder
+		if err == nil || errors.As(err, &ec) && ec.ExitCode() != 1 || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "address already in use") {
+			t.Errorf("%s: kvagent: %v, want exit 1 naming %s and the address in use", tc.name, err, tc.want)
+		}
+		for _, started := range []string{"engine API listening", "following the engine", "worker registered"} {
+			if r.logs.has(started) {
+				t.Errorf("%s: kvagent logged %q before it failed:\n%s", tc.name, started, r.logs)
+			}
+		}
+		if n := registrations.Load(); n != 0 {
+			t.Errorf("%s: %d registrations sent before the start failed", tc.name, n)
+		}
+	}
+}
