@@ -127,6 +127,19 @@ func run(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := serve(ctx, stop, c, logger, oc, sec); err != nil {
+		return err
+	}
+	// Once serve's deferred closes have run: the offload side, the flush
+	// of the last events, the publisher, NATS.
+	logger.Info("kvagent stopped")
+	return nil
+}
+
+// serve starts the agent (and, with oc.Socket, its offload side), runs it
+// until ctx ends, calling stop then, and closes what it started before it
+// returns. It returns nil when ctx ended.
+func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger *slog.Logger, oc offloadConfig, sec routerSec) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
 	// The ports first: one in use fails the start before anything else
@@ -237,7 +250,6 @@ func run(c *cli.Context) error {
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
-	logger.Info("kvagent stopped")
 	return nil
 }
 

@@ -18,13 +18,17 @@ import (
 // logBuffer is an io.Writer for the agent's log (the app's ErrWriter),
 // safe for concurrent use.
 type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu      sync.Mutex
+	b       bytes.Buffer
+	onWrite func(line string) // when set, called with each line as it is written
 }
 
 func (l *logBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.onWrite != nil {
+		l.onWrite(string(p))
+	}
 	return l.b.Write(p)
 }
 
@@ -84,7 +88,14 @@ type agentRun struct {
 // stop.
 func startKvagent(t *testing.T, args ...string) *agentRun {
 	t.Helper()
-	r := &agentRun{logs: &logBuffer{}, done: make(chan error, 1)}
+	return startKvagentLogging(t, nil, args...)
+}
+
+// startKvagentLogging is startKvagent calling onLine (when not nil) with
+// each line the agent logs, as it logs it.
+func startKvagentLogging(t *testing.T, onLine func(string), args ...string) *agentRun {
+	t.Helper()
+	r := &agentRun{logs: &logBuffer{onWrite: onLine}, done: make(chan error, 1)}
 	a := app()
 	a.ExitErrHandler = func(*cli.Context, error) {}
 	a.ErrWriter = r.logs

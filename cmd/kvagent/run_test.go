@@ -149,3 +149,30 @@ func TestAPortInUseFailsBeforeAnythingStarts(t *testing.T) {
 		}
 	}
 }
+
+// TestStoppedIsLoggedLast: "kvagent stopped" is logged once the agent has
+// stopped: the offload side closed (its socket gone) and the publisher's
+// last events had their wait. From a review: it was logged before both.
+func TestStoppedIsLoggedLast(t *testing.T) {
+	sock := filepath.Join(shortTempDir(t), "s")
+	var sockAtStopped atomic.Value
+	r := startKvagentLogging(t, func(line string) {
+		if strings.Contains(line, "kvagent stopped") {
+			_, err := os.Stat(sock)
+			sockAtStopped.Store(err == nil)
+		}
+	}, "--worker-id", "1", "--block-size", "4", "--nats-url", "nats://127.0.0.1:"+strconv.Itoa(freePort(t)),
+		"--engine-endpoint", "tcp://127.0.0.1:"+strconv.Itoa(freePort(t)),
+		"--offload-socket", sock, "--block-bytes", "64", "--host-blocks", "4", "--backend", "host")
+	waitFor(t, "the agent following the engine", func() bool { return r.logs.has("following the engine") })
+	if err := r.stop(t); err != nil {
+		t.Fatalf("kvagent: %v", err)
+	}
+	if v, _ := sockAtStopped.Load().(bool); v || sockAtStopped.Load() == nil {
+		t.Fatalf("kvagent stopped logged while the offload socket was still there (%v), or not at all:\n%s", sockAtStopped.Load(), r.logs)
+	}
+	lines := strings.Split(strings.TrimSpace(r.logs.String()), "\n")
+	if !strings.Contains(lines[len(lines)-1], "kvagent stopped") {
+		t.Fatalf("the log does not end with kvagent stopped:\n%s", r.logs)
+	}
+}
