@@ -163,7 +163,7 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	}
 	// GPU inventory and telemetry; a machine without NVML gets a monitor
 	// that calls nothing (offload/nvml).
-	gpus := nvml.Open(nvml.Config{})
+	gpus := nvml.Open(nvml.Config{Logger: logger})
 	defer gpus.Close()
 	reg.MustRegister(nvml.NewCollector(gpus))
 

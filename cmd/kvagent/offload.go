@@ -125,7 +125,7 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 			o.Close()
 		}
 	}()
-	be, err := backend.Open(oc.Backend)
+	be, err := backend.OpenWith(oc.Backend, log)
 	if err != nil {
 		if errors.Is(err, backend.ErrNoCUDA) {
 			return nil, fmt.Errorf("open the %s backend: %w (give --backend host, or auto, on a machine without a GPU)", oc.Backend, err)

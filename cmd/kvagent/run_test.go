@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +17,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kvrouter/kvrouter/offload/backend"
+	"github.com/kvrouter/kvrouter/offload/nvml"
 )
 
 // A registration the router refuses as invalid ends the agent with the
@@ -174,5 +176,38 @@ func TestStoppedIsLoggedLast(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(r.logs.String()), "\n")
 	if !strings.Contains(lines[len(lines)-1], "kvagent stopped") {
 		t.Fatalf("the log does not end with kvagent stopped:\n%s", r.logs)
+	}
+}
+
+// TestGPUProbesLogThroughTheAgentsLogger: what the GPU telemetry (NVML)
+// and the offload backend say as they open goes through the agent's
+// logger, which --log-level filters, and nothing through the default
+// logger. From a review: "nvml: no GPU telemetry" and "offload backend:
+// using host copies" went through the default logger, in its own format,
+// even with --log-level error.
+func TestGPUProbesLogThroughTheAgentsLogger(t *testing.T) {
+	var defaultLog logBuffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&defaultLog, nil)))
+	defer slog.SetDefault(old)
+	noNVML := !nvml.Open(nvml.Config{Library: "libnvidia-ml.so.1", Logger: slog.New(slog.DiscardHandler)}).Available()
+	for _, level := range []string{"info", "error"} {
+		sock := filepath.Join(shortTempDir(t), "s")
+		r := startKvagent(t, "--log-level", level, "--worker-id", "1", "--block-size", "4",
+			"--nats-url", "nats://127.0.0.1:"+strconv.Itoa(freePort(t)), "--engine-endpoint", "tcp://127.0.0.1:"+strconv.Itoa(freePort(t)),
+			"--offload-socket", sock, "--block-bytes", "64", "--host-blocks", "4")
+		waitFor(t, "the offload socket", func() bool { _, err := os.Stat(sock); return err == nil })
+		if err := r.stop(t); err != nil {
+			t.Fatalf("kvagent: %v", err)
+		}
+		if level == "info" && (!r.logs.has("level=INFO", "offload backend:") || noNVML && !r.logs.has("level=INFO", "nvml: no GPU telemetry")) {
+			t.Errorf("--log-level info: the agent's log lacks the offload backend's or NVML's lines:\n%s", r.logs)
+		}
+		if level == "error" && (r.logs.has("offload backend:") || r.logs.has("nvml:")) {
+			t.Errorf("--log-level error: the agent's log has the offload backend's or NVML's lines:\n%s", r.logs)
+		}
+	}
+	if s := defaultLog.String(); s != "" {
+		t.Errorf("logged through the default logger:\n%s", s)
 	}
 }

@@ -212,23 +212,30 @@ type Backend interface {
 // finds a GPU and host otherwise; KindCUDA fails with an error wrapping
 // ErrNoCUDA when the driver or a device is missing. On an error the
 // Backend is nil.
-func Open(kind Kind) (Backend, error) {
+func Open(kind Kind) (Backend, error) { return OpenWith(kind, nil) }
+
+// OpenWith is Open logging through log (nil: slog.Default()): the kind
+// KindAuto picked and why, and what the backend opened logs.
+func OpenWith(kind Kind, log *slog.Logger) (Backend, error) {
+	if log == nil {
+		log = slog.Default()
+	}
 	switch kind {
 	case KindAuto, "":
 		if err := probeCUDA(defaultCUDALibrary); err != nil {
-			slog.Info("offload backend: using host copies", "reason", err)
+			log.Info("offload backend: using host copies", "reason", err)
 			return NewHost()
 		}
-		b, err := OpenCUDA(CUDAConfig{})
+		b, err := OpenCUDA(CUDAConfig{Logger: log})
 		if err != nil {
-			slog.Warn("offload backend: CUDA found but failed to open, using host copies", "err", err)
+			log.Warn("offload backend: CUDA found but failed to open, using host copies", "err", err)
 			return NewHost()
 		}
 		return b, nil
 	case KindHost:
 		return NewHost()
 	case KindCUDA:
-		b, err := OpenCUDA(CUDAConfig{})
+		b, err := OpenCUDA(CUDAConfig{Logger: log})
 		if err != nil {
 			return nil, err // not b: a nil *CUDA is a non-nil Backend
 		}

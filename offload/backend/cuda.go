@@ -18,6 +18,9 @@ type CUDAConfig struct {
 	// Device is the CUDA device ordinal (as the driver numbers devices,
 	// after CUDA_VISIBLE_DEVICES).
 	Device int
+	// Logger logs the device opened and the failures the backend goes on
+	// after; nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // CUDA is the Backend that copies with the CUDA driver API on one device.
@@ -39,6 +42,7 @@ type CUDA struct {
 	dev  int32
 	ctx  uintptr
 	name string
+	log  *slog.Logger
 
 	reg    registry
 	closed atomic.Bool
@@ -72,7 +76,12 @@ func OpenCUDA(cfg CUDAConfig) (*CUDA, error) {
 	if cfg.Device < 0 || cfg.Device >= int(count) {
 		return nil, fmt.Errorf("open cuda: device %d of %d: %w", cfg.Device, count, ErrNoCUDA)
 	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
 	c := &CUDA{
+		log:     log,
 		drv:     d,
 		streams: make(map[*cudaStream]struct{}),
 		events:  make(map[*cudaEvent]struct{}),
@@ -92,7 +101,7 @@ func OpenCUDA(cfg CUDAConfig) (*CUDA, error) {
 	}
 	var ver int32
 	_ = d.cuDriverGetVersion(&ver)
-	slog.Info("offload backend: CUDA opened", "device", c.name, "driver_version", ver, "library", path)
+	c.log.Info("offload backend: CUDA opened", "device", c.name, "driver_version", ver, "library", path)
 	return c, nil
 }
 
@@ -211,7 +220,7 @@ func (c *CUDA) free(r region, kind memKind) error {
 		return err
 	}
 	if err := c.call(func() error { return c.drv.check("cuCtxSynchronize", c.drv.cuCtxSynchronize()) }); err != nil {
-		slog.Warn("offload backend: synchronize before free failed", "err", err)
+		c.log.Warn("offload backend: synchronize before free failed", "err", err)
 	}
 	if err := c.release(rec); err != nil {
 		return fmt.Errorf("free %s %#x+%d: %w", kind, r.ptr, r.n, err)

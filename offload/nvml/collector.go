@@ -2,7 +2,6 @@ package nvml
 
 import (
 	"errors"
-	"log/slog"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,7 +63,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		up = 0
 		// Not an invalid metric: that would fail the agent's whole scrape.
 		if !errors.Is(err, ErrNoNVML) && !errors.Is(err, ErrClosed) {
-			slog.Warn("nvml: scrape failed", "err", err)
+			c.m.logger().Warn("nvml: scrape failed", "err", err)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up)

@@ -53,6 +53,9 @@ type Inventory struct {
 type Config struct {
 	// Library is the NVML library to load; "" means libnvidia-ml.so.1.
 	Library string
+	// Logger logs what the Monitor finds (no NVML, a GPU it cannot
+	// read, a scrape that failed); nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // driver is the part of a Monitor that talks to NVML; it exists only after
@@ -64,16 +67,29 @@ type driver interface {
 
 // Monitor reads GPU inventory and telemetry. It is safe for concurrent use.
 type Monitor struct {
+	log    *slog.Logger
 	mu     sync.Mutex
 	drv    driver // nil when NVML is unavailable or the Monitor is closed
 	reason error  // why drv is nil (wraps ErrNoNVML), nil while drv is set
 	closed bool
 }
 
-func unavailable(reason error) *Monitor {
-	slog.Info("nvml: no GPU telemetry", "reason", reason)
-	return &Monitor{reason: reason}
+// logger is log, or slog.Default() when nil.
+func logger(log *slog.Logger) *slog.Logger {
+	if log == nil {
+		return slog.Default()
+	}
+	return log
 }
+
+func unavailable(reason error, log *slog.Logger) *Monitor {
+	log = logger(log)
+	log.Info("nvml: no GPU telemetry", "reason", reason)
+	return &Monitor{log: log, reason: reason}
+}
+
+// logger is the Monitor's logger (a zero Monitor's: slog.Default()).
+func (m *Monitor) logger() *slog.Logger { return logger(m.log) }
 
 // Available reports whether NVML initialised.
 func (m *Monitor) Available() bool {

@@ -18,24 +18,29 @@ func Open(cfg Config) *Monitor {
 		path = cfg.Library
 		opts = append(opts, gonvml.WithLibraryPath(path))
 	}
-	return openLibrary(gonvml.New(opts...), path)
+	return openLibrary(gonvml.New(opts...), path, cfg.Logger)
 }
 
 // OpenLibrary initialises an NVML interface the caller made (a mock in
 // tests, or a library with custom options). Like Open it never fails, and it
-// calls nothing but Init on lib unless Init succeeds.
-func OpenLibrary(lib gonvml.Interface) *Monitor { return openLibrary(lib, "NVML") }
+// calls nothing but Init on lib unless Init succeeds. It logs through
+// slog.Default().
+func OpenLibrary(lib gonvml.Interface) *Monitor { return openLibrary(lib, "NVML", nil) }
 
-func openLibrary(lib gonvml.Interface, name string) *Monitor {
+func openLibrary(lib gonvml.Interface, name string, log *slog.Logger) *Monitor {
 	// go-nvml's Init loads the library first and returns
 	// ERROR_LIBRARY_NOT_FOUND, without calling into C, when it is missing.
 	if ret := lib.Init(); ret != gonvml.SUCCESS {
-		return unavailable(fmt.Errorf("%w: nvmlInit (%s): %s", ErrNoNVML, name, retName(ret)))
+		return unavailable(fmt.Errorf("%w: nvmlInit (%s): %s", ErrNoNVML, name, retName(ret)), log)
 	}
-	return &Monitor{drv: &nvmlDriver{lib: lib}}
+	log = logger(log)
+	return &Monitor{log: log, drv: &nvmlDriver{lib: lib, log: log}}
 }
 
-type nvmlDriver struct{ lib gonvml.Interface }
+type nvmlDriver struct {
+	lib gonvml.Interface
+	log *slog.Logger
+}
 
 func (d *nvmlDriver) inventory() (Inventory, error) {
 	var inv Inventory
@@ -50,10 +55,10 @@ func (d *nvmlDriver) inventory() (Inventory, error) {
 		dev, ret := d.lib.DeviceGetHandleByIndex(i)
 		if ret != gonvml.SUCCESS {
 			// A lost or inaccessible GPU: skip it, report the rest.
-			slog.Warn("nvml: cannot open GPU", "gpu", i, "err", retName(ret))
+			d.log.Warn("nvml: cannot open GPU", "gpu", i, "err", retName(ret))
 			continue
 		}
-		inv.GPUs = append(inv.GPUs, readGPU(i, dev))
+		inv.GPUs = append(inv.GPUs, readGPU(i, dev, d.log))
 	}
 	return inv, nil
 }
@@ -61,11 +66,11 @@ func (d *nvmlDriver) inventory() (Inventory, error) {
 // readGPU reads each attribute on its own, leaving the ones NVML refuses
 // (ERROR_NOT_SUPPORTED on some boards, ERROR_NO_PERMISSION in containers) at
 // zero.
-func readGPU(i int, dev gonvml.Device) GPU {
+func readGPU(i int, dev gonvml.Device, log *slog.Logger) GPU {
 	g := GPU{Index: i}
 	note := func(attr string, ret gonvml.Return) bool {
 		if ret != gonvml.SUCCESS {
-			slog.Debug("nvml: attribute unavailable", "gpu", i, "attr", attr, "err", retName(ret))
+			log.Debug("nvml: attribute unavailable", "gpu", i, "attr", attr, "err", retName(ret))
 			return false
 		}
 		return true
