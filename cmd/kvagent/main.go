@@ -255,11 +255,9 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 
 // maxCapacityBlocks bounds each tier's capacity the agent registers
 // (--capacity-*, and --host-blocks and --disk-blocks, which stand in for
-// --capacity-host and --capacity-disk with offload): 2⁴⁰ blocks, a
-// thousand times the largest cache one rank could hold (a petabyte of
-// 1 KiB blocks). The router's index sizes per-rank structures by the
-// registered capacity, and a capacity near 2⁶³ crashed the routers.
-const maxCapacityBlocks = 1 << 40
+// --capacity-host and --capacity-disk with offload): the router's bound,
+// raftfsm.MaxCapacity (2⁴⁰ blocks), which it refuses past.
+const maxCapacityBlocks = raftfsm.MaxCapacity
 
 // checkFlags refuses, as usage errors (exit 2), the flags the agent could
 // not run with: without them it would retry a registration the router
