@@ -30,11 +30,26 @@ func connect(t testing.TB, urls string) *nats.Conn {
 // checkIndexMatches waits for the publisher to drain, then checks every
 // running node: same digest at the same applied index, the model's entry
 // count, every rank's cursor at the last published id, each rank's blocks
-// per tier, and the content: every live chain of the model, looked up by
-// its content hashes, matches in full on its owning rank alone and in the
-// tier it was stored in (so a block held under the wrong hash, parent,
-// rank or tier fails).
+// per tier, no held orphan and no rank flagged for a resync (the model
+// holds neither: an orphan is state the owner does not have, and a flag a
+// loss no dump healed), and the content: every live chain of the model,
+// looked up by its content hashes, matches in full on its owning rank
+// alone and in the tier it was stored in (so a block held under the wrong
+// hash, parent, rank or tier fails).
 func checkIndexMatches(t *testing.T, c *testCluster, o *owner, p *Publisher) {
+	t.Helper()
+	checkIndex(t, c, o, p, false)
+}
+
+// checkIndexMatchesHoldingOrphans is checkIndexMatches after o.orphans:
+// the router may still hold orphans the owner does not keep, and flag
+// their rank for a resync, until a dump replaces it.
+func checkIndexMatchesHoldingOrphans(t *testing.T, c *testCluster, o *owner, p *Publisher) {
+	t.Helper()
+	checkIndex(t, c, o, p, true)
+}
+
+func checkIndex(t *testing.T, c *testCluster, o *owner, p *Publisher, orphansHeld bool) {
 	t.Helper()
 	waitFor(t, 15*time.Second, "the publisher to drain", func() bool { return p.Pending() == 0 })
 	c.converged()
@@ -63,9 +78,15 @@ func checkIndexMatches(t *testing.T, c *testCluster, o *owner, p *Publisher) {
 		if st.Blocks != wantTiers {
 			t.Errorf("node %d: blocks per tier = %v, model %v", i, st.Blocks, wantTiers)
 		}
+		if !orphansHeld && (st.OrphanEvents != 0 || st.NeedResync != 0) {
+			t.Errorf("node %d: %d orphan events held, %d ranks need a resync; the model has none", i, st.OrphanEvents, st.NeedResync)
+		}
 		for _, rs := range n.FSM().Index().RankStats() {
 			if w := wantRank[rs.Rank]; rs.Blocks != w {
 				t.Errorf("node %d: rank %v blocks per tier = %v, model %v", i, rs.Rank, rs.Blocks, w)
+			}
+			if !orphansHeld && (rs.OrphanEvents != 0 || rs.NeedsResync) {
+				t.Errorf("node %d: rank %v holds %d orphan events, needs a resync %v", i, rs.Rank, rs.OrphanEvents, rs.NeedsResync)
 			}
 		}
 		for r, or := range o.ranks {
@@ -217,7 +238,7 @@ func TestRouterAskedResyncHealsWithADump(t *testing.T) {
 		o.step(ctx, t, r)
 	}
 	o.orphans(ctx, t, r, 100) // the router holds 64 (indexer.Config's default)
-	checkIndexMatches(t, c, o, p)
+	checkIndexMatchesHoldingOrphans(t, c, o, p)
 	// The publisher counts a dump once its reply is in, after the index
 	// changed: wait for both.
 	waitFor(t, 15*time.Second, "the dump the router asked for", func() bool {
@@ -234,7 +255,7 @@ func TestRouterAskedResyncHealsWithADump(t *testing.T) {
 	// stores; a dump on every ack would resend the rank without end).
 	dumps := val(p.m.dumps)
 	o.orphans(ctx, t, r, 100)
-	checkIndexMatches(t, c, o, p)
+	checkIndexMatchesHoldingOrphans(t, c, o, p)
 	if st := c.nodes[0].IndexStats(); st.NeedResync != 1 {
 		t.Fatalf("%d ranks need a resync, want the one that dropped orphans again", st.NeedResync)
 	}
@@ -269,11 +290,13 @@ func TestHeldBackResyncAskIsAnsweredLater(t *testing.T) {
 	})
 	dumps := val(p.m.dumps)
 	o.orphans(ctx, t, r, 100) // asked again at once: held back
-	checkIndexMatches(t, c, o, p)
+	checkIndexMatchesHoldingOrphans(t, c, o, p)
 	// The rank is quiet from here on.
 	waitFor(t, 15*time.Second, "the held-back ask's dump", func() bool {
 		return c.nodes[0].IndexStats().NeedResync == 0 && val(p.m.dumps) > dumps
 	})
+	// The dump replaced the rank whole: the owner's state, no orphan left.
+	checkIndexMatches(t, c, o, p)
 }
 
 func TestFullBufferRefusesWithoutTakingIDs(t *testing.T) {

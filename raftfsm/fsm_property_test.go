@@ -17,7 +17,14 @@ import (
 // model): per-rank cursors with duplicate and gap handling, the worker
 // table, and every booking with the load it puts on its rank, computed here
 // from the bookings alone (semantics.md §6), not read back from Sequences.
+// Which events reach the index, in which order, and what a registration or
+// a deregistration does to a rank's index state are the FSM's rules too:
+// ix is an index fed only what the model says reaches the FSM's (the events
+// up to each gap, past the duplicates; capacities; removed ranks), so a
+// stray event (one past a gap held as an orphan) or a rank kept or dropped
+// wrongly shows.
 type fsmModel struct {
+	ix       *indexer.Index
 	cursors  map[kvevent.Rank]uint64
 	workers  map[uint64]WorkerInfo
 	bookings map[string]*fsmModelBooking // live
@@ -32,6 +39,9 @@ type fsmModelBooking struct {
 	prefillDone bool
 	discount    uint32 // parts per DecayScale off each block it alone holds
 }
+
+// fsmNow is the time every generated command carries.
+const fsmNow = 5
 
 // fsmRanks are the ranks the generated commands name.
 var fsmRanks = []kvevent.Rank{{Worker: 1}, {Worker: 1, DP: 1}, {Worker: 2}, {Worker: 2, DP: 1}}
@@ -122,6 +132,15 @@ func (m *fsmModel) check(rt *rapid.T, what string, f *FSM) {
 	if live, _ := f.Sequences().Count(); live != len(m.bookings) {
 		rt.Fatalf("%s: live bookings %d, model %d", what, live, len(m.bookings))
 	}
+	// The index: each rank's figures (blocks per tier, capacity, held
+	// orphans, its resync and capacity flags), then the digest of every
+	// residency and orphan.
+	if got, want := f.Index().RankStats(), m.ix.RankStats(); !slices.Equal(got, want) {
+		rt.Fatalf("%s: index ranks %+v, model %+v", what, got, want)
+	}
+	if got, want := f.Index().Digest(), m.ix.Digest(); got != want {
+		rt.Fatalf("%s: index digest %#x, model %#x", what, got, want)
+	}
 	ws := f.Workers()
 	if len(ws) != len(m.workers) {
 		rt.Fatalf("%s: workers %v, model %v", what, ws, m.workers)
@@ -150,18 +169,20 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 		}
 		for _, b := range batches {
 			cur := m.cursors[b.Rank]
-			for _, ev := range b.Events {
+			for i := range b.Events {
+				ev := &b.Events[i]
 				if ev.EventID <= cur {
 					continue
 				}
 				if ev.EventID != cur+1 {
 					break
 				}
+				_ = m.ix.Apply(ev, fsmNow)
 				cur++
 			}
 			m.cursors[b.Rank] = cur
 		}
-		return encodeEvents(5, batches)
+		return encodeEvents(fsmNow, batches)
 	case 4:
 		// A registration, or a registration again with other ranks and
 		// capacity: a rank it drops goes with its cursor and bookings.
@@ -175,14 +196,23 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 			m.removeRanks(func(r kvevent.Rank) bool {
 				return r.Worker == w.ID && slices.Contains(prev.DPRanks, r.DP) && !slices.Contains(w.DPRanks, r.DP)
 			})
+			for _, dp := range prev.DPRanks {
+				if !slices.Contains(w.DPRanks, dp) {
+					m.ix.RemoveRank(kvevent.Rank{Worker: w.ID, DP: dp})
+				}
+			}
 		}
 		m.workers[w.ID] = w
-		return encodeRegister(5, &w)
+		for _, dp := range w.DPRanks {
+			m.ix.SetCapacity(kvevent.Rank{Worker: w.ID, DP: dp}, w.Capacity)
+		}
+		return encodeRegister(fsmNow, &w)
 	case 5:
 		id := uint64(rapid.IntRange(1, 2).Draw(t, "worker"))
 		delete(m.workers, id)
 		m.removeRanks(func(r kvevent.Rank) bool { return r.Worker == id })
-		return encodeDeregister(5, id)
+		m.ix.RemoveWorker(id)
+		return encodeDeregister(fsmNow, id)
 	case 6, 7:
 		rid := rapid.SampledFrom(fsmRequests).Draw(t, "request")
 		r := rapid.SampledFrom(ranks).Draw(t, "rank")
@@ -197,7 +227,7 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 		if _, live := m.bookings[rid]; !live && !m.freed[rid] && registered && slices.Contains(w.DPRanks, r.DP) {
 			m.bookings[rid] = &fsmModelBooking{rank: r, hashes: slices.Clone(b.SeqHashes), isl: b.ISL, cached: b.CachedTokens}
 		}
-		return encodeBook(5, []bookOp{{kind: bookAdd, b: b}})
+		return encodeBook(fsmNow, []bookOp{{kind: bookAdd, b: b}})
 	case 8:
 		// An output block with a decay weight: the booking's discount must
 		// survive a reopen and a snapshot like the rest of it.
@@ -214,17 +244,17 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 				b.discount = d
 			}
 		}
-		return encodeBook(5, ops)
+		return encodeBook(fsmNow, ops)
 	case 9:
 		rid := rapid.SampledFrom(fsmRequests).Draw(t, "request")
 		if b, ok := m.bookings[rid]; ok {
 			b.prefillDone = true
 		}
-		return encodeBook(5, []bookOp{{kind: bookPrefillDone, b: Booking{ID: rid}}})
+		return encodeBook(fsmNow, []bookOp{{kind: bookPrefillDone, b: Booking{ID: rid}}})
 	default:
 		rid := rapid.SampledFrom(fsmRequests).Draw(t, "request")
 		m.free(rid)
-		return encodeBook(5, []bookOp{{kind: bookFree, b: Booking{ID: rid}}})
+		return encodeBook(fsmNow, []bookOp{{kind: bookFree, b: Booking{ID: rid}}})
 	}
 }
 
@@ -248,7 +278,8 @@ func checkFSMMatchesModel(t *testing.T) {
 		if err != nil {
 			rt.Fatal(err)
 		}
-		m := &fsmModel{cursors: map[kvevent.Rank]uint64{}, workers: map[uint64]WorkerInfo{}, bookings: map[string]*fsmModelBooking{}, freed: map[string]bool{}}
+		m := &fsmModel{ix: indexer.New(indexer.Config{}), cursors: map[kvevent.Rank]uint64{}, workers: map[uint64]WorkerInfo{}, bookings: map[string]*fsmModelBooking{}, freed: map[string]bool{}}
+		defer m.ix.Release()
 		var w logWriter
 		var pending []*raft.Log
 		for i, n := 0, rapid.IntRange(1, 40).Draw(rt, "commands"); i < n; i++ {

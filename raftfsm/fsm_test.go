@@ -142,6 +142,21 @@ func TestEventBatchesGoThroughTheCursor(t *testing.T) {
 	if n := f.Index().Stats().Entries; n != 4 {
 		t.Fatalf("entries %d, want 4: nothing past the gap applies", n)
 	}
+	// Nothing past the gap is held either: an event applied there (whose
+	// parent, event 5's block, the index never saw) waits as an orphan
+	// and leaves the entries as they were. The state is that of an FSM
+	// fed only the events before the gap.
+	if st := f.Index().Stats(); st.OrphanEvents != 0 || st.NeedResync != 0 {
+		t.Fatalf("%d orphan events, %d ranks needing a resync: the event past the gap reached the index", st.OrphanEvents, st.NeedResync)
+	}
+	g := openTestFSM(t, filepath.Join(t.TempDir(), "before-gap"))
+	defer g.Close()
+	var gw logWriter
+	g.ApplyBatch([]*raft.Log{gw.next(encodeEvents(1, []RankBatch{{Rank: r1, Events: evs[:4]}}))})
+	if g.Cursor(r1) != 4 || f.Digest() != g.Digest() {
+		t.Fatalf("digest %x, an FSM fed only the events before the gap %x (its cursor %d): the event past the gap changed the state",
+			f.Digest(), g.Digest(), g.Cursor(r1))
+	}
 }
 
 func TestUndecodableEntryChangesNothing(t *testing.T) {
