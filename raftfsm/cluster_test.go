@@ -457,15 +457,33 @@ func TestNodeDownPastLogRetentionCatchesUpFromSnapshot(t *testing.T) {
 	for c.nodes[down] == l {
 		down++
 	}
+	// Nothing is proposed between the convergence and the stop: the
+	// node's log ends here.
+	downLast, err := c.nodes[down].logs.LastIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	downSnap := c.nodes[down].Status().SnapshotIndex
 	c.stop(down)
 	for k := 0; k < 60; k++ {
 		ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, uint64(k+1), 1, uint64(10+k))}})
 	}
-	if err := c.leader().raft.Snapshot().Error(); err != nil {
+	ld := c.leader()
+	if err := ld.raft.Snapshot().Error(); err != nil {
 		t.Fatal(err)
 	}
-	if first, _ := c.leader().logs.FirstIndex(); first <= 2 {
-		t.Fatalf("log not compacted: first index %d", first)
+	// The entry the node needs next is gone from the leader's log: only a
+	// snapshot can bring it back.
+	first, err := ld.logs.FirstIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first <= downLast+1 {
+		t.Fatalf("log not compacted past the stopped node: first index %d, the node's last %d", first, downLast)
+	}
+	leaderSnap := ld.Status().SnapshotIndex
+	if leaderSnap <= downSnap {
+		t.Fatalf("leader's snapshot at %d, the stopped node's at %d", leaderSnap, downSnap)
 	}
 	c.start(down)
 	d := c.converged()
@@ -473,9 +491,15 @@ func TestNodeDownPastLogRetentionCatchesUpFromSnapshot(t *testing.T) {
 	if n.fsm.Digest() != d || n.IndexStats().Entries != 60 {
 		t.Fatalf("restarted node: entries %d", n.IndexStats().Entries)
 	}
+	// It installed the leader's snapshot (or a later one): its own would
+	// wait for SnapshotInterval.
+	st := n.Status()
+	if st.SnapshotIndex < leaderSnap {
+		t.Fatalf("restarted node's snapshot at %d (before the stop %d), the leader's at %d: it installed none", st.SnapshotIndex, downSnap, leaderSnap)
+	}
 	// The installed snapshot's index is the state's applied index (it
 	// used to read 0 until the next command).
-	if st := n.Status(); st.AppliedIndex == 0 || st.AppliedIndex < st.SnapshotIndex {
+	if st.AppliedIndex == 0 || st.AppliedIndex < st.SnapshotIndex {
 		t.Fatalf("after installing a snapshot at %d the state's applied index is %d", st.SnapshotIndex, st.AppliedIndex)
 	}
 }
