@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -26,12 +27,31 @@ var pythonOK = sync.OnceValue(func() error {
 	return exec.Command(DebianPython, "-c", "import zmq, msgpack").Run()
 })
 
+// Required reports whether a test that needs the python peers fails when
+// they are missing, instead of skipping: on CI (the environment sets CI;
+// .ci/run does, and scripts/deps.sh test has installed them there), or
+// when KVROUTER_REQUIRE_PY is set. A skip there would pass CI with the
+// interop tests never run.
+func Required() bool {
+	return os.Getenv("CI") != "" || os.Getenv("KVROUTER_REQUIRE_PY") != ""
+}
+
+// Missing ends a test whose python peer is missing: it skips it, or fails
+// it where the peers are Required.
+func Missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if Required() {
+		t.Fatalf(format+" (required here: CI or KVROUTER_REQUIRE_PY is set; `scripts/deps.sh test` installs the python peers)", args...)
+	}
+	t.Skipf(format, args...)
+}
+
 // Require skips the test when Debian's python3 with zmq and msgpack is
-// missing.
+// missing, or fails it where they are Required.
 func Require(t testing.TB) {
 	t.Helper()
 	if err := pythonOK(); err != nil {
-		t.Skipf("%s with zmq and msgpack not available: %v", DebianPython, err)
+		Missing(t, "%s with zmq and msgpack not available: %v", DebianPython, err)
 	}
 }
 

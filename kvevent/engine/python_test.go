@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/internal/pypub"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"pgregory.net/rapid"
 )
@@ -103,7 +104,7 @@ for line in sys.stdin:
 // and as the model says.
 func TestPythonMsgpackPayloadsDecodeAsGoOnes(t *testing.T) {
 	if err := exec.Command(debianPython, "-c", "import msgpack").Run(); err != nil {
-		t.Skipf("%s with msgpack not available: %v", debianPython, err)
+		pypub.Missing(t, "%s with msgpack not available: %v", debianPython, err)
 	}
 	const n = 400
 	gen := rapid.Custom(genBatchOf)
