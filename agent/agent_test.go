@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"sync/atomic"
@@ -226,16 +227,34 @@ func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {
 		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 1000}})
 	registered := func() bool { return workerRegistered(r) }
 	waitFor(t, "the agent to register its worker", registered)
+	regAt := r.node.FSM().RegisteredAt(7)
 	// Heartbeats keep it: several leases pass and it stays. (From a review:
 	// this watched 2 s of a 4 s lease, which a worker without heartbeats
 	// outlives too. Without them the leader's 250 ms sweep removes it
-	// within 1.25 s of its registration.)
-	until := time.Now().Add(3500 * time.Millisecond)
-	for time.Now().Before(until) {
-		if !registered() {
-			t.Fatal("the worker was removed while its agent sent heartbeats")
+	// within 1.25 s of its registration.) The leases are the leader's to
+	// count, not a window of this test's clock: a sentinel worker with
+	// the same lease and no heartbeats, registered after ours (so its
+	// lease starts at the same sweep as ours or a later one), is removed
+	// by the leader three times over. A lease of ours that the
+	// heartbeats did not renew would have run out by the sentinel's
+	// second removal at the latest; a removal the agent healed by
+	// registering again shows as a new registration time.
+	const sentinel = 99
+	for round := range 3 {
+		if err := r.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: sentinel, BlockSize: 4, LeaseMs: 1000}); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		waitFor(t, fmt.Sprintf("the leader to expire the sentinel's lease (round %d)", round+1), func() bool {
+			if !registered() {
+				t.Fatalf("the worker was removed while its agent sent heartbeats (round %d)", round+1)
+			}
+			_, ok := r.node.WorkerTable()[sentinel]
+			return !ok
+		})
+	}
+	if !registered() || r.node.FSM().RegisteredAt(7) != regAt {
+		t.Fatalf("the worker was removed while its agent sent heartbeats (registered %v, at %d, first at %d)",
+			registered(), r.node.FSM().RegisteredAt(7), regAt)
 	}
 	if err := r.node.DeregisterWorker(context.Background(), 7); err != nil {
 		t.Fatal(err)

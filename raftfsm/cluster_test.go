@@ -699,18 +699,30 @@ func TestSilentRanks(t *testing.T) {
 
 	// A worker registered after the nodes have been up for longer than
 	// SilentAfter is not silent at once: its silence counts from its
-	// registration (it used to count from the node's start).
-	before := time.Now()
+	// registration (it used to count from the node's start). Judged at
+	// the registration's own time (the leader's clock, as the command
+	// carries it), however long the registration took; and just past
+	// SilentAfter from it, when it is silent.
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 2, BlockSize: 16}); err != nil {
 		t.Fatal(err)
 	}
-	ws := l.Workers()
-	if took := time.Since(before); took < 3*time.Second { // else the rank may rightly be silent by now
-		if len(ws) != 2 || ws[1].Info.ID != 2 || ws[1].Ranks[0].Silent {
-			t.Fatalf("a worker registered %v ago is reported silent: %+v", took, ws)
+	rank2Silent := func(n *Node, at time.Time) bool {
+		t.Helper()
+		ws := n.workersAt(at)
+		if len(ws) != 2 || ws[1].Info.ID != 2 || len(ws[1].Ranks) != 1 {
+			t.Fatalf("workers %+v, want worker 2 registered beside worker 1", ws)
 		}
-	} else {
-		t.Logf("the registration took %v, past the silence threshold: its silence not checked", took)
+		return ws[1].Ranks[0].Silent
+	}
+	reg := time.Unix(0, l.fsm.RegisteredAt(2))
+	if up := reg.Sub(l.started); up <= 3*time.Second {
+		t.Fatalf("worker 2 registered %v after the node started, not past SilentAfter: a silence counted from the start would not show", up)
+	}
+	if rank2Silent(l, reg) {
+		t.Fatalf("a worker is reported silent at its registration (%v after the node started)", reg.Sub(l.started))
+	}
+	if !rank2Silent(l, reg.Add(3*time.Second+time.Millisecond)) {
+		t.Fatal("a worker that sent nothing for SilentAfter since its registration is not reported silent")
 	}
 
 	// A restore brings no last-heard times: the ranks' silence counts from
@@ -734,24 +746,23 @@ func TestSilentRanks(t *testing.T) {
 	// is sent again to the new leader (installing it twice is harmless
 	// here), and the silence checked on the node that answered.
 	snap := buf.Bytes()
-	var took time.Duration
+	before := time.Now()
 	waitFor(t, 30*time.Second, "a restore to be installed", func() bool {
 		l = c.leader()
-		before = time.Now()
 		_, err := l.RestoreSnapshot(ctx(t), bytes.NewReader(snap))
-		took = time.Since(before)
 		if err != nil {
 			t.Logf("restore: %v; again", err)
 		}
 		return err == nil
 	})
-	if took < 3*time.Second {
-		ws := l.Workers()
-		if len(ws) != 2 || ws[0].Ranks[0].Silent || ws[1].Ranks[0].Silent {
-			t.Fatalf("ranks restored %v ago are reported silent: %+v", took, ws)
-		}
-	} else {
-		t.Logf("the restore took %v, past the silence threshold: its silence not checked", took)
+	// Judged at the restore's own time on the node that answered, however
+	// long it took: both ranks were silent at any time before it.
+	restored := time.Unix(0, l.fsm.RestoredAt())
+	if restored.Before(before) {
+		t.Fatalf("the node that installed the restore says it restored at %v, before the restore began (%v)", restored, before)
+	}
+	if ws := l.workersAt(restored); len(ws) != 2 || ws[0].Ranks[0].Silent || ws[1].Ranks[0].Silent {
+		t.Fatalf("ranks are reported silent at their restore: %+v", ws)
 	}
 }
 

@@ -1150,14 +1150,17 @@ func (n *Node) Members(ctx context.Context) ([]Member, error) {
 }
 
 // Workers lists registrations with each rank's index and load figures.
-func (n *Node) Workers() []WorkerStatus {
+func (n *Node) Workers() []WorkerStatus { return n.workersAt(time.Now()) }
+
+// workersAt is Workers with each rank's silence judged at now (tests judge
+// it at a chosen instant: a registration's or a restore's).
+func (n *Node) workersAt(now time.Time) []WorkerStatus {
 	ws := n.fsm.Workers()
 	stats := map[kvevent.Rank]indexer.RankStats{}
 	for _, rs := range n.fsm.Index().RankStats() {
 		stats[rs.Rank] = rs
 	}
 	out := make([]WorkerStatus, 0, len(ws))
-	now := time.Now()
 	params := n.fsm.Settings().Params
 	for _, w := range ws {
 		s := WorkerStatus{Info: w}
