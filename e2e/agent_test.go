@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -24,6 +25,9 @@ type agentProc struct {
 	cmd     *exec.Cmd
 	done    chan struct{}
 	logPath string
+	// logOffset is where this agent's output starts in logPath, which
+	// the agents of one cluster share.
+	logOffset int64
 }
 
 // startAgent runs kvagent for worker 1 against the engine publisher pub and
@@ -43,6 +47,9 @@ func startAgent(t *testing.T, c *cluster, pub *pypub.Pub, extra ...string) *agen
 		t.Fatal(err)
 	}
 	defer f.Close()
+	if a.logOffset, err = f.Seek(0, io.SeekEnd); err != nil {
+		t.Fatal(err)
+	}
 	a.cmd = exec.Command(kvagentBin, args...)
 	a.cmd.Stdout, a.cmd.Stderr = f, f
 	a.cmd.Env = childEnv()
@@ -204,20 +211,33 @@ func (g *engineGen) next() pypub.EvSpec {
 	if g.gpuLen[ci] == 0 {
 		return g.newChain(1)
 	}
+	return g.evict(ci)
+}
+
+// evict removes chain ci's last block held on the GPU (which holds some of
+// it) from the GPU.
+func (g *engineGen) evict(ci int) pypub.EvSpec {
 	g.gpuLen[ci]--
-	tail := ch[g.gpuLen[ci]]
+	tail := g.chains[ci][g.gpuLen[ci]]
 	delete(g.model[kvevent.TierDevice], tail)
 	return pypub.EvSpec{Type: "BlockRemoved", Hashes: []uint64{tail}, Medium: "GPU"}
 }
 
 // publishBatches publishes n batches of 1–3 events from seq on.
 func publishBatches(pub *pypub.Pub, g *engineGen, seq *uint64, n int) {
+	publishBatchesLive(pub, g, seq, n, true)
+}
+
+// publishBatchesLive is publishBatches with the batches sent live, or,
+// with live false, only kept in the publisher's replay buffer: batches the
+// engine's PUB socket dropped.
+func publishBatchesLive(pub *pypub.Pub, g *engineGen, seq *uint64, n int, live bool) {
 	for range n {
 		var evs []pypub.EvSpec
 		for range 1 + g.rng.IntN(3) {
 			evs = append(evs, g.next())
 		}
-		pub.Do(pypub.BatchCmd{Cmd: "batch", Seq: *seq, Form: "array", Events: evs, Live: true})
+		pub.Do(pypub.BatchCmd{Cmd: "batch", Seq: *seq, Form: "array", Events: evs, Live: live})
 		*seq++
 	}
 }

@@ -148,6 +148,32 @@ func (p *Pub) Do(cmd any) {
 // WaitSub waits (10 s at most) for a subscriber to subscribe.
 func (p *Pub) WaitSub() { p.t.Helper(); p.Do(map[string]string{"cmd": "wait_sub"}) }
 
+// NextSub waits (10 s at most) for the next (un)subscription the event
+// socket reports, and returns it: 1 then the topic when a first subscriber
+// subscribed to it, 0 then the topic when the last one left (its
+// connection closed). A test that restarts the subscriber waits for the 0
+// before it starts the next one, whose subscription is then reported.
+func (p *Pub) NextSub() []byte {
+	p.t.Helper()
+	b, _ := json.Marshal(map[string]string{"cmd": "wait_sub"})
+	if _, err := p.stdin.Write(append(b, '\n')); err != nil {
+		p.t.Fatalf("write to publisher: %v", err)
+	}
+	var r struct {
+		OK       bool
+		Err, Sub string
+	}
+	p.Read(&r)
+	if !r.OK {
+		p.t.Fatalf("publisher: %s", r.Err)
+	}
+	sub, err := hex.DecodeString(r.Sub)
+	if err != nil || len(sub) == 0 {
+		p.t.Fatalf("publisher: subscription %q: %v", r.Sub, err)
+	}
+	return sub
+}
+
 // Raw publishes frames as one message, as they are.
 func (p *Pub) Raw(frames ...[]byte) {
 	p.t.Helper()
