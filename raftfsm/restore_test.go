@@ -83,18 +83,16 @@ func quietLeader(cfg *Config) {
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 3*time.Second, 3*time.Second, 3*time.Second
 }
 
-// TestRestoreAnswersOnceInstalledThoughLeadershipMovesAfter: a restore
-// that Raft installed answers success, whatever happens to the leadership
-// after. From a review: the node put this cluster's member table back with
-// one apply per member after the install, and a leadership that moved
-// before they applied made RestoreSnapshot answer a plain NotLeaderError
-// (MaybeApplied false), which the API forwards to the new leader (the body
-// replayed) and the client sends on: the snapshot was installed twice.
-func TestRestoreAnswersOnceInstalledThoughLeadershipMovesAfter(t *testing.T) {
-	foreign := foreignSnapshot(t)
+// gatedLeader starts a quiet 3-node cluster (quietLeader, and more, unless
+// nil) whose n1 leads, caught up, with its FSM's applies behind g.
+func gatedLeader(t *testing.T, more func(*Config)) (*testCluster, *Node, *fsmGate) {
+	t.Helper()
 	g := newFSMGate()
 	c := newTestCluster(t, 3, func(cfg *Config) {
 		quietLeader(cfg)
+		if more != nil {
+			more(cfg)
+		}
 		if cfg.ID == "n1" {
 			cfg.applyGate = g.gate
 		}
@@ -109,6 +107,19 @@ func TestRestoreAnswersOnceInstalledThoughLeadershipMovesAfter(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "n1's leadership set-up", func() bool { return n1.CheckLeader() == nil })
 	c.converged()
+	return c, n1, g
+}
+
+// TestRestoreAnswersOnceInstalledThoughLeadershipMovesAfter: a restore
+// that Raft installed answers success, whatever happens to the leadership
+// after. From a review: the node put this cluster's member table back with
+// one apply per member after the install, and a leadership that moved
+// before they applied made RestoreSnapshot answer a plain NotLeaderError
+// (MaybeApplied false), which the API forwards to the new leader (the body
+// replayed) and the client sends on: the snapshot was installed twice.
+func TestRestoreAnswersOnceInstalledThoughLeadershipMovesAfter(t *testing.T) {
+	foreign := foreignSnapshot(t)
+	c, n1, g := gatedLeader(t, nil)
 	last := n1.raft.LastIndex()
 	g.pause() // n1's FSM applies no entry from now on (a restore is no entry)
 	rctx := ctx(t)
@@ -318,24 +329,9 @@ func TestMembershipChangeWaitsForARestore(t *testing.T) {
 // either way an installed restore must not answer a plain error.
 func TestRestoreInstalledPastItsTimerAnswersMaybeApplied(t *testing.T) {
 	foreign := foreignSnapshot(t)
-	g := newFSMGate()
-	c := newTestCluster(t, 3, func(cfg *Config) {
-		quietLeader(cfg)
+	c, n1, g := gatedLeader(t, func(cfg *Config) {
 		cfg.ApplyTimeout = 100 * time.Millisecond // the restore's timer: 1 s
-		if cfg.ID == "n1" {
-			cfg.applyGate = g.gate
-		}
 	})
-	t.Cleanup(g.open)
-	l, n1 := c.leader(), c.nodes[0]
-	if l != n1 {
-		if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
-			t.Fatal(err)
-		}
-		waitFor(t, 10*time.Second, "n1 to lead", n1.IsLeader)
-	}
-	waitFor(t, 10*time.Second, "n1's leadership set-up", func() bool { return n1.CheckLeader() == nil })
-	c.converged()
 	last := n1.raft.LastIndex()
 	g.pause()
 	// A registration whose batch n1's FSM then holds in the gate:

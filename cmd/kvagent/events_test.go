@@ -5,7 +5,6 @@ import (
 	"errors"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/urfave/cli/v2"
@@ -122,22 +121,12 @@ func TestEventsSubjectReachesThePublisher(t *testing.T) {
 		}
 	}()
 
-	waitUntil := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
 	// The agent resyncs its rank with a dump as it starts.
-	waitUntil("the agent's first dump on "+subject+".dump", func() bool { d, _ := tg.counts(); return d > 0 })
+	waitFor(t, "the agent's first dump on "+subject+".dump", func() bool { d, _ := tg.counts(); return d > 0 })
 	r := kvevent.Rank{Worker: 7}
 	ev := kvevent.Event{Rank: r, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 1001}}}
 	if err := a.Events(r, 0, []kvevent.Event{ev}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil("the agent's event on "+subject, func() bool { _, n := tg.counts(); return n > 0 })
+	waitFor(t, "the agent's event on "+subject, func() bool { _, n := tg.counts(); return n > 0 })
 }
