@@ -545,8 +545,17 @@ func TestWholeClusterRestartKeepsState(t *testing.T) {
 	}
 }
 
+// slowRestoreTimeouts gives a cluster that restores snapshots Raft
+// timeouts of a second: followers installing a restore answer no
+// heartbeat meanwhile, and under the race detector on a loaded 2-core
+// machine that outlasted the 200 ms defaults again and again (a long run
+// beside CI failed two tests, each retrying for 30 s).
+func slowRestoreTimeouts(cfg *Config) {
+	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = time.Second, time.Second, time.Second
+}
+
 func TestSnapshotSaveWipeRestore(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
+	c := newTestCluster(t, 3, slowRestoreTimeouts)
 	l := c.leader()
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
 		t.Fatal(err)
@@ -668,7 +677,10 @@ func TestRouteFollowsTheIndexOnEveryNode(t *testing.T) {
 // TestSilentRanks: a registered rank that sends nothing for SilentAfter is
 // reported silent on every node; its events make it heard again.
 func TestSilentRanks(t *testing.T) {
-	c := newTestCluster(t, 3, func(cfg *Config) { cfg.SilentAfter = 3 * time.Second })
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		slowRestoreTimeouts(cfg)
+		cfg.SilentAfter = 3 * time.Second
+	})
 	l := c.leader()
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
 		t.Fatal(err)
