@@ -172,12 +172,17 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 		TLSCA: c.String("nats-tls-ca"), TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key")}.NATSOptions()
 	// A NATS not up yet (the routers start beside the agents) is waited
 	// for, as a lost connection is; both are logged.
-	nl := &natsLog{log: logger}
+	// A connection nats.go closes for good (credentials refused twice in
+	// a row) ends the agent with an error: an agent that can publish
+	// nothing must not run on, looking healthy to its supervisor.
+	ctx, lost := context.WithCancelCause(ctx)
+	defer lost(nil)
+	nl := &natsLog{log: logger, lost: lost}
 	opts = append(opts, nats.RetryOnFailedConnect(true))
 	opts = append(opts, nl.options()...)
 	nc, err := nats.Connect(c.String("nats-url"), opts...)
 	if err != nil {
-		return fmt.Errorf("connect to nats %s: %w", c.String("nats-url"), err)
+		return fmt.Errorf("connect to nats %s: %w", redactURLs(c.String("nats-url")), err)
 	}
 	defer func() {
 		nl.closing.Store(true)
@@ -241,12 +246,15 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	}
 
 	logger.Info("kvagent following the engine", "worker", cfg.Worker, "endpoint", cfg.Endpoint,
-		"ranks", c.Int("dp-size"), "nats", c.String("nats-url"))
+		"ranks", c.Int("dp-size"), "nats", redactURLs(c.String("nats-url")))
 	err = a.Run(ctx)
 	// From here a second signal kills the process at once, as a signal
 	// does by default: a shutdown that hangs (a GPU copy that never ends)
 	// can still be stopped.
 	stop()
+	if cause := context.Cause(ctx); errors.Is(cause, errNATSClosed) {
+		return cause
+	}
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
@@ -289,7 +297,7 @@ func checkFlags(c *cli.Context) error {
 		return usage("--lease %v is not longer than --heartbeat-interval %v: the worker would be removed between heartbeats", lease, hb)
 	}
 	if err := checkNATSURLs(c.String("nats-url")); err != nil {
-		return usage("--nats-url %q: %v", c.String("nats-url"), err)
+		return usage("--nats-url %q: %v", redactURLs(c.String("nats-url")), err)
 	}
 	// The router would refuse the registration.
 	for _, f := range []string{"salt", "model", "endpoint"} {
@@ -367,31 +375,34 @@ func checkNATSURLs(s string) error {
 			continue // nats.Connect skips it too
 		}
 		n++
+		shown := redactURLs(u) // messages never show a password
 		full := u
 		if !strings.Contains(u, "://") {
 			full = "nats://" + u
 		}
 		p, err := url.Parse(full)
 		if err != nil {
-			return fmt.Errorf("%q is not a URL: %w", u, err)
+			return fmt.Errorf("%q is not a URL: %w", shown, err)
 		}
+		isWS := false
 		switch strings.ToLower(p.Scheme) {
 		case "nats", "tls":
 		case "ws", "wss":
 			ws++
+			isWS = true // a websocket URL's path and query go in its handshake
 		default:
-			return fmt.Errorf("%q: scheme %q, want nats://host:port (or tls://, ws://, wss://)", u, p.Scheme)
+			return fmt.Errorf("%q: scheme %q, want nats://host:port (or tls://, ws://, wss://)", shown, p.Scheme)
 		}
 		if p.Hostname() == "" {
-			return fmt.Errorf("%q has no host: want nats://host:port", u)
+			return fmt.Errorf("%q has no host: want nats://host:port", shown)
 		}
 		if port := p.Port(); port != "" { // none: nats.Connect takes the scheme's default
 			if v, err := strconv.ParseUint(port, 10, 16); err != nil || v == 0 {
-				return fmt.Errorf("%q: port %q, want 1 to 65535", u, port)
+				return fmt.Errorf("%q: port %q, want 1 to 65535", shown, port)
 			}
 		}
-		if p.Path != "" && p.Path != "/" || p.RawQuery != "" || p.Fragment != "" || p.Opaque != "" {
-			return fmt.Errorf("%q has more than a host and port (a path, query or fragment): want nats://host:port", u)
+		if !isWS && (p.Path != "" && p.Path != "/" || p.RawQuery != "") || p.Fragment != "" || p.Opaque != "" {
+			return fmt.Errorf("%q has more than a host and port (a path, query or fragment): want nats://host:port", shown)
 		}
 	}
 	switch {
@@ -410,8 +421,9 @@ func checkNATSURLs(s string) error {
 // connection made, or made again, ends the run (Info).
 type natsLog struct {
 	log     *slog.Logger
-	failing atomic.Bool // a failure was logged, and no connection made since
-	closing atomic.Bool // the agent closes the connection: its close is no failure
+	lost    context.CancelCauseFunc // ends the agent, with errNATSClosed, when the connection closes for good
+	failing atomic.Bool             // a failure was logged, and no connection made since
+	closing atomic.Bool             // the agent closes the connection: its close is no failure
 }
 
 func (l *natsLog) options() []nats.Option {
@@ -424,7 +436,11 @@ func (l *natsLog) options() []nats.Option {
 			// Each try that fails: the first connection's, and a lost
 			// one's (every 250 ms).
 			if l.failing.CompareAndSwap(false, true) {
-				l.log.Warn("cannot reach NATS; retrying until it answers (check --nats-url, and that the routers' NATS is up)", "err", err)
+				if refused(err) {
+					l.log.Warn("NATS refused the agent's credentials; retrying (check --nats-user, --nats-password, --nats-creds)", "err", err)
+				} else {
+					l.log.Warn("cannot reach NATS; retrying until it answers (check --nats-url, and that the routers' NATS is up)", "err", err)
+				}
 			}
 		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -442,10 +458,34 @@ func (l *natsLog) options() []nats.Option {
 			if l.closing.Load() {
 				return
 			}
-			l.log.Error("the NATS connection is closed for good: the agent publishes nothing more, and its worker's lease runs out; restart it",
-				"err", nc.LastError())
+			l.log.Error("the NATS connection is closed for good: the agent stops", "err", nc.LastError())
+			l.lost(fmt.Errorf("%w: %v", errNATSClosed, nc.LastError()))
 		}),
 	}
+}
+
+// errNATSClosed ends an agent whose NATS connection closed for good.
+var errNATSClosed = errors.New("the NATS connection closed for good (nats.go gives up after the server refuses the credentials twice in a row)")
+
+// refused reports whether a NATS connection error is the server refusing
+// the credentials, not a server out of reach.
+func refused(err error) bool {
+	s := strings.ToLower(err.Error())
+	return strings.Contains(s, "authorization") || strings.Contains(s, "authentication")
+}
+
+// redactURLs returns a --nats-url list with each URL's password hidden,
+// for logs and messages.
+func redactURLs(list string) string {
+	parts := strings.Split(list, ",")
+	for i, u := range parts {
+		if p, err := url.Parse(strings.TrimSpace(u)); err == nil && p.User != nil {
+			if _, has := p.User.Password(); has {
+				parts[i] = p.Redacted()
+			}
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 // strayArgument says what is wrong with the command line's arguments:

@@ -132,10 +132,56 @@ func TestNATSURLIsChecked(t *testing.T) {
 		wantUsage(t, args, checkOnly(args...), "--nats-url")
 	}
 	for _, u := range []string{"nats://127.0.0.1:4222", "127.0.0.1:4222", "nats://a:4221, tls://b:4222", "localhost", "nats://h:4222,",
-		"nats://user:pass@h:4222", "wss://h", "[::1]:4222"} {
+		"nats://user:pass@h:4222", "wss://h", "[::1]:4222", "wss://nats.example.com/nats", "ws://h:8080/nats?x=1"} {
 		if err := checkOnly("--block-size", "4", "--nats-url", u); err != nil {
 			t.Errorf("--nats-url %q: %v", u, err)
 		}
+	}
+}
+
+// TestNATSURLPasswordIsNotShown: a --nats-url's password appears in no
+// usage error. From a review: the error echoed the URL as given.
+func TestNATSURLPasswordIsNotShown(t *testing.T) {
+	args := []string{"--block-size", "4", "--nats-url", "nats://alice:s3cret@127.0.0.1:0"}
+	err := checkOnly(args...)
+	wantUsage(t, args, err, "--nats-url")
+	if err != nil && strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("the usage error shows the password: %v", err)
+	}
+	if got := redactURLs("nats://a:1, nats://alice:s3cret@h:4222"); strings.Contains(got, "s3cret") || !strings.Contains(got, "alice") {
+		t.Errorf("redactURLs = %q, want the password hidden and the user kept", got)
+	}
+}
+
+// TestRefusedCredentialsStopTheAgent: a NATS connection that nats.go
+// closes for good (the server refused the credentials twice in a row)
+// stops the agent with an error, after a warning that names the
+// credentials. From a review: the agent logged the close and ran on,
+// publishing nothing, while its supervisor saw it healthy.
+func TestRefusedCredentialsStopTheAgent(t *testing.T) {
+	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	ns, err := eventplane.StartServer(eventplane.ServerConfig{Name: "n1", Addr: addr, User: "u", Password: "right"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	r := startKvagent(t, "--worker-id", "1", "--block-size", "4", "--nats-url", "nats://"+addr,
+		"--nats-user", "u", "--nats-password", "wrong", "--engine-endpoint", "tcp://127.0.0.1:"+strconv.Itoa(freePort(t)))
+	var ended error
+	waitFor(t, "the agent to stop", func() bool {
+		select {
+		case ended = <-r.done:
+			r.done <- ended
+			return true
+		default:
+			return false
+		}
+	})
+	if ended == nil || !strings.Contains(ended.Error(), "closed for good") {
+		t.Errorf("kvagent ended with %v, want the NATS connection closed for good", ended)
+	}
+	if !r.logs.has("level=WARN", "refused the agent's credentials") {
+		t.Errorf("no warning naming the credentials:\n%s", r.logs)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -61,7 +62,9 @@ func offloadConfigFrom(c *cli.Context) (offloadConfig, error) {
 		// The offload side runs only with its socket: its other flags
 		// alone would start an agent without it, and no word.
 		for _, f := range offloadCLIFlags() {
-			if name := f.Names()[0]; name != "offload-socket" && c.IsSet(name) {
+			// An empty value (a templated KVAGENT_DISK_DIR=) or the
+			// default spelled out (--backend auto) asks for nothing.
+			if name := f.Names()[0]; name != "offload-socket" && c.IsSet(name) && !atDefault(c, f) {
 				return offloadConfig{}, fmt.Errorf("--%s (or %s) is for the offload side, which runs only with --offload-socket: give --offload-socket, or leave --%s out",
 					name, f.(cli.DocGenerationFlag).GetEnvVars()[0], name)
 			}
@@ -72,6 +75,19 @@ func offloadConfigFrom(c *cli.Context) (offloadConfig, error) {
 		Workers: c.Int("offload-workers"), Queue: c.Int("offload-queue"), Threshold: c.Int("offload-filter-threshold"),
 		OnboardTimeout: c.Duration("onboard-timeout")}
 	return oc, oc.check()
+}
+
+// atDefault reports whether flag f's value is empty or its default.
+func atDefault(c *cli.Context, f cli.Flag) bool {
+	v := fmt.Sprint(c.Value(f.Names()[0]))
+	d := ""
+	if dg, ok := f.(cli.DocGenerationFlag); ok {
+		d = dg.GetDefaultText()
+		if d == "" {
+			d = dg.GetValue()
+		}
+	}
+	return v == "" || v == strings.Trim(d, `"`)
 }
 
 func (oc offloadConfig) check() error {

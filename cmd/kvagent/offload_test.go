@@ -378,3 +378,25 @@ func TestHelperHoldsALock(t *testing.T) {
 	fmt.Println("locked")
 	io.Copy(io.Discard, os.Stdin)
 }
+
+// TestOffloadFlagsAtTheirDefaultsNeedNoSocket: an offload flag's empty
+// variable (a templated KVAGENT_DISK_DIR=) or its default spelled out
+// (--backend auto) asks for nothing, and starts no usage error. From a
+// review: both were refused, exit 2, with offload off.
+func TestOffloadFlagsAtTheirDefaultsNeedNoSocket(t *testing.T) {
+	offloadOnly := func(args ...string) error {
+		a := app()
+		a.Action = func(c *cli.Context) error { _, err := offloadConfigFrom(c); return err }
+		a.ExitErrHandler = func(*cli.Context, error) {}
+		return a.Run(append([]string{"kvagent"}, args...))
+	}
+	t.Setenv("KVAGENT_DISK_DIR", "")
+	for _, args := range [][]string{nil, {"--backend", "auto"}, {"--host-blocks", "0"}} {
+		if err := offloadOnly(args...); err != nil {
+			t.Errorf("kvagent %v with KVAGENT_DISK_DIR empty, no offload socket: %v, want no error", args, err)
+		}
+	}
+	if err := offloadOnly("--host-blocks", "10"); err == nil || !strings.Contains(err.Error(), "--offload-socket") {
+		t.Errorf("--host-blocks 10 without an offload socket: %v, want an error naming --offload-socket", err)
+	}
+}
