@@ -2,8 +2,11 @@ package main
 
 import (
 	"errors"
+	"fmt"
+	"net"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/urfave/cli/v2"
@@ -196,5 +199,30 @@ func TestArgumentsAreUsageErrors(t *testing.T) {
 	}
 	if err := checkOnly("--block-size", "4", "--bind=false", "--engine-endpoint", "tcp://127.0.0.1:15999"); err != nil {
 		t.Errorf("--bind=false: %v", err)
+	}
+}
+
+// TestCheckBindProbesWhatZMQBinds: ZMQ binds "tcp://*:P" on 0.0.0.0:P
+// (IPv4 only), so a port held on an IPv6 address only does not stop it;
+// the check probed [::]:P (both families) and refused such a start.
+// A port held on IPv4 is refused.
+func TestCheckBindProbesWhatZMQBinds(t *testing.T) {
+	v6, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback here: %v", err)
+	}
+	defer v6.Close()
+	port := v6.Addr().(*net.TCPAddr).Port
+	if err := checkBind(fmt.Sprintf("tcp://*:%d", port), 0, 1); err != nil {
+		t.Errorf("a port held on [::1] only: %v, want no error (ZMQ binds 0.0.0.0)", err)
+	}
+	v4, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v4.Close()
+	port = v4.Addr().(*net.TCPAddr).Port
+	if err := checkBind(fmt.Sprintf("tcp://*:%d", port), 0, 1); err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+		t.Errorf("a port held on 127.0.0.1: %v, want address in use", err)
 	}
 }

@@ -346,12 +346,16 @@ func checkBind(endpoint string, first uint32, ranks int) error {
 		if err != nil || port == "*" || port == "0" {
 			continue
 		}
+		network := "tcp"
 		if host == "*" {
-			host = ""
+			// libzmq binds "*" on 0.0.0.0 (IPv4 only, ZMQ_IPV6 unset):
+			// probe that, not Go's [::] of both families, which an
+			// IPv6-only holder of the port would fail.
+			host, network = "0.0.0.0", "tcp4"
 		} else if net.ParseIP(host) == nil {
 			continue // an interface name, which ZMQ resolves
 		}
-		ln, err := net.Listen("tcp", net.JoinHostPort(host, port))
+		ln, err := net.Listen(network, net.JoinHostPort(host, port))
 		if errors.Is(err, syscall.EADDRINUSE) {
 			return fmt.Errorf("--bind: rank %d's event endpoint %s: %w (does another kvagent, or the engine itself, bind it?)", dp, ep, err)
 		}
