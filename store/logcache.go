@@ -80,7 +80,7 @@ func (c *logCache) add(logs []*raft.Log) {
 
 // get copies the cached entry at index into out, if there is one. out's
 // Data and Extensions share their bytes with the cache (see logCache),
-// capped at their length.
+// capped at their length; otherwise out reads as decodeLog would give it.
 func (c *logCache) get(index uint64, out *raft.Log) bool {
 	if c == nil {
 		return false
@@ -91,8 +91,21 @@ func (c *logCache) get(index uint64, out *raft.Log) bool {
 		return false
 	}
 	*out = *c.ring[index%uint64(len(c.ring))]
-	out.Data = out.Data[:len(out.Data):len(out.Data)]
-	out.Extensions = out.Extensions[:len(out.Extensions):len(out.Extensions)]
+	// The entry as a read from disk gives it (decodeLog): empty bytes as
+	// nil, AppendedAt in UTC without the writer's monotonic reading.
+	if len(out.Data) == 0 {
+		out.Data = nil
+	} else {
+		out.Data = out.Data[:len(out.Data):len(out.Data)]
+	}
+	if len(out.Extensions) == 0 {
+		out.Extensions = nil
+	} else {
+		out.Extensions = out.Extensions[:len(out.Extensions):len(out.Extensions)]
+	}
+	if !out.AppendedAt.IsZero() {
+		out.AppendedAt = out.AppendedAt.Round(0).UTC()
+	}
 	return true
 }
 
