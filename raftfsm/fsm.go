@@ -61,6 +61,10 @@ type FSM struct {
 	jrnl       journal
 	applyGate  chan struct{} // Config.applyGate (tests)
 	isClosed   bool          // Close ran; under dbMu
+
+	// duringRestore, for tests: Restore calls it once the FSM is started,
+	// before it reads the stream (while Raft waits for the install).
+	duringRestore func()
 	// newestSnapshot, when set (a Node), returns the index and term of
 	// the newest snapshot in Raft's store: Restore's, which Raft saves
 	// before it calls Restore without saying its index.
@@ -890,6 +894,9 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	if err := f.waitStarted(); err != nil {
 		return err
+	}
+	if f.duringRestore != nil {
+		f.duringRestore()
 	}
 	if err := f.restoreFrom(rc); err != nil {
 		return err

@@ -184,6 +184,17 @@ type Node struct {
 	raftDown   chan struct{} // closed when it begins
 	stop       chan struct{}
 	wg         sync.WaitGroup
+
+	// restoreMu orders a restore's hand-over to Raft (RestoreSnapshot)
+	// with Close: closing is set once Close began, and no restore is handed
+	// to Raft after it; restoring, while Raft holds a restore, is closed
+	// when Raft's Restore returns, and Close waits for it before it shuts
+	// Raft down (waitRestore).
+	restoreMu sync.Mutex
+	closing   bool
+	restoring chan struct{}
+	// closeWaitsRestore is set while Close waits for a restore (tests).
+	closeWaitsRestore atomic.Bool
 }
 
 // NewNode opens the node's storage, rebuilds its state and starts Raft.
@@ -674,12 +685,22 @@ func (n *Node) closeStorage() {
 
 // Close stops the node: Raft shuts down, then storage closes. A second
 // Close, at once or later, waits for the first and returns its result.
+//
+// A user restore that Raft holds (RestoreSnapshot) is waited for first,
+// however long its install takes: Raft panics when it shuts down under
+// one. A restore not yet handed to Raft is refused (ErrShutdown, nothing
+// installed).
 func (n *Node) Close() error { return n.closeOnce() }
 
 // close is Close, run once: a second Close waits for the first and returns
 // its result.
 func (n *Node) close() error {
+	n.restoreMu.Lock()
+	n.closing = true
+	restoring := n.restoring
+	n.restoreMu.Unlock()
 	close(n.stop)
+	n.waitRestore(restoring)
 	err := n.shutdownRaft().Error()
 	n.wg.Wait()
 	if n.watch != nil {
@@ -696,6 +717,64 @@ func (n *Node) close() error {
 	}
 	n.closeStorage()
 	return err
+}
+
+// restoreCloseLog is how often Close, waiting for a restore, says so.
+const restoreCloseLog = 10 * time.Second
+
+// waitRestore waits until restoring (nil: no restore) is closed: Raft's
+// Restore returned. Raft's user restore panics, taking the process down,
+// when Raft shuts down from the moment it takes the restore until the FSM
+// has installed it (it waits for the install with the shutdown as its
+// other case, and takes an unfinished install for a failed one). So Close
+// waits for the whole call rather than shut Raft down under it: the copy
+// into Raft's snapshot store and the install run on this node's disk
+// (Raft's shutdown would wait for the install too), and the no-op entry
+// after them commits, or fails when the leadership is lost, within the
+// leader's lease. The wait has no deadline: cutting it short would be that
+// panic. A process killed meanwhile (a second SIGTERM) starts again with
+// the old state or the restored one: a restore in Raft's snapshot store is
+// installed at the next start (catchUpFromSnapshot), and a half-done swap
+// of the state directory is finished or rolled back (cleanupRestore).
+func (n *Node) waitRestore(restoring <-chan struct{}) {
+	if restoring == nil {
+		return
+	}
+	n.closeWaitsRestore.Store(true)
+	defer n.closeWaitsRestore.Store(false)
+	start := time.Now()
+	n.logger.Warn("closing: waiting for the snapshot restore Raft is installing to finish first (shutting Raft down under it would crash the process)")
+	tick := time.NewTicker(restoreCloseLog)
+	defer tick.Stop()
+	for {
+		select {
+		case <-restoring:
+			n.logger.Info("closing: the snapshot restore finished", "waited", time.Since(start).Round(time.Millisecond))
+			return
+		case <-tick.C:
+			n.logger.Warn("closing: still waiting for the snapshot restore Raft is installing", "waited", time.Since(start).Round(time.Second))
+		}
+	}
+}
+
+// beginRestore records a restore about to be handed to Raft, for Close to
+// wait for; end, called once Raft's Restore returned, ends it. Once Close
+// began it refuses: Raft would refuse the restore too, or take it and
+// crash under Close.
+func (n *Node) beginRestore() (end func(), err error) {
+	n.restoreMu.Lock()
+	defer n.restoreMu.Unlock()
+	if n.closing {
+		return nil, fmt.Errorf("restore: nothing was installed: %w (the node is closing)", ErrShutdown)
+	}
+	done := make(chan struct{})
+	n.restoring = done
+	return func() {
+		n.restoreMu.Lock()
+		n.restoring = nil
+		n.restoreMu.Unlock()
+		close(done)
+	}, nil
 }
 
 // shutdownRaft shuts Raft down once and returns that shutdown's future,
@@ -1508,7 +1587,9 @@ func (n *Node) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotInfo, err
 // *NotLeaderError with MaybeApplied set (it may be in place). A ctx that
 // ends before the node hands the rewritten stream to Raft stops the
 // restore with ctx's error, nothing installed; from then on ctx no longer
-// matters.
+// matters. So with Close: one that begins before the hand-over refuses
+// the restore (ErrShutdown, nothing installed); once Raft has the stream,
+// Close waits until Raft's Restore returns before it shuts Raft down.
 func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, error) {
 	if n.raft.State() != raft.Leader {
 		return SnapshotInfo{}, n.notLeader()
@@ -1575,8 +1656,16 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 	if n.cfg.beforeRestore != nil {
 		n.cfg.beforeRestore()
 	}
+	// Close waits from here until Raft's Restore returns, and a Close that
+	// began earlier refuses the restore (beginRestore).
+	end, err := n.beginRestore()
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
 	taken := &readMark{r: out}
-	if err := n.raft.Restore(meta, taken, timeout); err != nil {
+	err = n.raft.Restore(meta, taken, timeout)
+	end()
+	if err != nil {
 		if errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrNotLeader) {
 			// Raft restored this node's state, then lost its leadership
 			// before the cluster confirmed the restore (the followers

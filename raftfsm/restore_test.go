@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -354,4 +355,102 @@ func TestRestoreInstalledPastItsTimerAnswersMaybeApplied(t *testing.T) {
 		t.Fatalf("the restore is installed, yet RestoreSnapshot answered %v, not MaybeApplied", err)
 	}
 	t.Logf("installed %v, answer %v", installed, err)
+}
+
+// received reports whether ch holds a value, and takes it into *v.
+func received[T any](ch <-chan T, v *T) func() bool {
+	return func() bool {
+		select {
+		case *v = <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+// TestCloseWaitsForARestoreRaftIsInstalling: a leader closed while Raft
+// installs a user restore into its FSM waits for the install, then closes;
+// started again on its data directory it holds the restored state. From a
+// review: Close shut Raft down under the install, and Raft's user restore,
+// which panics when the FSM's restore does not answer, took the process
+// down (a kvrouter sent SIGTERM during `kvctl snapshot restore`).
+func TestCloseWaitsForARestoreRaftIsInstalling(t *testing.T) {
+	foreign := foreignSnapshot(t)
+	c := newTestCluster(t, 3, quietLeader)
+	l := c.leader()
+	i := slices.Index(c.nodes, l)
+	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return l.CheckLeader() == nil })
+	c.converged()
+	installing, release := make(chan struct{}), make(chan struct{})
+	l.fsm.duringRestore = func() {
+		close(installing)
+		<-release
+	}
+	restored := make(chan error, 1)
+	go func() {
+		_, err := l.RestoreSnapshot(ctx(t), bytes.NewReader(foreign))
+		restored <- err
+	}()
+	var none struct{}
+	waitFor(t, 20*time.Second, "Raft to hand the restore to the FSM", received(installing, &none))
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close() }()
+	waitFor(t, 10*time.Second, "Close to wait for the install", l.closeWaitsRestore.Load)
+	close(release)
+	var restoreErr, closeErr error
+	waitFor(t, 30*time.Second, "the restore to answer", received(restored, &restoreErr))
+	if restoreErr != nil {
+		t.Fatalf("a restore installed before Close shut Raft down answered %v", restoreErr)
+	}
+	waitFor(t, 30*time.Second, "Close to return", received(closed, &closeErr))
+	if closeErr != nil {
+		t.Fatalf("close: %v", closeErr)
+	}
+	c.nodes[i] = nil
+	c.start(i)
+	c.checkRestored(t)
+}
+
+// TestCloseRefusesARestoreNotYetHandedToRaft: a leader closed while a
+// restore is on its way to Raft (here: its stream written, about to be
+// handed over) does not wait for it; the restore then answers that the
+// node shut down and nothing was installed, and the node started again
+// holds its old state.
+func TestCloseRefusesARestoreNotYetHandedToRaft(t *testing.T) {
+	foreign := foreignSnapshot(t)
+	c := newTestCluster(t, 3, quietLeader)
+	l := c.leader()
+	i := slices.Index(c.nodes, l)
+	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return l.CheckLeader() == nil })
+	c.converged()
+	atRestore, release := make(chan struct{}), make(chan struct{})
+	l.cfg.beforeRestore = func() {
+		close(atRestore)
+		<-release
+	}
+	restored := make(chan error, 1)
+	go func() {
+		_, err := l.RestoreSnapshot(ctx(t), bytes.NewReader(foreign))
+		restored <- err
+	}()
+	var none struct{}
+	waitFor(t, 20*time.Second, "the restore to reach the hand-over", received(atRestore, &none))
+	if err := l.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	close(release)
+	var err error
+	waitFor(t, 30*time.Second, "the restore to answer", received(restored, &err))
+	if !errors.Is(err, ErrShutdown) || !strings.Contains(err.Error(), "nothing was installed") {
+		t.Fatalf("a restore Close came before answered %v, want ErrShutdown saying nothing was installed", err)
+	}
+	c.nodes[i] = nil
+	c.start(i)
+	c.converged()
+	for _, n := range c.nodes {
+		if _, ok := n.fsm.Workers()[9]; ok {
+			t.Errorf("%s: a restore refused at Close is installed", n.cfg.ID)
+		}
+	}
 }
