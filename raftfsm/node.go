@@ -765,7 +765,7 @@ func (n *Node) beginRestore() (end func(), err error) {
 	n.restoreMu.Lock()
 	defer n.restoreMu.Unlock()
 	if n.closing {
-		return nil, fmt.Errorf("restore: nothing was installed: %w (the node is closing)", ErrShutdown)
+		return nil, errRestoreAtClose()
 	}
 	done := make(chan struct{})
 	n.restoring = done
@@ -775,6 +775,24 @@ func (n *Node) beginRestore() (end func(), err error) {
 		n.restoreMu.Unlock()
 		close(done)
 	}, nil
+}
+
+// closingErr is errRestoreAtClose once Close began, nil before: a
+// restore checks it between its steps, so that it neither checks nor
+// writes a stream for a node that is closing.
+func (n *Node) closingErr() error {
+	n.restoreMu.Lock()
+	defer n.restoreMu.Unlock()
+	if n.closing {
+		return errRestoreAtClose()
+	}
+	return nil
+}
+
+// errRestoreAtClose is a restore's answer when the node closes before it
+// is handed to Raft.
+func errRestoreAtClose() error {
+	return fmt.Errorf("restore: nothing was installed: %w (the node is closing)", ErrShutdown)
 }
 
 // shutdownRaft shuts Raft down once and returns that shutdown's future,
@@ -1411,7 +1429,7 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 	if n.raft.State() != raft.Leader {
 		return n.notLeader()
 	}
-	if err := n.memberOps.lock(ctx); err != nil {
+	if err := n.memberOps.lock(ctx, n.stop); err != nil {
 		return fmt.Errorf("add %s: waiting for a membership change or restore in progress: %w", id, err)
 	}
 	defer n.memberOps.unlock()
@@ -1443,7 +1461,7 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 	if n.raft.State() != raft.Leader {
 		return n.notLeader()
 	}
-	if err := n.memberOps.lock(ctx); err != nil {
+	if err := n.memberOps.lock(ctx, n.stop); err != nil {
 		return fmt.Errorf("remove %s: waiting for a membership change or restore in progress: %w", id, err)
 	}
 	defer n.memberOps.unlock()
@@ -1603,6 +1621,9 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 	if _, err := io.Copy(tmp, r); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("receive snapshot: %w", err)
 	}
+	if err := n.closingErr(); err != nil {
+		return SnapshotInfo{}, err
+	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return SnapshotInfo{}, err
 	}
@@ -1615,10 +1636,13 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 	// From the member table's read to the install, no membership change
 	// made through this node may come between: its entries would be lost
 	// under the restored table, or the table would lack a new voter.
-	if err := n.memberOps.lock(ctx); err != nil {
+	if err := n.memberOps.lock(ctx, n.stop); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("restore: nothing was installed: waiting for a membership change in progress: %w", err)
 	}
 	defer n.memberOps.unlock()
+	if err := n.closingErr(); err != nil {
+		return SnapshotInfo{}, err
+	}
 	members, err := n.restoredMembers()
 	if err != nil {
 		return SnapshotInfo{}, fmt.Errorf("restore: read the member table: %w", err)
@@ -1727,13 +1751,14 @@ func (n *Node) restoredMembers() ([]Member, error) {
 // memberLock orders the membership changes made through a node
 // (AddMember, RemoveMember) and its restores (RestoreSnapshot), which
 // replace the member table. It is taken with a context, as a restore may
-// hold it for long.
+// hold it for long, and the node's stop channel: a caller waiting for it
+// when the node closes gets ErrShutdown.
 type memberLock struct {
 	ch      chan struct{}
 	waiting atomic.Int32 // callers waiting for it (tests)
 }
 
-func (l *memberLock) lock(ctx context.Context) error {
+func (l *memberLock) lock(ctx context.Context, stop <-chan struct{}) error {
 	select {
 	case l.ch <- struct{}{}:
 		return nil
@@ -1746,6 +1771,8 @@ func (l *memberLock) lock(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-stop:
+		return ErrShutdown
 	}
 }
 

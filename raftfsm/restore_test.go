@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -444,6 +445,98 @@ func TestCloseRefusesARestoreNotYetHandedToRaft(t *testing.T) {
 	waitFor(t, 30*time.Second, "the restore to answer", received(restored, &err))
 	if !errors.Is(err, ErrShutdown) || !strings.Contains(err.Error(), "nothing was installed") {
 		t.Fatalf("a restore Close came before answered %v, want ErrShutdown saying nothing was installed", err)
+	}
+	c.nodes[i] = nil
+	c.start(i)
+	c.converged()
+	for _, n := range c.nodes {
+		if _, ok := n.fsm.Workers()[9]; ok {
+			t.Errorf("%s: a restore refused at Close is installed", n.cfg.ID)
+		}
+	}
+}
+
+// TestCloseEndsARestoreWaitingForAMembershipChange: a restore waiting for
+// a membership change in progress when the node closes answers at once
+// that the node shut down and nothing was installed, and leaves no file
+// in the data directory. From a review: it went on waiting, and once the
+// change was done it wrote its whole stream again into the data
+// directory of a closed node, only for Raft to refuse it.
+func TestCloseEndsARestoreWaitingForAMembershipChange(t *testing.T) {
+	foreign := foreignSnapshot(t)
+	c := newTestCluster(t, 3, quietLeader)
+	l := c.leader()
+	i := slices.Index(c.nodes, l)
+	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return l.CheckLeader() == nil })
+	c.converged()
+	// A membership change in progress: the test holds its lock.
+	if err := l.memberOps.lock(ctx(t), nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.memberOps.unlock)
+	restored := make(chan error, 1)
+	go func() {
+		_, err := l.RestoreSnapshot(context.Background(), bytes.NewReader(foreign))
+		restored <- err
+	}()
+	waitFor(t, 20*time.Second, "the restore to wait for the membership change", func() bool { return l.memberOps.waiting.Load() > 0 })
+	if err := l.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	var err error
+	waitFor(t, 10*time.Second, "the restore to answer", received(restored, &err))
+	if !errors.Is(err, ErrShutdown) || !strings.Contains(err.Error(), "nothing was installed") {
+		t.Fatalf("a restore waiting at Close answered %v, want ErrShutdown saying nothing was installed", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(c.dirs[i], "restore-*.snap")); len(left) > 0 {
+		t.Fatalf("the restore left %v in the data directory", left)
+	}
+	c.nodes[i] = nil
+	c.start(i)
+	c.converged()
+	for _, n := range c.nodes {
+		if _, ok := n.fsm.Workers()[9]; ok {
+			t.Errorf("%s: a restore refused at Close is installed", n.cfg.ID)
+		}
+	}
+}
+
+// TestCloseDuringARestoresUpload: a leader closed while a restore's
+// stream is still coming in closes without waiting for it; the restore,
+// its upload done, answers that the node shut down and nothing was
+// installed, and leaves no file in the data directory.
+func TestCloseDuringARestoresUpload(t *testing.T) {
+	foreign := foreignSnapshot(t)
+	c := newTestCluster(t, 3, quietLeader)
+	l := c.leader()
+	i := slices.Index(c.nodes, l)
+	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return l.CheckLeader() == nil })
+	c.converged()
+	pr, pw := io.Pipe()
+	defer pr.Close()
+	restored := make(chan error, 1)
+	go func() {
+		_, err := l.RestoreSnapshot(context.Background(), pr)
+		restored <- err
+	}()
+	half := len(foreign) / 2
+	if _, err := pw.Write(foreign[:half]); err != nil { // returns once the node read it
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	go func() {
+		_, _ = pw.Write(foreign[half:])
+		pw.Close()
+	}()
+	var err error
+	waitFor(t, 10*time.Second, "the restore to answer", received(restored, &err))
+	if !errors.Is(err, ErrShutdown) || !strings.Contains(err.Error(), "nothing was installed") {
+		t.Fatalf("a restore uploading at Close answered %v, want ErrShutdown saying nothing was installed", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(c.dirs[i], "restore-*.snap")); len(left) > 0 {
+		t.Fatalf("the restore left %v in the data directory", left)
 	}
 	c.nodes[i] = nil
 	c.start(i)
