@@ -293,8 +293,14 @@ func (s *positionSink) commit(evs []kvevent.Event) error {
 	if parent == nil {
 		parent = context.Background()
 	}
-	// A subscriber that stops (its rank left, or this node stopped
-	// leading) stops waiting for its commit at once.
+	// A subscriber that stops (its rank left, this node stopped leading,
+	// its registration changed, or Close) commits nothing more: the next
+	// leader's, or the restarted, subscriber resumes from the cursor. And
+	// it stops waiting for a commit in flight at once; that one's outcome
+	// is then unknown, and the cursor tells it.
+	if err := parent.Err(); err != nil {
+		return fmt.Errorf("agentless: rank %v: the subscriber is stopping, nothing committed: %w", s.rank, err)
+	}
 	ctx, cancel := context.WithTimeout(parent, s.a.cfg.CommitTimeout)
 	defer cancel()
 	acks, err := s.a.b.IngestEvents(ctx, []raftfsm.RankBatch{{Rank: s.rank, Events: evs}})
@@ -366,6 +372,14 @@ func (s *positionSink) Resync(r kvevent.Rank, reason enginesub.Reason) { s.clear
 
 func (s *positionSink) clear(why string) {
 	s.clearDue = why
+	if s.ctx != nil && s.ctx.Err() != nil {
+		// The subscriber is stopping: what looked like a loss is, most
+		// likely, a commit it stopped waiting for (committed or not), and
+		// its successor resumes from the cursor, through the engine's
+		// replay, and clears the rank itself if that history is gone. A
+		// clear now would drop the rank's blocks for nothing.
+		return
+	}
 	if err := s.commitClear(); err != nil && !errors.Is(err, context.Canceled) {
 		// Due still: the next batch tries again first. (Leadership moved,
 		// most likely: the next leader resumes from the cursor and meets

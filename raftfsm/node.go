@@ -1081,16 +1081,24 @@ func (n *Node) notLeader() *NotLeaderError {
 	return &NotLeaderError{LeaderID: string(id), LeaderHTTP: n.fsm.Members()[string(id)].HTTPAddr}
 }
 
-// apply proposes a command on the leader and waits for it to apply.
+// apply proposes a command on the leader and waits for it to apply. A ctx
+// already done proposes nothing: its error (context.Canceled or
+// context.DeadlineExceeded, wrapped) says so, and the command did not and
+// will not apply. (A caller that stopped waiting, or a subscriber that is
+// stopping, must not have its command committed behind its back.)
 func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 	if n.raft.State() != raft.Leader {
 		return nil, n.notLeader()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("raft apply: not proposed: %w", err)
 	}
 	timeout := n.cfg.ApplyTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 		if timeout <= 0 {
-			return nil, ctx.Err()
+			// ctx.Err may still be nil: its timer has not fired yet.
+			return nil, fmt.Errorf("raft apply: not proposed: %w", context.DeadlineExceeded)
 		}
 	}
 	f := n.raft.Apply(data, timeout)
