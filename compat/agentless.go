@@ -283,6 +283,9 @@ type positionSink struct {
 	// holds: that batch cleared the rank, and later ones of the epoch are
 	// dropped without another clear each (the engine's restart ends it).
 	pastSeq bool
+	// unregistered is set once a commit found the rank unregistered
+	// (errRankUnregistered), which is logged once.
+	unregistered bool
 }
 
 // maxEpoch is the last epoch a position holds.
@@ -310,6 +313,9 @@ func (s *positionSink) commit(evs []kvevent.Event) error {
 	if len(acks) != 1 || acks[0].Gap {
 		return fmt.Errorf("agentless: rank %v not applied: %+v", s.rank, acks)
 	}
+	if acks[0].Unregistered {
+		return fmt.Errorf("agentless: rank %v: %w", s.rank, errRankUnregistered)
+	}
 	// The cursor in a later epoch than these events: another leader's
 	// subscriber cleared the rank into it (a replay that failed, while
 	// leadership was there and came back before this node's loop saw it
@@ -326,6 +332,13 @@ func (s *positionSink) commit(evs []kvevent.Event) error {
 	}
 	return nil
 }
+
+// errRankUnregistered: the rank's dp rank was unregistered (its worker's
+// other ranks still are) and the commit applied nothing
+// (raftfsm.RankAck.Unregistered). Nothing was lost that the index should
+// have: the rank's state went with its registration. Reconcile stops the
+// subscriber at its next poll; meanwhile its batches are dropped.
+var errRankUnregistered = errors.New("the rank is not registered any more: batch dropped")
 
 // epochOf is the epoch of a batch's positions (one for all its events).
 func epochOf(evs []kvevent.Event) uint32 {
@@ -352,13 +365,33 @@ func (s *positionSink) Events(r kvevent.Rank, seq uint64, evs []kvevent.Event) e
 		return fmt.Errorf("agentless: engine sequence %d is past what a position holds: the rank stays empty until the engine restarts", seq)
 	}
 	if err := s.commitClear(); err != nil {
+		if errors.Is(err, errRankUnregistered) {
+			return s.dropUnregistered()
+		}
 		return fmt.Errorf("agentless: rank %v: the clear before this batch did not commit: %w", s.rank, err)
 	}
 	for i := range evs {
 		evs[i].Rank = s.rank
 		evs[i].EventID = Position(s.epoch, seq, i+1)
 	}
-	return s.commit(evs)
+	err := s.commit(evs)
+	if errors.Is(err, errRankUnregistered) {
+		return s.dropUnregistered()
+	}
+	return err
+}
+
+// dropUnregistered takes a batch that the rank's unregistration made
+// apply nothing: no error, since no history the rank should hold was lost
+// (a resync would only propose clears that apply nothing either), and a
+// log line the first time.
+func (s *positionSink) dropUnregistered() error {
+	if !s.unregistered {
+		s.unregistered = true
+		s.a.log.Info("agentless: the rank is not registered any more; its engine's batches are dropped until its subscriber stops",
+			"rank", s.rank)
+	}
+	return nil
 }
 
 // Reset starts a new epoch with a clear: the engine restarted, empty.
@@ -380,7 +413,7 @@ func (s *positionSink) clear(why string) {
 		// clear now would drop the rank's blocks for nothing.
 		return
 	}
-	if err := s.commitClear(); err != nil && !errors.Is(err, context.Canceled) {
+	if err := s.commitClear(); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, errRankUnregistered) {
 		// Due still: the next batch tries again first. (Leadership moved,
 		// most likely: the next leader resumes from the cursor and meets
 		// the same loss again.)

@@ -642,13 +642,24 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 // below the cursor is a duplicate (a re-delivery) and is skipped; the next
 // id applies and advances the cursor; an id past it is a gap, and nothing
 // after the gap applies, so the index never runs ahead of a missing event.
+// A Positional worker's rank that the worker does not list applies nothing
+// (RankAck.Unregistered).
 func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
+	w := f.Workers()[rb.Rank.Worker]
+	if w.Positional && !slices.Contains(w.DPRanks, rb.Rank.DP) {
+		// Only the leader's own subscriber sends a Positional rank's
+		// events, and it runs on for up to a poll after the rank was
+		// unregistered: applied, they would rebuild state and a cursor
+		// that no sweep takes away (the worker is registered), and that
+		// a later registration of the rank would resume from.
+		return RankAck{Rank: rb.Rank, Unregistered: true}
+	}
 	f.noteHeard(rb.Rank, now)
 	cur := f.Cursor(rb.Rank)
 	ack := RankAck{Rank: rb.Rank}
 	// A positional worker's ids are its engine stream's positions: they
 	// only go up, with holes between batches, so nothing is a gap.
-	positional := f.Workers()[rb.Rank.Worker].Positional
+	positional := w.Positional
 	for i := range rb.Events {
 		ev := &rb.Events[i]
 		if ev.EventID <= cur {

@@ -82,6 +82,12 @@ type RankAck struct {
 	// dropped past its bound or age, semantics.md §3) and no dump has
 	// replaced its state since: send a full dump of the rank.
 	Resync bool `json:"resync,omitempty"`
+	// Unregistered is set when the rank's worker is Positional and does
+	// not list the rank (its dp rank was unregistered while the leader's
+	// subscriber of it still ran): nothing was applied, no cursor set and
+	// Cursor is 0, so that the rank leaves no state behind for a later
+	// registration of it to find.
+	Unregistered bool `json:"unregistered,omitempty"`
 }
 
 // Booking is a routed request's load booking (semantics.md §6).
