@@ -104,6 +104,10 @@ type Agentless struct {
 
 	mu   sync.Mutex
 	subs map[kvevent.Rank]*agentlessSub
+	// retry holds, per wanted rank whose subscriber stopped by itself (its
+	// Run returned: libzmq refused the endpoint, a receive failed) or
+	// could not be made, when reconcile may start it again.
+	retry map[kvevent.Rank]agentlessRetry
 
 	stop chan struct{}
 	done chan struct{}
@@ -114,10 +118,39 @@ type agentlessSub struct {
 	blockSize        int
 	salt             string // the instance's additional_salt: in every content hash
 	term             uint64 // the Raft term it started in (termOf)
+	started          time.Time
 	sub              *enginesub.Subscriber
 	cancel           context.CancelFunc
 	done             chan struct{}
 }
+
+// sameRegistration reports whether s and w follow the same registration.
+func (s *agentlessSub) sameRegistration(w *agentlessSub) bool {
+	return w.endpoint == s.endpoint && w.replay == s.replay && w.blockSize == s.blockSize && w.salt == s.salt
+}
+
+// stopped reports whether the subscriber's Run has returned.
+func (s *agentlessSub) stopped() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// agentlessRetry is when a rank's subscriber, which stopped by itself
+// following reg, may start again, and the backoff that set it.
+type agentlessRetry struct {
+	reg     agentlessSub // the registration it followed (endpoints, block size, salt)
+	at      time.Time
+	backoff time.Duration
+}
+
+// maxRestartBackoff bounds the wait before a subscriber that stopped by
+// itself starts again; one that ran this long before it stopped starts
+// again at the next poll.
+const maxRestartBackoff = 30 * time.Second
 
 // NewAgentless starts the agentless mode of b; Close stops it.
 func NewAgentless(b AgentlessTarget, cfg AgentlessConfig) *Agentless {
@@ -131,7 +164,7 @@ func NewAgentless(b AgentlessTarget, cfg AgentlessConfig) *Agentless {
 		cfg.Logger = slog.Default()
 	}
 	a := &Agentless{b: b, cfg: cfg, log: cfg.Logger, subs: map[kvevent.Rank]*agentlessSub{},
-		stop: make(chan struct{}), done: make(chan struct{})}
+		retry: map[kvevent.Rank]agentlessRetry{}, stop: make(chan struct{}), done: make(chan struct{})}
 	go a.loop()
 	return a
 }
@@ -147,13 +180,17 @@ func (a *Agentless) Close() error {
 	return nil
 }
 
-// Ranks returns the ranks followed now (tests, status).
+// Ranks returns the ranks followed now (tests, status): those whose
+// subscriber runs. A rank whose subscriber stopped by itself, waiting to
+// be started again, is not one.
 func (a *Agentless) Ranks() []kvevent.Rank {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	out := make([]kvevent.Rank, 0, len(a.subs))
-	for r := range a.subs {
-		out = append(out, r)
+	for r, s := range a.subs {
+		if !s.stopped() {
+			out = append(out, r)
+		}
 	}
 	return out
 }
@@ -207,6 +244,11 @@ func termOf(b AgentlessTarget) uint64 {
 // positionSink.commit catches that too, but only by clearing the rank).
 // Started again, it resumes where that leader left off, through the
 // engine's replay socket.
+//
+// A subscriber whose Run returned by itself (libzmq refused its endpoint,
+// a receive failed), or that could not be made, is started again after a
+// backoff: one poll, doubled at each failure up to maxRestartBackoff, and
+// at once when its registration changes.
 func (a *Agentless) reconcile(table map[uint64]raftfsm.WorkerInfo, term uint64) {
 	want := map[kvevent.Rank]agentlessSub{}
 	for id, w := range table {
@@ -219,25 +261,58 @@ func (a *Agentless) reconcile(table map[uint64]raftfsm.WorkerInfo, term uint64) 
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	now := time.Now()
 	for r, s := range a.subs {
-		if w, ok := want[r]; !ok || w.endpoint != s.endpoint || w.replay != s.replay || w.blockSize != s.blockSize || w.salt != s.salt ||
-			s.term != term {
+		w, ok := want[r]
+		switch {
+		case !ok || !s.sameRegistration(&w) || s.term != term:
 			s.cancel()
 			<-s.done
 			delete(a.subs, r)
 			if !ok {
 				s.sub.ForgetMetrics() // the rank is not followed any more
 			}
+		case s.stopped():
+			delete(a.subs, r)
+			a.failed(r, s, now.Sub(s.started))
+		}
+	}
+	for r, rt := range a.retry {
+		if w, ok := want[r]; !ok || !rt.reg.sameRegistration(&w) {
+			delete(a.retry, r) // gone, or registered anew: no wait
 		}
 	}
 	for r, w := range want {
 		if _, ok := a.subs[r]; ok {
 			continue
 		}
+		if rt, ok := a.retry[r]; ok && now.Before(rt.at) {
+			continue
+		}
 		w.term = term
 		if err := a.start(r, w); err != nil {
 			a.log.Warn("agentless: cannot follow the engine", "rank", r, "endpoint", w.endpoint, "err", err)
+			a.failed(r, &w, 0)
 		}
+	}
+}
+
+// failed schedules the next start of rank r, whose subscriber of
+// registration w stopped by itself after running for ran (0: it could not
+// be made); a.mu is held.
+func (a *Agentless) failed(r kvevent.Rank, w *agentlessSub, ran time.Duration) {
+	backoff := a.cfg.Poll
+	if rt, ok := a.retry[r]; ok && ran < maxRestartBackoff {
+		backoff = min(2*rt.backoff, maxRestartBackoff)
+	}
+	reg := agentlessSub{endpoint: w.endpoint, replay: w.replay, blockSize: w.blockSize, salt: w.salt}
+	if a.retry == nil {
+		a.retry = map[kvevent.Rank]agentlessRetry{}
+	}
+	a.retry[r] = agentlessRetry{reg: reg, at: time.Now().Add(backoff), backoff: backoff}
+	if ran > 0 { // its Run logged why it stopped
+		a.log.Info("agentless: the engine's subscriber starts again after a backoff",
+			"rank", r, "endpoint", w.endpoint, "ran", ran, "backoff", backoff)
 	}
 }
 
@@ -255,7 +330,7 @@ func (a *Agentless) start(r kvevent.Rank, w agentlessSub) error {
 		cancel()
 		return err
 	}
-	w.sub, w.cancel, w.done = sub, cancel, make(chan struct{})
+	w.sub, w.cancel, w.done, w.started = sub, cancel, make(chan struct{}), time.Now()
 	go func() {
 		defer close(w.done)
 		if err := sub.Run(ctx); err != nil {

@@ -371,7 +371,9 @@ func tenantOf(tenant, group string) string {
 // checkEndpoint accepts a ZMQ endpoint to connect to: tcp://host:port or
 // ipc://path. A tcp endpoint is nothing more (no user, query or fragment,
 // which ZMQ would read as part of the host), and its host is no wildcard:
-// "*" binds every interface, and a subscriber cannot connect to it.
+// "*" binds every interface, and a subscriber cannot connect to it. Beyond
+// that it applies the rules libzmq's connect applies (checkZMQAddress), so
+// that a registration it accepts is one the subscriber can follow.
 func checkEndpoint(what, ep string) error {
 	if err := checkName(what, ep); err != nil {
 		return err
@@ -379,6 +381,10 @@ func checkEndpoint(what, ep string) error {
 	u, err := url.Parse(ep)
 	if err != nil {
 		return badRequest("%s %q: %v", what, ep, err)
+	}
+	if !strings.HasPrefix(ep, u.Scheme+"://") {
+		// libzmq reads the scheme as written, up to "://".
+		u.Scheme = ""
 	}
 	switch u.Scheme {
 	case "tcp":
@@ -396,7 +402,47 @@ func checkEndpoint(what, ep string) error {
 	default:
 		return badRequest("%s %q: want tcp://host:port or ipc://path", what, ep)
 	}
+	if p := checkZMQAddress(u.Scheme, ep[len(u.Scheme)+len("://"):]); p != "" {
+		return badRequest("%s %q: libzmq refuses %s", what, ep, p)
+	}
 	return nil
+}
+
+// maxIPCPath is the longest ipc path libzmq connects to: a Unix socket
+// address's sun_path (108 bytes on Linux) less its terminating NUL.
+const maxIPCPath = 107
+
+// checkZMQAddress applies the checks libzmq's zmq_connect makes of a tcp
+// or ipc address (the endpoint past "tcp://" or "ipc://") before it
+// accepts it, and says what breaks one, or "" (socket_base.cpp,
+// ipc_address.cpp, libzmq 4.3): a tcp address starts with an ASCII letter
+// or digit, '[' or ':', and holds only those and . - _ : % ; [ ] *; an ipc
+// path fits sun_path, and is not "@" alone (an abstract socket without a
+// name). Refused, zmq_connect fails at once (EINVAL, ENAMETOOLONG), and a
+// subscriber could never follow the engine.
+func checkZMQAddress(scheme, addr string) string {
+	switch scheme {
+	case "tcp":
+		for i := 0; i < len(addr); i++ {
+			c := addr[i]
+			alnum := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+			switch {
+			case alnum || c == '[' || c == ':':
+			case i == 0:
+				return fmt.Sprintf("a tcp host that starts with %q: want an ASCII letter or digit, or '[' for an IPv6 address", c)
+			case !strings.ContainsRune(".-_%;]*", rune(c)):
+				return fmt.Sprintf("%q in a tcp host: want ASCII letters, digits and . - _ : %% ; [ ] only", c)
+			}
+		}
+	case "ipc":
+		if len(addr) > maxIPCPath {
+			return fmt.Sprintf("an ipc path of %d bytes: a Unix socket path holds %d at most", len(addr), maxIPCPath)
+		}
+		if addr == "@" {
+			return "an abstract ipc socket without a name"
+		}
+	}
+	return ""
 }
 
 func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {

@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"net/http"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevent"
+	zmq "github.com/pebbe/zmq4"
 )
 
 const testBlockSize = 4
@@ -189,4 +191,55 @@ func TestEndpointIsOneToConnectTo(t *testing.T) {
 			t.Errorf("checkEndpoint(%q) = %v, want ok %v", ep, err, ok)
 		}
 	}
+}
+
+// TestEndpointIsOneLibzmqConnectsTo: from a review. /register took event
+// endpoints that libzmq's connect refuses at once: a tcp host starting with
+// '_' or '-', or holding a character such as '!' or '~', an ipc path past
+// a Unix socket's 107 bytes. It answered 201, and the leader's subscriber
+// failed at its start, for good. Now checkEndpoint refuses them, naming the
+// rule, and every endpoint it accepts is one a SUB socket connects to.
+func TestEndpointIsOneLibzmqConnectsTo(t *testing.T) {
+	long := "ipc:///var/run/kvrouter/" + strings.Repeat("d", 100) + "/events.sock"
+	fits := "ipc:///" + strings.Repeat("d", maxIPCPath-1)
+	for ep, want := range map[string]string{
+		"tcp://_engine:5557": "starts with '_'", "tcp://-engine:5557": "starts with '-'", "tcp://.engine:1": "starts with '.'",
+		"tcp://en!gine:1": "'!' in a tcp host", "tcp://en~gine:1": "'~' in a tcp host", "tcp://a,b:1": "',' in a tcp host",
+		"tcp://a$b:1": "'$' in a tcp host", "tcp://a&b:1": "'&' in a tcp host", "tcp://a'b:1": `'\'' in a tcp host`,
+		"tcp://a(b:1": "'(' in a tcp host", "tcp://a+b:1": "'+' in a tcp host", "tcp://a=b:1": "'=' in a tcp host",
+		long: "ipc path of 130 bytes", fits + "d": "ipc path of 108 bytes",
+		"IPC:///tmp/e.sock": "want tcp://host:port or ipc://path", "ipc:/tmp/e.sock": "want tcp://host:port or ipc://path",
+		"tcp://engine_0.svc:5557": "", "tcp://e-0:1": "", "tcp://[::1]:5557": "", "tcp://10.0.0.1:5557": "", fits: "",
+		"ipc://@kv": "", "ipc://relative/e.sock": "",
+	} {
+		err := checkEndpoint("endpoint", ep)
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("checkEndpoint(%q) = %v, want it accepted", ep, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("checkEndpoint(%q) = %v, want an error naming %s", ep, err, want)
+		}
+		if err != nil && want == "" || err == nil && want != "" {
+			continue
+		}
+		// libzmq agrees: what is accepted connects (in the background),
+		// and each refusal here is one of libzmq's own, not only this check's.
+		if cerr := zmqConnects(t, ep); (cerr == nil) != (err == nil) {
+			t.Errorf("%q: checkEndpoint says %v, a SUB socket's connect %v", ep, err, cerr)
+		}
+	}
+}
+
+// zmqConnects connects a SUB socket to ep and returns the error.
+func zmqConnects(t *testing.T, ep string) error {
+	t.Helper()
+	s, err := zmq.NewSocket(zmq.SUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	return s.Connect(ep)
 }

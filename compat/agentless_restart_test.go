@@ -1,0 +1,91 @@
+package compat
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// TestRegisterRefusesEndpointsLibzmqRefuses: from a review. POST /register
+// answered 201 to event endpoints libzmq's connect refuses (a tcp host
+// starting with '_' or '-', an ipc path past 107 bytes), whose subscriber
+// could never start. Now they are a 400 naming libzmq's rule.
+func TestRegisterRefusesEndpointsLibzmqRefuses(t *testing.T) {
+	n := startNode(t)
+	for i, ep := range []string{"ipc:///var/run/kvrouter/" + strings.Repeat("d", 100) + "/events.sock",
+		"tcp://_engine:5557", "tcp://-engine:5557", "tcp://en!gine:5557"} {
+		r := n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: uint64(10 + i), Endpoint: ep, ModelName: "llama", BlockSize: 4})
+		if r.code != 400 || !strings.Contains(string(r.body), "libzmq refuses") {
+			t.Errorf("register %s: %d %s, want 400 naming libzmq's rule", ep, r.code, r.body)
+		}
+	}
+}
+
+// TestAgentlessRestartsAStoppedSubscriberWithBackoff: from a review. A
+// subscriber whose Run returned by itself (here: libzmq refuses the
+// endpoint an older build registered) stayed in Agentless's map: Ranks()
+// listed its rank as followed, and reconcile never started it again (it
+// restarted a subscriber only when its registration or the term changed),
+// so a rank whose subscriber failed once, for whatever reason, was never
+// followed again. Now a stopped subscriber is not listed, starts again
+// after a backoff that doubles at each failure, and at once when its
+// registration changes.
+func TestAgentlessRestartsAStoppedSubscriberWithBackoff(t *testing.T) {
+	const poll = 20 * time.Millisecond
+	a := &Agentless{b: &cursorTarget{}, cfg: AgentlessConfig{Poll: poll, CommitTimeout: time.Second, Registerer: prometheus.NewRegistry()},
+		log: quiet, subs: map[kvevent.Rank]*agentlessSub{}, retry: map[kvevent.Rank]agentlessRetry{}}
+	defer a.reconcile(nil, 0)
+	r := kvevent.Rank{Worker: 1}
+	table := func(ep string) map[uint64]raftfsm.WorkerInfo {
+		return map[uint64]raftfsm.WorkerInfo{1: {ID: 1, Positional: true, BlockSize: 4, EventEndpoints: map[uint32]string{0: ep}}}
+	}
+	bad := table("tcp://_engine:5557") // registered by an older build
+	sub := func() *agentlessSub {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.subs[r]
+	}
+	waitStopped := func(s *agentlessSub) {
+		t.Helper()
+		waitFor(t, 10*time.Second, "the subscriber's Run to return", s.stopped)
+	}
+
+	a.reconcile(bad, 5)
+	first := sub()
+	if first == nil {
+		t.Fatal("no subscriber started")
+	}
+	waitStopped(first)
+	if slices.Contains(a.Ranks(), r) {
+		t.Fatal("Ranks() lists the rank of a stopped subscriber as followed")
+	}
+	waitFor(t, 10*time.Second, "the subscriber started again", func() bool {
+		a.reconcile(bad, 5)
+		s := sub()
+		return s != nil && s != first
+	})
+	second := sub()
+	waitStopped(second)
+	a.reconcile(bad, 5)
+	a.mu.Lock()
+	rt, waiting := a.retry[r]
+	a.mu.Unlock()
+	if sub() != nil || !waiting || rt.backoff != 2*poll {
+		t.Fatalf("after a second failure: subscriber %p, retry %+v (%v): want none running and a backoff of %v",
+			sub(), rt, waiting, 2*poll)
+	}
+
+	// Registered anew (a PATCH of the endpoint): started at once.
+	a.reconcile(table("tcp://127.0.0.1:9"), 5)
+	if s := sub(); s == nil || s.endpoint != "tcp://127.0.0.1:9" {
+		t.Fatalf("after a new registration: subscriber %+v, want one on the new endpoint at once", s)
+	}
+	if _, waiting := a.retry[r]; waiting {
+		t.Fatal("the new registration waits for the old one's backoff")
+	}
+}
