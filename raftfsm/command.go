@@ -16,12 +16,24 @@ import (
 // ErrBadCommand, and the FSM skips such an entry as a domain error: a
 // committed entry cannot be refused, but it must never corrupt state.
 //
+// Version 2 adds the publisher incarnation to event batches (after each
+// batch's rank) and to rank dumps (after the cursor), 8 bytes little
+// endian each; the other types are encoded as in version 1. A command is
+// written in version 1 unless it carries a non-zero incarnation, so that
+// nodes of earlier builds read every entry a leader of this build writes
+// until agents of this build send incarnations (upgrade the routers
+// first: docs/operations.md). Version 1 entries are read as their batches
+// and dumps having incarnation 0 (unfenced).
+//
 // Every command is safe to apply twice (a write that timed out may have
 // committed, and its client retries): event batches through the per-rank
 // cursor, registrations and settings by being absolute, bookings by
 // request id, sweeps by their timestamp.
 
-const commandVersion = 1
+const (
+	commandVersion   = 2 // the latest: with publisher incarnations; 1 and 2 are read
+	commandVersionV1 = 1 // before publisher incarnations; what the rest is written in
+)
 
 type cmdType uint8
 
@@ -44,9 +56,10 @@ type command struct {
 	now     int64 // leader time (unix nanos) for aging and bookings
 	batches []RankBatch
 	// cmdReplace
-	rank   kvevent.Rank
-	cursor uint64
-	stored []kvevent.Event
+	rank        kvevent.Rank
+	cursor      uint64
+	incarnation uint64 // the dump's publisher incarnation (0: unfenced)
+	stored      []kvevent.Event
 	// cmdRegister / cmdDeregister
 	worker   WorkerInfo
 	workerID uint64
@@ -90,8 +103,11 @@ type bookOutcome struct {
 	left bool
 }
 
-func encodeHeader(e *enc, t cmdType, now int64) {
-	e.u8(commandVersion)
+// encodeHeader writes a command's header in version 1.
+func encodeHeader(e *enc, t cmdType, now int64) { encodeHeaderV(e, commandVersionV1, t, now) }
+
+func encodeHeaderV(e *enc, version uint8, t cmdType, now int64) {
+	e.u8(version)
 	e.u8(uint8(t))
 	e.sv(now)
 }
@@ -213,13 +229,24 @@ func decodeRank(d *dec) kvevent.Rank {
 func encodeEvents(now int64, batches []RankBatch) []byte {
 	size := 64
 	for i := range batches {
-		size += 32 + eventsBound(batches[i].Events)
+		size += 40 + eventsBound(batches[i].Events)
+	}
+	fenced := false // a batch carries an incarnation: version 2
+	for i := range batches {
+		fenced = fenced || batches[i].Incarnation != 0
 	}
 	e := enc{b: make([]byte, 0, size)}
-	encodeHeader(&e, cmdEvents, now)
+	if fenced {
+		encodeHeaderV(&e, commandVersion, cmdEvents, now)
+	} else {
+		encodeHeader(&e, cmdEvents, now)
+	}
 	e.uv(uint64(len(batches)))
 	for i := range batches {
 		encodeRank(&e, batches[i].Rank)
+		if fenced {
+			e.u64(batches[i].Incarnation)
+		}
 		e.uv(uint64(len(batches[i].Events)))
 		for j := range batches[i].Events {
 			encodeEvent(&e, &batches[i].Events[j])
@@ -228,11 +255,20 @@ func encodeEvents(now int64, batches []RankBatch) []byte {
 	return e.b
 }
 
-func encodeReplace(now int64, r kvevent.Rank, cursor uint64, stored []kvevent.Event) []byte {
-	e := enc{b: make([]byte, 0, 96+eventsBound(stored))}
-	encodeHeader(&e, cmdReplace, now)
+// encodeReplace encodes a rank dump of publisher incarnation incarnation
+// (0: unfenced, written in version 1).
+func encodeReplace(now int64, r kvevent.Rank, cursor, incarnation uint64, stored []kvevent.Event) []byte {
+	e := enc{b: make([]byte, 0, 104+eventsBound(stored))}
+	if incarnation != 0 {
+		encodeHeaderV(&e, commandVersion, cmdReplace, now)
+	} else {
+		encodeHeader(&e, cmdReplace, now)
+	}
 	encodeRank(&e, r)
 	e.uv(cursor)
+	if incarnation != 0 {
+		e.u64(incarnation)
+	}
 	e.uv(uint64(len(stored)))
 	for i := range stored {
 		encodeEvent(&e, &stored[i])
@@ -431,9 +467,11 @@ func decodeCommand(b []byte) (command, error) {
 func decodeCommandInto(b []byte, sc *decodeScratch) (command, error) {
 	d := dec{b: b}
 	var c command
-	if v := d.u8("version"); d.err == nil && v != commandVersion {
-		return c, fmt.Errorf("%w: command format version %d (this build reads %d)", ErrBadCommand, v, commandVersion)
+	v := d.u8("version")
+	if d.err == nil && v != commandVersion && v != commandVersionV1 {
+		return c, fmt.Errorf("%w: command format version %d (this build reads %d and %d)", ErrBadCommand, v, commandVersionV1, commandVersion)
 	}
+	fenced := v >= 2 // event batches and dumps carry an incarnation
 	c.typ = cmdType(d.u8("type"))
 	c.now = d.sv("time")
 	switch c.typ {
@@ -443,6 +481,9 @@ func decodeCommandInto(b []byte, sc *decodeScratch) (command, error) {
 		for i := range c.batches {
 			rb := &c.batches[i]
 			rb.Rank = decodeRank(&d)
+			if fenced {
+				rb.Incarnation = d.u64("incarnation")
+			}
 			m := d.count("events", 3)
 			rb.Events = take(&sc.events, m)
 			for j := range rb.Events {
@@ -452,6 +493,9 @@ func decodeCommandInto(b []byte, sc *decodeScratch) (command, error) {
 	case cmdReplace:
 		c.rank = decodeRank(&d)
 		c.cursor = d.uv("cursor")
+		if fenced {
+			c.incarnation = d.u64("incarnation")
+		}
 		n := d.count("stored", 3)
 		c.stored = take(&sc.events, n)
 		for i := range c.stored {

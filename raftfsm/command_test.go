@@ -1,9 +1,14 @@
 package raftfsm
 
 import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"path/filepath"
 	"reflect"
 	"testing"
 
+	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"pgregory.net/rapid"
 )
@@ -62,7 +67,7 @@ func TestEventCommandsAreSizedOnce(t *testing.T) {
 		batches := genRankBatches(rt)
 		size := 64
 		for i := range batches {
-			size += 32 + eventsBound(batches[i].Events)
+			size += 40 + eventsBound(batches[i].Events)
 		}
 		now := rapid.Int64().Draw(rt, "now")
 		b := encodeEvents(now, batches)
@@ -77,7 +82,8 @@ func TestEventCommandsAreSizedOnce(t *testing.T) {
 			rt.Fatalf("decoded %d batches, want %d", len(c.batches), len(batches))
 		}
 		for i := range batches {
-			if c.batches[i].Rank != batches[i].Rank || len(c.batches[i].Events) != len(batches[i].Events) {
+			if c.batches[i].Rank != batches[i].Rank || c.batches[i].Incarnation != batches[i].Incarnation ||
+				len(c.batches[i].Events) != len(batches[i].Events) {
 				rt.Fatalf("batch %d decoded as %+v", i, c.batches[i])
 			}
 			for j := range batches[i].Events {
@@ -90,9 +96,13 @@ func TestEventCommandsAreSizedOnce(t *testing.T) {
 		}
 		if len(batches) == 1 {
 			r := batches[0].Rank
-			b := encodeReplace(now, r, 7, batches[0].Events)
-			if want := 96 + eventsBound(batches[0].Events); cap(b) != want {
+			b := encodeReplace(now, r, 7, batches[0].Incarnation, batches[0].Events)
+			if want := 104 + eventsBound(batches[0].Events); cap(b) != want {
 				rt.Fatalf("replace encoding grew the buffer: capacity %d, sized %d", cap(b), want)
+			}
+			if c, err := decodeCommand(b); err != nil || c.rank != r || c.cursor != 7 || c.incarnation != batches[0].Incarnation {
+				rt.Fatalf("dump decoded as rank %v cursor %d incarnation %d (%v), want %v 7 %d",
+					c.rank, c.cursor, c.incarnation, err, r, batches[0].Incarnation)
 			}
 		}
 	})
@@ -124,7 +134,8 @@ func genRankBatches(rt *rapid.T) []RankBatch {
 			}
 			evs = append(evs, ev)
 		}
-		batches = append(batches, RankBatch{Rank: r, Events: evs})
+		inc := rapid.SampledFrom([]uint64{0, 1, 1<<64 - 1}).Draw(rt, "incarnation")
+		batches = append(batches, RankBatch{Rank: r, Incarnation: inc, Events: evs})
 	}
 	return batches
 }
@@ -141,7 +152,7 @@ func TestDecodeScratchMatchesFreshDecode(t *testing.T) {
 			batches := genRankBatches(rt)
 			b := encodeEvents(int64(k), batches)
 			if len(batches) > 0 && rapid.Bool().Draw(rt, "dump") {
-				b = encodeReplace(int64(k), batches[0].Rank, 9, batches[0].Events)
+				b = encodeReplace(int64(k), batches[0].Rank, 9, batches[0].Incarnation, batches[0].Events)
 			}
 			sc.reset()
 			got, err := decodeCommandInto(b, &sc)
@@ -157,4 +168,79 @@ func TestDecodeScratchMatchesFreshDecode(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Commands as a build before publisher incarnations wrote them (command
+// format version 1), as a Raft log may still hold them: encodeEvents(42,
+// one batch of rank {7 1}: two stored events, ids 4 and 5, and a removal,
+// id 6) and encodeReplace(43, rank {7 1}, cursor 9, two stored events).
+const (
+	v1EventsHex  = "0101540107010304010000010a00000000000000f203000000000000050100010a00000000000000010b00000000000000f303000000000000060200010b00000000000000"
+	v1ReplaceHex = "0102560701090201010000011400000000000000fc03000000000000020100011400000000000000011500000000000000fd03000000000000"
+)
+
+// TestVersion1CommandsStillDecode: event batches and rank dumps entries
+// written before incarnations (version 1) decode as they did, with
+// incarnation 0 (unfenced), and apply; unfenced ones are still written so,
+// fenced ones in version 2, and a later version is refused.
+func TestVersion1CommandsStillDecode(t *testing.T) {
+	r := kvevent.Rank{Worker: 7, DP: 1}
+	evs, err := hex.DecodeString(v1EventsHex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := decodeCommand(evs)
+	if err != nil {
+		t.Fatalf("a version 1 events entry: %v", err)
+	}
+	want := append(chainEvents(r, 4, 2, 10), kvevent.Event{Rank: r, EventID: 6, Kind: kvevent.KindRemoved, Removed: []uint64{11}})
+	if c.typ != cmdEvents || c.now != 42 || len(c.batches) != 1 || c.batches[0].Rank != r || c.batches[0].Incarnation != 0 ||
+		!reflect.DeepEqual(c.batches[0].Events, want) {
+		t.Fatalf("a version 1 events entry decoded as %+v", c)
+	}
+	// Unfenced, it is written as it was (nodes of earlier builds read what
+	// a leader of this build writes until agents send incarnations); with
+	// an incarnation, in version 2.
+	if again := encodeEvents(42, c.batches); !bytes.Equal(again, evs) {
+		t.Fatalf("unfenced batches written as %x, want the version 1 entry %x", again, evs)
+	}
+	c.batches[0].Incarnation = 5
+	if again := encodeEvents(42, c.batches); again[0] != 2 {
+		t.Fatalf("fenced batches written in version %d, want 2", again[0])
+	}
+
+	rep, err := hex.DecodeString(v1ReplaceHex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err = decodeCommand(rep)
+	if err != nil {
+		t.Fatalf("a version 1 dump entry: %v", err)
+	}
+	if c.typ != cmdReplace || c.now != 43 || c.rank != r || c.cursor != 9 || c.incarnation != 0 ||
+		!reflect.DeepEqual(c.stored, chainEvents(r, 1, 2, 20)) {
+		t.Fatalf("a version 1 dump entry decoded as %+v", c)
+	}
+	if again := encodeReplace(43, r, 9, 0, c.stored); !bytes.Equal(again, rep) {
+		t.Fatalf("an unfenced dump written as %x, want the version 1 entry %x", again, rep)
+	}
+	if again := encodeReplace(43, r, 9, 5, c.stored); again[0] != 2 {
+		t.Fatalf("a fenced dump written in version %d, want 2", again[0])
+	}
+
+	// Both apply, as in the build that wrote them.
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	var w logWriter
+	res := f.ApplyBatch([]*raft.Log{w.next(rep), w.next(evs)})
+	if acks, ok := res[1].([]RankAck); !ok || acks[0].Applied != 0 || acks[0].Dups != 3 || f.Cursor(r) != 9 || f.Incarnation(r) != 0 {
+		t.Fatalf("applied: %v; cursor %d incarnation %d, want 9 and 0 (the events at or below the dump's cursor are duplicates)",
+			res, f.Cursor(r), f.Incarnation(r))
+	}
+
+	later := bytes.Clone(rep)
+	later[0] = commandVersion + 1
+	if _, err := decodeCommand(later); !errors.Is(err, ErrBadCommand) {
+		t.Fatalf("version %d: %v, want ErrBadCommand", later[0], err)
+	}
 }

@@ -78,7 +78,7 @@ type FSM struct {
 	scratch       decodeScratch // ApplyBatch's commands decode into it
 
 	curMu   sync.RWMutex
-	cursors map[kvevent.Rank]uint64
+	cursors map[kvevent.Rank]rankCursor
 	// heard is when each rank's events (or dump) last reached the log, in
 	// the leader's clock as the commands carry it: equal on every replica,
 	// kept in memory only (unknown after a restart until the rank sends).
@@ -296,15 +296,35 @@ func (f *FSM) Settings() Settings { return *f.settings.Load() }
 // Members returns the member table (do not modify).
 func (f *FSM) Members() map[string]Member { return *f.members.Load() }
 
+// rankCursor is what the FSM keeps per rank beside its index state: the
+// last applied event id, and the publisher incarnation of the dump that
+// last replaced the rank (0: none since the rank's state began, or an
+// unfenced dump). One map value, so that an event batch reads and writes
+// both with one lookup each.
+type rankCursor struct {
+	id          uint64
+	incarnation uint64
+}
+
 // Cursor returns a rank's last applied event id.
 func (f *FSM) Cursor(r kvevent.Rank) uint64 {
+	return f.rankCursor(r).id
+}
+
+// Incarnation returns the publisher incarnation of the dump that last
+// replaced rank r's state, or 0 (none, or an unfenced dump).
+func (f *FSM) Incarnation(r kvevent.Rank) uint64 {
+	return f.rankCursor(r).incarnation
+}
+
+func (f *FSM) rankCursor(r kvevent.Rank) rankCursor {
 	f.curMu.RLock()
 	defer f.curMu.RUnlock()
 	return f.cursors[r]
 }
 
 // Digest is the state digest: the index's and the load tracker's, mixed
-// with the cursors, the registrations (each whole, as its record
+// with the cursors (each with its rank's incarnation), the registrations (each whole, as its record
 // encodes it: ranks, capacities, endpoints, positional ids) and the
 // settings. Equal on replicas at equal applied index, and on a state
 // saved and restored into another cluster: the member table, which is
@@ -316,7 +336,12 @@ func (f *FSM) Digest() uint64 {
 	d := f.ix.Digest()*0x9e3779b97f4a7c15 + f.seqs.Digest()
 	f.curMu.RLock()
 	for r, c := range f.cursors {
-		d += mix(r.Worker ^ mix(uint64(r.DP)^mix(c+0x7f4a7c15)))
+		x := mix(c.id + 0x7f4a7c15)
+		if c.incarnation != 0 {
+			// A rank without one mixes as before incarnations existed.
+			x = mix(x ^ c.incarnation)
+		}
+		d += mix(r.Worker ^ mix(uint64(r.DP)^x))
 	}
 	f.curMu.RUnlock()
 	var e enc
@@ -539,7 +564,7 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 			return RankAck{Rank: c.rank, Cursor: cur}
 		}
 		f.ix.ReplaceRank(c.rank, c.stored, c.now)
-		f.setCursor(c.rank, c.cursor)
+		f.setCursor(c.rank, rankCursor{id: c.cursor, incarnation: c.incarnation})
 		f.noteHeard(c.rank, c.now)
 		return RankAck{Rank: c.rank, Cursor: c.cursor, Applied: len(c.stored)}
 	case cmdRegister:
@@ -655,7 +680,8 @@ func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
 		return RankAck{Rank: rb.Rank, Unregistered: true}
 	}
 	f.noteHeard(rb.Rank, now)
-	cur := f.Cursor(rb.Rank)
+	rc := f.rankCursor(rb.Rank)
+	cur := rc.id
 	ack := RankAck{Rank: rb.Rank}
 	// A positional worker's ids are its engine stream's positions: they
 	// only go up, with holes between batches, so nothing is a gap.
@@ -685,7 +711,8 @@ func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
 		ack.Applied++
 	}
 	if ack.Applied > 0 {
-		f.setCursor(rb.Rank, cur)
+		rc.id = cur
+		f.setCursor(rb.Rank, rc)
 	}
 	ack.Cursor = cur
 	ack.Resync = f.ix.RankNeedsResync(rb.Rank)
@@ -767,14 +794,15 @@ func (f *FSM) UnregisteredRanks() []kvevent.Rank {
 	return out
 }
 
-func (f *FSM) setCursor(r kvevent.Rank, c uint64) {
+func (f *FSM) setCursor(r kvevent.Rank, c rankCursor) {
 	f.curMu.Lock()
 	f.cursors[r] = c
 	f.curMu.Unlock()
-	f.batch.PutCursor(r.Worker, r.DP, c)
+	f.batch.PutCursor(r.Worker, r.DP, c.id, c.incarnation)
 }
 
-// removeRank drops one rank's index state, bookings and cursor.
+// removeRank drops one rank's index state, bookings and cursor (with its
+// incarnation).
 func (f *FSM) removeRank(r kvevent.Rank) {
 	f.ix.RemoveRank(r)
 	f.seqs.RemoveRank(r)

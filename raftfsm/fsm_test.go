@@ -2,6 +2,8 @@ package raftfsm
 
 import (
 	"bytes"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"io"
 	"math"
@@ -468,7 +470,17 @@ func FuzzDecodeCommand(f *testing.F) {
 	f.Add(encodeBook(3, []bookOp{{kind: bookAdd, b: Booking{ID: "q1", Rank: r1, SeqHashes: []uint64{1, 2}, ISL: 64}}}))
 	f.Add(encodeRegister(1, &WorkerInfo{ID: 1, DPRanks: []uint32{0, 3}, BlockSize: 16, Endpoint: "x"}))
 	f.Add(encodeSettings(1, &Settings{Params: indexer.DefaultParams()}))
-	f.Add(encodeReplace(1, r2, 9, chainEvents(r2, 1, 2, 5)))
+	f.Add(encodeReplace(1, r2, 9, 0, chainEvents(r2, 1, 2, 5)))
+	f.Add(encodeReplace(1, r1, 9, 0xfeedface, chainEvents(r1, 1, 2, 5)))
+	f.Add(encodeEvents(1, []RankBatch{{Rank: r1, Incarnation: 0xfeedface, Events: chainEvents(r1, 1, 3, 10)},
+		{Rank: r2, Incarnation: 1, Events: chainEvents(r2, 1, 1, 10)}}))
+	for _, h := range []string{v1EventsHex, v1ReplaceHex} { // the version before incarnations
+		b, err := hex.DecodeString(h)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
 	f.Add(encodeRegister(1, &WorkerInfo{ID: 1, BlockSize: 16, Capacity: [4]int64{math.MaxInt64, 1, 0, 0}}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := decodeCommand(b)
@@ -547,7 +559,7 @@ func TestUnregisteredRanksAreListedUntilTheirWorkerIsRemoved(t *testing.T) {
 	f.ApplyBatch([]*raft.Log{
 		w.next(encodeRegister(1, &WorkerInfo{ID: 1, BlockSize: 16})),
 		w.next(encodeEvents(2, []RankBatch{{Rank: kept, Events: chainEvents(kept, 1, 2, 10)}})),
-		w.next(encodeReplace(3, dumped, 7, chainEvents(dumped, 0, 2, 20))),
+		w.next(encodeReplace(3, dumped, 7, 0, chainEvents(dumped, 0, 2, 20))),
 		w.next(encodeEvents(4, []RankBatch{{Rank: gapped, Events: chainEvents(gapped, 3, 1, 30)}, {Rank: other, Events: chainEvents(other, 1, 1, 40)}})),
 	})
 	if got, want := f.UnregisteredRanks(), []kvevent.Rank{dumped, gapped, other}; !slices.Equal(got, want) {
@@ -712,4 +724,80 @@ func TestCloseReleasesTheHugePageAdvice(t *testing.T) {
 	if st := f.Index().Stats(); st.Entries != per*calls {
 		t.Fatalf("the closed FSM's index holds %d entries, want %d", st.Entries, per*calls)
 	}
+}
+
+// TestIncarnationSurvivesReopenAndSnapshot: the publisher incarnation a
+// dump leaves on its rank is kept beside the cursor in the state database
+// and in snapshots, so a restart and a restore (a follower that installs
+// the leader's snapshot) keep fencing the rank as the others do; and the
+// digest covers it, so replicas that disagree on it are told apart.
+func TestIncarnationSurvivesReopenAndSnapshot(t *testing.T) {
+	const inc = 0xfeedface_0bad_cafe
+	dir := filepath.Join(t.TempDir(), "fsm")
+	f := openTestFSM(t, dir)
+	var w logWriter
+	applyFixture(t, f, &w)
+	f.ApplyBatch([]*raft.Log{w.next(encodeReplace(7, r1, 20, inc, chainEvents(r1, 1, 2, 300)))})
+	if f.Cursor(r1) != 20 || f.Incarnation(r1) != inc || f.Incarnation(r2) != 0 {
+		t.Fatalf("after the dump: cursor %d incarnation %#x (r2's %#x), want 20, %#x, 0", f.Cursor(r1), f.Incarnation(r1), f.Incarnation(r2), uint64(inc))
+	}
+	d := f.Digest()
+	snap := snapshotBytes(t, f)
+	info, err := InspectSnapshot(bytes.NewReader(snap))
+	if err != nil || info.FormatVersion != 3 {
+		t.Fatalf("snapshot format %d (%v), want 3", info.FormatVersion, err)
+	}
+	f.Close()
+
+	g := openTestFSM(t, dir)
+	if g.Cursor(r1) != 20 || g.Incarnation(r1) != inc || g.Digest() != d {
+		t.Fatalf("reopened: cursor %d incarnation %#x digest %#x, want 20, %#x, %#x", g.Cursor(r1), g.Incarnation(r1), g.Digest(), uint64(inc), d)
+	}
+	g.Close()
+
+	h := openTestFSM(t, filepath.Join(t.TempDir(), "restored"))
+	defer h.Close()
+	if err := h.Restore(nopCloser{bytes.NewReader(snap)}); err != nil {
+		t.Fatal(err)
+	}
+	if h.Cursor(r1) != 20 || h.Incarnation(r1) != inc || h.Digest() != d {
+		t.Fatalf("restored: cursor %d incarnation %#x digest %#x, want 20, %#x, %#x", h.Cursor(r1), h.Incarnation(r1), h.Digest(), uint64(inc), d)
+	}
+
+	// The same state but for the incarnation digests differently.
+	other := openTestFSM(t, filepath.Join(t.TempDir(), "other"))
+	defer other.Close()
+	var ow logWriter
+	applyFixture(t, other, &ow)
+	other.ApplyBatch([]*raft.Log{ow.next(encodeReplace(7, r1, 20, inc+1, chainEvents(r1, 1, 2, 300)))})
+	if other.Digest() == d {
+		t.Fatal("two states that differ in a rank's incarnation only have the same digest")
+	}
+}
+
+// TestVersion2SnapshotRestoresUnfenced: a snapshot of the format before
+// incarnations (version 2, every cursor record 8 bytes) restores, every
+// rank with incarnation 0, and its cursors as they were.
+func TestVersion2SnapshotRestoresUnfenced(t *testing.T) {
+	cursor := func(r kvevent.Rank, id uint64) rec {
+		k := binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint64([]byte{store.KindCursor}, r.Worker), r.DP)
+		return rec{k, binary.BigEndian.AppendUint64(nil, id)}
+	}
+	stream := buildStream(2, []rec{cursor(r1, 17), cursor(r2, 4)}, nil, map[byte]uint64{store.KindCursor: 2})
+	dir := filepath.Join(t.TempDir(), "fsm")
+	f := openTestFSM(t, dir)
+	if err := f.Restore(nopCloser{bytes.NewReader(stream)}); err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, f *FSM) {
+		t.Helper()
+		if f.Cursor(r1) != 17 || f.Cursor(r2) != 4 || f.Incarnation(r1) != 0 || f.Incarnation(r2) != 0 {
+			t.Fatalf("%s: cursors %d %d, incarnations %d %d; want 17 4 0 0", what, f.Cursor(r1), f.Cursor(r2), f.Incarnation(r1), f.Incarnation(r2))
+		}
+	}
+	check("restored", f)
+	f.Close()
+	g := openTestFSM(t, dir)
+	defer g.Close()
+	check("reopened", g)
 }

@@ -1316,8 +1316,17 @@ func (n *Node) IngestEvents(ctx context.Context, batches []RankBatch) ([]RankAck
 }
 
 // ReplaceRank replaces a rank's state with a full dump of Stored events,
-// and sets its cursor (a resync).
+// and sets its cursor (a resync). It is an unfenced dump:
+// ReplaceRankFenced with incarnation 0.
 func (n *Node) ReplaceRank(ctx context.Context, r kvevent.Rank, cursor uint64, stored []kvevent.Event) error {
+	return n.ReplaceRankFenced(ctx, r, cursor, 0, stored)
+}
+
+// ReplaceRankFenced is ReplaceRank by publisher incarnation incarnation (0:
+// unfenced), which the rank keeps with its cursor (docs/events.md). A dump
+// older than the rank's cursor changes nothing, its incarnation included,
+// and fails with a *StaleDumpError.
+func (n *Node) ReplaceRankFenced(ctx context.Context, r kvevent.Rank, cursor, incarnation uint64, stored []kvevent.Event) error {
 	for i := range stored {
 		stored[i].Rank = r
 		if stored[i].Kind != kvevent.KindStored {
@@ -1327,7 +1336,7 @@ func (n *Node) ReplaceRank(ctx context.Context, r kvevent.Rank, cursor uint64, s
 			return fmt.Errorf("%w: dump event %d: %v", ErrInvalid, i, err)
 		}
 	}
-	res, err := n.apply(ctx, encodeReplace(now(), r, cursor, stored))
+	res, err := n.apply(ctx, encodeReplace(now(), r, cursor, incarnation, stored))
 	if err != nil {
 		return err
 	}

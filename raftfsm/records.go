@@ -222,7 +222,7 @@ func (f *FSM) logLoaded(msg string, b *stateBuilder, start time.Time) {
 type stateBuilder struct {
 	l                    *indexer.Loader
 	applied, appliedTerm uint64
-	cursors              map[kvevent.Rank]uint64
+	cursors              map[kvevent.Rank]rankCursor
 	workers              map[uint64]WorkerInfo
 	members              map[string]Member
 	settings             Settings
@@ -242,7 +242,7 @@ func newStateBuilder() *stateBuilder {
 	l.Spread(runtime.GOMAXPROCS(0), spreadGo)
 	return &stateBuilder{
 		l:        l,
-		cursors:  map[kvevent.Rank]uint64{},
+		cursors:  map[kvevent.Rank]rankCursor{},
 		workers:  map[uint64]WorkerInfo{},
 		members:  map[string]Member{},
 		settings: Settings{Params: indexer.DefaultParams()},
@@ -301,8 +301,8 @@ func (b *stateBuilder) small(kind byte, k, v []byte) error {
 		if err != nil {
 			return err
 		}
-		c, err := store.DecodeU64(v)
-		b.cursors[kvevent.Rank{Worker: w, DP: dp}] = c
+		id, inc, err := store.DecodeCursor(v)
+		b.cursors[kvevent.Rank{Worker: w, DP: dp}] = rankCursor{id: id, incarnation: inc}
 		return err
 	case store.KindWorker:
 		d := dec{b: v}

@@ -207,8 +207,8 @@ func TestRestoreWhoseContextEndsWhileRaftInstallsIt(t *testing.T) {
 // TestReplaceMembers: the stream a restore installs is the upload with
 // its member records replaced by the cluster's own, in key order where
 // the kind order puts them; every other record is copied in its place,
-// and the counts and the checksum are those of the new stream (format 2,
-// whatever the upload's). A damaged upload is refused.
+// and the counts and the checksum are those of the new stream (the
+// current format, whatever the upload's). A damaged upload is refused.
 func TestReplaceMembers(t *testing.T) {
 	member := func(id, raftAddr, httpAddr string) rec {
 		m := Member{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}
@@ -218,7 +218,7 @@ func TestReplaceMembers(t *testing.T) {
 		{[]byte{store.KindWorker, 1}, []byte("w")}}
 	foreign := append(slices.Clone(others), member("a", "10.9.9.9:1", "h-a"), member("n1", "10.9.9.9:2", "h-n1"))
 	ours := []Member{{ID: "n2", RaftAddr: "10.0.0.2:7000", HTTPAddr: "10.0.0.2:7080"}, {ID: "n1", RaftAddr: "10.0.0.1:7000", HTTPAddr: "10.0.0.1:7080"}}
-	want := buildStream(2, append(slices.Clone(others), member("n1", "10.0.0.1:7000", "10.0.0.1:7080"), member("n2", "10.0.0.2:7000", "10.0.0.2:7080")),
+	want := buildStream(snapshotVersion, append(slices.Clone(others), member("n1", "10.0.0.1:7000", "10.0.0.1:7080"), member("n2", "10.0.0.2:7000", "10.0.0.2:7080")),
 		nil, map[byte]uint64{store.KindCursor: 2, store.KindWorker: 1, store.KindMember: 2})
 	counts := map[byte]uint64{store.KindCursor: 2, store.KindWorker: 1, store.KindMember: 2}
 	for _, tc := range []struct {
@@ -238,7 +238,7 @@ func TestReplaceMembers(t *testing.T) {
 			if !bytes.Equal(out.Bytes(), want) {
 				t.Fatalf("wrote\n%x\nwant\n%x", out.Bytes(), want)
 			}
-			if info.Bytes != int64(len(want)) || info.Records["members"] != 2 || info.FormatVersion != 2 || info.Index != 42 || info.Term != 3 {
+			if info.Bytes != int64(len(want)) || info.Records["members"] != 2 || info.FormatVersion != snapshotVersion || info.Index != 42 || info.Term != 3 {
 				t.Fatalf("info %+v", info)
 			}
 		})

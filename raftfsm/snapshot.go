@@ -28,25 +28,29 @@ import (
 // The snapshot stream: a whole state database, self-checking.
 //
 //	header   magic "KVRSNAP\x00", format version (u32 LE), applied index and
-//	         term (u64 LE each), a count block (below) that is empty in
-//	         version 2
+//	         term (u64 LE each), a count block (below) that is empty from
+//	         version 2 on
 //	records  uvarint key length, key (kind byte first), uvarint value
 //	         length, value; in key order
 //	end      a zero key length
-//	counts   version 2 only: the count block, so that the writer streams
+//	counts   version 2 and 3: the count block, so that the writer streams
 //	         the database in one pass
 //	trailer  SHA-256 of every byte before it
 //
 // A count block is the number of kinds (u8) and per kind its byte and record
-// count (u64 LE). Version 1 (counts in the header, the writer scanning the
-// database twice) is still read.
+// count (u64 LE). Version 3 is version 2 whose cursor records may carry the
+// rank's publisher incarnation (16-byte values, store.PutCursor); version 2
+// (every cursor 8 bytes: incarnation 0) and version 1 (counts in the
+// header, the writer scanning the database twice) are still read. An
+// earlier build refuses version 3 by its version, rather than failing on
+// a cursor value it cannot decode.
 //
 // Restore checks the counts and the checksum before anything replaces the
 // live state, so a truncated or bit-flipped file is refused whole.
 
 const (
 	snapshotMagic   = "KVRSNAP\x00"
-	snapshotVersion = 2 // written; 1 and 2 are read
+	snapshotVersion = 3 // written; 1, 2 and 3 are read
 	maxRecordBytes  = 64 << 20
 )
 
@@ -195,12 +199,12 @@ func (s *snapReader) header() error {
 		return bad("not a kvrouter snapshot (bad magic)")
 	}
 	v := binary.LittleEndian.Uint32(p[8:])
-	if v != 1 && v != 2 {
-		return bad("format version %d (this build reads 1 and 2)", v)
+	if v < 1 || v > snapshotVersion {
+		return bad("format version %d (this build reads 1 to %d)", v, snapshotVersion)
 	}
 	s.info = SnapshotInfo{FormatVersion: v, Index: binary.LittleEndian.Uint64(p[12:]), Term: binary.LittleEndian.Uint64(p[20:]), Records: map[string]int64{}}
-	if v == 2 && p[28] != 0 {
-		return bad("version 2 announces counts in the header")
+	if v >= 2 && p[28] != 0 {
+		return bad("version %d announces counts in the header", v)
 	}
 	return s.counts(int(p[28]))
 }
@@ -286,10 +290,10 @@ func (s *snapReader) next() (key, value []byte, err error) {
 	return key, v, nil
 }
 
-// finish reads the counts of a version 2 stream, and checks the counts
-// and the trailer.
+// finish reads the counts of a version 2 or 3 stream, and checks the
+// counts and the trailer.
 func (s *snapReader) finish() error {
-	if s.info.FormatVersion == 2 {
+	if s.info.FormatVersion >= 2 {
 		nk, err := s.ReadByte()
 		if err != nil {
 			return truncated(err)

@@ -55,10 +55,11 @@ func buildStream(version uint32, recs []rec, headCounts, tailCounts map[byte]uin
 	return append(b, sum[:]...)
 }
 
-// TestSnapshotFormatVersions: a version 2 stream (counts after the records,
+// TestSnapshotFormatVersions: a version 3 stream (version 2 whose cursors
+// may carry an incarnation), a version 2 stream (counts after the records,
 // written in one pass) and a version 1 stream (counts in the header) are
-// both read, and a stream whose counts disagree with its records, or that
-// puts them in the wrong place, is refused.
+// all read, and a stream whose counts disagree with its records, or that
+// puts them in the wrong place, or of a later version, is refused.
 func TestSnapshotFormatVersions(t *testing.T) {
 	recs := []rec{{[]byte{store.KindCursor, 1}, []byte("c")}, {[]byte{store.KindCursor, 2}, []byte("d")},
 		{[]byte{store.KindWorker, 1}, []byte("w")}}
@@ -69,13 +70,15 @@ func TestSnapshotFormatVersions(t *testing.T) {
 		wantErr    bool
 		wantFormat uint32
 	}{
+		{"version 3", buildStream(3, recs, nil, counts), false, 3},
 		{"version 2", buildStream(2, recs, nil, counts), false, 2},
 		{"version 1", buildStream(1, recs, counts, nil), false, 1},
 		{"version 2, a count short", buildStream(2, recs, nil, map[byte]uint64{store.KindCursor: 1, store.KindWorker: 1}), true, 0},
 		{"version 2, a kind missing", buildStream(2, recs, nil, map[byte]uint64{store.KindCursor: 2}), true, 0},
 		{"version 2, counts in the header", buildStream(2, recs, counts, counts), true, 0},
 		{"version 1, counts short", buildStream(1, recs, map[byte]uint64{store.KindCursor: 2}, nil), true, 0},
-		{"version 3", buildStream(3, recs, nil, counts), true, 0},
+		{"version 3, counts in the header", buildStream(3, recs, counts, counts), true, 0},
+		{"version 4", buildStream(4, recs, nil, counts), true, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			info, err := InspectSnapshot(bytes.NewReader(tc.stream))
@@ -192,6 +195,7 @@ func FuzzRestoreRecords(f *testing.F) {
 	f.Add([]byte{store.KindNode, 8, 17, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 1})
 	f.Add([]byte{store.KindEntry, 20, 13})
 	f.Add([]byte{store.KindCursor, 12, 8, store.KindWorker, 8, 3})
+	f.Add([]byte{store.KindCursor, 12, 16}) // a cursor with an incarnation
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var recs []rec
 		counts := map[byte]uint64{}

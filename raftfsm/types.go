@@ -64,8 +64,13 @@ type WorkerInfo struct {
 // RankBatch is one rank's consecutive events, as a publisher sent them.
 // Events carry their own EventID; ids are strictly increasing by one.
 type RankBatch struct {
-	Rank   kvevent.Rank
-	Events []kvevent.Event
+	Rank kvevent.Rank
+	// Incarnation is the publisher incarnation that sent the batch
+	// (eventplane: each Publisher draws a random non-zero one), or 0 for
+	// an unfenced batch (the HTTP and compatible APIs, agents of builds
+	// before incarnations). docs/events.md says what the FSM does with it.
+	Incarnation uint64
+	Events      []kvevent.Event
 }
 
 // RankAck is what the cluster did with one RankBatch, once committed.

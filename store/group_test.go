@@ -172,7 +172,7 @@ func TestGroupLeavesNoTables(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := s.NewBatch()
-	b.PutCursor(1, 0, 7)
+	b.PutCursor(1, 0, 7, 0)
 	b.SetApplied(3, 1)
 	if err := b.Commit(); err != nil {
 		t.Fatal(err)
@@ -408,14 +408,14 @@ func TestReserveGrowsOnceToTheGroupSize(t *testing.T) {
 	small.Reserve(reserved)
 	big.Reserve(reserved)
 	for i := range 1000 {
-		small.PutCursor(uint64(i), 0, 1)
+		small.PutCursor(uint64(i), 0, 1, 0)
 	}
 	if cap(small.arena) >= reserveFrom {
 		t.Fatalf("a small group's arena has room for %d bytes", cap(small.arena))
 	}
 	var arenas, opss []int
 	for i := 0; big.Len() < reserved*9/10; i++ {
-		big.PutCursor(uint64(i), 0, 1)
+		big.PutCursor(uint64(i), 0, 1, 0)
 		if n := cap(big.arena); len(arenas) == 0 || arenas[len(arenas)-1] != n {
 			arenas = append(arenas, n)
 		}

@@ -33,7 +33,9 @@ import (
 // so that keys of one kind sort by them.
 //
 //	0x01 'a'                      applied index and term (16 bytes)
-//	0x02 worker(8) dp(4)          rank cursor: last applied event id (8)
+//	0x02 worker(8) dp(4)          rank cursor: last applied event id (8), then,
+//	                              when not 0, the publisher incarnation of the
+//	                              dump that last replaced the rank (8)
 //	0x03 worker(8)                worker registration (opaque, the FSM's encoding)
 //	0x04 seq(8)                   index tree node: parent seq(8) local(8) flags(1)
 //	0x05 worker(8) dp(4) eh(8)    residency: node seq(8) mask(1) order(4)
@@ -328,10 +330,17 @@ func (b *StateBatch) SetApplied(index, term uint64) {
 	b.set(appliedKey, v)
 }
 
-// PutCursor records a rank's last applied event id.
-func (b *StateBatch) PutCursor(worker uint64, dp uint32, id uint64) {
+// PutCursor records a rank's last applied event id and the publisher
+// incarnation of the dump that last replaced the rank. An incarnation of 0
+// (none, or unfenced) is left out: the value is then 8 bytes, as it was
+// before incarnations existed (DecodeCursor).
+func (b *StateBatch) PutCursor(worker uint64, dp uint32, id, incarnation uint64) {
 	k := appendRank(b.k(KindCursor), worker, dp)
-	b.set(k, binary.BigEndian.AppendUint64(b.val[:0], id))
+	v := binary.BigEndian.AppendUint64(b.val[:0], id)
+	if incarnation != 0 {
+		v = binary.BigEndian.AppendUint64(v, incarnation)
+	}
+	b.set(k, v)
 }
 
 // DeleteCursor drops a rank's cursor.
@@ -415,7 +424,20 @@ func DecodeRankKey(k []byte) (worker uint64, dp uint32, err error) {
 	return binary.BigEndian.Uint64(k), binary.BigEndian.Uint32(k[8:]), nil
 }
 
-// DecodeU64 decodes an 8-byte big-endian value (cursors).
+// DecodeCursor decodes a cursor record's value (PutCursor): the last
+// applied event id, and the incarnation, 0 when the value has none (8
+// bytes: written with incarnation 0, or before incarnations existed).
+func DecodeCursor(v []byte) (id, incarnation uint64, err error) {
+	switch len(v) {
+	case 8:
+		return binary.BigEndian.Uint64(v), 0, nil
+	case 16:
+		return binary.BigEndian.Uint64(v), binary.BigEndian.Uint64(v[8:]), nil
+	}
+	return 0, 0, fmt.Errorf("%w: cursor value of %d bytes, want 8 or 16", ErrCorrupt, len(v))
+}
+
+// DecodeU64 decodes an 8-byte big-endian value (tree node keys).
 func DecodeU64(v []byte) (uint64, error) {
 	if len(v) != 8 {
 		return 0, fmt.Errorf("%w: value of %d bytes, want 8", ErrCorrupt, len(v))

@@ -32,7 +32,7 @@ func TestStateCrashKeepsEveryCommittedGroup(t *testing.T) {
 		for j := uint64(0); j < 500; j++ {
 			b.PutEntry(i, uint32(j%4), rng.Uint64(), i, 1, uint32(j))
 		}
-		b.PutCursor(7, 0, i)
+		b.PutCursor(7, 0, i, 0)
 		b.SetApplied(i, 1)
 		if err := b.Commit(); err != nil {
 			t.Fatal(err)
@@ -58,7 +58,7 @@ func TestStateCrashKeepsEveryCommittedGroup(t *testing.T) {
 			t.Fatal(err)
 		}
 		var cursor uint64
-		if err := c.Scan(KindCursor, func(k, v []byte) error { cursor, err = DecodeU64(v); return err }); err != nil {
+		if err := c.Scan(KindCursor, func(k, v []byte) error { cursor, _, err = DecodeCursor(v); return err }); err != nil {
 			t.Fatal(err)
 		}
 		entries := 0
