@@ -546,7 +546,7 @@ func (t *cursorTarget) IngestEvents(_ context.Context, bs []raftfsm.RankBatch) (
 	return acks, nil
 }
 
-func (t *cursorTarget) ReplaceRank(_ context.Context, r kvevent.Rank, cursor uint64, _ []kvevent.Event) error {
+func (t *cursorTarget) ReplaceRankFenced(_ context.Context, r kvevent.Rank, cursor, _ uint64, _ []kvevent.Event) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if cur := t.cursor[r]; cursor < cur {

@@ -55,7 +55,10 @@ func CheckSubject(subject string) error {
 // whether its state is caught up with its leadership (leaderChecker).
 type Target interface {
 	IngestEvents(ctx context.Context, batches []raftfsm.RankBatch) ([]raftfsm.RankAck, error)
-	ReplaceRank(ctx context.Context, r kvevent.Rank, cursor uint64, stored []kvevent.Event) error
+	// ReplaceRankFenced commits a rank dump sent by publisher incarnation
+	// incarnation (0: unfenced); a dump below the rank's cursor fails with
+	// a *raftfsm.StaleDumpError.
+	ReplaceRankFenced(ctx context.Context, r kvevent.Rank, cursor, incarnation uint64, stored []kvevent.Event) error
 	IsLeader() bool
 	// WorkerTable and DeregisterWorker serve worker leases (lease.go).
 	WorkerTable() map[uint64]raftfsm.WorkerInfo
@@ -574,7 +577,7 @@ func (in *Ingester) onDump(m *nats.Msg) {
 		return
 	}
 	defer in.leave()
-	r, cursor, stored, err := decodeDump(m.Data)
+	d, err := decodeDump(m.Data)
 	if err != nil {
 		in.m.rejected.WithLabelValues("malformed").Inc()
 		in.replyErr(m, err)
@@ -582,7 +585,7 @@ func (in *Ingester) onDump(m *nats.Msg) {
 	}
 	ctx, cancel := context.WithTimeout(in.ctx, in.cfg.CommitTimeout)
 	defer cancel()
-	err = in.cfg.Node.ReplaceRank(ctx, r, cursor, stored)
+	err = in.cfg.Node.ReplaceRankFenced(ctx, d.rank, d.cursor, d.incarnation, d.stored)
 	if in.closed() {
 		return // unanswered, as Close says: its publisher resends
 	}
@@ -599,7 +602,7 @@ func (in *Ingester) onDump(m *nats.Msg) {
 		return
 	}
 	in.m.resyncs.WithLabelValues("dump").Inc()
-	in.reply(m, appendDumpOK(nil, cursor), "acked")
+	in.reply(m, appendDumpOK(nil, d.cursor), "acked")
 }
 
 // batcher packs requests into entries. The first request of an entry

@@ -27,6 +27,7 @@ type fakeTarget struct {
 	removed  []uint64
 	failNext int // DeregisterWorker fails this many more times
 	ingested []raftfsm.RankBatch
+	dumps    []uint64 // the incarnation of each dump
 	calls    int
 	hold     chan struct{} // nil: IngestEvents returns at once
 
@@ -60,7 +61,10 @@ func (t *fakeTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) (
 	return acks, nil
 }
 
-func (t *fakeTarget) ReplaceRank(context.Context, kvevent.Rank, uint64, []kvevent.Event) error {
+func (t *fakeTarget) ReplaceRankFenced(_ context.Context, _ kvevent.Rank, _, incarnation uint64, _ []kvevent.Event) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.dumps = append(t.dumps, incarnation)
 	return nil
 }
 
@@ -429,7 +433,7 @@ func TestReceivedEventsAreCountedPerWorker(t *testing.T) {
 	}
 }
 
-// ctxDumpTarget's ReplaceRank waits for its context, as a node's commit
+// ctxDumpTarget's ReplaceRankFenced waits for its context, as a node's commit
 // does when the context ends first.
 type ctxDumpTarget struct {
 	*fakeTarget
@@ -437,7 +441,7 @@ type ctxDumpTarget struct {
 	returned atomic.Bool
 }
 
-func (c *ctxDumpTarget) ReplaceRank(ctx context.Context, _ kvevent.Rank, _ uint64, _ []kvevent.Event) error {
+func (c *ctxDumpTarget) ReplaceRankFenced(ctx context.Context, _ kvevent.Rank, _, _ uint64, _ []kvevent.Event) error {
 	close(c.entered)
 	<-ctx.Done()
 	c.returned.Store(true)
@@ -462,7 +466,7 @@ func TestCloseWaitsForCallbacksAndAnswersNothing(t *testing.T) {
 	pc := connect(t, s.ClientURL())
 	answer := make(chan error, 1)
 	go func() {
-		data := appendDump(nil, kvevent.Rank{Worker: 1}, 5, nil)
+		data := appendDump(nil, &dumpRequest{rank: kvevent.Rank{Worker: 1}, cursor: 5})
 		for {
 			_, err := pc.Request(DefaultDumpSubject, data, 2*time.Second)
 			if errors.Is(err, nats.ErrNoResponders) {
@@ -1005,4 +1009,50 @@ func TestNothingIsJudgedFromTheTableBeforeTheBarrier(t *testing.T) {
 	waitFor(t, 10*time.Second, "the sweep to remove the worker whose lease ran out", func() bool {
 		return slices.Equal(tg.removedIDs(), []uint64{8})
 	})
+}
+
+// TestPublisherSendsItsIncarnation: every rank batch and dump a publisher
+// sends carries its incarnation, the one its configuration gives or, by
+// default, a random non-zero one of its own.
+func TestPublisherSendsItsIncarnation(t *testing.T) {
+	tg := newFakeTarget()
+	nothing := func(kvevent.Rank) ([]kvevent.Event, uint64) { return nil, 0 }
+	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{Incarnation: 77, Dump: nothing})
+	if p.Incarnation() != 77 {
+		t.Fatalf("Incarnation() = %d, want the configured 77", p.Incarnation())
+	}
+	r := kvevent.Rank{Worker: 3}
+	p.Resync(r)
+	for range 3 {
+		if _, err := p.Publish(r, []kvevent.Event{{Kind: kvevent.KindCleared}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	tg.mu.Lock()
+	if len(tg.ingested) == 0 || !slices.Equal(tg.dumps, []uint64{77}) {
+		t.Fatalf("%d batches, dumps of incarnations %v; want some batches and one dump of 77", len(tg.ingested), tg.dumps)
+	}
+	for _, b := range tg.ingested {
+		if b.Incarnation != 77 {
+			t.Fatalf("a batch of incarnation %d, want 77", b.Incarnation)
+		}
+	}
+	tg.mu.Unlock()
+
+	nc := connectNowhere(t)
+	var incs []uint64
+	for range 2 {
+		q, err := NewPublisher(PublisherConfig{Conn: nc, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		incs = append(incs, q.Incarnation())
+		q.Close()
+	}
+	if incs[0] == 0 || incs[1] == 0 || incs[0] == incs[1] {
+		t.Fatalf("two publishers drew incarnations %#x and %#x: want two different non-zero ones", incs[0], incs[1])
+	}
 }

@@ -70,8 +70,13 @@ type PublisherConfig struct {
 	RouterResyncEvery time.Duration
 	MinBackoff        time.Duration // default 5ms
 	MaxBackoff        time.Duration // default 500ms
-	Registerer        prometheus.Registerer
-	Logger            *slog.Logger
+	// Incarnation is the id every request and dump of this publisher
+	// carries (docs/events.md). 0, the default, draws a random non-zero
+	// one, as every publisher should: two publishers that send the same
+	// rank must never share one. Tests set it.
+	Incarnation uint64
+	Registerer  prometheus.Registerer
+	Logger      *slog.Logger
 }
 
 func (c *PublisherConfig) defaults() {
@@ -109,6 +114,9 @@ func (c *PublisherConfig) defaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	for c.Incarnation == 0 {
+		c.Incarnation = rand.Uint64() // the runtime's ChaCha8, seeded from the OS
+	}
 }
 
 // A Publisher sends a node agent's events to the router cluster. Per rank
@@ -119,6 +127,8 @@ func (c *PublisherConfig) defaults() {
 // ride in the next one, so batches grow with the commit latency. A request
 // that fails, times out or meets no responder is resent after a backoff;
 // duplicates are harmless (the router skips ids at or below its cursor).
+// Every request and dump carries the publisher's incarnation
+// (PublisherConfig.Incarnation), drawn at random when it is built.
 type Publisher struct {
 	cfg PublisherConfig
 	m   publisherMetrics
@@ -357,6 +367,10 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	go p.loop()
 	return p, nil
 }
+
+// Incarnation returns the incarnation this publisher's requests and dumps
+// carry (PublisherConfig.Incarnation, or the one drawn for it).
+func (p *Publisher) Incarnation() uint64 { return p.cfg.Incarnation }
 
 // Close stops the send loop. Unacknowledged events are lost with the
 // publisher (an agent restart resyncs its ranks with dumps).
@@ -727,7 +741,7 @@ func (p *Publisher) nextRequest(published []uint64, maxEvents int) ([]raftfsm.Ra
 			continue
 		}
 		k := 0
-		size += 24
+		size += 32 // rank, incarnation, first id, count
 		for k < len(pend) && n < maxEvents {
 			s := eventSize(&pend[k])
 			if size+s > p.cfg.MaxRequestBytes && (n > 0 || k > 0) {
@@ -738,7 +752,7 @@ func (p *Publisher) nextRequest(published []uint64, maxEvents int) ([]raftfsm.Ra
 			n++
 		}
 		if k > 0 {
-			out = append(out, raftfsm.RankBatch{Rank: r, Events: slices.Clone(pend[:k])})
+			out = append(out, raftfsm.RankBatch{Rank: r, Incarnation: p.cfg.Incarnation, Events: slices.Clone(pend[:k])})
 			published = append(published, b.publishedAt(pend[0].EventID))
 		}
 	}
@@ -891,7 +905,8 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 	for i := range stored {
 		stored[i].Rank = r
 	}
-	_, cursor, err := p.request(p.cfg.DumpSubject, appendDump(nil, r, through, stored), nil)
+	req := dumpRequest{rank: r, incarnation: p.cfg.Incarnation, cursor: through, stored: stored}
+	_, cursor, err := p.request(p.cfg.DumpSubject, appendDump(nil, &req), nil)
 	if err != nil {
 		p.logRetry("dump", err)
 		return false

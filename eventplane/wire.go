@@ -14,12 +14,21 @@ import (
 
 // The wire format (docs/events.md): every message starts with the magic
 // bytes 'K','E', a version byte and a message type byte. Integers are
-// unsigned LEB128 varints except hashes, which are fixed 8-byte little
-// endian (they are uniformly random: a varint would be longer).
+// unsigned LEB128 varints except hashes and incarnations, which are fixed
+// 8-byte little endian (they are uniformly random: a varint would be
+// longer).
+//
+// Version 2 adds the publisher incarnation to events requests (per rank
+// batch, after its rank) and dumps (after the rank). Publishers send
+// version 2; the ingester still takes version 1 requests, from agents of
+// earlier builds, as incarnation 0 (unfenced). Replies are the same in both
+// versions and go out as version 1, which every publisher reads; a reader
+// takes either.
 const (
-	wireMagic0  = 'K'
-	wireMagic1  = 'E'
-	wireVersion = 1
+	wireMagic0    = 'K'
+	wireMagic1    = 'E'
+	wireVersion   = 2 // requests are written in it
+	wireVersionV1 = 1 // before incarnations; replies are written in it
 
 	msgEvents = 1 // request: rank batches
 	msgDump   = 2 // request: one rank's full state
@@ -69,8 +78,8 @@ type wbuf struct{ b []byte }
 func (w *wbuf) uv(v uint64)  { w.b = binary.AppendUvarint(w.b, v) }
 func (w *wbuf) u64(v uint64) { w.b = binary.LittleEndian.AppendUint64(w.b, v) }
 func (w *wbuf) byte1(v byte) { w.b = append(w.b, v) }
-func (w *wbuf) header(typ byte) {
-	w.b = append(w.b, wireMagic0, wireMagic1, wireVersion, typ)
+func (w *wbuf) header(version, typ byte) {
+	w.b = append(w.b, wireMagic0, wireMagic1, version, typ)
 }
 
 // eventSize is an upper bound of an event's encoded size.
@@ -102,16 +111,18 @@ func (w *wbuf) event(ev *kvevent.Event) {
 	}
 }
 
-// appendEvents encodes an events request. Each batch's events must carry
-// consecutive ids; only the first id travels.
+// appendEvents encodes an events request (version 2: each batch with its
+// incarnation). Each batch's events must carry consecutive ids; only the
+// first id travels.
 func appendEvents(dst []byte, batches []raftfsm.RankBatch) []byte {
 	w := wbuf{dst}
-	w.header(msgEvents)
+	w.header(wireVersion, msgEvents)
 	w.uv(uint64(len(batches)))
 	for i := range batches {
 		b := &batches[i]
 		w.uv(b.Rank.Worker)
 		w.uv(uint64(b.Rank.DP))
+		w.u64(b.Incarnation)
 		first := uint64(0)
 		if len(b.Events) > 0 {
 			first = b.Events[0].EventID
@@ -125,14 +136,25 @@ func appendEvents(dst []byte, batches []raftfsm.RankBatch) []byte {
 	return w.b
 }
 
-// appendDump encodes a dump request: the rank's Stored events, which make
-// its whole state as of event id cursor.
-func appendDump(dst []byte, r kvevent.Rank, cursor uint64, stored []kvevent.Event) []byte {
+// A dumpRequest is a decoded dump request: rank's Stored events, which
+// make its whole state as of event id cursor, sent by publisher
+// incarnation incarnation (0: unfenced, a version 1 request).
+type dumpRequest struct {
+	rank        kvevent.Rank
+	incarnation uint64
+	cursor      uint64
+	stored      []kvevent.Event
+}
+
+// appendDump encodes a dump request (version 2).
+func appendDump(dst []byte, d *dumpRequest) []byte {
 	w := wbuf{dst}
-	w.header(msgDump)
-	w.uv(r.Worker)
-	w.uv(uint64(r.DP))
-	w.uv(cursor)
+	w.header(wireVersion, msgDump)
+	w.uv(d.rank.Worker)
+	w.uv(uint64(d.rank.DP))
+	w.u64(d.incarnation)
+	w.uv(d.cursor)
+	stored := d.stored
 	w.uv(uint64(len(stored)))
 	for i := range stored {
 		w.event(&stored[i])
@@ -142,7 +164,7 @@ func appendDump(dst []byte, r kvevent.Rank, cursor uint64, stored []kvevent.Even
 
 func appendAcks(dst []byte, acks []raftfsm.RankAck) []byte {
 	w := wbuf{dst}
-	w.header(msgAcks)
+	w.header(wireVersionV1, msgAcks)
 	w.uv(uint64(len(acks)))
 	for _, a := range acks {
 		w.uv(a.Rank.Worker)
@@ -164,7 +186,7 @@ func appendAcks(dst []byte, acks []raftfsm.RankAck) []byte {
 
 func appendError(dst []byte, code uint8, msg string) []byte {
 	w := wbuf{dst}
-	w.header(msgError)
+	w.header(wireVersionV1, msgError)
 	w.byte1(code)
 	if len(msg) > 1024 {
 		msg = msg[:1024]
@@ -176,7 +198,7 @@ func appendError(dst []byte, code uint8, msg string) []byte {
 
 func appendDumpOK(dst []byte, cursor uint64) []byte {
 	w := wbuf{dst}
-	w.header(msgDumpOK)
+	w.header(wireVersionV1, msgDumpOK)
 	w.uv(cursor)
 	return w.b
 }
@@ -258,14 +280,16 @@ func (r *rbuf) dp() uint32 {
 	return uint32(v)
 }
 
-func (r *rbuf) header() byte {
+// header reads a message's header and returns its version and type.
+func (r *rbuf) header() (version, typ byte) {
 	if r.byte1() != wireMagic0 || r.byte1() != wireMagic1 {
 		r.fail("bad magic")
 	}
-	if v := r.byte1(); r.err == nil && v != wireVersion {
-		r.fail("unsupported version %d", v)
+	v := r.byte1()
+	if r.err == nil && v != wireVersion && v != wireVersionV1 {
+		r.fail("unsupported version %d (this build reads %d and %d)", v, wireVersionV1, wireVersion)
 	}
-	return r.byte1()
+	return v, r.byte1()
 }
 
 func (r *rbuf) event(ev *kvevent.Event) {
@@ -315,17 +339,19 @@ func (r *rbuf) end() {
 // msgType returns a message's type after checking its header.
 func msgType(b []byte) (byte, error) {
 	r := rbuf{b: b}
-	t := r.header()
+	_, t := r.header()
 	return t, r.err
 }
 
 // decodeEvents decodes an events request of at most maxEvents events.
 // Every event is structurally valid (kvevent.Event.Validate) and carries
-// its rank and id. The cap is checked before the events are allocated: a
-// decoded event is far larger than the 2 bytes it may be sent in.
+// its rank and id; each batch carries its incarnation (0 in a version 1
+// request). The cap is checked before the events are allocated: a decoded
+// event is far larger than the 2 bytes it may be sent in.
 func decodeEvents(b []byte, maxEvents int) ([]raftfsm.RankBatch, error) {
 	r := rbuf{b: b}
-	if t := r.header(); r.err == nil && t != msgEvents {
+	v, t := r.header()
+	if r.err == nil && t != msgEvents {
 		r.fail("message type %d, want events", t)
 	}
 	nb := r.count(4)
@@ -346,6 +372,10 @@ func decodeEvents(b []byte, maxEvents int) ([]raftfsm.RankBatch, error) {
 	total := 0
 	for i := 0; i < nb && r.err == nil; i++ {
 		rank := kvevent.Rank{Worker: r.uv(), DP: r.dp()}
+		var inc uint64
+		if v >= wireVersion {
+			inc = r.u64()
+		}
 		first := r.uv()
 		ne := r.count(2)
 		if r.err != nil {
@@ -374,7 +404,7 @@ func decodeEvents(b []byte, maxEvents int) ([]raftfsm.RankBatch, error) {
 				break
 			}
 		}
-		batches = append(batches, raftfsm.RankBatch{Rank: rank, Events: evs})
+		batches = append(batches, raftfsm.RankBatch{Rank: rank, Incarnation: inc, Events: evs})
 	}
 	r.end()
 	if r.err != nil {
@@ -387,24 +417,29 @@ func decodeEvents(b []byte, maxEvents int) ([]raftfsm.RankBatch, error) {
 // parent flag, block count and one block.
 const minStoredBytes = 4 + 16
 
-// decodeDump decodes a dump request.
-func decodeDump(b []byte) (rank kvevent.Rank, cursor uint64, stored []kvevent.Event, err error) {
+// decodeDump decodes a dump request (incarnation 0 in version 1).
+func decodeDump(b []byte) (dumpRequest, error) {
 	r := rbuf{b: b}
-	if t := r.header(); r.err == nil && t != msgDump {
+	v, t := r.header()
+	if r.err == nil && t != msgDump {
 		r.fail("message type %d, want dump", t)
 	}
-	rank = kvevent.Rank{Worker: r.uv(), DP: r.dp()}
-	cursor = r.uv()
+	var d dumpRequest
+	d.rank = kvevent.Rank{Worker: r.uv(), DP: r.dp()}
+	if v >= wireVersion {
+		d.incarnation = r.u64()
+	}
+	d.cursor = r.uv()
 	// A stored event takes at least minStoredBytes: a forged count can
 	// make the decoder allocate no more than the message justifies.
 	n := r.count(minStoredBytes)
 	if r.err == nil {
-		stored = make([]kvevent.Event, n)
+		d.stored = make([]kvevent.Event, n)
 	}
-	for i := range stored {
-		stored[i].Rank = rank
-		r.event(&stored[i])
-		if r.err == nil && stored[i].Kind != kvevent.KindStored {
+	for i := range d.stored {
+		d.stored[i].Rank = d.rank
+		r.event(&d.stored[i])
+		if r.err == nil && d.stored[i].Kind != kvevent.KindStored {
 			r.fail("a dump holds only stored events")
 		}
 		if r.err != nil {
@@ -413,16 +448,16 @@ func decodeDump(b []byte) (rank kvevent.Rank, cursor uint64, stored []kvevent.Ev
 	}
 	r.end()
 	if r.err != nil {
-		return kvevent.Rank{}, 0, nil, r.err
+		return dumpRequest{}, r.err
 	}
-	return rank, cursor, stored, nil
+	return d, nil
 }
 
 // decodeReply decodes an ingester reply: acks, a dump confirmation
 // (cursor) or an error (*ReplyError).
 func decodeReply(b []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
 	r := rbuf{b: b}
-	switch t := r.header(); {
+	switch _, t := r.header(); {
 	case r.err != nil:
 	case t == msgAcks:
 		n := r.count(6)

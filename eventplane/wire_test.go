@@ -3,6 +3,7 @@ package eventplane
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"math"
 	"reflect"
@@ -21,7 +22,7 @@ func sampleBatches() []raftfsm.RankBatch {
 		{Rank: r, EventID: 8, Kind: kvevent.KindStored, Tier: kvevent.TierDevice, HasParent: true, Parent: 3, Blocks: []kvevent.Block{{EngineHash: 5, LocalHash: 6}}},
 		{Rank: r, EventID: 9, Kind: kvevent.KindRemoved, Tier: kvevent.TierDisk, Removed: []uint64{1, 3}},
 		{Rank: r, EventID: 10, Kind: kvevent.KindCleared},
-	}}, {Rank: kvevent.Rank{Worker: 2}, Events: []kvevent.Event{{Rank: kvevent.Rank{Worker: 2}, EventID: 1, Kind: kvevent.KindCleared}}}}
+	}}, {Rank: kvevent.Rank{Worker: 2}, Incarnation: 0xfeedface_0bad_cafe, Events: []kvevent.Event{{Rank: kvevent.Rank{Worker: 2}, EventID: 1, Kind: kvevent.KindCleared}}}}
 }
 
 func TestEventsRoundTrip(t *testing.T) {
@@ -116,13 +117,13 @@ func clone(b []byte) []byte { return append([]byte(nil), b...) }
 // about 44 times the message.
 func TestForgedDumpCountIsRefused(t *testing.T) {
 	body := make([]byte, 1<<20)
-	b := appendDump(nil, kvevent.Rank{Worker: 5}, 17, nil)
+	b := appendDump(nil, &dumpRequest{rank: kvevent.Rank{Worker: 5}, cursor: 17})
 	b = b[:len(b)-1]                                                // drop the count of 0
 	b = binary.AppendUvarint(b, uint64(len(body)/minStoredBytes+1)) // more than the bytes can hold
 	b = append(b, body...)
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	_, _, _, err := decodeDump(b)
+	_, err := decodeDump(b)
 	runtime.ReadMemStats(&after)
 	if !errors.Is(err, ErrMalformed) {
 		t.Fatalf("a forged count: %v, want ErrMalformed", err)
@@ -157,9 +158,13 @@ func TestReplyRoundTrip(t *testing.T) {
 	if _, _, err := decodeReply(appendError(nil, codeNotLeader, "nope")); !errors.As(err, &re) || re.Code != codeNotLeader || re.Msg != "nope" {
 		t.Fatalf("error reply: %v", err)
 	}
-	r, c, stored, err := decodeDump(appendDump(nil, kvevent.Rank{Worker: 5}, 17, sampleBatches()[0].Events[:2]))
-	if err != nil || r.Worker != 5 || c != 17 || len(stored) != 2 {
-		t.Fatalf("dump %v %d %d %v", r, c, len(stored), err)
+	in := dumpRequest{rank: kvevent.Rank{Worker: 5}, incarnation: 1<<64 - 1, cursor: 17, stored: sampleBatches()[0].Events[:2]}
+	for i := range in.stored { // a dump's events travel without rank or id
+		in.stored[i].Rank, in.stored[i].EventID = in.rank, 0
+	}
+	d, err := decodeDump(appendDump(nil, &in))
+	if err != nil || !reflect.DeepEqual(d, in) {
+		t.Fatalf("dump %+v, %v; want %+v", d, err, in)
 	}
 }
 
@@ -167,7 +172,14 @@ func TestReplyRoundTrip(t *testing.T) {
 // decodes re-encodes to something that decodes to the same value.
 func FuzzDecode(f *testing.F) {
 	f.Add(appendEvents(nil, sampleBatches()))
-	f.Add(appendDump(nil, kvevent.Rank{Worker: 5}, 17, sampleBatches()[0].Events[:2]))
+	f.Add(appendDump(nil, &dumpRequest{rank: kvevent.Rank{Worker: 5}, incarnation: 9, cursor: 17, stored: sampleBatches()[0].Events[:2]}))
+	for _, h := range []string{v1EventsHex, v1DumpHex} { // requests of the version before incarnations
+		b, err := hex.DecodeString(h)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
 	f.Add(appendAcks(nil, []raftfsm.RankAck{{Cursor: 1, Applied: 1}}))
 	f.Add(appendError(nil, codeInvalid, "x"))
 	f.Add(appendDumpOK(nil, 3))
@@ -178,9 +190,9 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("events re-encode: %v", err)
 			}
 		}
-		if r, c, st, err := decodeDump(b); err == nil {
-			r2, c2, st2, err := decodeDump(appendDump(nil, r, c, st))
-			if err != nil || r2 != r || c2 != c || !reflect.DeepEqual(st, st2) {
+		if d, err := decodeDump(b); err == nil {
+			again, err := decodeDump(appendDump(nil, &d))
+			if err != nil || !reflect.DeepEqual(again, d) {
 				t.Fatalf("dump re-encode: %v", err)
 			}
 		}
@@ -222,4 +234,71 @@ func FuzzParsePublished(f *testing.F) {
 			t.Fatalf("%q: %v re-parses as %v (%v)", v, times, again, ok)
 		}
 	})
+}
+
+// Requests as a publisher of the build before incarnations (wire version
+// 1) sent them: appendEvents(sampleBatches()) and a dump of rank {5 2},
+// cursor 17, with sampleBatches()'s first two events.
+const (
+	v1EventsHex = "4b4501010280808080802003070402010002010000000000000002000000000000000300000000000000040000000000000000010103000000000000000105000000000000000600000000000000020202010000000000000003000000000000000003020001010003"
+	v1DumpHex   = "4b4501020502110202010002010000000000000002000000000000000300000000000000040000000000000000010103000000000000000105000000000000000600000000000000"
+)
+
+// TestVersion1RequestsStillDecode: agents of the build before incarnations
+// keep working against an upgraded router: their version 1 events and
+// dumps decode as they did, unfenced (incarnation 0). Requests are written
+// in version 2 now, and replies still in version 1, which those agents
+// read.
+func TestVersion1RequestsStillDecode(t *testing.T) {
+	b, err := hex.DecodeString(v1EventsHex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeEvents(b, 100)
+	if err != nil {
+		t.Fatalf("a version 1 events request: %v", err)
+	}
+	want := sampleBatches()
+	for i := range want {
+		want[i].Incarnation = 0
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("a version 1 events request decoded as %+v\nwant %+v", got, want)
+	}
+
+	b, err = hex.DecodeString(v1DumpHex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := decodeDump(b)
+	r := kvevent.Rank{Worker: 5, DP: 2}
+	stored := sampleBatches()[0].Events[:2]
+	for i := range stored {
+		stored[i].Rank, stored[i].EventID = r, 0
+	}
+	if err != nil || d.rank != r || d.cursor != 17 || d.incarnation != 0 || !reflect.DeepEqual(d.stored, stored) {
+		t.Fatalf("a version 1 dump decoded as %+v, %v", d, err)
+	}
+
+	if v := appendEvents(nil, sampleBatches())[2]; v != 2 {
+		t.Fatalf("events requests written in version %d, want 2", v)
+	}
+	if v := appendDump(nil, &dumpRequest{rank: r})[2]; v != 2 {
+		t.Fatalf("dumps written in version %d, want 2", v)
+	}
+	for _, reply := range [][]byte{appendAcks(nil, nil), appendDumpOK(nil, 1), appendError(nil, codeInvalid, "x")} {
+		if reply[2] != 1 {
+			t.Fatalf("a reply written in version %d, want 1 (what publishers of earlier builds read)", reply[2])
+		}
+	}
+	// Version 2 replies are read too, and version 3 is refused.
+	ok := appendDumpOK(nil, 7)
+	ok[2] = 2
+	if _, c, err := decodeReply(ok); err != nil || c != 7 {
+		t.Fatalf("a version 2 reply: %d, %v", c, err)
+	}
+	ok[2] = 3
+	if _, _, err := decodeReply(ok); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a version 3 reply: %v, want ErrMalformed", err)
+	}
 }

@@ -33,7 +33,7 @@ func (t *countingTarget) IngestEvents(_ context.Context, bs []raftfsm.RankBatch)
 	return acks, nil
 }
 
-func (t *countingTarget) ReplaceRank(context.Context, kvevent.Rank, uint64, []kvevent.Event) error {
+func (t *countingTarget) ReplaceRankFenced(context.Context, kvevent.Rank, uint64, uint64, []kvevent.Event) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.dumps++
