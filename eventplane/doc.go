@@ -15,10 +15,15 @@
 //     gap and the rank heals with a dump); and with the Publisher, at
 //     Close (its owner's next incarnation resyncs the rank with a dump).
 //   - Re-delivery is always safe: the FSM skips ids at or below its cursor.
-//     Ids carry no incarnation: a restarted publisher whose dump is refused
-//     as stale renumbers a request cap past the router's cursor, so that a
-//     dead incarnation's request still in flight applies as duplicates
-//     after the new dump, not on top of it (docs/events.md).
+//   - Every request and dump carries its publisher's incarnation, a random
+//     non-zero id drawn per Publisher. A rank keeps the incarnation of the
+//     dump that last replaced it, and a batch of another non-zero
+//     incarnation applies nothing (acknowledged Fenced): a dead
+//     incarnation's request still in flight never applies after its
+//     successor's dump. A restarted publisher whose dump is refused as
+//     stale renumbers a request cap past the router's cursor, so that an
+//     unfenced request (an agent of an earlier build) still in flight
+//     applies as duplicates after the new dump (docs/events.md).
 //   - The Ingester acknowledges a request only after the entry that carries
 //     it has committed and applied; an error reply or no reply means
 //     "unknown", and the publisher resends.

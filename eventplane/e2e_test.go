@@ -1133,3 +1133,108 @@ func TestRenumberingsTranslateOwnersIDs(t *testing.T) {
 		t.Errorf("the current numbering's id %d moved to %d", last, translate(b.moves, last))
 	}
 }
+
+// TestDeadIncarnationRequestAfterAcceptedDumpAppliesNothing: a new agent
+// incarnation (B) dumps a rank the router takes (here it had no state),
+// and then the dead incarnation's (A) last request, which was still on its
+// way (lingering, in a slow commit, pending in NATS), reaches the leader
+// and commits, with ids B numbers the same. It applies nothing (its batch
+// is fenced), and B's events with those ids apply, on every node. Before
+// the fence, renumbering covered a refused dump only: A's events applied
+// on top of B's state, and B's were acknowledged as duplicates and never
+// applied (docs/events.md).
+func TestDeadIncarnationRequestAfterAcceptedDumpAppliesNothing(t *testing.T) {
+	c := newTestCluster(t, 3)
+	l := c.leader()
+	r := kvevent.Rank{Worker: 9}
+	ob := newOwner(21)
+	pb, err := NewPublisher(PublisherConfig{Conn: connect(t, c.url(l)), Dump: ob.dump, Incarnation: 0xb, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pb.Close()
+	ob.pub = pb
+	pb.Resync(r) // an agent's start: its dump before any event
+	waitFor(t, 10*time.Second, "B's dump", func() bool {
+		pb.mu.Lock()
+		defer pb.mu.Unlock()
+		return !pb.ranks[r].needDump
+	})
+
+	// A's last request, as A's publisher encoded it: ids 1..10.
+	late := tagged(1, 10)
+	for i := range late {
+		late[i].Rank, late[i].EventID = r, uint64(i+1)
+	}
+	nc := connect(t, c.url(l))
+	msg, err := nc.Request(DefaultSubject, appendEvents(nil, []raftfsm.RankBatch{{Rank: r, Incarnation: 0xa, Events: late}}), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acks, _, err := decodeReply(msg.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(acks) != 1 || acks[0].Applied != 0 || acks[0].Dups != 0 || !acks[0].Fenced || !acks[0].Resync || acks[0].Cursor != 0 {
+		t.Errorf("the dead incarnation's request: acks %+v, want one that applied nothing, Fenced and Resync at cursor 0", acks)
+	}
+
+	for range 10 {
+		ob.step(ctxT(t), t, r) // B's ids 1..10
+	}
+	checkIndexMatches(t, c, ob, pb) // B's state, every node, nothing of A's
+}
+
+// TestFencedPublisherDumpsOnceAndGoesOn: a live publisher whose rank
+// another incarnation dumped since its own dump (a second agent given the
+// same worker) has its next request fenced; it dumps the rank at once, once
+// (not held back like the router's resync asks, and not again and again),
+// which makes the rank its own, and its events, those of the fenced
+// request included, then apply.
+func TestFencedPublisherDumpsOnceAndGoesOn(t *testing.T) {
+	c := newTestCluster(t, 1)
+	c.leader()
+	r := kvevent.Rank{Worker: 9}
+	ctx := ctxT(t)
+	o1 := newOwner(31)
+	p1, err := NewPublisher(PublisherConfig{Conn: connect(t, c.url(0)), Dump: o1.dump, Incarnation: 1, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p1.Close()
+	o1.pub = p1
+	p1.Resync(r)
+	for range 10 {
+		o1.step(ctx, t, r)
+	}
+	waitFor(t, 10*time.Second, "the first publisher's events", func() bool { return p1.Pending() == 0 })
+
+	// Another incarnation dumps the rank (after renumbering past the
+	// cursor, since its own owner holds nothing), and goes away.
+	o2 := newOwner(32)
+	p2, err := NewPublisher(PublisherConfig{Conn: connect(t, c.url(0)), Dump: o2.dump, Incarnation: 2, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2.Resync(r)
+	waitFor(t, 10*time.Second, "the other incarnation's dump", func() bool { return val(p2.m.dumps) == 1 })
+	p2.Close()
+	if got := c.nodes[0].FSM().Incarnation(r); got != 2 {
+		t.Fatalf("the rank's incarnation is %d after the other one's dump, want 2", got)
+	}
+
+	for range 5 {
+		o1.step(ctx, t, r) // fenced, then sent again after the dump
+	}
+	waitFor(t, 10*time.Second, "the fenced publisher's dump and events", func() bool { return p1.Pending() == 0 })
+	for range 5 {
+		o1.step(ctx, t, r)
+	}
+	checkIndexMatches(t, c, o1, p1)
+	if got := c.nodes[0].FSM().Incarnation(r); got != 1 {
+		t.Fatalf("the rank's incarnation is %d, want the first publisher's 1 again", got)
+	}
+	if fenced, dumps := val(p1.m.resends.WithLabelValues("fenced")), val(p1.m.dumps); fenced != 1 || dumps != 2 {
+		t.Fatalf("%v fenced resyncs and %v dumps, want 1 and 2 (the start's and the one the fence asked for)", fenced, dumps)
+	}
+}

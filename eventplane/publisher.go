@@ -66,7 +66,9 @@ type PublisherConfig struct {
 	// router asked (an ack's Resync: it dropped stores whose parent never
 	// came). Default 5m. The owner's copy of the rank usually dropped the
 	// same stores, so such a dump mostly clears the flag rather than
-	// brings the blocks back; it must not run on every ack.
+	// brings the blocks back; it must not run on every ack. An ack that is
+	// Fenced as well (another incarnation dumped the rank) is not held
+	// back: it dumps the rank at once.
 	RouterResyncEvery time.Duration
 	MinBackoff        time.Duration // default 5ms
 	MaxBackoff        time.Duration // default 500ms
@@ -343,7 +345,7 @@ func newPublisherMetrics(reg prometheus.Registerer) publisherMetrics {
 		requests:  c("kvagent_events_requests_total", "Event requests sent to the router."),
 		retries:   c("kvagent_events_request_retries_total", "Event requests that failed (timeout, no leader, error) and were resent."),
 		resends: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_events_resyncs_total",
-			Help: "Gaps reported by the router, by how they heal (replay from the buffer, dump), and dumps the router asked for (router: it dropped events it could not place) or its refusal of one event forced (refused)."}, []string{"reason"}),
+			Help: "Gaps reported by the router, by how they heal (replay from the buffer, dump), and dumps the router asked for (router: it dropped events it could not place; fenced: another publisher incarnation dumped the rank since) or its refusal of one event forced (refused)."}, []string{"reason"}),
 		buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvagent_events_buffered",
 			Help: "Events in the replay buffers, unacknowledged."}),
 	}
@@ -816,6 +818,23 @@ func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 		if b == nil {
 			continue
 		}
+		if a.Fenced {
+			// A dump of another incarnation replaced the rank after ours
+			// (another live publisher of the rank: a second agent given
+			// this worker): nothing of the batch applied, and the cursor
+			// is that incarnation's. Keep the events and dump the rank,
+			// which makes it ours again; they go after the dump. Not
+			// throttled like the router's own resync asks: each ask is
+			// one fenced request, which only another dumping publisher
+			// brings about.
+			if !b.needDump {
+				p.m.resends.WithLabelValues("fenced").Inc()
+				p.cfg.Logger.Warn("another publisher incarnation dumped the rank since this one did (is a second agent publishing it?); resyncing the rank with a dump",
+					"rank", a.Rank, "incarnation", p.cfg.Incarnation, "router_cursor", a.Cursor)
+				b.askDump()
+			}
+			continue
+		}
 		if a.Cursor >= b.next {
 			// The router is ahead of this publisher: its ids were used by
 			// an earlier incarnation (an agent restart). What we send now
@@ -933,17 +952,20 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 		// a dead incarnation's last request may still be on its way to
 		// the router (lingering in the leader's batcher, waiting for an
 		// entry slot, in a slow commit, pending in NATS) and commit after
-		// the next dump. Event ids carry no incarnation: had that dump
-		// set the cursor to the router's, the old request would apply
-		// on top of the new state, and this incarnation's events with
-		// the same ids would be taken for duplicates, acknowledged and
-		// never applied (from the event-plane review). A request starts
-		// at its publisher's acknowledged cursor + 1 (after a dump too),
-		// a cursor the router had, so at most cursor + 1 (a rank's
-		// cursor never moves back while it holds state), and applies no
-		// more events than renumberHeadroom; so do its resends. Every id it can apply is
-		// at or below cursor + renumberHeadroom, at or below the next
-		// dump's through: a duplicate once that dump commits. With no
+		// the next dump. A request of an incarnation of this build is
+		// fenced once that dump commits (it carries another incarnation
+		// than the dump's), but an agent of an earlier build sends none:
+		// had that dump set the cursor to the router's, such a request
+		// would apply on top of the new state, and this incarnation's
+		// events with the same ids would be taken for duplicates,
+		// acknowledged and never applied (from the event-plane review).
+		// A request starts at its publisher's acknowledged cursor + 1
+		// (after a dump too), a cursor the router had, so at most
+		// cursor + 1 (a rank's cursor never moves back while it holds
+		// state), and applies no more events than renumberHeadroom; so
+		// do its resends. Every id it can apply is at or below cursor +
+		// renumberHeadroom, at or below the next dump's through: a
+		// duplicate once that dump commits. With no
 		// event published meanwhile (through = next-1), through+shift is
 		// cursor + renumberHeadroom.
 		top := max(cursor, b.next-1)

@@ -37,10 +37,14 @@ const (
 	msgDumpOK = 5 // reply: the dump is committed
 )
 
-// Flags of an ack (one byte; older publishers know only ackGap).
+// Flags of an ack (one byte; publishers of earlier builds know only
+// ackGap, or ackGap and ackResync). ackFenced answers a fenced batch only,
+// which carries an incarnation: only a publisher that knows the flag gets
+// it.
 const (
 	ackGap    = 1 << 0 // RankAck.Gap
 	ackResync = 1 << 1 // RankAck.Resync
+	ackFenced = 1 << 2 // RankAck.Fenced
 )
 
 // Error codes of an error reply.
@@ -178,6 +182,9 @@ func appendAcks(dst []byte, acks []raftfsm.RankAck) []byte {
 		}
 		if a.Resync {
 			flags |= ackResync
+		}
+		if a.Fenced {
+			flags |= ackFenced
 		}
 		w.byte1(flags)
 	}
@@ -470,10 +477,10 @@ func decodeReply(b []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
 			}
 			a.Applied, a.Dups = int(applied), int(dups)
 			flags := r.byte1()
-			if flags&^(ackGap|ackResync) != 0 {
+			if flags&^(ackGap|ackResync|ackFenced) != 0 {
 				r.fail("bad ack flags %#x", flags)
 			}
-			a.Gap, a.Resync = flags&ackGap != 0, flags&ackResync != 0
+			a.Gap, a.Resync, a.Fenced = flags&ackGap != 0, flags&ackResync != 0, flags&ackFenced != 0
 			acks = append(acks, a)
 		}
 	case t == msgDumpOK:

@@ -137,6 +137,7 @@ func TestReplyRoundTrip(t *testing.T) {
 	acks := []raftfsm.RankAck{{Rank: kvevent.Rank{Worker: 3, DP: 1}, Cursor: 99, Applied: 4, Dups: 2, Gap: true},
 		{Rank: kvevent.Rank{Worker: 4}, Cursor: 7, Applied: 1, Resync: true},
 		{Rank: kvevent.Rank{Worker: 5}, Cursor: 8, Gap: true, Resync: true},
+		{Rank: kvevent.Rank{Worker: 7}, Cursor: 3, Resync: true, Fenced: true},
 		{Rank: kvevent.Rank{Worker: 6}, Cursor: 9}}
 	b := appendAcks(nil, acks)
 	got, _, err := decodeReply(b)
@@ -146,7 +147,7 @@ func TestReplyRoundTrip(t *testing.T) {
 	if b[len(b)-1] != 0 {
 		t.Fatalf("an ack without flags ends in %#x, want 0 (what older publishers read as no gap)", b[len(b)-1])
 	}
-	b[len(b)-1] = 4 // a flag this version does not know
+	b[len(b)-1] = 8 // a flag this version does not know
 	if _, _, err := decodeReply(b); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("an unknown ack flag: %v, want ErrMalformed", err)
 	}

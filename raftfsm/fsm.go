@@ -669,6 +669,15 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 // after the gap applies, so the index never runs ahead of a missing event.
 // A Positional worker's rank that the worker does not list applies nothing
 // (RankAck.Unregistered).
+//
+// First the fence: a batch of a publisher incarnation other than the one
+// whose dump last replaced the rank (both non-zero) applies nothing, not
+// even as duplicates, and is acknowledged Fenced and Resync at the rank's
+// cursor. Its ids are another numbering's: a dead incarnation's request
+// that commits after its successor's dump would otherwise apply on top of
+// the new state, and make the successor's events with those ids
+// duplicates (docs/events.md). A batch or a rank without an incarnation
+// (0) is not fenced.
 func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
 	w := f.Workers()[rb.Rank.Worker]
 	if w.Positional && !slices.Contains(w.DPRanks, rb.Rank.DP) {
@@ -683,6 +692,13 @@ func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
 	rc := f.rankCursor(rb.Rank)
 	cur := rc.id
 	ack := RankAck{Rank: rb.Rank}
+	if rb.Incarnation != 0 && rc.incarnation != 0 && rb.Incarnation != rc.incarnation {
+		for i := range rb.Events {
+			f.countEvent(&rb.Events[i], outcomeFenced)
+		}
+		ack.Cursor, ack.Resync, ack.Fenced = cur, true, true
+		return ack
+	}
 	// A positional worker's ids are its engine stream's positions: they
 	// only go up, with holes between batches, so nothing is a gap.
 	positional := w.Positional
@@ -725,10 +741,11 @@ const (
 	outcomeDuplicate        // at or below the rank's cursor: applied before
 	outcomeGap              // after a gap in its batch: not applied
 	outcomeMalformed        // consumed its id, refused by the index
+	outcomeFenced           // in a batch of another incarnation than the rank's: not applied
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"applied", "duplicate", "gap", "malformed"}
+var outcomeNames = [numOutcomes]string{"applied", "duplicate", "gap", "malformed", "fenced"}
 
 func (f *FSM) countEvent(ev *kvevent.Event, outcome int) {
 	if ev.Kind <= kvevent.KindCleared && ev.Tier < kvevent.NumTiers {

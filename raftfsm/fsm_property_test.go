@@ -14,8 +14,9 @@ import (
 )
 
 // fsmModel is the reference of the FSM's own rules (the index has its own
-// model): per-rank cursors with duplicate and gap handling, the worker
-// table, and every booking with the load it puts on its rank, computed here
+// model): per-rank cursors with duplicate and gap handling, the publisher
+// incarnation fence (a rank keeps its last dump's incarnation; a batch of
+// another non-zero one applies nothing), the worker table, and every booking with the load it puts on its rank, computed here
 // from the bookings alone (semantics.md §6), not read back from Sequences.
 // Which events reach the index, in which order, and what a registration or
 // a deregistration does to a rank's index state are the FSM's rules too:
@@ -26,6 +27,7 @@ import (
 type fsmModel struct {
 	ix       *indexer.Index
 	cursors  map[kvevent.Rank]uint64
+	incs     map[kvevent.Rank]uint64 // the incarnation of each rank's last dump
 	workers  map[uint64]WorkerInfo
 	bookings map[string]*fsmModelBooking // live
 	freed    map[string]bool             // tombstones: an add of these books nothing
@@ -63,6 +65,7 @@ func (m *fsmModel) removeRanks(match func(kvevent.Rank) bool) {
 	for r := range m.cursors {
 		if match(r) {
 			delete(m.cursors, r)
+			delete(m.incs, r)
 		}
 	}
 	for id, b := range m.bookings {
@@ -111,6 +114,9 @@ func (m *fsmModel) check(rt *rapid.T, what string, f *FSM) {
 		if got, c := f.Cursor(r), m.cursors[r]; got != c {
 			rt.Fatalf("%s: cursor of %v = %d, model %d", what, r, got, c)
 		}
+		if got, inc := f.Incarnation(r), m.incs[r]; got != inc {
+			rt.Fatalf("%s: incarnation of %v = %d, model %d", what, r, got, inc)
+		}
 		if got, want := f.Sequences().Load(r), m.load(r); got != want {
 			rt.Fatalf("%s: load of %v = %+v, model %+v", what, r, got, want)
 		}
@@ -155,7 +161,9 @@ func (m *fsmModel) check(rt *rapid.T, what string, f *FSM) {
 
 func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 	ranks := fsmRanks
-	switch rapid.IntRange(0, 11).Draw(t, "cmd") {
+	// Incarnations: 0 (unfenced) and two publishers'.
+	incarnation := rapid.SampledFrom([]uint64{0, 1, 2})
+	switch rapid.IntRange(0, 12).Draw(t, "cmd") {
 	case 0, 1, 2, 3:
 		var batches []RankBatch
 		for _, r := range rapid.SliceOfNDistinct(rapid.SampledFrom(ranks), 1, 3, func(r kvevent.Rank) kvevent.Rank { return r }).Draw(t, "ranks") {
@@ -165,9 +173,12 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 				first = 1
 			}
 			n := rapid.IntRange(1, 4).Draw(t, "n")
-			batches = append(batches, RankBatch{Rank: r, Events: chainEvents(r, first, n, first*7)})
+			batches = append(batches, RankBatch{Rank: r, Incarnation: incarnation.Draw(t, "incarnation"), Events: chainEvents(r, first, n, first*7)})
 		}
 		for _, b := range batches {
+			if s := m.incs[b.Rank]; b.Incarnation != 0 && s != 0 && b.Incarnation != s {
+				continue // fenced: nothing applies
+			}
 			cur := m.cursors[b.Rank]
 			for i := range b.Events {
 				ev := &b.Events[i]
@@ -251,6 +262,21 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 			b.prefillDone = true
 		}
 		return encodeBook(fsmNow, []bookOp{{kind: bookPrefillDone, b: Booking{ID: rid}}})
+	case 12:
+		// A rank dump: taken at or above the cursor (it replaces the rank
+		// and sets its cursor and incarnation), refused below it.
+		r := rapid.SampledFrom(ranks).Draw(t, "rank")
+		cursor := m.cursors[r] + uint64(rapid.IntRange(0, 3).Draw(t, "cursor offset"))
+		if cursor > 0 {
+			cursor-- // one below the cursor (stale) to two past it
+		}
+		inc := incarnation.Draw(t, "incarnation")
+		stored := chainEvents(r, 1, rapid.IntRange(0, 3).Draw(t, "stored"), 100+cursor*11)
+		if cursor >= m.cursors[r] {
+			m.ix.ReplaceRank(r, stored, fsmNow)
+			m.cursors[r], m.incs[r] = cursor, inc
+		}
+		return encodeReplace(fsmNow, r, cursor, inc, stored)
 	default:
 		rid := rapid.SampledFrom(fsmRequests).Draw(t, "request")
 		m.free(rid)
@@ -278,7 +304,7 @@ func checkFSMMatchesModel(t *testing.T) {
 		if err != nil {
 			rt.Fatal(err)
 		}
-		m := &fsmModel{ix: indexer.New(indexer.Config{}), cursors: map[kvevent.Rank]uint64{}, workers: map[uint64]WorkerInfo{}, bookings: map[string]*fsmModelBooking{}, freed: map[string]bool{}}
+		m := &fsmModel{ix: indexer.New(indexer.Config{}), cursors: map[kvevent.Rank]uint64{}, incs: map[kvevent.Rank]uint64{}, workers: map[uint64]WorkerInfo{}, bookings: map[string]*fsmModelBooking{}, freed: map[string]bool{}}
 		defer m.ix.Release()
 		var w logWriter
 		var pending []*raft.Log

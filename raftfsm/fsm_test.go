@@ -801,3 +801,126 @@ func TestVersion2SnapshotRestoresUnfenced(t *testing.T) {
 	defer g.Close()
 	check("reopened", g)
 }
+
+// TestEventBatchFenceRule: the rule table of the publisher-incarnation
+// fence. An event batch of incarnation I for a rank whose last dump was of
+// incarnation S applies as any batch when I is 0 (unfenced: the HTTP API,
+// agents of earlier builds), when S is 0 (no dump, or an unfenced one)
+// and when I == S; when both are non-zero and differ it applies nothing,
+// and its ack says so (Fenced and Resync, Applied 0, the rank's cursor).
+func TestEventBatchFenceRule(t *testing.T) {
+	const a, b = 0xa, 0xb
+	for _, tc := range []struct {
+		name     string
+		dumpInc  uint64 // S: the incarnation of the rank's dump (no dump when noDump)
+		noDump   bool
+		batchInc uint64 // I
+		fenced   bool
+	}{
+		{"unfenced batch, fenced rank", b, false, 0, false},
+		{"fenced batch, unfenced dump", 0, false, a, false},
+		{"fenced batch, rank never dumped", 0, true, a, false},
+		{"unfenced batch, rank never dumped", 0, true, 0, false},
+		{"the dump's incarnation", b, false, b, false},
+		{"another incarnation", b, false, a, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+			defer f.Close()
+			var w logWriter
+			// The rank holds events 1..3, then (unless noDump) a dump at 3
+			// of incarnation S replaces them with its own chain.
+			f.ApplyBatch([]*raft.Log{w.next(encodeEvents(1, []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 3, 10)}}))})
+			if !tc.noDump {
+				f.ApplyBatch([]*raft.Log{w.next(encodeReplace(2, r1, 3, tc.dumpInc, chainEvents(r1, 1, 3, 40)))})
+			}
+			before, entries := f.Digest(), f.Index().Stats().Entries
+			// Event 3 again (a duplicate), then a new chain of two.
+			evs := append(chainEvents(r1, 3, 1, 60), chainEvents(r1, 4, 2, 70)...)
+			res := f.ApplyBatch([]*raft.Log{w.next(encodeEvents(3, []RankBatch{{Rank: r1, Incarnation: tc.batchInc, Events: evs}}))})
+			ack := res[0].([]RankAck)[0]
+			if tc.fenced {
+				if ack != (RankAck{Rank: r1, Cursor: 3, Resync: true, Fenced: true}) {
+					t.Fatalf("ack %+v, want nothing applied, no duplicate, cursor 3, Resync and Fenced", ack)
+				}
+				if f.Digest() != before || f.Cursor(r1) != 3 || f.Incarnation(r1) != tc.dumpInc {
+					t.Fatalf("a fenced batch changed the state: cursor %d incarnation %#x", f.Cursor(r1), f.Incarnation(r1))
+				}
+				return
+			}
+			// Event 3 is a duplicate, 4 and 5 apply (one block each).
+			if ack != (RankAck{Rank: r1, Cursor: 5, Applied: 2, Dups: 1}) {
+				t.Fatalf("ack %+v, want 2 applied, 1 duplicate, cursor 5", ack)
+			}
+			if got := f.Index().Stats().Entries; got != entries+2 || f.Cursor(r1) != 5 || f.Incarnation(r1) != tc.dumpInc {
+				t.Fatalf("entries %d (from %d), cursor %d, incarnation %#x; want 2 more entries, cursor 5, incarnation %#x unchanged",
+					got, entries, f.Cursor(r1), f.Incarnation(r1), tc.dumpInc)
+			}
+		})
+	}
+}
+
+// TestDeadIncarnationRequestAfterAcceptedDump: an agent's new incarnation
+// (B) dumps a rank and the router takes the dump (the rank had no state;
+// or B published past the router's cursor before its dump), then the dead
+// incarnation's (A) last request, still in flight at the leader, commits.
+// A's events must apply nothing, and B's events with the same ids must
+// apply. Before the fence A's request applied on top of B's state, and
+// B's events were acknowledged as duplicates and never applied.
+func TestDeadIncarnationRequestAfterAcceptedDump(t *testing.T) {
+	const a, b = 0xdead, 0xb0b
+	for _, tc := range []struct {
+		name      string
+		aBefore   int    // events of A's that applied before B's dump (A dumped first: S = A)
+		dumpAt    uint64 // B's dump's cursor
+		lateFirst uint64 // the first id of A's late request
+		lateN     int    // and its events
+	}{
+		{"the rank had no state", 0, 0, 1, 10},
+		// A's request starts at its acknowledged cursor + 1 and runs past
+		// B's dump: before the fence 51..60 were duplicates, and 61..70
+		// applied on top of B's state.
+		{"B published past the cursor before its dump", 50, 60, 51, 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+			defer f.Close()
+			var w logWriter
+			if tc.aBefore > 0 {
+				f.ApplyBatch([]*raft.Log{w.next(encodeReplace(1, r1, 0, a, nil)),
+					w.next(encodeEvents(2, []RankBatch{{Rank: r1, Incarnation: a, Events: chainEvents(r1, 1, tc.aBefore, 1000)}}))})
+			}
+			// B's dump: its chain of 5 blocks, as of id dumpAt.
+			bState := chainEvents(r1, 1, 5, 5000)
+			if res := f.ApplyBatch([]*raft.Log{w.next(encodeReplace(3, r1, tc.dumpAt, b, bState))}); res[0].(RankAck).Cursor != tc.dumpAt {
+				t.Fatalf("B's dump: %+v, want it taken", res[0])
+			}
+			// A's late request: events B will number the same.
+			late := f.ApplyBatch([]*raft.Log{w.next(encodeEvents(4, []RankBatch{{Rank: r1, Incarnation: a, Events: chainEvents(r1, tc.lateFirst, tc.lateN, 9000)}}))})
+			if ack := late[0].([]RankAck)[0]; ack.Applied != 0 || ack.Dups != 0 || !ack.Fenced || !ack.Resync || ack.Cursor != tc.dumpAt {
+				t.Fatalf("A's late request: ack %+v, want nothing applied, Fenced and Resync, cursor %d", ack, tc.dumpAt)
+			}
+			// B's next events, with the ids A's request held.
+			res := f.ApplyBatch([]*raft.Log{w.next(encodeEvents(5, []RankBatch{{Rank: r1, Incarnation: b, Events: chainEvents(r1, tc.dumpAt+1, 10, 7000)}}))})
+			if ack := res[0].([]RankAck)[0]; ack.Applied != 10 || ack.Dups != 0 || ack.Fenced || ack.Cursor != tc.dumpAt+10 {
+				t.Fatalf("B's events: ack %+v, want all 10 applied, cursor %d", ack, tc.dumpAt+10)
+			}
+			// The index holds B's dump and B's events, nothing of A's.
+			var m indexer.Matches
+			holds := func(evs []kvevent.Event) bool {
+				local := make([]uint64, len(evs))
+				for i := range evs {
+					local[i] = evs[i].Blocks[0].LocalHash
+				}
+				f.Index().FindMatchesByTier(local, indexer.ViewTiered, false, &m)
+				return len(m.Ranks) == 1 && m.Ranks[0].Rank == r1 && int(m.Ranks[0].Blocks[kvevent.TierDevice]) == len(evs)
+			}
+			if !holds(bState) || !holds(chainEvents(r1, tc.dumpAt+1, 10, 7000)) {
+				t.Fatal("the index lacks B's dump or B's events")
+			}
+			if n := f.Index().Stats().Entries; n != 15 {
+				t.Fatalf("the index holds %d entries, want B's 15 (5 dumped, 10 published): A's events applied", n)
+			}
+		})
+	}
+}

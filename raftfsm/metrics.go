@@ -61,7 +61,7 @@ func NewCollector(n *Node) *Collector {
 		workerDecode:    d("worker_active_decode_blocks", "Distinct KV blocks the worker's live requests hold.", "worker"),
 		checks:          d("state_digest_checks_total", "Replica digest checks that compared this node's digest with the leader's, since it started."),
 		mismatches:      d("state_digest_mismatch_total", "Replica digest checks that found this node's state differing from the leader's: its state has diverged."),
-		eventsApplied:   d("events_applied_total", "Events of event batches this node's state machine took, by op, tier and outcome (applied, duplicate, gap: after a gap in its batch, malformed), since it started.", "op", "tier", "outcome"),
+		eventsApplied:   d("events_applied_total", "Events of event batches this node's state machine took, by op, tier and outcome (applied, duplicate, gap: after a gap in its batch, malformed, fenced: in a batch of another publisher incarnation than the rank's last dump), since it started.", "op", "tier", "outcome"),
 		indexMemory:     d("index_memory_bytes", "Estimated bytes the in-memory index holds (nodes, holders, engine-hash maps, orphan buffers)."),
 		workerBusy:      d("worker_busy", "1 when a rank of the worker is over a busy threshold of the scoring settings.", "worker"),
 		stalls:          d("store_write_stall_seconds_total", "Seconds Pebble held writes back (memtables waiting for a flush, or too many level 0 sublevels), by store: raft (log), fsm (state).", "store"),

@@ -85,7 +85,8 @@ type RankAck struct {
 	Gap bool `json:"gap"`
 	// Resync is set when the rank lost events it held (an orphan store
 	// dropped past its bound or age, semantics.md §3) and no dump has
-	// replaced its state since: send a full dump of the rank.
+	// replaced its state since: send a full dump of the rank. It is set
+	// with Fenced too.
 	Resync bool `json:"resync,omitempty"`
 	// Unregistered is set when the rank's worker is Positional and does
 	// not list the rank (its dp rank was unregistered while the leader's
@@ -93,6 +94,14 @@ type RankAck struct {
 	// Cursor is 0, so that the rank leaves no state behind for a later
 	// registration of it to find.
 	Unregistered bool `json:"unregistered,omitempty"`
+	// Fenced is set when the batch's incarnation is not the one of the
+	// dump that last replaced the rank (both non-zero): it applied
+	// nothing, neither events nor duplicates, and Cursor is the rank's,
+	// in that other incarnation's numbering. It is a dead incarnation's
+	// late request, or the rank has another live publisher: a live one
+	// dumps the rank, which makes it the rank's incarnation
+	// (docs/events.md).
+	Fenced bool `json:"fenced,omitempty"`
 }
 
 // Booking is a routed request's load booking (semantics.md §6).
