@@ -16,10 +16,11 @@ import (
 
 // The snapshot routes, which stream for as long as the snapshot takes.
 const (
-	patternSnapshot = "GET /v1/snapshot"
-	patternRestore  = "POST /v1/snapshot/restore"
-	patternRemove   = "DELETE /v1/cluster/members/{id}"
-	patternTransfer = "POST /v1/cluster/leader/transfer"
+	patternSnapshot   = "GET /v1/snapshot"
+	patternRestore    = "POST /v1/snapshot/restore"
+	patternRemove     = "DELETE /v1/cluster/members/{id}"
+	patternTransfer   = "POST /v1/cluster/leader/transfer"
+	patternDeregister = "DELETE /v1/workers/{id}"
 )
 
 // forward proxies a write that reached a follower to the leader at

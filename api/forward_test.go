@@ -154,6 +154,43 @@ func TestForwardBrokenAfterItLeftSaysTheWriteMayHaveApplied(t *testing.T) {
 	}
 }
 
+// TestAWriteNotSafeTwiceIsNotForwardedWhenItMayApply: a node that lost
+// its leadership with a write not safe twice in its log (the next leader
+// may commit it) answers 503 no_leader saying it may have applied, and
+// does not forward it to the new leader; any other write is forwarded.
+// From a review: a worker's deregistration was forwarded, and the new
+// leader, having committed the first, answered 404 unknown_worker.
+func TestAWriteNotSafeTwiceIsNotForwardedWhenItMayApply(t *testing.T) {
+	n1, n2 := newNode(t, "n1", api.Options{}), newNode(t, "n2", api.Options{})
+	withWorkers(t, n2)
+	n1.fake.SetHook(func(string) error {
+		return &raftfsm.NotLeaderError{LeaderID: "n2", LeaderHTTP: n2.addr(), MaybeApplied: true}
+	})
+	cases := []struct {
+		method, path, body, backend string
+		once                        bool
+	}{
+		{"DELETE", "/v1/workers/1", "", "DeregisterWorker", true},
+		{"DELETE", "/v1/cluster/members/n3", "", "RemoveMember", true},
+		{"POST", "/v1/cluster/leader/transfer", `{}`, "TransferLeadership", true},
+		{"POST", "/v1/workers", `{"worker_id":7,"block_size":4}`, "RegisterWorker", false},
+	}
+	for _, tc := range cases {
+		a := send(t, n1.http.URL, tc.method, tc.path, tc.body)
+		forwarded := n2.fake.Calls()[tc.backend] != 0
+		if !tc.once {
+			if !forwarded || a.header.Get(api.HeaderMaybeApplied) != "" {
+				t.Errorf("%s %s: %d %s, forwarded %v; want it forwarded to the new leader", tc.method, tc.path, a.code, a.body, forwarded)
+			}
+			continue
+		}
+		if forwarded || a.code != 503 || a.reason(t) != api.ReasonNoLeader || a.header.Get(api.HeaderMaybeApplied) != "true" {
+			t.Errorf("%s %s: %d %s, %s %q, forwarded %v; want 503 no_leader saying it may have applied, not forwarded",
+				tc.method, tc.path, a.code, a.body, api.HeaderMaybeApplied, a.header.Get(api.HeaderMaybeApplied), forwarded)
+		}
+	}
+}
+
 func TestWriteWithNoLeaderKnownIs503(t *testing.T) {
 	n := newNode(t, "n2", api.Options{})
 	n.fake.SetFollower("", "")

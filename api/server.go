@@ -180,7 +180,7 @@ func (s *Server) routes() {
 
 	s.handle("GET /v1/workers", noBody, s.workers)
 	s.handle("POST /v1/workers", jsonBody, s.registerWorker)
-	s.handle("DELETE /v1/workers/{id}", noBody, s.deregisterWorker)
+	s.handle(patternDeregister, noBody, s.deregisterWorker)
 
 	s.handle("GET /v1/index/stats", noBody, s.indexStats)
 	s.handle("PUT /v1/settings", jsonBody, s.setSettings)
@@ -455,10 +455,15 @@ func (s *Server) fail(w *recorder, r *http.Request, pattern string, body *replay
 
 // notTwice reports whether the writes of pattern are not safe to apply
 // twice: a restore (a second drops what was applied between the two), a
-// leadership transfer (it may move leadership again) and a member removal
-// (the second answers that the id is no member).
+// leadership transfer (it may move leadership again), a member removal
+// (the second answers that the id is no member) and a worker's
+// deregistration (the second answers 404 unknown_worker).
 func notTwice(pattern string) bool {
-	return pattern == patternRestore || pattern == patternTransfer || pattern == patternRemove
+	switch pattern {
+	case patternRestore, patternTransfer, patternRemove, patternDeregister:
+		return true
+	}
+	return false
 }
 
 // withCandidates carries a failed route decision's scores to the error body.

@@ -100,7 +100,7 @@ func (p *Remote) Setup(ctx context.Context) error {
 	}
 	for i := 0; i < p.Workers; i++ {
 		id := RankOf(i).Worker
-		if err := p.Client.DeregisterWorker(ctx, id); err != nil && !isNotFound(err) {
+		if err := p.deregister(ctx, id); err != nil {
 			return fmt.Errorf("deregister worker %d: %w", id, err)
 		}
 		w := raftfsm.WorkerInfo{ID: id, BlockSize: p.BlockSize, Capacity: [kvevent.NumTiers]int64{p.CapacityBlocks}}
@@ -109,6 +109,30 @@ func (p *Remote) Setup(ctx context.Context) error {
 		}
 	}
 	return p.onlyOurs(ctx)
+}
+
+// deregister drops worker id from the cluster, if the cluster has it. A
+// deregistration is not safe to send twice, so the client answers
+// client.ErrOutcomeUnknown when a node may have taken it without
+// answering; deregister then looks in the worker table: a worker that is
+// gone is done, one still there is deregistered once more (a 404 then
+// means the first one applied meanwhile).
+func (p *Remote) deregister(ctx context.Context, id uint64) error {
+	err := p.Client.DeregisterWorker(ctx, id)
+	if errors.Is(err, client.ErrOutcomeUnknown) {
+		ws, lerr := p.Client.Workers(ctx)
+		if lerr != nil {
+			return fmt.Errorf("%w; and listing the workers to see whether it applied: %w", err, lerr)
+		}
+		if !slices.ContainsFunc(ws, func(w api.Worker) bool { return w.WorkerID == id }) {
+			return nil
+		}
+		err = p.Client.DeregisterWorker(ctx, id)
+	}
+	if err != nil && !isNotFound(err) {
+		return err
+	}
+	return nil
 }
 
 // onlyOurs refuses a cluster with workers other than the replay's: it

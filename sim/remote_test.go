@@ -116,6 +116,56 @@ func TestRemoteRefusesAClusterWithOtherWorkers(t *testing.T) {
 	}
 }
 
+// TestRemoteSetupChecksADeregistrationOfUnknownOutcome: Setup drops the
+// replay's workers before it registers them again; a deregistration that
+// a node may have taken without answering (a follower whose forward to
+// the leader broke: 503 no_leader saying it may have applied) is
+// client.ErrOutcomeUnknown, as it is not safe to send twice. Setup looks
+// in the worker table: a worker that is gone is done, one still there is
+// deregistered once more. From a review: the client sent the
+// deregistration on, and a second apply answered a false 404.
+func TestRemoteSetupChecksADeregistrationOfUnknownOutcome(t *testing.T) {
+	for _, applied := range []bool{true, false} {
+		var broke atomic.Bool
+		f, cl := fakeClusterVia(t, func(h http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, "/v1/workers/") && !broke.Swap(true) {
+					if applied {
+						h.ServeHTTP(httptest.NewRecorder(), r)
+					}
+					w.Header().Set(api.HeaderMaybeApplied, "true")
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(http.StatusServiceUnavailable)
+					fmt.Fprintf(w, `{"error":"forward to the leader: connection reset","reason":%q}`+"\n", api.ReasonNoLeader)
+					return
+				}
+				h.ServeHTTP(w, r)
+			})
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, id := range []uint64{1, 2} {
+			if err := f.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: id, BlockSize: 16}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000}
+		if err := p.Setup(ctx); err != nil {
+			t.Fatalf("applied %v: setup after a deregistration of unknown outcome: %v", applied, err)
+		}
+		// Two deregistrations reach the cluster: 1 and 2 (when the first
+		// of 1 did not reach it, the second did).
+		if c := f.Calls(); c["DeregisterWorker"] != 2 || c["RegisterWorker"] != 4 {
+			t.Fatalf("applied %v: calls %v, want 2 deregistrations and 2 registrations after the first 2", applied, c)
+		}
+		for _, w := range f.Workers() {
+			if w.Info.Capacity[0] != 1000 {
+				t.Fatalf("applied %v: worker %d was not registered again: %+v", applied, w.Info.ID, w.Info)
+			}
+		}
+	}
+}
+
 // setUpRemote returns a Remote of two workers on the cluster of cl, set up.
 func setUpRemote(t *testing.T, cl *client.Client) *Remote {
 	t.Helper()

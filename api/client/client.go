@@ -9,15 +9,16 @@
 // Writes need no leader address: any node forwards them to its leader.
 // Event batches (by event id), bookings (by request id) and registrations
 // are safe to send twice, which is what makes moving on after a broken
-// connection safe. Three are not: a leadership transfer sent again may
+// connection safe. Four are not: a leadership transfer sent again may
 // move leadership a second time, a snapshot restore sent again installs
-// the snapshot again, dropping what was applied between the two, and a
-// member removal sent again answers that the id is no member. Once one of
-// those may have reached a node (a timeout or a broken connection after
-// it went out, the call's context ending after it went out whole, or a
-// forward to the leader that broke), no other node is tried: the error is
-// ErrOutcomeUnknown, and the caller checks the cluster (members, status)
-// before sending it again.
+// the snapshot again, dropping what was applied between the two, a member
+// removal sent again answers that the id is no member, and a worker's
+// deregistration sent again answers that the worker is unknown. Once one
+// of those may have reached a node (a timeout or a broken connection
+// after it went out, the call's context ending after it went out whole,
+// or a forward to the leader that broke), no other node is tried: the
+// error is ErrOutcomeUnknown, and the caller checks the cluster (members,
+// status, workers) before sending it again.
 //
 // Errors from the API come back as *Error, keeping the HTTP status and the
 // reason; errors.Is matches them against the node's sentinel errors too
@@ -64,12 +65,12 @@ var (
 	// timeout, a connection broken after the request went out, a node
 	// whose forward to the leader broke): it may have applied. A write
 	// that is not safe to send twice (a restore, a leadership transfer, a
-	// member removal) is then sent to no other node; any other is, and
-	// when none answers the error is this one. A write not safe twice
-	// whose context ended after the request went out whole is this error
-	// too, wrapping the context's (a node installs a restore it took
-	// whether or not anyone waits for the answer); any other call whose
-	// context ended is the context's error alone.
+	// member removal, a worker's deregistration) is then sent to no other
+	// node; any other is, and when none answers the error is this one. A
+	// write not safe twice whose context ended after the request went out
+	// whole is this error too, wrapping the context's (a node installs a
+	// restore it took whether or not anyone waits for the answer); any
+	// other call whose context ended is the context's error alone.
 	ErrOutcomeUnknown = errors.New("sent, and no answer came: the request may have applied")
 	// ErrUnauthorized matches an answer 401 unauthorized: the cluster asks
 	// for a token (kvrouter --token), and the client's is missing or is
@@ -636,9 +637,12 @@ func (c *Client) RegisterWorker(ctx context.Context, w raftfsm.WorkerInfo) error
 }
 
 // DeregisterWorker removes a worker; errors.Is(err, raftfsm.ErrUnknownWorker)
-// when there is none of that id.
+// when there is none of that id. It is not sent twice: the second try of
+// a deregistration that went through answers ErrUnknownWorker. When a node
+// may have taken it without answering, the error is ErrOutcomeUnknown:
+// list the workers (Workers) to see whether it applied.
 func (c *Client) DeregisterWorker(ctx context.Context, workerID uint64) error {
-	return c.call(ctx, http.MethodDelete, "/v1/workers/"+strconv.FormatUint(workerID, 10), nil, nil)
+	return c.callOnce(ctx, http.MethodDelete, "/v1/workers/"+strconv.FormatUint(workerID, 10), nil, nil)
 }
 
 // IndexStats returns the index summary of the node that answers.

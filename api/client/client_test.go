@@ -595,6 +595,49 @@ func TestALeaderThatLostLeadershipMidWriteStopsAWriteNotSafeTwice(t *testing.T) 
 	}
 }
 
+// TestADeregistrationWhoseForwardBrokeIsOutcomeUnknown: the leader
+// applies a worker's deregistration and the forward's connection breaks
+// before its answer (the leader crashed, a reset); the follower answers
+// 503 no_leader saying it may have applied. The deregistration goes to no
+// other node: the error is ErrOutcomeUnknown. From a review: the client
+// took a deregistration for safe to send twice and sent it on to the
+// next node, whose second apply answered 404 unknown_worker, for a
+// deregistration that had succeeded.
+func TestADeregistrationWhoseForwardBrokeIsOutcomeUnknown(t *testing.T) {
+	lf := apitest.New("n1", "")
+	lapi := api.NewServer(lf, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	var broke atomic.Bool
+	lhttp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(api.HeaderForwarded) != "" && !broke.Swap(true) {
+			// The leader applies the write, then its connection breaks
+			// before the answer goes out.
+			lapi.ServeHTTP(httptest.NewRecorder(), r)
+			panic(http.ErrAbortHandler)
+		}
+		lapi.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		lhttp.Close()
+		lapi.Close()
+	})
+	if err := lf.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 7, DPRanks: []uint32{0}, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	follower := newNode(t, "n2")
+	follower.fake.SetFollower("n1", strings.TrimPrefix(lhttp.URL, "http://"))
+
+	err := newClient(t, follower.addr(), strings.TrimPrefix(lhttp.URL, "http://")).DeregisterWorker(context.Background(), 7)
+	if !errors.Is(err, client.ErrOutcomeUnknown) || errors.Is(err, raftfsm.ErrUnknownWorker) {
+		t.Fatalf("a deregistration whose forward broke after the leader applied it: %v; want ErrOutcomeUnknown, not ErrUnknownWorker", err)
+	}
+	if calls := lf.Calls()["DeregisterWorker"]; calls != 1 {
+		t.Fatalf("the leader's DeregisterWorker ran %d times, want once", calls)
+	}
+	if len(lf.Workers()) != 0 {
+		t.Fatalf("worker 7 is still registered")
+	}
+}
+
 // TestAWriteWhoseHeadersNeverLeftMovesOn: a kept-alive connection to a
 // node that went away takes the headers into its buffer and fails to
 // flush them; the transport retries on a new connection, whose dial
@@ -642,7 +685,8 @@ func (z *zeros) Read(p []byte) (int, error) {
 }
 
 // TestAWriteNotSafeTwiceWhoseContextEndsAfterItWentOutIsOutcomeUnknown: a
-// restore, a leadership transfer or a member removal whose context ends
+// restore, a leadership transfer, a member removal or a worker
+// deregistration whose context ends
 // (the caller's deadline, kvctl --max-time, an interrupt) after the whole
 // request went out may be applied by the node: the error is
 // ErrOutcomeUnknown, and no other node gets it. A write safe twice ends
@@ -665,6 +709,9 @@ func TestAWriteNotSafeTwiceWhoseContextEndsAfterItWentOutIsOutcomeUnknown(t *tes
 		},
 		"leader transfer": func(ctx context.Context, c *client.Client) error { return c.TransferLeader(ctx, "") },
 		"member removal":  func(ctx context.Context, c *client.Client) error { return c.RemoveMember(ctx, "n3") },
+		"worker deregistration": func(ctx context.Context, c *client.Client) error {
+			return c.DeregisterWorker(ctx, 7)
+		},
 		"registration": func(ctx context.Context, c *client.Client) error {
 			return c.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 1, BlockSize: 4})
 		},
@@ -684,7 +731,7 @@ func TestAWriteNotSafeTwiceWhoseContextEndsAfterItWentOutIsOutcomeUnknown(t *tes
 			t.Errorf("%s: %v; want ErrOutcomeUnknown %v", name, err, once)
 		}
 	}
-	if calls := n.fake.Calls(); calls["RestoreSnapshot"]+calls["TransferLeadership"]+calls["RemoveMember"]+calls["RegisterWorker"] != 0 {
+	if calls := n.fake.Calls(); calls["RestoreSnapshot"]+calls["TransferLeadership"]+calls["RemoveMember"]+calls["DeregisterWorker"]+calls["RegisterWorker"] != 0 {
 		t.Errorf("sent on to the next node: %v", calls)
 	}
 }
