@@ -32,7 +32,11 @@ const (
 // leadership in the meantime answers 503 instead of forwarding once more:
 // at most one hop, whatever the cluster does. A leader that cannot be
 // reached is answered 503 no_leader (timeout when the deadline passed:
-// the write may still apply, and retrying it is safe).
+// the write may still apply, and retrying it is safe). Each forward is
+// counted in kvrouter_http_forwards_total, sent or failed; one whose
+// answer broke off after its status line went out is failed, and its
+// http.ErrAbortHandler panic goes on to the server, which closes the
+// connection.
 func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP string, body io.Reader) {
 	target, err := leaderURL(leaderHTTP, s.opts.ForwardScheme)
 	if err != nil {
@@ -105,8 +109,22 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 		},
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
+	defer func() {
+		// The proxy aborts an answer that broke off after its status line
+		// went out (a snapshot stream whose leader died) with a panic of
+		// http.ErrAbortHandler, which the server turns into a closed
+		// connection: count it failed, and let the panic go on.
+		if p := recover(); p != nil {
+			s.m.httpForwards.WithLabelValues(pattern, forwardFailed).Inc()
+			if p == http.ErrAbortHandler { // any other panic is logged by the handler's recover
+				s.log.Warn("api forward to the leader failed", "route", pattern, "leader", target.Host,
+					"err", "relaying the answer broke off half-way")
+			}
+			panic(p)
+		}
+		s.m.httpForwards.WithLabelValues(pattern, outcome).Inc()
+	}()
 	proxy.ServeHTTP(w, r.WithContext(ctx))
-	s.m.httpForwards.WithLabelValues(pattern, outcome).Inc()
 }
 
 // leaderURL turns a member's HTTP address into the base URL to forward to;

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -274,6 +275,60 @@ func TestSnapshotFailingMidStreamSetsTheErrorTrailer(t *testing.T) {
 	if got := resp.Trailer.Get(api.TrailerSnapshotIndex); got != "" {
 		t.Fatalf("a failed stream announces index %q", got)
 	}
+}
+
+// TestForwardBrokenMidAnswerIsCountedFailed: a forwarded snapshot
+// download whose leader connection breaks after the answer started (the
+// proxy aborts the response with http.ErrAbortHandler) is counted in
+// kvrouter_http_forwards_total as failed. From a review: the panic skipped
+// the count, and such a forward was neither sent nor failed.
+func TestForwardBrokenMidAnswerIsCountedFailed(t *testing.T) {
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.WriteHeader(200)
+		_, _ = w.Write([]byte(strings.Repeat("x", 1000)))
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler) // the leader dies mid-stream
+	}))
+	t.Cleanup(leader.Close)
+	var logs logSink
+	follower := newNode(t, "n2", api.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	follower.fake.SetFollower("n1", strings.TrimPrefix(leader.URL, "http://"))
+	resp, err := http.Get(follower.http.URL + "/v1/snapshot")
+	if err == nil {
+		_, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	if err == nil {
+		t.Fatalf("a download whose leader broke off half-way read whole")
+	}
+	want := map[string]float64{"sent": 0, "failed": 1}
+	for outcome, n := range want {
+		if got := counterValue(t, follower.reg, "kvrouter_http_forwards_total", map[string]string{"outcome": outcome}); got != n {
+			t.Fatalf("a forward that broke mid-answer counted %v %s, want %v (sent 0, failed 1)", got, outcome, n)
+		}
+	}
+	if l := logs.String(); !strings.Contains(l, "api forward to the leader failed") {
+		t.Fatalf("a forward that broke mid-answer logged no warning:\n%s", l)
+	}
+}
+
+// logSink is a log destination that tests read while servers write it.
+type logSink struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logSink) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logSink) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
 
 func TestRestoreRefusesACorruptSnapshot(t *testing.T) {

@@ -22,9 +22,12 @@ const (
 
 // Forward outcomes, the values of kvrouter_http_forwards_total{outcome}.
 const (
-	forwardSent   = "sent"   // proxied to the leader (whatever it answered)
-	forwardFailed = "failed" // the leader could not be reached
-	forwardLoop   = "loop"   // a forwarded request reached a follower again
+	forwardSent = "sent" // proxied to the leader, its answer relayed whole (whatever it answered)
+	// failed: the leader could not be reached, the client went away, or
+	// the forward broke before its answer or while relaying it (a stream
+	// cut off half-way)
+	forwardFailed = "failed"
+	forwardLoop   = "loop" // a forwarded request reached a follower again
 	forwardNoBody = "no_body"
 )
 
