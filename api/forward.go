@@ -30,7 +30,9 @@ const (
 //
 // The forward carries HeaderForwarded, so that a leader that lost its
 // leadership in the meantime answers 503 instead of forwarding once more:
-// at most one hop, whatever the cluster does. A leader that cannot be
+// at most one hop, whatever the cluster does. It drops the client's
+// Idempotency-Key and X-Idempotency-Key headers, which would let the
+// transport send the write a second time. A leader that cannot be
 // reached is answered 503 no_leader (timeout when the deadline passed:
 // the write may still apply, and retrying it is safe). Each forward is
 // counted in kvrouter_http_forwards_total, sent or failed; one whose
@@ -66,6 +68,12 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 			pr.SetURL(target)
 			pr.SetXForwarded()
 			pr.Out.Header.Set(HeaderForwarded, "1")
+			// With either of these, Go's transport takes a body-less
+			// write for safe to replay and sends it again on a new
+			// connection when a reused one broke: a second apply. The
+			// forward decides about retries itself (HeaderMaybeApplied).
+			pr.Out.Header.Del("Idempotency-Key")
+			pr.Out.Header.Del("X-Idempotency-Key")
 			pr.Out.GetBody = nil
 			if body == nil || r.ContentLength == 0 {
 				pr.Out.Body, pr.Out.ContentLength = nil, 0

@@ -192,6 +192,42 @@ func TestAWriteNotSafeTwiceIsNotForwardedWhenItMayApply(t *testing.T) {
 	}
 }
 
+// TestForwardDropsIdempotencyKeys: a client's Idempotency-Key or
+// X-Idempotency-Key does not reach the leader through a forward. From a
+// review: with either header Go's transport takes a body-less request
+// for safe to replay and sends it again on a new connection when a
+// reused one broke, a second apply of a write such as a member removal;
+// the forward decides about retries itself.
+func TestForwardDropsIdempotencyKeys(t *testing.T) {
+	leader := newNode(t, "n1", api.Options{})
+	withWorkers(t, leader)
+	seen := make(chan http.Header, 4)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Clone()
+		leader.api.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	follower := newNode(t, "n2", api.Options{})
+	follower.fake.SetFollower("n1", strings.TrimPrefix(front.URL, "http://"))
+	for _, tc := range []struct{ method, path, body string }{
+		{"DELETE", "/v1/workers/1", ""},
+		{"POST", "/v1/requests/r-1/prefill_done", ""},
+		{"POST", "/v1/workers", `{"worker_id":7,"block_size":4}`},
+	} {
+		a := send(t, follower.http.URL, tc.method, tc.path, tc.body, "Idempotency-Key", "k1", "X-Idempotency-Key", "k2")
+		if a.header.Get(api.HeaderForwardedTo) == "" {
+			t.Fatalf("%s %s: not forwarded: %d %s", tc.method, tc.path, a.code, a.body)
+		}
+		h := <-seen
+		if _, ok := h["Idempotency-Key"]; ok {
+			t.Errorf("%s %s: the leader got Idempotency-Key %q", tc.method, tc.path, h.Get("Idempotency-Key"))
+		}
+		if _, ok := h["X-Idempotency-Key"]; ok {
+			t.Errorf("%s %s: the leader got X-Idempotency-Key %q", tc.method, tc.path, h.Get("X-Idempotency-Key"))
+		}
+	}
+}
+
 func TestWriteWithNoLeaderKnownIs503(t *testing.T) {
 	n := newNode(t, "n2", api.Options{})
 	n.fake.SetFollower("", "")
