@@ -63,6 +63,14 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 		GetConn:      func(string) { wrote.Store(false) },
 		WroteHeaders: func() { wrote.Store(true) },
 	})
+	// relayed counts the body as the transport takes it: a leader
+	// installs only a whole upload, so a restore whose forward broke
+	// before the transport took all of it was not applied.
+	var relayed *relayedBody
+	if body != nil && r.ContentLength != 0 {
+		relayed = &relayedBody{r: body, want: r.ContentLength}
+		body = relayed
+	}
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
@@ -108,8 +116,9 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 				s.writeError(w, r, err)
 				return
 			}
-			if wrote.Load() {
-				// The leader may have the write.
+			if wrote.Load() && (pattern != patternRestore || relayed.whole()) {
+				// The leader may have the write (a restore: the whole
+				// upload).
 				w.Header().Set(HeaderMaybeApplied, "true")
 			}
 			s.writeError(w, r, &httpError{code: http.StatusServiceUnavailable, reason: reason,
@@ -133,6 +142,32 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 		s.m.httpForwards.WithLabelValues(pattern, outcome).Inc()
 	}()
 	proxy.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// relayedBody is a forward's request body that tells whether the
+// transport took all of it. The transport reads it in its own goroutine,
+// which may still run when the forward's error is handled.
+type relayedBody struct {
+	r    io.Reader
+	want int64 // the body's length; -1 when the client did not say
+	n    atomic.Int64
+	eof  atomic.Bool
+}
+
+func (b *relayedBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.n.Add(int64(n))
+	if err == io.EOF {
+		b.eof.Store(true)
+	}
+	return n, err
+}
+
+// whole reports whether the transport took the whole body: the leader
+// cannot have had all of it before that. Every byte is counted before the
+// transport writes it. A nil relayedBody (no body) is whole.
+func (b *relayedBody) whole() bool {
+	return b == nil || b.eof.Load() || (b.want >= 0 && b.n.Load() >= b.want)
 }
 
 // leaderURL turns a member's HTTP address into the base URL to forward to;

@@ -228,6 +228,63 @@ func TestForwardDropsIdempotencyKeys(t *testing.T) {
 	}
 }
 
+// TestRestoreForwardBrokenMidUploadSaysNothingApplied: a forwarded
+// restore whose leader hung up before the follower relayed the whole
+// upload installed nothing (a leader installs only a whole stream): the
+// answer is a plain 503 no_leader, without HeaderMaybeApplied, and the
+// client may send the restore to another node. One whose leader hung up
+// after the whole upload went out may be installed: HeaderMaybeApplied.
+// From a review: both said the restore may apply, and the client gave up
+// with ErrOutcomeUnknown on a restore no node could have installed.
+func TestRestoreForwardBrokenMidUploadSaysNothingApplied(t *testing.T) {
+	for _, whole := range []bool{false, true} {
+		leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if whole {
+				_, _ = io.Copy(io.Discard, r.Body)
+			} else {
+				_, _ = io.ReadFull(r.Body, make([]byte, 1024))
+			}
+			panic(http.ErrAbortHandler) // the leader dies without answering
+		}))
+		follower := newNode(t, "n2", api.Options{})
+		follower.fake.SetFollower("n1", strings.TrimPrefix(leader.URL, "http://"))
+		// A chunked upload of 64 KiB, or (not whole) one that goes on
+		// until the answer came: the follower cannot have relayed all of
+		// it.
+		pr, pw := io.Pipe()
+		go func() {
+			chunk := make([]byte, 64<<10)
+			for {
+				if _, err := pw.Write(chunk); err != nil || whole {
+					break
+				}
+			}
+			pw.Close()
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		req, err := http.NewRequestWithContext(ctx, "POST", follower.http.URL+"/v1/snapshot/restore", pr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("whole %v: %v", whole, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		pw.CloseWithError(errors.New("the test is done"))
+		cancel()
+		leader.Close()
+		if resp.StatusCode != 503 || !strings.Contains(string(body), api.ReasonNoLeader) {
+			t.Fatalf("whole %v: %d %s, want 503 no_leader", whole, resp.StatusCode, body)
+		}
+		if got := resp.Header.Get(api.HeaderMaybeApplied) == "true"; got != whole {
+			t.Fatalf("a restore forward that broke with the upload relayed whole %v: %s %v, want %v (%s)",
+				whole, api.HeaderMaybeApplied, got, whole, body)
+		}
+	}
+}
+
 func TestWriteWithNoLeaderKnownIs503(t *testing.T) {
 	n := newNode(t, "n2", api.Options{})
 	n.fake.SetFollower("", "")

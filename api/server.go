@@ -35,8 +35,9 @@ const (
 
 	// HeaderMaybeApplied, on a 503 no_leader answer to a forwarded
 	// write, says that the forward failed after it may have reached the
-	// leader (not while dialing it): the write may apply. A client sends
-	// a write that is not safe to send twice to no other node then.
+	// leader (not while dialing it; for a restore, after the whole upload
+	// was relayed): the write may apply. A client sends a write that is
+	// not safe to send twice to no other node then.
 	HeaderMaybeApplied = "X-Kvrouter-Maybe-Applied"
 
 	// Trailers of GET /v1/snapshot: known only once the stream is written.
