@@ -108,6 +108,10 @@ type Agentless struct {
 	// Run returned: libzmq refused the endpoint, a receive failed) or
 	// could not be made, when reconcile may start it again.
 	retry map[kvevent.Rank]agentlessRetry
+	// skipLogs is each followed worker's log of the reasons its engine's
+	// events were left out for, shared by its ranks' subscribers: each
+	// reason is logged once per worker (semantics.md §1).
+	skipLogs map[uint64]*enginesub.SkipLog
 
 	stop chan struct{}
 	done chan struct{}
@@ -164,7 +168,8 @@ func NewAgentless(b AgentlessTarget, cfg AgentlessConfig) *Agentless {
 		cfg.Logger = slog.Default()
 	}
 	a := &Agentless{b: b, cfg: cfg, log: cfg.Logger, subs: map[kvevent.Rank]*agentlessSub{},
-		retry: map[kvevent.Rank]agentlessRetry{}, stop: make(chan struct{}), done: make(chan struct{})}
+		retry: map[kvevent.Rank]agentlessRetry{}, skipLogs: map[uint64]*enginesub.SkipLog{},
+		stop: make(chan struct{}), done: make(chan struct{})}
 	go a.loop()
 	return a
 }
@@ -277,6 +282,11 @@ func (a *Agentless) reconcile(table map[uint64]raftfsm.WorkerInfo, term uint64) 
 			a.failed(r, s, now.Sub(s.started))
 		}
 	}
+	for id := range a.skipLogs {
+		if _, ok := table[id]; !ok {
+			delete(a.skipLogs, id)
+		}
+	}
 	for r, rt := range a.retry {
 		if w, ok := want[r]; !ok || !rt.reg.sameRegistration(&w) {
 			delete(a.retry, r) // gone, or registered anew: no wait
@@ -316,6 +326,16 @@ func (a *Agentless) failed(r kvevent.Rank, w *agentlessSub, ran time.Duration) {
 	}
 }
 
+// skipLog returns worker id's SkipLog; a.mu is held.
+func (a *Agentless) skipLog(id uint64) *enginesub.SkipLog {
+	l := a.skipLogs[id]
+	if l == nil {
+		l = new(enginesub.SkipLog)
+		a.skipLogs[id] = l
+	}
+	return l
+}
+
 // start subscribes to rank r's engine, resuming at the rank's cursor; a.mu
 // is held.
 func (a *Agentless) start(r kvevent.Rank, w agentlessSub) error {
@@ -325,7 +345,7 @@ func (a *Agentless) start(r kvevent.Rank, w agentlessSub) error {
 	sub, err := enginesub.New(enginesub.Config{Endpoint: w.endpoint, ReplayEndpoint: w.replay,
 		ReplayTimeout: a.cfg.ReplayTimeout, Rank: r, Decoder: engine.Config{BlockSize: w.blockSize, Seed: engine.SaltedSeed(w.salt),
 			LearnGroupKinds: !a.cfg.NoLearnGroupKinds},
-		Resume: resume, Sink: sink, Logger: a.log, Registerer: a.cfg.Registerer})
+		Resume: resume, Sink: sink, Logger: a.log, Registerer: a.cfg.Registerer, SkipLog: a.skipLog(r.Worker)})
 	if err != nil {
 		cancel()
 		return err

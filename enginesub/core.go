@@ -64,8 +64,27 @@ type core struct {
 	mu    sync.Mutex // guards stats
 	stats Stats
 
-	decSeen engine.Stats            // the decoder's counters already exported
-	warned  [engine.NumReasons]bool // reasons logged for this rank
+	decSeen engine.Stats // the decoder's counters already exported
+	skipLog *SkipLog     // the reasons logged, for the rank's worker
+}
+
+// SkipLog records which reasons for leaving engine events out were logged
+// (Config.SkipLog). Its zero value logs none yet; it is safe for
+// concurrent use.
+type SkipLog struct {
+	mu   sync.Mutex
+	seen [engine.NumReasons]bool
+}
+
+// first reports whether reason r is not logged yet, and marks it logged.
+func (l *SkipLog) first(r engine.Reason) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen[r] {
+		return false
+	}
+	l.seen[r] = true
+	return true
 }
 
 func (c *core) Stats() Stats {
@@ -315,8 +334,8 @@ func (c *core) apply(seq uint64, payload []byte) {
 
 // exportSkips counts, in the metrics, the wire events and blocks the
 // decoder left out since the last call, and logs each reason the first
-// time it shows on this rank: a worker registered with the wrong block
-// size, for one, loses every store to it.
+// time it shows on the rank's worker (Config.SkipLog): a worker registered
+// with the wrong block size, for one, loses every store to it.
 func (c *core) exportSkips() {
 	st := c.dec.Stats()
 	for r := range engine.NumReasons {
@@ -332,8 +351,7 @@ func (c *core) exportSkips() {
 		if bl > 0 {
 			c.m.droppedBlocks.WithLabelValues(name).Add(float64(bl))
 		}
-		if !c.warned[r] {
-			c.warned[r] = true
+		if c.skipLog.first(r) {
 			level := slog.LevelWarn
 			if r == engine.ReasonNotMainGroup {
 				level = slog.LevelInfo // a hybrid model's other groups: expected

@@ -339,6 +339,47 @@ func TestSkippedEventsAreCountedAndLogged(t *testing.T) {
 	}
 }
 
+// TestSkipReasonsAreLoggedOncePerWorker: semantics.md §1 logs a reason for
+// leaving events out once per worker, not per event nor per dp rank. The
+// subscribers of a group (one worker's ranks) each logged it: a worker of
+// eight ranks with a wrong block size warned eight times. The metric still
+// counts per rank.
+func TestSkipReasonsAreLoggedOncePerWorker(t *testing.T) {
+	var logs bytes.Buffer
+	reg := prometheus.NewRegistry()
+	g, err := NewGroup(Config{Endpoint: "tcp://127.0.0.1:5557", Sink: &recSink{}, Registerer: reg,
+		Logger:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Rank:    kvevent.Rank{Worker: 3},
+		Decoder: engine.Config{BlockSize: 4}}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range g.Subscribers() {
+		for seq := range uint64(2) {
+			if err := s.core.live(bg, [][]byte{{}, seqFrame(seq), floppyPayload(hashOf(seq))}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := strings.Count(logs.String(), "engine events left out"); n != 1 {
+		t.Fatalf("%d log lines for one reason on one worker's 3 ranks, want 1:\n%s", n, logs.String())
+	}
+	// A subscriber made alone (no group, no shared SkipLog) logs for itself.
+	s, err := New(Config{Endpoint: "tcp://127.0.0.1:1", Sink: &recSink{}, Registerer: prometheus.NewRegistry(),
+		Logger:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Rank:    kvevent.Rank{Worker: 4},
+		Decoder: engine.Config{BlockSize: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.core.live(bg, [][]byte{{}, seqFrame(0), floppyPayload(hashOf(0))}); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "engine events left out"); n != 2 {
+		t.Fatalf("%d log lines after another worker's subscriber skipped, want 2:\n%s", n, logs.String())
+	}
+}
+
 // floppyPayload is the batch [ts, [["BlockRemoved", [0x77], "FLOPPY"],
 // ["BlockRemoved", [hash]]]]: a remove from a medium that names no tier,
 // then one of a device block.

@@ -41,6 +41,9 @@ func NewGroup(cfg Config, ranks int) (*Group, error) {
 		return nil, fmt.Errorf("%w: %d ranks from %d", ErrConfig, ranks, cfg.Rank.DP)
 	}
 	g := &Group{}
+	if cfg.SkipLog == nil {
+		cfg.SkipLog = new(SkipLog) // one worker's ranks: each reason logged once
+	}
 	for i := range ranks {
 		c := cfg
 		c.Rank.DP = cfg.Rank.DP + uint32(i)

@@ -64,6 +64,12 @@ type Config struct {
 	Sink Sink
 	// Logger, when nil, is slog.Default().
 	Logger *slog.Logger
+	// SkipLog, shared by the subscribers of one worker, logs each reason
+	// the decoder leaves events out for once per worker (semantics.md §1:
+	// a worker registered with the wrong block size warns once, not once
+	// per dp rank). Nil: the subscriber keeps one of its own; NewGroup
+	// gives its subscribers one they share.
+	SkipLog *SkipLog
 	// Registerer, when set, registers the kvagent_subscriber_* metrics
 	// (and kvagent_engine_seq_gaps_total), labelled by worker and dp_rank.
 	// Subscribers may share one.
@@ -109,9 +115,12 @@ func New(cfg Config) (*Subscriber, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.SkipLog == nil {
+		cfg.SkipLog = new(SkipLog)
+	}
 	s := &Subscriber{cfg: cfg, m: m, ready: make(chan struct{})}
 	s.core = &core{rank: cfg.Rank, sink: cfg.Sink, dec: dec, log: cfg.Logger,
-		m: m.forRank(cfg.Rank.Worker, cfg.Rank.DP), resume: cfg.Resume}
+		m: m.forRank(cfg.Rank.Worker, cfg.Rank.DP), resume: cfg.Resume, skipLog: cfg.SkipLog}
 	if cfg.ReplayEndpoint != "" {
 		s.core.replay = s.replay
 	}
