@@ -1,51 +1,17 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/internal/testlog"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 )
-
-// logBuffer is an io.Writer for a test's logger, safe for concurrent use.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// lines returns the lines holding all of want.
-func (l *logBuffer) lines(want ...string) []string {
-	var out []string
-	for _, line := range strings.Split(l.String(), "\n") {
-		ok := line != ""
-		for _, w := range want {
-			ok = ok && strings.Contains(line, w)
-		}
-		if ok {
-			out = append(out, line)
-		}
-	}
-	return out
-}
 
 // TestFailingHeartbeatsAreLogged: heartbeats that have failed for longer
 // than the worker's lease are logged at Warn, once per lease while they
@@ -63,7 +29,7 @@ func TestFailingHeartbeatsAreLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	var logs logBuffer
+	var logs testlog.Buffer
 	// Nobody answers the heartbeats: each fails at once (no responders).
 	a, err := New(Config{Worker: 7, Endpoint: "tcp://127.0.0.1:*", Bind: true, BlockSize: 4, Conn: nc,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)), HeartbeatInterval: 10 * time.Millisecond,
@@ -82,7 +48,7 @@ func TestFailingHeartbeatsAreLogged(t *testing.T) {
 		}
 	}()
 	waitFor(t, "two warnings of failing heartbeats", func() bool {
-		return len(logs.lines("level=WARN", "heartbeats have failed", "lease=100ms")) >= 2
+		return len(logs.Lines("level=WARN", "heartbeats have failed", "lease=100ms")) >= 2
 	})
 	// Answered again.
 	sub, err := nc.Subscribe(eventplane.DefaultHeartbeatSubject, func(m *nats.Msg) { m.Respond(nil) })
@@ -90,12 +56,12 @@ func TestFailingHeartbeatsAreLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	waitFor(t, "the heartbeats' recovery", func() bool { return len(logs.lines("level=INFO", "heartbeats answered again")) == 1 })
+	waitFor(t, "the heartbeats' recovery", func() bool { return len(logs.Lines("level=INFO", "heartbeats answered again")) == 1 })
 	// Warned once the heartbeats had failed for the lease, then at most
 	// once per lease (by the agent's clock, which each warning's for=
 	// gives): the heartbeats failed once each 10 ms.
 	prev := time.Duration(0)
-	for i, line := range logs.lines("level=WARN", "heartbeats have failed") {
+	for i, line := range logs.Lines("level=WARN", "heartbeats have failed") {
 		_, v, _ := strings.Cut(line, " for=")
 		v, _, _ = strings.Cut(v, " ")
 		d, err := time.ParseDuration(v)

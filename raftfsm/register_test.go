@@ -1,44 +1,26 @@
 package raftfsm
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"math"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/kvrouter/kvrouter/internal/testlog"
 )
-
-// lockedBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // A registration replaces the worker's dp ranks, and the ranks it drops
 // lose their index state. When the worker is registered (its lease live),
 // that is most likely two agents given one worker id for different dp
 // ranges, replacing each other's: the leader says so at Warn.
 func TestRegistrationDroppingRanksOfALiveWorkerIsLogged(t *testing.T) {
-	var logs lockedBuffer
+	var logs testlog.Buffer
 	c := newTestCluster(t, 1, func(cfg *Config) {
 		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})

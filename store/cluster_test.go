@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
@@ -15,6 +14,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/kvrouter/kvrouter/internal/testlog"
 )
 
 // counterFSM is the smallest state machine that still catches a store bug:
@@ -102,24 +103,6 @@ func (s counterSnapshot) Persist(sink raft.SnapshotSink) error {
 
 func (counterSnapshot) Release() {}
 
-// raftLogBuffer collects raft's log lines, shown only when a test fails.
-type raftLogBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *raftLogBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *raftLogBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 type raftTestNode struct {
 	id    raft.ServerID
 	addr  raft.ServerAddress
@@ -133,7 +116,7 @@ type raftTestNode struct {
 type raftTestCluster struct {
 	t     *testing.T
 	nodes []*raftTestNode
-	logs  raftLogBuffer
+	logs  testlog.Buffer
 }
 
 const clusterTrailingLogs = 20

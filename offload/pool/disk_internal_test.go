@@ -6,33 +6,16 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/kvrouter/kvrouter/internal/testlog"
 )
 
 const internalBlock = 64
 
-// logRecorder keeps the text of every record logged through it.
-type logRecorder struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logRecorder) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logRecorder) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-func openInternal(t *testing.T, dir string, log *logRecorder) *DiskPool {
+func openInternal(t *testing.T, dir string, log *testlog.Buffer) *DiskPool {
 	t.Helper()
 	cfg := Config{Capacity: 8, BlockSize: internalBlock}
 	if log != nil {
@@ -122,7 +105,7 @@ func TestDiskReopenDeletesEntriesThatFailTheirCheckAndKeepsValidOnes(t *testing.
 	dir := t.TempDir()
 	valid := writeGarbage(t, dir)
 
-	log := &logRecorder{}
+	log := &testlog.Buffer{}
 	p := openInternal(t, dir, log)
 	checkValid(t, p)
 	if got := keys(t, p); !slices.EqualFunc(got, valid, bytes.Equal) {
@@ -151,7 +134,7 @@ func TestDiskReopenThatCannotDeleteInvalidEntriesKeepsValidBlocks(t *testing.T) 
 
 	testHookDropCommit = func(*pebble.Batch) error { return errors.New("injected delete failure") }
 	t.Cleanup(func() { testHookDropCommit = nil })
-	log := &logRecorder{}
+	log := &testlog.Buffer{}
 	p := openInternal(t, dir, log)
 	checkValid(t, p)
 	if !strings.Contains(log.String(), "injected delete failure") {
