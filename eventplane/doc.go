@@ -20,10 +20,11 @@
 //     dump that last replaced it, and a batch of another non-zero
 //     incarnation applies nothing (acknowledged Fenced): a dead
 //     incarnation's request still in flight never applies after its
-//     successor's dump. A restarted publisher whose dump is refused as
-//     stale renumbers a request cap past the router's cursor, so that an
-//     unfenced request (an agent of an earlier build) still in flight
-//     applies as duplicates after the new dump (docs/events.md).
+//     successor's dump. An unfenced request (an agent of an earlier build)
+//     is not held back so: a restarted publisher whose dump is refused as
+//     stale renumbers a request cap past the router's cursor, so that such
+//     a request still in flight applies as duplicates after the new dump;
+//     after a dump the router takes, it may still apply (docs/events.md).
 //   - The Ingester acknowledges a request only after the entry that carries
 //     it has committed and applied; an error reply or no reply means
 //     "unknown", and the publisher resends.
