@@ -192,6 +192,54 @@ func TestAWriteNotSafeTwiceIsNotForwardedWhenItMayApply(t *testing.T) {
 	}
 }
 
+// TestHandleFuncOnceIsNotForwardedWhenItMayApply: a route another API
+// registers with HandleFuncOnce is answered as the API's own writes not
+// safe twice are when its write may have applied: 503 no_leader with
+// HeaderMaybeApplied, not forwarded; a HandleFunc route is forwarded.
+// From a review: the compatible APIs' removals (POST /unregister, DELETE
+// /selection/workers/{id}, DELETE /selection/reservations/{id}),
+// registered through HandleFunc, had no way to say so; they were
+// forwarded, and the new leader answered 404 for a removal that applied.
+func TestHandleFuncOnceIsNotForwardedWhenItMayApply(t *testing.T) {
+	n1, n2 := newNode(t, "n1", api.Options{}), newNode(t, "n2", api.Options{})
+	var mu sync.Mutex
+	reached := map[string]int{} // on n2, the new leader
+	for _, path := range []string{"/x/once/{id}", "/x/twice/{id}"} {
+		n2h := func(w http.ResponseWriter, r *http.Request) error {
+			mu.Lock()
+			reached[r.Pattern]++
+			mu.Unlock()
+			w.WriteHeader(http.StatusNoContent)
+			return nil
+		}
+		n1h := func(http.ResponseWriter, *http.Request) error {
+			return &raftfsm.NotLeaderError{LeaderID: "n2", LeaderHTTP: n2.addr(), MaybeApplied: true}
+		}
+		if path == "/x/once/{id}" {
+			n1.api.HandleFuncOnce("DELETE "+path, n1h)
+			n2.api.HandleFuncOnce("DELETE "+path, n2h)
+		} else {
+			n1.api.HandleFunc("DELETE "+path, n1h)
+			n2.api.HandleFunc("DELETE "+path, n2h)
+		}
+	}
+	a := send(t, n1.http.URL, "DELETE", "/x/once/1", "")
+	mu.Lock()
+	forwarded := reached["DELETE /x/once/{id}"] != 0
+	mu.Unlock()
+	if forwarded || a.code != 503 || a.reason(t) != api.ReasonNoLeader || a.header.Get(api.HeaderMaybeApplied) != "true" {
+		t.Errorf("HandleFuncOnce route: %d %s, %s %q, forwarded %v; want 503 no_leader saying it may have applied, not forwarded",
+			a.code, a.body, api.HeaderMaybeApplied, a.header.Get(api.HeaderMaybeApplied), forwarded)
+	}
+	a = send(t, n1.http.URL, "DELETE", "/x/twice/1", "")
+	mu.Lock()
+	forwarded = reached["DELETE /x/twice/{id}"] != 0
+	mu.Unlock()
+	if !forwarded || a.code != http.StatusNoContent || a.header.Get(api.HeaderMaybeApplied) != "" {
+		t.Errorf("HandleFunc route: %d %s, forwarded %v; want it forwarded to the new leader", a.code, a.body, forwarded)
+	}
+}
+
 // TestForwardDropsIdempotencyKeys: a client's Idempotency-Key or
 // X-Idempotency-Key does not reach the leader through a forward. From a
 // review: with either header Go's transport takes a body-less request

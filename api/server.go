@@ -173,7 +173,12 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// routes registers every route; docs/api.md documents each.
+// routes registers every route; docs/api.md documents each. The writes
+// not safe to apply twice are registered with handleOnce: a restore (a
+// second drops what was applied between the two), a leadership transfer
+// (it may move leadership again), a member removal (the second answers
+// that the id is no member) and a worker's deregistration (the second
+// answers 404 unknown_worker).
 func (s *Server) routes() {
 	s.handle("POST /v1/route", jsonBody, s.route)
 	s.handle("POST /v1/requests/{id}/prefill_done", noBody, s.prefillDone)
@@ -181,7 +186,7 @@ func (s *Server) routes() {
 
 	s.handle("GET /v1/workers", noBody, s.workers)
 	s.handle("POST /v1/workers", jsonBody, s.registerWorker)
-	s.handle(patternDeregister, noBody, s.deregisterWorker)
+	s.handleOnce(patternDeregister, noBody, s.deregisterWorker)
 
 	s.handle("GET /v1/index/stats", noBody, s.indexStats)
 	s.handle("PUT /v1/settings", jsonBody, s.setSettings)
@@ -192,11 +197,11 @@ func (s *Server) routes() {
 	s.handle("GET /v1/cluster/status", noBody, s.status)
 	s.handle("GET /v1/cluster/members", noBody, s.members)
 	s.handle("POST /v1/cluster/members", jsonBody, s.addMember)
-	s.handle(patternRemove, noBody, s.removeMember)
-	s.handle(patternTransfer, optionalJSONBody, s.transferLeader)
+	s.handleOnce(patternRemove, noBody, s.removeMember)
+	s.handleOnce(patternTransfer, optionalJSONBody, s.transferLeader)
 
 	s.handle(patternSnapshot, noBody, s.saveSnapshot)
-	s.handle(patternRestore, streamBody, s.restoreSnapshot)
+	s.handleOnce(patternRestore, streamBody, s.restoreSnapshot)
 
 	s.handle("GET /healthz", noBody, s.healthz)
 	s.handle("GET /readyz", noBody, s.readyz)
@@ -220,6 +225,21 @@ func (s *Server) routes() {
 // (package compat) register their routes here.
 func (s *Server) HandleFunc(pattern string, h func(w http.ResponseWriter, r *http.Request) error) {
 	s.handle(pattern, optionalJSONBody, h)
+}
+
+// HandleFuncOnce registers h as HandleFunc does, for a write that is not
+// safe to apply twice (a second answers otherwise than the first, or does
+// more: a removal that answers 404 for what the first removed). When h
+// returns a raftfsm.NotLeaderError with MaybeApplied (this node lost its
+// leadership with the write in its log, and the next leader may commit
+// it), the request is not forwarded to the new leader, where it would
+// apply a second time: it is answered 503 no_leader with
+// HeaderMaybeApplied, as the API's own writes not safe twice are (a
+// restore, a leadership transfer, a member removal, a worker's
+// deregistration). Any other ErrNotLeader is forwarded as HandleFunc's
+// routes are.
+func (s *Server) HandleFuncOnce(pattern string, h func(w http.ResponseWriter, r *http.Request) error) {
+	s.handleOnce(pattern, optionalJSONBody, h)
 }
 
 // ServeHTTP answers a request. Unknown paths and methods get JSON errors
@@ -327,6 +347,17 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 // metrics labelled with the pattern, panic recovery, the body limit and
 // replay buffer, and error answers with leader forwarding.
 func (s *Server) handle(pattern string, kind bodyKind, h handlerFunc) {
+	s.register(pattern, kind, false, h)
+}
+
+// handleOnce registers h as handle does, for a write not safe to apply
+// twice: one that may have applied is not forwarded (fail).
+func (s *Server) handleOnce(pattern string, kind bodyKind, h handlerFunc) {
+	s.register(pattern, kind, true, h)
+}
+
+// register is handle, and handleOnce when once.
+func (s *Server) register(pattern string, kind bodyKind, once bool, h handlerFunc) {
 	rm := &routeMetrics{route: pattern, dur: s.m.httpDuration.WithLabelValues(pattern)} // present from the start
 	s.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -375,7 +406,7 @@ func (s *Server) handle(pattern string, kind bodyKind, h handlerFunc) {
 			r.Body = body
 		}
 		if err := h(rec, r); err != nil {
-			s.fail(rec, r, pattern, body, err)
+			s.fail(rec, r, pattern, once, body, err)
 		}
 	}))
 }
@@ -414,9 +445,10 @@ func (s *Server) observe(route string, rec *recorder, start time.Time) {
 }
 
 // fail answers a handler's error: a forward to the leader when the backend
-// said it is not the leader and the request can be replayed there, a JSON
-// error otherwise.
-func (s *Server) fail(w *recorder, r *http.Request, pattern string, body *replayBody, err error) {
+// said it is not the leader and the request can be replayed there (but
+// for a route registered once, not safe twice, whose write may have
+// applied), a JSON error otherwise.
+func (s *Server) fail(w *recorder, r *http.Request, pattern string, once bool, body *replayBody, err error) {
 	if w.wrote {
 		// The status line is out (a stream failed half-way); the handler
 		// reported what it could in a trailer.
@@ -424,7 +456,7 @@ func (s *Server) fail(w *recorder, r *http.Request, pattern string, body *replay
 		return
 	}
 	var nle *raftfsm.NotLeaderError
-	if errors.As(err, &nle) && nle.MaybeApplied && notTwice(pattern) {
+	if errors.As(err, &nle) && nle.MaybeApplied && once {
 		// This node lost its leadership with the write in its log: the
 		// next leader may commit it. A write not safe twice is not
 		// forwarded (it would apply a second time), and the answer says
@@ -452,19 +484,6 @@ func (s *Server) fail(w *recorder, r *http.Request, pattern string, body *replay
 		}
 	}
 	s.writeError(w, r, err)
-}
-
-// notTwice reports whether the writes of pattern are not safe to apply
-// twice: a restore (a second drops what was applied between the two), a
-// leadership transfer (it may move leadership again), a member removal
-// (the second answers that the id is no member) and a worker's
-// deregistration (the second answers 404 unknown_worker).
-func notTwice(pattern string) bool {
-	switch pattern {
-	case patternRestore, patternTransfer, patternRemove, patternDeregister:
-		return true
-	}
-	return false
 }
 
 // withCandidates carries a failed route decision's scores to the error body.

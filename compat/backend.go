@@ -52,6 +52,11 @@ var _ Backend = (*raftfsm.Node)(nil)
 // middleware gives them metrics, body limits and forwarding to the leader.
 type Router interface {
 	HandleFunc(pattern string, h func(w http.ResponseWriter, r *http.Request) error)
+	// HandleFuncOnce registers a write not safe to apply twice: one whose
+	// node lost its leadership with the write in its log is answered 503
+	// no_leader with X-Kvrouter-Maybe-Applied, not forwarded to the new
+	// leader, where it would apply a second time.
+	HandleFuncOnce(pattern string, h func(w http.ResponseWriter, r *http.Request) error)
 }
 
 // DefaultTenant is the tenant of a request that names none.

@@ -34,6 +34,8 @@ func TestMain(m *testing.M) {
 
 var quiet = slog.New(slog.DiscardHandler)
 
+var _ Router = (*api.Server)(nil)
+
 // testNode is a real single-node cluster serving /v1 and the compatible
 // APIs at the root, over HTTP.
 type testNode struct {
@@ -80,6 +82,7 @@ type reply struct {
 	code  int
 	ctype string
 	body  []byte
+	hdr   http.Header
 }
 
 // do sends body (a Go value, or nil) in encoding c and returns the answer.
@@ -132,7 +135,7 @@ func (n *testNode) do(t testing.TB, c codec, method, path string, body any) repl
 	if err != nil {
 		t.Fatal(err)
 	}
-	return reply{code: resp.StatusCode, ctype: resp.Header.Get("Content-Type"), body: b}
+	return reply{code: resp.StatusCode, ctype: resp.Header.Get("Content-Type"), body: b, hdr: resp.Header}
 }
 
 // asJSON decodes an answer of either encoding into plain JSON values, so

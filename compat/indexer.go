@@ -299,12 +299,14 @@ func NewIndexer(b Backend, log *slog.Logger) *Indexer {
 }
 
 // Routes registers the API's routes on r under prefix ("" for the root).
-// GET /metrics is the node's own and not registered here.
+// GET /metrics is the node's own and not registered here. POST /unregister
+// is not safe twice (a second answers 404 for what the first removed):
+// it is registered with HandleFuncOnce.
 func (x *Indexer) Routes(r Router, prefix string) {
 	r.HandleFunc("POST "+prefix+"/register", bodyHandler(http.StatusCreated, func(ctx context.Context, req *RegisterRequest) (any, error) {
 		return statusOK, x.doRegister(ctx, req)
 	}))
-	r.HandleFunc("POST "+prefix+"/unregister", bodyHandler(http.StatusOK, func(ctx context.Context, req *UnregisterRequest) (any, error) {
+	r.HandleFuncOnce("POST "+prefix+"/unregister", bodyHandler(http.StatusOK, func(ctx context.Context, req *UnregisterRequest) (any, error) {
 		return statusOK, x.doUnregister(ctx, req)
 	}))
 	r.HandleFunc("GET "+prefix+"/workers", x.workers)

@@ -187,11 +187,14 @@ func NewSelection(b SelectionBackend, log *slog.Logger) *Selection {
 }
 
 // Routes registers the API's routes on r under prefix. GET /workers
-// collides with the indexer API's, so the two cannot share a prefix.
+// collides with the indexer API's, so the two cannot share a prefix. The
+// writes not safe twice are registered with HandleFuncOnce: a worker's
+// removal and a reservation's release (a second answers 404 for what the
+// first removed), and an output block (a second adds another block).
 func (s *Selection) Routes(r Router, prefix string) {
 	r.HandleFunc("POST "+prefix+"/workers", bodyHandler(http.StatusCreated, s.addWorker))
 	r.HandleFunc("PATCH "+prefix+"/workers/{id}", s.patchWorker)
-	r.HandleFunc("DELETE "+prefix+"/workers/{id}", s.deleteWorker)
+	r.HandleFuncOnce("DELETE "+prefix+"/workers/{id}", s.deleteWorker)
 	r.HandleFunc("GET "+prefix+"/workers", s.listWorkers)
 	r.HandleFunc("GET "+prefix+"/ready", s.ready)
 	r.HandleFunc("POST "+prefix+"/select", bodyHandler(http.StatusOK, func(ctx context.Context, req *SelectRequest) (any, error) {
@@ -202,8 +205,8 @@ func (s *Selection) Routes(r Router, prefix string) {
 	}))
 	r.HandleFunc("POST "+prefix+"/reservations", bodyHandler(http.StatusCreated, s.reserve))
 	r.HandleFunc("POST "+prefix+"/reservations/{id}/prefill_complete", s.prefillComplete)
-	r.HandleFunc("POST "+prefix+"/reservations/{id}/output_block", s.outputBlock)
-	r.HandleFunc("DELETE "+prefix+"/reservations/{id}", s.release)
+	r.HandleFuncOnce("POST "+prefix+"/reservations/{id}/output_block", s.outputBlock)
+	r.HandleFuncOnce("DELETE "+prefix+"/reservations/{id}", s.release)
 	r.HandleFunc("GET "+prefix+"/loads", s.loads)
 	r.HandleFunc("POST "+prefix+"/potential_loads", bodyHandler(http.StatusOK, s.potentialLoads))
 	r.HandleFunc("POST "+prefix+"/overlap_scores", bodyHandler(http.StatusOK, s.overlapScores))
