@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -371,40 +370,53 @@ func tenantOf(tenant, group string) string {
 }
 
 // checkEndpoint accepts a ZMQ endpoint to connect to: tcp://host:port or
-// ipc://path. A tcp endpoint is nothing more (no user, query or fragment,
-// which ZMQ would read as part of the host), and its host is no wildcard:
-// "*" binds every interface, and a subscriber cannot connect to it. Beyond
-// that it applies the rules libzmq's connect applies (checkZMQAddress), so
-// that a registration it accepts is one the subscriber can follow.
+// ipc://path, read as libzmq reads it, not as a URL (libzmq takes a '%'
+// that is no URL escape: an IPv6 zone, tcp://[fe80::1%eth0]:5557, or an
+// ipc path's). The scheme is what precedes the first "://", tcp or ipc in
+// lower case. A tcp endpoint's port follows its last ':' (1 to 65535), and
+// its host is nothing more (no user, path, query or fragment, which ZMQ
+// would read as part of the host) and no wildcard: "*" binds every
+// interface, and a subscriber cannot connect to it (in libzmq's
+// source;host form, the host after the last ';'). An ipc endpoint's path
+// is the rest, as written. Beyond that it applies the rules libzmq's
+// connect applies (checkZMQAddress), so that a registration it accepts is
+// one the subscriber can follow.
 func checkEndpoint(what, ep string) error {
 	if err := checkName(what, ep); err != nil {
 		return err
 	}
-	u, err := url.Parse(ep)
-	if err != nil {
-		return badRequest("%s %q: %v", what, ep, err)
+	scheme, addr, ok := strings.Cut(ep, "://")
+	if !ok {
+		scheme = ""
 	}
-	if !strings.HasPrefix(ep, u.Scheme+"://") {
-		// libzmq reads the scheme as written, up to "://".
-		u.Scheme = ""
-	}
-	switch u.Scheme {
+	switch scheme {
 	case "tcp":
-		port, perr := strconv.ParseUint(u.Port(), 10, 16)
-		if u.Hostname() == "" || perr != nil || port == 0 || ep != "tcp://"+u.Host {
+		i := strings.LastIndexByte(addr, ':')
+		if i < 0 {
 			return badRequest("%s %q: want tcp://host:port", what, ep)
 		}
-		if u.Hostname() == "*" {
+		host, portStr := addr[:i], addr[i+1:]
+		if strings.ContainsAny(host, "@/?#") || strings.ContainsAny(portStr, "/?#") {
+			return badRequest("%s %q: want tcp://host:port, without a user, path, query or fragment", what, ep)
+		}
+		port, perr := strconv.ParseUint(portStr, 10, 16)
+		if perr != nil || port == 0 {
+			return badRequest("%s %q: want tcp://host:port with a port of 1 to 65535", what, ep)
+		}
+		if host == "" {
+			return badRequest("%s %q: want tcp://host:port", what, ep)
+		}
+		if dest := host[strings.LastIndexByte(host, ';')+1:]; dest == "*" {
 			return badRequest("%s %q: want the engine's address, not the wildcard it binds", what, ep)
 		}
 	case "ipc":
-		if u.Host+u.Path == "" {
+		if addr == "" {
 			return badRequest("%s %q: want ipc://path", what, ep)
 		}
 	default:
 		return badRequest("%s %q: want tcp://host:port or ipc://path", what, ep)
 	}
-	if p := checkZMQAddress(u.Scheme, ep[len(u.Scheme)+len("://"):]); p != "" {
+	if p := checkZMQAddress(scheme, addr); p != "" {
 		return badRequest("%s %q: libzmq refuses %s", what, ep, p)
 	}
 	return nil

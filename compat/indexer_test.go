@@ -186,6 +186,8 @@ func TestEndpointIsOneToConnectTo(t *testing.T) {
 		"tcp://10.0.0.1:5557": true, "tcp://engine-0.svc:5557": true, "tcp://[::1]:5557": true, "ipc:///tmp/engine.sock": true,
 		"tcp://h:1?x": false, "tcp://h:1?": false, "tcp://h:1#f": false, "tcp://user@h:1": false, "tcp://*:1": false,
 		"tcp://h:1/": false, "tcp://h:*": false, "tcp://h:0": false, "tcp://h": false, "http://h:1": false, "": false,
+		"tcp://h:65536": false, "tcp://:1": false, "tcp://h/x:1": false, "tcp://u@[::1]:1": false, "tcp://10.0.0.2:0;*:1": false,
+		"tcp://[fe80::1%eth0]:1": true, "ipc:///tmp/kv%1.sock": true, "ipc://": false,
 	} {
 		if err := checkEndpoint("endpoint", ep); (err == nil) != ok {
 			t.Errorf("checkEndpoint(%q) = %v, want ok %v", ep, err, ok)
@@ -199,6 +201,10 @@ func TestEndpointIsOneToConnectTo(t *testing.T) {
 // a Unix socket's 107 bytes. It answered 201, and the leader's subscriber
 // failed at its start, for good. Now checkEndpoint refuses them, naming the
 // rule, and every endpoint it accepts is one a SUB socket connects to.
+// From a later review: checkEndpoint parsed endpoints as URLs, and refused
+// what libzmq connects to: a tcp host with an IPv6 zone (`%eth0`, invalid
+// URL escape; `%25eth0`, not the URL's host as written), an ipc path with
+// a '%'. It now reads them as libzmq does.
 func TestEndpointIsOneLibzmqConnectsTo(t *testing.T) {
 	long := "ipc:///var/run/kvrouter/" + strings.Repeat("d", 100) + "/events.sock"
 	fits := "ipc:///" + strings.Repeat("d", maxIPCPath-1)
@@ -211,6 +217,11 @@ func TestEndpointIsOneLibzmqConnectsTo(t *testing.T) {
 		"IPC:///tmp/e.sock": "want tcp://host:port or ipc://path", "ipc:/tmp/e.sock": "want tcp://host:port or ipc://path",
 		"tcp://engine_0.svc:5557": "", "tcp://e-0:1": "", "tcp://[::1]:5557": "", "tcp://10.0.0.1:5557": "", fits: "",
 		"ipc://@kv": "", "ipc://relative/e.sock": "",
+		// From a review: net/url refused these, which libzmq connects to: an
+		// IPv6 zone, raw or URL-escaped, and '%' in an ipc path.
+		"tcp://[fe80::1%eth0]:5557": "", "tcp://[fe80::1%25eth0]:5557": "", "ipc:///tmp/kv%1.sock": "",
+		"tcp://host.example:5557": "", "tcp://eth0:5557": "", "tcp://10.0.0.2:0;10.0.0.1:5557": "",
+		"ipc:///tmp/kv events.sock": "",
 	} {
 		err := checkEndpoint("endpoint", ep)
 		switch {
