@@ -326,10 +326,14 @@ func (a *Agentless) failed(r kvevent.Rank, w *agentlessSub, ran time.Duration) {
 	}
 }
 
-// skipLog returns worker id's SkipLog; a.mu is held.
+// skipLog returns worker id's SkipLog, made on first use (as the map is,
+// like retry); a.mu is held.
 func (a *Agentless) skipLog(id uint64) *enginesub.SkipLog {
 	l := a.skipLogs[id]
 	if l == nil {
+		if a.skipLogs == nil {
+			a.skipLogs = map[uint64]*enginesub.SkipLog{}
+		}
 		l = new(enginesub.SkipLog)
 		a.skipLogs[id] = l
 	}
