@@ -32,6 +32,17 @@ var (
 	ErrStaleDump = errors.New("stale rank dump")
 	// ErrDataDirInUse means another node holds the data directory's lock.
 	ErrDataDirInUse = errors.New("data directory in use")
+	// ErrStartRefused means NewNode refused to start on what its data
+	// directory holds, as its Config asks (StartRefusal): the error's text
+	// says why and what to do, and the node did not start. ErrWrongNode
+	// is one such refusal.
+	ErrStartRefused = errors.New("start refused")
+	// ErrWrongNode means the data directory holds another node's Raft
+	// state than Config.ID's (it records the id of its node at its first
+	// start): started as another id, it would be a second member under
+	// that id. Start it with the id it names, or start on an empty
+	// directory. Also ErrStartRefused.
+	ErrWrongNode = errors.New("data directory belongs to another node")
 	// ErrBookingFreed means a booking's request id was booked and then
 	// freed (or expired) before: request ids are single-use, and nothing
 	// was booked. Book the request under a new id.
@@ -41,6 +52,28 @@ var (
 	// BookedElsewhereError carries that rank.
 	ErrBookedElsewhere = errors.New("request id already booked on another rank")
 )
+
+// StartRefusal is the error of a start NewNode refused (ErrStartRefused,
+// and Kind when set): its text is its message alone, which says what to
+// do, without a sentinel's words in front.
+type StartRefusal struct {
+	Kind error // ErrWrongNode, ..., or nil
+	Msg  string
+}
+
+func (e *StartRefusal) Error() string { return e.Msg }
+
+// Is makes errors.Is(err, ErrStartRefused) true, and errors.Is(err,
+// e.Kind).
+func (e *StartRefusal) Is(target error) bool {
+	return target == ErrStartRefused || e.Kind != nil && target == e.Kind
+}
+
+// refuseStart returns a StartRefusal of kind with the message format
+// makes of args.
+func refuseStart(kind error, format string, args ...any) error {
+	return &StartRefusal{Kind: kind, Msg: fmt.Sprintf(format, args...)}
+}
 
 // BookedElsewhereError is returned by Reserve when the request id is live
 // on another rank than the booking's.

@@ -29,7 +29,10 @@ import (
 // Config configures a Node. Timeouts default to LAN values that give
 // failover well under a second on loopback.
 type Config struct {
-	ID       string // this node's Raft server id
+	// ID is this node's Raft server id. A data directory records it at its
+	// first start, and refuses another once it holds Raft state
+	// (ErrWrongNode).
+	ID       string
 	RaftAddr string // where this node's Raft transport listens (host:port)
 	HTTPAddr string // where this node's HTTP API listens, as peers should dial it
 	DataDir  string // raft/, fsm/ and snapshots/ live here
@@ -348,6 +351,16 @@ func (n *Node) startRaft() error {
 	if err != nil {
 		return err
 	}
+	// Raft state of another node is refused before Raft starts: started
+	// as another id, the node would be a second member under that id.
+	recorded, err := n.recordedNodeID()
+	if err != nil {
+		return err
+	}
+	if has && recorded != "" && recorded != cfg.ID {
+		return refuseStart(ErrWrongNode, "data directory %s belongs to node %s; started with --node-id %s: give --node-id %s, or start on an empty directory",
+			cfg.DataDir, recorded, cfg.ID, recorded)
+	}
 	seeded, err := n.seededConfiguration()
 	if err != nil {
 		return err
@@ -384,6 +397,20 @@ func (n *Node) startRaft() error {
 	watched, n.watch = watchCommits(n.trans, n.cfg.ID, n.logger)
 	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.logs, n.snaps, watched); err != nil {
 		return fmt.Errorf("start raft: %w", err)
+	}
+	// Raft has read its configuration: a directory of an older build,
+	// which recorded no id, is checked against it; then the id is
+	// recorded. A directory without Raft state holds no member's state
+	// yet (a join that never got in): it takes the id it is given.
+	if has && recorded == "" {
+		if err := n.checkUnrecordedID(); err != nil {
+			return err
+		}
+	}
+	if recorded != cfg.ID {
+		if err := n.logs.Set(nodeIDKey, []byte(cfg.ID)); err != nil {
+			return fmt.Errorf("record the node id of %s: %w", cfg.DataDir, err)
+		}
 	}
 	// Raft has read its configuration from the log and snapshots. A node
 	// told to join (no peers) must not hold a cluster of its own: its
@@ -533,7 +560,52 @@ var (
 	// wasMemberKey holds 1 once a latest configuration of this node named
 	// it (loadMembership, noteMembership).
 	wasMemberKey = []byte("kvrouter_was_member")
+	// nodeIDKey holds the id of the node whose Raft state the directory
+	// holds, written at its first start (startRaft): a start with Raft
+	// state under another id is refused (ErrWrongNode). Directories first
+	// started by older builds have none until a start records it.
+	nodeIDKey = []byte("kvrouter_node_id")
 )
+
+// recordedNodeID returns the node id the directory recorded (nodeIDKey),
+// "" when it has none.
+func (n *Node) recordedNodeID() (string, error) {
+	v, err := n.logs.Get(nodeIDKey)
+	if err != nil && !errors.Is(err, store.ErrKeyNotFound) {
+		return "", fmt.Errorf("read the node id %s recorded: %w", n.cfg.DataDir, err)
+	}
+	return string(v), nil
+}
+
+// raftAddr is the address peers dial this node at: Config.RaftAddr, or
+// the transport's own when none is given (a transport of tests).
+func (n *Node) raftAddr() string {
+	if n.cfg.RaftAddr != "" {
+		return n.cfg.RaftAddr
+	}
+	return string(n.trans.LocalAddr())
+}
+
+// checkUnrecordedID refuses to start a directory with Raft state but no
+// recorded node id (an older build's) as an id that its latest
+// configuration contradicts: one that lists another id at this node's
+// address is another node's directory. (One that lists neither this id
+// nor this address cannot tell, and is taken.)
+func (n *Node) checkUnrecordedID() error {
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return fmt.Errorf("read the Raft configuration: %w", err)
+	}
+	addr := n.raftAddr()
+	for _, s := range cf.Configuration().Servers {
+		if string(s.Address) == addr && string(s.ID) != n.cfg.ID {
+			return refuseStart(ErrWrongNode, "data directory %s holds the Raft state of node %s (its cluster's configuration lists %s at %s, "+
+				"this node's --raft-addr); started with --node-id %s: give --node-id %s, or start on an empty directory",
+				n.cfg.DataDir, s.ID, s.ID, addr, n.cfg.ID, s.ID)
+		}
+	}
+	return nil
+}
 
 // The origins of a data directory's Raft state (originKey).
 const (

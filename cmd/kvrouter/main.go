@@ -272,7 +272,9 @@ func run(c *cli.Context) error {
 	}
 	logger.Info("kvrouter listening", "http", sec.scheme()+"://"+httpAddr, "raft", raftAddr, "data_dir", c.String("data-dir"))
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The node runs until SIGINT or SIGTERM, or until the app's context
+	// ends (tests run the app with one).
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var runErr error
 	if j := c.String("join"); j != "" {

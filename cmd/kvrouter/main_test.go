@@ -535,3 +535,49 @@ func poll(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// freeAddr returns a loopback address with a port free right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// runKvrouter runs kvrouter with args (a start expected to fail) and
+// returns its error: nil when it started, and ran until it was stopped
+// 30 s later.
+func runKvrouter(t *testing.T, args ...string) error {
+	t.Helper()
+	app := newApp()
+	app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return app.RunContext(ctx, append([]string{"kvrouter"}, args...))
+}
+
+// TestADataDirectoryOfAnotherNodeIsRefused: kvrouter started on a data
+// directory under another --node-id stops (exit 1) saying whose it is and
+// what to do. From a review: it started, as a second member under that id
+// (or, alone, said it was removed from the cluster).
+func TestADataDirectoryOfAnotherNodeIsRefused(t *testing.T) {
+	dir, raftAddr := t.TempDir(), freeAddr(t)
+	self := raftfsm.Member{ID: "node1", RaftAddr: raftAddr, HTTPAddr: "127.0.0.1:7080"}
+	n, err := raftfsm.NewNode(raftfsm.Config{ID: self.ID, RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: dir,
+		Peers: []raftfsm.Member{self}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	err = runKvrouter(t, "--node-id", "node2", "--data-dir", dir, "--raft-addr", raftAddr, "--http-addr", "127.0.0.1:0", "--nats-addr", "127.0.0.1:0")
+	var ec cli.ExitCoder
+	if !errors.Is(err, raftfsm.ErrWrongNode) || errors.As(err, &ec) {
+		t.Fatalf("node1's directory started as node2: %v, want ErrWrongNode (exit 1)", err)
+	}
+	if want := "data directory " + dir + " belongs to node node1; started with --node-id node2: give --node-id node1"; !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("node1's directory started as node2: %q, want it to begin %q", err, want)
+	}
+}

@@ -1,0 +1,135 @@
+package raftfsm
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/store"
+)
+
+// wantRefused checks that err is a start refused as kind, whose text says
+// each of wants and does not begin with a sentinel's words.
+func wantRefused(t *testing.T, what string, err error, kind error, wants ...string) {
+	t.Helper()
+	if !errors.Is(err, ErrStartRefused) || !errors.Is(err, kind) {
+		t.Fatalf("%s: %v, want a start refused (%v)", what, err, kind)
+	}
+	for _, w := range wants {
+		if !strings.Contains(err.Error(), w) {
+			t.Fatalf("%s: %q, want it to say %q", what, err, w)
+		}
+	}
+	if strings.HasPrefix(err.Error(), ErrInvalid.Error()) || strings.HasPrefix(err.Error(), ErrStartRefused.Error()) {
+		t.Fatalf("%s: %q begins with a sentinel's words", what, err)
+	}
+}
+
+// clearRecordedID leaves dir as a build that recorded no node id would.
+func clearRecordedID(t *testing.T, dir string) {
+	t.Helper()
+	logs, err := store.OpenLogStore(filepath.Join(dir, "raft"), store.LogStoreOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logs.Close()
+	if err := logs.Set(nodeIDKey, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestADataDirectoryRefusesAnotherNodeID: a data directory holding Raft
+// state is refused a start under another node id (ErrWrongNode), and
+// keeps its own. From a review: n3's directory restarted as n2 gave the
+// cluster two members named n2, and once a real member failed the
+// impostor won elections alone and failed its barrier every term (2 of 3
+// up, no leader). A directory of an older build, with no record, is
+// refused when its configuration lists another id at this address, and
+// records the id once it starts.
+func TestADataDirectoryRefusesAnotherNodeID(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	cfg3 := c.nodes[2].cfg
+	if err := c.nodes[2].Close(); err != nil {
+		t.Fatal(err)
+	}
+	as := func(id string) Config {
+		cfg := cfg3
+		cfg.ID, cfg.HTTPAddr = id, "http-"+id
+		_, cfg.Transport = raft.NewInmemTransport(raft.ServerAddress(cfg3.RaftAddr)) // cut off from the cluster
+		return cfg
+	}
+	_, err := NewNode(as("n2"))
+	wantRefused(t, "n3's directory started as n2", err, ErrWrongNode,
+		"data directory "+cfg3.DataDir+" belongs to node n3", "started with --node-id n2", "give --node-id n3, or start on an empty directory")
+
+	// An older build's directory: its configuration lists n3 at this
+	// address.
+	clearRecordedID(t, cfg3.DataDir)
+	for _, id := range []string{"n2", "n9"} {
+		_, err = NewNode(as(id))
+		wantRefused(t, "an older build's n3 directory started as "+id, err, ErrWrongNode,
+			"holds the Raft state of node n3", "lists n3 at "+cfg3.RaftAddr, "give --node-id n3")
+	}
+	n3, err := NewNode(as("n3"))
+	if err != nil {
+		t.Fatalf("an older build's n3 directory started as n3: %v", err)
+	}
+	c.nodes[2] = n3
+	if err := n3.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// It recorded n3: now refused at any address.
+	other := as("n2")
+	other.RaftAddr = "inmem-elsewhere"
+	_, other.Transport = raft.NewInmemTransport(raft.ServerAddress(other.RaftAddr))
+	_, err = NewNode(other)
+	wantRefused(t, "n3's directory started as n2 at another address", err, ErrWrongNode, "belongs to node n3")
+}
+
+// TestASingleNodeRestartedAsAnotherIDIsRefused: a node alone restarted
+// under another id is refused, at its address or another. From a review:
+// it started, and said it was removed from the cluster (it never was).
+// A directory without Raft state (a join that never got in) takes the id
+// it is started with.
+func TestASingleNodeRestartedAsAnotherIDIsRefused(t *testing.T) {
+	_, tr := raft.NewInmemTransport("inmem-node1")
+	self := Member{ID: "node1", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-node1"}
+	cfg := Config{ID: self.ID, RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: filepath.Join(t.TempDir(), "node1"),
+		Peers: []Member{self}, Transport: tr, Logger: quiet}
+	n, err := NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "node1 to lead", func() bool { return n.IsLeader() && n.ledThisTerm() })
+	n.Close()
+	for _, addr := range []string{self.RaftAddr, "inmem-node2"} {
+		again := cfg
+		again.ID, again.RaftAddr = "node2", addr
+		again.Peers = []Member{{ID: "node2", RaftAddr: addr, HTTPAddr: self.HTTPAddr}}
+		_, again.Transport = raft.NewInmemTransport(raft.ServerAddress(addr))
+		_, err := NewNode(again)
+		wantRefused(t, "node1's directory started as node2 at "+addr, err, ErrWrongNode, "belongs to node node1", "give --node-id node1")
+	}
+	_, cfg.Transport = raft.NewInmemTransport(raft.ServerAddress(self.RaftAddr))
+	if n, err = NewNode(cfg); err != nil {
+		t.Fatalf("node1's directory started as node1: %v", err)
+	}
+	n.Close()
+
+	// No Raft state: the id it is given.
+	join := Config{ID: "n4", RaftAddr: "inmem-n4", HTTPAddr: "http-n4", DataDir: filepath.Join(t.TempDir(), "n4"), Logger: quiet}
+	_, join.Transport = raft.NewInmemTransport("inmem-n4")
+	if n, err = NewNode(join); err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	join.ID = "n5"
+	_, join.Transport = raft.NewInmemTransport("inmem-n4")
+	if n, err = NewNode(join); err != nil {
+		t.Fatalf("a directory without Raft state started as another id: %v", err)
+	}
+	n.Close()
+}
