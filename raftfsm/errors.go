@@ -35,7 +35,7 @@ var (
 	// ErrStartRefused means NewNode refused to start on what its data
 	// directory holds, as its Config asks (StartRefusal): the error's text
 	// says why and what to do, and the node did not start. ErrWrongNode
-	// is one such refusal.
+	// and ErrRaftAddrChanged are such refusals.
 	ErrStartRefused = errors.New("start refused")
 	// ErrWrongNode means the data directory holds another node's Raft
 	// state than Config.ID's (it records the id of its node at its first
@@ -43,6 +43,12 @@ var (
 	// that id. Start it with the id it names, or start on an empty
 	// directory. Also ErrStartRefused.
 	ErrWrongNode = errors.New("data directory belongs to another node")
+	// ErrRaftAddrChanged means the cluster's configuration lists this node
+	// at another Raft address than Config.RaftAddr: its peers would dial
+	// it where it no longer listens, and it would stay a candidate for
+	// good. To move a member, remove it and add it at the new address.
+	// Also ErrStartRefused.
+	ErrRaftAddrChanged = errors.New("node's raft address changed")
 	// ErrBookingFreed means a booking's request id was booked and then
 	// freed (or expired) before: request ids are single-use, and nothing
 	// was booked. Book the request under a new id.
@@ -57,7 +63,7 @@ var (
 // and Kind when set): its text is its message alone, which says what to
 // do, without a sentinel's words in front.
 type StartRefusal struct {
-	Kind error // ErrWrongNode, ..., or nil
+	Kind error // ErrWrongNode, ErrRaftAddrChanged, ..., or nil
 	Msg  string
 }
 

@@ -133,3 +133,32 @@ func TestASingleNodeRestartedAsAnotherIDIsRefused(t *testing.T) {
 	}
 	n.Close()
 }
+
+// TestARestartAtAnotherRaftAddressIsRefused: a member restarted with
+// another Raft address than its cluster's configuration lists is refused
+// (ErrRaftAddrChanged), saying how to move a member. From a review: it
+// started, its peers dialled the old address, and it stayed a candidate
+// for good without a hint. Another HTTP address alone is taken.
+func TestARestartAtAnotherRaftAddressIsRefused(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	cfg3 := c.nodes[2].cfg
+	if err := c.nodes[2].Close(); err != nil {
+		t.Fatal(err)
+	}
+	moved := cfg3
+	moved.RaftAddr = "inmem-n3-moved"
+	_, moved.Transport = raft.NewInmemTransport(raft.ServerAddress(moved.RaftAddr))
+	_, err := NewNode(moved)
+	wantRefused(t, "n3 started at another raft address", err, ErrRaftAddrChanged,
+		"this node is n3 at "+cfg3.RaftAddr+" in its cluster's configuration; --raft-addr is inmem-n3-moved",
+		"start it with --raft-addr "+cfg3.RaftAddr, "To move a member, remove it (kvctl members remove n3)")
+
+	again := cfg3
+	again.HTTPAddr = "http-n3-moved"
+	_, again.Transport = raft.NewInmemTransport(raft.ServerAddress(cfg3.RaftAddr))
+	n3, err := NewNode(again)
+	if err != nil {
+		t.Fatalf("n3 started at another HTTP address: %v", err)
+	}
+	c.nodes[2] = n3
+}

@@ -32,8 +32,11 @@ type Config struct {
 	// ID is this node's Raft server id. A data directory records it at its
 	// first start, and refuses another once it holds Raft state
 	// (ErrWrongNode).
-	ID       string
-	RaftAddr string // where this node's Raft transport listens (host:port)
+	ID string
+	// RaftAddr is where this node's Raft transport listens (host:port), as
+	// peers dial it. A node that its cluster's configuration lists at
+	// another address is refused a start (ErrRaftAddrChanged).
+	RaftAddr string
 	HTTPAddr string // where this node's HTTP API listens, as peers should dial it
 	DataDir  string // raft/, fsm/ and snapshots/ live here
 
@@ -407,6 +410,9 @@ func (n *Node) startRaft() error {
 			return err
 		}
 	}
+	if err := n.checkRaftAddr(); err != nil {
+		return err
+	}
 	if recorded != cfg.ID {
 		if err := n.logs.Set(nodeIDKey, []byte(cfg.ID)); err != nil {
 			return fmt.Errorf("record the node id of %s: %w", cfg.DataDir, err)
@@ -584,6 +590,27 @@ func (n *Node) raftAddr() string {
 		return n.cfg.RaftAddr
 	}
 	return string(n.trans.LocalAddr())
+}
+
+// checkRaftAddr refuses to start a node that its latest configuration
+// lists at another address than its own (raftAddr): its peers would dial
+// it there, and it would stay a candidate for good. A member moves by
+// being removed and added at the new address.
+func (n *Node) checkRaftAddr() error {
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return fmt.Errorf("read the Raft configuration: %w", err)
+	}
+	addr := n.raftAddr()
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == n.cfg.ID && string(s.Address) != addr {
+			return refuseStart(ErrRaftAddrChanged, "this node is %s at %s in its cluster's configuration; --raft-addr is %s: "+
+				"start it with --raft-addr %s. To move a member, remove it (kvctl members remove %s) and add it at the new address: "+
+				"start it there with --join on an empty data directory (docs/operations.md, Remove a node)",
+				n.cfg.ID, s.Address, addr, s.Address, n.cfg.ID)
+		}
+	}
+	return nil
 }
 
 // checkUnrecordedID refuses to start a directory with Raft state but no

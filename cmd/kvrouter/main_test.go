@@ -559,12 +559,11 @@ func runKvrouter(t *testing.T, args ...string) error {
 	return app.RunContext(ctx, append([]string{"kvrouter"}, args...))
 }
 
-// TestADataDirectoryOfAnotherNodeIsRefused: kvrouter started on a data
-// directory under another --node-id stops (exit 1) saying whose it is and
-// what to do. From a review: it started, as a second member under that id
-// (or, alone, said it was removed from the cluster).
-func TestADataDirectoryOfAnotherNodeIsRefused(t *testing.T) {
-	dir, raftAddr := t.TempDir(), freeAddr(t)
+// singleNodeDir returns a data directory of node1 alone at raftAddr, and
+// raftAddr.
+func singleNodeDir(t *testing.T) (dir, raftAddr string) {
+	t.Helper()
+	dir, raftAddr = t.TempDir(), freeAddr(t)
 	self := raftfsm.Member{ID: "node1", RaftAddr: raftAddr, HTTPAddr: "127.0.0.1:7080"}
 	n, err := raftfsm.NewNode(raftfsm.Config{ID: self.ID, RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: dir,
 		Peers: []raftfsm.Member{self}, Logger: slog.New(slog.DiscardHandler)})
@@ -572,12 +571,38 @@ func TestADataDirectoryOfAnotherNodeIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.Close()
-	err = runKvrouter(t, "--node-id", "node2", "--data-dir", dir, "--raft-addr", raftAddr, "--http-addr", "127.0.0.1:0", "--nats-addr", "127.0.0.1:0")
+	return dir, raftAddr
+}
+
+// TestADataDirectoryOfAnotherNodeIsRefused: kvrouter started on a data
+// directory under another --node-id stops (exit 1) saying whose it is and
+// what to do. From a review: it started, as a second member under that id
+// (or, alone, said it was removed from the cluster).
+func TestADataDirectoryOfAnotherNodeIsRefused(t *testing.T) {
+	dir, raftAddr := singleNodeDir(t)
+	err := runKvrouter(t, "--node-id", "node2", "--data-dir", dir, "--raft-addr", raftAddr, "--http-addr", "127.0.0.1:0", "--nats-addr", "127.0.0.1:0")
 	var ec cli.ExitCoder
 	if !errors.Is(err, raftfsm.ErrWrongNode) || errors.As(err, &ec) {
 		t.Fatalf("node1's directory started as node2: %v, want ErrWrongNode (exit 1)", err)
 	}
 	if want := "data directory " + dir + " belongs to node node1; started with --node-id node2: give --node-id node1"; !strings.HasPrefix(err.Error(), want) {
 		t.Fatalf("node1's directory started as node2: %q, want it to begin %q", err, want)
+	}
+}
+
+// TestAMemberAtAnotherRaftAddressIsRefused: kvrouter restarted with
+// another --raft-addr than its cluster's configuration lists it at stops
+// (exit 1) saying how to move a member. From a review: it started, and
+// stayed a candidate for good without a hint.
+func TestAMemberAtAnotherRaftAddressIsRefused(t *testing.T) {
+	dir, raftAddr := singleNodeDir(t)
+	moved := freeAddr(t)
+	err := runKvrouter(t, "--node-id", "node1", "--data-dir", dir, "--raft-addr", moved, "--http-addr", "127.0.0.1:0", "--nats-addr", "127.0.0.1:0")
+	var ec cli.ExitCoder
+	if !errors.Is(err, raftfsm.ErrRaftAddrChanged) || errors.As(err, &ec) {
+		t.Fatalf("node1 started at another --raft-addr: %v, want ErrRaftAddrChanged (exit 1)", err)
+	}
+	if want := "this node is node1 at " + raftAddr + " in its cluster's configuration; --raft-addr is " + moved; !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("node1 started at another --raft-addr: %q, want it to begin %q", err, want)
 	}
 }
