@@ -33,9 +33,11 @@ var (
 	// ErrDataDirInUse means another node holds the data directory's lock.
 	ErrDataDirInUse = errors.New("data directory in use")
 	// ErrStartRefused means NewNode refused to start on what its data
-	// directory holds, as its Config asks (StartRefusal): the error's text
-	// says why and what to do, and the node did not start. ErrWrongNode
-	// and ErrRaftAddrChanged are such refusals.
+	// directory holds, as its Config asks (StartRefusal): a directory of
+	// another node (ErrWrongNode), a node its configuration lists at
+	// another address (ErrRaftAddrChanged), a cluster of its own started
+	// to join, a seeded directory started with other peers. The error's
+	// text says why and what to do, and the node did not start.
 	ErrStartRefused = errors.New("start refused")
 	// ErrWrongNode means the data directory holds another node's Raft
 	// state than Config.ID's (it records the id of its node at its first

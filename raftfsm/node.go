@@ -337,7 +337,7 @@ func (n *Node) startRaft() error {
 	if n.trans == nil {
 		addr, err := net.ResolveTCPAddr("tcp", cfg.RaftAddr)
 		if err != nil {
-			return fmt.Errorf("%w: raft address %q: %v", ErrInvalid, cfg.RaftAddr, err)
+			return fmt.Errorf("raft address %q: %w", cfg.RaftAddr, err)
 		}
 		t, err := NewTransport(cfg.RaftAddr, addr, 10*time.Second, n.logger)
 		if err != nil {
@@ -658,7 +658,7 @@ func (n *Node) recordOrigin(origin string) error {
 	return nil
 }
 
-// checkJoinAlone refuses a start to join (no peers) on a directory whose
+// checkJoinAlone refuses (ErrStartRefused) a start to join (no peers) on a directory whose
 // latest configuration is this node alone when it was bootstrapped (or
 // seeded) that way: it holds a cluster of its own, and joined to another
 // cluster it would refuse that cluster's leader (commitWatch). A node that
@@ -677,12 +677,12 @@ func (n *Node) checkJoinAlone() error {
 	case originJoin, originPeers:
 		return nil
 	case originAlone:
-		return fmt.Errorf("%w: %s holds a cluster that this node bootstrapped alone (started without --join, with no other --peers), "+
-			"and this node is its only member, so it cannot join another cluster. %s", ErrInvalid, n.cfg.DataDir, what)
+		return refuseStart(nil, "%s holds a cluster that this node bootstrapped alone (started without --join, with no other --peers), "+
+			"and this node is its only member, so it cannot join another cluster. %s", n.cfg.DataDir, what)
 	}
-	return fmt.Errorf("%w: %s holds a cluster in which this node is the only member, and an older build, which did not record "+
+	return refuseStart(nil, "%s holds a cluster in which this node is the only member, and an older build, which did not record "+
 		"whether this node bootstrapped that cluster alone or joined it and became its last member, started it: it may be a "+
-		"cluster of its own, which cannot join another one. %s", ErrInvalid, n.cfg.DataDir, what)
+		"cluster of its own, which cannot join another one. %s", n.cfg.DataDir, what)
 }
 
 // seededConfiguration returns the configuration of a seeded directory not
@@ -700,7 +700,7 @@ func (n *Node) seededConfiguration() ([]raft.Server, error) {
 	return list[0].Configuration.Servers, nil
 }
 
-// checkSeedPeers refuses --peers that differ from the configuration of a
+// checkSeedPeers refuses (ErrStartRefused) --peers that differ from the configuration of a
 // seeded directory not yet started (seededConfiguration). Its
 // configuration is the seed's, and the start's --peers would otherwise be
 // ignored without a word: a node that never elects, or one that dials
@@ -719,8 +719,8 @@ func (n *Node) checkSeedPeers(seeded []raft.Server, peers []Member) error {
 		}
 	}
 	if !same {
-		return fmt.Errorf("%w: %s was seeded for the peers %s, and --peers names others: start it with the seeded peers, or seed a new directory with these (kvctl snapshot restore --data-dir)",
-			ErrInvalid, n.cfg.DataDir, strings.Join(names, ","))
+		return refuseStart(nil, "%s was seeded for the peers %s, and --peers names others: start it with the seeded peers, or seed a new directory with these (kvctl snapshot restore --data-dir)",
+			n.cfg.DataDir, strings.Join(names, ","))
 	}
 	return nil
 }

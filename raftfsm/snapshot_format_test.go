@@ -620,9 +620,7 @@ func TestSeededNodeStartedWithOtherPeersIsRefused(t *testing.T) {
 		n.Close()
 		t.Fatal("a seeded node started with other --peers than the seed's: started")
 	}
-	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "n2=127.0.0.1:9") {
-		t.Fatalf("start with other peers: %v; want ErrInvalid naming the seeded peers", err)
-	}
+	wantRefused(t, "start with other peers than the seed's", err, ErrStartRefused, "n2=127.0.0.1:9")
 }
 
 // TestOverlongLengthIsABadSnapshot: a record length of more than 64 bits

@@ -58,7 +58,7 @@ func newApp() *cli.App {
    kvrouter --node-id n4 --raft-addr 127.0.0.1:7004 --http-addr 127.0.0.1:7084 --data-dir data/n4 --join 127.0.0.1:7081`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "node-id", Value: "node1", EnvVars: []string{"KVROUTER_NODE_ID"}, Usage: "this node's Raft id"},
-			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:7000", EnvVars: []string{"KVROUTER_RAFT_ADDR"}, Usage: "Raft listen address (host:port, as peers dial it)"},
+			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:7000", EnvVars: []string{"KVROUTER_RAFT_ADDR"}, Usage: "Raft listen address (host:port, as peers dial it: not a wildcard such as 0.0.0.0)"},
 			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:7080", EnvVars: []string{"KVROUTER_HTTP_ADDR"}, Usage: "HTTP API listen address (host:port, as peers dial it)"},
 			&cli.StringFlag{Name: "selection-addr", EnvVars: []string{"KVROUTER_SELECTION_ADDR"}, Usage: "also serve the selection and reservation API at the root of this address (it is always under /selection on --http-addr; docs/compat.md)"},
 			&cli.StringFlag{Name: "data-dir", Value: "data", EnvVars: []string{"KVROUTER_DATA_DIR"}, Usage: "where the Raft log, snapshots and state live"},
@@ -160,6 +160,9 @@ func run(c *cli.Context) error {
 	}
 	if strings.TrimSpace(c.String("data-dir")) == "" {
 		return cli.Exit("--data-dir is empty: give the directory that holds this node's state", 2)
+	}
+	if err := checkAddrs(c); err != nil {
+		return cli.Exit(err.Error(), 2)
 	}
 	peers, err := parsePeers(c.String("peers"))
 	if err != nil {
@@ -329,6 +332,55 @@ func nodeConfig(c *cli.Context, peers []raftfsm.Member, logger *slog.Logger) raf
 		LeaderLeaseTimeout: c.Duration("leader-lease-timeout"),
 		SnapshotThreshold:  c.Uint64("snapshot-threshold"), SnapshotBytes: c.Int64("snapshot-bytes"), SilentAfter: c.Duration("silent-after"), BookingMaxAge: c.Duration("booking-max-age"), Logger: logger,
 	}
+}
+
+// checkAddrs refuses the address flags that cannot be listened on
+// (host:port, the port a number or a service name, as net.Listen takes
+// them), and a --raft-addr that peers cannot dial (no host, or a wildcard
+// such as 0.0.0.0: it is the address the cluster's configuration lists
+// this node at), with a message that names the flag: a usage error (exit
+// 2) before the data directory's lock, NATS and the state are touched.
+// The NATS addresses are checked only for the embedded server (no
+// --nats-url).
+func checkAddrs(c *cli.Context) error {
+	flags := []string{"raft-addr", "http-addr"}
+	if c.String("selection-addr") != "" {
+		flags = append(flags, "selection-addr")
+	}
+	if c.String("nats-url") == "" {
+		flags = append(flags, "nats-addr")
+		if c.String("nats-cluster-addr") != "" {
+			flags = append(flags, "nats-cluster-addr")
+		}
+	}
+	for _, f := range flags {
+		if err := checkAddr(f, c.String(f)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkAddr says what is wrong with the value of the address flag named
+// flag (checkAddrs), nil when nothing is.
+func checkAddr(flag, addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("--%s %q: %v: want host:port", flag, addr, err)
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("--%s %q: port %q: want a number from 0 to 65535", flag, addr, port)
+	}
+	if flag != "raft-addr" {
+		return nil
+	}
+	if host == "" {
+		return fmt.Errorf("--raft-addr %q has no host: give this node's own address, as its peers dial it (host:port)", addr)
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("--raft-addr %q: %s listens on every interface, and peers cannot dial it: give this node's own address, as its peers dial it (host:port)", addr, host)
+	}
+	return nil
 }
 
 // checkDurations refuses the timing flags that Raft or the event plane

@@ -606,3 +606,59 @@ func TestAMemberAtAnotherRaftAddressIsRefused(t *testing.T) {
 		t.Fatalf("node1 started at another --raft-addr: %q, want it to begin %q", err, want)
 	}
 }
+
+// TestAddressFlagsAreChecked: an address flag that cannot be listened on,
+// or a --raft-addr that peers cannot dial (no host, a wildcard), is a
+// usage error (exit 2) naming the flag, before the data directory is
+// touched. From a review: they exited 1 after a partial start (NATS up,
+// the state loaded), --raft-addr's with an "invalid request:" prefix.
+func TestAddressFlagsAreChecked(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--raft-addr", "bad"}, "--raft-addr"},
+		{[]string{"--raft-addr", ":7000"}, "--raft-addr"},
+		{[]string{"--raft-addr", "0.0.0.0:7000"}, "--raft-addr"},
+		{[]string{"--raft-addr", "[::]:7000"}, "--raft-addr"},
+		{[]string{"--raft-addr", "127.0.0.1:x"}, "--raft-addr"},
+		{[]string{"--http-addr", "bad"}, "--http-addr"},
+		{[]string{"--http-addr", "127.0.0.1:99999"}, "--http-addr"},
+		{[]string{"--nats-addr", "bad"}, "--nats-addr"},
+		{[]string{"--nats-cluster-addr", "bad"}, "--nats-cluster-addr"},
+		{[]string{"--selection-addr", "bad"}, "--selection-addr"},
+	} {
+		dir := filepath.Join(t.TempDir(), "data")
+		err := runKvrouter(t, append([]string{"--data-dir", dir}, c.args...)...)
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.HasPrefix(err.Error(), c.want+" ") {
+			t.Errorf("kvrouter %q: %v, want exit 2 naming %s", c.args, err, c.want)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("kvrouter %q touched the data directory (%v)", c.args, err)
+		}
+	}
+	// Listened on as given, and dialled by peers: a wildcard HTTP address
+	// and port 0 are not refused here.
+	for _, a := range []string{":0", "0.0.0.0:0", "localhost:0"} {
+		if err := checkAddr("http-addr", a); err != nil {
+			t.Errorf("--http-addr %s: %v", a, err)
+		}
+	}
+	if err := checkAddr("raft-addr", "[::1]:7000"); err != nil {
+		t.Errorf("--raft-addr [::1]:7000: %v", err)
+	}
+}
+
+// TestStartRefusalsShowNoAPIPrefix: a start that the data directory
+// refuses says why without raftfsm.ErrInvalid's "invalid request:" (an
+// API phrase) in front. From a review: "kvrouter: invalid request: DIR
+// holds a cluster that this node bootstrapped alone ...".
+func TestStartRefusalsShowNoAPIPrefix(t *testing.T) {
+	dir, raftAddr := singleNodeDir(t)
+	err := runKvrouter(t, "--node-id", "node1", "--data-dir", dir, "--raft-addr", raftAddr, "--http-addr", "127.0.0.1:0", "--nats-addr", "127.0.0.1:0",
+		"--join", "127.0.0.1:1")
+	if want := dir + " holds a cluster that this node bootstrapped alone"; !errors.Is(err, raftfsm.ErrStartRefused) || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("a node alone started to join: %q, want a start refused beginning %q", err, want)
+	}
+}
