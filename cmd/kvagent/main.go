@@ -16,7 +16,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"runtime"
@@ -182,7 +181,7 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	opts = append(opts, nl.options()...)
 	nc, err := nats.Connect(c.String("nats-url"), opts...)
 	if err != nil {
-		return fmt.Errorf("connect to nats %s: %w", redactURLs(c.String("nats-url")), err)
+		return fmt.Errorf("connect to nats %s: %w", eventplane.RedactURLs(c.String("nats-url")), err)
 	}
 	defer func() {
 		nl.closing.Store(true)
@@ -246,7 +245,7 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	}
 
 	logger.Info("kvagent following the engine", "worker", cfg.Worker, "endpoint", cfg.Endpoint,
-		"ranks", c.Int("dp-size"), "nats", redactURLs(c.String("nats-url")))
+		"ranks", c.Int("dp-size"), "nats", eventplane.RedactURLs(c.String("nats-url")))
 	err = a.Run(ctx)
 	// From here a second signal kills the process at once, as a signal
 	// does by default: a shutdown that hangs (a GPU copy that never ends)
@@ -296,8 +295,8 @@ func checkFlags(c *cli.Context) error {
 	case lease > 0 && lease <= hb:
 		return usage("--lease %v is not longer than --heartbeat-interval %v: the worker would be removed between heartbeats", lease, hb)
 	}
-	if err := checkNATSURLs(c.String("nats-url")); err != nil {
-		return usage("--nats-url %q: %v", redactURLs(c.String("nats-url")), err)
+	if err := eventplane.CheckNATSURLs(c.String("nats-url")); err != nil {
+		return usage("--nats-url %q: %v", eventplane.RedactURLs(c.String("nats-url")), err)
 	}
 	// The router would refuse the registration.
 	for _, f := range []string{"salt", "model", "endpoint"} {
@@ -366,58 +365,6 @@ func checkBind(endpoint string, first uint32, ranks int) error {
 	return nil
 }
 
-// checkNATSURLs says what is wrong with a --nats-url, nil when nothing
-// is: it must list, comma-separated, at least one URL of a NATS server,
-// as nats.Connect takes them: [scheme://][user[:password]@]host[:port],
-// the scheme nats (the default), tls, ws or wss, websocket URLs not mixed
-// with others. Without the check a URL nats.go cannot reach ("http//bad
-// url" is a host named http) is retried for ever.
-func checkNATSURLs(s string) error {
-	n, ws := 0, 0
-	for _, u := range strings.Split(s, ",") {
-		if u = strings.TrimSpace(u); u == "" {
-			continue // nats.Connect skips it too
-		}
-		n++
-		shown := redactURLs(u) // messages never show a password
-		full := u
-		if !strings.Contains(u, "://") {
-			full = "nats://" + u
-		}
-		p, err := url.Parse(full)
-		if err != nil {
-			return fmt.Errorf("%q is not a URL: %w", shown, err)
-		}
-		isWS := false
-		switch strings.ToLower(p.Scheme) {
-		case "nats", "tls":
-		case "ws", "wss":
-			ws++
-			isWS = true // a websocket URL's path and query go in its handshake
-		default:
-			return fmt.Errorf("%q: scheme %q, want nats://host:port (or tls://, ws://, wss://)", shown, p.Scheme)
-		}
-		if p.Hostname() == "" {
-			return fmt.Errorf("%q has no host: want nats://host:port", shown)
-		}
-		if port := p.Port(); port != "" { // none: nats.Connect takes the scheme's default
-			if v, err := strconv.ParseUint(port, 10, 16); err != nil || v == 0 {
-				return fmt.Errorf("%q: port %q, want 1 to 65535", shown, port)
-			}
-		}
-		if !isWS && (p.Path != "" && p.Path != "/" || p.RawQuery != "") || p.Fragment != "" || p.Opaque != "" {
-			return fmt.Errorf("%q has more than a host and port (a path, query or fragment): want nats://host:port", shown)
-		}
-	}
-	switch {
-	case n == 0:
-		return errors.New("no URL: want nats://host:port[,nats://host:port...]")
-	case ws > 0 && ws < n:
-		return errors.New("websocket URLs (ws://, wss://) mixed with others: NATS takes one kind or the other")
-	}
-	return nil
-}
-
 // natsLog logs the agent's NATS connection as it comes and goes: the
 // connection is retried for ever in the background (reconnects included),
 // and without this the agent said nothing while it could not reach NATS.
@@ -476,20 +423,6 @@ var errNATSClosed = errors.New("the NATS connection closed for good (nats.go giv
 func refused(err error) bool {
 	s := strings.ToLower(err.Error())
 	return strings.Contains(s, "authorization") || strings.Contains(s, "authentication")
-}
-
-// redactURLs returns a --nats-url list with each URL's password hidden,
-// for logs and messages.
-func redactURLs(list string) string {
-	parts := strings.Split(list, ",")
-	for i, u := range parts {
-		if p, err := url.Parse(strings.TrimSpace(u)); err == nil && p.User != nil {
-			if _, has := p.User.Password(); has {
-				parts[i] = p.Redacted()
-			}
-		}
-	}
-	return strings.Join(parts, ",")
 }
 
 // strayArgument says what is wrong with the command line's arguments:

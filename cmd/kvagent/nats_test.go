@@ -124,15 +124,14 @@ func (r *agentRun) stop(t *testing.T) error {
 
 // TestNATSURLIsChecked: a --nats-url that is not a list of NATS URLs is a
 // usage error (exit 2). From a review: "http//bad url" started an agent
-// that retried it for ever, without a word.
+// that retried it for ever, without a word. (eventplane.CheckNATSURLs's
+// own test has the cases.)
 func TestNATSURLIsChecked(t *testing.T) {
-	for _, u := range []string{"http//bad url", "http://127.0.0.1:4222", "nats://", "", " , ", "nats://h:99999", "nats://h:x",
-		"nats://127.0.0.1:4222,ws://127.0.0.1:8080", "nats://h:4222/path"} {
+	for _, u := range []string{"http//bad url", "", "nats://h:4222/path"} {
 		args := []string{"--block-size", "4", "--nats-url", u}
 		wantUsage(t, args, checkOnly(args...), "--nats-url")
 	}
-	for _, u := range []string{"nats://127.0.0.1:4222", "127.0.0.1:4222", "nats://a:4221, tls://b:4222", "localhost", "nats://h:4222,",
-		"nats://user:pass@h:4222", "wss://h", "[::1]:4222", "wss://nats.example.com/nats", "ws://h:8080/nats?x=1"} {
+	for _, u := range []string{"nats://127.0.0.1:4222", "nats://a:4221, tls://b:4222", "nats://user:pass@h:4222"} {
 		if err := checkOnly("--block-size", "4", "--nats-url", u); err != nil {
 			t.Errorf("--nats-url %q: %v", u, err)
 		}
@@ -147,9 +146,6 @@ func TestNATSURLPasswordIsNotShown(t *testing.T) {
 	wantUsage(t, args, err, "--nats-url")
 	if err != nil && strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("the usage error shows the password: %v", err)
-	}
-	if got := redactURLs("nats://a:1, nats://alice:s3cret@h:4222"); strings.Contains(got, "s3cret") || !strings.Contains(got, "alice") {
-		t.Errorf("redactURLs = %q, want the password hidden and the user kept", got)
 	}
 }
 

@@ -74,7 +74,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "nats-addr", Value: "127.0.0.1:4222", EnvVars: []string{"KVROUTER_NATS_ADDR"}, Usage: "embedded NATS server's client listen address (agents publish events here)"},
 			&cli.StringFlag{Name: "nats-cluster-addr", EnvVars: []string{"KVROUTER_NATS_CLUSTER_ADDR"}, Usage: "embedded NATS server's route listen address; set it on every node to form one NATS cluster"},
 			&cli.StringFlag{Name: "nats-routes", EnvVars: []string{"KVROUTER_NATS_ROUTES"}, Usage: "other nodes' NATS route addresses, host:port,..."},
-			&cli.StringFlag{Name: "nats-url", EnvVars: []string{"KVROUTER_NATS_URL"}, Usage: "use this external NATS (url,url,...) instead of the embedded server"},
+			&cli.StringFlag{Name: "nats-url", EnvVars: []string{"KVROUTER_NATS_URL"}, Usage: "use this external NATS (nats://[user:password@]host:port,...) instead of the embedded server; logs and messages show no password"},
 			&cli.StringFlag{Name: "nats-user", EnvVars: []string{"KVROUTER_NATS_USER"}, Usage: "NATS user (required of clients by the embedded server; sent to an external one)"},
 			&cli.StringFlag{Name: "nats-password", EnvVars: []string{"KVROUTER_NATS_PASSWORD"}, Usage: "NATS password"},
 			&cli.StringFlag{Name: "nats-creds", EnvVars: []string{"KVROUTER_NATS_CREDS"}, Usage: "NATS credentials file for an external NATS"},
@@ -163,6 +163,11 @@ func run(c *cli.Context) error {
 	}
 	if err := checkAddrs(c); err != nil {
 		return cli.Exit(err.Error(), 2)
+	}
+	if u := c.String("nats-url"); u != "" {
+		if err := eventplane.CheckNATSURLs(u); err != nil {
+			return cli.Exit(fmt.Sprintf("--nats-url %q: %v", eventplane.RedactURLs(u), err), 2)
+		}
 	}
 	peers, err := parsePeers(c.String("peers"))
 	if err != nil {
@@ -416,17 +421,18 @@ func checkDurations(c *cli.Context) error {
 	return nil
 }
 
-// startNATS connects to the external NATS (--nats-url) or starts the
-// embedded server and connects to it in process.
+// startNATS connects to the external NATS (--nats-url, checked by run)
+// or starts the embedded server and connects to it in process. Its log
+// and errors show no password of --nats-url (eventplane.RedactURLs).
 func startNATS(c *cli.Context, id string, logger *slog.Logger) (*nats.Conn, natsShutdowner, error) {
 	if url := c.String("nats-url"); url != "" {
 		o := eventplane.ClientOptions{Name: "kvrouter-" + id, User: c.String("nats-user"), Password: c.String("nats-password"),
 			Creds: c.String("nats-creds"), TLSCA: c.String("nats-tls-ca"), TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key")}
 		nc, err := nats.Connect(url, o.NATSOptions()...)
 		if err != nil {
-			return nil, nil, fmt.Errorf("connect to nats %s: %w", url, err)
+			return nil, nil, fmt.Errorf("connect to nats %s: %w", eventplane.RedactURLs(url), err)
 		}
-		logger.Info("events over external NATS", "url", url)
+		logger.Info("events over external NATS", "urls", eventplane.RedactURLs(url), "connected", nc.ConnectedUrlRedacted())
 		return nc, nil, nil
 	}
 	opts := eventplane.ClientOptions{Name: "kvrouter-" + id, User: c.String("nats-user"), Password: c.String("nats-password")}.NATSOptions()

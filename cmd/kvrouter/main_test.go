@@ -22,6 +22,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/urfave/cli/v2"
@@ -660,5 +661,59 @@ func TestStartRefusalsShowNoAPIPrefix(t *testing.T) {
 		"--join", "127.0.0.1:1")
 	if want := dir + " holds a cluster that this node bootstrapped alone"; !errors.Is(err, raftfsm.ErrStartRefused) || !strings.HasPrefix(err.Error(), want) {
 		t.Fatalf("a node alone started to join: %q, want a start refused beginning %q", err, want)
+	}
+}
+
+// TestNATSURLIsCheckedAndItsPasswordNeverShown: a --nats-url that is not a
+// list of NATS URLs is a usage error (exit 2), and no message or log line
+// shows its password. From a review: kvrouter logged "events over
+// external NATS" with the URL as given, and its connect error echoed it.
+func TestNATSURLIsCheckedAndItsPasswordNeverShown(t *testing.T) {
+	const password = "s3cret"
+	for _, u := range []string{"http//bad url", "http://alice:" + password + "@127.0.0.1:4222", " , "} {
+		dir := filepath.Join(t.TempDir(), "data")
+		err := runKvrouter(t, "--data-dir", dir, "--nats-url", u)
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.HasPrefix(err.Error(), "--nats-url") || strings.Contains(err.Error(), password) {
+			t.Errorf("--nats-url %q: %v, want exit 2 naming --nats-url, without the password", u, err)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("--nats-url %q touched the data directory (%v)", u, err)
+		}
+	}
+
+	// The log, when it connects (the start then stops: the directory is
+	// another node's), and the error, when it cannot.
+	srv, err := eventplane.StartServer(eventplane.ServerConfig{Name: "ext", Addr: "127.0.0.1:0", User: "alice", Password: password,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	dir, raftAddr := singleNodeDir(t)
+	stderr, err := os.CreateTemp(t.TempDir(), "stderr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stderr.Close()
+	saved := os.Stderr
+	os.Stderr = stderr // run logs there
+	url := "nats://alice:" + password + "@" + strings.TrimPrefix(srv.ClientURL(), "nats://")
+	err = runKvrouter(t, "--node-id", "node2", "--data-dir", dir, "--raft-addr", raftAddr, "--http-addr", "127.0.0.1:0", "--nats-url", url)
+	os.Stderr = saved
+	if !errors.Is(err, raftfsm.ErrWrongNode) {
+		t.Fatalf("kvrouter with an external NATS on another node's directory: %v, want ErrWrongNode", err)
+	}
+	logged, err := os.ReadFile(stderr.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(logged), "events over external NATS") || strings.Contains(string(logged), password) {
+		t.Fatalf("kvrouter's log with --nats-url %s: %s\nwant it to say it connected, without the password", url, logged)
+	}
+	err = runKvrouter(t, "--data-dir", t.TempDir(), "--raft-addr", freeAddr(t), "--http-addr", "127.0.0.1:0",
+		"--nats-url", "nats://alice:"+password+"@"+freeAddr(t))
+	if err == nil || !strings.Contains(err.Error(), "connect to nats nats://alice:xxxxx@") || strings.Contains(err.Error(), password) {
+		t.Fatalf("kvrouter with an external NATS it cannot reach: %v, want the connect error without the password", err)
 	}
 }
