@@ -55,7 +55,7 @@ func newApp() *cli.App {
    kvrouter --node-id n1 --raft-addr 127.0.0.1:7001 --http-addr 127.0.0.1:7081 --data-dir data/n1 \
             --peers n1=127.0.0.1:7001=127.0.0.1:7081,n2=127.0.0.1:7002=127.0.0.1:7082,n3=127.0.0.1:7003=127.0.0.1:7083 \
             --nats-addr 127.0.0.1:4221 --nats-cluster-addr 127.0.0.1:6221 --nats-routes 127.0.0.1:6222,127.0.0.1:6223
-   kvrouter --node-id n4 --raft-addr 127.0.0.1:7004 --http-addr 127.0.0.1:7084 --data-dir data/n4 --join 127.0.0.1:7081`,
+   kvrouter --node-id n4 --raft-addr 127.0.0.1:7004 --http-addr 127.0.0.1:7084 --data-dir data/n4 --join 127.0.0.1:7081,127.0.0.1:7082,127.0.0.1:7083`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "node-id", Value: "node1", EnvVars: []string{"KVROUTER_NODE_ID"}, Usage: "this node's Raft id"},
 			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:7000", EnvVars: []string{"KVROUTER_RAFT_ADDR"}, Usage: "Raft listen address (host:port, as peers dial it: not a wildcard such as 0.0.0.0)"},
@@ -63,7 +63,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "selection-addr", EnvVars: []string{"KVROUTER_SELECTION_ADDR"}, Usage: "also serve the selection and reservation API at the root of this address (it is always under /selection on --http-addr; docs/compat.md)"},
 			&cli.StringFlag{Name: "data-dir", Value: "data", EnvVars: []string{"KVROUTER_DATA_DIR"}, Usage: "where the Raft log, snapshots and state live"},
 			&cli.StringFlag{Name: "peers", EnvVars: []string{"KVROUTER_PEERS"}, Usage: "bootstrap a new cluster of these voters: id=raftaddr=httpaddr,... (default: this node alone, unless --join)"},
-			&cli.StringFlag{Name: "join", EnvVars: []string{"KVROUTER_JOIN"}, Usage: "HTTP address of a member of an existing cluster to join (ignored, with a warning, by a node that is the only member of the cluster its data directory holds)"},
+			&cli.StringFlag{Name: "join", EnvVars: []string{"KVROUTER_JOIN"}, Usage: "HTTP addresses of members of an existing cluster to join, host:port,... (asked in turn; ignored, with a warning, by a node that is the only member of the cluster its data directory holds)"},
 			&cli.DurationFlag{Name: "heartbeat-timeout", Value: 200 * time.Millisecond, EnvVars: []string{"KVROUTER_HEARTBEAT_TIMEOUT"}, Usage: "Raft heartbeat timeout"},
 			&cli.DurationFlag{Name: "election-timeout", Value: 200 * time.Millisecond, EnvVars: []string{"KVROUTER_ELECTION_TIMEOUT"}, Usage: "Raft election timeout"},
 			&cli.DurationFlag{Name: "leader-lease-timeout", EnvVars: []string{"KVROUTER_LEADER_LEASE_TIMEOUT"}, Usage: "Raft leader lease (default: the heartbeat timeout)"},
@@ -173,14 +173,18 @@ func run(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit(err.Error(), 2)
 	}
+	via, err := parseJoin(c.String("join"))
+	if err != nil {
+		return cli.Exit(err.Error(), 2)
+	}
 	switch {
-	case len(peers) > 0 && c.String("join") != "":
+	case len(peers) > 0 && len(via) > 0:
 		return cli.Exit("--peers bootstraps a new cluster and --join joins an existing one: give one of them", 2)
 	case len(peers) > 0:
 		if err := checkPeers(peers, id, raftAddr, httpAddr); err != nil {
 			return cli.Exit(err.Error(), 2)
 		}
-	case c.String("join") == "":
+	case len(via) == 0:
 		peers = []raftfsm.Member{{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}}
 	}
 	// The data directory's lock before anything listens: a second kvrouter
@@ -214,7 +218,7 @@ func run(c *cli.Context) error {
 			return fmt.Errorf("selection API listen on %s: %w", a, err)
 		}
 	}
-	if (len(peers) > 1 || c.String("join") != "") && c.String("nats-url") == "" && c.String("nats-cluster-addr") == "" {
+	if (len(peers) > 1 || len(via) > 0) && c.String("nats-url") == "" && c.String("nats-cluster-addr") == "" {
 		logger.Warn("the embedded NATS server is not clustered with the other nodes': an agent connected to this node reaches the leader's event ingester only while this node leads; give --nats-cluster-addr and --nats-routes (docs/events.md)")
 	}
 	nc, natsSrv, err := startNATS(c, id, logger)
@@ -285,9 +289,9 @@ func run(c *cli.Context) error {
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var runErr error
-	if j := c.String("join"); j != "" {
-		if err := joinCluster(ctx, logger, node, sec, j, id, raftAddr, httpAddr); err != nil && ctx.Err() == nil {
-			runErr = fmt.Errorf("join via %s: %w", j, err) // refused: stop rather than idle outside the cluster
+	if len(via) > 0 {
+		if err := joinCluster(ctx, logger, node, sec, via, id, raftAddr, httpAddr); err != nil && ctx.Err() == nil {
+			runErr = fmt.Errorf("join via %s: %w", strings.Join(via, ","), err) // refused: stop rather than idle outside the cluster
 		}
 	}
 	if runErr == nil {
@@ -337,6 +341,44 @@ func nodeConfig(c *cli.Context, peers []raftfsm.Member, logger *slog.Logger) raf
 		LeaderLeaseTimeout: c.Duration("leader-lease-timeout"),
 		SnapshotThreshold:  c.Uint64("snapshot-threshold"), SnapshotBytes: c.Int64("snapshot-bytes"), SilentAfter: c.Duration("silent-after"), BookingMaxAge: c.Duration("booking-max-age"), Logger: logger,
 	}
+}
+
+// parseJoin parses --join: members' HTTP addresses, host:port (or
+// http(s)://host:port, as the client takes them), comma-separated; empty
+// entries are skipped. A --join that lists no address (" , ") is refused:
+// taken for none, the node would bootstrap a cluster of its own.
+func parseJoin(s string) ([]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var via []string
+	for _, e := range strings.Split(s, ",") {
+		if e = strings.TrimSpace(e); e == "" {
+			continue
+		}
+		hostport := e
+		if scheme, rest, ok := strings.Cut(e, "://"); ok {
+			if scheme != "http" && scheme != "https" {
+				return nil, fmt.Errorf("--join %q: scheme %q: want host:port (a member's --http-addr), or http(s)://host:port", e, scheme)
+			}
+			hostport = strings.TrimSuffix(rest, "/")
+		}
+		host, port, err := net.SplitHostPort(hostport)
+		if err != nil {
+			return nil, fmt.Errorf("--join %q: %v: want host:port (a member's --http-addr), or a comma-separated list of them", e, err)
+		}
+		if host == "" {
+			return nil, fmt.Errorf("--join %q has no host: want host:port (a member's --http-addr)", e)
+		}
+		if _, err := net.LookupPort("tcp", port); err != nil || port == "0" {
+			return nil, fmt.Errorf("--join %q: port %q: want a number from 1 to 65535", e, port)
+		}
+		via = append(via, e)
+	}
+	if len(via) == 0 {
+		return nil, fmt.Errorf("--join %q lists no address: want host:port,... (members' --http-addr)", s)
+	}
+	return via, nil
 }
 
 // checkAddrs refuses the address flags that cannot be listened on
@@ -460,7 +502,7 @@ func startNATS(c *cli.Context, id string, logger *slog.Logger) (*nats.Conn, nats
 
 type natsShutdowner interface{ Shutdown() }
 
-// joinCluster asks the member at via to add this node (join), unless the
+// joinCluster asks the members at via (in turn) to add this node (join), unless the
 // node is the only member of the cluster its data directory holds
 // (raftfsm.Node.OnlyMember: it joined a cluster and the others were
 // removed, and it started again with its --join flags). That node is its
@@ -468,21 +510,22 @@ type natsShutdowner interface{ Shutdown() }
 // no leader of that cluster, which would gain a voter that never votes (a
 // cluster of one could no longer commit), as when the address --join
 // names now serves another cluster. The join is skipped with a warning.
-func joinCluster(ctx context.Context, logger *slog.Logger, node interface{ OnlyMember() bool }, sec security, via, id, raftAddr, httpAddr string) error {
+func joinCluster(ctx context.Context, logger *slog.Logger, node interface{ OnlyMember() bool }, sec security, via []string, id, raftAddr, httpAddr string) error {
 	if node.OnlyMember() {
 		logger.Warn("this node is the only member of the cluster it holds; --join ignored: drop --join from its command line "+
-			"(docs/operations.md, Remove a node)", "join", via)
+			"(docs/operations.md, Remove a node)", "join", strings.Join(via, ","))
 		return nil
 	}
 	return join(ctx, sec, via, id, raftAddr, httpAddr)
 }
 
-// join asks an existing member to add this node, retrying until it is
-// accepted or ctx ends (the cluster may be electing).
-func join(ctx context.Context, sec security, via, id, raftAddr, httpAddr string) error {
+// join asks the members at via to add this node, each in turn until one
+// answers (client.Client), retrying until it is accepted or ctx ends (the
+// cluster may be electing).
+func join(ctx context.Context, sec security, via []string, id, raftAddr, httpAddr string) error {
 	tr := sec.transport()
 	defer tr.CloseIdleConnections()
-	cl, err := client.New([]string{via}, client.Options{HTTPClient: &http.Client{Transport: tr}, Token: sec.token, Scheme: sec.scheme()})
+	cl, err := client.New(via, client.Options{HTTPClient: &http.Client{Transport: tr}, Token: sec.token, Scheme: sec.scheme()})
 	if err != nil {
 		return err
 	}
@@ -492,7 +535,7 @@ func join(ctx context.Context, sec security, via, id, raftAddr, httpAddr string)
 		err := cl.AddMember(actx, id, raftAddr, httpAddr)
 		cancel()
 		if err == nil {
-			slog.Info("joined the cluster", "via", via)
+			slog.Info("joined the cluster", "via", strings.Join(via, ","))
 			return nil
 		}
 		if errors.Is(err, raftfsm.ErrInvalid) {
@@ -501,7 +544,7 @@ func join(ctx context.Context, sec security, via, id, raftAddr, httpAddr string)
 		if why := refusedJoin(err); why != "" {
 			return fmt.Errorf("%w; %s", err, why) // no retry would be let in
 		}
-		slog.Warn("join: retrying", "via", via, "err", err)
+		slog.Warn("join: retrying", "via", strings.Join(via, ","), "err", err)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

@@ -365,7 +365,7 @@ func TestJoinRefusedForItsTokenOrTLSStops(t *testing.T) {
 		{"wrong token", security{token: "other", serverTLS: &tls.Config{}, clientTLS: trusting}, "--token"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		err := join(ctx, c.sec, addr, "n2", "127.0.0.1:1", "127.0.0.1:2")
+		err := join(ctx, c.sec, []string{addr}, "n2", "127.0.0.1:1", "127.0.0.1:2")
 		expired := ctx.Err()
 		cancel()
 		if err == nil || expired != nil || !strings.Contains(err.Error(), c.want) {
@@ -388,7 +388,7 @@ func TestJoinToACertificateNotNamingTheAddressSaysSo(t *testing.T) {
 	pool.AddCert(cert)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	err := join(ctx, security{serverTLS: &tls.Config{}, clientTLS: &tls.Config{RootCAs: pool}}, addr, "n2", "127.0.0.1:1", "127.0.0.1:2")
+	err := join(ctx, security{serverTLS: &tls.Config{}, clientTLS: &tls.Config{RootCAs: pool}}, []string{addr}, "n2", "127.0.0.1:1", "127.0.0.1:2")
 	if err == nil || ctx.Err() != nil || strings.Contains(err.Error(), "not trusted") ||
 		!strings.Contains(err.Error(), "does not name 127.0.0.1") || !strings.Contains(err.Error(), "node1.example") {
 		t.Fatalf("join to a trusted certificate that does not name the address: %v (context: %v), want it to stop at once saying the certificate does not name 127.0.0.1 (it names node1.example)", err, ctx.Err())
@@ -422,7 +422,7 @@ func TestJoinThroughAFollowerWhoseForwardFailsIsRetried(t *testing.T) {
 	sec := security{serverTLS: &tls.Config{}, clientTLS: &tls.Config{RootCAs: pool}}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := join(ctx, sec, strings.TrimPrefix(follower.URL, "https://"), "n4", "127.0.0.1:1", "127.0.0.1:2"); err != nil {
+	if err := join(ctx, sec, []string{strings.TrimPrefix(follower.URL, "https://")}, "n4", "127.0.0.1:1", "127.0.0.1:2"); err != nil {
 		t.Fatalf("join stopped: %v; want it retried until the node asked could add it", err)
 	}
 	if n := answered.Load(); n < 2 || fake.Calls()["AddMember"] < 1 {
@@ -500,7 +500,7 @@ func TestTheOnlyMemberOfAClusterDoesNotJoinAnother(t *testing.T) {
 	n2 = start(cfg2)
 	var logs bytes.Buffer
 	jctx := ctx()
-	if err := joinCluster(jctx, slog.New(slog.NewTextHandler(&logs, nil)), n2, security{}, via, "n2", cfg2.RaftAddr, cfg2.HTTPAddr); err != nil {
+	if err := joinCluster(jctx, slog.New(slog.NewTextHandler(&logs, nil)), n2, security{}, []string{via}, "n2", cfg2.RaftAddr, cfg2.HTTPAddr); err != nil {
 		t.Fatalf("the only member's join: %v", err)
 	}
 	if want := "--join ignored: drop --join from its command line"; !strings.Contains(logs.String(), want) {
@@ -517,7 +517,7 @@ func TestTheOnlyMemberOfAClusterDoesNotJoinAnother(t *testing.T) {
 
 	// A node with an empty data directory joins as before.
 	n3 := start(raftfsm.Config{ID: "n3", RaftAddr: "127.0.0.1:7003", HTTPAddr: "127.0.0.1:7083", DataDir: t.TempDir(), Transport: transport("127.0.0.1:7003", trB)})
-	if err := joinCluster(ctx(), quiet, n3, security{}, via, "n3", "127.0.0.1:7003", "127.0.0.1:7083"); err != nil {
+	if err := joinCluster(ctx(), quiet, n3, security{}, []string{via}, "n3", "127.0.0.1:7003", "127.0.0.1:7083"); err != nil {
 		t.Fatalf("a new node's join: %v", err)
 	}
 	if members, err := b1.Members(ctx()); err != nil || len(members) != 2 {
@@ -715,5 +715,46 @@ func TestNATSURLIsCheckedAndItsPasswordNeverShown(t *testing.T) {
 		"--nats-url", "nats://alice:"+password+"@"+freeAddr(t))
 	if err == nil || !strings.Contains(err.Error(), "connect to nats nats://alice:xxxxx@") || strings.Contains(err.Error(), password) {
 		t.Fatalf("kvrouter with an external NATS it cannot reach: %v, want the connect error without the password", err)
+	}
+}
+
+// TestJoinTakesAListOfMembers: --join takes a comma-separated list of
+// members' HTTP addresses, asked in turn: a node joins through the first
+// that answers. Each entry is checked before the start (exit 2). From a
+// review: --join took one address only, and a list failed after the
+// start with a parse error (exit 1).
+func TestJoinTakesAListOfMembers(t *testing.T) {
+	for _, j := range []string{"bad", "127.0.0.1:7081,bad", " , ", "127.0.0.1:7081,:7082", "127.0.0.1:0", "ftp://127.0.0.1:7081", "127.0.0.1:x"} {
+		dir := filepath.Join(t.TempDir(), "data")
+		err := runKvrouter(t, "--data-dir", dir, "--join", j)
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.HasPrefix(err.Error(), "--join") {
+			t.Errorf("--join %q: %v, want exit 2 naming --join", j, err)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("--join %q touched the data directory (%v)", j, err)
+		}
+	}
+
+	// The first member is down; the second adds the node.
+	leader := apitest.New("n1", "")
+	srv := api.NewServer(leader, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewServer(srv)
+	defer func() { hs.Close(); srv.Close() }()
+	list := freeAddr(t) + ", " + strings.TrimPrefix(hs.URL, "http://")
+	app := newApp()
+	app.ExitErrHandler = func(*cli.Context, error) {}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go func() { // stop the node once it has joined
+		for ctx.Err() == nil && leader.Calls()["AddMember"] == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		cancel()
+	}()
+	err := app.RunContext(ctx, []string{"kvrouter", "--node-id", "n4", "--data-dir", t.TempDir(), "--raft-addr", freeAddr(t),
+		"--http-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--join", list})
+	if err != nil || leader.Calls()["AddMember"] == 0 {
+		t.Fatalf("kvrouter --join %s: %v, %d joins; want it joined through the member that answers", list, err, leader.Calls()["AddMember"])
 	}
 }
