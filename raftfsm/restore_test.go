@@ -446,14 +446,7 @@ func TestCloseRefusesARestoreNotYetHandedToRaft(t *testing.T) {
 	if !errors.Is(err, ErrShutdown) || !strings.Contains(err.Error(), "nothing was installed") {
 		t.Fatalf("a restore Close came before answered %v, want ErrShutdown saying nothing was installed", err)
 	}
-	c.nodes[i] = nil
-	c.start(i)
-	c.converged()
-	for _, n := range c.nodes {
-		if _, ok := n.fsm.Workers()[9]; ok {
-			t.Errorf("%s: a restore refused at Close is installed", n.cfg.ID)
-		}
-	}
+	restartHoldsNoRestore(t, c, i)
 }
 
 // TestCloseEndsARestoreWaitingForAMembershipChange: a restore waiting for
@@ -491,14 +484,7 @@ func TestCloseEndsARestoreWaitingForAMembershipChange(t *testing.T) {
 	if left, _ := filepath.Glob(filepath.Join(c.dirs[i], "restore-*.snap")); len(left) > 0 {
 		t.Fatalf("the restore left %v in the data directory", left)
 	}
-	c.nodes[i] = nil
-	c.start(i)
-	c.converged()
-	for _, n := range c.nodes {
-		if _, ok := n.fsm.Workers()[9]; ok {
-			t.Errorf("%s: a restore refused at Close is installed", n.cfg.ID)
-		}
-	}
+	restartHoldsNoRestore(t, c, i)
 }
 
 // TestCloseDuringARestoresUpload: a leader closed while a restore's
@@ -538,6 +524,14 @@ func TestCloseDuringARestoresUpload(t *testing.T) {
 	if left, _ := filepath.Glob(filepath.Join(c.dirs[i], "restore-*.snap")); len(left) > 0 {
 		t.Fatalf("the restore left %v in the data directory", left)
 	}
+	restartHoldsNoRestore(t, c, i)
+}
+
+// restartHoldsNoRestore starts closed node i again and checks that no
+// node holds the foreign snapshot's worker 9: the restore refused at
+// Close was installed nowhere.
+func restartHoldsNoRestore(t *testing.T, c *testCluster, i int) {
+	t.Helper()
 	c.nodes[i] = nil
 	c.start(i)
 	c.converged()
