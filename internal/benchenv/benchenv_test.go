@@ -1,0 +1,63 @@
+package benchenv
+
+import (
+	"runtime"
+	"slices"
+	"testing"
+)
+
+// TestABBAOrder: the two sides take turns first, A B B A A B B A …, so that
+// neither always runs first (into a clean heap) or always second (after the
+// other's garbage), and each side's results come back in its own run order.
+func TestABBAOrder(t *testing.T) {
+	var order []string
+	n := 0.0
+	side := func(name string) func() float64 {
+		return func() float64 {
+			order = append(order, name)
+			n++
+			return n
+		}
+	}
+	as, bs := ABBA(3, side("A"), side("B"))
+	if want := []string{"A", "B", "B", "A", "A", "B"}; !slices.Equal(order, want) {
+		t.Fatalf("order %v, want %v", order, want)
+	}
+	if want := []float64{1, 4, 5}; !slices.Equal(as, want) {
+		t.Errorf("A's results %v, want %v", as, want)
+	}
+	if want := []float64{2, 3, 6}; !slices.Equal(bs, want) {
+		t.Errorf("B's results %v, want %v", bs, want)
+	}
+}
+
+// TestSettleCollects: Settle runs a collection, so a side that calls it
+// before its clock starts does not pay for the garbage of the run before.
+func TestSettleCollects(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	Settle()
+	runtime.ReadMemStats(&after)
+	if after.NumGC <= before.NumGC {
+		t.Fatalf("NumGC %d -> %d: Settle collected nothing", before.NumGC, after.NumGC)
+	}
+}
+
+func TestBestAndMedian(t *testing.T) {
+	xs := []float64{3, 1, 2, 5}
+	if got := Best(xs); got != 5 {
+		t.Errorf("Best %v = %v, want 5", xs, got)
+	}
+	if got := Median(xs); got != 2.5 {
+		t.Errorf("Median %v = %v, want 2.5", xs, got)
+	}
+	if got := Median([]float64{3, 1, 2}); got != 2 {
+		t.Errorf("Median of 3 = %v, want 2", got)
+	}
+	if !slices.Equal(xs, []float64{3, 1, 2, 5}) {
+		t.Errorf("Median reordered its argument: %v", xs)
+	}
+	if Best(nil) != 0 || Median(nil) != 0 {
+		t.Error("Best and Median of nothing must be 0")
+	}
+}
