@@ -14,7 +14,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -50,6 +49,7 @@ import (
 //	                                1000000 for a quick run)
 //	KVROUTER_BENCH_LOG              non-empty: the nodes log warnings (Raft's too) to stderr
 //	KVROUTER_BENCH_RAFT_TIMEOUT     heartbeat and election timeout, lease half of it (default: Config's defaults)
+//	KVROUTER_BENCH_REPS             cluster.ingest's passes per baseline after the warm-up (default 2)
 
 const (
 	bcRanksPerCall  = 64 // ranks per IngestEvents call (one Raft entry)
@@ -262,8 +262,11 @@ func bcIngest(c *testCluster, call []RankBatch, leaderMoves *atomic.Int64) error
 // write), many events per entry, several publishers in flight, each
 // waiting for its ack (commit + apply on the leader). Ceiling: the same
 // events applied to a bare in-memory indexer.Index, single writer, in the
-// same run. Also reported: fsm_block_events_per_s, the same entries through
-// one FSM without Raft. The three replicas share this machine's cores, so
+// same run (index_block_events_per_s; ceiling_block_events_per_s is the
+// larger of it and the FSM's, see ceiling_from). Also reported:
+// fsm_block_events_per_s, the same entries through one FSM without Raft.
+// Both baselines are the best of KVROUTER_BENCH_REPS alternating passes
+// (default 2) after a warm-up. The three replicas share this machine's cores, so
 // the cluster figure is bounded by three FSMs' apply work on them.
 // KVROUTER_BENCH_PROFILE=file writes a CPU profile of the ingest window.
 func TestBenchClusterIngest(t *testing.T) {
@@ -346,12 +349,36 @@ func TestBenchClusterIngest(t *testing.T) {
 	c.close()
 	runtime.GC()
 
-	// Ceiling: the acknowledged calls, publishers interleaved call by call,
-	// into a bare index; the median of three runs (each about a second).
-	var ix *indexer.Index
-	var ceilings []float64
-	for rep := 0; rep < 3; rep++ {
-		ix = indexer.New(indexer.Config{})
+	// Two baselines, from the acknowledged calls, publishers interleaved
+	// call by call: the ceiling, the calls applied to a bare in-memory
+	// index by one writer; and between it and the cluster a reference, the
+	// same calls through one FSM without Raft, one entry per call and 4
+	// entries per ApplyBatch (decode, the same index apply, journal,
+	// Pebble batch), which the cluster pays on each of its three replicas,
+	// here sharing the machine's cores. The reference does strictly more
+	// than the ceiling, yet measured after it (the ceiling first, into a
+	// heap the cluster had just left) it came out faster in six runs. So
+	// the encoded entries are made first and stay live for both; each pass
+	// keeps nothing of the one before and collects garbage before its
+	// clock; one pass of each is a discarded warm-up; then the two
+	// alternate A B B A and each keeps its best pass. Should the reference
+	// still beat the ceiling, the ceiling is raised to it (ceiling_from=fsm):
+	// a ratio against a ceiling that is not an upper bound overstates.
+	var logs []*raft.Log
+	for k := 0; k < callsPer; k++ {
+		for p := range calls {
+			if k < acked[p] {
+				logs = append(logs, &raft.Log{Index: uint64(len(logs) + 1), Term: 1, Type: raft.LogCommand, Data: encodeEvents(1, calls[p][k])})
+			}
+		}
+	}
+	reps := benchenv.Int("KVROUTER_BENCH_REPS", 2)
+	fsmDir := t.TempDir()
+	var bareDigest uint64
+	var bareEntries, fsmPasses int64
+	ceilPass := func() float64 {
+		ix := indexer.New(indexer.Config{})
+		benchenv.Settle()
 		cstart := time.Now()
 		for k := 0; k < callsPer; k++ {
 			for p := range calls {
@@ -365,50 +392,54 @@ func TestBenchClusterIngest(t *testing.T) {
 				}
 			}
 		}
-		ceilings = append(ceilings, float64(ackedBlocks)/time.Since(cstart).Seconds())
+		r := float64(ackedBlocks) / time.Since(cstart).Seconds()
+		bareEntries, bareDigest = ix.Stats().Entries, ix.Digest()
+		return r
 	}
-	slices.Sort(ceilings)
-	ceiling := ceilings[1]
-	if want := ix.Stats(); got.Entries != want.Entries || got.Entries != ackedBlocks {
-		t.Errorf("replicated index holds %d entries, the bare index %d, acknowledged %d", got.Entries, want.Entries, ackedBlocks)
-	}
-	if gotDigest != ix.Digest() {
-		t.Logf("note: index digests differ (replicated %#x, bare %#x)", gotDigest, ix.Digest())
-	}
-	ix = nil
-	runtime.GC()
-
-	// Reference between the two: the same calls through one FSM, one entry
-	// per call and 4 entries per ApplyBatch, no Raft (decode, index,
-	// journal, Pebble batch). The cluster pays this on each of its three
-	// replicas, which here share the machine's cores.
-	f, err := OpenFSM(FSMConfig{Dir: filepath.Join(t.TempDir(), "fsm"), Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs []*raft.Log
-	for k := 0; k < callsPer; k++ {
-		for p := range calls {
-			if k < acked[p] {
-				logs = append(logs, &raft.Log{Index: uint64(len(logs) + 1), Term: 1, Type: raft.LogCommand, Data: encodeEvents(1, calls[p][k])})
-			}
+	fsmPass := func() float64 {
+		fsmPasses++
+		dir := filepath.Join(fsmDir, fmt.Sprint(fsmPasses))
+		f, err := OpenFSM(FSMConfig{Dir: dir, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
 		}
+		benchenv.Settle()
+		fstart := time.Now()
+		for i := 0; i < len(logs); i += 4 {
+			f.ApplyBatch(logs[i:min(i+4, len(logs))])
+		}
+		r := float64(ackedBlocks) / time.Since(fstart).Seconds()
+		fsmEntries := f.Index().Stats().Entries
+		f.Close()
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		if fsmEntries != ackedBlocks {
+			t.Errorf("the reference FSM holds %d entries, want %d", fsmEntries, ackedBlocks)
+		}
+		return r
 	}
-	fstart := time.Now()
-	for i := 0; i < len(logs); i += 4 {
-		f.ApplyBatch(logs[i:min(i+4, len(logs))])
+	warmCeil, warmFSM := ceilPass(), fsmPass()
+	ceilings, fsmRates := benchenv.ABBA(reps, ceilPass, fsmPass)
+	bare, fsmRate := benchenv.Best(ceilings), benchenv.Best(fsmRates)
+	ceiling, raised := benchenv.UpperBound(bare, fsmRate)
+	ceilingFrom := "index"
+	if raised {
+		ceilingFrom = "fsm"
+		t.Logf("warning: the FSM reference (%.3g/s) beat the bare index (%.3g/s), which does less; the ceiling is the FSM's", fsmRate, bare)
 	}
-	fsmRate := float64(ackedBlocks) / time.Since(fstart).Seconds()
-	fsmEntries := f.Index().Stats().Entries
-	f.Close()
-	if fsmEntries != ackedBlocks {
-		t.Errorf("the reference FSM holds %d entries, want %d", fsmEntries, ackedBlocks)
+	t.Logf("baseline passes (block events/s): warm-up index %.3g, FSM %.3g; index %.3g; FSM %.3g", warmCeil, warmFSM, ceilings, fsmRates)
+	if got.Entries != bareEntries || got.Entries != ackedBlocks {
+		t.Errorf("replicated index holds %d entries, the bare index %d, acknowledged %d", got.Entries, bareEntries, ackedBlocks)
+	}
+	if gotDigest != bareDigest {
+		t.Logf("note: index digests differ (replicated %#x, bare %#x)", gotDigest, bareDigest)
 	}
 
 	t.Logf("%d publishers x %d ranks x %d events x %d blocks per call; %d calls in %v; %d leader changes seen; tree nodes %d",
 		publishers, bcRanksPerCall, bcEventsPerRank, bcBlocksPerEv, ackedCalls, elapsed.Round(time.Millisecond), leaderMoves.Load(), got.Nodes)
-	fmt.Printf("BENCH cluster.ingest block_events_per_s=%.3g ceiling_block_events_per_s=%.3g ratio=%.3f fsm_block_events_per_s=%.3g entries_per_s=%.1f entry_bytes=%d events_per_entry=%d publishers=%d block_events=%d retries=%d election_timeout_ms=%d seed=%d\n",
-		rate, ceiling, rate/ceiling, fsmRate, entries, entryBytes, bcRanksPerCall*bcEventsPerRank, publishers, ackedBlocks, leaderMoves.Load(),
+	fmt.Printf("BENCH cluster.ingest block_events_per_s=%.3g ceiling_block_events_per_s=%.3g ratio=%.3f fsm_block_events_per_s=%.3g index_block_events_per_s=%.3g ceiling_from=%s reps=%d entries_per_s=%.1f entry_bytes=%d events_per_entry=%d publishers=%d block_events=%d retries=%d election_timeout_ms=%d seed=%d\n",
+		rate, ceiling, rate/ceiling, fsmRate, bare, ceilingFrom, reps, entries, entryBytes, bcRanksPerCall*bcEventsPerRank, publishers, ackedBlocks, leaderMoves.Load(),
 		electionMs, seed)
 }
 

@@ -105,3 +105,15 @@ func Median(xs []float64) float64 {
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
+
+// UpperBound returns ceiling, or ref when ref is larger, and whether it
+// took ref. A ceiling is a rate that does less work than the figure it
+// bounds (or than ref, a reference doing strictly more work); measured
+// below ref, it was slowed by the machine, and a ratio against it would
+// overstate the figure.
+func UpperBound(ceiling, ref float64) (float64, bool) {
+	if ref > ceiling {
+		return ref, true
+	}
+	return ceiling, false
+}

@@ -61,3 +61,14 @@ func TestBestAndMedian(t *testing.T) {
 		t.Error("Best and Median of nothing must be 0")
 	}
 }
+
+// TestUpperBound: a ceiling measured below a figure that does strictly
+// more work is no ceiling; UpperBound raises it and says so.
+func TestUpperBound(t *testing.T) {
+	if c, raised := UpperBound(2e6, 1e6); c != 2e6 || raised {
+		t.Errorf("UpperBound(2e6, 1e6) = %v, %v; want 2e6, false", c, raised)
+	}
+	if c, raised := UpperBound(1.18e6, 2.19e6); c != 2.19e6 || !raised {
+		t.Errorf("UpperBound(1.18e6, 2.19e6) = %v, %v; want 2.19e6, true", c, raised)
+	}
+}
