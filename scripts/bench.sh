@@ -25,9 +25,24 @@ declare -A spec=(
 )
 order=(indexer events cluster eventplane sim compat offload)
 
+# commit_stamp prints HEAD's short hash, with "-dirty" when the working tree
+# differs from it (uncommitted or untracked files): the figures then come
+# from code no commit holds. The files this script itself rewrites
+# (docs/bench/, docs/benchmarks.md) do not count, or every area after the
+# first of `all` would be marked.
+commit_stamp() {
+  local c
+  c=$(git rev-parse --short HEAD 2>/dev/null) || { echo unknown; return; }
+  if [ -n "$(git status --porcelain -- . ':(exclude)docs/bench' ':(exclude)docs/benchmarks.md' ':(exclude)docs/benchmarks.md.new' 2>/dev/null)" ]; then
+    c+=-dirty
+  fi
+  echo "$c"
+}
+
 run_area() {
-  local a=$1 pkgs pattern log
+  local a=$1 pkgs pattern log commit
   IFS='|' read -r pkgs pattern <<<"${spec[$a]}"
+  commit=$(commit_stamp) # the tree the benchmarks are built from
   log=$(mktemp)
   echo "== bench-$a" >&2
   # shellcheck disable=SC2086
@@ -40,7 +55,7 @@ run_area() {
   {
     echo "# bench-$a"
     echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "# commit: $commit"
     echo "# machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
     grep '^BENCH' "$log" || true
   } >"$out/$a.txt"
