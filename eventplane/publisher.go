@@ -44,7 +44,12 @@ type PublisherConfig struct {
 	// rank heals with a dump. Off, Publish returns ErrFull (PublishWait
 	// waits for room).
 	DropOldest bool
-	Dump       DumpFunc // required when the router's cursor can fall behind the buffer
+	// Dump reads the rank's whole state for a full dump. It is required
+	// whenever the router may ask for one: its cursor fell behind the
+	// buffer (DropOldest, a restored router), or another incarnation's
+	// dump fenced the rank. Without it such a rank's events are stuck:
+	// logged and retried, never applied.
+	Dump DumpFunc
 	// MaxRequestEvents and MaxRequestBytes bound one request (defaults
 	// 8192 events, 1 MiB — NATS's default max payload).
 	MaxRequestEvents int

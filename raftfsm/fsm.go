@@ -688,17 +688,20 @@ func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
 		// a later registration of the rank would resume from.
 		return RankAck{Rank: rb.Rank, Unregistered: true}
 	}
-	f.noteHeard(rb.Rank, now)
 	rc := f.rankCursor(rb.Rank)
 	cur := rc.id
 	ack := RankAck{Rank: rb.Rank}
 	if rb.Incarnation != 0 && rc.incarnation != 0 && rb.Incarnation != rc.incarnation {
+		// Not heard: the sender is another incarnation than the rank's,
+		// dead or about to be, and a rank whose own publisher went quiet
+		// must still be reported silent.
 		for i := range rb.Events {
 			f.countEvent(&rb.Events[i], outcomeFenced)
 		}
 		ack.Cursor, ack.Resync, ack.Fenced = cur, true, true
 		return ack
 	}
+	f.noteHeard(rb.Rank, now)
 	// A positional worker's ids are its engine stream's positions: they
 	// only go up, with holes between batches, so nothing is a gap.
 	positional := w.Positional

@@ -900,6 +900,11 @@ func TestDeadIncarnationRequestAfterAcceptedDump(t *testing.T) {
 			if ack := late[0].([]RankAck)[0]; ack.Applied != 0 || ack.Dups != 0 || !ack.Fenced || !ack.Resync || ack.Cursor != tc.dumpAt {
 				t.Fatalf("A's late request: ack %+v, want nothing applied, Fenced and Resync, cursor %d", ack, tc.dumpAt)
 			}
+			// A fenced request is not the rank being heard: its sender is
+			// another incarnation, dead or about to be (silent ranks).
+			if got := f.LastHeard(r1); got != 3 {
+				t.Fatalf("after A's fenced request the rank was last heard at %d, want 3 (B's dump)", got)
+			}
 			// B's next events, with the ids A's request held.
 			res := f.ApplyBatch([]*raft.Log{w.next(encodeEvents(5, []RankBatch{{Rank: r1, Incarnation: b, Events: chainEvents(r1, tc.dumpAt+1, 10, 7000)}}))})
 			if ack := res[0].([]RankAck)[0]; ack.Applied != 10 || ack.Dups != 0 || ack.Fenced || ack.Cursor != tc.dumpAt+10 {
