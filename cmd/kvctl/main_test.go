@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -14,7 +13,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
@@ -469,8 +470,8 @@ func TestSnapshotSaveVerifiesThenRenames(t *testing.T) {
 	if r.stdout != want {
 		t.Fatalf("stdout = %q, want %q", r.stdout, want)
 	}
-	if _, err := os.Stat(file + ".part"); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("%s.part left behind: %v", file, err)
+	if parts, _ := filepath.Glob(file + ".*part"); len(parts) != 0 {
+		t.Fatalf("%v left behind", parts)
 	}
 	if r.stderr != "" {
 		t.Fatalf("stderr off a terminal = %q, want nothing", r.stderr)
@@ -506,6 +507,65 @@ func TestSnapshotSaveFailingLeavesNothing(t *testing.T) {
 		t.Fatalf("stderr = %q", r.stderr)
 	}
 	assertNoFiles(t, dir)
+}
+
+// TestConcurrentSavesToOneFileLeaveAVerifiedFile: two saves to the same
+// FILE at once (overlapping cron jobs, a retry from a second shell) each
+// stream into a temporary file of their own, so the file one of them
+// reports saved is never written afterwards: FILE ends up the last save's
+// whole, verified file (a save overwrites FILE, as one after the other
+// would), and no temporary file is left. From a review: both wrote
+// FILE.part (O_TRUNC); the first to finish renamed it to FILE, and the
+// other kept writing through its descriptor into FILE, reported saved and
+// verified, which no longer verified.
+func TestConcurrentSavesToOneFileLeaveAVerifiedFile(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "backup.snap")
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the servers close
+	var started atomic.Int32
+	c.leader().SetHook(func(method string) error {
+		if method == "SaveSnapshot" && started.Add(1) == 1 {
+			<-release // the first save is slow to start streaming
+		}
+		return nil
+	})
+	var first result
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		first = kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file)
+	}()
+	for deadline := time.Now().Add(10 * time.Second); started.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first save never asked for the snapshot")
+		}
+	}
+	second := kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file).wantCode(t, 0)
+	secondInfo, err := inspectPath(file)
+	if err != nil {
+		t.Fatalf("the second save's file does not verify: %v", err)
+	}
+	// The state changes before the first save streams: its file differs.
+	if err := c.leader().DeregisterWorker(context.Background(), 2); err != nil {
+		t.Fatal(err)
+	}
+	once.Do(func() { close(release) })
+	<-done
+	first.wantCode(t, 0)
+	info, err := inspectPath(file)
+	if err != nil {
+		t.Fatalf("%s does not verify after both saves: %v\nfirst: %s%s\nsecond: %s", file, err, first.stdout, first.stderr, second.stdout)
+	}
+	if info.SHA256 == secondInfo.SHA256 || !strings.Contains(first.stdout, "sha256 "+info.SHA256) {
+		t.Fatalf("%s holds sha256 %s; want the last save's (%q), not the second's (%s)", file, info.SHA256, first.stdout, secondInfo.SHA256)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Fatalf("%s holds %v, want only %s", dir, ents, filepath.Base(file))
+	}
 }
 
 // TestSnapshotMaxTimeSaysSo: a save cut off by --max-time says to raise

@@ -33,9 +33,11 @@ func snapshotCommand(e *env) *cli.Command {
 				Name:      "save",
 				Usage:     "stream the leader's latest state into FILE",
 				ArgsUsage: "FILE",
-				Description: "The stream goes to FILE.part, which is synced, verified (header, counts and\n" +
-					"checksum) and only then renamed to FILE: FILE is never half-written. A progress bar\n" +
-					"shows on a terminal. --timeout does not bound the transfer; --max-time does.\n\n" +
+				Description: "The stream goes to a temporary file of its own beside FILE (FILE.RANDOM.part),\n" +
+					"which is synced, verified (header, counts and checksum) and only then renamed to\n" +
+					"FILE: FILE is never half-written. An existing FILE is replaced without asking (of\n" +
+					"two saves to one FILE at once, the last to finish is kept). A progress bar shows\n" +
+					"on a terminal. --timeout does not bound the transfer; --max-time does.\n\n" +
 					"Example:\n   kvctl snapshot save /backups/kvrouter-$(date +%F).snap",
 				Flags: []cli.Flag{maxTime},
 				Action: func(c *cli.Context) error {
@@ -105,7 +107,7 @@ func snapshotCommand(e *env) *cli.Command {
 }
 
 // fileArg checks that the command got one FILE, a path: a snapshot is
-// written through a .part file, synced and verified before it is renamed,
+// written through a temporary file beside it, synced and verified before it is renamed,
 // and read twice on restore (checked, then sent), none of which a pipe
 // allows, so "-" is refused rather than taken as a file name.
 func fileArg(c *cli.Context) error {
@@ -147,15 +149,23 @@ func transferErr(c *cli.Context, ctx context.Context, err error) error {
 	return err
 }
 
-// snapshotSave streams the snapshot into path+".part", syncs it, verifies
-// it by reading it back, and renames it to path; on any failure the .part
-// file is removed and path is untouched.
+// snapshotSave streams the snapshot into a temporary file beside path
+// (path's name, a random part, .part), syncs it, verifies it by reading it
+// back, and renames it to path, replacing whatever path held; on any
+// failure that file is removed and path is untouched.
+//
+// The temporary file is this save's own (os.CreateTemp: O_EXCL, a name
+// no other save picks): two saves to the same path at once (overlapping
+// cron jobs, a retry from another shell) each write and verify their own,
+// and the last to finish renames its whole file over the other's. With a
+// shared path+".part" the first one renamed it to path and the other then
+// wrote on through its descriptor into the file reported saved.
 func snapshotSave(c *cli.Context, e *env, path string) (err error) {
-	part := path + ".part"
-	f, err := os.OpenFile(part, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.part")
 	if err != nil {
-		return fmt.Errorf("create %s: %w", part, err)
+		return fmt.Errorf("create a temporary file beside %s: %w", path, err)
 	}
+	part := f.Name()
 	closed := false
 	defer func() {
 		if !closed {
