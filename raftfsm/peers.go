@@ -9,8 +9,13 @@ import (
 // ParsePeers parses a bootstrap peer list, id=raftaddr=httpaddr,...
 // (kvrouter --peers, kvctl snapshot restore --peers): each entry three
 // non-empty fields, both addresses host:port, and no id, Raft address or
-// HTTP address given twice. Empty entries are skipped; the members are
-// voters. An empty list parses to none.
+// HTTP address given twice. A Raft address must be one that peers can
+// dial (CheckRaftAddr, as kvrouter checks its --raft-addr), with a port
+// other than 0: the peers dial it as listed, while a node told to listen
+// on port 0 takes any free one. (A lone node may run at --raft-addr
+// host:0: nobody dials it.) A seed of kvctl's with such an address left a
+// directory that no node could start on. Empty entries are skipped; the
+// members are voters. An empty list parses to none.
 func ParsePeers(s string) ([]Member, error) {
 	var out []Member
 	seen := map[string]bool{}
@@ -23,10 +28,14 @@ func ParsePeers(s string) ([]Member, error) {
 		if len(f) != 3 || f[0] == "" || f[1] == "" || f[2] == "" {
 			return nil, fmt.Errorf("peer %q: want id=raftaddr=httpaddr", p)
 		}
-		for _, a := range f[1:] {
-			if _, _, err := net.SplitHostPort(a); err != nil {
-				return nil, fmt.Errorf("peer %q: address %q: want host:port", p, a)
-			}
+		if err := CheckRaftAddr(f[1]); err != nil {
+			return nil, fmt.Errorf("peer %q: raft address %w", p, err)
+		}
+		if _, port, _ := net.SplitHostPort(f[1]); port == "0" {
+			return nil, fmt.Errorf("peer %q: raft address %q: port 0: want the port the node listens on, as its peers dial it (1 to 65535)", p, f[1])
+		}
+		if _, _, err := net.SplitHostPort(f[2]); err != nil {
+			return nil, fmt.Errorf("peer %q: http address %q: want host:port", p, f[2])
 		}
 		for _, k := range []string{"id " + f[0], "raft address " + f[1], "http address " + f[2]} {
 			if seen[k] {
@@ -37,4 +46,30 @@ func ParsePeers(s string) ([]Member, error) {
 		out = append(out, Member{ID: f[0], RaftAddr: f[1], HTTPAddr: f[2], Voter: true})
 	}
 	return out, nil
+}
+
+// CheckRaftAddr says what is wrong with addr as a node's Raft address,
+// nil when nothing is: host:port, the port one that net.Listen takes (a
+// number from 0 to 65535, or a service name), and a host that peers can
+// dial (not empty, not a wildcard such as 0.0.0.0 or ::), since it is the
+// address the cluster's configuration lists the node at. kvrouter checks
+// its --raft-addr with it, and ParsePeers every --peers entry's, so that
+// kvctl's offline seed refuses what kvrouter would refuse. The error
+// begins with addr, quoted, for the caller to put the flag or entry in
+// front.
+func CheckRaftAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q: %v: want host:port", addr, err)
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("%q: port %q: want a number from 0 to 65535", addr, port)
+	}
+	if host == "" {
+		return fmt.Errorf("%q has no host: give this node's own address, as its peers dial it (host:port)", addr)
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("%q: %s listens on every interface, and peers cannot dial it: give this node's own address, as its peers dial it (host:port)", addr, host)
+	}
+	return nil
 }

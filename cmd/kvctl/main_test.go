@@ -744,6 +744,32 @@ func TestSnapshotRestoreOfflineSeeds(t *testing.T) {
 	}
 }
 
+// TestSeedRefusesRaftAddressesKvrouterRefuses: the offline seed refuses
+// --peers whose Raft addresses peers cannot dial (no host, a wildcard, a
+// port out of range or 0), as kvrouter refuses such a --raft-addr (exit
+// 2, nothing seeded). From a review: the seed took them, and a seeded
+// directory starts only with the seed's --peers, so no node could start
+// on it (and a second seed refused it, as it held state).
+func TestSeedRefusesRaftAddressesKvrouterRefuses(t *testing.T) {
+	c := newCluster(t)
+	file := filepath.Join(t.TempDir(), "a.snap")
+	kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file).wantCode(t, 0)
+	for _, peers := range []string{
+		"n1=0.0.0.0:7946=10.0.0.1:7080",
+		"n1=[::]:7946=10.0.0.1:7080",
+		"n1=:7946=10.0.0.1:7080",
+		"n1=10.0.0.1:99999=10.0.0.1:7080",
+		"n1=10.0.0.1:0=10.0.0.1:7080",
+		"n1=10.0.0.1:7946=10.0.0.1:7080,n2=0.0.0.0:7946=10.0.0.2:7080",
+	} {
+		h := &harness{}
+		r := h.run(t, "snapshot", "restore", file, "--data-dir", t.TempDir(), "--node-id", "n1", "--peers", peers).wantCode(t, 2)
+		if !strings.Contains(r.stderr, "--peers: ") || !strings.Contains(r.stderr, "raft address") || len(h.seeds) != 0 {
+			t.Errorf("--peers %s: stderr %q, %d seed(s); want a usage error naming --peers and the raft address, no seed", peers, r.stderr, len(h.seeds))
+		}
+	}
+}
+
 func TestExitCodes(t *testing.T) {
 	cases := []struct {
 		args []string

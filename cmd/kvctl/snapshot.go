@@ -87,7 +87,7 @@ func snapshotCommand(e *env) *cli.Command {
 					// the command line (KVROUTER_DATA_DIR is the daemon's).
 					&cli.StringFlag{Name: "data-dir", Usage: "offline: seed this new node's data `DIR` instead of restoring online"},
 					&cli.StringFlag{Name: "node-id", Usage: "offline: the `ID` of the node that will own --data-dir"},
-					&cli.StringFlag{Name: "peers", Usage: "offline: every node of the new cluster as `id=raftaddr=httpaddr`,..."},
+					&cli.StringFlag{Name: "peers", Usage: "offline: every node of the new cluster as `id=raftaddr=httpaddr`,... (checked as kvrouter --peers is: each raftaddr one peers dial, not a wildcard)"},
 				},
 				Action: func(c *cli.Context) error {
 					if err := fileArg(c); err != nil {
@@ -379,8 +379,10 @@ func snapshotSeed(c *cli.Context, e *env, path string) error {
 }
 
 // parsePeers parses id=raftaddr=httpaddr,... as kvrouter --peers does
-// (raftfsm.ParsePeers: host:port addresses, no id or address twice), and
-// wants at least one peer.
+// (raftfsm.ParsePeers: host:port addresses, Raft addresses that kvrouter
+// would take as --raft-addr and peers can dial, no id or address twice),
+// and wants at least one peer: a seed with peers kvrouter refuses would
+// leave a directory that no node can start on.
 func parsePeers(s string) ([]raftfsm.Member, error) {
 	out, err := raftfsm.ParsePeers(s)
 	if err != nil {

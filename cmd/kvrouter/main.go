@@ -100,8 +100,9 @@ func newApp() *cli.App {
 	}
 }
 
-// parsePeers parses --peers (raftfsm.ParsePeers: kvctl snapshot restore
-// parses its --peers the same way).
+// parsePeers parses --peers (raftfsm.ParsePeers, which checks each Raft
+// address as checkAddr does --raft-addr: kvctl snapshot restore parses
+// its --peers the same way).
 func parsePeers(s string) ([]raftfsm.Member, error) { return raftfsm.ParsePeers(s) }
 
 // checkPeers checks that this node is one of the bootstrap peers, as it
@@ -409,23 +410,22 @@ func checkAddrs(c *cli.Context) error {
 }
 
 // checkAddr says what is wrong with the value of the address flag named
-// flag (checkAddrs), nil when nothing is.
+// flag (checkAddrs), nil when nothing is. --raft-addr is checked by
+// raftfsm.CheckRaftAddr, as every --peers entry's Raft address is
+// (raftfsm.ParsePeers, here and in kvctl's offline seed).
 func checkAddr(flag, addr string) error {
-	host, port, err := net.SplitHostPort(addr)
+	if flag == "raft-addr" {
+		if err := raftfsm.CheckRaftAddr(addr); err != nil {
+			return fmt.Errorf("--raft-addr %w", err)
+		}
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("--%s %q: %v: want host:port", flag, addr, err)
 	}
 	if _, err := net.LookupPort("tcp", port); err != nil {
 		return fmt.Errorf("--%s %q: port %q: want a number from 0 to 65535", flag, addr, port)
-	}
-	if flag != "raft-addr" {
-		return nil
-	}
-	if host == "" {
-		return fmt.Errorf("--raft-addr %q has no host: give this node's own address, as its peers dial it (host:port)", addr)
-	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
-		return fmt.Errorf("--raft-addr %q: %s listens on every interface, and peers cannot dial it: give this node's own address, as its peers dial it (host:port)", addr, host)
 	}
 	return nil
 }

@@ -61,6 +61,10 @@ func TestPeersAreChecked(t *testing.T) {
 		"n1=127.0.0.1:7001",                                      // no http address
 		"n1=127.0.0.1:7001=127.0.0.1:7081,n1=h:1=h:2",            // id twice
 		"n1=127.0.0.1:7001=127.0.0.1:7081,n2=127.0.0.1:7001=h:2", // raft address twice
+		// Raft addresses peers cannot dial, as --raft-addr (checkAddr).
+		"n1=127.0.0.1:7001=127.0.0.1:7081,n2=0.0.0.0:7002=127.0.0.1:7082",
+		"n1=127.0.0.1:7001=127.0.0.1:7081,n2=:7002=127.0.0.1:7082",
+		"n1=127.0.0.1:99999=127.0.0.1:7081",
 	} {
 		if _, err := parsePeers(bad); err == nil {
 			t.Errorf("--peers %s parsed", bad)

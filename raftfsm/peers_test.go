@@ -1,0 +1,56 @@
+package raftfsm
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestRaftAddrIsOneThatPeersCanDial: a Raft address is listed in the
+// cluster's configuration and dialed by the peers as written, so it needs
+// a host they can dial (not none, not a wildcard) and a port; kvrouter's
+// --raft-addr and a --peers entry's (kvrouter, kvctl's offline seed) are
+// checked by the same rule. From a review: the seed took --peers entries
+// at 0.0.0.0:7946 or :7946, which kvrouter refuses as --raft-addr, and
+// left a directory that no node could start on.
+func TestRaftAddrIsOneThatPeersCanDial(t *testing.T) {
+	for _, ok := range []string{"10.0.0.1:7946", "[::1]:7946", "node1.example:7946", "127.0.0.1:0"} {
+		if err := CheckRaftAddr(ok); err != nil {
+			t.Errorf("CheckRaftAddr(%q): %v", ok, err)
+		}
+	}
+	for _, c := range []struct{ addr, want string }{
+		{"10.0.0.1", "want host:port"},
+		{"10.0.0.1:99999", `port "99999": want a number from 0 to 65535`},
+		{"10.0.0.1:x", `port "x"`},
+		{":7946", "has no host"},
+		{"0.0.0.0:7946", "0.0.0.0 listens on every interface"},
+		{"[::]:7946", ":: listens on every interface"},
+	} {
+		if err := CheckRaftAddr(c.addr); err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), `"`+c.addr+`"`) {
+			t.Errorf("CheckRaftAddr(%q): %v, want an error that begins with the address and says %q", c.addr, err, c.want)
+		}
+	}
+}
+
+// TestParsePeersChecksRaftAddrs: a peer list's Raft addresses are checked
+// as kvrouter --raft-addr is (CheckRaftAddr), and port 0 is refused too:
+// the peers dial the port as listed, where a node told to listen on port 0
+// takes any free one.
+func TestParsePeersChecksRaftAddrs(t *testing.T) {
+	const good = "n1=10.0.0.1:7946=10.0.0.1:7080,n2=n2.example:7946=0.0.0.0:7080"
+	if ps, err := ParsePeers(good); err != nil || len(ps) != 2 {
+		t.Fatalf("ParsePeers(%q) = %v, %v", good, ps, err)
+	}
+	for _, c := range []struct{ peers, want string }{
+		{"n1=0.0.0.0:7946=10.0.0.1:7080", `raft address "0.0.0.0:7946": 0.0.0.0 listens on every interface`},
+		{"n1=10.0.0.1:7946=10.0.0.1:7080,n2=:7946=10.0.0.2:7080", `raft address ":7946" has no host`},
+		{"n1=10.0.0.1:99999=10.0.0.1:7080", `raft address "10.0.0.1:99999": port "99999"`},
+		{"n1=10.0.0.1:0=10.0.0.1:7080", `raft address "10.0.0.1:0": port 0`},
+		{"n1=10.0.0.1=10.0.0.1:7080", `raft address "10.0.0.1"`},
+		{"n1=10.0.0.1:7946=10.0.0.1", `http address "10.0.0.1": want host:port`},
+	} {
+		if _, err := ParsePeers(c.peers); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ParsePeers(%q): %v, want an error with %q", c.peers, err, c.want)
+		}
+	}
+}
