@@ -112,7 +112,7 @@ type Client struct {
 }
 
 // New returns a client of the nodes at endpoints: "host:port" or
-// "http(s)://host:port" each.
+// "http(s)://host:port" each, with a host and a port from 1 to 65535.
 func New(endpoints []string, opts Options) (*Client, error) {
 	c := &Client{hc: opts.HTTPClient, ua: opts.UserAgent}
 	if c.ua == "" {
@@ -163,8 +163,18 @@ func baseURL(e, scheme string) (string, error) {
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return "", fmt.Errorf("scheme %q (want http or https)", u.Scheme)
 	}
-	if u.Host == "" {
+	if u.Hostname() == "" {
 		return "", errors.New("no host (want host:port)")
+	}
+	// A port is required, as kvrouter --join requires it: without one the
+	// scheme's (80, 443) would be dialed, never a node's (7080 by default),
+	// and a typo in a list of endpoints would cost that node its share of
+	// the failover silently (only the others would answer).
+	if u.Port() == "" {
+		return "", errors.New("no port (want host:port)")
+	}
+	if p, err := strconv.ParseUint(u.Port(), 10, 16); err != nil || p == 0 {
+		return "", fmt.Errorf("port %q: want a number from 1 to 65535", u.Port())
 	}
 	if u.Path != "" && u.Path != "/" || u.RawQuery != "" {
 		return "", errors.New("want host:port with no path")

@@ -118,18 +118,23 @@ func newHangUp(t *testing.T) *hangUp {
 
 func (h *hangUp) addr() string { return h.ln.Addr().String() }
 
+// TestNewRefusesBadEndpoints: an endpoint is host:port or
+// http(s)://host:port, with a host and a port from 1 to 65535. From a
+// review: one without a port (taken as port 80 or 443) or with a port out
+// of range was accepted, and failed only when dialed.
 func TestNewRefusesBadEndpoints(t *testing.T) {
-	for _, eps := range [][]string{nil, {""}, {"ftp://h:1"}, {"http://h:1/path"}, {"http://"}} {
+	for _, eps := range [][]string{nil, {""}, {"ftp://h:1"}, {"http://h:1/path"}, {"http://"},
+		{"h"}, {"h:"}, {"h:0"}, {"h:65536"}, {"h:99999"}, {"http://h"}, {"https://h"}, {"[::1]"}, {":7080"}, {"http://:7080"}, {"h1:1", "h2"}} {
 		if _, err := client.New(eps, client.Options{}); err == nil {
 			t.Errorf("New(%q) accepted", eps)
 		}
 	}
-	c, err := client.New([]string{" h1:1 ", "https://h2:2", "http://h3:3/"}, client.Options{})
+	c, err := client.New([]string{" h1:1 ", "https://h2:2", "http://h3:3/", "[::1]:65535"}, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if got := strings.Join(c.Endpoints(), ","); got != "http://h1:1,https://h2:2,http://h3:3" {
+	if got := strings.Join(c.Endpoints(), ","); got != "http://h1:1,https://h2:2,http://h3:3,http://[::1]:65535" {
 		t.Fatalf("endpoints = %s", got)
 	}
 }

@@ -141,3 +141,23 @@ func TestAStartingNodeIsSkipped(t *testing.T) {
 	eps := strings.TrimPrefix(starting.URL, "http://") + "," + c.endpoints()
 	kvctl(t, "--endpoints", eps, "members", "list").wantCode(t, 0)
 }
+
+// TestEndpointWithoutAPortIsAUsageError: an --endpoints entry is
+// host:port (or http(s)://host:port), the port a number from 1 to 65535;
+// one without a port or with a bad one is a usage error (exit 2) naming
+// --endpoints, beside good entries too. From a review: "10.0.0.1" was
+// taken (port 80) and "127.0.0.1:99999" too, and a typo silently cost a
+// node its share of failover (or read as the node UNREACHABLE, exit 1).
+func TestEndpointWithoutAPortIsAUsageError(t *testing.T) {
+	c := newCluster(t)
+	for _, ep := range []string{"127.0.0.1", "127.0.0.1:", "127.0.0.1:99999", "127.0.0.1:0", "http://127.0.0.1", "https://[::1]", ":7080"} {
+		r := kvctl(t, "--endpoints", ep+","+c.nodes[0].addr(), "members", "list").wantCode(t, 2)
+		if !strings.Contains(r.stderr, "--endpoints") || !strings.Contains(r.stderr, fmt.Sprintf("endpoint %q", ep)) {
+			t.Errorf("--endpoints %s,...: stderr %q, want it to name --endpoints and the entry", ep, r.stderr)
+		}
+	}
+	// Every form the docs give still works.
+	for _, ep := range []string{c.nodes[0].addr(), "http://" + c.nodes[0].addr(), "http://" + c.nodes[0].addr() + "/"} {
+		kvctl(t, "--endpoints", ep, "members", "list").wantCode(t, 0)
+	}
+}
