@@ -638,7 +638,10 @@ func syncDir(dir string) error {
 // the peers as its configuration (seedRaftSnapshot), in place of a
 // bootstrap: every node of the new cluster must be seeded from the same
 // file with the same peers, and nodes added later receive the state from
-// a leader's snapshot. It refuses a directory that already holds state.
+// a leader's snapshot. It refuses a directory that already holds node
+// state (fsm/, raft/, a Raft snapshot), and leaves alone the files that
+// are not a node's (a mount point's lost+found/): the directory need not
+// be empty.
 func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 	if nodeID == "" || len(peers) == 0 {
 		return fmt.Errorf("%w: seeding needs a node id and the peers", ErrInvalid)
@@ -655,13 +658,13 @@ func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 	defer lock.Close()
 	for _, sub := range []string{"fsm", "raft"} {
 		if _, err := os.Stat(filepath.Join(dataDir, sub)); err == nil {
-			return fmt.Errorf("%w: %s already holds state; seed a new, empty directory", ErrInvalid, dataDir)
+			return fmt.Errorf("%w: %s already holds node state; seed a directory that holds none", ErrInvalid, dataDir)
 		}
 	}
 	// Raft snapshots are state too (raft.HasExistingState): a node would
 	// not bootstrap, and would restore the newest of them over the seed.
 	if ents, err := os.ReadDir(filepath.Join(dataDir, "snapshots")); err == nil && len(ents) > 0 {
-		return fmt.Errorf("%w: %s already holds Raft snapshots (%s); seed a new, empty directory", ErrInvalid, dataDir, filepath.Join(dataDir, "snapshots"))
+		return fmt.Errorf("%w: %s already holds Raft snapshots (%s); seed a directory that holds no node state", ErrInvalid, dataDir, filepath.Join(dataDir, "snapshots"))
 	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}

@@ -427,6 +427,40 @@ func TestSeedDataDirRefusesRaftSnapshots(t *testing.T) {
 	}
 }
 
+// TestSeedDataDirLeavesOtherFilesAlone: the seed wants a directory that
+// holds no node state (fsm/, raft/, Raft snapshots), not an empty one: a
+// mount point's lost+found/ and files that are not a node's are taken and
+// left as they are (kvctl snapshot restore --help and docs/operations.md
+// say so; they said "empty").
+func TestSeedDataDirLeavesOtherFilesAlone(t *testing.T) {
+	peers := []Member{{ID: "n1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}}
+	_, snap := fixtureSnapshot(t)
+	good := filepath.Join(t.TempDir(), "good.snap")
+	if err := os.WriteFile(good, snap, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "lost+found"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	note := filepath.Join(dir, "README")
+	if err := os.WriteFile(note, []byte("kvrouter n1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := SeedDataDir(good, dir, "n1", peers); err != nil {
+		t.Fatalf("seed into a directory with lost+found/ and a README: %v", err)
+	}
+	if b, err := os.ReadFile(note); err != nil || string(b) != "kvrouter n1" {
+		t.Fatalf("%s after the seed: %q, %v; want it as it was", note, b, err)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "lost+found")); err != nil || !fi.IsDir() {
+		t.Fatalf("lost+found after the seed: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "fsm")); err != nil {
+		t.Fatalf("the seed wrote no fsm/: %v", err)
+	}
+}
+
 // TestRestoreRefusesABadOrphan: a rank's held orphan of an unknown tier
 // is refused at restore (ErrBadSnapshot, state unchanged); loaded, it
 // would have failed the apply that later adopts it, on every replica.

@@ -75,8 +75,9 @@ func snapshotCommand(e *env) *cli.Command {
 					"goes on with it even if kvctl stops waiting (--max-time, Ctrl-C): kvctl then says\n" +
 					"the outcome is unknown; see kvctl status before restoring again.\n\n" +
 					"Offline (--data-dir, --node-id, --peers): the file is written into a new node's\n" +
-					"empty data directory. Seed every node of the new cluster from the same file, then\n" +
-					"start each with the same --peers.\n\n" +
+					"data directory, one that holds no node state (no fsm/, raft/ or Raft snapshots;\n" +
+					"files that are not a node's, such as lost+found, are left alone). Seed every node\n" +
+					"of the new cluster from the same file, then start each with the same --peers.\n\n" +
 					"Example:\n" +
 					"   kvctl snapshot restore backup.snap\n" +
 					"   kvctl snapshot restore backup.snap --data-dir /var/lib/kvrouter --node-id n1 \\\n" +
