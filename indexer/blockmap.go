@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"iter"
+	"math/bits"
 	"unsafe"
 )
 
@@ -25,6 +26,21 @@ import (
 // whole table, and the memory freed is one segment, not the old table.
 // Nothing shrinks (like a Go map).
 //
+// Aimed keys: mix64 is unkeyed and invertible, so whoever chooses engine
+// hashes can give a thousand of them hashes that share their top 54 bits.
+// Each split of their segment then leaves them all in one half and the
+// next insert splits again, doubling the directory each time: towards
+// 2^54 entries, out of memory on every replica applying one well-formed
+// event. So the directory may only double while its depth stays within
+// dirSlackBits of what the entry count needs (bits.Len(n/segSlots)); past
+// that a full segment grows in place instead, past segSlots, and splits
+// later, once the count allows a deeper directory. Random keys never come
+// near the bound (their directory is at most one bit deeper than the
+// count needs), so for them nothing changes. Aimed keys can make at most
+// one segment per directory entry, so at most 2<<dirSlackBits segments
+// per segSlots entries (1<<dirSlackBits under segSlots entries): memory
+// stays O(entries) whatever the keys.
+//
 // Why not a Go map: storing a block looks its engine hash up and, nearly
 // always, inserts it; a Go map hashes and probes twice for that, here
 // lookup finds the slot the insert then fills (setAt).
@@ -37,7 +53,7 @@ type blockMap struct {
 }
 
 type bmSegment struct {
-	slots []blockSlot // len a power of two, at most segSlots unless depth is maxSegDepth
+	slots []blockSlot // len a power of two; over segSlots only when splitting was refused (maySplit)
 	n     int
 	depth uint // local depth: the top depth bits of h are the same for every key here
 }
@@ -50,9 +66,12 @@ type blockSlot struct {
 const (
 	segSlots    = 1024 // a full-sized segment: 16 KiB
 	minSegSlots = 8
-	// maxSegDepth bounds splitting: past it a segment grows in place. Keys
-	// are distinct and mix64 is a bijection, so a segment can only be that
-	// deep with more than segSlots*7/8 keys sharing 54 bits of hash: never.
+	// dirSlackBits is how much deeper than bits.Len(n/segSlots) the
+	// directory may grow (maySplit). Growing 3M random keys, the directory
+	// was never more than one bit deeper than that.
+	dirSlackBits = 3
+	// maxSegDepth bounds splitting whatever the count (the hash has 64
+	// bits to split by); dirSlackBits makes it unreachable in practice.
 	maxSegDepth = 54
 )
 
@@ -204,11 +223,22 @@ func (m *blockMap) del(eh uint64) {
 	m.n--
 }
 
+// maySplit reports whether the full segment s may split: a split that
+// would double the directory must leave its depth within dirSlackBits of
+// what the entry count needs, so that keys aimed at one segment cannot
+// make the directory outgrow the map.
+func (m *blockMap) maySplit(s *bmSegment) bool {
+	if s.depth >= maxSegDepth {
+		return false
+	}
+	return s.depth < m.depth || m.depth < uint(bits.Len(uint(m.n/segSlots)))+dirSlackBits
+}
+
 // grow makes room in segment s, the segment of hash h: it doubles a small
 // segment in place, and splits a full-sized one in two by the next bit of
-// the hash.
+// the hash, or doubles it in place too when it may not split.
 func (m *blockMap) grow(s *bmSegment, h uint64) {
-	if len(s.slots) < segSlots || s.depth >= maxSegDepth {
+	if len(s.slots) < segSlots || !m.maySplit(s) {
 		old := s.slots
 		s.slots = make([]blockSlot, 2*len(old))
 		s.n = 0
@@ -228,15 +258,35 @@ func (m *blockMap) grow(s *bmSegment, h uint64) {
 		m.dir = dir
 		m.depth++
 	}
-	// s becomes the lower half: its entries are copied out and those of
-	// the lower half put back; only the upper half is a new segment.
+	var lo, hi *bmSegment
+	if len(s.slots) == segSlots {
+		lo, hi = s.split()
+	} else {
+		lo, hi = s.splitLarge()
+	}
+	// s filled the directory entries whose top (old) s.depth bits are h's:
+	// the first half of that run goes to lo, the second to hi.
+	span := 1 << (m.depth - (s.depth - 1))
+	first := int(h>>(64-(s.depth-1))) * span // h>>64 is 0
+	for i := first; i < first+span/2; i++ {
+		m.dir[i] = lo
+	}
+	for i := first + span/2; i < first+span; i++ {
+		m.dir[i] = hi
+	}
+}
+
+// split splits the full-sized segment s by the hash bit after its depth:
+// s becomes the lower half (its entries are copied out and those of the
+// lower half put back); only the upper half is a new segment.
+func (s *bmSegment) split() (lo, hi *bmSegment) {
 	var tmp [segSlots]blockSlot
 	copy(tmp[:], s.slots)
 	clear(s.slots)
 	s.n = 0
 	s.depth++
-	lo := s
-	hi := &bmSegment{slots: make([]blockSlot, segSlots), depth: s.depth}
+	lo = s
+	hi = &bmSegment{slots: make([]blockSlot, segSlots), depth: s.depth}
 	bit := 64 - s.depth // the hash bit that tells lo from hi
 	for _, sl := range tmp {
 		if sl.n == nil {
@@ -249,16 +299,46 @@ func (m *blockMap) grow(s *bmSegment, h uint64) {
 			hi.insert(sl, kh)
 		}
 	}
-	// s filled the directory entries whose top (old) s.depth bits are h's:
-	// the first half of that run goes to lo, the second to hi.
-	span := 1 << (m.depth - (s.depth - 1))
-	first := int(h>>(64-(s.depth-1))) * span // h>>64 is 0
-	for i := first; i < first+span/2; i++ {
-		m.dir[i] = lo
+	return lo, hi
+}
+
+// splitLarge splits a segment grown past segSlots while it could not split
+// (maySplit): each half gets a table sized for its share, at least
+// segSlots, so that a half holding nearly all the keys again is not
+// immediately full. Only maps fed aimed keys come here.
+func (s *bmSegment) splitLarge() (lo, hi *bmSegment) {
+	bit := 64 - (s.depth + 1)
+	nhi := 0
+	for _, sl := range s.slots {
+		if sl.n != nil && mix64(sl.eh)>>bit&1 != 0 {
+			nhi++
+		}
 	}
-	for i := first + span/2; i < first+span; i++ {
-		m.dir[i] = hi
+	size := func(n int) int {
+		sz := segSlots
+		for (n+1)*8 > sz*7 {
+			sz *= 2
+		}
+		return sz
 	}
+	old := s.slots
+	s.slots = make([]blockSlot, size(s.n-nhi))
+	s.n = 0
+	s.depth++
+	lo = s
+	hi = &bmSegment{slots: make([]blockSlot, size(nhi)), depth: s.depth}
+	for _, sl := range old {
+		if sl.n == nil {
+			continue
+		}
+		kh := mix64(sl.eh)
+		if kh>>bit&1 == 0 {
+			lo.insert(sl, kh)
+		} else {
+			hi.insert(sl, kh)
+		}
+	}
+	return lo, hi
 }
 
 // insert puts a slot's entry, whose key is not in s and whose hash is kh,

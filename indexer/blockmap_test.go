@@ -89,8 +89,18 @@ func TestBlockMapMatchesMap(t *testing.T) {
 		// Small key sets make long colliding runs inside one segment;
 		// large ones split segments and double the directory.
 		keys := rapid.SampledFrom([]int{20, 200, 5000}).Draw(rt, "keys")
+		// Aimed keys share the top 51 bits of their mixed hashes, as
+		// engine hashes chosen by inverting mix64 would: every split of
+		// their segment leaves them all in one half.
+		aimed := rapid.Bool().Draw(rt, "aimed")
+		key := func(i uint64) uint64 {
+			if aimed {
+				return mix64Inverse(0x5a5a5a5a5a5a5<<13 | i)
+			}
+			return i * 0x9e3779b97f4a7c15
+		}
 		for step := rapid.IntRange(0, 3*keys).Draw(rt, "steps"); step > 0; step-- {
-			k := rapid.Uint64Range(0, uint64(keys)).Draw(rt, "key") * 0x9e3779b97f4a7c15
+			k := key(rapid.Uint64Range(0, uint64(keys)).Draw(rt, "key"))
 			n := nodes[rapid.IntRange(0, len(nodes)-1).Draw(rt, "node")]
 			switch rapid.IntRange(0, 3).Draw(rt, "op") {
 			case 0:
@@ -212,5 +222,157 @@ func TestBlockMapSplits(t *testing.T) {
 		if got != len(ref) {
 			t.Fatalf("all yielded %d entries, want %d", got, len(ref))
 		}
+	}
+}
+
+// mix64Inverse inverts mix64 (the SplitMix64 finaliser is a bijection):
+// what anyone who controls engine hashes can compute to aim keys at one
+// segment.
+func mix64Inverse(y uint64) uint64 {
+	unshift := func(x uint64, s uint) uint64 { // inverts x ^= x >> s
+		r := x
+		for i := uint(0); i < 64/s+1; i++ {
+			r = x ^ r>>s
+		}
+		return r
+	}
+	inv := func(a uint64) uint64 { // inverse of an odd a mod 2^64 (Newton)
+		x := a
+		for range 6 {
+			x *= 2 - a*x
+		}
+		return x
+	}
+	y = unshift(y, 31)
+	y *= inv(0x94d049bb133111eb)
+	y = unshift(y, 27)
+	y *= inv(0xbf58476d1ce4e5b9)
+	return unshift(y, 30)
+}
+
+// clusteredKeys returns n engine hashes whose mixed hashes share their top
+// shared bits (prefix's low shared bits), differing below; n at most
+// 1<<(64-shared).
+func clusteredKeys(prefix uint64, shared uint, n int) []uint64 {
+	keys := make([]uint64, n)
+	for i := range keys {
+		keys[i] = mix64Inverse(prefix<<(64-shared) | uint64(i))
+	}
+	return keys
+}
+
+func TestMix64Inverse(t *testing.T) {
+	for _, x := range []uint64{0, 1, 0x5555555555555400, 1 << 63, ^uint64(0), 0x0123456789abcdef} {
+		if got := mix64(mix64Inverse(x)); got != x {
+			t.Fatalf("mix64(mix64Inverse(%#x)) = %#x", x, got)
+		}
+	}
+}
+
+// TestBlockMapClusteredHashes: keys whose mixed hashes share their top 54
+// bits (two full groups of 1024, 53 bits shared between them) and a second
+// cluster sharing 40, among random keys. Every split of their segment
+// leaves all of them in one half; before the directory's depth was bounded
+// by the entry count, the first put past a segment's 7/8 split it again
+// and again, doubling the directory towards 2^54 entries (out of memory).
+// The directory must stay small, and the map must still agree with a Go
+// map through deletes and reinserts.
+func TestBlockMapClusteredHashes(t *testing.T) {
+	keys := clusteredKeys(0x5555555555555400>>10>>1, 53, 2048)
+	keys = append(keys, clusteredKeys(0xabcdef1234, 40, 1500)...)
+	for i := uint64(1); i <= 1000; i++ {
+		keys = append(keys, i*0x9e3779b97f4a7c15)
+	}
+	for _, hint := range []int{0, 100, 5000} {
+		m := newBlockMap(hint)
+		ref := map[uint64]*node{}
+		nodes := []*node{{seq: 1}, {seq: 2}}
+		for i, k := range keys {
+			m.put(k, nodes[i%2])
+			ref[k] = nodes[i%2]
+			if m.depth > 8 {
+				t.Fatalf("hint %d: %d entries made a directory of depth %d", hint, m.len(), m.depth)
+			}
+		}
+		blockMapAgrees(t, &m, ref)
+		for i, k := range keys {
+			if i%3 != 0 {
+				m.del(k)
+				delete(ref, k)
+			}
+		}
+		blockMapAgrees(t, &m, ref)
+		for i, k := range keys {
+			if i%3 == 1 {
+				if s, old := m.lookup(k); old == nil {
+					m.setAt(s, k, nodes[0])
+					ref[k] = nodes[0]
+				}
+			}
+		}
+		blockMapAgrees(t, &m, ref)
+		// Normal growth afterwards: the deep segments split again once the
+		// entry count allows a deeper directory.
+		for i := uint64(1); i <= 30_000; i++ {
+			k := mix64(i ^ 0xfeed)
+			m.put(k, nodes[1])
+			ref[k] = nodes[1]
+		}
+		blockMapAgrees(t, &m, ref)
+		t.Logf("hint %d: %d entries, directory depth %d, %d KiB", hint, m.len(), m.depth, m.bytes()>>10)
+		if lim := 16 * (m.len()/segSlots + 1); len(m.dir) > lim {
+			t.Fatalf("hint %d: %d entries, directory of %d (over %d)", hint, m.len(), len(m.dir), lim)
+		}
+	}
+}
+
+// TestBlockMapClusteredMemory: the memory of a map of aimed keys stays
+// within a small multiple of that of random keys.
+func TestBlockMapClusteredMemory(t *testing.T) {
+	var aimed, random blockMap
+	nd := &node{}
+	for i := uint64(0); i < 64; i++ {
+		// 64 clusters of 1000 keys, each sharing 50 bits.
+		for _, k := range clusteredKeys(mix64(i)>>14, 50, 1000) {
+			aimed.put(k, nd)
+		}
+	}
+	for i := uint64(0); i < uint64(aimed.len()); i++ {
+		random.put(mix64(i), nd)
+	}
+	if err := aimed.check(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d entries: aimed %d KiB (depth %d), random %d KiB (depth %d)",
+		aimed.len(), aimed.bytes()>>10, aimed.depth, random.bytes()>>10, random.depth)
+	if aimed.bytes() > 20*random.bytes() {
+		t.Fatalf("aimed keys take %d KiB, random ones %d KiB", aimed.bytes()>>10, random.bytes()>>10)
+	}
+}
+
+// blockMapAgrees checks m's invariants and that gets and all agree with
+// ref.
+func blockMapAgrees(t *testing.T, m *blockMap, ref map[uint64]*node) {
+	t.Helper()
+	if err := m.check(); err != nil {
+		t.Fatal(err)
+	}
+	if m.len() != len(ref) {
+		t.Fatalf("len %d, want %d", m.len(), len(ref))
+	}
+	for k, want := range ref {
+		if got, ok := m.get(k); !ok || got != want {
+			t.Fatalf("get %#x: %v %v, want %v", k, got, ok, want)
+		}
+	}
+	seen := 0
+	for k, n := range m.all() {
+		if ref[k] != n {
+			t.Fatalf("all: %#x -> %v, want %v", k, n, ref[k])
+		}
+		seen++
+	}
+	if seen != len(ref) {
+		t.Fatalf("all yielded %d entries, want %d", seen, len(ref))
 	}
 }

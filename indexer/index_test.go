@@ -606,3 +606,32 @@ func TestOrphanDigestSeesContentHashes(t *testing.T) {
 		t.Fatalf("digest %#x for both", a.Digest())
 	}
 }
+
+// TestApplyAimedEngineHashes: one well-formed Stored event whose engine
+// hashes were chosen (by inverting mix64) to share the top 54 bits of
+// their hash in the rank's block map. It used to make every replica run
+// out of memory applying it (the block map doubled its directory towards
+// 2^54 entries), and again at replay; now it is an event like another.
+func TestApplyAimedEngineHashes(t *testing.T) {
+	ix := New(Config{})
+	keys := clusteredKeys(0x5555555555555400>>10, 54, 1024)
+	blocks := make([]kvevent.Block, len(keys))
+	for i, k := range keys {
+		blocks[i] = kvevent.Block{EngineHash: k, LocalHash: 1000 + uint64(i)}
+	}
+	ev := stored(rk1, dev, blocks)
+	if err := ev.Validate(); err != nil {
+		t.Fatalf("the event is not well formed: %v", err)
+	}
+	mustApply(t, ix, ev)
+	checkInvariants(t, ix)
+	rs := ix.ranks[ix.slots[rk1]]
+	if rs.blocks.len() != len(keys) || len(rs.blocks.dir) > 16 {
+		t.Fatalf("%d blocks in a map of %d, directory of %d entries", len(keys), rs.blocks.len(), len(rs.blocks.dir))
+	}
+	mustApply(t, ix, removed(rk1, dev, keys[:500]...))
+	checkInvariants(t, ix)
+	if got := ix.Stats().Entries; got != int64(len(keys)-500) {
+		t.Fatalf("%d entries after removing 500 of %d", got, len(keys))
+	}
+}
