@@ -2,11 +2,26 @@ package indexer
 
 import "github.com/kvrouter/kvrouter/kvevent"
 
-// The digest is a sum (mod 2^64) of a strong mix of every logical fact:
-// one term per (rank, node, engine hash, mask) residency and one per held
-// orphan block. A sum is order-independent, so equal logical state gives an
-// equal digest whatever order the facts arrived in, and it updates in O(1)
-// as facts change: subtract the old term, add the new one.
+// The digest is a sum (mod 2^64) of a strong mix of every residency and
+// held orphan block: one term per (rank, node sequence hash, engine hash,
+// tier mask) residency, and one per block of a held orphan event (rank,
+// the engine hash before it in the event, or the event's parent for the
+// first, its engine hash, its content hash, the event's tier). A sum is
+// order-independent, so equal residencies and held orphans give an equal
+// digest whatever order they arrived in, and it updates in O(1) as they
+// change: subtract the old term, add the new one.
+//
+// Nothing else is in it, though the rest is replicated state too and
+// decides what later events do: when each orphan arrived and the buffer's
+// order (TTL expiry, which is dropped at the buffer's bounds), each
+// entry's age (holder order and the rank's store counter: which entries a
+// capacity trim drops), each rank's capacity, its needs-resync and
+// over-capacity flags, ranks that hold nothing (SetCapacity makes one),
+// and the counters. Two indexes with equal digests can therefore diverge
+// at a later event; the digest shows a divergence there only once it
+// reaches residencies or held orphans. The digest is compared between the
+// nodes of a cluster, also between builds during a rolling upgrade, so its
+// value for a given state must not change: TestDigestValue pins it.
 
 // mix64 is the SplitMix64 finaliser: a bijection with full avalanche.
 func mix64(x uint64) uint64 {

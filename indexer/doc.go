@@ -14,7 +14,8 @@
 //   - For every rank, engine hash h maps to node n exactly when n lists the
 //     rank with engine hash h and a non-empty mask (a bijection).
 //   - Applying the same events in the same order gives the same Digest, and
-//     equal logical state gives equal Digests whatever the history.
+//     equal residencies and held orphans give equal Digests whatever the
+//     history (the Digest covers only those: see digest.go).
 //   - Nothing here reads a clock, a file or the network: time is an argument.
 //   - Malformed input is rejected whole with an error wrapping
 //     kvevent.ErrMalformed and changes nothing.

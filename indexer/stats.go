@@ -87,8 +87,12 @@ func (ix *Index) RankStats() []RankStats {
 	return out
 }
 
-// Digest returns the state digest: equal for equal logical state (every
-// residency with its engine hash, and every held orphan block). O(1).
+// Digest returns the state digest: a sum over every residency (rank, node,
+// engine hash, tier mask) and every held orphan block, equal whenever
+// those are, whatever the history. O(1). It does not cover the rest of the
+// state that decides later events: orphans' arrival times and order, entry
+// ages, capacities, the needs-resync and over-capacity flags, empty ranks,
+// counters (digest.go says why and what follows).
 func (ix *Index) Digest() uint64 {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
