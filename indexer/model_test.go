@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"cmp"
 	"fmt"
 	"math/bits"
 	"slices"
@@ -13,19 +14,24 @@ import (
 // identified by their full path of content hashes (a string key), nothing
 // is shared, and every query is answered by brute force.
 type model struct {
-	cfg   Config
-	ranks map[kvevent.Rank]*mRank
+	cfg     Config
+	ranks   map[kvevent.Rank]*mRank
+	evicted uint64 // entries dropped from a tier for capacity
 }
 
 type mEntry struct {
-	path []uint64
-	mask kvevent.Mask
+	path  []uint64
+	mask  kvevent.Mask
+	order uint32 // the rank's store counter when the residency began
 }
 
 type mRank struct {
-	blocks      map[uint64]mEntry
-	orphans     []orphan
-	needsResync bool
+	blocks       map[uint64]mEntry
+	orphans      []orphan
+	needsResync  bool
+	cap          [kvevent.NumTiers]int64 // 0: unbounded
+	order        uint32                  // counts new residencies
+	overCapacity bool                    // a tier went past its capacity and slack
 }
 
 func newModel(cfg Config) *model {
@@ -104,9 +110,11 @@ func (m *model) apply(ev *kvevent.Event, now int64) bool {
 		}
 	case kvevent.KindCleared:
 		if mr := m.rank(ev.Rank, false); mr != nil {
+			// The rank keeps its capacity and its store counter.
 			mr.blocks = map[uint64]mEntry{}
 			mr.orphans = nil
 			mr.needsResync = false
+			mr.overCapacity = false
 		}
 	}
 	return true
@@ -154,14 +162,22 @@ func (m *model) store(mr *mRank, t kvevent.Tier, hasParent bool, parent uint64, 
 		if e, ok := mr.blocks[b.EngineHash]; ok && pathKey(e.path) != key {
 			delete(mr.blocks, b.EngineHash)
 		}
+		// The residency at this path, under this engine hash or another,
+		// keeps its tiers and its age; a new one is the youngest.
 		var mask kvevent.Mask
+		var order uint32
+		found := false
 		for eh, e := range mr.blocks {
 			if pathKey(e.path) == key {
-				mask = e.mask
+				mask, order, found = e.mask, e.order, true
 				delete(mr.blocks, eh)
 			}
 		}
-		mr.blocks[b.EngineHash] = mEntry{path: slices.Clone(path), mask: mask | t.Bit()}
+		if !found {
+			mr.order++
+			order = mr.order
+		}
+		mr.blocks[b.EngineHash] = mEntry{path: slices.Clone(path), mask: mask | t.Bit(), order: order}
 	}
 	for i := 0; i < len(mr.orphans); {
 		o := mr.orphans[i]
@@ -172,6 +188,80 @@ func (m *model) store(mr *mRank, t kvevent.Tier, hasParent bool, parent uint64, 
 		mr.orphans = slices.Delete(slices.Clone(mr.orphans), i, i+1)
 		m.store(mr, o.tier, true, o.parent, o.blocks, now, false)
 		i = 0
+	}
+	m.enforce(mr, t)
+}
+
+// setCapacity sets the rank's capacity (creating it) and enforces it in
+// every tier.
+func (m *model) setCapacity(r kvevent.Rank, c [kvevent.NumTiers]int64) {
+	mr := m.rank(r, true)
+	mr.cap = c
+	for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
+		m.enforce(mr, t)
+	}
+}
+
+// enforce applies the capacity rule (semantics.md §3, DESIGN.md) to tier
+// t, by brute force: past capacity plus slack, the tier is cleared on the
+// oldest entries down to the capacity, and the rank is flagged. An entry
+// is as old as the youngest entry at or below it along a chain the rank
+// holds in t without a gap; among entries of one age the deepest goes
+// first (a chain is trimmed from its leaf), then the lower engine hash.
+func (m *model) enforce(mr *mRank, t kvevent.Tier) {
+	c := mr.cap[t]
+	if c <= 0 {
+		return
+	}
+	type aged struct {
+		eh          uint64
+		young, tail uint32 // the youngest order below, and how many blocks below it is
+	}
+	var held []aged
+	inT := map[string]bool{}
+	for _, e := range mr.blocks {
+		if e.mask.Has(t) {
+			inT[pathKey(e.path)] = true
+		}
+	}
+	if int64(len(inT)) <= c+int64(float64(c)*m.cfg.CapacitySlack) {
+		return
+	}
+	mr.overCapacity = true
+	for eh, x := range mr.blocks {
+		if !x.mask.Has(t) {
+			continue
+		}
+		a := aged{eh: eh, young: x.order}
+		for _, y := range mr.blocks {
+			if !y.mask.Has(t) || len(y.path) <= len(x.path) || !slices.Equal(y.path[:len(x.path)], x.path) {
+				continue
+			}
+			unbroken := true
+			for d := len(x.path) + 1; d < len(y.path); d++ {
+				if !inT[pathKey(y.path[:d])] {
+					unbroken = false
+					break
+				}
+			}
+			if unbroken && y.order > a.young {
+				a.young, a.tail = y.order, uint32(len(y.path)-len(x.path))
+			}
+		}
+		held = append(held, a)
+	}
+	slices.SortFunc(held, func(a, b aged) int {
+		if a.young != b.young {
+			return cmp.Compare(a.young, b.young)
+		}
+		if a.tail != b.tail {
+			return cmp.Compare(a.tail, b.tail)
+		}
+		return cmp.Compare(a.eh, b.eh)
+	})
+	for _, a := range held[:int64(len(held))-c] {
+		m.remove(mr, a.eh, t)
+		m.evicted++
 	}
 }
 
@@ -363,13 +453,16 @@ func (m *model) checkState(t interface{ Fatalf(string, ...any) }, ix *Index) {
 				}
 			}
 			slices.Reverse(path)
-			got[e.EngineHash] = fmt.Sprintf("%s mask %v", pathKey(path), e.Mask)
+			got[e.EngineHash] = fmt.Sprintf("%s mask %v order %d", pathKey(path), e.Mask, e.Order)
 		}
 		want := map[uint64]string{}
 		var wantOrphans []DumpOrphan
+		var wantCap [kvevent.NumTiers]int64
+		var wantOrder uint32
 		if mr := m.ranks[r]; mr != nil {
+			wantCap, wantOrder = mr.cap, mr.order
 			for eh, e := range mr.blocks {
-				want[eh] = fmt.Sprintf("%s mask %v", pathKey(e.path), e.mask)
+				want[eh] = fmt.Sprintf("%s mask %v order %d", pathKey(e.path), e.mask, e.order)
 			}
 			for _, o := range mr.orphans {
 				wantOrphans = append(wantOrphans, DumpOrphan{At: o.at, Tier: o.tier, Parent: o.parent, Blocks: o.blocks})
@@ -380,6 +473,32 @@ func (m *model) checkState(t interface{ Fatalf(string, ...any) }, ix *Index) {
 		}
 		if fmt.Sprint(d.Orphans) != fmt.Sprint(wantOrphans) {
 			t.Fatalf("rank %v orphans %v, model %v", r, d.Orphans, wantOrphans)
+		}
+		if d.Capacity != wantCap || d.Order != wantOrder {
+			t.Fatalf("rank %v capacity %v store counter %d, model %v %d", r, d.Capacity, d.Order, wantCap, wantOrder)
+		}
+	}
+}
+
+// checkCapacity compares what the index reports of capacity with the
+// model: the evictions, each rank's over-capacity flag, and the bound
+// itself (no tier past its capacity and slack after any step).
+func (m *model) checkCapacity(t interface{ Fatalf(string, ...any) }, ix *Index) {
+	if got := ix.Stats().Counters.CapacityEvicted; got != m.evicted {
+		t.Fatalf("%d entries evicted for capacity, model %d", got, m.evicted)
+	}
+	for _, st := range ix.RankStats() {
+		mr := m.ranks[st.Rank]
+		if mr == nil {
+			t.Fatalf("rank %v unknown to the model", st.Rank)
+		}
+		if st.OverCapacity != mr.overCapacity {
+			t.Fatalf("rank %v over capacity: index %v, model %v", st.Rank, st.OverCapacity, mr.overCapacity)
+		}
+		for tr, c := range st.Capacity {
+			if c > 0 && st.Blocks[tr] > c+int64(float64(c)*m.cfg.CapacitySlack) {
+				t.Fatalf("rank %v holds %d blocks in tier %d, capacity %d", st.Rank, st.Blocks[tr], tr, c)
+			}
 		}
 	}
 }

@@ -28,7 +28,23 @@ func genRank() *rapid.Generator[kvevent.Rank] {
 type step struct {
 	ev           kvevent.Event
 	removeWorker uint64 // when non-zero, the step removes this worker instead
+	setCapacity  bool   // the step sets ev.Rank's capacity instead
+	capacity     [kvevent.NumTiers]int64
 	dt           time.Duration
+}
+
+// apply applies the step to ix at time now: Apply's error for an event.
+func (s *step) apply(ix *Index, now int64) error {
+	switch {
+	case s.removeWorker != 0:
+		ix.RemoveWorker(s.removeWorker)
+	case s.setCapacity:
+		ix.SetCapacity(s.ev.Rank, s.capacity)
+	default:
+		ev := s.ev
+		return ix.Apply(&ev, now)
+	}
+	return nil
 }
 
 func genStep() *rapid.Generator[step] {
@@ -36,7 +52,7 @@ func genStep() *rapid.Generator[step] {
 		s := step{dt: time.Duration(rapid.IntRange(0, 1500).Draw(t, "dt_ms")) * time.Millisecond}
 		s.ev.Rank = genRank().Draw(t, "rank")
 		s.ev.Tier = kvevent.Tier(rapid.IntRange(0, kvevent.NumTiers-1).Draw(t, "tier"))
-		switch k := rapid.IntRange(0, 19).Draw(t, "kind"); {
+		switch k := rapid.IntRange(0, 21).Draw(t, "kind"); {
 		case k < 12:
 			s.ev.Kind = kvevent.KindStored
 			n := rapid.IntRange(1, 4).Draw(t, "n")
@@ -54,8 +70,16 @@ func genStep() *rapid.Generator[step] {
 			s.ev.Removed = rapid.SliceOfN(propHashes, 1, 3).Draw(t, "removed")
 		case k < 19:
 			s.ev.Kind = kvevent.KindCleared
-		default:
+		case k < 20:
 			s.removeWorker = rapid.SampledFrom(propWorkers).Draw(t, "removeWorker")
+			return s
+		default:
+			// Capacities small enough for the universe's ranks to pass
+			// them, with and without slack (propCfg's 0.5: none below 2).
+			s.setCapacity = true
+			for tr := range s.capacity {
+				s.capacity[tr] = rapid.SampledFrom([]int64{0, 0, 1, 2, 3, 5}).Draw(t, "capacity")
+			}
 			return s
 		}
 		// Now and then a malformed event: the index must refuse it (and
@@ -72,7 +96,7 @@ func genStep() *rapid.Generator[step] {
 	})
 }
 
-var propCfg = Config{OrphanMaxEvents: 3, OrphanMaxBlocks: 8, OrphanTTL: 2 * time.Second}
+var propCfg = Config{OrphanMaxEvents: 3, OrphanMaxBlocks: 8, OrphanTTL: 2 * time.Second, CapacitySlack: 0.5}
 
 func toMap(m *Matches) map[kvevent.Rank][kvevent.NumTiers]uint32 {
 	out := map[kvevent.Rank][kvevent.NumTiers]uint32{}
@@ -107,21 +131,23 @@ func checkIndexMatchesModel(t *testing.T) {
 		steps := rapid.SliceOfN(genStep(), 1, 60).Draw(t, "steps")
 		for _, s := range steps {
 			now += int64(s.dt)
-			if s.removeWorker != 0 {
-				ix.RemoveWorker(s.removeWorker)
+			err := s.apply(ix, now)
+			switch {
+			case s.removeWorker != 0:
 				mod.removeWorker(s.removeWorker)
-				continue
-			}
-			ev := s.ev
-			err := ix.Apply(&ev, now)
-			good := mod.apply(&ev, now)
-			if (err == nil) != good || err != nil && !errors.Is(err, kvevent.ErrMalformed) {
-				t.Fatalf("%+v: index says %v, model says well formed %v", ev, err, good)
+			case s.setCapacity:
+				mod.setCapacity(s.ev.Rank, s.capacity)
+			default:
+				good := mod.apply(&s.ev, now)
+				if (err == nil) != good || err != nil && !errors.Is(err, kvevent.ErrMalformed) {
+					t.Fatalf("%+v: index says %v, model says well formed %v", s.ev, err, good)
+				}
 			}
 			mod.checkState(t, ix)
 			if ix.Digest() != mod.digest() {
-				t.Fatalf("after %v: digest %#x, model %#x", ev, ix.Digest(), mod.digest())
+				t.Fatalf("after %+v: digest %#x, model %#x", s, ix.Digest(), mod.digest())
 			}
+			mod.checkCapacity(t, ix)
 		}
 		checkInvariants(t, ix)
 
