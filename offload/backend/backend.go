@@ -30,6 +30,11 @@ var (
 	ErrOutOfMemory = errors.New("out of memory")
 	// ErrUnsupported means this Backend cannot do that on this platform.
 	ErrUnsupported = errors.New("not supported")
+	// ErrFault means a copy touched memory that has no pages behind it any
+	// more: the file behind a region from OpenIPCHandle shrank (an engine
+	// that restarted re-created its shm file). The copy fails; the process
+	// and the stream live on.
+	ErrFault = errors.New("memory fault: the file behind a mapped region shrank")
 )
 
 // Kind names a Backend implementation.
@@ -169,6 +174,8 @@ type Backend interface {
 	CopyBatchAsync(s Stream, copies []Copy) error
 
 	// SynchronizeStream blocks until every copy queued on s has finished.
+	// It returns an error of those copies (host: only of those queued
+	// since the last Record on s; the events report the others).
 	SynchronizeStream(s Stream) error
 
 	// NewEvent creates an event. An event that was never recorded counts as
@@ -179,10 +186,13 @@ type Backend interface {
 	Record(e Event, s Stream) error
 
 	// Query reports, without blocking, whether e has fired. An error from a
-	// copy before e (cuda reports device faults this way) is returned here.
+	// copy before e (cuda reports device faults this way; host, ErrFault
+	// for a copy queued between the previous Record on the stream and e)
+	// is returned here.
 	Query(e Event) (done bool, err error)
 
-	// Synchronize blocks until e has fired. It does not spin a CPU.
+	// Synchronize blocks until e has fired and returns the error Query
+	// would. It does not spin a CPU.
 	Synchronize(e Event) error
 
 	// DestroyEvent destroys e. Destroying an event that has not fired is

@@ -17,6 +17,10 @@
 //     of the same backend (AllocDevice, AllocHost or OpenIPCHandle). A copy
 //     that does not is refused with an error before anything is queued, so a
 //     bad argument is an error, never a crash.
+//   - The same holds when another process shrinks the file behind a host
+//     region from OpenIPCHandle: the copy fails with ErrFault (before it is
+//     queued when the file is already short, from the event after it when
+//     the file shrinks under it); the process and the stream live on.
 //   - Copies on one stream run in the order they were queued; an event
 //     recorded on a stream fires only after every copy queued before it has
 //     finished, and its bytes are then visible to the host.

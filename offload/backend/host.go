@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -144,6 +146,12 @@ func (h *Host) ExportIPC(b DeviceBuffer) (IPCHandle, error) {
 
 // OpenIPCHandle maps the first n bytes of the file named by h (a path, such
 // as /dev/shm/worker-3 or a handle from ExportIPC) shared and read-write.
+//
+// The file stays open with the mapping: the file may shrink under it (an
+// engine that restarts re-creates its file with O_TRUNC), and each batch
+// that copies to or from the region checks the file's size first, so that
+// the common case of a shrunk file is an ErrFault from CopyBatchAsync
+// rather than a fault in the middle of a copy.
 func (h *Host) OpenIPCHandle(hd IPCHandle, n int) (DeviceBuffer, error) {
 	path := strings.TrimRight(string(hd), "\x00") // C callers may NUL-pad a fixed buffer
 	if n <= 0 || path == "" || path[0] != '/' || len(path) > 4096 {
@@ -155,11 +163,11 @@ func (h *Host) OpenIPCHandle(hd IPCHandle, n int) (DeviceBuffer, error) {
 	if h.closed.Load() {
 		return DeviceBuffer{}, fmt.Errorf("open IPC handle: %w", ErrClosed)
 	}
-	b, err := mapFile(path, n)
+	b, fd, err := mapFile(path, n)
 	if err != nil {
 		return DeviceBuffer{}, fmt.Errorf("open IPC handle %q: %w", path, err)
 	}
-	rec := &regionRec{base: Ptr(unsafe.Pointer(unsafe.SliceData(b))), n: n, kind: memDevice, ipc: true, b: b, fd: -1}
+	rec := &regionRec{base: Ptr(unsafe.Pointer(unsafe.SliceData(b))), n: n, kind: memDevice, ipc: true, b: b, fd: fd}
 	if err := h.reg.add(rec); err != nil {
 		releaseHost(rec)
 		return DeviceBuffer{}, err
@@ -167,32 +175,106 @@ func (h *Host) OpenIPCHandle(hd IPCHandle, n int) (DeviceBuffer, error) {
 	return DeviceBuffer{region{rec.base, n}}, nil
 }
 
-// mapFile maps the first n bytes of path shared and read-write.
-func mapFile(path string, n int) ([]byte, error) {
+// mapFile maps the first n bytes of path shared and read-write, and returns
+// the mapping and the file, kept open for checkBacking.
+func mapFile(path string, n int) ([]byte, int, error) {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, -1, err
 	}
-	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, err
+		unix.Close(fd)
+		return nil, -1, err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, fmt.Errorf("not a regular file: %w", ErrInvalidArgument)
+		unix.Close(fd)
+		return nil, -1, fmt.Errorf("not a regular file: %w", ErrInvalidArgument)
 	}
 	if st.Size < int64(n) {
-		return nil, fmt.Errorf("file holds %d bytes, want %d: %w", st.Size, n, ErrOutOfRange)
+		unix.Close(fd)
+		return nil, -1, fmt.Errorf("file holds %d bytes, want %d: %w", st.Size, n, ErrOutOfRange)
 	}
-	return unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	b, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, -1, err
+	}
+	return b, fd, nil
+}
+
+// checkBacking fails with ErrFault when the file behind a region of rs
+// mapped by OpenIPCHandle is now shorter than the mapping: touching the
+// missing pages would raise SIGBUS. It is the cheap, common-case check (one
+// fstat per region per batch); a file that shrinks after it is caught by
+// copyJob.
+func checkBacking(rs []resolved) error {
+	var last *regionRec
+	for _, rc := range rs {
+		for _, rec := range [2]*regionRec{rc.dst, rc.src} {
+			if !rec.ipc || rec == last {
+				continue
+			}
+			last = rec
+			var st unix.Stat_t
+			if err := unix.Fstat(rec.fd, &st); err != nil {
+				return fmt.Errorf("copy: stat the file behind region %#x+%d: %w", rec.base, rec.n, err)
+			}
+			if st.Size < int64(rec.n) {
+				return fmt.Errorf("copy: the file behind region %#x+%d holds %d bytes now: %w",
+					rec.base, rec.n, st.Size, ErrFault)
+			}
+		}
+	}
+	return nil
+}
+
+// copyJob runs a job's copies in order and stops at the first that faults.
+//
+// A region from OpenIPCHandle is a shared mapping of another process's
+// file; if that file shrinks (after checkBacking passed), touching the
+// pages past its end raises SIGBUS, which by default kills the whole
+// process. With SetPanicOnFault the fault becomes a panic of this goroutine
+// instead, recovered here into an error. The setting is per goroutine; the
+// caller's is restored.
+func copyJob(copies []resolved) (err error) {
+	i := 0
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		re, ok := r.(runtime.Error)
+		addr, isFault := r.(interface{ Addr() uintptr })
+		if !ok || !isFault {
+			panic(r) // not a memory fault: a bug, not bad input
+		}
+		c := copies[i]
+		err = fmt.Errorf("copy %d: %s %#x+%d to %s %#x+%d: fault at %#x (%v): %w",
+			i, c.src.kind, c.src.base.Add(c.srcOff), c.n, c.dst.kind, c.dst.base.Add(c.dstOff), c.n,
+			addr.Addr(), re, ErrFault)
+	}()
+	for ; i < len(copies); i++ {
+		c := copies[i]
+		copy(c.dst.b[c.dstOff:c.dstOff+c.n], c.src.b[c.srcOff:c.srcOff+c.n])
+	}
+	return nil
 }
 
 // A hostStream is a FIFO of copy jobs drained by one goroutine.
 //
 // submitted numbers the jobs queued so far and completed the last one
-// finished; an event is just (stream, value of submitted when recorded), and
-// it has fired once completed reaches that value. Nothing else is needed
-// because a stream runs its jobs strictly in order.
+// finished; an event is a mark (stream, value of submitted when recorded),
+// and it has fired once completed reaches that value. Nothing else is
+// needed for ordering because a stream runs its jobs strictly in order.
+//
+// A job that fails (ErrFault) is reported by the event recorded after it:
+// each mark covers the jobs since the previous Record on the stream. The
+// failure of a job not yet covered waits in faults for the next Record (or
+// SynchronizeStream); one already covered is written into its mark, which
+// stays in marks until it has fired. A failed job does not fail the
+// stream: later jobs run and report on their own.
 type hostStream struct {
 	owner *Host
 
@@ -202,9 +284,21 @@ type hostStream struct {
 	queue     []hostJob
 	submitted uint64
 	completed uint64
+	recorded  uint64      // submitted at the latest Record
+	marks     []*hostMark // recorded and not yet fired, ascending seq
+	faults    []error     // failures of jobs after recorded
 	closing   bool
 
 	exited chan struct{}
+}
+
+// A hostMark is where an event was recorded: it fires when the stream's
+// job seq has finished, and reports the first failure of the jobs in
+// (from, seq]. err is guarded by s.mu.
+type hostMark struct {
+	s         *hostStream
+	from, seq uint64
+	err       error
 }
 
 type hostJob struct {
@@ -245,14 +339,35 @@ func (s *hostStream) run() {
 		s.queue = s.queue[1:]
 		s.mu.Unlock()
 
-		for _, c := range job.copies {
-			copy(c.dst.b[c.dstOff:c.dstOff+c.n], c.src.b[c.srcOff:c.srcOff+c.n])
-		}
+		err := copyJob(job.copies)
 		unpin(job.copies)
 
 		s.mu.Lock()
+		if err != nil {
+			s.failLocked(job.seq, err)
+		}
 		s.completed = job.seq
+		fired := 0
+		for fired < len(s.marks) && s.marks[fired].seq <= s.completed {
+			fired++
+		}
+		s.marks = append(s.marks[:0], s.marks[fired:]...)
 		s.done.Broadcast()
+	}
+}
+
+// failLocked records that job seq failed with err, for the event that
+// covers it. The caller holds s.mu.
+func (s *hostStream) failLocked(seq uint64, err error) {
+	err = fmt.Errorf("job %d: %w", seq, err)
+	if seq > s.recorded {
+		s.faults = append(s.faults, err)
+		return
+	}
+	for _, m := range s.marks {
+		if m.from < seq && seq <= m.seq && m.err == nil {
+			m.err = err
+		}
 	}
 }
 
@@ -317,6 +432,16 @@ func (h *Host) CopyBatchAsync(s Stream, copies []Copy) error {
 	if err != nil {
 		return err
 	}
+	if err := checkBacking(rs); err != nil {
+		unpin(rs)
+		return err
+	}
+	return hs.enqueue(rs)
+}
+
+// enqueue queues resolved, pinned copies as one job; on an error it unpins
+// them.
+func (hs *hostStream) enqueue(rs []resolved) error {
 	hs.mu.Lock()
 	if hs.closing {
 		hs.mu.Unlock()
@@ -338,7 +463,12 @@ func (h *Host) SynchronizeStream(s Stream) error {
 	}
 	hs.mu.Lock()
 	hs.waitLocked(hs.submitted)
+	faults := hs.faults
+	hs.faults = nil
 	hs.mu.Unlock()
+	if len(faults) > 0 {
+		return fmt.Errorf("synchronize stream: %w", errors.Join(faults...))
+	}
 	return nil
 }
 
@@ -354,8 +484,7 @@ type hostEvent struct {
 	owner *Host
 
 	mu        sync.Mutex
-	s         *hostStream // nil until recorded
-	seq       uint64
+	m         *hostMark // nil until recorded
 	destroyed bool
 }
 
@@ -385,13 +514,13 @@ func (h *Host) event(e Event) (*hostEvent, error) {
 }
 
 // target returns where e was recorded, or ErrBadHandle once destroyed.
-func (he *hostEvent) target() (*hostStream, uint64, error) {
+func (he *hostEvent) target() (*hostMark, error) {
 	he.mu.Lock()
 	defer he.mu.Unlock()
 	if he.destroyed {
-		return nil, 0, ErrBadHandle
+		return nil, ErrBadHandle
 	}
-	return he.s, he.seq, nil
+	return he.m, nil
 }
 
 // Record marks the end of the copies queued on s so far.
@@ -404,18 +533,32 @@ func (h *Host) Record(e Event, s Stream) error {
 	if err != nil {
 		return fmt.Errorf("record: %w", err)
 	}
+	if _, err := he.target(); err != nil {
+		return fmt.Errorf("record: event destroyed: %w", err)
+	}
 	hs.mu.Lock()
-	closing, seq := hs.closing, hs.submitted
-	hs.mu.Unlock()
-	if closing {
+	if hs.closing {
+		hs.mu.Unlock()
 		return fmt.Errorf("record: stream destroyed: %w", ErrBadHandle)
 	}
+	// The mark takes over the failures of the jobs since the last Record;
+	// later failures of its jobs reach it through marks.
+	m := &hostMark{s: hs, from: hs.recorded, seq: hs.submitted}
+	if len(hs.faults) > 0 {
+		m.err = hs.faults[0]
+		hs.faults = nil
+	}
+	hs.recorded = m.seq
+	if hs.completed < m.seq {
+		hs.marks = append(hs.marks, m)
+	}
+	hs.mu.Unlock()
 	he.mu.Lock()
 	defer he.mu.Unlock()
 	if he.destroyed {
 		return fmt.Errorf("record: event destroyed: %w", ErrBadHandle)
 	}
-	he.s, he.seq = hs, seq
+	he.m = m
 	return nil
 }
 
@@ -425,16 +568,23 @@ func (h *Host) Query(e Event) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("query: %w", err)
 	}
-	s, seq, err := he.target()
+	m, err := he.target()
 	if err != nil {
 		return false, fmt.Errorf("query: %w", err)
 	}
-	if s == nil {
+	if m == nil {
 		return true, nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.completed >= seq, nil
+	m.s.mu.Lock()
+	done, err := m.s.completed >= m.seq, m.err
+	m.s.mu.Unlock()
+	if !done {
+		return false, nil // report a failure once no copy before e runs
+	}
+	if err != nil {
+		return true, fmt.Errorf("query: %w", err)
+	}
+	return true, nil
 }
 
 // Synchronize waits on a condition variable until e has fired.
@@ -443,16 +593,20 @@ func (h *Host) Synchronize(e Event) error {
 	if err != nil {
 		return fmt.Errorf("synchronize: %w", err)
 	}
-	s, seq, err := he.target()
+	m, err := he.target()
 	if err != nil {
 		return fmt.Errorf("synchronize: %w", err)
 	}
-	if s == nil {
+	if m == nil {
 		return nil
 	}
-	s.mu.Lock()
-	s.waitLocked(seq)
-	s.mu.Unlock()
+	m.s.mu.Lock()
+	m.s.waitLocked(m.seq)
+	err = m.err
+	m.s.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("synchronize: %w", err)
+	}
 	return nil
 }
 
