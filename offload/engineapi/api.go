@@ -277,6 +277,7 @@ type PoolStats struct {
 	Revived       uint64 `json:"revived"`
 	Evictions     uint64 `json:"evictions"`
 	PublishErrors uint64 `json:"publish_errors"`
+	Damaged       uint64 `json:"damaged"` // disk blocks whose bytes failed to read, dropped
 }
 
 // ManagerStats is manager.Stats; Paths is keyed by path name (d2h, d2disk,

@@ -783,7 +783,8 @@ func (s *Server) stats() StatsResponse {
 func poolStats(st pool.Stats) *PoolStats {
 	return &PoolStats{Capacity: st.Capacity, Used: st.Used, Pending: st.Pending, Referenced: st.Referenced,
 		Inactive: st.Inactive, Evictable: st.Evictable, Hits: st.Hits, Misses: st.Misses,
-		Registered: st.Registered, Revived: st.Revived, Evictions: st.Evictions, PublishErrors: st.PublishErrors}
+		Registered: st.Registered, Revived: st.Revived, Evictions: st.Evictions, PublishErrors: st.PublishErrors,
+		Damaged: st.Damaged}
 }
 
 func managerStats(st manager.Stats, paths []manager.Path) *ManagerStats {

@@ -501,6 +501,9 @@ func (m *Manager) disk2h(c *copier, ch *chunk) {
 		// pin acquired the block (its hit and its use): read it under
 		// that reference.
 		if err := m.disk.ReadHeld(h, buf); err != nil {
+			// A block found damaged (ErrCorrupt) is hidden by the pool
+			// now and dropped, with its REMOVE, when releaseChunk lets
+			// go of it: nothing more to do here.
 			ch.errs[i] = err
 			read.failed++
 			m.log.Warn("onboard: reading a block from disk failed", "hash", h, "err", err)

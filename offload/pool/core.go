@@ -36,6 +36,12 @@ import (
 //
 // Reserving a block adds it to its parent's kids before looking for room, so
 // that storing a child never evicts its own parent.
+//
+// A written block found damaged (its bytes fail to read) is marked so: it is
+// no longer found by hash (not stored for Lookup, Acquire, Dump...), and it
+// is dropped, with a REMOVE as an eviction publishes, as soon as no reader
+// holds it, at once or by the last release. It is dropped whether or not it
+// has children: its bytes are gone either way.
 type core struct {
 	mu    sync.Mutex
 	cfg   Config
@@ -52,6 +58,7 @@ type core struct {
 	hits, misses                  uint64
 	registered, revived           uint64
 	evictions, publishErrors      uint64
+	damaged                       uint64
 	lastEventID                   uint64
 }
 
@@ -71,6 +78,7 @@ type entry struct {
 	slot  int32  // HostPool's slot
 	refs  int32  // readers holding it
 	ready bool   // bytes written
+	bad   bool   // bytes found damaged: dropped at the last release
 	stamp uint64 // last use
 	hidx  int    // index in the eviction heap, -1 when not in it
 }
@@ -87,7 +95,12 @@ func newCore(cfg Config, tier kvevent.Tier, st storage) *core {
 
 func (c *core) tick() uint64 { c.clock++; return c.clock }
 
-func (c *core) evictable(e *entry) bool { return e.ready && e.refs == 0 && c.kids[e.Hash] == 0 }
+func (c *core) evictable(e *entry) bool {
+	return e.ready && !e.bad && e.refs == 0 && c.kids[e.Hash] == 0
+}
+
+// stored reports whether e is a written block that readers may find.
+func stored(e *entry) bool { return e != nil && e.ready && !e.bad }
 
 // settle puts e into the eviction heap or takes it out, as its state says.
 func (c *core) settle(e *entry) {
@@ -157,6 +170,9 @@ func (c *core) reserve(b Block) (*entry, error) {
 	if e := c.entries[b.Hash]; e != nil {
 		if !e.ready {
 			return nil, fmt.Errorf("register %#x: %w (%w)", b.Hash, ErrExists, ErrBusy)
+		}
+		if e.bad { // readers still hold the damaged copy; stored again once they let go
+			return nil, fmt.Errorf("register %#x: %w (%w): a damaged copy is being dropped", b.Hash, ErrExists, ErrBusy)
 		}
 		c.touch(e)
 		c.revived++
@@ -277,8 +293,12 @@ func (c *core) abort(es []*entry) {
 }
 
 // acquire takes a reference on a written block, which keeps it from being
-// evicted until release.
-func (c *core) acquire(h uint64) (*entry, error) {
+// evicted until release, and counts it as a hit and a use.
+func (c *core) acquire(h uint64) (*entry, error) { return c.ref(h, true) }
+
+// ref takes a reference on a written block; with use, it counts as a hit
+// and a use (else see used).
+func (c *core) ref(h uint64, use bool) (*entry, error) {
 	if h == 0 {
 		return nil, fmt.Errorf("%w: zero block hash", ErrInvalid)
 	}
@@ -288,37 +308,93 @@ func (c *core) acquire(h uint64) (*entry, error) {
 		return nil, ErrClosed
 	}
 	e := c.entries[h]
-	if e == nil || !e.ready {
+	if !stored(e) {
 		c.misses++
 		return nil, fmt.Errorf("acquire %#x: %w", h, ErrNotFound)
 	}
-	c.hits++
 	if e.refs == 0 {
 		c.inactive--
 		c.referenced++
 	}
 	e.refs++
-	e.stamp = c.tick()
+	if use {
+		c.hits++
+		e.stamp = c.tick()
+	}
 	c.settle(e)
 	return e, nil
 }
 
+// used counts a read of e under a reference from ref(h, false) as a hit
+// and a use, once the read has succeeded.
+func (c *core) used(e *entry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.entries[e.Hash] != e || e.bad {
+		return
+	}
+	c.hits++
+	e.stamp = c.tick() // referenced, so not in the heap: no Fix
+}
+
+// damage marks e, a written block whose bytes failed to read, as damaged:
+// from now on it is not found by hash, and it is dropped (keys deleted,
+// REMOVE published) once no reader holds it. The caller holds a reference
+// on e, so e is still the pool's entry for its hash, unless the pool has
+// been closed.
+func (c *core) damage(e *entry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.entries[e.Hash] != e || !e.ready || e.bad {
+		return
+	}
+	e.bad = true
+	c.damaged++
+	c.cfg.Logger.Warn("offload pool: a block's bytes are damaged; dropping it", "tier", c.tier,
+		"rank", c.cfg.Rank, "hash", e.Hash, "readers", e.refs)
+	if e.hidx >= 0 { // not evictable any more: dropped by its last release
+		heap.Remove(&c.lru, e.hidx)
+	}
+	if e.refs == 0 {
+		c.dropDamaged(e)
+	}
+}
+
+// dropDamaged drops a damaged block no reader holds: its storage, its
+// entry, and its advertisement (a REMOVE, published as evictOne does). A
+// failure to delete its storage is logged and the entry goes anyway: a
+// damaged block must not be found again, and what is left on disk is read
+// (and found damaged) again only if a reopen restores it.
+func (c *core) dropDamaged(e *entry) {
+	if err := c.store.drop(e, true); err != nil {
+		c.cfg.Logger.Warn("offload pool: deleting a damaged block failed; it is dropped from the pool all the same",
+			"tier", c.tier, "rank", c.cfg.Rank, "hash", e.Hash, "err", err)
+	}
+	c.unlink(e)
+	c.inactive--
+	c.publish([]kvevent.Event{{Rank: c.cfg.Rank, Tier: c.tier, Kind: kvevent.KindRemoved, Removed: []uint64{e.Hash}}})
+}
+
 // held checks that h is a written block with a reference on it, for a
 // read on behalf of the reader that acquired it: not a new use, not a hit.
-func (c *core) held(h uint64) error {
+// A held block found damaged fails with ErrCorrupt.
+func (c *core) held(h uint64) (*entry, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	e := c.entries[h]
 	if e == nil || !e.ready {
-		return fmt.Errorf("read %#x: %w", h, ErrNotFound)
+		return nil, fmt.Errorf("read %#x: %w", h, ErrNotFound)
 	}
 	if e.refs == 0 {
-		return fmt.Errorf("read %#x: %w: acquire it first", h, ErrNotHeld)
+		return nil, fmt.Errorf("read %#x: %w: acquire it first", h, ErrNotHeld)
 	}
-	return nil
+	if e.bad {
+		return nil, fmt.Errorf("read %#x: %w: its bytes were found damaged; dropped once released", h, ErrCorrupt)
+	}
+	return e, nil
 }
 
 func (c *core) release(h uint64) error {
@@ -337,7 +413,11 @@ func (c *core) release(h uint64) error {
 	if e.refs--; e.refs == 0 {
 		c.referenced--
 		c.inactive++
-		c.settle(e)
+		if e.bad {
+			c.dropDamaged(e)
+		} else {
+			c.settle(e)
+		}
 	}
 	return nil
 }
@@ -347,8 +427,7 @@ func (c *core) lookup(hs []uint64, dst []bool) []bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, h := range hs {
-		e := c.entries[h]
-		dst = append(dst, e != nil && e.ready)
+		dst = append(dst, stored(c.entries[h]))
 	}
 	return dst
 }
@@ -361,7 +440,7 @@ func (c *core) revive(hs []uint64, dst []bool) []bool {
 	defer c.mu.Unlock()
 	for _, h := range hs {
 		e := c.entries[h]
-		ok := e != nil && e.ready
+		ok := stored(e)
 		if ok {
 			c.touch(e)
 			c.revived++
@@ -376,7 +455,7 @@ func (c *core) prefix(hs []uint64) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, h := range hs {
-		if e := c.entries[h]; e == nil || !e.ready {
+		if !stored(c.entries[h]) {
 			return i
 		}
 	}
@@ -398,10 +477,10 @@ func (c *core) dump() ([]kvevent.Event, uint64) {
 	children := make(map[uint64][]*entry)
 	var roots []*entry
 	for _, e := range c.entries {
-		if !e.ready {
+		if !stored(e) {
 			continue
 		}
-		if p := c.entries[e.Parent]; e.Parent != 0 && p != nil && p.ready {
+		if p := c.entries[e.Parent]; e.Parent != 0 && stored(p) {
 			children[e.Parent] = append(children[e.Parent], e)
 		} else {
 			roots = append(roots, e)
@@ -461,6 +540,7 @@ func (c *core) stats() Stats {
 		Revived:       c.revived,
 		Evictions:     c.evictions,
 		PublishErrors: c.publishErrors,
+		Damaged:       c.damaged,
 	}
 }
 

@@ -498,18 +498,24 @@ func (p *DiskPool) Register(b Block, data []byte) error {
 
 // Read copies a stored block into dst (BlockSize bytes). The block is
 // referenced while it is read, so it cannot be evicted under the read, and
-// the read counts as a use and a hit, as Acquire does. A caller that has
-// acquired the block already uses ReadHeld.
+// a successful read counts as a use and a hit, as Acquire does. A block
+// whose bytes fail to read (ErrCorrupt) is dropped from the pool, with its
+// REMOVE, once no reader holds it; the failed read is neither a hit nor a
+// use. A caller that has acquired the block already uses ReadHeld.
 func (p *DiskPool) Read(hash uint64, dst []byte) error {
 	if len(dst) != p.bs {
 		return fmt.Errorf("read %#x: %w: %d bytes, block size %d", hash, ErrInvalid, len(dst), p.bs)
 	}
 	p.io.RLock()
 	defer p.io.RUnlock()
-	if _, err := p.c.acquire(hash); err != nil {
+	e, err := p.c.ref(hash, false)
+	if err != nil {
 		return err
 	}
-	err := p.read(hash, dst)
+	err = p.read(e, dst)
+	if err == nil {
+		p.c.used(e)
+	}
 	return errors.Join(err, p.c.release(hash))
 }
 
@@ -517,33 +523,50 @@ func (p *DiskPool) Read(hash uint64, dst []byte) error {
 // released) into dst (BlockSize bytes). The read is part of that Acquire's
 // use: it counts no hit and does not touch the eviction order again. It
 // fails with ErrNotHeld when the block has no reference, ErrNotFound when
-// it is not stored.
+// it is not stored. A block whose bytes fail to read (ErrCorrupt, then
+// and for every later ReadHeld of it) is hidden at once and dropped, with
+// its REMOVE, by the last Release.
 func (p *DiskPool) ReadHeld(hash uint64, dst []byte) error {
 	if len(dst) != p.bs {
 		return fmt.Errorf("read %#x: %w: %d bytes, block size %d", hash, ErrInvalid, len(dst), p.bs)
 	}
 	p.io.RLock()
 	defer p.io.RUnlock()
-	if err := p.c.held(hash); err != nil {
+	e, err := p.c.held(hash)
+	if err != nil {
 		return err
 	}
-	return p.read(hash, dst)
+	return p.read(e, dst)
 }
 
-func (p *DiskPool) read(hash uint64, dst []byte) error {
+// read copies e's bytes, which the caller holds a reference on, into dst.
+// Bytes that are missing, of the wrong length (Pebble returns an empty
+// value for a blob it cannot read back intact) or that Pebble reports
+// corrupt fail with ErrCorrupt, and e is marked damaged: kept, the block
+// would stay advertised and be acquired (a hit and a use each time) for
+// good, never readable. Any other error (I/O) leaves it as it is.
+func (p *DiskPool) read(e *entry, dst []byte) error {
+	hash := e.Hash
 	v, closer, err := p.db.Get(hashKey(kindData, hash))
-	if errors.Is(err, pebble.ErrNotFound) {
-		return fmt.Errorf("read %#x: %w: bytes missing", hash, ErrCorrupt)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		err = fmt.Errorf("read %#x: %w: bytes missing", hash, ErrCorrupt)
+	case errors.Is(err, pebble.ErrCorruption):
+		err = fmt.Errorf("read %#x: %w (%w)", hash, ErrCorrupt, err)
+	case err != nil:
+		return fmt.Errorf("read %#x: %w", hash, err)
+	default:
+		if len(v) != p.bs {
+			err = fmt.Errorf("read %#x: %w: %d bytes stored, block size %d", hash, ErrCorrupt, len(v), p.bs)
+		} else {
+			copy(dst, v)
+		}
+		closer.Close()
 	}
 	if err != nil {
-		return fmt.Errorf("read %#x: %w", hash, err)
+		p.c.damage(e)
 	}
-	defer closer.Close()
-	if len(v) != p.bs {
-		return fmt.Errorf("read %#x: %w: %d bytes stored, block size %d", hash, ErrCorrupt, len(v), p.bs)
-	}
-	copy(dst, v)
-	return nil
+	return err
 }
 
 // Acquire takes a reference on a stored block, so it is not evicted until

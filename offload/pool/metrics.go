@@ -14,6 +14,7 @@ type collector struct {
 
 	capacity, used, pending, referenced, inactive                      *prometheus.Desc
 	hits, misses, registered, revived, evictions, publishErrors, bytes *prometheus.Desc
+	damaged                                                            *prometheus.Desc
 }
 
 func newCollector(c *core) *collector {
@@ -30,18 +31,19 @@ func newCollector(c *core) *collector {
 		pending:       d("pending_blocks", "Blocks of the offload pool whose bytes are being written."),
 		referenced:    d("referenced_blocks", "Blocks of the offload pool acquired by a reader."),
 		inactive:      d("inactive_blocks", "Written, unreferenced blocks of the offload pool (reusable by hash)."),
-		hits:          d("hits_total", "Acquires and reads of a block the offload pool holds."),
+		hits:          d("hits_total", "Acquires and successful reads of a block the offload pool holds."),
 		misses:        d("misses_total", "Acquires and reads of a block the offload pool does not hold."),
 		registered:    d("registered_total", "Blocks stored into the offload pool."),
 		revived:       d("revived_total", "Registrations of a block the offload pool already held (a copy skipped, the block used now)."),
 		evictions:     d("evictions_total", "Blocks evicted from the offload pool."),
 		publishErrors: d("publish_errors_total", "Event batches of the offload pool the sink refused."),
+		damaged:       d("damaged_total", "Blocks of the offload pool whose bytes failed to read (dropped, with a REMOVE)."),
 	}
 }
 
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.capacity, m.bytes, m.used, m.pending, m.referenced, m.inactive,
-		m.hits, m.misses, m.registered, m.revived, m.evictions, m.publishErrors} {
+		m.hits, m.misses, m.registered, m.revived, m.evictions, m.publishErrors, m.damaged} {
 		ch <- d
 	}
 }
@@ -66,6 +68,7 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	n(m.revived, s.Revived)
 	n(m.evictions, s.Evictions)
 	n(m.publishErrors, s.PublishErrors)
+	n(m.damaged, s.Damaged)
 }
 
 // registerMetrics registers c's collector on reg (when set) and returns the

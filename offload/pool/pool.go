@@ -122,10 +122,13 @@ type Stats struct {
 	// Evictable counts the inactive blocks that may be evicted now.
 	Evictable int
 
-	Hits          uint64 // Acquire (and Read) of a stored block; not ReadHeld
+	Hits          uint64 // Acquire and successful Read of a stored block; not ReadHeld
 	Misses        uint64 // Acquire (and Read) of a hash not stored
 	Registered    uint64 // blocks stored
 	Revived       uint64 // registrations (or DiskPool.Revive) of a block already stored
 	Evictions     uint64
 	PublishErrors uint64
+	// Damaged counts the disk blocks whose bytes failed to read
+	// (ErrCorrupt): each was dropped from the pool, with a REMOVE.
+	Damaged uint64
 }

@@ -1,0 +1,156 @@
+package pool_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/offload/pool"
+)
+
+// damageBS is big enough for Pebble to keep the block's bytes in a blob
+// file (value separation starts at 1 KiB), where damageBlocks finds them.
+const damageBS = 4096
+
+// storeAndDamage stores the blocks hs (bytes pattern(damageBS, h)) in a
+// fresh disk pool in dir, closes it, and flips one byte of each block's
+// bytes in the blob files, as a failing disk would.
+func storeAndDamage(t *testing.T, dir string, hs ...uint64) {
+	t.Helper()
+	p, err := pool.OpenDisk(dir, pool.Config{Rank: rank, Capacity: 8, BlockSize: damageBS}, pool.DiskOptions{})
+	check(t, err)
+	for _, h := range hs {
+		check(t, p.Register(pool.Block{Hash: h, Local: h}, pattern(damageBS, h)))
+	}
+	check(t, p.Close())
+	ents, err := os.ReadDir(dir)
+	check(t, err)
+	for _, h := range hs {
+		want := pattern(damageBS, h)[100:164]
+		found := false
+		for _, e := range ents {
+			if !strings.HasSuffix(e.Name(), ".blob") {
+				continue
+			}
+			name := filepath.Join(dir, e.Name())
+			b, err := os.ReadFile(name)
+			check(t, err)
+			if i := bytes.Index(b, want); i >= 0 {
+				b[i+10] ^= 0xff
+				check(t, os.WriteFile(name, b, 0o644))
+				found = true
+			}
+		}
+		if !found {
+			t.Fatalf("the bytes of block %d are in no blob file", h)
+		}
+	}
+}
+
+func openDamaged(t *testing.T, dir string, capacity int, s pool.Sink) *pool.DiskPool {
+	t.Helper()
+	p, err := pool.OpenDisk(dir, pool.Config{Rank: rank, Capacity: capacity, BlockSize: damageBS, Sink: s}, pool.DiskOptions{})
+	check(t, err)
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// A block whose bytes fail to read is dropped from the pool and its REMOVE
+// published, once; the failed read is neither a hit nor a use. Before, it
+// stayed held and advertised, each failed read counted as a hit and bumped
+// it in the LRU order, and healthy blocks were evicted in its place.
+func TestDiskDamagedBlockIsDroppedAndRemovedOnce(t *testing.T) {
+	dir := t.TempDir()
+	storeAndDamage(t, dir, 42)
+	s := newSink(t)
+	p := openDamaged(t, dir, 2, s)
+	buf := make([]byte, damageBS)
+	if err := p.Read(42, buf); !errors.Is(err, pool.ErrCorrupt) {
+		t.Fatalf("read of the damaged block: err = %v, want ErrCorrupt", err)
+	}
+	if st := p.Stats(); st.Hits != 0 || st.Damaged != 1 || st.Used != 0 {
+		t.Fatalf("after the failed read: %d hits, %d damaged, %d used; want 0, 1, 0", st.Hits, st.Damaged, st.Used)
+	}
+	if got := removed(s.take()); !slices.Equal(got, []uint64{42}) {
+		t.Fatalf("REMOVE events %v, want [42] once", got)
+	}
+	if err := p.Read(42, buf); !errors.Is(err, pool.ErrNotFound) {
+		t.Fatalf("second read of the damaged block: err = %v, want ErrNotFound", err)
+	}
+	// Both healthy blocks fit: the damaged one took no room and was not
+	// kept hot in their place.
+	check(t, p.Register(pool.Block{Hash: 43, Local: 43}, pattern(damageBS, 43)))
+	check(t, p.Register(pool.Block{Hash: 44, Local: 44}, pattern(damageBS, 44)))
+	if got := p.Lookup([]uint64{42, 43, 44}, nil); !slices.Equal(got, []bool{false, true, true}) {
+		t.Fatalf("Lookup(42, 43, 44) = %v, want [false true true]", got)
+	}
+	if got := removed(s.take()); len(got) != 0 {
+		t.Fatalf("REMOVE events %v after the damaged block was dropped, want none", got)
+	}
+	if evs, _ := p.Dump(); slices.ContainsFunc(storedBlocks(evs), func(b pool.Block) bool { return b.Hash == 42 }) {
+		t.Fatal("the dump still advertises the damaged block")
+	}
+	// Its keys are deleted: a reopen does not restore it.
+	check(t, p.Close())
+	p = openDamaged(t, dir, 2, nil)
+	if got := p.Lookup([]uint64{42, 43, 44}, nil); !slices.Equal(got, []bool{false, true, true}) {
+		t.Fatalf("after a reopen, Lookup(42, 43, 44) = %v, want [false true true]", got)
+	}
+	check(t, p.Read(43, buf))
+	if !bytes.Equal(buf, pattern(damageBS, 43)) {
+		t.Fatal("read back other bytes than block 43's")
+	}
+}
+
+// The onboarding path: readers hold the block (Acquire) and read it with
+// ReadHeld. The first failed read hides the block (no new Acquire, no
+// Lookup; a Put of the same hash skips it while it is dropped); it is dropped and
+// its REMOVE published once the last reader releases it.
+func TestDiskDamagedBlockHeldByReadersIsDroppedOnLastRelease(t *testing.T) {
+	dir := t.TempDir()
+	storeAndDamage(t, dir, 42)
+	s := newSink(t)
+	p := openDamaged(t, dir, 2, s)
+	check(t, p.Acquire(42))
+	check(t, p.Acquire(42))
+	buf := make([]byte, damageBS)
+	if err := p.ReadHeld(42, buf); !errors.Is(err, pool.ErrCorrupt) {
+		t.Fatalf("ReadHeld of the damaged block: err = %v, want ErrCorrupt", err)
+	}
+	if err := p.ReadHeld(42, buf); !errors.Is(err, pool.ErrCorrupt) {
+		t.Fatalf("ReadHeld of a block found damaged: err = %v, want ErrCorrupt", err)
+	}
+	if p.Lookup([]uint64{42}, nil)[0] || p.Prefix([]uint64{42}) != 0 || p.Revive([]uint64{42}, nil)[0] {
+		t.Fatal("a block found damaged is still reported stored")
+	}
+	if err := p.Acquire(42); !errors.Is(err, pool.ErrNotFound) {
+		t.Fatalf("Acquire of a block found damaged: err = %v, want ErrNotFound", err)
+	}
+	if n, err := p.Put([]pool.Block{{Hash: 42, Local: 42}}, [][]byte{pattern(damageBS, 42)}); n != 0 || err != nil {
+		t.Fatalf("Put of a block being dropped: %d stored, %v; want it skipped", n, err)
+	}
+	check(t, p.Release(42))
+	if got := removed(s.take()); len(got) != 0 {
+		t.Fatalf("REMOVE %v while a reader still holds the block", got)
+	}
+	check(t, p.Release(42))
+	if got := removed(s.take()); !slices.Equal(got, []uint64{42}) {
+		t.Fatalf("REMOVE events %v on the last release, want [42] once", got)
+	}
+	if err := p.Release(42); !errors.Is(err, pool.ErrNotFound) {
+		t.Fatalf("Release of a dropped block: err = %v, want ErrNotFound", err)
+	}
+	if st := p.Stats(); st.Used != 0 || st.Referenced != 0 || st.Inactive != 0 || st.Damaged != 1 {
+		t.Fatalf("stats after the drop: %+v", st)
+	}
+	// Stored again, it is an ordinary block.
+	check(t, p.Register(pool.Block{Hash: 42, Local: 42}, pattern(damageBS, 42)))
+	check(t, p.Read(42, buf))
+	if !bytes.Equal(buf, pattern(damageBS, 42)) {
+		t.Fatal("read back other bytes than the block's, stored again")
+	}
+}
