@@ -83,12 +83,18 @@ type entry struct {
 	hidx  int    // index in the eviction heap, -1 when not in it
 }
 
+// entriesHint caps the size hint of the entry map. Presized for the full
+// capacity, an empty disk pool of 2^24 blocks held 577 MiB of heap, and one
+// of --disk-blocks' maximum (2^31-1) could not start; the map grows as
+// blocks come, and 2^16 entries (a few MiB) spare the first rehashes.
+const entriesHint = 1 << 16
+
 func newCore(cfg Config, tier kvevent.Tier, st storage) *core {
 	return &core{
 		cfg:     cfg,
 		tier:    tier,
 		store:   st,
-		entries: make(map[uint64]*entry, cfg.Capacity),
+		entries: make(map[uint64]*entry, min(cfg.Capacity, entriesHint)),
 		kids:    make(map[uint64]int32),
 	}
 }
