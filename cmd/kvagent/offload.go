@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -30,7 +32,8 @@ func offloadCLIFlags() []cli.Flag {
 		&cli.StringFlag{Name: "backend", Value: "auto", EnvVars: []string{"KVAGENT_BACKEND"}, Usage: "copy backend: auto (cuda when a GPU is found), host or cuda"},
 		&cli.IntFlag{Name: "block-bytes", EnvVars: []string{"KVAGENT_BLOCK_BYTES"}, Usage: "bytes per KV block (all layers), as the engine's G1 region holds them; required with --offload-socket"},
 		&cli.IntFlag{Name: "host-blocks", EnvVars: []string{"KVAGENT_HOST_BLOCKS"}, Usage: "G2 capacity per dp rank, in blocks of pinned host memory (0: no G2)"},
-		&cli.StringFlag{Name: "disk-dir", EnvVars: []string{"KVAGENT_DISK_DIR"}, Usage: "G3 directory; each dp rank's pool lives in <dir>/dp<rank> and survives a restart"},
+		&cli.StringFlag{Name: "disk-dir", EnvVars: []string{"KVAGENT_DISK_DIR"}, Usage: "G3 directory; each dp rank's pool lives in <dir>/dp<rank> and survives a restart " +
+			"under the same --worker-id, --model, --salt and --block-size (under others, its blocks are dropped at the start)"},
 		&cli.IntFlag{Name: "disk-blocks", EnvVars: []string{"KVAGENT_DISK_BLOCKS"}, Usage: "G3 capacity per dp rank, in blocks (0: no G3)"},
 		&cli.IntFlag{Name: "offload-workers", Value: 2, EnvVars: []string{"KVAGENT_OFFLOAD_WORKERS"}, Usage: "copy workers per path and rank"},
 		&cli.IntFlag{Name: "offload-queue", Value: 4096, EnvVars: []string{"KVAGENT_OFFLOAD_QUEUE"}, Usage: "blocks each offload queue holds before it sheds the lowest priority"},
@@ -51,6 +54,9 @@ type offloadConfig struct {
 	Queue          int
 	Threshold      int
 	OnboardTimeout time.Duration
+	// DiskIdentity is what the G3 pools record of the agent that wrote
+	// them (diskIdentity); a pool of another is emptied at open.
+	DiskIdentity string
 }
 
 func offloadConfigFrom(c *cli.Context) (offloadConfig, error) {
@@ -73,8 +79,24 @@ func offloadConfigFrom(c *cli.Context) (offloadConfig, error) {
 	oc := offloadConfig{Socket: c.String("offload-socket"), Backend: kind, BlockBytes: c.Int("block-bytes"),
 		HostBlocks: c.Int("host-blocks"), DiskDir: c.String("disk-dir"), DiskBlocks: c.Int("disk-blocks"),
 		Workers: c.Int("offload-workers"), Queue: c.Int("offload-queue"), Threshold: c.Int("offload-filter-threshold"),
-		OnboardTimeout: c.Duration("onboard-timeout")}
+		OnboardTimeout: c.Duration("onboard-timeout"),
+		DiskIdentity:   diskIdentity(c.Uint64("worker-id"), c.String("model"), c.String("salt"), c.Int("block-size"))}
 	return oc, oc.check()
+}
+
+// diskIdentity names what a G3 pool's blocks are KV of, as far as the
+// agent knows: the worker (its engine), the model, the salt every block
+// hash is made with, and the block size in tokens (the pool checks the one
+// in bytes itself). A pool reopened under another identity drops its
+// blocks: the hashes alone do not tell one model's KV from another's. The
+// salt is recorded as a digest: the pool's files need not hold it.
+func diskIdentity(worker uint64, model, salt string, blockTokens int) string {
+	s := "none"
+	if salt != "" {
+		sum := sha256.Sum256([]byte(salt))
+		s = hex.EncodeToString(sum[:16])
+	}
+	return fmt.Sprintf("kvagent worker=%d model=%q block_size=%d salt_sha256=%s", worker, model, blockTokens, s)
 }
 
 // atDefault reports whether flag f's value is empty or its default.
@@ -166,7 +188,7 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 				return nil, fmt.Errorf("rank %s: %w", r, err)
 			}
 			pc.Capacity = oc.DiskBlocks
-			if rp.Disk, err = pool.OpenDisk(dir, pc, pool.DiskOptions{}); err != nil {
+			if rp.Disk, err = pool.OpenDisk(dir, pc, pool.DiskOptions{Identity: oc.DiskIdentity}); err != nil {
 				if lockedByAnother(err) {
 					return nil, fmt.Errorf("rank %s: %s is locked by another process: another kvagent using --disk-dir %s? (give each agent a --disk-dir of its own): %w",
 						r, dir, oc.DiskDir, err)

@@ -23,6 +23,7 @@ import (
 // Key layout (one kind byte, then a big-endian hash):
 //
 //	'h'            format version (1) and block size (8)
+//	'i'            identity: what wrote the blocks (DiskOptions.Identity)
 //	'm' hash(8)    metadata: version(1) parent(8) local(8) stamp(8)
 //	'd' hash(8)    the block's bytes
 //
@@ -91,11 +92,19 @@ type DiskOptions struct {
 	MemTableSize uint64
 	// FS, default the operating system's.
 	FS vfs.FS
+	// Identity names what the blocks are KV of, as the writer knows it
+	// (kvagent: worker id, model, salt, block size in tokens). It is
+	// recorded in the pool; a pool opened with another identity, or one
+	// that recorded none (written before identities were), drops its
+	// blocks at open instead of restoring them: they would be advertised
+	// and onboarded as KV of an engine they do not belong to.
+	Identity string
 }
 
 const (
 	diskFormat  = 1
 	kindHeader  = 'h'
+	kindIdent   = 'i'
 	kindMeta    = 'm'
 	kindData    = 'd'
 	metaLen     = 1 + 8 + 8 + 8
@@ -173,7 +182,9 @@ func pebbleOptions(o DiskOptions, logger *slog.Logger) *pebble.Options {
 // names a block Put would refuse, a key of the wrong length) are deleted
 // and logged with their counts; if that deletion fails, it is logged and
 // the pool opens with its valid blocks all the same. It fails with
-// ErrCorrupt when dir holds a pool of another block size or format.
+// ErrCorrupt when dir holds a pool of another block size or format. A
+// pool of another opts.Identity (or none recorded) is emptied first: its
+// blocks are deleted, not restored, and the count logged.
 func OpenDisk(dir string, cfg Config, opts DiskOptions) (*DiskPool, error) {
 	if err := cfg.check(); err != nil {
 		return nil, fmt.Errorf("open disk pool %s: %w", dir, err)
@@ -205,8 +216,8 @@ func OpenDisk(dir string, cfg Config, opts DiskOptions) (*DiskPool, error) {
 	return p, nil
 }
 
-// load checks the header (writing it into a new pool) and restores the
-// blocks.
+// load checks the header and the identity (writing both into a new pool)
+// and restores the blocks.
 func (p *DiskPool) load() error {
 	hk := []byte{kindHeader}
 	v, closer, err := p.db.Get(hk)
@@ -217,6 +228,7 @@ func (p *DiskPool) load() error {
 		binary.BigEndian.PutUint64(hdr[1:], uint64(p.bs))
 		b := p.db.NewBatch()
 		b.Set(hk, hdr, nil)
+		b.Set([]byte{kindIdent}, []byte(p.opts.Identity), nil)
 		err := p.commitBatch(b)
 		b.Close()
 		if err != nil {
@@ -236,6 +248,9 @@ func (p *DiskPool) load() error {
 		}
 		if bs != uint64(p.bs) {
 			return fmt.Errorf("%w: pool of %d-byte blocks, opened for %d", ErrCorrupt, bs, p.bs)
+		}
+		if err := p.checkIdentity(); err != nil {
+			return err
 		}
 	}
 
@@ -295,6 +310,61 @@ func (p *DiskPool) load() error {
 		return cmpU64(a.Hash, b.Hash)
 	})
 	p.c.restore(bs)
+	return nil
+}
+
+// checkIdentity empties an existing pool whose recorded identity is not
+// opts.Identity, or that recorded none, and records opts.Identity.
+//
+// The blocks' hashes do not say what they are KV of: the same tokens hash
+// alike under another model (of the same block size), and a salt is only
+// as distinct as the operator made it. Restored, such blocks would be
+// republished as the new engine's and could be onboarded into it. A pool
+// without a record was written by a kvagent from before identities were
+// recorded: nothing says it matches, and dropping a cache costs only its
+// refill, so it is emptied too (once; the record is written with the
+// deletion).
+func (p *DiskPool) checkIdentity() error {
+	ik := []byte{kindIdent}
+	was, recorded := "", false
+	v, closer, err := p.db.Get(ik)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+	case err != nil:
+		return fmt.Errorf("read the identity: %w", err)
+	default:
+		was, recorded = string(v), true
+		closer.Close()
+	}
+	if recorded && was == p.opts.Identity {
+		return nil
+	}
+	n := 0
+	if err := p.scan(kindMeta, func([]byte, *pebble.Iterator) error { n++; return nil }); err != nil {
+		return err
+	}
+	// Range deletions: one tombstone per range, whatever the pool's size;
+	// Pebble reclaims the space as it compacts.
+	b := p.db.NewBatch()
+	defer b.Close()
+	for _, kind := range []byte{kindMeta, kindData} {
+		if err := b.DeleteRange([]byte{kind}, []byte{kind + 1}, nil); err != nil {
+			return err
+		}
+	}
+	if err := b.Set(ik, []byte(p.opts.Identity), nil); err != nil {
+		return err
+	}
+	if err := p.commitBatch(b); err != nil {
+		return fmt.Errorf("drop the blocks of another identity: %w", err)
+	}
+	why := "the pool was written for another identity"
+	if !recorded {
+		was = "(none recorded: written by an older kvagent)"
+		why = "the pool records no identity"
+	}
+	p.c.cfg.Logger.Warn("offload pool: dropped the disk pool's blocks at open, not restoring them: "+why,
+		"dir", p.dir, "blocks", n, "was", was, "now", p.opts.Identity)
 	return nil
 }
 

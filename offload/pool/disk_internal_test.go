@@ -17,11 +17,17 @@ const internalBlock = 64
 
 func openInternal(t *testing.T, dir string, log *testlog.Buffer) *DiskPool {
 	t.Helper()
+	return openIdentity(t, dir, log, "")
+}
+
+// openIdentity is openInternal for a pool of the given identity.
+func openIdentity(t *testing.T, dir string, log *testlog.Buffer, identity string) *DiskPool {
+	t.Helper()
 	cfg := Config{Capacity: 8, BlockSize: internalBlock}
 	if log != nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(log, nil))
 	}
-	p, err := OpenDisk(dir, cfg, DiskOptions{})
+	p, err := OpenDisk(dir, cfg, DiskOptions{Identity: identity})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +41,8 @@ func blockBytes(h uint64) []byte { return bytes.Repeat([]byte{byte(h)}, internal
 // entries that a reopened pool cannot use: a block of hash 0, a block that
 // is its own parent, metadata without bytes, and keys of the wrong length
 // in the metadata and bytes ranges (one starting with block 1's key). It
-// returns the keys of the valid blocks and the header, in key order.
+// returns the keys of the valid blocks, the header and the identity, in key
+// order.
 func writeGarbage(t *testing.T, dir string) [][]byte {
 	t.Helper()
 	p := openInternal(t, dir, nil)
@@ -58,7 +65,7 @@ func writeGarbage(t *testing.T, dir string) [][]byte {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	return [][]byte{hashKey(kindData, 1), hashKey(kindData, 2), {kindHeader}, hashKey(kindMeta, 1), hashKey(kindMeta, 2)}
+	return [][]byte{hashKey(kindData, 1), hashKey(kindData, 2), {kindHeader}, {kindIdent}, hashKey(kindMeta, 1), hashKey(kindMeta, 2)}
 }
 
 // keys lists every key in the pool's database, in order.
@@ -109,7 +116,7 @@ func TestDiskReopenDeletesEntriesThatFailTheirCheckAndKeepsValidOnes(t *testing.
 	p := openInternal(t, dir, log)
 	checkValid(t, p)
 	if got := keys(t, p); !slices.EqualFunc(got, valid, bytes.Equal) {
-		t.Fatalf("keys after reopening: %x, want only the header and blocks 1 and 2: %x", got, valid)
+		t.Fatalf("keys after reopening: %x, want only the header, the identity and blocks 1 and 2: %x", got, valid)
 	}
 	for _, want := range []string{"incomplete=1", "invalid=2", "malformed_keys=2"} {
 		if !strings.Contains(log.String(), want) {
