@@ -14,7 +14,14 @@ import (
 // applied "everything committed", and readiness latched thousands of
 // entries early.
 func TestFollowerIsNotReadyWhileCatchingUp(t *testing.T) {
-	c := newTestCluster(t, 3, func(cfg *Config) { cfg.SnapshotThreshold = 1 << 30; cfg.TrailingLogs = 1 << 30 })
+	// Raft timeouts of a second: the 6000 applies below all go to the
+	// leader found first, and under -race on a loaded 2-core machine (CI
+	// beside other jobs) it lost its leadership within the 200 ms defaults.
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		slowRestoreTimeouts(cfg)
+		cfg.SnapshotThreshold = 1 << 30
+		cfg.TrailingLogs = 1 << 30
+	})
 	l := c.leader()
 	c.converged()
 	fi := -1
