@@ -3,6 +3,7 @@ package eventplane
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -48,47 +49,57 @@ func (o ClientOptions) NATSOptions() []nats.Option {
 }
 
 // CheckNATSURLs says what is wrong with a list of NATS URLs (kvagent's
-// and kvrouter's --nats-url), nil when nothing is: it must list, comma-separated, at least one URL of a NATS server,
-// as nats.Connect takes them: [scheme://][user[:password]@]host[:port],
-// the scheme nats (the default), tls, ws or wss, websocket URLs not mixed
-// with others. Without the check a URL nats.go cannot reach ("http//bad
-// url" is a host named http) is retried for ever. Its messages show no
-// password (RedactURLs).
+// and kvrouter's --nats-url), nil when nothing is: it must list,
+// comma-separated, at least one URL of a NATS server, as nats.Connect
+// takes them: [scheme://][user[:password]@]host[:port], the scheme nats
+// (the default), tls, ws or wss, websocket URLs not mixed with others.
+// Without the check a URL nats.go cannot reach ("http//bad url" is a host
+// named http) is retried for ever.
+//
+// Its messages show no password: each names its URL as RedactURLs shows
+// it, and none quotes url.Parse's error or a part of the parsed URL
+// (a port) that a password written with an unescaped / ? # or @ could
+// hold: url.Error quotes the URL as given, and its inner errors quote the
+// text they refuse ("invalid port \":pa\"" of nats://alice:pa#ss@host).
 func CheckNATSURLs(s string) error {
+	parts := strings.Split(s, ",")
+	shown := redactParts(parts) // messages never show a password
 	n, ws := 0, 0
-	for _, u := range strings.Split(s, ",") {
+	for k, u := range parts {
 		if u = strings.TrimSpace(u); u == "" {
 			continue // nats.Connect skips it too
 		}
 		n++
-		shown := RedactURLs(u) // messages never show a password
 		full := u
 		if !strings.Contains(u, "://") {
 			full = "nats://" + u
 		}
 		p, err := url.Parse(full)
 		if err != nil {
-			return fmt.Errorf("%q is not a URL: %w", shown, err)
+			return fmt.Errorf("%q does not parse as a URL: want [nats://][user[:password]@]host[:port], "+
+				"with any / ? # @ : %% or space of the user or password percent-encoded", shown[k])
 		}
 		isWS := false
-		switch strings.ToLower(p.Scheme) {
+		switch strings.ToLower(p.Scheme) { // the text before the first ':', which no password precedes
 		case "nats", "tls":
 		case "ws", "wss":
 			ws++
 			isWS = true // a websocket URL's path and query go in its handshake
 		default:
-			return fmt.Errorf("%q: scheme %q, want nats://host:port (or tls://, ws://, wss://)", shown, p.Scheme)
+			return fmt.Errorf("%q: scheme %q, want nats://host:port (or tls://, ws://, wss://)", shown[k], p.Scheme)
 		}
 		if p.Hostname() == "" {
-			return fmt.Errorf("%q has no host: want nats://host:port", shown)
+			return fmt.Errorf("%q has no host: want nats://host:port", shown[k])
 		}
 		if port := p.Port(); port != "" { // none: nats.Connect takes the scheme's default
+			// url.Parse took the port's digits; the message does not
+			// quote them (a password's, if an '@' follows).
 			if v, err := strconv.ParseUint(port, 10, 16); err != nil || v == 0 {
-				return fmt.Errorf("%q: port %q, want 1 to 65535", shown, port)
+				return fmt.Errorf("%q: port out of range, want 1 to 65535", shown[k])
 			}
 		}
 		if !isWS && (p.Path != "" && p.Path != "/" || p.RawQuery != "") || p.Fragment != "" || p.Opaque != "" {
-			return fmt.Errorf("%q has more than a host and port (a path, query or fragment): want nats://host:port", shown)
+			return fmt.Errorf("%q has more than a host and port (a path, query or fragment): want nats://host:port", shown[k])
 		}
 	}
 	switch {
@@ -102,32 +113,118 @@ func CheckNATSURLs(s string) error {
 
 // RedactURLs returns a list of NATS URLs (--nats-url) with each URL's
 // password hidden (user:xxxxx@host, as url.URL.Redacted writes it), for
-// logs and messages. It reads the user and password by the text, before
-// the host's last @: a URL written without a scheme, or one that does not
-// parse, shows none either.
+// logs and messages. It reads the user information by the text, not as
+// url.Parse does, so that no password shows whatever the input: a URL
+// written without a scheme, one that does not parse, and a password
+// holding an unescaped / ? # @ or space (which url.Parse reads as the
+// end of the host) are hidden too. The user information runs from the
+// scheme to the URL's last '@' (redactURL), so a websocket URL with an
+// '@' in its path or query (ws://h:8080/nats?x=a@b) shows as
+// ws://h:xxxxx@b: the text cannot tell that from a password written
+// unescaped (ws://alice:8080/nats?x=a@b), and it errs on the side of
+// hiding. A password with an unescaped ',' (which nats.Connect and
+// CheckNATSURLs read as two URLs) is hidden too (redactGroups), unless
+// its text before the ',' reads as a port and its text after holds a ':'.
 func RedactURLs(list string) string {
 	parts := strings.Split(list, ",")
-	for i, u := range parts {
-		parts[i] = redactURL(u)
+	var out []string
+	for _, g := range redactGroups(parts) {
+		out = append(out, redactURL(strings.Join(parts[g[0]:g[1]], ",")))
 	}
-	return strings.Join(parts, ",")
+	return strings.Join(out, ",")
+}
+
+// redactParts returns, for each part of a --nats-url split at its commas,
+// the redacted text of the URL it belongs to (redactGroups): what
+// CheckNATSURLs' messages name it by.
+func redactParts(parts []string) []string {
+	shown := make([]string, len(parts))
+	for _, g := range redactGroups(parts) {
+		r := strings.TrimSpace(redactURL(strings.Join(parts[g[0]:g[1]], ",")))
+		for k := g[0]; k < g[1]; k++ {
+			shown[k] = r
+		}
+	}
+	return shown
+}
+
+// redactGroups groups the parts of a --nats-url split at its commas into
+// the URLs whose passwords redactURL hides, as [first, end) ranges. A
+// part is its own URL, except one with no '@' whose text after the
+// scheme holds a ':' (user:password, a password cut at a ',') and that is
+// followed, before a part that begins with a scheme, by a part with an
+// '@': the parts up to that one are one URL, unless the first reads as
+// host:port (a numeric port) and the last has a password of its own
+// (a ':' before its '@'), as in "h:4222,alice:pw@h2".
+func redactGroups(parts []string) [][2]int {
+	var groups [][2]int
+	for i := 0; i < len(parts); {
+		end := i + 1
+		p := strings.TrimSpace(parts[i])
+		rest := p[schemeEnd(p):]
+		if !strings.Contains(p, "@") && strings.Contains(rest, ":") {
+			for j := i + 1; j < len(parts); j++ {
+				q := strings.TrimSpace(parts[j])
+				if schemeEnd(q) > 0 {
+					break // a URL of its own
+				}
+				at := strings.LastIndex(q, "@")
+				if at < 0 {
+					continue
+				}
+				if !isHostPort(rest) || !strings.Contains(q[:at], ":") {
+					end = j + 1
+				}
+				break
+			}
+		}
+		groups = append(groups, [2]int{i, end})
+		i = end
+	}
+	return groups
+}
+
+// isHostPort reports whether s reads as host:port with a numeric port.
+func isHostPort(s string) bool {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil || port == "" {
+		return false
+	}
+	_, err = strconv.ParseUint(port, 10, 16)
+	return err == nil
+}
+
+// schemeEnd returns the index in u (leading spaces included) just after
+// its "scheme://", 0 when u does not begin with the scheme of a NATS URL
+// (nats, tls, ws, wss, in any case). Any other text before a "://" reads
+// as a user: alice://pw@host is alice's password "//pw" as much as the
+// scheme alice, and hiding from alice's ':' hides both readings'
+// passwords (http://alice:pw@h shows as http:xxxxx@h).
+func schemeEnd(u string) int {
+	lead := len(u) - len(strings.TrimLeft(u, " \t"))
+	scheme, _, ok := strings.Cut(u[lead:], "://")
+	if !ok {
+		return 0
+	}
+	switch strings.ToLower(scheme) {
+	case "nats", "tls", "ws", "wss":
+		return lead + len(scheme) + len("://")
+	}
+	return 0
 }
 
 // redactURL returns u with the password of its user information hidden.
+// The user information runs from the scheme (schemeEnd) to u's LAST '@',
+// and its password from its first ':': a password may hold '@', '/', '?',
+// '#', ':' or spaces written unescaped (alice:p@ss@host, alice:p/w@host),
+// which url.Parse would read otherwise, and every byte of it is hidden.
 func redactURL(u string) string {
-	start := 0
-	if i := strings.Index(u, "://"); i >= 0 {
-		start = i + len("://")
-	}
-	authority := u[start:]
-	if end := strings.IndexAny(authority, "/?#"); end >= 0 {
-		authority = authority[:end] // an @ after the host is no user's
-	}
-	at := strings.LastIndex(authority, "@")
+	start := schemeEnd(u)
+	at := strings.LastIndex(u[start:], "@")
 	if at < 0 {
 		return u
 	}
-	user, _, hasPassword := strings.Cut(authority[:at], ":")
+	user, _, hasPassword := strings.Cut(u[start:start+at], ":")
 	if !hasPassword {
 		return u
 	}

@@ -671,10 +671,13 @@ func TestStartRefusalsShowNoAPIPrefix(t *testing.T) {
 // TestNATSURLIsCheckedAndItsPasswordNeverShown: a --nats-url that is not a
 // list of NATS URLs is a usage error (exit 2), and no message or log line
 // shows its password. From a review: kvrouter logged "events over
-// external NATS" with the URL as given, and its connect error echoed it.
+// external NATS" with the URL as given, and its connect error echoed it;
+// a second look: a typo in the port (url.Error quotes the URL as given)
+// or an unescaped '#' in the password showed it in the exit-2 message.
 func TestNATSURLIsCheckedAndItsPasswordNeverShown(t *testing.T) {
 	const password = "s3cret"
-	for _, u := range []string{"http//bad url", "http://alice:" + password + "@127.0.0.1:4222", " , "} {
+	for _, u := range []string{"http//bad url", "http://alice:" + password + "@127.0.0.1:4222", " , ",
+		"nats://alice:" + password + "@nats.example:42x2", "nats://alice:pa#" + password + "@nats.example:4222"} {
 		dir := filepath.Join(t.TempDir(), "data")
 		err := runKvrouter(t, "--data-dir", dir, "--nats-url", u)
 		var ec cli.ExitCoder
