@@ -4,6 +4,8 @@ import (
 	"errors"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -161,4 +163,151 @@ func TestARestartAtAnotherRaftAddressIsRefused(t *testing.T) {
 		t.Fatalf("n3 started at another HTTP address: %v", err)
 	}
 	c.nodes[2] = n3
+}
+
+// firstBatchOnly passes on the RPCs of an in-memory transport, but, while
+// cut is set, refuses every AppendEntries that carries entries not
+// starting at index 1: the node receives the first batch of the leader's
+// log (MaxAppendEntries, 256) and nothing more, as a node stopped (or
+// crashed) part-way through its catch-up has. Its Close (the node's)
+// ends its goroutine.
+type firstBatchOnly struct {
+	*raft.InmemTransport
+	ch   chan raft.RPC
+	cut  atomic.Bool
+	done chan struct{}
+	once sync.Once
+}
+
+func newFirstBatchOnly(addr string, cut bool) *firstBatchOnly {
+	_, tr := raft.NewInmemTransport(raft.ServerAddress(addr))
+	f := &firstBatchOnly{InmemTransport: tr, ch: make(chan raft.RPC), done: make(chan struct{})}
+	f.cut.Store(cut)
+	go func() {
+		for {
+			var rpc raft.RPC
+			select {
+			case <-f.done:
+				return
+			case rpc = <-tr.Consumer():
+			}
+			if ae, ok := rpc.Command.(*raft.AppendEntriesRequest); ok && f.cut.Load() && len(ae.Entries) > 0 && ae.Entries[0].Index != 1 {
+				rpc.Respond(&raft.AppendEntriesResponse{Term: ae.Term, LastLog: ae.PrevLogEntry, Success: false}, nil)
+				continue
+			}
+			select {
+			case f.ch <- rpc:
+			case <-f.done:
+				return
+			}
+		}
+	}()
+	return f
+}
+
+func (f *firstBatchOnly) Consumer() <-chan raft.RPC { return f.ch }
+
+func (f *firstBatchOnly) Close() error {
+	f.once.Do(func() { close(f.done) })
+	return f.InmemTransport.Close()
+}
+
+// connect connects f both ways with the transports of the cluster's
+// nodes but skip.
+func (f *firstBatchOnly) connect(c *inmemCluster, skip int) {
+	for i, o := range c.trans {
+		if i != skip {
+			o.Connect(f.LocalAddr(), f.InmemTransport)
+			f.Connect(o.LocalAddr(), o)
+		}
+	}
+}
+
+// TestAMovedMemberRestartedDuringCatchUpStarts: a member moved to another
+// Raft address the documented way (removed, then started at the new
+// address to join, on an empty directory) and stopped part-way through
+// its catch-up starts again at the new address, although its latest
+// configuration (the log's first entries) lists it at the old one; at
+// another address it is refused. Once it has seen itself at the new
+// address the usual rule applies. From a review: it was refused every
+// later start (ErrRaftAddrChanged), told to start at the old address,
+// where no peer dials it.
+func TestAMovedMemberRestartedDuringCatchUpStarts(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	li, l := c.leaderExcept(-1)
+	m := (li + 1) % 3 // the member to move, a follower
+	id := c.nodes[m].cfg.ID
+	// More than one AppendEntries batch of log before the move.
+	for i := 0; i < 400; i++ {
+		if err := l.raft.Barrier(5 * time.Second).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := c.nodes[m].cfg.RaftAddr
+	if err := c.nodes[m].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RemoveMember(ctx(t), id); err != nil {
+		t.Fatal(err)
+	}
+	newAddr := old + "b"
+	tr := newFirstBatchOnly(newAddr, true)
+	tr.connect(c, m)
+	cfg := Config{ID: id, RaftAddr: newAddr, HTTPAddr: "http-" + id, DataDir: filepath.Join(t.TempDir(), id+"b"), Transport: tr, Logger: quiet}
+	n, err := NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.AddMember(ctx(t), id, newAddr, cfg.HTTPAddr); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, id+" to receive the first batch of the log", func() bool { return n.raft.LastIndex() >= 200 })
+	t.Logf("%s stopped at last index %d of the leader's %d", id, n.raft.LastIndex(), l.raft.LastIndex())
+	if err := n.Close(); err != nil { // stopped part-way through its catch-up
+		t.Fatal(err)
+	}
+
+	// At a third address it is refused: the exception is the address it
+	// joined at.
+	third := cfg
+	third.RaftAddr = old + "c"
+	third.Transport = newFirstBatchOnly(third.RaftAddr, true)
+	_, err = NewNode(third)
+	wantRefused(t, id+" restarted during its catch-up at a third address", err, ErrRaftAddrChanged, "this node is "+id+" at "+old)
+
+	again := newFirstBatchOnly(newAddr, false)
+	again.connect(c, m)
+	cfg.Transport = again
+	if n, err = NewNode(cfg); err != nil {
+		t.Fatalf("%s restarted during its catch-up at the address the cluster lists it at (%s): %v", id, newAddr, err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			n.Close()
+		}
+	}()
+	waitFor(t, 10*time.Second, id+" to see itself at "+newAddr, func() bool {
+		for _, s := range n.raft.GetConfiguration().Configuration().Servers {
+			if string(s.ID) == id && string(s.Address) == newAddr {
+				return true
+			}
+		}
+		return false
+	})
+	// It forgets the address it joined at once it has seen itself there
+	// (leaderLoop's tick): a later move is refused as usual.
+	waitFor(t, 10*time.Second, id+" to forget the address it joined at", func() bool {
+		v, err := n.logs.Get(joinAddrKey)
+		return err == nil && len(v) == 0
+	})
+	closed = true
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	back := cfg
+	back.RaftAddr = old
+	back.Transport = newFirstBatchOnly(old, false)
+	_, err = NewNode(back)
+	wantRefused(t, id+" caught up and restarted at its old address", err, ErrRaftAddrChanged, "this node is "+id+" at "+newAddr)
 }

@@ -35,7 +35,9 @@ type Config struct {
 	ID string
 	// RaftAddr is where this node's Raft transport listens (host:port), as
 	// peers dial it. A node that its cluster's configuration lists at
-	// another address is refused a start (ErrRaftAddrChanged).
+	// another address is refused a start (ErrRaftAddrChanged), but for a
+	// member moved here that has not yet replayed its addition
+	// (checkRaftAddr).
 	RaftAddr string
 	HTTPAddr string // where this node's HTTP API listens, as peers should dial it
 	DataDir  string // raft/, fsm/ and snapshots/ live here
@@ -162,6 +164,10 @@ type Node struct {
 	// has been a member reports itself removed.
 	wasMember      atomic.Bool
 	memberRecorded bool // noteMembership only
+	// joinAddr is the Raft address this directory joined its cluster at
+	// (joinAddrKey) while the node has not yet seen a configuration that
+	// lists it there, "" otherwise: startRaft and noteJoined only.
+	joinAddr string
 	// snapshotting is set while a snapshot by applied bytes runs.
 	snapshotting atomic.Bool
 	lastAssert   time.Time // leaderLoop only
@@ -383,11 +389,16 @@ func (n *Node) startRaft() error {
 	case !has && len(servers) > 0:
 		err = n.recordOrigin(n.originOf(servers))
 	case !has:
-		err = n.recordOrigin(originJoin)
+		if err = n.recordOrigin(originJoin); err == nil {
+			err = n.setJoinAddr(n.raftAddr())
+		}
 	case seeded != nil:
 		err = n.recordOrigin(n.originOf(seeded))
 	}
 	if err != nil {
+		return err
+	}
+	if n.joinAddr, err = n.recordedJoinAddr(); err != nil {
 		return err
 	}
 	if !has && len(servers) > 0 {
@@ -571,7 +582,55 @@ var (
 	// state under another id is refused (ErrWrongNode). Directories first
 	// started by older builds have none until a start records it.
 	nodeIDKey = []byte("kvrouter_node_id")
+	// joinAddrKey holds the Raft address a directory started to join
+	// (with no peers, on no Raft state) joined at, until the node sees a
+	// configuration that lists it there (noteJoined): empty then, and in
+	// every other directory. checkRaftAddr lets it start at that address
+	// meanwhile.
+	joinAddrKey = []byte("kvrouter_join_addr")
 )
+
+// recordedJoinAddr returns the address the directory records it joined
+// at and has not yet seen itself at (joinAddrKey), "" when none.
+func (n *Node) recordedJoinAddr() (string, error) {
+	v, err := n.logs.Get(joinAddrKey)
+	if err != nil && !errors.Is(err, store.ErrKeyNotFound) {
+		return "", fmt.Errorf("read the Raft address %s joined at: %w", n.cfg.DataDir, err)
+	}
+	return string(v), nil
+}
+
+// setJoinAddr records addr as the address the directory joined at, ""
+// once the node has seen itself there.
+func (n *Node) setJoinAddr(addr string) error {
+	if err := n.logs.Set(joinAddrKey, []byte(addr)); err != nil {
+		return fmt.Errorf("record the Raft address %s joined at: %w", n.cfg.DataDir, err)
+	}
+	n.joinAddr = addr
+	return nil
+}
+
+// noteJoined forgets the address the directory joined at once the latest
+// configuration lists this node there: it has caught up with its addition,
+// and checkRaftAddr's usual rule applies from then on. Run at start
+// (checkRaftAddr) and by leaderLoop, never at once.
+func (n *Node) noteJoined() {
+	if n.joinAddr == "" {
+		return
+	}
+	cf := n.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return
+	}
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == n.cfg.ID && string(s.Address) == n.joinAddr {
+			if err := n.setJoinAddr(""); err != nil {
+				n.logger.Warn("forgetting the Raft address this node joined at failed; retrying", "err", err)
+			}
+			return
+		}
+	}
+}
 
 // recordedNodeID returns the node id the directory recorded (nodeIDKey),
 // "" when it has none.
@@ -595,15 +654,32 @@ func (n *Node) raftAddr() string {
 // checkRaftAddr refuses to start a node that its latest configuration
 // lists at another address than its own (raftAddr): its peers would dial
 // it there, and it would stay a candidate for good. A member moves by
-// being removed and added at the new address.
+// being removed and added at the new address, on an empty directory
+// started to join (docs/operations.md, "Remove a node").
+//
+// Such a directory replays the cluster's log from its start (or an older
+// snapshot), whose configurations list the member at its old address
+// until the entry that adds it at the new one: stopped or crashed before
+// that entry, its latest configuration still says the old address. So a
+// directory started to join records the address it joined at
+// (joinAddrKey), and may start at that address, whatever its
+// configuration says, until it has seen a configuration that lists it
+// there (noteJoined); from then on, this rule applies. (Its peers dial it
+// at that address: the cluster added it there.)
 func (n *Node) checkRaftAddr() error {
 	cf := n.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
 		return fmt.Errorf("read the Raft configuration: %w", err)
 	}
 	addr := n.raftAddr()
+	n.noteJoined()
 	for _, s := range cf.Configuration().Servers {
 		if string(s.ID) == n.cfg.ID && string(s.Address) != addr {
+			if n.joinAddr != "" && addr == n.joinAddr {
+				n.logger.Info("this node joined at its --raft-addr and is still catching up: its configuration lists it at its old address until it replays its addition",
+					"raft_addr", addr, "listed_at", s.Address)
+				return nil
+			}
 			return refuseStart(ErrRaftAddrChanged, "this node is %s at %s in its cluster's configuration; --raft-addr is %s: "+
 				"start it with --raft-addr %s. To move a member, remove it (kvctl members remove %s) and add it at the new address: "+
 				"start it there with --join on an empty data directory (docs/operations.md, Remove a node)",
@@ -955,6 +1031,7 @@ func (n *Node) leaderLoop() {
 			}
 			n.maybeSnapshot()
 			n.noteMembership()
+			n.noteJoined()
 			if leader {
 				n.assertSelf()
 			}
