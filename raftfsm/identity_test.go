@@ -311,3 +311,74 @@ func TestAMovedMemberRestartedDuringCatchUpStarts(t *testing.T) {
 	_, err = NewNode(back)
 	wantRefused(t, id+" caught up and restarted at its old address", err, ErrRaftAddrChanged, "this node is "+id+" at "+newAddr)
 }
+
+// TestTheOnlyVoterRestartedAtAnotherRaftAddress: a cluster's only voter
+// restarted at another Raft address is refused, and told how to move it:
+// the advice for a member (remove it, add it at the new address) is
+// impossible for the last voter. The same IP literal spelled otherwise
+// ([0:0::1] for [::1]) is its address; a hostname is compared as text.
+// From a review: the refusal told the operator to remove it with kvctl
+// members remove, which refuses the last voter.
+func TestTheOnlyVoterRestartedAtAnotherRaftAddress(t *testing.T) {
+	const addr = "[::1]:7000"
+	_, tr := raft.NewInmemTransport(addr)
+	self := Member{ID: "n1", RaftAddr: addr, HTTPAddr: "http-n1"}
+	cfg := Config{ID: self.ID, RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: filepath.Join(t.TempDir(), "n1"),
+		Peers: []Member{self}, Transport: tr, Logger: quiet}
+	n, err := NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n1 to lead", func() bool { return n.IsLeader() && n.ledThisTerm() })
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, other := range []string{"[::1]:7001", "localhost:7000", "127.0.0.1:7000"} {
+		moved := cfg
+		moved.RaftAddr = other
+		moved.HTTPAddr = "http-n1-moved"
+		_, moved.Transport = raft.NewInmemTransport(raft.ServerAddress(other))
+		_, err := NewNode(moved)
+		wantRefused(t, "the only voter restarted at "+other, err, ErrRaftAddrChanged,
+			"this node is n1 at "+addr+" in its cluster's configuration; --raft-addr is "+other, "start it with --raft-addr "+addr,
+			"its cluster's only voter", "kvctl snapshot save FILE", "kvctl snapshot restore FILE --data-dir NEWDIR --node-id n1 --peers n1="+other+"=http-n1-moved")
+		if strings.Contains(err.Error(), "members remove") {
+			t.Fatalf("the only voter restarted at %s: %q, want no advice to remove it", other, err)
+		}
+	}
+	for _, same := range []string{"[0:0::1]:7000", "[0:0:0:0:0:0:0:1]:07000"} {
+		again := cfg
+		again.RaftAddr = same
+		_, again.Transport = raft.NewInmemTransport(raft.ServerAddress(same))
+		if n, err = NewNode(again); err != nil {
+			t.Fatalf("n1 restarted at %s, its address %s spelled otherwise: %v", same, addr, err)
+		}
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSameRaftAddr: equal IP literals with equal ports are one address;
+// hostnames compare as text.
+func TestSameRaftAddr(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		same bool
+	}{
+		{"127.0.0.1:7000", "127.0.0.1:7000", true},
+		{"[::1]:7000", "[0:0::1]:7000", true},
+		{"[::1]:7000", "[::1]:07000", true},
+		{"[::ffff:127.0.0.1]:7000", "127.0.0.1:7000", true},
+		{"[fe80::1%eth0]:7000", "[fe80::1%eth0]:7000", true},
+		{"[fe80::1%eth0]:7000", "[fe80::1%eth1]:7000", false},
+		{"[::1]:7000", "[::1]:7001", false},
+		{"localhost:7000", "127.0.0.1:7000", false},
+		{"Node1:7000", "node1:7000", false},
+		{"inmem-n1", "inmem-n1", true},
+	} {
+		if got := sameRaftAddr(c.a, c.b); got != c.same {
+			t.Errorf("sameRaftAddr(%q, %q) = %v, want %v", c.a, c.b, got, c.same)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -623,7 +624,7 @@ func (n *Node) noteJoined() {
 		return
 	}
 	for _, s := range cf.Configuration().Servers {
-		if string(s.ID) == n.cfg.ID && string(s.Address) == n.joinAddr {
+		if string(s.ID) == n.cfg.ID && sameRaftAddr(string(s.Address), n.joinAddr) {
 			if err := n.setJoinAddr(""); err != nil {
 				n.logger.Warn("forgetting the Raft address this node joined at failed; retrying", "err", err)
 			}
@@ -673,12 +674,23 @@ func (n *Node) checkRaftAddr() error {
 	}
 	addr := n.raftAddr()
 	n.noteJoined()
-	for _, s := range cf.Configuration().Servers {
-		if string(s.ID) == n.cfg.ID && string(s.Address) != addr {
-			if n.joinAddr != "" && addr == n.joinAddr {
+	servers := cf.Configuration().Servers
+	for _, s := range servers {
+		if string(s.ID) == n.cfg.ID && !sameRaftAddr(string(s.Address), addr) {
+			if n.joinAddr != "" && sameRaftAddr(addr, n.joinAddr) {
 				n.logger.Info("this node joined at its --raft-addr and is still catching up: its configuration lists it at its old address until it replays its addition",
 					"raft_addr", addr, "listed_at", s.Address)
 				return nil
+			}
+			if onlyVoter(servers, n.cfg.ID) {
+				// kvctl members remove refuses the last voter: it moves
+				// by its state, into a new cluster at the new address.
+				return refuseStart(ErrRaftAddrChanged, "this node is %s at %s in its cluster's configuration; --raft-addr is %s: "+
+					"start it with --raft-addr %s. It is its cluster's only voter, which cannot be removed; to move it to %s, "+
+					"copy its state into a new cluster there: with it running at %s, kvctl snapshot save FILE; then "+
+					"kvctl snapshot restore FILE --data-dir NEWDIR --node-id %s --peers %s=%s=%s, and start it on NEWDIR "+
+					"(docs/operations.md, Move the only voter)",
+					n.cfg.ID, s.Address, addr, s.Address, addr, s.Address, n.cfg.ID, n.cfg.ID, addr, n.cfg.HTTPAddr)
 			}
 			return refuseStart(ErrRaftAddrChanged, "this node is %s at %s in its cluster's configuration; --raft-addr is %s: "+
 				"start it with --raft-addr %s. To move a member, remove it (kvctl members remove %s) and add it at the new address: "+
@@ -687,6 +699,40 @@ func (n *Node) checkRaftAddr() error {
 		}
 	}
 	return nil
+}
+
+// onlyVoter reports whether id is the only voter of servers.
+func onlyVoter(servers []raft.Server, id string) bool {
+	voters := 0
+	self := false
+	for _, s := range servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+			self = self || string(s.ID) == id
+		}
+	}
+	return voters == 1 && self
+}
+
+// sameRaftAddr reports whether a and b are one Raft address: equal as
+// text, or both IP:port with equal IPs and ports once parsed
+// (netip.ParseAddrPort: [0:0::1]:7000 is [::1]:7000, an IPv4-mapped IPv6
+// address its IPv4 one, a port's leading zeros dropped). A hostname is
+// compared as text: localhost is not 127.0.0.1, nor Node1 node1, as
+// resolving it would make the check depend on the resolver at start.
+func sameRaftAddr(a, b string) bool {
+	if a == b {
+		return true
+	}
+	pa, err := netip.ParseAddrPort(a)
+	if err != nil {
+		return false
+	}
+	pb, err := netip.ParseAddrPort(b)
+	if err != nil {
+		return false
+	}
+	return pa.Addr().Unmap() == pb.Addr().Unmap() && pa.Port() == pb.Port()
 }
 
 // checkUnrecordedID refuses to start a directory with Raft state but no
@@ -701,7 +747,7 @@ func (n *Node) checkUnrecordedID() error {
 	}
 	addr := n.raftAddr()
 	for _, s := range cf.Configuration().Servers {
-		if string(s.Address) == addr && string(s.ID) != n.cfg.ID {
+		if sameRaftAddr(string(s.Address), addr) && string(s.ID) != n.cfg.ID {
 			return refuseStart(ErrWrongNode, "data directory %s holds the Raft state of node %s (its cluster's configuration lists %s at %s, "+
 				"this node's --raft-addr); started with --node-id %s: give --node-id %s, or start on an empty directory",
 				n.cfg.DataDir, s.ID, s.ID, addr, n.cfg.ID, s.ID)
@@ -1638,7 +1684,7 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 		switch {
 		case string(s.ID) == id && string(s.Address) != raftAddr:
 			return fmt.Errorf("%w: member %q is at %s, not %s (to move it, remove it first)", ErrInvalid, id, s.Address, raftAddr)
-		case string(s.ID) != id && string(s.Address) == raftAddr:
+		case string(s.ID) != id && sameRaftAddr(string(s.Address), raftAddr):
 			return fmt.Errorf("%w: %s is member %q's raft address", ErrInvalid, raftAddr, s.ID)
 		}
 	}
