@@ -58,7 +58,7 @@ func newApp() *cli.App {
    kvrouter --node-id n4 --raft-addr 127.0.0.1:7004 --http-addr 127.0.0.1:7084 --data-dir data/n4 --join 127.0.0.1:7081,127.0.0.1:7082,127.0.0.1:7083`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "node-id", Value: "node1", EnvVars: []string{"KVROUTER_NODE_ID"}, Usage: "this node's Raft id"},
-			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:7000", EnvVars: []string{"KVROUTER_RAFT_ADDR"}, Usage: "Raft listen address (host:port, as peers dial it: not a wildcard such as 0.0.0.0)"},
+			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:7000", EnvVars: []string{"KVROUTER_RAFT_ADDR"}, Usage: "Raft listen address (host:port, as peers dial it: not a wildcard such as 0.0.0.0, nor port 0)"},
 			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:7080", EnvVars: []string{"KVROUTER_HTTP_ADDR"}, Usage: "HTTP API listen address (host:port, as peers dial it)"},
 			&cli.StringFlag{Name: "selection-addr", EnvVars: []string{"KVROUTER_SELECTION_ADDR"}, Usage: "also serve the selection and reservation API at the root of this address (it is always under /selection on --http-addr; docs/compat.md)"},
 			&cli.StringFlag{Name: "data-dir", Value: "data", EnvVars: []string{"KVROUTER_DATA_DIR"}, Usage: "where the Raft log, snapshots and state live"},
@@ -359,7 +359,8 @@ func parseJoin(s string) ([]string, error) {
 		}
 		hostport := e
 		if scheme, rest, ok := strings.Cut(e, "://"); ok {
-			if scheme != "http" && scheme != "https" {
+			// Any case, as the API client takes it (client.New lowercases it).
+			if s := strings.ToLower(scheme); s != "http" && s != "https" {
 				return nil, fmt.Errorf("--join %q: scheme %q: want host:port (a member's --http-addr), or http(s)://host:port", e, scheme)
 			}
 			hostport = strings.TrimSuffix(rest, "/")
@@ -371,7 +372,7 @@ func parseJoin(s string) ([]string, error) {
 		if host == "" {
 			return nil, fmt.Errorf("--join %q has no host: want host:port (a member's --http-addr)", e)
 		}
-		if _, err := net.LookupPort("tcp", port); err != nil || port == "0" {
+		if p, err := net.LookupPort("tcp", port); err != nil || p == 0 {
 			return nil, fmt.Errorf("--join %q: port %q: want a number from 1 to 65535", e, port)
 		}
 		via = append(via, e)
@@ -384,9 +385,10 @@ func parseJoin(s string) ([]string, error) {
 
 // checkAddrs refuses the address flags that cannot be listened on
 // (host:port, the port a number or a service name, as net.Listen takes
-// them), and a --raft-addr that peers cannot dial (no host, or a wildcard
-// such as 0.0.0.0: it is the address the cluster's configuration lists
-// this node at), with a message that names the flag: a usage error (exit
+// them), and a --raft-addr that peers cannot dial (no host, a wildcard
+// such as 0.0.0.0, or port 0, which listens on a port the kernel picks:
+// it is the address the cluster's configuration lists this node at), with
+// a message that names the flag: a usage error (exit
 // 2) before the data directory's lock, NATS and the state are touched.
 // The NATS addresses are checked only for the embedded server (no
 // --nats-url).
@@ -418,6 +420,15 @@ func checkAddr(flag, addr string) error {
 		if err := raftfsm.CheckRaftAddr(addr); err != nil {
 			return fmt.Errorf("--raft-addr %w", err)
 		}
+		// CheckRaftAddr takes port 0 (a lone node at host:0 runs: nobody
+		// dials it), but --raft-addr is what the configuration lists this
+		// node at, and a port the kernel picks is one no peer can dial.
+		if _, port, _ := net.SplitHostPort(addr); port != "" {
+			if p, err := net.LookupPort("tcp", port); err == nil && p == 0 {
+				return fmt.Errorf("--raft-addr %q: port 0 listens on a port the kernel picks, and peers cannot dial it: "+
+					"give this node's own address, as its peers dial it (host:port, a port from 1 to 65535)", addr)
+			}
+		}
 		return nil
 	}
 	_, port, err := net.SplitHostPort(addr)
@@ -427,7 +438,7 @@ func checkAddr(flag, addr string) error {
 	if _, err := net.LookupPort("tcp", port); err != nil {
 		return fmt.Errorf("--%s %q: port %q: want a number from 0 to 65535", flag, addr, port)
 	}
-	return nil
+	return nil // port 0 listens on a port the kernel picks, which the log shows
 }
 
 // checkDurations refuses the timing flags that Raft or the event plane

@@ -229,7 +229,7 @@ func TestANATSPortInUseFailsBeforeRaft(t *testing.T) {
 		dir := t.TempDir()
 		app := newApp()
 		app.ExitErrHandler = func(*cli.Context, error) {}
-		err = app.Run([]string{"kvrouter", "--data-dir", dir, "--http-addr", httpAddr, "--raft-addr", "127.0.0.1:0",
+		err = app.Run([]string{"kvrouter", "--data-dir", dir, "--http-addr", httpAddr, "--raft-addr", freeAddr(t),
 			"--nats-addr", "127.0.0.1:0", flag, taken.Addr().String()})
 		taken.Close()
 		if err == nil || !strings.Contains(err.Error(), "address already in use") {
@@ -267,7 +267,7 @@ func TestTheSameCommandLineTwiceSaysTheDataDirIsHeld(t *testing.T) {
 	defer httpLn.Close()
 	app := newApp()
 	app.ExitErrHandler = func(*cli.Context, error) {}
-	err = app.Run([]string{"kvrouter", "--data-dir", dir, "--http-addr", httpLn.Addr().String(), "--raft-addr", "127.0.0.1:0",
+	err = app.Run([]string{"kvrouter", "--data-dir", dir, "--http-addr", httpLn.Addr().String(), "--raft-addr", freeAddr(t),
 		"--nats-addr", "127.0.0.1:0"})
 	if !errors.Is(err, raftfsm.ErrDataDirInUse) || !strings.Contains(err.Error(), "held by another kvrouter process") {
 		t.Fatalf("a second kvrouter on a running node's directory and ports: %v, want the directory's lock held", err)
@@ -282,7 +282,7 @@ func TestTheSameCommandLineTwiceSaysTheDataDirIsHeld(t *testing.T) {
 	defer natsLn.Close()
 	app = newApp()
 	app.ExitErrHandler = func(*cli.Context, error) {}
-	err = app.Run([]string{"kvrouter", "--data-dir", dir, "--http-addr", "127.0.0.1:0", "--raft-addr", "127.0.0.1:0",
+	err = app.Run([]string{"kvrouter", "--data-dir", dir, "--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t),
 		"--nats-addr", natsLn.Addr().String()})
 	if err == nil || !strings.Contains(err.Error(), "address already in use") {
 		t.Fatalf("NATS port in use: %v, want the listener's error", err)
@@ -616,7 +616,9 @@ func TestAMemberAtAnotherRaftAddressIsRefused(t *testing.T) {
 // or a --raft-addr that peers cannot dial (no host, a wildcard), is a
 // usage error (exit 2) naming the flag, before the data directory is
 // touched. From a review: they exited 1 after a partial start (NATS up,
-// the state loaded), --raft-addr's with an "invalid request:" prefix.
+// the state loaded), --raft-addr's with an "invalid request:" prefix;
+// and a second look: --raft-addr with port 0 passed, though the cluster's
+// configuration would list the node at a port no peer can dial.
 func TestAddressFlagsAreChecked(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -627,6 +629,8 @@ func TestAddressFlagsAreChecked(t *testing.T) {
 		{[]string{"--raft-addr", "0.0.0.0:7000"}, "--raft-addr"},
 		{[]string{"--raft-addr", "[::]:7000"}, "--raft-addr"},
 		{[]string{"--raft-addr", "127.0.0.1:x"}, "--raft-addr"},
+		{[]string{"--raft-addr", "127.0.0.1:0"}, "--raft-addr"},
+		{[]string{"--raft-addr", "127.0.0.1:00"}, "--raft-addr"},
 		{[]string{"--http-addr", "bad"}, "--http-addr"},
 		{[]string{"--http-addr", "127.0.0.1:99999"}, "--http-addr"},
 		{[]string{"--nats-addr", "bad"}, "--nats-addr"},
@@ -725,13 +729,24 @@ func TestNATSURLIsCheckedAndItsPasswordNeverShown(t *testing.T) {
 	}
 }
 
+// TestJoinSchemeInAnyCase: --join takes http:// and https:// in any case,
+// as the API client does (it lowercases the scheme). From a review:
+// HTTP://h:1 was refused (exit 2).
+func TestJoinSchemeInAnyCase(t *testing.T) {
+	for _, j := range []string{"HTTP://127.0.0.1:7081", "Https://h:1/", "127.0.0.1:7081, hTTp://h:2"} {
+		if _, err := parseJoin(j); err != nil {
+			t.Errorf("--join %q: %v", j, err)
+		}
+	}
+}
+
 // TestJoinTakesAListOfMembers: --join takes a comma-separated list of
 // members' HTTP addresses, asked in turn: a node joins through the first
 // that answers. Each entry is checked before the start (exit 2). From a
 // review: --join took one address only, and a list failed after the
 // start with a parse error (exit 1).
 func TestJoinTakesAListOfMembers(t *testing.T) {
-	for _, j := range []string{"bad", "127.0.0.1:7081,bad", " , ", "127.0.0.1:7081,:7082", "127.0.0.1:0", "ftp://127.0.0.1:7081", "127.0.0.1:x"} {
+	for _, j := range []string{"bad", "127.0.0.1:7081,bad", " , ", "127.0.0.1:7081,:7082", "127.0.0.1:0", "127.0.0.1:00", "ftp://127.0.0.1:7081", "127.0.0.1:x"} {
 		dir := filepath.Join(t.TempDir(), "data")
 		err := runKvrouter(t, "--data-dir", dir, "--join", j)
 		var ec cli.ExitCoder
