@@ -100,6 +100,10 @@ type Config struct {
 	// beforeRestore, for tests: RestoreSnapshot calls it just before it
 	// hands the stream to Raft.
 	beforeRestore func()
+	// beforeLogWrite, for tests: Raft's writes of entries to this node's
+	// log store call it first, with the entries; it may hold the write
+	// (on a leader, Raft's main goroutine with it).
+	beforeLogWrite func([]*raft.Log)
 }
 
 func (c *Config) defaults() {
@@ -301,6 +305,11 @@ func (n *Node) countLeaders() {
 	}
 }
 
+// raftMaxAppendEntries is Raft's MaxAppendEntries: the most entries one
+// AppendEntries carries, and the most applies a leader takes into one
+// commit beyond the first.
+const raftMaxAppendEntries = 256
+
 // startRaft opens the Raft log and snapshot stores and starts Raft,
 // bootstrapping a new cluster from cfg.Peers. The FSM it is given holds
 // Raft's calls until it is released.
@@ -329,7 +338,7 @@ func (n *Node) startRaft() error {
 	// by the leader, refused by a follower, or refused at shutdown; the
 	// leader still gathers every apply waiting to send into one commit.
 	rc.BatchApplyCh = false
-	rc.MaxAppendEntries = 256
+	rc.MaxAppendEntries = raftMaxAppendEntries
 	// The FSM rebuilds itself from its own database and catchUpFromSnapshot
 	// restores it when it is behind; Raft must not restore it again.
 	rc.NoSnapshotRestoreOnStart = true
@@ -410,7 +419,11 @@ func (n *Node) startRaft() error {
 	}
 	var watched raft.Transport
 	watched, n.watch = watchCommits(n.trans, n.cfg.ID, n.logger)
-	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.logs, n.snaps, watched); err != nil {
+	var logs raft.LogStore = n.logs
+	if cfg.beforeLogWrite != nil {
+		logs = hookedLogs{LogStore: n.logs, before: cfg.beforeLogWrite}
+	}
+	if n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.logs, n.snaps, watched); err != nil {
 		return fmt.Errorf("start raft: %w", err)
 	}
 	// Raft has read its configuration: a directory of an older build,
@@ -1964,6 +1977,21 @@ type readMark struct {
 func (m *readMark) Read(p []byte) (int, error) {
 	m.read.Store(true)
 	return m.r.Read(p)
+}
+
+// hookedLogs is the log store with Config.beforeLogWrite called before
+// each write (tests). The store's other methods, and the interfaces Raft
+// looks for (MonotonicLogStore), are the store's own.
+type hookedLogs struct {
+	*store.LogStore
+	before func([]*raft.Log)
+}
+
+func (h hookedLogs) StoreLog(l *raft.Log) error { return h.StoreLogs([]*raft.Log{l}) }
+
+func (h hookedLogs) StoreLogs(logs []*raft.Log) error {
+	h.before(logs)
+	return h.LogStore.StoreLogs(logs)
 }
 
 // restoredMembers is the member table a restore installs: this cluster's

@@ -7,8 +7,11 @@ import (
 	"io"
 	"maps"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -321,41 +324,126 @@ func TestMembershipChangeWaitsForARestore(t *testing.T) {
 
 // TestRestoreInstalledPastItsTimerAnswersMaybeApplied: Raft runs one timer
 // for taking a user restore and for queueing the no-op entry after the
-// install; an install that outlasts it (here: queued behind a batch the
-// FSM is held in) is in place, yet Raft answers ErrEnqueueTimeout when its
-// select takes the fired timer. That answer must not read as a timeout to
-// retry (a second restore drops what was applied since): a restore whose
-// stream Raft took answers MaybeApplied. From a review: it was a plain
-// timeout, which the API answers "retrying is safe". Which case Raft's
-// select takes is its random choice (here the timer, every run seen);
-// either way an installed restore must not answer a plain error.
+// install; an install that outlasts it is in place, yet Raft answers
+// ErrEnqueueTimeout when its select takes the timer. That answer must not
+// read as a timeout to retry (a second restore drops what was applied
+// since): a restore whose stream Raft took answers MaybeApplied. From a
+// review: it was a plain timeout, which the API answers "retrying is
+// safe".
+//
+// Holding the install past the timer is not enough: Raft's main goroutine
+// is back waiting for applies at once, and with both cases ready the
+// select picks at random (a test that only held the install answered nil
+// in about half its runs, and passed either way). So Raft's main goroutine
+// is kept from the no-op until RestoreSnapshot answers: barriers queued
+// behind the install, more than one commit takes, are held in their log
+// write, and the no-op, queued after them, waits behind them; Raft's
+// timer then runs out with nothing to take the no-op.
 func TestRestoreInstalledPastItsTimerAnswersMaybeApplied(t *testing.T) {
 	foreign := foreignSnapshot(t)
+	var holding atomic.Bool
+	held, release := make(chan []*raft.Log, 1), make(chan struct{})
 	c, n1, g := gatedLeader(t, func(cfg *Config) {
 		cfg.ApplyTimeout = 100 * time.Millisecond // the restore's timer: 1 s
+		if cfg.ID == "n1" {
+			cfg.beforeLogWrite = func(logs []*raft.Log) {
+				if holding.CompareAndSwap(true, false) {
+					held <- logs
+					<-release
+				}
+			}
+		}
 	})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce) // before the cluster's Close, which waits for Raft
 	last := n1.raft.LastIndex()
 	g.pause()
-	// A registration whose batch n1's FSM then holds in the gate:
-	// the restore queues behind it.
+	// A registration whose batch n1's FSM then holds in the gate: the
+	// restore's install queues behind it.
 	go n1.RegisterWorker(context.Background(), WorkerInfo{ID: 5, BlockSize: 16}) //nolint:errcheck // it times out in the gate
 	waitFor(t, 10*time.Second, "the registration to commit", func() bool { return n1.raft.CommitIndex() > last })
-	start := time.Now()
 	done := make(chan error, 1)
 	go func() {
 		_, err := n1.RestoreSnapshot(ctx(t), bytes.NewReader(foreign))
 		done <- err
 	}()
-	waitFor(t, 10*time.Second, "the restore's timer to run out", func() bool { return time.Since(start) > 1500*time.Millisecond })
-	g.open()
-	err := <-done
-	c.converged()
-	_, installed := n1.fsm.Workers()[9]
-	var nle *NotLeaderError
-	if installed && err != nil && !(errors.As(err, &nle) && nle.MaybeApplied) {
-		t.Fatalf("the restore is installed, yet RestoreSnapshot answered %v, not MaybeApplied", err)
+	waitFor(t, 10*time.Second, "raft's main goroutine to take the restore", func() bool {
+		return goroutinesIn("raft.(*Raft).restoreUserSnapshot(", "") > 0
+	})
+	// Sent while Raft's main goroutine installs: they wait in the apply
+	// channel, ahead of the no-op Raft's Restore sends once the install
+	// is done. One commit takes 1+MaxAppendEntries of them.
+	barriers := raftMaxAppendEntries + 1
+	barriersDone := make(chan error, barriers)
+	for range barriers {
+		go func() { barriersDone <- n1.raft.Barrier(0).Error() }()
 	}
-	t.Logf("installed %v, answer %v", installed, err)
+	waitFor(t, 10*time.Second, "the barriers to wait in raft's apply channel", func() bool {
+		return goroutinesIn("raft.(*Raft).Barrier(", "[select") >= barriers
+	})
+	holding.Store(true)
+	g.open()
+	select {
+	case logs := <-held:
+		for _, l := range logs {
+			if l.Type == raft.LogNoop {
+				t.Fatalf("the restore's no-op is in the commit held (%d entries): the set-up no longer keeps raft from it", len(logs))
+			}
+		}
+	case err := <-done:
+		t.Fatalf("RestoreSnapshot answered %v before raft took the barriers", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("timed out waiting for raft to write the barriers")
+	}
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("timed out waiting for RestoreSnapshot's answer")
+	}
+	releaseOnce()
+	t.Logf("answer: %v", err)
+	var nle *NotLeaderError
+	if !errors.As(err, &nle) || !nle.MaybeApplied {
+		t.Fatalf("raft installed the restore and its timer ran out before the no-op; RestoreSnapshot answered %v, not MaybeApplied", err)
+	}
+	for i := range barriers {
+		select {
+		case err := <-barriersDone:
+			if err != nil {
+				t.Fatalf("barrier: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("timed out waiting for the barriers (%d of %d done)", i, barriers)
+		}
+	}
+	c.converged()
+	if _, installed := n1.fsm.Workers()[9]; !installed {
+		t.Fatal("the restore is not installed")
+	}
+}
+
+// goroutinesIn counts the goroutines with a frame of function fn (a
+// fragment of the stack's text, such as "pkg.(*T).M(") whose state begins
+// with state ("" for any).
+func goroutinesIn(fn, state string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		header, _, _ := strings.Cut(g, "\n")
+		if strings.Contains(g, fn) && strings.Contains(header, " "+state) {
+			count++
+		}
+	}
+	return count
 }
 
 // received reports whether ch holds a value, and takes it into *v.
