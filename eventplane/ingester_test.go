@@ -464,20 +464,24 @@ func TestCloseWaitsForCallbacksAndAnswersNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	pc := connect(t, s.ClientURL())
+	// The ingester's subscription reaches the server after NewIngester
+	// returns: a request sent before has no responders.
+	waitFor(t, 10*time.Second, "the server to see the ingester's dump subscription", func() bool {
+		return s.GlobalAccount().SubscriptionInterest(DefaultDumpSubject)
+	})
 	answer := make(chan error, 1)
 	go func() {
 		data := appendDump(nil, &dumpRequest{rank: kvevent.Rank{Worker: 1}, cursor: 5})
-		for {
-			_, err := pc.Request(DefaultDumpSubject, data, 2*time.Second)
-			if errors.Is(err, nats.ErrNoResponders) {
-				time.Sleep(10 * time.Millisecond) // the ingester has not subscribed yet
-				continue
-			}
-			answer <- err
-			return
-		}
+		_, err := pc.Request(DefaultDumpSubject, data, 2*time.Second)
+		answer <- err
 	}()
-	<-tg.entered
+	select {
+	case <-tg.entered:
+	case err := <-answer:
+		t.Fatalf("the dump was answered (%v) before its commit began", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("timed out waiting for the dump's commit to begin")
+	}
 	in.Close()
 	if !tg.returned.Load() {
 		t.Fatal("Close returned before the dump's callback")
