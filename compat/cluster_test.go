@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -232,7 +233,9 @@ func TestReservationSurvivesLeaderLoss(t *testing.T) {
 
 // TestEveryNodeAnswersTheSame: events posted through one node; once every
 // node has applied the leader's log, /query_by_hash and /dump answer the
-// same bytes on all three.
+// same bytes on all three, and the queries answer what was posted. From a
+// review: the nodes were only compared with each other, so events lost
+// before Raft (on every node alike) passed.
 func TestEveryNodeAnswersTheSame(t *testing.T) {
 	c := startCluster(t)
 	for _, s := range indexerScript() {
@@ -251,14 +254,29 @@ func TestEveryNodeAnswersTheSame(t *testing.T) {
 			return nd.node.Status().AppliedIndex >= want
 		})
 	}
+	// What indexerScript posted (its blocks are testBlockSize = 4 tokens):
+	// instance 1's dp 0 holds the prompt's 3 blocks on the device, its
+	// dp 1 blocks 0-1 on the host and block 2 on disk; tenant blue's
+	// instance 2 holds blocks 0-1 on the device.
+	llama := &QueryResponse{
+		Scores:      Map[Map[int]]{"1": {"0": 12, "1": 12}},
+		Frequencies: []int{2, 2, 2},
+		Instances:   Map[InstanceOverlap]{"1": {LongestMatched: 12, GPU: 12, DP: Map[int]{"0": 12, "1": 12}, CPU: 12, Disk: 12}},
+	}
+	blue := &QueryResponse{
+		Scores:      Map[Map[int]]{"2": {"0": 8}},
+		Frequencies: []int{1, 1},
+		Instances:   Map[InstanceOverlap]{"2": {LongestMatched: 8, GPU: 8, DP: Map[int]{"0": 8}, CPU: 8, Disk: 8}},
+	}
 	for _, q := range []struct {
 		method, path string
 		body         any
+		want         *QueryResponse // nil: compared between the nodes only
 	}{
-		{"POST", "/query_by_hash", QueryByHashRequest{BlockHashes: promptHashes(), ModelName: "llama"}},
-		{"POST", "/query", QueryRequest{TokenIDs: prompt, ModelName: "llama", TenantID: "blue"}},
-		{"GET", "/dump", nil},
-		{"GET", "/workers", nil},
+		{"POST", "/query_by_hash", QueryByHashRequest{BlockHashes: promptHashes(), ModelName: "llama"}, llama},
+		{"POST", "/query", QueryRequest{TokenIDs: prompt, ModelName: "llama", TenantID: "blue"}, blue},
+		{"GET", "/dump", nil, nil},
+		{"GET", "/workers", nil, nil},
 	} {
 		var first []byte
 		for i, nd := range c.nodes {
@@ -271,6 +289,16 @@ func TestEveryNodeAnswersTheSame(t *testing.T) {
 			} else if !bytes.Equal(r.body, first) {
 				t.Fatalf("%s: node %d answers\n%s\nnode 0\n%s", q.path, i, r.body, first)
 			}
+		}
+		if q.want == nil {
+			continue
+		}
+		var got QueryResponse
+		if err := json.Unmarshal(first, &got); err != nil {
+			t.Fatalf("%s: %v: %s", q.path, err, first)
+		}
+		if !reflect.DeepEqual(&got, q.want) {
+			t.Errorf("%s: every node answers %+v, want what was posted: %+v", q.path, got, *q.want)
 		}
 	}
 }
