@@ -28,9 +28,10 @@ import (
 //	'd' hash(8)    the block's bytes
 //
 // A block's two keys are written in one batch, so they appear together.
-// Opening scans only the small 'm' keys (and the 'd' keys without their
-// values) to rebuild the pool; the stamp restores the eviction order as of
-// each block's registration. What it cannot use (half a block, metadata
+// Opening scans only the small 'm' keys (and the 'd' keys with the length
+// of their values, not the values) to rebuild the pool; the stamp restores
+// the eviction order as of each block's registration. What it cannot use
+// (half a block, bytes of another length than the block size, metadata
 // that does not decode or names an invalid block, a key of the wrong
 // length) it deletes, leaving the valid blocks as they are.
 //
@@ -178,8 +179,9 @@ func pebbleOptions(o DiskOptions, logger *slog.Logger) *pebble.Options {
 // pool is rebuilt from its keys: the blocks, their parents and their
 // registration order; if it holds more than cfg.Capacity blocks, the excess
 // is evicted (least recently registered leaves first) without events.
-// Entries it cannot use (half a block, metadata that does not decode or
-// names a block Put would refuse, a key of the wrong length) are deleted
+// Entries it cannot use (half a block, bytes of another length than
+// cfg.BlockSize, metadata that does not decode or names a block Put would
+// refuse, a key of the wrong length) are deleted
 // and logged with their counts; if that deletion fails, it is logged and
 // the pool opens with its valid blocks all the same. It fails with
 // ErrCorrupt when dir holds a pool of another block size or format. A
@@ -254,16 +256,21 @@ func (p *DiskPool) load() error {
 		}
 	}
 
-	// Which blocks have bytes: keys only, so no blob value is read.
-	data := make(map[uint64]struct{})
-	var malformed [][]byte // keys in a block's range of another length
-	if err := p.scan(kindData, func(k []byte, _ *pebble.Iterator) error {
+	// Which blocks have bytes, and whether they are BlockSize long: the
+	// length comes with the key (a blob reference records it), so no
+	// block's bytes are read. Bytes of another length never read back
+	// (read fails them ErrCorrupt): restored, the block would be advertised
+	// and routed to until its first onboarding failed.
+	data := make(map[uint64]bool) // hash → bytes of the block size
+	var malformed [][]byte        // keys in a block's range of another length
+	if err := p.scan(kindData, func(k []byte, it *pebble.Iterator) error {
 		h, ok := keyHash(k)
 		if !ok {
 			malformed = append(malformed, slices.Clone(k))
 			return nil
 		}
-		data[h] = struct{}{}
+		lv := it.LazyValue()
+		data[h] = lv.Len() == p.bs
 		return nil
 	}); err != nil {
 		return err
@@ -276,7 +283,8 @@ func (p *DiskPool) load() error {
 			malformed = append(malformed, slices.Clone(k))
 			return nil
 		}
-		if _, ok := data[h]; !ok {
+		sized, ok := data[h]
+		if !ok {
 			incomplete = append(incomplete, h)
 			return nil
 		}
@@ -285,7 +293,7 @@ func (p *DiskPool) load() error {
 		if err != nil {
 			return err
 		}
-		if len(v) != metaLen || v[0] != diskFormat {
+		if !sized || len(v) != metaLen || v[0] != diskFormat {
 			invalid = append(invalid, h)
 			return nil
 		}
@@ -370,8 +378,9 @@ func (p *DiskPool) checkIdentity() error {
 
 // dropInvalid deletes, at open, what the pool cannot use and would never
 // evict: half blocks (metadata or bytes alone: Put writes both in one batch,
-// so only damage makes them), blocks whose metadata does not decode or
-// names a block no Put accepts (a zero hash, its own parent), and keys of
+// so only damage makes them), blocks whose bytes are not BlockSize long or
+// whose metadata does not decode or names a block no Put accepts (a zero
+// hash, its own parent), and keys of
 // the wrong length in a block's key range. Only those keys are deleted,
 // each exactly as found, so a valid block is never touched. It logs what it
 // deleted; a failed deletion is logged and does not fail the open: the
