@@ -32,8 +32,8 @@ import (
 // of their values, not the values) to rebuild the pool; the stamp restores
 // the eviction order as of each block's registration. What it cannot use
 // (half a block, bytes of another length than the block size, metadata
-// that does not decode or names an invalid block, a key of the wrong
-// length) it deletes, leaving the valid blocks as they are.
+// that does not decode or names an invalid block, blocks on a loop of
+// parents, a key of the wrong length) it deletes, leaving the valid blocks as they are.
 //
 // All methods are safe for concurrent use.
 type DiskPool struct {
@@ -181,8 +181,8 @@ func pebbleOptions(o DiskOptions, logger *slog.Logger) *pebble.Options {
 // is evicted (least recently registered leaves first) without events.
 // Entries it cannot use (half a block, bytes of another length than
 // cfg.BlockSize, metadata that does not decode or names a block Put would
-// refuse, a key of the wrong length) are deleted
-// and logged with their counts; if that deletion fails, it is logged and
+// refuse, a block on a loop of parents, a key of the wrong length) are
+// deleted and logged with their counts; if that deletion fails, it is logged and
 // the pool opens with its valid blocks all the same. It fails with
 // ErrCorrupt when dir holds a pool of another block size or format. A
 // pool of another opts.Identity (or none recorded) is emptied first: its
@@ -310,6 +310,8 @@ func (p *DiskPool) load() error {
 	for h := range data { // bytes without metadata
 		incomplete = append(incomplete, h)
 	}
+	bs, looped := splitLoops(bs)
+	invalid = append(invalid, looped...)
 	p.dropInvalid(incomplete, invalid, malformed)
 	slices.SortFunc(bs, func(a, b restored) int {
 		if a.stamp != b.stamp {
@@ -319,6 +321,58 @@ func (p *DiskPool) load() error {
 	})
 	p.c.restore(bs)
 	return nil
+}
+
+// splitLoops returns the blocks of bs that are on no loop of parents, and
+// the hashes of those that are. Put refuses a block that would be its own
+// ancestor, so only damage or a foreign writer leaves a loop on disk;
+// restored, its blocks would each keep another's child count above zero
+// and never be evicted, nor dumped (none of them is a root). A block that
+// merely descends from a loop is kept: with the loop deleted, its parent
+// is not in the pool, as a child of any deleted block's is.
+//
+// Each block names one parent, so a walk up from a block either leaves
+// the pool, reaches a block already settled, or comes back to a block of
+// the same walk: that block and those after it on the walk are the loop.
+// Every block is walked over once: O(len(bs)).
+func splitLoops(bs []restored) (kept []restored, looped []uint64) {
+	idx := make(map[uint64]int, len(bs))
+	for i, b := range bs {
+		idx[b.Hash] = i
+	}
+	const (
+		unseen = iota
+		walking
+		settled
+	)
+	state := make([]uint8, len(bs))
+	onLoop := make([]bool, len(bs))
+	var path []int
+	for i := range bs {
+		path = path[:0]
+		for j, in := i, true; in && state[j] != settled; j, in = idx[bs[j].Parent] {
+			if state[j] == walking {
+				for _, k := range path[slices.Index(path, j):] {
+					onLoop[k] = true
+				}
+				break
+			}
+			state[j] = walking
+			path = append(path, j)
+		}
+		for _, k := range path {
+			state[k] = settled
+		}
+	}
+	kept = bs[:0]
+	for i, b := range bs {
+		if onLoop[i] {
+			looped = append(looped, b.Hash)
+		} else {
+			kept = append(kept, b)
+		}
+	}
+	return kept, looped
 }
 
 // checkIdentity empties an existing pool whose recorded identity is not
@@ -380,7 +434,7 @@ func (p *DiskPool) checkIdentity() error {
 // evict: half blocks (metadata or bytes alone: Put writes both in one batch,
 // so only damage makes them), blocks whose bytes are not BlockSize long or
 // whose metadata does not decode or names a block no Put accepts (a zero
-// hash, its own parent), and keys of
+// hash, its own parent, a loop of parents), and keys of
 // the wrong length in a block's key range. Only those keys are deleted,
 // each exactly as found, so a valid block is never touched. It logs what it
 // deleted; a failed deletion is logged and does not fail the open: the
