@@ -28,6 +28,8 @@
 // passed over, and none after it answered, the error is that answer. A
 // node's TLS certificate that a try refused stays in the error too
 // (*tls.CertificateVerificationError; CertificateHint says what to do).
+// A JSON answer longer than MaxAnswerBytes fails with ErrAnswerTooLarge
+// (error answers are read up to 1 MiB; snapshot downloads are unbounded).
 package client
 
 import (
@@ -76,7 +78,21 @@ var (
 	// for a token (kvrouter --token), and the client's is missing or is
 	// not the cluster's.
 	ErrUnauthorized = errors.New("unauthorized")
+	// ErrAnswerTooLarge means a node's JSON answer ran past MaxAnswerBytes:
+	// a broken node, or something other than a kvrouter node at the
+	// endpoint. The call fails rather than read (and hold) without end.
+	ErrAnswerTooLarge = errors.New("answer too large")
 )
+
+// MaxAnswerBytes bounds a JSON answer the client reads. The largest a
+// cluster sends are the workers list and a route's candidates, a few
+// hundred bytes per rank: 64 MiB holds some 200,000 ranks. Snapshot
+// downloads are a stream, not an answer, and are not bounded.
+const MaxAnswerBytes = 64 << 20
+
+// maxAnswerBytes is MaxAnswerBytes, lowered by tests: reading 64 MiB
+// through the race detector takes most of a minute.
+var maxAnswerBytes int64 = MaxAnswerBytes
 
 // Options configure a Client. The zero value works.
 type Options struct {
@@ -606,10 +622,24 @@ func (c *Client) callReq(ctx context.Context, req request, out any) error {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		return nil
 	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+	if err := decodeAnswer(resp.Body, out); err != nil {
 		return fmt.Errorf("%s %s: decode the answer: %w", req.method, req.path, err)
 	}
 	return nil
+}
+
+// decodeAnswer decodes a JSON answer of at most MaxAnswerBytes into out.
+// A body that runs past the limit (the decoder read all of it and still
+// wanted more) fails with ErrAnswerTooLarge; one whose value ends within
+// the limit decodes whatever follows it.
+func decodeAnswer(body io.Reader, out any) error {
+	limit := maxAnswerBytes
+	lr := &io.LimitedReader{R: body, N: limit + 1}
+	err := json.NewDecoder(lr).Decode(out)
+	if err != nil && lr.N <= 0 {
+		return fmt.Errorf("%w: more than %d bytes (client.MaxAnswerBytes)", ErrAnswerTooLarge, limit)
+	}
+	return err
 }
 
 // Route asks for a routing decision (and books it with req.Book). On
@@ -728,7 +758,7 @@ func (c *Client) Ready(ctx context.Context) (api.ReadyResponse, error) {
 		return out, err
 	}
 	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+	if err := decodeAnswer(resp.Body, &out); err != nil {
 		return out, fmt.Errorf("GET /readyz: decode the answer: %w", err)
 	}
 	return out, nil
