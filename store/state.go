@@ -399,10 +399,16 @@ func (b *StateBatch) Delete(kind byte, key []byte) {
 	b.del(append(b.k(kind), key...))
 }
 
-// DecodeNode decodes a node record's value.
+// DecodeNode decodes a node record's value. Its last byte is the root
+// flag, 0 or 1 (PutNode has never written another): any other value is
+// refused, not read as "not a root", so that a damaged flag is not taken
+// for a valid record.
 func DecodeNode(v []byte) (parent, local uint64, root bool, err error) {
 	if len(v) != 17 {
 		return 0, 0, false, fmt.Errorf("%w: node record of %d bytes", ErrCorrupt, len(v))
+	}
+	if v[16] > 1 {
+		return 0, 0, false, fmt.Errorf("%w: node record with root flag %d, want 0 or 1", ErrCorrupt, v[16])
 	}
 	return binary.BigEndian.Uint64(v), binary.BigEndian.Uint64(v[8:]), v[16] == 1, nil
 }
