@@ -124,7 +124,9 @@ func CheckNATSURLs(s string) error {
 // unescaped (ws://alice:8080/nats?x=a@b), and it errs on the side of
 // hiding. A password with an unescaped ',' (which nats.Connect and
 // CheckNATSURLs read as two URLs) is hidden too (redactGroups), unless
-// its text before the ',' reads as a port and its text after holds a ':'.
+// its text before the ',' reads as a port (alice:1234,pw@h shows as
+// alice:1234,pw@h): the text cannot tell that from h:1234 followed by a
+// URL of a user with no password, and that list must show as given.
 func RedactURLs(list string) string {
 	parts := strings.Split(list, ",")
 	var out []string
@@ -151,31 +153,30 @@ func redactParts(parts []string) []string {
 // redactGroups groups the parts of a --nats-url split at its commas into
 // the URLs whose passwords redactURL hides, as [first, end) ranges. A
 // part is its own URL, except one with no '@' whose text after the
-// scheme holds a ':' (user:password, a password cut at a ',') and that is
-// followed, before a part that begins with a scheme, by a part with an
-// '@': the parts up to that one are one URL, unless the first reads as
-// host:port (a numeric port) and the last has a password of its own
-// (a ':' before its '@'), as in "h:4222,alice:pw@h2".
+// scheme holds a ':' that does not begin a port (user:password, a
+// password cut at a ',') and that is followed, before a part that begins
+// with a scheme, by a part with an '@': the parts up to that one are one
+// URL. A part that reads as host:port (a numeric port, an IPv6 host in
+// brackets) is always a URL of its own: merged with a later user@host
+// part (h:4222,bob@h2), the merged text would read as a user "h" with
+// the password "4222,bob" and show as h:xxxxx@h2, a list the operator
+// did not write.
 func redactGroups(parts []string) [][2]int {
 	var groups [][2]int
 	for i := 0; i < len(parts); {
 		end := i + 1
 		p := strings.TrimSpace(parts[i])
 		rest := p[schemeEnd(p):]
-		if !strings.Contains(p, "@") && strings.Contains(rest, ":") {
+		if !strings.Contains(p, "@") && strings.Contains(rest, ":") && !isHostPort(rest) {
 			for j := i + 1; j < len(parts); j++ {
 				q := strings.TrimSpace(parts[j])
 				if schemeEnd(q) > 0 {
 					break // a URL of its own
 				}
-				at := strings.LastIndex(q, "@")
-				if at < 0 {
-					continue
-				}
-				if !isHostPort(rest) || !strings.Contains(q[:at], ":") {
+				if strings.Contains(q, "@") {
 					end = j + 1
+					break
 				}
-				break
 			}
 		}
 		groups = append(groups, [2]int{i, end})

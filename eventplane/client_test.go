@@ -65,6 +65,35 @@ func TestRedactURLs(t *testing.T) {
 	}
 }
 
+// TestRedactKeepsUserOnlyListIntact: a list whose later URL has a user
+// but no password is not a password cut at a ','. From a review: a
+// host:port part was merged with a later user@host part and the merged
+// text redacted as a password (nats://h1:4222,bob@h2:4222 showed as
+// nats://h1:xxxxx@h2:4222).
+func TestRedactKeepsUserOnlyListIntact(t *testing.T) {
+	for _, in := range []string{
+		"nats://h1:4222,bob@h2:4222",
+		"h1:4222,h2:4222,bob@h3:4222",
+		"[::1]:4222,bob@h2",
+		"nats://[::1]:4222, bob@h2:4222",
+	} {
+		if got := RedactURLs(in); got != in {
+			t.Errorf("RedactURLs(%q) = %q, want it unchanged (no password in it)", in, got)
+		}
+	}
+	// A password cut at a ',' whose first piece is not a port is still
+	// hidden whole.
+	for in, want := range map[string]string{
+		"nats://alice:pa,s3cret@h:4222":         "nats://alice:xxxxx@h:4222",
+		"h1:4222,nats://alice:pa,s3cret@h:4222": "h1:4222,nats://alice:xxxxx@h:4222",
+		"alice:pa,b,s3cret@h":                   "alice:xxxxx@h",
+	} {
+		if got := RedactURLs(in); got != want {
+			t.Errorf("RedactURLs(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
 // TestCheckNATSURLsNeverShowsThePassword: CheckNATSURLs' messages
 // (kvrouter's and kvagent's exit 2) and RedactURLs show no password,
 // whatever is wrong with the URL. From a review: a typo in the port
