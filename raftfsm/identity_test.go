@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"errors"
+	"math"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -165,24 +166,27 @@ func TestARestartAtAnotherRaftAddressIsRefused(t *testing.T) {
 	c.nodes[2] = n3
 }
 
-// firstBatchOnly passes on the RPCs of an in-memory transport, but, while
-// cut is set, refuses every AppendEntries that carries entries not
-// starting at index 1: the node receives the first batch of the leader's
-// log (MaxAppendEntries, 256) and nothing more, as a node stopped (or
-// crashed) part-way through its catch-up has. Its Close (the node's)
-// ends its goroutine.
-type firstBatchOnly struct {
+// upToIndex passes on the RPCs of an in-memory transport, but refuses
+// every AppendEntries whose first entry is above limit: the node receives
+// the leader's log as far as the test lets it, batch by batch
+// (MaxAppendEntries, 256), as a node stopped (or crashed) part-way through
+// its catch-up has. A limit of 1 passes the first batch only; noLimit,
+// everything. Its Close (the node's) ends its goroutine.
+type upToIndex struct {
 	*raft.InmemTransport
-	ch   chan raft.RPC
-	cut  atomic.Bool
-	done chan struct{}
-	once sync.Once
+	ch    chan raft.RPC
+	limit atomic.Uint64
+	done  chan struct{}
+	once  sync.Once
 }
 
-func newFirstBatchOnly(addr string, cut bool) *firstBatchOnly {
+// noLimit is an upToIndex limit that passes every AppendEntries.
+const noLimit = math.MaxUint64
+
+func newUpToIndex(addr string, limit uint64) *upToIndex {
 	_, tr := raft.NewInmemTransport(raft.ServerAddress(addr))
-	f := &firstBatchOnly{InmemTransport: tr, ch: make(chan raft.RPC), done: make(chan struct{})}
-	f.cut.Store(cut)
+	f := &upToIndex{InmemTransport: tr, ch: make(chan raft.RPC), done: make(chan struct{})}
+	f.limit.Store(limit)
 	go func() {
 		for {
 			var rpc raft.RPC
@@ -191,7 +195,7 @@ func newFirstBatchOnly(addr string, cut bool) *firstBatchOnly {
 				return
 			case rpc = <-tr.Consumer():
 			}
-			if ae, ok := rpc.Command.(*raft.AppendEntriesRequest); ok && f.cut.Load() && len(ae.Entries) > 0 && ae.Entries[0].Index != 1 {
+			if ae, ok := rpc.Command.(*raft.AppendEntriesRequest); ok && len(ae.Entries) > 0 && ae.Entries[0].Index > f.limit.Load() {
 				rpc.Respond(&raft.AppendEntriesResponse{Term: ae.Term, LastLog: ae.PrevLogEntry, Success: false}, nil)
 				continue
 			}
@@ -205,16 +209,16 @@ func newFirstBatchOnly(addr string, cut bool) *firstBatchOnly {
 	return f
 }
 
-func (f *firstBatchOnly) Consumer() <-chan raft.RPC { return f.ch }
+func (f *upToIndex) Consumer() <-chan raft.RPC { return f.ch }
 
-func (f *firstBatchOnly) Close() error {
+func (f *upToIndex) Close() error {
 	f.once.Do(func() { close(f.done) })
 	return f.InmemTransport.Close()
 }
 
 // connect connects f both ways with the transports of the cluster's
 // nodes but skip.
-func (f *firstBatchOnly) connect(c *inmemCluster, skip int) {
+func (f *upToIndex) connect(c *inmemCluster, skip int) {
 	for i, o := range c.trans {
 		if i != skip {
 			o.Connect(f.LocalAddr(), f.InmemTransport)
@@ -251,7 +255,7 @@ func TestAMovedMemberRestartedDuringCatchUpStarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	newAddr := old + "b"
-	tr := newFirstBatchOnly(newAddr, true)
+	tr := newUpToIndex(newAddr, 1)
 	tr.connect(c, m)
 	cfg := Config{ID: id, RaftAddr: newAddr, HTTPAddr: "http-" + id, DataDir: filepath.Join(t.TempDir(), id+"b"), Transport: tr, Logger: quiet}
 	n, err := NewNode(cfg)
@@ -271,11 +275,11 @@ func TestAMovedMemberRestartedDuringCatchUpStarts(t *testing.T) {
 	// joined at.
 	third := cfg
 	third.RaftAddr = old + "c"
-	third.Transport = newFirstBatchOnly(third.RaftAddr, true)
+	third.Transport = newUpToIndex(third.RaftAddr, 1)
 	_, err = NewNode(third)
 	wantRefused(t, id+" restarted during its catch-up at a third address", err, ErrRaftAddrChanged, "this node is "+id+" at "+old)
 
-	again := newFirstBatchOnly(newAddr, false)
+	again := newUpToIndex(newAddr, noLimit)
 	again.connect(c, m)
 	cfg.Transport = again
 	if n, err = NewNode(cfg); err != nil {
@@ -307,9 +311,105 @@ func TestAMovedMemberRestartedDuringCatchUpStarts(t *testing.T) {
 	}
 	back := cfg
 	back.RaftAddr = old
-	back.Transport = newFirstBatchOnly(old, false)
+	back.Transport = newUpToIndex(old, noLimit)
 	_, err = NewNode(back)
 	wantRefused(t, id+" caught up and restarted at its old address", err, ErrRaftAddrChanged, "this node is "+id+" at "+newAddr)
+}
+
+// TestAMemberMovedBackRestartedDuringCatchUpStarts: a member moved
+// A -> B -> back to A (the documented way each time) and stopped during
+// its second catch-up starts again at A. Its log's first entries (the
+// bootstrap configuration) list it at A, the address it joined at, long
+// before the entry that adds it there; the next batch lists it at B. From
+// a review: the record of the address it joined at was forgotten on the
+// first batch (it "saw itself at A"), and the restart at A was refused
+// (ErrRaftAddrChanged), told to use B, which the cluster no longer dials.
+func TestAMemberMovedBackRestartedDuringCatchUpStarts(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	li, l := c.leaderExcept(-1)
+	m := (li + 1) % 3 // the member to move, a follower
+	id := c.nodes[m].cfg.ID
+	barriers := func(k int) {
+		t.Helper()
+		for i := 0; i < k; i++ {
+			if err := l.raft.Barrier(5 * time.Second).Error(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	barriers(300) // more than one AppendEntries batch of log before each move
+	a := c.nodes[m].cfg.RaftAddr
+	if err := c.nodes[m].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RemoveMember(ctx(t), id); err != nil {
+		t.Fatal(err)
+	}
+	// Moved to B, and caught up there.
+	b := a + "b"
+	trB := newUpToIndex(b, noLimit)
+	trB.connect(c, m)
+	cfgB := Config{ID: id, RaftAddr: b, HTTPAddr: "http-" + id, DataDir: filepath.Join(t.TempDir(), id+"b"), Transport: trB, Logger: quiet}
+	nb, err := NewNode(cfgB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.AddMember(ctx(t), id, b, cfgB.HTTPAddr); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, id+" to catch up at "+b, func() bool { return nb.raft.LastIndex() >= l.raft.LastIndex() })
+	addedAtB := l.raft.LastIndex()
+	barriers(300)
+	if err := nb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RemoveMember(ctx(t), id); err != nil {
+		t.Fatal(err)
+	}
+
+	// Moved back to A, on an empty directory, one batch at a time.
+	trA := newUpToIndex(a, 1)
+	trA.connect(c, m)
+	cfgA := Config{ID: id, RaftAddr: a, HTTPAddr: "http-" + id, DataDir: filepath.Join(t.TempDir(), id+"a"), Transport: trA, Logger: quiet}
+	na, err := NewNode(cfgA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.AddMember(ctx(t), id, a, cfgA.HTTPAddr); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, id+" to receive the first batch of the log", func() bool { return na.raft.LastIndex() >= 200 })
+	// leaderLoop's tick that finds the node in its latest configuration
+	// (the bootstrap one, at A) records it a member (wasMember), then runs
+	// noteJoined: the record must outlive that tick and a few more.
+	waitFor(t, 10*time.Second, id+" to see itself in the bootstrap configuration", na.wasMember.Load)
+	for deadline := time.Now().Add(100 * time.Millisecond); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if v, err := na.logs.Get(joinAddrKey); err != nil || string(v) != a {
+			t.Fatalf("%s at last index %d of the leader's %d (added at %s after it): join record %q (%v), want %q kept",
+				id, na.raft.LastIndex(), l.raft.LastIndex(), a, v, err, a)
+		}
+	}
+	trA.limit.Store(na.raft.LastIndex() + 1)
+	waitFor(t, 10*time.Second, id+" to receive the batch that lists it at "+b, func() bool { return na.raft.LastIndex() >= addedAtB })
+	t.Logf("%s stopped at last index %d (added at %s at ~%d) of the leader's %d", id, na.raft.LastIndex(), b, addedAtB, l.raft.LastIndex())
+	if err := na.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	again := cfgA
+	tr := newUpToIndex(a, noLimit)
+	tr.connect(c, m)
+	again.Transport = tr
+	n, err := NewNode(again)
+	if err != nil {
+		t.Fatalf("%s restarted during its catch-up at %s, where the cluster lists it: %v", id, a, err)
+	}
+	defer n.Close()
+	// Caught up, it forgets the address it joined at.
+	waitFor(t, 10*time.Second, id+" to forget the address it joined at", func() bool {
+		v, err := n.logs.Get(joinAddrKey)
+		return err == nil && len(v) == 0
+	})
 }
 
 // TestTheOnlyVoterRestartedAtAnotherRaftAddress: a cluster's only voter

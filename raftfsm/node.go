@@ -170,8 +170,8 @@ type Node struct {
 	wasMember      atomic.Bool
 	memberRecorded bool // noteMembership only
 	// joinAddr is the Raft address this directory joined its cluster at
-	// (joinAddrKey) while the node has not yet seen a configuration that
-	// lists it there, "" otherwise: startRaft and noteJoined only.
+	// (joinAddrKey) while the node has not yet caught up with its
+	// addition there, "" otherwise: startRaft and noteJoined only.
 	joinAddr string
 	// snapshotting is set while a snapshot by applied bytes runs.
 	snapshotting atomic.Bool
@@ -597,8 +597,8 @@ var (
 	// started by older builds have none until a start records it.
 	nodeIDKey = []byte("kvrouter_node_id")
 	// joinAddrKey holds the Raft address a directory started to join
-	// (with no peers, on no Raft state) joined at, until the node sees a
-	// configuration that lists it there (noteJoined): empty then, and in
+	// (with no peers, on no Raft state) joined at, until the node has
+	// caught up with its addition there (noteJoined): empty then, and in
 	// every other directory. checkRaftAddr lets it start at that address
 	// meanwhile.
 	joinAddrKey = []byte("kvrouter_join_addr")
@@ -624,12 +624,23 @@ func (n *Node) setJoinAddr(addr string) error {
 	return nil
 }
 
-// noteJoined forgets the address the directory joined at once the latest
-// configuration lists this node there: it has caught up with its addition,
-// and checkRaftAddr's usual rule applies from then on. Run at start
-// (checkRaftAddr) and by leaderLoop, never at once.
+// noteJoined forgets the address the directory joined at once the node
+// has caught up with its addition: it is ready and its latest
+// configuration lists it there. From then on checkRaftAddr's usual rule
+// applies. Run by leaderLoop only.
+//
+// A configuration that lists the node at that address is not enough
+// alone: a member moved A -> B -> back to A replays the log from the
+// bootstrap configuration, which lists it at A long before the entry
+// that adds it back there (and before the ones that moved it to B).
+// Readiness settles it: a ready node has applied what its leader had
+// committed when it first heard from it after its start (checkReady),
+// which includes the removal that preceded the addition (a member is
+// removed before it is added at a new address), so its latest
+// configuration is that removal's or a later one, and one of those that
+// lists it at the address it joined at is its addition or follows it.
 func (n *Node) noteJoined() {
-	if n.joinAddr == "" {
+	if n.joinAddr == "" || !n.ready.Load() {
 		return
 	}
 	cf := n.raft.GetConfiguration()
@@ -677,16 +688,16 @@ func (n *Node) raftAddr() string {
 // that entry, its latest configuration still says the old address. So a
 // directory started to join records the address it joined at
 // (joinAddrKey), and may start at that address, whatever its
-// configuration says, until it has seen a configuration that lists it
-// there (noteJoined); from then on, this rule applies. (Its peers dial it
-// at that address: the cluster added it there.)
+// configuration says, until it has caught up with the entry that adds it
+// there (noteJoined: ready, and listed there); from then on, this rule
+// applies. (Its peers dial it at that address: the cluster added it
+// there.) A node just started is not ready, so the record stands here.
 func (n *Node) checkRaftAddr() error {
 	cf := n.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
 		return fmt.Errorf("read the Raft configuration: %w", err)
 	}
 	addr := n.raftAddr()
-	n.noteJoined()
 	servers := cf.Configuration().Servers
 	for _, s := range servers {
 		if string(s.ID) == n.cfg.ID && !sameRaftAddr(string(s.Address), addr) {
