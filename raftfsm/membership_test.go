@@ -1,10 +1,12 @@
 package raftfsm
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -718,3 +720,79 @@ func (h *heldTransport) hold(from uint64) { h.from.Store(from) }
 
 // Consumer implements raft.Transport: the RPCs let through.
 func (h *heldTransport) Consumer() <-chan raft.RPC { return h.out }
+
+// TestAddMemberUnreachableWithAFollowerDownKeepsTheLeader: a 3-node
+// cluster with one follower down (the usual moment to add a replacement),
+// and the replacement's address wrong. A 4-voter configuration needs 3 of
+// 4 voters and only 2 answer: added as a voter at once, the leader could
+// not commit it and stepped down, and the cluster stayed without a leader
+// until the down member came back. From a review.
+func TestAddMemberUnreachableWithAFollowerDownKeepsTheLeader(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	c.converged()
+	down := slices.IndexFunc(c.nodes, func(n *Node) bool { return n != l })
+	c.stop(down)
+	noticedDown(t, l, c.id(down))
+	cx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	err := l.AddMember(cx, "n4", "127.0.0.1:1", "http-n4")
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "non-voter") {
+		t.Fatalf("add n4 at an unreachable address: %v, want a timeout saying n4 is a non-voter until it catches up", err)
+	}
+	if !l.IsLeader() {
+		t.Fatalf("%s stepped down after the add (state %v)", l.cfg.ID, l.raft.State())
+	}
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatalf("a write after the add: %v", err)
+	}
+	ms, err := l.Members(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(ms, func(m Member) bool { return m.ID == "n4" }); i < 0 || ms[i].Voter {
+		t.Fatalf("members %+v: want n4 a non-voter", ms)
+	}
+	// It stays a non-voter, out of every quorum, until removed.
+	if err := l.RemoveMember(ctx(t), "n4"); err != nil {
+		t.Fatalf("remove the non-voter n4: %v", err)
+	}
+}
+
+// TestAddMemberWithAFollowerDownCatchesTheNewNodeUpFirst: the replacement
+// of a down member, added while it is down, is caught up as a non-voter and
+// then made a voter: 3 of the 4 voters answer.
+func TestAddMemberWithAFollowerDownCatchesTheNewNodeUpFirst(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	li, l := c.leaderExcept(-1)
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	c.isolate((li + 1) % 3)
+	noticedDown(t, l, c.nodes[(li+1)%3].cfg.ID)
+	n4, cfg4 := c.newcomer("n4")
+	if err := l.AddMember(ctx(t), "n4", cfg4.RaftAddr, cfg4.HTTPAddr); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := l.Members(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(ms, func(m Member) bool { return m.ID == "n4" }); i < 0 || !ms[i].Voter || ms[i].HTTPAddr != "http-n4" {
+		t.Fatalf("members %+v: want n4 a voter at http-n4", ms)
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 2, BlockSize: 16}); err != nil {
+		t.Fatalf("a write with 3 of 4 voters up: %v", err)
+	}
+	waitFor(t, 10*time.Second, "n4 to apply the write", func() bool { _, ok := n4.fsm.Workers()[2]; return ok })
+}
+
+// noticedDown waits until leader l counts voter id as not answering (a
+// contact window after it went down).
+func noticedDown(t *testing.T, l *Node, id string) {
+	t.Helper()
+	waitFor(t, 10*time.Second, id+" down, as the leader sees it", func() bool {
+		_, down := l.answering(l.raft.GetConfiguration().Configuration().Servers, "")
+		return slices.Contains(down, id)
+	})
+}

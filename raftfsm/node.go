@@ -1684,7 +1684,11 @@ func (n *Node) SetSettings(ctx context.Context, s Settings) error {
 	return err
 }
 
-// AddMember adds a voter and records its HTTP address.
+// AddMember adds a voter and records its HTTP address. When the voters
+// that answer now are not a quorum of the configuration with it, it is
+// added as a non-voter first, and made a voter once it has caught up
+// (catchUpNonvoter); when they would not be one even with it, the add is
+// refused (ErrInvalid).
 func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) error {
 	if id == "" || raftAddr == "" {
 		return fmt.Errorf("%w: a member needs an id and a raft address", ErrInvalid)
@@ -1704,12 +1708,34 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 	if err := cf.Error(); err != nil {
 		return err
 	}
+	var cur *raft.Server // id's entry, when it is a server already
 	for _, s := range cf.Configuration().Servers {
 		switch {
 		case string(s.ID) == id && string(s.Address) != raftAddr:
 			return fmt.Errorf("%w: member %q is at %s, not %s (to move it, remove it first)", ErrInvalid, id, s.Address, raftAddr)
 		case string(s.ID) != id && sameRaftAddr(string(s.Address), raftAddr):
 			return fmt.Errorf("%w: %s is member %q's raft address", ErrInvalid, raftAddr, s.ID)
+		case string(s.ID) == id:
+			cur = &s
+		}
+	}
+	if cur == nil || cur.Suffrage != raft.Voter {
+		// A new voter counts in the quorum at once: a configuration whose
+		// quorum the answering voters are not can commit nothing (not
+		// even its own entry), and the leader steps down for good (3
+		// voters with one down, a fourth added at a mistyped address).
+		// Unless the others are that quorum, the new node must answer
+		// first: it joins as a non-voter, catches up, and then votes.
+		others, down := n.answering(cf.Configuration().Servers, id)
+		need := (len(others)+len(down)+1)/2 + 1
+		if len(others)+1 < need {
+			return fmt.Errorf("%w: adding %s needs %d of %d voters to answer and only %d do (%s down): bring the down members back or remove them first",
+				ErrInvalid, id, need, len(others)+len(down)+1, len(others), strings.Join(down, ", "))
+		}
+		if len(others) < need {
+			if err := n.catchUpNonvoter(ctx, cur, id, raftAddr, httpAddr, need, len(others)+len(down)+1); err != nil {
+				return err
+			}
 		}
 	}
 	if err := n.await(ctx, n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, n.cfg.ApplyTimeout)); err != nil {
@@ -1717,6 +1743,83 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 	}
 	_, err := n.apply(ctx, encodeMember(now(), &Member{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}))
 	return err
+}
+
+// catchUpNonvoter adds id at raftAddr as a non-voter (unless cur says it is
+// one) and waits until it answers with the log up to its addition and,
+// with it, need of the voters (voters in all, it included) answer. Until
+// then it stays a non-voter, out of every quorum; ctx ending leaves it one
+// (a retried add resumes the wait: removing it would restart a slow
+// node's catch-up from scratch every time).
+func (n *Node) catchUpNonvoter(ctx context.Context, cur *raft.Server, id, raftAddr, httpAddr string, need, voters int) error {
+	var from uint64 // the index its log must reach
+	if cur == nil {
+		f := n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, n.cfg.ApplyTimeout)
+		if err := n.await(ctx, f); err != nil {
+			return fmt.Errorf("add %s as a non-voter: %w", id, n.raftError(err))
+		}
+		from = f.Index()
+		// Its HTTP address now: members list shows it while it catches up.
+		if _, err := n.apply(ctx, encodeMember(now(), &Member{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr})); err != nil {
+			return err
+		}
+	} else {
+		cf := n.raft.GetConfiguration()
+		if err := cf.Error(); err != nil {
+			return err
+		}
+		from = cf.Index()
+	}
+	tick := time.NewTicker(max(n.cfg.HeartbeatTimeout/10, time.Millisecond))
+	defer tick.Stop()
+	for {
+		if n.raft.State() != raft.Leader {
+			return n.notLeader()
+		}
+		c := n.watch.contact(raft.ServerID(id))
+		cf := n.raft.GetConfiguration()
+		if err := cf.Error(); err != nil {
+			return err
+		}
+		others, _ := n.answering(cf.Configuration().Servers, id)
+		if c.lastLog >= from && time.Since(c.at) <= n.contactWindow() && len(others)+1 >= need {
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case <-n.stop:
+			return ErrShutdown
+		case <-ctx.Done():
+			return fmt.Errorf("add %s: %s at %s is a non-voter until it catches up, and has not yet (it votes only then: %d of %d voters must answer and only %d others do); "+
+				"check that it runs and that its raft address is right, then add it again, or remove it: %w",
+				id, id, raftAddr, need, voters, len(others), ctx.Err())
+		}
+	}
+}
+
+// contactWindow is how recently a leader must have heard from a follower
+// to count it as answering: the leader heartbeats every tenth of a
+// heartbeat timeout, so one that answered none for an election timeout is
+// down or cut off.
+func (n *Node) contactWindow() time.Duration {
+	return max(n.cfg.ElectionTimeout, n.cfg.HeartbeatTimeout)
+}
+
+// answering splits the voters of servers other than skip into those that
+// answer the leader (itself included) and those that do not (down, cut
+// off), as ids. Only a leader hears from every follower.
+func (n *Node) answering(servers []raft.Server, skip string) (up, down []string) {
+	for _, s := range servers {
+		if s.Suffrage != raft.Voter || string(s.ID) == skip {
+			continue
+		}
+		if string(s.ID) == n.cfg.ID || time.Since(n.watch.contact(s.ID).at) <= n.contactWindow() {
+			up = append(up, string(s.ID))
+		} else {
+			down = append(down, string(s.ID))
+		}
+	}
+	return up, down
 }
 
 // RemoveMember removes a server from the cluster.

@@ -56,6 +56,9 @@ func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger
 // would pass for the cluster's, and it would serve a state of its own
 // under the cluster's applied index. No RPC passes before the node has
 // said whether it is alone.
+//
+// And it notes the answers to the node's own RPCs (contacts): a leader's
+// membership changes need to know which followers answer.
 type commitWatch struct {
 	raft.Transport
 	out    chan raft.RPC
@@ -69,6 +72,18 @@ type commitWatch struct {
 	aloneSet chan struct{}               // closed by setAlone
 	refused  atomic.Uint64               // RPCs refused while alone
 	logger   *slog.Logger
+
+	contactMu sync.Mutex
+	contacts  map[raft.ServerID]peerContact // what this node last heard from each peer it sent an RPC
+}
+
+// peerContact is what a node last heard from a peer in answer to its own
+// RPCs (a leader's AppendEntries and heartbeats, a candidate's votes).
+// Raft keeps a leader's contact with each follower to itself; membership
+// changes need it to tell which voters answer (Node.answering).
+type peerContact struct {
+	at      time.Time // the last answer to any RPC
+	lastLog uint64    // the peer's last log index, from its last successful AppendEntries answer
 }
 
 // watchCommits wraps t; close stops its goroutine. The wrapper is a
@@ -169,6 +184,49 @@ func (w *commitWatch) foreign(rpc raft.RPC) (string, bool) {
 	return string(h.ID), string(h.ID) != w.self && (*w.alone.Load())()
 }
 
+// heard notes an answer from peer; success and lastLog are an
+// AppendEntries answer's.
+func (w *commitWatch) heard(peer raft.ServerID, success bool, lastLog uint64) {
+	w.contactMu.Lock()
+	defer w.contactMu.Unlock()
+	if w.contacts == nil {
+		w.contacts = map[raft.ServerID]peerContact{}
+	}
+	c := w.contacts[peer]
+	c.at = time.Now()
+	if success {
+		c.lastLog = lastLog
+	}
+	w.contacts[peer] = c
+}
+
+// contact returns what this node last heard from peer (zero: nothing).
+func (w *commitWatch) contact(peer raft.ServerID) peerContact {
+	w.contactMu.Lock()
+	defer w.contactMu.Unlock()
+	return w.contacts[peer]
+}
+
+// AppendEntries implements raft.Transport, noting the answer. (Heartbeats
+// come this way too, at least every tenth of a heartbeat timeout: a
+// follower's answer to one carries its last log index.)
+func (w *commitWatch) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	err := w.Transport.AppendEntries(id, target, args, resp)
+	if err == nil {
+		w.heard(id, resp.Success, resp.LastLog)
+	}
+	return err
+}
+
+// RequestVote implements raft.Transport, noting the answer.
+func (w *commitWatch) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
+	err := w.Transport.RequestVote(id, target, args, resp)
+	if err == nil {
+		w.heard(id, false, 0)
+	}
+	return err
+}
+
 // Consumer implements raft.Transport: the RPCs, after the watch.
 func (w *commitWatch) Consumer() <-chan raft.RPC { return w.out }
 
@@ -195,7 +253,11 @@ type commitWatchPreVote struct {
 	pv raft.WithPreVote
 }
 
-// RequestPreVote implements raft.WithPreVote.
+// RequestPreVote implements raft.WithPreVote, noting the answer.
 func (w *commitWatchPreVote) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
-	return w.pv.RequestPreVote(id, target, args, resp)
+	err := w.pv.RequestPreVote(id, target, args, resp)
+	if err == nil {
+		w.heard(id, false, 0)
+	}
+	return err
 }
