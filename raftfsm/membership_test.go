@@ -796,3 +796,48 @@ func noticedDown(t *testing.T, l *Node, id string) {
 		return slices.Contains(down, id)
 	})
 }
+
+// TestRemoveMemberWithAFollowerDownRefusesWhatCannotElect: 3 voters, one
+// down. Removing the leader or the other live voter leaves a live voter
+// and a down one, which can neither elect nor commit: refused, saying to
+// remove the down member first, which works. From a review: the leader
+// removing itself waited for good (its removal could not commit), holding
+// the membership lock, and the cluster was left without a leader.
+func TestRemoveMemberWithAFollowerDownRefusesWhatCannotElect(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	c.converged()
+	down := slices.IndexFunc(c.nodes, func(n *Node) bool { return n != l })
+	live := slices.IndexFunc(c.nodes, func(n *Node) bool { return n != l && n != c.nodes[down] })
+	c.stop(down)
+	noticedDown(t, l, c.id(down))
+	remove := func(id string) error {
+		t.Helper()
+		done := make(chan error, 1)
+		cx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		go func() { done <- l.RemoveMember(cx, id) }()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatalf("remove %s with a 2 s context: no answer after 10 s", id)
+			return nil
+		}
+	}
+	for _, id := range []string{l.cfg.ID, c.id(live)} {
+		err := remove(id)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "remove the down members first ("+c.id(down)+")") {
+			t.Fatalf("remove %s with %s down: %v, want ErrInvalid saying to remove %s first", id, c.id(down), err, c.id(down))
+		}
+		if !l.IsLeader() {
+			t.Fatalf("%s no longer leads after the refused removal of %s", l.cfg.ID, id)
+		}
+	}
+	if err := remove(c.id(down)); err != nil {
+		t.Fatalf("remove the down member %s: %v", c.id(down), err)
+	}
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatalf("a write after removing the down member: %v", err)
+	}
+}

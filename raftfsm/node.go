@@ -1822,7 +1822,9 @@ func (n *Node) answering(servers []raft.Server, skip string) (up, down []string)
 	return up, down
 }
 
-// RemoveMember removes a server from the cluster.
+// RemoveMember removes a server from the cluster. A removal after which
+// the voters that answer are not a quorum of those left is refused
+// (ErrInvalid).
 func (n *Node) RemoveMember(ctx context.Context, id string) error {
 	if n.raft.State() != raft.Leader {
 		return n.notLeader()
@@ -1853,6 +1855,18 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 	}
 	if voters == 0 {
 		return fmt.Errorf("%w: %q is the last voter; a cluster needs one", ErrInvalid, id)
+	}
+	if slices.ContainsFunc(cf.Configuration().Servers, func(s raft.Server) bool { return string(s.ID) == id && s.Suffrage == raft.Voter }) {
+		// The voters left must be able to commit the removal and elect:
+		// a quorum of them must answer. Removing a live voter (the leader
+		// included) of 3 with one down leaves a live one and a down one,
+		// which neither commit nor elect until the down one returns.
+		// Removing a down member always passes: it is the way out.
+		up, down := n.answering(cf.Configuration().Servers, id)
+		if need := voters/2 + 1; len(up) < need {
+			return fmt.Errorf("%w: removing %s leaves %d voters, of which %d must answer to elect and commit, and only %d do: remove the down members first (%s), or bring them back",
+				ErrInvalid, id, voters, need, len(up), strings.Join(down, ", "))
+		}
 	}
 	wait := ctx
 	if id == n.cfg.ID {
