@@ -77,6 +77,9 @@ type FSM struct {
 	loadHold      atomic.Pointer[func()]
 	scratch       decodeScratch // ApplyBatch's commands decode into it
 
+	// stateMu is held by ApplyBatch while it changes the state and moves
+	// the applied index, so that AppliedDigest reads the pair as one.
+	stateMu sync.Mutex
 	curMu   sync.RWMutex
 	cursors map[kvevent.Rank]rankCursor
 	// heard is when each rank's events (or dump) last reached the log, in
@@ -270,6 +273,16 @@ func (f *FSM) BytesSinceSnapshot() int64 { return f.sinceSnap.Load() }
 // Applied returns the last applied index and term.
 func (f *FSM) Applied() (index, term uint64) { return f.applied.Load(), f.appliedTerm.Load() }
 
+// AppliedDigest returns the applied index and the state's digest at that
+// index, read between two ApplyBatch calls. (Applied and Digest read apart
+// may pair an index with the state of a batch applying after it:
+// replicas at one applied index would show different digests.)
+func (f *FSM) AppliedDigest() (index, digest uint64) {
+	f.stateMu.Lock()
+	defer f.stateMu.Unlock()
+	return f.applied.Load(), f.Digest()
+}
+
 // Workers returns the registered workers (do not modify).
 func (f *FSM) Workers() map[uint64]WorkerInfo { return *f.workers.Load() }
 
@@ -394,6 +407,10 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		}
 		return out
 	}
+	// The state changes entry by entry and the applied index moves at the
+	// end: AppliedDigest reads the two under stateMu, as one.
+	f.stateMu.Lock()
+	defer f.stateMu.Unlock()
 	applied := f.applied.Load()
 	if f.batch == nil {
 		f.batch = f.newBatch()

@@ -1447,12 +1447,12 @@ func (n *Node) Status() NodeStatus {
 	st := n.raft.Stats()
 	u := func(k string) uint64 { v, _ := strconv.ParseUint(st[k], 10, 64); return v }
 	addr, id := n.raft.LeaderWithID()
-	applied, _ := n.fsm.Applied()
+	applied, digest := n.fsm.AppliedDigest() // one pair: docs/api.md compares digests at one applied index
 	s := NodeStatus{
 		ID: n.cfg.ID, RaftAddr: n.cfg.RaftAddr, HTTPAddr: n.cfg.HTTPAddr,
 		State: n.raft.State().String(), Term: u("term"), LastIndex: u("last_log_index"),
 		CommitIndex: n.raft.CommitIndex(), AppliedIndex: applied, LeaderID: string(id),
-		SnapshotIndex: u("last_snapshot_index"), Digest: fmt.Sprintf("%016x", n.fsm.Digest()),
+		SnapshotIndex: u("last_snapshot_index"), Digest: fmt.Sprintf("%016x", digest),
 		LastContactMs: -1,
 	}
 	// Ready to serve: caught up since the start (ready, which stays set),
