@@ -26,6 +26,7 @@ const (
 	ReasonTooLarge         = "too_large"          // 413: the body is over the server's limit
 	ReasonInternal         = "internal"           // 500: a bug or a storage failure; see the node's log
 	ReasonNoLeader         = "no_leader"          // 503: no leader known or reachable; retry
+	ReasonUnreachable      = "unreachable"        // 503: a member the request needs does not answer (a transfer's target); nothing changed
 	ReasonOverloaded       = "overloaded"         // 503: every candidate rank is busy
 	ReasonNoWorkers        = "no_workers"         // 503: no worker can take the request
 	ReasonNotReady         = "not_ready"          // 503: /readyz before the node caught up
@@ -66,6 +67,8 @@ func classify(err error) (int, string) {
 		return http.StatusServiceUnavailable, ReasonNoLeader
 	case errors.Is(err, raftfsm.ErrShutdown):
 		return http.StatusServiceUnavailable, ReasonShuttingDown
+	case errors.Is(err, raftfsm.ErrUnreachable):
+		return http.StatusServiceUnavailable, ReasonUnreachable
 	case errors.Is(err, raftfsm.ErrUnknownWorker):
 		return http.StatusNotFound, ReasonUnknownWorker
 	case errors.Is(err, indexer.ErrUnknownRank):

@@ -559,6 +559,7 @@ func TestBackendErrorsMapToStatus(t *testing.T) {
 		{fmt.Errorf("x: %w", indexer.ErrInvalidRequest), 400, api.ReasonInvalid},
 		{fmt.Errorf("x: %w", raftfsm.ErrShutdown), 503, api.ReasonShuttingDown},
 		{fmt.Errorf("x: %w", raftfsm.ErrNoLeader), 503, api.ReasonNoLeader},
+		{fmt.Errorf("x: %w", raftfsm.ErrUnreachable), 503, api.ReasonUnreachable},
 		{fmt.Errorf("disk on fire"), 500, api.ReasonInternal},
 	}
 	for _, tc := range cases {

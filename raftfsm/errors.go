@@ -22,6 +22,9 @@ var (
 	// ErrInvalid means a request is malformed (a bad worker registration,
 	// empty route query, ...); nothing was proposed.
 	ErrInvalid = errors.New("invalid request")
+	// ErrUnreachable means a member the request needs does not answer
+	// (down, cut off, or not yet up); nothing changed. Retry once it is up.
+	ErrUnreachable = errors.New("member unreachable")
 	// ErrUnknownWorker means no worker has that id.
 	ErrUnknownWorker = errors.New("unknown worker")
 	// ErrShutdown means the node is closing.

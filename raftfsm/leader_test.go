@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -256,6 +257,31 @@ func TestTransferToTheLeaderItselfIsInvalid(t *testing.T) {
 	// was a 500).
 	if err := l.TransferLeadership(ctx(t), ""); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("transfer from a lone voter: %v, want ErrInvalid", err)
+	}
+}
+
+// TestTransferToADownMemberIsUnreachable: a transfer to a member that does
+// not answer fails with ErrUnreachable (a 503 the operator can act on),
+// the leadership in place: whether Raft's TimeoutNow RPC fails (the member
+// just went down) or the leader already counts it down. From a review:
+// Raft's unwrapped "failed to make TimeoutNow RPC" was a 500 internal.
+func TestTransferToADownMemberIsUnreachable(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	c.converged()
+	down := slices.IndexFunc(c.nodes, func(n *Node) bool { return n != l })
+	c.stop(down)
+	for _, when := range []string{"just down", "noticed down"} {
+		if when == "noticed down" {
+			noticedDown(t, l, c.id(down))
+		}
+		err := l.TransferLeadership(ctx(t), c.id(down))
+		if !errors.Is(err, ErrUnreachable) || !strings.Contains(err.Error(), c.id(down)) {
+			t.Fatalf("transfer to %s, %s: %v, want ErrUnreachable naming it", c.id(down), when, err)
+		}
+		if !l.IsLeader() {
+			t.Fatalf("%s no longer leads after the failed transfer (%s)", l.cfg.ID, when)
+		}
 	}
 }
 

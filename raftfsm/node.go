@@ -1726,7 +1726,10 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 		// voters with one down, a fourth added at a mistyped address).
 		// Unless the others are that quorum, the new node must answer
 		// first: it joins as a non-voter, catches up, and then votes.
-		others, down := n.answering(cf.Configuration().Servers, id)
+		others, down, err := n.answeringNow(ctx, cf.Configuration().Servers, id)
+		if err != nil {
+			return fmt.Errorf("add %s: %w", id, err)
+		}
 		need := (len(others)+len(down)+1)/2 + 1
 		if len(others)+1 < need {
 			return fmt.Errorf("%w: adding %s needs %d of %d voters to answer and only %d do (%s down): bring the down members back or remove them first",
@@ -1822,6 +1825,29 @@ func (n *Node) answering(servers []raft.Server, skip string) (up, down []string)
 	return up, down
 }
 
+// answeringNow is answering, once every voter answered or those that did
+// not had a contact window, counted from now, to do it (bounded by ctx): a
+// leader elected a moment ago has not heard from its followers yet (a
+// transfer back to the leader before it just took over found it down).
+func (n *Node) answeringNow(ctx context.Context, servers []raft.Server, skip string) (up, down []string, err error) {
+	deadline := time.Now().Add(n.contactWindow())
+	tick := time.NewTicker(max(n.cfg.HeartbeatTimeout/10, time.Millisecond))
+	defer tick.Stop()
+	for {
+		up, down = n.answering(servers, skip)
+		if len(down) == 0 || !time.Now().Before(deadline) {
+			return up, down, nil
+		}
+		select {
+		case <-tick.C:
+		case <-n.stop:
+			return nil, nil, ErrShutdown
+		case <-ctx.Done():
+			return nil, nil, fmt.Errorf("waiting for the voters to answer: %w", ctx.Err())
+		}
+	}
+}
+
 // RemoveMember removes a server from the cluster. A removal after which
 // the voters that answer are not a quorum of those left is refused
 // (ErrInvalid).
@@ -1862,7 +1888,10 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 		// included) of 3 with one down leaves a live one and a down one,
 		// which neither commit nor elect until the down one returns.
 		// Removing a down member always passes: it is the way out.
-		up, down := n.answering(cf.Configuration().Servers, id)
+		up, down, err := n.answeringNow(ctx, cf.Configuration().Servers, id)
+		if err != nil {
+			return fmt.Errorf("remove %s: %w", id, err)
+		}
 		if need := voters/2 + 1; len(up) < need {
 			return fmt.Errorf("%w: removing %s leaves %d voters, of which %d must answer to elect and commit, and only %d do: remove the down members first (%s), or bring them back",
 				ErrInvalid, id, voters, need, len(up), strings.Join(down, ", "))
@@ -1921,6 +1950,13 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 		if !other {
 			return fmt.Errorf("%w: no other voter to take over", ErrInvalid)
 		}
+		up, down, err := n.answeringNow(ctx, cf.Configuration().Servers, n.cfg.ID)
+		if err != nil {
+			return fmt.Errorf("leadership transfer: %w", err)
+		}
+		if len(up) == 0 {
+			return fmt.Errorf("leadership transfer: %w: no other voter answers (%s): is one up?", ErrUnreachable, strings.Join(down, ", "))
+		}
 		f = n.raft.LeadershipTransfer()
 	} else {
 		// The Raft configuration is the authority on where a voter is; the
@@ -1939,6 +1975,15 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 		if !ok {
 			return fmt.Errorf("%w: no member %q", ErrInvalid, toID)
 		}
+		// One that does not answer cannot take over: said at once, where
+		// Raft would try its TimeoutNow RPC for up to an election timeout.
+		_, down, err := n.answeringNow(ctx, cf.Configuration().Servers, n.cfg.ID)
+		if err != nil {
+			return fmt.Errorf("leadership transfer: %w", err)
+		}
+		if slices.Contains(down, toID) {
+			return fmt.Errorf("leadership transfer: %w: %s does not answer the leader: is it up?", ErrUnreachable, toID)
+		}
 		f = n.raft.LeadershipTransferToServer(raft.ServerID(toID), addr)
 	}
 	if err := n.await(ctx, f); err != nil {
@@ -1947,6 +1992,8 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 			return fmt.Errorf("%w: a leadership transfer is already in progress; retry", ErrNoLeader)
 		case err.Error() == "leadership transfer timeout": // raft has no sentinel for it
 			return fmt.Errorf("leadership transfer: %w: the target did not take over within an election timeout (is it up and caught up?); retry", context.DeadlineExceeded)
+		case strings.HasPrefix(err.Error(), "failed to make TimeoutNow RPC"): // nor for this: the target did not answer; this node still leads
+			return fmt.Errorf("leadership transfer: %w: %v: is it up?", ErrUnreachable, err)
 		}
 		return fmt.Errorf("leadership transfer: %w", n.raftError(err))
 	}

@@ -262,6 +262,8 @@ func (e *Error) Unwrap() error {
 		return raftfsm.ErrInvalid
 	case api.ReasonShuttingDown:
 		return raftfsm.ErrShutdown
+	case api.ReasonUnreachable:
+		return raftfsm.ErrUnreachable
 	case api.ReasonUnauthorized:
 		return ErrUnauthorized
 	}

@@ -291,6 +291,8 @@ func explain(err error) string {
 			return err.Error() + "; the write may still apply: check with kvctl status (and kvctl members list) before retrying it"
 		case api.ReasonShuttingDown:
 			return err.Error() + "; the node is stopping: use another endpoint"
+		case api.ReasonUnreachable:
+			return err.Error() + "; nothing changed: kvctl status on that member shows whether it is up"
 		case api.ReasonNotReady:
 			return err.Error() + "; the node is starting or catching up: retry, or use another endpoint"
 		case api.ReasonInternal:
