@@ -262,8 +262,10 @@ func TestTransferToTheLeaderItselfIsInvalid(t *testing.T) {
 
 // TestTransferToADownMemberIsUnreachable: a transfer to a member that does
 // not answer fails with ErrUnreachable (a 503 the operator can act on),
-// the leadership in place: whether Raft's TimeoutNow RPC fails (the member
-// just went down) or the leader already counts it down. From a review:
+// the leadership in place, whether it went down a moment ago or the
+// leader already counts it down. (Raft's TimeoutNow RPC failing, when the
+// member goes down between the check and the RPC, is ErrUnreachable too.)
+// From a review:
 // Raft's unwrapped "failed to make TimeoutNow RPC" was a 500 internal.
 func TestTransferToADownMemberIsUnreachable(t *testing.T) {
 	c := newTestCluster(t, 3, nil)

@@ -1726,7 +1726,7 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 		// voters with one down, a fourth added at a mistyped address).
 		// Unless the others are that quorum, the new node must answer
 		// first: it joins as a non-voter, catches up, and then votes.
-		others, down, err := n.answeringNow(ctx, cf.Configuration().Servers, id)
+		others, down, _, err := n.answeringNow(ctx, cf.Configuration().Servers, id, "")
 		if err != nil {
 			return fmt.Errorf("add %s: %w", id, err)
 		}
@@ -1785,17 +1785,30 @@ func (n *Node) catchUpNonvoter(ctx context.Context, cur *raft.Server, id, raftAd
 			return err
 		}
 		others, _ := n.answering(cf.Configuration().Servers, id)
+		notYet := func(err error) error {
+			return fmt.Errorf("add %s: %s at %s is a non-voter until it catches up, and has not yet (it votes only then: %d of %d voters must answer and only %d others do); "+
+				"check that it runs and that its raft address is right, then add it again, or remove it: %w",
+				id, id, raftAddr, need, voters, len(others), err)
+		}
 		if c.lastLog >= from && time.Since(c.at) <= n.contactWindow() && len(others)+1 >= need {
-			return nil
+			// Caught up, by the contact window: confirm with answers
+			// heard from now on, the new node's too.
+			up, _, alsoUp, err := n.answeringNow(ctx, cf.Configuration().Servers, id, id)
+			switch {
+			case err != nil && ctx.Err() != nil:
+				return notYet(ctx.Err())
+			case err != nil:
+				return err
+			case alsoUp && len(up)+1 >= need:
+				return nil
+			}
 		}
 		select {
 		case <-tick.C:
 		case <-n.stop:
 			return ErrShutdown
 		case <-ctx.Done():
-			return fmt.Errorf("add %s: %s at %s is a non-voter until it catches up, and has not yet (it votes only then: %d of %d voters must answer and only %d others do); "+
-				"check that it runs and that its raft address is right, then add it again, or remove it: %w",
-				id, id, raftAddr, need, voters, len(others), ctx.Err())
+			return notYet(ctx.Err())
 		}
 	}
 }
@@ -1825,25 +1838,44 @@ func (n *Node) answering(servers []raft.Server, skip string) (up, down []string)
 	return up, down
 }
 
-// answeringNow is answering, once every voter answered or those that did
-// not had a contact window, counted from now, to do it (bounded by ctx): a
-// leader elected a moment ago has not heard from its followers yet (a
-// transfer back to the leader before it just took over found it down).
-func (n *Node) answeringNow(ctx context.Context, servers []raft.Server, skip string) (up, down []string, err error) {
-	deadline := time.Now().Add(n.contactWindow())
+// answeringNow splits the voters of servers other than skip as answering
+// does, counting as answering only those heard from since the call (this
+// node itself always): it waits until all of them answered, or for a
+// contact window (bounded by ctx). The leader heartbeats every tenth of a
+// heartbeat timeout, so the wait is that short unless one is down. Judged
+// by the contact window alone, a member that went down a moment ago still
+// counted as up (a replacement added at once made a configuration the
+// others could not commit), and a leader elected a moment ago, not yet
+// heard from its followers, counted them down (a transfer straight back
+// was refused). also, when not "", is one more server (a non-voter) that
+// must answer: alsoUp says whether it did.
+func (n *Node) answeringNow(ctx context.Context, servers []raft.Server, skip, also string) (up, down []string, alsoUp bool, err error) {
+	start := time.Now()
+	deadline := start.Add(n.contactWindow())
 	tick := time.NewTicker(max(n.cfg.HeartbeatTimeout/10, time.Millisecond))
 	defer tick.Stop()
 	for {
-		up, down = n.answering(servers, skip)
-		if len(down) == 0 || !time.Now().Before(deadline) {
-			return up, down, nil
+		up, down = up[:0], down[:0]
+		for _, s := range servers {
+			if s.Suffrage != raft.Voter || string(s.ID) == skip {
+				continue
+			}
+			if string(s.ID) == n.cfg.ID || n.watch.contact(s.ID).at.After(start) {
+				up = append(up, string(s.ID))
+			} else {
+				down = append(down, string(s.ID))
+			}
+		}
+		alsoUp = also == "" || n.watch.contact(raft.ServerID(also)).at.After(start)
+		if len(down) == 0 && alsoUp || !time.Now().Before(deadline) {
+			return up, down, alsoUp, nil
 		}
 		select {
 		case <-tick.C:
 		case <-n.stop:
-			return nil, nil, ErrShutdown
+			return nil, nil, false, ErrShutdown
 		case <-ctx.Done():
-			return nil, nil, fmt.Errorf("waiting for the voters to answer: %w", ctx.Err())
+			return nil, nil, false, fmt.Errorf("waiting for the voters to answer: %w", ctx.Err())
 		}
 	}
 }
@@ -1888,7 +1920,7 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 		// included) of 3 with one down leaves a live one and a down one,
 		// which neither commit nor elect until the down one returns.
 		// Removing a down member always passes: it is the way out.
-		up, down, err := n.answeringNow(ctx, cf.Configuration().Servers, id)
+		up, down, _, err := n.answeringNow(ctx, cf.Configuration().Servers, id, "")
 		if err != nil {
 			return fmt.Errorf("remove %s: %w", id, err)
 		}
@@ -1950,7 +1982,7 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 		if !other {
 			return fmt.Errorf("%w: no other voter to take over", ErrInvalid)
 		}
-		up, down, err := n.answeringNow(ctx, cf.Configuration().Servers, n.cfg.ID)
+		up, down, _, err := n.answeringNow(ctx, cf.Configuration().Servers, n.cfg.ID, "")
 		if err != nil {
 			return fmt.Errorf("leadership transfer: %w", err)
 		}
@@ -1977,7 +2009,7 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 		}
 		// One that does not answer cannot take over: said at once, where
 		// Raft would try its TimeoutNow RPC for up to an election timeout.
-		_, down, err := n.answeringNow(ctx, cf.Configuration().Servers, n.cfg.ID)
+		_, down, _, err := n.answeringNow(ctx, cf.Configuration().Servers, n.cfg.ID, "")
 		if err != nil {
 			return fmt.Errorf("leadership transfer: %w", err)
 		}
