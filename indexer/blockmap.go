@@ -287,18 +287,7 @@ func (s *bmSegment) split() (lo, hi *bmSegment) {
 	s.depth++
 	lo = s
 	hi = &bmSegment{slots: make([]blockSlot, segSlots), depth: s.depth}
-	bit := 64 - s.depth // the hash bit that tells lo from hi
-	for _, sl := range tmp {
-		if sl.n == nil {
-			continue
-		}
-		kh := mix64(sl.eh)
-		if kh>>bit&1 == 0 {
-			lo.insert(sl, kh)
-		} else {
-			hi.insert(sl, kh)
-		}
-	}
+	distribute(tmp[:], 64-s.depth, lo, hi) // bit 64-depth tells lo from hi
 	return lo, hi
 }
 
@@ -327,7 +316,14 @@ func (s *bmSegment) splitLarge() (lo, hi *bmSegment) {
 	s.depth++
 	lo = s
 	hi = &bmSegment{slots: make([]blockSlot, size(nhi)), depth: s.depth}
-	for _, sl := range old {
+	distribute(old, bit, lo, hi)
+	return lo, hi
+}
+
+// distribute inserts the entries of slots into lo, or into hi where their
+// hash has the given bit set.
+func distribute(slots []blockSlot, bit uint, lo, hi *bmSegment) {
+	for _, sl := range slots {
 		if sl.n == nil {
 			continue
 		}
@@ -338,7 +334,6 @@ func (s *bmSegment) splitLarge() (lo, hi *bmSegment) {
 			hi.insert(sl, kh)
 		}
 	}
-	return lo, hi
 }
 
 // insert puts a slot's entry, whose key is not in s and whose hash is kh,
