@@ -7,7 +7,6 @@ import (
 	"io"
 	"maps"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/store"
 )
 
@@ -368,7 +368,7 @@ func TestRestoreInstalledPastItsTimerAnswersMaybeApplied(t *testing.T) {
 		done <- err
 	}()
 	waitFor(t, 10*time.Second, "raft's main goroutine to take the restore", func() bool {
-		return goroutinesIn("raft.(*Raft).restoreUserSnapshot(", "") > 0
+		return testwatch.Goroutines("raft.(*Raft).restoreUserSnapshot(", "") > 0
 	})
 	// Sent while Raft's main goroutine installs: they wait in the apply
 	// channel, ahead of the no-op Raft's Restore sends once the install
@@ -379,7 +379,7 @@ func TestRestoreInstalledPastItsTimerAnswersMaybeApplied(t *testing.T) {
 		go func() { barriersDone <- n1.raft.Barrier(0).Error() }()
 	}
 	waitFor(t, 10*time.Second, "the barriers to wait in raft's apply channel", func() bool {
-		return goroutinesIn("raft.(*Raft).Barrier(", "[select") >= barriers
+		return testwatch.Goroutines("raft.(*Raft).Barrier(", "[select") >= barriers
 	})
 	holding.Store(true)
 	g.open()
@@ -421,29 +421,6 @@ func TestRestoreInstalledPastItsTimerAnswersMaybeApplied(t *testing.T) {
 	if _, installed := n1.fsm.Workers()[9]; !installed {
 		t.Fatal("the restore is not installed")
 	}
-}
-
-// goroutinesIn counts the goroutines with a frame of function fn (a
-// fragment of the stack's text, such as "pkg.(*T).M(") whose state begins
-// with state ("" for any).
-func goroutinesIn(fn, state string) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	count := 0
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		header, _, _ := strings.Cut(g, "\n")
-		if strings.Contains(g, fn) && strings.Contains(header, " "+state) {
-			count++
-		}
-	}
-	return count
 }
 
 // received reports whether ch holds a value, and takes it into *v.

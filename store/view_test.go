@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 )
 
 // TestEachReadsInParts: a view cut into many parts, with an uncommitted
@@ -277,19 +279,5 @@ func TestCloseWhileAReaderClosesItsIterator(t *testing.T) {
 // closeBlocked reports whether a goroutine is blocked in sync.Mutex.Lock
 // inside StateDB.Close.
 func closeBlocked() bool {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "[sync.Mutex.Lock") && strings.Contains(g, "store.(*StateDB).Close(") {
-			return true
-		}
-	}
-	return false
+	return testwatch.Goroutines("store.(*StateDB).Close(", "[sync.Mutex.Lock") > 0
 }

@@ -230,3 +230,18 @@ func Within[T any](t testing.TB, d time.Duration, ch <-chan T, what string) T {
 		panic("unreachable")
 	}
 }
+
+// Goroutines counts the goroutines with a frame of function fn (a
+// fragment of the stack's text, such as "pkg.(*T).M(") whose state begins
+// with state ("" for any; "[select", "[sync.Mutex.Lock"): how a test
+// awaits a goroutine reaching a blocking point it cannot signal from.
+func Goroutines(fn, state string) int {
+	count := 0
+	for _, g := range strings.Split(string(dump()), "\n\n") {
+		header, _, _ := strings.Cut(g, "\n")
+		if strings.Contains(g, fn) && strings.Contains(header, " "+state) {
+			count++
+		}
+	}
+	return count
+}

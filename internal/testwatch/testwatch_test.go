@@ -229,3 +229,27 @@ created by testing.(*T).Run in goroutine 1
 		t.Fatalf("running = %q, want %q", got, want)
 	}
 }
+
+func parkedInReceive(stop <-chan struct{}, parked chan<- struct{}) {
+	close(parked)
+	<-stop
+}
+
+// TestGoroutinesFindsAParkedGoroutine: Goroutines counts a goroutine by
+// a frame and by its state, and nothing for a frame no goroutine has.
+func TestGoroutinesFindsAParkedGoroutine(t *testing.T) {
+	stop, parked := make(chan struct{}), make(chan struct{})
+	defer close(stop)
+	go parkedInReceive(stop, parked)
+	<-parked
+	deadline := time.Now().Add(10 * time.Second)
+	for Goroutines("testwatch.parkedInReceive(", "[chan receive") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no goroutine parked in parkedInReceive after 10s:\n%s", dump())
+		}
+		runtime.Gosched()
+	}
+	if n := Goroutines("testwatch.noSuchFunction(", ""); n != 0 {
+		t.Fatalf("%d goroutines in a function that does not exist", n)
+	}
+}
