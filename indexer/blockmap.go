@@ -3,20 +3,22 @@ package indexer
 import (
 	"iter"
 	"math/bits"
+	"math/rand/v2"
 	"unsafe"
 )
 
 // blockMap is a rank's engine hash → node map (rankState.blocks).
 //
 // It is extendible hashing over small open-addressing tables. The key's
-// hash h (mix64 of the engine hash) picks a segment by its top bits, from
-// a directory of 1<<depth segment pointers; a segment whose local depth is
-// below the directory's fills a run of directory entries. Inside a segment,
-// linear probing over a power-of-two table of (hash, node) slots from the
-// home slot h's low bits: a slot with a nil node is empty, and every key
-// sits in the run of full slots that starts at its home, so a probe stops
-// at the first empty slot. A delete shifts the rest of the run back over
-// the hole instead of leaving a tombstone (Knuth's algorithm R).
+// hash h (mix64 of the engine hash and the map's seed) picks a segment by
+// its top bits, from a directory of 1<<depth segment pointers; a segment
+// whose local depth is below the directory's fills a run of directory
+// entries. Inside a segment, linear probing over a power-of-two table of
+// (engine hash, node) slots from the home slot h's low bits: a slot with a
+// nil node is empty, and every key sits in the run of full slots that
+// starts at its home, so a probe stops at the first empty slot. A delete
+// shifts the rest of the run back over the hole instead of leaving a
+// tombstone (Knuth's algorithm R).
 //
 // Growth: a segment at 7/8 full doubles in place while it is smaller than
 // segSlots; a full-sized one splits in two by the next bit of h (doubling
@@ -26,20 +28,26 @@ import (
 // whole table, and the memory freed is one segment, not the old table.
 // Nothing shrinks (like a Go map).
 //
-// Aimed keys: mix64 is unkeyed and invertible, so whoever chooses engine
-// hashes can give a thousand of them hashes that share their top 54 bits.
-// Each split of their segment then leaves them all in one half and the
-// next insert splits again, doubling the directory each time: towards
-// 2^54 entries, out of memory on every replica applying one well-formed
-// event. So the directory may only double while its depth stays within
-// dirSlackBits of what the entry count needs (bits.Len(n/segSlots)); past
-// that a full segment grows in place instead, past segSlots, and splits
-// later, once the count allows a deeper directory. Random keys never come
-// near the bound (their directory is at most one bit deeper than the
-// count needs), so for them nothing changes. Aimed keys can make at most
-// one segment per directory entry, so at most 2<<dirSlackBits segments
-// per segSlots entries (1<<dirSlackBits under segSlots entries): memory
-// stays O(entries) whatever the keys.
+// Aimed keys: the hash is mix64(eh ^ seed), with a seed drawn at random
+// for each map (newBlockSeed), because mix64 alone is unkeyed and
+// invertible: whoever chooses engine hashes could otherwise give thousands
+// of them one home slot in one segment (every lookup then probes past all
+// of them: quadratic time, 2.75 s for 40,000 keys, on every replica) or
+// hashes that share their top 54 bits. A seed is one map's, in one
+// process, and never replicated: all() yields in an order that differs
+// between replicas and restarts, and its callers must not let that order
+// decide anything (DumpRank sorts, clearRank's drops commute, evictOldest
+// breaks ties without it).
+//
+// The directory bound stays as a second line: the directory may only
+// double while its depth stays within dirSlackBits of what the entry count
+// needs (bits.Len(n/segSlots)); past that a full segment grows in place
+// instead, past segSlots, and splits later, once the count allows a deeper
+// directory. Random hashes never come near the bound (their directory is
+// at most one bit deeper than the count needs). Hashes that share their
+// top bits can make at most one segment per directory entry, so at most
+// 2<<dirSlackBits segments per segSlots entries (1<<dirSlackBits under
+// segSlots entries): memory stays O(entries) whatever the hashes.
 //
 // Why not a Go map: storing a block looks its engine hash up and, nearly
 // always, inserts it; a Go map hashes and probes twice for that, here
@@ -50,6 +58,7 @@ type blockMap struct {
 	dir   []*bmSegment // 1<<depth entries; nil while the map is empty
 	depth uint
 	n     int
+	seed  uint64 // drawn with dir's first allocation
 }
 
 type bmSegment struct {
@@ -75,13 +84,21 @@ const (
 	maxSegDepth = 54
 )
 
+// newBlockSeed draws a map's hash seed. Tests replace it to aim keys at a
+// known seed or to compare maps of different seeds.
+var newBlockSeed = rand.Uint64
+
+// hash returns the hash of engine hash eh: its top bits pick the segment,
+// its low bits the home slot.
+func (m *blockMap) hash(eh uint64) uint64 { return mix64(eh ^ m.seed) }
+
 // newBlockMap returns a map with room for about hint entries before it
 // grows.
 func newBlockMap(hint int) blockMap {
 	if hint <= 0 {
 		return blockMap{}
 	}
-	var m blockMap
+	m := blockMap{seed: newBlockSeed()}
 	if hint <= segSlots*7/8 {
 		size := minSegSlots
 		for size*7/8 < hint {
@@ -128,7 +145,7 @@ func (m *blockMap) get(eh uint64) (*node, bool) {
 	if m.n == 0 {
 		return nil, false
 	}
-	h := mix64(eh)
+	h := m.hash(eh)
 	s := m.seg(h)
 	mask := len(s.slots) - 1
 	for i := int(h) & mask; ; i = (i + 1) & mask {
@@ -153,10 +170,11 @@ type bmRef struct {
 // grows the map first if one more entry would overfill eh's segment, so
 // the slot stays valid until the map is next changed.
 func (m *blockMap) lookup(eh uint64) (ref bmRef, n *node) {
-	h := mix64(eh)
 	if m.dir == nil {
 		m.dir = []*bmSegment{{slots: make([]blockSlot, minSegSlots)}}
+		m.seed = newBlockSeed()
 	}
+	h := m.hash(eh)
 	s := m.seg(h)
 	for (s.n+1)*8 > len(s.slots)*7 {
 		m.grow(s, h)
@@ -194,7 +212,7 @@ func (m *blockMap) del(eh uint64) {
 	if m.n == 0 {
 		return
 	}
-	h := mix64(eh)
+	h := m.hash(eh)
 	s := m.seg(h)
 	mask := len(s.slots) - 1
 	i := int(h) & mask
@@ -212,7 +230,7 @@ func (m *blockMap) del(eh uint64) {
 	// home is not between the hole and it (cyclically), i.e. which a probe
 	// from its home would no longer reach across the hole.
 	for j := (i + 1) & mask; s.slots[j].n != nil; j = (j + 1) & mask {
-		home := int(mix64(s.slots[j].eh)) & mask
+		home := int(m.hash(s.slots[j].eh)) & mask
 		if (j-home)&mask >= (j-i)&mask {
 			s.slots[i] = s.slots[j]
 			i = j
@@ -244,7 +262,7 @@ func (m *blockMap) grow(s *bmSegment, h uint64) {
 		s.n = 0
 		for _, sl := range old {
 			if sl.n != nil {
-				s.insert(sl, mix64(sl.eh))
+				s.insert(sl, m.hash(sl.eh))
 			}
 		}
 		return
@@ -260,9 +278,9 @@ func (m *blockMap) grow(s *bmSegment, h uint64) {
 	}
 	var lo, hi *bmSegment
 	if len(s.slots) == segSlots {
-		lo, hi = s.split()
+		lo, hi = s.split(m.seed)
 	} else {
-		lo, hi = s.splitLarge()
+		lo, hi = s.splitLarge(m.seed)
 	}
 	// s filled the directory entries whose top (old) s.depth bits are h's:
 	// the first half of that run goes to lo, the second to hi.
@@ -279,7 +297,7 @@ func (m *blockMap) grow(s *bmSegment, h uint64) {
 // split splits the full-sized segment s by the hash bit after its depth:
 // s becomes the lower half (its entries are copied out and those of the
 // lower half put back); only the upper half is a new segment.
-func (s *bmSegment) split() (lo, hi *bmSegment) {
+func (s *bmSegment) split(seed uint64) (lo, hi *bmSegment) {
 	var tmp [segSlots]blockSlot
 	copy(tmp[:], s.slots)
 	clear(s.slots)
@@ -287,7 +305,7 @@ func (s *bmSegment) split() (lo, hi *bmSegment) {
 	s.depth++
 	lo = s
 	hi = &bmSegment{slots: make([]blockSlot, segSlots), depth: s.depth}
-	distribute(tmp[:], 64-s.depth, lo, hi) // bit 64-depth tells lo from hi
+	distribute(tmp[:], seed, 64-s.depth, lo, hi) // bit 64-depth tells lo from hi
 	return lo, hi
 }
 
@@ -295,11 +313,11 @@ func (s *bmSegment) split() (lo, hi *bmSegment) {
 // (maySplit): each half gets a table sized for its share, at least
 // segSlots, so that a half holding nearly all the keys again is not
 // immediately full. Only maps fed aimed keys come here.
-func (s *bmSegment) splitLarge() (lo, hi *bmSegment) {
+func (s *bmSegment) splitLarge(seed uint64) (lo, hi *bmSegment) {
 	bit := 64 - (s.depth + 1)
 	nhi := 0
 	for _, sl := range s.slots {
-		if sl.n != nil && mix64(sl.eh)>>bit&1 != 0 {
+		if sl.n != nil && mix64(sl.eh^seed)>>bit&1 != 0 {
 			nhi++
 		}
 	}
@@ -316,18 +334,18 @@ func (s *bmSegment) splitLarge() (lo, hi *bmSegment) {
 	s.depth++
 	lo = s
 	hi = &bmSegment{slots: make([]blockSlot, size(nhi)), depth: s.depth}
-	distribute(old, bit, lo, hi)
+	distribute(old, seed, bit, lo, hi)
 	return lo, hi
 }
 
 // distribute inserts the entries of slots into lo, or into hi where their
-// hash has the given bit set.
-func distribute(slots []blockSlot, bit uint, lo, hi *bmSegment) {
+// hash (under seed) has the given bit set.
+func distribute(slots []blockSlot, seed uint64, bit uint, lo, hi *bmSegment) {
 	for _, sl := range slots {
 		if sl.n == nil {
 			continue
 		}
-		kh := mix64(sl.eh)
+		kh := mix64(sl.eh ^ seed)
 		if kh>>bit&1 == 0 {
 			lo.insert(sl, kh)
 		} else {
@@ -348,7 +366,8 @@ func (s *bmSegment) insert(sl blockSlot, kh uint64) {
 	s.n++
 }
 
-// all yields every entry, in no particular order.
+// all yields every entry, in an order that depends on the map's seed and
+// history: it must not decide anything replicated.
 func (m *blockMap) all() iter.Seq2[uint64, *node] {
 	return func(yield func(uint64, *node) bool) {
 		for i := 0; i < len(m.dir); {

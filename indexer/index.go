@@ -579,6 +579,11 @@ func (ix *Index) evictOldest(rs *rankState, t kvevent.Tier, k int64) {
 	// the rank holds in t until one is as young already, so an entry's
 	// age is set by its youngest descendant, once, and tie counts the
 	// steps from that descendant: the deepest of one age has the least.
+	// Two entries have one own age only when orders repeat (a loaded
+	// dump's, or a counter wrapped past a live entry); an ancestor then
+	// keeps the fewest steps to either, so the result does not depend on
+	// which goes first: keys of one age are in all()'s order, and that
+	// order differs between replicas (blockMap's seed).
 	// While this runs, each holder's order field holds its entry's index
 	// in all (no map of the entries); it gets its own order back before
 	// anything else reads it. Sort keys are packed in a uint64: sorting
@@ -597,7 +602,7 @@ func (ix *Index) evictOldest(rs *rankState, t kvevent.Tier, k int64) {
 				break // a chain the rank holds in t ends here
 			}
 			a := &all[p.holders[j].order]
-			if a.age <= e.age {
+			if a.age < e.age || a.age == e.age && a.tie <= e.tie+1 {
 				break
 			}
 			a.age, a.tie = e.age, e.tie+1
