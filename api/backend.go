@@ -63,7 +63,8 @@ type Backend interface {
 	Free(ctx context.Context, requestID string) error
 	// SetSettings replaces the cluster's scoring settings.
 	SetSettings(ctx context.Context, s raftfsm.Settings) error
-	// AddMember adds a voter to the cluster.
+	// AddMember adds a voter to the cluster: a non-voter until it has
+	// caught up (raftfsm.Node.AddMember), waiting for that within ctx.
 	AddMember(ctx context.Context, id, raftAddr, httpAddr string) error
 	// RemoveMember removes a member from the cluster.
 	RemoveMember(ctx context.Context, id string) error

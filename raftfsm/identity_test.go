@@ -262,9 +262,7 @@ func TestAMovedMemberRestartedDuringCatchUpStarts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l.AddMember(ctx(t), id, newAddr, cfg.HTTPAddr); err != nil {
-		t.Fatal(err)
-	}
+	addNotCaughtUp(t, l, id, newAddr, cfg.HTTPAddr, time.Second)
 	waitFor(t, 10*time.Second, id+" to receive the first batch of the log", func() bool { return n.raft.LastIndex() >= 200 })
 	t.Logf("%s stopped at last index %d of the leader's %d", id, n.raft.LastIndex(), l.raft.LastIndex())
 	if err := n.Close(); err != nil { // stopped part-way through its catch-up
@@ -375,9 +373,7 @@ func TestAMemberMovedBackRestartedDuringCatchUpStarts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l.AddMember(ctx(t), id, a, cfgA.HTTPAddr); err != nil {
-		t.Fatal(err)
-	}
+	addNotCaughtUp(t, l, id, a, cfgA.HTTPAddr, time.Second)
 	waitFor(t, 10*time.Second, id+" to receive the first batch of the log", func() bool { return na.raft.LastIndex() >= 200 })
 	// leaderLoop's tick that finds the node in its latest configuration
 	// (the bootstrap one, at A) records it a member (wasMember), then runs

@@ -15,6 +15,29 @@ import (
 	"github.com/kvrouter/kvrouter/store"
 )
 
+// addNotCaughtUp adds id at raftAddr, a node that will not catch up
+// within wait (its log held back, of another cluster, or not running):
+// AddMember makes it a non-voter, waits, and answers with the context's
+// end, leaving it one, which no quorum needs.
+func addNotCaughtUp(t *testing.T, l *Node, id, raftAddr, httpAddr string, wait time.Duration) {
+	t.Helper()
+	cx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	err := l.AddMember(cx, id, raftAddr, httpAddr)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "non-voter until it catches up") {
+		t.Fatalf("add %s, which does not catch up: %v, want it left a non-voter", id, err)
+	}
+	for _, sv := range l.raft.GetConfiguration().Configuration().Servers {
+		if string(sv.ID) == id {
+			if sv.Suffrage != raft.Nonvoter || string(sv.Address) != raftAddr {
+				t.Fatalf("add %s: the configuration lists it as %+v, want a non-voter at %s", id, sv, raftAddr)
+			}
+			return
+		}
+	}
+	t.Fatalf("add %s: not in the configuration", id)
+}
+
 // TestMembershipChangesKeepTheState adds a fresh node, transfers
 // leadership to it, removes a follower, then removes the leader: the
 // cluster keeps serving and every remaining node converges.
@@ -287,11 +310,9 @@ func TestANodeAloneFollowsNoOtherCluster(t *testing.T) {
 	}
 	before, applied := n4.fsm.Digest(), n4.fsm.applied.Load()
 
-	if err := l.AddMember(ctx(t), "n4", self.RaftAddr, self.HTTPAddr); err != nil {
-		t.Fatal(err)
-	}
+	addNotCaughtUp(t, l, "n4", self.RaftAddr, self.HTTPAddr, time.Second)
 	if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 5, 3)}}); err != nil {
-		t.Fatal(err) // three of four voters commit
+		t.Fatal(err) // the three voters commit
 	}
 	waitFor(t, 10*time.Second, "n4 to refuse the cluster's leader", func() bool { return n4.watch.refused.Load() > 0 })
 	if _, ok := n4.fsm.Workers()[1]; ok || n4.fsm.Digest() != before || n4.fsm.applied.Load() != applied {
@@ -377,9 +398,7 @@ func TestANodeAloneRefusesHeartbeatsOverTCP(t *testing.T) {
 		l = c.leader()
 	}
 	term := n4.raft.CurrentTerm()
-	if err := l.AddMember(ctx(t), "n4", self.RaftAddr, self.HTTPAddr); err != nil {
-		t.Fatal(err)
-	}
+	addNotCaughtUp(t, l, "n4", self.RaftAddr, self.HTTPAddr, time.Second)
 	// Heartbeats go every few milliseconds; refused entries back off.
 	waitFor(t, 10*time.Second, "n4 to refuse the cluster's leader a few times", func() bool { return n4.watch.refused.Load() >= 16 })
 	if _, id := n4.raft.LeaderWithID(); !n4.IsLeader() || n4.raft.CurrentTerm() != term {
@@ -639,9 +658,7 @@ func TestAReAddedNodeIsNotRemovedWhileCatchingUp(t *testing.T) {
 		}
 	}
 	latest := func() []raft.Server { return n.raft.GetConfiguration().Configuration().Servers }
-	if err := l.AddMember(ctx(t), id, string(inner.LocalAddr()), "http-new"); err != nil {
-		t.Fatal(err)
-	}
+	addNotCaughtUp(t, l, id, string(inner.LocalAddr()), "http-new", time.Second)
 	// The bootstrap configuration first: it has been a member.
 	waitFor(t, 10*time.Second, "the bootstrap configuration", func() bool { return n.namesSelf(latest()) })
 	notRemoved("the bootstrap configuration")
@@ -755,6 +772,25 @@ func TestAddMemberUnreachableWithAFollowerDownKeepsTheLeader(t *testing.T) {
 	// It stays a non-voter, out of every quorum, until removed.
 	if err := l.RemoveMember(ctx(t), "n4"); err != nil {
 		t.Fatalf("remove the non-voter n4: %v", err)
+	}
+}
+
+// TestAddMemberUnreachableToAHealthyClusterLeavesItsSpareFailure: all
+// three members up, and a fourth added at an address where nothing runs
+// (a typo). Added as a voter at once, as it was, the cluster kept its
+// leader but needed 3 of 4 voters: one more member down and it had no
+// quorum. It is a non-voter until it answers, and the cluster still
+// commits with one of its three voters stopped.
+func TestAddMemberUnreachableToAHealthyClusterLeavesItsSpareFailure(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	c.converged()
+	addNotCaughtUp(t, l, "n4", "127.0.0.1:1", "http-n4", 2*time.Second)
+	c.stop(slices.IndexFunc(c.nodes, func(n *Node) bool { return n != l }))
+	cx, cancel := context.WithTimeout(ctx(t), 5*time.Second)
+	defer cancel()
+	if err := c.leader().RegisterWorker(cx, WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatalf("a write with one of three voters down, after the typo's add: %v", err)
 	}
 }
 

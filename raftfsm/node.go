@@ -1684,11 +1684,12 @@ func (n *Node) SetSettings(ctx context.Context, s Settings) error {
 	return err
 }
 
-// AddMember adds a voter and records its HTTP address. When the voters
-// that answer now are not a quorum of the configuration with it, it is
-// added as a non-voter first, and made a voter once it has caught up
-// (catchUpNonvoter); when they would not be one even with it, the add is
-// refused (ErrInvalid).
+// AddMember adds a voter and records its HTTP address. A new member is
+// added as a non-voter first and made a voter once it answers with the
+// log up to its addition (catchUpNonvoter), so that an address where
+// nothing runs never becomes a voter; when the voters that answer now would
+// not be a quorum of the configuration even with it, the add is refused
+// (ErrInvalid).
 func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) error {
 	if id == "" || raftAddr == "" {
 		return fmt.Errorf("%w: a member needs an id and a raft address", ErrInvalid)
@@ -1720,12 +1721,15 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 		}
 	}
 	if cur == nil || cur.Suffrage != raft.Voter {
-		// A new voter counts in the quorum at once: a configuration whose
-		// quorum the answering voters are not can commit nothing (not
-		// even its own entry), and the leader steps down for good (3
-		// voters with one down, a fourth added at a mistyped address).
-		// Unless the others are that quorum, the new node must answer
-		// first: it joins as a non-voter, catches up, and then votes.
+		// A new voter counts in the quorum at once. Where the answering
+		// voters are not a quorum of the new configuration without it,
+		// that configuration can commit nothing (not even its own entry)
+		// and the leader steps down for good (3 voters with one down, a
+		// fourth added at a mistyped address); where they are, a voter
+		// that never answers still takes the cluster's one spare failure
+		// (4 voters, 3 up: one more failure and no quorum). So the new
+		// node must answer first: it joins as a non-voter, catches up, and
+		// then votes.
 		others, down, _, err := n.answeringNow(ctx, cf.Configuration().Servers, id, "")
 		if err != nil {
 			return fmt.Errorf("add %s: %w", id, err)
@@ -1735,10 +1739,8 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 			return fmt.Errorf("%w: adding %s needs %d of %d voters to answer and only %d do (%s down): bring the down members back or remove them first",
 				ErrInvalid, id, need, len(others)+len(down)+1, len(others), strings.Join(down, ", "))
 		}
-		if len(others) < need {
-			if err := n.catchUpNonvoter(ctx, cur, id, raftAddr, httpAddr, need, len(others)+len(down)+1); err != nil {
-				return err
-			}
+		if err := n.catchUpNonvoter(ctx, cur, id, raftAddr, httpAddr, need, len(others)+len(down)+1); err != nil {
+			return err
 		}
 	}
 	if err := n.await(ctx, n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, n.cfg.ApplyTimeout)); err != nil {
@@ -1786,7 +1788,7 @@ func (n *Node) catchUpNonvoter(ctx context.Context, cur *raft.Server, id, raftAd
 		}
 		others, _ := n.answering(cf.Configuration().Servers, id)
 		notYet := func(err error) error {
-			return fmt.Errorf("add %s: %s at %s is a non-voter until it catches up, and has not yet (it votes only then: %d of %d voters must answer and only %d others do); "+
+			return fmt.Errorf("add %s: %s at %s is a non-voter until it catches up, and has not yet (it votes only then; %d of the %d voters it makes must answer, %d others do); "+
 				"check that it runs and that its raft address is right, then add it again, or remove it: %w",
 				id, id, raftAddr, need, voters, len(others), err)
 		}

@@ -288,9 +288,14 @@ func TestMembershipChangeWaitsForARestore(t *testing.T) {
 		restored <- err
 	}()
 	<-atRestore
-	// n4 runs nowhere: three voters of four still commit.
+	// n4 runs nowhere: it is added as a non-voter, and the add answers
+	// with its context's end, n4 not caught up.
 	added := make(chan error, 1)
-	go func() { added <- l.AddMember(rctx, "n4", "127.0.0.1:1", "http-n4") }()
+	go func() {
+		actx, cancel := context.WithTimeout(rctx, 3*time.Second)
+		defer cancel()
+		added <- l.AddMember(actx, "n4", "127.0.0.1:1", "http-n4")
+	}()
 	var addErr error
 	addDone := false
 	waitFor(t, 10*time.Second, "the member's add to wait for the restore (or to be done)", func() bool {
@@ -309,8 +314,8 @@ func TestMembershipChangeWaitsForARestore(t *testing.T) {
 	if !addDone {
 		addErr = <-added
 	}
-	if addErr != nil {
-		t.Fatalf("add n4: %v", addErr)
+	if !errors.Is(addErr, context.DeadlineExceeded) || !strings.Contains(addErr.Error(), "non-voter until it catches up") {
+		t.Fatalf("add n4: %v, want it added as a non-voter that has not caught up", addErr)
 	}
 	c.converged()
 	want := c.ownMembers()

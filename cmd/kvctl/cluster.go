@@ -237,7 +237,9 @@ func membersCommand(e *env) *cli.Command {
 				ArgsUsage: "ID RAFTADDR HTTPADDR",
 				Description: "The call behind kvrouter --join, which makes it for the node it starts: start new\n" +
 					"nodes with --join (a node started without --join or --peers is a cluster of its own,\n" +
-					"and refuses another cluster's leader once added here).\n\n" +
+					"and refuses another cluster's leader once added here). The node is a non-voter until it\n" +
+					"has caught up, and the add waits for that: when --timeout ends first it exits 1 saying\n" +
+					"so and the node stays a non-voter; add it again once it runs, or remove it.\n\n" +
 					"Example:\n   kvctl members add n4 10.0.0.4:7000 10.0.0.4:7080",
 				Action: func(c *cli.Context) error {
 					if err := args(c, 3, "ID RAFTADDR HTTPADDR"); err != nil {
