@@ -975,3 +975,23 @@ func TestStatusDigestMatchesItsAppliedIndex(t *testing.T) {
 		t.Fatalf("only %d applied indexes seen: the test saw no load", len(seen))
 	}
 }
+
+// configIndex returns the log index of n's latest configuration entry,
+// read back from its log (Raft's GetConfiguration and Stats leave that
+// index at 0 in v1.8.0); 0 when its log holds none (a snapshot's).
+func (n *Node) configIndex() (uint64, error) {
+	first, err := n.logs.FirstIndex()
+	if err != nil {
+		return 0, err
+	}
+	for i := n.raft.LastIndex(); i >= first && i > 0; i-- {
+		var l raft.Log
+		if err := n.logs.GetLog(i, &l); err != nil {
+			return 0, fmt.Errorf("log entry %d: %w", i, err)
+		}
+		if l.Type == raft.LogConfiguration {
+			return i, nil
+		}
+	}
+	return 0, nil
+}

@@ -633,7 +633,10 @@ func TestAReAddedNodeIsNotRemovedWhileCatchingUp(t *testing.T) {
 	}
 	gone.Close()
 	c.nodes = append(c.nodes[:gi:gi], c.nodes[gi+1:]...)
-	removedAt := l.raft.GetConfiguration().Index()
+	removedAt, err := l.configIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
 	ingest(before, between)
 	reAdd := l.raft.LastIndex() + 1 // the re-add's configuration is at or past it
 	if removal <= maxAppend || reAdd-removedAt <= maxAppend {
@@ -872,5 +875,72 @@ func TestRemoveMemberWithAFollowerDownRefusesWhatCannotElect(t *testing.T) {
 	}
 	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
 		t.Fatalf("a write after removing the down member: %v", err)
+	}
+}
+
+// TestAddMemberOfANodeThatOnlyAnswersHeartbeatsLeavesItANonvoter: at the
+// new member's address, something that answers heartbeats with success
+// and a long log, and refuses every AppendEntries that tests its log (a
+// divergent log, another cluster's member). A follower answers a
+// heartbeat without looking at its log, and its last index there counted
+// as caught up: it was made a voter at once. From a review.
+func TestAddMemberOfANodeThatOnlyAnswersHeartbeatsLeavesItANonvoter(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	_, l := c.leaderExcept(-1)
+	_, fake := raft.NewInmemTransport("inmem-fake")
+	c.trans = append(c.trans, fake)
+	c.heal()
+	stop, done := make(chan struct{}), make(chan struct{})
+	defer func() { close(stop); <-done }()
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case rpc := <-fake.Consumer():
+				ae, ok := rpc.Command.(*raft.AppendEntriesRequest)
+				if !ok {
+					rpc.Respond(nil, errors.New("not a follower"))
+					continue
+				}
+				heartbeat := ae.PrevLogEntry == 0 && len(ae.Entries) == 0
+				rpc.Respond(&raft.AppendEntriesResponse{Term: ae.Term, LastLog: 1_000_000, Success: heartbeat}, nil)
+			case <-stop:
+				return
+			}
+		}
+	}()
+	addNotCaughtUp(t, l, "n4", string(fake.LocalAddr()), "http-n4", 2*time.Second)
+}
+
+// TestARetriedAddPromotesANonvoterThatCaughtUpMeanwhile: a join whose add
+// timed out (the node a non-voter, still catching up) is retried after the
+// node caught up and after another configuration change. The entries since
+// its catch-up reached it through Raft's pipeline, whose answers the leader
+// must see too: the retry waits for the log through the latest
+// configuration.
+func TestARetriedAddPromotesANonvoterThatCaughtUpMeanwhile(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	_, l := c.leaderExcept(-1)
+	_, inner := raft.NewInmemTransport("inmem-n4")
+	c.trans = append(c.trans, inner)
+	c.heal()
+	tr := holdEntries(t, inner, 1)
+	n4, err := NewNode(Config{ID: "n4", RaftAddr: string(inner.LocalAddr()), HTTPAddr: "http-n4",
+		DataDir: filepath.Join(t.TempDir(), "n4"), Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes = append(c.nodes, n4)
+	addNotCaughtUp(t, l, "n4", string(inner.LocalAddr()), "http-n4", time.Second)
+	tr.hold(0)
+	waitFor(t, 10*time.Second, "n4 to catch up", func() bool { return n4.raft.LastIndex() >= l.raft.LastIndex() })
+	addNotCaughtUp(t, l, "n5", "inmem-nowhere", "http-n5", time.Second)
+	if err := l.AddMember(ctx(t), "n4", string(inner.LocalAddr()), "http-n4"); err != nil {
+		t.Fatalf("the retried add of n4, caught up: %v", err)
+	}
+	for _, sv := range l.raft.GetConfiguration().Configuration().Servers {
+		if string(sv.ID) == "n4" && sv.Suffrage != raft.Voter {
+			t.Fatalf("n4 is %+v after its add, want a voter", sv)
+		}
 	}
 }

@@ -1769,11 +1769,11 @@ func (n *Node) catchUpNonvoter(ctx context.Context, cur *raft.Server, id, raftAd
 			return err
 		}
 	} else {
-		cf := n.raft.GetConfiguration()
-		if err := cf.Error(); err != nil {
-			return err
-		}
-		from = cf.Index()
+		// A retried add: the log up to now, past its latest configuration
+		// (which reached it through Raft's pipeline if it caught up
+		// since). Raft does not say where that configuration is: its
+		// GetConfiguration leaves the future's Index at 0 (v1.8.0).
+		from = n.raft.LastIndex()
 	}
 	tick := time.NewTicker(max(n.cfg.HeartbeatTimeout/10, time.Millisecond))
 	defer tick.Stop()
@@ -1792,7 +1792,7 @@ func (n *Node) catchUpNonvoter(ctx context.Context, cur *raft.Server, id, raftAd
 				"check that it runs and that its raft address is right, then add it again, or remove it: %w",
 				id, id, raftAddr, need, voters, len(others), err)
 		}
-		if c.lastLog >= from && time.Since(c.at) <= n.contactWindow() && len(others)+1 >= need {
+		if c.matched >= from && time.Since(c.at) <= n.contactWindow() && len(others)+1 >= need {
 			// Caught up, by the contact window: confirm with answers
 			// heard from now on, the new node's too.
 			up, _, alsoUp, err := n.answeringNow(ctx, cf.Configuration().Servers, id, id)

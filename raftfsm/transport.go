@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -82,8 +83,14 @@ type commitWatch struct {
 // Raft keeps a leader's contact with each follower to itself; membership
 // changes need it to tell which voters answer (Node.answering).
 type peerContact struct {
-	at      time.Time // the last answer to any RPC
-	lastLog uint64    // the peer's last log index, from its last successful AppendEntries answer
+	at time.Time // the last answer to any RPC
+	// matched is the index through which the peer's log is the leader's,
+	// as its last answer to an AppendEntries that carried entries or a
+	// previous entry proved (matchedBy); 0 after such an answer failed.
+	// Heartbeats leave it: a follower answers one without looking at its
+	// log, with its own last index, which may be a divergent tail or
+	// another cluster's log.
+	matched uint64
 }
 
 // watchCommits wraps t; close stops its goroutine. The wrapper is a
@@ -184,9 +191,10 @@ func (w *commitWatch) foreign(rpc raft.RPC) (string, bool) {
 	return string(h.ID), string(h.ID) != w.self && (*w.alone.Load())()
 }
 
-// heard notes an answer from peer; success and lastLog are an
-// AppendEntries answer's.
-func (w *commitWatch) heard(peer raft.ServerID, success bool, lastLog uint64) {
+// heard notes an answer from peer. When it answered an RPC that tests
+// its log (proves), success says whether its log is the leader's through
+// index m.
+func (w *commitWatch) heard(peer raft.ServerID, proves, success bool, m uint64) {
 	w.contactMu.Lock()
 	defer w.contactMu.Unlock()
 	if w.contacts == nil {
@@ -194,10 +202,31 @@ func (w *commitWatch) heard(peer raft.ServerID, success bool, lastLog uint64) {
 	}
 	c := w.contacts[peer]
 	c.at = time.Now()
-	if success {
-		c.lastLog = lastLog
+	if proves {
+		c.matched = 0
+		if success {
+			c.matched = m
+		}
 	}
 	w.contacts[peer] = c
+}
+
+// heardAppend notes peer's answer resp to an AppendEntries args.
+func (w *commitWatch) heardAppend(peer raft.ServerID, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) {
+	m, proves := matchedBy(args)
+	w.heard(peer, proves, resp.Success, m)
+}
+
+// matchedBy returns the index through which a follower that answers args
+// with success holds the leader's log: the previous entry, whose term it
+// checked, and the entries, which replace whatever of its own conflicted
+// (Raft's log matching). ok is false for a heartbeat (neither), which a
+// follower answers without looking at its log.
+func matchedBy(args *raft.AppendEntriesRequest) (m uint64, ok bool) {
+	if args.PrevLogEntry == 0 && len(args.Entries) == 0 {
+		return 0, false
+	}
+	return args.PrevLogEntry + uint64(len(args.Entries)), true
 }
 
 // contact returns what this node last heard from peer (zero: nothing).
@@ -207,13 +236,83 @@ func (w *commitWatch) contact(peer raft.ServerID) peerContact {
 	return w.contacts[peer]
 }
 
-// AppendEntries implements raft.Transport, noting the answer. (Heartbeats
-// come this way too, at least every tenth of a heartbeat timeout: a
-// follower's answer to one carries its last log index.)
+// AppendEntries implements raft.Transport, noting the answer. Heartbeats
+// come this way, at least every tenth of a heartbeat timeout, and so does
+// a leader's catch-up of a follower up to the log it had when it started
+// (Raft pipelines only what comes after).
 func (w *commitWatch) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
 	err := w.Transport.AppendEntries(id, target, args, resp)
 	if err == nil {
-		w.heard(id, resp.Success, resp.LastLog)
+		w.heardAppend(id, args, resp)
+	}
+	return err
+}
+
+// AppendEntriesPipeline implements raft.Transport: the pipeline's answers
+// are noted as AppendEntries' are (watchedPipeline).
+func (w *commitWatch) AppendEntriesPipeline(id raft.ServerID, target raft.ServerAddress) (raft.AppendPipeline, error) {
+	p, err := w.Transport.AppendEntriesPipeline(id, target)
+	if err != nil {
+		return nil, err
+	}
+	wp := &watchedPipeline{AppendPipeline: p, w: w, id: id, out: make(chan raft.AppendFuture), stop: make(chan struct{}), done: make(chan struct{})}
+	go wp.run()
+	return wp, nil
+}
+
+// watchedPipeline passes a pipeline's answered futures on to Raft after
+// noting them: without it a follower's matched index would stop at the
+// end of its catch-up, and a later add of it (a retried join after
+// another configuration change) would wait for a match that never comes.
+type watchedPipeline struct {
+	raft.AppendPipeline
+	w      *commitWatch
+	id     raft.ServerID
+	out    chan raft.AppendFuture
+	stop   chan struct{}
+	done   chan struct{}
+	closed sync.Once
+}
+
+func (p *watchedPipeline) run() {
+	defer close(p.done)
+	in := p.AppendPipeline.Consumer()
+	for {
+		select {
+		case f := <-in:
+			if f.Error() == nil { // answered: the futures come done
+				p.w.heardAppend(p.id, f.Request(), f.Response())
+			}
+			select {
+			case p.out <- f:
+			case <-p.stop:
+				return
+			}
+		case <-p.stop:
+			return
+		}
+	}
+}
+
+// Consumer implements raft.AppendPipeline: the answers, after the watch.
+func (p *watchedPipeline) Consumer() <-chan raft.AppendFuture { return p.out }
+
+// Close implements raft.AppendPipeline. Raft closes a pipeline once it no
+// longer reads its Consumer.
+func (p *watchedPipeline) Close() error {
+	err := p.AppendPipeline.Close()
+	p.closed.Do(func() { close(p.stop) })
+	<-p.done
+	return err
+}
+
+// InstallSnapshot implements raft.Transport, noting the answer: a
+// follower that installed the snapshot holds the leader's log through
+// its last index.
+func (w *commitWatch) InstallSnapshot(id raft.ServerID, target raft.ServerAddress, args *raft.InstallSnapshotRequest, resp *raft.InstallSnapshotResponse, data io.Reader) error {
+	err := w.Transport.InstallSnapshot(id, target, args, resp, data)
+	if err == nil {
+		w.heard(id, true, resp.Success, args.LastLogIndex)
 	}
 	return err
 }
@@ -222,7 +321,7 @@ func (w *commitWatch) AppendEntries(id raft.ServerID, target raft.ServerAddress,
 func (w *commitWatch) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
 	err := w.Transport.RequestVote(id, target, args, resp)
 	if err == nil {
-		w.heard(id, false, 0)
+		w.heard(id, false, false, 0)
 	}
 	return err
 }
@@ -257,7 +356,7 @@ type commitWatchPreVote struct {
 func (w *commitWatchPreVote) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
 	err := w.pv.RequestPreVote(id, target, args, resp)
 	if err == nil {
-		w.heard(id, false, 0)
+		w.heard(id, false, false, 0)
 	}
 	return err
 }

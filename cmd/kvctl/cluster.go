@@ -238,8 +238,9 @@ func membersCommand(e *env) *cli.Command {
 				Description: "The call behind kvrouter --join, which makes it for the node it starts: start new\n" +
 					"nodes with --join (a node started without --join or --peers is a cluster of its own,\n" +
 					"and refuses another cluster's leader once added here). The node is a non-voter until it\n" +
-					"has caught up, and the add waits for that: when --timeout ends first it exits 1 saying\n" +
-					"so and the node stays a non-voter; add it again once it runs, or remove it.\n\n" +
+					"has caught up, and the add waits for that: when --timeout ends first it exits 1 and the\n" +
+					"node may stay a non-voter (members list: VOTER no); add it again once it runs (which\n" +
+					"resumes the wait), or remove it.\n\n" +
 					"Example:\n   kvctl members add n4 10.0.0.4:7000 10.0.0.4:7080",
 				Action: func(c *cli.Context) error {
 					if err := args(c, 3, "ID RAFTADDR HTTPADDR"); err != nil {
@@ -248,6 +249,10 @@ func membersCommand(e *env) *cli.Command {
 					id, raftAddr, httpAddr := c.Args().Get(0), c.Args().Get(1), c.Args().Get(2)
 					return withClient(c, func(ctx context.Context, cl *client.Client) error {
 						if err := cl.AddMember(ctx, id, raftAddr, httpAddr); err != nil {
+							if errors.Is(err, context.DeadlineExceeded) {
+								return fmt.Errorf("%w (%s may have been added as a non-voter that has not caught up: "+
+									"kvctl members list shows VOTER no; add it again once it runs, or remove it)", err, id)
+							}
 							return err
 						}
 						m := raftfsm.Member{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr, Voter: true}

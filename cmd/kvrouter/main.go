@@ -555,7 +555,13 @@ func join(ctx context.Context, sec security, via []string, id, raftAddr, httpAdd
 		if why := refusedJoin(err); why != "" {
 			return fmt.Errorf("%w; %s", err, why) // no retry would be let in
 		}
-		slog.Warn("join: retrying", "via", strings.Join(via, ","), "err", err)
+		if errors.Is(err, context.DeadlineExceeded) {
+			// The leader adds a node as a non-voter and answers once it
+			// has caught up; asking again resumes that wait.
+			slog.Info("join: not caught up yet (a non-voter until then); asking again", "via", strings.Join(via, ","))
+		} else {
+			slog.Warn("join: retrying", "via", strings.Join(via, ","), "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
