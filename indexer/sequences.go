@@ -30,10 +30,15 @@
 //     the expiry heap holds exactly the entries of byID, ordered by
 //     (createdAt, id).
 //   - Freed ids stay as tombstones until Expire sweeps them, i.e. until they
-//     are older than the expiry age; Expire also raises a horizon, and an Add
-//     created before the horizon is refused. Together: a retried Add that
-//     arrives after the Free of the same id never resurrects the booking,
-//     whether the tombstone is still there or already swept.
+//     are older than the expiry age (by the sweeps' clock); while it stands,
+//     a tombstone refuses an Add of its id, so a retried Add that arrives
+//     after the Free of the same id does not resurrect the booking. Once it
+//     is swept the id is unknown again, and an Add books it anew.
+//   - Time never goes back: clock is the latest now an Expire was given,
+//     and an Add whose now is below it is booked as created at clock. A
+//     sweep from a clock that ran ahead therefore never refuses an Add
+//     stamped by a clock behind it; such a booking lives the max age from
+//     the sweep's time.
 //   - digest is the wrapping sum of one hash per entry (live booking or
 //     tombstone), so equal logical state gives an equal Digest whatever the
 //     order of the operations that produced it.
@@ -107,10 +112,11 @@ type FreedBooking struct {
 type SequencesSnapshot struct {
 	Bookings []Booking      // live bookings, by id
 	Freed    []FreedBooking // tombstones, by id
-	// Swept is true once an Expire ran; Horizon is then the creation time
-	// below which an Add is refused (see Expire).
-	Swept   bool
-	Horizon int64
+	// Swept is true once an Expire ran; Clock is then the latest now an
+	// Expire was given, which an Add created before it is moved up to (see
+	// Add).
+	Swept bool
+	Clock int64
 }
 
 // Sequences tracks the active sequences of every rank (semantics.md §6).
@@ -205,10 +211,10 @@ type seqState struct {
 	discounted map[uint64]*booking // ord -> live booking with a discount
 	nextOrd    uint64
 
-	swept   bool
-	horizon int64
-	digest  uint64 // wrapping sum of entryHash over byID
-	buf     []byte // encoding scratch for hashes; used under the write lock
+	swept  bool
+	clock  int64  // the latest now of an Expire, once swept
+	digest uint64 // wrapping sum of entryHash over byID
+	buf    []byte // encoding scratch for hashes; used under the write lock
 
 	journal SeqJournal // nil when no durable copy follows
 }
@@ -237,12 +243,17 @@ func validateBooking(id string, isl, cached int) error {
 // request's creation time; a retry of the same booking must carry the same
 // now (it travels in the log entry).
 //
+// A now below the latest sweep's (Expire) is taken as that sweep's time:
+// the tracker's time never goes back. Leaders stamp bookings and sweeps
+// with their own clocks, and one whose clock ran ahead may have swept at
+// a time the next leader's clock has not reached; its bookings would
+// otherwise be older than the sweep already, and lost to the next one.
+//
 // It reports whether it booked. It does nothing and returns false when id is
-// live (a duplicate), was freed and its tombstone is not yet swept (a retry
-// that arrived after the Free), or when now is below the expiry horizon (a
-// booking that a sweep would already have expired). It returns an error,
-// booking nothing, for an empty id or a negative isl or cachedTokens.
-// seqHashes is copied.
+// live (a duplicate) or was freed and its tombstone is not yet swept (a
+// retry that arrived after the Free; Freed tells the two apart). It returns
+// an error, booking nothing, for an empty id or a negative isl or
+// cachedTokens. seqHashes is copied.
 func (s *Sequences) Add(id string, rank kvevent.Rank, seqHashes []uint64, isl, cachedTokens int, now int64) (bool, error) {
 	if err := validateBooking(id, isl, cachedTokens); err != nil {
 		return false, err
@@ -253,8 +264,8 @@ func (s *Sequences) Add(id string, rank kvevent.Rank, seqHashes []uint64, isl, c
 	if _, ok := st.byID[id]; ok {
 		return false, nil
 	}
-	if st.swept && now < st.horizon {
-		return false, nil
+	if st.swept && now < st.clock {
+		now = st.clock
 	}
 	b := &booking{
 		id:        id,
@@ -378,11 +389,11 @@ func (s *Sequences) Free(id string) bool {
 
 // Expire frees every live booking older than maxAge at now (now - CreatedAt >
 // maxAge) and sweeps the tombstones as old; it returns how many live
-// bookings it freed. maxAge <= 0 means DefaultBookingMaxAge.
+// bookings it freed. maxAge <= 0 means DefaultBookingMaxAge. A swept
+// tombstone's id is unknown from then on: an Add books it again.
 //
-// It also raises the horizon to now-maxAge (never lowers it): an Add created
-// before the horizon is refused from then on, so a retry of a booking whose
-// tombstone this sweep removed cannot book it again.
+// It also raises the clock to now (never lowers it): an Add created before
+// it is booked as created at it (see Add).
 //
 // Entries go in (CreatedAt, id) order, so that replicas applying the same
 // sweep do the same thing in the same order.
@@ -397,10 +408,10 @@ func (s *Sequences) Expire(now int64, maxAge time.Duration) (expired int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := &s.st
-	if !st.swept || cutoff > st.horizon {
-		st.swept, st.horizon = true, cutoff
+	if !st.swept || now > st.clock {
+		st.swept, st.clock = true, now
 		if st.journal != nil {
-			st.journal.Horizon(cutoff)
+			st.journal.Clock(now)
 		}
 	}
 	for len(st.expiry) > 0 && st.expiry[0].createdAt < cutoff {
@@ -508,6 +519,16 @@ func (s *Sequences) RankOf(id string) (kvevent.Rank, bool) {
 	return b.rank, true
 }
 
+// Freed reports whether id was booked and freed (or expired) and its
+// tombstone is not yet swept: what an Add of it refuses for a reason other
+// than a live duplicate.
+func (s *Sequences) Freed(id string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	b, ok := s.st.byID[id]
+	return ok && b.freed
+}
+
 // Count returns the number of live bookings and of tombstones.
 func (s *Sequences) Count() (live, freed int) {
 	s.mu.RLock()
@@ -589,12 +610,12 @@ func (s *Sequences) Bookings() []Booking {
 }
 
 // Snapshot returns a copy of the whole logical state: live bookings and
-// tombstones ordered by id, and the expiry horizon.
+// tombstones ordered by id, and the sweeps' clock.
 func (s *Sequences) Snapshot() SequencesSnapshot {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	st := &s.st
-	snap := SequencesSnapshot{Bookings: st.bookings(), Swept: st.swept, Horizon: st.horizon}
+	snap := SequencesSnapshot{Bookings: st.bookings(), Swept: st.swept, Clock: st.clock}
 	snap.Freed = make([]FreedBooking, 0, st.freed)
 	for _, b := range st.byID {
 		if b.freed {
@@ -621,9 +642,9 @@ func (st *seqState) bookings() []Booking {
 
 // Restore replaces the whole state with snap, atomically: on error (an
 // invalid booking, an id given twice) nothing changes. Bookings are
-// restored as given, even ones older than the horizon (the next Expire
-// frees them). A snapshot with only Bookings set restores those with no
-// tombstones and no horizon.
+// restored as given, even ones older than the max age at the clock (the
+// next Expire frees them). A snapshot with only Bookings set restores those
+// with no tombstones and no clock.
 func (s *Sequences) Restore(snap SequencesSnapshot) error {
 	var st seqState
 	st.init()
@@ -664,9 +685,9 @@ func (s *Sequences) Restore(snap SequencesSnapshot) error {
 		st.freed++
 		st.digest += b.hash
 	}
-	st.swept, st.horizon = snap.Swept, snap.Horizon
+	st.swept, st.clock = snap.Swept, snap.Clock
 	if !st.swept {
-		st.horizon = 0
+		st.clock = 0
 	}
 	s.mu.Lock()
 	st.journal = s.st.journal // a restore is not reported; the journal stays attached
@@ -676,7 +697,7 @@ func (s *Sequences) Restore(snap SequencesSnapshot) error {
 }
 
 // Digest returns a hash of the logical state (live bookings with their
-// prefill flag, tombstones, horizon). Equal states give equal digests
+// prefill flag, tombstones, the sweeps' clock). Equal states give equal digests
 // whatever the order of the operations that built them; replicas compare
 // digests to detect divergence. It is O(1).
 func (s *Sequences) Digest() uint64 {
@@ -685,7 +706,7 @@ func (s *Sequences) Digest() uint64 {
 	st := &s.st
 	h := st.digest
 	if st.swept {
-		h = mix64(h ^ mix64(uint64(st.horizon)^0x5bd1e9955bd1e995))
+		h = mix64(h ^ mix64(uint64(st.clock)^0x5bd1e9955bd1e995))
 	}
 	return mix64(h)
 }
@@ -1010,8 +1031,8 @@ type SeqJournal interface {
 	Freed(f FreedBooking)
 	// Gone: a live booking expired or a tombstone was swept; id is forgotten.
 	Gone(id string)
-	// Horizon: the expiry horizon moved to h (and a sweep has run).
-	Horizon(h int64)
+	// Clock: the sweeps' clock moved to c (and a sweep has run).
+	Clock(c int64)
 }
 
 // SetJournal attaches j (nil detaches).

@@ -101,29 +101,62 @@ func TestRetriedAddAfterFreeDoesNotResurrectBooking(t *testing.T) {
 	}
 }
 
-func TestRetriedAddAfterTombstoneSweptIsRefusedByHorizon(t *testing.T) {
+// TestFreedIDBooksAgainOnceItsTombstoneIsSwept: an id is single-use only
+// while its tombstone stands, the max age from its booking; swept, it is
+// unknown again, and an Add books it (stamped no earlier than the sweep).
+func TestFreedIDBooksAgainOnceItsTombstoneIsSwept(t *testing.T) {
 	s := NewSequences()
 	mustBook(t, s, "r1", wkA0, []uint64{1}, 16, 0, 10*nsPerSec)
 	s.Free("r1")
+	if !s.Freed("r1") || s.Freed("r2") {
+		t.Fatal("Freed does not tell the tombstone of r1 from the unknown r2")
+	}
 	s.Expire(400*nsPerSec, DefaultBookingMaxAge) // cutoff 100 s: the tombstone goes
-	if _, freed := s.Count(); freed != 0 {
+	if _, freed := s.Count(); freed != 0 || s.Freed("r1") {
 		t.Fatalf("tombstone older than the max age was not swept (%d left)", freed)
 	}
-	if mustBook(t, s, "r1", wkA0, []uint64{1}, 16, 0, 10*nsPerSec) {
-		t.Fatal("retry older than the sweep horizon booked the request again")
+	if !mustBook(t, s, "r1", wkA0, []uint64{1}, 16, 0, 10*nsPerSec) {
+		t.Fatal("an Add of an id whose tombstone was swept was refused")
 	}
-	// A booking created at or after the horizon is fine, even under an old id.
-	if !mustBook(t, s, "r1", wkA0, []uint64{1}, 16, 0, 100*nsPerSec) {
-		t.Fatal("Add at the horizon refused")
+	if b, _ := s.Get("r1"); b.CreatedAt != 400*nsPerSec {
+		t.Fatalf("booked at %d, want the sweep's time %d", b.CreatedAt, 400*nsPerSec)
 	}
 }
 
-func TestExpireHorizonNeverMovesBack(t *testing.T) {
+// TestAddBeforeSweepFromClockAheadIsStampedAtTheSweep: a leader whose clock
+// ran ahead by more than the max age swept; the next leader's clock is
+// right. A booking of a fresh id it stamps is booked (it was refused, with
+// no error, as for an id freed before), as created at the sweep's time,
+// and the sweeps expire it the max age after that.
+func TestAddBeforeSweepFromClockAheadIsStampedAtTheSweep(t *testing.T) {
+	const now = 1_000 * nsPerSec
+	ahead := now + int64(10*time.Minute)
 	s := NewSequences()
-	s.Expire(1000*nsPerSec, 100*time.Second) // horizon 900 s
-	s.Expire(500*nsPerSec, 100*time.Second)  // a stale leader's sweep: horizon stays
-	if mustBook(t, s, "r1", wkA0, nil, 1, 0, 800*nsPerSec) {
-		t.Fatal("Add below the horizon booked after a sweep with an older clock")
+	s.Expire(ahead, 5*time.Minute)
+	ok, err := s.Add("fresh-id-never-used", wkA0, []uint64{1}, 16, 0, now)
+	if err != nil || !ok {
+		t.Fatalf("Add of a fresh id after a sweep from a clock ahead = %v, %v; want booked", ok, err)
+	}
+	if b, _ := s.Get("fresh-id-never-used"); b.CreatedAt != ahead {
+		t.Fatalf("booked at %d, want the sweep's time %d", b.CreatedAt, ahead)
+	}
+	if n := s.Expire(ahead+int64(5*time.Minute), 5*time.Minute); n != 0 {
+		t.Fatal("a booking stamped at the sweep expired within the max age of it")
+	}
+	if n := s.Expire(ahead+int64(5*time.Minute)+1, 5*time.Minute); n != 1 {
+		t.Fatal("a booking stamped at the sweep outlived the max age")
+	}
+}
+
+func TestSweepClockNeverMovesBack(t *testing.T) {
+	s := NewSequences()
+	s.Expire(1000*nsPerSec, 100*time.Second)
+	s.Expire(500*nsPerSec, 100*time.Second) // a stale leader's sweep: the clock stays
+	if !mustBook(t, s, "r1", wkA0, nil, 1, 0, 800*nsPerSec) {
+		t.Fatal("Add below the clock refused")
+	}
+	if b, _ := s.Get("r1"); b.CreatedAt != 1000*nsPerSec {
+		t.Fatalf("booked at %d, want the latest sweep's time %d", b.CreatedAt, 1000*nsPerSec)
 	}
 }
 
@@ -392,7 +425,7 @@ func TestRestoredReplicaRefusesRetryAfterFreeLikeTheOthers(t *testing.T) {
 	mustBook(t, leader, "r1", wkA0, []uint64{1}, 16, 0, 100*nsPerSec)
 	mustBook(t, leader, "old", wkB0, []uint64{2}, 16, 0, 0)
 	leader.Free("r1")
-	leader.Expire(350*nsPerSec, DefaultBookingMaxAge) // horizon 50 s: "old" goes
+	leader.Expire(350*nsPerSec, DefaultBookingMaxAge) // cutoff 50 s: "old" goes
 	follower := NewSequences()
 	if err := follower.Restore(leader.Snapshot()); err != nil {
 		t.Fatal(err)
@@ -401,8 +434,11 @@ func TestRestoredReplicaRefusesRetryAfterFreeLikeTheOthers(t *testing.T) {
 		if mustBook(t, s, "r1", wkA0, []uint64{1}, 16, 0, 100*nsPerSec) {
 			t.Fatal("retry after Free booked on a node (tombstone lost in the snapshot)")
 		}
-		if mustBook(t, s, "old", wkB0, []uint64{2}, 16, 0, 0) {
-			t.Fatal("retry of an expired booking booked on a node (horizon lost in the snapshot)")
+		if !mustBook(t, s, "old", wkB0, []uint64{2}, 16, 0, 0) {
+			t.Fatal("an Add of an expired id was refused")
+		}
+		if b, _ := s.Get("old"); b.CreatedAt != 350*nsPerSec {
+			t.Fatalf("booked at %d, want the sweep's time (clock lost in the snapshot?)", b.CreatedAt)
 		}
 	}
 	if leader.Digest() != follower.Digest() {
@@ -410,7 +446,7 @@ func TestRestoredReplicaRefusesRetryAfterFreeLikeTheOthers(t *testing.T) {
 	}
 }
 
-func TestDigestSeesTombstonesAndHorizon(t *testing.T) {
+func TestDigestSeesTombstonesAndSweepClock(t *testing.T) {
 	a, b := NewSequences(), NewSequences()
 	mustBook(t, a, "r1", wkA0, nil, 1, 0, 100*nsPerSec)
 	a.Free("r1")
@@ -420,7 +456,11 @@ func TestDigestSeesTombstonesAndHorizon(t *testing.T) {
 	c, d := NewSequences(), NewSequences()
 	c.Expire(10*nsPerSec, time.Second)
 	if c.Digest() == d.Digest() {
-		t.Fatal("the expiry horizon does not change the digest")
+		t.Fatal("a sweep does not change the digest")
+	}
+	d.Expire(20*nsPerSec, time.Second)
+	if c.Digest() == d.Digest() {
+		t.Fatal("the sweeps' clock does not change the digest: replicas could stamp a booking differently")
 	}
 }
 
@@ -596,9 +636,9 @@ type seqModelReq struct {
 }
 
 type seqModel struct {
-	reqs    map[string]*seqModelReq
-	swept   bool
-	horizon int64
+	reqs  map[string]*seqModelReq
+	swept bool
+	clock int64 // the latest sweep's now
 }
 
 func newSeqModel() *seqModel { return &seqModel{reqs: map[string]*seqModelReq{}} }
@@ -610,8 +650,8 @@ func (m *seqModel) add(id string, r kvevent.Rank, seq []uint64, isl, cached int,
 	if _, ok := m.reqs[id]; ok {
 		return false, true
 	}
-	if m.swept && now < m.horizon {
-		return false, true
+	if m.swept && now < m.clock {
+		now = m.clock
 	}
 	m.reqs[id] = &seqModelReq{Booking: Booking{ID: id, Rank: r, SeqHashes: slices.Clone(seq), ISL: isl, CachedTokens: cached, CreatedAt: now}}
 	return true, true
@@ -659,8 +699,8 @@ func (m *seqModel) expire(now int64, age time.Duration) int {
 		age = DefaultBookingMaxAge
 	}
 	cutoff := now - int64(age)
-	if !m.swept || cutoff > m.horizon {
-		m.swept, m.horizon = true, cutoff
+	if !m.swept || now > m.clock {
+		m.swept, m.clock = true, now
 	}
 	n := 0
 	for id, q := range m.reqs {
@@ -754,7 +794,7 @@ func (m *seqModel) potential(query []uint64) ([]RankLoad, int64) {
 }
 
 func (m *seqModel) snapshot() SequencesSnapshot {
-	snap := SequencesSnapshot{Bookings: []Booking{}, Freed: []FreedBooking{}, Swept: m.swept, Horizon: m.horizon}
+	snap := SequencesSnapshot{Bookings: []Booking{}, Freed: []FreedBooking{}, Swept: m.swept, Clock: m.clock}
 	for _, q := range m.reqs {
 		if q.freed {
 			snap.Freed = append(snap.Freed, FreedBooking{ID: q.ID, CreatedAt: q.CreatedAt})
@@ -786,7 +826,7 @@ func normaliseSnap(snap SequencesSnapshot) SequencesSnapshot {
 		snap.Freed = []FreedBooking{}
 	}
 	if !snap.Swept {
-		snap.Horizon = 0
+		snap.Clock = 0
 	}
 	return snap
 }
@@ -816,8 +856,16 @@ func rebuildSeqs(t *rapid.T, snap SequencesSnapshot) *Sequences {
 		}
 	}
 	if snap.Swept {
-		// A sweep whose cutoff is exactly the horizon; nothing is older.
-		s.Expire(snap.Horizon+int64(time.Second), time.Second)
+		// A sweep at the clock whose cutoff is the oldest entry's creation
+		// time, so that it sweeps nothing.
+		oldest := snap.Clock - 1
+		for _, b := range snap.Bookings {
+			oldest = min(oldest, b.CreatedAt)
+		}
+		for _, f := range snap.Freed {
+			oldest = min(oldest, f.CreatedAt)
+		}
+		s.Expire(snap.Clock, time.Duration(snap.Clock-oldest))
 	}
 	return s
 }
@@ -962,6 +1010,12 @@ func checkSequencesMatchNaiveModel(t *testing.T) {
 					t.Fatalf("PotentialDecodeBlocks(%v) = %+v idle %d, model %+v idle %d", q, got, idle, want, wantIdle)
 				}
 
+				for _, id := range seqModelIDs {
+					q, ok := m.reqs[id]
+					if want := ok && q.freed; s.Freed(id) != want {
+						t.Fatalf("Freed(%q) = %v, model %v", id, !want, want)
+					}
+				}
 				snap := normaliseSnap(s.Snapshot())
 				if want := m.snapshot(); !reflect.DeepEqual(snap, want) {
 					t.Fatalf("Snapshot = %+v, model %+v", snap, want)

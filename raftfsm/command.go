@@ -93,14 +93,17 @@ type bookOp struct {
 
 // bookOutcome is the response of a book command of one add: the rank the
 // id is booked on after it (the first booking's, for a retried add), or
-// live false when the id was freed (or expired) before and nothing is.
-// left is set when the add named a rank no registered worker has (its
-// worker left between the route's decision and the commit): nothing was
-// booked.
+// live false when nothing is. Then freed says that the id was booked and
+// freed (or expired) before and its tombstone stands; left that the add
+// named a rank no registered worker has (its worker left between the
+// route's decision and the commit); err that the tracker refused the
+// booking as invalid. Only freed means "request ids are single-use".
 type bookOutcome struct {
-	rank kvevent.Rank
-	live bool
-	left bool
+	rank  kvevent.Rank
+	live  bool
+	freed bool
+	left  bool
+	err   error
 }
 
 // encodeHeader writes a command's header in version 1.

@@ -631,13 +631,17 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 					}
 					continue
 				}
-				_, _ = f.seqs.Add(op.b.ID, op.b.Rank, op.b.SeqHashes, op.b.ISL, op.b.CachedTokens, c.now)
+				// The tracker stamps it no earlier than the latest sweep
+				// (indexer.Sequences.Add): a sweep from a leader whose
+				// clock ran ahead must not refuse the bookings of one
+				// whose clock did not.
+				_, err := f.seqs.Add(op.b.ID, op.b.Rank, op.b.SeqHashes, op.b.ISL, op.b.CachedTokens, c.now)
 				if len(c.books) == 1 {
 					// The booking as it stands: a retried add (an id already
 					// live) books nothing, and its caller answers with the
 					// rank the first one booked.
 					r, live := f.seqs.RankOf(op.b.ID)
-					out = bookOutcome{rank: r, live: live}
+					out = bookOutcome{rank: r, live: live, freed: !live && f.seqs.Freed(op.b.ID), err: err}
 				}
 			case bookPrefillDone:
 				f.seqs.PrefillDone(op.b.ID)
@@ -928,11 +932,18 @@ func (j *journal) Gone(id string) {
 	j.f.batch.Delete(store.KindBooking, []byte(id))
 	j.f.batch.Delete(store.KindTomb, []byte(id))
 }
-func (j *journal) Horizon(h int64) {
+func (j *journal) Clock(c int64) {
 	var e enc
-	e.sv(h)
-	j.f.batch.Put(store.KindLoadMeta, []byte{'l'}, e.b)
+	e.sv(c)
+	j.f.batch.Put(store.KindLoadMeta, []byte{loadMetaClock}, e.b)
+	j.f.batch.Delete(store.KindLoadMeta, []byte{loadMetaHorizon}) // an earlier build's; see stateBuilder.small
 }
+
+// The keys of the tracker's load meta records (store.KindLoadMeta).
+const (
+	loadMetaClock   = 'c' // the sweeps' clock (indexer.SequencesSnapshot.Clock)
+	loadMetaHorizon = 'l' // earlier builds: the expiry horizon, read as the clock
+)
 
 // Snapshot commits the group batch, makes the state database durable up to
 // the applied index and opens a consistent read view of it (raft.FSM). It

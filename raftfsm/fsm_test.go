@@ -744,8 +744,8 @@ func TestIncarnationSurvivesReopenAndSnapshot(t *testing.T) {
 	d := f.Digest()
 	snap := snapshotBytes(t, f)
 	info, err := InspectSnapshot(bytes.NewReader(snap))
-	if err != nil || info.FormatVersion != 3 {
-		t.Fatalf("snapshot format %d (%v), want 3", info.FormatVersion, err)
+	if err != nil || info.FormatVersion != snapshotVersion {
+		t.Fatalf("snapshot format %d (%v), want %d", info.FormatVersion, err, snapshotVersion)
 	}
 	f.Close()
 

@@ -2278,9 +2278,9 @@ func (n *Node) DumpRank(r kvevent.Rank) (indexer.RankDump, error) {
 // retry) books nothing more and returns nil. Otherwise nothing is booked
 // and the error says why, as it stands when the entry applies: an id live
 // on another rank is a *BookedElsewhereError (ErrBookedElsewhere) naming
-// it; an id booked and freed (or expired) before is ErrBookingFreed, as
-// request ids are single-use; a rank no registered worker has is
-// indexer.ErrUnknownRank.
+// it; an id booked and freed (or expired) before, whose tombstone stands
+// (BookingMaxAge from its booking), is ErrBookingFreed, as request ids are
+// single-use; a rank no registered worker has is indexer.ErrUnknownRank.
 func (n *Node) Reserve(ctx context.Context, b Booking) error {
 	switch {
 	case b.ID == "":
@@ -2298,8 +2298,10 @@ func (n *Node) Reserve(ctx context.Context, b Booking) error {
 	switch {
 	case bo.left:
 		return fmt.Errorf("book %s: %w: %v is not a registered rank", b.ID, indexer.ErrUnknownRank, b.Rank)
-	case !bo.live:
+	case bo.freed:
 		return fmt.Errorf("book %s: %w", b.ID, ErrBookingFreed)
+	case !bo.live:
+		return fmt.Errorf("%w: book %s: nothing booked: %v", ErrInvalid, b.ID, bo.err)
 	case bo.rank != b.Rank:
 		return fmt.Errorf("book %s on %v: %w", b.ID, b.Rank, &BookedElsewhereError{ID: b.ID, Rank: bo.rank})
 	}

@@ -227,6 +227,7 @@ type stateBuilder struct {
 	members              map[string]Member
 	settings             Settings
 	snap                 indexer.SequencesSnapshot
+	clockSet             bool // snap.Clock came from a clock record
 
 	// The stream path (add): the tree is linked on its own goroutine
 	// from the first record after the nodes; linked reports its end.
@@ -318,8 +319,23 @@ func (b *stateBuilder) small(kind byte, k, v []byte) error {
 		b.snap.Freed = append(b.snap.Freed, indexer.FreedBooking{ID: string(k), CreatedAt: d.sv("created at")})
 		return d.done()
 	case store.KindLoadMeta:
+		// Key 'c' is the sweeps' clock. Key 'l' is what builds before it
+		// kept instead: the expiry horizon, the latest sweep's time less
+		// its max age, a lower bound of the clock, taken as the clock
+		// until the next sweep sets it. 'c' sorts first, and a node writes
+		// one of them only; 'l' never overrides a 'c'.
 		d := dec{b: v}
-		b.snap.Swept, b.snap.Horizon = true, d.sv("horizon")
+		switch {
+		case len(k) == 1 && k[0] == loadMetaClock:
+			b.snap.Swept, b.snap.Clock, b.clockSet = true, d.sv("sweep clock"), true
+		case len(k) == 1 && k[0] == loadMetaHorizon:
+			h := d.sv("horizon")
+			if !b.clockSet {
+				b.snap.Swept, b.snap.Clock = true, h
+			}
+		default:
+			return fmt.Errorf("%w: load meta record %q", store.ErrCorrupt, k)
+		}
 		return d.done()
 	case store.KindSettings:
 		s, err := decodeSettingsValue(v)

@@ -210,9 +210,11 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 		switch {
 		case bo.left:
 			return res, fmt.Errorf("book %s on %v: %w", q.RequestID, bo.rank, errRankLeft)
+		case bo.freed:
+			// The id was booked and freed (or expired) before, and its
+			// tombstone stands: ids are single-use, nothing is booked.
 		case !bo.live:
-			// The id was booked and freed (or expired) before: ids are
-			// single-use, nothing is booked.
+			return res, fmt.Errorf("%w: book %s: nothing booked: %v", ErrInvalid, q.RequestID, bo.err)
 		case sc.dec.Keep(bo.rank):
 			// Booked by this route, or by an earlier try of it (a retry
 			// after a lost answer or a leader change): answer the rank

@@ -33,7 +33,7 @@ import (
 //	records  uvarint key length, key (kind byte first), uvarint value
 //	         length, value; in key order
 //	end      a zero key length
-//	counts   version 2 and 3: the count block, so that the writer streams
+//	counts   version 2 to 4: the count block, so that the writer streams
 //	         the database in one pass
 //	trailer  SHA-256 of every byte before it
 //
@@ -43,14 +43,20 @@ import (
 // (every cursor 8 bytes: incarnation 0) and version 1 (counts in the
 // header, the writer scanning the database twice) are still read. An
 // earlier build refuses version 3 by its version, rather than failing on
-// a cursor value it cannot decode.
+// a cursor value it cannot decode. Version 4 is version 3 whose load meta
+// record may be the sweeps' clock (key 'c') where it was the expiry
+// horizon (key 'l', still read): a build before it would read the clock as
+// a horizon, and refuse bookings stamped before the latest sweep.
+//
+// The version says what a writer may have written; a local state database
+// has none, and is read as any version.
 //
 // Restore checks the counts and the checksum before anything replaces the
 // live state, so a truncated or bit-flipped file is refused whole.
 
 const (
 	snapshotMagic   = "KVRSNAP\x00"
-	snapshotVersion = 3 // written; 1, 2 and 3 are read
+	snapshotVersion = 4 // written; 1 to 4 are read
 	maxRecordBytes  = 64 << 20
 )
 

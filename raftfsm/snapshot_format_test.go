@@ -55,8 +55,9 @@ func buildStream(version uint32, recs []rec, headCounts, tailCounts map[byte]uin
 	return append(b, sum[:]...)
 }
 
-// TestSnapshotFormatVersions: a version 3 stream (version 2 whose cursors
-// may carry an incarnation), a version 2 stream (counts after the records,
+// TestSnapshotFormatVersions: a version 4 stream (version 3 whose load
+// meta may be the sweeps' clock), a version 3 stream (version 2 whose
+// cursors may carry an incarnation), a version 2 stream (counts after the records,
 // written in one pass) and a version 1 stream (counts in the header) are
 // all read, and a stream whose counts disagree with its records, or that
 // puts them in the wrong place, or of a later version, is refused.
@@ -70,6 +71,7 @@ func TestSnapshotFormatVersions(t *testing.T) {
 		wantErr    bool
 		wantFormat uint32
 	}{
+		{"version 4", buildStream(4, recs, nil, counts), false, 4},
 		{"version 3", buildStream(3, recs, nil, counts), false, 3},
 		{"version 2", buildStream(2, recs, nil, counts), false, 2},
 		{"version 1", buildStream(1, recs, counts, nil), false, 1},
@@ -78,7 +80,7 @@ func TestSnapshotFormatVersions(t *testing.T) {
 		{"version 2, counts in the header", buildStream(2, recs, counts, counts), true, 0},
 		{"version 1, counts short", buildStream(1, recs, map[byte]uint64{store.KindCursor: 2}, nil), true, 0},
 		{"version 3, counts in the header", buildStream(3, recs, counts, counts), true, 0},
-		{"version 4", buildStream(4, recs, nil, counts), true, 0},
+		{"version 5", buildStream(5, recs, nil, counts), true, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			info, err := InspectSnapshot(bytes.NewReader(tc.stream))

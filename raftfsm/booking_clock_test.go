@@ -1,0 +1,158 @@
+package raftfsm
+
+import (
+	"bytes"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/store"
+)
+
+// sweepAhead applies the expiry sweep that a leader whose clock ran ahead
+// by skew would have proposed, and returns its stamp.
+func sweepAhead(t *testing.T, n *Node, skew time.Duration) int64 {
+	t.Helper()
+	ahead := time.Now().Add(skew).UnixNano()
+	if _, err := n.apply(ctx(t), encodeExpire(ahead, int64(5*time.Minute))); err != nil {
+		t.Fatal(err)
+	}
+	return ahead
+}
+
+// TestRouteBooksFreshIDAfterSweepFromClockAhead: a leader whose clock ran
+// ahead (by more than the bookings' max age) swept, then leadership went
+// to a node with a correct clock. A route booking a request id never used
+// still books it (stamped at the sweep's time, so it expires as usual
+// later), where it answered booked:false, without an error, as for an id
+// freed before.
+func TestRouteBooksFreshIDAfterSweepFromClockAhead(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	n := c.leader()
+	if err := n.RegisterWorker(ctx(t), WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	ahead := sweepAhead(t, n, 10*time.Minute)
+	res, err := n.Route(ctx(t), RouteQuery{ISL: 8, Book: true, RequestID: "fresh-id-never-used"})
+	if err != nil {
+		t.Fatalf("route: %v", err)
+	}
+	live, freed := n.fsm.Sequences().Count()
+	if !res.Booked {
+		t.Fatalf("a fresh request id was not booked (tracker live=%d freed=%d)", live, freed)
+	}
+	b, ok := n.fsm.Sequences().Get("fresh-id-never-used")
+	if !ok || b.CreatedAt != ahead {
+		t.Fatalf("booking %+v (live %v): want it stamped at the sweep's time %d", b, ok, ahead)
+	}
+	// Freed, the id books nothing again while its tombstone stands.
+	if err := n.Free(ctx(t), "fresh-id-never-used"); err != nil {
+		t.Fatal(err)
+	}
+	res, err = n.Route(ctx(t), RouteQuery{ISL: 8, Book: true, RequestID: "fresh-id-never-used"})
+	if err != nil || res.Booked {
+		t.Fatalf("route of the freed id: booked %v, %v; want not booked, no error", res.Booked, err)
+	}
+}
+
+// TestReserveFreshIDAfterSweepFromClockAhead: Reserve (the compatible
+// API's POST /selection/reservations) of an id never used books it after a
+// sweep from a clock ahead, and ErrBookingFreed (409 "already used and
+// freed") is kept for an id that was.
+func TestReserveFreshIDAfterSweepFromClockAhead(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	n := c.leader()
+	if err := n.RegisterWorker(ctx(t), WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	sweepAhead(t, n, 10*time.Minute)
+	b := Booking{ID: "fresh", Rank: r1, SeqHashes: []uint64{1}, ISL: 8}
+	if err := n.Reserve(ctx(t), b); err != nil {
+		t.Fatalf("reserve of a fresh id after the sweep: %v", err)
+	}
+	if err := n.Free(ctx(t), "fresh"); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Reserve(ctx(t), b); !errors.Is(err, ErrBookingFreed) {
+		t.Fatalf("reserve of a freed id: %v, want ErrBookingFreed", err)
+	}
+}
+
+// TestSweepClockSurvivesReopenAndSnapshot: the latest sweep's time, which
+// a booking stamped before it is moved up to, is kept in the state
+// database and in snapshots, so that a restarted or restored replica
+// stamps the next such booking as the others do (and the digest, which
+// covers it, agrees).
+func TestSweepClockSurvivesReopenAndSnapshot(t *testing.T) {
+	const sweep = int64(1_000 * time.Hour)
+	dir := filepath.Join(t.TempDir(), "fsm")
+	f := openTestFSM(t, dir)
+	var w logWriter
+	applyFixture(t, f, &w)
+	f.ApplyBatch([]*raft.Log{w.next(encodeExpire(sweep, int64(5*time.Minute)))})
+	if _, ok := f.Sequences().Get("q1"); ok {
+		t.Fatal("the sweep left a booking older than the max age")
+	}
+	d := f.Digest()
+	snap := snapshotBytes(t, f)
+	f.Close()
+
+	book := func(what string, f *FSM, w *logWriter) {
+		t.Helper()
+		f.ApplyBatch([]*raft.Log{w.next(encodeBook(7, []bookOp{{kind: bookAdd, b: Booking{ID: "late", Rank: r1, SeqHashes: []uint64{1}, ISL: 8}}}))})
+		b, ok := f.Sequences().Get("late")
+		if !ok || b.CreatedAt != sweep {
+			t.Fatalf("%s: booking stamped 7 after a sweep at %d: %+v (live %v), want it stamped at the sweep", what, sweep, b, ok)
+		}
+	}
+	g := openTestFSM(t, dir)
+	if g.Digest() != d {
+		t.Fatalf("reopened: digest %#x, want %#x", g.Digest(), d)
+	}
+	gw := w
+	book("reopened", g, &gw)
+	gd := g.Digest()
+	g.Close()
+
+	h := openTestFSM(t, filepath.Join(t.TempDir(), "restored"))
+	defer h.Close()
+	if err := h.Restore(nopCloser{bytes.NewReader(snap)}); err != nil {
+		t.Fatal(err)
+	}
+	if h.Digest() != d {
+		t.Fatalf("restored: digest %#x, want %#x", h.Digest(), d)
+	}
+	hw := w
+	book("restored", h, &hw)
+	if h.Digest() != gd {
+		t.Fatal("the reopened and the restored replica diverged on the same entry")
+	}
+}
+
+// TestOldHorizonRecordRestoresAsSweepClock: a state database or snapshot of
+// an earlier build holds the expiry horizon (the latest sweep's time less
+// its max age), not the sweep's time. It restores as the sweep clock, a
+// lower bound of it, so a booking stamped below it is moved up to it; the
+// next sweep sets the clock.
+func TestOldHorizonRecordRestoresAsSweepClock(t *testing.T) {
+	const horizon = int64(500 * time.Hour)
+	var e enc
+	e.sv(horizon)
+	stream := buildStream(3, []rec{{k: []byte{store.KindLoadMeta, 'l'}, v: e.b}}, nil, map[byte]uint64{store.KindLoadMeta: 1})
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	if err := f.Restore(nopCloser{bytes.NewReader(stream)}); err != nil {
+		t.Fatal(err)
+	}
+	var w logWriter
+	w.index = 50 // past the stream's applied index, 42
+	f.ApplyBatch([]*raft.Log{
+		w.next(encodeRegister(1, &WorkerInfo{ID: 1, BlockSize: 16})),
+		w.next(encodeBook(7, []bookOp{{kind: bookAdd, b: Booking{ID: "q", Rank: r1, ISL: 8}}})),
+	})
+	if b, ok := f.Sequences().Get("q"); !ok || b.CreatedAt != horizon {
+		t.Fatalf("booking %+v (live %v), want it stamped at the old horizon %d", b, ok, horizon)
+	}
+}
