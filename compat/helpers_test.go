@@ -39,8 +39,9 @@ var _ Router = (*api.Server)(nil)
 // testNode is a real single-node cluster serving /v1 and the compatible
 // APIs at the root, over HTTP.
 type testNode struct {
-	node *raftfsm.Node
-	url  string
+	node    *raftfsm.Node
+	url     string
+	handler http.Handler // what url serves
 }
 
 func startNode(t testing.TB) *testNode {
@@ -74,7 +75,16 @@ func startNode(t testing.TB) *testNode {
 	if err := node.WaitReady(ctx); err != nil {
 		t.Fatalf("the node did not get ready: %v", err)
 	}
-	return &testNode{node: node, url: hs.URL}
+	return &testNode{node: node, url: hs.URL, handler: srv}
+}
+
+// selectionPort serves n's selection API at the root of a listener of its
+// own (SelectionHandler, kvrouter --selection-addr).
+func (n *testNode) selectionPort(t testing.TB) *testNode {
+	t.Helper()
+	hs := httptest.NewServer(SelectionHandler(n.handler))
+	t.Cleanup(hs.Close)
+	return &testNode{node: n.node, url: hs.URL, handler: hs.Config.Handler}
 }
 
 // reply is one answer: status, content type and body.

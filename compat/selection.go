@@ -912,11 +912,19 @@ const SelectionPrefix = "/selection"
 // its own by handing each request to h (the node's server, where Routes
 // mounted it under SelectionPrefix) with the prefix added, so that a
 // forward to the leader reaches the same route there.
+//
+// The escaped path gets the prefix too: a reservation id with a '/' comes
+// as %2F, and the router (and a forward) match on the escaped path, where
+// the decoded one has a segment more and names no route.
 func SelectionHandler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r2 := r.Clone(r.Context())
 		r2.URL.Path = SelectionPrefix + r.URL.Path
-		r2.URL.RawPath = ""
+		if r.URL.RawPath != "" {
+			// The prefix needs no escaping, so this stays a valid
+			// encoding of Path.
+			r2.URL.RawPath = SelectionPrefix + r.URL.RawPath
+		}
 		h.ServeHTTP(w, r2)
 	})
 }

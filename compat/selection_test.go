@@ -285,6 +285,28 @@ func TestReservationOfAFreedIDIsAConflict(t *testing.T) {
 	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations/r1/prefill_complete", nil), 404, "prefill_complete of the refused id")
 }
 
+// TestSelectionPortKeepsEscapedReservationIDs: a reservation id with a '/'
+// (printable, so allowed), escaped as %2F in the path, reaches its
+// reservation on the selection API's own port as on the main one. From a
+// review: the selection port dropped the escaping, so the path had one
+// more segment and prefill_complete, output_block and the release were
+// 404s, and the reservation's load stayed until it expired.
+func TestSelectionPortKeepsEscapedReservationIDs(t *testing.T) {
+	n := startNode(t)
+	sel := n.selectionPort(t)
+	mustCode(t, sel.do(t, codecJSON, "POST", "/workers", CatalogWorker{WorkerID: 1, ModelName: "m", BlockSize: 4}), 201, "add worker")
+	body := ReservationRequest{ReservationID: "a/b", ModelName: "m", WorkerID: 1, SequenceHashes: []Hash{1}, ISLTokens: 8}
+	mustCode(t, sel.do(t, codecJSON, "POST", "/reservations", body), 201, "reserve a/b")
+	mustCode(t, sel.do(t, codecJSON, "POST", "/reservations/a%2Fb/prefill_complete", nil), 200, "prefill_complete of a/b")
+	mustCode(t, sel.do(t, codecJSON, "POST", "/reservations/a%2Fb/output_block", map[string]any{}), 200, "output_block of a/b")
+	mustCode(t, sel.do(t, codecJSON, "DELETE", "/reservations/a%2Fb", nil), 200, "release a/b")
+	if l := loadOf(t, n, "m", 1, 0); l.ActiveRequests != 0 {
+		t.Errorf("released reservation a/b still counts: %+v", l)
+	}
+	// An unescaped path is another one: /reservations/a/b names no route.
+	mustCode(t, sel.do(t, codecJSON, "DELETE", "/reservations/a/b", nil), 404, "release of the unescaped a/b")
+}
+
 // TestReservationOfAnIDLiveElsewhereIsAConflict: a reservation under an id
 // live on another rank is a 409 naming that rank, and the load stays where
 // it is; a retry on the same rank is a 201 that books nothing more. From a
