@@ -55,8 +55,9 @@ var (
 	// Also ErrStartRefused.
 	ErrRaftAddrChanged = errors.New("node's raft address changed")
 	// ErrBookingFreed means a booking's request id was booked and then
-	// freed (or expired) before: request ids are single-use, and nothing
-	// was booked. Book the request under a new id.
+	// freed (or expired) before, less than BookingMaxAge ago: request ids
+	// are single-use while their tombstone stands, and nothing was booked.
+	// Book the request under a new id.
 	ErrBookingFreed = errors.New("request id already used: booked and then freed or expired")
 	// ErrBookedElsewhere means a booking's request id is live on another
 	// rank than the one asked for, where it stays; nothing was booked.
