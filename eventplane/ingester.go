@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -122,13 +123,19 @@ type IngesterConfig struct {
 	// events (default 65536; a publisher sends at most its own
 	// MaxRequestEvents, default 8192, which must not be larger).
 	// MaxQueuedEvents bounds the events decoded and waiting for an entry
-	// (default 262144): past it the subscription takes no more requests,
-	// which wait in NATS, within its pending limit, or are dropped there
-	// for their publishers to resend. A decoded event takes about 100
-	// bytes however few it was sent in (2 at least), so the leader's
-	// memory for requests is bounded by events, not by what is sent.
+	// (default 262144), and MaxQueuedBytes the memory their requests
+	// hold, body and decoded events (requestSize; default 64 MiB): past
+	// either the subscription takes no more requests, which wait in NATS,
+	// within its pending limit, or are dropped there for their publishers
+	// to resend. A decoded event takes about 100 bytes however few it was
+	// sent in (2 at least), but one stored event may carry any number of
+	// blocks (16 bytes each, on the wire and decoded): the event bound
+	// alone let 4096 requests of one event each, up to the NATS server's
+	// max_payload apiece, queue. A request larger than MaxQueuedBytes
+	// waits for an empty queue and then goes alone.
 	MaxRequestEvents int
 	MaxQueuedEvents  int
+	MaxQueuedBytes   int
 	// CommitTimeout bounds each entry's commit (default 5s). A request is
 	// answered after its entry commits: publishers must wait longer
 	// (PublisherConfig.MaxRequestTimeout, 16s by default), or the replies
@@ -175,6 +182,9 @@ func (c *IngesterConfig) defaults() {
 	}
 	// A request the cap lets through must fit the queue whole.
 	c.MaxQueuedEvents = max(c.MaxQueuedEvents, c.MaxRequestEvents)
+	if c.MaxQueuedBytes <= 0 {
+		c.MaxQueuedBytes = defaultMaxQueuedBytes
+	}
 	if c.CommitTimeout <= 0 {
 		c.CommitTimeout = 5 * time.Second
 	}
@@ -195,14 +205,15 @@ type Ingester struct {
 
 	leases leases
 
-	reqs   chan request
-	queued *semaphore.Weighted // events decoded and not yet taken by the batcher (MaxQueuedEvents)
-	sem    chan struct{}
-	stop   chan struct{}
-	ctx    context.Context // canceled by Close: ends waits for queue room
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // the loops
-	cwg    sync.WaitGroup // commits in flight
+	reqs        chan request
+	queued      *semaphore.Weighted // events decoded and not yet taken by the batcher (MaxQueuedEvents)
+	queuedBytes *semaphore.Weighted // their requests' size (MaxQueuedBytes; request.size)
+	sem         chan struct{}
+	stop        chan struct{}
+	ctx         context.Context // canceled by Close: ends waits for queue room
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup // the loops
+	cwg         sync.WaitGroup // commits in flight
 
 	// The subscriptions' callbacks run on NATS's goroutines, and a
 	// drained subscription still delivers what it holds after Close has
@@ -273,6 +284,7 @@ type request struct {
 	msg     *nats.Msg
 	batches []raftfsm.RankBatch
 	events  int
+	size    int64 // what it holds of queuedBytes: requestSize, at most MaxQueuedBytes
 	// published holds, per batch, when its first event was published
 	// (unix microseconds, 0 unknown; headerPublished), or nothing.
 	published []uint64
@@ -341,7 +353,8 @@ func newIngester(cfg IngesterConfig) *Ingester {
 	cfg.defaults()
 	in := &Ingester{cfg: cfg, m: newIngesterMetrics(cfg.Registerer),
 		reqs: make(chan request, 4096), queued: semaphore.NewWeighted(int64(cfg.MaxQueuedEvents)),
-		sem: make(chan struct{}, cfg.MaxInFlight), stop: make(chan struct{})}
+		queuedBytes: semaphore.NewWeighted(int64(cfg.MaxQueuedBytes)), sem: make(chan struct{}, cfg.MaxInFlight),
+		stop: make(chan struct{})}
 	in.ctx, in.cancel = context.WithCancel(context.Background())
 	return in
 }
@@ -467,9 +480,38 @@ func (in *Ingester) replyErr(m *nats.Msg, err error) {
 	in.reply(m, appendError(nil, code, err.Error()), outcome)
 }
 
+// defaultMaxQueuedBytes is IngesterConfig.MaxQueuedBytes's default: room
+// for the default MaxQueuedEvents of events of one block (about 130 bytes
+// each, body and decoded: 32 MiB) with room to spare, so that it bounds
+// only requests of large events; and for a few of the largest requests
+// the embedded NATS server takes (8 MiB, requestSize about twice that).
+const defaultMaxQueuedBytes = 64 << 20
+
+// The sizes of the decoded forms requestSize counts.
+const (
+	sizeBatch = int(unsafe.Sizeof(raftfsm.RankBatch{}))
+	sizeEvent = int(unsafe.Sizeof(kvevent.Event{}))
+	sizeBlock = int(unsafe.Sizeof(kvevent.Block{}))
+	sizeHash  = int(unsafe.Sizeof(uint64(0)))
+)
+
+// requestSize estimates the memory an events request holds while queued:
+// its body, which the reply keeps, and its decoded batches, events and
+// their blocks and removed hashes.
+func requestSize(body []byte, batches []raftfsm.RankBatch) int {
+	n := len(body) + len(batches)*sizeBatch
+	for i := range batches {
+		for j := range batches[i].Events {
+			ev := &batches[i].Events[j]
+			n += sizeEvent + len(ev.Blocks)*sizeBlock + len(ev.Removed)*sizeHash
+		}
+	}
+	return n
+}
+
 // onEvents decodes a request and hands it to the batcher. It runs on the
 // subscription's goroutine, so decoding is off the batcher's path; it
-// waits there while the queue holds MaxQueuedEvents.
+// waits there while the queue holds MaxQueuedEvents or MaxQueuedBytes.
 func (in *Ingester) onEvents(m *nats.Msg) {
 	if !in.enter() {
 		return
@@ -487,18 +529,31 @@ func (in *Ingester) onEvents(m *nats.Msg) {
 		n += len(batches[i].Events)
 		in.countReceived(&batches[i], workers)
 	}
+	// A request larger than the whole bound takes all of it: it waits for
+	// an empty queue rather than for ever.
+	size := min(int64(requestSize(m.Data, batches)), int64(in.cfg.MaxQueuedBytes))
 	if err := in.queued.Acquire(in.ctx, int64(n)); err != nil {
 		return // closing: unanswered, its publisher resends
+	}
+	if err := in.queuedBytes.Acquire(in.ctx, size); err != nil {
+		in.queued.Release(int64(n))
+		return
 	}
 	var published []uint64
 	if v := m.Header.Get(headerPublished); v != "" {
 		published, _ = parsePublished(v, len(batches), make([]uint64, 0, len(batches)))
 	}
 	select {
-	case in.reqs <- request{msg: m, batches: batches, events: n, published: published}:
+	case in.reqs <- request{msg: m, batches: batches, events: n, size: size, published: published}:
 	case <-in.stop:
-		in.queued.Release(int64(n))
+		in.release(n, size)
 	}
+}
+
+// release gives back what a request held of the queue's bounds.
+func (in *Ingester) release(events int, size int64) {
+	in.queued.Release(int64(events))
+	in.queuedBytes.Release(size)
 }
 
 // countReceived counts a rank batch's events in
@@ -623,7 +678,7 @@ func (in *Ingester) batcher() {
 		case <-in.stop:
 			return
 		case r := <-in.reqs:
-			in.queued.Release(int64(r.events))
+			in.release(r.events, r.size)
 			group, events, bytes = append(group, r), r.events, len(r.msg.Data)
 		}
 		timer.Reset(in.cfg.Linger)
@@ -633,7 +688,7 @@ func (in *Ingester) batcher() {
 			case <-in.stop:
 				break collect
 			case r := <-in.reqs:
-				in.queued.Release(int64(r.events))
+				in.release(r.events, r.size)
 				group = append(group, r)
 				events += r.events
 				bytes += len(r.msg.Data)

@@ -373,6 +373,124 @@ func TestDecodedEventsWaitingAreBounded(t *testing.T) {
 	})
 }
 
+// bigStore returns an events request of one stored event of rank r, id
+// id, with nblocks blocks (16 bytes each on the wire).
+func bigStore(r kvevent.Rank, id uint64, nblocks int) *nats.Msg {
+	bl := make([]kvevent.Block, nblocks)
+	for i := range bl {
+		bl[i] = kvevent.Block{EngineHash: id<<32 | uint64(i) + 1, LocalHash: uint64(i)}
+	}
+	ev := kvevent.Event{Rank: r, EventID: id, Kind: kvevent.KindStored, Blocks: bl}
+	return &nats.Msg{Data: appendEvents(nil, []raftfsm.RankBatch{{Rank: r, Events: []kvevent.Event{ev}}})}
+}
+
+// TestQueuedRequestBytesAreBounded: with the commits stalled, requests of
+// one stored event of 65000 blocks (1 MiB) each queue until their size
+// reaches MaxQueuedBytes; the next one's callback then waits for room,
+// and goes on once the commits do. From a review: the queue counted only
+// events, so 48 such requests (98 MiB) queued without push-back, and 4096
+// of the NATS server's largest could (64 GiB).
+func TestQueuedRequestBytesAreBounded(t *testing.T) {
+	if got := newIngester(IngesterConfig{Node: newFakeTarget()}).cfg.MaxQueuedBytes; got != defaultMaxQueuedBytes {
+		t.Fatalf("MaxQueuedBytes defaults to %d, want %d", got, defaultMaxQueuedBytes)
+	}
+	tg := newFakeTarget()
+	tg.hold = make(chan struct{})
+	const maxBytes = 8 << 20
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet, MaxInFlight: 1, MaxQueuedBytes: maxBytes})
+	in.wg.Add(1)
+	go in.batcher()
+	defer in.Close()
+	r := kvevent.Rank{Worker: 1}
+	const reqs, blocks = 48, 65000
+	msgs := make([]*nats.Msg, reqs)
+	for i := range msgs {
+		msgs[i] = bigStore(r, uint64(i+1), blocks)
+	}
+	b, err := decodeEvents(msgs[0].Data, in.cfg.MaxRequestEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := requestSize(msgs[0].Data, b)
+	if size < 2*16*blocks {
+		t.Fatalf("a request of %d blocks sizes %d bytes: its body and decoded blocks alone take %d", blocks, size, 2*16*blocks)
+	}
+
+	var sent atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, m := range msgs {
+			in.onEvents(m)
+			sent.Add(1)
+		}
+	}()
+	// A waiter in Acquire makes TryAcquire fail whatever room is left
+	// (the semaphore serves waiters in order): the sender waits for room.
+	waitFor(t, 30*time.Second, "the queue to push back", func() bool {
+		select {
+		case <-done:
+			t.Fatalf("all %d requests of %d bytes queued with the commits stalled: no push-back", reqs, size)
+		default:
+		}
+		if in.queuedBytes.TryAcquire(1) {
+			in.queuedBytes.Release(1)
+			return false
+		}
+		return true
+	})
+	queued := len(in.reqs)
+	t.Logf("pushed back after %d requests of %d bytes: %d queued, the rest in the held commit and the group waiting for it", sent.Load(), size, queued)
+	if queued*size > maxBytes {
+		t.Errorf("%d requests of %d bytes queued, over MaxQueuedBytes %d", queued, size, maxBytes)
+	}
+	// The commit and the group waiting for its slot hold at most an
+	// entry (MaxEntryBytes of bodies) and a request more each.
+	if limit := maxBytes/size + 2*(in.cfg.MaxEntryBytes/len(msgs[0].Data)+1); int(sent.Load()) > limit {
+		t.Errorf("%d requests taken with the commits stalled, want at most %d", sent.Load(), limit)
+	}
+
+	close(tg.hold)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the sender still waits for room after the commits went on")
+	}
+	waitFor(t, 30*time.Second, "every request to commit", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		return len(tg.ingested) == reqs
+	})
+}
+
+// TestARequestLargerThanTheQueueGoesAlone: a request whose size passes
+// MaxQueuedBytes takes the whole bound rather than waiting for ever.
+func TestARequestLargerThanTheQueueGoesAlone(t *testing.T) {
+	tg := newFakeTarget()
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet, MaxQueuedBytes: 1 << 10})
+	in.wg.Add(1)
+	go in.batcher()
+	defer in.Close()
+	r := kvevent.Rank{Worker: 1}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 3 {
+			in.onEvents(bigStore(r, uint64(i+1), 1000))
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a request larger than MaxQueuedBytes waits for ever")
+	}
+	waitFor(t, 30*time.Second, "every request to commit", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		return len(tg.ingested) == 3
+	})
+}
+
 // TestReceivedEventsAreCountedPerWorker: received events count by worker
 // (a registered one's id, anyone else's as other), op and tier.
 func TestReceivedEventsAreCountedPerWorker(t *testing.T) {
