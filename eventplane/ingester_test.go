@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -308,6 +309,57 @@ func TestUnregisteredWorkersRanksAreRemovedAfterTheGrace(t *testing.T) {
 	sweep(in, t1.Add(grace+time.Millisecond))
 	if r := tg.strayedIDs(); !slices.Equal(r, []uint64{7, 7}) {
 		t.Fatalf("ranks of workers %v removed, want [7 7]", r)
+	}
+}
+
+// TestStrayWorkersAreRemovedByOneRunAtATime: past the grace, the ranks of
+// many unregistered workers (anyone may publish for any worker id) are
+// removed by one goroutine per sweep, at most maxStrayRemovals workers a
+// run, in worker order, and no run starts while one is in flight. From a
+// review: one sweep started a goroutine per stray worker, 20000 for 20000.
+func TestStrayWorkersAreRemovedByOneRunAtATime(t *testing.T) {
+	const n = 3*maxStrayRemovals + 10
+	tg := &strayTarget{fakeTarget: newFakeTarget()}
+	for i := range n {
+		tg.stray = append(tg.stray, kvevent.Rank{Worker: uint64(1000 + i)})
+	}
+	const grace = 10 * time.Second
+	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0) // first seen
+	base := runtime.NumGoroutine()
+	tg.workersMu.Lock() // a registration holds the table lock: the run waits
+	now := t0.Add(grace + time.Millisecond)
+	in.sweepLeases(now)
+	in.sweepLeases(now) // a run is in flight: starts none
+	started := runtime.NumGoroutine() - base
+	tg.workersMu.Unlock()
+	in.cwg.Wait()
+	if started > 1 {
+		t.Errorf("two sweeps started %d goroutines for %d stray workers, want one", started, n)
+	}
+	got := tg.strayedIDs()
+	if len(got) != maxStrayRemovals {
+		t.Fatalf("one run removed %d stray workers, want %d", len(got), maxStrayRemovals)
+	}
+	if !slices.IsSorted(got) || got[0] != 1000 {
+		t.Fatalf("a run removed workers %v..., want them in order from 1000", got[:4])
+	}
+	runs := 1
+	for len(got) < n && runs < 10 {
+		sweep(in, now)
+		runs++
+		got = tg.strayedIDs()
+	}
+	if len(got) != n || runs != 4 {
+		t.Fatalf("%d runs removed %d of %d stray workers, want all in 4", runs, len(got), n)
+	}
+	if got := val(in.m.unregRemoved); got != n {
+		t.Fatalf("kvrouter_unregistered_ranks_removed_total = %v, want %d", got, n)
+	}
+	if len(in.leases.strays) != 0 || len(in.leases.unreg) != 0 {
+		t.Fatalf("the leader still marks %d removals in flight and %d strays", len(in.leases.strays), len(in.leases.unreg))
 	}
 }
 

@@ -260,38 +260,77 @@ func (in *Ingester) sweepUnregistered(now time.Time, table map[uint64]raftfsm.Wo
 			continue
 		}
 		if now.Sub(first) > in.cfg.UnregisteredGrace {
-			in.leases.strays[id] = true
 			due = append(due, stray{id, n})
 		}
 	}
-	in.leases.mu.Unlock()
+	// One removal run at a time, of at most maxStrayRemovals workers (in
+	// rank order): anyone on NATS may publish for any worker id, so the
+	// strays are as many as publishers make them, and a goroutine (and a
+	// Raft entry at once) each was unbounded. The rest wait for the runs
+	// of the sweeps after.
+	running := len(in.leases.strays) > 0
+	if running || len(due) == 0 {
+		in.leases.mu.Unlock()
+		return
+	}
+	left := len(due) - min(len(due), maxStrayRemovals)
+	due = due[:len(due)-left]
 	for _, w := range due {
-		in.cwg.Add(1)
-		go func() {
-			defer in.cwg.Done()
-			// A worker that registered since the listing keeps its ranks.
-			removed, registered, err := in.deregister(w.id, true)
-			in.leases.mu.Lock()
-			if in.leases.strays != nil {
-				delete(in.leases.strays, w.id)
-				if removed || registered {
-					// Its ranks may come back (the agent resends and
-					// dumps): a new grace starts then. After a failure
-					// the first sighting stays: the next sweep retries.
-					delete(in.leases.unreg, w.id)
+		in.leases.strays[w.id] = true
+	}
+	in.leases.mu.Unlock()
+	if left > 0 {
+		in.cfg.Logger.Warn("workers not registered for the unregistered grace; removing their ranks' state in parts",
+			"removing", len(due), "left", left, "grace", in.cfg.UnregisteredGrace)
+	}
+	in.cwg.Add(1)
+	go func() {
+		defer in.cwg.Done()
+		for i, w := range due {
+			if in.closed() || !in.cfg.Node.IsLeader() {
+				// The next leader's sweeps see them; a step-down dropped
+				// the marks (leases.stepDown), and Close drops them all.
+				in.leases.mu.Lock()
+				for _, w := range due[i:] {
+					delete(in.leases.strays, w.id)
 				}
+				in.leases.mu.Unlock()
+				return
 			}
-			in.leases.mu.Unlock()
-			switch {
-			case registered:
-			case removed:
-				in.m.unregRemoved.Add(float64(w.ranks))
-				in.cfg.Logger.Warn("worker not registered for the unregistered grace; its ranks' state removed (its agent publishes without a registration)",
-					"worker", w.id, "ranks", w.ranks, "grace", in.cfg.UnregisteredGrace)
-			default:
-				in.cfg.Logger.Warn("removing the ranks of an unregistered worker failed; retrying", "worker", w.id, "err", err)
-			}
-		}()
+			in.removeStray(w.id, w.ranks)
+		}
+	}()
+}
+
+// maxStrayRemovals bounds the unregistered workers one removal run of
+// sweepUnregistered removes: each is a Raft entry, and a run holds the
+// sweep's next run back until it ends.
+const maxStrayRemovals = 256
+
+// removeStray removes, through Raft, the ranks of unregistered worker id
+// (ranks of them), unless it registered since the listing, and clears
+// its mark of a removal in flight.
+func (in *Ingester) removeStray(id uint64, ranks int) {
+	removed, registered, err := in.deregister(id, true)
+	in.leases.mu.Lock()
+	if in.leases.strays != nil {
+		delete(in.leases.strays, id)
+		if removed || registered {
+			// Its ranks may come back (the agent resends and dumps): a
+			// new grace starts then. After a failure the first sighting
+			// stays: the next sweep retries.
+			delete(in.leases.unreg, id)
+		}
+	}
+	in.leases.mu.Unlock()
+	switch {
+	case registered:
+	case removed:
+		in.m.unregRemoved.Add(float64(ranks))
+		in.cfg.Logger.Warn("worker not registered for the unregistered grace; its ranks' state removed (its agent publishes without a registration)",
+			"worker", id, "ranks", ranks, "grace", in.cfg.UnregisteredGrace)
+	default:
+		in.cfg.Logger.Warn("removing the ranks of an unregistered worker failed; retrying", "worker", id, "err", err)
 	}
 }
 
