@@ -226,6 +226,45 @@ func TestFailedRemovalIsRetriedAtTheNextSweep(t *testing.T) {
 	}
 }
 
+// TestHeartbeatWhileAnExpiryWaitsKeepsTheWorker: a sweep finds worker 7's
+// lease run out and starts its removal, which waits for the worker-table
+// lock (a registration holds it); meanwhile the worker's heartbeat comes,
+// and is answered "known". The removal then leaves the worker alone, as
+// it does worker 8, registered anew without a lease meanwhile; worker 9,
+// silent, is removed. From a review: the removal went ahead unchecked.
+func TestHeartbeatWhileAnExpiryWaitsKeepsTheWorker(t *testing.T) {
+	tg := newFakeTarget()
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	const lease = 10 * time.Second
+	for _, id := range []uint64{7, 8, 9} {
+		tg.register(id, lease)
+	}
+	now := time.Now()
+	t0 := now.Add(-lease - time.Second)
+	in.leases.lead(t0)
+	sweep(in, t0) // first seen
+
+	tg.workersMu.Lock()
+	in.sweepLeases(now) // all three expired: their removals wait for the lock
+	in.onHeartbeat(&nats.Msg{Data: AppendHeartbeat(nil, []uint64{7})})
+	tg.register(8, 0) // under the lock, as a registration through the node
+	tg.workersMu.Unlock()
+	in.cwg.Wait()
+	if r := tg.removedIDs(); !slices.Equal(r, []uint64{9}) {
+		t.Fatalf("workers %v removed, want [9]: 7's heartbeat came and 8 registered anew while the removals waited", r)
+	}
+	if got := val(in.m.expired); got != 1 {
+		t.Fatalf("kvrouter_worker_leases_expired_total = %v, want 1", got)
+	}
+	sweep(in, now) // judged anew: 7 heard within its lease, 8 leaseless
+	if r := tg.removedIDs(); !slices.Equal(r, []uint64{9}) {
+		t.Fatalf("workers %v removed at the next sweep, want [9] still", r)
+	}
+	if len(in.leases.expiry) != 0 {
+		t.Fatalf("%d removals still marked in flight", len(in.leases.expiry))
+	}
+}
+
 // strayTarget is a fakeTarget that also lists the ranks it holds state of
 // whose worker is not registered (raftfsm.Node.UnregisteredRanks); a
 // deregistration takes the worker's ranks off the list.

@@ -183,7 +183,14 @@ func (in *Ingester) sweepLeases(now time.Time) {
 		in.cwg.Add(1)
 		go func() {
 			defer in.cwg.Done()
-			removed, _, err := in.deregister(w.ID, false)
+			// The removal waits for the worker-table lock, which a
+			// registration may hold for a while: a heartbeat accepted
+			// (and answered "known") meanwhile, or a registration that
+			// changed the lease, keeps the worker. The next sweep judges
+			// it anew.
+			removed, kept, err := in.deregister(w.ID, func(table map[uint64]raftfsm.WorkerInfo) bool {
+				return in.leaseHolds(w.ID, now, table)
+			})
 			in.leases.mu.Lock()
 			if in.leases.expiry != nil {
 				delete(in.leases.expiry, w.ID)
@@ -196,6 +203,7 @@ func (in *Ingester) sweepLeases(now time.Time) {
 			}
 			in.leases.mu.Unlock()
 			switch {
+			case kept:
 			case removed:
 				in.m.expired.Inc()
 				in.cfg.Logger.Warn("worker lease expired; removed", "worker", w.ID,
@@ -311,7 +319,11 @@ const maxStrayRemovals = 256
 // (ranks of them), unless it registered since the listing, and clears
 // its mark of a removal in flight.
 func (in *Ingester) removeStray(id uint64, ranks int) {
-	removed, registered, err := in.deregister(id, true)
+	// A worker that registered since the listing keeps its ranks.
+	removed, registered, err := in.deregister(id, func(table map[uint64]raftfsm.WorkerInfo) bool {
+		_, ok := table[id]
+		return ok
+	})
 	in.leases.mu.Lock()
 	if in.leases.strays != nil {
 		delete(in.leases.strays, id)
@@ -334,21 +346,40 @@ func (in *Ingester) removeStray(id uint64, ranks int) {
 	}
 }
 
+// leaseHolds says, at now, whether worker id's lease holds after all
+// (under the worker-table lock, table read under it): heard of since the
+// sweep found it expired, or registered anew with a lease that has not run
+// out, or none. A worker gone from the table is not kept (its removal
+// reads ErrUnknownWorker), nor is one the leader no longer tracks (it
+// stepped down: DeregisterWorker refuses).
+func (in *Ingester) leaseHolds(id uint64, now time.Time, table map[uint64]raftfsm.WorkerInfo) bool {
+	w, ok := table[id]
+	if !ok {
+		return false
+	}
+	if w.LeaseMs <= 0 {
+		return true
+	}
+	in.leases.mu.Lock()
+	last, heard := in.leases.seen[id]
+	in.leases.mu.Unlock()
+	return heard && now.Sub(last) <= leaseOf(w.LeaseMs)
+}
+
 // deregister removes worker id through Raft, under the node's worker-table
 // lock when it has one (raftfsm.Node.WorkersMutex), which registrations
 // through the node take too: a compatible API's read-modify-write must
-// not bring the worker back. With unlessRegistered, a worker in the table
-// is left alone (registered). removed is true when the worker is gone
-// (ErrUnknownWorker included).
-func (in *Ingester) deregister(id uint64, unlessRegistered bool) (removed, registered bool, err error) {
+// not bring the worker back. keep, called under that lock with the table
+// read under it, may leave the worker alone (kept): it registered again,
+// or its lease was renewed, while the removal waited for the lock.
+// removed is true when the worker is gone (ErrUnknownWorker included).
+func (in *Ingester) deregister(id uint64, keep func(table map[uint64]raftfsm.WorkerInfo) bool) (removed, kept bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
 	defer cancel()
 	unlock := raftfsm.LockWorkers(in.cfg.Node)
 	defer unlock()
-	if unlessRegistered {
-		if _, registered = in.cfg.Node.WorkerTable()[id]; registered {
-			return false, true, nil
-		}
+	if keep(in.cfg.Node.WorkerTable()) {
+		return false, true, nil
 	}
 	err = in.cfg.Node.DeregisterWorker(ctx, id)
 	return err == nil || errors.Is(err, raftfsm.ErrUnknownWorker), false, err
