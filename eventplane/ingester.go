@@ -34,8 +34,11 @@ const defaultMaxRequestEvents = 65536
 
 // CheckSubject says what is wrong with subject as the subject of event
 // requests (the flags --events-subject), or returns nil: NATS tokens
-// separated by dots, none empty, no wildcard and no white space. Dumps go
-// on subject + ".dump".
+// separated by dots, none empty, no wildcard and no white space, and
+// neither it nor its dump subject (subject + ".dump") the heartbeat
+// subject: the leader's ingester holds a queue subscription of one group
+// on each, and NATS would hand some event requests to the heartbeat
+// handler, which answers them as heartbeats.
 func CheckSubject(subject string) error {
 	if subject == "" {
 		return errors.New("empty (the default is " + DefaultSubject + ")")
@@ -47,6 +50,21 @@ func CheckSubject(subject string) error {
 		if tok == "" {
 			return fmt.Errorf("%q has an empty token (a leading, trailing or double dot)", subject)
 		}
+	}
+	return checkDistinct(subject, subject+".dump", DefaultHeartbeatSubject)
+}
+
+// checkDistinct says which of an ingester's subjects are the same, or
+// returns nil: each needs a subscription of its own.
+func checkDistinct(events, dump, heartbeat string) error {
+	switch heartbeat {
+	case events:
+		return fmt.Errorf("%q is the heartbeat subject: its event requests would be answered as heartbeats", events)
+	case dump:
+		return fmt.Errorf("%q has the heartbeat subject as its dump subject (%q): dumps would be answered as heartbeats", events, dump)
+	}
+	if events == dump {
+		return fmt.Errorf("%q is both the events and the dump subject", events)
 	}
 	return nil
 }
@@ -340,6 +358,10 @@ func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
 func NewIngester(cfg IngesterConfig) (*Ingester, error) {
 	if cfg.Conn == nil || cfg.Node == nil {
 		return nil, errors.New("eventplane: an ingester needs a NATS connection and a node")
+	}
+	cfg.defaults()
+	if err := checkDistinct(cfg.Subject, cfg.DumpSubject, cfg.HeartbeatSubject); err != nil {
+		return nil, fmt.Errorf("eventplane: ingester subjects: %w", err)
 	}
 	in := newIngester(cfg)
 	in.wg.Add(2)

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -462,6 +463,41 @@ func TestDecodedEventsWaitingAreBounded(t *testing.T) {
 		}
 		return n == 20
 	})
+}
+
+// follower is a fakeTarget that does not lead.
+type follower struct{ *fakeTarget }
+
+func (follower) IsLeader() bool { return false }
+
+// TestEventsSubjectMustNotBeTheHeartbeatSubject: an events subject (the
+// flags --events-subject, through CheckSubject) or an ingester's events or
+// dump subject that is the heartbeat subject is refused. From a review:
+// CheckSubject took kvrouter.heartbeat, and the ingester then held two
+// queue subscriptions of one group on it: NATS handed about half the event
+// requests to the heartbeat handler.
+func TestEventsSubjectMustNotBeTheHeartbeatSubject(t *testing.T) {
+	for _, ok := range []string{DefaultSubject, "site1.events", DefaultHeartbeatSubject + ".events", "kvrouter"} {
+		if err := CheckSubject(ok); err != nil {
+			t.Errorf("CheckSubject(%q): %v, want nil", ok, err)
+		}
+	}
+	if err := CheckSubject(DefaultHeartbeatSubject); err == nil || !strings.Contains(err.Error(), "heartbeat") {
+		t.Errorf("CheckSubject(%q): %v, want an error naming the heartbeat subject", DefaultHeartbeatSubject, err)
+	}
+	for _, cfg := range []IngesterConfig{
+		{Subject: DefaultHeartbeatSubject},
+		{DumpSubject: DefaultHeartbeatSubject},
+		{Subject: "a.b", DumpSubject: "a.b"},
+		{HeartbeatSubject: DefaultSubject},
+	} {
+		// A follower: an ingester it took would not subscribe.
+		cfg.Conn, cfg.Node, cfg.Logger = &nats.Conn{}, follower{newFakeTarget()}, quiet
+		if in, err := NewIngester(cfg); err == nil {
+			in.Close()
+			t.Errorf("NewIngester with subjects %q, %q, %q: no error", cfg.Subject, cfg.DumpSubject, cfg.HeartbeatSubject)
+		}
+	}
 }
 
 // bigStore returns an events request of one stored event of rank r, id

@@ -49,6 +49,7 @@ func TestRegistrationFlagsTheRouterRefusesAreUsageErrors(t *testing.T) {
 		{[]string{"--block-size", "4", "--events-subject", ""}, "--events-subject"},
 		{[]string{"--block-size", "4", "--events-subject", "kv.*"}, "--events-subject"},
 		{[]string{"--block-size", "4", "--events-subject", "kv..events"}, "--events-subject"},
+		{[]string{"--block-size", "4", "--events-subject", "kvrouter.heartbeat"}, "--events-subject"},
 	} {
 		wantUsage(t, tc.args, checkOnly(tc.args...), tc.want)
 	}

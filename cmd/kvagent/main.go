@@ -82,7 +82,7 @@ func app() *cli.App {
 			&cli.StringFlag{Name: "nats-tls-ca", EnvVars: []string{"KVAGENT_NATS_TLS_CA"}, Usage: "PEM CA of the NATS servers' certificates (turns TLS on)"},
 			&cli.StringFlag{Name: "nats-tls-cert", EnvVars: []string{"KVAGENT_NATS_TLS_CERT"}, Usage: "PEM client certificate, for servers that require one"},
 			&cli.StringFlag{Name: "nats-tls-key", EnvVars: []string{"KVAGENT_NATS_TLS_KEY"}, Usage: "PEM key of --nats-tls-cert"},
-			&cli.StringFlag{Name: "events-subject", Value: eventplane.DefaultSubject, EnvVars: []string{"KVAGENT_EVENTS_SUBJECT"}, Usage: "subject of event requests: the routers' --events-subject (dumps go on <subject>.dump)"},
+			&cli.StringFlag{Name: "events-subject", Value: eventplane.DefaultSubject, EnvVars: []string{"KVAGENT_EVENTS_SUBJECT"}, Usage: "subject of event requests: the routers' --events-subject (dumps go on <subject>.dump; not " + eventplane.DefaultHeartbeatSubject + ")"},
 			&cli.StringFlag{Name: "router", EnvVars: []string{"KVAGENT_ROUTER"}, Usage: "router HTTP addresses (host:port,...) to register the worker with; empty: register it elsewhere"},
 			&cli.StringFlag{Name: "router-token", EnvVars: []string{"KVAGENT_ROUTER_TOKEN"}, Usage: "the router cluster's bearer token, when its nodes ask for one (kvrouter --token)"},
 			&cli.StringFlag{Name: "router-token-file", EnvVars: []string{"KVAGENT_ROUTER_TOKEN_FILE"}, Usage: "read --router-token from this file"},

@@ -81,7 +81,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "nats-tls-cert", EnvVars: []string{"KVROUTER_NATS_TLS_CERT"}, Usage: "PEM certificate: the embedded server serves TLS with it; with --nats-url, this node's client certificate"},
 			&cli.StringFlag{Name: "nats-tls-key", EnvVars: []string{"KVROUTER_NATS_TLS_KEY"}, Usage: "PEM key of --nats-tls-cert"},
 			&cli.StringFlag{Name: "nats-tls-ca", EnvVars: []string{"KVROUTER_NATS_TLS_CA"}, Usage: "PEM CA: the embedded server requires client certificates it signed; with --nats-url, the CA of the server's certificate"},
-			&cli.StringFlag{Name: "events-subject", Value: eventplane.DefaultSubject, EnvVars: []string{"KVROUTER_EVENTS_SUBJECT"}, Usage: "subject of event requests (the dump subject is <subject>.dump)"},
+			&cli.StringFlag{Name: "events-subject", Value: eventplane.DefaultSubject, EnvVars: []string{"KVROUTER_EVENTS_SUBJECT"}, Usage: "subject of event requests (the dump subject is <subject>.dump; not " + eventplane.DefaultHeartbeatSubject + ", the heartbeat subject)"},
 			&cli.DurationFlag{Name: "events-linger", Value: time.Millisecond, EnvVars: []string{"KVROUTER_EVENTS_LINGER"}, Usage: "how long the leader waits to pack more event requests into one Raft entry"},
 			&cli.DurationFlag{Name: "unregistered-grace", Value: 2 * time.Minute, EnvVars: []string{"KVROUTER_UNREGISTERED_GRACE"}, Usage: "the leader removes the ranks of a worker that is not registered (its agent publishes before registering, after its removal, or never registers) once it stays so for this long"},
 			&cli.Int64Flag{Name: "max-body-bytes", Value: api.DefaultMaxBodyBytes, EnvVars: []string{"KVROUTER_MAX_BODY_BYTES"}, Usage: "largest JSON request body (413 above it)"},

@@ -112,7 +112,8 @@ func TestStartingNodeAnswers(t *testing.T) {
 // events on the default subject and dumps on ".dump").
 func TestBodyLimitsAreChecked(t *testing.T) {
 	for _, args := range [][]string{{"--max-body-bytes", "0"}, {"--max-body-bytes", "-5"}, {"--max-snapshot-bytes", "-1"},
-		{"--events-subject", ""}, {"--events-subject", "kv.>"}, {"--events-subject", ".kv"}} {
+		{"--events-subject", ""}, {"--events-subject", "kv.>"}, {"--events-subject", ".kv"},
+		{"--events-subject", "kvrouter.heartbeat"}} {
 		app := newApp()
 		app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
 		err := app.Run(append([]string{"kvrouter", "--data-dir", t.TempDir()}, args...))
