@@ -150,7 +150,11 @@ type IngesterConfig struct {
 	// blocks (16 bytes each, on the wire and decoded): the event bound
 	// alone let 4096 requests of one event each, up to the NATS server's
 	// max_payload apiece, queue. A request larger than MaxQueuedBytes
-	// waits for an empty queue and then goes alone.
+	// waits for an empty queue and then goes alone. The queue is not all
+	// the leader holds of requests: the callback waiting for room holds
+	// the request it decoded, and the batcher the group it packs (which
+	// waits for a commit slot) and MaxInFlight entries committing, each up
+	// to MaxEntryEvents or MaxEntryBytes plus the request that passes it.
 	MaxRequestEvents int
 	MaxQueuedEvents  int
 	MaxQueuedBytes   int
