@@ -944,3 +944,63 @@ func TestARetriedAddPromotesANonvoterThatCaughtUpMeanwhile(t *testing.T) {
 		}
 	}
 }
+
+// TestARetriedAddOfAWipedNonvoterWaitsForAFreshMatch: n4 joins as a
+// non-voter and catches up, then is wiped and restarted at the same
+// address (a fake here, which answers heartbeats and whose log-testing
+// appends do not come back: a busy main loop, the leader's replication in
+// backoff). The retried add took from = LastIndex(), which the match of
+// the old n4 already met: it promoted n4 without any log-testing answer
+// since the retry. From a review.
+func TestARetriedAddOfAWipedNonvoterWaitsForAFreshMatch(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	_, l := c.leaderExcept(-1)
+	_, inner := raft.NewInmemTransport("inmem-n4")
+	c.trans = append(c.trans, inner)
+	c.heal()
+	n4, err := NewNode(Config{ID: "n4", RaftAddr: string(inner.LocalAddr()), HTTPAddr: "http-n4",
+		DataDir: filepath.Join(t.TempDir(), "n4"), Transport: inner, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.raft.AddNonvoter("n4", inner.LocalAddr(), 0, 0).Error(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n4 matched through the leader's log", func() bool {
+		return l.watch.contact("n4").matched == l.raft.LastIndex() && n4.raft.LastIndex() == l.raft.LastIndex()
+	})
+	// Wipe n4: close it, a fresh one (here a fake) at its address.
+	n4.Close()
+	fake := func() *raft.InmemTransport { _, f := raft.NewInmemTransport("inmem-n4"); return f }()
+	for _, tr := range c.trans[:3] {
+		tr.Connect("inmem-n4", fake)
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	defer func() { close(stop); <-done }()
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case rpc := <-fake.Consumer():
+				if ae, ok := rpc.Command.(*raft.AppendEntriesRequest); ok && ae.PrevLogEntry == 0 && len(ae.Entries) == 0 {
+					rpc.Respond(&raft.AppendEntriesResponse{Term: ae.Term, Success: true}, nil)
+					continue
+				}
+				rpc.Respond(&raft.AppendEntriesResponse{}, errors.New("timed out (busy)"))
+			case <-stop:
+				return
+			}
+		}
+	}()
+	before := l.watch.contact("n4")
+	cx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	err = l.AddMember(cx, "n4", "inmem-n4", "http-n4")
+	after := l.watch.contact("n4")
+	t.Logf("matched before retry %d, after %d, leader last %d; add: %v", before.matched, after.matched, l.raft.LastIndex(), err)
+	for _, sv := range l.raft.GetConfiguration().Configuration().Servers {
+		if sv.ID == "n4" && sv.Suffrage == raft.Voter {
+			t.Fatalf("the wiped n4, which answered no log-testing AppendEntries since the retry, was promoted to a voter (add: %v)", err)
+		}
+	}
+}

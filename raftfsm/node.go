@@ -1775,6 +1775,12 @@ func (n *Node) catchUpNonvoter(ctx context.Context, cur *raft.Server, id, raftAd
 		// GetConfiguration leaves the future's Index at 0 (v1.8.0).
 		from = n.raft.LastIndex()
 	}
+	// Only answers from now on count: a match proved before a retry may
+	// be of a node wiped and restarted since at the same address, which
+	// answers heartbeats at once while its log-testing appends wait (a
+	// busy node, the leader's replication in backoff). A leader sends a
+	// log-testing append to each follower at least every CommitTimeout.
+	start := time.Now()
 	tick := time.NewTicker(max(n.cfg.HeartbeatTimeout/10, time.Millisecond))
 	defer tick.Stop()
 	for {
@@ -1792,7 +1798,7 @@ func (n *Node) catchUpNonvoter(ctx context.Context, cur *raft.Server, id, raftAd
 				"check that it runs and that its raft address is right, then add it again, or remove it: %w",
 				id, id, raftAddr, need, voters, len(others), err)
 		}
-		if c.matched >= from && time.Since(c.at) <= n.contactWindow() && len(others)+1 >= need {
+		if c.matched >= from && c.matchedAt.After(start) && time.Since(c.at) <= n.contactWindow() && len(others)+1 >= need {
 			// Caught up, by the contact window: confirm with answers
 			// heard from now on, the new node's too.
 			up, _, alsoUp, err := n.answeringNow(ctx, cf.Configuration().Servers, id, id)

@@ -90,7 +90,8 @@ type peerContact struct {
 	// Heartbeats leave it: a follower answers one without looking at its
 	// log, with its own last index, which may be a divergent tail or
 	// another cluster's log.
-	matched uint64
+	matched   uint64
+	matchedAt time.Time // when an answer last proved matched
 }
 
 // watchCommits wraps t; close stops its goroutine. The wrapper is a
@@ -205,7 +206,7 @@ func (w *commitWatch) heard(peer raft.ServerID, proves, success bool, m uint64) 
 	if proves {
 		c.matched = 0
 		if success {
-			c.matched = m
+			c.matched, c.matchedAt = m, c.at
 		}
 	}
 	w.contacts[peer] = c
