@@ -67,6 +67,7 @@ func DecodeHeartbeat(b []byte) ([]uint64, error) {
 // those ranks, which the sweep forgets once they are gone.
 type leases struct {
 	mu     sync.Mutex
+	gen    uint64               // bumped by lead and stepDown: what a term's removals check they still belong to
 	since  time.Time            // when this node became leader; zero when it does not lead
 	seen   map[uint64]time.Time // per registered worker: its last heartbeat, or when first seen, this term
 	expiry map[uint64]bool      // removals in flight
@@ -77,6 +78,7 @@ type leases struct {
 func (l *leases) lead(now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.gen++
 	l.since, l.seen, l.expiry = now, map[uint64]time.Time{}, map[uint64]bool{}
 	l.unreg, l.strays = map[uint64]time.Time{}, map[uint64]bool{}
 }
@@ -84,8 +86,21 @@ func (l *leases) lead(now time.Time) {
 func (l *leases) stepDown() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.gen++
 	l.since, l.seen, l.expiry = time.Time{}, nil, nil
 	l.unreg, l.strays = nil, nil
+}
+
+// current says whether gen, read with a sweep's decisions, is still the
+// leases' generation: no step-down (nor a re-election after one) came
+// since. A removal decided in one term waits for the worker-table lock
+// and for its commit (up to CommitTimeout); a step-down and an election
+// may both fit in that wait, and the new term's maps are its own: its
+// leases and graces start at its own first sweep, after its Barrier.
+func (l *leases) current(gen uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.gen == gen
 }
 
 // leaseOf returns a lease of ms milliseconds as a time.Duration, the
@@ -241,6 +256,7 @@ func (in *Ingester) sweepUnregistered(now time.Time, table map[uint64]raftfsm.Wo
 		in.leases.mu.Unlock()
 		return
 	}
+	gen := in.leases.gen
 	for id := range in.leases.unreg {
 		_, still := slices.BinarySearchFunc(ranks, id, func(r kvevent.Rank, id uint64) int { return cmp.Compare(r.Worker, id) })
 		if !still && !in.leases.strays[id] {
@@ -295,17 +311,21 @@ func (in *Ingester) sweepUnregistered(now time.Time, table map[uint64]raftfsm.Wo
 	go func() {
 		defer in.cwg.Done()
 		for i, w := range due {
-			if in.closed() || !in.cfg.Node.IsLeader() {
-				// The next leader's sweeps see them; a step-down dropped
-				// the marks (leases.stepDown), and Close drops them all.
+			if in.closed() || !in.cfg.Node.IsLeader() || !in.removeStray(gen, w.id, w.ranks) {
+				// The next leader's sweeps see them, or this node's next
+				// term's, whose grace starts at its own first sighting.
+				// Only this term's marks are this run's to clear: a
+				// step-down dropped them (leases.stepDown), and a new
+				// term's maps are its own.
 				in.leases.mu.Lock()
-				for _, w := range due[i:] {
-					delete(in.leases.strays, w.id)
+				if in.leases.gen == gen {
+					for _, w := range due[i:] {
+						delete(in.leases.strays, w.id)
+					}
 				}
 				in.leases.mu.Unlock()
 				return
 			}
-			in.removeStray(w.id, w.ranks)
 		}
 	}()
 }
@@ -317,15 +337,27 @@ const maxStrayRemovals = 256
 
 // removeStray removes, through Raft, the ranks of unregistered worker id
 // (ranks of them), unless it registered since the listing, and clears
-// its mark of a removal in flight.
-func (in *Ingester) removeStray(id uint64, ranks int) {
+// its mark of a removal in flight. It returns false, and removes nothing,
+// when the run that decided the removal (in generation gen of the leases)
+// should stop: the term ended (a new one may have begun while the removal
+// waited for the worker-table lock), or the node's state is not caught up
+// with its leadership (caughtUp: it lost the lead, not yet stepped down).
+func (in *Ingester) removeStray(gen, id uint64, ranks int) bool {
+	stale := false
 	// A worker that registered since the listing keeps its ranks.
 	removed, registered, err := in.deregister(id, func(table map[uint64]raftfsm.WorkerInfo) bool {
+		if !in.leases.current(gen) || !in.caughtUp() {
+			stale = true
+			return true
+		}
 		_, ok := table[id]
 		return ok
 	})
+	if stale {
+		return false
+	}
 	in.leases.mu.Lock()
-	if in.leases.strays != nil {
+	if in.leases.gen == gen {
 		delete(in.leases.strays, id)
 		if removed || registered {
 			// Its ranks may come back (the agent resends and dumps): a
@@ -344,6 +376,7 @@ func (in *Ingester) removeStray(id uint64, ranks int) {
 	default:
 		in.cfg.Logger.Warn("removing the ranks of an unregistered worker failed; retrying", "worker", id, "err", err)
 	}
+	return true
 }
 
 // leaseHolds says, at now, whether worker id's lease holds after all

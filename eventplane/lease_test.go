@@ -3,7 +3,12 @@ package eventplane
 import (
 	"errors"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevent"
 )
 
 // TestHeartbeatEncoding: ids round-trip; a body that is not a list of
@@ -41,4 +46,131 @@ func FuzzDecodeHeartbeat(f *testing.F) {
 			t.Fatalf("%x decodes to %v, which encodes to %x", b, ids, got)
 		}
 	})
+}
+
+// termTarget is a strayTarget whose CheckLeader the test sets (caught:
+// the post-election Barrier has passed), and which signals on locking
+// when something asks for its worker-table lock.
+type termTarget struct {
+	*strayTarget
+	caught  atomic.Bool
+	locking chan struct{} // one send per WorkersMutex call
+}
+
+func newTermTarget() *termTarget {
+	tg := &termTarget{strayTarget: &strayTarget{fakeTarget: newFakeTarget()}, locking: make(chan struct{}, 64)}
+	tg.caught.Store(true)
+	return tg
+}
+
+var errNotCaughtUp = errors.New("elected, post-election Barrier pending")
+
+func (t *termTarget) CheckLeader() error {
+	if !t.caught.Load() {
+		return errNotCaughtUp
+	}
+	return nil
+}
+
+func (t *termTarget) WorkersMutex() *sync.Mutex {
+	select {
+	case t.locking <- struct{}{}:
+	default: // nobody waits for that many
+	}
+	return t.fakeTarget.WorkersMutex()
+}
+
+// waitLocking waits until something asks for tg's worker-table lock.
+func waitLocking(t *testing.T, tg *termTarget) {
+	t.Helper()
+	select {
+	case <-tg.locking:
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing asked for the worker-table lock")
+	}
+}
+
+// reelect steps in's leases down and leads again at now, with the new
+// term's Barrier pending: as a step-down and a re-election that both fit
+// inside one wait for the worker-table lock.
+func reelect(in *Ingester, tg *termTarget, now time.Time) {
+	in.leases.stepDown()
+	tg.caught.Store(false)
+	in.leases.lead(now)
+}
+
+// TestStrayRunStopsWhenItsTermEnds: a removal run of stray workers waits
+// for the worker-table lock at its first worker; meanwhile the node steps
+// down and is elected again. The run removes nothing in the new term, and
+// leaves the new term's sightings alone: the new term removes the strays
+// a grace after its own first sighting, once caught up. From a review: the
+// run checked only IsLeader between workers, so it went on removing in
+// the new term, before its Barrier and before its grace.
+func TestStrayRunStopsWhenItsTermEnds(t *testing.T) {
+	tg := newTermTarget()
+	for i := range 4 {
+		tg.stray = append(tg.stray, kvevent.Rank{Worker: uint64(1000 + i)})
+	}
+	const grace = 10 * time.Second
+	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0)       // first seen
+	tg.workersMu.Lock() // a registration holds the table lock
+	in.sweepLeases(t0.Add(grace + time.Millisecond))
+	waitLocking(t, tg) // the run waits at its first worker
+
+	t1 := t0.Add(time.Minute)
+	reelect(in, tg, t1)
+	tg.caught.Store(true)
+	in.sweepLeases(t1) // the new term's first sighting
+	tg.workersMu.Unlock()
+	in.cwg.Wait()
+	if got := tg.strayedIDs(); len(got) != 0 {
+		t.Fatalf("the old term's run removed stray workers %v in the new term", got)
+	}
+	if n := len(in.leases.strays); n != 0 {
+		t.Fatalf("%d removals marked in flight after the old term's run ended", n)
+	}
+	for i := range 4 {
+		if first, ok := in.leases.unreg[uint64(1000+i)]; !ok || !first.Equal(t1) {
+			t.Fatalf("worker %d first seen unregistered at %v (%v) in the new term, want %v", 1000+i, first, ok, t1)
+		}
+	}
+	sweep(in, t1.Add(grace))
+	if got := tg.strayedIDs(); len(got) != 0 {
+		t.Fatalf("stray workers %v removed within the new term's grace", got)
+	}
+	sweep(in, t1.Add(grace+time.Millisecond))
+	if got := tg.strayedIDs(); !slices.Equal(got, []uint64{1000, 1001, 1002, 1003}) {
+		t.Fatalf("stray workers %v removed past the new term's grace, want 1000 to 1003", got)
+	}
+}
+
+// TestStrayRunStopsWhenNotCaughtUp: a removal run goes on only while the
+// node's state is caught up with its leadership (CheckLeader): a node
+// that lost its lead, and has not yet stepped its leases down, removes
+// no further worker.
+func TestStrayRunStopsWhenNotCaughtUp(t *testing.T) {
+	tg := newTermTarget()
+	for i := range 4 {
+		tg.stray = append(tg.stray, kvevent.Rank{Worker: uint64(1000 + i)})
+	}
+	const grace = 10 * time.Second
+	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0)
+	tg.workersMu.Lock()
+	in.sweepLeases(t0.Add(grace + time.Millisecond))
+	waitLocking(t, tg)
+	tg.caught.Store(false)
+	tg.workersMu.Unlock()
+	in.cwg.Wait()
+	if got := tg.strayedIDs(); len(got) != 0 {
+		t.Fatalf("a run removed stray workers %v with the node not caught up", got)
+	}
+	if n := len(in.leases.strays); n != 0 {
+		t.Fatalf("%d removals still marked in flight after the run stopped", n)
+	}
 }
