@@ -172,6 +172,7 @@ func (in *Ingester) sweepLeases(now time.Time) {
 		in.leases.mu.Unlock()
 		return
 	}
+	gen := in.leases.gen
 	for id := range in.leases.seen {
 		if _, ok := table[id]; !ok && !in.leases.expiry[id] {
 			delete(in.leases.seen, id) // deregistered some other way
@@ -202,12 +203,18 @@ func (in *Ingester) sweepLeases(now time.Time) {
 			// registration may hold for a while: a heartbeat accepted
 			// (and answered "known") meanwhile, or a registration that
 			// changed the lease, keeps the worker. The next sweep judges
-			// it anew.
+			// it anew. So does a step-down meanwhile, even one followed
+			// by a re-election: the new term's heartbeats are its own,
+			// and it grants the worker a whole lease from its first
+			// sweep; and so does a node not caught up (CheckLeader).
 			removed, kept, err := in.deregister(w.ID, func(table map[uint64]raftfsm.WorkerInfo) bool {
+				if !in.leases.current(gen) || !in.caughtUp() {
+					return true
+				}
 				return in.leaseHolds(w.ID, now, table)
 			})
 			in.leases.mu.Lock()
-			if in.leases.expiry != nil {
+			if in.leases.gen == gen {
 				delete(in.leases.expiry, w.ID)
 				if removed {
 					// A registration from now on starts a new lease. After

@@ -174,3 +174,44 @@ func TestStrayRunStopsWhenNotCaughtUp(t *testing.T) {
 		t.Fatalf("%d removals still marked in flight after the run stopped", n)
 	}
 }
+
+// TestLeaseExpiryFromAnEndedTermKeepsTheWorker: a sweep finds worker 7's
+// lease run out, and its removal waits for the worker-table lock; the
+// node steps down and is elected again meanwhile. The removal leaves the
+// worker alone: the new term starts the worker's lease at its own first
+// sweep (after its Barrier), and removes it only once that lease runs
+// out. From a review: the removal read the new term's heartbeats (none
+// yet) and removed the worker, though a failover never removes a worker
+// that kept sending heartbeats.
+func TestLeaseExpiryFromAnEndedTermKeepsTheWorker(t *testing.T) {
+	tg := newTermTarget()
+	tg.register(7, time.Second)
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0) // first seen: the lease starts
+	tg.workersMu.Lock()
+	in.sweepLeases(t0.Add(2 * time.Second)) // expired: the removal waits for the lock
+	waitLocking(t, tg)
+
+	t1 := t0.Add(time.Minute)
+	reelect(in, tg, t1)
+	tg.workersMu.Unlock()
+	in.cwg.Wait()
+	if got := tg.removedIDs(); len(got) != 0 {
+		t.Fatalf("worker %v removed in the new term by the old term's expiry", got)
+	}
+	if n := len(in.leases.expiry); n != 0 {
+		t.Fatalf("%d removals marked in flight in the new term", n)
+	}
+	tg.caught.Store(true)
+	sweep(in, t1) // the new term's first sweep: the lease starts
+	sweep(in, t1.Add(time.Second))
+	if got := tg.removedIDs(); len(got) != 0 {
+		t.Fatalf("worker %v removed within the new term's lease", got)
+	}
+	sweep(in, t1.Add(time.Second+time.Millisecond))
+	if got := tg.removedIDs(); !slices.Equal(got, []uint64{7}) {
+		t.Fatalf("workers %v removed past the new term's lease, want [7]", got)
+	}
+}
