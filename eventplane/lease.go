@@ -46,9 +46,10 @@ func DecodeHeartbeat(b []byte) ([]uint64, error) {
 }
 
 // leases is the leader's view of its leased workers: when each was last
-// heard of. It is not replicated: a lease runs from the later of the
-// worker's last heartbeat and the first time this leader saw the worker
-// in its table (a sweep, or a heartbeat). So a new leader grants every
+// heard of. It is not replicated: a lease runs from the latest of the
+// worker's last heartbeat, its last registration (registeredAt) and the
+// first time this leader saw the worker in its table (a sweep, or a
+// heartbeat). So a new leader grants every
 // worker a grace of one lease from its first sweep, which waits for its
 // post-election Barrier (Ingester.caughtUp), and a failover never
 // expires a worker that kept sending heartbeats; and a worker registered
@@ -189,6 +190,9 @@ func (in *Ingester) sweepLeases(now time.Time) {
 			in.leases.seen[id] = now
 			continue
 		}
+		if reg := in.registeredAt(id, now); reg.After(last) {
+			last = reg // registered again since: a sign of life
+		}
 		if now.Sub(last) > leaseOf(w.LeaseMs) {
 			in.leases.expiry[id] = true
 			expired = append(expired, w)
@@ -201,8 +205,8 @@ func (in *Ingester) sweepLeases(now time.Time) {
 			defer in.cwg.Done()
 			// The removal waits for the worker-table lock, which a
 			// registration may hold for a while: a heartbeat accepted
-			// (and answered "known") meanwhile, or a registration that
-			// changed the lease, keeps the worker. The next sweep judges
+			// (and answered "known") meanwhile, or a registration
+			// meanwhile (leaseHolds), keeps the worker. The next sweep judges
 			// it anew. So does a step-down meanwhile, even one followed
 			// by a re-election: the new term's heartbeats are its own,
 			// and it grants the worker a whole lease from its first
@@ -386,12 +390,13 @@ func (in *Ingester) removeStray(gen, id uint64, ranks int) bool {
 	return true
 }
 
-// leaseHolds says, at now, whether worker id's lease holds after all
-// (under the worker-table lock, table read under it): heard of since the
-// sweep found it expired, or registered anew with a lease that has not run
-// out, or none. A worker gone from the table is not kept (its removal
-// reads ErrUnknownWorker), nor is one the leader no longer tracks (it
-// stepped down: DeregisterWorker refuses).
+// leaseHolds says, at now (the sweep's), whether worker id's lease holds
+// after all (under the worker-table lock, table read under it): heard of
+// (a heartbeat, or a registration: registeredAt) since the sweep found it
+// expired, or registered anew without a lease. Its lease, whatever it is
+// now, is judged from the latest of those: an agent that registered again
+// with the same lease while the removal waited keeps its worker. A worker
+// gone from the table is not kept (its removal reads ErrUnknownWorker).
 func (in *Ingester) leaseHolds(id uint64, now time.Time, table map[uint64]raftfsm.WorkerInfo) bool {
 	w, ok := table[id]
 	if !ok {
@@ -403,7 +408,41 @@ func (in *Ingester) leaseHolds(id uint64, now time.Time, table map[uint64]raftfs
 	in.leases.mu.Lock()
 	last, heard := in.leases.seen[id]
 	in.leases.mu.Unlock()
+	// Bound by the clock now, not the sweep's: the registration may have
+	// come after the sweep, while the removal waited for the lock.
+	if reg := in.registeredAt(id, time.Now()); !reg.IsZero() && (!heard || reg.After(last)) {
+		last, heard = reg, true
+	}
 	return heard && now.Sub(last) <= leaseOf(w.LeaseMs)
+}
+
+// registrationClock is what a Target may also do (a raftfsm.Node does):
+// say when a worker last registered (unix ns of the proposing leader's
+// clock; 0: not known). A Target without it has leases renewed by
+// heartbeats only.
+type registrationClock interface {
+	RegisteredAt(id uint64) int64
+}
+
+var _ registrationClock = (*raftfsm.Node)(nil)
+
+// registeredAt returns when worker id last registered, or the zero time
+// when not known or stamped after bound: a leader before this one, its
+// clock ahead, proposed it, and it counts only once this clock reaches it
+// (else that leader's skew would keep a silent worker as long).
+func (in *Ingester) registeredAt(id uint64, bound time.Time) time.Time {
+	c, ok := in.cfg.Node.(registrationClock)
+	if !ok {
+		return time.Time{}
+	}
+	ns := c.RegisteredAt(id)
+	if ns == 0 {
+		return time.Time{}
+	}
+	if t := time.Unix(0, ns); !t.After(bound) {
+		return t
+	}
+	return time.Time{}
 }
 
 // deregister removes worker id through Raft, under the node's worker-table

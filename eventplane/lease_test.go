@@ -54,13 +54,33 @@ func FuzzDecodeHeartbeat(f *testing.F) {
 type termTarget struct {
 	*strayTarget
 	caught  atomic.Bool
-	locking chan struct{} // one send per WorkersMutex call
+	locking chan struct{}    // one send per WorkersMutex call
+	regAt   map[uint64]int64 // under fakeTarget.mu
 }
 
 func newTermTarget() *termTarget {
 	tg := &termTarget{strayTarget: &strayTarget{fakeTarget: newFakeTarget()}, locking: make(chan struct{}, 64)}
 	tg.caught.Store(true)
 	return tg
+}
+
+// RegisteredAt is raftfsm.Node.RegisteredAt: when worker id last
+// registered (unix ns), as reregister stamps it.
+func (t *termTarget) RegisteredAt(id uint64) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.regAt[id]
+}
+
+// reregister registers worker id again, with lease, stamped at.
+func (t *termTarget) reregister(id uint64, lease time.Duration, at time.Time) {
+	t.register(id, lease)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.regAt == nil {
+		t.regAt = map[uint64]int64{}
+	}
+	t.regAt[id] = at.UnixNano()
 }
 
 var errNotCaughtUp = errors.New("elected, post-election Barrier pending")
@@ -213,5 +233,43 @@ func TestLeaseExpiryFromAnEndedTermKeepsTheWorker(t *testing.T) {
 	sweep(in, t1.Add(time.Second+time.Millisecond))
 	if got := tg.removedIDs(); !slices.Equal(got, []uint64{7}) {
 		t.Fatalf("workers %v removed past the new term's lease, want [7]", got)
+	}
+}
+
+// TestRegistrationWhileAnExpiryWaitsKeepsTheWorker: a sweep finds worker
+// 7's lease run out, and its removal waits for the worker-table lock,
+// which the worker's agent holds to register it again (the same lease:
+// it restarted, say). The registration counts as a sign of life, as a
+// heartbeat does: the worker stays, and the next sweep finds its lease
+// running from the registration. Worker 8's registration is stamped by a
+// clock ahead of the leader's (a leader before): it does not count until
+// the leader's clock reaches it, and the silent worker is removed. From a
+// review: a worker that registered again with the same lease_ms was
+// removed right after its registration succeeded.
+func TestRegistrationWhileAnExpiryWaitsKeepsTheWorker(t *testing.T) {
+	tg := newTermTarget()
+	const lease = 10 * time.Second
+	now := time.Now()
+	t0 := now.Add(-lease - time.Second)
+	tg.register(7, lease)
+	tg.reregister(8, lease, now.Add(time.Hour))
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	in.leases.lead(t0)
+	sweep(in, t0) // first seen
+	tg.workersMu.Lock()
+	in.sweepLeases(now) // both expired: the removals wait for the lock
+	waitLocking(t, tg)
+	tg.reregister(7, lease, time.Now()) // under the lock, as a registration through the node
+	tg.workersMu.Unlock()
+	in.cwg.Wait()
+	if r := tg.removedIDs(); !slices.Equal(r, []uint64{8}) {
+		t.Fatalf("workers %v removed, want [8]: 7 registered again while its removal waited", r)
+	}
+	sweep(in, time.Now()) // 7's lease runs from its registration
+	if r := tg.removedIDs(); !slices.Equal(r, []uint64{8}) {
+		t.Fatalf("workers %v removed at the next sweep, want [8] still", r)
+	}
+	if n := len(in.leases.expiry); n != 0 {
+		t.Fatalf("%d removals still marked in flight", n)
 	}
 }

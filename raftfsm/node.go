@@ -2374,6 +2374,12 @@ func (n *Node) CheckLeader() error {
 	return nil
 }
 
+// RegisteredAt returns when worker id last registered: unix nanos of the
+// clock of the leader that proposed the registration, or 0 when not since
+// this node started (FSM.RegisteredAt). The lease sweep (eventplane) counts
+// a registration as a sign of life.
+func (n *Node) RegisteredAt(id uint64) int64 { return n.fsm.RegisteredAt(id) }
+
 // WorkersMutex returns the lock that orders the worker-table writes made
 // through this node: the compatible APIs read the table and write it back
 // under it, and /v1 registrations and the lease sweep's removals write
