@@ -43,6 +43,19 @@ func CheckSubject(subject string) error {
 	if subject == "" {
 		return errors.New("empty (the default is " + DefaultSubject + ")")
 	}
+	if err := checkLiteral(subject); err != nil {
+		return err
+	}
+	return checkDistinct(subject, subject+".dump", DefaultHeartbeatSubject)
+}
+
+// checkLiteral says what keeps subject from being one literal NATS
+// subject, or returns nil: tokens separated by dots, none empty, no
+// wildcard and no white space. A subscription to a wildcard takes the
+// messages of every subject it matches: "kvrouter.>" as the events
+// subject would hand heartbeats to the events handler, and distinct
+// strings would not say the subscriptions are.
+func checkLiteral(subject string) error {
 	if strings.ContainsAny(subject, " \t\r\n*>") {
 		return fmt.Errorf("%q holds white space or a wildcard (* or >)", subject)
 	}
@@ -51,7 +64,7 @@ func CheckSubject(subject string) error {
 			return fmt.Errorf("%q has an empty token (a leading, trailing or double dot)", subject)
 		}
 	}
-	return checkDistinct(subject, subject+".dump", DefaultHeartbeatSubject)
+	return nil
 }
 
 // checkDistinct says which of an ingester's subjects are the same, or
@@ -114,7 +127,9 @@ func (in *Ingester) caughtUp() bool {
 	return !ok || c.CheckLeader() == nil
 }
 
-// IngesterConfig configures an Ingester.
+// IngesterConfig configures an Ingester. Its three subjects must be
+// literal (no wildcard: checkLiteral) and distinct; NewIngester refuses
+// them otherwise.
 type IngesterConfig struct {
 	Conn        *nats.Conn // a connection to this node's NATS server
 	Node        Target
@@ -364,6 +379,14 @@ func NewIngester(cfg IngesterConfig) (*Ingester, error) {
 		return nil, errors.New("eventplane: an ingester needs a NATS connection and a node")
 	}
 	cfg.defaults()
+	for _, sub := range []struct{ name, subject string }{
+		{"subject", cfg.Subject}, {"dump subject", cfg.DumpSubject}, {"heartbeat subject", cfg.HeartbeatSubject},
+	} {
+		if err := checkLiteral(sub.subject); err != nil {
+			return nil, fmt.Errorf("eventplane: ingester %s: %w", sub.name, err)
+		}
+	}
+	// Literal subjects that differ are subscriptions that share no message.
 	if err := checkDistinct(cfg.Subject, cfg.DumpSubject, cfg.HeartbeatSubject); err != nil {
 		return nil, fmt.Errorf("eventplane: ingester subjects: %w", err)
 	}

@@ -500,6 +500,43 @@ func TestEventsSubjectMustNotBeTheHeartbeatSubject(t *testing.T) {
 	}
 }
 
+// TestIngesterSubjectsMustBeLiteral: NewIngester refuses a subject that
+// holds a wildcard, white space or an empty token, whichever of its three
+// it is, naming the subject. From a review: it compared the subjects as
+// strings only, so Subject "kvrouter.>" (which takes the heartbeat
+// subject's messages too) started an ingester.
+func TestIngesterSubjectsMustBeLiteral(t *testing.T) {
+	for _, cfg := range []IngesterConfig{
+		{Subject: "kvrouter.>"},
+		{Subject: "kvrouter.*"},
+		{Subject: ">"},
+		{Subject: "a b"},
+		{Subject: "a..b"},
+		{Subject: "events."},
+		{DumpSubject: "kvrouter.events.*"},
+		{HeartbeatSubject: "kvrouter.>"},
+		{HeartbeatSubject: "*.heartbeat"},
+	} {
+		cfg.Conn, cfg.Node, cfg.Logger = &nats.Conn{}, follower{newFakeTarget()}, quiet
+		in, err := NewIngester(cfg)
+		if err == nil {
+			in.Close()
+			t.Errorf("NewIngester with subjects %q, %q, %q: no error", cfg.Subject, cfg.DumpSubject, cfg.HeartbeatSubject)
+			continue
+		}
+		if bad := cfg.Subject + cfg.DumpSubject + cfg.HeartbeatSubject; !strings.Contains(err.Error(), strconv.Quote(bad)) {
+			t.Errorf("NewIngester with subject %q: %v, want an error naming it", bad, err)
+		}
+	}
+	cfg := IngesterConfig{Subject: "site1.events", HeartbeatSubject: "site1.heartbeat",
+		Conn: &nats.Conn{}, Node: follower{newFakeTarget()}, Logger: quiet}
+	in, err := NewIngester(cfg)
+	if err != nil {
+		t.Fatalf("NewIngester with subjects site1.events, site1.heartbeat: %v", err)
+	}
+	in.Close()
+}
+
 // bigStore returns an events request of one stored event of rank r, id
 // id, with nblocks blocks (16 bytes each on the wire).
 func bigStore(r kvevent.Rank, id uint64, nblocks int) *nats.Msg {
