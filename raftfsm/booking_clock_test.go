@@ -134,8 +134,8 @@ func TestSweepClockSurvivesReopenAndSnapshot(t *testing.T) {
 // TestOldHorizonRecordRestoresAsSweepClock: a state database or snapshot of
 // an earlier build holds the expiry horizon (the latest sweep's time less
 // its max age), not the sweep's time. It restores as the sweep clock, a
-// lower bound of it, so a booking stamped below it is moved up to it; the
-// next sweep sets the clock.
+// lower bound of it, so a booking stamped below it is moved up to it; a
+// sweep whose time is later sets the clock.
 func TestOldHorizonRecordRestoresAsSweepClock(t *testing.T) {
 	const horizon = int64(500 * time.Hour)
 	var e enc
@@ -154,6 +154,74 @@ func TestOldHorizonRecordRestoresAsSweepClock(t *testing.T) {
 	})
 	if b, ok := f.Sequences().Get("q"); !ok || b.CreatedAt != horizon {
 		t.Fatalf("booking %+v (live %v), want it stamped at the old horizon %d", b, ok, horizon)
+	}
+}
+
+// TestUpgradeAfterClockAheadSweepAgreesPastJumpPlusMaxAge pins what
+// docs/operations.md (Upgrade, builds after c686b0a) says of a sweep by an
+// older build's leader whose clock ran ahead by J (here 2 h, over the max
+// age M): a node that applied it on the older build holds its horizon,
+// tAhead-M, read as the sweeps' clock after the upgrade; a node that
+// applied the same entry on this build holds tAhead. With every node on
+// this build and the leaders' clocks right, the two disagree (digest, and
+// a booking's stamp, hence the sweep that expires it) until the sweeps'
+// time passes tAhead+M, about J+M after the upgrade, not M. From a review:
+// the docs said up to the max age after the last node is upgraded.
+func TestUpgradeAfterClockAheadSweepAgreesPastJumpPlusMaxAge(t *testing.T) {
+	const M = int64(5 * time.Minute)
+	const real0 = int64(1_000 * time.Hour) // the right clock at the upgrade
+	tAhead := real0 + int64(2*time.Hour)
+	// a: the older build's state, the horizon under 'l'.
+	var e enc
+	e.sv(tAhead - M)
+	stream := buildStream(3, []rec{{k: []byte{store.KindLoadMeta, 'l'}, v: e.b}}, nil, map[byte]uint64{store.KindLoadMeta: 1})
+	a := openTestFSM(t, filepath.Join(t.TempDir(), "a"))
+	defer a.Close()
+	if err := a.Restore(nopCloser{bytes.NewReader(stream)}); err != nil {
+		t.Fatal(err)
+	}
+	// b: applies the same sweep entry on this build (it caught up after
+	// its own upgrade).
+	b := openTestFSM(t, filepath.Join(t.TempDir(), "b"))
+	defer b.Close()
+	bw := logWriter{index: 41}
+	b.ApplyBatch([]*raft.Log{bw.next(encodeExpire(tAhead, M))})
+
+	// From here both apply the same entries.
+	w := logWriter{index: 50}
+	apply := func(data []byte) {
+		la := w.next(data)
+		lb := *la
+		a.ApplyBatch([]*raft.Log{la})
+		b.ApplyBatch([]*raft.Log{&lb})
+	}
+	apply(encodeRegister(real0, &WorkerInfo{ID: 1, BlockSize: 16}))
+	apply(encodeBook(real0, []bookOp{{kind: bookAdd, b: Booking{ID: "x", Rank: r1, ISL: 8}}}))
+	xa, _ := a.Sequences().Get("x")
+	xb, _ := b.Sequences().Get("x")
+	if xa.CreatedAt != tAhead-M || xb.CreatedAt != tAhead {
+		t.Fatalf("x stamped at %d and %d, want the two clocks %d and %d", xa.CreatedAt, xb.CreatedAt, tAhead-M, tAhead)
+	}
+	// An hour after the upgrade (12 max ages) and just before tAhead the
+	// sweeps' clocks still differ, and so do the digests.
+	apply(encodeExpire(real0+int64(time.Hour), M))
+	apply(encodeExpire(tAhead-1, M))
+	if a.Digest() == b.Digest() {
+		t.Errorf("digests equal before a sweep passed tAhead: %#x", a.Digest())
+	}
+	// Past tAhead the clocks agree, not the booking stamped at them: a
+	// expires it at a sweep past tAhead, b only past tAhead+M.
+	apply(encodeExpire(tAhead+M/2, M))
+	_, liveA := a.Sequences().Get("x")
+	_, liveB := b.Sequences().Get("x")
+	if liveA || !liveB || a.Digest() == b.Digest() {
+		t.Errorf("sweep at tAhead+M/2: x live on a %v, on b %v (want false, true); digests %#x %#x", liveA, liveB, a.Digest(), b.Digest())
+	}
+	// Past tAhead+M they agree.
+	apply(encodeExpire(tAhead+M+1, M))
+	_, liveB = b.Sequences().Get("x")
+	if liveB || a.Digest() != b.Digest() {
+		t.Errorf("sweep past tAhead+M: x live on b %v; digests %#x %#x, want them equal", liveB, a.Digest(), b.Digest())
 	}
 }
 

@@ -322,8 +322,10 @@ func (b *stateBuilder) small(kind byte, k, v []byte) error {
 		// Key 'c' is the sweeps' clock. Key 'l' is what builds before it
 		// kept instead: the expiry horizon, the latest sweep's time less
 		// its max age, a lower bound of the clock, taken as the clock
-		// until the next sweep sets it. 'c' sorts first, and a node writes
-		// one of them only; 'l' never overrides a 'c'.
+		// until a sweep's time is later (docs/operations.md, Upgrade: a
+		// node that applied that sweep on this build holds its time, so
+		// the two disagree until then). 'c' sorts first, and a node
+		// writes one of them only; 'l' never overrides a 'c'.
 		d := dec{b: v}
 		switch {
 		case len(k) == 1 && k[0] == loadMetaClock:
