@@ -12,6 +12,8 @@ import (
 	"maps"
 	"math"
 	"net/http"
+	"net/url"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -916,15 +918,51 @@ const SelectionPrefix = "/selection"
 // The escaped path gets the prefix too: a reservation id with a '/' comes
 // as %2F, and the router (and a forward) match on the escaped path, where
 // the decoded one has a segment more and names no route.
+//
+// The path is cleaned before the prefix goes on (a doubled slash, "." and
+// ".." segments), as the mux would clean it: the mux answers a path that
+// is not clean with a redirect to the clean one, which would carry the
+// prefix, a path this listener does not serve (it would prefix it again).
+// Served at once instead, such a path gets what the main port gives under
+// the prefix after its redirect. The escaped path is cleaned, as the mux
+// does, so an escaped id ("x%2F..%2Fy") is one segment and stays whole.
 func SelectionHandler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r2 := r.Clone(r.Context())
-		r2.URL.Path = SelectionPrefix + r.URL.Path
-		if r.URL.RawPath != "" {
+		decoded, raw := r.URL.Path, r.URL.RawPath
+		// The mux leaves CONNECT's path as it comes; so does this.
+		if esc := r.URL.EscapedPath(); r.Method != http.MethodConnect {
+			if clean := cleanPath(esc); clean != esc {
+				// clean is esc less some segments and slashes, so it
+				// unescapes; should it not, the mux answers as before.
+				if p, err := url.PathUnescape(clean); err == nil {
+					decoded, raw = p, clean
+				}
+			}
+		}
+		r2.URL.Path = SelectionPrefix + decoded
+		if raw != "" {
 			// The prefix needs no escaping, so this stays a valid
 			// encoding of Path.
-			r2.URL.RawPath = SelectionPrefix + r.URL.RawPath
+			r2.URL.RawPath = SelectionPrefix + raw
 		}
 		h.ServeHTTP(w, r2)
 	})
+}
+
+// cleanPath is net/http's canonical form of a path, which its ServeMux
+// redirects to: rooted, without "." or ".." segments or doubled slashes,
+// with a trailing slash kept.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	np := path.Clean(p)
+	if p[len(p)-1] == '/' && np != "/" {
+		np += "/"
+	}
+	return np
 }

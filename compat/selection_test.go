@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"reflect"
 	"strings"
 	"testing"
@@ -305,6 +306,77 @@ func TestSelectionPortKeepsEscapedReservationIDs(t *testing.T) {
 	}
 	// An unescaped path is another one: /reservations/a/b names no route.
 	mustCode(t, sel.do(t, codecJSON, "DELETE", "/reservations/a/b", nil), 404, "release of the unescaped a/b")
+}
+
+// TestSelectionPortServesUncleanPaths: a path that is not clean (a doubled
+// slash, a "." or ".." segment) is served on the selection port as it is
+// under SelectionPrefix on the main port. From a review: the prefix went on
+// before the mux cleaned the path, so the mux redirected to the prefixed
+// clean path (307 Location /selection/loads), which the selection port
+// prefixes again (404 "no route GET /selection/selection/loads"); a 307
+// keeps the method, so writes failed the same way.
+func TestSelectionPortServesUncleanPaths(t *testing.T) {
+	n := startNode(t)
+	sel := n.selectionPort(t)
+	mustCode(t, sel.do(t, codecJSON, "POST", "/workers", CatalogWorker{WorkerID: 1, ModelName: "m", BlockSize: 4}), 201, "add worker")
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, p := range []string{"//loads", "/./loads", "/x/../loads", "/x/..//./loads"} {
+		mustCode(t, n.do(t, codecJSON, "GET", SelectionPrefix+p+"?model_name=m", nil), 200, "main port GET "+SelectionPrefix+p)
+		mustCode(t, sel.do(t, codecJSON, "GET", p+"?model_name=m", nil), 200, "selection port GET "+p)
+		resp, err := noFollow.Get(sel.url + p + "?model_name=m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if loc := resp.Header.Get("Location"); strings.HasPrefix(loc, SelectionPrefix) {
+			t.Errorf("selection port GET %s: %d to %q, a path the selection port does not serve", p, resp.StatusCode, loc)
+		}
+	}
+	// Writes too, and an escaped id in an unclean path keeps its escaping.
+	body := ReservationRequest{ReservationID: "a/b", ModelName: "m", WorkerID: 1, SequenceHashes: []Hash{1}, ISLTokens: 8}
+	mustCode(t, sel.do(t, codecJSON, "POST", "//reservations", body), 201, "reserve a/b at //reservations")
+	mustCode(t, sel.do(t, codecJSON, "POST", "/x/../reservations/a%2Fb/prefill_complete", nil), 200, "prefill_complete of a/b under /x/..")
+	mustCode(t, sel.do(t, codecJSON, "DELETE", "/./reservations//a%2Fb", nil), 200, "release of a/b under /./ and //")
+	if l := loadOf(t, n, "m", 1, 0); l.ActiveRequests != 0 {
+		t.Errorf("released reservation a/b still counts: %+v", l)
+	}
+}
+
+// TestSelectionPortKeepsReservationIDsWithDots: reservation ids that look
+// hold path segments to clean ("x/../y", "./z", "a//b", escaped by the
+// client) reach their reservations on both ports: only the escaped
+// path is cleaned, where such an id is one segment. From a review, which
+// found them working and asked that they stay so.
+func TestSelectionPortKeepsReservationIDsWithDots(t *testing.T) {
+	n := startNode(t)
+	sel := n.selectionPort(t)
+	mustCode(t, sel.do(t, codecJSON, "POST", "/workers", CatalogWorker{WorkerID: 1, ModelName: "m", BlockSize: 4}), 201, "add worker")
+	ids := []string{"a b", "a%b", "a%2Fb", "a/b%", "a?b", "a#b", "é/x", "a+b", "a;b", "x/../y", "a//b", "..", "./z", "z/.", "/", "."}
+	for _, port := range []struct {
+		name string
+		n    *testNode
+		pre  string
+	}{{"main", n, SelectionPrefix}, {"selection", sel, ""}} {
+		for _, id := range ids {
+			// A freed id cannot be booked again: each port books its own.
+			id = port.name + ":" + id
+			body := ReservationRequest{ReservationID: id, ModelName: "m", WorkerID: 1, SequenceHashes: []Hash{1}, ISLTokens: 8}
+			if r := port.n.do(t, codecJSON, "POST", port.pre+"/reservations", body); r.code != 201 {
+				t.Errorf("%s port: reserve %q: %d %s", port.name, id, r.code, r.body)
+				continue
+			}
+			p := port.pre + "/reservations/" + url.PathEscape(id)
+			if r := port.n.do(t, codecJSON, "POST", p+"/prefill_complete", nil); r.code != 200 {
+				t.Errorf("%s port: prefill_complete of %q (%s): %d %s", port.name, id, p, r.code, r.body)
+			}
+			if r := port.n.do(t, codecJSON, "DELETE", p, nil); r.code != 200 {
+				t.Errorf("%s port: release of %q (%s): %d %s", port.name, id, p, r.code, r.body)
+			}
+		}
+	}
+	if l := loadOf(t, n, "m", 1, 0); l.ActiveRequests != 0 {
+		t.Errorf("load left after every release: %+v", l)
+	}
 }
 
 // TestReservationOfAnIDLiveElsewhereIsAConflict: a reservation under an id
