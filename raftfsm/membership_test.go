@@ -890,26 +890,34 @@ func TestAddMemberOfANodeThatOnlyAnswersHeartbeatsLeavesItANonvoter(t *testing.T
 	_, fake := raft.NewInmemTransport("inmem-fake")
 	c.trans = append(c.trans, fake)
 	c.heal()
+	fakeFollower(t, fake, func(ae *raft.AppendEntriesRequest) (*raft.AppendEntriesResponse, error) {
+		heartbeat := ae.PrevLogEntry == 0 && len(ae.Entries) == 0
+		return &raft.AppendEntriesResponse{Term: ae.Term, LastLog: 1_000_000, Success: heartbeat}, nil
+	})
+	addNotCaughtUp(t, l, "n4", string(fake.LocalAddr()), "http-n4", 2*time.Second)
+}
+
+// fakeFollower answers the AppendEntries that reach tr with answer, and
+// any other RPC with an error, until the test ends.
+func fakeFollower(t *testing.T, tr *raft.InmemTransport, answer func(*raft.AppendEntriesRequest) (*raft.AppendEntriesResponse, error)) {
 	stop, done := make(chan struct{}), make(chan struct{})
-	defer func() { close(stop); <-done }()
+	t.Cleanup(func() { close(stop); <-done })
 	go func() {
 		defer close(done)
 		for {
 			select {
-			case rpc := <-fake.Consumer():
+			case rpc := <-tr.Consumer():
 				ae, ok := rpc.Command.(*raft.AppendEntriesRequest)
 				if !ok {
 					rpc.Respond(nil, errors.New("not a follower"))
 					continue
 				}
-				heartbeat := ae.PrevLogEntry == 0 && len(ae.Entries) == 0
-				rpc.Respond(&raft.AppendEntriesResponse{Term: ae.Term, LastLog: 1_000_000, Success: heartbeat}, nil)
+				rpc.Respond(answer(ae))
 			case <-stop:
 				return
 			}
 		}
 	}()
-	addNotCaughtUp(t, l, "n4", string(fake.LocalAddr()), "http-n4", 2*time.Second)
 }
 
 // TestARetriedAddPromotesANonvoterThatCaughtUpMeanwhile: a join whose add
@@ -975,23 +983,12 @@ func TestARetriedAddOfAWipedNonvoterWaitsForAFreshMatch(t *testing.T) {
 	for _, tr := range c.trans[:3] {
 		tr.Connect("inmem-n4", fake)
 	}
-	stop, done := make(chan struct{}), make(chan struct{})
-	defer func() { close(stop); <-done }()
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case rpc := <-fake.Consumer():
-				if ae, ok := rpc.Command.(*raft.AppendEntriesRequest); ok && ae.PrevLogEntry == 0 && len(ae.Entries) == 0 {
-					rpc.Respond(&raft.AppendEntriesResponse{Term: ae.Term, Success: true}, nil)
-					continue
-				}
-				rpc.Respond(&raft.AppendEntriesResponse{}, errors.New("timed out (busy)"))
-			case <-stop:
-				return
-			}
+	fakeFollower(t, fake, func(ae *raft.AppendEntriesRequest) (*raft.AppendEntriesResponse, error) {
+		if ae.PrevLogEntry == 0 && len(ae.Entries) == 0 {
+			return &raft.AppendEntriesResponse{Term: ae.Term, Success: true}, nil
 		}
-	}()
+		return &raft.AppendEntriesResponse{}, errors.New("timed out (busy)")
+	})
 	before := l.watch.contact("n4")
 	cx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
 	defer cancel()
