@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/httppath"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -258,6 +260,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		s.writeError(rec, r, &httpError{code: http.StatusUnauthorized, reason: ReasonUnauthorized, err: errors.New(msg)})
 		s.observe("unauthorized", rec, start)
+		return
+	}
+	if p, esc, ok := httppath.Cleaned(r.URL); ok && r.Method != http.MethodConnect {
+		// The mux answers a path that is not clean (a doubled slash, "."
+		// or "..") with a 307 to the clean one, always, but writes the
+		// cleaned escaped path there as a decoded one: an id's %2F comes
+		// back as %252F, another id. The same redirect, the escaping kept.
+		u := url.URL{Path: p, RawPath: esc, RawQuery: r.URL.RawQuery}
+		w.Header().Set("Location", u.String())
+		w.WriteHeader(http.StatusTemporaryRedirect)
 		return
 	}
 	if h, pattern := s.mux.Handler(r); pattern == "" {

@@ -12,14 +12,13 @@ import (
 	"maps"
 	"math"
 	"net/http"
-	"net/url"
-	"path"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/httppath"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/zeebo/xxh3"
@@ -931,13 +930,9 @@ func SelectionHandler(h http.Handler) http.Handler {
 		r2 := r.Clone(r.Context())
 		decoded, raw := r.URL.Path, r.URL.RawPath
 		// The mux leaves CONNECT's path as it comes; so does this.
-		if esc := r.URL.EscapedPath(); r.Method != http.MethodConnect {
-			if clean := cleanPath(esc); clean != esc {
-				// clean is esc less some segments and slashes, so it
-				// unescapes; should it not, the mux answers as before.
-				if p, err := url.PathUnescape(clean); err == nil {
-					decoded, raw = p, clean
-				}
+		if r.Method != http.MethodConnect {
+			if p, esc, ok := httppath.Cleaned(r.URL); ok {
+				decoded, raw = p, esc
 			}
 		}
 		r2.URL.Path = SelectionPrefix + decoded
@@ -948,21 +943,4 @@ func SelectionHandler(h http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r2)
 	})
-}
-
-// cleanPath is net/http's canonical form of a path, which its ServeMux
-// redirects to: rooted, without "." or ".." segments or doubled slashes,
-// with a trailing slash kept.
-func cleanPath(p string) string {
-	if p == "" {
-		return "/"
-	}
-	if p[0] != '/' {
-		p = "/" + p
-	}
-	np := path.Clean(p)
-	if p[len(p)-1] == '/' && np != "/" {
-		np += "/"
-	}
-	return np
 }

@@ -441,3 +441,34 @@ func TestSelectOfTokenIDsCountsEveryToken(t *testing.T) {
 		t.Errorf("after reserving a 3- and a 20-token prompt: %+v, want 2 requests of 23 prefill tokens", l)
 	}
 }
+
+// TestMainPortRedirectKeepsAnEscapedID: an unclean path with an escaped
+// reservation id ("/selection/./reservations/a%2Fb") on the main port is
+// redirected to the clean path with the id's escaping kept, so that it
+// releases a/b, as the same path does on the selection port. From a review:
+// the mux's redirect went to ".../a%252Fb", the release of the reservation
+// literally named "a%2Fb".
+func TestMainPortRedirectKeepsAnEscapedID(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "m", BlockSize: 4}), 201, "add worker")
+	for _, id := range []string{"a/b", "a%2Fb"} {
+		body := ReservationRequest{ReservationID: id, ModelName: "m", WorkerID: 1, SequenceHashes: []Hash{1}, ISLTokens: 8}
+		mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", body), 201, "reserve "+id)
+	}
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	req, _ := http.NewRequest("DELETE", n.url+"/selection/./reservations/a%2Fb", nil)
+	resp, err := noFollow.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if loc := resp.Header.Get("Location"); resp.StatusCode/100 != 3 || loc != "/selection/reservations/a%2Fb" {
+		t.Fatalf("main port DELETE /selection/./reservations/a%%2Fb: %d Location %q, want a redirect to /selection/reservations/a%%2Fb", resp.StatusCode, loc)
+	}
+	// Follow it, as a client does.
+	mustCode(t, n.do(t, codecJSON, "DELETE", "/selection/./reservations/a%2Fb", nil), 200, "main port release via unclean path")
+	// a/b must be the one released (the selection port releases a/b for "/./reservations/a%2Fb").
+	if r := n.do(t, codecJSON, "DELETE", "/selection/reservations/a%2Fb", nil); r.code == 200 {
+		t.Errorf("main port: the unclean path released another reservation than a/b (a/b still live); the selection port releases a/b for the same path")
+	}
+}
