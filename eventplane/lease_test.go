@@ -265,11 +265,44 @@ func TestRegistrationWhileAnExpiryWaitsKeepsTheWorker(t *testing.T) {
 	if r := tg.removedIDs(); !slices.Equal(r, []uint64{8}) {
 		t.Fatalf("workers %v removed, want [8]: 7 registered again while its removal waited", r)
 	}
-	sweep(in, time.Now()) // 7's lease runs from its registration
+	// 7's lease runs from its registration: the sweep does not even mark
+	// it expired (a removal the lock's check would then refuse).
+	in.sweepLeases(time.Now())
+	in.leases.mu.Lock()
+	marked := in.leases.expiry[7]
+	in.leases.mu.Unlock()
+	in.cwg.Wait()
+	if marked {
+		t.Fatal("the sweep after 7's registration found its lease run out")
+	}
 	if r := tg.removedIDs(); !slices.Equal(r, []uint64{8}) {
 		t.Fatalf("workers %v removed at the next sweep, want [8] still", r)
 	}
 	if n := len(in.leases.expiry); n != 0 {
 		t.Fatalf("%d removals still marked in flight", n)
+	}
+}
+
+// TestLeaseExpiryFromAnEndedTermCaughtUpKeepsTheWorker: as
+// TestLeaseExpiryFromAnEndedTermKeepsTheWorker, but the new term's Barrier
+// has passed (caught up) before the old term's removal gets the lock, and
+// the new term has not swept yet: only the generation check keeps the
+// worker. From a review: the other test passed with that check removed.
+func TestLeaseExpiryFromAnEndedTermCaughtUpKeepsTheWorker(t *testing.T) {
+	tg := newTermTarget()
+	tg.register(7, time.Second)
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0)
+	tg.workersMu.Lock()
+	in.sweepLeases(t0.Add(2 * time.Second))
+	waitLocking(t, tg)
+	reelect(in, tg, t0.Add(time.Minute))
+	tg.caught.Store(true) // the new term's Barrier passed; its first sweep not yet run
+	tg.workersMu.Unlock()
+	in.cwg.Wait()
+	if got := tg.removedIDs(); len(got) != 0 {
+		t.Fatalf("worker %v removed in the new term by the old term's expiry", got)
 	}
 }
