@@ -262,21 +262,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.observe("unauthorized", rec, start)
 		return
 	}
-	if p, esc, ok := httppath.Cleaned(r.URL); ok && r.Method != http.MethodConnect {
+	if p, esc, ok := httppath.Cleaned(r.URL); ok && r.Method != http.MethodConnect && r.RequestURI != "*" {
 		// The mux answers a path that is not clean (a doubled slash, "."
-		// or "..") with a 307 to the clean one, always, but writes the
-		// cleaned escaped path there as a decoded one: an id's %2F comes
-		// back as %252F, another id. The same redirect, the escaping kept.
+		// or "..") with a 307 to the clean one, always (CONNECT and "*"
+		// aside), but writes the cleaned escaped path there as a decoded
+		// one: an id's %2F comes back as %252F, another id. The same
+		// redirect, the escaping kept (http.Redirect escapes what is not
+		// ASCII, as the mux's did).
 		u := url.URL{Path: p, RawPath: esc, RawQuery: r.URL.RawQuery}
-		w.Header().Set("Location", u.String())
-		w.WriteHeader(http.StatusTemporaryRedirect)
+		http.Redirect(w, r, u.String(), http.StatusTemporaryRedirect)
 		return
 	}
 	if h, pattern := s.mux.Handler(r); pattern == "" {
 		// No route: run the mux's answer on the side to learn whether it is
 		// a 404 or a 405 (and which methods the path allows), and answer it
-		// in JSON. Anything else (a redirect to a cleaned path) goes out as
-		// the mux wrote it.
+		// in JSON. Anything else (a "*" request's 400) goes out as the mux
+		// writes it.
 		var probe headerProbe
 		h.ServeHTTP(&probe, r)
 		switch probe.code {

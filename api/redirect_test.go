@@ -1,0 +1,104 @@
+package api_test
+
+import (
+	"bufio"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api"
+)
+
+// rawDo sends one raw HTTP/1.1 request line to addr and returns the response.
+func rawDo(t *testing.T, addr, method, target string) *http.Response {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte(method + " " + target + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(method, "http://x/", nil)
+	resp, err := http.ReadResponse(bufio.NewReader(c), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp
+}
+
+// TestRedirectsOnlyWhereTheMuxDoes: the Server answers a path that is not
+// clean with its own redirect (the escaping kept); every request target
+// that a plain mux does not redirect it must not redirect either. From a
+// review: "*" got a 307 to "/*" where the mux answers 400.
+func TestRedirectsOnlyWhereTheMuxDoes(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	ref := newRefServer(t)
+	for _, tc := range []struct{ m, target string }{
+		{"GET", "*"},
+		{"POST", "*"},
+		{"DELETE", "*"},
+		{"GET", "/healthz"},
+		{"GET", "/healthz/"},
+		{"GET", "//healthz"},
+		{"GET", "/./healthz?x=1"},
+		{"GET", "/healthz/."},
+		{"GET", "/%2e/healthz"},
+		{"GET", "/a%2F..%2Fhealthz"},
+		{"GET", "http://x"},
+		{"GET", "http://x/./healthz"},
+		{"GET", "http:foo"},
+		{"GET", "/\\evil.com"},
+		{"GET", "//evil.com"},
+		{"GET", "/.//%2Fevil.com"},
+		{"GET", "/..//\\evil.com"},
+	} {
+		got := rawDo(t, n.addr(), tc.m, tc.target)
+		want := rawDo(t, ref, tc.m, tc.target)
+		gr, wr := got.StatusCode/100 == 3, want.StatusCode/100 == 3
+		t.Logf("%s %s: server %d %q, mux %d %q", tc.m, tc.target, got.StatusCode, got.Header.Get("Location"), want.StatusCode, want.Header.Get("Location"))
+		if gr && !wr {
+			t.Errorf("%s %s: server redirects (%d Location %q) where the mux answered %d", tc.m, tc.target, got.StatusCode, got.Header.Get("Location"), want.StatusCode)
+		}
+		if loc := got.Header.Get("Location"); strings.HasPrefix(loc, "//") || strings.HasPrefix(loc, "/\\") {
+			t.Errorf("%s %s: protocol-relative Location %q", tc.m, tc.target, loc)
+		}
+	}
+}
+
+// TestRedirectLocationIsASCII: the mux hex-escapes non-ASCII bytes in a
+// redirect's Location (http.Redirect's hexEscapeNonASCII); so must the
+// Server's own redirect, which copied the raw query into the header as it
+// came. From a review.
+func TestRedirectLocationIsASCII(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	ref := newRefServer(t)
+	target := "/./healthz?q=\xc3\xa9"
+	got := rawDo(t, n.addr(), "GET", target)
+	want := rawDo(t, ref, "GET", target)
+	t.Logf("server %d %q, mux %d %q", got.StatusCode, got.Header.Get("Location"), want.StatusCode, want.Header.Get("Location"))
+	loc := got.Header.Get("Location")
+	for i := 0; i < len(loc); i++ {
+		if loc[i] >= 0x80 {
+			t.Fatalf("Location %q holds a non-ASCII byte (the mux sent %q)", loc, want.Header.Get("Location"))
+		}
+	}
+}
+
+func newRefServer(t *testing.T) string {
+	m := http.NewServeMux()
+	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: m}
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+	return ln.Addr().String()
+}
