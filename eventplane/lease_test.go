@@ -119,6 +119,27 @@ func reelect(in *Ingester, tg *termTarget, now time.Time) {
 	in.leases.lead(now)
 }
 
+// strayRunWaiting returns an ingester leading since t0 whose node has
+// four stray workers (1000 to 1003), first seen at t0 and past the grace
+// since: a sweep started their removal run, which waits for the
+// worker-table lock at its first worker (the test holds it, as a
+// registration would, and unlocks it).
+func strayRunWaiting(t *testing.T, grace time.Duration) (*termTarget, *Ingester, time.Time) {
+	t.Helper()
+	tg := newTermTarget()
+	for i := range 4 {
+		tg.stray = append(tg.stray, kvevent.Rank{Worker: uint64(1000 + i)})
+	}
+	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0) // first seen
+	tg.workersMu.Lock()
+	in.sweepLeases(t0.Add(grace + time.Millisecond))
+	waitLocking(t, tg)
+	return tg, in, t0
+}
+
 // TestStrayRunStopsWhenItsTermEnds: a removal run of stray workers waits
 // for the worker-table lock at its first worker; meanwhile the node steps
 // down and is elected again. The run removes nothing in the new term, and
@@ -127,18 +148,8 @@ func reelect(in *Ingester, tg *termTarget, now time.Time) {
 // run checked only IsLeader between workers, so it went on removing in
 // the new term, before its Barrier and before its grace.
 func TestStrayRunStopsWhenItsTermEnds(t *testing.T) {
-	tg := newTermTarget()
-	for i := range 4 {
-		tg.stray = append(tg.stray, kvevent.Rank{Worker: uint64(1000 + i)})
-	}
 	const grace = 10 * time.Second
-	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
-	t0 := time.Now()
-	in.leases.lead(t0)
-	sweep(in, t0)       // first seen
-	tg.workersMu.Lock() // a registration holds the table lock
-	in.sweepLeases(t0.Add(grace + time.Millisecond))
-	waitLocking(t, tg) // the run waits at its first worker
+	tg, in, t0 := strayRunWaiting(t, grace)
 
 	t1 := t0.Add(time.Minute)
 	reelect(in, tg, t1)
@@ -172,18 +183,8 @@ func TestStrayRunStopsWhenItsTermEnds(t *testing.T) {
 // that lost its lead, and has not yet stepped its leases down, removes
 // no further worker.
 func TestStrayRunStopsWhenNotCaughtUp(t *testing.T) {
-	tg := newTermTarget()
-	for i := range 4 {
-		tg.stray = append(tg.stray, kvevent.Rank{Worker: uint64(1000 + i)})
-	}
 	const grace = 10 * time.Second
-	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
-	t0 := time.Now()
-	in.leases.lead(t0)
-	sweep(in, t0)
-	tg.workersMu.Lock()
-	in.sweepLeases(t0.Add(grace + time.Millisecond))
-	waitLocking(t, tg)
+	tg, in, _ := strayRunWaiting(t, grace)
 	tg.caught.Store(false)
 	tg.workersMu.Unlock()
 	in.cwg.Wait()
