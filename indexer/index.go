@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/hugepage"
+	"github.com/kvrouter/kvrouter/internal/rankmap"
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
@@ -69,11 +70,11 @@ type Index struct {
 	cfg Config
 
 	root  node
-	pool  nodePool                // the tree's nodes; pool.huge is &huge
-	huge  hugepage.Scratch        // the pool's slabs advised for huge pages
-	ranks []*rankState            // by slot; nil when the slot is free
-	slots map[kvevent.Rank]uint32 // rank -> slot
-	free  []uint32                // free slots, reused lowest first
+	pool  nodePool            // the tree's nodes; pool.huge is &huge
+	huge  hugepage.Scratch    // the pool's slabs advised for huge pages
+	ranks []*rankState        // by slot; nil when the slot is free
+	slots rankmap.Map[uint32] // rank -> slot
+	free  []uint32            // free slots, reused lowest first
 
 	// keepNodes, set while a Loader applies residencies one by one,
 	// makes unlink keep nodes in the tree (applySerial).
@@ -95,7 +96,7 @@ type Index struct {
 
 // New returns an empty index.
 func New(cfg Config) *Index {
-	ix := &Index{cfg: cfg.withDefaults(), slots: make(map[kvevent.Rank]uint32)}
+	ix := &Index{cfg: cfg.withDefaults()}
 	ix.pool.huge = &ix.huge
 	return ix
 }
@@ -130,7 +131,7 @@ type rankState struct {
 
 // rankFor returns the rank's state, creating it when create is set.
 func (ix *Index) rankFor(r kvevent.Rank, create bool) *rankState {
-	if s, ok := ix.slots[r]; ok {
+	if s, ok := ix.slots.Get(r); ok {
 		return ix.ranks[s]
 	}
 	if !create {
@@ -148,7 +149,7 @@ func (ix *Index) rankFor(r kvevent.Rank, create bool) *rankState {
 	}
 	rs := &rankState{rank: r, slot: s, key: rankKey(r)}
 	ix.ranks[s] = rs
-	ix.slots[r] = s
+	ix.slots.Set(r, s)
 	return rs
 }
 
@@ -461,7 +462,7 @@ func (ix *Index) removeRankLocked(r kvevent.Rank) bool {
 	}
 	ix.clearRank(rs)
 	ix.ranks[rs.slot] = nil
-	delete(ix.slots, r)
+	ix.slots.Delete(r)
 	ix.free = append(ix.free, rs.slot)
 	if ix.journal != nil {
 		ix.journal.RankRemoved(r)
@@ -473,19 +474,9 @@ func (ix *Index) removeRankLocked(r kvevent.Rank) bool {
 func (ix *Index) RemoveWorker(worker uint64) int {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	var rs []kvevent.Rank
-	for r := range ix.slots {
-		if r.Worker == worker {
-			rs = append(rs, r)
-		}
-	}
-	// Sorted, so that slots are freed in the same order on every replica.
-	slices.SortFunc(rs, func(a, b kvevent.Rank) int {
-		if a.Less(b) {
-			return -1
-		}
-		return 1
-	})
+	// Sorted, so that slots are freed in the same order on every replica;
+	// found without a scan of every rank (rankmap says why).
+	rs := ix.slots.WorkerRanks(nil, worker)
 	for _, r := range rs {
 		ix.removeRankLocked(r)
 	}

@@ -626,7 +626,7 @@ func TestApplyAimedEngineHashes(t *testing.T) {
 	}
 	mustApply(t, ix, ev)
 	checkInvariants(t, ix)
-	rs := ix.ranks[ix.slots[rk1]]
+	rs := ix.rankFor(rk1, false)
 	if rs.blocks.len() != len(keys) || len(rs.blocks.dir) > 16 {
 		t.Fatalf("%d blocks in a map of %d, directory of %d entries", len(keys), rs.blocks.len(), len(rs.blocks.dir))
 	}

@@ -3,6 +3,7 @@ package indexer
 import (
 	"slices"
 
+	"github.com/kvrouter/kvrouter/internal/rankmap"
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
@@ -120,7 +121,7 @@ func (ix *Index) resetLocked() {
 	ix.huge.Release() // the slabs go with the pool
 	ix.pool = nodePool{huge: &ix.huge}
 	ix.ranks = nil
-	ix.slots = make(map[kvevent.Rank]uint32)
+	ix.slots = rankmap.Map[uint32]{}
 	ix.free = nil
 	ix.nodes, ix.entries, ix.perTier, ix.digest = 0, 0, [kvevent.NumTiers]int64{}, 0
 	ix.dirty = nil

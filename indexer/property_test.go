@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -259,13 +260,24 @@ func checkInvariants(t interface{ Fatalf(string, ...any) }, ix *Index) {
 			nodes, entries, perTier, ix.nodes, ix.entries, ix.perTier)
 	}
 	var mapped int64
+	live := 0
 	for _, rs := range ix.ranks {
 		if rs != nil {
+			live++
+			if s, ok := ix.slots.Get(rs.rank); !ok || s != rs.slot {
+				t.Fatalf("rank %v in slot %d: slots map it to %d (%v)", rs.rank, rs.slot, s, ok)
+			}
+			if got := ix.slots.WorkerRanks(nil, rs.rank.Worker); !slices.Contains(got, rs.rank) {
+				t.Fatalf("rank %v not among its worker's ranks %v", rs.rank, got)
+			}
 			mapped += int64(rs.blocks.len())
 			if err := rs.blocks.check(); err != nil {
 				t.Fatalf("rank %v: %v", rs.rank, err)
 			}
 		}
+	}
+	if live != ix.slots.Len() {
+		t.Fatalf("%d ranks in slots, %d mapped", live, ix.slots.Len())
 	}
 	if mapped != entries {
 		t.Fatalf("rank maps hold %d entries, tree holds %d", mapped, entries)

@@ -435,36 +435,34 @@ func (s *Sequences) Expire(now int64, maxAge time.Duration) (expired int) {
 // RemoveRank frees every live booking of rank (it left the fleet) and returns
 // how many. Like Free, each leaves a tombstone.
 func (s *Sequences) RemoveRank(rank kvevent.Rank) int {
-	return s.removeWhere(func(r kvevent.Rank) bool { return r == rank })
+	return s.removeRanks(rank, rank)
 }
 
 // RemoveWorker frees every live booking of every rank of worker and returns
 // how many. Like Free, each leaves a tombstone.
 func (s *Sequences) RemoveWorker(worker uint64) int {
-	return s.removeWhere(func(r kvevent.Rank) bool { return r.Worker == worker })
+	return s.removeRanks(kvevent.Rank{Worker: worker}, kvevent.Rank{Worker: worker, DP: math.MaxUint32})
 }
 
-func (s *Sequences) removeWhere(match func(kvevent.Rank) bool) int {
+// removeRanks frees the live bookings of the ranks from lo to hi
+// (inclusive, in rank order).
+func (s *Sequences) removeRanks(lo, hi kvevent.Rank) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := &s.st
 	n := 0
-	// Walking the slots first makes the common case (the rank holds nothing)
-	// cost O(ranks), not O(bookings).
-	held := false
-	for _, sl := range st.order {
-		if match(st.slots[sl].rank) {
-			held = true
-			break
-		}
-	}
-	if !held {
+	// A binary search of the slots (the ranks holding bookings, in rank
+	// order) makes the common case, none of the ranks holds one, cost
+	// O(log ranks), not O(bookings) nor O(ranks): removing many workers
+	// one by one must not be quadratic.
+	i, _ := slices.BinarySearchFunc(st.order, lo, func(sl int32, r kvevent.Rank) int { return st.slots[sl].rank.Compare(r) })
+	if i == len(st.order) || st.slots[st.order[i]].rank.Compare(hi) > 0 {
 		return 0
 	}
 	// The order in which bookings are freed does not change the resulting
 	// state: reference counts and sums commute.
 	for _, b := range st.byID {
-		if !b.freed && match(b.rank) {
+		if !b.freed && b.rank.Compare(lo) >= 0 && b.rank.Compare(hi) <= 0 {
 			st.tombstone(b)
 			n++
 		}

@@ -75,7 +75,7 @@ type RankStats struct {
 func (ix *Index) RankStats() []RankStats {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	out := make([]RankStats, 0, len(ix.slots))
+	out := make([]RankStats, 0, ix.slots.Len())
 	for _, rs := range ix.ranks {
 		if rs == nil {
 			continue
@@ -128,8 +128,8 @@ func (ix *Index) RankNeedsResync(r kvevent.Rank) bool {
 func (ix *Index) Ranks() []kvevent.Rank {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	out := make([]kvevent.Rank, 0, len(ix.slots))
-	for r := range ix.slots {
+	out := make([]kvevent.Rank, 0, ix.slots.Len())
+	for r := range ix.slots.All() {
 		out = append(out, r)
 	}
 	slices.SortFunc(out, kvevent.Rank.Compare)

@@ -41,7 +41,7 @@ func TestDigestCheckFindsADivergedReplica(t *testing.T) {
 
 	// b diverges: a cursor changed in memory only, as a bug would.
 	b.curMu.Lock()
-	b.cursors[kvevent.Rank{Worker: 999}] = rankCursor{id: 5}
+	b.cursors.Set(kvevent.Rank{Worker: 999}, rankCursor{id: 5})
 	b.curMu.Unlock()
 	both(encodeEvents(9, []RankBatch{{Rank: r1, Events: chainEvents(r1, 7, 2, 500)}}))
 	if ra, rb := both(encodeCheck(10, a.LastCheck().Index, a.LastCheck().Digest)); !ra.Match || !rb.Match {
@@ -94,7 +94,7 @@ func TestClusterDigestChecks(t *testing.T) {
 		}
 	}
 	follower.fsm.curMu.Lock()
-	follower.fsm.cursors[kvevent.Rank{Worker: 999}] = rankCursor{id: 5}
+	follower.fsm.cursors.Set(kvevent.Rank{Worker: 999}, rankCursor{id: 5})
 	follower.fsm.curMu.Unlock()
 	waitFor(t, 20*time.Second, "the diverged follower to find it", func() bool {
 		_, m := follower.fsm.DigestChecks()

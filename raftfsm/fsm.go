@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/rankmap"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/store"
 	"github.com/prometheus/client_golang/prometheus"
@@ -81,11 +82,13 @@ type FSM struct {
 	// the applied index, so that AppliedDigest reads the pair as one.
 	stateMu sync.Mutex
 	curMu   sync.RWMutex
-	cursors map[kvevent.Rank]rankCursor
+	// cursors and heard find one worker's ranks without a scan (removing
+	// a worker must not cost O(ranks): rankmap).
+	cursors rankmap.Map[rankCursor]
 	// heard is when each rank's events (or dump) last reached the log, in
 	// the leader's clock as the commands carry it: equal on every replica,
 	// kept in memory only (unknown after a restart until the rank sends).
-	heard map[kvevent.Rank]int64
+	heard rankmap.Map[int64]
 	// registered is when each worker last registered (leader's clock, in
 	// memory only, like heard): a rank's silence counts from it too.
 	registered map[uint64]int64
@@ -333,7 +336,8 @@ func (f *FSM) Incarnation(r kvevent.Rank) uint64 {
 func (f *FSM) rankCursor(r kvevent.Rank) rankCursor {
 	f.curMu.RLock()
 	defer f.curMu.RUnlock()
-	return f.cursors[r]
+	c, _ := f.cursors.Get(r)
+	return c
 }
 
 // Digest is the state digest: the index's and the load tracker's, mixed
@@ -348,7 +352,7 @@ func (f *FSM) rankCursor(r kvevent.Rank) rankCursor {
 func (f *FSM) Digest() uint64 {
 	d := f.ix.Digest()*0x9e3779b97f4a7c15 + f.seqs.Digest()
 	f.curMu.RLock()
-	for r, c := range f.cursors {
+	for r, c := range f.cursors.All() {
 		x := mix(c.id + 0x7f4a7c15)
 		if c.incarnation != 0 {
 			// A rank without one mixes as before incarnations existed.
@@ -779,10 +783,7 @@ func (f *FSM) countEvent(ev *kvevent.Event, outcome int) {
 
 func (f *FSM) noteHeard(r kvevent.Rank, now int64) {
 	f.curMu.Lock()
-	if f.heard == nil {
-		f.heard = map[kvevent.Rank]int64{}
-	}
-	f.heard[r] = now
+	f.heard.Set(r, now)
 	f.curMu.Unlock()
 }
 
@@ -791,7 +792,8 @@ func (f *FSM) noteHeard(r kvevent.Rank, now int64) {
 func (f *FSM) LastHeard(r kvevent.Rank) int64 {
 	f.curMu.RLock()
 	defer f.curMu.RUnlock()
-	return f.heard[r]
+	t, _ := f.heard.Get(r)
+	return t
 }
 
 // RegisteredAt returns when worker id last registered (unix nanos of the
@@ -818,14 +820,14 @@ func (f *FSM) UnregisteredRanks() []kvevent.Rank {
 	workers := f.Workers()
 	var out []kvevent.Rank
 	f.curMu.RLock()
-	for r := range f.cursors {
+	for r := range f.cursors.All() {
 		if _, ok := workers[r.Worker]; !ok {
 			out = append(out, r)
 		}
 	}
-	for r := range f.heard {
+	for r := range f.heard.All() {
 		if _, ok := workers[r.Worker]; !ok {
-			if _, dup := f.cursors[r]; !dup {
+			if _, dup := f.cursors.Get(r); !dup {
 				out = append(out, r)
 			}
 		}
@@ -837,7 +839,7 @@ func (f *FSM) UnregisteredRanks() []kvevent.Rank {
 
 func (f *FSM) setCursor(r kvevent.Rank, c rankCursor) {
 	f.curMu.Lock()
-	f.cursors[r] = c
+	f.cursors.Set(r, c)
 	f.curMu.Unlock()
 	f.batch.PutCursor(r.Worker, r.DP, c.id, c.incarnation)
 }
@@ -848,8 +850,8 @@ func (f *FSM) removeRank(r kvevent.Rank) {
 	f.ix.RemoveRank(r)
 	f.seqs.RemoveRank(r)
 	f.curMu.Lock()
-	delete(f.cursors, r)
-	delete(f.heard, r)
+	f.cursors.Delete(r)
+	f.heard.Delete(r)
 	f.curMu.Unlock()
 	f.batch.DeleteCursor(r.Worker, r.DP)
 }
@@ -860,24 +862,15 @@ func (f *FSM) removeWorker(id uint64) error {
 	f.ix.RemoveWorker(id)
 	f.seqs.RemoveWorker(id)
 	f.curMu.Lock()
-	var gone []kvevent.Rank
-	for r := range f.cursors {
-		if r.Worker == id {
-			gone = append(gone, r)
-		}
-	}
-	slices.SortFunc(gone, kvevent.Rank.Compare)
-	for _, r := range gone {
-		delete(f.cursors, r)
-		delete(f.heard, r)
+	// In rank order, so that every replica's batch deletes in one order.
+	for _, r := range f.cursors.WorkerRanks(nil, id) {
+		f.cursors.Delete(r)
 		f.batch.DeleteCursor(r.Worker, r.DP)
 	}
-	// A rank heard of with no cursor: its batches began past a gap, and
-	// nothing of them applied.
-	for r := range f.heard {
-		if r.Worker == id {
-			delete(f.heard, r)
-		}
+	// A rank heard of with no cursor too: its batches began past a gap,
+	// and nothing of them applied.
+	for _, r := range f.heard.WorkerRanks(nil, id) {
+		f.heard.Delete(r)
 	}
 	delete(f.registered, id)
 	f.curMu.Unlock()

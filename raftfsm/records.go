@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/rankmap"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/store"
 )
@@ -222,7 +223,7 @@ func (f *FSM) logLoaded(msg string, b *stateBuilder, start time.Time) {
 type stateBuilder struct {
 	l                    *indexer.Loader
 	applied, appliedTerm uint64
-	cursors              map[kvevent.Rank]rankCursor
+	cursors              rankmap.Map[rankCursor]
 	workers              map[uint64]WorkerInfo
 	members              map[string]Member
 	settings             Settings
@@ -243,7 +244,6 @@ func newStateBuilder() *stateBuilder {
 	l.Spread(runtime.GOMAXPROCS(0), spreadGo)
 	return &stateBuilder{
 		l:        l,
-		cursors:  map[kvevent.Rank]rankCursor{},
 		workers:  map[uint64]WorkerInfo{},
 		members:  map[string]Member{},
 		settings: Settings{Params: indexer.DefaultParams()},
@@ -303,7 +303,7 @@ func (b *stateBuilder) small(kind byte, k, v []byte) error {
 			return err
 		}
 		id, inc, err := store.DecodeCursor(v)
-		b.cursors[kvevent.Rank{Worker: w, DP: dp}] = rankCursor{id: id, incarnation: inc}
+		b.cursors.Set(kvevent.Rank{Worker: w, DP: dp}, rankCursor{id: id, incarnation: inc})
 		return err
 	case store.KindWorker:
 		d := dec{b: v}
