@@ -60,7 +60,7 @@ func (f *FSM) DigestChecks() (compared, mismatched uint64) {
 
 // applyCheck applies the check entry at index (see the file comment).
 func (f *FSM) applyCheck(c *command, index uint64) CheckResult {
-	own := f.Digest()
+	own := f.digestWith(f.wtab) // mid-batch: the table as applied so far
 	f.checkMu.Lock()
 	prev := f.lastCheck
 	f.lastCheck = CheckPoint{Index: index, Digest: own}

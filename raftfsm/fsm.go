@@ -97,6 +97,12 @@ type FSM struct {
 	// last-heard times, so a rank's silence counts from it too.
 	restoredAt atomic.Int64
 
+	// wtab is the worker table as the apply path reads and changes it
+	// (in place, by the apply goroutine only); workers is the copy
+	// published at the end of each ApplyBatch that changed it
+	// (publishWorkers), which every other reader gets.
+	wtab    map[uint64]WorkerInfo
+	wdirty  bool
 	workers atomic.Pointer[map[uint64]WorkerInfo] // copy-on-write
 	// cands is every registered rank as a route candidate, in rank order,
 	// rebuilt with workers so that a route decision neither allocates nor
@@ -286,11 +292,33 @@ func (f *FSM) AppliedDigest() (index, digest uint64) {
 	return f.applied.Load(), f.Digest()
 }
 
-// Workers returns the registered workers (do not modify).
+// Workers returns the registered workers (do not modify), as of the end
+// of the last ApplyBatch.
 func (f *FSM) Workers() map[uint64]WorkerInfo { return *f.workers.Load() }
 
-// setWorkers publishes a new worker table and its candidate list.
+// setWorkers makes ws the apply path's table (owned by it from now on)
+// and publishes it (a restore or an open).
 func (f *FSM) setWorkers(ws map[uint64]WorkerInfo) {
+	f.wtab, f.wdirty = ws, true
+	f.publishWorkers()
+}
+
+// publishWorkers publishes a copy of the apply path's table, when it
+// changed, with its candidate list and block size. ApplyBatch calls it
+// once at its end, before anyone can see the entries applied: registering
+// N workers by N entries cost O(N) each when every registration published
+// (a clone of the table and a sort of every candidate; 8,000 workers took
+// 21 s of apply per replica), and costs that once per batch now, so a
+// storm of registrations, whose entries commit in large batches, is
+// amortised. The apply path itself reads only wtab: entries of one batch
+// see each other's changes, whatever the batch boundaries (they differ
+// between replicas).
+func (f *FSM) publishWorkers() {
+	if !f.wdirty {
+		return
+	}
+	f.wdirty = false
+	ws := maps.Clone(f.wtab)
 	var cands []indexer.Candidate
 	for id, w := range ws {
 		for _, dp := range w.DPRanks {
@@ -349,7 +377,11 @@ func (f *FSM) rankCursor(r kvevent.Rank) rankCursor {
 // out. (Before the eleventh session's build a registration counted only
 // its block size, rank count and device capacity, and the settings not at
 // all: replicas that disagreed there passed every check.)
-func (f *FSM) Digest() uint64 {
+func (f *FSM) Digest() uint64 { return f.digestWith(f.Workers()) }
+
+// digestWith is Digest with worker table ws: the published one, or the
+// apply path's own (a check entry's, applyCheck).
+func (f *FSM) digestWith(ws map[uint64]WorkerInfo) uint64 {
 	d := f.ix.Digest()*0x9e3779b97f4a7c15 + f.seqs.Digest()
 	f.curMu.RLock()
 	for r, c := range f.cursors.All() {
@@ -362,7 +394,7 @@ func (f *FSM) Digest() uint64 {
 	}
 	f.curMu.RUnlock()
 	var e enc
-	for id, w := range f.Workers() {
+	for id, w := range ws {
 		e.b = e.b[:0]
 		encodeWorker(&e, &w) // its maps are written in key order
 		d += mix(id ^ xxh3.Hash(e.b))
@@ -439,6 +471,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		}
 		out[i] = f.applyCommand(&c, l.Index)
 	}
+	f.publishWorkers()
 	if last == 0 {
 		return out
 	}
@@ -596,16 +629,14 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 		// Ranks the new registration drops go with their state, as a
 		// deregistration takes a worker's: a later registration of the rank
 		// starts clean.
-		if prev, ok := f.Workers()[w.ID]; ok {
+		if prev, ok := f.wtab[w.ID]; ok {
 			for _, dp := range prev.DPRanks {
 				if !slices.Contains(w.DPRanks, dp) {
 					f.removeRank(kvevent.Rank{Worker: w.ID, DP: dp})
 				}
 			}
 		}
-		next := maps.Clone(f.Workers())
-		next[w.ID] = w
-		f.setWorkers(next)
+		f.wtab[w.ID], f.wdirty = w, true
 		f.curMu.Lock()
 		if f.registered == nil {
 			f.registered = map[uint64]int64{}
@@ -626,7 +657,7 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 		for _, op := range c.books {
 			switch op.kind {
 			case bookAdd:
-				if w, ok := f.Workers()[op.b.Rank.Worker]; !ok || !slices.Contains(w.DPRanks, op.b.Rank.DP) {
+				if w, ok := f.wtab[op.b.Rank.Worker]; !ok || !slices.Contains(w.DPRanks, op.b.Rank.DP) {
 					// The rank left after the decision that chose it: a
 					// booking there would come back as phantom load if
 					// the worker registered again within the expiry.
@@ -704,7 +735,7 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 // duplicates (docs/events.md). A batch or a rank without an incarnation
 // (0) is not fenced.
 func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
-	w := f.Workers()[rb.Rank.Worker]
+	w := f.wtab[rb.Rank.Worker]
 	if w.Positional && !slices.Contains(w.DPRanks, rb.Rank.DP) {
 		// Only the leader's own subscriber sends a Positional rank's
 		// events, and it runs on for up to a poll after the rank was
@@ -857,8 +888,7 @@ func (f *FSM) removeRank(r kvevent.Rank) {
 }
 
 func (f *FSM) removeWorker(id uint64) error {
-	cur := f.Workers()
-	_, known := cur[id]
+	_, known := f.wtab[id]
 	f.ix.RemoveWorker(id)
 	f.seqs.RemoveWorker(id)
 	f.curMu.Lock()
@@ -877,9 +907,8 @@ func (f *FSM) removeWorker(id uint64) error {
 	if !known {
 		return fmt.Errorf("deregister %d: %w", id, ErrUnknownWorker)
 	}
-	next := maps.Clone(cur)
-	delete(next, id)
-	f.setWorkers(next)
+	delete(f.wtab, id)
+	f.wdirty = true
 	f.batch.Delete(store.KindWorker, u64key(id))
 	return nil
 }

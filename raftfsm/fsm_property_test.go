@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"bytes"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -157,6 +158,22 @@ func (m *fsmModel) check(rt *rapid.T, what string, f *FSM) {
 			rt.Fatalf("%s: worker %d = %+v (registered %v), model %+v", what, id, got, ok, want)
 		}
 	}
+	// What ApplyBatch published at its end (publishWorkers): the route
+	// candidates and the block size, against a rebuild from the model's
+	// table, and the apply path's own table.
+	var rebuilt FSM
+	rebuilt.setWorkers(maps.Clone(m.workers))
+	if got, want := f.candidates(), rebuilt.candidates(); !slices.Equal(got, want) {
+		rt.Fatalf("%s: route candidates %+v, rebuilt from the table %+v", what, got, want)
+	}
+	if got, want := f.blockSize.Load(), rebuilt.blockSize.Load(); got != want {
+		rt.Fatalf("%s: block size %d, rebuilt %d", what, got, want)
+	}
+	if !maps.EqualFunc(f.wtab, ws, func(a, b WorkerInfo) bool {
+		return a.ID == b.ID && slices.Equal(a.DPRanks, b.DPRanks) && a.BlockSize == b.BlockSize
+	}) {
+		rt.Fatalf("%s: published workers %v, the apply path's %v", what, ws, f.wtab)
+	}
 }
 
 func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
@@ -199,8 +216,8 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 		// capacity: a rank it drops goes with its cursor and bookings.
 		w := WorkerInfo{
 			ID:        uint64(rapid.IntRange(1, 2).Draw(t, "worker")),
-			DPRanks:   rapid.SampledFrom([][]uint32{{0, 1}, {0}, {1}}).Draw(t, "dp ranks"),
-			BlockSize: 16,
+			DPRanks:   rapid.SampledFrom([][]uint32{{0, 1}, {0}, {1}, {1, 0}}).Draw(t, "dp ranks"),
+			BlockSize: rapid.SampledFrom([]int{16, 32}).Draw(t, "block size"),
 			Capacity:  [4]int64{rapid.Int64Range(1, 3).Draw(t, "capacity") * 64},
 		}
 		if prev, ok := m.workers[w.ID]; ok {
@@ -304,6 +321,9 @@ func checkFSMMatchesModel(t *testing.T) {
 		if err != nil {
 			rt.Fatal(err)
 		}
+		// Closed however the run ends (a run rapid finds invalid ends at a
+		// draw); Close is idempotent.
+		defer f.Close()
 		m := &fsmModel{ix: indexer.New(indexer.Config{}), cursors: map[kvevent.Rank]uint64{}, incs: map[kvevent.Rank]uint64{}, workers: map[uint64]WorkerInfo{}, bookings: map[string]*fsmModelBooking{}, freed: map[string]bool{}}
 		defer m.ix.Release()
 		var w logWriter
