@@ -326,8 +326,14 @@ func (s *snapReader) finish() error {
 	if !bytes.Equal(sum, trailer[:]) {
 		return bad("checksum mismatch (the file is corrupted)")
 	}
-	if _, err := s.r.ReadByte(); err != io.EOF {
+	// Only a byte read past the checksum makes the file corrupt; a read
+	// that fails where the stream should end (a disk error, a dropped
+	// connection) is that error, as it is mid-stream (truncated).
+	switch _, err := s.r.ReadByte(); {
+	case err == nil:
 		return bad("trailing bytes after the checksum")
+	case err != io.EOF:
+		return fmt.Errorf("read snapshot: %w", err)
 	}
 	s.info.Bytes = s.n + sha256.Size
 	s.info.SHA256 = hex.EncodeToString(sum)

@@ -102,6 +102,43 @@ func TestSnapshotFormatVersions(t *testing.T) {
 	}
 }
 
+// errAtEOF reads r and answers err where r would end: a stream whose
+// connection or disk fails after its last byte.
+type errAtEOF struct {
+	r   io.Reader
+	err error
+}
+
+func (e *errAtEOF) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err == io.EOF {
+		return n, e.err
+	}
+	return n, err
+}
+
+// TestSnapshotReadErrorAfterTheChecksum: a read error where the stream
+// should end (a failing disk or a dropped connection after the checksum)
+// is that error, not ErrBadSnapshot: only a byte read past the checksum
+// makes the file corrupt. From a review: any error there was reported as
+// "trailing bytes after the checksum", hiding the real one.
+func TestSnapshotReadErrorAfterTheChecksum(t *testing.T) {
+	stream := buildStream(snapshotVersion, nil, map[byte]uint64{}, map[byte]uint64{})
+	if _, err := InspectSnapshot(bytes.NewReader(stream)); err != nil {
+		t.Fatalf("clean stream: %v", err)
+	}
+	ioErr := errors.New("connection reset")
+	_, err := InspectSnapshot(&errAtEOF{r: bytes.NewReader(stream), err: ioErr})
+	if !errors.Is(err, ioErr) || errors.Is(err, ErrBadSnapshot) {
+		t.Errorf("I/O error after the checksum: err %v, want the I/O error and not ErrBadSnapshot", err)
+	}
+	// A byte past the checksum is still a corrupt file, whatever follows it.
+	_, err = InspectSnapshot(&errAtEOF{r: bytes.NewReader(append(bytes.Clone(stream), 1)), err: ioErr})
+	if !errors.Is(err, ErrBadSnapshot) {
+		t.Errorf("a byte past the checksum: err %v, want ErrBadSnapshot", err)
+	}
+}
+
 // batchStream builds a version 2 stream of n cursor records of 1 KiB each
 // (key and value), record i keyed i, so that recBatchBytes/1024 records
 // make a batch; dup, if not negative, makes record dup a copy of the one
