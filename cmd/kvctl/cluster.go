@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -299,7 +300,8 @@ func leaderCommand(e *env) *cli.Command {
 		Subcommands: []*cli.Command{{
 			Name:  "transfer",
 			Usage: "hand leadership to another voter (before maintenance of the leader)",
-			Description: "Without --to, any up-to-date voter takes over.\n\n" +
+			Description: "Without --to, any up-to-date voter takes over: kvctl waits, within --timeout, until a node\n" +
+				"names it, and prints it.\n\n" +
 				"Example:\n   kvctl leader transfer\n   kvctl leader transfer --to n2",
 			Flags: []cli.Flag{&cli.StringFlag{Name: "to", Usage: "the member `ID` to hand leadership to"}},
 			Action: func(c *cli.Context) error {
@@ -308,28 +310,66 @@ func leaderCommand(e *env) *cli.Command {
 				}
 				to := c.String("to")
 				return withClient(c, func(ctx context.Context, cl *client.Client) error {
+					var before *raftfsm.NodeStatus
+					if to == "" {
+						// Who leads now, and in what term: the one that
+						// takes over is another, in a later term.
+						var err error
+						if before, err = cl.Status(ctx); err != nil {
+							return err
+						}
+					}
 					if err := cl.TransferLeader(ctx, to); err != nil {
 						return err
 					}
 					leader := to
 					if leader == "" {
-						// Ask who took over; a node that has not heard yet
-						// may still name the old leader.
-						if st, err := cl.Status(ctx); err == nil {
-							leader = st.LeaderID
+						var err error
+						if leader, err = newLeader(ctx, cl, before, c.Duration("timeout")); err != nil {
+							return err
 						}
 					}
 					if jsonOut(c) {
 						return writeJSON(e.stdout, map[string]string{"leader": leader})
-					}
-					if leader == "" {
-						_, err := fmt.Fprintln(e.stdout, "leadership transferred")
-						return err
 					}
 					_, err := fmt.Fprintf(e.stdout, "leadership transferred to %s\n", leader)
 					return err
 				})
 			},
 		}},
+	}
+}
+
+// newLeader waits, within ctx, until a node names a leader that took over
+// from the one in before: another node, in a later term. The transfer
+// returns once the old leader has stepped down, when it and most
+// followers have often not heard from the new one yet, so every endpoint
+// is asked (the new leader knows at once) until one names it.
+func newLeader(ctx context.Context, cl *client.Client, before *raftfsm.NodeStatus, timeout time.Duration) (string, error) {
+	const poll = 50 * time.Millisecond
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			old := before.LeaderID
+			if old == "" {
+				old = "the leader"
+			}
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return "", fmt.Errorf("leadership transfer: %s stepped down; waiting for the new leader: %w", old, ctx.Err())
+			}
+			// Not ctx's error: the transfer went through, and withClient's
+			// "no answer within --timeout" would say otherwise.
+			return "", fmt.Errorf("leadership transfer: %s stepped down, but no node named a new leader within --timeout %v "+
+				"(is a quorum of voters up?); kvctl status shows the leader once one is elected", old, timeout)
+		case <-t.C:
+		}
+		for _, a := range cl.StatusAll(ctx) {
+			if st := a.Status; st != nil && st.LeaderID != "" && st.LeaderID != before.LeaderID && st.Term > before.Term {
+				return st.LeaderID, nil
+			}
+		}
+		t.Reset(poll)
 	}
 }

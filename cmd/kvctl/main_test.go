@@ -345,6 +345,63 @@ func TestLeaderTransfer(t *testing.T) {
 	kvctl(t, "--endpoints", c.nodes[0].addr(), "leader", "transfer", "n2").wantCode(t, 2)
 }
 
+// elect makes c's leader hand over without --to as Raft does: once the
+// transfer reaches n1, n1 and n3 know no leader, and n2 answers as the
+// leader of a later term from its wins'th status after the transfer
+// (never, if wins is 0).
+func (c *cluster) elect(wins int32) {
+	var transferred atomic.Bool
+	var asked atomic.Int32
+	n2 := c.nodes[1].fake.Status()
+	n2.State, n2.Term, n2.LeaderID, n2.LeaderHTTP = "Leader", n2.Term+1, "n2", c.nodes[1].addr()
+	for i, n := range c.nodes {
+		n.fake.SetHook(func(method string) error {
+			switch {
+			case method == "TransferLeadership":
+				transferred.Store(true)
+			case method != "Status" || !transferred.Load():
+			case i == 1 && wins > 0 && asked.Add(1) >= wins:
+				n.fake.SetStatus(n2)
+			default:
+				n.fake.SetFollower("", "")
+			}
+			return nil
+		})
+	}
+}
+
+// TestLeaderTransferNamesTheNewLeader: without --to, kvctl waits until a
+// node names a leader other than the one that handed over, and says who.
+// From a review: it asked the endpoint that answered, which had often not
+// heard of the new leader yet, and printed {"leader":""} with exit 0.
+func TestLeaderTransferNamesTheNewLeader(t *testing.T) {
+	c := newCluster(t)
+	c.elect(3)
+	r := kvctl(t, "--endpoints", c.endpoints(), "-o", "json", "leader", "transfer").wantCode(t, 0)
+	var got map[string]string
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || got["leader"] != "n2" {
+		t.Fatalf("stdout = %q (%v), want leader n2", r.stdout, err)
+	}
+	c = newCluster(t)
+	c.elect(2)
+	r = kvctl(t, "--endpoints", c.endpoints(), "leader", "transfer").wantCode(t, 0)
+	if r.stdout != "leadership transferred to n2\n" {
+		t.Fatalf("stdout = %q", r.stdout)
+	}
+}
+
+// TestLeaderTransferNoNewLeader: a transfer after which no node names a
+// new leader within --timeout fails, saying the old leader stepped down
+// and where to look, and writes nothing to stdout.
+func TestLeaderTransferNoNewLeader(t *testing.T) {
+	c := newCluster(t)
+	c.elect(0)
+	r := kvctl(t, "--endpoints", c.endpoints(), "--timeout", "300ms", "-o", "json", "leader", "transfer").wantCode(t, 1)
+	if r.stdout != "" || !strings.Contains(r.stderr, "n1 stepped down") || !strings.Contains(r.stderr, "kvctl status") {
+		t.Fatalf("stdout = %q, stderr = %q", r.stdout, r.stderr)
+	}
+}
+
 func TestWorkers(t *testing.T) {
 	c := newCluster(t)
 	c.registerWorkers(t)
