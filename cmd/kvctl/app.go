@@ -102,7 +102,7 @@ func newApp(e *env) *cli.App {
 			if c.Args().Present() {
 				return usagef("unknown command %q; kvctl --help lists the commands", c.Args().First())
 			}
-			_ = cli.ShowAppHelp(c)
+			usageHelp(c, cli.ShowAppHelp)
 			return usagef("a command is needed; kvctl --help lists them")
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // run decides the exit code, never os.Exit
@@ -147,9 +147,19 @@ func group(want string) cli.ActionFunc {
 		if c.Args().Present() {
 			return usagef("unknown command %q (want %s); see %s --help", c.Args().First(), want, helpName(c))
 		}
-		_ = cli.ShowSubcommandHelp(c)
+		usageHelp(c, cli.ShowSubcommandHelp)
 		return usagef("%s needs a command: %s", helpName(c), want)
 	}
+}
+
+// usageHelp shows help with a usage error: on stderr, with the error line,
+// for stdout holds only what was asked for (-o json: only JSON). Help
+// asked for with --help goes to stdout.
+func usageHelp(c *cli.Context, show func(*cli.Context) error) {
+	w := c.App.Writer
+	c.App.Writer = c.App.ErrWriter
+	defer func() { c.App.Writer = w }()
+	_ = show(c)
 }
 
 // args checks the number of positional arguments.

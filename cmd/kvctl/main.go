@@ -4,7 +4,8 @@
 // cluster offline), over the HTTP API of docs/api.md.
 //
 // Exit codes: 0 success, 1 error, 2 bad usage. Errors are one line on
-// stderr that says what to do; -o json writes only JSON to stdout.
+// stderr that says what to do (kvctl or a command group without a
+// command: its help, then that line); -o json writes only JSON to stdout.
 package main
 
 import (

@@ -150,7 +150,7 @@ func kvctl(t *testing.T, args ...string) result {
 }
 
 // wantCode checks the exit code and, for failures, that stderr is one
-// line.
+// line (after warnings, or the help of a command line without a command).
 func (r result) wantCode(t *testing.T, code int) result {
 	t.Helper()
 	if r.code != code {
@@ -161,6 +161,9 @@ func (r result) wantCode(t *testing.T, code int) result {
 		last := lines[len(lines)-1]
 		if !strings.HasPrefix(last, "kvctl: ") {
 			t.Fatalf("the error line %q does not start with kvctl:", last)
+		}
+		if strings.HasPrefix(r.stderr, "NAME:\n") && strings.Contains(last, "command") {
+			return r // the help, then the error line
 		}
 		for _, l := range lines[:len(lines)-1] {
 			if !strings.HasPrefix(l, "kvctl: warning: ") {
@@ -897,6 +900,20 @@ func TestEveryCommandHelpShowsAnExample(t *testing.T) {
 	walk(nil, app.Commands)
 	if r := kvctl(t, "--help").wantCode(t, 0); !strings.Contains(r.stdout, "Example:") {
 		t.Errorf("kvctl --help has no example")
+	}
+}
+
+// TestBareGroupHelpGoesToStderr: kvctl, or a command group, without a
+// command is a usage error (exit 2) whose help goes to stderr with the
+// error line, leaving stdout empty (-o json writes only JSON there). From
+// a review: the help went to stdout.
+func TestBareGroupHelpGoesToStderr(t *testing.T) {
+	for _, args := range []string{"", "-o json", "snapshot", "-o json snapshot", "members", "leader", "index"} {
+		r := kvctl(t, strings.Fields(args)...)
+		lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
+		if r.code != 2 || r.stdout != "" || !strings.Contains(r.stderr, "COMMANDS:") || !strings.HasPrefix(lines[len(lines)-1], "kvctl: ") {
+			t.Errorf("kvctl %s: exit %d, stdout %q, stderr %q; want 2, nothing, the help then the error line", args, r.code, r.stdout, r.stderr)
+		}
 	}
 }
 
