@@ -465,12 +465,28 @@ func TestRoute(t *testing.T) {
 	for _, v := range []string{"NaN", "Inf", "-Inf"} {
 		kvctl(t, ep, "route", "--hashes", "1", "--set", "temperature="+v).wantCode(t, 2)
 	}
-	bad := filepath.Join(dir, "bad.txt")
-	os.WriteFile(bad, []byte("1 2 -3"), 0o644)
-	if r := kvctl(t, ep, "route", "--tokens", bad).wantCode(t, 1); !strings.Contains(r.stderr, `token 2 "-3"`) {
-		t.Fatalf("stderr = %q", r.stderr)
+	// A --tokens file that holds no token ids is bad input, exit 2 as a
+	// bad --hashes is; one kvctl cannot read is exit 1. From a review: bad
+	// content was exit 1.
+	for content, want := range map[string]string{
+		"1 2 -3":  `token 2 "-3"`,
+		"1 2 x":   `token 2 "x"`,
+		"[1, -2]": "not a JSON array",
+		" \n":     "no token ids",
+	} {
+		bad := filepath.Join(dir, "bad.txt")
+		if err := os.WriteFile(bad, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if r := kvctl(t, ep, "route", "--tokens", bad).wantCode(t, 2); !strings.Contains(r.stderr, want) {
+			t.Fatalf("--tokens holding %q: stderr = %q, want %q", content, r.stderr, want)
+		}
+	}
+	if r := (&harness{stdin: "1 x"}).run(t, ep, "route", "--tokens", "-").wantCode(t, 2); !strings.Contains(r.stderr, `token 1 "x"`) {
+		t.Fatalf("--tokens - holding 1 x: stderr = %q", r.stderr)
 	}
 	kvctl(t, ep, "route", "--tokens", filepath.Join(dir, "missing")).wantCode(t, 1)
+	kvctl(t, ep, "route", "--tokens", dir).wantCode(t, 1) // a directory: unreadable
 	if r := kvctl(t, ep, "route", "--hashes", "1", "--set", "prefill_load_scale=-1").wantCode(t, 1); !strings.Contains(r.stderr, "prefill_load_scale") {
 		t.Fatalf("a negative override: stderr = %q", r.stderr)
 	}

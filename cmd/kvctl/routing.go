@@ -188,7 +188,9 @@ func routeRequest(c *cli.Context, e *env) (api.RouteRequest, error) {
 }
 
 // readTokens reads token ids from a file ("-": r): a JSON array, or
-// integers separated by white space or commas.
+// integers separated by white space or commas. Content that holds no token
+// ids is a usage error (exit 2), as a bad --hashes is: the user gave it; a
+// file that cannot be read is an error (exit 1).
 func readTokens(path string, stdin io.Reader) ([]uint32, error) {
 	var data []byte
 	var err error
@@ -204,7 +206,7 @@ func readTokens(path string, stdin io.Reader) ([]uint32, error) {
 	var ids []uint32
 	if bytes.HasPrefix(trimmed, []byte("[")) {
 		if err := json.Unmarshal(trimmed, &ids); err != nil {
-			return nil, fmt.Errorf("--tokens %s: not a JSON array of token ids (unsigned 32-bit integers): %v", path, err)
+			return nil, usagef("--tokens %s: not a JSON array of token ids (unsigned 32-bit integers): %v", path, err)
 		}
 	} else {
 		for i, f := range strings.FieldsFunc(string(trimmed), func(r rune) bool {
@@ -212,13 +214,13 @@ func readTokens(path string, stdin io.Reader) ([]uint32, error) {
 		}) {
 			v, err := strconv.ParseUint(f, 10, 32)
 			if err != nil {
-				return nil, fmt.Errorf("--tokens %s: token %d %q is not an unsigned 32-bit integer", path, i, f)
+				return nil, usagef("--tokens %s: token %d %q is not an unsigned 32-bit integer", path, i, f)
 			}
 			ids = append(ids, uint32(v))
 		}
 	}
 	if len(ids) == 0 {
-		return nil, fmt.Errorf("--tokens %s: no token ids in it", path)
+		return nil, usagef("--tokens %s: no token ids in it", path)
 	}
 	return ids, nil
 }
