@@ -267,6 +267,11 @@ func (s *Server) addMember(w http.ResponseWriter, r *http.Request) error {
 	if err := checkAddr("raft_addr", req.RaftAddr); err != nil {
 		return err
 	}
+	// As kvrouter checks its --raft-addr: a wildcard host reaches whatever
+	// listens on that port on the leader's host, the leader itself first.
+	if err := raftfsm.CheckRaftAddr(req.RaftAddr); err != nil {
+		return invalidf("raft_addr %v", err)
+	}
 	if err := checkAddr("http_addr", req.HTTPAddr); err != nil {
 		return err
 	}

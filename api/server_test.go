@@ -243,6 +243,8 @@ func TestRoutes(t *testing.T) {
 			body: `{"id":"n2","raft_addr":"10.0.0.2:7946","http_addr":"10.0.0.2:7080"}`, code: 204},
 		{name: "add member bad address", method: "POST", path: "/v1/cluster/members",
 			body: `{"id":"n2","raft_addr":"10.0.0.2","http_addr":"10.0.0.2:7080"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"raft_addr"}},
+		{name: "add member wildcard raft address", method: "POST", path: "/v1/cluster/members",
+			body: `{"id":"n2","raft_addr":"0.0.0.0:7946","http_addr":"10.0.0.2:7080"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"raft_addr", "every interface"}},
 		{name: "add member bad port", method: "POST", path: "/v1/cluster/members",
 			body: `{"id":"n2","raft_addr":"h:1","http_addr":"h:99999"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"http_addr"}},
 		{name: "add member no id", method: "POST", path: "/v1/cluster/members",

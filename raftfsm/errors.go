@@ -54,6 +54,15 @@ var (
 	// good. To move a member, remove it and add it at the new address.
 	// Also ErrStartRefused.
 	ErrRaftAddrChanged = errors.New("node's raft address changed")
+	// ErrRaftAddrInUse means an added member's raft address reaches a
+	// member's Raft listener (the leader's own included) under another
+	// spelling than the configuration's: localhost for 127.0.0.1, a name
+	// that resolves to a member's address. The leader would replicate to
+	// that member as to the new one: to itself, and it steps down for
+	// good; to a follower, and the new member is made a voter by the
+	// follower's answers, a second vote for one process. Nothing changed.
+	// Also ErrInvalid.
+	ErrRaftAddrInUse = fmt.Errorf("%w: raft address in use by another member", ErrInvalid)
 	// ErrBookingFreed means a booking's request id was booked and then
 	// freed (or expired) before, less than BookingMaxAge ago: request ids
 	// are single-use while their tombstone stands, and nothing was booked.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -998,6 +999,156 @@ func TestARetriedAddOfAWipedNonvoterWaitsForAFreshMatch(t *testing.T) {
 	for _, sv := range l.raft.GetConfiguration().Configuration().Servers {
 		if sv.ID == "n4" && sv.Suffrage == raft.Voter {
 			t.Fatalf("the wiped n4, which answered no log-testing AppendEntries since the retry, was promoted to a voter (add: %v)", err)
+		}
+	}
+}
+
+// TestAddMemberRefusesAnotherSpellingOfAMembersRaftAddress: a raft address
+// that reaches a member's Raft listener under another spelling than the
+// configuration's (a wildcard host, localhost for 127.0.0.1, an
+// IPv4-mapped IPv6 address) is refused, and nothing changes. Accepted, the leader
+// replicated to itself at the leader's address (it stepped down for
+// good: the cluster bricked), and at a follower's the "new node" that
+// caught up was that follower, made a second voter. From a review.
+func TestAddMemberRefusesAnotherSpellingOfAMembersRaftAddress(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	before, err := l.Members(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var follower, fid string // a follower's raft address and id
+	for i, a := range c.addrs {
+		if a != l.cfg.RaftAddr {
+			follower, fid = a, c.id(i)
+		}
+	}
+	_, lport, _ := net.SplitHostPort(l.cfg.RaftAddr)
+	_, fport, _ := net.SplitHostPort(follower)
+	for _, tc := range []struct {
+		addr string
+		want error
+		msg  string
+	}{
+		{"0.0.0.0:" + lport, ErrInvalid, "every interface"},
+		{"[::]:" + fport, ErrInvalid, "every interface"},
+		{"127.0.0.1:0", ErrInvalid, "port 0"},
+		{"localhost:" + lport, ErrRaftAddrInUse, l.cfg.ID},
+		{"localhost:" + fport, ErrRaftAddrInUse, fid},
+		{"LocalHost:" + fport, ErrRaftAddrInUse, fid},
+		{"[::ffff:127.0.0.1]:" + fport, ErrRaftAddrInUse, fid},
+	} {
+		cx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		err := l.AddMember(cx, "n9", tc.addr, "127.0.0.1:2")
+		cancel()
+		if !errors.Is(err, tc.want) || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.msg) {
+			t.Fatalf("add n9 at %s: %v, want %v naming %q", tc.addr, err, tc.want, tc.msg)
+		}
+		if l.raft.State() != raft.Leader {
+			t.Fatalf("after the add of n9 at %s the leader is %v", tc.addr, l.raft.State())
+		}
+	}
+	after, err := l.Members(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before) {
+		t.Fatalf("members changed: %+v, were %+v", after, before)
+	}
+	c.converged()
+}
+
+// TestAddMemberTakesAnAddressThatIsNoMembers: a raft address whose host
+// does not resolve now (the node's name not yet published) proves no
+// alias, and another loopback IP at a member's port is another listener
+// (a node binds its raft address's IP alone): each is added, a non-voter
+// until a node answers there, as before.
+func TestAddMemberTakesAnAddressThatIsNoMembers(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	_, port, _ := net.SplitHostPort(l.cfg.RaftAddr)
+	addNotCaughtUp(t, l, "n8", "kvrouter-n8.invalid:7000", "127.0.0.1:2", 3*time.Second)
+	addNotCaughtUp(t, l, "n9", "127.0.0.2:"+port, "127.0.0.1:3", 2*time.Second)
+	if l.raft.State() != raft.Leader {
+		t.Fatalf("the leader is %v", l.raft.State())
+	}
+}
+
+// TestAnAnswerFromAnotherServerNeverPromotes: at the new member's
+// address, something that answers every AppendEntries with success, as
+// another server: a member (an alias of its address that slipped past
+// the add's check: NAT, a name that resolves differently now), another
+// cluster's node, or one that does not say (no id). Its answers proved
+// the new member caught up, and it was made a voter. From a review.
+func TestAnAnswerFromAnotherServerNeverPromotes(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	_, l := c.leaderExcept(-1)
+	for i, as := range []string{l.cfg.ID, "x7", ""} {
+		_, fake := raft.NewInmemTransport(raft.ServerAddress(fmt.Sprintf("inmem-fake%d", i)))
+		c.trans = append(c.trans, fake)
+		c.heal()
+		fakeFollower(t, fake, func(ae *raft.AppendEntriesRequest) (*raft.AppendEntriesResponse, error) {
+			return &raft.AppendEntriesResponse{RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(as)},
+				Term: ae.Term, LastLog: ae.PrevLogEntry + uint64(len(ae.Entries)), Success: true}, nil
+		})
+		id := fmt.Sprintf("n%d", 4+i)
+		t.Logf("%s at %s answers as %q", id, fake.LocalAddr(), as)
+		addNotCaughtUp(t, l, id, string(fake.LocalAddr()), "http-"+id, 2*time.Second)
+		if c := l.watch.contact(raft.ServerID(id)); !c.at.IsZero() {
+			t.Fatalf("%s, answered by %q, counts as heard from: %+v", id, as, c)
+		}
+	}
+}
+
+// TestALeaderRefusesItsOwnAppendEntries: a member whose raft address
+// reaches the leader itself (added past the add's checks, here straight
+// through Raft) gets the leader's AppendEntries back at the leader. Taken,
+// they made it step down, win the election, step down again, for good; the
+// watch refuses an RPC that names this node as its sender, and the leader
+// keeps its term.
+func TestALeaderRefusesItsOwnAppendEntries(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	term := l.raft.CurrentTerm()
+	_, port, _ := net.SplitHostPort(l.cfg.RaftAddr)
+	if err := l.raft.AddNonvoter("n9", raft.ServerAddress("localhost:"+port), 0, 0).Error(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the leader to refuse its own RPC", func() bool {
+		return l.watch.refusedOwn.Load() > 0 || l.raft.CurrentTerm() != term
+	})
+	if l.raft.State() != raft.Leader || l.raft.CurrentTerm() != term {
+		t.Fatalf("the leader is %v in term %d, was the leader in term %d", l.raft.State(), l.raft.CurrentTerm(), term)
+	}
+	if err := l.RemoveMember(ctx(t), "n9"); err != nil {
+		t.Fatalf("remove n9: %v", err)
+	}
+	c.converged()
+}
+
+// TestRaftAddrAliasResolvesBothSides: the alias check resolves the
+// members' addresses too (a member listed by name, added by IP), takes
+// an unspecified IP as the loopback one it dials, and leaves alone other
+// IPs, other ports and the added id's own entry.
+func TestRaftAddrAliasResolvesBothSides(t *testing.T) {
+	servers := []raft.Server{
+		{ID: "n1", Address: "localhost:7001"},
+		{ID: "n2", Address: "0.0.0.0:7002"},
+		{ID: "n3", Address: "inmem-n3"},
+	}
+	for _, tc := range []struct{ id, addr, want string }{
+		{"n9", "127.0.0.1:7001", "n1"},
+		{"n9", "[::1]:7001", "n1"},
+		{"n9", "[::ffff:127.0.0.1]:7001", "n1"},
+		{"n9", "127.0.0.1:7002", "n2"},
+		{"n9", "127.0.0.2:7001", ""},
+		{"n9", "127.0.0.1:7003", ""},
+		{"n1", "127.0.0.1:7001", ""}, // n1's own entry: the add's other checks judge it
+		{"n9", "inmem-n3", ""},
+	} {
+		s, ok := raftAddrAlias(t.Context(), servers, tc.id, tc.addr)
+		if got := string(s.ID); ok != (tc.want != "") || got != tc.want {
+			t.Errorf("add %s at %s: alias of %q (%v), want %q", tc.id, tc.addr, got, ok, tc.want)
 		}
 	}
 }

@@ -1689,10 +1689,16 @@ func (n *Node) SetSettings(ctx context.Context, s Settings) error {
 // log up to its addition (catchUpNonvoter), so that an address where
 // nothing runs never becomes a voter; when the voters that answer now would
 // not be a quorum of the configuration even with it, the add is refused
-// (ErrInvalid).
+// (ErrInvalid). So is a raft address no peer can dial (a wildcard host,
+// port 0), and one that reaches a member's under another spelling
+// (ErrRaftAddrInUse, raftAddrAlias): the leader would replicate to that
+// member as to the new one.
 func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) error {
 	if id == "" || raftAddr == "" {
 		return fmt.Errorf("%w: a member needs an id and a raft address", ErrInvalid)
+	}
+	if err := checkMemberRaftAddr(raftAddr); err != nil {
+		return fmt.Errorf("add %s: %w", id, err)
 	}
 	if n.raft.State() != raft.Leader {
 		return n.notLeader()
@@ -1715,9 +1721,25 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 		case string(s.ID) == id && string(s.Address) != raftAddr:
 			return fmt.Errorf("%w: member %q is at %s, not %s (to move it, remove it first)", ErrInvalid, id, s.Address, raftAddr)
 		case string(s.ID) != id && sameRaftAddr(string(s.Address), raftAddr):
-			return fmt.Errorf("%w: %s is member %q's raft address", ErrInvalid, raftAddr, s.ID)
+			return fmt.Errorf("%w: %s is member %q's raft address", ErrRaftAddrInUse, raftAddr, s.ID)
 		case string(s.ID) == id:
 			cur = &s
+		}
+	}
+	// The same address spelled another way (localhost for 127.0.0.1, a
+	// name of a member's IP): the leader would replicate to that member as
+	// to id. To itself, it receives its own AppendEntries and steps down,
+	// for good; to a follower, whose answers make id a voter, two votes of
+	// one process. A non-voter added so by an older build is refused its promotion too
+	// (its answers, another's, would not promote it anyway: answeredBy).
+	if cur == nil || cur.Suffrage != raft.Voter {
+		if s, ok := raftAddrAlias(ctx, cf.Configuration().Servers, id, raftAddr); ok {
+			hint := "give the new node's own raft address"
+			if cur != nil {
+				hint = fmt.Sprintf("remove the non-voter %s (kvctl members remove %s) and add it at its own raft address", id, id)
+			}
+			return fmt.Errorf("%w: %s reaches member %q's raft address %s: %s",
+				ErrRaftAddrInUse, raftAddr, s.ID, s.Address, hint)
 		}
 	}
 	if cur == nil || cur.Suffrage != raft.Voter {

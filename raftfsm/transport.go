@@ -58,8 +58,16 @@ func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger
 // under the cluster's applied index. No RPC passes before the node has
 // said whether it is alone.
 //
+// It refuses an RPC that names this node as its sender: this node's own,
+// come back through a member's raft address that reaches it (an alias
+// the add's check could not prove: NAT, a name that resolves differently
+// now). Taken, a leader's own AppendEntries made it step down, win the
+// next election and step down again, for good.
+//
 // And it notes the answers to the node's own RPCs (contacts): a leader's
-// membership changes need to know which followers answer.
+// membership changes need to know which followers answer. An answer
+// counts only when it comes from the server it was sent to: its header
+// names that server's id (answeredBy).
 type commitWatch struct {
 	raft.Transport
 	out    chan raft.RPC
@@ -73,6 +81,9 @@ type commitWatch struct {
 	aloneSet chan struct{}               // closed by setAlone
 	refused  atomic.Uint64               // RPCs refused while alone
 	logger   *slog.Logger
+
+	refusedOwn atomic.Uint64 // RPCs refused as this node's own (admit)
+	strangers  atomic.Uint64 // answers not from the server asked (answeredBy)
 
 	contactMu sync.Mutex
 	contacts  map[raft.ServerID]peerContact // what this node last heard from each peer it sent an RPC
@@ -116,8 +127,7 @@ func (w *commitWatch) run(in <-chan raft.RPC) {
 	for {
 		select {
 		case rpc := <-in:
-			if from, ok := w.foreign(rpc); ok {
-				w.refuse(rpc, from)
+			if !w.admit(rpc) {
 				continue
 			}
 			if ae, ok := rpc.Command.(*raft.AppendEntriesRequest); ok && ae.LeaderCommitIndex > 0 {
@@ -132,6 +142,33 @@ func (w *commitWatch) run(in <-chan raft.RPC) {
 			return
 		}
 	}
+}
+
+// admit reports whether the node may take rpc, and answers it with an
+// error when not: this node's own (ownRPC), or another cluster's leader's
+// while the node is alone (foreign).
+func (w *commitWatch) admit(rpc raft.RPC) bool {
+	if ownRPC(rpc, w.self) {
+		if k := w.refusedOwn.Add(1); k&(k-1) == 0 {
+			w.logger.Error("refusing an RPC this node sent itself: a member's raft address reaches this node; "+
+				"remove that member (kvctl members list, kvctl members remove)", "refused", k)
+		}
+		rpc.Respond(nil, fmt.Errorf("%w: server %s received its own RPC: the raft address it was sent to reaches its sender", ErrInvalid, w.self))
+		return false
+	}
+	if from, ok := w.foreign(rpc); ok {
+		w.refuse(rpc, from)
+		return false
+	}
+	return true
+}
+
+// ownRPC reports whether rpc names self as its sender. Raft sends no RPC
+// to its own server: one that does came back through another member's
+// address.
+func ownRPC(rpc raft.RPC, self string) bool {
+	h, ok := rpc.Command.(raft.WithRPCHeader)
+	return ok && string(h.GetRPCHeader().ID) == self
 }
 
 // refuse answers rpc, from another cluster's leader, with an error.
@@ -167,8 +204,7 @@ func (w *commitWatch) SetHeartbeatHandler(cb func(rpc raft.RPC)) {
 			rpc.Respond(nil, fmt.Errorf("%w: server %s is starting", ErrNoLeader, w.self))
 			return
 		}
-		if from, ok := w.foreign(rpc); ok {
-			w.refuse(rpc, from)
+		if !w.admit(rpc) {
 			return
 		}
 		cb(rpc)
@@ -190,6 +226,26 @@ func (w *commitWatch) foreign(rpc raft.RPC) (string, bool) {
 		return "", false
 	}
 	return string(h.ID), string(h.ID) != w.self && (*w.alone.Load())()
+}
+
+// answeredBy reports whether an answer with header h, to an RPC sent to
+// peer at target, comes from peer: h names peer's id, as every answer of
+// hashicorp/raft does (getRPCHeader: v1.8.0, which every build of this
+// module ran). Another id is another server at peer's address: a member
+// reached under another spelling, another cluster's node; no id, a server
+// that does not say. Neither counts as peer's answer, contact nor match:
+// a new member whose address answers as another is never promoted, and
+// stays a non-voter that the operator sees (this log, members list).
+func (w *commitWatch) answeredBy(peer raft.ServerID, target raft.ServerAddress, h raft.RPCHeader) bool {
+	if string(h.ID) == string(peer) {
+		return true
+	}
+	if k := w.strangers.Add(1); k&(k-1) == 0 { // the 1st, 2nd, 4th, 8th, ...
+		w.logger.Warn("a peer's raft address is answered by another server: its answers do not count as the peer's "+
+			"(check its raft address; a member added at another's address stays a non-voter: remove it)",
+			"peer", peer, "raft_addr", target, "answered_by", string(h.ID), "count", k)
+	}
+	return false
 }
 
 // heard notes an answer from peer. When it answered an RPC that tests
@@ -243,7 +299,7 @@ func (w *commitWatch) contact(peer raft.ServerID) peerContact {
 // (Raft pipelines only what comes after).
 func (w *commitWatch) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
 	err := w.Transport.AppendEntries(id, target, args, resp)
-	if err == nil {
+	if err == nil && w.answeredBy(id, target, resp.RPCHeader) {
 		w.heardAppend(id, args, resp)
 	}
 	return err
@@ -256,7 +312,7 @@ func (w *commitWatch) AppendEntriesPipeline(id raft.ServerID, target raft.Server
 	if err != nil {
 		return nil, err
 	}
-	wp := &watchedPipeline{AppendPipeline: p, w: w, id: id, out: make(chan raft.AppendFuture), stop: make(chan struct{}), done: make(chan struct{})}
+	wp := &watchedPipeline{AppendPipeline: p, w: w, id: id, target: target, out: make(chan raft.AppendFuture), stop: make(chan struct{}), done: make(chan struct{})}
 	go wp.run()
 	return wp, nil
 }
@@ -269,6 +325,7 @@ type watchedPipeline struct {
 	raft.AppendPipeline
 	w      *commitWatch
 	id     raft.ServerID
+	target raft.ServerAddress
 	out    chan raft.AppendFuture
 	stop   chan struct{}
 	done   chan struct{}
@@ -281,7 +338,8 @@ func (p *watchedPipeline) run() {
 	for {
 		select {
 		case f := <-in:
-			if f.Error() == nil { // answered: the futures come done
+			// answered: the futures come done
+			if f.Error() == nil && p.w.answeredBy(p.id, p.target, f.Response().RPCHeader) {
 				p.w.heardAppend(p.id, f.Request(), f.Response())
 			}
 			select {
@@ -312,7 +370,7 @@ func (p *watchedPipeline) Close() error {
 // its last index.
 func (w *commitWatch) InstallSnapshot(id raft.ServerID, target raft.ServerAddress, args *raft.InstallSnapshotRequest, resp *raft.InstallSnapshotResponse, data io.Reader) error {
 	err := w.Transport.InstallSnapshot(id, target, args, resp, data)
-	if err == nil {
+	if err == nil && w.answeredBy(id, target, resp.RPCHeader) {
 		w.heard(id, true, resp.Success, args.LastLogIndex)
 	}
 	return err
@@ -321,7 +379,7 @@ func (w *commitWatch) InstallSnapshot(id raft.ServerID, target raft.ServerAddres
 // RequestVote implements raft.Transport, noting the answer.
 func (w *commitWatch) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
 	err := w.Transport.RequestVote(id, target, args, resp)
-	if err == nil {
+	if err == nil && w.answeredBy(id, target, resp.RPCHeader) {
 		w.heard(id, false, false, 0)
 	}
 	return err
@@ -356,7 +414,7 @@ type commitWatchPreVote struct {
 // RequestPreVote implements raft.WithPreVote, noting the answer.
 func (w *commitWatchPreVote) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
 	err := w.pv.RequestPreVote(id, target, args, resp)
-	if err == nil {
+	if err == nil && w.answeredBy(id, target, resp.RPCHeader) {
 		w.heard(id, false, false, 0)
 	}
 	return err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -113,5 +114,62 @@ func TestKvctlAgainstARealNode(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(seedDir, "fsm")); err != nil {
 		t.Fatalf("the seeded directory has no state: %v", err)
+	}
+}
+
+// TestMembersAddOfTheLeadersOwnRaftListenerIsRefused: kvctl members add at
+// a raft address that reaches the leader's own Raft listener under
+// another spelling (a wildcard host, localhost for 127.0.0.1) is refused,
+// and the node stays the leader of a cluster of one. It was accepted, and
+// the leader, replicating to itself, stepped down for good. From a review.
+func TestMembersAddOfTheLeadersOwnRaftListenerIsRefused(t *testing.T) {
+	tr, err := raftfsm.NewTransport("127.0.0.1:0", nil, 2*time.Second, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raftAddr := string(tr.LocalAddr())
+	var handler http.Handler
+	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handler.ServeHTTP(w, r)
+	}))
+	httpAddr := hs.Listener.Addr().String()
+	node, err := raftfsm.NewNode(raftfsm.Config{
+		ID: "n1", RaftAddr: raftAddr, HTTPAddr: httpAddr, DataDir: t.TempDir(),
+		Peers:     []raftfsm.Member{{ID: "n1", RaftAddr: raftAddr, HTTPAddr: httpAddr, Voter: true}},
+		Transport: tr, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := api.NewServer(node, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	handler = srv
+	hs.Start()
+	defer func() {
+		hs.Close()
+		srv.Close()
+		node.Close()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := node.WaitReady(ctx); err != nil {
+		t.Fatalf("the node did not get ready: %v", err)
+	}
+	_, port, _ := net.SplitHostPort(raftAddr)
+	ep := "--endpoints=" + httpAddr
+	for _, tc := range []struct{ host, want string }{
+		{"0.0.0.0", "every interface"},
+		{"localhost", "reaches member \"n1\""},
+	} {
+		r := kvctl(t, ep, "--timeout=5s", "members", "add", "n9", net.JoinHostPort(tc.host, port), "127.0.0.1:1").wantCode(t, 1)
+		if !strings.Contains(r.stderr, tc.want) {
+			t.Fatalf("members add n9 %s:%s: %s, want it refused (%q)", tc.host, port, r.stderr, tc.want)
+		}
+		if st := node.Status(); st.State != "Leader" {
+			t.Fatalf("after members add n9 %s:%s the node is %s", tc.host, port, st.State)
+		}
+	}
+	r := kvctl(t, ep, "members", "list").wantCode(t, 0)
+	if strings.Contains(r.stdout, "n9") {
+		t.Fatalf("members list names n9:\n%s", r.stdout)
 	}
 }

@@ -1,0 +1,122 @@
+package raftfsm
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// aliasLookupTimeout bounds the name lookups of an add's alias check
+// (raftAddrAlias), all of them together: a resolver that does not answer
+// by then proves no alias, and the add goes on.
+const aliasLookupTimeout = 2 * time.Second
+
+// checkMemberRaftAddr refuses a raft address that no peer can dial as a
+// member's: a wildcard host (0.0.0.0:7000 reaches whatever listens on port
+// 7000 of the dialling node's host: the leader itself, when it is the
+// one) or port 0, as kvrouter refuses them for its --raft-addr. An
+// address that is not host:port (an in-memory transport's, in tests) is
+// left to the transport.
+func checkMemberRaftAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil
+	}
+	if err := CheckRaftAddr(addr); err != nil {
+		return fmt.Errorf("%w: raft address %w", ErrInvalid, err)
+	}
+	if p, err := net.LookupPort("tcp", port); err == nil && p == 0 {
+		return fmt.Errorf("%w: raft address %q: port 0 is a port the kernel picks, and peers cannot dial it", ErrInvalid, addr)
+	}
+	return nil
+}
+
+// raftAddrAlias returns the server of servers, other than id, whose raft
+// address addr reaches under another spelling: both resolve to one
+// IP:port (localhost:7001 and 127.0.0.1:7001, a name and its IP). The
+// unspecified address counts as its family's loopback one, which a dial
+// of it reaches (Linux), though CheckRaftAddr refuses it in an added
+// address. Other IPs of one host are other listeners: a kvrouter listens
+// on its --raft-addr's IP alone (NewNode binds it), so 127.0.0.2:7001 or
+// the host's LAN IP do not reach a member at 127.0.0.1:7001, and nodes on
+// one host at 127.0.0.1, 127.0.0.2, ... with one port are a cluster.
+//
+// An address whose host does not resolve now (a node not yet running, its
+// name not yet published) proves no alias, and neither does a member's:
+// only a proven alias is refused, and an unresolved one, added, stays a
+// non-voter until a node answers there as itself (commitWatch.answeredBy).
+// The lookups share aliasLookupTimeout, within ctx.
+func raftAddrAlias(ctx context.Context, servers []raft.Server, id, addr string) (raft.Server, bool) {
+	ctx, cancel := context.WithTimeout(ctx, aliasLookupTimeout)
+	defer cancel()
+	mine := lookupRaftAddr(ctx, addr)
+	if len(mine) == 0 {
+		return raft.Server{}, false
+	}
+	theirs := make([][]netip.AddrPort, len(servers))
+	var wg sync.WaitGroup
+	for i, s := range servers {
+		if string(s.ID) == id {
+			continue
+		}
+		wg.Go(func() { theirs[i] = lookupRaftAddr(ctx, string(s.Address)) })
+	}
+	wg.Wait()
+	for i, s := range servers {
+		for _, a := range mine {
+			for _, b := range theirs[i] {
+				if a == b {
+					return s, true
+				}
+			}
+		}
+	}
+	return raft.Server{}, false
+}
+
+// lookupRaftAddr returns the IP:ports a dial of addr may reach (IPs
+// unmapped, without zones), nil when addr is not host:port or its host
+// does not resolve. An IP literal needs no lookup, and localhost none
+// either (the loopback addresses, whatever the hosts file says); an
+// unspecified IP is its family's loopback one (raftAddrAlias).
+func lookupRaftAddr(ctx context.Context, addr string) []netip.AddrPort {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil
+	}
+	p, err := net.DefaultResolver.LookupPort(ctx, "tcp", port)
+	if err != nil || p <= 0 || p > 65535 {
+		return nil
+	}
+	var ips []netip.Addr
+	switch ip, err := netip.ParseAddr(host); {
+	case err == nil:
+		ips = []netip.Addr{ip}
+	case strings.EqualFold(host, "localhost"):
+		ips = []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, 1}), netip.IPv6Loopback()}
+	default:
+		found, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		if err != nil {
+			return nil
+		}
+		ips = found
+	}
+	out := make([]netip.AddrPort, 0, len(ips))
+	for _, ip := range ips {
+		ip = ip.Unmap().WithZone("")
+		switch {
+		case ip == netip.IPv4Unspecified():
+			ip = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+		case ip == netip.IPv6Unspecified():
+			ip = netip.IPv6Loopback()
+		}
+		out = append(out, netip.AddrPortFrom(ip, uint16(p)))
+	}
+	return out
+}
