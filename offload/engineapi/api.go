@@ -25,9 +25,11 @@ const (
 var (
 	// ErrBadRequest means the request can never succeed as it is: malformed
 	// JSON, a body that is not an object, an unknown, misspelled (field
-	// names are exact, case included) or repeated field, no dp_rank, a G1
-	// block id out of the region, a zero hash,
-	// mismatched lengths, a region that cannot be mapped. Nothing changed.
+	// names are exact, case included) or repeated field, no dp_rank, an
+	// offload block without g1_block, hash or local, a G1 block id out of
+	// the region, a zero hash, an offload block that contradicts what the
+	// engine reported (Config.Checker), mismatched lengths, a region that
+	// cannot be mapped. Nothing changed.
 	ErrBadRequest = errors.New("bad request")
 	// ErrUnknownRank means the agent does not follow that dp rank.
 	ErrUnknownRank = errors.New("unknown dp rank")
@@ -145,16 +147,22 @@ type OffloadRequest struct {
 
 // OffloadBlock is one block to offload: G1Block holds its final bytes;
 // Hash is its sequence hash (the engine's block hash, never 0), Parent the
-// previous block's (0 for the first block of a sequence), Local its content
-// hash (kvevent.LocalHash of its tokens: what the agent computes from the
-// engine's events, so that the G2/G3 copy lands on the same node of the
-// router's tree). Priority orders the queue, higher first; a negative
-// priority means "do not write through".
+// previous block's (0, or left out, for the first block of a sequence),
+// Local its content hash (kvevent.LocalHash of its tokens: what the agent
+// computes from the engine's events, so that the G2/G3 copy lands on the
+// same node of the router's tree). G1Block, Hash and Local are required.
+// Priority orders the queue, higher first; a negative priority means "do
+// not write through".
+//
+// Where the agent already holds the engine's STORE of Hash, Parent and
+// Local must be what it reported (Config.Checker): otherwise the router
+// would take the pool's copy for the engine reusing the hash and forget
+// the engine's block.
 type OffloadBlock struct {
-	G1Block  int  `json:"g1_block"`
-	Hash     Hash `json:"hash"`
+	G1Block  int  `json:"g1_block" required:"true"`
+	Hash     Hash `json:"hash" required:"true"`
 	Parent   Hash `json:"parent"`
-	Local    Hash `json:"local"`
+	Local    Hash `json:"local" required:"true"`
 	Priority int  `json:"priority"`
 }
 

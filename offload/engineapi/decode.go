@@ -8,6 +8,7 @@ import (
 	"io"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 
@@ -20,7 +21,10 @@ import (
 // mismatches are ErrBadRequest, and a refusal returns a zero T. Field names
 // must be spelled exactly as the API's (encoding/json alone would take
 // "DP_Rank" for dp_rank), each at most once, and dp_rank is required where
-// T has it: a forgotten field must not address rank 0. encoding/json parses
+// T has it: a forgotten field must not address rank 0; so is, in every
+// object, each field tagged required:"true" (an offload block's g1_block,
+// hash and local: left out, each would be 0, a G1 block or a content hash
+// that names another block). encoding/json parses
 // first: it refuses JSON nested past 10000 levels cheaply, where the key
 // walk's Decoder.Token would stack every level.
 func decode[T any](body []byte) (T, error) {
@@ -162,13 +166,20 @@ func (q *RegisterRequest) check(kind backend.Kind, blockSize int) (backend.IPCHa
 const requiredKey = "dp_rank"
 
 // fieldTypes maps a struct type to its fields' exact JSON names and types.
-var fieldTypes sync.Map // reflect.Type → map[string]reflect.Type
+var fieldTypes sync.Map // reflect.Type → map[string]field
 
-func fieldsOf(t reflect.Type) map[string]reflect.Type {
+// field is one JSON field of a struct: its type, and whether every object
+// decoded into the struct must name it (the tag required:"true").
+type field struct {
+	typ      reflect.Type
+	required bool
+}
+
+func fieldsOf(t reflect.Type) map[string]field {
 	if m, ok := fieldTypes.Load(t); ok {
-		return m.(map[string]reflect.Type)
+		return m.(map[string]field)
 	}
-	m := map[string]reflect.Type{}
+	m := map[string]field{}
 	for f := range t.Fields() {
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		if !f.IsExported() || name == "-" {
@@ -177,7 +188,7 @@ func fieldsOf(t reflect.Type) map[string]reflect.Type {
 		if name == "" {
 			name = f.Name
 		}
-		m[name] = f.Type
+		m[name] = field{typ: f.Type, required: f.Tag.Get("required") == "true"}
 	}
 	fieldTypes.Store(t, m)
 	return m
@@ -185,8 +196,9 @@ func fieldsOf(t reflect.Type) map[string]reflect.Type {
 
 // checkKeys walks body's JSON along the shape of t: the top level must be
 // an object; in every object decoded into a struct each key must be
-// exactly one of its fields' JSON names, and appear once; the top level
-// must name dp_rank when t has it. The values' types are left to
+// exactly one of its fields' JSON names, and appear once, and every
+// required field must be named; the top level must name dp_rank when t has
+// it. The values' types are left to
 // encoding/json.
 func checkKeys(body []byte, t reflect.Type) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -219,7 +231,7 @@ func checkObject(dec *json.Decoder, t reflect.Type) (map[string]bool, error) {
 			return nil, err
 		}
 		key, _ := tok.(string)
-		ft, ok := fields[key]
+		f, ok := fields[key]
 		if !ok {
 			return nil, fmt.Errorf("unknown field %q", key)
 		}
@@ -227,12 +239,24 @@ func checkObject(dec *json.Decoder, t reflect.Type) (map[string]bool, error) {
 			return nil, fmt.Errorf("field %q given twice", key)
 		}
 		seen[key] = true
-		if err := checkValue(dec, ft); err != nil {
+		if err := checkValue(dec, f.typ); err != nil {
 			return nil, err
 		}
 	}
-	_, err := dec.Token() // '}'
-	return seen, err
+	if _, err := dec.Token(); err != nil { // '}'
+		return nil, err
+	}
+	var missing []string
+	for name, f := range fields {
+		if f.required && !seen[name] {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing) // one message for one body
+		return nil, fmt.Errorf("%s required in every %s", strings.Join(missing, ", "), t.Name())
+	}
+	return seen, nil
 }
 
 // checkValue checks the next value for a Go value of type t: objects for

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/offload/backend"
@@ -162,5 +163,30 @@ func TestDecodeRefusesADeeplyNestedBodyCheaply(t *testing.T) {
 	}
 	if q.DPRank != 0 || q.Hashes != nil {
 		t.Fatalf("a refused body returned %+v, want the zero request", q)
+	}
+}
+
+// TestOffloadBlockNamesG1BlockHashAndLocal: an offload block must name its
+// g1_block, hash and local; parent and priority may be left out (0: the
+// first block of a sequence, the lowest priority that writes through).
+// From a review: a block without "local" was accepted with content hash
+// 0, and its G2/G3 STORE named the engine's hash under another block,
+// which the router takes for the engine reusing the hash.
+func TestOffloadBlockNamesG1BlockHashAndLocal(t *testing.T) {
+	for _, tc := range []struct{ body, missing string }{
+		{`{"dp_rank":0,"blocks":[{"g1_block":1,"hash":5,"parent":4,"priority":1}]}`, "local"},
+		{`{"dp_rank":0,"blocks":[{"g1_block":1,"hash":5,"local":9},{"g1_block":2,"hash":6,"parent":5}]}`, "local"},
+		{`{"dp_rank":0,"blocks":[{"hash":5,"local":9}]}`, "g1_block"},
+		{`{"dp_rank":0,"blocks":[{"g1_block":1,"local":9}]}`, "hash"},
+		{`{"dp_rank":0,"blocks":[{}]}`, "g1_block, hash, local"},
+	} {
+		q, err := decode[OffloadRequest]([]byte(tc.body))
+		if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), tc.missing+" required") {
+			t.Errorf("%s: %+v, %v; want ErrBadRequest naming %s", tc.body, q, err, tc.missing)
+		}
+	}
+	q, err := decode[OffloadRequest]([]byte(`{"dp_rank":0,"blocks":[{"g1_block":1,"hash":5,"local":9}]}`))
+	if err != nil || q.check(8) != nil || q.Blocks[0].Parent != 0 || q.Blocks[0].Priority != 0 || q.Blocks[0].Local != 9 {
+		t.Fatalf("a block without parent and priority: %+v, %v", q, err)
 	}
 }

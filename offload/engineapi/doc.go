@@ -12,8 +12,9 @@
 //
 // Invariants:
 //   - A request that is refused (a 4xx answer) changed nothing: a request is
-//     checked whole (every block id, every hash, every length) before the
-//     Manager sees it, so a batch is never applied in part.
+//     checked whole (every block id, every hash, every length and, with a
+//     Config.Checker, every offload block against the engine's own events)
+//     before the Manager sees it, so a batch is never applied in part.
 //   - Offload and Free never wait for a copy, the disk or another request's
 //     copy: they are the Manager's non-blocking calls. The engine path never
 //     blocks behind a stalled backend; a full queue sheds (and says so).

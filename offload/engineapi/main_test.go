@@ -160,6 +160,7 @@ type rigConfig struct {
 	gate    gateKind
 	settle  time.Duration
 	mgr     manager.Config
+	checker engineapi.Checker
 }
 
 // A rig is an engine API server on the host backend with the pools of its
@@ -228,7 +229,7 @@ func newRig(t *testing.T, rc rigConfig) *rig {
 		be = r.gate
 	}
 	r.srv, err = engineapi.Listen(engineapi.Config{Socket: filepath.Join(r.dir, "kvagent.sock"), Backend: be,
-		Ranks: ranks, Manager: rc.mgr, SettleTimeout: rc.settle, Registerer: prometheus.NewRegistry()})
+		Ranks: ranks, Manager: rc.mgr, Checker: rc.checker, SettleTimeout: rc.settle, Registerer: prometheus.NewRegistry()})
 	check(t, err)
 	t.Cleanup(func() { check(t, r.srv.Close()) })
 	if r.gate != nil {

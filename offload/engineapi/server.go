@@ -45,6 +45,10 @@ type Config struct {
 	// Ranks lists the dp ranks served, with their pools; every pool must
 	// hold blocks of the same size.
 	Ranks []RankPools
+	// Checker, when set, checks every block of an offload request against
+	// what the engine reported before any of it is queued: a block it
+	// refuses makes the whole request a bad_request. kvagent sets its agent.
+	Checker Checker
 	// Manager is the template of each rank's Manager: QueueCapacity,
 	// Workers, BatchSize, Filter and OnboardTimeout are used; Rank,
 	// Backend, G1, Host, Disk, Registerer and Logger are set per rank.
@@ -60,6 +64,14 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Logger; nil is slog.Default().
 	Logger *slog.Logger
+}
+
+// A Checker checks a block an engine asks to offload: parent is its
+// parent's hash (0 for the first block of a sequence), b its engine and
+// content hashes. An error refuses it. *agent.Agent is one: it refuses a
+// block that contradicts the engine's own events.
+type Checker interface {
+	CheckOffload(r kvevent.Rank, parent uint64, b kvevent.Block) error
 }
 
 const (
@@ -645,6 +657,15 @@ func withRegion[Q any, PQ interface {
 
 func (s *Server) handleOffload(_ context.Context, body []byte) (any, error) {
 	return withRegion(s, body, func(a *attachment, q *OffloadRequest) (any, error) {
+		if c := s.cfg.Checker; c != nil {
+			r := s.ranks[q.DPRank].rank // withRegion found the slot
+			for i, b := range q.Blocks {
+				err := c.CheckOffload(r, uint64(b.Parent), kvevent.Block{EngineHash: uint64(b.Hash), LocalHash: uint64(b.Local)})
+				if err != nil {
+					return nil, fmt.Errorf("%w: blocks[%d]: %v", ErrBadRequest, i, err)
+				}
+			}
+		}
 		reqs := make([]manager.OffloadRequest, len(q.Blocks))
 		for i, b := range q.Blocks {
 			reqs[i] = manager.OffloadRequest{G1Block: b.G1Block, Hash: uint64(b.Hash), Parent: uint64(b.Parent),

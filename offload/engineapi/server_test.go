@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/engineapi"
 	"github.com/kvrouter/kvrouter/offload/manager"
@@ -481,5 +482,54 @@ func TestErrorsKeepTheirSentinel(t *testing.T) {
 		if !errors.Is(err, tc.want) {
 			t.Fatalf("code %s does not unwrap to %v", tc.code, tc.want)
 		}
+	}
+}
+
+// refusing is a Checker that refuses one engine hash and records what it
+// was asked.
+type refusing struct {
+	hash uint64
+	mu   sync.Mutex
+	seen []string
+}
+
+var errContradicts = errors.New("contradicts the engine's events")
+
+func (c *refusing) CheckOffload(r kvevent.Rank, parent uint64, b kvevent.Block) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seen = append(c.seen, fmt.Sprintf("%s %d %d %d", r, parent, b.EngineHash, b.LocalHash))
+	if b.EngineHash == c.hash {
+		return errContradicts
+	}
+	return nil
+}
+
+// TestOffloadBlockTheCheckerRefusesRefusesTheRequest: the Checker sees
+// every block of an offload with the rank, parent, hash and local hash;
+// one it refuses makes the request a bad_request naming the block, and
+// nothing of it is queued.
+func TestOffloadBlockTheCheckerRefusesRefusesTheRequest(t *testing.T) {
+	c := &refusing{hash: 77}
+	r := newRig(t, rigConfig{hostCap: 16, checker: c})
+	r.register(0)
+	bad := []engineapi.OffloadBlock{{G1Block: 1, Hash: 76, Local: 6, Priority: 1}, {G1Block: 2, Hash: 77, Parent: 76, Local: 7, Priority: 1}}
+	_, err := r.c.Offload(r.ctx(), engineapi.OffloadRequest{DPRank: 0, Blocks: bad})
+	var ae *engineapi.Error
+	if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest || !errors.Is(err, engineapi.ErrBadRequest) ||
+		!strings.Contains(ae.Message, "blocks[1]") || !strings.Contains(ae.Message, errContradicts.Error()) {
+		t.Fatalf("offload of a block the checker refuses: %v; want a 400 bad_request naming blocks[1]", err)
+	}
+	if st := r.rankStats(0); st.Manager.Paths["d2h"].Queued != 0 {
+		t.Fatalf("a refused offload queued %d blocks", st.Manager.Paths["d2h"].Queued)
+	}
+	if res := r.offload(0, bad[:1]); res.Queued != 1 {
+		t.Fatalf("offload of a block the checker passes: %+v", res)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	want := []string{rankOf(0).String() + " 0 76 6", rankOf(0).String() + " 76 77 7", rankOf(0).String() + " 0 76 6"}
+	if !slices.Equal(c.seen, want) {
+		t.Fatalf("the checker saw %q, want %q", c.seen, want)
 	}
 }
