@@ -10,3 +10,8 @@ var (
 	// was loaded.
 	ErrBadDump = errors.New("bad rank dump")
 )
+
+// ErrConflict means a store would move a residency the rank holds to
+// another block (CheckStore): it names an engine hash the rank holds as
+// another block, or a block the rank holds under another engine hash.
+var ErrConflict = errors.New("store conflicts with what the rank holds")
