@@ -23,6 +23,12 @@
 //     same lock as the engine's batches, so the mirror holds their G2 and
 //     G3 blocks too and a dump after a gap keeps them. A G3 pool reopened
 //     on start gives its state to Restore, and the rank's dump carries it.
+//   - A pool's block never moves what the engine reported: a pool STORE
+//     that names a hash the mirror holds as another block (another content
+//     hash or parent), or a block the mirror holds under another hash, is
+//     not published (indexer.CheckStore; the router would take it for the
+//     engine reusing the hash and drop the engine's own residency). The
+//     engine API asks the same of an offload request first (CheckOffload).
 //   - The engine path never blocks on the router: the publisher drops its
 //     oldest events when its buffer is full (DropOldest), and the rank heals
 //     with a dump once the router reports the gap. A batch larger than the
@@ -126,8 +132,9 @@ type Agent struct {
 	// published or restored blocks in: what a clear keeps. Guarded by mu.
 	offloaded map[kvevent.Rank]kvevent.Mask
 
-	resets  *prometheus.CounterVec
-	pubErrs prometheus.Counter
+	resets     *prometheus.CounterVec
+	pubErrs    prometheus.Counter
+	mismatches *prometheus.CounterVec
 }
 
 var _ enginesub.Sink = (*Agent)(nil)
@@ -176,7 +183,10 @@ func New(cfg Config) (*Agent, error) {
 		Help: "Ranks cleared on the router: the engine restarted (engine_restart) or reset its cache (engine_cleared, on ranks with offload pools), or its stream lost batches."}, []string{"reason"})
 	a.pubErrs = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvagent_publish_errors_total",
 		Help: "Engine batches the publisher refused (the rank is resynced)."})
-	for _, c := range []prometheus.Collector{a.resets, a.pubErrs} {
+	a.mismatches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_offload_mismatches_total",
+		Help: "Offloaded blocks refused because they contradict what the engine reported (a hash it holds as another block, or a block it holds under another hash): " +
+			"in an engine API offload request (request, answered bad_request), or in a pool's STORE (pool, not published)."}, []string{"where"})
+	for _, c := range []prometheus.Collector{a.resets, a.pubErrs, a.mismatches} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("agent metrics: %w", err)
 		}
@@ -549,11 +559,16 @@ func orphanEvent(r kvevent.Rank, o indexer.DumpOrphan) kvevent.Event {
 // and applies it to the mirror, under the lock Events takes, so a dump of
 // the rank includes the pools' blocks (pool.Sink: the pools call it with
 // their own lock held, so the lock order is pool → agent → publisher; the
-// agent never calls a pool). It returns the id of the batch's last event.
+// agent never calls a pool). It returns the id of the rank's last event.
 // A batch larger than the publisher's buffer goes out in parts, as in
 // Events. It refuses a rank the agent does not follow and a batch with an
 // invalid event (publishing none of it), and fails once the publisher is
 // closed; the pool counts the error and goes on.
+//
+// A stored block is not published when it contradicts what the engine
+// reported (kvagent_offload_mismatches_total{where="pool"}): the router
+// would drop the engine's residency for it. The pool keeps it, unknown to
+// the router, until it evicts it (whose REMOVE changes nothing).
 func (a *Agent) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
 	if !a.follows(r) {
 		return 0, fmt.Errorf("offload pool events of rank %v: the agent does not follow it", r)
@@ -569,12 +584,84 @@ func (a *Agent) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	last, err := a.publishLocked(r, cp, true)
-	if err != nil {
+	// Events other than stores go out together; each store is checked
+	// against the mirror as it stands once what came before it applied.
+	var run []kvevent.Event
+	flush := func() error {
+		if len(run) == 0 {
+			return nil
+		}
+		_, err := a.publishLocked(r, run, true)
+		run = nil
+		return err
+	}
+	for _, ev := range cp {
+		if ev.Kind != kvevent.KindStored {
+			run = append(run, ev)
+			continue
+		}
+		if err := flush(); err != nil {
+			a.pubErrs.Inc()
+			return 0, fmt.Errorf("publish offload events of rank %v: %w", r, err)
+		}
+		if err := a.storePoolLocked(r, ev); err != nil {
+			a.pubErrs.Inc()
+			return 0, fmt.Errorf("publish offload events of rank %v: %w", r, err)
+		}
+	}
+	if err := flush(); err != nil {
 		a.pubErrs.Inc()
 		return 0, fmt.Errorf("publish offload events of rank %v: %w", r, err)
 	}
+	_, last := a.pub.Cursor(r)
 	return last, nil
+}
+
+// storePoolLocked publishes and applies a pool's stored chain ev of rank
+// r but the blocks that contradict what the engine reported, which are
+// dropped (counted and logged). The caller holds a.mu.
+func (a *Agent) storePoolLocked(r kvevent.Rank, ev kvevent.Event) error {
+	emit := func(blocks []kvevent.Block) error {
+		st := ev
+		st.Blocks = blocks
+		_, err := a.publishLocked(r, []kvevent.Event{st}, true)
+		return err
+	}
+	for len(ev.Blocks) > 0 {
+		i, conflict := a.mirror.CheckStore(r, ev.HasParent, ev.Parent, ev.Blocks)
+		if conflict == nil {
+			return emit(ev.Blocks)
+		}
+		if i > 0 {
+			if err := emit(ev.Blocks[:i]); err != nil {
+				return err
+			}
+		}
+		a.mismatches.WithLabelValues("pool").Inc()
+		a.log.Warn("an offload pool's block contradicts what the engine reported: not published (the router would drop the engine's block for it)",
+			"rank", r, "tier", ev.Tier, "err", conflict)
+		ev.HasParent, ev.Parent, ev.Blocks = true, ev.Blocks[i].EngineHash, ev.Blocks[i+1:]
+	}
+	return nil
+}
+
+// CheckOffload checks a block an engine asks rank r's pools to offload
+// (engineapi.Checker) against what the engine reported: parent is its
+// parent's engine hash (0 for the first block of a sequence), b its engine
+// and content hashes. It refuses, with an error wrapping
+// indexer.ErrConflict, an engine hash the mirror holds as another block
+// (another content hash, or under another parent) and a block the mirror
+// holds under another engine hash: stored in a pool, either would make
+// the router drop what the engine holds. A hash the mirror does not know
+// passes: the engine's STORE of it may still be on its way (events and
+// offloads travel apart), and Publish checks again when the copy is
+// stored. Counted in kvagent_offload_mismatches_total{where="request"}.
+func (a *Agent) CheckOffload(r kvevent.Rank, parent uint64, b kvevent.Block) error {
+	if _, err := a.mirror.CheckStore(r, parent != 0, parent, []kvevent.Block{b}); err != nil {
+		a.mismatches.WithLabelValues("request").Inc()
+		return fmt.Errorf("offload of engine hash %#x: %w", b.EngineHash, err)
+	}
+	return nil
 }
 
 // validate checks every event of a batch before any of it is published:

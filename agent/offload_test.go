@@ -2,9 +2,11 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -110,7 +112,7 @@ func startOffload(t *testing.T, a *Agent, oc offloadConfig) *offloadRig {
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	o.srv, err = engineapi.Listen(engineapi.Config{Socket: filepath.Join(sockDir, "s"), Backend: be,
 		Ranks:   []engineapi.RankPools{{Rank: rank, Host: o.host, Disk: o.disk}},
-		Manager: manager.Config{Filter: oc.filter}, Logger: quiet})
+		Manager: manager.Config{Filter: oc.filter}, Checker: a, Logger: quiet})
 	must(t, err)
 	o.c = engineapi.NewClient(o.srv.Socket())
 
@@ -409,5 +411,106 @@ func TestClearKeepsHeldPoolBlocks(t *testing.T) {
 	})
 	if got := tierBlocks(r, kvevent.TierHostPinned); got != 5 {
 		t.Fatalf("the router holds %d G2 blocks, the pool %d (want 5)", got, host.Stats().Used)
+	}
+}
+
+// metric is the value of the counter or gauge name in reg whose labels
+// include labels (name, value pairs); 0 when there is none.
+func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	must(t, err)
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, l := range m.GetLabel() {
+					found = found || l.GetName() == labels[i] && l.GetValue() == labels[i+1]
+				}
+				if !found {
+					continue next
+				}
+			}
+			if g := m.GetGauge(); g != nil {
+				return g.GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+// TestPoolStoreThatContradictsTheEngineIsNotPublished: the engine holds
+// 1..6 on the GPU; a pool stores block 4 under another content hash, 5
+// under another parent, and 6's content under another hash. Published,
+// each would make the router take the engine's hash as reused (or its
+// block as renamed) and forget what the GPU holds. None is published; a
+// pool store that agrees with the engine is. From a review: the engine
+// API took an offload without "local" (0), and the router dropped the
+// engine's block 4 in every tier.
+func TestPoolStoreThatContradictsTheEngineIsNotPublished(t *testing.T) {
+	r := startRouter(t)
+	reg := prometheus.NewRegistry()
+	a, _ := startAgentWith(t, r, Config{Registerer: reg})
+	host := hostPoolOn(t, a)
+	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3, 4, 5, 6)}))
+	for _, b := range []pool.Block{{Hash: 4, Parent: 3, Local: 0}, {Hash: 5, Parent: 3, Local: 1005}, {Hash: 99, Parent: 5, Local: 1006}} {
+		must(t, host.Register(b, make([]byte, blockBytes)))
+	}
+	caughtUp(t, r, a)
+	if d, h, m := tierBlocks(r, kvevent.TierDevice), tierBlocks(r, kvevent.TierHostPinned), matched(r, 6); d != 6 || h != 0 || m != 6 {
+		t.Fatalf("after pool stores that contradict the engine: the router holds %d device and %d host blocks and matches %d of 6; want 6, 0, 6", d, h, m)
+	}
+	if n := metric(t, reg, "kvagent_offload_mismatches_total", "where", "pool"); n != 3 {
+		t.Fatalf("kvagent_offload_mismatches_total{where=pool} = %v, want 3", n)
+	}
+	must(t, host.Register(pool.Block{Hash: 6, Parent: 5, Local: 1006}, make([]byte, blockBytes)))
+	caughtUp(t, r, a)
+	if d, h := tierBlocks(r, kvevent.TierDevice), tierBlocks(r, kvevent.TierHostPinned); d != 6 || h != 1 {
+		t.Fatalf("after a pool store that agrees: %d device and %d host blocks, want 6 and 1", d, h)
+	}
+}
+
+// TestOffloadRequestThatContradictsTheEngineIsRefused: through the engine
+// API, an offload naming a block the engine reported with another content
+// hash or parent is a bad_request and queues nothing; one that agrees,
+// and one of a hash the agent has not heard of yet (the engine's STORE
+// may still be on its way), are queued.
+func TestOffloadRequestThatContradictsTheEngineIsRefused(t *testing.T) {
+	r := startRouter(t)
+	reg := prometheus.NewRegistry()
+	a, _ := startAgentWith(t, r, Config{Registerer: reg})
+	o := startOffload(t, a, offloadConfig{hostCap: 8})
+	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2)}))
+	ctx := context.Background()
+	for _, b := range []engineapi.OffloadBlock{
+		{G1Block: 1, Hash: 2, Parent: 1, Local: 0, Priority: 1},
+		{G1Block: 1, Hash: 2, Parent: 0, Local: 1002, Priority: 1},
+		{G1Block: 1, Hash: 77, Parent: 1, Local: 1002, Priority: 1},
+	} {
+		good := engineapi.OffloadBlock{G1Block: 0, Hash: 1, Local: 1001, Priority: 1}
+		_, err := o.c.Offload(ctx, engineapi.OffloadRequest{Blocks: []engineapi.OffloadBlock{good, b}})
+		if !errors.Is(err, engineapi.ErrBadRequest) || !strings.Contains(err.Error(), "blocks[1]") {
+			t.Fatalf("offload of %+v: %v; want a bad_request naming blocks[1]", b, err)
+		}
+	}
+	if n := metric(t, reg, "kvagent_offload_mismatches_total", "where", "request"); n != 3 {
+		t.Fatalf("kvagent_offload_mismatches_total{where=request} = %v, want 3", n)
+	}
+	o.idle()
+	if st := o.host.Stats(); st.Used != 0 {
+		t.Fatalf("refused offloads stored %d blocks", st.Used)
+	}
+	res, err := o.c.Offload(ctx, engineapi.OffloadRequest{Blocks: []engineapi.OffloadBlock{
+		{G1Block: 0, Hash: 2, Parent: 1, Local: 1002, Priority: 1},
+		{G1Block: 1, Hash: 50, Parent: 2, Local: 1050, Priority: 1},
+	}})
+	must(t, err)
+	if res.Queued != 2 {
+		t.Fatalf("offload of blocks that agree with the engine: %+v", res)
 	}
 }

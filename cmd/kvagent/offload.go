@@ -136,10 +136,12 @@ func (oc offloadConfig) check() error {
 	return nil
 }
 
-// offloadSink is what the pools publish through and what republishes a
-// reopened G3 pool: *agent.Agent.
+// offloadSink is what the pools publish through, what republishes a
+// reopened G3 pool, and what checks each offload request against the
+// engine's own events: *agent.Agent.
 type offloadSink interface {
 	pool.Sink
+	engineapi.Checker
 	Restore(r kvevent.Rank, stored []kvevent.Event) error
 }
 
@@ -205,7 +207,7 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 		}
 		rps = append(rps, rp)
 	}
-	o.srv, err = engineapi.Listen(engineapi.Config{Socket: oc.Socket, Backend: o.be, Ranks: rps,
+	o.srv, err = engineapi.Listen(engineapi.Config{Socket: oc.Socket, Backend: o.be, Ranks: rps, Checker: sink,
 		Manager: manager.Config{QueueCapacity: oc.Queue, Workers: oc.Workers, OnboardTimeout: oc.OnboardTimeout,
 			Filter: manager.FilterConfig{Threshold: oc.Threshold}},
 		Registerer: reg, Logger: log})

@@ -65,6 +65,10 @@ func (f *fakeAgent) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error)
 	return 1, nil
 }
 
+// CheckOffload accepts every block: the fake knows nothing the engine
+// reported.
+func (f *fakeAgent) CheckOffload(kvevent.Rank, uint64, kvevent.Block) error { return nil }
+
 func (f *fakeAgent) Restore(r kvevent.Rank, evs []kvevent.Event) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
