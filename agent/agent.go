@@ -29,6 +29,13 @@
 //     not published (indexer.CheckStore; the router would take it for the
 //     engine reusing the hash and drop the engine's own residency). The
 //     engine API asks the same of an offload request first (CheckOffload).
+//   - A pool block whose parent the mirror does not hold waits in the
+//     rank's parked set, outside the mirror and the router, until a store
+//     of its parent (the engine's or a pool's) lets it go out; a pool's
+//     REMOVE of it takes it out of the set, which the pools' capacity thus
+//     bounds. It would otherwise be left out of every dump, or held as an
+//     orphan that expires, and never be sent again: nothing stores it
+//     while the pool holds it.
 //   - The engine path never blocks on the router: the publisher drops its
 //     oldest events when its buffer is full (DropOldest), and the rank heals
 //     with a dump once the router reports the gap. A batch larger than the
@@ -131,10 +138,14 @@ type Agent struct {
 	// offloaded[r] has the bit of every tier an offload pool of rank r
 	// published or restored blocks in: what a clear keeps. Guarded by mu.
 	offloaded map[kvevent.Rank]kvevent.Mask
+	// parked[r] holds rank r's pool blocks waiting for their parent (see
+	// the package invariants). Guarded by mu.
+	parked map[kvevent.Rank]*parking
 
 	resets     *prometheus.CounterVec
 	pubErrs    prometheus.Counter
 	mismatches *prometheus.CounterVec
+	parkedN    prometheus.Gauge
 }
 
 var _ enginesub.Sink = (*Agent)(nil)
@@ -174,7 +185,8 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.HeartbeatSubject == "" {
 		cfg.HeartbeatSubject = eventplane.DefaultHeartbeatSubject
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, mirror: indexer.New(indexer.Config{}), offloaded: map[kvevent.Rank]kvevent.Mask{}}
+	a := &Agent{cfg: cfg, log: cfg.Logger, mirror: indexer.New(indexer.Config{}), offloaded: map[kvevent.Rank]kvevent.Mask{},
+		parked: map[kvevent.Rank]*parking{}}
 	reg := cfg.Registerer
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -186,7 +198,9 @@ func New(cfg Config) (*Agent, error) {
 	a.mismatches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_offload_mismatches_total",
 		Help: "Offloaded blocks refused because they contradict what the engine reported (a hash it holds as another block, or a block it holds under another hash): " +
 			"in an engine API offload request (request, answered bad_request), or in a pool's STORE (pool, not published)."}, []string{"where"})
-	for _, c := range []prometheus.Collector{a.resets, a.pubErrs, a.mismatches} {
+	a.parkedN = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvagent_offload_parked_blocks",
+		Help: "Offload pool blocks waiting for their parent to be stored before they are published."})
+	for _, c := range []prometheus.Collector{a.resets, a.pubErrs, a.mismatches, a.parkedN} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("agent metrics: %w", err)
 		}
@@ -506,13 +520,16 @@ func (a *Agent) clearLocked(r kvevent.Rank, reason string) {
 		level = slog.LevelInfo // the engine was asked to reset its cache
 	}
 	a.log.Log(context.Background(), level, "clearing the rank on the router", "rank", r, "reason", reason)
-	keep := a.offloadedLocked(r)
+	keep, park := a.offloadedLocked(r)
 	a.mirror.RemoveRank(r)
 	ev := []kvevent.Event{{Rank: r, Kind: kvevent.KindCleared}}
 	if _, err := a.pub.Publish(r, ev); err != nil {
 		// The publisher is closing; the next incarnation resyncs anyway.
 		a.pubErrs.Inc()
 		a.log.Error("publishing a clear failed", "rank", r, "err", err)
+	}
+	for _, ev := range park {
+		a.parkLocked(r, ev)
 	}
 	if len(keep) > 0 {
 		a.mirror.ApplyBatch(keep, time.Now().UnixNano())
@@ -521,33 +538,70 @@ func (a *Agent) clearLocked(r kvevent.Rank, reason string) {
 }
 
 // offloadedLocked returns, from the mirror, the blocks of rank r held in
-// the tiers of its offload pools, as stored events, parents first. A block
-// whose parent is held only in another tier is left out: after a clear no
-// lookup could reach it. The caller holds a.mu.
-func (a *Agent) offloadedLocked(r kvevent.Rank) []kvevent.Event {
+// the tiers of its offload pools, as stored events, parents first: keep,
+// what a clear keeps in the mirror and sends the router. A block whose
+// parent is held only in another tier (the engine's) would be unreachable
+// after the clear: those go into park, each as a store under its parent's
+// engine hash, to wait until the engine stores the parent again. A pool
+// block whose parent the rank no longer held at all before the clear is
+// left out: its parent's hash is not known any more. The caller holds
+// a.mu.
+func (a *Agent) offloadedLocked(r kvevent.Rank) (keep, park []kvevent.Event) {
 	tiers := a.offloaded[r]
 	if tiers == 0 {
-		return nil
+		return nil, nil
 	}
 	a.mirror.ExpireOrphans(time.Now().UnixNano())
 	d, err := a.mirror.DumpRank(r)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
-	kept := d.Entries[:0]
+	ehOf := make(map[uint64]uint64, len(d.Entries)) // node → engine hash, every tier
 	for _, e := range d.Entries {
+		ehOf[e.Seq] = e.EngineHash
+	}
+	full := d.Entries
+	kept := make([]indexer.DumpEntry, 0, len(full))
+	for _, e := range full {
 		if e.Mask &= tiers; e.Mask != 0 {
 			kept = append(kept, e)
 		}
 	}
 	d.Entries = kept
-	evs := d.StoredEvents()
-	for _, o := range d.Orphans {
-		if tiers.Has(o.Tier) {
-			evs = append(evs, orphanEvent(r, o))
+	keep = d.StoredEvents()
+	sent := make(map[uint64]bool, len(keep))
+	for _, ev := range keep {
+		sent[ev.Blocks[0].EngineHash] = true
+	}
+	// A block left out of keep is parked under its parent's engine hash,
+	// which the dump names when the rank held the parent in any tier (a
+	// parked block's children are parked under it in turn).
+	pos := make(map[uint64]int, len(kept))
+	for i, e := range kept {
+		pos[e.Seq] = i
+	}
+	for _, n := range d.Nodes {
+		i, ok := pos[n.Seq]
+		if !ok || sent[kept[i].EngineHash] || n.Root {
+			continue
+		}
+		parent, ok := ehOf[n.Parent]
+		if !ok {
+			continue
+		}
+		for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
+			if kept[i].Mask.Has(t) {
+				park = append(park, kvevent.Event{Rank: r, Kind: kvevent.KindStored, Tier: t, HasParent: true, Parent: parent,
+					Blocks: []kvevent.Block{{EngineHash: kept[i].EngineHash, LocalHash: n.Local}}})
+			}
 		}
 	}
-	return evs
+	for _, o := range d.Orphans {
+		if tiers.Has(o.Tier) {
+			keep = append(keep, orphanEvent(r, o))
+		}
+	}
+	return keep, park
 }
 
 // orphanEvent is a held store as the event that held it.
@@ -568,7 +622,10 @@ func orphanEvent(r kvevent.Rank, o indexer.DumpOrphan) kvevent.Event {
 // A stored block is not published when it contradicts what the engine
 // reported (kvagent_offload_mismatches_total{where="pool"}): the router
 // would drop the engine's residency for it. The pool keeps it, unknown to
-// the router, until it evicts it (whose REMOVE changes nothing).
+// the router, until it evicts it (whose REMOVE changes nothing). A stored
+// block whose parent the mirror does not hold is parked until the parent
+// is stored (the package invariants); a REMOVE of a parked block unparks
+// it and is not published.
 func (a *Agent) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
 	if !a.follows(r) {
 		return 0, fmt.Errorf("offload pool events of rank %v: the agent does not follow it", r)
@@ -596,6 +653,11 @@ func (a *Agent) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
 		return err
 	}
 	for _, ev := range cp {
+		if ev.Kind == kvevent.KindRemoved {
+			if ev.Removed = a.unparkLocked(r, ev.Tier, ev.Removed); len(ev.Removed) == 0 {
+				continue
+			}
+		}
 		if ev.Kind != kvevent.KindStored {
 			run = append(run, ev)
 			continue
@@ -604,7 +666,7 @@ func (a *Agent) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
 			a.pubErrs.Inc()
 			return 0, fmt.Errorf("publish offload events of rank %v: %w", r, err)
 		}
-		if err := a.storePoolLocked(r, ev); err != nil {
+		if err := a.storePoolLocked(r, ev, true); err != nil {
 			a.pubErrs.Inc()
 			return 0, fmt.Errorf("publish offload events of rank %v: %w", r, err)
 		}
@@ -617,17 +679,29 @@ func (a *Agent) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
 	return last, nil
 }
 
-// storePoolLocked publishes and applies a pool's stored chain ev of rank
-// r but the blocks that contradict what the engine reported, which are
-// dropped (counted and logged). The caller holds a.mu.
-func (a *Agent) storePoolLocked(r kvevent.Rank, ev kvevent.Event) error {
+// storePoolLocked takes a pool's stored chain ev of rank r: the blocks
+// that contradict what the engine reported are dropped (counted and
+// logged), those whose parent the mirror does not hold parked, and the
+// rest published and applied (publish set), or applied without an event
+// (Restore, whose blocks go out in the rank's dump). The caller holds
+// a.mu.
+func (a *Agent) storePoolLocked(r kvevent.Rank, ev kvevent.Event, publish bool) error {
 	emit := func(blocks []kvevent.Block) error {
 		st := ev
 		st.Blocks = blocks
-		_, err := a.publishLocked(r, []kvevent.Event{st}, true)
-		return err
+		if publish {
+			_, err := a.publishLocked(r, []kvevent.Event{st}, true)
+			return err
+		}
+		a.markOffloadedLocked(r, []kvevent.Event{st})
+		a.mirror.Apply(&st, time.Now().UnixNano())
+		return nil
 	}
 	for len(ev.Blocks) > 0 {
+		if ev.HasParent && !a.mirror.Holds(r, ev.Parent) {
+			a.parkLocked(r, ev)
+			return nil
+		}
 		i, conflict := a.mirror.CheckStore(r, ev.HasParent, ev.Parent, ev.Blocks)
 		if conflict == nil {
 			return emit(ev.Blocks)
@@ -683,20 +757,23 @@ func validate(evs []kvevent.Event) error {
 // evicts more blocks than that sends as many removes in one batch. Each
 // part is applied to the mirror once the publisher took it, so that the
 // mirror and the ids move together if a later part fails (the publisher
-// closed). It returns the id of the last event. The caller holds a.mu.
+// closed). The parked pool blocks whose parent a part stored follow it
+// (releaseLocked). It returns the id of the last event. The caller holds
+// a.mu.
 func (a *Agent) publishLocked(r kvevent.Rank, evs []kvevent.Event, offload bool) (uint64, error) {
-	var last uint64
 	for part := range slices.Chunk(evs, a.pub.BufferEvents()) {
-		l, err := a.pub.Publish(r, part)
-		if err != nil {
+		if _, err := a.pub.Publish(r, part); err != nil {
 			return 0, err
 		}
-		last = l
 		if offload {
 			a.markOffloadedLocked(r, part)
 		}
 		a.mirror.ApplyBatch(part, time.Now().UnixNano())
+		if err := a.releaseLocked(r, part); err != nil {
+			return 0, err
+		}
 	}
+	_, last := a.pub.Cursor(r)
 	return last, nil
 }
 
@@ -717,10 +794,143 @@ func (a *Agent) Restore(r kvevent.Rank, stored []kvevent.Event) error {
 		}
 	}
 	a.mu.Lock()
-	a.markOffloadedLocked(r, cp)
-	a.mirror.ApplyBatch(cp, time.Now().UnixNano())
+	for _, ev := range cp {
+		// A chain whose parent is not in the pool (nor, at the start, anywhere
+		// else) is parked until the engine stores that parent: held as an
+		// orphan, it would expire before the engine serves again.
+		_ = a.storePoolLocked(r, ev, false) // fails only when publishing
+	}
 	a.mu.Unlock()
 	a.pub.Resync(r)
+	return nil
+}
+
+// parking is one rank's parked pool blocks: blocks an offload pool holds
+// whose parent the mirror did not hold when they were stored, restored or
+// kept through a clear. Published then, they would be left out of every
+// dump (no lookup reaches them from the root), or held as orphans that
+// expire; and nothing stores them again while the pool holds them. They
+// wait here, outside the mirror and the router, for a store of their
+// parent (releaseLocked), or for the pool's REMOVE (unparkLocked): the
+// pools' capacity bounds them, not a TTL.
+type parking struct {
+	blocks   map[parkKey]parked
+	byParent map[uint64][]parkKey
+}
+
+// parkKey names a parked block: a pool's tier and the block's engine hash.
+type parkKey struct {
+	tier kvevent.Tier
+	hash uint64
+}
+
+// parked is what a store of a parked block needs.
+type parked struct {
+	parent, local uint64
+}
+
+// parkLocked parks the chain ev of rank r: its first block waits for
+// ev.Parent, each other block for the one before it. The caller holds a.mu.
+func (a *Agent) parkLocked(r kvevent.Rank, ev kvevent.Event) {
+	p := a.parked[r]
+	if p == nil {
+		p = &parking{blocks: map[parkKey]parked{}, byParent: map[uint64][]parkKey{}}
+		a.parked[r] = p
+	}
+	a.offloaded[r] |= ev.Tier.Bit() // a clear keeps what the pool's tier holds
+	parent := ev.Parent
+	for _, b := range ev.Blocks {
+		k := parkKey{ev.Tier, b.EngineHash}
+		if old, ok := p.blocks[k]; ok { // stored again: the newest wins
+			p.unlink(k, old.parent)
+		} else {
+			a.parkedN.Inc()
+		}
+		p.blocks[k] = parked{parent: parent, local: b.LocalHash}
+		p.byParent[parent] = append(p.byParent[parent], k)
+		parent = b.EngineHash
+	}
+}
+
+// unlink drops k from the blocks waiting for parent.
+func (p *parking) unlink(k parkKey, parent uint64) {
+	kids := p.byParent[parent]
+	if i := slices.Index(kids, k); i >= 0 {
+		kids = slices.Delete(kids, i, i+1)
+	}
+	if len(kids) == 0 {
+		delete(p.byParent, parent)
+	} else {
+		p.byParent[parent] = kids
+	}
+}
+
+// unparkLocked drops the hashes of a pool's REMOVE in tier t from rank r's
+// parked blocks and returns the others, those the mirror may hold (in
+// hashes' array). The caller holds a.mu.
+func (a *Agent) unparkLocked(r kvevent.Rank, t kvevent.Tier, hashes []uint64) []uint64 {
+	p := a.parked[r]
+	if p == nil || len(p.blocks) == 0 {
+		return hashes
+	}
+	return slices.DeleteFunc(hashes, func(h uint64) bool {
+		k := parkKey{t, h}
+		b, ok := p.blocks[k]
+		if ok {
+			delete(p.blocks, k)
+			p.unlink(k, b.parent)
+			a.parkedN.Dec()
+		}
+		return ok
+	})
+}
+
+// releaseLocked publishes and applies rank r's parked blocks whose parent
+// evs (applied to the mirror) stored, then those waiting for them, and so
+// on, one event each: a parked block is checked against the mirror as a
+// pool's store is (storePoolLocked), and one that contradicts what the
+// engine reported since it was parked is dropped. The caller holds a.mu.
+func (a *Agent) releaseLocked(r kvevent.Rank, evs []kvevent.Event) error {
+	p := a.parked[r]
+	if p == nil || len(p.byParent) == 0 {
+		return nil
+	}
+	var queue []uint64
+	for i := range evs {
+		if evs[i].Kind != kvevent.KindStored {
+			continue
+		}
+		for _, b := range evs[i].Blocks {
+			if len(p.byParent[b.EngineHash]) > 0 {
+				queue = append(queue, b.EngineHash)
+			}
+		}
+	}
+	for len(queue) > 0 {
+		parent := queue[0]
+		queue = queue[1:]
+		kids := p.byParent[parent]
+		delete(p.byParent, parent)
+		for _, k := range kids {
+			b := p.blocks[k]
+			delete(p.blocks, k)
+			a.parkedN.Dec()
+			ev := kvevent.Event{Rank: r, Kind: kvevent.KindStored, Tier: k.tier, HasParent: true, Parent: parent,
+				Blocks: []kvevent.Block{{EngineHash: k.hash, LocalHash: b.local}}}
+			if _, err := a.mirror.CheckStore(r, true, parent, ev.Blocks); err != nil {
+				a.mismatches.WithLabelValues("pool").Inc()
+				a.log.Warn("a parked offload pool block contradicts what the engine reported since: dropped", "rank", r, "tier", k.tier, "err", err)
+				continue
+			}
+			if _, err := a.pub.Publish(r, []kvevent.Event{ev}); err != nil {
+				return err
+			}
+			a.mirror.Apply(&ev, time.Now().UnixNano())
+			if len(p.byParent[k.hash]) > 0 {
+				queue = append(queue, k.hash)
+			}
+		}
+	}
 	return nil
 }
 

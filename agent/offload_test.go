@@ -363,11 +363,12 @@ func dumpsCommitted(t *testing.T, reg *prometheus.Registry) float64 {
 }
 
 // TestDumpKeepsHeldPoolBlocks: a pool block whose copy finished before
-// its parent's (two copy workers, or the parent's task queued later) is
-// held by the mirror and the router until the parent comes; a dump
-// meanwhile carries it, so that the router, which the dump replaces,
-// still has it when the parent lands. From a review: the dump left held
-// stores out, and the router never learned of a block the pool held.
+// its parent's (two copy workers, or the parent's task queued later)
+// waits in the agent until the parent comes (it is parked: neither the
+// mirror nor the router holds it), so that a dump meanwhile does not lose
+// it: the router gets it when the parent lands. From a review: the dump
+// left held stores out, and the router never learned of a block the pool
+// held.
 func TestDumpKeepsHeldPoolBlocks(t *testing.T) {
 	r := startRouter(t)
 	reg := prometheus.NewRegistry()
@@ -512,5 +513,121 @@ func TestOffloadRequestThatContradictsTheEngineIsRefused(t *testing.T) {
 	must(t, err)
 	if res.Queued != 2 {
 		t.Fatalf("offload of blocks that agree with the engine: %+v", res)
+	}
+}
+
+// TestClearParksPoolBlocksBelowADeviceParent: the engine holds 1..4 on
+// the GPU, and only 4 (and 5, below it) went to G2. The engine resets its
+// prefix cache: 4's parent is nowhere but on the GPU, so no lookup could
+// reach 4 and 5, and they wait in the agent until the engine computes 1..3
+// again, when they go to the router. From a review: the clear dropped them
+// from the agent's mirror, the dump from the router, and re-offloading 4
+// only revived it in the pool: the router never knew G2 held it.
+func TestClearParksPoolBlocksBelowADeviceParent(t *testing.T) {
+	r := startRouter(t)
+	reg := prometheus.NewRegistry()
+	a, _ := startAgentWith(t, r, Config{Registerer: reg})
+	host := hostPoolOn(t, a)
+	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3, 4, 5)}))
+	must(t, host.Register(pool.Block{Hash: 4, Parent: 3, Local: 1004}, make([]byte, blockBytes)))
+	must(t, host.Register(pool.Block{Hash: 5, Parent: 4, Local: 1005}, make([]byte, blockBytes)))
+	waitFor(t, "device and host blocks on the router", func() bool {
+		return tierBlocks(r, kvevent.TierDevice) == 5 && tierBlocks(r, kvevent.TierHostPinned) == 2
+	})
+	must(t, a.Events(rank, 1, []kvevent.Event{{Kind: kvevent.KindCleared}}))
+	caughtUp(t, r, a)
+	if n := metric(t, reg, "kvagent_offload_parked_blocks"); n != 2 {
+		t.Fatalf("after the clear %v pool blocks wait for their parent, want 2", n)
+	}
+	must(t, a.Events(rank, 2, []kvevent.Event{storedChain(0, 1, 2, 3)}))
+	caughtUp(t, r, a)
+	if h, m := tierBlocks(r, kvevent.TierHostPinned), matched(r, 5); h != 2 || m != 5 {
+		t.Fatalf("G2 holds 4 and 5, the engine 1..3 again: the router holds %d G2 blocks (want 2) and matches %d of 5 (want 5)", h, m)
+	}
+	if n := metric(t, reg, "kvagent_offload_parked_blocks"); n != 0 {
+		t.Fatalf("%v pool blocks still wait for their parent", n)
+	}
+	// The router loses the rank: the dump has them too.
+	must(t, r.node.ReplaceRank(context.Background(), rank, r.node.Cursor(rank), nil))
+	waitFor(t, "the router to forget the rank", func() bool { return tierBlocks(r, kvevent.TierHostPinned) == 0 })
+	a.Publisher().Resync(rank)
+	waitFor(t, "the dump", func() bool { return tierBlocks(r, kvevent.TierHostPinned) == 2 && matched(r, 5) == 5 })
+}
+
+// TestEvictAndRecomputeKeepsPoolBlock: the control of the test above,
+// without a clear: the engine evicts 1..4 and computes 1..3 again; the
+// router kept 4's G2 copy all along.
+func TestEvictAndRecomputeKeepsPoolBlock(t *testing.T) {
+	r := startRouter(t)
+	a, _ := startAgent(t, r)
+	host := hostPoolOn(t, a)
+	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3, 4)}))
+	must(t, host.Register(pool.Block{Hash: 4, Parent: 3, Local: 1004}, make([]byte, blockBytes)))
+	must(t, a.Events(rank, 1, []kvevent.Event{{Kind: kvevent.KindRemoved, Tier: kvevent.TierDevice, Removed: []uint64{4, 3, 2, 1}}}))
+	must(t, a.Events(rank, 2, []kvevent.Event{storedChain(0, 1, 2, 3)}))
+	caughtUp(t, r, a)
+	if h, m := tierBlocks(r, kvevent.TierHostPinned), matched(r, 4); h != 1 || m != 4 {
+		t.Fatalf("router holds %d G2 blocks, matches %d of 4", h, m)
+	}
+}
+
+// TestEvictedParkedBlockIsNotPublished: a parked pool block that the pool
+// evicts before its parent comes back is forgotten: the engine computing
+// its parent again publishes nothing of it.
+func TestEvictedParkedBlockIsNotPublished(t *testing.T) {
+	r := startRouter(t)
+	reg := prometheus.NewRegistry()
+	a, _ := startAgentWith(t, r, Config{Registerer: reg})
+	host := hostPoolOn(t, a) // 8 blocks
+	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3, 4)}))
+	must(t, host.Register(pool.Block{Hash: 4, Parent: 3, Local: 1004}, make([]byte, blockBytes)))
+	must(t, a.Events(rank, 1, []kvevent.Event{{Kind: kvevent.KindCleared}}))
+	for h := uint64(100); h < 108; h++ { // evicts 4, the oldest
+		must(t, host.Register(pool.Block{Hash: h, Local: 1000 + h}, make([]byte, blockBytes)))
+	}
+	if n := metric(t, reg, "kvagent_offload_parked_blocks"); n != 0 {
+		t.Fatalf("%v pool blocks wait for their parent after the pool evicted the only one", n)
+	}
+	must(t, a.Events(rank, 2, []kvevent.Event{storedChain(0, 1, 2, 3)}))
+	caughtUp(t, r, a)
+	if h, m := tierBlocks(r, kvevent.TierHostPinned), matched(r, 4); h != 8 || m != 3 {
+		t.Fatalf("the router holds %d G2 blocks (want the pool's 8) and matches %d of 4 (want 3)", h, m)
+	}
+}
+
+// TestReopenedG3BlockWaitsForItsParent: G3 holds block 4, whose parent 3
+// it never held. On start the agent parks it (it is no orphan: it would
+// expire before the engine serves again), and publishes it once the
+// engine stores 1..3. From a review: it was held as an orphan, expired
+// after 2s, and never sent again.
+func TestReopenedG3BlockWaitsForItsParent(t *testing.T) {
+	r := startRouter(t)
+	dir := t.TempDir()
+	pc := pool.Config{Rank: rank, Capacity: 8, BlockSize: blockBytes, Logger: quiet}
+	d, err := pool.OpenDisk(dir, pc, pool.DiskOptions{})
+	must(t, err)
+	must(t, d.Register(pool.Block{Hash: 4, Parent: 3, Local: 1004}, make([]byte, blockBytes)))
+	must(t, d.Close())
+
+	reg := prometheus.NewRegistry()
+	var disk *pool.DiskPool
+	a, _ := startAgentThen(t, r, Config{Registerer: reg}, func(a *Agent) {
+		pc.Sink = a
+		disk, err = pool.OpenDisk(dir, pc, pool.DiskOptions{})
+		must(t, err)
+		evs, _ := disk.Dump()
+		must(t, a.Restore(rank, evs))
+	})
+	t.Cleanup(func() { disk.Close() })
+	a.mu.Lock()
+	dump, _ := a.mirror.DumpRank(rank)
+	a.mu.Unlock()
+	if n := metric(t, reg, "kvagent_offload_parked_blocks"); n != 1 || len(dump.Orphans) != 0 {
+		t.Fatalf("after the restore: %v blocks parked, %d orphans held; want 1 and 0", n, len(dump.Orphans))
+	}
+	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3)}))
+	caughtUp(t, r, a)
+	if g3, m := tierBlocks(r, kvevent.TierDisk), matched(r, 4); g3 != 1 || m != 4 {
+		t.Fatalf("G3 holds block 4 (pool: %d blocks), the engine 1..3: the router holds %d G3 blocks, matches %d of 4", disk.Stats().Used, g3, m)
 	}
 }
