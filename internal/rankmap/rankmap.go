@@ -8,9 +8,12 @@
 // 36 s (raftfsm's BenchmarkRemoveManyWorkers measures it now).
 //
 // Invariant: for every worker w, the list of w holds exactly the dp ranks
-// d with (w, d) in the map, each once; no worker has an empty list. A
-// lookup is one Go map lookup, as with a plain map; a store of a new key
-// and a delete also touch the worker's list.
+// d with (w, d) in the map, each once, and each rank's entry keeps its
+// position in that list; no worker has an empty list. A lookup is one Go
+// map lookup, as with a plain map; a store of a new key and a delete also
+// touch the worker's list, in O(1) (a delete moves the list's last dp
+// into the hole: a scan of the list made removing a worker of k ranks
+// O(k²)).
 package rankmap
 
 import (
@@ -23,8 +26,14 @@ import (
 // Map is a map from rank to V. The zero value is an empty map ready to
 // use. It is not safe for concurrent use; its owner locks.
 type Map[V any] struct {
-	m   map[kvevent.Rank]V
+	m   map[kvevent.Rank]entry[V]
 	dps map[uint64][]uint32 // worker -> its dp ranks in m, in no order
+}
+
+// entry is a rank's value and the position of its dp in its worker's list.
+type entry[V any] struct {
+	v V
+	i uint32
 }
 
 // Len returns the number of ranks in the map.
@@ -32,36 +41,46 @@ func (m *Map[V]) Len() int { return len(m.m) }
 
 // Get returns r's value, and whether r is in the map.
 func (m *Map[V]) Get(r kvevent.Rank) (V, bool) {
-	v, ok := m.m[r]
-	return v, ok
+	e, ok := m.m[r]
+	return e.v, ok
 }
 
 // Set stores v as r's value.
 func (m *Map[V]) Set(r kvevent.Rank, v V) {
 	if m.m == nil {
-		m.m, m.dps = map[kvevent.Rank]V{}, map[uint64][]uint32{}
+		m.m, m.dps = map[kvevent.Rank]entry[V]{}, map[uint64][]uint32{}
 	}
-	n := len(m.m)
-	m.m[r] = v
-	if len(m.m) != n { // a new key
-		m.dps[r.Worker] = append(m.dps[r.Worker], r.DP)
+	e, ok := m.m[r]
+	if !ok { // a new key
+		dps := m.dps[r.Worker]
+		e.i = uint32(len(dps))
+		m.dps[r.Worker] = append(dps, r.DP)
 	}
+	e.v = v
+	m.m[r] = e
 }
 
 // Delete removes r and reports whether it was in the map.
 func (m *Map[V]) Delete(r kvevent.Rank) bool {
-	if _, ok := m.m[r]; !ok {
+	e, ok := m.m[r]
+	if !ok {
 		return false
 	}
 	delete(m.m, r)
 	dps := m.dps[r.Worker]
-	i := slices.Index(dps, r.DP)
-	if len(dps) == 1 {
+	last := len(dps) - 1
+	if last == 0 {
 		delete(m.dps, r.Worker)
 		return true
 	}
-	dps[i] = dps[len(dps)-1]
-	m.dps[r.Worker] = dps[:len(dps)-1]
+	if int(e.i) != last {
+		moved := kvevent.Rank{Worker: r.Worker, DP: dps[last]}
+		dps[e.i] = moved.DP
+		me := m.m[moved]
+		me.i = e.i
+		m.m[moved] = me
+	}
+	m.dps[r.Worker] = dps[:last]
 	return true
 }
 
@@ -80,8 +99,8 @@ func (m *Map[V]) WorkerRanks(dst []kvevent.Rank, worker uint64) []kvevent.Rank {
 // must not change during the iteration.
 func (m *Map[V]) All() iter.Seq2[kvevent.Rank, V] {
 	return func(yield func(kvevent.Rank, V) bool) {
-		for r, v := range m.m {
-			if !yield(r, v) {
+		for r, e := range m.m {
+			if !yield(r, e.v) {
 				return
 			}
 		}
