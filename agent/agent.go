@@ -31,11 +31,12 @@
 //     engine API asks the same of an offload request first (CheckOffload).
 //   - A pool block whose parent the mirror does not hold waits in the
 //     rank's parked set, outside the mirror and the router, until a store
-//     of its parent (the engine's or a pool's) lets it go out; a pool's
-//     REMOVE of it takes it out of the set, which the pools' capacity thus
-//     bounds. It would otherwise be left out of every dump, or held as an
-//     orphan that expires, and never be sent again: nothing stores it
-//     while the pool holds it.
+//     of its parent (the engine's or a pool's) makes the mirror hold it (a
+//     store held as an orphan does not); a pool's REMOVE of it takes it
+//     out of the set, which the pools' capacity thus bounds. It would
+//     otherwise be left out of every dump, or held as an orphan that
+//     expires, and never be sent again: nothing stores it while the pool
+//     holds it.
 //   - The engine path never blocks on the router: the publisher drops its
 //     oldest events when its buffer is full (DropOldest), and the rank heals
 //     with a dump once the router reports the gap. A batch larger than the
@@ -889,7 +890,11 @@ func (a *Agent) unparkLocked(r kvevent.Rank, t kvevent.Tier, hashes []uint64) []
 // evs (applied to the mirror) stored, then those waiting for them, and so
 // on, one event each: a parked block is checked against the mirror as a
 // pool's store is (storePoolLocked), and one that contradicts what the
-// engine reported since it was parked is dropped. The caller holds a.mu.
+// engine reported since it was parked is dropped. Only a parent the
+// mirror now holds lets its blocks go: a store that named a parent the
+// mirror does not know is held as an orphan, and blocks let go under it
+// would be orphans too, on the router as well, dropped when it expires,
+// and no longer parked for its next store. The caller holds a.mu.
 func (a *Agent) releaseLocked(r kvevent.Rank, evs []kvevent.Event) error {
 	p := a.parked[r]
 	if p == nil || len(p.byParent) == 0 {
@@ -910,6 +915,9 @@ func (a *Agent) releaseLocked(r kvevent.Rank, evs []kvevent.Event) error {
 		parent := queue[0]
 		queue = queue[1:]
 		kids := p.byParent[parent]
+		if len(kids) == 0 || !a.mirror.Holds(r, parent) {
+			continue // a held orphan: its blocks wait on
+		}
 		delete(p.byParent, parent)
 		for _, k := range kids {
 			b := p.blocks[k]

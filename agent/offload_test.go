@@ -631,3 +631,47 @@ func TestReopenedG3BlockWaitsForItsParent(t *testing.T) {
 		t.Fatalf("G3 holds block 4 (pool: %d blocks), the engine 1..3: the router holds %d G3 blocks, matches %d of 4", disk.Stats().Used, g3, m)
 	}
 }
+
+// TestParkedBlockWaitsForAnOrphanParent: the pool's 4 waits for 3. The
+// engine's store of 3 names a parent (2) the mirror does not hold (its
+// store was lost: a gap), so the mirror holds 3 as an orphan, and 4 must
+// wait on: let go under 3, it would be an orphan too, on the mirror and
+// the router, that expires after 2s, and once the engine computes 1..3
+// again nothing would publish it. The control half stores 1..3 without
+// the orphan store first. From a review: 4 was let go at the orphan store
+// of 3 and the router never learned that G2 held it.
+func TestParkedBlockWaitsForAnOrphanParent(t *testing.T) {
+	for _, orphanFirst := range []bool{false, true} {
+		t.Run(map[bool]string{false: "control", true: "orphan_parent"}[orphanFirst], func(t *testing.T) {
+			r := startRouter(t)
+			reg := prometheus.NewRegistry()
+			a, _ := startAgentWith(t, r, Config{Registerer: reg})
+			host := hostPoolOn(t, a)
+			must(t, host.Register(pool.Block{Hash: 4, Parent: 3, Local: 1004}, make([]byte, blockBytes)))
+			if orphanFirst {
+				must(t, a.Events(rank, 0, []kvevent.Event{storedChain(2, 3)}))
+				a.mu.Lock()
+				held := a.mirror.Holds(rank, 4)
+				a.mu.Unlock()
+				if n := metric(t, reg, "kvagent_offload_parked_blocks"); n != 1 || held {
+					t.Fatalf("after the engine's orphan store of 3: %v blocks parked (want 1), the mirror holds 4: %v (want false)", n, held)
+				}
+				waitFor(t, "the orphan to age out", func() bool {
+					evs, _ := a.dump(rank)
+					return len(evs) == 0
+				})
+				must(t, a.Events(rank, 1, []kvevent.Event{{Kind: kvevent.KindRemoved, Tier: kvevent.TierDevice, Removed: []uint64{3}}}))
+			}
+			must(t, a.Events(rank, 2, []kvevent.Event{storedChain(0, 1, 2, 3)}))
+			caughtUp(t, r, a)
+			waitFor(t, "acked", func() bool { acked, last := a.Publisher().Cursor(rank); return acked == last })
+			if h, m := tierBlocks(r, kvevent.TierHostPinned), matched(r, 4); h != 1 || m != 4 {
+				t.Fatalf("the engine holds 1..3, G2 holds 4 (pool: %d blocks): the router holds %d G2 blocks (want 1), matches %d of 4 (want 4)",
+					host.Stats().Used, h, m)
+			}
+			if n := metric(t, reg, "kvagent_offload_parked_blocks"); n != 0 {
+				t.Fatalf("%v pool blocks still wait for their parent", n)
+			}
+		})
+	}
+}
