@@ -49,6 +49,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -769,8 +770,8 @@ func (a *Agent) publishLocked(r kvevent.Rank, evs []kvevent.Event, offload bool)
 		if offload {
 			a.markOffloadedLocked(r, part)
 		}
-		a.mirror.ApplyBatch(part, time.Now().UnixNano())
-		if err := a.releaseLocked(r, part); err != nil {
+		adopted := a.adoptsLocked(r, func() { a.mirror.ApplyBatch(part, time.Now().UnixNano()) })
+		if err := a.releaseLocked(r, part, adopted); err != nil {
 			return 0, err
 		}
 	}
@@ -886,6 +887,22 @@ func (a *Agent) unparkLocked(r kvevent.Rank, t kvevent.Tier, hashes []uint64) []
 	})
 }
 
+// adoptsLocked runs apply, a change of the mirror, and reports whether it
+// applied stores the mirror held as orphans (their parent arrived): any
+// of their blocks may be a parent parked blocks of rank r wait for, which
+// the applied events do not name. The mirror's counters are read only
+// while r has parked blocks: this is the engine's event path. The caller
+// holds a.mu.
+func (a *Agent) adoptsLocked(r kvevent.Rank, apply func()) bool {
+	if p := a.parked[r]; p == nil || len(p.byParent) == 0 {
+		apply()
+		return false
+	}
+	before := a.mirror.Counters().OrphansApplied
+	apply()
+	return a.mirror.Counters().OrphansApplied != before
+}
+
 // releaseLocked publishes and applies rank r's parked blocks whose parent
 // evs (applied to the mirror) stored, then those waiting for them, and so
 // on, one event each: a parked block is checked against the mirror as a
@@ -894,20 +911,31 @@ func (a *Agent) unparkLocked(r kvevent.Rank, t kvevent.Tier, hashes []uint64) []
 // mirror now holds lets its blocks go: a store that named a parent the
 // mirror does not know is held as an orphan, and blocks let go under it
 // would be orphans too, on the router as well, dropped when it expires,
-// and no longer parked for its next store. The caller holds a.mu.
-func (a *Agent) releaseLocked(r kvevent.Rank, evs []kvevent.Event) error {
+// and no longer parked for its next store. When the apply adopted held
+// orphans (adopted; or a release does), every parent parked blocks wait
+// for is looked up: the orphans' blocks are not in evs. That costs a
+// lookup per such parent, bounded by the pools' capacity, and only then.
+// The caller holds a.mu.
+func (a *Agent) releaseLocked(r kvevent.Rank, evs []kvevent.Event, adopted bool) error {
 	p := a.parked[r]
 	if p == nil || len(p.byParent) == 0 {
 		return nil
 	}
 	var queue []uint64
-	for i := range evs {
-		if evs[i].Kind != kvevent.KindStored {
-			continue
-		}
-		for _, b := range evs[i].Blocks {
-			if len(p.byParent[b.EngineHash]) > 0 {
-				queue = append(queue, b.EngineHash)
+	waited := func() []uint64 { // sorted: released in the same order each time
+		return slices.Sorted(maps.Keys(p.byParent))
+	}
+	if adopted {
+		queue = waited()
+	} else {
+		for i := range evs {
+			if evs[i].Kind != kvevent.KindStored {
+				continue
+			}
+			for _, b := range evs[i].Blocks {
+				if len(p.byParent[b.EngineHash]) > 0 {
+					queue = append(queue, b.EngineHash)
+				}
 			}
 		}
 	}
@@ -933,8 +961,9 @@ func (a *Agent) releaseLocked(r kvevent.Rank, evs []kvevent.Event) error {
 			if _, err := a.pub.Publish(r, []kvevent.Event{ev}); err != nil {
 				return err
 			}
-			a.mirror.Apply(&ev, time.Now().UnixNano())
-			if len(p.byParent[k.hash]) > 0 {
+			if a.adoptsLocked(r, func() { _ = a.mirror.Apply(&ev, time.Now().UnixNano()) }) {
+				queue = append(queue, waited()...)
+			} else if len(p.byParent[k.hash]) > 0 {
 				queue = append(queue, k.hash)
 			}
 		}

@@ -675,3 +675,43 @@ func TestParkedBlockWaitsForAnOrphanParent(t *testing.T) {
 		})
 	}
 }
+
+// TestParkedBlockFollowsAnAdoptedParent: the engine's store of 3 comes
+// before that of its parent 2 (the mirror holds 3 as an orphan); the pool
+// offloads 4 under 3, which waits for it. The engine then stores 1, 2:
+// the mirror applies the held 3 with them, and 4 goes out under it. The
+// same when it is a pool's store that resolves the engine's orphan. From
+// a review: only the hashes of the batch let parked blocks go, so 4 stayed
+// parked while the mirror held its parent, unknown to the router.
+func TestParkedBlockFollowsAnAdoptedParent(t *testing.T) {
+	for _, poolResolves := range []bool{false, true} {
+		t.Run(map[bool]string{false: "engine_store", true: "pool_store"}[poolResolves], func(t *testing.T) {
+			r := startRouter(t)
+			reg := prometheus.NewRegistry()
+			a, _ := startAgentWith(t, r, Config{Registerer: reg})
+			host := hostPoolOn(t, a)
+			must(t, a.Events(rank, 0, []kvevent.Event{storedChain(2, 3)})) // an orphan: 2 is not known
+			must(t, host.Register(pool.Block{Hash: 4, Parent: 3, Local: 1004}, make([]byte, blockBytes)))
+			if n := metric(t, reg, "kvagent_offload_parked_blocks"); n != 1 {
+				t.Fatalf("%v pool blocks wait for the orphan 3, want 1", n)
+			}
+			wantDevice, wantHost := int64(3), int64(1)
+			if poolResolves {
+				must(t, a.Events(rank, 1, []kvevent.Event{storedChain(0, 1)}))
+				must(t, host.Register(pool.Block{Hash: 2, Parent: 1, Local: 1002}, make([]byte, blockBytes)))
+				wantDevice, wantHost = 2, 2
+			} else {
+				must(t, a.Events(rank, 1, []kvevent.Event{storedChain(0, 1, 2)}))
+			}
+			caughtUp(t, r, a)
+			if d := tierBlocks(r, kvevent.TierDevice); d != wantDevice {
+				t.Fatalf("the router holds %d device blocks, want %d (the orphan 3 applied)", d, wantDevice)
+			}
+			parked := metric(t, reg, "kvagent_offload_parked_blocks")
+			if h, m := tierBlocks(r, kvevent.TierHostPinned), matched(r, 4); h != wantHost || m != 4 || parked != 0 {
+				t.Fatalf("the mirror holds 1..3, the pool 4 under 3: the router holds %d G2 blocks (want %d), matches %d of 4 (want 4); %v blocks still parked (want 0)",
+					h, wantHost, m, parked)
+			}
+		})
+	}
+}

@@ -61,6 +61,15 @@ func (ix *Index) Stats() Stats {
 	return s
 }
 
+// Counters returns the index's counters alone: O(1), unlike Stats, for a
+// caller that compares them around an Apply (the node agent, to learn
+// whether a store applied held orphans).
+func (ix *Index) Counters() Counters {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return ix.counters
+}
+
 // RankStats is what the index holds for one rank.
 type RankStats struct {
 	Rank         kvevent.Rank
