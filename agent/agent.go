@@ -726,18 +726,23 @@ func (a *Agent) storePoolLocked(r kvevent.Rank, ev kvevent.Event, publish bool) 
 // parent's engine hash (0 for the first block of a sequence), b its engine
 // and content hashes. It refuses, with an error wrapping
 // indexer.ErrConflict, an engine hash the mirror holds as another block
-// (another content hash, or under another parent) and a block the mirror
-// holds under another engine hash: stored in a pool, either would make
-// the router drop what the engine holds. A hash the mirror does not know
-// passes: the engine's STORE of it may still be on its way (events and
-// offloads travel apart), and Publish checks again when the copy is
-// stored. Counted in kvagent_offload_mismatches_total{where="request"}.
+// (another content hash, or under another parent): the request names
+// something else than what the engine reported, and stored in a pool it
+// would make the router drop what the engine holds. A hash the mirror does
+// not know passes, even when the mirror holds its block under another
+// engine hash (indexer.ErrRenames): the engine's STORE of it may still be
+// on its way (events and offloads travel apart), and one content has
+// several engine hashes (extra_keys such as an image or a per-request
+// cache salt, an engine restarted with another hash seed). Publish checks
+// the copy again when it is stored. Counted in
+// kvagent_offload_mismatches_total{where="request"}.
 func (a *Agent) CheckOffload(r kvevent.Rank, parent uint64, b kvevent.Block) error {
-	if _, err := a.mirror.CheckStore(r, parent != 0, parent, []kvevent.Block{b}); err != nil {
-		a.mismatches.WithLabelValues("request").Inc()
-		return fmt.Errorf("offload of engine hash %#x: %w", b.EngineHash, err)
+	_, err := a.mirror.CheckStore(r, parent != 0, parent, []kvevent.Block{b})
+	if err == nil || errors.Is(err, indexer.ErrRenames) {
+		return nil
 	}
-	return nil
+	a.mismatches.WithLabelValues("request").Inc()
+	return fmt.Errorf("offload of engine hash %#x: %w", b.EngineHash, err)
 }
 
 // validate checks every event of a batch before any of it is published:

@@ -29,7 +29,8 @@ func (ix *Index) Holds(r kvevent.Rank, eh uint64) bool {
 // other source (an offload pool publishing what an engine's request named)
 // they would undo what the engine reported. It returns the index of the
 // first such block and an error wrapping ErrConflict that says what r
-// holds, or -1 and nil. Nothing changes.
+// holds (and ErrRenames for a block held under another hash), or -1 and
+// nil. Nothing changes.
 //
 // A chain whose parent r does not hold would be held for it (an orphan):
 // where it lands is not known yet, so its first block is checked by its
@@ -62,7 +63,7 @@ func (ix *Index) CheckStore(r kvevent.Rank, hasParent bool, parent uint64, block
 		case !held && c != nil:
 			if j := c.find(rs.slot); j >= 0 {
 				return i, fmt.Errorf("%w: rank %s holds content hash %#x under %s as engine hash %#x, not %#x",
-					ErrConflict, r, b.LocalHash, parentName(i, hasParent, parent, blocks), c.holders[j].eh, b.EngineHash)
+					ErrRenames, r, b.LocalHash, parentName(i, hasParent, parent, blocks), c.holders[j].eh, b.EngineHash)
 			}
 		}
 		switch {

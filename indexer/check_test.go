@@ -52,6 +52,24 @@ func TestCheckStoreFindsWhatWouldMoveAResidency(t *testing.T) {
 	}
 }
 
+// TestCheckStoreTellsARenameApart: a store of a block rank 1 holds under
+// another engine hash, one it does not hold, is ErrRenames (the node
+// agent accepts such an offload request: extra_keys give one content
+// another engine hash); a hash it holds as another block is an
+// ErrConflict but no ErrRenames.
+func TestCheckStoreTellsARenameApart(t *testing.T) {
+	ix := New(Config{})
+	mustApply(t, ix, stored(rk1, kvevent.TierDevice, chain(1, 2)))
+	b := kvevent.Block{EngineHash: 51, LocalHash: 101}
+	if _, err := ix.CheckStore(rk1, false, 0, []kvevent.Block{b}); !errors.Is(err, ErrRenames) || !errors.Is(err, ErrConflict) {
+		t.Errorf("a store of block 1 as engine hash 51: %v; want ErrRenames, an ErrConflict", err)
+	}
+	b = kvevent.Block{EngineHash: 2, LocalHash: 999}
+	if _, err := ix.CheckStore(rk1, true, 1, []kvevent.Block{b}); !errors.Is(err, ErrConflict) || errors.Is(err, ErrRenames) {
+		t.Errorf("a store of engine hash 2 as another block: %v; want an ErrConflict, no ErrRenames", err)
+	}
+}
+
 // TestCheckStoreNeverMissesARemap: over random stores and removes of a
 // small hash space, a store CheckStore passes never moves a residency
 // (Counters.Remapped stays), and a store whose parent is held that it
