@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"slices"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/internal/testlog"
 	"github.com/kvrouter/kvrouter/store"
 )
 
@@ -1150,5 +1153,145 @@ func TestRaftAddrAliasResolvesBothSides(t *testing.T) {
 		if got := string(s.ID); ok != (tc.want != "") || got != tc.want {
 			t.Errorf("add %s at %s: alias of %q (%v), want %q", tc.id, tc.addr, got, ok, tc.want)
 		}
+	}
+}
+
+// TestAFollowerBackBySnapshotIsNoStranger: a follower back after the
+// leader compacted its log catches up through InstallSnapshot, whose
+// answer hashicorp/raft v1.8.0 sends without an RPC header (no id). The
+// watch took it as an answer from another server: it dropped the match,
+// counted a stranger and logged, about a healthy node, that the operator
+// should remove it. From a review.
+func TestAFollowerBackBySnapshotIsNoStranger(t *testing.T) {
+	var logs testlog.Buffer
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		cfg.TrailingLogs, cfg.SnapshotThreshold = 10, 20
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	c.converged()
+	down := 0
+	for c.nodes[down] == l {
+		down++
+	}
+	last := c.nodes[down].raft.LastIndex()
+	c.stop(down)
+	for k := range 60 {
+		ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, uint64(k+1), 1, uint64(10+k))}})
+	}
+	l = c.leader()
+	if err := l.raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	if first, err := l.logs.FirstIndex(); err != nil || first <= last+1 {
+		t.Fatalf("the leader's log begins at %d (%v): %s, at %d, would catch up from the log, not a snapshot", first, err, c.id(down), last)
+	}
+	before, want := l.watch.strangers.Load(), l.raft.LastIndex()
+	c.start(down)
+	c.converged()
+	// Replication to a follower is one goroutine: a match through the
+	// leader's last index, proved by an AppendEntries after the install,
+	// comes after the watch saw the snapshot's answer.
+	waitFor(t, 10*time.Second, "an AppendEntries answer to prove "+c.id(down)+"'s log", func() bool {
+		return l.watch.contact(raft.ServerID(c.id(down))).matched >= want
+	})
+	if got := l.watch.strangers.Load(); got != before {
+		t.Errorf("%s's answers counted as another server's (%d -> %d)", c.id(down), before, got)
+	}
+	if w := logs.Lines("answered by another server"); len(w) > 0 {
+		t.Errorf("a false alarm about %s, which caught up by snapshot: %q", c.id(down), w)
+	}
+}
+
+// TestANodeAddedBySnapshotRaisesNoAlarm: a new node added to a cluster
+// whose log is compacted catches up through InstallSnapshot (answered
+// without an id, raft v1.8.0) and is made a voter, and the leader does
+// not log that its address is answered by another server. From a review:
+// it did, on every such join, telling the operator to remove the node.
+func TestANodeAddedBySnapshotRaisesNoAlarm(t *testing.T) {
+	var logs testlog.Buffer
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		cfg.TrailingLogs, cfg.SnapshotThreshold = 10, 20
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	for k := range 60 {
+		ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, uint64(k+1), 1, uint64(10+k))}})
+	}
+	l = c.leader()
+	if err := l.raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	if first, err := l.logs.FirstIndex(); err != nil || first <= 1 {
+		t.Fatalf("the leader's log begins at %d (%v): a new node would catch up from the log, not a snapshot", first, err)
+	}
+	tr := c.transport("127.0.0.1:0")
+	n4, err := NewNode(Config{ID: "n4", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n4",
+		DataDir: filepath.Join(t.TempDir(), "n4"), Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n4.Close() })
+	cx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	if err := l.AddMember(cx, "n4", string(tr.LocalAddr()), "http-n4"); err != nil {
+		t.Fatalf("add n4: %v", err)
+	}
+	if got := l.watch.strangers.Load(); got != 0 {
+		t.Errorf("%d answers counted as another server's", got)
+	}
+	if w := logs.Lines("answered by another server"); len(w) > 0 {
+		t.Errorf("a false alarm about n4, which caught up by snapshot: %q", w)
+	}
+}
+
+// snapshotAnswerer answers every InstallSnapshot with success, under
+// header h.
+type snapshotAnswerer struct {
+	raft.Transport
+	h raft.RPCHeader
+}
+
+func (s *snapshotAnswerer) InstallSnapshot(_ raft.ServerID, _ raft.ServerAddress, args *raft.InstallSnapshotRequest, resp *raft.InstallSnapshotResponse, _ io.Reader) error {
+	*resp = raft.InstallSnapshotResponse{RPCHeader: s.h, Term: args.Term, Success: true}
+	return nil
+}
+
+// TestAnInstallSnapshotAnswerWithoutAnIDProvesNothing: raft v1.8.0
+// answers InstallSnapshot without an RPC header, so an answer without an
+// id is neither the peer's (no match: the next AppendEntries that tests
+// the log proves it) nor another server's (no stranger, no warning);
+// one that names another server is still a stranger's, and one that
+// names the peer proves its log through the snapshot's last index.
+func TestAnInstallSnapshotAnswerWithoutAnIDProvesNothing(t *testing.T) {
+	_, inner := raft.NewInmemTransport("inmem-n1")
+	hdr := func(id string) raft.RPCHeader {
+		return raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(id)}
+	}
+	for _, tc := range []struct {
+		as        string
+		strangers uint64
+		matched   uint64
+	}{
+		{"", 0, 0},
+		{"x7", 1, 0},
+		{"n2", 0, 42},
+	} {
+		tr, w := watchCommits(&snapshotAnswerer{Transport: inner, h: hdr(tc.as)}, "n1", quiet)
+		args := &raft.InstallSnapshotRequest{RPCHeader: hdr("n1"), Term: 3, LastLogIndex: 42, LastLogTerm: 3}
+		var resp raft.InstallSnapshotResponse
+		if err := tr.InstallSnapshot("n2", "inmem-n2", args, &resp, strings.NewReader("")); err != nil {
+			t.Fatal(err)
+		}
+		if got, c := w.strangers.Load(), w.contact("n2"); got != tc.strangers || c.matched != tc.matched {
+			t.Errorf("answered as %q: %d strangers, matched %d, want %d and %d", tc.as, got, c.matched, tc.strangers, tc.matched)
+		}
+		w.close()
 	}
 }

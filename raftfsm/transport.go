@@ -67,7 +67,9 @@ func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger
 // And it notes the answers to the node's own RPCs (contacts): a leader's
 // membership changes need to know which followers answer. An answer
 // counts only when it comes from the server it was sent to: its header
-// names that server's id (answeredBy).
+// names that server's id (answeredBy). An answer to InstallSnapshot,
+// which raft v1.8.0 sends without a header, counts for nothing
+// (InstallSnapshot).
 type commitWatch struct {
 	raft.Transport
 	out    chan raft.RPC
@@ -229,13 +231,16 @@ func (w *commitWatch) foreign(rpc raft.RPC) (string, bool) {
 }
 
 // answeredBy reports whether an answer with header h, to an RPC sent to
-// peer at target, comes from peer: h names peer's id, as every answer of
-// hashicorp/raft does (getRPCHeader: v1.8.0, which every build of this
-// module ran). Another id is another server at peer's address: a member
-// reached under another spelling, another cluster's node; no id, a server
-// that does not say. Neither counts as peer's answer, contact nor match:
-// a new member whose address answers as another is never promoted, and
-// stays a non-voter that the operator sees (this log, members list).
+// peer at target, comes from peer: h names peer's id, as hashicorp/raft
+// v1.8.0 (which every build of this module ran) sets it in its answers
+// to AppendEntries, RequestVote and RequestPreVote (getRPCHeader); not
+// in its answer to InstallSnapshot, which has no header at all and which
+// InstallSnapshot does not bring here. Another id is another server at
+// peer's address: a member reached under another spelling, another
+// cluster's node; no id, a server that does not say. Neither counts as
+// peer's answer, contact nor match: a new member whose address answers
+// as another is never promoted, and stays a non-voter that the operator
+// sees (this log, members list).
 func (w *commitWatch) answeredBy(peer raft.ServerID, target raft.ServerAddress, h raft.RPCHeader) bool {
 	if string(h.ID) == string(peer) {
 		return true
@@ -368,9 +373,20 @@ func (p *watchedPipeline) Close() error {
 // InstallSnapshot implements raft.Transport, noting the answer: a
 // follower that installed the snapshot holds the leader's log through
 // its last index.
+//
+// hashicorp/raft v1.8.0 answers InstallSnapshot without an RPC header
+// (Raft.installSnapshot builds its response with a term and a result
+// only), so an answer without an id is what every follower sends: it
+// proves nothing either way, and is noted neither as the peer's (no
+// contact, no match) nor as another server's (no stranger, no warning).
+// Taken as another server's, it made the leader tell the operator to
+// remove a healthy node on every catch-up by snapshot. The match follows
+// from the next AppendEntries, which tests the log at the
+// snapshot's last index and carries the follower's id. An answer that
+// names another server is still a stranger's.
 func (w *commitWatch) InstallSnapshot(id raft.ServerID, target raft.ServerAddress, args *raft.InstallSnapshotRequest, resp *raft.InstallSnapshotResponse, data io.Reader) error {
 	err := w.Transport.InstallSnapshot(id, target, args, resp, data)
-	if err == nil && w.answeredBy(id, target, resp.RPCHeader) {
+	if err == nil && len(resp.ID) > 0 && w.answeredBy(id, target, resp.RPCHeader) {
 		w.heard(id, true, resp.Success, args.LastLogIndex)
 	}
 	return err
