@@ -40,9 +40,9 @@ func checkMemberRaftAddr(addr string) error {
 // raftAddrAlias returns the server of servers, other than id, whose raft
 // address addr reaches under another spelling: both resolve to one
 // IP:port (localhost:7001 and 127.0.0.1:7001, a name and its IP). The
-// unspecified address counts as its family's loopback one, which a dial
-// of it reaches (Linux), though CheckRaftAddr refuses it in an added
-// address. Other IPs of one host are other listeners: a kvrouter listens
+// unspecified address counts as the loopback ones a dial of it reaches
+// (Linux; lookupRaftAddr), though CheckRaftAddr refuses it in an added
+// address: a member listed at one by an older build. Other IPs of one host are other listeners: a kvrouter listens
 // on its --raft-addr's IP alone (NewNode binds it), so 127.0.0.2:7001 or
 // the host's LAN IP do not reach a member at 127.0.0.1:7001, and nodes on
 // one host at 127.0.0.1, 127.0.0.2, ... with one port are a cluster.
@@ -84,7 +84,10 @@ func raftAddrAlias(ctx context.Context, servers []raft.Server, id, addr string) 
 // unmapped, without zones), nil when addr is not host:port or its host
 // does not resolve. An IP literal needs no lookup, and localhost none
 // either (the loopback addresses, whatever the hosts file says); an
-// unspecified IP is its family's loopback one (raftAddrAlias).
+// unspecified IP is the loopback one that a dial of it reaches
+// (raftAddrAlias): 0.0.0.0 is 127.0.0.1, and :: both ::1 and 127.0.0.1,
+// as Go's dialer tries 0.0.0.0 after :: (for a host whose IPv6 binds ::
+// but cannot connect to it: golang.org/issue/18806).
 func lookupRaftAddr(ctx context.Context, addr string) []netip.AddrPort {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -107,16 +110,18 @@ func lookupRaftAddr(ctx context.Context, addr string) []netip.AddrPort {
 		}
 		ips = found
 	}
-	out := make([]netip.AddrPort, 0, len(ips))
+	loopback4 := netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	out := make([]netip.AddrPort, 0, len(ips)+1)
 	for _, ip := range ips {
 		ip = ip.Unmap().WithZone("")
 		switch {
 		case ip == netip.IPv4Unspecified():
-			ip = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+			out = append(out, netip.AddrPortFrom(loopback4, uint16(p)))
 		case ip == netip.IPv6Unspecified():
-			ip = netip.IPv6Loopback()
+			out = append(out, netip.AddrPortFrom(netip.IPv6Loopback(), uint16(p)), netip.AddrPortFrom(loopback4, uint16(p)))
+		default:
+			out = append(out, netip.AddrPortFrom(ip, uint16(p)))
 		}
-		out = append(out, netip.AddrPortFrom(ip, uint16(p)))
 	}
 	return out
 }

@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 )
 
@@ -51,7 +52,8 @@ func ParsePeers(s string) ([]Member, error) {
 // CheckRaftAddr says what is wrong with addr as a node's Raft address,
 // nil when nothing is: host:port, the port one that net.Listen takes (a
 // number from 0 to 65535, or a service name), and a host that peers can
-// dial (not empty, not a wildcard such as 0.0.0.0 or ::), since it is the
+// dial (not empty, not a wildcard such as 0.0.0.0 or ::, with a zone or
+// IPv4-mapped or not), since it is the
 // address the cluster's configuration lists the node at. kvrouter checks
 // its --raft-addr with it, and ParsePeers every --peers entry's, so that
 // kvctl's offline seed refuses what kvrouter would refuse. The error
@@ -68,7 +70,10 @@ func CheckRaftAddr(addr string) error {
 	if host == "" {
 		return fmt.Errorf("%q has no host: give this node's own address, as its peers dial it (host:port)", addr)
 	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+	// netip, not net.ParseIP: an IPv6 address may carry a zone, which
+	// net.ParseIP does not parse (nil), and [::%lo]:7946 is dialled as
+	// [::]:7946 is, to this host's loopback.
+	if ip, err := netip.ParseAddr(host); err == nil && ip.WithZone("").Unmap().IsUnspecified() {
 		return fmt.Errorf("%q: %s listens on every interface, and peers cannot dial it: give this node's own address, as its peers dial it (host:port)", addr, host)
 	}
 	return nil

@@ -11,9 +11,12 @@ import (
 // --raft-addr and a --peers entry's (kvrouter, kvctl's offline seed) are
 // checked by the same rule. From a review: the seed took --peers entries
 // at 0.0.0.0:7946 or :7946, which kvrouter refuses as --raft-addr, and
-// left a directory that no node could start on.
+// left a directory that no node could start on. A wildcard with a zone
+// (an IPv6 address may carry one) is a wildcard too: a second review found
+// [::%lo]:7946 taken, which a dial sends to this host's loopback as it
+// does [::]:7946.
 func TestRaftAddrIsOneThatPeersCanDial(t *testing.T) {
-	for _, ok := range []string{"10.0.0.1:7946", "[::1]:7946", "node1.example:7946", "127.0.0.1:0"} {
+	for _, ok := range []string{"10.0.0.1:7946", "[::1]:7946", "[fe80::1%eth0]:7946", "node1.example:7946", "127.0.0.1:0"} {
 		if err := CheckRaftAddr(ok); err != nil {
 			t.Errorf("CheckRaftAddr(%q): %v", ok, err)
 		}
@@ -25,6 +28,10 @@ func TestRaftAddrIsOneThatPeersCanDial(t *testing.T) {
 		{":7946", "has no host"},
 		{"0.0.0.0:7946", "0.0.0.0 listens on every interface"},
 		{"[::]:7946", ":: listens on every interface"},
+		{"[::%lo]:7946", "::%lo listens on every interface"},
+		{"[::%1]:7946", "::%1 listens on every interface"},
+		{"[::ffff:0.0.0.0]:7946", "::ffff:0.0.0.0 listens on every interface"},
+		{"[::ffff:0.0.0.0%lo]:7946", "::ffff:0.0.0.0%lo listens on every interface"},
 	} {
 		if err := CheckRaftAddr(c.addr); err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), `"`+c.addr+`"`) {
 			t.Errorf("CheckRaftAddr(%q): %v, want an error that begins with the address and says %q", c.addr, err, c.want)
