@@ -51,7 +51,14 @@ type core struct {
 	next     uint64 // the sequence to apply next
 	liveLast uint64 // the last sequence seen on the live stream
 	liveSeen bool   // liveLast holds a sequence (false only before the first, after a resume at 0)
-	resume   *uint64
+	// liveSum is a fingerprint of the payload of live batch liveLast, when
+	// liveSumOK (false when liveLast comes from Config.Resume, not the
+	// wire): a second live copy of that batch, the same bytes, is a
+	// duplicate, while other bytes under the same sequence come from a
+	// restarted engine (a real batch carries its publish time).
+	liveSum   uint64
+	liveSumOK bool
+	resume    *uint64
 
 	// replayed holds a fingerprint of each batch the last replay applied,
 	// from sequence replayedFrom on, until the live stream passes them:
@@ -107,14 +114,15 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 		c.malformed(bad, nil)
 		return nil
 	}
+	sum := xxh3.Hash(payload)
 	// A sequence a replay applied: the live copy of that batch, or, with
 	// other bytes, a restarted engine's batch (the sequence alone cannot
 	// tell them apart when the replay started at 0, nor after a catch-up
 	// that failed part-way).
 	restarted := false
 	if i := seq - c.replayedFrom; seq >= c.replayedFrom && i < uint64(len(c.replayed)) {
-		if xxh3.Hash(payload) == c.replayed[i] {
-			c.liveLast, c.liveSeen = seq, true
+		if sum == c.replayed[i] {
+			c.liveLast, c.liveSeen, c.liveSum, c.liveSumOK = seq, true, sum, true
 			c.count(func(s *Stats) { s.Duplicates++ })
 			c.m.duplicates.Inc()
 			return nil
@@ -126,6 +134,7 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 	}
 	if !c.started && c.resume == nil {
 		c.started, c.next, c.liveLast, c.liveSeen = true, seq, seq, true
+		c.liveSum, c.liveSumOK = sum, true
 		c.apply(seq, payload)
 		return nil
 	}
@@ -136,15 +145,24 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 		// means the engine restarted since.
 		r := *c.resume
 		c.started, c.next, c.liveLast, c.liveSeen = true, r, r-1, r > 0
+		c.liveSumOK = false
 	}
 	// The live stream comes over one connection at a time, in order: within
 	// an epoch it only goes up. Going back means a new publisher, counting
-	// from 0 again. (Sequences the replay applied may be above liveLast:
+	// from 0 again (wire.md: a sequence below the last one seen). The last
+	// sequence again is a new publisher only with other bytes: the same
+	// bytes are a second copy of the batch, a duplicate, which must not
+	// reset the rank. (Sequences the replay applied may be above liveLast:
 	// those are duplicates, below.)
+	if !restarted && c.liveSeen && seq == c.liveLast && c.liveSumOK && sum == c.liveSum {
+		c.count(func(s *Stats) { s.Duplicates++ })
+		c.m.duplicates.Inc()
+		return nil
+	}
 	if restarted || c.liveSeen && seq <= c.liveLast {
 		c.newEpoch(seq)
 	}
-	c.liveLast, c.liveSeen = seq, true
+	c.liveLast, c.liveSeen, c.liveSum, c.liveSumOK = seq, true, sum, true
 	switch {
 	case seq < c.next:
 		c.count(func(s *Stats) { s.Duplicates++ })
@@ -171,6 +189,7 @@ func (c *core) catchUp(ctx context.Context) error {
 	}
 	r := *c.resume
 	c.started, c.next, c.liveLast, c.liveSeen = true, r, r-1, r > 0
+	c.liveSumOK = false
 	c.count(func(s *Stats) { s.NextSeq = c.next })
 	reason := c.replayGap(ctx, r, r, true)
 	if err := ctx.Err(); err != nil {

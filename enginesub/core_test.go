@@ -77,8 +77,18 @@ func TestSequenceRules(t *testing.T) {
 		{name: "first message accepted whatever its seq", steps: live(7, 8), want: "ev7 ev8"},
 		{name: "seq back to zero starts an epoch", steps: live(0, 1, 2, 0, 1),
 			want: "ev0 ev1 ev2 reset ev0 ev1"},
-		{name: "seq back to the same starts an epoch", steps: live(0, 1, 1, 2),
+		{name: "seq back to the same with other bytes starts an epoch", steps: steps(live(0, 1), restarted(1), live(2)),
 			want: "ev0 ev1 reset resync:gap ev1 ev2"},
+		// From a review: a second live copy of the last batch, byte for
+		// byte, was taken for a restarted engine's and reset the rank.
+		{name: "a live copy of the last batch is a duplicate", steps: live(0, 1, 1, 2),
+			want: "ev0 ev1 ev2"},
+		{name: "a live copy of the last batch is a duplicate, with replay", replay: true,
+			steps: steps(replies(nil, 0, 1), live(0, 1, 1, 2)),
+			want:  "ev0 ev1 ev2"},
+		{name: "a live copy of a batch after a gap is a duplicate", replay: true,
+			steps: steps(replies(nil, 2, 3), live(0, 1, 4, 4, 5)),
+			want:  "ev0 ev1 replay:2 ev2 ev3 ev4 ev5"},
 		{name: "new epoch first seen above zero is a gap", steps: live(0, 1, 2, 3, 4, 2, 3),
 			want: "ev0 ev1 ev2 ev3 ev4 reset resync:gap ev2 ev3"},
 		{name: "gap without replay resyncs and goes on", steps: live(0, 1, 3, 4),
@@ -105,7 +115,7 @@ func TestSequenceRules(t *testing.T) {
 			steps: steps(replies(timeout, 2, 3), live(0, 1, 4)),
 			want:  "ev0 ev1 replay:2 ev2 ev3 ev4"},
 		{name: "restart during a gap: new epoch replayed from zero", replay: true,
-			steps: steps(live(0, 1, 2), replies(nil, 0, 1, 2), live(2, 3)),
+			steps: steps(live(0, 1, 2), replies(nil, 0, 1, 2), restarted(2), live(3)),
 			want:  "ev0 ev1 ev2 reset replay:0 ev0 ev1 ev2 ev3"},
 		{name: "sink refusal resyncs", steps: live(0, 1, 2), fail: 1,
 			want: "ev0 ev1! resync:sink_error ev2"},
@@ -221,6 +231,21 @@ func TestReplayStopsWhenContextEnds(t *testing.T) {
 	}
 }
 
+// TestLiveCopyOfLastBatchCountsAsDuplicate: the second live copy of a
+// batch is counted (Stats and kvagent_subscriber_duplicates_total) as a
+// duplicate, not as an epoch.
+func TestLiveCopyOfLastBatchCountsAsDuplicate(t *testing.T) {
+	c := newCore(t, &recSink{}, nil)
+	for _, msg := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(1), liveMsg(1)} {
+		if err := c.live(bg, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := c.Stats(); st.Duplicates != 2 || st.Epochs != 0 || st.Batches != 2 {
+		t.Fatalf("stats %+v, want 2 batches, 2 duplicates, 0 epochs", st)
+	}
+}
+
 func u64p(v uint64) *uint64 { return &v }
 
 // TestCatchUpOnResume: a resuming subscriber with a replay endpoint asks
@@ -284,12 +309,14 @@ func TestCatchUpOnResume(t *testing.T) {
 	}
 }
 
-// restarted is live batches of a restarted engine: the same sequences as
-// live's, other bytes (a real batch carries its publish time).
+// restarted is live batches of a restarted engine: the same sequences and
+// events as live's, other bytes (a real batch carries its publish time).
 func restarted(seqs ...uint64) []step {
 	var out []step
 	for _, s := range seqs {
-		out = append(out, step{live: [][]byte{{}, seqFrame(s), removedPayload(hashOf(s)+1<<40, 0)}})
+		p := removedPayload(hashOf(s), 0)
+		binary.BigEndian.PutUint64(p[2:10], math.Float64bits(2.5)) // the batch's timestamp
+		out = append(out, step{live: [][]byte{{}, seqFrame(s), p}})
 	}
 	return out
 }

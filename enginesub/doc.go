@@ -10,10 +10,14 @@
 //
 //   - The first message is accepted whatever its sequence.
 //   - seq == next: the batch is applied.
-//   - seq at or below the last sequence seen on the live stream: the engine
+//   - seq below the last sequence seen on the live stream, or equal to it
+//     with other bytes (a real batch carries its publish time): the engine
 //     restarted (a new publisher counts from 0 again). The rank starts a new
 //     epoch: Sink.Reset, the decoder forgets what it learned, and the next
-//     batch expected is 0, so a new epoch first seen above 0 is a gap.
+//     batch expected is 0, so a new epoch first seen above 0 is a gap. The
+//     last sequence again with the same bytes is a second copy of that
+//     batch: a duplicate, skipped (a fingerprint of the last live payload
+//     is kept to tell).
 //   - seq above next: a gap. With a replay endpoint the missing batches are
 //     asked for (a DEALER to the engine's ROUTER) and applied in order; a
 //     replay that starts above the one asked for means the engine's buffer
