@@ -25,7 +25,8 @@ const pollInterval = 50 * time.Millisecond
 
 // Config configures a Subscriber for one data-parallel rank of one worker.
 type Config struct {
-	// Endpoint is the engine's event endpoint, "tcp://host:port". Required.
+	// Endpoint is the engine's event endpoint, "tcp://host:port" (or
+	// ipc://path, inproc://name; see CheckEndpoint). Required.
 	Endpoint string
 	// Bind makes the subscriber bind Endpoint (for engines that connect
 	// their publisher); otherwise it connects. A bound port of 0 or "*" is
@@ -35,7 +36,9 @@ type Config struct {
 	// every message.
 	Topic string
 	// ReplayEndpoint is the engine's replay ROUTER endpoint, or "" when it
-	// has none: then every gap resyncs the rank.
+	// has none: then every gap resyncs the rank. New refuses one of a shape
+	// libzmq cannot connect to, and Run one libzmq refuses: each gap would
+	// otherwise fail its replay and resync.
 	ReplayEndpoint string
 	// ReplayTimeout bounds how long a replay waits for the engine: for its
 	// first reply, then between replies (not the whole replay, whose
@@ -93,6 +96,10 @@ func New(cfg Config) (*Subscriber, error) {
 	switch {
 	case cfg.Endpoint == "":
 		return nil, fmt.Errorf("%w: no endpoint", ErrConfig)
+	case endpointProblem(cfg.Endpoint, cfg.Bind) != "":
+		return nil, fmt.Errorf("%w: endpoint %q: %s", ErrConfig, cfg.Endpoint, endpointProblem(cfg.Endpoint, cfg.Bind))
+	case cfg.ReplayEndpoint != "" && endpointProblem(cfg.ReplayEndpoint, false) != "":
+		return nil, fmt.Errorf("%w: replay endpoint %q: %s", ErrConfig, cfg.ReplayEndpoint, endpointProblem(cfg.ReplayEndpoint, false))
 	case cfg.Sink == nil:
 		return nil, fmt.Errorf("%w: no sink", ErrConfig)
 	case cfg.ReplayTimeout < 0:
@@ -161,6 +168,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	if !s.ran.CompareAndSwap(false, true) {
 		return ErrRunning
 	}
+	if err := s.checkReplayEndpoint(); err != nil {
+		return err
+	}
 	sock, err := s.open()
 	if err != nil {
 		return err
@@ -228,6 +238,28 @@ func (s *Subscriber) open() (_ *zmq.Socket, err error) {
 	}
 	s.local.Store(&local)
 	return sock, nil
+}
+
+// checkReplayEndpoint connects a DEALER to the replay endpoint once, and
+// closes it: an endpoint libzmq refuses (New checks only its shape) fails
+// Run at its start, as an event endpoint does, not each gap's replay, which
+// would resync the rank every time with only a Warn to show for it.
+func (s *Subscriber) checkReplayEndpoint() error {
+	if s.cfg.ReplayEndpoint == "" {
+		return nil
+	}
+	d, err := zmq.NewSocket(zmq.DEALER)
+	if err != nil {
+		return fmt.Errorf("enginesub: new replay socket: %w", err)
+	}
+	defer d.Close()
+	if err := d.SetLinger(0); err != nil {
+		return fmt.Errorf("enginesub: set replay socket linger: %w", err)
+	}
+	if err := d.Connect(s.cfg.ReplayEndpoint); err != nil {
+		return fmt.Errorf("enginesub: replay endpoint: connect %s: %w", s.cfg.ReplayEndpoint, err)
+	}
+	return nil
 }
 
 // replay is the core's replayFunc over ZMQ. Each replay has its own DEALER,

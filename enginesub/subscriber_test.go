@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/kvevent/engine"
@@ -46,8 +48,63 @@ func TestRunTwiceIsRefused(t *testing.T) {
 	}
 }
 
+// TestNewRefusesEndpointsLibzmqCannotTake: from a review. New took any
+// replay endpoint: one libzmq cannot connect to (no scheme, no port, a
+// misspelt scheme) failed only at the first gap, "connect ...: invalid
+// argument", and every gap then resynced the rank, seen only as a Warn per
+// gap. Now New refuses it, and a bad event endpoint, naming which.
+func TestNewRefusesEndpointsLibzmqCannotTake(t *testing.T) {
+	cfg := func(ep, replay string, bind bool) Config {
+		return Config{Endpoint: ep, ReplayEndpoint: replay, Bind: bind, Sink: &recSink{}, Logger: quiet, Decoder: engine.Config{BlockSize: 4}}
+	}
+	const good = "tcp://127.0.0.1:5557"
+	bad := []string{"localhost:5567", "tcp://127.0.0.1", "tpc://127.0.0.1:5567", "TCP://127.0.0.1:5567", "tcp://:5567",
+		"tcp://127.0.0.1:", "tcp://127.0.0.1:65536", "tcp://127.0.0.1:x", "ipc://", "inproc://", "tcp://10.0.0.2:0;127.0.0.1"}
+	connectOnly := []string{"tcp://*:5567", "tcp://127.0.0.1:0", "tcp://127.0.0.1:*", "tcp://10.0.0.2:0;*:5567"}
+	for _, ep := range append(bad, connectOnly...) {
+		if _, err := New(cfg(good, ep, false)); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "replay endpoint") {
+			t.Errorf("replay endpoint %q: %v, want ErrConfig naming the replay endpoint", ep, err)
+		}
+		if _, err := New(cfg(ep, "", false)); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "endpoint") {
+			t.Errorf("event endpoint %q: %v, want ErrConfig naming the endpoint", ep, err)
+		}
+	}
+	for _, ep := range bad {
+		if _, err := New(cfg(ep, "", true)); !errors.Is(err, ErrConfig) {
+			t.Errorf("event endpoint %q to bind: %v, want ErrConfig", ep, err)
+		}
+	}
+	for _, ep := range []string{"tcp://10.0.0.1:5557", "tcp://engine-0.svc:5557", "tcp://[::1]:5557", "tcp://[fe80::1%eth0]:1",
+		"tcp://10.0.0.2:0;10.0.0.1:5557", "ipc:///tmp/engine.sock", "ipc://@kv", "inproc://engine"} {
+		if _, err := New(cfg(ep, ep, false)); err != nil {
+			t.Errorf("endpoint %q: %v", ep, err)
+		}
+	}
+	for _, ep := range append(connectOnly, "ipc://*") {
+		if _, err := New(cfg(ep, "", true)); err != nil {
+			t.Errorf("event endpoint %q to bind: %v", ep, err)
+		}
+	}
+}
+
+// TestRunRefusesAReplayEndpointLibzmqRefuses: a replay endpoint of the
+// right shape that libzmq still refuses (a host starting with '_') fails
+// Run at its start, as a bad event endpoint does, rather than every gap.
+func TestRunRefusesAReplayEndpointLibzmqRefuses(t *testing.T) {
+	s, err := New(Config{Endpoint: "tcp://127.0.0.1:1", ReplayEndpoint: "tcp://_engine:5567", Sink: &recSink{}, Logger: quiet,
+		Decoder: engine.Config{BlockSize: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Run(ctx); err == nil || !strings.Contains(err.Error(), "tcp://_engine:5567") {
+		t.Fatalf("Run with a replay endpoint libzmq refuses: %v, want an error naming it", err)
+	}
+}
+
 func TestRunReportsAnUnusableEndpoint(t *testing.T) {
-	s, err := New(Config{Endpoint: "nonsense://x", Sink: &recSink{}, Logger: quiet, Decoder: engine.Config{BlockSize: 4}})
+	s, err := New(Config{Endpoint: "tcp://_engine:5557", Sink: &recSink{}, Logger: quiet, Decoder: engine.Config{BlockSize: 4}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,6 +92,38 @@ func TestEndpointFlagsThatCannotBeOffsetAreUsageErrors(t *testing.T) {
 	}
 }
 
+// TestEndpointFlagsLibzmqCannotTakeAreUsageErrors: from a review. The
+// endpoint flags were checked only for their port offset, which rank 0
+// does not need: with --dp-size 1, a --replay-endpoint libzmq cannot
+// connect to (no scheme, no port, a misspelt scheme) was taken, and every
+// gap then failed its replay and resynced the rank. Now such a flag is a
+// usage error (exit 2) for any rank.
+func TestEndpointFlagsLibzmqCannotTakeAreUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--replay-endpoint", "localhost:5567"}, "--replay-endpoint"},
+		{[]string{"--replay-endpoint", "tcp://127.0.0.1"}, "--replay-endpoint"},
+		{[]string{"--replay-endpoint", "tpc://127.0.0.1:5567"}, "--replay-endpoint"},
+		{[]string{"--replay-endpoint", "tcp://*:5567"}, "--replay-endpoint"},
+		{[]string{"--replay-endpoint", "tcp://127.0.0.1:5567", "--bind", "--engine-endpoint", "tcp://127.0.0.1"}, "--engine-endpoint"},
+		{[]string{"--engine-endpoint", "tcp://*:5557"}, "--engine-endpoint"},
+		{[]string{"--engine-endpoint", "127.0.0.1:5557", "--dp-start", "2"}, "--engine-endpoint"},
+	} {
+		args := append([]string{"--block-size", "4"}, tc.args...)
+		wantUsage(t, args, checkOnly(args...), tc.want)
+	}
+	for _, args := range [][]string{
+		{"--block-size", "4", "--engine-endpoint", "tcp://*:5557", "--bind", "--replay-endpoint", "tcp://[::1]:5567"},
+		{"--block-size", "4", "--engine-endpoint", "ipc:///tmp/kv.sock", "--replay-endpoint", "ipc:///tmp/replay.sock"},
+	} {
+		if err := checkOnly(args...); err != nil {
+			t.Errorf("kvagent %q: %v", args, err)
+		}
+	}
+}
+
 // Every kvagent flag can be set from the environment (design/cli.md), as
 // KVAGENT_<FLAG_NAME>.
 func TestEveryFlagHasAnEnvVar(t *testing.T) {

@@ -304,6 +304,19 @@ func checkFlags(c *cli.Context) error {
 			return usage("--%s %s", f, why)
 		}
 	}
+	// An endpoint libzmq cannot take is refused here for rank 0 as for the
+	// others: a bad replay endpoint would otherwise show only at each gap,
+	// as a failed replay and a resync.
+	for _, f := range []struct {
+		name string
+		bind bool
+	}{{"engine-endpoint", c.Bool("bind")}, {"replay-endpoint", false}} {
+		if ep := c.String(f.name); ep != "" || f.name == "engine-endpoint" {
+			if err := enginesub.CheckEndpoint(ep, f.bind); err != nil {
+				return usage("--%s: %v", f.name, err)
+			}
+		}
+	}
 	// Rank r's endpoints are rank 0's, offset by r: the last rank's must
 	// exist (the port offset stays a port; an ipc endpoint has none).
 	last := uint32(c.Uint("dp-start")) + uint32(c.Int("dp-size")-1)
