@@ -164,6 +164,48 @@ func TestPythonPublisherBatchesArriveInOrder(t *testing.T) {
 	}
 }
 
+// TestPythonPublisherOptionalFieldsDecode: the fields the batch generator
+// leaves out (lora_name, extra_keys, group_idx, kv_cache_spec_kind) cross
+// real libzmq and Python's msgpack in both encodings: a LoRA store is
+// hashed with the adapter's seed, extra_keys are counted, and events of
+// another attention group are left out.
+func TestPythonPublisherOptionalFieldsDecode(t *testing.T) {
+	rank := kvevent.Rank{Worker: 7}
+	p := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*"})
+	sink := &recSink{}
+	s := runSub(t, Config{Endpoint: p.Pub, Rank: rank, Sink: sink})
+	p.WaitSub()
+	group0, group1 := 0, 1
+	var want []call
+	for seq, form := range []string{"array", "map"} {
+		base := uint64(0xfe00 + 16*seq)
+		tokens := make([]uint32, 2*testBlockSize)
+		for i := range tokens {
+			tokens[i] = uint32(100*seq + i)
+		}
+		locals := kvevent.LocalHashes(nil, tokens, testBlockSize, kvevent.SeedFor("sql-adapter", ""))
+		m := form == "map"
+		p.Do(pypub.BatchCmd{Cmd: "batch", Seq: uint64(seq), Form: form, Live: true, Events: []pypub.EvSpec{
+			{Type: "BlockStored", Map: m, Hashes: []uint64{base, base + 1}, Tokens: tokens, BlockSize: testBlockSize,
+				LoraName: "sql-adapter", ExtraKeys: []any{[]any{"img", 7}, nil}, GroupIdx: &group0, Kind: "full_attention"},
+			{Type: "BlockStored", Map: m, Hashes: []uint64{base + 2}, Tokens: tokens[:testBlockSize], BlockSize: testBlockSize,
+				GroupIdx: &group1, Kind: "sliding_window"},
+			{Type: "BlockRemoved", Map: m, Hashes: []uint64{base + 2}, GroupIdx: &group1},
+			{Type: "BlockRemoved", Map: m, Hashes: []uint64{base + 1}, GroupIdx: &group0},
+		}})
+		want = append(want, call{kind: "ev", rank: rank, seq: uint64(seq), events: []kvevent.Event{
+			{Rank: rank, Kind: kvevent.KindStored, Tier: kvevent.TierDevice,
+				Blocks: []kvevent.Block{{EngineHash: base, LocalHash: locals[0]}, {EngineHash: base + 1, LocalHash: locals[1]}}},
+			{Rank: rank, Kind: kvevent.KindRemoved, Tier: kvevent.TierDevice, Removed: []uint64{base + 1}},
+		}})
+	}
+	waitCalls(t, sink, &rank, want)
+	st := s.Stats().Decoder
+	if st.ExtraKeyBlocks != 2 || st.Skipped[engine.ReasonNotMainGroup] != 4 {
+		t.Fatalf("decoder stats %+v: want 2 blocks with extra_keys, 4 events of another group skipped", st)
+	}
+}
+
 // TestEngineRestartStartsNewEpochAndReconnects stops the publisher and binds
 // a new one on the same endpoint, counting from 0 again: the subscriber
 // reconnects by itself, resets the rank, and follows the new stream.

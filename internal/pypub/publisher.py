@@ -40,7 +40,10 @@ import time
 import msgpack
 import zmq
 
-STORED_FIELDS = ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"]
+# vLLM's field order (wire.md); trailing nil fields are left out.
+STORED_FIELDS = ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+                 "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"]
+REMOVED_FIELDS = ["block_hashes", "medium", "group_idx"]
 
 
 def event(e):
@@ -53,11 +56,15 @@ def event(e):
         "block_size": e.get("block_size"),
         "lora_id": None,
         "medium": e.get("medium"),
+        "lora_name": e.get("lora_name"),
+        "extra_keys": e.get("extra_keys"),
+        "group_idx": e.get("group_idx"),
+        "kv_cache_spec_kind": e.get("kind"),
     }
     if typ == "BlockStored":
         fields = STORED_FIELDS
     elif typ == "BlockRemoved":
-        fields = ["block_hashes", "medium"]
+        fields = REMOVED_FIELDS
     else:
         fields = []
     if e.get("map"):

@@ -225,6 +225,10 @@ type EvSpec struct {
 	Tokens    []uint32 `json:"tokens,omitempty"`
 	BlockSize int      `json:"block_size,omitempty"`
 	Medium    string   `json:"medium,omitempty"`
+	LoraName  string   `json:"lora_name,omitempty"`
+	ExtraKeys []any    `json:"extra_keys,omitempty"` // per block: nil or a list
+	GroupIdx  *int     `json:"group_idx,omitempty"`
+	Kind      string   `json:"kind,omitempty"` // kv_cache_spec_kind
 }
 
 // BatchCmd is the "batch" command: encode a batch, keep it for replay, and
