@@ -45,7 +45,8 @@ func (c CacheConfig) withDefaults() CacheConfig {
 // (with what it predicted cached) and never PrefillDone or Finished, so a
 // policy that tracks load sees everything assigned so far — the
 // cumulative assigned prompt tokens the imbalance figure measures. The
-// "now" given to p is the request's trace timestamp.
+// "now" given to p is the request's trace timestamp, less the first
+// request's (arrivalsNs at speed 1).
 func RunCacheOnly(pr *Prepared, cfg CacheConfig, p Policy) (Result, error) {
 	if err := cfg.check(); err != nil {
 		return Result{}, err
@@ -56,6 +57,12 @@ func RunCacheOnly(pr *Prepared, cfg CacheConfig, p Policy) (Result, error) {
 	}
 	if b, ok := p.(blockSized); ok && b.BlockTokens() != cfg.BlockSize {
 		return Result{}, fmt.Errorf("%w: policy %s counts in %d-token blocks, cache block size %d", ErrBadConfig, p.Name(), b.BlockTokens(), cfg.BlockSize)
+	}
+	// The policies see the replays' clock: from the first request, at
+	// speed 1.
+	arrivals, err := arrivalsNs(pr.Reqs, 1)
+	if err != nil {
+		return Result{}, err
 	}
 	res := Result{Policy: p.Name(), Mode: "cache", Assigned: make([]int64, cfg.Workers)}
 	var now int64
@@ -71,7 +78,7 @@ func RunCacheOnly(pr *Prepared, cfg CacheConfig, p Policy) (Result, error) {
 	}
 	for k := range pr.Reqs {
 		q := &pr.Reqs[k]
-		now = arrivalNs(q.TimestampMs, 1)
+		now = arrivals[k]
 		rq := RouteQuery{ID: strconv.Itoa(k), Local: pr.Local[k], Seq: pr.Seq[k], ISL: q.InputLength, BlockSize: cfg.BlockSize, Req: q}
 		res.Offered++
 		res.PromptTokens += int64(q.InputLength)

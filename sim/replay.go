@@ -196,6 +196,10 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 	if pr.BlockSize != 0 && pr.BlockSize != cfg.BlockSize {
 		return Result{}, fmt.Errorf("%w: trace prepared in %d-token blocks, block size %d", ErrBadConfig, pr.BlockSize, cfg.BlockSize)
 	}
+	arrivals, err := arrivalsNs(pr.Reqs, cfg.Speed)
+	if err != nil {
+		return Result{}, err
+	}
 	capBlocks := cfg.CapacityTokens / cfg.BlockSize
 	res := Result{Policy: p.Name(), Mode: "v1", Speed: cfg.Speed, Assigned: make([]int64, cfg.Workers)}
 	var now int64
@@ -258,7 +262,7 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 
 	for k := range pr.Reqs {
 		q := &pr.Reqs[k]
-		at := arrivalNs(q.TimestampMs, cfg.Speed)
+		at := arrivals[k]
 		settle(at)
 		now = max(now, at)
 		ids[k] = strconv.Itoa(k)

@@ -12,7 +12,8 @@ type TimedConfig struct {
 	Workers int          // default 8
 	Engine  EngineConfig // each worker's model; the zero value takes the defaults
 	// Speed multiplies the arrival rate of an open-loop replay: request k
-	// arrives at timestamp_k / Speed. Default 1.
+	// arrives at (timestamp_k − the first timestamp) / Speed (arrivalsNs).
+	// Default 1.
 	Speed float64
 	// Concurrency > 0 makes the replay closed-loop: that many requests in
 	// flight, the next one issued when one finishes or is rejected, in
@@ -73,6 +74,12 @@ func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (res Result, err error) {
 	if b, ok := p.(blockSized); ok && b.BlockTokens() != bs {
 		return Result{}, fmt.Errorf("%w: policy %s counts in %d-token blocks, engine block size %d", ErrBadConfig, p.Name(), b.BlockTokens(), bs)
 	}
+	var arrivals []int64 // open loop; checked before any worker is opened
+	if cfg.Concurrency == 0 {
+		if arrivals, err = arrivalsNs(pr.Reqs, cfg.Speed); err != nil {
+			return Result{}, err
+		}
+	}
 	n := len(pr.Reqs)
 	res = Result{Policy: p.Name(), Mode: "timed", Speed: cfg.Speed, Concurrency: cfg.Concurrency, Assigned: make([]int64, cfg.Workers)}
 	engines := make([]*Engine, 0, cfg.Workers)
@@ -110,7 +117,7 @@ func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (res Result, err error) {
 		}
 	} else {
 		for k := range pr.Reqs {
-			queue = append(queue, arrival{arrivalNs(pr.Reqs[k].TimestampMs, cfg.Speed), k})
+			queue = append(queue, arrival{arrivals[k], k})
 		}
 		issued = n
 	}

@@ -251,3 +251,67 @@ func TestRejectedRequestsCountAsMisses(t *testing.T) {
 		}
 	}
 }
+
+// epochTrace is eight 4,096-token requests 10 s apart, their timestamps
+// shifted by base ms.
+func epochTrace(base int64) []Request {
+	var reqs []Request
+	for i := 0; i < 8; i++ {
+		ids := make([]uint64, 8)
+		for j := range ids {
+			ids[j] = uint64(10*i + j)
+		}
+		reqs = append(reqs, Request{TimestampMs: base + int64(10_000*i), InputLength: 4096, OutputLength: 20, HashIDs: ids})
+	}
+	return reqs
+}
+
+// TestReplaysRebaseEpochTimestamps: ReadTrace accepts epoch-millisecond
+// timestamps, and a replay measures from the first request: the same trace
+// shifted by a constant gives the same figures, at any arrival speed. The
+// arrivals used to be timestamp / speed capped at half the clock's range,
+// so at a speed below ~0.37 every arrival of an epoch trace landed on one
+// instant: a trace of requests 10 s apart replayed as one burst.
+func TestReplaysRebaseEpochTimestamps(t *testing.T) {
+	const epoch = 1_700_000_000_000 // 2023 in ms
+	rebased, absolute := Prepare(epochTrace(0), 64), Prepare(epochTrace(epoch), 64)
+	for _, speed := range []float64{1, 0.25, 0.01} {
+		cfg := TimedConfig{Workers: 1, Speed: speed}
+		a, err := RunTimed(rebased, cfg, &RoundRobin{Workers: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := RunTimed(absolute, cfg, &RoundRobin{Workers: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(a.TTFTMs, b.TTFTMs) || a.MakespanS != b.MakespanS {
+			t.Errorf("timed, speed %g: rebased TTFTs %v (makespan %g s), epoch TTFTs %v (makespan %g s)", speed, a.TTFTMs, a.MakespanS, b.TTFTMs, b.MakespanS)
+		}
+		v1 := Config{Workers: 1, BlockSize: 64, Speed: speed}
+		c, err := Replay(rebased, v1, &RoundRobin{Workers: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := Replay(absolute, v1, &RoundRobin{Workers: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(c.TTFTMs, d.TTFTMs) || c.HitRate != d.HitRate {
+			t.Errorf("v1, speed %g: rebased TTFTs %v, epoch TTFTs %v", speed, c.TTFTMs, d.TTFTMs)
+		}
+	}
+}
+
+// TestReplaysRefuseAnArrivalPastTheClock: a trace span that, slowed down
+// by the arrival speed, does not fit the simulated clock fails the replay
+// (ErrBadConfig) instead of piling the late arrivals onto one instant.
+func TestReplaysRefuseAnArrivalPastTheClock(t *testing.T) {
+	pr := Prepare(epochTrace(0), 64) // a 70 s span
+	if _, err := RunTimed(pr, TimedConfig{Workers: 1, Speed: 1e-9}, &RoundRobin{Workers: 1}); !errors.Is(err, ErrBadConfig) {
+		t.Errorf("timed at speed 1e-9: err %v, want ErrBadConfig", err)
+	}
+	if _, err := Replay(pr, Config{Workers: 1, BlockSize: 64, Speed: 1e-9}, &RoundRobin{Workers: 1}); !errors.Is(err, ErrBadConfig) {
+		t.Errorf("v1 at speed 1e-9: err %v, want ErrBadConfig", err)
+	}
+}

@@ -121,14 +121,40 @@ func parseRow(b []byte) (Request, error) {
 	return q, nil
 }
 
-// arrivalNs is a trace timestamp as nanoseconds of simulated time at an
-// arrival-speed multiplier, capped so that no speed wraps the clock.
-func arrivalNs(ms int64, speed float64) int64 {
-	const most = math.MaxInt64 / 2
-	if v := math.Round(float64(ms) * 1e6 / speed); v < most {
-		return int64(v)
+// maxArrivalNs bounds an arrival in simulated nanoseconds: half the
+// clock's range, which leaves the other half for the passes that follow the
+// last arrival.
+const maxArrivalNs = math.MaxInt64 / 2
+
+// arrivalsNs returns each request's arrival in simulated nanoseconds at an
+// arrival-speed multiplier: (timestamp − the earliest timestamp) / speed.
+// A replay measures from its first request, so that a trace in epoch
+// milliseconds (which ReadTrace accepts) replays as the same trace rebased
+// to 0: dividing the absolute timestamps by a speed below 1 would overflow
+// the clock. An arrival past maxArrivalNs fails with ErrBadConfig: capping
+// it would put every later arrival on one instant and turn the trace into a
+// burst without a word.
+func arrivalsNs(reqs []Request, speed float64) ([]int64, error) {
+	if len(reqs) == 0 {
+		return nil, nil
 	}
-	return most
+	base := reqs[0].TimestampMs
+	for i := range reqs {
+		base = min(base, reqs[i].TimestampMs)
+	}
+	out := make([]int64, len(reqs))
+	for k := range reqs {
+		// In float64: the difference of two arbitrary int64s may wrap,
+		// and ReadTrace's timestamps (at most 2^42) are exact in it.
+		ms := float64(reqs[k].TimestampMs) - float64(base)
+		v := math.Round(ms * 1e6 / speed)
+		if !(v <= maxArrivalNs) { // NaN too
+			return nil, fmt.Errorf("%w: request %d arrives %.0f ms after the first, %g ns of simulated time at speed %g, past the simulated clock's %d ns (raise the speed)",
+				ErrBadConfig, k, ms, v, speed, int64(maxArrivalNs))
+		}
+		out[k] = int64(v)
+	}
+	return out, nil
 }
 
 // LoadTrace reads a trace file.
