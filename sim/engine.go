@@ -316,10 +316,21 @@ func (e *Engine) preempt() *EngineRequest {
 	return v
 }
 
+// MaxPassNs bounds one pass's duration: a quarter of the simulated clock's
+// range (73 years), so that a replay's clock, arrivals and passes added,
+// cannot wrap.
+const MaxPassNs = math.MaxInt64 / 4
+
 // StartPass schedules one pass at now and returns its duration in
 // nanoseconds; ok is false when there is nothing to run (the worker stays
 // idle). It must not be called while a pass is in flight.
-func (e *Engine) StartPass(now int64) (dur int64, ok bool) {
+//
+// A pass time that is not a number, negative, or past MaxPassNs (a tiny
+// Speed, a KV size or a bandwidth that makes a transfer infinite) fails
+// with ErrBadConfig, and the worker is of no further use but to Close:
+// clamping it, as StartPass did, turned the slowest worker into one whose
+// passes took 1 ns.
+func (e *Engine) StartPass(now int64) (dur int64, ok bool, err error) {
 	if e.busy {
 		panic("sim: StartPass during a pass")
 	}
@@ -409,7 +420,7 @@ func (e *Engine) StartPass(now int64) (dur int64, ok bool) {
 		e.off.flushDisk()
 	}
 	if len(e.batch) == 0 {
-		return 0, false
+		return 0, false, nil
 	}
 	ms := 0.0
 	if prefill > 0 {
@@ -419,13 +430,20 @@ func (e *Engine) StartPass(now int64) (dur int64, ok bool) {
 		ms += e.cfg.Timing.DecodeStepMs(e.KVUse())
 	}
 	ms += loadMs
-	dur = max(int64(math.Round(ms*1e6/e.cfg.Speed)), 1)
+	ns := math.Round(ms * 1e6 / e.cfg.Speed)
+	if !(ns >= 0 && ns <= MaxPassNs) { // NaN too
+		return 0, false, fmt.Errorf("%w: a pass of %d prefill tokens, %d decoding requests and %g ms of loads takes %g ns at engine speed %g: want 0..%d ns",
+			ErrBadConfig, prefill, decode, loadMs, ns, e.cfg.Speed, int64(MaxPassNs))
+	}
+	// At least 1 ns: a pass that took no time would end where it began,
+	// and the replay's clock would not move.
+	dur = max(int64(ns), 1)
 	e.busy = true
 	e.Passes++
 	e.BusyNs += dur
 	e.LoadNs += int64(math.Round(loadMs * 1e6 / e.cfg.Speed))
 	e.PrefillToks += int64(prefill)
-	return dur, true
+	return dur, true, nil
 }
 
 // PassOutcome is what a finished pass did: the events the worker published

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"math"
 	"testing"
 
@@ -33,7 +34,10 @@ func drive(t *testing.T, e *Engine, now int64, limit int) []pass {
 	var out []pass
 	var po PassOutcome
 	for i := 0; i < limit; i++ {
-		d, ok := e.StartPass(now)
+		d, ok, err := e.StartPass(now)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if !ok {
 			return out
 		}
@@ -53,6 +57,16 @@ func drive(t *testing.T, e *Engine, now int64, limit int) []pass {
 	}
 	t.Fatalf("engine still busy after %d passes", limit)
 	return nil
+}
+
+// startPass starts a pass on e, failing the test on an error.
+func startPass(t *testing.T, e *Engine, now int64) (int64, bool) {
+	t.Helper()
+	d, ok, err := e.StartPass(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, ok
 }
 
 func ms(ns int64) float64 { return float64(ns) / 1e6 }
@@ -136,10 +150,10 @@ func TestEngineServesRunningFirst(t *testing.T) {
 	e := NewEngine(RankOf(0), cfg)
 	e.Submit(request(1, 32, 5, 16, 100))
 	var po PassOutcome
-	d, _ := e.StartPass(0)
+	d, _ := startPass(t, e, 0)
 	e.FinishPass(d, &po)
 	e.Submit(request(2, 250, 1, 16, 500))
-	d2, _ := e.StartPass(d)
+	d2, _ := startPass(t, e, d)
 	got := map[int]int{}
 	for _, w := range e.batch {
 		got[w.r.ID] = w.n
@@ -261,7 +275,7 @@ func TestEngineEventsRebuildItsCache(t *testing.T) {
 			e.Submit(request(100+i, 100, 1, 16, 5000+uint64(i)*100))
 		}
 		for k := 0; k < 3; k++ {
-			d, ok := e.StartPass(now)
+			d, ok := startPass(t, e, now)
 			if !ok {
 				break
 			}
@@ -294,7 +308,7 @@ func TestEngineEventsRebuildItsCache(t *testing.T) {
 func TestTimingWithTheKVSizeAloneKeepsTheDefaultModel(t *testing.T) {
 	e := NewEngine(RankOf(0), EngineConfig{Timing: Timing{KVBytesPerToken: 65536}})
 	e.Submit(request(0, 8192, 1, 64, 1))
-	d, _ := e.StartPass(0)
+	d, _ := startPass(t, e, 0)
 	want := DefaultTiming().PrefillMs(8192)
 	if got := ms(d); got < want*0.99 || got > want*1.01 {
 		t.Fatalf("an 8,192-token prefill pass took %.2f ms, want the default model's %.2f", got, want)
@@ -304,5 +318,51 @@ func TestTimingWithTheKVSizeAloneKeepsTheDefaultModel(t *testing.T) {
 	}
 	if c := (Config{Timing: Timing{KVBytesPerToken: 65536}}).withDefaults(); c.Timing.PrefillB == 0 || c.Timing.KVBytesPerToken != 65536 {
 		t.Fatalf("replay config timing %+v, want the default polynomial and the KV size 65536", c.Timing)
+	}
+}
+
+// TestEnginePassTimeOutOfRangeFailsTheReplay: a pass time divided by a
+// tiny engine speed used to overflow int64 and be clamped to 1 ns, so the
+// slowest engine reported the best TTFT. A slow engine's passes take
+// their time; one past the clock fails the replay (ErrBadConfig).
+func TestEnginePassTimeOutOfRangeFailsTheReplay(t *testing.T) {
+	reqs := []Request{{InputLength: 8192, OutputLength: 1, HashIDs: make([]uint64, 16)}}
+	for i := range reqs[0].HashIDs {
+		reqs[0].HashIDs[i] = uint64(i)
+	}
+	pr := Prepare(reqs, 64)
+	want := DefaultTiming().PrefillMs(8192)
+	r, err := RunTimed(pr, TimedConfig{Workers: 1, Engine: EngineConfig{Speed: 1e-6}}, &RoundRobin{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.TTFTMs[0]; math.Abs(got-want/1e-6)/(want/1e-6) > 1e-9 {
+		t.Errorf("engine speed 1e-6: TTFT %g ms, want prefill(8192)/1e-6 = %g ms", got, want/1e-6)
+	}
+	if _, err := RunTimed(pr, TimedConfig{Workers: 1, Engine: EngineConfig{Speed: 1e-13}}, &RoundRobin{Workers: 1}); !errors.Is(err, ErrBadConfig) {
+		t.Errorf("engine speed 1e-13 (a %g ns pass): err %v, want ErrBadConfig", want*1e6/1e-13, err)
+	}
+}
+
+// TestHugeKVSizeDoesNotMakePassesFree: with offload tiers every admission
+// adds the transfer time of what it onboards; with nothing onboarded that
+// is 0 whatever the KV size. A block size in bytes that overflowed to +Inf
+// used to give 0 × Inf = NaN, and every pass took 1 ns.
+func TestHugeKVSizeDoesNotMakePassesFree(t *testing.T) {
+	tm := Timing{KVBytesPerToken: 1e308}
+	if got := tm.TransferMs(0, 64, 20); got != 0 {
+		t.Errorf("TransferMs of no blocks = %v, want 0", got)
+	}
+	reqs := []Request{{InputLength: 8192, OutputLength: 1, HashIDs: make([]uint64, 16)}}
+	for i := range reqs[0].HashIDs {
+		reqs[0].HashIDs[i] = uint64(i)
+	}
+	cfg := TimedConfig{Workers: 1, Engine: EngineConfig{Timing: tm, Offload: OffloadConfig{HostBlocks: 16}}}
+	r, err := RunTimed(Prepare(reqs, 64), cfg, &RoundRobin{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := DefaultTiming().PrefillMs(8192); math.Abs(r.TTFTMs[0]-want) > 1e-5 {
+		t.Errorf("an 8,192-token prefill, nothing onboarded: TTFT %g ms, want prefill(8192) = %g ms", r.TTFTMs[0], want)
 	}
 }

@@ -49,7 +49,10 @@ func (o *offloadRun) serve(r *EngineRequest) {
 		if i > 1000 {
 			o.t.Fatal("engine still busy")
 		}
-		d, ok := o.e.StartPass(o.now)
+		d, ok, err := o.e.StartPass(o.now)
+		if err != nil {
+			o.t.Fatal(err)
+		}
 		if !ok {
 			return
 		}

@@ -196,7 +196,14 @@ func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (res Result, err error) {
 			if e.Busy() || !e.HasWork() {
 				continue
 			}
-			if d, ok := e.StartPass(t); ok {
+			d, ok, err := e.StartPass(t)
+			if err != nil {
+				return res, fmt.Errorf("worker %d at %d ns: %w", w, t, err)
+			}
+			if ok && t > math.MaxInt64-d {
+				return res, fmt.Errorf("%w: worker %d: a pass of %d ns at %d ns would take the simulated clock past its range", ErrBadConfig, w, d, t)
+			}
+			if ok {
 				passEnd[w] = t + d
 			}
 		}

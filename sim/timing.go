@@ -62,7 +62,11 @@ func (t Timing) BlockBytes(blockSize int) float64 {
 }
 
 // TransferMs is the time to move blocks of blockSize tokens at gbps GB/s
-// (1e9 bytes per second).
+// (1e9 bytes per second). Moving no blocks takes no time, whatever the
+// block's size: 0 × an infinite size would be NaN.
 func (t Timing) TransferMs(blocks, blockSize int, gbps float64) float64 {
+	if blocks == 0 {
+		return 0
+	}
 	return float64(blocks) * t.BlockBytes(blockSize) / (gbps * 1e9) * 1e3
 }

@@ -114,17 +114,17 @@ Examples:
 			&cli.IntFlag{Name: "max-batched-tokens", Value: 8192, Usage: "timed: token budget of one forward pass"},
 			&cli.IntFlag{Name: "max-seqs", Value: 256, Usage: "timed: running requests per worker at most"},
 			&cli.IntFlag{Name: "max-waiting", Value: 4096, Usage: "timed: a worker with this many waiting requests rejects more (-1: unbounded)"},
-			&cli.Float64Flag{Name: "engine-speed", Value: 1, Usage: "timed: worker speed factor (pass times are divided by it)"},
+			&cli.Float64Flag{Name: "engine-speed", Value: 1, Usage: "timed: worker speed factor (pass times are divided by it); 0.001 to 1000"},
 			&cli.Float64Flag{Name: "speed", Value: 1, Usage: "arrival-speed multiplier (open loop)"},
 			&cli.IntFlag{Name: "concurrency", Usage: "timed: closed loop with this many requests in flight (0: open loop on the trace's timestamps)"},
 			&cli.IntFlag{Name: "offload-host-blocks", Usage: "timed: G2 offload tier per worker, in blocks (a host-memory pool of the real offload code; 0: none)"},
 			&cli.IntFlag{Name: "offload-disk-blocks", Usage: "timed: G3 offload tier per worker, in blocks (a Pebble pool in a temporary directory; 0: none)"},
 			&cli.IntFlag{Name: "offload-block-bytes", Value: 1024, Usage: "timed, offload: bytes a simulated block holds in G1/G2/G3 (synthetic; timing uses the real KV size)"},
-			&cli.Float64Flag{Name: "offload-host-gbps", Value: 20, Usage: "timed, offload: G2 → G1 (host → GPU) bandwidth, GB/s"},
-			&cli.Float64Flag{Name: "offload-disk-gbps", Value: 5, Usage: "timed, offload: G3 → G1 (disk → GPU) bandwidth, GB/s"},
+			&cli.Float64Flag{Name: "offload-host-gbps", Value: 20, Usage: "timed, offload: G2 → G1 (host → GPU) bandwidth, GB/s; 0.001 to 1000000"},
+			&cli.Float64Flag{Name: "offload-disk-gbps", Value: 5, Usage: "timed, offload: G3 → G1 (disk → GPU) bandwidth, GB/s; 0.001 to 1000000"},
 			&cli.IntFlag{Name: "offload-disk-threshold", Value: 2, Usage: "timed, offload: sightings before a block is written to G3 (the offload manager's filter; 1: every block)"},
 			&cli.StringFlag{Name: "offload-dir", Usage: "timed, offload: parent `DIR` of the G3 databases (default: the system's temporary directory)"},
-			&cli.Float64Flag{Name: "kv-bytes-per-token", Value: sim.DefaultKVBytesPerToken, Usage: "timed: the model's KV bytes per token, which sizes a block's transfer between tiers"},
+			&cli.Float64Flag{Name: "kv-bytes-per-token", Value: sim.DefaultKVBytesPerToken, Usage: "timed: the model's KV bytes per token, which sizes a block's transfer between tiers; 1 to 16777216 (16 MiB)"},
 			&cli.StringFlag{Name: "policies", Usage: "comma-separated: " + strings.Join(sim.PolicyNames, ", ") + ", ceiling (default: every policy of the mode; v1: router,round_robin; empty for none)"},
 			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of randomised policies"},
 			&cli.Float64Flag{Name: "overlap-credit", Usage: "router: overlap_score_credit (default: timed 1, cache 50)"},
@@ -285,6 +285,9 @@ func runReplay(c *cli.Context) error {
 		return cli.Exit("offload tiers need --mode timed", 2)
 	case offload.BlockBytes <= 0 || !positive(offload.HostGBps) || !positive(offload.DiskGBps) || offload.DiskThreshold <= 0 || !positive(c.Float64("kv-bytes-per-token")):
 		return cli.Exit("--offload-block-bytes, --offload-host-gbps, --offload-disk-gbps, --offload-disk-threshold and --kv-bytes-per-token must be positive", 2)
+	}
+	if err := checkRanges(c); err != nil {
+		return err
 	}
 	timing := sim.DefaultTiming()
 	timing.KVBytesPerToken = c.Float64("kv-bytes-per-token")
@@ -671,6 +674,34 @@ func closeWires(pubs []*enginepub.Publisher) {
 func deadlineOf(ctx context.Context) time.Time {
 	d, _ := ctx.Deadline()
 	return d
+}
+
+// Ranges of the flags that scale a pass time: past them a pass time
+// overflowed the simulated clock or was NaN (a block's size in bytes
+// overflowed to +Inf), and the replay reported passes of 1 ns. The
+// engine now fails such a replay (sim.ErrBadConfig); these bounds make it
+// a usage error first, with room to spare: a 1,000× slower engine and a
+// 16 MiB-per-token model (a 405B model in 16-bit has 0.5 MiB) keep every
+// pass of the shared traces far inside the clock.
+var floatRanges = []struct {
+	flag   string
+	lo, hi float64
+}{
+	{"engine-speed", 1e-3, 1e3},
+	{"kv-bytes-per-token", 1, 1 << 24},
+	{"offload-host-gbps", 1e-3, 1e6},
+	{"offload-disk-gbps", 1e-3, 1e6},
+}
+
+// checkRanges refuses a value of floatRanges' flags out of its range (a
+// usage error, exit 2).
+func checkRanges(c *cli.Context) error {
+	for _, r := range floatRanges {
+		if v := c.Float64(r.flag); !(v >= r.lo && v <= r.hi) { // NaN too
+			return usagef("--%s %g: want %g to %g", r.flag, v, r.lo, r.hi)
+		}
+	}
+	return nil
 }
 
 // positive reports whether x is a positive finite number (NaN is not).

@@ -245,6 +245,13 @@ func TestReplayRefusesOutOfRangeValues(t *testing.T) {
 		{"--speed", "NaN"},
 		{"--engine-speed", "+Inf"},
 		{"--kv-bytes-per-token", "NaN"},
+		// Past their documented ranges: a pass time overflowed the clock
+		// and was clamped to 1 ns, or was NaN.
+		{"--engine-speed", "1e-13"},
+		{"--engine-speed", "1e9"},
+		{"--kv-bytes-per-token", "1e308"},
+		{"--offload-host-gbps", "1e-300"},
+		{"--offload-disk-gbps", "1e300"},
 		{"--mode", "v1", "--capacity-tokens", "-5"},
 		{"--mode", "v1", "--capacity-tokens", "15"},
 		{"--live", "--zmq-base-port", "5600", "--agent-wait", "0s"},
@@ -259,6 +266,7 @@ func TestReplayRefusesOutOfRangeValues(t *testing.T) {
 		{"--max-waiting", "0", "--capacity-blocks", "0", "--limit", "0"},
 		{"--max-waiting", "-1"},
 		{"--mode", "v1", "--capacity-tokens", "16"},
+		{"--engine-speed", "0.001", "--kv-bytes-per-token", "16777216", "--limit", "20"},
 	} {
 		if _, err := kvsim(t, append([]string{"replay", "--trace", trace, "--policies", "round_robin", "-o", "bench"}, args...)...); err != nil {
 			t.Errorf("%v: %v", args, err)
