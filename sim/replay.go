@@ -112,6 +112,10 @@ type Result struct {
 	Speed            float64 // the arrival-speed multiplier it ran at
 	Concurrency      int     // closed loop: requests in flight (0: open loop)
 	HitOnly          bool    // the ceiling: only the hit rate means anything
+	// Seed is the seed of the replay's randomised policies (RunSuite sets
+	// it, a v1 replay's caller likewise): BenchLine prints it, so that a
+	// figure can be reproduced from its line.
+	Seed uint64
 
 	// Timed replays with offload tiers (EngineConfig.Offload) only: the
 	// prompt tokens loaded from G2 and from G3 at each request's first

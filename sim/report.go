@@ -31,7 +31,9 @@ func TraceLabel(path string) string {
 
 // BenchLine is the BENCH line of one policy's result (benchmarks.md):
 // timed and v1 replays as "sim.<trace>.<policy>", cache-only ones as
-// "sim_cache.<trace>.<policy>". The ceiling has only a hit rate.
+// "sim_cache.<trace>.<policy>", each ending with the seed of the
+// randomised policies (seed=, Result.Seed). The ceiling has only a hit
+// rate: no seed changes it.
 func BenchLine(trace string, r Result) string {
 	area := "sim"
 	if r.Mode == "cache" {
@@ -39,17 +41,17 @@ func BenchLine(trace string, r Result) string {
 	}
 	if r.Offload != nil {
 		// With offload tiers: its own area, and the G2/G3 shares.
-		return fmt.Sprintf("BENCH sim_offload.%s.%s hit_rate=%.4f g2_hit_rate=%.4f g3_hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d served=%.4f speed=%g",
-			trace, r.Policy, r.HitRate, r.share(r.HostTokens), r.share(r.DiskTokens), r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Served(), r.Speed)
+		return fmt.Sprintf("BENCH sim_offload.%s.%s hit_rate=%.4f g2_hit_rate=%.4f g3_hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d served=%.4f speed=%g seed=%d",
+			trace, r.Policy, r.HitRate, r.share(r.HostTokens), r.share(r.DiskTokens), r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Served(), r.Speed, r.Seed)
 	}
 	if r.HitOnly {
 		return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f", area, trace, r.Policy, r.HitRate)
 	}
 	if r.Mode == "cache" {
-		return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f imbalance=%.3f rejected=%d served=%.4f", area, trace, r.Policy, r.HitRate, r.Imbalance, r.Rejected, r.Served())
+		return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f imbalance=%.3f rejected=%d served=%.4f seed=%d", area, trace, r.Policy, r.HitRate, r.Imbalance, r.Rejected, r.Served(), r.Seed)
 	}
-	return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d served=%.4f speed=%g",
-		area, trace, r.Policy, r.HitRate, r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Served(), r.Speed)
+	return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d served=%.4f speed=%g seed=%d",
+		area, trace, r.Policy, r.HitRate, r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Served(), r.Speed, r.Seed)
 }
 
 // share is tokens as a fraction of the prompt tokens.

@@ -69,6 +69,7 @@ func RunSuite(pr *Prepared, cfg SuiteConfig) ([]Result, error) {
 		if err != nil {
 			return out, fmt.Errorf("%s: %w", name, err)
 		}
+		r.Seed = cfg.Seed
 		out = append(out, r)
 	}
 	return out, nil

@@ -340,8 +340,8 @@ func runReplay(c *cli.Context) error {
 	switch mode {
 	case "v1":
 		cfg := sim.Config{Workers: c.Int("workers"), BlockSize: bs, CapacityTokens: c.Int("capacity-tokens"), Speed: c.Float64("speed")}
-		header = fmt.Sprintf("trace %s: %d requests, v1 model, %d workers × %d tokens of KV, block size %d, speed %gx",
-			c.String("trace"), len(reqs), cfg.Workers, cfg.CapacityTokens, bs, cfg.Speed)
+		header = fmt.Sprintf("trace %s: %d requests, v1 model, %d workers × %d tokens of KV, block size %d, speed %gx, seed %d",
+			c.String("trace"), len(reqs), cfg.Workers, cfg.CapacityTokens, bs, cfg.Speed, c.Uint64("seed"))
 		// Every policy is built before the live replay touches the
 		// cluster: an unknown name is a usage error, found first.
 		policies := make([]sim.Policy, len(names))
@@ -358,6 +358,7 @@ func runReplay(c *cli.Context) error {
 			if err != nil {
 				return withBookingsLeft(err, r)
 			}
+			r.Seed = c.Uint64("seed")
 			results = append(results, r)
 		}
 		for i, name := range names {
@@ -369,6 +370,7 @@ func runReplay(c *cli.Context) error {
 			if err != nil {
 				return err
 			}
+			r.Seed = c.Uint64("seed")
 			results = append(results, r)
 		}
 	default:
@@ -380,15 +382,15 @@ func runReplay(c *cli.Context) error {
 			Cache: sim.CacheConfig{Workers: c.Int("workers"), CapacityBlocks: capBlocks, BlockSize: bs},
 		}
 		if mode == "cache" {
-			header = fmt.Sprintf("trace %s: %d requests, cache-only, %d workers × %d blocks of %d tokens",
-				c.String("trace"), len(reqs), c.Int("workers"), capBlocks, bs)
+			header = fmt.Sprintf("trace %s: %d requests, cache-only, %d workers × %d blocks of %d tokens, seed %d",
+				c.String("trace"), len(reqs), c.Int("workers"), capBlocks, bs, suite.Seed)
 		} else {
 			load := fmt.Sprintf("arrival speed %gx", c.Float64("speed"))
 			if c.Int("concurrency") > 0 {
 				load = fmt.Sprintf("closed loop, %d in flight", c.Int("concurrency"))
 			}
-			header = fmt.Sprintf("trace %s: %d requests, timed, %d workers × %d blocks of %d tokens, %s",
-				c.String("trace"), len(reqs), c.Int("workers"), capBlocks, bs, load)
+			header = fmt.Sprintf("trace %s: %d requests, timed, %d workers × %d blocks of %d tokens, %s, seed %d",
+				c.String("trace"), len(reqs), c.Int("workers"), capBlocks, bs, load, suite.Seed)
 			if offload.Enabled() {
 				header += fmt.Sprintf("; offload tiers G2 %d, G3 %d blocks per worker (G3 filter %d), %.0f / %.0f GB/s to G1, %.0f KiB of KV per token",
 					offload.HostBlocks, offload.DiskBlocks, offload.DiskThreshold, offload.HostGBps, offload.DiskGBps, timing.KVBytesPerToken/1024)

@@ -121,7 +121,7 @@ func TestReplayTimedPrintsBenchLines(t *testing.T) {
 	if len(lines) != len(want) {
 		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), out)
 	}
-	full := regexp.MustCompile(`^BENCH sim\.arxiv\.(\w+) hit_rate=[0-9.]+ ttft_mean_ms=[0-9.]+ ttft_p99_ms=[0-9.]+ imbalance=[0-9.]+ rejected=\d+ served=[0-9.]+ speed=4$`)
+	full := regexp.MustCompile(`^BENCH sim\.arxiv\.(\w+) hit_rate=[0-9.]+ ttft_mean_ms=[0-9.]+ ttft_p99_ms=[0-9.]+ imbalance=[0-9.]+ rejected=\d+ served=[0-9.]+ speed=4 seed=1$`)
 	for i, l := range lines[:5] {
 		m := full.FindStringSubmatch(l)
 		if m == nil || m[1] != want[i] {
@@ -152,7 +152,7 @@ func TestReplayCacheModeTableAndPlots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !regexp.MustCompile(`(?m)^BENCH sim_cache\.chat\.round_robin hit_rate=[0-9.]+ imbalance=[0-9.]+ rejected=0 served=1\.0000\nBENCH sim_cache\.chat\.ceiling hit_rate=[0-9.]+\n$`).MatchString(out) {
+	if !regexp.MustCompile(`(?m)^BENCH sim_cache\.chat\.round_robin hit_rate=[0-9.]+ imbalance=[0-9.]+ rejected=0 served=1\.0000 seed=1\nBENCH sim_cache\.chat\.ceiling hit_rate=[0-9.]+\n$`).MatchString(out) {
 		t.Fatalf("cache bench lines:\n%s", out)
 	}
 }
@@ -296,5 +296,33 @@ func TestReplayOffloadTiers(t *testing.T) {
 	var ec cli.ExitCoder
 	if _, err := kvsim(t, "replay", "--mode", "cache", "--trace", trace, "--offload-host-blocks", "8"); !errors.As(err, &ec) || ec.ExitCode() != 2 {
 		t.Fatalf("cache mode with offload tiers: %v, want exit 2", err)
+	}
+}
+
+// TestReplayReportsTheSeed: --seed changes what a randomised policy does,
+// so every report names it: the header of table and markdown output, and
+// seed= on each BENCH line but the ceiling's (which no seed changes).
+// Without it a result could not be reproduced from its report.
+func TestReplayReportsTheSeed(t *testing.T) {
+	trace := genTrace(t)
+	for _, mode := range []string{"timed", "cache", "v1"} {
+		for _, o := range []string{"table", "markdown", "bench"} {
+			out, err := kvsim(t, "replay", "--trace", trace, "--mode", mode, "--policies", "random,ceiling", "--seed", "7", "-o", o)
+			if err != nil {
+				t.Fatalf("--mode %s -o %s: %v", mode, o, err)
+			}
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if o != "bench" {
+				if !strings.Contains(lines[0], ", seed 7") {
+					t.Errorf("--mode %s -o %s: header %q does not name the seed", mode, o, lines[0])
+				}
+				continue
+			}
+			for _, l := range lines {
+				if want := !strings.Contains(l, ".ceiling "); strings.HasSuffix(l, " seed=7") != want {
+					t.Errorf("--mode %s: BENCH line %q: seed=7 at its end %v, want %v", mode, l, !want, want)
+				}
+			}
+		}
 	}
 }
