@@ -107,22 +107,22 @@ Examples:
 			// printed the help and no error.
 			&cli.StringFlag{Name: "trace", Usage: "Mooncake JSONL trace `FILE` (required)", EnvVars: []string{"KVSIM_TRACE"}},
 			&cli.StringFlag{Name: "mode", Value: "timed", Usage: "timed, cache or v1 (--live implies v1)"},
-			&cli.IntFlag{Name: "workers", Value: 8, Usage: "simulated workers"},
-			&cli.IntFlag{Name: "block-size", Usage: "engine tokens per KV block; the router uses the same (default: timed 64, cache 512, v1 16)"},
-			&cli.IntFlag{Name: "capacity-blocks", Usage: "KV capacity per worker in blocks (default: timed 16384, cache 2048)"},
-			&cli.IntFlag{Name: "capacity-tokens", Value: 1_000_000, Usage: "v1: KV cache capacity per worker, in tokens"},
-			&cli.IntFlag{Name: "max-batched-tokens", Value: 8192, Usage: "timed: token budget of one forward pass"},
-			&cli.IntFlag{Name: "max-seqs", Value: 256, Usage: "timed: running requests per worker at most"},
-			&cli.IntFlag{Name: "max-waiting", Value: 4096, Usage: "timed: a worker with this many waiting requests rejects more (-1: unbounded)"},
+			&cli.IntFlag{Name: "workers", Value: 8, Usage: "simulated workers; at most 1024"},
+			&cli.IntFlag{Name: "block-size", Usage: "engine tokens per KV block; the router uses the same (default: timed 64, cache 512, v1 16); at most 65536"},
+			&cli.IntFlag{Name: "capacity-blocks", Usage: "KV capacity per worker in blocks (default: timed 16384, cache 2048); at most 16777216"},
+			&cli.IntFlag{Name: "capacity-tokens", Value: 1_000_000, Usage: "v1: KV cache capacity per worker, in tokens; at most 68719476736"},
+			&cli.IntFlag{Name: "max-batched-tokens", Value: 8192, Usage: "timed: token budget of one forward pass; at most 16777216"},
+			&cli.IntFlag{Name: "max-seqs", Value: 256, Usage: "timed: running requests per worker at most (1 to 1048576)"},
+			&cli.IntFlag{Name: "max-waiting", Value: 4096, Usage: "timed: a worker with this many waiting requests rejects more (-1: unbounded); at most 16777216"},
 			&cli.Float64Flag{Name: "engine-speed", Value: 1, Usage: "timed: worker speed factor (pass times are divided by it); 0.001 to 1000"},
 			&cli.Float64Flag{Name: "speed", Value: 1, Usage: "arrival-speed multiplier (open loop)"},
-			&cli.IntFlag{Name: "concurrency", Usage: "timed: closed loop with this many requests in flight (0: open loop on the trace's timestamps)"},
-			&cli.IntFlag{Name: "offload-host-blocks", Usage: "timed: G2 offload tier per worker, in blocks (a host-memory pool of the real offload code; 0: none)"},
-			&cli.IntFlag{Name: "offload-disk-blocks", Usage: "timed: G3 offload tier per worker, in blocks (a Pebble pool in a temporary directory; 0: none)"},
-			&cli.IntFlag{Name: "offload-block-bytes", Value: 1024, Usage: "timed, offload: bytes a simulated block holds in G1/G2/G3 (synthetic; timing uses the real KV size)"},
+			&cli.IntFlag{Name: "concurrency", Usage: "timed: closed loop with this many requests in flight (0: open loop on the trace's timestamps); at most 16777216"},
+			&cli.IntFlag{Name: "offload-host-blocks", Usage: "timed: G2 offload tier per worker, in blocks (a host-memory pool of the real offload code; 0: none); at most 16777216"},
+			&cli.IntFlag{Name: "offload-disk-blocks", Usage: "timed: G3 offload tier per worker, in blocks (a Pebble pool in a temporary directory; 0: none); at most 16777216"},
+			&cli.IntFlag{Name: "offload-block-bytes", Value: 1024, Usage: "timed, offload: bytes a simulated block holds in G1/G2/G3 (synthetic; timing uses the real KV size); at most 1048576"},
 			&cli.Float64Flag{Name: "offload-host-gbps", Value: 20, Usage: "timed, offload: G2 → G1 (host → GPU) bandwidth, GB/s; 0.001 to 1000000"},
 			&cli.Float64Flag{Name: "offload-disk-gbps", Value: 5, Usage: "timed, offload: G3 → G1 (disk → GPU) bandwidth, GB/s; 0.001 to 1000000"},
-			&cli.IntFlag{Name: "offload-disk-threshold", Value: 2, Usage: "timed, offload: sightings before a block is written to G3 (the offload manager's filter; 1: every block)"},
+			&cli.IntFlag{Name: "offload-disk-threshold", Value: 2, Usage: "timed, offload: sightings before a block is written to G3 (the offload manager's filter; 1: every block); at most 1048576"},
 			&cli.StringFlag{Name: "offload-dir", Usage: "timed, offload: parent `DIR` of the G3 databases (default: the system's temporary directory)"},
 			&cli.Float64Flag{Name: "kv-bytes-per-token", Value: sim.DefaultKVBytesPerToken, Usage: "timed: the model's KV bytes per token, which sizes a block's transfer between tiers; 1 to 16777216 (16 MiB)"},
 			&cli.StringFlag{Name: "policies", Usage: "comma-separated: " + strings.Join(sim.PolicyNames, ", ") + ", ceiling (default: every policy of the mode; v1: router,round_robin; empty for none)"},
@@ -269,6 +269,9 @@ func runReplay(c *cli.Context) error {
 	case c.Int("limit") < 0:
 		return usagef("--limit %d: want 0 (every request) or more", c.Int("limit"))
 	}
+	if err := checkLimits(c); err != nil {
+		return err
+	}
 	if err := checkWireFlags(c); err != nil {
 		return err
 	}
@@ -301,6 +304,15 @@ func runReplay(c *cli.Context) error {
 	capBlocks := c.Int("capacity-blocks")
 	if capBlocks == 0 {
 		capBlocks = def.capacityBlocks
+	}
+	if offload.Enabled() {
+		// The offload tiers hold G1 and G2 of every worker in memory,
+		// allocated when the workers open.
+		bb := (offload.BlockBytes + 7) &^ 7 // as sim rounds it
+		if mem := int64(c.Int("workers")) * int64(capBlocks+offload.HostBlocks) * int64(bb); mem > maxOffloadMemory {
+			return usagef("--workers %d × (--capacity-blocks %d + --offload-host-blocks %d) × --offload-block-bytes %d: %d GiB of G1 and G2 in memory, want at most %d GiB",
+				c.Int("workers"), capBlocks, offload.HostBlocks, bb, mem>>30, int64(maxOffloadMemory)>>30)
+		}
 	}
 	policies := def.policies
 	if c.IsSet("policies") {
@@ -676,6 +688,43 @@ func closeWires(pubs []*enginepub.Publisher) {
 func deadlineOf(ctx context.Context) time.Time {
 	d, _ := ctx.Deadline()
 	return d
+}
+
+// Upper bounds of the sizing flags (their --help says each): far above
+// any fleet or engine the simulator models, and low enough that kvsim
+// refuses a value it cannot allocate the state of (per worker, per
+// block) with a usage error rather than a makeslice panic or an
+// exhausted memory. maxOffloadMemory bounds what the offload tiers hold
+// in memory: G1 and G2 of every worker.
+var intLimits = []struct {
+	flag string
+	most int
+}{
+	{"workers", 1024},
+	{"block-size", 1 << 16},
+	{"capacity-blocks", 1 << 24},
+	{"capacity-tokens", 1 << 36},
+	{"max-batched-tokens", 1 << 24},
+	{"max-seqs", 1 << 20},
+	{"max-waiting", 1 << 24},
+	{"concurrency", 1 << 24},
+	{"offload-host-blocks", 1 << 24},
+	{"offload-disk-blocks", 1 << 24},
+	{"offload-block-bytes", 1 << 20},
+	{"offload-disk-threshold", 1 << 20},
+}
+
+const maxOffloadMemory = 64 << 30
+
+// checkLimits refuses a sizing flag past its bound in intLimits (a usage
+// error, exit 2); the lower bounds are checked before it.
+func checkLimits(c *cli.Context) error {
+	for _, l := range intLimits {
+		if v := c.Int(l.flag); v > l.most {
+			return usagef("--%s %d: want at most %d", l.flag, v, l.most)
+		}
+	}
+	return nil
 }
 
 // Ranges of the flags that scale a pass time: past them a pass time

@@ -326,3 +326,34 @@ func TestReplayReportsTheSeed(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayRefusesHugeSizes: a sizing flag past its documented limit is
+// a usage error (exit 2, one line naming the flag), in every mode, before
+// anything is allocated: --workers 2^62 used to panic (makeslice), and a
+// huge value in int range tried to allocate per-worker state.
+func TestReplayRefusesHugeSizes(t *testing.T) {
+	trace := genTrace(t)
+	const huge = "4611686018427387904" // 2^62
+	var cases [][]string
+	for _, mode := range []string{"timed", "cache", "v1"} {
+		cases = append(cases, []string{"--mode", mode, "--workers", huge}, []string{"--mode", mode, "--workers", "1025"},
+			[]string{"--mode", mode, "--block-size", huge})
+	}
+	for _, f := range []string{"capacity-blocks", "max-batched-tokens", "max-seqs", "max-waiting", "concurrency",
+		"offload-host-blocks", "offload-disk-blocks", "offload-block-bytes", "offload-disk-threshold"} {
+		cases = append(cases, []string{"--" + f, huge})
+	}
+	cases = append(cases, []string{"--mode", "v1", "--capacity-tokens", huge},
+		// Each in range, but G1 and G2 of every worker in memory would
+		// be 1,024 × (16,384 + 2^24) × 1 MiB.
+		[]string{"--workers", "1024", "--offload-host-blocks", "16777216", "--offload-block-bytes", "1048576"})
+	for _, args := range cases {
+		var out, errb bytes.Buffer
+		code := run(append([]string{"kvsim", "replay", "--trace", trace, "--policies", "round_robin", "-o", "bench"}, args...), &out, &errb)
+		lines := strings.Split(strings.TrimSuffix(errb.String(), "\n"), "\n")
+		name := strings.TrimPrefix(args[len(args)-2], "--")
+		if code != 2 || len(lines) != 1 || !strings.Contains(lines[0], name) {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 and one line naming %s", args, code, errb.String(), name)
+		}
+	}
+}
