@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"strconv"
@@ -48,6 +49,12 @@ func (c CacheConfig) withDefaults() CacheConfig {
 // "now" given to p is the request's trace timestamp, less the first
 // request's (arrivalsNs at speed 1).
 func RunCacheOnly(pr *Prepared, cfg CacheConfig, p Policy) (Result, error) {
+	return RunCacheOnlyContext(context.Background(), pr, cfg, p)
+}
+
+// RunCacheOnlyContext is RunCacheOnly, stopped when ctx is done: it
+// returns ctx's error, wrapped with how many requests were routed.
+func RunCacheOnlyContext(ctx context.Context, pr *Prepared, cfg CacheConfig, p Policy) (Result, error) {
 	if err := cfg.check(); err != nil {
 		return Result{}, err
 	}
@@ -76,7 +83,13 @@ func RunCacheOnly(pr *Prepared, cfg CacheConfig, p Policy) (Result, error) {
 			p.Observe(ev, now)
 		})
 	}
+	done := ctx.Done()
 	for k := range pr.Reqs {
+		select {
+		case <-done:
+			return res, fmt.Errorf("sim: cache-only replay stopped after %d of %d requests: %w", k, len(pr.Reqs), ctx.Err())
+		default:
+		}
 		q := &pr.Reqs[k]
 		now = arrivals[k]
 		rq := RouteQuery{ID: strconv.Itoa(k), Local: pr.Local[k], Seq: pr.Seq[k], ISL: q.InputLength, BlockSize: cfg.BlockSize, Req: q}

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"container/heap"
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -190,6 +191,13 @@ func (h *completions) Pop() any {
 // the requests in flight finish (their bookings freed), and Replay returns
 // the error with the counts so far, its lifecycle failures included.
 func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
+	return ReplayContext(context.Background(), pr, cfg, p)
+}
+
+// ReplayContext is Replay, stopped when ctx is done: as after ErrWire, the
+// requests in flight finish (a live policy frees their bookings), and it
+// returns ctx's error (wrapped) with the counts so far.
+func ReplayContext(ctx context.Context, pr *Prepared, cfg Config, p Policy) (Result, error) {
 	if err := cfg.check(); err != nil {
 		return Result{}, err
 	}
@@ -264,7 +272,15 @@ func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 		res.TTFTMeanMs, res.TTFTP50Ms, res.TTFTP99Ms = summarize(ttft)
 	}
 
+	done := ctx.Done()
 	for k := range pr.Reqs {
+		select {
+		case <-done:
+			settle(math.MaxInt64)
+			finish()
+			return res, fmt.Errorf("sim: replay stopped after %d of %d requests: %w", k, len(pr.Reqs), ctx.Err())
+		default:
+		}
 		q := &pr.Reqs[k]
 		at := arrivals[k]
 		settle(at)

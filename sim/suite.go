@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/kvrouter/kvrouter/indexer"
@@ -44,8 +45,18 @@ type SuiteConfig struct {
 // RunSuite replays pr once per policy, each from a fresh fleet, and
 // returns their results in cfg.Policies order.
 func RunSuite(pr *Prepared, cfg SuiteConfig) ([]Result, error) {
+	return RunSuiteContext(context.Background(), pr, cfg)
+}
+
+// RunSuiteContext is RunSuite, stopped when ctx is done (between policies
+// and within each replay): it returns the results so far and ctx's error,
+// wrapped.
+func RunSuiteContext(ctx context.Context, pr *Prepared, cfg SuiteConfig) ([]Result, error) {
 	var out []Result
 	for _, name := range cfg.Policies {
+		if err := ctx.Err(); err != nil {
+			return out, fmt.Errorf("sim: suite stopped before %s: %w", name, err)
+		}
 		if cfg.Progress != nil {
 			cfg.Progress(name)
 		}
@@ -60,9 +71,9 @@ func RunSuite(pr *Prepared, cfg SuiteConfig) ([]Result, error) {
 		var r Result
 		switch cfg.Mode {
 		case ModeTimed:
-			r, err = RunTimed(pr, cfg.Timed, p)
+			r, err = RunTimedContext(ctx, pr, cfg.Timed, p)
 		case ModeCache:
-			r, err = RunCacheOnly(pr, cfg.Cache, p)
+			r, err = RunCacheOnlyContext(ctx, pr, cfg.Cache, p)
 		default:
 			return out, fmt.Errorf("%w: mode %q (want %s or %s)", ErrBadConfig, cfg.Mode, ModeTimed, ModeCache)
 		}

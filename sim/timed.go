@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"strconv"
@@ -62,7 +63,16 @@ type blockSized interface{ BlockTokens() int }
 // A request a worker cannot take (queue full, or larger than the whole
 // cache) and a routing error count as rejected; the policy never sees it
 // start.
-func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (res Result, err error) {
+func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (Result, error) {
+	return RunTimedContext(context.Background(), pr, cfg, p)
+}
+
+// RunTimedContext is RunTimed, stopped when ctx is done (at the end of the
+// step in progress): it returns ctx's error, wrapped with how many
+// requests were routed, once the workers are closed, so that their
+// offload tiers (the G3 directories) are gone by then. The figures of a
+// stopped replay are not summed up.
+func RunTimedContext(ctx context.Context, pr *Prepared, cfg TimedConfig, p Policy) (res Result, err error) {
 	if err := cfg.check(); err != nil {
 		return Result{}, err
 	}
@@ -130,7 +140,14 @@ func RunTimed(pr *Prepared, cfg TimedConfig, p Policy) (res Result, err error) {
 
 	var out PassOutcome
 	routed := 0
+	done := ctx.Done()
 	for {
+		// A non-blocking receive: cheap enough for every step.
+		select {
+		case <-done:
+			return res, fmt.Errorf("sim: timed replay stopped after %d of %d requests: %w", routed, n, ctx.Err())
+		default:
+		}
 		t := int64(math.MaxInt64)
 		if qhead < len(queue) {
 			t = queue[qhead].at

@@ -1,8 +1,10 @@
 package sim
 
 import (
+	"context"
 	"errors"
 	"math"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -313,5 +315,39 @@ func TestReplaysRefuseAnArrivalPastTheClock(t *testing.T) {
 	}
 	if _, err := Replay(pr, Config{Workers: 1, BlockSize: 64, Speed: 1e-9}, &RoundRobin{Workers: 1}); !errors.Is(err, ErrBadConfig) {
 		t.Errorf("v1 at speed 1e-9: err %v, want ErrBadConfig", err)
+	}
+}
+
+// TestReplaysStopWhenTheirContextIsDone: a replay whose context is
+// cancelled stops at its next step with the context's error; a timed one
+// closes its workers first, so that their G3 directories are gone.
+func TestReplaysStopWhenTheirContextIsDone(t *testing.T) {
+	pr := Prepare(loadTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:200], 64)
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	routed := 0
+	cfg := TimedConfig{Workers: 2, Speed: 4, Engine: EngineConfig{Offload: OffloadConfig{HostBlocks: 64, DiskBlocks: 256, Dir: dir}},
+		Progress: func(done, _ int) {
+			routed = done
+			if done == 20 {
+				cancel()
+			}
+		}}
+	// It stops at the end of the step that routed the 20th request.
+	if _, err := RunTimedContext(ctx, pr, cfg, &RoundRobin{Workers: 2}); !errors.Is(err, context.Canceled) || routed == len(pr.Reqs) {
+		t.Errorf("timed: err %v after %d of %d requests routed, want context.Canceled before the end", err, routed, len(pr.Reqs))
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "kvsim-g3-*")); len(left) > 0 {
+		t.Errorf("timed: G3 directories left behind: %v", left)
+	}
+	if _, err := ReplayContext(ctx, pr, Config{BlockSize: 64}, &RoundRobin{Workers: 8}); !errors.Is(err, context.Canceled) {
+		t.Errorf("v1: err %v, want context.Canceled", err)
+	}
+	if _, err := RunCacheOnlyContext(ctx, pr, CacheConfig{BlockSize: 64}, &RoundRobin{Workers: 8}); !errors.Is(err, context.Canceled) {
+		t.Errorf("cache-only: err %v, want context.Canceled", err)
+	}
+	if rs, err := RunSuiteContext(ctx, pr, SuiteConfig{Mode: ModeCache, Policies: []string{"round_robin"}, Cache: CacheConfig{BlockSize: 64}}); !errors.Is(err, context.Canceled) || len(rs) != 0 {
+		t.Errorf("suite: %d results, err %v, want none and context.Canceled", len(rs), err)
 	}
 }

@@ -1,8 +1,8 @@
 // Command kvsim replays request traces through simulated inference workers
 // and routing policies, and reports what each policy wins.
 //
-// Exit codes: 0 success, 1 error, 2 bad usage; an error is one line on
-// stderr.
+// Exit codes: 0 success, 1 error (an interrupted replay included), 2 bad
+// usage; an error is one line on stderr.
 package main
 
 import (
@@ -12,11 +12,13 @@ import (
 	"io"
 	"math"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -30,8 +32,15 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
+// main runs kvsim until it is done or interrupted: Ctrl-C (or SIGTERM)
+// cancels the run's context, the replay stops at its next step, its
+// workers close (their G3 directories are removed), and kvsim exits 1
+// with "kvsim: interrupted", as kvctl does.
 func main() {
-	os.Exit(run(os.Args, os.Stdout, os.Stderr))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := runContext(ctx, os.Args, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
 // Exit codes.
@@ -46,11 +55,23 @@ const (
 // --trace, an unknown command) exits 2, any other error 1, each reported
 // as one line on stderr.
 func run(args []string, stdout, stderr io.Writer) int {
+	return runContext(context.Background(), args, stdout, stderr)
+}
+
+// runContext is run, stopped when ctx is done: an interrupted run exits 1
+// with "kvsim: interrupted".
+func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	app := newApp()
 	app.Writer, app.ErrWriter = stdout, stderr
-	err := app.Run(args)
+	err := app.RunContext(ctx, args)
 	if err == nil {
 		return exitOK
+	}
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		// What the replay did before it stopped, and what a stopped
+		// live replay may have left on its cluster, follow.
+		fmt.Fprintln(stderr, "kvsim: interrupted: "+oneLine(err.Error()))
+		return exitError
 	}
 	fmt.Fprintln(stderr, "kvsim: "+oneLine(err.Error()))
 	var ec cli.ExitCoder
@@ -378,7 +399,7 @@ func runReplay(c *cli.Context) error {
 				results = append(results, sim.Ceiling(pr, "v1"))
 				continue
 			}
-			r, err := sim.Replay(pr, cfg, policies[i])
+			r, err := sim.ReplayContext(c.Context, pr, cfg, policies[i])
 			if err != nil {
 				return err
 			}
@@ -416,7 +437,7 @@ func runReplay(c *cli.Context) error {
 		if c.String("output") != "bench" {
 			suite.Progress = func(p string) { fmt.Fprintf(c.App.ErrWriter, "replaying %s...\n", p) }
 		}
-		results, err = sim.RunSuite(pr, suite)
+		results, err = sim.RunSuiteContext(c.Context, pr, suite)
 		if err != nil {
 			return err
 		}
@@ -554,7 +575,7 @@ func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config) (sim.Result, e
 		}
 	}
 	start := time.Now()
-	r, err := sim.Replay(pr, cfg, policy)
+	r, err := sim.ReplayContext(c.Context, pr, cfg, policy)
 	if fleet != nil {
 		if ferr := fleet.Flush(); err == nil {
 			err = ferr
