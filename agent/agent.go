@@ -36,7 +36,9 @@
 //     out of the set, which the pools' capacity thus bounds. It would
 //     otherwise be left out of every dump, or held as an orphan that
 //     expires, and never be sent again: nothing stores it while the pool
-//     holds it.
+//     holds it. A batch's cost does not grow with the set: only the
+//     hashes it stores, and those of the held orphans its apply adopts,
+//     are looked up in it (releaseLocked).
 //   - The engine path never blocks on the router: the publisher drops its
 //     oldest events when its buffer is full (DropOldest), and the rank heals
 //     with a dump once the router reports the gap. A batch larger than the
@@ -49,7 +51,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -143,6 +144,9 @@ type Agent struct {
 	// parked[r] holds rank r's pool blocks waiting for their parent (see
 	// the package invariants). Guarded by mu.
 	parked map[kvevent.Rank]*parking
+	// releaseLookups counts the parents releaseLocked looked up: its work,
+	// which tests bound (they may not time it). Guarded by mu.
+	releaseLookups uint64
 
 	resets     *prometheus.CounterVec
 	pubErrs    prometheus.Counter
@@ -775,7 +779,7 @@ func (a *Agent) publishLocked(r kvevent.Rank, evs []kvevent.Event, offload bool)
 		if offload {
 			a.markOffloadedLocked(r, part)
 		}
-		adopted := a.adoptsLocked(r, func() { a.mirror.ApplyBatch(part, time.Now().UnixNano()) })
+		adopted := a.applyLocked(r, part)
 		if err := a.releaseLocked(r, part, adopted); err != nil {
 			return 0, err
 		}
@@ -892,63 +896,68 @@ func (a *Agent) unparkLocked(r kvevent.Rank, t kvevent.Tier, hashes []uint64) []
 	})
 }
 
-// adoptsLocked runs apply, a change of the mirror, and reports whether it
-// applied stores the mirror held as orphans (their parent arrived): any
-// of their blocks may be a parent parked blocks of rank r wait for, which
-// the applied events do not name. The mirror's counters are read only
-// while r has parked blocks: this is the engine's event path. The caller
-// holds a.mu.
-func (a *Agent) adoptsLocked(r kvevent.Rank, apply func()) bool {
+// applyLocked applies evs of rank r to the mirror and returns the engine
+// hashes of the blocks of the stores the mirror held as orphans and
+// applied with them (their parent arrived): any may be a parent parked
+// blocks of r wait for, which evs do not name. They are asked of the
+// mirror only while r has parked blocks: this is the engine's event path.
+// The caller holds a.mu.
+func (a *Agent) applyLocked(r kvevent.Rank, evs []kvevent.Event) []uint64 {
+	now := time.Now().UnixNano()
 	if p := a.parked[r]; p == nil || len(p.byParent) == 0 {
-		apply()
-		return false
+		a.mirror.ApplyBatch(evs, now)
+		return nil
 	}
-	before := a.mirror.Counters().OrphansApplied
-	apply()
-	return a.mirror.Counters().OrphansApplied != before
+	var adopted []uint64
+	a.mirror.ApplyBatchAdopting(evs, now, &adopted)
+	return adopted
 }
 
 // releaseLocked publishes and applies rank r's parked blocks whose parent
-// evs (applied to the mirror) stored, then those waiting for them, and so
+// evs (applied to the mirror) stored or the apply adopted (adopted: the
+// blocks of held orphans it applied), then those waiting for them, and so
 // on, one event each: a parked block is checked against the mirror as a
 // pool's store is (storePoolLocked), and one that contradicts what the
 // engine reported since it was parked is dropped. Only a parent the
 // mirror now holds lets its blocks go: a store that named a parent the
 // mirror does not know is held as an orphan, and blocks let go under it
 // would be orphans too, on the router as well, dropped when it expires,
-// and no longer parked for its next store. When the apply adopted held
-// orphans (adopted; or a release does), every parent parked blocks wait
-// for is looked up: the orphans' blocks are not in evs. That costs a
-// lookup per such parent, bounded by the pools' capacity, and only then.
-// The caller holds a.mu.
-func (a *Agent) releaseLocked(r kvevent.Rank, evs []kvevent.Event, adopted bool) error {
+// and no longer parked for its next store. Only the hashes a store named
+// or an apply adopted are looked up, each once it is found in the parked
+// set: a parent no store reached is never looked at, however many blocks
+// wait for one (a reopened G3 pool whose engine restarted with another
+// hash seed parks them all). The caller holds a.mu.
+func (a *Agent) releaseLocked(r kvevent.Rank, evs []kvevent.Event, adopted []uint64) error {
 	p := a.parked[r]
 	if p == nil || len(p.byParent) == 0 {
 		return nil
 	}
 	var queue []uint64
-	waited := func() []uint64 { // sorted: released in the same order each time
-		return slices.Sorted(maps.Keys(p.byParent))
-	}
-	if adopted {
-		queue = waited()
-	} else {
-		for i := range evs {
-			if evs[i].Kind != kvevent.KindStored {
-				continue
-			}
-			for _, b := range evs[i].Blocks {
-				if len(p.byParent[b.EngineHash]) > 0 {
-					queue = append(queue, b.EngineHash)
-				}
+	waitedFor := func(hs ...uint64) {
+		for _, h := range hs {
+			if len(p.byParent[h]) > 0 {
+				queue = append(queue, h)
 			}
 		}
 	}
+	for i := range evs {
+		if evs[i].Kind != kvevent.KindStored {
+			continue
+		}
+		for _, b := range evs[i].Blocks {
+			waitedFor(b.EngineHash)
+		}
+	}
+	waitedFor(adopted...)
 	for len(queue) > 0 {
 		parent := queue[0]
 		queue = queue[1:]
 		kids := p.byParent[parent]
-		if len(kids) == 0 || !a.mirror.Holds(r, parent) {
+		if len(kids) == 0 {
+			continue // queued twice, and let go the first time
+		}
+		a.releaseLookups++
+		if !a.mirror.Holds(r, parent) {
 			continue // a held orphan: its blocks wait on
 		}
 		delete(p.byParent, parent)
@@ -963,14 +972,12 @@ func (a *Agent) releaseLocked(r kvevent.Rank, evs []kvevent.Event, adopted bool)
 				a.log.Warn("a parked offload pool block contradicts what the engine reported since: dropped", "rank", r, "tier", k.tier, "err", err)
 				continue
 			}
-			if _, err := a.pub.Publish(r, []kvevent.Event{ev}); err != nil {
+			evs := []kvevent.Event{ev}
+			if _, err := a.pub.Publish(r, evs); err != nil {
 				return err
 			}
-			if a.adoptsLocked(r, func() { _ = a.mirror.Apply(&ev, time.Now().UnixNano()) }) {
-				queue = append(queue, waited()...)
-			} else if len(p.byParent[k.hash]) > 0 {
-				queue = append(queue, k.hash)
-			}
+			waitedFor(k.hash)
+			waitedFor(a.applyLocked(r, evs)...)
 		}
 	}
 	return nil

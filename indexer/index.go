@@ -92,6 +92,11 @@ type Index struct {
 	dirty   []kvevent.Rank // ranks whose metadata changed since FlushJournal
 
 	evict evictScratch // evictOldest's working memory, kept between trims
+
+	// adopted, set only while ApplyBatchAdopting holds mu (cleared before
+	// every unlock), collects the engine hashes of the held orphan stores
+	// adoptOrphans applies.
+	adopted *[]uint64
 }
 
 // New returns an empty index.
@@ -173,8 +178,22 @@ func (ix *Index) Apply(ev *kvevent.Event, now int64) error {
 // malformed. The write lock is released every Config.ApplyChunk blocks so
 // that lookups interleave with a long batch instead of waiting for all of it.
 func (ix *Index) ApplyBatch(evs []kvevent.Event, now int64) (malformed int) {
+	return ix.ApplyBatchAdopting(evs, now, nil)
+}
+
+// ApplyBatchAdopting is ApplyBatch that also appends to *adopted (when
+// adopted is not nil) the engine hash of every block of every held orphan
+// store the batch applied, of any rank (a store held because its parent
+// was unknown, applied once an event made the parent known): blocks the
+// index now holds that the events do not name. The node agent lets the
+// offload pools' blocks that wait for one of them go (agent's
+// releaseLocked), and looks up only those, no more per event than the
+// orphan buffer holds (Config.OrphanMaxBlocks). What the index does is
+// ApplyBatch's.
+func (ix *Index) ApplyBatchAdopting(evs []kvevent.Event, now int64, adopted *[]uint64) (malformed int) {
 	budget := 0
 	ix.mu.Lock()
+	ix.adopted = adopted
 	for i := range evs {
 		ev := &evs[i]
 		if ev.Validate() != nil {
@@ -185,11 +204,14 @@ func (ix *Index) ApplyBatch(evs []kvevent.Event, now int64) (malformed int) {
 		ix.applyLocked(ev, now)
 		budget += len(ev.Blocks) + len(ev.Removed) + 1
 		if budget >= ix.cfg.ApplyChunk && i+1 < len(evs) {
+			ix.adopted = nil // another writer may apply while mu is free
 			ix.mu.Unlock()
 			budget = 0
 			ix.mu.Lock()
+			ix.adopted = adopted
 		}
 	}
+	ix.adopted = nil
 	ix.mu.Unlock()
 	return malformed
 }

@@ -3,6 +3,7 @@ package indexer
 import (
 	"errors"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -194,6 +195,29 @@ func TestOrphanIsAppliedWhenItsParentArrives(t *testing.T) {
 	}
 	if s := ix.Stats(); s.OrphanEvents != 0 || s.Counters.OrphansApplied != 1 || len(ix.NeedsResync()) != 0 {
 		t.Fatalf("stats %+v", s)
+	}
+}
+
+// TestApplyBatchAdoptingNamesTheAdoptedBlocks: ApplyBatchAdopting reports
+// the blocks of the held stores a batch applied (a chain of held stores
+// resolves at once), and nothing for a batch that adopts none, so that
+// the node agent looks up only those (agent's releaseLocked), not every
+// parent its parked pool blocks wait for.
+func TestApplyBatchAdoptingNamesTheAdoptedBlocks(t *testing.T) {
+	ix := New(Config{})
+	mustApply(t, ix, storedUnder(rk1, dev, 4, chain(5)), storedUnder(rk1, dev, 2, chain(3, 4)), storedUnder(rk1, dev, 9, chain(10)))
+	var adopted []uint64
+	ix.ApplyBatchAdopting([]kvevent.Event{*stored(rk1, dev, chain(7))}, 0, &adopted)
+	if len(adopted) != 0 {
+		t.Fatalf("a batch that adopts nothing reports %v", adopted)
+	}
+	ix.ApplyBatchAdopting([]kvevent.Event{*stored(rk1, dev, chain(1, 2))}, 0, &adopted)
+	slices.Sort(adopted)
+	if !slices.Equal(adopted, []uint64{3, 4, 5}) {
+		t.Fatalf("adopted %v, want [3 4 5] (the held 3,4 under 2, then 5 under 4)", adopted)
+	}
+	if s := ix.Stats(); s.OrphanEvents != 1 || s.Counters.OrphansApplied != 2 {
+		t.Fatalf("stats %+v: want 10 still held, 2 stores applied", s)
 	}
 }
 

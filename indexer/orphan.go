@@ -120,6 +120,11 @@ func (ix *Index) adoptOrphans(rs *rankState, now int64) {
 		}
 		ix.counters.OrphansApplied++
 		ix.markDirty(rs)
+		if ix.adopted != nil {
+			for _, b := range o.blocks {
+				*ix.adopted = append(*ix.adopted, b.EngineHash)
+			}
+		}
 		// store re-enters adoptOrphans for what this one resolves.
 		ix.store(rs, o.tier, true, o.parent, o.blocks, now, false)
 		i = 0
