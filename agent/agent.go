@@ -29,6 +29,15 @@
 //     not published (indexer.CheckStore; the router would take it for the
 //     engine reusing the hash and drop the engine's own residency). The
 //     engine API asks the same of an offload request first (CheckOffload).
+//   - The mirror and the router hold a rank's block under one engine hash,
+//     the newest stored, in every tier. A pool's block is held only under
+//     the hash the pool names it by, the one its REMOVE names: when the
+//     engine stores a block a pool holds under another hash (another
+//     cache_salt or extra_keys), the pool's tiers of it are removed under
+//     the engine's hash (withdrawRenamedLocked), as a pool's copy stored
+//     after the engine's block is not published. Renamed with them, the
+//     pool's REMOVE would miss it, and the router route to a block neither
+//     holds.
 //   - A pool block whose parent the mirror does not hold waits in the
 //     rank's parked set, outside the mirror and the router, until a store
 //     of its parent (the engine's or a pool's) makes the mirror hold it (a
@@ -203,7 +212,8 @@ func New(cfg Config) (*Agent, error) {
 		Help: "Engine batches the publisher refused (the rank is resynced)."})
 	a.mismatches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_offload_mismatches_total",
 		Help: "Offloaded blocks refused because they contradict what the engine reported (a hash it holds as another block, or a block it holds under another hash): " +
-			"in an engine API offload request (request, answered bad_request), or in a pool's STORE (pool, not published)."}, []string{"where"})
+			"in an engine API offload request (request, answered bad_request), or in a pool's STORE (pool, not published); " +
+			"and pools' copies withdrawn from the router because the engine stored their block under another hash (engine)."}, []string{"where"})
 	a.parkedN = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvagent_offload_parked_blocks",
 		Help: "Offload pool blocks waiting for their parent to be stored before they are published."})
 	for _, c := range []prometheus.Collector{a.resets, a.pubErrs, a.mismatches, a.parkedN} {
@@ -779,9 +789,14 @@ func (a *Agent) publishLocked(r kvevent.Rank, evs []kvevent.Event, offload bool)
 		if offload {
 			a.markOffloadedLocked(r, part)
 		}
-		adopted := a.applyLocked(r, part)
-		if err := a.releaseLocked(r, part, adopted); err != nil {
+		rep := a.applyLocked(r, part)
+		if err := a.releaseLocked(r, part, rep.Adopted); err != nil {
 			return 0, err
+		}
+		if !offload {
+			if err := a.withdrawRenamedLocked(r, rep.Renamed); err != nil {
+				return 0, err
+			}
 		}
 	}
 	_, last := a.pub.Cursor(r)
@@ -896,21 +911,79 @@ func (a *Agent) unparkLocked(r kvevent.Rank, t kvevent.Tier, hashes []uint64) []
 	})
 }
 
-// applyLocked applies evs of rank r to the mirror and returns the engine
-// hashes of the blocks of the stores the mirror held as orphans and
-// applied with them (their parent arrived): any may be a parent parked
-// blocks of r wait for, which evs do not name. They are asked of the
-// mirror only while r has parked blocks: this is the engine's event path.
-// The caller holds a.mu.
-func (a *Agent) applyLocked(r kvevent.Rank, evs []kvevent.Event) []uint64 {
-	now := time.Now().UnixNano()
-	if p := a.parked[r]; p == nil || len(p.byParent) == 0 {
-		a.mirror.ApplyBatch(evs, now)
+// applyLocked applies evs of rank r to the mirror and returns what the
+// apply did beyond them (indexer.ApplyReport): the blocks of the stores
+// the mirror held as orphans and applied with them (their parent
+// arrived), any of which may be a parent parked blocks of r wait for;
+// and the blocks a store renamed. The report costs nothing for a batch
+// that adopts and renames nothing. The caller holds a.mu.
+func (a *Agent) applyLocked(r kvevent.Rank, evs []kvevent.Event) indexer.ApplyReport {
+	var rep indexer.ApplyReport
+	a.mirror.ApplyBatchReport(evs, time.Now().UnixNano(), &rep)
+	return rep
+}
+
+// withdrawRenamedLocked takes back, here and on the router, the offload
+// pools' copies of rank r's blocks an engine batch renamed (renames, in
+// the order the mirror applied them): the mirror, like the router, holds
+// a rank's block under one engine hash, the newest, in every tier, so a
+// pool's copy stored under the old name would now be held under the
+// engine's, and the pool's REMOVE of it, which names the old, would no
+// longer take it back. Its tiers are removed under the block's name once
+// the batch applied (a later rename in the batch moves it again; one back
+// to the pool's name withdraws nothing). This is what a copy stored after
+// the engine's block gets (storePoolLocked does not publish it): the
+// router routes to the engine's block, and not to the pool's copy once
+// the engine evicted it. Counted in
+// kvagent_offload_mismatches_total{where="engine"}. The caller holds a.mu.
+func (a *Agent) withdrawRenamedLocked(r kvevent.Rank, renames []indexer.Rename) error {
+	pools := a.offloaded[r]
+	if len(renames) == 0 || pools == 0 {
 		return nil
 	}
-	var adopted []uint64
-	a.mirror.ApplyBatchAdopting(evs, now, &adopted)
-	return adopted
+	var byTier [kvevent.NumTiers][]uint64
+	n := 0
+	moved := map[uint64]bool{} // names given by the batch's earlier renames
+	for i, rn := range renames {
+		if rn.Rank != r {
+			continue
+		}
+		cont := moved[rn.Old] // a block this batch renamed before: done there
+		moved[rn.New] = true
+		tiers := rn.Tiers & pools
+		if cont || tiers == 0 {
+			continue
+		}
+		name := rn.New
+		for _, later := range renames[i+1:] {
+			if later.Rank == r && later.Old == name {
+				name = later.New
+			}
+		}
+		if name == rn.Old {
+			continue
+		}
+		for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
+			if tiers.Has(t) {
+				byTier[t] = append(byTier[t], name)
+			}
+		}
+		n++
+		a.log.Debug("the engine stored an offload pool's block under another hash: the pool's copy is withdrawn from the router",
+			"rank", r, "pool_hash", rn.Old, "engine_hash", name, "tier_mask", tiers)
+	}
+	if n == 0 {
+		return nil
+	}
+	a.mismatches.WithLabelValues("engine").Add(float64(n))
+	var evs []kvevent.Event
+	for t, hs := range byTier {
+		if len(hs) > 0 {
+			evs = append(evs, kvevent.Event{Rank: r, Kind: kvevent.KindRemoved, Tier: kvevent.Tier(t), Removed: hs})
+		}
+	}
+	_, err := a.publishLocked(r, evs, false) // removes: they rename nothing
+	return err
 }
 
 // releaseLocked publishes and applies rank r's parked blocks whose parent
@@ -977,7 +1050,7 @@ func (a *Agent) releaseLocked(r kvevent.Rank, evs []kvevent.Event, adopted []uin
 				return err
 			}
 			waitedFor(k.hash)
-			waitedFor(a.applyLocked(r, evs)...)
+			waitedFor(a.applyLocked(r, evs).Adopted...)
 		}
 	}
 	return nil

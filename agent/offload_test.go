@@ -874,3 +874,70 @@ func TestReleaseThatAdoptsLooksUpEachParentOnce(t *testing.T) {
 		t.Fatalf("the router holds %d G2 blocks (want %d) and %d device blocks (want %d: R and the adopted orphans)", h, N, d, 1+N)
 	}
 }
+
+// TestEngineRenameWithdrawsThePoolsCopy: G2 holds engine hash 1 (content
+// 1001), published; the engine then stores the same content under 51
+// (another cache_salt or extra_keys). The mirror and the router hold a
+// rank's block under one engine hash, the newest, so the block became 51
+// with its G2 bit, and the pool's REMOVE of 1 no longer named it. The
+// agent withdraws the pool's copy at the rename, as it does not publish a
+// copy stored after the engine's block (docs/offload.md): the router
+// holds 1001 in the engine's tier alone, and nothing once the engine
+// removes 51. From a review: the router held 1001 in G2 for good after
+// the pool evicted 1 and the engine 51 (a clear keeps pool tiers, a dump
+// copies the mirror).
+func TestEngineRenameWithdrawsThePoolsCopy(t *testing.T) {
+	r := startRouter(t)
+	reg := prometheus.NewRegistry()
+	a, _ := startAgentWith(t, r, Config{Registerer: reg})
+	_, err := a.Publish(rank, []kvevent.Event{{Kind: kvevent.KindStored, Tier: kvevent.TierHostPinned,
+		Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 1001}}}})
+	must(t, err)
+	must(t, a.Events(rank, 0, []kvevent.Event{{Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 51, LocalHash: 1001}}}}))
+	caughtUp(t, r, a)
+	if g2, d := tierBlocks(r, kvevent.TierHostPinned), tierBlocks(r, kvevent.TierDevice); g2 != 0 || d != 1 {
+		t.Fatalf("the engine stored 1001 as 51 after G2 published it as 1: the router holds %d G2 and %d device blocks (want 0, 1)", g2, d)
+	}
+	if n := metric(t, reg, "kvagent_offload_mismatches_total", "where", "engine"); n != 1 {
+		t.Fatalf("kvagent_offload_mismatches_total{where=engine} = %v, want 1", n)
+	}
+	_, err = a.Publish(rank, []kvevent.Event{{Kind: kvevent.KindRemoved, Tier: kvevent.TierHostPinned, Removed: []uint64{1}}})
+	must(t, err)
+	must(t, a.Events(rank, 1, []kvevent.Event{{Kind: kvevent.KindRemoved, Removed: []uint64{51}}}))
+	caughtUp(t, r, a)
+	if g2, d := tierBlocks(r, kvevent.TierHostPinned), tierBlocks(r, kvevent.TierDevice); g2 != 0 || d != 0 {
+		t.Fatalf("the pool evicted 1 and the engine 51: the router still holds %d G2 and %d device blocks (want 0, 0)", g2, d)
+	}
+	evs, _ := a.dump(rank)
+	if len(evs) != 0 {
+		t.Fatalf("the mirror's dump still holds %+v", evs)
+	}
+}
+
+// TestEngineRenamesInOneBatch: a batch that renames a pool's block twice
+// withdraws the copy under the last name; one that renames it back to the
+// pool's name withdraws nothing, and the pool's REMOVE then takes it back.
+func TestEngineRenamesInOneBatch(t *testing.T) {
+	r := startRouter(t)
+	reg := prometheus.NewRegistry()
+	a, _ := startAgentWith(t, r, Config{Registerer: reg})
+	_, err := a.Publish(rank, []kvevent.Event{{Kind: kvevent.KindStored, Tier: kvevent.TierHostPinned,
+		Blocks: []kvevent.Block{{EngineHash: 2, LocalHash: 1002}, {EngineHash: 3, LocalHash: 1003}}}})
+	must(t, err)
+	must(t, a.Events(rank, 0, []kvevent.Event{
+		{Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 52, LocalHash: 1002}}},
+		{Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 62, LocalHash: 1002}}}, // 52 renamed again
+		{Kind: kvevent.KindStored, HasParent: true, Parent: 62, Blocks: []kvevent.Block{{EngineHash: 53, LocalHash: 1003}}},
+		{Kind: kvevent.KindStored, HasParent: true, Parent: 62, Blocks: []kvevent.Block{{EngineHash: 3, LocalHash: 1003}}}, // back to the pool's name
+	}))
+	caughtUp(t, r, a)
+	if g2, n := tierBlocks(r, kvevent.TierHostPinned), metric(t, reg, "kvagent_offload_mismatches_total", "where", "engine"); g2 != 1 || n != 1 {
+		t.Fatalf("the router holds %d G2 blocks (want 1: 3, under the pool's name again); %v copies withdrawn (want 1: 2, last named 62)", g2, n)
+	}
+	_, err = a.Publish(rank, []kvevent.Event{{Kind: kvevent.KindRemoved, Tier: kvevent.TierHostPinned, Removed: []uint64{2, 3}}})
+	must(t, err)
+	caughtUp(t, r, a)
+	if g2, d := tierBlocks(r, kvevent.TierHostPinned), tierBlocks(r, kvevent.TierDevice); g2 != 0 || d != 2 {
+		t.Fatalf("the pool evicted 2 and 3: the router holds %d G2 blocks (want 0) and %d device blocks (want 2)", g2, d)
+	}
+}

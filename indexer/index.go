@@ -93,10 +93,31 @@ type Index struct {
 
 	evict evictScratch // evictOldest's working memory, kept between trims
 
-	// adopted, set only while ApplyBatchAdopting holds mu (cleared before
-	// every unlock), collects the engine hashes of the held orphan stores
-	// adoptOrphans applies.
-	adopted *[]uint64
+	// report, set only while ApplyBatchReport holds mu (cleared before
+	// every unlock), collects what adoptOrphans and setBitMapped did.
+	report *ApplyReport
+}
+
+// ApplyReport is what ApplyBatchReport tells of a batch beyond the events.
+type ApplyReport struct {
+	// Adopted has the engine hash of every block of every held orphan
+	// store the batch applied, of any rank (a store held because its
+	// parent was unknown, applied once an event made the parent known):
+	// blocks the index now holds that the events do not name. At most the
+	// orphan buffer's blocks (Config.OrphanMaxBlocks) per event.
+	Adopted []uint64
+	// Renamed has every block a rank held under one engine hash that a
+	// store named by another: the index holds it under the newest name
+	// (Rename.New) in every tier it held (Rename.Tiers) and the store's,
+	// and a remove of the old name no longer reaches it.
+	Renamed []Rename
+}
+
+// Rename is a rank's block renamed by a store (ApplyReport.Renamed).
+type Rename struct {
+	Rank     kvevent.Rank
+	Old, New uint64       // engine hashes
+	Tiers    kvevent.Mask // held under Old, before the store
 }
 
 // New returns an empty index.
@@ -178,22 +199,18 @@ func (ix *Index) Apply(ev *kvevent.Event, now int64) error {
 // malformed. The write lock is released every Config.ApplyChunk blocks so
 // that lookups interleave with a long batch instead of waiting for all of it.
 func (ix *Index) ApplyBatch(evs []kvevent.Event, now int64) (malformed int) {
-	return ix.ApplyBatchAdopting(evs, now, nil)
+	return ix.ApplyBatchReport(evs, now, nil)
 }
 
-// ApplyBatchAdopting is ApplyBatch that also appends to *adopted (when
-// adopted is not nil) the engine hash of every block of every held orphan
-// store the batch applied, of any rank (a store held because its parent
-// was unknown, applied once an event made the parent known): blocks the
-// index now holds that the events do not name. The node agent lets the
-// offload pools' blocks that wait for one of them go (agent's
-// releaseLocked), and looks up only those, no more per event than the
-// orphan buffer holds (Config.OrphanMaxBlocks). What the index does is
-// ApplyBatch's.
-func (ix *Index) ApplyBatchAdopting(evs []kvevent.Event, now int64, adopted *[]uint64) (malformed int) {
+// ApplyBatchReport is ApplyBatch that also appends to rep, when it is not
+// nil, what the batch did that its events do not say (ApplyReport): the
+// node agent lets the offload pools' blocks that wait for an adopted
+// block go, looking up only those (agent's releaseLocked), and withdraws
+// a pool's copy the engine renamed. What the index does is ApplyBatch's.
+func (ix *Index) ApplyBatchReport(evs []kvevent.Event, now int64, rep *ApplyReport) (malformed int) {
 	budget := 0
 	ix.mu.Lock()
-	ix.adopted = adopted
+	ix.report = rep
 	for i := range evs {
 		ev := &evs[i]
 		if ev.Validate() != nil {
@@ -204,14 +221,14 @@ func (ix *Index) ApplyBatchAdopting(evs []kvevent.Event, now int64, adopted *[]u
 		ix.applyLocked(ev, now)
 		budget += len(ev.Blocks) + len(ev.Removed) + 1
 		if budget >= ix.cfg.ApplyChunk && i+1 < len(evs) {
-			ix.adopted = nil // another writer may apply while mu is free
+			ix.report = nil // another writer may apply while mu is free
 			ix.mu.Unlock()
 			budget = 0
 			ix.mu.Lock()
-			ix.adopted = adopted
+			ix.report = rep
 		}
 	}
-	ix.adopted = nil
+	ix.report = nil
 	ix.mu.Unlock()
 	return malformed
 }
@@ -326,6 +343,9 @@ func (ix *Index) setBitMapped(rs *rankState, n *node, eh uint64, t kvevent.Tier)
 		// newest name wins, so that removes by either name stay resolvable
 		// one-to-one.
 		ix.counters.Remapped++
+		if ix.report != nil {
+			ix.report.Renamed = append(ix.report.Renamed, Rename{Rank: rs.rank, Old: h.eh, New: eh, Tiers: h.mask()})
+		}
 		ix.digest -= residencyTerm(rs.key, n.seq, h.eh, h.mask())
 		rs.blocks.del(h.eh)
 		if ix.journal != nil {

@@ -198,26 +198,49 @@ func TestOrphanIsAppliedWhenItsParentArrives(t *testing.T) {
 	}
 }
 
-// TestApplyBatchAdoptingNamesTheAdoptedBlocks: ApplyBatchAdopting reports
-// the blocks of the held stores a batch applied (a chain of held stores
+// TestApplyBatchReportNamesTheAdoptedBlocks: ApplyBatchReport reports the
+// blocks of the held stores a batch applied (a chain of held stores
 // resolves at once), and nothing for a batch that adopts none, so that
 // the node agent looks up only those (agent's releaseLocked), not every
 // parent its parked pool blocks wait for.
-func TestApplyBatchAdoptingNamesTheAdoptedBlocks(t *testing.T) {
+func TestApplyBatchReportNamesTheAdoptedBlocks(t *testing.T) {
 	ix := New(Config{})
 	mustApply(t, ix, storedUnder(rk1, dev, 4, chain(5)), storedUnder(rk1, dev, 2, chain(3, 4)), storedUnder(rk1, dev, 9, chain(10)))
-	var adopted []uint64
-	ix.ApplyBatchAdopting([]kvevent.Event{*stored(rk1, dev, chain(7))}, 0, &adopted)
-	if len(adopted) != 0 {
-		t.Fatalf("a batch that adopts nothing reports %v", adopted)
+	var rep ApplyReport
+	ix.ApplyBatchReport([]kvevent.Event{*stored(rk1, dev, chain(7))}, 0, &rep)
+	if len(rep.Adopted) != 0 {
+		t.Fatalf("a batch that adopts nothing reports %v", rep.Adopted)
 	}
-	ix.ApplyBatchAdopting([]kvevent.Event{*stored(rk1, dev, chain(1, 2))}, 0, &adopted)
-	slices.Sort(adopted)
-	if !slices.Equal(adopted, []uint64{3, 4, 5}) {
-		t.Fatalf("adopted %v, want [3 4 5] (the held 3,4 under 2, then 5 under 4)", adopted)
+	ix.ApplyBatchReport([]kvevent.Event{*stored(rk1, dev, chain(1, 2))}, 0, &rep)
+	slices.Sort(rep.Adopted)
+	if !slices.Equal(rep.Adopted, []uint64{3, 4, 5}) {
+		t.Fatalf("adopted %v, want [3 4 5] (the held 3,4 under 2, then 5 under 4)", rep.Adopted)
 	}
 	if s := ix.Stats(); s.OrphanEvents != 1 || s.Counters.OrphansApplied != 2 {
 		t.Fatalf("stats %+v: want 10 still held, 2 stores applied", s)
+	}
+}
+
+// TestApplyBatchReportNamesTheRenamedBlocks: a store of a block the rank
+// holds under another engine hash renames it, in every tier it held; the
+// report says so, with those tiers, so that the node agent can withdraw
+// an offload pool's copy whose REMOVE would name the old hash. A re-store
+// under the same name reports nothing.
+func TestApplyBatchReportNamesTheRenamedBlocks(t *testing.T) {
+	ix := New(Config{})
+	mustApply(t, ix, stored(rk1, kvevent.TierHostPinned, chain(1)))
+	var rep ApplyReport
+	ix.ApplyBatchReport([]kvevent.Event{*stored(rk1, dev, chain(1))}, 0, &rep)
+	if len(rep.Renamed) != 0 {
+		t.Fatalf("a store under the held name reports renames %+v", rep.Renamed)
+	}
+	ix.ApplyBatchReport([]kvevent.Event{*stored(rk1, dev, []kvevent.Block{{EngineHash: 51, LocalHash: 101}})}, 0, &rep)
+	want := Rename{Rank: rk1, Old: 1, New: 51, Tiers: kvevent.TierHostPinned.Bit() | dev.Bit()}
+	if len(rep.Renamed) != 1 || rep.Renamed[0] != want {
+		t.Fatalf("renamed %+v, want [%+v]", rep.Renamed, want)
+	}
+	if ix.Holds(rk1, 1) || !ix.Holds(rk1, 51) {
+		t.Fatal("the block is not held under its newest name alone")
 	}
 }
 

@@ -120,9 +120,9 @@ func (ix *Index) adoptOrphans(rs *rankState, now int64) {
 		}
 		ix.counters.OrphansApplied++
 		ix.markDirty(rs)
-		if ix.adopted != nil {
+		if ix.report != nil {
 			for _, b := range o.blocks {
-				*ix.adopted = append(*ix.adopted, b.EngineHash)
+				ix.report.Adopted = append(ix.report.Adopted, b.EngineHash)
 			}
 		}
 		// store re-enters adoptOrphans for what this one resolves.
