@@ -81,7 +81,9 @@ func raftAddrAlias(ctx context.Context, servers []raft.Server, id, addr string) 
 }
 
 // lookupRaftAddr returns the IP:ports a dial of addr may reach (IPs
-// unmapped, without zones), nil when addr is not host:port or its host
+// unmapped; zones kept on link-local IPs alone, where a zone picks the
+// link: fe80::1%eth0 and fe80::1%eth1 are two hosts, while Linux ignores
+// the zone of any other IP), nil when addr is not host:port or its host
 // does not resolve. An IP literal needs no lookup, and localhost none
 // either (the loopback addresses, whatever the hosts file says); an
 // unspecified IP is the loopback one that a dial of it reaches
@@ -113,7 +115,10 @@ func lookupRaftAddr(ctx context.Context, addr string) []netip.AddrPort {
 	loopback4 := netip.AddrFrom4([4]byte{127, 0, 0, 1})
 	out := make([]netip.AddrPort, 0, len(ips)+1)
 	for _, ip := range ips {
-		ip = ip.Unmap().WithZone("")
+		ip = ip.Unmap()
+		if !ip.IsLinkLocalUnicast() {
+			ip = ip.WithZone("")
+		}
 		switch {
 		case ip == netip.IPv4Unspecified():
 			out = append(out, netip.AddrPortFrom(loopback4, uint16(p)))

@@ -1169,6 +1169,41 @@ func TestRaftAddrAliasResolvesBothSides(t *testing.T) {
 	}
 }
 
+// TestRaftAddrAliasKeepsLinkLocalZones: fe80::1 on eth0 and fe80::1 on
+// eth1 are two hosts on two links (fe80::1 is a common manual link-local
+// address), and a dial of each goes out its own interface: the add of one
+// is no alias of a member at the other. A zone elsewhere selects no link
+// (Linux takes the scope id of a link-local address alone), so
+// [2001:db8::1%eth0] still reaches a member at [2001:db8::1], and the
+// loopback and unspecified addresses a zone names are still the loopback
+// ones. From a review: the zones were dropped, and the add refused.
+func TestRaftAddrAliasKeepsLinkLocalZones(t *testing.T) {
+	servers := []raft.Server{
+		{ID: "n1", Address: "[fe80::1%eth0]:7001"},
+		{ID: "n2", Address: "[2001:db8::1]:7002"},
+		{ID: "n3", Address: "[::1]:7003"},
+	}
+	if sameRaftAddr("[fe80::1%eth0]:7001", "[fe80::1%eth1]:7001") {
+		t.Fatal("sameRaftAddr takes two links for one")
+	}
+	if err := CheckRaftAddr("[fe80::1%eth1]:7001"); err != nil {
+		t.Fatalf("CheckRaftAddr([fe80::1%%eth1]:7001): %v", err)
+	}
+	for _, tc := range []struct{ addr, want string }{
+		{"[fe80::1%eth1]:7001", ""},
+		{"[fe80::1]:7001", ""}, // no link named: a dial of it fails
+		{"[fe80::1%eth0]:7001", "n1"},
+		{"[2001:db8::1%eth0]:7002", "n2"},
+		{"[::1%lo]:7003", "n3"},
+		{"[::%eth0]:7003", "n3"},
+	} {
+		s, ok := raftAddrAlias(t.Context(), servers, "n9", tc.addr)
+		if got := string(s.ID); ok != (tc.want != "") || got != tc.want {
+			t.Errorf("add n9 at %s: alias of %q (%v), want %q", tc.addr, got, ok, tc.want)
+		}
+	}
+}
+
 // TestAFollowerBackBySnapshotIsNoStranger: a follower back after the
 // leader compacted its log catches up through InstallSnapshot, whose
 // answer hashicorp/raft v1.8.0 sends without an RPC header (no id). The
