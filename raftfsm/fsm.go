@@ -101,16 +101,22 @@ type FSM struct {
 	// (in place, by the apply goroutine only); workers is the copy
 	// published at the end of each ApplyBatch that changed it
 	// (publishWorkers), which every other reader gets.
-	wtab    map[uint64]WorkerInfo
-	wdirty  bool
-	workers atomic.Pointer[map[uint64]WorkerInfo] // copy-on-write
+	wtab map[uint64]WorkerInfo
+	// wdirty: wtab changed since the last publish; in worker wone's entry
+	// alone unless wmany (markWorker).
+	wdirty, wmany bool
+	wone          uint64
+	workers       atomic.Pointer[map[uint64]WorkerInfo] // copy-on-write
 	// cands is every registered rank as a route candidate, in rank order,
 	// rebuilt with workers so that a route decision neither allocates nor
 	// sorts for it.
 	cands     atomic.Pointer[[]indexer.Candidate]
 	blockSize atomic.Int64 // of the registered workers (blockSizeOf)
-	settings  atomic.Pointer[Settings]
-	members   atomic.Pointer[map[string]Member]
+	// blockSizeFrom is the worker whose block size blockSize is (^0:
+	// none); the apply goroutine's.
+	blockSizeFrom uint64
+	settings      atomic.Pointer[Settings]
+	members       atomic.Pointer[map[string]Member]
 
 	applied     atomic.Uint64
 	appliedTerm atomic.Uint64
@@ -299,7 +305,7 @@ func (f *FSM) Workers() map[uint64]WorkerInfo { return *f.workers.Load() }
 // setWorkers makes ws the apply path's table (owned by it from now on)
 // and publishes it (a restore or an open).
 func (f *FSM) setWorkers(ws map[uint64]WorkerInfo) {
-	f.wtab, f.wdirty = ws, true
+	f.wtab, f.wdirty, f.wmany = ws, true, true
 	f.publishWorkers()
 }
 
@@ -310,25 +316,81 @@ func (f *FSM) setWorkers(ws map[uint64]WorkerInfo) {
 // (a clone of the table and a sort of every candidate; 8,000 workers took
 // 21 s of apply per replica), and costs that once per batch now, so a
 // storm of registrations, whose entries commit in large batches, is
-// amortised. The apply path itself reads only wtab: entries of one batch
+// amortised; a batch that changed one worker splices its candidates in
+// without a sort (spliceWorker). The apply path itself reads only wtab: entries of one batch
 // see each other's changes, whatever the batch boundaries (they differ
 // between replicas).
 func (f *FSM) publishWorkers() {
 	if !f.wdirty {
 		return
 	}
-	f.wdirty = false
 	ws := maps.Clone(f.wtab)
 	var cands []indexer.Candidate
-	for id, w := range ws {
-		for _, dp := range w.DPRanks {
-			cands = append(cands, indexer.Candidate{Rank: kvevent.Rank{Worker: id, DP: dp}, CapacityBlocks: w.Capacity[kvevent.TierDevice]})
+	var bs int
+	var from uint64
+	if f.wmany {
+		for id, w := range ws {
+			cands = appendCandidates(cands, id, w)
 		}
+		slices.SortFunc(cands, func(a, b indexer.Candidate) int { return a.Rank.Compare(b.Rank) })
+		bs, from = blockSizeOf(ws)
+	} else {
+		// One worker changed (a registration or a removal at a time: a
+		// trickle): its candidates are spliced into the sorted list,
+		// O(ranks) without a sort.
+		cands, bs, from = f.spliceWorker(ws, f.wone)
 	}
-	slices.SortFunc(cands, func(a, b indexer.Candidate) int { return a.Rank.Compare(b.Rank) })
+	f.wdirty, f.wmany = false, false
 	f.workers.Store(&ws)
 	f.cands.Store(&cands)
-	f.blockSize.Store(int64(blockSizeOf(ws)))
+	f.blockSize.Store(int64(bs))
+	f.blockSizeFrom = from
+}
+
+// markWorker notes that the apply path's table changed in worker id's
+// entry (publishWorkers).
+func (f *FSM) markWorker(id uint64) {
+	if f.wdirty && f.wone != id {
+		f.wmany = true
+	}
+	f.wdirty, f.wone = true, id
+}
+
+// spliceWorker returns the published candidates with worker id's replaced
+// by what ws holds of it, and the block size of ws, which differs from the
+// published table in id's entry alone.
+func (f *FSM) spliceWorker(ws map[uint64]WorkerInfo, id uint64) ([]indexer.Candidate, int, uint64) {
+	old := f.candidates()
+	lo, _ := slices.BinarySearchFunc(old, kvevent.Rank{Worker: id}, func(c indexer.Candidate, r kvevent.Rank) int { return c.Rank.Compare(r) })
+	hi := lo
+	for hi < len(old) && old[hi].Rank.Worker == id {
+		hi++
+	}
+	w, ok := ws[id]
+	cands := make([]indexer.Candidate, 0, len(old)-(hi-lo)+len(w.DPRanks))
+	cands = append(cands, old[:lo]...)
+	if ok {
+		cands = appendCandidates(cands, id, w)
+		slices.SortFunc(cands[lo:], func(a, b indexer.Candidate) int { return a.Rank.Compare(b.Rank) })
+	}
+	cands = append(cands, old[hi:]...)
+	bs, from := int(f.blockSize.Load()), f.blockSizeFrom
+	switch {
+	case ok && w.BlockSize > 0 && id <= from:
+		bs, from = w.BlockSize, id
+	case id == from: // the worker it came from left, or has none now
+		bs, from = blockSizeOf(ws)
+	}
+	return cands, bs, from
+}
+
+// appendCandidates appends worker id's ranks, as route candidates, to
+// cands.
+func appendCandidates(cands []indexer.Candidate, id uint64, w WorkerInfo) []indexer.Candidate {
+	for _, dp := range w.DPRanks {
+		cands = append(cands, indexer.Candidate{Rank: kvevent.Rank{Worker: id, DP: dp}, CapacityBlocks: w.Capacity[kvevent.TierDevice]})
+	}
+	return cands
 }
 
 // candidates returns every registered rank, in rank order (do not modify).
@@ -636,7 +698,8 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 				}
 			}
 		}
-		f.wtab[w.ID], f.wdirty = w, true
+		f.wtab[w.ID] = w
+		f.markWorker(w.ID)
 		f.curMu.Lock()
 		if f.registered == nil {
 			f.registered = map[uint64]int64{}
@@ -908,7 +971,7 @@ func (f *FSM) removeWorker(id uint64) error {
 		return fmt.Errorf("deregister %d: %w", id, ErrUnknownWorker)
 	}
 	delete(f.wtab, id)
-	f.wdirty = true
+	f.markWorker(id)
 	f.batch.Delete(store.KindWorker, u64key(id))
 	return nil
 }

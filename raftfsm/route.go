@@ -32,17 +32,18 @@ type routeScratch struct {
 
 var routePool = sync.Pool{New: func() any { return new(routeScratch) }}
 
-// blockSize returns the block size of the registered workers. Workers of
-// one cluster serve one model and must agree; the smallest id's wins when
-// they do not.
-func blockSizeOf(ws map[uint64]WorkerInfo) int {
-	bs, first := DefaultBlockSize, ^uint64(0)
+// blockSizeOf returns the block size of the registered workers, and the
+// worker it is from (^0 and DefaultBlockSize when none has one). Workers
+// of one cluster serve one model and must agree; the smallest id's wins
+// when they do not.
+func blockSizeOf(ws map[uint64]WorkerInfo) (bs int, from uint64) {
+	bs, from = DefaultBlockSize, ^uint64(0)
 	for id, w := range ws {
-		if id < first && w.BlockSize > 0 {
-			bs, first = w.BlockSize, id
+		if id < from && w.BlockSize > 0 {
+			bs, from = w.BlockSize, id
 		}
 	}
-	return bs
+	return bs, from
 }
 
 // Route scores every registered rank for the query from this node's local
