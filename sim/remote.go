@@ -44,21 +44,39 @@ type Remote struct {
 	// PollInterval is how often Setup looks for the agents' registrations
 	// (default 100ms).
 	PollInterval time.Duration
+	// Stop, when set, is the replay's context (kvsim's: Ctrl-C cancels it).
+	// Once it is done, the call in flight is cancelled and the cleanup of
+	// the requests in flight is bounded: no prefill-done (their frees
+	// follow), one try per free, all of them within StopGrace of the stop,
+	// and none after the first that fails, each counted in Unfreed (the
+	// cluster drops such bookings after its booking max age). A user stops
+	// a replay most often because the cluster stopped answering: a timeout
+	// per call, per request in flight, one after another, held the stop
+	// for minutes.
+	Stop context.Context
+	// StopGrace bounds the cleanup once Stop is done (default 3s).
+	StopGrace time.Duration
 
 	prefix   string
 	pending  []raftfsm.RankBatch // events not yet sent, per rank in first-seen order
 	Calls    int
 	failures LifecycleFailures
+	stopBy   time.Time // the cleanup's deadline, set when Stop is first seen done
+	gaveUp   error     // the free that failed after the stop: no other is tried
 }
+
+// errGaveUp is a free not tried: one failed after the replay was stopped.
+var errGaveUp = errors.New("not tried: a free failed after the replay was stopped")
 
 // LifecycleFailures counts the calls of a request's life after its route
 // (prefill-done, free) that a policy could not make on its cluster.
 type LifecycleFailures struct {
-	Failed int // prefill-done and free calls that failed (a free after its retry)
+	Failed int // prefill-done and free calls that failed (a free after its retry), and frees not tried after a stop
 	// Unfreed is how many bookings may remain on the cluster, counted as
 	// load on their workers until the cluster's booking expiry frees them:
-	// a free that failed twice, or a route that failed after the leader
-	// may have booked it and whose free failed too.
+	// a free that failed twice, a route that failed after the leader
+	// may have booked it and whose free failed too, or, once Stop is done,
+	// a free that failed or was not tried.
 	Unfreed int
 	First   string // the first failure, for the report
 }
@@ -91,6 +109,7 @@ func (p *Remote) Setup(ctx context.Context) error {
 	}
 	p.prefix = "kvsim-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 	p.failures = LifecycleFailures{}
+	p.stopBy, p.gaveUp = time.Time{}, nil
 	p.pending = p.pending[:0] // an earlier run's, numbered before the workers were registered again
 	if p.Agents {
 		if err := p.awaitWorkers(ctx); err != nil {
@@ -287,8 +306,33 @@ func isNotFound(err error) bool {
 
 func (p *Remote) Name() string { return "router_live" }
 
+// ctx is the context of one call: Timeout, cut short by Stop; once Stop is
+// done, the cleanup's deadline (the cleanup's calls must not end with it).
 func (p *Remote) ctx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), p.Timeout)
+	if p.stopping() {
+		return context.WithDeadline(context.Background(), p.stopBy)
+	}
+	parent := context.Background()
+	if p.Stop != nil {
+		parent = p.Stop
+	}
+	return context.WithTimeout(parent, p.Timeout)
+}
+
+// stopping reports whether Stop is done, starting the cleanup's deadline
+// the first time it is seen.
+func (p *Remote) stopping() bool {
+	if p.Stop == nil || p.Stop.Err() == nil {
+		return false
+	}
+	if p.stopBy.IsZero() {
+		grace := p.StopGrace
+		if grace <= 0 {
+			grace = 3 * time.Second
+		}
+		p.stopBy = time.Now().Add(grace)
+	}
+	return true
 }
 
 // flush sends the buffered events, so the index has them before the next
@@ -365,6 +409,9 @@ func (p *Remote) Started(*RouteQuery, int, int, int64) {}
 // is counted (LifecycleFailures): the booking stays counted as prefill
 // load until it is freed.
 func (p *Remote) PrefillDone(id string, _ int64) {
+	if p.stopping() {
+		return // the request's free follows at once: it drops the booking whole
+	}
 	ctx, cancel := p.ctx()
 	defer cancel()
 	err := p.Client.PrefillDone(ctx, p.prefix+id)
@@ -383,10 +430,19 @@ func (p *Remote) Finished(id string, _ int64) {
 }
 
 // free frees the booking of request id, trying twice: a free is
-// idempotent by request id.
+// idempotent by request id. Once Stop is done it tries once, and not at
+// all after a free failed then: the cluster is most likely not answering,
+// and each try would wait out the cleanup's deadline.
 func (p *Remote) free(id string) error {
+	tries := 2
+	if p.stopping() {
+		if p.gaveUp != nil {
+			return fmt.Errorf("%w (%v)", errGaveUp, p.gaveUp)
+		}
+		tries = 1
+	}
 	var err error
-	for range 2 {
+	for range tries {
 		ctx, cancel := p.ctx()
 		err = p.Client.Free(ctx, p.prefix+id)
 		cancel()
@@ -394,6 +450,9 @@ func (p *Remote) free(id string) error {
 		if err == nil {
 			return nil
 		}
+	}
+	if p.stopping() {
+		p.gaveUp = err
 	}
 	return err
 }

@@ -301,3 +301,71 @@ func TestRemoteUnreachableRouteIsNotAnUnfreedBooking(t *testing.T) {
 		t.Fatalf("no route reached the cluster (%d errors), yet %d bookings are reported as possibly left on it", res.Errors, res.Unfreed)
 	}
 }
+
+// Stopping a live replay (Stop done: kvsim's Ctrl-C) on a cluster that
+// stopped answering, the reason a user stops it: the route in flight is
+// cancelled, no prefill-done is sent, and the frees of the requests in
+// flight give up after the first that fails (within StopGrace), each
+// counted as a booking that may remain. The route in flight ran to its
+// timeout and every request in flight then made a prefill-done and two
+// frees, a timeout each, one after another: minutes.
+func TestRemoteStopBoundsTheCleanupOnAStuckCluster(t *testing.T) {
+	f, cl := fakeCluster(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// A timeout per call far longer than the test's deadline: only the stop
+	// may end the calls in flight.
+	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000, Timeout: 10 * time.Minute,
+		Stop: ctx, StopGrace: 100 * time.Millisecond}
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer scancel()
+	if err := p.Setup(sctx); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // before the server closes: it waits for its handlers
+	var routes atomic.Int64
+	var hung atomic.Bool
+	var atStop map[string]int
+	f.SetHook(func(m string) error {
+		if m == "Route" && routes.Add(1) == 10 {
+			// The cluster hangs from the 10th route on; the user stops.
+			atStop = f.Calls()
+			hung.Store(true)
+			cancel()
+		}
+		if hung.Load() {
+			<-release
+		}
+		return nil
+	})
+	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 40, Sessions: 4, Seed: 1}), 16)
+	type outcome struct {
+		res Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := ReplayContext(ctx, pr, Config{Workers: 2, BlockSize: 16}, p)
+		done <- outcome{res, err}
+	}()
+	var o outcome
+	select {
+	case o = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the replay still runs a minute after its stop on a stuck cluster")
+	}
+	if !errors.Is(o.err, context.Canceled) {
+		t.Fatalf("err %v, want context.Canceled", o.err)
+	}
+	calls := f.Calls()
+	if d := calls["Free"] - atStop["Free"]; d != 1 {
+		t.Errorf("%d frees tried after the stop, want 1 (none after the first failed)", d)
+	}
+	if d := calls["PrefillDone"] - atStop["PrefillDone"]; d != 0 {
+		t.Errorf("%d prefill-dones after the stop, want none (the frees follow)", d)
+	}
+	if o.res.Unfreed < 1 || o.res.Errors < o.res.Unfreed {
+		t.Errorf("%d unfreed, %d errors (first %q): want the bookings left counted", o.res.Unfreed, o.res.Errors, o.res.FirstError)
+	}
+}

@@ -35,9 +35,15 @@ import (
 // main runs kvsim until it is done or interrupted: Ctrl-C (or SIGTERM)
 // cancels the run's context, the replay stops at its next step, its
 // workers close (their G3 directories are removed), and kvsim exits 1
-// with "kvsim: interrupted", as kvctl does.
+// with "kvsim: interrupted", as kvctl does. The first signal gives SIGINT
+// and SIGTERM back their default action: a second Ctrl-C kills kvsim at
+// once, whatever the first one's cleanup still waits for.
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
 	code := runContext(ctx, os.Args, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
@@ -464,7 +470,7 @@ func bookingsLeft(r sim.Result) error {
 	if r.Unfreed == 0 {
 		return nil
 	}
-	return fmt.Errorf("%s: %d bookings may remain on the cluster (a free failed twice, or a route failed and so did its free; the first error of the replay: %s): "+
+	return fmt.Errorf("%s: %d bookings may remain on the cluster (a free failed twice, or a route failed and so did its free, or a free after a stop failed or was not tried; the first error of the replay: %s): "+
 		"they count as load on their workers until the cluster's booking expiry frees them, %v after they were made "+
 		"(kvrouter --booking-max-age, if the cluster runs its default; the leader sweeps every 10 s): wait that long before another live replay or a measurement on this cluster",
 		r.Policy, r.Unfreed, r.FirstError, indexer.DefaultBookingMaxAge)
@@ -515,7 +521,11 @@ func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config) (sim.Result, e
 	if clear := cl.ClearText(); opts.Token != "" && len(clear) > 0 {
 		fmt.Fprintf(c.App.ErrWriter, "kvsim: warning: the token goes to %s in clear text: give --tls-ca, or https:// endpoints\n", strings.Join(clear, ", "))
 	}
-	p := &sim.Remote{Client: cl, Workers: cfg.Workers, BlockSize: cfg.BlockSize, CapacityBlocks: int64(cfg.CapacityTokens / cfg.BlockSize)}
+	// Stop: a Ctrl-C cancels the call in flight, and the frees of the
+	// requests in flight give up after a few seconds, or the first that
+	// fails (a cluster that stopped answering held kvsim for minutes).
+	p := &sim.Remote{Client: cl, Workers: cfg.Workers, BlockSize: cfg.BlockSize, CapacityBlocks: int64(cfg.CapacityTokens / cfg.BlockSize),
+		Stop: c.Context}
 	var policy sim.Policy = p
 	var fleet *sim.WireFleet
 	setupWait := 30 * time.Second
