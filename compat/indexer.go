@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/kvrouter/kvrouter/enginesub"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/internal/jsonscan"
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -377,7 +378,8 @@ func tenantOf(tenant, group string) string {
 // its host is nothing more (no user, path, query or fragment, which ZMQ
 // would read as part of the host) and no wildcard: "*" binds every
 // interface, and a subscriber cannot connect to it (in libzmq's
-// source;host form, the host after the last ';'). An ipc endpoint's path
+// source;host form, the host after the last ';', which must not be
+// empty). An ipc endpoint's path
 // is the rest, as written. Beyond that it applies the rules libzmq's
 // connect applies (checkZMQAddress), so that a registration it accepts is
 // one the subscriber can follow.
@@ -403,10 +405,11 @@ func checkEndpoint(what, ep string) error {
 		if perr != nil || port == 0 {
 			return badRequest("%s %q: want tcp://host:port with a port of 1 to 65535", what, ep)
 		}
-		if host == "" {
-			return badRequest("%s %q: want tcp://host:port", what, ep)
-		}
-		if dest := host[strings.LastIndexByte(host, ';')+1:]; dest == "*" {
+		switch dest := host[strings.LastIndexByte(host, ';')+1:]; dest {
+		case "":
+			// tcp://eth0;:5557 too: libzmq takes it, and connects to no host.
+			return badRequest("%s %q: want tcp://host:port (tcp://source;host:port: a host after the ';')", what, ep)
+		case "*":
 			return badRequest("%s %q: want the engine's address, not the wildcard it binds", what, ep)
 		}
 	case "ipc":
@@ -418,6 +421,12 @@ func checkEndpoint(what, ep string) error {
 	}
 	if p := checkZMQAddress(scheme, addr); p != "" {
 		return badRequest("%s %q: libzmq refuses %s", what, ep, p)
+	}
+	// The agentless subscriber checks its endpoints with CheckEndpoint
+	// (enginesub.New): a registration it would refuse is never followed.
+	// The checks above refuse all it refuses; this keeps it so.
+	if err := enginesub.CheckEndpoint(ep, false); err != nil {
+		return badRequest("%s %q: the subscriber refuses it: %v", what, ep, err)
 	}
 	return nil
 }

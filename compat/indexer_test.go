@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/enginesub"
 	"github.com/kvrouter/kvrouter/kvevent"
 	zmq "github.com/pebbe/zmq4"
 )
@@ -237,6 +238,25 @@ func TestEndpointIsOneLibzmqConnectsTo(t *testing.T) {
 		// and each refusal here is one of libzmq's own, not only this check's.
 		if cerr := zmqConnects(t, ep); (cerr == nil) != (err == nil) {
 			t.Errorf("%q: checkEndpoint says %v, a SUB socket's connect %v", ep, err, cerr)
+		}
+	}
+}
+
+// TestRegisterTakesOnlyWhatTheSubscriberFollows: from a review. /register
+// took a tcp endpoint in libzmq's source;host form with no host after the
+// ';' (tcp://eth0;:5557), which the agentless subscriber (enginesub.New)
+// refuses: the rank was registered and never followed. checkEndpoint now
+// refuses it too, and what it takes the subscriber takes.
+func TestRegisterTakesOnlyWhatTheSubscriberFollows(t *testing.T) {
+	for _, ep := range []string{
+		"tcp://10.0.0.1:5557", "tcp://[::1]:5557", "tcp://10.0.0.2:0;10.0.0.1:5557", "tcp://eth0;10.0.0.1:5557",
+		"tcp://eth0;:5557", "tcp://10.0.0.2:0;:5557", "tcp://a;:1", "tcp://;:1", "tcp://a;*:1",
+		"ipc:///tmp/x.sock", "ipc://rel/x.sock", "ipc://@abstract",
+	} {
+		reg := checkEndpoint("endpoint", ep)
+		sub := enginesub.CheckEndpoint(ep, false)
+		if (reg == nil) != (sub == nil) {
+			t.Errorf("%q: /register says %v, the subscriber %v", ep, reg, sub)
 		}
 	}
 }
