@@ -105,7 +105,7 @@ func TestEndpointFlagsLibzmqCannotTakeAreUsageErrors(t *testing.T) {
 	}{
 		{[]string{"--replay-endpoint", "localhost:5567"}, "--replay-endpoint"},
 		{[]string{"--replay-endpoint", "tcp://127.0.0.1"}, "--replay-endpoint"},
-		{[]string{"--replay-endpoint", "tpc://127.0.0.1:5567"}, "--replay-endpoint"},
+		{[]string{"--replay-endpoint", "TCP://127.0.0.1:5567"}, "--replay-endpoint"},
 		{[]string{"--replay-endpoint", "tcp://*:5567"}, "--replay-endpoint"},
 		{[]string{"--replay-endpoint", "tcp://127.0.0.1:5567", "--bind", "--engine-endpoint", "tcp://127.0.0.1"}, "--engine-endpoint"},
 		{[]string{"--engine-endpoint", "tcp://*:5557"}, "--engine-endpoint"},
@@ -257,5 +257,22 @@ func TestCheckBindProbesWhatZMQBinds(t *testing.T) {
 	port = v4.Addr().(*net.TCPAddr).Port
 	if err := checkBind(fmt.Sprintf("tcp://*:%d", port), 0, 1); err == nil || !errors.Is(err, syscall.EADDRINUSE) {
 		t.Errorf("a port held on 127.0.0.1: %v, want address in use", err)
+	}
+}
+
+// TestEndpointFlagsOfOtherTransportsAreLibzmqs: from a review. The linked
+// libzmq takes ws:// (a SUB connected there hears a PUB bound there), and
+// kvagent took it before its endpoint flags were checked; the check then
+// refused every transport but tcp, ipc and inproc. A transport it does not
+// know is now libzmq's to judge, when the agent starts.
+func TestEndpointFlagsOfOtherTransportsAreLibzmqs(t *testing.T) {
+	for _, args := range [][]string{
+		{"--block-size", "4", "--engine-endpoint", "ws://127.0.0.1:5557"},
+		{"--block-size", "4", "--engine-endpoint", "ws://*:5557", "--bind"},
+		{"--block-size", "4", "--engine-endpoint", "tcp://127.0.0.1:5557", "--replay-endpoint", "ws://127.0.0.1:5567"},
+	} {
+		if err := checkOnly(args...); err != nil {
+			t.Errorf("kvagent %q: %v", args, err)
+		}
 	}
 }
