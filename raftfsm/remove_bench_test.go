@@ -46,9 +46,9 @@ func removeStrays(b *testing.B, n int) time.Duration {
 // BenchmarkRemoveManyWorkers: the cost per removal of a worker when
 // 1,000 and when 16,000 workers are removed one entry each, and their
 // ratio (near 1 when the cost of a removal does not grow with the ranks
-// held: 1.6 here, the larger maps missing the cache more;
-// it grew with them, 98 µs at 2,000 and 1.1 ms at 32,000, before removal
-// found a worker's ranks without a scan: internal/rankmap).
+// held: 1.6 to 1.7 on the 2-core VM, the larger maps missing the cache
+// more; 15 before removal found a worker's ranks without a scan:
+// internal/rankmap, docs/benchmarks.md).
 func BenchmarkRemoveManyWorkers(b *testing.B) {
 	const small, large = 1000, 16000
 	var ds, dl time.Duration

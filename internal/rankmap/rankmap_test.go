@@ -102,10 +102,10 @@ func deleteWorker(k int) time.Duration {
 }
 
 // BenchmarkDeleteOneWorkersRanks: the cost per delete when one worker's
-// 1,000 and 16,000 ranks are deleted, and their ratio (3.3 on the 2-core
-// VM, the larger map missing the cache more: a delete is O(1); it scanned
-// the worker's list, 5 times the cost per delete at 8 times the ranks,
-// before entries kept their position).
+// 1,000 and 16,000 ranks are deleted, and their ratio (1.8 to 3.3 on the
+// 2-core VM, the larger map missing the cache more: a delete is O(1); it
+// scanned the worker's list, 5 times the cost per delete at 8 times the
+// ranks, before entries kept their position).
 func BenchmarkDeleteOneWorkersRanks(b *testing.B) {
 	const small, large = 1000, 16000
 	var ds, dl time.Duration
