@@ -1204,6 +1204,35 @@ func TestRaftAddrAliasKeepsLinkLocalZones(t *testing.T) {
 	}
 }
 
+// compactingCluster starts 3 nodes that snapshot every 20 entries and
+// keep 10 behind a snapshot, logging warnings into logs, with worker 1
+// registered.
+func compactingCluster(t *testing.T, logs *testlog.Buffer) *testCluster {
+	t.Helper()
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		cfg.TrailingLogs, cfg.SnapshotThreshold = 10, 20
+		cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// ingestAndSnapshot ingests 60 one-event batches of rank r1, then has the
+// leader snapshot (compacting its log), and returns the leader.
+func ingestAndSnapshot(t *testing.T, c *testCluster) *Node {
+	t.Helper()
+	for k := range 60 {
+		ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, uint64(k+1), 1, uint64(10+k))}})
+	}
+	l := c.leader()
+	if err := l.raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 // TestAFollowerBackBySnapshotIsNoStranger: a follower back after the
 // leader compacted its log catches up through InstallSnapshot, whose
 // answer hashicorp/raft v1.8.0 sends without an RPC header (no id). The
@@ -1212,14 +1241,8 @@ func TestRaftAddrAliasKeepsLinkLocalZones(t *testing.T) {
 // should remove it. From a review.
 func TestAFollowerBackBySnapshotIsNoStranger(t *testing.T) {
 	var logs testlog.Buffer
-	c := newTestCluster(t, 3, func(cfg *Config) {
-		cfg.TrailingLogs, cfg.SnapshotThreshold = 10, 20
-		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	})
+	c := compactingCluster(t, &logs)
 	l := c.leader()
-	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
-		t.Fatal(err)
-	}
 	c.converged()
 	down := 0
 	for c.nodes[down] == l {
@@ -1227,13 +1250,7 @@ func TestAFollowerBackBySnapshotIsNoStranger(t *testing.T) {
 	}
 	last := c.nodes[down].raft.LastIndex()
 	c.stop(down)
-	for k := range 60 {
-		ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, uint64(k+1), 1, uint64(10+k))}})
-	}
-	l = c.leader()
-	if err := l.raft.Snapshot().Error(); err != nil {
-		t.Fatal(err)
-	}
+	l = ingestAndSnapshot(t, c)
 	if first, err := l.logs.FirstIndex(); err != nil || first <= last+1 {
 		t.Fatalf("the leader's log begins at %d (%v): %s, at %d, would catch up from the log, not a snapshot", first, err, c.id(down), last)
 	}
@@ -1261,21 +1278,9 @@ func TestAFollowerBackBySnapshotIsNoStranger(t *testing.T) {
 // it did, on every such join, telling the operator to remove the node.
 func TestANodeAddedBySnapshotRaisesNoAlarm(t *testing.T) {
 	var logs testlog.Buffer
-	c := newTestCluster(t, 3, func(cfg *Config) {
-		cfg.TrailingLogs, cfg.SnapshotThreshold = 10, 20
-		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	})
+	c := compactingCluster(t, &logs)
 	l := c.leader()
-	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
-		t.Fatal(err)
-	}
-	for k := range 60 {
-		ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, uint64(k+1), 1, uint64(10+k))}})
-	}
-	l = c.leader()
-	if err := l.raft.Snapshot().Error(); err != nil {
-		t.Fatal(err)
-	}
+	l = ingestAndSnapshot(t, c)
 	if first, err := l.logs.FirstIndex(); err != nil || first <= 1 {
 		t.Fatalf("the leader's log begins at %d (%v): a new node would catch up from the log, not a snapshot", first, err)
 	}

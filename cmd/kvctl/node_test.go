@@ -21,38 +21,51 @@ import (
 
 var _ api.Backend = (*raftfsm.Node)(nil)
 
-// TestKvctlAgainstARealNode runs kvctl against the API of a real
-// single-node cluster, so that the snapshot files it writes are checked by
-// the node's own reader (raftfsm.InspectSnapshot) and seeded with
-// raftfsm.SeedDataDir.
-func TestKvctlAgainstARealNode(t *testing.T) {
+// serveNode starts a single-node cluster on transport tr behind the HTTP
+// API and returns the API's address and the node, once it is ready. Both
+// stop when the test ends.
+func serveNode(t *testing.T, tr raft.Transport) (httpAddr string, node *raftfsm.Node) {
+	t.Helper()
+	raftAddr := string(tr.LocalAddr())
 	var handler http.Handler
 	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		handler.ServeHTTP(w, r)
 	}))
-	httpAddr := hs.Listener.Addr().String()
-	raftAddr, tr := raft.NewInmemTransport("")
+	httpAddr = hs.Listener.Addr().String()
 	node, err := raftfsm.NewNode(raftfsm.Config{
-		ID: "n1", RaftAddr: string(raftAddr), HTTPAddr: httpAddr, DataDir: t.TempDir(),
-		Peers:     []raftfsm.Member{{ID: "n1", RaftAddr: string(raftAddr), HTTPAddr: httpAddr, Voter: true}},
+		ID: "n1", RaftAddr: raftAddr, HTTPAddr: httpAddr, DataDir: t.TempDir(),
+		Peers:     []raftfsm.Member{{ID: "n1", RaftAddr: raftAddr, HTTPAddr: httpAddr, Voter: true}},
 		Transport: tr, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
+		hs.Listener.Close()
 		t.Fatal(err)
 	}
 	srv := api.NewServer(node, api.Options{Logger: slog.New(slog.DiscardHandler)})
 	handler = srv
 	hs.Start()
-	defer func() {
+	t.Cleanup(func() {
 		hs.Close()
 		srv.Close()
 		node.Close()
-	}()
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := node.WaitReady(ctx); err != nil {
 		t.Fatalf("the node did not get ready: %v", err)
 	}
+	return httpAddr, node
+}
+
+// TestKvctlAgainstARealNode runs kvctl against the API of a real
+// single-node cluster, so that the snapshot files it writes are checked by
+// the node's own reader (raftfsm.InspectSnapshot) and seeded with
+// raftfsm.SeedDataDir.
+func TestKvctlAgainstARealNode(t *testing.T) {
+	_, tr := raft.NewInmemTransport("")
+	httpAddr, _ := serveNode(t, tr)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 
 	cl, err := client.New([]string{httpAddr}, client.Options{})
 	if err != nil {
@@ -128,32 +141,7 @@ func TestMembersAddOfTheLeadersOwnRaftListenerIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	raftAddr := string(tr.LocalAddr())
-	var handler http.Handler
-	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		handler.ServeHTTP(w, r)
-	}))
-	httpAddr := hs.Listener.Addr().String()
-	node, err := raftfsm.NewNode(raftfsm.Config{
-		ID: "n1", RaftAddr: raftAddr, HTTPAddr: httpAddr, DataDir: t.TempDir(),
-		Peers:     []raftfsm.Member{{ID: "n1", RaftAddr: raftAddr, HTTPAddr: httpAddr, Voter: true}},
-		Transport: tr, Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := api.NewServer(node, api.Options{Logger: slog.New(slog.DiscardHandler)})
-	handler = srv
-	hs.Start()
-	defer func() {
-		hs.Close()
-		srv.Close()
-		node.Close()
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := node.WaitReady(ctx); err != nil {
-		t.Fatalf("the node did not get ready: %v", err)
-	}
+	httpAddr, node := serveNode(t, tr)
 	_, port, _ := net.SplitHostPort(raftAddr)
 	ep := "--endpoints=" + httpAddr
 	for _, tc := range []struct{ host, want string }{
