@@ -1279,8 +1279,7 @@ func TestAFollowerBackBySnapshotIsNoStranger(t *testing.T) {
 func TestANodeAddedBySnapshotRaisesNoAlarm(t *testing.T) {
 	var logs testlog.Buffer
 	c := compactingCluster(t, &logs)
-	l := c.leader()
-	l = ingestAndSnapshot(t, c)
+	l := ingestAndSnapshot(t, c)
 	if first, err := l.logs.FirstIndex(); err != nil || first <= 1 {
 		t.Fatalf("the leader's log begins at %d (%v): a new node would catch up from the log, not a snapshot", first, err)
 	}
