@@ -19,6 +19,8 @@
 //     live bookings of its rank; its ActiveDecodeBlocks is len(refs).
 //   - blocks[h] lists, once each, exactly the slots whose refs hold h; a
 //     hash nobody holds has no entry.
+//   - A slot's live lists, once each, exactly the live bookings of its
+//     rank, and live[b.pos] is b; its length is ActiveRequests.
 //   - A slot's refs[h].ords is the wrapping sum of the ords of the
 //     occurrences of h, so when refs[h].n == 1 it names the one holder; the
 //     slot's discount is the sum, over its h with refs[h].n == 1, of that
@@ -155,6 +157,7 @@ type booking struct {
 	discount    uint32 // parts per million off each block it alone holds
 	ord         uint64 // unique among live bookings; see refEntry
 	hash        uint64 // digest hash of the fields that never change
+	pos         int32  // its index in its slot's live list while live
 }
 
 // refEntry counts the occurrences of one hash among a rank's bookings and
@@ -179,11 +182,17 @@ type slotList struct {
 // a block the rank already holds (the common case: requests routed to a
 // rank share its prefixes) touches only this map, and the global holders
 // map changes only when a rank starts or stops holding a block.
+//
+// live lists the rank's live bookings (in no order; booking.pos is each
+// one's index), so that removing a rank frees its bookings without a walk
+// over every booking of the fleet: a lease sweep that removes many workers
+// must not cost workers × bookings.
 type rankSlot struct {
 	rank     kvevent.Rank
 	load     Load  // ActiveDecodeBlocks counts every block whole; see view
 	discount int64 // parts per million off load.ActiveDecodeBlocks
 	refs     map[uint64]refEntry
+	live     []*booking
 }
 
 // view is the slot's load as callers see it: the discount of the blocks
@@ -460,10 +469,20 @@ func (s *Sequences) removeRanks(lo, hi kvevent.Rank) int {
 		return 0
 	}
 	// The order in which bookings are freed does not change the resulting
-	// state: reference counts and sums commute.
-	for _, b := range st.byID {
-		if !b.freed && b.rank.Compare(lo) >= 0 && b.rank.Compare(hi) <= 0 {
-			st.tombstone(b)
+	// state: reference counts and sums commute. A slot's last booking
+	// releases it, which takes it out of order: order[i] is then the next
+	// rank.
+	for i < len(st.order) {
+		rs := &st.slots[st.order[i]]
+		if rs.rank.Compare(hi) > 0 {
+			break
+		}
+		if len(rs.live) == 0 {
+			i++ // unreachable while the invariants hold: a slot in order has a live booking
+			continue
+		}
+		for len(rs.live) > 0 {
+			st.tombstone(rs.live[len(rs.live)-1])
 			n++
 		}
 	}
@@ -726,6 +745,8 @@ func (st *seqState) insert(b *booking) {
 	}
 	rs.load.ActivePrefillTokens += b.prefill
 	rs.load.ActiveRequests++
+	b.pos = int32(len(rs.live))
+	rs.live = append(rs.live, b)
 	b.hash = st.bookingHash(b)
 	st.byID[b.id] = b
 	st.pushExpiry(b)
@@ -765,6 +786,12 @@ func (st *seqState) unbook(b *booking) {
 		rs.load.ActivePrefillTokens -= b.prefill
 	}
 	rs.load.ActiveRequests--
+	last := len(rs.live) - 1
+	if m := rs.live[last]; m != b {
+		rs.live[b.pos], m.pos = m, b.pos
+	}
+	rs.live[last] = nil
+	rs.live = rs.live[:last] // keeps its array for the slot's next bookings
 	if rs.load.ActiveRequests == 0 {
 		rs.discount = 0 // already 0 while the invariants hold
 		st.releaseSlot(b.slot)

@@ -596,10 +596,18 @@ func (st *seqState) check() error {
 		if rs.discount != discounts[rs.rank] {
 			return fmt.Errorf("rank %v: discount %d, recomputed %d", rs.rank, rs.discount, discounts[rs.rank])
 		}
+		if int64(len(rs.live)) != rs.load.ActiveRequests {
+			return fmt.Errorf("rank %v: %d listed bookings, %d requests", rs.rank, len(rs.live), rs.load.ActiveRequests)
+		}
+		for i, b := range rs.live {
+			if b.freed || b.rank != rs.rank || b.slot != sl || int(b.pos) != i || st.byID[b.id] != b {
+				return fmt.Errorf("rank %v: live[%d] is %q (rank %v, slot %d, pos %d, freed %v)", rs.rank, i, b.id, b.rank, b.slot, b.pos, b.freed)
+			}
+		}
 	}
 	for _, sl := range st.freeSlots {
-		if len(st.slots[sl].refs) != 0 {
-			return fmt.Errorf("released slot %d still holds %d refs", sl, len(st.slots[sl].refs))
+		if len(st.slots[sl].refs) != 0 || len(st.slots[sl].live) != 0 {
+			return fmt.Errorf("released slot %d still holds %d refs, %d bookings", sl, len(st.slots[sl].refs), len(st.slots[sl].live))
 		}
 	}
 	if len(st.order) != len(loads) || len(st.slotOf) != len(loads) {
