@@ -256,6 +256,12 @@ func radixLSD(a, scratch []groupOp) []groupOp {
 // the table and the manifest). The group is empty afterwards.
 func (b *StateBatch) Commit() error {
 	if len(b.ops) == 0 {
+		b.s.mu.RLock()
+		closed := b.s.db == nil
+		b.s.mu.RUnlock()
+		if closed {
+			return fmt.Errorf("commit state group: %w", ErrClosed)
+		}
 		return nil
 	}
 	b.sortOps()

@@ -448,3 +448,23 @@ func TestReserveGrowsOnceToTheGroupSize(t *testing.T) {
 		t.Fatalf("%d bytes still advised after Close", h)
 	}
 }
+
+// TestGroupCommitAfterCloseFailsEvenEmpty: Close's contract (a group's
+// Commit then fails with ErrClosed) holds for a group with nothing in it.
+func TestGroupCommitAfterCloseFailsEvenEmpty(t *testing.T) {
+	s, err := OpenState(filepath.Join(t.TempDir(), "fsm"), StateOptions{Logger: logStoreTestLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty, full := s.NewBatch(), s.NewBatch()
+	if err := empty.Commit(); err != nil {
+		t.Fatalf("an empty group on an open database: %v", err)
+	}
+	full.SetApplied(3, 1)
+	s.Close()
+	for name, b := range map[string]*StateBatch{"empty": empty, "full": full} {
+		if err := b.Commit(); !errors.Is(err, ErrClosed) {
+			t.Errorf("Commit of the %s group after Close = %v, want ErrClosed", name, err)
+		}
+	}
+}

@@ -249,6 +249,12 @@ func (s *LogStore) StoreLog(log *raft.Log) error {
 // survive a crash, and one fsync pays for the whole batch (group commit).
 func (s *LogStore) StoreLogs(logs []*raft.Log) error {
 	if len(logs) == 0 {
+		s.mu.RLock()
+		closed := s.db == nil
+		s.mu.RUnlock()
+		if closed {
+			return fmt.Errorf("store logs: %w", ErrClosed)
+		}
 		return nil
 	}
 	lo, hi := ^uint64(0), uint64(0)
@@ -300,15 +306,15 @@ func (s *LogStore) StoreLogs(logs []*raft.Log) error {
 // The cached bounds are recomputed from disk afterwards, so a range that
 // covers missing indexes, or the whole log, leaves them exact.
 func (s *LogStore) DeleteRange(min, max uint64) error {
-	if min > max {
-		return fmt.Errorf("delete range %d..%d: min > max: %w", min, max, ErrInvalidArgument)
-	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.db == nil {
 		return fmt.Errorf("delete range %d..%d: %w", min, max, ErrClosed)
+	}
+	if min > max {
+		return fmt.Errorf("delete range %d..%d: min > max: %w", min, max, ErrInvalidArgument)
 	}
 
 	b := s.db.NewBatch()

@@ -396,11 +396,14 @@ func TestMethodsAfterCloseReturnErrClosed(t *testing.T) {
 		"StoreLog":    func() error { return s.StoreLog(testLog(4, 1)) },
 		"StoreLogs":   func() error { return s.StoreLogs(testLogs(4, 5, 1)) },
 		"DeleteRange": func() error { return s.DeleteRange(1, 2) },
-		"Set":         func() error { return s.Set([]byte("k"), []byte("v")) },
-		"Get":         func() error { _, err := s.Get([]byte("k")); return err },
-		"SetUint64":   func() error { return s.SetUint64([]byte("k"), 1) },
-		"GetUint64":   func() error { _, err := s.GetUint64([]byte("k")); return err },
-		"Close":       s.Close,
+		// What the store would refuse or do nothing for when open.
+		"StoreLogs of nothing":   func() error { return s.StoreLogs(nil) },
+		"DeleteRange, min > max": func() error { return s.DeleteRange(2, 1) },
+		"Set":                    func() error { return s.Set([]byte("k"), []byte("v")) },
+		"Get":                    func() error { _, err := s.Get([]byte("k")); return err },
+		"SetUint64":              func() error { return s.SetUint64([]byte("k"), 1) },
+		"GetUint64":              func() error { _, err := s.GetUint64([]byte("k")); return err },
+		"Close":                  s.Close,
 	}
 	for name, call := range calls {
 		if err := call(); !errors.Is(err, ErrClosed) {

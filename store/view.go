@@ -163,7 +163,8 @@ var viewIterForgotten func()
 // fn runs without any lock, so that closing the database never waits for
 // fn (a slow reader of a user's save, Raft's snapshot sink): Close closes
 // the readers' iterators, and Each then fails with ErrClosed. When fn
-// fails, the readers stop and Each returns fn's error once they have.
+// fails, the readers stop and Each returns fn's error once they have; when
+// fn panics, they stop before the panic goes on up.
 func (v *StateSnapshot) Each(fn func(key, value []byte) error) error {
 	mu := &v.s.viewMu
 	mu.Lock()
@@ -189,6 +190,12 @@ func (v *StateSnapshot) Each(fn func(key, value []byte) error) error {
 	rd := &viewRead{stop: make(chan struct{}), free: make(chan *Records, cap(window)*cap(parts[0].chunks)+readers)}
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	// Deferred, so that a panic in fn (which net/http, for one, recovers)
+	// still stops the readers and closes their iterators.
+	defer func() {
+		close(rd.stop)
+		wg.Wait()
+	}()
 	for range readers {
 		wg.Add(1)
 		go func() {
@@ -226,8 +233,6 @@ func (v *StateSnapshot) Each(fn func(key, value []byte) error) error {
 		}
 		<-window
 	}
-	close(rd.stop)
-	wg.Wait()
 	return err
 }
 

@@ -281,3 +281,45 @@ func TestCloseWhileAReaderClosesItsIterator(t *testing.T) {
 func closeBlocked() bool {
 	return testwatch.Goroutines("store.(*StateDB).Close(", "[sync.Mutex.Lock") > 0
 }
+
+// TestEachWhoseFnPanicsStopsItsReaders: a panic in fn (which a caller such
+// as net/http recovers) still stops Each's readers: none is left blocked
+// with its iterator open, and the view can be read again.
+func TestEachWhoseFnPanicsStopsItsReaders(t *testing.T) {
+	smallViewReads(t, 16)
+	s, err := OpenState(filepath.Join(t.TempDir(), "fsm"), StateOptions{Logger: logStoreTestLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	b := s.NewBatch()
+	defer b.Close()
+	for i := range 200 {
+		b.Put(groupTestKinds[i%len(groupTestKinds)], fmt.Appendf(nil, "k%03d", i), []byte("v"))
+	}
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	v := s.NewBatch().View()
+	defer v.Close()
+	before := runtime.NumGoroutine()
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("fn's panic did not reach the caller")
+			}
+		}()
+		_ = v.Each(func(_, _ []byte) error { panic("fn fails") })
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines after the panic, %d before: the readers were left running", runtime.NumGoroutine(), before)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	n := 0
+	if err := v.Each(func(_, _ []byte) error { n++; return nil }); err != nil || n < 200 {
+		t.Fatalf("Each after the panic: %d records, %v", n, err)
+	}
+}
