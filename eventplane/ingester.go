@@ -325,6 +325,8 @@ type request struct {
 	// published holds, per batch, when its first event was published
 	// (unix microseconds, 0 unknown; headerPublished), or nothing.
 	published []uint64
+	// ackFlags are the ack flags its publisher reads (headerAckFlags).
+	ackFlags byte
 }
 
 type ingesterMetrics struct {
@@ -592,8 +594,9 @@ func (in *Ingester) onEvents(m *nats.Msg) {
 	if v := m.Header.Get(headerPublished); v != "" {
 		published, _ = parsePublished(v, len(batches), make([]uint64, 0, len(batches)))
 	}
+	ackFlags := parseAckFlags(m.Header.Get(headerAckFlags))
 	select {
-	case in.reqs <- request{msg: m, batches: batches, events: n, size: size, published: published}:
+	case in.reqs <- request{msg: m, batches: batches, events: n, size: size, published: published, ackFlags: ackFlags}:
 	case <-in.stop:
 		in.release(n, size)
 	}
@@ -798,7 +801,7 @@ func (in *Ingester) commit(group []request) {
 				in.m.gaps.Inc()
 			}
 		}
-		buf = appendAcks(buf[:0], mine)
+		buf = appendAcks(buf[:0], mine, r.ackFlags)
 		in.reply(r.msg, buf, "acked")
 	}
 }

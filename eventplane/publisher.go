@@ -190,6 +190,14 @@ type rankBuf struct {
 	// server, say, would otherwise hold every rank of the agent).
 	dumpBackoff time.Duration
 	dumpRetryAt time.Time
+	// The router refuses the rank's batches (RankAck.Unregistered: its
+	// worker does not list it): its events are kept and sent again after
+	// their own backoff, with the other ranks' going on meanwhile, until
+	// a registration lists the rank. unregistered says the refusal was
+	// logged; an ack that takes the rank again clears it.
+	unregistered   bool
+	refusedBackoff time.Duration
+	refusedRetryAt time.Time
 	// marks records when events were published: one per Publish call, by
 	// its first id, in id order; marks[mhead:] are live. A request tells
 	// the leader when the oldest event of each of its rank batches was
@@ -332,9 +340,9 @@ func (b *rankBuf) trimMarks() {
 }
 
 type publisherMetrics struct {
-	published, acked, full, dropped, dumps, requests, retries prometheus.Counter
-	resends                                                   *prometheus.CounterVec
-	buffered                                                  prometheus.Gauge
+	published, acked, full, dropped, dumps, requests, retries, unregistered prometheus.Counter
+	resends                                                                 *prometheus.CounterVec
+	buffered                                                                prometheus.Gauge
 }
 
 func newPublisherMetrics(reg prometheus.Registerer) publisherMetrics {
@@ -348,14 +356,16 @@ func newPublisherMetrics(reg prometheus.Registerer) publisherMetrics {
 		dropped:   c("kvagent_events_dropped_total", "Unacknowledged events dropped from a full buffer (DropOldest); the rank resyncs with a dump."),
 		dumps:     c("kvagent_events_dumps_total", "Rank dumps committed by the router."),
 		requests:  c("kvagent_events_requests_total", "Event requests sent to the router."),
-		retries:   c("kvagent_events_request_retries_total", "Event requests that failed (timeout, no leader, error) and were resent."),
+		retries:   c("kvagent_events_request_retries_total", "Event requests that failed (timeout, no leader, error, or an ack that moved no rank forward) and were resent."),
+		unregistered: c("kvagent_events_unregistered_total",
+			"Rank batches the router refused because their worker does not list the rank (a Positional worker's unregistered dp rank); their events are kept and resent with backoff."),
 		resends: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_events_resyncs_total",
 			Help: "Gaps reported by the router, by how they heal (replay from the buffer, dump), and dumps the router asked for (router: it dropped events it could not place; fenced: another publisher incarnation dumped the rank since) or its refusal of one event forced (refused)."}, []string{"reason"}),
 		buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvagent_events_buffered",
 			Help: "Events in the replay buffers, unacknowledged."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.published, m.acked, m.full, m.dropped, m.dumps, m.requests, m.retries, m.resends, m.buffered)
+		reg.MustRegister(m.published, m.acked, m.full, m.dropped, m.dumps, m.requests, m.retries, m.unregistered, m.resends, m.buffered)
 	}
 	return m
 }
@@ -618,7 +628,8 @@ func (p *Publisher) loop() {
 		}
 		var batches []raftfsm.RankBatch
 		var n int
-		if batches, published, n = p.nextRequest(published, limit); n > 0 {
+		var refusedAt time.Time
+		if batches, published, n, refusedAt = p.nextRequest(published, limit, time.Now()); n > 0 {
 			scratch = appendEvents(scratch[:0], batches)
 			hdr = appendPublished(hdr[:0], published)
 			var refused bool
@@ -647,6 +658,9 @@ func (p *Publisher) loop() {
 			}
 		} else {
 			backoff = 0
+			if retryAt.IsZero() || !refusedAt.IsZero() && refusedAt.Before(retryAt) {
+				retryAt = refusedAt
+			}
 			var retry *time.Timer
 			var retryC <-chan time.Time
 			if !retryAt.IsZero() {
@@ -733,8 +747,10 @@ func (p *Publisher) dumpDone(r kvevent.Rank, ok bool) {
 
 // nextRequest takes the heads of the ranks' buffers, round robin, up to
 // the request bounds. The events are copied (structs only), so the buffers
-// may change while the request is out.
-func (p *Publisher) nextRequest(published []uint64, maxEvents int) ([]raftfsm.RankBatch, []uint64, int) {
+// may change while the request is out. A rank the router refused
+// (unregistered) waits out its backoff: refusedAt is the earliest such
+// rank's next try (zero when none waits).
+func (p *Publisher) nextRequest(published []uint64, maxEvents int, now time.Time) (_ []raftfsm.RankBatch, _ []uint64, _ int, refusedAt time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []raftfsm.RankBatch
@@ -745,6 +761,12 @@ func (p *Publisher) nextRequest(published []uint64, maxEvents int) ([]raftfsm.Ra
 		b := p.ranks[r]
 		pend := b.pending()
 		if len(pend) == 0 || b.needDump {
+			continue
+		}
+		if b.refusedRetryAt.After(now) {
+			if refusedAt.IsZero() || b.refusedRetryAt.Before(refusedAt) {
+				refusedAt = b.refusedRetryAt
+			}
 			continue
 		}
 		k := 0
@@ -766,18 +788,21 @@ func (p *Publisher) nextRequest(published []uint64, maxEvents int) ([]raftfsm.Ra
 	if len(p.order) > 0 {
 		p.rr = (p.rr + 1) % len(p.order)
 	}
-	return out, published, n
+	return out, published, n, refusedAt
 }
 
 // request sends data on subject and decodes the reply; published, when
-// not empty, goes in the headerPublished header.
+// not empty (an events request), goes in the headerPublished header, with
+// the ack flags this publisher reads (headerAckFlags).
 func (p *Publisher) request(subject string, data, published []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
 	p.m.requests.Inc()
 	m := &nats.Msg{Subject: subject, Data: data}
 	if len(published) > 0 && p.cfg.Conn.HeadersSupported() {
 		// A server without header support (before NATS 2.2) refuses a
-		// message with any: the metric is not worth the events.
-		m.Header = nats.Header{headerPublished: []string{string(published)}}
+		// message with any: neither the metric nor the Unregistered flag
+		// is worth the events (a refused rank then reads as an ack that
+		// moved nothing, which backs off all the same: sendEvents).
+		m.Header = nats.Header{headerPublished: []string{string(published)}, headerAckFlags: []string{ackFlagsHeader}}
 	}
 	timeout := p.requestTimeout()
 	ctx, cancel := context.WithTimeout(p.ctx, timeout)
@@ -806,9 +831,13 @@ func (p *Publisher) request(subject string, data, published []byte) (acks []raft
 	return acks, cursor, err
 }
 
-// sendEvents sends one request and applies its acks; false means resend,
-// and refused that the request as it is will never go through (the router
-// answered it invalid, or the NATS server takes no message that large).
+// sendEvents sends one request and applies its acks; false means resend
+// after a backoff, and refused that the request as it is will never go
+// through (the router answered it invalid, or the NATS server takes no
+// message that large). A reply whose acks moved no rank forward (nothing
+// trimmed, no gap, no dump asked: a refusal, or a router of an earlier
+// build that refuses a rank without saying so) is false too: resent at
+// once, it would be answered the same way, one Raft entry each, for ever.
 func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 	acks, _, err := p.request(p.cfg.Subject, data, published)
 	if err != nil {
@@ -817,12 +846,37 @@ func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 		return false, errors.As(err, &re) && re.Code == codeInvalid || errors.Is(err, nats.ErrMaxPayload)
 	}
 	var freed int
+	progress := false
 	p.mu.Lock()
 	for _, a := range acks {
 		b := p.ranks[a.Rank]
 		if b == nil {
 			continue
 		}
+		if a.Unregistered {
+			// The rank's worker does not list it (a Positional worker's
+			// dp rank unregistered, or not registered yet): nothing
+			// applied, and Cursor means nothing. The events are kept, not
+			// dropped: a registration that lists the rank (a worker
+			// re-registering with more dp ranks, which may commit after
+			// the agent starts) takes them, and until then the buffer's
+			// bound holds them back (ErrFull, or DropOldest); dropped,
+			// they would be lost without a word to the owner.
+			p.m.unregistered.Inc()
+			if !b.unregistered {
+				b.unregistered = true
+				p.cfg.Logger.Warn("the router refuses the rank: its worker does not list it; keeping its events and retrying with backoff",
+					"rank", a.Rank, "pending", len(b.pending()))
+			}
+			b.refusedBackoff = min(max(2*b.refusedBackoff, p.cfg.MinBackoff), p.cfg.MaxBackoff)
+			b.refusedRetryAt = time.Now().Add(p.jitter(b.refusedBackoff))
+			continue
+		}
+		if b.unregistered {
+			p.cfg.Logger.Info("the router takes the rank again", "rank", a.Rank)
+			b.unregistered = false
+		}
+		b.refusedBackoff, b.refusedRetryAt = 0, time.Time{}
 		if a.Fenced {
 			// A dump of another incarnation replaced the rank after ours
 			// (another live publisher of the rank: a second agent given
@@ -838,6 +892,7 @@ func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 					"rank", a.Rank, "incarnation", p.cfg.Incarnation, "router_cursor", a.Cursor)
 				b.askDump()
 			}
+			progress = true // the rank waits for its dump, not for a resend
 			continue
 		}
 		if a.Cursor >= b.next {
@@ -847,10 +902,17 @@ func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 			// sets the cursor to our numbering.
 			p.cfg.Logger.Warn("router cursor ahead of the publisher; resyncing the rank", "rank", a.Rank, "cursor", a.Cursor, "next", b.next)
 			b.askDump()
+			progress = true
 			continue
 		}
 		b.acked = a.Cursor
-		freed += b.trim(a.Cursor)
+		k := b.trim(a.Cursor)
+		freed += k
+		// A gap is progress: it is resent from the cursor, or the rank
+		// dumps. A held-back resync ask alone is not.
+		if k > 0 || a.Gap {
+			progress = true
+		}
 		switch {
 		case !a.Resync:
 			b.routerDue = time.Time{}
@@ -881,7 +943,10 @@ func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 	}
 	p.signalRoom(freed)
 	p.mu.Unlock()
-	return true, false
+	if !progress {
+		p.cfg.Logger.Debug("the router's acks moved no rank forward; retrying with backoff")
+	}
+	return progress, false
 }
 
 // refusedAlone gives up sending rank r's next event, which the router

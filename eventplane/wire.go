@@ -38,13 +38,21 @@ const (
 )
 
 // Flags of an ack (one byte; publishers of earlier builds know only
-// ackGap, or ackGap and ackResync). ackFenced answers a fenced batch only,
-// which carries an incarnation: only a publisher that knows the flag gets
-// it.
+// ackGap, or ackGap and ackResync, and refuse a reply with a flag they do
+// not know). ackFenced answers a fenced batch only, which carries an
+// incarnation: only a publisher that knows the flag gets it. ackUnregistered
+// goes only to a publisher that says it reads it (headerAckFlags): every
+// publisher sends version 2, with or without knowing it.
 const (
-	ackGap    = 1 << 0 // RankAck.Gap
-	ackResync = 1 << 1 // RankAck.Resync
-	ackFenced = 1 << 2 // RankAck.Fenced
+	ackGap          = 1 << 0 // RankAck.Gap
+	ackResync       = 1 << 1 // RankAck.Resync
+	ackFenced       = 1 << 2 // RankAck.Fenced
+	ackUnregistered = 1 << 3 // RankAck.Unregistered
+
+	// ackFlagsBase are the flags every publisher that sends version 2
+	// reads; ackFlagsKnown, every flag this build reads and writes.
+	ackFlagsBase  = ackGap | ackResync | ackFenced
+	ackFlagsKnown = ackFlagsBase | ackUnregistered
 )
 
 // Error codes of an error reply.
@@ -166,7 +174,13 @@ func appendDump(dst []byte, d *dumpRequest) []byte {
 	return w.b
 }
 
-func appendAcks(dst []byte, acks []raftfsm.RankAck) []byte {
+// appendAcks encodes an acks reply. readable is the set of flags the
+// requesting publisher reads (ackFlagsBase, plus what its headerAckFlags
+// announced): a flag outside it is left out, so that a publisher of an
+// earlier build still decodes the reply. An ack left without its
+// Unregistered flag reads as cursor 0, nothing applied, which such a
+// publisher resends with backoff (sendEvents: an ack that moved nothing).
+func appendAcks(dst []byte, acks []raftfsm.RankAck, readable byte) []byte {
 	w := wbuf{dst}
 	w.header(wireVersionV1, msgAcks)
 	w.uv(uint64(len(acks)))
@@ -186,7 +200,10 @@ func appendAcks(dst []byte, acks []raftfsm.RankAck) []byte {
 		if a.Fenced {
 			flags |= ackFenced
 		}
-		w.byte1(flags)
+		if a.Unregistered {
+			flags |= ackUnregistered
+		}
+		w.byte1(flags & readable)
 	}
 	return w.b
 }
@@ -477,10 +494,11 @@ func decodeReply(b []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
 			}
 			a.Applied, a.Dups = int(applied), int(dups)
 			flags := r.byte1()
-			if flags&^(ackGap|ackResync|ackFenced) != 0 {
+			if flags&^ackFlagsKnown != 0 {
 				r.fail("bad ack flags %#x", flags)
 			}
 			a.Gap, a.Resync, a.Fenced = flags&ackGap != 0, flags&ackResync != 0, flags&ackFenced != 0
+			a.Unregistered = flags&ackUnregistered != 0
 			acks = append(acks, a)
 		}
 	case t == msgDumpOK:
@@ -516,6 +534,28 @@ func decodeReply(b []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
 // part of the body, so that a router that does not know it ignores it and a
 // publisher that does not send it is still understood.
 const headerPublished = "Kvrouter-Published"
+
+// headerAckFlags is the NATS header by which an events request says which
+// ack flags beyond ackFlagsBase its publisher reads: their bits, in
+// decimal. The leader sets those flags only for a request that announces
+// them, so a publisher of an earlier build (no header) never gets a flag
+// it would refuse the reply for, and a router of an earlier build ignores
+// the header (agents and routers upgrade in any order).
+const headerAckFlags = "Kvrouter-Ack-Flags"
+
+// ackFlagsHeader is the value a publisher of this build sends.
+var ackFlagsHeader = strconv.Itoa(ackFlagsKnown &^ ackFlagsBase)
+
+// parseAckFlags returns the flags a request's publisher reads, from its
+// headerAckFlags value: ackFlagsBase, plus the known flags the value
+// announces. A missing or malformed value announces nothing.
+func parseAckFlags(v string) byte {
+	n, err := strconv.ParseUint(v, 10, 8)
+	if err != nil {
+		return ackFlagsBase
+	}
+	return ackFlagsBase | byte(n)&ackFlagsKnown
+}
 
 // appendPublished appends the header value for times.
 func appendPublished(b []byte, times []uint64) []byte {

@@ -138,8 +138,9 @@ func TestReplyRoundTrip(t *testing.T) {
 		{Rank: kvevent.Rank{Worker: 4}, Cursor: 7, Applied: 1, Resync: true},
 		{Rank: kvevent.Rank{Worker: 5}, Cursor: 8, Gap: true, Resync: true},
 		{Rank: kvevent.Rank{Worker: 7}, Cursor: 3, Resync: true, Fenced: true},
+		{Rank: kvevent.Rank{Worker: 8, DP: 2}, Unregistered: true},
 		{Rank: kvevent.Rank{Worker: 6}, Cursor: 9}}
-	b := appendAcks(nil, acks)
+	b := appendAcks(nil, acks, ackFlagsKnown)
 	got, _, err := decodeReply(b)
 	if err != nil || !reflect.DeepEqual(got, acks) {
 		t.Fatalf("acks %+v, %v", got, err)
@@ -147,7 +148,7 @@ func TestReplyRoundTrip(t *testing.T) {
 	if b[len(b)-1] != 0 {
 		t.Fatalf("an ack without flags ends in %#x, want 0 (what older publishers read as no gap)", b[len(b)-1])
 	}
-	b[len(b)-1] = 8 // a flag this version does not know
+	b[len(b)-1] = 16 // a flag this version does not know
 	if _, _, err := decodeReply(b); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("an unknown ack flag: %v, want ErrMalformed", err)
 	}
@@ -181,7 +182,7 @@ func FuzzDecode(f *testing.F) {
 		}
 		f.Add(b)
 	}
-	f.Add(appendAcks(nil, []raftfsm.RankAck{{Cursor: 1, Applied: 1}}))
+	f.Add(appendAcks(nil, []raftfsm.RankAck{{Cursor: 1, Applied: 1}}, ackFlagsKnown))
 	f.Add(appendError(nil, codeInvalid, "x"))
 	f.Add(appendDumpOK(nil, 3))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -198,7 +199,7 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 		if acks, _, err := decodeReply(b); err == nil && acks != nil {
-			again, _, err := decodeReply(appendAcks(nil, acks))
+			again, _, err := decodeReply(appendAcks(nil, acks, ackFlagsKnown))
 			if err != nil || !reflect.DeepEqual(again, acks) {
 				t.Fatalf("acks re-encode: %v", err)
 			}
@@ -287,7 +288,7 @@ func TestVersion1RequestsStillDecode(t *testing.T) {
 	if v := appendDump(nil, &dumpRequest{rank: r})[2]; v != 2 {
 		t.Fatalf("dumps written in version %d, want 2", v)
 	}
-	for _, reply := range [][]byte{appendAcks(nil, nil), appendDumpOK(nil, 1), appendError(nil, codeInvalid, "x")} {
+	for _, reply := range [][]byte{appendAcks(nil, nil, ackFlagsKnown), appendDumpOK(nil, 1), appendError(nil, codeInvalid, "x")} {
 		if reply[2] != 1 {
 			t.Fatalf("a reply written in version %d, want 1 (what publishers of earlier builds read)", reply[2])
 		}
@@ -301,5 +302,45 @@ func TestVersion1RequestsStillDecode(t *testing.T) {
 	ok[2] = 3
 	if _, _, err := decodeReply(ok); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("a version 3 reply: %v, want ErrMalformed", err)
+	}
+}
+
+// TestAckFlagsOnlyForPublishersThatReadThem: the Unregistered flag goes
+// only to a publisher whose request announced it (headerAckFlags). A
+// publisher of an earlier build announces nothing and refuses a reply
+// with a flag it does not know (decodeReply fails on unknown bits): it
+// must get the ack without it, and still decode it.
+func TestAckFlagsOnlyForPublishersThatReadThem(t *testing.T) {
+	acks := []raftfsm.RankAck{{Rank: kvevent.Rank{Worker: 5, DP: 1}, Unregistered: true},
+		{Rank: kvevent.Rank{Worker: 7}, Cursor: 3, Resync: true, Fenced: true}}
+	for _, tc := range []struct {
+		header string
+		want   bool
+	}{{"", false}, {"junk", false}, {"0", false}, {ackFlagsHeader, true}, {"255", true}} {
+		b := appendAcks(nil, acks, parseAckFlags(tc.header))
+		if flags := b[len(b)-1]; flags != ackResync|ackFenced {
+			t.Fatalf("header %q: the fenced ack's flags %#x, want resync|fenced kept", tc.header, flags)
+		}
+		// What a publisher of an earlier build accepts: the base flags only.
+		r := rbuf{b: b}
+		r.header()
+		r.count(6)
+		for range acks {
+			r.uv()
+			r.dp()
+			r.uv()
+			r.uv()
+			r.uv()
+			if flags := r.byte1(); flags&^ackFlagsBase != 0 && !tc.want {
+				t.Fatalf("header %q: flags %#x, which a publisher that did not announce them refuses", tc.header, flags)
+			}
+		}
+		got, _, err := decodeReply(b)
+		if err != nil {
+			t.Fatalf("header %q: %v", tc.header, err)
+		}
+		if got[0].Unregistered != tc.want {
+			t.Fatalf("header %q: Unregistered %v, want %v", tc.header, got[0].Unregistered, tc.want)
+		}
 	}
 }
