@@ -247,6 +247,7 @@ type Ingester struct {
 	queuedBytes *semaphore.Weighted // their requests' size (MaxQueuedBytes; request.size)
 	sem         chan struct{}
 	stop        chan struct{}
+	closeOnce   sync.Once
 	ctx         context.Context // canceled by Close: ends waits for queue room
 	cancel      context.CancelFunc
 	wg          sync.WaitGroup // the loops
@@ -412,21 +413,22 @@ func newIngester(cfg IngesterConfig) *Ingester {
 
 // Close unsubscribes, waits for the entries in flight to finish (each is
 // bounded by CommitTimeout) and stops. Requests not yet answered get no
-// reply: their publishers time out and resend.
+// reply: their publishers time out and resend. It may be called more than
+// once, from several goroutines: each call returns once the ingester stopped.
 func (in *Ingester) Close() error {
-	select {
-	case <-in.stop:
-		return nil
-	default:
-	}
-	in.hmu.Lock()
-	in.closing = true
-	in.hmu.Unlock()
-	close(in.stop)
-	in.cancel()
-	in.wg.Wait()
-	in.hwg.Wait()
-	in.cwg.Wait()
+	// Once, not a check of stop then a close: two Closes at once (a
+	// signal handler and a deferred one) both closed it, and panicked.
+	// A second Close waits here until the first is done.
+	in.closeOnce.Do(func() {
+		in.hmu.Lock()
+		in.closing = true
+		in.hmu.Unlock()
+		close(in.stop)
+		in.cancel()
+		in.wg.Wait()
+		in.hwg.Wait()
+		in.cwg.Wait()
+	})
 	return nil
 }
 

@@ -146,9 +146,10 @@ type Publisher struct {
 	rr    int
 	room  chan struct{} // closed (and replaced) when buffers shrink
 
-	kick chan struct{}
-	stop chan struct{}
-	done chan struct{}
+	kick      chan struct{}
+	stop      chan struct{}
+	closeOnce sync.Once
+	done      chan struct{}
 	// ctx ends at Close: a request waiting for its reply (up to
 	// MaxRequestTimeout) does not hold the close back.
 	ctx    context.Context
@@ -390,13 +391,13 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 func (p *Publisher) Incarnation() uint64 { return p.cfg.Incarnation }
 
 // Close stops the send loop. Unacknowledged events are lost with the
-// publisher (an agent restart resyncs its ranks with dumps).
+// publisher (an agent restart resyncs its ranks with dumps). It may be
+// called more than once, from several goroutines: each call returns once
+// the loop stopped.
 func (p *Publisher) Close() error {
-	select {
-	case <-p.stop:
-	default:
-		close(p.stop)
-	}
+	// Once, not a check of stop then a close: two Closes at once both
+	// closed it, and panicked. Every Close waits for the loop's end.
+	p.closeOnce.Do(func() { close(p.stop) })
 	p.cancel()
 	<-p.done
 	return nil

@@ -2,6 +2,7 @@ package eventplane
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -104,4 +105,56 @@ func TestPublisherBacksOffAnAckThatMovesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the other rank's ack", func() bool { a, _ := p.Cursor(other); return a == 1 })
+}
+
+// closeConcurrently calls close from n goroutines at once and fails t if
+// any Close fails, or returns before the close is done (done reports it): a
+// second Close waits for the first.
+func closeConcurrently(t *testing.T, n int, closeFn func() error, done func() bool) {
+	t.Helper()
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			<-start
+			err := closeFn()
+			if err == nil && !done() {
+				err = errors.New("Close returned before the close was done")
+			}
+			errs <- err
+		}()
+	}
+	close(start)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestConcurrentClose: Publisher.Close and Ingester.Close may be called
+// from several goroutines at once (a signal handler and a deferred close,
+// say). They checked their stop channel and then closed it, unlocked: two
+// Closes could both close it, and panic.
+func TestConcurrentClose(t *testing.T) {
+	nc := connectNowhere(t)
+	for range 50 {
+		p, err := NewPublisher(PublisherConfig{Conn: nc, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		closeConcurrently(t, 8, p.Close, func() bool {
+			select {
+			case <-p.done:
+				return true
+			default:
+				return false
+			}
+		})
+		in, err := NewIngester(IngesterConfig{Conn: nc, Node: newCursorTarget(), Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		closeConcurrently(t, 8, in.Close, func() bool { return in.ctx.Err() != nil })
+	}
 }
