@@ -66,6 +66,8 @@ func (o *owner) step(ctx context.Context, t testing.TB, r kvevent.Rank) {
 			ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: o.hash, LocalHash: o.hash*0x9e3779b97f4a7c15 | 1})
 		}
 	}
+	// Under o.mu, which dump takes too: PublishWait never waits for a
+	// dump's room (TestPublishWaitUnderTheDumpLock).
 	id, err := o.pub.PublishWait(ctx, r, []kvevent.Event{ev})
 	if err != nil {
 		t.Fatalf("publish: %v", err)

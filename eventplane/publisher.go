@@ -24,7 +24,9 @@ import (
 // and the id of the last event that state reflects. It is called without
 // any publisher lock held, so it may take the owner's own lock, the same
 // one the owner holds around Publish: that is how the state and the id
-// agree.
+// agree. PublishWait under that lock does not wait for such a dump: a
+// full rank that needs one drops its oldest events, which the dump
+// covers, rather than wait for the room only the dump makes.
 type DumpFunc func(r kvevent.Rank) (stored []kvevent.Event, through uint64)
 
 // PublisherConfig configures a Publisher.
@@ -42,7 +44,8 @@ type PublisherConfig struct {
 	// DropOldest, when set, makes a full buffer drop its oldest events
 	// instead of refusing new ones: the router then reports a gap, and the
 	// rank heals with a dump. Off, Publish returns ErrFull (PublishWait
-	// waits for room).
+	// waits for room), except for a rank that waits for a dump, which
+	// drops its oldest events all the same (the dump covers them).
 	DropOldest bool
 	// Dump reads the rank's whole state for a full dump. It is required
 	// whenever the router may ask for one: its cursor fell behind the
@@ -238,6 +241,15 @@ func (b *rankBuf) askDump() {
 	b.dumpAsks++
 }
 
+// askDump marks b as needing a dump, and wakes the PublishWait callers:
+// a full rank that waits for a dump takes events again (publish). p.mu is
+// held.
+func (p *Publisher) askDump(b *rankBuf) {
+	b.askDump()
+	close(p.room)
+	p.room = make(chan struct{})
+}
+
 func (b *rankBuf) pending() []kvevent.Event { return b.evs[b.head:] }
 
 // trim drops events with ids <= id.
@@ -417,7 +429,8 @@ func (p *Publisher) buf(r kvevent.Rank) *rankBuf {
 // and returns the last id. The events must be valid (kvevent.Event.Validate)
 // and must not be modified afterwards (their slices are shared). When the
 // rank's buffer has no room it returns ErrFull and takes nothing, unless
-// DropOldest is set; a batch of more events than the buffer holds at all
+// DropOldest is set or the rank waits for a dump (its oldest events, which
+// the dump covers, are then dropped: kvagent_events_dropped_total); a batch of more events than the buffer holds at all
 // (BufferEvents) it refuses with ErrTooLarge (an ErrFull), DropOldest or
 // not.
 func (p *Publisher) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
@@ -427,7 +440,10 @@ func (p *Publisher) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error)
 
 // PublishWait is Publish that waits for room while the buffer is full, until
 // ctx ends. A batch larger than the buffer, for which room never comes, it
-// refuses at once with ErrTooLarge.
+// refuses at once with ErrTooLarge. A rank that waits for a dump (with a
+// Dump callback) never makes it wait: its oldest events, which the dump
+// covers, make room (Publish), so it may be called under the lock Dump
+// takes.
 func (p *Publisher) PublishWait(ctx context.Context, r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
 	for {
 		last, room, err := p.publish(r, evs)
@@ -467,7 +483,16 @@ func (p *Publisher) publish(r kvevent.Rank, evs []kvevent.Event) (uint64, <-chan
 	}
 	b := p.buf(r)
 	if over := len(b.pending()) + len(evs) - p.cfg.BufferEvents; over > 0 {
-		if !p.cfg.DropOldest {
+		// A rank that waits for a dump makes room only when the dump
+		// commits, and the owner's Dump may need the lock its owner holds
+		// around this call (DumpFunc): waiting for that room under the
+		// lock (PublishWait) never ended. Its buffered events need not
+		// wait, though: the dump, built after this call returns, holds
+		// what they did, and drops them. So such a rank drops its oldest
+		// events, as DropOldest does; one the dump does not cover after
+		// all (a dump built before this call, still out) shows as a gap,
+		// and the rank dumps again.
+		if !p.cfg.DropOldest && !(b.needDump && p.cfg.Dump != nil) {
 			room := p.room
 			p.mu.Unlock()
 			p.m.full.Inc()
@@ -506,7 +531,7 @@ func (p *Publisher) publish(r kvevent.Rank, evs []kvevent.Event) (uint64, <-chan
 // dropped from it once the dump is acknowledged.
 func (p *Publisher) Resync(r kvevent.Rank) {
 	p.mu.Lock()
-	p.buf(r).askDump()
+	p.askDump(p.buf(r))
 	p.mu.Unlock()
 	select {
 	case p.kick <- struct{}{}:
@@ -703,7 +728,7 @@ func (p *Publisher) nextDump(now time.Time) (kvevent.Rank, bool, time.Time) {
 			if !b.routerDue.After(now) {
 				p.m.resends.WithLabelValues("router").Inc()
 				b.routerAsked, b.routerDue = now, time.Time{}
-				b.askDump()
+				p.askDump(b)
 			} else if earliest.IsZero() || b.routerDue.Before(earliest) {
 				earliest = b.routerDue
 			}
@@ -891,7 +916,7 @@ func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 				p.m.resends.WithLabelValues("fenced").Inc()
 				p.cfg.Logger.Warn("another publisher incarnation dumped the rank since this one did (is a second agent publishing it?); resyncing the rank with a dump",
 					"rank", a.Rank, "incarnation", p.cfg.Incarnation, "router_cursor", a.Cursor)
-				b.askDump()
+				p.askDump(b)
 			}
 			progress = true // the rank waits for its dump, not for a resend
 			continue
@@ -902,7 +927,7 @@ func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 			// is taken for duplicates. Resync the rank with a dump, which
 			// sets the cursor to our numbering.
 			p.cfg.Logger.Warn("router cursor ahead of the publisher; resyncing the rank", "rank", a.Rank, "cursor", a.Cursor, "next", b.next)
-			b.askDump()
+			p.askDump(b)
 			progress = true
 			continue
 		}
@@ -924,7 +949,7 @@ func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 			// the owner's copy (RouterResyncEvery).
 			p.m.resends.WithLabelValues("router").Inc()
 			b.routerAsked, b.routerDue = time.Now(), time.Time{}
-			b.askDump()
+			p.askDump(b)
 		case b.routerDue.IsZero():
 			// Asked again within the interval: the dump waits for its end,
 			// also when the rank sends nothing more meanwhile.
@@ -938,7 +963,7 @@ func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 				p.m.resends.WithLabelValues("replay").Inc()
 			} else {
 				p.m.resends.WithLabelValues("dump").Inc()
-				b.askDump()
+				p.askDump(b)
 			}
 		}
 	}
@@ -959,7 +984,7 @@ func (p *Publisher) refusedAlone(r kvevent.Rank) {
 	if b := p.ranks[r]; b != nil {
 		p.cfg.Logger.Error("the router refuses one event of a rank however it is sent; resyncing the rank with a dump", "rank", r)
 		p.m.resends.WithLabelValues("refused").Inc()
-		b.askDump()
+		p.askDump(b)
 	}
 }
 

@@ -158,3 +158,50 @@ func TestConcurrentClose(t *testing.T) {
 		closeConcurrently(t, 8, in.Close, func() bool { return in.ctx.Err() != nil })
 	}
 }
+
+// TestPublishWaitUnderTheDumpLock: DumpFunc may take the lock its owner
+// holds around Publish, and the model owner publishes with PublishWait
+// under it. When a full rank needs a dump (the router lost it: a gap),
+// room comes only from the dump, which waits for that lock: PublishWait
+// used to wait for ever. Now a rank waiting for a dump drops its oldest
+// events (the dump covers them), and the burst goes through; once the
+// lock is free the dump heals the rank.
+func TestPublishWaitUnderTheDumpLock(t *testing.T) {
+	tg := newCursorTarget()
+	o := newOwner(1)
+	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{BufferEvents: 4, Dump: o.dump})
+	o.pub = p
+	r := kvevent.Rank{Worker: 3}
+	ctx := ctxT(t)
+	for range 4 {
+		o.step(ctx, t, r)
+	}
+	waitFor(t, 10*time.Second, "acks", func() bool { a, _ := p.Cursor(r); return a == 4 })
+	// The router loses the rank (its lease expired, say): cursor 0.
+	tg.mu.Lock()
+	tg.cursor[r] = 0
+	tg.mu.Unlock()
+	// A burst of 8 events under the owner's lock, twice the buffer.
+	o.mu.Lock()
+	bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for i := range 8 {
+		id, err := p.PublishWait(bctx, r, []kvevent.Event{{Kind: kvevent.KindCleared}})
+		if err != nil {
+			o.mu.Unlock()
+			t.Fatalf("burst stuck after %d of 8 events: %v (the dump waits for the owner's lock)", i, err)
+		}
+		o.rank(r).last = id
+		o.rank(r).live = map[uint64]kvevent.Event{}
+	}
+	o.mu.Unlock()
+	_, last := p.Cursor(r)
+	waitFor(t, 10*time.Second, "the dump", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		return tg.dumps > 0 && tg.cursor[r] == last
+	})
+	if val(p.m.dropped) == 0 {
+		t.Fatal("no event dropped: the burst cannot have fit a buffer of 4")
+	}
+}
