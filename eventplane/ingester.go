@@ -348,7 +348,7 @@ type ingesterMetrics struct {
 func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
 	m := ingesterMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_requests_total",
-			Help: "Event requests answered by this node's ingester, by outcome (acked, not_leader, invalid, error)."}, []string{"outcome"}),
+			Help: "Event requests answered by this node's ingester, by outcome (acked, not_leader, invalid, error, stale: a dump below the rank's cursor, answered with the cursor)."}, []string{"outcome"}),
 		entries: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_events_entries_total",
 			Help: "Raft entries proposed by the ingester (each packs one or more requests)."}),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_received_total",

@@ -366,7 +366,7 @@ func newPublisherMetrics(reg prometheus.Registerer) publisherMetrics {
 		published: c("kvagent_events_published_total", "Events given ids and buffered for the router."),
 		acked:     c("kvagent_events_acked_total", "Events acknowledged by the router and dropped from the replay buffer."),
 		full:      c("kvagent_events_publish_full_total", "Publish calls refused because a rank's replay buffer was full."),
-		dropped:   c("kvagent_events_dropped_total", "Unacknowledged events dropped from a full buffer (DropOldest); the rank resyncs with a dump."),
+		dropped:   c("kvagent_events_dropped_total", "Unacknowledged events dropped from a full buffer (DropOldest, or a rank waiting for a dump); the rank resyncs with a dump. It also counts events dropped while a request holding them was out, which that request's ack may then cover (no resync)."),
 		dumps:     c("kvagent_events_dumps_total", "Rank dumps committed by the router."),
 		requests:  c("kvagent_events_requests_total", "Event requests sent to the router."),
 		retries:   c("kvagent_events_request_retries_total", "Event requests that failed (timeout, no leader, error, or an ack that moved no rank forward) and were resent."),
