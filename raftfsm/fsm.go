@@ -112,9 +112,11 @@ type FSM struct {
 	// sorts for it.
 	cands     atomic.Pointer[[]indexer.Candidate]
 	blockSize atomic.Int64 // of the registered workers (blockSizeOf)
-	// blockSizeFrom is the worker whose block size blockSize is (^0:
-	// none); the apply goroutine's.
+	// blockSizeFrom is the worker whose block size blockSize is, when
+	// hasBlockSize (else none has one: DefaultBlockSize); the apply
+	// goroutine's.
 	blockSizeFrom uint64
+	hasBlockSize  bool
 	settings      atomic.Pointer[Settings]
 	members       atomic.Pointer[map[string]Member]
 
@@ -328,23 +330,24 @@ func (f *FSM) publishWorkers() {
 	var cands []indexer.Candidate
 	var bs int
 	var from uint64
+	var has bool
 	if f.wmany {
 		for id, w := range ws {
 			cands = appendCandidates(cands, id, w)
 		}
 		slices.SortFunc(cands, func(a, b indexer.Candidate) int { return a.Rank.Compare(b.Rank) })
-		bs, from = blockSizeOf(ws)
+		bs, from, has = blockSizeOf(ws)
 	} else {
 		// One worker changed (a registration or a removal at a time: a
 		// trickle): its candidates are spliced into the sorted list,
 		// O(ranks) without a sort.
-		cands, bs, from = f.spliceWorker(ws, f.wone)
+		cands, bs, from, has = f.spliceWorker(ws, f.wone)
 	}
 	f.wdirty, f.wmany = false, false
 	f.workers.Store(&ws)
 	f.cands.Store(&cands)
 	f.blockSize.Store(int64(bs))
-	f.blockSizeFrom = from
+	f.blockSizeFrom, f.hasBlockSize = from, has
 }
 
 // markWorker notes that the apply path's table changed in worker id's
@@ -357,9 +360,10 @@ func (f *FSM) markWorker(id uint64) {
 }
 
 // spliceWorker returns the published candidates with worker id's replaced
-// by what ws holds of it, and the block size of ws, which differs from the
-// published table in id's entry alone.
-func (f *FSM) spliceWorker(ws map[uint64]WorkerInfo, id uint64) ([]indexer.Candidate, int, uint64) {
+// by what ws holds of it, and the block size of ws (as blockSizeOf), which
+// differs from the published table in id's entry alone. It must give what
+// a rebuild gives: replicas batch the same entries differently.
+func (f *FSM) spliceWorker(ws map[uint64]WorkerInfo, id uint64) ([]indexer.Candidate, int, uint64, bool) {
 	old := f.candidates()
 	lo, _ := slices.BinarySearchFunc(old, kvevent.Rank{Worker: id}, func(c indexer.Candidate, r kvevent.Rank) int { return c.Rank.Compare(r) })
 	hi := lo
@@ -374,14 +378,14 @@ func (f *FSM) spliceWorker(ws map[uint64]WorkerInfo, id uint64) ([]indexer.Candi
 		slices.SortFunc(cands[lo:], func(a, b indexer.Candidate) int { return a.Rank.Compare(b.Rank) })
 	}
 	cands = append(cands, old[hi:]...)
-	bs, from := int(f.blockSize.Load()), f.blockSizeFrom
+	bs, from, has := int(f.blockSize.Load()), f.blockSizeFrom, f.hasBlockSize
 	switch {
-	case ok && w.BlockSize > 0 && id <= from:
-		bs, from = w.BlockSize, id
-	case id == from: // the worker it came from left, or has none now
-		bs, from = blockSizeOf(ws)
+	case ok && w.BlockSize > 0 && (!has || id <= from):
+		bs, from, has = w.BlockSize, id, true
+	case has && id == from: // the worker it came from left, or has none now
+		bs, from, has = blockSizeOf(ws)
 	}
-	return cands, bs, from
+	return cands, bs, from, has
 }
 
 // appendCandidates appends worker id's ranks, as route candidates, to

@@ -167,8 +167,9 @@ func (m *fsmModel) check(rt *rapid.T, what string, f *FSM) {
 	if got, want := f.candidates(), rebuilt.candidates(); !slices.Equal(got, want) {
 		rt.Fatalf("%s: route candidates %+v, rebuilt from the table %+v", what, got, want)
 	}
-	if got, want := f.blockSize.Load(), rebuilt.blockSize.Load(); got != want || f.blockSizeFrom != rebuilt.blockSizeFrom {
-		rt.Fatalf("%s: block size %d of worker %d, rebuilt %d of worker %d", what, got, f.blockSizeFrom, want, rebuilt.blockSizeFrom)
+	if got, want := f.blockSize.Load(), rebuilt.blockSize.Load(); got != want || f.blockSizeFrom != rebuilt.blockSizeFrom || f.hasBlockSize != rebuilt.hasBlockSize {
+		rt.Fatalf("%s: block size %d of worker %d (%v), rebuilt %d of worker %d (%v)", what,
+			got, f.blockSizeFrom, f.hasBlockSize, want, rebuilt.blockSizeFrom, rebuilt.hasBlockSize)
 	}
 	if !maps.EqualFunc(f.wtab, ws, func(a, b WorkerInfo) bool {
 		return a.ID == b.ID && slices.Equal(a.DPRanks, b.DPRanks) && a.BlockSize == b.BlockSize

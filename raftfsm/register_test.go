@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+	"pgregory.net/rapid"
 
 	"github.com/kvrouter/kvrouter/internal/testlog"
 )
@@ -72,4 +75,107 @@ func TestRegisteringAnAbsurdCapacity(t *testing.T) {
 	if n := f.Index().Stats().Entries; n != 6 || f.Workers()[1].Capacity[0] != math.MaxInt64 {
 		t.Fatalf("entries %d, worker %+v: want all 6 blocks kept and the registration applied", n, f.Workers()[1])
 	}
+}
+
+// TestMaxWorkerIDBlockSizeDoesNotDependOnBatching: worker id MaxUint64 is
+// accepted like any other (refusing it now would fail logs that hold it),
+// so its block size must route the same however a replica batched its
+// registration, and after a restart. From a review: the ^0 "none"
+// sentinel of blockSizeOf skipped it while the splice of a one-worker
+// batch took it: replicas with equal digests routed with block sizes 32
+// and 16.
+func TestMaxWorkerIDBlockSizeDoesNotDependOnBatching(t *testing.T) {
+	dirA := filepath.Join(t.TempDir(), "a")
+	a, b := openTestFSM(t, dirA), openTestFSM(t, filepath.Join(t.TempDir(), "b"))
+	defer b.Close()
+	var w logWriter
+	reg := w.next(encodeRegister(1, &WorkerInfo{ID: math.MaxUint64, DPRanks: []uint32{0}, BlockSize: 32}))
+	other := w.next(encodeRegister(1, &WorkerInfo{ID: math.MaxUint64 - 1, DPRanks: []uint32{0}}))
+	// a: one entry per batch (a splice each); b: both in one (a rebuild).
+	a.ApplyBatch([]*raft.Log{reg})
+	a.ApplyBatch([]*raft.Log{other})
+	b.ApplyBatch([]*raft.Log{reg, other})
+	if a.Digest() != b.Digest() {
+		t.Fatalf("digests differ: %#x, %#x", a.Digest(), b.Digest())
+	}
+	bsA, bsB := a.blockSize.Load(), b.blockSize.Load()
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a2 := openTestFSM(t, dirA)
+	defer a2.Close()
+	bsA2 := a2.blockSize.Load()
+	if bsA != 32 || bsB != 32 || bsA2 != 32 {
+		t.Fatalf("routing block size: entry by entry %d, one batch %d, restarted %d; want worker %d's 32 on each", bsA, bsB, bsA2, uint64(math.MaxUint64))
+	}
+}
+
+// TestPublishedWorkersMatchARebuildForEdgeIDs: registrations and
+// deregistrations of edge-case worker ids (0 and MaxUint64 among them)
+// and dp ranks, applied one entry at a time (spliceWorker) and in random
+// batches (a rebuild when a batch changed more than one worker): the
+// published candidates and block size equal a rebuild from the table on
+// both replicas, and after a reopen.
+func TestPublishedWorkersMatchARebuildForEdgeIDs(t *testing.T) {
+	ids := []uint64{0, 1, 2, math.MaxUint64 - 1, math.MaxUint64}
+	dps := [][]uint32{{0}, {math.MaxUint32}, {0, math.MaxUint32}, {math.MaxUint32, 0, 5}, {}, {3, 1}}
+	rapid.Check(t, func(rt *rapid.T) {
+		open := func(dir string) *FSM {
+			f, err := OpenFSM(FSMConfig{Dir: dir, Logger: quiet, OnFatal: func(err error) { rt.Fatalf("fatal: %v", err) }})
+			if err != nil {
+				rt.Fatal(err)
+			}
+			return f
+		}
+		dirA := filepath.Join(t.TempDir(), "a")
+		a, b := open(dirA), open(filepath.Join(t.TempDir(), "b"))
+		defer b.Close()
+		check := func(what string, f *FSM) {
+			var rebuilt FSM
+			rebuilt.setWorkers(maps.Clone(f.Workers()))
+			if got, want := f.candidates(), rebuilt.candidates(); !slices.Equal(got, want) {
+				rt.Fatalf("%s: candidates %+v, rebuilt %+v", what, got, want)
+			}
+			if got, want := f.blockSize.Load(), rebuilt.blockSize.Load(); got != want || f.blockSizeFrom != rebuilt.blockSizeFrom || f.hasBlockSize != rebuilt.hasBlockSize {
+				rt.Fatalf("%s: block size %d of worker %d (%v), rebuilt %d of worker %d (%v)", what,
+					got, f.blockSizeFrom, f.hasBlockSize, want, rebuilt.blockSizeFrom, rebuilt.hasBlockSize)
+			}
+		}
+		var w logWriter
+		var logs []*raft.Log
+		for i, n := 0, rapid.IntRange(1, 30).Draw(rt, "n"); i < n; i++ {
+			id := rapid.SampledFrom(ids).Draw(rt, "id")
+			var data []byte
+			if rapid.IntRange(0, 3).Draw(rt, "op") == 0 {
+				data = encodeDeregister(1, id)
+			} else {
+				data = encodeRegister(1, &WorkerInfo{ID: id, DPRanks: slices.Clone(rapid.SampledFrom(dps).Draw(rt, "dps")),
+					BlockSize: rapid.SampledFrom([]int{0, 16, 32}).Draw(rt, "bs"),
+					Capacity:  [4]int64{rapid.Int64Range(0, 3).Draw(rt, "cap")}})
+			}
+			l := w.next(data)
+			logs = append(logs, l)
+			a.ApplyBatch([]*raft.Log{l})
+			check("one by one", a)
+		}
+		for len(logs) > 0 {
+			k := rapid.IntRange(1, len(logs)).Draw(rt, "batch")
+			b.ApplyBatch(logs[:k])
+			check("batched", b)
+			logs = logs[k:]
+		}
+		if a.blockSize.Load() != b.blockSize.Load() || !slices.Equal(a.candidates(), b.candidates()) {
+			rt.Fatalf("replicas differ: block size %d, %d; candidates %+v, %+v", a.blockSize.Load(), b.blockSize.Load(), a.candidates(), b.candidates())
+		}
+		want := a.blockSize.Load()
+		if err := a.Close(); err != nil {
+			rt.Fatal(err)
+		}
+		a = open(dirA)
+		defer a.Close()
+		check("reopened", a)
+		if got := a.blockSize.Load(); got != want {
+			rt.Fatalf("block size %d before the reopen, %d after", want, got)
+		}
+	})
 }

@@ -32,18 +32,21 @@ type routeScratch struct {
 
 var routePool = sync.Pool{New: func() any { return new(routeScratch) }}
 
-// blockSizeOf returns the block size of the registered workers, and the
-// worker it is from (^0 and DefaultBlockSize when none has one). Workers
-// of one cluster serve one model and must agree; the smallest id's wins
-// when they do not.
-func blockSizeOf(ws map[uint64]WorkerInfo) (bs int, from uint64) {
-	bs, from = DefaultBlockSize, ^uint64(0)
+// blockSizeOf returns the block size of the registered workers, the
+// worker it is from, and whether any has one (DefaultBlockSize when none
+// does). Workers of one cluster serve one model and must agree; the
+// smallest id's wins when they do not. "None" is ok, not an id: every id
+// is a worker's, MaxUint64 too (a ^0 sentinel skipped that worker here
+// while spliceWorker took it, so that replicas routed with different
+// block sizes depending on how their batches fell).
+func blockSizeOf(ws map[uint64]WorkerInfo) (bs int, from uint64, ok bool) {
+	bs = DefaultBlockSize
 	for id, w := range ws {
-		if id < from && w.BlockSize > 0 {
-			bs, from = w.BlockSize, id
+		if w.BlockSize > 0 && (!ok || id < from) {
+			bs, from, ok = w.BlockSize, id, true
 		}
 	}
-	return bs, from
+	return bs, from, ok
 }
 
 // Route scores every registered rank for the query from this node's local
