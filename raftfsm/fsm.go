@@ -87,7 +87,8 @@ type FSM struct {
 	cursors rankmap.Map[rankCursor]
 	// heard is when each rank's events (or dump) last reached the log, in
 	// the leader's clock as the commands carry it: equal on every replica,
-	// kept in memory only (unknown after a restart until the rank sends).
+	// kept in memory only (unknown after a restart or a restore until the
+	// rank sends: install drops them).
 	heard rankmap.Map[int64]
 	// registered is when each worker last registered (leader's clock, in
 	// memory only, like heard): a rank's silence counts from it too.

@@ -455,8 +455,17 @@ func (b *stateBuilder) install(f *FSM) error {
 	if err := f.seqs.Restore(b.snap); err != nil {
 		return fmt.Errorf("bookings: %w", err)
 	}
+	// The last-heard and registration times are the replaced state's
+	// (they are in memory only, and no record carries them): a restore
+	// drops them with the cursors, as a node that restored the stream at
+	// its start holds none. Kept, they listed ranks the restored state
+	// never had as unregistered (the leader's sweep then removed workers
+	// that do not exist) and answered LastHeard and RegisteredAt with
+	// stale times. restoredAt stands in for them (Node.Ranks).
 	f.curMu.Lock()
 	f.cursors = b.cursors
+	f.heard = rankmap.Map[int64]{}
+	f.registered = nil
 	f.curMu.Unlock()
 	f.setWorkers(b.workers)
 	f.members.Store(&b.members)

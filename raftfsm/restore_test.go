@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/store"
 )
 
@@ -609,5 +610,41 @@ func restartHoldsNoRestore(t *testing.T, c *testCluster, i int) {
 		if _, ok := n.fsm.Workers()[9]; ok {
 			t.Errorf("%s: a restore refused at Close is installed", n.cfg.ID)
 		}
+	}
+}
+
+// TestRestoreForgetsTheReplacedStatesHeardAndRegistrationTimes: the
+// last-heard and registration times are the state's (kept in memory
+// only), so a restore drops them with the cursors: a node that restored
+// the same snapshot at its start holds none. From a review: install kept
+// them, so a rank the restored state never had was still listed as
+// unregistered (the leader's stray sweep then proposed removing a worker
+// that does not exist), and LastHeard and RegisteredAt reported times of
+// the replaced state.
+func TestRestoreForgetsTheReplacedStatesHeardAndRegistrationTimes(t *testing.T) {
+	src := openTestFSM(t, filepath.Join(t.TempDir(), "src"))
+	defer src.Close()
+	dst := openTestFSM(t, filepath.Join(t.TempDir(), "dst"))
+	defer dst.Close()
+	snap := snapshotBytes(t, src) // an empty state
+	var w logWriter
+	stray := kvevent.Rank{Worker: 9}
+	dst.ApplyBatch([]*raft.Log{
+		// Past a gap: the rank is heard of, with no cursor.
+		w.next(encodeEvents(7, []RankBatch{{Rank: stray, Events: chainEvents(stray, 5, 1, 1)}})),
+		w.next(encodeRegister(8, &WorkerInfo{ID: 5, DPRanks: []uint32{0}, BlockSize: 16})),
+	})
+	if got := dst.UnregisteredRanks(); !slices.Equal(got, []kvevent.Rank{stray}) || dst.LastHeard(stray) != 7 || dst.RegisteredAt(5) != 8 {
+		t.Fatalf("before the restore: unregistered ranks %v, LastHeard(%v) %d, RegisteredAt(5) %d", got, stray, dst.LastHeard(stray), dst.RegisteredAt(5))
+	}
+	if err := dst.Restore(nopCloser{bytes.NewReader(snap)}); err != nil {
+		t.Fatal(err)
+	}
+	if dst.Digest() != src.Digest() {
+		t.Fatalf("digest %#x after the restore, the snapshot's %#x", dst.Digest(), src.Digest())
+	}
+	if got := dst.UnregisteredRanks(); len(got) != 0 || dst.LastHeard(stray) != 0 || dst.RegisteredAt(5) != 0 {
+		t.Fatalf("after restoring an empty state: unregistered ranks %v, LastHeard(%v) %d, RegisteredAt(5) %d; want none of the replaced state's",
+			got, stray, dst.LastHeard(stray), dst.RegisteredAt(5))
 	}
 }
