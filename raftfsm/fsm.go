@@ -99,7 +99,7 @@ type FSM struct {
 	restoredAt atomic.Int64
 
 	// wtab is the worker table as the apply path reads and changes it
-	// (in place, by the apply goroutine only); workers is the copy
+	// (in place, by the apply goroutine only); wview holds the copy
 	// published at the end of each ApplyBatch that changed it
 	// (publishWorkers), which every other reader gets.
 	wtab map[uint64]WorkerInfo
@@ -107,17 +107,7 @@ type FSM struct {
 	// alone unless wmany (markWorker).
 	wdirty, wmany bool
 	wone          uint64
-	workers       atomic.Pointer[map[uint64]WorkerInfo] // copy-on-write
-	// cands is every registered rank as a route candidate, in rank order,
-	// rebuilt with workers so that a route decision neither allocates nor
-	// sorts for it.
-	cands     atomic.Pointer[[]indexer.Candidate]
-	blockSize atomic.Int64 // of the registered workers (blockSizeOf)
-	// blockSizeFrom is the worker whose block size blockSize is, when
-	// hasBlockSize (else none has one: DefaultBlockSize); the apply
-	// goroutine's.
-	blockSizeFrom uint64
-	hasBlockSize  bool
+	wview         atomic.Pointer[workerView] // copy-on-write
 	settings      atomic.Pointer[Settings]
 	members       atomic.Pointer[map[string]Member]
 
@@ -301,9 +291,31 @@ func (f *FSM) AppliedDigest() (index, digest uint64) {
 	return f.applied.Load(), f.Digest()
 }
 
+// workerView is what publishWorkers publishes of the worker table, as one
+// value behind one pointer: a route reads its block size and candidates
+// from one publish (stored as separate atomics one after another, a route
+// could pair one publish's block size with another's candidates). Never
+// modified once published.
+type workerView struct {
+	workers map[uint64]WorkerInfo
+	// cands is every registered rank as a route candidate, in rank order,
+	// rebuilt with workers so that a route decision neither allocates nor
+	// sorts for it.
+	cands []indexer.Candidate
+	// blockSize is the registered workers' (blockSizeOf): worker
+	// blockSizeFrom's when hasBlockSize, else DefaultBlockSize.
+	blockSize     int
+	blockSizeFrom uint64
+	hasBlockSize  bool
+}
+
+// published returns the worker table as of the end of the last
+// ApplyBatch, with its route candidates and block size (do not modify).
+func (f *FSM) published() *workerView { return f.wview.Load() }
+
 // Workers returns the registered workers (do not modify), as of the end
 // of the last ApplyBatch.
-func (f *FSM) Workers() map[uint64]WorkerInfo { return *f.workers.Load() }
+func (f *FSM) Workers() map[uint64]WorkerInfo { return f.published().workers }
 
 // setWorkers makes ws the apply path's table (owned by it from now on)
 // and publishes it (a restore or an open).
@@ -327,28 +339,21 @@ func (f *FSM) publishWorkers() {
 	if !f.wdirty {
 		return
 	}
-	ws := maps.Clone(f.wtab)
-	var cands []indexer.Candidate
-	var bs int
-	var from uint64
-	var has bool
+	v := &workerView{workers: maps.Clone(f.wtab)}
 	if f.wmany {
-		for id, w := range ws {
-			cands = appendCandidates(cands, id, w)
+		for id, w := range v.workers {
+			v.cands = appendCandidates(v.cands, id, w)
 		}
-		slices.SortFunc(cands, func(a, b indexer.Candidate) int { return a.Rank.Compare(b.Rank) })
-		bs, from, has = blockSizeOf(ws)
+		slices.SortFunc(v.cands, func(a, b indexer.Candidate) int { return a.Rank.Compare(b.Rank) })
+		v.blockSize, v.blockSizeFrom, v.hasBlockSize = blockSizeOf(v.workers)
 	} else {
 		// One worker changed (a registration or a removal at a time: a
 		// trickle): its candidates are spliced into the sorted list,
 		// O(ranks) without a sort.
-		cands, bs, from, has = f.spliceWorker(ws, f.wone)
+		f.spliceWorker(v, f.wone)
 	}
 	f.wdirty, f.wmany = false, false
-	f.workers.Store(&ws)
-	f.cands.Store(&cands)
-	f.blockSize.Store(int64(bs))
-	f.blockSizeFrom, f.hasBlockSize = from, has
+	f.wview.Store(v)
 }
 
 // markWorker notes that the apply path's table changed in worker id's
@@ -360,33 +365,33 @@ func (f *FSM) markWorker(id uint64) {
 	f.wdirty, f.wone = true, id
 }
 
-// spliceWorker returns the published candidates with worker id's replaced
-// by what ws holds of it, and the block size of ws (as blockSizeOf), which
-// differs from the published table in id's entry alone. It must give what
-// a rebuild gives: replicas batch the same entries differently.
-func (f *FSM) spliceWorker(ws map[uint64]WorkerInfo, id uint64) ([]indexer.Candidate, int, uint64, bool) {
-	old := f.candidates()
+// spliceWorker fills v's candidates and block size (as blockSizeOf) from
+// the published ones, v's table differing from the published table in
+// worker id's entry alone. It must give what a rebuild gives: replicas
+// batch the same entries differently.
+func (f *FSM) spliceWorker(v *workerView, id uint64) {
+	prev := f.published()
+	old := prev.cands
 	lo, _ := slices.BinarySearchFunc(old, kvevent.Rank{Worker: id}, func(c indexer.Candidate, r kvevent.Rank) int { return c.Rank.Compare(r) })
 	hi := lo
 	for hi < len(old) && old[hi].Rank.Worker == id {
 		hi++
 	}
-	w, ok := ws[id]
+	w, ok := v.workers[id]
 	cands := make([]indexer.Candidate, 0, len(old)-(hi-lo)+len(w.DPRanks))
 	cands = append(cands, old[:lo]...)
 	if ok {
 		cands = appendCandidates(cands, id, w)
 		slices.SortFunc(cands[lo:], func(a, b indexer.Candidate) int { return a.Rank.Compare(b.Rank) })
 	}
-	cands = append(cands, old[hi:]...)
-	bs, from, has := int(f.blockSize.Load()), f.blockSizeFrom, f.hasBlockSize
+	v.cands = append(cands, old[hi:]...)
+	v.blockSize, v.blockSizeFrom, v.hasBlockSize = prev.blockSize, prev.blockSizeFrom, prev.hasBlockSize
 	switch {
-	case ok && w.BlockSize > 0 && (!has || id <= from):
-		bs, from, has = w.BlockSize, id, true
-	case has && id == from: // the worker it came from left, or has none now
-		bs, from, has = blockSizeOf(ws)
+	case ok && w.BlockSize > 0 && (!prev.hasBlockSize || id <= prev.blockSizeFrom):
+		v.blockSize, v.blockSizeFrom, v.hasBlockSize = w.BlockSize, id, true
+	case prev.hasBlockSize && id == prev.blockSizeFrom: // the worker it came from left, or has none now
+		v.blockSize, v.blockSizeFrom, v.hasBlockSize = blockSizeOf(v.workers)
 	}
-	return cands, bs, from, has
 }
 
 // appendCandidates appends worker id's ranks, as route candidates, to
@@ -397,9 +402,6 @@ func appendCandidates(cands []indexer.Candidate, id uint64, w WorkerInfo) []inde
 	}
 	return cands
 }
-
-// candidates returns every registered rank, in rank order (do not modify).
-func (f *FSM) candidates() []indexer.Candidate { return *f.cands.Load() }
 
 // Settings returns the cluster settings.
 func (f *FSM) Settings() Settings { return *f.settings.Load() }

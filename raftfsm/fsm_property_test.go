@@ -164,12 +164,13 @@ func (m *fsmModel) check(rt *rapid.T, what string, f *FSM) {
 	// table, and the apply path's own table.
 	var rebuilt FSM
 	rebuilt.setWorkers(maps.Clone(m.workers))
-	if got, want := f.candidates(), rebuilt.candidates(); !slices.Equal(got, want) {
-		rt.Fatalf("%s: route candidates %+v, rebuilt from the table %+v", what, got, want)
+	got, want := f.published(), rebuilt.published()
+	if !slices.Equal(got.cands, want.cands) {
+		rt.Fatalf("%s: route candidates %+v, rebuilt from the table %+v", what, got.cands, want.cands)
 	}
-	if got, want := f.blockSize.Load(), rebuilt.blockSize.Load(); got != want || f.blockSizeFrom != rebuilt.blockSizeFrom || f.hasBlockSize != rebuilt.hasBlockSize {
+	if got.blockSize != want.blockSize || got.blockSizeFrom != want.blockSizeFrom || got.hasBlockSize != want.hasBlockSize {
 		rt.Fatalf("%s: block size %d of worker %d (%v), rebuilt %d of worker %d (%v)", what,
-			got, f.blockSizeFrom, f.hasBlockSize, want, rebuilt.blockSizeFrom, rebuilt.hasBlockSize)
+			got.blockSize, got.blockSizeFrom, got.hasBlockSize, want.blockSize, want.blockSizeFrom, want.hasBlockSize)
 	}
 	if !maps.EqualFunc(f.wtab, ws, func(a, b WorkerInfo) bool {
 		return a.ID == b.ID && slices.Equal(a.DPRanks, b.DPRanks) && a.BlockSize == b.BlockSize

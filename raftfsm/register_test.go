@@ -98,13 +98,13 @@ func TestMaxWorkerIDBlockSizeDoesNotDependOnBatching(t *testing.T) {
 	if a.Digest() != b.Digest() {
 		t.Fatalf("digests differ: %#x, %#x", a.Digest(), b.Digest())
 	}
-	bsA, bsB := a.blockSize.Load(), b.blockSize.Load()
+	bsA, bsB := a.published().blockSize, b.published().blockSize
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
 	a2 := openTestFSM(t, dirA)
 	defer a2.Close()
-	bsA2 := a2.blockSize.Load()
+	bsA2 := a2.published().blockSize
 	if bsA != 32 || bsB != 32 || bsA2 != 32 {
 		t.Fatalf("routing block size: entry by entry %d, one batch %d, restarted %d; want worker %d's 32 on each", bsA, bsB, bsA2, uint64(math.MaxUint64))
 	}
@@ -133,12 +133,13 @@ func TestPublishedWorkersMatchARebuildForEdgeIDs(t *testing.T) {
 		check := func(what string, f *FSM) {
 			var rebuilt FSM
 			rebuilt.setWorkers(maps.Clone(f.Workers()))
-			if got, want := f.candidates(), rebuilt.candidates(); !slices.Equal(got, want) {
-				rt.Fatalf("%s: candidates %+v, rebuilt %+v", what, got, want)
+			got, want := f.published(), rebuilt.published()
+			if !slices.Equal(got.cands, want.cands) {
+				rt.Fatalf("%s: candidates %+v, rebuilt %+v", what, got.cands, want.cands)
 			}
-			if got, want := f.blockSize.Load(), rebuilt.blockSize.Load(); got != want || f.blockSizeFrom != rebuilt.blockSizeFrom || f.hasBlockSize != rebuilt.hasBlockSize {
+			if got.blockSize != want.blockSize || got.blockSizeFrom != want.blockSizeFrom || got.hasBlockSize != want.hasBlockSize {
 				rt.Fatalf("%s: block size %d of worker %d (%v), rebuilt %d of worker %d (%v)", what,
-					got, f.blockSizeFrom, f.hasBlockSize, want, rebuilt.blockSizeFrom, rebuilt.hasBlockSize)
+					got.blockSize, got.blockSizeFrom, got.hasBlockSize, want.blockSize, want.blockSizeFrom, want.hasBlockSize)
 			}
 		}
 		var w logWriter
@@ -164,17 +165,17 @@ func TestPublishedWorkersMatchARebuildForEdgeIDs(t *testing.T) {
 			check("batched", b)
 			logs = logs[k:]
 		}
-		if a.blockSize.Load() != b.blockSize.Load() || !slices.Equal(a.candidates(), b.candidates()) {
-			rt.Fatalf("replicas differ: block size %d, %d; candidates %+v, %+v", a.blockSize.Load(), b.blockSize.Load(), a.candidates(), b.candidates())
+		if va, vb := a.published(), b.published(); va.blockSize != vb.blockSize || !slices.Equal(va.cands, vb.cands) {
+			rt.Fatalf("replicas differ: block size %d, %d; candidates %+v, %+v", va.blockSize, vb.blockSize, va.cands, vb.cands)
 		}
-		want := a.blockSize.Load()
+		want := a.published().blockSize
 		if err := a.Close(); err != nil {
 			rt.Fatal(err)
 		}
 		a = open(dirA)
 		defer a.Close()
 		check("reopened", a)
-		if got := a.blockSize.Load(); got != want {
+		if got := a.published().blockSize; got != want {
 			rt.Fatalf("block size %d before the reopen, %d after", want, got)
 		}
 	})

@@ -80,7 +80,9 @@ var errRankLeft = fmt.Errorf("%w: the chosen rank left before its booking commit
 
 func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	start := time.Now()
-	bs := int(n.fsm.blockSize.Load())
+	// The block size and the candidates of one publish (workerView).
+	view := n.fsm.published()
+	bs := view.blockSize
 	if q.BlockSize > 0 {
 		bs = q.BlockSize
 	}
@@ -130,7 +132,7 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	sc.loads, idle = n.fsm.Sequences().PotentialDecodeBlocks(sc.loads[:0], seq, &sc.pot)
 
 	// Candidates: every registered rank, in rank order (deterministic).
-	sc.cands = append(sc.cands[:0], n.fsm.candidates()...)
+	sc.cands = append(sc.cands[:0], view.cands...)
 	if q.Filter != nil {
 		sc.cands = slices.DeleteFunc(sc.cands, func(c indexer.Candidate) bool { return !q.Filter(c.Rank) })
 	}
