@@ -2080,9 +2080,47 @@ func (n *Node) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotInfo, err
 	return writeSnapshot(w, view)
 }
 
+// uploadReader is a restore's upload that keeps the error its reader
+// gave: a failed io.Copy does not say whether the upload or the spool
+// file failed, which are the client's and this node's faults.
+type uploadReader struct {
+	r   io.Reader
+	err error
+}
+
+func (u *uploadReader) Read(p []byte) (int, error) {
+	n, err := u.r.Read(p)
+	if err != nil && err != io.EOF {
+		u.err = err
+	}
+	return n, err
+}
+
+// receiveError says why a restore's upload could not be spooled; nothing
+// was installed. An upload that ended before the length it promised (a
+// client that went away mid-upload, a Content-Length or chunked body cut
+// short) is a truncated snapshot, ErrBadSnapshot, as a stream cut short
+// in its records is: the client's fault, not the node's (it was answered
+// 500 internal). Another read error while ctx is done is ctx's (the
+// client left); any other is kept as it is, so an *http.MaxBytesError
+// still reads as too large. A spool file that failed is this node's.
+func receiveError(ctx context.Context, readErr, err error) error {
+	switch {
+	case readErr == nil:
+		return fmt.Errorf("restore: nothing was installed: spool the upload: %w", err)
+	case errors.Is(readErr, io.ErrUnexpectedEOF):
+		return fmt.Errorf("restore: nothing was installed: %w: the upload was cut off: %v", ErrBadSnapshot, readErr)
+	case ctx.Err() != nil:
+		return fmt.Errorf("restore: nothing was installed: receive snapshot: %w (%w)", readErr, ctx.Err())
+	}
+	return fmt.Errorf("restore: nothing was installed: receive snapshot: %w", readErr)
+}
+
 // RestoreSnapshot installs a snapshot stream on every node through Raft's
 // user restore. The stream is spooled to a file and checked whole first:
 // a truncated or corrupted one is refused and the cluster keeps its state.
+// An upload that ends before the length it promised is truncated too
+// (ErrBadSnapshot; see receiveError).
 //
 // What Raft installs is the stream with its member table replaced by this
 // cluster's (restoredMembers): the stream may come from another cluster,
@@ -2107,8 +2145,9 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
-	if _, err := io.Copy(tmp, r); err != nil {
-		return SnapshotInfo{}, fmt.Errorf("receive snapshot: %w", err)
+	upload := &uploadReader{r: r}
+	if _, err := io.Copy(tmp, upload); err != nil {
+		return SnapshotInfo{}, receiveError(ctx, upload.err, err)
 	}
 	if err := n.closingErr(); err != nil {
 		return SnapshotInfo{}, err

@@ -4,14 +4,19 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -646,5 +651,83 @@ func TestRestoreForgetsTheReplacedStatesHeardAndRegistrationTimes(t *testing.T) 
 	if got := dst.UnregisteredRanks(); len(got) != 0 || dst.LastHeard(stray) != 0 || dst.RegisteredAt(5) != 0 {
 		t.Fatalf("after restoring an empty state: unregistered ranks %v, LastHeard(%v) %d, RegisteredAt(5) %d; want none of the replaced state's",
 			got, stray, dst.LastHeard(stray), dst.RegisteredAt(5))
+	}
+}
+
+// TestACutOffUploadIsABadSnapshot: a restore whose upload ends before the
+// length it promised (a client that went away mid-upload) is refused as a
+// bad snapshot, nothing installed and no file left; a read error once the
+// request has ended is the request's; the body limit's error is kept, for
+// the API's 413. From a review: the body's io.ErrUnexpectedEOF was
+// answered 500 internal, logged as the node's failure, while the API
+// documents a truncated upload as 400 bad_snapshot.
+func TestACutOffUploadIsABadSnapshot(t *testing.T) {
+	foreign := foreignSnapshot(t)
+	c := newTestCluster(t, 1, quietLeader)
+	l := c.leader()
+	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return l.CheckLeader() == nil })
+	half := bytes.NewReader(foreign[:len(foreign)/2])
+	noFiles := func(what string) {
+		t.Helper()
+		if left, _ := filepath.Glob(filepath.Join(c.dirs[0], "restore-*.snap")); len(left) > 0 {
+			t.Fatalf("%s: the restore left %v in the data directory", what, left)
+		}
+	}
+
+	t.Run("through a real HTTP request", func(t *testing.T) {
+		answered := make(chan error, 1)
+		hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, err := l.RestoreSnapshot(r.Context(), r.Body)
+			answered <- err
+		}))
+		defer hs.Close()
+		conn, err := net.Dial("tcp", hs.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		// 100 bytes of the 1000 promised, then the client's side closes.
+		fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n%s", foreign[:100])
+		if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 10*time.Second, "the restore to answer", received(answered, &err))
+		if !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), "nothing was installed") {
+			t.Fatalf("a cut-off upload: %v, want ErrBadSnapshot saying nothing was installed", err)
+		}
+		noFiles("a cut-off upload")
+	})
+
+	t.Run("a reader that ends early", func(t *testing.T) {
+		half.Seek(0, io.SeekStart)
+		_, err := l.RestoreSnapshot(ctx(t), io.MultiReader(half, iotest.ErrReader(io.ErrUnexpectedEOF)))
+		if !errors.Is(err, ErrBadSnapshot) {
+			t.Fatalf("an upload ending in io.ErrUnexpectedEOF: %v, want ErrBadSnapshot", err)
+		}
+		noFiles("an upload ending early")
+	})
+
+	t.Run("a read error after the request ended", func(t *testing.T) {
+		half.Seek(0, io.SeekStart)
+		gone, cancel := context.WithCancel(context.Background())
+		cancel()
+		reset := errors.New("connection reset by peer")
+		_, err := l.RestoreSnapshot(gone, io.MultiReader(half, iotest.ErrReader(reset)))
+		if !errors.Is(err, context.Canceled) || !errors.Is(err, reset) {
+			t.Fatalf("a read error under an ended request: %v, want context.Canceled wrapping the read error", err)
+		}
+	})
+
+	t.Run("over the body limit", func(t *testing.T) {
+		half.Seek(0, io.SeekStart)
+		_, err := l.RestoreSnapshot(ctx(t), http.MaxBytesReader(nil, io.NopCloser(half), 10))
+		var mbe *http.MaxBytesError
+		if !errors.As(err, &mbe) || errors.Is(err, ErrBadSnapshot) {
+			t.Fatalf("an upload over the limit: %v, want *http.MaxBytesError and not ErrBadSnapshot", err)
+		}
+	})
+
+	if _, ok := l.fsm.Workers()[9]; ok {
+		t.Fatal("a refused upload was installed")
 	}
 }
