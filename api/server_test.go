@@ -178,6 +178,11 @@ func TestRoutes(t *testing.T) {
 				}
 			}},
 		{name: "events cleared without tier", method: "POST", path: "/v1/events", body: events(`{"event_id":1,"type":"cleared"}`), code: 200},
+		// docs/api.md: a cleared event clears every tier, and a tier given
+		// with it is ignored, an unknown one too. From a review: it was
+		// parsed, and an unknown one refused.
+		{name: "events cleared with an unknown tier", method: "POST", path: "/v1/events", body: events(`{"event_id":1,"type":"cleared","tier":"gpu"}`), code: 200},
+		{name: "events cleared with a tier", method: "POST", path: "/v1/events", body: events(`{"event_id":1,"type":"cleared","tier":"host"}`), code: 200},
 		{name: "events unknown tier", method: "POST", path: "/v1/events",
 			body: events(`{"event_id":1,"type":"stored","tier":"gpu2","blocks":[{"hash":1,"local_hash":1}]}`),
 			code: 400, reason: api.ReasonInvalid, msg: []string{`unknown tier "gpu2"`, "batch 0", "event 0"}},

@@ -185,14 +185,18 @@ func (e *Event) toKV(rank kvevent.Rank) (kvevent.Event, error) {
 		return out, invalidf("unknown event type %q (want stored, removed or cleared)", e.Type)
 	}
 	switch {
-	case e.Tier != "":
+	case out.Kind == kvevent.KindCleared:
+		// A cleared event clears every tier: a tier given with it is
+		// ignored, an unknown one too (docs/api.md), as EventFrom's
+		// "device" on a cleared event means nothing either.
+	case e.Tier == "":
+		return out, invalidf("tier is missing (want device, host, disk or external)")
+	default:
 		t, err := kvevent.ParseTier(e.Tier)
 		if err != nil {
 			return out, invalidf("unknown tier %q (want device, host, disk or external)", e.Tier)
 		}
 		out.Tier = t
-	case out.Kind != kvevent.KindCleared:
-		return out, invalidf("tier is missing (want device, host, disk or external)")
 	}
 	if out.Kind != kvevent.KindStored && (e.ParentHash != nil || len(e.Blocks) > 0) {
 		return out, invalidf("a %s event carries no parent_hash or blocks", e.Type)
