@@ -52,12 +52,14 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) error {
 		s.m.forModel("").error.Inc()
 		return err
 	}
-	counts := s.m.forModel(req.Model)
 	q, err := routeQuery(req)
 	if err != nil {
-		counts.error.Inc()
+		// Not forModel: a refused request's model name is anything a
+		// client wrote, and must not use up the labels valid ones get.
+		s.m.knownModel(req.Model).error.Inc()
 		return err
 	}
+	counts := s.m.forModel(req.Model)
 	start := time.Now()
 	s.m.stageDecode.Observe(start.Sub(decodeStart).Seconds())
 	res, err := s.b.Route(r.Context(), q)

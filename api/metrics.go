@@ -64,7 +64,7 @@ type metrics struct {
 // model is what a client says, so the first this many names get a series
 // of their own and later ones count as "other" (metrics.md). A request
 // that names none (or whose body does not decode) counts as "none",
-// outside the cap.
+// outside the cap; one refused as invalid takes no label (knownModel).
 const maxModelLabels = 32
 
 // modelOutcomes are one model's routeRequests series.
@@ -77,7 +77,8 @@ func (m *metrics) newOutcomes(model string) *modelOutcomes {
 		error:     m.routeRequests.WithLabelValues(model, outcomeError)}
 }
 
-// forModel returns the series of a request's model.
+// forModel returns the series of a valid request's model, giving it one
+// while fewer than maxModelLabels models have theirs.
 func (m *metrics) forModel(model string) *modelOutcomes {
 	switch {
 	case model == "":
@@ -100,6 +101,19 @@ func (m *metrics) forModel(model string) *modelOutcomes {
 	o := m.newOutcomes(model)
 	m.models.Store(model, o)
 	return o
+}
+
+// knownModel returns the series of a refused request's model: its own when
+// a valid request already gave it one, other otherwise (none when it names
+// none). It never takes a label.
+func (m *metrics) knownModel(model string) *modelOutcomes {
+	if model == "" {
+		return m.none
+	}
+	if o, ok := m.models.Load(model); ok {
+		return o.(*modelOutcomes)
+	}
+	return m.other
 }
 
 // stages observes a route's stage times.

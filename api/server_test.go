@@ -675,6 +675,47 @@ func TestRouteMetricsByModelAndStage(t *testing.T) {
 	}
 }
 
+// TestRefusedRoutesTakeNoModelLabel: a route request refused as invalid
+// gives its model no series of its own (it counts under the model's
+// series when it has one, under other otherwise), so junk cannot use up
+// the per-model labels valid requests get. From a review: the label was
+// taken before the request was validated, and 32 refused requests with
+// made-up model names left every real model under other.
+func TestRefusedRoutesTakeNoModelLabel(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	count := func(model, outcome string) float64 {
+		return counterValue(t, n.reg, "kvrouter_route_requests_total", map[string]string{"model": model, "outcome": outcome})
+	}
+	if a := send(t, n.http.URL, "POST", "/v1/route", `{"token_ids":[1,2,3,4],"model":"llama"}`); a.code != 200 {
+		t.Fatalf("route: %d %s", a.code, a.body)
+	}
+	for i := range 40 {
+		// Neither token_ids, block_hashes nor isl: refused by validation.
+		if a := send(t, n.http.URL, "POST", "/v1/route", fmt.Sprintf(`{"model":"junk%02d"}`, i)); a.code != 400 {
+			t.Fatalf("an empty route: %d %s, want 400", a.code, a.body)
+		}
+	}
+	if a := send(t, n.http.URL, "POST", "/v1/route", `{"model":"llama"}`); a.code != 400 {
+		t.Fatalf("an empty route: %d %s, want 400", a.code, a.body)
+	}
+	if got := count("junk00", "error"); got != 0 {
+		t.Fatalf("a refused request's model got a series of its own (%v errors)", got)
+	}
+	if got := count("other", "error"); got != 40 {
+		t.Fatalf("other errors %v, want the 40 refused requests of unlabelled models", got)
+	}
+	if got := count("llama", "error"); got != 1 {
+		t.Fatalf("llama errors %v, want 1: a labelled model counts its refused requests", got)
+	}
+	if a := send(t, n.http.URL, "POST", "/v1/route", `{"token_ids":[1,2,3,4],"model":"mistral"}`); a.code != 200 {
+		t.Fatalf("route: %d %s", a.code, a.body)
+	}
+	if got := count("mistral", "routed"); got != 1 {
+		t.Fatalf("mistral routed %v under its own label, want 1: refused requests used up the labels", got)
+	}
+}
+
 // TestStalledBodyIsCutAndSlowHandlersAreNot: a client that sends its
 // headers and stalls its body is cut off after BodyTimeout; a booking that
 // takes longer than BodyTimeout once the body is read still answers (the
