@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -182,6 +183,12 @@ func leaderURL(addr, scheme string) (*url.URL, error) {
 	}
 	if u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 		return nil, fmt.Errorf("want host:port or an http(s) URL")
+	}
+	// A wildcard reaches this node's own host (this node, when it listens
+	// on that port), not the leader: a member table written before
+	// kvrouter refused one as the advertised HTTP address.
+	if ip, err := netip.ParseAddr(u.Hostname()); err == nil && ip.WithZone("").Unmap().IsUnspecified() {
+		return nil, fmt.Errorf("a wildcard host, which reaches this node's own host: restart the leader with --http-advertise, the address the other nodes reach it at")
 	}
 	return &url.URL{Scheme: u.Scheme, Host: u.Host}, nil
 }

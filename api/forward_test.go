@@ -126,6 +126,31 @@ func TestForwardToUnreachableLeaderIs503(t *testing.T) {
 	}
 }
 
+// TestForwardToAWildcardLeaderAddressIsNotSent: a leader listed at a
+// wildcard HTTP address (0.0.0.0:7080, from a member table written before
+// kvrouter refused one) is not forwarded to: a dial of it reaches the
+// forwarding node's own host, the follower itself when it listens on that
+// port. The answer says what to fix. From a review: the follower
+// forwarded to itself, and its loop guard answered 503 no_leader for ever
+// without a word about the address.
+func TestForwardToAWildcardLeaderAddressIsNotSent(t *testing.T) {
+	for _, host := range []string{"0.0.0.0", "[::]"} {
+		follower := newNode(t, "n2", api.Options{})
+		_, port, _ := net.SplitHostPort(follower.addr())
+		follower.fake.SetFollower("n1", host+":"+port)
+		a := send(t, follower.http.URL, "POST", "/v1/workers", `{"worker_id":7,"block_size":4}`)
+		if a.code != 503 || a.reason(t) != api.ReasonNoLeader || !strings.Contains(a.json(t)["error"].(string), "--http-advertise") {
+			t.Fatalf("leader at %s:%s: %d %s, want 503 no_leader naming --http-advertise", host, port, a.code, a.body)
+		}
+		if got := follower.fake.Calls()["RegisterWorker"]; got != 1 {
+			t.Fatalf("RegisterWorker ran %d times on the follower, want 1: the forward reached the follower itself", got)
+		}
+		if got := counterValue(t, follower.reg, "kvrouter_http_forwards_total", map[string]string{"outcome": "loop"}); got != 0 {
+			t.Fatalf("loops counted %v: the forward reached the follower itself", got)
+		}
+	}
+}
+
 // TestForwardBrokenAfterItLeftSaysTheWriteMayHaveApplied: a forward that
 // broke once the leader had the request (it hung up without answering)
 // is 503 no_leader with HeaderMaybeApplied, which keeps a client from

@@ -277,6 +277,11 @@ func (s *Server) addMember(w http.ResponseWriter, r *http.Request) error {
 	if err := checkAddr("http_addr", req.HTTPAddr); err != nil {
 		return err
 	}
+	// Followers forward writes to the leader's http_addr: a wildcard
+	// reaches the forwarding node itself (kvrouter --http-advertise).
+	if err := raftfsm.CheckHTTPAddr(req.HTTPAddr); err != nil {
+		return invalidf("http_addr %v", err)
+	}
 	if err := s.b.AddMember(r.Context(), req.ID, req.RaftAddr, req.HTTPAddr); err != nil {
 		return err
 	}

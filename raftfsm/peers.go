@@ -15,7 +15,8 @@ import (
 // other than 0: the peers dial it as listed, while a node told to listen
 // on port 0 takes any free one. (A lone node may run at --raft-addr
 // host:0: nobody dials it.) A seed of kvctl's with such an address left a
-// directory that no node could start on. Empty entries are skipped; the
+// directory that no node could start on. An HTTP address is checked by
+// CheckHTTPAddr: the member table lists it. Empty entries are skipped; the
 // members are voters. An empty list parses to none.
 func ParsePeers(s string) ([]Member, error) {
 	var out []Member
@@ -35,8 +36,8 @@ func ParsePeers(s string) ([]Member, error) {
 		if _, port, _ := net.SplitHostPort(f[1]); port == "0" {
 			return nil, fmt.Errorf("peer %q: raft address %q: port 0: want the port the node listens on, as its peers dial it (1 to 65535)", p, f[1])
 		}
-		if _, _, err := net.SplitHostPort(f[2]); err != nil {
-			return nil, fmt.Errorf("peer %q: http address %q: want host:port", p, f[2])
+		if err := CheckHTTPAddr(f[2]); err != nil {
+			return nil, fmt.Errorf("peer %q: http address %w", p, err)
 		}
 		for _, k := range []string{"id " + f[0], "raft address " + f[1], "http address " + f[2]} {
 			if seen[k] {
@@ -75,6 +76,36 @@ func CheckRaftAddr(addr string) error {
 	// [::]:7946 is, to this host's loopback.
 	if ip, err := netip.ParseAddr(host); err == nil && ip.WithZone("").Unmap().IsUnspecified() {
 		return fmt.Errorf("%q: %s listens on every interface, and peers cannot dial it: give this node's own address, as its peers dial it (host:port)", addr, host)
+	}
+	return nil
+}
+
+// CheckHTTPAddr says what is wrong with addr as a member's HTTP address,
+// nil when nothing is: the member table lists it, and followers forward
+// writes to the leader there, so it needs a host the other nodes can dial
+// (CheckRaftAddr's rules: a wildcard such as 0.0.0.0 reaches whatever
+// listens on that port of the dialling node's host, the follower itself
+// when it listens there) and a port other than 0, which the kernel picks
+// anew at each listen. kvrouter checks its --http-advertise with it,
+// ParsePeers every --peers entry's, and the API an added member's. The
+// error begins with addr, quoted.
+func CheckHTTPAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q: %v: want host:port", addr, err)
+	}
+	if host == "" {
+		return fmt.Errorf("%q has no host: give the address the other nodes reach this node's HTTP API at (host:port)", addr)
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.WithZone("").Unmap().IsUnspecified() {
+		return fmt.Errorf("%q: %s listens on every interface, and the other nodes cannot dial it: give the address they reach this node's HTTP API at (host:port)", addr, host)
+	}
+	p, err := net.LookupPort("tcp", port)
+	if err != nil {
+		return fmt.Errorf("%q: port %q: want a number from 1 to 65535", addr, port)
+	}
+	if p == 0 {
+		return fmt.Errorf("%q: port 0 is a port the kernel picks, and the other nodes cannot dial it: give the port they reach this node's HTTP API at (1 to 65535)", addr)
 	}
 	return nil
 }

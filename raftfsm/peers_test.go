@@ -44,7 +44,7 @@ func TestRaftAddrIsOneThatPeersCanDial(t *testing.T) {
 // the peers dial the port as listed, where a node told to listen on port 0
 // takes any free one.
 func TestParsePeersChecksRaftAddrs(t *testing.T) {
-	const good = "n1=10.0.0.1:7946=10.0.0.1:7080,n2=n2.example:7946=0.0.0.0:7080"
+	const good = "n1=10.0.0.1:7946=10.0.0.1:7080,n2=n2.example:7946=n2.example:7080"
 	if ps, err := ParsePeers(good); err != nil || len(ps) != 2 {
 		t.Fatalf("ParsePeers(%q) = %v, %v", good, ps, err)
 	}
@@ -54,10 +54,42 @@ func TestParsePeersChecksRaftAddrs(t *testing.T) {
 		{"n1=10.0.0.1:99999=10.0.0.1:7080", `raft address "10.0.0.1:99999": port "99999"`},
 		{"n1=10.0.0.1:0=10.0.0.1:7080", `raft address "10.0.0.1:0": port 0`},
 		{"n1=10.0.0.1=10.0.0.1:7080", `raft address "10.0.0.1"`},
-		{"n1=10.0.0.1:7946=10.0.0.1", `http address "10.0.0.1": want host:port`},
+		{"n1=10.0.0.1:7946=10.0.0.1", `http address "10.0.0.1": address 10.0.0.1: missing port in address: want host:port`},
+		// The member table lists the HTTP address, and followers forward
+		// to it: a wildcard reaches the forwarding node itself.
+		{"n1=10.0.0.1:7946=0.0.0.0:7080", `http address "0.0.0.0:7080": 0.0.0.0 listens on every interface`},
+		{"n1=10.0.0.1:7946=[::]:7080", `http address "[::]:7080": :: listens on every interface`},
+		{"n1=10.0.0.1:7946=:7080", `http address ":7080" has no host`},
+		{"n1=10.0.0.1:7946=10.0.0.1:0", `http address "10.0.0.1:0": port 0`},
 	} {
 		if _, err := ParsePeers(c.peers); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("ParsePeers(%q): %v, want an error with %q", c.peers, err, c.want)
+		}
+	}
+}
+
+// TestHTTPAddrIsOneTheOthersCanDial: a member's HTTP address is where the
+// other nodes forward writes to while it leads, so it needs a host they
+// can dial and a port other than 0 (kvrouter --http-advertise, --peers
+// entries, POST /v1/cluster/members). From a review: 0.0.0.0:7080 was
+// taken into the member table, and a follower forwarded to itself.
+func TestHTTPAddrIsOneTheOthersCanDial(t *testing.T) {
+	for _, ok := range []string{"10.0.0.1:7080", "[::1]:7080", "node1.example:7080", "node1.example:http"} {
+		if err := CheckHTTPAddr(ok); err != nil {
+			t.Errorf("CheckHTTPAddr(%q): %v", ok, err)
+		}
+	}
+	for _, c := range []struct{ addr, want string }{
+		{"10.0.0.1", "want host:port"},
+		{":7080", "has no host"},
+		{"0.0.0.0:7080", "0.0.0.0 listens on every interface"},
+		{"[::]:7080", ":: listens on every interface"},
+		{"[::%lo]:7080", "::%lo listens on every interface"},
+		{"10.0.0.1:0", "port 0"},
+		{"10.0.0.1:00", "port 0"},
+	} {
+		if err := CheckHTTPAddr(c.addr); err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), `"`+c.addr+`"`) {
+			t.Errorf("CheckHTTPAddr(%q): %v, want an error that begins with the address and says %q", c.addr, err, c.want)
 		}
 	}
 }

@@ -243,7 +243,8 @@ func membersCommand(e *env) *cli.Command {
 					"node may stay a non-voter (members list: VOTER no); add it again once it runs (which\n" +
 					"resumes the wait), or remove it. RAFTADDR is the new node's own, as its peers dial it:\n" +
 					"a wildcard host (0.0.0.0), port 0, or another spelling of a member's address (localhost\n" +
-					"for 127.0.0.1) is refused.\n\n" +
+					"for 127.0.0.1) is refused. HTTPADDR is the address the other nodes reach its API at\n" +
+					"(its kvrouter --http-advertise): a wildcard host or port 0 is refused.\n\n" +
 					"Example:\n   kvctl members add n4 10.0.0.4:7000 10.0.0.4:7080",
 				Action: func(c *cli.Context) error {
 					if err := args(c, 3, "ID RAFTADDR HTTPADDR"); err != nil {

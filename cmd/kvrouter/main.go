@@ -59,7 +59,8 @@ func newApp() *cli.App {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "node-id", Value: "node1", EnvVars: []string{"KVROUTER_NODE_ID"}, Usage: "this node's Raft id"},
 			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:7000", EnvVars: []string{"KVROUTER_RAFT_ADDR"}, Usage: "Raft listen address (host:port, as peers dial it: not a wildcard such as 0.0.0.0, nor port 0)"},
-			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:7080", EnvVars: []string{"KVROUTER_HTTP_ADDR"}, Usage: "HTTP API listen address (host:port, as peers dial it)"},
+			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:7080", EnvVars: []string{"KVROUTER_HTTP_ADDR"}, Usage: "HTTP API listen address (host:port; 0.0.0.0 or [::] for every interface, then give --http-advertise in a cluster)"},
+			&cli.StringFlag{Name: "http-advertise", EnvVars: []string{"KVROUTER_HTTP_ADVERTISE"}, Usage: "HTTP address the other nodes reach this node at, which the cluster's member table lists and followers forward writes to (host:port: not a wildcard, nor port 0; default: --http-addr)"},
 			&cli.StringFlag{Name: "selection-addr", EnvVars: []string{"KVROUTER_SELECTION_ADDR"}, Usage: "also serve the selection and reservation API at the root of this address (it is always under /selection on --http-addr; docs/compat.md)"},
 			&cli.StringFlag{Name: "data-dir", Value: "data", EnvVars: []string{"KVROUTER_DATA_DIR"}, Usage: "where the Raft log, snapshots and state live"},
 			&cli.StringFlag{Name: "peers", EnvVars: []string{"KVROUTER_PEERS"}, Usage: "bootstrap a new cluster of these voters: id=raftaddr=httpaddr,... (default: this node alone, unless --join)"},
@@ -106,7 +107,7 @@ func newApp() *cli.App {
 func parsePeers(s string) ([]raftfsm.Member, error) { return raftfsm.ParsePeers(s) }
 
 // checkPeers checks that this node is one of the bootstrap peers, as it
-// runs: a node left out would wait forever for a configuration naming it,
+// runs (httpAddr: the address it advertises): a node left out would wait forever for a configuration naming it,
 // and one listed at other addresses would be dialed where it is not.
 func checkPeers(peers []raftfsm.Member, id, raftAddr, httpAddr string) error {
 	for _, p := range peers {
@@ -114,7 +115,7 @@ func checkPeers(peers []raftfsm.Member, id, raftAddr, httpAddr string) error {
 			continue
 		}
 		if p.RaftAddr != raftAddr || p.HTTPAddr != httpAddr {
-			return fmt.Errorf("--peers lists %s at %s (raft) and %s (http), but it runs at --raft-addr %s and --http-addr %s",
+			return fmt.Errorf("--peers lists %s at %s (raft) and %s (http), but it runs at --raft-addr %s and advertises %s (--http-advertise, default --http-addr)",
 				id, p.RaftAddr, p.HTTPAddr, raftAddr, httpAddr)
 		}
 		return nil
@@ -178,9 +179,17 @@ func run(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit(err.Error(), 2)
 	}
-	switch {
-	case len(peers) > 0 && len(via) > 0:
+	if len(peers) > 0 && len(via) > 0 {
 		return cli.Exit("--peers bootstraps a new cluster and --join joins an existing one: give one of them", 2)
+	}
+	listenAddr := httpAddr
+	// From here httpAddr is the advertised address: what the member table
+	// lists, --peers must give and a join asks the cluster to add.
+	httpAddr, err = httpAdvertise(listenAddr, c.String("http-advertise"), len(peers) > 0 || len(via) > 0)
+	if err != nil {
+		return cli.Exit(err.Error(), 2)
+	}
+	switch {
 	case len(peers) > 0:
 		if err := checkPeers(peers, id, raftAddr, httpAddr); err != nil {
 			return cli.Exit(err.Error(), 2)
@@ -200,9 +209,9 @@ func run(c *cli.Context) error {
 	// starts, and answer at once: while the state loads (seconds for
 	// millions of blocks) /healthz is 200 and everything else a 503
 	// not_ready, rather than connections that hang.
-	ln, err := sec.listen(httpAddr)
+	ln, err := sec.listen(listenAddr)
 	if err != nil {
-		return fmt.Errorf("http listen on %s: %w", httpAddr, err)
+		return fmt.Errorf("http listen on %s: %w", listenAddr, err)
 	}
 	var handler atomic.Pointer[http.Handler]
 	handler.Store(&startingHandler)
@@ -236,7 +245,7 @@ func run(c *cli.Context) error {
 			natsSrv.Shutdown()
 		}
 	}
-	cfg := nodeConfig(c, peers, logger)
+	cfg := nodeConfig(c, peers, httpAddr, logger)
 	cfg.DataDirLock = dirLock
 	node, err := raftfsm.NewNode(cfg)
 	if err != nil {
@@ -283,7 +292,10 @@ func run(c *cli.Context) error {
 		go func() { serveErr <- shs.Serve(sln) }()
 		logger.Info("selection API listening", "http", sec.scheme()+"://"+sln.Addr().String())
 	}
-	logger.Info("kvrouter listening", "http", sec.scheme()+"://"+httpAddr, "raft", raftAddr, "data_dir", c.String("data-dir"))
+	logger.Info("kvrouter listening", "http", sec.scheme()+"://"+ln.Addr().String(), "http_advertise", httpAddr, "raft", raftAddr, "data_dir", c.String("data-dir"))
+	if raftfsm.CheckHTTPAddr(httpAddr) != nil {
+		logger.Warn("this node advertises an HTTP address the other nodes cannot dial (a wildcard or port 0): give --http-advertise before other nodes join it", "http_advertise", httpAddr)
+	}
 
 	// The node runs until SIGINT or SIGTERM, or until the app's context
 	// ends (tests run the app with one).
@@ -334,10 +346,11 @@ const (
 )
 
 // nodeConfig is the node's configuration from the flags (checked by run),
-// with the bootstrap peers (none when joining).
-func nodeConfig(c *cli.Context, peers []raftfsm.Member, logger *slog.Logger) raftfsm.Config {
+// with the bootstrap peers (none when joining) and the advertised HTTP
+// address (httpAdvertise).
+func nodeConfig(c *cli.Context, peers []raftfsm.Member, httpAdvertised string, logger *slog.Logger) raftfsm.Config {
 	return raftfsm.Config{
-		ID: c.String("node-id"), RaftAddr: c.String("raft-addr"), HTTPAddr: c.String("http-addr"), DataDir: c.String("data-dir"), Peers: peers,
+		ID: c.String("node-id"), RaftAddr: c.String("raft-addr"), HTTPAddr: httpAdvertised, DataDir: c.String("data-dir"), Peers: peers,
 		HeartbeatTimeout: c.Duration("heartbeat-timeout"), ElectionTimeout: c.Duration("election-timeout"),
 		LeaderLeaseTimeout: c.Duration("leader-lease-timeout"),
 		SnapshotThreshold:  c.Uint64("snapshot-threshold"), SnapshotBytes: c.Int64("snapshot-bytes"), SilentAfter: c.Duration("silent-after"), BookingMaxAge: c.Duration("booking-max-age"), Logger: logger,
@@ -439,6 +452,31 @@ func checkAddr(flag, addr string) error {
 		return fmt.Errorf("--%s %q: port %q: want a number from 0 to 65535", flag, addr, port)
 	}
 	return nil // port 0 listens on a port the kernel picks, which the log shows
+}
+
+// httpAdvertise returns the HTTP address the node advertises: the member
+// table lists it, and followers forward writes to it while the node leads.
+// It is advertise (--http-advertise), or listen (--http-addr) when that is
+// empty. One the other nodes cannot dial (raftfsm.CheckHTTPAddr: a
+// wildcard reaches the forwarding node's own host, port 0 a port the
+// kernel picks) is refused when given as --http-advertise, and when the
+// node is clustered (--peers or --join); a lone node may advertise its
+// --http-addr whatever it is (nobody forwards to it; run logs a warning).
+// The error names the flag first, for a usage error.
+func httpAdvertise(listen, advertise string, clustered bool) (string, error) {
+	if advertise != "" {
+		if err := raftfsm.CheckHTTPAddr(advertise); err != nil {
+			return "", fmt.Errorf("--http-advertise %w", err)
+		}
+		return advertise, nil
+	}
+	if clustered {
+		if err := raftfsm.CheckHTTPAddr(listen); err != nil {
+			return "", fmt.Errorf("--http-addr %w; the other nodes forward writes to this address: "+
+				"to listen on it, give --http-advertise, the address they reach this node at", err)
+		}
+	}
+	return listen, nil
 }
 
 // checkDurations refuses the timing flags that Raft or the event plane

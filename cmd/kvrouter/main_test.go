@@ -7,12 +7,14 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -188,7 +190,7 @@ func TestBookingMaxAgeReachesTheNode(t *testing.T) {
 		app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
 		var got time.Duration
 		app.Action = func(c *cli.Context) error {
-			got = nodeConfig(c, nil, slog.Default()).BookingMaxAge
+			got = nodeConfig(c, nil, "127.0.0.1:7080", slog.Default()).BookingMaxAge
 			return nil
 		}
 		if err := app.Run(append([]string{"kvrouter"}, args...)); err != nil {
@@ -667,7 +669,7 @@ func TestAddressFlagsAreChecked(t *testing.T) {
 func TestStartRefusalsShowNoAPIPrefix(t *testing.T) {
 	dir, raftAddr := singleNodeDir(t)
 	err := runKvrouter(t, "--node-id", "node1", "--data-dir", dir, "--raft-addr", raftAddr, "--http-addr", "127.0.0.1:0", "--nats-addr", "127.0.0.1:0",
-		"--join", "127.0.0.1:1")
+		"--http-advertise", "127.0.0.1:7080", "--join", "127.0.0.1:1")
 	if want := dir + " holds a cluster that this node bootstrapped alone"; !errors.Is(err, raftfsm.ErrStartRefused) || !strings.HasPrefix(err.Error(), want) {
 		t.Fatalf("a node alone started to join: %q, want a start refused beginning %q", err, want)
 	}
@@ -779,5 +781,91 @@ func TestJoinTakesAListOfMembers(t *testing.T) {
 		"--http-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--join", list})
 	if err != nil || leader.Calls()["AddMember"] == 0 {
 		t.Fatalf("kvrouter --join %s: %v, %d joins; want it joined through the member that answers", list, err, leader.Calls()["AddMember"])
+	}
+}
+
+// TestHTTPAdvertiseIsWhatTheClusterListsTheNodeAt: --http-addr is what the
+// node listens on, --http-advertise (default: --http-addr) what the member
+// table lists it at and the other nodes forward to. An advertised address
+// they cannot dial (a wildcard, port 0) is a usage error (exit 2) for a
+// node of a cluster (--peers, --join), and whenever --http-advertise is
+// given; a lone node may still listen on 0.0.0.0 and advertise it. From a
+// review: --http-addr 0.0.0.0:7080 went into the member table, and a
+// follower forwarded the leader's writes to itself.
+func TestHTTPAdvertiseIsWhatTheClusterListsTheNodeAt(t *testing.T) {
+	const peers = "node1=127.0.0.1:7001=127.0.0.1:7081,n2=127.0.0.1:7002=127.0.0.1:7082"
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--http-addr", "0.0.0.0:7081", "--raft-addr", "127.0.0.1:7001", "--peers", peers}, "--http-addr"},
+		{[]string{"--http-addr", "[::]:7081", "--join", "127.0.0.1:7082"}, "--http-addr"},
+		{[]string{"--http-addr", "127.0.0.1:0", "--join", "127.0.0.1:7082"}, "--http-addr"},
+		{[]string{"--http-advertise", "0.0.0.0:7081"}, "--http-advertise"},
+		{[]string{"--http-advertise", "127.0.0.1:0"}, "--http-advertise"},
+		{[]string{"--http-advertise", ":7081"}, "--http-advertise"},
+		{[]string{"--http-advertise", "bad"}, "--http-advertise"},
+	} {
+		dir := filepath.Join(t.TempDir(), "data")
+		err := runKvrouter(t, append([]string{"--data-dir", dir}, c.args...)...)
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.HasPrefix(err.Error(), c.want+" ") {
+			t.Errorf("kvrouter %q: %v, want exit 2 naming %s", c.args, err, c.want)
+		}
+		if c.want == "--http-addr" && !strings.Contains(fmt.Sprint(err), "--http-advertise") {
+			t.Errorf("kvrouter %q: %v, want it to say to give --http-advertise", c.args, err)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("kvrouter %q touched the data directory (%v)", c.args, err)
+		}
+	}
+	// A lone node (no --peers, no --join) may listen on a wildcard or port 0
+	// and advertise it: nobody forwards to it. With --http-advertise, a
+	// node of a cluster may listen on either.
+	for _, c := range []struct {
+		listen, advertise string
+		clustered         bool
+		want              string
+	}{
+		{"0.0.0.0:7080", "", false, "0.0.0.0:7080"},
+		{"127.0.0.1:0", "", false, "127.0.0.1:0"},
+		{"0.0.0.0:7080", "10.0.0.1:7080", true, "10.0.0.1:7080"},
+		{"[::]:7080", "node1.example:7080", true, "node1.example:7080"},
+		{"10.0.0.1:7080", "", true, "10.0.0.1:7080"},
+	} {
+		got, err := httpAdvertise(c.listen, c.advertise, c.clustered)
+		if err != nil || got != c.want {
+			t.Errorf("--http-addr %q --http-advertise %q (clustered %v): %q, %v; want %q", c.listen, c.advertise, c.clustered, got, err, c.want)
+		}
+	}
+
+	// A joining node asks the cluster to add it at its advertised address.
+	leader := apitest.New("n1", "")
+	srv := api.NewServer(leader, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewServer(srv)
+	defer func() { hs.Close(); srv.Close() }()
+	app := newApp()
+	app.ExitErrHandler = func(*cli.Context, error) {}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go func() { // stop the node once it has joined
+		for ctx.Err() == nil && leader.Calls()["AddMember"] == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		cancel()
+	}()
+	const advertised = "n4.example:7080"
+	err := app.RunContext(ctx, []string{"kvrouter", "--node-id", "n4", "--data-dir", t.TempDir(), "--raft-addr", freeAddr(t),
+		"--http-addr", "127.0.0.1:0", "--http-advertise", advertised, "--nats-addr", "127.0.0.1:0", "--join", strings.TrimPrefix(hs.URL, "http://")})
+	if err != nil {
+		t.Fatalf("kvrouter --join: %v", err)
+	}
+	ms, err := leader.Members(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(ms, func(m raftfsm.Member) bool { return m.ID == "n4" })
+	if i < 0 || ms[i].HTTPAddr != advertised {
+		t.Fatalf("members after the join %+v, want n4 at --http-advertise %q", ms, advertised)
 	}
 }
