@@ -406,7 +406,14 @@ func (ix *Index) removeOne(rs *rankState, eh uint64, t kvevent.Tier) {
 	h := &n.holders[i]
 	m := h.mask()
 	if !m.Has(t) {
-		return // not held in this tier: nothing to do
+		// Not held in this tier; a held store may still have the block in
+		// t (a store of it there waiting for its parent), and the engine
+		// has just said it is gone from t: cut it, as for a block the rank
+		// does not hold at all, or adoption would bring it back.
+		if len(rs.orphans) > 0 {
+			ix.removeHeldOrphanBlock(rs, eh, t)
+		}
+		return
 	}
 	ix.counters.RemovedBlocks++
 	if m == t.Bit() {

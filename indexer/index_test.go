@@ -739,3 +739,31 @@ func TestDigestLeavesOut(t *testing.T) {
 		t.Fatal("the digest covers capacity or empty ranks")
 	}
 }
+
+// A remove cuts a held store of the block in its tier even when the rank
+// also holds the block in another tier: before, the remove found the
+// block held (on the device), saw the tier was not set there and
+// returned, and the held host store was adopted later, a residency the
+// engine had removed.
+func TestRemoveCutsHeldOrphanOfABlockHeldInAnotherTier(t *testing.T) {
+	ix := New(propCfg)
+	mustApply(t, ix,
+		stored(rk1, dev, []kvevent.Block{{EngineHash: 9, LocalHash: 19}, {EngineHash: 5, LocalHash: 15}}),
+		removed(rk1, dev, 9), // 5 stays on the device
+		storedUnder(rk1, host, 9, []kvevent.Block{{EngineHash: 5, LocalHash: 15}}), // parent unknown: held
+		removed(rk1, host, 5), // cuts the held store
+		stored(rk1, host, []kvevent.Block{{EngineHash: 9, LocalHash: 19}}), // the parent arrives
+	)
+	d, err := ix.DumpRank(rk1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range d.Entries {
+		if e.EngineHash == 5 && e.Mask.Has(host) {
+			t.Errorf("block 5 held in host (mask %v) after the engine removed it there", e.Mask)
+		}
+	}
+	if len(d.Orphans) != 0 {
+		t.Errorf("held stores left: %+v", d.Orphans)
+	}
+}

@@ -267,7 +267,9 @@ func (m *model) enforce(mr *mRank, t kvevent.Tier) {
 
 func (m *model) remove(mr *mRank, eh uint64, t kvevent.Tier) {
 	e, ok := mr.blocks[eh]
-	if !ok {
+	if !ok || !e.mask.Has(t) {
+		// Not held in t: a held store of eh in t is cut (held elsewhere
+		// or not at all).
 		for i := range mr.orphans {
 			o := &mr.orphans[i]
 			if o.tier != t {
