@@ -429,8 +429,8 @@ func checkStatsShape(t *testing.T, a answer) {
 	if h, _ := m["heap_bytes"].(float64); h <= 0 {
 		t.Fatalf("heap_bytes = %v, want the node's heap", m["heap_bytes"])
 	}
-	if got := len(keysOf(m["counters"])); got != 10 {
-		t.Fatalf("%d counters, want 10", got)
+	if got := len(keysOf(m["counters"])); got != 11 {
+		t.Fatalf("%d counters, want 11", got)
 	}
 }
 

@@ -318,6 +318,7 @@ type IndexCounters struct {
 	OrphansDropped  uint64 `json:"orphans_dropped"`
 	Remapped        uint64 `json:"remapped"`
 	CapacityEvicted uint64 `json:"capacity_evicted"`
+	NameCollisions  uint64 `json:"name_collisions"` // stores cut at a block whose node would take a live node's name
 }
 
 func indexStats(s indexer.Stats) IndexStats {
@@ -330,7 +331,7 @@ func indexStats(s indexer.Stats) IndexStats {
 			StoredBlocks: c.StoredBlocks, RemovedBlocks: c.RemovedBlocks, Cleared: c.Cleared,
 			UnknownRemoves: c.UnknownRemoves, Malformed: c.Malformed,
 			OrphansHeld: c.OrphansHeld, OrphansApplied: c.OrphansApplied, OrphansDropped: c.OrphansDropped,
-			Remapped: c.Remapped, CapacityEvicted: c.CapacityEvicted,
+			Remapped: c.Remapped, CapacityEvicted: c.CapacityEvicted, NameCollisions: c.NameCollisions,
 		},
 	}
 }

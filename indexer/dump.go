@@ -112,13 +112,18 @@ func (ix *Index) DumpRank(r kvevent.Rank) (RankDump, error) {
 
 // LoadRank replaces the rank's state with d, atomically: d is checked
 // first, and a bad dump returns an error wrapping ErrBadDump and changes
-// nothing. The rank's resync flag clears.
+// nothing. A dump is bad when it is inconsistent in itself, and when a
+// node it would create is named (Seq) as a node of the index at another
+// position: names are unique (DESIGN.md). The rank's resync flag clears.
 func (ix *Index) LoadRank(d *RankDump) error {
 	if err := d.validate(); err != nil {
 		return fmt.Errorf("load %s: %w", d.Rank, err)
 	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	if err := ix.checkDumpNames(d); err != nil {
+		return fmt.Errorf("load %s: %w", d.Rank, err)
+	}
 	rs := ix.rankFor(d.Rank, true)
 	ix.clearRank(rs)
 	rs.cap = d.Capacity
@@ -131,6 +136,7 @@ func (ix *Index) LoadRank(d *RankDump) error {
 		c := parent.child(dn.Local)
 		if c == nil {
 			c = ix.pool.get(parent, dn.Local, dn.Seq)
+			ix.names.put(dn.Seq, c) // free: checkDumpNames
 			parent.addChild(c)
 			ix.nodes++
 			if ix.journal != nil {
@@ -166,6 +172,33 @@ func (ix *Index) LoadRank(d *RankDump) error {
 	// hand-made dump) must not linger.
 	for _, dn := range slices.Backward(d.Nodes) {
 		ix.unlink(nodes[dn.Seq])
+	}
+	return nil
+}
+
+// checkDumpNames returns an error wrapping ErrBadDump if loading d (a
+// valid dump) could create a node under a name a live node has: a dump
+// node at a position the tree lacks, or whose node there has another name,
+// must have a name no node has. It looks before the rank is cleared, so it
+// may refuse a name that only the rank's own nodes hold; a consistent dump
+// names each position as the tree does and never meets that.
+func (ix *Index) checkDumpNames(d *RankDump) error {
+	at := make(map[uint64]*node, len(d.Nodes)) // a dump node's live node at its position, nil when none
+	for _, dn := range d.Nodes {
+		var c *node
+		if parent := &ix.root; dn.Root || at[dn.Parent] != nil {
+			if !dn.Root {
+				parent = at[dn.Parent]
+			}
+			c = parent.child(dn.Local)
+		}
+		if c == nil || c.seq != dn.Seq {
+			if other, ok := ix.names.get(dn.Seq); ok {
+				return fmt.Errorf("%w: node %#x (content hash %#x) is named as the node of content hash %#x at another position",
+					ErrBadDump, dn.Seq, dn.Local, other.local)
+			}
+		}
+		at[dn.Seq] = c
 	}
 	return nil
 }

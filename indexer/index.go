@@ -59,6 +59,10 @@ type Counters struct {
 	OrphansDropped  uint64 // held stores dropped (bound, age, or removed first)
 	Remapped        uint64 // engine hashes that moved to another node
 	CapacityEvicted uint64 // entries dropped because a rank exceeded capacity
+	// NameCollisions counts stores cut short at a block whose new node's
+	// name (its sequence hash) a node at another position already has: the
+	// block and the rest of its event are not stored (DESIGN.md, names).
+	NameCollisions uint64
 }
 
 // Index is the tiered radix index. It is safe for concurrent use: one
@@ -71,6 +75,7 @@ type Index struct {
 
 	root  node
 	pool  nodePool            // the tree's nodes; pool.huge is &huge
+	names blockMap            // every node's sequence hash -> the node: names are unique (DESIGN.md)
 	huge  hugepage.Scratch    // the pool's slabs advised for huge pages
 	ranks []*rankState        // by slot; nil when the slot is free
 	slots rankmap.Map[uint32] // rank -> slot
@@ -271,14 +276,31 @@ func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH u
 		}
 		parent = p
 	}
-	for _, b := range blocks {
+	stored := len(blocks)
+	for i, b := range blocks {
 		c := parent.child(b.LocalHash)
 		if c == nil {
 			seq := b.LocalHash
 			if parent != &ix.root {
 				seq = kvevent.SequenceHash(parent.seq, b.LocalHash)
 			}
+			// A node is known by its name alone in dumps, the digest, the
+			// journal and the rebuild, and content hashes come from
+			// publishers unchecked: a name another position has (a root
+			// block whose content hash is a deeper node's sequence hash,
+			// or two 64-bit hashes equal by chance or by search) would
+			// make the rank's dump unloadable and the durable copy lose a
+			// node. The block and the rest of the event (which hangs
+			// below it) are refused instead. One probe both checks the
+			// name and finds where it goes.
+			ref, other := ix.names.lookup(seq)
+			if other != nil {
+				ix.counters.NameCollisions++
+				stored = i
+				break
+			}
 			c = ix.pool.get(parent, b.LocalHash, seq)
+			ix.names.setAt(ref, seq, c)
 			parent.addChild(c)
 			ix.nodes++
 			if ix.journal != nil {
@@ -288,7 +310,7 @@ func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH u
 		ix.setBit(rs, c, b.EngineHash, t)
 		parent = c
 	}
-	ix.counters.StoredBlocks += uint64(len(blocks))
+	ix.counters.StoredBlocks += uint64(stored)
 	if len(rs.orphans) > 0 {
 		ix.adoptOrphans(rs, now)
 	}
@@ -467,6 +489,7 @@ func (ix *Index) unlink(n *node) {
 	for n != &ix.root && n.parent != nil && len(n.holders) == 0 && !n.hasChildren() {
 		p := n.parent
 		p.removeChild(n.local)
+		ix.names.del(n.seq)
 		ix.nodes--
 		if ix.journal != nil {
 			ix.journal.NodeFreed(n.seq)

@@ -246,6 +246,7 @@ func (ix *Index) Take(o *Index) {
 	ix.root.c1, ix.root.more = o.root.c1, o.root.more
 	ix.root.forEachChild(func(c *node) { c.parent = &ix.root })
 	ix.pool, o.pool = o.pool, nodePool{huge: &o.huge}
+	ix.names, o.names = o.names, blockMap{}
 	ix.pool.huge = &ix.huge
 	o.huge.MoveTo(&ix.huge) // the slabs' records go with them
 	ix.ranks, ix.slots, ix.free = o.ranks, o.slots, o.free
@@ -261,6 +262,7 @@ func (ix *Index) Take(o *Index) {
 	c.OrphansDropped += oc.OrphansDropped
 	c.Remapped += oc.Remapped
 	c.CapacityEvicted += oc.CapacityEvicted
+	c.NameCollisions += oc.NameCollisions
 	o.resetLocked()
 	o.counters = Counters{}
 }
@@ -329,6 +331,17 @@ func (l *Loader) build(ix *Index) error {
 	}
 	nodes := l.seqs
 	l.adoptTree(ix)
+	// Every node's name, for the write path's check (Index.names). The
+	// records are one per seq and each builds at most one node, so the
+	// names of the tree are unique; two records of one position share
+	// their node, named by the first.
+	ix.names = newBlockMap(int(ix.nodes))
+	for k := range nodes.recs {
+		if nodes.state[k] == linkDone {
+			n := nodes.recs[k].n
+			ix.names.put(n.seq, n)
+		}
+	}
 
 	// Ranks take slots in rank order: deterministic, and the order in
 	// which their entries are applied below, so that every holder lands

@@ -230,6 +230,9 @@ func checkInvariants(t interface{ Fatalf(string, ...any) }, ix *Index) {
 			if c.parent != n {
 				t.Fatalf("node %#x: parent link broken", c.seq)
 			}
+			if named, _ := ix.names.get(c.seq); named != c {
+				t.Fatalf("node %#x: its name maps to another node (%p, not %p)", c.seq, named, c)
+			}
 			if len(c.holders) == 0 && !c.hasChildren() {
 				t.Fatalf("node %#x is held by nobody and has no children: should be unlinked", c.seq)
 			}
@@ -255,6 +258,12 @@ func checkInvariants(t interface{ Fatalf(string, ...any) }, ix *Index) {
 		})
 	}
 	walk(&ix.root)
+	if err := ix.names.check(); err != nil {
+		t.Fatalf("names: %v", err)
+	}
+	if int64(ix.names.len()) != nodes {
+		t.Fatalf("%d names for %d nodes", ix.names.len(), nodes)
+	}
 	if nodes != ix.nodes || entries != ix.entries || perTier != ix.perTier {
 		t.Fatalf("counts: walked nodes=%d entries=%d tiers=%v, kept nodes=%d entries=%d tiers=%v",
 			nodes, entries, perTier, ix.nodes, ix.entries, ix.perTier)

@@ -332,6 +332,7 @@ func printIndexStats(e *env, st *api.IndexStats) error {
 		{"orphans dropped", u64(k.OrphansDropped)},
 		{"remapped hashes", u64(k.Remapped)},
 		{"capacity evictions", u64(k.CapacityEvicted)},
+		{"name collisions", u64(k.NameCollisions)},
 		{"index memory (estimate)", size(st.MemoryBytes)},
 		{"heap in use", size(int64(st.HeapBytes))},
 	}
