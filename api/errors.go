@@ -22,6 +22,7 @@ const (
 	ReasonUnknownWorker    = "unknown_worker"     // 404
 	ReasonUnknownRank      = "unknown_rank"       // 404
 	ReasonStaleDump        = "stale_dump"         // 409: the rank's cursor is past the dump's
+	ReasonConflict         = "conflict"           // 409: a registration breaks a rule of another API the node serves (ErrConflict)
 	ReasonMethodNotAllowed = "method_not_allowed" // 405
 	ReasonTooLarge         = "too_large"          // 413: the body is over the server's limit
 	ReasonInternal         = "internal"           // 500: a bug or a storage failure; see the node's log
@@ -34,6 +35,10 @@ const (
 	ReasonTimeout          = "timeout"            // 503: the node gave up waiting (the write may still apply; retrying is safe)
 	ReasonCanceled         = "canceled"           // 503: the client went away
 )
+
+// ErrConflict is what a worker check (Server.CheckWorkers) wraps to refuse
+// a registration that breaks its API's rules: 409 conflict.
+var ErrConflict = errors.New("conflict")
 
 // httpError is an error with the status code and reason it is answered
 // with. Handlers return it for input they refuse.
@@ -75,6 +80,8 @@ func classify(err error) (int, string) {
 		return http.StatusNotFound, ReasonUnknownRank
 	case errors.Is(err, raftfsm.ErrStaleDump):
 		return http.StatusConflict, ReasonStaleDump
+	case errors.Is(err, ErrConflict):
+		return http.StatusConflict, ReasonConflict
 	case errors.Is(err, raftfsm.ErrBadSnapshot):
 		return http.StatusBadRequest, ReasonBadSnapshot
 	case errors.Is(err, raftfsm.ErrInvalid), errors.Is(err, raftfsm.ErrBadCommand),

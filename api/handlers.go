@@ -136,9 +136,13 @@ func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	// Under the backend's worker-table lock, which the compatible APIs'
-	// read-modify-writes of the table take too.
+	// read-modify-writes of the table take too: the checks judge the table
+	// the registration is written into.
 	unlock := raftfsm.LockWorkers(s.b)
-	err = s.b.RegisterWorker(r.Context(), info)
+	err = s.checkWorker(info)
+	if err == nil {
+		err = s.b.RegisterWorker(r.Context(), info)
+	}
 	unlock()
 	if err != nil {
 		return err

@@ -114,6 +114,9 @@ type Server struct {
 	transport http.RoundTripper
 	ownTransp *http.Transport    // closed by Close; nil when the caller gave one
 	tokenSum  *[sha256.Size]byte // of Options.Token; nil: no token asked
+
+	checksMu sync.Mutex
+	checks   []func(raftfsm.WorkerInfo) error // CheckWorkers
 }
 
 // NewServer returns the API of backend b.
@@ -242,6 +245,34 @@ func (s *Server) HandleFunc(pattern string, h func(w http.ResponseWriter, r *htt
 // routes are.
 func (s *Server) HandleFuncOnce(pattern string, h func(w http.ResponseWriter, r *http.Request) error) {
 	s.handleOnce(pattern, optionalJSONBody, h)
+}
+
+// CheckWorkers adds a check that every POST /v1/workers registration must
+// pass before it is proposed: the APIs served beside /v1 (package compat)
+// see /v1 workers too, and keep rules over the worker table that a /v1
+// registration must not break. check runs under the backend's worker-table
+// lock (raftfsm.LockWorkers), so it must not take that lock; it judges the
+// leader's table, and returns the error a write on a follower returns
+// (wrapping raftfsm.ErrNotLeader: forwarded to the leader) where it runs
+// on one. An error wrapping ErrConflict is answered 409 conflict; any
+// other as the backend's errors are.
+func (s *Server) CheckWorkers(check func(w raftfsm.WorkerInfo) error) {
+	s.checksMu.Lock()
+	defer s.checksMu.Unlock()
+	s.checks = append(s.checks, check)
+}
+
+// checkWorker runs the CheckWorkers checks on a /v1 registration.
+func (s *Server) checkWorker(w raftfsm.WorkerInfo) error {
+	s.checksMu.Lock()
+	checks := s.checks
+	s.checksMu.Unlock()
+	for _, c := range checks {
+		if err := c(w); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ServeHTTP answers a request. Unknown paths and methods get JSON errors

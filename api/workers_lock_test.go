@@ -2,6 +2,8 @@ package api_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http/httptest"
 	"strings"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
@@ -68,3 +71,49 @@ func TestWorkerWritesTakeTheBackendsLock(t *testing.T) {
 }
 
 type httptestRequest struct{ method, path, body string }
+
+// TestWorkerChecksJudgeRegistrations: a check added with CheckWorkers
+// runs under the backend's worker-table lock before a /v1 registration is
+// written; one that returns an error wrapping ErrConflict refuses it with
+// 409 conflict, which the Go client matches as api.ErrConflict, and
+// nothing is written.
+func TestWorkerChecksJudgeRegistrations(t *testing.T) {
+	b := &lockingBackend{Fake: apitest.New("n1", "")}
+	s := api.NewServer(b, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	defer s.Close()
+	var checked, unlocked int
+	s.CheckWorkers(func(w raftfsm.WorkerInfo) error {
+		checked++
+		if !b.held() {
+			unlocked++
+		}
+		if w.Model == "taken" {
+			return fmt.Errorf("%w: model taken", api.ErrConflict)
+		}
+		return nil
+	})
+	hs := httptest.NewServer(s)
+	defer hs.Close()
+	c, err := client.New([]string{hs.URL}, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 7, BlockSize: 16, Model: "taken"}); !errors.Is(err, api.ErrConflict) {
+		t.Errorf("a registration the check refuses: %v, want api.ErrConflict", err)
+	}
+	var ae *client.Error
+	if errors.As(err, &ae) && (ae.StatusCode != 409 || ae.Reason != api.ReasonConflict) {
+		t.Errorf("a registration the check refuses: %d %s, want 409 %s", ae.StatusCode, ae.Reason, api.ReasonConflict)
+	}
+	if ws := b.Workers(); len(ws) != 0 {
+		t.Errorf("a refused registration was written: %+v", ws)
+	}
+	if err := c.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 7, BlockSize: 16, Model: "free"}); err != nil {
+		t.Errorf("a registration the check takes: %v", err)
+	}
+	if checked != 2 || unlocked != 0 {
+		t.Errorf("the check ran %d times (want 2), %d of them without the worker-table lock", checked, unlocked)
+	}
+}

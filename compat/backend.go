@@ -57,6 +57,11 @@ type Router interface {
 	// no_leader with X-Kvrouter-Maybe-Applied, not forwarded to the new
 	// leader, where it would apply a second time.
 	HandleFuncOnce(pattern string, h func(w http.ResponseWriter, r *http.Request) error)
+	// CheckWorkers adds a check of every /v1 worker registration, run under
+	// the worker-table lock before it is proposed; an error wrapping
+	// api.ErrConflict refuses it with a 409. The namespace rules hold
+	// for /v1 workers too: they are in the compatible APIs' namespaces.
+	CheckWorkers(check func(w raftfsm.WorkerInfo) error)
 }
 
 // DefaultTenant is the tenant of a request that names none.

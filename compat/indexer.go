@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/enginesub"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/internal/jsonscan"
@@ -303,6 +304,7 @@ func NewIndexer(b Backend, log *slog.Logger) *Indexer {
 // is not safe twice (a second answers 404 for what the first removed):
 // it is registered with HandleFuncOnce.
 func (x *Indexer) Routes(r Router, prefix string) {
+	r.CheckWorkers(x.checkV1Worker)
 	r.HandleFunc("POST "+prefix+"/register", bodyHandler(http.StatusCreated, func(ctx context.Context, req *RegisterRequest) (any, error) {
 		return statusOK, x.doRegister(ctx, req)
 	}))
@@ -568,7 +570,8 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 // block size for all (the namespace's queries hash and score with one),
 // and an instance id no /v1 worker of the namespace has (a /v1 worker is
 // the instance of its own id there, and answers are keyed by instance).
-// Both registration APIs call it, under regMu.
+// Both registration APIs call it, under regMu; /v1 registrations keep the
+// same rules (checkV1Worker).
 func joinsNamespace(table map[uint64]raftfsm.WorkerInfo, w *raftfsm.WorkerInfo) error {
 	if err := keepsBlockSize(table, w); err != nil {
 		return err
@@ -579,6 +582,49 @@ func joinsNamespace(table map[uint64]raftfsm.WorkerInfo, w *raftfsm.WorkerInfo) 
 		if inst, ot := instanceOf(wid, &o); o.Model == w.Model && ot == tenant && inst == instance {
 			return &httpError{code: http.StatusConflict, err: fmt.Errorf(
 				"instance %d of %s/%s is a worker registered through /v1/workers", instance, w.Model, tenant)}
+		}
+	}
+	return nil
+}
+
+// checkV1Worker holds a /v1 registration (api.Server.CheckWorkers) to the
+// namespace rules that joinsNamespace holds the compatible APIs' to: a /v1
+// worker is the instance of its own id in the default tenant of its model,
+// and one of another block size than the namespace's, or of the id of an
+// instance registered there through the compatible APIs, would change the
+// block size the namespace's queries hash with (the smallest worker id's,
+// namespaceOf) or answer as that instance beside it. It runs under regMu
+// (the api holds the worker-table lock) and judges the leader's table.
+func (x *Indexer) checkV1Worker(w raftfsm.WorkerInfo) error {
+	if err := x.b.CheckLeader(); err != nil {
+		return err
+	}
+	table := x.b.WorkerTable()
+	old, ok := table[w.ID]
+	if ok && old.Tenant != "" {
+		// A /v1 registration would replace it, dropping it from its
+		// namespace.
+		return fmt.Errorf("%w: worker %d is instance %d of %s/%s, registered through the compatible APIs (docs/compat.md)",
+			api.ErrConflict, w.ID, old.Instance, old.Model, old.Tenant)
+	}
+	if w.Model == "" {
+		// In no namespace the compatible APIs serve: they require a model.
+		return nil
+	}
+	if ok && old.Model == w.Model && old.BlockSize == w.BlockSize {
+		// Nothing the rules judge changes: a worker that broke them before
+		// they held for /v1 (an upgrade) still re-registers (kvagent does
+		// at every start).
+		return nil
+	}
+	if err := keepsBlockSize(table, &w); err != nil {
+		return fmt.Errorf("%w: worker %d: %w", api.ErrConflict, w.ID, err)
+	}
+	for wid := range table {
+		o := table[wid]
+		if o.Tenant == DefaultTenant && o.Model == w.Model && o.Instance == w.ID {
+			return fmt.Errorf("%w: instance %d of %s/%s is registered through the compatible APIs (worker %d)",
+				api.ErrConflict, w.ID, w.Model, DefaultTenant, wid)
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -461,5 +462,92 @@ func TestCatalogAddKeepsNamespaceRules(t *testing.T) {
 	mustCode(t, add(CatalogWorker{WorkerID: 9, ModelName: "m\x00x", RoutingGroup: "t", BlockSize: 4}), 400, "a NUL in model_name")
 	if got := len(n.node.WorkerTable()); got != 5 {
 		t.Errorf("the table holds %d workers, want 5", got)
+	}
+}
+
+// v1Register registers a worker through POST /v1/workers.
+func (n *testNode) v1Register(t *testing.T, body string) reply {
+	t.Helper()
+	return n.do(t, codecJSON, "POST", "/v1/workers", []byte(body))
+}
+
+// mustConflict checks that r is the /v1 API's 409 conflict.
+func mustConflict(t *testing.T, r reply, what string) {
+	t.Helper()
+	mustCode(t, r, http.StatusConflict, what)
+	var e struct{ Reason string }
+	if err := json.Unmarshal(r.body, &e); err != nil || e.Reason != api.ReasonConflict {
+		t.Errorf("%s: body %s, want reason %q", what, r.body, api.ReasonConflict)
+	}
+}
+
+// TestV1RegistrationKeepsNamespaceBlockSize: from a review. A /v1 worker
+// of a compat namespace's model and another block size registered (204),
+// and from then on the namespace's queries hashed with its block size (the
+// smallest worker id's, and /v1 ids are small): the compat instance's
+// cached blocks were never found again.
+func TestV1RegistrationKeepsNamespaceBlockSize(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557",
+		ModelName: "llama", BlockSize: testBlockSize, Agentless: ptr(false)}), 201, "register instance 1")
+	mustCode(t, n.do(t, codecJSON, "POST", "/events", EventsRequest{InstanceID: 1, ModelName: "llama",
+		Events: []Event{stored(1, 0, "", 0, 3)}}), 200, "events")
+
+	mustConflict(t, n.v1Register(t, `{"worker_id":7,"block_size":8,"model":"llama"}`), "a /v1 worker of another block size")
+	r := n.do(t, codecJSON, "POST", "/query", QueryRequest{TokenIDs: prompt, ModelName: "llama"})
+	var got QueryResponse
+	if err := json.Unmarshal(r.body, &got); err != nil {
+		t.Fatalf("query: %v: %s", err, r.body)
+	}
+	if got.Scores["1"]["0"] != 12 {
+		t.Errorf("instance 1's 12 cached tokens are not found after the refused /v1 registration: %s", r.body)
+	}
+
+	mustCode(t, n.v1Register(t, `{"worker_id":7,"block_size":4,"model":"llama"}`), 204, "the namespace's block size")
+	mustConflict(t, n.v1Register(t, `{"worker_id":7,"block_size":8,"model":"llama"}`), "worker 7 moving to another block size")
+	mustCode(t, n.v1Register(t, `{"worker_id":8,"block_size":8,"model":"mistral"}`), 204, "another model")
+	mustCode(t, n.v1Register(t, `{"worker_id":9,"block_size":8}`), 204, "no model: in no compat namespace")
+
+	// A namespace that broke the rule before /v1 registrations kept it (an
+	// upgrade): re-registering its worker unchanged goes through, as
+	// kvagent does at every start; changing its namespace does not.
+	if err := n.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 3, BlockSize: 16, Model: "llama"}); err != nil {
+		t.Fatal(err)
+	}
+	mustCode(t, n.v1Register(t, `{"worker_id":3,"block_size":16,"model":"llama","endpoint":"http://w3"}`), 204,
+		"re-registering a worker of an older conflict")
+	mustConflict(t, n.v1Register(t, `{"worker_id":8,"block_size":8,"model":"llama"}`), "worker 8 moving into llama")
+}
+
+// TestV1RegistrationRefusesACompatInstanceID: from a review. A /v1 worker
+// of a compat instance's id and model registered, and two workers answered
+// as that instance (the catalog listed it twice, /query merged their
+// scores).
+func TestV1RegistrationRefusesACompatInstanceID(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "llama",
+		BlockSize: testBlockSize}), 201, "add instance 1")
+
+	mustConflict(t, n.v1Register(t, `{"worker_id":1,"block_size":4,"model":"llama"}`), "the id of compat instance 1")
+	mustCode(t, n.v1Register(t, `{"worker_id":1,"block_size":4,"model":"mistral"}`), 204, "that id for another model")
+	mustConflict(t, n.v1Register(t, `{"worker_id":1,"block_size":4,"model":"llama"}`), "/v1 worker 1 moving into llama")
+	// A /v1 registration of a compat worker's own id would replace it.
+	id := WorkerID(1, "llama", DefaultTenant)
+	mustConflict(t, n.v1Register(t, fmt.Sprintf(`{"worker_id":%d,"block_size":4,"model":"llama"}`, id)),
+		"the worker id of compat instance 1")
+
+	r := n.do(t, codecJSON, "GET", "/selection/workers", nil)
+	var ws []CatalogWorker
+	if err := json.Unmarshal(r.body, &ws); err != nil {
+		t.Fatalf("catalog: %v: %s", err, r.body)
+	}
+	var ones int
+	for _, w := range ws {
+		if w.WorkerID == 1 && w.ModelName == "llama" && w.RoutingGroup == DefaultTenant {
+			ones++
+		}
+	}
+	if ones != 1 {
+		t.Errorf("%d catalog workers are instance 1 of llama/default, want 1: %s", ones, r.body)
 	}
 }

@@ -193,6 +193,9 @@ func NewSelection(b SelectionBackend, log *slog.Logger) *Selection {
 // removal and a reservation's release (a second answers 404 for what the
 // first removed), and an output block (a second adds another block).
 func (s *Selection) Routes(r Router, prefix string) {
+	// The Indexer's check again when both APIs are served: it is cheap,
+	// and either API served alone keeps its namespaces whole.
+	r.CheckWorkers(s.x.checkV1Worker)
 	r.HandleFunc("POST "+prefix+"/workers", bodyHandler(http.StatusCreated, s.addWorker))
 	r.HandleFunc("PATCH "+prefix+"/workers/{id}", s.patchWorker)
 	r.HandleFuncOnce("DELETE "+prefix+"/workers/{id}", s.deleteWorker)

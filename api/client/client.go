@@ -266,6 +266,8 @@ func (e *Error) Unwrap() error {
 		return raftfsm.ErrUnreachable
 	case api.ReasonUnauthorized:
 		return ErrUnauthorized
+	case api.ReasonConflict:
+		return api.ErrConflict
 	}
 	return nil
 }
