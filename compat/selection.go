@@ -785,10 +785,8 @@ func (s *Selection) release(w http.ResponseWriter, r *http.Request) error {
 func (s *Selection) outputBlock(w http.ResponseWriter, r *http.Request) error {
 	c := codecOf(r)
 	var req OutputBlockRequest
-	if r.ContentLength != 0 {
-		if err := decode(r, c, &req); err != nil {
-			return answer(w, c, 0, nil, err)
-		}
+	if err := decodeOptional(r, c, &req); err != nil {
+		return answer(w, c, 0, nil, err)
 	}
 	weight := int64(raftfsm.NoDecay)
 	if f := req.DecayFraction; f != nil {

@@ -3,6 +3,7 @@ package compat
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -470,5 +471,62 @@ func TestMainPortRedirectKeepsAnEscapedID(t *testing.T) {
 	// a/b must be the one released (the selection port releases a/b for "/./reservations/a%2Fb").
 	if r := n.do(t, codecJSON, "DELETE", "/selection/reservations/a%2Fb", nil); r.code == 200 {
 		t.Errorf("main port: the unclean path released another reservation than a/b (a/b still live); the selection port releases a/b for the same path")
+	}
+}
+
+// TestOutputBlockBodyIsOptional: an output_block without fields, its body
+// empty or all whitespace, sent with a length or streamed (chunked), adds
+// one block. From a review: whether the body was read went by
+// Content-Length, so a chunked empty body was a 400 "bad request body:
+// empty" (and a whitespace one with a length too), where the docs call the
+// body optional.
+func TestOutputBlockBodyIsOptional(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "m", BlockSize: 4}), 201, "add worker")
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", ReservationRequest{ReservationID: "r1", ModelName: "m",
+		WorkerID: 1, ISLTokens: 8}), 201, "reserve")
+	post := func(body string, chunked bool) (int, string) {
+		t.Helper()
+		var rd io.Reader = strings.NewReader(body)
+		if chunked {
+			rd = io.MultiReader(rd) // no length known: sent chunked
+		}
+		req, err := http.NewRequest("POST", n.url+"/selection/reservations/r1/output_block", rd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	blocks := loadOf(t, n, "m", 1, 0).ActiveDecodeBlocks
+	for _, c := range []struct {
+		body    string
+		chunked bool
+		want    int
+	}{
+		{"", false, 200},
+		{"", true, 200},
+		{" \n\t", false, 200},
+		{" \n\t", true, 200},
+		{`{"decay_fraction":1}`, true, 200},
+		{`{"decay_fraction":2}`, true, 400},
+		{`{`, true, 400},
+	} {
+		code, body := post(c.body, c.chunked)
+		if code != c.want {
+			t.Errorf("output_block %q (chunked %v): %d %s, want %d", c.body, c.chunked, code, body, c.want)
+			continue
+		}
+		if code == 200 {
+			blocks++
+		}
+	}
+	if got := loadOf(t, n, "m", 1, 0).ActiveDecodeBlocks; got != blocks {
+		t.Errorf("active_decode_blocks %d, want %d: one per accepted output_block", got, blocks)
 	}
 }

@@ -118,17 +118,44 @@ var errBody = errors.New("bad request body")
 // decode reads the request body into v in the request's encoding. Unknown
 // fields are ignored (peers add fields); an empty body is an error.
 func decode(r *http.Request, c codec, v any) error {
-	b, err := io.ReadAll(r.Body)
+	b, err := readBody(r)
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return fmt.Errorf("%w: larger than %d bytes", errBody, mbe.Limit)
-		}
-		return fmt.Errorf("%w: %v", errBody, err)
+		return err
 	}
 	if len(bytes.TrimSpace(b)) == 0 {
 		return fmt.Errorf("%w: empty", errBody)
 	}
+	return decodeBytes(b, c, v)
+}
+
+// decodeOptional decodes r's body into v as decode does, but for a body
+// that is optional: one that is empty or all whitespace names no field
+// and leaves v as it is. The body is read to learn that: a client that
+// streams it (chunked, no Content-Length) sends no length to go by.
+func decodeOptional(r *http.Request, c codec, v any) error {
+	b, err := readBody(r)
+	if err != nil || len(bytes.TrimSpace(b)) == 0 {
+		return err
+	}
+	return decodeBytes(b, c, v)
+}
+
+// readBody reads r's whole body; errBody when it is over the limit or
+// cannot be read.
+func readBody(r *http.Request) ([]byte, error) {
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, fmt.Errorf("%w: larger than %d bytes", errBody, mbe.Limit)
+		}
+		return nil, fmt.Errorf("%w: %v", errBody, err)
+	}
+	return b, nil
+}
+
+// decodeBytes decodes a body of encoding c, not empty, into v.
+func decodeBytes(b []byte, c codec, v any) error {
 	if f, ok := v.(jsonScanner); ok && c == codecJSON && f.scanJSON(b) {
 		return nil
 	}
