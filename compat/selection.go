@@ -635,9 +635,17 @@ func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bo
 		}
 	}
 	res, err := s.b.Route(ctx, q)
+	if err == nil && reserve && !res.Booked {
+		// Route books nothing, and says so only in Booked, for an id
+		// whose booking was freed (its tombstone stands): /v1/route
+		// answers that, this API refuses it as POST /reservations does.
+		err = raftfsm.ErrBookingFreed
+	}
 	if err != nil {
 		if errors.Is(err, indexer.ErrOverloaded) || errors.Is(err, indexer.ErrNoWorkers) {
 			err = &httpError{code: http.StatusServiceUnavailable, err: err}
+		} else if c := s.bookingConflict("selection_id", req.SelectionID, err); c != nil {
+			err = c
 		}
 		return nil, err
 	}
@@ -722,20 +730,32 @@ func (s *Selection) reserve(ctx context.Context, req *ReservationRequest) (any, 
 	b := raftfsm.Booking{ID: req.ReservationID, Rank: rk, SeqHashes: hashes(req.SequenceHashes), ISL: req.ISLTokens,
 		CachedTokens: req.CachedTokens}
 	err := s.b.Reserve(ctx, b)
-	var elsewhere *raftfsm.BookedElsewhereError
-	switch {
-	case err == nil:
+	if err == nil {
 		return Map[string]{"status": "ok", "reservation_id": req.ReservationID}, nil
-	case errors.Is(err, raftfsm.ErrBookingFreed):
-		return nil, &httpError{code: http.StatusConflict, err: fmt.Errorf(
-			"reservation id %q was already used and freed (or expired): reservation ids are single-use, reserve under a new one",
-			req.ReservationID)}
-	case errors.As(err, &elsewhere):
-		return nil, &httpError{code: http.StatusConflict, err: fmt.Errorf(
-			"reservation id %q is already reserved on %s; release it first or reserve under a new id",
-			req.ReservationID, s.describeRank(elsewhere.Rank))}
+	}
+	if c := s.bookingConflict("reservation id", req.ReservationID, err); c != nil {
+		return nil, c
 	}
 	return nil, fmt.Errorf("reserve %s: %w", req.ReservationID, err)
+}
+
+// bookingConflict is the 409 of a booking refused for its id (what names
+// it: "reservation id", "selection_id"): one booked and freed before, or
+// one live on another rank, named in the catalog's terms (describeRank),
+// not by its internal worker id. nil for any other error.
+func (s *Selection) bookingConflict(what, id string, err error) error {
+	var elsewhere *raftfsm.BookedElsewhereError
+	switch {
+	case errors.Is(err, raftfsm.ErrBookingFreed):
+		return &httpError{code: http.StatusConflict, err: fmt.Errorf(
+			"%s %q was already used and freed (or expired): reservation ids are single-use, reserve under a new one",
+			what, id)}
+	case errors.As(err, &elsewhere):
+		return &httpError{code: http.StatusConflict, err: fmt.Errorf(
+			"%s %q is already reserved on %s; release it first or reserve under a new id",
+			what, id, s.describeRank(elsewhere.Rank))}
+	}
+	return nil
 }
 
 // describeRank names rank rk in the selection API's terms: the worker id

@@ -530,3 +530,47 @@ func TestOutputBlockBodyIsOptional(t *testing.T) {
 		t.Errorf("active_decode_blocks %d, want %d: one per accepted output_block", got, blocks)
 	}
 }
+
+// TestSelectAndReserveOfAFreedIDIsAConflict: from a review. A
+// select_and_reserve under a selection_id used and freed before answered
+// 200 with reserved:false and booked nothing, where POST /reservations
+// answers 409 for that id.
+func TestSelectAndReserveOfAFreedIDIsAConflict(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "m", BlockSize: 4}), 201, "add worker")
+	sel := SelectRequest{SelectionID: "s1", ModelName: "m", ISLTokens: 8}
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/select_and_reserve", sel), 200, "select_and_reserve")
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/select_and_reserve", sel), 200, "the same again (a retry)")
+	mustCode(t, n.do(t, codecJSON, "DELETE", "/selection/reservations/s1", nil), 200, "release")
+	r := n.do(t, codecJSON, "POST", "/selection/select_and_reserve", sel)
+	mustCode(t, r, http.StatusConflict, "select_and_reserve of a freed id")
+	if e := errorOf(t, r); !strings.Contains(e, `selection_id "s1" was already used and freed`) {
+		t.Errorf("select_and_reserve of a freed id: %q, want it to say the id was already used and freed", e)
+	}
+	if l := loadOf(t, n, "m", 1, 0); l.ActiveRequests != 0 {
+		t.Errorf("a refused select_and_reserve left load: %+v", l)
+	}
+	// A select without a reservation books nothing and judges no id.
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/select", sel), 200, "select of a freed id")
+}
+
+// TestSelectAndReserveOfAnIDLiveInAnotherNamespace: from a review. A
+// select_and_reserve under a selection_id live in another namespace was a
+// 400 naming the internal id of the rank it is booked on; POST
+// /reservations answers 409 naming the catalog worker.
+func TestSelectAndReserveOfAnIDLiveInAnotherNamespace(t *testing.T) {
+	n := startNode(t)
+	for _, m := range []string{"llama", "mistral"} {
+		mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: m, BlockSize: 4}), 201, "add worker of "+m)
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/select_and_reserve", SelectRequest{SelectionID: "s1", ModelName: "llama",
+		ISLTokens: 8}), 200, "select_and_reserve in llama")
+	r := n.do(t, codecJSON, "POST", "/selection/select_and_reserve", SelectRequest{SelectionID: "s1", ModelName: "mistral", ISLTokens: 8})
+	mustCode(t, r, http.StatusConflict, "the id in mistral")
+	if e, want := errorOf(t, r), `selection_id "s1" is already reserved on worker 1 dp rank 0 of model llama routing group default`; !strings.Contains(e, want) {
+		t.Errorf("the id in mistral: %q, want it to say %q", e, want)
+	}
+	if l := loadOf(t, n, "mistral", 1, 0); l.ActiveRequests != 0 {
+		t.Errorf("mistral's worker: %+v, want no load", l)
+	}
+}

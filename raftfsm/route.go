@@ -227,7 +227,11 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 			// the load is counted on.
 			res.Booked = true
 		default:
-			return res, fmt.Errorf("%w: request %q is already booked on %v, which is not a candidate of this request", ErrInvalid, q.RequestID, bo.rank)
+			// Invalid for /v1 (400), and a *BookedElsewhereError for a
+			// caller that names the rank (the compatible APIs: a rank of
+			// another namespace).
+			return res, fmt.Errorf("%w: %w, which is not a candidate of this request", ErrInvalid,
+				&BookedElsewhereError{ID: q.RequestID, Rank: bo.rank})
 		}
 	}
 	// The decision outlives the pooled scratch: give it its own candidates
