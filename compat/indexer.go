@@ -631,8 +631,13 @@ func (x *Indexer) checkV1Worker(w raftfsm.WorkerInfo) error {
 }
 
 // keepsBlockSize checks that every other worker of w's namespace serves
-// w's block size, or none.
+// w's block size, or none. A /v1 worker without a model is in no
+// namespace the compatible APIs serve (they require a model): nothing to
+// keep.
 func keepsBlockSize(table map[uint64]raftfsm.WorkerInfo, w *raftfsm.WorkerInfo) error {
+	if w.Model == "" {
+		return nil
+	}
 	_, tenant := instanceOf(w.ID, w)
 	for wid := range table {
 		o := table[wid]

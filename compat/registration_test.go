@@ -76,6 +76,24 @@ func TestPatchOfAV1WorkerUpdatesIt(t *testing.T) {
 	}
 }
 
+// TestPatchOfAV1WorkerWithoutAModel: from a review. A PATCH of a /v1
+// worker registered without a model was always 400 "model_name is
+// required": the stored registration was checked as a new catalog worker.
+func TestPatchOfAV1WorkerWithoutAModel(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.v1Register(t, `{"worker_id":7,"block_size":4,"endpoint":"http://a"}`), 204, "/v1 worker 7")
+	mustCode(t, n.v1Register(t, `{"worker_id":8,"block_size":8}`), 204, "/v1 worker 8")
+	ep := "http://b"
+	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/7", WorkerPatch{Endpoint: &ep}), 200, "patch the endpoint")
+	// Workers without a model are in no namespace: no block size to keep.
+	bs := 16
+	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/7", WorkerPatch{BlockSize: &bs}), 200, "patch the block size")
+	w := n.node.WorkerTable()[7]
+	if w.Endpoint != ep || w.BlockSize != bs || w.Model != "" || w.Tenant != "" {
+		t.Errorf("/v1 worker 7 after the PATCHes: %+v, want endpoint %s, block size %d, still a /v1 worker without a model", w, ep, bs)
+	}
+}
+
 // /register of a dp rank that a catalog worker already has (added without
 // an event endpoint) gives it the endpoint; it appended the rank twice.
 func TestRegisterOfARankTheCatalogAddedDoesNotRepeatIt(t *testing.T) {

@@ -241,11 +241,18 @@ func catalogOf(id uint64, w *raftfsm.WorkerInfo) CatalogWorker {
 	return c
 }
 
-// infoOf checks a catalog worker and returns its registration.
+// infoOf checks a new catalog worker and returns its registration.
 func infoOf(c *CatalogWorker) (raftfsm.WorkerInfo, error) {
 	if err := requireModel(c.ModelName, c.RoutingGroup); err != nil {
 		return raftfsm.WorkerInfo{}, err
 	}
+	return checkedInfo(c)
+}
+
+// checkedInfo checks a catalog worker but for its model and returns its
+// registration: a PATCH's, whose model is the stored worker's, which a /v1
+// worker registered without one does not have.
+func checkedInfo(c *CatalogWorker) (raftfsm.WorkerInfo, error) {
 	if err := checkName("endpoint", c.Endpoint); err != nil {
 		return raftfsm.WorkerInfo{}, err
 	}
@@ -423,7 +430,9 @@ func (s *Selection) patchWorker(w http.ResponseWriter, r *http.Request) error {
 	if p.ReplayEndpoint != nil {
 		cw.ReplayEndpoint = *p.ReplayEndpoint
 	}
-	patched, err := infoOf(&cw)
+	// The model is the stored one (the body's only finds the worker): not
+	// checked again, as a /v1 worker may have none.
+	patched, err := checkedInfo(&cw)
 	if err != nil {
 		return answer(w, c, 0, nil, err)
 	}
