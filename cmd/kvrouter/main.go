@@ -215,28 +215,38 @@ func run(c *cli.Context) error {
 	}
 	var handler atomic.Pointer[http.Handler]
 	handler.Store(&startingHandler)
-	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*handler.Load()).ServeHTTP(w, r) }),
-		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	current := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*handler.Load()).ServeHTTP(w, r) })
+	hs := &http.Server{Handler: current, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	servers := []*http.Server{hs}
+	closeServers := func() {
+		for _, s := range servers {
+			s.Close()
+		}
+	}
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- hs.Serve(ln) }()
 	// The other listeners too, before Raft starts: a node that cannot
-	// serve events should not take part in an election first.
-	var sln net.Listener
+	// serve events should not take part in an election first. The
+	// selection API's is served at once too, through the same handler
+	// swap: 503 not_ready while the state loads, not connections that
+	// hang.
 	if a := c.String("selection-addr"); a != "" {
-		if sln, err = sec.listen(a); err != nil {
-			hs.Close()
+		sln, err := sec.listen(a)
+		if err != nil {
+			closeServers()
 			return fmt.Errorf("selection API listen on %s: %w", a, err)
 		}
+		shs := &http.Server{Handler: compat.SelectionHandler(current), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+		servers = append(servers, shs)
+		go func() { serveErr <- shs.Serve(sln) }()
+		logger.Info("selection API listening", "http", sec.scheme()+"://"+sln.Addr().String())
 	}
 	if (len(peers) > 1 || len(via) > 0) && c.String("nats-url") == "" && c.String("nats-cluster-addr") == "" {
 		logger.Warn("the embedded NATS server is not clustered with the other nodes': an agent connected to this node reaches the leader's event ingester only while this node leads; give --nats-cluster-addr and --nats-routes (docs/events.md)")
 	}
 	nc, natsSrv, err := startNATS(c, id, logger)
 	if err != nil {
-		if sln != nil {
-			sln.Close()
-		}
-		hs.Close()
+		closeServers()
 		return err
 	}
 	closeNATS := func() {
@@ -250,10 +260,7 @@ func run(c *cli.Context) error {
 	node, err := raftfsm.NewNode(cfg)
 	if err != nil {
 		closeNATS()
-		if sln != nil {
-			sln.Close()
-		}
-		hs.Close()
+		closeServers()
 		return err
 	}
 	reg := prometheus.NewRegistry()
@@ -265,10 +272,7 @@ func run(c *cli.Context) error {
 	if err != nil {
 		node.Close()
 		closeNATS()
-		if sln != nil {
-			sln.Close()
-		}
-		hs.Close()
+		closeServers()
 		return err
 	}
 	forwardTransport := sec.transport()
@@ -284,14 +288,7 @@ func run(c *cli.Context) error {
 	// Engines registered through POST /register are followed by the leader.
 	agentless := compat.NewAgentless(node, compat.AgentlessConfig{Registerer: reg, Logger: logger})
 	var serving http.Handler = srv
-	handler.Store(&serving) // the node loaded its state: the API answers from here
-	servers := []*http.Server{hs}
-	if sln != nil {
-		shs := &http.Server{Handler: compat.SelectionHandler(srv), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-		servers = append(servers, shs)
-		go func() { serveErr <- shs.Serve(sln) }()
-		logger.Info("selection API listening", "http", sec.scheme()+"://"+sln.Addr().String())
-	}
+	handler.Store(&serving) // the node loaded its state: both ports answer from here
 	logger.Info("kvrouter listening", "http", sec.scheme()+"://"+ln.Addr().String(), "http_advertise", httpAddr, "raft", raftAddr, "data_dir", c.String("data-dir"))
 	if raftfsm.CheckHTTPAddr(httpAddr) != nil {
 		logger.Warn("this node advertises an HTTP address the other nodes cannot dial (a wildcard or port 0): give --http-advertise before other nodes join it", "http_advertise", httpAddr)

@@ -108,6 +108,59 @@ func TestStartingNodeAnswers(t *testing.T) {
 	}
 }
 
+// TestStartingSelectionPortAnswers: the --selection-addr port, bound before
+// the node starts, answers while it starts as the main port does: 503
+// not_ready. From a review: it was served only once the node had started,
+// and its connections hung until then. The start is held in its NATS
+// connect, to a server that accepts and says nothing.
+func TestStartingSelectionPortAnswers(t *testing.T) {
+	stall, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stall.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := stall.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	httpAddr, selAddr := freeAddr(t), freeAddr(t)
+	done := make(chan error, 1)
+	go func() {
+		done <- runKvrouter(t, "--data-dir", t.TempDir(), "--http-addr", httpAddr, "--raft-addr", freeAddr(t),
+			"--selection-addr", selAddr, "--nats-url", "nats://"+stall.Addr().String())
+	}()
+	var conn net.Conn
+	select {
+	case conn = <-accepted:
+	case err := <-done:
+		t.Fatalf("kvrouter stopped before it connected to NATS: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("kvrouter did not connect to NATS in 20 s")
+	}
+	// The start is held until conn closes (or the NATS client's connect
+	// timeout, 2 s): both ports must answer within that, at once.
+	cl := &http.Client{Timeout: 10 * time.Second}
+	for _, u := range []string{"http://" + httpAddr + "/readyz", "http://" + selAddr + "/ready", "http://" + selAddr + "/workers"} {
+		resp, err := cl.Get(u)
+		if err != nil {
+			t.Errorf("GET %s while starting: %v", u, err)
+			continue
+		}
+		var body struct{ Reason string }
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || body.Reason != api.ReasonNotReady {
+			t.Errorf("GET %s while starting: %d %+v, want 503 %s", u, resp.StatusCode, body, api.ReasonNotReady)
+		}
+	}
+	conn.Close()
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "nats") {
+		t.Errorf("kvrouter with a NATS server that says nothing: %v, want a NATS connect error", err)
+	}
+}
+
 // TestBodyLimitsAreChecked: the body limits must be positive (a snapshot
 // limit of 0 means none); a bad one is a usage error before anything
 // starts. So is an events subject that is not one (an empty one took
