@@ -385,7 +385,7 @@ func (n *Node) startRaft() error {
 		return err
 	}
 	if seeded != nil && len(cfg.Peers) > 0 {
-		if err := n.checkSeedPeers(seeded, cfg.Peers); err != nil {
+		if err := n.checkSeedPeers(seeded.Configuration.Servers, cfg.Peers); err != nil {
 			return err
 		}
 	}
@@ -403,7 +403,7 @@ func (n *Node) startRaft() error {
 			err = n.setJoinAddr(n.raftAddr())
 		}
 	case seeded != nil:
-		err = n.recordOrigin(n.originOf(seeded))
+		err = n.recordOrigin(n.originOf(seeded.Configuration.Servers))
 	}
 	if err != nil {
 		return err
@@ -831,19 +831,20 @@ func (n *Node) checkJoinAlone() error {
 		"cluster of its own, which cannot join another one. %s", n.cfg.DataDir, what)
 }
 
-// seededConfiguration returns the configuration of a seeded directory not
-// yet started (SeedDataDir: a Raft snapshot at the seed's index and an
-// empty log), nil for any other directory.
-func (n *Node) seededConfiguration() ([]raft.Server, error) {
+// seededConfiguration returns the seed snapshot of a seeded directory not
+// yet started (SeedDataDir: a Raft snapshot at the seed's index and term,
+// or at an earlier build's, and an empty log), nil for any other
+// directory.
+func (n *Node) seededConfiguration() (*raft.SnapshotMeta, error) {
 	last, err := n.logs.LastIndex()
 	if err != nil || last != 0 {
 		return nil, err
 	}
 	list, err := n.snaps.List()
-	if err != nil || len(list) != 1 || list[0].Index != seedIndex || list[0].Term != seedTerm {
+	if err != nil || len(list) != 1 || !isSeed(list[0].Index, list[0].Term) {
 		return nil, err
 	}
-	return list[0].Configuration.Servers, nil
+	return list[0], nil
 }
 
 // checkSeedPeers refuses (ErrStartRefused) --peers that differ from the configuration of a

@@ -646,11 +646,12 @@ func syncDir(dir string) error {
 
 // SeedDataDir writes a snapshot file into a new node's data directory, so
 // that a new cluster starts from it (kvctl snapshot restore --data-dir).
-// The state becomes the new cluster's first Raft snapshot, at index 1 with
+// The state becomes the new cluster's first Raft snapshot, at index 2 with
 // the peers as its configuration (seedRaftSnapshot), in place of a
 // bootstrap: every node of the new cluster must be seeded from the same
 // file with the same peers, and nodes added later receive the state from
-// a leader's snapshot. It refuses a directory that already holds node
+// a leader's snapshot (as does one started unseeded with the same --peers,
+// while the seeded nodes are a majority). It refuses a directory that already holds node
 // state (fsm/, raft/, a Raft snapshot), and leaves alone the files that
 // are not a node's (a mount point's lost+found/): the directory need not
 // be empty.
@@ -718,27 +719,59 @@ func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 
 // seedIndex and seedTerm are the Raft index and term of a seeded state:
 // the new cluster's first snapshot, in place of a bootstrap's first entry.
-const seedIndex, seedTerm = 1, 1
+//
+// They are an index and term that no bootstrapped cluster's log holds: a
+// bootstrap writes index 1 in term 1, and its nodes write index 2 on in
+// their first election's term, 2 or later. Seeds were at index 1, term 1
+// (legacySeedIndex), the very entry a bootstrap writes: a node started on
+// an empty directory with the same --peers (not seeded) bootstrapped, and
+// Raft found matching entries at index 1 on both sides and never sent it
+// the seed, so it applied the log from index 2 on an empty state and
+// served from it. At index 2 such a node lacks the entry the leader's log
+// starts after, and the leader sends it the seed (InstallSnapshot); its
+// votes are refused by the seeded nodes, whose logs end further on.
+//
+// The seed cannot be at the bootstrap's index in a later term instead:
+// hashicorp/raft keeps a follower's entry at the index of a snapshot it
+// installs, compares the leader's entries against that entry rather than
+// the snapshot, and the leader sends the snapshot again without end.
+const (
+	seedIndex, seedTerm = 2, 1
+	// The seed of earlier builds, whose seeded directories still start.
+	legacySeedIndex, legacySeedTerm = 1, 1
+)
+
+// isSeed reports whether a Raft snapshot at index and term is a seed.
+func isSeed(index, term uint64) bool {
+	return (index == seedIndex && term == seedTerm) || (index == legacySeedIndex && term == legacySeedTerm)
+}
 
 // seedRaftSnapshot makes the state built in stateDir the new cluster's
-// first Raft snapshot, at index 1 with the peers as its configuration.
+// first Raft snapshot, at index 2, term 1 (seedIndex, seedTerm) with the
+// peers as its configuration.
 //
 // The seeded state is in no Raft log: had the nodes bootstrapped an empty
 // log instead, a node added later (--join) would have been sent that log
 // from its first entry and built its state from nothing but it, an empty
 // index that served routes as ready. Raft sends a node that needs entries
 // a log no longer holds the newest snapshot instead: the seeded state.
-// The state records index 1 as applied, so the nodes apply the log from
-// index 2 on, and a node whose fsm/ is lost (a seed killed before its
+// The state records the seed's index as applied, so the nodes apply the
+// log from the next one on, and a node whose fsm/ is lost (a seed killed before its
 // rename) restores the snapshot at start (Node.catchUpFromSnapshot).
 func seedRaftSnapshot(dataDir, stateDir string, peers []Member) error {
+	return seedRaftSnapshotAt(dataDir, stateDir, peers, seedIndex, seedTerm)
+}
+
+// seedRaftSnapshotAt is seedRaftSnapshot at the given index and term (the
+// tests make earlier builds' seeds with it).
+func seedRaftSnapshotAt(dataDir, stateDir string, peers []Member, index, term uint64) error {
 	db, err := store.OpenState(stateDir, store.StateOptions{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
 	}
 	defer db.Close()
 	b := db.NewBatch()
-	b.SetApplied(seedIndex, seedTerm)
+	b.SetApplied(index, term)
 	if err := b.Commit(); err != nil {
 		return fmt.Errorf("seed: record the applied index: %w", err)
 	}
@@ -758,7 +791,7 @@ func seedRaftSnapshot(dataDir, stateDir string, peers []Member) error {
 	// itself).
 	_, trans := raft.NewInmemTransport("")
 	defer trans.Close()
-	sink, err := snaps.Create(raft.SnapshotVersionMax, seedIndex, seedTerm, conf, seedIndex, trans)
+	sink, err := snaps.Create(raft.SnapshotVersionMax, index, term, conf, index, trans)
 	if err != nil {
 		return fmt.Errorf("seed: create the Raft snapshot: %w", err)
 	}

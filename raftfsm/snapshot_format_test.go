@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/indexer"
@@ -388,8 +390,9 @@ func TestSeedDataDirChecksTheStream(t *testing.T) {
 }
 
 // TestSeedIsTheClustersFirstRaftSnapshot: a seeded directory holds the
-// state as a Raft snapshot at index 1 whose configuration is the peers,
-// and the state records index 1 as applied. From a review of
+// state as a Raft snapshot at index 2, term 1 (an entry no bootstrapped
+// log holds) whose configuration is the peers, and the state records that
+// index and term as applied. From a review of
 // docs/operations.md: the seed was in no log and no snapshot, so a node
 // added to the seeded cluster was sent the log from its first entry and
 // built an empty state (e2e: TestOfflineSeedNewCluster).
@@ -413,9 +416,9 @@ func TestSeedIsTheClustersFirstRaftSnapshot(t *testing.T) {
 		t.Fatalf("Raft snapshots of the seeded directory: %v, %v; want one", list, err)
 	}
 	m := list[0]
-	if m.Index != 1 || m.Term != 1 || m.ConfigurationIndex != 1 || len(m.Configuration.Servers) != 2 ||
+	if m.Index != 2 || m.Term != 1 || m.ConfigurationIndex != 2 || len(m.Configuration.Servers) != 2 ||
 		m.Configuration.Servers[1].ID != "n2" || m.Configuration.Servers[1].Address != "127.0.0.1:3" {
-		t.Fatalf("seed snapshot %+v: want index 1, term 1, the peers as configuration", m)
+		t.Fatalf("seed snapshot %+v: want index 2, term 1, the peers as configuration", m)
 	}
 	_, rc, err := snaps.Open(m.ID)
 	if err != nil {
@@ -431,8 +434,8 @@ func TestSeedIsTheClustersFirstRaftSnapshot(t *testing.T) {
 	}
 	h := openTestFSM(t, filepath.Join(dir, "fsm"))
 	defer h.Close()
-	if idx, term := h.Applied(); idx != 1 || term != 1 {
-		t.Fatalf("the seeded state is at %d/%d, want index 1, term 1 (the snapshot's)", idx, term)
+	if idx, term := h.Applied(); idx != 2 || term != 1 {
+		t.Fatalf("the seeded state is at %d/%d, want index 2, term 1 (the snapshot's)", idx, term)
 	}
 }
 
@@ -661,7 +664,8 @@ func seedFixture(t *testing.T, peersFor func(addr string) []Member) (uint64, str
 
 // TestSeedKilledBeforeItsRenameRestoresAtStart: a seed killed after its
 // Raft snapshot was written, before fsm/ was renamed into place: the start
-// restores the snapshot, at applied index 1, with the file's state.
+// restores the snapshot, at applied index 2 (the seed's), with the file's
+// state.
 func TestSeedKilledBeforeItsRenameRestoresAtStart(t *testing.T) {
 	digest, dir, c, self := seedFixture(t, func(a string) []Member { return []Member{{ID: "n1", RaftAddr: a, HTTPAddr: "http-n1"}} })
 	if err := os.Rename(filepath.Join(dir, "fsm"), filepath.Join(dir, "fsm.restore")); err != nil {
@@ -674,8 +678,8 @@ func TestSeedKilledBeforeItsRenameRestoresAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { close(gate); n.Close() }()
-	if i, tm := n.fsm.Applied(); i != 1 || tm != 1 || n.fsm.Digest() != digest {
-		t.Fatalf("applied %d/%d digest %#x, want 1/1 %#x", i, tm, n.fsm.Digest(), digest)
+	if i, tm := n.fsm.Applied(); i != 2 || tm != 1 || n.fsm.Digest() != digest {
+		t.Fatalf("applied %d/%d digest %#x, want 2/1 %#x", i, tm, n.fsm.Digest(), digest)
 	}
 }
 
@@ -735,5 +739,103 @@ func TestOverlongLengthIsABadSnapshot(t *testing.T) {
 				t.Errorf("the refused restore lost worker 7: %v", f.Workers())
 			}
 		})
+	}
+}
+
+// TestUnseededPeerGetsTheSeedBySnapshot: a seeded cluster whose third node
+// was started with the same --peers on an empty directory (the operator
+// forgot to seed it) bootstraps it, and the seeded nodes send it the seed
+// by a snapshot. From a review: the seed's snapshot was at index 1, term
+// 1, the very entry a bootstrap writes, so Raft took the two logs for
+// matching and never sent the seed: the node applied the log from index 2
+// on an empty state, reported ready and could lead.
+func TestUnseededPeerGetsTheSeedBySnapshot(t *testing.T) {
+	c := &testCluster{t: t}
+	base := t.TempDir()
+	trs := make([]*raft.NetworkTransport, 3)
+	for i := 0; i < 3; i++ {
+		c.dirs = append(c.dirs, filepath.Join(base, c.id(i)))
+		trs[i] = c.transport("127.0.0.1:0")
+		c.addrs = append(c.addrs, string(trs[i].LocalAddr()))
+		c.nodes = append(c.nodes, nil)
+	}
+	t.Cleanup(c.close)
+	f, snap := fixtureSnapshot(t)
+	file := filepath.Join(t.TempDir(), "b.snap")
+	if err := os.WriteFile(file, snap, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ { // n3 is not seeded
+		if err := SeedDataDir(file, c.dirs[i], c.id(i), c.peers()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		c.startOn(i, trs[i])
+	}
+	l := c.leader()
+	if l == c.nodes[2] {
+		t.Errorf("n3, which was not seeded, leads the seeded cluster")
+	}
+	// One command after the seed, so that every node has applied past it.
+	if err := l.SetSettings(context.Background(), l.fsm.Settings()); err != nil {
+		t.Fatal(err)
+	}
+	want := l.raft.LastIndex()
+	waitFor(t, 10*time.Second, "all nodes to apply the command", func() bool {
+		for _, n := range c.nodes {
+			if n.raft.AppliedIndex() < want {
+				return false
+			}
+		}
+		return true
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.nodes[2].WaitReady(ctx); err != nil {
+		t.Errorf("n3 ready: %v", err)
+	}
+	for i, n := range c.nodes {
+		if n.fsm.Digest() != f.Digest() {
+			t.Errorf("%s: digest %#x, want the seed's %#x (entries %d, workers %d): it runs in the cluster with an empty state",
+				c.id(i), n.fsm.Digest(), f.Digest(), n.fsm.Index().Stats().Entries, len(n.fsm.Workers()))
+		}
+	}
+}
+
+// TestEarlierBuildsSeedStillStarts: a directory seeded by an earlier build
+// (its seed snapshot at index 1, term 1) is still a seed: a start with
+// other --peers than its own is refused, and one with its peers starts
+// with its state.
+func TestEarlierBuildsSeedStillStarts(t *testing.T) {
+	digest, dir, c, self := seedFixture(t, func(a string) []Member { return []Member{{ID: "n1", RaftAddr: a, HTTPAddr: "http-n1"}} })
+	// Made over as an earlier build made it: the same state, recorded as
+	// applied at index 1, term 1, and the snapshot there.
+	if err := os.RemoveAll(filepath.Join(dir, "snapshots")); err != nil {
+		t.Fatal(err)
+	}
+	if err := seedRaftSnapshotAt(dir, filepath.Join(dir, "fsm"), self, legacySeedIndex, legacySeedTerm); err != nil {
+		t.Fatal(err)
+	}
+	other := append(slices.Clone(self), Member{ID: "n2", RaftAddr: "127.0.0.1:9", HTTPAddr: "http-n2"})
+	n, err := NewNode(Config{ID: "n1", RaftAddr: self[0].RaftAddr, HTTPAddr: "http-n1", DataDir: dir, Peers: other,
+		Transport: c.transport(self[0].RaftAddr), Logger: quiet})
+	if err == nil {
+		n.Close()
+		t.Fatal("an earlier build's seed started with other --peers than the seed's: started")
+	}
+	wantRefused(t, "start with other peers than the seed's", err, ErrStartRefused, "n1=")
+	n, err = NewNode(Config{ID: "n1", RaftAddr: self[0].RaftAddr, HTTPAddr: "http-n1", DataDir: dir, Peers: self,
+		Transport: c.transport(self[0].RaftAddr), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	waitFor(t, 10*time.Second, "n1 to lead", n.IsLeader)
+	if err := n.SetSettings(context.Background(), n.fsm.Settings()); err != nil {
+		t.Fatal(err)
+	}
+	if n.fsm.Digest() != digest {
+		t.Fatalf("digest %#x, want the seed's %#x", n.fsm.Digest(), digest)
 	}
 }
