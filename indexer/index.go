@@ -438,6 +438,12 @@ func (ix *Index) removeOne(rs *rankState, eh uint64, t kvevent.Tier) {
 		return
 	}
 	ix.counters.RemovedBlocks++
+	if len(rs.orphans) > 0 {
+		// A held store of the block in t (a later store of it, under a
+		// parent not known yet) is older than this remove too: cut it,
+		// or adoption would bring back the residency dropped here.
+		ix.removeHeldOrphanBlock(rs, eh, t)
+	}
 	if m == t.Bit() {
 		ix.dropHolder(rs, n, i)
 		return
