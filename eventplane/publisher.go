@@ -861,9 +861,10 @@ func (p *Publisher) request(subject string, data, published []byte) (acks []raft
 // after a backoff, and refused that the request as it is will never go
 // through (the router answered it invalid, or the NATS server takes no
 // message that large). A reply whose acks moved no rank forward (nothing
-// trimmed, no gap, no dump asked: a refusal, or a router of an earlier
-// build that refuses a rank without saying so) is false too: resent at
-// once, it would be answered the same way, one Raft entry each, for ever.
+// trimmed, applied or skipped as a duplicate, no cursor moved, no gap, no
+// dump asked: a refusal, or a router of an earlier build that refuses a
+// rank without saying so) is false too: resent at once, it would be
+// answered the same way, one Raft entry each, for ever.
 func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 	acks, _, err := p.request(p.cfg.Subject, data, published)
 	if err != nil {
@@ -931,12 +932,17 @@ func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 			progress = true
 			continue
 		}
+		moved := a.Cursor > b.acked
 		b.acked = a.Cursor
 		k := b.trim(a.Cursor)
 		freed += k
 		// A gap is progress: it is resent from the cursor, or the rank
-		// dumps. A held-back resync ask alone is not.
-		if k > 0 || a.Gap {
+		// dumps. So is a cursor that moved, or events the router took,
+		// with nothing left to trim: the request's events were dropped
+		// from the buffer while it was out (DropOldest, or a rank waiting
+		// for a dump), and the ack is a healthy one. A held-back resync
+		// ask alone is not.
+		if k > 0 || a.Gap || moved || a.Applied+a.Dups > 0 {
 			progress = true
 		}
 		switch {

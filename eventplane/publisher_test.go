@@ -3,6 +3,7 @@ package eventplane
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -203,5 +204,57 @@ func TestPublishWaitUnderTheDumpLock(t *testing.T) {
 	})
 	if val(p.m.dropped) == 0 {
 		t.Fatal("no event dropped: the burst cannot have fit a buffer of 4")
+	}
+}
+
+// holdFirstTarget is a cursorTarget whose first IngestEvents waits for
+// release: it keeps the publisher's first request in flight.
+type holdFirstTarget struct {
+	*cursorTarget
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (t *holdFirstTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	t.once.Do(func() {
+		close(t.entered)
+		<-t.release
+	})
+	return t.cursorTarget.IngestEvents(ctx, bs)
+}
+
+// TestPublisherTakesTheAckOfDroppedInFlightEventsForProgress: a request
+// whose events were all dropped from the buffer while it was out
+// (DropOldest) is acknowledged in full: the rank's cursor moves to the
+// request's last id, the buffer's new head minus one. Nothing is left to
+// trim, and the publisher used to read that healthy ack as "no rank moved
+// forward", count a retry and back the loop off. A cursor that moved is
+// progress.
+func TestPublisherTakesTheAckOfDroppedInFlightEventsForProgress(t *testing.T) {
+	tg := &holdFirstTarget{cursorTarget: newCursorTarget(), entered: make(chan struct{}), release: make(chan struct{})}
+	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{BufferEvents: 4, DropOldest: true,
+		MinBackoff: 200 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
+	r := kvevent.Rank{Worker: 1}
+	ev := []kvevent.Event{{Kind: kvevent.KindCleared}}
+	for range 4 {
+		if _, err := p.Publish(r, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-tg.entered // events 1..4 are in flight
+	for range 4 {
+		if _, err := p.Publish(r, ev); err != nil { // drops 1..4 from the buffer
+			t.Fatal(err)
+		}
+	}
+	close(tg.release)
+	waitFor(t, 10*time.Second, "all acked", func() bool { a, _ := p.Cursor(r); return a == 8 })
+	t.Logf("retries %v, dropped %v, requests %v", val(p.m.retries), val(p.m.dropped), val(p.m.requests))
+	if val(p.m.dropped) != 4 {
+		t.Fatalf("dropped %v events, want the 4 in flight", val(p.m.dropped))
+	}
+	if val(p.m.retries) != 0 {
+		t.Fatalf("every request was acknowledged (no error, no gap, no dump), yet the publisher counted %v retries", val(p.m.retries))
 	}
 }
