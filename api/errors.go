@@ -22,6 +22,7 @@ const (
 	ReasonUnknownWorker    = "unknown_worker"     // 404
 	ReasonUnknownRank      = "unknown_rank"       // 404
 	ReasonStaleDump        = "stale_dump"         // 409: the rank's cursor is past the dump's
+	ReasonUnregisteredRank = "unregistered_rank"  // 409: a dump of a rank its positional worker does not list; nothing applied
 	ReasonConflict         = "conflict"           // 409: a registration breaks a rule of another API the node serves (ErrConflict)
 	ReasonMethodNotAllowed = "method_not_allowed" // 405
 	ReasonTooLarge         = "too_large"          // 413: the body is over the server's limit
@@ -80,6 +81,8 @@ func classify(err error) (int, string) {
 		return http.StatusNotFound, ReasonUnknownRank
 	case errors.Is(err, raftfsm.ErrStaleDump):
 		return http.StatusConflict, ReasonStaleDump
+	case errors.Is(err, raftfsm.ErrUnregisteredRank):
+		return http.StatusConflict, ReasonUnregisteredRank
 	case errors.Is(err, ErrConflict):
 		return http.StatusConflict, ReasonConflict
 	case errors.Is(err, raftfsm.ErrBadSnapshot):

@@ -575,6 +575,7 @@ func TestBackendErrorsMapToStatus(t *testing.T) {
 		{fmt.Errorf("x: %w", raftfsm.ErrShutdown), 503, api.ReasonShuttingDown},
 		{fmt.Errorf("x: %w", raftfsm.ErrNoLeader), 503, api.ReasonNoLeader},
 		{fmt.Errorf("x: %w", raftfsm.ErrUnreachable), 503, api.ReasonUnreachable},
+		{fmt.Errorf("x: %w", raftfsm.ErrUnregisteredRank), 409, api.ReasonUnregisteredRank},
 		{fmt.Errorf("disk on fire"), 500, api.ReasonInternal},
 	}
 	for _, tc := range cases {

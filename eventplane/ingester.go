@@ -348,7 +348,7 @@ type ingesterMetrics struct {
 func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
 	m := ingesterMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_requests_total",
-			Help: "Event requests answered by this node's ingester, by outcome (acked, not_leader, invalid, error, stale: a dump below the rank's cursor, answered with the cursor)."}, []string{"outcome"}),
+			Help: "Event requests answered by this node's ingester, by outcome (acked, not_leader, invalid, error, stale: a dump below the rank's cursor, answered with the cursor; unregistered: a dump of a rank its Positional worker does not list, applied nothing)."}, []string{"outcome"}),
 		entries: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_events_entries_total",
 			Help: "Raft entries proposed by the ingester (each packs one or more requests)."}),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_received_total",
@@ -699,6 +699,19 @@ func (in *Ingester) onDump(m *nats.Msg) {
 		return // unanswered, as Close says: its publisher resends
 	}
 	if err != nil {
+		if errors.Is(err, raftfsm.ErrUnregisteredRank) {
+			// Refused as the rank's events are. A publisher that reads the
+			// unregistered ack flag reads this answer too, and backs the
+			// rank off as it does its events; another (an earlier build)
+			// gets an invalid request, which it retries after its dump
+			// backoff. Either way no publisher resends at once.
+			code := uint8(codeInvalid)
+			if parseAckFlags(m.Header.Get(headerAckFlags))&ackUnregistered != 0 {
+				code = codeUnregistered
+			}
+			in.reply(m, appendError(nil, code, err.Error()), "unregistered")
+			return
+		}
 		var stale *raftfsm.StaleDumpError
 		if errors.As(err, &stale) {
 			// The publisher numbers anew (it restarted): tell it where the

@@ -371,7 +371,7 @@ func newPublisherMetrics(reg prometheus.Registerer) publisherMetrics {
 		requests:  c("kvagent_events_requests_total", "Event requests sent to the router."),
 		retries:   c("kvagent_events_request_retries_total", "Event requests that failed (timeout, no leader, error, or an ack that moved no rank forward) and were resent."),
 		unregistered: c("kvagent_events_unregistered_total",
-			"Rank batches the router refused because their worker does not list the rank (a Positional worker's unregistered dp rank); their events are kept and resent with backoff."),
+			"Rank batches and dumps the router refused because their worker does not list the rank (a Positional worker's unregistered dp rank); the events are kept, and they and the dump resent with backoff."),
 		resends: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_events_resyncs_total",
 			Help: "Gaps reported by the router, by how they heal (replay from the buffer, dump), and dumps the router asked for (router: it dropped events it could not place; fenced: another publisher incarnation dumped the rank since) or its refusal of one event forced (refused)."}, []string{"reason"}),
 		buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvagent_events_buffered",
@@ -736,11 +736,17 @@ func (p *Publisher) nextDump(now time.Time) (kvevent.Rank, bool, time.Time) {
 		if !b.needDump {
 			continue
 		}
-		if !b.dumpRetryAt.After(now) {
+		// A rank the router refuses (unregistered) waits out that
+		// backoff too: its dump is refused as its events are.
+		due := b.dumpRetryAt
+		if b.refusedRetryAt.After(due) {
+			due = b.refusedRetryAt
+		}
+		if !due.After(now) {
 			return r, true, time.Time{}
 		}
-		if earliest.IsZero() || b.dumpRetryAt.Before(earliest) {
-			earliest = b.dumpRetryAt
+		if earliest.IsZero() || due.Before(earliest) {
+			earliest = due
 		}
 	}
 	return kvevent.Rank{}, false, earliest
@@ -818,17 +824,22 @@ func (p *Publisher) nextRequest(published []uint64, maxEvents int, now time.Time
 }
 
 // request sends data on subject and decodes the reply; published, when
-// not empty (an events request), goes in the headerPublished header, with
-// the ack flags this publisher reads (headerAckFlags).
+// not empty (an events request), goes in the headerPublished header. Every
+// request says which ack flags this publisher reads (headerAckFlags): the
+// unregistered answer to a dump goes by it too (codeUnregistered).
 func (p *Publisher) request(subject string, data, published []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
 	p.m.requests.Inc()
 	m := &nats.Msg{Subject: subject, Data: data}
-	if len(published) > 0 && p.cfg.Conn.HeadersSupported() {
+	if p.cfg.Conn.HeadersSupported() {
 		// A server without header support (before NATS 2.2) refuses a
 		// message with any: neither the metric nor the Unregistered flag
 		// is worth the events (a refused rank then reads as an ack that
-		// moved nothing, which backs off all the same: sendEvents).
-		m.Header = nats.Header{headerPublished: []string{string(published)}, headerAckFlags: []string{ackFlagsHeader}}
+		// moved nothing, or a dump refused as invalid, which back off all
+		// the same: sendEvents, dumpDone).
+		m.Header = nats.Header{headerAckFlags: []string{ackFlagsHeader}}
+		if len(published) > 0 {
+			m.Header[headerPublished] = []string{string(published)}
+		}
 	}
 	timeout := p.requestTimeout()
 	ctx, cancel := context.WithTimeout(p.ctx, timeout)
@@ -889,21 +900,10 @@ func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 			// the agent starts) takes them, and until then the buffer's
 			// bound holds them back (ErrFull, or DropOldest); dropped,
 			// they would be lost without a word to the owner.
-			p.m.unregistered.Inc()
-			if !b.unregistered {
-				b.unregistered = true
-				p.cfg.Logger.Warn("the router refuses the rank: its worker does not list it; keeping its events and retrying with backoff",
-					"rank", a.Rank, "pending", len(b.pending()))
-			}
-			b.refusedBackoff = min(max(2*b.refusedBackoff, p.cfg.MinBackoff), p.cfg.MaxBackoff)
-			b.refusedRetryAt = time.Now().Add(p.jitter(b.refusedBackoff))
+			p.refused(a.Rank, b)
 			continue
 		}
-		if b.unregistered {
-			p.cfg.Logger.Info("the router takes the rank again", "rank", a.Rank)
-			b.unregistered = false
-		}
-		b.refusedBackoff, b.refusedRetryAt = 0, time.Time{}
+		p.taken(a.Rank, b)
 		if a.Fenced {
 			// A dump of another incarnation replaced the rank after ours
 			// (another live publisher of the rank: a second agent given
@@ -981,6 +981,31 @@ func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 	return progress, false
 }
 
+// refused notes that the router refused rank r as unregistered (an events
+// ack's Unregistered, a dump's codeUnregistered): counted, logged once, and
+// the rank's events and dump wait out its own backoff (nextRequest,
+// nextDump) while the other ranks go on. p.mu is held.
+func (p *Publisher) refused(r kvevent.Rank, b *rankBuf) {
+	p.m.unregistered.Inc()
+	if !b.unregistered {
+		b.unregistered = true
+		p.cfg.Logger.Warn("the router refuses the rank: its worker does not list it; keeping its events and retrying with backoff",
+			"rank", r, "pending", len(b.pending()), "dump_asked", b.needDump)
+	}
+	b.refusedBackoff = min(max(2*b.refusedBackoff, p.cfg.MinBackoff), p.cfg.MaxBackoff)
+	b.refusedRetryAt = time.Now().Add(p.jitter(b.refusedBackoff))
+}
+
+// taken notes that the router took rank r's batch or dump: a refusal's
+// backoff ends. p.mu is held.
+func (p *Publisher) taken(r kvevent.Rank, b *rankBuf) {
+	if b.unregistered {
+		p.cfg.Logger.Info("the router takes the rank again", "rank", r)
+		b.unregistered = false
+	}
+	b.refusedBackoff, b.refusedRetryAt = 0, time.Time{}
+}
+
 // refusedAlone gives up sending rank r's next event, which the router
 // refused as a request of its own: the owner's dump (which holds what the
 // event did) replaces the rank, and the buffer drops what the dump covers.
@@ -1006,7 +1031,9 @@ func (p *Publisher) signalRoom(freed int) {
 }
 
 // sendDump replaces the rank's state on the router with the owner's dump,
-// then drops what the dump covers from the buffer.
+// then drops what the dump covers from the buffer. False means the dump
+// failed (dumpDone backs it off); a dump the router refuses as
+// unregistered is true, and waits out the rank's refusal backoff instead.
 func (p *Publisher) sendDump(r kvevent.Rank) bool {
 	if p.cfg.Dump == nil {
 		p.cfg.Logger.Error("a rank needs a dump and the publisher has no Dump callback; its events are stuck", "rank", r)
@@ -1028,6 +1055,17 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 	}
 	req := dumpRequest{rank: r, incarnation: p.cfg.Incarnation, cursor: through, stored: stored}
 	_, cursor, err := p.request(p.cfg.DumpSubject, appendDump(nil, &req), nil)
+	var re *ReplyError
+	if errors.As(err, &re) && re.Code == codeUnregistered {
+		// The rank's worker does not list it: nothing applied. Not a
+		// failed dump but a refusal, as of the rank's events: the dump
+		// stays asked for and waits out the rank's refusal backoff
+		// (nextDump), while the other ranks go on.
+		p.mu.Lock()
+		p.refused(r, p.ranks[r])
+		p.mu.Unlock()
+		return true
+	}
 	if err != nil {
 		p.logRetry("dump", err)
 		return false
@@ -1095,6 +1133,7 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 		return true
 	}
 	p.m.dumps.Inc()
+	p.taken(r, b)
 	// The owner's numbering and the publisher's agree from here: a
 	// later renumbering starts its own translation.
 	b.renumbers, b.moves = 0, nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/nats-io/nats.go"
 )
 
 // rateWindow is how long the backoff tests watch a publisher's requests.
@@ -256,5 +257,77 @@ func TestPublisherTakesTheAckOfDroppedInFlightEventsForProgress(t *testing.T) {
 	}
 	if val(p.m.retries) != 0 {
 		t.Fatalf("every request was acknowledged (no error, no gap, no dump), yet the publisher counted %v retries", val(p.m.retries))
+	}
+}
+
+// TestPublisherDumpOfAnUnregisteredRankAppliesNothing: from a review. The
+// router refuses the events of a rank that its Positional worker does not
+// list, but it applied a dump of the rank (kvagent Resyncs every rank at
+// start): the dump planted blocks and a cursor that no sweep took away.
+// Now the dump applies nothing and is answered unregistered; the publisher
+// backs the rank's dump off (one Raft entry per try), and the dump goes
+// through once the worker lists the rank.
+func TestPublisherDumpOfAnUnregisteredRankAppliesNothing(t *testing.T) {
+	c := newTestCluster(t, 1)
+	node := c.nodes[c.leader()]
+	ctx := ctxT(t)
+	if err := node.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 5, BlockSize: 16, DPRanks: []uint32{0}, Positional: true}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "ingesting", func() bool { return ingesting(c.ings[0]) })
+	r := kvevent.Rank{Worker: 5, DP: 1}
+	dump := func(kvevent.Rank) ([]kvevent.Event, uint64) {
+		return []kvevent.Event{{Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 77, LocalHash: 770}}}}, 3
+	}
+	p, err := NewPublisher(PublisherConfig{Conn: connect(t, c.url(0)), Logger: quiet, Dump: dump})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Resync(r)
+	waitFor(t, 10*time.Second, "the dump's refusal", func() bool { return val(p.m.unregistered) > 0 })
+	start, reqs := node.Raft().LastIndex(), val(p.m.requests)
+	time.Sleep(rateWindow)
+	reqs = val(p.m.requests) - reqs
+	entries := node.Raft().LastIndex() - start
+	holds := node.FSM().Index().Holds(r, 77)
+	t.Logf("in %v: %v requests, %d Raft entries; dumps %v, retries %v, refusals %v, cursor %d, holds block 77: %v",
+		rateWindow, reqs, entries, val(p.m.dumps), val(p.m.retries), val(p.m.unregistered), node.Cursor(r), holds)
+	if holds || node.Cursor(r) != 0 || val(p.m.dumps) != 0 {
+		t.Fatalf("a dump of rank %v, which its Positional worker does not list, was applied: cursor %d, block held %v", r, node.Cursor(r), holds)
+	}
+	if reqs > 20 || entries > 20 {
+		t.Fatalf("a dump the router refuses was sent %v times in %v (%d Raft entries): no backoff", reqs, rateWindow, entries)
+	}
+	// A publisher that does not announce the unregistered flag (an earlier
+	// build) gets an answer it knows and backs off from: invalid.
+	nc := connect(t, c.url(0))
+	body := appendDump(nil, &dumpRequest{rank: r, incarnation: 1, cursor: 3})
+	for _, announce := range []bool{false, true} {
+		m := &nats.Msg{Subject: DefaultDumpSubject, Data: body}
+		want := uint8(codeInvalid)
+		if announce {
+			m.Header = nats.Header{headerAckFlags: []string{ackFlagsHeader}}
+			want = codeUnregistered
+		}
+		reply, err := nc.RequestMsg(m, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var re *ReplyError
+		if _, _, err := decodeReply(reply.Data); !errors.As(err, &re) || re.Code != want {
+			t.Fatalf("a dump of the unlisted rank, the flag announced %v: reply %v, want error code %d", announce, err, want)
+		}
+	}
+	if node.Cursor(r) != 0 {
+		t.Fatalf("the unlisted rank has cursor %d after the raw dumps", node.Cursor(r))
+	}
+	// The worker lists the rank: the dump goes through.
+	if err := node.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 5, BlockSize: 16, DPRanks: []uint32{0, 1}, Positional: true}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the dump", func() bool { return val(p.m.dumps) > 0 })
+	if !node.FSM().Index().Holds(r, 77) || node.Cursor(r) != 3 {
+		t.Fatalf("after the rank was listed: cursor %d, block held %v", node.Cursor(r), node.FSM().Index().Holds(r, 77))
 	}
 }

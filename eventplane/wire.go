@@ -60,6 +60,12 @@ const (
 	codeNotLeader = 1 // this node does not lead (any more): resend
 	codeInvalid   = 2 // the request is malformed: do not resend it as is
 	codeInternal  = 3 // the commit failed or timed out: resend
+	// codeUnregistered answers a dump of a rank that its Positional worker
+	// does not list (raftfsm.ErrUnregisteredRank): nothing applied; resend
+	// after a backoff. Only a publisher whose request announced
+	// ackUnregistered (headerAckFlags) gets it; another gets codeInvalid,
+	// which every publisher backs off from (Ingester.onDump).
+	codeUnregistered = 4
 )
 
 var (

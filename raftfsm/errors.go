@@ -33,6 +33,13 @@ var (
 	// is at, and was not applied (it would move the rank back in time);
 	// StaleDumpError carries the rank's cursor.
 	ErrStaleDump = errors.New("stale rank dump")
+	// ErrUnregisteredRank means a rank dump was not applied because the
+	// rank's worker is Positional and does not list it (its dp rank was
+	// unregistered, or is not registered yet): as for the rank's events
+	// (RankAck.Unregistered), nothing changed, and the rank keeps no state
+	// for a later registration of it to find. Retry after a backoff: a
+	// registration that lists the rank takes the dump.
+	ErrUnregisteredRank = errors.New("rank not listed by its positional worker")
 	// ErrDataDirInUse means another node holds the data directory's lock.
 	ErrDataDirInUse = errors.New("data directory in use")
 	// ErrStartRefused means NewNode refused to start on what its data

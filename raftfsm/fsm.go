@@ -680,6 +680,14 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 		}
 		return acks
 	case cmdReplace:
+		if f.unlisted(c.rank) {
+			// Refused as the rank's events are (applyRankBatch): a dump
+			// (an agent's Resync of every rank at its start) would plant
+			// state and a cursor that no sweep takes away. A log written
+			// before this check replays such a dump as nothing: the state
+			// it built was wrong.
+			return RankAck{Rank: c.rank, Unregistered: true}
+		}
 		cur := f.Cursor(c.rank)
 		if c.cursor < cur {
 			// A dump older than what is applied (a retried command): applying
@@ -789,6 +797,13 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 	return fmt.Errorf("%w: command type %d", ErrBadCommand, c.typ)
 }
 
+// unlisted says whether r's worker is Positional and does not list r: a
+// rank that takes neither events nor dumps (RankAck.Unregistered).
+func (f *FSM) unlisted(r kvevent.Rank) bool {
+	w := f.wtab[r.Worker]
+	return w.Positional && !slices.Contains(w.DPRanks, r.DP)
+}
+
 // applyRankBatch applies a rank's events through its cursor: an id at or
 // below the cursor is a duplicate (a re-delivery) and is skipped; the next
 // id applies and advances the cursor; an id past it is a gap, and nothing
@@ -805,8 +820,7 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 // duplicates (docs/events.md). A batch or a rank without an incarnation
 // (0) is not fenced.
 func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
-	w := f.wtab[rb.Rank.Worker]
-	if w.Positional && !slices.Contains(w.DPRanks, rb.Rank.DP) {
+	if f.unlisted(rb.Rank) {
 		// Only the leader's own subscriber sends a Positional rank's
 		// events, and it runs on for up to a poll after the rank was
 		// unregistered: applied, they would rebuild state and a cursor
@@ -830,7 +844,7 @@ func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
 	f.noteHeard(rb.Rank, now)
 	// A positional worker's ids are its engine stream's positions: they
 	// only go up, with holes between batches, so nothing is a gap.
-	positional := w.Positional
+	positional := f.wtab[rb.Rank.Worker].Positional
 	for i := range rb.Events {
 		ev := &rb.Events[i]
 		if ev.EventID <= cur {

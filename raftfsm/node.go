@@ -1572,7 +1572,9 @@ func (n *Node) ReplaceRank(ctx context.Context, r kvevent.Rank, cursor uint64, s
 // ReplaceRankFenced is ReplaceRank by publisher incarnation incarnation (0:
 // unfenced), which the rank keeps with its cursor (docs/events.md). A dump
 // older than the rank's cursor changes nothing, its incarnation included,
-// and fails with a *StaleDumpError.
+// and fails with a *StaleDumpError. A dump of a rank that its Positional
+// worker does not list changes nothing either, and fails with
+// ErrUnregisteredRank.
 func (n *Node) ReplaceRankFenced(ctx context.Context, r kvevent.Rank, cursor, incarnation uint64, stored []kvevent.Event) error {
 	for i := range stored {
 		stored[i].Rank = r
@@ -1587,7 +1589,10 @@ func (n *Node) ReplaceRankFenced(ctx context.Context, r kvevent.Rank, cursor, in
 	if err != nil {
 		return err
 	}
-	if ack, ok := res.(RankAck); ok && ack.Cursor > cursor {
+	switch ack, _ := res.(RankAck); {
+	case ack.Unregistered:
+		return fmt.Errorf("dump of rank %v: %w", r, ErrUnregisteredRank)
+	case ack.Cursor > cursor:
 		return &StaleDumpError{Cursor: ack.Cursor}
 	}
 	return nil

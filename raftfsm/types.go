@@ -92,7 +92,8 @@ type RankAck struct {
 	// not list the rank (its dp rank was unregistered while the leader's
 	// subscriber of it still ran): nothing was applied, no cursor set and
 	// Cursor is 0, so that the rank leaves no state behind for a later
-	// registration of it to find.
+	// registration of it to find. A dump of such a rank is refused the
+	// same way (ErrUnregisteredRank).
 	Unregistered bool `json:"unregistered,omitempty"`
 	// Fenced is set when the batch's incarnation is not the one of the
 	// dump that last replaced the rank (both non-zero): it applied
