@@ -1347,3 +1347,57 @@ func TestAnInstallSnapshotAnswerWithoutAnIDProvesNothing(t *testing.T) {
 		w.close()
 	}
 }
+
+// TestALeaderNeverListsItselfAtAnAddressOthersCannotDial: a member of a
+// cluster whose HTTP address is a wildcard (or port 0) does not write it
+// into the member table when it leads, neither in its set-up nor later
+// (assertSelf); it logs an error naming --http-advertise and leads on. From
+// a review: a member restarted without --peers and with --http-addr
+// 0.0.0.0:port (kvrouter checked the address only when --peers or --join
+// was given) listed itself there, and its followers forwarded writes to
+// themselves: 503 no_leader for good.
+func TestALeaderNeverListsItselfAtAnAddressOthersCannotDial(t *testing.T) {
+	const wildcard = "0.0.0.0:7080"
+	var logs testlog.Buffer
+	c := newTestCluster(t, 2, func(cfg *Config) {
+		if cfg.ID == "n1" {
+			cfg.HTTPAddr = wildcard
+			cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		}
+	})
+	n1 := c.nodes[0]
+	if l := c.leader(); l != n1 {
+		waitFor(t, 10*time.Second, "the first leader's set-up", func() bool { return l.ledTerm.Load() > 0 })
+		if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "n1's set-up as leader", func() bool { return n1.IsLeader() && n1.ledThisTerm() })
+	noWildcard := func() {
+		t.Helper()
+		for _, n := range c.nodes {
+			if got := n.fsm.Members()["n1"].HTTPAddr; got == wildcard {
+				t.Fatalf("%s's member table lists n1 at %q", n.cfg.ID, got)
+			}
+		}
+	}
+	waitFor(t, 10*time.Second, "n1's error naming --http-advertise", func() bool {
+		noWildcard()
+		return len(logs.Lines("level=ERROR", "--http-advertise", wildcard)) > 0
+	})
+	// assertSelf runs every 20 ms while n1 leads: watch the table through
+	// several of its rounds, then write (through n1: it still leads) so
+	// that anything it proposed before is applied on both nodes.
+	for start := time.Now(); time.Since(start) < 300*time.Millisecond; {
+		noWildcard()
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := n1.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatalf("a write through n1, leading with an HTTP address nobody can dial: %v", err)
+	}
+	c.converged()
+	noWildcard()
+	if got := len(logs.Lines("level=ERROR", "--http-advertise")); got != 1 {
+		t.Fatalf("%d errors naming --http-advertise in one term, want 1:\n%s", got, logs.String())
+	}
+}

@@ -176,6 +176,10 @@ type Node struct {
 	// snapshotting is set while a snapshot by applied bytes runs.
 	snapshotting atomic.Bool
 	lastAssert   time.Time // leaderLoop only
+	// selfRefusedTerm is the last term whose leader (this node) logged
+	// that it does not list itself at its HTTP address (selfUnlisted):
+	// leaderLoop only.
+	selfRefusedTerm uint64
 	// ledTerm is the term whose leadership set-up (onLeadership) finished
 	// on this node: the barrier passed and the member entries went out.
 	ledTerm atomic.Uint64
@@ -1149,7 +1153,10 @@ func (n *Node) onLeadership() {
 	// snapshot restored from another cluster by an older build brought
 	// that cluster's table (RestoreSnapshot now installs this cluster's).
 	members := n.fsm.Members()
-	want := []Member{{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAddr, HTTPAddr: n.cfg.HTTPAddr}}
+	var want []Member
+	if !n.selfUnlisted(term) {
+		want = append(want, Member{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAddr, HTTPAddr: n.cfg.HTTPAddr})
+	}
 	var gone []string
 	if cf := n.raft.GetConfiguration(); cf.Error() == nil {
 		servers := map[string]bool{}
@@ -1196,9 +1203,43 @@ func (n *Node) assertSelf() {
 	if time.Since(n.lastAssert) < time.Second {
 		return // one in flight; do not flood the log
 	}
+	if n.selfUnlisted(n.raft.CurrentTerm()) {
+		return
+	}
 	n.lastAssert = time.Now()
 	self := Member{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAddr, HTTPAddr: n.cfg.HTTPAddr}
 	n.raft.Apply(encodeMember(now(), &self), n.cfg.ApplyTimeout)
+}
+
+// selfUnlisted reports whether this node, leading in term, must not write
+// its own member entry: its HTTP address is one the other members cannot
+// dial (CheckHTTPAddr: a wildcard host reaches the forwarding follower's
+// own host, the follower itself when it listens on that port; port 0 is
+// a port the kernel picks) and its configuration has other servers, which
+// forward writes to that address. kvrouter refuses such an address at
+// start, but only as far as it can tell a clustered node from its flags
+// and its directory: this is the guard of last resort. The table keeps
+// what it holds for this node (an older, dialable address, or none:
+// followers then answer 503 no_leader rather than forward to themselves),
+// and leadership goes on; an error naming --http-advertise is logged once
+// a term. A lone node lists itself as it runs: nobody forwards to it. An
+// address that is not host:port at all is an in-memory transport's name
+// (tests): kvrouter never gives one.
+func (n *Node) selfUnlisted(term uint64) bool {
+	if _, _, err := net.SplitHostPort(n.cfg.HTTPAddr); err != nil || n.alone() {
+		return false
+	}
+	err := CheckHTTPAddr(n.cfg.HTTPAddr)
+	if err == nil {
+		return false
+	}
+	if n.selfRefusedTerm != term {
+		n.selfRefusedTerm = term
+		n.logger.Error("leading, but not listing this node's HTTP address in the member table: the other members "+
+			"forward writes there and cannot reach it; restart this node with --http-advertise, the address they reach it at",
+			"term", term, "err", err)
+	}
+	return true
 }
 
 // collectorHoldMax bounds how long a start keeps the collector off while

@@ -263,6 +263,21 @@ func run(c *cli.Context) error {
 		closeServers()
 		return err
 	}
+	// A directory that holds a cluster starts as it is, without --peers or
+	// --join: its configuration, read now, tells whether other members
+	// forward writes to this node's advertised address. Nothing can have
+	// changed it yet (the API still answers not_ready), and the node does
+	// not list itself at an address they cannot dial anyway
+	// (raftfsm.Node.selfUnlisted): this makes the mistake a usage error
+	// rather than a log line.
+	if servers := node.Raft().GetConfiguration().Configuration().Servers; len(servers) > 1 {
+		if _, err := httpAdvertise(listenAddr, c.String("http-advertise"), true); err != nil {
+			node.Close()
+			closeNATS()
+			closeServers()
+			return cli.Exit(fmt.Sprintf("%v (this node's cluster has %d members)", err, len(servers)), 2)
+		}
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		raftfsm.NewCollector(node), buildInfo())
@@ -290,8 +305,11 @@ func run(c *cli.Context) error {
 	var serving http.Handler = srv
 	handler.Store(&serving) // the node loaded its state: both ports answer from here
 	logger.Info("kvrouter listening", "http", sec.scheme()+"://"+ln.Addr().String(), "http_advertise", httpAddr, "raft", raftAddr, "data_dir", c.String("data-dir"))
-	if raftfsm.CheckHTTPAddr(httpAddr) != nil {
-		logger.Warn("this node advertises an HTTP address the other nodes cannot dial (a wildcard or port 0): give --http-advertise before other nodes join it", "http_advertise", httpAddr)
+	if err := raftfsm.CheckHTTPAddr(httpAddr); err != nil {
+		// Only a node alone in its cluster gets here (a clustered one was
+		// refused above): nobody forwards to it yet.
+		logger.Warn("this node advertises an HTTP address other nodes cannot dial: harmless while it is its cluster's only member; "+
+			"restart it with --http-advertise before adding a member, which would forward writes to that address", "http_advertise", httpAddr, "err", err)
 	}
 
 	// The node runs until SIGINT or SIGTERM, or until the app's context
@@ -457,8 +475,10 @@ func checkAddr(flag, addr string) error {
 // empty. One the other nodes cannot dial (raftfsm.CheckHTTPAddr: a
 // wildcard reaches the forwarding node's own host, port 0 a port the
 // kernel picks) is refused when given as --http-advertise, and when the
-// node is clustered (--peers or --join); a lone node may advertise its
-// --http-addr whatever it is (nobody forwards to it; run logs a warning).
+// node is clustered (--peers or --join, or, checked again once the node
+// opened its directory, a configuration of more than one server); a lone
+// node may advertise its --http-addr whatever it is (nobody forwards to
+// it; run logs a warning).
 // The error names the flag first, for a usage error.
 func httpAdvertise(listen, advertise string, clustered bool) (string, error) {
 	if advertise != "" {

@@ -613,9 +613,16 @@ func freeAddr(t *testing.T) string {
 // 30 s later.
 func runKvrouter(t *testing.T, args ...string) error {
 	t.Helper()
+	return runKvrouterFor(t, 30*time.Second, args...)
+}
+
+// runKvrouterFor runs kvrouter with args until it stops, or for d, and
+// returns its error: nil when it ran until d ended it.
+func runKvrouterFor(t *testing.T, d time.Duration, args ...string) error {
+	t.Helper()
 	app := newApp()
 	app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	return app.RunContext(ctx, append([]string{"kvrouter"}, args...))
 }
@@ -920,5 +927,38 @@ func TestHTTPAdvertiseIsWhatTheClusterListsTheNodeAt(t *testing.T) {
 	i := slices.IndexFunc(ms, func(m raftfsm.Member) bool { return m.ID == "n4" })
 	if i < 0 || ms[i].HTTPAddr != advertised {
 		t.Fatalf("members after the join %+v, want n4 at --http-advertise %q", ms, advertised)
+	}
+}
+
+// TestARestartedMemberAtAWildcardHTTPAddressIsRefused: a member of a
+// cluster restarted without --peers or --join (its directory holds the
+// cluster: it starts as it is) and with a wildcard --http-addr, no
+// --http-advertise, stops with a usage error (exit 2) naming
+// --http-advertise once its configuration shows other servers. From a
+// review: the check looked at the flags only; the node started, with a
+// warning about other nodes joining later, and once it led it listed
+// itself at 0.0.0.0:port, where its followers forwarded writes to
+// themselves.
+func TestARestartedMemberAtAWildcardHTTPAddressIsRefused(t *testing.T) {
+	r1, r2, h1, h2 := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	_, port, _ := net.SplitHostPort(h1)
+	peers := []raftfsm.Member{{ID: "n1", RaftAddr: r1, HTTPAddr: h1, Voter: true}, {ID: "n2", RaftAddr: r2, HTTPAddr: h2, Voter: true}}
+	dir := t.TempDir()
+	n, err := raftfsm.NewNode(raftfsm.Config{ID: "n1", RaftAddr: r1, HTTPAddr: h1, DataDir: dir, Peers: peers, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	for _, listen := range []string{"0.0.0.0:" + port, "127.0.0.1:0"} {
+		err := runKvrouter(t, "--node-id", "n1", "--data-dir", dir, "--raft-addr", r1, "--http-addr", listen, "--nats-addr", "127.0.0.1:0", "--log-level", "error")
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.HasPrefix(err.Error(), "--http-addr ") || !strings.Contains(err.Error(), "--http-advertise") {
+			t.Fatalf("member n1 of a 2-node cluster restarted with --http-addr %s: %v, want exit 2 naming --http-addr and --http-advertise", listen, err)
+		}
+	}
+	// With --http-advertise it starts (and runs until the test stops it).
+	if err := runKvrouterFor(t, 2*time.Second, "--node-id", "n1", "--data-dir", dir, "--raft-addr", r1, "--http-addr", "0.0.0.0:"+port,
+		"--http-advertise", h1, "--nats-addr", "127.0.0.1:0", "--log-level", "error"); err != nil {
+		t.Fatalf("member n1 restarted with --http-advertise %s: %v", h1, err)
 	}
 }
