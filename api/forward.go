@@ -174,12 +174,21 @@ func (b *relayedBody) whole() bool {
 // leaderURL turns a member's HTTP address into the base URL to forward to;
 // a host:port is reached by scheme.
 func leaderURL(addr, scheme string) (*url.URL, error) {
-	if !strings.Contains(addr, "://") {
-		addr = scheme + "://" + addr
-	}
-	u, err := url.Parse(addr)
-	if err != nil {
-		return nil, err
+	var u *url.URL
+	if strings.Contains(addr, "://") {
+		var err error
+		if u, err = url.Parse(addr); err != nil {
+			return nil, err
+		}
+	} else {
+		// A host:port is a URL's host as it is, not text to parse as a
+		// URL: an IPv6 zone's % ([fe80::1%eth0]:7080, which the members
+		// API takes) would have to be written %25 there. What a URL would
+		// not read back as this host (a path, a user) is refused.
+		u = &url.URL{Scheme: scheme, Host: addr}
+		if back, err := url.Parse(u.String()); err != nil || back.Host != addr {
+			return nil, fmt.Errorf("want host:port or an http(s) URL")
+		}
 	}
 	if u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 		return nil, fmt.Errorf("want host:port or an http(s) URL")

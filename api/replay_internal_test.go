@@ -41,6 +41,9 @@ func TestLeaderURL(t *testing.T) {
 		"http://h:1":          "http://h:1",
 		"https://h:1/ignored": "https://h:1",
 		"[::1]:7080":          "http://[::1]:7080",
+		// A zone is a host:port's as written, a URL's escaped (%25).
+		"[fe80::1%eth0]:7080":          "http://[fe80::1%25eth0]:7080",
+		"http://[fe80::1%25eth0]:7080": "http://[fe80::1%25eth0]:7080",
 	} {
 		u, err := leaderURL(in, "http")
 		if err != nil || u.String() != want {
@@ -50,7 +53,7 @@ func TestLeaderURL(t *testing.T) {
 	if u, err := leaderURL("h:1", "https"); err != nil || u.String() != "https://h:1" {
 		t.Errorf(`leaderURL("h:1", "https") = %v, %v; want https://h:1`, u, err)
 	}
-	for _, bad := range []string{"", "ftp://h:1", "http://"} {
+	for _, bad := range []string{"", "ftp://h:1", "http://", "a/b:1", "h:1/path", "h:1?q", "u@h:1", "[fe80::1%eth0]:7080/x"} {
 		if _, err := leaderURL(bad, "http"); err == nil {
 			t.Errorf("leaderURL(%q) accepted", bad)
 		}

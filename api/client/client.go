@@ -169,12 +169,21 @@ func New(endpoints []string, opts Options) (*Client, error) {
 }
 
 func baseURL(e, scheme string) (string, error) {
-	if !strings.Contains(e, "://") {
-		e = scheme + "://" + e
-	}
-	u, err := url.Parse(e)
-	if err != nil {
-		return "", err
+	var u *url.URL
+	if strings.Contains(e, "://") {
+		var err error
+		if u, err = url.Parse(e); err != nil {
+			return "", err
+		}
+	} else {
+		// A host:port is a URL's host as it is, not text to parse as a
+		// URL: an IPv6 zone's % ([fe80::1%eth0]:7080) would have to be
+		// written %25 there. What a URL would not read back as this host
+		// (a path, a user) is refused.
+		u = &url.URL{Scheme: scheme, Host: e}
+		if back, err := url.Parse(u.String()); err != nil || back.Host != e {
+			return "", errors.New("want host:port, or http(s)://host:port")
+		}
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return "", fmt.Errorf("scheme %q (want http or https)", u.Scheme)
@@ -195,7 +204,9 @@ func baseURL(e, scheme string) (string, error) {
 	if u.Path != "" && u.Path != "/" || u.RawQuery != "" {
 		return "", errors.New("want host:port with no path")
 	}
-	return u.Scheme + "://" + u.Host, nil
+	// Through url.URL: a zone's % is escaped (%25), so that the base
+	// parses as a URL again, with each request's path.
+	return (&url.URL{Scheme: u.Scheme, Host: u.Host}).String(), nil
 }
 
 // ClearText returns the endpoints (host:port) that the client reaches over

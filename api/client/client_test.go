@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -124,17 +125,18 @@ func (h *hangUp) addr() string { return h.ln.Addr().String() }
 // of range was accepted, and failed only when dialed.
 func TestNewRefusesBadEndpoints(t *testing.T) {
 	for _, eps := range [][]string{nil, {""}, {"ftp://h:1"}, {"http://h:1/path"}, {"http://"},
-		{"h"}, {"h:"}, {"h:0"}, {"h:65536"}, {"h:99999"}, {"http://h"}, {"https://h"}, {"[::1]"}, {":7080"}, {"http://:7080"}, {"h1:1", "h2"}} {
+		{"h"}, {"h:"}, {"h:0"}, {"h:65536"}, {"h:99999"}, {"http://h"}, {"https://h"}, {"[::1]"}, {":7080"}, {"http://:7080"}, {"h1:1", "h2"},
+		{"h:1/path"}, {"a/b:1"}, {"u@h:1"}} {
 		if _, err := client.New(eps, client.Options{}); err == nil {
 			t.Errorf("New(%q) accepted", eps)
 		}
 	}
-	c, err := client.New([]string{" h1:1 ", "https://h2:2", "http://h3:3/", "[::1]:65535"}, client.Options{})
+	c, err := client.New([]string{" h1:1 ", "https://h2:2", "http://h3:3/", "[::1]:65535", "[fe80::1%eth0]:7080", "https://[fe80::1%25eth0]:7080"}, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if got := strings.Join(c.Endpoints(), ","); got != "http://h1:1,https://h2:2,http://h3:3,http://[::1]:65535" {
+	if got := strings.Join(c.Endpoints(), ","); got != "http://h1:1,https://h2:2,http://h3:3,http://[::1]:65535,http://[fe80::1%25eth0]:7080,https://[fe80::1%25eth0]:7080" {
 		t.Fatalf("endpoints = %s", got)
 	}
 }
@@ -769,5 +771,36 @@ func TestAnUploadCutOffByItsContextIsNotOutcomeUnknown(t *testing.T) {
 	cancel()
 	if err := <-errc; errors.Is(err, client.ErrOutcomeUnknown) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("an upload cut off half-way by its context: %v, want context.Canceled and not ErrOutcomeUnknown", err)
+	}
+}
+
+// TestAZonedIPv6EndpointIsReached: an endpoint at an IPv6 address with a
+// zone ([::1%lo]:7080, as kvrouter --join and kvctl --endpoints take it)
+// is dialled. From a review: New parsed "http://"+endpoint as a URL, where
+// the zone's % must be written %25, and refused it.
+func TestAZonedIPv6EndpointIsReached(t *testing.T) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Skip("no interfaces:", err)
+	}
+	i := slices.IndexFunc(ifs, func(i net.Interface) bool { return i.Flags&net.FlagLoopback != 0 })
+	if i < 0 {
+		t.Skip("no loopback interface")
+	}
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skip("no IPv6 loopback:", err)
+	}
+	f := apitest.New("n1", "")
+	s := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewUnstartedServer(s)
+	hs.Listener.Close()
+	hs.Listener = ln
+	hs.Start()
+	defer func() { hs.Close(); s.Close() }()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	c := newClient(t, "[::1%"+ifs[i].Name+"]:"+port)
+	if _, err := c.Members(context.Background()); err != nil {
+		t.Fatalf("members through %s: %v", c.Endpoints()[0], err)
 	}
 }
