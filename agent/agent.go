@@ -67,6 +67,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/enginesub"
 	"github.com/kvrouter/kvrouter/eventplane"
@@ -419,6 +420,22 @@ func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, beats, 
 			cancel()
 			if err == nil {
 				break
+			}
+			if refused(err) && errors.Is(err, api.ErrConflict) {
+				// The registration breaks a rule of the compatible APIs'
+				// namespace of its model (docs/compat.md): the cause is
+				// another worker, which the router's message names. A
+				// namespace that held two block sizes before the rules
+				// (an upgrade) lets its workers re-register while they
+				// are registered, not once a lapsed lease removed them.
+				a.log.Error("the router refuses the worker's registration: it conflicts with another worker of its model's namespace "+
+					"(one block size per namespace; an id not registered through the compatible APIs); stopping. "+
+					"Fix, then restart the agent: give --block-size the namespace's block size (or another --model), "+
+					"or remove the conflicting worker the error names (DELETE /v1/workers/{id}, "+
+					"DELETE /selection/workers/{id} or POST /unregister)",
+					"worker", a.cfg.Worker, "model", a.cfg.Registration.Model, "block_size", a.cfg.BlockSize, "err", err)
+				return fmt.Errorf("%w (worker %d conflicts with another worker of model %q: fix --block-size or --model, or remove that worker): %w",
+					ErrRegistrationRefused, a.cfg.Worker, a.cfg.Registration.Model, err)
 			}
 			if refused(err) {
 				a.log.Error("the router refuses the worker's registration; stopping (fix the registration: a retry would be refused too)",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,8 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/internal/testlog"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 )
@@ -219,5 +222,50 @@ func TestABindThatFailsRegistersNothing(t *testing.T) {
 	}
 	if n, b := reg.calls.Load(), beats.Load(); n != 0 || b != 0 {
 		t.Errorf("%d registrations and %d heartbeats sent by an agent whose bind failed", n, b)
+	}
+}
+
+// TestARegistrationConflictStopsTheAgentSayingWhatToFix: a 409 conflict
+// (the registration breaks a rule of the compatible APIs' namespace of its
+// model: another block size than the namespace's other workers serve)
+// stops the agent, as before, with an error log that names the worker, its
+// model and block size, the conflicting worker (the router's message) and
+// the ways to fix it. From a review: a worker of a namespace that held
+// mixed block sizes before the upgrade registers fine at its start, but is
+// refused once its lease ran out and the sweep removed it, and the agent
+// stopped for good with "fix the registration", which names no cause.
+func TestARegistrationConflictStopsTheAgentSayingWhatToFix(t *testing.T) {
+	r := startRouter(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusConflict)
+		fmt.Fprint(w, `{"error":"conflict: worker 7: llama/default serves block_size 16 (instance 3): a namespace has one block size","reason":"conflict"}`)
+	}))
+	defer srv.Close()
+	cl, err := client.New([]string{strings.TrimPrefix(srv.URL, "http://")}, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	nc, err := nats.Connect(r.ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var logs testlog.Buffer
+	a, err := New(Config{Worker: 7, Endpoint: "tcp://127.0.0.1:*", Bind: true, BlockSize: 8, Conn: nc, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Registrar: cl, HeartbeatInterval: 50 * time.Millisecond, Registration: raftfsm.WorkerInfo{Model: "llama", LeaseMs: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := a.Run(ctx); ctx.Err() != nil || !errors.Is(err, ErrRegistrationRefused) || !errors.Is(err, api.ErrConflict) {
+		t.Fatalf("Run: %v, want ErrRegistrationRefused wrapping api.ErrConflict", err)
+	}
+	want := []string{"level=ERROR", "worker=7", "model=llama", "block_size=8", "instance 3", "--block-size", "--model", "DELETE /v1/workers/"}
+	if got := logs.Lines(want...); len(got) != 1 {
+		t.Fatalf("no error log holding all of %q:\n%s", want, logs.String())
 	}
 }

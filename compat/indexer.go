@@ -614,7 +614,10 @@ func (x *Indexer) checkV1Worker(w raftfsm.WorkerInfo) error {
 	if ok && old.Model == w.Model && old.BlockSize == w.BlockSize {
 		// Nothing the rules judge changes: a worker that broke them before
 		// they held for /v1 (an upgrade) still re-registers (kvagent does
-		// at every start).
+		// at every start) while it is registered. Once removed (its lease
+		// ran out) it is judged as new: exempting it would take a record
+		// of removed workers kept for ever, and the namespace it returns
+		// to may have been fixed meanwhile. kvagent logs the 409's fix.
 		return nil
 	}
 	if err := keepsBlockSize(table, &w); err != nil {

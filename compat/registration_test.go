@@ -569,3 +569,35 @@ func TestV1RegistrationRefusesACompatInstanceID(t *testing.T) {
 		t.Errorf("%d catalog workers are instance 1 of llama/default, want 1: %s", ones, r.body)
 	}
 }
+
+// TestAV1WorkerRemovedFromAMixedNamespaceReturnsOnlyWithItsBlockSize pins
+// a decision. A namespace that held two block sizes before /v1
+// registrations kept its rules (an upgrade) lets its workers re-register
+// unchanged while they are registered; once one was removed (its lease
+// ran out), its return is a new registration and is judged: 409, naming
+// the worker that serves the other block size, for the operator to fix
+// (docs/operations.md). Exempting it would need the router to remember
+// removed workers for ever; kvagent logs the 409 with the fix
+// (agent.TestARegistrationConflictStopsTheAgentSayingWhatToFix). From a
+// review: the upgrade note promised that such a worker "still registers
+// again", without the condition.
+func TestAV1WorkerRemovedFromAMixedNamespaceReturnsOnlyWithItsBlockSize(t *testing.T) {
+	n := startNode(t)
+	ctx := context.Background()
+	// Before the upgrade: two /v1 workers of llama with different block sizes.
+	for _, w := range []raftfsm.WorkerInfo{{ID: 3, BlockSize: 16, Model: "llama"}, {ID: 4, BlockSize: 8, Model: "llama"}} {
+		if err := n.node.RegisterWorker(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustCode(t, n.v1Register(t, `{"worker_id":4,"block_size":8,"model":"llama"}`), 204, "an unchanged re-registration")
+	if err := n.node.DeregisterWorker(ctx, 4); err != nil { // its lease lapsed
+		t.Fatal(err)
+	}
+	r := n.v1Register(t, `{"worker_id":4,"block_size":8,"model":"llama"}`)
+	mustCode(t, r, 409, "the same registration after its removal")
+	if !strings.Contains(string(r.body), "block_size 16 (instance 3)") {
+		t.Fatalf("the 409 does not name the worker serving the other block size: %s", r.body)
+	}
+	mustCode(t, n.v1Register(t, `{"worker_id":4,"block_size":16,"model":"llama"}`), 204, "the namespace's block size")
+}
