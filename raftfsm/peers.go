@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 )
 
@@ -51,8 +52,8 @@ func ParsePeers(s string) ([]Member, error) {
 }
 
 // CheckRaftAddr says what is wrong with addr as a node's Raft address,
-// nil when nothing is: host:port, the port one that net.Listen takes (a
-// number from 0 to 65535, or a service name), and a host that peers can
+// nil when nothing is: host:port, the port a number from 0 to 65535 (not
+// a service name, which the members API refuses), and a host that peers can
 // dial (not empty, not a wildcard such as 0.0.0.0 or ::, with a zone or
 // IPv4-mapped or not), since it is the
 // address the cluster's configuration lists the node at. kvrouter checks
@@ -65,7 +66,9 @@ func CheckRaftAddr(addr string) error {
 	if err != nil {
 		return fmt.Errorf("%q: %v: want host:port", addr, err)
 	}
-	if _, err := net.LookupPort("tcp", port); err != nil {
+	// A number, not a service name (:http): the other members, and the
+	// members API that adds one (api checkAddr), read the port as written.
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
 		return fmt.Errorf("%q: port %q: want a number from 0 to 65535", addr, port)
 	}
 	if host == "" {
@@ -100,7 +103,7 @@ func CheckHTTPAddr(addr string) error {
 	if ip, err := netip.ParseAddr(host); err == nil && ip.WithZone("").Unmap().IsUnspecified() {
 		return fmt.Errorf("%q: %s listens on every interface, and the other nodes cannot dial it: give the address they reach this node's HTTP API at (host:port)", addr, host)
 	}
-	p, err := net.LookupPort("tcp", port)
+	p, err := strconv.ParseUint(port, 10, 16) // a number, as CheckRaftAddr's
 	if err != nil {
 		return fmt.Errorf("%q: port %q: want a number from 1 to 65535", addr, port)
 	}

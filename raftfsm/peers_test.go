@@ -74,7 +74,7 @@ func TestParsePeersChecksRaftAddrs(t *testing.T) {
 // entries, POST /v1/cluster/members). From a review: 0.0.0.0:7080 was
 // taken into the member table, and a follower forwarded to itself.
 func TestHTTPAddrIsOneTheOthersCanDial(t *testing.T) {
-	for _, ok := range []string{"10.0.0.1:7080", "[::1]:7080", "node1.example:7080", "node1.example:http"} {
+	for _, ok := range []string{"10.0.0.1:7080", "[::1]:7080", "node1.example:7080"} {
 		if err := CheckHTTPAddr(ok); err != nil {
 			t.Errorf("CheckHTTPAddr(%q): %v", ok, err)
 		}
@@ -87,9 +87,35 @@ func TestHTTPAddrIsOneTheOthersCanDial(t *testing.T) {
 		{"[::%lo]:7080", "::%lo listens on every interface"},
 		{"10.0.0.1:0", "port 0"},
 		{"10.0.0.1:00", "port 0"},
+		{"node1.example:http", "want a number"},
 	} {
 		if err := CheckHTTPAddr(c.addr); err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), `"`+c.addr+`"`) {
 			t.Errorf("CheckHTTPAddr(%q): %v, want an error that begins with the address and says %q", c.addr, err, c.want)
+		}
+	}
+}
+
+// TestAddrPortsAreNumbers: a member's Raft and HTTP addresses take a port
+// number, not a service name (10.0.0.4:http), as POST /v1/cluster/members
+// does (api checkAddr): the other members and the API read the address as
+// written. From a review: CheckHTTPAddr took 10.0.0.4:http, so a --join
+// asking to be added there passed kvrouter's checks and was refused by
+// the cluster.
+func TestAddrPortsAreNumbers(t *testing.T) {
+	for _, addr := range []string{"10.0.0.4:http", "10.0.0.4:https", "h:x11", "h:+80", "h:0x50"} {
+		if err := CheckHTTPAddr(addr); err == nil {
+			t.Errorf("CheckHTTPAddr(%q) accepted a port that is not a number", addr)
+		}
+		if err := CheckRaftAddr(addr); err == nil {
+			t.Errorf("CheckRaftAddr(%q) accepted a port that is not a number", addr)
+		}
+	}
+	for _, addr := range []string{"10.0.0.4:80", "[fe80::1%eth0]:7080", "h:65535"} {
+		if err := CheckHTTPAddr(addr); err != nil {
+			t.Errorf("CheckHTTPAddr(%q): %v", addr, err)
+		}
+		if err := CheckRaftAddr(addr); err != nil {
+			t.Errorf("CheckRaftAddr(%q): %v", addr, err)
 		}
 	}
 }

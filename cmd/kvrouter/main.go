@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -400,7 +401,8 @@ func parseJoin(s string) ([]string, error) {
 		if host == "" {
 			return nil, fmt.Errorf("--join %q has no host: want host:port (a member's --http-addr)", e)
 		}
-		if p, err := net.LookupPort("tcp", port); err != nil || p == 0 {
+		// A number, as the API client takes it (not a service name).
+		if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
 			return nil, fmt.Errorf("--join %q: port %q: want a number from 1 to 65535", e, port)
 		}
 		via = append(via, e)
