@@ -703,15 +703,8 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 		if len(w.DPRanks) == 0 {
 			w.DPRanks = []uint32{0}
 		}
-		// Ranks the new registration drops go with their state, as a
-		// deregistration takes a worker's: a later registration of the rank
-		// starts clean.
-		if prev, ok := f.wtab[w.ID]; ok {
-			for _, dp := range prev.DPRanks {
-				if !slices.Contains(w.DPRanks, dp) {
-					f.removeRank(kvevent.Rank{Worker: w.ID, DP: dp})
-				}
-			}
+		for _, r := range f.droppedRanks(&w) {
+			f.removeRank(r)
 		}
 		f.wtab[w.ID] = w
 		f.markWorker(w.ID)
@@ -795,6 +788,48 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 		return f.applyCheck(c, index)
 	}
 	return fmt.Errorf("%w: command type %d", ErrBadCommand, c.typ)
+}
+
+// droppedRanks returns, in rank order, the ranks of w's worker whose state
+// the registration w drops, as a deregistration drops a worker's, so that a
+// later registration of the rank starts clean: those the previous
+// registration listed and w does not, and, when w is Positional, every rank
+// of the worker that w does not list and that holds a cursor or a
+// last-heard time. A Positional worker's unlisted rank takes neither events
+// nor dumps (unlisted), but a dump or events taken before (the worker not
+// registered yet: an agent's Resync at its start; or registered non-
+// Positional, which takes any of its ranks' events) would otherwise keep
+// their blocks and cursor, in no sweep's list (UnregisteredRanks takes only
+// unregistered workers' ranks), and a registration listing the rank later
+// would resume at that cursor: the agent's numbering, under which the
+// engine's first positions are duplicates. Blocks and bookings need no
+// search of their own: a rank gets blocks only with a cursor, and bookings
+// only while listed. The worker's ranks come from the per-worker lists of
+// cursors and heard, not a scan of every rank.
+func (f *FSM) droppedRanks(w *WorkerInfo) []kvevent.Rank {
+	var out []kvevent.Rank
+	if prev, ok := f.wtab[w.ID]; ok {
+		for _, dp := range prev.DPRanks {
+			if !slices.Contains(w.DPRanks, dp) {
+				out = append(out, kvevent.Rank{Worker: w.ID, DP: dp})
+			}
+		}
+	}
+	if w.Positional {
+		f.curMu.RLock()
+		held := f.cursors.WorkerRanks(nil, w.ID)
+		held = f.heard.WorkerRanks(held, w.ID)
+		f.curMu.RUnlock()
+		for _, r := range held {
+			if !slices.Contains(w.DPRanks, r.DP) {
+				out = append(out, r)
+			}
+		}
+	}
+	// Sorted and each once, so that every replica's batch deletes the same
+	// keys in one order.
+	slices.SortFunc(out, kvevent.Rank.Compare)
+	return slices.Compact(out)
 }
 
 // unlisted says whether r's worker is Positional and does not list r: a
@@ -929,8 +964,10 @@ func (f *FSM) RestoredAt() int64 { return f.restoredAt.Load() }
 // registration may commit after an agent's first events), so an agent
 // that goes on publishing after its worker was removed, or one that never
 // registers, leaves ranks that no deregistration takes away unless asked
-// to (the leader's sweep does, eventplane). It allocates only when there
-// are some.
+// to (the leader's sweep does, eventplane). A registered Positional
+// worker's unlisted ranks are not in it: they hold nothing, as its
+// registration dropped what they took before (droppedRanks). It allocates
+// only when there are some.
 func (f *FSM) UnregisteredRanks() []kvevent.Rank {
 	workers := f.Workers()
 	var out []kvevent.Rank

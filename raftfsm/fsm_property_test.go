@@ -77,6 +77,13 @@ func (m *fsmModel) removeRanks(match func(kvevent.Rank) bool) {
 	}
 }
 
+// unlisted says whether r's worker is registered Positional without r: r
+// takes neither events nor dumps.
+func (m *fsmModel) unlisted(r kvevent.Rank) bool {
+	w, ok := m.workers[r.Worker]
+	return ok && w.Positional && !slices.Contains(w.DPRanks, r.DP)
+}
+
 // load is rank's load by the rules of semantics.md §6, from scratch: the
 // live requests, the uncached input tokens of those still in prefill, and
 // the distinct blocks they hold, where a block that one request alone holds
@@ -155,7 +162,7 @@ func (m *fsmModel) check(rt *rapid.T, what string, f *FSM) {
 	}
 	for id, want := range m.workers {
 		got, ok := ws[id]
-		if !ok || got.ID != want.ID || !slices.Equal(got.DPRanks, want.DPRanks) || got.BlockSize != want.BlockSize || got.Capacity != want.Capacity {
+		if !ok || got.ID != want.ID || !slices.Equal(got.DPRanks, want.DPRanks) || got.BlockSize != want.BlockSize || got.Capacity != want.Capacity || got.Positional != want.Positional {
 			rt.Fatalf("%s: worker %d = %+v (registered %v), model %+v", what, id, got, ok, want)
 		}
 	}
@@ -196,41 +203,55 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 			batches = append(batches, RankBatch{Rank: r, Incarnation: incarnation.Draw(t, "incarnation"), Events: chainEvents(r, first, n, first*7)})
 		}
 		for _, b := range batches {
+			if m.unlisted(b.Rank) {
+				continue // its Positional worker does not list it: nothing applies
+			}
 			if s := m.incs[b.Rank]; b.Incarnation != 0 && s != 0 && b.Incarnation != s {
 				continue // fenced: nothing applies
 			}
-			cur := m.cursors[b.Rank]
+			// A Positional worker's ids are positions: a hole is no gap.
+			positional := m.workers[b.Rank.Worker].Positional
+			cur, applied := m.cursors[b.Rank], false
 			for i := range b.Events {
 				ev := &b.Events[i]
 				if ev.EventID <= cur {
 					continue
 				}
-				if ev.EventID != cur+1 {
+				if ev.EventID != cur+1 && !positional {
 					break
 				}
 				_ = m.ix.Apply(ev, fsmNow)
-				cur++
+				cur, applied = ev.EventID, true
 			}
-			m.cursors[b.Rank] = cur
+			if applied {
+				m.cursors[b.Rank] = cur
+			}
 		}
 		return encodeEvents(fsmNow, batches)
 	case 4:
 		// A registration, or a registration again with other ranks and
-		// capacity: a rank it drops goes with its cursor and bookings.
+		// capacity: a rank it drops goes with its cursor and bookings. A
+		// Positional one drops every rank of the worker it does not list,
+		// listed before or not (the state of a dump or events taken while
+		// the worker was unregistered or not Positional).
 		w := WorkerInfo{
-			ID:        uint64(rapid.IntRange(1, 2).Draw(t, "worker")),
-			DPRanks:   rapid.SampledFrom([][]uint32{{0, 1}, {0}, {1}, {1, 0}}).Draw(t, "dp ranks"),
-			BlockSize: rapid.SampledFrom([]int{16, 32}).Draw(t, "block size"),
-			Capacity:  [4]int64{rapid.Int64Range(1, 3).Draw(t, "capacity") * 64},
+			ID:         uint64(rapid.IntRange(1, 2).Draw(t, "worker")),
+			DPRanks:    rapid.SampledFrom([][]uint32{{0, 1}, {0}, {1}, {1, 0}}).Draw(t, "dp ranks"),
+			BlockSize:  rapid.SampledFrom([]int{16, 32}).Draw(t, "block size"),
+			Capacity:   [4]int64{rapid.Int64Range(1, 3).Draw(t, "capacity") * 64},
+			Positional: rapid.Bool().Draw(t, "positional"),
 		}
-		if prev, ok := m.workers[w.ID]; ok {
-			m.removeRanks(func(r kvevent.Rank) bool {
-				return r.Worker == w.ID && slices.Contains(prev.DPRanks, r.DP) && !slices.Contains(w.DPRanks, r.DP)
-			})
-			for _, dp := range prev.DPRanks {
-				if !slices.Contains(w.DPRanks, dp) {
-					m.ix.RemoveRank(kvevent.Rank{Worker: w.ID, DP: dp})
-				}
+		prev, known := m.workers[w.ID]
+		drops := func(r kvevent.Rank) bool {
+			if r.Worker != w.ID || slices.Contains(w.DPRanks, r.DP) {
+				return false
+			}
+			return w.Positional || known && slices.Contains(prev.DPRanks, r.DP)
+		}
+		m.removeRanks(drops)
+		for _, r := range fsmRanks {
+			if drops(r) {
+				m.ix.RemoveRank(r)
 			}
 		}
 		m.workers[w.ID] = w
@@ -292,7 +313,7 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 		}
 		inc := incarnation.Draw(t, "incarnation")
 		stored := chainEvents(r, 1, rapid.IntRange(0, 3).Draw(t, "stored"), 100+cursor*11)
-		if cursor >= m.cursors[r] {
+		if cursor >= m.cursors[r] && !m.unlisted(r) {
 			m.ix.ReplaceRank(r, stored, fsmNow)
 			m.cursors[r], m.incs[r] = cursor, inc
 		}

@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -111,5 +112,121 @@ func TestPositionalDumpOfAnUnlistedRankAppliesNothing(t *testing.T) {
 	}
 	if d, err := n.DumpRank(r1); err != nil || len(d.StoredEvents()) == 0 || n.Cursor(r1) != 7 {
 		t.Fatalf("the rank once listed: cursor %d, dump %v", n.Cursor(r1), err)
+	}
+}
+
+// TestPositionalRegistrationDropsAnUnlistedRankDumpedBefore: from a review.
+// A dump of a rank applies while its worker is not registered (kvagent
+// resyncs every rank at its start, before a compat registration may have
+// committed). The worker then registered Positional without that dp rank,
+// and nothing removed the rank's blocks and cursor: the registration only
+// dropped ranks the previous registration listed, and the leader's sweep
+// (UnregisteredRanks) only takes ranks of unregistered workers. A later
+// registration listing the rank resumed at the agent's cursor. Now the
+// Positional registration drops every rank of the worker it does not list.
+func TestPositionalRegistrationDropsAnUnlistedRankDumpedBefore(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	n := c.leader()
+	r1 := kvevent.Rank{Worker: 1, DP: 1}
+	if err := n.ReplaceRankFenced(ctx(t), r1, 7, 3, chainEvents(r1, 1, 2, 100)); err != nil {
+		t.Fatalf("a dump of a rank of an unregistered worker: %v", err)
+	}
+	if n.Cursor(r1) != 7 {
+		t.Fatalf("the dump before the registration: cursor %d, want 7", n.Cursor(r1))
+	}
+	w := WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}, Positional: true}
+	if err := n.RegisterWorker(ctx(t), w); err != nil {
+		t.Fatal(err)
+	}
+	checkRankClean(t, n, r1, "after the Positional registration without it")
+	w.DPRanks = []uint32{0, 1}
+	if err := n.RegisterWorker(ctx(t), w); err != nil {
+		t.Fatal(err)
+	}
+	checkRankClean(t, n, r1, "once listed")
+}
+
+// TestPositionalRegistrationDropsAnUnlistedRankOfANonPositionalWorker: from
+// a review. A worker registered non-Positional takes events of a dp rank it
+// does not list (an agent may publish before a registration lists the
+// rank); when the worker then registered Positional, the rank kept its
+// blocks and cursor. Now the switch drops them; the listed rank keeps its
+// own.
+func TestPositionalRegistrationDropsAnUnlistedRankOfANonPositionalWorker(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	n := c.leader()
+	w := WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}}
+	if err := n.RegisterWorker(ctx(t), w); err != nil {
+		t.Fatal(err)
+	}
+	r0, r1 := kvevent.Rank{Worker: 1}, kvevent.Rank{Worker: 1, DP: 1}
+	acks, err := n.IngestEvents(ctx(t), []RankBatch{
+		{Rank: r0, Events: chainEvents(r0, 1, 2, 200)},
+		{Rank: r1, Events: chainEvents(r1, 1, 2, 100)},
+	})
+	if err != nil || len(acks) != 2 || acks[0].Applied != 2 || acks[1].Applied != 2 {
+		t.Fatalf("events of a non-Positional worker's ranks: %+v %v", acks, err)
+	}
+	w.Positional = true
+	if err := n.RegisterWorker(ctx(t), w); err != nil {
+		t.Fatal(err)
+	}
+	checkRankClean(t, n, r1, "after the worker registered Positional")
+	if cur := n.Cursor(r0); cur != 2 {
+		t.Fatalf("the listed rank's cursor after the switch: %d, want 2", cur)
+	}
+	if d, err := n.DumpRank(r0); err != nil || len(d.StoredEvents()) != 2 {
+		t.Fatalf("the listed rank after the switch: %v", err)
+	}
+}
+
+// TestPositionalRankListedLaterTakesTheEnginesFirstBatch: from a review.
+// The cursor an agent's dump left (its own numbering) on a rank that the
+// Positional registration did not list made the engine's first positions,
+// once a registration listed the rank, duplicates: they were acked and
+// lost. Now the rank starts clean and the first batch applies.
+func TestPositionalRankListedLaterTakesTheEnginesFirstBatch(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	n := c.leader()
+	r1 := kvevent.Rank{Worker: 1, DP: 1}
+	if err := n.ReplaceRankFenced(ctx(t), r1, 5000, 3, chainEvents(r1, 1, 2, 100)); err != nil {
+		t.Fatal(err)
+	}
+	w := WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}, Positional: true}
+	if err := n.RegisterWorker(ctx(t), w); err != nil {
+		t.Fatal(err)
+	}
+	w.DPRanks = []uint32{0, 1}
+	if err := n.RegisterWorker(ctx(t), w); err != nil {
+		t.Fatal(err)
+	}
+	pos := uint64(1)<<12 | 1 // compat.Position(0, 1, 1): the engine's first batch
+	acks, err := n.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, pos, 1, 900)}})
+	if err != nil || len(acks) != 1 {
+		t.Fatalf("%+v %v", acks, err)
+	}
+	if a := acks[0]; a.Applied != 1 || a.Dups != 0 || a.Cursor != pos {
+		t.Fatalf("the engine's first batch of the rank listed later: %+v, want it applied at %#x", a, pos)
+	}
+}
+
+// checkRankClean fails unless r holds no cursor, incarnation, blocks or
+// last-heard time, and no sweep lists it.
+func checkRankClean(t *testing.T, n *Node, r kvevent.Rank, what string) {
+	t.Helper()
+	if cur := n.Cursor(r); cur != 0 {
+		t.Fatalf("%s: rank %v keeps cursor %d", what, r, cur)
+	}
+	if inc := n.fsm.Incarnation(r); inc != 0 {
+		t.Fatalf("%s: rank %v keeps incarnation %d", what, r, inc)
+	}
+	if d, err := n.DumpRank(r); err == nil && len(d.StoredEvents()) != 0 {
+		t.Fatalf("%s: rank %v keeps %d blocks", what, r, len(d.StoredEvents()))
+	}
+	if h := n.fsm.LastHeard(r); h != 0 {
+		t.Fatalf("%s: rank %v keeps last-heard time %d", what, r, h)
+	}
+	if slices.Contains(n.UnregisteredRanks(), r) {
+		t.Fatalf("%s: rank %v is in the sweep's list", what, r)
 	}
 }
