@@ -740,59 +740,40 @@ func TestDigestLeavesOut(t *testing.T) {
 	}
 }
 
-// A remove cuts a held store of the block in its tier even when the rank
-// also holds the block in another tier: before, the remove found the
-// block held (on the device), saw the tier was not set there and
-// returned, and the held host store was adopted later, a residency the
-// engine had removed.
-func TestRemoveCutsHeldOrphanOfABlockHeldInAnotherTier(t *testing.T) {
-	ix := New(propCfg)
-	mustApply(t, ix,
-		stored(rk1, dev, []kvevent.Block{{EngineHash: 9, LocalHash: 19}, {EngineHash: 5, LocalHash: 15}}),
-		removed(rk1, dev, 9), // 5 stays on the device
-		storedUnder(rk1, host, 9, []kvevent.Block{{EngineHash: 5, LocalHash: 15}}), // parent unknown: held
-		removed(rk1, host, 5), // cuts the held store
-		stored(rk1, host, []kvevent.Block{{EngineHash: 9, LocalHash: 19}}), // the parent arrives
-	)
-	d, err := ix.DumpRank(rk1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range d.Entries {
-		if e.EngineHash == 5 && e.Mask.Has(host) {
-			t.Errorf("block 5 held in host (mask %v) after the engine removed it there", e.Mask)
-		}
-	}
-	if len(d.Orphans) != 0 {
-		t.Errorf("held stores left: %+v", d.Orphans)
-	}
-}
-
-// The sibling of TestRemoveCutsHeldOrphanOfABlockHeldInAnotherTier: a
-// remove of a block the rank holds in the remove's own tier cuts a held
-// store of the block in that tier too (a later store of it, under a parent
-// not known yet). Before, the remove dropped the residency and left the
-// held store, which adoption brought back when the parent arrived: the
-// rank held a block the engine removed after storing it.
-func TestRemoveCutsHeldOrphanOfABlockHeldInTheSameTier(t *testing.T) {
-	ix := New(propCfg)
-	mustApply(t, ix,
-		stored(rk1, host, []kvevent.Block{{EngineHash: 9, LocalHash: 19}, {EngineHash: 5, LocalHash: 15}}),
-		removed(rk1, host, 9), // 5 stays in host
-		storedUnder(rk1, host, 9, []kvevent.Block{{EngineHash: 5, LocalHash: 15}}), // parent unknown: held
-		removed(rk1, host, 5), // drops the residency and cuts the held store
-		stored(rk1, host, []kvevent.Block{{EngineHash: 9, LocalHash: 19}}), // the parent arrives
-	)
-	d, err := ix.DumpRank(rk1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range d.Entries {
-		if e.EngineHash == 5 && e.Mask.Has(host) {
-			t.Errorf("block 5 held in host (mask %v) after the engine's last event about it removed it there", e.Mask)
-		}
-	}
-	if len(d.Orphans) != 0 {
-		t.Errorf("held stores left: %+v", d.Orphans)
+// A remove cuts a held store of the block in its tier whether the rank
+// holds the block in another tier or in that one. Before, the remove
+// found the block held, and either saw the tier was not set there and
+// returned, or dropped the residency and returned; the held store was
+// adopted when its parent arrived: a residency the engine had removed.
+func TestRemoveCutsHeldOrphanOfAHeldBlock(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		first kvevent.Tier // where the rank holds block 5 when the remove comes
+	}{
+		{"another tier", dev},
+		{"the same tier", host},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := New(propCfg)
+			mustApply(t, ix,
+				stored(rk1, tc.first, []kvevent.Block{{EngineHash: 9, LocalHash: 19}, {EngineHash: 5, LocalHash: 15}}),
+				removed(rk1, tc.first, 9), // 5 stays
+				storedUnder(rk1, host, 9, []kvevent.Block{{EngineHash: 5, LocalHash: 15}}), // parent unknown: held
+				removed(rk1, host, 5), // cuts the held store
+				stored(rk1, host, []kvevent.Block{{EngineHash: 9, LocalHash: 19}}), // the parent arrives
+			)
+			d, err := ix.DumpRank(rk1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range d.Entries {
+				if e.EngineHash == 5 && e.Mask.Has(host) {
+					t.Errorf("block 5 held in host (mask %v) after the engine's last event about it removed it there", e.Mask)
+				}
+			}
+			if len(d.Orphans) != 0 {
+				t.Errorf("held stores left: %+v", d.Orphans)
+			}
+		})
 	}
 }
