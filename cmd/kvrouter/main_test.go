@@ -700,15 +700,7 @@ func TestAddressFlagsAreChecked(t *testing.T) {
 		{[]string{"--nats-cluster-addr", "bad"}, "--nats-cluster-addr"},
 		{[]string{"--selection-addr", "bad"}, "--selection-addr"},
 	} {
-		dir := filepath.Join(t.TempDir(), "data")
-		err := runKvrouter(t, append([]string{"--data-dir", dir}, c.args...)...)
-		var ec cli.ExitCoder
-		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.HasPrefix(err.Error(), c.want+" ") {
-			t.Errorf("kvrouter %q: %v, want exit 2 naming %s", c.args, err, c.want)
-		}
-		if _, err := os.Stat(dir); !os.IsNotExist(err) {
-			t.Errorf("kvrouter %q touched the data directory (%v)", c.args, err)
-		}
+		checkRefusedStart(t, c.args, c.want)
 	}
 	// Listened on as given, and dialled by peers: a wildcard HTTP address
 	// and port 0 are not refused here.
@@ -866,17 +858,9 @@ func TestHTTPAdvertiseIsWhatTheClusterListsTheNodeAt(t *testing.T) {
 		{[]string{"--http-advertise", ":7081"}, "--http-advertise"},
 		{[]string{"--http-advertise", "bad"}, "--http-advertise"},
 	} {
-		dir := filepath.Join(t.TempDir(), "data")
-		err := runKvrouter(t, append([]string{"--data-dir", dir}, c.args...)...)
-		var ec cli.ExitCoder
-		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.HasPrefix(err.Error(), c.want+" ") {
-			t.Errorf("kvrouter %q: %v, want exit 2 naming %s", c.args, err, c.want)
-		}
+		err := checkRefusedStart(t, c.args, c.want)
 		if c.want == "--http-addr" && !strings.Contains(fmt.Sprint(err), "--http-advertise") {
 			t.Errorf("kvrouter %q: %v, want it to say to give --http-advertise", c.args, err)
-		}
-		if _, err := os.Stat(dir); !os.IsNotExist(err) {
-			t.Errorf("kvrouter %q touched the data directory (%v)", c.args, err)
 		}
 	}
 	// A lone node (no --peers, no --join) may listen on a wildcard or port 0
@@ -961,4 +945,21 @@ func TestARestartedMemberAtAWildcardHTTPAddressIsRefused(t *testing.T) {
 		"--http-advertise", h1, "--nats-addr", "127.0.0.1:0", "--log-level", "error"); err != nil {
 		t.Fatalf("member n1 restarted with --http-advertise %s: %v", h1, err)
 	}
+}
+
+// checkRefusedStart runs kvrouter with args on a new data directory and
+// checks that it exits 2 with an error naming flag first, without touching
+// the directory; it returns the error.
+func checkRefusedStart(t *testing.T, args []string, flag string) error {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "data")
+	err := runKvrouter(t, append([]string{"--data-dir", dir}, args...)...)
+	var ec cli.ExitCoder
+	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.HasPrefix(err.Error(), flag+" ") {
+		t.Errorf("kvrouter %q: %v, want exit 2 naming %s", args, err, flag)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("kvrouter %q touched the data directory (%v)", args, err)
+	}
+	return err
 }
