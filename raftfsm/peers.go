@@ -11,9 +11,10 @@ import (
 // ParsePeers parses a bootstrap peer list, id=raftaddr=httpaddr,...
 // (kvrouter --peers, kvctl snapshot restore --peers): each entry three
 // non-empty fields, both addresses host:port, and no id, Raft address or
-// HTTP address given twice. A Raft address must be one that peers can
+// HTTP address given twice (an address as dialled, addrKey: 10.0.0.1:07000
+// is 10.0.0.1:7000). A Raft address must be one that peers can
 // dial (CheckRaftAddr, as kvrouter checks its --raft-addr), with a port
-// other than 0: the peers dial it as listed, while a node told to listen
+// other than 0 (the number: 00 is 0 too): the peers dial it as listed, while a node told to listen
 // on port 0 takes any free one. (A lone node may run at --raft-addr
 // host:0: nobody dials it.) A seed of kvctl's with such an address left a
 // directory that no node could start on. An HTTP address is checked by
@@ -21,7 +22,7 @@ import (
 // members are voters. An empty list parses to none.
 func ParsePeers(s string) ([]Member, error) {
 	var out []Member
-	seen := map[string]bool{}
+	seen := map[string]string{} // what and addrKey → the text first given
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
 		if p == "" {
@@ -34,21 +35,57 @@ func ParsePeers(s string) ([]Member, error) {
 		if err := CheckRaftAddr(f[1]); err != nil {
 			return nil, fmt.Errorf("peer %q: raft address %w", p, err)
 		}
-		if _, port, _ := net.SplitHostPort(f[1]); port == "0" {
+		// The number, not the text: 00 is port 0 too (CheckRaftAddr
+		// parsed it, so it is one).
+		if _, port, _ := net.SplitHostPort(f[1]); mustPort(port) == 0 {
 			return nil, fmt.Errorf("peer %q: raft address %q: port 0: want the port the node listens on, as its peers dial it (1 to 65535)", p, f[1])
 		}
 		if err := CheckHTTPAddr(f[2]); err != nil {
 			return nil, fmt.Errorf("peer %q: http address %w", p, err)
 		}
-		for _, k := range []string{"id " + f[0], "raft address " + f[1], "http address " + f[2]} {
-			if seen[k] {
-				return nil, fmt.Errorf("peer %q: %s given twice", p, k)
+		// Addresses are keyed as dialled, not as written: 127.0.0.1:07000
+		// is 127.0.0.1:7000, and two peers there would be one process.
+		for _, k := range []struct{ what, text, key string }{
+			{"id", f[0], f[0]},
+			{"raft address", f[1], addrKey(f[1])},
+			{"http address", f[2], addrKey(f[2])},
+		} {
+			key := k.what + " " + k.key
+			if first, dup := seen[key]; dup {
+				if first != k.text {
+					return nil, fmt.Errorf("peer %q: %s %s given twice (as %s before)", p, k.what, k.text, first)
+				}
+				return nil, fmt.Errorf("peer %q: %s %s given twice", p, k.what, k.text)
 			}
-			seen[k] = true
+			seen[key] = k.text
 		}
 		out = append(out, Member{ID: f[0], RaftAddr: f[1], HTTPAddr: f[2], Voter: true})
 	}
 	return out, nil
+}
+
+// mustPort reads a port that CheckRaftAddr or CheckHTTPAddr took: a
+// number from 0 to 65535.
+func mustPort(port string) uint64 {
+	p, _ := strconv.ParseUint(port, 10, 16)
+	return p
+}
+
+// addrKey is a host:port that CheckRaftAddr or CheckHTTPAddr took, as it
+// is dialled: the port as a number (07000 is 7000), an IP host in netip's
+// form ([0:0::1] is [::1], an IPv4-mapped address its IPv4 one, as
+// sameRaftAddr reads them; a zone kept: another zone is another link). A
+// hostname stays as written, as sameRaftAddr compares it: resolving it
+// would make the check depend on the resolver.
+func addrKey(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		host = ip.Unmap().String()
+	}
+	return net.JoinHostPort(host, strconv.FormatUint(mustPort(port), 10))
 }
 
 // CheckRaftAddr says what is wrong with addr as a node's Raft address,

@@ -119,3 +119,37 @@ func TestAddrPortsAreNumbers(t *testing.T) {
 		}
 	}
 }
+
+// TestParsePeersReadsPortsAsNumbers: a --peers entry's Raft port 0 is
+// refused however it is written, and one address written twice is a
+// duplicate however its port or IP is spelled. From a review: the port was
+// compared as text ("00" passed as not "0"), and so were the addresses
+// (127.0.0.1:7000 and 127.0.0.1:07000, one address, were two peers).
+func TestParsePeersReadsPortsAsNumbers(t *testing.T) {
+	for _, p := range []string{"0", "00", "000", "0000"} {
+		peers := "n1=127.0.0.1:" + p + "=127.0.0.1:7080,n2=127.0.0.1:7001=127.0.0.1:7081"
+		if ms, err := ParsePeers(peers); err == nil || !strings.Contains(err.Error(), "port 0") {
+			t.Errorf("ParsePeers(%q) = %+v, %v: want raft port %q refused as port 0", peers, ms, err, p)
+		}
+	}
+	for _, c := range []struct{ peers, want string }{
+		{"n1=127.0.0.1:7000=127.0.0.1:7080,n2=127.0.0.1:07000=127.0.0.1:7081", "raft address 127.0.0.1:07000 given twice"},
+		{"n1=127.0.0.1:7000=127.0.0.1:7080,n2=127.0.0.1:7001=127.0.0.1:07080", "http address 127.0.0.1:07080 given twice"},
+		{"n1=h1:7000=h1:7080,n2=h1:0007000=h2:7080", "raft address h1:0007000 given twice"},
+		{"n1=[::ffff:10.0.0.1]:7000=h1:7080,n2=10.0.0.1:7000=h2:7080", "raft address 10.0.0.1:7000 given twice"},
+		{"n1=[0:0::1]:7000=h1:7080,n2=[::1]:7000=h2:7080", "raft address [::1]:7000 given twice"},
+	} {
+		if ms, err := ParsePeers(c.peers); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ParsePeers(%q) = %+v, %v: want an error with %q", c.peers, ms, err, c.want)
+		}
+	}
+	// Other zones, hosts or ports are other addresses.
+	for _, ok := range []string{
+		"n1=[fe80::1%eth0]:7000=h1:7080,n2=[fe80::1%eth1]:7000=h2:7080",
+		"n1=h1:7000=h1:7080,n2=h1:7001=h1:7081",
+	} {
+		if _, err := ParsePeers(ok); err != nil {
+			t.Errorf("ParsePeers(%q): %v", ok, err)
+		}
+	}
+}
