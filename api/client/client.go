@@ -128,7 +128,9 @@ type Client struct {
 }
 
 // New returns a client of the nodes at endpoints: "host:port" or
-// "http(s)://host:port" each, with a host and a port from 1 to 65535.
+// "http(s)://host:port" each, with a host and a port from 1 to 65535, and
+// at most one trailing '/'. An IPv6 zone is written as it is
+// ([fe80::1%eth0]:7080), in a URL also escaped (%25eth0).
 func New(endpoints []string, opts Options) (*Client, error) {
 	c := &Client{hc: opts.HTTPClient, ua: opts.UserAgent}
 	if c.ua == "" {
@@ -168,21 +170,32 @@ func New(endpoints []string, opts Options) (*Client, error) {
 	return c, nil
 }
 
+// CheckEndpoint says what is wrong with e as an endpoint of New (nil when
+// nothing is), in the words New uses after "endpoint %q: ": a caller that
+// checks its endpoints before it starts (kvrouter --join) refuses what
+// New would.
+func CheckEndpoint(e string) error {
+	_, err := baseURL(strings.TrimSpace(e), "http")
+	return err
+}
+
 func baseURL(e, scheme string) (string, error) {
 	var u *url.URL
-	if strings.Contains(e, "://") {
+	if s, rest, ok := strings.Cut(e, "://"); ok {
 		var err error
 		if u, err = url.Parse(e); err != nil {
-			return "", err
+			// An IPv6 zone written as it is (http://[fe80::1%eth0]:7080),
+			// as a plain endpoint takes it, is no URL (its % would be
+			// %25): the rest is then a plain host:port, of that scheme.
+			var perr error
+			if u, perr = hostPortURL(strings.ToLower(s), rest); perr != nil {
+				return "", err
+			}
 		}
 	} else {
-		// A host:port is a URL's host as it is, not text to parse as a
-		// URL: an IPv6 zone's % ([fe80::1%eth0]:7080) would have to be
-		// written %25 there. What a URL would not read back as this host
-		// (a path, a user) is refused.
-		u = &url.URL{Scheme: scheme, Host: e}
-		if back, err := url.Parse(u.String()); err != nil || back.Host != e {
-			return "", errors.New("want host:port, or http(s)://host:port")
+		var err error
+		if u, err = hostPortURL(scheme, e); err != nil {
+			return "", err
 		}
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
@@ -201,12 +214,28 @@ func baseURL(e, scheme string) (string, error) {
 	if p, err := strconv.ParseUint(u.Port(), 10, 16); err != nil || p == 0 {
 		return "", fmt.Errorf("port %q: want a number from 1 to 65535", u.Port())
 	}
-	if u.Path != "" && u.Path != "/" || u.RawQuery != "" {
-		return "", errors.New("want host:port with no path")
+	// Nothing a request would drop: a user (no credentials are sent
+	// from it), a path, a query or a fragment.
+	if u.User != nil || u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return "", errors.New("want host:port with no user, path or query")
 	}
 	// Through url.URL: a zone's % is escaped (%25), so that the base
 	// parses as a URL again, with each request's path.
 	return (&url.URL{Scheme: u.Scheme, Host: u.Host}).String(), nil
+}
+
+// hostPortURL is the URL of scheme whose host is hp as it is, not text to
+// parse as a URL: an IPv6 zone's % ([fe80::1%eth0]:7080) would have to be
+// written %25 there. One trailing '/' is dropped, as a URL endpoint may
+// end in one (h:7080/). What a URL would not read back as this host (a
+// path, a user) is refused.
+func hostPortURL(scheme, hp string) (*url.URL, error) {
+	hp = strings.TrimSuffix(hp, "/")
+	u := &url.URL{Scheme: scheme, Host: hp}
+	if back, err := url.Parse(u.String()); err != nil || back.Host != hp {
+		return nil, errors.New("want host:port, or http(s)://host:port")
+	}
+	return u, nil
 }
 
 // ClearText returns the endpoints (host:port) that the client reaches over
