@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -386,24 +385,11 @@ func parseJoin(s string) ([]string, error) {
 		if e = strings.TrimSpace(e); e == "" {
 			continue
 		}
-		hostport := e
-		if scheme, rest, ok := strings.Cut(e, "://"); ok {
-			// Any case, as the API client takes it (client.New lowercases it).
-			if s := strings.ToLower(scheme); s != "http" && s != "https" {
-				return nil, fmt.Errorf("--join %q: scheme %q: want host:port (a member's --http-addr), or http(s)://host:port", e, scheme)
-			}
-			hostport = strings.TrimSuffix(rest, "/")
-		}
-		host, port, err := net.SplitHostPort(hostport)
-		if err != nil {
-			return nil, fmt.Errorf("--join %q: %v: want host:port (a member's --http-addr), or a comma-separated list of them", e, err)
-		}
-		if host == "" {
-			return nil, fmt.Errorf("--join %q has no host: want host:port (a member's --http-addr)", e)
-		}
-		// A number, as the API client takes it (not a service name).
-		if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
-			return nil, fmt.Errorf("--join %q: port %q: want a number from 1 to 65535", e, port)
+		// The join client's own check: an entry taken here and refused by
+		// the client would fail only once the node locked its directory
+		// and started listening (exit 1, not a usage error).
+		if err := client.CheckEndpoint(e); err != nil {
+			return nil, fmt.Errorf("--join %q: %v (a member's --http-addr, or a comma-separated list of them)", e, err)
 		}
 		via = append(via, e)
 	}

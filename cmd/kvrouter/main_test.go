@@ -24,6 +24,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -781,6 +782,28 @@ func TestNATSURLIsCheckedAndItsPasswordNeverShown(t *testing.T) {
 		"--nats-url", "nats://alice:"+password+"@"+freeAddr(t))
 	if err == nil || !strings.Contains(err.Error(), "connect to nats nats://alice:xxxxx@") || strings.Contains(err.Error(), password) {
 		t.Fatalf("kvrouter with an external NATS it cannot reach: %v, want the connect error without the password", err)
+	}
+}
+
+// TestJoinTakesWhatTheJoinClientTakes: an entry of --join is refused at
+// the start (exit 2) exactly when the client that the join builds from it
+// would refuse it. From a review: http://[fe80::1%eth0]:7080 (a zone as
+// written) passed --join's own parsing and was refused by the client only
+// once the node had locked its directory and started listening (exit 1).
+func TestJoinTakesWhatTheJoinClientTakes(t *testing.T) {
+	for _, e := range []string{
+		"http://[fe80::1%eth0]:7080", "http://[::1%lo]:7080", "[fe80::1%eth0]:7080", "https://[fe80::1%25eth0]:7080",
+		"127.0.0.1:7080/", "h:1", "HTTP://h:1/", "a/b:1", "u@h:1", "http://u@h:1", "http://h:1#x", "http://h:1?x",
+		"http://h:1/x", "h:1//", "[::1]", "ftp://h:1", "h:0", "h:x",
+	} {
+		_, jerr := parseJoin(e)
+		_, cerr := client.New([]string{e}, client.Options{})
+		if (jerr == nil) != (cerr == nil) {
+			t.Errorf("--join %q: parseJoin: %v; the join client: %v", e, jerr, cerr)
+		}
+		if jerr != nil && !strings.HasPrefix(jerr.Error(), "--join") {
+			t.Errorf("--join %q: %v, want an error naming --join", e, jerr)
+		}
 	}
 }
 
