@@ -1401,3 +1401,106 @@ func TestALeaderNeverListsItselfAtAnAddressOthersCannotDial(t *testing.T) {
 		t.Fatalf("%d errors naming --http-advertise in one term, want 1:\n%s", got, logs.String())
 	}
 }
+
+// TestALeaderOthersCannotDialAddsNoMember: a lone leader whose HTTP
+// address is a wildcard (allowed: nobody forwards to it) refuses to add a
+// member, with ErrInvalid and a message naming --http-advertise, and
+// stays alone. From a review: the add went through, and since the table
+// already listed the leader at its wildcard (its own entry, written while
+// it was alone), assertSelf never dropped it: the new member forwarded
+// writes to itself (503 no_leader) for good.
+func TestALeaderOthersCannotDialAddsNoMember(t *testing.T) {
+	const wildcard = "0.0.0.0:7080"
+	c := newTestCluster(t, 1, func(cfg *Config) { cfg.HTTPAddr = wildcard })
+	n1 := c.nodes[0]
+	waitFor(t, 10*time.Second, "n1 leads, listed at its wildcard", func() bool {
+		return n1.IsLeader() && n1.ledThisTerm() && n1.fsm.Members()["n1"].HTTPAddr == wildcard
+	})
+	// Alone, it keeps its entry as it is: assertSelf (every 20 ms, at
+	// most one write a second) has nothing to rewrite.
+	memberEntries := func() (count int) {
+		t.Helper()
+		first, _ := n1.logs.FirstIndex()
+		last, _ := n1.logs.LastIndex()
+		for i := first; i <= last && i > 0; i++ {
+			var l raft.Log
+			if err := n1.logs.GetLog(i, &l); err != nil {
+				t.Fatalf("log entry %d: %v", i, err)
+			}
+			if l.Type == raft.LogCommand && len(l.Data) > 1 && cmdType(l.Data[1]) == cmdMember {
+				count++
+			}
+		}
+		return count
+	}
+	before := memberEntries()
+	for start := time.Now(); time.Since(start) < 1500*time.Millisecond; {
+		time.Sleep(50 * time.Millisecond) // a window of assertSelf's rounds, not a wait for a condition
+	}
+	if after := memberEntries(); after != before {
+		t.Fatalf("a lone leader at %s wrote %d member entries in 1.5s, want none", wildcard, after-before)
+	}
+	tr := c.transport("127.0.0.1:0")
+	cfg2 := Config{ID: "n2", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "127.0.0.1:7082",
+		DataDir: filepath.Join(t.TempDir(), "n2"), Transport: tr, Logger: quiet}
+	n2, err := NewNode(cfg2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n2.Close() })
+	err = n1.AddMember(ctx(t), "n2", cfg2.RaftAddr, cfg2.HTTPAddr)
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "--http-advertise") || !strings.Contains(err.Error(), wildcard) {
+		t.Fatalf("add n2 to a leader at %s: %v, want ErrInvalid naming the address and --http-advertise", wildcard, err)
+	}
+	if s := n1.raft.GetConfiguration().Configuration().Servers; len(s) != 1 {
+		t.Fatalf("configuration after the refused add: %+v, want n1 alone", s)
+	}
+	if _, ok := n1.fsm.Members()["n2"]; ok {
+		t.Fatal("the refused add wrote n2's member entry")
+	}
+}
+
+// TestALeaderDropsItsOwnEntryOthersCannotDial: a leader with other members
+// whose own entry in the member table lists it at an address the others
+// cannot dial (an older build's table: a member added to it while it was
+// alone at a wildcard) removes that entry, so that followers answer 503
+// no_leader saying so instead of forwarding writes to themselves. From a
+// review: assertSelf took the entry, equal to the node's address, as
+// correct and kept it for good.
+func TestALeaderDropsItsOwnEntryOthersCannotDial(t *testing.T) {
+	const wildcard = "0.0.0.0:7080"
+	c := newTestCluster(t, 2, func(cfg *Config) {
+		if cfg.ID == "n1" {
+			cfg.HTTPAddr = wildcard
+		}
+	})
+	n1 := c.nodes[0]
+	if l := c.leader(); l != n1 {
+		waitFor(t, 10*time.Second, "the first leader's set-up", func() bool { return l.ledTerm.Load() > 0 })
+		if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "n1's set-up as leader", func() bool { return n1.IsLeader() && n1.ledThisTerm() })
+	// The entry an older build wrote: through Raft, as that build did.
+	self := Member{ID: "n1", RaftAddr: n1.cfg.RaftAddr, HTTPAddr: wildcard}
+	if err := n1.await(ctx(t), n1.raft.Apply(encodeMember(now(), &self), 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n1's wildcard entry gone on every node", func() bool {
+		for _, n := range c.nodes {
+			if _, ok := n.fsm.Members()["n1"]; ok {
+				return false
+			}
+		}
+		return true
+	})
+	// n1 leads on, and a write through it is taken.
+	if err := n1.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatalf("a write through n1: %v", err)
+	}
+	c.converged()
+	if m, ok := n1.fsm.Members()["n1"]; ok {
+		t.Fatalf("n1 listed again, at %+v", m)
+	}
+}

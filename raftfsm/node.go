@@ -1197,13 +1197,25 @@ func (n *Node) ledThisTerm() bool { return n.ledTerm.Load() == n.raft.CurrentTer
 // forward writes to the HTTP address the table gives for the leader.
 func (n *Node) assertSelf() {
 	m, ok := n.fsm.Members()[n.cfg.ID]
-	if ok && m.HTTPAddr == n.cfg.HTTPAddr && m.RaftAddr == n.cfg.RaftAddr {
+	// Listed as it runs, at an address the others can dial or with no
+	// others (alone: only then, as that costs a read of the
+	// configuration).
+	if ok && m.HTTPAddr == n.cfg.HTTPAddr && m.RaftAddr == n.cfg.RaftAddr && (undialableHTTPAddr(m.HTTPAddr) == nil || n.alone()) {
 		return
 	}
 	if time.Since(n.lastAssert) < time.Second {
 		return // one in flight; do not flood the log
 	}
 	if n.selfUnlisted(n.raft.CurrentTerm()) {
+		// An entry the others cannot dial goes (one that a lone node wrote,
+		// before a member was added by an older build): followers would
+		// forward writes there, to themselves. One that they can dial (an
+		// older address of this node) stays.
+		if ok && undialableHTTPAddr(m.HTTPAddr) != nil {
+			n.lastAssert = time.Now()
+			n.logger.Warn("member table: removing this leader's own entry, at an HTTP address the other members cannot dial", "http_addr", m.HTTPAddr)
+			n.raft.Apply(encodeMemberGone(now(), n.cfg.ID), n.cfg.ApplyTimeout)
+		}
 		return
 	}
 	n.lastAssert = time.Now()
@@ -1218,19 +1230,17 @@ func (n *Node) assertSelf() {
 // a port the kernel picks) and its configuration has other servers, which
 // forward writes to that address. kvrouter refuses such an address at
 // start, but only as far as it can tell a clustered node from its flags
-// and its directory: this is the guard of last resort. The table keeps
-// what it holds for this node (an older, dialable address, or none:
-// followers then answer 503 no_leader rather than forward to themselves),
-// and leadership goes on; an error naming --http-advertise is logged once
+// and its directory, and AddMember refuses to give such a lone leader a
+// member: this is the guard of last resort. The table keeps what it holds
+// for this node if the others can dial it (an older address), else none
+// (assertSelf removes an entry they cannot dial: followers then answer 503
+// no_leader rather than forward to themselves), and leadership goes on; an error naming --http-advertise is logged once
 // a term. A lone node lists itself as it runs: nobody forwards to it. An
 // address that is not host:port at all is an in-memory transport's name
 // (tests): kvrouter never gives one.
 func (n *Node) selfUnlisted(term uint64) bool {
-	if _, _, err := net.SplitHostPort(n.cfg.HTTPAddr); err != nil || n.alone() {
-		return false
-	}
-	err := CheckHTTPAddr(n.cfg.HTTPAddr)
-	if err == nil {
+	err := undialableHTTPAddr(n.cfg.HTTPAddr)
+	if err == nil || n.alone() {
 		return false
 	}
 	if n.selfRefusedTerm != term {
@@ -1240,6 +1250,17 @@ func (n *Node) selfUnlisted(term uint64) bool {
 			"term", term, "err", err)
 	}
 	return true
+}
+
+// undialableHTTPAddr says why the other members cannot dial addr, a
+// member's HTTP address (CheckHTTPAddr), nil when they can or when addr is
+// not host:port at all (an in-memory transport's name in tests, as
+// selfUnlisted takes it: kvrouter never gives one).
+func undialableHTTPAddr(addr string) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return nil
+	}
+	return CheckHTTPAddr(addr)
 }
 
 // collectorHoldMax bounds how long a start keeps the collector off while
@@ -1771,6 +1792,19 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 			return fmt.Errorf("%w: %s is member %q's raft address", ErrRaftAddrInUse, raftAddr, s.ID)
 		case string(s.ID) == id:
 			cur = &s
+		}
+	}
+	// A new server forwards writes to this leader at its member entry: at
+	// an address it cannot dial (a lone node's wildcard --http-addr) it
+	// would forward them to itself, and the leader cannot list itself
+	// there once it is not alone (selfUnlisted), so the cluster would take
+	// no write through a follower. An existing server's add (a refresh of
+	// its entry) changes nothing of that.
+	if cur == nil {
+		if err := undialableHTTPAddr(n.cfg.HTTPAddr); err != nil {
+			return fmt.Errorf("%w: add %s: this leader's HTTP address %v; the new member would forward writes there: "+
+				"restart this node with --http-advertise, the address the other nodes reach it at, and add %s again",
+				ErrInvalid, id, err, id)
 		}
 	}
 	// The same address spelled another way (localhost for 127.0.0.1, a
