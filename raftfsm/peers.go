@@ -75,8 +75,9 @@ func mustPort(port string) uint64 {
 // is dialled: the port as a number (07000 is 7000), an IP host in netip's
 // form ([0:0::1] is [::1], an IPv4-mapped address its IPv4 one, as
 // sameRaftAddr reads them; a zone kept: another zone is another link). A
-// hostname stays as written, as sameRaftAddr compares it: resolving it
-// would make the check depend on the resolver.
+// hostname is taken as DNS takes it, without letter case or a final dot
+// (Node1. is node1), but not resolved: resolving it would make the check
+// depend on the resolver.
 func addrKey(addr string) string {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -84,6 +85,8 @@ func addrKey(addr string) string {
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
 		host = ip.Unmap().String()
+	} else {
+		host = strings.ToLower(strings.TrimSuffix(host, "."))
 	}
 	return net.JoinHostPort(host, strconv.FormatUint(mustPort(port), 10))
 }

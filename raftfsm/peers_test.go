@@ -138,6 +138,8 @@ func TestParsePeersReadsPortsAsNumbers(t *testing.T) {
 		{"n1=h1:7000=h1:7080,n2=h1:0007000=h2:7080", "raft address h1:0007000 given twice"},
 		{"n1=[::ffff:10.0.0.1]:7000=h1:7080,n2=10.0.0.1:7000=h2:7080", "raft address 10.0.0.1:7000 given twice"},
 		{"n1=[0:0::1]:7000=h1:7080,n2=[::1]:7000=h2:7080", "raft address [::1]:7000 given twice"},
+		{"a=Node1:7000=n1:7080,b=node1:7000=n2:7080", "raft address node1:7000 given twice"},
+		{"a=node1.:7000=n1:7080,b=node1:7000=n2:7080", "raft address node1:7000 given twice"},
 	} {
 		if ms, err := ParsePeers(c.peers); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("ParsePeers(%q) = %+v, %v: want an error with %q", c.peers, ms, err, c.want)

@@ -215,8 +215,9 @@ func baseURL(e, scheme string) (string, error) {
 		return "", fmt.Errorf("port %q: want a number from 1 to 65535", u.Port())
 	}
 	// Nothing a request would drop: a user (no credentials are sent
-	// from it), a path, a query or a fragment.
-	if u.User != nil || u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+	// from it), a path, a query or a fragment (an empty one too: url.URL
+	// keeps no trace of a bare '#', which no host:port holds).
+	if u.User != nil || u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(e, "#") {
 		return "", errors.New("want host:port with no user, path or query")
 	}
 	// Through url.URL: a zone's % is escaped (%25), so that the base

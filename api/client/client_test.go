@@ -126,7 +126,7 @@ func (h *hangUp) addr() string { return h.ln.Addr().String() }
 func TestNewRefusesBadEndpoints(t *testing.T) {
 	for _, eps := range [][]string{nil, {""}, {"ftp://h:1"}, {"http://h:1/path"}, {"http://"},
 		{"h"}, {"h:"}, {"h:0"}, {"h:65536"}, {"h:99999"}, {"http://h"}, {"https://h"}, {"[::1]"}, {":7080"}, {"http://:7080"}, {"h1:1", "h2"},
-		{"h:1/path"}, {"a/b:1"}, {"u@h:1"}, {"http://u@h:1"}, {"http://h:1#x"}, {"http://h:1?"}} {
+		{"h:1/path"}, {"a/b:1"}, {"u@h:1"}, {"http://u@h:1"}, {"http://h:1#x"}, {"http://h:1#"}, {"http://h:1?"}} {
 		if _, err := client.New(eps, client.Options{}); err == nil {
 			t.Errorf("New(%q) accepted", eps)
 		}
