@@ -25,13 +25,8 @@ const rateWindow = time.Second
 // worker lists the rank. It used to take the refusal for a plain ack and
 // resend at once, for ever: ~470 requests and Raft entries a second.
 func TestPublisherBacksOffAnUnregisteredRank(t *testing.T) {
-	c := newTestCluster(t, 1)
-	node := c.nodes[c.leader()]
+	c, node, list := unlistedRankCluster(t)
 	ctx := ctxT(t)
-	if err := node.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 5, BlockSize: 16, DPRanks: []uint32{0}, Positional: true}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, "ingesting", func() bool { return ingesting(c.ings[0]) })
 	p, err := NewPublisher(PublisherConfig{Conn: connect(t, c.url(0)), Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -54,9 +49,7 @@ func TestPublisherBacksOffAnUnregisteredRank(t *testing.T) {
 		t.Fatalf("pending %d, want the refused event kept", p.Pending())
 	}
 	// The worker lists the rank: the kept event goes through.
-	if err := node.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 5, BlockSize: 16, DPRanks: []uint32{0, 1}, Positional: true}); err != nil {
-		t.Fatal(err)
-	}
+	list(0, 1)
 	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := p.Flush(fctx); err != nil {
@@ -268,13 +261,7 @@ func TestPublisherTakesTheAckOfDroppedInFlightEventsForProgress(t *testing.T) {
 // backs the rank's dump off (one Raft entry per try), and the dump goes
 // through once the worker lists the rank.
 func TestPublisherDumpOfAnUnregisteredRankAppliesNothing(t *testing.T) {
-	c := newTestCluster(t, 1)
-	node := c.nodes[c.leader()]
-	ctx := ctxT(t)
-	if err := node.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 5, BlockSize: 16, DPRanks: []uint32{0}, Positional: true}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, "ingesting", func() bool { return ingesting(c.ings[0]) })
+	c, node, list := unlistedRankCluster(t)
 	r := kvevent.Rank{Worker: 5, DP: 1}
 	dump := func(kvevent.Rank) ([]kvevent.Event, uint64) {
 		return []kvevent.Event{{Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 77, LocalHash: 770}}}}, 3
@@ -323,11 +310,28 @@ func TestPublisherDumpOfAnUnregisteredRankAppliesNothing(t *testing.T) {
 		t.Fatalf("the unlisted rank has cursor %d after the raw dumps", node.Cursor(r))
 	}
 	// The worker lists the rank: the dump goes through.
-	if err := node.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 5, BlockSize: 16, DPRanks: []uint32{0, 1}, Positional: true}); err != nil {
-		t.Fatal(err)
-	}
+	list(0, 1)
 	waitFor(t, 10*time.Second, "the dump", func() bool { return val(p.m.dumps) > 0 })
 	if !node.FSM().Index().Holds(r, 77) || node.Cursor(r) != 3 {
 		t.Fatalf("after the rank was listed: cursor %d, block held %v", node.Cursor(r), node.FSM().Index().Holds(r, 77))
 	}
+}
+
+// unlistedRankCluster starts a one-node cluster, ingesting, whose worker
+// 5 is Positional and lists dp rank 0 alone (its rank 5/1 takes neither
+// events nor dumps), and returns it with its node and list, which
+// registers the worker again listing dps.
+func unlistedRankCluster(t *testing.T) (*testCluster, *raftfsm.Node, func(dps ...uint32)) {
+	t.Helper()
+	c := newTestCluster(t, 1)
+	node := c.nodes[c.leader()]
+	list := func(dps ...uint32) {
+		t.Helper()
+		if err := node.RegisterWorker(ctxT(t), raftfsm.WorkerInfo{ID: 5, BlockSize: 16, DPRanks: dps, Positional: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list(0)
+	waitFor(t, 10*time.Second, "ingesting", func() bool { return ingesting(c.ings[0]) })
+	return c, node, list
 }
