@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -625,26 +624,6 @@ func TestForwardWhoseHeadersNeverLeftSaysNothing(t *testing.T) {
 	}
 }
 
-// loopbackZone returns an IPv6 loopback listener and the name of the
-// loopback interface, a zone for its addresses; it skips the test where
-// the host has neither.
-func loopbackZone(t *testing.T) (net.Listener, string) {
-	t.Helper()
-	ifs, err := net.Interfaces()
-	if err != nil {
-		t.Skip("no interfaces:", err)
-	}
-	i := slices.IndexFunc(ifs, func(i net.Interface) bool { return i.Flags&net.FlagLoopback != 0 })
-	if i < 0 {
-		t.Skip("no loopback interface")
-	}
-	ln, err := net.Listen("tcp", "[::1]:0")
-	if err != nil {
-		t.Skip("no IPv6 loopback:", err)
-	}
-	return ln, ifs[i].Name
-}
-
 // TestForwardToAZonedIPv6LeaderAddress: a follower forwards to a leader
 // listed at an IPv6 address with a zone ([::1%lo]:7080, [fe80::1%eth0]:7080),
 // which raftfsm.CheckHTTPAddr and the members API take. From a review:
@@ -652,7 +631,7 @@ func loopbackZone(t *testing.T) (net.Listener, string) {
 // written %25, and every forward was 503 no_leader "the leader's address
 // is unusable".
 func TestForwardToAZonedIPv6LeaderAddress(t *testing.T) {
-	ln, zone := loopbackZone(t)
+	ln, zone := apitest.LoopbackZone(t)
 	leader := newNode(t, "n1", api.Options{})
 	hs := httptest.NewUnstartedServer(leader.api)
 	hs.Listener.Close()

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -822,18 +821,7 @@ func TestEndpointForms(t *testing.T) {
 // is dialled. From a review: New parsed "http://"+endpoint as a URL, where
 // the zone's % must be written %25, and refused it.
 func TestAZonedIPv6EndpointIsReached(t *testing.T) {
-	ifs, err := net.Interfaces()
-	if err != nil {
-		t.Skip("no interfaces:", err)
-	}
-	i := slices.IndexFunc(ifs, func(i net.Interface) bool { return i.Flags&net.FlagLoopback != 0 })
-	if i < 0 {
-		t.Skip("no loopback interface")
-	}
-	ln, err := net.Listen("tcp", "[::1]:0")
-	if err != nil {
-		t.Skip("no IPv6 loopback:", err)
-	}
+	ln, zone := apitest.LoopbackZone(t)
 	f := apitest.New("n1", "")
 	s := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
 	hs := httptest.NewUnstartedServer(s)
@@ -842,7 +830,7 @@ func TestAZonedIPv6EndpointIsReached(t *testing.T) {
 	hs.Start()
 	defer func() { hs.Close(); s.Close() }()
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	c := newClient(t, "[::1%"+ifs[i].Name+"]:"+port)
+	c := newClient(t, "[::1%"+zone+"]:"+port)
 	if _, err := c.Members(context.Background()); err != nil {
 		t.Fatalf("members through %s: %v", c.Endpoints()[0], err)
 	}

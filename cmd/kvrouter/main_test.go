@@ -837,23 +837,9 @@ func TestJoinTakesAListOfMembers(t *testing.T) {
 	}
 
 	// The first member is down; the second adds the node.
-	leader := apitest.New("n1", "")
-	srv := api.NewServer(leader, api.Options{Logger: slog.New(slog.DiscardHandler)})
-	hs := httptest.NewServer(srv)
-	defer func() { hs.Close(); srv.Close() }()
-	list := freeAddr(t) + ", " + strings.TrimPrefix(hs.URL, "http://")
-	app := newApp()
-	app.ExitErrHandler = func(*cli.Context, error) {}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	go func() { // stop the node once it has joined
-		for ctx.Err() == nil && leader.Calls()["AddMember"] == 0 {
-			time.Sleep(5 * time.Millisecond)
-		}
-		cancel()
-	}()
-	err := app.RunContext(ctx, []string{"kvrouter", "--node-id", "n4", "--data-dir", t.TempDir(), "--raft-addr", freeAddr(t),
-		"--http-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--join", list})
+	leader, addr := fakeLeader(t)
+	list := freeAddr(t) + ", " + addr
+	err := joinThrough(t, leader, "--http-addr", freeAddr(t), "--join", list)
 	if err != nil || leader.Calls()["AddMember"] == 0 {
 		t.Fatalf("kvrouter --join %s: %v, %d joins; want it joined through the member that answers", list, err, leader.Calls()["AddMember"])
 	}
@@ -907,23 +893,9 @@ func TestHTTPAdvertiseIsWhatTheClusterListsTheNodeAt(t *testing.T) {
 	}
 
 	// A joining node asks the cluster to add it at its advertised address.
-	leader := apitest.New("n1", "")
-	srv := api.NewServer(leader, api.Options{Logger: slog.New(slog.DiscardHandler)})
-	hs := httptest.NewServer(srv)
-	defer func() { hs.Close(); srv.Close() }()
-	app := newApp()
-	app.ExitErrHandler = func(*cli.Context, error) {}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	go func() { // stop the node once it has joined
-		for ctx.Err() == nil && leader.Calls()["AddMember"] == 0 {
-			time.Sleep(5 * time.Millisecond)
-		}
-		cancel()
-	}()
+	leader, addr := fakeLeader(t)
 	const advertised = "n4.example:7080"
-	err := app.RunContext(ctx, []string{"kvrouter", "--node-id", "n4", "--data-dir", t.TempDir(), "--raft-addr", freeAddr(t),
-		"--http-addr", "127.0.0.1:0", "--http-advertise", advertised, "--nats-addr", "127.0.0.1:0", "--join", strings.TrimPrefix(hs.URL, "http://")})
+	err := joinThrough(t, leader, "--http-addr", "127.0.0.1:0", "--http-advertise", advertised, "--join", addr)
 	if err != nil {
 		t.Fatalf("kvrouter --join: %v", err)
 	}
@@ -985,4 +957,33 @@ func checkRefusedStart(t *testing.T, args []string, flag string) error {
 		t.Errorf("kvrouter %q touched the data directory (%v)", args, err)
 	}
 	return err
+}
+
+// fakeLeader serves a fake leader's API until the test ends and returns
+// it with its host:port.
+func fakeLeader(t *testing.T) (*apitest.Fake, string) {
+	t.Helper()
+	leader := apitest.New("n1", "")
+	srv := api.NewServer(leader, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewServer(srv)
+	t.Cleanup(func() { hs.Close(); srv.Close() })
+	return leader, strings.TrimPrefix(hs.URL, "http://")
+}
+
+// joinThrough runs kvrouter as node n4 with args (its --join among them)
+// until leader has taken an AddMember, and returns its error.
+func joinThrough(t *testing.T, leader *apitest.Fake, args ...string) error {
+	t.Helper()
+	app := newApp()
+	app.ExitErrHandler = func(*cli.Context, error) {}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go func() { // stop the node once it has joined
+		for ctx.Err() == nil && leader.Calls()["AddMember"] == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		cancel()
+	}()
+	return app.RunContext(ctx, append([]string{"kvrouter", "--node-id", "n4", "--data-dir", t.TempDir(), "--raft-addr", freeAddr(t),
+		"--nats-addr", "127.0.0.1:0"}, args...))
 }
