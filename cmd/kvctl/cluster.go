@@ -312,6 +312,11 @@ func leaderCommand(e *env) *cli.Command {
 					return err
 				}
 				to := c.String("to")
+				if to == "" && c.IsSet("to") {
+					// --to "$NODE" with the variable unset: leaving --to
+					// out, not this, hands leadership to any voter.
+					return usagef("--to is empty: give the member ID to hand leadership to (or leave --to out, for any voter)")
+				}
 				return withClient(c, func(ctx context.Context, cl *client.Client) error {
 					var before *raftfsm.NodeStatus
 					if to == "" {

@@ -348,6 +348,23 @@ func TestLeaderTransfer(t *testing.T) {
 	kvctl(t, "--endpoints", c.nodes[0].addr(), "leader", "transfer", "n2").wantCode(t, 2)
 }
 
+// TestLeaderTransferToAnEmptyIDIsAUsageError: --to given empty (an unset
+// shell variable: --to "$NODE") is a usage error, not a transfer to any
+// voter, which is what leaving --to out asks for. From a review: it handed
+// leadership to whichever voter took it, exit 0.
+func TestLeaderTransferToAnEmptyIDIsAUsageError(t *testing.T) {
+	c := newCluster(t)
+	for _, to := range [][]string{{"--to", ""}, {"--to="}} {
+		r := kvctl(t, append([]string{"--endpoints", c.endpoints(), "leader", "transfer"}, to...)...).wantCode(t, 2)
+		if !strings.Contains(r.stderr, "--to") {
+			t.Errorf("%q: stderr %q, want it to name --to", to, r.stderr)
+		}
+	}
+	if n := c.leader().Calls()["TransferLeadership"]; n != 0 {
+		t.Fatalf("%d transfer(s) reached the leader, want none", n)
+	}
+}
+
 // elect makes c's leader hand over without --to as Raft does: once the
 // transfer reaches n1, n1 and n3 know no leader, and n2 answers as the
 // leader of a later term from its wins'th status after the transfer
@@ -817,6 +834,36 @@ func TestSnapshotRestoreOfflineSeeds(t *testing.T) {
 	}
 	if len(h.seeds) != 1 {
 		t.Fatal("a bad command line seeded a directory")
+	}
+}
+
+// TestAnEmptyDataDirIsNotAnOnlineRestore: --data-dir on the command line
+// selects the offline seed even when its value is empty (an unset shell
+// variable: --data-dir "$DIR"), and the empty value is a usage error (exit
+// 2), as are --node-id or --peers given empty without --data-dir. From a
+// review: the mode was chosen by the value, so --data-dir "" --node-id ""
+// --peers "" restored FILE online over the running cluster's whole state,
+// exit 0.
+func TestAnEmptyDataDirIsNotAnOnlineRestore(t *testing.T) {
+	c := newCluster(t)
+	file := filepath.Join(t.TempDir(), "a.snap")
+	kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file).wantCode(t, 0)
+	peers := "n1=10.0.0.1:7946=10.0.0.1:7080"
+	for _, flags := range [][]string{
+		{"--data-dir", "", "--node-id", "", "--peers", ""},
+		{"--data-dir", "", "--node-id", "n1", "--peers", peers},
+		{"--data-dir=", "--node-id", "n1", "--peers", peers},
+		{"--node-id", ""},
+		{"--peers", ""},
+	} {
+		h := &harness{}
+		r := h.run(t, append([]string{"--endpoints", c.endpoints(), "snapshot", "restore", file}, flags...)...).wantCode(t, 2)
+		if len(h.seeds) != 0 || c.leader().Calls()["RestoreSnapshot"] != 0 {
+			t.Fatalf("%q: %d seed(s), %d online restore(s); want neither", flags, len(h.seeds), c.leader().Calls()["RestoreSnapshot"])
+		}
+		if !strings.Contains(r.stderr, "--data-dir") {
+			t.Errorf("%q: stderr %q, want it to name --data-dir", flags, r.stderr)
+		}
 	}
 }
 

@@ -94,10 +94,13 @@ func snapshotCommand(e *env) *cli.Command {
 					if err := fileArg(c); err != nil {
 						return err
 					}
-					if c.String("data-dir") != "" {
+					// The flags given choose the mode, not their values: a
+					// --data-dir "$DIR" whose variable is unset must not
+					// fall back to replacing the running cluster's state.
+					if c.IsSet("data-dir") {
 						return snapshotSeed(c, e, c.Args().First())
 					}
-					if c.String("node-id") != "" || c.String("peers") != "" {
+					if c.IsSet("node-id") || c.IsSet("peers") {
 						return usagef("--node-id and --peers seed a data directory: give --data-dir DIR too (or neither, to restore online)")
 					}
 					return snapshotRestore(c, e, c.Args().First())
@@ -353,6 +356,9 @@ func answeringFirst(c *cli.Context) []string {
 // snapshotSeed writes the file into a new node's data directory.
 func snapshotSeed(c *cli.Context, e *env, path string) error {
 	dir, id, peersArg := c.String("data-dir"), c.String("node-id"), c.String("peers")
+	if dir == "" {
+		return usagef("--data-dir is empty: give the new node's data directory (or leave --data-dir out, to restore online)")
+	}
 	if id == "" || peersArg == "" {
 		return usagef("seeding --data-dir needs --node-id ID and --peers id=raftaddr=httpaddr,...")
 	}
