@@ -68,8 +68,9 @@ type Backend interface {
 	AddMember(ctx context.Context, id, raftAddr, httpAddr string) error
 	// RemoveMember removes a member from the cluster.
 	RemoveMember(ctx context.Context, id string) error
-	// TransferLeadership hands leadership to toID, or to any up-to-date
-	// voter when toID is "", and returns once it moved.
+	// TransferLeadership hands leadership to the voter toID (a non-voter
+	// is raftfsm.ErrInvalid), or to any up-to-date voter when toID is "",
+	// and returns once it moved.
 	TransferLeadership(ctx context.Context, toID string) error
 	// SaveSnapshot streams the leader's latest state to w: a header, the
 	// records and a checksum trailer. On a follower it returns ErrNotLeader

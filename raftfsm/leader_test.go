@@ -260,6 +260,32 @@ func TestTransferToTheLeaderItselfIsInvalid(t *testing.T) {
 	}
 }
 
+// TestTransferToANonvoterIsInvalid: a transfer to a member that is not a
+// voter (one added that has not caught up yet: members list shows VOTER
+// no) is the caller's mistake (a 400), refused before anything is sent,
+// so the leader keeps leading in its term. A non-voter cannot lead: the
+// quorum does not count it. From a review: it was accepted, the leader
+// stepped down for a needless election, and the caller was told the
+// non-voter leads.
+func TestTransferToANonvoterIsInvalid(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	_, l := c.leaderExcept(-1)
+	n4, _ := c.newcomer("n4")
+	if err := l.raft.AddNonvoter("n4", raft.ServerAddress("inmem-n4"), 0, 0).Error(); err != nil {
+		t.Fatal(err)
+	}
+	// Caught up, so that only its suffrage stands in the way.
+	waitFor(t, 10*time.Second, "n4 caught up", func() bool { return n4.raft.LastIndex() == l.raft.LastIndex() })
+	term := l.raft.CurrentTerm()
+	err := l.TransferLeadership(ctx(t), "n4")
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "n4") || !strings.Contains(err.Error(), "not a voter") {
+		t.Fatalf("transfer to the non-voter n4: %v, want ErrInvalid saying n4 is not a voter", err)
+	}
+	if !l.IsLeader() || l.raft.CurrentTerm() != term {
+		t.Fatalf("after the refused transfer %s leads: %v, in term %d (was %d)", l.cfg.ID, l.IsLeader(), l.raft.CurrentTerm(), term)
+	}
+}
+
 // TestTransferToADownMemberIsUnreachable: a transfer to a member that does
 // not answer fails with ErrUnreachable (a 503 the operator can act on),
 // the leadership in place, whether it went down a moment ago or the

@@ -2071,7 +2071,9 @@ func (n *Node) inConfiguration(id string) bool {
 	return cf.Error() != nil || slices.ContainsFunc(cf.Configuration().Servers, func(s raft.Server) bool { return string(s.ID) == id })
 }
 
-// TransferLeadership hands leadership to toID ("" = any up-to-date voter).
+// TransferLeadership hands leadership to the voter toID ("" = any
+// up-to-date voter). This node, a non-voter or no member as toID is
+// ErrInvalid.
 func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 	if n.raft.State() != raft.Leader {
 		return n.notLeader()
@@ -2109,14 +2111,20 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 			return err
 		}
 		var addr raft.ServerAddress
-		ok := false
+		ok, voter := false, false
 		for _, s := range cf.Configuration().Servers {
 			if string(s.ID) == toID {
-				addr, ok = s.Address, true
+				addr, ok, voter = s.Address, true, s.Suffrage == raft.Voter
 			}
 		}
 		if !ok {
 			return fmt.Errorf("%w: no member %q", ErrInvalid, toID)
+		}
+		// Raft sends a non-voter its TimeoutNow all the same: this leader
+		// steps down, the cluster holds a needless election, and the
+		// non-voter, which no quorum counts, does not lead.
+		if !voter {
+			return fmt.Errorf("%w: %s is not a voter (a member still catching up): only a voter can lead", ErrInvalid, toID)
 		}
 		// One that does not answer cannot take over: said at once, where
 		// Raft would try its TimeoutNow RPC for up to an election timeout.

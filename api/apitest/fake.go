@@ -594,7 +594,7 @@ func (f *Fake) TransferLeadership(ctx context.Context, to string) error {
 	defer f.mu.Unlock()
 	if to == "" {
 		for _, m := range f.members {
-			if m.ID != f.status.ID {
+			if m.ID != f.status.ID && m.Voter {
 				to = m.ID
 				break
 			}
@@ -606,6 +606,9 @@ func (f *Fake) TransferLeadership(ctx context.Context, to string) error {
 	i := slices.IndexFunc(f.members, func(m raftfsm.Member) bool { return m.ID == to })
 	if i < 0 {
 		return fmt.Errorf("%w: no member %q", raftfsm.ErrInvalid, to)
+	}
+	if !f.members[i].Voter {
+		return fmt.Errorf("%w: %s is not a voter (a member still catching up): only a voter can lead", raftfsm.ErrInvalid, to)
 	}
 	for j := range f.members {
 		f.members[j].Leader = j == i

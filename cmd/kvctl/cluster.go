@@ -303,8 +303,9 @@ func leaderCommand(e *env) *cli.Command {
 		Subcommands: []*cli.Command{{
 			Name:  "transfer",
 			Usage: "hand leadership to another voter (before maintenance of the leader)",
-			Description: "Without --to, any up-to-date voter takes over: kvctl waits, within --timeout, until a node\n" +
-				"names it, and prints it.\n\n" +
+			Description: "Without --to, any up-to-date voter takes over. kvctl waits, within --timeout, until a node\n" +
+				"names the new leader, and prints it; --to a member that is not a voter is refused, and\n" +
+				"another voter taking over than --to names is an error (exit 1).\n\n" +
 				"Example:\n   kvctl leader transfer\n   kvctl leader transfer --to n2",
 			Flags: []cli.Flag{&cli.StringFlag{Name: "to", Usage: "the member `ID` to hand leadership to"}},
 			Action: func(c *cli.Context) error {
@@ -318,29 +319,28 @@ func leaderCommand(e *env) *cli.Command {
 					return usagef("--to is empty: give the member ID to hand leadership to (or leave --to out, for any voter)")
 				}
 				return withClient(c, func(ctx context.Context, cl *client.Client) error {
-					var before *raftfsm.NodeStatus
-					if to == "" {
-						// Who leads now, and in what term: the one that
-						// takes over is another, in a later term.
-						var err error
-						if before, err = cl.Status(ctx); err != nil {
-							return err
-						}
+					// Who leads now, and in what term: the one that takes
+					// over is another, in a later term. Printed is the one
+					// a node names, not the one asked for: the transfer
+					// returns once the old leader stepped down.
+					before, err := cl.Status(ctx)
+					if err != nil {
+						return err
 					}
 					if err := cl.TransferLeader(ctx, to); err != nil {
 						return err
 					}
-					leader := to
-					if leader == "" {
-						var err error
-						if leader, err = newLeader(ctx, cl, before, c.Duration("timeout")); err != nil {
-							return err
-						}
+					leader, err := newLeader(ctx, cl, before, c.Duration("timeout"))
+					if err != nil {
+						return err
+					}
+					if to != "" && leader != to {
+						return fmt.Errorf("leadership transfer: %s took over, not %s; kvctl status shows the leader", leader, to)
 					}
 					if jsonOut(c) {
 						return writeJSON(e.stdout, map[string]string{"leader": leader})
 					}
-					_, err := fmt.Fprintf(e.stdout, "leadership transferred to %s\n", leader)
+					_, err = fmt.Fprintf(e.stdout, "leadership transferred to %s\n", leader)
 					return err
 				})
 			},

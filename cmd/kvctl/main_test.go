@@ -338,7 +338,10 @@ func TestMembersThroughAFollower(t *testing.T) {
 
 func TestLeaderTransfer(t *testing.T) {
 	c := newCluster(t)
-	r := kvctl(t, "--endpoints", c.nodes[2].addr(), "leader", "transfer", "--to", "n2").wantCode(t, 0)
+	c.elect(1)
+	// Sent through the follower n3, which forwards it to n1; n2 names
+	// itself the new leader.
+	r := kvctl(t, "--endpoints", c.nodes[2].addr()+","+c.nodes[1].addr(), "leader", "transfer", "--to", "n2").wantCode(t, 0)
 	if r.stdout != "leadership transferred to n2\n" {
 		t.Fatalf("stdout = %q", r.stdout)
 	}
@@ -346,6 +349,24 @@ func TestLeaderTransfer(t *testing.T) {
 		t.Fatal("the transfer did not reach the leader")
 	}
 	kvctl(t, "--endpoints", c.nodes[0].addr(), "leader", "transfer", "n2").wantCode(t, 2)
+}
+
+// TestLeaderTransferToANonvoterFails: --to a member that is not a voter
+// (VOTER no in members list) is refused, exit 1, and the error says why;
+// nothing is said to have moved. From a review: the node accepted it,
+// and kvctl printed "leadership transferred to n4" with exit 0, while
+// the cluster held a needless election and n4 did not lead.
+func TestLeaderTransferToANonvoterFails(t *testing.T) {
+	c := newCluster(t)
+	members, err := c.leader().Members(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.leader().SetMembers(append(members, raftfsm.Member{ID: "n4", RaftAddr: "n4:7946", HTTPAddr: deadAddr(t)}))
+	r := kvctl(t, "--endpoints", c.endpoints(), "leader", "transfer", "--to", "n4").wantCode(t, 1)
+	if r.stdout != "" || !strings.Contains(r.stderr, "n4 is not a voter") {
+		t.Fatalf("stdout %q, stderr %q; want nothing on stdout and an error saying n4 is not a voter", r.stdout, r.stderr)
+	}
 }
 
 // TestLeaderTransferToAnEmptyIDIsAUsageError: --to given empty (an unset
@@ -407,6 +428,19 @@ func TestLeaderTransferNamesTheNewLeader(t *testing.T) {
 	r = kvctl(t, "--endpoints", c.endpoints(), "leader", "transfer").wantCode(t, 0)
 	if r.stdout != "leadership transferred to n2\n" {
 		t.Fatalf("stdout = %q", r.stdout)
+	}
+}
+
+// TestLeaderTransferToSaysWhoTookOver: with --to, kvctl prints the leader
+// a node names once the old one stepped down, not the one asked for; when
+// another took over, it says so and exits 1. It used to print --to's ID
+// whoever led.
+func TestLeaderTransferToSaysWhoTookOver(t *testing.T) {
+	c := newCluster(t)
+	c.elect(1)
+	r := kvctl(t, "--endpoints", c.endpoints(), "leader", "transfer", "--to", "n3").wantCode(t, 1)
+	if r.stdout != "" || !strings.Contains(r.stderr, "n2 took over, not n3") {
+		t.Fatalf("stdout %q, stderr %q; want nothing on stdout and an error saying n2 took over, not n3", r.stdout, r.stderr)
 	}
 }
 
