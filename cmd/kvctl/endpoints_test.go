@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"github.com/kvrouter/kvrouter/api"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -159,5 +160,52 @@ func TestEndpointWithoutAPortIsAUsageError(t *testing.T) {
 	// Every form the docs give still works.
 	for _, ep := range []string{c.nodes[0].addr(), "http://" + c.nodes[0].addr(), "http://" + c.nodes[0].addr() + "/"} {
 		kvctl(t, "--endpoints", ep, "members", "list").wantCode(t, 0)
+	}
+}
+
+// TestARestoreNoEndpointAnswersSendsNothing: an online restore whose
+// endpoints all fail the readiness probe (one accepts connections and
+// never answers, one refuses them) fails at once, exit 1, saying that no
+// endpoint answered and nothing was sent. From a review: the upload went
+// to the first endpoint all the same, with no bound on the wait for its
+// answer, so kvctl hung for ever; cut off, it said the restore may have
+// applied, though no node had read it.
+func TestARestoreNoEndpointAnswersSendsNothing(t *testing.T) {
+	c := newCluster(t)
+	file := filepath.Join(t.TempDir(), "a.snap")
+	kvctl(t, "--endpoints", c.endpoints(), "snapshot", "save", file).wantCode(t, 0)
+	r := runBounded(t, time.Minute, "--endpoints", hungAddr(t)+","+deadAddr(t), "--timeout", "2s", "snapshot", "restore", file).wantCode(t, 1)
+	if !strings.Contains(r.stderr, "no endpoint answered") || !strings.Contains(r.stderr, "nothing was sent") || strings.Contains(r.stderr, "may have applied") {
+		t.Fatalf("stderr = %q, want no endpoint answered and nothing sent", r.stderr)
+	}
+}
+
+// TestARestoreToANodeThatStopsReadingEnds: a node that answers the
+// readiness probe and then reads none of the upload (its restore wedged,
+// or its forward to a wedged leader) is given up on after --timeout
+// without a byte read, exit 1, and kvctl says that nothing was installed:
+// a node takes an upload only whole. The upload is larger than the
+// connection's buffers, so its write blocks, where no bound on the
+// answer's wait applies yet.
+func TestARestoreToANodeThatStopsReadingEnds(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/snapshot/restore" {
+			<-release
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintln(w, `{"ready":true}`)
+	}))
+	defer srv.Close()
+	defer close(release) // before the server closes: its handler returns
+	file := filepath.Join(t.TempDir(), "big.snap")
+	if err := os.WriteFile(file, make([]byte, 64<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{bound: time.Minute, inspect: func(io.Reader) (raftfsm.SnapshotInfo, error) { return raftfsm.SnapshotInfo{}, nil }}
+	r := h.run(t, "--endpoints", srv.Listener.Addr().String(), "--timeout", "2s", "snapshot", "restore", file).wantCode(t, 1)
+	if !strings.Contains(r.stderr, "stopped reading the upload") || !strings.Contains(r.stderr, "nothing was installed") || strings.Contains(r.stderr, "may have applied") {
+		t.Fatalf("stderr = %q, want the node stopped reading, and nothing installed", r.stderr)
 	}
 }

@@ -121,6 +121,7 @@ type harness struct {
 	terminal bool
 	inspect  func(io.Reader) (raftfsm.SnapshotInfo, error)
 	stdin    string
+	bound    time.Duration // > 0: run under a context that ends after it (runBounded)
 }
 
 func (h *harness) run(t *testing.T, args ...string) result {
@@ -140,7 +141,13 @@ func (h *harness) run(t *testing.T, args ...string) result {
 			return nil
 		},
 	}
-	code := run(context.Background(), append([]string{"kvctl"}, args...), e)
+	ctx := context.Background()
+	if h.bound > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, h.bound)
+		defer cancel()
+	}
+	code := run(ctx, append([]string{"kvctl"}, args...), e)
 	return result{stdout: out.String(), stderr: errb.String(), code: code}
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api/client"
@@ -69,11 +70,14 @@ func snapshotCommand(e *env) *cli.Command {
 				Name:      "restore",
 				Usage:     "install FILE on the running cluster, or seed a new node's data directory with it",
 				ArgsUsage: "FILE",
-				Description: "Online (no --data-dir): the file is verified here, uploaded and installed through\n" +
-					"Raft on every node; it replaces the whole state of the cluster. A damaged file is\n" +
-					"refused and the cluster keeps its state. Once the upload went out whole, the cluster\n" +
-					"goes on with it even if kvctl stops waiting (--max-time, Ctrl-C): kvctl then says\n" +
-					"the outcome is unknown; see kvctl status before restoring again.\n\n" +
+				Description: "Online (no --data-dir): the file is verified here, uploaded to the first node that\n" +
+					"answers (none: nothing is sent) and installed through Raft on every node; it replaces\n" +
+					"the whole state of the cluster. A damaged file is refused and the cluster keeps its\n" +
+					"state, as it does when the node reads none of the upload for --timeout. Once the\n" +
+					"upload went out whole, kvctl waits for the answer at most a minute plus a second per\n" +
+					"MiB of the file, and the cluster goes on with it even if kvctl stops waiting (that\n" +
+					"bound, --max-time, Ctrl-C): kvctl then says the outcome is unknown; see kvctl status\n" +
+					"before restoring again.\n\n" +
 					"Offline (--data-dir, --node-id, --peers): the file is written into a new node's\n" +
 					"data directory, one that holds no node state (no fsm/, raft/ or Raft snapshots;\n" +
 					"files that are not a node's, such as lost+found, are left alone). Seed every node\n" +
@@ -306,23 +310,41 @@ func snapshotRestore(c *cli.Context, e *env, path string) error {
 	}
 	// The answer comes only once the cluster has installed the snapshot,
 	// which may take long, and a node that never reads the upload stalls
-	// it for good: so the upload goes first to a node that answers.
-	cl, err := newClientWith(c, answeringFirst(c), attemptTimeout(c), 0)
+	// it for good: so the upload goes first to a node that answers, and
+	// to none when none does.
+	eps, err := answeringFirst(c)
+	if err != nil {
+		return err
+	}
+	cl, err := newClientWith(c, eps, attemptTimeout(c), restoreAnswerWait(fi.Size()))
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
 	ctx, cancel := snapshotCtx(c)
 	defer cancel()
-
-	var r io.Reader = f
-	bar := e.progress(c, fi.Size(), "uploading snapshot")
-	if bar != nil {
-		r = &progressFile{File: f, bar: bar}
-	}
-	info, err := cl.RestoreSnapshot(ctx, r)
-	finishBar(bar)
+	// A node that answered the probe may still read none of the upload
+	// (its restore wedged, or its forward to a wedged leader): once the
+	// connection's buffers are full the upload's write blocks, where the
+	// bound on the answer's wait does not apply yet. --timeout without a
+	// byte read ends it; nothing was installed, as a node takes an upload
+	// only whole.
+	stall := c.Duration("timeout")
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	up := &uploadFile{File: f, size: fi.Size(), bar: e.progress(c, fi.Size(), "uploading snapshot"),
+		stall: time.AfterFunc(stall, func() { stop(errUploadStalled) }), stallAfter: stall}
+	up.stall.Stop() // armed by the first read
+	defer up.stall.Stop()
+	info, err := cl.RestoreSnapshot(ctx, up)
+	finishBar(up.bar)
 	if err != nil {
+		// Not when the upload went out whole meanwhile (the last read
+		// raced the timer): that outcome is unknown, and said so.
+		if errors.Is(context.Cause(ctx), errUploadStalled) && !errors.Is(err, client.ErrOutcomeUnknown) {
+			return fmt.Errorf("snapshot restore: the node %w for --timeout %v, and kvctl gave up; nothing was installed: see kvctl status, and retry with another endpoint first",
+				errUploadStalled, stall)
+		}
 		return transferErr(c, ctx, fmt.Errorf("snapshot restore: %w", err))
 	}
 	if jsonOut(c) {
@@ -332,14 +354,32 @@ func snapshotRestore(c *cli.Context, e *env, path string) error {
 	return err
 }
 
+// errUploadStalled ends an online restore whose node reads none of the
+// upload for --timeout.
+var errUploadStalled = errors.New("stopped reading the upload")
+
+// restoreAnswerWait bounds the wait for a restore's answer once its upload
+// went out whole: the node checks the file and the cluster installs it
+// before the answer comes, which takes longer the larger the file. A
+// minute, and a second more per MiB of the file: far longer than an
+// install takes, but a node that took the upload and never answers does
+// not hold kvctl for ever. Past it the outcome is unknown (the cluster may
+// still install it).
+func restoreAnswerWait(size int64) time.Duration {
+	return time.Minute + time.Duration(size>>20)*time.Second
+}
+
 // answeringFirst returns --endpoints with the first one that answers a
-// readiness probe (ready or not) within attemptTimeout moved to the front.
-func answeringFirst(c *cli.Context) []string {
+// readiness probe (ready or not) within attemptTimeout moved to the front,
+// or an error wrapping client.ErrUnreachable when none answers: the
+// upload then goes nowhere.
+func answeringFirst(c *cli.Context) ([]string, error) {
 	eps := endpointsArg(c)
+	var errs []string
 	for i, ep := range eps {
 		cl, err := newClientWith(c, []string{ep}, attemptTimeout(c), attemptTimeout(c))
 		if err != nil {
-			return eps
+			return nil, err
 		}
 		ctx, cancel := context.WithTimeout(c.Context, attemptTimeout(c))
 		_, err = cl.Ready(ctx)
@@ -347,10 +387,19 @@ func answeringFirst(c *cli.Context) []string {
 		cl.Close()
 		var ae *client.Error
 		if err == nil || errors.As(err, &ae) {
-			return append(append([]string{ep}, eps[:i]...), eps[i+1:]...)
+			return append(append([]string{ep}, eps[:i]...), eps[i+1:]...), nil
+		}
+		if c.Context.Err() != nil {
+			return nil, fmt.Errorf("snapshot restore: %w; nothing was sent to the cluster", c.Context.Err())
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			errs = append(errs, ep+": no answer")
+		} else {
+			errs = append(errs, oneLine(err.Error()))
 		}
 	}
-	return eps
+	return nil, fmt.Errorf("snapshot restore: no endpoint answered a readiness probe within %v (%s): %w; nothing was sent to the cluster",
+		attemptTimeout(c), strings.Join(errs, "; "), client.ErrUnreachable)
 }
 
 // snapshotSeed writes the file into a new node's data directory.
@@ -429,24 +478,44 @@ func finishBar(bar *progressbar.ProgressBar) {
 	}
 }
 
-// progressFile is a file whose reads move a progress bar. It keeps
+// uploadFile is the file an online restore uploads. Its reads move a
+// progress bar (nil: none) and arm stall, which fires once no read came
+// for stallAfter; the end of the file and a rewind (a retry on another
+// endpoint, after a dial that may take a while) stop it. It keeps
 // *os.File's Stat and Seek, so the client still sends a Content-Length
-// and can rewind for a retry.
-type progressFile struct {
+// and can rewind for a retry. The client reads it from one goroutine at a
+// time (it rewinds only once the transport is done with it).
+type uploadFile struct {
 	*os.File
-	bar *progressbar.ProgressBar
+	size       int64
+	pos        int64
+	bar        *progressbar.ProgressBar
+	stall      *time.Timer
+	stallAfter time.Duration
 }
 
-func (p *progressFile) Read(b []byte) (int, error) {
-	n, err := p.File.Read(b)
-	_ = p.bar.Add(n)
+func (u *uploadFile) Read(b []byte) (int, error) {
+	n, err := u.File.Read(b)
+	u.pos += int64(n)
+	if u.bar != nil {
+		_ = u.bar.Add(n)
+	}
+	if err != nil || u.pos >= u.size {
+		u.stall.Stop()
+	} else {
+		u.stall.Reset(u.stallAfter)
+	}
 	return n, err
 }
 
-func (p *progressFile) Seek(off int64, whence int) (int64, error) {
-	pos, err := p.File.Seek(off, whence)
+func (u *uploadFile) Seek(off int64, whence int) (int64, error) {
+	pos, err := u.File.Seek(off, whence)
 	if err == nil {
-		_ = p.bar.Set64(pos)
+		u.pos = pos
+		if u.bar != nil {
+			_ = u.bar.Set64(pos)
+		}
 	}
+	u.stall.Stop()
 	return pos, err
 }
