@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -80,10 +81,12 @@ func newApp(e *env) *cli.App {
 				Usage: "how long a command may take (snapshot save and restore: see their --max-time)"},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", EnvVars: []string{"KVCTL_OUTPUT"},
 				Usage: "output format: table or json"},
-			&cli.StringFlag{Name: "token", EnvVars: []string{"KVCTL_TOKEN"},
-				Usage: "the cluster's bearer token, when its nodes ask for one (kvrouter --token)"},
-			&cli.StringFlag{Name: "token-file", EnvVars: []string{"KVCTL_TOKEN_FILE"},
-				Usage: "read --token from this file"},
+			// KVCTL_TOKEN and KVCTL_TOKEN_FILE are read by tokenArgs, not
+			// as EnvVars: the help names them as it names the others.
+			&cli.StringFlag{Name: "token",
+				Usage: "the cluster's bearer token, when its nodes ask for one (kvrouter --token) [$KVCTL_TOKEN]"},
+			&cli.StringFlag{Name: "token-file",
+				Usage: "read --token from this file [$KVCTL_TOKEN_FILE]"},
 			&cli.StringFlag{Name: "tls-ca", EnvVars: []string{"KVCTL_TLS_CA"},
 				Usage: "PEM CA of the nodes' certificates: reach host:port endpoints over TLS, trusting it (an https:// endpoint trusts the system's roots without it)"},
 		},
@@ -184,9 +187,13 @@ func newClient(c *cli.Context) (*client.Client, error) {
 // after dial and whose requests wait at most headers for an answer's
 // headers once sent (0: no bound; the context's).
 func newClientWith(c *cli.Context, endpoints []string, dial, headers time.Duration) (*client.Client, error) {
-	token, err := client.Token(c.String("token"), c.String("token-file"))
+	token, err := client.Token(tokenArgs(c))
 	if err != nil {
-		return nil, usagef("--token (or KVCTL_TOKEN), --token-file (or KVCTL_TOKEN_FILE): %v", err)
+		names := "--token, --token-file"
+		if !c.IsSet("token") && !c.IsSet("token-file") {
+			names = "KVCTL_TOKEN, KVCTL_TOKEN_FILE"
+		}
+		return nil, usagef("%s: %v", names, err)
 	}
 	dialer := &net.Dialer{Timeout: dial, KeepAlive: 30 * time.Second}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
@@ -211,6 +218,20 @@ func newClientWith(c *cli.Context, endpoints []string, dial, headers time.Durati
 		}
 	}
 	return cl, nil
+}
+
+// tokenArgs returns the token and the token file as the command line
+// gives them when it gives either (--token or --token-file), else as
+// KVCTL_TOKEN and KVCTL_TOKEN_FILE do: the command line outranks the
+// environment, as for every other flag. As EnvVars, urfave/cli could not
+// tell a variable from a flag, and KVCTL_TOKEN with --token-file given was
+// "a token and a token file". Both on the command line, or both in the
+// environment, stay an error (client.Token).
+func tokenArgs(c *cli.Context) (token, file string) {
+	if c.IsSet("token") || c.IsSet("token-file") {
+		return c.String("token"), c.String("token-file")
+	}
+	return os.Getenv("KVCTL_TOKEN"), os.Getenv("KVCTL_TOKEN_FILE")
 }
 
 func endpointsArg(c *cli.Context) []string { return strings.Split(c.String("endpoints"), ",") }

@@ -73,6 +73,43 @@ func TestTokenAndTLSFlags(t *testing.T) {
 	kvctl(t, ep, "--tls-ca", ca, "--token", "two words", "status").wantCode(t, 2)
 }
 
+// TestTokenFlagsOutrankTheirVariables: --token or --token-file on the
+// command line is the token, whatever KVCTL_TOKEN or KVCTL_TOKEN_FILE the
+// environment holds, as every other flag outranks its variable; both given
+// on the command line, or both in the environment, stay a usage error.
+// From a review: KVCTL_TOKEN set and --token-file given (or
+// KVCTL_TOKEN_FILE and --token) was "a token and a token file", exit 2.
+func TestTokenFlagsOutrankTheirVariables(t *testing.T) {
+	const token = "s3cret"
+	s := api.NewServer(apitest.New("n1", ""), api.Options{Logger: slog.New(slog.DiscardHandler), Token: token})
+	hs := httptest.NewServer(s)
+	t.Cleanup(func() { hs.Close(); s.Close() })
+	ep := "--endpoints=" + hs.Listener.Addr().String()
+	dir := t.TempDir()
+	good, other := filepath.Join(dir, "good"), filepath.Join(dir, "other")
+	for f, b := range map[string]string{good: token + "\n", other: "other\n"} {
+		if err := os.WriteFile(f, []byte(b), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Setenv("KVCTL_TOKEN", "other")
+	kvctl(t, ep, "--token-file", good, "workers").wantCode(t, 0)
+	kvctl(t, ep, "--token", token, "workers").wantCode(t, 0)
+	os.Unsetenv("KVCTL_TOKEN")
+
+	t.Setenv("KVCTL_TOKEN_FILE", other)
+	kvctl(t, ep, "--token", token, "workers").wantCode(t, 0)
+	kvctl(t, ep, "--token-file", good, "workers").wantCode(t, 0)
+
+	t.Setenv("KVCTL_TOKEN", token)
+	r := kvctl(t, ep, "workers").wantCode(t, 2)
+	if !strings.Contains(r.stderr, "KVCTL_TOKEN") {
+		t.Fatalf("KVCTL_TOKEN and KVCTL_TOKEN_FILE both set: stderr %q, want it to name them", r.stderr)
+	}
+	kvctl(t, ep, "--token", token, "--token-file", good, "workers").wantCode(t, 2)
+}
+
 // TestAWedgedTLSNodeIsPassedOver: a node that accepts connections and
 // never answers costs a try's share of --timeout over TLS too, and the next
 // node answers. From a review of docs/operations.md: the TLS handshake
