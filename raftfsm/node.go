@@ -1433,8 +1433,8 @@ func now() int64 { return time.Now().UnixNano() }
 // raftError turns the errors of Raft's futures into the node's, which
 // callers (the API's status codes) branch on: a lost or moving leadership
 // into *NotLeaderError, Raft's shutdown into ErrShutdown, an enqueue
-// timeout into context.DeadlineExceeded. Any other error is returned as it
-// is.
+// timeout and an entry a user restore aborted into context.DeadlineExceeded
+// (the API's 503 timeout). Any other error is returned as it is.
 func (n *Node) raftError(err error) error {
 	switch {
 	case errors.Is(err, raft.ErrLeadershipLost):
@@ -1448,6 +1448,12 @@ func (n *Node) raftError(err error) error {
 		return ErrShutdown
 	case errors.Is(err, raft.ErrEnqueueTimeout):
 		return fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
+	case errors.Is(err, raft.ErrAbortedByRestore):
+		// A user restore replaced the log with the entry in it: it is
+		// lost if the restore holds, and commits under the next leader
+		// if the restore is lost (this node cut off before a follower
+		// took it). A wait that gave up: it may still apply.
+		return fmt.Errorf("%w: %w (the entry may still apply if the restore is lost)", context.DeadlineExceeded, err)
 	}
 	return err
 }

@@ -731,3 +731,46 @@ func TestACutOffUploadIsABadSnapshot(t *testing.T) {
 		t.Fatal("a refused upload was installed")
 	}
 }
+
+// TestAWriteAbortedByARestoreIsRetryable: a write proposed, not yet
+// committed, when the leader takes a user restore is aborted by Raft
+// (raft.ErrAbortedByRestore). It answers as a write the node gave up
+// waiting for (context.DeadlineExceeded: the API's 503 timeout, "it may
+// still apply"; it does if the restore is lost), not as a bare Raft
+// error, which the API answered 500 internal.
+func TestAWriteAbortedByARestoreIsRetryable(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	li, l := c.leaderExcept(-1)
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	var snap bytes.Buffer
+	if _, err := l.SaveSnapshot(ctx(t), &snap); err != nil {
+		t.Fatal(err)
+	}
+	werr := make(chan error, 1)
+	l.cfg.beforeRestore = func() {
+		c.trans[li].DisconnectAll() // the leader's entries stop reaching the followers
+		last := l.raft.LastIndex()
+		go func() {
+			wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			werr <- l.RegisterWorker(wctx, WorkerInfo{ID: 2, BlockSize: 16})
+		}()
+		waitFor(t, 5*time.Second, "the write in the leader's log", func() bool { return l.raft.LastIndex() > last })
+	}
+	_, rerr := l.RestoreSnapshot(ctx(t), bytes.NewReader(snap.Bytes()))
+	t.Logf("restore: %v", rerr)
+	err := <-werr
+	c.heal()
+	switch {
+	case errors.Is(err, raft.ErrAbortedByRestore):
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a write aborted by the restore answered %q: not context.DeadlineExceeded (the API's 503 timeout), so a 500 internal", err)
+		}
+	case errors.Is(err, ErrNotLeader), errors.Is(err, ErrNoLeader):
+		t.Logf("the leadership moved before the restore aborted the write: %v", err)
+	default:
+		t.Fatalf("the write racing the restore answered %v, want a retryable error", err)
+	}
+}
