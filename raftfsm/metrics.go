@@ -24,7 +24,7 @@ type Collector struct {
 	bookings, bookingsExpired                               *prometheus.Desc
 	workerBlocks, workerSilent, workerPrefill, workerDecode *prometheus.Desc
 	checks, mismatches, stalls, workerBusy, indexMemory     *prometheus.Desc
-	eventsApplied                                           *prometheus.Desc
+	eventsApplied, forcedCompactions                        *prometheus.Desc
 }
 
 // NewCollector returns the collector of node n.
@@ -65,6 +65,9 @@ func NewCollector(n *Node) *Collector {
 		indexMemory:     d("index_memory_bytes", "Estimated bytes the in-memory index holds (nodes, holders, engine-hash maps, orphan buffers)."),
 		workerBusy:      d("worker_busy", "1 when a rank of the worker is over a busy threshold of the scoring settings.", "worker"),
 		stalls:          d("store_write_stall_seconds_total", "Seconds Pebble held writes back (memtables waiting for a flush, or too many level 0 sublevels), by store: raft (log), fsm (state).", "store"),
+
+		forcedCompactions: d("raft_forced_compactions_total", "Times this node, leading, compacted its whole Raft log because a follower's log could not take the leader's "+
+			"from its start (it held a snapshot restore no other node took), so that the follower got the leader's snapshot."),
 	}
 }
 
@@ -73,7 +76,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.state, c.term, c.commit, c.applied, c.lastIndex, c.snapIndex, c.blocks,
 		c.nodes, c.entries, c.orphans, c.needResync, c.malformed, c.unknownRemoves, c.workers, c.ready,
 		c.leaderChanges, c.readySeconds, c.restoreSeconds, c.diskBytes, c.bookings, c.bookingsExpired,
-		c.workerBlocks, c.workerSilent, c.workerPrefill, c.workerDecode, c.checks, c.mismatches, c.stalls, c.workerBusy, c.indexMemory, c.eventsApplied} {
+		c.workerBlocks, c.workerSilent, c.workerPrefill, c.workerDecode, c.checks, c.mismatches, c.stalls, c.workerBusy, c.indexMemory, c.eventsApplied,
+		c.forcedCompactions} {
 		ch <- d
 	}
 	c.n.fsm.applySeconds.Describe(ch)
@@ -119,6 +123,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 	n, f := c.n, c.n.fsm
 	ch <- prometheus.MustNewConstMetric(c.leaderChanges, prometheus.CounterValue, float64(n.leaderChanges.Load()))
+	ch <- prometheus.MustNewConstMetric(c.forcedCompactions, prometheus.CounterValue, float64(n.forcedCompactions.Load()))
 	if v := n.readySeconds.Load(); v != 0 {
 		g(c.readySeconds, math.Float64frombits(v))
 	}

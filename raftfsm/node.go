@@ -104,6 +104,9 @@ type Config struct {
 	// log store call it first, with the entries; it may hold the write
 	// (on a leader, Raft's main goroutine with it).
 	beforeLogWrite func([]*raft.Log)
+	// beforeForcedCompaction, for tests: compactForFollower calls it
+	// before it compacts the log (it may hold the compaction).
+	beforeForcedCompaction func()
 }
 
 func (c *Config) defaults() {
@@ -176,6 +179,12 @@ type Node struct {
 	// snapshotting is set while a snapshot by applied bytes runs.
 	snapshotting atomic.Bool
 	lastAssert   time.Time // leaderLoop only
+	// compacting is set while a compaction for a follower runs
+	// (compactForFollower); compactedAt is when the last one began
+	// (leaderLoop only), forcedCompactions counts those that compacted.
+	compacting        atomic.Bool
+	compactedAt       time.Time
+	forcedCompactions atomic.Uint64
 	// selfRefusedTerm is the last term whose leader (this node) logged
 	// that it does not list itself at its HTTP address (selfUnlisted):
 	// leaderLoop only.
@@ -459,7 +468,7 @@ func (n *Node) startRaft() error {
 	if err := n.loadMembership(); err != nil {
 		return err
 	}
-	n.watch.setAlone(n.alone)
+	n.watch.setAlone(n.alone, n.held)
 	// Watched from the start: the first leader may win before NewNode
 	// returns; countLeaders reads what this buffers meanwhile.
 	n.leaders = make(chan raft.Observation, 64)
@@ -469,6 +478,14 @@ func (n *Node) startRaft() error {
 	})
 	n.raft.RegisterObserver(n.leaderObs)
 	return nil
+}
+
+// held returns the last index this node's state holds, Raft's applied
+// index or its last snapshot's, and the current term (commitWatch's
+// refuseFromStart, on the rare AppendEntries with no previous entry).
+func (n *Node) held() (index, term uint64) {
+	snap, _ := strconv.ParseUint(n.raft.Stats()["last_snapshot_index"], 10, 64)
+	return max(n.raft.AppliedIndex(), snap), n.raft.CurrentTerm()
 }
 
 // alone reports whether the node's latest configuration (committed or
@@ -1085,6 +1102,7 @@ func (n *Node) leaderLoop() {
 		case isLeader := <-n.raft.LeaderCh():
 			leader = isLeader
 			if leader {
+				n.watch.behind.Store(false) // its state is the cluster's now
 				n.onLeadership()
 			}
 		case <-tick.C:
@@ -1095,6 +1113,10 @@ func (n *Node) leaderLoop() {
 		case <-check.C:
 			if leader && n.ledThisTerm() {
 				n.proposeCheck()
+			}
+		case peer := <-n.watch.fromStart:
+			if leader {
+				n.compactForFollower(peer)
 			}
 		case <-ready.C:
 			if leader && !n.ledThisTerm() && n.raft.State() == raft.Leader {
@@ -1128,6 +1150,75 @@ func (n *Node) maybeSnapshot() {
 			n.logger.Warn("snapshot by applied bytes failed", "err", err)
 		}
 	}()
+}
+
+// forcedCompactionEvery is how often at most a leader compacts its whole
+// log for a follower (compactForFollower).
+const forcedCompactionEvery = 10 * time.Second
+
+// compactForFollower compacts the leader's whole log, in the background,
+// because peer refused it from its start (refusedFromStart): peer holds a
+// user restore that no other node took (Raft's user restore is no log
+// entry: the leader installs it, deletes its log and numbers the restore
+// after its last index; cut off before a follower took it, it kept it
+// while the others elected a leader that wrote on). hashicorp/raft v1.8.0
+// then walks peer's next index down to 1, every AppendEntries refused,
+// and retries from 1 for good: it sends a snapshot only when its own log
+// lacks an entry the follower needs. With the log compacted up to a new
+// snapshot, it sends that snapshot, and peer drops the restore for the
+// cluster's state (the restore had answered MaybeApplied).
+//
+// A snapshot with TrailingLogs 0 (Raft's reloadable configuration, put
+// back after it) is the only way to compact that Raft offers. Every
+// follower behind the leader then takes a snapshot too, so at most one
+// compaction runs, and at most one begins every forcedCompactionEvery: a
+// follower answers no AppendEntries from the start once the leader's
+// log no longer starts at 1, so the next compaction follows only one
+// that failed. leaderLoop only.
+func (n *Node) compactForFollower(peer raft.ServerID) {
+	if time.Since(n.compactedAt) < forcedCompactionEvery || !n.compacting.CompareAndSwap(false, true) {
+		return
+	}
+	n.compactedAt = time.Now()
+	n.logger.Warn("a follower's log cannot take this leader's from its start (it holds a snapshot restore no other node took): "+
+		"compacting the log, so that it gets this leader's snapshot and drops that restore", "follower", peer)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		defer n.compacting.Store(false)
+		if n.cfg.beforeForcedCompaction != nil {
+			n.cfg.beforeForcedCompaction()
+		}
+		if err := n.compactLog(); err != nil {
+			if !errors.Is(err, raft.ErrRaftShutdown) {
+				n.logger.Warn("compacting the log for a follower failed; trying again on its next refusal", "follower", peer, "err", err)
+			}
+			return
+		}
+		n.forcedCompactions.Add(1)
+		first, _ := n.logs.FirstIndex()
+		n.logger.Info("compacted the log for a follower", "follower", peer, "first_index", first)
+	}()
+}
+
+// compactLog takes a snapshot and compacts the log up to it.
+func (n *Node) compactLog() error {
+	rc := n.raft.ReloadableConfig()
+	keep := rc.TrailingLogs
+	rc.TrailingLogs = 0
+	if err := n.raft.ReloadConfig(rc); err != nil {
+		return fmt.Errorf("keep no trailing logs: %w", err)
+	}
+	defer func() {
+		rc.TrailingLogs = keep
+		if err := n.raft.ReloadConfig(rc); err != nil {
+			n.logger.Error("put back the trailing logs after a compaction", "trailing_logs", keep, "err", err)
+		}
+	}()
+	if err := n.await(context.Background(), n.raft.Snapshot()); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	return nil
 }
 
 // onLeadership sets up a term's leadership: a Barrier, so that the FSM
@@ -1528,7 +1619,10 @@ func (n *Node) Status() NodeStatus {
 	// and now part of a cluster with a known leader. A node cut off from
 	// its peers (a candidate), or removed from the cluster (its Raft shut
 	// down), answers routes from an index that no longer moves.
-	s.Ready = n.ready.Load() && id != "" && n.raft.State() != raft.Shutdown
+	// A follower whose log cannot take the leader's (a restore no other
+	// node took) serves a state that is not the cluster's until the
+	// leader's snapshot comes (commitWatch.behind).
+	s.Ready = n.ready.Load() && id != "" && n.raft.State() != raft.Shutdown && !n.watch.behind.Load()
 	// Removed only once a member, and while no leader replicates to it: a
 	// node joining, or added back on an empty directory, replays
 	// configurations from before it was added (noteMembership,

@@ -21,6 +21,13 @@ type inmemCluster struct {
 
 func newInmemCluster(t *testing.T, n int) *inmemCluster {
 	t.Helper()
+	return newInmemClusterTuned(t, n, nil)
+}
+
+// newInmemClusterTuned is newInmemCluster with each node's Config passed
+// to tune (nil: none) before the node starts.
+func newInmemClusterTuned(t *testing.T, n int, tune func(*Config)) *inmemCluster {
+	t.Helper()
 	c := &inmemCluster{t: t}
 	base := t.TempDir()
 	var peers []Member
@@ -31,8 +38,12 @@ func newInmemCluster(t *testing.T, n int) *inmemCluster {
 	}
 	c.heal()
 	for i := 0; i < n; i++ {
-		nd, err := NewNode(Config{ID: peers[i].ID, RaftAddr: peers[i].RaftAddr, HTTPAddr: peers[i].HTTPAddr,
-			DataDir: filepath.Join(base, peers[i].ID), Peers: peers, Transport: c.trans[i], Logger: quiet})
+		cfg := Config{ID: peers[i].ID, RaftAddr: peers[i].RaftAddr, HTTPAddr: peers[i].HTTPAddr,
+			DataDir: filepath.Join(base, peers[i].ID), Peers: peers, Transport: c.trans[i], Logger: quiet}
+		if tune != nil {
+			tune(&cfg)
+		}
+		nd, err := NewNode(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

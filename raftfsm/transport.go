@@ -70,6 +70,13 @@ func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger
 // names that server's id (answeredBy). An answer to InstallSnapshot,
 // which raft v1.8.0 sends without a header, counts for nothing
 // (InstallSnapshot).
+//
+// And it watches for a state that cannot take the leader's log from its
+// start (refusedFromStart), on both sides: a follower refuses it
+// (refuseFromStart) and notes that its state is not the leader's
+// (behind) until a snapshot comes, and a leader that is refused so says
+// which follower (fromStart); Node compacts its log then, so that Raft
+// sends that follower its snapshot (compactForFollower).
 type commitWatch struct {
 	raft.Transport
 	out    chan raft.RPC
@@ -89,6 +96,18 @@ type commitWatch struct {
 
 	contactMu sync.Mutex
 	contacts  map[raft.ServerID]peerContact // what this node last heard from each peer it sent an RPC
+
+	// fromStart gets a follower that refused this node's log from its
+	// start (a leader's; refusedFromStart). Sent without waiting: one
+	// waiting is enough.
+	fromStart chan raft.ServerID
+	// behind is set while this node, a follower, refused its leader's
+	// log from its start and took no snapshot since (refuseFromStart).
+	behind  atomic.Bool
+	answers sync.WaitGroup // watchAnswer's goroutines
+	// held returns the last index this node's state holds (applied, or
+	// in its last snapshot) and its current term; nil until setAlone.
+	held func() (index, term uint64)
 }
 
 // peerContact is what a node last heard from a peer in answer to its own
@@ -111,7 +130,7 @@ type peerContact struct {
 // raft.WithPreVote when t is.
 func watchCommits(t raft.Transport, self string, logger *slog.Logger) (raft.Transport, *commitWatch) {
 	w := &commitWatch{Transport: t, out: make(chan raft.RPC), stop: make(chan struct{}), done: make(chan struct{}),
-		self: self, aloneSet: make(chan struct{}), logger: logger}
+		self: self, aloneSet: make(chan struct{}), logger: logger, fromStart: make(chan raft.ServerID, 1)}
 	go w.run(t.Consumer())
 	if pv, ok := t.(raft.WithPreVote); ok {
 		return &commitWatchPreVote{commitWatch: w, pv: pv}, w
@@ -132,8 +151,23 @@ func (w *commitWatch) run(in <-chan raft.RPC) {
 			if !w.admit(rpc) {
 				continue
 			}
-			if ae, ok := rpc.Command.(*raft.AppendEntriesRequest); ok && ae.LeaderCommitIndex > 0 {
-				w.first.CompareAndSwap(0, ae.LeaderCommitIndex)
+			switch c := rpc.Command.(type) {
+			case *raft.AppendEntriesRequest:
+				if c.LeaderCommitIndex > 0 {
+					w.first.CompareAndSwap(0, c.LeaderCommitIndex)
+				}
+				if w.refuseFromStart(rpc, c) {
+					continue
+				}
+			case *raft.InstallSnapshotRequest:
+				if !w.behind.Load() {
+					break
+				}
+				rpc = w.watchAnswer(rpc, func(resp any) {
+					if is, ok := resp.(*raft.InstallSnapshotResponse); ok && is.Success {
+						w.setBehind(false, string(c.ID))
+					}
+				})
 			}
 			select {
 			case w.out <- rpc:
@@ -143,6 +177,86 @@ func (w *commitWatch) run(in <-chan raft.RPC) {
 		case <-w.stop:
 			return
 		}
+	}
+}
+
+// refusedFromStart reports whether a follower answered args, an
+// AppendEntries of the leader's log from its first entry (no previous
+// entry to match), with resp, a refusal at the leader's term: its state
+// is not one the leader's log leads to (refuseFromStart). hashicorp/raft
+// v1.8.0 retries from the start for good, and sends a snapshot only when
+// its own log lacks an entry it needs: never while the leader's log
+// still starts at index 1.
+func refusedFromStart(args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) bool {
+	return args.PrevLogEntry == 0 && len(args.Entries) > 0 && resp != nil && !resp.Success && resp.Term == args.Term
+}
+
+// refuseFromStart answers args, rpc's AppendEntries, with a refusal at
+// its term when it sends the leader's log from its start (no previous
+// entry) to a node whose state holds entries (held). A leader sends that
+// only after its probes found no entry it shares with this node's log or
+// last snapshot; a follower whose state the leader's log leads to shares
+// its last applied entry, or its snapshot's, and the probes stop there.
+// So the state is another: a user restore (Raft's Restore, which is no
+// log entry) installed on a leader cut off before any follower took it,
+// kept after the others elected a leader that wrote on. Raft refused the
+// entries while its log still named indexes it no longer holds, and
+// after a restart with an empty log it took them, and applied those above
+// its applied index on top of the restored state: a silent divergence.
+// Refused here, the node is behind until the leader's snapshot comes
+// (InstallSnapshot, watched in run), and the leader sends it once told
+// (fromStart). A refusal a consistent node would not give costs a
+// snapshot, nothing else.
+func (w *commitWatch) refuseFromStart(rpc raft.RPC, args *raft.AppendEntriesRequest) bool {
+	if args.PrevLogEntry != 0 || len(args.Entries) == 0 {
+		return false
+	}
+	held, term := w.held()
+	if held == 0 || args.Term < term {
+		return false // an empty node's first entries; a stale leader, which Raft refuses
+	}
+	w.setBehind(true, string(args.ID))
+	rpc.Respond(&raft.AppendEntriesResponse{
+		RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(w.self),
+			Addr: w.Transport.EncodePeer(raft.ServerID(w.self), w.Transport.LocalAddr())},
+		Term: args.Term, LastLog: held,
+	}, nil)
+	return true
+}
+
+// watchAnswer returns rpc with its answer passed to seen (its Response;
+// not an error) before it goes back to the sender: a goroutine each, for
+// the InstallSnapshot a node that is behind waits for.
+func (w *commitWatch) watchAnswer(rpc raft.RPC, seen func(resp any)) raft.RPC {
+	orig, answer := rpc.RespChan, make(chan raft.RPCResponse, 1)
+	rpc.RespChan = answer
+	w.answers.Add(1)
+	go func() {
+		defer w.answers.Done()
+		select {
+		case r := <-answer:
+			if r.Error == nil {
+				seen(r.Response)
+			}
+			orig <- r // the transports' answer channels hold one
+		case <-w.stop:
+		}
+	}()
+	return rpc
+}
+
+// setBehind notes whether this node, a follower, refused leader's log
+// from its start (refuseFromStart), and logs a change.
+func (w *commitWatch) setBehind(behind bool, leader string) {
+	if w.behind.Swap(behind) == behind {
+		return
+	}
+	if behind {
+		w.logger.Warn("this node's log cannot take the leader's from its start: its state is not the cluster's "+
+			"(a snapshot restore installed here that no other node took); not ready until the leader sends its snapshot",
+			"leader", leader)
+	} else {
+		w.logger.Info("took the leader's snapshot: the state is the cluster's again", "leader", leader)
 	}
 }
 
@@ -184,8 +298,10 @@ func (w *commitWatch) refuse(rpc raft.RPC, from string) {
 }
 
 // setAlone gives the watch the node's test of being alone, asked on every
-// RPC that a leader sends, and lets RPCs through. Call it once.
-func (w *commitWatch) setAlone(alone func() bool) {
+// RPC that a leader sends, and what its state holds (refuseFromStart),
+// and lets RPCs through. Call it once.
+func (w *commitWatch) setAlone(alone func() bool, held func() (index, term uint64)) {
+	w.held = held
 	w.alone.Store(&alone)
 	close(w.aloneSet)
 }
@@ -273,10 +389,17 @@ func (w *commitWatch) heard(peer raft.ServerID, proves, success bool, m uint64) 
 	w.contacts[peer] = c
 }
 
-// heardAppend notes peer's answer resp to an AppendEntries args.
+// heardAppend notes peer's answer resp to an AppendEntries args, and
+// passes on a peer that refused the log from its start (fromStart).
 func (w *commitWatch) heardAppend(peer raft.ServerID, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) {
 	m, proves := matchedBy(args)
 	w.heard(peer, proves, resp.Success, m)
+	if refusedFromStart(args, resp) {
+		select {
+		case w.fromStart <- peer:
+		default:
+		}
+	}
 }
 
 // matchedBy returns the index through which a follower that answers args
@@ -416,10 +539,11 @@ func (w *commitWatch) Close() error {
 // leaderCommit returns the first commit index a leader sent, 0 before one.
 func (w *commitWatch) leaderCommit() uint64 { return w.first.Load() }
 
-// close stops the watch's goroutine (once Raft no longer reads RPCs).
+// close stops the watch's goroutines (once Raft no longer reads RPCs).
 func (w *commitWatch) close() {
 	w.closed.Do(func() { close(w.stop) })
 	<-w.done
+	w.answers.Wait()
 }
 
 type commitWatchPreVote struct {

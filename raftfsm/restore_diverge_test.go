@@ -1,0 +1,211 @@
+package raftfsm
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// divergedByARestore registers workers 1 and 2 (every node holds both),
+// then cuts the leader off just as it hands Raft a user restore of the
+// state with worker 1 alone: the leader installs it, no follower gets it
+// (Raft's user restore is no log entry). The followers elect a new
+// leader that keeps worker 2 and registers worker 3. It returns the old
+// leader's index, cut off still.
+func divergedByARestore(t *testing.T, c *inmemCluster) int {
+	t.Helper()
+	li, l := c.leaderExcept(-1)
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 5, 7)}}); err != nil {
+		t.Fatal(err)
+	}
+	var snap bytes.Buffer
+	if _, err := l.SaveSnapshot(ctx(t), &snap); err != nil {
+		t.Fatal(err)
+	}
+	restored := l.fsm.Digest()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 2, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "every node to hold worker 2", func() bool {
+		for _, nd := range c.nodes {
+			if _, ok := nd.fsm.Workers()[2]; !ok {
+				return false
+			}
+		}
+		return true
+	})
+	l.cfg.beforeRestore = func() { c.isolate(li) }
+	_, err := l.RestoreSnapshot(ctx(t), bytes.NewReader(snap.Bytes()))
+	t.Logf("restore on the cut-off leader answered: %v", err)
+	if l.fsm.Digest() != restored {
+		t.Fatalf("the old leader did not install the restore (digest %016x, want %016x)", l.fsm.Digest(), restored)
+	}
+	_, nl := c.leaderExcept(li)
+	if err := nl.RegisterWorker(ctx(t), WorkerInfo{ID: 3, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	return li
+}
+
+// waitConverged waits until every node applied the leader's last index
+// with the leader's digest, and holds workers 2 and 3: the state the
+// other nodes wrote on, not the restore.
+func waitConverged(t *testing.T, c *inmemCluster) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, nl := c.leaderExcept(-1)
+		want, d := nl.raft.LastIndex(), nl.fsm.Digest()
+		ok := true
+		for _, nd := range c.nodes {
+			_, w2 := nd.fsm.Workers()[2]
+			_, w3 := nd.fsm.Workers()[3]
+			if nd.raft.AppliedIndex() < want || nd.fsm.Digest() != d || !w2 || !w3 {
+				ok = false
+			}
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			var b strings.Builder
+			for _, nd := range c.nodes {
+				_, w2 := nd.fsm.Workers()[2]
+				_, w3 := nd.fsm.Workers()[3]
+				fmt.Fprintf(&b, "\n  %s: leader=%v applied=%d last=%d commit=%d digest=%016x worker2=%v worker3=%v ready=%v",
+					nd.cfg.ID, nd.IsLeader(), nd.raft.AppliedIndex(), nd.raft.LastIndex(), nd.raft.CommitIndex(), nd.fsm.Digest(), w2, w3,
+					nd.Status().Ready)
+			}
+			t.Fatalf("replicas never converged on the state the others wrote on:%s", b.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestARestoreNoFollowerTookIsDroppedOnceTheLeaderIsBack: the old
+// leader, holding a user restore that no follower took, comes back to a
+// cluster that wrote on without it. Its log cannot take the new leader's
+// from its start, and hashicorp/raft retried that for good: the node
+// stayed on the restored state, applying nothing, and answered ready.
+// Now it is not ready while so, the new leader compacts its log, sends
+// it its snapshot, and all three end on the state the others wrote on
+// (the restore had answered MaybeApplied).
+func TestARestoreNoFollowerTookIsDroppedOnceTheLeaderIsBack(t *testing.T) {
+	held, release := make(chan struct{}), make(chan struct{})
+	var once bool
+	c := newInmemClusterTuned(t, 3, func(cfg *Config) {
+		cfg.beforeForcedCompaction = func() {
+			if !once {
+				once = true // compactions run one at a time, on the leader only
+				close(held)
+				<-release
+			}
+		}
+	})
+	li := divergedByARestore(t, c)
+	old := c.nodes[li]
+	c.heal()
+	select {
+	case <-held:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no leader compacted its log for the old leader")
+	}
+	if st := old.Status(); st.Ready || st.LeaderID == "" {
+		close(release)
+		t.Fatalf("the old leader, whose log its leader (%q) cannot replicate to, answers ready=%v", st.LeaderID, st.Ready)
+	}
+	close(release)
+	waitConverged(t, c)
+	waitFor(t, 10*time.Second, "the old leader to be ready again", func() bool { return old.Status().Ready })
+	forced := 0.0
+	for _, nd := range c.nodes {
+		forced += gather(t, NewCollector(nd))["kvrouter_raft_forced_compactions_total{}"].GetCounter().GetValue()
+	}
+	if forced < 1 {
+		t.Fatalf("kvrouter_raft_forced_compactions_total over the nodes = %v, want at least 1", forced)
+	}
+}
+
+// TestARestoreNoFollowerTookIsDroppedAfterTheLeaderRestarts: as above,
+// but the old leader is stopped while cut off and started again on its
+// directory once the others wrote on.
+func TestARestoreNoFollowerTookIsDroppedAfterTheLeaderRestarts(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	li := divergedByARestore(t, c)
+	cfg := c.nodes[li].cfg
+	cfg.beforeRestore = nil
+	c.nodes[li].Close()
+	_, tr := raft.NewInmemTransport(raft.ServerAddress(cfg.RaftAddr))
+	c.trans[li] = tr
+	cfg.Transport = tr
+	c.heal()
+	restarted, err := NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[li] = restarted
+	waitConverged(t, c)
+	waitFor(t, 10*time.Second, "the restarted node to be ready", func() bool { return restarted.Status().Ready })
+}
+
+// TestAStateThatHoldsEntriesRefusesTheLogFromItsStart: a follower whose
+// state holds entries (applied, or in a snapshot) refuses an
+// AppendEntries that sends the leader's log from its start, at the
+// leader's term, and is behind; Raft took one when its log was empty (a
+// restart after a restore no other node took) and applied the entries
+// above its applied index on top of the restored state. An empty node,
+// a stale leader and a probe with a previous entry go to Raft.
+func TestAStateThatHoldsEntriesRefusesTheLogFromItsStart(t *testing.T) {
+	fromStart := raft.AppendEntriesRequest{Term: 3, Entries: []*raft.Log{{Index: 1, Term: 1}, {Index: 2, Term: 1}}}
+	probe := fromStart
+	probe.PrevLogEntry, probe.PrevLogTerm = 11, 3
+	for _, tc := range []struct {
+		name       string
+		held, term uint64
+		args       raft.AppendEntriesRequest
+		refused    bool
+	}{
+		{"a state that holds entries", 11, 3, fromStart, true},
+		{"an empty node", 0, 3, fromStart, false},
+		{"a stale leader", 11, 4, fromStart, false},
+		{"a probe with a previous entry", 11, 3, probe, false},
+	} {
+		_, a := raft.NewInmemTransport("inmem-n1")
+		_, b := raft.NewInmemTransport("inmem-n2")
+		b.Connect(a.LocalAddr(), a)
+		tr, w := watchCommits(a, "n1", quiet)
+		w.setAlone(func() bool { return false }, func() (uint64, uint64) { return tc.held, tc.term })
+		args := tc.args
+		args.RPCHeader = raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("n2")}
+		var resp raft.AppendEntriesResponse
+		done := make(chan error, 1)
+		go func() { done <- b.AppendEntries("n1", a.LocalAddr(), &args, &resp) }()
+		refused := false
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			refused = true
+			if resp.Success || resp.Term != args.Term || string(resp.ID) != "n1" {
+				t.Errorf("%s: refused with %+v, want a failure at term %d from n1", tc.name, resp, args.Term)
+			}
+		case rpc := <-tr.Consumer():
+			rpc.Respond(&raft.AppendEntriesResponse{Term: args.Term, Success: true}, nil)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if refused != tc.refused || w.behind.Load() != tc.refused {
+			t.Errorf("%s: refused %v, behind %v; want %v", tc.name, refused, w.behind.Load(), tc.refused)
+		}
+		w.close()
+	}
+}
