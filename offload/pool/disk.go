@@ -540,15 +540,22 @@ func (p *DiskPool) drop(e *entry, _ bool) error {
 // The pool's lock is not held while the batch is written, so concurrent
 // Puts overlap their copies and share flushes.
 func (p *DiskPool) Put(blocks []Block, data [][]byte) (stored int, err error) {
+	stored, _, err = p.put(blocks, data)
+	return stored, err
+}
+
+// put is Put; skipped is the error of the last block it skipped as held or
+// being written (ErrExists, with ErrBusy for the latter).
+func (p *DiskPool) put(blocks []Block, data [][]byte) (stored int, skipped, err error) {
 	if len(blocks) != len(data) {
-		return 0, fmt.Errorf("put: %w: %d blocks, %d buffers", ErrInvalid, len(blocks), len(data))
+		return 0, nil, fmt.Errorf("put: %w: %d blocks, %d buffers", ErrInvalid, len(blocks), len(data))
 	}
 	for i, b := range blocks {
 		if err := b.check(); err != nil {
-			return 0, fmt.Errorf("put: %w", err)
+			return 0, nil, fmt.Errorf("put: %w", err)
 		}
 		if len(data[i]) != p.bs {
-			return 0, fmt.Errorf("put %#x: %w: %d bytes, block size %d", b.Hash, ErrInvalid, len(data[i]), p.bs)
+			return 0, nil, fmt.Errorf("put %#x: %w: %d bytes, block size %d", b.Hash, ErrInvalid, len(data[i]), p.bs)
 		}
 	}
 	p.io.RLock()
@@ -560,6 +567,7 @@ func (p *DiskPool) Put(blocks []Block, data [][]byte) (stored int, err error) {
 	for i, b := range blocks {
 		e, err := p.c.reserve(b)
 		if errors.Is(err, ErrExists) {
+			skipped = err
 			continue
 		}
 		if err != nil {
@@ -570,7 +578,7 @@ func (p *DiskPool) Put(blocks []Block, data [][]byte) (stored int, err error) {
 		idx = append(idx, i)
 	}
 	if len(es) == 0 {
-		return 0, stop
+		return 0, skipped, stop
 	}
 	// A pending entry's Block and stamp do not change until commit or
 	// abort, so they are read here without the lock.
@@ -583,12 +591,12 @@ func (p *DiskPool) Put(blocks []Block, data [][]byte) (stored int, err error) {
 	batch.Close()
 	if err != nil {
 		p.c.abort(es)
-		return 0, fmt.Errorf("put %d blocks: %w", len(es), err)
+		return 0, skipped, fmt.Errorf("put %d blocks: %w", len(es), err)
 	}
 	if err := p.c.commit(es); err != nil {
-		return 0, err
+		return 0, skipped, err
 	}
-	return len(es), stop
+	return len(es), skipped, stop
 }
 
 func (p *DiskPool) commitBatch(b *pebble.Batch) error {
@@ -620,11 +628,12 @@ func (p *DiskPool) flushThrough(gen uint64) error {
 }
 
 // Register stores one block; see Put. It fails with ErrExists when the
-// block is already held (reviving it).
+// block is already held (reviving it) or another Put is writing it (the
+// error wraps ErrBusy too: that write may still fail).
 func (p *DiskPool) Register(b Block, data []byte) error {
-	n, err := p.Put([]Block{b}, [][]byte{data})
+	n, skipped, err := p.put([]Block{b}, [][]byte{data})
 	if err == nil && n == 0 {
-		return fmt.Errorf("register %#x: %w", b.Hash, ErrExists)
+		return skipped
 	}
 	return err
 }

@@ -162,3 +162,23 @@ func TestDiskReopenThatCannotDeleteInvalidEntriesKeepsValidBlocks(t *testing.T) 
 		t.Fatalf("keys after the next reopen: %x, want %x", got, valid)
 	}
 }
+
+// A Register of a block another Put has reserved and not yet committed says
+// ErrBusy, as HostPool.Register does: that Put may still fail and leave the
+// pool without the block, so "already held" would be a lie.
+func TestDiskRegisterOfABlockBeingWrittenSaysBusy(t *testing.T) {
+	p := openInternal(t, t.TempDir(), nil)
+	b := Block{Hash: 5, Local: 55}
+	e, err := p.c.reserve(b) // what a concurrent Put holds until its commit
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = p.Register(b, blockBytes(5))
+	p.c.abort([]*entry{e}) // the other Put's write failed
+	if !errors.Is(err, ErrExists) || !errors.Is(err, ErrBusy) {
+		t.Fatalf("Register of a block being written: %v, want ErrExists and ErrBusy", err)
+	}
+	if st := p.Stats(); st.Used != 0 || st.Revived != 0 {
+		t.Fatalf("after the other write failed: %+v, want nothing held or revived", st)
+	}
+}
