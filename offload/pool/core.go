@@ -161,6 +161,57 @@ func (c *core) descends(h, anc uint64) bool {
 	return false
 }
 
+// loops fails with ErrInvalid when storing every block of bs would make
+// one its own ancestor. A batch checks this before it reserves anything,
+// so that a bad batch changes nothing: reserve catches a loop only at the
+// block that closes it, after the blocks before it were reserved. A block
+// held or being written keeps its parent (the batch skips it), and of a
+// hash named twice the first is the one reserved. A walk that leaves the
+// batch's new blocks comes back to them only through a block in the pool
+// naming one of them as its parent, so without one the pool is not walked;
+// each block is walked once.
+func (c *core) loops(bs []Block) error {
+	if len(bs) < 2 {
+		return nil // reserve refuses one block's loop before it changes anything
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	up := make(map[uint64]uint64, len(bs)) // the new blocks' parents
+	back := false
+	for _, b := range bs {
+		if _, ok := up[b.Hash]; ok || c.entries[b.Hash] != nil {
+			continue
+		}
+		up[b.Hash] = b.Parent
+		back = back || c.kids[b.Hash] > 0
+	}
+	parent := func(h uint64) uint64 {
+		if p, ok := up[h]; ok {
+			return p
+		}
+		if e := c.entries[h]; back && e != nil {
+			return e.Parent
+		}
+		return 0
+	}
+	const onPath, done = 1, 2
+	seen := make(map[uint64]uint8, len(up))
+	for h := range up {
+		x := h
+		for x != 0 && seen[x] == 0 {
+			seen[x] = onPath
+			x = parent(x)
+		}
+		if x != 0 && seen[x] == onPath {
+			return fmt.Errorf("%w: block %#x would be its own ancestor", ErrInvalid, x)
+		}
+		for y := h; y != x; y = parent(y) {
+			seen[y] = done
+		}
+	}
+	return nil
+}
+
 // reserve makes room for b and adds it as pending. If b is already held it
 // is revived (touched) and reserve fails with ErrExists; if it is being
 // written, with ErrExists and ErrBusy.

@@ -533,7 +533,8 @@ func (p *DiskPool) drop(e *entry, _ bool) error {
 // evicting as needed, skips (and revives) blocks already held, and stops at
 // the first block that does not fit (ErrFull), storing those before it:
 // stored counts the blocks it stored, err says why it stopped early. A
-// batch never evicts its own blocks. A bad argument changes nothing; a
+// batch never evicts its own blocks. A bad argument changes nothing (a
+// batch that would make one of its blocks its own ancestor included); a
 // failed write stores nothing (evictions made to find room stand). Put
 // copies the bytes: data may be reused once it returns.
 //
@@ -557,6 +558,9 @@ func (p *DiskPool) put(blocks []Block, data [][]byte) (stored int, skipped, err 
 		if len(data[i]) != p.bs {
 			return 0, nil, fmt.Errorf("put %#x: %w: %d bytes, block size %d", b.Hash, ErrInvalid, len(data[i]), p.bs)
 		}
+	}
+	if err := p.c.loops(blocks); err != nil {
+		return 0, nil, fmt.Errorf("put: %w", err)
 	}
 	p.io.RLock()
 	defer p.io.RUnlock()

@@ -140,7 +140,9 @@ func (p *HostPool) Register(b Block, data []byte) error {
 // after them, waits for e and commits. Blocks already held are revived and
 // skipped. It stops at the first block that does not fit (ErrFull) and
 // stores those before it: stored counts the blocks it stored, err says why
-// it stopped early. A failed copy stores nothing.
+// it stopped early. A bad argument changes nothing (a batch that would make
+// one of its blocks its own ancestor included); a failed copy stores
+// nothing.
 func (p *HostPool) RegisterFrom(s backend.Stream, e backend.Event, blocks []Block, src []backend.Ptr) (stored int, err error) {
 	if len(src) != len(blocks) {
 		return 0, fmt.Errorf("register from device: %w: %d blocks, %d sources", ErrInvalid, len(blocks), len(src))
@@ -149,6 +151,9 @@ func (p *HostPool) RegisterFrom(s backend.Stream, e backend.Event, blocks []Bloc
 		if err := b.check(); err != nil {
 			return 0, fmt.Errorf("register from device: %w", err)
 		}
+	}
+	if err := p.c.loops(blocks); err != nil {
+		return 0, fmt.Errorf("register from device: %w", err)
 	}
 	rs := make([]Reservation, 0, len(blocks))
 	copies := make([]backend.Copy, 0, len(blocks))

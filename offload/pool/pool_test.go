@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/pool"
 )
 
@@ -252,6 +253,80 @@ func TestBlockCannotBecomeItsOwnAncestor(t *testing.T) {
 		}
 		register(t, p, pool.Block{Hash: 1})
 	})
+}
+
+// A batch whose blocks would close a loop of parents, among themselves or
+// through a held block, is a bad argument: it is refused before anything
+// is reserved, so no block is stored, evicted or announced.
+func TestBatchThatClosesALoopChangesNothing(t *testing.T) {
+	batches := []struct {
+		name string
+		open func(t *testing.T, capacity int, s pool.Sink) (anyPool, func([]pool.Block) (int, error))
+	}{
+		{"disk Put", func(t *testing.T, c int, s pool.Sink) (anyPool, func([]pool.Block) (int, error)) {
+			p := openDiskPool(t, t.TempDir(), c, s)
+			return p, func(bs []pool.Block) (int, error) {
+				data := make([][]byte, len(bs))
+				for i, b := range bs {
+					data[i] = pattern(testBlock, b.Hash)
+				}
+				return p.Put(bs, data)
+			}
+		}},
+		{"host RegisterFrom", func(t *testing.T, c int, s pool.Sink) (anyPool, func([]pool.Block) (int, error)) {
+			be := hostBackend(t)
+			p, err := pool.NewHost(be, pool.Config{Rank: rank, Capacity: c, BlockSize: testBlock, Sink: s})
+			check(t, err)
+			t.Cleanup(func() { check(t, p.Close()) })
+			stream, err := be.NewStream()
+			check(t, err)
+			t.Cleanup(func() { check(t, be.DestroyStream(stream)) })
+			ev, err := be.NewEvent()
+			check(t, err)
+			t.Cleanup(func() { check(t, be.DestroyEvent(ev)) })
+			src, err := be.AllocHost(4 * testBlock)
+			check(t, err)
+			t.Cleanup(func() { check(t, be.FreeHost(src)) })
+			return p, func(bs []pool.Block) (int, error) {
+				ptrs := make([]backend.Ptr, len(bs))
+				for i := range bs {
+					ptrs[i] = src.At(i * testBlock)
+				}
+				return p.RegisterFrom(stream, ev, bs, ptrs)
+			}
+		}},
+	}
+	loops := []struct {
+		name  string
+		held  []pool.Block // 9, evictable, fills the pool: a reservation would evict it
+		batch []pool.Block
+	}{
+		{"within the batch", []pool.Block{{Hash: 9}},
+			[]pool.Block{{Hash: 1, Parent: 2}, {Hash: 2, Parent: 1}}},
+		{"through a held block", []pool.Block{{Hash: 9}, {Hash: 3, Parent: 2}},
+			[]pool.Block{{Hash: 1, Parent: 3}, {Hash: 2, Parent: 1}}},
+	}
+	for _, bt := range batches {
+		for _, lp := range loops {
+			t.Run(bt.name+"/"+lp.name, func(t *testing.T) {
+				s := newSink(t)
+				p, batch := bt.open(t, len(lp.held), s)
+				register(t, p, lp.held...)
+				s.take()
+				before := p.Stats()
+				n, err := batch(lp.batch)
+				if n != 0 || !errors.Is(err, pool.ErrInvalid) {
+					t.Fatalf("batch %v: %d stored, %v; want 0 and ErrInvalid", lp.batch, n, err)
+				}
+				if after := p.Stats(); after != before {
+					t.Fatalf("stats changed: %+v, was %+v", after, before)
+				}
+				if evs := s.take(); len(evs) != 0 {
+					t.Fatalf("the refused batch published %v", evs)
+				}
+			})
+		}
+	}
 }
 
 func TestReadReturnsTheBytesWritten(t *testing.T) {
