@@ -2,12 +2,14 @@ package engineapi_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,6 +146,20 @@ func (g *gated) waitEntered(t testing.TB) {
 	}
 }
 
+// failingStreams is a backend whose NewStream fails while fail is set, as
+// a device out of resources does: a manager cannot start on it.
+type failingStreams struct {
+	backend.Backend
+	fail atomic.Bool
+}
+
+func (f *failingStreams) NewStream() (backend.Stream, error) {
+	if f.fail.Load() {
+		return nil, fmt.Errorf("new stream: %w", backend.ErrOutOfMemory)
+	}
+	return f.Backend.NewStream()
+}
+
 type gateKind int
 
 const (
@@ -158,6 +174,7 @@ type rigConfig struct {
 	hostCap int // G2 blocks per rank; 0: none
 	diskCap int // G3 blocks per rank; 0: none
 	gate    gateKind
+	streams bool // serve through r.streams, whose NewStream can be made to fail
 	settle  time.Duration
 	mgr     manager.Config
 	checker engineapi.Checker
@@ -180,7 +197,8 @@ type rig struct {
 	n    int
 	next uint64
 
-	bytes map[uint64][]byte // each block's bytes when offloaded
+	bytes   map[uint64][]byte // each block's bytes when offloaded
+	streams *failingStreams   // with rigConfig.streams: the backend the server uses
 }
 
 func newRig(t *testing.T, rc rigConfig) *rig {
@@ -227,6 +245,10 @@ func newRig(t *testing.T, rc rigConfig) *rig {
 			r.gate.match = func(cs []backend.Copy) bool { return inG2(cs[0].Src) && !inG2(cs[0].Dst) }
 		}
 		be = r.gate
+	}
+	if rc.streams {
+		r.streams = &failingStreams{Backend: be}
+		be = r.streams
 	}
 	r.srv, err = engineapi.Listen(engineapi.Config{Socket: filepath.Join(r.dir, "kvagent.sock"), Backend: be,
 		Ranks: ranks, Manager: rc.mgr, Checker: rc.checker, SettleTimeout: rc.settle, Registerer: prometheus.NewRegistry()})

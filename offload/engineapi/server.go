@@ -368,7 +368,11 @@ func (sl *rankSlot) detach(a *attachment) {
 // the previous registration. A refused request leaves the old registration
 // in place, except in the one case where it must go first: CUDA maps a
 // handle once per process, so re-registering the same handle unmaps the old
-// mapping before mapping it again.
+// mapping before mapping it again. The new manager's streams and staging
+// buffers are made before the old manager closes, so a device out of them
+// refuses the request and keeps the old registration; only the new
+// manager's metrics wait for the old one's to go, and registering them fails
+// only if something else registered the rank's.
 func (s *Server) register(sl *rankSlot, h backend.IPCHandle, l manager.Layout) (bool, error) {
 	sl.regMu.Lock()
 	defer sl.regMu.Unlock()
@@ -399,15 +403,21 @@ func (s *Server) register(sl *rankSlot, h backend.IPCHandle, l manager.Layout) (
 		}
 		return false, fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
-	if err := shut(); err != nil {
-		s.log.Warn("closing the replaced G1 region", "rank", sl.rank, "err", err)
-	}
 	cfg := s.cfg.Manager
 	cfg.Rank, cfg.Backend, cfg.G1, cfg.Host, cfg.Disk = sl.rank, s.be, mp.Region, sl.host, sl.disk
 	cfg.Registerer, cfg.Logger = s.cfg.Registerer, s.cfg.Logger
-	m, err := manager.New(cfg)
+	pm, err := manager.Prepare(cfg)
 	if err != nil {
 		return false, errors.Join(fmt.Errorf("start the offload manager: %w", err), mp.Close())
+	}
+	// The old manager goes before the new one starts: both register the
+	// rank's metrics.
+	if err := shut(); err != nil {
+		s.log.Warn("closing the replaced G1 region", "rank", sl.rank, "err", err)
+	}
+	m, err := pm.Start()
+	if err != nil {
+		return false, errors.Join(fmt.Errorf("start the offload manager (the old registration is closed): %w", err), mp.Close())
 	}
 	a := &attachment{m: m, mp: mp, handle: slices.Clone(h), layout: l}
 	sl.mu.Lock()

@@ -141,6 +141,33 @@ func TestReRegisteringReplacesTheRegionAndKeepsThePools(t *testing.T) {
 	}
 }
 
+// A re-registration whose manager cannot start (the device has no streams
+// left) is refused, and the old registration keeps serving: its manager
+// still offloads from the old region.
+func TestRefusedReRegistrationKeepsTheOldOne(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 16, streams: true})
+	r.register(0)
+
+	other := newG1Sim(t, r.dir, r.n)
+	r.streams.fail.Store(true)
+	_, err := r.c.Register(r.ctx(), engineapi.RegisterRequest{DPRank: 0, ShmPath: other.path, BlockSizeBytes: bs, NumBlocks: r.n})
+	r.streams.fail.Store(false)
+	if err == nil {
+		t.Fatal("a registration whose manager could not make a stream succeeded")
+	}
+	if st := r.rankStats(0); !st.Registered {
+		t.Fatalf("after the refused re-registration (%v) the rank has no registration", err)
+	}
+	blocks := r.compute(0, 1, ids(0, 4)...)
+	if res := r.offload(0, blocks); res.Queued != 4 {
+		t.Fatalf("offload after the refused re-registration: %+v, want 4 queued", res)
+	}
+	r.idle(0)
+	if used := r.rankStats(0).Host.Used; used != 4 {
+		t.Fatalf("host pool holds %d blocks, want the 4 offloaded from the old region", used)
+	}
+}
+
 func TestBadRequestsAreRefusedAndChangeNothing(t *testing.T) {
 	r := newRig(t, rigConfig{ranks: 2, hostCap: 16})
 	r.register(0) // rank 1 has pools but no region

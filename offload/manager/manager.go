@@ -258,7 +258,36 @@ type lane struct {
 // It fails with ErrInvalid on a bad Config, or with the backend's error when
 // it cannot create the workers' streams and staging buffers. The pools,
 // the backend and the region stay the caller's: close them after Close.
+// It is Prepare and Start.
 func New(cfg Config) (*Manager, error) {
+	p, err := Prepare(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return p.Start()
+}
+
+// A Prepared is a Manager that is made and not started: its workers'
+// streams, events and staging buffers exist, but no worker runs and its
+// metrics are not registered. Start it, once.
+type Prepared struct {
+	m      *Manager
+	starts []start
+}
+
+// A start is a worker to start: its lane and its copier.
+type start struct {
+	l *lane
+	c *copier
+}
+
+// Prepare does the part of New that can fail for want of resources: it
+// checks cfg and creates the workers' streams, events and staging buffers,
+// and fails as New does. Start is left with registering the metrics, which
+// name the rank, so a caller replacing a rank's manager prepares the new
+// one while the old one still runs, and closes the old one (unregistering
+// its metrics) only once the new one has all it needs.
+func Prepare(cfg Config) (*Prepared, error) {
 	if err := cfg.check(); err != nil {
 		return nil, fmt.Errorf("new offload manager: %w", err)
 	}
@@ -293,10 +322,6 @@ func New(cfg Config) (*Manager, error) {
 	if m.disk != nil {
 		plans = append(plans, plan{Disk2H, false, true})
 	}
-	type start struct {
-		l *lane
-		c *copier
-	}
 	var starts []start
 	for _, p := range plans {
 		l := &lane{path: p.path}
@@ -317,14 +342,22 @@ func New(cfg Config) (*Manager, error) {
 	}
 	m.metrics = newMetrics(m)
 	m.unregister = func() {}
-	if reg := cfg.Registerer; reg != nil {
+	return &Prepared{m: m, starts: starts}, nil
+}
+
+// Start registers the manager's metrics with Config.Registerer and starts
+// its workers. It fails only when the metrics cannot be registered (the
+// rank's are already, by another manager): then it discards p.
+func (p *Prepared) Start() (*Manager, error) {
+	m := p.m
+	if reg := m.cfg.Registerer; reg != nil {
 		if err := reg.Register(m.metrics); err != nil {
 			m.freeCopiers()
-			return nil, fmt.Errorf("new offload manager: register metrics of rank %s: %w", cfg.Rank, err)
+			return nil, fmt.Errorf("new offload manager: register metrics of rank %s: %w", m.cfg.Rank, err)
 		}
 		m.unregister = func() { reg.Unregister(m.metrics) }
 	}
-	for _, s := range starts {
+	for _, s := range p.starts {
 		m.wg.Add(1)
 		if s.l.q != nil {
 			go m.runTasks(s.l, s.c)
