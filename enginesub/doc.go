@@ -35,6 +35,14 @@
 //     sequence alone cannot tell them apart after a catch-up from 0, or
 //     after a catch-up that failed part-way.
 //
+// The SUB socket sends a ZMTP heartbeat on each connection every
+// Config.Heartbeat (2 s by default) and drops a connection that stays silent
+// for 3 of them after one, with TCP keepalive behind: an engine whose host
+// died without closing the connection (a crash, a partition) is noticed, and
+// in connect mode the connection remade, within seconds, where the kernel
+// alone would wait for ever. A replay's DEALER needs none: ReplayTimeout
+// bounds the engine's silence there.
+//
 // Invariants:
 //   - Within an epoch, every batch reaches the sink at most once, and in
 //     sequence order.

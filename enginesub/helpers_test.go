@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -254,4 +255,74 @@ func freePorts(t testing.TB, n int) string {
 	}
 	t.Fatalf("no %d consecutive free ports", n)
 	return ""
+}
+
+// deadHostProxy stands between a connecting subscriber and the engine.
+// die makes the engine's host vanish the way a crashed or partitioned host
+// does: nothing more flows, and no FIN or RST reaches the subscriber, whose
+// connection stays open and silent. Connections made afterwards go to the
+// new target (the engine back, elsewhere).
+type deadHostProxy struct {
+	ln     net.Listener
+	mu     sync.Mutex
+	target string
+	open   []net.Conn // pairs: the subscriber's side, then the engine's
+	wg     sync.WaitGroup
+}
+
+func newDeadHostProxy(t testing.TB, target string) *deadHostProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &deadHostProxy{ln: ln, target: target}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			target := p.target
+			p.mu.Unlock()
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.open = append(p.open, c, u)
+			p.mu.Unlock()
+			p.wg.Add(2)
+			go func() { defer p.wg.Done(); io.Copy(u, c) }()
+			go func() { defer p.wg.Done(); io.Copy(c, u) }()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		for _, c := range p.open {
+			c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *deadHostProxy) addr() string { return "tcp://" + p.ln.Addr().String() }
+
+// die cuts the engine's side of every connection and leaves the
+// subscriber's side open with nothing flowing (a half-open connection);
+// later connections go to next.
+func (p *deadHostProxy) die(next string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = next
+	for i := 1; i < len(p.open); i += 2 {
+		p.open[i].Close()
+	}
 }

@@ -475,3 +475,33 @@ func TestLargeReplayIsNotDropped(t *testing.T) {
 		t.Fatalf("replayed %d of %d batches, %d resyncs", st.Replayed, n, st.Resyncs)
 	}
 }
+
+// TestDeadEngineHostIsNoticedAndReconnected: the engine's host dies without
+// closing the TCP connection (a crash, a partition), and the engine comes
+// back. From a review: with no heartbeat on the SUB socket the subscriber
+// never learnt that its connection was dead, never reconnected, and never
+// heard from the engine again (wire.md: it must reconnect by itself).
+func TestDeadEngineHostIsNoticedAndReconnected(t *testing.T) {
+	rank := kvevent.Rank{Worker: 11}
+	first := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*"})
+	proxy := newDeadHostProxy(t, first.Pub[len("tcp://"):])
+	sink := &recSink{}
+	s := runSub(t, Config{Endpoint: proxy.addr(), Heartbeat: 200 * time.Millisecond, Rank: rank, Sink: sink})
+	first.WaitSub()
+	g := newGen(t, rank)
+	waitCalls(t, sink, &rank, publish(first, g, 0, 2, true))
+
+	second := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*"})
+	proxy.die(second.Pub[len("tcp://"):])
+	first.Close()
+	// The engine publishes until the subscriber hears it: a PUB drops
+	// what it publishes while nobody is connected.
+	deadline := time.Now().Add(10 * time.Second)
+	for seq := uint64(0); s.Stats().Batches == 3; seq++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after the engine came back (%d batches published), nothing heard: stats %+v", seq, s.Stats())
+		}
+		publish(second, g, seq, seq, true)
+		time.Sleep(50 * time.Millisecond) // the engine's pace, not a wait for a condition
+	}
+}

@@ -19,6 +19,27 @@ import (
 // DefaultReplayTimeout bounds a replay when Config.ReplayTimeout is zero.
 const DefaultReplayTimeout = 3 * time.Second
 
+// DefaultHeartbeat is Config.Heartbeat when it is zero.
+const DefaultHeartbeat = 2 * time.Second
+
+// heartbeatMisses is how many heartbeat intervals a connection may stay
+// silent, after a PING, before it is dropped and remade.
+const heartbeatMisses = 3
+
+// maxHeartbeat bounds Config.Heartbeat: libzmq carries the time-to-live it
+// asks the engine to keep (heartbeatMisses intervals) in deciseconds, in 16
+// bits.
+const maxHeartbeat = 30 * time.Minute
+
+// TCP keepalive on the event socket, in seconds: the kernel's probes, behind
+// the heartbeats, keep a firewall's or a NAT's state of an idle connection
+// alive, and find a dead host even should heartbeats not be answered.
+const (
+	keepaliveIdle  = 30
+	keepaliveIntvl = 10
+	keepaliveCount = 3
+)
+
 // pollInterval is how long a receive waits before Run looks at its context
 // again: the longest Run takes to notice a cancellation.
 const pollInterval = 50 * time.Millisecond
@@ -49,6 +70,16 @@ type Config struct {
 	// many batches may wait while a replay runs before the socket drops some
 	// (which a later gap then shows). Zero keeps libzmq's default (1000).
 	RecvHWM int
+	// Heartbeat is how often the SUB socket sends a ZMTP heartbeat (PING)
+	// on each of its connections; a connection that then stays silent for
+	// 3 intervals is dropped and, in connect mode, remade. It is how the
+	// subscriber notices an engine whose host died without closing the
+	// connection (a crash, a partition): no FIN or RST ever comes, and a
+	// PUB socket is otherwise silent while the engine has no events. The
+	// engine is also asked to drop the connection after 3 intervals
+	// without a PING (ZMTP's time-to-live). Zero means DefaultHeartbeat;
+	// at most 30 minutes.
+	Heartbeat time.Duration
 	// Rank is the rank followed; it names the rank in Sink calls and
 	// metrics. Its DP is replaced in events by the batch's
 	// data_parallel_rank when the batch has one.
@@ -106,9 +137,14 @@ func New(cfg Config) (*Subscriber, error) {
 		return nil, fmt.Errorf("%w: replay timeout %v", ErrConfig, cfg.ReplayTimeout)
 	case cfg.RecvHWM < 0:
 		return nil, fmt.Errorf("%w: receive high-water mark %d", ErrConfig, cfg.RecvHWM)
+	case cfg.Heartbeat < 0 || cfg.Heartbeat > maxHeartbeat || cfg.Heartbeat > 0 && cfg.Heartbeat < time.Millisecond:
+		return nil, fmt.Errorf("%w: heartbeat %v: not within 1ms to %v", ErrConfig, cfg.Heartbeat, maxHeartbeat)
 	}
 	if cfg.ReplayTimeout == 0 {
 		cfg.ReplayTimeout = DefaultReplayTimeout
+	}
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = DefaultHeartbeat
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -217,6 +253,13 @@ func (s *Subscriber) open() (_ *zmq.Socket, err error) {
 		set("linger", sock.SetLinger(0)),
 		set("receive timeout", sock.SetRcvtimeo(pollInterval)),
 		set("subscription", sock.SetSubscribe(s.cfg.Topic)),
+		set("heartbeat interval", sock.SetHeartbeatIvl(s.cfg.Heartbeat)),
+		set("heartbeat timeout", sock.SetHeartbeatTimeout(heartbeatMisses*s.cfg.Heartbeat)),
+		set("heartbeat time-to-live", sock.SetHeartbeatTtl(heartbeatMisses*s.cfg.Heartbeat)),
+		set("TCP keepalive", sock.SetTcpKeepalive(1)),
+		set("TCP keepalive idle", sock.SetTcpKeepaliveIdle(keepaliveIdle)),
+		set("TCP keepalive interval", sock.SetTcpKeepaliveIntvl(keepaliveIntvl)),
+		set("TCP keepalive count", sock.SetTcpKeepaliveCnt(keepaliveCount)),
 	); err != nil {
 		return nil, err
 	}

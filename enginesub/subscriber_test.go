@@ -22,6 +22,9 @@ func TestNewRejectsImpossibleConfigs(t *testing.T) {
 		"no block size":       func(c *Config) { c.Decoder.BlockSize = 0 },
 		"negative timeout":    func(c *Config) { c.ReplayTimeout = -1 },
 		"negative water mark": func(c *Config) { c.RecvHWM = -1 },
+		"negative heartbeat":  func(c *Config) { c.Heartbeat = -1 },
+		"sub-ms heartbeat":    func(c *Config) { c.Heartbeat = time.Microsecond },
+		"heartbeat too long":  func(c *Config) { c.Heartbeat = time.Hour },
 	} {
 		c := ok
 		tune(&c)
