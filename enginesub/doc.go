@@ -41,7 +41,10 @@
 // died without closing the connection (a crash, a partition) is noticed, and
 // in connect mode the connection remade, within seconds, where the kernel
 // alone would wait for ever. A replay's DEALER needs none: ReplayTimeout
-// bounds the engine's silence there.
+// bounds the engine's silence there. Both sockets refuse a message frame
+// over Config.MaxMessage (256 MiB by default) and drop the connection that
+// sent it: a peer that connects to a bound endpoint cannot exhaust the
+// agent's memory with one message.
 //
 // Invariants:
 //   - Within an epoch, every batch reaches the sink at most once, and in

@@ -40,6 +40,12 @@ const (
 	keepaliveCount = 3
 )
 
+// DefaultMaxMessage is Config.MaxMessage when it is zero: 256 MiB, ample
+// for an engine's batch. The largest a real one gets is a step that evicts
+// much of the cache at once, about 9 bytes a block: a batch that removes 16
+// million blocks is under 150 MB.
+const DefaultMaxMessage = 256 << 20
+
 // pollInterval is how long a receive waits before Run looks at its context
 // again: the longest Run takes to notice a cancellation.
 const pollInterval = 50 * time.Millisecond
@@ -80,6 +86,13 @@ type Config struct {
 	// without a PING (ZMTP's time-to-live). Zero means DefaultHeartbeat;
 	// at most 30 minutes.
 	Heartbeat time.Duration
+	// MaxMessage bounds, in bytes, each frame the event and replay sockets
+	// take (libzmq's ZMQ_MAXMSGSIZE). A larger one is refused before it is
+	// read whole, and the connection that sent it dropped: a peer that
+	// connects to a bound endpoint cannot exhaust the agent's memory with
+	// one message. A real batch over the bound is lost, so its gap
+	// resyncs the rank. Zero means DefaultMaxMessage.
+	MaxMessage int64
 	// Rank is the rank followed; it names the rank in Sink calls and
 	// metrics. Its DP is replaced in events by the batch's
 	// data_parallel_rank when the batch has one.
@@ -139,12 +152,17 @@ func New(cfg Config) (*Subscriber, error) {
 		return nil, fmt.Errorf("%w: receive high-water mark %d", ErrConfig, cfg.RecvHWM)
 	case cfg.Heartbeat < 0 || cfg.Heartbeat > maxHeartbeat || cfg.Heartbeat > 0 && cfg.Heartbeat < time.Millisecond:
 		return nil, fmt.Errorf("%w: heartbeat %v: not within 1ms to %v", ErrConfig, cfg.Heartbeat, maxHeartbeat)
+	case cfg.MaxMessage < 0:
+		return nil, fmt.Errorf("%w: max message %d", ErrConfig, cfg.MaxMessage)
 	}
 	if cfg.ReplayTimeout == 0 {
 		cfg.ReplayTimeout = DefaultReplayTimeout
 	}
 	if cfg.Heartbeat == 0 {
 		cfg.Heartbeat = DefaultHeartbeat
+	}
+	if cfg.MaxMessage == 0 {
+		cfg.MaxMessage = DefaultMaxMessage
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -253,6 +271,7 @@ func (s *Subscriber) open() (_ *zmq.Socket, err error) {
 		set("linger", sock.SetLinger(0)),
 		set("receive timeout", sock.SetRcvtimeo(pollInterval)),
 		set("subscription", sock.SetSubscribe(s.cfg.Topic)),
+		set("max message size", sock.SetMaxmsgsize(s.cfg.MaxMessage)),
 		set("heartbeat interval", sock.SetHeartbeatIvl(s.cfg.Heartbeat)),
 		set("heartbeat timeout", sock.SetHeartbeatTimeout(heartbeatMisses*s.cfg.Heartbeat)),
 		set("heartbeat time-to-live", sock.SetHeartbeatTtl(heartbeatMisses*s.cfg.Heartbeat)),
@@ -319,8 +338,9 @@ func (s *Subscriber) replay(ctx context.Context, from uint64, each func(frames [
 	// buffer, 10,000 batches in vLLM), and past libzmq's default of 1,000
 	// queued messages its ROUTER drops the rest without a word while the
 	// sink is busy, which the replay sees as a hole and resyncs. The
-	// engine's buffer bounds what queues here.
-	if err := errors.Join(d.SetLinger(0), d.SetSndtimeo(s.cfg.ReplayTimeout), d.SetRcvtimeo(pollInterval), d.SetRcvhwm(0)); err != nil {
+	// engine's buffer bounds what queues here, MaxMessage each message.
+	if err := errors.Join(d.SetLinger(0), d.SetSndtimeo(s.cfg.ReplayTimeout), d.SetRcvtimeo(pollInterval), d.SetRcvhwm(0),
+		d.SetMaxmsgsize(s.cfg.MaxMessage)); err != nil {
 		return fmt.Errorf("set replay socket options: %w", err)
 	}
 	if err := d.Connect(s.cfg.ReplayEndpoint); err != nil {

@@ -17,14 +17,15 @@ import (
 func TestNewRejectsImpossibleConfigs(t *testing.T) {
 	ok := Config{Endpoint: "tcp://127.0.0.1:5557", Sink: &recSink{}, Decoder: engine.Config{BlockSize: 16}}
 	for name, tune := range map[string]func(*Config){
-		"no endpoint":         func(c *Config) { c.Endpoint = "" },
-		"no sink":             func(c *Config) { c.Sink = nil },
-		"no block size":       func(c *Config) { c.Decoder.BlockSize = 0 },
-		"negative timeout":    func(c *Config) { c.ReplayTimeout = -1 },
-		"negative water mark": func(c *Config) { c.RecvHWM = -1 },
-		"negative heartbeat":  func(c *Config) { c.Heartbeat = -1 },
-		"sub-ms heartbeat":    func(c *Config) { c.Heartbeat = time.Microsecond },
-		"heartbeat too long":  func(c *Config) { c.Heartbeat = time.Hour },
+		"no endpoint":          func(c *Config) { c.Endpoint = "" },
+		"no sink":              func(c *Config) { c.Sink = nil },
+		"no block size":        func(c *Config) { c.Decoder.BlockSize = 0 },
+		"negative timeout":     func(c *Config) { c.ReplayTimeout = -1 },
+		"negative water mark":  func(c *Config) { c.RecvHWM = -1 },
+		"negative heartbeat":   func(c *Config) { c.Heartbeat = -1 },
+		"sub-ms heartbeat":     func(c *Config) { c.Heartbeat = time.Microsecond },
+		"heartbeat too long":   func(c *Config) { c.Heartbeat = time.Hour },
+		"negative max message": func(c *Config) { c.MaxMessage = -1 },
 	} {
 		c := ok
 		tune(&c)
@@ -332,5 +333,54 @@ func TestTransportsItDoesNotKnowAreLeftToLibzmq(t *testing.T) {
 		if err := CheckEndpoint(ep, false); !errors.Is(err, ErrConfig) {
 			t.Errorf("CheckEndpoint(%q): %v, want ErrConfig", ep, err)
 		}
+	}
+}
+
+// TestOversizedMessageDropsOnlyItsConnection: in bind mode anyone who can
+// reach the port can connect and send. A message over MaxMessage is refused
+// by libzmq, which drops the connection that sent it, so it never takes the
+// agent's memory nor reaches the sink, and the subscriber goes on receiving
+// what the peer sends once it has reconnected. From a review: there was no
+// bound, and one huge message could exhaust the agent's memory.
+func TestOversizedMessageDropsOnlyItsConnection(t *testing.T) {
+	rank := kvevent.Rank{Worker: 12}
+	sink := &recSink{}
+	s := runSub(t, Config{Endpoint: "tcp://127.0.0.1:*", Bind: true, MaxMessage: 64 << 10, Rank: rank, Sink: sink})
+	pub, err := zmq.NewSocket(zmq.PUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := errors.Join(pub.SetLinger(0), pub.SetReconnectIvl(10*time.Millisecond), pub.Connect(s.LocalEndpoint())); err != nil {
+		t.Fatal(err)
+	}
+	// sendUntil sends msg again until the sink has had want: a PUB drops
+	// what it sends before the subscription reaches it, or while it
+	// reconnects; the copies that do arrive are duplicates, skipped.
+	sendUntil := func(msg [][]byte, want []call) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for len(sink.of(&rank)) < len(want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("sink calls %s, want %s", trace(sink.of(&rank)), trace(want))
+			}
+			if _, err := pub.SendMessage(msg[0], msg[1], msg[2]); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(5 * time.Millisecond) // the sender's pace, not a wait for a condition
+		}
+		waitCalls(t, sink, &rank, want)
+	}
+	want := []call{{kind: "ev", rank: rank, seq: 0, events: removedEvent(rank, 0)}}
+	sendUntil(liveMsg(0), want)
+	// Batch 1 is a payload of 128 KiB; had it been taken, the decoder would
+	// have rejected it and it would have consumed sequence 1.
+	if _, err := pub.SendMessage([]byte{}, seqFrame(1), make([]byte, 128<<10)); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, call{kind: "ev", rank: rank, seq: 1, events: removedEvent(rank, 1)})
+	sendUntil(liveMsg(1), want)
+	if st := s.Stats(); st.Malformed != 0 || st.Decoder.BadPayloads != 0 || st.Epochs != 0 || st.Resyncs != 0 {
+		t.Fatalf("the oversized message reached the subscriber: stats %+v", st)
 	}
 }
