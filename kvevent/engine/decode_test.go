@@ -508,10 +508,12 @@ func TestLearnedHashesKeepWhatIsUsed(t *testing.T) {
 	l := newLearned(4) // two generations of two
 	l.put(1, 10)
 	l.put(2, 20)
-	l.put(3, 30)                // rotates: {1,2} become old
-	if _, ok := l.get(1); !ok { // a hit in old moves 1 back into cur
+	l.put(3, 30) // rotates: {1,2} become old
+	v, ok := l.get(1)
+	if !ok {
 		t.Fatal("1 lost after one rotation")
 	}
+	l.keep(1, v) // a hit in old moves 1 back into cur
 	l.put(4, 40) // rotates: {3,1} old, {2} dropped
 	if _, ok := l.get(2); ok {
 		t.Fatal("2 survived two rotations unused")
@@ -524,6 +526,29 @@ func TestLearnedHashesKeepWhatIsUsed(t *testing.T) {
 	if l.len() > 4 {
 		t.Fatalf("%d entries, bound 4", l.len())
 	}
+}
+
+// TestOffloadStoreFromOldGenerationResolvesItsWholeChain: four learned
+// pairs under a bound of four are all held, and an offload-tier store of the
+// first two blocks resolves both. From a review: promoting the first block
+// out of the old generation rotated the generations and cleared the old one,
+// which still held the second block of the chain being resolved, so it was
+// dropped as unresolved.
+func TestOffloadStoreFromOldGenerationResolvesItsWholeChain(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank, MaxLearned: 4})
+	gpu := stored(rank, kvevent.TierDevice, nil, []uint64{1, 2}, tokens(0, 32), 16, kvevent.Seed)
+	decode(t, d, in(t, []any{"BlockStored", []uint64{1, 2}, nil, tokens(0, 32), 16}))
+	decode(t, d, in(t, []any{"BlockStored", []uint64{3, 4}, nil, tokens(100, 32), 16})) // {1, 2} now old
+	if n := d.Stats().Learned; n != 4 {
+		t.Fatalf("learned %d pairs, want all 4 (the bound)", n)
+	}
+	cpu := gpu
+	cpu.Tier = kvevent.TierHostPinned
+	assertEvents(t, decode(t, d, in(t, []any{"BlockStored", []uint64{1, 2}, nil, []uint32{}, 16, nil, "CPU"})),
+		[]kvevent.Event{cpu})
+	// Both are kept, now the newest.
+	assertEvents(t, decode(t, d, in(t, []any{"BlockStored", []uint64{1, 2}, nil, []uint32{}, 16, nil, "CPU"})),
+		[]kvevent.Event{cpu})
 }
 
 func TestEventsAreAttributedToTheBatchRankAndCarryNoID(t *testing.T) {

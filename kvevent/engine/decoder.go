@@ -458,14 +458,22 @@ func (d *Decoder) blocks(e *wireEvent, out *Batch) (keep int, why Reason) {
 		return 0, ReasonBlockSize
 	}
 	if len(e.tokens) == 0 {
+		start := len(out.blocks)
+		keep = n
 		for i, h := range e.hashes {
 			local, ok := d.learned.get(h)
 			if !ok {
-				return i, ReasonUnresolved
+				keep, why = i, ReasonUnresolved
+				break
 			}
 			out.blocks = append(out.blocks, kvevent.Block{EngineHash: h, LocalHash: local})
 		}
-		return n, 0
+		// Kept only once the chain is resolved: keeping a block may clear
+		// the old generation, which may hold the rest of the chain.
+		for _, b := range out.blocks[start:] {
+			d.learned.keep(b.EngineHash, b.LocalHash)
+		}
+		return keep, why
 	}
 	keep = n
 	switch {

@@ -18,8 +18,10 @@ package engine
 //
 // The bound is kept by two generations, in the way of a CLOCK cache without
 // per-entry bookkeeping: new entries go into cur; when cur is full, old is
-// dropped and cur becomes old. A lookup that hits old moves the entry back to
-// cur, so a block that keeps being offloaded stays. At most 2×half entries
+// dropped and cur becomes old. A block resolved from old is moved back to cur
+// (keep), so a block that keeps being offloaded stays. A store's chain is
+// looked up whole before any of it is kept: keeping one block may rotate the
+// generations and clear old, which may hold the rest of the chain. At most 2×half entries
 // are held, and in steady state the two maps are recycled (clear keeps their
 // buckets), so learning allocates nothing.
 type learnedHashes struct {
@@ -48,6 +50,7 @@ func (l *learnedHashes) put(engine, local uint64) {
 	l.cur[engine] = local
 }
 
+// get looks engine up, and changes nothing.
 func (l *learnedHashes) get(engine uint64) (uint64, bool) {
 	if l.half == 0 {
 		return 0, false
@@ -55,12 +58,20 @@ func (l *learnedHashes) get(engine uint64) (uint64, bool) {
 	if v, ok := l.cur[engine]; ok {
 		return v, true
 	}
-	if v, ok := l.old[engine]; ok {
-		delete(l.old, engine)
-		l.put(engine, v)
-		return v, true
+	v, ok := l.old[engine]
+	return v, ok
+}
+
+// keep moves a pair that get found into cur, unless it is there already.
+func (l *learnedHashes) keep(engine, local uint64) {
+	if l.half == 0 {
+		return
 	}
-	return 0, false
+	if _, ok := l.cur[engine]; ok {
+		return
+	}
+	delete(l.old, engine)
+	l.put(engine, local)
 }
 
 func (l *learnedHashes) len() int { return len(l.cur) + len(l.old) }
