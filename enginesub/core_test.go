@@ -68,6 +68,7 @@ func TestSequenceRules(t *testing.T) {
 		name      string
 		replay    bool    // the subscriber has a replay endpoint
 		resume    *uint64 // Config.Resume
+		bind      bool    // Config.Bind
 		steps     []step
 		fail      uint64 // the sink refuses this batch (0: none)
 		want      string
@@ -149,6 +150,28 @@ func TestSequenceRules(t *testing.T) {
 			want: "reset ev0 ev1"},
 		{name: "resume at zero: batch zero first", resume: u64p(0), steps: live(0, 1), want: "ev0 ev1"},
 		{name: "resume at zero: a later batch is a gap", resume: u64p(0), steps: live(2), want: "resync:gap ev2"},
+		// From a review: in bind mode, a reconnect while behind interleaves
+		// the old connection's unread batches with the new one's; they were
+		// taken for a restarted engine's, and reset the rank over and over.
+		{name: "bind: the old connection's batches, read in turn with the new, are skipped", bind: true,
+			steps: live(0, 1, 2, 5, 3, 6, 4, 7), want: "ev0 ev1 ev2 resync:gap ev5 ev6 ev7"},
+		{name: "bind: the old connection's batches are skipped past a replay", bind: true, replay: true,
+			steps: steps(replies(nil, 3, 4, 5), live(0, 1, 2, 5, 3, 6, 4, 7)),
+			want:  "ev0 ev1 ev2 replay:3 ev3 ev4 ev5 ev6 ev7"},
+		{name: "bind: the old connection's batches may have holes", bind: true,
+			steps: live(0, 1, 2, 6, 3, 7, 5, 8), want: "ev0 ev1 ev2 resync:gap ev6 ev7 ev8"},
+		{name: "bind: two new batches in a row end the old connection", bind: true,
+			steps: live(0, 1, 2, 5, 6, 7, 3), want: "ev0 ev1 ev2 resync:gap ev5 ev6 ev7 reset resync:gap ev3"},
+		{name: "bind: the batch before the jump ends the old connection", bind: true,
+			steps: live(0, 1, 2, 5, 3, 4, 0), want: "ev0 ev1 ev2 resync:gap ev5 reset ev0"},
+		{name: "bind: seq back to zero starts an epoch", bind: true, steps: live(0, 1, 2, 0, 1),
+			want: "ev0 ev1 ev2 reset ev0 ev1"},
+		{name: "bind: a jump to the old epoch's pipe after a restart opens no window", bind: true,
+			steps: live(0, 1, 2, 0, 3, 1), want: "ev0 ev1 ev2 reset ev0 resync:gap ev3 reset resync:gap ev1"},
+		{name: "bind: past the old epoch's last batch, a reconnect's window opens again", bind: true,
+			steps: live(0, 1, 2, 0, 1, 2, 3, 6, 4, 7), want: "ev0 ev1 ev2 reset ev0 ev1 ev2 ev3 resync:gap ev6 ev7"},
+		{name: "connect: a step back after a jump is a new epoch", steps: live(0, 1, 2, 5, 3),
+			want: "ev0 ev1 ev2 resync:gap ev5 reset resync:gap ev3"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -170,7 +193,7 @@ func TestSequenceRules(t *testing.T) {
 				}
 			}
 			c := newCore(t, sink, replay)
-			c.resume = tc.resume
+			c.resume, c.bind = tc.resume, tc.bind
 			for _, st := range tc.steps {
 				if st.live == nil {
 					next = st

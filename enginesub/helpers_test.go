@@ -257,26 +257,27 @@ func freePorts(t testing.TB, n int) string {
 	return ""
 }
 
-// deadHostProxy stands between a connecting subscriber and the engine.
-// die makes the engine's host vanish the way a crashed or partitioned host
-// does: nothing more flows, and no FIN or RST reaches the subscriber, whose
-// connection stays open and silent. Connections made afterwards go to the
-// new target (the engine back, elsewhere).
-type deadHostProxy struct {
+// tcpProxy forwards TCP connections between the subscriber and the engine,
+// whichever connects. die makes the engine's host vanish the way a crashed
+// or partitioned host does: nothing more flows, and no FIN or RST reaches
+// the subscriber, whose connection stays open and silent; connections made
+// afterwards go to the new target (the engine back, elsewhere). blip cuts
+// the connections as a network hiccup does: both peers see them close.
+type tcpProxy struct {
 	ln     net.Listener
 	mu     sync.Mutex
 	target string
-	open   []net.Conn // pairs: the subscriber's side, then the engine's
+	open   []net.Conn // pairs: the accepted side, then the dialled one
 	wg     sync.WaitGroup
 }
 
-func newDeadHostProxy(t testing.TB, target string) *deadHostProxy {
+func newTCPProxy(t testing.TB, target string) *tcpProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &deadHostProxy{ln: ln, target: target}
+	p := &tcpProxy{ln: ln, target: target}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -313,16 +314,33 @@ func newDeadHostProxy(t testing.TB, target string) *deadHostProxy {
 	return p
 }
 
-func (p *deadHostProxy) addr() string { return "tcp://" + p.ln.Addr().String() }
+func (p *tcpProxy) addr() string { return "tcp://" + p.ln.Addr().String() }
 
 // die cuts the engine's side of every connection and leaves the
 // subscriber's side open with nothing flowing (a half-open connection);
 // later connections go to next.
-func (p *deadHostProxy) die(next string) {
+func (p *tcpProxy) die(next string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.target = next
 	for i := 1; i < len(p.open); i += 2 {
 		p.open[i].Close()
 	}
+}
+
+// blip closes every connection, both sides.
+func (p *tcpProxy) blip() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.open {
+		c.Close()
+	}
+	p.open = nil
+}
+
+// conns returns how many connections the proxy holds open.
+func (p *tcpProxy) conns() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.open) / 2
 }

@@ -181,7 +181,7 @@ func New(cfg Config) (*Subscriber, error) {
 	}
 	s := &Subscriber{cfg: cfg, m: m, ready: make(chan struct{})}
 	s.core = &core{rank: cfg.Rank, sink: cfg.Sink, dec: dec, log: cfg.Logger,
-		m: m.forRank(cfg.Rank.Worker, cfg.Rank.DP), resume: cfg.Resume, skipLog: cfg.SkipLog}
+		m: m.forRank(cfg.Rank.Worker, cfg.Rank.DP), resume: cfg.Resume, skipLog: cfg.SkipLog, bind: cfg.Bind}
 	if cfg.ReplayEndpoint != "" {
 		s.core.replay = s.replay
 	}
