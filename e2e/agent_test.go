@@ -339,9 +339,12 @@ func TestAgentEndToEnd(t *testing.T) {
 	c := startClusterNATS(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := c.cl.SetSettings(ctx, indexer.DefaultParams(), indexer.ViewTiered); err != nil {
-		t.Fatal(err)
-	}
+	// Retried: on a loaded machine the first leader may step down before
+	// it answers (503 no_leader); the settings are the same each time.
+	c.waitFor(readyTimeout, "the tiered view to be set", func() (bool, string) {
+		err := c.cl.SetSettings(ctx, indexer.DefaultParams(), indexer.ViewTiered)
+		return err == nil, fmt.Sprint(err)
+	})
 	pub := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*", ReplayShape: 3})
 	startAgent(t, c, pub)
 	pub.WaitSub()

@@ -718,8 +718,14 @@ func TestUnregisteredWorkersRanksLeaveEveryNode(t *testing.T) {
 			t.Errorf("node %d: the registered worker was removed", i)
 		}
 	}
-	if got := val(c.ings[l].m.unregRemoved); got < 2 {
-		t.Fatalf("kvrouter_unregistered_ranks_removed_total = %v, want at least 2 (workers 2 and 3)", got)
+	// Summed over the nodes: the leader that removed them may not be the
+	// first one, when a loaded machine delayed heartbeats past a timeout.
+	var removed float64
+	for _, in := range c.ings {
+		removed += val(in.m.unregRemoved)
+	}
+	if removed < 2 {
+		t.Fatalf("kvrouter_unregistered_ranks_removed_total = %v over the nodes, want at least 2 (workers 2 and 3)", removed)
 	}
 }
 
