@@ -2,8 +2,12 @@ package raftfsm
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -209,3 +213,94 @@ func TestAStateThatHoldsEntriesRefusesTheLogFromItsStart(t *testing.T) {
 		w.close()
 	}
 }
+
+// TestAJoinerThatRefusedARetriedFirstBatchIsReadyAfterALeaderChange: a
+// joiner slower to store its first batch than the transport's timeout
+// gets it again from the log's start, which it refuses (it holds entries
+// by then) and is behind. The leader changes before its forced
+// compaction sends a snapshot: the new leader's probes match the
+// joiner's log, no snapshot ever comes, and the matching append must
+// make it ready. From the second review of the restore fix.
+func TestAJoinerThatRefusedARetriedFirstBatchIsReadyAfterALeaderChange(t *testing.T) {
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	c := newInmemClusterTuned(t, 3, func(cfg *Config) {
+		cfg.beforeForcedCompaction = func() {
+			once.Do(func() { close(held); <-release })
+		}
+	})
+	li, l := c.leaderExcept(-1)
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 5, 7)}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The joiner, whose first log write (the leader's log from index 1)
+	// takes longer than the in-memory transport's 500 ms timeout.
+	_, tr := raft.NewInmemTransport("inmem-n4")
+	c.trans = append(c.trans, tr)
+	c.heal()
+	var slowed atomic.Bool
+	cfg4 := Config{ID: "n4", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n4",
+		DataDir: filepath.Join(t.TempDir(), "n4"), Transport: tr, Logger: quiet,
+		beforeLogWrite: func(logs []*raft.Log) {
+			if len(logs) > 0 && logs[0].Index == 1 && slowed.CompareAndSwap(false, true) {
+				time.Sleep(2 * time.Second) // a slow disk
+			}
+		}}
+	n4, err := NewNode(cfg4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes = append(c.nodes, n4)
+	addDone := make(chan error, 1)
+	go func() {
+		actx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		addDone <- l.AddMember(actx, "n4", cfg4.RaftAddr, cfg4.HTTPAddr)
+	}()
+	waitFor(t, 15*time.Second, "n4 to refuse the resent log from its start (behind)", n4.watch.behind.Load)
+	select {
+	case <-held:
+	case <-time.After(15 * time.Second):
+		close(release)
+		t.Fatal("the leader never began a forced compaction")
+	}
+	// The leadership moves (an election, a transfer) before the snapshot
+	// went out.
+	other := c.nodes[(li+1)%3].cfg.ID
+	terr := l.TransferLeadership(ctx(t), other)
+	close(release)
+	if terr != nil {
+		t.Fatalf("transfer to %s: %v", other, terr)
+	}
+	<-addDone
+	_, nl := c.leaderExcept(3)
+	// Finish the add on the new leader (a retried add resumes).
+	if err := nl.AddMember(ctx(t), "n4", cfg4.RaftAddr, cfg4.HTTPAddr); err != nil {
+		t.Fatalf("add n4 again on %s: %v", nl.cfg.ID, err)
+	}
+	waitFor(t, 10*time.Second, "n4 to apply the leader's log with its digest", func() bool {
+		return n4.raft.AppliedIndex() >= nl.raft.LastIndex() && n4.fsm.Digest() == nl.fsm.Digest()
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for !n4.Status().Ready {
+		if time.Now().After(deadline) {
+			st := n4.Status()
+			t.Fatalf("n4 holds the cluster's state (applied %d, digest %s = leader %s's) but is not ready 20 s on: behind=%v, leader %q, snapshot index %d",
+				st.AppliedIndex, st.Digest, nl.cfg.ID, n4.watch.behind.Load(), st.LeaderID, st.SnapshotIndex)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestASeededNodeInAnUnseededMajorityKeepsTheSeed: docs/operations.md
+// ("Backup and restore"): where the unseeded nodes of a seeded cluster are
+// a majority, "a seeded node in the minority keeps the seed's state ...:
+// its digest differs from the others' and kvctl status warns, the sign to
+// look for". Now the unseeded leader's log from its start is refused by
+// the seeded node (its state holds the seed's index 2), the leader
+// compacts and sends its (empty) snapshot, and the seeded node drops the
+// seed: every digest agrees and the sign is gone.

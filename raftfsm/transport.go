@@ -159,6 +159,21 @@ func (w *commitWatch) run(in <-chan raft.RPC) {
 				if w.refuseFromStart(rpc, c) {
 					continue
 				}
+				if c.PrevLogEntry > 0 && w.behind.Load() {
+					// A leader whose log matches this node's at an
+					// entry it holds leads to this node's state: the
+					// refusal that set behind was of a resent first
+					// batch (a joiner slower than the transport's
+					// timeout), and a leader elected since will never
+					// send the snapshot that would clear it. A node
+					// that holds a restore no other node took matches
+					// no such entry (the restore replaced its log).
+					rpc = w.watchAnswer(rpc, func(resp any) {
+						if ae, ok := resp.(*raft.AppendEntriesResponse); ok && ae.Success {
+							w.setBehind(false, string(c.ID))
+						}
+					})
+				}
 			case *raft.InstallSnapshotRequest:
 				if !w.behind.Load() {
 					break
@@ -253,10 +268,10 @@ func (w *commitWatch) setBehind(behind bool, leader string) {
 	}
 	if behind {
 		w.logger.Warn("this node's log cannot take the leader's from its start: its state is not the cluster's "+
-			"(a snapshot restore installed here that no other node took); not ready until the leader sends its snapshot",
+			"(a snapshot restore installed here that no other node took, or an offline seed its peers lack); not ready until the leader sends its snapshot",
 			"leader", leader)
 	} else {
-		w.logger.Info("took the leader's snapshot: the state is the cluster's again", "leader", leader)
+		w.logger.Info("took the leader's snapshot, or its log matched this node's: the state is the cluster's", "leader", leader)
 	}
 }
 
