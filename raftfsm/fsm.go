@@ -47,6 +47,9 @@ type FSM struct {
 
 	ix   *indexer.Index
 	seqs *indexer.Sequences
+	// pending is the leader's bookings decided and proposed but not yet
+	// applied (route.go); a booking's apply settles it.
+	pending pendingBooks
 
 	// batch holds the changes applied since the last group commit (nil
 	// when there are none). A full group commits on its own goroutine
@@ -175,6 +178,30 @@ func OpenFSM(cfg FSMConfig) (*FSM, error) {
 	return f, nil
 }
 
+// applyBookAdd applies the add of booking b at now and returns its
+// outcome. It settles b's pending booking in the same step (under the
+// pending bookings' lock), so that a leader's route decision counts b
+// once: pending before, in the tracker after.
+func (f *FSM) applyBookAdd(b *Booking, now int64) bookOutcome {
+	f.pending.mu.Lock()
+	defer f.pending.mu.Unlock()
+	f.pending.p.Settle(b.ID)
+	if w, ok := f.wtab[b.Rank.Worker]; !ok || !slices.Contains(w.DPRanks, b.Rank.DP) {
+		// The rank left after the decision that chose it: a booking
+		// there would come back as phantom load if the worker
+		// registered again within the expiry.
+		return bookOutcome{rank: b.Rank, left: true}
+	}
+	// The tracker stamps it no earlier than the latest sweep
+	// (indexer.Sequences.Add): a sweep from a leader whose clock ran
+	// ahead must not refuse the bookings of one whose clock did not.
+	_, err := f.seqs.Add(b.ID, b.Rank, b.SeqHashes, b.ISL, b.CachedTokens, now)
+	// The booking as it stands: a retried add (an id already live) books
+	// nothing, and its caller answers with the rank the first one booked.
+	r, live := f.seqs.RankOf(b.ID)
+	return bookOutcome{rank: r, live: live, freed: !live && f.seqs.Freed(b.ID), err: err}
+}
+
 // openFSM opens the state database and returns an FSM with an empty
 // state: loadState fills it, and Raft's calls wait for release.
 func openFSM(cfg FSMConfig) (*FSM, error) {
@@ -183,6 +210,7 @@ func openFSM(cfg FSMConfig) (*FSM, error) {
 			Help: "Time the FSM took to apply one batch of committed entries.", Buckets: prometheus.ExponentialBuckets(50e-6, 4, 10)}),
 		persistSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvrouter_raft_snapshot_duration_seconds",
 			Help: "Time one Raft snapshot took to write.", Buckets: prometheus.ExponentialBuckets(0.01, 4, 10)})}
+	f.pending.p = indexer.NewPending()
 	if f.groupBytes <= 0 {
 		f.groupBytes = store.GroupBytes
 	}
@@ -728,26 +756,8 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 		for _, op := range c.books {
 			switch op.kind {
 			case bookAdd:
-				if w, ok := f.wtab[op.b.Rank.Worker]; !ok || !slices.Contains(w.DPRanks, op.b.Rank.DP) {
-					// The rank left after the decision that chose it: a
-					// booking there would come back as phantom load if
-					// the worker registered again within the expiry.
-					if len(c.books) == 1 {
-						out = bookOutcome{rank: op.b.Rank, left: true}
-					}
-					continue
-				}
-				// The tracker stamps it no earlier than the latest sweep
-				// (indexer.Sequences.Add): a sweep from a leader whose
-				// clock ran ahead must not refuse the bookings of one
-				// whose clock did not.
-				_, err := f.seqs.Add(op.b.ID, op.b.Rank, op.b.SeqHashes, op.b.ISL, op.b.CachedTokens, c.now)
-				if len(c.books) == 1 {
-					// The booking as it stands: a retried add (an id already
-					// live) books nothing, and its caller answers with the
-					// rank the first one booked.
-					r, live := f.seqs.RankOf(op.b.ID)
-					out = bookOutcome{rank: r, live: live, freed: !live && f.seqs.Freed(op.b.ID), err: err}
+				if o := f.applyBookAdd(&op.b, c.now); len(c.books) == 1 {
+					out = o
 				}
 			case bookPrefillDone:
 				f.seqs.PrefillDone(op.b.ID)

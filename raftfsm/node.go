@@ -1104,6 +1104,10 @@ func (n *Node) leaderLoop() {
 			if leader {
 				n.watch.behind.Store(false) // its state is the cluster's now
 				n.onLeadership()
+			} else {
+				// Its pending bookings may never apply: decide from
+				// what does (pendingBooks).
+				n.fsm.pending.clear()
 			}
 		case <-tick.C:
 			if leader {

@@ -32,6 +32,49 @@ type routeScratch struct {
 
 var routePool = sync.Pool{New: func() any { return new(routeScratch) }}
 
+// pendingBooks is the bookings this node (as leader) decided and proposed
+// and its FSM has not applied yet: semantics.md §6's "a node applies its
+// own bookings optimistically and reconciles when the entry commits".
+//
+// A booked route holds mu from reading the committed load to recording
+// its own booking here, so that booked routes decide one after another,
+// each with the load of those decided before it, committed or pending:
+// without it, the routes that arrived before the first booking committed
+// all went to the same rank, and all were admitted past the busy
+// thresholds. Nothing under mu waits on I/O. The FSM's apply of a booking
+// takes mu too and settles the booking as it books it (FSM.applyBookAdd),
+// so that a decision counts a booking once, pending or applied. A route
+// also drops its booking when its apply returns (a proposal that failed
+// or may never apply, as one a user restore aborted); one that still
+// applies later (the route stopped waiting) goes uncounted until it does.
+// Leadership lost clears them all: a new leader decides from what it
+// applies.
+type pendingBooks struct {
+	mu sync.Mutex
+	p  *indexer.Pending
+}
+
+func (pb *pendingBooks) len() int {
+	pb.mu.Lock()
+	defer pb.mu.Unlock()
+	return pb.p.Len()
+}
+
+func (pb *pendingBooks) drop(id string, ticket uint64) {
+	if ticket == 0 {
+		return
+	}
+	pb.mu.Lock()
+	pb.p.Drop(id, ticket)
+	pb.mu.Unlock()
+}
+
+func (pb *pendingBooks) clear() {
+	pb.mu.Lock()
+	pb.p.Clear()
+	pb.mu.Unlock()
+}
+
 // blockSizeOf returns the block size of the registered workers, the
 // worker it is from, and whether any has one (DefaultBlockSize when none
 // does). Workers of one cluster serve one model and must agree; the
@@ -52,7 +95,9 @@ func blockSizeOf(ws map[uint64]WorkerInfo) (bs int, from uint64, ok bool) {
 // Route scores every registered rank for the query from this node's local
 // index and load view (slightly stale is fine for routing) and returns the
 // decision. With q.Book the request is booked on the chosen rank through
-// Raft before Route returns, so a follower answers ErrNotLeader for it.
+// Raft before Route returns, so a follower answers ErrNotLeader for it;
+// the leader decides booked routes one at a time, each with the load of
+// the bookings it decided before, applied or still pending (pendingBooks).
 func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	for try := 1; ; try++ {
 		res, err := n.route(ctx, q)
@@ -128,6 +173,13 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	matched := time.Now()
 	st.Match = matched.Sub(hashed)
 	n.lookupSeconds.Observe(st.Match.Seconds())
+	// A booked route decides under the pending bookings' lock, with their
+	// load (pendingBooks); an unbooked one reads the committed load only,
+	// as every node does, and takes no lock shared with other routes.
+	pending := &n.fsm.pending
+	if q.Book {
+		pending.mu.Lock()
+	}
 	var idle int64
 	sc.loads, idle = n.fsm.Sequences().PotentialDecodeBlocks(sc.loads[:0], seq, &sc.pot)
 
@@ -157,6 +209,9 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 			sc.cands[i].PotentialDecodeBlocks = l.PotentialDecodeBlocks
 		}
 	}
+	if q.Book {
+		pending.p.AddTo(sc.cands, seq)
+	}
 	var first uint64
 	if len(local) > 0 {
 		first = local[0]
@@ -183,12 +238,20 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 		// A retry of a route whose booking made its rank (or the last
 		// free one) busy: the request is booked, so the answer is its
 		// rank, not a refusal that leaves the load counted with nobody
-		// to free it. The booking's apply below confirms it.
-		if r, ok := n.fsm.Sequences().RankOf(q.RequestID); ok && sc.dec.Keep(r) {
+		// to free it. The booking's apply below confirms it. A try still
+		// pending counts as booked: its booking is on its way.
+		r, ok := n.fsm.Sequences().RankOf(q.RequestID)
+		if !ok {
+			r, ok = pending.p.RankOf(q.RequestID)
+		}
+		if ok && sc.dec.Keep(r) {
 			err = nil
 		}
 	}
 	if err != nil {
+		if q.Book {
+			pending.mu.Unlock()
+		}
 		// On ErrOverloaded the scores are for the operator: all of them.
 		res.Decision = sc.dec
 		res.Decision.Candidates = nil
@@ -205,9 +268,14 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 		// Cached blocks in any tier spare their prefill compute (the
 		// scorer weighs what loading them costs); an isl given below the
 		// blocks' tokens caps them.
-		b := Booking{ID: q.RequestID, Rank: sc.dec.Rank, SeqHashes: slices.Clone(seq), ISL: isl,
+		b := Booking{ID: q.RequestID, Rank: sc.dec.Rank, SeqHashes: seq, ISL: isl,
 			CachedTokens: min(int(c.OverlapBlocks)*bs, isl)}
+		// Pending until its apply settles it; a retry of an id pending or
+		// known to the tracker adds nothing (ticket 0).
+		ticket := pending.p.Add(n.fsm.Sequences(), b.ID, b.Rank, b.SeqHashes, b.ISL, b.CachedTokens)
+		pending.mu.Unlock()
 		resp, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookAdd, b: b}}))
+		pending.drop(b.ID, ticket)
 		res.Stages.Book = time.Since(scored)
 		if err != nil {
 			return res, fmt.Errorf("book %s: %w", q.RequestID, err)

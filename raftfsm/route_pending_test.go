@@ -1,0 +1,274 @@
+package raftfsm
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// twoIdleRanks starts a one-node cluster with one worker of two ranks,
+// block size 4, under p (nil: the defaults), and returns its leader and a
+// 64-token prompt.
+func twoIdleRanks(t *testing.T, p *indexer.Params) (*Node, []uint32) {
+	t.Helper()
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	if p != nil {
+		if err := l.SetSettings(ctx(t), Settings{Params: *p, View: indexer.ViewDedup}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4, DPRanks: []uint32{0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	tokens := make([]uint32, 64)
+	for i := range tokens {
+		tokens[i] = uint32(i + 1)
+	}
+	return l, tokens
+}
+
+// routeAtOnce sends n booked routes of tokens, request ids r0 to r<n-1>,
+// all released together, and returns how many were booked and how many
+// refused as overloaded; any other error fails the test.
+func routeAtOnce(t *testing.T, l *Node, tokens []uint32, n int) (booked, refused int64) {
+	t.Helper()
+	var b, r atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			<-start
+			res, err := l.Route(ctx(t), RouteQuery{Tokens: tokens, Book: true, RequestID: fmt.Sprintf("r%d", i)})
+			switch {
+			case errors.Is(err, indexer.ErrOverloaded):
+				r.Add(1)
+			case err != nil:
+				t.Error(err)
+			case res.Booked:
+				b.Add(1)
+			}
+		}(i)
+	}
+	close(start)
+	wg.Wait()
+	return b.Load(), r.Load()
+}
+
+func activeRequests(l *Node, dp uint32) int64 {
+	return l.fsm.Sequences().Load(kvevent.Rank{Worker: 1, DP: dp}).ActiveRequests
+}
+
+// TestSequentialBookedRoutesAlternate is the control of the concurrent
+// test below: one after another, identical booked requests alternate
+// between two idle ranks, each booking making its rank dearer.
+func TestSequentialBookedRoutesAlternate(t *testing.T) {
+	l, tokens := twoIdleRanks(t, nil)
+	for i := 0; i < 32; i++ {
+		if _, err := l.Route(ctx(t), RouteQuery{Tokens: tokens, Book: true, RequestID: fmt.Sprintf("r%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a, b := activeRequests(l, 0), activeRequests(l, 1); a != 16 || b != 16 {
+		t.Fatalf("32 identical booked routes one after another split %d / %d, want 16 / 16", a, b)
+	}
+}
+
+// TestConcurrentBookedRoutesSeeEachOthersLoad: a node books a routed
+// request locally at once (semantics.md §6, architecture.md §5), so a
+// booked route decides with the bookings this leader decided before it,
+// committed or not. Deciding from the committed load alone, 32 identical
+// routes sent at once to two idle ranks all went to one.
+func TestConcurrentBookedRoutesSeeEachOthersLoad(t *testing.T) {
+	l, tokens := twoIdleRanks(t, nil)
+	const n = 32
+	if booked, _ := routeAtOnce(t, l, tokens, n); booked != n {
+		t.Fatalf("booked %d of %d", booked, n)
+	}
+	a, b := activeRequests(l, 0), activeRequests(l, 1)
+	if a+b != n {
+		t.Fatalf("the ranks hold %d + %d requests, want %d", a, b, n)
+	}
+	if d := a - b; d > 2 || d < -2 {
+		t.Fatalf("%d identical booked routes sent at once to two idle ranks split %d / %d; one after another they split 16 / 16", n, a, b)
+	}
+	if left := l.fsm.pending.len(); left != 0 {
+		t.Fatalf("%d bookings still pending after every route returned", left)
+	}
+}
+
+// TestSequentialBookedRoutesRespectBusyThreshold is the control of the
+// concurrent test below: with busy_prefill_tokens 64, two ranks and
+// 64-token prompts, each rank takes two requests (128 tokens is over 64)
+// and the rest are refused as overloaded.
+func TestSequentialBookedRoutesRespectBusyThreshold(t *testing.T) {
+	p := indexer.DefaultParams()
+	p.BusyPrefillTokens = 64
+	l, tokens := twoIdleRanks(t, &p)
+	booked := 0
+	for i := 0; i < 32; i++ {
+		res, err := l.Route(ctx(t), RouteQuery{Tokens: tokens, Book: true, RequestID: fmt.Sprintf("r%d", i)})
+		switch {
+		case errors.Is(err, indexer.ErrOverloaded):
+		case err != nil:
+			t.Fatal(err)
+		case res.Booked:
+			booked++
+		}
+	}
+	if booked != 4 {
+		t.Fatalf("booked %d one after another, want 4 (2 per rank)", booked)
+	}
+}
+
+// TestConcurrentBookedRoutesRespectBusyThreshold: a busy rank is never
+// chosen (semantics.md §5), also when the bookings that made it busy are
+// not committed yet. Deciding from the committed load alone, all 32
+// routes sent at once were booked: 1024 prefill tokens on each rank.
+func TestConcurrentBookedRoutesRespectBusyThreshold(t *testing.T) {
+	p := indexer.DefaultParams()
+	p.BusyPrefillTokens = 64
+	l, tokens := twoIdleRanks(t, &p)
+	const n = 32
+	booked, refused := routeAtOnce(t, l, tokens, n)
+	if booked > 4 {
+		t.Fatalf("%d of %d booked routes sent at once were booked (%d refused) with busy_prefill_tokens 64 and two ranks; "+
+			"at most 4 can be (2 per rank)", booked, n, refused)
+	}
+	if booked+refused != n {
+		t.Fatalf("%d booked and %d refused of %d", booked, refused, n)
+	}
+}
+
+// TestConcurrentBookedRoutesAndRetriesCountOnce: routes that book, sent
+// at once with each request id twice (a retry racing its first try), and
+// frees of half of them, leave each id booked once, the load equal to the
+// live bookings', and nothing pending. Run with -race, it also checks that
+// the pending bookings are shared safely between the routes and the FSM.
+func TestConcurrentBookedRoutesAndRetriesCountOnce(t *testing.T) {
+	l, tokens := twoIdleRanks(t, nil)
+	const ids = 16
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := 0; i < 2*ids; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			<-start
+			id := fmt.Sprintf("r%d", i%ids)
+			freer := i%2 == 0 && i < ids // frees its id once routed
+			res, err := l.Route(ctx(t), RouteQuery{Tokens: tokens, Book: true, RequestID: id})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if b, ok := l.Booking(id); i%2 == 1 && (!res.Booked || !ok || b.Rank != res.Decision.Rank) {
+				t.Errorf("%s answered booked=%v on %v; the tracker has %+v (%v)", id, res.Booked, res.Decision.Rank, b, ok)
+			}
+			if freer {
+				if err := l.Free(ctx(t), id); err != nil {
+					t.Error(err)
+				}
+			}
+		}(i)
+	}
+	close(start)
+	wg.Wait()
+	live, _ := l.fsm.Sequences().Count()
+	if got := activeRequests(l, 0) + activeRequests(l, 1); got != int64(live) {
+		t.Fatalf("the ranks hold %d requests, the tracker %d live bookings", got, live)
+	}
+	if live != ids/2 {
+		t.Fatalf("%d live bookings of %d ids, %d of them freed", live, ids, ids/2)
+	}
+	if left := l.fsm.pending.len(); left != 0 {
+		t.Fatalf("%d bookings still pending after every route returned", left)
+	}
+}
+
+// TestPendingBookingCountsBeforeItApplies: while a booking's entry waits
+// for the FSM, the leader counts it: a new request on the rank it made
+// busy is refused as overloaded, and a retry of the pending request id
+// answers its rank, booked once, rather than overloaded.
+func TestPendingBookingCountsBeforeItApplies(t *testing.T) {
+	g := newFSMGate()
+	c := newTestCluster(t, 1, func(cfg *Config) { cfg.applyGate = g.gate })
+	t.Cleanup(g.open)
+	l := c.leader()
+	p := indexer.DefaultParams()
+	p.BusyPrefillTokens = 100
+	if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	g.pause()
+	from := l.raft.LastIndex() + 1
+	q := RouteQuery{ISL: 200, Book: true, RequestID: "req-1"}
+	type answer struct {
+		res RouteResult
+		err error
+	}
+	answers := make(chan answer, 2)
+	route := func() {
+		res, err := l.Route(ctx(t), q)
+		answers <- answer{res, err}
+	}
+	go route()
+	waitFor(t, 10*time.Second, "req-1 pending", func() bool { return l.fsm.pending.len() == 1 })
+	other := q
+	other.RequestID = "req-2"
+	if _, err := l.Route(ctx(t), other); !errors.Is(err, indexer.ErrOverloaded) {
+		t.Fatalf("a new request on the rank a pending booking made busy: %v, want ErrOverloaded", err)
+	}
+	go route() // the retry, decided while req-1 is still pending
+	waitFor(t, 10*time.Second, "the retry's entry or answer", func() bool {
+		return len(answers) > 0 || bookAddsInLog(t, l, from, "req-1") == 2
+	})
+	g.open()
+	for range 2 {
+		a := <-answers
+		if a.err != nil || !a.res.Booked || a.res.Decision.Rank != (kvevent.Rank{Worker: 1}) {
+			t.Fatalf("req-1: %v booked=%v, err %v; want booked on 1/0", a.res.Decision.Rank, a.res.Booked, a.err)
+		}
+	}
+	if got := activeRequests(l, 0); got != 1 {
+		t.Fatalf("%d active requests, want 1", got)
+	}
+	if left := l.fsm.pending.len(); left != 0 {
+		t.Fatalf("%d bookings still pending after every route returned", left)
+	}
+}
+
+// bookAddsInLog counts the booking adds of request id in l's log from
+// index from.
+func bookAddsInLog(t *testing.T, l *Node, from uint64, id string) int {
+	t.Helper()
+	n := 0
+	for i := from; i <= l.raft.LastIndex(); i++ {
+		var e raft.Log
+		if l.logs.GetLog(i, &e) != nil || e.Type != raft.LogCommand {
+			continue
+		}
+		c, err := decodeCommand(e.Data)
+		if err != nil || c.typ != cmdBook {
+			continue
+		}
+		for _, op := range c.books {
+			if op.kind == bookAdd && op.b.ID == id {
+				n++
+			}
+		}
+	}
+	return n
+}
