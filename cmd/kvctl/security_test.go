@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/pem"
+	"io"
 	"log/slog"
 	"net"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
 // TestTokenAndTLSFlags: against a node that serves TLS and asks for a
@@ -179,5 +181,50 @@ func TestHostnameMismatchIsNotCalledUntrusted(t *testing.T) {
 			!strings.Contains(r.stderr, "node1.example") {
 			t.Errorf("kvctl %v, a trusted certificate that does not name the address: stderr %q, want it to say the certificate does not name 127.0.0.1 (it names node1.example)", cmd, r.stderr)
 		}
+	}
+}
+
+// TestRestoreGivesTheCertificateHintOfOtherCommands: an online restore
+// against a node whose certificate kvctl refuses gets the same advice as
+// every other command (a name it lacks, an expired one), not "not trusted:
+// give --tls-ca", and still says nothing was sent. From a review: the
+// readiness probe the restore runs first turned each endpoint's error into
+// text, and the x509 error that says why went with it.
+func TestRestoreGivesTheCertificateHintOfOtherCommands(t *testing.T) {
+	node := api.NewServer(apitest.New("n1", ""), api.Options{Logger: slog.New(slog.DiscardHandler)})
+	t.Cleanup(func() { node.Close() })
+	for _, tc := range []struct {
+		name        string
+		dns         []string
+		from, until time.Time
+		want        string
+	}{
+		{"name mismatch", []string{"node1.example"}, time.Now().Add(-time.Hour), time.Now().Add(time.Hour), "does not name 127.0.0.1"},
+		{"expired", nil, time.Now().Add(-2 * time.Hour), time.Now().Add(-time.Hour), "renew it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ep, cert := apitest.TLSNode(t, node, tc.dns, tc.from, tc.until)
+			dir := t.TempDir()
+			ca := filepath.Join(dir, "ca.pem")
+			if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw}), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			file := filepath.Join(dir, "a.snap")
+			if err := os.WriteFile(file, []byte("snapshot"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			h := &harness{inspect: func(io.Reader) (raftfsm.SnapshotInfo, error) { return raftfsm.SnapshotInfo{}, nil }}
+			base := []string{"--endpoints", ep, "--tls-ca", ca, "--timeout", "3s"}
+			other := h.run(t, append(base, "members", "list")...).wantCode(t, 1)
+			if !strings.Contains(other.stderr, tc.want) {
+				t.Fatalf("members list: stderr %q, want %q", other.stderr, tc.want)
+			}
+			r := h.run(t, append(base, "snapshot", "restore", file)...).wantCode(t, 1)
+			if !strings.Contains(r.stderr, tc.want) || strings.Contains(r.stderr, "not trusted") ||
+				!strings.Contains(r.stderr, "no endpoint answered") || !strings.Contains(r.stderr, "nothing was sent to the cluster") {
+				t.Fatalf("snapshot restore: stderr %q\nwant it to say %q, as members list does, and that nothing was sent:\n%q",
+					r.stderr, tc.want, other.stderr)
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -372,10 +373,13 @@ func restoreAnswerWait(size int64) time.Duration {
 // answeringFirst returns --endpoints with the first one that answers a
 // readiness probe (ready or not) within attemptTimeout moved to the front,
 // or an error wrapping client.ErrUnreachable when none answers: the
-// upload then goes nowhere.
+// upload then goes nowhere. That error also wraps the first certificate
+// refusal among the probes' errors, as the client's own errors do, so that
+// explain gives the advice other commands give (client.CertificateHint).
 func answeringFirst(c *cli.Context) ([]string, error) {
 	eps := endpointsArg(c)
 	var errs []string
+	var certErr *tls.CertificateVerificationError
 	for i, ep := range eps {
 		cl, err := newClientWith(c, []string{ep}, attemptTimeout(c), attemptTimeout(c))
 		if err != nil {
@@ -392,15 +396,33 @@ func answeringFirst(c *cli.Context) ([]string, error) {
 		if c.Context.Err() != nil {
 			return nil, fmt.Errorf("snapshot restore: %w; nothing was sent to the cluster", c.Context.Err())
 		}
+		if certErr == nil {
+			errors.As(err, &certErr)
+		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			errs = append(errs, ep+": no answer")
 		} else {
 			errs = append(errs, oneLine(err.Error()))
 		}
 	}
-	return nil, fmt.Errorf("snapshot restore: no endpoint answered a readiness probe within %v (%s): %w; nothing was sent to the cluster",
+	err := fmt.Errorf("snapshot restore: no endpoint answered a readiness probe within %v (%s): %w; nothing was sent to the cluster",
 		attemptTimeout(c), strings.Join(errs, "; "), client.ErrUnreachable)
+	if certErr != nil {
+		return nil, &causedError{error: err, cause: certErr}
+	}
+	return nil, err
 }
+
+// causedError is an error that also wraps a cause its text already tells
+// of (a probe's certificate refusal, in the list of the probes' errors).
+// Only that cause is kept so: a probe's other errors (a timeout, which is
+// a context.DeadlineExceeded) would read as the command's own.
+type causedError struct {
+	error
+	cause error
+}
+
+func (e *causedError) Unwrap() []error { return []error{e.error, e.cause} }
 
 // snapshotSeed writes the file into a new node's data directory.
 func snapshotSeed(c *cli.Context, e *env, path string) error {
