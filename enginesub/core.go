@@ -69,32 +69,22 @@ type core struct {
 	replayed     []uint64
 
 	// bind is Config.Bind. A bound socket takes each connection the engine
-	// makes on a pipe of its own: when the connection drops and is remade
-	// while the subscriber is behind, libzmq still delivers the old pipe's
-	// unread batches, in turn with the new pipe's. The new pipe's first
-	// batch read is a jump forward (to staleTo, from staleFrom, the last
-	// sequence seen before it); while stale, a batch strictly between the
-	// two, above the last one of them seen, is the old pipe's: it came
-	// before the jump, and heal applied it (a replay) or gave it up (a
-	// resync), so it is skipped. Taking it for a restarted engine's, below
-	// the last sequence seen, would reset the rank at each one. The window
-	// closes at the batch just below staleTo (the old pipe can hold none
-	// after it), at a new epoch, and at two batches in a row outside it:
-	// libzmq reads the pipes in turn, so the old one is then empty.
-	//
-	// The window is not opened by a jump above prevEpochLast (the last
-	// sequence of the epoch before this one) before this epoch's stream
-	// passed it: an engine that restarted while the subscriber was behind
-	// leaves the old epoch's unread batches in the old pipe, above the last
-	// one read, and the jump is then to one of those. Each is then handled
-	// as before (a resync, and a new epoch at the new pipe's next batch),
-	// which a window would hide while the new epoch's batches were skipped.
-	bind               bool
-	stale              bool
-	staleFrom, staleTo uint64
-	staleMisses        int
-	prevEpochLast      uint64
-	prevEpochOK        bool
+	// makes on a pipe of its own, and reads the pipes in turn: when the
+	// connection drops and is remade while the subscriber is behind, libzmq
+	// still delivers the old pipe's unread batches, in turn with the new
+	// pipe's. Each is a step back below liveLast, already applied or given
+	// up (the new pipe's first batch was read, or replayed, after it): it is
+	// skipped, not taken for a restarted engine's (which would reset the rank
+	// at each one). It is told by its publish time: below newest, the latest
+	// ts read live, it was published before a batch already read, which a
+	// restarted engine's batches never are. Batch 0 always starts an epoch
+	// (no old pipe's batch can be 0 after a later one of the same epoch),
+	// and so does the last sequence again with other bytes, whatever its
+	// time: a restarted engine whose first batches were lost, on a host
+	// whose clock stepped back, shows there at the latest.
+	bind     bool
+	newest   float64
+	newestOK bool
 
 	mu    sync.Mutex // guards stats
 	stats Stats
@@ -142,17 +132,12 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 		c.malformed(bad, nil)
 		return nil
 	}
-	if c.stale {
-		if seq > c.staleFrom && seq < c.staleTo {
-			c.staleFrom, c.staleMisses, c.stale = seq, 0, seq+1 < c.staleTo
-			c.count(func(s *Stats) { s.Duplicates++ })
-			c.m.duplicates.Inc()
-			return nil
-		}
-		c.staleMisses++
-		c.stale = c.staleMisses < 2
-	}
 	sum := xxh3.Hash(payload)
+	ts, tsOK := payloadTS(payload)
+	older := tsOK && c.newestOK && ts < c.newest
+	if tsOK && !older {
+		c.newest, c.newestOK = ts, true
+	}
 	// A sequence a replay applied: the live copy of that batch, or, with
 	// other bytes, a restarted engine's batch (the sequence alone cannot
 	// tell them apart when the replay started at 0, nor after a catch-up
@@ -186,22 +171,26 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 		c.liveSumOK = false
 	}
 	// The live stream comes over one connection at a time, in order: within
-	// an epoch it only goes up (but for a bound socket's old pipe, above).
-	// Going back means a new publisher, counting from 0 again (wire.md: a
-	// sequence below the last one seen). The last sequence again is a new
-	// publisher only with other bytes: the same bytes are a second copy of
-	// the batch, a duplicate, which must not reset the rank. (Sequences the
-	// replay applied may be above liveLast: those are duplicates, below.)
+	// an epoch it only goes up (but for a bound socket's old pipe: see
+	// bind). Going back means a new publisher, counting from 0 again
+	// (wire.md: a sequence below the last one seen). The last sequence
+	// again is a new publisher only with other bytes: the same bytes are a
+	// second copy of the batch, a duplicate, which must not reset the rank.
+	// (Sequences the replay applied may be above liveLast: those are
+	// duplicates, below.)
 	if !restarted && c.liveSeen && seq == c.liveLast && c.liveSumOK && sum == c.liveSum {
 		c.count(func(s *Stats) { s.Duplicates++ })
 		c.m.duplicates.Inc()
 		return nil
 	}
-	epoch := restarted || c.liveSeen && seq <= c.liveLast
-	if epoch {
+	if c.bind && !restarted && older && seq > 0 && c.liveSeen && seq < c.liveLast && seq < c.next {
+		c.count(func(s *Stats) { s.Duplicates++ })
+		c.m.duplicates.Inc()
+		return nil
+	}
+	if restarted || c.liveSeen && seq <= c.liveLast {
 		c.newEpoch(seq)
 	}
-	prev, prevSeen := c.liveLast, c.liveSeen
 	c.liveLast, c.liveSeen, c.liveSum, c.liveSumOK = seq, true, sum, true
 	switch {
 	case seq < c.next:
@@ -209,11 +198,7 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 		c.m.duplicates.Inc()
 	case seq == c.next:
 		c.apply(seq, payload)
-		c.prevEpochOK = c.prevEpochOK && seq <= c.prevEpochLast
 	default:
-		if c.bind && !epoch && prevSeen && prev+1 < seq && !(c.prevEpochOK && seq > c.prevEpochLast) {
-			c.stale, c.staleFrom, c.staleTo, c.staleMisses = true, prev, seq, 0
-		}
 		return c.heal(ctx, seq, payload)
 	}
 	return nil
@@ -251,11 +236,9 @@ func (c *core) newEpoch(seq uint64) {
 	c.log.Info("engine restarted: new epoch", "rank", c.rank, "last_seq", c.liveLast, "seq", seq)
 	c.count(func(s *Stats) { s.Epochs++ })
 	c.m.epochs.Inc()
-	c.prevEpochLast, c.prevEpochOK = c.liveLast, c.liveSeen
 	c.sink.Reset(c.rank)
 	c.dec.Reset()
 	c.replayed = c.replayed[:0]
-	c.stale = false
 	// The new epoch starts at 0: if seq is above, its first batches were
 	// missed, which is a gap like any other.
 	c.next = 0

@@ -160,16 +160,38 @@ func TestSequenceRules(t *testing.T) {
 			want:  "ev0 ev1 ev2 replay:3 ev3 ev4 ev5 ev6 ev7"},
 		{name: "bind: the old connection's batches may have holes", bind: true,
 			steps: live(0, 1, 2, 6, 3, 7, 5, 8), want: "ev0 ev1 ev2 resync:gap ev6 ev7 ev8"},
-		{name: "bind: two new batches in a row end the old connection", bind: true,
-			steps: live(0, 1, 2, 5, 6, 7, 3), want: "ev0 ev1 ev2 resync:gap ev5 ev6 ev7 reset resync:gap ev3"},
+		{name: "bind: an old connection's batch is skipped however late it comes", bind: true,
+			steps: live(0, 1, 2, 5, 6, 7, 3), want: "ev0 ev1 ev2 resync:gap ev5 ev6 ev7"},
 		{name: "bind: the batch before the jump ends the old connection", bind: true,
 			steps: live(0, 1, 2, 5, 3, 4, 0), want: "ev0 ev1 ev2 resync:gap ev5 reset ev0"},
 		{name: "bind: seq back to zero starts an epoch", bind: true, steps: live(0, 1, 2, 0, 1),
 			want: "ev0 ev1 ev2 reset ev0 ev1"},
-		{name: "bind: a jump to the old epoch's pipe after a restart opens no window", bind: true,
-			steps: live(0, 1, 2, 0, 3, 1), want: "ev0 ev1 ev2 reset ev0 resync:gap ev3 reset resync:gap ev1"},
-		{name: "bind: past the old epoch's last batch, a reconnect's window opens again", bind: true,
-			steps: live(0, 1, 2, 0, 1, 2, 3, 6, 4, 7), want: "ev0 ev1 ev2 reset ev0 ev1 ev2 ev3 resync:gap ev6 ev7"},
+		{name: "bind: a restart while behind: the old epoch's batches above the last one read", bind: true,
+			steps: steps(live(0, 1, 2), restarted(0), live(3), restarted(1), live(4), restarted(2, 3)),
+			want:  "ev0 ev1 ev2 reset ev0 resync:gap ev3 reset resync:gap ev1 resync:gap ev4 reset resync:gap ev2 ev3"},
+		{name: "bind: a restarted engine first seen above zero starts an epoch", bind: true,
+			steps: steps(live(0, 1, 2, 3, 4), restarted(2, 3)), want: "ev0 ev1 ev2 ev3 ev4 reset resync:gap ev2 ev3"},
+		{name: "bind: the last sequence again with other bytes starts an epoch, whatever its time", bind: true,
+			steps: steps(live(0, 1, 2, 3, 4), stamped(0.5, 4)), want: "ev0 ev1 ev2 ev3 ev4 reset resync:gap ev4"},
+		{name: "bind: a step back whose time cannot be read starts an epoch", bind: true,
+			steps: steps(live(0, 1, 2, 3, 4), step{live: [][]byte{{}, seqFrame(3), untimedPayload(hashOf(3))}}),
+			want:  "ev0 ev1 ev2 ev3 ev4 reset resync:gap ev3"},
+		// From a second review: the window of the old connection's batches
+		// opened only at a gap above the next batch expected, and not before
+		// the new epoch passed the last one: a reconnect after a replay that
+		// ran ahead of the live stream, or soon after a restart, reset the
+		// rank at each of the old connection's batches.
+		{name: "bind: after a replay ahead, the new connection starts just past it", bind: true, replay: true,
+			steps: steps(replies(nil, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), live(0, 1, 2, 5, 6, 7), live(13, 8, 14, 9, 15)),
+			want:  "ev0 ev1 ev2 replay:3 ev3 ev4 ev5 ev6 ev7 ev8 ev9 ev10 ev11 ev12 ev13 ev14 ev15"},
+		{name: "bind: after a replay ahead, the new connection starts inside it", bind: true, replay: true,
+			steps: steps(replies(nil, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), live(0, 1, 2, 5, 6, 7), live(11, 8, 12, 9, 13, 10, 14)),
+			want:  "ev0 ev1 ev2 replay:3 ev3 ev4 ev5 ev6 ev7 ev8 ev9 ev10 ev11 ev12 ev13 ev14"},
+		{name: "bind: a reconnect soon after a restart skips the old connection's batches", bind: true,
+			steps: steps(live(0, 1, 2, 3, 4, 5), restarted(0, 1, 2, 10, 3, 11, 4, 12, 13)),
+			want:  "ev0 ev1 ev2 ev3 ev4 ev5 reset ev0 ev1 ev2 resync:gap ev10 ev11 ev12 ev13"},
+		{name: "bind: past the old epoch's last batch, a reconnect's batches are skipped too", bind: true,
+			steps: steps(live(0, 1, 2), restarted(0, 1, 2, 3, 6, 4, 7)), want: "ev0 ev1 ev2 reset ev0 ev1 ev2 ev3 resync:gap ev6 ev7"},
 		{name: "connect: a step back after a jump is a new epoch", steps: live(0, 1, 2, 5, 3),
 			want: "ev0 ev1 ev2 resync:gap ev5 reset resync:gap ev3"},
 	}
@@ -337,11 +359,22 @@ func TestCatchUpOnResume(t *testing.T) {
 func restarted(seqs ...uint64) []step {
 	var out []step
 	for _, s := range seqs {
-		p := removedPayload(hashOf(s), 0)
-		binary.BigEndian.PutUint64(p[2:10], math.Float64bits(2.5)) // the batch's timestamp
-		out = append(out, step{live: [][]byte{{}, seqFrame(s), p}})
+		out = append(out, stamped(2.5+float64(s)/4096, s)...)
 	}
 	return out
+}
+
+// stamped is live batch seq published at time ts.
+func stamped(ts float64, seq uint64) []step {
+	p := removedPayload(hashOf(seq), 0)
+	binary.BigEndian.PutUint64(p[2:10], math.Float64bits(ts))
+	return []step{{live: [][]byte{{}, seqFrame(seq), p}}}
+}
+
+// untimedPayload is removedPayload(hash, 0) with a nil ts.
+func untimedPayload(hash uint64) []byte {
+	p := removedPayload(hash, 0)
+	return append([]byte{p[0], 0xc0}, p[10:]...)
 }
 
 // TestSkippedEventsAreCountedAndLogged: wire events the decoder leaves out
@@ -444,4 +477,32 @@ func floppyPayload(hash uint64) []byte {
 	b = append(b, "BlockRemoved"...)
 	b = append(b, 0x91, 0xcf)
 	return binary.BigEndian.AppendUint64(b, hash)
+}
+
+// TestPayloadTS: the publish time is read from each batch shape wire.md
+// lists, and a payload without a usable one says so.
+func TestPayloadTS(t *testing.T) {
+	f32 := binary.BigEndian.AppendUint32([]byte{0x92, 0xca}, math.Float32bits(2.5))
+	cases := []struct {
+		name    string
+		payload []byte
+		want    float64
+		ok      bool
+	}{
+		{"array, float64", removedPayload(hashOf(0), 0), 1.5, true},
+		{"array, float32", append(f32, 0x90), 2.5, true},
+		{"array, int", []byte{0x92, 0x07, 0x90}, 7, true},
+		{"map, ts after events", []byte{0x82, 0xa6, 'e', 'v', 'e', 'n', 't', 's', 0x90, 0xa2, 't', 's', 0x09}, 9, true},
+		{"map without ts", []byte{0x81, 0xa6, 'e', 'v', 'e', 'n', 't', 's', 0x90}, 0, false},
+		{"nil ts", untimedPayload(hashOf(0)), 0, false},
+		{"NaN", binary.BigEndian.AppendUint64([]byte{0x91, 0xcb}, math.Float64bits(math.NaN())), 0, false},
+		{"empty array", []byte{0x90}, 0, false},
+		{"not msgpack", []byte{0xc1}, 0, false},
+		{"empty", nil, 0, false},
+	}
+	for _, tc := range cases {
+		if got, ok := payloadTS(tc.payload); got != tc.want || ok != tc.ok {
+			t.Errorf("%s: payloadTS = %v, %v; want %v, %v", tc.name, got, ok, tc.want, tc.ok)
+		}
+	}
 }

@@ -31,12 +31,15 @@
 //   - A bound socket (Config.Bind) takes each connection the engine makes
 //     on a pipe of its own, and reads the pipes in turn: when the engine's
 //     connection drops and is remade while the subscriber is behind, the
-//     old connection's unread batches come interleaved with the new one's.
-//     The new one's first batch shows as a gap (replayed, or resynced);
-//     the old one's after it, between the last sequence seen before the gap
-//     and the gap's end, are skipped as duplicates, not taken for a
-//     restarted engine's. The window closes at the gap's end, at two
-//     batches in a row outside it, and at a new epoch.
+//     old connection's unread batches come interleaved with the new one's,
+//     below the last sequence seen. Each was applied already, or given up
+//     (the new connection's first batch showed the gap first), and is
+//     skipped as a duplicate, not taken for a restarted engine's. It is told
+//     by its publish time (the payload's ts): older than the newest batch
+//     read live, it was published before a batch already read, which a
+//     restarted engine's never are. A step back to 0, one whose ts cannot
+//     be read, one not older, and the last sequence again with other bytes
+//     start an epoch as above.
 //   - A live message of a sequence the last replay applied is told apart by
 //     its bytes (a fingerprint of each replayed payload is kept until the
 //     live stream passes them): the same bytes are that batch's live copy, a
@@ -73,12 +76,14 @@
 // What the wire cannot tell: an engine that restarts and whose first batches
 // are lost, so that the first sequence seen from it is above the last one
 // seen before, looks like a gap, not a new epoch; a replay would then mix
-// the two epochs' batches. In bind mode, a restarted engine's batch inside a
-// reconnect's window is skipped as the old connection's; the next one
-// outside it shows the new epoch. An engine that restarts while a bound
-// subscriber is behind interleaves the two epochs' batches: the rank is
-// reset and resynced at each turn, and is right again from the first of the
-// new engine's batches read after the old connection's last. The first message a Subscriber sees may be
-// preceded by history it never saw: a caller that needs the engine's whole
-// cache must start the subscriber before the engine.
+// the two epochs' batches. In bind mode, a restarted engine whose batch 0
+// was lost, on a host whose clock stepped back across the restart, has its
+// batches skipped as an old connection's until it reaches the last sequence
+// seen, which starts the epoch (and a replay from 0). An engine that
+// restarts while a bound subscriber is behind interleaves the two epochs'
+// batches: the rank is reset and resynced at each turn, and is right again
+// from the first of the new engine's batches read after the old
+// connection's last. The first message a Subscriber sees may be preceded by
+// history it never saw: a caller that needs the engine's whole cache must
+// start the subscriber before the engine.
 package enginesub

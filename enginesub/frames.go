@@ -1,6 +1,11 @@
 package enginesub
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"math"
+
+	"github.com/tinylib/msgp/msgp"
+)
 
 // endSeq is the sequence frame of the marker that ends a replay. It is never
 // a batch's sequence.
@@ -66,4 +71,63 @@ func parseReply(frames [][]byte) (seq uint64, payload []byte, end bool, bad stri
 // start sequence.
 func replayRequest(seq uint64) [][]byte {
 	return [][]byte{{}, binary.BigEndian.AppendUint64(nil, seq)}
+}
+
+// payloadTS reads the publish time of a batch payload (wire.md: [ts, events,
+// dp] or a map with key "ts"), without decoding the rest. ok is false when
+// the payload has no readable, finite ts.
+func payloadTS(b []byte) (ts float64, ok bool) {
+	switch msgp.NextType(b) {
+	case msgp.ArrayType:
+		n, rest, err := msgp.ReadArrayHeaderBytes(b)
+		if err != nil || n == 0 {
+			return 0, false
+		}
+		return readTS(rest)
+	case msgp.MapType:
+		n, rest, err := msgp.ReadMapHeaderBytes(b)
+		if err != nil {
+			return 0, false
+		}
+		for range n {
+			var k []byte
+			if k, rest, err = msgp.ReadStringZC(rest); err != nil {
+				return 0, false
+			}
+			if string(k) == "ts" {
+				return readTS(rest)
+			}
+			if rest, err = msgp.Skip(rest); err != nil {
+				return 0, false
+			}
+		}
+	}
+	return 0, false
+}
+
+func readTS(b []byte) (float64, bool) {
+	var ts float64
+	var err error
+	switch msgp.NextType(b) {
+	case msgp.Float64Type:
+		ts, _, err = msgp.ReadFloat64Bytes(b)
+	case msgp.Float32Type:
+		var f float32
+		f, _, err = msgp.ReadFloat32Bytes(b)
+		ts = float64(f)
+	case msgp.IntType:
+		var i int64
+		i, _, err = msgp.ReadInt64Bytes(b)
+		ts = float64(i)
+	case msgp.UintType:
+		var u uint64
+		u, _, err = msgp.ReadUint64Bytes(b)
+		ts = float64(u)
+	default:
+		return 0, false
+	}
+	if err != nil || math.IsNaN(ts) || math.IsInf(ts, 0) {
+		return 0, false
+	}
+	return ts, true
 }

@@ -175,10 +175,12 @@ func fmtEvents(es []kvevent.Event) string {
 // Hand-made msgpack, for the tests that run without Python.
 
 // removedPayload is the batch [ts, [["BlockRemoved", [hash]]], dp]: one
-// remove of one device block.
+// remove of one device block. Its ts grows with the hash's low bits (the
+// batch's sequence, for hashOf), below 2.5: a later batch was published
+// later, and a restarted engine's (restarted) later still.
 func removedPayload(hash uint64, dp uint32) []byte {
 	b := []byte{0x93, 0xcb}
-	b = binary.BigEndian.AppendUint64(b, math.Float64bits(1.5))
+	b = binary.BigEndian.AppendUint64(b, math.Float64bits(1.5+float64(hash%4096)/4096))
 	b = append(b, 0x91, 0x92, 0xac)
 	b = append(b, "BlockRemoved"...)
 	b = append(b, 0x91, 0xcf)
