@@ -47,13 +47,15 @@
 //     sequence alone cannot tell them apart after a catch-up from 0, or
 //     after a catch-up that failed part-way.
 //
-// The SUB socket sends a ZMTP heartbeat on each connection every
-// Config.Heartbeat (2 s by default) and drops a connection that stays silent
-// for 3 of them after one, with TCP keepalive behind: an engine whose host
-// died without closing the connection (a crash, a partition) is noticed, and
-// in connect mode the connection remade, within seconds, where the kernel
-// alone would wait for ever. A replay's DEALER needs none: ReplayTimeout
-// bounds the engine's silence there. Both sockets refuse a message frame
+// The SUB socket keeps TCP keepalive on (10 s idle, then 3 probes 5 s
+// apart): an engine whose host died without closing the connection (a
+// crash, a partition) is noticed, and in connect mode the connection
+// remade, within about 25 s, where the kernel's defaults would wait for
+// hours. ZMTP heartbeats (Config.Heartbeat) are off unless asked for:
+// libzmq reads no PING while the subscriber's queue is full, so a
+// back-pressured subscriber would drop a healthy connection, and the
+// reconnect can abort the process (libzmq issues 3937, 4767). A replay's
+// DEALER needs none: ReplayTimeout bounds the engine's silence there. Both sockets refuse a message frame
 // over Config.MaxMessage (256 MiB by default) and drop the connection that
 // sent it: a peer that connects to a bound endpoint cannot exhaust the
 // agent's memory with one message.

@@ -480,7 +480,10 @@ func TestLargeReplayIsNotDropped(t *testing.T) {
 // closing the TCP connection (a crash, a partition), and the engine comes
 // back. From a review: with no heartbeat on the SUB socket the subscriber
 // never learnt that its connection was dead, never reconnected, and never
-// heard from the engine again (wire.md: it must reconnect by itself).
+// heard from the engine again (wire.md: it must reconnect by itself). The
+// heartbeat is asked for here: by default TCP keepalive finds a dead host
+// instead, which a proxy in this process, whose kernel answers the probes,
+// cannot show.
 func TestDeadEngineHostIsNoticedAndReconnected(t *testing.T) {
 	rank := kvevent.Rank{Worker: 11}
 	first := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*"})

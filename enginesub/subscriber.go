@@ -19,9 +19,6 @@ import (
 // DefaultReplayTimeout bounds a replay when Config.ReplayTimeout is zero.
 const DefaultReplayTimeout = 3 * time.Second
 
-// DefaultHeartbeat is Config.Heartbeat when it is zero.
-const DefaultHeartbeat = 2 * time.Second
-
 // heartbeatMisses is how many heartbeat intervals a connection may stay
 // silent, after a PING, before it is dropped and remade.
 const heartbeatMisses = 3
@@ -31,12 +28,16 @@ const heartbeatMisses = 3
 // bits.
 const maxHeartbeat = 30 * time.Minute
 
-// TCP keepalive on the event socket, in seconds: the kernel's probes, behind
-// the heartbeats, keep a firewall's or a NAT's state of an idle connection
-// alive, and find a dead host even should heartbeats not be answered.
+// TCP keepalive on the event socket, in seconds: the kernel's probes find
+// an engine host that died without closing the connection (a crash, a
+// partition: no FIN or RST ever comes, and a PUB socket is otherwise
+// silent while the engine has no events) within about 25 s, and keep a
+// firewall's or a NAT's state of an idle connection alive. The kernel
+// answers them however far behind the subscriber is, unlike ZMTP
+// heartbeats (Config.Heartbeat).
 const (
-	keepaliveIdle  = 30
-	keepaliveIntvl = 10
+	keepaliveIdle  = 10
+	keepaliveIntvl = 5
 	keepaliveCount = 3
 )
 
@@ -76,15 +77,18 @@ type Config struct {
 	// many batches may wait while a replay runs before the socket drops some
 	// (which a later gap then shows). Zero keeps libzmq's default (1000).
 	RecvHWM int
-	// Heartbeat is how often the SUB socket sends a ZMTP heartbeat (PING)
-	// on each of its connections; a connection that then stays silent for
-	// 3 intervals is dropped and, in connect mode, remade. It is how the
-	// subscriber notices an engine whose host died without closing the
-	// connection (a crash, a partition): no FIN or RST ever comes, and a
-	// PUB socket is otherwise silent while the engine has no events. The
-	// engine is also asked to drop the connection after 3 intervals
-	// without a PING (ZMTP's time-to-live). Zero means DefaultHeartbeat;
-	// at most 30 minutes.
+	// Heartbeat, when above zero, is how often the SUB socket sends a ZMTP
+	// heartbeat (PING) on each of its connections; a connection that then
+	// stays silent for 3 intervals is dropped and, in connect mode,
+	// remade, and the engine is asked to drop it after 3 intervals without
+	// a PING (ZMTP's time-to-live). Zero (the default) sends none: TCP
+	// keepalive finds a dead engine host instead (keepaliveIdle). At most
+	// 30 minutes. Off by default because libzmq (4.3.4 included) reads no
+	// PING or PONG while the subscriber's queue is full (RecvHWM): a
+	// subscriber back-pressured for 3 intervals drops a healthy connection
+	// and loses what its buffers held, and the reconnect can abort the
+	// process (libzmq issues 3937 and 4767: "Assertion failed:
+	// _input_stopped").
 	Heartbeat time.Duration
 	// MaxMessage bounds, in bytes, each frame the event and replay sockets
 	// take (libzmq's ZMQ_MAXMSGSIZE). A larger one is refused before it is
@@ -157,9 +161,6 @@ func New(cfg Config) (*Subscriber, error) {
 	}
 	if cfg.ReplayTimeout == 0 {
 		cfg.ReplayTimeout = DefaultReplayTimeout
-	}
-	if cfg.Heartbeat == 0 {
-		cfg.Heartbeat = DefaultHeartbeat
 	}
 	if cfg.MaxMessage == 0 {
 		cfg.MaxMessage = DefaultMaxMessage
@@ -272,15 +273,21 @@ func (s *Subscriber) open() (_ *zmq.Socket, err error) {
 		set("receive timeout", sock.SetRcvtimeo(pollInterval)),
 		set("subscription", sock.SetSubscribe(s.cfg.Topic)),
 		set("max message size", sock.SetMaxmsgsize(s.cfg.MaxMessage)),
-		set("heartbeat interval", sock.SetHeartbeatIvl(s.cfg.Heartbeat)),
-		set("heartbeat timeout", sock.SetHeartbeatTimeout(heartbeatMisses*s.cfg.Heartbeat)),
-		set("heartbeat time-to-live", sock.SetHeartbeatTtl(heartbeatMisses*s.cfg.Heartbeat)),
 		set("TCP keepalive", sock.SetTcpKeepalive(1)),
 		set("TCP keepalive idle", sock.SetTcpKeepaliveIdle(keepaliveIdle)),
 		set("TCP keepalive interval", sock.SetTcpKeepaliveIntvl(keepaliveIntvl)),
 		set("TCP keepalive count", sock.SetTcpKeepaliveCnt(keepaliveCount)),
 	); err != nil {
 		return nil, err
+	}
+	if hb := s.cfg.Heartbeat; hb > 0 {
+		if err := errors.Join(
+			set("heartbeat interval", sock.SetHeartbeatIvl(hb)),
+			set("heartbeat timeout", sock.SetHeartbeatTimeout(heartbeatMisses*hb)),
+			set("heartbeat time-to-live", sock.SetHeartbeatTtl(heartbeatMisses*hb)),
+		); err != nil {
+			return nil, err
+		}
 	}
 	if s.cfg.RecvHWM > 0 {
 		if err := set("receive high-water mark", sock.SetRcvhwm(s.cfg.RecvHWM)); err != nil {
