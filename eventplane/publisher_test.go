@@ -243,7 +243,7 @@ func TestPublisherTakesTheAckOfDroppedInFlightEventsForProgress(t *testing.T) {
 		}
 	}
 	close(tg.release)
-	waitFor(t, 10*time.Second, "all acked", func() bool { a, _ := p.Cursor(r); return a == 8 })
+	waitFor(t, 30*time.Second, "all acked", func() bool { a, _ := p.Cursor(r); return a == 8 })
 	t.Logf("retries %v, dropped %v, requests %v", val(p.m.retries), val(p.m.dropped), val(p.m.requests))
 	if val(p.m.dropped) != 4 {
 		t.Fatalf("dropped %v events, want the 4 in flight", val(p.m.dropped))
