@@ -12,12 +12,21 @@
 // hashes are recorded, so that a later request sharing them sees them held
 // (its potential decode blocks do not count them again).
 //
+// A booking records every distinct hash of its own that the rank's live
+// bookings did not hold when it was added, and each (hash, rank) counts
+// the pending bookings that hold it: the first one adds the block, and
+// it goes only with the last, so that dropping a booking (never to
+// apply) leaves the blocks that another pending booking of its rank
+// still brings.
+//
 // Invariants:
 //   - byID holds each request id at most once; a rank has an entry in ranks
 //     exactly while it has a pending booking, and its load is the sum of
-//     its pending bookings' (Load.ActiveDecodeBlocks: their added blocks).
-//   - holders[h] lists, once each, the ranks of the pending bookings that
-//     added h; each (h, rank) is added by at most one pending booking.
+//     its pending bookings' requests and prefill tokens, with
+//     Load.ActiveDecodeBlocks the number of hashes held on it.
+//   - holders[h] lists, once each, the ranks that hold h through a pending
+//     booking, each with the number (> 0) of its pending bookings whose
+//     blocks have h.
 //   - It reads no clock and is not safe for concurrent use: its owner
 //     orders the calls (the decision and the apply of a booking).
 
@@ -52,14 +61,21 @@ type pendingBooking struct {
 	ticket  uint64
 	rank    *pendingRank
 	prefill int64
-	blocks  []uint64 // the hashes it added to its rank's decode blocks
+	blocks  []uint64 // its distinct hashes its rank's live bookings did not hold
 }
 
 // pendingHolders lists the ranks that hold one hash through a pending
 // booking; most hashes have one, which lives inline.
 type pendingHolders struct {
-	first *pendingRank
-	rest  []*pendingRank
+	first pendingHold
+	rest  []pendingHold
+}
+
+// pendingHold is a rank holding a hash, and how many of its pending
+// bookings do.
+type pendingHold struct {
+	rank *pendingRank
+	n    int
 }
 
 // NewPending returns an empty Pending.
@@ -110,20 +126,26 @@ func (p *Pending) Add(s *Sequences, id string, rank kvevent.Rank, seqHashes []ui
 	p.ticket++
 	*b = pendingBooking{id: id, ticket: p.ticket, rank: pr, prefill: max(int64(isl)-int64(cachedTokens), 0), blocks: b.blocks[:0]}
 	for _, h := range news {
+		b.blocks = append(b.blocks, h)
 		hs, ok := p.holders[h]
 		switch {
 		case !ok:
-			p.holders[h] = pendingHolders{first: pr}
-		case hs.first == pr || slices.Contains(hs.rest, pr):
-			continue // another pending booking added it to this rank
+			p.holders[h] = pendingHolders{first: pendingHold{rank: pr, n: 1}}
+		case hs.first.rank == pr:
+			hs.first.n++ // another pending booking added it to this rank
+			p.holders[h] = hs
+			continue
 		default:
-			hs.rest = append(hs.rest, pr)
+			if i := slices.IndexFunc(hs.rest, func(hd pendingHold) bool { return hd.rank == pr }); i >= 0 {
+				hs.rest[i].n++
+				continue
+			}
+			hs.rest = append(hs.rest, pendingHold{rank: pr, n: 1})
 			p.holders[h] = hs
 		}
-		b.blocks = append(b.blocks, h)
+		pr.load.ActiveDecodeBlocks++
 	}
 	pr.load.ActivePrefillTokens += b.prefill
-	pr.load.ActiveDecodeBlocks += int64(len(b.blocks))
 	pr.load.ActiveRequests++
 	p.byID[id] = b
 	return b.ticket
@@ -158,22 +180,31 @@ func (p *Pending) remove(b *pendingBooking) {
 	for _, h := range b.blocks {
 		hs := p.holders[h]
 		switch {
-		case hs.first == pr && len(hs.rest) == 0:
+		case hs.first.rank == pr && hs.first.n > 1:
+			hs.first.n-- // another pending booking of the rank holds it
+		case hs.first.rank == pr && len(hs.rest) == 0:
 			delete(p.holders, h)
+			pr.load.ActiveDecodeBlocks--
 			continue
-		case hs.first == pr:
+		case hs.first.rank == pr:
 			hs.first = hs.rest[len(hs.rest)-1]
 			hs.rest = hs.rest[:len(hs.rest)-1]
+			pr.load.ActiveDecodeBlocks--
 		default:
-			if i := slices.Index(hs.rest, pr); i >= 0 {
-				hs.rest[i] = hs.rest[len(hs.rest)-1]
-				hs.rest = hs.rest[:len(hs.rest)-1]
+			i := slices.IndexFunc(hs.rest, func(hd pendingHold) bool { return hd.rank == pr })
+			if i < 0 {
+				continue
 			}
+			if hs.rest[i].n--; hs.rest[i].n > 0 {
+				continue
+			}
+			hs.rest[i] = hs.rest[len(hs.rest)-1]
+			hs.rest = hs.rest[:len(hs.rest)-1]
+			pr.load.ActiveDecodeBlocks--
 		}
 		p.holders[h] = hs
 	}
 	pr.load.ActivePrefillTokens -= b.prefill
-	pr.load.ActiveDecodeBlocks -= int64(len(b.blocks))
 	pr.load.ActiveRequests--
 	if pr.load.ActiveRequests == 0 {
 		delete(p.ranks, pr.rank)
@@ -202,9 +233,9 @@ func (p *Pending) AddTo(cands []Candidate, seqHashes []uint64) {
 		if !ok {
 			continue
 		}
-		hs.first.hits++
-		for _, pr := range hs.rest {
-			pr.hits++
+		hs.first.rank.hits++
+		for _, hd := range hs.rest {
+			hd.rank.hits++
 		}
 	}
 	for r, pr := range p.ranks {

@@ -30,35 +30,56 @@ func candidatesFor(s *Sequences, ranks []kvevent.Rank, seq []uint64) []Candidate
 }
 
 // TestPendingLoadIsWhatTheBookingsAddOnceApplied: the committed load plus
-// the pending bookings' equals the load after they apply, for the
-// candidates of any request: requests, prefill tokens, decode blocks
-// (a block shared with a live or another pending booking counts once)
-// and potential decode blocks.
+// the pending bookings' equals the load once the bookings still pending
+// apply, for the candidates of any request: requests, prefill tokens,
+// decode blocks (a block shared with a live or another pending booking
+// counts once) and potential decode blocks; also after some were dropped
+// (never to apply) between the adds of others.
 func TestPendingLoadIsWhatTheBookingsAddOnceApplied(t *testing.T) {
 	ranks := []kvevent.Rank{wkA0, wkA1, wkB0}
+	type pend struct {
+		id          string
+		r           kvevent.Rank
+		seq         []uint64
+		isl, cached int
+		ticket      uint64
+	}
 	rapid.Check(t, func(t *rapid.T) {
-		committed, applied := NewSequences(), NewSequences()
+		committed := NewSequences()
 		p := NewPending()
 		for i, n := 0, rapid.IntRange(0, 6).Draw(t, "committed"); i < n; i++ {
 			id := fmt.Sprintf("c%d", i)
 			r := rapid.SampledFrom(ranks).Draw(t, "rank")
 			seq := genSeqHashes().Draw(t, "seq")
 			isl, cached := rapid.IntRange(0, 64).Draw(t, "isl"), rapid.IntRange(0, 64).Draw(t, "cached")
-			for _, s := range []*Sequences{committed, applied} {
-				if _, err := s.Add(id, r, seq, isl, cached, 0); err != nil {
-					t.Fatal(err)
-				}
+			if _, err := committed.Add(id, r, seq, isl, cached, 0); err != nil {
+				t.Fatal(err)
 			}
 		}
-		for i, n := 0, rapid.IntRange(0, 6).Draw(t, "pending"); i < n; i++ {
-			id := fmt.Sprintf("p%d", i)
-			r := rapid.SampledFrom(ranks).Draw(t, "rank")
-			seq := genSeqHashes().Draw(t, "seq")
-			isl, cached := rapid.IntRange(0, 64).Draw(t, "isl"), rapid.IntRange(0, 64).Draw(t, "cached")
-			if p.Add(committed, id, r, seq, isl, cached) == 0 {
-				t.Fatalf("Add(%s) recorded nothing", id)
+		var pending []pend
+		for i, n := 0, rapid.IntRange(0, 8).Draw(t, "ops"); i < n; i++ {
+			if len(pending) > 0 && rapid.IntRange(0, 2).Draw(t, "op") == 0 {
+				// Its proposal failed: it never applies.
+				j := rapid.IntRange(0, len(pending)-1).Draw(t, "drop")
+				p.Drop(pending[j].id, pending[j].ticket)
+				pending = slices.Delete(pending, j, j+1)
+				continue
 			}
-			if _, err := applied.Add(id, r, seq, isl, cached, 0); err != nil {
+			e := pend{id: fmt.Sprintf("p%d", i), r: rapid.SampledFrom(ranks).Draw(t, "rank"), seq: genSeqHashes().Draw(t, "seq"),
+				isl: rapid.IntRange(0, 64).Draw(t, "isl"), cached: rapid.IntRange(0, 64).Draw(t, "cached")}
+			if e.ticket = p.Add(committed, e.id, e.r, e.seq, e.isl, e.cached); e.ticket == 0 {
+				t.Fatalf("Add(%s) recorded nothing", e.id)
+			}
+			pending = append(pending, e)
+		}
+		applied := NewSequences()
+		for _, b := range committed.Bookings() {
+			if _, err := applied.Add(b.ID, b.Rank, b.SeqHashes, b.ISL, b.CachedTokens, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, e := range pending {
+			if _, err := applied.Add(e.id, e.r, e.seq, e.isl, e.cached, 0); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -66,9 +87,30 @@ func TestPendingLoadIsWhatTheBookingsAddOnceApplied(t *testing.T) {
 		got := candidatesFor(committed, ranks, seq)
 		p.AddTo(got, seq)
 		if want := candidatesFor(applied, ranks, seq); !slices.Equal(got, want) {
-			t.Fatalf("committed + pending:\n%+v\nafter they apply:\n%+v", got, want)
+			t.Fatalf("committed + pending:\n%+v\nafter the bookings still pending apply:\n%+v", got, want)
 		}
 	})
+}
+
+// TestPendingDropKeepsBlocksOtherBookingsShare: a booking dropped (its
+// proposal failed, it never applies) takes away only the blocks no other
+// pending booking of its rank holds: one with the same prompt still
+// applies, and will hold them.
+func TestPendingDropKeepsBlocksOtherBookingsShare(t *testing.T) {
+	s := NewSequences()
+	p := NewPending()
+	seq := []uint64{1, 2, 3, 4}
+	first := p.Add(s, "a", wkA0, seq, 16, 0)
+	p.Add(s, "b", wkA0, seq, 16, 0)
+	p.Drop("a", first)
+
+	got := []Candidate{{Rank: wkA0}}
+	p.AddTo(got, nil)
+	applied := NewSequences()
+	mustBook(t, applied, "b", wkA0, seq, 16, 0, 0)
+	if want := applied.Load(wkA0); got[0].Load != want {
+		t.Fatalf("pending load after a's drop: %+v; once b applies the rank holds %+v", got[0].Load, want)
+	}
 }
 
 // TestPendingCountsAnIDOnce: a retry of an id already pending, or already

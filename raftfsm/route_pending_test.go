@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -271,4 +272,103 @@ func bookAddsInLog(t *testing.T, l *Node, from uint64, id string) int {
 		}
 	}
 	return n
+}
+
+// heldCtx is a request context that runs out while its route is between
+// its decision and its proposal: its first Err waits for release, then
+// it is cancelled, so the route's booking is never proposed.
+type heldCtx struct {
+	entered, release chan struct{}
+	once             sync.Once
+}
+
+func newHeldCtx() *heldCtx {
+	return &heldCtx{entered: make(chan struct{}), release: make(chan struct{})}
+}
+func (h *heldCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (h *heldCtx) Done() <-chan struct{}       { return h.release }
+func (h *heldCtx) Value(any) any               { return nil }
+func (h *heldCtx) Err() error {
+	h.once.Do(func() { close(h.entered) })
+	<-h.release
+	return context.Canceled
+}
+
+// TestDroppedPendingBookingKeepsBlocksOthersShare: a booked route whose
+// proposal fails after its decision drops its pending booking, but not
+// the decode blocks another pending booking of the same prompt on its
+// rank shares, which still applies: the next decisions count them, and
+// refuse a route past the busy threshold as they do without the failed
+// route.
+func TestDroppedPendingBookingKeepsBlocksOthersShare(t *testing.T) {
+	for _, failed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "alone", true: "after-a-failed-route"}[failed], func(t *testing.T) {
+			g := newFSMGate()
+			c := newTestCluster(t, 1, func(cfg *Config) { cfg.applyGate = g.gate })
+			t.Cleanup(g.open)
+			l := c.leader()
+			p := indexer.DefaultParams()
+			p.BusyDecodeFraction = 0.5 // busy over 20 of 40 blocks
+			if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
+				t.Fatal(err)
+			}
+			var capacity [kvevent.NumTiers]int64
+			capacity[kvevent.TierDevice] = 40
+			if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4, Capacity: capacity}); err != nil {
+				t.Fatal(err)
+			}
+			prompt := func(base uint32) []uint32 { // 16 blocks
+				tk := make([]uint32, 64)
+				for i := range tk {
+					tk[i] = base + uint32(i)
+				}
+				return tk
+			}
+			P, Q := prompt(1), prompt(1000)
+			g.pause()
+			errs := make(chan error, 4)
+			route := func(cx context.Context, id string, tk []uint32) {
+				_, err := l.Route(cx, RouteQuery{Tokens: tk, Book: true, RequestID: id})
+				errs <- err
+			}
+			if failed {
+				// a: decided (16 blocks pending), then its context runs
+				// out before it proposes.
+				h := newHeldCtx()
+				go route(h, "a", P)
+				<-h.entered
+				// b: the same prompt, decided while a is pending.
+				go route(ctx(t), "b", P)
+				waitFor(t, 10*time.Second, "b pending", func() bool { return l.fsm.pending.len() == 2 })
+				close(h.release)
+				if err := <-errs; err == nil {
+					t.Fatal("a was booked")
+				}
+				waitFor(t, 10*time.Second, "a dropped", func() bool { return l.fsm.pending.len() == 1 })
+			} else {
+				go route(ctx(t), "b", P)
+				waitFor(t, 10*time.Second, "b pending", func() bool { return l.fsm.pending.len() == 1 })
+			}
+			// c: another prompt; b's 16 blocks are under 20: admitted.
+			go route(ctx(t), "c", Q)
+			waitFor(t, 10*time.Second, "c pending", func() bool { return l.fsm.pending.len() == 2 })
+			// d: b and c will hold 32 blocks, over 20: the rank is busy.
+			dErr := make(chan error, 1)
+			go func() {
+				_, err := l.Route(ctx(t), RouteQuery{Tokens: P, Book: true, RequestID: "d"})
+				dErr <- err
+			}()
+			waitFor(t, 10*time.Second, "d's decision", func() bool { return len(dErr) > 0 || l.fsm.pending.len() == 3 })
+			g.open()
+			for range 2 {
+				if err := <-errs; err != nil {
+					t.Error(err)
+				}
+			}
+			if err := <-dErr; !errors.Is(err, indexer.ErrOverloaded) {
+				t.Errorf("d: %v, want ErrOverloaded: b and c, pending when d decided, hold 32 decode blocks of 40, "+
+					"over busy_decode_fraction 0.5; the rank now holds %+v", err, l.fsm.Sequences().Load(kvevent.Rank{Worker: 1}))
+			}
+		})
+	}
 }
