@@ -2541,6 +2541,8 @@ func (n *Node) DumpRank(r kvevent.Rank) (indexer.RankDump, error) {
 // it; an id booked and freed (or expired) before, whose tombstone stands
 // (BookingMaxAge from its booking), is ErrBookingFreed, as request ids are
 // single-use; a rank no registered worker has is indexer.ErrUnknownRank.
+// Until its entry applies, the booked routes this leader decides count
+// it, as they count each other's (pendingBooks).
 func (n *Node) Reserve(ctx context.Context, b Booking) error {
 	switch {
 	case b.ID == "":
@@ -2550,7 +2552,14 @@ func (n *Node) Reserve(ctx context.Context, b Booking) error {
 	case b.CachedTokens < 0 || b.CachedTokens > b.ISL:
 		return fmt.Errorf("%w: request %q: %d cached tokens of %d", ErrInvalid, b.ID, b.CachedTokens, b.ISL)
 	}
+	// Pending until its apply settles it, as a booked route's booking
+	// (pendingBooks): the booked routes decided meanwhile count it.
+	pending := &n.fsm.pending
+	pending.mu.Lock()
+	ticket := pending.p.Add(n.fsm.Sequences(), b.ID, b.Rank, b.SeqHashes, b.ISL, b.CachedTokens)
+	pending.mu.Unlock()
 	resp, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookAdd, b: b}}))
+	pending.drop(b.ID, ticket)
 	if err != nil {
 		return err
 	}

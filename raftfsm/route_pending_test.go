@@ -251,6 +251,61 @@ func TestPendingBookingCountsBeforeItApplies(t *testing.T) {
 	}
 }
 
+// TestInFlightReservationCountsForBookedRoutes: a booking the leader
+// makes through Reserve (the compatible API's reservations) is one of its
+// own bookings as much as a booked route's: while its entry waits for the
+// FSM, a booked route on the rank it made busy is refused, as after a
+// booked route's.
+func TestInFlightReservationCountsForBookedRoutes(t *testing.T) {
+	for _, first := range []string{"route", "reserve"} {
+		t.Run(first, func(t *testing.T) {
+			g := newFSMGate()
+			c := newTestCluster(t, 1, func(cfg *Config) { cfg.applyGate = g.gate })
+			t.Cleanup(g.open)
+			l := c.leader()
+			p := indexer.DefaultParams()
+			p.BusyPrefillTokens = 100
+			if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4}); err != nil {
+				t.Fatal(err)
+			}
+			g.pause()
+			from := l.raft.LastIndex() + 1
+			done := make(chan error, 1)
+			go func() {
+				if first == "route" {
+					_, err := l.Route(ctx(t), RouteQuery{ISL: 200, Book: true, RequestID: "req-1"})
+					done <- err
+					return
+				}
+				done <- l.Reserve(ctx(t), Booking{ID: "req-1", Rank: kvevent.Rank{Worker: 1}, ISL: 200})
+			}()
+			waitFor(t, 10*time.Second, "req-1's entry in the log", func() bool { return bookAddsInLog(t, l, from, "req-1") == 1 })
+			answer := make(chan error, 1)
+			go func() {
+				_, err := l.Route(ctx(t), RouteQuery{ISL: 200, Book: true, RequestID: "req-2"})
+				answer <- err
+			}()
+			waitFor(t, 10*time.Second, "req-2's decision", func() bool {
+				return len(answer) > 0 || bookAddsInLog(t, l, from, "req-2") == 1
+			})
+			g.open()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if err := <-answer; !errors.Is(err, indexer.ErrOverloaded) {
+				t.Fatalf("req-2 decided while req-1 (by %s, 200 prefill tokens) was in flight: %v, want ErrOverloaded "+
+					"(busy_prefill_tokens 100); the rank now holds %+v", first, err, l.fsm.Sequences().Load(kvevent.Rank{Worker: 1}))
+			}
+			if left := l.fsm.pending.len(); left != 0 {
+				t.Fatalf("%d bookings still pending after every call returned", left)
+			}
+		})
+	}
+}
+
 // bookAddsInLog counts the booking adds of request id in l's log from
 // index from.
 func bookAddsInLog(t *testing.T, l *Node, from uint64, id string) int {
