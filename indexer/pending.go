@@ -29,6 +29,9 @@
 //     blocks have h.
 //   - It reads no clock and is not safe for concurrent use: its owner
 //     orders the calls (the decision and the apply of a booking).
+//   - Empty, it keeps little of a burst's memory (a leader's list is empty
+//     most of the time): at most pendingSpare spare bookings, and its maps
+//     made anew once they held more than pendingKeep entries.
 
 package indexer
 
@@ -38,12 +41,20 @@ import (
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
+// What an empty Pending keeps of a burst (Go maps never shrink).
+const (
+	pendingSpare       = 16      // spare bookings, for the next Adds
+	pendingSpareBlocks = 1 << 12 // hashes a spare booking, or Add's scratch, has room for
+	pendingKeep        = 1 << 12 // entries the maps held, past which they are made anew
+)
+
 // Pending holds bookings that are decided but not yet applied to the
 // Sequences they will go to. The zero value is not ready; use NewPending.
 type Pending struct {
 	byID    map[string]*pendingBooking
 	ranks   map[kvevent.Rank]*pendingRank
 	holders map[uint64]pendingHolders
+	peak    int // the most entries byID or holders held since made
 	set     hashSet
 	ticket  uint64
 	spare   []*pendingBooking // removed bookings, for the next Add
@@ -148,6 +159,7 @@ func (p *Pending) Add(s *Sequences, id string, rank kvevent.Rank, seqHashes []ui
 	pr.load.ActivePrefillTokens += b.prefill
 	pr.load.ActiveRequests++
 	p.byID[id] = b
+	p.peak = max(p.peak, len(p.byID), len(p.holders))
 	return b.ticket
 }
 
@@ -168,11 +180,12 @@ func (p *Pending) Drop(id string, ticket uint64) {
 	}
 }
 
-// Clear removes every pending booking.
+// Clear removes every pending booking, and lets go of what they grew.
 func (p *Pending) Clear() {
 	for _, b := range p.byID {
 		p.remove(b)
 	}
+	p.shrink()
 }
 
 func (p *Pending) remove(b *pendingBooking) {
@@ -210,8 +223,30 @@ func (p *Pending) remove(b *pendingBooking) {
 		delete(p.ranks, pr.rank)
 	}
 	delete(p.byID, b.id)
-	*b = pendingBooking{blocks: b.blocks[:0]}
-	p.spare = append(p.spare, b)
+	if len(p.spare) < pendingSpare && cap(b.blocks) <= pendingSpareBlocks {
+		*b = pendingBooking{blocks: b.blocks[:0]}
+		p.spare = append(p.spare, b)
+	}
+	if len(p.byID) == 0 {
+		p.shrink()
+	}
+}
+
+// shrink lets go, once nothing is pending, of what a burst grew: maps
+// that held more than pendingKeep entries, and large scratch.
+func (p *Pending) shrink() {
+	if p.peak > pendingKeep {
+		p.byID = make(map[string]*pendingBooking)
+		p.ranks = make(map[kvevent.Rank]*pendingRank)
+		p.holders = make(map[uint64]pendingHolders)
+		p.peak = 0
+	}
+	if cap(p.news) > pendingSpareBlocks {
+		p.news = nil
+	}
+	if len(p.set.keys) > 2*pendingSpareBlocks {
+		p.set = hashSet{}
+	}
 }
 
 // AddTo adds the pending load to the candidates, which are in rank order

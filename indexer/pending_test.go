@@ -5,6 +5,7 @@ package indexer
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -161,5 +162,47 @@ func TestPendingAddToDoesNotAllocate(t *testing.T) {
 	p.AddTo(cands, seq) // grows the scratch
 	if n := testing.AllocsPerRun(100, func() { p.AddTo(cands, seq) }); n != 0 {
 		t.Fatalf("AddTo allocates %.0f times a call", n)
+	}
+}
+
+// TestPendingReleasesABurstsMemoryOnceEmpty: a leader's pending list is
+// empty most of the time; once a burst's bookings are all gone (applied,
+// dropped or cleared), it keeps no more than a small part of the memory
+// the burst took.
+func TestPendingReleasesABurstsMemoryOnceEmpty(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's shadow memory skews the heap")
+	}
+	for _, how := range []string{"settled", "cleared"} {
+		t.Run(how, func(t *testing.T) {
+			s := NewSequences()
+			p := NewPending()
+			before := liveHeap()
+			const n, blocks = 1000, 1024 // 1,000 booked routes of 16k-token prompts (block size 16)
+			seq := make([]uint64, blocks)
+			for i := range n {
+				for j := range seq {
+					seq[j] = uint64(i)<<20 | uint64(j)
+				}
+				p.Add(s, fmt.Sprintf("r%d", i), wkA0, seq, 1, 0)
+			}
+			peak := liveHeap()
+			if how == "cleared" {
+				p.Clear()
+			} else {
+				for i := range n {
+					p.Settle(fmt.Sprintf("r%d", i))
+				}
+			}
+			after := liveHeap()
+			runtime.KeepAlive(p)
+			if p.Len() != 0 {
+				t.Fatalf("%d still pending", p.Len())
+			}
+			t.Logf("heap: before %d KiB, at the burst's peak %d KiB, with nothing pending %d KiB", before>>10, peak>>10, after>>10)
+			if kept := int64(after) - int64(before); kept > int64(peak-before)/4 {
+				t.Fatalf("with nothing pending the Pending keeps %d KiB of the %d KiB the burst took", kept>>10, (peak-before)>>10)
+			}
+		})
 	}
 }
