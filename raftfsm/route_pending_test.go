@@ -201,18 +201,9 @@ func TestConcurrentBookedRoutesAndRetriesCountOnce(t *testing.T) {
 // busy is refused as overloaded, and a retry of the pending request id
 // answers its rank, booked once, rather than overloaded.
 func TestPendingBookingCountsBeforeItApplies(t *testing.T) {
-	g := newFSMGate()
-	c := newTestCluster(t, 1, func(cfg *Config) { cfg.applyGate = g.gate })
-	t.Cleanup(g.open)
-	l := c.leader()
 	p := indexer.DefaultParams()
 	p.BusyPrefillTokens = 100
-	if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4}); err != nil {
-		t.Fatal(err)
-	}
+	g, l := gatedBookingLeader(t, p, WorkerInfo{ID: 1, BlockSize: 4})
 	g.pause()
 	from := l.raft.LastIndex() + 1
 	q := RouteQuery{ISL: 200, Book: true, RequestID: "req-1"}
@@ -259,18 +250,9 @@ func TestPendingBookingCountsBeforeItApplies(t *testing.T) {
 func TestInFlightReservationCountsForBookedRoutes(t *testing.T) {
 	for _, first := range []string{"route", "reserve"} {
 		t.Run(first, func(t *testing.T) {
-			g := newFSMGate()
-			c := newTestCluster(t, 1, func(cfg *Config) { cfg.applyGate = g.gate })
-			t.Cleanup(g.open)
-			l := c.leader()
 			p := indexer.DefaultParams()
 			p.BusyPrefillTokens = 100
-			if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
-				t.Fatal(err)
-			}
-			if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4}); err != nil {
-				t.Fatal(err)
-			}
+			g, l := gatedBookingLeader(t, p, WorkerInfo{ID: 1, BlockSize: 4})
 			g.pause()
 			from := l.raft.LastIndex() + 1
 			done := make(chan error, 1)
@@ -358,20 +340,11 @@ func (h *heldCtx) Err() error {
 func TestDroppedPendingBookingKeepsBlocksOthersShare(t *testing.T) {
 	for _, failed := range []bool{false, true} {
 		t.Run(map[bool]string{false: "alone", true: "after-a-failed-route"}[failed], func(t *testing.T) {
-			g := newFSMGate()
-			c := newTestCluster(t, 1, func(cfg *Config) { cfg.applyGate = g.gate })
-			t.Cleanup(g.open)
-			l := c.leader()
 			p := indexer.DefaultParams()
 			p.BusyDecodeFraction = 0.5 // busy over 20 of 40 blocks
-			if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
-				t.Fatal(err)
-			}
 			var capacity [kvevent.NumTiers]int64
 			capacity[kvevent.TierDevice] = 40
-			if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4, Capacity: capacity}); err != nil {
-				t.Fatal(err)
-			}
+			g, l := gatedBookingLeader(t, p, WorkerInfo{ID: 1, BlockSize: 4, Capacity: capacity})
 			prompt := func(base uint32) []uint32 { // 16 blocks
 				tk := make([]uint32, 64)
 				for i := range tk {
@@ -426,4 +399,22 @@ func TestDroppedPendingBookingKeepsBlocksOthersShare(t *testing.T) {
 			}
 		})
 	}
+}
+
+// gatedBookingLeader starts a single-node cluster whose FSM applies wait on a
+// gate (open until the caller pauses it), with scoring parameters p and
+// worker w registered, and returns the gate and the leader.
+func gatedBookingLeader(t *testing.T, p indexer.Params, w WorkerInfo) (*fsmGate, *Node) {
+	t.Helper()
+	g := newFSMGate()
+	c := newTestCluster(t, 1, func(cfg *Config) { cfg.applyGate = g.gate })
+	t.Cleanup(g.open)
+	l := c.leader()
+	if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RegisterWorker(ctx(t), w); err != nil {
+		t.Fatal(err)
+	}
+	return g, l
 }
