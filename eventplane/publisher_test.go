@@ -3,6 +3,7 @@ package eventplane
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -231,10 +232,11 @@ func TestPublisherTakesTheAckOfDroppedInFlightEventsForProgress(t *testing.T) {
 		MinBackoff: 200 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
 	r := kvevent.Rank{Worker: 1}
 	ev := []kvevent.Event{{Kind: kvevent.KindCleared}}
-	for range 4 {
-		if _, err := p.Publish(r, ev); err != nil {
-			t.Fatal(err)
-		}
+	// One call, so that the first request holds all four: published one
+	// by one, the publisher could send the first alone, and the three
+	// dropped below would then be a gap for a dump this publisher has not.
+	if _, err := p.Publish(r, slices.Repeat(ev, 4)); err != nil {
+		t.Fatal(err)
 	}
 	<-tg.entered // events 1..4 are in flight
 	for range 4 {
@@ -243,7 +245,7 @@ func TestPublisherTakesTheAckOfDroppedInFlightEventsForProgress(t *testing.T) {
 		}
 	}
 	close(tg.release)
-	waitFor(t, 30*time.Second, "all acked", func() bool { a, _ := p.Cursor(r); return a == 8 })
+	waitFor(t, 10*time.Second, "all acked", func() bool { a, _ := p.Cursor(r); return a == 8 })
 	t.Logf("retries %v, dropped %v, requests %v", val(p.m.retries), val(p.m.dropped), val(p.m.requests))
 	if val(p.m.dropped) != 4 {
 		t.Fatalf("dropped %v events, want the 4 in flight", val(p.m.dropped))
