@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/kvevent"
 	"pgregory.net/rapid"
@@ -34,8 +35,12 @@ func candidatesFor(s *Sequences, ranks []kvevent.Rank, seq []uint64) []Candidate
 // the pending bookings' equals the load once the bookings still pending
 // apply, for the candidates of any request: requests, prefill tokens,
 // decode blocks (a block shared with a live or another pending booking
-// counts once) and potential decode blocks; also after some were dropped
-// (never to apply) between the adds of others.
+// counts once) and potential decode blocks. It holds whatever happens
+// between the adds: pending bookings dropped (never to apply) or applied,
+// and the live bookings changed under the pending ones (booked, freed,
+// grown by an output block, expired, their rank removed, the whole state
+// restored), so that a block a pending booking brings counts exactly while
+// no live booking of its rank holds it.
 func TestPendingLoadIsWhatTheBookingsAddOnceApplied(t *testing.T) {
 	ranks := []kvevent.Rank{wkA0, wkA1, wkB0}
 	type pend struct {
@@ -47,31 +52,70 @@ func TestPendingLoadIsWhatTheBookingsAddOnceApplied(t *testing.T) {
 	}
 	rapid.Check(t, func(t *rapid.T) {
 		committed := NewSequences()
-		p := NewPending()
-		for i, n := 0, rapid.IntRange(0, 6).Draw(t, "committed"); i < n; i++ {
-			id := fmt.Sprintf("c%d", i)
+		p := NewPending(committed)
+		var pending []pend
+		book := func(s *Sequences, id string, now int64) {
 			r := rapid.SampledFrom(ranks).Draw(t, "rank")
 			seq := genSeqHashes().Draw(t, "seq")
 			isl, cached := rapid.IntRange(0, 64).Draw(t, "isl"), rapid.IntRange(0, 64).Draw(t, "cached")
-			if _, err := committed.Add(id, r, seq, isl, cached, 0); err != nil {
+			if _, err := s.Add(id, r, seq, isl, cached, now); err != nil {
 				t.Fatal(err)
 			}
 		}
-		var pending []pend
-		for i, n := 0, rapid.IntRange(0, 8).Draw(t, "ops"); i < n; i++ {
-			if len(pending) > 0 && rapid.IntRange(0, 2).Draw(t, "op") == 0 {
-				// Its proposal failed: it never applies.
+		liveID := func() (string, bool) {
+			bs := committed.Bookings()
+			if len(bs) == 0 {
+				return "", false
+			}
+			return rapid.SampledFrom(bs).Draw(t, "live").ID, true
+		}
+		for i, n := 0, rapid.IntRange(0, 16).Draw(t, "ops"); i < n; i++ {
+			now := int64(i)
+			switch op := rapid.IntRange(0, 9).Draw(t, "op"); {
+			case op <= 2:
+				e := pend{id: fmt.Sprintf("p%d", i), r: rapid.SampledFrom(ranks).Draw(t, "rank"), seq: genSeqHashes().Draw(t, "seq"),
+					isl: rapid.IntRange(0, 64).Draw(t, "isl"), cached: rapid.IntRange(0, 64).Draw(t, "cached")}
+				if e.ticket = p.Add(e.id, e.r, e.seq, e.isl, e.cached); e.ticket == 0 {
+					t.Fatalf("Add(%s) recorded nothing", e.id)
+				}
+				pending = append(pending, e)
+			case op == 3 && len(pending) > 0: // its proposal failed: it never applies
 				j := rapid.IntRange(0, len(pending)-1).Draw(t, "drop")
 				p.Drop(pending[j].id, pending[j].ticket)
 				pending = slices.Delete(pending, j, j+1)
-				continue
+			case op == 4 && len(pending) > 0: // it applies, as FSM.applyBookAdd does
+				j := rapid.IntRange(0, len(pending)-1).Draw(t, "apply")
+				e := pending[j]
+				p.Settle(e.id)
+				if _, err := committed.Add(e.id, e.r, e.seq, e.isl, e.cached, now); err != nil {
+					t.Fatal(err)
+				}
+				pending = slices.Delete(pending, j, j+1)
+			case op == 5:
+				book(committed, fmt.Sprintf("c%d", i), now)
+			case op == 6:
+				if id, ok := liveID(); ok {
+					committed.Free(id)
+				}
+			case op == 7:
+				if id, ok := liveID(); ok {
+					committed.AddOutputBlock(id, rapid.Uint64Range(1, 12).Draw(t, "output"))
+				}
+			case op == 8:
+				if rapid.Bool().Draw(t, "expire") {
+					committed.Expire(now, time.Duration(rapid.Int64Range(1, 4).Draw(t, "age")))
+				} else {
+					committed.RemoveRank(rapid.SampledFrom(ranks).Draw(t, "remove"))
+				}
+			case op == 9: // a snapshot installed under the pending bookings
+				other := NewSequences()
+				for j, m := 0, rapid.IntRange(0, 4).Draw(t, "restored"); j < m; j++ {
+					book(other, fmt.Sprintf("r%d.%d", i, j), now)
+				}
+				if err := committed.Restore(other.Snapshot()); err != nil {
+					t.Fatal(err)
+				}
 			}
-			e := pend{id: fmt.Sprintf("p%d", i), r: rapid.SampledFrom(ranks).Draw(t, "rank"), seq: genSeqHashes().Draw(t, "seq"),
-				isl: rapid.IntRange(0, 64).Draw(t, "isl"), cached: rapid.IntRange(0, 64).Draw(t, "cached")}
-			if e.ticket = p.Add(committed, e.id, e.r, e.seq, e.isl, e.cached); e.ticket == 0 {
-				t.Fatalf("Add(%s) recorded nothing", e.id)
-			}
-			pending = append(pending, e)
 		}
 		applied := NewSequences()
 		for _, b := range committed.Bookings() {
@@ -99,10 +143,10 @@ func TestPendingLoadIsWhatTheBookingsAddOnceApplied(t *testing.T) {
 // applies, and will hold them.
 func TestPendingDropKeepsBlocksOtherBookingsShare(t *testing.T) {
 	s := NewSequences()
-	p := NewPending()
+	p := NewPending(s)
 	seq := []uint64{1, 2, 3, 4}
-	first := p.Add(s, "a", wkA0, seq, 16, 0)
-	p.Add(s, "b", wkA0, seq, 16, 0)
+	first := p.Add("a", wkA0, seq, 16, 0)
+	p.Add("b", wkA0, seq, 16, 0)
 	p.Drop("a", first)
 
 	got := []Candidate{{Rank: wkA0}}
@@ -122,14 +166,14 @@ func TestPendingCountsAnIDOnce(t *testing.T) {
 	mustBook(t, s, "live", wkA0, []uint64{1}, 8, 0, 0)
 	mustBook(t, s, "freed", wkA0, []uint64{1}, 8, 0, 0)
 	s.Free("freed")
-	p := NewPending()
+	p := NewPending(s)
 	for _, id := range []string{"live", "freed"} {
-		if p.Add(s, id, wkA1, []uint64{2}, 8, 0) != 0 {
+		if p.Add(id, wkA1, []uint64{2}, 8, 0) != 0 {
 			t.Fatalf("a pending booking of %s, which the tracker knows", id)
 		}
 	}
-	first := p.Add(s, "r", wkA1, []uint64{2, 3}, 8, 0)
-	if first == 0 || p.Add(s, "r", wkA1, []uint64{2, 3}, 8, 0) != 0 {
+	first := p.Add("r", wkA1, []uint64{2, 3}, 8, 0)
+	if first == 0 || p.Add("r", wkA1, []uint64{2, 3}, 8, 0) != 0 {
 		t.Fatal("a retry of a pending id was recorded again")
 	}
 	p.Drop("r", first+1)
@@ -137,7 +181,7 @@ func TestPendingCountsAnIDOnce(t *testing.T) {
 		t.Fatalf("a Drop with another ticket removed r (%v %v)", r, ok)
 	}
 	p.Settle("r")
-	again := p.Add(s, "r", wkA1, []uint64{2, 3}, 8, 0)
+	again := p.Add("r", wkA1, []uint64{2, 3}, 8, 0)
 	p.Drop("r", first)
 	if p.Len() != 1 {
 		t.Fatal("the first Add's Drop removed a later Add's booking")
@@ -154,10 +198,10 @@ func TestPendingCountsAnIDOnce(t *testing.T) {
 // to its candidates on the hot path.
 func TestPendingAddToDoesNotAllocate(t *testing.T) {
 	s := NewSequences()
-	p := NewPending()
+	p := NewPending(s)
 	seq := []uint64{1, 2, 3, 4}
-	p.Add(s, "a", wkA0, seq, 16, 0)
-	p.Add(s, "b", wkA1, seq[:2], 16, 0)
+	p.Add("a", wkA0, seq, 16, 0)
+	p.Add("b", wkA1, seq[:2], 16, 0)
 	cands := []Candidate{{Rank: wkA0}, {Rank: wkA1}, {Rank: wkB0}}
 	p.AddTo(cands, seq) // grows the scratch
 	if n := testing.AllocsPerRun(100, func() { p.AddTo(cands, seq) }); n != 0 {
@@ -176,7 +220,7 @@ func TestPendingReleasesABurstsMemoryOnceEmpty(t *testing.T) {
 	for _, how := range []string{"settled", "cleared"} {
 		t.Run(how, func(t *testing.T) {
 			s := NewSequences()
-			p := NewPending()
+			p := NewPending(s)
 			before := liveHeap()
 			const n, blocks = 1000, 1024 // 1,000 booked routes of 16k-token prompts (block size 16)
 			seq := make([]uint64, blocks)
@@ -184,7 +228,7 @@ func TestPendingReleasesABurstsMemoryOnceEmpty(t *testing.T) {
 				for j := range seq {
 					seq[j] = uint64(i)<<20 | uint64(j)
 				}
-				p.Add(s, fmt.Sprintf("r%d", i), wkA0, seq, 1, 0)
+				p.Add(fmt.Sprintf("r%d", i), wkA0, seq, 1, 0)
 			}
 			peak := liveHeap()
 			if how == "cleared" {
@@ -205,4 +249,58 @@ func TestPendingReleasesABurstsMemoryOnceEmpty(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPendingBlocksFollowTheLiveBookings: a block a pending booking
+// brings counts while, and only while, no live booking of its rank holds
+// it: two pending bookings of one prompt, the first applied, leave the
+// second adding none of its blocks (counted twice before, which made a
+// rank look busy at half its capacity); a pending booking whose blocks a
+// live booking held when it was added brings them once that one is freed
+// (counted nowhere before).
+func TestPendingBlocksFollowTheLiveBookings(t *testing.T) {
+	seq := []uint64{1, 2, 3, 4}
+	unrelated := []uint64{9}
+	check := func(t *testing.T, s *Sequences, p *Pending, pending ...string) {
+		t.Helper()
+		got := candidatesFor(s, []kvevent.Rank{wkA0, wkA1}, unrelated)
+		p.AddTo(got, unrelated)
+		applied := NewSequences()
+		for _, b := range s.Bookings() {
+			mustBook(t, applied, b.ID, b.Rank, b.SeqHashes, b.ISL, b.CachedTokens, 0)
+		}
+		for _, id := range pending {
+			mustBook(t, applied, id, wkA0, seq, 64, 0, 0)
+		}
+		if want := candidatesFor(applied, []kvevent.Rank{wkA0, wkA1}, unrelated); !slices.Equal(got, want) {
+			t.Fatalf("committed + pending:\n  %+v\nonce %v apply:\n  %+v", got, pending, want)
+		}
+	}
+	t.Run("a sharer applies", func(t *testing.T) {
+		s := NewSequences()
+		p := NewPending(s)
+		p.Add("a", wkA0, seq, 64, 0)
+		p.Add("b", wkA0, seq, 64, 0)
+		p.Settle("a")
+		mustBook(t, s, "a", wkA0, seq, 64, 0, 0)
+		check(t, s, p, "b")
+
+		cands := candidatesFor(s, []kvevent.Rank{wkA0}, seq)
+		p.AddTo(cands, seq)
+		cands[0].CapacityBlocks = 6
+		params := DefaultParams()
+		params.BusyDecodeFraction = 1
+		var d Decision
+		if err := Select(params, Request{ISL: 64, BlockSize: 16}, cands, nil, &d); err != nil {
+			t.Fatalf("a rank holding 4 distinct blocks of 6 refused: %v (decode blocks seen: %d)", err, cands[0].Load.ActiveDecodeBlocks)
+		}
+	})
+	t.Run("the sharer is freed", func(t *testing.T) {
+		s := NewSequences()
+		mustBook(t, s, "a", wkA0, seq, 64, 0, 0)
+		p := NewPending(s)
+		p.Add("b", wkA0, seq, 64, 0)
+		s.Free("a")
+		check(t, s, p, "b")
+	})
 }

@@ -127,7 +127,9 @@ type SequencesSnapshot struct {
 // RemoveRank, RemoveWorker, Restore) take a write lock, queries a read lock,
 // so route handlers may query while the FSM apply goroutine mutates. Queries
 // that need scratch space take it from the caller (PotentialScratch), one per
-// goroutine, so that concurrent readers share nothing writable.
+// goroutine, so that concurrent readers share nothing writable. A Pending
+// that watches it (NewPending) is called from its mutations, which must
+// then be made under the lock that orders the Pending's calls.
 //
 // The zero value is not ready; use NewSequences.
 type Sequences struct {
@@ -226,6 +228,7 @@ type seqState struct {
 	buf    []byte // encoding scratch for hashes; used under the write lock
 
 	journal SeqJournal // nil when no durable copy follows
+	watch   *Pending   // told when a rank starts or stops holding a hash; nil when none watches
 }
 
 func (st *seqState) init() {
@@ -708,6 +711,9 @@ func (s *Sequences) Restore(snap SequencesSnapshot) error {
 	}
 	s.mu.Lock()
 	st.journal = s.st.journal // a restore is not reported; the journal stays attached
+	if st.watch = s.st.watch; st.watch != nil {
+		st.watch.relive(&st)
+	}
 	s.st = st
 	s.mu.Unlock()
 	return nil
@@ -821,6 +827,9 @@ func (st *seqState) incRef(h uint64, b *booking) bool {
 	if e.n > 0 {
 		return false
 	}
+	if st.watch != nil {
+		st.watch.setLive(rs.rank, h, true)
+	}
 	sl, ok := st.blocks[h]
 	if !ok {
 		st.blocks[h] = slotList{first: slot}
@@ -855,6 +864,9 @@ func (st *seqState) decRef(h uint64, b *booking) bool {
 	}
 	rs.discount -= int64(b.discount)
 	delete(rs.refs, h)
+	if st.watch != nil {
+		st.watch.setLive(rs.rank, h, false)
+	}
 	sl := st.blocks[h]
 	last := len(sl.rest) - 1
 	if sl.first == slot {

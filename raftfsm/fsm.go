@@ -179,12 +179,10 @@ func OpenFSM(cfg FSMConfig) (*FSM, error) {
 }
 
 // applyBookAdd applies the add of booking b at now and returns its
-// outcome. It settles b's pending booking in the same step (under the
-// pending bookings' lock), so that a leader's route decision counts b
-// once: pending before, in the tracker after.
+// outcome. It settles b's pending booking in the same step (the caller
+// holds the pending bookings' lock), so that a leader's route decision
+// counts b once: pending before, in the tracker after.
 func (f *FSM) applyBookAdd(b *Booking, now int64) bookOutcome {
-	f.pending.mu.Lock()
-	defer f.pending.mu.Unlock()
 	f.pending.p.Settle(b.ID)
 	if w, ok := f.wtab[b.Rank.Worker]; !ok || !slices.Contains(w.DPRanks, b.Rank.DP) {
 		// The rank left after the decision that chose it: a booking
@@ -210,7 +208,6 @@ func openFSM(cfg FSMConfig) (*FSM, error) {
 			Help: "Time the FSM took to apply one batch of committed entries.", Buckets: prometheus.ExponentialBuckets(50e-6, 4, 10)}),
 		persistSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvrouter_raft_snapshot_duration_seconds",
 			Help: "Time one Raft snapshot took to write.", Buckets: prometheus.ExponentialBuckets(0.01, 4, 10)})}
-	f.pending.p = indexer.NewPending()
 	if f.groupBytes <= 0 {
 		f.groupBytes = store.GroupBytes
 	}
@@ -233,6 +230,9 @@ func openFSM(cfg FSMConfig) (*FSM, error) {
 	f.db = db
 	f.ix = indexer.New(cfg.Index)
 	f.seqs = indexer.NewSequences()
+	// The pending bookings watch the tracker: every change of f.seqs
+	// is made under f.pending.mu (pendingBooks).
+	f.pending.p = indexer.NewPending(f.seqs)
 	f.jrnl.f = f
 	return f, nil
 }
@@ -753,6 +753,8 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 		return f.removeWorker(c.workerID)
 	case cmdBook:
 		var out interface{}
+		f.pending.mu.Lock()
+		defer f.pending.mu.Unlock()
 		for _, op := range c.books {
 			switch op.kind {
 			case bookAdd:
@@ -771,7 +773,9 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 		}
 		return out
 	case cmdExpire:
+		f.pending.mu.Lock()
 		n := f.seqs.Expire(c.now, time.Duration(c.maxAgeNs))
+		f.pending.mu.Unlock()
 		f.expiredBookings.Add(uint64(n))
 		f.ix.ExpireOrphans(c.now)
 		return n
@@ -1010,7 +1014,9 @@ func (f *FSM) setCursor(r kvevent.Rank, c rankCursor) {
 // incarnation).
 func (f *FSM) removeRank(r kvevent.Rank) {
 	f.ix.RemoveRank(r)
+	f.pending.mu.Lock()
 	f.seqs.RemoveRank(r)
+	f.pending.mu.Unlock()
 	f.curMu.Lock()
 	f.cursors.Delete(r)
 	f.heard.Delete(r)
@@ -1021,7 +1027,9 @@ func (f *FSM) removeRank(r kvevent.Rank) {
 func (f *FSM) removeWorker(id uint64) error {
 	_, known := f.wtab[id]
 	f.ix.RemoveWorker(id)
+	f.pending.mu.Lock()
 	f.seqs.RemoveWorker(id)
+	f.pending.mu.Unlock()
 	f.curMu.Lock()
 	// In rank order, so that every replica's batch deletes in one order.
 	for _, r := range f.cursors.WorkerRanks(nil, id) {

@@ -2556,7 +2556,7 @@ func (n *Node) Reserve(ctx context.Context, b Booking) error {
 	// (pendingBooks): the booked routes decided meanwhile count it.
 	pending := &n.fsm.pending
 	pending.mu.Lock()
-	ticket := pending.p.Add(n.fsm.Sequences(), b.ID, b.Rank, b.SeqHashes, b.ISL, b.CachedTokens)
+	ticket := pending.p.Add(b.ID, b.Rank, b.SeqHashes, b.ISL, b.CachedTokens)
 	pending.mu.Unlock()
 	resp, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookAdd, b: b}}))
 	pending.drop(b.ID, ticket)

@@ -452,7 +452,10 @@ func (b *stateBuilder) install(f *FSM) error {
 			return fmt.Errorf("index: %w", err)
 		}
 	}
-	if err := f.seqs.Restore(b.snap); err != nil {
+	f.pending.mu.Lock()
+	err := f.seqs.Restore(b.snap)
+	f.pending.mu.Unlock()
+	if err != nil {
 		return fmt.Errorf("bookings: %w", err)
 	}
 	// The last-heard and registration times are the replaced state's

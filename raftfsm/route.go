@@ -48,7 +48,11 @@ var routePool = sync.Pool{New: func() any { return new(routeScratch) }}
 // or may never apply, as one a user restore aborted); one that still
 // applies later (the route stopped waiting) goes uncounted until it does.
 // Leadership lost clears them all: a new leader decides from what it
-// applies.
+// applies. The pending bookings watch the tracker (indexer.NewPending),
+// whose every change (an apply of a booking, a free, a sweep, a rank's
+// removal, a restore) is made under mu as well: a pending booking's blocks
+// count while no live booking of its rank holds them, however the live
+// bookings change meanwhile.
 type pendingBooks struct {
 	mu sync.Mutex
 	p  *indexer.Pending
@@ -173,6 +177,13 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	matched := time.Now()
 	st.Match = matched.Sub(hashed)
 	n.lookupSeconds.Observe(st.Match.Seconds())
+	// Candidates: every registered rank, in rank order (deterministic).
+	// The filter is the caller's code: it runs before the pending
+	// bookings' lock, which the FSM's apply takes too.
+	sc.cands = append(sc.cands[:0], view.cands...)
+	if q.Filter != nil {
+		sc.cands = slices.DeleteFunc(sc.cands, func(c indexer.Candidate) bool { return !q.Filter(c.Rank) })
+	}
 	// A booked route decides under the pending bookings' lock, with their
 	// load (pendingBooks); an unbooked one reads the committed load only,
 	// as every node does, and takes no lock shared with other routes.
@@ -182,12 +193,6 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	}
 	var idle int64
 	sc.loads, idle = n.fsm.Sequences().PotentialDecodeBlocks(sc.loads[:0], seq, &sc.pot)
-
-	// Candidates: every registered rank, in rank order (deterministic).
-	sc.cands = append(sc.cands[:0], view.cands...)
-	if q.Filter != nil {
-		sc.cands = slices.DeleteFunc(sc.cands, func(c indexer.Candidate) bool { return !q.Filter(c.Rank) })
-	}
 	for i := range sc.cands {
 		sc.cands[i].PotentialDecodeBlocks = idle
 	}
@@ -272,7 +277,7 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 			CachedTokens: min(int(c.OverlapBlocks)*bs, isl)}
 		// Pending until its apply settles it; a retry of an id pending or
 		// known to the tracker adds nothing (ticket 0).
-		ticket := pending.p.Add(n.fsm.Sequences(), b.ID, b.Rank, b.SeqHashes, b.ISL, b.CachedTokens)
+		ticket := pending.p.Add(b.ID, b.Rank, b.SeqHashes, b.ISL, b.CachedTokens)
 		pending.mu.Unlock()
 		resp, err := n.apply(ctx, encodeBook(now(), []bookOp{{kind: bookAdd, b: b}}))
 		pending.drop(b.ID, ticket)
