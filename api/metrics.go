@@ -205,11 +205,6 @@ func (m *metrics) routed(d *indexer.Decision, blockSize int) {
 			m.routePredicted[t].Add(float64(v))
 		}
 	}
-	var best int64
-	for i := range d.Candidates {
-		if c := &d.Candidates[i]; !c.Busy {
-			best = max(best, c.OverlapBlocks)
-		}
-	}
-	m.routeBest.Add(float64(min(best*bs, isl)))
+	// Not from d.Candidates: a brief route's hold the chosen one only.
+	m.routeBest.Add(float64(min(d.BestOverlapBlocks*bs, isl)))
 }

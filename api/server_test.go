@@ -628,6 +628,40 @@ func TestRoutedTokensAreCounted(t *testing.T) {
 	}
 }
 
+// TestBriefRouteCountsBestCachedTokensOfEveryEligibleRank: a brief
+// answer holds the chosen candidate only, and the best cached tokens are
+// still the best eligible rank's. Rank 2/1 holds the prompt but is loaded,
+// so the route picks an idle rank with nothing cached; full or brief, the
+// decision adds the 8 tokens 2/1 holds.
+func TestBriefRouteCountsBestCachedTokensOfEveryEligibleRank(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	r := kvevent.Rank{Worker: 2, DP: 1}
+	ev := kvevent.Event{Rank: r, EventID: 1, Kind: kvevent.KindStored, Tier: kvevent.TierDevice}
+	for i, h := range kvevent.LocalHashes(nil, tokens, 4, kvevent.Seed) {
+		ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: uint64(50 + i), LocalHash: h})
+	}
+	if _, err := n.fake.IngestEvents(context.Background(), []raftfsm.RankBatch{{Rank: r, Events: []kvevent.Event{ev}}}); err != nil {
+		t.Fatal(err)
+	}
+	// 400 prompt tokens booked on 2/1 (its cache makes it the cheapest).
+	a := send(t, n.http.URL, "POST", "/v1/route", `{"token_ids":[1,2,3,4,5,6,7,8],"isl":400,"book":true,"request_id":"load"}`)
+	if m := a.json(t); a.code != 200 || m["worker_id"] != 2.0 || m["dp_rank"] != 1.0 {
+		t.Fatalf("booking the load: %d %s", a.code, a.body)
+	}
+	for _, body := range []string{`{"token_ids":[1,2,3,4,5,6,7,8]}`, `{"token_ids":[1,2,3,4,5,6,7,8],"brief":true}`} {
+		before := counterValue(t, n.reg, "kvrouter_route_best_cached_tokens_total", nil)
+		a := send(t, n.http.URL, "POST", "/v1/route", body)
+		if m := a.json(t); a.code != 200 || m["worker_id"] == 2.0 && m["dp_rank"] == 1.0 {
+			t.Fatalf("route %s: %d %s (want a rank other than the loaded 2/1)", body, a.code, a.body)
+		}
+		if got := counterValue(t, n.reg, "kvrouter_route_best_cached_tokens_total", nil) - before; got != 8 {
+			t.Errorf("route %s added %v best cached tokens, want 8 (on 2/1, eligible though loaded)", body, got)
+		}
+	}
+}
+
 // TestRouteMetricsByModelAndStage: routes count under their model (the
 // first 32 names, later ones as other, none when unnamed), and each stage
 // of a decision is timed; a booking's only when booked.

@@ -245,6 +245,12 @@ type Decision struct {
 	Params        Params // the effective parameters (cluster merged with overrides)
 	Request       Request
 	Candidates    []CandidateScore
+
+	// BestOverlapBlocks is the longest OverlapBlocks of an eligible (not
+	// busy) candidate, to set against the chosen one's. It stands when
+	// Candidates are cut down (a brief route's hold the chosen one only);
+	// Prefer and Keep leave it as it is.
+	BestOverlapBlocks int64
 }
 
 // Prefer moves the choice to rank r when r is an eligible candidate whose
@@ -351,6 +357,7 @@ func Select(p Params, req Request, cands []Candidate, rng *rand.Rand, d *Decisio
 			}
 			continue
 		}
+		d.BestOverlapBlocks = max(d.BestOverlapBlocks, s.OverlapBlocks)
 		if best < 0 || better(s, &d.Candidates[best]) {
 			best = i
 		}

@@ -242,6 +242,9 @@ func TestBusyRanksAreSkipped(t *testing.T) {
 		if d.BusyRanks != 1 {
 			t.Errorf("%s: busy ranks %d, want 1", c.name, d.BusyRanks)
 		}
+		if d.BestOverlapBlocks != 0 {
+			t.Errorf("%s: best eligible overlap %d, want 0 (the busy rank's 10 blocks are not eligible)", c.name, d.BestOverlapBlocks)
+		}
 	}
 }
 

@@ -675,6 +675,39 @@ func TestRouteFollowsTheIndexOnEveryNode(t *testing.T) {
 	}
 }
 
+// TestBriefRouteKeepsBestEligibleOverlap: a brief route's decision holds
+// the chosen candidate only, and still the longest overlap of every
+// eligible rank (kvrouter_route_best_cached_tokens_total counts it). Rank
+// 1/0 holds the whole prompt but is loaded, so the route picks the idle
+// 1/1, which holds nothing.
+func TestBriefRouteKeepsBestEligibleOverlap(t *testing.T) {
+	l, tokens := twoIdleRanks(t, nil)
+	r0 := kvevent.Rank{Worker: 1, DP: 0}
+	ev := kvevent.Event{Rank: r0, EventID: 1, Kind: kvevent.KindStored, Tier: kvevent.TierDevice}
+	for i, h := range kvevent.LocalHashes(nil, tokens, 4, kvevent.Seed) {
+		ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: uint64(100 + i), LocalHash: h})
+	}
+	if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r0, Events: []kvevent.Event{ev}}}); err != nil {
+		t.Fatal(err)
+	}
+	load := make([]uint64, 100)
+	for i := range load {
+		load[i] = uint64(1000 + i)
+	}
+	if err := l.Reserve(ctx(t), Booking{ID: "load", Rank: r0, SeqHashes: load, ISL: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for _, brief := range []bool{false, true} {
+		res, err := l.Route(ctx(t), RouteQuery{Tokens: tokens, Brief: brief})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := &res.Decision; d.Rank.DP != 1 || d.BestOverlapBlocks != 16 {
+			t.Fatalf("brief %v: routed to %v with best eligible overlap %d, want 1/1 with 16 (on 1/0)", brief, d.Rank, d.BestOverlapBlocks)
+		}
+	}
+}
+
 // TestSilentRanks: a registered rank that sends nothing for SilentAfter is
 // reported silent on every node; its events make it heard again.
 func TestSilentRanks(t *testing.T) {

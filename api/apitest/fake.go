@@ -310,7 +310,8 @@ func (f *Fake) load(r kvevent.Rank) indexer.Load {
 
 // Route implements api.Backend: the overlap of each registered rank is the
 // run of the request's leading blocks it holds in any tier, counted in the
-// tier of each block's fastest copy; the choice is indexer.Select's.
+// tier of each block's fastest copy; the choice is indexer.Select's. A
+// brief route's decision holds the chosen candidate only, as the node's.
 func (f *Fake) Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteResult, error) {
 	if err := f.enter("Route", q.Book); err != nil {
 		return raftfsm.RouteResult{}, err
@@ -386,6 +387,10 @@ func (f *Fake) Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteRe
 		}
 		res.Booked = true
 		res.Stages.Book = time.Microsecond
+	}
+	if q.Brief {
+		res.Decision.Candidates = []indexer.CandidateScore{*res.Decision.Chosen()}
+		res.Decision.Index = 0
 	}
 	return res, nil
 }
