@@ -202,6 +202,65 @@ func TestWorkersPublishTheirCacheChangesOverZMQ(t *testing.T) {
 	t.Logf("%d requests, %d batches, %d stores, %d removes, %d blocks stored over ZMQ", res.Requests, fleet.Batches, stores, removes, fleet.Blocks)
 }
 
+// A node agent's subscriber (enginesub, with Resume) that comes back after
+// missing 3,000 batches of a simulated worker, all within the 10,000 its
+// replay ROUTER keeps, heals from the replay instead of resyncing (clearing)
+// the rank: the ROUTER dropped what passed its send high-water mark, so the
+// replay had holes.
+func TestSubscriberHealsFromALongReplay(t *testing.T) {
+	pub, err := enginepub.New(enginepub.Config{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	const n = 3000
+	var buf []byte
+	for i := range n {
+		buf = AppendBatch(buf[:0], 1, []WireEvent{{Kind: kvevent.KindRemoved, Hashes: []uint64{uint64(i + 1)}}}, 0)
+		if _, err := pub.Publish(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sink := &evSink{events: map[kvevent.Rank][]kvevent.Event{}, seqs: map[kvevent.Rank][]uint64{}}
+	zero := uint64(0)
+	sub, err := enginesub.New(enginesub.Config{Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(),
+		Rank: RankOf(0), Decoder: engine.Config{BlockSize: 16}, Sink: sink, Resume: &zero})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = sub.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		sink.mu.Lock()
+		got, trouble := len(sink.seqs[RankOf(0)]), slices.Clone(sink.trouble)
+		sink.mu.Unlock()
+		if got >= n || len(trouble) > 0 || time.Now().After(deadline) {
+			if got != n || len(trouble) > 0 {
+				t.Fatalf("caught up on %d of %d batches from the worker's replay; resets and resyncs: %v", got, n, trouble)
+			}
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // polling, bounded by the deadline
+	}
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	for j, s := range sink.seqs[RankOf(0)] {
+		if s != uint64(j) {
+			t.Fatalf("batch %d has sequence %d", j, s)
+		}
+	}
+}
+
 func firstDiff(a, b string) int {
 	la, lb := strings.Split(a, "\n"), strings.Split(b, "\n")
 	for i := range min(len(la), len(lb)) {

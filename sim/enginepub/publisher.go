@@ -12,7 +12,11 @@
 // serves the last Config.Buffer batches to a subscriber that missed some:
 // a request [delimiter "", start seq] is answered with every kept batch
 // from that sequence on as [topic, seq, payload], then the end marker (a
-// sequence of eight 0xff bytes, an empty payload).
+// sequence of eight 0xff bytes, an empty payload). The ROUTER is
+// mandatory (ZMQ_ROUTER_MANDATORY): past its send high-water mark it waits
+// for the subscriber to read instead of dropping, so a replay of the whole
+// buffer arrives whole; a subscriber that went away, or reads nothing for
+// replayStall, has its replay abandoned.
 //
 // Invariants:
 //   - Sequence numbers are consecutive from 0; a batch the socket could not
@@ -21,6 +25,9 @@
 //     later ones push it out; a replay returns kept batches in sequence
 //     order, and a request below the oldest one starts at the oldest (the
 //     subscriber sees the overrun).
+//   - A replay arrives whole and in order, end marker included, or stops
+//     short with no end marker (its subscriber went away or stalled): it
+//     never has a hole.
 //   - The XPUB socket is used under a mutex; the ROUTER only by the replay
 //     goroutine, which Close stops before it returns.
 package enginepub
@@ -47,6 +54,10 @@ const (
 // pollInterval bounds how long a receive blocks before the loop looks at
 // its context or stop channel again.
 const pollInterval = 50 * time.Millisecond
+
+// replayStall is how long a replay waits for its subscriber to take the
+// next message (its queue full) before the replay is abandoned.
+const replayStall = 10 * time.Second
 
 // endSeq is the sequence frame of the marker that ends a replay.
 var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
@@ -146,7 +157,11 @@ func New(cfg Config) (_ *Publisher, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("enginepub: new replay socket: %w", err)
 	}
-	if err := errors.Join(r.SetLinger(0), r.SetRcvtimeo(pollInterval)); err != nil {
+	// Mandatory: a message the subscriber's full queue cannot take fails
+	// (EAGAIN after the send timeout) instead of being dropped, and one to
+	// a subscriber that went away fails with EHOSTUNREACH.
+	if err := errors.Join(r.SetLinger(0), r.SetRcvtimeo(pollInterval), r.SetSndtimeo(pollInterval),
+		r.SetRouterMandatory(1)); err != nil {
 		r.Close()
 		return nil, fmt.Errorf("enginepub: replay socket options: %w", err)
 	}
@@ -299,15 +314,45 @@ func (p *Publisher) serveReplays(r *zmq.Socket) {
 		if len(frames) != 3 || len(frames[1]) != 0 || len(frames[2]) != 8 {
 			continue
 		}
-		id := frames[0]
-		for _, k := range p.from(binary.BigEndian.Uint64(frames[2])) {
-			var sf [8]byte
-			binary.BigEndian.PutUint64(sf[:], k.seq)
-			if _, err := r.SendMessage(id, []byte{}, p.topic, sf[:], k.payload); err != nil {
-				break
-			}
+		p.replayTo(r, frames[0], binary.BigEndian.Uint64(frames[2]))
+	}
+}
+
+// replayTo sends the subscriber id the kept batches from seq on, then the
+// end marker. It stops short, with no end marker, when a message cannot be
+// sent: the subscriber went away, took nothing for replayStall, or Close
+// was called. The subscriber then sees no end and retries or resyncs; a
+// replay with a hole would be taken for complete.
+func (p *Publisher) replayTo(r *zmq.Socket, id []byte, seq uint64) {
+	for _, k := range p.from(seq) {
+		var sf [8]byte
+		binary.BigEndian.PutUint64(sf[:], k.seq)
+		if !p.sendReplay(r, id, sf[:], k.payload) {
+			return
 		}
-		_, _ = r.SendMessage(id, []byte{}, p.topic, endSeq, []byte{})
+	}
+	p.sendReplay(r, id, endSeq, []byte{})
+}
+
+// sendReplay sends one replay message to the subscriber id, waiting while
+// its queue is full, for at most replayStall. It reports whether the
+// message was sent. A multipart message fails whole or not at all: a
+// mandatory ROUTER refuses on the identity frame, before any is queued.
+func (p *Publisher) sendReplay(r *zmq.Socket, id, seq, payload []byte) bool {
+	stall := time.Now().Add(replayStall)
+	for {
+		_, err := r.SendMessage(id, []byte{}, p.topic, seq, payload)
+		if err == nil {
+			return true
+		}
+		if zmq.AsErrno(err) != zmq.Errno(syscall.EAGAIN) || time.Now().After(stall) {
+			return false // EHOSTUNREACH: gone; or stalled
+		}
+		select {
+		case <-p.stop:
+			return false
+		default:
+		}
 	}
 }
 

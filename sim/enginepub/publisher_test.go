@@ -155,6 +155,130 @@ func TestReplayServesTheBoundedBuffer(t *testing.T) {
 	}
 }
 
+// replayAll asks d for a replay from seq 0 and reads it until the end
+// marker or the deadline: the sequences received, the holes among them and
+// whether the end marker came.
+func replayAll(t *testing.T, d *zmq.Socket, deadline time.Time) (got int, holes []string, ended bool) {
+	t.Helper()
+	if _, err := d.SendMessage([]byte{}, make([]byte, 8)); err != nil {
+		t.Fatal(err)
+	}
+	next := uint64(0)
+	for time.Now().Before(deadline) {
+		m, err := d.RecvMessageBytes(0)
+		if err != nil {
+			if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
+				continue
+			}
+			t.Fatal(err)
+		}
+		if len(m) != 4 { // [delimiter, topic, seq, payload]
+			t.Fatalf("reply of %d frames", len(m))
+		}
+		if bytes.Equal(m[2], endSeq) {
+			return got, holes, true
+		}
+		if s := seqOf(m[2]); s != next {
+			holes = append(holes, fmt.Sprintf("%d..%d", next, s-1))
+			next = s
+		}
+		next++
+		got++
+	}
+	return got, holes, false
+}
+
+// A replay of more batches than the ROUTER's send high-water mark (1,000
+// messages) arrives whole, in sequence, with its end marker: the socket
+// dropped what overflowed, so a replay of the last 10,000 batches had holes
+// and the subscriber resynced the rank.
+func TestLongReplayArrivesWholeWithItsEndMarker(t *testing.T) {
+	p := newPub(t, Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	const n = 5000
+	payload := bytes.Repeat([]byte{7}, 2048) // a batch of a few stored blocks
+	for range n {
+		if _, err := p.Publish(payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := socket(t, zmq.DEALER)
+	if err := d.Connect(p.ReplayEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	got, holes, ended := replayAll(t, d, time.Now().Add(30*time.Second))
+	if got != n || len(holes) > 0 || !ended {
+		t.Fatalf("replay of %d kept batches: received %d, missing %v, end marker received: %v", n, got, holes, ended)
+	}
+}
+
+// A subscriber that asks for a long replay and goes away before reading it
+// does not hold up the replay socket: the next subscriber's replay arrives
+// whole.
+func TestReplayToAGoneSubscriberDoesNotBlockTheNext(t *testing.T) {
+	p := newPub(t, Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	const n = 5000
+	payload := bytes.Repeat([]byte{7}, 2048)
+	for range n {
+		if _, err := p.Publish(payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gone := socket(t, zmq.DEALER)
+	if err := gone.Connect(p.ReplayEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gone.SendMessage([]byte{}, make([]byte, 8)); err != nil {
+		t.Fatal(err)
+	}
+	// Read one answer, so the request surely arrived, then go.
+	if m := recv(t, gone, time.Now().Add(10*time.Second)); len(m) != 4 {
+		t.Fatalf("reply of %d frames", len(m))
+	}
+	if err := gone.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d := socket(t, zmq.DEALER)
+	if err := d.Connect(p.ReplayEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	got, holes, ended := replayAll(t, d, time.Now().Add(60*time.Second))
+	if got != n || len(holes) > 0 || !ended {
+		t.Fatalf("replay after a gone subscriber's: received %d of %d, missing %v, end marker received: %v", got, n, holes, ended)
+	}
+}
+
+// Close does not wait on a replay whose subscriber reads nothing more (its
+// queue full, the replay waiting for room).
+func TestCloseDoesNotWaitOnAStalledReplay(t *testing.T) {
+	p := newPub(t, Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	payload := bytes.Repeat([]byte{7}, 32<<10) // 64 MiB in all: more than the queues and TCP hold
+	for range 2000 {
+		if _, err := p.Publish(payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := socket(t, zmq.DEALER)
+	if err := d.Connect(p.ReplayEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.SendMessage([]byte{}, make([]byte, 8)); err != nil {
+		t.Fatal(err)
+	}
+	if m := recv(t, d, time.Now().Add(10*time.Second)); len(m) != 4 {
+		t.Fatalf("reply of %d frames", len(m))
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Close still waits on the stalled replay")
+	}
+}
+
 func TestWaitSubscribedEndsWithItsContext(t *testing.T) {
 	p := newPub(t, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
