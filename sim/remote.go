@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
@@ -56,6 +57,10 @@ type Remote struct {
 	Stop context.Context
 	// StopGrace bounds the cleanup once Stop is done (default 3s).
 	StopGrace time.Duration
+	// Overrides, when set, go with every route request: the weights the
+	// in-process router is built with (kvsim's router weight flags), so
+	// that both score alike. Nil: the cluster's settings apply.
+	Overrides *indexer.Overrides
 
 	prefix   string
 	pending  []raftfsm.RankBatch // events not yet sent, per rank in first-seen order
@@ -364,7 +369,7 @@ func (p *Remote) Route(q *RouteQuery, _ int64) (int, int, error) {
 	ctx, cancel := p.ctx()
 	defer cancel()
 	res, err := p.Client.Route(ctx, api.RouteRequest{BlockHashes: q.Local, ISL: q.ISL, Book: true, RequestID: p.prefix + q.ID,
-		Brief: true})
+		Brief: true, Overrides: p.Overrides})
 	p.Calls++
 	if err != nil {
 		// The leader may have booked it before the answer was lost (a

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"runtime"
@@ -296,4 +300,79 @@ func TestLiveReplayOverEngineWires(t *testing.T) {
 		time.Sleep(5 * time.Millisecond) // polling, bounded by the deadline
 	}
 	t.Logf("\n%s", out)
+}
+
+// recordingCluster serves a fake cluster's API, as fakeCluster, and
+// records the JSON body of every route request it answers.
+func recordingCluster(t *testing.T) (addr string, routes func() []map[string]any) {
+	t.Helper()
+	f := apitest.New("n1", "")
+	srv := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	var mu sync.Mutex
+	var got []map[string]any
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/route") {
+			b, err := io.ReadAll(r.Body)
+			if err != nil {
+				t.Errorf("read a route request: %v", err)
+			}
+			var m map[string]any
+			if err := json.Unmarshal(b, &m); err != nil {
+				t.Errorf("route request %q: %v", b, err)
+			}
+			mu.Lock()
+			got = append(got, m)
+			mu.Unlock()
+			r.Body = io.NopCloser(bytes.NewReader(b))
+		}
+		srv.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		hs.Close()
+		srv.Close()
+	})
+	addr = strings.TrimPrefix(hs.URL, "http://")
+	st := f.Status()
+	st.HTTPAddr, st.LeaderHTTP = addr, addr
+	f.SetStatus(st)
+	return addr, func() []map[string]any {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
+}
+
+// A live replay sends the router weights given on the command line with
+// every route, as overrides, so that router_live and the in-process router
+// it is compared with score with the same weights; a weight not given is
+// not sent (the cluster's setting applies). Before, none was sent: the
+// cluster scored with its own weights, the in-process router with the
+// command line's.
+func TestLiveReplaySendsTheRouterWeightFlagsAsOverrides(t *testing.T) {
+	for _, tc := range []struct {
+		flags []string
+		want  map[string]any
+	}{
+		{nil, nil},
+		{[]string{"--overlap-credit", "8", "--prefill-load-scale", "3", "--decode-request-weight", "2"},
+			map[string]any{"overlap_score_credit": 8.0, "prefill_load_scale": 3.0, "decode_active_request_weight": 2.0}},
+		{[]string{"--decode-request-weight", "0.5"}, map[string]any{"decode_active_request_weight": 0.5}},
+	} {
+		addr, routes := recordingCluster(t)
+		args := []string{"replay", "--live", "--endpoints", addr, "--trace", genTrace(t), "--workers", "2", "--limit", "20", "--policies", "router"}
+		out, err := kvsim(t, append(args, tc.flags...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.flags, err)
+		}
+		rs := routes()
+		if len(rs) != 20 {
+			t.Fatalf("%v: %d route requests, want 20:\n%s", tc.flags, len(rs), out)
+		}
+		for i, r := range rs {
+			ov, _ := r["overrides"].(map[string]any)
+			if fmt.Sprint(ov) != fmt.Sprint(tc.want) {
+				t.Fatalf("%v: route %d carries overrides %v, want %v", tc.flags, i, ov, tc.want)
+			}
+		}
+	}
 }

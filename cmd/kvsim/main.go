@@ -154,9 +154,9 @@ Examples:
 			&cli.Float64Flag{Name: "kv-bytes-per-token", Value: sim.DefaultKVBytesPerToken, Usage: "timed: the model's KV bytes per token, which sizes a block's transfer between tiers; 1 to 16777216 (16 MiB)"},
 			&cli.StringFlag{Name: "policies", Usage: "comma-separated: " + strings.Join(sim.PolicyNames, ", ") + ", ceiling (default: every policy of the mode; v1: router,round_robin; empty for none)"},
 			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of randomised policies"},
-			&cli.Float64Flag{Name: "overlap-credit", Usage: "router: overlap_score_credit (default: timed 1, cache 50)"},
-			&cli.Float64Flag{Name: "prefill-load-scale", Usage: "router, least_loaded: prefill_load_scale (default: timed 1, cache 30)"},
-			&cli.Float64Flag{Name: "decode-request-weight", Usage: "router, least_loaded: decode_active_request_weight (default 0)"},
+			&cli.Float64Flag{Name: "overlap-credit", Usage: "router: overlap_score_credit (default: timed 1, cache 50); --live: sent with every route as an override"},
+			&cli.Float64Flag{Name: "prefill-load-scale", Usage: "router, least_loaded: prefill_load_scale (default: timed 1, cache 30); --live: sent with every route as an override"},
+			&cli.Float64Flag{Name: "decode-request-weight", Usage: "router, least_loaded: decode_active_request_weight (default 0); --live: sent with every route as an override"},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table, markdown or bench (BENCH lines)"},
 			&cli.StringFlag{Name: "plots", Usage: "write hit_rate.png (and ttft.png for timed and v1 replays) into `DIR`"},
 			&cli.IntFlag{Name: "limit", Usage: "replay only the first N requests (0 = all)"},
@@ -393,7 +393,7 @@ func runReplay(c *cli.Context) error {
 			}
 		}
 		if c.Bool("live") {
-			r, err := replayLive(c, pr, cfg)
+			r, err := replayLive(c, pr, cfg, weightOverrides(c, params))
 			if err != nil {
 				return withBookingsLeft(err, r)
 			}
@@ -505,10 +505,37 @@ func writePlots(errw io.Writer, dir, title string, rs []sim.Result) error {
 	return nil
 }
 
+// weightOverrides returns the router weights given on the command line,
+// as params has them, for the live router's route requests: it then scores
+// with the weights of the in-process router it is compared with. A weight
+// not given is left to the cluster's settings; nil when none is given.
+func weightOverrides(c *cli.Context, params indexer.Params) *indexer.Overrides {
+	var o indexer.Overrides
+	set := false
+	for _, w := range []struct {
+		flag string
+		dst  **float64
+		v    float64
+	}{
+		{"overlap-credit", &o.OverlapScoreCredit, params.OverlapScoreCredit},
+		{"prefill-load-scale", &o.PrefillLoadScale, params.PrefillLoadScale},
+		{"decode-request-weight", &o.DecodeActiveRequestWeight, params.DecodeActiveRequestWeight},
+	} {
+		if c.IsSet(w.flag) {
+			*w.dst = &w.v
+			set = true
+		}
+	}
+	if !set {
+		return nil
+	}
+	return &o
+}
+
 // replayLive replays through a running cluster, with a progress bar on a
 // terminal. With --zmq-base-port the workers publish their events on
 // their engine wires and node agents bring them to the cluster.
-func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config) (sim.Result, error) {
+func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config, overrides *indexer.Overrides) (sim.Result, error) {
 	opts, err := liveClientOptions(c)
 	if err != nil {
 		return sim.Result{}, err
@@ -525,7 +552,7 @@ func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config) (sim.Result, e
 	// requests in flight give up after a few seconds, or the first that
 	// fails (a cluster that stopped answering held kvsim for minutes).
 	p := &sim.Remote{Client: cl, Workers: cfg.Workers, BlockSize: cfg.BlockSize, CapacityBlocks: int64(cfg.CapacityTokens / cfg.BlockSize),
-		Stop: c.Context}
+		Stop: c.Context, Overrides: overrides}
 	var policy sim.Policy = p
 	var fleet *sim.WireFleet
 	setupWait := 30 * time.Second
