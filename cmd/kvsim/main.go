@@ -487,8 +487,13 @@ func withBookingsLeft(err error, r sim.Result) error {
 }
 
 // writePlots writes hit_rate.png, and ttft.png when a result has TTFT
-// figures (timed and v1); without, it says so on errw.
+// figures (timed and v1); without, it says so on errw. With no result
+// (--policies "") it writes nothing, not even dir, and says so.
 func writePlots(errw io.Writer, dir, title string, rs []sim.Result) error {
+	if len(rs) == 0 {
+		fmt.Fprintf(errw, "kvsim: --plots: no policy replayed (--policies is empty): no plot written into %s\n", dir)
+		return nil
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}

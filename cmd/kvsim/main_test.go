@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -62,6 +63,25 @@ func TestPlotsSayWhenThereIsNoTTFT(t *testing.T) {
 	}
 	if !strings.Contains(stderr, "no ttft.png") {
 		t.Fatalf("cache replay with --plots: stderr %q, want a word that no ttft.png was written", stderr)
+	}
+}
+
+// --policies "" (documented: empty for none) with --plots writes no plot,
+// says so on stderr and exits 0: it failed (exit 1) on a bar chart with no
+// bars ("plotter: no data points").
+func TestPlotsWithNoPoliciesWriteNothing(t *testing.T) {
+	for _, mode := range []string{"timed", "cache", "v1"} {
+		dir := filepath.Join(t.TempDir(), "plots")
+		_, stderr, err := kvsimStderr(t, "replay", "--mode", mode, "--trace", genTrace(t), "--limit", "5", "--policies", "", "--plots", dir)
+		if err != nil {
+			t.Fatalf("%s: --policies '' --plots DIR: %v (stderr %q)", mode, err, stderr)
+		}
+		if !strings.Contains(stderr, "no plot") {
+			t.Fatalf("%s: stderr %q, want a word that no plot was written", mode, stderr)
+		}
+		if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("%s: the plot directory: %v, want none written", mode, err)
+		}
 	}
 }
 
