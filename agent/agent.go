@@ -302,10 +302,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // refuses ends it, through stop.
 func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 	var kick chan struct{}
-	// Heartbeats are numbered; registeredAt is the number of the first
-	// heartbeat sent after the last registration went through, 0 while
-	// one is asked for or under way.
-	var beats, registeredAt atomic.Int64
+	var lv liveness
 	if a.cfg.Registrar != nil {
 		kick = make(chan struct{}, 1)
 		kick <- struct{}{}
@@ -313,7 +310,7 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := a.registrations(ctx, kick, &beats, &registeredAt); err != nil {
+			if err := a.registrations(ctx, kick, &lv); err != nil {
 				stop(err)
 			}
 		}()
@@ -325,7 +322,7 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 	warned := false
 	var failing heartbeatFailures
 	for {
-		sent := beats.Add(1)
+		sent := lv.beats.Add(1)
 		hctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval)
 		msg, err := a.cfg.Conn.RequestWithContext(hctx, a.cfg.HeartbeatSubject, body)
 		cancel()
@@ -334,15 +331,9 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 		}
 		if err == nil {
 			if unknown, err := eventplane.DecodeHeartbeat(msg.Data); err == nil && len(unknown) > 0 {
-				if kick != nil {
-					// Unknown to a heartbeat sent after the last
-					// registration went through: the worker was removed.
-					// (An answer to one sent before is stale, and while
-					// one is under way it answers this.)
-					if at := registeredAt.Load(); at != 0 && sent >= at && registeredAt.CompareAndSwap(at, 0) {
-						kick <- struct{}{}
-					}
-				} else if !warned {
+				if lv.heardUnknown(sent) && kick != nil {
+					kick <- struct{}{}
+				} else if kick == nil && !warned {
 					warned = true
 					a.log.Warn("the router does not know this worker and the agent has no router address to register it", "worker", a.cfg.Worker)
 				}
@@ -354,6 +345,63 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 		case <-t.C:
 		}
 	}
+}
+
+// liveness is what the heartbeats and the registrations know of the
+// worker on the router.
+//
+// Once the leader has answered a heartbeat saying it does not know the
+// worker, the ranks' state may be gone from the router: the removal of a
+// registered worker (its lease ran out, an operator removed it) takes it
+// at once, and the leader removes an unregistered worker's ranks after
+// its unregistered grace, which a first registration that keeps failing
+// outlasts. Run's dumps at start are no help then, and an idle rank sends
+// nothing that would show the router a gap. So every rank is resynced
+// once the worker is known again: when a registration goes through
+// (registered). Once per such turn from unknown to known: registered
+// clears unknown.
+type liveness struct {
+	beats atomic.Int64 // heartbeats sent: a heartbeat's number is the count once it is sent
+
+	mu sync.Mutex
+	// registeredAt is the number of the first heartbeat sent after the
+	// last registration went through, 0 while one is asked for or under
+	// way. An answer "unknown" to a heartbeat numbered below it is stale:
+	// the registration since answers it.
+	registeredAt int64
+	// unknown is set by an answer "unknown" that is not stale, and
+	// cleared when the ranks are resynced.
+	unknown bool
+}
+
+// heardUnknown records the leader's answer that it does not know the
+// worker, to heartbeat sent. It returns whether a registration is to be
+// asked for: the worker was registered and is unknown to a heartbeat
+// sent since, so it was removed (while one is under way, it answers
+// this).
+func (l *liveness) heardUnknown(sent int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if sent < l.registeredAt {
+		return false
+	}
+	l.unknown = true
+	if l.registeredAt == 0 {
+		return false
+	}
+	l.registeredAt = 0
+	return true
+}
+
+// registered records a registration that went through. It returns
+// whether the ranks are to be resynced: a heartbeat's answer said the
+// worker was unknown since they last were.
+func (l *liveness) registered() (resync bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.registeredAt = l.beats.Load() + 1
+	resync, l.unknown = l.unknown, false
+	return resync
 }
 
 // heartbeatFailures is what heartbeats remembers of a run of failed
@@ -398,15 +446,16 @@ func (a *Agent) noteHeartbeat(f *heartbeatFailures, err error, now time.Time) {
 }
 
 // registrations registers the worker each time kick asks, retrying with
-// backoff until it succeeds. A registration after the first one follows a
-// removal (the lease ran out, or an operator removed the worker), which
-// took the ranks' state off the router: every rank is resynced, so that
-// the router holds what the engine does again without waiting for the
+// backoff until it succeeds. A registration after a heartbeat's answer
+// said the worker was unknown (a removal: the lease ran out, an operator
+// removed the worker; or a first registration that went through only
+// after the leader's unregistered grace) may follow the ranks' state
+// leaving the router: every rank is resynced (liveness), so that the
+// router holds what the engine does again without waiting for the
 // engine's next event to show a gap. It returns nil when ctx ends, and an
 // error wrapping ErrRegistrationRefused when the router refused the
 // registration as invalid (refused): a retry would be refused too.
-func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, beats, registeredAt *atomic.Int64) error {
-	first := true
+func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, lv *liveness) error {
 	for {
 		select {
 		case <-ctx.Done():
@@ -450,14 +499,14 @@ func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, beats, 
 			}
 			backoff = min(2*backoff, 5*time.Second)
 		}
-		a.log.Info("worker registered", "worker", a.cfg.Worker, "lease", time.Duration(a.cfg.Registration.LeaseMs)*time.Millisecond)
-		registeredAt.Store(beats.Load() + 1)
-		if !first {
+		resync := lv.registered()
+		a.log.Info("worker registered", "worker", a.cfg.Worker, "lease", time.Duration(a.cfg.Registration.LeaseMs)*time.Millisecond,
+			"resync", resync)
+		if resync {
 			for _, r := range a.ranks {
 				a.pub.Resync(r)
 			}
 		}
-		first = false
 	}
 }
 

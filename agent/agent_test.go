@@ -37,6 +37,14 @@ type router struct {
 
 func startRouter(t *testing.T) *router {
 	t.Helper()
+	return startRouterGrace(t, 0)
+}
+
+// startRouterGrace is startRouter whose leader removes the ranks of a
+// worker that is not registered once it has stayed so for grace (0: the
+// ingester's default).
+func startRouterGrace(t *testing.T, grace time.Duration) *router {
+	t.Helper()
 	ns, err := eventplane.StartServer(eventplane.ServerConfig{Name: "n1", Addr: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +60,7 @@ func startRouter(t *testing.T) *router {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := eventplane.NewIngester(eventplane.IngesterConfig{Conn: nc, Node: node, Logger: quiet})
+	in, err := eventplane.NewIngester(eventplane.IngesterConfig{Conn: nc, Node: node, Logger: quiet, UnregisteredGrace: grace})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,4 +337,42 @@ func TestReRegistrationResyncsTheRanks(t *testing.T) {
 	waitFor(t, "the chain back in the router's index after the worker registered again", func() bool {
 		return registered() && matched(r, 3) == 3
 	})
+}
+
+// gatedRegistrar fails every registration, as an unreachable router HTTP
+// API does, until open is set; then it registers through node.
+type gatedRegistrar struct {
+	node *raftfsm.Node
+	open atomic.Bool
+}
+
+func (g *gatedRegistrar) RegisterWorker(ctx context.Context, w raftfsm.WorkerInfo) error {
+	if !g.open.Load() {
+		return errors.New("dial tcp 10.0.0.1:7080: connect: connection refused")
+	}
+	return g.node.RegisterWorker(ctx, w)
+}
+
+// TestFirstRegistrationAfterTheGraceResyncsTheRanks: the agent's first
+// registration goes through only after the leader's unregistered grace
+// removed the ranks its start dump and events had put on the router (the
+// router's HTTP API was unreachable for a while, NATS was not). The
+// heartbeats said the worker was unknown meanwhile, so the registration
+// resyncs every rank: the router holds an idle engine's blocks again. From
+// a review: the first registration was taken for one that needs no resync
+// (Run had dumped every rank already), and the worker was a route
+// candidate with an empty index until the engine's next event showed a
+// gap.
+func TestFirstRegistrationAfterTheGraceResyncsTheRanks(t *testing.T) {
+	r := startRouterGrace(t, 300*time.Millisecond)
+	reg := &gatedRegistrar{node: r.node}
+	a, _ := startAgentWith(t, r, Config{Registrar: reg, HeartbeatInterval: 20 * time.Millisecond,
+		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 10000}})
+	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3)}))
+	waitFor(t, "the chain on the router (the worker not registered yet)", func() bool { return matched(r, 3) == 3 })
+	waitFor(t, "the grace to remove the ranks", func() bool { return matched(r, 3) == 0 && r.node.FSM().Cursor(rank) == 0 })
+	// The router's HTTP API is reachable again; the engine stays idle.
+	reg.open.Store(true)
+	waitFor(t, "the worker registered", func() bool { return workerRegistered(r) })
+	waitFor(t, "the chain back on the router after the first registration", func() bool { return matched(r, 3) == 3 })
 }
