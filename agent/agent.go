@@ -12,6 +12,11 @@
 //   - On start every rank is resynced with a dump before any of its events
 //     go out: the router may hold a previous incarnation's state and
 //     cursor, and the new numbering must not be taken for duplicates.
+//   - Once the leader has answered a heartbeat saying it does not know the
+//     worker, every rank is resynced when it knows it again, whoever
+//     registered it (liveness): the removal, or the leader's grace for an
+//     unregistered worker, may have taken the ranks' state off the router,
+//     and an idle rank sends nothing that would show the router the gap.
 //   - When the engine restarts (a new epoch) or its stream lost batches that
 //     cannot be replayed, the rank is cleared, on the router too: a block
 //     the router may still route to must be one the engine reported and
@@ -265,9 +270,7 @@ func (a *Agent) Subscribers() []*enginesub.Subscriber { return a.group.Subscribe
 // an address in use) ends Run before the router takes the worker for
 // followed.
 func (a *Agent) Run(ctx context.Context) error {
-	for _, r := range a.ranks {
-		a.pub.Resync(r)
-	}
+	a.resyncAll()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	ran := make(chan error, 1)
@@ -295,11 +298,13 @@ func (a *Agent) Run(ctx context.Context) error {
 
 // heartbeats tells the leader every HeartbeatInterval that the worker is
 // alive, and has it registered (when a Registrar is set) at the start and
-// whenever the leader does not know it. Registration runs beside the
-// heartbeats, not between them: a try against a slow or unreachable HTTP
-// API takes seconds, and heartbeats held back meanwhile let the lease of a
-// live worker run out. It returns when ctx ends; a registration the router
-// refuses ends it, through stop.
+// whenever the leader does not know it, and resyncs every rank once the
+// worker is known again after the leader said it was not (liveness).
+// Without a Registrar, each time the leader says so is logged at Warn.
+// Registration runs beside the heartbeats, not between them: a try
+// against a slow or unreachable HTTP API takes seconds, and heartbeats
+// held back meanwhile let the lease of a live worker run out. It returns
+// when ctx ends; a registration the router refuses ends it, through stop.
 func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 	var kick chan struct{}
 	var lv liveness
@@ -330,12 +335,20 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 			a.noteHeartbeat(&failing, err, time.Now())
 		}
 		if err == nil {
-			if unknown, err := eventplane.DecodeHeartbeat(msg.Data); err == nil && len(unknown) > 0 {
+			switch unknown, err := eventplane.DecodeHeartbeat(msg.Data); {
+			case err != nil: // nothing learned
+			case len(unknown) > 0:
 				if lv.heardUnknown(sent) && kick != nil {
 					kick <- struct{}{}
 				} else if kick == nil && !warned {
-					warned = true
+					warned = true // until the worker is known again: each removal is logged
 					a.log.Warn("the router does not know this worker and the agent has no router address to register it", "worker", a.cfg.Worker)
+				}
+			default:
+				warned = false
+				if lv.heardKnown() {
+					a.log.Info("the router knows the worker again: every rank is resynced", "worker", a.cfg.Worker)
+					a.resyncAll()
 				}
 			}
 		}
@@ -357,9 +370,11 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 // its unregistered grace, which a first registration that keeps failing
 // outlasts. Run's dumps at start are no help then, and an idle rank sends
 // nothing that would show the router a gap. So every rank is resynced
-// once the worker is known again: when a registration goes through
-// (registered). Once per such turn from unknown to known: registered
-// clears unknown.
+// once the worker is known again, whoever registered it: when the
+// agent's registration goes through (registered), or a heartbeat is
+// answered without the worker's id (heardKnown; without a Registrar,
+// something else registers the worker). Once per such turn from unknown
+// to known: the first of the two clears unknown.
 type liveness struct {
 	beats atomic.Int64 // heartbeats sent: a heartbeat's number is the count once it is sent
 
@@ -391,6 +406,17 @@ func (l *liveness) heardUnknown(sent int64) bool {
 	}
 	l.registeredAt = 0
 	return true
+}
+
+// heardKnown records the leader's answer that it knows the worker. It
+// returns whether the ranks are to be resynced: an answer said the
+// worker was unknown since they last were. Heartbeats go one at a time,
+// so this answer came after any that heardUnknown recorded.
+func (l *liveness) heardKnown() (resync bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	resync, l.unknown = l.unknown, false
+	return resync
 }
 
 // registered records a registration that went through. It returns
@@ -503,10 +529,15 @@ func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, lv *liv
 		a.log.Info("worker registered", "worker", a.cfg.Worker, "lease", time.Duration(a.cfg.Registration.LeaseMs)*time.Millisecond,
 			"resync", resync)
 		if resync {
-			for _, r := range a.ranks {
-				a.pub.Resync(r)
-			}
+			a.resyncAll()
 		}
+	}
+}
+
+// resyncAll has every rank dumped to the router.
+func (a *Agent) resyncAll() {
+	for _, r := range a.ranks {
+		a.pub.Resync(r)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/kvrouter/kvrouter/enginesub"
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/testlog"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -102,7 +103,10 @@ func startAgentThen(t *testing.T, r *router, cfg Config, before func(*Agent)) (*
 	if cfg.Endpoint == "" {
 		cfg.Endpoint, cfg.Bind = "tcp://127.0.0.1:*", true
 	}
-	cfg.Worker, cfg.BlockSize, cfg.Conn, cfg.Logger = 7, 4, nc, quiet
+	cfg.Worker, cfg.BlockSize, cfg.Conn = 7, 4, nc
+	if cfg.Logger == nil {
+		cfg.Logger = quiet
+	}
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -375,4 +379,34 @@ func TestFirstRegistrationAfterTheGraceResyncsTheRanks(t *testing.T) {
 	reg.open.Store(true)
 	waitFor(t, "the worker registered", func() bool { return workerRegistered(r) })
 	waitFor(t, "the chain back on the router after the first registration", func() bool { return matched(r, 3) == 3 })
+}
+
+// TestWorkerRegisteredElsewhereIsResyncedAfterEachRemoval: an agent without
+// a Registrar (kvagent without --router: something else registers its
+// worker) hears from the leader's heartbeat answers that its worker was
+// removed (a lease ran out, an operator removed it), which took its ranks'
+// state off the router. Once the worker is registered again, whoever
+// registers it, the agent resyncs every rank: an idle engine's blocks are
+// back on the router. Each removal is logged, not only a process's first.
+// From a review: the agent warned once per process and never resynced.
+func TestWorkerRegisteredElsewhereIsResyncedAfterEachRemoval(t *testing.T) {
+	r := startRouter(t)
+	info := raftfsm.WorkerInfo{ID: 7, BlockSize: 4, DPRanks: []uint32{0}, LeaseMs: 60000}
+	must(t, r.node.RegisterWorker(context.Background(), info))
+	var logs testlog.Buffer
+	a, _ := startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3)}))
+	waitFor(t, "the chain on the router", func() bool { return matched(r, 3) == 3 })
+	for i := 1; i <= 2; i++ {
+		must(t, r.node.DeregisterWorker(context.Background(), 7))
+		if n := matched(r, 3); n != 0 {
+			t.Fatalf("removal %d: the router matches %d blocks of a removed worker", i, n)
+		}
+		waitFor(t, fmt.Sprintf("the agent to hear of removal %d", i), func() bool {
+			return len(logs.Lines("level=WARN", "the router does not know this worker")) == i
+		})
+		// An orchestrator registers the worker again; the engine is idle.
+		must(t, r.node.RegisterWorker(context.Background(), info))
+		waitFor(t, fmt.Sprintf("the chain back on the router after removal %d", i), func() bool { return matched(r, 3) == 3 })
+	}
 }
