@@ -208,10 +208,13 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, mirror: indexer.New(indexer.Config{}), offloaded: map[kvevent.Rank]kvevent.Mask{},
 		parked: map[kvevent.Rank]*parking{}}
-	reg := cfg.Registerer
-	if reg == nil {
-		reg = prometheus.NewRegistry()
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
 	}
+	// What New registers, the agent's metrics, the publisher's and the
+	// subscribers', it takes back when it fails: a New with the config
+	// fixed, on the same Registerer, would find them registered.
+	reg := &undoRegisterer{Registerer: cfg.Registerer}
 	a.resets = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_rank_clears_total",
 		Help: "Ranks cleared on the router: the engine restarted (engine_restart) or reset its cache (engine_cleared, on ranks with offload pools), or its stream lost batches."}, []string{"reason"})
 	a.pubErrs = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvagent_publish_errors_total",
@@ -224,6 +227,7 @@ func New(cfg Config) (*Agent, error) {
 		Help: "Offload pool blocks waiting for their parent to be stored before they are published."})
 	for _, c := range []prometheus.Collector{a.resets, a.pubErrs, a.mismatches, a.parkedN} {
 		if err := reg.Register(c); err != nil {
+			reg.undo()
 			return nil, fmt.Errorf("agent metrics: %w", err)
 		}
 	}
@@ -231,6 +235,7 @@ func New(cfg Config) (*Agent, error) {
 	pc.Conn, pc.Dump, pc.DropOldest, pc.Registerer, pc.Logger = cfg.Conn, a.dump, true, reg, cfg.Logger
 	pub, err := eventplane.NewPublisher(pc)
 	if err != nil {
+		reg.undo()
 		return nil, err
 	}
 	g, err := enginesub.NewGroup(enginesub.Config{Endpoint: cfg.Endpoint, ReplayEndpoint: cfg.ReplayEndpoint,
@@ -240,6 +245,7 @@ func New(cfg Config) (*Agent, error) {
 		Sink: a, Logger: cfg.Logger, Registerer: reg}, cfg.DPRanks)
 	if err != nil {
 		pub.Close()
+		reg.undo()
 		return nil, err
 	}
 	a.pub, a.group = pub, g
@@ -250,6 +256,39 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a.cfg.Registration.ID, a.cfg.Registration.DPRanks = cfg.Worker, dps
 	return a, nil
+}
+
+// undoRegisterer is a Registerer that remembers the collectors registered
+// through it, so that undo can take them back (a New that fails).
+type undoRegisterer struct {
+	prometheus.Registerer
+	done []prometheus.Collector
+}
+
+func (u *undoRegisterer) Register(c prometheus.Collector) error {
+	if err := u.Registerer.Register(c); err != nil {
+		return err
+	}
+	u.done = append(u.done, c)
+	return nil
+}
+
+// MustRegister is Register's, panicking on an error as the interface
+// says. Nothing New calls uses it.
+func (u *undoRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := u.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// undo unregisters every collector registered through u.
+func (u *undoRegisterer) undo() {
+	for _, c := range u.done {
+		u.Registerer.Unregister(c)
+	}
+	u.done = nil
 }
 
 // Ranks returns the ranks the agent follows.

@@ -20,6 +20,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/testlog"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // countingRegistrar counts the registrations it passes on.
@@ -182,6 +183,53 @@ func TestNewReconcilesTheRegisteredBlockSize(t *testing.T) {
 		}
 		t.Errorf("New with Config.BlockSize 16 and Registration.BlockSize 32: %v, want ErrConfig naming both", err)
 	}
+}
+
+// TestFailedNewTakesBackItsMetrics: a New that fails returns an error, not
+// a panic, and leaves none of its metrics on the caller's Registerer, so
+// that a New with the config fixed, on the same Registerer, goes through.
+// From a review: a config the subscribers refused (after the agent's and
+// the publisher's metrics were registered) left them registered, and a
+// Registerer that held one of the publisher's made New panic.
+func TestFailedNewTakesBackItsMetrics(t *testing.T) {
+	r := startRouter(t)
+	nc, err := nats.Connect(r.ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	// A registerer that holds another's metric under a name of the
+	// publisher's: the agent's own metrics are registered before it.
+	held := prometheus.NewRegistry()
+	held.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "kvagent_events_published_total", Help: "another's"}))
+	cfg := Config{Worker: 7, BlockSize: 4, Conn: nc, Logger: quiet, Registerer: held, Endpoint: "tcp://127.0.0.1:*", Bind: true}
+	if a, err := New(cfg); err == nil {
+		a.Close()
+		t.Fatal("New took a registerer holding a metric of the publisher's name")
+	}
+	fams, err := held.Gather()
+	must(t, err)
+	if len(fams) != 1 {
+		var names []string
+		for _, f := range fams {
+			names = append(names, f.GetName())
+		}
+		t.Fatalf("a failed New left metrics registered: %v", names)
+	}
+	// The subscribers refuse an endpoint without a scheme, once the
+	// agent's and the publisher's metrics are registered.
+	reg := prometheus.NewRegistry()
+	cfg.Registerer, cfg.Endpoint = reg, "localhost:5557"
+	if a, err := New(cfg); err == nil {
+		a.Close()
+		t.Fatal("New took an endpoint without a scheme")
+	}
+	cfg.Endpoint = "tcp://127.0.0.1:*"
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New with the config fixed, on the registerer of the failed one: %v", err)
+	}
+	a.Close()
 }
 
 // TestABindThatFailsRegistersNothing: when a subscriber cannot open its

@@ -85,8 +85,11 @@ type PublisherConfig struct {
 	// one, as every publisher should: two publishers that send the same
 	// rank must never share one. Tests set it.
 	Incarnation uint64
-	Registerer  prometheus.Registerer
-	Logger      *slog.Logger
+	// Registerer, when set, registers the kvagent_events_* metrics;
+	// NewPublisher fails, registering none, when it cannot (one of them
+	// is registered already).
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
 }
 
 func (c *PublisherConfig) defaults() {
@@ -358,7 +361,7 @@ type publisherMetrics struct {
 	buffered                                                                prometheus.Gauge
 }
 
-func newPublisherMetrics(reg prometheus.Registerer) publisherMetrics {
+func newPublisherMetrics(reg prometheus.Registerer) (publisherMetrics, error) {
 	c := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 	}
@@ -377,10 +380,19 @@ func newPublisherMetrics(reg prometheus.Registerer) publisherMetrics {
 		buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvagent_events_buffered",
 			Help: "Events in the replay buffers, unacknowledged."}),
 	}
-	if reg != nil {
-		reg.MustRegister(m.published, m.acked, m.full, m.dropped, m.dumps, m.requests, m.retries, m.unregistered, m.resends, m.buffered)
+	if reg == nil {
+		return m, nil
 	}
-	return m
+	cs := []prometheus.Collector{m.published, m.acked, m.full, m.dropped, m.dumps, m.requests, m.retries, m.unregistered, m.resends, m.buffered}
+	for i, c := range cs {
+		if err := reg.Register(c); err != nil {
+			for _, done := range cs[:i] {
+				reg.Unregister(done)
+			}
+			return m, fmt.Errorf("eventplane: register publisher metrics: %w", err)
+		}
+	}
+	return m, nil
 }
 
 // NewPublisher starts a publisher's send loop.
@@ -389,7 +401,11 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.Conn == nil {
 		return nil, errors.New("eventplane: a publisher needs a NATS connection")
 	}
-	p := &Publisher{cfg: cfg, m: newPublisherMetrics(cfg.Registerer), ranks: map[kvevent.Rank]*rankBuf{},
+	m, err := newPublisherMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	p := &Publisher{cfg: cfg, m: m, ranks: map[kvevent.Rank]*rankBuf{},
 		room: make(chan struct{}), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))}
 	p.timeout.Store(int64(cfg.RequestTimeout))
