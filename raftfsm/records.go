@@ -235,6 +235,8 @@ type stateBuilder struct {
 	linked   chan struct{}
 	lastKind byte  // the kind of add's last record
 	err      error // add's first error; add ignores records after it
+	// The node and residency records add took, for canonical.
+	nodeRecs, entryRecs int64
 
 	built *indexer.Index // prepare's index, for install
 }
@@ -374,8 +376,10 @@ func (b *stateBuilder) add(key, value []byte) error {
 	var err error
 	switch kind {
 	case store.KindNode:
+		b.nodeRecs++
 		err = b.node(k, value)
 	case store.KindEntry:
+		b.entryRecs++
 		err = b.entry(k, value)
 	case store.KindRank:
 		err = b.rank(k, value)
@@ -434,6 +438,36 @@ func (b *stateBuilder) prepare(like *indexer.Index) error {
 		return fmt.Errorf("bookings: %w", err)
 	}
 	b.built = ix
+	return nil
+}
+
+// canonical checks, after prepare, that the records add took are one per
+// item of the state built from them, each under the key that state
+// writes it at: that every later change of the state replaces or deletes
+// the very record that holds the item. The Loader accepts more, and loads
+// it as the write path would: two residency records of one rank on one
+// node (one is kept, under the newest engine hash), two node records at
+// one position (one node), node records that do not reach the root or
+// lead to no residency (not kept). The state database still holds every
+// record, and the ones the index dropped are never deleted: a residency
+// of a freed node, loaded at the next start, fails it ("missing or in a
+// cycle"). So a stream whose records are not canonical is refused by the
+// check before a user restore or a seed (checkSnapshot). Raft's own
+// restores do not ask (restoreFrom): their streams are a node's database,
+// which the journal writes one record per item, and a follower must take
+// the state its leader runs on.
+//
+// With keys strictly rising, a record per key, the counts tell it: every
+// node record builds its own node and keeps it, every residency record
+// its own residency.
+func (b *stateBuilder) canonical() error {
+	st := b.built.Stats()
+	if st.Nodes != b.nodeRecs {
+		return fmt.Errorf("%d tree node records make %d nodes: records name one position twice, do not reach the root, or lead to no residency", b.nodeRecs, st.Nodes)
+	}
+	if st.Entries != b.entryRecs {
+		return fmt.Errorf("%d residency records make %d residencies: a rank holds a node under two engine hashes", b.entryRecs, st.Entries)
+	}
 	return nil
 }
 

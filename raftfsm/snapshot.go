@@ -360,11 +360,14 @@ func InspectSnapshot(r io.Reader) (SnapshotInfo, error) {
 // checkSnapshot reads a whole stream as InspectSnapshot does, and also
 // builds the state it describes apart from any FSM's (like gives the
 // index configuration) and drops it: a stream whose records do not
-// decode, are out of key order, or do not make a consistent state is
-// ErrBadSnapshot, like a corrupt one. The online restore checks with it
-// before it hands a stream to Raft, whose user restore panics when the
-// FSM refuses one. The collector stays on: the state built is garbage
-// once checked, and the restore that follows builds it again.
+// decode, are out of key order, do not make a consistent state, or are
+// not the records that state writes, one per item under its key
+// (stateBuilder.canonical), is ErrBadSnapshot, like a corrupt one. The
+// online restore checks with it before it hands a stream to Raft, whose
+// user restore panics when the FSM refuses one, and the seed before it
+// writes a directory. It refuses more than the restore does (never
+// less). The collector stays on: the state built is garbage once
+// checked, and the restore that follows builds it again.
 func checkSnapshot(r io.Reader, like *indexer.Index) (SnapshotInfo, error) {
 	s := newSnapReader(r)
 	if err := s.header(); err != nil {
@@ -413,6 +416,9 @@ func checkSnapshot(r io.Reader, like *indexer.Index) (SnapshotInfo, error) {
 	}
 	if err := b.prepare(like); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+	}
+	if err := b.canonical(); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("%w: records the state would not write: %v", ErrBadSnapshot, err)
 	}
 	return s.info, nil
 }

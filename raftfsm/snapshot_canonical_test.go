@@ -1,0 +1,86 @@
+package raftfsm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/store"
+)
+
+// Records of hand-built streams, as the state database lays them out
+// (store/state.go).
+
+func workerRec(key uint64, w WorkerInfo) rec {
+	var e enc
+	encodeWorker(&e, &w)
+	return rec{append([]byte{store.KindWorker}, u64key(key)...), e.b}
+}
+
+func nodeRec(seq, parent, local uint64, root bool) rec {
+	v := binary.BigEndian.AppendUint64(nil, parent)
+	v = binary.BigEndian.AppendUint64(v, local)
+	flags := byte(0)
+	if root {
+		flags = 1
+	}
+	return rec{binary.BigEndian.AppendUint64([]byte{store.KindNode}, seq), append(v, flags)}
+}
+
+func entryRec(worker uint64, dp uint32, eh, seq uint64) rec {
+	k := binary.BigEndian.AppendUint64([]byte{store.KindEntry}, worker)
+	k = binary.BigEndian.AppendUint32(k, dp)
+	k = binary.BigEndian.AppendUint64(k, eh)
+	v := binary.BigEndian.AppendUint64(nil, seq)
+	v = append(v, 1) // tier 0
+	return rec{k, binary.BigEndian.AppendUint32(v, 0)}
+}
+
+// streamOfRecs lays out a current-format stream of recs (in key order),
+// with the counts they make.
+func streamOfRecs(recs []rec) []byte {
+	counts := map[byte]uint64{}
+	for _, r := range recs {
+		counts[r.k[0]]++
+	}
+	return buildStream(snapshotVersion, recs, map[byte]uint64{}, counts)
+}
+
+// TestCheckRefusesRecordsTheStateWouldNotWrite: the check before a user
+// restore or a seed refuses a stream whose records decode and load, but
+// not one record per item of the state they load into. From a review: a
+// rank holding one node under two engine hashes (two residency records)
+// passed; the index kept one residency, the state database both, and once
+// the worker was deregistered the other record pointed at a freed node,
+// so that no node of the cluster started again. A node record the index
+// merges or drops is the same: nothing would ever delete it.
+func TestCheckRefusesRecordsTheStateWouldNotWrite(t *testing.T) {
+	w1 := workerRec(1, WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}})
+	for _, tc := range []struct {
+		name string
+		recs []rec
+	}{
+		{"a rank holds a node under two engine hashes",
+			[]rec{w1, nodeRec(100, 0, 1000, true), entryRec(1, 0, 10, 100), entryRec(1, 0, 11, 100)}},
+		{"two node records at one position",
+			[]rec{w1, nodeRec(100, 0, 1000, true), nodeRec(101, 0, 1000, true), entryRec(1, 0, 10, 100), entryRec(1, 1, 10, 101)}},
+		{"a node record no rank holds",
+			[]rec{w1, nodeRec(100, 0, 1000, true), nodeRec(200, 0, 2000, true), entryRec(1, 0, 10, 100)}},
+		{"a node record whose parent is missing",
+			[]rec{w1, nodeRec(100, 0, 1000, true), nodeRec(200, 999, 2000, false), entryRec(1, 0, 10, 100)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := checkSnapshot(bytes.NewReader(streamOfRecs(tc.recs)), indexer.New(indexer.Config{}))
+			if !errors.Is(err, ErrBadSnapshot) {
+				t.Fatalf("check: %v, want ErrBadSnapshot", err)
+			}
+		})
+	}
+	// The same state with one record per item passes.
+	ok := []rec{w1, nodeRec(100, 0, 1000, true), nodeRec(200, 100, 2000, false), entryRec(1, 0, 10, 100), entryRec(1, 1, 10, 200)}
+	if _, err := checkSnapshot(bytes.NewReader(streamOfRecs(ok)), indexer.New(indexer.Config{})); err != nil {
+		t.Fatalf("check of a stream with one record per item: %v", err)
+	}
+}
