@@ -1,6 +1,8 @@
 package raftfsm
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -235,8 +237,10 @@ type stateBuilder struct {
 	linked   chan struct{}
 	lastKind byte  // the kind of add's last record
 	err      error // add's first error; add ignores records after it
-	// The node and residency records add took, for canonical.
+	// For canonical: the node and residency records add took, and the
+	// first record small took under a key the state does not write it at.
 	nodeRecs, entryRecs int64
+	stray               error
 
 	built *indexer.Index // prepare's index, for install
 }
@@ -308,10 +312,18 @@ func (b *stateBuilder) small(kind byte, k, v []byte) error {
 		b.cursors.Set(kvevent.Rank{Worker: w, DP: dp}, rankCursor{id: id, incarnation: inc})
 		return err
 	case store.KindWorker:
+		// The id is the value's; the key is where the state writes and
+		// deletes the record (u64key(id)).
 		d := dec{b: v}
 		w := decodeWorker(&d)
 		b.workers[w.ID] = w
-		return d.done()
+		if err := d.done(); err != nil {
+			return err
+		}
+		if !bytes.Equal(k, u64key(w.ID)) {
+			b.strayKey(fmt.Errorf("worker %d under the key %x", w.ID, k))
+		}
+		return nil
 	case store.KindBooking:
 		bk, err := decodeBooking(string(k), v)
 		b.snap.Bookings = append(b.snap.Bookings, bk)
@@ -336,6 +348,8 @@ func (b *stateBuilder) small(kind byte, k, v []byte) error {
 			h := d.sv("horizon")
 			if !b.clockSet {
 				b.snap.Swept, b.snap.Clock = true, h
+			} else {
+				b.strayKey(errors.New("an earlier build's expiry horizon beside the sweep clock"))
 			}
 		default:
 			return fmt.Errorf("%w: load meta record %q", store.ErrCorrupt, k)
@@ -344,6 +358,9 @@ func (b *stateBuilder) small(kind byte, k, v []byte) error {
 	case store.KindSettings:
 		s, err := decodeSettingsValue(v)
 		b.settings = s
+		if err == nil && string(k) != "s" {
+			b.strayKey(fmt.Errorf("settings under the key %q", k))
+		}
 		return err
 	case store.KindMember:
 		d := dec{b: v}
@@ -351,6 +368,14 @@ func (b *stateBuilder) small(kind byte, k, v []byte) error {
 		return d.done()
 	}
 	return fmt.Errorf("%w: record of kind %#x", store.ErrCorrupt, kind)
+}
+
+// strayKey notes, for canonical, a record the state would not write where
+// it is (the first one).
+func (b *stateBuilder) strayKey(err error) {
+	if b.stray == nil {
+		b.stray = err
+	}
 }
 
 // add adds one record of a snapshot stream (the full key, kind byte
@@ -451,16 +476,25 @@ func (b *stateBuilder) prepare(like *indexer.Index) error {
 // lead to no residency (not kept). The state database still holds every
 // record, and the ones the index dropped are never deleted: a residency
 // of a freed node, loaded at the next start, fails it ("missing or in a
-// cycle"). So a stream whose records are not canonical is refused by the
-// check before a user restore or a seed (checkSnapshot). Raft's own
-// restores do not ask (restoreFrom): their streams are a node's database,
-// which the journal writes one record per item, and a follower must take
-// the state its leader runs on.
+// cycle"). The same goes for a worker record under another worker's key
+// (its id is read from the value) and settings under a key other than
+// 's': the deregister and the settings applied later change the record at
+// the right key, and the other one comes back at the next start. An
+// earlier build's expiry horizon beside the sweep clock is not loaded
+// (the clock wins) but kept, which no state does. So a stream whose
+// records are not canonical is refused by the check before a user
+// restore or a seed (checkSnapshot). Raft's own restores do not ask
+// (restoreFrom): their streams are a node's database, which the journal
+// writes one record per item, and a follower must take the state its
+// leader runs on.
 //
 // With keys strictly rising, a record per key, the counts tell it: every
 // node record builds its own node and keeps it, every residency record
 // its own residency.
 func (b *stateBuilder) canonical() error {
+	if b.stray != nil {
+		return b.stray
+	}
 	st := b.built.Stats()
 	if st.Nodes != b.nodeRecs {
 		return fmt.Errorf("%d tree node records make %d nodes: records name one position twice, do not reach the root, or lead to no residency", b.nodeRecs, st.Nodes)

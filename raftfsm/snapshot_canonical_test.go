@@ -84,3 +84,48 @@ func TestCheckRefusesRecordsTheStateWouldNotWrite(t *testing.T) {
 		t.Fatalf("check of a stream with one record per item: %v", err)
 	}
 }
+
+// TestCheckRefusesARecordUnderAnotherKey: the check refuses a worker,
+// settings or load meta record under a key other than the one the state
+// writes it at. From a review: a worker record under another worker's key
+// (the id is read from the value) and settings under a key other than 's'
+// passed and restored; the deregister, or the settings applied after,
+// changed the record at the right key, and the restored one came back at
+// the next start, on the nodes that restarted only.
+func TestCheckRefusesARecordUnderAnotherKey(t *testing.T) {
+	settings := func(key byte) rec {
+		var e enc
+		encodeSettingsValue(&e, &Settings{Params: indexer.DefaultParams(), View: indexer.ViewTiered})
+		return rec{[]byte{store.KindSettings, key}, e.b}
+	}
+	loadMeta := func(key byte) rec {
+		var e enc
+		e.sv(5)
+		return rec{[]byte{store.KindLoadMeta, key}, e.b}
+	}
+	for _, tc := range []struct {
+		name string
+		recs []rec
+	}{
+		{"worker 7 under worker 1's key", []rec{workerRec(1, WorkerInfo{ID: 7, BlockSize: 16})}},
+		{"settings under 'x'", []rec{settings('x')}},
+		{"the sweep clock and an earlier build's horizon", []rec{loadMeta(loadMetaClock), loadMeta(loadMetaHorizon)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := checkSnapshot(bytes.NewReader(streamOfRecs(tc.recs)), indexer.New(indexer.Config{}))
+			if !errors.Is(err, ErrBadSnapshot) {
+				t.Fatalf("check: %v, want ErrBadSnapshot", err)
+			}
+		})
+	}
+	// Each under its own key passes; so does an earlier build's horizon
+	// alone (format 3).
+	for _, recs := range [][]rec{
+		{workerRec(7, WorkerInfo{ID: 7, BlockSize: 16}), loadMeta(loadMetaClock), settings('s')},
+		{loadMeta(loadMetaHorizon)},
+	} {
+		if _, err := checkSnapshot(bytes.NewReader(streamOfRecs(recs)), indexer.New(indexer.Config{})); err != nil {
+			t.Fatalf("check of records under their keys: %v", err)
+		}
+	}
+}
