@@ -172,18 +172,32 @@ func (s *snapReader) ReadByte() (byte, error) {
 	return b, err
 }
 
+// full reads the next n bytes into s.buf, which it grows as the bytes
+// arrive (doubling, from fullChunk) rather than to n at once: n is a
+// length the stream gives, up to maxRecordBytes, and a stream that gives
+// one without the bytes (a few dozen bytes saying 64 MiB) must not cost
+// more memory than it holds, twice over and a chunk.
 func (s *snapReader) full(n int) ([]byte, error) {
-	if cap(s.buf) < n {
-		s.buf = make([]byte, n)
+	p := s.buf[:0]
+	for len(p) < n {
+		if len(p) == cap(p) {
+			p = slices.Grow(p, min(n-len(p), max(len(p), fullChunk)))
+		}
+		m, err := io.ReadFull(s.r, p[len(p):min(n, cap(p))])
+		p = p[:len(p)+m]
+		if err != nil {
+			s.buf = p[:0]
+			return nil, err
+		}
 	}
-	p := s.buf[:n]
-	if _, err := io.ReadFull(s.r, p); err != nil {
-		return nil, err
-	}
+	s.buf = p
 	s.h.Write(p)
 	s.n += int64(n)
 	return p, nil
 }
+
+// fullChunk is the least full grows its buffer by.
+const fullChunk = 64 << 10
 
 func bad(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrBadSnapshot, fmt.Sprintf(format, args...))

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -739,6 +740,42 @@ func TestOverlongLengthIsABadSnapshot(t *testing.T) {
 				t.Errorf("the refused restore lost worker 7: %v", f.Workers())
 			}
 		})
+	}
+}
+
+// TestATruncatedRecordAllocatesOnlyTheBytesItHolds: a stream of a few
+// dozen bytes whose one record announces a value of maxRecordBytes (64
+// MiB) and then ends is refused as truncated, by the inspection and by
+// the check before a user restore, without allocating the length it
+// announces. From a review: the reader allocated the whole value before
+// reading it, 64 MiB for a 37-byte upload.
+func TestATruncatedRecordAllocatesOnlyTheBytesItHolds(t *testing.T) {
+	b := []byte(snapshotMagic)
+	b = binary.LittleEndian.AppendUint32(b, snapshotVersion)
+	b = binary.LittleEndian.AppendUint64(b, 1)
+	b = binary.LittleEndian.AppendUint64(b, 1)
+	b = append(b, 0)                            // no counts in the header
+	b = append(b, 2, store.KindWorker, 1)       // a key of 2 bytes
+	b = binary.AppendUvarint(b, maxRecordBytes) // a value of 64 MiB...
+	b = append(b, 'x')                          // ...of which one byte is there
+	for name, read := range map[string]func() error{
+		"inspect": func() error { _, err := InspectSnapshot(bytes.NewReader(b)); return err },
+		"check": func() error {
+			_, err := checkSnapshot(bytes.NewReader(b), indexer.New(indexer.Config{}))
+			return err
+		},
+	} {
+		var m0, m1 runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m0)
+		err := read()
+		runtime.ReadMemStats(&m1)
+		if !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), "truncated") {
+			t.Errorf("%s: %v, want ErrBadSnapshot for a truncated stream", name, err)
+		}
+		if d := m1.TotalAlloc - m0.TotalAlloc; d > 8<<20 {
+			t.Errorf("%s of a %d-byte stream allocated %d MiB", name, len(b), d>>20)
+		}
 	}
 }
 
