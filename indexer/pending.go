@@ -16,7 +16,12 @@
 // (hash, rank) a pending booking has is a hold that knows whether the
 // rank's live bookings hold the hash, and the Sequences the Pending watches
 // tells it when that changes (seqState.incRef and decRef call setLive; a
-// Restore calls relive).
+// Restore calls relive). Decay is left out: a block that a decaying
+// booking (SetDecay) alone holds counts in the committed load at its
+// weight, and a pending booking sharing it adds nothing, though once
+// applied it makes the block count whole; a rank whose requests decay
+// looks up to those blocks' discount lighter to the decisions made while
+// such a booking is pending.
 //
 // Invariants:
 //   - byID holds each request id at most once; a rank has an entry in ranks
