@@ -241,6 +241,9 @@ type stateBuilder struct {
 	// first record small took under a key the state does not write it at.
 	nodeRecs, entryRecs int64
 	stray               error
+	// names has node check each node record's key against the name the
+	// write path gives its position (checkSnapshot sets it).
+	names bool
 
 	built *indexer.Index // prepare's index, for install
 }
@@ -260,6 +263,20 @@ func newStateBuilder() *stateBuilder {
 func (b *stateBuilder) node(k, v []byte) error {
 	seq, parent, local, root, err := decodeNodeRecord(k, v)
 	b.l.AddNode(seq, parent, root, local)
+	if b.names && err == nil {
+		// A node is named by its position: a root child by its content
+		// hash, a deeper node by its parent's name and its content hash
+		// (indexer.Index.Store). A record under another name loads under
+		// it, and the index then refuses as a name collision a block
+		// that a state built from events takes.
+		name := local
+		if !root {
+			name = kvevent.SequenceHash(parent, local)
+		}
+		if seq != name {
+			b.strayKey(fmt.Errorf("tree node %#x named %#x by its position", seq, name))
+		}
+	}
 	return err
 }
 

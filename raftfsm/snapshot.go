@@ -388,6 +388,7 @@ func checkSnapshot(r io.Reader, like *indexer.Index) (SnapshotInfo, error) {
 		return SnapshotInfo{}, err
 	}
 	b := newStateBuilder()
+	b.names = true
 	// As restoreFrom loads it: the applied record is left out, and the
 	// keys must rise strictly, as the state's sorted tables refuse them
 	// otherwise (store.SortedTable.Set). Whatever the restore would

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/store"
 )
 
@@ -63,13 +64,19 @@ func TestCheckRefusesRecordsTheStateWouldNotWrite(t *testing.T) {
 		recs []rec
 	}{
 		{"a rank holds a node under two engine hashes",
-			[]rec{w1, nodeRec(100, 0, 1000, true), entryRec(1, 0, 10, 100), entryRec(1, 0, 11, 100)}},
+			[]rec{w1, nodeRec(100, 0, 100, true), entryRec(1, 0, 10, 100), entryRec(1, 0, 11, 100)}},
 		{"two node records at one position",
 			[]rec{w1, nodeRec(100, 0, 1000, true), nodeRec(101, 0, 1000, true), entryRec(1, 0, 10, 100), entryRec(1, 1, 10, 101)}},
 		{"a node record no rank holds",
-			[]rec{w1, nodeRec(100, 0, 1000, true), nodeRec(200, 0, 2000, true), entryRec(1, 0, 10, 100)}},
+			[]rec{w1, nodeRec(100, 0, 100, true), nodeRec(200, 0, 200, true), entryRec(1, 0, 10, 100)}},
 		{"a node record whose parent is missing",
-			[]rec{w1, nodeRec(100, 0, 1000, true), nodeRec(200, 999, 2000, false), entryRec(1, 0, 10, 100)}},
+			[]rec{w1, nodeRec(100, 0, 100, true), nodeRec(kvevent.SequenceHash(999, 2000), 999, 2000, false), entryRec(1, 0, 10, 100)}},
+		// From a second review: a root child of content hash 1000 under
+		// the name 999 loaded as node 999, and the restored cluster then
+		// refused, as a name collision, a root block of content hash 999
+		// that a state built from events takes.
+		{"a node record under another name than its position's",
+			[]rec{w1, nodeRec(999, 0, 1000, true), entryRec(1, 0, 10, 999)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := checkSnapshot(bytes.NewReader(streamOfRecs(tc.recs)), indexer.New(indexer.Config{}))
@@ -79,7 +86,8 @@ func TestCheckRefusesRecordsTheStateWouldNotWrite(t *testing.T) {
 		})
 	}
 	// The same state with one record per item passes.
-	ok := []rec{w1, nodeRec(100, 0, 1000, true), nodeRec(200, 100, 2000, false), entryRec(1, 0, 10, 100), entryRec(1, 1, 10, 200)}
+	child := kvevent.SequenceHash(100, 2000)
+	ok := []rec{w1, nodeRec(100, 0, 100, true), nodeRec(child, 100, 2000, false), entryRec(1, 0, 10, 100), entryRec(1, 1, 10, child)}
 	if _, err := checkSnapshot(bytes.NewReader(streamOfRecs(ok)), indexer.New(indexer.Config{})); err != nil {
 		t.Fatalf("check of a stream with one record per item: %v", err)
 	}
