@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -17,7 +18,7 @@ type ServerConfig struct {
 	Addr        string   // client listen address host:port; port 0 (or -1) picks one
 	ClusterName string   // default "kvrouter"
 	ClusterAddr string   // route listen address host:port; empty: no NATS cluster
-	Routes      []string // other servers' route addresses, host:port or nats-route://host:port
+	Routes      []string // other servers' route addresses, host:port or nats-route://host:port (CheckRoute)
 	// User and Password, when set, are required of clients.
 	User, Password string
 	// TLSCert and TLSKey (PEM files), when set, make clients connect with
@@ -43,12 +44,67 @@ func splitHostPort(addr string) (string, int, error) {
 	return host, port, nil
 }
 
+// CheckRoute says what is wrong with r as a route of the embedded server
+// (ServerConfig.Routes, kvrouter's --nats-routes), nil when nothing is:
+// host:port, or a URL nats-route://host:port (or nats://, as nats-server's
+// configuration takes it), with a host and a port from 1 to 65535 and
+// nothing after them. nats-server's own parse (RoutesFromStr) keeps a nil
+// URL for a route that does not parse (a list separated by spaces, an IPv6
+// address missing its ']'), and its route solicitation then crashes the
+// process on it. Its messages show the route with no password
+// (url.URL.Redacted) once it parsed.
+func CheckRoute(r string) error {
+	_, err := parseRoute(r)
+	return err
+}
+
+// parseRoute parses a route as CheckRoute checks it.
+func parseRoute(r string) (*url.URL, error) {
+	r = strings.TrimSpace(r)
+	full := r
+	if !strings.Contains(r, "://") {
+		full = "nats-route://" + r
+	}
+	u, err := url.Parse(full)
+	if err != nil || u == nil {
+		return nil, fmt.Errorf("%q does not parse as a route: want host:port or nats-route://host:port "+
+			"(a list is comma-separated; an IPv6 host is written in brackets, [::1]:6222)", r)
+	}
+	switch u.Scheme {
+	case "nats-route", "nats":
+	default:
+		return nil, fmt.Errorf("%q: scheme %q, want host:port or nats-route://host:port", u.Redacted(), u.Scheme)
+	}
+	if u.Hostname() == "" {
+		return nil, fmt.Errorf("%q has no host: want host:port", u.Redacted())
+	}
+	if p, err := strconv.ParseUint(u.Port(), 10, 16); err != nil || p == 0 {
+		return nil, fmt.Errorf("%q: want a port from 1 to 65535 (host:port)", u.Redacted())
+	}
+	if u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
+		return nil, fmt.Errorf("%q has more than a host and port: want host:port", u.Redacted())
+	}
+	return u, nil
+}
+
 // StartServer starts an embedded NATS server and waits until it accepts
-// connections. Call Shutdown on it to stop it.
+// connections. Call Shutdown on it to stop it. A route that CheckRoute
+// refuses is an error.
 func StartServer(cfg ServerConfig) (*server.Server, error) {
 	host, port, err := splitHostPort(cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("nats address %q: %w", cfg.Addr, err)
+	}
+	var routes []*url.URL
+	for _, r := range cfg.Routes {
+		if strings.TrimSpace(r) == "" {
+			continue
+		}
+		u, err := parseRoute(r)
+		if err != nil {
+			return nil, fmt.Errorf("nats route %w", err)
+		}
+		routes = append(routes, u)
 	}
 	opts := &server.Options{
 		ServerName: cfg.Name, Host: host, Port: port,
@@ -74,17 +130,7 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 		if opts.Cluster.Name == "" {
 			opts.Cluster.Name = "kvrouter"
 		}
-		var routes []string
-		for _, r := range cfg.Routes {
-			if r = strings.TrimSpace(r); r == "" {
-				continue
-			}
-			if !strings.Contains(r, "://") {
-				r = "nats-route://" + r
-			}
-			routes = append(routes, r)
-		}
-		opts.Routes = server.RoutesFromStr(strings.Join(routes, ","))
+		opts.Routes = routes
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {

@@ -147,3 +147,32 @@ func TestServerOnAPortInUseFailsAtOnce(t *testing.T) {
 		ln.Close()
 	}
 }
+
+// TestARouteThatDoesNotParseIsRefused: StartServer refuses a route that
+// nats-server cannot parse, or could not dial (no host, no port, port 0),
+// and takes host:port and nats-route:// URLs. From a review: nats-server's
+// RoutesFromStr kept a nil URL for a route that did not parse (routes
+// separated by spaces, an IPv6 address missing its ']'), and its route
+// solicitation crashed the process on it.
+func TestARouteThatDoesNotParseIsRefused(t *testing.T) {
+	for _, r := range []string{"127.0.0.1:6222 127.0.0.1:6223", "[::1:6222", "127.0.0.1", ":6222", "127.0.0.1:0",
+		"127.0.0.1:65536", "127.0.0.1:x", "http://127.0.0.1:6222", "nats-route://127.0.0.1:6222/x"} {
+		if err := CheckRoute(r); err == nil {
+			t.Errorf("CheckRoute(%q) = nil, want an error", r)
+		}
+		s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0", ClusterAddr: "127.0.0.1:0", Routes: []string{r}})
+		if err == nil {
+			s.Shutdown()
+			t.Errorf("StartServer with the route %q started", r)
+		}
+	}
+	for _, r := range []string{"127.0.0.1:6222", "[::1]:6222", "nats-route://127.0.0.1:6222", "nats://h.example:6222", " 127.0.0.1:6222 "} {
+		if err := CheckRoute(r); err != nil {
+			t.Errorf("CheckRoute(%q): %v", r, err)
+		}
+	}
+	// A route with a password shows none.
+	if err := CheckRoute("nats-route://alice:s3cret@127.0.0.1:0"); err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("a route with a password and port 0: %v, want an error that does not show it", err)
+	}
+}

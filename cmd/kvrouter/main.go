@@ -171,6 +171,9 @@ func run(c *cli.Context) error {
 			return cli.Exit(fmt.Sprintf("--nats-url %q: %v", eventplane.RedactURLs(u), err), 2)
 		}
 	}
+	if _, err := natsRoutes(c.String("nats-routes")); err != nil {
+		return cli.Exit(err.Error(), 2)
+	}
 	peers, err := parsePeers(c.String("peers"))
 	if err != nil {
 		return cli.Exit(err.Error(), 2)
@@ -532,11 +535,9 @@ func startNATS(c *cli.Context, id string, logger *slog.Logger) (*nats.Conn, nats
 		return nc, nil, nil
 	}
 	opts := eventplane.ClientOptions{Name: "kvrouter-" + id, User: c.String("nats-user"), Password: c.String("nats-password")}.NATSOptions()
-	var routes []string
-	for _, r := range strings.Split(c.String("nats-routes"), ",") {
-		if r = strings.TrimSpace(r); r != "" {
-			routes = append(routes, r)
-		}
+	routes, err := natsRoutes(c.String("nats-routes"))
+	if err != nil {
+		return nil, nil, err
 	}
 	s, err := eventplane.StartServer(eventplane.ServerConfig{Name: id, Addr: c.String("nats-addr"),
 		ClusterAddr: c.String("nats-cluster-addr"), Routes: routes,
@@ -555,6 +556,25 @@ func startNATS(c *cli.Context, id string, logger *slog.Logger) (*nats.Conn, nats
 }
 
 type natsShutdowner interface{ Shutdown() }
+
+// natsRoutes parses --nats-routes: the other nodes' NATS route addresses,
+// comma-separated, each checked as the embedded server takes it
+// (eventplane.CheckRoute); empty entries are skipped. run checks it before
+// the data directory is touched: a route nats-server cannot parse (a list
+// separated by spaces) crashed the process once its server started.
+func natsRoutes(s string) ([]string, error) {
+	var routes []string
+	for _, r := range strings.Split(s, ",") {
+		if r = strings.TrimSpace(r); r == "" {
+			continue
+		}
+		if err := eventplane.CheckRoute(r); err != nil {
+			return nil, fmt.Errorf("--nats-routes %w (other nodes' --nats-cluster-addr, comma-separated)", err)
+		}
+		routes = append(routes, r)
+	}
+	return routes, nil
+}
 
 // joinCluster asks the members at via (in turn) to add this node (join), unless the
 // node is the only member of the cluster its data directory holds
