@@ -16,7 +16,9 @@ import (
 // server of the router cluster, or an external NATS. The zero value
 // connects without credentials or TLS.
 type ClientOptions struct {
-	Name           string // the connection's name, as the server shows it
+	Name string // the connection's name, as the server shows it
+	// User and Password: a Password is sent only with its User, and a URL
+	// that carries user information is sent that instead (nats.go).
 	User, Password string
 	Creds          string // a credentials file (JWT and seed), for an external NATS
 	// TLSCA is a PEM file of the CA that signed the server's certificate

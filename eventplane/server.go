@@ -1,6 +1,7 @@
 package eventplane
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -19,12 +20,14 @@ type ServerConfig struct {
 	ClusterName string   // default "kvrouter"
 	ClusterAddr string   // route listen address host:port; empty: no NATS cluster
 	Routes      []string // other servers' route addresses, host:port or nats-route://host:port (CheckRoute)
-	// User and Password, when set, are required of clients.
+	// User and Password, when set, are required of clients; a Password
+	// needs its User (nats-server asks for nothing without one).
 	User, Password string
 	// TLSCert and TLSKey (PEM files), when set, make clients connect with
 	// TLS; TLSCA, when set too, requires of them a certificate that CA
-	// signed. Routes between the servers stay plain (the cluster network).
-	// In-process connections (the node's own) skip TLS.
+	// signed (it needs TLSCert and TLSKey). Routes between the servers stay
+	// plain (the cluster network). In-process connections (the node's own)
+	// skip TLS.
 	TLSCert, TLSKey, TLSCA string
 	Logger                 *slog.Logger
 }
@@ -88,12 +91,20 @@ func parseRoute(r string) (*url.URL, error) {
 }
 
 // StartServer starts an embedded NATS server and waits until it accepts
-// connections. Call Shutdown on it to stop it. A route that CheckRoute
-// refuses is an error.
+// connections. Call Shutdown on it to stop it. A setting that the server
+// would ignore, or not enforce, is an error: a route that CheckRoute
+// refuses, routes without a ClusterAddr, a Password without its User, a
+// TLSCA without TLSCert and TLSKey.
 func StartServer(cfg ServerConfig) (*server.Server, error) {
 	host, port, err := splitHostPort(cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("nats address %q: %w", cfg.Addr, err)
+	}
+	switch {
+	case cfg.Password != "" && cfg.User == "":
+		return nil, errors.New("nats server: a password needs its user (without one, every client is let in)")
+	case cfg.TLSCA != "" && (cfg.TLSCert == "" || cfg.TLSKey == ""):
+		return nil, errors.New("nats server: a TLS CA for client certificates needs the server's TLS certificate and key")
 	}
 	var routes []*url.URL
 	for _, r := range cfg.Routes {
@@ -105,6 +116,9 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 			return nil, fmt.Errorf("nats route %w", err)
 		}
 		routes = append(routes, u)
+	}
+	if len(routes) > 0 && cfg.ClusterAddr == "" {
+		return nil, errors.New("nats server: routes need a cluster address to route from")
 	}
 	opts := &server.Options{
 		ServerName: cfg.Name, Host: host, Port: port,

@@ -176,3 +176,21 @@ func TestARouteThatDoesNotParseIsRefused(t *testing.T) {
 		t.Errorf("a route with a password and port 0: %v, want an error that does not show it", err)
 	}
 }
+
+// TestSettingsTheServerWouldNotEnforceAreRefused: StartServer refuses a
+// password without its user (nats-server would let every client in), a
+// CA for client certificates without the server's TLS certificate (it
+// would serve no TLS), and routes without a cluster address (it would
+// route nowhere), rather than start without them. From a review.
+func TestSettingsTheServerWouldNotEnforceAreRefused(t *testing.T) {
+	for name, cfg := range map[string]ServerConfig{
+		"a password alone":   {Addr: "127.0.0.1:0", Password: "s3cret"},
+		"a CA alone":         {Addr: "127.0.0.1:0", TLSCA: "ca.pem"},
+		"routes, no cluster": {Addr: "127.0.0.1:0", Routes: []string{"127.0.0.1:6222"}},
+	} {
+		if s, err := StartServer(cfg); err == nil {
+			s.Shutdown()
+			t.Errorf("StartServer with %s started", name)
+		}
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime"
@@ -72,16 +73,16 @@ func newApp() *cli.App {
 			&cli.Int64Flag{Name: "snapshot-bytes", Value: 256 << 20, EnvVars: []string{"KVROUTER_SNAPSHOT_BYTES"}, Usage: "also snapshot once the entries applied since the last snapshot hold this many bytes (negative: never)"},
 			&cli.DurationFlag{Name: "booking-max-age", Value: indexer.DefaultBookingMaxAge, EnvVars: []string{"KVROUTER_BOOKING_MAX_AGE"}, Usage: "a booked request never freed stops counting as load this long after it was booked, and a freed request id may be booked again (1s to 24h); the leader's sweep applies its own value, so give every node the same"},
 			&cli.DurationFlag{Name: "silent-after", Value: time.Minute, EnvVars: []string{"KVROUTER_SILENT_AFTER"}, Usage: "report a registered rank silent after this long without events (kvctl workers)"},
-			&cli.StringFlag{Name: "nats-addr", Value: "127.0.0.1:4222", EnvVars: []string{"KVROUTER_NATS_ADDR"}, Usage: "embedded NATS server's client listen address (agents publish events here)"},
-			&cli.StringFlag{Name: "nats-cluster-addr", EnvVars: []string{"KVROUTER_NATS_CLUSTER_ADDR"}, Usage: "embedded NATS server's route listen address; set it on every node to form one NATS cluster"},
-			&cli.StringFlag{Name: "nats-routes", EnvVars: []string{"KVROUTER_NATS_ROUTES"}, Usage: "other nodes' NATS route addresses, host:port,..."},
+			&cli.StringFlag{Name: "nats-addr", Value: "127.0.0.1:4222", EnvVars: []string{"KVROUTER_NATS_ADDR"}, Usage: "embedded NATS server's client listen address (agents publish events here; not with --nats-url)"},
+			&cli.StringFlag{Name: "nats-cluster-addr", EnvVars: []string{"KVROUTER_NATS_CLUSTER_ADDR"}, Usage: "embedded NATS server's route listen address; set it on every node to form one NATS cluster (not with --nats-url)"},
+			&cli.StringFlag{Name: "nats-routes", EnvVars: []string{"KVROUTER_NATS_ROUTES"}, Usage: "other nodes' NATS route addresses, host:port,... (with --nats-cluster-addr; not with --nats-url)"},
 			&cli.StringFlag{Name: "nats-url", EnvVars: []string{"KVROUTER_NATS_URL"}, Usage: "use this external NATS (nats://[user:password@]host:port,...) instead of the embedded server; logs and messages show no password"},
 			&cli.StringFlag{Name: "nats-user", EnvVars: []string{"KVROUTER_NATS_USER"}, Usage: "NATS user (required of clients by the embedded server; sent to an external one)"},
-			&cli.StringFlag{Name: "nats-password", EnvVars: []string{"KVROUTER_NATS_PASSWORD"}, Usage: "NATS password"},
-			&cli.StringFlag{Name: "nats-creds", EnvVars: []string{"KVROUTER_NATS_CREDS"}, Usage: "NATS credentials file for an external NATS"},
+			&cli.StringFlag{Name: "nats-password", EnvVars: []string{"KVROUTER_NATS_PASSWORD"}, Usage: "NATS password of --nats-user (not with a --nats-url that carries user information)"},
+			&cli.StringFlag{Name: "nats-creds", EnvVars: []string{"KVROUTER_NATS_CREDS"}, Usage: "NATS credentials file for an external NATS (--nats-url only)"},
 			&cli.StringFlag{Name: "nats-tls-cert", EnvVars: []string{"KVROUTER_NATS_TLS_CERT"}, Usage: "PEM certificate: the embedded server serves TLS with it; with --nats-url, this node's client certificate"},
 			&cli.StringFlag{Name: "nats-tls-key", EnvVars: []string{"KVROUTER_NATS_TLS_KEY"}, Usage: "PEM key of --nats-tls-cert"},
-			&cli.StringFlag{Name: "nats-tls-ca", EnvVars: []string{"KVROUTER_NATS_TLS_CA"}, Usage: "PEM CA: the embedded server requires client certificates it signed; with --nats-url, the CA of the server's certificate"},
+			&cli.StringFlag{Name: "nats-tls-ca", EnvVars: []string{"KVROUTER_NATS_TLS_CA"}, Usage: "PEM CA: the embedded server requires client certificates it signed (with --nats-tls-cert and --nats-tls-key); with --nats-url, the CA of the server's certificate"},
 			&cli.StringFlag{Name: "events-subject", Value: eventplane.DefaultSubject, EnvVars: []string{"KVROUTER_EVENTS_SUBJECT"}, Usage: "subject of event requests (the dump subject is <subject>.dump; not " + eventplane.DefaultHeartbeatSubject + ", the heartbeat subject)"},
 			&cli.DurationFlag{Name: "events-linger", Value: time.Millisecond, EnvVars: []string{"KVROUTER_EVENTS_LINGER"}, Usage: "how long the leader waits to pack more event requests into one Raft entry"},
 			&cli.DurationFlag{Name: "unregistered-grace", Value: 2 * time.Minute, EnvVars: []string{"KVROUTER_UNREGISTERED_GRACE"}, Usage: "the leader removes the ranks of a worker that is not registered (its agent publishes before registering, after its removal, or never registers) once it stays so for this long"},
@@ -172,6 +173,9 @@ func run(c *cli.Context) error {
 		}
 	}
 	if _, err := natsRoutes(c.String("nats-routes")); err != nil {
+		return cli.Exit(err.Error(), 2)
+	}
+	if err := checkNATSFlags(c); err != nil {
 		return cli.Exit(err.Error(), 2)
 	}
 	peers, err := parsePeers(c.String("peers"))
@@ -428,6 +432,73 @@ func checkAddrs(c *cli.Context) error {
 		}
 	}
 	return nil
+}
+
+// checkNATSFlags refuses the NATS flags that the node would ignore, or that
+// would not do what they say, given with the others (docs/events.md): a
+// usage error (exit 2) naming the flag, before the data directory is
+// touched. From a review: the embedded server ran without TLS with
+// --nats-tls-ca alone, and let every client in with --nats-password alone;
+// --nats-creds and, with --nats-url, the embedded server's flags were
+// dropped without a word; and so were --nats-user and --nats-password with
+// a --nats-url that carries user information, which nats.go sends instead
+// of them (a user alone, as a token). run checked --nats-url and
+// --nats-routes before.
+func checkNATSFlags(c *cli.Context) error {
+	user, password := c.String("nats-user"), c.String("nats-password")
+	cert, key, ca := c.String("nats-tls-cert"), c.String("nats-tls-key"), c.String("nats-tls-ca")
+	if (cert == "") != (key == "") {
+		return errors.New("--nats-tls-cert and --nats-tls-key go together: give both, or neither")
+	}
+	if urls := c.String("nats-url"); urls != "" {
+		for _, f := range []string{"nats-addr", "nats-cluster-addr", "nats-routes"} {
+			if c.IsSet(f) {
+				return fmt.Errorf("--%s configures the embedded NATS server, which --nats-url replaces: give one or the other", f)
+			}
+		}
+		if u := natsURLWithUser(urls); u != "" && (user != "" || password != "") {
+			return fmt.Errorf("--nats-url %q carries user information, which NATS sends instead of --nats-user and --nats-password "+
+				"(a user alone, with no password, as a token): give the user and password in the URLs or in the flags, not both", u)
+		}
+		if password != "" && user == "" {
+			return errors.New("--nats-password needs --nats-user: NATS sends a password only with its user")
+		}
+		return nil
+	}
+	routes, _ := natsRoutes(c.String("nats-routes"))
+	switch {
+	case password != "" && user == "":
+		return errors.New("--nats-password needs --nats-user: the embedded server asks its clients for credentials only when it has a user " +
+			"(with a password alone, it lets every client in)")
+	case ca != "" && cert == "":
+		return errors.New("--nats-tls-ca makes the embedded server require client certificates that CA signed, over TLS: " +
+			"it needs --nats-tls-cert and --nats-tls-key, the server's certificate")
+	case c.String("nats-creds") != "":
+		return errors.New("--nats-creds is a credentials file for an external NATS (--nats-url): " +
+			"the embedded server asks its clients for --nats-user and --nats-password")
+	case len(routes) > 0 && c.String("nats-cluster-addr") == "":
+		return errors.New("--nats-routes needs --nats-cluster-addr: the embedded server routes to the other nodes' only when it listens for routes itself")
+	}
+	return nil
+}
+
+// natsURLWithUser returns the first URL of urls (--nats-url, which
+// eventplane.CheckNATSURLs took) that carries user information, as
+// eventplane.RedactURLs shows it, or "" when none does.
+func natsURLWithUser(urls string) string {
+	for _, u := range strings.Split(urls, ",") {
+		if u = strings.TrimSpace(u); u == "" {
+			continue
+		}
+		full := u
+		if !strings.Contains(u, "://") {
+			full = "nats://" + u
+		}
+		if p, err := url.Parse(full); err == nil && p.User != nil {
+			return eventplane.RedactURLs(u)
+		}
+	}
+	return ""
 }
 
 // checkAddr says what is wrong with the value of the address flag named

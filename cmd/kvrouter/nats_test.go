@@ -5,6 +5,9 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/eventplane"
 )
 
 // TestMistypedNATSRoutesIsAUsageErrorNotACrash: a --nats-routes entry the
@@ -40,5 +43,55 @@ func TestMistypedNATSRoutesIsAUsageErrorNotACrash(t *testing.T) {
 		} else if err != nil {
 			t.Errorf("--nats-routes %q: %v\n%s", routes, err, out)
 		}
+	}
+}
+
+// TestNATSFlagsThatWouldBeIgnoredAreRefused: a NATS flag that the node
+// would ignore, or that would not do what it says given with the others,
+// is a usage error (exit 2) naming it, before the data directory is
+// touched. From a review: with --nats-tls-ca alone the embedded server
+// served no TLS, and with --nats-password alone it let every client in;
+// --nats-creds was dropped with the embedded server, and the embedded
+// server's flags with --nats-url; a --nats-url that names a user (nats.go
+// sends it, as a token, instead of the flags) dropped --nats-password.
+func TestNATSFlagsThatWouldBeIgnoredAreRefused(t *testing.T) {
+	const ext = "nats://127.0.0.1:4222"
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--nats-tls-ca", "ca.pem"}, "--nats-tls-ca"},
+		{[]string{"--nats-tls-cert", "cert.pem"}, "--nats-tls-cert"},
+		{[]string{"--nats-tls-key", "key.pem", "--nats-url", ext}, "--nats-tls-cert"},
+		{[]string{"--nats-password", "s3cret"}, "--nats-password"},
+		{[]string{"--nats-creds", "user.creds"}, "--nats-creds"},
+		{[]string{"--nats-routes", "127.0.0.1:6222"}, "--nats-routes"},
+		{[]string{"--nats-url", ext, "--nats-password", "s3cret"}, "--nats-password"},
+		{[]string{"--nats-url", "nats://alice@127.0.0.1:4222", "--nats-password", "s3cret"}, "--nats-url"},
+		{[]string{"--nats-url", "nats://alice:pw@127.0.0.1:4222", "--nats-user", "bob", "--nats-password", "s3cret"}, "--nats-url"},
+		{[]string{"--nats-url", ext, "--nats-cluster-addr", "127.0.0.1:6222"}, "--nats-cluster-addr"},
+		{[]string{"--nats-url", ext, "--nats-routes", "127.0.0.1:6222"}, "--nats-routes"},
+		{[]string{"--nats-url", ext, "--nats-addr", "127.0.0.1:4223"}, "--nats-addr"},
+	} {
+		err := checkRefusedStart(t, append([]string{"--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t)}, c.args...), c.flag)
+		if err != nil && strings.Contains(err.Error(), ":pw@") {
+			t.Errorf("kvrouter %q: %v shows the URL's password", c.args, err)
+		}
+	}
+}
+
+// TestExternalNATSTakesTheUserAndPasswordFlags: with --nats-url, the node
+// connects with --nats-user and --nats-password, which
+// TestNATSFlagsThatWouldBeIgnoredAreRefused refuses with a URL that names
+// a user.
+func TestExternalNATSTakesTheUserAndPasswordFlags(t *testing.T) {
+	s, err := eventplane.StartServer(eventplane.ServerConfig{Name: "ext", Addr: "127.0.0.1:0", User: "alice", Password: "pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	if err := runKvrouterFor(t, 3*time.Second, "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t),
+		"--nats-url", s.ClientURL(), "--nats-user", "alice", "--nats-password", "pw", "--log-level", "error"); err != nil {
+		t.Fatalf("--nats-url %s --nats-user alice --nats-password pw: %v", s.ClientURL(), err)
 	}
 }
