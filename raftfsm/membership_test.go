@@ -199,6 +199,46 @@ func TestMemberChangesThatWouldCutAMemberOffAreRefused(t *testing.T) {
 	c.converged() // every member still replicates
 }
 
+// TestAddMemberAgainAtItsRaftAddrSpelledOtherwise: adding a member again
+// at its Raft address spelled otherwise (a port's leading zero, as
+// sameRaftAddr reads them) refreshes it as it is, and the configuration
+// and member table keep the address as they list it. From a review: the
+// add compared the address as text and refused it ("to move it, remove it
+// first"), so a joined member restarted with its --join and its
+// --raft-addr spelled so, which its own start check takes, exited 1.
+func TestAddMemberAgainAtItsRaftAddrSpelledOtherwise(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	before, err := l.Members(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var other Member
+	for _, m := range before {
+		if m.ID != l.cfg.ID {
+			other = m
+		}
+	}
+	host, port, _ := net.SplitHostPort(other.RaftAddr)
+	spelled := host + ":0" + port
+	if err := l.AddMember(ctx(t), other.ID, spelled, other.HTTPAddr); err != nil {
+		t.Fatalf("add %s again at %s (it is at %s): %v", other.ID, spelled, other.RaftAddr, err)
+	}
+	for _, sv := range l.raft.GetConfiguration().Configuration().Servers {
+		if string(sv.ID) == other.ID && (string(sv.Address) != other.RaftAddr || sv.Suffrage != raft.Voter) {
+			t.Fatalf("the configuration lists %s as %+v, want a voter at %s", other.ID, sv, other.RaftAddr)
+		}
+	}
+	after, err := l.Members(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(after, before) {
+		t.Fatalf("members changed: %+v, were %+v", after, before)
+	}
+	c.converged()
+}
+
 // TestRetriedRemoveFinishesAnInterruptedOne: a remove whose Raft change
 // committed but whose member entry did not (leadership moved in between;
 // the client resends on the 503) succeeds when retried, and the entry goes.

@@ -1882,7 +1882,11 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 	// Raft's AddVoter moves a voter whose id it knows to the new address:
 	// one mistyped add would cut a live member off. Moving a member is a
 	// remove and an add; adding it again as it is only refreshes its
-	// member entry.
+	// member entry. "As it is" is its address as sameRaftAddr reads it,
+	// as the member's own start check does (127.0.0.1:07000 is
+	// 127.0.0.1:7000): a joined member restarted with its --join and its
+	// address so spelled asks to be added again. The configuration keeps
+	// the address as it lists it.
 	cf := n.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
 		return err
@@ -1890,12 +1894,13 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 	var cur *raft.Server // id's entry, when it is a server already
 	for _, s := range cf.Configuration().Servers {
 		switch {
-		case string(s.ID) == id && string(s.Address) != raftAddr:
+		case string(s.ID) == id && !sameRaftAddr(string(s.Address), raftAddr):
 			return fmt.Errorf("%w: member %q is at %s, not %s (to move it, remove it first)", ErrInvalid, id, s.Address, raftAddr)
 		case string(s.ID) != id && sameRaftAddr(string(s.Address), raftAddr):
 			return fmt.Errorf("%w: %s is member %q's raft address", ErrRaftAddrInUse, raftAddr, s.ID)
 		case string(s.ID) == id:
 			cur = &s
+			raftAddr = string(s.Address)
 		}
 	}
 	// A new server forwards writes to this leader at its member entry: at

@@ -586,6 +586,55 @@ func TestTheOnlyMemberOfAClusterDoesNotJoinAnother(t *testing.T) {
 	}
 }
 
+// TestARestartWithJoinAndItsRaftAddrSpelledOtherwiseRuns: a joined
+// member restarted with its command line (its --join) and its --raft-addr
+// spelled otherwise (127.0.0.1:07102 for 127.0.0.1:7102), which its start
+// check takes as the same address (docs/operations.md), runs: the leader
+// takes the join as a refresh. From a review: the leader compared the
+// address as text, refused the join ("to move it, remove it first"), and
+// the node exited 1.
+func TestARestartWithJoinAndItsRaftAddrSpelledOtherwiseRuns(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	h1, r1, h2, r2 := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	run := func(ctx context.Context, args ...string) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			app := newApp()
+			app.ExitErrHandler = func(*cli.Context, error) {}
+			done <- app.RunContext(ctx, append(append([]string{"kvrouter"}, args...), "--nats-addr", "127.0.0.1:0", "--log-level", "error"))
+		}()
+		return done
+	}
+	leader := run(ctx, "--node-id", "n1", "--data-dir", t.TempDir(), "--raft-addr", r1, "--http-addr", h1)
+	defer func() { cancel(); <-leader }()
+	// n2 joins, and runs until it lists itself a voter.
+	dir2 := t.TempDir()
+	ctx2, cancel2 := context.WithCancel(ctx)
+	joined := run(ctx2, "--node-id", "n2", "--data-dir", dir2, "--raft-addr", r2, "--http-addr", h2, "--join", h1)
+	cl, err := client.New([]string{h2}, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	poll(t, "n2 to list itself a voter", func() bool {
+		c, cc := context.WithTimeout(ctx, time.Second)
+		defer cc()
+		ms, err := cl.Members(c)
+		return err == nil && slices.ContainsFunc(ms, func(m raftfsm.Member) bool { return m.ID == "n2" && m.Voter })
+	})
+	cancel2()
+	if err := <-joined; err != nil {
+		t.Fatalf("n2's first run: %v", err)
+	}
+	host, port, _ := net.SplitHostPort(r2)
+	spelled := host + ":0" + port
+	if err := runKvrouterFor(t, 5*time.Second, "--node-id", "n2", "--data-dir", dir2, "--raft-addr", spelled, "--http-addr", h2,
+		"--nats-addr", "127.0.0.1:0", "--join", h1, "--log-level", "error"); err != nil {
+		t.Errorf("n2 restarted with --raft-addr %s (it is %s) and its --join: %v", spelled, r2, err)
+	}
+}
+
 // poll waits up to 10 s for cond.
 func poll(t *testing.T, what string, cond func() bool) {
 	t.Helper()
