@@ -248,9 +248,6 @@ func run(c *cli.Context) error {
 		go func() { serveErr <- shs.Serve(sln) }()
 		logger.Info("selection API listening", "http", sec.scheme()+"://"+sln.Addr().String())
 	}
-	if (len(peers) > 1 || len(via) > 0) && c.String("nats-url") == "" && c.String("nats-cluster-addr") == "" {
-		logger.Warn("the embedded NATS server is not clustered with the other nodes': an agent connected to this node reaches the leader's event ingester only while this node leads; give --nats-cluster-addr and --nats-routes (docs/events.md)")
-	}
 	nc, natsSrv, err := startNATS(c, id, logger)
 	if err != nil {
 		closeServers()
@@ -277,13 +274,19 @@ func run(c *cli.Context) error {
 	// not list itself at an address they cannot dial anyway
 	// (raftfsm.Node.selfUnlisted): this makes the mistake a usage error
 	// rather than a log line.
-	if servers := node.Raft().GetConfiguration().Configuration().Servers; len(servers) > 1 {
+	members := len(node.Raft().GetConfiguration().Configuration().Servers)
+	if members > 1 {
 		if _, err := httpAdvertise(listenAddr, c.String("http-advertise"), true); err != nil {
 			node.Close()
 			closeNATS()
 			closeServers()
-			return cli.Exit(fmt.Sprintf("%v (this node's cluster has %d members)", err, len(servers)), 2)
+			return cli.Exit(fmt.Sprintf("%v (this node's cluster has %d members)", err, members), 2)
 		}
+	}
+	// The same configuration tells whether this node has others to route
+	// NATS to: a member restarted without --peers or --join has.
+	if (len(peers) > 1 || len(via) > 0 || members > 1) && c.String("nats-url") == "" && c.String("nats-cluster-addr") == "" {
+		logger.Warn("the embedded NATS server is not clustered with the other nodes': an agent connected to this node reaches the leader's event ingester only while this node leads; give --nats-cluster-addr and --nats-routes (docs/events.md)")
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

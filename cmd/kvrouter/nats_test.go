@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
 // TestMistypedNATSRoutesIsAUsageErrorNotACrash: a --nats-routes entry the
@@ -93,5 +95,40 @@ func TestExternalNATSTakesTheUserAndPasswordFlags(t *testing.T) {
 	if err := runKvrouterFor(t, 3*time.Second, "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t),
 		"--nats-url", s.ClientURL(), "--nats-user", "alice", "--nats-password", "pw", "--log-level", "error"); err != nil {
 		t.Fatalf("--nats-url %s --nats-user alice --nats-password pw: %v", s.ClientURL(), err)
+	}
+}
+
+// TestARestartedMemberWithAnUnclusteredNATSSaysSo: a member of a cluster
+// whose embedded NATS is not clustered (no --nats-cluster-addr) says so
+// in its log at start, as docs/operations.md promises, also when it is
+// restarted as the docs allow, without --peers or --join (its directory
+// holds the cluster). From a review: the warning looked at the flags only.
+func TestARestartedMemberWithAnUnclusteredNATSSaysSo(t *testing.T) {
+	r1, r2, h1, h2 := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	dir := t.TempDir()
+	n, err := raftfsm.NewNode(raftfsm.Config{ID: "n1", RaftAddr: r1, HTTPAddr: h1, DataDir: dir, Logger: slog.New(slog.DiscardHandler),
+		Peers: []raftfsm.Member{{ID: "n1", RaftAddr: r1, HTTPAddr: h1, Voter: true}, {ID: "n2", RaftAddr: r2, HTTPAddr: h2, Voter: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	stderr, err := os.CreateTemp(t.TempDir(), "stderr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stderr.Close()
+	saved := os.Stderr
+	os.Stderr = stderr // run logs there
+	err = runKvrouterFor(t, time.Second, "--node-id", "n1", "--data-dir", dir, "--raft-addr", r1, "--http-addr", h1, "--nats-addr", "127.0.0.1:0")
+	os.Stderr = saved
+	if err != nil {
+		t.Fatalf("n1 restarted: %v", err)
+	}
+	logged, err := os.ReadFile(stderr.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "the embedded NATS server is not clustered"; !strings.Contains(string(logged), want) {
+		t.Errorf("member n1 of a 2-node cluster restarted without --peers, its NATS not clustered: no %q in its log:\n%s", want, logged)
 	}
 }
