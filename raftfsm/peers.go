@@ -6,11 +6,14 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"github.com/kvrouter/kvrouter/internal/limits"
 )
 
 // ParsePeers parses a bootstrap peer list, id=raftaddr=httpaddr,...
 // (kvrouter --peers, kvctl snapshot restore --peers): each entry three
-// non-empty fields, both addresses host:port, and no id, Raft address or
+// non-empty fields, an id the members API takes (limits.ID), both
+// addresses host:port, and no id, Raft address or
 // HTTP address given twice (an address as dialled, addrKey: 10.0.0.1:07000
 // is 10.0.0.1:7000). A Raft address must be one that peers can
 // dial (CheckRaftAddr, as kvrouter checks its --raft-addr), with a port
@@ -31,6 +34,11 @@ func ParsePeers(s string) ([]Member, error) {
 		f := strings.Split(p, "=")
 		if len(f) != 3 || f[0] == "" || f[1] == "" || f[2] == "" {
 			return nil, fmt.Errorf("peer %q: want id=raftaddr=httpaddr", p)
+		}
+		// The members API's rule: an id it refuses could not be removed
+		// or made leader through it.
+		if why := limits.ID(f[0]); why != "" {
+			return nil, fmt.Errorf("peer %q: id %s", p, why)
 		}
 		if err := CheckRaftAddr(f[1]); err != nil {
 			return nil, fmt.Errorf("peer %q: raft address %w", p, err)

@@ -61,6 +61,10 @@ func TestParsePeersChecksRaftAddrs(t *testing.T) {
 		{"n1=10.0.0.1:7946=[::]:7080", `http address "[::]:7080": :: listens on every interface`},
 		{"n1=10.0.0.1:7946=:7080", `http address ":7080" has no host`},
 		{"n1=10.0.0.1:7946=10.0.0.1:0", `http address "10.0.0.1:0": port 0`},
+		// An id the members API refuses (limits.ID): it could not be
+		// removed or made leader through it.
+		{strings.Repeat("n", 300) + "=10.0.0.1:7946=10.0.0.1:7080", `id is 300 bytes long (at most 256)`},
+		{"n1\x7f=10.0.0.1:7946=10.0.0.1:7080", `holds a control character`},
 	} {
 		if _, err := ParsePeers(c.peers); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("ParsePeers(%q): %v, want an error with %q", c.peers, err, c.want)

@@ -28,6 +28,7 @@ import (
 	"github.com/kvrouter/kvrouter/compat"
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/limits"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -160,6 +161,11 @@ func run(c *cli.Context) error {
 	// directory.
 	if strings.TrimSpace(id) == "" {
 		return cli.Exit("--node-id is empty: give this node's id (unique in its cluster)", 2)
+	}
+	// An id the members API refuses could not join (the join asks the API
+	// to add it), nor be removed or made leader through it.
+	if why := limits.ID(id); why != "" {
+		return cli.Exit(fmt.Sprintf("--node-id %s: give an id of at most %d bytes of UTF-8 with no control character, as the members API takes", why, limits.MaxIDLen), 2)
 	}
 	if strings.TrimSpace(c.String("data-dir")) == "" {
 		return cli.Exit("--data-dir is empty: give the directory that holds this node's state", 2)

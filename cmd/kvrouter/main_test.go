@@ -203,6 +203,34 @@ func TestEmptyIDOrDataDirTouchesNothing(t *testing.T) {
 	}
 }
 
+// TestANodeIDTheMembersAPIRefusesIsAUsageError: a --node-id, or a --peers
+// id, that the members API refuses (limits.ID: over 256 bytes, a control
+// character such as the "\r" of a CRLF env file) is a usage error (exit
+// 2) before the data directory is touched, as an empty one is: the id is
+// what a join asks the API to add, and what kvctl members remove and
+// leader transfer --to name. From a review: the node made its data
+// directory and started Raft, its join was refused "400 invalid", and it
+// exited 1.
+func TestANodeIDTheMembersAPIRefusesIsAUsageError(t *testing.T) {
+	_, leader := fakeLeader(t)
+	for _, id := range []string{strings.Repeat("n", 300), "n4\r"} {
+		checkRefusedStart(t, []string{"--node-id", id, "--raft-addr", freeAddr(t), "--http-addr", freeAddr(t),
+			"--nats-addr", "127.0.0.1:0", "--join", leader}, "--node-id")
+		// Another peer's id: the message is ParsePeers' ("peer ...").
+		dir := filepath.Join(t.TempDir(), "data")
+		raftAddr, httpAddr := freeAddr(t), freeAddr(t)
+		err := runKvrouter(t, "--node-id", "n1", "--data-dir", dir, "--raft-addr", raftAddr, "--http-addr", httpAddr, "--nats-addr", "127.0.0.1:0",
+			"--peers", fmt.Sprintf("n1=%s=%s,%s=127.0.0.1:1=127.0.0.1:2", raftAddr, httpAddr, id))
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), "id ") {
+			t.Errorf("--peers with the id %q: %v, want exit 2 naming the id", id, err)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("--peers with the id %q touched the data directory (%v)", id, err)
+		}
+	}
+}
+
 // TestTimingFlagsAreChecked: a timing flag that the node would take for
 // its default (zero or below) or that Raft refuses only once the node has
 // started (its own bounds) is a usage error naming the flag, before any
