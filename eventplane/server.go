@@ -167,7 +167,14 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 		}
 		select {
 		case msg := <-fatal:
+			// The server listens for routes only once its client listener
+			// is up: a fatal error while that is up is the route
+			// listener's, and names the cluster address.
+			clientUp := s.Addr() != nil
 			s.Shutdown()
+			if cfg.ClusterAddr != "" && clientUp {
+				return nil, fmt.Errorf("nats cluster address %s: %s", cfg.ClusterAddr, msg)
+			}
 			return nil, fmt.Errorf("nats server on %s: %s", cfg.Addr, msg)
 		default:
 		}

@@ -144,6 +144,15 @@ func TestServerOnAPortInUseFailsAtOnce(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "address already in use") {
 			t.Errorf("%s port in use: %v, want the listener's error", which, err)
 		}
+		// It names the address in use first: the cluster's, not the
+		// client address, which is free.
+		want := "nats server on " + ln.Addr().String() + ":"
+		if which == "cluster" {
+			want = "nats cluster address " + ln.Addr().String() + ":"
+		}
+		if err != nil && !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("%s port in use: %v, want it to begin %q", which, err, want)
+		}
 		ln.Close()
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -130,5 +131,25 @@ func TestARestartedMemberWithAnUnclusteredNATSSaysSo(t *testing.T) {
 	}
 	if want := "the embedded NATS server is not clustered"; !strings.Contains(string(logged), want) {
 		t.Errorf("member n1 of a 2-node cluster restarted without --peers, its NATS not clustered: no %q in its log:\n%s", want, logged)
+	}
+}
+
+// TestANATSClusterPortInUseNamesThatAddress: a node whose
+// --nats-cluster-addr is taken stops before Raft naming that address, not
+// --nats-addr. From a review: it said "nats server on <--nats-addr>:
+// Error listening on router port: <port>", the client address, which was
+// free, and the one in use as a bare port.
+func TestANATSClusterPortInUseNamesThatAddress(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	natsAddr := freeAddr(t)
+	err = runKvrouter(t, "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t),
+		"--nats-addr", natsAddr, "--nats-cluster-addr", taken.Addr().String(), "--log-level", "error")
+	if err == nil || !strings.Contains(err.Error(), "cluster address "+taken.Addr().String()) || strings.Contains(err.Error(), natsAddr) {
+		t.Errorf("--nats-cluster-addr %s in use (--nats-addr %s free): %v, want an error naming the cluster address %s, not %s",
+			taken.Addr(), natsAddr, err, taken.Addr(), natsAddr)
 	}
 }
