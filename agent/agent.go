@@ -13,10 +13,11 @@
 //     go out: the router may hold a previous incarnation's state and
 //     cursor, and the new numbering must not be taken for duplicates.
 //   - Once the leader has answered a heartbeat saying it does not know the
-//     worker, every rank is resynced when it knows it again, whoever
-//     registered it (liveness): the removal, or the leader's grace for an
-//     unregistered worker, may have taken the ranks' state off the router,
-//     and an idle rank sends nothing that would show the router the gap.
+//     worker, or the heartbeats have failed for longer than its lease,
+//     every rank is resynced when it knows it again, whoever registered it
+//     (liveness): the removal, or the leader's grace for an unregistered
+//     worker, may have taken the ranks' state off the router, and an idle
+//     rank sends nothing that would show the router the gap.
 //   - When the engine restarts (a new epoch) or its stream lost batches that
 //     cannot be replayed, the rank is cleared, on the router too: a block
 //     the router may still route to must be one the engine reported and
@@ -338,7 +339,8 @@ func (a *Agent) Run(ctx context.Context) error {
 // heartbeats tells the leader every HeartbeatInterval that the worker is
 // alive, and has it registered (when a Registrar is set) at the start and
 // whenever the leader does not know it, and resyncs every rank once the
-// worker is known again after the leader said it was not (liveness).
+// worker is known again after the leader said it was not, or after the
+// heartbeats failed for longer than its lease (liveness).
 // Without a Registrar, each time the leader says so is logged at Warn.
 // Registration runs beside the heartbeats, not between them: a try
 // against a slow or unreachable HTTP API takes seconds, and heartbeats
@@ -370,8 +372,8 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 		hctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval)
 		msg, err := a.cfg.Conn.RequestWithContext(hctx, a.cfg.HeartbeatSubject, body)
 		cancel()
-		if ctx.Err() == nil {
-			a.noteHeartbeat(&failing, err, time.Now())
+		if ctx.Err() == nil && a.noteHeartbeat(&failing, err, time.Now()) {
+			lv.lapsed()
 		}
 		if err == nil {
 			switch unknown, err := eventplane.DecodeHeartbeat(msg.Data); {
@@ -407,13 +409,16 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 // registered worker (its lease ran out, an operator removed it) takes it
 // at once, and the leader removes an unregistered worker's ranks after
 // its unregistered grace, which a first registration that keeps failing
-// outlasts. Run's dumps at start are no help then, and an idle rank sends
-// nothing that would show the router a gap. So every rank is resynced
-// once the worker is known again, whoever registered it: when the
-// agent's registration goes through (registered), or a heartbeat is
-// answered without the worker's id (heardKnown; without a Registrar,
-// something else registers the worker). Once per such turn from unknown
-// to known: the first of the two clears unknown.
+// outlasts. A run of failed heartbeats that has lasted the worker's lease
+// says as much (lapsed): the leader has removed the worker, or will, and
+// whoever registers it may do so again before a heartbeat gets through,
+// whose answer then knows it. Run's dumps at start are no help then, and
+// an idle rank sends nothing that would show the router a gap. So every
+// rank is resynced once the worker is known again, whoever registered
+// it: when the agent's registration goes through (registered), or a
+// heartbeat is answered without the worker's id (heardKnown; without a
+// Registrar, something else registers the worker). Once per such turn
+// from unknown to known: the first of the two clears unknown.
 type liveness struct {
 	beats atomic.Int64 // heartbeats sent: a heartbeat's number is the count once it is sent
 
@@ -423,8 +428,9 @@ type liveness struct {
 	// way. An answer "unknown" to a heartbeat numbered below it is stale:
 	// the registration since answers it.
 	registeredAt int64
-	// unknown is set by an answer "unknown" that is not stale, and
-	// cleared when the ranks are resynced.
+	// unknown is set by an answer "unknown" that is not stale, or by a
+	// run of failed heartbeats that has lasted the lease, and cleared
+	// when the ranks are resynced.
 	unknown bool
 }
 
@@ -445,6 +451,18 @@ func (l *liveness) heardUnknown(sent int64) bool {
 	}
 	l.registeredAt = 0
 	return true
+}
+
+// lapsed records a run of failed heartbeats that has lasted the worker's
+// lease: the leader has removed the worker, or will, as if it had
+// answered that it does not know it. No registration is asked for: the
+// leader is out of reach, and one that does not hear the worker's
+// heartbeats would remove it again; its next answer says whether it knows
+// the worker.
+func (l *liveness) lapsed() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.unknown = true
 }
 
 // heardKnown records the leader's answer that it knows the worker. It
@@ -480,14 +498,15 @@ type heartbeatFailures struct {
 // lasted the worker's lease (or, without a lease, 10 heartbeat intervals):
 // the leader has removed the worker, or will. It warns again each lease
 // while the run goes on, and says at Info when a heartbeat goes through
-// after a warning. Each failure is logged at Debug.
-func (a *Agent) noteHeartbeat(f *heartbeatFailures, err error, now time.Time) {
+// after a warning. Each failure is logged at Debug. It returns whether it
+// warned that the lease has run out (never without a lease).
+func (a *Agent) noteHeartbeat(f *heartbeatFailures, err error, now time.Time) (lapsed bool) {
 	if err == nil {
 		if !f.warned.IsZero() {
 			a.log.Info("heartbeats answered again", "worker", a.cfg.Worker, "after", now.Sub(f.since).Round(time.Millisecond))
 		}
 		*f = heartbeatFailures{}
-		return
+		return false
 	}
 	a.log.Debug("heartbeat failed", "worker", a.cfg.Worker, "err", err)
 	if f.since.IsZero() {
@@ -499,7 +518,7 @@ func (a *Agent) noteHeartbeat(f *heartbeatFailures, err error, now time.Time) {
 		period = 10 * a.cfg.HeartbeatInterval
 	}
 	if now.Sub(f.since) < period || !f.warned.IsZero() && now.Sub(f.warned) < period {
-		return
+		return false
 	}
 	f.warned = now
 	msg := "heartbeats have failed for longer than the worker's lease: the router has removed the worker, or will, and routes nothing to it; " +
@@ -508,6 +527,7 @@ func (a *Agent) noteHeartbeat(f *heartbeatFailures, err error, now time.Time) {
 		msg = "heartbeats have failed for 10 heartbeat intervals: the router may not hear of this worker; check that NATS (--nats-url) and the routers are up and reachable"
 	}
 	a.log.Warn(msg, "worker", a.cfg.Worker, "for", now.Sub(f.since).Round(time.Millisecond), "lease", lease, "err", err)
+	return lease > 0
 }
 
 // registrations registers the worker each time kick asks, retrying with

@@ -4,11 +4,13 @@ import (
 	"context"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/internal/testlog"
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 )
@@ -73,4 +75,78 @@ func TestFailingHeartbeatsAreLogged(t *testing.T) {
 		}
 		prev = d
 	}
+}
+
+// heartbeatGate stands between an agent's heartbeats, sent on its own
+// subject, and the leader: while open it passes each on and the answer
+// back, and while shut it drops them, as a NATS cut off from the agent's
+// host does (the agent's requests time out).
+type heartbeatGate struct {
+	mu   sync.Mutex // held while a heartbeat is passed on: shut waits for it
+	open bool
+}
+
+// newHeartbeatGate starts a gate, open, for heartbeats sent on subject.
+func newHeartbeatGate(t *testing.T, r *router, subject string) *heartbeatGate {
+	t.Helper()
+	nc, err := nats.Connect(r.ns.ClientURL())
+	must(t, err)
+	t.Cleanup(nc.Close)
+	g := &heartbeatGate{open: true}
+	_, err = nc.Subscribe(subject, func(m *nats.Msg) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if !g.open {
+			return
+		}
+		if resp, err := nc.Request(eventplane.DefaultHeartbeatSubject, m.Data, time.Second); err == nil {
+			_ = m.Respond(resp.Data)
+		}
+	})
+	must(t, err)
+	must(t, nc.Flush())
+	return g
+}
+
+// set opens or shuts the gate; once shut, no heartbeat reaches the leader.
+func (g *heartbeatGate) set(open bool) {
+	g.mu.Lock()
+	g.open = open
+	g.mu.Unlock()
+}
+
+// TestLeaseExpiredWhileHeartbeatsFailedIsResynced: an agent without a
+// Registrar (the worker is registered elsewhere) is cut off from the
+// leader for longer than the worker's lease: the leader removes the worker
+// and its ranks' state. Whoever registers the worker does so again before
+// the agent's heartbeats get through, which then find it known. The run
+// of failed heartbeats counts as an answer that the worker is unknown, so
+// the agent resyncs every rank: an idle engine's blocks are back on the
+// router. From a review: the agent never heard "unknown" and never
+// resynced, and the worker was a route candidate with an empty index.
+func TestLeaseExpiredWhileHeartbeatsFailedIsResynced(t *testing.T) {
+	r := startRouter(t)
+	info := raftfsm.WorkerInfo{ID: 7, BlockSize: 4, DPRanks: []uint32{0}, LeaseMs: 1000}
+	must(t, r.node.RegisterWorker(context.Background(), info))
+	gate := newHeartbeatGate(t, r, "test.heartbeat")
+	var logs testlog.Buffer
+	a, _ := startAgentWith(t, r, Config{HeartbeatInterval: 50 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
+		Registration: raftfsm.WorkerInfo{LeaseMs: 1000}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3)}))
+	waitFor(t, "the chain on the router", func() bool { return matched(r, 3) == 3 })
+
+	gate.set(false)
+	waitFor(t, "the leader to remove the worker (its lease ran out)", func() bool { return !workerRegistered(r) })
+	if n := matched(r, 3); n != 0 {
+		t.Fatalf("the router matches %d blocks of a removed worker", n)
+	}
+	waitFor(t, "the agent to warn that the lease has run out", func() bool {
+		return len(logs.Lines("level=WARN", "heartbeats have failed for longer than the worker's lease")) > 0
+	})
+	// An orchestrator registers the worker again, then the heartbeats get
+	// through; the engine is idle.
+	must(t, r.node.RegisterWorker(context.Background(), info))
+	gate.set(true)
+	waitFor(t, "the heartbeats answered again", func() bool { return len(logs.Lines("level=INFO", "heartbeats answered again")) > 0 })
+	waitFor(t, "the chain back on the router", func() bool { return matched(r, 3) == 3 })
 }
