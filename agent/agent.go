@@ -17,7 +17,11 @@
 //     every rank is resynced when it knows it again, whoever registered it
 //     (liveness): the removal, or the leader's grace for an unregistered
 //     worker, may have taken the ranks' state off the router, and an idle
-//     rank sends nothing that would show the router the gap.
+//     rank sends nothing that would show the router the gap. A removal no
+//     answer reports (the worker removed and registered again between two
+//     heartbeats) shows in the leader's answer too, which names the ranks
+//     it holds no state of: each that the router had taken a dump of is
+//     resynced (resyncLost). A router of an earlier build names none.
 //   - When the engine restarts (a new epoch) or its stream lost batches that
 //     cannot be replayed, the rank is cleared, on the router too: a block
 //     the router may still route to must be one the engine reported and
@@ -340,7 +344,10 @@ func (a *Agent) Run(ctx context.Context) error {
 // alive, and has it registered (when a Registrar is set) at the start and
 // whenever the leader does not know it, and resyncs every rank once the
 // worker is known again after the leader said it was not, or after the
-// heartbeats failed for longer than its lease (liveness).
+// heartbeats failed for longer than its lease (liveness); and each rank
+// the leader's answer says it holds no state of, once the router had
+// taken a dump of it (resyncLost). A heartbeat asks for those ranks
+// (eventplane.HeartbeatRequest) unless the NATS server takes no headers.
 // Without a Registrar, each time the leader says so is logged at Warn.
 // Registration runs beside the heartbeats, not between them: a try
 // against a slow or unreachable HTTP API takes seconds, and heartbeats
@@ -364,19 +371,28 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 	}
 	t := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer t.Stop()
-	body := eventplane.AppendHeartbeat(nil, []uint64{a.cfg.Worker})
+	req := eventplane.HeartbeatRequest(a.cfg.HeartbeatSubject, []uint64{a.cfg.Worker})
+	plain := &nats.Msg{Subject: req.Subject, Data: req.Data}
+	synced := make([]uint64, len(a.ranks))
 	warned := false
 	var failing heartbeatFailures
 	for {
+		for i, r := range a.ranks {
+			synced[i] = a.pub.Synced(r)
+		}
+		m := req
+		if !a.cfg.Conn.HeadersSupported() {
+			m = plain // a NATS server before 2.2 refuses headers
+		}
 		sent := lv.beats.Add(1)
 		hctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval)
-		msg, err := a.cfg.Conn.RequestWithContext(hctx, a.cfg.HeartbeatSubject, body)
+		msg, err := a.cfg.Conn.RequestMsgWithContext(hctx, m)
 		cancel()
 		if ctx.Err() == nil && a.noteHeartbeat(&failing, err, time.Now()) {
 			lv.lapsed()
 		}
 		if err == nil {
-			switch unknown, err := eventplane.DecodeHeartbeat(msg.Data); {
+			switch unknown, stateless, err := eventplane.DecodeHeartbeatAnswer(msg); {
 			case err != nil: // nothing learned
 			case len(unknown) > 0:
 				if lv.heardUnknown(sent) && kick != nil {
@@ -391,6 +407,7 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 					a.log.Info("the router knows the worker again: every rank is resynced", "worker", a.cfg.Worker)
 					a.resyncAll()
 				}
+				a.resyncLost(stateless, synced)
 			}
 		}
 		select {
@@ -590,6 +607,31 @@ func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, lv *liv
 		if resync {
 			a.resyncAll()
 		}
+	}
+}
+
+// resyncLost resyncs the ranks of stateless (a heartbeat's answer: the
+// leader holds no state of them) that the router had taken a dump of when
+// the heartbeat was sent (synced, Publisher.Synced of each of a.ranks
+// then), with no dump of them asked for or taken since: the router has
+// lost their state since (an operator removed the worker and registered
+// it again between two heartbeats, which no answer says is unknown), and
+// an idle rank sends nothing that would show it the gap. A rank with a
+// dump asked for or taken since is left to that dump, and one with none
+// taken yet to the dump Run asked for at the start.
+func (a *Agent) resyncLost(stateless []kvevent.Rank, synced []uint64) {
+	var lost []kvevent.Rank
+	for _, r := range stateless {
+		i := int64(r.DP) - int64(a.cfg.DPStart) // a.ranks are DPStart on, in order
+		if i < 0 || i >= int64(len(a.ranks)) || a.ranks[i] != r || synced[i] == 0 || a.pub.Synced(r) != synced[i] {
+			continue
+		}
+		a.pub.Resync(r)
+		lost = append(lost, r)
+	}
+	if len(lost) > 0 {
+		a.log.Info("the router holds no state of ranks it had taken a dump of (the worker was removed and registered again): resyncing them",
+			"worker", a.cfg.Worker, "ranks", len(lost), "first", lost[0])
 	}
 }
 

@@ -3,12 +3,15 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/internal/testlog"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -80,14 +83,17 @@ func TestFailingHeartbeatsAreLogged(t *testing.T) {
 // heartbeatGate stands between an agent's heartbeats, sent on its own
 // subject, and the leader: while open it passes each on and the answer
 // back, and while shut it drops them, as a NATS cut off from the agent's
-// host does (the agent's requests time out).
+// host does (the agent's requests time out). Without headers it passes
+// the bodies alone, as between an agent and a router of a build before
+// the rank states (eventplane.HeartbeatRequest): such a router reads the
+// body only, and answers without headers.
 type heartbeatGate struct {
 	mu   sync.Mutex // held while a heartbeat is passed on: shut waits for it
 	open bool
 }
 
 // newHeartbeatGate starts a gate, open, for heartbeats sent on subject.
-func newHeartbeatGate(t *testing.T, r *router, subject string) *heartbeatGate {
+func newHeartbeatGate(t *testing.T, r *router, subject string, headers bool) *heartbeatGate {
 	t.Helper()
 	nc, err := nats.Connect(r.ns.ClientURL())
 	must(t, err)
@@ -99,9 +105,19 @@ func newHeartbeatGate(t *testing.T, r *router, subject string) *heartbeatGate {
 		if !g.open {
 			return
 		}
-		if resp, err := nc.Request(eventplane.DefaultHeartbeatSubject, m.Data, time.Second); err == nil {
-			_ = m.Respond(resp.Data)
+		req := &nats.Msg{Subject: eventplane.DefaultHeartbeatSubject, Data: m.Data}
+		if headers {
+			req.Header = m.Header
 		}
+		resp, err := nc.RequestMsg(req, time.Second)
+		if err != nil {
+			return
+		}
+		answer := &nats.Msg{Data: resp.Data}
+		if headers {
+			answer.Header = resp.Header
+		}
+		_ = m.RespondMsg(answer)
 	})
 	must(t, err)
 	must(t, nc.Flush())
@@ -122,13 +138,15 @@ func (g *heartbeatGate) set(open bool) {
 // the agent's heartbeats get through, which then find it known. The run
 // of failed heartbeats counts as an answer that the worker is unknown, so
 // the agent resyncs every rank: an idle engine's blocks are back on the
-// router. From a review: the agent never heard "unknown" and never
-// resynced, and the worker was a route candidate with an empty index.
+// router. The answers carry no rank states (a router of an earlier
+// build): the rule holds without them. From a review: the agent never
+// heard "unknown" and never resynced, and the worker was a route
+// candidate with an empty index.
 func TestLeaseExpiredWhileHeartbeatsFailedIsResynced(t *testing.T) {
 	r := startRouter(t)
 	info := raftfsm.WorkerInfo{ID: 7, BlockSize: 4, DPRanks: []uint32{0}, LeaseMs: 1000}
 	must(t, r.node.RegisterWorker(context.Background(), info))
-	gate := newHeartbeatGate(t, r, "test.heartbeat")
+	gate := newHeartbeatGate(t, r, "test.heartbeat", false)
 	var logs testlog.Buffer
 	a, _ := startAgentWith(t, r, Config{HeartbeatInterval: 50 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
 		Registration: raftfsm.WorkerInfo{LeaseMs: 1000}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -149,4 +167,96 @@ func TestLeaseExpiredWhileHeartbeatsFailedIsResynced(t *testing.T) {
 	gate.set(true)
 	waitFor(t, "the heartbeats answered again", func() bool { return len(logs.Lines("level=INFO", "heartbeats answered again")) > 0 })
 	waitFor(t, "the chain back on the router", func() bool { return matched(r, 3) == 3 })
+}
+
+// TestRemovedAndRegisteredBetweenHeartbeatsIsResynced: an operator removes
+// the worker and registers it again (to change its registration) between
+// two heartbeats. No answer says the worker is unknown, but the next one
+// names its ranks as ones the router holds no state of, which the router
+// had taken a dump of: the agent resyncs them, and an idle engine's blocks
+// are back on the router. The agent follows dp ranks 1 and 2; the blocks
+// are rank 2's. From a review: the removal took the ranks' state, and the
+// agent never resynced.
+func TestRemovedAndRegisteredBetweenHeartbeatsIsResynced(t *testing.T) {
+	r := startRouter(t)
+	gate := newHeartbeatGate(t, r, "test.heartbeat", true)
+	reg := &countingRegistrar{next: r.node}
+	// Connected to ports no engine listens on: the test feeds the Sink.
+	a, _ := startAgentWith(t, r, Config{Endpoint: "tcp://127.0.0.1:9", DPStart: 1, DPRanks: 2, Registrar: reg,
+		HeartbeatInterval: 50 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
+		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 10000}})
+	rank2 := kvevent.Rank{Worker: 7, DP: 2}
+	held := func() uint32 { // rank 2's blocks of the chain on the router
+		var m indexer.Matches
+		r.node.FindMatches([]uint64{1001, 1002, 1003}, indexer.ViewDedup, &m)
+		for _, rm := range m.Ranks {
+			if rm.Rank == rank2 {
+				return rm.Total()
+			}
+		}
+		return 0
+	}
+	waitFor(t, "the worker registered", func() bool { return workerRegistered(r) })
+	must(t, a.Events(rank2, 0, []kvevent.Event{storedChain(0, 1, 2, 3)}))
+	waitFor(t, "the chain on the router", func() bool { return held() == 3 })
+
+	// No heartbeat reaches the leader between the removal and the
+	// registration.
+	gate.set(false)
+	info := r.node.WorkerTable()[7]
+	must(t, r.node.DeregisterWorker(context.Background(), 7))
+	must(t, r.node.RegisterWorker(context.Background(), info))
+	if n := held(); n != 0 {
+		t.Fatalf("the router holds %d blocks of a worker removed and registered again", n)
+	}
+	gate.set(true)
+	waitFor(t, "the chain back on the router", func() bool { return held() == 3 })
+	if n := reg.calls.Load(); n != 1 {
+		t.Fatalf("%d registrations by the agent, want its first only: a heartbeat found the worker unknown", n)
+	}
+}
+
+// TestHeartbeatsToARouterOfAnEarlierBuild: a router of a build before the
+// rank states reads a heartbeat's body only, and answers without
+// headers. The agent's heartbeat body is the one it reads (the worker's
+// id), and its answers keep the rules of before: an answer that the
+// worker is unknown, then one that knows it, resyncs every rank once, and
+// answers that know it resync nothing.
+func TestHeartbeatsToARouterOfAnEarlierBuild(t *testing.T) {
+	r := startRouter(t)
+	nc, err := nats.Connect(r.ns.ClientURL())
+	must(t, err)
+	defer nc.Close()
+	var beats, unknownAnswers atomic.Int32
+	var unknown, badBody atomic.Bool
+	sub, err := nc.Subscribe("test.heartbeat", func(m *nats.Msg) {
+		if ids, err := eventplane.DecodeHeartbeat(m.Data); err != nil || !slices.Equal(ids, []uint64{7}) {
+			badBody.Store(true)
+		}
+		var answer []uint64
+		if unknown.Load() {
+			answer = []uint64{7}
+			unknownAnswers.Add(1)
+		}
+		_ = m.Respond(eventplane.AppendHeartbeat(nil, answer))
+		beats.Add(1)
+	})
+	must(t, err)
+	defer sub.Unsubscribe()
+	must(t, nc.Flush())
+	a, _ := startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat"})
+	waitFor(t, "the start dump taken", func() bool { return a.Publisher().Synced(rank) == 1 })
+
+	unknown.Store(true)
+	waitFor(t, "an answer that the worker is unknown", func() bool { return unknownAnswers.Load() > 0 })
+	unknown.Store(false)
+	waitFor(t, "the rank resynced once the worker is known again", func() bool { return a.Publisher().Synced(rank) == 2 })
+	n := beats.Load()
+	waitFor(t, "ten more heartbeats", func() bool { return beats.Load() >= n+10 })
+	if got := a.Publisher().Synced(rank); got != 2 {
+		t.Fatalf("%d dumps taken after answers that know the worker, want 2 (the start's and the one after the unknown answer)", got)
+	}
+	if badBody.Load() {
+		t.Fatal("a heartbeat's body is not the worker's id alone, which a router of an earlier build reads")
+	}
 }

@@ -8,9 +8,12 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/limits"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
@@ -43,6 +46,111 @@ func DecodeHeartbeat(b []byte) ([]uint64, error) {
 		ids[i] = binary.LittleEndian.Uint64(b[8*i:])
 	}
 	return ids, nil
+}
+
+// A heartbeat request may carry the NATS header headerHeartbeatAsk with
+// the value heartbeatAskRanks (HeartbeatRequest). The leader then names,
+// in the header headerRanksWithoutState of its answer, every registered
+// rank of the heartbeat's known workers that it holds no cursor of
+// (raftfsm.FSM.HasCursor): "worker/dp", space-separated, and no header
+// when there is none. Such a rank holds nothing its publisher sent:
+// nothing reached the router yet, or the router lost it since. An
+// operator's removal of the worker and its registration again between
+// two heartbeats takes its ranks' state, and no answer ever says the
+// worker is unknown; an agent that had a rank's dump taken before the
+// heartbeat resyncs the rank (kvagent), which an idle rank would
+// otherwise never show the router. The body stays as above both ways:
+// a router of an earlier build reads the body only and answers without
+// headers, and a request without the header (an agent of an earlier
+// build) gets an answer without headers, so agents and routers upgrade
+// in any order.
+const (
+	headerHeartbeatAsk      = "Kvrouter-Heartbeat-Ask"
+	heartbeatAskRanks       = "ranks-without-state"
+	headerRanksWithoutState = "Kvrouter-Ranks-Without-State"
+)
+
+// maxHeartbeatRanks bounds the ranks the leader looks at to answer one
+// heartbeat's ask: past it, it answers as if not asked (no header), which
+// tells the agent nothing. Anyone on NATS may send a heartbeat of many
+// registered ids; one worker's dp ranks, what an agent asks about,
+// always fit.
+const maxHeartbeatRanks = limits.MaxDPRanks
+
+// HeartbeatRequest returns the heartbeat request of ids on subject,
+// asking for the ranks without state (headerHeartbeatAsk). A connection to
+// a NATS server without headers (before 2.2: nats.Conn.HeadersSupported)
+// refuses it: send it there with no Header, as a plain heartbeat.
+func HeartbeatRequest(subject string, ids []uint64) *nats.Msg {
+	return &nats.Msg{Subject: subject, Data: AppendHeartbeat(nil, ids),
+		Header: nats.Header{headerHeartbeatAsk: []string{heartbeatAskRanks}}}
+}
+
+// DecodeHeartbeatAnswer reads the leader's answer to a heartbeat: the ids
+// it does not know (the body), and the ranks of the others that it holds
+// no state of (headerRanksWithoutState): none from a router of an earlier
+// build, or for a heartbeat that did not ask.
+func DecodeHeartbeatAnswer(m *nats.Msg) (unknown []uint64, stateless []kvevent.Rank, err error) {
+	unknown, err = DecodeHeartbeat(m.Data)
+	if err != nil {
+		return nil, nil, err
+	}
+	for f := range strings.FieldsSeq(m.Header.Get(headerRanksWithoutState)) {
+		w, dp, _ := strings.Cut(f, "/")
+		id, err1 := strconv.ParseUint(w, 10, 64)
+		d, err2 := strconv.ParseUint(dp, 10, 32)
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, nil, fmt.Errorf("%w: rank %q in the heartbeat answer's %s: %w", ErrMalformed, f, headerRanksWithoutState, err)
+		}
+		stateless = append(stateless, kvevent.Rank{Worker: id, DP: uint32(d)})
+	}
+	return unknown, stateless, nil
+}
+
+// cursorHolder is what a Target may also do (a raftfsm.Node does): say
+// whether it holds a cursor of a rank. A Target without it names no
+// ranks in its heartbeat answers.
+type cursorHolder interface {
+	HasCursor(r kvevent.Rank) bool
+}
+
+var _ cursorHolder = (*raftfsm.Node)(nil)
+
+// ranksWithoutState returns the headerRanksWithoutState value of the
+// answer to a heartbeat that asked, whose known workers are ws: their
+// registered ranks the node holds no cursor of. "" when there is none, or
+// when they have more than maxHeartbeatRanks ranks.
+func (in *Ingester) ranksWithoutState(ws []raftfsm.WorkerInfo) string {
+	c, ok := in.cfg.Node.(cursorHolder)
+	if !ok {
+		return ""
+	}
+	n := 0
+	for _, w := range ws {
+		n += max(len(w.DPRanks), 1)
+	}
+	if n > maxHeartbeatRanks {
+		return ""
+	}
+	var b []byte
+	for _, w := range ws {
+		dps := w.DPRanks
+		if len(dps) == 0 {
+			dps = []uint32{0} // as registered (raftfsm)
+		}
+		for _, dp := range dps {
+			if c.HasCursor(kvevent.Rank{Worker: w.ID, DP: dp}) {
+				continue
+			}
+			if len(b) > 0 {
+				b = append(b, ' ')
+			}
+			b = strconv.AppendUint(b, w.ID, 10)
+			b = append(b, '/')
+			b = strconv.AppendUint(b, uint64(dp), 10)
+		}
+	}
+	return string(b)
 }
 
 // leases is the leader's view of its leased workers: when each was last
@@ -119,13 +227,16 @@ func leaseOf(ms int64) time.Duration {
 }
 
 // onHeartbeat records a heartbeat and answers the ids the cluster does not
-// know. A leader whose state may still lack entries of the terms before
-// its own (caughtUp) answers nothing: a worker whose registration is among
-// them would read "unknown", and its agent would register again and dump
-// every rank (at every failover). The agent's request times out, and it
-// sends the next heartbeat when due; the new leader's leases start at its
-// first sweep, which waits as well, so no lease runs out meanwhile. An
-// error answer would not do: the agent reads any answer as a list of ids.
+// know, and, when the heartbeat asks, the ranks of the others that it
+// holds no state of (ranksWithoutState). A leader whose state may still
+// lack entries of the terms before its own (caughtUp) answers nothing: a
+// worker whose registration is among them would read "unknown", and its
+// agent would register again and dump every rank (at every failover); a
+// rank whose dump is among them would read as one without state. The
+// agent's request times out, and it sends the next heartbeat when due;
+// the new leader's leases start at its first sweep, which waits as well,
+// so no lease runs out meanwhile. An error answer would not do: the agent
+// reads any answer as a list of ids.
 func (in *Ingester) onHeartbeat(m *nats.Msg) {
 	if !in.enter() {
 		return
@@ -142,12 +253,18 @@ func (in *Ingester) onHeartbeat(m *nats.Msg) {
 	}
 	now := time.Now()
 	table := in.cfg.Node.WorkerTable()
+	ask := m.Header.Get(headerHeartbeatAsk) == heartbeatAskRanks
 	var unknown []uint64
+	var known []raftfsm.WorkerInfo
 	in.leases.mu.Lock()
 	for _, id := range ids {
-		if _, ok := table[id]; !ok {
+		w, ok := table[id]
+		if !ok {
 			unknown = append(unknown, id)
 			continue
+		}
+		if ask {
+			known = append(known, w)
 		}
 		if in.leases.seen != nil {
 			in.leases.seen[id] = now
@@ -155,9 +272,14 @@ func (in *Ingester) onHeartbeat(m *nats.Msg) {
 	}
 	in.leases.mu.Unlock()
 	in.m.heartbeats.Add(float64(len(ids)))
-	if m.Reply != "" {
-		_ = m.Respond(AppendHeartbeat(nil, unknown))
+	if m.Reply == "" {
+		return
 	}
+	answer := &nats.Msg{Data: AppendHeartbeat(nil, unknown)}
+	if v := in.ranksWithoutState(known); v != "" {
+		answer.Header = nats.Header{headerRanksWithoutState: []string{v}}
+	}
+	_ = m.RespondMsg(answer)
 }
 
 // sweepLeases removes, through Raft, every leased worker not heard of for

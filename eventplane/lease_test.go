@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/nats-io/nats.go"
 )
 
 // TestHeartbeatEncoding: ids round-trip; a body that is not a list of
@@ -285,5 +287,77 @@ func TestRegistrationWhileAnExpiryWaitsKeepsTheWorker(t *testing.T) {
 	}
 	if n := len(in.leases.expiry); n != 0 {
 		t.Fatalf("%d removals still marked in flight", n)
+	}
+}
+
+// stateTarget is a fakeTarget that holds a cursor of the ranks in
+// cursors (under fakeTarget.mu), as raftfsm.Node.HasCursor says.
+type stateTarget struct {
+	*fakeTarget
+	cursors map[kvevent.Rank]bool
+}
+
+func (t *stateTarget) HasCursor(r kvevent.Rank) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.cursors[r]
+}
+
+// TestHeartbeatAnswerNamesRanksWithoutStateWhenAsked: a heartbeat that
+// asks (HeartbeatRequest) is answered, beside the unknown ids, with the
+// registered ranks of its known workers that the leader holds no cursor
+// of. One that does not ask, an agent's of an earlier build, gets the
+// answer it always got: the unknown ids, and no header.
+func TestHeartbeatAnswerNamesRanksWithoutStateWhenAsked(t *testing.T) {
+	tg := &stateTarget{fakeTarget: newFakeTarget(), cursors: map[kvevent.Rank]bool{{Worker: 7, DP: 1}: true}}
+	tg.workers[7] = raftfsm.WorkerInfo{ID: 7, DPRanks: []uint32{0, 1, 2}}
+	tg.workers[8] = raftfsm.WorkerInfo{ID: 8} // dp rank 0
+	in, _ := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{})
+	nc := in.cfg.Conn
+	ids := []uint64{7, 9, 8}
+
+	msg, err := nc.RequestMsg(HeartbeatRequest(DefaultHeartbeatSubject, ids), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknown, stateless, err := DecodeHeartbeatAnswer(msg)
+	want := []kvevent.Rank{{Worker: 7, DP: 0}, {Worker: 7, DP: 2}, {Worker: 8, DP: 0}}
+	if err != nil || !slices.Equal(unknown, []uint64{9}) || !slices.Equal(stateless, want) {
+		t.Fatalf("answer to a heartbeat that asks: unknown %v, without state %v (%v); want [9], %v", unknown, stateless, err, want)
+	}
+
+	msg, err = nc.Request(DefaultHeartbeatSubject, AppendHeartbeat(nil, ids), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msg.Header) != 0 || !slices.Equal(msg.Data, AppendHeartbeat(nil, []uint64{9})) {
+		t.Fatalf("answer to a heartbeat that does not ask: body %x, header %v; want the unknown id 9 alone, no header", msg.Data, msg.Header)
+	}
+
+	// With every rank holding a cursor, an answer to an ask has no header.
+	tg.mu.Lock()
+	tg.cursors = map[kvevent.Rank]bool{{Worker: 7, DP: 0}: true, {Worker: 7, DP: 1}: true, {Worker: 7, DP: 2}: true, {Worker: 8}: true}
+	tg.mu.Unlock()
+	msg, err = nc.RequestMsg(HeartbeatRequest(DefaultHeartbeatSubject, ids), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msg.Header) != 0 {
+		t.Fatalf("answer to a heartbeat whose ranks all hold state: header %v, want none", msg.Header)
+	}
+}
+
+// TestDecodeHeartbeatAnswer: an answer without headers (a router of an
+// earlier build) names no ranks; a malformed rank is refused as such.
+func TestDecodeHeartbeatAnswer(t *testing.T) {
+	unknown, stateless, err := DecodeHeartbeatAnswer(&nats.Msg{Data: AppendHeartbeat(nil, []uint64{3})})
+	if err != nil || !slices.Equal(unknown, []uint64{3}) || stateless != nil {
+		t.Fatalf("answer without headers: %v %v %v", unknown, stateless, err)
+	}
+	for _, v := range []string{"7", "7/", "/1", "7/1/2", "x/1", "7/4294967296", "18446744073709551616/0"} {
+		m := &nats.Msg{Header: nats.Header{headerRanksWithoutState: []string{"7/0 " + v}}}
+		if _, _, err := DecodeHeartbeatAnswer(m); !errors.Is(err, ErrMalformed) {
+			t.Errorf("rank %q: %v, want ErrMalformed", v, err)
+		}
 	}
 }

@@ -175,6 +175,8 @@ type rankBuf struct {
 	evs      []kvevent.Event
 	head     int
 	needDump bool
+	// dumps counts the dumps of the rank the router took (Synced).
+	dumps uint64
 	// dumpAsks counts the times a dump was asked for (askDump): a dump
 	// built before the last ask does not answer it (sendDump).
 	dumpAsks uint64
@@ -553,6 +555,21 @@ func (p *Publisher) Resync(r kvevent.Rank) {
 	case p.kick <- struct{}{}:
 	default:
 	}
+}
+
+// Synced returns how many dumps of rank r the router has taken, or 0
+// while one is asked for, and before the first: a count read, not 0,
+// before and after an owner learns something of the router's state of r
+// says that no dump of r was asked for or taken between. (kvagent resyncs
+// a rank the leader holds no state of, by a heartbeat's answer, only when
+// a dump of it was taken before the heartbeat, and none asked for since.)
+func (p *Publisher) Synced(r kvevent.Rank) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if b := p.ranks[r]; b != nil && !b.needDump {
+		return b.dumps
+	}
+	return 0
 }
 
 // Cursor returns the router's cursor of r as last acknowledged, and the id
@@ -1158,6 +1175,7 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 		b.next = through + 1
 	}
 	b.acked = through
+	b.dumps++
 	if b.dumpAsks == asks {
 		b.needDump = false
 	}

@@ -452,6 +452,19 @@ func (f *FSM) Cursor(r kvevent.Rank) uint64 {
 	return f.rankCursor(r).id
 }
 
+// HasCursor reports whether the FSM holds a cursor of rank r: a dump of
+// the rank, or its events from the first id on, applied since its state
+// last began. A rank without one holds nothing its publisher sent: none
+// of it has reached the log yet, or its state was removed since (its
+// worker deregistered, its registration dropped it, a restored state
+// lacks it).
+func (f *FSM) HasCursor(r kvevent.Rank) bool {
+	f.curMu.RLock()
+	defer f.curMu.RUnlock()
+	_, ok := f.cursors.Get(r)
+	return ok
+}
+
 // Incarnation returns the publisher incarnation of the dump that last
 // replaced rank r's state, or 0 (none, or an unfenced dump).
 func (f *FSM) Incarnation(r kvevent.Rank) uint64 {

@@ -2675,3 +2675,7 @@ func (n *Node) UnregisteredRanks() []kvevent.Rank { return n.fsm.UnregisteredRan
 
 // Cursor returns rank r's last applied event id on this node.
 func (n *Node) Cursor(r kvevent.Rank) uint64 { return n.fsm.Cursor(r) }
+
+// HasCursor reports whether this node holds a cursor of rank r
+// (FSM.HasCursor).
+func (n *Node) HasCursor(r kvevent.Rank) bool { return n.fsm.HasCursor(r) }
