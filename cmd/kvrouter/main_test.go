@@ -636,6 +636,16 @@ func TestARestartWithJoinAndItsRaftAddrSpelledOtherwiseRuns(t *testing.T) {
 	}
 	leader := run(ctx, "--node-id", "n1", "--data-dir", t.TempDir(), "--raft-addr", r1, "--http-addr", h1)
 	defer func() { cancel(); <-leader }()
+	// n2 starts once n1 answers: two apps parsing their flags at once
+	// race on urfave/cli's global help flag (n1's answer orders them).
+	poll(t, "n1 to answer", func() bool {
+		resp, err := http.Get("http://" + h1 + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return true
+	})
 	// n2 joins, and runs until it lists itself a voter.
 	dir2 := t.TempDir()
 	ctx2, cancel2 := context.WithCancel(ctx)
