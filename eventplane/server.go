@@ -54,38 +54,130 @@ func splitHostPort(addr string) (string, int, error) {
 // nothing after them. nats-server's own parse (RoutesFromStr) keeps a nil
 // URL for a route that does not parse (a list separated by spaces, an IPv6
 // address missing its ']'), and its route solicitation then crashes the
-// process on it. Its messages show the route with no password
-// (url.URL.Redacted) once it parsed.
+// process on it. Its messages never show the route's user information
+// (redactRoute).
 func CheckRoute(r string) error {
-	_, err := parseRoute(r)
+	_, err := parseRoute(r, redactRoute(strings.TrimSpace(r)))
 	return err
 }
 
-// parseRoute parses a route as CheckRoute checks it.
-func parseRoute(r string) (*url.URL, error) {
+// CheckRoutes checks a comma-separated list of routes (kvrouter's
+// --nats-routes) as nats-server splits it, each as CheckRoute does, and
+// returns them; empty entries are skipped. Its messages never show a
+// route's user information, also when a password written with an
+// unescaped ',' was cut in two there (shownRoute).
+func CheckRoutes(list string) ([]string, error) {
+	parts := strings.Split(list, ",")
+	var routes []string
+	for i, r := range parts {
+		if r = strings.TrimSpace(r); r == "" {
+			continue
+		}
+		if _, err := parseRoute(r, shownRoute(parts, i)); err != nil {
+			return nil, err
+		}
+		routes = append(routes, r)
+	}
+	return routes, nil
+}
+
+// shownRoute returns what CheckRoutes' messages name parts[i] by: the
+// route redacted (redactRoute), or, when it holds no '@' and a later part
+// does before any part that begins a URL of its own ("://"), the parts up
+// to that one joined and redacted: a password with an unescaped ',' is
+// cut there, and its first half (nats-route://user:pass) holds no '@' to
+// find its user information by. A part that reads as host:port (port 0,
+// which CheckRoute refuses) is named on its own.
+func shownRoute(parts []string, i int) string {
+	end := i + 1
+	if p := strings.TrimSpace(parts[i]); !strings.Contains(p, "@") && !isHostPort(p[routeSchemeEnd(p):]) {
+		for j := i + 1; j < len(parts); j++ {
+			if strings.Contains(parts[j], "://") {
+				break
+			}
+			if strings.Contains(parts[j], "@") {
+				end = j + 1
+				break
+			}
+		}
+	}
+	return redactRoute(strings.TrimSpace(strings.Join(parts[i:end], ",")))
+}
+
+// redactRoute returns route r with its user information hidden whole, as
+// xxxxx: the text from its scheme's "://" (or from its start) to its LAST
+// '@'. It reads the text, not the URL url.Parse makes of it, so that no
+// password shows whatever the parse outcome: a route that does not parse
+// (a list separated by spaces, an IPv6 host missing its ']', a password
+// with an unescaped '#'), and one that parses with a password holding an
+// unescaped '/', '?' or '@', which url.Parse reads as the end of the host
+// (the rest of the password then lies in the path or query, which
+// url.URL.Redacted shows).
+func redactRoute(r string) string {
+	start := routeSchemeEnd(r)
+	at := strings.LastIndex(r[start:], "@")
+	if at < 0 {
+		return r
+	}
+	return r[:start] + "xxxxx" + r[start+at:]
+}
+
+// routeSchemeEnd returns the index in r just after its "scheme://", 0
+// when r does not begin with a scheme.
+func routeSchemeEnd(r string) int {
+	if scheme, _, ok := strings.Cut(r, "://"); ok && isScheme(scheme) {
+		return len(scheme) + len("://")
+	}
+	return 0
+}
+
+// isScheme reports whether s reads as a URL scheme (RFC 3986: a letter,
+// then letters, digits, '+', '-' or '.'): the text before a "://" that
+// is not one (user:pa://ss@host) is user information.
+func isScheme(s string) bool {
+	for i, c := range s {
+		letter := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+		if !letter && (i == 0 || !('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.')) {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// parseRoute parses a route as CheckRoute checks it; its messages name
+// the route by shown, which shows no user information.
+func parseRoute(r, shown string) (*url.URL, error) {
 	r = strings.TrimSpace(r)
 	full := r
 	if !strings.Contains(r, "://") {
 		full = "nats-route://" + r
 	}
+	// The user information is hidden whole: say how to write one that
+	// url.Parse reads otherwise.
+	password := ""
+	if shown != r {
+		password = "; any / ? # @ , % or space of the user or password percent-encoded"
+	}
 	u, err := url.Parse(full)
 	if err != nil || u == nil {
 		return nil, fmt.Errorf("%q does not parse as a route: want host:port or nats-route://host:port "+
-			"(a list is comma-separated; an IPv6 host is written in brackets, [::1]:6222)", r)
+			"(a list is comma-separated; an IPv6 host is written in brackets, [::1]:6222%s)", shown, password)
 	}
 	switch u.Scheme {
 	case "nats-route", "nats":
 	default:
-		return nil, fmt.Errorf("%q: scheme %q, want host:port or nats-route://host:port", u.Redacted(), u.Scheme)
+		// Not u.Scheme: the text before a ':' of a route with no scheme
+		// (user:pa://ss@host) is its user.
+		return nil, fmt.Errorf("%q: want host:port or nats-route://host:port (the scheme nats-route or nats)", shown)
 	}
 	if u.Hostname() == "" {
-		return nil, fmt.Errorf("%q has no host: want host:port", u.Redacted())
+		return nil, fmt.Errorf("%q has no host: want host:port", shown)
 	}
 	if p, err := strconv.ParseUint(u.Port(), 10, 16); err != nil || p == 0 {
-		return nil, fmt.Errorf("%q: want a port from 1 to 65535 (host:port)", u.Redacted())
+		return nil, fmt.Errorf("%q: want a port from 1 to 65535 (host:port)", shown)
 	}
 	if u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
-		return nil, fmt.Errorf("%q has more than a host and port: want host:port", u.Redacted())
+		return nil, fmt.Errorf("%q has more than a host and port: want host:port (or nats-route://host:port%s)", shown, password)
 	}
 	return u, nil
 }
@@ -111,7 +203,7 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 		if strings.TrimSpace(r) == "" {
 			continue
 		}
-		u, err := parseRoute(r)
+		u, err := parseRoute(r, redactRoute(strings.TrimSpace(r)))
 		if err != nil {
 			return nil, fmt.Errorf("nats route %w", err)
 		}

@@ -180,9 +180,21 @@ func TestARouteThatDoesNotParseIsRefused(t *testing.T) {
 			t.Errorf("CheckRoute(%q): %v", r, err)
 		}
 	}
-	// A route with a password shows none.
-	if err := CheckRoute("nats-route://alice:s3cret@127.0.0.1:0"); err == nil || strings.Contains(err.Error(), "s3cret") {
-		t.Errorf("a route with a password and port 0: %v, want an error that does not show it", err)
+	// A route with a password shows none, whether it parses or not (a
+	// password with an unescaped '#' or '/', which url.URL.Redacted
+	// does not hide in the path).
+	for _, r := range []string{"nats-route://alice:s3cret@127.0.0.1:0", "nats-route://alice:s3cret#1@127.0.0.1:6222",
+		"nats-route://alice:1/s3cret@127.0.0.1:6222", "alice:s3cret@[::1:6222"} {
+		if err := CheckRoute(r); err == nil || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("CheckRoute(%q) = %v, want an error that does not show the password", r, err)
+		}
+		s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0", ClusterAddr: "127.0.0.1:0", Routes: []string{r}})
+		if err == nil {
+			s.Shutdown()
+		}
+		if err == nil || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("StartServer with the route %q: %v, want an error that does not show the password", r, err)
+		}
 	}
 }
 

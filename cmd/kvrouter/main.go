@@ -639,19 +639,14 @@ type natsShutdowner interface{ Shutdown() }
 
 // natsRoutes parses --nats-routes: the other nodes' NATS route addresses,
 // comma-separated, each checked as the embedded server takes it
-// (eventplane.CheckRoute); empty entries are skipped. run checks it before
+// (eventplane.CheckRoutes, whose messages show no route's user
+// information); empty entries are skipped. run checks it before
 // the data directory is touched: a route nats-server cannot parse (a list
 // separated by spaces) crashed the process once its server started.
 func natsRoutes(s string) ([]string, error) {
-	var routes []string
-	for _, r := range strings.Split(s, ",") {
-		if r = strings.TrimSpace(r); r == "" {
-			continue
-		}
-		if err := eventplane.CheckRoute(r); err != nil {
-			return nil, fmt.Errorf("--nats-routes %w (other nodes' --nats-cluster-addr, comma-separated)", err)
-		}
-		routes = append(routes, r)
+	routes, err := eventplane.CheckRoutes(s)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-routes %w (other nodes' --nats-cluster-addr, comma-separated)", err)
 	}
 	return routes, nil
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/urfave/cli/v2"
+
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
@@ -47,6 +49,51 @@ func TestMistypedNATSRoutesIsAUsageErrorNotACrash(t *testing.T) {
 			t.Errorf("--nats-routes %q: %v\n%s", routes, err, out)
 		}
 	}
+}
+
+// TestARoutePasswordIsNeverShown: a --nats-routes entry with route
+// credentials (nats-route://user:password@host:port, which nats-server
+// sends in its route CONNECT) is refused without its password, whether it
+// parses or not. From a review: an entry that did not parse (a list
+// separated by spaces, an IPv6 host missing its ']', a password with an
+// unescaped '#') was quoted whole, and one whose password held a '/'
+// parsed with the password in its path, which url.URL.Redacted does not
+// hide.
+func TestARoutePasswordIsNeverShown(t *testing.T) {
+	const secret = "s3cret"
+	for _, routes := range []string{
+		"nats-route://ruser:s3cret@10.0.0.2:6222 nats-route://ruser:s3cret@10.0.0.3:6222",
+		"nats-route://ruser:s3cret@[fd00::2:6222",
+		"nats-route://ruser:s3cret#1@10.0.0.2:6222",
+		"nats-route://ruser:1234/s3cret@10.0.0.2:6222",
+		"ruser:s3cret@10.0.0.2:0",
+		"nats-route://ruser:s3cret@10.0.0.2:6222/x",
+		"nats-route://ruser:s3cret,1@10.0.0.2:6222", // a ',' splits the list
+	} {
+		err := natsFlagCheck(t, "--nats-cluster-addr", "127.0.0.1:6222", "--nats-routes", routes)
+		if err == nil {
+			t.Errorf("--nats-routes %q accepted", routes)
+			continue
+		}
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("--nats-routes %q: the usage error shows the route password: %v", routes, err)
+		}
+	}
+}
+
+// natsFlagCheck runs natsRoutes and checkNATSFlags, as run does first, on
+// kvrouter's flag set with args, without starting anything.
+func natsFlagCheck(t *testing.T, args ...string) error {
+	t.Helper()
+	app := newApp()
+	app.ExitErrHandler = func(*cli.Context, error) {}
+	app.Action = func(c *cli.Context) error {
+		if _, err := natsRoutes(c.String("nats-routes")); err != nil {
+			return err
+		}
+		return checkNATSFlags(c)
+	}
+	return app.Run(append([]string{"kvrouter"}, args...))
 }
 
 // TestNATSFlagsThatWouldBeIgnoredAreRefused: a NATS flag that the node
