@@ -460,9 +460,21 @@ func checkNATSFlags(c *cli.Context) error {
 		return errors.New("--nats-tls-cert and --nats-tls-key go together: give both, or neither")
 	}
 	if urls := c.String("nats-url"); urls != "" {
-		for _, f := range []string{"nats-addr", "nats-cluster-addr", "nats-routes"} {
-			if c.IsSet(f) {
-				return fmt.Errorf("--%s configures the embedded NATS server, which --nats-url replaces: give one or the other", f)
+		// An empty value configures nothing (a template that renders
+		// KVROUTER_NATS_ROUTES empty): only a value is refused, as the
+		// embedded server's checks read them. --nats-addr has a default,
+		// which only a value given explicitly replaces.
+		routes, _ := natsRoutes(c.String("nats-routes"))
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{
+			{"nats-addr", c.IsSet("nats-addr") && c.String("nats-addr") != ""},
+			{"nats-cluster-addr", c.String("nats-cluster-addr") != ""},
+			{"nats-routes", len(routes) > 0},
+		} {
+			if f.set {
+				return fmt.Errorf("--%s configures the embedded NATS server, which --nats-url replaces: give one or the other", f.name)
 			}
 		}
 		if u := natsURLWithUser(urls); u != "" && (user != "" || password != "") {

@@ -130,6 +130,43 @@ func TestNATSFlagsThatWouldBeIgnoredAreRefused(t *testing.T) {
 	}
 }
 
+// TestAnEmptyEmbeddedNATSSettingIsTakenWithExternalNATS: an embedded
+// server setting left empty (a deployment template that always renders
+// KVROUTER_NATS_CLUSTER_ADDR and KVROUTER_NATS_ROUTES, empty for an
+// external NATS; a script passing --nats-routes "$ROUTES" with ROUTES
+// empty) configures nothing, and --nats-url takes it. From a review: it
+// was refused as if it configured the embedded server, where the
+// embedded server's own checks read those flags by value.
+func TestAnEmptyEmbeddedNATSSettingIsTakenWithExternalNATS(t *testing.T) {
+	const ext = "nats://127.0.0.1:4222"
+	for _, c := range []struct {
+		env  string
+		args []string
+	}{
+		{"KVROUTER_NATS_CLUSTER_ADDR", nil},
+		{"KVROUTER_NATS_ROUTES", nil},
+		{"KVROUTER_NATS_ADDR", nil},
+		{"", []string{"--nats-routes", ""}},
+		{"", []string{"--nats-routes", " , "}},
+		{"", []string{"--nats-cluster-addr", ""}},
+		{"", []string{"--nats-addr", ""}},
+	} {
+		t.Run(c.env+strings.Join(c.args, "="), func(t *testing.T) {
+			if c.env != "" {
+				t.Setenv(c.env, "")
+			}
+			if err := natsFlagCheck(t, append([]string{"--nats-url", ext}, c.args...)...); err != nil {
+				t.Errorf("--nats-url %s: %v", ext, err)
+			}
+		})
+	}
+	// The same empty values with the embedded server are taken as unset.
+	t.Setenv("KVROUTER_NATS_CLUSTER_ADDR", "")
+	if err := natsFlagCheck(t, "--nats-routes", ""); err != nil {
+		t.Fatalf("embedded, empty cluster address and routes: %v", err)
+	}
+}
+
 // TestExternalNATSTakesTheUserAndPasswordFlags: with --nats-url, the node
 // connects with --nats-user and --nats-password, which
 // TestNATSFlagsThatWouldBeIgnoredAreRefused refuses with a URL that names
