@@ -51,7 +51,9 @@ func splitHostPort(addr string) (string, int, error) {
 // (ServerConfig.Routes, kvrouter's --nats-routes), nil when nothing is:
 // host:port, or a URL nats-route://host:port (or nats://, as nats-server's
 // configuration takes it), with a host and a port from 1 to 65535 and
-// nothing after them. nats-server's own parse (RoutesFromStr) keeps a nil
+// nothing after them; an IPv6 host in brackets, its zone as net.Dial
+// takes it in host:port ([fe80::1%eth0]:6222) and escaped in a URL
+// (nats-route://[fe80::1%25eth0]:6222). nats-server's own parse (RoutesFromStr) keeps a nil
 // URL for a route that does not parse (a list separated by spaces, an IPv6
 // address missing its ']'), and its route solicitation then crashes the
 // process on it. Its messages never show the route's user information
@@ -122,6 +124,20 @@ func redactRoute(r string) string {
 	return r[:start] + "xxxxx" + r[start+at:]
 }
 
+// escapeZone returns host:port route r with the zone of its IPv6 host
+// escaped as a URL writes it ([fe80::1%25eth0]:6222, which url.Parse
+// requires): r is read as net.Dial and --nats-cluster-addr read it
+// ([fe80::1%eth0]:6222), and every '%' between its brackets is the
+// zone's. The brackets are looked for after the user information.
+func escapeZone(r string) string {
+	at := strings.LastIndex(r, "@") + 1
+	open, end := strings.Index(r[at:], "["), strings.Index(r[at:], "]")
+	if open < 0 || end < open {
+		return r
+	}
+	return r[:at+open] + strings.ReplaceAll(r[at+open:at+end], "%", "%25") + r[at+end:]
+}
+
 // routeSchemeEnd returns the index in r just after its "scheme://", 0
 // when r does not begin with a scheme.
 func routeSchemeEnd(r string) int {
@@ -150,7 +166,7 @@ func parseRoute(r, shown string) (*url.URL, error) {
 	r = strings.TrimSpace(r)
 	full := r
 	if !strings.Contains(r, "://") {
-		full = "nats-route://" + r
+		full = "nats-route://" + escapeZone(r)
 	}
 	// The user information is hidden whole: say how to write one that
 	// url.Parse reads otherwise.
@@ -160,8 +176,12 @@ func parseRoute(r, shown string) (*url.URL, error) {
 	}
 	u, err := url.Parse(full)
 	if err != nil || u == nil {
+		zone := ""
+		if full == r && strings.Contains(r, "%") {
+			zone = "; a URL writes an IPv6 zone's % as %25, nats-route://[fe80::1%25eth0]:6222"
+		}
 		return nil, fmt.Errorf("%q does not parse as a route: want host:port or nats-route://host:port "+
-			"(a list is comma-separated; an IPv6 host is written in brackets, [::1]:6222%s)", shown, password)
+			"(a list is comma-separated; an IPv6 host is written in brackets, [::1]:6222%s%s)", shown, zone, password)
 	}
 	switch u.Scheme {
 	case "nats-route", "nats":
@@ -170,10 +190,18 @@ func parseRoute(r, shown string) (*url.URL, error) {
 		// (user:pa://ss@host) is its user.
 		return nil, fmt.Errorf("%q: want host:port or nats-route://host:port (the scheme nats-route or nats)", shown)
 	}
-	if u.Hostname() == "" {
+	// nats-server dials the URL's Host split by net.SplitHostPort, not by
+	// url.URL's Hostname and Port, which split an IPv6 host written
+	// without brackets (fd00::2:6222) at its last ':': a route that
+	// SplitHostPort refuses is one it never dials, without a word.
+	host, port, err := net.SplitHostPort(u.Host)
+	switch {
+	case err != nil && strings.Count(u.Host, ":") > 1 && !strings.HasPrefix(u.Host, "["):
+		return nil, fmt.Errorf("%q: an IPv6 host is written in brackets, [fd00::2]:6222 (host:port)", shown)
+	case err == nil && host == "":
 		return nil, fmt.Errorf("%q has no host: want host:port", shown)
 	}
-	if p, err := strconv.ParseUint(u.Port(), 10, 16); err != nil || p == 0 {
+	if p, perr := strconv.ParseUint(port, 10, 16); err != nil || perr != nil || p == 0 {
 		return nil, fmt.Errorf("%q: want a port from 1 to 65535 (host:port)", shown)
 	}
 	if u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -196,6 +197,67 @@ func TestARouteThatDoesNotParseIsRefused(t *testing.T) {
 			t.Errorf("StartServer with the route %q: %v, want an error that does not show the password", r, err)
 		}
 	}
+}
+
+// TestAnIPv6RouteWithoutBracketsIsRefused: a route whose IPv6 host is
+// written without brackets (::ffff:127.0.0.1:6222) is refused, and the
+// same host in brackets routes, with an IPv6 zone too as
+// --nats-cluster-addr takes it ([fe80::1%eth0]:6222; %25 in a URL). From
+// a review: url.URL's Hostname and Port split the bare address at its
+// last ':' and CheckRoute took it, but nats-server dials the URL's Host
+// split by net.SplitHostPort ("too many colons"), and the node never
+// routed to that peer, without a word; a zone in brackets was refused as
+// "an IPv6 host is written in brackets".
+func TestAnIPv6RouteWithoutBracketsIsRefused(t *testing.T) {
+	b, err := StartServer(ServerConfig{Name: "b", Addr: "127.0.0.1:0", ClusterAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown()
+	port := strconv.Itoa(b.ClusterAddr().Port)
+	routes := []string{"[::ffff:127.0.0.1]:" + port, "nats-route://[::ffff:127.0.0.1]:" + port}
+	if lo := loopbackName(); lo != "" {
+		routes = append(routes, "[::ffff:127.0.0.1%"+lo+"]:"+port, "nats-route://[::ffff:127.0.0.1%25"+lo+"]:"+port)
+	}
+	for _, r := range routes {
+		a, err := StartServer(ServerConfig{Name: "a", Addr: "127.0.0.1:0", ClusterAddr: "127.0.0.1:0", Routes: []string{r}})
+		if err != nil {
+			t.Fatalf("route %s: %v", r, err)
+		}
+		waitFor(t, 10*time.Second, "a route to b through "+r, func() bool { return a.NumRoutes() > 0 })
+		a.Shutdown()
+	}
+	for _, r := range []string{"::ffff:127.0.0.1:" + port, "nats-route://::ffff:127.0.0.1:" + port, "fd00::2:6222", "alice:pw@fd00::2:6222"} {
+		if err := CheckRoute(r); err == nil || !strings.Contains(err.Error(), "brackets") {
+			t.Errorf("CheckRoute(%q) = %v, want an error saying to bracket the IPv6 host", r, err)
+		}
+		if a, err := StartServer(ServerConfig{Addr: "127.0.0.1:0", ClusterAddr: "127.0.0.1:0", Routes: []string{r}}); err == nil {
+			a.Shutdown()
+			t.Errorf("StartServer with the route %q started", r)
+		}
+	}
+	// A zone in a URL is written %25, as url.Parse requires.
+	if err := CheckRoute("nats-route://[fe80::1%eth0]:6222"); err == nil || !strings.Contains(err.Error(), "%25") {
+		t.Errorf("a URL route with its zone unescaped: %v, want an error saying to write it %%25", err)
+	}
+	if err := CheckRoute("[fe80::1%eth0]:6222"); err != nil {
+		t.Errorf("a host:port route with a zone: %v", err)
+	}
+}
+
+// loopbackName returns the name of a loopback interface, "" when there
+// is none.
+func loopbackName() string {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return ""
+	}
+	for _, i := range ifs {
+		if i.Flags&net.FlagLoopback != 0 && i.Flags&net.FlagUp != 0 {
+			return i.Name
+		}
+	}
+	return ""
 }
 
 // TestSettingsTheServerWouldNotEnforceAreRefused: StartServer refuses a
