@@ -209,10 +209,14 @@ func TestMemberChangesThatWouldCutAMemberOffAreRefused(t *testing.T) {
 func TestAddMemberAgainAtItsRaftAddrSpelledOtherwise(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
 	l := c.leader()
-	before, err := l.Members(ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Each node writes its HTTP address into its member entry once it
+	// starts: the table is taken once all have.
+	var before []Member
+	waitFor(t, 10*time.Second, "every member's HTTP address", func() bool {
+		ms, err := l.Members(ctx(t))
+		before = ms
+		return err == nil && len(ms) == 3 && !slices.ContainsFunc(ms, func(m Member) bool { return m.HTTPAddr == "" })
+	})
 	var other Member
 	for _, m := range before {
 		if m.ID != l.cfg.ID {
