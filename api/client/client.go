@@ -16,9 +16,10 @@
 // deregistration sent again answers that the worker is unknown. Once one
 // of those may have reached a node (a timeout or a broken connection
 // after it went out, the call's context ending after it went out whole,
-// or a forward to the leader that broke), no other node is tried: the
-// error is ErrOutcomeUnknown, and the caller checks the cluster (members,
-// status, workers) before sending it again.
+// a forward to the leader that broke, or a success answer whose body
+// could not be read), no other node is tried: the error is
+// ErrOutcomeUnknown, and the caller checks the cluster (members, status,
+// workers) before sending it again.
 //
 // Errors from the API come back as *Error, keeping the HTTP status and the
 // reason; errors.Is matches them against the node's sentinel errors too
@@ -72,7 +73,10 @@ var (
 	// write not safe twice whose context ended after the request went out
 	// whole is this error too, wrapping the context's (a node installs a
 	// restore it took whether or not anyone waits for the answer); any
-	// other call whose context ended is the context's error alone.
+	// other call whose context ended is the context's error alone. So is
+	// a write not safe twice answered success whose answer could not be
+	// read (a connection broken half-way through it, the context ending
+	// before it came): it most likely applied.
 	ErrOutcomeUnknown = errors.New("sent, and no answer came: the request may have applied")
 	// ErrUnauthorized matches an answer 401 unauthorized: the cluster asks
 	// for a token (kvrouter --token), and the client's is missing or is
@@ -658,7 +662,7 @@ func jsonRequest(method, path string, in any) (request, error) {
 }
 
 func (c *Client) callReq(ctx context.Context, req request, out any) error {
-	resp, _, err := c.do(ctx, req)
+	resp, base, err := c.do(ctx, req)
 	if err != nil {
 		return err
 	}
@@ -668,6 +672,16 @@ func (c *Client) callReq(ctx context.Context, req request, out any) error {
 		return nil
 	}
 	if err := decodeAnswer(resp.Body, out); err != nil {
+		if req.once && isWrite(req.method) {
+			// The node answered success, and its answer broke off (a
+			// connection reset, the caller's context ending): the write
+			// is most likely applied, and the caller, without its answer,
+			// must not take it for one that failed and send it again.
+			if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+				err = fmt.Errorf("%w (%w)", err, ctxErr)
+			}
+			return fmt.Errorf("%s %s to %s: %w: its answer (HTTP %d) could not be read: %w", req.method, req.path, hostOf(base), ErrOutcomeUnknown, resp.StatusCode, err)
+		}
 		return fmt.Errorf("%s %s: decode the answer: %w", req.method, req.path, err)
 	}
 	return nil

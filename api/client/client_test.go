@@ -742,6 +742,50 @@ func TestAWriteNotSafeTwiceWhoseContextEndsAfterItWentOutIsOutcomeUnknown(t *tes
 	}
 }
 
+// TestARestoreWhoseAnswerBreaksIsOutcomeUnknown: a node that answered
+// 200 to a restore has installed it; when the answer's body then breaks
+// (the connection reset half-way) or never comes before the caller's
+// context ends, the restore may well be in place: the error is
+// ErrOutcomeUnknown (wrapping the context's error when that ended it),
+// not a plain decode error or context error, which read as "not applied,
+// send it again". From a review.
+func TestARestoreWhoseAnswerBreaksIsOutcomeUnknown(t *testing.T) {
+	reset := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "200")
+		w.WriteHeader(http.StatusOK)
+		w.Write([]byte(`{"format_version": 4, "ind`))
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler) // the connection reset half-way through the body
+	}))
+	t.Cleanup(reset.Close)
+	_, err := newClient(t, reset.URL).RestoreSnapshot(context.Background(), bytes.NewReader(make([]byte, 1<<10)))
+	if !errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Errorf("a restore answered 200 whose body broke: %v; want ErrOutcomeUnknown", err)
+	}
+
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select { // the body never comes
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(hang.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = newClient(t, hang.URL).RestoreSnapshot(ctx, bytes.NewReader(make([]byte, 1<<10)))
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Errorf("a restore answered 200 whose body never came before the deadline: %v; want ErrOutcomeUnknown wrapping the deadline", err)
+	}
+}
+
 // TestAnUploadCutOffByItsContextIsNotOutcomeUnknown: an upload whose
 // context ended before its body went out whole was taken by no node (a
 // node takes a restore only whole): the error is the context's, not
