@@ -666,7 +666,7 @@ func (c *Client) callReq(ctx context.Context, req request, out any) error {
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer closeAnswer(resp.Body)
 	if out == nil {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		return nil
@@ -699,6 +699,21 @@ func decodeAnswer(body io.Reader, out any) error {
 		return fmt.Errorf("%w: more than %d bytes (client.MaxAnswerBytes)", ErrAnswerTooLarge, limit)
 	}
 	return err
+}
+
+// drainBytes bounds what closeAnswer reads of an answer past its JSON
+// value: a node's answer ends with the value's newline.
+const drainBytes = 4 << 10
+
+// closeAnswer reads what is left of a JSON answer's body, up to
+// drainBytes, and closes it. The transport keeps a connection for the
+// next request only when its last answer was read to the end, and a
+// decoder stops at the end of the value: before the end of a chunked
+// body (the node sends any answer over a few KiB so), whose closing chunk
+// is still to be read.
+func closeAnswer(body io.ReadCloser) {
+	_, _ = io.CopyN(io.Discard, body, drainBytes)
+	body.Close()
 }
 
 // Route asks for a routing decision (and books it with req.Book). On
@@ -816,7 +831,7 @@ func (c *Client) Ready(ctx context.Context) (api.ReadyResponse, error) {
 		}
 		return out, err
 	}
-	defer resp.Body.Close()
+	defer closeAnswer(resp.Body)
 	if err := decodeAnswer(resp.Body, &out); err != nil {
 		return out, fmt.Errorf("GET /readyz: decode the answer: %w", err)
 	}

@@ -272,6 +272,45 @@ func TestCanceledContextIsNotUnreachable(t *testing.T) {
 	}
 }
 
+// TestLargeAnswersReuseTheConnection: sequential calls of one client reuse
+// its kept-alive connection, whatever the size of their answers. From a
+// review: a JSON answer the node sent chunked (over a couple of KiB: a
+// workers list, a route's candidates) was decoded to the end of its value
+// and closed before the end of its body, and the transport then closed
+// the connection: every such call dialed a new one.
+func TestLargeAnswersReuseTheConnection(t *testing.T) {
+	f := apitest.New("n1", "")
+	s := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	var conns atomic.Int64
+	hs := httptest.NewUnstartedServer(s)
+	hs.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	hs.Start()
+	t.Cleanup(func() { hs.Close(); s.Close() })
+	ctx := context.Background()
+	c := newClient(t, hs.URL)
+	for id := range uint64(60) {
+		if err := c.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: id + 1, DPRanks: []uint32{0, 1, 2, 3}, BlockSize: 4}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := conns.Load()
+	for range 10 {
+		if _, err := c.Workers(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Route(ctx, api.RouteRequest{TokenIDs: []uint32{1, 2, 3, 4}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := conns.Load() - before; n > 0 {
+		t.Fatalf("20 sequential large answers (10 workers lists, 10 routes of 240 candidates) took %d new connections, want the kept-alive one reused", n)
+	}
+}
+
 func TestRouteBookAndFree(t *testing.T) {
 	n := newNode(t, "n1")
 	ctx := context.Background()
