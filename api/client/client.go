@@ -726,14 +726,29 @@ func (c *Client) Route(ctx context.Context, req api.RouteRequest) (*api.RouteRes
 	return &out, nil
 }
 
+// pathSegment escapes s as one segment of a request's path. url.PathEscape
+// leaves "." and ".." as they are, valid ids (a request's, a member's)
+// that would make the path one the node answers with a redirect to its
+// clean form, another path: they go as %2E and %2E%2E, which the node
+// reads back as the id.
+func pathSegment(s string) string {
+	switch s {
+	case ".":
+		return "%2E"
+	case "..":
+		return "%2E%2E"
+	}
+	return url.PathEscape(s)
+}
+
 // PrefillDone marks a booked request's prefill as finished.
 func (c *Client) PrefillDone(ctx context.Context, requestID string) error {
-	return c.call(ctx, http.MethodPost, "/v1/requests/"+url.PathEscape(requestID)+"/prefill_done", nil, nil)
+	return c.call(ctx, http.MethodPost, "/v1/requests/"+pathSegment(requestID)+"/prefill_done", nil, nil)
 }
 
 // Free ends a booked request.
 func (c *Client) Free(ctx context.Context, requestID string) error {
-	return c.call(ctx, http.MethodDelete, "/v1/requests/"+url.PathEscape(requestID), nil, nil)
+	return c.call(ctx, http.MethodDelete, "/v1/requests/"+pathSegment(requestID), nil, nil)
 }
 
 // Workers lists the registered workers, sorted by id.
@@ -857,7 +872,7 @@ func (c *Client) AddMember(ctx context.Context, id, raftAddr, httpAddr string) e
 func (c *Client) RemoveMember(ctx context.Context, id string) error {
 	// Not sent twice: the second try of a removal that went through
 	// answers that id is no member.
-	return c.callOnce(ctx, http.MethodDelete, "/v1/cluster/members/"+url.PathEscape(id), nil, nil)
+	return c.callOnce(ctx, http.MethodDelete, "/v1/cluster/members/"+pathSegment(id), nil, nil)
 }
 
 // TransferLeader hands leadership to the member to, or to any up-to-date

@@ -347,6 +347,40 @@ func TestRouteBookAndFree(t *testing.T) {
 	}
 }
 
+// TestDotIDsReachTheirRequestAndMember: "." and ".." are valid request
+// ids, and a route books them; PrefillDone and Free must reach that
+// booking, as RemoveMember must reach a member of such an id. From a
+// review: url.PathEscape leaves them as they are, and the node answered
+// the path they made (not clean) with a redirect to another one.
+func TestDotIDsReachTheirRequestAndMember(t *testing.T) {
+	n := newNode(t, "n1")
+	ctx := context.Background()
+	c := newClient(t, n.addr())
+	if err := c.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 5, DPRanks: []uint32{0}, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RemoveMember(ctx, ".."); n.fake.Calls()["RemoveMember"] != 1 {
+		t.Errorf("RemoveMember(\"..\"): %v; the node's RemoveMember ran %d times, want once", err, n.fake.Calls()["RemoveMember"])
+	}
+	for _, id := range []string{".", ".."} {
+		if _, err := c.Route(ctx, api.RouteRequest{TokenIDs: []uint32{1, 2, 3, 4}, Book: true, RequestID: id}); err != nil {
+			t.Fatalf("book %q: %v", id, err)
+		}
+		if b := n.fake.Bookings(); len(b) != 1 {
+			t.Fatalf("bookings = %v", b)
+		}
+		if err := c.PrefillDone(ctx, id); err != nil {
+			t.Errorf("PrefillDone(%q): %v", id, err)
+		}
+		if err := c.Free(ctx, id); err != nil {
+			t.Errorf("Free(%q): %v", id, err)
+		}
+		if b := n.fake.Bookings(); len(b) != 0 {
+			t.Fatalf("after Free(%q) the booking is still held: %v", id, b)
+		}
+	}
+}
+
 func TestRouteOverloadedCarriesCandidates(t *testing.T) {
 	n := newNode(t, "n1")
 	ctx := context.Background()
