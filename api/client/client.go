@@ -22,14 +22,16 @@
 // workers) before sending it again.
 //
 // Errors from the API come back as *Error, keeping the HTTP status and the
-// reason; errors.Is matches them against the node's sentinel errors too
-// (raftfsm.ErrNoLeader, indexer.ErrOverloaded, ...). When no endpoint can be
-// reached the error wraps ErrUnreachable; when one may have taken the
-// request without answering, ErrOutcomeUnknown; when one answered and was
-// passed over, and none after it answered, the error is that answer. A
-// node's TLS certificate that a try refused stays in the error too
-// (*tls.CertificateVerificationError; CertificateHint says what to do).
-// A JSON answer longer than MaxAnswerBytes fails with ErrAnswerTooLarge
+// reason; so does any answer outside 2xx, a redirect too (the client follows
+// none: a node redirects only paths the client never sends, and a redirect
+// followed may turn a write into a read). errors.Is matches them against the
+// node's sentinel errors too (raftfsm.ErrNoLeader, indexer.ErrOverloaded,
+// ...). When no endpoint can be reached the error wraps ErrUnreachable; when
+// one may have taken the request without answering, ErrOutcomeUnknown; when
+// one answered and was passed over, and none after it answered, the error is
+// that answer. A node's TLS certificate that a try refused stays in the
+// error too (*tls.CertificateVerificationError; CertificateHint says what to
+// do). A JSON answer longer than MaxAnswerBytes fails with ErrAnswerTooLarge
 // (error answers are read up to 1 MiB; snapshot downloads are unbounded).
 package client
 
@@ -102,7 +104,8 @@ var maxAnswerBytes int64 = MaxAnswerBytes
 type Options struct {
 	// HTTPClient sends the requests. Default: a client with its own
 	// transport (closed by Client.Close) and no overall timeout: bound
-	// calls with their context. Its transport must report the requests
+	// calls with their context. Its CheckRedirect is not used: the client
+	// follows no redirect. Its transport must report the requests
 	// it writes through net/http/httptrace (GetConn, WroteHeaders), as
 	// *http.Transport does: a failed write that reports nothing counts as
 	// never sent, and a write not safe twice would be sent on.
@@ -171,6 +174,13 @@ func New(endpoints []string, opts Options) (*Client, error) {
 		}
 		c.hc = &http.Client{Transport: c.own}
 	}
+	// No redirect is followed: a node answers one only for a path that
+	// is not clean, which the client never sends, and a 301, 302 or 303
+	// followed would turn a write into a GET, whose 200 would read as the
+	// write's. A copy, so that the caller's client keeps its own policy.
+	hc := *c.hc
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	c.hc = &hc
 	return c, nil
 }
 
@@ -373,9 +383,10 @@ func sentWhole(counted *countingReader, length int64) bool {
 }
 
 // do sends req to the preferred endpoint, then to the others in order
-// while none can be reached, and returns the first answer. A 4xx or 5xx
-// answer is returned as *Error with the body closed; a 2xx answer's body is
-// the caller's to close.
+// while none can be reached, and returns the first answer. An answer
+// outside 2xx (a redirect, which is not followed, too) is returned as
+// *Error with the body closed; a 2xx answer's body is the caller's to
+// close.
 func (c *Client) do(ctx context.Context, req request) (*http.Response, string, error) {
 	order := c.order(req.endpoint)
 	var errs []string
@@ -488,7 +499,7 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 			}
 			continue
 		}
-		if resp.StatusCode >= 400 {
+		if resp.StatusCode < 200 || resp.StatusCode > 299 {
 			apiErr := decodeError(base, resp)
 			resp.Body.Close()
 			// A node cut off from the others (a partition, an election
@@ -623,6 +634,15 @@ func decodeError(base string, resp *http.Response) error {
 	}
 	if msg == "" {
 		msg = http.StatusText(resp.StatusCode)
+	}
+	if resp.StatusCode/100 == 3 {
+		// Not a node's answer (a node redirects only paths the client
+		// does not send): a proxy, or another server at the endpoint.
+		loc := "nowhere (no Location)"
+		if l := resp.Header.Get("Location"); l != "" {
+			loc = strconv.Quote(l)
+		}
+		msg = fmt.Sprintf("redirected to %s, which the client does not follow: is the endpoint a kvrouter node's API address? (%s)", loc, msg)
 	}
 	e.Message = msg
 	return e

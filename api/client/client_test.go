@@ -240,6 +240,44 @@ func TestANodeWithoutLeaderThenADeadOneIsNoLeader(t *testing.T) {
 	}
 }
 
+// TestARedirectIsNoSuccess: the client follows no redirect, and takes an
+// answer outside 2xx for an error. From a review: a 307 without a
+// Location (which the transport does not follow) counted as success, and
+// a 303, which the transport follows with a GET of the new path, turned a
+// registration into a workers list, whose 200 counted as the
+// registration's.
+func TestARedirectIsNoSuccess(t *testing.T) {
+	bare := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(bare.Close)
+	c := newClient(t, bare.URL)
+	if err := c.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 1, BlockSize: 4}); err == nil {
+		t.Error("RegisterWorker answered 307 without a Location returned nil: taken as registered")
+	}
+	if err := c.Free(context.Background(), "r1"); err == nil {
+		t.Error("Free answered 307 without a Location returned nil: taken as freed")
+	}
+
+	n := newNode(t, "n1")
+	redirect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			http.Redirect(w, r, n.srv.URL+r.URL.Path, http.StatusSeeOther)
+			return
+		}
+		n.srv.Config.Handler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(redirect.Close)
+	err := newClient(t, redirect.URL).RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 1, BlockSize: 4})
+	var ae *client.Error
+	if !errors.As(err, &ae) || ae.StatusCode != http.StatusSeeOther {
+		t.Errorf("RegisterWorker answered 303: %v, want an *Error of status 303", err)
+	}
+	if calls := n.fake.Calls(); calls["RegisterWorker"]+calls["Workers"] != 0 {
+		t.Errorf("the redirect was followed: the node's calls %v", calls)
+	}
+}
+
 func TestNonAPIErrorBodies(t *testing.T) {
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "<html>bad gateway</html>", http.StatusBadGateway)
