@@ -299,6 +299,9 @@ func (e *Error) Error() string {
 
 // Unwrap returns the node's sentinel error for the reason, so that
 // errors.Is(err, raftfsm.ErrNoLeader) and the like work across the wire.
+// The node's timeout and canceled (its context errors) match none: as
+// context.DeadlineExceeded or context.Canceled they would read as the
+// caller's own context ending.
 func (e *Error) Unwrap() error {
 	switch e.Reason {
 	case api.ReasonNoLeader:
@@ -311,6 +314,10 @@ func (e *Error) Unwrap() error {
 		return raftfsm.ErrUnknownWorker
 	case api.ReasonUnknownRank:
 		return indexer.ErrUnknownRank
+	case api.ReasonStaleDump:
+		return raftfsm.ErrStaleDump
+	case api.ReasonUnregisteredRank:
+		return raftfsm.ErrUnregisteredRank
 	case api.ReasonBadSnapshot:
 		return raftfsm.ErrBadSnapshot
 	case api.ReasonInvalid, api.ReasonBadJSON:

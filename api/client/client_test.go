@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -482,6 +483,35 @@ func TestIngestEventsAndDump(t *testing.T) {
 	bad.Blocks = nil
 	if _, err := c.IngestEvents(ctx, []raftfsm.RankBatch{{Rank: r2, Events: []kvevent.Event{bad}}}); !errors.Is(err, raftfsm.ErrInvalid) {
 		t.Fatalf("a malformed event: %v, want ErrInvalid", err)
+	}
+}
+
+// TestRefusalsMatchTheNodesSentinels: errors.Is matches an error answer
+// against the sentinel the node refused with, for every reason the node
+// answers one with. From a review: a stale dump (409 stale_dump) and a
+// dump of an unregistered rank (409 unregistered_rank), which a
+// publisher branches on, matched nothing.
+func TestRefusalsMatchTheNodesSentinels(t *testing.T) {
+	n := newNode(t, "n1")
+	c := newClient(t, n.addr())
+	for _, sentinel := range []error{
+		raftfsm.ErrInvalid, raftfsm.ErrBadSnapshot, raftfsm.ErrUnknownWorker, indexer.ErrUnknownRank,
+		raftfsm.ErrStaleDump, raftfsm.ErrUnregisteredRank, api.ErrConflict, raftfsm.ErrNoLeader,
+		raftfsm.ErrUnreachable, raftfsm.ErrShutdown, indexer.ErrOverloaded, indexer.ErrNoWorkers,
+	} {
+		refusal := fmt.Errorf("dump: %w", sentinel)
+		if sentinel == raftfsm.ErrStaleDump {
+			refusal = &raftfsm.StaleDumpError{Cursor: 50}
+		}
+		n.fake.SetHook(func(m string) error {
+			if m == "ReplaceRank" {
+				return refusal
+			}
+			return nil
+		})
+		if err := c.DumpRank(context.Background(), kvevent.Rank{Worker: 1}, 42, nil); !errors.Is(err, sentinel) {
+			t.Errorf("DumpRank refused with %v: %v; errors.Is(err, %v) = false", refusal, err, sentinel)
+		}
 	}
 }
 
