@@ -414,6 +414,50 @@ func TestLeaderRemovingItselfSucceeds(t *testing.T) {
 	}
 }
 
+// TestCloseWithAWriteInTheLogAnswersMaybeApplied: a write whose entry
+// Raft holds when the node closes may still apply (here it is committed,
+// and applies when the node starts again): its caller gets a
+// *NotLeaderError with MaybeApplied, which the API answers with
+// X-Kvrouter-Maybe-Applied for a write not safe twice, not a plain
+// ErrShutdown, which the API answered 503 shutting_down and a client took
+// for "not applied, send it to another node". From a review: a worker's
+// deregistration sent on so answered 404 unknown_worker.
+func TestCloseWithAWriteInTheLogAnswersMaybeApplied(t *testing.T) {
+	g := newFSMGate()
+	c := newTestCluster(t, 1, func(cfg *Config) { cfg.applyGate = g.gate })
+	t.Cleanup(g.open)
+	n := c.leader()
+	if err := n.RegisterWorker(ctx(t), WorkerInfo{ID: 7, BlockSize: 16, DPRanks: []uint32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the leader's Barrier", func() bool { return n.CheckLeader() == nil })
+	before := n.raft.LastIndex()
+	g.pause()
+	deregistered := make(chan error, 1)
+	go func() { deregistered <- n.DeregisterWorker(ctx(t), 7) }()
+	waitFor(t, 10*time.Second, "the deregistration to commit", func() bool {
+		return n.raft.LastIndex() > before && n.raft.CommitIndex() == n.raft.LastIndex()
+	})
+	closed := make(chan error, 1)
+	go func() { closed <- n.Close() }()
+	err := testwatch.Within(t, 10*time.Second, deregistered, "DeregisterWorker")
+	var nle *NotLeaderError
+	if !errors.As(err, &nle) || !nle.MaybeApplied || !errors.Is(err, ErrShutdown) {
+		t.Errorf("a deregistration committed when its node closed: %v; want a *NotLeaderError with MaybeApplied, and ErrShutdown", err)
+	}
+	g.open()
+	if err := testwatch.Within(t, 10*time.Second, closed, "Close"); err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[0] = nil
+	c.start(0)
+	n = c.leader()
+	waitFor(t, 10*time.Second, "the deregistration to apply after the restart", func() bool {
+		_, ok := n.WorkerTable()[7]
+		return !ok
+	})
+}
+
 // TestConcurrentClosesWaitForTheFirst: Close called from two goroutines
 // at once closes the node once, and neither returns before its storage
 // is closed.

@@ -1512,6 +1512,9 @@ func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 			// retrying is safe.
 			return nil, fmt.Errorf("raft apply: waiting for the entry to apply: %w", err)
 		}
+		if errors.Is(err, raft.ErrRaftShutdown) {
+			return nil, fmt.Errorf("raft apply: %w", n.shutdownMaybeApplied())
+		}
 		// A lost leadership: the entry may still commit under the next
 		// leader, and every command is safe to retry. An enqueue timeout:
 		// nothing was written.
@@ -1551,6 +1554,24 @@ func (n *Node) raftError(err error) error {
 		return fmt.Errorf("%w: %w (the entry may still apply if the restore is lost)", context.DeadlineExceeded, err)
 	}
 	return err
+}
+
+// shutdownMaybeApplied is the error of a write handed to Raft (a
+// command's or a configuration change's entry, a leadership transfer)
+// that Raft shut down before answering: ErrShutdown, and a
+// *NotLeaderError with MaybeApplied. The entry may be in the log,
+// committed even (Raft answers a committed entry it could not hand to the
+// FSM ErrRaftShutdown, and await gives up on one it never answers): the
+// next leader, or this node's next start, may apply it; a transfer's
+// target may have been told to take over. A write not safe twice must not
+// be sent to another node as if it had not been (the API answers it with
+// HeaderMaybeApplied). A shutdown that came before Raft took the write
+// reads the same: the node cannot tell the two apart, and the careful
+// answer is this one.
+func (n *Node) shutdownMaybeApplied() error {
+	nle := n.notLeader()
+	nle.MaybeApplied = true
+	return fmt.Errorf("%w before raft answered, and the write may still apply: %w", ErrShutdown, nle)
 }
 
 // awaitGrace is how long await still waits for an answer once Raft shut
@@ -2161,6 +2182,9 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 		if id == n.cfg.ID && errors.Is(err, raft.ErrRaftShutdown) && !n.inConfiguration(id) {
 			return nil // removed itself, and Close came before the answer
 		}
+		if errors.Is(err, raft.ErrRaftShutdown) {
+			return fmt.Errorf("remove %s: %w", id, n.shutdownMaybeApplied())
+		}
 		return fmt.Errorf("remove %s: %w", id, n.raftError(err))
 	}
 	if id == n.cfg.ID {
@@ -2254,6 +2278,8 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 			return fmt.Errorf("leadership transfer: %w: the target did not take over within an election timeout (is it up and caught up?); retry", context.DeadlineExceeded)
 		case strings.HasPrefix(err.Error(), "failed to make TimeoutNow RPC"): // nor for this: the target did not answer; this node still leads
 			return fmt.Errorf("leadership transfer: %w: %v: is it up?", ErrUnreachable, err)
+		case errors.Is(err, raft.ErrRaftShutdown):
+			return fmt.Errorf("leadership transfer: %w", n.shutdownMaybeApplied())
 		}
 		return fmt.Errorf("leadership transfer: %w", n.raftError(err))
 	}

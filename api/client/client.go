@@ -16,10 +16,11 @@
 // deregistration sent again answers that the worker is unknown. Once one
 // of those may have reached a node (a timeout or a broken connection
 // after it went out, the call's context ending after it went out whole,
-// a forward to the leader that broke, or a success answer whose body
-// could not be read), no other node is tried: the error is
-// ErrOutcomeUnknown, and the caller checks the cluster (members, status,
-// workers) before sending it again.
+// a forward to the leader that broke, a node that says it may have
+// applied it, or one that answers shutting_down, as it may close with the
+// write in its log, or a success answer whose body could not be read), no
+// other node is tried: the error is ErrOutcomeUnknown, and the caller
+// checks the cluster (members, status, workers) before sending it again.
 //
 // Errors from the API come back as *Error, keeping the HTTP status and the
 // reason; so does any answer outside 2xx, a redirect too (the client follows
@@ -78,7 +79,11 @@ var (
 	// other call whose context ended is the context's error alone. So is
 	// a write not safe twice answered success whose answer could not be
 	// read (a connection broken half-way through it, the context ending
-	// before it came): it most likely applied.
+	// before it came): it most likely applied; and one answered 503
+	// shutting_down, wrapping that answer (a node that closes with the
+	// write in its log, where the next leader may commit it, answered so
+	// before it said X-Kvrouter-Maybe-Applied, and the client cannot tell
+	// that answer from a refusal before the write was proposed).
 	ErrOutcomeUnknown = errors.New("sent, and no answer came: the request may have applied")
 	// ErrUnauthorized matches an answer 401 unauthorized: the cluster asks
 	// for a token (kvrouter --token), and the client's is missing or is
@@ -514,11 +519,19 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 			// shutting_down and a starting one 503 not_ready, while the
 			// rest of the cluster may serve: try the next endpoint rather
 			// than stick to this one. But a node whose forward may have
-			// reached the leader, or that lost its leadership with the
-			// write in its log, says so (HeaderMaybeApplied): a write not
-			// safe to send twice stops there.
+			// reached the leader, or that lost its leadership or closed
+			// with the write in its log, says so (HeaderMaybeApplied): a
+			// write not safe to send twice stops there. So it does at a
+			// plain shutting_down: a node before that header was sent for
+			// a close (and any node for a leadership transfer it was
+			// carrying out) answered so with the write possibly applied,
+			// and the answer does not tell it from a refusal before the
+			// write was proposed.
 			var e *Error
 			if req.once && resp.Header.Get(api.HeaderMaybeApplied) != "" {
+				return nil, base, fmt.Errorf("%w: %w", ErrOutcomeUnknown, apiErr)
+			}
+			if req.once && isWrite(req.method) && errors.As(apiErr, &e) && e.Reason == api.ReasonShuttingDown {
 				return nil, base, fmt.Errorf("%w: %w", ErrOutcomeUnknown, apiErr)
 			}
 			if !last && errors.As(apiErr, &e) && e.StatusCode == http.StatusServiceUnavailable &&

@@ -742,6 +742,40 @@ func TestALeaderThatLostLeadershipMidWriteStopsAWriteNotSafeTwice(t *testing.T) 
 	}
 }
 
+// TestAWriteNotSafeTwiceAnsweredShuttingDownIsNotSentOn: a node that
+// closes with a write in its log (the next leader may commit it) answered
+// 503 shutting_down, without X-Kvrouter-Maybe-Applied (a node before this
+// version still does). A write not safe twice so answered is sent to no
+// other node: the error is ErrOutcomeUnknown, wrapping the answer; a write
+// safe twice moves on as ever. Two HTTP fronts share one state here: the
+// first applies, then answers shutting_down. From a review: the client
+// sent the deregistration on, and reported 404 unknown_worker for a
+// deregistration that went through.
+func TestAWriteNotSafeTwiceAnsweredShuttingDownIsNotSentOn(t *testing.T) {
+	f := apitest.New("n1", "")
+	s := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	stopping := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.ServeHTTP(httptest.NewRecorder(), r) // in the log, and committed by the next leader
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		json.NewEncoder(w).Encode(api.ErrorResponse{Error: "raft apply: node shut down", Reason: api.ReasonShuttingDown})
+	}))
+	next := httptest.NewServer(s)
+	t.Cleanup(func() { stopping.Close(); next.Close(); s.Close() })
+	c := newClient(t, stopping.URL, next.URL)
+	if err := c.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 7, DPRanks: []uint32{0}, BlockSize: 4}); err != nil {
+		t.Fatalf("a registration answered shutting_down is sent on: %v", err)
+	}
+	c = newClient(t, stopping.URL, next.URL)
+	err := c.DeregisterWorker(context.Background(), 7)
+	if !errors.Is(err, client.ErrOutcomeUnknown) || !errors.Is(err, raftfsm.ErrShutdown) {
+		t.Errorf("a deregistration answered shutting_down: %v; want ErrOutcomeUnknown wrapping the answer", err)
+	}
+	if calls := f.Calls()["DeregisterWorker"]; calls != 1 {
+		t.Errorf("the deregistration was applied %d times, want once: sent on to the next node", calls)
+	}
+}
+
 // TestADeregistrationWhoseForwardBrokeIsOutcomeUnknown: the leader
 // applies a worker's deregistration and the forward's connection breaks
 // before its answer (the leader crashed, a reset); the follower answers
