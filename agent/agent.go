@@ -22,6 +22,9 @@
 //     heartbeats) shows in the leader's answer too, which names the ranks
 //     it holds no state of: each that the router had taken a dump of is
 //     resynced (resyncLost). A router of an earlier build names none.
+//     An answer that names them (an empty list too) is trusted over a
+//     run of failed heartbeats, which may have reached the leader with
+//     only their answers lost: it resyncs what it names, not every rank.
 //   - When the engine restarts (a new epoch) or its stream lost batches that
 //     cannot be replayed, the rank is cleared, on the router too: a block
 //     the router may still route to must be one the engine reported and
@@ -392,7 +395,7 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 			lv.lapsed()
 		}
 		if err == nil {
-			switch unknown, stateless, err := eventplane.DecodeHeartbeatAnswer(msg); {
+			switch unknown, stateless, named, err := eventplane.DecodeHeartbeatAnswer(msg); {
 			case err != nil: // nothing learned
 			case len(unknown) > 0:
 				if lv.heardUnknown(sent) && kick != nil {
@@ -403,7 +406,7 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 				}
 			default:
 				warned = false
-				if lv.heardKnown() {
+				if lv.heardKnown(named) {
 					a.log.Info("the router knows the worker again: every rank is resynced", "worker", a.cfg.Worker)
 					a.resyncAll()
 				}
@@ -429,7 +432,12 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 // outlasts. A run of failed heartbeats that has lasted the worker's lease
 // says as much (lapsed): the leader has removed the worker, or will, and
 // whoever registers it may do so again before a heartbeat gets through,
-// whose answer then knows it. Run's dumps at start are no help then, and
+// whose answer then knows it. But the heartbeats may have reached the
+// leader all along, and only their answers failed: an answer that names
+// the ranks the leader holds no state of (eventplane.DecodeHeartbeatAnswer's
+// named, even none) says what was lost, and resyncLost resyncs those
+// alone; only an answer that names nothing (a router of an earlier
+// build) leaves the lapse to resync every rank. Run's dumps at start are no help then, and
 // an idle rank sends nothing that would show the router a gap. So every
 // rank is resynced once the worker is known again, whoever registered
 // it: when the agent's registration goes through (registered), or a
@@ -445,10 +453,11 @@ type liveness struct {
 	// way. An answer "unknown" to a heartbeat numbered below it is stale:
 	// the registration since answers it.
 	registeredAt int64
-	// unknown is set by an answer "unknown" that is not stale, or by a
-	// run of failed heartbeats that has lasted the lease, and cleared
-	// when the ranks are resynced.
-	unknown bool
+	// unknown is set by an answer "unknown" that is not stale, and
+	// lapse by a run of failed heartbeats that has lasted the lease; both
+	// are cleared when the ranks are resynced, and lapse by an answer
+	// that names the ranks without state as well.
+	unknown, lapse bool
 }
 
 // heardUnknown records the leader's answer that it does not know the
@@ -479,17 +488,20 @@ func (l *liveness) heardUnknown(sent int64) bool {
 func (l *liveness) lapsed() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.unknown = true
+	l.lapse = true
 }
 
-// heardKnown records the leader's answer that it knows the worker. It
-// returns whether the ranks are to be resynced: an answer said the
-// worker was unknown since they last were. Heartbeats go one at a time,
-// so this answer came after any that heardUnknown recorded.
-func (l *liveness) heardKnown() (resync bool) {
+// heardKnown records the leader's answer that it knows the worker; named
+// says whether it names the ranks the leader holds no state of. It
+// returns whether every rank is to be resynced: an answer said the
+// worker was unknown since they last were, or the heartbeats lapsed and
+// this answer does not say what the router lost. Heartbeats go one at a
+// time, so this answer came after any that heardUnknown recorded.
+func (l *liveness) heardKnown(named bool) (resync bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	resync, l.unknown = l.unknown, false
+	resync = l.unknown || l.lapse && !named
+	l.unknown, l.lapse = false, false
 	return resync
 }
 
@@ -500,7 +512,8 @@ func (l *liveness) registered() (resync bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.registeredAt = l.beats.Load() + 1
-	resync, l.unknown = l.unknown, false
+	resync = l.unknown || l.lapse
+	l.unknown, l.lapse = false, false
 	return resync
 }
 

@@ -138,15 +138,20 @@ func (g *heartbeatGate) set(open bool) {
 // the agent's heartbeats get through, which then find it known. The run
 // of failed heartbeats counts as an answer that the worker is unknown, so
 // the agent resyncs every rank: an idle engine's blocks are back on the
-// router. The answers carry no rank states (a router of an earlier
-// build): the rule holds without them. From a review: the agent never
-// heard "unknown" and never resynced, and the worker was a route
-// candidate with an empty index.
+// router. The rule holds with answers that carry no rank states (a
+// router of an earlier build), and with answers that name the rank as one
+// without state. From a review: the agent never heard "unknown" and never
+// resynced, and the worker was a route candidate with an empty index.
 func TestLeaseExpiredWhileHeartbeatsFailedIsResynced(t *testing.T) {
+	t.Run("earlier router", func(t *testing.T) { leaseExpiredWhileHeartbeatsFailed(t, false) })
+	t.Run("rank states", func(t *testing.T) { leaseExpiredWhileHeartbeatsFailed(t, true) })
+}
+
+func leaseExpiredWhileHeartbeatsFailed(t *testing.T, headers bool) {
 	r := startRouter(t)
 	info := raftfsm.WorkerInfo{ID: 7, BlockSize: 4, DPRanks: []uint32{0}, LeaseMs: 1000}
 	must(t, r.node.RegisterWorker(context.Background(), info))
-	gate := newHeartbeatGate(t, r, "test.heartbeat", false)
+	gate := newHeartbeatGate(t, r, "test.heartbeat", headers)
 	var logs testlog.Buffer
 	a, _ := startAgentWith(t, r, Config{HeartbeatInterval: 50 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
 		Registration: raftfsm.WorkerInfo{LeaseMs: 1000}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -258,5 +263,68 @@ func TestHeartbeatsToARouterOfAnEarlierBuild(t *testing.T) {
 	}
 	if badBody.Load() {
 		t.Fatal("a heartbeat's body is not the worker's id alone, which a router of an earlier build reads")
+	}
+}
+
+// TestLateHeartbeatAnswersDoNotResyncRanksTheRouterKept: the leader hears
+// every heartbeat (it renews the lease; the worker is never removed), but
+// its answers do not reach the agent for longer than the lease (a slow or
+// lost reply path). The router lost nothing, and once answers come back
+// they say so: their Kvrouter-Ranks-Without-State header names no rank.
+// The agent trusts them over the run of failed heartbeats and dumps no
+// rank again. From a review: the agent counted the run as an answer that
+// the worker is unknown and dumped every rank.
+func TestLateHeartbeatAnswersDoNotResyncRanksTheRouterKept(t *testing.T) {
+	r := startRouter(t)
+	info := raftfsm.WorkerInfo{ID: 7, BlockSize: 4, DPRanks: []uint32{0}, LeaseMs: 1000}
+	must(t, r.node.RegisterWorker(context.Background(), info))
+
+	nc, err := nats.Connect(r.ns.ClientURL())
+	must(t, err)
+	defer nc.Close()
+	var mute, rankNamed atomic.Bool
+	var answered atomic.Int32
+	_, err = nc.Subscribe("test.heartbeat", func(m *nats.Msg) {
+		// Always passed on to the leader, which hears it and renews the lease.
+		resp, err := nc.RequestMsg(&nats.Msg{Subject: eventplane.DefaultHeartbeatSubject, Data: m.Data, Header: m.Header}, time.Second)
+		if err != nil || mute.Load() {
+			return // the answer is lost, or late
+		}
+		if resp.Header.Get("Kvrouter-Ranks-Without-State") != "" {
+			rankNamed.Store(true)
+		}
+		_ = m.RespondMsg(&nats.Msg{Data: resp.Data, Header: resp.Header})
+		answered.Add(1)
+	})
+	must(t, err)
+	must(t, nc.Flush())
+
+	var logs testlog.Buffer
+	a, _ := startAgentWith(t, r, Config{HeartbeatInterval: 50 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
+		Registration: raftfsm.WorkerInfo{LeaseMs: 1000}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3)}))
+	waitFor(t, "the chain on the router", func() bool { return matched(r, 3) == 3 })
+	waitFor(t, "the start dump taken", func() bool { return a.Publisher().Synced(rank) == 1 })
+	rankNamed.Store(false)
+
+	mute.Store(true)
+	waitFor(t, "the agent to warn that the lease has run out", func() bool {
+		return len(logs.Lines("level=WARN", "heartbeats have failed for longer than the worker's lease")) > 0
+	})
+	if !workerRegistered(r) || matched(r, 3) != 3 {
+		t.Fatal("the leader removed the worker: the test wants one it kept")
+	}
+	n := answered.Load()
+	mute.Store(false)
+	waitFor(t, "ten heartbeats answered again", func() bool { return answered.Load() >= n+10 })
+	if !workerRegistered(r) {
+		t.Fatal("worker removed")
+	}
+	if rankNamed.Load() {
+		t.Fatal("the leader named ranks without state: the test wants a router that lost nothing")
+	}
+	if got := a.Publisher().Synced(rank); got != 1 {
+		t.Fatalf("%d dumps of the rank taken, want 1 (the start's): the leader heard every heartbeat and kept the worker and its ranks' state, "+
+			"and its answers name no rank without state, yet the agent resynced every rank", got)
 	}
 }

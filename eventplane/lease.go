@@ -52,8 +52,12 @@ func DecodeHeartbeat(b []byte) ([]uint64, error) {
 // the value heartbeatAskRanks (HeartbeatRequest). The leader then names,
 // in the header headerRanksWithoutState of its answer, every registered
 // rank of the heartbeat's known workers that it holds no cursor of
-// (raftfsm.FSM.HasCursor): "worker/dp", space-separated, and no header
-// when there is none. Such a rank holds nothing its publisher sent:
+// (raftfsm.FSM.HasCursor): "worker/dp", space-separated, and an empty
+// header when there is none, so that an agent can tell a router that
+// lost nothing from one that names nothing (of an earlier build, or past
+// maxHeartbeatRanks); an agent trusts such an answer over a run of
+// failed heartbeats (kvagent), whose answers may only have been late.
+// Such a rank holds nothing its publisher sent:
 // nothing reached the router yet, or the router lost it since. An
 // operator's removal of the worker and its registration again between
 // two heartbeats takes its ranks' state, and no answer ever says the
@@ -71,8 +75,8 @@ const (
 )
 
 // maxHeartbeatRanks bounds the ranks the leader looks at to answer one
-// heartbeat's ask: past it, it answers as if not asked (no header), which
-// tells the agent nothing. Anyone on NATS may send a heartbeat of many
+// heartbeat's ask: past it, it answers as if not asked (no header, not
+// even an empty one), which tells the agent nothing. Anyone on NATS may send a heartbeat of many
 // registered ids; one worker's dp ranks, what an agent asks about,
 // always fit.
 const maxHeartbeatRanks = limits.MaxDPRanks
@@ -88,23 +92,29 @@ func HeartbeatRequest(subject string, ids []uint64) *nats.Msg {
 
 // DecodeHeartbeatAnswer reads the leader's answer to a heartbeat: the ids
 // it does not know (the body), and the ranks of the others that it holds
-// no state of (headerRanksWithoutState): none from a router of an earlier
-// build, or for a heartbeat that did not ask.
-func DecodeHeartbeatAnswer(m *nats.Msg) (unknown []uint64, stateless []kvevent.Rank, err error) {
+// no state of (headerRanksWithoutState). named says whether the answer
+// carries that header, empty or not: without it (a router of an earlier
+// build, a heartbeat that did not ask, or one past maxHeartbeatRanks)
+// the answer says nothing of the ranks' state.
+func DecodeHeartbeatAnswer(m *nats.Msg) (unknown []uint64, stateless []kvevent.Rank, named bool, err error) {
 	unknown, err = DecodeHeartbeat(m.Data)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
-	for f := range strings.FieldsSeq(m.Header.Get(headerRanksWithoutState)) {
+	v := m.Header.Values(headerRanksWithoutState)
+	if len(v) == 0 {
+		return unknown, nil, false, nil
+	}
+	for f := range strings.FieldsSeq(v[0]) {
 		w, dp, _ := strings.Cut(f, "/")
 		id, err1 := strconv.ParseUint(w, 10, 64)
 		d, err2 := strconv.ParseUint(dp, 10, 32)
 		if err := errors.Join(err1, err2); err != nil {
-			return nil, nil, fmt.Errorf("%w: rank %q in the heartbeat answer's %s: %w", ErrMalformed, f, headerRanksWithoutState, err)
+			return nil, nil, false, fmt.Errorf("%w: rank %q in the heartbeat answer's %s: %w", ErrMalformed, f, headerRanksWithoutState, err)
 		}
 		stateless = append(stateless, kvevent.Rank{Worker: id, DP: uint32(d)})
 	}
-	return unknown, stateless, nil
+	return unknown, stateless, true, nil
 }
 
 // cursorHolder is what a Target may also do (a raftfsm.Node does): say
@@ -118,19 +128,21 @@ var _ cursorHolder = (*raftfsm.Node)(nil)
 
 // ranksWithoutState returns the headerRanksWithoutState value of the
 // answer to a heartbeat that asked, whose known workers are ws: their
-// registered ranks the node holds no cursor of. "" when there is none, or
-// when they have more than maxHeartbeatRanks ranks.
-func (in *Ingester) ranksWithoutState(ws []raftfsm.WorkerInfo) string {
+// registered ranks the node holds no cursor of, "" when there is none.
+// ok is false, for an answer without the header, when the node cannot
+// tell (no cursorHolder) or the workers have more than maxHeartbeatRanks
+// ranks.
+func (in *Ingester) ranksWithoutState(ws []raftfsm.WorkerInfo) (v string, ok bool) {
 	c, ok := in.cfg.Node.(cursorHolder)
 	if !ok {
-		return ""
+		return "", false
 	}
 	n := 0
 	for _, w := range ws {
 		n += max(len(w.DPRanks), 1)
 	}
 	if n > maxHeartbeatRanks {
-		return ""
+		return "", false
 	}
 	var b []byte
 	for _, w := range ws {
@@ -150,7 +162,7 @@ func (in *Ingester) ranksWithoutState(ws []raftfsm.WorkerInfo) string {
 			b = strconv.AppendUint(b, uint64(dp), 10)
 		}
 	}
-	return string(b)
+	return string(b), true
 }
 
 // leases is the leader's view of its leased workers: when each was last
@@ -276,8 +288,10 @@ func (in *Ingester) onHeartbeat(m *nats.Msg) {
 		return
 	}
 	answer := &nats.Msg{Data: AppendHeartbeat(nil, unknown)}
-	if v := in.ranksWithoutState(known); v != "" {
-		answer.Header = nats.Header{headerRanksWithoutState: []string{v}}
+	if ask {
+		if v, ok := in.ranksWithoutState(known); ok {
+			answer.Header = nats.Header{headerRanksWithoutState: []string{v}}
+		}
 	}
 	_ = m.RespondMsg(answer)
 }

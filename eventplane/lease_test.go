@@ -320,10 +320,10 @@ func TestHeartbeatAnswerNamesRanksWithoutStateWhenAsked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	unknown, stateless, err := DecodeHeartbeatAnswer(msg)
+	unknown, stateless, named, err := DecodeHeartbeatAnswer(msg)
 	want := []kvevent.Rank{{Worker: 7, DP: 0}, {Worker: 7, DP: 2}, {Worker: 8, DP: 0}}
-	if err != nil || !slices.Equal(unknown, []uint64{9}) || !slices.Equal(stateless, want) {
-		t.Fatalf("answer to a heartbeat that asks: unknown %v, without state %v (%v); want [9], %v", unknown, stateless, err, want)
+	if err != nil || !named || !slices.Equal(unknown, []uint64{9}) || !slices.Equal(stateless, want) {
+		t.Fatalf("answer to a heartbeat that asks: unknown %v, without state %v (named %v, %v); want [9], %v", unknown, stateless, named, err, want)
 	}
 
 	msg, err = nc.Request(DefaultHeartbeatSubject, AppendHeartbeat(nil, ids), 5*time.Second)
@@ -334,7 +334,9 @@ func TestHeartbeatAnswerNamesRanksWithoutStateWhenAsked(t *testing.T) {
 		t.Fatalf("answer to a heartbeat that does not ask: body %x, header %v; want the unknown id 9 alone, no header", msg.Data, msg.Header)
 	}
 
-	// With every rank holding a cursor, an answer to an ask has no header.
+	// With every rank holding a cursor, an answer to an ask has the header,
+	// empty, through the NATS server: it names no rank, which is not
+	// naming nothing.
 	tg.mu.Lock()
 	tg.cursors = map[kvevent.Rank]bool{{Worker: 7, DP: 0}: true, {Worker: 7, DP: 1}: true, {Worker: 7, DP: 2}: true, {Worker: 8}: true}
 	tg.mu.Unlock()
@@ -342,21 +344,39 @@ func TestHeartbeatAnswerNamesRanksWithoutStateWhenAsked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	unknown, stateless, named, err = DecodeHeartbeatAnswer(msg)
+	if err != nil || !named || !slices.Equal(unknown, []uint64{9}) || len(stateless) != 0 {
+		t.Fatalf("answer to a heartbeat whose ranks all hold state: unknown %v, without state %v (named %v, %v), header %v; want [9], none, named",
+			unknown, stateless, named, err, msg.Header)
+	}
+
+	// Past maxHeartbeatRanks, the answer names nothing: no header.
+	many := make([]uint32, maxHeartbeatRanks+1)
+	for i := range many {
+		many[i] = uint32(i)
+	}
+	tg.mu.Lock()
+	tg.workers[7] = raftfsm.WorkerInfo{ID: 7, DPRanks: many}
+	tg.mu.Unlock()
+	msg, err = nc.RequestMsg(HeartbeatRequest(DefaultHeartbeatSubject, ids), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(msg.Header) != 0 {
-		t.Fatalf("answer to a heartbeat whose ranks all hold state: header %v, want none", msg.Header)
+		t.Fatalf("answer to a heartbeat of %d ranks: header %v, want none", len(many)+1, msg.Header)
 	}
 }
 
 // TestDecodeHeartbeatAnswer: an answer without headers (a router of an
 // earlier build) names no ranks; a malformed rank is refused as such.
 func TestDecodeHeartbeatAnswer(t *testing.T) {
-	unknown, stateless, err := DecodeHeartbeatAnswer(&nats.Msg{Data: AppendHeartbeat(nil, []uint64{3})})
-	if err != nil || !slices.Equal(unknown, []uint64{3}) || stateless != nil {
-		t.Fatalf("answer without headers: %v %v %v", unknown, stateless, err)
+	unknown, stateless, named, err := DecodeHeartbeatAnswer(&nats.Msg{Data: AppendHeartbeat(nil, []uint64{3})})
+	if err != nil || named || !slices.Equal(unknown, []uint64{3}) || stateless != nil {
+		t.Fatalf("answer without headers: %v %v %v %v", unknown, stateless, named, err)
 	}
 	for _, v := range []string{"7", "7/", "/1", "7/1/2", "x/1", "7/4294967296", "18446744073709551616/0"} {
 		m := &nats.Msg{Header: nats.Header{headerRanksWithoutState: []string{"7/0 " + v}}}
-		if _, _, err := DecodeHeartbeatAnswer(m); !errors.Is(err, ErrMalformed) {
+		if _, _, _, err := DecodeHeartbeatAnswer(m); !errors.Is(err, ErrMalformed) {
 			t.Errorf("rank %q: %v, want ErrMalformed", v, err)
 		}
 	}
