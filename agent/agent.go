@@ -377,7 +377,7 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 	req := eventplane.HeartbeatRequest(a.cfg.HeartbeatSubject, []uint64{a.cfg.Worker})
 	plain := &nats.Msg{Subject: req.Subject, Data: req.Data}
 	synced := make([]uint64, len(a.ranks))
-	warned := false
+	warned, unreadable := false, false
 	var failing heartbeatFailures
 	for {
 		for i, r := range a.ranks {
@@ -395,9 +395,16 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 			lv.lapsed()
 		}
 		if err == nil {
-			switch unknown, stateless, named, err := eventplane.DecodeHeartbeatAnswer(msg); {
+			ans, err := eventplane.DecodeHeartbeatAnswer(msg)
+			if err == nil && ans.Unreadable != nil && !unreadable {
+				unreadable = true // a router of a later build answers so each time
+				a.log.Warn("cannot read every rank the router names as holding no state of; they are skipped, and the answer is taken all the same",
+					"worker", a.cfg.Worker, "err", ans.Unreadable)
+			}
+			switch {
 			case err != nil: // nothing learned
-			case len(unknown) > 0:
+				a.log.Debug("unreadable heartbeat answer", "worker", a.cfg.Worker, "err", err)
+			case len(ans.Unknown) > 0:
 				if lv.heardUnknown(sent) && kick != nil {
 					kick <- struct{}{}
 				} else if kick == nil && !warned {
@@ -406,11 +413,11 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 				}
 			default:
 				warned = false
-				if lv.heardKnown(named) {
+				if lv.heardKnown(ans.Named) {
 					a.log.Info("the router knows the worker again: every rank is resynced", "worker", a.cfg.Worker)
 					a.resyncAll()
 				}
-				a.resyncLost(stateless, synced)
+				a.resyncLost(ans.Stateless, synced)
 			}
 		}
 		select {
@@ -434,10 +441,11 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 // whoever registers it may do so again before a heartbeat gets through,
 // whose answer then knows it. But the heartbeats may have reached the
 // leader all along, and only their answers failed: an answer that names
-// the ranks the leader holds no state of (eventplane.DecodeHeartbeatAnswer's
-// named, even none) says what was lost, and resyncLost resyncs those
+// the ranks the leader holds no state of (eventplane.HeartbeatAnswer's
+// Named, even none) says what was lost, and resyncLost resyncs those
 // alone; only an answer that names nothing (a router of an earlier
-// build) leaves the lapse to resync every rank. Run's dumps at start are no help then, and
+// build, or ranks the agent cannot read) leaves the lapse to resync
+// every rank. Run's dumps at start are no help then, and
 // an idle rank sends nothing that would show the router a gap. So every
 // rank is resynced once the worker is known again, whoever registered
 // it: when the agent's registration goes through (registered), or a

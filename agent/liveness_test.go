@@ -328,3 +328,48 @@ func TestLateHeartbeatAnswersDoNotResyncRanksTheRouterKept(t *testing.T) {
 			"and its answers name no rank without state, yet the agent resynced every rank", got)
 	}
 }
+
+// TestUnreadableRankHeaderDoesNotHideAnUnknownAnswer: a heartbeat's answer
+// whose body says the worker is unknown comes with a
+// Kvrouter-Ranks-Without-State header the agent cannot read whole (one
+// token of a format it does not know: a router of a later build, or
+// anyone answering on the subject). The body, which alone decides
+// liveness and which every build reads the same way, is taken all the
+// same: the agent registers its removed worker again. The unreadable
+// header is logged once at Warn. From a review: the agent dropped the
+// whole answer, and never registered the worker again.
+func TestUnreadableRankHeaderDoesNotHideAnUnknownAnswer(t *testing.T) {
+	r := startRouter(t)
+	nc, err := nats.Connect(r.ns.ClientURL())
+	must(t, err)
+	defer nc.Close()
+	var unknown atomic.Bool
+	var answers, unknownAnswers atomic.Int32
+	_, err = nc.Subscribe("test.heartbeat", func(m *nats.Msg) {
+		answer := &nats.Msg{Data: eventplane.AppendHeartbeat(nil, nil)}
+		if unknown.Load() {
+			answer.Data = eventplane.AppendHeartbeat(nil, []uint64{7})
+			// The body is a valid "unknown" answer; the rank header holds
+			// one token of another format next to a valid one.
+			answer.Header = nats.Header{"Kvrouter-Ranks-Without-State": []string{"8/0 8/1:tier=g2"}}
+			unknownAnswers.Add(1)
+		}
+		_ = m.RespondMsg(answer)
+		answers.Add(1)
+	})
+	must(t, err)
+	must(t, nc.Flush())
+	reg := &countingRegistrar{next: r.node}
+	var logs testlog.Buffer
+	startAgentWith(t, r, Config{Registrar: reg, HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
+		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 10000}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	waitFor(t, "the first registration", func() bool { return reg.calls.Load() == 1 })
+	n := answers.Load()
+	waitFor(t, "heartbeats answered after the registration", func() bool { return answers.Load() >= n+2 })
+
+	unknown.Store(true)
+	waitFor(t, "the worker registered again after answers that it is unknown", func() bool { return reg.calls.Load() >= 2 })
+	if n := len(logs.Lines("level=WARN", "cannot read")); n != 1 {
+		t.Fatalf("%d warnings of the unreadable rank header after %d answers, want 1", n, unknownAnswers.Load())
+	}
+}

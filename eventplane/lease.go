@@ -90,31 +90,56 @@ func HeartbeatRequest(subject string, ids []uint64) *nats.Msg {
 		Header: nats.Header{headerHeartbeatAsk: []string{heartbeatAskRanks}}}
 }
 
-// DecodeHeartbeatAnswer reads the leader's answer to a heartbeat: the ids
-// it does not know (the body), and the ranks of the others that it holds
-// no state of (headerRanksWithoutState). named says whether the answer
-// carries that header, empty or not: without it (a router of an earlier
-// build, a heartbeat that did not ask, or one past maxHeartbeatRanks)
-// the answer says nothing of the ranks' state.
-func DecodeHeartbeatAnswer(m *nats.Msg) (unknown []uint64, stateless []kvevent.Rank, named bool, err error) {
-	unknown, err = DecodeHeartbeat(m.Data)
+// A HeartbeatAnswer is the leader's answer to a heartbeat
+// (DecodeHeartbeatAnswer).
+type HeartbeatAnswer struct {
+	// Unknown holds the ids the leader does not know (the body).
+	Unknown []uint64
+	// Stateless holds the ranks of the others that it holds no state of
+	// (headerRanksWithoutState), as far as they could be read.
+	Stateless []kvevent.Rank
+	// Named says whether the answer says what the router lost: it
+	// carries the header, empty or not, and every rank of it could be
+	// read. Without the header (a router of an earlier build, a
+	// heartbeat that did not ask, or one past maxHeartbeatRanks) the
+	// answer says nothing of the ranks' state.
+	Named bool
+	// Unreadable is an error wrapping ErrMalformed that names the first
+	// rank of the header that could not be read (a format of a later
+	// build), nil when there is none. The ranks that could be read are
+	// in Stateless all the same, and the body decides liveness.
+	Unreadable error
+}
+
+// DecodeHeartbeatAnswer reads the leader's answer to a heartbeat. Its
+// error is the body's only: a rank of the header that cannot be read is
+// skipped (HeartbeatAnswer.Unreadable), so that a header of a later
+// format never hides the body, which every build reads the same way.
+func DecodeHeartbeatAnswer(m *nats.Msg) (HeartbeatAnswer, error) {
+	var a HeartbeatAnswer
+	var err error
+	a.Unknown, err = DecodeHeartbeat(m.Data)
 	if err != nil {
-		return nil, nil, false, err
+		return HeartbeatAnswer{}, err
 	}
 	v := m.Header.Values(headerRanksWithoutState)
 	if len(v) == 0 {
-		return unknown, nil, false, nil
+		return a, nil
 	}
 	for f := range strings.FieldsSeq(v[0]) {
 		w, dp, _ := strings.Cut(f, "/")
 		id, err1 := strconv.ParseUint(w, 10, 64)
 		d, err2 := strconv.ParseUint(dp, 10, 32)
 		if err := errors.Join(err1, err2); err != nil {
-			return nil, nil, false, fmt.Errorf("%w: rank %q in the heartbeat answer's %s: %w", ErrMalformed, f, headerRanksWithoutState, err)
+			if a.Unreadable == nil {
+				a.Unreadable = fmt.Errorf("%w: rank %q in the heartbeat answer's %s: %w", ErrMalformed, f, headerRanksWithoutState, err)
+			}
+			continue
 		}
-		stateless = append(stateless, kvevent.Rank{Worker: id, DP: uint32(d)})
+		a.Stateless = append(a.Stateless, kvevent.Rank{Worker: id, DP: uint32(d)})
 	}
-	return unknown, stateless, true, nil
+	a.Named = a.Unreadable == nil
+	return a, nil
 }
 
 // cursorHolder is what a Target may also do (a raftfsm.Node does): say

@@ -320,10 +320,10 @@ func TestHeartbeatAnswerNamesRanksWithoutStateWhenAsked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	unknown, stateless, named, err := DecodeHeartbeatAnswer(msg)
+	ans, err := DecodeHeartbeatAnswer(msg)
 	want := []kvevent.Rank{{Worker: 7, DP: 0}, {Worker: 7, DP: 2}, {Worker: 8, DP: 0}}
-	if err != nil || !named || !slices.Equal(unknown, []uint64{9}) || !slices.Equal(stateless, want) {
-		t.Fatalf("answer to a heartbeat that asks: unknown %v, without state %v (named %v, %v); want [9], %v", unknown, stateless, named, err, want)
+	if err != nil || !ans.Named || !slices.Equal(ans.Unknown, []uint64{9}) || !slices.Equal(ans.Stateless, want) {
+		t.Fatalf("answer to a heartbeat that asks: %+v (%v); want unknown [9], without state %v", ans, err, want)
 	}
 
 	msg, err = nc.Request(DefaultHeartbeatSubject, AppendHeartbeat(nil, ids), 5*time.Second)
@@ -344,10 +344,10 @@ func TestHeartbeatAnswerNamesRanksWithoutStateWhenAsked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	unknown, stateless, named, err = DecodeHeartbeatAnswer(msg)
-	if err != nil || !named || !slices.Equal(unknown, []uint64{9}) || len(stateless) != 0 {
-		t.Fatalf("answer to a heartbeat whose ranks all hold state: unknown %v, without state %v (named %v, %v), header %v; want [9], none, named",
-			unknown, stateless, named, err, msg.Header)
+	ans, err = DecodeHeartbeatAnswer(msg)
+	if err != nil || !ans.Named || !slices.Equal(ans.Unknown, []uint64{9}) || len(ans.Stateless) != 0 {
+		t.Fatalf("answer to a heartbeat whose ranks all hold state: %+v (%v), header %v; want unknown [9], none without state, named",
+			ans, err, msg.Header)
 	}
 
 	// Past maxHeartbeatRanks, the answer names nothing: no header.
@@ -368,16 +368,25 @@ func TestHeartbeatAnswerNamesRanksWithoutStateWhenAsked(t *testing.T) {
 }
 
 // TestDecodeHeartbeatAnswer: an answer without headers (a router of an
-// earlier build) names no ranks; a malformed rank is refused as such.
+// earlier build) names no ranks; a rank that cannot be read is skipped and
+// reported, and the body and the other ranks are read all the same (a
+// header of a later format never hides them); a body that cannot be read
+// is an error.
 func TestDecodeHeartbeatAnswer(t *testing.T) {
-	unknown, stateless, named, err := DecodeHeartbeatAnswer(&nats.Msg{Data: AppendHeartbeat(nil, []uint64{3})})
-	if err != nil || named || !slices.Equal(unknown, []uint64{3}) || stateless != nil {
-		t.Fatalf("answer without headers: %v %v %v %v", unknown, stateless, named, err)
+	ans, err := DecodeHeartbeatAnswer(&nats.Msg{Data: AppendHeartbeat(nil, []uint64{3})})
+	if err != nil || ans.Named || !slices.Equal(ans.Unknown, []uint64{3}) || ans.Stateless != nil || ans.Unreadable != nil {
+		t.Fatalf("answer without headers: %+v %v", ans, err)
 	}
-	for _, v := range []string{"7", "7/", "/1", "7/1/2", "x/1", "7/4294967296", "18446744073709551616/0"} {
-		m := &nats.Msg{Header: nats.Header{headerRanksWithoutState: []string{"7/0 " + v}}}
-		if _, _, _, err := DecodeHeartbeatAnswer(m); !errors.Is(err, ErrMalformed) {
-			t.Errorf("rank %q: %v, want ErrMalformed", v, err)
+	for _, v := range []string{"7", "7/", "/1", "7/1/2", "x/1", "7/4294967296", "18446744073709551616/0", "8/1:tier=g2"} {
+		m := &nats.Msg{Data: AppendHeartbeat(nil, []uint64{3}), Header: nats.Header{headerRanksWithoutState: []string{"7/0 " + v + " 9/2"}}}
+		ans, err := DecodeHeartbeatAnswer(m)
+		if err != nil || !errors.Is(ans.Unreadable, ErrMalformed) || ans.Named || !slices.Equal(ans.Unknown, []uint64{3}) ||
+			!slices.Equal(ans.Stateless, []kvevent.Rank{{Worker: 7, DP: 0}, {Worker: 9, DP: 2}}) {
+			t.Errorf("rank %q: %+v (%v), want unknown [3], without state [7/0 9/2], not named, Unreadable ErrMalformed", v, ans, err)
 		}
+	}
+	m := &nats.Msg{Data: []byte{1, 2, 3}, Header: nats.Header{headerRanksWithoutState: []string{"7/0"}}}
+	if _, err := DecodeHeartbeatAnswer(m); !errors.Is(err, ErrMalformed) {
+		t.Errorf("a body of 3 bytes: %v, want ErrMalformed", err)
 	}
 }
