@@ -673,6 +673,26 @@ func TestARestartWithJoinAndItsRaftAddrSpelledOtherwiseRuns(t *testing.T) {
 	}
 }
 
+// stderrOf runs f with os.Stderr (where run logs) sent to a file, and
+// returns what f wrote there.
+func stderrOf(t *testing.T, f func()) string {
+	t.Helper()
+	file, err := os.CreateTemp(t.TempDir(), "stderr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	saved := os.Stderr
+	os.Stderr = file
+	f()
+	os.Stderr = saved
+	logged, err := os.ReadFile(file.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(logged)
+}
+
 // poll waits up to 10 s for cond.
 func poll(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -845,24 +865,14 @@ func TestNATSURLIsCheckedAndItsPasswordNeverShown(t *testing.T) {
 	}
 	defer srv.Shutdown()
 	dir, raftAddr := singleNodeDir(t)
-	stderr, err := os.CreateTemp(t.TempDir(), "stderr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stderr.Close()
-	saved := os.Stderr
-	os.Stderr = stderr // run logs there
 	url := "nats://alice:" + password + "@" + strings.TrimPrefix(srv.ClientURL(), "nats://")
-	err = runKvrouter(t, "--node-id", "node2", "--data-dir", dir, "--raft-addr", raftAddr, "--http-addr", "127.0.0.1:0", "--nats-url", url)
-	os.Stderr = saved
+	logged := stderrOf(t, func() {
+		err = runKvrouter(t, "--node-id", "node2", "--data-dir", dir, "--raft-addr", raftAddr, "--http-addr", "127.0.0.1:0", "--nats-url", url)
+	})
 	if !errors.Is(err, raftfsm.ErrWrongNode) {
 		t.Fatalf("kvrouter with an external NATS on another node's directory: %v, want ErrWrongNode", err)
 	}
-	logged, err := os.ReadFile(stderr.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(logged), "events over external NATS") || strings.Contains(string(logged), password) {
+	if !strings.Contains(logged, "events over external NATS") || strings.Contains(logged, password) {
 		t.Fatalf("kvrouter's log with --nats-url %s: %s\nwant it to say it connected, without the password", url, logged)
 	}
 	err = runKvrouter(t, "--data-dir", t.TempDir(), "--raft-addr", freeAddr(t), "--http-addr", "127.0.0.1:0",

@@ -197,23 +197,13 @@ func TestARestartedMemberWithAnUnclusteredNATSSaysSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.Close()
-	stderr, err := os.CreateTemp(t.TempDir(), "stderr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stderr.Close()
-	saved := os.Stderr
-	os.Stderr = stderr // run logs there
-	err = runKvrouterFor(t, time.Second, "--node-id", "n1", "--data-dir", dir, "--raft-addr", r1, "--http-addr", h1, "--nats-addr", "127.0.0.1:0")
-	os.Stderr = saved
+	logged := stderrOf(t, func() {
+		err = runKvrouterFor(t, time.Second, "--node-id", "n1", "--data-dir", dir, "--raft-addr", r1, "--http-addr", h1, "--nats-addr", "127.0.0.1:0")
+	})
 	if err != nil {
 		t.Fatalf("n1 restarted: %v", err)
 	}
-	logged, err := os.ReadFile(stderr.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := "the embedded NATS server is not clustered"; !strings.Contains(string(logged), want) {
+	if want := "the embedded NATS server is not clustered"; !strings.Contains(logged, want) {
 		t.Errorf("member n1 of a 2-node cluster restarted without --peers, its NATS not clustered: no %q in its log:\n%s", want, logged)
 	}
 }
