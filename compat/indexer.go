@@ -335,12 +335,17 @@ func badRequest(format string, args ...any) error {
 }
 
 // answer writes v, or the error err as {"error": ...}. An error that
-// wraps raftfsm.ErrNotLeader is returned for the server to forward.
+// wraps raftfsm.ErrNotLeader is returned for the server to forward, and
+// so is one whose write may have applied (a *raftfsm.NotLeaderError with
+// MaybeApplied: its node lost its leadership or closed with the write in
+// its log), for the server to answer with api.HeaderMaybeApplied on a
+// route not safe twice.
 func answer(w http.ResponseWriter, c codec, code int, v any, err error) error {
 	if err == nil {
 		return write(w, c, code, v)
 	}
-	if errors.Is(err, raftfsm.ErrNotLeader) {
+	var nle *raftfsm.NotLeaderError
+	if errors.Is(err, raftfsm.ErrNotLeader) || errors.As(err, &nle) && nle.MaybeApplied {
 		return err
 	}
 	var he *httpError
