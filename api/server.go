@@ -38,8 +38,11 @@ const (
 	// HeaderMaybeApplied, on a 503 no_leader answer to a forwarded
 	// write, says that the forward failed after it may have reached the
 	// leader (not while dialing it; for a restore, after the whole upload
-	// was relayed): the write may apply. A client sends a write that is
-	// not safe to send twice to no other node then.
+	// was relayed): the write may apply. So it does on a 503 no_leader
+	// or shutting_down answer to a write not safe twice (HandleFuncOnce)
+	// whose node lost its leadership or closed with it in its log. A
+	// client sends a write that is not safe to send twice to no other
+	// node then.
 	HeaderMaybeApplied = "X-Kvrouter-Maybe-Applied"
 
 	// Trailers of GET /v1/snapshot: known only once the stream is written.
@@ -236,10 +239,10 @@ func (s *Server) HandleFunc(pattern string, h func(w http.ResponseWriter, r *htt
 // safe to apply twice (a second answers otherwise than the first, or does
 // more: a removal that answers 404 for what the first removed). When h
 // returns a raftfsm.NotLeaderError with MaybeApplied (this node lost its
-// leadership with the write in its log, and the next leader may commit
-// it), the request is not forwarded to the new leader, where it would
-// apply a second time: it is answered 503 no_leader with
-// HeaderMaybeApplied, as the API's own writes not safe twice are (a
+// leadership, or closed, with the write in its log, and the next leader
+// may commit it), the request is not forwarded to the new leader, where it
+// would apply a second time: it is answered 503 no_leader (shutting_down
+// when the node closed) with HeaderMaybeApplied, as the API's own writes not safe twice are (a
 // restore, a leadership transfer, a member removal, a worker's
 // deregistration). Any other ErrNotLeader is forwarded as HandleFunc's
 // routes are.
@@ -501,13 +504,18 @@ func (s *Server) fail(w *recorder, r *http.Request, pattern string, once bool, b
 	}
 	var nle *raftfsm.NotLeaderError
 	if errors.As(err, &nle) && nle.MaybeApplied && once {
-		// This node lost its leadership with the write in its log: the
-		// next leader may commit it. A write not safe twice is not
-		// forwarded (it would apply a second time), and the answer says
-		// so (HeaderMaybeApplied); any other is forwarded as ever.
+		// This node lost its leadership, or closed, with the write in
+		// its log: the next leader may commit it. A write not safe twice
+		// is not forwarded (it would apply a second time), and the answer
+		// says so (HeaderMaybeApplied); any other is forwarded as ever
+		// (or answered shutting_down).
 		w.Header().Set(HeaderMaybeApplied, "true")
-		err = &httpError{code: http.StatusServiceUnavailable, reason: ReasonNoLeader,
-			err: fmt.Errorf("%w (leadership moved with the write in the log: it may apply)", err)}
+		reason, why := ReasonNoLeader, "leadership moved"
+		if nle.Closed {
+			reason, why = ReasonShuttingDown, "the node closed"
+		}
+		err = &httpError{code: http.StatusServiceUnavailable, reason: reason,
+			err: fmt.Errorf("%w (%s with the write in the log: it may apply)", err, why)}
 	} else if errors.Is(err, raftfsm.ErrNotLeader) {
 		switch {
 		case r.Header.Get(HeaderForwarded) != "":

@@ -53,8 +53,8 @@ var _ Backend = (*raftfsm.Node)(nil)
 type Router interface {
 	HandleFunc(pattern string, h func(w http.ResponseWriter, r *http.Request) error)
 	// HandleFuncOnce registers a write not safe to apply twice: one whose
-	// node lost its leadership with the write in its log is answered 503
-	// no_leader with X-Kvrouter-Maybe-Applied, not forwarded to the new
+	// node lost its leadership (or closed) with the write in its log is
+	// answered 503 no_leader (shutting_down) with X-Kvrouter-Maybe-Applied, not forwarded to the new
 	// leader, where it would apply a second time.
 	HandleFuncOnce(pattern string, h func(w http.ResponseWriter, r *http.Request) error)
 	// CheckWorkers adds a check of every /v1 worker registration, run under

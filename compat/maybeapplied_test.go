@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,9 +17,8 @@ import (
 
 // closedWithTheWriteInTheLog applies the first removal (or output block),
 // then answers what raftfsm.Node.shutdownMaybeApplied returns for a
-// leader closing with the entry in its log: ErrShutdown wrapping a
-// *NotLeaderError with MaybeApplied and no leader (a closing leader's
-// Raft still names itself, so notLeader() is &NotLeaderError{}).
+// leader closing with the entry in its log: a *NotLeaderError with
+// MaybeApplied and Closed (ErrShutdown).
 type closedWithTheWriteInTheLog struct {
 	*raftfsm.Node
 	n atomic.Int32
@@ -26,8 +26,8 @@ type closedWithTheWriteInTheLog struct {
 
 func (l *closedWithTheWriteInTheLog) closed(err error) error {
 	if err == nil && l.n.Add(1) == 1 {
-		return fmt.Errorf("raft apply: %w", fmt.Errorf("%w before raft answered, and the write may still apply: %w",
-			raftfsm.ErrShutdown, &raftfsm.NotLeaderError{MaybeApplied: true}))
+		return fmt.Errorf("raft apply: %w", fmt.Errorf("%w before raft answered, and the write may still apply",
+			&raftfsm.NotLeaderError{MaybeApplied: true, Closed: true}))
 	}
 	return err
 }
@@ -88,8 +88,9 @@ func TestCloseWithAWriteNotSafeTwiceInTheLogSaysMaybeApplied(t *testing.T) {
 					WorkerID: 1, ISLTokens: 8}), 201, "reserve")
 			}
 			r := n.do(t, codecJSON, tc.method, tc.path, tc.body)
-			if r.code != http.StatusServiceUnavailable || r.hdr.Get(api.HeaderMaybeApplied) != "true" {
-				t.Fatalf("%s %s: %d %s, %s %q; want 503 with %s: true (the write is in the log and may apply)",
+			if r.code != http.StatusServiceUnavailable || r.hdr.Get(api.HeaderMaybeApplied) != "true" ||
+				!strings.Contains(string(r.body), api.ReasonShuttingDown) {
+				t.Fatalf("%s %s: %d %s, %s %q; want 503 shutting_down with %s: true (the write is in the log and may apply)",
 					tc.method, tc.path, r.code, r.body, api.HeaderMaybeApplied, r.hdr.Get(api.HeaderMaybeApplied), api.HeaderMaybeApplied)
 			}
 		})

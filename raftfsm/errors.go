@@ -139,18 +139,29 @@ type NotLeaderError struct {
 	// its log, and the next leader may commit it. A write that is not
 	// safe to send twice must not be sent again as if it had not been.
 	MaybeApplied bool
+	// Closed: the node closed, rather than lost its leadership, with the
+	// write in its log (MaybeApplied); the error is ErrShutdown, not
+	// ErrNoLeader or ErrNotLeader, and names no leader.
+	Closed bool
 }
 
 func (e *NotLeaderError) Error() string {
-	if e.LeaderID == "" {
+	switch {
+	case e.Closed:
+		return ErrShutdown.Error()
+	case e.LeaderID == "":
 		return ErrNoLeader.Error()
 	}
 	return "not the leader; the leader is " + e.LeaderID + " at " + e.LeaderHTTP
 }
 
-// Unwrap makes errors.Is(err, ErrNotLeader) (or ErrNoLeader) true.
+// Unwrap makes errors.Is(err, ErrNotLeader) (or ErrNoLeader, or
+// ErrShutdown when Closed) true.
 func (e *NotLeaderError) Unwrap() error {
-	if e.LeaderID == "" {
+	switch {
+	case e.Closed:
+		return ErrShutdown
+	case e.LeaderID == "":
 		return ErrNoLeader
 	}
 	return ErrNotLeader

@@ -445,6 +445,11 @@ func TestCloseWithAWriteInTheLogAnswersMaybeApplied(t *testing.T) {
 	if !errors.As(err, &nle) || !nle.MaybeApplied || !errors.Is(err, ErrShutdown) {
 		t.Errorf("a deregistration committed when its node closed: %v; want a *NotLeaderError with MaybeApplied, and ErrShutdown", err)
 	}
+	if errors.Is(err, ErrNoLeader) || errors.Is(err, ErrNotLeader) {
+		// The API checks these before ErrShutdown: a closing node's
+		// writes were answered 503 no_leader, not shutting_down.
+		t.Errorf("a deregistration committed when its node closed: %v; matches ErrNoLeader or ErrNotLeader, want ErrShutdown alone", err)
+	}
 	g.open()
 	if err := testwatch.Within(t, 10*time.Second, closed, "Close"); err != nil {
 		t.Fatal(err)

@@ -1558,8 +1558,9 @@ func (n *Node) raftError(err error) error {
 
 // shutdownMaybeApplied is the error of a write handed to Raft (a
 // command's or a configuration change's entry, a leadership transfer)
-// that Raft shut down before answering: ErrShutdown, and a
-// *NotLeaderError with MaybeApplied. The entry may be in the log,
+// that Raft shut down before answering: a *NotLeaderError with
+// MaybeApplied and Closed, which is ErrShutdown (not ErrNoLeader: the API
+// answers it 503 shutting_down). The entry may be in the log,
 // committed even (Raft answers a committed entry it could not hand to the
 // FSM ErrRaftShutdown, and await gives up on one it never answers): the
 // next leader, or this node's next start, may apply it; a transfer's
@@ -1569,9 +1570,7 @@ func (n *Node) raftError(err error) error {
 // reads the same: the node cannot tell the two apart, and the careful
 // answer is this one.
 func (n *Node) shutdownMaybeApplied() error {
-	nle := n.notLeader()
-	nle.MaybeApplied = true
-	return fmt.Errorf("%w before raft answered, and the write may still apply: %w", ErrShutdown, nle)
+	return fmt.Errorf("%w before raft answered, and the write may still apply", &NotLeaderError{MaybeApplied: true, Closed: true})
 }
 
 // awaitGrace is how long await still waits for an answer once Raft shut

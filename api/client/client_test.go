@@ -1054,3 +1054,38 @@ func TestAZonedIPv6EndpointIsReached(t *testing.T) {
 		t.Fatalf("members through %s: %v", c.Endpoints()[0], err)
 	}
 }
+
+// closedWithTheWriteInTheLog is what raftfsm.Node returns for a write
+// whose node closed with it in its log (shutdownMaybeApplied).
+func closedWithTheWriteInTheLog() error {
+	return fmt.Errorf("raft apply: %w", fmt.Errorf("%w before raft answered, and the write may still apply",
+		&raftfsm.NotLeaderError{MaybeApplied: true, Closed: true}))
+}
+
+// TestAClosingNodeAnswersShuttingDown: a write that a closing node could
+// not finish is answered 503 shutting_down (errors.Is raftfsm.ErrShutdown),
+// not 503 no_leader; one not safe twice carries X-Kvrouter-Maybe-Applied
+// as well, and is ErrOutcomeUnknown. From a review: the error the node
+// returns on close matched ErrNoLeader, which the API checks first.
+func TestAClosingNodeAnswersShuttingDown(t *testing.T) {
+	n := newNode(t, "n1")
+	if err := newClient(t, n.srv.URL).RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	n.fake.SetHook(func(m string) error {
+		if m == "RegisterWorker" || m == "DeregisterWorker" {
+			return closedWithTheWriteInTheLog()
+		}
+		return nil
+	})
+	err := newClient(t, n.srv.URL).RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 2, DPRanks: []uint32{0}, BlockSize: 4})
+	var ae *client.Error
+	if !errors.As(err, &ae) || ae.Reason != api.ReasonShuttingDown || !errors.Is(err, raftfsm.ErrShutdown) {
+		t.Errorf("a registration whose node closed: %v; want 503 shutting_down (errors.Is raftfsm.ErrShutdown)", err)
+	}
+	err = newClient(t, n.srv.URL).DeregisterWorker(context.Background(), 1)
+	if !errors.As(err, &ae) || ae.Reason != api.ReasonShuttingDown || !errors.Is(err, raftfsm.ErrShutdown) ||
+		!errors.Is(err, client.ErrOutcomeUnknown) || !strings.Contains(err.Error(), "closed with the write in the log") {
+		t.Errorf("a deregistration whose node closed: %v; want ErrOutcomeUnknown wrapping 503 shutting_down saying the node closed with the write in the log", err)
+	}
+}
