@@ -706,7 +706,7 @@ func (c *Client) callReq(ctx context.Context, req request, out any) error {
 	if err != nil {
 		return err
 	}
-	defer closeAnswer(resp.Body)
+	defer resp.Body.Close()
 	if out == nil {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		return nil
@@ -724,6 +724,7 @@ func (c *Client) callReq(ctx context.Context, req request, out any) error {
 		}
 		return fmt.Errorf("%s %s: decode the answer: %w", req.method, req.path, err)
 	}
+	drainAnswer(resp.Body)
 	return nil
 }
 
@@ -741,19 +742,20 @@ func decodeAnswer(body io.Reader, out any) error {
 	return err
 }
 
-// drainBytes bounds what closeAnswer reads of an answer past its JSON
+// drainBytes bounds what drainAnswer reads of an answer past its JSON
 // value: a node's answer ends with the value's newline.
 const drainBytes = 4 << 10
 
-// closeAnswer reads what is left of a JSON answer's body, up to
-// drainBytes, and closes it. The transport keeps a connection for the
+// drainAnswer reads what is left of a JSON answer's body after its value
+// decoded, up to drainBytes. The transport keeps a connection for the
 // next request only when its last answer was read to the end, and a
 // decoder stops at the end of the value: before the end of a chunked
 // body (the node sends any answer over a few KiB so), whose closing chunk
-// is still to be read.
-func closeAnswer(body io.ReadCloser) {
+// is still to be read. An answer that did not decode is not drained: it
+// is no node's, and one kept open (a stream) would hold the call until
+// its context ends; closing it drops the connection.
+func drainAnswer(body io.Reader) {
 	_, _ = io.CopyN(io.Discard, body, drainBytes)
-	body.Close()
 }
 
 // Route asks for a routing decision (and books it with req.Book). On
@@ -886,10 +888,11 @@ func (c *Client) Ready(ctx context.Context) (api.ReadyResponse, error) {
 		}
 		return out, err
 	}
-	defer closeAnswer(resp.Body)
+	defer resp.Body.Close()
 	if err := decodeAnswer(resp.Body, &out); err != nil {
 		return out, fmt.Errorf("GET /readyz: decode the answer: %w", err)
 	}
+	drainAnswer(resp.Body)
 	return out, nil
 }
 

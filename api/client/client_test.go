@@ -1089,3 +1089,30 @@ func TestAClosingNodeAnswersShuttingDown(t *testing.T) {
 		t.Errorf("a deregistration whose node closed: %v; want ErrOutcomeUnknown wrapping 503 shutting_down saying the node closed with the write in the log", err)
 	}
 }
+
+// TestANonJSONAnswerKeptOpenFailsAtOnce: a 200 whose body is not the JSON
+// the client wants, from a server that keeps it open (an SSE or long-poll
+// server at the endpoint), fails at once with the decode error. From a
+// review: the client drained the answer past the decode error for up to 4 KiB, and
+// the call waited for its context to end (for ever without a deadline).
+func TestANonJSONAnswerKeptOpenFailsAtOnce(t *testing.T) {
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("data: hello\n\n"))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	t.Cleanup(hs.Close)
+	c := newClient(t, hs.URL)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel) // no deadline: a call that drains waits until the test's end
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Status(ctx)
+		done <- err
+	}()
+	if err := testwatch.Within(t, 10*time.Second, done, "Status on a server keeping a non-JSON 200 open"); err == nil || !strings.Contains(err.Error(), "decode the answer") {
+		t.Errorf("Status on a server keeping a non-JSON 200 open: %v; want the decode error", err)
+	}
+}
