@@ -600,15 +600,7 @@ func TestBackendErrorsMapToStatus(t *testing.T) {
 func TestRoutedTokensAreCounted(t *testing.T) {
 	n := newNode(t, "n1", api.Options{})
 	withWorkers(t, n)
-	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
-	r := kvevent.Rank{Worker: 2, DP: 1}
-	ev := kvevent.Event{Rank: r, EventID: 1, Kind: kvevent.KindStored, Tier: kvevent.TierHostPinned}
-	for i, h := range kvevent.LocalHashes(nil, tokens, 4, kvevent.Seed) {
-		ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: uint64(50 + i), LocalHash: h})
-	}
-	if _, err := n.fake.IngestEvents(context.Background(), []raftfsm.RankBatch{{Rank: r, Events: []kvevent.Event{ev}}}); err != nil {
-		t.Fatal(err)
-	}
+	storePrompt8(t, n, kvevent.TierHostPinned)
 	a := send(t, n.http.URL, "POST", "/v1/route", `{"token_ids":[1,2,3,4,5,6,7,8,9,10]}`)
 	if a.code != 200 {
 		t.Fatal(a.code, string(a.body))
@@ -628,6 +620,21 @@ func TestRoutedTokensAreCounted(t *testing.T) {
 	}
 }
 
+// storePrompt8 has rank 2/1 store, in tier, the two blocks (block size
+// 4) of the tokens 1 to 8.
+func storePrompt8(t *testing.T, n *node, tier kvevent.Tier) {
+	t.Helper()
+	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	r := kvevent.Rank{Worker: 2, DP: 1}
+	ev := kvevent.Event{Rank: r, EventID: 1, Kind: kvevent.KindStored, Tier: tier}
+	for i, h := range kvevent.LocalHashes(nil, tokens, 4, kvevent.Seed) {
+		ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: uint64(50 + i), LocalHash: h})
+	}
+	if _, err := n.fake.IngestEvents(context.Background(), []raftfsm.RankBatch{{Rank: r, Events: []kvevent.Event{ev}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestBriefRouteCountsBestCachedTokensOfEveryEligibleRank: a brief
 // answer holds the chosen candidate only, and the best cached tokens are
 // still the best eligible rank's. Rank 2/1 holds the prompt but is loaded,
@@ -636,15 +643,7 @@ func TestRoutedTokensAreCounted(t *testing.T) {
 func TestBriefRouteCountsBestCachedTokensOfEveryEligibleRank(t *testing.T) {
 	n := newNode(t, "n1", api.Options{})
 	withWorkers(t, n)
-	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
-	r := kvevent.Rank{Worker: 2, DP: 1}
-	ev := kvevent.Event{Rank: r, EventID: 1, Kind: kvevent.KindStored, Tier: kvevent.TierDevice}
-	for i, h := range kvevent.LocalHashes(nil, tokens, 4, kvevent.Seed) {
-		ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: uint64(50 + i), LocalHash: h})
-	}
-	if _, err := n.fake.IngestEvents(context.Background(), []raftfsm.RankBatch{{Rank: r, Events: []kvevent.Event{ev}}}); err != nil {
-		t.Fatal(err)
-	}
+	storePrompt8(t, n, kvevent.TierDevice)
 	// 400 prompt tokens booked on 2/1 (its cache makes it the cheapest).
 	a := send(t, n.http.URL, "POST", "/v1/route", `{"token_ids":[1,2,3,4,5,6,7,8],"isl":400,"book":true,"request_id":"load"}`)
 	if m := a.json(t); a.code != 200 || m["worker_id"] != 2.0 || m["dp_rank"] != 1.0 {

@@ -105,10 +105,7 @@ func TestReplayServesTheBoundedBuffer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	d := socket(t, zmq.DEALER)
-	if err := d.Connect(p.ReplayEndpoint()); err != nil {
-		t.Fatal(err)
-	}
+	d := replayDealer(t, p)
 	ask := func(from uint64) []uint64 {
 		t.Helper()
 		var sf [8]byte
@@ -196,15 +193,8 @@ func TestLongReplayArrivesWholeWithItsEndMarker(t *testing.T) {
 	p := newPub(t, Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	const n = 5000
 	payload := bytes.Repeat([]byte{7}, 2048) // a batch of a few stored blocks
-	for range n {
-		if _, err := p.Publish(payload); err != nil {
-			t.Fatal(err)
-		}
-	}
-	d := socket(t, zmq.DEALER)
-	if err := d.Connect(p.ReplayEndpoint()); err != nil {
-		t.Fatal(err)
-	}
+	publishN(t, p, n, payload)
+	d := replayDealer(t, p)
 	got, holes, ended := replayAll(t, d, time.Now().Add(30*time.Second))
 	if got != n || len(holes) > 0 || !ended {
 		t.Fatalf("replay of %d kept batches: received %d, missing %v, end marker received: %v", n, got, holes, ended)
@@ -218,15 +208,8 @@ func TestReplayToAGoneSubscriberDoesNotBlockTheNext(t *testing.T) {
 	p := newPub(t, Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	const n = 5000
 	payload := bytes.Repeat([]byte{7}, 2048)
-	for range n {
-		if _, err := p.Publish(payload); err != nil {
-			t.Fatal(err)
-		}
-	}
-	gone := socket(t, zmq.DEALER)
-	if err := gone.Connect(p.ReplayEndpoint()); err != nil {
-		t.Fatal(err)
-	}
+	publishN(t, p, n, payload)
+	gone := replayDealer(t, p)
 	if _, err := gone.SendMessage([]byte{}, make([]byte, 8)); err != nil {
 		t.Fatal(err)
 	}
@@ -237,10 +220,7 @@ func TestReplayToAGoneSubscriberDoesNotBlockTheNext(t *testing.T) {
 	if err := gone.Close(); err != nil {
 		t.Fatal(err)
 	}
-	d := socket(t, zmq.DEALER)
-	if err := d.Connect(p.ReplayEndpoint()); err != nil {
-		t.Fatal(err)
-	}
+	d := replayDealer(t, p)
 	got, holes, ended := replayAll(t, d, time.Now().Add(60*time.Second))
 	if got != n || len(holes) > 0 || !ended {
 		t.Fatalf("replay after a gone subscriber's: received %d of %d, missing %v, end marker received: %v", got, n, holes, ended)
@@ -252,15 +232,8 @@ func TestReplayToAGoneSubscriberDoesNotBlockTheNext(t *testing.T) {
 func TestCloseDoesNotWaitOnAStalledReplay(t *testing.T) {
 	p := newPub(t, Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	payload := bytes.Repeat([]byte{7}, 32<<10) // 64 MiB in all: more than the queues and TCP hold
-	for range 2000 {
-		if _, err := p.Publish(payload); err != nil {
-			t.Fatal(err)
-		}
-	}
-	d := socket(t, zmq.DEALER)
-	if err := d.Connect(p.ReplayEndpoint()); err != nil {
-		t.Fatal(err)
-	}
+	publishN(t, p, 2000, payload)
+	d := replayDealer(t, p)
 	if _, err := d.SendMessage([]byte{}, make([]byte, 8)); err != nil {
 		t.Fatal(err)
 	}
@@ -302,4 +275,24 @@ func TestNewRefusesABusyEndpoint(t *testing.T) {
 	if _, err := New(Config{}); err == nil {
 		t.Fatal("no endpoint accepted")
 	}
+}
+
+// publishN publishes payload n times.
+func publishN(t *testing.T, p *Publisher, n int, payload []byte) {
+	t.Helper()
+	for range n {
+		if _, err := p.Publish(payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// replayDealer returns a DEALER socket connected to p's replay endpoint.
+func replayDealer(t *testing.T, p *Publisher) *zmq.Socket {
+	t.Helper()
+	d := socket(t, zmq.DEALER)
+	if err := d.Connect(p.ReplayEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
