@@ -50,6 +50,46 @@ func (o ClientOptions) NATSOptions() []nats.Option {
 	return opts
 }
 
+// Check says what is wrong with o as the client options of the NATS
+// URLs urls (which CheckNATSURLs took), nil when nothing is: the
+// combinations nats.go would not use as given, silently. Its messages
+// name the flags of kvagent and kvrouter (--nats-user, ...), and show no
+// password.
+func (o ClientOptions) Check(urls string) error {
+	switch {
+	case (o.TLSCert == "") != (o.TLSKey == ""):
+		return errors.New("--nats-tls-cert and --nats-tls-key go together: give both, or neither")
+	case o.User != "" || o.Password != "":
+		if u := URLWithUser(urls); u != "" {
+			return fmt.Errorf("--nats-url %q carries user information, which NATS sends instead of --nats-user and --nats-password "+
+				"(a user alone, with no password, as a token): give the user and password in the URLs or in the flags, not both", u)
+		}
+		if o.User == "" {
+			return errors.New("--nats-password needs --nats-user: NATS sends a password only with its user")
+		}
+	}
+	return nil
+}
+
+// URLWithUser returns the first URL of urls (a list CheckNATSURLs took)
+// that carries user information, as RedactURLs shows it, or "" when none
+// does.
+func URLWithUser(urls string) string {
+	for _, u := range strings.Split(urls, ",") {
+		if u = strings.TrimSpace(u); u == "" {
+			continue
+		}
+		full := u
+		if !strings.Contains(u, "://") {
+			full = "nats://" + u
+		}
+		if p, err := url.Parse(full); err == nil && p.User != nil {
+			return RedactURLs(u)
+		}
+	}
+	return ""
+}
+
 // CheckNATSURLs says what is wrong with a list of NATS URLs (kvagent's
 // and kvrouter's --nats-url), nil when nothing is: it must list,
 // comma-separated, at least one URL of a NATS server, as nats.Connect

@@ -276,3 +276,36 @@ func TestEndpointFlagsOfOtherTransportsAreLibzmqs(t *testing.T) {
 		}
 	}
 }
+
+// NATS credentials nats.go would not use as given are usage errors, as
+// kvrouter's are with --nats-url: a password without its user (never
+// sent), a URL's user information beside the flags' (the URL's wins), a
+// client certificate without its key.
+func TestNATSCredentialCombinationsNATSWouldNotUseAreUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--block-size", "4", "--nats-password", "s3cret"}, "--nats-password needs --nats-user"},
+		{[]string{"--block-size", "4", "--nats-url", "nats://alice:s3cret@127.0.0.1:4222", "--nats-user", "bob"}, "carries user information"},
+		{[]string{"--block-size", "4", "--nats-url", "nats://tok@127.0.0.1:4222", "--nats-password", "x"}, "carries user information"},
+		{[]string{"--block-size", "4", "--nats-tls-cert", "c.pem"}, "--nats-tls-cert and --nats-tls-key"},
+		{[]string{"--block-size", "4", "--nats-tls-key", "k.pem"}, "--nats-tls-cert and --nats-tls-key"},
+	} {
+		err := checkOnly(tc.args...)
+		wantUsage(t, tc.args, err, tc.want)
+		if err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("kvagent %q: the message shows the password: %v", tc.args, err)
+		}
+	}
+	for _, args := range [][]string{
+		{"--block-size", "4", "--nats-user", "bob", "--nats-password", "pw"},
+		{"--block-size", "4", "--nats-user", "tok"},
+		{"--block-size", "4", "--nats-url", "nats://alice:pw@127.0.0.1:4222"},
+		{"--block-size", "4", "--nats-tls-cert", "c.pem", "--nats-tls-key", "k.pem"},
+	} {
+		if err := checkOnly(args...); err != nil {
+			t.Errorf("kvagent %q: %v, want it taken", args, err)
+		}
+	}
+}

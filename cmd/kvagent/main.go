@@ -166,9 +166,7 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	defer gpus.Close()
 	reg.MustRegister(nvml.NewCollector(gpus))
 
-	opts := eventplane.ClientOptions{Name: fmt.Sprintf("kvagent-%d", c.Uint64("worker-id")),
-		User: c.String("nats-user"), Password: c.String("nats-password"), Creds: c.String("nats-creds"),
-		TLSCA: c.String("nats-tls-ca"), TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key")}.NATSOptions()
+	opts := natsOptions(c).NATSOptions()
 	// A NATS not up yet (the routers start beside the agents) is waited
 	// for, as a lost connection is; both are logged.
 	// A connection nats.go closes for good (credentials refused twice in
@@ -298,6 +296,9 @@ func checkFlags(c *cli.Context) error {
 	if err := eventplane.CheckNATSURLs(c.String("nats-url")); err != nil {
 		return usage("--nats-url %q: %v", eventplane.RedactURLs(c.String("nats-url")), err)
 	}
+	if err := natsOptions(c).Check(c.String("nats-url")); err != nil {
+		return usage("%v", err)
+	}
 	// The router would refuse the registration.
 	for _, f := range []string{"salt", "model", "endpoint"} {
 		if why := limits.Name(c.String(f)); why != "" {
@@ -376,6 +377,13 @@ func checkBind(endpoint string, first uint32, ranks int) error {
 		}
 	}
 	return nil
+}
+
+// natsOptions are the agent's NATS client options, from its flags.
+func natsOptions(c *cli.Context) eventplane.ClientOptions {
+	return eventplane.ClientOptions{Name: fmt.Sprintf("kvagent-%d", c.Uint64("worker-id")),
+		User: c.String("nats-user"), Password: c.String("nats-password"), Creds: c.String("nats-creds"),
+		TLSCA: c.String("nats-tls-ca"), TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key")}
 }
 
 // natsLog logs the agent's NATS connection as it comes and goes: the

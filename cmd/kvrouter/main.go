@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"runtime"
@@ -477,14 +476,7 @@ func checkNATSFlags(c *cli.Context) error {
 				return fmt.Errorf("--%s configures the embedded NATS server, which --nats-url replaces: give one or the other", f.name)
 			}
 		}
-		if u := natsURLWithUser(urls); u != "" && (user != "" || password != "") {
-			return fmt.Errorf("--nats-url %q carries user information, which NATS sends instead of --nats-user and --nats-password "+
-				"(a user alone, with no password, as a token): give the user and password in the URLs or in the flags, not both", u)
-		}
-		if password != "" && user == "" {
-			return errors.New("--nats-password needs --nats-user: NATS sends a password only with its user")
-		}
-		return nil
+		return eventplane.ClientOptions{User: user, Password: password, TLSCA: ca, TLSCert: cert, TLSKey: key}.Check(urls)
 	}
 	routes, _ := natsRoutes(c.String("nats-routes"))
 	switch {
@@ -501,25 +493,6 @@ func checkNATSFlags(c *cli.Context) error {
 		return errors.New("--nats-routes needs --nats-cluster-addr: the embedded server routes to the other nodes' only when it listens for routes itself")
 	}
 	return nil
-}
-
-// natsURLWithUser returns the first URL of urls (--nats-url, which
-// eventplane.CheckNATSURLs took) that carries user information, as
-// eventplane.RedactURLs shows it, or "" when none does.
-func natsURLWithUser(urls string) string {
-	for _, u := range strings.Split(urls, ",") {
-		if u = strings.TrimSpace(u); u == "" {
-			continue
-		}
-		full := u
-		if !strings.Contains(u, "://") {
-			full = "nats://" + u
-		}
-		if p, err := url.Parse(full); err == nil && p.User != nil {
-			return eventplane.RedactURLs(u)
-		}
-	}
-	return ""
 }
 
 // checkAddr says what is wrong with the value of the address flag named
