@@ -75,13 +75,18 @@ type core struct {
 	// pipe's. Each is a step back below liveLast, already applied or given
 	// up (the new pipe's first batch was read, or replayed, after it): it is
 	// skipped, not taken for a restarted engine's (which would reset the rank
-	// at each one). It is told by its publish time: below newest, the latest
-	// ts read live, it was published before a batch already read, which a
-	// restarted engine's batches never are. Batch 0 always starts an epoch
-	// (no old pipe's batch can be 0 after a later one of the same epoch),
-	// and so does the last sequence again with other bytes, whatever its
-	// time: a restarted engine whose first batches were lost, on a host
-	// whose clock stepped back, shows there at the latest.
+	// at each one). It is told by its publish time: at or below newest, the
+	// latest ts read live, it was published no later than a batch already
+	// read. A restarted engine's batches are published after the restart,
+	// later than any of the old engine's: only a ts above newest is evidence
+	// of one. Equal is not: wire.md lets ts come as a float32 (a step every
+	// 128 s at today's Unix times) and the decoder takes whole seconds, so
+	// the old pipe's batches often carry the very ts of the new pipe's.
+	// Batch 0 always starts an epoch (no old pipe's batch can be 0 after a
+	// later one of the same epoch), and so does the last sequence again
+	// with other bytes, whatever its time: a restarted engine whose first
+	// batches were lost, within the same ts step or on a host whose clock
+	// stepped back, shows there at the latest.
 	bind     bool
 	newest   float64
 	newestOK bool
@@ -134,8 +139,8 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 	}
 	sum := xxh3.Hash(payload)
 	ts, tsOK := payloadTS(payload)
-	older := tsOK && c.newestOK && ts < c.newest
-	if tsOK && !older {
+	notLater := tsOK && c.newestOK && ts <= c.newest
+	if tsOK && !notLater {
 		c.newest, c.newestOK = ts, true
 	}
 	// A sequence a replay applied: the live copy of that batch, or, with
@@ -183,7 +188,7 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 		c.m.duplicates.Inc()
 		return nil
 	}
-	if c.bind && !restarted && older && seq > 0 && c.liveSeen && seq < c.liveLast && seq < c.next {
+	if c.bind && !restarted && notLater && seq > 0 && c.liveSeen && seq < c.liveLast && seq < c.next {
 		c.count(func(s *Stats) { s.Duplicates++ })
 		c.m.duplicates.Inc()
 		return nil

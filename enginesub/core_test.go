@@ -192,6 +192,20 @@ func TestSequenceRules(t *testing.T) {
 			want:  "ev0 ev1 ev2 ev3 ev4 ev5 reset ev0 ev1 ev2 resync:gap ev10 ev11 ev12 ev13"},
 		{name: "bind: past the old epoch's last batch, a reconnect's batches are skipped too", bind: true,
 			steps: steps(live(0, 1, 2), restarted(0, 1, 2, 3, 6, 4, 7)), want: "ev0 ev1 ev2 reset ev0 ev1 ev2 ev3 resync:gap ev6 ev7"},
+		// From a review: with a ts coarser than the batches' spacing, as
+		// wire.md and the decoder allow (a float32 Unix time steps every
+		// 128 s, an integer one every second), the old connection's batches
+		// carried the ts of the newest one read, were not older, and each
+		// reset the rank.
+		{name: "bind: the old connection's batches are skipped with a float32 ts", bind: true,
+			steps: coarse(1.7e9, false, 0, 1, 2, 5, 3, 6, 4, 7), want: "ev0 ev1 ev2 resync:gap ev5 ev6 ev7"},
+		{name: "bind: the old connection's batches are skipped with an integer ts", bind: true,
+			steps: coarse(1.7e9, true, 0, 1, 2, 5, 3, 6, 4, 7), want: "ev0 ev1 ev2 resync:gap ev5 ev6 ev7"},
+		{name: "bind: with a coarse ts, a step back to zero starts an epoch", bind: true,
+			steps: coarse(1.7e9, true, 0, 1, 2, 3, 0, 1), want: "ev0 ev1 ev2 ev3 reset ev0 ev1"},
+		{name: "bind: with a coarse ts, a step back at a later ts starts an epoch", bind: true,
+			steps: steps(coarse(1.7e9, true, 0, 1, 2, 3, 4), coarse(1.7e9+1, true, 2, 3)),
+			want:  "ev0 ev1 ev2 ev3 ev4 reset resync:gap ev2 ev3"},
 		{name: "connect: a step back after a jump is a new epoch", steps: live(0, 1, 2, 5, 3),
 			want: "ev0 ev1 ev2 resync:gap ev5 reset resync:gap ev3"},
 	}
@@ -369,6 +383,26 @@ func stamped(ts float64, seq uint64) []step {
 	p := removedPayload(hashOf(seq), 0)
 	binary.BigEndian.PutUint64(p[2:10], math.Float64bits(ts))
 	return []step{{live: [][]byte{{}, seqFrame(seq), p}}}
+}
+
+// coarse is live batches published 10 ms apart from Unix time from on,
+// their ts sent as wire.md and the decoder allow besides a float64: a
+// float32 (a step every 128 s) or whole seconds, so that they all carry the
+// same one.
+func coarse(from float64, asInt bool, seqs ...uint64) []step {
+	var out []step
+	for _, seq := range seqs {
+		p := removedPayload(hashOf(seq), 0)
+		ts := from + float64(seq)*0.01
+		b := []byte{p[0]}
+		if asInt {
+			b = binary.BigEndian.AppendUint32(append(b, 0xce), uint32(ts))
+		} else {
+			b = binary.BigEndian.AppendUint32(append(b, 0xca), math.Float32bits(float32(ts)))
+		}
+		out = append(out, step{live: [][]byte{{}, seqFrame(seq), append(b, p[10:]...)}})
+	}
+	return out
 }
 
 // untimedPayload is removedPayload(hash, 0) with a nil ts.
