@@ -75,10 +75,10 @@ type core struct {
 	// pipe's. Each is a step back below liveLast, already applied or given
 	// up (the new pipe's first batch was read, or replayed, after it): it is
 	// skipped, not taken for a restarted engine's (which would reset the rank
-	// at each one). It is told by its publish time: at or below newest, the
-	// latest ts read live, it was published no later than a batch already
+	// at each one). It is told by its publish time: at or below liveTS, the
+	// ts of batch liveLast, it was published no later than a batch already
 	// read. A restarted engine's batches are published after the restart,
-	// later than any of the old engine's: only a ts above newest is evidence
+	// later than any of the old engine's: only a ts above liveTS is evidence
 	// of one. Equal is not: wire.md lets ts come as a float32 (a step every
 	// 128 s at today's Unix times) and the decoder takes whole seconds, so
 	// the old pipe's batches often carry the very ts of the new pipe's.
@@ -87,9 +87,17 @@ type core struct {
 	// with other bytes, whatever its time: a restarted engine whose first
 	// batches were lost, within the same ts step or on a host whose clock
 	// stepped back, shows there at the latest.
+	//
+	// liveTS is the ts of batch liveLast, not the highest ever read: one
+	// batch stamped far ahead (a host clock stepped back since) would
+	// otherwise make every later step back an old pipe's, a restarted
+	// engine's too. The old pipe's batches were all published before the
+	// new pipe's first one, so before the new pipe's batch that is liveLast
+	// when they come (liveLast does not move at the batches skipped; those
+	// a replay applied are told by their bytes, see replayed).
 	bind     bool
-	newest   float64
-	newestOK bool
+	liveTS   float64
+	liveTSOK bool // liveTS holds the ts of batch liveLast, read from the wire
 
 	mu    sync.Mutex // guards stats
 	stats Stats
@@ -139,10 +147,7 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 	}
 	sum := xxh3.Hash(payload)
 	ts, tsOK := payloadTS(payload)
-	notLater := tsOK && c.newestOK && ts <= c.newest
-	if tsOK && !notLater {
-		c.newest, c.newestOK = ts, true
-	}
+	notLater := tsOK && c.liveTSOK && ts <= c.liveTS
 	// A sequence a replay applied: the live copy of that batch, or, with
 	// other bytes, a restarted engine's batch (the sequence alone cannot
 	// tell them apart when the replay started at 0, nor after a catch-up
@@ -150,7 +155,7 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 	restarted := false
 	if i := seq - c.replayedFrom; seq >= c.replayedFrom && i < uint64(len(c.replayed)) {
 		if sum == c.replayed[i] {
-			c.liveLast, c.liveSeen, c.liveSum, c.liveSumOK = seq, true, sum, true
+			c.head(seq, sum, ts, tsOK)
 			c.count(func(s *Stats) { s.Duplicates++ })
 			c.m.duplicates.Inc()
 			return nil
@@ -161,8 +166,8 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 		c.replayed = c.replayed[:0] // the live stream is past the replay
 	}
 	if !c.started && c.resume == nil {
-		c.started, c.next, c.liveLast, c.liveSeen = true, seq, seq, true
-		c.liveSum, c.liveSumOK = sum, true
+		c.started, c.next = true, seq
+		c.head(seq, sum, ts, tsOK)
 		c.apply(seq, payload)
 		return nil
 	}
@@ -196,7 +201,7 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 	if restarted || c.liveSeen && seq <= c.liveLast {
 		c.newEpoch(seq)
 	}
-	c.liveLast, c.liveSeen, c.liveSum, c.liveSumOK = seq, true, sum, true
+	c.head(seq, sum, ts, tsOK)
 	switch {
 	case seq < c.next:
 		c.count(func(s *Stats) { s.Duplicates++ })
@@ -207,6 +212,13 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 		return c.heal(ctx, seq, payload)
 	}
 	return nil
+}
+
+// head makes live batch seq, whose payload has fingerprint sum and publish
+// time ts (when tsOK), the last one seen on the live stream.
+func (c *core) head(seq, sum uint64, ts float64, tsOK bool) {
+	c.liveLast, c.liveSeen, c.liveSum, c.liveSumOK = seq, true, sum, true
+	c.liveTS, c.liveTSOK = ts, tsOK
 }
 
 // catchUp, for a subscriber that resumes (Config.Resume) and has a replay

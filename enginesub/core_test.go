@@ -206,6 +206,13 @@ func TestSequenceRules(t *testing.T) {
 		{name: "bind: with a coarse ts, a step back at a later ts starts an epoch", bind: true,
 			steps: steps(coarse(1.7e9, true, 0, 1, 2, 3, 4), coarse(1.7e9+1, true, 2, 3)),
 			want:  "ev0 ev1 ev2 ev3 ev4 reset resync:gap ev2 ev3"},
+		// From a review: the newest ts was the highest ever read, so that
+		// one batch stamped far in the future (a host clock stepped back
+		// since) made every later step back an old connection's, a
+		// restarted engine's too, until it reached the last sequence seen.
+		{name: "bind: a ts far ahead is not the newest for good", bind: true,
+			steps: steps(live(0, 1, 2), stamped(1e12, 3), live(4), restarted(1, 2)),
+			want:  "ev0 ev1 ev2 ev3 ev4 reset resync:gap ev1 ev2"},
 		{name: "connect: a step back after a jump is a new epoch", steps: live(0, 1, 2, 5, 3),
 			want: "ev0 ev1 ev2 resync:gap ev5 reset resync:gap ev3"},
 	}

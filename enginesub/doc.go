@@ -35,14 +35,13 @@
 //     below the last sequence seen. Each was applied already, or given up
 //     (the new connection's first batch showed the gap first), and is
 //     skipped as a duplicate, not taken for a restarted engine's. It is told
-//     by its publish time (the payload's ts): not later than the newest
-//     batch read live, it was published no later than a batch already read,
-//     while a restarted engine's batches are published after the old
-//     engine's (an equal ts is no evidence of a restart: a ts sent as a
-//     float32 or in whole seconds is the same for batches published apart).
-//     A step back to 0, one whose ts cannot be read, one later than the
-//     newest, and the last sequence again with other bytes start an epoch
-//     as above.
+//     by its publish time (the payload's ts): not later than the batch of
+//     the last sequence read live, it was published no later than a batch
+//     already read, while a restarted engine's batches are published after
+//     the old engine's (an equal ts is no evidence of a restart: a ts sent
+//     as a float32 or in whole seconds is the same for batches published
+//     apart). A step back to 0, one whose ts cannot be read, one later, and
+//     the last sequence again with other bytes start an epoch as above.
 //   - A live message of a sequence the last replay applied is told apart by
 //     its bytes (a fingerprint of each replayed payload is kept until the
 //     live stream passes them): the same bytes are that batch's live copy, a
@@ -92,11 +91,11 @@
 // it, it is the gap above. Without a readable ts nothing tells the two
 // apart, and each of an old connection's batches starts an epoch: a bound
 // subscriber that falls behind and is reconnected resets and resyncs the
-// rank at each turn of the two connections. An engine that
-// restarts while a bound subscriber is behind interleaves the two epochs'
-// batches: the rank is reset and resynced at each turn, and is right again
-// from the first of the new engine's batches read after the old
-// connection's last. The first message a Subscriber sees may be preceded by
-// history it never saw: a caller that needs the engine's whole cache must
-// start the subscriber before the engine.
+// rank at each turn of the two connections. An engine that restarts while
+// a bound subscriber is behind interleaves the two epochs' batches: the
+// rank is reset and resynced at each turn, and is right again from the
+// first of the new engine's batches read after the old connection's last.
+// The first message a Subscriber sees may be preceded by history it never
+// saw: a caller that needs the engine's whole cache must start the
+// subscriber before the engine.
 package enginesub
