@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -501,6 +502,34 @@ func TestLearnedHashesStayBounded(t *testing.T) {
 	decode(t, off, in(t, goodStoreArray()))
 	if n := off.Stats().Learned; n != 0 {
 		t.Fatalf("learning off, yet %d learned", n)
+	}
+}
+
+// TestLongEventKeepsNoLargeHashSet: the hashes of an event longer than 32
+// are checked for repeats through a set the decoder reuses, and a Go map
+// never shrinks: clear costs its capacity, not its length. From a review:
+// one remove of 2M hashes (a large eviction) left a set that large, its
+// memory kept and cleared again at every later event of more than 32
+// hashes, each 50-100x slower for good. A set for more than maxSeenKept
+// hashes is not kept; repeats are found past that length as within it.
+func TestLongEventKeepsNoLargeHashSet(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	long := make([]uint64, 4*maxSeenKept)
+	for i := range long {
+		long[i] = uint64(1 + i)
+	}
+	assertEvents(t, decode(t, d, in(t, []any{"BlockRemoved", long})), []kvevent.Event{removed(rank, kvevent.TierDevice, long...)})
+	if n := len(d.seen); n > maxSeenKept {
+		t.Fatalf("after an event of %d hashes the decoder keeps a set of %d, bound %d", len(long), n, maxSeenKept)
+	}
+	for _, n := range []int{33, maxSeenKept, len(long)} {
+		hs := slices.Clone(long[:n])
+		hs[n-1] = hs[n/2]
+		before := d.Stats().Skipped[ReasonRepeatedHash]
+		assertEvents(t, decode(t, d, in(t, []any{"BlockRemoved", hs})), nil)
+		if got := d.Stats().Skipped[ReasonRepeatedHash]; got != before+1 {
+			t.Fatalf("a remove of %d hashes, one repeated: %d skipped as repeated, want %d", n, got, before+1)
+		}
 	}
 }
 

@@ -41,6 +41,13 @@ const DefaultMaxLearned = 1 << 17
 // maxLearnedGroups bounds the group → kind table of LearnGroupKinds.
 const maxLearnedGroups = 64
 
+// maxSeenKept bounds the hashes of an event whose repeat check uses the
+// decoder's reused set (a prompt of 64k tokens in blocks of 16): a longer
+// event gets a set of its own, dropped after it. A Go map never shrinks
+// and clear costs its capacity, so a set kept after one large eviction
+// would hold its memory and slow every later check.
+const maxSeenKept = 1 << 12
+
 // Reason is why a wire event, or some of its blocks, produced no router
 // event. Reasons index Stats.Skipped and Stats.DroppedBlocks, and their
 // String is the metric label.
@@ -568,7 +575,8 @@ func (d *Decoder) mainGroup(e *wireEvent) bool {
 }
 
 // repeats reports whether a hash occurs twice in hs. Short lists (the
-// common case) are compared pairwise; long ones through a reused set.
+// common case) are compared pairwise; long ones through a set, the reused
+// one up to maxSeenKept hashes.
 func (d *Decoder) repeats(hs []uint64) bool {
 	if len(hs) <= 32 {
 		for i := 1; i < len(hs); i++ {
@@ -580,12 +588,17 @@ func (d *Decoder) repeats(hs []uint64) bool {
 		}
 		return false
 	}
-	clear(d.seen)
+	seen := d.seen
+	if len(hs) > maxSeenKept {
+		seen = make(map[uint64]struct{}, len(hs))
+	} else {
+		clear(seen)
+	}
 	for _, h := range hs {
-		if _, ok := d.seen[h]; ok {
+		if _, ok := seen[h]; ok {
 			return true
 		}
-		d.seen[h] = struct{}{}
+		seen[h] = struct{}{}
 	}
 	return false
 }
