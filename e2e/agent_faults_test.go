@@ -187,7 +187,9 @@ func seqFrame(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq
 //     rejects or whose every event it skips) between valid batches: the
 //     agent keeps running, counts each, reports no gap (a rejected payload
 //     consumes its sequence; a message without a readable one consumes
-//     none), clears nothing, and the index holds the valid batches only.
+//     none), clears the rank at each payload the decoder rejects (its
+//     events, valid ones too, are lost) and at nothing else, and the index
+//     holds the valid batches since the last.
 func TestAgentStreamFaults(t *testing.T) {
 	pypub.Require(t)
 	seed := testSeed(t)
@@ -266,22 +268,26 @@ func TestAgentStreamFaults(t *testing.T) {
 			pub.Raw([]byte{}, seqFrame(^uint64(0)), e.payload) // a replay's end marker, live
 			nSeq++
 		}
-		// The payload with a sequence of its own: it consumes it.
+		// The payload with a sequence of its own: it consumes it, and,
+		// rejected, clears the rank.
 		pub.Raw([]byte{}, seqFrame(seq), e.payload)
 		seq++
 		if e.rejected {
 			nPayload++
+			g.forget()
 		}
 		skipped += e.skipped
 	}
 	// Payloads that hold a valid store and a defect: none of it must be
-	// applied.
+	// applied, and the rank is cleared, since the batch may have removed
+	// blocks too.
 	tainted := taintedPayloads(t, g)
 	for _, tp := range tainted {
 		publishBatches(pub, g, &seq, 1)
 		pub.Raw([]byte{}, seqFrame(seq), tp.payload)
 		seq++
 		nPayload++
+		g.forget()
 	}
 	publishBatches(pub, g, &seq, 5)
 	waitModel(c, g)
@@ -302,17 +308,24 @@ func TestAgentStreamFaults(t *testing.T) {
 		return n == float64(nPayload), fmt.Sprintf("%v malformed payloads counted, want %d", n, nPayload)
 	})
 	want := map[string]float64{
-		`kvagent_subscriber_malformed_total{reason="frames"}`: float64(nFrames),
-		`kvagent_subscriber_malformed_total{reason="seq"}`:    float64(nSeq),
-		`kvagent_subscriber_skipped_events_total`:             skipped,
+		`kvagent_subscriber_malformed_total{reason="frames"}`:    float64(nFrames),
+		`kvagent_subscriber_malformed_total{reason="seq"}`:       float64(nSeq),
+		`kvagent_subscriber_skipped_events_total`:                skipped,
+		`kvagent_subscriber_resyncs_total`:                       float64(nPayload),
+		`kvagent_subscriber_resyncs_total{reason="bad_payload"}`: float64(nPayload),
+		`kvagent_rank_clears_total`:                              float64(nPayload),
+		`kvagent_rank_clears_total{reason="bad_payload"}`:        float64(nPayload),
 	}
 	got := map[string]float64{
-		`kvagent_subscriber_malformed_total{reason="frames"}`: delta(ss, "kvagent_subscriber_malformed_total", "reason", "frames"),
-		`kvagent_subscriber_malformed_total{reason="seq"}`:    delta(ss, "kvagent_subscriber_malformed_total", "reason", "seq"),
-		`kvagent_subscriber_skipped_events_total`:             delta(ss, "kvagent_subscriber_skipped_events_total"),
+		`kvagent_subscriber_malformed_total{reason="frames"}`:    delta(ss, "kvagent_subscriber_malformed_total", "reason", "frames"),
+		`kvagent_subscriber_malformed_total{reason="seq"}`:       delta(ss, "kvagent_subscriber_malformed_total", "reason", "seq"),
+		`kvagent_subscriber_skipped_events_total`:                delta(ss, "kvagent_subscriber_skipped_events_total"),
+		`kvagent_subscriber_resyncs_total`:                       delta(ss, "kvagent_subscriber_resyncs_total"),
+		`kvagent_subscriber_resyncs_total{reason="bad_payload"}`: delta(ss, "kvagent_subscriber_resyncs_total", "reason", "bad_payload"),
+		`kvagent_rank_clears_total`:                              delta(ss, "kvagent_rank_clears_total"),
+		`kvagent_rank_clears_total{reason="bad_payload"}`:        delta(ss, "kvagent_rank_clears_total", "reason", "bad_payload"),
 	}
-	for _, f := range []string{"kvagent_engine_seq_gaps_total", "kvagent_subscriber_resyncs_total", "kvagent_rank_clears_total",
-		"kvagent_subscriber_epochs_total", "kvagent_publish_errors_total"} {
+	for _, f := range []string{"kvagent_engine_seq_gaps_total", "kvagent_subscriber_epochs_total", "kvagent_publish_errors_total"} {
 		want[f], got[f] = 0, delta(ss, f)
 	}
 	if !maps.Equal(got, want) {

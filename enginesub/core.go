@@ -68,6 +68,10 @@ type core struct {
 	replayedFrom uint64
 	replayed     []uint64
 
+	// resynced: the last call the sink had about the rank was Resync. A
+	// rejected payload then resyncs it no more (see apply).
+	resynced bool
+
 	// bind is Config.Bind. A bound socket takes each connection the engine
 	// makes on a pipe of its own, and reads the pipes in turn: when the
 	// connection drops and is remade while the subscriber is behind, libzmq
@@ -254,6 +258,7 @@ func (c *core) newEpoch(seq uint64) {
 	c.count(func(s *Stats) { s.Epochs++ })
 	c.m.epochs.Inc()
 	c.sink.Reset(c.rank)
+	c.resynced = false
 	c.dec.Reset()
 	c.replayed = c.replayed[:0]
 	// The new epoch starts at 0: if seq is above, its first batches were
@@ -369,7 +374,12 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) Rea
 }
 
 // apply decodes batch seq and gives it to the sink. It consumes seq even
-// when the decoder rejects the payload (see the package comment).
+// when the decoder rejects the payload (see the package comment): the
+// batch's events, the valid ones too, are then lost, and the rank is
+// resynced, since the sink may hold blocks the batch removed. Not when the
+// sink's last call was a Resync already: it holds nothing from the stream
+// since, that the lost batch could have made stale, and an engine whose
+// every payload is rejected costs one resync, not one per batch.
 func (c *core) apply(seq uint64, payload []byte) {
 	c.next = seq + 1
 	c.batch.Reset()
@@ -377,6 +387,9 @@ func (c *core) apply(seq uint64, payload []byte) {
 		c.malformed(badPayload, err)
 		c.count(func(s *Stats) { s.NextSeq = c.next; s.Decoder = c.dec.Stats() })
 		c.exportSkips()
+		if !c.resynced {
+			c.resync(ReasonBadPayload, "seq", seq, "err", err)
+		}
 		return
 	}
 	c.exportSkips()
@@ -390,6 +403,7 @@ func (c *core) apply(seq uint64, payload []byte) {
 	})
 	c.m.batches.Inc()
 	c.m.blockEvents.Add(float64(n))
+	c.resynced = false
 	if err := c.sink.Events(c.rank, seq, c.batch.Events); err != nil {
 		c.count(func(s *Stats) { s.SinkErrors++ })
 		c.resync(ReasonSinkError, "seq", seq, "err", err)
@@ -433,6 +447,7 @@ func (c *core) resync(reason Reason, args ...any) {
 	c.count(func(s *Stats) { s.Resyncs++ })
 	c.m.resyncs.WithLabelValues(string(reason)).Inc()
 	c.sink.Resync(c.rank, reason)
+	c.resynced = true
 }
 
 func (c *core) malformed(why string, err error) {

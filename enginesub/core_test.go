@@ -120,9 +120,30 @@ func TestSequenceRules(t *testing.T) {
 			want:  "ev0 ev1 ev2 reset replay:0 ev0 ev1 ev2 ev3"},
 		{name: "sink refusal resyncs", steps: live(0, 1, 2), fail: 1,
 			want: "ev0 ev1! resync:sink_error ev2"},
-		{name: "undecodable payload consumes its seq",
+		// From a review: a payload the decoder rejects consumed its
+		// sequence and lost its events, and the sink never heard of it:
+		// the rank kept blocks the lost batch removed.
+		{name: "undecodable payload consumes its seq and resyncs",
 			steps: steps(live(0), step{live: [][]byte{{}, seqFrame(1), []byte("\xc1 not msgpack")}}, live(2)),
-			want:  "ev0 ev2", malformed: 1},
+			want:  "ev0 resync:bad_payload ev2", malformed: 1},
+		{name: "a batch rejected for a data_parallel_rank sent as a string resyncs",
+			steps: steps(live(0), rejected(1, "dp rank as a string"), live(2)),
+			want:  "ev0 resync:bad_payload ev2", malformed: 1},
+		{name: "a truncated batch resyncs", steps: steps(live(0), rejected(1, "truncated"), live(2)),
+			want: "ev0 resync:bad_payload ev2", malformed: 1},
+		{name: "a run of rejected batches resyncs once, and asks no replay", replay: true,
+			steps: steps(live(0), rejected(1, "truncated"), rejected(2, "truncated"), rejected(3, "dp rank as a string"), live(4)),
+			want:  "ev0 resync:bad_payload ev4", malformed: 3},
+		{name: "a rejected batch that shows a gap resyncs once",
+			steps: steps(live(0), rejected(2, "truncated"), live(3)),
+			want:  "ev0 resync:gap ev3", malformed: 1},
+		{name: "a rejected batch right after a new epoch resyncs",
+			steps: steps(live(0, 1, 2), rejected(0, "truncated"), live(1)),
+			want:  "ev0 ev1 ev2 reset resync:bad_payload ev1", malformed: 1},
+		{name: "a rejected batch in a replay resyncs, and the replay goes on", replay: true,
+			steps: steps(step{replies: [][][]byte{replyMsg(2, true), {{}, seqFrame(3), rejectedPayload(3, "truncated")},
+				replyMsg(4, false), endMsg}}, live(0, 1, 5)),
+			want: "ev0 ev1 replay:2 ev2 resync:bad_payload ev4 ev5", malformed: 1},
 		{name: "malformed replies are skipped", replay: true,
 			steps: steps(step{replies: [][][]byte{
 				{seqFrame(2), removedPayload(hashOf(2), 0)}, // no delimiter
@@ -410,6 +431,26 @@ func coarse(from float64, asInt bool, seqs ...uint64) []step {
 		out = append(out, step{live: [][]byte{{}, seqFrame(seq), append(b, p[10:]...)}})
 	}
 	return out
+}
+
+// rejected is live batch seq with a defect that makes the decoder reject
+// it whole (rejectedPayload).
+func rejected(seq uint64, defect string) []step {
+	return []step{{live: [][]byte{{}, seqFrame(seq), rejectedPayload(seq, defect)}}}
+}
+
+// rejectedPayload is the payload of test batch seq with a defect that makes
+// the decoder reject it whole, its valid remove with it: its dp rank sent
+// as a string, or its end cut off.
+func rejectedPayload(seq uint64, defect string) []byte {
+	p := removedPayload(hashOf(seq), 0)
+	switch defect {
+	case "dp rank as a string":
+		return append(p[:len(p)-5], 0xa1, '0')
+	case "truncated":
+		return p[:len(p)-3]
+	}
+	panic("rejectedPayload: " + defect)
 }
 
 // untimedPayload is removedPayload(hash, 0) with a nil ts.

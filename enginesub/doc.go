@@ -72,8 +72,14 @@
 //   - A malformed message (wrong frame count, a sequence frame that is not 8
 //     bytes, a payload the decoder rejects) never reaches the sink and never
 //     stops the subscriber: it is skipped and counted. A rejected payload
-//     with a readable sequence consumes that sequence: a replay would return
-//     the same bytes, so asking again could only end in a resync.
+//     with a readable sequence consumes that sequence (a replay would return
+//     the same bytes, so asking again could only end in a resync), and its
+//     events, valid ones too, are lost: the rank is resynced
+//     (ReasonBadPayload), unless the sink's last call about it was a Resync
+//     already, after which it took nothing from the stream that the lost
+//     batch could have made stale. Each such resync costs the sink one
+//     rebuild of the rank (kvagent clears it on the router); an engine
+//     whose every payload is rejected costs one in all, not one per batch.
 //   - Each socket lives on the Run goroutine, which is the only caller of
 //     the sink; Run returns when its context is cancelled, sockets closed.
 //

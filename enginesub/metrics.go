@@ -44,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		replays: counter("kvagent_subscriber_replays_total",
 			"Replays asked of the engine, by outcome (healed, overrun, failed).", "outcome"),
 		resyncs: counter("kvagent_subscriber_resyncs_total",
-			"Ranks whose state was declared unknown, by reason (gap, overrun, replay_failed, sink_error).", "reason"),
+			"Ranks whose state was declared unknown, by reason (gap, overrun, replay_failed, sink_error, bad_payload).", "reason"),
 		malformed: counter("kvagent_subscriber_malformed_total",
 			"Engine messages skipped as malformed, by reason (frames, seq, payload, delimiter).", "reason"),
 		skipped: counter("kvagent_subscriber_skipped_events_total",
@@ -103,7 +103,7 @@ func (m *metrics) forRank(worker uint64, dp uint32) rankMetrics {
 	for _, o := range []string{"healed", "overrun", "failed"} {
 		r.replays.WithLabelValues(o)
 	}
-	for _, why := range []Reason{ReasonGap, ReasonOverrun, ReasonReplayFailed, ReasonSinkError} {
+	for _, why := range []Reason{ReasonGap, ReasonOverrun, ReasonReplayFailed, ReasonSinkError, ReasonBadPayload} {
 		r.resyncs.WithLabelValues(string(why))
 	}
 	for _, why := range badReasons {

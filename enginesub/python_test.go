@@ -330,10 +330,12 @@ func TestMalformedFramesAreCountedAndSkipped(t *testing.T) {
 	p.Raw([]byte{}, seqFrame(2), []byte("\xc1garbage")) // a payload the decoder rejects
 	p.Raw([]byte{})                                     // 1 frame
 	p.Raw([]byte{}, seqFrame(endSeq), []byte{})         // the replay end marker, live
-	want = append(want, publish(p, g, 3, 4, true)...)   // the garbage consumed seq 2
+	// The garbage consumed seq 2, and lost it: the rank resyncs.
+	want = append(want, call{kind: "resync", reason: ReasonBadPayload})
+	want = append(want, publish(p, g, 3, 4, true)...)
 	waitCalls(t, sink, &rank, want)
 	st := s.Stats()
-	if st.Malformed != 6 || st.Decoder.BadPayloads != 1 || st.Resyncs != 0 || st.Epochs != 0 || st.Gaps != 0 || st.Batches != 4 {
+	if st.Malformed != 6 || st.Decoder.BadPayloads != 1 || st.Resyncs != 1 || st.Epochs != 0 || st.Gaps != 0 || st.Batches != 4 {
 		t.Fatalf("stats %+v", st)
 	}
 }

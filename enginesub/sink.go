@@ -47,4 +47,8 @@ const (
 	ReasonReplayFailed Reason = "replay_failed"
 	// ReasonSinkError: Sink.Events refused a batch.
 	ReasonSinkError Reason = "sink_error"
+	// ReasonBadPayload: the decoder rejected a batch's payload whole (a
+	// field of the wrong type, a truncated event): its events, valid ones
+	// too, are lost.
+	ReasonBadPayload Reason = "bad_payload"
 )

@@ -192,6 +192,8 @@ func TestMetricsAreLabelledByRank(t *testing.T) {
 		{"kvagent_subscriber_resyncs_total", map[string]string{"dp_rank": "0", "reason": "gap"}, 1},
 		{"kvagent_subscriber_resyncs_total", map[string]string{"dp_rank": "0", "reason": "overrun"}, 0},
 		{"kvagent_subscriber_malformed_total", map[string]string{"dp_rank": "1", "reason": "payload"}, 1},
+		{"kvagent_subscriber_resyncs_total", map[string]string{"dp_rank": "1", "reason": "bad_payload"}, 1},
+		{"kvagent_subscriber_resyncs_total", map[string]string{"dp_rank": "0", "reason": "bad_payload"}, 0},
 		{"kvagent_subscriber_epochs_total", map[string]string{"dp_rank": "1"}, 0},
 	} {
 		tc.labels["worker"] = "1"
