@@ -28,6 +28,7 @@ type fakeTarget struct {
 	workers  map[uint64]raftfsm.WorkerInfo
 	removed  []uint64
 	failNext int // DeregisterWorker fails this many more times
+	deregs   int // DeregisterWorker calls
 	ingested []raftfsm.RankBatch
 	dumps    []uint64 // the incarnation of each dump
 	calls    int
@@ -92,6 +93,7 @@ func (t *fakeTarget) DeregisterWorker(_ context.Context, id uint64) error {
 	if !held {
 		t.unlockedRemovals++
 	}
+	t.deregs++
 	if t.failNext > 0 {
 		t.failNext--
 		return errors.New("no quorum")

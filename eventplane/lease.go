@@ -372,16 +372,31 @@ func (in *Ingester) sweepLeases(now time.Time) {
 			// by a re-election: the new term's heartbeats are its own,
 			// and it grants the worker a whole lease from its first
 			// sweep; and so does a node not caught up (CheckLeader).
+			// A worker removed meanwhile (an operator's DELETE
+			// /v1/workers/{id}) is left to that removal (gone): a
+			// deregistration of its id would be a Raft entry of its
+			// own, which removes the state the id gained since (ranks
+			// of an agent still publishing, before their unregistered
+			// grace), and no lease of this leader's removed it.
+			gone := false
 			removed, kept, err := in.deregister(w.ID, func(table map[uint64]raftfsm.WorkerInfo) bool {
 				if !in.leases.current(gen) || !in.caughtUp() {
 					return true
 				}
+				if _, ok := table[w.ID]; !ok {
+					gone = true
+					return true
+				}
 				return in.leaseHolds(w.ID, now, table)
 			})
+			// A removal that does not take the lock (through another
+			// node's API) may still come between the check and the
+			// commit: the entry then removed nothing of the worker's.
+			gone = gone || errors.Is(err, raftfsm.ErrUnknownWorker)
 			in.leases.mu.Lock()
 			if in.leases.gen == gen {
 				delete(in.leases.expiry, w.ID)
-				if removed {
+				if removed || gone {
 					// A registration from now on starts a new lease. After
 					// a failure the old heartbeat stays: the next sweep
 					// retries at once.
@@ -390,6 +405,8 @@ func (in *Ingester) sweepLeases(now time.Time) {
 			}
 			in.leases.mu.Unlock()
 			switch {
+			case gone:
+				in.cfg.Logger.Debug("worker whose lease expired was removed meanwhile; nothing to do", "worker", w.ID)
 			case kept:
 			case removed:
 				in.m.expired.Inc()
@@ -556,13 +573,10 @@ func (in *Ingester) removeStray(gen, id uint64, ranks int) bool {
 // (a heartbeat, or a registration: registeredAt) since the sweep found it
 // expired, or registered anew without a lease. Its lease, whatever it is
 // now, is judged from the latest of those: an agent that registered again
-// with the same lease while the removal waited keeps its worker. A worker
-// gone from the table is not kept (its removal reads ErrUnknownWorker).
+// with the same lease while the removal waited keeps its worker. The
+// worker is in table (sweepLeases leaves one removed meanwhile alone).
 func (in *Ingester) leaseHolds(id uint64, now time.Time, table map[uint64]raftfsm.WorkerInfo) bool {
-	w, ok := table[id]
-	if !ok {
-		return false
-	}
+	w := table[id]
 	if w.LeaseMs <= 0 {
 		return true
 	}
@@ -612,7 +626,8 @@ func (in *Ingester) registeredAt(id uint64, bound time.Time) time.Time {
 // not bring the worker back. keep, called under that lock with the table
 // read under it, may leave the worker alone (kept): it registered again,
 // or its lease was renewed, while the removal waited for the lock.
-// removed is true when the worker is gone (ErrUnknownWorker included).
+// removed is true when the worker is gone (ErrUnknownWorker included: a
+// caller that removes a worker of the table tells the two apart).
 func (in *Ingester) deregister(id uint64, keep func(table map[uint64]raftfsm.WorkerInfo) bool) (removed, kept bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
 	defer cancel()

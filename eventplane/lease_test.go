@@ -290,6 +290,54 @@ func TestRegistrationWhileAnExpiryWaitsKeepsTheWorker(t *testing.T) {
 	}
 }
 
+// TestLeaseExpiryOfAWorkerRemovedMeanwhileDoesNothing: a sweep finds
+// worker 5's lease run out, and its removal waits for the worker-table
+// lock, which an operator's DELETE /v1/workers/5 holds and removes the
+// worker under. The expiry then does nothing: no deregistration (on a
+// node, a Raft entry that would remove the state the worker id gained
+// since the operator's removal, unregistered grace or not), and no
+// kvrouter_worker_leases_expired_total. From a review: the removal read
+// ErrUnknownWorker as its own, and counted (and logged) a removal it did
+// not make.
+func TestLeaseExpiryOfAWorkerRemovedMeanwhileDoesNothing(t *testing.T) {
+	tg := newFakeTarget()
+	tg.register(5, time.Second)
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0) // first seen: the lease starts
+
+	tg.workersMu.Lock() // the operator's removal holds the lock
+	in.sweepLeases(t0.Add(2 * time.Second))
+	waitFor(t, 10*time.Second, "the expiry to be decided", func() bool {
+		in.leases.mu.Lock()
+		defer in.leases.mu.Unlock()
+		return in.leases.expiry[5]
+	})
+	tg.mu.Lock()
+	delete(tg.workers, 5) // DELETE /v1/workers/5, under the lock
+	tg.mu.Unlock()
+	tg.workersMu.Unlock()
+	in.cwg.Wait()
+
+	tg.mu.Lock()
+	deregs := tg.deregs
+	tg.mu.Unlock()
+	if deregs != 0 {
+		t.Fatalf("%d deregistrations of a worker already gone", deregs)
+	}
+	if n := val(in.m.expired); n != 0 {
+		t.Fatalf("kvrouter_worker_leases_expired_total = %v, want 0: the lease removed no worker (the operator did)", n)
+	}
+	in.leases.mu.Lock()
+	_, seen := in.leases.seen[5]
+	marked := in.leases.expiry[5]
+	in.leases.mu.Unlock()
+	if seen || marked {
+		t.Fatalf("worker 5 gone, yet its last heartbeat kept (%v) or its removal marked in flight (%v)", seen, marked)
+	}
+}
+
 // stateTarget is a fakeTarget that holds a cursor of the ranks in
 // cursors (under fakeTarget.mu), as raftfsm.Node.HasCursor says.
 type stateTarget struct {
