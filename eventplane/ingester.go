@@ -85,6 +85,8 @@ func checkDistinct(events, dump, heartbeat string) error {
 // Target is what the ingester commits to: a raftfsm.Node. It may also
 // list the ranks of unregistered workers (unregisteredLister) and say
 // whether its state is caught up with its leadership (leaderChecker).
+// IngestEvents and ReplaceRankFenced propose one Raft entry each, unless
+// their error says none was (proposed).
 type Target interface {
 	IngestEvents(ctx context.Context, batches []raftfsm.RankBatch) ([]raftfsm.RankAck, error)
 	// ReplaceRankFenced commits a rank dump sent by publisher incarnation
@@ -350,7 +352,7 @@ func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_requests_total",
 			Help: "Event requests answered by this node's ingester, by outcome (acked, not_leader, invalid, error, stale: a dump below the rank's cursor, answered with the cursor; unregistered: a dump of a rank its Positional worker does not list, applied nothing)."}, []string{"outcome"}),
 		entries: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_events_entries_total",
-			Help: "Raft entries proposed by the ingester (each packs one or more requests)."}),
+			Help: "Raft entries proposed by the ingester (each packs one or more event requests, or one dump); a group refused before Raft took it (not leading, its deadline passed) is not counted."}),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_received_total",
 			Help: "Events received by the leader's ingester, by worker (its id when registered, else other), op and tier."}, []string{"worker", "op", "tier"}),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvrouter_events_lag_seconds",
@@ -679,6 +681,25 @@ func (in *Ingester) observeLag(group []request, term uint64, now time.Time) {
 	}
 }
 
+// proposed says whether a Target's write that returned err proposed its
+// entry (kvrouter_events_entries_total): it did unless err says it was
+// refused before Raft took it: invalid, not proposed (its deadline
+// passed first), or not the leader without the entry in the log (a node
+// that no longer leads answers its drained subscription's requests so).
+// An entry proposed and then lost (a lost leadership) counts.
+func proposed(err error) bool {
+	var nle *raftfsm.NotLeaderError
+	switch {
+	case err == nil:
+		return true
+	case errors.As(err, &nle):
+		return nle.MaybeApplied
+	case errors.Is(err, raftfsm.ErrNotProposed), errors.Is(err, raftfsm.ErrInvalid):
+		return false
+	}
+	return true
+}
+
 // onDump commits a rank dump. Dumps are rare and large: each is its own
 // entry.
 func (in *Ingester) onDump(m *nats.Msg) {
@@ -695,6 +716,9 @@ func (in *Ingester) onDump(m *nats.Msg) {
 	ctx, cancel := context.WithTimeout(in.ctx, in.cfg.CommitTimeout)
 	defer cancel()
 	err = in.cfg.Node.ReplaceRankFenced(ctx, d.rank, d.cursor, d.incarnation, d.stored)
+	if proposed(err) {
+		in.m.entries.Inc()
+	}
 	if in.closed() {
 		return // unanswered, as Close says: its publisher resends
 	}
@@ -795,8 +819,10 @@ func (in *Ingester) commit(group []request) {
 	in.labelMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
 	defer cancel()
-	in.m.entries.Inc()
 	acks, err := in.cfg.Node.IngestEvents(ctx, all)
+	if proposed(err) {
+		in.m.entries.Inc()
+	}
 	if err == nil && len(acks) != len(all) {
 		err = errors.New("ingest returned a wrong number of acks")
 	}

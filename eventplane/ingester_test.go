@@ -1101,6 +1101,66 @@ func TestCommitSlowerThanTheRequestTimeoutIsAcked(t *testing.T) {
 	}
 }
 
+// TestEntriesCountOnlyProposedEntries: kvrouter_events_entries_total
+// counts the Raft entries the ingester proposed, and no group of requests
+// it did not: on a node that no longer leads (its drained subscription
+// hands it requests after a step-down), answered not_leader; on a leader
+// whose commit's deadline passed before it proposed the entry, answered
+// error. From a review: the counter went up before IngestEvents was
+// called, proposed or not.
+func TestEntriesCountOnlyProposedEntries(t *testing.T) {
+	r := kvevent.Rank{Worker: 9}
+	t.Run("not leading", func(t *testing.T) {
+		c := newTestCluster(t, 3)
+		f := (c.leader() + 1) % 3
+		in := c.ings[f]
+		in.onEvents(clearedEvents(r, 1, 1)) // as a drained subscription delivers it after a step-down
+		waitFor(t, 10*time.Second, "the not_leader answer", func() bool {
+			return val(in.m.requests.WithLabelValues("not_leader")) == 1
+		})
+		if n := val(in.m.entries); n != 0 {
+			t.Fatalf("kvrouter_events_entries_total = %v on a node that proposed no entry", n)
+		}
+	})
+	t.Run("deadline passed before the proposal", func(t *testing.T) {
+		c := newTestClusterWith(t, 1, IngesterConfig{CommitTimeout: time.Nanosecond})
+		l := c.leader()
+		in, node := c.ings[l], c.nodes[l]
+		c.converged()
+		before := node.Raft().LastIndex()
+		in.onEvents(clearedEvents(r, 1, 1))
+		waitFor(t, 10*time.Second, "the error answer", func() bool {
+			return val(in.m.requests.WithLabelValues("error")) == 1
+		})
+		if got := node.Raft().LastIndex(); got != before {
+			t.Fatalf("the log grew from %d to %d: the entry was proposed", before, got)
+		}
+		if n := val(in.m.entries); n != 0 {
+			t.Fatalf("kvrouter_events_entries_total = %v, and no entry was proposed", n)
+		}
+	})
+}
+
+// TestDumpEntriesAreCounted: a dump is a Raft entry of its own, which
+// kvrouter_events_entries_total counts as it does an entry of events.
+// From a review: onDump proposed its entry uncounted.
+func TestDumpEntriesAreCounted(t *testing.T) {
+	c := newTestCluster(t, 1)
+	l := c.leader()
+	in, node := c.ings[l], c.nodes[l]
+	c.converged()
+	before := node.Raft().LastIndex()
+	r := kvevent.Rank{Worker: 9}
+	stored := []kvevent.Event{{Rank: r, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 1}}}}
+	in.onDump(&nats.Msg{Data: appendDump(nil, &dumpRequest{rank: r, cursor: 3, stored: stored})})
+	if node.Raft().LastIndex() == before || node.Cursor(r) != 3 {
+		t.Fatal("the dump was not committed")
+	}
+	if n := val(in.m.entries); n != 1 {
+		t.Fatalf("kvrouter_events_entries_total = %v after the ingester proposed one entry (a dump)", n)
+	}
+}
+
 // TestMaxRequestTimeoutAllowsForTheCommitTimeout: by default a
 // publisher's requests, once they time out, come to wait longer than the
 // ingester's commit may take (CommitTimeout and Linger), and

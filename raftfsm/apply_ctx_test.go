@@ -39,8 +39,8 @@ func TestApplyUnderADoneContextProposesNothing(t *testing.T) {
 		want error
 	}{{"cancelled", cancelled, context.Canceled}, {"past its deadline", expired, context.DeadlineExceeded}} {
 		last := n.raft.LastIndex()
-		if _, err := n.IngestEvents(tc.ctx, batch()); !errors.Is(err, tc.want) {
-			t.Fatalf("a context %s: err %v, want %v", tc.name, err, tc.want)
+		if _, err := n.IngestEvents(tc.ctx, batch()); !errors.Is(err, tc.want) || !errors.Is(err, ErrNotProposed) {
+			t.Fatalf("a context %s: err %v, want %v and ErrNotProposed", tc.name, err, tc.want)
 		}
 		if got := n.raft.LastIndex(); got != last {
 			t.Fatalf("a context %s: the log grew from %d to %d: the command was proposed", tc.name, last, got)

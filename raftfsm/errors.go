@@ -25,6 +25,12 @@ var (
 	// ErrUnreachable means a member the request needs does not answer
 	// (down, cut off, or not yet up); nothing changed. Retry once it is up.
 	ErrUnreachable = errors.New("member unreachable")
+	// ErrNotProposed means a write was never handed to Raft: its context
+	// was done, or its deadline passed, before it was proposed, or Raft
+	// could not take it in time (an enqueue timeout). It did not and will
+	// not apply. The error wraps the context's (context.Canceled or
+	// context.DeadlineExceeded).
+	ErrNotProposed = errors.New("not proposed")
 	// ErrUnknownWorker means no worker has that id.
 	ErrUnknownWorker = errors.New("unknown worker")
 	// ErrShutdown means the node is closing.

@@ -1486,23 +1486,24 @@ func (n *Node) notLeader() *NotLeaderError {
 }
 
 // apply proposes a command on the leader and waits for it to apply. A ctx
-// already done proposes nothing: its error (context.Canceled or
-// context.DeadlineExceeded, wrapped) says so, and the command did not and
-// will not apply. (A caller that stopped waiting, or a subscriber that is
-// stopping, must not have its command committed behind its back.)
+// already done proposes nothing: its error (ErrNotProposed, and
+// context.Canceled or context.DeadlineExceeded, wrapped) says so, and the
+// command did not and will not apply. (A caller that stopped waiting, or a
+// subscriber that is stopping, must not have its command committed behind
+// its back.) So does a command Raft could not take in time.
 func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 	if n.raft.State() != raft.Leader {
 		return nil, n.notLeader()
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("raft apply: not proposed: %w", err)
+		return nil, fmt.Errorf("raft apply: %w: %w", ErrNotProposed, err)
 	}
 	timeout := n.cfg.ApplyTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 		if timeout <= 0 {
 			// ctx.Err may still be nil: its timer has not fired yet.
-			return nil, fmt.Errorf("raft apply: not proposed: %w", context.DeadlineExceeded)
+			return nil, fmt.Errorf("raft apply: %w: %w", ErrNotProposed, context.DeadlineExceeded)
 		}
 	}
 	f := n.raft.Apply(data, timeout)
@@ -1518,6 +1519,9 @@ func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 		// A lost leadership: the entry may still commit under the next
 		// leader, and every command is safe to retry. An enqueue timeout:
 		// nothing was written.
+		if errors.Is(err, raft.ErrEnqueueTimeout) {
+			return nil, fmt.Errorf("raft apply: %w: %w", ErrNotProposed, n.raftError(err))
+		}
 		return nil, fmt.Errorf("raft apply: %w", n.raftError(err))
 	}
 	if err, ok := f.Response().(error); ok && err != nil {
