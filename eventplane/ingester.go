@@ -342,9 +342,10 @@ type ingesterMetrics struct {
 	resyncs  *prometheus.CounterVec // reason
 	subs     prometheus.Gauge
 
-	heartbeats   prometheus.Counter
-	expired      prometheus.Counter
-	unregRemoved prometheus.Counter
+	heartbeats          prometheus.Counter
+	malformedHeartbeats prometheus.Counter
+	expired             prometheus.Counter
+	unregRemoved        prometheus.Counter
 }
 
 func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
@@ -358,22 +359,24 @@ func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvrouter_events_lag_seconds",
 			Help: "On the leader, by registered worker: how long before its last commit the oldest of its events in that Raft entry was handed to its agent's publisher (agent clocks count)."}, []string{"worker"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_requests_rejected_total",
-			Help: "Event requests rejected before Raft (undecodable), by reason."}, []string{"reason"}),
+			Help: "Event requests the ingester rejected, by reason (malformed: undecodable, refused before Raft; stale_dump: a dump below the rank's cursor, which the state machine refused, answered with the cursor)."}, []string{"reason"}),
 		gaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_events_gaps_total",
 			Help: "Rank batches acknowledged with a gap."}),
 		resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_resyncs_total",
-			Help: "Rank dumps committed, by reason."}, []string{"reason"}),
+			Help: "Rank dumps the leader's ingester committed, by reason (always dump: the agent does not tell the router why it dumped)."}, []string{"reason"}),
 		subs: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvrouter_events_ingesting",
 			Help: "1 while this node's ingester holds the event subscriptions (it leads)."}),
 		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_worker_heartbeats_total",
 			Help: "Worker heartbeats received by the leader (one per worker id)."}),
+		malformedHeartbeats: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_worker_heartbeats_malformed_total",
+			Help: "Heartbeat messages the leader could not decode (answered invalid; in no kvrouter_events_* family)."}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_worker_leases_expired_total",
 			Help: "Workers removed because the leader heard no heartbeat for their lease."}),
 		unregRemoved: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_unregistered_ranks_removed_total",
 			Help: "Ranks whose state the leader removed because their worker stayed unregistered for the unregistered grace (events or dumps of a worker removed or never registered)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.entries, m.received, m.lag, m.rejected, m.gaps, m.resyncs, m.subs, m.heartbeats, m.expired, m.unregRemoved)
+		reg.MustRegister(m.requests, m.entries, m.received, m.lag, m.rejected, m.gaps, m.resyncs, m.subs, m.heartbeats, m.malformedHeartbeats, m.expired, m.unregRemoved)
 	}
 	return m
 }

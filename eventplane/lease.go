@@ -284,8 +284,12 @@ func (in *Ingester) onHeartbeat(m *nats.Msg) {
 	}
 	ids, err := DecodeHeartbeat(m.Data)
 	if err != nil {
-		in.m.rejected.WithLabelValues("malformed").Inc()
-		in.replyErr(m, err)
+		// A heartbeat, not an event request: counted as one, and answered
+		// outside the event requests' families (reply).
+		in.m.malformedHeartbeats.Inc()
+		if m.Reply != "" {
+			_ = m.Respond(appendError(nil, codeInvalid, err.Error()))
+		}
 		return
 	}
 	now := time.Now()

@@ -338,6 +338,36 @@ func TestLeaseExpiryOfAWorkerRemovedMeanwhileDoesNothing(t *testing.T) {
 	}
 }
 
+// TestMalformedHeartbeatIsNotAnEventRequest: a heartbeat the leader
+// cannot decode is answered invalid and counted among the heartbeats
+// (kvrouter_worker_heartbeats_malformed_total), not among the event
+// requests, where no well-formed heartbeat counts either. From a review:
+// it counted in kvrouter_events_requests_rejected_total{reason="malformed"}
+// and kvrouter_events_requests_total{outcome="invalid"}.
+func TestMalformedHeartbeatIsNotAnEventRequest(t *testing.T) {
+	tg := newFakeTarget()
+	in, _ := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{})
+	nc := in.cfg.Conn
+	ans, err := nc.Request(DefaultHeartbeatSubject, []byte{1, 2, 3}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var re *ReplyError
+	if _, _, err := decodeReply(ans.Data); !errors.As(err, &re) || re.Code != codeInvalid {
+		t.Fatalf("a malformed heartbeat answered %v, want an invalid request", err)
+	}
+	if _, err := nc.RequestMsg(&nats.Msg{Subject: DefaultHeartbeatSubject, Data: AppendHeartbeat(nil, []uint64{1})}, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	rej, inv := val(in.m.rejected.WithLabelValues("malformed")), val(in.m.requests.WithLabelValues("invalid"))
+	if rej != 0 || inv != 0 {
+		t.Fatalf("after one malformed heartbeat and no event request: events requests rejected{malformed} = %v, requests{invalid} = %v", rej, inv)
+	}
+	if n := val(in.m.malformedHeartbeats); n != 1 {
+		t.Fatalf("kvrouter_worker_heartbeats_malformed_total = %v after one malformed heartbeat, want 1", n)
+	}
+}
+
 // stateTarget is a fakeTarget that holds a cursor of the ranks in
 // cursors (under fakeTarget.mu), as raftfsm.Node.HasCursor says.
 type stateTarget struct {
