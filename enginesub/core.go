@@ -79,18 +79,22 @@ type core struct {
 	// pipe's. Each is a step back below liveLast, already applied or given
 	// up (the new pipe's first batch was read, or replayed, after it): it is
 	// skipped, not taken for a restarted engine's (which would reset the rank
-	// at each one). It is told by its publish time: at or below liveTS, the
-	// ts of batch liveLast, it was published no later than a batch already
-	// read. A restarted engine's batches are published after the restart,
-	// later than any of the old engine's: only a ts above liveTS is evidence
-	// of one. Equal is not: wire.md lets ts come as a float32 (a step every
-	// 128 s at today's Unix times) and the decoder takes whole seconds, so
-	// the old pipe's batches often carry the very ts of the new pipe's.
+	// at each one). It is told by its publish time: below liveTS, the ts of
+	// batch liveLast, it was published before a batch already read, which a
+	// restarted engine's batches never are. Equal is no evidence either way:
+	// wire.md lets ts come as a float32 (a step every 128 s at today's Unix
+	// times) and the decoder takes whole seconds, so an old pipe's batch and
+	// a restarted engine's may both carry liveTS. Such a step back starts an
+	// epoch: a reset the old pipe's batches did not need heals with the
+	// rank's resync, while a restarted engine's batches skipped as an old
+	// pipe's would leave the rank stale until the engine's sequence came
+	// back to liveLast (an engine that restarted while the subscriber was
+	// behind, its batch 0 read, then the old pipe's next batch above it).
 	// Batch 0 always starts an epoch (no old pipe's batch can be 0 after a
 	// later one of the same epoch), and so does the last sequence again
 	// with other bytes, whatever its time: a restarted engine whose first
-	// batches were lost, within the same ts step or on a host whose clock
-	// stepped back, shows there at the latest.
+	// batches were lost, on a host whose clock stepped back, shows there at
+	// the latest.
 	//
 	// liveTS is the ts of batch liveLast, not the highest ever read: one
 	// batch stamped far ahead (a host clock stepped back since) would
@@ -151,7 +155,7 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 	}
 	sum := xxh3.Hash(payload)
 	ts, tsOK := payloadTS(payload)
-	notLater := tsOK && c.liveTSOK && ts <= c.liveTS
+	older := tsOK && c.liveTSOK && ts < c.liveTS
 	// A sequence a replay applied: the live copy of that batch, or, with
 	// other bytes, a restarted engine's batch (the sequence alone cannot
 	// tell them apart when the replay started at 0, nor after a catch-up
@@ -197,7 +201,7 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 		c.m.duplicates.Inc()
 		return nil
 	}
-	if c.bind && !restarted && notLater && seq > 0 && c.liveSeen && seq < c.liveLast && seq < c.next {
+	if c.bind && !restarted && older && seq > 0 && c.liveSeen && seq < c.liveLast && seq < c.next {
 		c.count(func(s *Stats) { s.Duplicates++ })
 		c.m.duplicates.Inc()
 		return nil

@@ -213,15 +213,18 @@ func TestSequenceRules(t *testing.T) {
 			want:  "ev0 ev1 ev2 ev3 ev4 ev5 reset ev0 ev1 ev2 resync:gap ev10 ev11 ev12 ev13"},
 		{name: "bind: past the old epoch's last batch, a reconnect's batches are skipped too", bind: true,
 			steps: steps(live(0, 1, 2), restarted(0, 1, 2, 3, 6, 4, 7)), want: "ev0 ev1 ev2 reset ev0 ev1 ev2 ev3 resync:gap ev6 ev7"},
-		// From a review: with a ts coarser than the batches' spacing, as
-		// wire.md and the decoder allow (a float32 Unix time steps every
-		// 128 s, an integer one every second), the old connection's batches
-		// carried the ts of the newest one read, were not older, and each
-		// reset the rank.
-		{name: "bind: the old connection's batches are skipped with a float32 ts", bind: true,
-			steps: coarse(1.7e9, false, 0, 1, 2, 5, 3, 6, 4, 7), want: "ev0 ev1 ev2 resync:gap ev5 ev6 ev7"},
-		{name: "bind: the old connection's batches are skipped with an integer ts", bind: true,
-			steps: coarse(1.7e9, true, 0, 1, 2, 5, 3, 6, 4, 7), want: "ev0 ev1 ev2 resync:gap ev5 ev6 ev7"},
+		// With a ts coarser than the batches' spacing, as wire.md and the
+		// decoder allow (a float32 Unix time steps every 128 s, an integer
+		// one every second), an old connection's batches carry the ts of
+		// the last one read: not older, each starts an epoch (a review
+		// proved that skipping them left a restarted engine's batches
+		// skipped too: TestBindRestartWhileBehindWithCoarseTS).
+		{name: "bind: the old connection's batches with a float32 ts start epochs", bind: true,
+			steps: coarse(1.7e9, false, 0, 1, 2, 5, 3, 6, 4, 7),
+			want:  "ev0 ev1 ev2 resync:gap ev5 reset resync:gap ev3 resync:gap ev6 reset resync:gap ev4 resync:gap ev7"},
+		{name: "bind: the old connection's batches with an integer ts start epochs", bind: true,
+			steps: coarse(1.7e9, true, 0, 1, 2, 5, 3, 6, 4, 7),
+			want:  "ev0 ev1 ev2 resync:gap ev5 reset resync:gap ev3 resync:gap ev6 reset resync:gap ev4 resync:gap ev7"},
 		{name: "bind: with a coarse ts, a step back to zero starts an epoch", bind: true,
 			steps: coarse(1.7e9, true, 0, 1, 2, 3, 0, 1), want: "ev0 ev1 ev2 ev3 reset ev0 ev1"},
 		{name: "bind: with a coarse ts, a step back at a later ts starts an epoch", bind: true,
@@ -391,6 +394,82 @@ func TestCatchUpOnResume(t *testing.T) {
 			}
 			if got := trace(sink.of(nil)); got != tc.want {
 				t.Fatalf("sink calls:\n got %s\nwant %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestBindRestartWhileBehindWithCoarseTS: in bind mode an engine restarts
+// while the subscriber is behind, within one ts step (the same whole
+// second, or float32 step), and its batch 0 is read: the old connection's
+// next batch, above it, is then a gap, and the restarted engine's next
+// batches step back below it with the same ts. From a review: when an
+// equal ts counted as an old connection's, they were all skipped as
+// duplicates until the engine's sequence came back to the old one's last,
+// and the rank kept the old engine's batches applied after the reset.
+func TestBindRestartWhileBehindWithCoarseTS(t *testing.T) {
+	for _, asInt := range []bool{true, false} {
+		t.Run(fmt.Sprintf("int=%v", asInt), func(t *testing.T) {
+			const oldHash, newHash = 0xab000000, 0xcd000000
+			const T = 1.7e9
+			const lastOld = 1000 // the old engine published 0..1000
+			const read = 997     // the subscriber read 0..997; the old pipe holds 998..1000
+			msg := func(seq, hash uint64, ts float64) [][]byte {
+				p := removedPayload(hash, 0)
+				b := []byte{p[0]}
+				if asInt {
+					b = binary.BigEndian.AppendUint32(append(b, 0xce), uint32(ts))
+				} else {
+					b = binary.BigEndian.AppendUint32(append(b, 0xca), math.Float32bits(float32(ts)))
+				}
+				return [][]byte{{}, seqFrame(seq), append(b, p[10:]...)}
+			}
+			sink := &recSink{}
+			c := newCore(t, sink, nil)
+			c.bind = true
+			feed := func(m [][]byte) {
+				if err := c.live(bg, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for s := uint64(0); s <= read; s++ {
+				feed(msg(s, oldHash+s, T+float64(s)*0.01))
+			}
+			// The restarted engine (new pipe) and the old pipe, read in turn.
+			ts := T + 10.5
+			newSeq := uint64(0)
+			for s := uint64(read + 1); s <= lastOld; s++ {
+				feed(msg(newSeq, newHash+newSeq, ts))
+				newSeq++
+				feed(msg(s, oldHash+s, T+float64(s)*0.01))
+			}
+			for ; newSeq < 50; newSeq++ { // the old pipe is drained
+				feed(msg(newSeq, newHash+newSeq, ts))
+			}
+			calls := sink.of(nil)
+			last := -1
+			for i, cl := range calls {
+				if cl.kind == "reset" {
+					last = i
+				}
+			}
+			var newAfter, oldAfter int
+			for _, cl := range calls[last+1:] {
+				if cl.kind != "ev" {
+					continue
+				}
+				if cl.events[0].Removed[0] >= newHash {
+					newAfter++
+				} else {
+					oldAfter++
+				}
+			}
+			// The new engine's batches 3..49, read after the old pipe's
+			// last, reach the sink after the last reset, and none of the
+			// old engine's after it.
+			if st := c.Stats(); oldAfter != 0 || newAfter < 47 {
+				t.Fatalf("after the last reset the sink got %d old-engine and %d new-engine batches, want 0 and >= 47 (the restarted engine's batches 3..49); stats %+v",
+					oldAfter, newAfter, st)
 			}
 		})
 	}

@@ -35,13 +35,13 @@
 //     below the last sequence seen. Each was applied already, or given up
 //     (the new connection's first batch showed the gap first), and is
 //     skipped as a duplicate, not taken for a restarted engine's. It is told
-//     by its publish time (the payload's ts): not later than the batch of
-//     the last sequence read live, it was published no later than a batch
-//     already read, while a restarted engine's batches are published after
-//     the old engine's (an equal ts is no evidence of a restart: a ts sent
-//     as a float32 or in whole seconds is the same for batches published
-//     apart). A step back to 0, one whose ts cannot be read, one later, and
-//     the last sequence again with other bytes start an epoch as above.
+//     by its publish time (the payload's ts): older than the batch of the
+//     last sequence read live, it was published before a batch already
+//     read, which a restarted engine's never are. A step back to 0, one
+//     whose ts cannot be read, one not older (an equal ts too: a float32 or
+//     whole-second ts is the same for batches published apart, an old
+//     connection's and a restarted engine's alike), and the last sequence
+//     again with other bytes start an epoch as above.
 //   - A live message of a sequence the last replay applied is told apart by
 //     its bytes (a fingerprint of each replayed payload is kept until the
 //     live stream passes them): the same bytes are that batch's live copy, a
@@ -89,15 +89,16 @@
 // the two epochs' batches. In bind mode, a publish time tells an old
 // connection's batch from a restarted engine's only as finely as the engine
 // sends it: a float32 ts changes every 128 s at today's Unix times, an
-// integer one every second. A restarted engine whose batch 0 was lost, and
-// whose next batches carry the ts of the last batch read before the restart
-// (the same step) or an earlier one (a host clock stepped back), has them
-// skipped as an old connection's until it reaches the last sequence seen,
-// which starts the epoch (and a replay from 0) when its bytes differ; past
-// it, it is the gap above. Without a readable ts nothing tells the two
-// apart, and each of an old connection's batches starts an epoch: a bound
-// subscriber that falls behind and is reconnected resets and resyncs the
-// rank at each turn of the two connections. An engine that restarts while
+// integer one every second. An old connection's batch with the ts of the
+// last batch read (the same step), or with none, starts an epoch, as a
+// restarted engine's would: a bound subscriber that falls behind and is
+// reconnected then resets and resyncs the rank at each turn of the two
+// connections (taking such a batch for an old connection's would leave the
+// rank stale when it was a restarted engine's). A restarted engine whose
+// batch 0 was lost, on a host whose clock stepped back across the restart,
+// has its batches skipped as an old connection's until it reaches the last
+// sequence seen, which starts the epoch (and a replay from 0) when its
+// bytes differ; past it, it is the gap above. An engine that restarts while
 // a bound subscriber is behind interleaves the two epochs' batches: the
 // rank is reset and resynced at each turn, and is right again from the
 // first of the new engine's batches read after the old connection's last.
