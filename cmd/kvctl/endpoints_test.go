@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -207,5 +208,93 @@ func TestARestoreToANodeThatStopsReadingEnds(t *testing.T) {
 	r := h.run(t, "--endpoints", srv.Listener.Addr().String(), "--timeout", "2s", "snapshot", "restore", file).wantCode(t, 1)
 	if !strings.Contains(r.stderr, "stopped reading the upload") || !strings.Contains(r.stderr, "nothing was installed") || strings.Contains(r.stderr, "may have applied") {
 		t.Fatalf("stderr = %q, want the node stopped reading, and nothing installed", r.stderr)
+	}
+}
+
+// readingHungAddr is a node that accepts connections and reads what is
+// sent, but never answers; posts counts the restore uploads it was sent.
+func readingHungAddr(t *testing.T, posts *atomic.Int64) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	var wg sync.WaitGroup
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				buf := make([]byte, 4096)
+				var seen []byte
+				for {
+					n, err := c.Read(buf)
+					seen = append(seen, buf[:n]...)
+					if strings.Contains(string(seen), "POST /v1/snapshot/restore") {
+						posts.Add(1)
+						seen = nil
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// TestARestoreIsNotSentToAnEndpointThatFailedTheProbe: an online restore
+// goes only to the endpoints that answered its readiness probe. When the
+// one that answered refuses it (503 no_leader), the restore fails at once,
+// exit 1, with that refusal. From a review: the client moved on to the
+// other endpoints, the one the probe had found hung included; the upload
+// fitted in the connection's buffers, kvctl waited a minute for an answer
+// (restoreAnswerWait, far past --timeout) and then said the restore "may
+// have applied", though the only node that answered had refused it.
+func TestARestoreIsNotSentToAnEndpointThatFailedTheProbe(t *testing.T) {
+	c := newCluster(t)
+	file := filepath.Join(t.TempDir(), "a.snap")
+	kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file).wantCode(t, 0)
+
+	noLeader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, `{"error":"no leader","reason":%q}`+"\n", api.ReasonNoLeader)
+	}))
+	defer noLeader.Close()
+	var posts atomic.Int64
+	hung := readingHungAddr(t, &posts)
+
+	start := time.Now()
+	r := runBounded(t, 3*time.Minute, "--endpoints", hung+","+noLeader.Listener.Addr().String(), "--timeout", "2s", "snapshot", "restore", file)
+	took := time.Since(start)
+	r.wantCode(t, 1)
+	if n := posts.Load(); n > 0 {
+		t.Errorf("the endpoint that failed the readiness probe was sent the upload (%d POST /v1/snapshot/restore)", n)
+	}
+	if took > 30*time.Second { // a hang deadline: the answer wait is a minute
+		t.Errorf("took %v with --timeout 2s", took.Round(time.Second))
+	}
+	if !strings.Contains(r.stderr, "no leader") || strings.Contains(r.stderr, "may have applied") {
+		t.Errorf("stderr = %q, want the node's no leader, and not that the restore may have applied", r.stderr)
 	}
 }

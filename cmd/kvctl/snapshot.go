@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api/client"
@@ -72,9 +73,10 @@ func snapshotCommand(e *env) *cli.Command {
 				Usage:     "install FILE on the running cluster, or seed a new node's data directory with it",
 				ArgsUsage: "FILE",
 				Description: "Online (no --data-dir): the file is verified here, uploaded to the first node that\n" +
-					"answers (none: nothing is sent) and installed through Raft on every node; it replaces\n" +
-					"the whole state of the cluster. A damaged file is refused and the cluster keeps its\n" +
-					"state, as it does when the node reads none of the upload for --timeout. Once the\n" +
+					"answers a readiness probe (never to one that did not; none: nothing is sent) and\n" +
+					"installed through Raft on every node; it replaces the whole state of the cluster. A\n" +
+					"damaged file is refused and the cluster keeps its state, as it does when the node\n" +
+					"reads none of the upload for --timeout. Once the\n" +
 					"upload went out whole, kvctl waits for the answer at most a minute plus a second per\n" +
 					"MiB of the file, and the cluster goes on with it even if kvctl stops waiting (that\n" +
 					"bound, --max-time, Ctrl-C): kvctl then says the outcome is unknown; see kvctl status\n" +
@@ -311,9 +313,9 @@ func snapshotRestore(c *cli.Context, e *env, path string) error {
 	}
 	// The answer comes only once the cluster has installed the snapshot,
 	// which may take long, and a node that never reads the upload stalls
-	// it for good: so the upload goes first to a node that answers, and
-	// to none when none does.
-	eps, err := answeringFirst(c)
+	// it for good: so the upload goes only to nodes that answer, and to
+	// none when none does.
+	eps, err := answering(c)
 	if err != nil {
 		return err
 	}
@@ -370,42 +372,79 @@ func restoreAnswerWait(size int64) time.Duration {
 	return time.Minute + time.Duration(size>>20)*time.Second
 }
 
-// answeringFirst returns --endpoints with the first one that answers a
-// readiness probe (ready or not) within attemptTimeout moved to the front,
-// or an error wrapping client.ErrUnreachable when none answers: the
-// upload then goes nowhere. That error also wraps the first certificate
-// refusal among the probes' errors, as the client's own errors do, so that
-// explain gives the advice other commands give (client.CertificateHint).
-func answeringFirst(c *cli.Context) ([]string, error) {
-	eps := endpointsArg(c)
-	var errs []string
-	var certErr *tls.CertificateVerificationError
-	for i, ep := range eps {
+// answering probes every endpoint of --endpoints at once for readiness
+// and returns, in their order, those that answered (ready or not) within
+// attemptTimeout, or an error wrapping client.ErrUnreachable when none
+// did: the upload then goes nowhere. The restore's client knows only
+// those: when the first refuses the upload (no leader, stopping) the
+// client tries the next, and one the probe found hung would take the
+// upload into its buffers and hold kvctl for the answer's wait, to end in
+// an outcome unknown though no node had read it. A follower that answered
+// stays: it forwards the upload to its leader. The error also wraps the
+// first certificate refusal among the probes' errors, as the client's own
+// errors do, so that explain gives the advice other commands give
+// (client.CertificateHint).
+func answering(c *cli.Context) ([]string, error) {
+	// --endpoints is checked whole first, as every command checks it; a
+	// blank entry (a trailing comma) is none, as for the client.
+	all, err := newClientWith(c, endpointsArg(c), attemptTimeout(c), attemptTimeout(c))
+	if err != nil {
+		return nil, err
+	}
+	all.Close()
+	var eps []string
+	var clients []*client.Client
+	defer func() {
+		for _, cl := range clients {
+			cl.Close()
+		}
+	}()
+	for _, ep := range endpointsArg(c) {
+		if strings.TrimSpace(ep) == "" {
+			continue
+		}
 		cl, err := newClientWith(c, []string{ep}, attemptTimeout(c), attemptTimeout(c))
 		if err != nil {
 			return nil, err
 		}
-		ctx, cancel := context.WithTimeout(c.Context, attemptTimeout(c))
-		_, err = cl.Ready(ctx)
-		cancel()
-		cl.Close()
+		eps, clients = append(eps, ep), append(clients, cl)
+	}
+	probes := make([]error, len(eps))
+	var wg sync.WaitGroup
+	for i, cl := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(c.Context, attemptTimeout(c))
+			defer cancel()
+			_, probes[i] = cl.Ready(ctx)
+		}()
+	}
+	wg.Wait()
+	if c.Context.Err() != nil {
+		return nil, fmt.Errorf("snapshot restore: %w; nothing was sent to the cluster", c.Context.Err())
+	}
+	var ok, errs []string
+	var certErr *tls.CertificateVerificationError
+	for i, err := range probes {
 		var ae *client.Error
-		if err == nil || errors.As(err, &ae) {
-			return append(append([]string{ep}, eps[:i]...), eps[i+1:]...), nil
-		}
-		if c.Context.Err() != nil {
-			return nil, fmt.Errorf("snapshot restore: %w; nothing was sent to the cluster", c.Context.Err())
+		switch {
+		case err == nil || errors.As(err, &ae):
+			ok = append(ok, eps[i])
+			continue
+		case errors.Is(err, context.DeadlineExceeded):
+			errs = append(errs, eps[i]+": no answer")
+		default:
+			errs = append(errs, oneLine(err.Error()))
 		}
 		if certErr == nil {
 			errors.As(err, &certErr)
 		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			errs = append(errs, ep+": no answer")
-		} else {
-			errs = append(errs, oneLine(err.Error()))
-		}
 	}
-	err := fmt.Errorf("snapshot restore: no endpoint answered a readiness probe within %v (%s): %w; nothing was sent to the cluster",
+	if len(ok) > 0 {
+		return ok, nil
+	}
+	err = fmt.Errorf("snapshot restore: no endpoint answered a readiness probe within %v (%s): %w; nothing was sent to the cluster",
 		attemptTimeout(c), strings.Join(errs, "; "), client.ErrUnreachable)
 	if certErr != nil {
 		return nil, &causedError{error: err, cause: certErr}
