@@ -536,7 +536,7 @@ func TestASecondNodeOnTheDataDirIsRefused(t *testing.T) {
 		t.Fatalf("the running node's fsm.restore: %v", err)
 	}
 	// Nor can an offline restore seed it (kvctl snapshot restore --data-dir).
-	if err := SeedDataDir(filepath.Join(t.TempDir(), "none.snap"), c.dirs[0], "n1", c.peers()); !errors.Is(err, ErrDataDirInUse) {
+	if err := SeedDataDir(context.Background(), filepath.Join(t.TempDir(), "none.snap"), c.dirs[0], "n1", c.peers()); !errors.Is(err, ErrDataDirInUse) {
 		t.Fatalf("seeding a data directory a node holds: %v, want ErrDataDirInUse", err)
 	}
 	// Closed, the node lets the directory go.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -675,8 +676,9 @@ func syncDir(dir string) error {
 // while the seeded nodes are a majority). It refuses a directory that already holds node
 // state (fsm/, raft/, a Raft snapshot), and leaves alone the files that
 // are not a node's (a mount point's lost+found/): the directory need not
-// be empty.
-func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
+// be empty. Once ctx ends the file's reads fail with its error, and the
+// seed ends without an fsm/, as a refused one does.
+func SeedDataDir(ctx context.Context, snapshotPath, dataDir, nodeID string, peers []Member) error {
 	if nodeID == "" || len(peers) == 0 {
 		return fmt.Errorf("%w: seeding needs a node id and the peers", ErrInvalid)
 	}
@@ -707,9 +709,10 @@ func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 		return err
 	}
 	defer f.Close()
+	r := ctxReader{ctx: ctx, r: f}
 	// Checked whole first, so that a stream the nodes could not load is
 	// refused here rather than at their first start.
-	if _, err := checkSnapshot(f, indexer.New(indexer.Config{})); err != nil {
+	if _, err := checkSnapshot(r, indexer.New(indexer.Config{})); err != nil {
 		return err
 	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
@@ -723,7 +726,7 @@ func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 	// The new cluster's member table comes from its own leaders, not from
 	// the cluster the snapshot was taken on.
 	dir := filepath.Join(dataDir, "fsm")
-	if _, err = loadSnapshot(f, dir+".restore", true, true, slog.New(slog.DiscardHandler), nil); err != nil {
+	if _, err = loadSnapshot(r, dir+".restore", true, true, slog.New(slog.DiscardHandler), nil); err != nil {
 		return err
 	}
 	if err := seedRaftSnapshot(dataDir, dir+".restore", peers); err != nil {
@@ -736,6 +739,21 @@ func SeedDataDir(snapshotPath, dataDir, nodeID string, peers []Member) error {
 	// The new fsm/ entry is durable too: without it a power loss could
 	// leave an empty directory, and the node would start with no state.
 	return syncDir(dataDir)
+}
+
+// ctxReader is a reader whose reads fail with ctx's error once ctx ends:
+// a long read of a local file (a seed from a file of many GiB) stops at
+// an interrupt.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 // seedIndex and seedTerm are the Raft index and term of a seeded state:

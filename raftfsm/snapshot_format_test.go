@@ -354,7 +354,7 @@ func TestSeedDataDirChecksTheStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(t.TempDir(), "node")
-	if err := SeedDataDir(bad, dir, "n1", peers); !errors.Is(err, ErrBadSnapshot) {
+	if err := SeedDataDir(context.Background(), bad, dir, "n1", peers); !errors.Is(err, ErrBadSnapshot) {
 		t.Fatalf("seed from an inconsistent stream: %v, want ErrBadSnapshot", err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "fsm")); !os.IsNotExist(err) {
@@ -377,7 +377,7 @@ func TestSeedDataDirChecksTheStream(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(half, "000001.sst"), []byte("half"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := SeedDataDir(good, dir, "n1", peers); err != nil {
+	if err := SeedDataDir(context.Background(), good, dir, "n1", peers); err != nil {
 		t.Fatalf("seed after a killed one: %v", err)
 	}
 	if _, err := os.Stat(half); !os.IsNotExist(err) {
@@ -387,6 +387,35 @@ func TestSeedDataDirChecksTheStream(t *testing.T) {
 	defer g.Close()
 	if g.Digest() != f.Digest() {
 		t.Fatalf("seeded digest %#x, want %#x", g.Digest(), f.Digest())
+	}
+}
+
+// TestAnInterruptedSeedWritesNoState: a seed whose context ended (kvctl
+// interrupted) stops reading the file, returns the context's error, and
+// leaves no state in the directory, neither fsm/ nor its half-built
+// fsm.restore. From a review: the seed never looked at the context, so
+// Ctrl-C was swallowed until it had written the whole state.
+func TestAnInterruptedSeedWritesNoState(t *testing.T) {
+	peers := []Member{{ID: "n1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}}
+	_, snap := fixtureSnapshot(t)
+	good := filepath.Join(t.TempDir(), "good.snap")
+	if err := os.WriteFile(good, snap, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "node")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := SeedDataDir(ctx, good, dir, "n1", peers); !errors.Is(err, context.Canceled) {
+		t.Fatalf("seed with its context ended: %v, want context.Canceled", err)
+	}
+	for _, sub := range []string{"fsm", "fsm.restore", "snapshots"} {
+		if _, err := os.Stat(filepath.Join(dir, sub)); !os.IsNotExist(err) {
+			t.Errorf("an interrupted seed left %s/%s (%v)", dir, sub, err)
+		}
+	}
+	// The directory takes a seed afterwards.
+	if err := SeedDataDir(context.Background(), good, dir, "n1", peers); err != nil {
+		t.Fatalf("seed after an interrupted one: %v", err)
 	}
 }
 
@@ -405,7 +434,7 @@ func TestSeedIsTheClustersFirstRaftSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(t.TempDir(), "node")
-	if err := SeedDataDir(good, dir, "n1", peers); err != nil {
+	if err := SeedDataDir(context.Background(), good, dir, "n1", peers); err != nil {
 		t.Fatal(err)
 	}
 	snaps, err := raft.NewFileSnapshotStore(dir, 2, io.Discard)
@@ -456,7 +485,7 @@ func TestSeedDataDirRefusesRaftSnapshots(t *testing.T) {
 	if err := os.MkdirAll(old, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := SeedDataDir(good, dir, "n1", peers); !errors.Is(err, ErrInvalid) {
+	if err := SeedDataDir(context.Background(), good, dir, "n1", peers); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("seed into a directory holding a Raft snapshot: %v, want ErrInvalid", err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "fsm")); !os.IsNotExist(err) {
@@ -465,7 +494,7 @@ func TestSeedDataDirRefusesRaftSnapshots(t *testing.T) {
 	if err := os.Remove(old); err != nil {
 		t.Fatal(err)
 	}
-	if err := SeedDataDir(good, dir, "n1", peers); err != nil {
+	if err := SeedDataDir(context.Background(), good, dir, "n1", peers); err != nil {
 		t.Fatalf("seed into a directory with an empty snapshots/: %v", err)
 	}
 }
@@ -490,7 +519,7 @@ func TestSeedDataDirLeavesOtherFilesAlone(t *testing.T) {
 	if err := os.WriteFile(note, []byte("kvrouter n1"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := SeedDataDir(good, dir, "n1", peers); err != nil {
+	if err := SeedDataDir(context.Background(), good, dir, "n1", peers); err != nil {
 		t.Fatalf("seed into a directory with lost+found/ and a README: %v", err)
 	}
 	if b, err := os.ReadFile(note); err != nil || string(b) != "kvrouter n1" {
@@ -657,7 +686,7 @@ func seedFixture(t *testing.T, peersFor func(addr string) []Member) (uint64, str
 		t.Fatal(err)
 	}
 	dir := filepath.Join(t.TempDir(), "n1")
-	if err := SeedDataDir(file, dir, "n1", peersFor(addr)); err != nil {
+	if err := SeedDataDir(context.Background(), file, dir, "n1", peersFor(addr)); err != nil {
 		t.Fatal(err)
 	}
 	return f.Digest(), dir, c, []Member{{ID: "n1", RaftAddr: addr, HTTPAddr: "http-n1"}}
@@ -803,7 +832,7 @@ func TestUnseededPeerGetsTheSeedBySnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 2; i++ { // n3 is not seeded
-		if err := SeedDataDir(file, c.dirs[i], c.id(i), c.peers()); err != nil {
+		if err := SeedDataDir(context.Background(), file, c.dirs[i], c.id(i), c.peers()); err != nil {
 			t.Fatal(err)
 		}
 	}

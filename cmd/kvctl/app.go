@@ -24,7 +24,44 @@ type env struct {
 	stdin          io.Reader
 	terminal       bool // stderr is a terminal: long operations show progress there
 	inspect        func(r io.Reader) (raftfsm.SnapshotInfo, error)
-	seed           func(snapshotPath, dataDir, nodeID string, peers []raftfsm.Member) error
+	seed           func(ctx context.Context, snapshotPath, dataDir, nodeID string, peers []raftfsm.Member) error
+}
+
+// ctxReader is a reader whose reads fail with ctx's error once ctx ends:
+// a long read of a local file (a snapshot of many GiB) stops at an
+// interrupt, which ends run's context.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
+
+// readAll reads r to its end, or until ctx ends: a read that blocks
+// (stdin from a terminal, a producer that stalled, a FIFO) does not hold
+// kvctl past an interrupt. Such a read goes on, abandoned, until r gives
+// something or ends; kvctl exits meanwhile.
+func readAll(ctx context.Context, r io.Reader) ([]byte, error) {
+	type read struct {
+		data []byte
+		err  error
+	}
+	done := make(chan read, 1)
+	go func() {
+		data, err := io.ReadAll(r)
+		done <- read{data, err}
+	}()
+	select {
+	case rd := <-done:
+		return rd.data, rd.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // Exit codes.

@@ -61,7 +61,7 @@ func runBounded(t *testing.T, d time.Duration, args ...string) result {
 	defer cancel()
 	var out, errb bytes.Buffer
 	e := &env{stdout: &out, stderr: &errb, stdin: strings.NewReader(""), inspect: apitest.InspectSnapshot,
-		seed: func(string, string, string, []raftfsm.Member) error { return nil }}
+		seed: func(context.Context, string, string, string, []raftfsm.Member) error { return nil }}
 	code := run(ctx, append([]string{"kvctl"}, args...), e)
 	return result{stdout: out.String(), stderr: errb.String(), code: code}
 }

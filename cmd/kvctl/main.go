@@ -19,7 +19,13 @@ import (
 )
 
 func main() {
+	// The first SIGINT or SIGTERM ends run's context: kvctl stops what it
+	// does (a transfer, a read of a file or of stdin) and says
+	// "interrupted", exit 1. The next one kills it, as Go's default
+	// handling would have: a step that does not look at the context
+	// (an output pipe that nothing drains) cannot hold kvctl.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	context.AfterFunc(ctx, stop)
 	code := run(ctx, os.Args, &env{
 		stdout:   os.Stdout,
 		stderr:   os.Stderr,

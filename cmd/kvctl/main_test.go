@@ -134,7 +134,7 @@ func (h *harness) run(t *testing.T, args ...string) result {
 	e := &env{
 		stdout: &out, stderr: &errb, stdin: strings.NewReader(h.stdin), terminal: h.terminal,
 		inspect: inspect,
-		seed: func(snapshot, dir, id string, peers []raftfsm.Member) error {
+		seed: func(_ context.Context, snapshot, dir, id string, peers []raftfsm.Member) error {
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			h.seeds = append(h.seeds, seedCall{snapshot, dir, id, peers})
@@ -550,6 +550,60 @@ func TestRoute(t *testing.T) {
 	}
 }
 
+// startedReader is a reader that closes started at its first Read.
+type startedReader struct {
+	r       io.Reader
+	started chan struct{}
+	once    sync.Once
+}
+
+func (s *startedReader) Read(p []byte) (int, error) {
+	s.once.Do(func() { close(s.started) })
+	return s.r.Read(p)
+}
+
+// TestAnInterruptStopsReadingTokensFromStdin: an interrupt (run's context
+// ended, as main ends it at SIGINT or SIGTERM) while "route --tokens -"
+// waits on stdin ends kvctl, exit 1, "kvctl: interrupted". From a review:
+// signal.NotifyContext stops Go's default handling of the signals, and the
+// read never looked at the context: kvctl waiting on a terminal, or on a
+// producer that stalled, ignored Ctrl-C and a supervisor's SIGTERM alike,
+// and once stdin ended it routed as if nothing had happened.
+func TestAnInterruptStopsReadingTokensFromStdin(t *testing.T) {
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	stdin := &startedReader{r: pr, started: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errb bytes.Buffer
+	e := &env{stdout: &out, stderr: &errb, stdin: stdin, inspect: apitest.InspectSnapshot,
+		seed: func(context.Context, string, string, string, []raftfsm.Member) error { return nil }}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"kvctl", "--endpoints", deadAddr(t), "route", "--tokens", "-"}, e)
+	}()
+	select {
+	case <-stdin.started:
+	case code := <-done:
+		t.Fatalf("exit %d before reading stdin: %s", code, errb.String())
+	case <-time.After(time.Minute):
+		t.Fatal("kvctl never read stdin")
+	}
+	cancel() // Ctrl-C
+	select {
+	case code := <-done:
+		if code != 1 || !strings.Contains(errb.String(), "kvctl: interrupted") {
+			t.Fatalf("exit %d, stderr %q; want 1 and kvctl: interrupted", code, errb.String())
+		}
+	case <-time.After(time.Minute):
+		// The producer goes on: kvctl reads it and routes, interrupt or not.
+		pw.Write([]byte("1 2 3\n"))
+		pw.Close()
+		code := <-done
+		t.Fatalf("still reading stdin a minute after the interrupt; once stdin ended: exit %d, stderr %q", code, strings.TrimSpace(errb.String()))
+	}
+}
+
 func TestRouteOverloadedShowsWhyAndFails(t *testing.T) {
 	c := newCluster(t)
 	c.registerWorkers(t)
@@ -807,6 +861,55 @@ func TestSnapshotInspect(t *testing.T) {
 	}
 	kvctl(t, "snapshot", "inspect").wantCode(t, 2)
 	kvctl(t, "snapshot", "inspect", filepath.Join(t.TempDir(), "none")).wantCode(t, 1)
+}
+
+// TestAnInterruptStopsReadingASnapshotFile: an interrupt while kvctl reads
+// a snapshot file here (inspect, the check before an online restore, the
+// check before a seed) ends the command, exit 1, "kvctl: interrupted",
+// and nothing is sent or seeded. From a review: those reads never looked
+// at the context, so Ctrl-C was swallowed and the command, once done,
+// reported success. slowInspect stands for the node's reader over a file
+// of many GiB: it is still reading when Ctrl-C comes.
+func TestAnInterruptStopsReadingASnapshotFile(t *testing.T) {
+	c := newCluster(t)
+	file := filepath.Join(t.TempDir(), "a.snap")
+	kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file).wantCode(t, 0)
+	peers := "n1=127.0.0.1:7000=127.0.0.1:7080"
+	for _, cmd := range [][]string{
+		{"snapshot", "inspect", file},
+		{"snapshot", "restore", file},
+		{"snapshot", "restore", file, "--data-dir", t.TempDir(), "--node-id", "n1", "--peers", peers},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		started := make(chan struct{})
+		slowInspect := func(r io.Reader) (raftfsm.SnapshotInfo, error) {
+			close(started)
+			select { // reading a large file, and Ctrl-C comes meanwhile
+			case <-ctx.Done():
+			case <-time.After(time.Minute):
+			}
+			return apitest.InspectSnapshot(r)
+		}
+		var out, errb bytes.Buffer
+		var seeds atomic.Int64
+		e := &env{stdout: &out, stderr: &errb, stdin: strings.NewReader(""), inspect: slowInspect,
+			seed: func(context.Context, string, string, string, []raftfsm.Member) error { seeds.Add(1); return nil }}
+		done := make(chan int, 1)
+		go func() { done <- run(ctx, append([]string{"kvctl", "--endpoints", c.endpoints()}, cmd...), e) }()
+		select {
+		case <-started:
+		case code := <-done:
+			t.Fatalf("%v: exit %d before reading the file: %s", cmd, code, errb.String())
+		}
+		cancel() // Ctrl-C
+		code := <-done
+		if code != 1 || !strings.Contains(errb.String(), "kvctl: interrupted") {
+			t.Errorf("%v interrupted: exit %d, stdout %q, stderr %q; want 1 and kvctl: interrupted", cmd, code, out.String(), errb.String())
+		}
+		if n, r := seeds.Load(), c.leader().Restores(); n != 0 || r != 0 {
+			t.Errorf("%v interrupted: %d seed(s), %d restore(s); want none", cmd, n, r)
+		}
+	}
 }
 
 func TestSnapshotRestoreOnline(t *testing.T) {

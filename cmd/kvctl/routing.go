@@ -161,7 +161,7 @@ func routeRequest(c *cli.Context, e *env) (api.RouteRequest, error) {
 	case tokens == "" && hashes == "":
 		return req, usagef("route needs --tokens FILE or --hashes h1,h2,...; see kvctl route --help")
 	case tokens != "":
-		ids, err := readTokens(tokens, e.stdin)
+		ids, err := readTokens(c.Context, tokens, e.stdin)
 		if err != nil {
 			return req, err
 		}
@@ -187,18 +187,22 @@ func routeRequest(c *cli.Context, e *env) (api.RouteRequest, error) {
 	return req, nil
 }
 
-// readTokens reads token ids from a file ("-": r): a JSON array, or
+// readTokens reads token ids from a file ("-": stdin): a JSON array, or
 // integers separated by white space or commas. Content that holds no token
 // ids is a usage error (exit 2), as a bad --hashes is: the user gave it; a
-// file that cannot be read is an error (exit 1).
-func readTokens(path string, stdin io.Reader) ([]uint32, error) {
-	var data []byte
-	var err error
-	if path == "-" {
-		data, err = io.ReadAll(stdin)
-	} else {
-		data, err = os.ReadFile(path)
+// file that cannot be read is an error (exit 1), and so is ctx's end
+// before the file's (an interrupt).
+func readTokens(ctx context.Context, path string, stdin io.Reader) ([]uint32, error) {
+	r := stdin
+	if path != "-" {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("--tokens: %w", err)
+		}
+		defer f.Close()
+		r = f
 	}
+	data, err := readAll(ctx, r)
 	if err != nil {
 		return nil, fmt.Errorf("--tokens: %w", err)
 	}

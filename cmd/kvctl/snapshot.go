@@ -61,7 +61,7 @@ func snapshotCommand(e *env) *cli.Command {
 						return err
 					}
 					path := c.Args().First()
-					info, err := inspectFile(e, path)
+					info, err := inspectFile(c.Context, e, path)
 					if err != nil {
 						return err
 					}
@@ -214,7 +214,7 @@ func snapshotSave(c *cli.Context, e *env, path string) (err error) {
 		return fmt.Errorf("close %s: %w", part, err)
 	}
 
-	info, err := inspectFile(e, part)
+	info, err := inspectFile(c.Context, e, part)
 	if err != nil {
 		return fmt.Errorf("the snapshot from %s does not verify: %w; nothing was saved, retry", hostOf(res.Endpoint), err)
 	}
@@ -261,14 +261,15 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
-// inspectFile verifies a snapshot file with the node's own reader.
-func inspectFile(e *env, path string) (raftfsm.SnapshotInfo, error) {
+// inspectFile verifies a snapshot file with the node's own reader; the
+// read stops once ctx ends (an interrupt), failing with ctx's error.
+func inspectFile(ctx context.Context, e *env, path string) (raftfsm.SnapshotInfo, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return raftfsm.SnapshotInfo{}, err
 	}
 	defer f.Close()
-	info, err := e.inspect(bufio.NewReaderSize(f, 1<<20))
+	info, err := e.inspect(bufio.NewReaderSize(ctxReader{ctx: ctx, r: f}, 1<<20))
 	if err != nil {
 		return info, fmt.Errorf("%s: %w", path, err)
 	}
@@ -299,7 +300,7 @@ func printSnapshotInfo(c *cli.Context, e *env, path string, info raftfsm.Snapsho
 
 // snapshotRestore verifies the file here, then uploads it to the cluster.
 func snapshotRestore(c *cli.Context, e *env, path string) error {
-	if _, err := inspectFile(e, path); err != nil {
+	if _, err := inspectFile(c.Context, e, path); err != nil {
 		return fmt.Errorf("%w; nothing was sent to the cluster", err)
 	}
 	f, err := os.Open(path)
@@ -479,11 +480,11 @@ func snapshotSeed(c *cli.Context, e *env, path string) error {
 	if !slices.ContainsFunc(peers, func(m raftfsm.Member) bool { return m.ID == id }) {
 		return usagef("--node-id %q is not one of --peers", id)
 	}
-	info, err := inspectFile(e, path)
+	info, err := inspectFile(c.Context, e, path)
 	if err != nil {
 		return fmt.Errorf("%w; nothing was written to %s", err, dir)
 	}
-	if err := e.seed(path, dir, id, peers); err != nil {
+	if err := e.seed(c.Context, path, dir, id, peers); err != nil {
 		return fmt.Errorf("seed %s: %w", dir, err)
 	}
 	if jsonOut(c) {
