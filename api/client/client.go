@@ -165,7 +165,7 @@ func New(endpoints []string, opts Options) (*Client, error) {
 		}
 		base, err := baseURL(e, scheme)
 		if err != nil {
-			return nil, fmt.Errorf("endpoint %q: %w", e, err)
+			return nil, fmt.Errorf("endpoint %q: %w", RedactEndpoint(e), err)
 		}
 		c.endpoints = append(c.endpoints, base)
 	}
@@ -192,10 +192,51 @@ func New(endpoints []string, opts Options) (*Client, error) {
 // CheckEndpoint says what is wrong with e as an endpoint of New (nil when
 // nothing is), in the words New uses after "endpoint %q: ": a caller that
 // checks its endpoints before it starts (kvrouter --join) refuses what
-// New would.
+// New would. Its words quote nothing of e that could be a password; a
+// caller that names e shows it as RedactEndpoint does.
 func CheckEndpoint(e string) error {
 	_, err := baseURL(strings.TrimSpace(e), "http")
 	return err
+}
+
+// RedactEndpoint returns an endpoint as given with the password of its
+// user information hidden (user:xxxxx@host, as url.URL.Redacted writes
+// it), for messages: New refuses user information, and its error must not
+// show the password of an endpoint written with one (a proxy's URL). It
+// reads the text, not a parse, so that nothing of a password shows
+// whatever the input: one that holds an unescaped / ? # % @ or space,
+// which url.Parse reads as the end of the host or refuses, is hidden too.
+// The user information runs from the scheme's "://" (or e's start) to e's
+// last '@', and its password from its first ':'. A password cut by a ','
+// of a list reads as two entries, and the part before the ',' holds no
+// '@': that part shows as given.
+func RedactEndpoint(e string) string {
+	start := 0
+	if scheme, _, ok := strings.Cut(e, "://"); ok && isScheme(scheme) {
+		start = len(scheme) + len("://")
+	}
+	at := strings.LastIndex(e[start:], "@")
+	if at < 0 {
+		return e
+	}
+	user, _, hasPassword := strings.Cut(e[start:start+at], ":")
+	if !hasPassword {
+		return e
+	}
+	return e[:start] + user + ":xxxxx" + e[start+at:]
+}
+
+// isScheme reports whether s reads as a URL's scheme (RFC 3986: a letter,
+// then letters, digits, + - .): the text before a "://" in a password
+// (admin:p://w@h) is none.
+func isScheme(s string) bool {
+	for i, r := range s {
+		letter := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z'
+		if !letter && (i == 0 || !(r >= '0' && r <= '9' || r == '+' || r == '-' || r == '.')) {
+			return false
+		}
+	}
+	return s != ""
 }
 
 func baseURL(e, scheme string) (string, error) {
@@ -206,9 +247,16 @@ func baseURL(e, scheme string) (string, error) {
 			// An IPv6 zone written as it is (http://[fe80::1%eth0]:7080),
 			// as a plain endpoint takes it, is no URL (its % would be
 			// %25): the rest is then a plain host:port, of that scheme.
+			// url.Parse's error quotes the endpoint, which the caller
+			// names already, and the text it refuses: a password's when
+			// the endpoint has user information ("invalid port \":pa\""
+			// of http://u:pa#ss@h:1), and then none of it is shown.
 			var perr error
 			if u, perr = hostPortURL(strings.ToLower(s), rest); perr != nil {
-				return "", err
+				if strings.Contains(e, "@") {
+					return "", errors.New("does not parse as a URL: want http(s)://host:port")
+				}
+				return "", unwrapURLError(err)
 			}
 		}
 	} else {
@@ -230,8 +278,10 @@ func baseURL(e, scheme string) (string, error) {
 	if u.Port() == "" {
 		return "", errors.New("no port (want host:port)")
 	}
+	// The port is not quoted: url.Parse reads the digits of a password
+	// written before an unescaped '#' as one (http://u:99999#@h:1).
 	if p, err := strconv.ParseUint(u.Port(), 10, 16); err != nil || p == 0 {
-		return "", fmt.Errorf("port %q: want a number from 1 to 65535", u.Port())
+		return "", errors.New("port out of range: want a number from 1 to 65535")
 	}
 	// Nothing a request would drop: a user (no credentials are sent
 	// from it), a path, a query or a fragment (an empty one too: url.URL

@@ -141,6 +141,49 @@ func TestNewRefusesBadEndpoints(t *testing.T) {
 	}
 }
 
+// TestARefusedEndpointShowsNoPassword: an endpoint with user information
+// is refused, and the error of New and of CheckEndpoint shows it with the
+// password hidden (user:xxxxx@host, as url.URL.Redacted writes it),
+// whether or not it parses as a URL: a password may hold an unescaped
+// / # % space or digits that url.Parse reads as a port. From a review:
+// the error quoted the endpoint as given ("endpoint %q"), and url.Parse's
+// own error quoted it again.
+func TestARefusedEndpointShowsNoPassword(t *testing.T) {
+	for _, c := range []struct{ e, secret, shown string }{
+		{"http://admin:s3cret-pw@127.0.0.1:7080", "s3cret-pw", "http://admin:xxxxx@127.0.0.1:7080"},
+		{"admin:s3cret-pw@127.0.0.1:7080", "s3cret-pw", "admin:xxxxx@127.0.0.1:7080"},
+		{"https://admin:s3cret/pw@h:7080", "s3cret", "https://admin:xxxxx@h:7080"},
+		{"http://admin:s3cret#pw@h:7080", "s3cret", "http://admin:xxxxx@h:7080"},
+		{"http://admin:s3cret pw@h:7080", "s3cret", "http://admin:xxxxx@h:7080"},
+		{"http://admin:s3cret%zz@h:7080", "s3cret", "http://admin:xxxxx@h:7080"},
+		{"http://admin:s3c@ret@h:7080", "s3c", "http://admin:xxxxx@h:7080"},
+		{"http://admin:98765#x@h:7080", "98765", "http://admin:xxxxx@h:7080"},
+		{"http://admin:98765?@h:7080", "98765", "http://admin:xxxxx@h:7080"},
+	} {
+		_, err := client.New([]string{c.e}, client.Options{})
+		cerr := client.CheckEndpoint(c.e)
+		if err == nil || cerr == nil {
+			t.Errorf("%q: New %v, CheckEndpoint %v; want both to refuse it", c.e, err, cerr)
+			continue
+		}
+		if strings.Contains(err.Error()+cerr.Error(), c.secret) {
+			t.Errorf("%q: the password shows: New: %v; CheckEndpoint: %v", c.e, err, cerr)
+		}
+		if !strings.Contains(err.Error(), fmt.Sprintf("endpoint %q", c.shown)) {
+			t.Errorf("%q: New: %v, want it to name the endpoint as %q", c.e, err, c.shown)
+		}
+		if got := client.RedactEndpoint(c.e); got != c.shown {
+			t.Errorf("RedactEndpoint(%q) = %q, want %q", c.e, got, c.shown)
+		}
+	}
+	// No password: the endpoint is shown as given.
+	for _, e := range []string{"h:1", "http://h:1", "u@h:1", "http://u@h:1", "h:99999", "http://[fe80::1%eth0]:7080"} {
+		if got := client.RedactEndpoint(e); got != e {
+			t.Errorf("RedactEndpoint(%q) = %q, want it as given", e, got)
+		}
+	}
+}
+
 func TestMovesOnFromAnEndpointThatCannotBeReachedAndStaysThere(t *testing.T) {
 	n := newNode(t, "n1")
 	bad := newHangUp(t)

@@ -404,7 +404,7 @@ func parseJoin(s string) ([]string, error) {
 		// the client would fail only once the node locked its directory
 		// and started listening (exit 1, not a usage error).
 		if err := client.CheckEndpoint(e); err != nil {
-			return nil, fmt.Errorf("--join %q: %v (a member's --http-addr, or a comma-separated list of them)", e, err)
+			return nil, fmt.Errorf("--join %q: %v (a member's --http-addr, or a comma-separated list of them)", client.RedactEndpoint(e), err)
 		}
 		via = append(via, e)
 	}

@@ -904,6 +904,20 @@ func TestJoinTakesWhatTheJoinClientTakes(t *testing.T) {
 	}
 }
 
+// TestAJoinWithAPasswordDoesNotShowIt: an entry of --join with user
+// information is refused, and the error shows it with the password hidden
+// (user:xxxxx@host), as kvrouter's messages show none of --nats-url. From
+// a review of kvctl's --endpoints: the entry and the client's error quoted
+// it as given.
+func TestAJoinWithAPasswordDoesNotShowIt(t *testing.T) {
+	for _, j := range []string{"http://admin:s3cret-pw@127.0.0.1:7080", "127.0.0.1:7081,admin:s3cret/pw@127.0.0.1:7080"} {
+		_, err := parseJoin(j)
+		if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "admin:xxxxx@127.0.0.1:7080") {
+			t.Errorf("--join %s: %v, want a refusal showing admin:xxxxx@, no password", j, err)
+		}
+	}
+}
+
 // TestJoinSchemeInAnyCase: --join takes http:// and https:// in any case,
 // as the API client does (it lowercases the scheme). From a review:
 // HTTP://h:1 was refused (exit 2).
