@@ -202,10 +202,19 @@ func usageHelp(c *cli.Context, show func(*cli.Context) error) {
 	_ = show(c)
 }
 
-// args checks the number of positional arguments.
+// args checks the number of positional arguments, named by names (ID
+// RAFTADDR HTTPADDR), and that none is empty or blank: an unset shell
+// variable ("$NODE") is a mistake on the command line, not an ID or a path
+// to send on.
 func args(c *cli.Context, n int, names string) error {
 	if c.NArg() != n {
 		return usagef("%s takes %s (got %d argument(s)); see %s --help", helpName(c), names, c.NArg(), helpName(c))
+	}
+	name := strings.Fields(names)
+	for i, a := range c.Args().Slice() {
+		if strings.TrimSpace(a) == "" && i < len(name) {
+			return usagef("%s: %s is empty; see %s --help", helpName(c), name[i], helpName(c))
+		}
 	}
 	return nil
 }

@@ -393,6 +393,41 @@ func TestLeaderTransferToAnEmptyIDIsAUsageError(t *testing.T) {
 	}
 }
 
+// TestAnEmptyArgumentIsAUsageError: an argument given empty or blank (an
+// unset shell variable: members remove "$NODE") is a usage error naming
+// it, as --to "" is, and nothing is sent. From a review: members remove ""
+// sent DELETE /v1/cluster/members/ and printed the node's "no route"
+// error, exit 1, an error about a route kvctl chose, not the command
+// line; members add "" A B got the node's "id is empty", exit 1.
+func TestAnEmptyArgumentIsAUsageError(t *testing.T) {
+	c := newCluster(t)
+	for _, tc := range []struct {
+		args []string
+		name string
+	}{
+		{[]string{"members", "remove", ""}, "ID"},
+		{[]string{"members", "remove", " "}, "ID"},
+		{[]string{"members", "add", "", "10.0.0.4:7000", "10.0.0.4:7080"}, "ID"},
+		{[]string{"members", "add", "n4", "", "10.0.0.4:7080"}, "RAFTADDR"},
+		{[]string{"members", "add", "n4", "10.0.0.4:7000", "\t"}, "HTTPADDR"},
+		{[]string{"snapshot", "save", ""}, "FILE"},
+		{[]string{"snapshot", "inspect", ""}, "FILE"},
+		{[]string{"snapshot", "restore", ""}, "FILE"},
+	} {
+		r := kvctl(t, append([]string{"--endpoints", c.endpoints()}, tc.args...)...).wantCode(t, 2)
+		if !strings.Contains(r.stderr, tc.name+" is empty") || strings.Contains(r.stderr, "no route") {
+			t.Errorf("%q: stderr %q, want a usage error saying %s is empty", tc.args, r.stderr, tc.name)
+		}
+	}
+	for _, n := range c.nodes {
+		for _, call := range []string{"RemoveMember", "AddMember", "SaveSnapshot", "RestoreSnapshot"} {
+			if got := n.fake.Calls()[call]; got != 0 {
+				t.Errorf("%d %s call(s) reached %s, want none", got, call, n.addr())
+			}
+		}
+	}
+}
+
 // elect makes c's leader hand over without --to as Raft does: once the
 // transfer reaches n1, n1 and n3 know no leader, and n2 answers as the
 // leader of a later term from its wins'th status after the transfer
