@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -686,33 +687,84 @@ func (p *DiskPool) ReadHeld(hash uint64, dst []byte) error {
 }
 
 // read copies e's bytes, which the caller holds a reference on, into dst.
-// Bytes that are missing, of the wrong length (Pebble returns an empty
-// value for a blob it cannot read back intact) or that Pebble reports
-// corrupt fail with ErrCorrupt, and e is marked damaged: kept, the block
+// Bytes that are missing, of the wrong length or that Pebble reports
+// corrupt (a checksum mismatch; a blob file missing or damaged, see get)
+// fail with ErrCorrupt, and e is marked damaged: kept, the block
 // would stay advertised and be acquired (a hit and a use each time) for
 // good, never readable. Any other error (I/O) leaves it as it is.
 func (p *DiskPool) read(e *entry, dst []byte) error {
 	hash := e.Hash
-	v, closer, err := p.db.Get(hashKey(kindData, hash))
+	var n int
+	err := p.get(hashKey(kindData, hash), func(v []byte) {
+		if n = len(v); n == p.bs {
+			copy(dst, v)
+		}
+	})
 	switch {
 	case errors.Is(err, pebble.ErrNotFound):
 		err = fmt.Errorf("read %#x: %w: bytes missing", hash, ErrCorrupt)
-	case errors.Is(err, pebble.ErrCorruption):
+	case pebble.IsCorruptionError(err): // Pebble marks its errors the cockroachdb/errors way
 		err = fmt.Errorf("read %#x: %w (%w)", hash, ErrCorrupt, err)
 	case err != nil:
 		return fmt.Errorf("read %#x: %w", hash, err)
-	default:
-		if len(v) != p.bs {
-			err = fmt.Errorf("read %#x: %w: %d bytes stored, block size %d", hash, ErrCorrupt, len(v), p.bs)
-		} else {
-			copy(dst, v)
-		}
-		closer.Close()
+	case n != p.bs:
+		err = fmt.Errorf("read %#x: %w: %d bytes stored, block size %d", hash, ErrCorrupt, n, p.bs)
 	}
 	if err != nil {
 		p.c.damage(e)
 	}
 	return err
+}
+
+// pebbleBlobOpenPanic is what Pebble (v2.1) panics with when it cannot open
+// a blob file to read a value from it; see get.
+const pebbleBlobOpenPanic = "unknown metadata type: <nil>"
+
+// get calls f with key's value, valid only during the call. It fails with
+// pebble.ErrNotFound when key is not set, and wraps pebble.ErrCorruption
+// when Pebble reports the value's file corrupt.
+//
+// It reads through an iterator of its own, not DB.Get, for one failure
+// Pebble does not return: a blob file (where a block's bytes live) that is
+// missing, truncated or has a damaged footer fails to open, and Pebble
+// reports that corruption with no file metadata, which panics
+// (fileCacheHandle.findOrCreateBlob calls DB.reportCorruption with nil: "unknown
+// metadata type: <nil>"). The panic comes after the file cache has dropped
+// the failed open and before the corruption is reported anywhere, so the
+// one thing it leaves behind is the iterator that was reading: DB.Get's
+// is out of reach (leaked, it would pin its version, and Close would fail
+// on it), this one is closed here like any other. That panic, and no
+// other, becomes a pebble.ErrCorruption; the database stays usable.
+func (p *DiskPool) get(key []byte, f func(v []byte)) (err error) {
+	it, err := p.db.NewIter(nil)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := it.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	defer func() {
+		if r := recover(); r != nil {
+			if s, ok := r.(string); !ok || s != pebbleBlobOpenPanic {
+				panic(r)
+			}
+			err = fmt.Errorf("%w: its blob file is missing or damaged (pebble: %s)", pebble.ErrCorruption, r)
+		}
+	}()
+	if !it.SeekPrefixGE(key) || !bytes.Equal(it.Key(), key) {
+		if err := it.Error(); err != nil {
+			return err
+		}
+		return pebble.ErrNotFound
+	}
+	v, err := it.ValueAndErr()
+	if err != nil {
+		return err
+	}
+	f(v)
+	return nil
 }
 
 // Acquire takes a reference on a stored block, so it is not evicted until
