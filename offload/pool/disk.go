@@ -134,6 +134,7 @@ func pebbleOptions(o DiskOptions, logger *slog.Logger) *pebble.Options {
 	popts := &pebble.Options{
 		FS:                 o.FS,
 		Logger:             pebbleLogger{logger},
+		EventListener:      eventListener(logger),
 		FormatMajorVersion: pebble.FormatValueSeparation,
 		DisableWAL:         o.Sync == SyncFlush,
 		MemTableSize:       o.MemTableSize,
@@ -176,6 +177,26 @@ func pebbleOptions(o DiskOptions, logger *slog.Logger) *pebble.Options {
 	return popts
 }
 
+// eventListener reports Pebble's events the pool cares about to logger.
+//
+// Pebble's default DataCorruption listener calls Logger.Fatalf, and Fatalf
+// must not return: one flipped byte in an sstable killed the process, from
+// whichever goroutine met it first, often Pebble's own table-stats loader
+// started by the open, where nothing can recover. Corruption is already
+// returned to the read that meets it (as ErrCorrupt: OpenDisk fails, a
+// block's read fails and drops it); the listener only logs it. EnsureDefaults
+// fills in only the hooks left nil, so the fatal default is not added back.
+func eventListener(logger *slog.Logger) *pebble.EventListener {
+	return &pebble.EventListener{
+		DataCorruption: func(info pebble.DataCorruptionInfo) {
+			logger.Error("offload pool: pebble found a damaged file", "path", info.Path, "err", info.Details)
+		},
+		BackgroundError: func(err error) {
+			logger.Error("offload pool: pebble background job failed", "err", err)
+		},
+	}
+}
+
 // OpenDisk opens the disk pool in dir, creating it if needed. An existing
 // pool is rebuilt from its keys: the blocks, their parents and their
 // registration order; if it holds more than cfg.Capacity blocks, the excess
@@ -185,7 +206,9 @@ func pebbleOptions(o DiskOptions, logger *slog.Logger) *pebble.Options {
 // refuse, a block on a loop of parents, a key of the wrong length) are
 // deleted and logged with their counts; if that deletion fails, it is logged and
 // the pool opens with its valid blocks all the same. It fails with
-// ErrCorrupt when dir holds a pool of another block size or format. A
+// ErrCorrupt when dir holds a pool of another block size or format, or
+// one whose keys Pebble finds damaged (a damaged sstable: the pool is a
+// cache, and deleting dir starts it empty). A
 // pool of another opts.Identity (or none recorded) is emptied first: its
 // blocks are deleted, not restored, and the count logged.
 func OpenDisk(dir string, cfg Config, opts DiskOptions) (*DiskPool, error) {
@@ -204,19 +227,28 @@ func OpenDisk(dir string, cfg Config, opts DiskOptions) (*DiskPool, error) {
 	logger := cfg.Logger.With("component", "offload.pool.disk", "dir", dir)
 	db, err := pebble.Open(dir, pebbleOptions(opts, logger))
 	if err != nil {
-		return nil, fmt.Errorf("open disk pool %s: %w", dir, err)
+		return nil, fmt.Errorf("open disk pool %s: %w", dir, corrupt(err))
 	}
 	p := &DiskPool{db: db, dir: dir, opts: opts, bs: cfg.BlockSize}
 	p.c = newCore(cfg, kvevent.TierDisk, p)
 	if err := p.load(); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("open disk pool %s: %w", dir, err)
+		return nil, fmt.Errorf("open disk pool %s: %w", dir, corrupt(err))
 	}
 	if p.unregister, err = registerMetrics(cfg.Registerer, p.c); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open disk pool %s: %w", dir, err)
 	}
 	return p, nil
+}
+
+// corrupt wraps ErrCorrupt around an error Pebble marks as corruption
+// (which errors.Is does not see: Pebble marks it the cockroachdb/errors way).
+func corrupt(err error) error {
+	if pebble.IsCorruptionError(err) && !errors.Is(err, ErrCorrupt) {
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	return err
 }
 
 // load checks the header and the identity (writing both into a new pool)
@@ -854,7 +886,13 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 }
 
 // Fatalf must not return (Pebble's contract): log, then panic so that a
-// test sees the stack.
+// test sees the stack. Corruption no longer comes here (eventListener);
+// what does is what Pebble holds unrecoverable: a failed commit ("pebble:
+// fatal commit error": with SyncWAL, a failed log write or sync, on the
+// goroutine of the Put or of an eviction's delete, the latter under the
+// pool's lock), a failed MANIFEST write or sync (a flush or compaction
+// installing its files, on Pebble's goroutine), and its invariant checks.
+// Each ends the process.
 func (p pebbleLogger) Fatalf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	p.l.Error(msg, "fatal", true)

@@ -3,12 +3,15 @@ package pool_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/internal/testlog"
 	"github.com/kvrouter/kvrouter/offload/pool"
 )
 
@@ -243,6 +246,64 @@ func TestDiskBlobFileMissingOrDamagedFailsTheReadWithErrCorrupt(t *testing.T) {
 			if got := p.Lookup([]uint64{42, 43}, nil); !slices.Equal(got, []bool{false, true}) {
 				t.Fatalf("after a reopen, Lookup(42, 43) = %v, want [false true]", got)
 			}
+		})
+	}
+}
+
+// One flipped byte in a G3 sstable (bit rot, a bad sector) used to kill
+// the process: Pebble's default DataCorruption listener calls
+// Logger.Fatalf, which panics, and it ran on whichever goroutine met the
+// damage first (often Pebble's table-stats loader, started by the open,
+// where nothing recovers), at every start. Now the open fails with
+// ErrCorrupt and the damage is logged; or, where the flipped byte is in a
+// part of the file no read uses, the pool opens and reads back its blocks
+// intact or fails them with ErrCorrupt.
+func TestDiskDamagedSSTableFailsTheOpenInsteadOfKillingTheProcess(t *testing.T) {
+	base := t.TempDir()
+	p, err := pool.OpenDisk(base, pool.Config{Rank: rank, Capacity: 8, BlockSize: damageBS}, pool.DiskOptions{})
+	check(t, err)
+	for h := uint64(1); h <= 4; h++ {
+		check(t, p.Register(pool.Block{Hash: h, Local: h}, pattern(damageBS, h)))
+	}
+	check(t, p.Close())
+	for _, at := range []struct{ num, den int }{{1, 4}, {1, 3}, {1, 2}, {3, 4}} {
+		t.Run(fmt.Sprintf("byte %d/%d", at.num, at.den), func(t *testing.T) {
+			dir := t.TempDir()
+			check(t, os.CopyFS(dir, os.DirFS(base)))
+			ents, err := os.ReadDir(dir)
+			check(t, err)
+			for _, e := range ents {
+				if strings.HasSuffix(e.Name(), ".sst") {
+					path := filepath.Join(dir, e.Name())
+					b, err := os.ReadFile(path)
+					check(t, err)
+					b[len(b)*at.num/at.den] ^= 0xff
+					check(t, os.WriteFile(path, b, 0o600))
+				}
+			}
+			var log testlog.Buffer
+			cfg := pool.Config{Rank: rank, Capacity: 8, BlockSize: damageBS, Logger: slog.New(slog.NewTextHandler(&log, nil))}
+			p, err := pool.OpenDisk(dir, cfg, pool.DiskOptions{})
+			if err != nil {
+				if !errors.Is(err, pool.ErrCorrupt) {
+					t.Fatalf("OpenDisk of a pool with a damaged sstable: %v, want ErrCorrupt", err)
+				}
+				if len(log.Lines("pebble found a damaged file")) == 0 {
+					t.Fatalf("the damage is not logged:\n%s", log.String())
+				}
+				return
+			}
+			buf := make([]byte, damageBS)
+			for h := uint64(1); h <= 4; h++ {
+				err := p.Read(h, buf)
+				switch {
+				case err == nil && !bytes.Equal(buf, pattern(damageBS, h)):
+					t.Errorf("read back other bytes than block %d's", h)
+				case err != nil && !errors.Is(err, pool.ErrCorrupt) && !errors.Is(err, pool.ErrNotFound):
+					t.Errorf("Read(%d) = %v, want the bytes, ErrCorrupt or ErrNotFound", h, err)
+				}
+			}
+			check(t, p.Close())
 		})
 	}
 }
