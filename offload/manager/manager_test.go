@@ -5,12 +5,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
+
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/manager"
 	"github.com/kvrouter/kvrouter/offload/pool"
 )
@@ -812,4 +818,70 @@ func TestOffloadOfABlockAlreadyInG3TouchesItThere(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fullFS is the operating system's file system that, while full is set,
+// refuses to create the files a Pebble flush writes (sstables, blob files)
+// with ENOSPC, as a full disk does.
+type fullFS struct {
+	vfs.FS
+	full atomic.Bool
+}
+
+func (f *fullFS) Create(name string, cat vfs.DiskWriteCategory) (vfs.File, error) {
+	if f.full.Load() && (strings.HasSuffix(name, ".sst") || strings.HasSuffix(name, ".blob")) {
+		return nil, fmt.Errorf("create %s: %w", name, syscall.ENOSPC)
+	}
+	return f.FS.Create(name, cat)
+}
+
+// Close waits for a running copy, however long; but a write to a full G3
+// disk never ended (Pebble retries the failed flush for ever, and
+// DiskPool.Put waited for it), so the D2Disk worker never returned, nor
+// Manager.Close, nor kvagent's shutdown. Now the write fails, is counted,
+// publishes nothing, and Close returns.
+func TestCloseReturnsWhenTheDiskIsFull(t *testing.T) {
+	quiet := slog.New(slog.DiscardHandler)
+	raw, err := backend.NewHost()
+	check(t, err)
+	t.Cleanup(func() { raw.Close() })
+	fs := &fullFS{FS: vfs.Default}
+	s := &sink{t: t}
+	d, err := pool.OpenDisk(t.TempDir(), pool.Config{Rank: rank, Capacity: 64, BlockSize: bs, Sink: s, Logger: quiet},
+		pool.DiskOptions{FS: fs})
+	check(t, err)
+	t.Cleanup(func() { d.Close() })
+	g1 := newG1Sim(t, 8)
+	mp, err := manager.MapRegion(raw, backend.IPCHandle(g1.path), manager.Layout{BlockSize: bs, Blocks: 8})
+	check(t, err)
+	t.Cleanup(func() { mp.Close() })
+	m, err := manager.New(manager.Config{Rank: rank, Backend: raw, G1: mp.Region, Disk: d,
+		Filter: manager.FilterConfig{Always: true}, Logger: quiet})
+	check(t, err)
+	t.Cleanup(func() { m.Close() })
+	// First, after a failure: a write stuck on the full disk would hold up the closes.
+	t.Cleanup(func() { fs.full.Store(false) })
+
+	fs.full.Store(true)
+	if _, err := m.Offload([]manager.OffloadRequest{{G1Block: 0, Hash: 11, Local: 11, Priority: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the D2Disk write to fail", func() bool {
+		return m.Stats().Paths[manager.D2Disk].Failed == 1
+	})
+	if got := s.stored(disk); len(got) != 0 {
+		t.Fatalf("STORE disk for %v after a failed write", got)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- m.Close() }()
+	select {
+	case err := <-closed:
+		check(t, err)
+	case <-time.After(time.Minute):
+		t.Fatalf("Manager.Close did not return on a full disk (D2Disk in flight: %d)",
+			m.Stats().Paths[manager.D2Disk].InFlight)
+	}
+	fs.full.Store(false)
+	check(t, mp.Close())
+	check(t, d.Close())
 }

@@ -57,6 +57,10 @@ type DiskPool struct {
 	committed atomic.Uint64
 	flushMu   sync.Mutex
 	flushed   uint64
+
+	// flushes follows Pebble's flushes: Puts are refused while the last
+	// one failed.
+	flushes *flushWatch
 }
 
 // SyncMode is how a DiskPool makes a Put durable before it returns.
@@ -130,11 +134,11 @@ func encodeMeta(b Block, stamp uint64) []byte {
 	return v
 }
 
-func pebbleOptions(o DiskOptions, logger *slog.Logger) *pebble.Options {
+func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch) *pebble.Options {
 	popts := &pebble.Options{
 		FS:                 o.FS,
 		Logger:             pebbleLogger{logger},
-		EventListener:      eventListener(logger),
+		EventListener:      eventListener(logger, flushes),
 		FormatMajorVersion: pebble.FormatValueSeparation,
 		DisableWAL:         o.Sync == SyncFlush,
 		MemTableSize:       o.MemTableSize,
@@ -186,15 +190,94 @@ func pebbleOptions(o DiskOptions, logger *slog.Logger) *pebble.Options {
 // returned to the read that meets it (as ErrCorrupt: OpenDisk fails, a
 // block's read fails and drops it); the listener only logs it. EnsureDefaults
 // fills in only the hooks left nil, so the fatal default is not added back.
-func eventListener(logger *slog.Logger) *pebble.EventListener {
+//
+// Flushes are reported to flushes. A failed flush is also a background
+// error, and Pebble retries it at once, over and over: flushes logs the
+// first failure and the recovery, and the background error of each retry
+// is not logged again. Errors are logged by their text: Pebble's carry a
+// stack trace, which a text handler would print whole.
+func eventListener(logger *slog.Logger, flushes *flushWatch) *pebble.EventListener {
 	return &pebble.EventListener{
 		DataCorruption: func(info pebble.DataCorruptionInfo) {
-			logger.Error("offload pool: pebble found a damaged file", "path", info.Path, "err", info.Details)
+			logger.Error("offload pool: pebble found a damaged file", "path", info.Path, "err", info.Details.Error())
 		},
 		BackgroundError: func(err error) {
-			logger.Error("offload pool: pebble background job failed", "err", err)
+			if !flushes.failedWith(err) {
+				logger.Error("offload pool: pebble background job failed", "err", err.Error())
+			}
 		},
+		FlushEnd: flushes.end,
 	}
+}
+
+// A flushWatch follows Pebble's flushes through its EventListener: whether
+// the last one failed, and a channel closed at the next failure.
+//
+// Pebble retries a failed flush at once, for as long as it fails (a full
+// disk), and DB.Flush waits for a flush that succeeds: a Put waiting in it
+// never returned, nor did Close behind it. With the watch, a wait for a
+// flush ends at the flush's failure, and Puts are refused while the last
+// flush failed: each refused Put would have queued one more memtable that
+// cannot be written, and once they add up to MemTableStopWritesThreshold
+// memtables, Pebble stalls every commit, an eviction's delete under the
+// pool's lock included, until a flush succeeds.
+type flushWatch struct {
+	log *slog.Logger
+
+	mu       sync.Mutex
+	err      error         // the last flush's error; nil once one succeeds
+	failures int           // flushes failed since the last success
+	failed   chan struct{} // closed at the next failure
+	total    uint64        // flushes failed since the open
+}
+
+func newFlushWatch(log *slog.Logger) *flushWatch {
+	return &flushWatch{log: log, failed: make(chan struct{})}
+}
+
+// end is the FlushEnd hook. Pebble calls it under its own lock: it must not
+// call into the database.
+func (w *flushWatch) end(info pebble.FlushInfo) {
+	err := info.Err
+	// Pebble's errEmptyTable (unexported) reports a flush that succeeded
+	// without writing a table: only its text tells it apart.
+	if err != nil && err.Error() == "pebble: empty table" {
+		err = nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err == nil {
+		if w.failures > 0 {
+			w.log.Warn("offload pool: a flush succeeded again; writes to the disk pool resume",
+				"failed_flushes", w.failures)
+		}
+		w.err, w.failures = nil, 0
+		return
+	}
+	if w.failures == 0 {
+		w.log.Error("offload pool: a flush failed (disk full or failing?); writes to the disk pool fail "+
+			"until Pebble's retries of it succeed", "err", err.Error())
+	}
+	w.err = err
+	w.failures++
+	w.total++
+	close(w.failed)
+	w.failed = make(chan struct{})
+}
+
+// state returns a channel closed at the next failed flush, how many have
+// failed so far, and the error of the last flush: nil when it succeeded.
+func (w *flushWatch) state() (<-chan struct{}, uint64, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.failed, w.total, w.err
+}
+
+// failedWith says whether err is the last flush's failure.
+func (w *flushWatch) failedWith(err error) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err != nil && errors.Is(err, w.err)
 }
 
 // OpenDisk opens the disk pool in dir, creating it if needed. An existing
@@ -225,11 +308,12 @@ func OpenDisk(dir string, cfg Config, opts DiskOptions) (*DiskPool, error) {
 		opts.FS = vfs.Default
 	}
 	logger := cfg.Logger.With("component", "offload.pool.disk", "dir", dir)
-	db, err := pebble.Open(dir, pebbleOptions(opts, logger))
+	flushes := newFlushWatch(logger)
+	db, err := pebble.Open(dir, pebbleOptions(opts, logger, flushes))
 	if err != nil {
 		return nil, fmt.Errorf("open disk pool %s: %w", dir, corrupt(err))
 	}
-	p := &DiskPool{db: db, dir: dir, opts: opts, bs: cfg.BlockSize}
+	p := &DiskPool{db: db, dir: dir, opts: opts, bs: cfg.BlockSize, flushes: flushes}
 	p.c = newCore(cfg, kvevent.TierDisk, p)
 	if err := p.load(); err != nil {
 		db.Close()
@@ -568,7 +652,9 @@ func (p *DiskPool) drop(e *entry, _ bool) error {
 // stored counts the blocks it stored, err says why it stopped early. A
 // batch never evicts its own blocks. A bad argument changes nothing (a
 // batch that would make one of its blocks its own ancestor included); a
-// failed write stores nothing (evictions made to find room stand). Put
+// failed write stores nothing (evictions made to find room stand). A
+// flush that fails (a full disk) fails the Put, and every Put after it at
+// once, storing nothing, until Pebble's retries of that flush succeed. Put
 // copies the bytes: data may be reused once it returns.
 //
 // The pool's lock is not held while the batch is written, so concurrent
@@ -594,6 +680,9 @@ func (p *DiskPool) put(blocks []Block, data [][]byte) (stored int, skipped, err 
 	}
 	if err := p.c.loops(blocks); err != nil {
 		return 0, nil, fmt.Errorf("put: %w", err)
+	}
+	if _, _, err := p.flushes.state(); err != nil {
+		return 0, nil, fmt.Errorf("put: refused until a flush succeeds: the last one failed: %w", err)
 	}
 	p.io.RLock()
 	defer p.io.RUnlock()
@@ -627,6 +716,13 @@ func (p *DiskPool) put(blocks []Block, data [][]byte) (stored int, skipped, err 
 	err = p.commitBatch(batch)
 	batch.Close()
 	if err != nil {
+		// abort deletes the batch's keys (drop), under the lock as an
+		// eviction does. A batch whose flush failed is in a memtable that
+		// Pebble keeps retrying: without the delete it would reach the
+		// disk once there is room, and the next open would restore blocks
+		// the pool never held. The delete is durable with the next flush,
+		// as an eviction is (after a crash before then, the blocks come
+		// back: valid blocks, as evicted ones do).
 		p.c.abort(es)
 		return 0, skipped, fmt.Errorf("put %d blocks: %w", len(es), err)
 	}
@@ -646,22 +742,62 @@ func (p *DiskPool) commitBatch(b *pebble.Batch) error {
 	return p.flushThrough(p.committed.Add(1))
 }
 
-// flushThrough returns once the batch numbered gen is on disk. A flush
-// covers every batch committed before it started (Flush rotates the
-// memtable under Pebble's commit lock), so the number read before it is
-// what it makes durable.
+// flushThrough returns once the batch numbered gen is on disk, or fails
+// when the flush does. A flush covers every batch committed before it
+// started (AsyncFlush rotates the memtable under Pebble's commit lock), so
+// the number read before it is what it makes durable.
 func (p *DiskPool) flushThrough(gen uint64) error {
 	p.flushMu.Lock()
 	defer p.flushMu.Unlock()
 	if p.flushed >= gen {
 		return nil
 	}
+	// While flushes fail, another would only queue one more memtable that
+	// cannot be written (see flushWatch).
+	if _, _, err := p.flushes.state(); err != nil {
+		return fmt.Errorf("flush: the last one failed: %w", err)
+	}
 	through := p.committed.Load()
-	if err := p.db.Flush(); err != nil {
+	if err := p.flush(); err != nil {
 		return err
 	}
 	p.flushed = through
 	return nil
+}
+
+// flush flushes the memtable and returns once it is on disk, or once a
+// flush that included it failed: the memtable then stays queued, and
+// Pebble retries it until the disk takes it (see flushWatch).
+//
+// Pebble flushes one at a time, each every memtable queued when it starts.
+// The first failure after AsyncFlush may be of a flush already running,
+// without this memtable (the disk freed a moment ago, say); the second is
+// of one that started after it, so with it. Pebble retries at once, so the
+// second comes right after the first while the disk stays full.
+func (p *DiskPool) flush() error {
+	failed, before, _ := p.flushes.state()
+	done, err := p.db.AsyncFlush()
+	if err != nil {
+		return fmt.Errorf("flush: %w", err)
+	}
+	for {
+		select {
+		case <-done:
+			return nil
+		case <-failed:
+		}
+		var n uint64
+		failed, n, err = p.flushes.state()
+		if err == nil || n < before+2 {
+			continue // a retry succeeded since (done closes), or it may not have been ours
+		}
+		select {
+		case <-done:
+			return nil
+		default:
+			return fmt.Errorf("flush: %w", err)
+		}
+	}
 }
 
 // Register stores one block; see Put. It fails with ErrExists when the
@@ -856,8 +992,10 @@ func (p *DiskPool) isClosed() bool {
 func (p *DiskPool) Dir() string { return p.dir }
 
 // Close waits for Puts and Reads in progress, makes the evictions durable
-// and closes the database. Later calls fail with ErrClosed; a second Close
-// returns nil.
+// and closes the database. When that flush fails (a full disk), it closes
+// the database all the same and says so: what changed since the last
+// flush is lost, as after a crash (evicted blocks may come back at the
+// next open). Later calls fail with ErrClosed; a second Close returns nil.
 func (p *DiskPool) Close() error {
 	p.io.Lock()
 	defer p.io.Unlock()
@@ -867,7 +1005,9 @@ func (p *DiskPool) Close() error {
 	p.unregister()
 	var errs []error
 	if p.opts.Sync == SyncFlush {
-		errs = append(errs, p.db.Flush())
+		if err := p.flush(); err != nil {
+			errs = append(errs, fmt.Errorf("evictions since the last flush are not on disk: %w", err))
+		}
 	}
 	errs = append(errs, p.db.Close())
 	if err := errors.Join(errs...); err != nil {

@@ -3,9 +3,16 @@ package pool_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/kvrouter/kvrouter/offload/pool"
 )
@@ -267,4 +274,120 @@ func sameBlocks(a, b []pool.Block) bool {
 	slices.SortFunc(a, cmp)
 	slices.SortFunc(b, cmp)
 	return slices.Equal(a, b)
+}
+
+// fullFS is the operating system's file system that, while full is set,
+// refuses to create the files a flush writes (sstables, blob files) with
+// ENOSPC, as a full disk does.
+type fullFS struct {
+	vfs.FS
+	full atomic.Bool
+}
+
+func (f *fullFS) Create(name string, cat vfs.DiskWriteCategory) (vfs.File, error) {
+	if f.full.Load() && (strings.HasSuffix(name, ".sst") || strings.HasSuffix(name, ".blob")) {
+		return nil, fmt.Errorf("create %s: %w", name, syscall.ENOSPC)
+	}
+	return f.FS.Create(name, cat)
+}
+
+// returns runs f and returns its error, failing the test if f has not
+// returned after a minute: a deadline for a hang, not a timing assert.
+func returns(t *testing.T, what string, f func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatalf("%s did not return", what)
+		return nil
+	}
+}
+
+// On a full disk, Put never returned: Pebble retries a failed flush at
+// once, for ever, and DB.Flush waits for one that succeeds; DiskPool.Close
+// waited behind the Put, and with them the manager's workers and kvagent's
+// shutdown. Now the Put fails and stores nothing, later Puts fail too until
+// Pebble's retries succeed, Close returns, and the failed block does not
+// come back at the next open although its batch reached the disk with the
+// retry.
+func TestDiskPutOnAFullDiskFailsAndStoresNothing(t *testing.T) {
+	dir := t.TempDir()
+	fs := &fullFS{FS: vfs.Default}
+	s := newSink(t)
+	p, err := pool.OpenDisk(dir, pool.Config{Rank: rank, Capacity: 8, BlockSize: testBlock, Sink: s}, pool.DiskOptions{FS: fs})
+	check(t, err)
+	t.Cleanup(func() { p.Close() })
+	// First, after a failure: a Put stuck on the full disk would hold up Close.
+	t.Cleanup(func() { fs.full.Store(false) })
+	check(t, p.Register(pool.Block{Hash: 1, Local: 1}, pattern(testBlock, 1)))
+	s.take()
+
+	fs.full.Store(true)
+	err = returns(t, "Put on a full disk", func() error {
+		return p.Register(pool.Block{Hash: 7, Local: 7}, pattern(testBlock, 7))
+	})
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Put on a full disk: %v, want an error wrapping ENOSPC", err)
+	}
+	if got := p.Lookup([]uint64{1, 7}, nil); !slices.Equal(got, []bool{true, false}) || p.Stats().Used != 1 {
+		t.Fatalf("after the failed Put: Lookup(1, 7) = %v, %d used; want [true false], 1", got, p.Stats().Used)
+	}
+	if evs := s.take(); len(evs) != 0 {
+		t.Fatalf("the failed Put published %v", evs)
+	}
+	if err := returns(t, "a second Put on a full disk", func() error {
+		return p.Register(pool.Block{Hash: 8, Local: 8}, pattern(testBlock, 8))
+	}); err == nil {
+		t.Fatal("a Put while the disk is full succeeded")
+	}
+
+	fs.full.Store(false)
+	deadline := time.Now().Add(time.Minute)
+	for p.Register(pool.Block{Hash: 8, Local: 8}, pattern(testBlock, 8)) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("Puts still fail a minute after the disk has room again")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	check(t, returns(t, "Close", p.Close))
+
+	reopened := openDisk(t, dir, 8, pool.SyncFlush, nil)
+	if got := reopened.Lookup([]uint64{1, 7, 8}, nil); !slices.Equal(got, []bool{true, false, true}) {
+		t.Fatalf("after a reopen, Lookup(1, 7, 8) = %v, want [true false true]", got)
+	}
+}
+
+// Close on a disk still full returns, and says its flush failed: what
+// changed since the last flush is lost, as after a crash. An eviction made
+// since comes back at the next open (a valid block, as the design allows);
+// the failed Put's block does not.
+func TestDiskCloseOnAFullDiskReturnsAnError(t *testing.T) {
+	dir := t.TempDir()
+	fs := &fullFS{FS: vfs.Default}
+	p, err := pool.OpenDisk(dir, pool.Config{Rank: rank, Capacity: 2, BlockSize: testBlock}, pool.DiskOptions{FS: fs})
+	check(t, err)
+	t.Cleanup(func() { p.Close() })
+	// First, after a failure: a call stuck on the full disk would hold up Close.
+	t.Cleanup(func() { fs.full.Store(false) })
+	for h := uint64(1); h <= 3; h++ { // 3 evicts 1, durably with its flush
+		check(t, p.Register(pool.Block{Hash: h, Local: h}, pattern(testBlock, h)))
+	}
+	fs.full.Store(true)
+	// 9 evicts 2, in the memtable only, and fails.
+	if err := returns(t, "Put on a full disk", func() error {
+		return p.Register(pool.Block{Hash: 9, Local: 9}, pattern(testBlock, 9))
+	}); err == nil {
+		t.Fatal("a Put on a full disk succeeded")
+	}
+	if err := returns(t, "Close on a full disk", p.Close); err == nil {
+		t.Fatal("Close on a full disk did not report its failed flush")
+	}
+	fs.full.Store(false)
+	reopened := openDisk(t, dir, 8, pool.SyncFlush, nil)
+	if got := reopened.Lookup([]uint64{1, 2, 3, 9}, nil); !slices.Equal(got, []bool{false, true, true, false}) {
+		t.Fatalf("after a reopen, Lookup(1, 2, 3, 9) = %v, want [false true true false]", got)
+	}
 }
