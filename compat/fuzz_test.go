@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // FuzzRequestBodies feeds arbitrary bytes, in both encodings, to the
@@ -17,6 +18,13 @@ func FuzzRequestBodies(f *testing.F) {
 	f.Add([]byte(`{"instance_id":1,"events":[{"event_id":1,"type":"stored","parent_hash":-5,"blocks":[{"block_hash":1,"tokens_hash":18446744073709551615}]}]}`), false)
 	f.Add([]byte(`{"block_hashes":[1,-2,3],"model_name":"m"}`), false)
 	f.Add([]byte{0x81, 0xa6, 'e', 'v', 'e', 'n', 't', 's', 0x91, 0x82, 0xa8, 'e', 'v', 'e', 'n', 't', '_', 'i', 'd', 0x01, 0xa4, 't', 'y', 'p', 'e', 0xa7, 'c', 'l', 'e', 'a', 'r', 'e', 'd'}, true)
+	// Lengths past the body, and nesting past maxMsgpackDepth: the node
+	// died of them (out of memory, a stack overflow) before checkMsgpack.
+	f.Add([]byte{0x81, 0xa6, 'e', 'v', 'e', 'n', 't', 's', 0xdd, 0xff, 0xff, 0xff, 0xff}, true)
+	f.Add([]byte{0x81, 0xa9, 't', 'o', 'k', 'e', 'n', '_', 'i', 'd', 's', 0xdc, 0xff, 0xff, 0x01}, true)
+	f.Add([]byte{0x81, 0xaa, 'm', 'o', 'd', 'e', 'l', '_', 'n', 'a', 'm', 'e', 0xdb, 0xff, 0xff, 0xff, 0xff, 'm'}, true)
+	f.Add([]byte{0xdf, 0xff, 0xff, 0xff, 0xff, 0xa1, 'x', 0x00}, true)
+	f.Add(nested(maxMsgpackDepth+10), true)
 	f.Fuzz(func(t *testing.T, body []byte, mp bool) {
 		c := codecJSON
 		if mp {
@@ -62,6 +70,27 @@ func FuzzQueryByHashScan(f *testing.F) {
 		var want QueryByHashRequest
 		if err := json.Unmarshal(b, &want); err != nil || !reflect.DeepEqual(got, want) {
 			t.Fatalf("%q: scanned %+v, encoding/json %+v (%v)", b, got, want, err)
+		}
+	})
+}
+
+// FuzzCheckMsgpackAgreesWithTheLibrary: checkMsgpack passes a body when
+// the msgpack library reads one whole value from it, and only then, up to
+// its bound on nesting.
+func FuzzCheckMsgpackAgreesWithTheLibrary(f *testing.F) {
+	f.Add([]byte{0x82, 0xa1, 'a', 0x93, 0x01, 0xcd, 0x01, 0x02, 0xc0, 0xa1, 'b', 0xd4, 0x01, 0x02})
+	f.Add([]byte{0xdd, 0xff, 0xff, 0xff, 0xff})
+	f.Add([]byte{0xc7, 0x02, 0x05, 'a', 'b', 0xc9, 0x00, 0x00, 0x00, 0x00, 0x01})
+	f.Add([]byte{0xc1})
+	f.Add(nested(maxMsgpackDepth + 1))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		err := checkMsgpack(b)
+		skip := msgpack.NewDecoder(bytes.NewReader(b)).Skip()
+		if err == nil && skip != nil {
+			t.Fatalf("%x: checkMsgpack passed what the library refuses: %v", b, skip)
+		}
+		if err != nil && skip == nil && len(b) <= maxMsgpackDepth {
+			t.Fatalf("%x: checkMsgpack refused what the library reads: %v", b, err)
 		}
 	})
 }

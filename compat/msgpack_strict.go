@@ -60,3 +60,121 @@ func decodeUnsigned(d *msgpack.Decoder, max uint64) (uint64, error) {
 	}
 	return u, nil
 }
+
+// maxMsgpackDepth bounds the nesting of a MessagePack body's arrays and
+// maps, as encoding/json bounds JSON's (10000 levels): the bodies that
+// nest deeper are refused in either encoding.
+const maxMsgpackDepth = 10000
+
+// checkMsgpack refuses b unless it is one well-formed MessagePack value
+// nested at most maxMsgpackDepth deep. The msgpack library must never see
+// the others: it allocates an array's elements from the length its header
+// declares before it reads one (its allocation limit is never applied, in
+// v5.4.1), so that 13 bytes declaring 2^32-1 events ran the process out of
+// memory; and it recurses once a level, so that a few megabytes of nested
+// arrays overflowed the goroutine stack. Both are fatal errors, not panics
+// a recover catches.
+//
+// The walk is one pass and does not recurse: left holds, for each open
+// array or map, how many values it still holds (a map's keys and values
+// both count), at the bottom one for the body itself. A declared length is
+// checked against the bytes that remain before anything is skipped or
+// opened: an array of n values needs n bytes more at least (every value
+// takes one at least), a map of n entries 2n, a string, binary or
+// extension of n bytes n. A walk that passes has seen every value, so the
+// library allocates no more than the body holds.
+func checkMsgpack(b []byte) error {
+	left := []uint64{1}
+	pos := 0
+	for len(left) > 0 {
+		if left[len(left)-1] == 0 {
+			left = left[:len(left)-1]
+			continue
+		}
+		left[len(left)-1]--
+		if pos >= len(b) {
+			return fmt.Errorf("the body ends inside a value (%d bytes)", len(b))
+		}
+		at, c := pos, b[pos]
+		pos++
+		// A value is its code, then a length of lenBytes bytes, then size
+		// bytes (plus the length, when it counts bytes), or, for an array
+		// or a map (container), n values: the length times perLen, 1 for
+		// an array, 2 for a map.
+		var lenBytes int
+		var size, n, perLen uint64
+		container, what := false, "a value"
+		switch {
+		case c <= msgpcode.PosFixedNumHigh, c >= msgpcode.NegFixedNumLow,
+			c == msgpcode.Nil, c == msgpcode.False, c == msgpcode.True:
+		case msgpcode.IsFixedMap(c):
+			container, what, n = true, "a map", 2*uint64(c&msgpcode.FixedMapMask)
+		case msgpcode.IsFixedArray(c):
+			container, what, n = true, "an array", uint64(c&msgpcode.FixedArrayMask)
+		case msgpcode.IsFixedString(c):
+			what, size = "a string", uint64(c&msgpcode.FixedStrMask)
+		case c == msgpcode.Uint8, c == msgpcode.Int8:
+			size = 1
+		case c == msgpcode.Uint16, c == msgpcode.Int16:
+			size = 2
+		case c == msgpcode.Uint32, c == msgpcode.Int32, c == msgpcode.Float:
+			size = 4
+		case c == msgpcode.Uint64, c == msgpcode.Int64, c == msgpcode.Double:
+			size = 8
+		case msgpcode.IsFixedExt(c): // a type byte, then 1, 2, 4, 8 or 16 bytes
+			what, size = "an extension", 1+1<<(c-msgpcode.FixExt1)
+		case c == msgpcode.Str8, c == msgpcode.Bin8:
+			what, lenBytes = "a string or binary", 1
+		case c == msgpcode.Str16, c == msgpcode.Bin16:
+			what, lenBytes = "a string or binary", 2
+		case c == msgpcode.Str32, c == msgpcode.Bin32:
+			what, lenBytes = "a string or binary", 4
+		case c == msgpcode.Ext8:
+			what, lenBytes, size = "an extension", 1, 1
+		case c == msgpcode.Ext16:
+			what, lenBytes, size = "an extension", 2, 1
+		case c == msgpcode.Ext32:
+			what, lenBytes, size = "an extension", 4, 1
+		case c == msgpcode.Array16:
+			container, what, lenBytes, perLen = true, "an array", 2, 1
+		case c == msgpcode.Array32:
+			container, what, lenBytes, perLen = true, "an array", 4, 1
+		case c == msgpcode.Map16:
+			container, what, lenBytes, perLen = true, "a map", 2, 2
+		case c == msgpcode.Map32:
+			container, what, lenBytes, perLen = true, "a map", 4, 2
+		default:
+			return fmt.Errorf("byte %d: %#x is not a MessagePack code", at, c)
+		}
+		if lenBytes > 0 {
+			if len(b)-pos < lenBytes {
+				return fmt.Errorf("byte %d: the body ends inside %s's length", at, what)
+			}
+			var l uint64
+			for _, x := range b[pos : pos+lenBytes] {
+				l = l<<8 | uint64(x)
+			}
+			pos += lenBytes
+			if container {
+				n = perLen * l
+			} else {
+				size += l
+			}
+		}
+		rest := uint64(len(b) - pos)
+		if size > rest {
+			return fmt.Errorf("byte %d: %s of %d bytes, where %d remain", at, what, size, rest)
+		}
+		if n > rest {
+			return fmt.Errorf("byte %d: %s of %d values, where %d bytes remain", at, what, n, rest)
+		}
+		pos += int(size)
+		if container {
+			if len(left) > maxMsgpackDepth {
+				return fmt.Errorf("byte %d: arrays and maps nested deeper than %d", at, maxMsgpackDepth)
+			}
+			left = append(left, n)
+		}
+	}
+	return nil
+}

@@ -154,12 +154,17 @@ func readBody(r *http.Request) ([]byte, error) {
 	return b, nil
 }
 
-// decodeBytes decodes a body of encoding c, not empty, into v.
+// decodeBytes decodes a body of encoding c, not empty, into v. A
+// MessagePack body goes to the library only once checkMsgpack has passed
+// it.
 func decodeBytes(b []byte, c codec, v any) error {
 	if f, ok := v.(jsonScanner); ok && c == codecJSON && f.scanJSON(b) {
 		return nil
 	}
 	if c == codecMsgpack {
+		if err := checkMsgpack(b); err != nil {
+			return fmt.Errorf("%w: msgpack: %v", errBody, err)
+		}
 		d := msgpack.NewDecoder(bytes.NewReader(b))
 		d.SetCustomStructTag("json")
 		if err := d.Decode(v); err != nil {

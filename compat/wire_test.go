@@ -1,7 +1,12 @@
 package compat
 
 import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -51,4 +56,112 @@ func FuzzHashJSON(f *testing.F) {
 			t.Fatalf("%q: got %d, %v; want %d, ok %v", s, h, err, want, ok)
 		}
 	})
+}
+
+// nested returns a MessagePack map {"model_name": "m", "x": v} where v is
+// depth arrays of one element each, around a 0.
+func nested(depth int) []byte {
+	b := append([]byte{0x82, 0xaa}, "model_name"...)
+	b = append(b, 0xa1, 'm', 0xa1, 'x')
+	b = append(b, bytes.Repeat([]byte{0x91}, depth)...)
+	return append(b, 0x00)
+}
+
+// TestCheckMsgpackRefusesWhatTheLibraryCannotSurvive: a MessagePack body
+// whose declared lengths exceed what it holds, or that nests arrays and
+// maps deeper than encoding/json allows, is refused before the msgpack
+// library sees it; bodies of every kind of value that are whole pass.
+func TestCheckMsgpackRefusesWhatTheLibraryCannotSurvive(t *testing.T) {
+	ok := map[string][]byte{
+		"fixed values":   {0x96, 0x00, 0x7f, 0xe0, 0xc0, 0xc2, 0xc3},
+		"numbers":        {0x96, 0xcc, 1, 0xd1, 1, 2, 0xce, 1, 2, 3, 4, 0xd3, 1, 2, 3, 4, 5, 6, 7, 8, 0xca, 1, 2, 3, 4, 0xcb, 1, 2, 3, 4, 5, 6, 7, 8},
+		"strings":        {0x94, 0xa2, 'a', 'b', 0xd9, 1, 'a', 0xda, 0, 1, 'a', 0xdb, 0, 0, 0, 1, 'a'},
+		"binaries":       {0x93, 0xc4, 1, 'a', 0xc5, 0, 1, 'a', 0xc6, 0, 0, 0, 1, 'a'},
+		"extensions":     {0x93, 0xd4, 1, 'a', 0xd8, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0xc7, 1, 5, 'a'},
+		"empty ones":     {0x84, 0x90, 0x80, 0xdc, 0, 0, 0xdf, 0, 0, 0, 0, 0xa0, 0xc4, 0, 0xdd, 0, 0, 0, 0, 0xc0},
+		"long arrays":    {0x92, 0xdc, 0, 2, 1, 2, 0xde, 0, 1, 0xa1, 'k', 0x01},
+		"nested at most": nested(maxMsgpackDepth - 1), // the outer map is a level
+	}
+	for name, b := range ok {
+		if err := checkMsgpack(b); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	huge := []byte{0xff, 0xff, 0xff, 0xff}
+	bad := map[string][]byte{
+		"array32 of 2^32-1 events":   append([]byte{0x81, 0xa6, 'e', 'v', 'e', 'n', 't', 's', 0xdd}, huge...),
+		"array16 past the body":      {0xdc, 0, 3, 1, 2},
+		"fixarray past the body":     {0x93, 1, 2},
+		"map32 of 2^32-1 entries":    append([]byte{0xdf}, huge...),
+		"map of 2 entries, 3 values": {0x82, 1, 2, 3},
+		"str32 of 4 GiB":             append(append([]byte{0xdb}, huge...), 'a'),
+		"bin32 of 4 GiB":             append([]byte{0xc6}, huge...),
+		"ext32 of 4 GiB":             append([]byte{0xc9}, append(huge, 1)...),
+		"fixext16 cut short":         {0xd8, 1, 2},
+		"uint64 cut short":           {0xcf, 1, 2},
+		"a length cut short":         {0xdd, 0, 0},
+		"0xc1":                       {0x91, 0xc1},
+		"nested too deep":            nested(maxMsgpackDepth),
+		"8 MiB of nested arrays":     nested(8 << 20),
+		"empty":                      {},
+	}
+	for name, b := range bad {
+		if err := checkMsgpack(b); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// TestMsgpackNestedToTheLimitDecodes: a body nested as deep as
+// checkMsgpack allows decodes without exhausting the library's stack.
+func TestMsgpackNestedToTheLimitDecodes(t *testing.T) {
+	var q QueryRequest
+	if err := decodeBytes(nested(maxMsgpackDepth-1), codecMsgpack, &q); err != nil || q.ModelName != "m" {
+		t.Fatalf("decoded %+v, %v", q, err)
+	}
+}
+
+// TestMsgpackBodyCannotKillTheNode: from a review. A 13-byte body whose
+// "events" array declared 2^32-1 elements ran the node out of memory (the
+// msgpack library allocated them all before reading one), and a body of 8
+// MiB of nested arrays overflowed its stack: fatal errors, not panics, so
+// one request killed the node, follower or leader. Both are a 400 now.
+// The node runs in a child process, so that a crash shows as a failure.
+func TestMsgpackBodyCannotKillTheNode(t *testing.T) {
+	const childEnv = "COMPAT_TEST_MSGPACK_CHILD"
+	if os.Getenv(childEnv) == "1" {
+		n := startNode(t)
+		for _, c := range []struct {
+			path string
+			body []byte
+		}{
+			{"/events", []byte{0x81, 0xa6, 'e', 'v', 'e', 'n', 't', 's', 0xdd, 0xff, 0xff, 0xff, 0xff}},
+			{"/query", []byte{0x81, 0xa9, 't', 'o', 'k', 'e', 'n', '_', 'i', 'd', 's', 0xdd, 0xff, 0xff, 0xff, 0xff}},
+			{"/query", nested(12 << 20)},
+		} {
+			r := n.do(t, codecMsgpack, "POST", c.path, c.body)
+			fmt.Printf("ANSWER %s %d %s\n", c.path, r.code, bytes.TrimSpace(r.body))
+		}
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMsgpackBodyCannotKillTheNode$", "-test.count=1")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	head := string(out)
+	for _, cut := range []string{"\nruntime stack:", "\ngoroutine "} {
+		if i := strings.Index(head, cut); i > 0 {
+			head = head[:i]
+		}
+	}
+	head = head[:min(len(head), 2000)]
+	if err != nil {
+		t.Fatalf("the node died (%v):\n%s", err, head)
+	}
+	if got := strings.Count(head, "ANSWER "); got != 3 {
+		t.Fatalf("%d answers of 3:\n%s", got, head)
+	}
+	if strings.Count(head, " 400 ") != 3 {
+		t.Fatalf("want three 400s:\n%s", head)
+	}
+	t.Logf("%s", head)
 }
