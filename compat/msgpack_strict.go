@@ -66,7 +66,8 @@ func decodeUnsigned(d *msgpack.Decoder, max uint64) (uint64, error) {
 // nest deeper are refused in either encoding.
 const maxMsgpackDepth = 10000
 
-// checkMsgpack refuses b unless it is one well-formed MessagePack value
+// checkMsgpack refuses b unless it is one well-formed MessagePack value,
+// and nothing after it (as encoding/json refuses a second JSON value),
 // nested at most maxMsgpackDepth deep. The msgpack library must never see
 // the others: it allocates an array's elements from the length its header
 // declares before it reads one (its allocation limit is never applied, in
@@ -175,6 +176,9 @@ func checkMsgpack(b []byte) error {
 			}
 			left = append(left, n)
 		}
+	}
+	if pos < len(b) {
+		return fmt.Errorf("byte %d: %d bytes after the body's value", pos, len(b)-pos)
 	}
 	return nil
 }

@@ -388,6 +388,35 @@ func TestMsgpackRefusesNumbersOutOfRange(t *testing.T) {
 	mustCode(t, query([]int64{1, 2, 3, 4, 5}), 200, "token ids in range")
 }
 
+// TestMsgpackRefusesBytesAfterTheValue: from a review. Two register
+// requests in one body are a 400 that registers nothing, in MessagePack as
+// in JSON: MessagePack decoded the first, ignored the bytes after it, and
+// registered the first instance (201).
+func TestMsgpackRefusesBytesAfterTheValue(t *testing.T) {
+	n := startNode(t)
+	one := RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557", ModelName: "llama", BlockSize: 4, Agentless: ptr(false)}
+	two := one
+	two.InstanceID = 2
+	enc := func(v any) []byte {
+		var buf bytes.Buffer
+		e := msgpack.NewEncoder(&buf)
+		e.SetCustomStructTag("json")
+		if err := e.Encode(v); err != nil {
+			t.Fatal(err)
+		}
+		return buf.Bytes()
+	}
+	jb1, _ := json.Marshal(one)
+	jb2, _ := json.Marshal(two)
+	mustCode(t, n.do(t, codecJSON, "POST", "/register", append(jb1, jb2...)), 400, "two JSON requests in one body")
+	mustCode(t, n.do(t, codecMsgpack, "POST", "/register", append(enc(one), enc(two)...)), 400, "two MessagePack requests in one body")
+	mustCode(t, n.do(t, codecMsgpack, "POST", "/register", append(enc(one), 0x00)), 400, "a MessagePack request and a byte")
+	if w := n.node.WorkerTable(); len(w) != 0 {
+		t.Fatalf("refused bodies registered %d workers", len(w))
+	}
+	mustCode(t, n.do(t, codecMsgpack, "POST", "/register", enc(one)), 201, "one MessagePack request")
+}
+
 // TestNamesAreBounded: a model, tenant, endpoint or salt past /v1's name
 // limit (1024 bytes) is a 400, and nothing is registered. From a review:
 // the compatible APIs applied none of /v1's string limits, and a

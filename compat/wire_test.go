@@ -104,6 +104,8 @@ func TestCheckMsgpackRefusesWhatTheLibraryCannotSurvive(t *testing.T) {
 		"nested too deep":            nested(maxMsgpackDepth),
 		"8 MiB of nested arrays":     nested(8 << 20),
 		"empty":                      {},
+		"two values":                 {0x01, 0x02},
+		"a map and a byte":           {0x81, 0xa1, 'k', 0x01, 0xc0},
 	}
 	for name, b := range bad {
 		if err := checkMsgpack(b); err == nil {
