@@ -242,7 +242,7 @@ type EventAck struct {
 	Resync bool `json:"resync,omitempty"`
 }
 
-// DumpNamespace is one "<model>:<tenant>" entry of GET /dump.
+// DumpNamespace is one "<model>:<tenant>" entry of GET /dump (dumpKey).
 type DumpNamespace struct {
 	BlockSize int     `json:"block_size"`
 	Events    []Event `json:"events"`
@@ -999,6 +999,19 @@ func eventOf(instance uint64, ev *kvevent.Event) Event {
 	return out
 }
 
+// dumpModel escapes a model name for dumpKey.
+var dumpModel = strings.NewReplacer("%", "%25", ":", "%3A")
+
+// dumpKey is a namespace's key in GET /dump: "<model>:<tenant>", which the
+// standard API's peers read back by splitting it at its first ':'. A
+// model's ':' (llama3:8b) and '%' are written %3A and %25, so that the
+// first ':' is the separator and two namespaces never share a key:
+// ("a:b", "c") is "a%3Ab:c", ("a", "b:c") "a:b:c". A key of a model with
+// neither keeps its plain form.
+func dumpKey(model, tenant string) string {
+	return dumpModel.Replace(model) + ":" + tenant
+}
+
 func (x *Indexer) dump(w http.ResponseWriter, r *http.Request) error {
 	out := Map[*DumpNamespace]{}
 	table := x.b.WorkerTable()
@@ -1007,7 +1020,7 @@ func (x *Indexer) dump(w http.ResponseWriter, r *http.Request) error {
 		if wi.Tenant == "" {
 			wi.Tenant, wi.Instance = DefaultTenant, id
 		}
-		key := wi.Model + ":" + wi.Tenant
+		key := dumpKey(wi.Model, wi.Tenant)
 		ns := out[key]
 		if ns == nil {
 			ns = &DumpNamespace{BlockSize: wi.BlockSize, Events: []Event{}}

@@ -261,6 +261,41 @@ func TestRegisterTakesOnlyWhatTheSubscriberFollows(t *testing.T) {
 	}
 }
 
+// TestDumpKeepsNamespacesWithAColonApart: from a review. GET /dump keyed
+// each namespace "<model>:<tenant>", so ("a:b", "c") and ("a", "b:c")
+// shared the key "a:b:c": one entry held both namespaces' events under the
+// first one's block size. A model's ':' (and '%') is escaped now, so that
+// the first ':' of a key is the separator, as the standard API reads it,
+// and a key without either keeps its form.
+func TestDumpKeepsNamespacesWithAColonApart(t *testing.T) {
+	n := startNode(t)
+	for i, ns := range []struct {
+		model, tenant string
+		blockSize     int
+	}{{"a:b", "c", 4}, {"a", "b:c", 8}, {"a%3Ab", "c", 16}, {"llama", DefaultTenant, 4}} {
+		inst := uint64(i + 1)
+		mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: inst, Endpoint: "tcp://10.0.0.1:5557",
+			ModelName: ns.model, TenantID: ns.tenant, BlockSize: ns.blockSize, Agentless: ptr(false)}), 201, "register "+ns.model)
+		mustCode(t, n.do(t, codecJSON, "POST", "/events", EventsRequest{InstanceID: inst, ModelName: ns.model, TenantID: ns.tenant,
+			Events: []Event{{EventID: 1, Type: "stored", Blocks: []Block{{BlockHash: Hash(inst), TokensHash: 1}}}}}), 200, "events "+ns.model)
+	}
+	r := n.do(t, codecJSON, "GET", "/dump", nil)
+	var dump map[string]DumpNamespace
+	if err := json.Unmarshal(r.body, &dump); err != nil {
+		t.Fatalf("dump %s: %v", r.body, err)
+	}
+	want := map[string]int{"a%3Ab:c": 4, "a:b:c": 8, "a%253Ab:c": 16, "llama:default": 4}
+	if len(dump) != len(want) {
+		t.Fatalf("dump has %d namespaces, want %d: %s", len(dump), len(want), r.body)
+	}
+	for key, bs := range want {
+		ns, ok := dump[key]
+		if !ok || ns.BlockSize != bs || len(ns.Events) != 1 {
+			t.Errorf("%q: %+v (present %v), want block size %d and one event", key, ns, ok, bs)
+		}
+	}
+}
+
 // zmqConnects connects a SUB socket to ep and returns the error.
 func zmqConnects(t *testing.T, ep string) error {
 	t.Helper()
