@@ -528,9 +528,23 @@ func (s *positionSink) commitClear() error {
 		return nil
 	}
 	if s.epoch >= maxEpoch {
-		// The next clear's position would wrap to 0, a duplicate of
-		// everything: the rank would never apply a batch again, silently.
-		return fmt.Errorf("agentless: rank %v has used all %d epochs of its positions: unregister and register the instance again to start over", s.rank, maxEpoch+1)
+		// The remedy docs/compat.md gives, unregistering the instance and
+		// registering it again, starts the rank anew at cursor 0. Done
+		// within one poll, reconcile finds the same registration and keeps
+		// this subscriber: the sink starts over from the cursor's epoch
+		// here. The cursor is below the sink's epoch only then: the sink
+		// takes the cursor's epoch at its start and when another leader
+		// moved it, and its own commits only raise the cursor. (A rank
+		// stuck here commits nothing, so none of its batches lands in the
+		// new registration at the last epoch before this check.)
+		if cur, _, _ := SplitPosition(s.a.b.Cursor(s.rank)); cur < s.epoch {
+			s.a.log.Info("agentless: the rank was registered anew: its positions start over", "rank", s.rank, "epoch", cur)
+			s.epoch = cur
+		} else {
+			// The next clear's position would wrap to 0, a duplicate of
+			// everything: the rank would never apply a batch again, silently.
+			return fmt.Errorf("agentless: rank %v has used all %d epochs of its positions: unregister and register the instance again to start over", s.rank, maxEpoch+1)
+		}
 	}
 	next := s.epoch + 1
 	ev := []kvevent.Event{{Rank: s.rank, Kind: kvevent.KindCleared, EventID: Position(next, 0, 0)}}

@@ -1,11 +1,15 @@
 package compat
 
 import (
+	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/enginesub"
+	"github.com/kvrouter/kvrouter/internal/pypub"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/prometheus/client_golang/prometheus"
@@ -87,5 +91,62 @@ func TestAgentlessRestartsAStoppedSubscriberWithBackoff(t *testing.T) {
 	}
 	if _, waiting := a.retry[r]; waiting {
 		t.Fatal("the new registration waits for the old one's backoff")
+	}
+}
+
+// TestAgentlessRemedyForUsedUpEpochsWorksWithinOnePoll: docs/compat.md's
+// remedy for a rank that used its last epoch, unregistering the instance
+// and registering it again, works when both requests fall between two
+// polls of the leader (a script's back to back). From a review: reconcile
+// found the same registration and kept the subscriber, whose sink stayed
+// at the last epoch with its clear failing, and the rank applied nothing.
+// The polls are driven by hand here (reconcile).
+func TestAgentlessRemedyForUsedUpEpochsWorksWithinOnePoll(t *testing.T) {
+	pypub.Require(t)
+	n := startNode(t)
+	pub := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*", Replay: "tcp://127.0.0.1:*"})
+	reg := RegisterRequest{InstanceID: 9, Endpoint: pub.Pub, ReplayEndpoint: pub.Replay, ModelName: "llama", BlockSize: testBlockSize}
+	mustCode(t, n.do(t, codecJSON, "POST", "/register", reg), 201, "register")
+	rk := kvevent.Rank{Worker: WorkerID(9, "llama", DefaultTenant)}
+	// The rank has used its last epoch.
+	if _, err := n.node.IngestEvents(context.Background(), []raftfsm.RankBatch{{Rank: rk, Events: []kvevent.Event{{Rank: rk,
+		EventID: Position(maxEpoch, 5, 1), Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 2}}}}}}); err != nil {
+		t.Fatal(err)
+	}
+	a := &Agentless{b: n.node, cfg: AgentlessConfig{Poll: time.Hour, CommitTimeout: 5 * time.Second, ReplayTimeout: time.Second},
+		log: quiet, subs: map[kvevent.Rank]*agentlessSub{}, retry: map[kvevent.Rank]agentlessRetry{},
+		skipLogs: map[uint64]*enginesub.SkipLog{}}
+	poll := func() { a.reconcile(n.node.WorkerTable(), termOf(n.node)) }
+	t.Cleanup(func() { a.reconcile(nil, 0) })
+	poll()
+	pub.WaitSub()
+	// The engine restarts: the rank must be cleared, and cannot be.
+	pub.Do(pypub.BatchCmd{Cmd: "batch", Seq: 0, Form: "array", Live: true, Events: []pypub.EvSpec{{Type: "BlockStored",
+		BlockSize: testBlockSize, Medium: "GPU", Hashes: []uint64{101}, Tokens: prompt[:4]}}})
+	refused := func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		s := a.subs[rk]
+		return s != nil && s.sub.Stats().SinkErrors > 0
+	}
+	waitFor(t, 10*time.Second, "the sink to refuse the engine's first batch after its restart", refused)
+
+	mustCode(t, n.do(t, codecJSON, "POST", "/unregister", UnregisterRequest{InstanceID: 9, ModelName: "llama"}), 200, "unregister")
+	mustCode(t, n.do(t, codecJSON, "POST", "/register", reg), 201, "register again")
+	poll()
+	pub.Do(pypub.BatchCmd{Cmd: "batch", Seq: 1, Form: "array", Live: true, Events: []pypub.EvSpec{{Type: "BlockStored",
+		BlockSize: testBlockSize, Medium: "GPU", Hashes: []uint64{201, 202, 203}, Tokens: prompt}}})
+	matched := func() int {
+		r := n.do(t, codecJSON, "POST", "/query", QueryRequest{TokenIDs: prompt, ModelName: "llama"})
+		var q QueryResponse
+		if err := json.Unmarshal(r.body, &q); err != nil || r.code != 200 {
+			t.Fatalf("query: %d %s %v", r.code, r.body, err)
+		}
+		return q.Instances["9"].LongestMatched
+	}
+	waitFor(t, 10*time.Second, "the engine's blocks after the instance registered again to match the prompt",
+		func() bool { return matched() == len(prompt) })
+	if e, _, _ := SplitPosition(n.node.Cursor(rk)); e != 1 {
+		t.Fatalf("the rank registered anew is at epoch %d, want 1 (cleared once)", e)
 	}
 }

@@ -16,13 +16,14 @@ import (
 
 // fakeTarget is an AgentlessTarget that fails the commits it is told to fail and records the others.
 type fakeTarget struct {
-	fail      int // how many commits fail next
+	fail      int    // how many commits fail next
+	cursor    uint64 // what Cursor answers
 	committed []kvevent.Event
 }
 
 func (f *fakeTarget) CheckLeader() error                         { return nil }
 func (f *fakeTarget) WorkerTable() map[uint64]raftfsm.WorkerInfo { return nil }
-func (f *fakeTarget) Cursor(kvevent.Rank) uint64                 { return 0 }
+func (f *fakeTarget) Cursor(kvevent.Rank) uint64                 { return f.cursor }
 func (f *fakeTarget) IngestEvents(_ context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
 	if f.fail > 0 {
 		f.fail--
@@ -80,6 +81,7 @@ func TestAgentlessPositionLimits(t *testing.T) {
 	r := kvevent.Rank{Worker: 1}
 	st := []kvevent.Event{{Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 2}}}}
 
+	ft.cursor = Position(maxEpoch, 6, 1)
 	s := &positionSink{a: a, rank: r, epoch: maxEpoch}
 	s.Resync(r, enginesub.ReasonGap)
 	if err := s.Events(r, 7, st); err == nil {
@@ -121,6 +123,38 @@ func TestAgentlessPositionLimits(t *testing.T) {
 	}
 	if len(ft.committed) != 3 || ft.committed[2].Kind != kvevent.KindStored {
 		t.Fatalf("after the restart, committed %v", ft.committed)
+	}
+}
+
+// TestAgentlessRankRegisteredAnewStartsOverAfterItsLastEpoch: a rank that
+// used its last epoch applies nothing more, until the instance is
+// unregistered and registered again (docs/compat.md), which starts its
+// cursor over at 0: the next batch clears it into epoch 1 and applies.
+// From a review: done within one poll, reconcile kept the subscriber,
+// whose sink stayed at the last epoch with its clear failing.
+func TestAgentlessRankRegisteredAnewStartsOverAfterItsLastEpoch(t *testing.T) {
+	ft := &cursorTarget{cursor: Position(maxEpoch, 5, 1)}
+	a := &Agentless{b: ft, cfg: AgentlessConfig{CommitTimeout: time.Second}, log: quiet}
+	r := kvevent.Rank{Worker: 1}
+	st := func() []kvevent.Event {
+		return []kvevent.Event{{Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 2}}}}
+	}
+	s := &positionSink{a: a, rank: r, epoch: maxEpoch}
+	s.Reset(r) // the engine restarted: a clear is due, and cannot be
+	if err := s.Events(r, 0, st()); err == nil {
+		t.Fatal("a batch committed after the epochs ran out")
+	}
+	ft.cursor = 0 // unregistered and registered again
+	if err := s.Events(r, 1, st()); err != nil {
+		t.Fatalf("the rank registered anew: %v", err)
+	}
+	var got []string
+	for _, ev := range ft.committed {
+		e, seq, _ := SplitPosition(ev.EventID)
+		got = append(got, fmt.Sprintf("%v@%d/%d", ev.Kind, e, seq))
+	}
+	if want := []string{"clear@1/0", "store@1/1"}; !slices.Equal(got, want) {
+		t.Fatalf("committed %v, want %v", got, want)
 	}
 }
 
