@@ -322,3 +322,29 @@ func TestARestoreIsNotSentToAnEndpointThatFailedTheProbe(t *testing.T) {
 		t.Errorf("stderr = %q, want the node's no leader, and not that the restore may have applied", r.stderr)
 	}
 }
+
+// TestARestoreStartsAtTheFirstAnswerNotAfterAHungProbe: an online restore
+// whose first endpoint answers the readiness probe at once starts then,
+// and is not held by a hung endpoint listed after it (a node powered off
+// or partitioned away) for that endpoint's probe share. From a review:
+// the probes of every endpoint were awaited before the upload, so that a
+// hung node delayed every restore by its share of --timeout (30 s here,
+// --timeout 60s over 2 endpoints); the hung one is not sent the upload.
+func TestARestoreStartsAtTheFirstAnswerNotAfterAHungProbe(t *testing.T) {
+	c := newCluster(t)
+	file := filepath.Join(t.TempDir(), "a.snap")
+	kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file).wantCode(t, 0)
+	var posts atomic.Int64
+	hung := readingHungAddr(t, &posts)
+
+	start := time.Now()
+	r := runBounded(t, 3*time.Minute, "--endpoints", c.nodes[0].addr()+","+hung, "--timeout", "60s", "snapshot", "restore", file)
+	took := time.Since(start)
+	r.wantCode(t, 0)
+	if took > 15*time.Second { // half the hung endpoint's share: a hang deadline, generous on a slow machine
+		t.Errorf("restore with a first endpoint that answers took %v (the hung endpoint's probe share is 30s): it waited for that probe", took.Round(100*time.Millisecond))
+	}
+	if n := posts.Load(); n > 0 {
+		t.Errorf("the hung endpoint was sent the upload (%d POST /v1/snapshot/restore)", n)
+	}
+}

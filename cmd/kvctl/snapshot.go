@@ -374,17 +374,21 @@ func restoreAnswerWait(size int64) time.Duration {
 }
 
 // answering probes every endpoint of --endpoints at once for readiness
-// and returns, in their order, those that answered (ready or not) within
-// attemptTimeout, or an error wrapping client.ErrUnreachable when none
-// did: the upload then goes nowhere. The restore's client knows only
-// those: when the first refuses the upload (no leader, stopping) the
-// client tries the next, and one the probe found hung would take the
-// upload into its buffers and hold kvctl for the answer's wait, to end in
-// an outcome unknown though no node had read it. A follower that answered
-// stays: it forwards the upload to its leader. The error also wraps the
-// first certificate refusal among the probes' errors, as the client's own
-// errors do, so that explain gives the advice other commands give
-// (client.CertificateHint).
+// and returns, as soon as one answers (ready or not), in their order
+// those that have answered by then: the restore starts at the first
+// answer, and a hung node's probe, which would run for all of
+// attemptTimeout, holds it no longer (the probes still out are ended).
+// When none answers within attemptTimeout it returns an error wrapping
+// client.ErrUnreachable: the upload then goes nowhere. The restore's
+// client knows only those that answered: when the first refuses the
+// upload (no leader, stopping) the client tries the next, and one that
+// failed the probe, or had not answered it yet, could be hung: it would
+// take the upload into its buffers and hold kvctl for the answer's wait,
+// to end in an outcome unknown though no node had read it. A follower
+// that answered stays: it forwards the upload to its leader. The error
+// also wraps the first certificate refusal among the probes' errors, as
+// the client's own errors do, so that explain gives the advice other
+// commands give (client.CertificateHint).
 func answering(c *cli.Context) ([]string, error) {
 	// --endpoints is checked whole first, as every command checks it; a
 	// blank entry (a trailing comma) is none, as for the client.
@@ -410,40 +414,73 @@ func answering(c *cli.Context) ([]string, error) {
 		}
 		eps, clients = append(eps, ep), append(clients, cl)
 	}
-	probes := make([]error, len(eps))
+	type probe struct {
+		i   int
+		err error
+	}
+	ctx, cancel := context.WithTimeout(c.Context, attemptTimeout(c))
+	done := make(chan probe, len(clients))
 	var wg sync.WaitGroup
+	// Deferred after the clients' Close, so run before it: the probes
+	// still out are ended, and waited for, before their clients close.
+	defer wg.Wait()
+	defer cancel()
 	for i, cl := range clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(c.Context, attemptTimeout(c))
-			defer cancel()
-			_, probes[i] = cl.Ready(ctx)
+			_, err := cl.Ready(ctx)
+			done <- probe{i, err}
 		}()
 	}
-	wg.Wait()
+	probes := make([]error, len(eps))
+	answered := make([]bool, len(eps))
+	took := func(p probe) bool {
+		var ae *client.Error
+		probes[p.i] = p.err
+		answered[p.i] = p.err == nil || errors.As(p.err, &ae)
+		return answered[p.i]
+	}
+	first := false
+	for range eps {
+		if took(<-done) {
+			first = true
+			break
+		}
+	}
 	if c.Context.Err() != nil {
 		return nil, fmt.Errorf("snapshot restore: %w; nothing was sent to the cluster", c.Context.Err())
 	}
-	var ok, errs []string
+	if first {
+		// Those whose answer came meanwhile are taken too, so that a
+		// refusal of the first (no leader) moves on to them.
+		for more := true; more; {
+			select {
+			case p := <-done:
+				took(p)
+			default:
+				more = false
+			}
+		}
+		var ok []string
+		for i, a := range answered {
+			if a {
+				ok = append(ok, eps[i])
+			}
+		}
+		return ok, nil
+	}
+	var errs []string
 	var certErr *tls.CertificateVerificationError
 	for i, err := range probes {
-		var ae *client.Error
-		switch {
-		case err == nil || errors.As(err, &ae):
-			ok = append(ok, eps[i])
-			continue
-		case errors.Is(err, context.DeadlineExceeded):
+		if errors.Is(err, context.DeadlineExceeded) {
 			errs = append(errs, eps[i]+": no answer")
-		default:
+		} else {
 			errs = append(errs, oneLine(err.Error()))
 		}
 		if certErr == nil {
 			errors.As(err, &certErr)
 		}
-	}
-	if len(ok) > 0 {
-		return ok, nil
 	}
 	err = fmt.Errorf("snapshot restore: no endpoint answered a readiness probe within %v (%s): %w; nothing was sent to the cluster",
 		attemptTimeout(c), strings.Join(errs, "; "), client.ErrUnreachable)
