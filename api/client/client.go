@@ -56,6 +56,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/indexer"
@@ -206,14 +207,15 @@ func CheckEndpoint(e string) error {
 // reads the text, not a parse, so that nothing of a password shows
 // whatever the input: one that holds an unescaped / ? # % @ or space,
 // which url.Parse reads as the end of the host or refuses, is hidden too.
-// The user information runs from the scheme's "://" (or e's start) to e's
-// last '@', and its password from its first ':'. A password cut by a ','
-// of a list reads as two entries, and the part before the ',' holds no
-// '@': that part shows as given.
+// The user information runs from the scheme's "://" (or e's start, past
+// leading white space, which New trims) to e's last '@', and its password
+// from its first ':'. A password cut by a ',' of a list reads as two
+// entries, and the part before the ',' holds no '@': that part shows as
+// given.
 func RedactEndpoint(e string) string {
-	start := 0
-	if scheme, _, ok := strings.Cut(e, "://"); ok && isScheme(scheme) {
-		start = len(scheme) + len("://")
+	start := len(e) - len(strings.TrimLeftFunc(e, unicode.IsSpace))
+	if scheme, _, ok := strings.Cut(e[start:], "://"); ok && isScheme(scheme) {
+		start += len(scheme) + len("://")
 	}
 	at := strings.LastIndex(e[start:], "@")
 	if at < 0 {

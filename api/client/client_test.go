@@ -176,8 +176,18 @@ func TestARefusedEndpointShowsNoPassword(t *testing.T) {
 			t.Errorf("RedactEndpoint(%q) = %q, want %q", c.e, got, c.shown)
 		}
 	}
+	// An entry of a list as given, before the client trims it: only the
+	// password is hidden, not the scheme and the user with it.
+	for e, want := range map[string]string{
+		" http://admin:s3cret@h:7080": " http://admin:xxxxx@h:7080",
+		"\tadmin:s3cret@h:7080":       "\tadmin:xxxxx@h:7080",
+	} {
+		if got := client.RedactEndpoint(e); got != want {
+			t.Errorf("RedactEndpoint(%q) = %q, want %q", e, got, want)
+		}
+	}
 	// No password: the endpoint is shown as given.
-	for _, e := range []string{"h:1", "http://h:1", "u@h:1", "http://u@h:1", "h:99999", "http://[fe80::1%eth0]:7080"} {
+	for _, e := range []string{"h:1", "http://h:1", "u@h:1", "http://u@h:1", "h:99999", "http://[fe80::1%eth0]:7080", " http://u@h:1"} {
 		if got := client.RedactEndpoint(e); got != e {
 			t.Errorf("RedactEndpoint(%q) = %q, want it as given", e, got)
 		}

@@ -188,6 +188,23 @@ func TestARefusedEndpointDoesNotEchoItsPassword(t *testing.T) {
 	}
 }
 
+// TestABlankPaddedEntryIsShownWithOnlyItsPasswordHidden: a list whose
+// entry with a password follows a comma and a space ("h:1, http://...",
+// which the client takes, trimming each entry) shows that entry with
+// only the password hidden. From a review: the entry's leading space hid
+// its scheme from the redaction, which took " http" for the user and
+// showed " http:xxxxx@host", hiding the scheme and the user.
+func TestABlankPaddedEntryIsShownWithOnlyItsPasswordHidden(t *testing.T) {
+	for _, ep := range []string{"http://admin:s3cret-pw@127.0.0.1:7080", "admin:s3cret-pw@127.0.0.1:7080"} {
+		list := "127.0.0.1:7081, " + ep
+		want := fmt.Sprintf("--endpoints %q", "127.0.0.1:7081, "+strings.Replace(ep, "s3cret-pw", "xxxxx", 1))
+		r := kvctl(t, "--endpoints", list, "status").wantCode(t, 2)
+		if strings.Contains(r.stderr, "s3cret") || !strings.Contains(r.stderr, want) {
+			t.Errorf("--endpoints %q: stderr %q, want it to show %s", list, r.stderr, want)
+		}
+	}
+}
+
 // TestARestoreNoEndpointAnswersSendsNothing: an online restore whose
 // endpoints all fail the readiness probe (one accepts connections and
 // never answers, one refuses them) fails at once, exit 1, saying that no
