@@ -48,6 +48,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -159,19 +160,9 @@ func New(endpoints []string, opts Options) (*Client, error) {
 	if scheme != "http" && scheme != "https" {
 		return nil, fmt.Errorf("scheme %q (want http or https)", scheme)
 	}
-	for _, e := range endpoints {
-		e = strings.TrimSpace(e)
-		if e == "" {
-			continue
-		}
-		base, err := baseURL(e, scheme)
-		if err != nil {
-			return nil, fmt.Errorf("endpoint %q: %w", RedactEndpoint(e), err)
-		}
-		c.endpoints = append(c.endpoints, base)
-	}
-	if len(c.endpoints) == 0 {
-		return nil, errors.New("no endpoints (want host:port, ...)")
+	var err error
+	if c.endpoints, err = baseURLs(endpoints, scheme); err != nil {
+		return nil, err
 	}
 	if c.hc == nil {
 		c.own = http.DefaultTransport.(*http.Transport).Clone()
@@ -190,14 +181,101 @@ func New(endpoints []string, opts Options) (*Client, error) {
 	return c, nil
 }
 
-// CheckEndpoint says what is wrong with e as an endpoint of New (nil when
-// nothing is), in the words New uses after "endpoint %q: ": a caller that
-// checks its endpoints before it starts (kvrouter --join) refuses what
-// New would. Its words quote nothing of e that could be a password; a
-// caller that names e shows it as RedactEndpoint does.
-func CheckEndpoint(e string) error {
-	_, err := baseURL(strings.TrimSpace(e), "http")
+// CheckEndpoints says what is wrong with endpoints as those of New (nil
+// when nothing is), in New's words: a caller that checks its endpoints
+// before it starts (kvrouter --join) refuses what New would. Like New's,
+// its errors show an endpoint with user information as RedactEndpoints
+// does, and quote nothing else of it.
+func CheckEndpoints(endpoints []string) error {
+	_, err := baseURLs(endpoints, "http")
 	return err
+}
+
+// baseURLs returns the base URLs of endpoints, blank ones skipped. The
+// entries cut from one endpoint at a ',' of its password (endpointGroups)
+// are taken together, and refused as that one endpoint (it has user
+// information), named with the password hidden: an error shows none of
+// it.
+func baseURLs(endpoints []string, scheme string) ([]string, error) {
+	var bases []string
+	for _, g := range endpointGroups(endpoints) {
+		e := strings.TrimSpace(strings.Join(endpoints[g[0]:g[1]], ","))
+		if e == "" {
+			continue
+		}
+		base, err := baseURL(e, scheme)
+		if err != nil {
+			return nil, fmt.Errorf("endpoint %q: %w", RedactEndpoint(e), err)
+		}
+		bases = append(bases, base)
+	}
+	if len(bases) == 0 {
+		return nil, errors.New("no endpoints (want host:port, ...)")
+	}
+	return bases, nil
+}
+
+// RedactEndpoints returns a comma-separated list of endpoints, as given,
+// with the password of each one's user information hidden
+// (RedactEndpoint), for messages. A password with a ',' (which splits
+// the list there) is hidden whole: the entries cut from one endpoint are
+// redacted together (endpointGroups), unless its text before the ','
+// reads as host:port (admin:1234,pw@h:1 shows as given): the text cannot
+// tell that from the endpoint admin:1234 followed by the user pw's, and
+// that list must show as given.
+func RedactEndpoints(list string) string {
+	parts := strings.Split(list, ",")
+	var out []string
+	for _, g := range endpointGroups(parts) {
+		out = append(out, RedactEndpoint(strings.Join(parts[g[0]:g[1]], ",")))
+	}
+	return strings.Join(out, ",")
+}
+
+// endpointGroups groups the entries of a list of endpoints split at its
+// commas into the endpoints whose passwords RedactEndpoint hides, as
+// [first, end) ranges. An entry is an endpoint of its own, except one
+// whose text after its scheme holds a ':' and does not end in a
+// host:port after its last '@' (admin:s3cret, a user and a password cut
+// at a ','; admin:p@ss, one whose password also holds an '@') and that is
+// followed, before an entry that begins with a scheme, by one with an
+// '@': the entries up to that one are one endpoint. An entry that ends in
+// host:port (a numeric port, an IPv6 host in brackets) is always one of
+// its own: merged with a later user@host entry (h:1,bob@h2:2), the text
+// would read as a user "h" with the password "1,bob" and show as
+// h:xxxxx@h2:2, a list the operator did not write. No list that New takes
+// holds an entry with an '@', so that the groups of one are its entries.
+func endpointGroups(parts []string) [][2]int {
+	var groups [][2]int
+	for i := 0; i < len(parts); {
+		end := i + 1
+		rest := parts[i][schemeEnd(parts[i]):]
+		host := strings.TrimSuffix(strings.TrimSpace(rest[strings.LastIndex(rest, "@")+1:]), "/")
+		if strings.Contains(rest, ":") && !isHostPort(host) {
+			for j := i + 1; j < len(parts); j++ {
+				if schemeEnd(parts[j]) > 0 {
+					break // an endpoint of its own
+				}
+				if strings.Contains(parts[j], "@") {
+					end = j + 1
+					break
+				}
+			}
+		}
+		groups = append(groups, [2]int{i, end})
+		i = end
+	}
+	return groups
+}
+
+// isHostPort reports whether s reads as host:port with a numeric port.
+func isHostPort(s string) bool {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil || port == "" {
+		return false
+	}
+	_, err = strconv.ParseUint(port, 10, 16)
+	return err == nil
 }
 
 // RedactEndpoint returns an endpoint as given with the password of its
@@ -207,15 +285,14 @@ func CheckEndpoint(e string) error {
 // reads the text, not a parse, so that nothing of a password shows
 // whatever the input: one that holds an unescaped / ? # % @ or space,
 // which url.Parse reads as the end of the host or refuses, is hidden too.
-// The user information runs from the scheme's "://" (or e's start, past
-// leading white space, which New trims) to e's last '@', and its password
-// from its first ':'. A password cut by a ',' of a list reads as two
-// entries, and the part before the ',' holds no '@': that part shows as
-// given.
+// The user information runs from the scheme's "://" (schemeEnd; or e's
+// start, past leading white space, which New trims) to e's last '@', and
+// its password from its first ':'. A list's endpoint whose password holds
+// a ',' is cut there: RedactEndpoints hides it whole.
 func RedactEndpoint(e string) string {
-	start := len(e) - len(strings.TrimLeftFunc(e, unicode.IsSpace))
-	if scheme, _, ok := strings.Cut(e[start:], "://"); ok && isScheme(scheme) {
-		start += len(scheme) + len("://")
+	start := schemeEnd(e)
+	if start == 0 {
+		start = len(e) - len(strings.TrimLeftFunc(e, unicode.IsSpace))
 	}
 	at := strings.LastIndex(e[start:], "@")
 	if at < 0 {
@@ -228,17 +305,22 @@ func RedactEndpoint(e string) string {
 	return e[:start] + user + ":xxxxx" + e[start+at:]
 }
 
-// isScheme reports whether s reads as a URL's scheme (RFC 3986: a letter,
-// then letters, digits, + - .): the text before a "://" in a password
-// (admin:p://w@h) is none.
-func isScheme(s string) bool {
-	for i, r := range s {
-		letter := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z'
-		if !letter && (i == 0 || !(r >= '0' && r <= '9' || r == '+' || r == '-' || r == '.')) {
-			return false
-		}
+// schemeEnd returns the index in e (leading white space included) just
+// after its "scheme://", 0 when e does not begin with a scheme New takes
+// (http, https, in any case). Any other text before a "://" reads as a
+// user: admin://pw@h is admin's password "//pw" as much as the scheme
+// admin, and hiding from admin's ':' hides both readings' passwords.
+func schemeEnd(e string) int {
+	lead := len(e) - len(strings.TrimLeftFunc(e, unicode.IsSpace))
+	scheme, _, ok := strings.Cut(e[lead:], "://")
+	if !ok {
+		return 0
 	}
-	return s != ""
+	switch strings.ToLower(scheme) {
+	case "http", "https":
+		return lead + len(scheme) + len("://")
+	}
+	return 0
 }
 
 func baseURL(e, scheme string) (string, error) {
@@ -249,16 +331,12 @@ func baseURL(e, scheme string) (string, error) {
 			// An IPv6 zone written as it is (http://[fe80::1%eth0]:7080),
 			// as a plain endpoint takes it, is no URL (its % would be
 			// %25): the rest is then a plain host:port, of that scheme.
-			// url.Parse's error quotes the endpoint, which the caller
-			// names already, and the text it refuses: a password's when
-			// the endpoint has user information ("invalid port \":pa\""
-			// of http://u:pa#ss@h:1), and then none of it is shown.
-			var perr error
-			if u, perr = hostPortURL(strings.ToLower(s), rest); perr != nil {
-				if strings.Contains(e, "@") {
-					return "", errors.New("does not parse as a URL: want http(s)://host:port")
-				}
-				return "", unwrapURLError(err)
+			// url.Parse's error is not quoted: it quotes the endpoint,
+			// which the caller names already, and the text it refuses, a
+			// password's when the endpoint has user information
+			// ("invalid port \":pa\"" of http://u:pa#ss@h:1).
+			if u, err = hostPortURL(strings.ToLower(s), rest); err != nil {
+				return "", errors.New("does not parse as a URL: want http(s)://host:port")
 			}
 		}
 	} else {

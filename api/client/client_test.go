@@ -142,7 +142,7 @@ func TestNewRefusesBadEndpoints(t *testing.T) {
 }
 
 // TestARefusedEndpointShowsNoPassword: an endpoint with user information
-// is refused, and the error of New and of CheckEndpoint shows it with the
+// is refused, and the error of New and of CheckEndpoints shows it with the
 // password hidden (user:xxxxx@host, as url.URL.Redacted writes it),
 // whether or not it parses as a URL: a password may hold an unescaped
 // / # % space or digits that url.Parse reads as a port. From a review:
@@ -161,13 +161,13 @@ func TestARefusedEndpointShowsNoPassword(t *testing.T) {
 		{"http://admin:98765?@h:7080", "98765", "http://admin:xxxxx@h:7080"},
 	} {
 		_, err := client.New([]string{c.e}, client.Options{})
-		cerr := client.CheckEndpoint(c.e)
+		cerr := client.CheckEndpoints([]string{c.e})
 		if err == nil || cerr == nil {
-			t.Errorf("%q: New %v, CheckEndpoint %v; want both to refuse it", c.e, err, cerr)
+			t.Errorf("%q: New %v, CheckEndpoints %v; want both to refuse it", c.e, err, cerr)
 			continue
 		}
 		if strings.Contains(err.Error()+cerr.Error(), c.secret) {
-			t.Errorf("%q: the password shows: New: %v; CheckEndpoint: %v", c.e, err, cerr)
+			t.Errorf("%q: the password shows: New: %v; CheckEndpoints: %v", c.e, err, cerr)
 		}
 		if !strings.Contains(err.Error(), fmt.Sprintf("endpoint %q", c.shown)) {
 			t.Errorf("%q: New: %v, want it to name the endpoint as %q", c.e, err, c.shown)
@@ -190,6 +190,53 @@ func TestARefusedEndpointShowsNoPassword(t *testing.T) {
 	for _, e := range []string{"h:1", "http://h:1", "u@h:1", "http://u@h:1", "h:99999", "http://[fe80::1%eth0]:7080", " http://u@h:1"} {
 		if got := client.RedactEndpoint(e); got != e {
 			t.Errorf("RedactEndpoint(%q) = %q, want it as given", e, got)
+		}
+	}
+}
+
+// TestAPasswordWithACommaIsHidden: a list of endpoints whose password
+// holds a ',' (which splits the list there) is refused, and neither New's
+// nor CheckEndpoints' error, nor RedactEndpoints, shows any of the
+// password: the entries cut from one endpoint are taken together, and
+// named as that endpoint with its password hidden. From a review: the
+// part before the ',' ("http://admin:s3cret") held no '@' and was named
+// as given, and url.Parse's error quoted it again ("invalid port
+// \":s3cret\"").
+func TestAPasswordWithACommaIsHidden(t *testing.T) {
+	for _, c := range []struct{ list, entry, shown string }{
+		{"http://admin:s3cret,pw@127.0.0.1:7080", "http://admin:xxxxx@127.0.0.1:7080", "http://admin:xxxxx@127.0.0.1:7080"},
+		{"admin:s3cret,pw@127.0.0.1:7080", "admin:xxxxx@127.0.0.1:7080", "admin:xxxxx@127.0.0.1:7080"},
+		{"h:1,https://admin:s3c,r,et@h:2/", "https://admin:xxxxx@h:2/", "h:1,https://admin:xxxxx@h:2/"},
+		{"h:1, admin:s3c,ret@h:2", "admin:xxxxx@h:2", "h:1, admin:xxxxx@h:2"},
+		{"admin:s3c/r,et@h:2", "admin:xxxxx@h:2", "admin:xxxxx@h:2"},
+		{"admin:s3c@r,et@h:2", "admin:xxxxx@h:2", "admin:xxxxx@h:2"},
+		{"http://admin:s3cret,pw@h:1,h:2", "http://admin:xxxxx@h:1", "http://admin:xxxxx@h:1,h:2"},
+		{"h:1/,admin:s3cret@h:2", "admin:xxxxx@h:2", "h:1/,admin:xxxxx@h:2"},
+	} {
+		eps := strings.Split(c.list, ",")
+		_, err := client.New(eps, client.Options{})
+		cerr := client.CheckEndpoints(eps)
+		if err == nil || cerr == nil {
+			t.Errorf("%q: New %v, CheckEndpoints %v; want both to refuse it", c.list, err, cerr)
+			continue
+		}
+		if strings.Contains(err.Error()+cerr.Error(), "s3c") {
+			t.Errorf("%q: the password shows: New: %v; CheckEndpoints: %v", c.list, err, cerr)
+		}
+		if want := fmt.Sprintf("endpoint %q", c.entry); !strings.Contains(err.Error(), want) || !strings.Contains(cerr.Error(), want) {
+			t.Errorf("%q: New: %v; CheckEndpoints: %v; want them to name %s", c.list, err, cerr, want)
+		}
+		if got := client.RedactEndpoints(c.list); got != c.shown {
+			t.Errorf("RedactEndpoints(%q) = %q, want %q", c.list, got, c.shown)
+		}
+	}
+	// No password, or none cut at a ',': each entry is its own, shown as
+	// given. A part before the ',' that reads as host:port is an endpoint
+	// of its own, so that admin:1234,pw@h:1 shows as given: the text
+	// cannot tell it from the endpoint admin:1234 and the user pw's.
+	for _, list := range []string{"", "h:1,h:2", "h:1, http://h:2", "a,,b", "h:1,u@h:2", "h:1/,u@h:2", "[fe80::1%eth0]:7080,u@h:1", "admin:1234,pw@h:1"} {
+		if got := client.RedactEndpoints(list); got != list {
+			t.Errorf("RedactEndpoints(%q) = %q, want it as given", list, got)
 		}
 	}
 }
@@ -1048,7 +1095,7 @@ func TestAnUploadCutOffByItsContextIsNotOutcomeUnknown(t *testing.T) {
 // TestEndpointForms: a plain host:port may end in one '/', as a URL
 // endpoint may (http://h:1/), and a URL endpoint's IPv6 zone may be
 // written as it is (http://[fe80::1%eth0]:7080), as a plain endpoint's
-// is, or escaped (%25); CheckEndpoint (kvrouter --join) takes exactly what
+// is, or escaped (%25); CheckEndpoints (kvrouter --join) takes exactly what
 // New takes. From reviews: since plain endpoints became a URL's host as
 // written, 127.0.0.1:7080/ was refused (the slash went into the host)
 // while http://127.0.0.1:7080/ was taken; url.Parse refused a URL's
@@ -1072,8 +1119,8 @@ func TestEndpointForms(t *testing.T) {
 		if got := cl.Endpoints()[0]; got != c.want {
 			t.Errorf("New(%q): endpoint %s, want %s", c.e, got, c.want)
 		}
-		if err := client.CheckEndpoint(c.e); err != nil {
-			t.Errorf("CheckEndpoint(%q): %v, where New takes it", c.e, err)
+		if err := client.CheckEndpoints([]string{c.e}); err != nil {
+			t.Errorf("CheckEndpoints(%q): %v, where New takes it", c.e, err)
 		}
 		cl.Close()
 	}
@@ -1082,8 +1129,8 @@ func TestEndpointForms(t *testing.T) {
 		if _, err := client.New([]string{e}, client.Options{}); err == nil {
 			t.Errorf("New(%q) accepted", e)
 		}
-		if err := client.CheckEndpoint(e); err == nil {
-			t.Errorf("CheckEndpoint(%q) accepted, where New refuses it", e)
+		if err := client.CheckEndpoints([]string{e}); err == nil {
+			t.Errorf("CheckEndpoints(%q) accepted, where New refuses it", e)
 		}
 	}
 }

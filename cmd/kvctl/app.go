@@ -255,7 +255,7 @@ func newClientWith(c *cli.Context, endpoints []string, dial, headers time.Durati
 	}
 	cl, err := client.New(endpoints, client.Options{HTTPClient: &http.Client{Transport: tr}, UserAgent: "kvctl", Token: token, Scheme: scheme})
 	if err != nil {
-		return nil, usagef("--endpoints %q: %v", redactEndpoints(c.String("endpoints")), err)
+		return nil, usagef("--endpoints %q: %v", client.RedactEndpoints(c.String("endpoints")), err)
 	}
 	if token != "" && c.App.Metadata["warned-clear-token"] == nil {
 		if clear := cl.ClearText(); len(clear) > 0 {
@@ -281,16 +281,6 @@ func tokenArgs(c *cli.Context) (token, file string) {
 }
 
 func endpointsArg(c *cli.Context) []string { return strings.Split(c.String("endpoints"), ",") }
-
-// redactEndpoints returns a list of endpoints with each one's password
-// hidden (client.RedactEndpoint), for messages.
-func redactEndpoints(list string) string {
-	eps := strings.Split(list, ",")
-	for i, e := range eps {
-		eps[i] = client.RedactEndpoint(e)
-	}
-	return strings.Join(eps, ",")
-}
 
 // attemptTimeout is how long one try of one node may wait: an equal share
 // of --timeout per endpoint, but at least 2 s (or --timeout, if shorter),

@@ -397,19 +397,19 @@ func parseJoin(s string) ([]string, error) {
 	}
 	var via []string
 	for _, e := range strings.Split(s, ",") {
-		if e = strings.TrimSpace(e); e == "" {
-			continue
+		if e = strings.TrimSpace(e); e != "" {
+			via = append(via, e)
 		}
-		// The join client's own check: an entry taken here and refused by
-		// the client would fail only once the node locked its directory
-		// and started listening (exit 1, not a usage error).
-		if err := client.CheckEndpoint(e); err != nil {
-			return nil, fmt.Errorf("--join %q: %v (a member's --http-addr, or a comma-separated list of them)", client.RedactEndpoint(e), err)
-		}
-		via = append(via, e)
 	}
 	if len(via) == 0 {
 		return nil, fmt.Errorf("--join %q lists no address: want host:port,... (members' --http-addr)", s)
+	}
+	// The join client's own check: an entry taken here and refused by the
+	// client would fail only once the node locked its directory and
+	// started listening (exit 1, not a usage error). Its error, and the
+	// list shown, hide the password of an entry with user information.
+	if err := client.CheckEndpoints(via); err != nil {
+		return nil, fmt.Errorf("--join %q: %v (a member's --http-addr, or a comma-separated list of them)", client.RedactEndpoints(s), err)
 	}
 	return via, nil
 }

@@ -918,6 +918,20 @@ func TestAJoinWithAPasswordDoesNotShowIt(t *testing.T) {
 	}
 }
 
+// TestAJoinPasswordWithACommaIsNotShown: an entry of --join whose
+// password holds a ',' (which splits the list there) is refused, and the
+// error shows none of the password. From a review: the part before the
+// ',' held no '@' and was shown as given, and url.Parse's "invalid port"
+// text quoted it again.
+func TestAJoinPasswordWithACommaIsNotShown(t *testing.T) {
+	for _, j := range []string{"http://admin:s3cret,pw@127.0.0.1:7080", "127.0.0.1:7081, admin:s3c,ret@127.0.0.1:7080"} {
+		_, err := parseJoin(j)
+		if err == nil || strings.Contains(err.Error(), "s3c") || !strings.Contains(err.Error(), "admin:xxxxx@127.0.0.1:7080") {
+			t.Errorf("--join %s: %v, want a refusal showing admin:xxxxx@, no password", j, err)
+		}
+	}
+}
+
 // TestJoinSchemeInAnyCase: --join takes http:// and https:// in any case,
 // as the API client does (it lowercases the scheme). From a review:
 // HTTP://h:1 was refused (exit 2).
