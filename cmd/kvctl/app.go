@@ -29,7 +29,8 @@ type env struct {
 
 // ctxReader is a reader whose reads fail with ctx's error once ctx ends:
 // a long read of a local file (a snapshot of many GiB) stops at an
-// interrupt, which ends run's context.
+// interrupt, which ends run's context. A read that fails once ctx ended
+// (an openLocal file closed by it) fails with ctx's error too.
 type ctxReader struct {
 	ctx context.Context
 	r   io.Reader
@@ -39,7 +40,54 @@ func (c ctxReader) Read(p []byte) (int, error) {
 	if err := c.ctx.Err(); err != nil {
 		return 0, err
 	}
-	return c.r.Read(p)
+	n, err := c.r.Read(p)
+	if err != nil && c.ctx.Err() != nil {
+		return n, c.ctx.Err()
+	}
+	return n, err
+}
+
+// openLocal opens a local file for reading such that an interrupt (ctx's
+// end) ends kvctl's wait on it, returning ctx's error, when the file is a
+// FIFO (a named pipe, which a producer writes): open(2) waits there in
+// the kernel for the producer to open it, out of reach of ctx and of any
+// signal, and a read waits for a producer that stalled. So the open runs
+// in a goroutine, abandoned at ctx's end (the file it opens later is
+// closed), and the file is closed at ctx's end, which ends a read
+// waiting on it: Go reads a FIFO through its poller, whose Close wakes
+// the read. done closes the file and lets go of ctx; call it once the
+// file is read.
+func openLocal(ctx context.Context, path string) (f *os.File, done func(), err error) {
+	type opened struct {
+		f   *os.File
+		err error
+	}
+	// Unbuffered: the open is handed over only to a caller still
+	// waiting for it, else closed.
+	ch := make(chan opened)
+	go func() {
+		f, err := os.Open(path)
+		select {
+		case ch <- opened{f, err}:
+		case <-ctx.Done():
+			if err == nil {
+				f.Close()
+			}
+		}
+	}()
+	select {
+	case o := <-ch:
+		if o.err != nil {
+			return nil, nil, o.err
+		}
+		stop := context.AfterFunc(ctx, func() { o.f.Close() })
+		return o.f, func() {
+			stop()
+			o.f.Close()
+		}, nil
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
 }
 
 // readAll reads r to its end, or until ctx ends: a read that blocks

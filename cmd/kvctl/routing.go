@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"strconv"
 	"strings"
 
@@ -195,11 +194,11 @@ func routeRequest(c *cli.Context, e *env) (api.RouteRequest, error) {
 func readTokens(ctx context.Context, path string, stdin io.Reader) ([]uint32, error) {
 	r := stdin
 	if path != "-" {
-		f, err := os.Open(path)
+		f, done, err := openLocal(ctx, path)
 		if err != nil {
 			return nil, fmt.Errorf("--tokens: %w", err)
 		}
-		defer f.Close()
+		defer done()
 		r = f
 	}
 	data, err := readAll(ctx, r)

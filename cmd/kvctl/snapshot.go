@@ -262,13 +262,14 @@ func syncDir(dir string) error {
 }
 
 // inspectFile verifies a snapshot file with the node's own reader; the
-// read stops once ctx ends (an interrupt), failing with ctx's error.
+// open and the read stop once ctx ends (an interrupt), failing with
+// ctx's error, a FIFO's too (openLocal).
 func inspectFile(ctx context.Context, e *env, path string) (raftfsm.SnapshotInfo, error) {
-	f, err := os.Open(path)
+	f, done, err := openLocal(ctx, path)
 	if err != nil {
 		return raftfsm.SnapshotInfo{}, err
 	}
-	defer f.Close()
+	defer done()
 	info, err := e.inspect(bufio.NewReaderSize(ctxReader{ctx: ctx, r: f}, 1<<20))
 	if err != nil {
 		return info, fmt.Errorf("%s: %w", path, err)
@@ -303,11 +304,11 @@ func snapshotRestore(c *cli.Context, e *env, path string) error {
 	if _, err := inspectFile(c.Context, e, path); err != nil {
 		return fmt.Errorf("%w; nothing was sent to the cluster", err)
 	}
-	f, err := os.Open(path)
+	f, done, err := openLocal(c.Context, path)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer done()
 	fi, err := f.Stat()
 	if err != nil {
 		return err
