@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -674,9 +675,10 @@ func syncDir(dir string) error {
 // file with the same peers, and nodes added later receive the state from
 // a leader's snapshot (as does one started unseeded with the same --peers,
 // while the seeded nodes are a majority). It refuses a directory that already holds node
-// state (fsm/, raft/, a Raft snapshot), and leaves alone the files that
-// are not a node's (a mount point's lost+found/): the directory need not
-// be empty. Once ctx ends the file's reads fail with its error, and the
+// state (fsm/, raft/, a Raft snapshot), removes what a seed killed
+// part-way leaves (fsm.restore/, a Raft snapshot's snapshots/NAME.tmp/),
+// and leaves alone the files that are not a node's (a mount point's
+// lost+found/): the directory need not be empty. Once ctx ends the file's reads fail with its error, and the
 // seed ends without an fsm/, as a refused one does.
 func SeedDataDir(ctx context.Context, snapshotPath, dataDir, nodeID string, peers []Member) error {
 	if nodeID == "" || len(peers) == 0 {
@@ -699,10 +701,25 @@ func SeedDataDir(ctx context.Context, snapshotPath, dataDir, nodeID string, peer
 	}
 	// Raft snapshots are state too (raft.HasExistingState): a node would
 	// not bootstrap, and would restore the newest of them over the seed.
-	if ents, err := os.ReadDir(filepath.Join(dataDir, "snapshots")); err == nil && len(ents) > 0 {
-		return fmt.Errorf("%w: %s already holds Raft snapshots (%s); seed a directory that holds no node state", ErrInvalid, dataDir, filepath.Join(dataDir, "snapshots"))
-	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	// One still being written (NAME.tmp, which Raft lists as none) is
+	// what a seed killed while it wrote its own leaves: it is removed, as
+	// that seed's fsm.restore is.
+	snapDir := filepath.Join(dataDir, "snapshots")
+	ents, err := os.ReadDir(snapDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
+	}
+	var partial []string
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasSuffix(e.Name(), ".tmp") {
+			return fmt.Errorf("%w: %s already holds Raft snapshots (%s); seed a directory that holds no node state", ErrInvalid, dataDir, snapDir)
+		}
+		partial = append(partial, filepath.Join(snapDir, e.Name()))
+	}
+	for _, p := range partial {
+		if err := os.RemoveAll(p); err != nil {
+			return fmt.Errorf("remove a partial Raft snapshot: %w", err)
+		}
 	}
 	f, err := os.Open(snapshotPath)
 	if err != nil {

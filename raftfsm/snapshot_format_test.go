@@ -499,6 +499,41 @@ func TestSeedDataDirRefusesRaftSnapshots(t *testing.T) {
 	}
 }
 
+// TestSeedAfterAKilledSeedsPartialRaftSnapshot: a seed killed while it
+// wrote the Raft snapshot (kvctl's second signal) leaves it half-written
+// in snapshots/ as NAME.tmp, which Raft lists as no snapshot: the next
+// seed removes it and seeds the directory. From a review: the check took
+// it for a Raft snapshot and refused the directory for good.
+func TestSeedAfterAKilledSeedsPartialRaftSnapshot(t *testing.T) {
+	peers := []Member{{ID: "n1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}}
+	_, snap := fixtureSnapshot(t)
+	good := filepath.Join(t.TempDir(), "good.snap")
+	if err := os.WriteFile(good, snap, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "node")
+	half := filepath.Join(dir, "snapshots", "1-2-1700000000000.tmp")
+	if err := os.MkdirAll(half, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(half, "state.bin"), []byte("half"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := SeedDataDir(context.Background(), good, dir, "n1", peers); err != nil {
+		t.Fatalf("seed after one killed while it wrote the Raft snapshot: %v", err)
+	}
+	if _, err := os.Stat(half); !os.IsNotExist(err) {
+		t.Fatalf("the seed left %s (%v)", half, err)
+	}
+	snaps, err := raft.NewFileSnapshotStore(dir, 2, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list, err := snaps.List(); err != nil || len(list) != 1 || list[0].Index != 2 {
+		t.Fatalf("Raft snapshots of the seeded directory: %v, %v; want the seed's", list, err)
+	}
+}
+
 // TestSeedDataDirLeavesOtherFilesAlone: the seed wants a directory that
 // holds no node state (fsm/, raft/, Raft snapshots), not an empty one: a
 // mount point's lost+found/ and files that are not a node's are taken and
