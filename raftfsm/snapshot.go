@@ -758,9 +758,12 @@ func SeedDataDir(ctx context.Context, snapshotPath, dataDir, nodeID string, peer
 	return syncDir(dataDir)
 }
 
-// ctxReader is a reader whose reads fail with ctx's error once ctx ends:
-// a long read of a local file (a seed from a file of many GiB) stops at
-// an interrupt.
+// ContextReader returns a reader of r whose reads fail with ctx's error
+// once ctx ends: a long read of a local file (a seed or a check of a
+// snapshot of many GiB) stops at an interrupt. A read that fails once ctx
+// ended (a file closed because of it) fails with ctx's error too.
+func ContextReader(ctx context.Context, r io.Reader) io.Reader { return ctxReader{ctx: ctx, r: r} }
+
 type ctxReader struct {
 	ctx context.Context
 	r   io.Reader
@@ -770,7 +773,11 @@ func (c ctxReader) Read(p []byte) (int, error) {
 	if err := c.ctx.Err(); err != nil {
 		return 0, err
 	}
-	return c.r.Read(p)
+	n, err := c.r.Read(p)
+	if err != nil && c.ctx.Err() != nil {
+		return n, c.ctx.Err()
+	}
+	return n, err
 }
 
 // seedIndex and seedTerm are the Raft index and term of a seeded state:

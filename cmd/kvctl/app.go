@@ -27,26 +27,6 @@ type env struct {
 	seed           func(ctx context.Context, snapshotPath, dataDir, nodeID string, peers []raftfsm.Member) error
 }
 
-// ctxReader is a reader whose reads fail with ctx's error once ctx ends:
-// a long read of a local file (a snapshot of many GiB) stops at an
-// interrupt, which ends run's context. A read that fails once ctx ended
-// (an openLocal file closed by it) fails with ctx's error too.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	n, err := c.r.Read(p)
-	if err != nil && c.ctx.Err() != nil {
-		return n, c.ctx.Err()
-	}
-	return n, err
-}
-
 // openLocal opens a local file for reading such that an interrupt (ctx's
 // end) ends kvctl's wait on it, returning ctx's error, when the file is a
 // FIFO (a named pipe, which a producer writes): open(2) waits there in

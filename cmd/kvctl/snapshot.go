@@ -270,7 +270,7 @@ func inspectFile(ctx context.Context, e *env, path string) (raftfsm.SnapshotInfo
 		return raftfsm.SnapshotInfo{}, err
 	}
 	defer done()
-	info, err := e.inspect(bufio.NewReaderSize(ctxReader{ctx: ctx, r: f}, 1<<20))
+	info, err := e.inspect(bufio.NewReaderSize(raftfsm.ContextReader(ctx, f), 1<<20))
 	if err != nil {
 		return info, fmt.Errorf("%s: %w", path, err)
 	}
