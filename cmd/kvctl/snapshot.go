@@ -299,8 +299,45 @@ func printSnapshotInfo(c *cli.Context, e *env, path string, info raftfsm.Snapsho
 	return t.flush()
 }
 
+// regularFile refuses, as a usage error, a snapshot file that is not a
+// regular file (a FIFO, a process substitution such as <(zcat f.gz), a
+// device): a restore reads the file twice (it verifies it, then uploads
+// or seeds it, and rewinds it to retry an upload on another node), and a
+// stream gives its bytes only once; the second read would wait on a
+// producer that has finished. Stat does not open the file: a FIFO with
+// no producer is refused at once.
+func regularFile(c *cli.Context, path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil // the open that comes next says why, as for inspect
+	}
+	if !fi.Mode().IsRegular() {
+		return usagef("%s %s: a snapshot to restore must be a regular file, not a %s: kvctl reads it twice (it verifies it first); save the stream to a file, then restore that",
+			helpName(c), path, fileKind(fi.Mode()))
+	}
+	return nil
+}
+
+// fileKind names a mode's file type for regularFile's refusal.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m&os.ModeNamedPipe != 0:
+		return "FIFO (a named pipe or a process substitution)"
+	case m&os.ModeSocket != 0:
+		return "socket"
+	case m&os.ModeDevice != 0:
+		return "device"
+	}
+	return "special file"
+}
+
 // snapshotRestore verifies the file here, then uploads it to the cluster.
 func snapshotRestore(c *cli.Context, e *env, path string) error {
+	if err := regularFile(c, path); err != nil {
+		return err
+	}
 	if _, err := inspectFile(c.Context, e, path); err != nil {
 		return fmt.Errorf("%w; nothing was sent to the cluster", err)
 	}
@@ -517,6 +554,9 @@ func snapshotSeed(c *cli.Context, e *env, path string) error {
 	}
 	if !slices.ContainsFunc(peers, func(m raftfsm.Member) bool { return m.ID == id }) {
 		return usagef("--node-id %q is not one of --peers", id)
+	}
+	if err := regularFile(c, path); err != nil {
+		return err
 	}
 	info, err := inspectFile(c.Context, e, path)
 	if err != nil {
