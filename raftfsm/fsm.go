@@ -82,7 +82,8 @@ type FSM struct {
 	scratch       decodeScratch // ApplyBatch's commands decode into it
 
 	// stateMu is held by ApplyBatch while it changes the state and moves
-	// the applied index, so that AppliedDigest reads the pair as one.
+	// the applied index, and by a restore while it installs the restored
+	// state and its index, so that AppliedDigest reads the pair as one.
 	stateMu sync.Mutex
 	curMu   sync.RWMutex
 	// cursors and heard find one worker's ranks without a scan (removing
@@ -1144,13 +1145,14 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 // Restore replaces the whole state with a snapshot stream (raft.FSM): it
 // is written into a fresh directory and checked first, then swapped in.
 //
-// A restored state's applied index restarts at 0 (restoreFrom). Raft
-// restores only a snapshot it has just saved in its store, a leader's
-// (InstallSnapshot) or a user's (raft.Restore, numbered after the log's
-// last index): the newest there, whose index Raft then takes as applied
-// and delivers only entries after. Restore records that index as the
-// state's, so that status and readiness report it, and a restart before
-// the next command does not restore the snapshot again.
+// The stream's own applied index is dropped (restoreFrom). Raft restores
+// only a snapshot it has just saved in its store, before it calls Restore:
+// a leader's (InstallSnapshot) or a user's (raft.Restore, numbered after
+// the log's last index), the newest there, whose index Raft then takes as
+// applied and delivers only entries after. Restore installs that index
+// with the state (0 when there is no store: a bare FSM), so that status
+// and readiness report it, never 0 meanwhile, and records it, so that a
+// restart before the next command does not restore the snapshot again.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	if err := f.waitStarted(); err != nil {
@@ -1159,13 +1161,17 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if f.duringRestore != nil {
 		f.duringRestore()
 	}
-	if err := f.restoreFrom(rc); err != nil {
-		return err
-	}
+	var index, term uint64
 	if f.newestSnapshot != nil {
-		if index, term, ok := f.newestSnapshot(); ok {
-			return f.markApplied(index, term)
+		if i, t, ok := f.newestSnapshot(); ok {
+			index, term = i, t
 		}
 	}
-	return nil
+	if err := f.restoreFrom(rc, index, term); err != nil {
+		return err
+	}
+	if index == 0 {
+		return nil
+	}
+	return f.markApplied(index, term)
 }

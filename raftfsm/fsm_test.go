@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -458,6 +461,58 @@ func TestInterruptedRestoreSwapRollsBack(t *testing.T) {
 	defer g.Close()
 	if g.Digest() != d {
 		t.Fatal("the interrupted swap was not rolled back")
+	}
+}
+
+// TestAStatusDuringARestoreReadsTheOldPairOrTheNew: AppliedDigest reads
+// the applied index and the digest of the state at that index as one
+// (TestStatusDigestMatchesItsAppliedIndex), and a restore (Raft's
+// InstallSnapshot on a follower) replaces both: a status read meanwhile
+// pairs the old index and digest or the new ones, never the old index
+// with a half-installed state, nor index 0 with the new state. The reader
+// races the restore; it fails only on a pair that is neither.
+func TestAStatusDuringARestoreReadsTheOldPairOrTheNew(t *testing.T) {
+	src := openTestFSM(t, filepath.Join(t.TempDir(), "src"))
+	var w logWriter
+	applyFixture(t, src, &w)
+	newDigest := src.Digest()
+	snap := snapshotBytes(t, src)
+	src.Close()
+	const snapIndex = 1000
+
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "dst"))
+	defer f.Close()
+	f.ApplyBatch([]*raft.Log{
+		{Index: 1, Term: 1, Type: raft.LogCommand, Data: encodeRegister(1, &WorkerInfo{ID: 7, BlockSize: 16})},
+		{Index: 2, Term: 1, Type: raft.LogCommand, Data: encodeRegister(1, &WorkerInfo{ID: 8, BlockSize: 16})},
+	})
+	oldIndex, oldDigest := f.AppliedDigest()
+	f.newestSnapshot = func() (uint64, uint64, bool) { return snapIndex, 2, true }
+
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	bad := map[string]int{} // the reader's alone until wg.Wait
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for !stop.Load() {
+			i, d := f.AppliedDigest()
+			if (i != oldIndex || d != oldDigest) && (i != snapIndex || d != newDigest) {
+				bad[fmt.Sprintf("applied %d with digest %#x (old %d/%#x, new %d/%#x)", i, d, oldIndex, oldDigest, uint64(snapIndex), newDigest)]++
+			}
+		}
+	}()
+	err := f.Restore(nopCloser{bytes.NewReader(snap)})
+	stop.Store(true)
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i, d := f.AppliedDigest(); i != snapIndex || d != newDigest {
+		t.Fatalf("after the restore: applied %d with digest %#x, want %d with %#x", i, d, uint64(snapIndex), newDigest)
+	}
+	for k, n := range bad {
+		t.Errorf("a status read %d times: %s", n, k)
 	}
 }
 

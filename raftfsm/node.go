@@ -927,14 +927,14 @@ func (n *Node) catchUpFromSnapshot() error {
 	}
 	n.logger.Info("state is behind the newest snapshot; restoring it", "applied", applied, "snapshot", newest.Index)
 	defer rc.Close()
-	if err := n.fsm.restoreFrom(rc); err != nil { // not Restore: that waits for the FSM's release, which waits for this
+	// The stream's own applied index is dropped (restoreFrom: a user's
+	// stream may come from another cluster's log). This stream is Raft's
+	// own snapshot at newest.Index, and Raft applies only the entries
+	// after it: the state takes that index, and records it, so that a
+	// restart before the next command does not restore the snapshot again.
+	if err := n.fsm.restoreFrom(rc, newest.Index, newest.Term); err != nil { // not Restore: that waits for the FSM's release, which waits for this
 		return err
 	}
-	// A restored state's applied index restarts at 0 (restoreFrom: a
-	// user's stream may come from another cluster's log). This stream is
-	// Raft's own snapshot at newest.Index, and Raft applies only the
-	// entries after it: record that index, so that a restart before the
-	// next command does not restore the snapshot again.
 	return n.fsm.markApplied(newest.Index, newest.Term)
 }
 

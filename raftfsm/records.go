@@ -526,6 +526,12 @@ func (b *stateBuilder) canonical() error {
 // built, and installs the rest of the state in f. The caller excludes
 // applies (start, or dbMu held).
 func (b *stateBuilder) install(f *FSM) error {
+	// The state and its applied index change together under stateMu, as
+	// in ApplyBatch: a status read during a restore (AppliedDigest) pairs
+	// the old index with the old state or the new with the new, never an
+	// index with a half-installed state. Nothing here does I/O.
+	f.stateMu.Lock()
+	defer f.stateMu.Unlock()
 	if b.built != nil {
 		f.ix.Take(b.built)
 		b.built = nil

@@ -575,8 +575,9 @@ func loadSnapshot(r io.Reader, dir string, resetApplied, dropMembers bool, logge
 // check, then swap directories (dir → dir.old, dir.restore → dir, remove
 // dir.old) with the parent directory synced after each rename, and rebuild
 // the in-memory state. cleanupRestore finishes or rolls back a swap that a
-// crash interrupted.
-func (f *FSM) restoreFrom(r io.Reader) error {
+// crash interrupted. The restored state's applied index and term are index
+// and term (the Raft snapshot's the stream is, or 0), installed with it.
+func (f *FSM) restoreFrom(r io.Reader, index, term uint64) error {
 	start := time.Now()
 	tmp, old := f.dir+".restore", f.dir+".old"
 	// The in-memory state is built from the stream as it is written (b),
@@ -584,13 +585,15 @@ func (f *FSM) restoreFrom(r io.Reader) error {
 	// collector is off meanwhile, as for FSM.load.
 	defer holdCollector()()
 	b := newStateBuilder()
-	// The applied index restarts at 0: Raft delivers only entries after the
-	// snapshot it restores, and every one of them must apply, whatever
-	// index the stream was taken at (a user restore into a younger cluster).
+	// The stream's applied index is dropped for index: Raft delivers only
+	// entries after the snapshot it restores, and every one of them must
+	// apply, whatever index the stream was taken at (a user restore into a
+	// younger cluster).
 	info, err := loadSnapshot(r, tmp, true, false, f.logger, b)
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
+	b.applied, b.appliedTerm = index, term
 	// The records decode; do they make a consistent state? Checked before
 	// the swap, so that a stream that does not is refused and the node
 	// keeps its state.
