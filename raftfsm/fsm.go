@@ -69,6 +69,9 @@ type FSM struct {
 	// duringRestore, for tests: Restore calls it once the FSM is started,
 	// before it reads the stream (while Raft waits for the install).
 	duringRestore func()
+	// afterSwap, for tests: restoreFrom calls it once the restored
+	// directory is in place, before it opens it (a crash there).
+	afterSwap func()
 	// newestSnapshot, when set (a Node), returns the index and term of
 	// the newest snapshot in Raft's store: Restore's, which Raft saves
 	// before it calls Restore without saying its index.
@@ -612,25 +615,6 @@ func (f *FSM) commitGroup() error {
 	return f.batch.Commit()
 }
 
-// markApplied records index and term as the state's applied index, in a
-// group of its own, committed before it returns. For a state restored
-// from Raft's own snapshot at that index, before Raft hands the FSM
-// anything (a node's start).
-func (f *FSM) markApplied(index, term uint64) error {
-	f.dbMu.Lock()
-	defer f.dbMu.Unlock()
-	if f.batch == nil {
-		f.batch = f.newBatch()
-	}
-	f.batch.SetApplied(index, term)
-	if err := f.commitGroup(); err != nil {
-		return fmt.Errorf("record the restored snapshot's index: %w", err)
-	}
-	f.applied.Store(index)
-	f.appliedTerm.Store(term)
-	return nil
-}
-
 // newBatch starts a group with room for a whole one (its commit comes
 // once it holds groupBytes; one more command may take it past that).
 func (f *FSM) newBatch() *store.StateBatch {
@@ -1151,8 +1135,11 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 // the log's last index), the newest there, whose index Raft then takes as
 // applied and delivers only entries after. Restore installs that index
 // with the state (0 when there is no store: a bare FSM), so that status
-// and readiness report it, never 0 meanwhile, and records it, so that a
-// restart before the next command does not restore the snapshot again.
+// and readiness report it, never 0 meanwhile, and the directory swapped
+// in holds it, so that a restart before the next command does not
+// restore the snapshot again. Every failure after the swap is fatal
+// (onFatal): the state is replaced by then, and an error would tell Raft
+// the restore did not happen.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	if err := f.waitStarted(); err != nil {
@@ -1167,11 +1154,5 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 			index, term = i, t
 		}
 	}
-	if err := f.restoreFrom(rc, index, term); err != nil {
-		return err
-	}
-	if index == 0 {
-		return nil
-	}
-	return f.markApplied(index, term)
+	return f.restoreFrom(rc, index, term)
 }

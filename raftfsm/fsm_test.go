@@ -516,6 +516,46 @@ func TestAStatusDuringARestoreReadsTheOldPairOrTheNew(t *testing.T) {
 	}
 }
 
+// TestARestoreRecordsTheSnapshotsIndexWithTheSwap: the restored state
+// and the Raft snapshot's index it takes reach fsm/ in one step, the
+// directory swap, so that nothing written after the swap can fail on its
+// own. The index was committed after the swap, in a group of its own: a
+// failure there (a disk error) was returned to Raft as a failed restore
+// over a state already replaced, without onFatal, and Raft, taking the
+// restore as not done, could hand over again entries the snapshot holds,
+// to a state whose applied index read 0; a crash before that commit
+// restarted on the snapshot's state at index 0.
+func TestARestoreRecordsTheSnapshotsIndexWithTheSwap(t *testing.T) {
+	src := openTestFSM(t, filepath.Join(t.TempDir(), "src"))
+	var w logWriter
+	applyFixture(t, src, &w)
+	newDigest := src.Digest()
+	snap := snapshotBytes(t, src)
+	src.Close()
+
+	dir := filepath.Join(t.TempDir(), "fsm")
+	f := openTestFSM(t, dir)
+	defer f.Close()
+	f.ApplyBatch([]*raft.Log{{Index: 5, Term: 1, Type: raft.LogCommand, Data: encodeRegister(1, &WorkerInfo{ID: 7, BlockSize: 16})}})
+	f.newestSnapshot = func() (uint64, uint64, bool) { return 1000, 2, true }
+	// What a start finds after a crash right after the swap.
+	crashed := filepath.Join(t.TempDir(), "crashed")
+	f.afterSwap = func() {
+		if err := os.CopyFS(crashed, os.DirFS(dir)); err != nil {
+			t.Error(err)
+		}
+	}
+	if err := f.Restore(nopCloser{bytes.NewReader(snap)}); err != nil {
+		t.Fatal(err)
+	}
+	g := openTestFSM(t, crashed)
+	defer g.Close()
+	if i, term := g.Applied(); i != 1000 || term != 2 || g.Digest() != newDigest {
+		t.Fatalf("the swapped-in directory holds applied %d (term %d), snapshot's state %v; want 1000 (term 2) with the snapshot's state",
+			i, term, g.Digest() == newDigest)
+	}
+}
+
 type nopCloser struct{ *bytes.Reader }
 
 func (nopCloser) Close() error { return nil }

@@ -932,10 +932,7 @@ func (n *Node) catchUpFromSnapshot() error {
 	// own snapshot at newest.Index, and Raft applies only the entries
 	// after it: the state takes that index, and records it, so that a
 	// restart before the next command does not restore the snapshot again.
-	if err := n.fsm.restoreFrom(rc, newest.Index, newest.Term); err != nil { // not Restore: that waits for the FSM's release, which waits for this
-		return err
-	}
-	return n.fsm.markApplied(newest.Index, newest.Term)
+	return n.fsm.restoreFrom(rc, newest.Index, newest.Term) // not Restore: that waits for the FSM's release, which waits for this
 }
 
 func (n *Node) closeStorage() {

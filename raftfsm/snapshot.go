@@ -507,13 +507,16 @@ func replaceMembers(w io.Writer, r io.Reader, members []Member) (SnapshotInfo, e
 }
 
 // loadSnapshot writes a stream into a fresh state directory dir and checks
-// it; on any error dir is removed. resetApplied zeroes the applied index
-// (seeding a new cluster, whose log starts again at 1); dropMembers leaves
-// out the member table (seeding a cluster on other addresses). build,
-// unless nil, is given every record written (so that it holds what the
-// directory holds), and a record it cannot decode fails the load, as a
-// bad snapshot, once the stream's checksum is known to be good.
-func loadSnapshot(r io.Reader, dir string, resetApplied, dropMembers bool, logger *slog.Logger, build *stateBuilder) (SnapshotInfo, error) {
+// it; on any error dir is removed. The stream's applied index is never
+// kept (a stream may come from another cluster's log): dir records index
+// and term as its applied index instead, when index is not 0 (a restore
+// of Raft's own snapshot at index), and none otherwise (seeding a new
+// cluster, whose log starts again at 1). dropMembers leaves out the member
+// table (seeding a cluster on other addresses). build, unless nil, is
+// given every record written (so that it holds what the directory holds),
+// and a record it cannot decode fails the load, as a bad snapshot, once
+// the stream's checksum is known to be good.
+func loadSnapshot(r io.Reader, dir string, index, term uint64, dropMembers bool, logger *slog.Logger, build *stateBuilder) (SnapshotInfo, error) {
 	if err := os.RemoveAll(dir); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("clear %s: %w", dir, err)
 	}
@@ -546,7 +549,7 @@ func loadSnapshot(r io.Reader, dir string, resetApplied, dropMembers bool, logge
 		return SnapshotInfo{}, err
 	}
 	skip := func(kind byte) bool {
-		return resetApplied && kind == store.KindApplied || dropMembers && kind == store.KindMember
+		return kind == store.KindApplied || dropMembers && kind == store.KindMember
 	}
 	if err := loadRecords(s, skip, ld, build); err != nil {
 		return fail(err)
@@ -561,6 +564,15 @@ func loadSnapshot(r io.Reader, dir string, resetApplied, dropMembers bool, logge
 	}
 	if err := ld.Finish(); err != nil {
 		return fail(err)
+	}
+	if index != 0 {
+		g := db.NewBatch()
+		g.SetApplied(index, term)
+		err := g.Commit()
+		g.Close()
+		if err != nil {
+			return fail(fmt.Errorf("record applied index %d: %w", index, err))
+		}
 	}
 	if err := db.Close(); err != nil {
 		return fail(err)
@@ -588,8 +600,10 @@ func (f *FSM) restoreFrom(r io.Reader, index, term uint64) error {
 	// The stream's applied index is dropped for index: Raft delivers only
 	// entries after the snapshot it restores, and every one of them must
 	// apply, whatever index the stream was taken at (a user restore into a
-	// younger cluster).
-	info, err := loadSnapshot(r, tmp, true, false, f.logger, b)
+	// younger cluster). index is recorded in tmp, before the swap, so
+	// that no write after the swap can fail on its own: a failure there
+	// comes after the state was replaced, and is fatal.
+	info, err := loadSnapshot(r, tmp, index, term, false, f.logger, b)
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
@@ -624,6 +638,9 @@ func (f *FSM) restoreFrom(r io.Reader, index, term uint64) error {
 			f.onFatal(fmt.Errorf("restore swap: %w", err))
 			return err
 		}
+	}
+	if f.afterSwap != nil {
+		f.afterSwap()
 	}
 	db, err := store.OpenState(f.dir, store.StateOptions{Logger: f.logger, Stalls: &f.stalls})
 	if err != nil {
@@ -746,7 +763,7 @@ func SeedDataDir(ctx context.Context, snapshotPath, dataDir, nodeID string, peer
 	// The new cluster's member table comes from its own leaders, not from
 	// the cluster the snapshot was taken on.
 	dir := filepath.Join(dataDir, "fsm")
-	if _, err = loadSnapshot(r, dir+".restore", true, true, slog.New(slog.DiscardHandler), nil); err != nil {
+	if _, err = loadSnapshot(r, dir+".restore", 0, 0, true, slog.New(slog.DiscardHandler), nil); err != nil {
 		return err
 	}
 	if err := seedRaftSnapshot(dataDir, dir+".restore", peers); err != nil {

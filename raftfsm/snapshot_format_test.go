@@ -168,7 +168,7 @@ func TestSnapshotLoadAcrossBatches(t *testing.T) {
 	per := recBatchBytes / 1024
 	n := 3*per + 17
 	dir := filepath.Join(t.TempDir(), "fsm")
-	info, err := loadSnapshot(bytes.NewReader(batchStream(n, -1)), dir, true, false, quiet, nil)
+	info, err := loadSnapshot(bytes.NewReader(batchStream(n, -1)), dir, 0, 0, false, quiet, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func TestSnapshotLoadAcrossBatches(t *testing.T) {
 			stream := batchStream(n, tc.dup)
 			stream = stream[:len(stream)-tc.cut]
 			dir := filepath.Join(t.TempDir(), "fsm")
-			_, err := loadSnapshot(bytes.NewReader(stream), dir, true, false, quiet, nil)
+			_, err := loadSnapshot(bytes.NewReader(stream), dir, 0, 0, false, quiet, nil)
 			if !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), "out of order") {
 				t.Fatalf("load: %v, want ErrBadSnapshot for keys out of order", err)
 			}
@@ -219,7 +219,7 @@ func TestSnapshotLoadAcrossBatches(t *testing.T) {
 	}
 	t.Run("truncated", func(t *testing.T) {
 		stream := batchStream(n, -1)
-		_, err := loadSnapshot(bytes.NewReader(stream[:len(stream)/2]), filepath.Join(t.TempDir(), "fsm"), true, false, quiet, nil)
+		_, err := loadSnapshot(bytes.NewReader(stream[:len(stream)/2]), filepath.Join(t.TempDir(), "fsm"), 0, 0, false, quiet, nil)
 		if !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), "truncated") {
 			t.Fatalf("load: %v, want ErrBadSnapshot for a truncated stream", err)
 		}
