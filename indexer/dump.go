@@ -48,66 +48,115 @@ type DumpOrphan struct {
 	Blocks []kvevent.Block
 }
 
-// DumpRank returns the rank's state, in a deterministic order.
+// DumpRank returns the rank's state, in a deterministic order: the rank
+// as it was at one point of the apply order.
+//
+// It holds the read lock only to copy the rank out (O(n): no sort, and a
+// map only for nodes on its paths that the rank does not hold), and
+// orders the copy after releasing it. A writer waiting for the lock keeps
+// every new reader out (sync.RWMutex), so a dump that sorted under the
+// lock (1.2 s for a rank of 400k blocks) held every lookup of the node
+// for as long.
 func (ix *Index) DumpRank(r kvevent.Rank) (RankDump, error) {
+	d, nodes, ok := ix.copyRank(r)
+	if !ok {
+		return RankDump{}, fmt.Errorf("dump %s: %w", r, ErrUnknownRank)
+	}
+	if ix.dumpUnlocked != nil {
+		ix.dumpUnlocked()
+	}
+	// Parents before children: by depth, then by Seq. A node's depth is
+	// its parent's plus one, found through the parent links of the copy
+	// (every node on a path to an entry is in it).
+	at := make(map[uint64]int, len(nodes))
+	for i := range nodes {
+		at[nodes[i].Seq] = i
+		nodes[i].depth = -1
+	}
+	var up []int // nodes whose depth waits for their parent's
+	for i := range nodes {
+		j := i
+		for nodes[j].depth < 0 {
+			if nodes[j].Root {
+				nodes[j].depth = 0
+				break
+			}
+			up = append(up, j)
+			j = at[nodes[j].Parent]
+		}
+		for _, k := range slices.Backward(up) {
+			nodes[k].depth = nodes[j].depth + 1
+			j = k
+		}
+		up = up[:0]
+	}
+	slices.SortFunc(nodes, func(a, b dumpNodeAt) int {
+		if a.depth != b.depth {
+			return cmp.Compare(a.depth, b.depth)
+		}
+		return cmp.Compare(a.Seq, b.Seq)
+	})
+	if len(nodes) > 0 {
+		d.Nodes = make([]DumpNode, len(nodes))
+		for i := range nodes {
+			d.Nodes[i] = nodes[i].DumpNode
+		}
+	}
+	slices.SortFunc(d.Entries, func(a, b DumpEntry) int { return cmp.Compare(a.EngineHash, b.EngineHash) })
+	return d, nil
+}
+
+// dumpNodeAt is a node of a dump with its depth (0 for a child of the root).
+type dumpNodeAt struct {
+	DumpNode
+	depth int
+}
+
+// copyRank copies the rank's state under the read lock, unordered: its
+// entries and orphans into d, and every node on a path to an entry, once,
+// into nodes. ok is false for an unknown rank.
+func (ix *Index) copyRank(r kvevent.Rank) (d RankDump, nodes []dumpNodeAt, ok bool) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	rs := ix.rankFor(r, false)
 	if rs == nil {
-		return RankDump{}, fmt.Errorf("dump %s: %w", r, ErrUnknownRank)
+		return RankDump{}, nil, false
 	}
-	d := RankDump{Rank: r, Capacity: rs.cap, Order: rs.order}
-	seen := make(map[*node]bool, rs.blocks.len())
-	var path []*node
+	d = RankDump{Rank: r, Capacity: rs.cap, Order: rs.order}
+	if n := rs.blocks.len(); n > 0 {
+		d.Entries, nodes = make([]DumpEntry, 0, n), make([]dumpNodeAt, 0, n)
+	}
+	var unheld map[*node]bool // ancestors listed that the rank does not hold
 	for eh, n := range rs.blocks.all() {
 		h := n.holders[n.find(rs.slot)]
 		d.Entries = append(d.Entries, DumpEntry{Seq: n.seq, EngineHash: eh, Mask: h.mask(), Order: h.order})
-		path = path[:0]
-		for p := n; p != &ix.root && !seen[p]; p = p.parent {
-			seen[p] = true
-			path = append(path, p)
-		}
-		for _, p := range path {
-			dn := DumpNode{Seq: p.seq, Local: p.local, Root: p.parent == &ix.root}
-			if !dn.Root {
-				dn.Parent = p.parent.seq
+		nodes = append(nodes, ix.dumpNode(n))
+		// A node the rank holds is listed by its entry; one it does not
+		// (its block removed, a descendant's kept) by the first entry
+		// below it, which lists its ancestors up to one the rank holds or
+		// one listed already.
+		for p := n.parent; p != &ix.root && p.find(rs.slot) < 0 && !unheld[p]; p = p.parent {
+			if unheld == nil {
+				unheld = make(map[*node]bool)
 			}
-			d.Nodes = append(d.Nodes, dn)
+			unheld[p] = true
+			nodes = append(nodes, ix.dumpNode(p))
 		}
 	}
-	// Parents before children: sort nodes by depth, then by Seq. Depth is
-	// recovered from the parent links within the dump.
-	depth := make(map[uint64]int, len(d.Nodes))
-	var depthOf func(seq uint64) int
-	bySeq := make(map[uint64]DumpNode, len(d.Nodes))
-	for _, dn := range d.Nodes {
-		bySeq[dn.Seq] = dn
-	}
-	depthOf = func(seq uint64) int {
-		if v, ok := depth[seq]; ok {
-			return v
-		}
-		dn := bySeq[seq]
-		v := 0
-		if !dn.Root {
-			v = depthOf(dn.Parent) + 1
-		}
-		depth[seq] = v
-		return v
-	}
-	slices.SortFunc(d.Nodes, func(a, b DumpNode) int {
-		da, db := depthOf(a.Seq), depthOf(b.Seq)
-		if da != db {
-			return da - db
-		}
-		return cmp.Compare(a.Seq, b.Seq)
-	})
-	slices.SortFunc(d.Entries, func(a, b DumpEntry) int { return cmp.Compare(a.EngineHash, b.EngineHash) })
 	for _, o := range rs.orphans {
 		d.Orphans = append(d.Orphans, DumpOrphan{At: o.at, Tier: o.tier, Parent: o.parent,
 			Blocks: append([]kvevent.Block(nil), o.blocks...)})
 	}
-	return d, nil
+	return d, nodes, true
+}
+
+// dumpNode returns tree node n as a dump lists it.
+func (ix *Index) dumpNode(n *node) dumpNodeAt {
+	dn := DumpNode{Seq: n.seq, Local: n.local, Root: n.parent == &ix.root}
+	if !dn.Root {
+		dn.Parent = n.parent.seq
+	}
+	return dumpNodeAt{DumpNode: dn}
 }
 
 // LoadRank replaces the rank's state with d, atomically: d is checked

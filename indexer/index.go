@@ -101,6 +101,10 @@ type Index struct {
 	// report, set only while ApplyBatchReport holds mu (cleared before
 	// every unlock), collects what adoptOrphans and setBitMapped did.
 	report *ApplyReport
+
+	// dumpUnlocked, for tests: DumpRank calls it once it has released
+	// the lock, before it sorts what it copied.
+	dumpUnlocked func()
 }
 
 // ApplyReport is what ApplyBatchReport tells of a batch beyond the events.
