@@ -309,11 +309,18 @@ func (d *RankDump) validate() error {
 // build, atomically with respect to lookups: this is how a full dump sent
 // by a node agent resynchronises a rank. Malformed events are skipped and
 // counted; the number skipped is returned.
+//
+// The rank's capacity is enforced once, after the last event, as
+// SetCapacity does. A dump comes level by level (StoredEvents: every first
+// block, then every second, ...), and a trim during the replay, on the
+// levels stored so far, dropped blocks whose children came later: held as
+// orphans, they expired and asked for a resync, which sent the same dump.
 func (ix *Index) ReplaceRank(r kvevent.Rank, evs []kvevent.Event, now int64) (malformed int) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	rs := ix.rankFor(r, true)
 	ix.clearRank(rs)
+	ix.deferTrim = true
 	for i := range evs {
 		ev := &evs[i]
 		if ev.Rank != r || ev.Kind != kvevent.KindStored || ev.Validate() != nil {
@@ -323,6 +330,8 @@ func (ix *Index) ReplaceRank(r kvevent.Rank, evs []kvevent.Event, now int64) (ma
 		}
 		ix.store(rs, ev.Tier, ev.HasParent, ev.Parent, ev.Blocks, now, true)
 	}
+	ix.deferTrim = false
+	ix.enforceCapacity(rs)
 	return malformed
 }
 

@@ -84,6 +84,9 @@ type Index struct {
 	// keepNodes, set while a Loader applies residencies one by one,
 	// makes unlink keep nodes in the tree (applySerial).
 	keepNodes bool
+	// deferTrim, set while ReplaceRank replays a dump, keeps store from
+	// enforcing capacity: ReplaceRank trims once at the end.
+	deferTrim bool
 
 	nodes    int64
 	entries  int64                   // (rank, block) residencies
@@ -318,7 +321,7 @@ func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH u
 	if len(rs.orphans) > 0 {
 		ix.adoptOrphans(rs, now)
 	}
-	if ix.overCapacity(rs, t) {
+	if !ix.deferTrim && ix.overCapacity(rs, t) {
 		ix.evictOldest(rs, t, rs.count[t]-rs.cap[t])
 	}
 	return true
@@ -577,6 +580,12 @@ func (ix *Index) SetCapacity(r kvevent.Rank, capacity [kvevent.NumTiers]int64) {
 	rs := ix.rankFor(r, true)
 	rs.cap = capacity
 	ix.markDirty(rs)
+	ix.enforceCapacity(rs)
+}
+
+// enforceCapacity trims every tier of the rank that is over its capacity
+// and the slack down to the capacity.
+func (ix *Index) enforceCapacity(rs *rankState) {
 	for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
 		if ix.overCapacity(rs, t) {
 			ix.evictOldest(rs, t, rs.count[t]-rs.cap[t])

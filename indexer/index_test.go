@@ -471,6 +471,63 @@ func TestReplaceRankSwapsStateAtomically(t *testing.T) {
 	}
 }
 
+// TestReplaceRankOverCapacityTrimsAfterTheReplay: a resync (the agent's
+// dump as StoredEvents, one block per event, every first block before any
+// second) over the rank's capacity and slack is trimmed once, after the
+// replay, leaf-first as events are. Trimmed during the replay, on the
+// levels stored so far, it dropped blocks whose children came later: they
+// were held as orphans, expired and asked for a resync, which replayed the
+// same dump, for ever.
+func TestReplaceRankOverCapacityTrimsAfterTheReplay(t *testing.T) {
+	chains := func(ix *Index) { // 5 chains of 4 blocks, engine hashes 10c+1..10c+4
+		for c := uint64(0); c < 5; c++ {
+			mustApply(t, ix, stored(rk1, dev, chain(10*c+1, 10*c+2, 10*c+3, 10*c+4)))
+		}
+	}
+	src := New(Config{}) // the agent's mirror: no capacity
+	chains(src)
+	d, err := src.DumpRank(rk1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dump := d.StoredEvents()
+
+	cfg := Config{OrphanTTL: time.Second}
+	viaEvents := New(cfg) // the same state, as the engine's events
+	viaEvents.SetCapacity(rk1, [4]int64{10, 0, 0, 0})
+	chains(viaEvents)
+
+	ix := New(cfg)
+	ix.SetCapacity(rk1, [4]int64{10, 0, 0, 0})
+	for resync := 1; resync <= 2; resync++ {
+		if n := ix.ReplaceRank(rk1, dump, 0); n != 0 {
+			t.Fatalf("resync %d: %d events malformed", resync, n)
+		}
+		if st := ix.Stats(); st.OrphanEvents != 0 || st.Blocks[dev] != 10 {
+			t.Fatalf("resync %d: %d held orphans and %d blocks on the device, want none and the capacity, 10",
+				resync, st.OrphanEvents, st.Blocks[dev])
+		}
+		ix.ExpireOrphans(int64(10 * time.Second))
+		if ix.RankNeedsResync(rk1) {
+			t.Fatalf("resync %d: the rank needs another resync", resync)
+		}
+		// Trimmed from the leaves: every block held is reachable. (Which
+		// chains stay differs from the events': a dump's events come in
+		// name order within a level, and their ages with them.)
+		reachable := 0
+		for c := uint64(0); c < 5; c++ {
+			reachable += int(find(ix, ViewDedup, locals(10*c+1, 10*c+2, 10*c+3, 10*c+4))[rk1][dev])
+		}
+		if reachable != 10 {
+			t.Fatalf("resync %d: %d of the 10 blocks held are reachable from the root", resync, reachable)
+		}
+	}
+	viaEvents.ExpireOrphans(int64(10 * time.Second))
+	if st := viaEvents.Stats(); st.OrphanEvents != 0 || st.Blocks[dev] != 10 || viaEvents.RankNeedsResync(rk1) {
+		t.Fatalf("as events: %d held orphans, %d blocks, needs resync %v", st.OrphanEvents, st.Blocks[dev], viaEvents.RankNeedsResync(rk1))
+	}
+}
+
 func TestLoadRankRejectsInconsistentDump(t *testing.T) {
 	ix := New(Config{})
 	mustApply(t, ix, stored(rk1, dev, chain(1)))
