@@ -270,6 +270,51 @@ func TestOrphanPastItsAgeIsDroppedAndAsksForResync(t *testing.T) {
 	}
 }
 
+// TestOrphanStampedAheadExpiresOnceTimeWentBack: entry times are the
+// leader's, and go back at a leader change to a clock behind or a clock
+// step. A held store stamped ahead stood at the head of the buffer, whose
+// head alone is checked, and held every later store past the TTL without
+// asking for a resync. A held store is now never later than the latest
+// time the rank was given: the one stamped ahead is taken as held then,
+// and both expire one TTL later, none before; the times are journaled, so
+// that a node rebuilt from its durable copy expires the same ones.
+func TestOrphanStampedAheadExpiresOnceTimeWentBack(t *testing.T) {
+	ix := New(propCfg) // OrphanTTL 2s
+	j := newCopyJournal()
+	ix.SetJournal(j)
+	sec := int64(time.Second)
+	t0 := 1_000_000 * sec
+	// Held by the old leader, its clock an hour ahead: parent 7 unknown.
+	if err := ix.Apply(storedUnder(rk1, dev, 7, chain(8)), t0+3600*sec); err != nil {
+		t.Fatal(err)
+	}
+	// Held by the new leader, whose clock is right.
+	if err := ix.Apply(storedUnder(rk1, dev, 9, chain(10)), t0); err != nil {
+		t.Fatal(err)
+	}
+	ix.FlushJournal()
+	re := j.load(t)
+	for _, x := range []*Index{ix, re} {
+		d, err := x.DumpRank(rk1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(d.Orphans) != 2 || d.Orphans[0].At != t0 || d.Orphans[1].At != t0 {
+			t.Fatalf("held stores %+v, want both held at %d", d.Orphans, t0)
+		}
+	}
+	for _, x := range []*Index{ix, re} {
+		x.ExpireOrphans(t0 + sec)
+		if n := x.Stats().OrphanEvents; n != 2 || x.RankNeedsResync(rk1) {
+			t.Fatalf("1s on: %d held stores, needs resync %v; want both held, no resync", n, x.RankNeedsResync(rk1))
+		}
+		x.ExpireOrphans(t0 + 3*sec)
+		if n := x.Stats().OrphanEvents; n != 0 || !x.RankNeedsResync(rk1) {
+			t.Fatalf("3s on, past the 2s TTL: %d held stores, needs resync %v; want none held, a resync", n, x.RankNeedsResync(rk1))
+		}
+	}
+}
+
 func TestOrphanBufferIsBounded(t *testing.T) {
 	ix := New(Config{OrphanMaxEvents: 2})
 	for i := uint64(0); i < 5; i++ {

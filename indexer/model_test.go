@@ -121,6 +121,11 @@ func (m *model) apply(ev *kvevent.Event, now int64) bool {
 }
 
 func (m *model) expire(mr *mRank, now int64) {
+	// A held store is never later than the time the rank is given: one
+	// stamped later (time went back) is taken as held now.
+	for i := range mr.orphans {
+		mr.orphans[i].at = min(mr.orphans[i].at, now)
+	}
 	for len(mr.orphans) > 0 && now-mr.orphans[0].at > int64(m.cfg.OrphanTTL) {
 		mr.orphans = mr.orphans[1:]
 		mr.needsResync = true

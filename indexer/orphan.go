@@ -17,6 +17,23 @@ import "github.com/kvrouter/kvrouter/kvevent"
 // A Removed event that names a block still held here cuts the held chain at
 // that block (the engine evicts leaves first, so its descendants are gone
 // too); the cut is counted as dropped but needs no resync.
+//
+// Times are the callers' (the leader's stamp on each Raft entry), and go
+// back at a leader change to a clock behind, or at a clock step. The
+// buffer is in arrival order and only its head is checked for age, which
+// is right while no held store is later than the time the rank is given.
+// So when the rank is given a time before a held store's, that store is
+// taken as held at the time given: its time is pulled back, never pushed
+// forward. A store stamped by a clock that ran ahead then neither waits
+// that clock out nor holds the stores behind it past the TTL (it did, and
+// no resync was asked for): every held store is dropped at most one TTL
+// after the time went back, by the clock in use since, and none before it
+// has waited one by that clock. (Sequences keeps the other rule, a clock
+// that never goes back, because an early expiry there frees a booking;
+// here it costs a resync, while a store held too long is a stale index
+// that asks for none.) The times are derived from the applied stamps
+// alone and journaled with the orphans (RankMeta), so every replica,
+// rebuilt or not, agrees.
 
 type orphan struct {
 	at     int64 // arrival time, unix nanos
@@ -26,6 +43,7 @@ type orphan struct {
 }
 
 func (ix *Index) holdOrphan(rs *rankState, t kvevent.Tier, parent uint64, blocks []kvevent.Block, now int64) {
+	ix.pullOrphanTimes(rs, now)
 	o := orphan{at: now, tier: t, parent: parent, blocks: append([]kvevent.Block(nil), blocks...)}
 	if len(o.blocks) > ix.cfg.OrphanMaxBlocks {
 		ix.counters.OrphansDropped++
@@ -81,9 +99,27 @@ func (ix *Index) dropAllOrphans(rs *rankState, lost bool) {
 	}
 }
 
+// pullOrphanTimes takes every held store of the rank later than now as
+// held at now (see the top of the file). The buffer is in time order, so
+// its ends tell whether any is; both are looked at, so that a buffer out
+// of order (a dump's, or one held before times were pulled) is pulled
+// too once a store later than now reaches either end.
+func (ix *Index) pullOrphanTimes(rs *rankState, now int64) {
+	n := len(rs.orphans)
+	if n == 0 || rs.orphans[0].at <= now && rs.orphans[n-1].at <= now {
+		return
+	}
+	for i := range rs.orphans {
+		rs.orphans[i].at = min(rs.orphans[i].at, now)
+	}
+	ix.markDirty(rs)
+}
+
 // expireOrphans drops held stores older than the TTL. Held stores are in
-// arrival order, so only the head needs checking.
+// arrival order, and none is later than now once pulled, so only the head
+// needs checking.
 func (ix *Index) expireOrphans(rs *rankState, now int64) {
+	ix.pullOrphanTimes(rs, now)
 	ttl := int64(ix.cfg.OrphanTTL)
 	for len(rs.orphans) > 0 && now-rs.orphans[0].at > ttl {
 		ix.dropOrphan(rs, 0, true)

@@ -31,7 +31,7 @@ type step struct {
 	removeWorker uint64 // when non-zero, the step removes this worker instead
 	setCapacity  bool   // the step sets ev.Rank's capacity instead
 	capacity     [kvevent.NumTiers]int64
-	dt           time.Duration
+	dt           time.Duration // may be negative: time goes back
 }
 
 // apply applies the step to ix at time now: Apply's error for an event.
@@ -51,6 +51,11 @@ func (s *step) apply(ix *Index, now int64) error {
 func genStep() *rapid.Generator[step] {
 	return rapid.Custom(func(t *rapid.T) step {
 		s := step{dt: time.Duration(rapid.IntRange(0, 1500).Draw(t, "dt_ms")) * time.Millisecond}
+		if rapid.IntRange(0, 15).Draw(t, "clock_back") == 0 {
+			// Time goes back: a new leader's clock behind the old one's,
+			// or a clock step (held stores are pulled back, orphan.go).
+			s.dt = -3 * s.dt
+		}
 		s.ev.Rank = genRank().Draw(t, "rank")
 		s.ev.Tier = kvevent.Tier(rapid.IntRange(0, kvevent.NumTiers-1).Draw(t, "tier"))
 		switch k := rapid.IntRange(0, 21).Draw(t, "kind"); {
