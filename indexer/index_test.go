@@ -343,6 +343,9 @@ func TestMalformedEventChangesNothing(t *testing.T) {
 	bad := []*kvevent.Event{
 		stored(rk1, dev, chain(3, 4, 3)),
 		storedUnder(rk1, dev, 3, chain(3)),
+		// A later block named as the parent: applied, it moved block 1
+		// below the chain, and the rank matched nothing through it.
+		storedUnder(rk1, dev, 1, chain(3, 1)),
 		{Rank: rk1, Kind: kvevent.KindRemoved},
 		{Rank: rk1, Kind: 42},
 		{Rank: rk1, Kind: kvevent.KindCleared, Tier: 7},

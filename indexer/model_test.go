@@ -59,19 +59,23 @@ func (m *model) rank(r kvevent.Rank, create bool) *mRank {
 // (kvevent's Event doc and semantics.md), written out here rather than
 // calling kvevent.Event.Validate, so that a Validate that refuses a good
 // event (or takes a bad one) disagrees with the model: a tier in range; a
-// known kind; a store with at least one block, no engine hash twice, and a
-// first block that is not its own parent; a remove with at least one hash.
-// A clear carries nothing and is always good.
+// known kind; a store with at least one block, no engine hash twice, and
+// no block that is its parent (the first, its own; a later one, its
+// descendant); a remove with at least one hash. A clear carries nothing
+// and is always good.
 func wellFormed(ev *kvevent.Event) bool {
 	if ev.Tier >= kvevent.NumTiers {
 		return false
 	}
 	switch ev.Kind {
 	case kvevent.KindStored:
-		if len(ev.Blocks) == 0 || ev.HasParent && ev.Blocks[0].EngineHash == ev.Parent {
+		if len(ev.Blocks) == 0 {
 			return false
 		}
 		seen := map[uint64]bool{}
+		if ev.HasParent {
+			seen[ev.Parent] = true
+		}
 		for _, b := range ev.Blocks {
 			if seen[b.EngineHash] {
 				return false

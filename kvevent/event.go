@@ -82,8 +82,11 @@ type Event struct {
 	Removed   []uint64
 }
 
-// Validate checks the structural rules every consumer relies on. It never
-// looks at index state. An event that fails is skipped whole.
+// Validate checks the structural rules every consumer relies on: a valid
+// tier and kind; a store has blocks, none of them its parent and no engine
+// hash twice; a remove has hashes. It never looks at index state, and
+// costs O(n) for n blocks without allocating (a chain of up to 1024). An
+// event that fails is skipped whole.
 func (e *Event) Validate() error {
 	if !e.Tier.Valid() {
 		return fmt.Errorf("%w: tier %d", ErrMalformed, e.Tier)
@@ -93,8 +96,20 @@ func (e *Event) Validate() error {
 		if len(e.Blocks) == 0 {
 			return fmt.Errorf("%w: store with no blocks", ErrMalformed)
 		}
-		if e.HasParent && e.Blocks[0].EngineHash == e.Parent {
-			return fmt.Errorf("%w: first block %#x is its own parent", ErrMalformed, e.Parent)
+		if e.HasParent {
+			// No block may be the parent: the first would be its own, and
+			// a later one would name the parent as its own descendant
+			// (applied, the parent moved below the chain and the rank's
+			// prefixes through it stopped matching).
+			for i := range e.Blocks {
+				if e.Blocks[i].EngineHash != e.Parent {
+					continue
+				}
+				if i == 0 {
+					return fmt.Errorf("%w: first block %#x is its own parent", ErrMalformed, e.Parent)
+				}
+				return fmt.Errorf("%w: block %d of the chain repeats its parent %#x", ErrMalformed, i, e.Parent)
+			}
 		}
 		if h, dup := firstRepeat(len(e.Blocks), func(i int) uint64 { return e.Blocks[i].EngineHash }); dup {
 			return fmt.Errorf("%w: hash %#x repeated within the event", ErrMalformed, h)

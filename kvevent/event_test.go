@@ -50,6 +50,13 @@ func TestValidateRejectsMalformedEvents(t *testing.T) {
 		long[i] = Block{EngineHash: uint64(i + 1)}
 	}
 	long[39].EngineHash = 17
+	chain40 := func() []Block { // 1..40, none repeated
+		out := make([]Block, 40)
+		for i := range out {
+			out[i] = Block{EngineHash: uint64(i + 1)}
+		}
+		return out
+	}
 	cases := []struct {
 		name string
 		ev   Event
@@ -59,6 +66,9 @@ func TestValidateRejectsMalformedEvents(t *testing.T) {
 		{"store with parent ok", Event{Kind: KindStored, HasParent: true, Parent: 9, Blocks: chain(1, 2)}, true},
 		{"store empty", Event{Kind: KindStored}, false},
 		{"first block is parent", Event{Kind: KindStored, HasParent: true, Parent: 1, Blocks: chain(1, 2)}, false},
+		{"later block is parent", Event{Kind: KindStored, HasParent: true, Parent: 2, Blocks: chain(1, 2, 3)}, false},
+		{"last block of a long chain is parent", Event{Kind: KindStored, HasParent: true, Parent: 40, Blocks: chain40()}, false},
+		{"parent 0 is not a block of a chain without parent", Event{Kind: KindStored, Blocks: chain(0, 1)}, true},
 		{"repeat in short chain", Event{Kind: KindStored, Blocks: chain(1, 2, 1)}, false},
 		{"repeat in long chain", Event{Kind: KindStored, Blocks: long}, false},
 		{"remove ok", Event{Kind: KindRemoved, Removed: []uint64{1}}, true},
@@ -79,12 +89,13 @@ func TestValidateRejectsMalformedEvents(t *testing.T) {
 }
 
 // TestValidateFindsRepeatsInLongChainsWithoutAllocating: a hash repeated
-// in a chain is refused at every length, and checking a chain of up to
-// 1024 blocks allocates nothing (every replica validates every event it
-// applies; a chain over 32 blocks made a map).
+// in a chain, or the parent named as a block, is refused at every length,
+// and checking a chain of up to 1024 blocks under a parent allocates
+// nothing (every replica validates every event it applies; a chain over
+// 32 blocks made a map).
 func TestValidateFindsRepeatsInLongChainsWithoutAllocating(t *testing.T) {
 	for _, n := range []int{2, 32, 33, 256, 1024, 2000} {
-		ev := Event{Rank: Rank{Worker: 1}, EventID: 1, Kind: KindStored, Tier: TierDevice}
+		ev := Event{Rank: Rank{Worker: 1}, EventID: 1, Kind: KindStored, Tier: TierDevice, HasParent: true, Parent: 1}
 		for i := range n {
 			ev.Blocks = append(ev.Blocks, Block{EngineHash: uint64(1000 + i), LocalHash: uint64(5000 + i)})
 		}
@@ -96,6 +107,11 @@ func TestValidateFindsRepeatsInLongChainsWithoutAllocating(t *testing.T) {
 				t.Errorf("%d blocks: %v allocations per Validate, want 0", n, a)
 			}
 		}
+		ev.Parent = ev.Blocks[n-1].EngineHash
+		if err := ev.Validate(); err == nil {
+			t.Errorf("%d blocks, the last the parent: no error", n)
+		}
+		ev.Parent = 1
 		ev.Blocks[n-1].EngineHash = ev.Blocks[0].EngineHash
 		if err := ev.Validate(); err == nil {
 			t.Errorf("%d blocks with an engine hash twice: no error", n)

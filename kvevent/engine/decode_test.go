@@ -312,6 +312,8 @@ func TestMalformedEventsAreSkippedAndCounted(t *testing.T) {
 		{"remove repeats a hash", []any{"BlockRemoved", []uint64{4, 4}}, ReasonRepeatedHash},
 		{"int and bin spell the same hash", []any{"BlockRemoved", []any{u64(0xab), []byte{0xab}}}, ReasonRepeatedHash},
 		{"first hash is the parent", []any{"BlockStored", []uint64{7, 8}, 7, tokens(0, 32), 16}, ReasonParentIsFirst},
+		{"a later hash is the parent", []any{"BlockStored", []uint64{7, 8, 9}, 8, tokens(0, 48), 16}, ReasonRepeatedHash},
+		{"a later hash of an offload store is the parent", []any{"BlockStored", []uint64{7, 8}, 8, []uint32{}, 16, nil, "CPU"}, ReasonRepeatedHash},
 		{"lora_id without lora_name", []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), 16, 3, nil}, ReasonUnnamedLoRA},
 		{"event block size differs", []any{"BlockStored", []uint64{1, 2}, nil, tokens(0, 64), 32}, ReasonBlockSize},
 		{"more tokens than blocks", []any{"BlockStored", []uint64{1, 2}, nil, tokens(0, 48), 16}, ReasonBlockSize},

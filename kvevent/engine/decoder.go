@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -61,7 +62,7 @@ const (
 	ReasonNotMainGroup                // not the main attention group (filtered, not malformed)
 	ReasonUnknownMedium               // a medium that names no tier
 	ReasonNoBlocks                    // a store or remove without block hashes
-	ReasonRepeatedHash                // a hash repeated within the event
+	ReasonRepeatedHash                // a hash repeated within the event, or a store's later hash equal to its parent
 	ReasonParentIsFirst               // the first block hash equals the parent hash
 	ReasonUnnamedLoRA                 // tokens under a LoRA given by lora_id only: no seed to hash them
 	ReasonBlockSize                   // block_size ≠ the registered one, or tokens ≠ blocks × block_size
@@ -424,6 +425,12 @@ func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
 	hasParent := e.has(fParent)
 	if hasParent && e.parent == e.hashes[0] {
 		return ReasonParentIsFirst, false
+	}
+	// A later hash that is the parent names it as its own descendant
+	// (kvevent.Event.Validate refuses it): the parent's hash is repeated
+	// within the event.
+	if hasParent && slices.Contains(e.hashes[1:], e.parent) {
+		return ReasonRepeatedHash, false
 	}
 	// Blocks stored under a LoRA adapter are hashed with the adapter's seed,
 	// which needs its name; old engines send only lora_id. (A store without

@@ -58,7 +58,8 @@
 //     (ReasonUnknownMedium).
 //  4. A store or remove has hashes (ReasonNoBlocks), none repeated
 //     (ReasonRepeatedHash), and a store's first hash is not its parent
-//     (ReasonParentIsFirst).
+//     (ReasonParentIsFirst), nor any later one (ReasonRepeatedHash: the
+//     chain would name its parent as its own descendant).
 //  5. A store's content hashes are computed from its tokens with
 //     kvevent.LocalHashes, seeded by Config.Seed(lora_name) (default
 //     kvevent.SeedFor(lora_name, "")). Tokens under an adapter named only by

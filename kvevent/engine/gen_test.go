@@ -294,6 +294,9 @@ func (m *model) event(g *genEvent) (kvevent.Event, Reason, bool) {
 		if *g.Parent == g.Hashes[0] {
 			return none, ReasonParentIsFirst, false
 		}
+		if slices.Contains(g.Hashes[1:], *g.Parent) {
+			return none, ReasonRepeatedHash, false
+		}
 		ev.HasParent, ev.Parent = true, *g.Parent
 	}
 	if len(g.Tokens) > 0 && g.LoraID != nil && g.LoraName == nil {
