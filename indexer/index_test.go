@@ -336,6 +336,31 @@ func TestRemoveOfHeldOrphanCutsItsChain(t *testing.T) {
 	}
 }
 
+// TestRemoveCutsEveryHeldStoreOfTheBlock: a remove cuts every held store
+// that has the block in its tier, not only the first: a second one, as old
+// as the first and older than the remove, was adopted when its parent came
+// and stored again the block the engine had removed.
+func TestRemoveCutsEveryHeldStoreOfTheBlock(t *testing.T) {
+	ix := New(Config{})
+	mustApply(t, ix,
+		storedUnder(rk1, dev, 7, chain(5)),    // held: 7 unknown
+		storedUnder(rk1, dev, 8, chain(4, 5)), // held: 8 unknown
+		storedUnder(rk1, host, 4, chain(5)),   // held, in another tier
+		removed(rk1, dev, 5),                  // the engine dropped 5 from the device
+		stored(rk1, dev, chain(7)),
+		stored(rk1, dev, chain(8)), // both parents arrive
+	)
+	if got := find(ix, ViewTiered, locals(8, 4, 5))[rk1]; got != [4]uint32{2, 1, 0, 0} {
+		t.Fatalf("rank matches %v of [8 4 5], want 8 and 4 on the device and 5 in host only", got)
+	}
+	if got := find(ix, ViewDedup, locals(7, 5))[rk1]; got[dev] != 1 {
+		t.Fatalf("rank matches %v of [7 5], want 7 alone", got)
+	}
+	if c := ix.Counters(); c.OrphansDropped != 2 || c.UnknownRemoves != 0 {
+		t.Fatalf("%d held stores cut, %d unknown removes; want 2 cut, none unknown", c.OrphansDropped, c.UnknownRemoves)
+	}
+}
+
 func TestMalformedEventChangesNothing(t *testing.T) {
 	ix := New(Config{})
 	mustApply(t, ix, stored(rk1, dev, chain(1, 2)))

@@ -275,22 +275,20 @@ func (m *model) enforce(mr *mRank, t kvevent.Tier) {
 }
 
 func (m *model) remove(mr *mRank, eh uint64, t kvevent.Tier) {
-	// A held store of eh in t is cut, whether eh is held in t, elsewhere
-	// or not at all: adopted later, it would undo the remove.
-	for i := range mr.orphans {
-		o := &mr.orphans[i]
-		if o.tier != t {
-			continue
-		}
-		if j := slices.IndexFunc(o.blocks, func(b kvevent.Block) bool { return b.EngineHash == eh }); j >= 0 {
-			if j == 0 {
-				mr.orphans = slices.Delete(slices.Clone(mr.orphans), i, i+1)
-			} else {
-				o.blocks = o.blocks[:j]
-			}
-			break
+	// Every held store of eh in t is cut, whether eh is held in t,
+	// elsewhere or not at all: adopted later, it would undo the remove.
+	var kept []orphan
+	for _, o := range mr.orphans {
+		j := slices.IndexFunc(o.blocks, func(b kvevent.Block) bool { return b.EngineHash == eh })
+		switch {
+		case o.tier != t || j < 0:
+			kept = append(kept, o)
+		case j > 0:
+			o.blocks = o.blocks[:j]
+			kept = append(kept, o)
 		}
 	}
+	mr.orphans = kept
 	e, ok := mr.blocks[eh]
 	if !ok || !e.mask.Has(t) {
 		return

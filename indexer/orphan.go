@@ -14,9 +14,10 @@ import "github.com/kvrouter/kvrouter/kvevent"
 // counted, and the rank is flagged as needing a resync, because the index
 // now provably differs from the engine.
 //
-// A Removed event that names a block still held here cuts the held chain at
-// that block (the engine evicts leaves first, so its descendants are gone
-// too); the cut is counted as dropped but needs no resync.
+// A Removed event that names a block still held here cuts every held chain
+// that has it in the event's tier at that block (the engine evicts leaves
+// first, so its descendants are gone too); the cut is counted as dropped
+// but needs no resync.
 //
 // Times are the callers' (the leader's stamp on each Raft entry), and go
 // back at a leader change to a clock behind, or at a clock step. The
@@ -167,29 +168,37 @@ func (ix *Index) adoptOrphans(rs *rankState, now int64) {
 	}
 }
 
-// removeHeldOrphanBlock cuts a held chain at the block eh in tier t.
+// removeHeldOrphanBlock cuts every held chain that has the block eh in
+// tier t at that block, and reports whether there was one. Every one: a
+// held store of eh left uncut, adopted later, would store again the block
+// the engine removed.
 func (ix *Index) removeHeldOrphanBlock(rs *rankState, eh uint64, t kvevent.Tier) bool {
-	for i := range rs.orphans {
+	cut := false
+	for i := 0; i < len(rs.orphans); {
 		o := &rs.orphans[i]
-		if o.tier != t {
-			continue
+		j := -1
+		for k := 0; o.tier == t && k < len(o.blocks); k++ {
+			if o.blocks[k].EngineHash == eh {
+				j = k
+				break
+			}
 		}
-		for j, b := range o.blocks {
-			if b.EngineHash != eh {
-				continue
-			}
-			if j == 0 {
-				ix.dropOrphan(rs, i, false)
-				return true
-			}
+		switch {
+		case j < 0:
+			i++
+			continue
+		case j == 0:
+			ix.dropOrphan(rs, i, false) // the next one moves to i
+		default:
 			ix.orphanDigest(rs, o, -1)
 			rs.orphanBlocks -= len(o.blocks) - j
 			o.blocks = o.blocks[:j]
 			ix.orphanDigest(rs, o, +1)
 			ix.counters.OrphansDropped++
 			ix.markDirty(rs)
-			return true
+			i++
 		}
+		cut = true
 	}
-	return false
+	return cut
 }
