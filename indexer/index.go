@@ -167,7 +167,11 @@ type rankState struct {
 	dirty        bool // listed in Index.dirty
 }
 
-// rankFor returns the rank's state, creating it when create is set.
+// rankFor returns the rank's state, creating it when create is set. A rank
+// created is marked for the journal at once: a store cut at its first
+// block (names, DESIGN.md) creates it and changes nothing else, and a
+// durable copy without it rebuilt a node that listed one rank fewer than
+// the live ones.
 func (ix *Index) rankFor(r kvevent.Rank, create bool) *rankState {
 	if s, ok := ix.slots.Get(r); ok {
 		return ix.ranks[s]
@@ -188,6 +192,7 @@ func (ix *Index) rankFor(r kvevent.Rank, create bool) *rankState {
 	rs := &rankState{rank: r, slot: s, key: rankKey(r)}
 	ix.ranks[s] = rs
 	ix.slots.Set(r, s)
+	ix.markDirty(rs)
 	return rs
 }
 

@@ -115,3 +115,31 @@ func checkJournalRebuildsTheSameIndex(t *testing.T) {
 		}
 	})
 }
+
+// TestJournalRecordsARankCreatedByACutStore: a store cut at its first
+// block (its node's name is taken, DESIGN.md) creates the rank and
+// nothing else. The rank was not marked for the journal, so a node
+// rebuilt from its durable copy lacked a rank the live ones listed
+// (Ranks, RankStats, Stats.Ranks, DumpRank). A rank is marked when it is
+// created.
+func TestJournalRecordsARankCreatedByACutStore(t *testing.T) {
+	ix := New(propCfg)
+	j := newCopyJournal()
+	ix.SetJournal(j)
+	taken := kvevent.SequenceHash(11, 12) // the name of rk1's second node
+	mustApply(t, ix,
+		stored(rk1, dev, []kvevent.Block{{EngineHash: 1, LocalHash: 11}, {EngineHash: 2, LocalHash: 12}}),
+		stored(rk2, dev, []kvevent.Block{{EngineHash: 3, LocalHash: taken}}))
+	if c := ix.Counters().NameCollisions; c != 1 {
+		t.Fatalf("%d stores cut, want rk2's", c)
+	}
+	ix.FlushJournal()
+	re := j.load(t)
+	if got, want := re.Ranks(), ix.Ranks(); !slices.Equal(got, want) || len(want) != 2 {
+		t.Fatalf("rebuilt ranks %v, live %v; want both ranks in each", got, want)
+	}
+	if got, want := re.Stats().Ranks, ix.Stats().Ranks; got != want {
+		t.Fatalf("rebuilt Stats.Ranks %d, live %d", got, want)
+	}
+	sameStateNoFlags(t, re, ix, []kvevent.Rank{rk1, rk2})
+}
