@@ -681,6 +681,11 @@ func (p *DiskPool) put(blocks []Block, data [][]byte) (stored int, skipped, err 
 	if err := p.c.loops(blocks); err != nil {
 		return 0, nil, fmt.Errorf("put: %w", err)
 	}
+	// Closed first: a Close on a full disk leaves the last flush failed
+	// for good, and later calls fail with ErrClosed, as Close says.
+	if p.isClosed() {
+		return 0, nil, fmt.Errorf("put: %w", ErrClosed)
+	}
 	if _, _, err := p.flushes.state(); err != nil {
 		return 0, nil, fmt.Errorf("put: refused until a flush succeeds: the last one failed: %w", err)
 	}

@@ -391,3 +391,39 @@ func TestDiskCloseOnAFullDiskReturnsAnError(t *testing.T) {
 		t.Fatalf("after a reopen, Lookup(1, 2, 3, 9) = %v, want [false true true false]", got)
 	}
 }
+
+// Close documents "Later calls fail with ErrClosed". After a Close on a
+// full disk (any Close while the last flush had failed), Put and Register
+// failed with "refused until a flush succeeds" instead: the flush refusal
+// was checked before the pool's closed state, and nothing clears it once
+// the database is closed. Callers that tell shutdown from failure by
+// ErrClosed counted a failure.
+func TestDiskPutAfterCloseOnAFullDiskFailsWithErrClosed(t *testing.T) {
+	fs := &fullFS{FS: vfs.Default}
+	p, err := pool.OpenDisk(t.TempDir(), pool.Config{Rank: rank, Capacity: 8, BlockSize: testBlock},
+		pool.DiskOptions{FS: fs})
+	check(t, err)
+	t.Cleanup(func() { p.Close() })
+	// First, after a failure: a call stuck on the full disk would hold up Close.
+	t.Cleanup(func() { fs.full.Store(false) })
+	check(t, p.Register(pool.Block{Hash: 1, Local: 1}, pattern(testBlock, 1)))
+	fs.full.Store(true)
+	if err := returns(t, "Put on a full disk", func() error {
+		return p.Register(pool.Block{Hash: 2, Local: 2}, pattern(testBlock, 2))
+	}); err == nil {
+		t.Fatal("a Put on a full disk succeeded")
+	}
+	if err := returns(t, "Close on a full disk", p.Close); err == nil {
+		t.Fatal("Close on a full disk did not report its failed flush")
+	}
+	fs.full.Store(false)
+	if err := p.Register(pool.Block{Hash: 3, Local: 3}, pattern(testBlock, 3)); !errors.Is(err, pool.ErrClosed) {
+		t.Fatalf("Register after Close = %v, want ErrClosed", err)
+	}
+	if _, err := p.Put([]pool.Block{{Hash: 4, Local: 4}}, [][]byte{pattern(testBlock, 4)}); !errors.Is(err, pool.ErrClosed) {
+		t.Fatalf("Put after Close = %v, want ErrClosed", err)
+	}
+	if err := p.Read(1, make([]byte, testBlock)); !errors.Is(err, pool.ErrClosed) {
+		t.Fatalf("Read after Close = %v, want ErrClosed", err)
+	}
+}
