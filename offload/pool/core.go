@@ -610,6 +610,39 @@ func (c *core) close() bool {
 	return was
 }
 
+// retire closes the core, as close does, and drops every written block
+// with a REMOVE, as an eviction does (split every dumpChain blocks): for a
+// pool whose storage is lost (a DiskPool shut down for damage), whose
+// blocks must not stay advertised. The caller has excluded writers, so no
+// block is pending. It reports whether the core was open.
+func (c *core) retire() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.closed = true
+	var gone []uint64
+	for h, e := range c.entries {
+		if e.ready { // a damaged one too: its REMOVE waited for its last reader
+			gone = append(gone, h)
+		}
+	}
+	slices.Sort(gone)
+	clear(c.entries)
+	clear(c.kids)
+	c.lru = nil
+	c.pending, c.inactive, c.referenced = 0, 0, 0
+	var evs []kvevent.Event
+	for hs := range slices.Chunk(gone, dumpChain) {
+		evs = append(evs, kvevent.Event{Rank: c.cfg.Rank, Tier: c.tier, Kind: kvevent.KindRemoved, Removed: hs})
+	}
+	if len(evs) > 0 {
+		c.publish(evs)
+	}
+	return true
+}
+
 // restore loads written blocks found in storage (a reopened disk pool), then
 // evicts, without events, down to the capacity. The clock continues after
 // the largest stamp. The caller has deleted the entries that fail

@@ -61,6 +61,16 @@ type DiskPool struct {
 	// flushes follows Pebble's flushes: Puts are refused while the last
 	// one failed.
 	flushes *flushWatch
+
+	// damage records the damage a background job of Pebble's met;
+	// watchDamage, a goroutine from OpenDisk to Close, then shuts the
+	// pool down. stop ends it at Close.
+	damage   *damageWatch
+	stop     chan struct{}
+	stopOnce sync.Once
+	watcher  sync.WaitGroup
+	// closed is set by Close (the core is closed by the shutdown too).
+	closed atomic.Bool
 }
 
 // SyncMode is how a DiskPool makes a Put durable before it returns.
@@ -134,11 +144,11 @@ func encodeMeta(b Block, stamp uint64) []byte {
 	return v
 }
 
-func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch) *pebble.Options {
+func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch, damage *damageWatch) *pebble.Options {
 	popts := &pebble.Options{
 		FS:                 o.FS,
 		Logger:             pebbleLogger{logger},
-		EventListener:      eventListener(logger, flushes),
+		EventListener:      eventListener(logger, flushes, damage),
 		FormatMajorVersion: pebble.FormatValueSeparation,
 		DisableWAL:         o.Sync == SyncFlush,
 		MemTableSize:       o.MemTableSize,
@@ -188,26 +198,90 @@ func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch) *peb
 // whichever goroutine met it first, often Pebble's own table-stats loader
 // started by the open, where nothing can recover. Corruption is already
 // returned to the read that meets it (as ErrCorrupt: OpenDisk fails, a
-// block's read fails and drops it); the listener only logs it. EnsureDefaults
-// fills in only the hooks left nil, so the fatal default is not added back.
+// block's read fails and drops it); the listener logs it, once per file
+// (see damageWatch), and the corruption a background job meets shuts the
+// pool down. EnsureDefaults fills in only the hooks left nil, so the fatal
+// default is not added back.
 //
 // Flushes are reported to flushes. A failed flush is also a background
 // error, and Pebble retries it at once, over and over: flushes logs the
 // first failure and the recovery, and the background error of each retry
 // is not logged again. Errors are logged by their text: Pebble's carry a
 // stack trace, which a text handler would print whole.
-func eventListener(logger *slog.Logger, flushes *flushWatch) *pebble.EventListener {
+func eventListener(logger *slog.Logger, flushes *flushWatch, damage *damageWatch) *pebble.EventListener {
 	return &pebble.EventListener{
-		DataCorruption: func(info pebble.DataCorruptionInfo) {
-			logger.Error("offload pool: pebble found a damaged file", "path", info.Path, "err", info.Details.Error())
-		},
+		DataCorruption: damage.file,
 		BackgroundError: func(err error) {
-			if !flushes.failedWith(err) {
+			if !damage.background(err) && !flushes.failedWith(err) {
 				logger.Error("offload pool: pebble background job failed", "err", err.Error())
 			}
 		},
 		FlushEnd: flushes.end,
 	}
+}
+
+// A damageWatch follows the damage Pebble reports through its
+// EventListener.
+//
+// A read that meets a damaged file gets the corruption back and the pool
+// goes on (a block's read fails and the block is dropped; an open fails).
+// A background job does not: a compaction that meets a damaged sstable
+// fails, and Pebble picks it again at once, for ever (it sets no problem
+// span on L0, and one of five minutes below), reporting the damage twice
+// each time: thousands of lines a second, and a core. L0, never compacted
+// again, grows with every flush until Pebble stalls every write: a Put
+// then waits in its flush for ever, and Close behind it. Pebble's default
+// listener ended the process at the first report instead. The watch logs
+// each damaged file once, records the first corruption a background job
+// meets, and the pool shuts itself down (watchDamage).
+type damageWatch struct {
+	log *slog.Logger
+
+	mu     sync.Mutex
+	err    error           // the first corruption a background job met
+	found  chan struct{}   // closed then
+	logged map[string]bool // the damaged files logged
+}
+
+func newDamageWatch(log *slog.Logger) *damageWatch {
+	return &damageWatch{log: log, found: make(chan struct{}), logged: make(map[string]bool)}
+}
+
+// file is the DataCorruption hook: it logs each damaged file once.
+func (w *damageWatch) file(info pebble.DataCorruptionInfo) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.logged[info.Path] {
+		return
+	}
+	w.logged[info.Path] = true
+	w.log.Error("offload pool: pebble found a damaged file", "path", info.Path, "err", info.Details.Error())
+}
+
+// background takes a background job's error and reports whether it is
+// corruption, which it records and logs the first time.
+func (w *damageWatch) background(err error) bool {
+	if !pebble.IsCorruptionError(err) {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err == nil {
+		w.err = err
+		close(w.found)
+		w.log.Error("offload pool: a background job of pebble's met damaged data; the disk pool shuts down: "+
+			"its blocks are dropped and its writes and reads fail; a restart refuses the pool "+
+			"(deleting its directory starts it empty)", "err", err.Error())
+	}
+	return true
+}
+
+// state returns a channel closed once a background job has met damaged
+// data, and that corruption (nil before).
+func (w *damageWatch) state() (<-chan struct{}, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.found, w.err
 }
 
 // A flushWatch follows Pebble's flushes through its EventListener: whether
@@ -294,6 +368,9 @@ func (w *flushWatch) failedWith(err error) bool {
 // cache, and deleting dir starts it empty). A
 // pool of another opts.Identity (or none recorded) is emptied first: its
 // blocks are deleted, not restored, and the count logged.
+//
+// Damage that one of Pebble's background jobs (a compaction) meets while
+// the pool is open shuts the pool down (see Close).
 func OpenDisk(dir string, cfg Config, opts DiskOptions) (*DiskPool, error) {
 	if err := cfg.check(); err != nil {
 		return nil, fmt.Errorf("open disk pool %s: %w", dir, err)
@@ -308,22 +385,69 @@ func OpenDisk(dir string, cfg Config, opts DiskOptions) (*DiskPool, error) {
 		opts.FS = vfs.Default
 	}
 	logger := cfg.Logger.With("component", "offload.pool.disk", "dir", dir)
-	flushes := newFlushWatch(logger)
-	db, err := pebble.Open(dir, pebbleOptions(opts, logger, flushes))
+	flushes, damage := newFlushWatch(logger), newDamageWatch(logger)
+	db, err := pebble.Open(dir, pebbleOptions(opts, logger, flushes, damage))
 	if err != nil {
 		return nil, fmt.Errorf("open disk pool %s: %w", dir, corrupt(err))
 	}
-	p := &DiskPool{db: db, dir: dir, opts: opts, bs: cfg.BlockSize, flushes: flushes}
+	p := &DiskPool{db: db, dir: dir, opts: opts, bs: cfg.BlockSize, flushes: flushes, damage: damage,
+		stop: make(chan struct{})}
 	p.c = newCore(cfg, kvevent.TierDisk, p)
 	if err := p.load(); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open disk pool %s: %w", dir, corrupt(err))
 	}
+	// A background job (the table stats of the open, a compaction) may
+	// have met damage the scan did not read.
+	if _, err := damage.state(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open disk pool %s: %w: %w", dir, ErrCorrupt, err)
+	}
 	if p.unregister, err = registerMetrics(cfg.Registerer, p.c); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open disk pool %s: %w", dir, err)
 	}
+	p.watcher.Add(1)
+	go p.watchDamage()
 	return p, nil
+}
+
+// watchDamage shuts the pool down once a background job of Pebble's has met
+// damaged data (see damageWatch), or returns at Close. The shutdown waits
+// for the calls in progress, as Close does, then drops every block with its
+// REMOVE (none of them can be relied on, and kept they would stay
+// advertised for good), closes the core and closes the database, which
+// ends Pebble's retries. It does not flush: a flush adds to an L0 that can
+// no longer be compacted. Later calls fail as after Close; Put and reads
+// with the damage (ErrCorrupt).
+func (p *DiskPool) watchDamage() {
+	defer p.watcher.Done()
+	found, _ := p.damage.state()
+	select {
+	case <-found:
+	case <-p.stop:
+		return
+	}
+	p.io.Lock()
+	defer p.io.Unlock()
+	if !p.c.retire() {
+		return
+	}
+	if err := p.db.Close(); err != nil {
+		p.c.cfg.Logger.Warn("offload pool: closing the damaged disk pool's database", "dir", p.dir, "err", err)
+	}
+}
+
+// closedErr is nil while the pool is open, the damage (ErrCorrupt) once
+// watchDamage has shut it down, and ErrClosed once Close has run.
+func (p *DiskPool) closedErr() error {
+	if !p.isClosed() {
+		return nil
+	}
+	if _, err := p.damage.state(); err != nil && !p.closed.Load() {
+		return fmt.Errorf("%w: the disk pool was shut down when pebble met damaged data (%v)", ErrCorrupt, err)
+	}
+	return ErrClosed
 }
 
 // corrupt wraps ErrCorrupt around an error Pebble marks as corruption
@@ -681,16 +805,16 @@ func (p *DiskPool) put(blocks []Block, data [][]byte) (stored int, skipped, err 
 	if err := p.c.loops(blocks); err != nil {
 		return 0, nil, fmt.Errorf("put: %w", err)
 	}
+	p.io.RLock()
+	defer p.io.RUnlock()
 	// Closed first: a Close on a full disk leaves the last flush failed
 	// for good, and later calls fail with ErrClosed, as Close says.
-	if p.isClosed() {
-		return 0, nil, fmt.Errorf("put: %w", ErrClosed)
+	if err := p.closedErr(); err != nil {
+		return 0, nil, fmt.Errorf("put: %w", err)
 	}
 	if _, _, err := p.flushes.state(); err != nil {
 		return 0, nil, fmt.Errorf("put: refused until a flush succeeds: the last one failed: %w", err)
 	}
-	p.io.RLock()
-	defer p.io.RUnlock()
 
 	es := make([]*entry, 0, len(blocks))
 	idx := make([]int, 0, len(blocks))
@@ -829,6 +953,9 @@ func (p *DiskPool) Read(hash uint64, dst []byte) error {
 	p.io.RLock()
 	defer p.io.RUnlock()
 	e, err := p.c.ref(hash, false)
+	if errors.Is(err, ErrClosed) {
+		return fmt.Errorf("read %#x: %w", hash, p.closedErr())
+	}
 	if err != nil {
 		return err
 	}
@@ -853,6 +980,9 @@ func (p *DiskPool) ReadHeld(hash uint64, dst []byte) error {
 	p.io.RLock()
 	defer p.io.RUnlock()
 	e, err := p.c.held(hash)
+	if errors.Is(err, ErrClosed) {
+		return fmt.Errorf("read %#x: %w", hash, p.closedErr())
+	}
 	if err != nil {
 		return err
 	}
@@ -1001,15 +1131,26 @@ func (p *DiskPool) Dir() string { return p.dir }
 // the database all the same and says so: what changed since the last
 // flush is lost, as after a crash (evicted blocks may come back at the
 // next open). Later calls fail with ErrClosed; a second Close returns nil.
+//
+// A pool that one of Pebble's background jobs found damaged has shut
+// itself down already (its blocks dropped with their REMOVEs, its
+// database closed, the damage logged; Puts and reads fail with
+// ErrCorrupt): Close then only ends it, and returns nil.
 func (p *DiskPool) Close() error {
+	p.stopOnce.Do(func() { close(p.stop) })
+	p.watcher.Wait()
 	p.io.Lock()
 	defer p.io.Unlock()
-	if !p.c.close() {
+	if p.closed.Swap(true) {
 		return nil
 	}
 	p.unregister()
+	if !p.c.close() {
+		return nil // shut down by watchDamage: the database is closed
+	}
 	var errs []error
-	if p.opts.Sync == SyncFlush {
+	// Damaged: no flush, as watchDamage does not flush.
+	if _, damaged := p.damage.state(); p.opts.Sync == SyncFlush && damaged == nil {
 		if err := p.flush(); err != nil {
 			errs = append(errs, fmt.Errorf("evictions since the last flush are not on disk: %w", err))
 		}

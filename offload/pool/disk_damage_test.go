@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -305,5 +306,111 @@ func TestDiskDamagedSSTableFailsTheOpenInsteadOfKillingTheProcess(t *testing.T) 
 			}
 			check(t, p.Close())
 		})
+	}
+}
+
+// An sstable damaged while the pool runs (bit rot after the open). Before
+// a3494f7, Pebble's DataCorruption listener ended the process at the first
+// compaction that met it; after it, the pool's listener only logged, and
+// that L0 compaction failed and was picked again at once, for ever (Pebble
+// sets no problem span on L0): two error lines each time, thousands a
+// second, and a core busy. L0 was never compacted, so every Put added an
+// L0 sublevel until L0StopWritesThreshold stalled writes: the Put waited in
+// its flush for ever, and Close behind it. Now the first background job to
+// meet the damage shuts the pool down: its blocks are removed (REMOVE),
+// Puts fail with ErrCorrupt, Close returns, and the restart refuses the
+// pool with ErrCorrupt, as for damage found at open.
+func TestDiskSSTableDamagedWhileOpenShutsThePoolDownInsteadOfStallingPuts(t *testing.T) {
+	dir := t.TempDir()
+	var log testlog.Buffer
+	s := newSink(t)
+	cfg := pool.Config{Rank: rank, Capacity: 256, BlockSize: damageBS, Sink: s,
+		Logger: slog.New(slog.NewTextHandler(&log, nil))}
+	p, err := pool.OpenDisk(dir, cfg, pool.DiskOptions{})
+	check(t, err)
+	t.Cleanup(func() { p.Close() })
+	check(t, p.Register(pool.Block{Hash: 1, Local: 1}, pattern(damageBS, 1)))
+
+	// Each Put flushes one more L0 table; the compaction they set off meets
+	// the damage, well before L0 is deep enough to stall writes. A table
+	// that a compaction is reading as its byte flips may be compacted away
+	// with its damage unseen, so each new table is damaged as it appears.
+	rotten := map[string]bool{}
+	rot(t, dir, rotten)
+	for h := uint64(100); ; h++ {
+		err := returns(t, fmt.Sprintf("Put of block %d", h), func() error {
+			return p.Register(pool.Block{Hash: h, Local: h}, pattern(damageBS, h))
+		})
+		if err == nil {
+			if h == 100+200 {
+				t.Fatal("200 Puts after the damage all succeeded")
+			}
+			rot(t, dir, rotten)
+			continue
+		}
+		if !errors.Is(err, pool.ErrCorrupt) {
+			t.Fatalf("Put of block %d into the damaged pool: %v, want ErrCorrupt", h, err)
+		}
+		break
+	}
+	if err := p.Register(pool.Block{Hash: 99, Local: 99}, pattern(damageBS, 99)); !errors.Is(err, pool.ErrCorrupt) {
+		t.Fatalf("a later Put: %v, want ErrCorrupt", err)
+	}
+	if err := p.Read(1, make([]byte, damageBS)); !errors.Is(err, pool.ErrCorrupt) {
+		t.Fatalf("Read of a block of the shut pool: %v, want ErrCorrupt", err)
+	}
+	evs := s.take()
+	stored := map[uint64]bool{}
+	for _, b := range storedBlocks(evs) {
+		stored[b.Hash] = true
+	}
+	for _, h := range removed(evs) {
+		delete(stored, h)
+	}
+	if len(stored) != 0 || p.Stats().Used != 0 || len(present(p, 1, 100)) != 0 {
+		t.Fatalf("after the shutdown, blocks %v are still advertised, %d used, %v found",
+			slices.Sorted(maps.Keys(stored)), p.Stats().Used, present(p, 1, 100))
+	}
+	check(t, returns(t, "Close", p.Close))
+	if n := len(log.Lines("pebble found a damaged file")); n > 10 {
+		t.Fatalf("the damage was logged %d times", n)
+	}
+	if n := len(log.Lines("background job failed")); n > 10 {
+		t.Fatalf("%d background jobs failed", n)
+	}
+
+	if p, err := pool.OpenDisk(dir, cfg, pool.DiskOptions{}); !errors.Is(err, pool.ErrCorrupt) {
+		if err == nil {
+			p.Close()
+		}
+		t.Fatalf("reopening the damaged pool: %v, want ErrCorrupt", err)
+	}
+}
+
+// rot flips one byte in the first data block of each sstable in dir that is
+// not in done yet, under the open pool, as bit rot would, and adds it to
+// done.
+func rot(t *testing.T, dir string, done map[string]bool) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	check(t, err)
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil || !strings.HasSuffix(e.Name(), ".sst") || fi.Size() < 200 || done[e.Name()] {
+			continue // (gone, or being written: not yet whole)
+		}
+		f, err := os.OpenFile(filepath.Join(dir, e.Name()), os.O_RDWR, 0)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // compacted away meanwhile
+		}
+		check(t, err)
+		b := make([]byte, 1)
+		_, err = f.ReadAt(b, 60)
+		check(t, err)
+		b[0] ^= 0xff
+		_, err = f.WriteAt(b, 60)
+		check(t, err)
+		check(t, f.Close())
+		done[e.Name()] = true
 	}
 }
