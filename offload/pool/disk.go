@@ -104,7 +104,8 @@ func (m SyncMode) String() string {
 type DiskOptions struct {
 	Sync SyncMode
 	// MemTableSize, default 64 MiB. A Put batch of at least about half of it
-	// skips the memtable (Pebble queues it for flushing as is).
+	// skips the memtable (Pebble queues it for flushing as is). Under
+	// SyncWAL, writes stall while four memtables' worth wait for flushing.
 	MemTableSize uint64
 	// FS, default the operating system's.
 	FS vfs.FS
@@ -144,6 +145,25 @@ func encodeMeta(b Block, stamp uint64) []byte {
 	return v
 }
 
+// noWriteStall is MemTableStopWritesThreshold under SyncFlush: so high
+// that Pebble never stalls a write for its queue of memtables.
+//
+// Pebble stalls every write (a commit that rotates the memtable, an
+// AsyncFlush) while the memtables and large batches queued for flushing
+// add up to MemTableStopWritesThreshold memtables, until a flush brings
+// them under. On a full disk no flush does. A Put batch of half a memtable
+// or more is queued as a memtable of its own, so one Put of four
+// memtables' worth, or a few concurrent smaller ones, stalled its own
+// flush for good, and Close behind it: the flush watch ends a wait for a
+// failed flush, not Pebble's stall. Under SyncFlush the stall bounds
+// nothing the callers do not: every Put waits for its own flush, so the
+// queue holds the batches of the Puts in flight (whose callers hold the
+// bytes too) and, on a full disk, what was queued before the first flush
+// failed (later Puts are refused until one succeeds). Under SyncWAL Puts
+// do not wait for flushes, and the stall is what bounds the memtables.
+// (1<<20 memtables of Pebble's largest, 4 GiB, still fit a uint64.)
+const noWriteStall = 1 << 20
+
 func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch, damage *damageWatch) *pebble.Options {
 	popts := &pebble.Options{
 		FS:                 o.FS,
@@ -152,12 +172,16 @@ func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch, dama
 		FormatMajorVersion: pebble.FormatValueSeparation,
 		DisableWAL:         o.Sync == SyncFlush,
 		MemTableSize:       o.MemTableSize,
-		// Up to four memtables may queue for flushing before writes stall:
-		// a burst of offloads is absorbed while the disk catches up.
+		// SyncWAL: up to four memtables may queue for flushing before
+		// writes stall, a burst of offloads absorbed while the disk
+		// catches up. SyncFlush: no stall (see noWriteStall).
 		MemTableStopWritesThreshold: 4,
 		// The block cache only ever holds keys and metadata worth caching;
 		// block bytes are read once per onboarding.
 		CacheSize: 8 << 20,
+	}
+	if o.Sync == SyncFlush {
+		popts.MemTableStopWritesThreshold = noWriteStall
 	}
 	// KV tensors do not compress (and compressing 2 MiB per block costs a
 	// core on a small machine); keys are tiny.
@@ -292,9 +316,10 @@ func (w *damageWatch) state() (<-chan struct{}, error) {
 // never returned, nor did Close behind it. With the watch, a wait for a
 // flush ends at the flush's failure, and Puts are refused while the last
 // flush failed: each refused Put would have queued one more memtable that
-// cannot be written, and once they add up to MemTableStopWritesThreshold
-// memtables, Pebble stalls every commit, an eviction's delete under the
-// pool's lock included, until a flush succeeds.
+// cannot be written, held in memory until the disk has room (and under
+// SyncWAL, once they add up to MemTableStopWritesThreshold memtables,
+// Pebble stalls every commit, an eviction's delete under the pool's lock
+// included, until a flush succeeds; see noWriteStall).
 type flushWatch struct {
 	log *slog.Logger
 

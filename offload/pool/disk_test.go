@@ -278,14 +278,18 @@ func sameBlocks(a, b []pool.Block) bool {
 
 // fullFS is the operating system's file system that, while full is set,
 // refuses to create the files a flush writes (sstables, blob files) with
-// ENOSPC, as a full disk does.
+// ENOSPC, as a full disk does. With slow set too, each refusal takes 50 ms
+// (a disk slow as well as full).
 type fullFS struct {
 	vfs.FS
-	full atomic.Bool
+	full, slow atomic.Bool
 }
 
 func (f *fullFS) Create(name string, cat vfs.DiskWriteCategory) (vfs.File, error) {
 	if f.full.Load() && (strings.HasSuffix(name, ".sst") || strings.HasSuffix(name, ".blob")) {
+		if f.slow.Load() {
+			time.Sleep(50 * time.Millisecond)
+		}
 		return nil, fmt.Errorf("create %s: %w", name, syscall.ENOSPC)
 	}
 	return f.FS.Create(name, cat)
@@ -425,5 +429,64 @@ func TestDiskPutAfterCloseOnAFullDiskFailsWithErrClosed(t *testing.T) {
 	}
 	if err := p.Read(1, make([]byte, testBlock)); !errors.Is(err, pool.ErrClosed) {
 		t.Fatalf("Read after Close = %v, want ErrClosed", err)
+	}
+}
+
+// A Put batch of half a memtable or more is a Pebble "large batch", queued
+// for flushing as a memtable of its own (in production, 16 blocks of 2 MiB
+// against the 64 MiB memtable). On a full disk it stays queued, and once
+// the queue held MemTableStopWritesThreshold (4) memtables' worth, the
+// Put's flush (or its commit) waited in Pebble's write stall until a flush
+// succeeded, which the flush watch cannot end: the Put never returned
+// while the disk stayed full, nor Close behind it. Now no memtable queue
+// stalls a write (each Put waits for its own flush), and the Puts fail.
+func TestDiskLargePutsOnAFullDiskFailAndCloseReturns(t *testing.T) {
+	const bs = 64 << 10 // MemTableSize 1 MiB: a 16-block batch is a large batch
+	for _, tc := range []struct {
+		name      string
+		puts, per uint64
+		slow      bool
+	}{
+		{"one Put of 5 memtables", 1, 80, false},
+		{"two concurrent Puts of 2.5 memtables, slow disk", 2, 40, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := &fullFS{FS: vfs.Default}
+			p, err := pool.OpenDisk(t.TempDir(), pool.Config{Rank: rank, Capacity: 1024, BlockSize: bs},
+				pool.DiskOptions{FS: fs, MemTableSize: 1 << 20})
+			check(t, err)
+			t.Cleanup(func() { p.Close() })
+			// First, after a failure: a call stuck on the full disk would hold up Close.
+			t.Cleanup(func() { fs.full.Store(false) })
+			check(t, p.Register(pool.Block{Hash: 1, Local: 1}, pattern(bs, 1)))
+
+			fs.full.Store(true)
+			fs.slow.Store(tc.slow)
+			errs := make([]error, tc.puts)
+			check(t, returns(t, "Puts on a full disk", func() error {
+				var wg sync.WaitGroup
+				for i := range tc.puts {
+					wg.Go(func() {
+						var blocks []pool.Block
+						var data [][]byte
+						for h := 100 + 1000*i; h < 100+1000*i+tc.per; h++ {
+							blocks = append(blocks, pool.Block{Hash: h, Local: h})
+							data = append(data, pattern(bs, h))
+						}
+						_, errs[i] = p.Put(blocks, data)
+					})
+				}
+				wg.Wait()
+				return nil
+			}))
+			for i, err := range errs {
+				if !errors.Is(err, syscall.ENOSPC) {
+					t.Fatalf("Put %d on a full disk: %v, want an error wrapping ENOSPC", i, err)
+				}
+			}
+			if err := returns(t, "Close on a full disk", p.Close); err == nil {
+				t.Fatal("Close on a full disk did not report its failed flush")
+			}
+		})
 	}
 }
