@@ -211,12 +211,7 @@ func (ix *Index) LoadRank(d *RankDump) error {
 	}
 	rs.order = d.Order
 	ix.markDirty(rs)
-	for _, o := range d.Orphans {
-		or := orphan{at: o.At, tier: o.Tier, parent: o.Parent, blocks: append([]kvevent.Block(nil), o.Blocks...)}
-		rs.orphans = append(rs.orphans, or)
-		rs.orphanBlocks += len(or.blocks)
-		ix.orphanDigest(rs, &or, +1)
-	}
+	ix.loadOrphans(rs, d.Orphans)
 	// Nodes of the dump that no entry ended up holding (possible only in a
 	// hand-made dump) must not linger.
 	for _, dn := range slices.Backward(d.Nodes) {

@@ -315,6 +315,59 @@ func TestOrphanStampedAheadExpiresOnceTimeWentBack(t *testing.T) {
 	}
 }
 
+// TestLoadedOrphansOutOfTimeOrderArePutInOrder: a durable copy or a dump
+// written before held stores' times were pulled back can hold a buffer
+// out of time order (a store stamped by a leader's clock an hour ahead,
+// then one stamped by the next leader's). Only the buffer's head is
+// checked for age, and the pull left the order as it was: the store
+// behind the pulled head was held past the TTL, no resync asked. Both
+// load paths now take each held store as held no later than any behind
+// it, as a node that applied the same stores has them, and both expire
+// one TTL after the later-held one's time.
+func TestLoadedOrphansOutOfTimeOrderArePutInOrder(t *testing.T) {
+	sec := int64(time.Second)
+	t0 := 1_000_000 * sec
+	legacy := []DumpOrphan{ // as a build before the pull journaled them
+		{At: t0 + 3600*sec, Tier: dev, Parent: 7, Blocks: chain(8)}, // old leader, clock ahead
+		{At: t0, Tier: dev, Parent: 9, Blocks: chain(10)},           // new leader, clock right
+	}
+	live := New(propCfg) // OrphanTTL 2s
+	for _, o := range legacy {
+		if err := live.Apply(storedUnder(rk1, o.Tier, o.Parent, o.Blocks), o.At); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := live.DumpRank(rk1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	viaLoader := New(propCfg)
+	if err := viaLoader.LoadState(map[uint64]DumpNode{}, []RankDump{{Rank: rk1, Orphans: slices.Clone(legacy)}}); err != nil {
+		t.Fatal(err)
+	}
+	viaDump := New(propCfg)
+	if err := viaDump.LoadRank(&RankDump{Rank: rk1, Orphans: slices.Clone(legacy)}); err != nil {
+		t.Fatal(err)
+	}
+	for name, ix := range map[string]*Index{"Loader": viaLoader, "LoadRank": viaDump} {
+		d, err := ix.DumpRank(rk1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(d.Orphans, want.Orphans) {
+			t.Errorf("%s: held stores %+v, want %+v as a node that applied them holds them", name, d.Orphans, want.Orphans)
+		}
+		ix.ExpireOrphans(t0 + sec)
+		if n := ix.Stats().OrphanEvents; n != 2 || ix.RankNeedsResync(rk1) {
+			t.Errorf("%s: 1s on: %d held stores, needs resync %v; want both held, no resync", name, n, ix.RankNeedsResync(rk1))
+		}
+		ix.ExpireOrphans(t0 + 3*sec)
+		if n := ix.Stats().OrphanEvents; n != 0 || !ix.RankNeedsResync(rk1) {
+			t.Errorf("%s: 3s on, past the 2s TTL: %d held stores, needs resync %v; want none held, a resync", name, n, ix.RankNeedsResync(rk1))
+		}
+	}
+}
+
 func TestOrphanBufferIsBounded(t *testing.T) {
 	ix := New(Config{OrphanMaxEvents: 2})
 	for i := uint64(0); i < 5; i++ {

@@ -372,12 +372,7 @@ func (l *Loader) build(ix *Index) error {
 		rs := rss[i]
 		rs.order = lr.meta.Order
 		rs.needsResync, rs.overCapacity = lr.meta.NeedsResync, lr.meta.OverCapacity
-		for _, o := range lr.meta.Orphans {
-			or := orphan{at: o.At, tier: o.Tier, parent: o.Parent, blocks: slices.Clone(o.Blocks)}
-			rs.orphans = append(rs.orphans, or)
-			rs.orphanBlocks += len(or.blocks)
-			ix.orphanDigest(rs, &or, +1)
-		}
+		ix.loadOrphans(rs, lr.meta.Orphans)
 	}
 
 	// Unlink the nodes no rank holds and that lead to no held node. On a

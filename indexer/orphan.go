@@ -1,6 +1,10 @@
 package indexer
 
-import "github.com/kvrouter/kvrouter/kvevent"
+import (
+	"slices"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+)
 
 // The orphan buffer.
 //
@@ -34,7 +38,9 @@ import "github.com/kvrouter/kvrouter/kvevent"
 // here it costs a resync, while a store held too long is a stale index
 // that asks for none.) The times are derived from the applied stamps
 // alone and journaled with the orphans (RankMeta), so every replica,
-// rebuilt or not, agrees.
+// rebuilt or not, agrees. A buffer loaded (a durable copy, a dump) is put
+// in time order the same way (loadOrphans): an earlier build's may be out
+// of it.
 
 type orphan struct {
 	at     int64 // arrival time, unix nanos
@@ -100,11 +106,33 @@ func (ix *Index) dropAllOrphans(rs *rankState, lost bool) {
 	}
 }
 
+// loadOrphans fills the rank's empty buffer with a loaded copy's held
+// stores (a durable copy's, a dump's), in their order, each taken as held
+// no later than any store held after it. A build before times were pulled
+// back wrote buffers out of time order (a store stamped by a clock that
+// ran ahead, then one by a clock behind), and only the head is checked
+// for age: the stores behind a head stamped ahead were held past the TTL,
+// no resync asked, pulled or not, since a pull keeps the order. A node of
+// this build that held the same stores has each at the earliest time of
+// those held after it (the pull at each hold), which is what the running
+// minimum from the tail gives; it depends on the copy alone, so every
+// node that loads it agrees.
+func (ix *Index) loadOrphans(rs *rankState, os []DumpOrphan) {
+	for _, o := range os {
+		or := orphan{at: o.At, tier: o.Tier, parent: o.Parent, blocks: slices.Clone(o.Blocks)}
+		rs.orphans = append(rs.orphans, or)
+		rs.orphanBlocks += len(or.blocks)
+		ix.orphanDigest(rs, &or, +1)
+	}
+	for i := len(rs.orphans) - 2; i >= 0; i-- {
+		rs.orphans[i].at = min(rs.orphans[i].at, rs.orphans[i+1].at)
+	}
+}
+
 // pullOrphanTimes takes every held store of the rank later than now as
-// held at now (see the top of the file). The buffer is in time order, so
-// its ends tell whether any is; both are looked at, so that a buffer out
-// of order (a dump's, or one held before times were pulled) is pulled
-// too once a store later than now reaches either end.
+// held at now (see the top of the file). The buffer is in time order (a
+// loaded one is put in order, loadOrphans), so its ends tell whether any
+// is.
 func (ix *Index) pullOrphanTimes(rs *rankState, now int64) {
 	n := len(rs.orphans)
 	if n == 0 || rs.orphans[0].at <= now && rs.orphans[n-1].at <= now {
