@@ -9,7 +9,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -190,7 +189,7 @@ func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch, dama
 	// is flushed and stay there; compactions move only the small keys and
 	// blob references, never the blocks.
 	popts.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy {
-		return pebble.ValueSeparationPolicy{
+		policy := pebble.ValueSeparationPolicy{
 			Enabled:     true,
 			MinimumSize: 1024, // block bytes; metadata (25 bytes) stays inline
 			// Hash keys are spread over the whole key space, so every
@@ -200,13 +199,22 @@ func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch, dama
 			// reads of one value do not care how many blob files a table
 			// references.
 			MaxBlobReferenceDepth: 1 << 20,
-			// Space from evicted blocks comes back when a blob file is
-			// entirely dead (LRU evicts roughly in registration order, so
-			// most die whole); one more than 30% dead and a minute old is
-			// rewritten.
-			RewriteMinimumAge:  time.Minute,
-			TargetGarbageRatio: 0.3,
+			// No blob-file rewrites: space from evicted blocks comes back
+			// only when a blob file is entirely dead (LRU evicts roughly
+			// in registration order, so most die whole). A rewrite reads
+			// every live block of its file, and Pebble (v2.1) reports a
+			// damaged one with no file metadata, a panic on its
+			// compaction goroutine ("unknown metadata type: <nil>") that
+			// nothing can recover: one flipped byte in a block ended the
+			// process, and again after each restart. The cost is disk
+			// space where blocks of one Put die at different times (see
+			// DESIGN.md). 1.0 is Pebble's "never rewrite".
+			TargetGarbageRatio: 1.0,
 		}
+		if testHookValueSeparation != nil {
+			testHookValueSeparation(&policy)
+		}
+		return policy
 	}
 	// One output file per flush. The default (2 MB) splits a flush of 16
 	// blocks into 16 sstables, each with its own blob file (Pebble pairs
@@ -214,6 +222,10 @@ func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch, dama
 	popts.TargetFileSizes[0] = 128 << 20
 	return popts
 }
+
+// testHookValueSeparation, nil outside tests, adjusts the value separation
+// policy (to make Pebble's blob-file rewrites start at once).
+var testHookValueSeparation func(*pebble.ValueSeparationPolicy)
 
 // eventListener reports Pebble's events the pool cares about to logger.
 //

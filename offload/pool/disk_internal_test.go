@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -180,5 +184,147 @@ func TestDiskRegisterOfABlockBeingWrittenSaysBusy(t *testing.T) {
 	}
 	if st := p.Stats(); st.Used != 0 || st.Revived != 0 {
 		t.Fatalf("after the other write failed: %+v, want nothing held or revived", st)
+	}
+}
+
+// blobRewriteChildEnv, set in the child process of
+// TestDiskDamagedBlobFileDoesNotKillTheProcessInABlobRewrite, says which
+// policy the child runs: "pool" (the pool's own) or "rewrites" (Pebble's
+// blob-file rewrites on, as the pool had them).
+const blobRewriteChildEnv = "KVROUTER_TEST_BLOB_REWRITE_CHILD"
+
+// A flipped byte in a live block's bytes in a blob file (bit rot under the
+// open pool). Pebble rewrites a blob file whose blocks are mostly evicted
+// (the pool had it at 30% garbage and a minute old); the rewrite reads
+// every live value, meets the checksum mismatch and reports it with no file
+// metadata, which panics ("unknown metadata type: <nil>") on Pebble's
+// compaction goroutine, where nothing can recover: the process ended, and
+// again after each restart once the rewrite was picked. The pool runs no
+// blob-file rewrites now: the damaged block fails its read with ErrCorrupt
+// and is dropped, as any other.
+//
+// Each run is a child process, so that the panic fails the test instead of
+// ending the test binary. Rewrites start at once in both (no minimum age);
+// the control run, with rewrites on, must die, or the scenario no longer
+// reaches a rewrite.
+func TestDiskDamagedBlobFileDoesNotKillTheProcessInABlobRewrite(t *testing.T) {
+	if mode := os.Getenv(blobRewriteChildEnv); mode != "" {
+		blobRewriteChild(t, mode == "rewrites")
+		return
+	}
+	run := func(mode string) (string, error) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestDiskDamagedBlobFileDoesNotKillTheProcessInABlobRewrite$",
+			"-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), blobRewriteChildEnv+"="+mode)
+		out, err := cmd.CombinedOutput()
+		head := string(out)
+		if i := strings.Index(head, "\ngoroutine "); i > 0 {
+			head = head[:i]
+		}
+		return head[max(0, len(head)-3000):], err
+	}
+	out, err := run("pool")
+	if err != nil {
+		t.Fatalf("the process died (%v):\n%s", err, out)
+	}
+	if !strings.Contains(out, "--- PASS") {
+		t.Fatalf("the child did not pass:\n%s", out)
+	}
+	out, err = run("rewrites")
+	if err == nil || !strings.Contains(out, pebbleBlobOpenPanic) {
+		t.Fatalf("the control run, blob rewrites on, did not die of Pebble's panic (err %v): the scenario "+
+			"no longer reaches a rewrite, or Pebble no longer panics there (then rewrites could come back):\n%s", err, out)
+	}
+}
+
+// blobRewriteChild stores 8 blocks in one Put (one blob file), flips a byte
+// of block 7's bytes there, holds 7 and 8, and evicts the rest with more
+// Puts, each one flushed and followed by Pebble's look for compactions.
+func blobRewriteChild(t *testing.T, rewrites bool) {
+	testHookValueSeparation = func(p *pebble.ValueSeparationPolicy) {
+		p.RewriteMinimumAge = 0
+		if rewrites {
+			p.TargetGarbageRatio = 0.3
+		}
+	}
+	t.Cleanup(func() { testHookValueSeparation = nil })
+	const bs = 4096 // in a blob file (value separation starts at 1 KiB)
+	blob := func(h uint64) []byte {
+		b, r := make([]byte, bs), rand.NewChaCha8([32]byte{byte(h)})
+		r.Read(b)
+		return b
+	}
+	dir := t.TempDir()
+	var log testlog.Buffer
+	p, err := OpenDisk(dir, Config{Capacity: 10, BlockSize: bs, Logger: slog.New(slog.NewTextHandler(&log, nil))},
+		DiskOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	var blocks []Block
+	var data [][]byte
+	for h := uint64(1); h <= 8; h++ {
+		blocks = append(blocks, Block{Hash: h, Local: h})
+		data = append(data, blob(h))
+	}
+	if n, err := p.Put(blocks, data); n != 8 || err != nil {
+		t.Fatalf("Put: %d, %v", n, err)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, found := blob(7)[100:164], false
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".blob") {
+			continue
+		}
+		name := filepath.Join(dir, e.Name())
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i := bytes.Index(b, want); i >= 0 {
+			f, err := os.OpenFile(name, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = f.WriteAt([]byte{b[i+10] ^ 0xff}, int64(i+10))
+			if err := errors.Join(err, f.Close()); err != nil {
+				t.Fatal(err)
+			}
+			found = true
+		}
+	}
+	if !found {
+		t.Fatal("block 7's bytes are in no blob file")
+	}
+	// Blocks 7 and 8 stay live (held, as an onboarding holds them); the
+	// other six of their blob file are evicted: 75% garbage.
+	for _, h := range []uint64{7, 8} {
+		if err := p.Acquire(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for h := uint64(9); h < 209; h++ {
+		if err := p.Register(Block{Hash: h, Local: h}, blob(h)); err != nil {
+			t.Fatalf("Register(%d): %v", h, err)
+		}
+	}
+	buf := make([]byte, bs)
+	if err := p.ReadHeld(7, buf); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("ReadHeld of the damaged block: %v, want ErrCorrupt", err)
+	}
+	if err := p.ReadHeld(8, buf); err != nil || !bytes.Equal(buf, blob(8)) {
+		t.Fatalf("ReadHeld of the intact block of the same blob file: %v", err)
+	}
+	for _, h := range []uint64{7, 8} {
+		if err := p.Release(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
