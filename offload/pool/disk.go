@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -236,24 +238,62 @@ var testHookValueSeparation func(*pebble.ValueSeparationPolicy)
 // returned to the read that meets it (as ErrCorrupt: OpenDisk fails, a
 // block's read fails and drops it); the listener logs it, once per file
 // (see damageWatch), and the corruption a background job meets shuts the
-// pool down. EnsureDefaults fills in only the hooks left nil, so the fatal
-// default is not added back.
+// pool down, as does a compaction that keeps failing to read a file
+// (CompactionEnd). EnsureDefaults fills in only the hooks left nil, so the
+// fatal default is not added back.
 //
 // Flushes are reported to flushes. A failed flush is also a background
 // error, and Pebble retries it at once, over and over: flushes logs the
 // first failure and the recovery, and the background error of each retry
-// is not logged again. Errors are logged by their text: Pebble's carry a
-// stack trace, which a text handler would print whole.
+// is not logged again. Other background errors are logged at most once
+// per errorLogEvery (errorLog). Errors are logged by their text: Pebble's
+// carry a stack trace, which a text handler would print whole.
 func eventListener(logger *slog.Logger, flushes *flushWatch, damage *damageWatch) *pebble.EventListener {
+	errs := &errorLog{log: logger}
 	return &pebble.EventListener{
 		DataCorruption: damage.file,
 		BackgroundError: func(err error) {
 			if !damage.background(err) && !flushes.failedWith(err) {
-				logger.Error("offload pool: pebble background job failed", "err", err.Error())
+				errs.error(err)
 			}
 		},
-		FlushEnd: flushes.end,
+		CompactionEnd: damage.compaction,
+		FlushEnd:      flushes.end,
 	}
+}
+
+// errorLogEvery is how often, at most, the pool logs a failed background
+// job of Pebble's.
+const errorLogEvery = 10 * time.Second
+
+// An errorLog logs the background errors no watch accounts for, one line
+// per errorLogEvery at most, which says how many it left out since the
+// last. Pebble retries a failed compaction at once, for as long as it
+// fails (a full disk: each retry names another output file), and reports
+// each failure: thousands of lines a second, logged one by one.
+type errorLog struct {
+	log *slog.Logger
+
+	mu      sync.Mutex
+	at      time.Time // of the last line
+	omitted int       // errors not logged since
+}
+
+func (l *errorLog) error(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	if !l.at.IsZero() && now.Sub(l.at) < errorLogEvery {
+		l.omitted++
+		return
+	}
+	args := []any{"err", err.Error()}
+	if l.omitted > 0 {
+		args = append(args, "omitted", l.omitted)
+	}
+	l.log.Error("offload pool: pebble background job failed (logged once per "+errorLogEvery.String()+
+		" at most; omitted: failures left out since the last line)", args...)
+	l.at, l.omitted = now, 0
 }
 
 // A damageWatch follows the damage Pebble reports through its
@@ -270,14 +310,33 @@ func eventListener(logger *slog.Logger, flushes *flushWatch, damage *damageWatch
 // listener ended the process at the first report instead. The watch logs
 // each damaged file once, records the first corruption a background job
 // meets, and the pool shuts itself down (watchDamage).
+//
+// A file the disk cannot read (a bad sector: EIO, or Pebble's "could not
+// read footer") is not corruption to Pebble, and the compaction that reads
+// it is retried at once, for ever, just the same. The watch counts the
+// failed compactions while they fail with the same error (compactionFailures
+// of them shut the pool down), leaving out those that fail because the
+// disk is full, which end once there is room, and those Pebble cancels.
 type damageWatch struct {
 	log *slog.Logger
 
 	mu     sync.Mutex
-	err    error           // the first corruption a background job met
+	err    error           // why the pool shuts down: the first damage a background job met
 	found  chan struct{}   // closed then
 	logged map[string]bool // the damaged files logged
+
+	failed  string // the error of the last compaction that failed
+	repeats int    // the failed compactions since the last other error
 }
+
+// compactionFailures is how many failed compactions, with no failure of
+// another error between, must fail with the same error (neither
+// corruption nor a full disk) for the pool to shut down. Pebble retries
+// an L0 compaction at once and, below L0, after 30 seconds: one failure
+// may be passing, the same one three times is a file that cannot be read.
+// Compactions that succeed in between do not restart the count: they did
+// not read that file.
+const compactionFailures = 3
 
 func newDamageWatch(log *slog.Logger) *damageWatch {
 	return &damageWatch{log: log, found: make(chan struct{}), logged: make(map[string]bool)}
@@ -295,25 +354,63 @@ func (w *damageWatch) file(info pebble.DataCorruptionInfo) {
 }
 
 // background takes a background job's error and reports whether it is
-// corruption, which it records and logs the first time.
+// corruption, which shuts the pool down.
 func (w *damageWatch) background(err error) bool {
 	if !pebble.IsCorruptionError(err) {
 		return false
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.err == nil {
-		w.err = err
-		close(w.found)
-		w.log.Error("offload pool: a background job of pebble's met damaged data; the disk pool shuts down: "+
+	w.shut(fmt.Errorf("pebble met damaged data: %w", err),
+		"a background job of pebble's met damaged data; the disk pool shuts down: "+
 			"its blocks are dropped and its writes and reads fail; a restart refuses the pool "+
-			"(deleting its directory starts it empty)", "err", err.Error())
-	}
+			"(deleting its directory starts it empty)")
 	return true
 }
 
+// compaction is the CompactionEnd hook: the compactionFailures-th
+// failure with the same error (and none other between) shuts the pool
+// down.
+// Corruption is left to background, which sees it next.
+func (w *damageWatch) compaction(info pebble.CompactionInfo) {
+	err := info.Err
+	if err == nil || errors.Is(err, pebble.ErrCancelledCompaction) || pebble.IsCorruptionError(err) || diskFull(err) {
+		return
+	}
+	text := err.Error()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if text != w.failed {
+		w.failed, w.repeats = text, 0
+	}
+	w.repeats++
+	if w.repeats < compactionFailures {
+		return
+	}
+	w.shut(fmt.Errorf("a compaction of pebble's failed %d times: %w", w.repeats, err),
+		"a compaction of pebble's failed "+fmt.Sprint(compactionFailures)+" times with the same "+
+			"error (a file it cannot read: a failing disk?); the disk pool shuts down: its blocks are "+
+			"dropped and its writes and reads fail until a restart")
+}
+
+// shut records why the pool shuts down and logs it, the first time. The
+// caller holds w.mu.
+func (w *damageWatch) shut(err error, msg string) {
+	if w.err != nil {
+		return
+	}
+	w.err = err
+	close(w.found)
+	w.log.Error("offload pool: "+msg, "err", err.Error())
+}
+
+// diskFull says whether err is a write refused for want of room.
+func diskFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
 // state returns a channel closed once a background job has met damaged
-// data, and that corruption (nil before).
+// data (see damageWatch), and why the pool shuts down (nil before).
 func (w *damageWatch) state() (<-chan struct{}, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -407,7 +504,8 @@ func (w *flushWatch) failedWith(err error) bool {
 // blocks are deleted, not restored, and the count logged.
 //
 // Damage that one of Pebble's background jobs (a compaction) meets while
-// the pool is open shuts the pool down (see Close).
+// the pool is open, or a file a compaction keeps failing to read, shuts
+// the pool down (see Close).
 func OpenDisk(dir string, cfg Config, opts DiskOptions) (*DiskPool, error) {
 	if err := cfg.check(); err != nil {
 		return nil, fmt.Errorf("open disk pool %s: %w", dir, err)
@@ -450,13 +548,13 @@ func OpenDisk(dir string, cfg Config, opts DiskOptions) (*DiskPool, error) {
 }
 
 // watchDamage shuts the pool down once a background job of Pebble's has met
-// damaged data (see damageWatch), or returns at Close. The shutdown waits
-// for the calls in progress, as Close does, then drops every block with its
-// REMOVE (none of them can be relied on, and kept they would stay
-// advertised for good), closes the core and closes the database, which
-// ends Pebble's retries. It does not flush: a flush adds to an L0 that can
-// no longer be compacted. Later calls fail as after Close; Put and reads
-// with the damage (ErrCorrupt).
+// damaged data or a file it cannot read (see damageWatch), or returns at
+// Close. The shutdown waits for the calls in progress, as Close does, then
+// drops every block with its REMOVE (none of them can be relied on, and
+// kept they would stay advertised for good), closes the core and closes
+// the database, which ends Pebble's retries. It does not flush: a flush
+// adds to an L0 that can no longer be compacted. Later calls fail as after
+// Close; Put and reads with the damage (ErrCorrupt).
 func (p *DiskPool) watchDamage() {
 	defer p.watcher.Done()
 	found, _ := p.damage.state()
@@ -482,7 +580,7 @@ func (p *DiskPool) closedErr() error {
 		return nil
 	}
 	if _, err := p.damage.state(); err != nil && !p.closed.Load() {
-		return fmt.Errorf("%w: the disk pool was shut down when pebble met damaged data (%v)", ErrCorrupt, err)
+		return fmt.Errorf("%w: the disk pool was shut down: %v", ErrCorrupt, err)
 	}
 	return ErrClosed
 }
@@ -1169,8 +1267,8 @@ func (p *DiskPool) Dir() string { return p.dir }
 // flush is lost, as after a crash (evicted blocks may come back at the
 // next open). Later calls fail with ErrClosed; a second Close returns nil.
 //
-// A pool that one of Pebble's background jobs found damaged has shut
-// itself down already (its blocks dropped with their REMOVEs, its
+// A pool that one of Pebble's background jobs found damaged (or could
+// not read) has shut itself down already (its blocks dropped with their REMOVEs, its
 // database closed, the damage logged; Puts and reads fail with
 // ErrCorrupt): Close then only ends it, and returns nil.
 func (p *DiskPool) Close() error {

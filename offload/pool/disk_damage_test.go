@@ -10,9 +10,16 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/kvrouter/kvrouter/internal/testlog"
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/pool"
 )
 
@@ -412,5 +419,285 @@ func rot(t *testing.T, dir string, done map[string]bool) {
 		check(t, err)
 		check(t, f.Close())
 		done[e.Name()] = true
+	}
+}
+
+// eioFS is the operating system's file system on which the sstables named
+// in bad fail every read with EIO, as a disk with a bad sector under them
+// does (the most common way a disk reports damage: not wrong bytes, but
+// an unreadable sector).
+type eioFS struct {
+	vfs.FS
+	mu  sync.Mutex
+	bad map[string]bool
+}
+
+func (f *eioFS) isBad(name string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.bad[name]
+}
+
+// spoil marks every sstable in dir as unreadable.
+func (f *eioFS) spoil(t *testing.T, dir string) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	check(t, err)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".sst") {
+			f.bad[e.Name()] = true
+		}
+	}
+}
+
+// heal makes every file readable again.
+func (f *eioFS) heal() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	clear(f.bad)
+}
+
+func (f *eioFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
+	file, err := f.FS.Open(name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &eioFile{File: file, fs: f, path: name}, nil
+}
+
+type eioFile struct {
+	vfs.File
+	fs   *eioFS
+	path string
+}
+
+func (f *eioFile) ReadAt(p []byte, off int64) (int, error) {
+	if f.fs.isBad(filepath.Base(f.path)) {
+		return 0, &os.PathError{Op: "read", Path: f.path, Err: syscall.EIO}
+	}
+	return f.File.ReadAt(p, off)
+}
+
+// An sstable whose reads fail with EIO while the pool runs (a bad sector,
+// not a checksum mismatch: Pebble does not call it corruption). The
+// compaction that reads it failed and Pebble picked it again at once, for
+// ever: "pebble background job failed" thousands of times a second, L0
+// never compacted, and once it reached L0StopWritesThreshold every Put
+// waited in Pebble's write stall for good, and Close behind it. Now a
+// compaction that fails three times with the same error shuts the pool
+// down as damage does: its blocks are removed, Puts and reads fail with
+// ErrCorrupt, Close returns; and the failures are logged at most once
+// every few seconds.
+func TestDiskUnreadableSSTableWhileOpenShutsThePoolDownInsteadOfStallingPuts(t *testing.T) {
+	dir := t.TempDir()
+	fs := &eioFS{FS: vfs.Default, bad: map[string]bool{}}
+	var log testlog.Buffer
+	s := newSink(t)
+	cfg := pool.Config{Rank: rank, Capacity: 256, BlockSize: damageBS, Sink: s,
+		Logger: slog.New(slog.NewTextHandler(&log, nil))}
+	p, err := pool.OpenDisk(dir, cfg, pool.DiskOptions{FS: fs})
+	check(t, err)
+	t.Cleanup(func() { p.Close() })
+	// First, after a failure: a call stuck in the write stall would hold up Close.
+	t.Cleanup(fs.heal)
+	check(t, p.Register(pool.Block{Hash: 1, Local: 1}, pattern(damageBS, 1)))
+
+	// Each Put flushes one more L0 table, each made unreadable as it
+	// appears; the compaction they set off fails on them.
+	fs.spoil(t, dir)
+	for h := uint64(100); ; h++ {
+		err := returns(t, fmt.Sprintf("Put of block %d", h), func() error {
+			return p.Register(pool.Block{Hash: h, Local: h}, pattern(damageBS, h))
+		})
+		if err == nil {
+			if h == 100+200 {
+				t.Fatal("200 Puts after the damage all succeeded")
+			}
+			fs.spoil(t, dir)
+			continue
+		}
+		if !errors.Is(err, pool.ErrCorrupt) {
+			t.Fatalf("Put of block %d into the unreadable pool: %v, want ErrCorrupt", h, err)
+		}
+		break
+	}
+	if err := p.Read(1, make([]byte, damageBS)); !errors.Is(err, pool.ErrCorrupt) {
+		t.Fatalf("Read of a block of the shut pool: %v, want ErrCorrupt", err)
+	}
+	evs := s.take()
+	stored := map[uint64]bool{}
+	for _, b := range storedBlocks(evs) {
+		stored[b.Hash] = true
+	}
+	for _, h := range removed(evs) {
+		delete(stored, h)
+	}
+	if len(stored) != 0 || p.Stats().Used != 0 {
+		t.Fatalf("after the shutdown, blocks %v are still advertised, %d used", slices.Sorted(maps.Keys(stored)), p.Stats().Used)
+	}
+	check(t, returns(t, "Close", p.Close))
+	if n := len(log.Lines("the disk pool shuts down")); n != 1 {
+		t.Fatalf("the shutdown was logged %d times, want once:\n%s", n, log.String())
+	}
+	if n := len(log.Lines("background job failed")); n > 3 {
+		t.Fatalf("the failed compaction was logged %d times; first: %s", n, log.Lines("background job failed")[0])
+	}
+}
+
+// compactionFullFS is the operating system's file system that, while full
+// is set, refuses to create the files of a compaction (not a flush's) with
+// ENOSPC, and counts the refusals.
+type compactionFullFS struct {
+	vfs.FS
+	full    atomic.Bool
+	refused atomic.Int64
+}
+
+func (f *compactionFullFS) Create(name string, cat vfs.DiskWriteCategory) (vfs.File, error) {
+	if f.full.Load() && cat == "pebble-compaction" {
+		f.refused.Add(1)
+		return nil, &os.PathError{Op: "open", Path: name, Err: syscall.ENOSPC}
+	}
+	return f.FS.Create(name, cat)
+}
+
+// A compaction that fails because the disk is full is retried by Pebble at
+// once, with the same error each time, until there is room; it does not
+// shut the pool down, which goes on once the disk has room, and its
+// failures are logged at most once every few seconds, not at each retry.
+func TestDiskCompactionOnAFullDiskDoesNotShutThePoolDown(t *testing.T) {
+	dir := t.TempDir()
+	fs := &compactionFullFS{FS: vfs.Default}
+	var log testlog.Buffer
+	cfg := pool.Config{Rank: rank, Capacity: 256, BlockSize: damageBS,
+		Logger: slog.New(slog.NewTextHandler(&log, nil))}
+	p, err := pool.OpenDisk(dir, cfg, pool.DiskOptions{FS: fs})
+	check(t, err)
+	t.Cleanup(func() { p.Close() })
+	t.Cleanup(func() { fs.full.Store(false) })
+
+	fs.full.Store(true)
+	// A few flushed L0 tables set off a compaction (well before L0 is deep
+	// enough for Pebble to stall writes).
+	for h := uint64(1); h <= 6; h++ {
+		check(t, p.Register(pool.Block{Hash: h, Local: h}, pattern(damageBS, h)))
+	}
+	deadline := time.Now().Add(time.Minute)
+	for fs.refused.Load() < 20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d compactions refused in a minute, want 20", fs.refused.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := len(log.Lines("the disk pool shuts down")); n != 0 {
+		t.Fatalf("a compaction on a full disk shut the pool down:\n%s", log.String())
+	}
+	if n := len(log.Lines("background job failed")); n > 3 {
+		t.Fatalf("%d compactions refused, logged %d times", fs.refused.Load(), n)
+	}
+
+	fs.full.Store(false)
+	check(t, p.Register(pool.Block{Hash: 7, Local: 7}, pattern(damageBS, 7)))
+	buf := make([]byte, damageBS)
+	for h := uint64(1); h <= 7; h++ {
+		check(t, p.Read(h, buf))
+		if !bytes.Equal(buf, pattern(damageBS, h)) {
+			t.Fatalf("read back other bytes than block %d's", h)
+		}
+	}
+	check(t, returns(t, "Close", p.Close))
+}
+
+// The shutdown for damage while Puts, Reads, Acquire/ReadHeld/Release,
+// DiskBytes, Dump and Lookup run: nothing panics, every block advertised
+// is removed once, and nothing is stored after the shutdown.
+func TestDiskDamageShutdownUnderConcurrentCallsLeavesNothingAdvertised(t *testing.T) {
+	for round := range 3 {
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			dir := t.TempDir()
+			var log testlog.Buffer
+			s := newSink(t)
+			cfg := pool.Config{Rank: rank, Capacity: 64, BlockSize: damageBS, Sink: s,
+				Logger: slog.New(slog.NewTextHandler(&log, nil))}
+			p, err := pool.OpenDisk(dir, cfg, pool.DiskOptions{})
+			check(t, err)
+			t.Cleanup(func() { p.Close() })
+			for h := uint64(1); h <= 8; h++ {
+				check(t, p.Register(pool.Block{Hash: h, Local: h}, pattern(damageBS, h)))
+			}
+			var stop atomic.Bool
+			var next, rounds atomic.Uint64
+			next.Store(1000)
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Go(func() {
+					buf := make([]byte, damageBS)
+					for !stop.Load() {
+						h := next.Add(1)
+						p.Register(pool.Block{Hash: h, Local: h}, pattern(damageBS, h))
+						r := h - 3
+						p.Read(r, buf)
+						if p.Acquire(r) == nil {
+							p.ReadHeld(r, buf)
+							p.Release(r)
+						}
+						p.DiskBytes()
+						p.Dump()
+						p.Lookup([]uint64{r}, nil)
+						rounds.Add(1)
+					}
+				})
+			}
+			finish := func() {
+				stop.Store(true)
+				wg.Wait()
+			}
+			rotten := map[string]bool{}
+			deadline := time.Now().Add(time.Minute)
+			for {
+				rot(t, dir, rotten)
+				err := p.Register(pool.Block{Hash: 1, Local: 1}, pattern(damageBS, 1))
+				if errors.Is(err, pool.ErrCorrupt) {
+					break
+				}
+				if time.Now().After(deadline) {
+					finish()
+					t.Fatal("the pool did not shut down in a minute")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			// The workers go on against the shut pool for a while.
+			for after := rounds.Load() + 40; rounds.Load() < after; {
+				if time.Now().After(deadline) {
+					finish()
+					t.Fatal("the workers made no progress after the shutdown")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			finish()
+			check(t, p.Close())
+
+			adv := map[uint64]bool{}
+			for _, ev := range s.take() {
+				switch ev.Kind {
+				case kvevent.KindStored:
+					for _, b := range ev.Blocks {
+						adv[b.EngineHash] = true
+					}
+				case kvevent.KindRemoved:
+					for _, h := range ev.Removed {
+						if !adv[h] {
+							t.Errorf("REMOVE of %d, not advertised (or removed twice)", h)
+						}
+						delete(adv, h)
+					}
+				}
+			}
+			if len(adv) != 0 {
+				t.Errorf("%d blocks still advertised after the shutdown", len(adv))
+			}
+		})
 	}
 }
