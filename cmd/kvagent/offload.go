@@ -198,11 +198,23 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 				return nil, fmt.Errorf("rank %s: %w", r, err)
 			}
 			o.disks = append(o.disks, rp.Disk)
-			if evs, _ := rp.Disk.Dump(); len(evs) > 0 {
-				if err := sink.Restore(r, evs); err != nil {
-					return nil, fmt.Errorf("rank %s: republish the disk pool: %w", r, err)
+			// Under the pool's lock: a shutdown for damage right after the
+			// open publishes its REMOVEs after the restore, not before it
+			// (the blocks would then stay advertised).
+			restored := 0
+			if err := rp.Disk.DumpTo(func(evs []kvevent.Event) error {
+				if len(evs) == 0 {
+					return nil
 				}
-				log.Info("disk pool reopened", "rank", r, "dir", dir, "blocks", rp.Disk.Stats().Used)
+				for _, ev := range evs {
+					restored += len(ev.Blocks)
+				}
+				return sink.Restore(r, evs)
+			}); err != nil {
+				return nil, fmt.Errorf("rank %s: republish the disk pool: %w", r, err)
+			}
+			if restored > 0 {
+				log.Info("disk pool reopened", "rank", r, "dir", dir, "blocks", restored)
 			}
 		}
 		rps = append(rps, rp)

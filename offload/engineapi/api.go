@@ -175,6 +175,7 @@ type OffloadResponse struct {
 	NoPriority int `json:"no_priority"`
 	Duplicate  int `json:"duplicate"`
 	Cold       int `json:"cold"`
+	NoDisk     int `json:"no_disk"`
 }
 
 // FreeRequest tells the agent that the engine freed G1 blocks, or is about
@@ -296,6 +297,8 @@ type ManagerStats struct {
 	NoPriority uint64                   `json:"no_priority"`
 	Duplicates uint64                   `json:"duplicates"`
 	Cold       uint64                   `json:"cold"`
+	NoDisk     uint64                   `json:"no_disk"`
+	DiskDown   bool                     `json:"disk_down"`
 	Tracked    int                      `json:"tracked"`
 	Onboard    OnboardStats             `json:"onboard"`
 }

@@ -686,7 +686,7 @@ func (s *Server) handleOffload(_ context.Context, body []byte) (any, error) {
 			return nil, err
 		}
 		return OffloadResponse{Queued: res.Queued, Shed: res.Shed, NoPriority: res.NoPriority,
-			Duplicate: res.Duplicate, Cold: res.Cold}, nil
+			Duplicate: res.Duplicate, Cold: res.Cold, NoDisk: res.NoDisk}, nil
 	})
 }
 
@@ -820,7 +820,8 @@ func poolStats(st pool.Stats) *PoolStats {
 
 func managerStats(st manager.Stats, paths []manager.Path) *ManagerStats {
 	ms := &ManagerStats{Paths: make(map[string]CopyPathStats, len(paths)), Invalid: st.Invalid,
-		NoPriority: st.NoPriority, Duplicates: st.Duplicates, Cold: st.Cold, Tracked: st.Tracked,
+		NoPriority: st.NoPriority, Duplicates: st.Duplicates, Cold: st.Cold, NoDisk: st.NoDisk, DiskDown: st.DiskDown,
+		Tracked: st.Tracked,
 		Onboard: OnboardStats{Calls: st.Onboard.Calls, FromHost: st.Onboard.FromHost, FromDisk: st.Onboard.FromDisk,
 			NotFound: st.Onboard.NotFound, TimedOut: st.Onboard.TimedOut, Canceled: st.Onboard.Canceled,
 			Failed: st.Onboard.Failed, LateWrites: st.Onboard.LateWrites}}

@@ -115,6 +115,10 @@ type OffloadResult struct {
 	// Cold counts, without a G2 pool, the requests the frequency filter
 	// did not pass: not yet seen often enough to be written to disk.
 	Cold int
+	// NoDisk counts, without a G2 pool, the requests that passed the
+	// filter but were not queued because the disk pool has shut down (see
+	// Stats.DiskDown).
+	NoDisk int
 }
 
 // Config configures a Manager.
@@ -219,6 +223,9 @@ type Manager struct {
 	// overwrites its destinations) bumps it. A task holds the generation
 	// it was queued at; see Free for what checking it guarantees.
 	gens []atomic.Uint64
+
+	// diskDown is set once the disk pool is seen shut down (see diskUp).
+	diskDown atomic.Bool
 
 	mu        sync.Mutex
 	closed    bool
@@ -392,12 +399,14 @@ func (p *Prepared) Start() (*Manager, error) {
 // finished. Offload fails only with ErrClosed.
 func (m *Manager) Offload(reqs []OffloadRequest) (OffloadResult, error) {
 	var (
-		res  OffloadResult
-		hot  []promotion
-		path = D2H
+		res    OffloadResult
+		hot    []promotion
+		path   = D2H
+		noDisk bool
 	)
 	if m.host == nil {
 		path = D2Disk
+		noDisk = !m.diskUp()
 	}
 	m.mu.Lock()
 	if m.closed {
@@ -433,6 +442,10 @@ func (m *Manager) Offload(reqs []OffloadRequest) (OffloadResult, error) {
 			res.Cold++
 			continue
 		}
+		if noDisk {
+			res.NoDisk++
+			continue
+		}
 		if path == D2H && m.disk != nil && m.filter.Hot(n) {
 			// Maybe in G2 already (a block seen again): promote now. A
 			// block not in G2 yet is promoted when its copy commits.
@@ -456,6 +469,7 @@ func (m *Manager) Offload(reqs []OffloadRequest) (OffloadResult, error) {
 	m.stats.NoPriority += uint64(res.NoPriority)
 	m.stats.Duplicates += uint64(res.Duplicate)
 	m.stats.Cold += uint64(res.Cold)
+	m.stats.NoDisk += uint64(res.NoDisk)
 	m.mu.Unlock()
 	m.promote(hot)
 	return res, nil
@@ -562,7 +576,7 @@ type promotion struct {
 // delete), which can stall; the H2Disk worker skips blocks already in G3
 // (reviving them there: used now).
 func (m *Manager) promote(ps []promotion) {
-	if len(ps) == 0 || m.host == nil || m.disk == nil {
+	if len(ps) == 0 || m.host == nil || m.disk == nil || !m.diskUp() {
 		return
 	}
 	hs := make([]uint64, len(ps))
@@ -594,6 +608,30 @@ func (m *Manager) promote(ps []promotion) {
 			st.Shed++
 		}
 	}
+}
+
+// diskUp reports whether there is a disk pool that takes writes. A disk
+// pool that has shut itself down (damage met by one of Pebble's background
+// jobs, see pool.DiskPool.Err) stays down until it is opened again, which
+// takes a restart of the agent: from the first call that sees it, the
+// manager logs it once and queues nothing more for G3 (Offload counts
+// NoDisk without G2; promotions to G3 stop), and a worker drops the tasks
+// queued before (Failed) without copying them. Onboarding from G3 finds
+// nothing there (the pool dropped its blocks). Reads no lock a Pebble
+// write holds: Offload calls it.
+func (m *Manager) diskUp() bool {
+	if m.disk == nil || m.diskDown.Load() {
+		return false
+	}
+	err := m.disk.Err()
+	if err == nil {
+		return true
+	}
+	if m.diskDown.CompareAndSwap(false, true) {
+		m.log.Error("offload: the disk pool has shut down; nothing more is offloaded to disk (G3) until the agent "+
+			"restarts, G2 goes on", "err", err)
+	}
+	return false
 }
 
 // promoteHot promotes the blocks among ts that the filter passes.
@@ -678,8 +716,12 @@ type Stats struct {
 	Paths [NumPaths]PathStats
 	// Offload requests: Invalid refused, NoPriority not written through,
 	// Duplicates already offloaded, Cold (without G2) below the filter's
-	// threshold.
-	Invalid, NoPriority, Duplicates, Cold uint64
+	// threshold, NoDisk (without G2) not queued because the disk pool is
+	// down.
+	Invalid, NoPriority, Duplicates, Cold, NoDisk uint64
+	// DiskDown is set once the disk pool has shut itself down (damage:
+	// see pool.DiskPool.Err). Nothing more is offloaded to it.
+	DiskDown bool
 	// Tracked is the number of hashes the frequency filter counts.
 	Tracked int
 	Onboard OnboardStats
@@ -687,9 +729,11 @@ type Stats struct {
 
 // Stats returns the manager's counters.
 func (m *Manager) Stats() Stats {
+	down := m.disk != nil && !m.diskUp()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.stats
+	s.DiskDown = down
 	for p, l := range m.lanes {
 		if l == nil {
 			continue

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
+	"github.com/kvrouter/kvrouter/internal/testlog"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/manager"
@@ -884,4 +887,111 @@ func TestCloseReturnsWhenTheDiskIsFull(t *testing.T) {
 	fs.full.Store(false)
 	check(t, mp.Close())
 	check(t, d.Close())
+}
+
+// shutDisk flips a byte in the disk pool's sstables as they appear (bit rot
+// under the open pool) while it writes blocks straight into it, until a
+// compaction meets the damage and the pool shuts itself down.
+func (r *rig) shutDisk() {
+	r.t.Helper()
+	rotten := map[string]bool{}
+	for h := uint64(1 << 40); h < 1<<40+300; h++ {
+		rotSST(r.t, r.disk.Dir(), rotten)
+		if err := r.disk.Register(pool.Block{Hash: h, Local: h}, make([]byte, bs)); errors.Is(err, pool.ErrCorrupt) {
+			return
+		}
+	}
+	r.t.Fatal("the disk pool did not shut down")
+}
+
+// rotSST flips one byte in the first data block of each sstable in dir not
+// in done yet, and adds it to done.
+func rotSST(t *testing.T, dir string, done map[string]bool) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	check(t, err)
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil || !strings.HasSuffix(e.Name(), ".sst") || fi.Size() < 200 || done[e.Name()] {
+			continue // (gone, or being written: not yet whole)
+		}
+		f, err := os.OpenFile(filepath.Join(dir, e.Name()), os.O_RDWR, 0)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // compacted away meanwhile
+		}
+		check(t, err)
+		b := make([]byte, 1)
+		_, err = f.ReadAt(b, 60)
+		check(t, err)
+		b[0] ^= 0xff
+		_, err = f.WriteAt(b, 60)
+		check(t, err)
+		check(t, f.Close())
+		done[e.Name()] = true
+	}
+}
+
+// Once the G3 pool has shut itself down for damage (until a restart), the
+// manager went on as if it were live: each D2Disk batch copied its blocks
+// out of G1 into the staging buffer, wrote them to the dead pool, failed
+// with ErrCorrupt and logged "writing blocks to disk failed", one line per
+// batch for the rest of the process's life. Now it says once that the disk
+// pool is down (Stats.DiskDown), queues nothing more for G3 (without G2,
+// the offloads are counted NoDisk) and G2 works as before.
+func TestDiskPoolShutDownForDamageStopsOffloadsToDisk(t *testing.T) {
+	for _, hostCap := range []int{0, 64} {
+		t.Run(fmt.Sprintf("hostCap=%d", hostCap), func(t *testing.T) {
+			var log testlog.Buffer
+			r := newRig(t, rigConfig{blocks: 64, hostCap: hostCap, diskCap: 256, cfg: manager.Config{
+				Filter: manager.FilterConfig{Always: true}, BatchSize: 4, Workers: 1,
+				Logger: slog.New(slog.NewTextHandler(&log, nil))}})
+			r.offload(r.compute(0, 1, 0, 1, 2, 3))
+			r.idle()
+			if st := r.m.Stats(); st.DiskDown {
+				t.Fatal("DiskDown before the disk pool shut down")
+			}
+			r.shutDisk()
+
+			before := r.m.Stats()
+			var noDisk int
+			for round := 1; round < 16; round++ {
+				res := r.offload(r.compute(0, 1, 4*round, 4*round+1, 4*round+2, 4*round+3))
+				noDisk += res.NoDisk
+				r.idle()
+			}
+			st := r.m.Stats()
+			if !st.DiskDown {
+				t.Error("Stats.DiskDown is false after the disk pool shut down")
+			}
+			for _, p := range []manager.Path{manager.D2Disk, manager.H2Disk} {
+				if got, was := st.Paths[p], before.Paths[p]; got.Queued != was.Queued || got.Failed != was.Failed {
+					t.Errorf("%s after the disk pool shut down: %d blocks queued, %d failed (was %d, %d)",
+						p, got.Queued, got.Failed, was.Queued, was.Failed)
+				}
+			}
+			if hostCap == 0 && (noDisk != 60 || st.NoDisk != 60) {
+				t.Errorf("offloads not queued for want of G3: %d answered, %d counted; want 60", noDisk, st.NoDisk)
+			}
+			if hostCap > 0 && st.Paths[manager.D2H].Blocks != 64 {
+				t.Errorf("%d blocks copied into G2, want all 64", st.Paths[manager.D2H].Blocks)
+			}
+			if lines := log.Lines("writing blocks to disk failed"); len(lines) != 0 {
+				t.Errorf("%d warnings of failed writes to the dead pool; first: %s", len(lines), lines[0])
+			}
+			if n := len(log.Lines("the disk pool has shut down")); n != 1 {
+				t.Errorf("the disk pool's shutdown was logged %d times by the manager, want once:\n%s", n, log.String())
+			}
+			fams, err := r.reg.Gather()
+			check(t, err)
+			var down float64 = -1
+			for _, f := range fams {
+				if f.GetName() == "kvagent_offload_disk_down" {
+					down = f.GetMetric()[0].GetGauge().GetValue()
+				}
+			}
+			if down != 1 {
+				t.Errorf("kvagent_offload_disk_down = %v, want 1", down)
+			}
+		})
+	}
 }

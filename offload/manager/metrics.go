@@ -20,7 +20,8 @@ import (
 //	kvagent_offload_blocks_total{from,to}            blocks copied
 //	kvagent_offload_bytes_total{from,to}             bytes copied
 //	kvagent_offload_duration_seconds{from,to}        one batch's copy
-//	kvagent_offload_requests_ignored_total{reason}   invalid|no_priority|duplicate|cold
+//	kvagent_offload_requests_ignored_total{reason}   invalid|no_priority|duplicate|cold|no_disk
+//	kvagent_offload_disk_down                        1 once the disk pool has shut down (damage), else 0
 //	kvagent_offload_filter_hashes                    hashes the frequency filter tracks
 //	kvagent_offload_onboard_calls_total
 //	kvagent_onboard_blocks_total{from,to}            blocks loaded into G1 (to=device), by source tier
@@ -32,7 +33,7 @@ type metrics struct {
 	paths []Path // the paths this manager uses
 
 	depth, inflight, queued, dropped, blocks, bytes *prometheus.Desc
-	ignored, tracked                                *prometheus.Desc
+	ignored, tracked, diskDown                      *prometheus.Desc
 	onCalls, onBlocks, onFailures, onLate           *prometheus.Desc
 
 	copyVec        *prometheus.HistogramVec
@@ -55,6 +56,7 @@ func newMetrics(m *Manager) *metrics {
 		bytes:      d("bytes_total", "Bytes copied.", "from", "to"),
 		ignored:    d("requests_ignored_total", "Offload requests not queued, by reason.", "reason"),
 		tracked:    d("filter_hashes", "Block hashes the frequency filter counts."),
+		diskDown:   d("disk_down", "1 once the disk pool has shut itself down (damaged or unreadable files): nothing more is offloaded to it until a restart."),
 		onCalls:    d("onboard_calls_total", "Onboard calls."),
 		onBlocks:   prometheus.NewDesc("kvagent_onboard_blocks_total", "Blocks loaded into G1 (to=device), by the tier they came from.", []string{"from", "to"}, labels),
 		onFailures: d("onboard_failures_total", "Blocks an Onboard did not load, by reason.", "reason"),
@@ -83,7 +85,7 @@ func newMetrics(m *Manager) *metrics {
 
 func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{x.depth, x.inflight, x.queued, x.dropped, x.blocks, x.bytes,
-		x.ignored, x.tracked, x.onCalls, x.onBlocks, x.onFailures, x.onLate} {
+		x.ignored, x.tracked, x.diskDown, x.onCalls, x.onBlocks, x.onFailures, x.onLate} {
 		ch <- d
 	}
 	x.copyVec.Describe(ch)
@@ -116,7 +118,15 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	n(x.ignored, s.NoPriority, "no_priority")
 	n(x.ignored, s.Duplicates, "duplicate")
 	n(x.ignored, s.Cold, "cold")
+	n(x.ignored, s.NoDisk, "no_disk")
 	g(x.tracked, s.Tracked)
+	if x.m.disk != nil {
+		down := 0
+		if s.DiskDown {
+			down = 1
+		}
+		g(x.diskDown, down)
+	}
 	o := s.Onboard
 	n(x.onCalls, o.Calls)
 	n(x.onBlocks, o.FromHost, "host", "device")

@@ -235,6 +235,11 @@ func (m *Manager) d2disk(c *copier, ts []*task) {
 		live   = make([]*task, 0, len(ts))
 		hashes = make([]uint64, 0, len(ts))
 	)
+	if !m.diskUp() { // queued before the disk pool shut down: no copy
+		o.failed, o.lost = len(ts), ts
+		m.account(D2Disk, o, 0)
+		return
+	}
 	for _, t := range ts {
 		if !m.current(t) {
 			o.skipped++
@@ -306,6 +311,11 @@ func (m *Manager) d2disk(c *copier, ts []*task) {
 // revived there (used now).
 func (m *Manager) h2disk(ts []*task) {
 	var o outcome
+	if !m.diskUp() { // queued before the disk pool shut down: no copy
+		o.failed = len(ts)
+		m.account(H2Disk, o, 0)
+		return
+	}
 	hashes := make([]uint64, len(ts))
 	for i, t := range ts {
 		hashes[i] = t.block.Hash
@@ -358,7 +368,9 @@ func (o *outcome) put(disk *pool.DiskPool, blocks []pool.Block, data [][]byte, m
 		o.full += len(blocks) - n
 	default:
 		o.failed += len(blocks) - n
-		m.log.Warn("offload: writing blocks to disk failed", "blocks", len(blocks), "err", err)
+		if m.diskUp() { // else shut down: logged once, by diskUp
+			m.log.Warn("offload: writing blocks to disk failed", "blocks", len(blocks), "err", err)
+		}
 	}
 	return n, err
 }

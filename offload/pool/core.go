@@ -531,6 +531,19 @@ const dumpChain = 256
 func (c *core) dump() ([]kvevent.Event, uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.dumpLocked(), c.lastEventID
+}
+
+// dumpTo calls f with dump's events under the lock: no event of the pool's
+// is published while f runs.
+func (c *core) dumpTo(f func([]kvevent.Event) error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return f(c.dumpLocked())
+}
+
+// dumpLocked is dump's events. The caller holds c.mu.
+func (c *core) dumpLocked() []kvevent.Event {
 	children := make(map[uint64][]*entry)
 	var roots []*entry
 	for _, e := range c.entries {
@@ -562,7 +575,7 @@ func (c *core) dump() ([]kvevent.Event, uint64) {
 			stack = append(stack, kids[i])
 		}
 	}
-	return evs, c.lastEventID
+	return evs
 }
 
 func (c *core) publish(evs []kvevent.Event) {

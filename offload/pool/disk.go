@@ -573,14 +573,30 @@ func (p *DiskPool) watchDamage() {
 	}
 }
 
+// Err is nil while the pool works. Once it has shut itself down (damage,
+// or a file it cannot read, met by one of Pebble's background jobs: see
+// Close), or is shutting down, it is why, wrapping ErrCorrupt: every Put
+// and read fails from then on, until the pool is opened again. After
+// Close it is ErrClosed. It takes no lock a Pebble write may hold, so it
+// never waits on the disk.
+func (p *DiskPool) Err() error {
+	if p.closed.Load() {
+		return ErrClosed
+	}
+	if _, err := p.damage.state(); err != nil {
+		return fmt.Errorf("%w: the disk pool was shut down: %v", ErrCorrupt, err)
+	}
+	return nil
+}
+
 // closedErr is nil while the pool is open, the damage (ErrCorrupt) once
 // watchDamage has shut it down, and ErrClosed once Close has run.
 func (p *DiskPool) closedErr() error {
 	if !p.isClosed() {
 		return nil
 	}
-	if _, err := p.damage.state(); err != nil && !p.closed.Load() {
-		return fmt.Errorf("%w: the disk pool was shut down: %v", ErrCorrupt, err)
+	if err := p.Err(); err != nil {
+		return err
 	}
 	return ErrClosed
 }
@@ -1237,6 +1253,17 @@ func (p *DiskPool) Prefix(hashes []uint64) int { return p.c.prefix(hashes) }
 // last event this pool published (0 after a reopen, until it publishes):
 // what the agent republishes as this tier's part of its rank's full dump.
 func (p *DiskPool) Dump() ([]kvevent.Event, uint64) { return p.c.dump() }
+
+// DumpTo calls f with the stored blocks as Dump returns them, under the
+// pool's lock: no event of the pool's is published while f runs, so every
+// later one (an eviction's REMOVE, or those of a shutdown for damage, see
+// Close) comes after what f did with the blocks. kvagent republishes a
+// reopened pool's blocks so: with Dump, a shutdown right after the open
+// could publish its REMOVEs before the blocks were republished, and they
+// stayed advertised. f must not call into the pool; it may publish (the
+// lock order is pool → sink). A pool shut down holds no blocks: f gets
+// none. It returns f's error.
+func (p *DiskPool) DumpTo(f func(stored []kvevent.Event) error) error { return p.c.dumpTo(f) }
 
 // Stats returns the pool's counters.
 func (p *DiskPool) Stats() Stats { return p.c.stats() }

@@ -3,18 +3,23 @@ package pool
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/kvrouter/kvrouter/internal/testlog"
+	"github.com/kvrouter/kvrouter/kvevent"
 )
 
 const internalBlock = 64
@@ -326,5 +331,87 @@ func blobRewriteChild(t *testing.T, rewrites bool) {
 	}
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// orderSink records the events published to it, in order.
+type orderSink struct {
+	mu  sync.Mutex
+	evs []kvevent.Event
+}
+
+func (s *orderSink) Publish(_ kvevent.Rank, evs []kvevent.Event) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.evs = append(s.evs, evs...)
+	return uint64(len(s.evs)), nil
+}
+
+func (s *orderSink) events() []kvevent.Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.evs)
+}
+
+// kvagent republishes a reopened pool's blocks (Dump, then its agent's
+// Restore). A shutdown for damage right after the open (a background job
+// meeting damage the open did not read) could publish its REMOVEs between
+// the two: the restore then advertised blocks the pool no longer held,
+// for good. DumpTo runs the restore under the pool's lock, so the
+// shutdown's REMOVEs come after it.
+func TestDiskDumpToKeepsAShutdownsRemovesAfterTheRestore(t *testing.T) {
+	s := &orderSink{}
+	p, err := OpenDisk(t.TempDir(), Config{Capacity: 8, BlockSize: internalBlock, Sink: s}, DiskOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	for h := uint64(1); h <= 3; h++ {
+		if err := p.Register(Block{Hash: h, Local: h}, blockBytes(h)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	published := len(s.events())
+	err = p.DumpTo(func(evs []kvevent.Event) error {
+		// Damage met now, as by a compaction: the shutdown starts (it
+		// holds the pool's I/O lock) while the blocks are being restored.
+		p.damage.background(fmt.Errorf("%w: injected", pebble.ErrCorruption))
+		deadline := time.Now().Add(time.Minute)
+		for p.io.TryRLock() {
+			p.io.RUnlock()
+			if len(s.events()) > published {
+				break // the shutdown is done already: its REMOVEs came first
+			}
+			if time.Now().After(deadline) {
+				t.Error("the shutdown did not start in a minute")
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		_, err := s.Publish(Config{}.Rank, evs) // the restore
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for p.Stats().Used != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the pool did not shut down in a minute")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	advertised := map[uint64]bool{}
+	for _, ev := range s.events()[published:] {
+		for _, b := range ev.Blocks {
+			advertised[b.EngineHash] = true
+		}
+		for _, h := range ev.Removed {
+			delete(advertised, h)
+		}
+	}
+	if len(advertised) != 0 {
+		t.Fatalf("after the restore and the shutdown, blocks %v are still advertised: %+v",
+			slices.Sorted(maps.Keys(advertised)), s.events()[published:])
 	}
 }
