@@ -13,6 +13,8 @@ import (
 	"net/url"
 	"strings"
 	"sync/atomic"
+
+	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
 // The snapshot routes, which stream for as long as the snapshot takes.
@@ -172,7 +174,12 @@ func (b *relayedBody) whole() bool {
 }
 
 // leaderURL turns a member's HTTP address into the base URL to forward to;
-// a host:port is reached by scheme.
+// a host:port is reached by scheme. A host:port is checked by the rule the
+// members API and kvrouter --http-advertise check it by
+// (raftfsm.CheckHTTPAddr), so that every address the member table takes
+// is one a follower forwards to: a host name or an IP (an IPv6 one in
+// brackets, its zone as written: [fe80::1%eth0]:7080), which a URL reads
+// back as the same host.
 func leaderURL(addr, scheme string) (*url.URL, error) {
 	var u *url.URL
 	if strings.Contains(addr, "://") {
@@ -181,14 +188,7 @@ func leaderURL(addr, scheme string) (*url.URL, error) {
 			return nil, err
 		}
 	} else {
-		// A host:port is a URL's host as it is, not text to parse as a
-		// URL: an IPv6 zone's % ([fe80::1%eth0]:7080, which the members
-		// API takes) would have to be written %25 there. What a URL would
-		// not read back as this host (a path, a user) is refused.
 		u = &url.URL{Scheme: scheme, Host: addr}
-		if back, err := url.Parse(u.String()); err != nil || back.Host != addr {
-			return nil, fmt.Errorf("want host:port or an http(s) URL")
-		}
 	}
 	if u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 		return nil, fmt.Errorf("want host:port or an http(s) URL")
@@ -198,6 +198,11 @@ func leaderURL(addr, scheme string) (*url.URL, error) {
 	// kvrouter refused one as the advertised HTTP address.
 	if ip, err := netip.ParseAddr(u.Hostname()); err == nil && ip.WithZone("").Unmap().IsUnspecified() {
 		return nil, fmt.Errorf("a wildcard host, which reaches this node's own host: restart the leader with --http-advertise, the address the other nodes reach it at")
+	}
+	if u.Host == addr {
+		if err := raftfsm.CheckHTTPAddr(addr); err != nil {
+			return nil, err
+		}
 	}
 	return &url.URL{Scheme: u.Scheme, Host: u.Host}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -651,5 +652,43 @@ func TestForwardToAZonedIPv6LeaderAddress(t *testing.T) {
 	}
 	if got := leader.fake.Calls()["RegisterWorker"]; got != 1 {
 		t.Fatalf("RegisterWorker ran %d times on the leader, want 1", got)
+	}
+}
+
+// TestMembersAPITakesNoHTTPAddrFollowersRefuseToForwardTo: an http_addr
+// the members API takes is one a follower forwards to once that member
+// leads. From a review: a host with a '/', '@', ' ', '?' or '#' passed
+// the API's host:port check, went into the member table, and once its
+// member led every write sent to a follower was 503 no_leader ("the
+// leader's address is unusable") for ever. The same host in a raft_addr
+// is refused alike.
+func TestMembersAPITakesNoHTTPAddrFollowersRefuseToForwardTo(t *testing.T) {
+	for i, addr := range []string{"n4.example/x:7080", "user@n4.example:7080", "n4 example:7080", "n4.example?x:7080", "n4.example#x:7080"} {
+		leader := newNode(t, "n1", api.Options{})
+		id := fmt.Sprintf("n%d", 4+i)
+		body := fmt.Sprintf(`{"id":%q,"raft_addr":"10.0.0.4:7946","http_addr":%q}`, id, addr)
+		a := send(t, leader.http.URL, "POST", "/v1/cluster/members", body)
+		accepted := a.code == 204 && leader.fake.Calls()["AddMember"] == 1
+
+		// The member it added now leads: a follower forwards a write to it.
+		follower := newNode(t, "n2", api.Options{})
+		follower.fake.SetFollower(id, addr)
+		w := send(t, follower.http.URL, "POST", "/v1/workers", `{"worker_id":7,"block_size":4}`)
+		if accepted && w.code == 503 {
+			t.Errorf("http_addr %q: the members API answered %d (added to the member table), but a follower refuses to forward to it: %d %s",
+				addr, a.code, w.code, w.body)
+		}
+		if a.code != 400 || a.reason(t) != api.ReasonInvalid || !strings.Contains(string(a.body), "http_addr") {
+			t.Errorf("http_addr %q: %d %s, want 400 invalid naming http_addr", addr, a.code, a.body)
+		}
+
+		before := leader.fake.Calls()["AddMember"]
+		raftAddr := strings.Replace(addr, "7080", "7946", 1)
+		raft := fmt.Sprintf(`{"id":"r%s","raft_addr":%q,"http_addr":"10.0.0.4:7080"}`, id, raftAddr)
+		if a := send(t, leader.http.URL, "POST", "/v1/cluster/members", raft); a.code != 400 || a.reason(t) != api.ReasonInvalid ||
+			!strings.Contains(string(a.body), "raft_addr") || leader.fake.Calls()["AddMember"] != before {
+			t.Errorf("raft_addr %q: %d %s (reached AddMember: %v), want 400 invalid naming raft_addr",
+				raftAddr, a.code, a.body, leader.fake.Calls()["AddMember"] != before)
+		}
 	}
 }

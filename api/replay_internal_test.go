@@ -2,8 +2,11 @@ package api
 
 import (
 	"io"
+	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
 func TestReplayBodyGivesBackWhatWasReadAndTheRest(t *testing.T) {
@@ -53,9 +56,34 @@ func TestLeaderURL(t *testing.T) {
 	if u, err := leaderURL("h:1", "https"); err != nil || u.String() != "https://h:1" {
 		t.Errorf(`leaderURL("h:1", "https") = %v, %v; want https://h:1`, u, err)
 	}
-	for _, bad := range []string{"", "ftp://h:1", "http://", "a/b:1", "h:1/path", "h:1?q", "u@h:1", "[fe80::1%eth0]:7080/x"} {
+	for _, bad := range []string{"", "ftp://h:1", "http://", "a/b:1", "h:1/path", "h:1?q", "u@h:1", "[fe80::1%eth0]:7080/x", "h x:1", "h:0"} {
 		if _, err := leaderURL(bad, "http"); err == nil {
 			t.Errorf("leaderURL(%q) accepted", bad)
 		}
 	}
+}
+
+// FuzzLeaderURLTakesEveryMemberHTTPAddr: every HTTP address the members
+// API takes (raftfsm.CheckHTTPAddr) is one a follower forwards to, at a
+// URL that reads back as that very host. From a review: the API took
+// hosts with a '/', '@', ' ', '?' or '#', which leaderURL refused, and
+// every write sent to a follower was 503 no_leader once that member led.
+func FuzzLeaderURLTakesEveryMemberHTTPAddr(f *testing.F) {
+	for _, s := range []string{"10.0.0.1:7080", "n4.example:7080", "N4.:07080", "[::1]:7080", "[fe80::1%eth0.1]:7080",
+		"[::ffff:10.0.0.1]:1", "n4 example:7080", "u@n4:7080", "n4/x:7080", "[n4]:7080", "[fe80::1%a~b_c-d]:65535"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, addr string) {
+		if raftfsm.CheckHTTPAddr(addr) != nil {
+			return
+		}
+		u, err := leaderURL(addr, "http")
+		if err != nil {
+			t.Fatalf("CheckHTTPAddr takes %q, leaderURL refuses it: %v", addr, err)
+		}
+		back, err := url.Parse(u.String())
+		if err != nil || back.Host != addr {
+			t.Fatalf("%q: the forward's URL %s reads back as host %q (%v)", addr, u, back.Host, err)
+		}
+	})
 }

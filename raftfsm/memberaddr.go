@@ -37,6 +37,18 @@ func checkMemberRaftAddr(addr string) error {
 	return nil
 }
 
+// checkMemberHTTPAddr refuses an HTTP address that followers could not
+// forward writes to while the member leads (CheckHTTPAddr: a host that is
+// no name or IP, a wildcard host, port 0), as the members API refuses it.
+// An address that is not host:port (an in-memory transport's name, in
+// tests) is taken, as checkMemberRaftAddr takes one.
+func checkMemberHTTPAddr(addr string) error {
+	if err := undialableHTTPAddr(addr); err != nil {
+		return fmt.Errorf("%w: http address %w", ErrInvalid, err)
+	}
+	return nil
+}
+
 // raftAddrAlias returns the server of servers, other than id, whose raft
 // address addr reaches under another spelling: both resolve to one
 // IP:port (localhost:7001 and 127.0.0.1:7001, a name and its IP). The

@@ -9,6 +9,7 @@ import (
 	"net"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -1546,5 +1547,32 @@ func TestALeaderDropsItsOwnEntryOthersCannotDial(t *testing.T) {
 	c.converged()
 	if m, ok := n1.fsm.Members()["n1"]; ok {
 		t.Fatalf("n1 listed again, at %+v", m)
+	}
+}
+
+// TestAddMemberRefusesAnHTTPAddressFollowersCannotForwardTo: a member's
+// HTTP address is checked as the members API checks it (CheckHTTPAddr),
+// whoever calls AddMember: the member table lists it, and followers
+// forward writes there while that member leads (api leaderURL refuses
+// what CheckHTTPAddr refuses). From a review: a host with a space or a
+// '/' went into the member table. An address that is not host:port at all
+// is an in-memory transport's name (tests), as a raft address's.
+func TestAddMemberRefusesAnHTTPAddressFollowersCannotForwardTo(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	for _, addr := range []string{"n9 x:7080", "n9/x:7080", "u@n9:7080", "0.0.0.0:7080", "n9:0"} {
+		cx, cancel := context.WithTimeout(t.Context(), 2*time.Second) // taken, the add waits for n9 to catch up
+		err := l.AddMember(cx, "n9", "127.0.0.1:1", addr)
+		cancel()
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), strconv.Quote(addr)) {
+			t.Errorf("add n9 with http address %q: %v, want ErrInvalid naming it", addr, err)
+		}
+	}
+	ms, err := l.Members(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != 1 {
+		t.Fatalf("members %+v, want the leader alone", ms)
 	}
 }

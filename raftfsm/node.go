@@ -1883,7 +1883,8 @@ func (n *Node) SetSettings(ctx context.Context, s Settings) error {
 // nothing runs never becomes a voter; when the voters that answer now would
 // not be a quorum of the configuration even with it, the add is refused
 // (ErrInvalid). So is a raft address no peer can dial (a wildcard host,
-// port 0), and one that reaches a member's under another spelling
+// port 0), an HTTP address followers could not forward writes to
+// (CheckHTTPAddr), and a raft address that reaches a member's under another spelling
 // (ErrRaftAddrInUse, raftAddrAlias): the leader would replicate to that
 // member as to the new one.
 func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) error {
@@ -1891,6 +1892,9 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 		return fmt.Errorf("%w: a member needs an id and a raft address", ErrInvalid)
 	}
 	if err := checkMemberRaftAddr(raftAddr); err != nil {
+		return fmt.Errorf("add %s: %w", id, err)
+	}
+	if err := checkMemberHTTPAddr(httpAddr); err != nil {
 		return fmt.Errorf("add %s: %w", id, err)
 	}
 	if n.raft.State() != raft.Leader {

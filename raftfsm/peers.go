@@ -102,8 +102,8 @@ func addrKey(addr string) string {
 // CheckRaftAddr says what is wrong with addr as a node's Raft address,
 // nil when nothing is: host:port, the port a number from 0 to 65535 (not
 // a service name, which the members API refuses), and a host that peers can
-// dial (not empty, not a wildcard such as 0.0.0.0 or ::, with a zone or
-// IPv4-mapped or not), since it is the
+// dial (a name or an IP, checkHost; not a wildcard such as 0.0.0.0 or ::,
+// with a zone or IPv4-mapped or not), since it is the
 // address the cluster's configuration lists the node at. kvrouter checks
 // its --raft-addr with it, and ParsePeers every --peers entry's, so that
 // kvctl's offline seed refuses what kvrouter would refuse. The error
@@ -122,6 +122,9 @@ func CheckRaftAddr(addr string) error {
 	if host == "" {
 		return fmt.Errorf("%q has no host: give this node's own address, as its peers dial it (host:port)", addr)
 	}
+	if err := checkHost(addr, host); err != nil {
+		return fmt.Errorf("%q: %w", addr, err)
+	}
 	// netip, not net.ParseIP: an IPv6 address may carry a zone, which
 	// net.ParseIP does not parse (nil), and [::%lo]:7946 is dialled as
 	// [::]:7946 is, to this host's loopback.
@@ -134,12 +137,15 @@ func CheckRaftAddr(addr string) error {
 // CheckHTTPAddr says what is wrong with addr as a member's HTTP address,
 // nil when nothing is: the member table lists it, and followers forward
 // writes to the leader there, so it needs a host the other nodes can dial
-// (CheckRaftAddr's rules: a wildcard such as 0.0.0.0 reaches whatever
-// listens on that port of the dialling node's host, the follower itself
-// when it listens there) and a port other than 0, which the kernel picks
-// anew at each listen. kvrouter checks its --http-advertise with it,
-// ParsePeers every --peers entry's, and the API an added member's. The
-// error begins with addr, quoted.
+// (CheckRaftAddr's rules: a name or an IP, checkHost; not a wildcard such
+// as 0.0.0.0, which reaches whatever listens on that port of the dialling
+// node's host, the follower itself when it listens there) and a port
+// other than 0, which the kernel picks anew at each listen. kvrouter
+// checks its --http-advertise with it, ParsePeers every --peers entry's,
+// the API an added member's, and a follower the leader's before it
+// forwards a write there (api leaderURL): one rule, so that an address
+// the member table takes is one a follower forwards to. The error begins
+// with addr, quoted.
 func CheckHTTPAddr(addr string) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -147,6 +153,9 @@ func CheckHTTPAddr(addr string) error {
 	}
 	if host == "" {
 		return fmt.Errorf("%q has no host: give the address the other nodes reach this node's HTTP API at (host:port)", addr)
+	}
+	if err := checkHost(addr, host); err != nil {
+		return fmt.Errorf("%q: %w", addr, err)
 	}
 	if ip, err := netip.ParseAddr(host); err == nil && ip.WithZone("").Unmap().IsUnspecified() {
 		return fmt.Errorf("%q: %s listens on every interface, and the other nodes cannot dial it: give the address they reach this node's HTTP API at (host:port)", addr, host)
@@ -159,4 +168,80 @@ func CheckHTTPAddr(addr string) error {
 		return fmt.Errorf("%q: port 0 is a port the kernel picks, and the other nodes cannot dial it: give the port they reach this node's HTTP API at (1 to 65535)", addr)
 	}
 	return nil
+}
+
+// checkHost says what is wrong with host, the host of addr (host:port) as
+// net.SplitHostPort gives it, nil when nothing is: a host name (dot-separated
+// labels of letters, digits, '-' and '_', as Go's resolver takes a name,
+// a final dot allowed), an IPv4 address, or an IPv6 address in brackets,
+// with a zone of letters, digits and "-._~" (an interface's name or
+// index; RFC 6874). Anything else (a '/', '@', '?', '#' or a space; a
+// name in brackets) is no host a peer can dial as written, nor one that a
+// URL reads back as the same host: a follower would refuse to forward to
+// it (api leaderURL).
+func checkHost(addr, host string) error {
+	if strings.HasPrefix(addr, "[") {
+		ip, err := netip.ParseAddr(host)
+		if err != nil || !ip.Is6() {
+			return fmt.Errorf("host %q in brackets: want an IPv6 address there (a name or an IPv4 address goes without them)", host)
+		}
+		if z := ip.Zone(); strings.IndexFunc(z, func(r rune) bool { return !unreserved(r) }) >= 0 {
+			return fmt.Errorf("zone %q: want an interface's name or index (letters, digits and -._~)", z)
+		}
+		return nil
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.Is4() {
+		return nil
+	}
+	if !hostName(host) {
+		return fmt.Errorf("host %q: want a host name (dot-separated labels of letters, digits, '-' and '_'), an IPv4 address or an IPv6 address in brackets", host)
+	}
+	return nil
+}
+
+// unreserved reports whether r is one of RFC 3986's unreserved characters.
+func unreserved(r rune) bool {
+	return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' ||
+		r == '-' || r == '.' || r == '_' || r == '~'
+}
+
+// hostName reports whether s is a host name as Go's resolver takes one
+// (net's isDomainName): labels of 1 to 63 letters, digits, '-' and '_',
+// none starting or ending with '-', at most 254 bytes with a final dot,
+// and not all digits (999.0.0.1 is no IPv4 address, and no name either).
+func hostName(s string) bool {
+	if len(s) == 0 || len(s) > 254 || (len(s) == 254 && s[253] != '.') {
+		return false
+	}
+	last := byte('.')
+	nonNumeric := false
+	label := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || c == '_':
+			nonNumeric = true
+			label++
+		case '0' <= c && c <= '9':
+			label++
+		case c == '-':
+			if last == '.' { // a label starts with no '-'
+				return false
+			}
+			nonNumeric = true
+			label++
+		case c == '.':
+			if last == '.' || last == '-' { // no empty label, none ends with '-'
+				return false
+			}
+			if label > 63 {
+				return false
+			}
+			label = 0
+		default:
+			return false
+		}
+		last = c
+	}
+	return last != '-' && label <= 63 && nonNumeric
 }

@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -157,5 +158,52 @@ func TestParsePeersReadsPortsAsNumbers(t *testing.T) {
 		if _, err := ParsePeers(ok); err != nil {
 			t.Errorf("ParsePeers(%q): %v", ok, err)
 		}
+	}
+}
+
+// TestAddrHostIsANameOrAnIP: a member's Raft and HTTP addresses are a host
+// name, an IPv4 address or a bracketed IPv6 address (a zone of URL-safe
+// characters), and a port; nothing else. From a review: the members API
+// took an HTTP address with a '/', '@', ' ', '?' or '#' in its host,
+// which the forwarding code refuses, so every write sent to a follower
+// was 503 no_leader once that member led.
+func TestAddrHostIsANameOrAnIP(t *testing.T) {
+	for _, ok := range []string{
+		"n4.example:7080", "N4.Example.:7080", "n4-a_b.example:7080", "localhost:7080", "10.0.0.4:7080",
+		"[::1]:7080", "[::ffff:10.0.0.4]:7080", "[fe80::1%eth0.100]:7080", "[fe80::1%3]:7080",
+	} {
+		if err := CheckHTTPAddr(ok); err != nil {
+			t.Errorf("CheckHTTPAddr(%q): %v", ok, err)
+		}
+		if err := CheckRaftAddr(ok); err != nil {
+			t.Errorf("CheckRaftAddr(%q): %v", ok, err)
+		}
+	}
+	for _, c := range []struct{ addr, want string }{
+		{"n4.example/x:7080", `host "n4.example/x"`},
+		{"user@n4.example:7080", `host "user@n4.example"`},
+		{"n4 example:7080", `host "n4 example"`},
+		{"n4.example?x:7080", `host "n4.example?x"`},
+		{"n4.example#x:7080", `host "n4.example#x"`},
+		{"n4..example:7080", `host "n4..example"`},
+		{"-n4.example:7080", `host "-n4.example"`},
+		{"n4-.example:7080", `host "n4-.example"`},
+		{"nä.example:7080", `host "nä.example"`},
+		{strings.Repeat("a", 64) + ".example:7080", "host"},
+		{"999.0.0.1:7080", `host "999.0.0.1"`},
+		{"10.0.0:7080", `host "10.0.0"`},
+		{"[n4.example]:7080", `host "n4.example" in brackets`},
+		{"[10.0.0.4]:7080", `host "10.0.0.4" in brackets`},
+		{"[fe80::1%eth 0]:7080", `zone "eth 0"`},
+		{"[fe80::1%eth0/x]:7080", `zone "eth0/x"`},
+	} {
+		for name, check := range map[string]func(string) error{"CheckHTTPAddr": CheckHTTPAddr, "CheckRaftAddr": CheckRaftAddr} {
+			if err := check(c.addr); err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), strconv.Quote(c.addr)) {
+				t.Errorf("%s(%q): %v, want an error that begins with the address and says %q", name, c.addr, err, c.want)
+			}
+		}
+	}
+	if _, err := ParsePeers("n1=10.0.0.1:7946=n1 x:7080"); err == nil || !strings.Contains(err.Error(), `http address "n1 x:7080": host "n1 x"`) {
+		t.Errorf("ParsePeers with an http address of host \"n1 x\": %v", err)
 	}
 }
