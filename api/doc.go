@@ -6,8 +6,9 @@
 //
 // Invariants:
 //   - Nothing malformed reaches the Backend: bodies are decoded strictly
-//     (unknown fields, trailing data and wrong types are refused), bounded
-//     in size, and every event passes kvevent.Event.Validate first.
+//     (unknown fields, keys that are not a field's name exactly, keys given
+//     twice in an object, trailing data and wrong types are refused),
+//     bounded in size, and every event passes kvevent.Event.Validate first.
 //   - Every error is a JSON object {"error", "reason"} with a status code
 //     that a client can branch on: 400 bad input, 404 unknown thing, 413 too
 //     large, 503 retry later (no leader, overloaded, no workers), 500 a bug.

@@ -14,7 +14,7 @@ import (
 // Reasons: the "reason" of an error body, what a client branches on. The
 // status code goes with the reason as listed.
 const (
-	ReasonBadJSON          = "bad_json"           // 400: not JSON, a wrong type, an unknown field, trailing data
+	ReasonBadJSON          = "bad_json"           // 400: not JSON, a wrong type, an unknown field or a key twice, trailing data
 	ReasonInvalid          = "invalid"            // 400: well-formed, but a value is wrong
 	ReasonBadSnapshot      = "bad_snapshot"       // 400: a truncated, corrupted or unknown snapshot; nothing installed
 	ReasonUnauthorized     = "unauthorized"       // 401: the cluster asks for a token, and the request's is missing or wrong

@@ -2,7 +2,6 @@ package api
 
 import (
 	"bytes"
-	"io"
 	"math"
 	"net/http"
 	"sync"
@@ -13,12 +12,13 @@ import (
 // The route request is the API's hot path, and encoding/json spends most of
 // its time there scanning the prompt's numbers twice (once to find the
 // value's end, once to convert it). decodeRouteRequest reads the common
-// shape of a route body in one pass: a flat object of the known keys whose
-// strings have no escapes. Anything else (escapes, overrides, unknown keys,
-// numbers out of range, bad syntax) goes to encoding/json with the same
-// bytes, so every error answer and every corner of JSON stays exactly what
-// decodeJSON gives. FuzzRouteRequestFastPath checks that the fast path
-// agrees with encoding/json on every body it accepts.
+// shape of a route body in one pass: a flat object of the known keys,
+// each written exactly and once, whose strings have no escapes. Anything
+// else (escapes, overrides, unknown keys, a key in another letter case or
+// given twice, numbers out of range, bad syntax) goes to decodeJSON with
+// the same bytes, so every error answer and every corner of JSON stays
+// exactly what decodeJSON gives. FuzzRouteRequestFastPath checks that the
+// fast path agrees with decodeJSON on every body it accepts.
 
 var routeBodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
@@ -32,7 +32,7 @@ func decodeRouteRequest(r *http.Request, req *RouteRequest) error {
 		if err != nil {
 			return jsonError(err)
 		}
-		return decodeRouteBody(r, b, req)
+		return decodeRouteBody(b, req)
 	}
 	buf := routeBodyPool.Get().(*bytes.Buffer)
 	buf.Reset()
@@ -44,18 +44,17 @@ func decodeRouteRequest(r *http.Request, req *RouteRequest) error {
 	if _, err := buf.ReadFrom(r.Body); err != nil {
 		return jsonError(err)
 	}
-	return decodeRouteBody(r, buf.Bytes(), req)
+	return decodeRouteBody(buf.Bytes(), req)
 }
 
-func decodeRouteBody(r *http.Request, b []byte, req *RouteRequest) error {
+func decodeRouteBody(b []byte, req *RouteRequest) error {
 	hashes, tokens := req.BlockHashes[:0], req.TokenIDs[:0]
 	*req = RouteRequest{BlockHashes: hashes, TokenIDs: tokens}
 	if fastRouteRequest(b, req) {
 		return nil
 	}
 	*req = RouteRequest{}
-	r.Body = io.NopCloser(bytes.NewReader(b))
-	return decodeJSON(r, req, false)
+	return decodeJSONBytes(b, req, false)
 }
 
 // fastRouteRequest parses b into req and reports whether it could; when it

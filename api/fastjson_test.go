@@ -1,29 +1,17 @@
 package api
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
 	"reflect"
 	"testing"
 )
 
-// jsonRouteRequest decodes b as decodeJSON does (unknown fields refused).
+// jsonRouteRequest decodes b as decodeJSON does: encoding/json, and
+// every key a field's name exactly, once.
 func jsonRouteRequest(b []byte) (RouteRequest, error) {
 	var req RouteRequest
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return req, err
-	}
-	var extra json.RawMessage
-	if err := dec.Decode(&extra); err == nil {
-		return req, errExtra
-	}
-	return req, nil
+	err := decodeJSONBytes(b, &req, false)
+	return req, err
 }
-
-var errExtra = errors.New("more than one JSON value")
 
 var routeBodies = []string{
 	`{"block_hashes":[1,2,18446744073709551615],"isl":12,"brief":true}`,
@@ -39,6 +27,9 @@ var routeBodies = []string{
 	`{"request_id":"a\"b"}`,
 	`{"Block_Hashes":[1]}`,
 	`{"block_hashes":[1],"block_hashes":[2]}`,
+	`{"isl":5,"book":true,"BOOK":false}`,
+	"{\"isl\":5,\"boo\u212a\":true}",
+	`{"isl":5,"b\u006fok":true}`,
 	`{"overrides":{"temperature":0}}`,
 	`{"brief":null}`,
 	`{"unknown":1}`,

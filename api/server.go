@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -12,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"reflect"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -586,29 +586,43 @@ func reply(w http.ResponseWriter, code int, v any) error {
 	return nil
 }
 
-// decodeJSON decodes the body into v strictly: one JSON object, no unknown
-// field, nothing after it. An empty body is an error unless optional. The
-// body must be an object: encoding/json decodes a null into a struct as
+// decodeJSON decodes the body into v strictly: one JSON object, no key
+// that is not a field's name exactly (encoding/json alone takes one that
+// matches without its case), no key given twice in an object (checkKeys),
+// nothing after it. An empty body is an error unless optional. The body
+// must be an object: encoding/json decodes a null into a struct as
 // nothing at all, which would make "null" a request of every default.
 func decodeJSON(r *http.Request, v any, optional bool) error {
-	// A small buffer: the decoder's own large reads pass through it.
-	br := bufio.NewReaderSize(r.Body, 16)
-	c, err := firstNonSpace(br)
+	var b []byte
+	var err error
+	if rb, ok := r.Body.(*replayBody); ok {
+		// The Server's own body: read into its kept bytes (no copy),
+		// which a forward replays anyway.
+		b, err = rb.readRest()
+	} else {
+		b, err = io.ReadAll(r.Body)
+	}
 	if err != nil {
-		if errors.Is(err, io.EOF) {
-			if optional {
-				return nil
-			}
-			return &httpError{code: http.StatusBadRequest, reason: ReasonBadJSON,
-				err: errors.New("the body is empty (want a JSON object)")}
-		}
 		return jsonError(err)
 	}
-	if c != '{' {
+	return decodeJSONBytes(b, v, optional)
+}
+
+// decodeJSONBytes is decodeJSON of the body b.
+func decodeJSONBytes(b []byte, v any, optional bool) error {
+	start := len(b) - len(bytes.TrimLeft(b, " \t\n\r"))
+	if start == len(b) {
+		if optional {
+			return nil
+		}
+		return &httpError{code: http.StatusBadRequest, reason: ReasonBadJSON,
+			err: errors.New("the body is empty (want a JSON object)")}
+	}
+	if c := b[start]; c != '{' {
 		return &httpError{code: http.StatusBadRequest, reason: ReasonBadJSON,
 			err: fmt.Errorf("the body starts with %q (want a JSON object)", c)}
 	}
-	dec := json.NewDecoder(br)
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return jsonError(err)
@@ -617,29 +631,13 @@ func decodeJSON(r *http.Request, v any, optional bool) error {
 		if err == nil {
 			err = errors.New("more than one JSON value in the body")
 		}
-		var mbe *http.MaxBytesError
-		if !errors.As(err, &mbe) {
-			err = fmt.Errorf("after the JSON object: %w", err)
-		}
+		return jsonError(fmt.Errorf("after the JSON object: %w", err))
+	}
+	// Valid JSON, decoded: now every key as written.
+	if err := checkKeys(b, reflect.TypeOf(v)); err != nil {
 		return jsonError(err)
 	}
 	return nil
-}
-
-// firstNonSpace returns the first byte of br that is not JSON whitespace
-// and leaves it unread.
-func firstNonSpace(br *bufio.Reader) (byte, error) {
-	for {
-		c, err := br.ReadByte()
-		if err != nil {
-			return 0, err
-		}
-		switch c {
-		case ' ', '\t', '\n', '\r':
-			continue
-		}
-		return c, br.UnreadByte()
-	}
 }
 
 func jsonError(err error) error {

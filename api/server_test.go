@@ -471,6 +471,71 @@ func TestSettingsLeftOutTakeDefaults(t *testing.T) {
 	}
 }
 
+// TestKeysThatOnlyFoldToAFieldAreRefused: a key is a field's only when it
+// is its name exactly. docs/api.md ("Strict input") promises that unknown
+// fields are refused before anything reaches the node; from a review:
+// encoding/json matches keys without their case and with Unicode folding
+// (U+212A KELVIN SIGN for 'k', U+017F LONG S for 's'), so a key that is no
+// field was taken for one, and the last of them won over the real field.
+// The route's fast path and encoding/json's path answer alike.
+func TestKeysThatOnlyFoldToAFieldAreRefused(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	for _, c := range []struct{ method, path, body, key string }{
+		// registers worker 10, not 9
+		{"POST", "/v1/workers", `{"worker_id":9,"block_size":4,"WORKER_ID":10}`, "WORKER_ID"},
+		// books nothing: "BOOK" overrides "book"
+		{"POST", "/v1/route", `{"isl":5,"book":true,"request_id":"r1","BOOK":false}`, "BOOK"},
+		// books: "booK" (Kelvin sign) is read as "book"
+		{"POST", "/v1/route", "{\"isl\":5,\"boo\u212a\":true,\"request_id\":\"r2\"}", "boo\u212a"},
+		{"POST", "/v1/route", `{"isl":5,"overrides":{"Temperature":1}}`, "Temperature"},
+		// disk capacity under a long-s spelling of "disk"
+		{"POST", "/v1/workers", "{\"worker_id\":12,\"block_size\":4,\"capacity_blocks\":{\"di\u017fk\":7}}", "di\u017fk"},
+		{"PUT", "/v1/settings", `{"params":{"TEMPERATURE":1}}`, "TEMPERATURE"},
+		{"POST", "/v1/events", events(`{"event_id":1,"Type":"cleared"}`), "Type"},
+		{"POST", "/v1/cluster/members", `{"id":"n4","raft_addr":"10.0.0.4:7946","Http_Addr":"10.0.0.4:7080"}`, "Http_Addr"},
+	} {
+		before := n.fake.Calls()
+		a := send(t, n.http.URL, c.method, c.path, c.body)
+		if a.code != 400 || a.reason(t) != api.ReasonBadJSON || !strings.Contains(a.json(t)["error"].(string), fmt.Sprintf("%q", c.key)) {
+			t.Errorf("%s %s %s: %d %s, want 400 bad_json naming %q", c.method, c.path, c.body, a.code, a.body, c.key)
+		}
+		if after := n.fake.Calls(); !maps.Equal(before, after) {
+			t.Errorf("%s %s %s reached the backend: %v -> %v", c.method, c.path, c.body, before, after)
+		}
+	}
+}
+
+// TestDuplicateKeysAreRefused: a key given twice in one object, at any
+// depth, is refused (400 bad_json naming it). From a review: encoding/json
+// took the last one, and merged the objects of a nested key given twice: a
+// settings body with "params" twice was applied as the merge of both,
+// though fields of params left out take the defaults (the route's
+// "overrides" merged alike).
+func TestDuplicateKeysAreRefused(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	for _, c := range []struct{ method, path, body, key string }{
+		{"PUT", "/v1/settings", `{"params":{"temperature":2},"params":{"host_cache_hit_weight":0.5}}`, "params"},
+		{"PUT", "/v1/settings", `{"params":{"temperature":2,"temperature":1}}`, "temperature"},
+		{"POST", "/v1/route", `{"isl":5,"overrides":{"temperature":2},"overrides":{"prefill_load_scale":2}}`, "overrides"},
+		{"POST", "/v1/route", `{"isl":5,"isl":6}`, "isl"},
+		{"POST", "/v1/route", `{"isl":5,"book":true,"request_id":"a","request_id":"b"}`, "request_id"},
+		{"POST", "/v1/workers", `{"worker_id":9,"block_size":4,"capacity_blocks":{"disk":7,"disk":8}}`, "disk"},
+		{"POST", "/v1/events", events(`{"event_id":1,"type":"cleared","type":"stored"}`), "type"},
+		{"POST", "/v1/cluster/members", `{"id":"n4","id":"n5","raft_addr":"10.0.0.4:7946","http_addr":"10.0.0.4:7080"}`, "id"},
+	} {
+		before := n.fake.Calls()
+		a := send(t, n.http.URL, c.method, c.path, c.body)
+		if a.code != 400 || a.reason(t) != api.ReasonBadJSON || !strings.Contains(a.json(t)["error"].(string), fmt.Sprintf("%q", c.key)) {
+			t.Errorf("%s %s %s: %d %s, want 400 bad_json naming %q", c.method, c.path, c.body, a.code, a.body, c.key)
+		}
+		if after := n.fake.Calls(); !maps.Equal(before, after) {
+			t.Errorf("%s %s %s reached the backend: %v -> %v", c.method, c.path, c.body, before, after)
+		}
+	}
+}
+
 func TestOverloadedRouteAnswers503WithBusyCandidates(t *testing.T) {
 	n := newNode(t, "n1", api.Options{})
 	withWorkers(t, n)

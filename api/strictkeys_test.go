@@ -1,0 +1,162 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// keysOfType adds the JSON field names of every struct reachable from t.
+func keysOfType(t reflect.Type, names map[string]bool) {
+	for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return
+	}
+	for i := 0; i < t.NumField(); i++ {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		names[name] = true
+		keysOfType(t.Field(i).Type, names)
+	}
+}
+
+// keysExactAndOnce walks b token by token and reports whether every key
+// is one of names and no object gives a key twice.
+func keysExactAndOnce(b []byte, names map[string]bool) bool {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	type frame struct {
+		object bool
+		seen   map[string]bool
+		key    bool // the next token of an object is a key
+	}
+	var stack []frame
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return true // the end (decodeJSON took b whole)
+		}
+		if n := len(stack); n > 0 && stack[n-1].object && stack[n-1].key {
+			if d, ok := tok.(json.Delim); ok && d == '}' {
+				stack = stack[:n-1]
+				continue
+			}
+			k := tok.(string)
+			if !names[k] || stack[n-1].seen[k] {
+				return false
+			}
+			stack[n-1].seen[k] = true
+			stack[n-1].key = false
+			continue
+		}
+		if n := len(stack); n > 0 && stack[n-1].object {
+			stack[n-1].key = true // a value: a key comes next
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, frame{object: true, seen: map[string]bool{}, key: true})
+		case json.Delim('['):
+			stack = append(stack, frame{})
+		case json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+	}
+}
+
+// FuzzDecodeJSONTakesOnlyExactKeysOnce: a body decodeJSON takes has no
+// key that is not a field's name exactly, and no key twice in an object,
+// at any depth (whatever encoding/json would take). From a review: keys
+// matched without their case or by Unicode folding, and keys given twice,
+// were taken.
+func FuzzDecodeJSONTakesOnlyExactKeysOnce(f *testing.F) {
+	for _, s := range []string{
+		`{"worker_id":9,"block_size":4,"WORKER_ID":10}`,
+		"{\"worker_id\":12,\"block_size\":4,\"capacity_blocks\":{\"di\u017fk\":7}}",
+		`{"params":{"temperature":2},"params":{"host_cache_hit_weight":0.5},"view":"tiered"}`,
+		`{"batches":[{"worker_id":1,"dp_rank":0,"events":[{"event_id":1,"type":"stored","tier":"device","blocks":[{"hash":1,"local_hash":2}]}]}]}`,
+		`{"isl":5,"overrides":{"temperature":2,"Temperature":1}}`,
+		`{"id":"n4","raft_addr":"a:1","http_addr":"b:2","id":"n5"}`,
+		`{"cursor":3,"events":[{"event_id":1,"type":"stored","tier":"device","blocks":[]}]}`,
+		`{"isl":5,"b\u006fok":true}`,
+	} {
+		for i := range 7 {
+			f.Add(uint8(i), s)
+		}
+	}
+	types := []func() any{
+		func() any { return new(RegisterWorkerRequest) }, func() any { return new(SettingsRequest) },
+		func() any { return new(EventsRequest) }, func() any { return new(RouteRequest) },
+		func() any { return new(AddMemberRequest) }, func() any { return new(DumpRequest) },
+		func() any { return new(TransferLeaderRequest) },
+	}
+	f.Fuzz(func(t *testing.T, which uint8, body string) {
+		v := types[int(which)%len(types)]()
+		if decodeJSONBytes([]byte(body), v, false) != nil {
+			return
+		}
+		names := map[string]bool{}
+		keysOfType(reflect.TypeOf(v), names)
+		if !keysExactAndOnce([]byte(body), names) {
+			t.Fatalf("%T took %q: a key that is no field's name, or one given twice", v, body)
+		}
+	})
+}
+
+type keysInner struct {
+	A int `json:"a"`
+	B int // named B, as encoding/json names it
+}
+
+type keysSelf struct {
+	keysInner
+	Skip   int                 `json:"-"`
+	hidden int                 // left out, as encoding/json leaves it
+	Next   *keysSelf           `json:"next,omitempty"`
+	Tags   map[string]int      `json:"tags"`
+	Raw    json.RawMessage     `json:"raw"`
+	List   []keysInner         `json:"list"`
+	Any    any                 `json:"any"`
+	Over   int                 `json:"a_over"`
+	Nested map[string]keysSelf `json:"nested"`
+}
+
+// TestCheckKeysNamesFieldsAsEncodingJSON: checkKeys takes a field's name
+// as encoding/json writes it (tag, Go name, an embedded struct's lifted),
+// any key once in a map, an interface or a type that decodes itself, and
+// follows a type that holds itself.
+func TestCheckKeysNamesFieldsAsEncodingJSON(t *testing.T) {
+	typ := reflect.TypeFor[keysSelf]()
+	_ = keysSelf{}.hidden
+	for _, ok := range []string{
+		`{"a":1,"B":2,"next":{"next":{"a":3}},"tags":{"X":1,"x":2},"raw":{"a":1,"A":2},"list":[{"a":1},{"B":1}],"any":{"k":{"K":1}}}`,
+		`{"nested":{"k":{"a":1},"K":{"B":2}}}`, `{}`, `{"next":null}`,
+	} {
+		if err := checkKeys([]byte(ok), typ); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+	for _, c := range []struct{ body, want string }{
+		{`{"A":1}`, `unknown field "A"`},
+		{`{"b":1}`, `unknown field "b"`},
+		{`{"Skip":1}`, `unknown field "Skip"`},
+		{`{"hidden":1}`, `unknown field "hidden"`},
+		{`{"next":{"next":{"A":1}}}`, `next.next: unknown field "A"`},
+		{`{"tags":{"x":1,"x":2}}`, `tags: key "x" given twice`},
+		{`{"raw":{"a":1,"a":2}}`, `raw: key "a" given twice`},
+		{`{"list":[{"a":1},{"a":1,"a":2}]}`, `list[1]: field "a" given twice`},
+		{`{"any":[{"k":[{"z":1,"z":1}]}]}`, `any[0].k[0]: key "z" given twice`},
+		{`{"nested":{"k":{"next":{"Tags":{}}}}}`, `nested.k.next: unknown field "Tags"`},
+		{`{"a":1,"a":1}`, `field "a" given twice`},
+	} {
+		if err := checkKeys([]byte(c.body), typ); err == nil || err.Error() != c.want && !strings.HasPrefix(err.Error(), c.want+" (") {
+			t.Errorf("%s: %v, want %s", c.body, err, c.want)
+		}
+	}
+	for _, broken := range []string{`{"a"`, `{"a":1`, `{"a":1 x`, `[`, `"abc`, `{"a":[1,2`, ``} {
+		if err := checkKeys([]byte(broken), typ); err == nil {
+			t.Errorf("%q: no error", broken)
+		}
+	}
+}
