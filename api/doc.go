@@ -10,8 +10,9 @@
 //     twice in an object, trailing data and wrong types are refused),
 //     bounded in size, and every event passes kvevent.Event.Validate first.
 //   - Every error is a JSON object {"error", "reason"} with a status code
-//     that a client can branch on: 400 bad input, 404 unknown thing, 413 too
-//     large, 503 retry later (no leader, overloaded, no workers), 500 a bug.
+//     that a client can branch on: 400 bad input, 404 unknown thing, 408 a
+//     body that did not arrive in time, 413 too large, 503 retry later (no
+//     leader, overloaded, no workers), 500 a bug.
 //   - A write that reaches a follower is forwarded to the leader once, with
 //     its original method, path and body; a forwarded request that reaches a
 //     follower again is answered 503 no_leader, never forwarded again, so

@@ -25,6 +25,7 @@ const (
 	ReasonUnregisteredRank = "unregistered_rank"  // 409: a dump of a rank its positional worker does not list; nothing applied
 	ReasonConflict         = "conflict"           // 409: a registration breaks a rule of another API the node serves (ErrConflict)
 	ReasonMethodNotAllowed = "method_not_allowed" // 405
+	ReasonRequestTimeout   = "request_timeout"    // 408: the JSON body did not arrive within the body timeout; nothing applied, send it again
 	ReasonTooLarge         = "too_large"          // 413: the body is over the server's limit
 	ReasonInternal         = "internal"           // 500: a bug or a storage failure; see the node's log
 	ReasonNoLeader         = "no_leader"          // 503: no leader known or reachable; retry

@@ -30,7 +30,7 @@ func decodeRouteRequest(r *http.Request, req *RouteRequest) error {
 		// replays anyway; they stay valid until the handler returns.
 		b, err := rb.readRest()
 		if err != nil {
-			return jsonError(err)
+			return bodyError(err)
 		}
 		return decodeRouteBody(b, req)
 	}
@@ -42,7 +42,7 @@ func decodeRouteRequest(r *http.Request, req *RouteRequest) error {
 		}
 	}()
 	if _, err := buf.ReadFrom(r.Body); err != nil {
-		return jsonError(err)
+		return bodyError(err)
 	}
 	return decodeRouteBody(buf.Bytes(), req)
 }

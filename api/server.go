@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"reflect"
 	"runtime/debug"
 	"strconv"
@@ -603,7 +605,7 @@ func decodeJSON(r *http.Request, v any, optional bool) error {
 		b, err = io.ReadAll(r.Body)
 	}
 	if err != nil {
-		return jsonError(err)
+		return bodyError(err)
 	}
 	return decodeJSONBytes(b, v, optional)
 }
@@ -638,6 +640,31 @@ func decodeJSONBytes(b []byte, v any, optional bool) error {
 		return jsonError(err)
 	}
 	return nil
+}
+
+// bodyError answers a JSON request body that could not be read whole,
+// which is no fault of its JSON: over the size limit (413 too_large), not
+// all there within Options.BodyTimeout (408 request_timeout: a stalled
+// client or network), or cut off by its connection (503 canceled: the
+// client went away, or the network between). Nothing was applied, and the
+// client may send it again. The message names no address: a net.OpError's
+// text holds both ends of the connection.
+func bodyError(err error) error {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return jsonError(err)
+	}
+	var ne net.Error
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+		return &httpError{code: http.StatusRequestTimeout, reason: ReasonRequestTimeout,
+			err: errors.New("the request body did not arrive within the node's body timeout: send it again")}
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		err = oe.Err
+	}
+	return &httpError{code: http.StatusServiceUnavailable, reason: ReasonCanceled,
+		err: fmt.Errorf("the request body broke off before its end (%v): send it again", err)}
 }
 
 func jsonError(err error) error {

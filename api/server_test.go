@@ -1,7 +1,9 @@
 package api_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -862,6 +864,75 @@ func TestStalledBodyIsCutAndSlowHandlersAreNot(t *testing.T) {
 	if a := <-done; a.code != 200 {
 		t.Fatalf("a route slower than the body timeout: %d %s", a.code, a.body)
 	}
+}
+
+// TestStalledBodyIsARequestTimeoutNotBadJSON: a body that stalls past
+// BodyTimeout is a slow or stuck client or network, not malformed input:
+// it is answered 408 request_timeout, which a client may send again (the
+// agent takes any 4xx but 408 and 429 for a refusal for good), and the
+// message names no address. From a review: it was 400 bad_json, with the
+// connection's two addresses in the message.
+func TestStalledBodyIsARequestTimeoutNotBadJSON(t *testing.T) {
+	n := newNode(t, "n1", api.Options{BodyTimeout: 100 * time.Millisecond})
+	withWorkers(t, n)
+	for _, c := range []struct{ path, head string }{
+		{"/v1/route", `{"token_ids":[`},          // the route's own read
+		{"/v1/workers", `{"worker_id":7,`},       // decodeJSON's
+		{"/v1/route", `{"token_ids":[1],"Isl":`}, // what the fast path leaves to decodeJSON, stalled
+	} {
+		code, reason, msg := sendRaw(t, n, c.path, c.head, false)
+		if code != http.StatusRequestTimeout || reason != api.ReasonRequestTimeout || strings.Contains(msg, "127.0.0.1") {
+			t.Errorf("%s with a body stalled past the body timeout: %d %s %q, want 408 request_timeout naming no address", c.path, code, reason, msg)
+		}
+	}
+}
+
+// TestBodyCutOffIsNotBadJSON: a body whose connection ends before its
+// Content-Length is a request that broke off, not malformed input: 503
+// canceled (nothing was proposed), naming no address.
+func TestBodyCutOffIsNotBadJSON(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	for _, c := range []struct{ path, head string }{
+		{"/v1/route", `{"token_ids":[`},
+		{"/v1/workers", `{"worker_id":7,`},
+	} {
+		code, reason, msg := sendRaw(t, n, c.path, c.head, true)
+		if code != http.StatusServiceUnavailable || reason != api.ReasonCanceled || strings.Contains(msg, "127.0.0.1") {
+			t.Errorf("%s with a body cut off: %d %s %q, want 503 canceled naming no address", c.path, code, reason, msg)
+		}
+	}
+}
+
+// sendRaw posts head as the first bytes of a 100-byte body to path on n,
+// and then stalls, or closes its side of the connection when cut; it
+// returns the answer's status, reason and message.
+func sendRaw(t *testing.T, n *node, path, head string, cut bool) (int, string, string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", n.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n%s", path, head)
+	if cut {
+		if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("%s: no answer: %v", path, err)
+	}
+	defer resp.Body.Close()
+	var body api.ErrorResponse
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatalf("%s: %d, not an error body: %v", path, resp.StatusCode, err)
+	}
+	return resp.StatusCode, body.Reason, body.Error
 }
 
 // TestBodyDeadlineCutsOnlyBodies: a request without a body whose handler
