@@ -477,6 +477,29 @@ func (c *cluster) checkAll(m *model) {
 	}
 }
 
+// appliedOnce checks that every serving node's state machine applied each
+// event the model acknowledged once: its count of events applied
+// (kvrouter_events_applied_total{outcome="applied"}) is the number of
+// acknowledged events, which run from id 1 to each rank's cursor. The
+// count is since the node started, so only a node that has run since the
+// cluster started, and never restored a snapshot, can be checked.
+func (c *cluster) appliedOnce(m *model) {
+	c.t.Helper()
+	var events int64
+	for _, rm := range m.ranks {
+		events += int64(rm.cursor)
+	}
+	for _, n := range c.nodes {
+		if !n.serving() {
+			continue
+		}
+		got := scrape(c.t, "http://"+n.httpAddr+"/metrics").sum("kvrouter_events_applied_total", "outcome", "applied")
+		if got != float64(events) {
+			c.t.Fatalf("%s applied %v events; %d were acknowledged, each to be applied once", n.id, got, events)
+		}
+	}
+}
+
 // indexState is an index stats answer without the counters, which count
 // since the node started: what a restart or a restore must keep.
 func indexState(st *api.IndexStats) api.IndexStats {
