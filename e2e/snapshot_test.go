@@ -398,11 +398,19 @@ func TestOfflineSeedNewCluster(t *testing.T) {
 			t.Fatalf("%s seeded: %+v; the old cluster had %+v", c.nodes[i].id, got, before)
 		}
 	}
-	// A directory that holds state is not seeded over.
+	// A directory a node runs on is not seeded over: the node holds its lock.
 	res := runKvctl(t, "snapshot", "restore", snap.path, "--data-dir", c.nodes[0].dir, "--node-id", c.nodes[0].id, "--peers", c.peers())
-	if res.code != 1 || !oneErrorLine(res.stderr) {
-		t.Fatalf("%v\nwant seeding a directory in use refused", res)
+	if res.code != 1 || !oneErrorLine(res.stderr) || !strings.Contains(res.stderr, "held by another kvrouter process") {
+		t.Fatalf("%v\nwant seeding a directory in use refused (exit 1, one line saying a kvrouter process holds it)", res)
 	}
+	// Nor, the node stopped, is a directory that holds node state.
+	c.stop(0)
+	res = runKvctl(t, "snapshot", "restore", snap.path, "--data-dir", c.nodes[0].dir, "--node-id", c.nodes[0].id, "--peers", c.peers())
+	if res.code != 1 || !oneErrorLine(res.stderr) || !strings.Contains(res.stderr, "already holds") {
+		t.Fatalf("%v\nwant seeding a directory that holds node state refused (exit 1, one line saying it already holds state)", res)
+	}
+	c.restart(0)
+	c.converged()
 	// The streams go on where they were, through any node.
 	for _, n := range c.nodes {
 		acks, err := p.publishNext(ctxT(t, 30*time.Second), n.cl)
