@@ -474,7 +474,8 @@ func TestPartitionedLeaderLosesNothingAcknowledged(t *testing.T) {
 
 // TestPartitionedFollowerCatchesUp cuts a follower off, keeps writing
 // through every node (the client retries on the next node when the cut
-// one refuses), and heals: the follower, which stood for election while
+// one refuses; once the follower has lost its leader every write goes to
+// it first, and it must refuse them all), and heals: the follower, which stood for election while
 // cut off, follows the leader again and catches up to the same digest at
 // the same applied index, holding everything acknowledged.
 func TestPartitionedFollowerCatchesUp(t *testing.T) {
@@ -510,10 +511,18 @@ func TestPartitionedFollowerCatchesUp(t *testing.T) {
 		}
 		return st.LeaderID == "", st.State + " following " + st.LeaderID
 	})
+	// Every write of this round goes to the cut follower first: it has no
+	// leader to forward to, so it refuses each one and the client moves on
+	// to the majority.
+	before := p.retries
 	for range 20 {
+		at = f
 		if err := c.publishAny(ctx, p, &at); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if refused := p.retries - before; refused < 20 {
+		t.Fatalf("the cut follower %s was sent 20 requests first and refused %d of them; want all refused", c.nodes[f].id, refused)
 	}
 	// The cut is real: the follower has not applied what the majority did.
 	maj := c.leaderAmong(c.others(f))
