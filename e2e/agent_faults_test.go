@@ -558,10 +558,7 @@ func TestAgentRestartEngineRuns(t *testing.T) {
 	publishBatches(pub, g, &seq, 30)
 	waitModel(c, g)
 
-	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-a.done
+	a.kill9(t)
 	if sub := pub.NextSub(); sub[0] != 0 {
 		t.Fatalf("the publisher saw %x, not the killed agent's unsubscription", sub)
 	}

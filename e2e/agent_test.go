@@ -24,6 +24,8 @@ const agentBlockSize = 4
 type agentProc struct {
 	cmd     *exec.Cmd
 	done    chan struct{}
+	err     error // cmd.Wait's answer, set before done is closed
+	killed  bool  // the test killed it (kill9): no clean exit to check
 	logPath string
 	// logOffset is where this agent's output starts in logPath, which
 	// the agents of one cluster share.
@@ -53,28 +55,60 @@ func startAgent(t *testing.T, c *cluster, pub *pypub.Pub, extra ...string) *agen
 	a.cmd = exec.Command(kvagentBin, args...)
 	a.cmd.Stdout, a.cmd.Stderr = f, f
 	a.cmd.Env = childEnv()
+	a.cmd.SysProcAttr = sysProcAttr()
 	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	go func() {
-		a.cmd.Wait()
+		a.err = a.cmd.Wait()
 		close(a.done)
 	}()
 	t.Cleanup(func() {
-		a.cmd.Process.Signal(syscall.SIGTERM)
+		defer func() {
+			if t.Failed() {
+				if b, err := os.ReadFile(a.logPath); err == nil {
+					t.Logf("kvagent log:\n%s", b)
+				}
+			}
+		}()
 		select {
 		case <-a.done:
-		case <-time.After(stopTimeout):
-			a.cmd.Process.Kill()
-			<-a.done
-		}
-		if t.Failed() {
-			if b, err := os.ReadFile(a.logPath); err == nil {
-				t.Logf("kvagent log:\n%s", b)
+			// It exited before the test ended: only a kill9 may end it.
+			if !a.killed {
+				t.Errorf("kvagent exited before the test ended: %v", a.err)
 			}
+			return
+		default:
+		}
+		// A SIGTERM is a clean shutdown: the agent exits 0 within
+		// stopTimeout, or the test fails.
+		if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Errorf("SIGTERM kvagent: %v", err)
+		}
+		select {
+		case <-a.done:
+			if a.err != nil {
+				t.Errorf("kvagent after SIGTERM: %v, want exit status 0", a.err)
+			}
+		case <-time.After(stopTimeout):
+			t.Errorf("kvagent still running %v after SIGTERM; killing it", stopTimeout)
+			if err := a.cmd.Process.Kill(); err != nil {
+				t.Errorf("SIGKILL kvagent: %v", err)
+			}
+			<-a.done
 		}
 	})
 	return a
+}
+
+// kill9 kills the agent with SIGKILL and waits for it to exit.
+func (a *agentProc) kill9(t *testing.T) {
+	t.Helper()
+	a.killed = true
+	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatalf("SIGKILL kvagent: %v", err)
+	}
+	<-a.done
 }
 
 // engineGen makes an engine's event stream for the python publisher:
@@ -425,8 +459,7 @@ func TestAgentRestartResyncs(t *testing.T) {
 	publishBatches(pub, g, &seq, 50)
 	waitModel(c, g)
 
-	a.cmd.Process.Signal(syscall.SIGKILL)
-	<-a.done
+	a.kill9(t)
 	// The engine restarts too (its cache empties) and a new agent follows it.
 	pub.Close()
 	pub = pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*"})
