@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/httppath"
@@ -643,28 +644,54 @@ func decodeJSONBytes(b []byte, v any, optional bool) error {
 }
 
 // bodyError answers a JSON request body that could not be read whole,
-// which is no fault of its JSON: over the size limit (413 too_large), not
-// all there within Options.BodyTimeout (408 request_timeout: a stalled
-// client or network), or cut off by its connection (503 canceled: the
-// client went away, or the network between). Nothing was applied, and the
-// client may send it again. The message names no address: a net.OpError's
-// text holds both ends of the connection.
+// which is no fault of its JSON (BodyReadError says how).
 func bodyError(err error) error {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		return jsonError(err)
 	}
+	code, msg := BodyReadError(err)
+	reason := ReasonBadJSON
+	switch code {
+	case http.StatusRequestTimeout:
+		reason = ReasonRequestTimeout
+	case http.StatusServiceUnavailable:
+		reason = ReasonCanceled
+	}
+	return &httpError{code: code, reason: reason, err: msg}
+}
+
+// BodyReadError says how a server answers a request body that could not
+// be read whole (err is what reading it returned, not over the size
+// limit), and with what message, which names no address (a net.OpError's
+// text holds both ends of the connection):
+//
+//   - 408: it did not arrive within the server's body timeout (a stalled
+//     client or network). Nothing was applied; it may be sent again.
+//   - 503: its connection broke or closed before its end (the client went
+//     away, or the network between). Nothing was applied; it may be sent
+//     again.
+//   - 400: anything else, which is the client's framing (a chunked body's
+//     malformed chunk size): sent again, it fails again.
+//
+// The compatible APIs (compat) answer their bodies by it too.
+func BodyReadError(err error) (code int, msg error) {
 	var ne net.Error
 	if errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
-		return &httpError{code: http.StatusRequestTimeout, reason: ReasonRequestTimeout,
-			err: errors.New("the request body did not arrive within the node's body timeout: send it again")}
+		return http.StatusRequestTimeout, errors.New("the request body did not arrive within the node's body timeout: send it again")
 	}
 	var oe *net.OpError
-	if errors.As(err, &oe) && oe.Err != nil {
-		err = oe.Err
+	switch {
+	case errors.As(err, &oe):
+		if oe.Err != nil {
+			err = oe.Err
+		}
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF),
+		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+	default:
+		return http.StatusBadRequest, fmt.Errorf("the request body's framing is malformed: %v", err)
 	}
-	return &httpError{code: http.StatusServiceUnavailable, reason: ReasonCanceled,
-		err: fmt.Errorf("the request body broke off before its end (%v): send it again", err)}
+	return http.StatusServiceUnavailable, fmt.Errorf("the request body broke off before its end (%v): send it again", err)
 }
 
 func jsonError(err error) error {

@@ -904,17 +904,45 @@ func TestBodyCutOffIsNotBadJSON(t *testing.T) {
 	}
 }
 
+// TestMalformedChunkedBodyIsBadJSONNotCanceled: a chunked body whose
+// framing is malformed is the client's fault, which sent again fails
+// again: 400 bad_json, not 503 canceled ("send it again"), which a
+// retrying client would loop on. From a review.
+func TestMalformedChunkedBodyIsBadJSONNotCanceled(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	for _, path := range []string{"/v1/route", "/v1/workers"} {
+		req := "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			"5\r\n{\"wor\r\nzz\r\n" // "zz" is no chunk size
+		code, reason, msg := sendRawRequest(t, n, path, req, false)
+		if code != http.StatusBadRequest || reason != api.ReasonBadJSON || !strings.Contains(msg, "framing") {
+			t.Errorf("%s with a malformed chunk size: %d %s %q, want 400 bad_json naming the framing", path, code, reason, msg)
+		}
+	}
+}
+
 // sendRaw posts head as the first bytes of a 100-byte body to path on n,
 // and then stalls, or closes its side of the connection when cut; it
 // returns the answer's status, reason and message.
 func sendRaw(t *testing.T, n *node, path, head string, cut bool) (int, string, string) {
+	t.Helper()
+	return sendRawRequest(t, n, path,
+		fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n%s", path, head), cut)
+}
+
+// sendRawRequest writes req, an HTTP request as bytes, to n, and then
+// stalls, or closes its side of the connection when cut; it returns the
+// answer's status, reason and message.
+func sendRawRequest(t *testing.T, n *node, path, req string, cut bool) (int, string, string) {
 	t.Helper()
 	conn, err := net.Dial("tcp", n.addr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n%s", path, head)
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
 	if cut {
 		if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
 			t.Fatal(err)

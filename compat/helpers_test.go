@@ -46,6 +46,12 @@ type testNode struct {
 
 func startNode(t testing.TB) *testNode {
 	t.Helper()
+	return startNodeWith(t, api.Options{})
+}
+
+// startNodeWith is startNode with the server's options opts.
+func startNodeWith(t testing.TB, opts api.Options) *testNode {
+	t.Helper()
 	var handler http.Handler
 	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		handler.ServeHTTP(w, r)
@@ -60,7 +66,8 @@ func startNode(t testing.TB) *testNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := api.NewServer(node, api.Options{Logger: quiet})
+	opts.Logger = quiet
+	srv := api.NewServer(node, opts)
 	NewIndexer(node, quiet).Routes(srv, "")
 	NewSelection(node, quiet).Routes(srv, SelectionPrefix)
 	handler = srv

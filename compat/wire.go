@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/internal/limits"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -141,7 +142,7 @@ func decodeOptional(r *http.Request, c codec, v any) error {
 }
 
 // readBody reads r's whole body; errBody when it is over the limit or
-// cannot be read.
+// cannot be read, with the status api.BodyReadError gives the latter.
 func readBody(r *http.Request) ([]byte, error) {
 	b, err := io.ReadAll(r.Body)
 	if err != nil {
@@ -149,7 +150,10 @@ func readBody(r *http.Request) ([]byte, error) {
 		if errors.As(err, &mbe) {
 			return nil, fmt.Errorf("%w: larger than %d bytes", errBody, mbe.Limit)
 		}
-		return nil, fmt.Errorf("%w: %v", errBody, err)
+		// A stalled body is 408 and a broken one 503, as on the /v1 API;
+		// the message names no address.
+		code, msg := api.BodyReadError(err)
+		return nil, &httpError{code: code, err: fmt.Errorf("%w: %w", errBody, msg)}
 	}
 	return b, nil
 }
