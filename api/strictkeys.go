@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
 // encoding/json takes a key for a field when the two match without their
@@ -40,28 +41,35 @@ func checkKeys(b []byte, t reflect.Type) error {
 
 // keyError is checkKeys's error: where in the body, and what.
 type keyError struct {
-	path string // fields and indexes from the top: batches[0].events[2]
-	msg  string
+	// at holds the fields and indexes from the error up to the top,
+	// innermost first, joined once by Error: batches[0].events[2]. Built
+	// up as the walk unwinds, one append a level, not a copy of the path
+	// so far (quadratic in the depth).
+	at  []string
+	msg string
 }
 
 func (e *keyError) Error() string {
-	if e.path == "" {
+	if len(e.at) == 0 {
 		return e.msg
 	}
-	return e.path + ": " + e.msg
+	var b strings.Builder
+	for i := len(e.at) - 1; i >= 0; i-- {
+		if i < len(e.at)-1 && e.at[i][0] != '[' {
+			b.WriteByte('.')
+		}
+		b.WriteString(e.at[i])
+	}
+	return b.String() + ": " + e.msg
 }
 
 // in puts err under the field (or, with brackets, the index) at.
 func in(at string, err error) error {
 	if ke, ok := err.(*keyError); ok {
-		switch {
-		case ke.path == "":
-			ke.path = at
-		case ke.path[0] == '[':
-			ke.path = at + ke.path
-		default:
-			ke.path = at + "." + ke.path
+		if at == "" {
+			at = `""` // a field named "" keeps its place in the path
 		}
+		ke.at = append(ke.at, at)
 	}
 	return err
 }
@@ -73,6 +81,9 @@ type shape struct {
 	fields map[string]int // shapeStruct: a field's JSON name → its position
 	types  []*shape       // shapeStruct: each field's shape, by position
 	elem   *shape         // shapeMap: the values'; shapeList: the elements'
+	// intKeys: a shapeMap whose keys are integers, which encoding/json
+	// parses ("1" and "01" are one key); otherwise its keys are text.
+	intKeys bool
 }
 
 type shapeKind uint8
@@ -147,44 +158,52 @@ func buildShape(t reflect.Type, built map[reflect.Type]*shape) *shape {
 	switch t.Kind() {
 	case reflect.Struct:
 		s.kind, s.fields = shapeStruct, map[string]int{}
-		var add func(t reflect.Type)
-		add = func(t reflect.Type) {
-			var embedded []reflect.Type
-			for i := 0; i < t.NumField(); i++ {
-				sf := t.Field(i)
-				tag := sf.Tag.Get("json")
-				if tag == "-" {
-					continue
-				}
-				name, _, _ := strings.Cut(tag, ",")
-				if sf.Anonymous && name == "" {
-					ft := sf.Type
-					if ft.Kind() == reflect.Pointer {
-						ft = ft.Elem()
-					}
-					if ft.Kind() == reflect.Struct {
-						embedded = append(embedded, ft)
+		// Breadth first, as encoding/json resolves names: a struct's own
+		// fields, then those of the structs it embeds, then those they
+		// embed; a name taken at a shallower depth wins.
+		for level := []reflect.Type{t}; len(level) > 0; {
+			var next []reflect.Type
+			for _, t := range level {
+				for i := 0; i < t.NumField(); i++ {
+					sf := t.Field(i)
+					tag := sf.Tag.Get("json")
+					if tag == "-" {
 						continue
 					}
-				}
-				if !sf.IsExported() {
-					continue
-				}
-				if name == "" {
-					name = sf.Name
-				}
-				if _, dup := s.fields[name]; !dup {
-					s.fields[name] = len(s.types)
-					s.types = append(s.types, buildShape(sf.Type, built))
+					name, _, _ := strings.Cut(tag, ",")
+					if sf.Anonymous && name == "" {
+						ft := sf.Type
+						if ft.Kind() == reflect.Pointer {
+							ft = ft.Elem()
+						}
+						if ft.Kind() == reflect.Struct {
+							next = append(next, ft)
+							continue
+						}
+					}
+					if !sf.IsExported() {
+						continue
+					}
+					if name == "" {
+						name = sf.Name
+					}
+					if _, dup := s.fields[name]; !dup {
+						s.fields[name] = len(s.types)
+						s.types = append(s.types, buildShape(sf.Type, built))
+					}
 				}
 			}
-			for _, et := range embedded { // after t's own: the shallower name wins
-				add(et)
-			}
+			level = next
 		}
-		add(t)
 	case reflect.Map:
 		s.kind, s.elem = shapeMap, buildShape(t.Elem(), built)
+		if !unmarshals(t.Key()) {
+			switch t.Key().Kind() {
+			case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+				reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+				s.intKeys = true
+			}
+		}
 	case reflect.Slice, reflect.Array:
 		s.kind, s.elem = shapeList, buildShape(t.Elem(), built)
 	case reflect.Interface:
@@ -327,7 +346,7 @@ func (w *keyWalker) object(s *shape) error {
 			}
 			seenField |= 1 << pos
 		} else {
-			k := key()
+			k := mapKey(key(), s.intKeys)
 			if _, dup := seenKey[k]; dup {
 				return &keyError{msg: fmt.Sprintf("key %q given twice", k)}
 			}
@@ -357,6 +376,25 @@ func (w *keyWalker) object(s *shape) error {
 			return w.broken()
 		}
 	}
+}
+
+// mapKey is key as the map encoding/json decodes it into holds it, for
+// telling two keys apart: a number when the map's keys are integers
+// (intKeys), text with each invalid UTF-8 byte as U+FFFD otherwise.
+func mapKey(key string, intKeys bool) string {
+	if intKeys {
+		if n, err := strconv.ParseInt(key, 10, 64); err == nil {
+			return strconv.FormatInt(n, 10)
+		}
+		if n, err := strconv.ParseUint(key, 10, 64); err == nil {
+			return strconv.FormatUint(n, 10)
+		}
+		return key
+	}
+	if !utf8.ValidString(key) {
+		return strings.ToValidUTF8(key, "\uFFFD")
+	}
+	return key
 }
 
 // str reads a string: its bytes between the quotes, and whether they

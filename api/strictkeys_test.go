@@ -160,3 +160,94 @@ func TestCheckKeysNamesFieldsAsEncodingJSON(t *testing.T) {
 		}
 	}
 }
+
+// Types for the walker's rules that no API body reaches today: embedded
+// structs, maps with integer keys, an any field.
+type (
+	keysLeaf struct {
+		Name int `json:"name"`
+	}
+	keysDeep struct {
+		X map[string]int `json:"x"`
+	}
+	keysDepth1 struct{ keysDeep }
+	keysOther  struct {
+		X []keysLeaf `json:"x"`
+	}
+	// keysEmbeds gives "x" at depth 2 (keysDepth1.keysDeep.X, a map)
+	// and at depth 1 (keysOther.X, a list of keysLeaf): encoding/json
+	// decodes "x" into the shallower.
+	keysEmbeds struct {
+		keysDepth1
+		keysOther
+	}
+	keysIntMap struct {
+		M map[uint32]string `json:"m"`
+	}
+	keysStrMap struct {
+		M map[string]int `json:"m"`
+	}
+	keysAny struct {
+		V any `json:"v"`
+	}
+)
+
+// TestCheckKeysTakesTheShallowestEmbeddedField: an embedded struct's
+// fields are named breadth first, as encoding/json resolves them, so a
+// key goes to the shape of the field it decodes into. From a review: the
+// walk went depth first, took the deeper map's shape for "x", and let a
+// case-folded "NAME" through into keysLeaf.Name.
+func TestCheckKeysTakesTheShallowestEmbeddedField(t *testing.T) {
+	var v keysEmbeds
+	if err := decodeJSONBytes([]byte(`{"x":[{"name":1}]}`), &v, false); err != nil || len(v.X) != 1 || v.X[0].Name != 1 {
+		t.Fatalf("exact keys: %v, decoded %+v", err, v)
+	}
+	err := decodeJSONBytes([]byte(`{"x":[{"NAME":1}]}`), &keysEmbeds{}, false)
+	if err == nil || !strings.Contains(err.Error(), `x[0]: unknown field "NAME"`) {
+		t.Fatalf("a case-folded key in the shallower field: %v, want it refused", err)
+	}
+}
+
+// TestCheckKeysTellsMapKeysApartAsEncodingJSON: two keys a map holds as
+// one are one key given twice: "1" and "01" in a map with integer keys,
+// and two invalid UTF-8 bytes (each read as U+FFFD). From a review.
+func TestCheckKeysTellsMapKeysApartAsEncodingJSON(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		v    any
+		ok   bool
+	}{
+		{`{"m":{"1":"a","01":"b"}}`, &keysIntMap{}, false},
+		{`{"m":{"1":"a","2":"b"}}`, &keysIntMap{}, true},
+		{"{\"m\":{\"\xff\":1,\"\xfe\":2}}", &keysStrMap{}, false},
+		{"{\"m\":{\"\xff\":1,\"\uFFFD\":2}}", &keysStrMap{}, false},
+		{`{"m":{"01":1,"1":2}}`, &keysStrMap{}, true}, // text keys: two
+	} {
+		err := decodeJSONBytes([]byte(c.body), c.v, false)
+		if (err == nil) != c.ok {
+			t.Errorf("%q: %v, want taken %v", c.body, err, c.ok)
+		}
+	}
+}
+
+// TestCheckKeysNamesADeepKeysPath: the error names the path from the top,
+// fields joined by dots, indexes in brackets, an empty field name quoted,
+// however deep.
+func TestCheckKeysNamesADeepKeysPath(t *testing.T) {
+	err := decodeJSONBytes([]byte(`{"v":{"a":[{"":[0,{"b":1,"b":2}]}]}}`), &keysAny{}, false)
+	if want := `v.a[0].""[1]: key "b" given twice`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("%v, want %q", err, want)
+	}
+	const depth = 5000
+	var sb strings.Builder
+	sb.WriteString(`{"v":`)
+	for range depth {
+		sb.WriteString(`{"k":`)
+	}
+	sb.WriteString(`{"a":1,"a":2}`)
+	sb.WriteString(strings.Repeat("}", depth+1))
+	err = decodeJSONBytes([]byte(sb.String()), &keysAny{}, false)
+	if want := "v" + strings.Repeat(".k", depth) + `: key "a" given twice`; err == nil || !strings.HasSuffix(err.Error(), want) {
+		t.Fatalf("a key twice %d objects deep: %.200v…, want the path to it", depth, err)
+	}
+}
