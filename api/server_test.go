@@ -1,7 +1,6 @@
 package api_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/rawhttp"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
@@ -935,32 +935,12 @@ func sendRaw(t *testing.T, n *node, path, head string, cut bool) (int, string, s
 // answer's status, reason and message.
 func sendRawRequest(t *testing.T, n *node, path, req string, cut bool) (int, string, string) {
 	t.Helper()
-	conn, err := net.Dial("tcp", n.addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := io.WriteString(conn, req); err != nil {
-		t.Fatal(err)
-	}
-	if cut {
-		if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("%s: no answer: %v", path, err)
-	}
-	defer resp.Body.Close()
+	code, b := rawhttp.Send(t, n.addr(), req, cut)
 	var body api.ErrorResponse
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		t.Fatalf("%s: %d, not an error body: %v", path, resp.StatusCode, err)
+	if err := json.Unmarshal(b, &body); err != nil {
+		t.Fatalf("%s: %d, not an error body: %v", path, code, err)
 	}
-	return resp.StatusCode, body.Reason, body.Error
+	return code, body.Reason, body.Error
 }
 
 // TestBodyDeadlineCutsOnlyBodies: a request without a body whose handler

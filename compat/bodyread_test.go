@@ -1,10 +1,7 @@
 package compat
 
 import (
-	"bufio"
 	"encoding/json"
-	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -12,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/internal/rawhttp"
 )
 
 // TestBodyReadErrorsAreAnsweredAsOnV1: the compatible APIs are served by
@@ -48,30 +46,10 @@ func TestBodyReadErrorsAreAnsweredAsOnV1(t *testing.T) {
 // status and error message.
 func rawPost(t *testing.T, addr, req string, cut bool) (int, string) {
 	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := fmt.Fprint(conn, req); err != nil {
-		t.Fatal(err)
-	}
-	if cut {
-		if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("no answer: %v", err)
-	}
-	defer resp.Body.Close()
+	code, b := rawhttp.Send(t, addr, req, cut)
 	var body ErrorBody
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		t.Fatalf("%d, not an error body: %v", resp.StatusCode, err)
+	if err := json.Unmarshal(b, &body); err != nil {
+		t.Fatalf("%d, not an error body: %v", code, err)
 	}
-	return resp.StatusCode, body.Error
+	return code, body.Error
 }
