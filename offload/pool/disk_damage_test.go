@@ -548,28 +548,68 @@ func TestDiskUnreadableSSTableWhileOpenShutsThePoolDownInsteadOfStallingPuts(t *
 
 // compactionFullFS is the operating system's file system that, while full
 // is set, refuses to create the files of a compaction (not a flush's) with
-// ENOSPC, and counts the refusals.
+// ENOSPC, and counts the refusals. The error names the file asked for,
+// which Pebble wraps with the object's number: each retry's text differs.
+// With fixedPath set, the file is created but its every write is refused,
+// naming fixedPath, which Pebble returns as it is: every failure's text is
+// the same.
 type compactionFullFS struct {
 	vfs.FS
-	full    atomic.Bool
-	refused atomic.Int64
+	fixedPath string
+	full      atomic.Bool
+	refused   atomic.Int64
 }
 
 func (f *compactionFullFS) Create(name string, cat vfs.DiskWriteCategory) (vfs.File, error) {
 	if f.full.Load() && cat == "pebble-compaction" {
-		f.refused.Add(1)
-		return nil, &os.PathError{Op: "open", Path: name, Err: syscall.ENOSPC}
+		if f.fixedPath == "" {
+			f.refused.Add(1)
+			return nil, &os.PathError{Op: "open", Path: name, Err: syscall.ENOSPC}
+		}
+		file, err := f.FS.Create(name, cat)
+		if err != nil {
+			return nil, err
+		}
+		return &fullFile{File: file, fs: f}, nil
 	}
 	return f.FS.Create(name, cat)
+}
+
+// A fullFile refuses every write with ENOSPC on compactionFullFS's fixed path.
+type fullFile struct {
+	vfs.File
+	fs *compactionFullFS
+}
+
+func (f *fullFile) Write(p []byte) (int, error) {
+	f.fs.refused.Add(1)
+	return 0, &os.PathError{Op: "write", Path: f.fs.fixedPath, Err: syscall.ENOSPC}
 }
 
 // A compaction that fails because the disk is full is retried by Pebble at
 // once, with the same error each time, until there is room; it does not
 // shut the pool down, which goes on once the disk has room, and its
 // failures are logged at most once every few seconds, not at each retry.
+//
+// From a review: each retry of Pebble's names a new output file, so the
+// texts of refused Creates differ and the same-error rule alone kept the
+// pool up; the case whose every failure has one text (refused writes) is
+// the one that shows a full disk is left out of the count.
 func TestDiskCompactionOnAFullDiskDoesNotShutThePoolDown(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		fixedPath string
+	}{
+		{"each retry names a new file", ""},
+		{"every retry fails with the same text", "full-disk"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testCompactionOnAFullDisk(t, tc.fixedPath) })
+	}
+}
+
+func testCompactionOnAFullDisk(t *testing.T, fixedPath string) {
 	dir := t.TempDir()
-	fs := &compactionFullFS{FS: vfs.Default}
+	fs := &compactionFullFS{FS: vfs.Default, fixedPath: fixedPath}
 	var log testlog.Buffer
 	cfg := pool.Config{Rank: rank, Capacity: 256, BlockSize: damageBS,
 		Logger: slog.New(slog.NewTextHandler(&log, nil))}
