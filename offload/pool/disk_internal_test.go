@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -413,5 +414,46 @@ func TestDiskDumpToKeepsAShutdownsRemovesAfterTheRestore(t *testing.T) {
 	if len(advertised) != 0 {
 		t.Fatalf("after the restore and the shutdown, blocks %v are still advertised: %+v",
 			slices.Sorted(maps.Keys(advertised)), s.events()[published:])
+	}
+}
+
+// The damage watch shuts the pool down at the third failed compaction in a
+// row with the same error, and not at failures of differing errors: two
+// errors in turn (a passing fault beside another) are not a file that
+// cannot be read, and each restarts the count.
+//
+// From a review: nothing failed when the count was no longer restarted, so
+// that any three failures shut the pool down.
+func TestDiskDamageWatchShutsDownOnlyAtTheSameCompactionErrorThreeTimesInARow(t *testing.T) {
+	var log testlog.Buffer
+	w := newDamageWatch(slog.New(slog.NewTextHandler(&log, nil)))
+	a := &os.PathError{Op: "read", Path: "000007.sst", Err: syscall.EIO}
+	b := &os.PathError{Op: "read", Path: "000008.sst", Err: syscall.EIO}
+	fail := func(err error) error {
+		w.compaction(pebble.CompactionInfo{Err: err})
+		_, why := w.state()
+		return why
+	}
+
+	for i := range 10 {
+		err := error(a)
+		if i%2 == 1 {
+			err = b
+		}
+		if why := fail(err); why != nil {
+			t.Fatalf("failure %d (errors A and B in turn) shut the pool down: %v", i+1, why)
+		}
+	}
+	for i := range compactionFailures {
+		why := fail(a)
+		if i < compactionFailures-1 && why != nil {
+			t.Fatalf("A failure %d of %d in a row shut the pool down: %v", i+1, compactionFailures, why)
+		}
+		if i == compactionFailures-1 && !errors.Is(why, syscall.EIO) {
+			t.Fatalf("after A failed %d times in a row, the shutdown's cause is %v, want A", compactionFailures, why)
+		}
+	}
+	if n := len(log.Lines("the disk pool shuts down")); n != 1 {
+		t.Fatalf("the shutdown was logged %d times, want once:\n%s", n, log.String())
 	}
 }
