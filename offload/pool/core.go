@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvrouter/kvrouter/kvevent"
 )
@@ -75,12 +76,17 @@ type storage interface {
 
 type entry struct {
 	Block
-	slot  int32  // HostPool's slot
-	refs  int32  // readers holding it
-	ready bool   // bytes written
-	bad   bool   // bytes found damaged: dropped at the last release
-	stamp uint64 // last use
-	hidx  int    // index in the eviction heap, -1 when not in it
+	slot  int32 // HostPool's slot
+	refs  int32 // readers holding it
+	ready bool  // bytes written
+	bad   bool  // bytes found damaged: dropped at the last release
+	// readFails counts a DiskPool's reads of the block that failed in a
+	// row with an I/O error (see unreadable); a successful read resets it.
+	// Atomic, for ReadHeld reads without the core's lock; it fits in the
+	// padding after bad, so an entry is no larger for it.
+	readFails atomic.Uint32
+	stamp     uint64 // last use
+	hidx      int    // index in the eviction heap, -1 when not in it
 }
 
 // entriesHint caps the size hint of the entry map. Presized for the full

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -1145,7 +1146,8 @@ func (p *DiskPool) ReadHeld(hash uint64, dst []byte) error {
 // corrupt (a checksum mismatch; a blob file missing or damaged, see get)
 // fail with ErrCorrupt, and e is marked damaged: kept, the block
 // would stay advertised and be acquired (a hit and a use each time) for
-// good, never readable. Any other error (I/O) leaves it as it is.
+// good, never readable. So does the readFailures-th I/O error in a row
+// (see unreadable); an earlier one leaves the block as it is.
 func (p *DiskPool) read(e *entry, dst []byte) error {
 	hash := e.Hash
 	var n int
@@ -1160,14 +1162,49 @@ func (p *DiskPool) read(e *entry, dst []byte) error {
 	case pebble.IsCorruptionError(err): // Pebble marks its errors the cockroachdb/errors way
 		err = fmt.Errorf("read %#x: %w (%w)", hash, ErrCorrupt, err)
 	case err != nil:
-		return fmt.Errorf("read %#x: %w", hash, err)
+		if !unreadable(e, err) {
+			return fmt.Errorf("read %#x: %w", hash, err)
+		}
+		err = fmt.Errorf("read %#x: %w: unreadable %d times in a row (%w)", hash, ErrCorrupt, readFailures, err)
 	case n != p.bs:
 		err = fmt.Errorf("read %#x: %w: %d bytes stored, block size %d", hash, ErrCorrupt, n, p.bs)
 	}
 	if err != nil {
 		p.c.damage(e)
+		return err
 	}
-	return err
+	if e.readFails.Load() != 0 { // a load, not a store, on the hot path
+		e.readFails.Store(0)
+	}
+	return nil
+}
+
+// readFailures is how many reads of a block in a row must fail with an
+// I/O error for the block to be dropped as damaged. A file the disk cannot
+// read (a bad sector under a blob file: EIO, which Pebble reports as
+// "could not read footer" or the plain I/O error, not as corruption) fails
+// every read of the blocks in it, and kept, each such block stayed
+// advertised and, acquired by every onboarding (a use, so the LRU order
+// kept it), failed for good. One failure may be passing; the same block
+// failing three times with no success between is bytes that cannot be
+// read.
+const readFailures = 3
+
+// unreadable counts a read of e's bytes that failed with err, neither
+// corruption nor missing bytes, and says whether it is the readFailures-th
+// failure in a row. Errors that say nothing of the block are not counted:
+// the pool or its database closed, a context ended, and the process or the
+// system out of file descriptors or memory (EMFILE, ENFILE, ENOMEM), which
+// would fail every block's read at once and drop healthy blocks with the
+// unreadable ones.
+func unreadable(e *entry, err error) bool {
+	switch {
+	case errors.Is(err, ErrClosed), errors.Is(err, pebble.ErrClosed),
+		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, syscall.EMFILE), errors.Is(err, syscall.ENFILE), errors.Is(err, syscall.ENOMEM):
+		return false
+	}
+	return e.readFails.Add(1) >= readFailures
 }
 
 // pebbleBlobOpenPanic is what Pebble (v2.1) panics with when it cannot open

@@ -428,8 +428,9 @@ func rot(t *testing.T, dir string, done map[string]bool) {
 // an unreadable sector).
 type eioFS struct {
 	vfs.FS
-	mu  sync.Mutex
-	bad map[string]bool
+	errno syscall.Errno // what a bad file's reads fail with; EIO when 0
+	mu    sync.Mutex
+	bad   map[string]bool
 }
 
 func (f *eioFS) isBad(name string) bool {
@@ -447,6 +448,20 @@ func (f *eioFS) spoil(t *testing.T, dir string) {
 	defer f.mu.Unlock()
 	for _, e := range ents {
 		if strings.HasSuffix(e.Name(), ".sst") {
+			f.bad[e.Name()] = true
+		}
+	}
+}
+
+// spoilBlobs marks every blob file (the blocks' bytes) in dir as unreadable.
+func (f *eioFS) spoilBlobs(t *testing.T, dir string) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	check(t, err)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".blob") {
 			f.bad[e.Name()] = true
 		}
 	}
@@ -475,9 +490,113 @@ type eioFile struct {
 
 func (f *eioFile) ReadAt(p []byte, off int64) (int, error) {
 	if f.fs.isBad(filepath.Base(f.path)) {
-		return 0, &os.PathError{Op: "read", Path: f.path, Err: syscall.EIO}
+		errno := f.fs.errno
+		if errno == 0 {
+			errno = syscall.EIO
+		}
+		return 0, &os.PathError{Op: "read", Path: f.path, Err: errno}
 	}
 	return f.File.ReadAt(p, off)
+}
+
+// openUnreadable stores blocks 1 to 3 in one blob file and reopens the
+// pool on an eioFS, whose errno is set, with that file unreadable.
+func openUnreadable(t *testing.T, errno syscall.Errno) (*pool.DiskPool, *eioFS, *sink) {
+	t.Helper()
+	dir := t.TempDir()
+	p, err := pool.OpenDisk(dir, pool.Config{Rank: rank, Capacity: 8, BlockSize: damageBS}, pool.DiskOptions{})
+	check(t, err)
+	_, err = p.Put([]pool.Block{{Hash: 1, Local: 1}, {Hash: 2, Local: 2}, {Hash: 3, Local: 3}},
+		[][]byte{pattern(damageBS, 1), pattern(damageBS, 2), pattern(damageBS, 3)})
+	check(t, err)
+	check(t, p.Close())
+
+	fs := &eioFS{FS: vfs.Default, errno: errno, bad: map[string]bool{}}
+	s := newSink(t)
+	p, err = pool.OpenDisk(dir, pool.Config{Rank: rank, Capacity: 8, BlockSize: damageBS, Sink: s}, pool.DiskOptions{FS: fs})
+	check(t, err)
+	t.Cleanup(func() { fs.heal(); p.Close() })
+	fs.spoilBlobs(t, dir)
+	s.take() // the restored blocks' STOREs
+	return p, fs, s
+}
+
+// A blob file the disk cannot read (a bad sector: EIO, which Pebble does
+// not call corruption) fails every read of the blocks in it. A block whose
+// read fails three times in a row so is dropped as a damaged one is
+// (ErrCorrupt, its REMOVE once, Stats.Damaged); the first two failures
+// leave it as it is, one may be passing.
+//
+// From a review: such a block stayed held and advertised for good, and
+// every onboarding acquired it (a use, so the LRU order kept it), failed
+// and logged a warning.
+func TestDiskBlockThatFailsToReadThreeTimesInARowIsDroppedAsDamaged(t *testing.T) {
+	p, _, s := openUnreadable(t, 0)
+	buf := make([]byte, damageBS)
+	for i := range 2 {
+		err := p.Read(1, buf)
+		if err == nil || errors.Is(err, pool.ErrCorrupt) || !errors.Is(err, syscall.EIO) {
+			t.Fatalf("failed read %d of the unreadable block: %v, want the EIO, not ErrCorrupt", i+1, err)
+		}
+		if !p.Lookup([]uint64{1}, nil)[0] {
+			t.Fatalf("after %d failed read(s), the block is dropped already", i+1)
+		}
+	}
+	if err := p.Read(1, buf); !errors.Is(err, pool.ErrCorrupt) || !errors.Is(err, syscall.EIO) {
+		t.Fatalf("third failed read of the unreadable block: %v, want ErrCorrupt wrapping the EIO", err)
+	}
+	if p.Lookup([]uint64{1}, nil)[0] {
+		t.Fatal("after three failed reads in a row, the block is still held")
+	}
+	if got := removed(s.take()); !slices.Equal(got, []uint64{1}) {
+		t.Fatalf("REMOVE events %v, want [1] once", got)
+	}
+	if st := p.Stats(); st.Damaged != 1 || st.Used != 2 || st.Hits != 0 {
+		t.Fatalf("after the drop: %d damaged, %d used, %d hits; want 1, 2, 0", st.Damaged, st.Used, st.Hits)
+	}
+
+	// The onboarding path: each reader acquires the block and reads it
+	// with ReadHeld; the third failure hides it, the last Release drops it.
+	check(t, p.Acquire(2))
+	for range 2 {
+		if err := p.ReadHeld(2, buf); err == nil || errors.Is(err, pool.ErrCorrupt) {
+			t.Fatalf("failed ReadHeld of the unreadable block: %v, want the EIO", err)
+		}
+	}
+	if err := p.ReadHeld(2, buf); !errors.Is(err, pool.ErrCorrupt) {
+		t.Fatalf("third failed ReadHeld: %v, want ErrCorrupt", err)
+	}
+	if err := p.Acquire(2); !errors.Is(err, pool.ErrNotFound) {
+		t.Fatalf("Acquire of the block three reads failed: %v, want ErrNotFound", err)
+	}
+	if got := removed(s.take()); len(got) != 0 {
+		t.Fatalf("REMOVE events %v while a reader holds the block, want none", got)
+	}
+	check(t, p.Release(2))
+	if got := removed(s.take()); !slices.Equal(got, []uint64{2}) {
+		t.Fatalf("REMOVE events %v at the last Release, want [2] once", got)
+	}
+}
+
+// A read that fails for want of file descriptors or memory (EMFILE,
+// ENFILE, ENOMEM) says nothing of the block: it would fail every block's
+// read at once, and counting it would drop healthy blocks. However many
+// times it fails so, the block is kept.
+func TestDiskBlockReadFailingForWantOfFileDescriptorsIsNotDropped(t *testing.T) {
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM} {
+		t.Run(errno.Error(), func(t *testing.T) {
+			p, _, s := openUnreadable(t, errno)
+			buf := make([]byte, damageBS)
+			for i := range 10 {
+				if err := p.Read(1, buf); !errors.Is(err, errno) || errors.Is(err, pool.ErrCorrupt) {
+					t.Fatalf("failed read %d: %v, want %v, not ErrCorrupt", i+1, err, errno)
+				}
+			}
+			if !p.Lookup([]uint64{1}, nil)[0] || p.Stats().Damaged != 0 || len(removed(s.take())) != 0 {
+				t.Fatalf("10 reads that failed with %v dropped the block", errno)
+			}
+		})
+	}
 }
 
 // An sstable whose reads fail with EIO while the pool runs (a bad sector,

@@ -457,3 +457,39 @@ func TestDiskDamageWatchShutsDownOnlyAtTheSameCompactionErrorThreeTimesInARow(t 
 		t.Fatalf("the shutdown was logged %d times, want once:\n%s", n, log.String())
 	}
 }
+
+// Only reads that fail in a row count toward dropping a block (see
+// unreadable): a successful read between restarts the count, so a block
+// the disk failed to read now and then is kept. (A test through a failing
+// file system cannot fail a block's read again after one success: Pebble's
+// block cache then holds its bytes.)
+func TestDiskSuccessfulReadRestartsTheBlocksFailureCount(t *testing.T) {
+	p := openInternal(t, t.TempDir(), nil)
+	if err := p.Register(Block{Hash: 1, Local: 1}, bytes.Repeat([]byte{1}, internalBlock)); err != nil {
+		t.Fatal(err)
+	}
+	p.c.mu.Lock()
+	e := p.c.entries[1]
+	p.c.mu.Unlock()
+	eio := &os.PathError{Op: "read", Path: "000006.blob", Err: syscall.EIO}
+	buf := make([]byte, internalBlock)
+	for round := range 3 {
+		for i := range readFailures - 1 {
+			if unreadable(e, eio) {
+				t.Fatalf("round %d: failure %d of %d in a row says the block is unreadable", round, i+1, readFailures-1)
+			}
+		}
+		if err := p.Read(1, buf); err != nil {
+			t.Fatal(err)
+		}
+		if n := e.readFails.Load(); n != 0 {
+			t.Fatalf("round %d: after a successful read, %d failures still counted", round, n)
+		}
+	}
+	for range readFailures - 1 {
+		unreadable(e, eio)
+	}
+	if !unreadable(e, eio) {
+		t.Fatalf("the %d-th failure in a row does not say the block is unreadable", readFailures)
+	}
+}

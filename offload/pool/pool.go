@@ -40,7 +40,9 @@ var (
 	ErrClosed = errors.New("pool closed")
 	// ErrCorrupt means a disk pool's stored data does not match its format: a
 	// block of the wrong length, metadata that does not decode, or a
-	// directory made with another block size or format version.
+	// directory made with another block size or format version; or that a
+	// block's bytes cannot be read (Pebble reports them corrupt, or the
+	// disk failed their read three times in a row).
 	ErrCorrupt = errors.New("disk pool data corrupt or incompatible")
 )
 
