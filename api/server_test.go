@@ -497,14 +497,7 @@ func TestKeysThatOnlyFoldToAFieldAreRefused(t *testing.T) {
 		{"POST", "/v1/events", events(`{"event_id":1,"Type":"cleared"}`), "Type"},
 		{"POST", "/v1/cluster/members", `{"id":"n4","raft_addr":"10.0.0.4:7946","Http_Addr":"10.0.0.4:7080"}`, "Http_Addr"},
 	} {
-		before := n.fake.Calls()
-		a := send(t, n.http.URL, c.method, c.path, c.body)
-		if a.code != 400 || a.reason(t) != api.ReasonBadJSON || !strings.Contains(a.json(t)["error"].(string), fmt.Sprintf("%q", c.key)) {
-			t.Errorf("%s %s %s: %d %s, want 400 bad_json naming %q", c.method, c.path, c.body, a.code, a.body, c.key)
-		}
-		if after := n.fake.Calls(); !maps.Equal(before, after) {
-			t.Errorf("%s %s %s reached the backend: %v -> %v", c.method, c.path, c.body, before, after)
-		}
+		refusedKey(t, n, c.method, c.path, c.body, c.key)
 	}
 }
 
@@ -527,14 +520,21 @@ func TestDuplicateKeysAreRefused(t *testing.T) {
 		{"POST", "/v1/events", events(`{"event_id":1,"type":"cleared","type":"stored"}`), "type"},
 		{"POST", "/v1/cluster/members", `{"id":"n4","id":"n5","raft_addr":"10.0.0.4:7946","http_addr":"10.0.0.4:7080"}`, "id"},
 	} {
-		before := n.fake.Calls()
-		a := send(t, n.http.URL, c.method, c.path, c.body)
-		if a.code != 400 || a.reason(t) != api.ReasonBadJSON || !strings.Contains(a.json(t)["error"].(string), fmt.Sprintf("%q", c.key)) {
-			t.Errorf("%s %s %s: %d %s, want 400 bad_json naming %q", c.method, c.path, c.body, a.code, a.body, c.key)
-		}
-		if after := n.fake.Calls(); !maps.Equal(before, after) {
-			t.Errorf("%s %s %s reached the backend: %v -> %v", c.method, c.path, c.body, before, after)
-		}
+		refusedKey(t, n, c.method, c.path, c.body, c.key)
+	}
+}
+
+// refusedKey sends body to path and checks it is refused, 400 bad_json
+// naming key, before it reaches the node.
+func refusedKey(t *testing.T, n *node, method, path, body, key string) {
+	t.Helper()
+	before := n.fake.Calls()
+	a := send(t, n.http.URL, method, path, body)
+	if a.code != 400 || a.reason(t) != api.ReasonBadJSON || !strings.Contains(a.json(t)["error"].(string), fmt.Sprintf("%q", key)) {
+		t.Errorf("%s %s %s: %d %s, want 400 bad_json naming %q", method, path, body, a.code, a.body, key)
+	}
+	if after := n.fake.Calls(); !maps.Equal(before, after) {
+		t.Errorf("%s %s %s reached the backend: %v -> %v", method, path, body, before, after)
 	}
 }
 

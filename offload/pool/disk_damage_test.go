@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -366,17 +365,9 @@ func TestDiskSSTableDamagedWhileOpenShutsThePoolDownInsteadOfStallingPuts(t *tes
 	if err := p.Read(1, make([]byte, damageBS)); !errors.Is(err, pool.ErrCorrupt) {
 		t.Fatalf("Read of a block of the shut pool: %v, want ErrCorrupt", err)
 	}
-	evs := s.take()
-	stored := map[uint64]bool{}
-	for _, b := range storedBlocks(evs) {
-		stored[b.Hash] = true
-	}
-	for _, h := range removed(evs) {
-		delete(stored, h)
-	}
-	if len(stored) != 0 || p.Stats().Used != 0 || len(present(p, 1, 100)) != 0 {
+	if adv := advertised(s.take()); len(adv) != 0 || p.Stats().Used != 0 || len(present(p, 1, 100)) != 0 {
 		t.Fatalf("after the shutdown, blocks %v are still advertised, %d used, %v found",
-			slices.Sorted(maps.Keys(stored)), p.Stats().Used, present(p, 1, 100))
+			adv, p.Stats().Used, present(p, 1, 100))
 	}
 	check(t, returns(t, "Close", p.Close))
 	if n := len(log.Lines("pebble found a damaged file")); n > 10 {
@@ -645,16 +636,8 @@ func TestDiskUnreadableSSTableWhileOpenShutsThePoolDownInsteadOfStallingPuts(t *
 	if err := p.Read(1, make([]byte, damageBS)); !errors.Is(err, pool.ErrCorrupt) {
 		t.Fatalf("Read of a block of the shut pool: %v, want ErrCorrupt", err)
 	}
-	evs := s.take()
-	stored := map[uint64]bool{}
-	for _, b := range storedBlocks(evs) {
-		stored[b.Hash] = true
-	}
-	for _, h := range removed(evs) {
-		delete(stored, h)
-	}
-	if len(stored) != 0 || p.Stats().Used != 0 {
-		t.Fatalf("after the shutdown, blocks %v are still advertised, %d used", slices.Sorted(maps.Keys(stored)), p.Stats().Used)
+	if adv := advertised(s.take()); len(adv) != 0 || p.Stats().Used != 0 {
+		t.Fatalf("after the shutdown, blocks %v are still advertised, %d used", adv, p.Stats().Used)
 	}
 	check(t, returns(t, "Close", p.Close))
 	if n := len(log.Lines("the disk pool shuts down")); n != 1 {

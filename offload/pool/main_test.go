@@ -2,6 +2,8 @@ package pool_test
 
 import (
 	"encoding/binary"
+	"maps"
+	"slices"
 	"sync"
 	"testing"
 
@@ -71,6 +73,19 @@ func removed(evs []kvevent.Event) []uint64 {
 		}
 	}
 	return hs
+}
+
+// advertised lists, sorted, the hashes evs store and do not remove after:
+// what a subscriber of evs takes the pool to hold.
+func advertised(evs []kvevent.Event) []uint64 {
+	stored := map[uint64]bool{}
+	for _, b := range storedBlocks(evs) {
+		stored[b.Hash] = true
+	}
+	for _, h := range removed(evs) {
+		delete(stored, h)
+	}
+	return slices.Sorted(maps.Keys(stored))
 }
 
 // storedBlocks flattens the STORE events among evs into Blocks (parent of
