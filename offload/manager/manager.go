@@ -617,8 +617,10 @@ func (m *Manager) promote(ps []promotion) {
 // manager logs it once and queues nothing more for G3 (Offload counts
 // NoDisk without G2; promotions to G3 stop), and a worker drops the tasks
 // queued before (Failed) without copying them. Onboarding from G3 finds
-// nothing there (the pool dropped its blocks). Reads no lock a Pebble
-// write holds: Offload calls it.
+// nothing there (the pool dropped its blocks): pin does not ask the dead
+// pool, whose Acquire fails with ErrClosed, so a block not in G2 is
+// NotFound, not Failed. Reads no lock a Pebble write holds: Offload calls
+// it.
 func (m *Manager) diskUp() bool {
 	if m.disk == nil || m.diskDown.Load() {
 		return false

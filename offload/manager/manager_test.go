@@ -995,3 +995,58 @@ func TestDiskPoolShutDownForDamageStopsOffloadsToDisk(t *testing.T) {
 		})
 	}
 }
+
+// From a review: once the G3 pool had shut itself down for damage, its
+// Acquire answered ErrClosed, not ErrNotFound, so every onboard of a block
+// G2 did not hold was reported Failed ("pool closed"), and counted as an
+// error in Stats and kvagent_offload_onboard_failures_total, for the rest
+// of the process's life. The dead pool holds nothing (it dropped its
+// blocks with their REMOVEs): such a block is NotFound, as without G3, and
+// counted so. A block G2 holds still loads.
+func TestOnboardAfterDiskPoolShutDownFindsNothingInG3(t *testing.T) {
+	for _, hostCap := range []int{0, 64} {
+		t.Run(fmt.Sprintf("hostCap=%d", hostCap), func(t *testing.T) {
+			r := newRig(t, rigConfig{blocks: 64, hostCap: hostCap, diskCap: 256, cfg: manager.Config{
+				Filter: manager.FilterConfig{Always: true}, BatchSize: 4, Workers: 1,
+				Logger: slog.New(slog.DiscardHandler)}})
+			reqs := r.compute(0, 1, 0, 1, 2, 3)
+			r.offload(reqs)
+			r.idle()
+			r.shutDisk()
+
+			before := r.m.Stats().Onboard
+			res := onboard(t, r.m, []uint64{reqs[0].Hash, 1 << 50}, []int{10, 11})
+			st := r.m.Stats().Onboard
+			want, notFound := []manager.Status{manager.NotFound, manager.NotFound}, 2
+			if hostCap > 0 {
+				want[0], notFound = manager.Loaded, 1 // from G2
+			}
+			for i, b := range res.Blocks {
+				if b.Status != want[i] {
+					t.Errorf("block %d after the disk pool shut down: %v (%v), want %v", i, b.Status, b.Err, want[i])
+				}
+			}
+			if got := st.NotFound - before.NotFound; got != uint64(notFound) || st.Failed != before.Failed {
+				t.Errorf("onboard counted %d not found, %d failed; want %d, 0", got, st.Failed-before.Failed, notFound)
+			}
+			fams, err := r.reg.Gather()
+			check(t, err)
+			reasons := map[string]float64{}
+			for _, f := range fams {
+				if f.GetName() != "kvagent_offload_onboard_failures_total" {
+					continue
+				}
+				for _, mt := range f.GetMetric() {
+					for _, l := range mt.GetLabel() {
+						if l.GetName() == "reason" {
+							reasons[l.GetValue()] = mt.GetCounter().GetValue()
+						}
+					}
+				}
+			}
+			if reasons["error"] != 0 || reasons["not_found"] != float64(notFound) {
+				t.Errorf("kvagent_offload_onboard_failures_total by reason: %v, want only not_found", reasons)
+			}
+		})
+	}
+}

@@ -247,6 +247,11 @@ func (m *Manager) pin(op *onboardOp, out []BlockResult, hashes []uint64, g1Block
 		chunks           []*chunk
 		fromHost, onDisk *chunk
 		seen             []uint64
+		// A disk pool that has shut itself down holds nothing (it dropped
+		// its blocks) and answers every Acquire with ErrClosed: each block
+		// not in G2 is NotFound then, as without G3, not Failed. Asked once
+		// per call; one that shuts down after is caught below.
+		diskUp = m.diskUp()
 	)
 	add := func(cur **chunk, from kvevent.Tier, i int, src backend.Ptr) {
 		if *cur == nil || len((*cur).hashes) == m.cfg.BatchSize {
@@ -275,14 +280,14 @@ func (m *Manager) pin(op *onboardOp, out []BlockResult, hashes []uint64, g1Block
 			}
 		}
 		out[i].From = kvevent.TierDisk
-		if m.disk != nil {
+		if diskUp {
 			err := m.disk.Acquire(h)
 			if err == nil {
 				add(&onDisk, kvevent.TierDisk, i, 0)
 				seen = append(seen, h)
 				continue
 			}
-			if !errors.Is(err, pool.ErrNotFound) {
+			if !errors.Is(err, pool.ErrNotFound) && m.diskUp() {
 				out[i] = BlockResult{Status: Failed, From: kvevent.TierDisk, Err: err}
 				continue
 			}
