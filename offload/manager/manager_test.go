@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -23,6 +21,7 @@ import (
 	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/manager"
 	"github.com/kvrouter/kvrouter/offload/pool"
+	"github.com/kvrouter/kvrouter/offload/pool/pooltest"
 )
 
 var (
@@ -897,39 +896,12 @@ func (r *rig) shutDisk() {
 	r.t.Helper()
 	rotten := map[string]bool{}
 	for h := uint64(1 << 40); h < 1<<40+300; h++ {
-		rotSST(r.t, r.disk.Dir(), rotten)
+		pooltest.Rot(r.t, r.disk.Dir(), rotten)
 		if err := r.disk.Register(pool.Block{Hash: h, Local: h}, make([]byte, bs)); errors.Is(err, pool.ErrCorrupt) {
 			return
 		}
 	}
 	r.t.Fatal("the disk pool did not shut down")
-}
-
-// rotSST flips one byte in the first data block of each sstable in dir not
-// in done yet, and adds it to done.
-func rotSST(t *testing.T, dir string, done map[string]bool) {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	check(t, err)
-	for _, e := range ents {
-		fi, err := e.Info()
-		if err != nil || !strings.HasSuffix(e.Name(), ".sst") || fi.Size() < 200 || done[e.Name()] {
-			continue // (gone, or being written: not yet whole)
-		}
-		f, err := os.OpenFile(filepath.Join(dir, e.Name()), os.O_RDWR, 0)
-		if errors.Is(err, os.ErrNotExist) {
-			continue // compacted away meanwhile
-		}
-		check(t, err)
-		b := make([]byte, 1)
-		_, err = f.ReadAt(b, 60)
-		check(t, err)
-		b[0] ^= 0xff
-		_, err = f.WriteAt(b, 60)
-		check(t, err)
-		check(t, f.Close())
-		done[e.Name()] = true
-	}
 }
 
 // Once the G3 pool has shut itself down for damage (until a restart), the

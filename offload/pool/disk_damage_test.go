@@ -20,6 +20,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/testlog"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/pool"
+	"github.com/kvrouter/kvrouter/offload/pool/pooltest"
 )
 
 // damageBS is big enough for Pebble to keep the block's bytes in a blob
@@ -342,7 +343,7 @@ func TestDiskSSTableDamagedWhileOpenShutsThePoolDownInsteadOfStallingPuts(t *tes
 	// that a compaction is reading as its byte flips may be compacted away
 	// with its damage unseen, so each new table is damaged as it appears.
 	rotten := map[string]bool{}
-	rot(t, dir, rotten)
+	pooltest.Rot(t, dir, rotten)
 	for h := uint64(100); ; h++ {
 		err := returns(t, fmt.Sprintf("Put of block %d", h), func() error {
 			return p.Register(pool.Block{Hash: h, Local: h}, pattern(damageBS, h))
@@ -351,7 +352,7 @@ func TestDiskSSTableDamagedWhileOpenShutsThePoolDownInsteadOfStallingPuts(t *tes
 			if h == 100+200 {
 				t.Fatal("200 Puts after the damage all succeeded")
 			}
-			rot(t, dir, rotten)
+			pooltest.Rot(t, dir, rotten)
 			continue
 		}
 		if !errors.Is(err, pool.ErrCorrupt) {
@@ -382,34 +383,6 @@ func TestDiskSSTableDamagedWhileOpenShutsThePoolDownInsteadOfStallingPuts(t *tes
 			p.Close()
 		}
 		t.Fatalf("reopening the damaged pool: %v, want ErrCorrupt", err)
-	}
-}
-
-// rot flips one byte in the first data block of each sstable in dir that is
-// not in done yet, under the open pool, as bit rot would, and adds it to
-// done.
-func rot(t *testing.T, dir string, done map[string]bool) {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	check(t, err)
-	for _, e := range ents {
-		fi, err := e.Info()
-		if err != nil || !strings.HasSuffix(e.Name(), ".sst") || fi.Size() < 200 || done[e.Name()] {
-			continue // (gone, or being written: not yet whole)
-		}
-		f, err := os.OpenFile(filepath.Join(dir, e.Name()), os.O_RDWR, 0)
-		if errors.Is(err, os.ErrNotExist) {
-			continue // compacted away meanwhile
-		}
-		check(t, err)
-		b := make([]byte, 1)
-		_, err = f.ReadAt(b, 60)
-		check(t, err)
-		b[0] ^= 0xff
-		_, err = f.WriteAt(b, 60)
-		check(t, err)
-		check(t, f.Close())
-		done[e.Name()] = true
 	}
 }
 
@@ -799,7 +772,7 @@ func TestDiskDamageShutdownUnderConcurrentCallsLeavesNothingAdvertised(t *testin
 			rotten := map[string]bool{}
 			deadline := time.Now().Add(time.Minute)
 			for {
-				rot(t, dir, rotten)
+				pooltest.Rot(t, dir, rotten)
 				err := p.Register(pool.Block{Hash: 1, Local: 1}, pattern(damageBS, 1))
 				if errors.Is(err, pool.ErrCorrupt) {
 					break
