@@ -41,6 +41,20 @@ func TestBodyReadErrorsAreAnsweredAsOnV1(t *testing.T) {
 	}
 }
 
+// TestBodyOverTheLimitIs413: a body over the server's MaxBodyBytes is 413,
+// as on /v1, not 400 (bad input a client would not send again as it is,
+// though the same request may suit a node with a larger limit). From a
+// review.
+func TestBodyOverTheLimitIs413(t *testing.T) {
+	n := startNodeWith(t, api.Options{MaxBodyBytes: 64})
+	body := []byte(`{"model":"` + strings.Repeat("m", 100) + `","block_hashes":[1]}`)
+	for _, c := range []codec{codecJSON, codecMsgpack} {
+		if r := n.do(t, c, "POST", "/query", body); r.code != http.StatusRequestEntityTooLarge {
+			t.Errorf("a %d-byte body over a 64-byte limit (%v): %d %s, want 413", len(body), c, r.code, r.body)
+		}
+	}
+}
+
 // rawPost writes req, an HTTP request as bytes, to addr, and then stalls,
 // or closes its side of the connection when cut; it returns the answer's
 // status and error message.

@@ -141,14 +141,16 @@ func decodeOptional(r *http.Request, c codec, v any) error {
 	return decodeBytes(b, c, v)
 }
 
-// readBody reads r's whole body; errBody when it is over the limit or
-// cannot be read, with the status api.BodyReadError gives the latter.
+// readBody reads r's whole body; errBody when it is over the server's
+// limit (413, as on /v1) or cannot be read (the status api.BodyReadError
+// gives).
 func readBody(r *http.Request) ([]byte, error) {
 	b, err := io.ReadAll(r.Body)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return nil, fmt.Errorf("%w: larger than %d bytes", errBody, mbe.Limit)
+			return nil, &httpError{code: http.StatusRequestEntityTooLarge,
+				err: fmt.Errorf("%w: larger than %d bytes", errBody, mbe.Limit)}
 		}
 		// A stalled body is 408 and a broken one 503, as on the /v1 API;
 		// the message names no address.
