@@ -329,9 +329,35 @@ func (s *LogStore) DeleteRange(min, max uint64) error {
 		return fmt.Errorf("delete range %d..%d: %w", min, max, err)
 	}
 	if err := s.loadBounds(); err != nil {
-		return fmt.Errorf("delete range %d..%d: %w", min, max, err)
+		// The tombstone is durable; only the read of the new bounds
+		// failed. Left as they were, the bounds would name entries that
+		// are gone (after a tail truncation and a re-append, a LastIndex
+		// the store does not hold), until the next reload. The log has no
+		// holes, so the bounds follow from the range alone.
+		s.cutBounds(min, max)
+		return fmt.Errorf("delete range %d..%d (done; its new bounds were worked out without a read): %w", min, max, err)
 	}
 	return nil
+}
+
+// cutBounds moves the cached bounds past min..max, just deleted, without
+// reading the log: a range over the head moves the first index past it,
+// one over the tail the last index before it, one over both empties the
+// log. A range inside the log (a hole, which Raft never makes) or outside
+// it leaves them as they are.
+func (s *LogStore) cutBounds(min, max uint64) {
+	first, last := s.firstIndex.Load(), s.lastIndex.Load()
+	switch {
+	case first == 0 || max < first || min > last: // nothing of the log
+	case min <= first && max >= last:
+		first, last = 0, 0
+	case min <= first:
+		first = max + 1
+	case max >= last:
+		last = min - 1
+	}
+	s.firstIndex.Store(first)
+	s.lastIndex.Store(last)
 }
 
 // IsMonotonic reports true: the store keeps no holes between FirstIndex and
