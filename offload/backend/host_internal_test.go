@@ -42,6 +42,54 @@ func TestHostFreeWithCopiesInFlightIsRefused(t *testing.T) {
 	}
 }
 
+// TestCopyOnAStreamDestroyedMeanwhileUnpinsItsRegions: a CopyBatchAsync
+// that finds its stream destroyed between resolving its copies (which pins
+// their regions) and queueing them fails with ErrBadHandle and unpins
+// them; left pinned, every later Free of the regions would be ErrBusy.
+// From a review: nothing tested the unpin.
+func TestCopyOnAStreamDestroyedMeanwhileUnpinsItsRegions(t *testing.T) {
+	h, err := NewHost()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	src, err := h.AllocHost(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := h.AllocDevice(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := h.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := s.(*hostStream)
+	rs, err := h.reg.resolve([]Copy{{Dst: dst.Ptr(), Src: src.Ptr(), N: 1 << 16}}, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs.mu.Lock()
+	hs.closing = true // DestroyStream, between CopyBatchAsync's stream check and its enqueue
+	hs.mu.Unlock()
+	if err := hs.enqueue(rs); !errors.Is(err, ErrBadHandle) {
+		t.Fatalf("a copy queued on a destroyed stream: %v, want ErrBadHandle", err)
+	}
+	if err := h.FreeHost(src); err != nil {
+		t.Fatalf("FreeHost after the refused copy: %v, want its region unpinned", err)
+	}
+	if err := h.FreeDevice(dst); err != nil {
+		t.Fatalf("FreeDevice after the refused copy: %v, want its region unpinned", err)
+	}
+	hs.mu.Lock()
+	hs.closing = false // for DestroyStream's own bookkeeping
+	hs.mu.Unlock()
+	if err := h.DestroyStream(s); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestRegistryRefusesOverlappingRegions(t *testing.T) {
 	var r registry
 	for _, rec := range []*regionRec{{base: 0x1000, n: 0x1000}, {base: 0x3000, n: 0x1000}} {

@@ -58,6 +58,11 @@ func shrunkFileChild(t *testing.T, path string) {
 	check(t, copyBatch())
 
 	check(t, os.Truncate(path, 0)) // the engine re-creates its file
+	// A file already short is caught before the copy is queued
+	// (checkBacking): CopyBatchAsync itself fails.
+	if err := be.CopyBatchAsync(s, []backend.Copy{{Dst: dst.Ptr(), Src: g1.Ptr(), N: n}}); !errors.Is(err, backend.ErrFault) {
+		t.Fatalf("CopyBatchAsync out of a file already shrunk: err = %v, want ErrFault before it is queued", err)
+	}
 	err := copyBatch()
 	t.Logf("copy out of the shrunk file: %v", err)
 	if !errors.Is(err, backend.ErrFault) {
