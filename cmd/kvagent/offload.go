@@ -38,6 +38,7 @@ func offloadCLIFlags() []cli.Flag {
 		&cli.IntFlag{Name: "offload-workers", Value: 2, EnvVars: []string{"KVAGENT_OFFLOAD_WORKERS"}, Usage: "copy workers per path and rank"},
 		&cli.IntFlag{Name: "offload-queue", Value: 4096, EnvVars: []string{"KVAGENT_OFFLOAD_QUEUE"}, Usage: "blocks each offload queue holds before it sheds the lowest priority"},
 		&cli.IntFlag{Name: "offload-filter-threshold", Value: 2, EnvVars: []string{"KVAGENT_OFFLOAD_FILTER_THRESHOLD"}, Usage: "times a block must be seen before it is written to disk (1: every block)"},
+		&cli.IntFlag{Name: "offload-max-region-blocks", Value: engineapi.DefaultMaxRegionBlocks, EnvVars: []string{"KVAGENT_OFFLOAD_MAX_REGION_BLOCKS"}, Usage: "largest G1 region an engine may register, in blocks (the agent keeps a few dozen bytes per block)"},
 		&cli.DurationFlag{Name: "onboard-timeout", Value: time.Second, EnvVars: []string{"KVAGENT_ONBOARD_TIMEOUT"}, Usage: "default deadline of an onboard that gives none"},
 	}
 }
@@ -54,6 +55,7 @@ type offloadConfig struct {
 	Queue          int
 	Threshold      int
 	OnboardTimeout time.Duration
+	MaxRegion      int // blocks
 	// DiskIdentity is what the G3 pools record of the agent that wrote
 	// them (diskIdentity); a pool of another is emptied at open.
 	DiskIdentity string
@@ -79,8 +81,8 @@ func offloadConfigFrom(c *cli.Context) (offloadConfig, error) {
 	oc := offloadConfig{Socket: c.String("offload-socket"), Backend: kind, BlockBytes: c.Int("block-bytes"),
 		HostBlocks: c.Int("host-blocks"), DiskDir: c.String("disk-dir"), DiskBlocks: c.Int("disk-blocks"),
 		Workers: c.Int("offload-workers"), Queue: c.Int("offload-queue"), Threshold: c.Int("offload-filter-threshold"),
-		OnboardTimeout: c.Duration("onboard-timeout"),
-		DiskIdentity:   diskIdentity(c.Uint64("worker-id"), c.String("model"), c.String("salt"), c.Int("block-size"))}
+		OnboardTimeout: c.Duration("onboard-timeout"), MaxRegion: c.Int("offload-max-region-blocks"),
+		DiskIdentity: diskIdentity(c.Uint64("worker-id"), c.String("model"), c.String("salt"), c.Int("block-size"))}
 	return oc, oc.check()
 }
 
@@ -132,6 +134,8 @@ func (oc offloadConfig) check() error {
 			oc.Workers, oc.Queue, oc.Threshold)
 	case oc.OnboardTimeout <= 0:
 		return fmt.Errorf("--onboard-timeout %v: want > 0", oc.OnboardTimeout)
+	case oc.MaxRegion < 1:
+		return fmt.Errorf("--offload-max-region-blocks %d: want at least 1", oc.MaxRegion)
 	}
 	return nil
 }
@@ -220,6 +224,7 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 		rps = append(rps, rp)
 	}
 	o.srv, err = engineapi.Listen(engineapi.Config{Socket: oc.Socket, Backend: o.be, Ranks: rps, Checker: sink,
+		MaxRegionBlocks: oc.MaxRegion,
 		Manager: manager.Config{QueueCapacity: oc.Queue, Workers: oc.Workers, OnboardTimeout: oc.OnboardTimeout,
 			Filter: manager.FilterConfig{Threshold: oc.Threshold}},
 		Registerer: reg, Logger: log})

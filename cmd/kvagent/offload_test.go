@@ -78,7 +78,7 @@ func (f *fakeAgent) Restore(r kvevent.Rank, evs []kvevent.Event) error {
 
 func TestOffloadFlagsAreChecked(t *testing.T) {
 	ok := offloadConfig{Socket: "/s", Backend: backend.KindHost, BlockBytes: 64, HostBlocks: 4,
-		Workers: 1, Queue: 1, Threshold: 2, OnboardTimeout: time.Second}
+		Workers: 1, Queue: 1, Threshold: 2, OnboardTimeout: time.Second, MaxRegion: 1}
 	for _, tc := range []struct {
 		name string
 		edit func(*offloadConfig)
@@ -93,6 +93,7 @@ func TestOffloadFlagsAreChecked(t *testing.T) {
 		{"disk dir without blocks", func(c *offloadConfig) { c.DiskDir = "/d" }, "--disk-dir"},
 		{"no workers", func(c *offloadConfig) { c.Workers = 0 }, "--offload-workers"},
 		{"threshold 0", func(c *offloadConfig) { c.Threshold = 0 }, "--offload-filter-threshold"},
+		{"no region blocks", func(c *offloadConfig) { c.MaxRegion = 0 }, "--offload-max-region-blocks"},
 	} {
 		c := ok
 		tc.edit(&c)
@@ -302,6 +303,7 @@ func TestOffloadFlagsWithoutTheSocketAreUsageErrors(t *testing.T) {
 		{"--block-bytes", "64"},
 		{"--backend", "host"},
 		{"--onboard-timeout", "2s"},
+		{"--offload-max-region-blocks", "16"},
 	} {
 		a := app()
 		a.ExitErrHandler = func(*cli.Context, error) {}

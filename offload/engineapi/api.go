@@ -29,7 +29,8 @@ var (
 	// offload block without g1_block, hash or local, a G1 block id out of
 	// the region, a zero hash, an offload block that contradicts what the
 	// engine reported (Config.Checker), mismatched lengths, a region that
-	// cannot be mapped. Nothing changed.
+	// cannot be mapped or has more blocks than Config.MaxRegionBlocks.
+	// Nothing changed.
 	ErrBadRequest = errors.New("bad request")
 	// ErrUnknownRank means the agent does not follow that dp rank.
 	ErrUnknownRank = errors.New("unknown dp rank")

@@ -136,8 +136,10 @@ func (q *OnboardRequest) check(n int) error {
 }
 
 // check returns the handle and layout of a registration for a backend of
-// kind, whose pools hold blocks of blockSize bytes.
-func (q *RegisterRequest) check(kind backend.Kind, blockSize int) (backend.IPCHandle, manager.Layout, error) {
+// kind, whose pools hold blocks of blockSize bytes, of at most maxBlocks
+// blocks: the Manager's state is sized by num_blocks, and nothing else
+// bounds it (a sparse shm file passes the mapping's length check).
+func (q *RegisterRequest) check(kind backend.Kind, blockSize, maxBlocks int) (backend.IPCHandle, manager.Layout, error) {
 	l := manager.Layout{BlockSize: q.BlockSizeBytes, Blocks: q.NumBlocks}
 	if q.BlockSizeBytes != blockSize {
 		return nil, l, fmt.Errorf("%w: block_size_bytes %d: the agent's pools hold blocks of %d bytes (--block-bytes)",
@@ -145,6 +147,10 @@ func (q *RegisterRequest) check(kind backend.Kind, blockSize int) (backend.IPCHa
 	}
 	if err := l.Validate(); err != nil {
 		return nil, l, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	if q.NumBlocks > maxBlocks {
+		return nil, l, fmt.Errorf("%w: num_blocks %d: the agent takes regions of at most %d blocks (--offload-max-region-blocks)",
+			ErrBadRequest, q.NumBlocks, maxBlocks)
 	}
 	switch {
 	case len(q.IPCHandle) > 0 && q.ShmPath != "":

@@ -47,8 +47,8 @@ func checked(t *testing.T, body []byte) {
 		}
 	}
 	if q, err := decode[RegisterRequest](body); err == nil {
-		if h, l, err := q.check(backend.KindHost, 1024); err == nil {
-			if len(h) == 0 || l.BlockSize != 1024 || l.Blocks <= 0 {
+		if h, l, err := q.check(backend.KindHost, 1024, fuzzBlocks); err == nil {
+			if len(h) == 0 || l.BlockSize != 1024 || l.Blocks <= 0 || l.Blocks > fuzzBlocks {
 				t.Fatalf("accepted a bad registration %+v", q)
 			}
 		}

@@ -178,6 +178,8 @@ type rigConfig struct {
 	settle  time.Duration
 	mgr     manager.Config
 	checker engineapi.Checker
+	// maxRegion is Config.MaxRegionBlocks; 0: the default.
+	maxRegion int
 }
 
 // A rig is an engine API server on the host backend with the pools of its
@@ -251,7 +253,7 @@ func newRig(t *testing.T, rc rigConfig) *rig {
 		be = r.streams
 	}
 	r.srv, err = engineapi.Listen(engineapi.Config{Socket: filepath.Join(r.dir, "kvagent.sock"), Backend: be,
-		Ranks: ranks, Manager: rc.mgr, Checker: rc.checker, SettleTimeout: rc.settle, Registerer: prometheus.NewRegistry()})
+		Ranks: ranks, Manager: rc.mgr, Checker: rc.checker, SettleTimeout: rc.settle, MaxRegionBlocks: rc.maxRegion, Registerer: prometheus.NewRegistry()})
 	check(t, err)
 	t.Cleanup(func() { check(t, r.srv.Close()) })
 	if r.gate != nil {

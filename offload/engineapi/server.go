@@ -59,6 +59,13 @@ type Config struct {
 	SettleTimeout time.Duration
 	// MaxBodyBytes bounds a request body; default 16 MiB.
 	MaxBodyBytes int64
+	// MaxRegionBlocks bounds a registration's num_blocks; default
+	// DefaultMaxRegionBlocks. The agent keeps state per G1 block (a few
+	// dozen bytes each), and a request of a hundred bytes names the
+	// count: with the host backend, a sparse file of any size passes the
+	// mapping's length check. A larger region is refused (bad_request)
+	// before anything is sized by it.
+	MaxRegionBlocks int
 	// Registerer, when set, gets the server's metrics
 	// (kvagent_engineapi_*) and the Managers' (kvagent_offload_*).
 	Registerer prometheus.Registerer
@@ -73,6 +80,10 @@ type Config struct {
 type Checker interface {
 	CheckOffload(r kvevent.Rank, parent uint64, b kvevent.Block) error
 }
+
+// DefaultMaxRegionBlocks is Config.MaxRegionBlocks when it is 0: 1 Mi G1
+// blocks, some 40 MiB of the agent's state per rank.
+const DefaultMaxRegionBlocks = 1 << 20
 
 const (
 	defaultSettleTimeout = 5 * time.Second
@@ -142,6 +153,9 @@ type attachment struct {
 	err   error
 }
 
+// freeChunk is how many G1 blocks shutdown frees in one Manager.Free.
+const freeChunk = 4096
+
 // shutdown ends an attachment that is no longer reachable from its slot:
 // it frees every G1 block (a copy still running is discarded, no STORE
 // follows), closes the Manager (copies in flight finish, queued work is
@@ -149,11 +163,18 @@ type attachment struct {
 // it, and unmaps the region. A second call waits for the first.
 func (a *attachment) shutdown() error {
 	a.once.Do(func() {
-		ids := make([]int, a.layout.Blocks)
-		for i := range ids {
-			ids[i] = i
+		// In chunks: one slice of every id would be 8 bytes a block again,
+		// on top of the Manager's state.
+		var errs []error
+		ids := make([]int, 0, min(a.layout.Blocks, freeChunk))
+		for from := 0; from < a.layout.Blocks; from += freeChunk {
+			ids = ids[:0]
+			for id := from; id < min(from+freeChunk, a.layout.Blocks); id++ {
+				ids = append(ids, id)
+			}
+			errs = append(errs, a.m.Free(ids...))
 		}
-		errs := []error{a.m.Free(ids...), a.m.Close()}
+		errs = append(errs, a.m.Close())
 		a.users.Wait()
 		errs = append(errs, a.mp.Close())
 		a.err = errors.Join(errs...)
@@ -171,6 +192,9 @@ func Listen(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = defaultMaxBody
+	}
+	if cfg.MaxRegionBlocks <= 0 {
+		cfg.MaxRegionBlocks = DefaultMaxRegionBlocks
 	}
 	s := &Server{cfg: cfg, be: cfg.Backend, log: cfg.Logger.With("component", "offload.engineapi"),
 		served: make(chan struct{}), ranks: map[uint32]*rankSlot{}}
@@ -601,7 +625,7 @@ func (s *Server) handleRegister(_ context.Context, body []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	h, l, err := q.check(s.be.Kind(), sl.blockSize)
+	h, l, err := q.check(s.be.Kind(), sl.blockSize, s.cfg.MaxRegionBlocks)
 	if err != nil {
 		return nil, err
 	}

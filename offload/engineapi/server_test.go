@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -138,6 +139,48 @@ func TestReRegisteringReplacesTheRegionAndKeepsThePools(t *testing.T) {
 	check(t, err)
 	if look.Prefix != 4 {
 		t.Fatalf("lookup without a region: %+v, want the pool's 4 blocks", look)
+	}
+}
+
+// From a review: a register request is a hundred bytes, and num_blocks was
+// bounded only by the size of the file behind shm_path, which may be
+// sparse; the agent then sized its per-block state by it (16 Mi blocks:
+// 512 MiB for one register and unregister; 8 Ti blocks: the agent died out
+// of memory). A region past Config.MaxRegionBlocks is refused before
+// anything is sized by it, and the old registration stays.
+func TestRegisterOfMoreBlocksThanTheAgentAllowsIsRefusedBeforeAnyAllocation(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 8})
+	r.register(0)
+	const blocks = 16 << 20 // 16 GiB of 1 KiB blocks, sparse
+	f, err := os.Create(filepath.Join(r.dir, "sparse"))
+	check(t, err)
+	check(t, f.Truncate(int64(blocks)*bs))
+	check(t, f.Close())
+
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err = r.c.Register(r.ctx(), engineapi.RegisterRequest{DPRank: 0, ShmPath: f.Name(), BlockSizeBytes: bs, NumBlocks: blocks})
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, engineapi.ErrBadRequest) {
+		t.Fatalf("register of %d blocks (the agent allows %d): %v, want bad_request", blocks, engineapi.DefaultMaxRegionBlocks, err)
+	}
+	// Generous: the request, the answer and the race detector's own.
+	if d := after.TotalAlloc - before.TotalAlloc; d > 16<<20 {
+		t.Fatalf("the refused register allocated %d MiB", d>>20)
+	}
+	if st := r.rankStats(0); !st.Registered || st.NumBlocks != r.n {
+		t.Fatalf("after the refused register: registered %v, %d blocks; want the old region of %d", st.Registered, st.NumBlocks, r.n)
+	}
+}
+
+// Config.MaxRegionBlocks is the largest region taken, itself included.
+func TestRegisterOfExactlyMaxRegionBlocksIsTaken(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 8, blocks: 32, maxRegion: 32})
+	r.register(0)
+	over := newG1Sim(t, r.dir, 33)
+	_, err := r.c.Register(r.ctx(), engineapi.RegisterRequest{DPRank: 0, ShmPath: over.path, BlockSizeBytes: bs, NumBlocks: 33})
+	if !errors.Is(err, engineapi.ErrBadRequest) {
+		t.Fatalf("register of 33 blocks with MaxRegionBlocks 32: %v, want bad_request", err)
 	}
 }
 
