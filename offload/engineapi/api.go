@@ -226,7 +226,8 @@ const MaxTimeoutMs = 60_000
 // FreeRequest unless the region has more blocks: the agent holds its locks
 // across the whole request, so a larger one is refused (bad_request) rather
 // than stall the engine's other calls. Offload and Onboard name each G1
-// block at most once, so the region's size bounds them.
+// block at most once, so the region's size bounds them. A list longer than
+// any of these bounds could allow is refused before the body is decoded.
 const MaxRequestBlocks = 65_536
 
 // OnboardResponse gives, per block in request order, its status: "loaded"

@@ -24,11 +24,15 @@ import (
 // T has it: a forgotten field must not address rank 0; so is, in every
 // object, each field tagged required:"true" (an offload block's g1_block,
 // hash and local: left out, each would be 0, a G1 block or a content hash
-// that names another block). encoding/json parses
-// first: it refuses JSON nested past 10000 levels cheaply, where the key
+// that names another block). A list of more than maxList items is
+// refused before anything else (checkListLengths). encoding/json parses
+// next: it refuses JSON nested past 10000 levels cheaply, where the key
 // walk's Decoder.Token would stack every level.
-func decode[T any](body []byte) (T, error) {
+func decode[T any](body []byte, maxList int) (T, error) {
 	var v, zero T
+	if err := checkListLengths(body, maxList); err != nil {
+		return zero, fmt.Errorf("%w: %v; split the request", ErrBadRequest, err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil {
@@ -42,6 +46,57 @@ func decode[T any](body []byte) (T, error) {
 		return zero, fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
 	return v, nil
+}
+
+// trackedDepth is how deep checkListLengths counts lists. The API's lists
+// are top-level fields (depth 1); a list deeper than this is one no
+// request type has, which encoding/json refuses without decoding its items.
+const trackedDepth = 64
+
+// checkListLengths refuses a body in which a JSON array has more than most
+// items, before anything is decoded: decoding costs some 90 bytes
+// allocated per byte of a list of small numbers (the values, the slices'
+// growth, the key walk's tokens), so a request's count limits, checked
+// only on the decoded request, would let one body of MaxBodyBytes cost
+// gigabytes first. It allocates nothing: one pass over the bytes, counting
+// the commas of each open array outside strings. It does not validate the
+// JSON (encoding/json does, next); on malformed JSON it may refuse or pass
+// a body that is refused anyway.
+func checkListLengths(body []byte, most int) error {
+	var commas [trackedDepth]int // per open container: commas so far; -1: an object
+	depth := 0
+	inString, escaped := false, false
+	for _, c := range body {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			if depth < trackedDepth {
+				commas[depth] = 0
+				if c == '{' {
+					commas[depth] = -1
+				}
+			}
+			depth++
+		case c == ']' || c == '}':
+			depth = max(depth-1, 0)
+		case c == ',' && depth > 0 && depth <= trackedDepth && commas[depth-1] >= 0:
+			// n commas: n+1 items, in JSON that encoding/json takes.
+			if commas[depth-1]++; commas[depth-1] >= most {
+				return fmt.Errorf("a list of more than %d items", most)
+			}
+		}
+	}
+	return nil
 }
 
 // checkBlock refuses a G1 block id outside a region of n blocks.

@@ -16,7 +16,7 @@ const fuzzBlocks = 64
 // checked decodes body as each request type and checks it against a
 // region of fuzzBlocks blocks of 1024 bytes; it returns what was accepted.
 func checked(t *testing.T, body []byte) {
-	if q, err := decode[OffloadRequest](body); err == nil && q.check(fuzzBlocks) == nil {
+	if q, err := decode[OffloadRequest](body, fuzzBlocks); err == nil && q.check(fuzzBlocks) == nil {
 		seen := map[int]bool{}
 		for _, b := range q.Blocks {
 			if b.G1Block < 0 || b.G1Block >= fuzzBlocks || b.Hash == 0 || b.Parent == b.Hash || seen[b.G1Block] {
@@ -27,14 +27,14 @@ func checked(t *testing.T, body []byte) {
 	} else if err == nil && !errors.Is(q.check(fuzzBlocks), ErrBadRequest) {
 		t.Fatal("an offload refusal is not ErrBadRequest")
 	}
-	if q, err := decode[FreeRequest](body); err == nil && q.check(fuzzBlocks) == nil {
+	if q, err := decode[FreeRequest](body, fuzzBlocks); err == nil && q.check(fuzzBlocks) == nil {
 		for _, id := range q.G1Blocks {
 			if id < 0 || id >= fuzzBlocks {
 				t.Fatalf("accepted free of block %d", id)
 			}
 		}
 	}
-	if q, err := decode[OnboardRequest](body); err == nil && q.check(fuzzBlocks) == nil {
+	if q, err := decode[OnboardRequest](body, fuzzBlocks); err == nil && q.check(fuzzBlocks) == nil {
 		if len(q.Hashes) != len(q.G1Blocks) || q.TimeoutMs < 0 || q.TimeoutMs > MaxTimeoutMs {
 			t.Fatalf("accepted a bad onboard %+v", q)
 		}
@@ -46,14 +46,14 @@ func checked(t *testing.T, body []byte) {
 			seen[id] = true
 		}
 	}
-	if q, err := decode[RegisterRequest](body); err == nil {
+	if q, err := decode[RegisterRequest](body, fuzzBlocks); err == nil {
 		if h, l, err := q.check(backend.KindHost, 1024, fuzzBlocks); err == nil {
 			if len(h) == 0 || l.BlockSize != 1024 || l.Blocks <= 0 || l.Blocks > fuzzBlocks {
 				t.Fatalf("accepted a bad registration %+v", q)
 			}
 		}
 	}
-	if _, err := decode[LookupRequest](body); err != nil && !errors.Is(err, ErrBadRequest) {
+	if _, err := decode[LookupRequest](body, fuzzBlocks); err != nil && !errors.Is(err, ErrBadRequest) {
 		t.Fatal("a decode error is not ErrBadRequest")
 	}
 }
@@ -127,16 +127,16 @@ func TestCheckRefusesARequestLongerThanTheRegionWithoutSizingByIt(t *testing.T) 
 // g1_block would offload G1 block 0. Null is refused where a scalar or an
 // object is expected; it stays an empty list where a list is.
 func TestDecodeRefusesNullForANumber(t *testing.T) {
-	if q, err := decode[UnregisterRequest]([]byte(`{"dp_rank":null}`)); !errors.Is(err, ErrBadRequest) {
+	if q, err := decode[UnregisterRequest]([]byte(`{"dp_rank":null}`), MaxRequestBlocks); !errors.Is(err, ErrBadRequest) {
 		t.Errorf(`{"dp_rank":null}: %+v, %v; want ErrBadRequest`, q, err)
 	}
-	if q, err := decode[OffloadRequest]([]byte(`{"dp_rank":1,"blocks":[{"g1_block":null,"hash":5,"priority":1}]}`)); !errors.Is(err, ErrBadRequest) {
+	if q, err := decode[OffloadRequest]([]byte(`{"dp_rank":1,"blocks":[{"g1_block":null,"hash":5,"priority":1}]}`), MaxRequestBlocks); !errors.Is(err, ErrBadRequest) {
 		t.Errorf(`a null g1_block: %+v, %v; want ErrBadRequest`, q, err)
 	}
-	if q, err := decode[OffloadRequest]([]byte(`{"dp_rank":1,"blocks":[null]}`)); !errors.Is(err, ErrBadRequest) {
+	if q, err := decode[OffloadRequest]([]byte(`{"dp_rank":1,"blocks":[null]}`), MaxRequestBlocks); !errors.Is(err, ErrBadRequest) {
 		t.Errorf(`a null block: %+v, %v; want ErrBadRequest`, q, err)
 	}
-	if q, err := decode[FreeRequest]([]byte(`{"dp_rank":1,"g1_blocks":null}`)); err != nil || q.DPRank != 1 || len(q.G1Blocks) != 0 {
+	if q, err := decode[FreeRequest]([]byte(`{"dp_rank":1,"g1_blocks":null}`), MaxRequestBlocks); err != nil || q.DPRank != 1 || len(q.G1Blocks) != 0 {
 		t.Errorf(`null g1_blocks: %+v, %v; want an empty list for rank 1`, q, err)
 	}
 }
@@ -153,7 +153,7 @@ func TestDecodeRefusesADeeplyNestedBodyCheaply(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	before := ms.TotalAlloc
-	q, err := decode[LookupRequest](b.Bytes())
+	q, err := decode[LookupRequest](b.Bytes(), MaxRequestBlocks)
 	if !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("decode: %v, want ErrBadRequest", err)
 	}
@@ -163,6 +163,50 @@ func TestDecodeRefusesADeeplyNestedBodyCheaply(t *testing.T) {
 	}
 	if q.DPRank != 0 || q.Hashes != nil {
 		t.Fatalf("a refused body returned %+v, want the zero request", q)
+	}
+}
+
+// From a review: the count limits applied only once the whole body was
+// decoded, at some 90 bytes allocated per byte of body: a 16 MiB lookup of
+// 8.4M one-digit hashes allocated 1.4 GiB (and took seconds) before it was
+// refused for MaxRequestBlocks. A list longer than decode's limit is
+// refused before encoding/json sees the body; one at the limit decodes.
+func TestDecodeRefusesAListPastTheLimitBeforeDecodingIt(t *testing.T) {
+	body := func(hashes int) []byte {
+		var b bytes.Buffer
+		b.WriteString(`{"dp_rank":0,"hashes":[`)
+		for i := range hashes {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString("1")
+		}
+		b.WriteString("]}")
+		return b.Bytes()
+	}
+	const most = MaxRequestBlocks
+	if q, err := decode[LookupRequest](body(most), most); err != nil || len(q.Hashes) != most {
+		t.Fatalf("a lookup of exactly %d hashes: %d hashes, %v", most, len(q.Hashes), err)
+	}
+	over := body(most + 1)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	q, err := decode[LookupRequest](over, most)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrBadRequest) || q.Hashes != nil {
+		t.Fatalf("a lookup of %d hashes, limit %d: %d hashes, %v; want ErrBadRequest", most+1, most, len(q.Hashes), err)
+	}
+	// Decoding it allocates some 11 MiB; the scan, nothing but the error.
+	if d := after.TotalAlloc - before.TotalAlloc; d > 64<<10 {
+		t.Fatalf("refusing a %d KiB body of %d hashes allocated %d KiB", len(over)>>10, most+1, d>>10)
+	}
+	// Commas in strings and in objects are not list items.
+	if _, err := decode[OffloadRequest]([]byte(`{"dp_rank":0,"blocks":[{"g1_block":1,"hash":5,"local":9},{"g1_block":2,"hash":6,"local":9}]}`), 2); err != nil {
+		t.Fatalf("an offload of 2 blocks, limit 2: %v", err)
+	}
+	if _, err := decode[RegisterRequest]([]byte(`{"dp_rank":0,"shm_path":"/a,b,c\\\",d","block_size_bytes":1,"num_blocks":1}`), 1); err != nil {
+		t.Fatalf("a path with commas, limit 1: %v", err)
 	}
 }
 
@@ -180,12 +224,12 @@ func TestOffloadBlockNamesG1BlockHashAndLocal(t *testing.T) {
 		{`{"dp_rank":0,"blocks":[{"g1_block":1,"local":9}]}`, "hash"},
 		{`{"dp_rank":0,"blocks":[{}]}`, "g1_block, hash, local"},
 	} {
-		q, err := decode[OffloadRequest]([]byte(tc.body))
+		q, err := decode[OffloadRequest]([]byte(tc.body), MaxRequestBlocks)
 		if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), tc.missing+" required") {
 			t.Errorf("%s: %+v, %v; want ErrBadRequest naming %s", tc.body, q, err, tc.missing)
 		}
 	}
-	q, err := decode[OffloadRequest]([]byte(`{"dp_rank":0,"blocks":[{"g1_block":1,"hash":5,"local":9}]}`))
+	q, err := decode[OffloadRequest]([]byte(`{"dp_rank":0,"blocks":[{"g1_block":1,"hash":5,"local":9}]}`), MaxRequestBlocks)
 	if err != nil || q.check(8) != nil || q.Blocks[0].Parent != 0 || q.Blocks[0].Priority != 0 || q.Blocks[0].Local != 9 {
 		t.Fatalf("a block without parent and priority: %+v, %v", q, err)
 	}

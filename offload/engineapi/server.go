@@ -617,7 +617,7 @@ func classify(err error) *Error {
 }
 
 func (s *Server) handleRegister(_ context.Context, body []byte) (any, error) {
-	q, err := decode[RegisterRequest](body)
+	q, err := decode[RegisterRequest](body, MaxRequestBlocks)
 	if err != nil {
 		return nil, err
 	}
@@ -637,7 +637,7 @@ func (s *Server) handleRegister(_ context.Context, body []byte) (any, error) {
 }
 
 func (s *Server) handleUnregister(_ context.Context, body []byte) (any, error) {
-	q, err := decode[UnregisterRequest](body)
+	q, err := decode[UnregisterRequest](body, MaxRequestBlocks)
 	if err != nil {
 		return nil, err
 	}
@@ -655,6 +655,23 @@ func (s *Server) handleUnregister(_ context.Context, body []byte) (any, error) {
 	return UnregisterResponse{Unregistered: ok}, nil
 }
 
+// listLimit is the longest list a request about a region can need: a
+// Free of MaxRequestBlocks ids, or an Offload, Onboard or Free naming
+// every block of the largest region registered now. Each request's check
+// bounds its lists again by its own rank's region; this bound only keeps
+// a body that no region could take from being decoded whole.
+func (s *Server) listLimit() int {
+	most := MaxRequestBlocks
+	for _, sl := range s.order {
+		sl.mu.Lock()
+		if sl.cur != nil {
+			most = max(most, sl.cur.layout.Blocks)
+		}
+		sl.mu.Unlock()
+	}
+	return most
+}
+
 // regionRequest is a request about a rank's registered G1 region: its
 // block ids are checked against the region's layout.
 type regionRequest interface {
@@ -669,7 +686,7 @@ func withRegion[Q any, PQ interface {
 	*Q
 	regionRequest
 }](s *Server, body []byte, do func(a *attachment, q PQ) (any, error)) (any, error) {
-	q, err := decode[Q](body)
+	q, err := decode[Q](body, s.listLimit())
 	if err != nil {
 		return nil, err
 	}
@@ -724,7 +741,7 @@ func (s *Server) handleFree(_ context.Context, body []byte) (any, error) {
 }
 
 func (s *Server) handleLookup(_ context.Context, body []byte) (any, error) {
-	q, err := decode[LookupRequest](body)
+	q, err := decode[LookupRequest](body, MaxRequestBlocks)
 	if err != nil {
 		return nil, err
 	}
