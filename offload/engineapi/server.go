@@ -96,10 +96,13 @@ var shutdownGrace = 10 * time.Second
 
 // Test hooks, nil outside tests: testHookHandler runs as a handler starts
 // (once it counts as in flight), testHookCloseWait when Close starts
-// waiting for the handlers still running.
+// waiting for the handlers still running, testHookFreed when an
+// attachment's shutdown has freed its blocks and is about to close its
+// Manager.
 var (
 	testHookHandler   func(path string)
 	testHookCloseWait func()
+	testHookFreed     func()
 )
 
 // Server is the engine-facing offload API on a Unix socket. See the
@@ -173,6 +176,9 @@ func (a *attachment) shutdown() error {
 				ids = append(ids, id)
 			}
 			errs = append(errs, a.m.Free(ids...))
+		}
+		if testHookFreed != nil {
+			testHookFreed()
 		}
 		errs = append(errs, a.m.Close())
 		a.users.Wait()

@@ -184,6 +184,34 @@ func TestRegisterOfExactlyMaxRegionBlocksIsTaken(t *testing.T) {
 	}
 }
 
+// Unregistering frees every G1 block of the region: a copy into G2 that
+// is running then must not store the block, nor publish it (the engine
+// may write other data into its G1 block once the answer came). From a
+// review: removing the Free from the shutdown left every test green.
+func TestCopyInFlightAtUnregisterStoresNothing(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 8, gate: gateIntoG2, mgr: manager.Config{Workers: 1, BatchSize: 4}})
+	freed := make(chan struct{})
+	engineapi.SetFreedHook(func() { close(freed) })
+	t.Cleanup(func() { engineapi.SetFreedHook(nil) }) // before the rig's Close, whose shutdowns must not call it
+	r.register(0)
+	r.offload(0, r.compute(0, 1, ids(0, 2)...))
+	r.gate.waitEntered(t)
+	done := make(chan error)
+	go func() { _, err := r.c.Unregister(r.ctx(), 0); done <- err }()
+	// The copy, held at the gate, goes on only once the blocks are freed
+	// (the manager's Close then waits for it).
+	select {
+	case <-freed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the unregister never freed the region's blocks")
+	}
+	r.gate.release()
+	check(t, <-done)
+	if n, used := r.sink.count(), r.host[0].Stats().Used; n != 0 || used != 0 {
+		t.Fatalf("after unregister: %d events published, %d G2 blocks stored from the old region", n, used)
+	}
+}
+
 // A re-registration whose manager cannot start (the device has no streams
 // left) is refused, and the old registration keeps serving: its manager
 // still offloads from the old region.
