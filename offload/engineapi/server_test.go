@@ -300,6 +300,8 @@ func TestBadRequestsAreRefusedAndChangeNothing(t *testing.T) {
 		{"onboard zero hash", "POST", engineapi.PathOnboard, j(engineapi.OnboardRequest{Hashes: []engineapi.Hash{good[0].Hash, 0}, G1Blocks: []int{5, 6}}), 400, engineapi.ErrBadRequest},
 		{"onboard out of range", "POST", engineapi.PathOnboard, j(engineapi.OnboardRequest{Hashes: hashesOf(good), G1Blocks: []int{5, 99}}), 400, engineapi.ErrBadRequest},
 		{"onboard negative timeout", "POST", engineapi.PathOnboard, j(engineapi.OnboardRequest{Hashes: hashesOf(good), G1Blocks: []int{5, 6}, TimeoutMs: -1}), 400, engineapi.ErrBadRequest},
+		// From a review: removing the upper bound left every test green.
+		{"onboard timeout past the cap", "POST", engineapi.PathOnboard, j(engineapi.OnboardRequest{Hashes: hashesOf(good), G1Blocks: []int{5, 6}, TimeoutMs: engineapi.MaxTimeoutMs + 1}), 400, engineapi.ErrBadRequest},
 		{"register wrong block size", "POST", engineapi.PathRegion, j(engineapi.RegisterRequest{ShmPath: r.g1[0].path, BlockSizeBytes: 512, NumBlocks: 64}), 400, engineapi.ErrBadRequest},
 		{"register no blocks", "POST", engineapi.PathRegion, j(engineapi.RegisterRequest{ShmPath: r.g1[0].path, BlockSizeBytes: bs}), 400, engineapi.ErrBadRequest},
 		{"register no handle", "POST", engineapi.PathRegion, j(engineapi.RegisterRequest{BlockSizeBytes: bs, NumBlocks: 64}), 400, engineapi.ErrBadRequest},
