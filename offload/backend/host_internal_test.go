@@ -8,19 +8,7 @@ import (
 // A copy queued on the host backend reads and writes region memory from a
 // worker goroutine; unmapping the region under it would fault the process.
 func TestHostFreeWithCopiesInFlightIsRefused(t *testing.T) {
-	h, err := NewHost()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	src, err := h.AllocHost(1 << 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := h.AllocDevice(1 << 16)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, src, dst := hostWithTwoRegions(t)
 	// Pin as CopyBatchAsync does, without a worker to unpin: the copy is
 	// "in flight" for as long as the test wants.
 	rs, err := h.reg.resolve([]Copy{{Dst: dst.Ptr(), Src: src.Ptr(), N: 1 << 16}}, true, nil)
@@ -48,19 +36,7 @@ func TestHostFreeWithCopiesInFlightIsRefused(t *testing.T) {
 // them; left pinned, every later Free of the regions would be ErrBusy.
 // From a review: nothing tested the unpin.
 func TestCopyOnAStreamDestroyedMeanwhileUnpinsItsRegions(t *testing.T) {
-	h, err := NewHost()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	src, err := h.AllocHost(1 << 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := h.AllocDevice(1 << 16)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, src, dst := hostWithTwoRegions(t)
 	s, err := h.NewStream()
 	if err != nil {
 		t.Fatal(err)
@@ -88,6 +64,26 @@ func TestCopyOnAStreamDestroyedMeanwhileUnpinsItsRegions(t *testing.T) {
 	if err := h.DestroyStream(s); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// hostWithTwoRegions opens a host backend, closed when the test ends, with
+// a 64 KiB host buffer and a 64 KiB device buffer.
+func hostWithTwoRegions(t *testing.T) (*Host, HostBuffer, DeviceBuffer) {
+	t.Helper()
+	h, err := NewHost()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	src, err := h.AllocHost(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := h.AllocDevice(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, src, dst
 }
 
 func TestRegistryRefusesOverlappingRegions(t *testing.T) {

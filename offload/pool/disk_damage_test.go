@@ -404,28 +404,21 @@ func (f *eioFS) isBad(name string) bool {
 }
 
 // spoil marks every sstable in dir as unreadable.
-func (f *eioFS) spoil(t *testing.T, dir string) {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	check(t, err)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), ".sst") {
-			f.bad[e.Name()] = true
-		}
-	}
-}
+func (f *eioFS) spoil(t *testing.T, dir string) { f.spoilFiles(t, dir, ".sst") }
 
 // spoilBlobs marks every blob file (the blocks' bytes) in dir as unreadable.
-func (f *eioFS) spoilBlobs(t *testing.T, dir string) {
+func (f *eioFS) spoilBlobs(t *testing.T, dir string) { f.spoilFiles(t, dir, ".blob") }
+
+// spoilFiles marks every file in dir whose name ends in suffix as
+// unreadable.
+func (f *eioFS) spoilFiles(t *testing.T, dir, suffix string) {
 	t.Helper()
 	ents, err := os.ReadDir(dir)
 	check(t, err)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), ".blob") {
+		if strings.HasSuffix(e.Name(), suffix) {
 			f.bad[e.Name()] = true
 		}
 	}
