@@ -8,38 +8,50 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
-// walSyncFS counts syncs of Pebble's write-ahead log files (*.log).
-type walSyncFS struct {
+// walFS counts syncs of Pebble's write-ahead log files (*.log), and the
+// bytes written to them.
+type walFS struct {
 	vfs.FS
-	syncs atomic.Int64
+	syncs   atomic.Int64
+	written atomic.Int64
 }
 
-type walSyncFile struct {
+type walFile struct {
 	vfs.File
-	fs *walSyncFS
+	fs *walFS
 }
 
-func (f walSyncFile) Sync() error     { f.fs.syncs.Add(1); return f.File.Sync() }
-func (f walSyncFile) SyncData() error { f.fs.syncs.Add(1); return f.File.SyncData() }
+func (f walFile) Sync() error     { f.fs.syncs.Add(1); return f.File.Sync() }
+func (f walFile) SyncData() error { f.fs.syncs.Add(1); return f.File.SyncData() }
 
-func (fs *walSyncFS) wrap(name string, f vfs.File, err error) (vfs.File, error) {
+func (f walFile) Write(p []byte) (int, error) {
+	f.fs.written.Add(int64(len(p)))
+	return f.File.Write(p)
+}
+
+func (f walFile) WriteAt(p []byte, off int64) (int, error) {
+	f.fs.written.Add(int64(len(p)))
+	return f.File.WriteAt(p, off)
+}
+
+func (fs *walFS) wrap(name string, f vfs.File, err error) (vfs.File, error) {
 	if err != nil || !strings.HasSuffix(name, ".log") {
 		return f, err
 	}
-	return walSyncFile{File: f, fs: fs}, nil
+	return walFile{File: f, fs: fs}, nil
 }
 
-func (fs *walSyncFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
+func (fs *walFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
 	f, err := fs.FS.Create(name, c)
 	return fs.wrap(name, f, err)
 }
 
-func (fs *walSyncFS) ReuseForWrite(oldname, newname string, c vfs.DiskWriteCategory) (vfs.File, error) {
+func (fs *walFS) ReuseForWrite(oldname, newname string, c vfs.DiskWriteCategory) (vfs.File, error) {
 	f, err := fs.FS.ReuseForWrite(oldname, newname, c)
 	return fs.wrap(newname, f, err)
 }
 
-func (fs *walSyncFS) OpenReadWrite(name string, c vfs.DiskWriteCategory, opts ...vfs.OpenOption) (vfs.File, error) {
+func (fs *walFS) OpenReadWrite(name string, c vfs.DiskWriteCategory, opts ...vfs.OpenOption) (vfs.File, error) {
 	f, err := fs.FS.OpenReadWrite(name, c, opts...)
 	return fs.wrap(name, f, err)
 }
@@ -48,7 +60,7 @@ func (fs *walSyncFS) OpenReadWrite(name string, c vfs.DiskWriteCategory, opts ..
 // costs one WAL sync, not one per entry, and that every other write method
 // syncs once too.
 func TestStoreLogsIsOneGroupCommit(t *testing.T) {
-	fs := &walSyncFS{FS: vfs.NewMem()}
+	fs := &walFS{FS: vfs.NewMem()}
 	s := openTestLogStore(t, fs, "raft")
 
 	ops := []struct {

@@ -71,61 +71,23 @@ func TestDeleteRangeWhoseBoundsCannotBeReadMovesThemPastTheRange(t *testing.T) {
 	}
 }
 
-// walBytesFS counts the bytes written to Pebble's WAL files.
-type walBytesFS struct {
-	vfs.FS
-	n atomic.Int64
-}
-
-type walBytesFile struct {
-	vfs.File
-	fs *walBytesFS
-}
-
-func (f walBytesFile) Write(p []byte) (int, error) {
-	f.fs.n.Add(int64(len(p)))
-	return f.File.Write(p)
-}
-
-func (f walBytesFile) WriteAt(p []byte, off int64) (int, error) {
-	f.fs.n.Add(int64(len(p)))
-	return f.File.WriteAt(p, off)
-}
-
-func (fs *walBytesFS) wrap(name string, f vfs.File, err error) (vfs.File, error) {
-	if err != nil || !strings.HasSuffix(name, ".log") {
-		return f, err
-	}
-	return walBytesFile{File: f, fs: fs}, nil
-}
-
-func (fs *walBytesFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := fs.FS.Create(name, c)
-	return fs.wrap(name, f, err)
-}
-
-func (fs *walBytesFS) ReuseForWrite(oldname, newname string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := fs.FS.ReuseForWrite(oldname, newname, c)
-	return fs.wrap(newname, f, err)
-}
-
 // TestDeleteRangeWritesOneTombstone: DeleteRange is one range tombstone
 // whatever the range's length (replication.md): what it writes to the WAL
 // does not grow with the entries it deletes (19,000 point deletes write
 // about 200 KB). From a review: nothing checked it.
 func TestDeleteRangeWritesOneTombstone(t *testing.T) {
-	fs := &walBytesFS{FS: vfs.NewMem()}
+	fs := &walFS{FS: vfs.NewMem()}
 	s := openTestLogStore(t, fs, "raft")
 	for lo := uint64(1); lo <= 20000; lo += 1000 {
 		if err := s.StoreLogs(testLogs(lo, lo+999, 1)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	before := fs.n.Load()
+	before := fs.written.Load()
 	if err := s.DeleteRange(1, 19000); err != nil {
 		t.Fatal(err)
 	}
-	if n := fs.n.Load() - before; n > 512 {
+	if n := fs.written.Load() - before; n > 512 {
 		t.Errorf("DeleteRange of 19,000 entries wrote %d bytes to the WAL: not one range tombstone", n)
 	}
 	mustBounds(t, s, 19001, 20000)
