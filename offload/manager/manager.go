@@ -226,6 +226,10 @@ type Manager struct {
 
 	// diskDown is set once the disk pool is seen shut down (see diskUp).
 	diskDown atomic.Bool
+	// testHookBatch, nil outside tests (export_test.go sets it), is called
+	// by an offload worker between taking a batch and running it: a test
+	// holds a worker there to change the world under a batch taken.
+	testHookBatch atomic.Pointer[func(Path, int)]
 
 	mu        sync.Mutex
 	closed    bool

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -1018,6 +1019,110 @@ func TestOnboardAfterDiskPoolShutDownFindsNothingInG3(t *testing.T) {
 			}
 			if reasons["error"] != 0 || reasons["not_found"] != float64(notFound) {
 				t.Errorf("kvagent_offload_onboard_failures_total by reason: %v, want only not_found", reasons)
+			}
+		})
+	}
+}
+
+// From a review: a worker drops, uncopied, the tasks queued before the disk
+// pool shut down (d2disk's and h2disk's diskUp checks: "counted Failed, not
+// copied"), but no test held a batch across the shutdown, so removing
+// either check left every test green. Here the worker is held with a batch
+// taken, a second batch queued behind it, while the pool shuts down. Both
+// are dropped once it goes on: nothing is copied out of G1 for G3 (D2Disk)
+// and no G2 block is pinned for a copy (H2Disk), so no Put reaches the dead
+// pool; nothing is advertised in G3. Without G2 the G1 blocks' hashes are
+// forgotten, as for a failed copy: offloaded again, they are NoDisk, not
+// duplicates. With G2 the blocks stay there.
+func TestDiskTasksQueuedBeforeTheDiskPoolShutDownAreDroppedUncopied(t *testing.T) {
+	for _, tc := range []struct {
+		path    manager.Path
+		hostCap int
+	}{
+		{manager.D2Disk, 0},
+		{manager.H2Disk, 64},
+	} {
+		t.Run(tc.path.String(), func(t *testing.T) {
+			var log testlog.Buffer
+			r := newRig(t, rigConfig{blocks: 64, hostCap: tc.hostCap, diskCap: 256, gate: gateD2H, cfg: manager.Config{
+				Filter: manager.FilterConfig{Always: true}, BatchSize: 4, Workers: 1,
+				Logger: slog.New(slog.NewTextHandler(&log, nil))}})
+			taken, open := make(chan int, 1), make(chan struct{})
+			var once sync.Once
+			r.m.SetBatchHook(func(p manager.Path, n int) {
+				if p == tc.path {
+					once.Do(func() { taken <- n; <-open })
+				}
+			})
+			release := sync.OnceFunc(func() { close(open) })
+			t.Cleanup(release) // runs before Close: a held worker would block it
+
+			a := r.compute(0, 1, 0, 1, 2, 3)
+			r.offload(a)
+			// Copies out of G1 pass from here on, and are counted in
+			// r.gate.entered. Not before: Offload promotes the hot blocks
+			// already in G2 once it has queued them, and a's D2H copy,
+			// committed before that, would have promoted them already; with
+			// that promotion taken by the held worker, Offload's would
+			// queue a second one (a third batch, which the first version of
+			// this test met in CI).
+			r.gate.release()
+			select {
+			case n := <-taken:
+				if n != 4 {
+					t.Fatalf("the %s worker took %d blocks, want 4", tc.path, n)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("no %s batch was taken", tc.path)
+			}
+			if d := r.m.Stats().Paths[tc.path].Depth; d != 0 {
+				t.Fatalf("%d %s tasks queued behind the held batch of a, want none", d, tc.path)
+			}
+			b := r.compute(a[3].Hash, 1, 4, 5, 6, 7)
+			r.offload(b)
+			waitFor(t, 10*time.Second, "the second batch to queue behind the held one", func() bool {
+				return r.m.Stats().Paths[tc.path].Depth == 4
+			})
+			r.shutDisk()
+			dropped := hashesOf(slices.Concat(a, b))
+			fromG1 := len(r.gate.entered) // the D2H copies, with G2
+			var hits uint64
+			if r.host != nil {
+				hits = r.host.Stats().Hits
+			}
+			release()
+			r.idle()
+
+			st := r.m.Stats()
+			if p := st.Paths[tc.path]; p.Failed != 8 || p.Blocks != 0 || p.Exists != 0 || p.Skipped != 0 {
+				t.Errorf("%s after the disk pool shut down under its batches: %+v, want 8 failed, nothing else", tc.path, p)
+			}
+			if n := len(r.gate.entered) - fromG1; n != 0 {
+				t.Errorf("%d batches copied out of G1 after the disk pool shut down", n)
+			}
+			if r.host != nil {
+				if got := r.host.Stats().Hits; got != hits {
+					t.Errorf("G2 blocks pinned for a copy to the dead pool: %d hits, was %d", got, hits)
+				}
+				for i, ok := range r.host.Lookup(dropped, nil) {
+					if !ok {
+						t.Errorf("block %d left G2", i)
+					}
+				}
+			}
+			for _, h := range r.sink.stored(disk) {
+				if slices.Contains(dropped, h) {
+					t.Errorf("STORE disk for %#x, a dropped block", h)
+				}
+			}
+			if lines := log.Lines("writing blocks to disk failed"); len(lines) != 0 {
+				t.Errorf("%d warnings of failed writes to the dead pool; first: %s", len(lines), lines[0])
+			}
+			if tc.hostCap == 0 {
+				res := r.offload(b)
+				if res.NoDisk != 4 || res.Duplicate != 0 {
+					t.Errorf("the dropped blocks offloaded again: %+v, want 4 no_disk (their hashes forgotten)", res)
+				}
 			}
 		})
 	}

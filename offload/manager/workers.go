@@ -107,6 +107,9 @@ func (m *Manager) runTasks(l *lane, c *copier) {
 		if ts == nil {
 			return
 		}
+		if f := m.testHookBatch.Load(); f != nil {
+			(*f)(l.path, len(ts))
+		}
 		switch l.path {
 		case D2H:
 			m.d2h(c, ts)
