@@ -52,7 +52,8 @@ func DecodeHeartbeat(b []byte) ([]uint64, error) {
 // the value heartbeatAskRanks (HeartbeatRequest). The leader then names,
 // in the header headerRanksWithoutState of its answer, every registered
 // rank of the heartbeat's known workers that it holds no cursor of
-// (raftfsm.FSM.HasCursor): "worker/dp", space-separated, and an empty
+// (raftfsm.FSM.HasCursor): "worker/dp", space-separated, each worker's
+// ranks once however often its id comes, and an empty
 // header when there is none, so that an agent can tell a router that
 // lost nothing from one that names nothing (of an earlier build, or past
 // maxHeartbeatRanks); an agent trusts such an answer over a run of
@@ -76,9 +77,10 @@ const (
 
 // maxHeartbeatRanks bounds the ranks the leader looks at to answer one
 // heartbeat's ask: past it, it answers as if not asked (no header, not
-// even an empty one), which tells the agent nothing. Anyone on NATS may send a heartbeat of many
-// registered ids; one worker's dp ranks, what an agent asks about,
-// always fit.
+// even an empty one), which tells the agent nothing, and it stops
+// collecting the workers there (onHeartbeat). Anyone on NATS may send a
+// heartbeat of many registered ids, or of one repeated; one worker's dp
+// ranks, what an agent asks about, always fit.
 const maxHeartbeatRanks = limits.MaxDPRanks
 
 // HeartbeatRequest returns the heartbeat request of ids on subject,
@@ -296,7 +298,17 @@ func (in *Ingester) onHeartbeat(m *nats.Msg) {
 	table := in.cfg.Node.WorkerTable()
 	ask := m.Header.Get(headerHeartbeatAsk) == heartbeatAskRanks
 	var unknown []uint64
+	// known holds each known worker once (listed, its ranks are named
+	// once), and only while their ranks are within maxHeartbeatRanks:
+	// past it the answer names none (ranksWithoutState), so collecting
+	// stops there. Anyone on NATS may send a body of one registered id
+	// repeated up to the payload limit (8 MiB, 1 Mi ids): a copy of the
+	// record per id cost about 1 GB, held under the leases' lock for
+	// seconds; now it costs a few records and a map of at most
+	// maxHeartbeatRanks+1 ids.
 	var known []raftfsm.WorkerInfo
+	var listed map[uint64]struct{}
+	ranks := 0
 	in.leases.mu.Lock()
 	for _, id := range ids {
 		w, ok := table[id]
@@ -304,8 +316,13 @@ func (in *Ingester) onHeartbeat(m *nats.Msg) {
 			unknown = append(unknown, id)
 			continue
 		}
-		if ask {
+		if _, dup := listed[id]; ask && !dup && ranks <= maxHeartbeatRanks {
+			if listed == nil {
+				listed = make(map[uint64]struct{})
+			}
+			listed[id] = struct{}{}
 			known = append(known, w)
+			ranks += max(len(w.DPRanks), 1) // as ranksWithoutState counts
 		}
 		if in.leases.seen != nil {
 			in.leases.seen[id] = now

@@ -2,6 +2,7 @@ package eventplane
 
 import (
 	"errors"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -428,6 +429,19 @@ func TestHeartbeatAnswerNamesRanksWithoutStateWhenAsked(t *testing.T) {
 			ans, err, msg.Header)
 	}
 
+	// A worker whose id comes twice is named once, as if it came once.
+	tg.mu.Lock()
+	tg.cursors = map[kvevent.Rank]bool{{Worker: 7, DP: 1}: true}
+	tg.mu.Unlock()
+	msg, err = nc.RequestMsg(HeartbeatRequest(DefaultHeartbeatSubject, []uint64{7, 9, 8, 7}), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ans, err = DecodeHeartbeatAnswer(msg)
+	if err != nil || !ans.Named || !slices.Equal(ans.Unknown, []uint64{9}) || !slices.Equal(ans.Stateless, want) {
+		t.Fatalf("answer to a heartbeat that names 7 twice: %+v (%v); want unknown [9], without state %v", ans, err, want)
+	}
+
 	// Past maxHeartbeatRanks, the answer names nothing: no header.
 	many := make([]uint32, maxHeartbeatRanks+1)
 	for i := range many {
@@ -442,6 +456,35 @@ func TestHeartbeatAnswerNamesRanksWithoutStateWhenAsked(t *testing.T) {
 	}
 	if len(msg.Header) != 0 {
 		t.Fatalf("answer to a heartbeat of %d ranks: header %v, want none", len(many)+1, msg.Header)
+	}
+}
+
+// TestHeartbeatOfOneIDRepeatedCostsAboutItsBody: a heartbeat that asks
+// for the ranks without state, of one registered id repeated up to the
+// NATS payload limit (8 MiB: 1 Mi ids), costs the leader a small multiple
+// of its body, as one that does not ask does: anyone on NATS may send it.
+// From a review: the leader copied the worker's record (~200 bytes) once
+// per id before it counted the ranks against maxHeartbeatRanks, about
+// 1 GB held under the leases' lock for seconds.
+func TestHeartbeatOfOneIDRepeatedCostsAboutItsBody(t *testing.T) {
+	tg := newFakeTarget()
+	tg.register(7, time.Minute)
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	in.leases.lead(time.Now())
+	ids := make([]uint64, 1<<20)
+	for i := range ids {
+		ids[i] = 7
+	}
+	m := HeartbeatRequest(DefaultHeartbeatSubject, ids)
+	m.Reply = "" // nothing to answer: the handling alone is measured
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	in.onHeartbeat(m)
+	runtime.ReadMemStats(&after)
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 4*uint64(len(m.Data)) {
+		t.Fatalf("a heartbeat of %d bytes that asks allocated %d MiB on the leader, want at most %d MiB",
+			len(m.Data), alloc>>20, 4*len(m.Data)>>20)
 	}
 }
 
