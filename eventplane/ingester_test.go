@@ -467,6 +467,47 @@ func TestDecodedEventsWaitingAreBounded(t *testing.T) {
 	})
 }
 
+// TestAnEntryClosesAtEitherBound: with a linger far longer than the
+// test, an entry closes only at MaxEntryEvents or at MaxEntryBytes of
+// request bodies: six requests of 4 events, queued before the batcher
+// starts, make three entries of two requests under either bound.
+// From a review: nothing tested the bytes bound; without it every test
+// passed.
+func TestAnEntryClosesAtEitherBound(t *testing.T) {
+	r := kvevent.Rank{Worker: 1}
+	body := len(clearedEvents(r, 1, 4).Data)
+	for _, c := range []struct {
+		name string
+		cfg  IngesterConfig
+	}{
+		{"events", IngesterConfig{MaxEntryEvents: 8, MaxEntryBytes: 1 << 20}},
+		{"bytes", IngesterConfig{MaxEntryEvents: 1 << 20, MaxEntryBytes: 2 * body}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tg := newFakeTarget()
+			cfg := c.cfg
+			cfg.Node, cfg.Logger, cfg.Linger, cfg.MaxInFlight = tg, quiet, time.Hour, 8
+			in := newIngester(cfg)
+			for i := range 6 {
+				in.onEvents(clearedEvents(r, uint64(1+4*i), 4))
+			}
+			in.wg.Add(1)
+			go in.batcher()
+			defer in.Close()
+			waitFor(t, 10*time.Second, "three entries to commit every request", func() bool {
+				tg.mu.Lock()
+				defer tg.mu.Unlock()
+				return len(tg.ingested) == 6
+			})
+			tg.mu.Lock()
+			defer tg.mu.Unlock()
+			if tg.calls != 3 {
+				t.Fatalf("%d entries for 6 requests, want 3", tg.calls)
+			}
+		})
+	}
+}
+
 // follower is a fakeTarget that does not lead.
 type follower struct{ *fakeTarget }
 
