@@ -11,6 +11,7 @@ import (
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // rateWindow is how long the backoff tests watch a publisher's requests.
@@ -336,4 +337,91 @@ func unlistedRankCluster(t *testing.T) (*testCluster, *raftfsm.Node, func(dps ..
 	list(0)
 	waitFor(t, 10*time.Second, "ingesting", func() bool { return ingesting(c.ings[0]) })
 	return c, node, list
+}
+
+// TestAnAckThatFreesRoomWakesPublishWait: PublishWait on a full rank
+// returns once an ack trims the rank's buffer; nothing else wakes it here
+// (no dump, no other rank).
+func TestAnAckThatFreesRoomWakesPublishWait(t *testing.T) {
+	tg := &holdFirstTarget{cursorTarget: newCursorTarget(), entered: make(chan struct{}), release: make(chan struct{})}
+	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{BufferEvents: 2})
+	r := kvevent.Rank{Worker: 1}
+	ev := []kvevent.Event{{Kind: kvevent.KindCleared}}
+	if _, err := p.Publish(r, slices.Repeat(ev, 2)); err != nil {
+		t.Fatal(err)
+	}
+	<-tg.entered // events 1 and 2 are in flight, the buffer full
+	ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { _, err := p.PublishWait(ctx, r, ev); done <- err }()
+	waitFor(t, 10*time.Second, "PublishWait to wait", func() bool { return val(p.m.full) == 1 })
+	close(tg.release)
+	if err := <-done; err != nil {
+		t.Fatalf("PublishWait after the ack of the full buffer: %v", err)
+	}
+}
+
+// TestBufferedGaugeFollowsDroppedEvents: kvagent_events_buffered is the
+// number of events in the replay buffers; events a full buffer drops
+// (DropOldest) leave it.
+func TestBufferedGaugeFollowsDroppedEvents(t *testing.T) {
+	p, err := NewPublisher(PublisherConfig{Conn: connectNowhere(t), BufferEvents: 4, DropOldest: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	r := kvevent.Rank{Worker: 1}
+	for range 10 {
+		if _, err := p.Publish(r, []kvevent.Event{{Kind: kvevent.KindCleared}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var m dto.Metric
+	_ = p.m.buffered.Write(&m)
+	if got := m.GetGauge().GetValue(); got != float64(p.Pending()) || got != 4 {
+		t.Fatalf("kvagent_events_buffered %v with %d events pending, want 4", got, p.Pending())
+	}
+}
+
+// gapOnceTarget is a cursorTarget that answers rank's first batch with a
+// gap at cursor 0, applying nothing, as a router that missed the batch's
+// first events would.
+type gapOnceTarget struct {
+	*cursorTarget
+	rank kvevent.Rank
+	once sync.Once
+}
+
+func (t *gapOnceTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	gap := false
+	for _, b := range bs {
+		if b.Rank == t.rank {
+			t.once.Do(func() { gap = true })
+		}
+	}
+	if gap {
+		return []raftfsm.RankAck{{Rank: t.rank, Gap: true}}, nil
+	}
+	return t.cursorTarget.IngestEvents(ctx, bs)
+}
+
+// TestAGapStillBufferedIsReplayedNotDumped: a gap at the router's cursor
+// whose events the buffer still holds is resent from the buffer; the rank
+// is not dumped.
+func TestAGapStillBufferedIsReplayedNotDumped(t *testing.T) {
+	r := kvevent.Rank{Worker: 1}
+	tg := &gapOnceTarget{cursorTarget: newCursorTarget(), rank: r}
+	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{
+		Dump: func(kvevent.Rank) ([]kvevent.Event, uint64) { return nil, 0 }})
+	if _, err := p.Publish(r, slices.Repeat([]kvevent.Event{{Kind: kvevent.KindCleared}}, 3)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the replay's ack", func() bool { a, _ := p.Cursor(r); return a == 3 })
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	if tg.dumps != 0 || len(tg.applied) != 3 || val(p.m.resends.WithLabelValues("replay")) != 1 {
+		t.Fatalf("after a gap whose events were buffered: %d dumps, %d events applied, %v replays; want 0, 3, 1",
+			tg.dumps, len(tg.applied), val(p.m.resends.WithLabelValues("replay")))
+	}
 }
