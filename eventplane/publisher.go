@@ -370,7 +370,7 @@ func newPublisherMetrics(reg prometheus.Registerer) (publisherMetrics, error) {
 	m := publisherMetrics{
 		published: c("kvagent_events_published_total", "Events given ids and buffered for the router."),
 		acked:     c("kvagent_events_acked_total", "Events acknowledged by the router and dropped from the replay buffer."),
-		full:      c("kvagent_events_publish_full_total", "Publish calls refused because a rank's replay buffer was full."),
+		full:      c("kvagent_events_publish_full_total", "Publish calls refused because a rank's replay buffer was full (a PublishWait call counts once, however long it waits)."),
 		dropped:   c("kvagent_events_dropped_total", "Unacknowledged events dropped from a full buffer (DropOldest, or a rank waiting for a dump); the rank resyncs with a dump. It also counts events dropped while a request holding them was out, which that request's ack may then cover (no resync)."),
 		dumps:     c("kvagent_events_dumps_total", "Rank dumps committed by the router."),
 		requests:  c("kvagent_events_requests_total", "Event requests sent to the router."),
@@ -452,7 +452,10 @@ func (p *Publisher) buf(r kvevent.Rank) *rankBuf {
 // (BufferEvents) it refuses with ErrTooLarge (an ErrFull), DropOldest or
 // not.
 func (p *Publisher) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
-	last, _, err := p.publish(r, evs)
+	last, room, err := p.publish(r, evs)
+	if room != nil {
+		p.m.full.Inc()
+	}
 	return last, err
 }
 
@@ -461,14 +464,20 @@ func (p *Publisher) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error)
 // refuses at once with ErrTooLarge. A rank that waits for a dump (with a
 // Dump callback) never makes it wait: its oldest events, which the dump
 // covers, make room (Publish), so it may be called under the lock Dump
-// takes.
+// takes. A call refused for a full buffer counts once in
+// kvagent_events_publish_full_total, however often it wakes to try again.
 func (p *Publisher) PublishWait(ctx context.Context, r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
-	for {
+	for counted := false; ; counted = true {
 		last, room, err := p.publish(r, evs)
 		if room == nil {
 			// Taken, or refused for good (ErrTooLarge, an invalid event,
 			// ErrClosed): only a full buffer gives a room to wait for.
 			return last, err
+		}
+		if !counted {
+			// Every ack of any rank wakes the call: counted at each
+			// wakeup, one call read as twenty refusals (from a review).
+			p.m.full.Inc()
 		}
 		select {
 		case <-room:
@@ -513,7 +522,6 @@ func (p *Publisher) publish(r kvevent.Rank, evs []kvevent.Event) (uint64, <-chan
 		if !p.cfg.DropOldest && !(b.needDump && p.cfg.Dump != nil) {
 			room := p.room
 			p.mu.Unlock()
-			p.m.full.Inc()
 			return 0, room, ErrFull
 		}
 		// The dropped ids are gone: the router will report a gap at the

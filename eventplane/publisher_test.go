@@ -425,3 +425,32 @@ func TestAGapStillBufferedIsReplayedNotDumped(t *testing.T) {
 			tg.dumps, len(tg.applied), val(p.m.resends.WithLabelValues("replay")))
 	}
 }
+
+// TestPublishWaitCountsOneRefusalPerCall: from a review.
+// kvagent_events_publish_full_total counts Publish calls refused for a
+// full buffer; one PublishWait call counted it again at every wakeup, and
+// any rank's ack wakes it (21 for one call, here).
+func TestPublishWaitCountsOneRefusalPerCall(t *testing.T) {
+	a, b := kvevent.Rank{Worker: 9, DP: 3}, kvevent.Rank{Worker: 9}
+	_, p := startPlaneWith(t, ackNothingTarget{newCursorTarget(), a}, IngesterConfig{}, PublisherConfig{BufferEvents: 2})
+	ev := []kvevent.Event{{Kind: kvevent.KindCleared}}
+	if _, err := p.Publish(a, slices.Repeat(ev, 2)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctxT(t))
+	done := make(chan error, 1)
+	go func() { _, err := p.PublishWait(ctx, a, ev); done <- err }()
+	waitFor(t, 10*time.Second, "the first refusal", func() bool { return val(p.m.full) >= 1 })
+	for i := range 20 {
+		if _, err := p.Publish(b, ev); err != nil {
+			t.Fatal(err)
+		}
+		want := uint64(i + 1)
+		waitFor(t, 10*time.Second, "b's ack", func() bool { c, _ := p.Cursor(b); return c == want })
+	}
+	cancel()
+	<-done
+	if got := val(p.m.full); got != 1 {
+		t.Fatalf("one PublishWait call counted %v refusals in kvagent_events_publish_full_total, want 1", got)
+	}
+}
