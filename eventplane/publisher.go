@@ -24,9 +24,13 @@ import (
 // and the id of the last event that state reflects. It is called without
 // any publisher lock held, so it may take the owner's own lock, the same
 // one the owner holds around Publish: that is how the state and the id
-// agree. PublishWait under that lock does not wait for such a dump: a
-// full rank that needs one drops its oldest events, which the dump
-// covers, rather than wait for the room only the dump makes.
+// agree. PublishWait under that lock does not wait for a dump, of its
+// rank or another: the send loop builds dumps inline, so while it is in
+// a DumpFunc no ack makes room for any rank. A full rank that needs a
+// dump drops its oldest events, which the dump covers; and while a
+// DumpFunc runs, a full rank PublishWait is called for drops its oldest
+// events and asks for a dump of its own, rather than wait for room only
+// the loop makes (kvagent_events_resyncs_total{reason="wait"}).
 type DumpFunc func(r kvevent.Rank) (stored []kvevent.Event, through uint64)
 
 // PublisherConfig configures a Publisher.
@@ -150,7 +154,10 @@ type Publisher struct {
 	ranks map[kvevent.Rank]*rankBuf
 	order []kvevent.Rank // round-robin order for fairness within a request
 	rr    int
-	room  chan struct{} // closed (and replaced) when buffers shrink
+	room  chan struct{} // closed (and replaced) when buffers shrink, or a dump starts
+	// dumping says the loop is inside the DumpFunc, which may wait for
+	// the lock a PublishWait caller holds (publish).
+	dumping bool
 
 	kick      chan struct{}
 	stop      chan struct{}
@@ -251,6 +258,11 @@ func (b *rankBuf) askDump() {
 // held.
 func (p *Publisher) askDump(b *rankBuf) {
 	b.askDump()
+	p.wakeRoom()
+}
+
+// wakeRoom wakes the PublishWait callers to try again; p.mu is held.
+func (p *Publisher) wakeRoom() {
 	close(p.room)
 	p.room = make(chan struct{})
 }
@@ -371,14 +383,14 @@ func newPublisherMetrics(reg prometheus.Registerer) (publisherMetrics, error) {
 		published: c("kvagent_events_published_total", "Events given ids and buffered for the router."),
 		acked:     c("kvagent_events_acked_total", "Events acknowledged by the router and dropped from the replay buffer."),
 		full:      c("kvagent_events_publish_full_total", "Publish calls refused because a rank's replay buffer was full (a PublishWait call counts once, however long it waits)."),
-		dropped:   c("kvagent_events_dropped_total", "Unacknowledged events dropped from a full buffer (DropOldest, or a rank waiting for a dump); the rank resyncs with a dump. It also counts events dropped while a request holding them was out, which that request's ack may then cover (no resync)."),
+		dropped:   c("kvagent_events_dropped_total", "Unacknowledged events dropped from a full buffer (DropOldest, a rank waiting for a dump, or PublishWait while the publisher builds a dump); the rank resyncs with a dump. It also counts events dropped while a request holding them was out, which that request's ack may then cover (no resync)."),
 		dumps:     c("kvagent_events_dumps_total", "Rank dumps committed by the router."),
 		requests:  c("kvagent_events_requests_total", "Event requests sent to the router."),
 		retries:   c("kvagent_events_request_retries_total", "Event requests that failed (timeout, no leader, error, or an ack that moved no rank forward) and were resent."),
 		unregistered: c("kvagent_events_unregistered_total",
 			"Rank batches and dumps the router refused because their worker does not list the rank (a Positional worker's unregistered dp rank); the events are kept, and they and the dump resent with backoff."),
 		resends: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_events_resyncs_total",
-			Help: "Gaps reported by the router, by how they heal (replay from the buffer, dump), and dumps the router asked for (router: it dropped events it could not place; fenced: another publisher incarnation dumped the rank since) or its refusal of one event forced (refused)."}, []string{"reason"}),
+			Help: "Gaps reported by the router, by how they heal (replay from the buffer, dump), and dumps the router asked for (router: it dropped events it could not place; fenced: another publisher incarnation dumped the rank since) or its refusal of one event forced (refused), and dumps of a full rank PublishWait was called for while the publisher built a dump (wait)."}, []string{"reason"}),
 		buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvagent_events_buffered",
 			Help: "Events in the replay buffers, unacknowledged."}),
 	}
@@ -452,7 +464,7 @@ func (p *Publisher) buf(r kvevent.Rank) *rankBuf {
 // (BufferEvents) it refuses with ErrTooLarge (an ErrFull), DropOldest or
 // not.
 func (p *Publisher) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
-	last, room, err := p.publish(r, evs)
+	last, room, err := p.publish(r, evs, false)
 	if room != nil {
 		p.m.full.Inc()
 	}
@@ -461,14 +473,18 @@ func (p *Publisher) Publish(r kvevent.Rank, evs []kvevent.Event) (uint64, error)
 
 // PublishWait is Publish that waits for room while the buffer is full, until
 // ctx ends. A batch larger than the buffer, for which room never comes, it
-// refuses at once with ErrTooLarge. A rank that waits for a dump (with a
-// Dump callback) never makes it wait: its oldest events, which the dump
-// covers, make room (Publish), so it may be called under the lock Dump
-// takes. A call refused for a full buffer counts once in
-// kvagent_events_publish_full_total, however often it wakes to try again.
+// refuses at once with ErrTooLarge. It never waits while the send loop
+// is in the Dump callback, so it may be called under the lock Dump takes
+// (DumpFunc): a rank that waits for a dump makes room by dropping its
+// oldest events, which the dump covers (Publish); and while a dump is
+// built, for any rank, a full rank drops its oldest events as with
+// DropOldest and asks for a dump of its own
+// (kvagent_events_resyncs_total{reason="wait"}). A call refused for a full
+// buffer counts once in kvagent_events_publish_full_total, however often
+// it wakes to try again.
 func (p *Publisher) PublishWait(ctx context.Context, r kvevent.Rank, evs []kvevent.Event) (uint64, error) {
 	for counted := false; ; counted = true {
-		last, room, err := p.publish(r, evs)
+		last, room, err := p.publish(r, evs, true)
 		if room == nil {
 			// Taken, or refused for good (ErrTooLarge, an invalid event,
 			// ErrClosed): only a full buffer gives a room to wait for.
@@ -490,8 +506,9 @@ func (p *Publisher) PublishWait(ctx context.Context, r kvevent.Rank, evs []kveve
 }
 
 // publish is Publish; when the rank's buffer is full it also returns the
-// channel that is closed when buffers shrink (nil for every other outcome).
-func (p *Publisher) publish(r kvevent.Rank, evs []kvevent.Event) (uint64, <-chan struct{}, error) {
+// channel that is closed when buffers shrink or a dump starts (nil for
+// every other outcome). wait says PublishWait calls it, and may wait.
+func (p *Publisher) publish(r kvevent.Rank, evs []kvevent.Event, wait bool) (uint64, <-chan struct{}, error) {
 	for i := range evs {
 		if err := evs[i].Validate(); err != nil {
 			return 0, nil, fmt.Errorf("event %d: %w", i, err)
@@ -519,10 +536,24 @@ func (p *Publisher) publish(r kvevent.Rank, evs []kvevent.Event) (uint64, <-chan
 		// events, as DropOldest does; one the dump does not cover after
 		// all (a dump built before this call, still out) shows as a gap,
 		// and the rank dumps again.
+		//
+		// Nor may PublishWait wait for any rank while the loop is in a
+		// DumpFunc (of another rank): only the loop makes room, and it
+		// may be waiting there for the lock this caller holds; the
+		// caller then waited for the loop and the loop for the caller,
+		// and nothing went out for any rank until the caller's context
+		// ended (from a review). A caller that holds no such lock cannot
+		// be told from one that does, so every such call makes room as
+		// DropOldest does, and the rank dumps, which covers the dropped
+		// events.
 		if !p.cfg.DropOldest && !(b.needDump && p.cfg.Dump != nil) {
-			room := p.room
-			p.mu.Unlock()
-			return 0, room, ErrFull
+			if !wait || !p.dumping {
+				room := p.room
+				p.mu.Unlock()
+				return 0, room, ErrFull
+			}
+			p.m.resends.WithLabelValues("wait").Inc()
+			p.askDump(b)
 		}
 		// The dropped ids are gone: the router will report a gap at the
 		// first of them, and the rank resyncs with a dump.
@@ -1067,8 +1098,7 @@ func (p *Publisher) signalRoom(freed int) {
 	}
 	p.m.acked.Add(float64(freed))
 	p.m.buffered.Sub(float64(freed))
-	close(p.room)
-	p.room = make(chan struct{})
+	p.wakeRoom()
 }
 
 // sendDump replaces the rank's state on the router with the owner's dump,
@@ -1083,10 +1113,19 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 	// A dump answers the asks made before it is built: one made while it
 	// is built or sent (an engine reset as the agent's first dump goes
 	// out) may have changed the owner's state after it, and needs another.
+	//
+	// The Dump callback may wait for the lock its owner holds around
+	// PublishWait: dumping has every PublishWait make room rather than
+	// wait (publish), and the ones waiting already are woken to do so.
 	p.mu.Lock()
 	asks, moves := p.ranks[r].dumpAsks, slices.Clone(p.ranks[r].moves)
+	p.dumping = true
+	p.wakeRoom()
 	p.mu.Unlock()
 	stored, through := p.cfg.Dump(r)
+	p.mu.Lock()
+	p.dumping = false
+	p.mu.Unlock()
 	// The owner may report an id Publish returned before a renumbering
 	// (kvagent reads Cursor, which is past it): move it as the ids moved,
 	// or the router would find the dump stale again, for ever.

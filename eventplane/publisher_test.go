@@ -454,3 +454,81 @@ func TestPublishWaitCountsOneRefusalPerCall(t *testing.T) {
 		t.Fatalf("one PublishWait call counted %v refusals in kvagent_events_publish_full_total, want 1", got)
 	}
 }
+
+// TestPublishWaitUnderTheDumpLockDoesNotWaitForAnotherRanksDump: from a
+// review. The owner holds its lock (the one Dump takes) around
+// PublishWait, as DumpFunc's and PublishWait's contracts allow. Rank B
+// needs a dump, and the loop waits for that lock in Dump(B); rank A is
+// full, and its room comes only from the loop's acks. PublishWait on A
+// waited for that room until its context ended, and nothing was sent for
+// any rank meanwhile. Now, while the loop is inside a Dump call, a full
+// rank drops its oldest events and asks for a dump of its own, as with
+// DropOldest; once the lock is free both ranks heal.
+func TestPublishWaitUnderTheDumpLockDoesNotWaitForAnotherRanksDump(t *testing.T) {
+	tg := newCursorTarget()
+	o := newOwner(1)
+	entered := make(chan struct{}, 16)
+	dump := func(r kvevent.Rank) ([]kvevent.Event, uint64) {
+		entered <- struct{}{}
+		return o.dump(r)
+	}
+	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{BufferEvents: 4, Dump: dump})
+	o.pub = p
+	a, b := kvevent.Rank{Worker: 1}, kvevent.Rank{Worker: 2}
+	ctx := ctxT(t)
+	o.mu.Lock()
+	p.Resync(b) // rank B's engine reset, say
+	<-entered   // the loop waits for o.mu in Dump(B)
+	bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for i := range 8 { // twice rank A's buffer
+		id, err := p.PublishWait(bctx, a, []kvevent.Event{{Kind: kvevent.KindCleared}})
+		if err != nil {
+			o.mu.Unlock()
+			t.Fatalf("PublishWait of rank A under the owner's lock stuck after %d of 8 events: %v (the loop waits for the lock in Dump of rank B)", i, err)
+		}
+		o.rank(a).last = id
+	}
+	o.mu.Unlock()
+	if val(p.m.dropped) == 0 || val(p.m.resends.WithLabelValues("wait")) != 1 {
+		t.Fatalf("dropped %v events, %v dumps asked by a wait; want rank A's oldest dropped and one dump asked",
+			val(p.m.dropped), val(p.m.resends.WithLabelValues("wait")))
+	}
+	_, last := p.Cursor(a)
+	waitFor(t, 10*time.Second, "rank A's dump", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		return tg.dumps == 2 && tg.cursor[a] == last
+	})
+}
+
+// TestPublishWaitThatWaitsWhenADumpStartsStopsWaiting: a PublishWait
+// already waiting for room in a full rank when the loop enters a Dump call
+// (which may wait for the lock its caller holds) is woken, and takes the
+// DropOldest way out rather than wait on.
+func TestPublishWaitThatWaitsWhenADumpStartsStopsWaiting(t *testing.T) {
+	a, b := kvevent.Rank{Worker: 9, DP: 3}, kvevent.Rank{Worker: 9}
+	var lock sync.Mutex
+	dump := func(kvevent.Rank) ([]kvevent.Event, uint64) {
+		lock.Lock()
+		defer lock.Unlock()
+		return nil, 0
+	}
+	// Rank A is never acknowledged: only the dump's start can end the wait.
+	_, p := startPlaneWith(t, ackNothingTarget{newCursorTarget(), a}, IngesterConfig{}, PublisherConfig{BufferEvents: 2, Dump: dump})
+	ev := []kvevent.Event{{Kind: kvevent.KindCleared}}
+	if _, err := p.Publish(a, slices.Repeat(ev, 2)); err != nil {
+		t.Fatal(err)
+	}
+	lock.Lock()
+	defer lock.Unlock()
+	ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { _, err := p.PublishWait(ctx, a, ev); done <- err }()
+	waitFor(t, 10*time.Second, "PublishWait to wait", func() bool { return val(p.m.full) == 1 })
+	p.Resync(b) // the loop waits for lock in Dump(B)
+	if err := <-done; err != nil {
+		t.Fatalf("PublishWait on a full rank while the loop waits in Dump: %v", err)
+	}
+}
