@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/kvrouter/kvrouter/kvevent"
 )
@@ -531,6 +532,54 @@ func TestLongEventKeepsNoLargeHashSet(t *testing.T) {
 		assertEvents(t, decode(t, d, in(t, []any{"BlockRemoved", hs})), nil)
 		if got := d.Stats().Skipped[ReasonRepeatedHash]; got != before+1 {
 			t.Fatalf("a remove of %d hashes, one repeated: %d skipped as repeated, want %d", n, got, before+1)
+		}
+	}
+}
+
+// TestOneLargeEventKeepsNoLargeStorage: the slices a Batch and the decoder
+// reuse from payload to payload grow to the largest event they held. From a
+// review: one remove of 2M blocks (an eviction step) left ~51 MB held per
+// rank for the rest of the run, by the Batch, the wire event and the
+// content-hash scratch. Once emptied, none keeps more than maxKeptBytes.
+func TestOneLargeEventKeepsNoLargeStorage(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	const n = 3 * maxKeptBytes / 16 // blocks: 1.5 times the bound of the smallest slice
+	hashes := make([]uint64, n)
+	for i := range hashes {
+		hashes[i] = uint64(1 + i)
+	}
+	var b Batch
+	for _, p := range [][]byte{
+		in(t, []any{"BlockStored", hashes, nil, tokens(0, n*16), 16}),
+		in(t, []any{"BlockRemoved", hashes}),
+	} {
+		b.Reset()
+		if err := d.Decode(p, &b); err != nil {
+			t.Fatal(err)
+		}
+		if got := b.BlockEvents(); got != n {
+			t.Fatalf("decoded %d block events, want %d", got, n)
+		}
+	}
+	b.Reset()
+	if err := d.Decode(in(t, goodStoreArray()), &b); err != nil {
+		t.Fatal(err)
+	}
+	b.Reset()
+	for _, s := range []struct {
+		name  string
+		bytes int
+	}{
+		{"Batch.Events", cap(b.Events) * int(unsafe.Sizeof(kvevent.Event{}))},
+		{"Batch.blocks", cap(b.blocks) * 16},
+		{"Batch.removed", cap(b.removed) * 8},
+		{"wire event hashes", cap(d.ev.hashes) * 8},
+		{"wire event tokens", cap(d.ev.tokens) * 4},
+		{"content hashes", cap(d.locals) * 8},
+		{"spans", cap(d.spans) * int(unsafe.Sizeof(span{}))},
+	} {
+		if s.bytes > maxKeptBytes {
+			t.Errorf("%s keeps %d bytes after an event of %d blocks, bound %d", s.name, s.bytes, n, maxKeptBytes)
 		}
 	}
 }

@@ -201,6 +201,10 @@ func (d *Decoder) Decode(payload []byte, out *Batch) error {
 	if err == nil && len(rest) != 0 {
 		err = fmt.Errorf("%d bytes after the batch", len(rest))
 	}
+	// Between payloads, the scratch of the last event holds no more than
+	// maxKeptBytes a slice, and nothing that points into payload.
+	d.ev.reset()
+	d.locals = reuse(d.locals)
 	if err != nil {
 		clear(out.Events[nEvents:])
 		out.Events = out.Events[:nEvents]
@@ -235,7 +239,7 @@ func (d *Decoder) Decode(payload []byte, out *Batch) error {
 // decodeBatch reads [ts, events, dp_rank?, ...] or {ts, events,
 // data_parallel_rank}. It returns the bytes after the batch.
 func (d *Decoder) decodeBatch(b []byte, out *Batch) ([]byte, error) {
-	d.spans = d.spans[:0]
+	d.spans = reuse(d.spans)
 	out.TS, out.DPRank, out.HasDPRank = 0, 0, false
 	if len(b) == 0 {
 		return b, fmt.Errorf("empty payload")

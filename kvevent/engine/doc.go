@@ -35,7 +35,10 @@
 //     most in proportion to the payload, and any input, however hostile,
 //     decodes or fails without panicking (FuzzDecode).
 //   - The hot fields are read straight from the payload with no interface
-//     boxing; once a reused Batch has grown, Decode allocates nothing.
+//     boxing; once a reused Batch has grown, Decode allocates nothing. What
+//     a Batch and the decoder keep between payloads is bounded
+//     (maxKeptBytes a slice): one event of millions of blocks allocates its
+//     storage, which is dropped after it rather than held for good.
 //
 // Rules, in the order they are checked (the Reason that counts a skip):
 //

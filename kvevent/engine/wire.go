@@ -325,8 +325,9 @@ type wireEvent struct {
 	extraKeys int // non-nil per-block entries of extra_keys
 }
 
+// reset empties e, keeping its slices' storage up to maxKeptBytes each.
 func (e *wireEvent) reset() {
-	*e = wireEvent{hashes: e.hashes[:0], tokens: e.tokens[:0]}
+	*e = wireEvent{hashes: reuse(e.hashes), tokens: reuse(e.tokens)}
 }
 
 func (e *wireEvent) has(f field) bool { return e.present&f.bit() != 0 }
