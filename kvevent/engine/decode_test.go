@@ -400,6 +400,14 @@ func TestBlockSizeRulesKeepOnlyWholeBlocks(t *testing.T) {
 		{"a partial third block", []any{"BlockStored", []uint64{1, 2, 3}, nil, tokens(0, 40), 16}, 2, 1},
 		{"block size differs", []any{"BlockStored", []uint64{1, 2, 3}, nil, tokens(0, 96), 32}, 0, 3},
 		{"too many tokens", []any{"BlockStored", []uint64{1, 2, 3}, nil, tokens(0, 49), 16}, 0, 3},
+		// Without block_size, only tokens = blocks × the registered size
+		// show that the engine's blocks are that size. From a review: an
+		// engine with blocks of 8 (three blocks, 24 tokens) on a rank
+		// registered with 16 had its first block kept, engine hash 1 paired
+		// with the content of its blocks 1 and 2.
+		{"block size absent, a smaller engine block size", []any{"BlockStored", []uint64{1, 2, 3}, nil, tokens(0, 24)}, 0, 3},
+		{"block size absent, tokens for two of three blocks", []any{"BlockStored", []uint64{1, 2, 3}, nil, tokens(0, 32)}, 0, 3},
+		{"block size absent, a partial third block", []any{"BlockStored", []uint64{1, 2, 3}, nil, tokens(0, 40)}, 0, 3},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -497,6 +497,11 @@ func (d *Decoder) blocks(e *wireEvent, out *Batch) (keep int, why Reason) {
 	switch {
 	case len(e.tokens) > n*bs: // more tokens than blocks: which belong where is unknown
 		return 0, ReasonBlockSize
+	case len(e.tokens) < n*bs && !e.has(fBlockSize):
+		// Without block_size, only n × bs tokens show that the engine's
+		// blocks are bs tokens: fewer may be the whole of n smaller blocks,
+		// and tokens[i*bs:(i+1)*bs] would then not be block i's.
+		return 0, ReasonBlockSize
 	case len(e.tokens) < n*bs: // the blocks with all their tokens stay
 		keep, why = len(e.tokens)/bs, ReasonBlockSize
 	}

@@ -70,9 +70,13 @@
 //  6. Block size (ReasonBlockSize): an event whose block_size differs from
 //     the registered one loses all its blocks; one with more tokens than
 //     blocks × block_size too (which tokens belong to which block is
-//     unknown); one with fewer keeps the blocks whose tokens are all there
-//     and loses the first incomplete one and every block after it (they
-//     chain onto it).
+//     unknown). One with fewer, and a block_size equal to the registered
+//     one, keeps the blocks whose tokens are all there and loses the first
+//     incomplete one and every block after it (they chain onto it); without
+//     block_size, fewer tokens lose every block, since they may be the whole
+//     of blocks smaller than the registered size, and pairing hash i with
+//     the i-th registered-size span of them would learn a wrong content
+//     hash.
 //  7. A store without tokens (an offload tier's: the connector knows only
 //     hashes) takes each block's content hash from the ones learned from
 //     earlier stores with tokens; the first block never seen ends the event
