@@ -242,6 +242,13 @@ func TestSequenceRules(t *testing.T) {
 			want:  "ev0 ev1 ev2 ev3 ev4 reset resync:gap ev1 ev2"},
 		{name: "connect: a step back after a jump is a new epoch", steps: live(0, 1, 2, 5, 3),
 			want: "ev0 ev1 ev2 resync:gap ev5 reset resync:gap ev3"},
+		// A new epoch forgets what the last replay applied: the restarted
+		// engine's batches 2 and 3, other bytes than the replayed ones, are
+		// its own, not a second restart each. From a review: deleting
+		// newEpoch's reset of the replayed batches left every test green.
+		{name: "a restart after a replay resets once", replay: true,
+			steps: steps(replies(nil, 2, 3, 4, 5), live(0, 1, 4, 5), restarted(0, 1, 2, 3)),
+			want:  "ev0 ev1 replay:2 ev2 ev3 ev4 ev5 reset ev0 ev1 ev2 ev3"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -726,5 +733,54 @@ func TestOneLargeBatchIsNotHeldForGood(t *testing.T) {
 	}
 	if held > 4<<20 {
 		t.Fatalf("subscriber holds %d MB after one batch of 2M removes and 98 small ones, want under 4", held>>20)
+	}
+}
+
+// storePayload is [ts, [["BlockStored", [h], nil, tokens, 4, nil, medium]], 0].
+func storePayload(ts float64, h uint64, tokens []uint32, medium string) []byte {
+	b := msgp.AppendArrayHeader(nil, 3)
+	b = msgp.AppendFloat64(b, ts)
+	b = msgp.AppendArrayHeader(b, 1)
+	b = msgp.AppendArrayHeader(b, 7)
+	b = msgp.AppendString(b, "BlockStored")
+	b = msgp.AppendArrayHeader(b, 1)
+	b = msgp.AppendUint64(b, h)
+	b = msgp.AppendNil(b)
+	b = msgp.AppendArrayHeader(b, uint32(len(tokens)))
+	for _, tk := range tokens {
+		b = msgp.AppendUint32(b, tk)
+	}
+	b = msgp.AppendInt(b, 4)
+	b = msgp.AppendNil(b)
+	b = msgp.AppendString(b, medium)
+	return msgp.AppendInt(b, 0)
+}
+
+// TestNewEpochForgetsLearnedHashes: a restarted engine may seed its block
+// hashes anew, so a tokenless (offload) store of an engine hash learned in
+// the old epoch is unresolved, not placed with the old epoch's content hash.
+// From a review: deleting newEpoch's decoder reset left every test green.
+func TestNewEpochForgetsLearnedHashes(t *testing.T) {
+	sink := &recSink{}
+	c := newCore(t, sink, nil)
+	const h = 0xfeedface12345678
+	for _, m := range [][][]byte{
+		{{}, seqFrame(0), storePayload(1.0, h, []uint32{1, 2, 3, 4}, "GPU")},
+		{{}, seqFrame(1), storePayload(1.1, h, nil, "CPU")}, // resolved: same epoch
+		{{}, seqFrame(0), storePayload(2.0, h, nil, "CPU")}, // the restarted engine's
+	} {
+		if err := c.live(bg, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := sink.of(nil)
+	if got := trace(calls); got != "ev0 ev1 reset ev0" {
+		t.Fatalf("sink calls %s, want ev0 ev1 reset ev0", got)
+	}
+	if n := len(calls[1].events); n != 1 {
+		t.Fatalf("a tokenless store of a hash learned in the same epoch gave %d events, want 1", n)
+	}
+	if n := len(calls[3].events); n != 0 {
+		t.Fatalf("restarted engine's tokenless store resolved from the old epoch: %s", fmtEvents(calls[3].events))
 	}
 }
