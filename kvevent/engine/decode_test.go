@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"runtime"
 	"slices"
@@ -592,6 +593,72 @@ func TestOneLargeEventKeepsNoLargeStorage(t *testing.T) {
 	}
 }
 
+// TestNameCachesStayBounded: the decoder caches the seed of each LoRA name
+// and the tier of each medium spelling, so that lookups do not allocate.
+// Both are bounded: names past the bound are still decoded right, uncached.
+func TestNameCachesStayBounded(t *testing.T) {
+	asked := 0
+	d := newTestDecoder(t, Config{Rank: rank, Seed: func(name string) uint64 { asked++; return uint64(len(name)) }})
+	for i := range 2 * maxSeeds {
+		name := fmt.Sprintf("adapter-%d", i)
+		got := decode(t, d, in(t, []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), 16, nil, nil, name}))
+		assertEvents(t, got, []kvevent.Event{stored(rank, kvevent.TierDevice, nil, []uint64{1}, tokens(0, 16), 16, uint64(len(name)))})
+	}
+	if n := len(d.seeds); n > maxSeeds {
+		t.Fatalf("%d LoRA seeds cached, bound %d", n, maxSeeds)
+	}
+
+	// Every letter case of "cpu_pinned" names the host tier: 512 spellings.
+	d = newTestDecoder(t, Config{Rank: rank})
+	for i := range 512 {
+		b := []byte("cpu_pinned")
+		for j, k := 0, 0; j < len(b); j++ {
+			if b[j] == '_' {
+				continue
+			}
+			if i>>k&1 == 1 {
+				b[j] -= 'a' - 'A'
+			}
+			k++
+		}
+		got := decode(t, d, in(t, []any{"BlockRemoved", []uint64{1}, string(b)}))
+		assertEvents(t, got, []kvevent.Event{removed(rank, kvevent.TierHostPinned, 1)})
+	}
+	if n := len(d.mediums); n > 64 {
+		t.Fatalf("%d medium spellings cached, bound 64", n)
+	}
+}
+
+// TestExtraKeyBlocksCountsKeptBlocksOnly: ExtraKeyBlocks counts emitted
+// blocks, so a store that loses blocks to the block-size rule counts at most
+// the blocks it kept.
+func TestExtraKeyBlocksCountsKeptBlocksOnly(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	keys := []any{[]any{"img-1"}, []any{"img-2"}, []any{"img-3"}}
+	decode(t, d, in(t, []any{"BlockStored", []uint64{1, 2, 3}, nil, tokens(0, 40), 16, nil, nil, nil, keys}))
+	if s := d.Stats(); s.ExtraKeyBlocks != 2 || s.DroppedBlocks[ReasonBlockSize] != 1 {
+		t.Fatalf("extra-key blocks %d, dropped %d; want 2 kept with extra keys, 1 dropped", s.ExtraKeyBlocks, s.DroppedBlocks[ReasonBlockSize])
+	}
+}
+
+// TestLearnedGroupKindChangesOnceTheTableIsFull: the group → kind table of
+// LearnGroupKinds takes no new group past maxLearnedGroups, but a group it
+// holds still follows what its stores say: a full table must not freeze it.
+func TestLearnedGroupKindChangesOnceTheTableIsFull(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank, LearnGroupKinds: true})
+	for g := range maxLearnedGroups {
+		decode(t, d, in(t, []any{"BlockStored", []uint64{11}, nil, tokens(0, 16), 16, nil, nil, nil, nil, g, "full_attention"}))
+	}
+	if n := len(d.groupMain); n != maxLearnedGroups {
+		t.Fatalf("%d groups learned, want %d", n, maxLearnedGroups)
+	}
+	decode(t, d, in(t, []any{"BlockStored", []uint64{11}, nil, tokens(0, 16), 16, nil, nil, nil, nil, 5, "sliding_window", 512}))
+	assertEvents(t, decode(t, d, in(t, []any{"BlockRemoved", []uint64{11}, nil, 5})), nil)
+	if s := d.Stats(); s.Skipped[ReasonNotMainGroup] != 2 {
+		t.Fatalf("skipped as not the main group: %d, want group 5's sliding store and remove", s.Skipped[ReasonNotMainGroup])
+	}
+}
+
 func TestLearnedHashesKeepWhatIsUsed(t *testing.T) {
 	l := newLearned(4) // two generations of two
 	l.put(1, 10)
@@ -602,6 +669,11 @@ func TestLearnedHashesKeepWhatIsUsed(t *testing.T) {
 		t.Fatal("1 lost after one rotation")
 	}
 	l.keep(1, v) // a hit in old moves 1 back into cur
+	// Moved, not copied: held twice, a pair would count twice in Learned
+	// and take the room of another.
+	if n := l.len(); n != 3 {
+		t.Fatalf("after keeping a pair of old, %d entries held, want 3", n)
+	}
 	l.put(4, 40) // rotates: {3,1} old, {2} dropped
 	if _, ok := l.get(2); ok {
 		t.Fatal("2 survived two rotations unused")
