@@ -386,3 +386,62 @@ func TestOversizedMessageDropsOnlyItsConnection(t *testing.T) {
 		t.Fatalf("the oversized message reached the subscriber: stats %+v", st)
 	}
 }
+
+// TestOversizedReplyFailsTheReplay: the replay socket takes no frame over
+// MaxMessage either. libzmq drops the connection that sent one, so the
+// replay hears nothing more and times out, and the core resyncs the rank:
+// the engine's replay cannot take the agent's memory any more than its
+// live stream can. From a review: deleting the replay socket's bound left
+// every test green.
+func TestOversizedReplyFailsTheReplay(t *testing.T) {
+	router, err := zmq.NewSocket(zmq.ROUTER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer router.Close()
+	if err := errors.Join(router.SetLinger(0), router.SetRcvtimeo(10*time.Second), router.Bind("tcp://127.0.0.1:*")); err != nil {
+		t.Fatal(err)
+	}
+	ep, err := router.GetLastEndpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bound = 64 << 10
+	s, err := New(Config{Endpoint: "tcp://127.0.0.1:1", ReplayEndpoint: ep, ReplayTimeout: 300 * time.Millisecond,
+		MaxMessage: bound, Sink: &recSink{}, Logger: quiet, Decoder: engine.Config{BlockSize: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var largest int // the largest frame the replay was given
+	done := make(chan error, 1)
+	go func() {
+		done <- s.replay(context.Background(), 3, func(frames [][]byte) bool {
+			for _, f := range frames {
+				largest = max(largest, len(f))
+			}
+			return len(frames[len(frames)-1]) != 0 // the end marker has an empty payload
+		})
+	}()
+	req, err := router.RecvMessageBytes(0)
+	if err != nil {
+		t.Fatalf("the fake engine got no replay request: %v", err)
+	}
+	id := req[0]
+	if _, err := router.SendMessage(id, []byte{}, seqFrame(3), make([]byte, 2*bound)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := router.SendMessage(id, endMsg[0], endMsg[1], endMsg[2]); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("replay did not return")
+	}
+	if !errors.Is(err, errReplayTimeout) {
+		t.Fatalf("replay with a reply of %d bytes over a bound of %d returned %v, want a timeout", 2*bound, bound, err)
+	}
+	if largest > bound {
+		t.Fatalf("the replay was given a frame of %d bytes, bound %d", largest, bound)
+	}
+}
