@@ -321,6 +321,11 @@ func (m *model) event(g *genEvent) (kvevent.Event, Reason, bool) {
 	if len(g.Tokens) > len(g.Hashes)*bs {
 		return none, ReasonBlockSize, false
 	}
+	if len(g.Tokens) < len(g.Hashes)*bs && g.BlockSize == nil {
+		// Fewer tokens and no block_size: the engine's blocks may be
+		// smaller than bs, so no span of bs tokens is known to be a block.
+		return none, ReasonBlockSize, false
+	}
 	seed := kvevent.Seed
 	if g.LoraName != nil {
 		seed = kvevent.SeedFor(*g.LoraName, "")
