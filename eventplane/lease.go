@@ -333,6 +333,11 @@ func (in *Ingester) onHeartbeat(m *nats.Msg) {
 	if m.Reply == "" {
 		return
 	}
+	// Each unknown id once, sorted: an id repeated up to the payload
+	// limit would make an answer longer than the heartbeat, too long to
+	// send (and unsent, the agent would only time out).
+	slices.Sort(unknown)
+	unknown = slices.Compact(unknown)
 	answer := &nats.Msg{Data: AppendHeartbeat(nil, unknown)}
 	if ask {
 		if v, ok := in.ranksWithoutState(known); ok {
