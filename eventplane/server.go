@@ -32,6 +32,33 @@ type ServerConfig struct {
 	Logger                 *slog.Logger
 }
 
+// CheckServerAddr says what is wrong with addr as a listen address of the
+// embedded server (ServerConfig.Addr and ClusterAddr, kvrouter's
+// --nats-addr and --nats-cluster-addr), nil when nothing is: host:port,
+// the port a number from 0 to 65535 (0: one the kernel picks). nats-server
+// takes a port number only: a service name ("127.0.0.1:http"), which
+// net.Listen would look up, is refused here as StartServer refuses it.
+func CheckServerAddr(addr string) error {
+	_, port, err := splitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if port > 65535 {
+		return fmt.Errorf("port %d: want a number from 0 to 65535", port)
+	}
+	return nil
+}
+
+// CheckServerName says what is wrong with name as the embedded server's
+// name (ServerConfig.Name, kvrouter's --node-id), nil when nothing is:
+// nats-server refuses a name with a space, when it starts.
+func CheckServerName(name string) error {
+	if strings.Contains(name, " ") {
+		return errors.New("holds a space, which the embedded NATS server refuses in its server name")
+	}
+	return nil
+}
+
 func splitHostPort(addr string) (string, int, error) {
 	host, p, err := net.SplitHostPort(addr)
 	if err != nil {

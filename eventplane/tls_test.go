@@ -277,3 +277,34 @@ func TestSettingsTheServerWouldNotEnforceAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestTheServerChecksAgreeWithStartServer: CheckServerAddr and
+// CheckServerName, which kvrouter runs on --nats-addr,
+// --nats-cluster-addr and --node-id before it locks its data directory,
+// refuse what StartServer refuses and take what it starts with. From a
+// review: kvrouter checked the addresses with net.LookupPort, which takes
+// a service name (127.0.0.1:http) that StartServer's parse refused, and a
+// --node-id with a space reached nats-server unchecked.
+func TestTheServerChecksAgreeWithStartServer(t *testing.T) {
+	for _, c := range []struct {
+		name, addr, cluster string
+	}{
+		{"a", "127.0.0.1:0", ""},
+		{"a", "127.0.0.1:0", "127.0.0.1:0"},
+		{"a b", "127.0.0.1:0", ""},
+		{"a", "127.0.0.1:http", ""},
+		{"a", "127.0.0.1:0", "127.0.0.1:http"},
+		{"a", "127.0.0.1", ""},
+		{"a", "127.0.0.1:65536", ""},
+	} {
+		checked := CheckServerName(c.name) == nil && CheckServerAddr(c.addr) == nil && (c.cluster == "" || CheckServerAddr(c.cluster) == nil)
+		s, err := StartServer(ServerConfig{Name: c.name, Addr: c.addr, ClusterAddr: c.cluster})
+		if err == nil {
+			s.Shutdown()
+			s.WaitForShutdown()
+		}
+		if checked != (err == nil) {
+			t.Errorf("name %q, addr %q, cluster %q: the checks take it: %v; StartServer: %v", c.name, c.addr, c.cluster, checked, err)
+		}
+	}
+}

@@ -58,7 +58,7 @@ func newApp() *cli.App {
             --nats-addr 127.0.0.1:4221 --nats-cluster-addr 127.0.0.1:6221 --nats-routes 127.0.0.1:6222,127.0.0.1:6223
    kvrouter --node-id n4 --raft-addr 127.0.0.1:7004 --http-addr 127.0.0.1:7084 --data-dir data/n4 --join 127.0.0.1:7081,127.0.0.1:7082,127.0.0.1:7083`,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "node-id", Value: "node1", EnvVars: []string{"KVROUTER_NODE_ID"}, Usage: "this node's Raft id"},
+			&cli.StringFlag{Name: "node-id", Value: "node1", EnvVars: []string{"KVROUTER_NODE_ID"}, Usage: "this node's Raft id (the embedded NATS server's name too, which takes no space)"},
 			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:7000", EnvVars: []string{"KVROUTER_RAFT_ADDR"}, Usage: "Raft listen address (host:port, as peers dial it: not a wildcard such as 0.0.0.0, nor port 0)"},
 			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:7080", EnvVars: []string{"KVROUTER_HTTP_ADDR"}, Usage: "HTTP API listen address (host:port; 0.0.0.0 or [::] for every interface, then give --http-advertise in a cluster)"},
 			&cli.StringFlag{Name: "http-advertise", EnvVars: []string{"KVROUTER_HTTP_ADVERTISE"}, Usage: "HTTP address the other nodes reach this node at, which the cluster's member table lists and followers forward writes to (host:port: not a wildcard, nor port 0; default: --http-addr)"},
@@ -181,6 +181,9 @@ func run(c *cli.Context) error {
 		return cli.Exit(err.Error(), 2)
 	}
 	if err := checkNATSFlags(c); err != nil {
+		return cli.Exit(err.Error(), 2)
+	}
+	if err := checkNATSFiles(c); err != nil {
 		return cli.Exit(err.Error(), 2)
 	}
 	peers, err := parsePeers(c.String("peers"))
@@ -416,7 +419,8 @@ func parseJoin(s string) ([]string, error) {
 
 // checkAddrs refuses the address flags that cannot be listened on
 // (host:port, the port a number or a service name, as net.Listen takes
-// them), and a --raft-addr that peers cannot dial (no host, a wildcard
+// them; for --nats-addr and --nats-cluster-addr a number only, as the
+// embedded server takes them: eventplane.CheckServerAddr), and a --raft-addr that peers cannot dial (no host, a wildcard
 // such as 0.0.0.0, or port 0, which listens on a port the kernel picks:
 // it is the address the cluster's configuration lists this node at), with
 // a message that names the flag: a usage error (exit
@@ -450,7 +454,9 @@ func checkAddrs(c *cli.Context) error {
 // --nats-creds and, with --nats-url, the embedded server's flags were
 // dropped without a word; and so were --nats-user and --nats-password with
 // a --nats-url that carries user information, which nats.go sends instead
-// of them (a user alone, as a token). run checked --nats-url and
+// of them (a user alone, as a token); and a --node-id with a space
+// failed the embedded server's start, which takes it for its name, once
+// the data directory was locked. run checked --nats-url and
 // --nats-routes before.
 func checkNATSFlags(c *cli.Context) error {
 	user, password := c.String("nats-user"), c.String("nats-password")
@@ -479,6 +485,11 @@ func checkNATSFlags(c *cli.Context) error {
 		return eventplane.ClientOptions{User: user, Password: password, TLSCA: ca, TLSCert: cert, TLSKey: key}.Check(urls)
 	}
 	routes, _ := natsRoutes(c.String("nats-routes"))
+	// The embedded server is named after the node (--node-id), and
+	// refuses a name that limits.ID takes: one with a space.
+	if err := eventplane.CheckServerName(c.String("node-id")); err != nil {
+		return fmt.Errorf("--node-id %q: %w; give an id without one, or use an external NATS (--nats-url)", c.String("node-id"), err)
+	}
 	switch {
 	case password != "" && user == "":
 		return errors.New("--nats-password needs --nats-user: the embedded server asks its clients for credentials only when it has a user " +
@@ -512,6 +523,13 @@ func checkAddr(flag, addr string) error {
 				return fmt.Errorf("--raft-addr %q: port 0 listens on a port the kernel picks, and peers cannot dial it: "+
 					"give this node's own address, as its peers dial it (host:port, a port from 1 to 65535)", addr)
 			}
+		}
+		return nil
+	}
+	if flag == "nats-addr" || flag == "nats-cluster-addr" {
+		// The embedded server's own parse: a port number only.
+		if err := eventplane.CheckServerAddr(addr); err != nil {
+			return fmt.Errorf("--%s %q: %v: want host:port, the port a number from 0 to 65535 (0: one the kernel picks)", flag, addr, err)
 		}
 		return nil
 	}

@@ -1,10 +1,18 @@
 package main
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"log/slog"
+	"math/big"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -226,4 +234,101 @@ func TestANATSClusterPortInUseNamesThatAddress(t *testing.T) {
 		t.Errorf("--nats-cluster-addr %s in use (--nats-addr %s free): %v, want an error naming the cluster address %s, not %s",
 			taken.Addr(), natsAddr, err, taken.Addr(), natsAddr)
 	}
+}
+
+// TestANodeIDWithASpaceIsAUsageErrorWithTheEmbeddedNATS: the embedded
+// NATS server takes --node-id as its server name, and nats-server refuses
+// a name with a space; limits.ID takes it. With the embedded server such
+// an id is a usage error (exit 2) naming --node-id, before the data
+// directory is touched; an external NATS (--nats-url) never sees it, and
+// takes it. From a review: "a b" was refused by nats-server once the data
+// directory and its LOCK were made (exit 1, "server name cannot contain
+// spaces", no flag named).
+func TestANodeIDWithASpaceIsAUsageErrorWithTheEmbeddedNATS(t *testing.T) {
+	checkRefusedStart(t, []string{"--node-id", "a b", "--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0"}, "--node-id")
+	if err := natsFlagCheck(t, "--node-id", "a b", "--nats-url", "nats://127.0.0.1:4222"); err != nil {
+		t.Errorf("--node-id \"a b\" with --nats-url: %v, want it taken", err)
+	}
+}
+
+// TestANATSAddressWithAServicePortIsAUsageError: --nats-addr and
+// --nats-cluster-addr take a numeric port only, as the embedded server
+// parses them (eventplane.CheckServerAddr); a service name
+// (127.0.0.1:http), which net.Listen takes for --http-addr, is a usage
+// error naming the flag before the data directory is touched. From a
+// review: the check took it (net.LookupPort) and the server refused it
+// once the data directory was made (exit 1).
+func TestANATSAddressWithAServicePortIsAUsageError(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--nats-addr", "127.0.0.1:http"}, "--nats-addr"},
+		{[]string{"--nats-addr", "127.0.0.1:0", "--nats-cluster-addr", "127.0.0.1:http"}, "--nats-cluster-addr"},
+	} {
+		checkRefusedStart(t, append([]string{"--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t)}, c.args...), c.flag)
+	}
+}
+
+// TestNATSFilesAreCheckedBeforeTheStart: the --nats-tls-* files (and,
+// with --nats-url, --nats-creds) are read before the data directory's
+// lock, as the --tls-* files are (TestSecurityFlagsAreChecked): a file
+// missing or wrong is a usage error (exit 2) naming its flag. From a
+// review: they were read only once the directory was locked and the HTTP
+// port taken (exit 1, the message naming no flag).
+func TestNATSFilesAreCheckedBeforeTheStart(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := writeSelfSigned(t, dir)
+	junk, missing := filepath.Join(dir, "junk.pem"), filepath.Join(dir, "missing")
+	if err := os.WriteFile(junk, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const ext = "nats://127.0.0.1:4222"
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--nats-tls-cert", missing, "--nats-tls-key", key}, "--nats-tls-cert"},
+		{[]string{"--nats-tls-cert", cert, "--nats-tls-key", missing}, "--nats-tls-cert"},
+		{[]string{"--nats-tls-cert", junk, "--nats-tls-key", junk}, "--nats-tls-cert"},
+		{[]string{"--nats-tls-cert", cert, "--nats-tls-key", key, "--nats-tls-ca", missing}, "--nats-tls-ca"},
+		{[]string{"--nats-tls-cert", cert, "--nats-tls-key", key, "--nats-tls-ca", junk}, "--nats-tls-ca"},
+		{[]string{"--nats-url", ext, "--nats-tls-cert", missing, "--nats-tls-key", key}, "--nats-tls-cert"},
+		{[]string{"--nats-url", ext, "--nats-tls-ca", missing}, "--nats-tls-ca"},
+		{[]string{"--nats-url", ext, "--nats-creds", missing}, "--nats-creds"},
+	} {
+		args := []string{"--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t)}
+		if c.args[0] != "--nats-url" {
+			args = append(args, "--nats-addr", "127.0.0.1:0") // the embedded server
+		}
+		checkRefusedStart(t, append(args, c.args...), c.flag)
+	}
+}
+
+// writeSelfSigned writes a self-signed certificate for 127.0.0.1 and its
+// key, PEM, into dir, and returns their paths.
+func writeSelfSigned(t *testing.T, dir string) (cert, key string) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cert, key
 }

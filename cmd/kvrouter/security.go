@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/urfave/cli/v2"
@@ -47,6 +48,34 @@ func loadSecurity(c *cli.Context) (security, error) {
 		return sec, fmt.Errorf("--tls-ca: %w", err)
 	}
 	return sec, nil
+}
+
+// checkNATSFiles reads the --nats-tls-* files, and with --nats-url the
+// --nats-creds file (checkNATSFlags refuses it otherwise), as
+// loadSecurity reads the --tls-* files: a file that is missing or wrong
+// is a usage error naming its flag, before the data directory is locked
+// and anything listens, rather than a failed start once the embedded
+// server starts or the client connects. The embedded server and nats.go
+// read them again then; what they take is PEM, as checked here. The
+// creds file is only read: nats.go parses it when it connects.
+func checkNATSFiles(c *cli.Context) error {
+	cert, key, ca := c.String("nats-tls-cert"), c.String("nats-tls-key"), c.String("nats-tls-ca")
+	if cert != "" {
+		if _, err := tls.LoadX509KeyPair(cert, key); err != nil {
+			return fmt.Errorf("--nats-tls-cert %q, --nats-tls-key %q: %w", cert, key, err)
+		}
+	}
+	if ca != "" {
+		if _, err := client.TLSConfig(ca); err != nil {
+			return fmt.Errorf("--nats-tls-ca %q: %w", ca, err)
+		}
+	}
+	if creds := c.String("nats-creds"); creds != "" {
+		if _, err := os.ReadFile(creds); err != nil {
+			return fmt.Errorf("--nats-creds %q: %w", creds, err)
+		}
+	}
+	return nil
 }
 
 // scheme is how the nodes' HTTP addresses are reached.
