@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -8,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -1111,4 +1113,104 @@ func joinThrough(t *testing.T, leader *apitest.Fake, args ...string) error {
 	}()
 	return app.RunContext(ctx, append([]string{"kvrouter", "--node-id", "n4", "--data-dir", t.TempDir(), "--raft-addr", freeAddr(t),
 		"--nats-addr", "127.0.0.1:0"}, args...))
+}
+
+// TestAWriteInFlightAtSIGTERMIsAnswered: a write whose request the node
+// has read the headers of when SIGTERM comes is drained and answered (the
+// HTTP servers shut down before the node closes), not refused by a
+// closed node. The write's body is sent only once the node stopped
+// taking connections. From a review: moving node.Close above the servers'
+// shutdown left every test green.
+func TestAWriteInFlightAtSIGTERMIsAnswered(t *testing.T) {
+	httpAddr := freeAddr(t)
+	sd := startInFlightWrite(t, "--http-addr", httpAddr)
+	sd.sigterm()
+	poll(t, "the HTTP port to stop taking connections", func() bool { return refuses(httpAddr) })
+	sd.wantAnswered(t)
+}
+
+// inFlightWrite is a kvrouter node, and a write to it whose headers it
+// has read (it answered "100 Continue") and whose body is not sent yet.
+type inFlightWrite struct {
+	conn    net.Conn
+	br      *bufio.Reader
+	body    string
+	sigterm context.CancelFunc
+	done    chan error // run's error
+}
+
+// startInFlightWrite starts a single node with args (its --http-addr among
+// them), waits until it is ready, and starts a write to it.
+func startInFlightWrite(t *testing.T, args ...string) *inFlightWrite {
+	t.Helper()
+	var httpAddr string
+	for i := range args[:len(args)-1] {
+		if args[i] == "--http-addr" {
+			httpAddr = args[i+1]
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	sd := &inFlightWrite{body: `{"worker_id":7,"block_size":16}`, sigterm: cancel, done: make(chan error, 1)}
+	go func() {
+		sd.done <- newApp().RunContext(ctx, append([]string{"kvrouter", "--data-dir", filepath.Join(t.TempDir(), "data"),
+			"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "error"}, args...))
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-sd.done
+	})
+	poll(t, "the node to be ready", func() bool {
+		r, err := http.Get("http://" + httpAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		r.Body.Close()
+		return r.StatusCode == http.StatusOK
+	})
+	conn, err := net.Dial("tcp", httpAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	sd.conn, sd.br = conn, bufio.NewReader(conn)
+	fmt.Fprintf(conn, "POST /v1/workers HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", len(sd.body))
+	// "100 Continue": the handler runs, and waits for the body; the
+	// connection is active, not idle, and Shutdown waits for it.
+	if cont, err := http.ReadResponse(sd.br, nil); err != nil || cont.StatusCode != http.StatusContinue {
+		t.Fatalf("want 100 Continue: %v %v", cont, err)
+	}
+	return sd
+}
+
+// wantAnswered sends the write's body and checks that the write is
+// applied, and that run then returns without an error.
+func (sd *inFlightWrite) wantAnswered(t *testing.T) {
+	t.Helper()
+	fmt.Fprint(sd.conn, sd.body)
+	if err := sd.conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(sd.br, nil)
+	if err != nil {
+		t.Fatalf("the write in flight at SIGTERM: %v", err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Errorf("the write in flight at SIGTERM was answered %d %s, want it applied", resp.StatusCode, msg)
+	}
+	if err := <-sd.done; err != nil {
+		t.Errorf("run: %v", err)
+	}
+	sd.done <- nil // for the cleanup
+}
+
+// refuses reports whether addr refuses TCP connections.
+func refuses(addr string) bool {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return true
+	}
+	c.Close()
+	return false
 }
