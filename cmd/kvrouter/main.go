@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -355,12 +356,18 @@ func run(c *cli.Context) error {
 	// Users of the node stop before it closes: the HTTP servers (their
 	// requests drained for up to 5 s), the followers of agentless engines,
 	// the event ingester (in-flight entries answered); then the node, then
-	// NATS.
+	// NATS. The servers shut down together, under one deadline: each
+	// Shutdown closes its listeners first and then waits for its
+	// requests, so shut down in turn, a later port (--selection-addr)
+	// kept taking new requests through the earlier ones' drain, and got
+	// what was left of the deadline, none when a drain used it up.
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	var drained sync.WaitGroup
 	for _, s := range servers {
-		s.Shutdown(sctx)
+		drained.Go(func() { s.Shutdown(sctx) })
 	}
+	drained.Wait()
 	srv.Close()
 	agentless.Close()
 	ing.Close()

@@ -1129,6 +1129,24 @@ func TestAWriteInFlightAtSIGTERMIsAnswered(t *testing.T) {
 	sd.wantAnswered(t)
 }
 
+// TestEveryPortStopsTakingRequestsAtSIGTERM: at SIGTERM every HTTP port
+// stops taking connections at once, the --selection-addr one too, while
+// the main port's requests in flight drain: the servers shut down
+// together, under one deadline. From a review: they shut down one after
+// the other, and the selection port took new requests (30 over 3 s) until
+// the main port's drain was over, up to 5 s, and was then shut down with
+// an expired context. Here the main port's write in flight is still
+// answered once the selection port refuses connections: with the servers
+// shut down in turn, the selection port refused them only once the
+// main port's drain had given up and the node had closed under the write.
+func TestEveryPortStopsTakingRequestsAtSIGTERM(t *testing.T) {
+	httpAddr, selAddr := freeAddr(t), freeAddr(t)
+	sd := startInFlightWrite(t, "--http-addr", httpAddr, "--selection-addr", selAddr)
+	sd.sigterm()
+	poll(t, "the selection port to stop taking connections", func() bool { return refuses(selAddr) })
+	sd.wantAnswered(t)
+}
+
 // inFlightWrite is a kvrouter node, and a write to it whose headers it
 // has read (it answered "100 Continue") and whose body is not sent yet.
 type inFlightWrite struct {
