@@ -1,24 +1,17 @@
 package e2e
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
@@ -33,40 +26,11 @@ type secure struct {
 
 func newSecure(t *testing.T) *secure {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "kvrouter e2e"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	s := &secure{token: "e2e-" + rand.Text(), certFile: filepath.Join(dir, "node.pem"),
-		keyFile: filepath.Join(dir, "node-key.pem"), tokenFile: filepath.Join(dir, "token")}
-	for f, content := range map[string][]byte{
-		s.certFile:  pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		s.keyFile:   pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
-		s.tokenFile: []byte(s.token + "\n"),
-	} {
-		if err := os.WriteFile(f, content, 0o600); err != nil {
-			t.Fatal(err)
-		}
+	s := &secure{token: "e2e-" + rand.Text(), tokenFile: filepath.Join(dir, "token")}
+	s.certFile, s.keyFile = apitest.WriteSelfSigned(t, dir)
+	if err := os.WriteFile(s.tokenFile, []byte(s.token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
 	}
 	return s
 }

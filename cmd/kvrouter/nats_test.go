@@ -1,14 +1,7 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"log/slog"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -19,6 +12,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
@@ -278,7 +272,7 @@ func TestANATSAddressWithAServicePortIsAUsageError(t *testing.T) {
 // port taken (exit 1, the message naming no flag).
 func TestNATSFilesAreCheckedBeforeTheStart(t *testing.T) {
 	dir := t.TempDir()
-	cert, key := writeSelfSigned(t, dir)
+	cert, key := apitest.WriteSelfSigned(t, dir)
 	junk, missing := filepath.Join(dir, "junk.pem"), filepath.Join(dir, "missing")
 	if err := os.WriteFile(junk, []byte("not a certificate\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -303,32 +297,4 @@ func TestNATSFilesAreCheckedBeforeTheStart(t *testing.T) {
 		}
 		checkRefusedStart(t, append(args, c.args...), c.flag)
 	}
-}
-
-// writeSelfSigned writes a self-signed certificate for 127.0.0.1 and its
-// key, PEM, into dir, and returns their paths.
-func writeSelfSigned(t *testing.T, dir string) (cert, key string) {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, key = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return cert, key
 }
