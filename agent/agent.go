@@ -60,7 +60,14 @@
 //     expires, and never be sent again: nothing stores it while the pool
 //     holds it. A batch's cost does not grow with the set: only the
 //     hashes it stores, and those of the held orphans its apply adopts,
-//     are looked up in it (releaseLocked).
+//     are looked up in it (releaseLocked). A remove that takes a rank's
+//     last copy of a block parks the pool blocks below it the same way,
+//     under its hash, and takes them off the router in the same publish
+//     (parkCutLocked): no lookup reaches them, and a dump, which leaves
+//     out what no lookup reaches, would take them off the router while
+//     the mirror kept them. The engine's own blocks below it are taken off
+//     too, not parked. So the mirror holds no block of a rank below one
+//     the rank does not hold, and a dump carries all it holds.
 //   - The engine path never blocks on the router: the publisher drops its
 //     oldest events when its buffer is full (DropOldest), and the rank heals
 //     with a dump once the router reports the gap. A batch larger than the
@@ -777,10 +784,10 @@ func (a *Agent) clearLocked(r kvevent.Rank, reason string) {
 // what a clear keeps in the mirror and sends the router. A block whose
 // parent is held only in another tier (the engine's) would be unreachable
 // after the clear: those go into park, each as a store under its parent's
-// engine hash, to wait until the engine stores the parent again. A pool
-// block whose parent the rank no longer held at all before the clear is
-// left out: its parent's hash is not known any more. The caller holds
-// a.mu.
+// engine hash, to wait until the engine stores the parent again. The
+// mirror holds no block below one the rank does not hold (a remove of its
+// last copy parks what was below it: parkCutLocked), so every pool block
+// is in one or the other. The caller holds a.mu.
 func (a *Agent) offloadedLocked(r kvevent.Rank) (keep, park []kvevent.Event) {
 	tiers := a.offloaded[r]
 	if tiers == 0 {
@@ -822,7 +829,7 @@ func (a *Agent) offloadedLocked(r kvevent.Rank) (keep, park []kvevent.Event) {
 		}
 		parent, ok := ehOf[n.Parent]
 		if !ok {
-			continue
+			continue // none: parkCutLocked parked it when its parent went
 		}
 		for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
 			if kept[i].Mask.Has(t) {
@@ -997,8 +1004,9 @@ func validate(evs []kvevent.Event) error {
 // evicts more blocks than that sends as many removes in one batch. Each
 // part is applied to the mirror once the publisher took it, so that the
 // mirror and the ids move together if a later part fails (the publisher
-// closed). The parked pool blocks whose parent a part stored follow it
-// (releaseLocked). It returns the id of the last event. The caller holds
+// closed). The blocks below one whose last copy a part removed are taken
+// back, the pools' parked (parkCutLocked), and the parked pool blocks
+// whose parent a part stored follow it (releaseLocked). It returns the id of the last event. The caller holds
 // a.mu.
 func (a *Agent) publishLocked(r kvevent.Rank, evs []kvevent.Event, offload bool) (uint64, error) {
 	for part := range slices.Chunk(evs, a.pub.BufferEvents()) {
@@ -1009,6 +1017,9 @@ func (a *Agent) publishLocked(r kvevent.Rank, evs []kvevent.Event, offload bool)
 			a.markOffloadedLocked(r, part)
 		}
 		rep := a.applyLocked(r, part)
+		if err := a.parkCutLocked(r, rep.Cut); err != nil {
+			return 0, err
+		}
 		if err := a.releaseLocked(r, part, rep.Adopted); err != nil {
 			return 0, err
 		}
@@ -1052,7 +1063,7 @@ func (a *Agent) Restore(r kvevent.Rank, stored []kvevent.Event) error {
 
 // parking is one rank's parked pool blocks: blocks an offload pool holds
 // whose parent the mirror did not hold when they were stored, restored or
-// kept through a clear. Published then, they would be left out of every
+// kept through a clear, or whose parent a remove took (parkCutLocked). Published then, they would be left out of every
 // dump (no lookup reaches them from the root), or held as orphans that
 // expire; and nothing stores them again while the pool holds them. They
 // wait here, outside the mirror and the router, for a store of their
@@ -1134,8 +1145,10 @@ func (a *Agent) unparkLocked(r kvevent.Rank, t kvevent.Tier, hashes []uint64) []
 // apply did beyond them (indexer.ApplyReport): the blocks of the stores
 // the mirror held as orphans and applied with them (their parent
 // arrived), any of which may be a parent parked blocks of r wait for;
-// and the blocks a store renamed. The report costs nothing for a batch
-// that adopts and renames nothing. The caller holds a.mu.
+// the blocks a store renamed; and the blocks below one whose last copy a
+// remove took. The report costs nothing for a batch that adopts, renames
+// and cuts off nothing (a remove of a block with no children looks at
+// none). The caller holds a.mu.
 func (a *Agent) applyLocked(r kvevent.Rank, evs []kvevent.Event) indexer.ApplyReport {
 	var rep indexer.ApplyReport
 	a.mirror.ApplyBatchReport(evs, time.Now().UnixNano(), &rep)
@@ -1202,6 +1215,59 @@ func (a *Agent) withdrawRenamedLocked(r kvevent.Rank, renames []indexer.Rename) 
 		}
 	}
 	_, err := a.publishLocked(r, evs, false) // removes: they rename nothing
+	return err
+}
+
+// parkCutLocked takes back, here and on the router, the blocks of rank r
+// that a remove of a block above them left unreachable (cuts, parents
+// first, as the mirror reported them), those the part applied still
+// leaves so (a store of the removed block in the same part makes them
+// reachable again): no lookup reaches them, and a dump, which leaves
+// them out, would take them off the router while the mirror kept them,
+// never to be sent again. The tiers of the offload pools' blocks are
+// parked under their parent's engine hash, and go back to the router
+// when it is stored again (releaseLocked), as the blocks a clear parks
+// do; the engine's own are dropped, as a dump drops them. Each tier goes
+// in one REMOVE, published after the part. The caller holds a.mu.
+func (a *Agent) parkCutLocked(r kvevent.Rank, cuts []indexer.Cut) error {
+	if len(cuts) == 0 {
+		return nil
+	}
+	pools := a.offloaded[r]
+	var byTier [kvevent.NumTiers][]uint64
+	gone := map[uint64]bool{} // blocks taken back here
+	for _, c := range cuts {
+		if c.Rank != r {
+			continue
+		}
+		tiers, parentHeld := a.mirror.HeldUnder(r, c.EngineHash)
+		if tiers == 0 || parentHeld && !gone[c.Parent] {
+			continue // removed since, or reachable again
+		}
+		gone[c.EngineHash] = true
+		for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
+			if !tiers.Has(t) {
+				continue
+			}
+			byTier[t] = append(byTier[t], c.EngineHash)
+			if pools.Has(t) {
+				a.parkLocked(r, kvevent.Event{Rank: r, Kind: kvevent.KindStored, Tier: t, HasParent: true, Parent: c.Parent,
+					Blocks: []kvevent.Block{{EngineHash: c.EngineHash, LocalHash: c.Local}}})
+			}
+		}
+	}
+	var evs []kvevent.Event
+	for t, hs := range byTier {
+		if len(hs) > 0 {
+			evs = append(evs, kvevent.Event{Rank: r, Kind: kvevent.KindRemoved, Tier: kvevent.Tier(t), Removed: hs})
+		}
+	}
+	if len(evs) == 0 {
+		return nil
+	}
+	// What these removes cut off in turn is in gone already: the mirror
+	// no longer holds it once they applied, and it is skipped.
+	_, err := a.publishLocked(r, evs, false)
 	return err
 }
 

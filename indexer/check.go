@@ -19,6 +19,26 @@ func (ix *Index) Holds(r kvevent.Rank, eh uint64) bool {
 	return ok
 }
 
+// HeldUnder returns the tiers rank r holds a block in under engine hash
+// eh (0 when it holds none), and whether r holds the block's parent too
+// (true for a block of the root): whether a lookup, and a dump
+// (RankDump.StoredEvents), can reach the block from the block above it.
+func (ix *Index) HeldUnder(r kvevent.Rank, eh uint64) (tiers kvevent.Mask, parentHeld bool) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	rs := ix.rankFor(r, false)
+	if rs == nil {
+		return 0, false
+	}
+	n, ok := rs.blocks.get(eh)
+	if !ok {
+		return 0, false
+	}
+	tiers = n.holders[n.find(rs.slot)].mask()
+	p := n.parent
+	return tiers, p == &ix.root || p.find(rs.slot) >= 0
+}
+
 // CheckStore reports whether applying a Stored chain of rank r (its parent
 // named by hasParent and parent, then blocks, each the parent of the next)
 // would move a residency r holds: store takes a block whose engine hash r

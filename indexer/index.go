@@ -123,6 +123,23 @@ type ApplyReport struct {
 	// (Rename.New) in every tier it held (Rename.Tiers) and the store's,
 	// and a remove of the old name no longer reaches it.
 	Renamed []Rename
+	// Cut has, for every remove that took a rank's last residency of a
+	// block below which the rank holds blocks, those blocks, parents
+	// first: no lookup reaches them from the root any more, and a dump
+	// leaves them out (RankDump.StoredEvents), though the index keeps
+	// them. A block of the rank below one it does not hold was cut off
+	// before, and is not reported again.
+	Cut []Cut
+}
+
+// Cut is a rank's block that a remove of a block above it left
+// unreachable (ApplyReport.Cut), as it was then.
+type Cut struct {
+	Rank       kvevent.Rank
+	Parent     uint64 // its parent's engine hash (the removed block's, for the first below it)
+	EngineHash uint64
+	Local      uint64       // its content hash
+	Tiers      kvevent.Mask // the tiers the rank held it in
 }
 
 // Rename is a rank's block renamed by a store (ApplyReport.Renamed).
@@ -457,6 +474,9 @@ func (ix *Index) removeOne(rs *rankState, eh uint64, t kvevent.Tier) {
 		ix.removeHeldOrphanBlock(rs, eh, t)
 	}
 	if m == t.Bit() {
+		if ix.report != nil && n.hasChildren() {
+			ix.reportCut(rs, n, eh)
+		}
 		ix.dropHolder(rs, n, i)
 		return
 	}
@@ -469,6 +489,22 @@ func (ix *Index) removeOne(rs *rankState, eh uint64, t kvevent.Tier) {
 	if ix.journal != nil {
 		ix.journal.EntrySet(rs.rank, eh, n.seq, m, h.order)
 	}
+}
+
+// reportCut adds to the report the blocks rs holds below n, which it
+// holds under engine hash eh and is about to stop holding, parents first.
+// The walk goes down only through blocks rs holds: it looks at n's
+// children, and then at rs's own blocks below them.
+func (ix *Index) reportCut(rs *rankState, n *node, eh uint64) {
+	n.forEachChild(func(c *node) {
+		i := c.find(rs.slot)
+		if i < 0 {
+			return // what rs holds below c was cut off before
+		}
+		h := &c.holders[i]
+		ix.report.Cut = append(ix.report.Cut, Cut{Rank: rs.rank, Parent: eh, EngineHash: h.eh, Local: c.local, Tiers: h.mask()})
+		ix.reportCut(rs, c, h.eh)
+	})
 }
 
 // dropHolder removes rank rs from node n (holder i) in every tier, and

@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"cmp"
 	"errors"
 	"math"
 	"reflect"
@@ -242,6 +243,49 @@ func TestApplyBatchReportNamesTheRenamedBlocks(t *testing.T) {
 	}
 	if ix.Holds(rk1, 1) || !ix.Holds(rk1, 51) {
 		t.Fatal("the block is not held under its newest name alone")
+	}
+}
+
+// TestApplyBatchReportNamesTheBlocksARemoveCutsOff: a remove of a rank's
+// last residency of a block leaves the rank's blocks below it unreachable
+// (a dump leaves them out) while the index keeps them; the report names
+// them, parents first, each with its parent's engine hash and its tiers,
+// so that the node agent can park an offload pool's blocks among them. A
+// remove that leaves the block held in another tier, or of a block with
+// nothing of the rank below it (another rank's blocks are not the
+// rank's), reports none; and a block below one the rank stopped holding
+// before is not reported again.
+func TestApplyBatchReportNamesTheBlocksARemoveCutsOff(t *testing.T) {
+	ix := New(Config{})
+	host := kvevent.TierHostPinned
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2)), stored(rk1, host, chain(1)),
+		storedUnder(rk1, host, 2, chain(3, 4)), storedUnder(rk1, dev, 3, chain(5)),
+		stored(rk2, dev, chain(1, 2, 6)))
+	var rep ApplyReport
+	ix.ApplyBatchReport([]kvevent.Event{*removed(rk1, dev, 1), *removed(rk2, dev, 6)}, 0, &rep)
+	if len(rep.Cut) != 0 {
+		t.Fatalf("removes that leave the block held, or cut nothing off, report %+v", rep.Cut)
+	}
+	ix.ApplyBatchReport([]kvevent.Event{*removed(rk1, dev, 2)}, 0, &rep)
+	want := []Cut{
+		{Rank: rk1, Parent: 2, EngineHash: 3, Local: 103, Tiers: host.Bit()},
+		{Rank: rk1, Parent: 3, EngineHash: 4, Local: 104, Tiers: host.Bit()},
+		{Rank: rk1, Parent: 3, EngineHash: 5, Local: 105, Tiers: dev.Bit()},
+	}
+	slices.SortFunc(rep.Cut[1:], func(a, b Cut) int { return cmp.Compare(a.EngineHash, b.EngineHash) }) // siblings in no order
+	if !slices.Equal(rep.Cut, want) {
+		t.Fatalf("cut %+v, want %+v", rep.Cut, want)
+	}
+	if tiers, parentHeld := ix.HeldUnder(rk1, 3); tiers != host.Bit() || parentHeld {
+		t.Fatalf("HeldUnder(3) = %v, %v: want the host tier, its parent not held", tiers, parentHeld)
+	}
+	if tiers, parentHeld := ix.HeldUnder(rk1, 1); tiers != host.Bit() || !parentHeld {
+		t.Fatalf("HeldUnder(1) = %v, %v: want the host tier, a root block", tiers, parentHeld)
+	}
+	rep = ApplyReport{}
+	ix.ApplyBatchReport([]kvevent.Event{*removed(rk1, host, 1)}, 0, &rep)
+	if len(rep.Cut) != 0 {
+		t.Fatalf("a remove above blocks cut off before reports %+v", rep.Cut)
 	}
 }
 
