@@ -1,15 +1,20 @@
 package eventplane
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
 
 // ClientOptions are how agents and routers connect to NATS: an embedded
@@ -25,6 +30,12 @@ type ClientOptions struct {
 	// (default: the system's roots once TLS is on); TLSCert and TLSKey are
 	// this client's certificate, for servers that require one.
 	TLSCA, TLSCert, TLSKey string
+	// OnCredsError, when set, is called with what is wrong with Creds
+	// each time a connection finds the file holding no credentials that
+	// CheckFiles would take: nats.go retries such a connection for ever,
+	// reporting nothing (a refusal by the server it reports, and gives up
+	// after two).
+	OnCredsError func(error)
 }
 
 // NATSOptions returns the nats.Connect options of o: reconnect for ever
@@ -38,8 +49,36 @@ func (o ClientOptions) NATSOptions() []nats.Option {
 	if o.User != "" {
 		opts = append(opts, nats.UserInfo(o.User, o.Password))
 	}
-	if o.Creds != "" {
+	if o.Creds != "" && o.OnCredsError == nil {
 		opts = append(opts, nats.UserCredentials(o.Creds))
+	} else if o.Creds != "" {
+		// nats.UserCredentials' two reads of the file, the JWT's checked
+		// as CheckFiles checks it.
+		opts = append(opts, nats.UserJWT(func() (string, error) {
+			if err := checkCreds(o.Creds); err != nil {
+				err = fmt.Errorf("--nats-creds %q: %w", o.Creds, err)
+				o.OnCredsError(err)
+				return "", err
+			}
+			b, err := os.ReadFile(o.Creds)
+			if err != nil {
+				return "", err
+			}
+			return nkeys.ParseDecoratedJWT(b)
+		}, func(nonce []byte) ([]byte, error) {
+			b, err := os.ReadFile(o.Creds)
+			if err != nil {
+				return nil, err
+			}
+			kp, err := nkeys.ParseDecoratedNKey(b)
+			if err != nil {
+				err = fmt.Errorf("--nats-creds %q: %w", o.Creds, err)
+				o.OnCredsError(err)
+				return nil, err
+			}
+			defer kp.Wipe()
+			return kp.Sign(nonce)
+		}))
 	}
 	if o.TLSCA != "" {
 		opts = append(opts, nats.RootCAs(o.TLSCA))
@@ -67,6 +106,77 @@ func (o ClientOptions) Check(urls string) error {
 		if o.User == "" {
 			return errors.New("--nats-password needs --nats-user: NATS sends a password only with its user")
 		}
+	}
+	return nil
+}
+
+// CheckFiles reads the files o names, and says what is wrong with the
+// first that nats.go could not use, nil when none: the TLS client
+// certificate and its key (a PEM pair), the CA (PEM certificates), and
+// the credentials file, which must hold a user JWT and the user's nkey
+// seed, parsed as nats.UserCredentials parses them when it connects. Its
+// messages name the flags of kvagent and kvrouter (--nats-creds, ...),
+// and show nothing of the files' contents.
+//
+// Without it a file missing or wrong failed each connection, and nats.go
+// retries a connection for ever: a creds file holding no credentials
+// (nkeys.ParseDecoratedJWT takes any text for a JWT; only the seed's
+// absence fails, when the nonce is signed) kept an agent running,
+// publishing nothing, as if NATS were out of reach. nats.go reads the
+// files again at each connection; one that goes bad after the check is
+// OnCredsError's.
+func (o ClientOptions) CheckFiles() error {
+	if o.TLSCert != "" || o.TLSKey != "" {
+		if _, err := tls.LoadX509KeyPair(o.TLSCert, o.TLSKey); err != nil {
+			return fmt.Errorf("--nats-tls-cert %q, --nats-tls-key %q: %w", o.TLSCert, o.TLSKey, err)
+		}
+	}
+	if o.TLSCA != "" {
+		b, err := os.ReadFile(o.TLSCA)
+		if err != nil {
+			return fmt.Errorf("--nats-tls-ca %q: %w", o.TLSCA, err)
+		}
+		if !x509.NewCertPool().AppendCertsFromPEM(b) {
+			return fmt.Errorf("--nats-tls-ca %q holds no PEM certificate", o.TLSCA)
+		}
+	}
+	if o.Creds != "" {
+		if err := checkCreds(o.Creds); err != nil {
+			return fmt.Errorf("--nats-creds %q: %w", o.Creds, err)
+		}
+	}
+	return nil
+}
+
+// checkCreds parses a NATS credentials file as nats.UserCredentials does
+// (nkeys.ParseDecoratedJWT, nkeys.ParseDecoratedNKey), and more strictly:
+// the JWT must decode as a user's claims, and the seed must be that
+// user's, or the server refuses the connection.
+func checkCreds(file string) error {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	const want = "want a NATS credentials file (a -----BEGIN NATS USER JWT----- block, then the user's -----BEGIN USER NKEY SEED----- block, as nsc writes them)"
+	tok, err := nkeys.ParseDecoratedJWT(b)
+	if err != nil {
+		return fmt.Errorf("%w: %s", err, want)
+	}
+	claims, err := jwt.DecodeUserClaims(tok)
+	if err != nil {
+		return fmt.Errorf("holds no user JWT (%v): %s", err, want)
+	}
+	kp, err := nkeys.ParseDecoratedNKey(b)
+	if err != nil {
+		return fmt.Errorf("holds no nkey seed (%w): %s", err, want)
+	}
+	defer kp.Wipe()
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return fmt.Errorf("%w: %s", err, want)
+	}
+	if pub != claims.Subject {
+		return fmt.Errorf("its seed is not the key of its JWT's user (%s): %s", claims.Subject, want)
 	}
 	return nil
 }

@@ -4,14 +4,19 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
 	"github.com/urfave/cli/v2"
 
 	"github.com/kvrouter/kvrouter/agent"
+	"github.com/kvrouter/kvrouter/api/apitest"
 )
 
 // checkOnly runs kvagent's flag parsing and checkFlags alone (run would
@@ -302,10 +307,96 @@ func TestNATSCredentialCombinationsNATSWouldNotUseAreUsageErrors(t *testing.T) {
 		{"--block-size", "4", "--nats-user", "bob", "--nats-password", "pw"},
 		{"--block-size", "4", "--nats-user", "tok"},
 		{"--block-size", "4", "--nats-url", "nats://alice:pw@127.0.0.1:4222"},
-		{"--block-size", "4", "--nats-tls-cert", "c.pem", "--nats-tls-key", "k.pem"},
 	} {
 		if err := checkOnly(args...); err != nil {
 			t.Errorf("kvagent %q: %v, want it taken", args, err)
 		}
 	}
+}
+
+// TestNATSFilesAreUsageErrors: the --nats-tls-* files and the
+// --nats-creds file are read and parsed before anything starts, as
+// kvrouter reads them (eventplane.ClientOptions.CheckFiles): a file
+// missing, not PEM, or a creds file without a user JWT and its nkey seed
+// is a usage error (exit 2) naming its flag. From a review: kvagent never
+// checked them; a missing file failed each connection to NATS, and a
+// creds file holding no credentials had the agent log "cannot reach NATS"
+// once and run for ever, publishing nothing.
+func TestNATSFilesAreUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := apitest.WriteSelfSigned(t, dir)
+	creds := writeCreds(t, dir)
+	junk, missing := filepath.Join(dir, "junk.pem"), filepath.Join(dir, "missing")
+	seedOnly, jwtOnly := filepath.Join(dir, "seed.creds"), filepath.Join(dir, "jwt.creds")
+	whole, err := os.ReadFile(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwtPart, seedPart, _ := strings.Cut(string(whole), "************************* IMPORTANT")
+	for f, b := range map[string]string{junk: "not a certificate\n", jwtOnly: jwtPart, seedOnly: seedPart} {
+		if err := os.WriteFile(f, []byte(b), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--nats-tls-cert", missing, "--nats-tls-key", key}, "--nats-tls-cert"},
+		{[]string{"--nats-tls-cert", cert, "--nats-tls-key", missing}, "--nats-tls-cert"},
+		{[]string{"--nats-tls-cert", junk, "--nats-tls-key", junk}, "--nats-tls-cert"},
+		{[]string{"--nats-tls-ca", missing}, "--nats-tls-ca"},
+		{[]string{"--nats-tls-ca", junk}, "--nats-tls-ca"},
+		{[]string{"--nats-creds", missing}, "--nats-creds"},
+		{[]string{"--nats-creds", junk}, "--nats-creds"},
+		{[]string{"--nats-creds", jwtOnly}, "--nats-creds"},
+		{[]string{"--nats-creds", seedOnly}, "--nats-creds"},
+	} {
+		args := append([]string{"--block-size", "4"}, tc.args...)
+		wantUsage(t, args, checkOnly(args...), tc.want)
+	}
+	for _, args := range [][]string{
+		{"--block-size", "4", "--nats-tls-cert", cert, "--nats-tls-key", key, "--nats-tls-ca", cert},
+		{"--block-size", "4", "--nats-creds", creds},
+	} {
+		if err := checkOnly(args...); err != nil {
+			t.Errorf("kvagent %q: %v, want it taken", args, err)
+		}
+	}
+}
+
+// writeCreds writes a NATS credentials file (a user JWT signed by a new
+// account, and the user's nkey seed, as nsc writes them) into dir and
+// returns its path.
+func writeCreds(t *testing.T, dir string) string {
+	t.Helper()
+	account, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := user.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := jwt.NewUserClaims(pub).Encode(account)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, err := user.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := jwt.FormatUserConfig(tok, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(dir, "user.creds")
+	if err := os.WriteFile(f, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }

@@ -166,7 +166,14 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	defer gpus.Close()
 	reg.MustRegister(nvml.NewCollector(gpus))
 
-	opts := natsOptions(c).NATSOptions()
+	no := natsOptions(c)
+	// A creds file gone bad since checkFlags read it fails every try,
+	// and nats.go never gives up on it: the agent stops, as it does
+	// when NATS refuses the credentials. (lost is set below, before
+	// the first connection.)
+	var credsBad func(error)
+	no.OnCredsError = func(err error) { credsBad(err) }
+	opts := no.NATSOptions()
 	// A NATS not up yet (the routers start beside the agents) is waited
 	// for, as a lost connection is; both are logged.
 	// A connection nats.go closes for good (credentials refused twice in
@@ -175,6 +182,10 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	ctx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
 	nl := &natsLog{log: logger, lost: lost}
+	credsBad = func(err error) {
+		logger.Error("the --nats-creds file holds no credentials: the agent stops", "err", err)
+		lost(fmt.Errorf("%w: %v", errNATSCreds, err))
+	}
 	opts = append(opts, nats.RetryOnFailedConnect(true))
 	opts = append(opts, nl.options()...)
 	nc, err := nats.Connect(c.String("nats-url"), opts...)
@@ -249,7 +260,7 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	// does by default: a shutdown that hangs (a GPU copy that never ends)
 	// can still be stopped.
 	stop()
-	if cause := context.Cause(ctx); errors.Is(cause, errNATSClosed) {
+	if cause := context.Cause(ctx); errors.Is(cause, errNATSClosed) || errors.Is(cause, errNATSCreds) {
 		return cause
 	}
 	if err != nil && !errors.Is(err, context.Canceled) {
@@ -297,6 +308,9 @@ func checkFlags(c *cli.Context) error {
 		return usage("--nats-url %q: %v", eventplane.RedactURLs(c.String("nats-url")), err)
 	}
 	if err := natsOptions(c).Check(c.String("nats-url")); err != nil {
+		return usage("%v", err)
+	}
+	if err := natsOptions(c).CheckFiles(); err != nil {
 		return usage("%v", err)
 	}
 	// The router would refuse the registration.
@@ -393,7 +407,7 @@ func natsOptions(c *cli.Context) eventplane.ClientOptions {
 // connection made, or made again, ends the run (Info).
 type natsLog struct {
 	log     *slog.Logger
-	lost    context.CancelCauseFunc // ends the agent, with errNATSClosed, when the connection closes for good
+	lost    context.CancelCauseFunc // ends the agent, with errNATSClosed or errNATSCreds, when the connection cannot be made again
 	failing atomic.Bool             // a failure was logged, and no connection made since
 	closing atomic.Bool             // the agent closes the connection: its close is no failure
 }
@@ -439,11 +453,17 @@ func (l *natsLog) options() []nats.Option {
 // errNATSClosed ends an agent whose NATS connection closed for good.
 var errNATSClosed = errors.New("the NATS connection closed for good (nats.go gives up after the server refuses the credentials twice in a row)")
 
-// refused reports whether a NATS connection error is the server refusing
-// the credentials, not a server out of reach.
+// errNATSCreds ends an agent whose credentials file holds none when it
+// connects (eventplane.ClientOptions.OnCredsError), which nats.go would
+// retry for ever.
+var errNATSCreds = errors.New("the NATS credentials file cannot be used (it held credentials when the agent started)")
+
+// refused reports whether a NATS connection error is the credentials'
+// fault (the server refusing them, or a creds file nats.go cannot use),
+// not a server out of reach.
 func refused(err error) bool {
 	s := strings.ToLower(err.Error())
-	return strings.Contains(s, "authorization") || strings.Contains(s, "authentication")
+	return strings.Contains(s, "authorization") || strings.Contains(s, "authentication") || strings.Contains(s, "nkeys:")
 }
 
 // strayArgument says what is wrong with the command line's arguments:

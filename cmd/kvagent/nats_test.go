@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -212,5 +213,40 @@ func TestNATSConnectionIsLogged(t *testing.T) {
 	}
 	if r.logs.has("NATS connection is closed") {
 		t.Errorf("the connection closed at shutdown is logged as a failure:\n%s", r.logs)
+	}
+}
+
+// TestACredsFileGoneBadStopsTheAgent: a --nats-creds file that held
+// credentials when the agent started (CheckFiles took it) and holds none
+// when it connects stops the agent with an error naming the credentials,
+// as credentials the server refuses do: nats.go retries such a file for
+// ever, and the agent, which took the failure for NATS out of reach, ran
+// on publishing nothing. From a review (a junk creds file).
+func TestACredsFileGoneBadStopsTheAgent(t *testing.T) {
+	creds := writeCreds(t, t.TempDir())
+	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	r := startKvagent(t, "--worker-id", "1", "--block-size", "4", "--nats-url", "nats://"+addr,
+		"--nats-creds", creds, "--engine-endpoint", "tcp://127.0.0.1:"+strconv.Itoa(freePort(t)))
+	waitFor(t, "a warning that NATS cannot be reached", func() bool { return r.logs.has("level=WARN", "cannot reach NATS") })
+	if err := os.WriteFile(creds, []byte("not a creds file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := eventplane.StartServer(eventplane.ServerConfig{Name: "n1", Addr: addr, User: "u", Password: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	var ended error
+	waitFor(t, "the agent to stop", func() bool {
+		select {
+		case ended = <-r.done:
+			r.done <- ended
+			return true
+		default:
+			return false
+		}
+	})
+	if ended == nil || !strings.Contains(ended.Error(), "--nats-creds") {
+		t.Errorf("kvagent ended with %v, want an error naming --nats-creds; log:\n%s", ended, r.logs)
 	}
 }

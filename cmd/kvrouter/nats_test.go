@@ -269,7 +269,9 @@ func TestANATSAddressWithAServicePortIsAUsageError(t *testing.T) {
 // lock, as the --tls-* files are (TestSecurityFlagsAreChecked): a file
 // missing or wrong is a usage error (exit 2) naming its flag. From a
 // review: they were read only once the directory was locked and the HTTP
-// port taken (exit 1, the message naming no flag).
+// port taken (exit 1, the message naming no flag). From a later review: a
+// creds file holding no credentials was only read, and nats.go retried it
+// for ever.
 func TestNATSFilesAreCheckedBeforeTheStart(t *testing.T) {
 	dir := t.TempDir()
 	cert, key := apitest.WriteSelfSigned(t, dir)
@@ -290,6 +292,7 @@ func TestNATSFilesAreCheckedBeforeTheStart(t *testing.T) {
 		{[]string{"--nats-url", ext, "--nats-tls-cert", missing, "--nats-tls-key", key}, "--nats-tls-cert"},
 		{[]string{"--nats-url", ext, "--nats-tls-ca", missing}, "--nats-tls-ca"},
 		{[]string{"--nats-url", ext, "--nats-creds", missing}, "--nats-creds"},
+		{[]string{"--nats-url", ext, "--nats-creds", junk}, "--nats-creds"},
 	} {
 		args := []string{"--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t)}
 		if c.args[0] != "--nats-url" {

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 
 	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/urfave/cli/v2"
 )
 
@@ -55,27 +55,13 @@ func loadSecurity(c *cli.Context) (security, error) {
 // loadSecurity reads the --tls-* files: a file that is missing or wrong
 // is a usage error naming its flag, before the data directory is locked
 // and anything listens, rather than a failed start once the embedded
-// server starts or the client connects. The embedded server and nats.go
-// read them again then; what they take is PEM, as checked here. The
-// creds file is only read: nats.go parses it when it connects.
+// server starts or the client connects. The check is kvagent's too
+// (eventplane.ClientOptions.CheckFiles): PEM for the TLS files, and for
+// the creds file a user JWT and that user's nkey seed, which nats.go
+// needs to connect.
 func checkNATSFiles(c *cli.Context) error {
-	cert, key, ca := c.String("nats-tls-cert"), c.String("nats-tls-key"), c.String("nats-tls-ca")
-	if cert != "" {
-		if _, err := tls.LoadX509KeyPair(cert, key); err != nil {
-			return fmt.Errorf("--nats-tls-cert %q, --nats-tls-key %q: %w", cert, key, err)
-		}
-	}
-	if ca != "" {
-		if _, err := client.TLSConfig(ca); err != nil {
-			return fmt.Errorf("--nats-tls-ca %q: %w", ca, err)
-		}
-	}
-	if creds := c.String("nats-creds"); creds != "" {
-		if _, err := os.ReadFile(creds); err != nil {
-			return fmt.Errorf("--nats-creds %q: %w", creds, err)
-		}
-	}
-	return nil
+	return eventplane.ClientOptions{TLSCA: c.String("nats-tls-ca"), TLSCert: c.String("nats-tls-cert"),
+		TLSKey: c.String("nats-tls-key"), Creds: c.String("nats-creds")}.CheckFiles()
 }
 
 // scheme is how the nodes' HTTP addresses are reached.
