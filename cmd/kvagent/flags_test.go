@@ -400,3 +400,36 @@ func writeCreds(t *testing.T, dir string) string {
 	}
 	return f
 }
+
+// TestAddressFlagsAreUsageErrors: a --router endpoint the registrations'
+// client would refuse (no port, a port out of range) and a --metrics-addr
+// that is not host:port with a numeric port are usage errors (exit 2)
+// naming the flag, found before anything starts. From a review: --router
+// was refused by the client made once NATS was connected and NVML opened
+// (exit 1), and --metrics-addr only by net.Listen (exit 1). A port in use
+// stays a failed start (TestAPortInUseFailsBeforeAnythingStarts).
+func TestAddressFlagsAreUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--router", "routerhost"}, "--router"},
+		{[]string{"--router", "h:99999"}, "--router"},
+		{[]string{"--router", "127.0.0.1:7181,h:0x"}, "--router"},
+		{[]string{"--metrics-addr", "nohost:notaport"}, "--metrics-addr"},
+		{[]string{"--metrics-addr", "127.0.0.1"}, "--metrics-addr"},
+		{[]string{"--metrics-addr", "127.0.0.1:65536"}, "--metrics-addr"},
+	} {
+		args := append([]string{"--block-size", "4"}, tc.args...)
+		wantUsage(t, args, checkOnly(args...), tc.want)
+	}
+	for _, args := range [][]string{
+		{"--block-size", "4", "--router", "127.0.0.1:7181,https://h:7182"},
+		{"--block-size", "4", "--metrics-addr", ":9464"},
+		{"--block-size", "4", "--metrics-addr", "127.0.0.1:0"},
+	} {
+		if err := checkOnly(args...); err != nil {
+			t.Errorf("kvagent %q: %v, want it taken", args, err)
+		}
+	}
+}

@@ -313,6 +313,18 @@ func checkFlags(c *cli.Context) error {
 	if err := natsOptions(c).CheckFiles(); err != nil {
 		return usage("%v", err)
 	}
+	// The registrations' client, made once NATS is connected, would
+	// refuse these endpoints; net.Listen this address, once the flags
+	// were taken. A port in use is a failed start (exit 1), found first
+	// in serve.
+	if r := c.String("router"); r != "" {
+		if err := client.CheckEndpoints(strings.Split(r, ",")); err != nil {
+			return usage("--router %q: %v", client.RedactEndpoints(r), err)
+		}
+	}
+	if addr := c.String("metrics-addr"); addr != "" && !isHostPort(addr) {
+		return usage("--metrics-addr %q: want host:port, the port a number from 0 to 65535 (\"\" for no /metrics)", addr)
+	}
 	// The router would refuse the registration.
 	for _, f := range []string{"salt", "model", "endpoint"} {
 		if why := limits.Name(c.String(f)); why != "" {
@@ -349,6 +361,17 @@ func checkFlags(c *cli.Context) error {
 		}
 	}
 	return nil
+}
+
+// isHostPort reports whether addr is host:port with a numeric port (the
+// host may be empty: every interface), as --metrics-addr needs.
+func isHostPort(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	_, err = strconv.ParseUint(port, 10, 16)
+	return err == nil
 }
 
 // checkBind fails when the event endpoint of a rank the agent binds

@@ -132,13 +132,35 @@ func (oc offloadConfig) check() error {
 	case oc.Workers < 1 || oc.Queue < 1 || oc.Threshold < 1:
 		return fmt.Errorf("--offload-workers %d, --offload-queue %d, --offload-filter-threshold %d: want at least 1",
 			oc.Workers, oc.Queue, oc.Threshold)
+	case oc.Threshold > math.MaxUint32:
+		// Each rank's filter counts to 32 bits, and refuses more once
+		// the pools are open.
+		return fmt.Errorf("--offload-filter-threshold %d: want at most %d", oc.Threshold, uint64(math.MaxUint32))
+	case len(oc.Socket) > maxSocketPath:
+		return fmt.Errorf("--offload-socket %q: %d bytes, past the %d a Unix socket's path may hold: give a shorter path", oc.Socket, len(oc.Socket), maxSocketPath)
 	case oc.OnboardTimeout <= 0:
 		return fmt.Errorf("--onboard-timeout %v: want > 0", oc.OnboardTimeout)
 	case oc.MaxRegion < 1:
 		return fmt.Errorf("--offload-max-region-blocks %d: want at least 1", oc.MaxRegion)
 	}
+	// The engine API listens on the socket once the pools are open: a
+	// directory that is not there fails the start then, with the pools
+	// made for nothing.
+	if dir := filepath.Dir(oc.Socket); dir != "" {
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			why := "not a directory"
+			if err != nil {
+				why = err.Error()
+			}
+			return fmt.Errorf("--offload-socket %q: its directory %s: want an existing directory (the agent makes the socket, not the directory)", oc.Socket, why)
+		}
+	}
 	return nil
 }
+
+// maxSocketPath is the longest path a Unix socket may have (sun_path,
+// less its terminating NUL: 107 bytes on Linux).
+var maxSocketPath = len(syscall.RawSockaddrUnix{}.Path) - 1
 
 // offloadSink is what the pools publish through, what republishes a
 // reopened G3 pool, and what checks each offload request against the

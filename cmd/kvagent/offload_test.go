@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -94,6 +95,16 @@ func TestOffloadFlagsAreChecked(t *testing.T) {
 		{"no workers", func(c *offloadConfig) { c.Workers = 0 }, "--offload-workers"},
 		{"threshold 0", func(c *offloadConfig) { c.Threshold = 0 }, "--offload-filter-threshold"},
 		{"no region blocks", func(c *offloadConfig) { c.MaxRegion = 0 }, "--offload-max-region-blocks"},
+		// From a review: past 2^32-1 the threshold passed the check and
+		// failed each rank's filter once the pools were open (exit 1,
+		// <disk-dir>/dp0 made).
+		{"threshold past 32 bits", func(c *offloadConfig) { c.Threshold = math.MaxUint32 + 1 }, "--offload-filter-threshold"},
+		{"threshold at 32 bits", func(c *offloadConfig) { c.Threshold = math.MaxUint32 }, ""},
+		// From a review: a socket the engine API could not listen on
+		// failed the start once the pools were open.
+		{"socket in no directory", func(c *offloadConfig) { c.Socket = "/nonexistent-kvagent-dir/s" }, "--offload-socket"},
+		{"socket in a file", func(c *offloadConfig) { c.Socket = "/dev/null/s" }, "--offload-socket"},
+		{"socket path past the limit", func(c *offloadConfig) { c.Socket = "/tmp/" + strings.Repeat("s", 108) }, "--offload-socket"},
 	} {
 		c := ok
 		tc.edit(&c)
