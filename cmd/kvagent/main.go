@@ -12,6 +12,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -225,32 +226,16 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	if err != nil {
 		return err
 	}
-	defer a.Close()
-	// Before the publisher closes, its last events get a moment to be
-	// acknowledged, so that the router is left with what the engine and
-	// the pools held; what is still out then, the next agent's resync
-	// brings back.
-	defer func() {
-		fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		if err := a.Flush(fctx); err != nil {
-			logger.Warn("events not acknowledged at shutdown; the next agent resyncs its ranks", "err", err)
-		}
-	}()
-
+	// Closed in shutdown's order: the offload side, the flush of the
+	// last events, the publisher.
+	var off io.Closer
+	defer func() { shutdown(a, off, logger) }()
 	if oc.Socket != "" {
-		off, err := startOffload(oc, a.Ranks(), a, reg, logger)
+		o, err := startOffload(oc, a.Ranks(), a, reg, logger)
 		if err != nil {
 			return fmt.Errorf("offload: %w", err)
 		}
-		// Deferred after a.Close and the flush, so it runs first: what
-		// the pools publish as they close goes out while the publisher is
-		// still open.
-		defer func() {
-			if err := off.Close(); err != nil {
-				logger.Warn("closing the offload side", "err", err)
-			}
-		}()
+		off = o
 	}
 
 	logger.Info("kvagent following the engine", "worker", cfg.Worker, "endpoint", cfg.Endpoint,
@@ -267,6 +252,35 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 		return err
 	}
 	return nil
+}
+
+// flushCloser is what shutdown closes of the agent: *agent.Agent.
+type flushCloser interface {
+	Flush(context.Context) error
+	Close() error
+}
+
+// shutdown closes, once the agent's Run has returned, the offload side
+// (off; nil when there is none), then gives the agent's last events 2 s
+// to be acknowledged, then closes the agent's publisher, in that order:
+// what the pools publish as they close goes out while the publisher is
+// still open, and the router is left with what the engine and the pools
+// held. What is still out after the 2 s, the next agent's resync brings
+// back.
+func shutdown(a flushCloser, off io.Closer, logger *slog.Logger) {
+	if off != nil {
+		if err := off.Close(); err != nil {
+			logger.Warn("closing the offload side", "err", err)
+		}
+	}
+	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := a.Flush(fctx); err != nil {
+		logger.Warn("events not acknowledged at shutdown; the next agent resyncs its ranks", "err", err)
+	}
+	if err := a.Close(); err != nil {
+		logger.Warn("closing the publisher", "err", err)
+	}
 }
 
 // maxCapacityBlocks bounds each tier's capacity the agent registers
