@@ -197,6 +197,7 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 		nl.closing.Store(true)
 		nc.Close()
 	}()
+	reg.MustRegister(natsConnectedGauge(nc))
 
 	cfg := agentConfig(c)
 	cfg.Conn, cfg.Registerer, cfg.Logger = nc, reg, logger
@@ -220,7 +221,9 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 			logger.Warn("the router token goes in clear text: give --router-tls-ca, or https:// addresses in --router", "to", strings.Join(clear, ","))
 		}
 		defer cl.Close()
-		cfg.Registrar = cl
+		rg := newRegisteredGauge(cl)
+		reg.MustRegister(rg.g)
+		cfg.Registrar = rg
 	}
 	a, err := agent.New(cfg)
 	if err != nil {
@@ -595,6 +598,44 @@ func routerSecurity(c *cli.Context) (routerSec, error) {
 		}
 	}
 	return sec, nil
+}
+
+// natsConnectedGauge is kvagent_nats_connected: 1 while nc is connected,
+// 0 while it is not (the first connection not made yet, or one lost and
+// being made again), when the agent publishes nothing.
+func natsConnectedGauge(nc *nats.Conn) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvagent_nats_connected",
+		Help: "1 while the agent's NATS connection is up, 0 while it is not (events wait, heartbeats fail)."},
+		func() float64 {
+			if nc.IsConnected() {
+				return 1
+			}
+			return 0
+		})
+}
+
+// registeredGauge is the agent's Registrar (--router's client) and
+// kvagent_registered: 1 once a registration went through, 0 before and
+// after one failed (the agent retries it, and the router routes nothing
+// to the worker meanwhile).
+type registeredGauge struct {
+	agent.Registrar
+	g prometheus.Gauge
+}
+
+func newRegisteredGauge(r agent.Registrar) *registeredGauge {
+	return &registeredGauge{Registrar: r, g: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvagent_registered",
+		Help: "1 once the worker's last registration through --router went through, 0 before and after one failed."})}
+}
+
+func (r *registeredGauge) RegisterWorker(ctx context.Context, w raftfsm.WorkerInfo) error {
+	err := r.Registrar.RegisterWorker(ctx, w)
+	if err != nil {
+		r.g.Set(0)
+	} else {
+		r.g.Set(1)
+	}
+	return err
 }
 
 // buildInfo is kvagent_build_info (metrics.md: build facts in a gauge of 1).

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"os"
 	"strconv"
@@ -11,9 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
 // logBuffer is an io.Writer for the agent's log (the app's ErrWriter),
@@ -249,4 +253,66 @@ func TestACredsFileGoneBadStopsTheAgent(t *testing.T) {
 	if ended == nil || !strings.Contains(ended.Error(), "--nats-creds") {
 		t.Errorf("kvagent ended with %v, want an error naming --nats-creds; log:\n%s", ended, r.logs)
 	}
+}
+
+// TestConnectionGaugesFollowTheAgent: kvagent_nats_connected is 1 while
+// the agent's NATS connection is up and 0 while it is not, and
+// kvagent_registered is 1 once a registration through --router went
+// through and 0 after one failed, so that /metrics shows an agent that
+// cannot reach NATS or register its worker (it runs on, retrying). From a
+// review: nothing on /metrics told such an agent from a healthy one.
+func TestConnectionGaugesFollowTheAgent(t *testing.T) {
+	ns, err := eventplane.StartServer(eventplane.ServerConfig{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	connected := natsConnectedGauge(nc)
+	if v := gaugeValue(t, connected, "kvagent_nats_connected"); v != 1 {
+		t.Errorf("kvagent_nats_connected %v while connected, want 1", v)
+	}
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	waitFor(t, "kvagent_nats_connected 0", func() bool { return gaugeValue(t, connected, "kvagent_nats_connected") == 0 })
+
+	fr := &failingRegistrar{err: errors.New("no router")}
+	reg := newRegisteredGauge(fr)
+	if v := gaugeValue(t, reg.g, "kvagent_registered"); v != 0 {
+		t.Errorf("kvagent_registered %v before any registration, want 0", v)
+	}
+	if err := reg.RegisterWorker(context.Background(), raftfsm.WorkerInfo{}); err == nil {
+		t.Fatal("the failed registration's error was lost")
+	}
+	if v := gaugeValue(t, reg.g, "kvagent_registered"); v != 0 {
+		t.Errorf("kvagent_registered %v after a failed registration, want 0", v)
+	}
+	fr.err = nil
+	if err := reg.RegisterWorker(context.Background(), raftfsm.WorkerInfo{}); err != nil {
+		t.Fatal(err)
+	}
+	if v := gaugeValue(t, reg.g, "kvagent_registered"); v != 1 {
+		t.Errorf("kvagent_registered %v after a registration, want 1", v)
+	}
+}
+
+// failingRegistrar answers each registration with err.
+type failingRegistrar struct{ err error }
+
+func (f *failingRegistrar) RegisterWorker(context.Context, raftfsm.WorkerInfo) error { return f.err }
+
+// gaugeValue gathers c, a collector of one gauge named name, and returns
+// its value.
+func gaugeValue(t *testing.T, c prometheus.Collector, name string) float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	fams, err := reg.Gather()
+	if err != nil || len(fams) != 1 || fams[0].GetName() != name {
+		t.Fatalf("gathered %v, %v; want %s", fams, err, name)
+	}
+	return fams[0].GetMetric()[0].GetGauge().GetValue()
 }
