@@ -80,27 +80,10 @@ func TestEventsSubjectReachesThePublisher(t *testing.T) {
 	const subject = "site1.events"
 	pc := publisherFlags(t, "--events-subject", subject)
 
-	s, err := eventplane.StartServer(eventplane.ServerConfig{Addr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { s.Shutdown(); s.WaitForShutdown() }()
-	inc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inc.Close()
 	// The router's ingester, as kvrouter --events-subject site1.events
 	// starts it.
-	tg := &countingTarget{}
-	in, err := eventplane.NewIngester(eventplane.IngesterConfig{Conn: inc, Node: tg, Subject: subject,
-		DumpSubject: subject + ".dump", Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-
-	nc, err := nats.Connect(s.ClientURL())
+	url, tg := startIngester(t, subject)
+	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,24 +135,8 @@ func (p *closingPool) Close() error {
 // closed. From a review: calling a.Close before the offload side's
 // Close, or deleting the flush, left every test green.
 func TestShutdownDeliversTheLastEvents(t *testing.T) {
-	s, err := eventplane.StartServer(eventplane.ServerConfig{Addr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { s.Shutdown(); s.WaitForShutdown() }()
-	inc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inc.Close()
-	tg := &countingTarget{}
-	in, err := eventplane.NewIngester(eventplane.IngesterConfig{Conn: inc, Node: tg, Subject: eventplane.DefaultSubject,
-		DumpSubject: eventplane.DefaultSubject + ".dump", Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	nc, err := nats.Connect(s.ClientURL())
+	url, tg := startIngester(t, eventplane.DefaultSubject)
+	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,4 +168,30 @@ func TestShutdownDeliversTheLastEvents(t *testing.T) {
 	if _, n := tg.counts(); n != 2 {
 		t.Errorf("the router has %d of the 2 events published before the shutdown when it returned, want both", n)
 	}
+}
+
+// startIngester starts an embedded NATS server and, on it, a router's
+// ingester of subject (as kvrouter --events-subject subject starts it)
+// feeding a countingTarget; both stop when t ends. It returns the
+// server's client URL and the target.
+func startIngester(t *testing.T, subject string) (string, *countingTarget) {
+	t.Helper()
+	s, err := eventplane.StartServer(eventplane.ServerConfig{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	inc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(inc.Close)
+	tg := &countingTarget{}
+	in, err := eventplane.NewIngester(eventplane.IngesterConfig{Conn: inc, Node: tg, Subject: subject,
+		DumpSubject: subject + ".dump", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close() })
+	return s.ClientURL(), tg
 }

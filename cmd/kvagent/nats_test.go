@@ -111,6 +111,23 @@ func startKvagentLogging(t *testing.T, onLine func(string), args ...string) *age
 	return r
 }
 
+// waitEnded waits for the agent to end on its own and returns what it
+// returned (and leaves it for stop).
+func (r *agentRun) waitEnded(t *testing.T) error {
+	t.Helper()
+	var ended error
+	waitFor(t, "the agent to stop", func() bool {
+		select {
+		case ended = <-r.done:
+			r.done <- ended
+			return true
+		default:
+			return false
+		}
+	})
+	return ended
+}
+
 // stop stops the agent (once) and returns what it returned.
 func (r *agentRun) stop(t *testing.T) error {
 	t.Helper()
@@ -172,16 +189,7 @@ func TestRefusedCredentialsStopTheAgent(t *testing.T) {
 	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
 	r := startKvagent(t, "--worker-id", "1", "--block-size", "4", "--nats-url", "nats://"+addr,
 		"--nats-user", "u", "--nats-password", "wrong", "--engine-endpoint", "tcp://127.0.0.1:"+strconv.Itoa(freePort(t)))
-	var ended error
-	waitFor(t, "the agent to stop", func() bool {
-		select {
-		case ended = <-r.done:
-			r.done <- ended
-			return true
-		default:
-			return false
-		}
-	})
+	ended := r.waitEnded(t)
 	if ended == nil || !strings.Contains(ended.Error(), "closed for good") {
 		t.Errorf("kvagent ended with %v, want the NATS connection closed for good", ended)
 	}
@@ -240,16 +248,7 @@ func TestACredsFileGoneBadStopsTheAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-	var ended error
-	waitFor(t, "the agent to stop", func() bool {
-		select {
-		case ended = <-r.done:
-			r.done <- ended
-			return true
-		default:
-			return false
-		}
-	})
+	ended := r.waitEnded(t)
 	if ended == nil || !strings.Contains(ended.Error(), "--nats-creds") {
 		t.Errorf("kvagent ended with %v, want an error naming --nats-creds; log:\n%s", ended, r.logs)
 	}
