@@ -323,7 +323,7 @@ func leaderCommand(e *env) *cli.Command {
 					// over is another, in a later term. Printed is the one
 					// a node names, not the one asked for: the transfer
 					// returns once the old leader stepped down.
-					before, err := cl.Status(ctx)
+					before, err := leaderView(ctx, cl)
 					if err != nil {
 						return err
 					}
@@ -346,6 +346,34 @@ func leaderCommand(e *env) *cli.Command {
 			},
 		}},
 	}
+}
+
+// leaderView returns the status that knows best who leads now: of every
+// endpoint's answer, the one of the highest term that names a leader, the
+// leader's own first among those of that term. Not the first endpoint's
+// answer: a node restarted, or cut off, knows no leader or an older term,
+// and newLeader, measuring against it, would take the leader that hands
+// over, still named by a follower, for the new one. With no answer naming
+// a leader, it is the first endpoint's answer.
+func leaderView(ctx context.Context, cl *client.Client) (*raftfsm.NodeStatus, error) {
+	var best *raftfsm.NodeStatus
+	for _, a := range cl.StatusAll(ctx) {
+		st := a.Status
+		switch {
+		case st == nil:
+		case best == nil:
+			best = st
+		case st.LeaderID == "":
+		case best.LeaderID == "", st.Term > best.Term,
+			st.Term == best.Term && st.State == "Leader" && best.State != "Leader":
+			best = st
+		}
+	}
+	if best == nil {
+		// None answered: Status's error is the one every command gives.
+		return cl.Status(ctx)
+	}
+	return best, nil
 }
 
 // newLeader waits, within ctx, until a node names a leader that took over

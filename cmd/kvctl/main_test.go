@@ -498,6 +498,46 @@ func TestLeaderTransferNoNewLeader(t *testing.T) {
 	}
 }
 
+// TestLeaderTransferIsNotFooledByAStaleFirstEndpoint: the leader that
+// handed over is never named as the new one, whichever endpoint answers
+// first. Here the first endpoint, n3, knows no leader at an older term (a
+// node restarted, or pre-voting after a partition), and after the transfer
+// n2 names n1 in n1's term for a few polls before it takes over in the
+// next. From a review: kvctl took "before" from n3, so n2 naming n1 in
+// term 2 looked like a new leader in a later term, and it printed
+// "leadership transferred to n1", exit 0.
+func TestLeaderTransferIsNotFooledByAStaleFirstEndpoint(t *testing.T) {
+	c := newCluster(t)
+	st := c.nodes[2].fake.Status()
+	st.State, st.Term, st.LeaderID, st.LeaderHTTP = "Follower", 1, "", ""
+	c.nodes[2].fake.SetStatus(st)
+	var transferred atomic.Bool
+	c.nodes[0].fake.SetHook(func(method string) error {
+		if method == "TransferLeadership" {
+			transferred.Store(true)
+		} else if method == "Status" && transferred.Load() {
+			c.nodes[0].fake.SetFollower("", "")
+		}
+		return nil
+	})
+	// n2 keeps naming n1 in term 2 for its first 3 statuses after the
+	// transfer, then leads in term 3.
+	n2 := c.nodes[1].fake.Status()
+	n2.State, n2.Term, n2.LeaderID, n2.LeaderHTTP = "Leader", n2.Term+1, "n2", c.nodes[1].addr()
+	var asked atomic.Int32
+	c.nodes[1].fake.SetHook(func(method string) error {
+		if method == "Status" && transferred.Load() && asked.Add(1) > 3 {
+			c.nodes[1].fake.SetStatus(n2)
+		}
+		return nil
+	})
+	eps := c.nodes[2].addr() + "," + c.nodes[0].addr() + "," + c.nodes[1].addr()
+	r := kvctl(t, "--endpoints", eps, "leader", "transfer").wantCode(t, 0)
+	if r.stdout != "leadership transferred to n2\n" {
+		t.Fatalf("stdout = %q, want leadership transferred to n2 (n1 is the leader that stepped down)", r.stdout)
+	}
+}
+
 func TestWorkers(t *testing.T) {
 	c := newCluster(t)
 	c.registerWorkers(t)
