@@ -637,6 +637,25 @@ func (s *startedReader) Read(p []byte) (int, error) {
 	return s.r.Read(p)
 }
 
+// TestANullTokenIsAUsageError: a JSON --tokens array holding null is bad
+// input, exit 2, and no request is sent. From a review: encoding/json
+// leaves a null element at its zero value, so [1,null,3] routed as the
+// tokens 1 0 3.
+func TestANullTokenIsAUsageError(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	ep := "--endpoints=" + c.nodes[0].addr()
+	for _, in := range []string{"[1,null,3]", "[null]", "[1, 2, null]"} {
+		r := (&harness{stdin: in}).run(t, ep, "route", "--tokens", "-").wantCode(t, 2)
+		if !strings.Contains(r.stderr, "null") {
+			t.Errorf("--tokens - holding %s: stderr %q, want it to say null is not a token id", in, r.stderr)
+		}
+	}
+	if n := c.leader().Calls()["Route"]; n != 0 {
+		t.Fatalf("%d route request(s) reached the node, want none", n)
+	}
+}
+
 // TestAnInterruptStopsReadingTokensFromStdin: an interrupt (run's context
 // ended, as main ends it at SIGINT or SIGTERM) while "route --tokens -"
 // waits on stdin ends kvctl, exit 1, "kvctl: interrupted". From a review:

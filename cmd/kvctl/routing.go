@@ -208,8 +208,18 @@ func readTokens(ctx context.Context, path string, stdin io.Reader) ([]uint32, er
 	trimmed := bytes.TrimSpace(data)
 	var ids []uint32
 	if bytes.HasPrefix(trimmed, []byte("[")) {
-		if err := json.Unmarshal(trimmed, &ids); err != nil {
+		// Into pointers: encoding/json leaves a null element at its zero
+		// value, and [1,null,3] would route as the tokens 1 0 3.
+		var elems []*uint32
+		if err := json.Unmarshal(trimmed, &elems); err != nil {
 			return nil, usagef("--tokens %s: not a JSON array of token ids (unsigned 32-bit integers): %v", path, err)
+		}
+		ids = make([]uint32, len(elems))
+		for i, v := range elems {
+			if v == nil {
+				return nil, usagef("--tokens %s: token %d is null, not a token id (an unsigned 32-bit integer)", path, i)
+			}
+			ids[i] = *v
 		}
 	} else {
 		for i, f := range strings.FieldsFunc(string(trimmed), func(r rune) bool {
