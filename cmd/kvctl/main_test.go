@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -654,6 +655,59 @@ func TestANullTokenIsAUsageError(t *testing.T) {
 	if n := c.leader().Calls()["Route"]; n != 0 {
 		t.Fatalf("%d route request(s) reached the node, want none", n)
 	}
+}
+
+// TestTokensPastTheNodesBodyLimitAreAUsageError: a --tokens input larger
+// than a node takes in a request body (api.DefaultMaxBodyBytes) is bad
+// input, exit 2, refused before any request, and kvctl reads no more of
+// it than one byte past the limit, so an endless stdin ends too. From a
+// review: it read the whole input, 651 MB of memory for a 40 MB file,
+// and /dev/zero grew it for ever.
+func TestTokensPastTheNodesBodyLimitAreAUsageError(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	ep := "--endpoints=" + c.nodes[0].addr()
+	big := filepath.Join(t.TempDir(), "big.txt")
+	if err := os.WriteFile(big, bytes.Repeat([]byte("1 "), api.DefaultMaxBodyBytes/2+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := kvctl(t, ep, "route", "--tokens", big).wantCode(t, 2); !strings.Contains(r.stderr, "MiB") {
+		t.Fatalf("stderr %q, want it to say how much a node takes", r.stderr)
+	}
+	if n := c.leader().Calls()["Route"]; n != 0 {
+		t.Fatalf("%d route request(s) reached the node, want none", n)
+	}
+	// Twice the limit, not endless, so that reading it all fails the
+	// test instead of hanging it.
+	stdin := &countingReader{r: io.LimitReader(repeatReader('1'), 2*api.DefaultMaxBodyBytes)}
+	var ue *usageError
+	if _, err := readTokens(context.Background(), "-", stdin); !errors.As(err, &ue) {
+		t.Fatalf("a stdin twice the limit: %v, want a usage error", err)
+	}
+	if n := stdin.n.Load(); n > api.DefaultMaxBodyBytes+1 {
+		t.Fatalf("read %d bytes of a stdin twice the limit, want at most the limit and one", n)
+	}
+}
+
+// repeatReader is an endless stream of one byte, as /dev/zero is of zeros.
+type repeatReader byte
+
+func (b repeatReader) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = byte(b)
+	}
+	return len(p), nil
+}
+
+type countingReader struct {
+	r io.Reader
+	n atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // TestAnInterruptStopsReadingTokensFromStdin: an interrupt (run's context

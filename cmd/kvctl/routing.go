@@ -186,6 +186,10 @@ func routeRequest(c *cli.Context, e *env) (api.RouteRequest, error) {
 	return req, nil
 }
 
+// maxTokensBytes bounds a --tokens input: a node's default bound on a
+// request body, which the tokens, encoded as JSON, take about as much of.
+const maxTokensBytes = api.DefaultMaxBodyBytes
+
 // readTokens reads token ids from a file ("-": stdin): a JSON array, or
 // integers separated by white space or commas. Content that holds no token
 // ids is a usage error (exit 2), as a bad --hashes is: the user gave it; a
@@ -201,9 +205,15 @@ func readTokens(ctx context.Context, path string, stdin io.Reader) ([]uint32, er
 		defer done()
 		r = f
 	}
-	data, err := readAll(ctx, r)
+	// No more than a node takes in a request body, and a byte to tell a
+	// larger input: the request could not carry it, and reading all of an
+	// endless stdin (/dev/zero) would grow kvctl for ever.
+	data, err := readAll(ctx, io.LimitReader(r, maxTokensBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("--tokens: %w", err)
+	}
+	if len(data) > maxTokensBytes {
+		return nil, usagef("--tokens %s: larger than %d MiB, more than a node takes in a request", path, maxTokensBytes>>20)
 	}
 	trimmed := bytes.TrimSpace(data)
 	var ids []uint32
