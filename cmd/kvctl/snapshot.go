@@ -278,9 +278,14 @@ func inspectFile(ctx context.Context, e *env, path string) (raftfsm.SnapshotInfo
 }
 
 func printSnapshotInfo(c *cli.Context, e *env, path string, info raftfsm.SnapshotInfo) error {
-	var bytes int64
-	if fi, err := os.Stat(path); err == nil {
-		bytes = fi.Size()
+	// The bytes the reader read and verified: a stat of the path after the
+	// read says 0 for a stream (a FIFO, <(zcat f.gz)). The stat is only for
+	// a reader that does not count.
+	bytes := info.Bytes
+	if bytes == 0 {
+		if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
+			bytes = fi.Size()
+		}
 	}
 	if jsonOut(c) {
 		return writeJSON(e.stdout, snapshotReport{File: path, SnapshotInfo: info, Bytes: bytes, SHA256: info.SHA256, ChecksumOK: true})
