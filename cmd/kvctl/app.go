@@ -335,6 +335,26 @@ func withClient(c *cli.Context, f func(ctx context.Context, cl *client.Client) e
 	return err
 }
 
+// tooLargeHint is an error of a command that sends a body a node may
+// find too large, with what to do when it does (413 too_large): which
+// limit depends on the command, which explain does not know.
+type tooLargeHint struct {
+	err  error
+	hint string
+}
+
+func (h *tooLargeHint) Error() string { return h.err.Error() }
+func (h *tooLargeHint) Unwrap() error { return h.err }
+
+// withTooLargeHint wraps a non-nil err with hint, for explain to print
+// after it when the node answered 413 too_large.
+func withTooLargeHint(err error, hint string) error {
+	if err == nil {
+		return nil
+	}
+	return &tooLargeHint{err: err, hint: hint}
+}
+
 // explain turns an error into the line kvctl prints: what went wrong and
 // what to do about it.
 func explain(err error) string {
@@ -402,6 +422,12 @@ func explain(err error) string {
 			return err.Error() + "; the node is starting or catching up: retry, or use another endpoint"
 		case api.ReasonInternal:
 			return err.Error() + "; see the node's log"
+		case api.ReasonTooLarge:
+			var h *tooLargeHint
+			if errors.As(err, &h) {
+				return err.Error() + "; " + h.hint
+			}
+			return err.Error() + "; the request is larger than the node takes"
 		}
 	}
 	return err.Error()

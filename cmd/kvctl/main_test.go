@@ -881,6 +881,38 @@ func TestSnapshotSaveRefusesAFileOtherThanTheNodeAnnounced(t *testing.T) {
 	}
 }
 
+// TestARequestTooLargeForTheNodeSaysWhatToDo: a node's 413 too_large
+// says what to do about it: a snapshot restore, to raise the node's
+// --max-snapshot-bytes; a route, to shorten the input. It used to print
+// the node's "larger than N bytes" alone.
+func TestARequestTooLargeForTheNodeSaysWhatToDo(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	file := filepath.Join(t.TempDir(), "a.snap")
+	kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file).wantCode(t, 0)
+
+	f := apitest.New("n1", "")
+	if err := f.RegisterWorker(context.Background(), raftfsm.WorkerInfo{
+		ID: 1, DPRanks: []uint32{0}, BlockSize: 4, Capacity: [4]int64{100, 0, 0, 0}, Model: "llama"}); err != nil {
+		t.Fatal(err)
+	}
+	s := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler), MaxBodyBytes: 64, MaxSnapshotBytes: 64})
+	hs := httptest.NewServer(s)
+	t.Cleanup(func() {
+		hs.Close()
+		s.Close()
+	})
+	ep := "--endpoints=" + strings.TrimPrefix(hs.URL, "http://")
+	r := kvctl(t, ep, "snapshot", "restore", file).wantCode(t, 1)
+	if !strings.Contains(r.stderr, "too_large") || !strings.Contains(r.stderr, "raise the node's --max-snapshot-bytes") {
+		t.Errorf("restore of a snapshot over the node's limit: stderr %q, want it to say to raise --max-snapshot-bytes", r.stderr)
+	}
+	r = (&harness{stdin: strings.Repeat("1 ", 100)}).run(t, ep, "route", "--tokens", "-").wantCode(t, 1)
+	if !strings.Contains(r.stderr, "too_large") || !strings.Contains(r.stderr, "shorten") {
+		t.Errorf("route of tokens over the node's limit: stderr %q, want it to say to shorten the input", r.stderr)
+	}
+}
+
 // TestConcurrentSavesToOneFileLeaveAVerifiedFile: two saves to the same
 // FILE at once (overlapping cron jobs, a retry from a second shell) each
 // stream into a temporary file of their own, so the file one of them

@@ -108,6 +108,7 @@ func routeCommand(e *env) *cli.Command {
 			}
 			return withClient(c, func(ctx context.Context, cl *client.Client) error {
 				resp, err := cl.Route(ctx, req)
+				err = withTooLargeHint(err, "shorten the input, or raise the node's --max-body-bytes")
 				var ae *client.Error
 				if errors.As(err, &ae) && len(ae.Candidates) > 0 && !jsonOut(c) {
 					// Overloaded: show why every rank is busy, then fail.

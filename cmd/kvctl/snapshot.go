@@ -392,7 +392,8 @@ func snapshotRestore(c *cli.Context, e *env, path string) error {
 			return fmt.Errorf("snapshot restore: the node %w for --timeout %v, and kvctl gave up; nothing was installed: see kvctl status, and retry with another endpoint first",
 				errUploadStalled, stall)
 		}
-		return transferErr(c, ctx, fmt.Errorf("snapshot restore: %w", err))
+		return transferErr(c, ctx, withTooLargeHint(fmt.Errorf("snapshot restore: %w", err),
+			"nothing was installed: raise the node's --max-snapshot-bytes (0: no limit) to take this file, then retry"))
 	}
 	if jsonOut(c) {
 		return writeJSON(e.stdout, snapshotReport{File: path, SnapshotInfo: info, Bytes: fi.Size(), SHA256: info.SHA256, ChecksumOK: true})
