@@ -10,7 +10,7 @@ TEST_TIMEOUT ?= 900s
 # deprecated; silence those warnings (and only those) in every build.
 export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all deps build test test-long lint fmt bench bench-indexer bench-events bench-cluster bench-sim bench-eventplane bench-compat bench-offload run replay clean tools
+.PHONY: all deps build test test-long lint fmt bench bench-indexer bench-events bench-cluster bench-sim bench-eventplane bench-compat bench-offload run replay clean tools gpu-check gpu-check-build
 
 all: build
 
@@ -31,6 +31,18 @@ test:
 # Soak, chaos and long property runs; not part of CI's time budget.
 test-long:
 	KVROUTER_LONG=1 $(GO) test -race -timeout 60m $(PKGS)
+
+# The CUDA backend's conformance tests, the copy-bandwidth benchmark and
+# the NVML inventory on a GPU machine (scripts/gpu-check.sh, docs/offload.md):
+# builds the test binaries into .gpu-check/ and runs them; it fails on a
+# machine without a GPU. A GPU machine without Go runs
+# `.gpu-check/gpu-check.sh run .gpu-check` from a tree where
+# `make gpu-check-build` ran.
+gpu-check: gpu-check-build
+	scripts/gpu-check.sh run .gpu-check
+
+gpu-check-build: deps
+	scripts/gpu-check.sh build .gpu-check
 
 $(TOOLS)/staticcheck:
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
@@ -80,4 +92,4 @@ replay: deps
 	$(GO) run ./cmd/kvsim replay --trace traces/mooncake_synthetic_trace.jsonl
 
 clean:
-	rm -rf bin
+	rm -rf bin .gpu-check
