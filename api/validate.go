@@ -67,6 +67,16 @@ func parseUint(what, s string, bits int) (uint64, error) {
 	return v, nil
 }
 
+// CheckRoute returns the error a node answers req with (400 invalid) when
+// the request itself is bad: a length or a weight out of range, an
+// overlong name. It checks only what needs no cluster state. A client
+// (kvctl) calls it to refuse bad input before sending it, with the node's
+// own bounds, so the two cannot drift.
+func CheckRoute(req *RouteRequest) error {
+	_, err := routeQuery(req)
+	return err
+}
+
 // routeQuery validates a route request and converts it.
 func routeQuery(req *RouteRequest) (raftfsm.RouteQuery, error) {
 	var q raftfsm.RouteQuery

@@ -184,6 +184,12 @@ func routeRequest(c *cli.Context, e *env) (api.RouteRequest, error) {
 		}
 		req.Overrides = o
 	}
+	// The node's own check: a value out of the range it takes (a negative
+	// temperature, an --isl past raftfsm.MaxISL) is bad input, exit 2,
+	// refused here before any request rather than by the node with 400.
+	if err := api.CheckRoute(&req); err != nil {
+		return req, usagef("route: %v", err)
+	}
 	return req, nil
 }
 
