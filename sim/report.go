@@ -66,11 +66,28 @@ func (r *Result) share(tokens int64) float64 {
 // rate and imbalance for every mode, the latency, throughput and queue
 // columns of timed replays, TTFT for v1 ("–" where a figure does not
 // apply). The hit rate counts rejected requests as misses; "served" is
-// the share of the requests that a worker took.
+// the share of the requests that a worker took. The columns follow the
+// results' modes; WriteModeTable takes them from the replay's
+// configuration instead, which an empty rs needs.
 func WriteTable(w io.Writer, rs []Result) error {
-	timed := slices.ContainsFunc(rs, func(r Result) bool { return r.Mode == "timed" })
+	mode := ModeCache
+	switch {
+	case slices.ContainsFunc(rs, func(r Result) bool { return r.Mode == "v1" }):
+		mode = "v1"
+	case slices.ContainsFunc(rs, func(r Result) bool { return r.Mode == ModeTimed }):
+		mode = ModeTimed
+	}
+	return WriteModeTable(w, mode, slices.ContainsFunc(rs, func(r Result) bool { return r.Offload != nil }), rs)
+}
+
+// WriteModeTable writes rs as WriteTable does, with the columns of mode
+// ("timed", "cache" or "v1") and, timed, of the offload tiers when tiers
+// is set, whatever rs holds: a replay of no policies still shows its
+// header.
+func WriteModeTable(w io.Writer, mode string, tiers bool, rs []Result) error {
+	timed := mode == ModeTimed
 	var b strings.Builder
-	if slices.ContainsFunc(rs, func(r Result) bool { return r.Mode == "v1" }) {
+	if mode == "v1" {
 		// The v1 model has no queue: TTFT and the cache figures only.
 		b.WriteString("| policy | hit rate | TTFT mean ms | TTFT p50 ms | TTFT p99 ms | imbalance | errors |\n|---|---:|---:|---:|---:|---:|---:|\n")
 		for _, r := range rs {
@@ -84,7 +101,6 @@ func WriteTable(w io.Writer, rs []Result) error {
 		return err
 	}
 	// With offload tiers, the hit rate is G1's and a column gives G2 + G3's.
-	tiers := slices.ContainsFunc(rs, func(r Result) bool { return r.Offload != nil })
 	tierHead, tierSep := "", ""
 	if tiers {
 		tierHead, tierSep = " G2 / G3 hit |", "---:|"

@@ -453,7 +453,7 @@ func runReplay(c *cli.Context) error {
 			return err
 		}
 	}
-	if err := printResults(c.App.Writer, c.String("output"), trace, header, results); err != nil {
+	if err := printResults(c.App.Writer, c.String("output"), trace, header, mode, offload.Enabled(), results); err != nil {
 		return err
 	}
 	for _, r := range results {
@@ -832,7 +832,11 @@ func v1Policy(name string, cfg sim.Config, params indexer.Params, seed uint64) (
 		Seed: seed, RouterParams: &params})
 }
 
-func printResults(w io.Writer, format, trace, header string, rs []sim.Result) error {
+// printResults writes rs in format. The table's columns are the configured
+// mode's (and, timed, tiers': the G2/G3 hit columns), not the results':
+// with --policies "" there are none, and the empty table still shows which
+// replay ran.
+func printResults(w io.Writer, format, trace, header, mode string, tiers bool, rs []sim.Result) error {
 	switch format {
 	case "bench":
 		for _, r := range rs {
@@ -841,22 +845,14 @@ func printResults(w io.Writer, format, trace, header string, rs []sim.Result) er
 		return nil
 	case "markdown":
 		fmt.Fprintf(w, "%s\n\n", header)
-		return sim.WriteTable(w, rs)
+		return sim.WriteModeTable(w, mode, tiers, rs)
 	case "table":
 	default:
 		return cli.Exit(fmt.Sprintf("unknown output %q (want table, markdown or bench)", format), 2)
 	}
 	fmt.Fprintf(w, "%s\n\n", header)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	mode := ""
-	if len(rs) > 0 {
-		mode = rs[len(rs)-1].Mode
-	}
 	timed := mode == "timed"
-	tiers := false
-	for _, r := range rs {
-		tiers = tiers || r.Offload != nil
-	}
 	if mode == "v1" {
 		// The v1 model has no queue: TTFT and the cache figures only.
 		fmt.Fprintln(tw, "policy\thit rate\timbalance\tTTFT mean ms\tTTFT p99 ms\tevicted blocks\terrors\t")

@@ -85,6 +85,37 @@ func TestPlotsWithNoPoliciesWriteNothing(t *testing.T) {
 	}
 }
 
+// TestNoPoliciesPrintTheModesTableHeader: --policies "" prints the
+// table's header of the configured mode (table and markdown), so the
+// empty table still says which replay it is. From a review: the header
+// was chosen from the results' modes, and with no results a timed replay
+// printed the cache-only columns.
+func TestNoPoliciesPrintTheModesTableHeader(t *testing.T) {
+	trace := genTrace(t)
+	tiers := []string{"--offload-host-blocks", "8", "--offload-dir", t.TempDir()}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--mode", "timed"}, "policy  hit rate  TTFT mean ms"},
+		{append([]string{"--mode", "timed"}, tiers...), "policy  G1 hit  G2 hit"},
+		{[]string{"--mode", "cache"}, "policy  hit rate  imbalance  evicted blocks"},
+		{[]string{"--mode", "v1"}, "policy  hit rate  imbalance  TTFT mean ms"},
+		{[]string{"--mode", "timed", "-o", "markdown"}, "| policy | hit rate | TTFT mean ms |"},
+		{append([]string{"--mode", "timed", "-o", "markdown"}, tiers...), "| policy | hit rate | G2 / G3 hit | TTFT mean ms |"},
+		{[]string{"--mode", "cache", "-o", "markdown"}, "| policy | hit rate | imbalance | rejected | served |"},
+		{[]string{"--mode", "v1", "-o", "markdown"}, "| policy | hit rate | TTFT mean ms |"},
+	} {
+		out, err := kvsim(t, append([]string{"replay", "--trace", trace, "--limit", "5", "--policies", ""}, tc.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if !strings.Contains(out, tc.want) {
+			t.Errorf("%v: output\n%s\nwant the header %q", tc.args, out, tc.want)
+		}
+	}
+}
+
 // TestExitCodes: a usage error (a missing --trace, an unknown command or
 // flag, a bad -o) prints one line on stderr and exits 2, another failure
 // exits 1 (a missing --trace printed the help, nothing on stderr, and
