@@ -84,15 +84,16 @@ func routeCommand(e *env) *cli.Command {
 	return &cli.Command{
 		Name:  "route",
 		Usage: "ask for a routing decision and show every candidate's cost terms",
-		Description: "Give the prompt's token ids (--tokens FILE: a JSON array or whitespace-separated\n" +
-			"integers; - reads stdin) or its blocks' content hashes (--hashes). Nothing is booked.\n\n" +
+		Description: "Give the prompt's token ids (--tokens FILE: a JSON array, or integers separated by\n" +
+			"white space or commas; - reads stdin) or its blocks' content hashes (--hashes).\n" +
+			"Nothing is booked.\n\n" +
 			"Example:\n" +
 			"   kvctl route --tokens prompt.json\n" +
 			"   kvctl route --hashes 0x9f3a0c1d2e4b5a69,1234567 --isl 40 --set temperature=0.5",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "tokens", Usage: "read the prompt's token ids from `FILE`"},
 			&cli.StringFlag{Name: "hashes", Usage: "the blocks' content `HASHES`, comma-separated (decimal or 0x hex)"},
-			&cli.IntFlag{Name: "isl", Usage: "the prompt length in tokens (default: from the tokens or hashes)"},
+			&cli.IntFlag{Name: "isl", Usage: "the prompt length in tokens", DefaultText: "from the tokens or hashes"},
 			&cli.StringFlag{Name: "lora", Usage: "the LoRA adapter `NAME` (changes the token hashes)"},
 			&cli.StringFlag{Name: "salt", Usage: "the cache `SALT` (changes the token hashes)"},
 			&cli.StringSliceFlag{Name: "set", Usage: "override a scoring weight for this request, `KEY=VALUE` (" +

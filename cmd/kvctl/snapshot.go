@@ -22,7 +22,7 @@ import (
 )
 
 func snapshotCommand(e *env) *cli.Command {
-	maxTime := &cli.DurationFlag{Name: "max-time", Usage: "give up after `DURATION` (default: no limit; Ctrl-C stops)"}
+	maxTime := &cli.DurationFlag{Name: "max-time", Usage: "give up after `DURATION`", DefaultText: "no limit; Ctrl-C stops"}
 	return &cli.Command{
 		Name:  "snapshot",
 		Usage: "save, inspect or restore a snapshot of the cluster's state",
@@ -39,8 +39,9 @@ func snapshotCommand(e *env) *cli.Command {
 				Description: "The stream goes to a temporary file of its own beside FILE (FILE.RANDOM.part),\n" +
 					"which is synced, verified (header, counts and checksum) and only then renamed to\n" +
 					"FILE: FILE is never half-written. An existing FILE is replaced without asking (of\n" +
-					"two saves to one FILE at once, the last to finish is kept). A progress bar shows\n" +
-					"on a terminal. --timeout does not bound the transfer; --max-time does.\n\n" +
+					"two saves to one FILE at once, the last to finish is kept). A spinner with the\n" +
+					"bytes received shows on a terminal (the size is not known in advance). --timeout\n" +
+					"does not bound the transfer; --max-time does.\n\n" +
 					"Example:\n   kvctl snapshot save /backups/kvrouter-$(date +%F).snap",
 				Flags: []cli.Flag{maxTime},
 				Action: func(c *cli.Context) error {

@@ -69,7 +69,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "join", EnvVars: []string{"KVROUTER_JOIN"}, Usage: "HTTP addresses of members of an existing cluster to join, host:port,... (asked in turn; ignored, with a warning, by a node that is the only member of the cluster its data directory holds)"},
 			&cli.DurationFlag{Name: "heartbeat-timeout", Value: 200 * time.Millisecond, EnvVars: []string{"KVROUTER_HEARTBEAT_TIMEOUT"}, Usage: "Raft heartbeat timeout"},
 			&cli.DurationFlag{Name: "election-timeout", Value: 200 * time.Millisecond, EnvVars: []string{"KVROUTER_ELECTION_TIMEOUT"}, Usage: "Raft election timeout"},
-			&cli.DurationFlag{Name: "leader-lease-timeout", EnvVars: []string{"KVROUTER_LEADER_LEASE_TIMEOUT"}, Usage: "Raft leader lease (default: the heartbeat timeout)"},
+			&cli.DurationFlag{Name: "leader-lease-timeout", EnvVars: []string{"KVROUTER_LEADER_LEASE_TIMEOUT"}, Usage: "Raft leader lease", DefaultText: "the heartbeat timeout"},
 			&cli.Uint64Flag{Name: "snapshot-threshold", Value: 8192, EnvVars: []string{"KVROUTER_SNAPSHOT_THRESHOLD"}, Usage: "log entries between snapshots"},
 			&cli.Int64Flag{Name: "snapshot-bytes", Value: 256 << 20, EnvVars: []string{"KVROUTER_SNAPSHOT_BYTES"}, Usage: "also snapshot once the entries applied since the last snapshot hold this many bytes (negative: never)"},
 			&cli.DurationFlag{Name: "booking-max-age", Value: indexer.DefaultBookingMaxAge, EnvVars: []string{"KVROUTER_BOOKING_MAX_AGE"}, Usage: "a booked request never freed stops counting as load this long after it was booked, and a freed request id may be booked again (1s to 24h); the leader's sweep applies its own value, so give every node the same"},

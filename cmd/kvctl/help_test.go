@@ -1,0 +1,45 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/internal/clihelp"
+)
+
+// TestNoFlagShowsTwoDefaults: a flag whose usage says its default in
+// words shows that default alone in --help. From a review: --isl showed
+// "(default: from the tokens or hashes) (default: 0)", --max-time
+// "(default: no limit; Ctrl-C stops) (default: 0s)".
+func TestNoFlagShowsTwoDefaults(t *testing.T) {
+	for _, line := range clihelp.DoubleDefaults(newApp(&env{stdout: io.Discard, stderr: io.Discard})) {
+		t.Errorf("two defaults: %s", line)
+	}
+}
+
+// TestHelpSaysWhatKvctlDoes: the help texts say what the binary does, as
+// docs/kvctl.md does. From a review: snapshot save's help promised a
+// progress bar where it draws a spinner (the size is not known in
+// advance), and route's did not say that commas separate --tokens too.
+func TestHelpSaysWhatKvctlDoes(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		want, not string
+	}{
+		{[]string{"snapshot", "save", "--help"}, "spinner", "progress bar"},
+		{[]string{"route", "--help"}, "white space or commas", ""},
+	} {
+		var out bytes.Buffer
+		e := &env{stdout: &out, stderr: &out}
+		if code := run(t.Context(), append([]string{"kvctl"}, tc.args...), e); code != 0 {
+			t.Fatalf("kvctl %v: exit %d\n%s", tc.args, code, out.String())
+		}
+		// The help wraps no words, but joins the description's lines.
+		help := strings.Join(strings.Fields(out.String()), " ")
+		if !strings.Contains(help, tc.want) || (tc.not != "" && strings.Contains(help, tc.not)) {
+			t.Errorf("kvctl %v:\n%s\nwant %q in it, and not %q", tc.args, out.String(), tc.want, tc.not)
+		}
+	}
+}
