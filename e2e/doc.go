@@ -11,6 +11,19 @@
 // the per-rank cursors equal the last acknowledged event ids, and all
 // replicas report the same state digest at the same applied index.
 //
+// TestChaosSoakLosesNothingAcknowledged, the chaos soak, runs only under
+// KVROUTER_LONG=1 (make test-long): two publishers and a router run
+// through a three-node cluster, faults included, while a fault loop injects
+// one fault a round (KVROUTER_CHAOS_ROUNDS, 30 by default): a random node
+// killed with SIGKILL and restarted, a random node cut off through the
+// partition proxies and healed, or the leader stopped with SIGSTOP until
+// the others elect a new one and resumed. After every round (the
+// publishers hold still for the check), and at the end, every node holds what the model says was acknowledged, at one
+// applied index with one digest. The faults' kinds and victims come from
+// the test's seed, logged with the command that replays them:
+// KVROUTER_LONG=1 go test ./e2e/ -run '^TestChaosSoakLosesNothingAcknowledged$' -seed N
+// (which node leads when a fault strikes depends on timing, not the seed).
+//
 // The package holds only tests; `go test ./e2e/` runs them all in about a
 // minute. `-seed N` replays a run's random event stream (each test logs its
 // seed). The binaries are built without the race detector, also under

@@ -1,0 +1,258 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// chaosRounds is how many faults the chaos soak injects unless
+// KVROUTER_CHAOS_ROUNDS says otherwise: a round takes about a second (a
+// kill or a partition) to six (a pause, which the publishers wait out a
+// call timeout on), so the default runs about a minute and a half on a
+// two-core machine, under -race.
+const chaosRounds = 30
+
+// ackedPerFault is how many requests the publishers must get acknowledged
+// while a fault lasts: the majority serves writes through it, not only
+// after it, and the node the fault hit has that much to catch up on.
+const ackedPerFault = 50
+
+// A chaosFault is one kind of fault the soak injects; each round picks one.
+type chaosFault int
+
+const (
+	faultKill      chaosFault = iota // SIGKILL a random node, then restart it
+	faultPartition                   // cut a random node off from the others, then heal
+	faultPause                       // SIGSTOP the leader past the election timeout, then SIGCONT
+	numFaults
+)
+
+func (f chaosFault) String() string {
+	return [...]string{"kill -9", "partition", "pause"}[f]
+}
+
+// publishGate lets the soak stop the publishers between two requests, so
+// that every node can reach the same applied index while nobody writes:
+// each publisher's request holds the read side until it is acknowledged,
+// and the check between rounds takes the write side.
+type publishGate struct{ mu sync.RWMutex }
+
+// quiesced runs f once no publisher has a request in flight, and lets them
+// go on after it, however f ends (a t.Fatal in f included). The wait for
+// the publishers has the stream's deadline: a request that can never be
+// acknowledged fails the test instead of hanging it.
+func (g *publishGate) quiesced(c *cluster, s *stream, f func()) {
+	c.t.Helper()
+	locked, release := make(chan struct{}), make(chan struct{})
+	// The lock is taken in a goroutine of the stream, so that a test that
+	// fails before it is taken leaves nothing behind: it takes it later,
+	// sees the release and lets go at once.
+	s.wg.Go(func() {
+		g.mu.Lock()
+		close(locked)
+		<-release
+		g.mu.Unlock()
+	})
+	defer close(release)
+	s.until(c, "every publisher's request in flight acknowledged", func() (bool, string) {
+		select {
+		case <-locked:
+			return true, ""
+		default:
+			return false, "a request in flight"
+		}
+	})
+	f()
+}
+
+// chaosRoundsFromEnv is KVROUTER_CHAOS_ROUNDS, or chaosRounds when unset.
+func chaosRoundsFromEnv(t *testing.T) int {
+	t.Helper()
+	v := os.Getenv("KVROUTER_CHAOS_ROUNDS")
+	if v == "" {
+		return chaosRounds
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("KVROUTER_CHAOS_ROUNDS=%q: want a number of rounds > 0", v)
+	}
+	return n
+}
+
+// TestChaosSoakLosesNothingAcknowledged is the chaos soak of make
+// test-long: two publishers stream event batches through a three-node
+// cluster (each request sent again, on the next node, until acknowledged)
+// and a router routes through the nodes in turn, while a fault loop,
+// driven by a seeded random source, injects one fault a round: a random
+// node killed with SIGKILL and restarted, a random node cut off from the
+// others through the partition proxies and healed, or the leader stopped
+// with SIGSTOP until the others elect a new one and resumed. During every
+// fault the majority keeps acknowledging writes. After every round the
+// cluster has one leader and, once the publishers hold still (each with
+// its request in flight acknowledged), every node the same digest at the
+// same applied index and exactly what was acknowledged; so at the end. Errors during a fault are expected: only acknowledged
+// requests are in the model, and a request sent again carries the same
+// event ids, so whatever part of it applied before the error comes back
+// as duplicates.
+func TestChaosSoakLosesNothingAcknowledged(t *testing.T) {
+	if os.Getenv("KVROUTER_LONG") == "" {
+		t.Skip("chaos soak: runs under KVROUTER_LONG=1 (make test-long)")
+	}
+	rounds := chaosRoundsFromEnv(t)
+	seed := testSeed(t)
+	t.Logf("%d rounds; KVROUTER_LONG=1 KVROUTER_CHAOS_ROUNDS=%d go test ./e2e/ -run '^%s$' -seed %d replays the faults and the event streams",
+		rounds, rounds, t.Name(), seed)
+	rng := rand.New(rand.NewPCG(seed, 0x6368616f73)) // "chaos"
+	start := time.Now()
+
+	c, h := startPartitionedCluster(t, 3)
+	pubs := []*publisher{
+		newPublisher(seed, testRanks[0], testRanks[1]),
+		newPublisher(seed, testRanks[2], testRanks[3]),
+	}
+	all := newModel()
+	for _, p := range pubs {
+		all.merge(p.model)
+	}
+	registerWorkers(t, c.cl, all)
+	registered := map[kvevent.Rank]bool{}
+	for r := range all.ranks {
+		registered[r] = true
+	}
+
+	// Budget of the whole stream: a request that no node acknowledges
+	// within it fails the test (stream.until notices).
+	s := newStream(t, ctxT(t, time.Duration(rounds)*(leaderTimeout+2*convergeTimeout)+2*time.Minute))
+	var gate publishGate
+	for i, p := range pubs {
+		at := i % len(c.nodes)
+		s.loop(func(ctx context.Context) error {
+			gate.mu.RLock()
+			defer gate.mu.RUnlock()
+			if err := c.publishAny(ctx, p, &at); err != nil {
+				return fmt.Errorf("publisher %d: %w", i, err)
+			}
+			s.acked.Add(1)
+			return nil
+		})
+	}
+
+	// The router asks each node in turn to route a prompt nobody holds,
+	// through one client per node: a node that is down, cut off or paused
+	// fails its calls, which count but are no error. A node that answers
+	// must name only registered ranks as candidates.
+	var routed, routeErrs atomic.Int64
+	routeRNG := rand.New(rand.NewPCG(seed, 0x726f757465)) // "route"; only the router's goroutine draws from it
+	next := 0
+	s.loop(func(ctx context.Context) error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond): // a client's pace, not a wait for a condition
+		}
+		n := c.nodes[next]
+		next = (next + 1) % len(c.nodes)
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		res, err := n.cl.Route(cctx, api.RouteRequest{BlockHashes: []uint64{routeRNG.Uint64(), routeRNG.Uint64()}})
+		if err != nil {
+			routeErrs.Add(1)
+			return nil
+		}
+		for _, cand := range res.Candidates {
+			if !registered[kvevent.Rank{Worker: cand.WorkerID, DP: cand.DPRank}] {
+				return fmt.Errorf("router: %s named rank %d/%d, which no worker registered, as a candidate", n.id, cand.WorkerID, cand.DPRank)
+			}
+		}
+		routed.Add(1)
+		return nil
+	})
+	s.ackedAtLeast(c, 20, "20 requests acknowledged before the first fault")
+
+	var faults [numFaults]int
+	for round := 1; round <= rounds; round++ {
+		f := chaosFault(rng.IntN(int(numFaults)))
+		faults[f]++
+		began, ackedBefore, routedBefore := time.Now(), s.acked.Load(), routed.Load()
+		lead := c.leader()
+		var victim int
+		switch f {
+		case faultKill:
+			victim = rng.IntN(len(c.nodes))
+			c.kill9(victim)
+			c.leaderAmong(c.others(victim))
+			s.ackedAtLeast(c, s.acked.Load()+ackedPerFault, fmt.Sprintf("%d requests acknowledged with %s down", ackedPerFault, c.nodes[victim].id))
+			c.restart(victim)
+		case faultPartition:
+			victim = rng.IntN(len(c.nodes))
+			h.isolate(victim)
+			c.leaderAmong(c.others(victim))
+			// The cut is long enough to matter: the node noticed it, a
+			// leader stepped down, a follower lost its leader.
+			c.waitFor(leaderTimeout, c.nodes[victim].id+" to notice it is cut off", func() (bool, string) {
+				st := c.status(victim)
+				if st == nil {
+					return false, "no answer"
+				}
+				return st.State != "Leader" && st.LeaderID == "", st.State + " following " + st.LeaderID
+			})
+			s.ackedAtLeast(c, s.acked.Load()+ackedPerFault, fmt.Sprintf("%d requests acknowledged with %s cut off", ackedPerFault, c.nodes[victim].id))
+			h.heal()
+		case faultPause:
+			victim = lead
+			c.pause(victim)
+			// The majority elects one of its own: the pause lasts past the
+			// election timeout.
+			c.leaderAmong(c.others(victim))
+			s.ackedAtLeast(c, s.acked.Load()+ackedPerFault, fmt.Sprintf("%d requests acknowledged with %s paused", ackedPerFault, c.nodes[victim].id))
+			c.resume(victim)
+		}
+		c.leader()
+		var applied uint64
+		gate.quiesced(c, s, func() {
+			applied, _ = c.converged()
+			c.checkAll(all)
+		})
+		role := "follower"
+		if victim == lead {
+			role = "leader"
+		}
+		t.Logf("round %d/%d: %s of %s (%s) in %v; %d requests acknowledged, %d routes answered; every node at applied index %d",
+			round, rounds, f, c.nodes[victim].id, role, time.Since(began).Round(time.Millisecond),
+			s.acked.Load()-ackedBefore, routed.Load()-routedBefore, applied)
+	}
+
+	s.wait(t)
+	c.leader()
+	applied, digest := c.converged()
+	c.checkAll(all)
+	c.statusAgrees()
+
+	retries, dups := 0, 0
+	for _, p := range pubs {
+		retries += p.retries
+		dups += p.dups
+	}
+	var kinds []string
+	for f, n := range faults {
+		kinds = append(kinds, fmt.Sprintf("%d %s", n, chaosFault(f)))
+	}
+	t.Logf("%d rounds (%s) in %v: %d requests acknowledged, %d retried, %d events acknowledged as duplicates; "+
+		"%d routes answered, %d failed; every node holds what was acknowledged, digest %s at applied index %d",
+		rounds, strings.Join(kinds, ", "), time.Since(start).Round(time.Second), s.acked.Load(), retries, dups,
+		routed.Load(), routeErrs.Load(), digest, applied)
+	if routed.Load() == 0 {
+		t.Fatal("no route answered during the soak: the router did not run beside the faults")
+	}
+}
