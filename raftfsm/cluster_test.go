@@ -864,6 +864,30 @@ func TestStartRemovesARestoresLeftoverSpool(t *testing.T) {
 	}
 }
 
+// TestCloseRemovesASpoolNoRestoreHandedToRaft: Close removes the restore
+// spools left in the data directory, a restore's upload cut under a
+// closing node among them: none of them can reach Raft once Close began.
+// From a review: a clean exit whose HTTP drain ran out of time left the
+// upload's spool (up to --max-snapshot-bytes) until the next start.
+func TestCloseRemovesASpoolNoRestoreHandedToRaft(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	c.leader()
+	spool := filepath.Join(c.dirs[0], "restore-123.snap")
+	other := filepath.Join(c.dirs[0], "backup.snap") // not a spool: kept
+	for _, p := range []string{spool, other} {
+		if err := os.WriteFile(p, []byte("half a stream"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.stop(0)
+	if _, err := os.Stat(spool); !os.IsNotExist(err) {
+		t.Fatalf("the spool is still there after Close (%v)", err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Fatalf("a file that is not a spool was removed: %v", err)
+	}
+}
+
 // TestRestoreIgnoresTheStreamsIndex: Raft numbers a user restore after its
 // own log, whatever index the stream's header carries; one of 2^64-1 (a
 // crafted file with a good checksum) wrapped Raft's numbering to 0 and

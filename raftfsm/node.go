@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -249,13 +250,7 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	// A restore's spool (RestoreSnapshot) left by a crash: nothing reads
 	// it again, and it may be as large as the state.
-	if spools, err := filepath.Glob(filepath.Join(cfg.DataDir, "restore-*.snap")); err == nil {
-		for _, p := range spools {
-			if err := os.Remove(p); err != nil {
-				n.logger.Warn("removing a restore's leftover spool failed", "path", p, "err", err)
-			}
-		}
-	}
+	n.removeRestoreSpools()
 	ok := false
 	defer func() {
 		if !ok {
@@ -947,6 +942,24 @@ func (n *Node) closeStorage() {
 	}
 }
 
+// removeRestoreSpools removes the restore spools (RestoreSnapshot's
+// restore-*.snap) in the data directory, at the start (a crash's) and at
+// Close (an upload cut under the closing node's): nothing reads them
+// again, and one may be as large as the state. A file a running restore
+// still writes goes from the directory at once and from the disk once
+// the restore closes it.
+func (n *Node) removeRestoreSpools() {
+	spools, err := filepath.Glob(filepath.Join(n.cfg.DataDir, "restore-*.snap"))
+	if err != nil {
+		return
+	}
+	for _, p := range spools {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			n.logger.Warn("removing a restore's leftover spool failed", "path", p, "err", err)
+		}
+	}
+}
+
 // Close stops the node: Raft shuts down, then storage closes. A second
 // Close, at once or later, waits for the first and returns its result.
 //
@@ -970,6 +983,12 @@ func (n *Node) close() error {
 	if n.watch != nil {
 		n.watch.close()
 	}
+	// No restore can reach Raft from here (beginRestore refuses it once
+	// closing is set, and the one Raft held has returned): a spool left is
+	// an upload cut under the closing node, whose handler may not get to
+	// remove it before the process exits. Removed before the directory's
+	// lock goes.
+	n.removeRestoreSpools()
 	// Close also the pooled outbound connections: the transport's Close
 	// stops only its listener, and each peer's reader of such a
 	// connection would otherwise wait on it for ever.

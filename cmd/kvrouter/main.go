@@ -232,11 +232,12 @@ func run(c *cli.Context) error {
 	var handler atomic.Pointer[http.Handler]
 	handler.Store(&startingHandler)
 	current := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*handler.Load()).ServeHTTP(w, r) })
-	hs := &http.Server{Handler: current, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	servers := []*http.Server{hs}
+	hsFlight := &inFlight{}
+	hs := &http.Server{Handler: hsFlight.wrap(current), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	servers := []servedPort{{hs, ln.Addr().String(), hsFlight}}
 	closeServers := func() {
 		for _, s := range servers {
-			s.Close()
+			s.srv.Close()
 		}
 	}
 	serveErr := make(chan error, 2)
@@ -252,8 +253,9 @@ func run(c *cli.Context) error {
 			closeServers()
 			return fmt.Errorf("selection API listen on %s: %w", a, err)
 		}
-		shs := &http.Server{Handler: compat.SelectionHandler(current), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-		servers = append(servers, shs)
+		sFlight := &inFlight{}
+		shs := &http.Server{Handler: sFlight.wrap(compat.SelectionHandler(current)), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+		servers = append(servers, servedPort{shs, sln.Addr().String(), sFlight})
 		go func() { serveErr <- shs.Serve(sln) }()
 		logger.Info("selection API listening", "http", sec.scheme()+"://"+sln.Addr().String())
 	}
@@ -361,11 +363,28 @@ func run(c *cli.Context) error {
 	// requests, so shut down in turn, a later port (--selection-addr)
 	// kept taking new requests through the earlier ones' drain, and got
 	// what was left of the deadline, none when a drain used it up.
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	//
+	// A drain the deadline cuts leaves its requests running: Shutdown
+	// returns without them. Closed under them, the node would refuse what
+	// they still ask, and a restore upload would leave its spool
+	// (restore-*.snap, up to --max-snapshot-bytes) in the data directory,
+	// its handler never reaching the deferred remove before the process
+	// exits. So such a server is closed, which cuts its connections, and
+	// its handlers, whose reads and writes then fail, are waited for a
+	// little longer (cutWait) before the node closes.
+	sctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
 	var drained sync.WaitGroup
 	for _, s := range servers {
-		drained.Go(func() { s.Shutdown(sctx) })
+		drained.Go(func() {
+			if err := s.srv.Shutdown(sctx); err == nil {
+				return
+			}
+			s.srv.Close()
+			wctx, wcancel := context.WithTimeout(context.Background(), cutWait)
+			defer wcancel()
+			s.flight.wait(wctx)
+		})
 	}
 	drained.Wait()
 	srv.Close()
@@ -374,6 +393,77 @@ func run(c *cli.Context) error {
 	err = node.Close()
 	closeNATS()
 	return cmp.Or(runErr, err)
+}
+
+// drainTimeout is how long the HTTP servers' requests in flight have, all
+// ports together, once a shutdown begins; cutWait is how long the
+// handlers of the requests the deadline cut (their connections closed)
+// have after it to return before the node closes under them.
+const (
+	drainTimeout = 5 * time.Second
+	cutWait      = 2 * time.Second
+)
+
+// A servedPort is one of the node's HTTP servers, the address it listens
+// at, and its handlers running.
+type servedPort struct {
+	srv    *http.Server
+	addr   string
+	flight *inFlight
+}
+
+// inFlight counts the handlers of a server that are running, so that a
+// shutdown whose drain ran out of time can wait for those it cut:
+// http.Server.Shutdown stops waiting for them at its deadline, and Close
+// does not wait at all.
+type inFlight struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed while n is 0; nil before the first request
+}
+
+// wrap is h, counted.
+func (f *inFlight) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		if f.n++; f.n == 1 {
+			f.idle = make(chan struct{})
+		}
+		f.mu.Unlock()
+		defer func() {
+			f.mu.Lock()
+			if f.n--; f.n == 0 {
+				close(f.idle)
+			}
+			f.mu.Unlock()
+		}()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// running is how many handlers run now.
+func (f *inFlight) running() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n
+}
+
+// wait waits until no handler runs, or until ctx ends, and returns how
+// many still run.
+func (f *inFlight) wait(ctx context.Context) int {
+	for {
+		f.mu.Lock()
+		n, idle := f.n, f.idle
+		f.mu.Unlock()
+		if n == 0 {
+			return 0
+		}
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return f.running()
+		}
+	}
 }
 
 // The bounds of --booking-max-age. Below a second every booking would be
