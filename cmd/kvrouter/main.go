@@ -377,13 +377,17 @@ func run(c *cli.Context) error {
 	var drained sync.WaitGroup
 	for _, s := range servers {
 		drained.Go(func() {
-			if err := s.srv.Shutdown(sctx); err == nil {
+			err := s.srv.Shutdown(sctx)
+			if err == nil {
 				return
 			}
+			cut := s.flight.running()
 			s.srv.Close()
 			wctx, wcancel := context.WithTimeout(context.Background(), cutWait)
 			defer wcancel()
-			s.flight.wait(wctx)
+			left := s.flight.wait(wctx)
+			logger.Warn("the HTTP port's drain did not finish: its requests still running were cut (their connections closed)",
+				"addr", s.addr, "cut", cut, "still_running_after_cut", left, "drain", drainTimeout, "err", err)
 		})
 	}
 	drained.Wait()

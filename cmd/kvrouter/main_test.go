@@ -1253,6 +1253,27 @@ func TestARestoreUploadCutAtShutdownLeavesNoSpool(t *testing.T) {
 	}
 }
 
+// TestADrainCutByItsDeadlineIsLogged: a shutdown whose drain ran out of
+// time says so, in a warning that names the port and how many requests
+// it cut. From a review: Shutdown's error was dropped, and a drain cut by
+// the deadline looked like one that drained.
+func TestADrainCutByItsDeadlineIsLogged(t *testing.T) {
+	var addr string
+	logged := stderrOf(t, func() {
+		up := startRestoreUpload(t)
+		addr = up.httpAddr
+		up.sigterm()
+		<-up.done
+		up.done <- nil // for the cleanup
+	})
+	for _, line := range strings.Split(logged, "\n") {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, "addr="+addr) && strings.Contains(line, "cut=1") {
+			return
+		}
+	}
+	t.Errorf("no warning naming %s and cut=1 in the log:\n%s", addr, logged)
+}
+
 // restoreUpload is a kvrouter node, and a restore upload to it that sent
 // part of its body and whose node spools it.
 type restoreUpload struct {
