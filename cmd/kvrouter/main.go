@@ -213,6 +213,19 @@ func run(c *cli.Context) error {
 	case len(via) == 0:
 		peers = []raftfsm.Member{{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}}
 	}
+	// The node runs until SIGINT or SIGTERM, or until the app's context
+	// ends (tests run the app with one). The signals are taken from here,
+	// before anything is opened: one that comes while the state loads
+	// (seconds for millions of blocks, /healthz answering already) is a
+	// shutdown like any other, not the default exit (143) that would leave
+	// Pebble and the embedded NATS server unclosed. NewNode cannot be
+	// interrupted: it finishes loading, and the node then shuts down at
+	// once, the wait below finding ctx done. Once a signal came, the next
+	// one kills the process as a signal does by default (AfterFunc): a
+	// start or a shutdown that hangs can still be stopped.
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	context.AfterFunc(ctx, stop)
 	// The data directory's lock before anything listens: a second kvrouter
 	// on it (the same command line started twice) says the directory is
 	// held, not that a port is in use. The node takes the lock over.
@@ -272,11 +285,17 @@ func run(c *cli.Context) error {
 	}
 	cfg := nodeConfig(c, peers, httpAddr, logger)
 	cfg.DataDirLock = dirLock
+	if beforeLoad != nil {
+		beforeLoad()
+	}
 	node, err := raftfsm.NewNode(cfg)
 	if err != nil {
 		closeNATS()
 		closeServers()
 		return err
+	}
+	if ctx.Err() != nil && c.Context.Err() == nil {
+		logger.Info("a signal came while the state loaded: the node stops once started")
 	}
 	// A directory that holds a cluster starts as it is, without --peers or
 	// --join: its configuration, read now, tells whether other members
@@ -333,10 +352,6 @@ func run(c *cli.Context) error {
 			"restart it with --http-advertise before adding a member, which would forward writes to that address", "http_advertise", httpAddr, "err", err)
 	}
 
-	// The node runs until SIGINT or SIGTERM, or until the app's context
-	// ends (tests run the app with one).
-	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	var runErr error
 	if len(via) > 0 {
 		if err := joinCluster(ctx, logger, node, sec, via, id, raftAddr, httpAddr); err != nil && ctx.Err() == nil {
@@ -352,7 +367,8 @@ func run(c *cli.Context) error {
 		}
 	}
 	// From here a second signal kills the process at once, as a signal
-	// does by default: a shutdown that hangs can still be stopped.
+	// does by default: a shutdown that hangs can still be stopped. (Once
+	// a signal came, AfterFunc above did so already.)
 	stop()
 	logger.Info("shutting down")
 	// Users of the node stop before it closes: the HTTP servers (their
@@ -398,6 +414,10 @@ func run(c *cli.Context) error {
 	closeNATS()
 	return cmp.Or(runErr, err)
 }
+
+// beforeLoad, when set (by tests), runs right before the node loads its
+// state: a test holds the load there.
+var beforeLoad func()
 
 // drainTimeout is how long the HTTP servers' requests in flight have, all
 // ports together, once a shutdown begins; cutWait is how long the
