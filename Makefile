@@ -30,6 +30,7 @@ test:
 
 # Soak, chaos and long property runs; not part of CI's time budget.
 test-long:
+	@scripts/deps.sh test
 	KVROUTER_LONG=1 $(GO) test -race -timeout 60m $(PKGS)
 
 # The CUDA backend's conformance tests, the copy-bandwidth benchmark and
