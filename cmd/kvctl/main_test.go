@@ -696,35 +696,57 @@ func TestANullTokenIsAUsageError(t *testing.T) {
 	}
 }
 
-// TestTokensPastTheNodesBodyLimitAreAUsageError: a --tokens input larger
-// than a node takes in a request body (api.DefaultMaxBodyBytes) is bad
-// input, exit 2, refused before any request, and kvctl reads no more of
-// it than one byte past the limit, so an endless stdin ends too. From a
-// review: it read the whole input, 651 MB of memory for a 40 MB file,
-// and /dev/zero grew it for ever.
-func TestTokensPastTheNodesBodyLimitAreAUsageError(t *testing.T) {
+// TestTokensPastWhatKvctlReadsAreAUsageError: a --tokens input larger
+// than maxTokensBytes is bad input, exit 2, refused before any request,
+// and kvctl reads no more of it than one byte past the bound, so an
+// endless stdin ends too. From a review: it read the whole input, 651 MB
+// of memory for a 40 MB file, and /dev/zero grew it for ever.
+func TestTokensPastWhatKvctlReadsAreAUsageError(t *testing.T) {
 	c := newCluster(t)
 	c.registerWorkers(t)
 	ep := "--endpoints=" + c.nodes[0].addr()
+	defer func(n int) { maxTokensBytes = n }(maxTokensBytes)
+	maxTokensBytes = 1 << 10
 	big := filepath.Join(t.TempDir(), "big.txt")
-	if err := os.WriteFile(big, bytes.Repeat([]byte("1 "), api.DefaultMaxBodyBytes/2+1), 0o644); err != nil {
+	if err := os.WriteFile(big, bytes.Repeat([]byte("1 "), maxTokensBytes/2+1), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if r := kvctl(t, ep, "route", "--tokens", big).wantCode(t, 2); !strings.Contains(r.stderr, "MiB") {
-		t.Fatalf("stderr %q, want it to say how much a node takes", r.stderr)
+	if r := kvctl(t, ep, "route", "--tokens", big).wantCode(t, 2); !strings.Contains(r.stderr, "more than kvctl reads") {
+		t.Fatalf("stderr %q, want it to say kvctl reads no more", r.stderr)
 	}
 	if n := c.leader().Calls()["Route"]; n != 0 {
 		t.Fatalf("%d route request(s) reached the node, want none", n)
 	}
-	// Twice the limit, not endless, so that reading it all fails the
+	// Twice the bound, not endless, so that reading it all fails the
 	// test instead of hanging it.
-	stdin := &countingReader{r: io.LimitReader(repeatReader('1'), 2*api.DefaultMaxBodyBytes)}
+	stdin := &countingReader{r: io.LimitReader(repeatReader('1'), 2*int64(maxTokensBytes))}
 	var ue *usageError
 	if _, err := readTokens(context.Background(), "-", stdin); !errors.As(err, &ue) {
-		t.Fatalf("a stdin twice the limit: %v, want a usage error", err)
+		t.Fatalf("a stdin twice the bound: %v, want a usage error", err)
 	}
-	if n := stdin.n.Load(); n > api.DefaultMaxBodyBytes+1 {
-		t.Fatalf("read %d bytes of a stdin twice the limit, want at most the limit and one", n)
+	if n := stdin.n.Load(); n > int64(maxTokensBytes)+1 {
+		t.Fatalf("read %d bytes of a stdin twice the bound, want at most the bound and one", n)
+	}
+}
+
+// TestTokensLargerOnDiskThanTheirRequestAreSent: the bound on a --tokens
+// input is not the node's bound on a request: a file padded with white
+// space, larger than a node's request body bound, whose request is
+// smaller, is routed. From a review: kvctl refused a 41 MB pretty-printed
+// array whose request took 7.4 MB, where a node takes 32 MiB.
+func TestTokensLargerOnDiskThanTheirRequestAreSent(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	ep := "--endpoints=" + c.nodes[0].addr()
+	// 40 bytes a token on disk, about 2 in the request's JSON.
+	const tokens = api.DefaultMaxBodyBytes/40 + 1
+	padded := filepath.Join(t.TempDir(), "padded.txt")
+	if err := os.WriteFile(padded, bytes.Repeat(append([]byte("1,"), bytes.Repeat([]byte(" "), 38)...), tokens), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kvctl(t, ep, "route", "--tokens", padded).wantCode(t, 0)
+	if n := c.leader().Calls()["Route"]; n != 1 {
+		t.Fatalf("%d route request(s) reached the node, want 1", n)
 	}
 }
 

@@ -194,9 +194,14 @@ func routeRequest(c *cli.Context, e *env) (api.RouteRequest, error) {
 	return req, nil
 }
 
-// maxTokensBytes bounds a --tokens input: a node's default bound on a
-// request body, which the tokens, encoded as JSON, take about as much of.
-const maxTokensBytes = api.DefaultMaxBodyBytes
+// maxTokensBytes bounds what kvctl reads of a --tokens input, so that an
+// endless one (/dev/zero) ends. It is not the node's bound on a request,
+// which a node's --max-body-bytes sets (32 MiB by default) and which
+// applies to the request kvctl builds, not to the file: white space,
+// commas or a pretty-printed array can make a file several times larger
+// than its request. A request over the node's bound is the node's 413.
+// A variable for tests.
+var maxTokensBytes = 4 * api.DefaultMaxBodyBytes
 
 // readTokens reads token ids from a file ("-": stdin): a JSON array, or
 // integers separated by white space or commas. Content that holds no token
@@ -213,15 +218,16 @@ func readTokens(ctx context.Context, path string, stdin io.Reader) ([]uint32, er
 		defer done()
 		r = f
 	}
-	// No more than a node takes in a request body, and a byte to tell a
-	// larger input: the request could not carry it, and reading all of an
-	// endless stdin (/dev/zero) would grow kvctl for ever.
-	data, err := readAll(ctx, io.LimitReader(r, maxTokensBytes+1))
+	// No more than maxTokensBytes, and a byte to tell a larger input:
+	// reading all of an endless stdin (/dev/zero) would grow kvctl for
+	// ever.
+	data, err := readAll(ctx, io.LimitReader(r, int64(maxTokensBytes)+1))
 	if err != nil {
 		return nil, fmt.Errorf("--tokens: %w", err)
 	}
 	if len(data) > maxTokensBytes {
-		return nil, usagef("--tokens %s: larger than %d MiB, more than a node takes in a request", path, maxTokensBytes>>20)
+		return nil, usagef("--tokens %s: larger than %d MiB, more than kvctl reads (a node takes requests of up to its --max-body-bytes, 32 MiB by default)",
+			path, maxTokensBytes>>20)
 	}
 	trimmed := bytes.TrimSpace(data)
 	var ids []uint32
