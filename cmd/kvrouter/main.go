@@ -392,19 +392,7 @@ func run(c *cli.Context) error {
 	defer cancel()
 	var drained sync.WaitGroup
 	for _, s := range servers {
-		drained.Go(func() {
-			err := s.srv.Shutdown(sctx)
-			if err == nil {
-				return
-			}
-			cut := s.flight.running()
-			s.srv.Close()
-			wctx, wcancel := context.WithTimeout(context.Background(), cutWait)
-			defer wcancel()
-			left := s.flight.wait(wctx)
-			logger.Warn("the HTTP port's drain did not finish: its requests still running were cut (their connections closed)",
-				"addr", s.addr, "cut", cut, "still_running_after_cut", left, "drain", drainTimeout, "err", err)
-		})
+		drained.Go(func() { s.drain(sctx, cutWait, logger) })
 	}
 	drained.Wait()
 	srv.Close()
@@ -434,6 +422,24 @@ type servedPort struct {
 	srv    *http.Server
 	addr   string
 	flight *inFlight
+}
+
+// drain shuts s down: its listener closes and its requests in flight
+// have until sctx ends. Those still running then are cut (their
+// connections closed) and have up to wait more to return, a warning
+// saying how many were cut and how many still ran after the wait.
+func (s servedPort) drain(sctx context.Context, wait time.Duration, logger *slog.Logger) {
+	err := s.srv.Shutdown(sctx)
+	if err == nil {
+		return
+	}
+	cut := s.flight.running()
+	s.srv.Close()
+	wctx, wcancel := context.WithTimeout(context.Background(), wait)
+	defer wcancel()
+	left := s.flight.wait(wctx)
+	logger.Warn("the HTTP port's drain did not finish: its requests still running were cut (their connections closed)",
+		"addr", s.addr, "cut", cut, "still_running_after_cut", left, "drain", drainTimeout, "err", err)
 }
 
 // inFlight counts the handlers of a server that are running, so that a

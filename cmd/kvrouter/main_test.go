@@ -1398,3 +1398,77 @@ func startRestoreUpload(t *testing.T) *restoreUpload {
 	})
 	return up
 }
+
+// TestACutDrainWaitsForItsHandlers: a request still running when the
+// drain's deadline passes has its connection closed, and the drain then
+// waits for its handler (up to the wait it is given) before it returns,
+// and so before the node closes under the handler; the warning says how
+// many ran on past the wait. From a review: with the wait taken out, every
+// shutdown test stayed green.
+func TestACutDrainWaitsForItsHandlers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wait time.Duration
+		left string // still_running_after_cut in the warning
+	}{
+		{"the handler returns within the wait", time.Minute, "still_running_after_cut=0"},
+		{"the handler runs past the wait", time.Millisecond, "still_running_after_cut=1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			started, cut, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			flight := &inFlight{}
+			h := flight.wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				close(started)
+				<-r.Context().Done() // the connection closed under it
+				close(cut)
+				<-release
+			}))
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			hs := &http.Server{Handler: h}
+			go hs.Serve(ln)
+			defer hs.Close()
+			go func() {
+				if resp, err := http.Get("http://" + ln.Addr().String()); err == nil {
+					resp.Body.Close()
+				}
+			}()
+			<-started
+
+			var logs bytes.Buffer
+			logger := slog.New(slog.NewTextHandler(&logs, nil))
+			expired, cancel := context.WithCancel(context.Background())
+			cancel() // the drain's deadline has passed
+			drained := make(chan struct{})
+			go func() {
+				servedPort{hs, ln.Addr().String(), flight}.drain(expired, tc.wait, logger)
+				close(drained)
+			}()
+			poll(t, "the handler's connection to be cut", func() bool {
+				select {
+				case <-cut:
+					return true
+				default:
+					return false
+				}
+			})
+			if tc.wait == time.Minute {
+				select {
+				case <-drained:
+					t.Fatal("the drain returned while the handler it cut still ran")
+				default:
+				}
+				close(release)
+				<-drained
+			} else {
+				<-drained
+				close(release)
+			}
+			if !strings.Contains(logs.String(), tc.left) || !strings.Contains(logs.String(), "cut=1") {
+				t.Errorf("the warning %q, want cut=1 and %s", logs.String(), tc.left)
+			}
+		})
+	}
+}
