@@ -117,15 +117,7 @@ func TestChaosSoakLosesNothingAcknowledged(t *testing.T) {
 	start := time.Now()
 
 	c, h := startPartitionedCluster(t, 3)
-	pubs := []*publisher{
-		newPublisher(seed, testRanks[0], testRanks[1]),
-		newPublisher(seed, testRanks[2], testRanks[3]),
-	}
-	all := newModel()
-	for _, p := range pubs {
-		all.merge(p.model)
-	}
-	registerWorkers(t, c.cl, all)
+	pubs, all := registeredPublishers(t, c.cl, seed)
 	registered := map[kvevent.Rank]bool{}
 	for r := range all.ranks {
 		registered[r] = true

@@ -25,15 +25,7 @@ import (
 func TestKillLeaderUnderIngestLosesNothingAcknowledged(t *testing.T) {
 	seed := testSeed(t)
 	c := startCluster(t, 3)
-	pubs := []*publisher{
-		newPublisher(seed, testRanks[0], testRanks[1]),
-		newPublisher(seed, testRanks[2], testRanks[3]),
-	}
-	all := newModel()
-	for _, p := range pubs {
-		all.merge(p.model)
-	}
-	registerWorkers(t, c.cl, all)
+	pubs, all := registeredPublishers(t, c.cl, seed)
 
 	const perPublisher = 100 // acknowledged requests each
 	var acked atomic.Int64

@@ -356,16 +356,8 @@ var probeRank = kvevent.Rank{Worker: 3, DP: 0}
 func TestPartitionedLeaderLosesNothingAcknowledged(t *testing.T) {
 	seed := testSeed(t)
 	c, h := startPartitionedCluster(t, 3)
-	pubs := []*publisher{
-		newPublisher(seed, testRanks[0], testRanks[1]),
-		newPublisher(seed, testRanks[2], testRanks[3]),
-	}
 	probe := newPublisher(seed, probeRank)
-	all := newModel()
-	for _, p := range []*publisher{pubs[0], pubs[1], probe} {
-		all.merge(p.model)
-	}
-	registerWorkers(t, c.cl, all)
+	pubs, all := registeredPublishers(t, c.cl, seed, probe)
 
 	s := newStream(t, ctxT(t, 2*convergeTimeout))
 	s.publish(c, pubs)

@@ -424,6 +424,23 @@ func retry(ctx context.Context, f func(ctx context.Context) error) (int, error) 
 	}
 }
 
+// registeredPublishers returns two publishers of seed over testRanks
+// (two ranks each), and the extra ones given, and the model of them all,
+// their workers registered through cl.
+func registeredPublishers(t *testing.T, cl *client.Client, seed uint64, extra ...*publisher) ([]*publisher, *model) {
+	t.Helper()
+	pubs := []*publisher{
+		newPublisher(seed, testRanks[0], testRanks[1]),
+		newPublisher(seed, testRanks[2], testRanks[3]),
+	}
+	all := newModel()
+	for _, p := range append(slices.Clone(pubs), extra...) {
+		all.merge(p.model)
+	}
+	registerWorkers(t, cl, all)
+	return pubs, all
+}
+
 // registerWorkers registers the workers of the model's ranks (block size
 // 16, capacity unknown), retrying like a publisher.
 func registerWorkers(t *testing.T, cl *client.Client, m *model) {
