@@ -177,6 +177,9 @@ type Agent struct {
 	// releaseLookups counts the parents releaseLocked looked up: its work,
 	// which tests bound (they may not time it). Guarded by mu.
 	releaseLookups uint64
+	// cutLookups counts the cut blocks parkCutLocked looked up: its work,
+	// which tests bound as well. Guarded by mu.
+	cutLookups uint64
 
 	resets     *prometheus.CounterVec
 	pubErrs    prometheus.Counter
@@ -1240,6 +1243,7 @@ func (a *Agent) parkCutLocked(r kvevent.Rank, cuts []indexer.Cut) error {
 		if c.Rank != r {
 			continue
 		}
+		a.cutLookups++
 		tiers, parentHeld := a.mirror.HeldUnder(r, c.EngineHash)
 		if tiers == 0 || parentHeld && !gone[c.Parent] {
 			continue // removed since, or reachable again
@@ -1265,8 +1269,11 @@ func (a *Agent) parkCutLocked(r kvevent.Rank, cuts []indexer.Cut) error {
 	if len(evs) == 0 {
 		return nil
 	}
-	// What these removes cut off in turn is in gone already: the mirror
-	// no longer holds it once they applied, and it is skipped.
+	// These removes cut nothing off in turn: each block's parent was cut
+	// off or taken back before it (the mirror reports no cut below a block
+	// whose parent the rank does not hold), which is why the blocks below
+	// the first are taken back here, through gone, and not left for the
+	// cuts of these removes.
 	_, err := a.publishLocked(r, evs, false)
 	return err
 }

@@ -555,6 +555,51 @@ func TestClearParksPoolBlocksBelowADeviceParent(t *testing.T) {
 	waitFor(t, "the dump", func() bool { return tierBlocks(r, kvevent.TierHostPinned) == 2 && matched(r, 5) == 5 })
 }
 
+// TestEvictionAboveADeepPoolChainLooksUpEachBlockOnce: the engine evicts
+// the parent of a chain of n G2 blocks; the agent parks all n and takes
+// them off the router, looking up each cut block once. Its removes of the
+// chain, parents first, cut nothing off again: each block's parent went
+// before it. From a review: each of those removes reported the rest of
+// the chain as cut again, n(n-1)/2 lookups under the agent's lock (n=4000
+// took 10.8 s); and with them gone, only the parked check of a cut
+// block's parent (gone in parkCutLocked) takes the chain below its first
+// block back.
+func TestEvictionAboveADeepPoolChainLooksUpEachBlockOnce(t *testing.T) {
+	const n = 1000
+	r := startRouter(t)
+	a, _ := startAgent(t, r)
+	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1)}))
+	hs := make([]uint64, n)
+	for i := range hs {
+		hs[i] = uint64(2 + i)
+	}
+	x := storedChain(1, hs...)
+	x.Tier = kvevent.TierHostPinned
+	_, err := a.Publish(rank, []kvevent.Event{x})
+	must(t, err)
+	a.mu.Lock()
+	before := a.cutLookups
+	a.mu.Unlock()
+	must(t, a.Events(rank, 1, []kvevent.Event{{Rank: rank, Kind: kvevent.KindRemoved, Removed: []uint64{1}}}))
+	caughtUp(t, r, a)
+	a.mu.Lock()
+	lookups := a.cutLookups - before
+	np := 0
+	if p := a.parked[rank]; p != nil {
+		np = len(p.blocks)
+	}
+	a.mu.Unlock()
+	if lookups != n {
+		t.Errorf("the eviction looked up %d cut blocks, want %d", lookups, n)
+	}
+	if np != n {
+		t.Errorf("%d of the chain's %d blocks are parked", np, n)
+	}
+	if h := tierBlocks(r, kvevent.TierHostPinned); h != 0 {
+		t.Errorf("the router still holds %d G2 blocks of the cut chain", h)
+	}
+}
+
 // TestEvictAndRecomputeKeepsPoolBlock: the control of the test above,
 // without a clear: the engine evicts 1..4 and computes 1..3 again; the
 // router kept 4's G2 copy all along.

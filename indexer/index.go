@@ -128,7 +128,9 @@ type ApplyReport struct {
 	// first: no lookup reaches them from the root any more, and a dump
 	// leaves them out (RankDump.StoredEvents), though the index keeps
 	// them. A block of the rank below one it does not hold was cut off
-	// before, and is not reported again.
+	// before, and is not reported again: neither when a remove above it
+	// goes nor when its own last residency goes (a chain cut off before
+	// and removed parents first reports nothing).
 	Cut []Cut
 }
 
@@ -474,7 +476,7 @@ func (ix *Index) removeOne(rs *rankState, eh uint64, t kvevent.Tier) {
 		ix.removeHeldOrphanBlock(rs, eh, t)
 	}
 	if m == t.Bit() {
-		if ix.report != nil && n.hasChildren() {
+		if ix.report != nil && n.hasChildren() && ix.reachable(rs, n) {
 			ix.reportCut(rs, n, eh)
 		}
 		ix.dropHolder(rs, n, i)
@@ -505,6 +507,18 @@ func (ix *Index) reportCut(rs *rankState, n *node, eh uint64) {
 		ix.report.Cut = append(ix.report.Cut, Cut{Rank: rs.rank, Parent: eh, EngineHash: h.eh, Local: c.local, Tiers: h.mask()})
 		ix.reportCut(rs, c, h.eh)
 	})
+}
+
+// reachable reports whether n's parent is the root or a block rs holds:
+// whether, as far as a remove of n is concerned, rs's blocks below n are
+// reachable until n goes. A block whose parent rs stopped holding was cut
+// off then, and its subtree reported as cut; reporting it again for each
+// block of it that goes (the node agent removes a cut chain parents
+// first) would report a chain of n blocks n(n-1)/2 times. Only the parent
+// is looked at, not the whole path: a held block below a cut is reported
+// again when it goes, at most once per remove, not per ancestor.
+func (ix *Index) reachable(rs *rankState, n *node) bool {
+	return n.parent == &ix.root || n.parent.find(rs.slot) >= 0
 }
 
 // dropHolder removes rank rs from node n (holder i) in every tier, and
