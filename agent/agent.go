@@ -66,7 +66,11 @@
 //     (parkCutLocked): no lookup reaches them, and a dump, which leaves
 //     out what no lookup reaches, would take them off the router while
 //     the mirror kept them. The engine's own blocks below it are taken off
-//     too, not parked. So the mirror holds no block of a rank below one
+//     too, not parked. A store that reuses a block's engine hash for
+//     another block takes the old one in every tier, and does the same;
+//     a block parked so waits for its parent's content hash under its
+//     engine hash, which a store of the new block does not bring back.
+//     So the mirror holds no block of a rank below one
 //     the rank does not hold, and a dump carries all it holds.
 //   - The engine path never blocks on the router: the publisher drops its
 //     oldest events when its buffer is full (DropOldest), and the rank heals
@@ -1083,14 +1087,26 @@ type parkKey struct {
 	hash uint64
 }
 
-// parked is what a store of a parked block needs.
+// parked is what a store of a parked block needs. A block a remove or a
+// remap cut off also has its parent's content hash (byLocal set): a store
+// that reuses the parent's engine hash for another block, the cause of a
+// remap, stores a block that is not its parent, and does not let it go.
 type parked struct {
 	parent, local uint64
+	parentLocal   uint64
+	byLocal       bool
 }
 
 // parkLocked parks the chain ev of rank r: its first block waits for
 // ev.Parent, each other block for the one before it. The caller holds a.mu.
 func (a *Agent) parkLocked(r kvevent.Rank, ev kvevent.Event) {
+	a.parkUnderLocked(r, ev, 0, false)
+}
+
+// parkUnderLocked is parkLocked, and, with byLocal, has the chain's first
+// block wait for a block of content hash parentLocal under ev.Parent (and
+// each other for the one before it, whose content hash ev has).
+func (a *Agent) parkUnderLocked(r kvevent.Rank, ev kvevent.Event, parentLocal uint64, byLocal bool) {
 	p := a.parked[r]
 	if p == nil {
 		p = &parking{blocks: map[parkKey]parked{}, byParent: map[uint64][]parkKey{}}
@@ -1105,9 +1121,9 @@ func (a *Agent) parkLocked(r kvevent.Rank, ev kvevent.Event) {
 		} else {
 			a.parkedN.Inc()
 		}
-		p.blocks[k] = parked{parent: parent, local: b.LocalHash}
+		p.blocks[k] = parked{parent: parent, local: b.LocalHash, parentLocal: parentLocal, byLocal: byLocal}
 		p.byParent[parent] = append(p.byParent[parent], k)
-		parent = b.EngineHash
+		parent, parentLocal = b.EngineHash, b.LocalHash
 	}
 }
 
@@ -1222,7 +1238,8 @@ func (a *Agent) withdrawRenamedLocked(r kvevent.Rank, renames []indexer.Rename) 
 }
 
 // parkCutLocked takes back, here and on the router, the blocks of rank r
-// that a remove of a block above them left unreachable (cuts, parents
+// that a remove of a block above them (or a store that reused its engine
+// hash for another block) left unreachable (cuts, parents
 // first, as the mirror reported them), those the part applied still
 // leaves so (a store of the removed block in the same part makes them
 // reachable again): no lookup reaches them, and a dump, which leaves
@@ -1255,8 +1272,8 @@ func (a *Agent) parkCutLocked(r kvevent.Rank, cuts []indexer.Cut) error {
 			}
 			byTier[t] = append(byTier[t], c.EngineHash)
 			if pools.Has(t) {
-				a.parkLocked(r, kvevent.Event{Rank: r, Kind: kvevent.KindStored, Tier: t, HasParent: true, Parent: c.Parent,
-					Blocks: []kvevent.Block{{EngineHash: c.EngineHash, LocalHash: c.Local}}})
+				a.parkUnderLocked(r, kvevent.Event{Rank: r, Kind: kvevent.KindStored, Tier: t, HasParent: true, Parent: c.Parent,
+					Blocks: []kvevent.Block{{EngineHash: c.EngineHash, LocalHash: c.Local}}}, c.ParentLocal, true)
 			}
 		}
 	}
@@ -1287,7 +1304,10 @@ func (a *Agent) parkCutLocked(r kvevent.Rank, cuts []indexer.Cut) error {
 // mirror now holds lets its blocks go: a store that named a parent the
 // mirror does not know is held as an orphan, and blocks let go under it
 // would be orphans too, on the router as well, dropped when it expires,
-// and no longer parked for its next store. Only the hashes a store named
+// and no longer parked for its next store. A block parked by a cut waits
+// for its parent's content hash too: after a store that reused the
+// parent's engine hash for another block, a store of that block does not
+// let it go, and it waits on for its own parent. Only the hashes a store named
 // or an apply adopted are looked up, each once it is found in the parked
 // set: a parent no store reached is never looked at, however many blocks
 // wait for one (a reopened G3 pool whose engine restarted with another
@@ -1322,12 +1342,18 @@ func (a *Agent) releaseLocked(r kvevent.Rank, evs []kvevent.Event, adopted []uin
 			continue // queued twice, and let go the first time
 		}
 		a.releaseLookups++
-		if !a.mirror.Holds(r, parent) {
+		local, ok := a.mirror.HeldAs(r, parent)
+		if !ok {
 			continue // a held orphan: its blocks wait on
 		}
 		delete(p.byParent, parent)
+		var other []parkKey // waiting for another block named parent
 		for _, k := range kids {
 			b := p.blocks[k]
+			if b.byLocal && b.parentLocal != local {
+				other = append(other, k)
+				continue
+			}
 			delete(p.blocks, k)
 			a.parkedN.Dec()
 			ev := kvevent.Event{Rank: r, Kind: kvevent.KindStored, Tier: k.tier, HasParent: true, Parent: parent,
@@ -1343,6 +1369,9 @@ func (a *Agent) releaseLocked(r kvevent.Rank, evs []kvevent.Event, adopted []uin
 			}
 			waitedFor(k.hash)
 			waitedFor(a.applyLocked(r, evs).Adopted...)
+		}
+		if len(other) > 0 {
+			p.byParent[parent] = append(p.byParent[parent], other...)
 		}
 	}
 	return nil

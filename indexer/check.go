@@ -19,6 +19,23 @@ func (ix *Index) Holds(r kvevent.Rank, eh uint64) bool {
 	return ok
 }
 
+// HeldAs returns the content hash of the block rank r holds under engine
+// hash eh, in any tier, and whether it holds one (a held orphan does not
+// count): a store that reuses eh for another block changes it.
+func (ix *Index) HeldAs(r kvevent.Rank, eh uint64) (local uint64, ok bool) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	rs := ix.rankFor(r, false)
+	if rs == nil {
+		return 0, false
+	}
+	n, ok := rs.blocks.get(eh)
+	if !ok {
+		return 0, false
+	}
+	return n.local, true
+}
+
 // HeldUnder returns the tiers rank r holds a block in under engine hash
 // eh (0 when it holds none), and whether r holds the block's parent too
 // (true for a block of the root): whether a lookup, and a dump

@@ -124,8 +124,9 @@ type ApplyReport struct {
 	// and a remove of the old name no longer reaches it.
 	Renamed []Rename
 	// Cut has, for every remove that took a rank's last residency of a
-	// block below which the rank holds blocks, those blocks, parents
-	// first: no lookup reaches them from the root any more, and a dump
+	// block below which the rank holds blocks, and every store that took
+	// it by reusing its engine hash for another block, those blocks,
+	// parents first: no lookup reaches them from the root any more, and a dump
 	// leaves them out (RankDump.StoredEvents), though the index keeps
 	// them. A block of the rank below one it does not hold was cut off
 	// before, and is not reported again: neither when a remove above it
@@ -137,11 +138,14 @@ type ApplyReport struct {
 // Cut is a rank's block that a remove of a block above it left
 // unreachable (ApplyReport.Cut), as it was then.
 type Cut struct {
-	Rank       kvevent.Rank
-	Parent     uint64 // its parent's engine hash (the removed block's, for the first below it)
-	EngineHash uint64
-	Local      uint64       // its content hash
-	Tiers      kvevent.Mask // the tiers the rank held it in
+	Rank   kvevent.Rank
+	Parent uint64 // its parent's engine hash (the removed block's, for the first below it)
+	// ParentLocal is its parent's content hash: after a store that reused
+	// the removed block's engine hash, Parent names another block.
+	ParentLocal uint64
+	EngineHash  uint64
+	Local       uint64       // its content hash
+	Tiers       kvevent.Mask // the tiers the rank held it in
 }
 
 // Rename is a rank's block renamed by a store (ApplyReport.Renamed).
@@ -374,6 +378,12 @@ func (ix *Index) setBit(rs *rankState, n *node, eh uint64, t kvevent.Tier) {
 		// unlinked only after n holds the rank: n may be an ancestor of the
 		// old node, and unlinking first could free n itself.
 		ix.counters.Remapped++
+		if ix.report != nil && old.hasChildren() && ix.reachable(rs, old) {
+			// As a remove of old's last residency: what rs holds below it
+			// no lookup reaches any more (eh names n now; the cuts' first
+			// parent is eh, and its content hash tells the two apart).
+			ix.reportCut(rs, old, eh)
+		}
 		ix.detachHolder(rs, old, old.find(rs.slot))
 		ix.setBitMapped(rs, n, eh, t)
 		ix.unlink(old)
@@ -504,7 +514,7 @@ func (ix *Index) reportCut(rs *rankState, n *node, eh uint64) {
 			return // what rs holds below c was cut off before
 		}
 		h := &c.holders[i]
-		ix.report.Cut = append(ix.report.Cut, Cut{Rank: rs.rank, Parent: eh, EngineHash: h.eh, Local: c.local, Tiers: h.mask()})
+		ix.report.Cut = append(ix.report.Cut, Cut{Rank: rs.rank, Parent: eh, ParentLocal: n.local, EngineHash: h.eh, Local: c.local, Tiers: h.mask()})
 		ix.reportCut(rs, c, h.eh)
 	})
 }

@@ -268,9 +268,9 @@ func TestApplyBatchReportNamesTheBlocksARemoveCutsOff(t *testing.T) {
 	}
 	ix.ApplyBatchReport([]kvevent.Event{*removed(rk1, dev, 2)}, 0, &rep)
 	want := []Cut{
-		{Rank: rk1, Parent: 2, EngineHash: 3, Local: 103, Tiers: host.Bit()},
-		{Rank: rk1, Parent: 3, EngineHash: 4, Local: 104, Tiers: host.Bit()},
-		{Rank: rk1, Parent: 3, EngineHash: 5, Local: 105, Tiers: dev.Bit()},
+		{Rank: rk1, Parent: 2, ParentLocal: 102, EngineHash: 3, Local: 103, Tiers: host.Bit()},
+		{Rank: rk1, Parent: 3, ParentLocal: 103, EngineHash: 4, Local: 104, Tiers: host.Bit()},
+		{Rank: rk1, Parent: 3, ParentLocal: 103, EngineHash: 5, Local: 105, Tiers: dev.Bit()},
 	}
 	slices.SortFunc(rep.Cut[1:], func(a, b Cut) int { return cmp.Compare(a.EngineHash, b.EngineHash) }) // siblings in no order
 	if !slices.Equal(rep.Cut, want) {
@@ -316,6 +316,36 @@ func TestRemoveOfACutOffChainParentsFirstReportsNoCut(t *testing.T) {
 	}
 	if got := ix.Stats().Nodes; got != 0 {
 		t.Fatalf("nodes after the removes = %d, want 0", got)
+	}
+}
+
+// TestApplyBatchReportNamesTheBlocksARemapCutsOff: a store that reuses an
+// engine hash the rank holds for another block drops the old block in
+// every tier, as a remove of its last residency does, and the report
+// names the rank's blocks below it as cut, parents first, each with its
+// parent's content hash: the engine hash of the first one's parent now
+// names the new block. From a review: the remap reported nothing, and
+// the agent kept a pool block below the old block that no lookup reached,
+// lost for good after a dump or a reset.
+func TestApplyBatchReportNamesTheBlocksARemapCutsOff(t *testing.T) {
+	ix := New(Config{})
+	host := kvevent.TierHostPinned
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2)), storedUnder(rk1, host, 2, chain(3, 4)))
+	var rep ApplyReport
+	reuse := storedUnder(rk1, dev, 1, []kvevent.Block{{EngineHash: 2, LocalHash: 77777}})
+	ix.ApplyBatchReport([]kvevent.Event{*reuse}, 0, &rep)
+	want := []Cut{
+		{Rank: rk1, Parent: 2, ParentLocal: 102, EngineHash: 3, Local: 103, Tiers: host.Bit()},
+		{Rank: rk1, Parent: 3, ParentLocal: 103, EngineHash: 4, Local: 104, Tiers: host.Bit()},
+	}
+	if !slices.Equal(rep.Cut, want) {
+		t.Fatalf("cut %+v, want %+v", rep.Cut, want)
+	}
+	if local, ok := ix.HeldAs(rk1, 2); !ok || local != 77777 {
+		t.Fatalf("HeldAs(2) = %d, %v: want the new block's content hash", local, ok)
+	}
+	if tiers, parentHeld := ix.HeldUnder(rk1, 3); tiers != host.Bit() || parentHeld {
+		t.Fatalf("HeldUnder(3) = %v, %v: want the host tier, its parent not held", tiers, parentHeld)
 	}
 }
 
