@@ -600,15 +600,12 @@ func TestEvictionAboveADeepPoolChainLooksUpEachBlockOnce(t *testing.T) {
 	}
 }
 
-// TestRemapParksThePoolBlocksBelowTheOldBlock: the engine reuses engine
-// hash 2 for another block, so its old block goes in every tier, and the
-// pool's 3 below it is parked and taken off the router, as for a remove of
-// 2; it is not let go when 2 is stored as the new block again, and it
-// goes back to the router, and stays there through a dump, when the engine
-// stores the old 2 again. From a review: the remap parked nothing, the
-// mirror kept 3 where no lookup reached it, a dump took it off the router,
-// and the engine storing 1, 2 again never brought it back.
-func TestRemapParksThePoolBlocksBelowTheOldBlock(t *testing.T) {
+// remapAboveAPoolBlock starts a router and an agent whose engine stored
+// 1, 2 and whose G2 pool stored 3 below 2; then the engine (batch 1)
+// reuses engine hash 2 for another block, reuse. It returns the router,
+// the agent and reuse.
+func remapAboveAPoolBlock(t *testing.T) (*router, *Agent, kvevent.Event) {
+	t.Helper()
 	r := startRouter(t)
 	a, _ := startAgent(t, r)
 	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2)}))
@@ -618,6 +615,19 @@ func TestRemapParksThePoolBlocksBelowTheOldBlock(t *testing.T) {
 	must(t, err)
 	reuse := kvevent.Event{Rank: rank, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 2, LocalHash: 77777}}}
 	must(t, a.Events(rank, 1, []kvevent.Event{reuse}))
+	return r, a, reuse
+}
+
+// TestRemapParksThePoolBlocksBelowTheOldBlock: the engine reuses engine
+// hash 2 for another block, so its old block goes in every tier, and the
+// pool's 3 below it is parked and taken off the router, as for a remove of
+// 2; it is not let go when 2 is stored as the new block again, and it
+// goes back to the router, and stays there through a dump, when the engine
+// stores the old 2 again. From a review: the remap parked nothing, the
+// mirror kept 3 where no lookup reached it, a dump took it off the router,
+// and the engine storing 1, 2 again never brought it back.
+func TestRemapParksThePoolBlocksBelowTheOldBlock(t *testing.T) {
+	r, a, reuse := remapAboveAPoolBlock(t)
 	must(t, a.Events(rank, 2, []kvevent.Event{reuse})) // the new 2 again: 3 is not its child
 	caughtUp(t, r, a)
 	if np := parkedBlocks(a); np != 1 {
@@ -645,15 +655,7 @@ func TestRemapParksThePoolBlocksBelowTheOldBlock(t *testing.T) {
 // goes to the router when the engine stores 1, 2 again. From a review:
 // the reset found no parent hash for 3 in the mirror and dropped it.
 func TestRemapThenResetKeepsThePoolBlockParked(t *testing.T) {
-	r := startRouter(t)
-	a, _ := startAgent(t, r)
-	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2)}))
-	x := storedChain(2, 3)
-	x.Tier = kvevent.TierHostPinned
-	_, err := a.Publish(rank, []kvevent.Event{x})
-	must(t, err)
-	reuse := kvevent.Event{Rank: rank, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 2, LocalHash: 77777}}}
-	must(t, a.Events(rank, 1, []kvevent.Event{reuse}))
+	r, a, _ := remapAboveAPoolBlock(t)
 	a.Reset(rank)
 	if np := parkedBlocks(a); np != 1 {
 		t.Fatalf("after the remap and the reset %d pool blocks are parked, want 1", np)

@@ -25,15 +25,10 @@ func (ix *Index) Holds(r kvevent.Rank, eh uint64) bool {
 func (ix *Index) HeldAs(r kvevent.Rank, eh uint64) (local uint64, ok bool) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	rs := ix.rankFor(r, false)
-	if rs == nil {
-		return 0, false
+	if _, n := ix.heldLocked(r, eh); n != nil {
+		return n.local, true
 	}
-	n, ok := rs.blocks.get(eh)
-	if !ok {
-		return 0, false
-	}
-	return n.local, true
+	return 0, false
 }
 
 // HeldUnder returns the tiers rank r holds a block in under engine hash
@@ -43,17 +38,25 @@ func (ix *Index) HeldAs(r kvevent.Rank, eh uint64) (local uint64, ok bool) {
 func (ix *Index) HeldUnder(r kvevent.Rank, eh uint64) (tiers kvevent.Mask, parentHeld bool) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
+	rs, n := ix.heldLocked(r, eh)
+	if n == nil {
+		return 0, false
+	}
+	return n.holders[n.find(rs.slot)].mask(), ix.reachable(rs, n)
+}
+
+// heldLocked returns rank r's state and the block it holds under engine
+// hash eh (a held orphan does not count), or a nil block. ix.mu is held.
+func (ix *Index) heldLocked(r kvevent.Rank, eh uint64) (*rankState, *node) {
 	rs := ix.rankFor(r, false)
 	if rs == nil {
-		return 0, false
+		return nil, nil
 	}
 	n, ok := rs.blocks.get(eh)
 	if !ok {
-		return 0, false
+		return rs, nil
 	}
-	tiers = n.holders[n.find(rs.slot)].mask()
-	p := n.parent
-	return tiers, p == &ix.root || p.find(rs.slot) >= 0
+	return rs, n
 }
 
 // CheckStore reports whether applying a Stored chain of rank r (its parent
