@@ -241,14 +241,22 @@ func TestDumpCarriesHeldOrphans(t *testing.T) {
 	a, _ := startAgent(t, r)
 	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(1, 2)})) // 1 not stored yet
 	caughtUp(t, r, a)
-	before := a.Publisher().Synced(rank)
-	a.Publisher().Resync(rank)
-	waitFor(t, "the dump", func() bool { s := a.Publisher().Synced(rank); return s != 0 && s != before })
+	resyncAndWait(t, a)
 	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1)}))
 	caughtUp(t, r, a)
 	if got := matched(r, 2); got != 2 {
 		t.Fatalf("the router matches %d of 1 and the orphan 2 it adopts, want 2", got)
 	}
+}
+
+// resyncAndWait has a's publisher dump rank (a resync, as the router's
+// ask, a lapse or a buffer overrun starts one) and waits until the
+// router has taken it.
+func resyncAndWait(t *testing.T, a *Agent) {
+	t.Helper()
+	before := a.Publisher().Synced(rank)
+	a.Publisher().Resync(rank)
+	waitFor(t, "the dump", func() bool { s := a.Publisher().Synced(rank); return s != 0 && s != before })
 }
 
 // TestLeaseExpiresWithoutHeartbeats: an agent registers its worker with a

@@ -41,9 +41,7 @@ func TestPoolBlockBelowARemovedParentSurvivesADump(t *testing.T) {
 				t.Fatalf("after 1 was evicted: %v pool blocks parked (want 1), the router holds %d G2 blocks (want 0)", n, h)
 			}
 			if dump { // any dump: the router asked for one, a lapse, a buffer overrun
-				before := a.Publisher().Synced(rank)
-				a.Publisher().Resync(rank)
-				waitFor(t, "the dump", func() bool { s := a.Publisher().Synced(rank); return s != 0 && s != before })
+				resyncAndWait(t, a)
 			}
 			must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1)}))
 			caughtUp(t, r, a)

@@ -642,9 +642,7 @@ func TestRemapParksThePoolBlocksBelowTheOldBlock(t *testing.T) {
 		t.Fatalf("with the old 2 stored again %d pool blocks are parked, want 0", np)
 	}
 	waitFor(t, "the router to match the engine's 1, 2 and the pool's 3", func() bool { return matched(r, 3) == 3 })
-	before := a.Publisher().Synced(rank)
-	a.Publisher().Resync(rank)
-	waitFor(t, "the dump", func() bool { s := a.Publisher().Synced(rank); return s != 0 && s != before })
+	resyncAndWait(t, a)
 	if m := matched(r, 3); m != 3 {
 		t.Fatalf("after the dump the router matches %d of 3", m)
 	}
