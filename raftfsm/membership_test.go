@@ -347,8 +347,10 @@ func TestANodeAloneFollowsNoOtherCluster(t *testing.T) {
 	c.heal()
 	self := Member{ID: "n4", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n4"}
 	dir := filepath.Join(t.TempDir(), "n4")
+	// The leader's own periodic entries (sweeps, digest checks) would move
+	// its applied index: none comes within the test.
 	n4, err := NewNode(Config{ID: "n4", RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: dir,
-		Peers: []Member{self}, Transport: tr, Logger: quiet})
+		Peers: []Member{self}, Transport: tr, Logger: quiet, ExpiryInterval: time.Hour, CheckInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,6 +359,10 @@ func TestANodeAloneFollowsNoOtherCluster(t *testing.T) {
 	if err := n4.RegisterWorker(ctx(t), WorkerInfo{ID: 99, BlockSize: 32}); err != nil {
 		t.Fatal(err)
 	}
+	// Its own member entry, which the leader writes when it finds none
+	// (assertSelf), is applied before the count is taken: under load it
+	// came after the worker's, and moved the applied index.
+	waitFor(t, 10*time.Second, "n4's own member entry", func() bool { _, ok := n4.fsm.Members()["n4"]; return ok })
 	before, applied := n4.fsm.Digest(), n4.fsm.applied.Load()
 
 	addNotCaughtUp(t, l, "n4", self.RaftAddr, self.HTTPAddr, time.Second)
