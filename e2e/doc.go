@@ -16,11 +16,19 @@
 // through a three-node cluster, faults included, while a fault loop injects
 // one fault a round (KVROUTER_CHAOS_ROUNDS, 30 by default): a random node
 // killed with SIGKILL and restarted, a random node cut off through the
-// partition proxies and healed, or the leader stopped with SIGSTOP until
-// the others elect a new one and resumed. After every round (the
-// publishers hold still for the check), and at the end, every node holds what the model says was acknowledged, at one
-// applied index with one digest. The faults' kinds and victims come from
-// the test's seed, logged with the command that replays them:
+// partition proxies and healed, the leader stopped with SIGSTOP until the
+// others elect a new one and resumed, or a one-way cut of one directed
+// raft link of the leader's (leader to follower: the follower loses its
+// leader and the other two write on; follower to leader: raft does not
+// use that direction while the leader lives) and healed. Never two
+// faults at once: three nodes would lose their majority. After every
+// round (the publishers hold still for the check), and at the end, every
+// node holds what the model says was acknowledged, at one applied index
+// with one digest, and applied each acknowledged event once
+// (kvrouter_events_applied_total{outcome="applied"}): a node never killed
+// counts every acknowledged event, a restarted one what was acknowledged
+// since the first check after its restart. The faults' kinds and victims
+// come from the test's seed, logged with the command that replays them:
 // KVROUTER_LONG=1 go test ./e2e/ -run '^TestChaosSoakLosesNothingAcknowledged$' -seed N
 // (which node leads when a fault strikes depends on timing, not the seed).
 //

@@ -130,6 +130,17 @@ func (h *raftHub) isolate(i int) {
 	h.c.t.Logf("isolated %s", h.c.nodes[i].id)
 }
 
+// cut cuts the one directed link from node i to node j: i can no longer
+// open or use a connection to j, while j's connections to i still work.
+// A connection carries its dialer's requests and the answers to them, so
+// this is a one-way cut of who can call whom, not of bytes: every Raft
+// RPC i sends j fails (j's answers to them included), every RPC j sends i
+// gets through and is answered.
+func (h *raftHub) cut(i, j int) {
+	h.links[i][j].Cut()
+	h.c.t.Logf("cut %s", h.linkName(i, j))
+}
+
 // heal lets every link carry traffic again.
 func (h *raftHub) heal() {
 	for _, row := range h.links {

@@ -497,24 +497,43 @@ func (c *cluster) checkAll(m *model) {
 // appliedOnce checks that every serving node's state machine applied each
 // event the model acknowledged once: its count of events applied
 // (kvrouter_events_applied_total{outcome="applied"}) is the number of
-// acknowledged events, which run from id 1 to each rank's cursor. The
-// count is since the node started, so only a node that has run since the
-// cluster started, and never restored a snapshot, can be checked.
+// acknowledged events (ackedEvents). The count is since the node started,
+// so only a node that has run since the cluster started, and never
+// restored a snapshot, can be checked.
 func (c *cluster) appliedOnce(m *model) {
 	c.t.Helper()
-	var events int64
-	for _, rm := range m.ranks {
-		events += int64(rm.cursor)
-	}
-	for _, n := range c.nodes {
-		if !n.serving() {
-			continue
+	var idx []int
+	for i, n := range c.nodes {
+		if n.serving() {
+			idx = append(idx, i)
 		}
+	}
+	c.appliedOnceAt(m, idx)
+}
+
+// appliedOnceAt is appliedOnce for the nodes at idx alone: the caller
+// picks the ones whose count can hold (running since the cluster started,
+// no snapshot restored).
+func (c *cluster) appliedOnceAt(m *model, idx []int) {
+	c.t.Helper()
+	events := ackedEvents(m)
+	for _, i := range idx {
+		n := c.nodes[i]
 		got := scrape(c.t, "http://"+n.httpAddr+"/metrics").sum("kvrouter_events_applied_total", "outcome", "applied")
 		if got != float64(events) {
 			c.t.Fatalf("%s applied %v events; %d were acknowledged, each to be applied once", n.id, got, events)
 		}
 	}
+}
+
+// ackedEvents is how many events m acknowledged: they run from id 1 to
+// each rank's cursor.
+func ackedEvents(m *model) int64 {
+	var n int64
+	for _, rm := range m.ranks {
+		n += int64(rm.cursor)
+	}
+	return n
 }
 
 // indexState is an index stats answer without the counters, which count
