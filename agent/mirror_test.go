@@ -73,18 +73,61 @@ func TestPoolBlockBelowARemovedParentSurvivesAClear(t *testing.T) {
 	})
 }
 
-// entrySet is a rank dump's residencies as sorted "hash:mask" strings.
+// place is where a dump holds a block: its content hash and its parent,
+// by the parent's engine hash (0 for a block at the root). A block whose
+// parent node no entry holds (which neither the mirror nor, once it holds
+// the mirror, the router may hold) has unheld set and parent 0.
+type place struct {
+	local, parent uint64
+	unheld        bool
+}
+
+// placesOf maps each entry of a rank dump, by engine hash, to where it
+// sits: the dump names nodes by sequence hash (DumpEntry.Seq, DumpNode),
+// and the entries give each held node's engine hash.
+func placesOf(d indexer.RankDump) map[uint64]place {
+	ehOf := make(map[uint64]uint64, len(d.Entries)) // node → engine hash
+	for _, e := range d.Entries {
+		ehOf[e.Seq] = e.EngineHash
+	}
+	out := make(map[uint64]place, len(d.Entries))
+	for _, n := range d.Nodes {
+		eh, held := ehOf[n.Seq]
+		if !held {
+			continue
+		}
+		pl := place{local: n.Local}
+		if !n.Root {
+			pl.parent, held = ehOf[n.Parent]
+			pl.unheld = !held
+		}
+		out[eh] = pl
+	}
+	return out
+}
+
+// entrySet is a rank dump's residencies as sorted "hash:mask:parent"
+// strings, the parent by its engine hash (0 at the root, "?" for a node
+// the rank does not hold): two dumps with one set hold the same blocks
+// in the same tiers at the same places.
 func entrySet(d indexer.RankDump) []string {
+	places := placesOf(d)
 	out := make([]string, 0, len(d.Entries))
 	for _, e := range d.Entries {
-		out = append(out, fmt.Sprintf("%d:%b", e.EngineHash, e.Mask))
+		pl := places[e.EngineHash]
+		parent := fmt.Sprint(pl.parent)
+		if pl.unheld {
+			parent = "?"
+		}
+		out = append(out, fmt.Sprintf("%d:%b:%s", e.EngineHash, e.Mask, parent))
 	}
 	slices.Sort(out)
 	return out
 }
 
 // routerHoldsTheMirror waits until the publisher has nothing pending and
-// the router holds exactly the residencies the mirror holds.
+// the router holds exactly the residencies the mirror holds, each under
+// the parent the mirror holds it under.
 func routerHoldsTheMirror(t *testing.T, r *router, a *Agent) {
 	t.Helper()
 	var mir, rt []string
@@ -124,9 +167,12 @@ func randomTree(rng *rand.Rand, n int) []uint64 {
 // and dumps asked for, at random. Each pool block is always either in
 // the mirror in its tier or parked, never both, and the mirror holds no
 // pool block the pools do not; once the publisher has nothing pending,
-// the router holds what the mirror holds. From a review: a pool block
-// below a block the engine evicted was lost at a clear, and left out of
-// dumps.
+// the router holds what the mirror holds. Every block the mirror holds
+// sits under its parent, every parked block waits for its parent, and the
+// router holds each block where the mirror does. From a review: a pool
+// block below a block the engine evicted was lost at a clear, and left
+// out of dumps; and (a later review) comparing sets of blocks alone
+// missed blocks parked or held under another parent.
 func TestMirrorRouterAndPoolsAgree(t *testing.T) {
 	s := seed(t)
 	for round := range uint64(6) {
@@ -158,7 +204,45 @@ func mirrorModel(t *testing.T, rng *rand.Rand, round uint64) {
 			}
 		}
 	}()
-	// check returns what breaks the rule for the pools' blocks, or "".
+	// where returns what puts a block anywhere but at its place in the
+	// tree, or "": each block the mirror holds sits under its parent (a
+	// set of blocks alone would not show one held under another block,
+	// which a lookup then reaches through the wrong prefix), and each
+	// parked block waits for its parent, under the parent's content hash
+	// too when a cut parked it (a block parked under another parent goes
+	// back under that one, or never). From a review: parking every block
+	// a remove cut off under the first one's parent left the sets green.
+	where := func(md indexer.RankDump, p *parking) string {
+		for h, pl := range placesOf(md) {
+			switch {
+			case pl.unheld:
+				return fmt.Sprintf("the mirror holds %d below a block it does not hold", h)
+			case h < 1 || h > n:
+				return fmt.Sprintf("the mirror holds %d, a block no one stored", h)
+			case pl.parent != parent[h] || pl.local != 1000+h:
+				return fmt.Sprintf("the mirror holds %d (content hash %d) under %d, want (content hash %d) under %d",
+					h, pl.local, pl.parent, 1000+h, parent[h])
+			}
+		}
+		if p == nil {
+			return ""
+		}
+		for k, b := range p.blocks {
+			switch {
+			case b.parent != parent[k.hash] || b.local != 1000+k.hash:
+				return fmt.Sprintf("%d in %v (content hash %d) parked under %d, want (content hash %d) under %d",
+					k.hash, k.tier, b.local, b.parent, 1000+k.hash, parent[k.hash])
+			case b.byLocal && b.parentLocal != 1000+parent[k.hash]:
+				return fmt.Sprintf("%d in %v parked under %d of content hash %d, want %d",
+					k.hash, k.tier, b.parent, b.parentLocal, 1000+parent[k.hash])
+			case !slices.Contains(p.byParent[b.parent], k):
+				return fmt.Sprintf("%d in %v parked under %d, which does not list it", k.hash, k.tier, b.parent)
+			}
+		}
+		return ""
+	}
+	// check returns what breaks the rule for the pools' blocks, or for
+	// where any block sits, or "".
 	check := func() string {
 		a.mu.Lock()
 		defer a.mu.Unlock()
@@ -198,7 +282,7 @@ func mirrorModel(t *testing.T, rng *rand.Rand, round uint64) {
 				}
 			}
 		}
-		return ""
+		return where(md, p)
 	}
 	for step := range 400 {
 		if msg := check(); msg != "" {
