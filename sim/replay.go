@@ -20,7 +20,9 @@ type Config struct {
 	CapacityTokens int     // KV capacity per worker, default 1,000,000
 	Speed          float64 // arrival-speed multiplier, default 1
 	Timing         Timing  // default DefaultTiming()
-	// Progress, when set, is called after each request with the number done.
+	// Progress, when set, is called after each request with the number done,
+	// one whose route failed included (a live progress bar then moves on
+	// while the cluster refuses routes).
 	Progress func(done, total int)
 }
 
@@ -208,6 +210,9 @@ func ReplayContext(ctx context.Context, pr *Prepared, cfg Config, p Policy) (Res
 	if pr.BlockSize != 0 && pr.BlockSize != cfg.BlockSize {
 		return Result{}, fmt.Errorf("%w: trace prepared in %d-token blocks, block size %d", ErrBadConfig, pr.BlockSize, cfg.BlockSize)
 	}
+	if b, ok := p.(blockSized); ok && b.BlockTokens() != cfg.BlockSize {
+		return Result{}, fmt.Errorf("%w: policy %s counts in %d-token blocks, engine block size %d", ErrBadConfig, p.Name(), b.BlockTokens(), cfg.BlockSize)
+	}
 	arrivals, err := arrivalsNs(pr.Reqs, cfg.Speed)
 	if err != nil {
 		return Result{}, err
@@ -272,6 +277,11 @@ func ReplayContext(ctx context.Context, pr *Prepared, cfg Config, p Policy) (Res
 		res.TTFTMeanMs, res.TTFTP50Ms, res.TTFTP99Ms = summarize(ttft)
 	}
 
+	progress := func(done int) {
+		if cfg.Progress != nil {
+			cfg.Progress(done, len(pr.Reqs))
+		}
+	}
 	done := ctx.Done()
 	for k := range pr.Reqs {
 		select {
@@ -303,6 +313,7 @@ func ReplayContext(ctx context.Context, pr *Prepared, cfg Config, p Policy) (Res
 			}
 			res.Errors++
 			res.Rejected++
+			progress(k + 1)
 			continue
 		}
 		c := workers[w]
@@ -325,9 +336,7 @@ func ReplayContext(ctx context.Context, pr *Prepared, cfg Config, p Policy) (Res
 		res.PredictedCachedTokens += int64(predicted)
 		res.Assigned[w] += int64(q.InputLength)
 		ttft = append(ttft, prefill)
-		if cfg.Progress != nil {
-			cfg.Progress(k+1, len(pr.Reqs))
-		}
+		progress(k + 1)
 	}
 	settle(math.MaxInt64)
 	finish()

@@ -325,3 +325,38 @@ func TestV1DecodeLoadAndRejections(t *testing.T) {
 		t.Fatalf("v1 with 2 routing errors: %d errors, %d rejected, %d served; %s", r.Errors, r.Rejected, r.Requests, BenchLine("t", r))
 	}
 }
+
+// downPolicy fails every route, as a live policy's cluster that answers
+// each with an error.
+type downPolicy struct{ RoundRobin }
+
+func (p *downPolicy) Route(*RouteQuery, int64) (int, int, error) { return 0, 0, errors.New("down") }
+
+// TestV1ProgressCountsFailedRoutes: Config.Progress is called after every
+// request, one whose route failed included. From a review: the failed
+// ones were skipped, so kvsim's live progress bar and summary froze while
+// the cluster refused routes.
+func TestV1ProgressCountsFailedRoutes(t *testing.T) {
+	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 10, Seed: 1}), 16)
+	last, calls := 0, 0
+	r, err := Replay(pr, Config{Workers: 2, Progress: func(done, _ int) { last, calls = done, calls+1 }}, &downPolicy{RoundRobin{Workers: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls != 10 || last != 10 || r.Errors != 10 {
+		t.Fatalf("Progress called %d times, last done=%d, for 10 requests whose routes all failed (%d errors); want 10 and 10", calls, last, r.Errors)
+	}
+}
+
+// TestV1RefusesARouterOfAnotherBlockSize: the v1 replay refuses a policy
+// that counts in another block size than its engines', as the timed and
+// cache-only replays do (ErrBadConfig). From a review: it took a 64-token
+// router on 16-token workers, whose predictions then meant nothing.
+func TestV1RefusesARouterOfAnotherBlockSize(t *testing.T) {
+	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 50, Seed: 1}), 16)
+	r, err := Replay(pr, Config{Workers: 2, BlockSize: 16}, NewRouter(2, 64, indexer.DefaultParams(), 1))
+	if !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("a 64-token router on 16-token workers: err %v (predicted %d cached tokens, workers held %d), want ErrBadConfig",
+			err, r.PredictedCachedTokens, r.CachedTokens)
+	}
+}
