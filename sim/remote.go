@@ -55,7 +55,8 @@ type Remote struct {
 	// per call, per request in flight, one after another, held the stop
 	// for minutes.
 	Stop context.Context
-	// StopGrace bounds the cleanup once Stop is done (default 3s).
+	// StopGrace bounds the cleanup once Stop is done, or once the cluster
+	// stopped answering (ErrNoAnswer) (default 3s).
 	StopGrace time.Duration
 	// Overrides, when set, go with every route request: the weights the
 	// in-process router is built with (kvsim's router weight flags), so
@@ -68,7 +69,24 @@ type Remote struct {
 	failures LifecycleFailures
 	stopBy   time.Time // the cleanup's deadline, set when Stop is first seen done
 	gaveUp   error     // the free that failed after the stop: no other is tried
+	silent   int       // calls in a row that got no answer (heard)
+	noAnswer error     // ErrNoAnswer, once silent reached maxSilentCalls: the replay ends as at a stop
 }
+
+// ErrNoAnswer means the live policy's cluster stopped answering:
+// maxSilentCalls calls in a row timed out or reached no node. Route
+// returns it (wrapped), and a replay stops on it as on a stop: the
+// requests in flight are freed with the stop's bounds (Remote.Stop).
+var ErrNoAnswer = errors.New("the cluster stopped answering")
+
+// maxSilentCalls is how many calls in a row may time out or reach no
+// node before Remote gives up on the cluster (ErrNoAnswer). A lost answer
+// now and then (a forward cut by a leader change) is followed by answered
+// calls; three in a row, a route and its free's two tries, is a cluster
+// silent for three timeouts (30 s at the default). Going on would cost
+// each remaining request a route timeout and two free timeouts, all for
+// errors: hours for make run's 600 requests, with no one to press Ctrl-C.
+const maxSilentCalls = 3
 
 // errGaveUp is a free not tried: one failed after the replay was stopped.
 var errGaveUp = errors.New("not tried: a free failed after the replay was stopped")
@@ -115,6 +133,7 @@ func (p *Remote) Setup(ctx context.Context) error {
 	p.prefix = "kvsim-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 	p.failures = LifecycleFailures{}
 	p.stopBy, p.gaveUp = time.Time{}, nil
+	p.silent, p.noAnswer = 0, nil
 	p.pending = p.pending[:0] // an earlier run's, numbered before the workers were registered again
 	if p.Agents {
 		if err := p.awaitWorkers(ctx); err != nil {
@@ -324,10 +343,11 @@ func (p *Remote) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(parent, p.Timeout)
 }
 
-// stopping reports whether Stop is done, starting the cleanup's deadline
-// the first time it is seen.
+// stopping reports whether Stop is done or the cluster stopped answering
+// (ErrNoAnswer), starting the cleanup's deadline the first time it is
+// seen.
 func (p *Remote) stopping() bool {
-	if p.Stop == nil || p.Stop.Err() == nil {
+	if p.noAnswer == nil && (p.Stop == nil || p.Stop.Err() == nil) {
 		return false
 	}
 	if p.stopBy.IsZero() {
@@ -340,6 +360,36 @@ func (p *Remote) stopping() bool {
 	return true
 }
 
+// heard counts a call's outcome toward giving up on the cluster
+// (maxSilentCalls): an answer, a refusal included, starts the count
+// again; a call that timed out or reached no node adds one. Once stopped
+// nothing counts: the cleanup has its own bounds.
+func (p *Remote) heard(err error) {
+	if p.noAnswer != nil || (p.Stop != nil && p.Stop.Err() != nil) {
+		return
+	}
+	if !unanswered(err) {
+		p.silent = 0
+		return
+	}
+	p.silent++
+	if p.silent >= maxSilentCalls {
+		p.noAnswer = fmt.Errorf("%w: %d calls in a row got no answer, the last: %v", ErrNoAnswer, p.silent, err)
+	}
+}
+
+// unanswered reports whether a call that failed with err got no answer:
+// it timed out or reached no node, or its answer was lost. An error
+// answer of the API (*client.Error, even wrapped in ErrOutcomeUnknown) is
+// an answer.
+func unanswered(err error) bool {
+	var ce *client.Error
+	if err == nil || errors.As(err, &ce) {
+		return false
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, client.ErrUnreachable) || errors.Is(err, client.ErrOutcomeUnknown)
+}
+
 // flush sends the buffered events, so the index has them before the next
 // decision, as an engine's events would have arrived by then.
 func (p *Remote) flush() error {
@@ -350,6 +400,7 @@ func (p *Remote) flush() error {
 	defer cancel()
 	acks, err := p.Client.IngestEvents(ctx, p.pending)
 	p.Calls++
+	p.heard(err)
 	if err != nil {
 		return fmt.Errorf("ingest events: %w", err)
 	}
@@ -362,8 +413,17 @@ func (p *Remote) flush() error {
 	return nil
 }
 
+// Route books the request on the worker the cluster chooses. Once the
+// cluster stopped answering (heard) it sends nothing and returns
+// ErrNoAnswer, as it does for the call that found so.
 func (p *Remote) Route(q *RouteQuery, _ int64) (int, int, error) {
+	if p.noAnswer != nil {
+		return 0, 0, p.noAnswer
+	}
 	if err := p.flush(); err != nil {
+		if p.noAnswer != nil {
+			return 0, 0, p.noAnswer
+		}
 		return 0, 0, err
 	}
 	ctx, cancel := p.ctx()
@@ -371,6 +431,7 @@ func (p *Remote) Route(q *RouteQuery, _ int64) (int, int, error) {
 	res, err := p.Client.Route(ctx, api.RouteRequest{BlockHashes: q.Local, ISL: q.ISL, Book: true, RequestID: p.prefix + q.ID,
 		Brief: true, Overrides: p.Overrides})
 	p.Calls++
+	p.heard(err)
 	if err != nil {
 		// The leader may have booked it before the answer was lost (a
 		// timeout, a connection cut): give the booking back, as a free of
@@ -379,6 +440,9 @@ func (p *Remote) Route(q *RouteQuery, _ int64) (int, int, error) {
 			if ferr := p.free(q.ID); ferr != nil {
 				p.fail(true, "request %s: free after its route failed (%v): %v", q.ID, err, ferr)
 			}
+		}
+		if p.noAnswer != nil {
+			return 0, 0, p.noAnswer
 		}
 		return 0, 0, err
 	}
@@ -421,6 +485,7 @@ func (p *Remote) PrefillDone(id string, _ int64) {
 	defer cancel()
 	err := p.Client.PrefillDone(ctx, p.prefix+id)
 	p.Calls++
+	p.heard(err)
 	if err != nil {
 		p.fail(false, "request %s: prefill done: %v", id, err)
 	}
@@ -435,9 +500,10 @@ func (p *Remote) Finished(id string, _ int64) {
 }
 
 // free frees the booking of request id, trying twice: a free is
-// idempotent by request id. Once Stop is done it tries once, and not at
-// all after a free failed then: the cluster is most likely not answering,
-// and each try would wait out the cleanup's deadline.
+// idempotent by request id. Once Stop is done (or the cluster stopped
+// answering) it tries once, and not at all after a free failed then: the
+// cluster is most likely not answering, and each try would wait out the
+// cleanup's deadline.
 func (p *Remote) free(id string) error {
 	tries := 2
 	if p.stopping() {
@@ -452,6 +518,7 @@ func (p *Remote) free(id string) error {
 		err = p.Client.Free(ctx, p.prefix+id)
 		cancel()
 		p.Calls++
+		p.heard(err)
 		if err == nil {
 			return nil
 		}

@@ -271,7 +271,8 @@ func TestRemoteFreesTheBookingOfAFailedRoute(t *testing.T) {
 // A route that reached no node (client.ErrUnreachable: every endpoint
 // refused the connection) booked nothing: it is not counted as a booking
 // that may remain on the cluster, where kvsim then exited 1 telling the
-// user to wait for bookings that were never made.
+// user to wait for bookings that were never made. (The replay gives up at
+// the third: ErrNoAnswer.)
 func TestRemoteUnreachableRouteIsNotAnUnfreedBooking(t *testing.T) {
 	f := apitest.New("n1", "")
 	srv := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
@@ -291,8 +292,8 @@ func TestRemoteUnreachableRouteIsNotAnUnfreedBooking(t *testing.T) {
 	cl.Close() // and none goes out on a kept-alive connection (EOF: outcome unknown)
 	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 5, Sessions: 2, Seed: 1}), 16)
 	res, err := Replay(pr, Config{Workers: 2, BlockSize: 16}, p)
-	if err != nil {
-		t.Fatal(err)
+	if !errors.Is(err, ErrNoAnswer) {
+		t.Fatalf("err %v, want ErrNoAnswer after %d unreachable routes", err, maxSilentCalls)
 	}
 	if res.Errors == 0 || !strings.Contains(res.FirstError, client.ErrUnreachable.Error()) {
 		t.Fatalf("%d errors, first %q: want the routes refused as unreachable", res.Errors, res.FirstError)
@@ -367,5 +368,73 @@ func TestRemoteStopBoundsTheCleanupOnAStuckCluster(t *testing.T) {
 	}
 	if o.res.Unfreed < 1 || o.res.Errors < o.res.Unfreed {
 		t.Errorf("%d unfreed, %d errors (first %q): want the bookings left counted", o.res.Unfreed, o.res.Errors, o.res.FirstError)
+	}
+}
+
+// A live replay on a cluster that stops answering, with no one to stop
+// it, gives up after maxSilentCalls calls in a row got no answer: the
+// requests in flight are freed as after a stop (one try each, sharing
+// StopGrace, none after the first that fails), and ReplayContext returns
+// ErrNoAnswer saying how many requests were not routed. From a review:
+// every remaining request waited out a route timeout and two free
+// timeouts, hours for make run's 600 requests, each counted as an error.
+func TestRemoteGivesUpOnAClusterThatStopsAnswering(t *testing.T) {
+	f, cl := fakeCluster(t)
+	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000, Timeout: 50 * time.Millisecond,
+		StopGrace: 50 * time.Millisecond}
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer scancel()
+	if err := p.Setup(sctx); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // before the server closes: it waits for its handlers
+	var routes, silent atomic.Int64
+	var hung atomic.Bool
+	f.SetHook(func(m string) error {
+		if m == "Route" && routes.Add(1) == 3 {
+			hung.Store(true) // from the 3rd route on, nothing is answered
+		}
+		if hung.Load() {
+			silent.Add(1)
+			<-release
+		}
+		return nil
+	})
+	const n = 30
+	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: n, Sessions: 4, Seed: 1}), 16)
+	res, err := ReplayContext(context.Background(), pr, Config{Workers: 2, BlockSize: 16}, p)
+	if !errors.Is(err, ErrNoAnswer) || !strings.Contains(err.Error(), fmt.Sprintf("%d of %d requests not routed", n-2, n)) {
+		t.Fatalf("err %v, want ErrNoAnswer saying %d of %d requests were not routed", err, n-2, n)
+	}
+	// The route, its two frees, then one free of the requests in flight.
+	if c := silent.Load(); c > maxSilentCalls+2 {
+		t.Fatalf("%d calls to the silent cluster, want at most %d: the replay went on after %d unanswered in a row", c, maxSilentCalls+2, maxSilentCalls)
+	}
+	if res.Requests != 2 || res.Unfreed < 1 {
+		t.Fatalf("%d requests served, %d unfreed: want the 2 routed before, their bookings counted as left", res.Requests, res.Unfreed)
+	}
+}
+
+// A route the cluster refuses with an answer (here 503 no_leader) is not
+// silence: the replay goes on routing every request, each counted as an
+// error, however many are refused in a row.
+func TestRemoteKeepsGoingWhileTheClusterAnswersWithRefusals(t *testing.T) {
+	f, cl := fakeCluster(t)
+	p := setUpRemote(t, cl)
+	f.SetHook(func(m string) error {
+		if m == "Route" {
+			return raftfsm.ErrNoLeader
+		}
+		return nil
+	})
+	const n = 10
+	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: n, Sessions: 4, Seed: 1}), 16)
+	res, err := ReplayContext(context.Background(), pr, Config{Workers: 2, BlockSize: 16}, p)
+	if err != nil {
+		t.Fatalf("err %v: refusals are answers, not a cluster that stopped answering", err)
+	}
+	if res.Offered != n || res.Rejected != n || f.Calls()["Route"] != n {
+		t.Fatalf("%d offered, %d rejected, %d routes sent; want all %d", res.Offered, res.Rejected, f.Calls()["Route"], n)
 	}
 }

@@ -191,7 +191,10 @@ func (h *completions) Pop() any {
 // ErrWire (WithWire: a worker's events could not be put on its engine
 // wire, so the cluster's view of it is lost for good) stops the replay:
 // the requests in flight finish (their bookings freed), and Replay returns
-// the error with the counts so far, its lifecycle failures included.
+// the error with the counts so far, its lifecycle failures included. So
+// does ErrNoAnswer (the live policy's cluster stopped answering), the
+// error then saying how many requests were not routed. The request whose
+// route returned either error is not counted as offered.
 func Replay(pr *Prepared, cfg Config, p Policy) (Result, error) {
 	return ReplayContext(context.Background(), pr, cfg, p)
 }
@@ -300,11 +303,14 @@ func ReplayContext(ctx context.Context, pr *Prepared, cfg Config, p Policy) (Res
 		res.Offered++
 		res.PromptTokens += int64(q.InputLength)
 		w, predicted, err := p.Route(&rq, now)
-		if errors.Is(err, ErrWire) {
+		if errors.Is(err, ErrWire) || errors.Is(err, ErrNoAnswer) {
 			res.Offered--
 			res.PromptTokens -= int64(q.InputLength)
 			settle(math.MaxInt64)
 			finish()
+			if errors.Is(err, ErrNoAnswer) {
+				return res, fmt.Errorf("sim: replay stopped at request %d, %d of %d requests not routed: %w", k, len(pr.Reqs)-k, len(pr.Reqs), err)
+			}
 			return res, fmt.Errorf("request %d: %w", k, err)
 		}
 		if err != nil || w < 0 || w >= cfg.Workers {

@@ -376,3 +376,41 @@ func TestLiveReplaySendsTheRouterWeightFlagsAsOverrides(t *testing.T) {
 		}
 	}
 }
+
+// A live replay on a cluster that stops answering ends by itself: kvsim
+// prints that the cluster stopped answering and how many requests were
+// not routed, and exits 1. From a review: it waited out a route timeout
+// and two free timeouts per remaining request (hours for make run's 600
+// at the default 10 s), each counted as an error, until someone pressed
+// Ctrl-C. Here the cluster cuts every connection from the 3rd route on, so
+// that no call waits for a timeout.
+func TestLiveReplayGivesUpOnAClusterThatStopsAnswering(t *testing.T) {
+	f := apitest.New("n1", "")
+	srv := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	var routes, cut atomic.Int64
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/route" && routes.Add(1) >= 3 || routes.Load() >= 3 {
+			cut.Add(1)
+			panic(http.ErrAbortHandler) // the connection is cut: no answer
+		}
+		srv.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		hs.Close()
+		srv.Close()
+	})
+	addr := strings.TrimPrefix(hs.URL, "http://")
+	st := f.Status()
+	st.HTTPAddr, st.LeaderHTTP = addr, addr
+	f.SetStatus(st)
+
+	var out, errb bytes.Buffer
+	code := run([]string{"kvsim", "replay", "--live", "--endpoints", addr, "--trace", genTrace(t), "--workers", "2", "--limit", "20",
+		"--policies", "round_robin"}, &out, &errb)
+	if code != exitError || !regexp.MustCompile(`the cluster stopped answering.*18 of 20 requests not routed|18 of 20 requests not routed.*the cluster stopped answering`).MatchString(errb.String()) {
+		t.Fatalf("exit %d, stderr:\n%s\nwant exit 1 saying the cluster stopped answering, 18 of 20 requests not routed", code, errb.String())
+	}
+	if c := cut.Load(); c > 10 {
+		t.Fatalf("%d calls to the silent cluster: the replay went on after it stopped answering", c)
+	}
+}

@@ -470,7 +470,7 @@ func bookingsLeft(r sim.Result) error {
 	if r.Unfreed == 0 {
 		return nil
 	}
-	return fmt.Errorf("%s: %d bookings may remain on the cluster (a free failed twice, or a route failed and so did its free, or a free after a stop failed or was not tried; the first error of the replay: %s): "+
+	return fmt.Errorf("%s: %d bookings may remain on the cluster (a free failed twice, or a route failed and so did its free, or a free after a stop or after the cluster stopped answering failed or was not tried; the first error of the replay: %s): "+
 		"they count as load on their workers until the cluster's booking expiry frees them, %v after they were made "+
 		"(kvrouter --booking-max-age, if the cluster runs its default; the leader sweeps every 10 s): wait that long before another live replay or a measurement on this cluster",
 		r.Policy, r.Unfreed, r.FirstError, indexer.DefaultBookingMaxAge)
@@ -555,7 +555,10 @@ func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config, overrides *ind
 	}
 	// Stop: a Ctrl-C cancels the call in flight, and the frees of the
 	// requests in flight give up after a few seconds, or the first that
-	// fails (a cluster that stopped answering held kvsim for minutes).
+	// fails (a cluster that stopped answering held kvsim for minutes). A
+	// cluster that stops answering with no one to press Ctrl-C ends the
+	// replay the same way, after a few calls in a row got no answer
+	// (sim.ErrNoAnswer).
 	p := &sim.Remote{Client: cl, Workers: cfg.Workers, BlockSize: cfg.BlockSize, CapacityBlocks: int64(cfg.CapacityTokens / cfg.BlockSize),
 		Stop: c.Context, Overrides: overrides}
 	var policy sim.Policy = p
