@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -161,6 +162,46 @@ func TestTimedIsDeterministic(t *testing.T) {
 		}
 		if a.Evicted == 0 {
 			t.Fatalf("%s: the test meant to evict", name)
+		}
+	}
+}
+
+// TestSuiteIsDeterministic: a suite run twice with the same trace,
+// configuration and seed gives the same results, for every policy (the
+// seeded random one included) and the ceiling, timed and cache-only.
+// From a review: only the timed replay of two policies was pinned so.
+func TestSuiteIsDeterministic(t *testing.T) {
+	reqs := loadTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:60]
+	policies := append(slices.Clone(PolicyNames), "ceiling")
+	for _, mode := range []string{ModeTimed, ModeCache} {
+		bs := 64
+		if mode == ModeCache {
+			bs = 512
+		}
+		pr := Prepare(reqs, bs)
+		cfg := SuiteConfig{Mode: mode, Policies: policies, Seed: 7,
+			Timed: TimedConfig{Workers: 4, Speed: 6, Engine: EngineConfig{NumGPUBlocks: 2048}},
+			Cache: CacheConfig{Workers: 4, CapacityBlocks: 256}}
+		a, err := RunSuite(pr, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := RunSuite(pr, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(a) != len(policies) || len(b) != len(policies) {
+			t.Fatalf("%s: %d and %d results, want %d", mode, len(a), len(b), len(policies))
+		}
+		for i := range a {
+			x, y := a[i], b[i]
+			x.Imbalance, y.Imbalance = 0, 0 // NaN for the ceiling, never equal to itself
+			if !reflect.DeepEqual(x, y) {
+				t.Errorf("%s %s: two runs differ:\n%+v\n%+v", mode, a[i].Policy, x, y)
+			}
+			if a[i].Imbalance != b[i].Imbalance && !(math.IsNaN(a[i].Imbalance) && math.IsNaN(b[i].Imbalance)) {
+				t.Errorf("%s %s: imbalance %v, then %v", mode, a[i].Policy, a[i].Imbalance, b[i].Imbalance)
+			}
 		}
 	}
 }
@@ -349,5 +390,51 @@ func TestReplaysStopWhenTheirContextIsDone(t *testing.T) {
 	}
 	if rs, err := RunSuiteContext(ctx, pr, SuiteConfig{Mode: ModeCache, Policies: []string{"round_robin"}, Cache: CacheConfig{BlockSize: 64}}); !errors.Is(err, context.Canceled) || len(rs) != 0 {
 		t.Errorf("suite: %d results, err %v, want none and context.Canceled", len(rs), err)
+	}
+}
+
+// TestTimedFiguresMatchAHandComputation: two workers, three requests of
+// two 512-token blocks, round robin, every figure worked out by hand.
+// Requests 0 and 1 arrive together and go to workers 0 and 1, both cold:
+// each prefills 1,024 tokens. Request 2 arrives a second later on worker
+// 0, which holds its blocks: 15 of its 16 64-token blocks hit (one token
+// at least is computed, so a prompt of whole blocks computes its last),
+// and it prefills 64 tokens. From
+// a review: the figures were pinned only against each other (one policy
+// against another, one run against the next), never against a number
+// worked out outside the code.
+func TestTimedFiguresMatchAHandComputation(t *testing.T) {
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-6 }
+	reqs := []Request{
+		{TimestampMs: 0, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+		{TimestampMs: 0, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+		{TimestampMs: 1000, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+	}
+	pr := Prepare(reqs, 64)
+	r, err := RunTimed(pr, TimedConfig{Workers: 2, Engine: EngineConfig{NumGPUBlocks: 1000}}, &RoundRobin{Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The default timing: a prefill of n tokens takes 4.21e-7·n² + 1.518e-2·n + 16.5 ms.
+	p1024 := 4.21e-7*1024*1024 + 1.518e-2*1024 + 16.5
+	p64 := 4.21e-7*64*64 + 1.518e-2*64 + 16.5
+	wantHit, wantMean, wantImb := 960.0/3072, (2*p1024+p64)/3, 2048.0/1536 // worker 0 got 2,048 prompt tokens, the mean is 1,536
+	if !near(r.HitRate, wantHit) || !near(r.TTFTMeanMs, wantMean) || !near(r.TTFTP50Ms, p1024) || !near(r.TTFTP99Ms, p1024) ||
+		!near(r.Imbalance, wantImb) || r.Served() != 1 || r.Queued != 0 {
+		t.Fatalf("hit %.4f, TTFT mean %.6f p50 %.6f p99 %.6f ms, imbalance %.4f, served %.3f, queued %d; want hit %.4f, mean %.6f, p50 and p99 %.6f, imbalance %.4f, all served, none queued",
+			r.HitRate, r.TTFTMeanMs, r.TTFTP50Ms, r.TTFTP99Ms, r.Imbalance, r.Served(), r.Queued, wantHit, wantMean, p1024, wantImb)
+	}
+	// The ceiling: every request after the first finds both blocks cached.
+	if c := Ceiling(pr, ModeTimed); !near(c.HitRate, 2048.0/3072) {
+		t.Fatalf("ceiling hit rate %.4f, want %.4f", c.HitRate, 2048.0/3072)
+	}
+	// Cache-only in 512-token blocks: request 2 finds both its blocks on
+	// worker 0 (a cache-only replay counts every cached block it matches).
+	rc, err := RunCacheOnly(Prepare(reqs, 512), CacheConfig{Workers: 2}, &RoundRobin{Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(rc.HitRate, 1024.0/3072) || !near(rc.Imbalance, wantImb) {
+		t.Fatalf("cache-only hit rate %.4f, imbalance %.4f; want %.4f, %.4f", rc.HitRate, rc.Imbalance, 1024.0/3072, wantImb)
 	}
 }
