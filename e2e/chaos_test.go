@@ -148,10 +148,13 @@ type onceSince struct {
 // leader (hashicorp/raft's leader stickiness, pre-vote included): the
 // leader writes on with the other follower, and the cut one, a
 // candidate with no leader, refuses writes. With a follower's link to
-// the leader cut nothing changes while the leader lives: a follower
+// the leader cut nothing changes while the leader leads: a follower
 // calls nobody, the leader's heartbeats and entries reach it and are
-// answered on the leader's own connections; only an election would
-// need the cut direction.
+// answered on the leader's own connections; only an election needs the
+// cut direction. So the leader then hands its leadership to the cut
+// follower (a leadership transfer, asked again until it takes): the new
+// leader cannot reach the old one, which hears no heartbeat and loses its
+// leader, and the new leader writes on with the third node.
 //
 // Errors during a fault are expected: only acknowledged requests are in
 // the model, and a request sent again carries the same event ids, so
@@ -331,16 +334,65 @@ func TestChaosSoakLosesNothingAcknowledged(t *testing.T) {
 					return st.LeaderID == "", st.State + " following " + st.LeaderID
 				})
 				c.leaderAmong(c.others(victim))
+			} else {
+				// Raft dials this direction only in an election: the
+				// leader opens every connection its replication needs,
+				// and the follower's answers ride back on them. So the
+				// leader hands its leadership to the cut follower, which
+				// then leads without reaching its old leader: that one
+				// hears no heartbeat and loses its leader, and the other
+				// follower makes the majority. (A transfer that fails,
+				// say the follower's campaign ran past its timeout, is
+				// asked for again.)
+				c.waitFor(leaderTimeout, c.nodes[victim].id+" to lead, handed leadership across the cut", func() (bool, string) {
+					st := c.status(victim)
+					if st != nil && st.State == "Leader" {
+						return true, ""
+					}
+					// Asked of whichever node leads now: the old leader, or
+					// one a failed transfer left leading.
+					at := -1
+					sts := c.statusAll()
+					for i, st := range sts {
+						if st != nil && st.State == "Leader" && (at < 0 || st.Term > sts[at].Term) {
+							at = i
+						}
+					}
+					if at < 0 {
+						return false, "no leader to ask"
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+					defer cancel()
+					if err := c.nodes[at].cl.TransferLeader(ctx, c.nodes[victim].id); err != nil {
+						return false, "transfer asked of " + c.nodes[at].id + ": " + err.Error()
+					}
+					return false, "transfer asked of " + c.nodes[at].id
+				})
+				c.waitFor(leaderTimeout, c.nodes[lead].id+" to lose its leader through the cut", func() (bool, string) {
+					st := c.status(lead)
+					if st == nil {
+						return false, "no answer"
+					}
+					return st.State != "Leader" && st.LeaderID == "", st.State + " following " + st.LeaderID
+				})
+				if got := c.leaderAmong(c.others(lead)); got != victim {
+					t.Fatalf("after the handoff across the cut %s leads, want %s", c.nodes[got].id, c.nodes[victim].id)
+				}
 			}
 			s.ackedAtLeast(c, s.acked.Load()+ackedPerFault, fmt.Sprintf("%d requests acknowledged with %s cut", ackedPerFault, h.linkName(from, to)))
 			// What the cut did, for the log: the connections the link
-			// refused, and how the cut follower saw its leader.
+			// refused, and how the node the cut kept from its leader (the
+			// follower, or after a handoff the old leader) saw it.
+			lost := victim
+			if from != lead {
+				lost = lead
+			}
 			after, seen := link.Stats(), "no answer"
-			if st := c.status(victim); st != nil {
+			if st := c.status(lost); st != nil {
 				seen = st.State + " following " + strconv.Quote(st.LeaderID)
 			}
 			what = fmt.Sprintf("%s (%s; cut=%v, %d connections refused, %s at the end)",
-				h.linkName(from, to), dir, link.IsCut(), after.Refused-before.Refused, c.nodes[victim].id+" "+seen)
+				h.linkName(from, to), dir, link.IsCut(), after.Refused-before.Refused, c.nodes[lost].id+" "+seen)
 			h.heal()
 		}
 		c.leader()
@@ -379,7 +431,7 @@ func TestChaosSoakLosesNothingAcknowledged(t *testing.T) {
 	for f, n := range faults {
 		kind := fmt.Sprintf("%d %s", n, chaosFault(f))
 		if chaosFault(f) == faultOneWay {
-			kind += fmt.Sprintf(" (%d leader→follower, %d follower→leader)", leaderCuts, n-leaderCuts)
+			kind += fmt.Sprintf(" (%d leader→follower, %d follower→leader with leadership handed across)", leaderCuts, n-leaderCuts)
 		}
 		kinds = append(kinds, kind)
 	}

@@ -19,9 +19,11 @@
 // partition proxies and healed, the leader stopped with SIGSTOP until the
 // others elect a new one and resumed, or a one-way cut of one directed
 // raft link of the leader's (leader to follower: the follower loses its
-// leader and the other two write on; follower to leader: raft does not
-// use that direction while the leader lives) and healed. Never two
-// faults at once: three nodes would lose their majority. After every
+// leader and the other two write on; follower to leader: raft uses that
+// direction only in an election, so the leader hands its leadership to
+// the cut follower, which leads on without reaching the old leader) and
+// healed. Never two faults at once: three nodes would lose their
+// majority. After every
 // round (the publishers hold still for the check), and at the end, every
 // node holds what the model says was acknowledged, at one applied index
 // with one digest, and applied each acknowledged event once
