@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -752,11 +753,13 @@ func TestAReAddedNodeIsNotRemovedWhileCatchingUp(t *testing.T) {
 // heldTransport passes an in-memory transport's RPCs on to its node, but
 // answers with an error every AppendEntries that carries an entry at or
 // past an index (hold; 0: none): the leader sends it again later, while
-// its heartbeats (no entries) pass.
+// its heartbeats (no entries) pass. It counts the vote requests it
+// passes on (votes).
 type heldTransport struct {
 	*raft.InmemTransport
-	from atomic.Uint64
-	out  chan raft.RPC
+	from  atomic.Uint64
+	votes atomic.Uint64 // RequestVote and RequestPreVote RPCs passed on
+	out   chan raft.RPC
 }
 
 func holdEntries(t *testing.T, tr *raft.InmemTransport, from uint64) *heldTransport {
@@ -771,6 +774,10 @@ func holdEntries(t *testing.T, tr *raft.InmemTransport, from uint64) *heldTransp
 			case rpc = <-tr.Consumer():
 			case <-stop:
 				return
+			}
+			switch rpc.Command.(type) {
+			case *raft.RequestVoteRequest, *raft.RequestPreVoteRequest:
+				h.votes.Add(1)
 			}
 			if ae, ok := rpc.Command.(*raft.AppendEntriesRequest); ok && len(ae.Entries) > 0 {
 				if from := h.from.Load(); from > 0 && ae.Entries[len(ae.Entries)-1].Index >= from {
@@ -1580,5 +1587,115 @@ func TestAddMemberRefusesAnHTTPAddressFollowersCannotForwardTo(t *testing.T) {
 	}
 	if len(ms) != 1 {
 		t.Fatalf("members %+v, want the leader alone", ms)
+	}
+}
+
+// TestAWipedVoterBackWithJoinCannotElectALeaderThatLacksWhatItAcknowledged:
+// a voter wiped without being removed and started again with --join (an
+// empty directory at its address) refuses votes until it has caught up.
+// From a review: with a follower lagging (cut off), 20 batches were
+// acknowledged by the leader and the other follower; that follower was
+// wiped and started again, the leader stopped, and the wiped node's vote
+// (Raft grants any candidate a vote against an empty log) elected the
+// lagging node: "new leader n2 holds 0 of the 20 acknowledged entries",
+// and the old leader, back, took its log. Now no leader is elected until
+// the old leader returns (availability, not loss); it leads again, the
+// wiped node catches up from it and votes again, and every node holds the
+// 20 batches.
+func TestAWipedVoterBackWithJoinCannotElectALeaderThatLacksWhatItAcknowledged(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	li, l := c.leaderExcept(-1)
+	lagI, wipeI := (li+1)%3, (li+2)%3
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "every node to have the worker", func() bool {
+		for _, n := range c.nodes {
+			if len(n.fsm.Workers()) != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	c.isolate(lagI) // a lagging follower
+	const k = 20
+	for i := uint64(1); i <= k; i++ { // acknowledged: on the leader and the follower to be wiped
+		if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, i, 1, 1000+i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The follower is wiped and started again with --join at its address;
+	// it takes no entry for now (a slow catch-up), heartbeats pass.
+	wcfg := c.nodes[wipeI].cfg
+	c.nodes[wipeI].Close()
+	if err := os.RemoveAll(wcfg.DataDir); err != nil {
+		t.Fatal(err)
+	}
+	_, inner := raft.NewInmemTransport(raft.ServerAddress(wcfg.RaftAddr))
+	c.trans[wipeI] = inner
+	c.heal()
+	c.isolate(lagI)
+	tr := holdEntries(t, inner, 1)
+	w, err := NewNode(Config{ID: wcfg.ID, RaftAddr: wcfg.RaftAddr, HTTPAddr: wcfg.HTTPAddr, DataDir: wcfg.DataDir, Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[wipeI] = w
+	// What its --join does; whatever the answer, the leader's
+	// configuration has it as the voter it was.
+	jctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	err = l.AddMember(jctx, wcfg.ID, wcfg.RaftAddr, wcfg.HTTPAddr)
+	cancel()
+	t.Logf("the wiped voter's join: %v", err)
+
+	// The leader goes down; the lagging follower and the wiped node reach
+	// each other, and the wiped node takes entries again.
+	lcfg := l.cfg
+	l.Close()
+	c.isolate(li)
+	c.trans[lagI].Connect(inner.LocalAddr(), inner)
+	inner.Connect(c.trans[lagI].LocalAddr(), c.trans[lagI])
+	tr.hold(0)
+	lag := c.nodes[lagI]
+	lacksNothing := func() {
+		t.Helper()
+		for _, n := range []*Node{lag, w} {
+			if n.IsLeader() && n.IndexStats().Entries != k {
+				t.Fatalf("new leader %s holds %d of the %d acknowledged entries", n.cfg.ID, n.IndexStats().Entries, k)
+			}
+		}
+	}
+	// Several rounds of the lagging node's campaign (a pre-vote and a
+	// vote won at once, before the fix).
+	waitFor(t, 10*time.Second, "the lagging node to campaign for a while", func() bool {
+		lacksNothing()
+		return tr.votes.Load() >= 5
+	})
+	lacksNothing()
+
+	// The old leader comes back on its data: it leads, and the wiped node
+	// catches up from it, is ready and votes again.
+	_, ltr := raft.NewInmemTransport(raft.ServerAddress(lcfg.RaftAddr))
+	lcfg.Transport, c.trans[li] = ltr, ltr
+	c.heal()
+	back, err := NewNode(lcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[li] = back
+	waitFor(t, 20*time.Second, "every node to hold the acknowledged entries", func() bool {
+		lacksNothing()
+		for _, n := range c.nodes {
+			if n.IndexStats().Entries != k {
+				return false
+			}
+		}
+		return true
+	})
+	waitFor(t, 10*time.Second, "the wiped node to be ready", func() bool { return w.Status().Ready })
+	if w.watch.refusedVotes.Load() == 0 || w.watch.votesHeld.Load() {
+		t.Fatalf("the wiped node refused %d votes, and holds its vote still (%v), want some refused and none held once ready",
+			w.watch.refusedVotes.Load(), w.watch.votesHeld.Load())
 	}
 }

@@ -427,6 +427,11 @@ func (n *Node) startRaft() error {
 	}
 	var watched raft.Transport
 	watched, n.watch = watchCommits(n.trans, n.cfg.ID, n.logger)
+	// A directory started empty to join votes only once caught up
+	// (commitWatch.votesHeld): it may be a wiped voter's, whose log lost
+	// what the voter acknowledged. Until noteJoined, so across a restart
+	// before the node was ready, when its log may still lack it.
+	n.watch.votesHeld.Store(n.joinAddr != "")
 	var logs raft.LogStore = n.logs
 	if cfg.beforeLogWrite != nil {
 		logs = hookedLogs{LogStore: n.logs, before: cfg.beforeLogWrite}
@@ -1412,6 +1417,7 @@ func (n *Node) checkReady() {
 	}
 	n.readySeconds.Store(math.Float64bits(time.Since(n.started).Seconds())) // before ready: a reader of ready sees it
 	n.ready.Store(true)
+	n.watch.releaseVotes()
 	n.fsm.endLoadHold()
 	n.logger.Info("ready", "applied_index", applied)
 }

@@ -77,6 +77,26 @@ func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger
 // (behind) until a snapshot comes, and a leader that is refused so says
 // which follower (fromStart); Node compacts its log then, so that Raft
 // sends that follower its snapshot (compactForFollower).
+//
+// And it refuses votes (RequestVote, RequestPreVote) while the node
+// started on an empty directory to join has not caught up (votesHeld).
+// Raft's safety rests on a voter keeping the log it acknowledged: a
+// voter wiped without being removed and started again with --join comes
+// back under its id with an empty log, still a voter in the leader's
+// configuration, and Raft grants a vote to any candidate whose log is at
+// least as long as its own, so to every one. With the leader down, its
+// vote and a lagging voter's elected the lagging one, and the entries
+// the wiped voter had acknowledged (committed by the leader on its
+// answer) were lost. Refused until the node is ready (it has applied
+// what the leader had committed when it first heard from it, which
+// includes every entry it had acknowledged before the wipe), its vote
+// cannot elect a leader that lacks them. The price is availability, not
+// state: should the leader die while the node is behind, and the other
+// voters need its vote for a quorum, there is no leader until the old
+// leader (or another voter that holds the entries) returns; with a live
+// leader the node catches up and votes again, so a refusal cannot hold
+// a healthy cluster for ever. A joiner added as a non-voter is asked for
+// no vote; it is promoted once caught up, and by then usually ready.
 type commitWatch struct {
 	raft.Transport
 	out    chan raft.RPC
@@ -108,6 +128,11 @@ type commitWatch struct {
 	// held returns the last index this node's state holds (applied, or
 	// in its last snapshot) and its current term; nil until setAlone.
 	held func() (index, term uint64)
+	// votesHeld is set while this node, started on an empty directory to
+	// join (Node.joinAddr), has not yet caught up (Node.checkReady): it
+	// refuses votes meanwhile (refuseVote). refusedVotes counts those.
+	votesHeld    atomic.Bool
+	refusedVotes atomic.Uint64
 }
 
 // peerContact is what a node last heard from a peer in answer to its own
@@ -174,6 +199,14 @@ func (w *commitWatch) run(in <-chan raft.RPC) {
 						}
 					})
 				}
+			case *raft.RequestVoteRequest:
+				if w.refuseVote(rpc, c.ID) {
+					continue
+				}
+			case *raft.RequestPreVoteRequest:
+				if w.refuseVote(rpc, c.ID) {
+					continue
+				}
 			case *raft.InstallSnapshotRequest:
 				if !w.behind.Load() {
 					break
@@ -237,6 +270,39 @@ func (w *commitWatch) refuseFromStart(rpc raft.RPC, args *raft.AppendEntriesRequ
 		Term: args.Term, LastLog: held,
 	}, nil)
 	return true
+}
+
+// refuseVote answers rpc, a RequestVote or RequestPreVote from
+// candidate, with a vote not granted while votes are held (votesHeld),
+// and reports whether it did. The answer carries the node's current
+// term, as Raft's own refusal does: a candidate counts it as a vote
+// against, and steps down only for a newer term than its own.
+func (w *commitWatch) refuseVote(rpc raft.RPC, candidate []byte) bool {
+	if !w.votesHeld.Load() {
+		return false
+	}
+	if w.refusedVotes.Add(1) == 1 {
+		w.logger.Warn("refusing votes until caught up after joining: this node started on an empty data directory "+
+			"and may lack entries a voter under its id acknowledged before (a wiped voter); it votes again once ready",
+			"candidate", string(candidate))
+	}
+	_, term := w.held()
+	h := raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(w.self),
+		Addr: w.Transport.EncodePeer(raft.ServerID(w.self), w.Transport.LocalAddr())}
+	switch rpc.Command.(type) {
+	case *raft.RequestVoteRequest:
+		rpc.Respond(&raft.RequestVoteResponse{RPCHeader: h, Term: term}, nil)
+	default:
+		rpc.Respond(&raft.RequestPreVoteResponse{RPCHeader: h, Term: term}, nil)
+	}
+	return true
+}
+
+// releaseVotes ends the refusal of votes (votesHeld): the node caught up.
+func (w *commitWatch) releaseVotes() {
+	if w.votesHeld.Swap(false) && w.refusedVotes.Load() > 0 {
+		w.logger.Info("caught up after joining: voting again", "refused_votes", w.refusedVotes.Load())
+	}
 }
 
 // watchAnswer returns rpc with its answer passed to seen (its Response;
