@@ -549,6 +549,23 @@ func (n *Node) noteMembership() {
 	n.memberRecorded = true
 }
 
+// removed reports whether this node has been removed from its cluster
+// (Status.Removed): once a member, and while its latest configuration
+// leaves it out and no leader replicates to it. A node joining, or added
+// back on an empty directory, replays configurations from before it was
+// added (noteMembership, unreplicated).
+func (n *Node) removed() bool {
+	cf := n.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return false
+	}
+	servers := cf.Configuration().Servers
+	if n.namesSelf(servers) {
+		n.wasMember.Store(true) // recorded by leaderLoop
+	}
+	return n.wasMember.Load() && len(servers) > 0 && !n.namesSelf(servers) && n.unreplicated()
+}
+
 // unreplicated reports whether no leader replicates to this node: its
 // Raft is shut down (a leader that removed itself), or it knows no leader
 // and has heard from none for removedAfter (counted from its start when
@@ -1147,6 +1164,7 @@ func (n *Node) leaderLoop() {
 			if leader && !n.ledThisTerm() && n.raft.State() == raft.Leader {
 				n.onLeadership() // the Barrier failed: try again
 			}
+			n.unready()
 			n.checkReady()
 			if time.Since(n.started) > collectorHoldMax {
 				n.fsm.endLoadHold() // not ready for long: collect as usual
@@ -1415,11 +1433,31 @@ func (n *Node) checkReady() {
 	if n.raft.State() == raft.Leader && !n.ledThisTerm() {
 		return // a leader is ready once its Barrier passed (CheckLeader)
 	}
-	n.readySeconds.Store(math.Float64bits(time.Since(n.started).Seconds())) // before ready: a reader of ready sees it
+	// Before ready: a reader of ready sees it. The first time only: a
+	// node removed and added back is ready again later (unready).
+	n.readySeconds.CompareAndSwap(0, math.Float64bits(time.Since(n.started).Seconds()))
 	n.ready.Store(true)
 	n.watch.releaseVotes()
 	n.fsm.endLoadHold()
 	n.logger.Info("ready", "applied_index", applied)
+}
+
+// unready ends readiness once the node reads removed (removed): a node
+// removed while running, and added back after the cluster moved on, is
+// as far behind as a node started anew, and is ready again only once it
+// has applied what the leader had committed when it first heard from it
+// after the re-add (checkReady, with the leader commit index forgotten).
+// Latched for good, it read ready at its re-add, tens of entries behind.
+// The index is forgotten before ready: a checkReady between the two
+// (WaitReady's) finds no leader commit and latches nothing. Run by
+// leaderLoop only.
+func (n *Node) unready() {
+	if !n.ready.Load() || !n.removed() {
+		return
+	}
+	n.watch.forgetLeaderCommit()
+	n.ready.Store(false)
+	n.logger.Info("removed from the cluster: not ready until added back and caught up")
 }
 
 // fsmHasApplied reports whether the FSM, at applied, has applied every
@@ -1665,25 +1703,16 @@ func (n *Node) Status() NodeStatus {
 		SnapshotIndex: u("last_snapshot_index"), Digest: fmt.Sprintf("%016x", digest),
 		LastContactMs: -1,
 	}
-	// Ready to serve: caught up since the start (ready, which stays set),
-	// and now part of a cluster with a known leader. A node cut off from
+	// Ready to serve: caught up since the start, or since it was last
+	// added back (ready, which stays set until the node reads removed:
+	// unready), and now part of a cluster with a known leader. A node cut off from
 	// its peers (a candidate), or removed from the cluster (its Raft shut
 	// down), answers routes from an index that no longer moves.
 	// A follower whose log cannot take the leader's (a restore no other
 	// node took) serves a state that is not the cluster's until the
 	// leader's snapshot comes (commitWatch.behind).
 	s.Ready = n.ready.Load() && id != "" && n.raft.State() != raft.Shutdown && !n.watch.behind.Load()
-	// Removed only once a member, and while no leader replicates to it: a
-	// node joining, or added back on an empty directory, replays
-	// configurations from before it was added (noteMembership,
-	// unreplicated).
-	if cf := n.raft.GetConfiguration(); cf.Error() == nil {
-		servers := cf.Configuration().Servers
-		if n.namesSelf(servers) {
-			n.wasMember.Store(true) // recorded by leaderLoop
-		}
-		s.Removed = n.wasMember.Load() && len(servers) > 0 && !n.namesSelf(servers) && n.unreplicated()
-	}
+	s.Removed = n.removed()
 	if id != "" {
 		s.LeaderHTTP = n.fsm.Members()[string(id)].HTTPAddr
 	}

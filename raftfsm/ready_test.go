@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -52,5 +53,65 @@ func TestFollowerIsNotReadyWhileCatchingUp(t *testing.T) {
 	}
 	if applied < target {
 		t.Fatalf("ready at applied index %d; the leader had committed %d before the follower started", applied, target)
+	}
+}
+
+// TestANodeRemovedAndAddedBackWhileRunningIsReadyOnlyOnceCaughtUp: a node
+// removed while running reads not ready, and added back after the
+// cluster moved on, is ready again only once it has applied what the
+// leader had committed when it heard from it again. From a review:
+// readiness latched once per process (and the leader commit index heard
+// first with it), so the node read ready at its re-add, "Ready:true ...
+// AppliedIndex:11 ... leader commit 65", its index lacking every entry
+// since its removal.
+func TestANodeRemovedAndAddedBackWhileRunningIsReadyOnlyOnceCaughtUp(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	_, l := c.leaderExcept(-1)
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	_, inner := raft.NewInmemTransport("inmem-n4")
+	c.trans = append(c.trans, inner)
+	c.heal()
+	tr := holdEntries(t, inner, 0)
+	cfg4 := Config{ID: "n4", RaftAddr: "inmem-n4", HTTPAddr: "http-n4", DataDir: filepath.Join(t.TempDir(), "n4"), Transport: tr, Logger: quiet}
+	n4, err := NewNode(cfg4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes = append(c.nodes, n4)
+	if err := l.AddMember(ctx(t), "n4", cfg4.RaftAddr, cfg4.HTTPAddr); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n4 ready", func() bool { return n4.Status().Ready })
+	if err := l.RemoveMember(ctx(t), "n4"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n4, removed, to be ready no more", func() bool { return n4.Status().Removed && !n4.ready.Load() })
+
+	const k = 50
+	for i := uint64(1); i <= k; i++ {
+		if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, i, 1, 1000+i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Added back, n4 gets heartbeats but no entries for now (a slow
+	// catch-up): it hears the leader's commit index, far past its own.
+	tr.hold(n4.raft.LastIndex() + 1)
+	addNotCaughtUp(t, l, "n4", cfg4.RaftAddr, cfg4.HTTPAddr, time.Second)
+	lc := l.raft.CommitIndex()
+	waitFor(t, 10*time.Second, "n4 to hear the leader again", func() bool { return n4.watch.leaderCommit() > 0 })
+	if st := n4.Status(); st.Ready {
+		t.Fatalf("n4 added back reads ready at applied index %d, the leader's commit at %d (it has %d of %d index entries)",
+			st.AppliedIndex, lc, n4.IndexStats().Entries, l.IndexStats().Entries)
+	}
+	// Let through, it catches up and is ready again.
+	tr.hold(0)
+	waitFor(t, 20*time.Second, "n4 caught up and ready", func() bool {
+		st := n4.Status()
+		return st.Ready && !st.Removed
+	})
+	if got := n4.IndexStats().Entries; got != k {
+		t.Fatalf("n4 ready again with %d of the %d index entries", got, k)
 	}
 }

@@ -620,6 +620,10 @@ func (w *commitWatch) Close() error {
 // leaderCommit returns the first commit index a leader sent, 0 before one.
 func (w *commitWatch) leaderCommit() uint64 { return w.first.Load() }
 
+// forgetLeaderCommit forgets the leader commit index heard: the next one
+// a leader sends is the first again (Node.unready).
+func (w *commitWatch) forgetLeaderCommit() { w.first.Store(0) }
+
 // close stops the watch's goroutines (once Raft no longer reads RPCs).
 func (w *commitWatch) close() {
 	w.closed.Do(func() { close(w.stop) })
