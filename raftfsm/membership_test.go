@@ -1699,3 +1699,46 @@ func TestAWipedVoterBackWithJoinCannotElectALeaderThatLacksWhatItAcknowledged(t 
 			w.watch.refusedVotes.Load(), w.watch.votesHeld.Load())
 	}
 }
+
+// TestAMemberChangeQueuedAcrossALeaderChangeAnswersNotLeader: an add or a
+// remove that waits for another membership change (memberOps) while the
+// leadership moves to another node answers *NotLeaderError, which the
+// API forwards or answers 503. From a review: it checked leadership only
+// before the wait, then ran its quorum check on a follower, which hears
+// from no voter, and answered ErrInvalid naming healthy members down (a
+// 400, which a --join takes as final: the node stopped).
+func TestAMemberChangeQueuedAcrossALeaderChangeAnswersNotLeader(t *testing.T) {
+	for _, op := range []string{"add", "remove"} {
+		t.Run(op, func(t *testing.T) {
+			c := newInmemCluster(t, 3)
+			li, l := c.leaderExcept(-1)
+			waitFor(t, 10*time.Second, "the leader's barrier", func() bool { return l.CheckLeader() == nil })
+			_, cfg4 := c.newcomer("n4")
+			other := c.nodes[(li+1)%3].cfg.ID
+			if err := l.memberOps.lock(ctx(t), l.stop); err != nil { // a change in progress
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				if op == "add" {
+					done <- l.AddMember(ctx(t), "n4", cfg4.RaftAddr, cfg4.HTTPAddr)
+				} else {
+					done <- l.RemoveMember(ctx(t), other)
+				}
+			}()
+			waitFor(t, 10*time.Second, "the "+op+" to wait for the change in progress", func() bool { return l.memberOps.waiting.Load() == 1 })
+			if err := l.TransferLeadership(ctx(t), ""); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 10*time.Second, "another leader", func() bool {
+				_, id := l.raft.LeaderWithID()
+				return id != "" && string(id) != l.cfg.ID
+			})
+			l.memberOps.unlock()
+			var nle *NotLeaderError
+			if err := <-done; errors.Is(err, ErrInvalid) || !errors.As(err, &nle) {
+				t.Fatalf("%s queued across a leader change: %v, want *NotLeaderError", op, err)
+			}
+		})
+	}
+}

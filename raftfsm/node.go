@@ -1958,6 +1958,14 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 		return fmt.Errorf("add %s: waiting for a membership change or restore in progress: %w", id, err)
 	}
 	defer n.memberOps.unlock()
+	// The leadership may have moved while this add waited for another
+	// change: what follows reads what only a leader hears (which voters
+	// answer it). On a follower, which hears from none, the add was
+	// refused as ErrInvalid naming healthy members down, a 400 that a
+	// --join takes as final.
+	if n.raft.State() != raft.Leader {
+		return n.notLeader()
+	}
 	// Raft's AddVoter moves a voter whose id it knows to the new address:
 	// one mistyped add would cut a live member off. Moving a member is a
 	// remove and an add; adding it again as it is only refreshes its
@@ -2024,6 +2032,9 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 		others, down, _, err := n.answeringNow(ctx, cf.Configuration().Servers, id, "")
 		if err != nil {
 			return fmt.Errorf("add %s: %w", id, err)
+		}
+		if n.raft.State() != raft.Leader {
+			return n.notLeader() // lost during the wait: its followers' silence says nothing
 		}
 		need := (len(others)+len(down)+1)/2 + 1
 		if len(others)+1 < need {
@@ -2190,6 +2201,11 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 		return fmt.Errorf("remove %s: waiting for a membership change or restore in progress: %w", id, err)
 	}
 	defer n.memberOps.unlock()
+	// The leadership may have moved while this removal waited for another
+	// change (AddMember says why that matters).
+	if n.raft.State() != raft.Leader {
+		return n.notLeader()
+	}
 	cf := n.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
 		return err
@@ -2222,6 +2238,9 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 		up, down, _, err := n.answeringNow(ctx, cf.Configuration().Servers, id, "")
 		if err != nil {
 			return fmt.Errorf("remove %s: %w", id, err)
+		}
+		if n.raft.State() != raft.Leader {
+			return n.notLeader() // lost during the wait: its followers' silence says nothing
 		}
 		if need := voters/2 + 1; len(up) < need {
 			return fmt.Errorf("%w: removing %s leaves %d voters, of which %d must answer to elect and commit, and only %d do: remove the down members first (%s), or bring them back",
@@ -2264,7 +2283,9 @@ func (n *Node) inConfiguration(id string) bool {
 
 // TransferLeadership hands leadership to the voter toID ("" = any
 // up-to-date voter). This node, a non-voter or no member as toID is
-// ErrInvalid.
+// ErrInvalid. It takes no memberOps: a transfer must not queue behind an
+// add waiting for a slow catch-up, and a membership change it overtakes
+// answers *NotLeaderError (they check leadership after each wait).
 func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 	if n.raft.State() != raft.Leader {
 		return n.notLeader()
