@@ -1742,3 +1742,57 @@ func TestAMemberChangeQueuedAcrossALeaderChangeAnswersNotLeader(t *testing.T) {
 		})
 	}
 }
+
+// TestAddMemberOfAWipedVoterWaitsForItToCatchUp: a voter whose data
+// directory was wiped, started again at its address with --join, asks to
+// be added. It is a voter already, so the add changes no configuration,
+// but its log is empty: the add answers only once the leader has seen its
+// log match, and with the context's end until then (the join retries),
+// while the add of a voter that kept its data answers at once. From a
+// review: the wiped voter was told "joined" at once, its log empty.
+func TestAddMemberOfAWipedVoterWaitsForItToCatchUp(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	li, l := c.leaderExcept(-1)
+	kept, wipeI := c.nodes[(li+2)%3], (li+1)%3
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(1); i <= 20; i++ {
+		if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, i, 1, 1000+i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := l.AddMember(cx, kept.cfg.ID, kept.cfg.RaftAddr, kept.cfg.HTTPAddr); err != nil {
+		t.Fatalf("add %s, a voter with its log: %v", kept.cfg.ID, err)
+	}
+	wcfg := c.nodes[wipeI].cfg
+	c.nodes[wipeI].Close()
+	if err := os.RemoveAll(wcfg.DataDir); err != nil {
+		t.Fatal(err)
+	}
+	_, inner := raft.NewInmemTransport(raft.ServerAddress(wcfg.RaftAddr))
+	c.trans[wipeI] = inner
+	c.heal()
+	tr := holdEntries(t, inner, 1) // a slow catch-up: it takes no entry for now
+	w, err := NewNode(Config{ID: wcfg.ID, RaftAddr: wcfg.RaftAddr, HTTPAddr: wcfg.HTTPAddr, DataDir: wcfg.DataDir, Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[wipeI] = w
+	short, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	err = l.AddMember(short, wcfg.ID, wcfg.RaftAddr, wcfg.HTTPAddr)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "has not caught up") {
+		t.Fatalf("add the wiped voter %s, its log empty (last index %d): %v, want the context's end saying it has not caught up",
+			wcfg.ID, w.raft.LastIndex(), err)
+	}
+	tr.hold(0)
+	if err := l.AddMember(ctx(t), wcfg.ID, wcfg.RaftAddr, wcfg.HTTPAddr); err != nil {
+		t.Fatalf("add the wiped voter %s again, its entries let through: %v", wcfg.ID, err)
+	}
+	if got, want := w.raft.LastIndex(), l.raft.LastIndex(); got+1 < want { // the add's own member entry may still be on its way
+		t.Fatalf("the add of the wiped voter answered with its last index %d, the leader's %d", got, want)
+	}
+}

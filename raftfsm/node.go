@@ -1940,7 +1940,9 @@ func (n *Node) SetSettings(ctx context.Context, s Settings) error {
 // port 0), an HTTP address followers could not forward writes to
 // (CheckHTTPAddr), and a raft address that reaches a member's under another spelling
 // (ErrRaftAddrInUse, raftAddrAlias): the leader would replicate to that
-// member as to the new one.
+// member as to the new one. Adding a voter again at its address refreshes
+// its member entry and answers once its log has caught up with the
+// leader's (awaitVoterLog): at once for a voter that kept its data.
 func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) error {
 	if id == "" || raftAddr == "" {
 		return fmt.Errorf("%w: a member needs an id and a raft address", ErrInvalid)
@@ -2019,36 +2021,49 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 				ErrRaftAddrInUse, raftAddr, s.ID, s.Address, hint)
 		}
 	}
-	if cur == nil || cur.Suffrage != raft.Voter {
-		// A new voter counts in the quorum at once. Where the answering
-		// voters are not a quorum of the new configuration without it,
-		// that configuration can commit nothing (not even its own entry)
-		// and the leader steps down for good (3 voters with one down, a
-		// fourth added at a mistyped address); where they are, a voter
-		// that never answers still takes the cluster's one spare failure
-		// (4 voters, 3 up: one more failure and no quorum). So the new
-		// node must answer first: it joins as a non-voter, catches up, and
-		// then votes.
-		others, down, _, err := n.answeringNow(ctx, cf.Configuration().Servers, id, "")
-		if err != nil {
-			return fmt.Errorf("add %s: %w", id, err)
-		}
-		if n.raft.State() != raft.Leader {
-			return n.notLeader() // lost during the wait: its followers' silence says nothing
-		}
-		need := (len(others)+len(down)+1)/2 + 1
-		if len(others)+1 < need {
-			return fmt.Errorf("%w: adding %s needs %d of %d voters to answer and only %d do (%s down): bring the down members back or remove them first",
-				ErrInvalid, id, need, len(others)+len(down)+1, len(others), strings.Join(down, ", "))
-		}
-		if err := n.catchUpNonvoter(ctx, cur, id, raftAddr, httpAddr, need, len(others)+len(down)+1); err != nil {
+	if cur != nil && cur.Suffrage == raft.Voter {
+		// A voter already: the add changes no configuration and refreshes
+		// its member entry. It answers once the voter's log has caught up
+		// (awaitVoterLog): a voter restarted on its data matches at the
+		// next AppendEntries, while one wiped and started again with
+		// --join at its address has an empty log, and "joined" would tell
+		// its operator a lie.
+		if _, err := n.apply(ctx, encodeMember(now(), &Member{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr})); err != nil {
 			return err
 		}
+		if id == n.cfg.ID {
+			return nil // this leader: its log is the cluster's
+		}
+		return n.awaitVoterLog(ctx, id, raftAddr)
+	}
+	// A new voter counts in the quorum at once. Where the answering
+	// voters are not a quorum of the new configuration without it,
+	// that configuration can commit nothing (not even its own entry)
+	// and the leader steps down for good (3 voters with one down, a
+	// fourth added at a mistyped address); where they are, a voter
+	// that never answers still takes the cluster's one spare failure
+	// (4 voters, 3 up: one more failure and no quorum). So the new
+	// node must answer first: it joins as a non-voter, catches up, and
+	// then votes.
+	others, down, _, err := n.answeringNow(ctx, cf.Configuration().Servers, id, "")
+	if err != nil {
+		return fmt.Errorf("add %s: %w", id, err)
+	}
+	if n.raft.State() != raft.Leader {
+		return n.notLeader() // lost during the wait: its followers' silence says nothing
+	}
+	need := (len(others)+len(down)+1)/2 + 1
+	if len(others)+1 < need {
+		return fmt.Errorf("%w: adding %s needs %d of %d voters to answer and only %d do (%s down): bring the down members back or remove them first",
+			ErrInvalid, id, need, len(others)+len(down)+1, len(others), strings.Join(down, ", "))
+	}
+	if err := n.catchUpNonvoter(ctx, cur, id, raftAddr, httpAddr, need, len(others)+len(down)+1); err != nil {
+		return err
 	}
 	if err := n.await(ctx, n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, n.cfg.ApplyTimeout)); err != nil {
 		return fmt.Errorf("add voter %s: %w", id, n.raftError(err))
 	}
-	_, err := n.apply(ctx, encodeMember(now(), &Member{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}))
+	_, err = n.apply(ctx, encodeMember(now(), &Member{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}))
 	return err
 }
 
@@ -2119,6 +2134,41 @@ func (n *Node) catchUpNonvoter(ctx context.Context, cur *raft.Server, id, raftAd
 			return ErrShutdown
 		case <-ctx.Done():
 			return notYet(ctx.Err())
+		}
+	}
+}
+
+// awaitVoterLog waits until the voter id answers an AppendEntries that
+// tests its log (commitWatch's match) with the log up to this leader's
+// last index now, the answer given after the call. Raft gives no
+// follower's match index (hashicorp/raft v1.8.0); the watch does. A
+// voter whose log is that of the cluster matches at the next append,
+// which a leader sends at least every CommitTimeout; one that lost its
+// log (a wiped data directory) matches once the leader has caught it up,
+// and the context's end says so (a --join asks again).
+func (n *Node) awaitVoterLog(ctx context.Context, id, raftAddr string) error {
+	from, start := n.raft.LastIndex(), time.Now()
+	tick := time.NewTicker(max(n.cfg.HeartbeatTimeout/10, time.Millisecond))
+	defer tick.Stop()
+	for {
+		if n.raft.State() != raft.Leader {
+			return n.notLeader()
+		}
+		c := n.watch.contact(raft.ServerID(id))
+		if c.matched >= from && c.matchedAt.After(start) {
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case <-n.stop:
+			return ErrShutdown
+		case <-ctx.Done():
+			answers := "it answers the leader: a node whose data directory was lost, started again at its address, still catching up?"
+			if time.Since(c.at) > n.contactWindow() {
+				answers = "it does not answer the leader: is it up?"
+			}
+			return fmt.Errorf("add %s: %s at %s is a voter already, and its log has not caught up with the leader's since this add (%s); "+
+				"add it again to wait on: %w", id, id, raftAddr, answers, ctx.Err())
 		}
 	}
 }
