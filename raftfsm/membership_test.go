@@ -1796,3 +1796,54 @@ func TestAddMemberOfAWipedVoterWaitsForItToCatchUp(t *testing.T) {
 		t.Fatalf("the add of the wiped voter answered with its last index %d, the leader's %d", got, want)
 	}
 }
+
+// TestARetriedAddWritesTheMemberEntryAnInterruptedOneLacked: an add whose
+// non-voter entry committed and whose member entry did not (leadership
+// moved between them) left the non-voter without an HTTP address in the
+// member table. The retried add, which resumes the catch-up, writes it
+// first: members list shows where the node is while it catches up. From
+// a review: the entry came only with the promotion, which a one-off add
+// that timed out never reached.
+func TestARetriedAddWritesTheMemberEntryAnInterruptedOneLacked(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	_, l := c.leaderExcept(-1)
+	_, inner := raft.NewInmemTransport("inmem-n4")
+	c.trans = append(c.trans, inner)
+	c.heal()
+	tr := holdEntries(t, inner, 1)
+	n4, err := NewNode(Config{ID: "n4", RaftAddr: string(inner.LocalAddr()), HTTPAddr: "http-n4",
+		DataDir: filepath.Join(t.TempDir(), "n4"), Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes = append(c.nodes, n4)
+	if err := l.raft.AddNonvoter("n4", inner.LocalAddr(), 0, 0).Error(); err != nil { // the interrupted add's first half
+		t.Fatal(err)
+	}
+	addNotCaughtUp(t, l, "n4", string(inner.LocalAddr()), "http-n4", time.Second)
+	if m, ok := l.fsm.Members()["n4"]; !ok || m.HTTPAddr != "http-n4" {
+		t.Fatalf("n4's member entry after the retried add: %+v (listed %v), want it at http-n4", m, ok)
+	}
+}
+
+// TestANewLeaderNamesServersTheMemberTableLacks: a server in the
+// configuration with no member entry (an add interrupted between its
+// two entries) has no HTTP address the leader could write for it; the
+// next leader says so, naming the add that fixes it.
+func TestANewLeaderNamesServersTheMemberTableLacks(t *testing.T) {
+	var logs testlog.Buffer
+	c := newInmemClusterTuned(t, 3, func(cfg *Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	_, l := c.leaderExcept(-1)
+	waitFor(t, 10*time.Second, "the leader's barrier", func() bool { return l.CheckLeader() == nil })
+	if err := l.raft.AddNonvoter("n4", "inmem-nowhere", 0, 0).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.TransferLeadership(ctx(t), ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the new leader to name n4", func() bool {
+		return len(logs.Lines("has no member entry", "member=n4")) > 0
+	})
+}

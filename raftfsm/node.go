@@ -1307,6 +1307,21 @@ func (n *Node) onLeadership() {
 				gone = append(gone, id)
 			}
 		}
+		// A server with no entry and no peer flags to give one: an add
+		// that ended between its non-voter's entry and its member entry.
+		// The configuration holds its raft address and not its HTTP one,
+		// which only its add gives: an entry without one would list it
+		// no better than none (members list shows "-" either way), so the
+		// leader says what to do instead.
+		for _, srv := range cf.Configuration().Servers {
+			id := string(srv.ID)
+			if _, known := members[id]; known || id == n.cfg.ID || slices.ContainsFunc(want, func(m Member) bool { return m.ID == id }) {
+				continue
+			}
+			n.logger.Warn("member table: a server of the configuration has no member entry, so no HTTP address "+
+				"(an add that ended before its member entry, or one just begun): add it again with its addresses (kvctl members add), or remove it",
+				"member", id, "raft_addr", srv.Address, "suffrage", srv.Suffrage.String())
+		}
 	}
 	for _, m := range want {
 		if cur, ok := members[m.ID]; !ok || cur.HTTPAddr != m.HTTPAddr || cur.RaftAddr != m.RaftAddr {
@@ -2086,7 +2101,17 @@ func (n *Node) catchUpNonvoter(ctx context.Context, cur *raft.Server, id, raftAd
 			return err
 		}
 	} else {
-		// A retried add: the log up to now, past its latest configuration
+		// A retried add. The first may have ended between its two
+		// entries (the leadership moved once the non-voter's committed),
+		// leaving the member table without the node: members list showed
+		// no address for it until an add got it promoted, which a one-off
+		// add that times out never does. Its entry comes first now.
+		if m, ok := n.fsm.Members()[id]; !ok || m.RaftAddr != raftAddr || m.HTTPAddr != httpAddr {
+			if _, err := n.apply(ctx, encodeMember(now(), &Member{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr})); err != nil {
+				return err
+			}
+		}
+		// The log up to now, past its latest configuration
 		// (which reached it through Raft's pipeline if it caught up
 		// since). Raft does not say where that configuration is: its
 		// GetConfiguration leaves the future's Index at 0 (v1.8.0).
