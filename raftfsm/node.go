@@ -912,16 +912,23 @@ func (n *Node) checkSeedPeers(seeded []raft.Server, peers []Member) error {
 
 // catchUpFromSnapshot restores the FSM from the newest Raft snapshot when
 // its own database is behind it (lost unsynced writes, a wiped fsm/
-// directory). Raft itself never restores at start (NoSnapshotRestoreOnStart).
+// directory) or of another history than it. Raft itself never restores at
+// start (NoSnapshotRestoreOnStart).
 func (n *Node) catchUpFromSnapshot() error {
 	list, err := n.snaps.List()
 	if err != nil || len(list) == 0 {
 		return err
 	}
 	newest := list[0]
-	applied, _ := n.fsm.Applied()
+	applied, appliedTerm := n.fsm.Applied()
 	if applied >= newest.Index {
-		return nil
+		current, why := n.stateOfSnapshotsHistory(applied, appliedTerm, newest.Index, newest.Term)
+		if current {
+			n.logger.Info("state is at or after the newest snapshot; keeping it", "applied", applied, "applied_term", appliedTerm,
+				"snapshot", newest.Index, "snapshot_term", newest.Term)
+			return nil
+		}
+		return n.restoreNewest(newest, "state is of another history than the newest snapshot ("+why+"); restoring the snapshot", applied, appliedTerm)
 	}
 	// Raft snapshots at its own applied index, which counts the no-op and
 	// barrier entries the FSM never sees: a state whose last command
@@ -934,15 +941,63 @@ func (n *Node) catchUpFromSnapshot() error {
 	var at raft.Log
 	if n.logs.GetLog(newest.Index, &at) == nil && at.Term == newest.Term {
 		if last, err := n.lastFSMEntry(newest.Index, applied); err == nil && last == 0 {
-			n.logger.Info("the newest snapshot adds no command to the state; not restoring it", "applied", applied, "snapshot", newest.Index)
+			n.logger.Info("the newest snapshot adds no command to the state; not restoring it", "applied", applied, "applied_term", appliedTerm,
+				"snapshot", newest.Index, "snapshot_term", newest.Term)
 			return nil
 		}
 	}
+	return n.restoreNewest(newest, "state is behind the newest snapshot; restoring it", applied, appliedTerm)
+}
+
+// stateOfSnapshotsHistory reports whether a state applied at (applied,
+// appliedTerm), at or after the newest snapshot's (index, term), is of
+// the snapshot's history, and if not, why.
+//
+// Both the state and the snapshot name one entry of a log, and Raft's log
+// matching gives that an entry's index and term fix the whole log up to
+// it: two logs holding an entry of one index and term hold the same
+// entries up to it. A log's terms never fall.
+//   - At the snapshot's index, the state is the snapshot's entry only if
+//     it has the snapshot's term; a lower one (a cut-off leader's user
+//     restore, applied without a commit, which a new leader's snapshot of
+//     a later term then replaced) is another entry. (A higher one is not
+//     seen: the user restore's own snapshot would be the newest, Raft
+//     lists the highest term first.)
+//   - After the snapshot's index, an entry of the snapshot's history has
+//     a term at least the snapshot's; and the state is kept only if this
+//     node's log holds its entry, with its term. The log continues the
+//     snapshot (Raft appends after an entry only when that entry matches
+//     the leader's, and the snapshot is the base of the log after it), so
+//     by log matching the state's prefix is the snapshot's. A user
+//     restore is in no log (Raft leaves a hole at its index), so a cut-off
+//     leader's restore above a new leader's snapshot of an older entry's
+//     term (a term check alone passes) is caught here, as is a log whose
+//     entry at that index is another leader's.
+func (n *Node) stateOfSnapshotsHistory(applied, appliedTerm, index, term uint64) (bool, string) {
+	if appliedTerm < term {
+		return false, fmt.Sprintf("applied term %d below the snapshot's %d", appliedTerm, term)
+	}
+	if applied == index {
+		return true, ""
+	}
+	var at raft.Log
+	if err := n.logs.GetLog(applied, &at); err != nil {
+		return false, fmt.Sprintf("the log holds no entry at the applied index: %v", err)
+	}
+	if at.Term != appliedTerm {
+		return false, fmt.Sprintf("the log's entry at the applied index is of term %d", at.Term)
+	}
+	return true, ""
+}
+
+// restoreNewest replaces the FSM's state with the newest snapshot's, and
+// logs why (msg) with the state's and the snapshot's index and term.
+func (n *Node) restoreNewest(newest *raft.SnapshotMeta, msg string, applied, appliedTerm uint64) error {
 	_, rc, err := n.snaps.Open(newest.ID)
 	if err != nil {
 		return fmt.Errorf("open snapshot %s: %w", newest.ID, err)
 	}
-	n.logger.Info("state is behind the newest snapshot; restoring it", "applied", applied, "snapshot", newest.Index)
+	n.logger.Info(msg, "applied", applied, "applied_term", appliedTerm, "snapshot", newest.Index, "snapshot_term", newest.Term)
 	defer rc.Close()
 	// The stream's own applied index is dropped (restoreFrom: a user's
 	// stream may come from another cluster's log). This stream is Raft's

@@ -1,0 +1,161 @@
+package raftfsm
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/store"
+)
+
+// startedState is what startOtherHistory leaves: a stopped one-node
+// cluster whose own state is at (applied, term) with digest own, and the
+// digest of another history's state (other, in otherDir) that a test
+// writes as a Raft snapshot into the node's directory.
+type startedState struct {
+	c             *testCluster
+	applied, term uint64
+	last          uint64 // the log's last index at the stop
+	own, other    uint64
+	otherDir      string
+	marker        string // a file in fsm/: a restore removes it
+}
+
+// startOtherHistory runs a one-node cluster through a few commands and
+// stops it, and builds another history's state beside it.
+func startOtherHistory(t *testing.T) *startedState {
+	t.Helper()
+	c := newTestCluster(t, 1, func(cfg *Config) { cfg.ExpiryInterval, cfg.CheckInterval = time.Hour, time.Hour })
+	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return c.leader().CheckLeader() == nil })
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	for k := 0; k < 3; k++ {
+		ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: chainEvents(r1, uint64(k*5+1), 5, uint64(1000*k))}})
+	}
+	n := c.nodes[0]
+	if err := n.raft.Barrier(10 * time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	s := &startedState{c: c, own: n.fsm.Digest(), last: n.raft.LastIndex()}
+	s.applied, s.term = n.fsm.Applied()
+	s.otherDir = filepath.Join(t.TempDir(), "other")
+	g := openTestFSM(t, s.otherDir)
+	var w logWriter
+	applyFixture(t, g, &w)
+	s.other = g.Digest()
+	g.Close()
+	if s.other == s.own {
+		t.Fatal("the test needs two different states")
+	}
+	c.stop(0)
+	s.marker = filepath.Join(c.dirs[0], "fsm", "marker")
+	if err := os.WriteFile(s.marker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// editLog opens node 0's Raft log while the node is stopped.
+func (s *startedState) editLog(t *testing.T, edit func(*store.LogStore)) {
+	t.Helper()
+	ls, err := store.OpenLogStore(filepath.Join(s.c.dirs[0], "raft"), store.LogStoreOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit(ls)
+	if err := ls.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStartRestoresTheNewestSnapshotOverAStateOfAnotherHistory: the start
+// keeps the FSM's state only when it is of the newest snapshot's history.
+// A crash between Raft's save of a leader's snapshot (InstallSnapshot)
+// and the FSM's swap leaves the older state beside it; when that state
+// is a cut-off leader's user restore (applied at R without a commit) and
+// the new leader's snapshot is at S <= R of a higher term, comparing
+// indexes alone kept the restore: Raft then applied S+1.. and the FSM
+// skipped each up to R, a silent divergence reported ready.
+//
+// From a review: the start kept a state at (6, term 2) over the newest
+// snapshot at (6, term 3).
+func TestStartRestoresTheNewestSnapshotOverAStateOfAnotherHistory(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// snapshot places the newest snapshot against the state's (a, ta)
+		// and the log's last index; edit changes the log, if at all.
+		snapshot func(s *startedState) (index, term uint64)
+		edit     func(t *testing.T, s *startedState, ls *store.LogStore)
+		kept     bool
+	}{
+		{name: "at the state's index, of a higher term",
+			snapshot: func(s *startedState) (uint64, uint64) { return s.applied, s.term + 1 }},
+		{name: "below the state's index, of a higher term",
+			snapshot: func(s *startedState) (uint64, uint64) { return s.applied - 2, s.term + 1 },
+			// The log's entries of the state's history go (the install
+			// compacted them), but the state's own one stays.
+			edit: func(t *testing.T, s *startedState, ls *store.LogStore) {
+				if err := ls.SetUint64([]byte("CurrentTerm"), s.term+1); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		{name: "below the state's index, of its term, with the state's entry not in the log",
+			snapshot: func(s *startedState) (uint64, uint64) { return s.applied - 2, s.term },
+			edit: func(t *testing.T, s *startedState, ls *store.LogStore) {
+				if err := ls.DeleteRange(s.applied, s.last); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		{name: "below the state's index, of its term, with another term at the state's index in the log",
+			snapshot: func(s *startedState) (uint64, uint64) { return s.applied - 2, s.term },
+			edit: func(t *testing.T, s *startedState, ls *store.LogStore) {
+				if err := ls.DeleteRange(s.applied, s.last); err != nil {
+					t.Fatal(err)
+				}
+				if err := ls.StoreLog(&raft.Log{Index: s.applied, Term: s.term + 1, Type: raft.LogNoop}); err != nil {
+					t.Fatal(err)
+				}
+				if err := ls.SetUint64([]byte("CurrentTerm"), s.term+1); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		{name: "below the state's index, of its term, with the state's entry in the log", kept: true,
+			snapshot: func(s *startedState) (uint64, uint64) { return s.applied - 2, s.term }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startOtherHistory(t)
+			index, term := tc.snapshot(s)
+			if err := seedRaftSnapshotAt(s.c.dirs[0], s.otherDir, s.c.peers(), index, term); err != nil {
+				t.Fatal(err)
+			}
+			if tc.edit != nil {
+				s.editLog(t, func(ls *store.LogStore) { tc.edit(t, s, ls) })
+			}
+			// Raft's applies after the start wait, so that the state read
+			// is the one the start left.
+			gate := make(chan struct{})
+			defer close(gate)
+			s.c.tune = func(cfg *Config) {
+				cfg.ExpiryInterval, cfg.CheckInterval = time.Hour, time.Hour
+				cfg.applyGate = gate
+			}
+			s.c.start(0)
+			n := s.c.nodes[0]
+			i, it := n.fsm.Applied()
+			want, wantName := s.other, "the snapshot's"
+			if tc.kept {
+				want, wantName = s.own, "its own"
+			}
+			if got := n.fsm.Digest(); got != want {
+				t.Fatalf("state applied (%d, term %d) before the start, newest snapshot (%d, term %d): the start left the state at (%d, term %d) (own digest %v), want %s",
+					s.applied, s.term, index, term, i, it, got == s.own, wantName)
+			}
+			if _, err := os.Stat(s.marker); (err == nil) != tc.kept {
+				t.Fatalf("fsm/marker after the start: %v; want it kept %v", err, tc.kept)
+			}
+		})
+	}
+}
