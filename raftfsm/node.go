@@ -425,6 +425,9 @@ func (n *Node) startRaft() error {
 			return fmt.Errorf("bootstrap: %w", err)
 		}
 	}
+	if err := n.dropLogAfterAGap(); err != nil {
+		return err
+	}
 	var watched raft.Transport
 	watched, n.watch = watchCommits(n.trans, n.cfg.ID, n.logger)
 	// A directory started empty to join votes only once caught up
@@ -906,6 +909,59 @@ func (n *Node) checkSeedPeers(seeded []raft.Server, peers []Member) error {
 	if !same {
 		return refuseStart(nil, "%s was seeded for the peers %s, and --peers names others: start it with the seeded peers, or seed a new directory with these (kvctl snapshot restore --data-dir)",
 			n.cfg.DataDir, strings.Join(names, ","))
+	}
+	return nil
+}
+
+// dropLogAfterAGap deletes the Raft log when it begins above the entry
+// after the newest snapshot. Raft reads the log from that entry on at
+// start and panics at the first one missing ("log not found"), so such a
+// node panicked at every start.
+//
+// What leaves the gap: the log store is monotonic, so a snapshot that Raft
+// installs (a leader's, or a user restore) clears the whole log once the
+// FSM has it, and the entries appended after it start at its next index.
+// A crash after Raft saved a leader's snapshot at S but before the FSM's
+// swap and that clear leaves the newest snapshot at S beside the log of
+// the node's previous base: a deposed leader's entries after its own user
+// restore at R > S+1, say.
+//
+// Those entries are no commit's. A leader's log begins at most one past
+// its newest snapshot (Raft compacts no further), and it sends a snapshot
+// only to a follower that needs an entry before its log begins: one whose
+// entries above the snapshot did not match the leader's at any index the
+// leader probed. An entry matching the leader's would, by log matching
+// (an entry's index and term fix the log up to it), have matched every
+// entry below it too; so each of the follower's entries there is absent
+// from the leader's log, and every committed entry is in it (leader
+// completeness). Dropped, the node takes whatever the leader has after S
+// again, as after a whole install. A log that reaches S+1 or below is
+// left to Raft, which truncates what conflicts with the leader's entries.
+func (n *Node) dropLogAfterAGap() error {
+	list, err := n.snaps.List()
+	if err != nil || len(list) == 0 {
+		return err
+	}
+	newest := list[0]
+	first, err := n.logs.FirstIndex()
+	if err != nil {
+		return err
+	}
+	last, err := n.logs.LastIndex()
+	if err != nil {
+		return err
+	}
+	if last == 0 || first <= newest.Index+1 {
+		return nil
+	}
+	var firstLog, lastLog raft.Log
+	_ = n.logs.GetLog(first, &firstLog) // for the warning only
+	_ = n.logs.GetLog(last, &lastLog)
+	n.logger.Warn("the Raft log begins after a gap above the newest snapshot; deleting it (a crash during a snapshot's install leaves it; Raft cannot start on it)",
+		"first", first, "first_term", firstLog.Term, "last", last, "last_term", lastLog.Term,
+		"snapshot", newest.Index, "snapshot_term", newest.Term)
+	if err := n.logs.DeleteRange(first, last); err != nil {
+		return fmt.Errorf("delete the Raft log %d..%d after a gap above the snapshot at %d: %w", first, last, newest.Index, err)
 	}
 	return nil
 }

@@ -159,3 +159,50 @@ func TestStartRestoresTheNewestSnapshotOverAStateOfAnotherHistory(t *testing.T) 
 		})
 	}
 }
+
+// TestStartDropsTheLogAfterAGapAboveTheNewestSnapshot: Raft reads its log
+// from the newest snapshot's next index at start and panics at a missing
+// entry. A crash between Raft's save of an installed snapshot at S and
+// the FSM's swap can leave the log holding only a deposed leader's
+// entries far above S (its own snapshot had compacted those below): every
+// start panicked. The start now drops those entries, which no commit can
+// hold, and the node comes up on the snapshot.
+//
+// From a review: the log held entries 111..112 of term 2 and the newest
+// snapshot was at 13, term 3; NewRaft panicked ("log not found").
+func TestStartDropsTheLogAfterAGapAboveTheNewestSnapshot(t *testing.T) {
+	s := startOtherHistory(t)
+	const snapAt = 3
+	if s.last < snapAt+3 {
+		t.Fatalf("the log ends at %d: the test needs entries above %d", s.last, snapAt+2)
+	}
+	if err := seedRaftSnapshotAt(s.c.dirs[0], s.otherDir, s.c.peers(), snapAt, s.term+1); err != nil {
+		t.Fatal(err)
+	}
+	var first uint64
+	s.editLog(t, func(ls *store.LogStore) {
+		if err := ls.SetUint64([]byte("CurrentTerm"), s.term+1); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if first, err = ls.FirstIndex(); err != nil {
+			t.Fatal(err)
+		}
+		if err := ls.DeleteRange(first, snapAt+1); err != nil {
+			t.Fatal(err)
+		}
+	})
+	s.c.start(0)
+	n := s.c.nodes[0]
+	if err := n.WaitReady(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.fsm.Digest(); got != s.other {
+		t.Fatalf("after the start: own digest %v, want the snapshot's", got == s.own)
+	}
+	// What the node's own term wrote after the snapshot follows it.
+	var l raft.Log
+	if err := n.logs.GetLog(snapAt+2, &l); err == nil && l.Term <= s.term {
+		t.Fatalf("the log still holds entry %d of term %d, from before the gap", snapAt+2, l.Term)
+	}
+}
