@@ -251,6 +251,17 @@ func NewNode(cfg Config) (*Node, error) {
 	// A restore's spool (RestoreSnapshot) left by a crash: nothing reads
 	// it again, and it may be as large as the state.
 	n.removeRestoreSpools()
+	// A Raft snapshot a kill left part-written (snapshots/NAME.tmp/): Raft
+	// never removes it, and it may be as large as the state. Removed
+	// before the snapshot store opens, under the directory's lock.
+	// A failed removal only costs the disk space: Raft ignores them.
+	removed, err := removePartialSnapshots(cfg.DataDir)
+	for _, p := range removed {
+		n.logger.Info("removed a partial Raft snapshot a kill left", "path", p)
+	}
+	if err != nil {
+		n.logger.Warn("removing a partial Raft snapshot a kill left failed", "err", err)
+	}
 	ok := false
 	defer func() {
 		if !ok {

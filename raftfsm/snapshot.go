@@ -729,17 +729,13 @@ func SeedDataDir(ctx context.Context, snapshotPath, dataDir, nodeID string, peer
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	var partial []string
 	for _, e := range ents {
-		if !e.IsDir() || !strings.HasSuffix(e.Name(), ".tmp") {
+		if !isPartialSnapshot(e) {
 			return fmt.Errorf("%w: %s already holds Raft snapshots (%s); seed a directory that holds no node state", ErrInvalid, dataDir, snapDir)
 		}
-		partial = append(partial, filepath.Join(snapDir, e.Name()))
 	}
-	for _, p := range partial {
-		if err := os.RemoveAll(p); err != nil {
-			return fmt.Errorf("remove a partial Raft snapshot: %w", err)
-		}
+	if _, err := removePartialSnapshots(dataDir); err != nil {
+		return err
 	}
 	f, err := os.Open(snapshotPath)
 	if err != nil {
@@ -776,6 +772,39 @@ func SeedDataDir(ctx context.Context, snapshotPath, dataDir, nodeID string, peer
 	// The new fsm/ entry is durable too: without it a power loss could
 	// leave an empty directory, and the node would start with no state.
 	return syncDir(dataDir)
+}
+
+// isPartialSnapshot reports whether an entry of the snapshots directory
+// is a Raft snapshot still being written (NAME.tmp/, renamed to NAME once
+// whole), which Raft lists as no snapshot.
+func isPartialSnapshot(e fs.DirEntry) bool {
+	return e.IsDir() && strings.HasSuffix(e.Name(), ".tmp")
+}
+
+// removePartialSnapshots removes the Raft snapshots still being written
+// in dataDir's snapshots/ directory and returns their paths: what a
+// process killed while it wrote one leaves (a seed's, or Raft's own while
+// it persisted a snapshot or received a leader's), as large as the state.
+// Raft never removes them: its reaping lists whole snapshots only. The
+// caller holds the directory's lock, so no writer of one is running.
+func removePartialSnapshots(dataDir string) ([]string, error) {
+	snapDir := filepath.Join(dataDir, "snapshots")
+	ents, err := os.ReadDir(snapDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	var removed []string
+	for _, e := range ents {
+		if !isPartialSnapshot(e) {
+			continue
+		}
+		p := filepath.Join(snapDir, e.Name())
+		if err := os.RemoveAll(p); err != nil {
+			return removed, fmt.Errorf("remove a partial Raft snapshot: %w", err)
+		}
+		removed = append(removed, p)
+	}
+	return removed, nil
 }
 
 // ContextReader returns a reader of r whose reads fail with ctx's error

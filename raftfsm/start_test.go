@@ -206,3 +206,30 @@ func TestStartDropsTheLogAfterAGapAboveTheNewestSnapshot(t *testing.T) {
 		t.Fatalf("the log still holds entry %d of term %d, from before the gap", snapAt+2, l.Term)
 	}
 }
+
+// TestStartRemovesAKilledPersistsPartialSnapshot: a process killed while
+// Raft persists a snapshot leaves snapshots/NAME.tmp/, as large as the
+// state. Raft lists it as no snapshot and never removes it; the start
+// does (SeedDataDir removes them the same way).
+//
+// From a review: snapshots/3-17-1700000000000.tmp was still there after
+// the start.
+func TestStartRemovesAKilledPersistsPartialSnapshot(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	waitFor(t, 10*time.Second, "a leader", func() bool { return c.leader() != nil })
+	c.crash(0)
+	tmp := filepath.Join(c.dirs[0], "snapshots", "3-17-1700000000000.tmp")
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "state.bin"), make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.start(0)
+	if err := c.nodes[0].WaitReady(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(tmp); err == nil {
+		t.Fatalf("%s is still there after the start", tmp)
+	}
+}
