@@ -19,7 +19,6 @@ const (
 	maxIDLen    = limits.MaxIDLen   // request ids, member ids
 	maxNameLen  = limits.MaxNameLen // LoRA names, cache salts, models, endpoints
 	maxAddrLen  = 512               // host:port
-	maxDPRanks  = limits.MaxDPRanks // data-parallel ranks of one worker
 	maxBlockLen = 1 << 20
 )
 
@@ -138,15 +137,9 @@ func workerInfo(req *RegisterWorkerRequest) (raftfsm.WorkerInfo, error) {
 	if req.BlockSize <= 0 {
 		return w, invalidf("block_size = %d (want the tokens per KV block, > 0)", req.BlockSize)
 	}
-	if len(req.DPRanks) > maxDPRanks {
-		return w, invalidf("%d dp_ranks (at most %d)", len(req.DPRanks), maxDPRanks)
-	}
-	seen := make(map[uint32]struct{}, len(req.DPRanks))
-	for _, dp := range req.DPRanks {
-		if _, dup := seen[dp]; dup {
-			return w, invalidf("dp rank %d is listed twice", dp)
-		}
-		seen[dp] = struct{}{}
+	// The check Node.RegisterWorker makes too: refused here, it answers 400.
+	if msg := limits.DPRanks(req.DPRanks); msg != "" {
+		return w, invalidf("%s", msg)
 	}
 	for t, c := range req.Capacity.Array() {
 		if c < 0 || c > raftfsm.MaxCapacity {

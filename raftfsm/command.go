@@ -340,6 +340,7 @@ func decodeWorker(d *dec) WorkerInfo {
 		}
 		w.DPRanks = append(w.DPRanks, uint32(r))
 	}
+	w.DPRanks = uniqueRanks(w.DPRanks)
 	bs := d.uv("block size")
 	if bs > MaxBlockSize {
 		d.fail("block size")
@@ -364,6 +365,31 @@ func decodeWorker(d *dec) WorkerInfo {
 	w.LeaseMs = d.sv("lease")
 	w.Positional = d.u8("positional") == 1
 	return w
+}
+
+// uniqueRanks returns ranks as they are when no rank is listed twice, and
+// otherwise sorted with each rank once. RegisterWorker refuses a rank
+// listed twice, but a log or a state written without that check (an
+// embedding caller's, or an earlier build's) may hold one, and a committed
+// registration cannot be refused: it is applied with each rank once
+// rather than skipped, so that every replica, and every replay of the
+// log, registers the worker as the others do. (Listed twice, a rank was
+// two route candidates, and the second always looked idle.) Both decodes
+// of a worker, an entry's and the state's, go through here.
+func uniqueRanks(ranks []uint32) []uint32 {
+	if len(ranks) < 2 {
+		return ranks
+	}
+	seen := make(map[uint32]struct{}, len(ranks))
+	for _, dp := range ranks {
+		if _, dup := seen[dp]; dup {
+			s := slices.Clone(ranks)
+			slices.Sort(s)
+			return slices.Compact(s)
+		}
+		seen[dp] = struct{}{}
+	}
+	return ranks
 }
 
 func encodeRegister(now int64, w *WorkerInfo) []byte {

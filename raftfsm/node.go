@@ -23,6 +23,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/limits"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/store"
 	"github.com/prometheus/client_golang/prometheus"
@@ -1981,7 +1982,8 @@ func (n *Node) ReplaceRankFenced(ctx context.Context, r kvevent.Rank, cursor, in
 // does not leave the worker, and their index state is removed. For a /v1
 // worker that was registered (its lease live) that is logged at Warn: it
 // is what two agents given one worker id for different dp ranges do to
-// each other.
+// each other. It refuses (ErrInvalid) what the /v1 handler refuses of the
+// block size, capacity, lease and dp ranks (none listed twice).
 func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 	prev, known := n.fsm.Workers()[w.ID]
 	if w.BlockSize <= 0 || w.BlockSize > MaxBlockSize {
@@ -1994,6 +1996,11 @@ func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 	}
 	if w.LeaseMs < 0 || w.LeaseMs > MaxLeaseMs {
 		return fmt.Errorf("%w: lease %d ms (want 0, no lease, to %d, a year)", ErrInvalid, w.LeaseMs, int64(MaxLeaseMs))
+	}
+	// The /v1 handler's check (api's workerInfo), for every other caller:
+	// a rank listed twice would be two route candidates of one rank.
+	if msg := limits.DPRanks(w.DPRanks); msg != "" {
+		return fmt.Errorf("%w: %s", ErrInvalid, msg)
 	}
 	_, err := n.apply(ctx, encodeRegister(now(), &w))
 	if err == nil && known {

@@ -1,8 +1,10 @@
 package raftfsm
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"math"
@@ -15,7 +17,9 @@ import (
 	"github.com/hashicorp/raft"
 	"pgregory.net/rapid"
 
+	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/internal/testlog"
+	"github.com/kvrouter/kvrouter/kvevent"
 )
 
 // A registration replaces the worker's dp ranks, and the ranks it drops
@@ -179,4 +183,91 @@ func TestPublishedWorkersMatchARebuildForEdgeIDs(t *testing.T) {
 			rt.Fatalf("block size %d before the reopen, %d after", want, got)
 		}
 	})
+}
+
+// TestRegisteringADPRankTwiceIsRefused: RegisterWorker refuses a dp rank
+// listed twice with ErrInvalid, as the /v1 handler does (one check,
+// limits.DPRanks). From a review: only the handler refused it, and a
+// worker registered through the Node with dp ranks [0, 0] had rank 0 as
+// two route candidates.
+func TestRegisteringADPRankTwiceIsRefused(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4, DPRanks: []uint32{0, 0}})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "dp rank 0 is listed twice") {
+		t.Fatalf("RegisterWorker with dp ranks [0 0]: %v, want ErrInvalid saying dp rank 0 is listed twice", err)
+	}
+	if _, ok := c.leader().fsm.Workers()[1]; ok {
+		t.Fatal("the refused registration was applied")
+	}
+}
+
+// TestARegistrationEntryWithARepeatedDPRankRegistersEachRankOnce: an entry
+// already in a log (an embedding caller's, or one written before
+// RegisterWorker checked) that lists a dp rank twice is applied with its
+// ranks sorted and each once, rather than refused: the rank is one route
+// candidate, whose load the busy threshold sees. From a review: rank 0
+// registered twice was two candidates, and route.go's binary search gave
+// the rank's load to the first only: the second looked idle and took
+// every booked route (8 of 8, past busy_prefill_tokens 64).
+func TestARegistrationEntryWithARepeatedDPRankRegistersEachRankOnce(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	p := indexer.DefaultParams()
+	p.BusyPrefillTokens = 64
+	if err := l.SetSettings(ctx(t), Settings{Params: p, View: indexer.ViewDedup}); err != nil {
+		t.Fatal(err)
+	}
+	// Past RegisterWorker's check, as a log written without it holds it.
+	if _, err := l.apply(ctx(t), encodeRegister(now(), &WorkerInfo{ID: 1, BlockSize: 4, DPRanks: []uint32{3, 0, 3}})); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.fsm.Workers()[1].DPRanks; !slices.Equal(got, []uint32{0, 3}) {
+		t.Fatalf("dp ranks applied %v, want [0 3]", got)
+	}
+	var ranks []kvevent.Rank
+	for _, cand := range l.fsm.published().cands {
+		ranks = append(ranks, cand.Rank)
+	}
+	if want := []kvevent.Rank{{Worker: 1, DP: 0}, {Worker: 1, DP: 3}}; !slices.Equal(ranks, want) {
+		t.Fatalf("route candidates %v, want %v", ranks, want)
+	}
+	tokens := make([]uint32, 64)
+	for i := range tokens {
+		tokens[i] = uint32(i + 1)
+	}
+	booked := 0
+	for i := 0; i < 8; i++ {
+		res, err := l.Route(ctx(t), RouteQuery{Tokens: tokens, Book: true, RequestID: fmt.Sprintf("r%d", i)})
+		switch {
+		case errors.Is(err, indexer.ErrOverloaded):
+		case err != nil:
+			t.Fatal(err)
+		case res.Booked:
+			booked++
+		}
+	}
+	// Two ranks of 64-token prompts, busy over 64 prefill tokens: two each.
+	if booked != 4 {
+		t.Fatalf("booked %d routes, want 4 (2 per rank)", booked)
+	}
+}
+
+// TestASnapshotWorkerWithARepeatedDPRankLoadsEachRankOnce: a snapshot's
+// (or the state database's) worker record that lists a dp rank twice, as
+// a state built from such an entry by an earlier build holds, loads with
+// its ranks sorted and each once, as the entry now applies: one route
+// candidate per rank, and the state's other records still accepted.
+func TestASnapshotWorkerWithARepeatedDPRankLoadsEachRankOnce(t *testing.T) {
+	stream := streamOfRecs([]rec{workerRec(1, WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{1, 0, 1}})})
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	if err := f.Restore(nopCloser{bytes.NewReader(stream)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Workers()[1].DPRanks; !slices.Equal(got, []uint32{0, 1}) {
+		t.Fatalf("dp ranks loaded %v, want [0 1]", got)
+	}
+	if n := len(f.published().cands); n != 2 {
+		t.Fatalf("%d route candidates, want 2", n)
+	}
 }

@@ -45,3 +45,23 @@ func Name(s string) string {
 	}
 	return ""
 }
+
+// DPRanks says what is wrong with a worker's dp ranks, or "" when nothing
+// is: at most MaxDPRanks of them, none listed twice. A rank listed twice
+// would be two route candidates of one rank, of which only the first gets
+// the rank's load (raftfsm's route finds a rank's figures by binary
+// search): the other would always look idle. The answer is a whole
+// phrase: "dp rank 3 is listed twice".
+func DPRanks(ranks []uint32) string {
+	if len(ranks) > MaxDPRanks {
+		return fmt.Sprintf("%d dp ranks (at most %d)", len(ranks), MaxDPRanks)
+	}
+	seen := make(map[uint32]struct{}, len(ranks))
+	for _, dp := range ranks {
+		if _, dup := seen[dp]; dup {
+			return fmt.Sprintf("dp rank %d is listed twice", dp)
+		}
+		seen[dp] = struct{}{}
+	}
+	return ""
+}

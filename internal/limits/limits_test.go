@@ -33,3 +33,25 @@ func TestName(t *testing.T) {
 		t.Errorf("a name of %d bytes: %q", MaxNameLen+1, got)
 	}
 }
+
+func TestDPRanks(t *testing.T) {
+	many := make([]uint32, MaxDPRanks+1)
+	for i := range many {
+		many[i] = uint32(i)
+	}
+	for _, c := range []struct {
+		ranks []uint32
+		want  string
+	}{
+		{nil, ""},
+		{[]uint32{3, 0, 1}, ""},
+		{many[:MaxDPRanks], ""},
+		{many, "4097 dp ranks (at most 4096)"},
+		{[]uint32{0, 0}, "dp rank 0 is listed twice"},
+		{[]uint32{5, 1, 7, 1, 5}, "dp rank 1 is listed twice"},
+	} {
+		if got := DPRanks(c.ranks); got != c.want {
+			t.Errorf("DPRanks(%v) = %q, want %q", c.ranks, got, c.want)
+		}
+	}
+}
