@@ -101,6 +101,38 @@ func TestRoutes(t *testing.T) {
 			code: 400, reason: api.ReasonBadJSON, msg: []string{"empty"}},
 		{name: "route array body", method: "POST", path: "/v1/route",
 			body: `[1,2]`, code: 400, reason: api.ReasonBadJSON},
+		// From a review: the edges of a route's numbers and inputs. A number
+		// JSON cannot hold, a string or a JavaScript literal where a number
+		// goes, and a fraction for an integer are bad JSON; an override out of
+		// range, an empty input, an isl past 2^32 and an empty request id to
+		// book under are invalid. A null overrides object, a weight of -0 and
+		// the smallest positive temperature (a sampled decision) route.
+		{name: "route temperature past float64", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"overrides":{"temperature":1e400}}`, code: 400, reason: api.ReasonBadJSON, msg: []string{"temperature"}},
+		{name: "route temperature too large", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"overrides":{"temperature":1e13}}`, code: 400, reason: api.ReasonInvalid, msg: []string{"temperature"}},
+		{name: "route temperature a string", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"overrides":{"temperature":"NaN"}}`, code: 400, reason: api.ReasonBadJSON},
+		{name: "route temperature NaN", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"overrides":{"temperature":NaN}}`, code: 400, reason: api.ReasonBadJSON},
+		{name: "route temperature Infinity", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"overrides":{"temperature":Infinity}}`, code: 400, reason: api.ReasonBadJSON},
+		{name: "route fractional isl", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"isl":1.5}`, code: 400, reason: api.ReasonBadJSON, msg: []string{"isl"}},
+		{name: "route empty tokens", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[],"isl":0}`, code: 400, reason: api.ReasonInvalid, msg: []string{"token_ids"}},
+		{name: "route empty hashes", method: "POST", path: "/v1/route",
+			body: `{"block_hashes":[],"isl":0}`, code: 400, reason: api.ReasonInvalid, msg: []string{"block_hashes"}},
+		{name: "route isl past 2^32", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"isl":4294967297}`, code: 400, reason: api.ReasonInvalid, msg: []string{"isl"}},
+		{name: "route book with an empty id", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"book":true,"request_id":""}`, code: 400, reason: api.ReasonInvalid, msg: []string{"request_id"}},
+		{name: "route null overrides", setup: withWorkers, method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"overrides":null}`, code: 200, check: checkRouteShape},
+		{name: "route weight -0", setup: withWorkers, method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"overrides":{"host_cache_hit_weight":-0.0}}`, code: 200, check: checkRouteShape},
+		{name: "route smallest temperature", setup: withWorkers, method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"overrides":{"temperature":5e-324}}`, code: 200, check: checkRouteShape},
 
 		// bookings
 		{name: "prefill done", method: "POST", path: "/v1/requests/r-1/prefill_done", code: 204},

@@ -1,0 +1,143 @@
+package raftfsm
+
+import (
+	"testing"
+
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// deviceThenHost registers worker 1 (block size 4, dp ranks dps) under the
+// tiered view and has rank 0 hold the two full blocks of a 10-token prompt,
+// the first on device and the second in host memory; it returns the
+// leader, the prompt and the prompt's sequence hashes.
+func deviceThenHost(t *testing.T, dps []uint32) (*Node, []uint32, []uint64) {
+	t.Helper()
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	if err := l.SetSettings(ctx(t), Settings{Params: indexer.DefaultParams(), View: indexer.ViewTiered}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4, DPRanks: dps}); err != nil {
+		t.Fatal(err)
+	}
+	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	local := kvevent.LocalHashes(nil, tokens, 4, kvevent.SeedFor("", ""))
+	if len(local) != 2 {
+		t.Fatalf("local hashes %d, want 2 full blocks", len(local))
+	}
+	evs := []kvevent.Event{
+		{EventID: 1, Kind: kvevent.KindStored, Tier: kvevent.TierDevice, Blocks: []kvevent.Block{{EngineHash: 100, LocalHash: local[0]}}},
+		{EventID: 2, Kind: kvevent.KindStored, Tier: kvevent.TierHostPinned, HasParent: true, Parent: 100,
+			Blocks: []kvevent.Block{{EngineHash: 101, LocalHash: local[1]}}},
+	}
+	if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: kvevent.Rank{Worker: 1, DP: 0}, Events: evs}}); err != nil {
+		t.Fatal(err)
+	}
+	return l, tokens, kvevent.SequenceHashes(nil, local)
+}
+
+// TestRouteCostsMatchTheFormulaWorkedByHand: the §5 costs of a whole route,
+// worked by hand. Under the tiered view rank 0 holds the prompt's first
+// block on device and its second in host memory and carries a reservation;
+// rank 1 is idle, and its potential decode blocks are the request's own.
+// An override of the host weight then ties the two on cost, and the tie
+// goes to the longer overlap. From a review: no test pinned an idle rank's
+// potential decode blocks (route.go gives every candidate the idle
+// figure before the loaded ranks' own): setting it to 0 passed them all.
+func TestRouteCostsMatchTheFormulaWorkedByHand(t *testing.T) {
+	l, tokens, seq := deviceThenHost(t, []uint32{0, 1})
+	r0 := kvevent.Rank{Worker: 1, DP: 0}
+	// Rank 0: a reservation of 20 tokens, 4 cached (16 prefill tokens),
+	// holding seq[0] and one other block.
+	if err := l.Reserve(ctx(t), Booking{ID: "x", Rank: r0, SeqHashes: []uint64{seq[0], 999}, ISL: 20, CachedTokens: 4}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := l.Route(ctx(t), RouteQuery{Tokens: tokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := res.Decision
+	if d.RequestBlocks != 3 {
+		t.Errorf("request blocks %d, want ceil(10/4) = 3", d.RequestBlocks)
+	}
+	// Rank 0: credit 1×1 (device) + 0.75×1 (host) = 1.75; raw prefill
+	// (16 reserved + 10 asked) / 4 = 6.5; prefill 6.5 - 1.75 = 4.75;
+	// potential decode blocks 2 active + 1 (seq[1], not held) = 3;
+	// cost 7.75. Rank 1: no credit; raw 10/4 = 2.5; potential 2, the
+	// request's full blocks; cost 4.5.
+	want := map[uint32]float64{0: 7.75, 1: 4.5}
+	for _, cs := range d.Candidates {
+		if cs.Cost != want[cs.Rank.DP] {
+			t.Errorf("rank %v cost %v (credit %v, raw %v, potential %d), want %v",
+				cs.Rank, cs.Cost, cs.Credit, cs.RawPrefillBlocks, cs.PotentialDecodeBlocks, want[cs.Rank.DP])
+		}
+	}
+	if d.Rank.DP != 1 {
+		t.Errorf("chose %v, want dp 1", d.Rank)
+	}
+	// Host weight 4: rank 0's credit is 1 + 4 = 5, its prefill 1.5, its
+	// cost 4.5, rank 1's: a tie, which the longer total overlap takes.
+	hw := 4.0
+	res, err = l.Route(ctx(t), RouteQuery{Tokens: tokens, Overrides: &indexer.Overrides{HostCacheHitWeight: &hw}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Decision.Rank.DP != 0 || res.Decision.DecidedBy != indexer.DecidedByOverlap {
+		t.Errorf("tie: chose %v by %v, want dp 0 by overlap; candidates %+v", res.Decision.Rank, res.Decision.DecidedBy, res.Decision.Candidates)
+	}
+}
+
+// TestABookedRouteCountsHostBlocksAsCachedTokens: a booked route books the
+// request's cached tokens as min(total overlap × block size, isl), and
+// under the tiered view a block in host memory is cached too: it spares
+// its prefill compute. From a review: booking the device tier's blocks
+// only (Overlap[0] × block size) passed every test.
+func TestABookedRouteCountsHostBlocksAsCachedTokens(t *testing.T) {
+	l, tokens, _ := deviceThenHost(t, []uint32{0})
+	res, err := l.Route(ctx(t), RouteQuery{Tokens: tokens, Book: true, RequestID: "b1"})
+	if err != nil || !res.Booked {
+		t.Fatalf("booked %v, %v", res.Booked, err)
+	}
+	b, ok := l.Booking("b1")
+	if !ok || b.CachedTokens != 8 || b.ISL != 10 {
+		t.Fatalf("booking %+v (live %v), want isl 10 and 8 cached tokens (2 blocks, one on device, one in host memory)", b, ok)
+	}
+	if got := l.fsm.Sequences().Load(kvevent.Rank{Worker: 1, DP: 0}).ActivePrefillTokens; got != 2 {
+		t.Fatalf("active prefill tokens %d, want 10 - 8 = 2", got)
+	}
+}
+
+// TestRouteTiesSpreadPrefixesOverRanks: idle ranks tie on cost, and the tie
+// goes to the highest rendezvous hash of (first block hash, rank), so that
+// one prefix always lands on one rank and different prefixes spread over
+// them. From a review: a constant first block hash passed every test,
+// sending every tie to one rank.
+func TestRouteTiesSpreadPrefixesOverRanks(t *testing.T) {
+	l, _ := twoIdleRanks(t, nil)
+	seen := map[uint32]int{}
+	for p := 0; p < 16; p++ {
+		tokens := make([]uint32, 8)
+		for i := range tokens {
+			tokens[i] = uint32(1000*p + i + 1)
+		}
+		res, err := l.Route(ctx(t), RouteQuery{Tokens: tokens})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Decision.DecidedBy != indexer.DecidedByRendezvous {
+			t.Fatalf("prefix %d decided by %v, want rendezvous", p, res.Decision.DecidedBy)
+		}
+		again, err := l.Route(ctx(t), RouteQuery{Tokens: tokens})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again.Decision.Rank != res.Decision.Rank {
+			t.Fatalf("prefix %d went to %v, then to %v", p, res.Decision.Rank, again.Decision.Rank)
+		}
+		seen[res.Decision.Rank.DP]++
+	}
+	if len(seen) != 2 {
+		t.Fatalf("16 prefixes tied on cost all went to one rank: %v", seen)
+	}
+}
