@@ -508,6 +508,71 @@ func TestAnEntryClosesAtEitherBound(t *testing.T) {
 	}
 }
 
+// lostTarget fails every entry as a leader that lost its leadership with
+// the entry in its log does, and records the entries.
+type lostTarget struct {
+	*fakeTarget
+	mu      sync.Mutex
+	entries [][]raftfsm.RankBatch
+}
+
+func (l *lostTarget) IngestEvents(_ context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	l.mu.Lock()
+	l.entries = append(l.entries, bs)
+	l.mu.Unlock()
+	return nil, &raftfsm.NotLeaderError{MaybeApplied: true}
+}
+
+// TestAFailedEntryFailsEveryRequestInIt: the requests of several
+// publishers packed into one entry that fails (its leader lost its
+// leadership) are each answered not_leader (resend), none acknowledged and
+// none left unanswered (its publisher would wait out its request timeout
+// and resend only then). From a review: commit answering only the group's
+// first request left every test green.
+func TestAFailedEntryFailsEveryRequestInIt(t *testing.T) {
+	const n = 3 // requests of 2 events, one per worker
+	tg := &lostTarget{fakeTarget: newFakeTarget()}
+	// The entry closes when it holds all n requests (its event bound), not
+	// when a linger ends: which requests share it is then certain.
+	in, _ := startPlaneWith(t, tg, IngesterConfig{Linger: time.Hour, MaxEntryEvents: 2 * n}, PublisherConfig{})
+	nc := connect(t, in.cfg.Conn.ConnectedUrl())
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := clearedEvents(kvevent.Rank{Worker: uint64(i + 1)}, 1, 2)
+			reply, err := nc.Request(in.cfg.Subject, m.Data, 5*time.Second)
+			if err != nil {
+				errs[i] = err // unanswered
+				return
+			}
+			if _, _, err := decodeReply(reply.Data); err != nil {
+				errs[i] = err
+				return
+			}
+			errs[i] = errors.New("acknowledged")
+		}()
+	}
+	wg.Wait()
+	tg.mu.Lock()
+	entries := len(tg.entries)
+	tg.mu.Unlock()
+	if entries != 1 {
+		t.Fatalf("the %d requests went in %d entries, want one", n, entries)
+	}
+	for i, err := range errs {
+		var re *ReplyError
+		if !errors.As(err, &re) || re.Code != codeNotLeader {
+			t.Errorf("request %d of an entry whose leader lost its leadership: %v; want a not_leader reply", i, err)
+		}
+	}
+	if got, acked := val(in.m.requests.WithLabelValues("not_leader")), val(in.m.requests.WithLabelValues("acked")); got != n || acked != 0 {
+		t.Errorf("requests counted not_leader %v and acked %v, want %d and 0", got, acked, n)
+	}
+}
+
 // follower is a fakeTarget that does not lead.
 type follower struct{ *fakeTarget }
 

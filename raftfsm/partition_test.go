@@ -180,3 +180,32 @@ func TestIsolatedLeaderLosesNothingAcknowledged(t *testing.T) {
 		t.Fatalf("write on the healed old leader: %v, want NotLeaderError", err)
 	}
 }
+
+// TestALeaderCutOffWithAWriteInItsLogSaysItMayApply: a leader cut off from
+// both followers while a write is in its log (a deregistration, not safe
+// twice) answers a *NotLeaderError with MaybeApplied: the next leader may
+// commit the entry, so the API answers 503 with X-Kvrouter-Maybe-Applied
+// instead of forwarding it to be applied again. From a review: raftError
+// turns raft.ErrLeadershipLost so, and no test of a real node covered it;
+// with MaybeApplied left false every test stayed green.
+func TestALeaderCutOffWithAWriteInItsLogSaysItMayApply(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	t.Cleanup(c.heal) // before the nodes close (cleanups run last first)
+	li, l := c.leaderExcept(-1)
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	// Cut at once (no node closes): the leader's lease, 200ms, has not run
+	// out when the write reaches its log, so it steps down with the entry
+	// in it and the write fails with ErrLeadershipLost.
+	before := l.raft.LastIndex()
+	c.isolate(li)
+	err := l.DeregisterWorker(ctx(t), 1)
+	if l.raft.LastIndex() == before {
+		t.Fatalf("the deregistration never reached the log (%v): the leader stepped down first", err)
+	}
+	var nle *NotLeaderError
+	if !errors.As(err, &nle) || !nle.MaybeApplied || nle.Closed {
+		t.Fatalf("a deregistration in the log of a leader cut off: %v; want a *NotLeaderError with MaybeApplied", err)
+	}
+}
