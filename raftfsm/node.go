@@ -1715,8 +1715,9 @@ func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 			return nil, fmt.Errorf("raft apply: %w", n.shutdownMaybeApplied())
 		}
 		// A lost leadership: the entry may still commit under the next
-		// leader, and every command is safe to retry. An enqueue timeout:
-		// nothing was written.
+		// leader (*NotLeaderError with MaybeApplied: the API does not send
+		// a write not safe twice on; DESIGN.md's retry safety). An enqueue
+		// timeout: nothing was written.
 		if errors.Is(err, raft.ErrEnqueueTimeout) {
 			return nil, fmt.Errorf("raft apply: %w: %w", ErrNotProposed, n.raftError(err))
 		}
