@@ -1700,6 +1700,110 @@ func TestAWipedVoterBackWithJoinCannotElectALeaderThatLacksWhatItAcknowledged(t 
 	}
 }
 
+// TestAJoinerPromotedBeforeItIsReadyLetsTheOthersElectALeaderOnceTheLeaderDies:
+// a 3->4 join whose joiner is promoted to voter while its state has not
+// caught up (its FSM is slow), then a few entries it has not taken yet,
+// and the leader dies for good. Promotion needs only the joiner's log to
+// match the leader's, and its log holds what the leader had committed
+// when it first heard from it: its vote is a voter's, and the 3 live of
+// 4 voters elect a leader. From a review: the joiner refused votes until
+// ready, which needs a leader, and the others refused it (its log was
+// behind theirs): "no leader among 3 of 4 live voters for 15s (n4
+// ready=false votesHeld=true refused=101)", for ever.
+func TestAJoinerPromotedBeforeItIsReadyLetsTheOthersElectALeaderOnceTheLeaderDies(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	li, l := c.leaderExcept(-1)
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	g := newFSMGate()
+	t.Cleanup(g.open)
+	g.pause() // n4's FSM is slow: it takes no batch for now
+	_, inner := raft.NewInmemTransport(raft.ServerAddress("inmem-n4"))
+	c.trans = append(c.trans, inner)
+	c.heal()
+	tr := holdEntries(t, inner, 0)
+	cfg := Config{ID: "n4", RaftAddr: string(inner.LocalAddr()), HTTPAddr: "http-n4",
+		DataDir: filepath.Join(t.TempDir(), "n4"), Transport: tr, Logger: quiet, applyGate: g.gate}
+	n4, err := NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes = append(c.nodes, n4)
+	actx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	err = l.AddMember(actx, "n4", cfg.RaftAddr, cfg.HTTPAddr)
+	cancel()
+	if err != nil {
+		t.Fatalf("add n4: %v", err)
+	}
+	t.Logf("n4 promoted: ready=%v votesHeld=%v", n4.ready.Load(), n4.watch.votesHeld.Load())
+	// n4 lags a little: the entries from now on are held from it.
+	tr.hold(l.raft.LastIndex() + 1)
+	for i := uint64(1); i <= 3; i++ {
+		if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, i, 1, 1000+i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The leader dies for good; n4 takes entries again, and once it has
+	// noticed, its FSM catches up with its log.
+	l.Close()
+	c.isolate(li)
+	tr.hold(0)
+	waitFor(t, 10*time.Second, "n4 to notice the leader is gone", func() bool {
+		a, _ := n4.raft.LeaderWithID()
+		return a == ""
+	})
+	g.open()
+	start := time.Now()
+	for deadline := start.Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		for i, n := range c.nodes {
+			if i != li && n.IsLeader() {
+				t.Logf("leader %s after %v; n4 ready=%v votesHeld=%v refused=%d",
+					n.cfg.ID, time.Since(start), n4.ready.Load(), n4.watch.votesHeld.Load(), n4.watch.refusedVotes.Load())
+				return
+			}
+		}
+	}
+	t.Fatalf("no leader among 3 of 4 live voters for 15s (n4 ready=%v votesHeld=%v refused=%d)",
+		n4.ready.Load(), n4.watch.votesHeld.Load(), n4.watch.refusedVotes.Load())
+}
+
+// TestHeldVotesEndOnlyOnceTheLogReachesTheLeaderCommitFirstHeard: a
+// joining node's votes stay held while the log it took from a leader
+// ends below the leader commit index it first heard (a wiped voter's
+// acknowledged entries may lie above), or while it has heard none, and
+// end once the log reaches it; a heartbeat's request proves no log.
+func TestHeldVotesEndOnlyOnceTheLogReachesTheLeaderCommitFirstHeard(t *testing.T) {
+	w := &commitWatch{logger: quiet}
+	w.votesHeld.Store(true)
+	w.holdsThrough(50)
+	if !w.votesHeld.Load() {
+		t.Fatal("votes released before any leader commit was heard")
+	}
+	w.first.Store(20)
+	w.holdsThrough(19)
+	if !w.votesHeld.Load() {
+		t.Fatal("votes released with the log through 19, below the leader commit 20")
+	}
+	w.holdsThrough(20)
+	if w.votesHeld.Load() {
+		t.Fatal("votes still held with the log through the leader commit 20")
+	}
+
+	for _, tc := range []struct {
+		args *raft.AppendEntriesRequest
+		want uint64
+	}{
+		{&raft.AppendEntriesRequest{}, 0}, // a heartbeat
+		{&raft.AppendEntriesRequest{PrevLogEntry: 7}, 7},
+		{&raft.AppendEntriesRequest{PrevLogEntry: 7, Entries: []*raft.Log{{Index: 8}, {Index: 9}}}, 9},
+	} {
+		if got := lastEntry(tc.args); got != tc.want {
+			t.Errorf("lastEntry(prev %d, %d entries) = %d, want %d", tc.args.PrevLogEntry, len(tc.args.Entries), got, tc.want)
+		}
+	}
+}
+
 // TestAMemberChangeQueuedAcrossALeaderChangeAnswersNotLeader: an add or a
 // remove that waits for another membership change (memberOps) while the
 // leadership moves to another node answers *NotLeaderError, which the

@@ -87,16 +87,24 @@ func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger
 // least as long as its own, so to every one. With the leader down, its
 // vote and a lagging voter's elected the lagging one, and the entries
 // the wiped voter had acknowledged (committed by the leader on its
-// answer) were lost. Refused until the node is ready (it has applied
-// what the leader had committed when it first heard from it, which
-// includes every entry it had acknowledged before the wipe), its vote
-// cannot elect a leader that lacks them. The price is availability, not
-// state: should the leader die while the node is behind, and the other
-// voters need its vote for a quorum, there is no leader until the old
-// leader (or another voter that holds the entries) returns; with a live
-// leader the node catches up and votes again, so a refusal cannot hold
-// a healthy cluster for ever. A joiner added as a non-voter is asked for
-// no vote; it is promoted once caught up, and by then usually ready.
+// answer) were lost. Refused until the node's log holds what the leader
+// had committed when it first heard from it (holdsThrough: an
+// AppendEntries or InstallSnapshot it took reaches that index; or the
+// node is ready, Node.checkReady), which includes every entry it had
+// acknowledged before the wipe, its vote cannot elect a leader that
+// lacks them. Its log, not its state: a joiner is promoted to voter once
+// its log matches the leader's, whether or not its state has applied it,
+// and one that refused until ready, its leader dead for good, could
+// never be ready (that needs a leader) and held a 4-voter cluster
+// without one for ever. The price is availability, not state, and only
+// while the node's log lacks what the leader had committed: should the
+// leader die then, and the other voters need its vote for a quorum,
+// there is no leader until the old leader (or another voter that holds
+// the entries) returns. That is a wiped voter whose acknowledged entries
+// no live voter but the dead leader holds, or a node that has heard no
+// leader since its start; a joiner promoted once its log matched the
+// leader's holds no vote. A joiner added as a non-voter is asked for no
+// vote at all.
 type commitWatch struct {
 	raft.Transport
 	out    chan raft.RPC
@@ -129,8 +137,10 @@ type commitWatch struct {
 	// in its last snapshot) and its current term; nil until setAlone.
 	held func() (index, term uint64)
 	// votesHeld is set while this node, started on an empty directory to
-	// join (Node.joinAddr), has not yet caught up (Node.checkReady): it
-	// refuses votes meanwhile (refuseVote). refusedVotes counts those.
+	// join (Node.joinAddr), has not yet taken the leader's log through
+	// the leader commit index first heard (holdsThrough; or is ready,
+	// Node.checkReady): it refuses votes meanwhile (refuseVote).
+	// refusedVotes counts those.
 	votesHeld    atomic.Bool
 	refusedVotes atomic.Uint64
 }
@@ -184,18 +194,33 @@ func (w *commitWatch) run(in <-chan raft.RPC) {
 				if w.refuseFromStart(rpc, c) {
 					continue
 				}
-				if c.PrevLogEntry > 0 && w.behind.Load() {
-					// A leader whose log matches this node's at an
-					// entry it holds leads to this node's state: the
-					// refusal that set behind was of a resent first
-					// batch (a joiner slower than the transport's
-					// timeout), and a leader elected since will never
-					// send the snapshot that would clear it. A node
-					// that holds a restore no other node took matches
-					// no such entry (the restore replaced its log).
+				// A leader whose log matches this node's at an entry it
+				// holds leads to this node's state: the refusal that set
+				// behind was of a resent first batch (a joiner slower
+				// than the transport's timeout), and a leader elected
+				// since will never send the snapshot that would clear
+				// it. A node that holds a restore no other node took
+				// matches no such entry (the restore replaced its log).
+				behind := c.PrevLogEntry > 0 && w.behind.Load()
+				// An answer that succeeded says this node's log is the
+				// leader's through the request's last entry: votes held
+				// end once that holds the leader's commit (holdsThrough).
+				// Heartbeats (no previous entry, no entries) prove
+				// nothing; the leader sends one that does at least every
+				// CommitTimeout.
+				last := lastEntry(c)
+				held := last > 0 && w.votesHeld.Load()
+				if behind || held {
 					rpc = w.watchAnswer(rpc, func(resp any) {
-						if ae, ok := resp.(*raft.AppendEntriesResponse); ok && ae.Success {
+						ae, ok := resp.(*raft.AppendEntriesResponse)
+						if !ok || !ae.Success {
+							return
+						}
+						if behind {
 							w.setBehind(false, string(c.ID))
+						}
+						if held {
+							w.holdsThrough(last)
 						}
 					})
 				}
@@ -208,12 +233,13 @@ func (w *commitWatch) run(in <-chan raft.RPC) {
 					continue
 				}
 			case *raft.InstallSnapshotRequest:
-				if !w.behind.Load() {
+				if !w.behind.Load() && !w.votesHeld.Load() {
 					break
 				}
 				rpc = w.watchAnswer(rpc, func(resp any) {
 					if is, ok := resp.(*raft.InstallSnapshotResponse); ok && is.Success {
 						w.setBehind(false, string(c.ID))
+						w.holdsThrough(c.LastLogIndex) // the snapshot stands for the log through its index
 					}
 				})
 			}
@@ -283,7 +309,7 @@ func (w *commitWatch) refuseVote(rpc raft.RPC, candidate []byte) bool {
 	}
 	if w.refusedVotes.Add(1) == 1 {
 		w.logger.Warn("refusing votes until caught up after joining: this node started on an empty data directory "+
-			"and may lack entries a voter under its id acknowledged before (a wiped voter); it votes again once ready",
+			"and may lack entries a voter under its id acknowledged before (a wiped voter); it votes again once its log holds what the leader had committed",
 			"candidate", string(candidate))
 	}
 	_, term := w.held()
@@ -298,11 +324,38 @@ func (w *commitWatch) refuseVote(rpc raft.RPC, candidate []byte) bool {
 	return true
 }
 
-// releaseVotes ends the refusal of votes (votesHeld): the node caught up.
+// releaseVotes ends the refusal of votes (votesHeld): the node's log
+// holds what the leader had committed when it first heard from it
+// (holdsThrough), or its state does (Node.checkReady).
 func (w *commitWatch) releaseVotes() {
 	if w.votesHeld.Swap(false) && w.refusedVotes.Load() > 0 {
 		w.logger.Info("caught up after joining: voting again", "refused_votes", w.refusedVotes.Load())
 	}
+}
+
+// holdsThrough notes that this node's log is a leader's through index
+// (an AppendEntries it took, or the snapshot it installed), and ends the
+// refusal of votes once that covers the leader commit index first heard:
+// every entry a voter under this node's id acknowledged before a wipe
+// was committed counting its answer, so it is at or below that index.
+// Readiness (its state applied it too) is more than a vote needs, and
+// needs a leader: a joiner promoted before it was ready, whose leader
+// then died for good, refused every candidate for ever.
+func (w *commitWatch) holdsThrough(index uint64) {
+	if first := w.first.Load(); first > 0 && index >= first {
+		w.releaseVotes()
+	}
+}
+
+// lastEntry returns the index of args' last entry, or of its previous
+// entry when it carries none: the index through which a follower that
+// takes it holds the leader's log. 0 for a heartbeat, which proves
+// nothing.
+func lastEntry(args *raft.AppendEntriesRequest) uint64 {
+	if n := len(args.Entries); n > 0 {
+		return args.Entries[n-1].Index
+	}
+	return args.PrevLogEntry
 }
 
 // watchAnswer returns rpc with its answer passed to seen (its Response;
