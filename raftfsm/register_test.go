@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"maps"
 	"math"
@@ -235,19 +234,8 @@ func TestARegistrationEntryWithARepeatedDPRankRegistersEachRankOnce(t *testing.T
 	for i := range tokens {
 		tokens[i] = uint32(i + 1)
 	}
-	booked := 0
-	for i := 0; i < 8; i++ {
-		res, err := l.Route(ctx(t), RouteQuery{Tokens: tokens, Book: true, RequestID: fmt.Sprintf("r%d", i)})
-		switch {
-		case errors.Is(err, indexer.ErrOverloaded):
-		case err != nil:
-			t.Fatal(err)
-		case res.Booked:
-			booked++
-		}
-	}
 	// Two ranks of 64-token prompts, busy over 64 prefill tokens: two each.
-	if booked != 4 {
+	if booked := bookOneAfterAnother(t, l, tokens, 8); booked != 4 {
 		t.Fatalf("booked %d routes, want 4 (2 per rank)", booked)
 	}
 }

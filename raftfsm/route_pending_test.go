@@ -115,8 +115,18 @@ func TestSequentialBookedRoutesRespectBusyThreshold(t *testing.T) {
 	p := indexer.DefaultParams()
 	p.BusyPrefillTokens = 64
 	l, tokens := twoIdleRanks(t, &p)
+	if booked := bookOneAfterAnother(t, l, tokens, 32); booked != 4 {
+		t.Fatalf("booked %d one after another, want 4 (2 per rank)", booked)
+	}
+}
+
+// bookOneAfterAnother sends n booked routes of tokens to l one after
+// another (request ids r0, r1, ...) and returns how many were booked;
+// those refused as overloaded are not, any other error fails the test.
+func bookOneAfterAnother(t *testing.T, l *Node, tokens []uint32, n int) int {
+	t.Helper()
 	booked := 0
-	for i := 0; i < 32; i++ {
+	for i := range n {
 		res, err := l.Route(ctx(t), RouteQuery{Tokens: tokens, Book: true, RequestID: fmt.Sprintf("r%d", i)})
 		switch {
 		case errors.Is(err, indexer.ErrOverloaded):
@@ -126,9 +136,7 @@ func TestSequentialBookedRoutesRespectBusyThreshold(t *testing.T) {
 			booked++
 		}
 	}
-	if booked != 4 {
-		t.Fatalf("booked %d one after another, want 4 (2 per rank)", booked)
-	}
+	return booked
 }
 
 // TestConcurrentBookedRoutesRespectBusyThreshold: a busy rank is never
