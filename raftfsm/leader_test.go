@@ -245,6 +245,94 @@ func TestRetriedBookingWhenItsBookingMadeTheRankBusy(t *testing.T) {
 	}
 }
 
+// TestARetriedBookingOnANewLeaderBeforeItsBarrierAnswersTheFirstTrysRank:
+// a booked route retried on a new leader whose FSM still lacks the first
+// try's booking, and an earlier one's (its post-election Barrier has not
+// passed), decides on that stale load and proposes a booking on its own
+// choice; the FSM's apply finds the request booked and the answer is the
+// rank the first try booked, with the load counted once. From a review:
+// TestRetriedBookingAnswersTheBookedRank retries on the node that booked,
+// whose FSM holds the booking; nothing pinned the retry a leader change
+// makes the API forward to a node that has not applied it yet. The retry's
+// booking is in n3's log before its FSM is let go, so the decision is the
+// stale one.
+func TestARetriedBookingOnANewLeaderBeforeItsBarrierAnswersTheFirstTrysRank(t *testing.T) {
+	g := newFSMGate()
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		if cfg.ID == "n3" {
+			cfg.applyGate = g.gate
+		}
+	})
+	t.Cleanup(g.open)
+	l, n3 := c.leader(), c.nodes[2]
+	if l == n3 {
+		if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
+			t.Fatal(err)
+		}
+		l = c.leader()
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	c.converged()
+	g.pause()
+	// req-0 loads one rank, so req-1 goes to the other; n3, which has
+	// applied neither, sees both idle and would choose req-0's again.
+	q0 := RouteQuery{LocalHashes: []uint64{1, 2, 3, 4}, ISL: 64, Book: true, RequestID: "req-0"}
+	zero, err := l.Route(ctx(t), q0)
+	if err != nil || !zero.Booked {
+		t.Fatalf("req-0: booked %v, err %v", zero.Booked, err)
+	}
+	q := q0
+	q.RequestID = "req-1"
+	first, err := l.Route(ctx(t), q)
+	if err != nil || !first.Booked {
+		t.Fatalf("req-1's first try: booked %v, err %v", first.Booked, err)
+	}
+	if first.Decision.Rank == zero.Decision.Rank {
+		t.Fatalf("req-1 went to req-0's rank %v: the test needs them apart", first.Decision.Rank)
+	}
+	waitFor(t, 10*time.Second, "n3 to hold the bookings in its log", func() bool { return n3.raft.LastIndex() >= l.raft.LastIndex() })
+	if err := l.TransferLeadership(ctx(t), "n3"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n3 to lead", n3.IsLeader)
+	waitFor(t, 10*time.Second, "n3's Barrier in its log", func() bool { return lastIsBarrier(n3) })
+	if n3.CheckLeader() == nil {
+		t.Fatal("n3 passed its Barrier with its FSM gated")
+	}
+	if _, ok := n3.fsm.Sequences().RankOf("req-1"); ok {
+		t.Fatal("n3's FSM holds req-1's booking before its gate opens")
+	}
+	barrier := n3.raft.LastIndex()
+	type out struct {
+		res RouteResult
+		err error
+	}
+	done := make(chan out, 1)
+	go func() {
+		r, err := n3.Route(ctx(t), q)
+		done <- out{r, err}
+	}()
+	waitFor(t, 10*time.Second, "the retry's booking in n3's log", func() bool { return n3.raft.LastIndex() > barrier })
+	g.open()
+	var o out
+	select {
+	case o = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the retry on n3 did not answer in 10s")
+	}
+	if o.err != nil || !o.res.Booked || o.res.Decision.Rank != first.Decision.Rank {
+		t.Fatalf("the retry on the new leader: %v booked=%v, err %v; the first try booked %v",
+			o.res.Decision.Rank, o.res.Booked, o.err, first.Decision.Rank)
+	}
+	for _, r := range []kvevent.Rank{zero.Decision.Rank, first.Decision.Rank} {
+		if got := n3.fsm.Sequences().Load(r).ActiveRequests; got != 1 {
+			t.Fatalf("%d active requests on %v, want 1", got, r)
+		}
+	}
+}
+
 // TestTransferToTheLeaderItselfIsInvalid: naming the leader as the target
 // is the caller's mistake (a 400), not a failure of the node.
 func TestTransferToTheLeaderItselfIsInvalid(t *testing.T) {
