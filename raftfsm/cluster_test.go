@@ -1071,3 +1071,29 @@ func (n *Node) configIndex() (uint64, error) {
 	}
 	return 0, nil
 }
+
+// transferLeadership moves the leadership from from to to ("" for any
+// voter), trying again while from still leads and the transfer failed
+// for a reason a loaded machine gives (a follower that did not answer
+// within a contact window, a target that did not take over within an
+// election timeout): tests that only need the leadership elsewhere are
+// not tests of how fast a transfer is. Other errors fail the test.
+func transferLeadership(t *testing.T, from *Node, to string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	waitFor(t, 10*time.Second, from.cfg.ID+" to lead", from.IsLeader) // a transfer just before may not have finished
+	for {
+		err := from.TransferLeadership(ctx(t), to)
+		if err == nil {
+			return
+		}
+		retry := errors.Is(err, ErrUnreachable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrNoLeader)
+		if !retry || time.Now().After(deadline) {
+			t.Fatalf("transfer from %s to %q: %v", from.cfg.ID, to, err)
+		}
+		if !from.IsLeader() {
+			return // it went through after all, or an election moved it: the caller checks who leads
+		}
+		t.Logf("transfer from %s to %q: %v; trying again", from.cfg.ID, to, err)
+	}
+}

@@ -35,9 +35,7 @@ func electBehindTheFSM(t *testing.T) (*Node, *fsmGate) {
 	t.Cleanup(g.open)
 	l, n3 := c.leader(), c.nodes[2]
 	if l == n3 {
-		if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
-			t.Fatal(err)
-		}
+		transferLeadership(t, l, "n1")
 		l = c.leader()
 	}
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}}); err != nil {
@@ -49,9 +47,7 @@ func electBehindTheFSM(t *testing.T) (*Node, *fsmGate) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "n3 to hold the entry in its log", func() bool { return n3.raft.LastIndex() >= l.raft.LastIndex() })
-	if err := l.TransferLeadership(ctx(t), "n3"); err != nil {
-		t.Fatal(err)
-	}
+	transferLeadership(t, l, "n3")
 	waitFor(t, 10*time.Second, "n3 to lead", n3.IsLeader)
 	return n3, g
 }
@@ -266,9 +262,7 @@ func TestARetriedBookingOnANewLeaderBeforeItsBarrierAnswersTheFirstTrysRank(t *t
 	t.Cleanup(g.open)
 	l, n3 := c.leader(), c.nodes[2]
 	if l == n3 {
-		if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
-			t.Fatal(err)
-		}
+		transferLeadership(t, l, "n1")
 		l = c.leader()
 	}
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}}); err != nil {
@@ -293,9 +287,7 @@ func TestARetriedBookingOnANewLeaderBeforeItsBarrierAnswersTheFirstTrysRank(t *t
 		t.Fatalf("req-1 went to req-0's rank %v: the test needs them apart", first.Decision.Rank)
 	}
 	waitFor(t, 10*time.Second, "n3 to hold the bookings in its log", func() bool { return n3.raft.LastIndex() >= l.raft.LastIndex() })
-	if err := l.TransferLeadership(ctx(t), "n3"); err != nil {
-		t.Fatal(err)
-	}
+	transferLeadership(t, l, "n3")
 	waitFor(t, 10*time.Second, "n3 to lead", n3.IsLeader)
 	waitFor(t, 10*time.Second, "n3's Barrier in its log", func() bool { return lastIsBarrier(n3) })
 	if n3.CheckLeader() == nil {
@@ -470,9 +462,7 @@ func TestLeaderRemovingItselfSucceeds(t *testing.T) {
 	t.Cleanup(g.open)
 	n1 := c.nodes[0]
 	if l := c.leader(); l != n1 {
-		if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
-			t.Fatal(err)
-		}
+		transferLeadership(t, l, "n1")
 		waitFor(t, 10*time.Second, "n1 to lead", n1.IsLeader)
 	}
 	waitFor(t, 10*time.Second, "n1's Barrier", func() bool { return n1.CheckLeader() == nil })

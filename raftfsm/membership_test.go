@@ -67,9 +67,7 @@ func TestMembershipChangesKeepTheState(t *testing.T) {
 	})
 
 	// Planned transfer to the new node.
-	if err := l.TransferLeadership(ctx(t), "n4"); err != nil {
-		t.Fatal(err)
-	}
+	transferLeadership(t, l, "n4")
 	waitFor(t, 10*time.Second, "n4 to lead", n4.IsLeader)
 
 	// Remove a follower, then the leader itself.
@@ -125,9 +123,7 @@ func TestNewLeaderKeepsMemberEntriesNewerThanItsFlags(t *testing.T) {
 	waitFor(t, 10*time.Second, "the first leader's set-up", func() bool { return l.ledTerm.Load() > 0 })
 	lead := func(from, to *Node) {
 		t.Helper()
-		if err := from.TransferLeadership(ctx(t), to.cfg.ID); err != nil {
-			t.Fatal(err)
-		}
+		transferLeadership(t, from, to.cfg.ID)
 		waitFor(t, 10*time.Second, to.cfg.ID+"'s set-up as leader", func() bool { return to.IsLeader() && to.ledTerm.Load() > from.ledTerm.Load() })
 		// A write after the set-up: every member entry it sent is applied.
 		if err := to.RegisterWorker(ctx(t), WorkerInfo{ID: to.ledTerm.Load(), BlockSize: 16}); err != nil {
@@ -415,9 +411,7 @@ func TestANodeAloneFollowsNoOtherCluster(t *testing.T) {
 	if err := n4.AddMember(ctx(t), "n5", string(tr5.LocalAddr()), "http-n5"); err != nil {
 		t.Fatal(err)
 	}
-	if err := n4.TransferLeadership(ctx(t), "n5"); err != nil {
-		t.Fatal(err)
-	}
+	transferLeadership(t, n4, "n5")
 	waitFor(t, 10*time.Second, "n5 to lead n4", func() bool { return n5.IsLeader() && n5.ledThisTerm() })
 	if err := n5.RegisterWorker(ctx(t), WorkerInfo{ID: 5, BlockSize: 16}); err != nil {
 		t.Fatal(err)
@@ -448,9 +442,7 @@ func TestANodeAloneRefusesHeartbeatsOverTCP(t *testing.T) {
 	waitFor(t, 10*time.Second, "n4 to lead its own cluster", func() bool { return n4.IsLeader() && n4.ledThisTerm() })
 	// A heartbeat of a term below n4's would be ignored anyway.
 	for l.raft.CurrentTerm() < n4.raft.CurrentTerm() {
-		if err := l.TransferLeadership(ctx(t), ""); err != nil {
-			t.Fatal(err)
-		}
+		transferLeadership(t, l, "")
 		l = c.leader()
 	}
 	term := n4.raft.CurrentTerm()
@@ -1426,9 +1418,7 @@ func TestALeaderNeverListsItselfAtAnAddressOthersCannotDial(t *testing.T) {
 	n1 := c.nodes[0]
 	if l := c.leader(); l != n1 {
 		waitFor(t, 10*time.Second, "the first leader's set-up", func() bool { return l.ledTerm.Load() > 0 })
-		if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
-			t.Fatal(err)
-		}
+		transferLeadership(t, l, "n1")
 	}
 	waitFor(t, 10*time.Second, "n1's set-up as leader", func() bool { return n1.IsLeader() && n1.ledThisTerm() })
 	noWildcard := func() {
@@ -1535,9 +1525,7 @@ func TestALeaderDropsItsOwnEntryOthersCannotDial(t *testing.T) {
 	n1 := c.nodes[0]
 	if l := c.leader(); l != n1 {
 		waitFor(t, 10*time.Second, "the first leader's set-up", func() bool { return l.ledTerm.Load() > 0 })
-		if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
-			t.Fatal(err)
-		}
+		transferLeadership(t, l, "n1")
 	}
 	waitFor(t, 10*time.Second, "n1's set-up as leader", func() bool { return n1.IsLeader() && n1.ledThisTerm() })
 	// The entry an older build wrote: through Raft, as that build did.
@@ -1831,9 +1819,7 @@ func TestAMemberChangeQueuedAcrossALeaderChangeAnswersNotLeader(t *testing.T) {
 				}
 			}()
 			waitFor(t, 10*time.Second, "the "+op+" to wait for the change in progress", func() bool { return l.memberOps.waiting.Load() == 1 })
-			if err := l.TransferLeadership(ctx(t), ""); err != nil {
-				t.Fatal(err)
-			}
+			transferLeadership(t, l, "")
 			waitFor(t, 10*time.Second, "another leader", func() bool {
 				_, id := l.raft.LeaderWithID()
 				return id != "" && string(id) != l.cfg.ID
@@ -1944,9 +1930,7 @@ func TestANewLeaderNamesServersTheMemberTableLacks(t *testing.T) {
 	if err := l.raft.AddNonvoter("n4", "inmem-nowhere", 0, 0).Error(); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.TransferLeadership(ctx(t), ""); err != nil {
-		t.Fatal(err)
-	}
+	transferLeadership(t, l, "")
 	waitFor(t, 10*time.Second, "the new leader to name n4", func() bool {
 		return len(logs.Lines("has no member entry", "member=n4")) > 0
 	})

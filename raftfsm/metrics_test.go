@@ -120,13 +120,9 @@ func TestLeaderChangesCountEveryTakeOver(t *testing.T) {
 	if other == l {
 		other = c.nodes[1]
 	}
-	if err := l.TransferLeadership(ctx(t), other.cfg.ID); err != nil {
-		t.Fatal(err)
-	}
+	transferLeadership(t, l, other.cfg.ID)
 	waitFor(t, 10*time.Second, "the new leader", other.IsLeader)
-	if err := other.TransferLeadership(ctx(t), l.cfg.ID); err != nil {
-		t.Fatal(err)
-	}
+	transferLeadership(t, other, l.cfg.ID)
 	waitFor(t, 10*time.Second, "the first leader to lead again", l.IsLeader)
 	for _, n := range c.nodes {
 		waitFor(t, 10*time.Second, n.cfg.ID+" to count three take-overs", func() bool { return n.leaderChanges.Load() >= 3 })

@@ -111,9 +111,7 @@ func gatedLeader(t *testing.T, more func(*Config)) (*testCluster, *Node, *fsmGat
 	t.Cleanup(g.open)
 	l, n1 := c.leader(), c.nodes[0]
 	if l != n1 {
-		if err := l.TransferLeadership(ctx(t), "n1"); err != nil {
-			t.Fatal(err)
-		}
+		transferLeadership(t, l, "n1")
 		waitFor(t, 10*time.Second, "n1 to lead", n1.IsLeader)
 	}
 	waitFor(t, 10*time.Second, "n1's leadership set-up", func() bool { return n1.CheckLeader() == nil })
@@ -151,9 +149,7 @@ func TestRestoreAnswersOnceInstalledThoughLeadershipMovesAfter(t *testing.T) {
 		}
 	})
 	if n1.IsLeader() {
-		if err := n1.TransferLeadership(ctx(t), "n2"); err != nil {
-			t.Fatal(err)
-		}
+		transferLeadership(t, n1, "n2")
 	}
 	waitFor(t, 10*time.Second, "n1 to lose its leadership", func() bool { return !n1.IsLeader() })
 	g.open()
