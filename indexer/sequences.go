@@ -26,6 +26,9 @@
 //     slot's discount is the sum, over its h with refs[h].n == 1, of that
 //     holder's discount (parts per million), and discounted maps the ord
 //     of every live booking with a non-zero discount to it.
+//   - alone[h] lists, once each, the slots where one booking with a
+//     non-zero discount alone holds h, each with that discount; a hash with
+//     none has no entry.
 //   - A rank has a slot exactly while it has a live booking; order lists the
 //     slots in rank order, so every query walks the ranks in one order.
 //   - byID holds each request id at most once, live or freed (a tombstone);
@@ -219,7 +222,8 @@ type seqState struct {
 	freeSlots []int32
 	order     []int32 // live slots, in rank order
 
-	discounted map[uint64]*booking // ord -> live booking with a discount
+	discounted map[uint64]*booking    // ord -> live booking with a discount
+	alone      map[uint64][]aloneHold // hash -> slots where one decaying booking alone holds it
 	nextOrd    uint64
 
 	swept  bool
@@ -236,6 +240,40 @@ func (st *seqState) init() {
 	st.blocks = make(map[uint64]slotList)
 	st.slotOf = make(map[kvevent.Rank]int32)
 	st.discounted = make(map[uint64]*booking)
+	st.alone = make(map[uint64][]aloneHold)
+}
+
+// aloneHold is a slot where one decaying booking alone holds a block, and
+// that booking's discount: what a request sharing the block takes back
+// (PotentialDecodeBlocks), found with one lookup per block, not one per
+// holder.
+type aloneHold struct {
+	slot     int32
+	discount uint32
+}
+
+// setAlone records that one booking with discount alone holds h on slot
+// (0: no decaying booking holds it alone there any more).
+func (st *seqState) setAlone(h uint64, slot int32, discount uint32) {
+	hs := st.alone[h]
+	i := slices.IndexFunc(hs, func(a aloneHold) bool { return a.slot == slot })
+	switch {
+	case discount != 0 && i >= 0:
+		hs[i].discount = discount
+		return
+	case discount != 0:
+		hs = append(hs, aloneHold{slot: slot, discount: discount})
+	case i < 0:
+		return
+	default:
+		hs[i] = hs[len(hs)-1]
+		hs = hs[:len(hs)-1]
+		if len(hs) == 0 {
+			delete(st.alone, h)
+			return
+		}
+	}
+	st.alone[h] = hs
 }
 
 func validateBooking(id string, isl, cached int) error {
@@ -366,6 +404,7 @@ func (s *Sequences) SetDecay(id string, weight uint32) bool {
 	for _, h := range b.seq {
 		if rs.refs[h].n == 1 {
 			alone++
+			st.setAlone(h, b.slot, discount)
 		}
 	}
 	rs.discount += alone * (int64(discount) - int64(b.discount))
@@ -562,12 +601,15 @@ func (s *Sequences) Count() (live, freed int) {
 type PotentialScratch struct {
 	set  hashSet
 	hits []int32
+	back []int64 // per slot: the discount the request's sharing takes back
 }
 
 // PotentialDecodeBlocks appends to dst, for every rank with a live booking,
 // in rank order, its load and its potential decode blocks for a request with
 // the given sequence hashes: its active decode blocks plus the request's
-// distinct blocks that its live requests do not already hold. It returns dst
+// distinct blocks that its live requests do not already hold, with the
+// blocks it shares with one decaying request (SetDecay) that alone holds
+// them counted whole, as they count once it is booked. It returns dst
 // and the number of distinct blocks of the request, which is the potential
 // decode blocks of every rank that is not listed (an idle rank).
 //
@@ -577,7 +619,9 @@ type PotentialScratch struct {
 // Beyond the lookups it does one increment per (request block, rank holding
 // it) pair — the very overlaps the answer is made of — which approaches
 // blocks × ranks only when every rank holds every block of the request, and
-// even then is a slice walk, not a map lookup per rank. With a scratch that
+// even then is a slice walk, not a map lookup per rank; while some booking
+// decays, one more lookup per request block finds the ranks where a
+// decaying booking alone holds it. With a scratch that
 // has grown to size and a dst with room, it allocates nothing. sc may be nil
 // (it then allocates).
 func (s *Sequences) PotentialDecodeBlocks(dst []RankLoad, seqHashes []uint64, sc *PotentialScratch) ([]RankLoad, int64) {
@@ -590,7 +634,11 @@ func (s *Sequences) PotentialDecodeBlocks(dst []RankLoad, seqHashes []uint64, sc
 	if cap(sc.hits) < len(st.slots) {
 		sc.hits = make([]int32, len(st.slots), cap(st.slots))
 	}
-	hits := sc.hits[:len(st.slots)]
+	if cap(sc.back) < len(st.slots) {
+		sc.back = make([]int64, len(st.slots), cap(st.slots))
+	}
+	hits, back := sc.hits[:len(st.slots)], sc.back[:len(st.slots)]
+	decaying := len(st.alone) > 0
 	sc.set.reset(len(seqHashes))
 	var distinct int64
 	for _, h := range seqHashes {
@@ -606,16 +654,31 @@ func (s *Sequences) PotentialDecodeBlocks(dst []RankLoad, seqHashes []uint64, sc
 		for _, sl := range e.rest {
 			hits[sl]++
 		}
+		if decaying { // no probe while nobody decays
+			for _, a := range st.alone[h] {
+				back[a.slot] += int64(a.discount)
+			}
+		}
 	}
-	// Only live slots appear in blocks, and order lists every live slot, so
-	// this walk also leaves hits all zero for the next call.
+	// Only live slots appear in blocks and alone, and order lists every
+	// live slot, so this walk also leaves hits and back all zero for the
+	// next call.
 	for _, sl := range st.order {
 		rs := &st.slots[sl]
 		l := rs.view()
+		potential := l.ActiveDecodeBlocks + distinct - int64(hits[sl])
+		if back[sl] != 0 {
+			// Booked, the request would share blocks that one decaying
+			// booking alone holds, and they would count whole again
+			// (incRef): the view's discount less theirs, rounded as view.
+			whole := rs.load.ActiveDecodeBlocks + distinct - int64(hits[sl])
+			potential = (whole*DecayScale - rs.discount + back[sl] + DecayScale/2) / DecayScale
+			back[sl] = 0
+		}
 		dst = append(dst, RankLoad{
 			Rank:                  rs.rank,
 			Load:                  l,
-			PotentialDecodeBlocks: l.ActiveDecodeBlocks + distinct - int64(hits[sl]),
+			PotentialDecodeBlocks: potential,
 		})
 		hits[sl] = 0
 	}
@@ -815,11 +878,15 @@ func (st *seqState) incRef(h uint64, b *booking) bool {
 	e := rs.refs[h]
 	switch e.n {
 	case 0:
-		rs.discount += int64(b.discount)
+		if b.discount != 0 {
+			rs.discount += int64(b.discount)
+			st.setAlone(h, slot, b.discount)
+		}
 	case 1:
 		if len(st.discounted) > 0 { // no map probe while nobody decays
 			if o := st.discounted[e.ords]; o != nil {
 				rs.discount -= int64(o.discount)
+				st.setAlone(h, slot, 0)
 			}
 		}
 	}
@@ -854,6 +921,7 @@ func (st *seqState) decRef(h uint64, b *booking) bool {
 		if e.n == 1 && len(st.discounted) > 0 {
 			if o := st.discounted[e.ords]; o != nil {
 				rs.discount += int64(o.discount)
+				st.setAlone(h, slot, o.discount)
 			}
 		}
 		rs.refs[h] = e
@@ -862,7 +930,10 @@ func (st *seqState) decRef(h uint64, b *booking) bool {
 	if e.n == 0 {
 		return false // unreachable while the invariants hold
 	}
-	rs.discount -= int64(b.discount)
+	if b.discount != 0 {
+		rs.discount -= int64(b.discount)
+		st.setAlone(h, slot, 0)
+	}
 	delete(rs.refs, h)
 	if st.watch != nil {
 		st.watch.setLive(rs.rank, h, false)

@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"reflect"
@@ -362,6 +363,9 @@ func TestPotentialDecodeBlocksDoesNotAllocate(t *testing.T) {
 			seq[j] = uint64(j%(i+1)) + uint64(i)*1000
 		}
 		mustBook(t, s, fmt.Sprint(i), r, seq, 2048, 0, 0)
+		if i%2 == 0 { // decaying ranks take their discount back on the shared blocks
+			s.SetDecay(fmt.Sprint(i), DecayScale/3)
+		}
 	}
 	q := make([]uint64, 128)
 	for j := range q {
@@ -552,6 +556,30 @@ func (st *seqState) check() error {
 		if n == 1 {
 			discounts[k.rank] += int64(holder[k].discount)
 		}
+	}
+	alone := 0
+	for h, hs := range st.alone {
+		if len(hs) == 0 {
+			return fmt.Errorf("alone[%#x] is empty", h)
+		}
+		seen := map[int32]bool{}
+		for _, a := range hs {
+			k := key{h, st.slots[a.slot].rank}
+			if seen[a.slot] || refs[k] != 1 || holder[k].discount != a.discount || a.discount == 0 {
+				return fmt.Errorf("alone[%#x] lists slot %d (rank %v) with discount %d wrongly", h, a.slot, k.rank, a.discount)
+			}
+			seen[a.slot] = true
+			alone++
+		}
+	}
+	wantAlone := 0
+	for k, n := range refs {
+		if n == 1 && holder[k].discount != 0 {
+			wantAlone++
+		}
+	}
+	if alone != wantAlone {
+		return fmt.Errorf("alone lists %d holds, decaying bookings hold %d blocks alone", alone, wantAlone)
 	}
 	for ord, b := range st.discounted {
 		if b.ord != ord || b.freed || st.byID[b.id] != b {
@@ -779,23 +807,22 @@ func (m *seqModel) loads() (map[kvevent.Rank]Load, map[kvevent.Rank]map[uint64]b
 	return loads, held
 }
 
-// potential is the definition: |held ∪ set(query)| for every rank with a
-// live booking, and |set(query)| for any other.
+// potential is the definition: for every rank with a live booking, the
+// decode blocks it holds once the query is booked on it too (what
+// PotentialDecodeBlocks promises), read off a copy of the model with the
+// query booked; and |set(query)| for any other.
 func (m *seqModel) potential(query []uint64) ([]RankLoad, int64) {
-	loads, held := m.loads()
+	loads, _ := m.loads()
 	qset := map[uint64]bool{}
 	for _, h := range query {
 		qset[h] = true
 	}
 	var out []RankLoad
 	for r, l := range loads {
-		union := l.ActiveDecodeBlocks
-		for h := range qset {
-			if !held[r][h] {
-				union++
-			}
-		}
-		out = append(out, RankLoad{Rank: r, Load: l, PotentialDecodeBlocks: union})
+		booked := &seqModel{reqs: maps.Clone(m.reqs)}
+		booked.reqs["\x00query"] = &seqModelReq{Booking: Booking{ID: "\x00query", Rank: r, SeqHashes: query}}
+		after, _ := booked.loads()
+		out = append(out, RankLoad{Rank: r, Load: l, PotentialDecodeBlocks: after[r].ActiveDecodeBlocks})
 	}
 	slices.SortFunc(out, func(a, b RankLoad) int { return a.Rank.Compare(b.Rank) })
 	return out, int64(len(qset))
@@ -1145,5 +1172,35 @@ func TestDecayDiscountsOnlyBlocksHeldAlone(t *testing.T) {
 	}
 	if err := s.st.check(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPotentialDecodeBlocksOfADecayingRankIsWhatBookingTheRequestMakes:
+// a request sharing blocks that one decaying request alone holds makes
+// them shared, so once booked they count whole; the potential decode
+// blocks ("the decode blocks it would hold if it also took the queried
+// request") must count them whole too, not take a whole block off a load
+// that counted each at its weight.
+func TestPotentialDecodeBlocksOfADecayingRankIsWhatBookingTheRequestMakes(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		weight uint32
+		query  []uint64
+	}{
+		{"weight 0, the same blocks", 0, []uint64{1, 2, 3, 4}},
+		{"weight 1/4, two of its blocks and a new one", DecayScale / 4, []uint64{3, 4, 9}},
+		{"weight 3/4, one of its blocks twice", DecayScale * 3 / 4, []uint64{2, 2}},
+		{"whole, the same blocks", DecayScale, []uint64{1, 2, 3, 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewSequences()
+			mustBook(t, s, "r1", wkA0, []uint64{1, 2, 3, 4}, 64, 0, 0)
+			s.SetDecay("r1", tc.weight)
+			got, _ := potentialByRank(s, tc.query)
+			mustBook(t, s, "r2", wkA0, tc.query, 64, 0, 0)
+			if want := s.Load(wkA0).ActiveDecodeBlocks; got[wkA0] != want {
+				t.Fatalf("potential decode blocks %d, but booking the request makes the rank's decode blocks %d", got[wkA0], want)
+			}
+		})
 	}
 }
