@@ -740,6 +740,24 @@ func TestPreferMovesOnlyACostTie(t *testing.T) {
 	if d.Prefer(r(9)) {
 		t.Fatal("Prefer took a rank that is no candidate")
 	}
+	// Rank 5 ties rank 4 on cost, but its small capacity makes the same
+	// decode blocks busy: a session that used rank 5 last is not sent back.
+	params := DefaultParams()
+	params.BusyDecodeFraction = 0.5
+	busy := []Candidate{
+		{Rank: r(4), Load: Load{ActiveDecodeBlocks: 4}, PotentialDecodeBlocks: 8, CapacityBlocks: 100},
+		{Rank: r(5), Load: Load{ActiveDecodeBlocks: 4}, PotentialDecodeBlocks: 8, CapacityBlocks: 4},
+	}
+	var db Decision
+	if err := Select(params, Request{ISL: 64, BlockSize: 16, FirstBlockHash: 7}, busy, nil, &db); err != nil {
+		t.Fatal(err)
+	}
+	if db.Rank != r(4) || !db.Candidates[1].Busy || db.Candidates[1].Cost != db.Cost {
+		t.Fatalf("want rank 4 chosen and rank 5 busy at its cost: %+v", db)
+	}
+	if db.Prefer(r(5)) || db.Rank != r(4) {
+		t.Fatalf("Prefer took the busy rank 5: %+v", db)
+	}
 	d.DecidedBy = DecidedBySample
 	if d.Prefer(r(1)) && other != r(1) {
 		t.Fatal("Prefer moved a sampled decision")
