@@ -393,6 +393,41 @@ func TestTransferToADownMemberIsUnreachable(t *testing.T) {
 	}
 }
 
+// TestTransferToAnyVoterGoesToOneThatAnswers: 3 voters, the follower
+// listed first in the configuration down, the other up and as up to date:
+// a transfer to any voter goes to the one that answers. From a review:
+// Raft chose the target (LeadershipTransfer with none), the first voter
+// with the highest next index in configuration order, which on an idle
+// cluster is the down one, and the transfer failed ErrUnreachable naming
+// a node the caller never chose.
+func TestTransferToAnyVoterGoesToOneThatAnswers(t *testing.T) {
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.ExpiryInterval, cfg.CheckInterval = time.Hour, time.Hour })
+	l := c.leader()
+	waitFor(t, 10*time.Second, "the leader's set-up", l.ledThisTerm)
+	c.converged()
+	var first string
+	for _, s := range l.raft.GetConfiguration().Configuration().Servers {
+		if string(s.ID) != l.cfg.ID && s.Suffrage == raft.Voter {
+			first = string(s.ID)
+			break
+		}
+	}
+	down := slices.IndexFunc(c.nodes, func(n *Node) bool { return n != nil && n.cfg.ID == first })
+	c.stop(down)
+	noticedDown(t, l, first)
+	if err := l.TransferLeadership(ctx(t), ""); err != nil {
+		t.Fatalf("transfer to any voter with %s down and the other voter up: %v", first, err)
+	}
+	waitFor(t, 10*time.Second, "the voter that answers to lead", func() bool {
+		for _, n := range c.nodes {
+			if n != nil && n != l && n.IsLeader() {
+				return true
+			}
+		}
+		return false
+	})
+}
+
 // TestReadyNeedsALeaderAndMembership: a node that caught up stays ready
 // only while it knows a leader and is a member: cut off from a quorum it
 // is not ready (it used to stay ready, serving routes from an index that

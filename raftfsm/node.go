@@ -2486,8 +2486,8 @@ func (n *Node) inConfiguration(id string) bool {
 	return cf.Error() != nil || slices.ContainsFunc(cf.Configuration().Servers, func(s raft.Server) bool { return string(s.ID) == id })
 }
 
-// TransferLeadership hands leadership to the voter toID ("" = any
-// up-to-date voter). This node, a non-voter or no member as toID is
+// TransferLeadership hands leadership to the voter toID ("" = the voter
+// that answers whose log the leader saw match furthest). This node, a non-voter or no member as toID is
 // ErrInvalid. It takes no memberOps: a transfer must not queue behind an
 // add waiting for a slow catch-up, and a membership change it overtakes
 // answers *NotLeaderError (they check leadership after each wait).
@@ -2519,7 +2519,26 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 		if len(up) == 0 {
 			return fmt.Errorf("leadership transfer: %w: no other voter answers (%s): is one up?", ErrUnreachable, strings.Join(down, ", "))
 		}
-		f = n.raft.LeadershipTransfer()
+		// The target is chosen here, among the voters that answer: Raft's
+		// own choice (LeadershipTransfer with none) is the first voter with
+		// the highest next index in configuration order, answering or not,
+		// and on an idle cluster, where all are the same, that is the first
+		// follower: one down failed the transfer, naming a node the caller
+		// never chose. The one whose log the leader last saw match furthest
+		// (commitWatch) takes over, the first in configuration order on a
+		// tie.
+		var to raft.Server
+		var best uint64
+		for _, s := range cf.Configuration().Servers {
+			if !slices.Contains(up, string(s.ID)) {
+				continue
+			}
+			if m := n.watch.contact(s.ID).matched; to.ID == "" || m > best {
+				to, best = s, m
+			}
+		}
+		toID = string(to.ID)
+		f = n.raft.LeadershipTransferToServer(to.ID, to.Address)
 	} else {
 		// The Raft configuration is the authority on where a voter is; the
 		// member table only adds HTTP addresses.
@@ -2559,7 +2578,7 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 		case errors.Is(err, raft.ErrLeadershipTransferInProgress):
 			return fmt.Errorf("%w: a leadership transfer is already in progress; retry", ErrNoLeader)
 		case err.Error() == "leadership transfer timeout": // raft has no sentinel for it
-			return fmt.Errorf("leadership transfer: %w: the target did not take over within an election timeout (is it up and caught up?); retry", context.DeadlineExceeded)
+			return fmt.Errorf("leadership transfer: %w: the target %s did not take over within an election timeout (is it up and caught up?); retry", context.DeadlineExceeded, toID)
 		case strings.HasPrefix(err.Error(), "failed to make TimeoutNow RPC"): // nor for this: the target did not answer; this node still leads
 			return fmt.Errorf("leadership transfer: %w: %v: is it up?", ErrUnreachable, err)
 		case errors.Is(err, raft.ErrRaftShutdown):
