@@ -1554,12 +1554,17 @@ func (n *Node) checkReady() {
 	if n.ready.Load() {
 		return
 	}
+	// The state is read once for both of its checks below: read twice, a
+	// leader stepping down between the reads skipped the follower's
+	// leader-commit check as leader, then the leader's Barrier check as
+	// follower, and latched a readiness neither check gave it.
+	leader := n.raft.State() == raft.Leader
 	addr, _ := n.raft.LeaderWithID()
 	commit := n.raft.CommitIndex()
 	if addr == "" || commit == 0 || n.raft.AppliedIndex() < commit {
 		return
 	}
-	if n.raft.State() != raft.Leader {
+	if !leader {
 		if lc := n.watch.leaderCommit(); lc == 0 || commit < lc {
 			return
 		}
@@ -1568,7 +1573,7 @@ func (n *Node) checkReady() {
 	if !n.fsmHasApplied(commit, applied) {
 		return
 	}
-	if n.raft.State() == raft.Leader && !n.ledThisTerm() {
+	if leader && !n.ledThisTerm() {
 		return // a leader is ready once its Barrier passed (CheckLeader)
 	}
 	// Before ready: a reader of ready sees it. The first time only: a
