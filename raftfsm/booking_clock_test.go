@@ -265,3 +265,71 @@ func TestFreedIDBooksAgainAfterMaxAge(t *testing.T) {
 		t.Fatalf("route of r1 after its tombstone was swept: booked %v, %v; want booked", res.Booked, err)
 	}
 }
+
+// TestTheLeadersSweepFreesABookingOnlyPastTheMaxAge: the leader's expiry
+// sweep, run every few milliseconds here, leaves a live booking younger
+// than BookingMaxAge and frees one older. It is judged by the sweeps' own
+// stamps, not by the test's clock, so that a slow machine cannot fail it:
+// in each consistent look at the tracker (its snapshot), a booking is
+// live exactly while the latest sweep is stamped at most BookingMaxAge
+// after it.
+func TestTheLeadersSweepFreesABookingOnlyPastTheMaxAge(t *testing.T) {
+	const maxAge = time.Second
+	c := newTestCluster(t, 1, func(cfg *Config) {
+		cfg.BookingMaxAge = maxAge
+		cfg.ExpiryInterval = 10 * time.Millisecond
+	})
+	n := c.leader()
+	if err := n.RegisterWorker(ctx(t), WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	created := map[string]int64{}
+	book := func(id string) {
+		t.Helper()
+		if res, err := n.Route(ctx(t), RouteQuery{ISL: 8, Book: true, RequestID: id}); err != nil || !res.Booked {
+			t.Fatalf("route of %s: booked %v, %v", id, res.Booked, err)
+		}
+		b, ok := n.fsm.Sequences().Get(id)
+		if !ok {
+			t.Fatalf("%s booked but not in the tracker", id)
+		}
+		created[id] = b.CreatedAt
+	}
+	// look checks the bookings against the latest sweep's stamp and
+	// returns that stamp's age of each booking and which are live.
+	look := func() (age map[string]time.Duration, live map[string]bool) {
+		t.Helper()
+		s := n.fsm.Sequences().Snapshot()
+		age, live = map[string]time.Duration{}, map[string]bool{}
+		for _, b := range s.Bookings {
+			live[b.ID] = true
+		}
+		for id, at := range created {
+			age[id] = time.Duration(s.Clock - at)
+			if !s.Swept {
+				age[id] = 0
+			}
+			switch {
+			case !live[id] && age[id] <= maxAge:
+				t.Fatalf("%s freed, the latest sweep stamped %v after its booking, within the max age %v", id, age[id], maxAge)
+			case live[id] && age[id] > maxAge:
+				t.Fatalf("%s live, the latest sweep stamped %v after its booking, past the max age %v", id, age[id], maxAge)
+			}
+		}
+		return age, live
+	}
+	book("old")
+	waitFor(t, 10*time.Second, "the sweeps to pass half the max age of old", func() bool {
+		age, _ := look()
+		return age["old"] > maxAge/2
+	})
+	book("young")
+	waitFor(t, 10*time.Second, "old to be freed", func() bool {
+		_, live := look()
+		return !live["old"]
+	})
+	waitFor(t, 10*time.Second, "young to be freed", func() bool {
+		_, live := look()
+		return !live["young"]
+	})
+}

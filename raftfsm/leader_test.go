@@ -71,6 +71,43 @@ func TestCheckLeaderWaitsForTheBarrier(t *testing.T) {
 	}
 }
 
+// TestANewLeaderIsReadyOnlyOnceItsBarrierPassed: a node that becomes
+// leader is not ready while its post-election Barrier has not passed,
+// though its FSM holds everything its log says is committed: only the
+// Barrier proves a new leader's state holds what earlier leaders
+// committed (a leader's commit index is its own, with no leader's to
+// check it against). Once the Barrier passed, it is ready.
+func TestANewLeaderIsReadyOnlyOnceItsBarrierPassed(t *testing.T) {
+	held, release := make(chan struct{}), make(chan struct{})
+	var hold, free sync.Once
+	c := newTestCluster(t, 1, func(cfg *Config) {
+		cfg.beforeBarrier = func() { hold.Do(func() { close(held); <-release }) }
+	})
+	t.Cleanup(func() { free.Do(func() { close(release) }) }) // before the cluster closes: Close waits for leaderLoop
+	n := c.nodes[0]
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the node did not start its leadership set-up")
+	}
+	// Every other condition of readiness holds: only the Barrier is
+	// missing.
+	waitFor(t, 10*time.Second, "the FSM to hold everything committed", func() bool {
+		addr, _ := n.raft.LeaderWithID()
+		commit := n.raft.CommitIndex()
+		applied, _ := n.fsm.Applied()
+		return addr != "" && commit > 0 && n.raft.AppliedIndex() >= commit && n.fsmHasApplied(commit, applied)
+	})
+	n.checkReady()
+	if n.ready.Load() || n.Status().Ready {
+		t.Fatalf("%s, leading in term %d, is ready before its Barrier", n.cfg.ID, n.raft.CurrentTerm())
+	}
+	free.Do(func() { close(release) })
+	if err := n.WaitReady(ctx(t)); err != nil {
+		t.Fatalf("%s not ready once its Barrier could pass: %v", n.cfg.ID, err)
+	}
+}
+
 // fsmGate is a Config.applyGate that a test can pause: the FSM takes a
 // batch per token; once paused it takes none until opened, and then the
 // gate stays open.

@@ -109,6 +109,9 @@ type Config struct {
 	// beforeForcedCompaction, for tests: compactForFollower calls it
 	// before it compacts the log (it may hold the compaction).
 	beforeForcedCompaction func()
+	// beforeBarrier, for tests: onLeadership calls it before it asks for
+	// the term's Barrier (it may hold the set-up, leaderLoop with it).
+	beforeBarrier func()
 }
 
 func (c *Config) defaults() {
@@ -1393,6 +1396,9 @@ func (n *Node) compactLog() error {
 // has not finished for the current term (a failed Barrier).
 func (n *Node) onLeadership() {
 	term := n.raft.CurrentTerm() // the term the Barrier covers
+	if n.cfg.beforeBarrier != nil {
+		n.cfg.beforeBarrier()
+	}
 	if err := n.await(context.Background(), n.raft.Barrier(n.cfg.ApplyTimeout)); err != nil {
 		if !errors.Is(err, raft.ErrRaftShutdown) {
 			n.logger.Warn("barrier after election failed; retrying", "err", err)
