@@ -452,9 +452,10 @@ func TestTransferToAnyVoterGoesToOneThatAnswers(t *testing.T) {
 	down := slices.IndexFunc(c.nodes, func(n *Node) bool { return n != nil && n.cfg.ID == first })
 	c.stop(down)
 	noticedDown(t, l, first)
-	if err := l.TransferLeadership(ctx(t), ""); err != nil {
-		t.Fatalf("transfer to any voter with %s down and the other voter up: %v", first, err)
-	}
+	// Raft's own pick failed every try (the down node is the first
+	// follower), so trying again on a loaded machine still catches it.
+	t.Logf("%s is down", first)
+	transferLeadership(t, l, "")
 	waitFor(t, 10*time.Second, "the voter that answers to lead", func() bool {
 		for _, n := range c.nodes {
 			if n != nil && n != l && n.IsLeader() {
