@@ -3,6 +3,7 @@ package pool
 import (
 	"cmp"
 	"container/heap"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -169,8 +170,9 @@ func (c *core) descends(h, anc uint64) bool {
 
 // loops fails with ErrInvalid when storing every block of bs would make
 // one its own ancestor. A batch checks this before it reserves anything,
-// so that a bad batch changes nothing: reserve catches a loop only at the
-// block that closes it, after the blocks before it were reserved. A block
+// under the same hold of the lock (see reserveAll), so that a bad batch
+// changes nothing: reserve catches a loop only at the block that closes it,
+// after the blocks before it were reserved. A block
 // held or being written keeps its parent (the batch skips it), and of a
 // hash named twice the first is the one reserved. A walk that leaves the
 // batch's new blocks comes back to them only through a block in the pool
@@ -180,8 +182,6 @@ func (c *core) loops(bs []Block) error {
 	if len(bs) < 2 {
 		return nil // reserve refuses one block's loop before it changes anything
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	up := make(map[uint64]uint64, len(bs)) // the new blocks' parents
 	back := false
 	for _, b := range bs {
@@ -218,6 +218,38 @@ func (c *core) loops(bs []Block) error {
 	return nil
 }
 
+// reserveAll reserves a batch's blocks (each passed Block.check) in order,
+// skipping (and reviving) those held or being written: skipped is the last
+// one's error. It stops at the first block that does not fit, keeping those
+// before it: stop says why. A batch that would make one of its blocks its
+// own ancestor reserves nothing and fails with ErrInvalid as stop. The
+// check and the reservations are one hold of the lock: checked alone, two
+// batches that close a loop between them ([x, a(parent b)] and [y, b(parent
+// a)]) would both pass, and the second would be caught only by reserve at
+// a, after x was reserved, then written and published.
+func (c *core) reserveAll(bs []Block) (es []*entry, idx []int, skipped, stop error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.loops(bs); err != nil {
+		return nil, nil, nil, err
+	}
+	es = make([]*entry, 0, len(bs))
+	idx = make([]int, 0, len(bs))
+	for i, b := range bs {
+		e, err := c.reserveLocked(b)
+		if errors.Is(err, ErrExists) {
+			skipped = err
+			continue
+		}
+		if err != nil {
+			return es, idx, skipped, err
+		}
+		es = append(es, e)
+		idx = append(idx, i)
+	}
+	return es, idx, skipped, nil
+}
+
 // reserve makes room for b and adds it as pending. If b is already held it
 // is revived (touched) and reserve fails with ErrExists; if it is being
 // written, with ErrExists and ErrBusy.
@@ -227,6 +259,11 @@ func (c *core) reserve(b Block) (*entry, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.reserveLocked(b)
+}
+
+// reserveLocked is reserve, called with c.mu held.
+func (c *core) reserveLocked(b Block) (*entry, error) {
 	if c.closed {
 		return nil, ErrClosed
 	}

@@ -954,9 +954,6 @@ func (p *DiskPool) put(blocks []Block, data [][]byte) (stored int, skipped, err 
 			return 0, nil, fmt.Errorf("put %#x: %w: %d bytes, block size %d", b.Hash, ErrInvalid, len(data[i]), p.bs)
 		}
 	}
-	if err := p.c.loops(blocks); err != nil {
-		return 0, nil, fmt.Errorf("put: %w", err)
-	}
 	p.io.RLock()
 	defer p.io.RUnlock()
 	// Closed first: a Close on a full disk leaves the last flush failed
@@ -968,22 +965,7 @@ func (p *DiskPool) put(blocks []Block, data [][]byte) (stored int, skipped, err 
 		return 0, nil, fmt.Errorf("put: refused until a flush succeeds: the last one failed: %w", err)
 	}
 
-	es := make([]*entry, 0, len(blocks))
-	idx := make([]int, 0, len(blocks))
-	var stop error
-	for i, b := range blocks {
-		e, err := p.c.reserve(b)
-		if errors.Is(err, ErrExists) {
-			skipped = err
-			continue
-		}
-		if err != nil {
-			stop = err
-			break
-		}
-		es = append(es, e)
-		idx = append(idx, i)
-	}
+	es, idx, skipped, stop := p.c.reserveAll(blocks)
 	if len(es) == 0 {
 		return 0, skipped, stop
 	}

@@ -28,6 +28,6 @@
 //     was not evicted since, plus possibly some evicted just before the crash).
 //     Entries in its key ranges that it cannot use (half a block,
 //     undecodable metadata, a block Block.check refuses: a zero hash or its
-//     own parent, a key of the wrong length) are deleted at open. Damage of
-//     other shapes (a cycle of parents) is not looked for.
+//     own parent, a key of the wrong length, the blocks of a loop of
+//     parents) are deleted at open.
 package pool

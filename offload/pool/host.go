@@ -152,23 +152,13 @@ func (p *HostPool) RegisterFrom(s backend.Stream, e backend.Event, blocks []Bloc
 			return 0, fmt.Errorf("register from device: %w", err)
 		}
 	}
-	if err := p.c.loops(blocks); err != nil {
-		return 0, fmt.Errorf("register from device: %w", err)
-	}
-	rs := make([]Reservation, 0, len(blocks))
-	copies := make([]backend.Copy, 0, len(blocks))
-	var stop error
-	for i, b := range blocks {
-		r, err := p.Reserve(b)
-		if errors.Is(err, ErrExists) {
-			continue
-		}
-		if err != nil {
-			stop = err
-			break
-		}
-		rs = append(rs, r)
-		copies = append(copies, backend.Copy{Dst: r.Ptr, Src: src[i], N: p.bs})
+	es, idx, _, stop := p.c.reserveAll(blocks)
+	rs := make([]Reservation, len(es))
+	copies := make([]backend.Copy, len(es))
+	for j, e := range es {
+		// A pending entry's slot does not change until commit or abort.
+		rs[j] = Reservation{Slot: p.slot(e), e: e}
+		copies[j] = backend.Copy{Dst: rs[j].Ptr, Src: src[idx[j]], N: p.bs}
 	}
 	if len(rs) == 0 {
 		return 0, stop
