@@ -1,5 +1,7 @@
 package manager
 
+import "github.com/kvrouter/kvrouter/kvevent"
+
 // SetBatchHook makes each offload worker call f with its path and the
 // batch's size after it takes a batch and before it runs it (nil: no
 // call). A test holds a worker there to change the world under a batch
@@ -11,4 +13,33 @@ func (m *Manager) SetBatchHook(f func(Path, int)) {
 		return
 	}
 	m.testHookBatch.Store(&f)
+}
+
+// QueueOnboardChunk pins the G2 blocks hashes and queues one H2D chunk
+// copying them into G1 blocks g1, as Onboard does, but with no Onboard call
+// waiting on it: what Close finds when it wins the race with an Onboard's
+// own settle for a chunk still queued, a window too narrow to hit on
+// purpose.
+func (m *Manager) QueueOnboardChunk(hashes []uint64, g1 []int) error {
+	op := &onboardOp{settled: make(chan struct{})}
+	op.remaining.Store(1)
+	ch := &chunk{op: op, from: kvevent.TierHostPinned}
+	for i, h := range hashes {
+		s, err := m.host.Acquire(h)
+		if err != nil {
+			return err
+		}
+		ch.idx = append(ch.idx, i)
+		ch.hashes = append(ch.hashes, h)
+		ch.dst = append(ch.dst, m.g1.at(g1[i]))
+		ch.src = append(ch.src, s.Ptr)
+		ch.errs = append(ch.errs, nil)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l := m.lanes[H2D]
+	l.chunks = append(l.chunks, ch)
+	l.depth += len(ch.hashes)
+	l.cond.Signal()
+	return nil
 }

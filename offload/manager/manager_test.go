@@ -200,6 +200,65 @@ func TestBlockFreedDuringItsCopyPublishesNoStore(t *testing.T) {
 	}
 }
 
+// D2Disk checks a task's generation again after the copy into the staging
+// buffer, as d2h does after its copy into G2: a block freed during its copy
+// is not put into G3 and publishes no STORE.
+func TestBlockFreedDuringItsCopyToDiskPublishesNoStore(t *testing.T) {
+	r := newRig(t, rigConfig{diskCap: 16, gate: gateD2HLate, cfg: manager.Config{Workers: 1, BatchSize: 4}})
+	a := r.compute(0, 1, 0)
+	r.offload(a) // seen once: cold
+	b := r.recompute(a[0], 1)
+	if res := r.offload([]manager.OffloadRequest{b}); res.Queued != 1 {
+		t.Fatalf("second Offload of a: %+v, want it queued for G3", res)
+	}
+	r.gate.waitEntered(t) // the copy to staging is queued; nothing is put yet
+	r.scribble(1)         // the engine frees and overwrites block 1 mid-copy
+	r.gate.release()
+	r.idle()
+
+	if got := r.sink.stored(disk); len(got) != 0 {
+		t.Fatalf("STORE disk for %v: block 1 was freed before its copy was confirmed", got)
+	}
+	if s := r.m.Stats().Paths[manager.D2Disk]; s.Skipped != 1 || s.Blocks != 0 {
+		t.Fatalf("D2Disk skipped %d, copied %d; want 1 and 0", s.Skipped, s.Blocks)
+	}
+	if st := r.disk.Stats(); st.Used != 0 {
+		t.Fatalf("disk pool holds %d blocks, want 0", st.Used)
+	}
+}
+
+// Onboard counts as a Free of its destination blocks: an offload still
+// queued for one of them is dropped, or its copy would read the onboarded
+// bytes and store them under the hash the block had before.
+func TestOnboardDropsTheOffloadQueuedForItsDestination(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 8, gate: gateD2H, cfg: manager.Config{Workers: 1, BatchSize: 1}})
+	x := r.compute(0, 1, 2)[0]
+	check(t, r.host.Register(pool.Block{Hash: x.Hash, Local: x.Local}, r.g1.block(2))) // in G2, no worker involved
+	a := r.compute(0, 1, 0)
+	r.offload(a)
+	r.gate.waitEntered(t) // the only D2H worker holds a
+	b := r.compute(0, 1, 1)
+	if res := r.offload(b); res.Queued != 1 {
+		t.Fatalf("Offload of b: %+v, want it queued", res)
+	}
+	if res := onboard(t, r.m, []uint64{x.Hash}, []int{1}); res.Loaded() != 1 {
+		t.Fatalf("onboard x into b's G1 block: %+v, want it loaded", res.Blocks)
+	}
+	r.checkBytes(1, x.Hash)
+	r.gate.release()
+	r.idle()
+
+	if got := r.sink.stored(host); slices.Contains(got, b[0].Hash) {
+		t.Fatalf("STORE host for %v: b's task copied G1 block 1 after x was onboarded into it", got)
+	}
+	if got := r.m.Lookup(hashesOf(b)); got[0] != 0 {
+		t.Fatalf("Lookup(b) = %b, want 0: G1 block 1 holds x's bytes", got[0])
+	}
+	if s := r.m.Stats().Paths[manager.D2H]; s.Skipped != 1 || s.Blocks != 1 {
+		t.Fatalf("D2H skipped %d, copied %d; want 1 (b) and 1 (a)", s.Skipped, s.Blocks)
+	}
+}
+
 func TestFullHostPoolEvictsLeastRecentAndPublishesRemoveForHostTier(t *testing.T) {
 	r := newRig(t, rigConfig{hostCap: 4})
 	first := r.compute(0, 1, 0)
@@ -577,6 +636,42 @@ func TestClosedManagerRefusesWork(t *testing.T) {
 	check(t, r.m.Close())
 }
 
+// Close releases the pins of onboarding chunks still queued that no
+// Onboard call took back: the pools outlive the manager, and a block left
+// referenced there would never be evicted. (An Onboard call settles its own
+// chunks when Close wakes it; Close finds one first only in a narrow race,
+// so the chunk here is queued without a call waiting on it.)
+func TestCloseReleasesOnboardChunksStillQueued(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 8, gate: gateIntoG1, cfg: manager.Config{Workers: 1, BatchSize: 1}})
+	const held, queued = 1, 2
+	for _, h := range []uint64{held, queued} {
+		check(t, r.host.Register(pool.Block{Hash: h}, make([]byte, bs)))
+	}
+	go func() {
+		if _, err := r.m.Onboard(context.Background(), []uint64{held}, []int{10}); err != nil {
+			t.Error(err)
+		}
+	}()
+	r.gate.waitEntered(t) // the only H2D worker holds the first chunk
+	check(t, r.m.QueueOnboardChunk([]uint64{queued}, []int{11}))
+	closed := make(chan error, 1)
+	go func() { closed <- r.m.Close() }()
+	waitFor(t, 10*time.Second, "Close to begin", func() bool {
+		_, err := r.m.Onboard(context.Background(), []uint64{99}, []int{20})
+		return errors.Is(err, manager.ErrClosed)
+	})
+	r.gate.release() // the worker finishes its chunk and, closing, takes no other
+	select {
+	case err := <-closed:
+		check(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	if st := r.host.Stats(); st.Referenced != 0 {
+		t.Fatalf("after Close, %d G2 blocks are still referenced, want 0: the queued chunk's pin leaked", st.Referenced)
+	}
+}
+
 func TestConfigIsChecked(t *testing.T) {
 	r := newRig(t, rigConfig{hostCap: 8})
 	other, err := pool.NewHost(r.raw, pool.Config{Rank: rank, Capacity: 2, BlockSize: 2 * bs})
@@ -658,6 +753,36 @@ func TestBlockTheHostPoolHadNoRoomForCanBeOffloadedAgain(t *testing.T) {
 	want := []uint64{a[0].Hash, b[0].Hash}
 	if got := r.sink.stored(host); !slices.Equal(got, want) {
 		t.Fatalf("STORE host for %v, want %v: b found G2 full, then was asked for again", got, want)
+	}
+}
+
+// The G3 mirror of TestBlockTheHostPoolHadNoRoomForCanBeOffloadedAgain: a
+// block the disk pool refused (ErrFull) is forgotten, so asked again it is
+// queued again, not answered Duplicate until the engine frees its G1 block.
+func TestBlockTheDiskPoolHadNoRoomForCanBeOffloadedAgain(t *testing.T) {
+	r := newRig(t, rigConfig{diskCap: 1, cfg: manager.Config{Workers: 1, BatchSize: 1}})
+	const pinned = 7
+	if _, err := r.disk.Put([]pool.Block{{Hash: pinned}}, [][]byte{make([]byte, bs)}); err != nil {
+		t.Fatal(err)
+	}
+	check(t, r.disk.Acquire(pinned)) // G3's only block cannot be evicted
+	a := r.compute(0, 1, 0)
+	r.offload(a) // seen once: cold
+	b := r.recompute(a[0], 1)
+	if res := r.offload([]manager.OffloadRequest{b}); res.Queued != 1 {
+		t.Fatalf("second Offload of a: %+v, want it queued for G3", res)
+	}
+	r.idle()
+	if s := r.m.Stats().Paths[manager.D2Disk]; s.Full != 1 {
+		t.Fatalf("D2Disk counted %d full, want 1: G3 had no room", s.Full)
+	}
+	check(t, r.disk.Release(pinned))
+	if res := r.offload([]manager.OffloadRequest{b}); res.Queued != 1 || res.Duplicate != 0 {
+		t.Fatalf("Offload of b after G3 had no room for it: %+v, want it queued", res)
+	}
+	r.idle()
+	if got := r.sink.stored(disk); !slices.Contains(got, b.Hash) {
+		t.Fatalf("STORE disk for %v, want %#x: it found G3 full, then was asked for again", got, b.Hash)
 	}
 }
 
