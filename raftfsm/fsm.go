@@ -720,10 +720,15 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 			// it would move the rank back in time.
 			return RankAck{Rank: c.rank, Cursor: cur}
 		}
-		f.ix.ReplaceRank(c.rank, c.stored, c.now)
+		// ReplaceRank skips the events it cannot store (a remove, a store
+		// without blocks or with a bad tier: ReplaceRankFenced refuses
+		// them, a log written by another writer may hold them) and counts
+		// them in the index's malformed count (events_rejected_total): the
+		// ack counts only the events applied, as an event batch's does.
+		malformed := f.ix.ReplaceRank(c.rank, c.stored, c.now)
 		f.setCursor(c.rank, rankCursor{id: c.cursor, incarnation: c.incarnation})
 		f.noteHeard(c.rank, c.now)
-		return RankAck{Rank: c.rank, Cursor: c.cursor, Applied: len(c.stored)}
+		return RankAck{Rank: c.rank, Cursor: c.cursor, Applied: len(c.stored) - malformed}
 	case cmdRegister:
 		w := c.worker
 		if len(w.DPRanks) == 0 {

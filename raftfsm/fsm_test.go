@@ -1024,3 +1024,31 @@ func TestDeadIncarnationRequestAfterAcceptedDump(t *testing.T) {
 		})
 	}
 }
+
+// TestADumpAcksOnlyTheEventsTheIndexTook: a dump's ack counts the events
+// applied (RankAck.Applied), as an event batch's does. The index skips a
+// dump's remove, its store without blocks and its store of a bad tier
+// (ReplaceRankFenced refuses them, a log of another writer may hold them)
+// and counts them malformed, once: events_rejected_total adds the FSM's
+// own count of undecodable entries, which they are not.
+func TestADumpAcksOnlyTheEventsTheIndexTook(t *testing.T) {
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	stored := []kvevent.Event{
+		{Rank: r1, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 11}}},
+		{Rank: r1, Kind: kvevent.KindRemoved, Removed: []uint64{1}},
+		{Rank: r1, Kind: kvevent.KindStored},
+		{Rank: r1, Kind: kvevent.KindStored, Tier: kvevent.NumTiers, Blocks: []kvevent.Block{{EngineHash: 2, LocalHash: 12}}},
+		{Rank: r1, Kind: kvevent.KindStored, HasParent: true, Parent: 1, Blocks: []kvevent.Block{{EngineHash: 3, LocalHash: 13}}},
+	}
+	var w logWriter
+	ack, ok := f.ApplyBatch([]*raft.Log{w.next(encodeReplace(1, r1, 5, 0, stored))})[0].(RankAck)
+	if !ok || ack.Applied != 2 || ack.Cursor != 5 {
+		t.Fatalf("dump ack %+v (a RankAck: %v), want 2 events applied, cursor 5", ack, ok)
+	}
+	st := f.Index().Stats()
+	if st.Entries != 2 || st.Counters.Malformed != 3 || f.malformed.Load() != 0 {
+		t.Fatalf("the index holds %d entries and counted %d malformed, the FSM %d undecodable; want 2, 3 and 0",
+			st.Entries, st.Counters.Malformed, f.malformed.Load())
+	}
+}
