@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/indexer"
@@ -1050,5 +1051,65 @@ func TestADumpAcksOnlyTheEventsTheIndexTook(t *testing.T) {
 	if st.Entries != 2 || st.Counters.Malformed != 3 || f.malformed.Load() != 0 {
 		t.Fatalf("the index holds %d entries and counted %d malformed, the FSM %d undecodable; want 2, 3 and 0",
 			st.Entries, st.Counters.Malformed, f.malformed.Load())
+	}
+}
+
+// TestExpirySweepDropsOrphansPastTheTTL: a store whose parent the rank
+// does not hold waits in the orphan buffer; the replicated expiry sweep
+// (cmdExpire, by the leader's time in the entry) drops it once held past
+// OrphanTTL, and the rank asks for a resync, as every replica does at the
+// same entry.
+func TestExpirySweepDropsOrphansPastTheTTL(t *testing.T) {
+	const ttl = time.Second
+	f, err := OpenFSM(FSMConfig{Dir: filepath.Join(t.TempDir(), "fsm"), Logger: quiet, Index: indexer.Config{OrphanTTL: ttl},
+		OnFatal: func(err error) { t.Fatalf("fatal: %v", err) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const t0 = int64(1000)
+	orphan := kvevent.Event{Rank: r1, EventID: 1, Kind: kvevent.KindStored, HasParent: true, Parent: 999,
+		Blocks: []kvevent.Block{{EngineHash: 5, LocalHash: 15}}}
+	var w logWriter
+	f.ApplyBatch([]*raft.Log{w.next(encodeRegister(t0, &WorkerInfo{ID: 1, BlockSize: 16})),
+		w.next(encodeEvents(t0, []RankBatch{{Rank: r1, Events: []kvevent.Event{orphan}}}))})
+	if st := f.Index().Stats(); st.OrphanEvents != 1 || f.Index().RankNeedsResync(r1) {
+		t.Fatalf("after the store: %d orphans held (resync asked: %v), want 1 held, no resync", st.OrphanEvents, f.Index().RankNeedsResync(r1))
+	}
+	// Within the TTL the sweep keeps it: its parent may still come.
+	f.ApplyBatch([]*raft.Log{w.next(encodeExpire(t0+int64(ttl), 0))})
+	if st := f.Index().Stats(); st.OrphanEvents != 1 {
+		t.Fatalf("a sweep at the TTL dropped the orphan (%d held)", st.OrphanEvents)
+	}
+	held := f.Digest()
+	f.ApplyBatch([]*raft.Log{w.next(encodeExpire(t0+int64(ttl)+1, 0))})
+	if st := f.Index().Stats(); st.OrphanEvents != 0 || st.OrphanBlocks != 0 || !f.Index().RankNeedsResync(r1) {
+		t.Fatalf("after a sweep past the TTL: %d orphans of %d blocks held (resync asked: %v), want none, and a resync",
+			st.OrphanEvents, st.OrphanBlocks, f.Index().RankNeedsResync(r1))
+	}
+	if f.Digest() == held {
+		t.Fatal("the digest did not change when the sweep dropped the orphan")
+	}
+}
+
+// TestRemovedMemberStaysGoneAfterReopen: a member's removal is written to
+// the state database as the member's addition is, so that a restart does
+// not bring the member back. The digest leaves the member table out (each
+// node's own join history fills it), so no digest check would see it.
+func TestRemovedMemberStaysGoneAfterReopen(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "fsm")
+	f := openTestFSM(t, dir)
+	defer f.Close()
+	var w logWriter
+	f.ApplyBatch([]*raft.Log{w.next(encodeMember(1, &Member{ID: "n1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2", Voter: true})),
+		w.next(encodeMember(1, &Member{ID: "n2", RaftAddr: "127.0.0.1:3", HTTPAddr: "127.0.0.1:4", Voter: true}))})
+	f.ApplyBatch([]*raft.Log{w.next(encodeMemberGone(2, "n1"))})
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g := openTestFSM(t, dir)
+	defer g.Close()
+	if ms := g.Members(); len(ms) != 1 || ms["n2"].ID != "n2" {
+		t.Fatalf("members after reopen %v, want n2 alone", ms)
 	}
 }
