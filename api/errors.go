@@ -23,7 +23,7 @@ const (
 	ReasonUnknownRank      = "unknown_rank"       // 404
 	ReasonStaleDump        = "stale_dump"         // 409: the rank's cursor is past the dump's
 	ReasonUnregisteredRank = "unregistered_rank"  // 409: a dump of a rank its positional worker does not list; nothing applied
-	ReasonConflict         = "conflict"           // 409: a registration breaks a rule of another API the node serves (ErrConflict)
+	ReasonConflict         = "conflict"           // 409: a registration breaks a rule of another API the node serves (ErrConflict), or names another block size than the cluster's
 	ReasonMethodNotAllowed = "method_not_allowed" // 405
 	ReasonRequestTimeout   = "request_timeout"    // 408: the JSON body did not arrive within the body timeout; nothing applied, send it again
 	ReasonTooLarge         = "too_large"          // 413: the body is over the server's limit
@@ -84,7 +84,7 @@ func classify(err error) (int, string) {
 		return http.StatusConflict, ReasonStaleDump
 	case errors.Is(err, raftfsm.ErrUnregisteredRank):
 		return http.StatusConflict, ReasonUnregisteredRank
-	case errors.Is(err, ErrConflict):
+	case errors.Is(err, ErrConflict), errors.Is(err, raftfsm.ErrBlockSizeConflict):
 		return http.StatusConflict, ReasonConflict
 	case errors.Is(err, raftfsm.ErrBadSnapshot):
 		return http.StatusBadRequest, ReasonBadSnapshot

@@ -356,7 +356,8 @@ func answer(w http.ResponseWriter, c codec, code int, v any, err error) error {
 		code = http.StatusBadRequest
 	case errors.Is(err, raftfsm.ErrUnknownWorker), errors.Is(err, indexer.ErrUnknownRank):
 		code = http.StatusNotFound
-	case errors.Is(err, raftfsm.ErrBookingFreed), errors.Is(err, raftfsm.ErrBookedElsewhere):
+	case errors.Is(err, raftfsm.ErrBookingFreed), errors.Is(err, raftfsm.ErrBookedElsewhere),
+		errors.Is(err, raftfsm.ErrBlockSizeConflict):
 		code = http.StatusConflict
 	case errors.Is(err, raftfsm.ErrNoLeader), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, indexer.ErrNoWorkers), errors.Is(err, indexer.ErrOverloaded):

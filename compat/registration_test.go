@@ -82,7 +82,6 @@ func TestPatchOfAV1WorkerUpdatesIt(t *testing.T) {
 func TestPatchOfAV1WorkerWithoutAModel(t *testing.T) {
 	n := startNode(t)
 	mustCode(t, n.v1Register(t, `{"worker_id":7,"block_size":4,"endpoint":"http://a"}`), 204, "/v1 worker 7")
-	mustCode(t, n.v1Register(t, `{"worker_id":8,"block_size":8}`), 204, "/v1 worker 8")
 	ep := "http://b"
 	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/7", WorkerPatch{Endpoint: &ep}), 200, "patch the endpoint")
 	// Workers without a model are in no namespace: no block size to keep.
@@ -92,6 +91,11 @@ func TestPatchOfAV1WorkerWithoutAModel(t *testing.T) {
 	if w.Endpoint != ep || w.BlockSize != bs || w.Model != "" || w.Tenant != "" {
 		t.Errorf("/v1 worker 7 after the PATCHes: %+v, want endpoint %s, block size %d, still a /v1 worker without a model", w, ep, bs)
 	}
+	// But the cluster's block size, once another worker has it
+	// (raftfsm.ErrBlockSizeConflict: /v1 routes hash with it).
+	mustCode(t, n.v1Register(t, `{"worker_id":8,"block_size":16}`), 204, "/v1 worker 8")
+	other := 4
+	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/7", WorkerPatch{BlockSize: &other}), 409, "patch away from the cluster's block size")
 }
 
 // /register of a dp rank that a catalog worker already has (added without
@@ -553,7 +557,10 @@ func TestV1RegistrationKeepsNamespaceBlockSize(t *testing.T) {
 	mustCode(t, n.v1Register(t, `{"worker_id":7,"block_size":4,"model":"llama"}`), 204, "the namespace's block size")
 	mustConflict(t, n.v1Register(t, `{"worker_id":7,"block_size":8,"model":"llama"}`), "worker 7 moving to another block size")
 	mustCode(t, n.v1Register(t, `{"worker_id":8,"block_size":8,"model":"mistral"}`), 204, "another model")
-	mustCode(t, n.v1Register(t, `{"worker_id":9,"block_size":8}`), 204, "no model: in no compat namespace")
+	// No model: in no compat namespace, but held to the cluster's block
+	// size (worker 7's), which /v1 routes hash with.
+	mustConflict(t, n.v1Register(t, `{"worker_id":9,"block_size":8}`), "no model, another block size than the cluster's")
+	mustCode(t, n.v1Register(t, `{"worker_id":9,"block_size":4}`), 204, "no model, the cluster's block size")
 
 	// A namespace that broke the rule before /v1 registrations kept it (an
 	// upgrade): re-registering its worker unchanged goes through, as

@@ -31,6 +31,10 @@ var (
 	// not apply. The error wraps the context's (context.Canceled or
 	// context.DeadlineExceeded).
 	ErrNotProposed = errors.New("not proposed")
+	// ErrBlockSizeConflict means a worker registration without a model
+	// named another block size than the one the cluster routes with (the
+	// other workers', semantics.md §1); nothing was proposed.
+	ErrBlockSizeConflict = errors.New("block size conflict")
 	// ErrUnknownWorker means no worker has that id.
 	ErrUnknownWorker = errors.New("unknown worker")
 	// ErrShutdown means the node is closing.

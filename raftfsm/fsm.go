@@ -339,6 +339,11 @@ type workerView struct {
 	blockSize     int
 	blockSizeFrom uint64
 	hasBlockSize  bool
+	// routeCands is cands less the ranks of workers of another block size
+	// than blockSize (ofBlockSize): the candidates of a route that hashes
+	// with blockSize, built here so that the route pays nothing for the
+	// filter. cands itself (the same array) when every worker has it.
+	routeCands []indexer.Candidate
 }
 
 // published returns the worker table as of the end of the last
@@ -384,6 +389,7 @@ func (f *FSM) publishWorkers() {
 		// O(ranks) without a sort.
 		f.spliceWorker(v, f.wone)
 	}
+	v.routeCands = ofBlockSize(v.cands, v.workers, v.blockSize)
 	f.wdirty, f.wmany = false, false
 	f.wview.Store(v)
 }
@@ -433,6 +439,43 @@ func appendCandidates(cands []indexer.Candidate, id uint64, w WorkerInfo) []inde
 		cands = append(cands, indexer.Candidate{Rank: kvevent.Rank{Worker: id, DP: dp}, CapacityBlocks: w.Capacity[kvevent.TierDevice]})
 	}
 	return cands
+}
+
+// servesBlockSize reports whether w's ranks are route candidates of a
+// route that hashes with block size bs: semantics.md §1 makes the block
+// size one per model, the same for every worker, and a worker of another
+// block size holds no block of the route's hashes, while its bookings
+// would name blocks it lacks. A worker that registered none (0, only in
+// entries of builds that took one) has nothing that says it differs.
+func servesBlockSize(w WorkerInfo, bs int) bool {
+	return w.BlockSize == bs || w.BlockSize <= 0
+}
+
+// ofBlockSize returns the candidates of cands (in rank order) whose worker
+// in ws serves block size bs (servesBlockSize), in rank order: cands
+// itself when all do, else a new slice.
+func ofBlockSize(cands []indexer.Candidate, ws map[uint64]WorkerInfo, bs int) []indexer.Candidate {
+	var out []indexer.Candidate // nil while every candidate so far is kept
+	for i := 0; i < len(cands); {
+		id := cands[i].Rank.Worker
+		j := i + 1
+		for j < len(cands) && cands[j].Rank.Worker == id {
+			j++
+		}
+		switch {
+		case servesBlockSize(ws[id], bs):
+			if out != nil {
+				out = append(out, cands[i:j]...)
+			}
+		case out == nil:
+			out = append(make([]indexer.Candidate, 0, len(cands)-(j-i)), cands[:i]...)
+		}
+		i = j
+	}
+	if out == nil {
+		return cands
+	}
+	return out
 }
 
 // Settings returns the cluster settings.

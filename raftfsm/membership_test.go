@@ -413,7 +413,7 @@ func TestANodeAloneFollowsNoOtherCluster(t *testing.T) {
 	}
 	transferLeadership(t, n4, "n5")
 	waitFor(t, 10*time.Second, "n5 to lead n4", func() bool { return n5.IsLeader() && n5.ledThisTerm() })
-	if err := n5.RegisterWorker(ctx(t), WorkerInfo{ID: 5, BlockSize: 16}); err != nil {
+	if err := n5.RegisterWorker(ctx(t), WorkerInfo{ID: 5, BlockSize: 32}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "n4 to follow n5", func() bool { _, ok := n4.fsm.Workers()[5]; return ok })

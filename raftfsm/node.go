@@ -1995,7 +1995,9 @@ func (n *Node) ReplaceRankFenced(ctx context.Context, r kvevent.Rank, cursor, in
 // worker that was registered (its lease live) that is logged at Warn: it
 // is what two agents given one worker id for different dp ranges do to
 // each other. It refuses (ErrInvalid) what the /v1 handler refuses of the
-// block size, capacity, lease and dp ranks (none listed twice).
+// block size, capacity, lease and dp ranks (none listed twice), and
+// (ErrBlockSizeConflict) a worker without a model of another block size
+// than the cluster's (checkBlockSize).
 func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 	prev, known := n.fsm.Workers()[w.ID]
 	if w.BlockSize <= 0 || w.BlockSize > MaxBlockSize {
@@ -2014,11 +2016,53 @@ func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 	if msg := limits.DPRanks(w.DPRanks); msg != "" {
 		return fmt.Errorf("%w: %s", ErrInvalid, msg)
 	}
+	if err := n.checkBlockSize(&w, &prev, known); err != nil {
+		return err
+	}
 	_, err := n.apply(ctx, encodeRegister(now(), &w))
 	if err == nil && known {
 		n.warnDroppedRanks(&prev, &w)
 	}
 	return err
+}
+
+// checkBlockSize refuses (ErrBlockSizeConflict) a /v1 worker without a
+// model whose block size differs from the one the cluster routes with, as
+// the other workers set it (blockSizeOf): semantics.md §1 makes it one per
+// model, the same for every worker, and a route would leave the worker out
+// (servesBlockSize), or, were its id the smallest, every other worker. A
+// worker with a model is judged by its namespace's rules (compat's
+// CheckWorkers), which let models of different block sizes share the
+// cluster. A registration that changes neither the worker's block size nor
+// its model is not judged, as compat's rules do not judge it, so that a
+// worker registered before the rule held registers again (kvagent at its
+// start) while it is registered. It judges the table of the last applied
+// batch on the leader alone: a follower's apply answers ErrNotLeader.
+func (n *Node) checkBlockSize(w, prev *WorkerInfo, known bool) error {
+	if w.Model != "" || w.Tenant != "" || !n.IsLeader() {
+		return nil
+	}
+	if known && prev.BlockSize == w.BlockSize && prev.Model == w.Model && prev.Tenant == w.Tenant {
+		return nil
+	}
+	view := n.fsm.published()
+	bs, from, ok := view.blockSize, view.blockSizeFrom, view.hasBlockSize
+	if ok && from == w.ID {
+		// The block size is w's own registration's: the others' is what
+		// is left without it.
+		bs, from, ok = DefaultBlockSize, 0, false
+		for id, o := range view.workers {
+			if id != w.ID && o.BlockSize > 0 && (!ok || id < from) {
+				bs, from, ok = o.BlockSize, id, true
+			}
+		}
+	}
+	if ok && bs != w.BlockSize {
+		return fmt.Errorf("%w: worker %d registers block size %d, and the cluster routes with block size %d (worker %d's): "+
+			"one block size per model, the same for every worker (register it with %d, or remove the workers of %d first)",
+			ErrBlockSizeConflict, w.ID, w.BlockSize, bs, from, bs, bs)
+	}
+	return nil
 }
 
 // warnDroppedRanks logs, at Warn, the dp ranks of prev, a registered /v1

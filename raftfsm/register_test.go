@@ -259,3 +259,51 @@ func TestASnapshotWorkerWithARepeatedDPRankLoadsEachRankOnce(t *testing.T) {
 		t.Fatalf("%d route candidates, want 2", n)
 	}
 }
+
+// TestRegisteringAnotherBlockSizeIsRefused: a worker without a model whose
+// block size differs from the one the cluster routes with (the smallest
+// id's of the other workers) is refused with ErrBlockSizeConflict before
+// it is proposed (semantics.md §1: one block size per model, the same for
+// every worker): routes would leave it out, or, with the smallest id, every
+// other worker. The worker that sets the block size may change it when it
+// is alone, a worker with a model is its namespace's to judge (compat),
+// and one registered before the rule held registers again unchanged.
+func TestRegisteringAnotherBlockSizeIsRefused(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	register := func(w WorkerInfo) error {
+		t.Helper()
+		return l.RegisterWorker(ctx(t), w)
+	}
+	if err := register(WorkerInfo{ID: 5, BlockSize: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if err := register(WorkerInfo{ID: 5, BlockSize: 4}); err != nil {
+		t.Fatalf("the only worker changing its block size: %v", err)
+	}
+	for _, w := range []WorkerInfo{{ID: 6, BlockSize: 8}, {ID: 1, BlockSize: 8}} {
+		err := register(w)
+		if !errors.Is(err, ErrBlockSizeConflict) || !strings.Contains(err.Error(), "routes with block size 4 (worker 5's)") {
+			t.Fatalf("worker %d of block size 8 beside worker 5 of 4: %v, want ErrBlockSizeConflict naming block size 4 and worker 5", w.ID, err)
+		}
+		if _, ok := l.fsm.Workers()[w.ID]; ok {
+			t.Fatalf("worker %d's refused registration was applied", w.ID)
+		}
+	}
+	if err := register(WorkerInfo{ID: 6, BlockSize: 4}); err != nil {
+		t.Fatalf("a worker of the cluster's block size: %v", err)
+	}
+	if err := register(WorkerInfo{ID: 5, BlockSize: 8}); !errors.Is(err, ErrBlockSizeConflict) {
+		t.Fatalf("worker 5 changing its block size beside worker 6: %v, want ErrBlockSizeConflict", err)
+	}
+	if err := register(WorkerInfo{ID: 7, BlockSize: 8, Model: "m"}); err != nil {
+		t.Fatalf("a worker with a model: %v", err)
+	}
+	// Past RegisterWorker's check, as a log written before it held it.
+	if _, err := l.apply(ctx(t), encodeRegister(now(), &WorkerInfo{ID: 8, BlockSize: 8})); err != nil {
+		t.Fatal(err)
+	}
+	if err := register(WorkerInfo{ID: 8, BlockSize: 8, Endpoint: "w8"}); err != nil {
+		t.Fatalf("a worker registered before the rule, registering again with its block size: %v", err)
+	}
+}

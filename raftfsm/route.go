@@ -96,9 +96,9 @@ func blockSizeOf(ws map[uint64]WorkerInfo) (bs int, from uint64, ok bool) {
 	return bs, from, ok
 }
 
-// Route scores every registered rank for the query from this node's local
-// index and load view (slightly stale is fine for routing) and returns the
-// decision. With q.Book the request is booked on the chosen rank through
+// Route scores every registered rank of the block size it hashes with
+// (servesBlockSize) for the query from this node's local index and load
+// view (slightly stale is fine for routing) and returns the decision. With q.Book the request is booked on the chosen rank through
 // Raft before Route returns, so a follower answers ErrNotLeader for it;
 // the leader decides booked routes one at a time, each with the load of
 // the bookings it decided before, applied or still pending (pendingBooks).
@@ -177,10 +177,22 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	matched := time.Now()
 	st.Match = matched.Sub(hashed)
 	n.lookupSeconds.Observe(st.Match.Seconds())
-	// Candidates: every registered rank, in rank order (deterministic).
+	// Candidates: every registered rank of a worker of the block size the
+	// route hashes with (servesBlockSize), in rank order (deterministic).
 	// The filter is the caller's code: it runs before the pending
 	// bookings' lock, which the FSM's apply takes too.
-	sc.cands = append(sc.cands[:0], view.cands...)
+	if bs == view.blockSize {
+		sc.cands = append(sc.cands[:0], view.routeCands...)
+	} else {
+		// A namespace's own block size (q.BlockSize, the compatible
+		// APIs): its queries filter the candidates anyway.
+		sc.cands = sc.cands[:0]
+		for _, c := range view.cands {
+			if servesBlockSize(view.workers[c.Rank.Worker], bs) {
+				sc.cands = append(sc.cands, c)
+			}
+		}
+	}
 	if q.Filter != nil {
 		sc.cands = slices.DeleteFunc(sc.cands, func(c indexer.Candidate) bool { return !q.Filter(c.Rank) })
 	}

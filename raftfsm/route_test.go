@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/indexer"
@@ -139,5 +140,50 @@ func TestRouteTiesSpreadPrefixesOverRanks(t *testing.T) {
 	}
 	if len(seen) != 2 {
 		t.Fatalf("16 prefixes tied on cost all went to one rank: %v", seen)
+	}
+}
+
+// TestRouteLeavesOutRanksOfAnotherBlockSize: semantics.md §1 makes the
+// block size one per model, the same for every worker; a route hashes the
+// prompt with the cluster's block size (the smallest id's, 4 here), so a
+// worker of another block size (8) can never match a block, and its
+// bookings would name blocks it does not have: it is no candidate. A route
+// that hashes with a namespace's own block size (q.BlockSize, the
+// compatible APIs) has that block size's workers alone. From a review:
+// worker 2 was a candidate, and with worker 1 loaded it took the request.
+func TestRouteLeavesOutRanksOfAnotherBlockSize(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4, DPRanks: []uint32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	// Past RegisterWorker's check, as a log written without it holds it.
+	if _, err := l.apply(ctx(t), encodeRegister(now(), &WorkerInfo{ID: 2, BlockSize: 8, DPRanks: []uint32{0}})); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Reserve(ctx(t), Booking{ID: "x", Rank: kvevent.Rank{Worker: 1}, SeqHashes: []uint64{7}, ISL: 40}); err != nil {
+		t.Fatal(err)
+	}
+	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	candidates := func(q RouteQuery) []kvevent.Rank {
+		t.Helper()
+		res, err := l.Route(ctx(t), q)
+		if err != nil {
+			t.Fatalf("route (block size %d): %v", q.BlockSize, err)
+		}
+		var ranks []kvevent.Rank
+		for _, cs := range res.Decision.Candidates {
+			ranks = append(ranks, cs.Rank)
+		}
+		if len(ranks) != 1 || res.Decision.Rank != ranks[0] {
+			t.Errorf("route (block size %d) chose %v of candidates %v", q.BlockSize, res.Decision.Rank, ranks)
+		}
+		return ranks
+	}
+	if got := candidates(RouteQuery{Tokens: tokens}); !slices.Equal(got, []kvevent.Rank{{Worker: 1}}) {
+		t.Errorf("a route hashed with the cluster's block size 4 has candidates %v, want worker 1's rank alone", got)
+	}
+	if got := candidates(RouteQuery{Tokens: tokens, BlockSize: 8}); !slices.Equal(got, []kvevent.Rank{{Worker: 2}}) {
+		t.Errorf("a route hashed with a namespace's block size 8 has candidates %v, want worker 2's rank alone", got)
 	}
 }
