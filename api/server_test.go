@@ -89,6 +89,9 @@ func TestRoutes(t *testing.T) {
 			body: `{"lora_name":"x"}`, code: 400, reason: api.ReasonInvalid},
 		{name: "route negative isl", method: "POST", path: "/v1/route",
 			body: `{"token_ids":[1],"isl":-3}`, code: 400, reason: api.ReasonInvalid, msg: []string{"isl"}},
+		// From a review: the booking recorded an isl below the prompt it held.
+		{name: "route isl below its token_ids", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1,2,3],"isl":2}`, code: 400, reason: api.ReasonInvalid, msg: []string{"isl = 2", "3 token_ids"}},
 		// From a review: an isl of 2^63-1 booked that many prefill tokens,
 		// and two such bookings overflowed the rank's load.
 		{name: "route isl over the longest input", method: "POST", path: "/v1/route",

@@ -88,6 +88,10 @@ func routeQuery(req *RouteRequest) (raftfsm.RouteQuery, error) {
 		return q, invalidf("give token_ids (the prompt), block_hashes (its blocks' content hashes), or isl")
 	case req.ISL < 0 || req.ISL > raftfsm.MaxISL:
 		return q, invalidf("isl = %d (want 0 to %d tokens)", req.ISL, raftfsm.MaxISL)
+	case req.ISL > 0 && req.ISL < len(req.TokenIDs):
+		// A booking would record fewer prompt tokens than it holds (the
+		// node refuses one below its block_hashes' tokens too).
+		return q, invalidf("isl = %d is below the %d token_ids (want 0, their count, or more)", req.ISL, len(req.TokenIDs))
 	}
 	if err := checkName("lora_name", req.LoRAName); err != nil {
 		return q, err

@@ -155,6 +155,12 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	if isl <= 0 {
 		return RouteResult{}, fmt.Errorf("%w: an empty prompt", ErrInvalid)
 	}
+	if need := max(len(q.Tokens), len(local)*bs); isl < need {
+		// A booking would record an input length below the tokens of the
+		// blocks it holds, and count less prefill than the prompt's.
+		return RouteResult{}, fmt.Errorf("%w: input length (isl) %d is below the prompt's %d tokens (%d full blocks of %d)",
+			ErrInvalid, isl, need, len(local), bs)
+	}
 	if isl > MaxISL {
 		return RouteResult{}, fmt.Errorf("%w: input length %d is over %d tokens", ErrInvalid, isl, MaxISL)
 	}

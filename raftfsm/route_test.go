@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"errors"
 	"slices"
 	"testing"
 
@@ -185,5 +186,37 @@ func TestRouteLeavesOutRanksOfAnotherBlockSize(t *testing.T) {
 	}
 	if got := candidates(RouteQuery{Tokens: tokens, BlockSize: 8}); !slices.Equal(got, []kvevent.Rank{{Worker: 2}}) {
 		t.Errorf("a route hashed with a namespace's block size 8 has candidates %v, want worker 2's rank alone", got)
+	}
+}
+
+// TestRouteRefusesAnISLBelowItsPrompt: an input length below the prompt's
+// tokens, or below its full blocks' (block hashes × block size), is
+// ErrInvalid: a booking would record an ISL below the blocks it holds. One
+// at or above them routes. From a review: both routed, and booked.
+func TestRouteRefusesAnISLBelowItsPrompt(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		q  RouteQuery
+		ok bool
+	}{
+		{RouteQuery{LocalHashes: []uint64{1, 2}, ISL: 7, Book: true, RequestID: "a"}, false},
+		{RouteQuery{Tokens: []uint32{1, 2, 3, 4, 5}, ISL: 4}, false},
+		{RouteQuery{Tokens: []uint32{1, 2, 3, 4, 5}, ISL: 5}, true},
+		{RouteQuery{LocalHashes: []uint64{1, 2}, ISL: 8, Book: true, RequestID: "b"}, true},
+	} {
+		_, err := l.Route(ctx(t), tc.q)
+		if tc.ok != (err == nil) || err != nil && !errors.Is(err, ErrInvalid) {
+			t.Errorf("route of %d tokens, %d block hashes, isl %d: %v, want ok %v (else ErrInvalid)", len(tc.q.Tokens), len(tc.q.LocalHashes), tc.q.ISL, err, tc.ok)
+		}
+	}
+	if _, ok := l.fsm.Sequences().Get("a"); ok {
+		t.Error("the refused route of isl 7 was booked")
+	}
+	if b, ok := l.fsm.Sequences().Get("b"); !ok || b.ISL != 8 {
+		t.Errorf("booking b: %+v, %v; want isl 8", b, ok)
 	}
 }
