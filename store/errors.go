@@ -18,6 +18,7 @@ var (
 	// newer (or unknown) encoding version than this code reads.
 	ErrUnsupportedVersion = errors.New("unsupported encoding version")
 	// ErrInvalidArgument means a caller passed something the store refuses
-	// rather than guessing: a nil log entry, or DeleteRange with min > max.
+	// rather than guessing: a nil log entry, one at index 0 (Raft's log
+	// starts at 1), or DeleteRange with min > max.
 	ErrInvalidArgument = errors.New("invalid argument")
 )

@@ -247,6 +247,7 @@ func (s *LogStore) StoreLog(log *raft.Log) error {
 
 // StoreLogs stores entries in one synced Pebble batch: all of them or none
 // survive a crash, and one fsync pays for the whole batch (group commit).
+// A batch with a nil entry or one at index 0 is refused whole.
 func (s *LogStore) StoreLogs(logs []*raft.Log) error {
 	if len(logs) == 0 {
 		s.mu.RLock()
@@ -262,6 +263,11 @@ func (s *LogStore) StoreLogs(logs []*raft.Log) error {
 	for i, l := range logs {
 		if l == nil {
 			return fmt.Errorf("store logs: entry %d of %d is nil: %w", i, len(logs), ErrInvalidArgument)
+		}
+		// Raft's log starts at 1, and a bound of 0 means an empty log: an
+		// entry at 0 would leave the cached bounds and the disk disagreeing.
+		if l.Index == 0 {
+			return fmt.Errorf("store logs: entry %d of %d has index 0, and a Raft log starts at 1: %w", i, len(logs), ErrInvalidArgument)
 		}
 		lo, hi = min(lo, l.Index), max(hi, l.Index)
 		size += logKeyLen + encodedLogSizeHint(l)

@@ -128,9 +128,10 @@ func TestLogStoreTable(t *testing.T) {
 		{name: "compaction then append",
 			ops:   []logOp{storeOp(testLogs(1, 10, 1)...), delOp(1, 8), storeOp(testLogs(11, 12, 1)...)},
 			first: 9, last: 12, present: testLogs(9, 12, 1), absent: []uint64{1, 8}},
-		{name: "index zero and MaxUint64 are storable keys",
-			ops:   []logOp{storeOp(testLog(0, 1), testLog(math.MaxUint64, 1))},
-			first: 0, last: math.MaxUint64, present: []*raft.Log{testLog(0, 1), testLog(math.MaxUint64, 1)}},
+		{name: "MaxUint64 is a storable key",
+			ops:   []logOp{storeOp(testLog(math.MaxUint64-1, 1), testLog(math.MaxUint64, 1))},
+			first: math.MaxUint64 - 1, last: math.MaxUint64,
+			present: []*raft.Log{testLog(math.MaxUint64-1, 1), testLog(math.MaxUint64, 1)}, absent: []uint64{0, 1}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -182,6 +183,40 @@ func TestStoreLogEmptyAndNil(t *testing.T) {
 	if err := s.DeleteRange(5, 4); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("DeleteRange(5, 4) = %v, want ErrInvalidArgument", err)
 	}
+}
+
+// TestStoreLogsRefusesIndexZero: Raft's log starts at 1, and a bound of 0
+// means an empty log, so an entry at index 0 is refused with the rest of
+// its batch. From a review: it was stored, and after entry 0 and then 1..3
+// the cached FirstIndex was 1 while a reopen read 0 from disk.
+func TestStoreLogsRefusesIndexZero(t *testing.T) {
+	fs := vfs.NewMem()
+	s := openTestLogStore(t, fs, "raft")
+	for _, logs := range [][]*raft.Log{
+		{testLog(0, 1)},
+		{testLog(0, 1), testLog(1, 1), testLog(2, 1)},
+		{testLog(2, 1), testLog(0, 1)},
+	} {
+		if err := s.StoreLogs(logs); !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("StoreLogs of %d entries with one at index 0 = %v, want ErrInvalidArgument", len(logs), err)
+		}
+		mustBounds(t, s, 0, 0)
+		mustMiss(t, s, 0)
+		mustMiss(t, s, 1)
+	}
+	if err := s.StoreLogs(testLogs(1, 3, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StoreLog(testLog(0, 1)); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("StoreLog(0) after 1..3 = %v, want ErrInvalidArgument", err)
+	}
+	mustBounds(t, s, 1, 3)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r := openTestLogStore(t, fs, "raft")
+	mustBounds(t, r, 1, 3)
+	mustMiss(t, r, 0)
 }
 
 // TestGetLogFromDiskReturnsIndependentCopies: an entry read from Pebble
