@@ -66,6 +66,12 @@ type LogStore struct {
 
 	firstIndex atomic.Uint64
 	lastIndex  atomic.Uint64
+	// boundsUnknown is set when a DeleteRange committed but could not read
+	// the new bounds: firstIndex and lastIndex then name entries that may
+	// be gone, and the next FirstIndex or LastIndex reads them from disk
+	// (reloadBounds), which also overwrites whatever StoreLogs moved them
+	// to meanwhile. Written under writeMu.
+	boundsUnknown atomic.Bool
 
 	cache *logCache // nil when disabled
 
@@ -182,11 +188,34 @@ func (s *LogStore) loadBounds() error {
 	}
 	s.firstIndex.Store(first)
 	s.lastIndex.Store(last)
+	s.boundsUnknown.Store(false)
 	return nil
+}
+
+// reloadBounds reads the bounds from disk if a DeleteRange left them
+// unknown. It takes writeMu before mu (the lock order), so that no writer
+// moves the bounds between the read and its store.
+func (s *LogStore) reloadBounds() error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.db == nil {
+		return ErrClosed
+	}
+	if !s.boundsUnknown.Load() { // another caller read them first
+		return nil
+	}
+	return s.loadBounds()
 }
 
 // FirstIndex returns the smallest stored log index, or 0 for an empty log.
 func (s *LogStore) FirstIndex() (uint64, error) {
+	if s.boundsUnknown.Load() {
+		if err := s.reloadBounds(); err != nil {
+			return 0, fmt.Errorf("first index: %w", err)
+		}
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.db == nil {
@@ -197,6 +226,11 @@ func (s *LogStore) FirstIndex() (uint64, error) {
 
 // LastIndex returns the largest stored log index, or 0 for an empty log.
 func (s *LogStore) LastIndex() (uint64, error) {
+	if s.boundsUnknown.Load() {
+		if err := s.reloadBounds(); err != nil {
+			return 0, fmt.Errorf("last index: %w", err)
+		}
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.db == nil {
@@ -338,37 +372,24 @@ func (s *LogStore) DeleteRange(min, max uint64) error {
 		// The tombstone is durable; only the read of the new bounds
 		// failed. Left as they were, the bounds would name entries that
 		// are gone (after a tail truncation and a re-append, a LastIndex
-		// the store does not hold), until the next reload. The log has no
-		// holes, so the bounds follow from the range alone.
-		s.cutBounds(min, max)
-		return fmt.Errorf("delete range %d..%d (done; its new bounds were worked out without a read): %w", min, max, err)
+		// the store does not hold). They cannot be worked out from the
+		// range alone either: the log may have a hole (DESIGN.md,
+		// Durability argument 5), and a range ending in it leaves the
+		// bound at the far side of the hole. So the next FirstIndex or
+		// LastIndex reads them.
+		s.boundsUnknown.Store(true)
+		return fmt.Errorf("delete range %d..%d (done; its new bounds are read again at the next FirstIndex or LastIndex): %w", min, max, err)
 	}
 	return nil
 }
 
-// cutBounds moves the cached bounds past min..max, just deleted, without
-// reading the log: a range over the head moves the first index past it,
-// one over the tail the last index before it, one over both empties the
-// log. A range inside the log (a hole, which Raft never makes) or outside
-// it leaves them as they are.
-func (s *LogStore) cutBounds(min, max uint64) {
-	first, last := s.firstIndex.Load(), s.lastIndex.Load()
-	switch {
-	case first == 0 || max < first || min > last: // nothing of the log
-	case min <= first && max >= last:
-		first, last = 0, 0
-	case min <= first:
-		first = max + 1
-	case max >= last:
-		last = min - 1
-	}
-	s.firstIndex.Store(first)
-	s.lastIndex.Store(last)
-}
-
-// IsMonotonic reports true: the store keeps no holes between FirstIndex and
-// LastIndex, so after installing or restoring a snapshot raft must delete the
-// old log (one range tombstone here, cheap) instead of leaving a gap.
+// IsMonotonic reports true, so that after installing or restoring a
+// snapshot raft deletes the old log (one range tombstone here, cheap)
+// instead of keeping it beside the snapshot. The store itself keeps
+// whatever it is given, holes included: raft leaves one below a snapshot
+// when it is killed between installing the snapshot and deleting the old
+// log, and appends from the snapshot's next index after a restart (see
+// DESIGN.md, Durability argument 5, for why that is harmless to raft).
 func (s *LogStore) IsMonotonic() bool { return true }
 
 // Set stores val under key, synced.
