@@ -325,7 +325,7 @@ func (s *LogStore) StoreLogs(logs []*raft.Log) error {
 			return fmt.Errorf("store logs %d..%d: add %d: %w", lo, hi, l.Index, err)
 		}
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := commitLogBatch(b); err != nil {
 		return fmt.Errorf("store logs %d..%d: %w", lo, hi, err)
 	}
 	s.cache.add(logs)
@@ -365,7 +365,7 @@ func (s *LogStore) DeleteRange(min, max uint64) error {
 	// Dropped before the commit: a reader between the two would find
 	// entries the log no longer holds.
 	s.cache.deleted(min, max)
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := commitLogBatch(b); err != nil {
 		return fmt.Errorf("delete range %d..%d: %w", min, max, err)
 	}
 	if err := s.loadBounds(); err != nil {
@@ -379,6 +379,26 @@ func (s *LogStore) DeleteRange(min, max uint64) error {
 		// LastIndex reads them.
 		s.boundsUnknown.Store(true)
 		return fmt.Errorf("delete range %d..%d (done; its new bounds are read again at the next FirstIndex or LastIndex): %w", min, max, err)
+	}
+	return nil
+}
+
+// logBatchCommitting and logBatchCommitted, when set (tests), run in a
+// writer (StoreLogs, DeleteRange) just before and just after its batch
+// commits: a read there sees what a concurrent reader would between the
+// cache and bounds updates and the commit.
+var logBatchCommitting, logBatchCommitted func()
+
+// commitLogBatch commits a write of the log, synced.
+func commitLogBatch(b *pebble.Batch) error {
+	if logBatchCommitting != nil {
+		logBatchCommitting()
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return err
+	}
+	if logBatchCommitted != nil {
+		logBatchCommitted()
 	}
 	return nil
 }
