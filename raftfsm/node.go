@@ -2711,7 +2711,10 @@ func receiveError(ctx context.Context, readErr, err error) error {
 // success, and leadership moving during the install, or any other Raft
 // error once Raft has read the stream (its one timer, which also bounds
 // the no-op after the install, run out by a long install), is a
-// *NotLeaderError with MaybeApplied set (it may be in place). A ctx that
+// *NotLeaderError with MaybeApplied set (it may be in place). Leadership
+// that moves before Raft reads the stream (the upload's spool and check
+// can take minutes) is a plain *NotLeaderError: nothing was installed,
+// and the API forwards it to the new leader. A ctx that
 // ends before the node hands the rewritten stream to Raft stops the
 // restore with ctx's error, nothing installed; from then on ctx no longer
 // matters. So with Close: one that begins before the hand-over refuses
@@ -2800,6 +2803,14 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 	err = n.raft.Restore(meta, taken, timeout)
 	end()
 	if err != nil {
+		if !taken.read.Load() && (errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost)) {
+			// Raft never read the stream: the leadership moved after the
+			// check above (the upload's spool and check can take
+			// minutes), and Raft's follower loop refused the restore.
+			// Nothing was installed anywhere: a plain NotLeaderError,
+			// which the API forwards to the new leader.
+			return SnapshotInfo{}, fmt.Errorf("restore: nothing was installed: %w", n.notLeader())
+		}
 		if errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrNotLeader) {
 			// Raft restored this node's state, then lost its leadership
 			// before the cluster confirmed the restore (the followers

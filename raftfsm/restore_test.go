@@ -770,3 +770,42 @@ func TestAWriteAbortedByARestoreIsRetryable(t *testing.T) {
 		t.Fatalf("the write racing the restore answered %v, want a retryable error", err)
 	}
 }
+
+// TestARestoreRaftNeverTookIsRetryable: leadership that moves after
+// RestoreSnapshot's leader check (the upload's spool and check can take
+// minutes), before Raft takes the restore, has Raft's follower loop answer
+// it ErrNotLeader without reading the stream: nothing is installed on any
+// node. The answer is a plain NotLeaderError, which the API forwards to the
+// new leader, not one with MaybeApplied (from a review: it was, and the API
+// answered 503 no_leader with X-Kvrouter-Maybe-Applied, did not forward,
+// and kvctl told the operator the outcome was unknown).
+func TestARestoreRaftNeverTookIsRetryable(t *testing.T) {
+	foreign := foreignSnapshot(t)
+	c := newTestCluster(t, 3, quietLeader)
+	l := c.leader()
+	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return l.CheckLeader() == nil })
+	c.converged()
+	to := "n1"
+	if l.cfg.ID == "n1" {
+		to = "n2"
+	}
+	l.cfg.beforeRestore = func() {
+		transferLeadership(t, l, to)
+		waitFor(t, 10*time.Second, "the old leader to step down", func() bool { return !l.IsLeader() })
+	}
+	_, err := l.RestoreSnapshot(ctx(t), bytes.NewReader(foreign))
+	t.Logf("restore: %v", err)
+	c.converged()
+	for _, n := range c.nodes {
+		if _, ok := n.fsm.Workers()[9]; ok {
+			t.Fatalf("%s: the restore was installed; this test wants one that was not", n.cfg.ID)
+		}
+	}
+	var nle *NotLeaderError
+	if !errors.As(err, &nle) {
+		t.Fatalf("restore answered %v, want a NotLeaderError", err)
+	}
+	if nle.MaybeApplied {
+		t.Fatalf("nothing was installed on any node, yet the restore answered MaybeApplied: %v", err)
+	}
+}
