@@ -599,6 +599,13 @@ func TestSnapshotSaveWipeRestore(t *testing.T) {
 		}
 		t.Logf("restore: %v", err)
 	}
+	// The spools (the upload and the stream Raft took, each as large as
+	// the snapshot) are gone once the restore answered.
+	for _, dir := range c.dirs {
+		if left, _ := filepath.Glob(filepath.Join(dir, "restore-*.snap")); len(left) > 0 {
+			t.Fatalf("the restore left %v in the data directory", left)
+		}
+	}
 	waitFor(t, 10*time.Second, "the restore to reach every node", func() bool {
 		for _, n := range c.nodes {
 			if n.fsm.Digest() != saved {
@@ -622,6 +629,59 @@ func TestSnapshotSaveWipeRestore(t *testing.T) {
 		if n.IndexStats().Entries != 41 {
 			t.Fatalf("%s: entries %d after restore + write", n.cfg.ID, n.IndexStats().Entries)
 		}
+	}
+}
+
+// TestASaveHoldsEveryCommittedWrite: a leader's FSM may lag its commit
+// index (a new leader applies what it committed as a follower after it
+// took over), and a backup that misses a write the cluster acknowledged
+// would lose it when restored. SaveSnapshot's Barrier waits for the FSM to
+// apply everything committed: a registration committed while the leader's
+// applies are held is in the stream of a save started then.
+func TestASaveHoldsEveryCommittedWrite(t *testing.T) {
+	_, n1, g := gatedLeader(t, nil)
+	last := n1.raft.LastIndex()
+	g.pause() // n1's FSM applies no entry from now on
+	registered := make(chan error, 1)
+	go func() { registered <- n1.RegisterWorker(ctx(t), WorkerInfo{ID: 7, BlockSize: 16}) }()
+	waitFor(t, 10*time.Second, "the registration committed", func() bool { return n1.raft.CommitIndex() > last })
+	committed := n1.raft.LastIndex()
+	var buf bytes.Buffer
+	saved := make(chan error, 1)
+	go func() {
+		_, err := n1.SaveSnapshot(ctx(t), &buf)
+		saved <- err
+	}()
+	// The save waits for its Barrier, the entry after the registration;
+	// one that answers first read the state without the registration.
+	var err error
+	answered := false
+	waitFor(t, 10*time.Second, "the save's Barrier in the log", func() bool {
+		select {
+		case err = <-saved:
+			answered = true
+			return true
+		default:
+			return n1.raft.LastIndex() > committed
+		}
+	})
+	g.open()
+	if !answered {
+		err = <-saved
+	}
+	if err != nil {
+		t.Fatalf("save: %v", err)
+	}
+	if err := <-registered; err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	if err := f.Restore(nopCloser{bytes.NewReader(buf.Bytes())}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := f.Workers()[7]; !ok {
+		t.Fatalf("the save lacks worker 7, registered and committed before it began: a backup missing an acknowledged write (workers %v)", f.Workers())
 	}
 }
 

@@ -395,11 +395,21 @@ func TestRestoreBuildsWhatTheDirectoryHolds(t *testing.T) {
 func TestCorruptSnapshotIsRefusedAndStateKept(t *testing.T) {
 	_, snap := fixtureSnapshot(t)
 
-	g := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	dir := filepath.Join(t.TempDir(), "fsm")
+	g := openTestFSM(t, dir)
 	defer g.Close()
 	var gw logWriter
 	g.ApplyBatch([]*raft.Log{gw.next(encodeRegister(1, &WorkerInfo{ID: 77, BlockSize: 16}))})
 	before := g.Digest()
+	// A refused restore leaves no fsm.restore/ behind: the next restore
+	// would remove it, but until then it holds up to a whole state's
+	// records on the disk.
+	noRestoreDir := func(name string) {
+		t.Helper()
+		if _, err := os.Stat(dir + ".restore"); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: %s after the refused restore: %v, want it gone", name, filepath.Base(dir)+".restore", err)
+		}
+	}
 	flipped := bytes.Clone(snap)
 	flipped[len(flipped)/2] ^= 0x40
 	// Well formed, with a good checksum, but a tree node's value cannot be
@@ -409,6 +419,7 @@ func TestCorruptSnapshotIsRefusedAndStateKept(t *testing.T) {
 	if err := g.Restore(nopCloser{bytes.NewReader(badNode)}); !errors.Is(err, ErrBadSnapshot) {
 		t.Errorf("undecodable record: restore err %v, want ErrBadSnapshot", err)
 	}
+	noRestoreDir("undecodable record")
 	// A tree node after a residency: out of key order, refused (and the
 	// tree being linked from the residency on is not raced by the node).
 	node := rec{k: append([]byte{store.KindNode}, make([]byte, 8)...), v: make([]byte, 17)}
@@ -417,6 +428,7 @@ func TestCorruptSnapshotIsRefusedAndStateKept(t *testing.T) {
 	if err := g.Restore(nopCloser{bytes.NewReader(disordered)}); !errors.Is(err, ErrBadSnapshot) {
 		t.Errorf("records out of order: restore err %v, want ErrBadSnapshot", err)
 	}
+	noRestoreDir("records out of order")
 	// Records that decode but do not make a consistent state (a residency
 	// of a tree node the stream lacks): refused before the swap too, and
 	// the node does not fail (openTestFSM's OnFatal fails the test).
@@ -425,6 +437,7 @@ func TestCorruptSnapshotIsRefusedAndStateKept(t *testing.T) {
 	if err := g.Restore(nopCloser{bytes.NewReader(inconsistent)}); !errors.Is(err, ErrBadSnapshot) {
 		t.Errorf("inconsistent records: restore err %v, want ErrBadSnapshot", err)
 	}
+	noRestoreDir("inconsistent records")
 	for name, b := range map[string][]byte{
 		"truncated":   snap[:len(snap)-10],
 		"bit flipped": flipped,
@@ -438,6 +451,7 @@ func TestCorruptSnapshotIsRefusedAndStateKept(t *testing.T) {
 		if err := g.Restore(nopCloser{bytes.NewReader(b)}); !errors.Is(err, ErrBadSnapshot) {
 			t.Errorf("%s: restore err %v, want ErrBadSnapshot", name, err)
 		}
+		noRestoreDir(name)
 	}
 	if g.Digest() != before || len(g.Workers()) != 1 {
 		t.Fatal("a refused snapshot changed the state")
