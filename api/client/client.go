@@ -129,6 +129,18 @@ type Options struct {
 	// TLS configures the client's own transport, when HTTPClient is nil
 	// (see TLSConfig). Default: the system's roots.
 	TLS *tls.Config
+	// DialTimeout bounds each try's connection to a node, TLS handshake
+	// included, with the client's own transport (when HTTPClient is nil).
+	// Default: the transport's (30 s to connect, 10 s for TLS).
+	DialTimeout time.Duration
+	// HeaderTimeout bounds each try's wait for the answer's headers once
+	// the request is sent, with the client's own transport. Default: no
+	// bound but the call's context, so that a node that accepts
+	// connections and never answers (wedged, stopped) takes the whole call
+	// and no other node is tried: a caller with several endpoints sets it
+	// to a try's share of its calls' timeout. A write not safe twice that
+	// times out so is ErrOutcomeUnknown, as at the context's end.
+	HeaderTimeout time.Duration
 }
 
 // Client calls the API of a kvrouter cluster. It is safe for concurrent use.
@@ -169,6 +181,11 @@ func New(endpoints []string, opts Options) (*Client, error) {
 		if opts.TLS != nil {
 			c.own.TLSClientConfig = opts.TLS
 		}
+		if opts.DialTimeout > 0 {
+			c.own.DialContext = (&net.Dialer{Timeout: opts.DialTimeout, KeepAlive: 30 * time.Second}).DialContext
+			c.own.TLSHandshakeTimeout = opts.DialTimeout
+		}
+		c.own.ResponseHeaderTimeout = opts.HeaderTimeout
 		c.hc = &http.Client{Transport: c.own}
 	}
 	// No redirect is followed: a node answers one only for a path that

@@ -1216,3 +1216,35 @@ func TestANonJSONAnswerKeptOpenFailsAtOnce(t *testing.T) {
 		t.Errorf("Status on a server keeping a non-JSON 200 open: %v; want the decode error", err)
 	}
 }
+
+// With Options.HeaderTimeout a first endpoint that accepts connections and
+// never answers costs each call a try, and the next endpoint answers; the
+// one that answered is asked first afterwards.
+func TestHeaderTimeoutPassesOverAHungEndpoint(t *testing.T) {
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(hung.Close)
+	t.Cleanup(func() { close(release) })
+	good := newNode(t, "n2")
+	c, err := client.New([]string{hung.URL, good.addr()}, client.Options{HeaderTimeout: 100 * time.Millisecond, DialTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := c.Workers(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("call %d: %v; the second endpoint (healthy) was not tried (calls there: %v)", i+1, err, good.fake.Calls())
+		}
+	}
+	if n := good.fake.Calls()["Workers"]; n != 3 {
+		t.Fatalf("%d calls reached the healthy endpoint, want 3", n)
+	}
+}

@@ -414,3 +414,30 @@ func TestLiveReplayGivesUpOnAClusterThatStopsAnswering(t *testing.T) {
 		t.Fatalf("%d calls to the silent cluster: the replay went on after it stopped answering", c)
 	}
 }
+
+// A live replay whose first endpoint accepts connections and never
+// answers (a wedged or stopped node) passes it over after a try's share of
+// the call's timeout and replays through the next one. kvsim bounded no
+// try: each call waited its whole 10 s on the first endpoint, the healthy
+// one was never tried, and after three calls the replay ended with "the
+// cluster stopped answering".
+func TestLiveReplayPassesOverAHungFirstEndpoint(t *testing.T) {
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(hung.Close)
+	t.Cleanup(func() { close(release) })
+	f, addr := fakeCluster(t)
+	eps := strings.TrimPrefix(hung.URL, "http://") + "," + addr
+	_, errb, err := kvsimStderr(t, "replay", "--live", "--endpoints", eps, "--trace", genTrace(t), "--workers", "2", "--limit", "5", "--policies", "round_robin")
+	if err != nil {
+		t.Fatalf("%v; the healthy second endpoint was not used (its calls: %v); stderr:\n%s", err, f.Calls(), errb)
+	}
+	if n := f.Calls()["Route"]; n != 5 {
+		t.Fatalf("%d routes reached the healthy endpoint, want the 5 replayed", n)
+	}
+}

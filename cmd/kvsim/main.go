@@ -178,6 +178,9 @@ Examples:
 	}
 }
 
+// liveCallTimeout bounds each call of a --live replay to the cluster.
+const liveCallTimeout = 10 * time.Second
+
 // liveClientOptions reads --token, --token-file and --tls-ca, which only
 // a --live replay uses: given on the command line without --live, or with a
 // file it cannot use, they are usage errors (exit 2), before the trace is
@@ -193,6 +196,13 @@ func liveClientOptions(c *cli.Context) (client.Options, error) {
 		}
 		return opts, nil
 	}
+	// Each try of a node is bounded, as kvctl's and kvagent's are, so that
+	// one that accepts connections and never answers costs a try's share
+	// of a call's liveCallTimeout and the next node is tried: unbounded,
+	// a hung first endpoint took every call whole and the replay ended
+	// with "the cluster stopped answering" while the others were up.
+	perTry := max(2*time.Second, liveCallTimeout/time.Duration(len(strings.Split(c.String("endpoints"), ","))))
+	opts.DialTimeout, opts.HeaderTimeout = perTry, perTry
 	var err error
 	if opts.Token, err = client.Token(c.String("token"), c.String("token-file")); err != nil {
 		return opts, cli.Exit("--token, --token-file: "+err.Error(), 2)
@@ -559,7 +569,7 @@ func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config, overrides *ind
 	// cluster that stops answering with no one to press Ctrl-C ends the
 	// replay the same way, after a few calls in a row got no answer
 	// (sim.ErrNoAnswer).
-	p := &sim.Remote{Client: cl, Workers: cfg.Workers, BlockSize: cfg.BlockSize, CapacityBlocks: int64(cfg.CapacityTokens / cfg.BlockSize),
+	p := &sim.Remote{Client: cl, Timeout: liveCallTimeout, Workers: cfg.Workers, BlockSize: cfg.BlockSize, CapacityBlocks: int64(cfg.CapacityTokens / cfg.BlockSize),
 		Stop: c.Context, Overrides: overrides}
 	var policy sim.Policy = p
 	var fleet *sim.WireFleet
