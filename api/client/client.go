@@ -17,8 +17,8 @@
 // of those may have reached a node (a timeout or a broken connection
 // after it went out, the call's context ending after it went out whole,
 // a forward to the leader that broke, a node that says it may have
-// applied it, or one that answers shutting_down, as it may close with the
-// write in its log, or a success answer whose body could not be read), no
+// applied it or answers 503 timeout, or one that answers shutting_down, as
+// it may close with the write in its log, or a success answer whose body could not be read), no
 // other node is tried: the error is ErrOutcomeUnknown, and the caller
 // checks the cluster (members, status, workers) before sending it again.
 //
@@ -85,7 +85,9 @@ var (
 	// shutting_down, wrapping that answer (a node that closes with the
 	// write in its log, where the next leader may commit it, answered so
 	// before it said X-Kvrouter-Maybe-Applied, and the client cannot tell
-	// that answer from a refusal before the write was proposed).
+	// that answer from a refusal before the write was proposed), or 503
+	// timeout (the node gave up waiting for the write, which may still
+	// apply), wrapping that answer too.
 	ErrOutcomeUnknown = errors.New("sent, and no answer came: the request may have applied")
 	// ErrUnauthorized matches an answer 401 unauthorized: the cluster asks
 	// for a token (kvrouter --token), and the client's is missing or is
@@ -673,12 +675,15 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 			// a close (and any node for a leadership transfer it was
 			// carrying out) answered so with the write possibly applied,
 			// and the answer does not tell it from a refusal before the
-			// write was proposed.
+			// write was proposed. So it does at a 503 timeout: the node
+			// gave up waiting for a write it proposed (or forwarded),
+			// which may still apply (docs/api.md).
 			var e *Error
 			if req.once && resp.Header.Get(api.HeaderMaybeApplied) != "" {
 				return nil, base, fmt.Errorf("%w: %w", ErrOutcomeUnknown, apiErr)
 			}
-			if req.once && isWrite(req.method) && errors.As(apiErr, &e) && e.Reason == api.ReasonShuttingDown {
+			if req.once && isWrite(req.method) && errors.As(apiErr, &e) &&
+				(e.Reason == api.ReasonShuttingDown || e.StatusCode == http.StatusServiceUnavailable && e.Reason == api.ReasonTimeout) {
 				return nil, base, fmt.Errorf("%w: %w", ErrOutcomeUnknown, apiErr)
 			}
 			if !last && errors.As(apiErr, &e) && e.StatusCode == http.StatusServiceUnavailable &&

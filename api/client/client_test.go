@@ -1248,3 +1248,31 @@ func TestHeaderTimeoutPassesOverAHungEndpoint(t *testing.T) {
 		t.Fatalf("%d calls reached the healthy endpoint, want 3", n)
 	}
 }
+
+// A write not safe twice answered 503 timeout (a leader's "the entry may
+// still apply", raftfsm's raftError for an entry a restore aborted) is
+// ErrOutcomeUnknown, which its callers branch on (sim.Remote's
+// deregistration looks at the workers then), wrapping the answer; it was
+// the plain *Error, read as a write that did not apply.
+func TestAWriteNotSafeTwiceAnswered503TimeoutIsOutcomeUnknown(t *testing.T) {
+	n := newNode(t, "n1")
+	other := newNode(t, "n2")
+	n.fake.SetHook(func(method string) error {
+		if method == "DeregisterWorker" {
+			return fmt.Errorf("raft apply: %w: %w (the entry may still apply if the restore is lost)",
+				context.DeadlineExceeded, errors.New("abort by restore"))
+		}
+		return nil
+	})
+	err := newClient(t, n.addr(), other.addr()).DeregisterWorker(context.Background(), 7)
+	var ae *client.Error
+	if !errors.As(err, &ae) || ae.Reason != api.ReasonTimeout {
+		t.Fatalf("setup: %v, want a 503 timeout answer", err)
+	}
+	if !errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Fatalf("a deregistration answered 503 timeout (it may still apply): %v; want ErrOutcomeUnknown", err)
+	}
+	if c := other.fake.Calls()["DeregisterWorker"]; c != 0 {
+		t.Fatalf("the deregistration was sent on to the next node (%d calls there)", c)
+	}
+}
