@@ -572,7 +572,7 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 		case req.stream != nil && req.streamLen == 0:
 			body = http.NoBody
 		case req.stream != nil:
-			counted = &countingReader{r: req.stream, closed: make(chan struct{})}
+			counted = &countingReader{ctx: ctx, r: req.stream, closed: make(chan struct{})}
 			body = counted
 		}
 		// wrote: the request's headers went out on a connection (the
@@ -616,6 +616,12 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 			case <-counted.closed:
 			case <-ctx.Done():
 				errs = append(errs, fmt.Sprintf("waiting for the body's last send: %v", ctx.Err()))
+				return false
+			}
+			if ctx.Err() != nil {
+				// A Read of the stream may have been left behind
+				// (countingReader), still running: no Seek under it.
+				errs = append(errs, fmt.Sprintf("the body's last send: %v", ctx.Err()))
 				return false
 			}
 			if counted.n == 0 {
@@ -767,13 +773,29 @@ func unwrapURLError(err error) error {
 }
 
 // countingReader is a streamed body: it counts what the transport read,
-// and closed tells when the transport is done with it.
+// and closed tells when the transport is done with it. A Read honours
+// ctx: the transport waits for its body's Read before it returns, even
+// once the call's context ended, and a caller's stream that blocks (a
+// pipe whose writer stalls) held the call past its context. The Read of
+// the stream still running then is left behind, its bytes dropped, and
+// neither counted nor its end taken for the body's: the connection was
+// closed under a truncated upload.
 type countingReader struct {
+	ctx    context.Context
 	r      io.Reader
 	n      int64
 	eof    bool // the stream's end was read: the whole body went out
 	closed chan struct{}
 	once   sync.Once
+	buf    []byte        // what the stream's Read fills; not p, which the transport reuses once Read returned
+	done   chan readDone // the stream's Read's result
+	left   bool          // a Read of the stream was left behind: no other may start
+}
+
+// readDone is the result of a Read of the stream.
+type readDone struct {
+	n   int
+	err error
 }
 
 // Close is the transport's: it never closes the caller's stream.
@@ -783,12 +805,36 @@ func (c *countingReader) Close() error {
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
+	if c.left {
+		return 0, c.ctx.Err()
+	}
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	if cap(c.buf) < len(p) {
+		c.buf = make([]byte, len(p))
+	}
+	if c.done == nil {
+		c.done = make(chan readDone, 1)
+	}
+	buf := c.buf[:len(p)]
+	go func() {
+		n, err := c.r.Read(buf)
+		c.done <- readDone{n, err}
+	}()
+	var d readDone
+	select {
+	case d = <-c.done:
+	case <-c.ctx.Done():
+		c.left = true
+		return 0, c.ctx.Err()
+	}
+	n := copy(p, buf[:d.n])
 	c.n += int64(n)
-	if err == io.EOF {
+	if d.err == io.EOF {
 		c.eof = true
 	}
-	return n, err
+	return n, d.err
 }
 
 // decodeError reads an error answer.
@@ -1150,7 +1196,9 @@ func (c *Client) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotResult,
 // cluster. r is read once, unless it is an io.Seeker: then a call that
 // could not reach a node is retried on the next endpoint from where r
 // started. The upload announces its length when r tells it (an *os.File,
-// a *bytes.Reader), and is chunked otherwise.
+// a *bytes.Reader), and is chunked otherwise. When ctx ends while a Read
+// of r blocks, the call returns without waiting for it: that Read is left
+// to return on its own (close r to end it), and what it read is dropped.
 func (c *Client) RestoreSnapshot(ctx context.Context, r io.Reader) (raftfsm.SnapshotInfo, error) {
 	var out raftfsm.SnapshotInfo
 	err := c.callReq(ctx, request{method: http.MethodPost, path: "/v1/snapshot/restore", stream: r, streamLen: streamLen(r), once: true}, &out)

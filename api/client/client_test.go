@@ -1276,3 +1276,63 @@ func TestAWriteNotSafeTwiceAnswered503TimeoutIsOutcomeUnknown(t *testing.T) {
 		t.Fatalf("the deregistration was sent on to the next node (%d calls there)", c)
 	}
 }
+
+// blockingStream hands out first bytes, then blocks in Read until
+// release is closed, and then returns its last bytes and io.EOF.
+type blockingStream struct {
+	first   int
+	sent    int
+	last    int
+	blocked chan struct{}
+	release chan struct{}
+}
+
+func (s *blockingStream) Len() int { return s.first + s.last - s.sent }
+
+func (s *blockingStream) Read(p []byte) (int, error) {
+	if s.sent < s.first {
+		n := min(len(p), s.first-s.sent)
+		s.sent += n
+		return n, nil
+	}
+	close(s.blocked)
+	<-s.release
+	n := min(len(p), s.last)
+	s.sent += n
+	return n, io.EOF
+}
+
+// A restore whose stream's Read blocks (a pipe whose writer stalls)
+// returns once its context is canceled, with the context's error alone:
+// the node got a truncated upload, which it never installs. It returned
+// only once the Read did (net/http waits for its write loop), and then as
+// ErrOutcomeUnknown, the body's end read after the cancel counted as sent.
+func TestRestoreHonoursItsContextWhileTheStreamBlocks(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+	}))
+	t.Cleanup(srv.Close)
+	s := &blockingStream{first: 64 << 10, last: 10, blocked: make(chan struct{}), release: make(chan struct{})}
+	c := newClient(t, srv.URL)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.RestoreSnapshot(ctx, s)
+		errc <- err
+	}()
+	<-s.blocked
+	cancel()
+	start := time.Now()
+	select {
+	case err := <-errc:
+		if errors.Is(err, client.ErrOutcomeUnknown) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("got %v, want context.Canceled, not ErrOutcomeUnknown", err)
+		}
+	case <-time.After(2 * time.Second):
+		close(s.release)
+		err := <-errc
+		t.Fatalf("RestoreSnapshot still running 2s after its context was canceled (stream Read blocked); "+
+			"it returned only once the Read did, %v after the cancel: %v", time.Since(start), err)
+	}
+	close(s.release)
+}
