@@ -1336,3 +1336,126 @@ func TestRestoreHonoursItsContextWhileTheStreamBlocks(t *testing.T) {
 	}
 	close(s.release)
 }
+
+// gatedStream is a snapshot stream that is an io.Seeker but tells no
+// length (the upload is chunked). With gate set, its first read past
+// gateAt waits for the gate to close (a node hanging up meanwhile).
+type gatedStream struct {
+	r      *bytes.Reader
+	gateAt int64
+	gate   chan struct{}
+}
+
+func (s *gatedStream) Read(p []byte) (int, error) {
+	if s.gate != nil {
+		if off, _ := s.r.Seek(0, io.SeekCurrent); off >= s.gateAt {
+			<-s.gate
+		}
+	}
+	return s.r.Read(p)
+}
+
+func (s *gatedStream) Seek(off int64, whence int) (int64, error) { return s.r.Seek(off, whence) }
+
+// sizedStream is a gatedStream that tells its length.
+type sizedStream struct{ *gatedStream }
+
+func (s sizedStream) Len() int { return s.r.Len() }
+
+// hashingNode answers every upload 200 {} and keeps the sha256 of the
+// last one it read whole, and how many it took.
+func hashingNode(t *testing.T) (url string, got *atomic.Value, uploads *atomic.Int64) {
+	t.Helper()
+	got, uploads = new(atomic.Value), new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := sha256.New()
+		if _, err := io.Copy(h, r.Body); err != nil {
+			return
+		}
+		uploads.Add(1)
+		got.Store(hex.EncodeToString(h.Sum(nil)))
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte("{}"))
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, got, uploads
+}
+
+// A node that hangs up half-way through a restore's upload took none of
+// it (a node installs a stream only whole): the restore goes on to the
+// next node, the stream rewound, whatever its length (announced, or
+// chunked); and one whose upload, chunked, went out whole before the
+// node hung up may be installed: it is ErrOutcomeUnknown, sent to no
+// other node. partlySent tells the two apart: with its answer false, or
+// without its look at the stream's end, either case went wrong unseen.
+func TestARestoreCutOffMidBodyGoesOnAndOneSentWholeDoesNot(t *testing.T) {
+	body := make([]byte, 2<<20)
+	rand.NewChaCha8([32]byte{2}).Read(body)
+	sum := sha256.Sum256(body)
+	want := hex.EncodeToString(sum[:])
+
+	for _, chunked := range []bool{false, true} {
+		gate := make(chan struct{})
+		cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.CopyN(io.Discard, r.Body, 64<<10)
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			conn.Close() // unread bytes: the client's next write is reset
+			close(gate)
+		}))
+		t.Cleanup(cut.Close)
+		next, got, _ := hashingNode(t)
+		gs := &gatedStream{r: bytes.NewReader(body), gateAt: 1 << 20, gate: gate}
+		var stream io.Reader = gs
+		if !chunked {
+			stream = sizedStream{gs}
+		}
+		_, err := newClient(t, cut.URL, next).RestoreSnapshot(context.Background(), stream)
+		if err != nil || got.Load() != want {
+			t.Fatalf("chunked %v: a restore cut off mid-body: %v; the next node got sha256 %v, want the whole stream's %s", chunked, err, got.Load(), want)
+		}
+	}
+
+	// Chunked, read whole by a node that then hangs up without answering.
+	whole := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		panic(http.ErrAbortHandler)
+	}))
+	t.Cleanup(whole.Close)
+	next, _, uploads := hashingNode(t)
+	_, err := newClient(t, whole.URL, next).RestoreSnapshot(context.Background(), &gatedStream{r: bytes.NewReader(body)})
+	if !errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Fatalf("a chunked restore sent whole, then no answer: %v; want ErrOutcomeUnknown", err)
+	}
+	if n := uploads.Load(); n != 0 {
+		t.Fatalf("a chunked restore sent whole was sent again to the next node (%d uploads)", n)
+	}
+}
+
+// A stream that is no io.Seeker, partly read by a node that then answers
+// 503 no_leader, cannot be sent again: the call ends with that answer and
+// the next node is not tried (it would get the stream's rest only), nor
+// is the stream rewound (it cannot be).
+func TestAPartlyReadStreamThatCannotRewindIsNotSentOn(t *testing.T) {
+	early := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.CopyN(io.Discard, r.Body, 64<<10)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		json.NewEncoder(w).Encode(api.ErrorResponse{Error: "no leader", Reason: api.ReasonNoLeader})
+	}))
+	t.Cleanup(early.Close)
+	next, _, uploads := hashingNode(t)
+	body := make([]byte, 1<<20)
+	stream := struct{ io.Reader }{bytes.NewReader(body)} // neither Seek nor Len
+	_, err := newClient(t, early.URL, next).RestoreSnapshot(context.Background(), stream)
+	var ae *client.Error
+	if !errors.As(err, &ae) || ae.Reason != api.ReasonNoLeader {
+		t.Fatalf("a stream partly read by a node answering no_leader: %v; want that answer", err)
+	}
+	if n := uploads.Load(); n != 0 {
+		t.Fatalf("the stream's rest went to the next node (%d uploads)", n)
+	}
+}
