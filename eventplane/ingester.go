@@ -345,6 +345,7 @@ type ingesterMetrics struct {
 	heartbeats          prometheus.Counter
 	malformedHeartbeats prometheus.Counter
 	expired             prometheus.Counter
+	leasesHeld          prometheus.Gauge
 	unregRemoved        prometheus.Counter
 }
 
@@ -372,11 +373,13 @@ func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
 			Help: "Heartbeat messages the leader could not decode (answered invalid; in no kvrouter_events_* family)."}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_worker_leases_expired_total",
 			Help: "Workers removed because the leader heard no heartbeat for their lease."}),
+		leasesHeld: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvrouter_worker_leases_held",
+			Help: "1 on the leader while its NATS connection is down: it hears no heartbeat, and no worker's lease runs out (each starts afresh once the connection is back)."}),
 		unregRemoved: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_unregistered_ranks_removed_total",
 			Help: "Ranks whose state the leader removed because their worker stayed unregistered for the unregistered grace (events or dumps of a worker removed or never registered)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.entries, m.received, m.lag, m.rejected, m.gaps, m.resyncs, m.subs, m.heartbeats, m.malformedHeartbeats, m.expired, m.unregRemoved)
+		reg.MustRegister(m.requests, m.entries, m.received, m.lag, m.rejected, m.gaps, m.resyncs, m.subs, m.heartbeats, m.malformedHeartbeats, m.expired, m.leasesHeld, m.unregRemoved)
 	}
 	return m
 }
@@ -461,6 +464,7 @@ func (in *Ingester) leadership() {
 		in.m.lag.Reset() // measured by the leader only
 		in.labelMu.Unlock()
 		in.leases.stepDown()
+		in.m.leasesHeld.Set(0) // a follower holds no lease
 	}
 	defer drop()
 	t := time.NewTicker(in.cfg.PollInterval)

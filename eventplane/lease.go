@@ -213,21 +213,39 @@ func (in *Ingester) ranksWithoutState(ws []raftfsm.WorkerInfo) (v string, ok boo
 // first saw it so (at its first sweep, for those it inherits): like a
 // lease, a grace never runs from before the election. It is bounded by
 // those ranks, which the sweep forgets once they are gone.
+//
+// deaf and reconnects are what the sweeps saw of the leader's NATS
+// connection this term (hearing): heartbeats reach the leader through it
+// only, so silence while it is down says nothing of the workers.
 type leases struct {
 	mu     sync.Mutex
-	gen    uint64               // bumped by lead and stepDown: what a term's removals check they still belong to
+	gen    uint64               // bumped by lead, restart and stepDown: what a term's removals check they still belong to
 	since  time.Time            // when this node became leader; zero when it does not lead
 	seen   map[uint64]time.Time // per registered worker: its last heartbeat, or when first seen, this term
 	expiry map[uint64]bool      // removals in flight
 	unreg  map[uint64]time.Time // per unregistered worker with rank state: when first seen so, this term
 	strays map[uint64]bool      // removals of unregistered workers' ranks in flight
+
+	deaf       bool   // a sweep found the NATS connection down, and none since found it back
+	reconnects uint64 // the connection's reconnects at the last sweep that found it up
+	counted    bool   // reconnects was read this term
 }
 
 func (l *leases) lead(now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.restart()
+	l.since = now
+	l.deaf, l.reconnects, l.counted = false, 0, false
+}
+
+// restart starts every lease and grace afresh, as a new term does: each
+// runs from the next sweep's first sighting. The removals in flight are
+// the old generation's, and change nothing of the new one (current).
+// l.mu is held.
+func (l *leases) restart() {
 	l.gen++
-	l.since, l.seen, l.expiry = now, map[uint64]time.Time{}, map[uint64]bool{}
+	l.seen, l.expiry = map[uint64]time.Time{}, map[uint64]bool{}
 	l.unreg, l.strays = map[uint64]time.Time{}, map[uint64]bool{}
 }
 
@@ -237,6 +255,7 @@ func (l *leases) stepDown() {
 	l.gen++
 	l.since, l.seen, l.expiry = time.Time{}, nil, nil
 	l.unreg, l.strays = nil, nil
+	l.deaf, l.reconnects, l.counted = false, 0, false
 }
 
 // current says whether gen, read with a sweep's decisions, is still the
@@ -349,10 +368,14 @@ func (in *Ingester) onHeartbeat(m *nats.Msg) {
 
 // sweepLeases removes, through Raft, every leased worker not heard of for
 // its lease, and the ranks of every worker that stayed unregistered for
-// UnregisteredGrace (sweepUnregistered). It runs on the leader only.
+// UnregisteredGrace (sweepUnregistered). It runs on the leader only, and
+// removes nothing while the leader cannot hear NATS (hearing).
 func (in *Ingester) sweepLeases(now time.Time) {
 	table := in.cfg.Node.WorkerTable()
 	in.dropLeftWorkers(table)
+	if !in.hearing() {
+		return
+	}
 	in.sweepUnregistered(now, table)
 	var expired []raftfsm.WorkerInfo
 	in.leases.mu.Lock()
@@ -443,6 +466,64 @@ func (in *Ingester) sweepLeases(now time.Time) {
 			}
 		}()
 	}
+}
+
+// hearing says whether the leader's NATS connection is up, so that the
+// heartbeats sent to the cluster reach it. While it is down (the leader's
+// NATS server is gone, or an external --nats-url is cut off from the
+// leader alone), the agents' heartbeats go on to the other servers and no
+// further: their silence here is the leader's deafness, not the workers'
+// death, and removing every leased worker (its ranks' state and bookings
+// with it) would turn one node's NATS trouble into a routing outage. So
+// no lease runs out and no grace is acted on while it is down (logged
+// once per outage; kvrouter_worker_leases_held), and once it is back,
+// every lease and grace starts afresh (leases.restart), as at a new term:
+// the heartbeats lost meanwhile are the connection's, not the workers'.
+// A reconnection between two sweeps, which no sweep saw down, restarts
+// them too (the connection's count of reconnects moved). An ingester
+// without a connection (tests) always hears.
+//
+// It cannot see a connection that is up to a server that no longer gets
+// the agents' subjects (an embedded server that lost its routes, the
+// leader's side of a partitioned NATS cluster), nor one down before
+// nats.go notices (a silent network drop: its pings, minutes by default).
+func (in *Ingester) hearing() bool {
+	nc := in.cfg.Conn
+	if nc == nil {
+		return true
+	}
+	// The count before the status: a reconnection in between is seen by
+	// the next sweep's count, and restarts the leases once more.
+	n := nc.Stats().Reconnects
+	up := nc.IsConnected()
+	l := &in.leases
+	l.mu.Lock()
+	if l.since.IsZero() {
+		l.mu.Unlock()
+		return false
+	}
+	wasDeaf, moved := l.deaf, l.counted && n != l.reconnects
+	if !up {
+		l.deaf = true
+		l.mu.Unlock()
+		if !wasDeaf {
+			in.m.leasesHeld.Set(1)
+			in.cfg.Logger.Warn("the leader's NATS connection is down: it cannot hear heartbeats, so it holds every worker's lease until it is back",
+				"status", nc.Status().String())
+		}
+		return false
+	}
+	if wasDeaf || moved {
+		l.restart()
+	}
+	l.deaf, l.reconnects, l.counted = false, n, true
+	l.mu.Unlock()
+	if wasDeaf || moved {
+		in.m.leasesHeld.Set(0)
+		in.cfg.Logger.Info("the leader's NATS connection is back; every worker's lease starts afresh",
+			"connected", nc.ConnectedUrlRedacted())
+	}
+	return true
 }
 
 // sweepUnregistered removes, through Raft, the ranks of the workers that

@@ -12,6 +12,7 @@ import (
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // TestHeartbeatEncoding: ids round-trip; a body that is not a list of
@@ -241,6 +242,90 @@ func TestLeaseExpiryFromAnEndedTermKeepsTheWorker(t *testing.T) {
 	sweep(in, t1.Add(time.Second+time.Millisecond))
 	if got := tg.removedIDs(); !slices.Equal(got, []uint64{7}) {
 		t.Fatalf("workers %v removed past the new term's lease, want [7]", got)
+	}
+}
+
+// TestDeafLeaderHoldsLeases: the leader's NATS connection is down (its
+// NATS server is gone: the agents' heartbeats go to the other servers and
+// no further). Its sweeps remove no worker, however long the silence
+// (kvrouter_worker_leases_held is 1), and once the connection is back,
+// every lease starts afresh from the next sweep, as at a new term; so
+// does a reconnection that came and went between two sweeps. From a
+// review: the leader went on sweeping, and removed every leased worker
+// (its ranks' state and bookings) once its lease ran out, though the
+// agents kept sending heartbeats and the other nodes heard them.
+func TestDeafLeaderHoldsLeases(t *testing.T) {
+	s, err := StartServer(ServerConfig{Name: "s1", Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	addr := s.Addr().String()
+	lc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lc.Close)
+	down := func() {
+		t.Helper()
+		s.Shutdown()
+		s.WaitForShutdown()
+		waitFor(t, 10*time.Second, "the connection down", func() bool { return !lc.IsConnected() })
+	}
+	up := func() {
+		t.Helper()
+		// The same address: the connection knows no other.
+		if s, err = StartServer(ServerConfig{Name: "s1", Addr: addr}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 10*time.Second, "the connection back", func() bool { return lc.IsConnected() })
+	}
+
+	tg := newFakeTarget()
+	const lease = 10 * time.Second
+	tg.register(7, lease)
+	in := newIngester(IngesterConfig{Conn: lc, Node: tg, Logger: quiet})
+	held := func() float64 {
+		var m dto.Metric
+		_ = in.m.leasesHeld.Write(&m)
+		return m.GetGauge().GetValue()
+	}
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0) // first seen: the lease starts
+
+	down()
+	sweep(in, t0.Add(3*lease))
+	if r := tg.removedIDs(); len(r) != 0 {
+		t.Fatalf("workers %v removed by a leader whose NATS connection was down", r)
+	}
+	if v := held(); v != 1 {
+		t.Fatalf("kvrouter_worker_leases_held = %v with the connection down, want 1", v)
+	}
+	up()
+	t1 := t0.Add(3*lease + time.Second)
+	sweep(in, t1) // back: the lease starts afresh
+	if v := held(); v != 0 {
+		t.Fatalf("kvrouter_worker_leases_held = %v with the connection back, want 0", v)
+	}
+	sweep(in, t1.Add(lease))
+	if r := tg.removedIDs(); len(r) != 0 {
+		t.Fatalf("workers %v removed within a lease of the connection's return", r)
+	}
+
+	// Down and back between two sweeps: the leases start afresh all the
+	// same (without, 7, silent since t1, would go at t2).
+	down()
+	up()
+	t2 := t1.Add(lease + time.Second)
+	sweep(in, t2)
+	sweep(in, t2.Add(lease))
+	if r := tg.removedIDs(); len(r) != 0 {
+		t.Fatalf("workers %v removed within a lease of a reconnection no sweep saw", r)
+	}
+	sweep(in, t2.Add(lease+time.Millisecond))
+	if r := tg.removedIDs(); !slices.Equal(r, []uint64{7}) {
+		t.Fatalf("workers %v removed after a lease of silence with the connection up, want [7]", r)
 	}
 }
 
