@@ -373,3 +373,31 @@ func TestUnreadableRankHeaderDoesNotHideAnUnknownAnswer(t *testing.T) {
 		t.Fatalf("%d warnings of the unreadable rank header after %d answers, want 1", n, unknownAnswers.Load())
 	}
 }
+
+// TestUnknownAnswerToAHeartbeatBeforeTheRegistrationIsStale: at start,
+// the first heartbeat goes out beside the first registration; the leader
+// answers it "unknown", and the answer comes back once the registration
+// has gone through. It asks for no second registration and resyncs no
+// rank: the registration since answers it. An answer "unknown" to a
+// heartbeat sent after the registration asks for one, and the answer
+// "known" after resyncs every rank.
+func TestUnknownAnswerToAHeartbeatBeforeTheRegistrationIsStale(t *testing.T) {
+	var lv liveness
+	sent := lv.beats.Add(1)
+	if lv.registered() {
+		t.Fatal("the first registration, with no answer yet, resyncs the ranks")
+	}
+	if lv.heardUnknown(sent) {
+		t.Fatal("an answer unknown to a heartbeat sent before the registration went through asks for a second registration")
+	}
+	if lv.heardKnown(true) {
+		t.Fatal("a stale answer unknown, then an answer known: every rank resynced")
+	}
+	sent = lv.beats.Add(1)
+	if !lv.heardUnknown(sent) {
+		t.Fatal("an answer unknown to a heartbeat sent after the registration asks for no registration")
+	}
+	if !lv.registered() {
+		t.Fatal("the registration after an answer unknown resyncs no rank")
+	}
+}

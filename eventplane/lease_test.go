@@ -245,6 +245,38 @@ func TestLeaseExpiryFromAnEndedTermKeepsTheWorker(t *testing.T) {
 	}
 }
 
+// TestLeaseExpiryStopsWhenNotCaughtUp: a sweep finds worker 7's lease run
+// out, and its removal waits for the worker-table lock; meanwhile the node
+// loses the lead and its state is no longer caught up with it
+// (CheckLeader), though its leases have not stepped down yet. The removal
+// leaves the worker alone, and the next sweep of a node caught up judges
+// it anew.
+func TestLeaseExpiryStopsWhenNotCaughtUp(t *testing.T) {
+	tg := newTermTarget()
+	tg.register(7, time.Second)
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0) // first seen: the lease starts
+	tg.workersMu.Lock()
+	in.sweepLeases(t0.Add(2 * time.Second)) // expired: the removal waits for the lock
+	waitLocking(t, tg)
+	tg.caught.Store(false)
+	tg.workersMu.Unlock()
+	in.cwg.Wait()
+	if got := tg.removedIDs(); len(got) != 0 {
+		t.Fatalf("a removal went on with the node not caught up: workers %v removed", got)
+	}
+	if n := len(in.leases.expiry); n != 0 {
+		t.Fatalf("%d removals still marked in flight after the removal stopped", n)
+	}
+	tg.caught.Store(true)
+	sweep(in, t0.Add(3*time.Second))
+	if got := tg.removedIDs(); !slices.Equal(got, []uint64{7}) {
+		t.Fatalf("workers %v removed by the next sweep of a node caught up, want [7]", got)
+	}
+}
+
 // TestDeafLeaderHoldsLeases: the leader's NATS connection is down (its
 // NATS server is gone: the agents' heartbeats go to the other servers and
 // no further). Its sweeps remove no worker, however long the silence

@@ -877,6 +877,43 @@ func TestSilentRanks(t *testing.T) {
 	}
 }
 
+// TestSilenceCountsFromTheNodesStart: a node restarted long after an idle
+// rank's registration knows no last-heard time of it (those live in
+// memory): the rank is not silent until SilentAfter has passed since the
+// node started, and is once it has. Counted from the registration alone,
+// every idle rank was silent as soon as a node came back, and alerts on
+// kvrouter_worker_silent fired at every restart.
+func TestSilenceCountsFromTheNodesStart(t *testing.T) {
+	const silentAfter = 300 * time.Millisecond
+	c := newTestCluster(t, 1, func(cfg *Config) { cfg.SilentAfter = silentAfter })
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	reg := time.Unix(0, l.fsm.RegisteredAt(1))
+	waitFor(t, 10*time.Second, "SilentAfter to pass since the registration", func() bool { return time.Since(reg) > silentAfter })
+	c.stop(0)
+	c.start(0)
+	n := c.nodes[0]
+	if up := n.started.Sub(reg); up <= silentAfter {
+		t.Fatalf("the node started %v after the registration, not past SilentAfter: a silence counted from the registration would not show", up)
+	}
+	var ws []WorkerStatus
+	waitFor(t, 20*time.Second, "the registration replayed", func() bool {
+		ws = n.workersAt(n.started)
+		return len(ws) == 1 && len(ws[0].Ranks) == 1
+	})
+	if r := ws[0].Ranks[0]; r.Silent || r.LastHeard != 0 {
+		t.Fatalf("an idle rank at the node's start: silent %v, last heard %d; want not silent, never heard since the start", r.Silent, r.LastHeard)
+	}
+	if ws := n.workersAt(n.started.Add(silentAfter)); ws[0].Ranks[0].Silent {
+		t.Fatal("an idle rank is silent SilentAfter after the node's start, not past it")
+	}
+	if ws := n.workersAt(n.started.Add(silentAfter + time.Millisecond)); !ws[0].Ranks[0].Silent {
+		t.Fatal("an idle rank is not silent past SilentAfter since the node's start")
+	}
+}
+
 // TestSnapshotByAppliedBytes: with an entry threshold that never fires, a
 // node still snapshots once the entries applied since its last snapshot
 // hold SnapshotBytes, and the count starts over.
