@@ -557,10 +557,12 @@ func TestV1RegistrationKeepsNamespaceBlockSize(t *testing.T) {
 	mustCode(t, n.v1Register(t, `{"worker_id":7,"block_size":4,"model":"llama"}`), 204, "the namespace's block size")
 	mustConflict(t, n.v1Register(t, `{"worker_id":7,"block_size":8,"model":"llama"}`), "worker 7 moving to another block size")
 	mustCode(t, n.v1Register(t, `{"worker_id":8,"block_size":8,"model":"mistral"}`), 204, "another model")
-	// No model: in no compat namespace, but held to the cluster's block
-	// size (worker 7's), which /v1 routes hash with.
-	mustConflict(t, n.v1Register(t, `{"worker_id":9,"block_size":8}`), "no model, another block size than the cluster's")
-	mustCode(t, n.v1Register(t, `{"worker_id":9,"block_size":4}`), 204, "no model, the cluster's block size")
+	// No model: in no compat namespace, and bound by no namespace's block
+	// size (worker 7's is 4), only by the other workers' without a model,
+	// which /v1 routes hash with.
+	mustCode(t, n.v1Register(t, `{"worker_id":9,"block_size":8}`), 204, "the first worker without a model, beside namespaces")
+	mustConflict(t, n.v1Register(t, `{"worker_id":10,"block_size":4}`), "no model, another block size than worker 9's")
+	mustCode(t, n.v1Register(t, `{"worker_id":10,"block_size":8}`), 204, "no model, worker 9's block size")
 
 	// A namespace that broke the rule before /v1 registrations kept it (an
 	// upgrade): re-registering its worker unchanged goes through, as

@@ -334,11 +334,13 @@ type workerView struct {
 	// rebuilt with workers so that a route decision neither allocates nor
 	// sorts for it.
 	cands []indexer.Candidate
-	// blockSize is the registered workers' (blockSizeOf): worker
-	// blockSizeFrom's when hasBlockSize, else DefaultBlockSize.
-	blockSize     int
-	blockSizeFrom uint64
-	hasBlockSize  bool
+	// blockSize is the one /v1 routes hash with (blockSizeOf): worker
+	// blockSizeFrom's when hasBlockSize, else DefaultBlockSize;
+	// blockSizePlain says that worker has no model (withoutModel).
+	blockSize      int
+	blockSizeFrom  uint64
+	hasBlockSize   bool
+	blockSizePlain bool
 	// routeCands is cands less the ranks of workers of another block size
 	// than blockSize (ofBlockSize): the candidates of a route that hashes
 	// with blockSize, built here so that the route pays nothing for the
@@ -382,7 +384,7 @@ func (f *FSM) publishWorkers() {
 			v.cands = appendCandidates(v.cands, id, w)
 		}
 		slices.SortFunc(v.cands, func(a, b indexer.Candidate) int { return a.Rank.Compare(b.Rank) })
-		v.blockSize, v.blockSizeFrom, v.hasBlockSize = blockSizeOf(v.workers)
+		v.blockSize, v.blockSizeFrom, v.hasBlockSize, v.blockSizePlain = blockSizeOf(v.workers)
 	} else {
 		// One worker changed (a registration or a removal at a time: a
 		// trickle): its candidates are spliced into the sorted list,
@@ -423,12 +425,15 @@ func (f *FSM) spliceWorker(v *workerView, id uint64) {
 		slices.SortFunc(cands[lo:], func(a, b indexer.Candidate) int { return a.Rank.Compare(b.Rank) })
 	}
 	v.cands = append(cands, old[hi:]...)
-	v.blockSize, v.blockSizeFrom, v.hasBlockSize = prev.blockSize, prev.blockSizeFrom, prev.hasBlockSize
-	switch {
-	case ok && w.BlockSize > 0 && (!prev.hasBlockSize || id <= prev.blockSizeFrom):
-		v.blockSize, v.blockSizeFrom, v.hasBlockSize = w.BlockSize, id, true
-	case prev.hasBlockSize && id == prev.blockSizeFrom: // the worker it came from left, or has none now
-		v.blockSize, v.blockSizeFrom, v.hasBlockSize = blockSizeOf(v.workers)
+	v.blockSize, v.blockSizeFrom, v.hasBlockSize, v.blockSizePlain = prev.blockSize, prev.blockSizeFrom, prev.hasBlockSize, prev.blockSizePlain
+	switch plain := withoutModel(w); {
+	case ok && w.BlockSize > 0 && (!prev.hasBlockSize || (id == prev.blockSizeFrom && plain == prev.blockSizePlain) ||
+		setsBlockSizeBefore(id, plain, prev.blockSizeFrom, prev.blockSizePlain)):
+		v.blockSize, v.blockSizeFrom, v.hasBlockSize, v.blockSizePlain = w.BlockSize, id, true, plain
+	case prev.hasBlockSize && id == prev.blockSizeFrom:
+		// The worker it came from left, has none now, or gained or lost
+		// a model (another may come before it now).
+		v.blockSize, v.blockSizeFrom, v.hasBlockSize, v.blockSizePlain = blockSizeOf(v.workers)
 	}
 }
 

@@ -175,9 +175,12 @@ func (m *fsmModel) check(rt *rapid.T, what string, f *FSM) {
 	if !slices.Equal(got.cands, want.cands) {
 		rt.Fatalf("%s: route candidates %+v, rebuilt from the table %+v", what, got.cands, want.cands)
 	}
-	if got.blockSize != want.blockSize || got.blockSizeFrom != want.blockSizeFrom || got.hasBlockSize != want.hasBlockSize {
-		rt.Fatalf("%s: block size %d of worker %d (%v), rebuilt %d of worker %d (%v)", what,
-			got.blockSize, got.blockSizeFrom, got.hasBlockSize, want.blockSize, want.blockSizeFrom, want.hasBlockSize)
+	if got.blockSize != want.blockSize || got.blockSizeFrom != want.blockSizeFrom || got.hasBlockSize != want.hasBlockSize || got.blockSizePlain != want.blockSizePlain {
+		rt.Fatalf("%s: block size %d of worker %d (%v, without a model %v), rebuilt %d of worker %d (%v, %v)", what,
+			got.blockSize, got.blockSizeFrom, got.hasBlockSize, got.blockSizePlain, want.blockSize, want.blockSizeFrom, want.hasBlockSize, want.blockSizePlain)
+	}
+	if !slices.Equal(got.routeCands, want.routeCands) {
+		rt.Fatalf("%s: /v1 route candidates %+v, rebuilt from the table %+v", what, got.routeCands, want.routeCands)
 	}
 	if !maps.EqualFunc(f.wtab, ws, func(a, b WorkerInfo) bool {
 		return a.ID == b.ID && slices.Equal(a.DPRanks, b.DPRanks) && a.BlockSize == b.BlockSize
@@ -235,9 +238,12 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 		// listed before or not (the state of a dump or events taken while
 		// the worker was unregistered or not Positional).
 		w := WorkerInfo{
-			ID:         uint64(rapid.IntRange(1, 2).Draw(t, "worker")),
-			DPRanks:    rapid.SampledFrom([][]uint32{{0, 1}, {0}, {1}, {1, 0}}).Draw(t, "dp ranks"),
-			BlockSize:  rapid.SampledFrom([]int{16, 32}).Draw(t, "block size"),
+			ID:        uint64(rapid.IntRange(1, 2).Draw(t, "worker")),
+			DPRanks:   rapid.SampledFrom([][]uint32{{0, 1}, {0}, {1}, {1, 0}}).Draw(t, "dp ranks"),
+			BlockSize: rapid.SampledFrom([]int{16, 32}).Draw(t, "block size"),
+			// A model's worker sets the /v1 block size only when no worker
+			// without one has one (blockSizeOf).
+			Model:      rapid.SampledFrom([]string{"", "m"}).Draw(t, "model"),
 			Capacity:   [4]int64{rapid.Int64Range(1, 3).Draw(t, "capacity") * 64},
 			Positional: rapid.Bool().Draw(t, "positional"),
 		}

@@ -2027,32 +2027,36 @@ func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 }
 
 // checkBlockSize refuses (ErrBlockSizeConflict) a /v1 worker without a
-// model whose block size differs from the one the cluster routes with, as
-// the other workers set it (blockSizeOf): semantics.md §1 makes it one per
-// model, the same for every worker, and a route would leave the worker out
-// (servesBlockSize), or, were its id the smallest, every other worker. A
-// worker with a model is judged by its namespace's rules (compat's
-// CheckWorkers), which let models of different block sizes share the
-// cluster. A registration that changes neither the worker's block size nor
-// its model is not judged, as compat's rules do not judge it, so that a
-// worker registered before the rule held registers again (kvagent at its
-// start) while it is registered. It judges the table of the last applied
-// batch on the leader alone: a follower's apply answers ErrNotLeader.
+// model whose block size differs from the one /v1 routes hash with, as
+// the other workers without a model set it (the smallest id's:
+// blockSizeOf): semantics.md §1 makes it one per model, the same for every
+// worker, and a route would leave the worker out (servesBlockSize), or,
+// were its id the smallest, every other worker. A worker with a model is
+// judged by its namespace's rules (compat's CheckWorkers), which let
+// models of different block sizes share the cluster, and its block size
+// does not bind the workers without one. A registration that changes
+// neither the worker's block size nor its model is not judged, as compat's
+// rules do not judge it, so that a worker registered before the rule held
+// registers again (kvagent at its start) while it is registered. It
+// judges the table of the last applied batch on the leader alone: a
+// follower's apply answers ErrNotLeader.
 func (n *Node) checkBlockSize(w, prev *WorkerInfo, known bool) error {
-	if w.Model != "" || w.Tenant != "" || !n.IsLeader() {
+	if !withoutModel(*w) || !n.IsLeader() {
 		return nil
 	}
-	if known && prev.BlockSize == w.BlockSize && prev.Model == w.Model && prev.Tenant == w.Tenant {
+	if known && prev.BlockSize == w.BlockSize && withoutModel(*prev) {
 		return nil
 	}
 	view := n.fsm.published()
-	bs, from, ok := view.blockSize, view.blockSizeFrom, view.hasBlockSize
+	// A model worker's block size (no worker without a model has one)
+	// binds w to nothing.
+	bs, from, ok := view.blockSize, view.blockSizeFrom, view.hasBlockSize && view.blockSizePlain
 	if ok && from == w.ID {
-		// The block size is w's own registration's: the others' is what
-		// is left without it.
+		// The block size is w's own registration's: the others' without
+		// a model is what is left without it.
 		bs, from, ok = DefaultBlockSize, 0, false
 		for id, o := range view.workers {
-			if id != w.ID && o.BlockSize > 0 && (!ok || id < from) {
+			if id != w.ID && withoutModel(o) && o.BlockSize > 0 && (!ok || id < from) {
 				bs, from, ok = o.BlockSize, id, true
 			}
 		}

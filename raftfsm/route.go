@@ -79,22 +79,43 @@ func (pb *pendingBooks) clear() {
 	pb.mu.Unlock()
 }
 
-// blockSizeOf returns the block size of the registered workers, the
-// worker it is from, and whether any has one (DefaultBlockSize when none
-// does). Workers of one cluster serve one model and must agree; the
-// smallest id's wins when they do not. "None" is ok, not an id: every id
-// is a worker's, MaxUint64 too (a ^0 sentinel skipped that worker here
-// while spliceWorker took it, so that replicas routed with different
-// block sizes depending on how their batches fell).
-func blockSizeOf(ws map[uint64]WorkerInfo) (bs int, from uint64, ok bool) {
+// blockSizeOf returns the block size /v1 routes hash with, the worker it
+// is from, and whether any worker has one (DefaultBlockSize when none
+// does): the smallest id's of the workers without a model (withoutModel),
+// the /v1 workers, which serve one model and must agree. A worker with a
+// model is its namespace's (a compatible API's, hashing with its own block
+// size): it sets the block size only when no worker without a model has
+// one, by the smallest id's as before any worker had a model, so that a
+// cluster of model workers alone routes /v1 as it did; otherwise another
+// model's worker of another block size, were its id the smallest, took
+// every /v1 route and held /v1 workers to its block size. "None" is ok,
+// not an id: every id is a worker's, MaxUint64 too (a ^0 sentinel skipped
+// that worker here while spliceWorker took it, so that replicas routed
+// with different block sizes depending on how their batches fell).
+func blockSizeOf(ws map[uint64]WorkerInfo) (bs int, from uint64, ok, plain bool) {
 	bs = DefaultBlockSize
 	for id, w := range ws {
-		if w.BlockSize > 0 && (!ok || id < from) {
-			bs, from, ok = w.BlockSize, id, true
+		if w.BlockSize > 0 && (!ok || setsBlockSizeBefore(id, withoutModel(w), from, plain)) {
+			bs, from, ok, plain = w.BlockSize, id, true, withoutModel(w)
 		}
 	}
-	return bs, from, ok
+	return bs, from, ok, plain
 }
+
+// setsBlockSizeBefore reports whether worker id (plain: without a model)
+// comes before worker from (fromPlain) in blockSizeOf's order: the
+// workers without a model first, then by id.
+func setsBlockSizeBefore(id uint64, plain bool, from uint64, fromPlain bool) bool {
+	if plain != fromPlain {
+		return plain
+	}
+	return id < from
+}
+
+// withoutModel reports whether w is a /v1 worker without a model, in no
+// compatible API's namespace: the workers whose block size /v1 routes
+// hash with (blockSizeOf) and RegisterWorker holds to it (checkBlockSize).
+func withoutModel(w WorkerInfo) bool { return w.Model == "" && w.Tenant == "" }
 
 // Route scores every registered rank of the block size it hashes with
 // (servesBlockSize) for the query from this node's local index and load

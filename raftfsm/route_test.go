@@ -220,3 +220,79 @@ func TestRouteRefusesAnISLBelowItsPrompt(t *testing.T) {
 		t.Errorf("booking b: %+v, %v; want isl 8", b, ok)
 	}
 }
+
+// TestAModelWorkerOfAnotherBlockSizeLeavesV1RoutesAlone: a worker with a
+// model (a compatible API's namespace, hashing with its own block size)
+// does not set the block size /v1 routes hash with while workers without a
+// model have one, even with the smallest id: /v1 routes keep the /v1
+// workers as candidates and leave it out, and a /v1 worker of the /v1
+// workers' block size registers. From a review: worker 1 (model "other",
+// block size 32) was the only candidate of every /v1 route, and worker 12
+// was refused with ErrBlockSizeConflict.
+func TestAModelWorkerOfAnotherBlockSizeLeavesV1RoutesAlone(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	for _, id := range []uint64{10, 11} {
+		if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: id, BlockSize: 16, DPRanks: []uint32{0}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 32, Model: "other", DPRanks: []uint32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := l.Route(ctx(t), RouteQuery{Tokens: make([]uint32, 64)})
+	if err != nil {
+		t.Fatalf("/v1 route: %v", err)
+	}
+	var ranks []kvevent.Rank
+	for _, cs := range res.Decision.Candidates {
+		ranks = append(ranks, cs.Rank)
+	}
+	if want := []kvevent.Rank{{Worker: 10}, {Worker: 11}}; !slices.Equal(ranks, want) {
+		t.Errorf("/v1 route beside a model worker of another block size: chose %v of candidates %v, want candidates %v", res.Decision.Rank, ranks, want)
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 12, BlockSize: 16, DPRanks: []uint32{0}}); err != nil {
+		t.Errorf("a /v1 worker of the /v1 workers' block size 16 beside model worker 1 of 32: %v", err)
+	}
+	// A model worker of the /v1 block size stays a /v1 route candidate.
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 2, BlockSize: 16, Model: "same", DPRanks: []uint32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err = l.Route(ctx(t), RouteQuery{Tokens: make([]uint32, 64)})
+	if err != nil {
+		t.Fatalf("/v1 route: %v", err)
+	}
+	ranks = ranks[:0]
+	for _, cs := range res.Decision.Candidates {
+		ranks = append(ranks, cs.Rank)
+	}
+	if want := []kvevent.Rank{{Worker: 2}, {Worker: 10}, {Worker: 11}, {Worker: 12}}; !slices.Equal(ranks, want) {
+		t.Errorf("/v1 route with a model worker of the /v1 block size: candidates %v, want %v", ranks, want)
+	}
+}
+
+// TestACompatNamespaceDoesNotBindV1Workers: a cluster serving a
+// compatible API's namespace (model "a", block size 32, an id with bit 63
+// set as compat.WorkerID gives it) takes the first /v1 worker without a
+// model of another block size, which then sets the block size /v1 routes
+// hash with. From a review: it was refused (ErrBlockSizeConflict, and
+// kvagent stopped), the namespace's worker taken for the cluster's.
+func TestACompatNamespaceDoesNotBindV1Workers(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1<<63 | 12345, Instance: 7, BlockSize: 32, Model: "a", DPRanks: []uint32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	if v := l.fsm.published(); v.blockSize != 32 {
+		t.Errorf("/v1 block size of a cluster of model workers alone: %d, want 32, the smallest id's as before", v.blockSize)
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 10, BlockSize: 16, DPRanks: []uint32{0}}); err != nil {
+		t.Fatalf("the first /v1 worker (no model) beside a compat namespace of model a: %v", err)
+	}
+	if v := l.fsm.published(); v.blockSize != 16 || v.blockSizeFrom != 10 {
+		t.Errorf("/v1 block size %d (worker %d's), want 16 (worker 10's)", v.blockSize, v.blockSizeFrom)
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 11, BlockSize: 32, DPRanks: []uint32{0}}); !errors.Is(err, ErrBlockSizeConflict) {
+		t.Errorf("a /v1 worker of the namespace's block size 32 beside /v1 worker 10 of 16: %v, want ErrBlockSizeConflict", err)
+	}
+}
