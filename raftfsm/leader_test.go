@@ -71,6 +71,71 @@ func TestCheckLeaderWaitsForTheBarrier(t *testing.T) {
 	}
 }
 
+// TestANewLeaderJudgesABlockSizeAfterItsBarrier: a node elected while its
+// FSM still lacks a registration its predecessor acknowledged (worker 1,
+// block size 16) judges a worker without a model (worker 2, block size 8)
+// only once a Barrier has applied it, and refuses it with
+// ErrBlockSizeConflict. n3's log writes tell when the registration's check
+// is past (its own Barrier, or, without one, its entry, is written in n3's
+// term beside the term's set-up Barrier) before its FSM may go on. It used
+// to judge the stale table, without worker 1, and register worker 2.
+func TestANewLeaderJudgesABlockSizeAfterItsBarrier(t *testing.T) {
+	g := newFSMGate()
+	var (
+		mu      sync.Mutex
+		written []raft.LogType
+		term    uint64 // n3's leading term, once known
+	)
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		if cfg.ID != "n3" {
+			return
+		}
+		cfg.applyGate = g.gate
+		cfg.beforeLogWrite = func(logs []*raft.Log) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, l := range logs {
+				if l.Term == term && (l.Type == raft.LogBarrier || l.Type == raft.LogCommand) {
+					written = append(written, l.Type)
+				}
+			}
+		}
+	})
+	t.Cleanup(g.open)
+	l, n3 := c.leader(), c.nodes[2]
+	if l == n3 {
+		transferLeadership(t, l, "n1")
+		l = c.leader()
+	}
+	c.converged()
+	g.pause()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n3 to hold the entry in its log", func() bool { return n3.raft.LastIndex() >= l.raft.LastIndex() })
+	mu.Lock()
+	term = l.raft.CurrentTerm() + 1 // the election the transfer starts
+	mu.Unlock()
+	transferLeadership(t, l, "n3")
+	waitFor(t, 10*time.Second, "n3 to lead", n3.IsLeader)
+	if got := n3.raft.CurrentTerm(); got != term {
+		t.Fatalf("n3 leads in term %d, want %d", got, term)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- n3.RegisterWorker(ctx(t), WorkerInfo{ID: 2, BlockSize: 8, DPRanks: []uint32{0}}) }()
+	waitFor(t, 10*time.Second, "the set-up Barrier and the registration's Barrier or entry in n3's log", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(written) >= 2
+	})
+	g.open()
+	if err := <-errc; !errors.Is(err, ErrBlockSizeConflict) {
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("worker 2 of block size 8 on a new leader behind worker 1 of 16: %v, want ErrBlockSizeConflict (log writes of term %d: %v)", err, term, written)
+	}
+}
+
 // TestANewLeaderIsReadyOnlyOnceItsBarrierPassed: a node that becomes
 // leader is not ready while its post-election Barrier has not passed,
 // though its FSM holds everything its log says is committed: only the

@@ -207,6 +207,12 @@ type Node struct {
 
 	// workersMu orders this node's worker-table writes (WorkersMutex).
 	workersMu sync.Mutex
+	// blockSizeMu is held by RegisterWorker of a worker without a model
+	// from its check (checkBlockSize) until its apply returns, so that a
+	// registration is judged with every earlier one through this node
+	// applied: two of different block sizes sent together both passed.
+	// Callers may hold workersMu, so it is a lock of its own.
+	blockSizeMu sync.Mutex
 	// memberOps orders this node's membership changes and restores.
 	memberOps memberLock
 
@@ -1999,6 +2005,10 @@ func (n *Node) ReplaceRankFenced(ctx context.Context, r kvevent.Rank, cursor, in
 // (ErrBlockSizeConflict) a worker without a model of another block size
 // than the cluster's (checkBlockSize).
 func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
+	if withoutModel(w) {
+		n.blockSizeMu.Lock()
+		defer n.blockSizeMu.Unlock()
+	}
 	prev, known := n.fsm.Workers()[w.ID]
 	if w.BlockSize <= 0 || w.BlockSize > MaxBlockSize {
 		return fmt.Errorf("%w: block size %d", ErrInvalid, w.BlockSize)
@@ -2016,7 +2026,7 @@ func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 	if msg := limits.DPRanks(w.DPRanks); msg != "" {
 		return fmt.Errorf("%w: %s", ErrInvalid, msg)
 	}
-	if err := n.checkBlockSize(&w, &prev, known); err != nil {
+	if err := n.checkBlockSize(ctx, &w, &prev, known); err != nil {
 		return err
 	}
 	_, err := n.apply(ctx, encodeRegister(now(), &w))
@@ -2038,14 +2048,22 @@ func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 // neither the worker's block size nor its model is not judged, as compat's
 // rules do not judge it, so that a worker registered before the rule held
 // registers again (kvagent at its start) while it is registered. It
-// judges the table of the last applied batch on the leader alone: a
-// follower's apply answers ErrNotLeader.
-func (n *Node) checkBlockSize(w, prev *WorkerInfo, known bool) error {
+// judges the table on the leader alone (a follower's apply answers
+// ErrNotLeader), under blockSizeMu (RegisterWorker), and, on a leader
+// that has not yet applied the entries of the terms before its own
+// (ledThisTerm), after a Barrier: the table it reads then lacked
+// registrations that committed.
+func (n *Node) checkBlockSize(ctx context.Context, w, prev *WorkerInfo, known bool) error {
 	if !withoutModel(*w) || !n.IsLeader() {
 		return nil
 	}
 	if known && prev.BlockSize == w.BlockSize && withoutModel(*prev) {
 		return nil
+	}
+	if !n.ledThisTerm() {
+		if err := n.await(ctx, n.raft.Barrier(n.cfg.ApplyTimeout)); err != nil {
+			return fmt.Errorf("barrier before judging worker %d's block size: %w", w.ID, n.raftError(err))
+		}
 	}
 	view := n.fsm.published()
 	// A model worker's block size (no worker without a model has one)

@@ -296,3 +296,36 @@ func TestACompatNamespaceDoesNotBindV1Workers(t *testing.T) {
 		t.Errorf("a /v1 worker of the namespace's block size 32 beside /v1 worker 10 of 16: %v, want ErrBlockSizeConflict", err)
 	}
 }
+
+// TestRegistrationsOfTwoBlockSizesSentTogetherTakeOne: RegisterWorker
+// judges a worker without a model with every earlier registration through
+// the leader applied (blockSizeMu, held until its apply returns): of two
+// of different block sizes sent at once to an empty cluster, one is
+// refused. From a review: both passed (the check read the table, and
+// proposed with nothing held), and the cluster had two block sizes.
+func TestRegistrationsOfTwoBlockSizesSentTogetherTakeOne(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	for try := 0; try < 20; try++ {
+		a, b := uint64(2*try+1), uint64(2*try+2)
+		errs := make(chan error, 2)
+		go func() { errs <- l.RegisterWorker(ctx(t), WorkerInfo{ID: a, BlockSize: 8, DPRanks: []uint32{0}}) }()
+		go func() { errs <- l.RegisterWorker(ctx(t), WorkerInfo{ID: b, BlockSize: 4, DPRanks: []uint32{0}}) }()
+		e1, e2 := <-errs, <-errs
+		if e1 == nil && e2 == nil {
+			ws := l.fsm.Workers()
+			t.Fatalf("try %d: both registrations of block sizes 8 and 4 passed: workers %d (bs %d) and %d (bs %d) registered together",
+				try, a, ws[a].BlockSize, b, ws[b].BlockSize)
+		}
+		for _, err := range []error{e1, e2} {
+			if err != nil && !errors.Is(err, ErrBlockSizeConflict) {
+				t.Fatalf("try %d: %v, want nil or ErrBlockSizeConflict", try, err)
+			}
+		}
+		for _, id := range []uint64{a, b} {
+			if err := l.DeregisterWorker(ctx(t), id); err != nil && !errors.Is(err, ErrUnknownWorker) {
+				t.Fatal(err)
+			}
+		}
+	}
+}
