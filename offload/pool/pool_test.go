@@ -373,6 +373,64 @@ func TestConcurrentBatchesThatCloseALoopChangeNothing(t *testing.T) {
 	}
 }
 
+// TestConcurrentRegisterFromsThatCloseALoopChangeNothing is
+// TestConcurrentBatchesThatCloseALoopChangeNothing for HostPool.RegisterFrom:
+// its loop check and reservations are one hold of the lock (reserveAll)
+// too, so in either order the second batch is refused whole, with nothing
+// copied, stored or published.
+func TestConcurrentRegisterFromsThatCloseALoopChangeNothing(t *testing.T) {
+	be := hostBackend(t)
+	p, err := pool.NewHost(be, pool.Config{Rank: rank, Capacity: 16, BlockSize: testBlock})
+	check(t, err)
+	t.Cleanup(func() { check(t, p.Close()) })
+	src, err := be.AllocHost(2 * testBlock)
+	check(t, err)
+	t.Cleanup(func() { check(t, be.FreeHost(src)) })
+	ptrs := []backend.Ptr{src.At(0), src.At(testBlock)}
+	var (
+		streams [2]backend.Stream
+		events  [2]backend.Event
+	)
+	for i := range 2 {
+		streams[i], err = be.NewStream()
+		check(t, err)
+		t.Cleanup(func() { check(t, be.DestroyStream(streams[i])) })
+		events[i], err = be.NewEvent()
+		check(t, err)
+		t.Cleanup(func() { check(t, be.DestroyEvent(events[i])) })
+	}
+	for trial := range uint64(2000) {
+		x, a, b := 0x100+4*trial, 0x101+4*trial, 0x102+4*trial // new hashes each trial
+		batches := [2][]pool.Block{
+			{{Hash: x}, {Hash: a, Parent: b}},
+			{{Hash: x + 3}, {Hash: b, Parent: a}},
+		}
+		var (
+			wg     sync.WaitGroup
+			start  = make(chan struct{})
+			stored [2]int
+			errs   [2]error
+		)
+		for i := range 2 {
+			wg.Go(func() {
+				<-start
+				stored[i], errs[i] = p.RegisterFrom(streams[i], events[i], batches[i], ptrs)
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i := range 2 {
+			if !errors.Is(errs[i], pool.ErrInvalid) {
+				continue
+			}
+			if held := present(p, batches[i][0].Hash); stored[i] != 0 || len(held) != 0 {
+				t.Fatalf("trial %d: RegisterFrom %x failed with %v after storing %d block(s) (held now: %x); "+
+					"a batch refused as a loop must change nothing", trial, batches[i], errs[i], stored[i], held)
+			}
+		}
+	}
+}
+
 func TestReadReturnsTheBytesWritten(t *testing.T) {
 	forEachPool(t, func(t *testing.T, pc poolCase) {
 		p := pc.open(t, 8, newSink(t))
