@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -919,5 +920,54 @@ func TestReserveReportsWhatItBooked(t *testing.T) {
 	}
 	if got, ok := l.Booking("req-1"); ok {
 		t.Fatalf("a freed id was booked again: %+v", got)
+	}
+}
+
+// TestTransferWithoutATargetPicksTheCaughtUpVoter: of two followers that
+// both answer, a transfer without a target goes to the one whose log the
+// leader saw match furthest, not to the one held behind (whose log writes
+// are held: it answers heartbeats, and is first in configuration order, so
+// a tie or the least match would pick it, and the transfer would wait on
+// its log).
+func TestTransferWithoutATargetPicksTheCaughtUpVoter(t *testing.T) {
+	var holdID atomic.Value // string: the node whose log writes are held
+	holdID.Store("")
+	release := make(chan struct{})
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		id := cfg.ID
+		cfg.beforeLogWrite = func([]*raft.Log) {
+			if holdID.Load() == id {
+				<-release
+			}
+		}
+	})
+	t.Cleanup(sync.OnceFunc(func() { close(release) })) // before the cluster's Close, which waits for Raft
+	l := c.leader()
+	c.converged()
+	var followers []string
+	for _, s := range l.raft.GetConfiguration().Configuration().Servers {
+		if string(s.ID) != l.cfg.ID {
+			followers = append(followers, string(s.ID))
+		}
+	}
+	behind, ahead := followers[0], followers[1]
+	holdID.Store(behind)
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	last := l.raft.LastIndex()
+	held := time.Now()
+	waitFor(t, 10*time.Second, ahead+" to match the write and "+behind+" to answer while held", func() bool {
+		return l.watch.contact(raft.ServerID(ahead)).matched >= last && l.watch.contact(raft.ServerID(behind)).at.After(held)
+	})
+	if m := l.watch.contact(raft.ServerID(behind)).matched; m >= last {
+		t.Fatalf("%s, held, matched through %d, the write is at %d: the set-up no longer holds it behind", behind, m, last)
+	}
+	if err := l.TransferLeadership(ctx(t), ""); err != nil {
+		t.Fatalf("transfer without a target (%s at %d held behind %s): %v", behind, l.watch.contact(raft.ServerID(behind)).matched, ahead, err)
+	}
+	waitFor(t, 10*time.Second, "a new leader", func() bool { return !l.IsLeader() && c.leader() != l })
+	if got := c.leader().cfg.ID; got != ahead {
+		t.Fatalf("a transfer without a target went to %s, want %s, the voter whose log matched furthest", got, ahead)
 	}
 }
