@@ -341,36 +341,7 @@ func TestConcurrentBatchesThatCloseALoopChangeNothing(t *testing.T) {
 	check(t, err)
 	t.Cleanup(func() { p.Close() })
 	data := [][]byte{pattern(testBlock, 1), pattern(testBlock, 2)}
-	for trial := range uint64(5000) {
-		x, a, b := 0x100+4*trial, 0x101+4*trial, 0x102+4*trial // new hashes each trial
-		batches := [2][]pool.Block{
-			{{Hash: x}, {Hash: a, Parent: b}},
-			{{Hash: x + 3}, {Hash: b, Parent: a}},
-		}
-		var (
-			wg     sync.WaitGroup
-			start  = make(chan struct{})
-			stored [2]int
-			errs   [2]error
-		)
-		for i := range 2 {
-			wg.Go(func() {
-				<-start
-				stored[i], errs[i] = p.Put(batches[i], data)
-			})
-		}
-		close(start)
-		wg.Wait()
-		for i := range 2 {
-			if !errors.Is(errs[i], pool.ErrInvalid) {
-				continue
-			}
-			if held := present(p, batches[i][0].Hash); stored[i] != 0 || len(held) != 0 {
-				t.Fatalf("trial %d: Put %x failed with %v after storing %d block(s) (held now: %x); "+
-					"a batch refused as a loop must change nothing", trial, batches[i], errs[i], stored[i], held)
-			}
-		}
-	}
+	closeLoopsConcurrently(t, p, 5000, "Put", func(i int, bs []pool.Block) (int, error) { return p.Put(bs, data) })
 }
 
 // TestConcurrentRegisterFromsThatCloseALoopChangeNothing is
@@ -399,7 +370,19 @@ func TestConcurrentRegisterFromsThatCloseALoopChangeNothing(t *testing.T) {
 		check(t, err)
 		t.Cleanup(func() { check(t, be.DestroyEvent(events[i])) })
 	}
-	for trial := range uint64(2000) {
+	closeLoopsConcurrently(t, p, 2000, "RegisterFrom", func(i int, bs []pool.Block) (int, error) {
+		return p.RegisterFrom(streams[i], events[i], bs, ptrs)
+	})
+}
+
+// closeLoopsConcurrently runs trials of two batches, each one block
+// of its own and one whose parent the other batch stores, through put at
+// once (i is the batch's goroutine: 0 or 1): together they would close a
+// loop of parents, so the second to reserve is refused, and a batch
+// refused (ErrInvalid) must have stored nothing of its own.
+func closeLoopsConcurrently(t *testing.T, p anyPool, trials uint64, what string, put func(i int, bs []pool.Block) (int, error)) {
+	t.Helper()
+	for trial := range trials {
 		x, a, b := 0x100+4*trial, 0x101+4*trial, 0x102+4*trial // new hashes each trial
 		batches := [2][]pool.Block{
 			{{Hash: x}, {Hash: a, Parent: b}},
@@ -414,7 +397,7 @@ func TestConcurrentRegisterFromsThatCloseALoopChangeNothing(t *testing.T) {
 		for i := range 2 {
 			wg.Go(func() {
 				<-start
-				stored[i], errs[i] = p.RegisterFrom(streams[i], events[i], batches[i], ptrs)
+				stored[i], errs[i] = put(i, batches[i])
 			})
 		}
 		close(start)
@@ -424,8 +407,8 @@ func TestConcurrentRegisterFromsThatCloseALoopChangeNothing(t *testing.T) {
 				continue
 			}
 			if held := present(p, batches[i][0].Hash); stored[i] != 0 || len(held) != 0 {
-				t.Fatalf("trial %d: RegisterFrom %x failed with %v after storing %d block(s) (held now: %x); "+
-					"a batch refused as a loop must change nothing", trial, batches[i], errs[i], stored[i], held)
+				t.Fatalf("trial %d: %s %x failed with %v after storing %d block(s) (held now: %x); "+
+					"a batch refused as a loop must change nothing", trial, what, batches[i], errs[i], stored[i], held)
 			}
 		}
 	}
