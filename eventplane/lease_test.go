@@ -144,6 +144,23 @@ func strayRunWaiting(t *testing.T, grace time.Duration) (*termTarget, *Ingester,
 	return tg, in, t0
 }
 
+// expiryWaiting is a leader's ingester whose worker 7 (a lease of 1 s,
+// first seen at t0) a sweep found expired at t0+2s: the removal waits for
+// the worker-table lock, which the test holds (and unlocks).
+func expiryWaiting(t *testing.T) (*termTarget, *Ingester, time.Time) {
+	t.Helper()
+	tg := newTermTarget()
+	tg.register(7, time.Second)
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0) // first seen: the lease starts
+	tg.workersMu.Lock()
+	in.sweepLeases(t0.Add(2 * time.Second)) // expired: the removal waits for the lock
+	waitLocking(t, tg)
+	return tg, in, t0
+}
+
 // TestStrayRunStopsWhenItsTermEnds: a removal run of stray workers waits
 // for the worker-table lock at its first worker; meanwhile the node steps
 // down and is elected again. The run removes nothing in the new term, and
@@ -209,15 +226,7 @@ func TestStrayRunStopsWhenNotCaughtUp(t *testing.T) {
 // yet) and removed the worker, though a failover never removes a worker
 // that kept sending heartbeats.
 func TestLeaseExpiryFromAnEndedTermKeepsTheWorker(t *testing.T) {
-	tg := newTermTarget()
-	tg.register(7, time.Second)
-	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
-	t0 := time.Now()
-	in.leases.lead(t0)
-	sweep(in, t0) // first seen: the lease starts
-	tg.workersMu.Lock()
-	in.sweepLeases(t0.Add(2 * time.Second)) // expired: the removal waits for the lock
-	waitLocking(t, tg)
+	tg, in, t0 := expiryWaiting(t)
 
 	t1 := t0.Add(time.Minute)
 	reelect(in, tg, t1)
@@ -252,15 +261,7 @@ func TestLeaseExpiryFromAnEndedTermKeepsTheWorker(t *testing.T) {
 // leaves the worker alone, and the next sweep of a node caught up judges
 // it anew.
 func TestLeaseExpiryStopsWhenNotCaughtUp(t *testing.T) {
-	tg := newTermTarget()
-	tg.register(7, time.Second)
-	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
-	t0 := time.Now()
-	in.leases.lead(t0)
-	sweep(in, t0) // first seen: the lease starts
-	tg.workersMu.Lock()
-	in.sweepLeases(t0.Add(2 * time.Second)) // expired: the removal waits for the lock
-	waitLocking(t, tg)
+	tg, in, t0 := expiryWaiting(t)
 	tg.caught.Store(false)
 	tg.workersMu.Unlock()
 	in.cwg.Wait()
