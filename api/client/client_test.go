@@ -1221,15 +1221,7 @@ func TestANonJSONAnswerKeptOpenFailsAtOnce(t *testing.T) {
 // never answers costs each call a try, and the next endpoint answers; the
 // one that answered is asked first afterwards.
 func TestHeaderTimeoutPassesOverAHungEndpoint(t *testing.T) {
-	release := make(chan struct{})
-	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	}))
-	t.Cleanup(hung.Close)
-	t.Cleanup(func() { close(release) })
+	hung := apitest.HungServer(t)
 	good := newNode(t, "n2")
 	c, err := client.New([]string{hung.URL, good.addr()}, client.Options{HeaderTimeout: 100 * time.Millisecond, DialTimeout: time.Second})
 	if err != nil {

@@ -422,15 +422,7 @@ func TestLiveReplayGivesUpOnAClusterThatStopsAnswering(t *testing.T) {
 // one was never tried, and after three calls the replay ended with "the
 // cluster stopped answering".
 func TestLiveReplayPassesOverAHungFirstEndpoint(t *testing.T) {
-	release := make(chan struct{})
-	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	}))
-	t.Cleanup(hung.Close)
-	t.Cleanup(func() { close(release) })
+	hung := apitest.HungServer(t)
 	f, addr := fakeCluster(t)
 	eps := strings.TrimPrefix(hung.URL, "http://") + "," + addr
 	_, errb, err := kvsimStderr(t, "replay", "--live", "--endpoints", eps, "--trace", genTrace(t), "--workers", "2", "--limit", "5", "--policies", "round_robin")
