@@ -19,6 +19,32 @@ import (
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
+// pausedN3 starts a 3-node cluster whose leader l (n1 or n2) registered w;
+// once all converged, it paused n3's FSM goroutine in its gate (g: the next
+// batch n3 applies waits there; opened at cleanup, before the cluster
+// closes, as Raft's shutdown waits for the FSM).
+func pausedN3(t *testing.T, w WorkerInfo) (l, n3 *Node, g *fsmGate) {
+	t.Helper()
+	g = newFSMGate()
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		if cfg.ID == "n3" {
+			cfg.applyGate = g.gate
+		}
+	})
+	t.Cleanup(g.open)
+	l, n3 = c.leader(), c.nodes[2]
+	if l == n3 {
+		transferLeadership(t, l, "n1")
+		l = c.leader()
+	}
+	if err := l.RegisterWorker(ctx(t), w); err != nil {
+		t.Fatal(err)
+	}
+	c.converged()
+	g.pause()
+	return l, n3, g
+}
+
 // electBehindTheFSM sets up a new leader whose FSM lacks an entry its
 // predecessor acknowledged: a 3-node cluster where n3's FSM goroutine,
 // paused in its gate (the returned fsmGate; opened at cleanup, before the
@@ -27,23 +53,7 @@ import (
 // leading.
 func electBehindTheFSM(t *testing.T) (*Node, *fsmGate) {
 	t.Helper()
-	g := newFSMGate()
-	c := newTestCluster(t, 3, func(cfg *Config) {
-		if cfg.ID == "n3" {
-			cfg.applyGate = g.gate
-		}
-	})
-	t.Cleanup(g.open)
-	l, n3 := c.leader(), c.nodes[2]
-	if l == n3 {
-		transferLeadership(t, l, "n1")
-		l = c.leader()
-	}
-	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}}); err != nil {
-		t.Fatal(err)
-	}
-	c.converged()
-	g.pause()
+	l, n3, g := pausedN3(t, WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}})
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}}); err != nil {
 		t.Fatal(err)
 	}
@@ -356,23 +366,7 @@ func TestRetriedBookingWhenItsBookingMadeTheRankBusy(t *testing.T) {
 // booking is in n3's log before its FSM is let go, so the decision is the
 // stale one.
 func TestARetriedBookingOnANewLeaderBeforeItsBarrierAnswersTheFirstTrysRank(t *testing.T) {
-	g := newFSMGate()
-	c := newTestCluster(t, 3, func(cfg *Config) {
-		if cfg.ID == "n3" {
-			cfg.applyGate = g.gate
-		}
-	})
-	t.Cleanup(g.open)
-	l, n3 := c.leader(), c.nodes[2]
-	if l == n3 {
-		transferLeadership(t, l, "n1")
-		l = c.leader()
-	}
-	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	c.converged()
-	g.pause()
+	l, n3, g := pausedN3(t, WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}})
 	// req-0 loads one rank, so req-1 goes to the other; n3, which has
 	// applied neither, sees both idle and would choose req-0's again.
 	q0 := RouteQuery{LocalHashes: []uint64{1, 2, 3, 4}, ISL: 64, Book: true, RequestID: "req-0"}
