@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api"
@@ -63,8 +64,14 @@ type Remote struct {
 	// that both score alike. Nil: the cluster's settings apply.
 	Overrides *indexer.Overrides
 
-	prefix   string
-	pending  []raftfsm.RankBatch // events not yet sent, per rank in first-seen order
+	prefix  string
+	pending []raftfsm.RankBatch // events not yet sent, per rank in first-seen order
+	// salted hashes the routes' prompts with the agents' salt (Setup):
+	// each agent's decoder hashes the workers' tokens with the salt its
+	// worker is registered with, so the replay's own content hashes
+	// (RouteQuery.Local) would match none of their blocks. Nil without
+	// agents or salt.
+	salted   *Expander
 	Calls    int
 	failures LifecycleFailures
 	stopBy   time.Time // the cleanup's deadline, set when Stop is first seen done
@@ -135,9 +142,14 @@ func (p *Remote) Setup(ctx context.Context) error {
 	p.stopBy, p.gaveUp = time.Time{}, nil
 	p.silent, p.noAnswer = 0, nil
 	p.pending = p.pending[:0] // an earlier run's, numbered before the workers were registered again
+	p.salted = nil
 	if p.Agents {
-		if err := p.awaitWorkers(ctx); err != nil {
+		salt, err := p.awaitWorkers(ctx)
+		if err != nil {
 			return err
+		}
+		if salt != "" {
+			p.salted = &Expander{BlockSize: p.BlockSize, Seed: kvevent.SeedFor("", salt)}
 		}
 		return p.onlyOurs(ctx)
 	}
@@ -204,8 +216,8 @@ func (p *Remote) onlyOurs(ctx context.Context) error {
 func (p *Remote) ours(id uint64) bool { return id >= 1 && id <= uint64(p.Workers) }
 
 // awaitWorkers waits until the agents registered every worker, with the
-// replay's block size.
-func (p *Remote) awaitWorkers(ctx context.Context) error {
+// replay's block size and one salt, and returns that salt.
+func (p *Remote) awaitWorkers(ctx context.Context) (string, error) {
 	every := p.PollInterval
 	if every <= 0 {
 		every = 100 * time.Millisecond
@@ -215,23 +227,23 @@ func (p *Remote) awaitWorkers(ctx context.Context) error {
 	var missing []uint64 // as of the last answer
 	var lastErr error
 	for {
-		m, err := p.unregistered(ctx)
+		m, salt, err := p.unregistered(ctx)
 		switch {
 		case errors.Is(err, ErrBadConfig):
-			return err
+			return "", err
 		case err != nil:
 			lastErr = err
 		case len(m) == 0:
-			return nil
+			return salt, nil
 		default:
 			missing = m
 		}
 		select {
 		case <-ctx.Done():
 			if missing == nil {
-				return fmt.Errorf("waiting for the agents to register the workers: %w (last: %v)", ctx.Err(), lastErr)
+				return "", fmt.Errorf("waiting for the agents to register the workers: %w (last: %v)", ctx.Err(), lastErr)
 			}
-			return fmt.Errorf("waiting for the agents to register the workers: %w; not registered: %v", ctx.Err(), missing)
+			return "", fmt.Errorf("waiting for the agents to register the workers: %w; not registered: %v", ctx.Err(), missing)
 		case <-t.C:
 		}
 	}
@@ -296,19 +308,24 @@ func (p *Remote) heldBlocks(ctx context.Context) (map[uint64]int64, error) {
 	return held, nil
 }
 
-// unregistered returns the ids of the workers the cluster does not know.
-func (p *Remote) unregistered(ctx context.Context) ([]uint64, error) {
+// unregistered returns the ids of the workers the cluster does not know,
+// and the salt of those it knows. Workers registered with different salts
+// are ErrBadConfig: a route carries the content hashes of one salt, so the
+// blocks of the others would never match.
+func (p *Remote) unregistered(ctx context.Context) ([]uint64, string, error) {
 	cctx, cancel := context.WithTimeout(ctx, p.Timeout)
 	defer cancel()
 	ws, err := p.Client.Workers(cctx)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	byID := make(map[uint64]api.Worker, len(ws))
 	for _, w := range ws {
 		byID[w.WorkerID] = w
 	}
 	var missing []uint64
+	var salts []string              // in order of first worker
+	bySalt := map[string][]uint64{} // the registered workers of each salt
 	for i := 0; i < p.Workers; i++ {
 		id := RankOf(i).Worker
 		w, ok := byID[id]
@@ -317,10 +334,27 @@ func (p *Remote) unregistered(ctx context.Context) ([]uint64, error) {
 			continue
 		}
 		if w.BlockSize != p.BlockSize {
-			return nil, fmt.Errorf("%w: worker %d is registered with block size %d, the replay's is %d", ErrBadConfig, id, w.BlockSize, p.BlockSize)
+			return nil, "", fmt.Errorf("%w: worker %d is registered with block size %d, the replay's is %d", ErrBadConfig, id, w.BlockSize, p.BlockSize)
 		}
+		if _, ok := bySalt[w.Salt]; !ok {
+			salts = append(salts, w.Salt)
+		}
+		bySalt[w.Salt] = append(bySalt[w.Salt], id)
 	}
-	return missing, nil
+	if len(salts) > 1 {
+		// The salts are not named: a cache salt keeps tenants apart.
+		groups := make([]string, len(salts))
+		for i, s := range salts {
+			groups[i] = fmt.Sprint(bySalt[s])
+		}
+		return nil, "", fmt.Errorf("%w: the workers' agents salt their block hashes differently (workers of one salt: %s); a live replay routes with the hashes of one salt, so give every agent the same --salt, or none",
+			ErrBadConfig, strings.Join(groups, ", "))
+	}
+	var salt string
+	if len(salts) == 1 {
+		salt = salts[0]
+	}
+	return missing, salt, nil
 }
 
 func isNotFound(err error) bool {
@@ -426,9 +460,16 @@ func (p *Remote) Route(q *RouteQuery, _ int64) (int, int, error) {
 		}
 		return 0, 0, err
 	}
+	local := q.Local
+	if p.salted != nil {
+		if q.Req == nil {
+			return 0, 0, fmt.Errorf("%w: request %s has no trace row to hash with the agents' salt", ErrBadConfig, q.ID)
+		}
+		local, _ = p.salted.Blocks(q.Req)
+	}
 	ctx, cancel := p.ctx()
 	defer cancel()
-	res, err := p.Client.Route(ctx, api.RouteRequest{BlockHashes: q.Local, ISL: q.ISL, Book: true, RequestID: p.prefix + q.ID,
+	res, err := p.Client.Route(ctx, api.RouteRequest{BlockHashes: local, ISL: q.ISL, Book: true, RequestID: p.prefix + q.ID,
 		Brief: true, Overrides: p.Overrides})
 	p.Calls++
 	p.heard(err)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/kvevent/engine"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
@@ -90,6 +92,72 @@ func TestRemoteWithAgentsWaitsForTheirRegistrations(t *testing.T) {
 	defer cancel2()
 	if err := p.Setup(ctx2); !errors.Is(err, ErrBadConfig) {
 		t.Fatalf("setup with a 64-token worker: %v, want ErrBadConfig", err)
+	}
+}
+
+// TestRemoteWithAgentsRoutesWithTheirSalt: in a live replay with agents
+// (kvsim replay --live --zmq-base-port), each agent decodes the workers'
+// token_ids with the salt its worker is registered with (kvagent --salt,
+// engine.SaltedSeed). Remote routes with content hashes of that salt, so
+// the blocks an agent indexed are found; and it refuses workers of
+// different salts, naming them, as no route could match all of them. From
+// a review: Remote took salted workers and routed with the plain seed's
+// hashes, so every route missed every block and the replay reported a 0 %
+// hit rate as the router's.
+func TestRemoteWithAgentsRoutesWithTheirSalt(t *testing.T) {
+	const bs, salt = 16, "tenant-a"
+	// What the agent of a salted engine indexes for a request's blocks.
+	q := &Request{InputLength: 3 * bs, HashIDs: []uint64{42}}
+	exp := Expander{BlockSize: bs}
+	local, seq := exp.Blocks(q)
+	local = slices.Clone(local)
+	payload := AppendBatch(nil, 1, []WireEvent{{Kind: kvevent.KindStored, Hashes: seq, Tokens: exp.Tokens(q), BlockSize: bs}}, 0)
+	d, err := engine.NewDecoder(engine.Config{Rank: RankOf(0), BlockSize: bs, Seed: engine.SaltedSeed(salt)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b engine.Batch
+	if err := d.Decode(payload, &b); err != nil || len(b.Events) != 1 || len(b.Events[0].Blocks) != 3 {
+		t.Fatalf("decode: %v, %d events", err, len(b.Events))
+	}
+	ev := b.Events[0]
+	for i, blk := range ev.Blocks {
+		if blk.LocalHash == local[i] {
+			t.Fatalf("block %d: the salted agent indexes %#x, the plain seed's hash", i, blk.LocalHash)
+		}
+	}
+
+	f, cl := fakeCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, id := range []uint64{1, 2} {
+		if err := f.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: id, BlockSize: bs, Salt: salt}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := &Remote{Client: cl, Workers: 2, BlockSize: bs, Agents: true, PollInterval: 5 * time.Millisecond}
+	if err := p.Setup(ctx); err != nil {
+		t.Fatalf("setup with agents of one salt: %v", err)
+	}
+	ev.Rank, ev.EventID = RankOf(0), 1
+	if _, err := f.IngestEvents(ctx, []raftfsm.RankBatch{{Rank: ev.Rank, Events: []kvevent.Event{ev}}}); err != nil {
+		t.Fatal(err)
+	}
+	w, cached, err := p.Route(&RouteQuery{ID: "r1", Local: local, ISL: q.InputLength, BlockSize: bs, Req: q}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w != 0 || cached != 3*bs {
+		t.Fatalf("route: worker %d, %d cached tokens predicted; want worker 0, %d (the blocks its agent indexed with the salt)", w, cached, 3*bs)
+	}
+
+	// Worker 2's agent with another salt: no route can match both.
+	if err := f.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 2, BlockSize: bs, Salt: "tenant-b"}); err != nil {
+		t.Fatal(err)
+	}
+	err = p.Setup(ctx)
+	if !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "[1], [2]") || strings.Contains(err.Error(), salt) {
+		t.Fatalf("setup with agents of two salts: %v, want ErrBadConfig naming the workers of each salt, not the salts", err)
 	}
 }
 
