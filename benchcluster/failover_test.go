@@ -684,3 +684,23 @@ func TestFirstBookedRouteWaitsForALeadersAnswer(t *testing.T) {
 		t.Fatalf("against nodes that never answer 200: %v, want the last 503", err)
 	}
 }
+
+// TestFirstAckSentAfterSkipsABatchInFlightAtTheKill: the failover figure
+// is the ack of the first batch sent after the kill, as the design defines
+// it, not the first ack received after it: a batch the old leader
+// committed before it died may be acknowledged after the kill and would
+// make failover look instant. A stand-in streamer's record: one batch sent
+// before the kill and acknowledged after it, then one sent and
+// acknowledged after it.
+func TestFirstAckSentAfterSkipsABatchInFlightAtTheKill(t *testing.T) {
+	t0 := time.Now()
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	s := &streamer{
+		sent: []time.Time{ms(-20), ms(-3), ms(400)},
+		got:  []time.Time{ms(-15), ms(2), ms(410)},
+	}
+	at, ok := s.firstAckSentAfter(t0, time.Second)
+	if !ok || !at.Equal(ms(410)) {
+		t.Fatalf("firstAckSentAfter: %v after the kill (found %v), want 410ms: the ack of the batch sent after it", at.Sub(t0), ok)
+	}
+}
