@@ -2,13 +2,17 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/internal/netproxy"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -356,6 +360,16 @@ func (s *stream) wait(t *testing.T) {
 // one node only, the one the test cuts off.
 var probeRank = kvevent.Rank{Worker: 3, DP: 0}
 
+// isRefusal reports whether err is a node's answer that it took no write:
+// 503 no_leader (api.ReasonNoLeader: it does not lead and knows no leader
+// to forward to), and not one that may have applied (ErrOutcomeUnknown).
+// A timeout, the probe's own included, is not one.
+func isRefusal(err error) bool {
+	var ae *client.Error
+	return errors.As(err, &ae) && !errors.Is(err, client.ErrOutcomeUnknown) &&
+		ae.StatusCode == http.StatusServiceUnavailable && ae.Reason == api.ReasonNoLeader
+}
+
 // TestPartitionedLeaderLosesNothingAcknowledged cuts the leader off from
 // both followers while two publishers stream event batches through every
 // node (retrying what was not acknowledged, on the next node) and a probe
@@ -382,7 +396,11 @@ func TestPartitionedLeaderLosesNothingAcknowledged(t *testing.T) {
 	// flight, appended to the old leader's log, when the cut comes) to
 	// after the heal (when the old leader, a follower again, forwards it).
 	var cut atomic.Bool
-	var refusedCut, ackedCut atomic.Int64 // the probe's answers while the old leader was isolated
+	// The probe's answers while the old leader was isolated: refusals (503
+	// no_leader, isRefusal), acknowledgements, and anything else (a
+	// timeout, an outcome unknown), which proves no refusal: a node that
+	// hangs must not pass for one that refuses.
+	var refusedCut, ackedCut, otherCut atomic.Int64
 	var probeAcked atomic.Int64
 	probeCl := c.nodes[old].cl
 	s.loop(func(ctx context.Context) error {
@@ -392,10 +410,13 @@ func TestPartitionedLeaderLosesNothingAcknowledged(t *testing.T) {
 			var err error
 			acks, err = probeCl.IngestEvents(ctx, req)
 			if cut.Load() {
-				if err != nil {
-					refusedCut.Add(1)
-				} else {
+				switch {
+				case err == nil:
 					ackedCut.Add(1)
+				case isRefusal(err):
+					refusedCut.Add(1)
+				default:
+					otherCut.Add(1)
 				}
 			}
 			return err
@@ -433,7 +454,7 @@ func TestPartitionedLeaderLosesNothingAcknowledged(t *testing.T) {
 		return st.State != "Leader", st.State
 	})
 	s.until(c, "the isolated old leader to refuse a probe write", func() (bool, string) {
-		return refusedCut.Load() > 0, "no refusal yet"
+		return refusedCut.Load() > 0, fmt.Sprintf("no refusal yet; %d other errors", otherCut.Load())
 	})
 	// The cut is real: the old leader has not applied what the majority did.
 	sts := c.statusAll()
@@ -457,9 +478,9 @@ func TestPartitionedLeaderLosesNothingAcknowledged(t *testing.T) {
 		dups += p.dups
 	}
 	t.Logf("isolated leader %s (term %d) after %d acknowledged requests; new leader %s; %d acknowledged during the partition, %d in all; "+
-		"%d requests retried, %d events acknowledged as duplicates; the probe: %d writes acknowledged, %d refused and %d acknowledged by the isolated node",
+		"%d requests retried, %d events acknowledged as duplicates; the probe: %d writes acknowledged, %d refused, %d acknowledged and %d failed otherwise by the isolated node",
 		c.nodes[old].id, oldTerm, atCut, c.nodes[lead].id, atHeal-atCut, s.acked.Load(), retries, dups,
-		probeAcked.Load(), refusedCut.Load(), ackedCut.Load())
+		probeAcked.Load(), refusedCut.Load(), ackedCut.Load(), otherCut.Load())
 
 	// The old leader rejoins as a follower: it cannot win an election, its
 	// log ends in an older term than the majority's.
