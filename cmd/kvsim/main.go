@@ -237,10 +237,14 @@ func onCommandLine(c *cli.Context, name string) bool {
 }
 
 // checkWireFlags checks the --zmq-* flags: they need --live, and every
-// worker's port must be a port.
+// worker's port must be a port. A negative --agent-wait is refused even
+// where no agent is waited for: docs/sim.md promises a negative value is
+// always refused, never ignored.
 func checkWireFlags(c *cli.Context) error {
 	base, rbase, n := c.Int("zmq-base-port"), c.Int("zmq-replay-base-port"), c.Int("workers")
 	switch {
+	case c.Duration("agent-wait") < 0:
+		return usagef("--agent-wait %v: want a positive duration", c.Duration("agent-wait"))
 	case base == 0 && rbase == 0:
 		return nil
 	case base == 0:

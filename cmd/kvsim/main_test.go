@@ -325,6 +325,18 @@ func TestReplayRefusesOutOfRangeValues(t *testing.T) {
 	}
 }
 
+// A negative --agent-wait is refused whether or not the replay feeds
+// agents (docs/sim.md: a negative value is always refused), where it was
+// checked only with --zmq-base-port and ignored otherwise.
+func TestReplayRefusesNegativeAgentWaitWithoutLive(t *testing.T) {
+	trace := genTrace(t)
+	_, err := kvsim(t, "replay", "--trace", trace, "--policies", "round_robin", "-o", "bench", "--limit", "5", "--agent-wait", "-1s")
+	var ec cli.ExitCoder
+	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), "--agent-wait") {
+		t.Errorf("replay --agent-wait -1s: err %v, want a usage error (exit 2) naming --agent-wait", err)
+	}
+}
+
 // TestReplayOffloadTiers: --offload-host-blocks / --offload-disk-blocks
 // give the timed workers G2/G3 tiers: the table gains their hit rates;
 // other modes refuse them.
