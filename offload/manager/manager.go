@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -195,6 +196,12 @@ func (c *Config) check() error {
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = defaultBatchSize
+	}
+	// A worker's staging buffer is BatchSize blocks (see newCopier): a
+	// product that wrapped would allocate a short buffer that the first
+	// batch slices past, a panic in a worker.
+	if c.BatchSize > math.MaxInt/c.G1.BlockSize {
+		return fmt.Errorf("%w: batch size %d × G1 block size %d bytes overflows", ErrInvalid, c.BatchSize, c.G1.BlockSize)
 	}
 	if c.OnboardTimeout == 0 {
 		c.OnboardTimeout = defaultOnboardTimeout

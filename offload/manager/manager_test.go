@@ -700,6 +700,34 @@ func TestConfigIsChecked(t *testing.T) {
 	}
 }
 
+// TestConfigRefusesAStagingSizePastTheIntRange: a staging buffer is
+// BatchSize × BlockSize bytes; with a block size past MaxInt/16 the product
+// wrapped (here to 16 bytes), New took the Config with a 16-byte staging
+// buffer, and the first D2Disk batch sliced past it: a panic in a worker,
+// which killed the agent.
+func TestConfigRefusesAStagingSizePastTheIntRange(t *testing.T) {
+	const huge = 1<<60 + 1 // 16 × huge wraps to 16
+	be, err := backend.NewHost()
+	check(t, err)
+	defer be.Close()
+	disk, err := pool.OpenDisk(t.TempDir(), pool.Config{Rank: rank, Capacity: 1, BlockSize: huge, Sink: &sink{t: t}}, pool.DiskOptions{})
+	check(t, err)
+	defer disk.Close()
+	buf, err := be.AllocHost(4096) // any non-nil base: New reads nothing of the region
+	check(t, err)
+	defer be.FreeHost(buf)
+	g1 := manager.Region{Base: buf.At(0), Layout: manager.Layout{BlockSize: huge, Blocks: 1}}
+	m, err := manager.New(manager.Config{Rank: rank, Backend: be, G1: g1, Disk: disk, Workers: 1,
+		Filter: manager.FilterConfig{Always: true}})
+	if err == nil {
+		m.Close()
+		t.Fatalf("New took a %d-byte block size with batches of 16: its staging buffers of 16 × %d bytes wrap to %d", huge, huge, 16*g1.BlockSize)
+	}
+	if !errors.Is(err, manager.ErrInvalid) || !strings.Contains(err.Error(), "batch size") {
+		t.Fatalf("New error %v, want ErrInvalid naming the batch size", err)
+	}
+}
+
 func sorted(hs []uint64) []uint64 {
 	out := slices.Clone(hs)
 	slices.Sort(out)
