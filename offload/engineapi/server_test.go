@@ -471,6 +471,43 @@ func TestOnboardAnswerSaysWhetherCopiesIntoG1MayStillLand(t *testing.T) {
 	r.checkBytes(0, 21, blocks[1].Hash)
 }
 
+// TestOnboardTimeoutLongerThanTheAgentsIsTheDeadline: an onboard's
+// timeout_ms is its deadline even when longer than the manager's
+// OnboardTimeout (--onboard-timeout), as docs/offload.md says. With a 1 ns
+// OnboardTimeout, an onboard of 30 s whose copy is held at the gate waits
+// for it and loads the blocks; one given the 1 ns would time out at once.
+func TestOnboardTimeoutLongerThanTheAgentsIsTheDeadline(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 8, gate: gateOutOfG2, mgr: manager.Config{Workers: 1, OnboardTimeout: time.Nanosecond}})
+	r.register(0)
+	blocks := r.compute(0, 1, ids(0, 2)...)
+	r.offload(0, blocks)
+	r.idle(0)
+	type answer struct {
+		res engineapi.OnboardResponse
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		res, err := r.c.Onboard(r.ctx(), engineapi.OnboardRequest{Hashes: hashesOf(blocks), G1Blocks: ids(10, 2), TimeoutMs: 30_000})
+		done <- answer{res, err}
+	}()
+	select {
+	case a := <-done:
+		t.Fatalf("onboard answered %+v, %v before its copy ran: the 1 ns OnboardTimeout was its deadline, not timeout_ms", a.res, a.err)
+	case <-r.gate.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no copy reached the gate")
+	}
+	r.gate.release()
+	a := <-done
+	check(t, a.err)
+	if a.res.Loaded != 2 || !a.res.Settled {
+		t.Fatalf("onboard with timeout_ms 30000 and a copy held past the 1 ns OnboardTimeout: %+v, want both loaded", a.res)
+	}
+	r.checkBytes(0, 10, blocks[0].Hash)
+	r.checkBytes(0, 11, blocks[1].Hash)
+}
+
 func TestListenRemovesAStaleSocketAndRefusesALiveOne(t *testing.T) {
 	r := newRig(t, rigConfig{hostCap: 4})
 	be, err := backend.NewHost()
