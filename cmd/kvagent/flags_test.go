@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/agent"
 	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/kvevent"
 )
 
 // checkOnly runs kvagent's flag parsing and checkFlags alone (run would
@@ -152,12 +153,54 @@ func agentFlags(t *testing.T, args ...string) agent.Config {
 	t.Helper()
 	var cfg agent.Config
 	a := app()
-	a.Action = func(c *cli.Context) error { cfg = agentConfig(c); return nil }
+	a.Action = func(c *cli.Context) error { cfg = agentConfig(c, offloadConfig{}); return nil }
 	a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
 	if err := a.Run(append([]string{"kvagent"}, args...)); err != nil {
 		t.Fatalf("kvagent %v: %v", args, err)
 	}
 	return cfg
+}
+
+// registeredCapacities runs kvagent's flag parsing on args and returns the
+// capacities the worker registers with, as serve sets them.
+func registeredCapacities(t *testing.T, args ...string) [4]int64 {
+	t.Helper()
+	var capa [4]int64
+	a := app()
+	a.Action = func(c *cli.Context) error {
+		oc, err := offloadConfigFrom(c)
+		if err != nil {
+			return err
+		}
+		capa = agentConfig(c, oc).Registration.Capacity
+		return nil
+	}
+	a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+	if err := a.Run(append([]string{"kvagent"}, args...)); err != nil {
+		t.Fatalf("kvagent %v: %v", args, err)
+	}
+	return capa
+}
+
+// TestWorkerRegistersThePoolsCapacities: with offload on, the worker
+// registers --host-blocks and --disk-blocks as its host and disk
+// capacities where --capacity-host and --capacity-disk are 0 (as
+// docs/offload.md says), so the router keeps as many of a rank's blocks
+// per tier as the pools hold; a --capacity-* given is kept, and without
+// offload nothing is filled in.
+func TestWorkerRegistersThePoolsCapacities(t *testing.T) {
+	off := []string{"--offload-socket", filepath.Join(shortTempDir(t), "s"), "--backend", "host", "--block-bytes", "64",
+		"--host-blocks", "8", "--disk-dir", t.TempDir(), "--disk-blocks", "16"}
+	host, disk := kvevent.TierHostPinned, kvevent.TierDisk
+	if c := registeredCapacities(t, off...); c[host] != 8 || c[disk] != 16 {
+		t.Errorf("offload with --host-blocks 8 --disk-blocks 16: registered host %d, disk %d; want 8, 16", c[host], c[disk])
+	}
+	if c := registeredCapacities(t, append(off, "--capacity-host", "3", "--capacity-disk", "5")...); c[host] != 3 || c[disk] != 5 {
+		t.Errorf("offload with --capacity-host 3 --capacity-disk 5: registered host %d, disk %d; want 3, 5", c[host], c[disk])
+	}
+	if c := registeredCapacities(t); c != [4]int64{} {
+		t.Errorf("no offload: registered capacities %v, want none", c)
+	}
 }
 
 // TestLearnGroupKindsIsOnByDefault: the agent's decoder learns each KV

@@ -199,19 +199,8 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	}()
 	reg.MustRegister(natsConnectedGauge(nc))
 
-	cfg := agentConfig(c)
+	cfg := agentConfig(c, oc)
 	cfg.Conn, cfg.Registerer, cfg.Logger = nc, reg, logger
-	if oc.Socket != "" {
-		// The router bounds what it keeps of a rank per tier by the
-		// registered capacity: let it keep what the pools hold.
-		capa := &cfg.Registration.Capacity
-		if capa[kvevent.TierHostPinned] == 0 {
-			capa[kvevent.TierHostPinned] = int64(oc.HostBlocks)
-		}
-		if capa[kvevent.TierDisk] == 0 {
-			capa[kvevent.TierDisk] = int64(oc.DiskBlocks)
-		}
-	}
 	if r := c.String("router"); r != "" {
 		cl, err := newRouterClient(strings.Split(r, ","), sec)
 		if err != nil {
@@ -530,10 +519,12 @@ func strayArgument(c *cli.Context) string {
 	return fmt.Sprintf("%s; a boolean flag takes its value after an =: %s", msg, strings.Join(named, " or "))
 }
 
-// agentConfig is the agent's configuration as the flags set it; run adds
-// the NATS connection, the registerer, the logger and the registrar.
-func agentConfig(c *cli.Context) agent.Config {
-	return agent.Config{
+// agentConfig is the agent's configuration as the flags set it, oc the
+// offload flags (with offload on, the pools' capacities stand in for a
+// --capacity-host or --capacity-disk of 0); run adds the NATS connection,
+// the registerer, the logger and the registrar.
+func agentConfig(c *cli.Context, oc offloadConfig) agent.Config {
+	cfg := agent.Config{
 		Worker: c.Uint64("worker-id"), DPStart: uint32(c.Uint("dp-start")), DPRanks: c.Int("dp-size"),
 		Endpoint: c.String("engine-endpoint"), ReplayEndpoint: c.String("replay-endpoint"),
 		Bind: c.Bool("bind"), Topic: c.String("topic"), BlockSize: c.Int("block-size"), NoLearnGroupKinds: !c.Bool("learn-group-kinds"),
@@ -542,6 +533,18 @@ func agentConfig(c *cli.Context) agent.Config {
 			Model: c.String("model"), Salt: c.String("salt"), LeaseMs: c.Duration("lease").Milliseconds(),
 			Capacity: [4]int64{c.Int64("capacity-device"), c.Int64("capacity-host"), c.Int64("capacity-disk")}},
 	}
+	if oc.Socket != "" {
+		// The router bounds what it keeps of a rank per tier by the
+		// registered capacity: let it keep what the pools hold.
+		capa := &cfg.Registration.Capacity
+		if capa[kvevent.TierHostPinned] == 0 {
+			capa[kvevent.TierHostPinned] = int64(oc.HostBlocks)
+		}
+		if capa[kvevent.TierDisk] == 0 {
+			capa[kvevent.TierDisk] = int64(oc.DiskBlocks)
+		}
+	}
+	return cfg
 }
 
 // publisherConfig is what the flags set of the agent's publisher: the
