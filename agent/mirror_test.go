@@ -52,6 +52,31 @@ func TestPoolBlockBelowARemovedParentSurvivesADump(t *testing.T) {
 	}
 }
 
+// TestRemoveOfParkedPoolBlocksIsNotPublished: a pool's REMOVE that names
+// only parked blocks (stored below a parent the mirror does not hold, so
+// the router never got them) unparks them and publishes nothing, as
+// Publish says: the router has nothing to remove.
+func TestRemoveOfParkedPoolBlocksIsNotPublished(t *testing.T) {
+	r := startRouter(t)
+	reg := prometheus.NewRegistry()
+	a, _ := startAgentWith(t, r, Config{Registerer: reg})
+	x := storedChain(1, 2, 3) // 1 is unknown: 2 and 3 are parked
+	x.Tier = kvevent.TierHostPinned
+	before, err := a.Publish(rank, []kvevent.Event{x})
+	must(t, err)
+	if n := metric(t, reg, "kvagent_offload_parked_blocks"); n != 2 {
+		t.Fatalf("%v pool blocks parked, want 2", n)
+	}
+	after, err := a.Publish(rank, []kvevent.Event{{Rank: rank, Kind: kvevent.KindRemoved, Tier: kvevent.TierHostPinned, Removed: []uint64{3, 2}}})
+	must(t, err)
+	if n := metric(t, reg, "kvagent_offload_parked_blocks"); n != 0 {
+		t.Fatalf("after their REMOVE %v pool blocks are still parked, want 0", n)
+	}
+	if _, last := a.Publisher().Cursor(rank); after != before || last != before {
+		t.Fatalf("the REMOVE of parked blocks only was published: the rank's last event went from %d to %d (cursor %d), want no new one", before, after, last)
+	}
+}
+
 // TestPoolBlockBelowARemovedParentSurvivesAClear: as above, with the
 // engine restarting while 1 is evicted. From a review: the clear dropped
 // 2 for good (its parent's hash was no longer known), though the pool
