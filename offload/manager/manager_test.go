@@ -728,6 +728,40 @@ func TestConfigRefusesAStagingSizePastTheIntRange(t *testing.T) {
 	}
 }
 
+// TestD2DiskCountsABlockBeingWrittenAsExistsWhenThePoolIsFull: a batch
+// [x, x again (another G1 block), y] into a G3 of one block stores x, skips
+// the second x as being written, and stops at y for want of room. The
+// skipped x is counted as Exists, as it is in a batch that does not stop;
+// only y is Full. From a review: every block Put did not store was counted
+// Full once it stopped at a full pool, the skipped ones too.
+func TestD2DiskCountsABlockBeingWrittenAsExistsWhenThePoolIsFull(t *testing.T) {
+	r := newRig(t, rigConfig{diskCap: 1, cfg: manager.Config{Filter: manager.FilterConfig{Always: true}, BatchSize: 4, Workers: 1}})
+	taken, open := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	r.m.SetBatchHook(func(p manager.Path, n int) { once.Do(func() { taken <- struct{}{}; <-open }) })
+	release := sync.OnceFunc(func() { close(open) })
+	t.Cleanup(release) // runs before Close: a held worker would block it
+
+	r.offload(r.compute(0, 1, 0)) // the worker takes it and is held
+	select {
+	case <-taken:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no D2Disk batch was taken")
+	}
+	x := r.compute(0, 1, 1)
+	r.offload(x)
+	r.offload([]manager.OffloadRequest{r.recompute(x[0], 2)})
+	r.offload(r.compute(0, 1, 3))
+	if d := r.m.Stats().Paths[manager.D2Disk].Depth; d != 3 {
+		t.Fatalf("%d D2Disk tasks queued behind the held batch, want 3", d)
+	}
+	release()
+	r.idle()
+	if p := r.m.Stats().Paths[manager.D2Disk]; p.Blocks != 2 || p.Exists != 1 || p.Full != 1 || p.Failed != 0 {
+		t.Fatalf("D2Disk %+v, want 2 blocks stored (the first batch's, then x), 1 exists (x again), 1 full (y)", p)
+	}
+}
+
 func sorted(hs []uint64) []uint64 {
 	out := slices.Clone(hs)
 	slices.Sort(out)

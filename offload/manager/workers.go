@@ -362,15 +362,17 @@ func (o *outcome) put(disk *pool.DiskPool, blocks []pool.Block, data [][]byte, m
 	if len(blocks) == 0 {
 		return 0, nil
 	}
-	n, err := disk.Put(blocks, data)
+	n, held, err := disk.PutCounting(blocks, data)
+	// The blocks Put skipped as held or being written are Exists even
+	// when it stopped early: only the rest had no room or failed.
 	o.blocks += n
+	o.exists += held // revived by Put
 	switch {
 	case err == nil:
-		o.exists += len(blocks) - n // revived by Put
 	case errors.Is(err, pool.ErrFull):
-		o.full += len(blocks) - n
+		o.full += len(blocks) - n - held
 	default:
-		o.failed += len(blocks) - n
+		o.failed += len(blocks) - n - held
 		if m.diskUp() { // else shut down: logged once, by diskUp
 			m.log.Warn("offload: writing blocks to disk failed", "blocks", len(blocks), "err", err)
 		}

@@ -219,35 +219,36 @@ func (c *core) loops(bs []Block) error {
 }
 
 // reserveAll reserves a batch's blocks (each passed Block.check) in order,
-// skipping (and reviving) those held or being written: skipped is the last
-// one's error. It stops at the first block that does not fit, keeping those
+// skipping (and reviving) those held or being written: held counts them,
+// skipped is the last one's error. It stops at the first block that does not fit, keeping those
 // before it: stop says why. A batch that would make one of its blocks its
 // own ancestor reserves nothing and fails with ErrInvalid as stop. The
 // check and the reservations are one hold of the lock: checked alone, two
 // batches that close a loop between them ([x, a(parent b)] and [y, b(parent
 // a)]) would both pass, and the second would be caught only by reserve at
 // a, after x was reserved, then written and published.
-func (c *core) reserveAll(bs []Block) (es []*entry, idx []int, skipped, stop error) {
+func (c *core) reserveAll(bs []Block) (es []*entry, idx []int, held int, skipped, stop error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.loops(bs); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, 0, nil, err
 	}
 	es = make([]*entry, 0, len(bs))
 	idx = make([]int, 0, len(bs))
 	for i, b := range bs {
 		e, err := c.reserveLocked(b)
 		if errors.Is(err, ErrExists) {
+			held++
 			skipped = err
 			continue
 		}
 		if err != nil {
-			return es, idx, skipped, err
+			return es, idx, held, skipped, err
 		}
 		es = append(es, e)
 		idx = append(idx, i)
 	}
-	return es, idx, skipped, nil
+	return es, idx, held, skipped, nil
 }
 
 // reserve makes room for b and adds it as pending. If b is already held it

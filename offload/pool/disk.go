@@ -936,22 +936,31 @@ func (p *DiskPool) drop(e *entry, _ bool) error {
 // The pool's lock is not held while the batch is written, so concurrent
 // Puts overlap their copies and share flushes.
 func (p *DiskPool) Put(blocks []Block, data [][]byte) (stored int, err error) {
-	stored, _, err = p.put(blocks, data)
+	stored, _, _, err = p.put(blocks, data)
 	return stored, err
 }
 
-// put is Put; skipped is the error of the last block it skipped as held or
-// being written (ErrExists, with ErrBusy for the latter).
-func (p *DiskPool) put(blocks []Block, data [][]byte) (stored int, skipped, err error) {
+// PutCounting is Put that also returns how many blocks it skipped (and
+// revived) as held or being written before it stopped, if it did: of the
+// blocks it did not store, the rest are those it had no room for, or could
+// not write, or did not reach.
+func (p *DiskPool) PutCounting(blocks []Block, data [][]byte) (stored, held int, err error) {
+	stored, held, _, err = p.put(blocks, data)
+	return stored, held, err
+}
+
+// put is PutCounting; skipped is the error of the last block it skipped as
+// held or being written (ErrExists, with ErrBusy for the latter).
+func (p *DiskPool) put(blocks []Block, data [][]byte) (stored, held int, skipped, err error) {
 	if len(blocks) != len(data) {
-		return 0, nil, fmt.Errorf("put: %w: %d blocks, %d buffers", ErrInvalid, len(blocks), len(data))
+		return 0, 0, nil, fmt.Errorf("put: %w: %d blocks, %d buffers", ErrInvalid, len(blocks), len(data))
 	}
 	for i, b := range blocks {
 		if err := b.check(); err != nil {
-			return 0, nil, fmt.Errorf("put: %w", err)
+			return 0, 0, nil, fmt.Errorf("put: %w", err)
 		}
 		if len(data[i]) != p.bs {
-			return 0, nil, fmt.Errorf("put %#x: %w: %d bytes, block size %d", b.Hash, ErrInvalid, len(data[i]), p.bs)
+			return 0, 0, nil, fmt.Errorf("put %#x: %w: %d bytes, block size %d", b.Hash, ErrInvalid, len(data[i]), p.bs)
 		}
 	}
 	p.io.RLock()
@@ -959,15 +968,15 @@ func (p *DiskPool) put(blocks []Block, data [][]byte) (stored int, skipped, err 
 	// Closed first: a Close on a full disk leaves the last flush failed
 	// for good, and later calls fail with ErrClosed, as Close says.
 	if err := p.closedErr(); err != nil {
-		return 0, nil, fmt.Errorf("put: %w", err)
+		return 0, 0, nil, fmt.Errorf("put: %w", err)
 	}
 	if _, _, err := p.flushes.state(); err != nil {
-		return 0, nil, fmt.Errorf("put: refused until a flush succeeds: the last one failed: %w", err)
+		return 0, 0, nil, fmt.Errorf("put: refused until a flush succeeds: the last one failed: %w", err)
 	}
 
-	es, idx, skipped, stop := p.c.reserveAll(blocks)
+	es, idx, held, skipped, stop := p.c.reserveAll(blocks)
 	if len(es) == 0 {
-		return 0, skipped, stop
+		return 0, held, skipped, stop
 	}
 	// A pending entry's Block and stamp do not change until commit or
 	// abort, so they are read here without the lock.
@@ -987,12 +996,12 @@ func (p *DiskPool) put(blocks []Block, data [][]byte) (stored int, skipped, err 
 		// as an eviction is (after a crash before then, the blocks come
 		// back: valid blocks, as evicted ones do).
 		p.c.abort(es)
-		return 0, skipped, fmt.Errorf("put %d blocks: %w", len(es), err)
+		return 0, held, skipped, fmt.Errorf("put %d blocks: %w", len(es), err)
 	}
 	if err := p.c.commit(es); err != nil {
-		return 0, skipped, err
+		return 0, held, skipped, err
 	}
-	return len(es), skipped, stop
+	return len(es), held, skipped, stop
 }
 
 func (p *DiskPool) commitBatch(b *pebble.Batch) error {
@@ -1067,7 +1076,7 @@ func (p *DiskPool) flush() error {
 // block is already held (reviving it) or another Put is writing it (the
 // error wraps ErrBusy too: that write may still fail).
 func (p *DiskPool) Register(b Block, data []byte) error {
-	n, skipped, err := p.put([]Block{b}, [][]byte{data})
+	n, _, skipped, err := p.put([]Block{b}, [][]byte{data})
 	if err == nil && n == 0 {
 		return skipped
 	}

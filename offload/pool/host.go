@@ -152,7 +152,7 @@ func (p *HostPool) RegisterFrom(s backend.Stream, e backend.Event, blocks []Bloc
 			return 0, fmt.Errorf("register from device: %w", err)
 		}
 	}
-	es, idx, _, stop := p.c.reserveAll(blocks)
+	es, idx, _, _, stop := p.c.reserveAll(blocks)
 	rs := make([]Reservation, len(es))
 	copies := make([]backend.Copy, len(es))
 	for j, e := range es {
