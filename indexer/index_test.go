@@ -482,6 +482,53 @@ func TestOrphanBufferIsBounded(t *testing.T) {
 	}
 }
 
+// TestOrphanBufferMemoryIsBounded: the buffer is bounded in blocks
+// (Config.OrphanMaxBlocks), and so must be the memory it keeps. A held
+// chain the engine evicts leaf first, block by block, is cut each time and
+// counts fewer blocks; it kept its whole array, so the buffer took new
+// held stores up to the bound while it still kept the old ones' arrays
+// (7648 block slots for 32 blocks counted, bound 256). A store dropped
+// whole must not stay behind the buffer's last slot either.
+func TestOrphanBufferMemoryIsBounded(t *testing.T) {
+	const maxBlocks = 256
+	ix := New(Config{OrphanMaxEvents: 64, OrphanMaxBlocks: maxBlocks})
+	eh := uint64(1 << 20)
+	var firsts []uint64
+	for k := 0; k < 32; k++ {
+		// A store whose parent is unknown...
+		n := maxBlocks - 2*k
+		blocks := make([]kvevent.Block, n)
+		for i := range blocks {
+			eh++
+			blocks[i] = kvevent.Block{EngineHash: eh, LocalHash: eh}
+		}
+		firsts = append(firsts, blocks[0].EngineHash)
+		mustApply(t, ix, storedUnder(rk1, dev, 999_000+uint64(k), blocks))
+		// ...that the engine evicts leaf first down to its first block.
+		for i := n - 1; i >= 1; i-- {
+			mustApply(t, ix, removed(rk1, dev, blocks[i].EngineHash))
+		}
+	}
+	retained := func() (counted, slots int) {
+		ix.mu.RLock()
+		defer ix.mu.RUnlock()
+		rs := ix.rankFor(rk1, false)
+		for _, o := range rs.orphans[:cap(rs.orphans)] {
+			slots += cap(o.blocks)
+		}
+		return rs.orphanBlocks, slots
+	}
+	if counted, slots := retained(); slots > maxBlocks {
+		t.Fatalf("orphan buffer keeps %d blocks' memory (%d counted), bound %d", slots, counted, maxBlocks)
+	}
+	// The engine evicts the rest but the first store: the dropped ones'
+	// slots are cleared.
+	mustApply(t, ix, removed(rk1, dev, firsts[1:]...))
+	if counted, slots := retained(); counted != 1 || slots > 2 {
+		t.Fatalf("orphan buffer keeps %d blocks' memory for %d counted, want at most 2 for 1", slots, counted)
+	}
+}
+
 func TestRemoveOfHeldOrphanCutsItsChain(t *testing.T) {
 	ix := New(Config{})
 	mustApply(t, ix, storedUnder(rk1, dev, 2, chain(3, 4, 5)), removed(rk1, dev, 4), stored(rk1, dev, chain(1, 2)))

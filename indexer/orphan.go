@@ -89,7 +89,9 @@ func (ix *Index) dropOrphan(rs *rankState, i int, lost bool) {
 	o := rs.orphans[i]
 	ix.orphanDigest(rs, &o, -1)
 	rs.orphanBlocks -= len(o.blocks)
-	rs.orphans = append(rs.orphans[:i], rs.orphans[i+1:]...)
+	// slices.Delete clears the slot left at the tail: a copy of the last
+	// store there kept its blocks' array alive, outside every bound.
+	rs.orphans = slices.Delete(rs.orphans, i, i+1)
 	if len(rs.orphans) == 0 {
 		rs.orphans = nil
 	}
@@ -179,7 +181,7 @@ func (ix *Index) adoptOrphans(rs *rankState, now int64) {
 		}
 		ix.orphanDigest(rs, &o, -1)
 		rs.orphanBlocks -= len(o.blocks)
-		rs.orphans = append(rs.orphans[:i], rs.orphans[i+1:]...)
+		rs.orphans = slices.Delete(rs.orphans, i, i+1) // clears the tail slot (dropOrphan)
 		if len(rs.orphans) == 0 {
 			rs.orphans = nil
 		}
@@ -221,6 +223,16 @@ func (ix *Index) removeHeldOrphanBlock(rs *rankState, eh uint64, t kvevent.Tier)
 			ix.orphanDigest(rs, o, -1)
 			rs.orphanBlocks -= len(o.blocks) - j
 			o.blocks = o.blocks[:j]
+			if j < cap(o.blocks)/2 {
+				// The bound counts blocks kept, not the array under them:
+				// a store cut block by block (the engine evicts leaf
+				// first) kept its whole array, and the buffer then held
+				// its bound in new stores besides. Copied once it is
+				// under half, the kept blocks' memory stays within twice
+				// their count, and the copies cost no more than the
+				// store did.
+				o.blocks = slices.Clone(o.blocks)
+			}
 			ix.orphanDigest(rs, o, +1)
 			ix.counters.OrphansDropped++
 			ix.markDirty(rs)
