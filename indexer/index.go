@@ -287,7 +287,7 @@ func (ix *Index) applyLocked(ev *kvevent.Event, now int64) {
 		}
 		ix.expireOrphans(rs, now)
 		for _, eh := range ev.Removed {
-			ix.removeOne(rs, eh, ev.Tier)
+			ix.removeOne(rs, eh, ev.Tier, true)
 		}
 	case kvevent.KindCleared:
 		ix.counters.Cleared++
@@ -456,8 +456,9 @@ func (ix *Index) setTier(rs *rankState, n *node, h *holder, t kvevent.Tier) {
 	}
 }
 
-// removeOne clears tier t of the block rs knows as eh.
-func (ix *Index) removeOne(rs *rankState, eh uint64, t kvevent.Tier) {
+// removeOne clears tier t of the block rs knows as eh. engine says the
+// engine removed it (an event), not a capacity trim.
+func (ix *Index) removeOne(rs *rankState, eh uint64, t kvevent.Tier, engine bool) {
 	n, ok := rs.blocks.get(eh)
 	if !ok {
 		if !ix.removeHeldOrphanBlock(rs, eh, t) {
@@ -479,10 +480,14 @@ func (ix *Index) removeOne(rs *rankState, eh uint64, t kvevent.Tier) {
 		return
 	}
 	ix.counters.RemovedBlocks++
-	if len(rs.orphans) > 0 {
+	if engine && len(rs.orphans) > 0 {
 		// A held store of the block in t (a later store of it, under a
 		// parent not known yet) is older than this remove too: cut it,
-		// or adoption would bring back the residency dropped here.
+		// or adoption would bring back the residency dropped here. A
+		// capacity trim is the router's guess, not the engine's word: a
+		// held store of the block is the engine's later store of it, and
+		// is left to be adopted (cut, it was dropped with no resync asked,
+		// semantics.md §3).
 		ix.removeHeldOrphanBlock(rs, eh, t)
 	}
 	if m == t.Bit() {
@@ -772,7 +777,7 @@ func (ix *Index) evictOldest(rs *rankState, t kvevent.Tier, k int64) {
 	})
 	k = max(0, min(k, int64(len(order))))
 	for _, a := range order[:k] {
-		ix.removeOne(rs, a.eh, t)
+		ix.removeOne(rs, a.eh, t, false)
 		ix.counters.CapacityEvicted++
 	}
 }

@@ -697,6 +697,36 @@ func TestHugeCapacitiesEvictNothing(t *testing.T) {
 	}
 }
 
+// TestCapacityTrimLeavesHeldStores: a capacity trim is the router's
+// guess, not the engine's word; a held store of the trimmed block (the
+// engine stored 4 again, and 7, under 50) is the engine's later store and
+// is adopted once its parent comes. The trim cut it as an engine's remove
+// does, and semantics.md §3 drops a held store only past the buffer's
+// bound or age, asking a resync: here it was dropped with none asked, and
+// the index lacked 7 for good.
+func TestCapacityTrimLeavesHeldStores(t *testing.T) {
+	ix := New(Config{CapacitySlack: 1e-9})
+	ix.SetCapacity(rk1, [kvevent.NumTiers]int64{4, 0, 0, 0})
+	mustApply(t, ix,
+		stored(rk1, dev, chain(1, 2, 3, 4)),
+		storedUnder(rk1, dev, 50, chain(4, 7)), // held: 50 is unknown
+		stored(rk1, dev, chain(5)),             // 5 blocks: the trim drops leaf 4
+	)
+	if ix.Holds(rk1, 4) {
+		t.Fatal("setup: the trim should have dropped 4")
+	}
+	if c := ix.Counters(); c.OrphansDropped != 0 || ix.Stats().OrphanEvents != 1 {
+		t.Fatalf("after the trim: %d held stores dropped, %d held; want none dropped, 1 held", c.OrphansDropped, ix.Stats().OrphanEvents)
+	}
+	mustApply(t, ix,
+		removed(rk1, dev, 3, 2, 1),  // the engine frees room
+		stored(rk1, dev, chain(50)), // the held store's parent arrives
+	)
+	if got := find(ix, ViewDedup, locals(50, 4, 7))[rk1]; got[dev] != 3 {
+		t.Fatalf("rank matches %v of [50 4 7], want all 3 (the held store adopted)", got)
+	}
+}
+
 // TestCapacityKeepsOneAgePerEntry: an entry's age is its first store's,
 // for every tier it holds. A block copied to host while on the GPU keeps
 // its GPU age, so the GPU drops it, its oldest entry, first (renewing the

@@ -110,7 +110,7 @@ func (m *model) apply(ev *kvevent.Event, now int64) bool {
 		}
 		m.expire(mr, now)
 		for _, eh := range ev.Removed {
-			m.remove(mr, eh, ev.Tier)
+			m.remove(mr, eh, ev.Tier, true)
 		}
 	case kvevent.KindCleared:
 		if mr := m.rank(ev.Rank, false); mr != nil {
@@ -269,26 +269,30 @@ func (m *model) enforce(mr *mRank, t kvevent.Tier) {
 		return cmp.Compare(a.eh, b.eh)
 	})
 	for _, a := range held[:int64(len(held))-c] {
-		m.remove(mr, a.eh, t)
+		m.remove(mr, a.eh, t, false)
 		m.evicted++
 	}
 }
 
-func (m *model) remove(mr *mRank, eh uint64, t kvevent.Tier) {
+// remove clears tier t of eh; engine says the engine removed it, not a
+// capacity trim, which leaves held stores alone.
+func (m *model) remove(mr *mRank, eh uint64, t kvevent.Tier, engine bool) {
 	// Every held store of eh in t is cut, whether eh is held in t,
 	// elsewhere or not at all: adopted later, it would undo the remove.
-	var kept []orphan
-	for _, o := range mr.orphans {
-		j := slices.IndexFunc(o.blocks, func(b kvevent.Block) bool { return b.EngineHash == eh })
-		switch {
-		case o.tier != t || j < 0:
-			kept = append(kept, o)
-		case j > 0:
-			o.blocks = o.blocks[:j]
-			kept = append(kept, o)
+	if engine {
+		var kept []orphan
+		for _, o := range mr.orphans {
+			j := slices.IndexFunc(o.blocks, func(b kvevent.Block) bool { return b.EngineHash == eh })
+			switch {
+			case o.tier != t || j < 0:
+				kept = append(kept, o)
+			case j > 0:
+				o.blocks = o.blocks[:j]
+				kept = append(kept, o)
+			}
 		}
+		mr.orphans = kept
 	}
-	mr.orphans = kept
 	e, ok := mr.blocks[eh]
 	if !ok || !e.mask.Has(t) {
 		return

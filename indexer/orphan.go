@@ -21,7 +21,8 @@ import (
 // A Removed event that names a block still held here cuts every held chain
 // that has it in the event's tier at that block (the engine evicts leaves
 // first, so its descendants are gone too); the cut is counted as dropped
-// but needs no resync.
+// but needs no resync. A capacity trim cuts nothing here: the engine did
+// not remove the block, and a held store of it is the engine's later word.
 //
 // Times are the callers' (the leader's stamp on each Raft entry), and go
 // back at a leader change to a clock behind, or at a clock step. The
