@@ -53,6 +53,14 @@ func (ix *Index) FlushJournal() {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if ix.journal == nil || len(ix.dirty) == 0 {
+		// The ranks' marks go with the list: left set, a journal attached
+		// later was never told of those ranks (markDirty skips a marked
+		// rank).
+		for _, r := range ix.dirty {
+			if rs := ix.rankFor(r, false); rs != nil {
+				rs.dirty = false
+			}
+		}
 		ix.dirty = ix.dirty[:0]
 		return
 	}

@@ -143,3 +143,22 @@ func TestJournalRecordsARankCreatedByACutStore(t *testing.T) {
 	}
 	sameStateNoFlags(t, re, ix, []kvevent.Rank{rk1, rk2})
 }
+
+// TestJournalReattachedReportsEveryChangedRank: a flush with no journal
+// attached forgets the ranks changed before the journal was detached, and
+// so must their marks: left set, a journal attached again was never told
+// those ranks' metadata, whatever changed in them later.
+func TestJournalReattachedReportsEveryChangedRank(t *testing.T) {
+	ix := New(Config{})
+	ix.SetJournal(newCopyJournal())
+	ix.SetCapacity(rk1, [kvevent.NumTiers]int64{8})
+	ix.SetJournal(nil)
+	ix.FlushJournal()
+	j := newCopyJournal()
+	ix.SetJournal(j)
+	ix.SetCapacity(rk1, [kvevent.NumTiers]int64{16})
+	ix.FlushJournal()
+	if m, ok := j.meta[rk1]; !ok || m.Capacity[0] != 16 {
+		t.Fatalf("journal attached again: rank meta %+v (reported %v), want capacity 16", m, ok)
+	}
+}
