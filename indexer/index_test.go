@@ -540,6 +540,21 @@ func TestRemoveOfHeldOrphanCutsItsChain(t *testing.T) {
 	}
 }
 
+// TestCutHeldStoreKeepsTheDigest: a held store cut part-way (the engine
+// removed a block of it) takes its old blocks' terms out of the digest and
+// its kept ones' back in, as if only those had been held.
+func TestCutHeldStoreKeepsTheDigest(t *testing.T) {
+	cut, kept := New(Config{}), New(Config{})
+	mustApply(t, cut, storedUnder(rk1, dev, 50, chain(2, 3, 4)), removed(rk1, dev, 3))
+	mustApply(t, kept, storedUnder(rk1, dev, 50, chain(2)))
+	if a, b := cut.Stats(), kept.Stats(); a.OrphanEvents != 1 || a.OrphanBlocks != b.OrphanBlocks {
+		t.Fatalf("cut: %d held stores of %d blocks, want 1 of %d", a.OrphanEvents, a.OrphanBlocks, b.OrphanBlocks)
+	}
+	if cut.Digest() != kept.Digest() {
+		t.Fatalf("[2 3 4] under 50 cut at 3: digest %#x, [2] under 50 held: %#x", cut.Digest(), kept.Digest())
+	}
+}
+
 // TestRemoveCutsEveryHeldStoreOfTheBlock: a remove cuts every held store
 // that has the block in its tier, not only the first: a second one, as old
 // as the first and older than the remove, was adopted when its parent came

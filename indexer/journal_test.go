@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -160,5 +161,82 @@ func TestJournalReattachedReportsEveryChangedRank(t *testing.T) {
 	ix.FlushJournal()
 	if m, ok := j.meta[rk1]; !ok || m.Capacity[0] != 16 {
 		t.Fatalf("journal attached again: rank meta %+v (reported %v), want capacity 16", m, ok)
+	}
+}
+
+// rankMetaString is a rank's whole state outside its residencies, as
+// DumpRank and RankStats show it.
+func rankMetaString(ix *Index, r kvevent.Rank) string {
+	d, err := ix.DumpRank(r)
+	if err != nil {
+		return "unknown"
+	}
+	var st RankStats
+	for _, s := range ix.RankStats() {
+		if s.Rank == r {
+			st = s
+		}
+	}
+	return fmt.Sprintf("cap %v order %d orphans %v stats %+v", d.Capacity, d.Order, d.Orphans, st)
+}
+
+// TestJournalRebuildKeepsRankMeta: the durable copy the journal
+// describes rebuilds every rank's metadata (capacity, flags, held stores
+// and their times), and the rebuilt index then goes on exactly as the
+// live one under more steps.
+func TestJournalRebuildKeepsRankMeta(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		ix := New(propCfg)
+		j := newCopyJournal()
+		ix.SetJournal(j)
+		now := int64(0)
+		for i, s := range rapid.SliceOfN(genStep(), 1, 60).Draw(t, "steps") {
+			now += int64(s.dt)
+			_ = s.apply(ix, now)
+			if i%3 == 0 {
+				ix.FlushJournal()
+			}
+		}
+		ix.FlushJournal()
+		re := j.load(t)
+		for _, r := range allPropRanks() {
+			if a, b := rankMetaString(re, r), rankMetaString(ix, r); a != b {
+				t.Fatalf("rank %v: rebuilt %s\nlive %s", r, a, b)
+			}
+		}
+		for _, s := range rapid.SliceOfN(genStep(), 1, 30).Draw(t, "more") {
+			now += int64(s.dt)
+			_ = s.apply(ix, now)
+			_ = s.apply(re, now)
+			if re.Digest() != ix.Digest() {
+				t.Fatalf("after %+v: rebuilt digest %#x, live %#x", s, re.Digest(), ix.Digest())
+			}
+		}
+		for _, r := range allPropRanks() {
+			if a, b := rankMetaString(re, r), rankMetaString(ix, r); a != b {
+				t.Fatalf("rank %v after more steps: rebuilt %s\nlive %s", r, a, b)
+			}
+		}
+	})
+}
+
+// TestJournalRecordsATrimAfterATierAdded: a store that only adds a tier to
+// blocks the rank holds changes no rank metadata, so it does not mark the
+// rank; the capacity trim it sets off does (the over-capacity flag), and
+// must mark it itself, or the durable copy keeps the flag unset.
+func TestJournalRecordsATrimAfterATierAdded(t *testing.T) {
+	ix := New(Config{CapacitySlack: 1e-9})
+	j := newCopyJournal()
+	ix.SetJournal(j)
+	ix.SetCapacity(rk1, [kvevent.NumTiers]int64{0, 2, 0, 0})
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2, 3)))
+	ix.FlushJournal()
+	mustApply(t, ix, stored(rk1, host, chain(1, 2, 3))) // 3 in host: the trim drops leaf 3 there
+	ix.FlushJournal()
+	if !ix.RankStats()[0].OverCapacity {
+		t.Fatal("setup: the rank should be over its host capacity")
+	}
+	if got, want := rankMetaString(j.load(t), rk1), rankMetaString(ix, rk1); got != want {
+		t.Fatalf("rebuilt %s\nlive %s", got, want)
 	}
 }

@@ -515,3 +515,42 @@ func (m *model) checkCapacity(t interface{ Fatalf(string, ...any) }, ix *Index) 
 		}
 	}
 }
+
+// checkStats compares RankStats (per-tier blocks, held stores, the resync
+// flag) with the model, and Stats with their sum over the ranks.
+func (m *model) checkStats(t interface{ Fatalf(string, ...any) }, ix *Index) {
+	var sum [kvevent.NumTiers]int64
+	orphans, oblocks, resync, over := 0, 0, 0, 0
+	for _, st := range ix.RankStats() {
+		mr := m.ranks[st.Rank]
+		if mr == nil {
+			t.Fatalf("rank %v unknown to the model", st.Rank)
+		}
+		var want [kvevent.NumTiers]int64
+		for _, e := range mr.blocks {
+			for tr := kvevent.Tier(0); tr < kvevent.NumTiers; tr++ {
+				if e.mask.Has(tr) {
+					want[tr]++
+				}
+			}
+		}
+		if st.Blocks != want || st.OrphanEvents != len(mr.orphans) || st.NeedsResync != mr.needsResync {
+			t.Fatalf("rank %v stats %+v, model blocks %v held stores %d resync %v", st.Rank, st, want, len(mr.orphans), mr.needsResync)
+		}
+		for tr := range sum {
+			sum[tr] += want[tr]
+		}
+		orphans += len(mr.orphans)
+		oblocks += orphanBlocks(mr.orphans)
+		if mr.needsResync {
+			resync++
+		}
+		if mr.overCapacity {
+			over++
+		}
+	}
+	gs := ix.Stats()
+	if gs.Blocks != sum || gs.OrphanEvents != orphans || gs.OrphanBlocks != oblocks || gs.NeedResync != resync || gs.OverCapacity != over || gs.Ranks != len(m.ranks) {
+		t.Fatalf("stats %+v; model blocks %v held stores %d of %d blocks, %d need a resync, %d over capacity, %d ranks", gs, sum, orphans, oblocks, resync, over, len(m.ranks))
+	}
+}

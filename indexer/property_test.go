@@ -154,6 +154,7 @@ func checkIndexMatchesModel(t *testing.T) {
 				t.Fatalf("after %+v: digest %#x, model %#x", s, ix.Digest(), mod.digest())
 			}
 			mod.checkCapacity(t, ix)
+			mod.checkStats(t, ix)
 		}
 		checkInvariants(t, ix)
 

@@ -182,3 +182,218 @@ func TestIndexMatchesModelManyRanks(t *testing.T) {
 	}
 	checkIndexMatchesModel(t)
 }
+
+// TestReplaceRankFromDumpAnswersAsTheSource: a rank replaced (on another
+// index) by the StoredEvents of its dump answers every lookup as the
+// source does, in both views.
+func TestReplaceRankFromDumpAnswersAsTheSource(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		ix := New(Config{})
+		now := int64(0)
+		for _, s := range rapid.SliceOfN(genStep(), 1, 60).Draw(t, "steps") {
+			now += int64(s.dt)
+			if s.setCapacity {
+				continue // capacity trims by age, which a replay renews
+			}
+			_ = s.apply(ix, now)
+		}
+		dst := New(Config{})
+		for _, r := range ix.Ranks() {
+			d, err := ix.DumpRank(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bad := dst.ReplaceRank(r, d.StoredEvents(), now); bad != 0 {
+				t.Fatalf("rank %v: %d malformed", r, bad)
+			}
+		}
+		checkInvariants(t, dst)
+		var a, b Matches
+		for q := 0; q < 16; q++ {
+			hashes := rapid.SliceOfN(rapid.SampledFrom(propLocals), 1, 6).Draw(t, "query")
+			for _, view := range []View{ViewDedup, ViewTiered} {
+				ix.FindMatchesByTier(hashes, view, false, &a)
+				dst.FindMatchesByTier(hashes, view, false, &b)
+				if !equalMatches(toMap(&a), toMap(&b)) {
+					t.Fatalf("query %v view %v: replaced %v, source %v", hashes, view, toMap(&b), toMap(&a))
+				}
+			}
+		}
+	})
+}
+
+// TestReplaceRankInPlaceKeepsMatches: a rank replaced in place by
+// the StoredEvents of its own dump answers every lookup as before, and
+// the other ranks are untouched.
+func TestReplaceRankInPlaceKeepsMatches(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		ix := New(Config{})
+		now := int64(0)
+		for _, s := range rapid.SliceOfN(genStep(), 1, 60).Draw(t, "steps") {
+			now += int64(s.dt)
+			if !s.setCapacity {
+				_ = s.apply(ix, now)
+			}
+		}
+		ranks := ix.Ranks()
+		if len(ranks) == 0 {
+			return
+		}
+		r := rapid.SampledFrom(ranks).Draw(t, "rank")
+		var queries [][]uint64
+		var before []map[kvevent.Rank][kvevent.NumTiers]uint32
+		for q := 0; q < 16; q++ {
+			h := rapid.SliceOfN(rapid.SampledFrom(propLocals), 1, 6).Draw(t, "query")
+			queries = append(queries, h)
+			for _, v := range []View{ViewDedup, ViewTiered} {
+				before = append(before, find(ix, v, h))
+			}
+		}
+		others := map[kvevent.Rank]string{}
+		for _, o := range ranks {
+			if o != r {
+				d, _ := ix.DumpRank(o)
+				others[o] = fmt.Sprint(d)
+			}
+		}
+		d, _ := ix.DumpRank(r)
+		ix.ReplaceRank(r, d.StoredEvents(), now)
+		checkInvariants(t, ix)
+		i := 0
+		for _, h := range queries {
+			for _, v := range []View{ViewDedup, ViewTiered} {
+				if got := find(ix, v, h); !equalMatches(got, before[i]) {
+					t.Fatalf("query %v view %v: after %v %v, before %v", h, v, r, got, before[i])
+				}
+				i++
+			}
+		}
+		for o, want := range others {
+			d, _ := ix.DumpRank(o)
+			if fmt.Sprint(d) != want {
+				t.Fatalf("rank %v changed by replacing %v", o, r)
+			}
+		}
+	})
+}
+
+// TestLoadedDumpsGoOnAsTheSource: an index built from every rank's
+// dump (LoadRank) goes on exactly as the source under the same later
+// steps: dumps carry all the state later events depend on.
+func TestLoadedDumpsGoOnAsTheSource(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		ix := New(propCfg)
+		now := int64(0)
+		for _, s := range rapid.SliceOfN(genStep(), 1, 60).Draw(t, "steps") {
+			now += int64(s.dt)
+			_ = s.apply(ix, now)
+		}
+		fresh := New(propCfg)
+		ranks := ix.Ranks()
+		for _, k := range rapid.Permutation(ranks).Draw(t, "load order") {
+			d, err := ix.DumpRank(k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := fresh.LoadRank(&d); err != nil {
+				t.Fatalf("load %v: %v", k, err)
+			}
+		}
+		for i, s := range rapid.SliceOfN(genStep(), 1, 40).Draw(t, "more") {
+			now += int64(s.dt)
+			_ = s.apply(ix, now)
+			_ = s.apply(fresh, now)
+			if fresh.Digest() != ix.Digest() {
+				t.Fatalf("step %d %+v: loaded digest %#x, source %#x", i, s, fresh.Digest(), ix.Digest())
+			}
+		}
+		for _, r := range allPropRanks() {
+			a, _ := fresh.DumpRank(r)
+			b, _ := ix.DumpRank(r)
+			if fmt.Sprint(a) != fmt.Sprint(b) {
+				t.Fatalf("rank %v: loaded %+v\nsource %+v", r, a, b)
+			}
+		}
+	})
+}
+
+// recomputedDigest is the digest of ix's state from scratch, from its dumps.
+func recomputedDigest(t interface{ Fatalf(string, ...any) }, ix *Index) uint64 {
+	var sum uint64
+	for _, r := range ix.Ranks() {
+		d, err := ix.DumpRank(r)
+		if err != nil {
+			t.Fatalf("dump %v: %v", r, err)
+		}
+		rk := rankKey(r)
+		for _, e := range d.Entries {
+			sum += residencyTerm(rk, e.Seq, e.EngineHash, e.Mask)
+		}
+		for _, o := range d.Orphans {
+			parent := o.Parent
+			for _, b := range o.Blocks {
+				sum += orphanTerm(rk, parent, b.EngineHash, b.LocalHash, o.Tier)
+				parent = b.EngineHash
+			}
+		}
+	}
+	return sum
+}
+
+// TestRankOpsKeepTheDigestAndJournal: the rank operations the model
+// test leaves out (ExpireOrphans, ReplaceRank, RemoveRank, LoadRank)
+// keep the incremental digest equal to one computed from scratch, the
+// invariants, and the journal's copy equal to the live index.
+func TestRankOpsKeepTheDigestAndJournal(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		ix := New(propCfg)
+		j := newCopyJournal()
+		ix.SetJournal(j)
+		now := int64(0)
+		for i := 0; i < 40; i++ {
+			s := genStep().Draw(t, "step")
+			now += int64(s.dt)
+			switch rapid.IntRange(0, 9).Draw(t, "op") {
+			case 0:
+				ix.ExpireOrphans(now)
+			case 1:
+				src := genRank().Draw(t, "src")
+				var evs []kvevent.Event
+				if d, err := ix.DumpRank(src); err == nil {
+					evs = d.StoredEvents()
+					for k := range evs {
+						evs[k].Rank = s.ev.Rank
+					}
+				}
+				ix.ReplaceRank(s.ev.Rank, evs, now)
+			case 2:
+				ix.RemoveRank(s.ev.Rank)
+			case 3:
+				if d, err := ix.DumpRank(s.ev.Rank); err == nil {
+					if err := ix.LoadRank(&d); err != nil {
+						t.Fatalf("load own dump: %v", err)
+					}
+				}
+			default:
+				_ = s.apply(ix, now)
+			}
+			if got, want := ix.Digest(), recomputedDigest(t, ix); got != want {
+				t.Fatalf("step %d: digest %#x, recomputed %#x", i, got, want)
+			}
+			if rapid.Bool().Draw(t, "flush") {
+				ix.FlushJournal()
+			}
+		}
+		checkInvariants(t, ix)
+		ix.FlushJournal()
+		re := j.load(t)
+		if re.Digest() != ix.Digest() {
+			t.Fatalf("rebuilt digest %#x, live %#x", re.Digest(), ix.Digest())
+		}
+		for _, r := range allPropRanks() {
+			if a, b := rankMetaString(re, r), rankMetaString(ix, r); a != b {
+				t.Fatalf("rank %v: rebuilt %s\nlive %s", r, a, b)
+			}
+		}
+	})
+}
