@@ -315,3 +315,54 @@ func (w tWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+// TestOutputBlockDecayThroughAFollower: an output_block with a
+// decay_fraction sent to a follower is forwarded with its body: the
+// leader applies f = 0, and the rank's 4 blocks (3 and the output block),
+// held by the reservation alone, count 0.
+func TestOutputBlockDecayThroughAFollower(t *testing.T) {
+	c := startCluster(t)
+	f := c.nodes[c.follower()]
+	mustCode(t, f.doRetry(t, codecJSON, "POST", "/selection/workers",
+		CatalogWorker{WorkerID: 1, ModelName: "llama", Endpoint: "http://w1", BlockSize: 4}), 201, "add")
+	mustCode(t, f.doRetry(t, codecJSON, "POST", "/selection/reservations", ReservationRequest{ReservationID: "r1", ModelName: "llama",
+		WorkerID: 1, SequenceHashes: []Hash{1, 2, 3}, ISLTokens: 12}), 201, "reserve")
+	mustCode(t, f.doRetry(t, codecJSON, "POST", "/selection/reservations/r1/output_block", OutputBlockRequest{DecayFraction: ptr(0.0)}), 200, "out")
+	r := c.nodes[c.leader()].do(t, codecJSON, "GET", "/selection/loads?model_name=llama", nil)
+	var ls []RankLoad
+	if err := json.Unmarshal(r.body, &ls); err != nil {
+		t.Fatal(err)
+	}
+	if len(ls) != 1 || ls[0].ActiveDecodeBlocks != 0 {
+		t.Errorf("leader's loads %s, want 0 active decode blocks (f = 0)", r.body)
+	}
+}
+
+// TestSelectAndReserveSessionIsRememberedByTheLeader: docs/compat.md, "a
+// forwarded /select_and_reserve is remembered by the leader": a session
+// booked through a follower keeps its rank on the leader's next tie.
+func TestSelectAndReserveSessionIsRememberedByTheLeader(t *testing.T) {
+	c := startCluster(t)
+	f := c.nodes[c.follower()]
+	for _, id := range []uint64{1, 2} {
+		mustCode(t, f.doRetry(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: id, ModelName: "llama",
+			Endpoint: "http://h:1", BlockSize: 4}), 201, "add")
+	}
+	l := c.nodes[c.leader()]
+	req := SelectRequest{ModelName: "llama", BlockHashes: promptHashes(), ISLTokens: 12}
+	x := selectOn(t, l, "/selection/select", req).WorkerID // the tie's winner without a session
+	y := 3 - x
+	mustCode(t, l.do(t, codecJSON, "POST", "/events", EventsRequest{InstanceID: y, ModelName: "llama",
+		Events: []Event{stored(1, 0, "", 0, 1)}}), 200, "events")
+	req.SessionID, req.SelectionID = "s", "b1"
+	if got := selectOn(t, f, "/selection/select_and_reserve", req).WorkerID; got != y {
+		t.Fatalf("cached worker %d not chosen: %d", y, got)
+	}
+	mustCode(t, l.do(t, codecJSON, "DELETE", "/selection/reservations/b1", nil), 200, "release")
+	mustCode(t, l.do(t, codecJSON, "POST", "/events", EventsRequest{InstanceID: y, ModelName: "llama",
+		Events: []Event{{DPRank: 0, EventID: 2, Type: "removed", BlockHashes: []Hash{1000}}}}), 200, "remove")
+	req.SelectionID = ""
+	if got := selectOn(t, l, "/selection/select", req).WorkerID; got != y {
+		t.Errorf("tie on the leader: session's worker %d, given by a forwarded /select_and_reserve, not kept: %d", y, got)
+	}
+}

@@ -212,3 +212,41 @@ func golden(t *testing.T, name string, c codec, r reply) {
 		t.Errorf("%s: answer differs from the golden file\n got: %s\nwant: %s", path, got, strings.TrimSpace(string(want)))
 	}
 }
+
+// queryPrompt is node n's /query answer for prompt in model llama's group
+// ("" the default).
+func queryPrompt(t *testing.T, n *testNode, group string) QueryResponse {
+	t.Helper()
+	r := n.do(t, codecJSON, "POST", "/query", QueryRequest{TokenIDs: prompt, ModelName: "llama", RoutingGroup: group})
+	mustCode(t, r, 200, "query")
+	var q QueryResponse
+	if err := json.Unmarshal(r.body, &q); err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// postEvents posts evs for instance 1 of model llama and returns the acks.
+func postEvents(t *testing.T, n *testNode, evs ...Event) EventsResponse {
+	t.Helper()
+	r := n.do(t, codecJSON, "POST", "/events", EventsRequest{InstanceID: 1, ModelName: "llama", Events: evs})
+	mustCode(t, r, 200, "events")
+	var er EventsResponse
+	if err := json.Unmarshal(r.body, &er); err != nil {
+		t.Fatal(err)
+	}
+	return er
+}
+
+// selectOn posts req to the selection route path ("/selection/select" or
+// "/selection/select_and_reserve") of n and returns the choice.
+func selectOn(t *testing.T, n *testNode, path string, req SelectRequest) SelectResponse {
+	t.Helper()
+	r := n.do(t, codecJSON, "POST", path, req)
+	mustCode(t, r, 200, path)
+	var s SelectResponse
+	if err := json.Unmarshal(r.body, &s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}

@@ -181,3 +181,25 @@ func TestPatchLeavesStoredEndpointsUnchecked(t *testing.T) {
 	// What a PATCH names is checked.
 	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/7", WorkerPatch{ReplayEndpoint: ptr("tcp://*:5559")}), 400, "PATCH naming a wildcard replay endpoint")
 }
+
+// TestPatchOfTheRangeDropsARanksState: a PATCH that drops a rank drops its
+// blocks and cursor, and one that adds it back starts it clean
+// (Backend.RegisterWorker's contract).
+func TestPatchOfTheRangeDropsARanksState(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "llama",
+		Endpoint: "http://h:1", BlockSize: 4, DataParallelSize: 2}), 201, "add")
+	postEvents(t, n, stored(1, 1, "", 0, 3))
+	one, two := uint32(1), uint32(2)
+	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/1", WorkerPatch{DataParallelSize: &one}), 200, "shrink")
+	if q := queryPrompt(t, n, ""); len(q.Scores) != 0 {
+		t.Errorf("after the rank left: scores %v", q.Scores)
+	}
+	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/1", WorkerPatch{DataParallelSize: &two}), 200, "grow")
+	if q := queryPrompt(t, n, ""); len(q.Scores) != 0 {
+		t.Errorf("after the rank came back: scores %v", q.Scores)
+	}
+	if ack := postEvents(t, n, stored(1, 1, "", 0, 1)); ack.Acks[0].Applied != 1 {
+		t.Errorf("first event of the rank back: %+v, want applied", ack.Acks)
+	}
+}

@@ -639,3 +639,56 @@ func TestAV1WorkerRemovedFromAMixedNamespaceReturnsOnlyWithItsBlockSize(t *testi
 	}
 	mustCode(t, n.v1Register(t, `{"worker_id":4,"block_size":16,"model":"llama"}`), 204, "the namespace's block size")
 }
+
+// registerRanks registers dp ranks dps of instance 1 of model llama with
+// posted events ("agentless": false).
+func registerRanks(t *testing.T, n *testNode, dps ...uint32) {
+	t.Helper()
+	for _, dp := range dps {
+		mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1,
+			Endpoint: fmt.Sprintf("tcp://10.0.0.1:%d", 5557+dp), ModelName: "llama", BlockSize: 4, DPRank: u32(dp),
+			Agentless: ptr(false)}), 201, fmt.Sprintf("register dp %d", dp))
+	}
+}
+
+// TestRegistrationAfterUnregisterStartsClean: docs/compat.md /unregister,
+// "a later registration of it starts clean", of the whole instance and of
+// one rank: no blocks, and a cursor that takes its sender's ids from 1.
+func TestRegistrationAfterUnregisterStartsClean(t *testing.T) {
+	n := startNode(t)
+	registerRanks(t, n, 0, 1)
+	postEvents(t, n, stored(1, 0, "", 0, 3), stored(1, 1, "", 0, 3), stored(2, 1, "", 0, 3))
+	mustCode(t, n.do(t, codecJSON, "POST", "/unregister", UnregisterRequest{InstanceID: 1, ModelName: "llama"}), 200, "unregister")
+	registerRanks(t, n, 0, 1)
+	if q := queryPrompt(t, n, ""); len(q.Scores) != 0 {
+		t.Errorf("after unregister and register: scores %v, want none", q.Scores)
+	}
+	if ack := postEvents(t, n, stored(1, 0, "", 0, 1)); ack.Acks[0].Applied != 1 {
+		t.Errorf("first event of a new registration: %+v, want applied", ack.Acks)
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/unregister", UnregisterRequest{InstanceID: 1, ModelName: "llama", DPRank: u32(0)}), 200, "unregister dp 0")
+	registerRanks(t, n, 0)
+	if q := queryPrompt(t, n, ""); len(q.Scores) != 0 {
+		t.Errorf("after unregister dp 0 and register: scores %v, want none", q.Scores)
+	}
+	if ack := postEvents(t, n, stored(1, 0, "", 0, 2)); ack.Acks[0].Applied != 1 {
+		t.Errorf("first event of dp 0 registered again: %+v, want applied", ack.Acks)
+	}
+}
+
+// TestUnregisterOfTheOnlyRankRemovesTheInstance: /unregister of an
+// instance's only dp_rank removes the worker, as /unregister of the
+// instance would, instead of leaving it registered with no rank.
+func TestUnregisterOfTheOnlyRankRemovesTheInstance(t *testing.T) {
+	n := startNode(t)
+	registerRanks(t, n, 3)
+	mustCode(t, n.do(t, codecJSON, "POST", "/unregister", UnregisterRequest{InstanceID: 1, ModelName: "llama", DPRank: u32(3)}), 200, "unregister dp 3")
+	if table := n.node.WorkerTable(); len(table) != 0 {
+		t.Errorf("after /unregister of its only rank the worker table is %v, want empty", table)
+	}
+	r := n.do(t, codecJSON, "GET", "/workers", nil)
+	mustCode(t, r, 200, "workers")
+	if strings.TrimSpace(string(r.body)) != "[]" {
+		t.Errorf("GET /workers after /unregister of the only rank: %s, want []", r.body)
+	}
+}

@@ -574,3 +574,118 @@ func TestSelectAndReserveOfAnIDLiveInAnotherNamespace(t *testing.T) {
 		t.Errorf("mistral's worker: %+v, want no load", l)
 	}
 }
+
+// TestSelectionCostsByHand: /select's choices and /potential_loads'
+// figures, worked out by hand from semantics.md §5 with the defaults (the
+// dedup view: a block in any tier counts as cached): block size 4, a
+// prompt of 3 blocks, isl 12. Cost = prefill blocks + decode blocks.
+func TestSelectionCostsByHand(t *testing.T) {
+	n := startNode(t)
+	for _, id := range []uint64{1, 2} {
+		mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: id, ModelName: "llama",
+			Endpoint: "http://h:1", BlockSize: 4}), 201, "add")
+	}
+	post := func(inst uint64, evs ...Event) {
+		mustCode(t, n.do(t, codecJSON, "POST", "/events", EventsRequest{InstanceID: inst, ModelName: "llama", Events: evs}), 200, "events")
+	}
+	post(1, stored(1, 0, "GPU", 0, 2))
+	post(2, stored(1, 0, "CPU", 0, 3))
+	req := SelectRequest{ModelName: "llama", BlockHashes: promptHashes(), SequenceHashes: []Hash{11, 12, 13}, ISLTokens: 12}
+	// W1: 3-2 + 3 = 4; W2: 3-3 + 3 = 3.
+	s := selectOn(t, n, "/selection/select", req)
+	if s.WorkerID != 2 || s.EffectivePrefillTokens != 0 || s.Overlap.GPU != 0 || s.Overlap.CPU != 12 || s.Overlap.LongestMatched != 12 {
+		t.Errorf("case 1: %+v, want worker 2, effective 0, overlap gpu 0 cpu 12", s)
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", ReservationRequest{ReservationID: "r1", ModelName: "llama",
+		WorkerID: 2, SequenceHashes: []Hash{21, 22, 23, 24, 25}, ISLTokens: 20}), 201, "reserve")
+	// W2: (20+12)/4 - 3 = 5, + 5+3 = 13; W1: 4.
+	s = selectOn(t, n, "/selection/select", req)
+	if s.WorkerID != 1 || s.EffectivePrefillTokens != 4 || s.Overlap.GPU != 8 {
+		t.Errorf("case 2: %+v, want worker 1, effective 4", s)
+	}
+	// W1 loaded more: r2 on W1, 10 blocks, isl 40.
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", ReservationRequest{ReservationID: "r2", ModelName: "llama",
+		WorkerID: 1, SequenceHashes: []Hash{31, 32, 33, 34, 35, 36, 37, 38, 39, 40}, ISLTokens: 40}), 201, "reserve")
+	// W1: (40+12)/4 - 2 = 11, + 13 = 24; W2: 13.
+	if s = selectOn(t, n, "/selection/select", req); s.WorkerID != 2 {
+		t.Errorf("case 3: %+v, want worker 2", s)
+	}
+	// W1: potential decode 10+3 = 13, prefill 40+12-8 = 44; W2: 5+3 = 8, 20+12-12 = 20.
+	r := n.do(t, codecJSON, "POST", "/selection/potential_loads", PotentialLoadsRequest{ModelName: "llama",
+		BlockHashes: promptHashes(), SequenceHashes: []Hash{11, 12, 13}, ISLTokens: 12})
+	mustCode(t, r, 200, "potential")
+	var pl []RankLoad
+	if err := json.Unmarshal(r.body, &pl); err != nil {
+		t.Fatal(err)
+	}
+	if len(pl) != 2 || *pl[0].PotentialDecodeBlocks != 13 || *pl[0].PotentialPrefillToks != 44 ||
+		*pl[1].PotentialDecodeBlocks != 8 || *pl[1].PotentialPrefillToks != 20 {
+		t.Errorf("potential loads %s, want worker 1 13 blocks 44 tokens, worker 2 8 and 20", r.body)
+	}
+}
+
+// TestSessionBreaksOnlyTies: a session keeps its rank on a tie, against
+// the rank a request without a session gets, and never against a cheaper
+// rank (docs/compat.md).
+func TestSessionBreaksOnlyTies(t *testing.T) {
+	n := startNode(t)
+	for _, id := range []uint64{1, 2} {
+		mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: id, ModelName: "llama",
+			Endpoint: "http://h:1", BlockSize: 4}), 201, "add")
+	}
+	req := SelectRequest{ModelName: "llama", BlockHashes: promptHashes(), ISLTokens: 12}
+	x := selectOn(t, n, "/selection/select", req).WorkerID
+	y := 3 - x
+	mustCode(t, n.do(t, codecJSON, "POST", "/events", EventsRequest{InstanceID: y, ModelName: "llama",
+		Events: []Event{stored(1, 0, "", 0, 1)}}), 200, "events")
+	req.SessionID = "s"
+	if got := selectOn(t, n, "/selection/select", req).WorkerID; got != y {
+		t.Fatalf("cached worker %d not chosen: %d", y, got)
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/events", EventsRequest{InstanceID: y, ModelName: "llama",
+		Events: []Event{{DPRank: 0, EventID: 2, Type: "removed", BlockHashes: []Hash{1000}}}}), 200, "remove")
+	if got := selectOn(t, n, "/selection/select", req).WorkerID; got != y {
+		t.Errorf("tie: session's worker %d not kept: %d", y, got)
+	}
+	req.SessionID = ""
+	if got := selectOn(t, n, "/selection/select", req).WorkerID; got != x {
+		t.Errorf("tie without session: %d, want %d", got, x)
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/events", EventsRequest{InstanceID: x, ModelName: "llama",
+		Events: []Event{stored(1, 0, "", 0, 1)}}), 200, "events x")
+	req.SessionID = "s"
+	if got := selectOn(t, n, "/selection/select", req).WorkerID; got != x {
+		t.Errorf("session overrode a cheaper worker: %d, want %d", got, x)
+	}
+}
+
+// TestDecayFractionByHand: docs/compat.md's decay_fraction, by hand. r1
+// holds 4 blocks and an output block at f = 0.5: 5 × 0.5 = 2.5, rounded
+// up, 3 active decode blocks. A request of sequence hashes [1, 2, 9]
+// shares blocks 1 and 2, which then count whole: 3 × 0.5 (3, 4, the
+// output block) + 2 (1, 2) + 1 (9) = 4.5, 5 potential decode blocks.
+func TestDecayFractionByHand(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "llama",
+		Endpoint: "http://h:1", BlockSize: 4}), 201, "add")
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", ReservationRequest{ReservationID: "r1", ModelName: "llama",
+		WorkerID: 1, SequenceHashes: []Hash{1, 2, 3, 4}, ISLTokens: 16}), 201, "reserve")
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations/r1/output_block", OutputBlockRequest{DecayFraction: ptr(0.5)}), 200, "out")
+	r := n.do(t, codecJSON, "GET", "/selection/loads?model_name=llama", nil)
+	var ls []RankLoad
+	if err := json.Unmarshal(r.body, &ls); err != nil {
+		t.Fatal(err)
+	}
+	if len(ls) != 1 || ls[0].ActiveDecodeBlocks != 3 {
+		t.Errorf("loads %s, want 3 active decode blocks", r.body)
+	}
+	r = n.do(t, codecJSON, "POST", "/selection/potential_loads", PotentialLoadsRequest{ModelName: "llama",
+		SequenceHashes: []Hash{1, 2, 9}, ISLTokens: 12})
+	var pl []RankLoad
+	if err := json.Unmarshal(r.body, &pl); err != nil {
+		t.Fatal(err)
+	}
+	if len(pl) != 1 || *pl[0].PotentialDecodeBlocks != 5 {
+		t.Errorf("potential loads %s, want 5 potential decode blocks", r.body)
+	}
+}
