@@ -173,9 +173,17 @@ type Selection struct {
 	outMu sync.Mutex // serialises output blocks, whose hashes count the booking's blocks
 
 	sessMu   sync.Mutex
-	sessions map[string]kvevent.Rank
-	sessRing []string // insertion order, for eviction
+	sessions map[sessionKey]kvevent.Rank
+	sessRing []sessionKey // insertion order, for eviction
 	sessNext int
+}
+
+// sessionKey names a session in its namespace: a namespace partitions
+// state, and two tenants (or models) that both name a session "s" have
+// two sessions, each with its own rank. Keyed by the id alone, one's
+// answer overwrote the other's rank.
+type sessionKey struct {
+	model, group, id string
 }
 
 // NewSelection returns the selection API of b. Its registrations and
@@ -184,7 +192,7 @@ func NewSelection(b SelectionBackend, log *slog.Logger) *Selection {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Selection{b: b, x: NewIndexer(b, log), log: log, sessions: map[string]kvevent.Rank{}}
+	return &Selection{b: b, x: NewIndexer(b, log), log: log, sessions: map[sessionKey]kvevent.Rank{}}
 }
 
 // Routes registers the API's routes on r under prefix. GET /workers
@@ -638,8 +646,9 @@ func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bo
 	q := raftfsm.RouteQuery{LocalHashes: local, ISL: isl, BlockSize: ns.blockSize,
 		SeqHashes: hashes(req.SequenceHashes), Book: reserve, RequestID: req.SelectionID, Brief: true,
 		Filter: func(rk kvevent.Rank) bool { _, ok := ns.has(rk); return ok }}
+	session := sessionKey{model: req.ModelName, group: group, id: req.SessionID}
 	if req.SessionID != "" {
-		if rk, ok := s.session(req.SessionID); ok {
+		if rk, ok := s.session(session); ok {
 			q.Prefer = &rk
 		}
 	}
@@ -664,7 +673,7 @@ func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bo
 		return nil, fmt.Errorf("route chose %v outside the namespace", res.Decision.Rank)
 	}
 	if req.SessionID != "" {
-		s.remember(req.SessionID, res.Decision.Rank)
+		s.remember(session, res.Decision.Rank)
 	}
 	out := SelectResponse{SelectionID: req.SelectionID, ModelName: req.ModelName, RoutingGroup: group,
 		WorkerID: wi.Instance, DPRank: res.Decision.Rank.DP, Endpoint: wi.Endpoint, BlockSize: res.BlockSize,
@@ -691,7 +700,7 @@ func (s *Selection) overlapOf(ns *namespace, local []uint64, wi *raftfsm.WorkerI
 	return o
 }
 
-func (s *Selection) session(id string) (kvevent.Rank, bool) {
+func (s *Selection) session(id sessionKey) (kvevent.Rank, bool) {
 	s.sessMu.Lock()
 	defer s.sessMu.Unlock()
 	rk, ok := s.sessions[id]
@@ -700,7 +709,7 @@ func (s *Selection) session(id string) (kvevent.Rank, bool) {
 
 // remember records a session's rank, forgetting the oldest session when
 // maxSessions are known.
-func (s *Selection) remember(id string, rk kvevent.Rank) {
+func (s *Selection) remember(id sessionKey, rk kvevent.Rank) {
 	s.sessMu.Lock()
 	defer s.sessMu.Unlock()
 	if _, ok := s.sessions[id]; !ok {

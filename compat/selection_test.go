@@ -689,3 +689,35 @@ func TestDecayFractionByHand(t *testing.T) {
 		t.Errorf("potential loads %s, want 5 potential decode blocks", r.body)
 	}
 }
+
+// TestSessionMemoryIsPerNamespace: a routing group partitions state
+// (docs/compat.md, Namespaces), its sessions too. Group red's session "s"
+// left group blue's session "s" its rank when the memory was keyed by the
+// session id alone: blue's next tie went elsewhere.
+func TestSessionMemoryIsPerNamespace(t *testing.T) {
+	n := startNode(t)
+	for _, g := range []string{"blue", "red"} {
+		for _, id := range []uint64{1, 2} {
+			mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: id, ModelName: "llama",
+				RoutingGroup: g, Endpoint: "http://h:1", BlockSize: 4}), 201, "add")
+		}
+	}
+	blue := SelectRequest{ModelName: "llama", RoutingGroup: "blue", BlockHashes: promptHashes(), ISLTokens: 12}
+	x := selectOn(t, n, "/selection/select", blue).WorkerID
+	y := 3 - x
+	post := func(evs ...Event) {
+		mustCode(t, n.do(t, codecJSON, "POST", "/events", EventsRequest{InstanceID: y, ModelName: "llama", RoutingGroup: "blue",
+			Events: evs}), 200, "events")
+	}
+	post(stored(1, 0, "", 0, 1))
+	blue.SessionID = "s"
+	if got := selectOn(t, n, "/selection/select", blue).WorkerID; got != y {
+		t.Fatalf("cached worker %d not chosen: %d", y, got)
+	}
+	post(Event{DPRank: 0, EventID: 2, Type: "removed", BlockHashes: []Hash{1000}})
+	// Group red's session of the same name, given the rank of another prompt.
+	selectOn(t, n, "/selection/select", SelectRequest{ModelName: "llama", RoutingGroup: "red", BlockHashes: []Hash{77}, ISLTokens: 4, SessionID: "s"})
+	if got := selectOn(t, n, "/selection/select", blue).WorkerID; got != y {
+		t.Errorf("group blue's session \"s\" lost its rank (worker %d) to group red's session \"s\": chose %d", y, got)
+	}
+}
