@@ -172,10 +172,25 @@ type Selection struct {
 
 	outMu sync.Mutex // serialises output blocks, whose hashes count the booking's blocks
 
+	// The sessions answered, each at its index in sessList, which links
+	// them in answer order (sessHead the latest, sessTail the least
+	// recent): a session answered again moves to the head, and a new one
+	// past sessCap takes the tail's entry. Nothing is allocated once the
+	// list is full.
 	sessMu   sync.Mutex
-	sessions map[sessionKey]kvevent.Rank
-	sessRing []sessionKey // insertion order, for eviction
-	sessNext int
+	sessions map[sessionKey]int32
+	sessList []sessionEntry
+	sessHead int32 // -1: none
+	sessTail int32
+	sessCap  int // maxSessions; tests set less
+}
+
+// sessionEntry is a session's last rank and its neighbours in sessList's
+// answer order (-1 at either end).
+type sessionEntry struct {
+	key        sessionKey
+	rank       kvevent.Rank
+	prev, next int32
 }
 
 // sessionKey names a session in its namespace: a namespace partitions
@@ -192,7 +207,8 @@ func NewSelection(b SelectionBackend, log *slog.Logger) *Selection {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Selection{b: b, x: NewIndexer(b, log), log: log, sessions: map[sessionKey]kvevent.Rank{}}
+	return &Selection{b: b, x: NewIndexer(b, log), log: log,
+		sessions: map[sessionKey]int32{}, sessHead: -1, sessTail: -1, sessCap: maxSessions}
 }
 
 // Routes registers the API's routes on r under prefix. GET /workers
@@ -703,25 +719,59 @@ func (s *Selection) overlapOf(ns *namespace, local []uint64, wi *raftfsm.WorkerI
 func (s *Selection) session(id sessionKey) (kvevent.Rank, bool) {
 	s.sessMu.Lock()
 	defer s.sessMu.Unlock()
-	rk, ok := s.sessions[id]
-	return rk, ok
+	i, ok := s.sessions[id]
+	if !ok {
+		return kvevent.Rank{}, false
+	}
+	return s.sessList[i].rank, true
 }
 
-// remember records a session's rank, forgetting the oldest session when
-// maxSessions are known.
+// remember records a session's rank as the latest answered, forgetting
+// the least recently answered session when sessCap are known: the memory
+// keeps the last sessions answered, as docs/compat.md says (it used to
+// forget the session first answered longest ago, however recent its last
+// answer).
 func (s *Selection) remember(id sessionKey, rk kvevent.Rank) {
 	s.sessMu.Lock()
 	defer s.sessMu.Unlock()
-	if _, ok := s.sessions[id]; !ok {
-		if len(s.sessRing) < maxSessions {
-			s.sessRing = append(s.sessRing, id)
-		} else {
-			delete(s.sessions, s.sessRing[s.sessNext])
-			s.sessRing[s.sessNext] = id
-			s.sessNext = (s.sessNext + 1) % maxSessions
-		}
+	i, ok := s.sessions[id]
+	switch {
+	case ok:
+		s.unlinkSession(i)
+	case len(s.sessList) < s.sessCap:
+		i = int32(len(s.sessList))
+		s.sessList = append(s.sessList, sessionEntry{})
+		s.sessions[id] = i
+	default:
+		i = s.sessTail
+		s.unlinkSession(i)
+		delete(s.sessions, s.sessList[i].key)
+		s.sessions[id] = i
 	}
-	s.sessions[id] = rk
+	e := &s.sessList[i]
+	e.key, e.rank, e.prev, e.next = id, rk, -1, s.sessHead
+	if s.sessHead >= 0 {
+		s.sessList[s.sessHead].prev = i
+	}
+	s.sessHead = i
+	if s.sessTail < 0 {
+		s.sessTail = i
+	}
+}
+
+// unlinkSession takes entry i out of the answer order.
+func (s *Selection) unlinkSession(i int32) {
+	e := &s.sessList[i]
+	if e.prev >= 0 {
+		s.sessList[e.prev].next = e.next
+	} else {
+		s.sessHead = e.next
+	}
+	if e.next >= 0 {
+		s.sessList[e.next].prev = e.prev
+	} else {
+		s.sessTail = e.prev
+	}
 }
 
 func (s *Selection) reserve(ctx context.Context, req *ReservationRequest) (any, error) {

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
@@ -719,5 +720,50 @@ func TestSessionMemoryIsPerNamespace(t *testing.T) {
 	selectOn(t, n, "/selection/select", SelectRequest{ModelName: "llama", RoutingGroup: "red", BlockHashes: []Hash{77}, ISLTokens: 4, SessionID: "s"})
 	if got := selectOn(t, n, "/selection/select", blue).WorkerID; got != y {
 		t.Errorf("group blue's session \"s\" lost its rank (worker %d) to group red's session \"s\": chose %d", y, got)
+	}
+}
+
+// TestSessionMemoryKeepsTheLastAnswered: docs/compat.md, "each node
+// remembers the last 65,536 sessions it answered". A session answered
+// again is one of the last answered, and outlives the sessions answered
+// before its latest answer; it was forgotten by its first answer.
+func TestSessionMemoryKeepsTheLastAnswered(t *testing.T) {
+	s := NewSelection(nil, quiet)
+	key := func(id string) sessionKey { return sessionKey{model: "llama", group: DefaultTenant, id: id} }
+	rk := func(w uint64) kvevent.Rank { return kvevent.Rank{Worker: w} }
+	s.remember(key("chat"), rk(1))
+	for i := range maxSessions - 1 {
+		s.remember(key(fmt.Sprintf("s%d", i)), rk(2))
+	}
+	s.remember(key("chat"), rk(1)) // answered again: the most recent now
+	s.remember(key("new"), rk(2))  // one more session: the oldest, s0, goes
+	if got, ok := s.session(key("chat")); !ok || got != rk(1) {
+		t.Errorf("session \"chat\", answered second to last, is %v (%v), want worker 1", got, ok)
+	}
+	if _, ok := s.session(key("s0")); ok {
+		t.Errorf("session s0, the least recently answered of %d, is still remembered", maxSessions+1)
+	}
+}
+
+// TestSessionMemoryIsBounded: with room for 3 sessions, a fourth forgets
+// the least recently answered, and the memory never holds more than 3.
+func TestSessionMemoryIsBounded(t *testing.T) {
+	s := NewSelection(nil, quiet)
+	s.sessCap = 3
+	key := func(id string) sessionKey { return sessionKey{model: "m", group: DefaultTenant, id: id} }
+	for i, id := range []string{"a", "b", "c", "a", "d", "e", "a", "f"} {
+		s.remember(key(id), kvevent.Rank{Worker: uint64(i)})
+		if len(s.sessions) > 3 {
+			t.Fatalf("after %d answers %d sessions are remembered, at most 3 wanted", i+1, len(s.sessions))
+		}
+	}
+	// Answer order a b c a d e a f: the last three distinct are f, a, e.
+	for id, want := range map[string]bool{"a": true, "b": false, "c": false, "d": false, "e": true, "f": true} {
+		if _, ok := s.session(key(id)); ok != want {
+			t.Errorf("session %q remembered %v, want %v", id, ok, want)
+		}
+	}
+	if rk, _ := s.session(key("a")); rk.Worker != 6 {
+		t.Errorf("session a's rank is worker %d, want its last answer's, 6", rk.Worker)
 	}
 }
