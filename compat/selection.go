@@ -958,16 +958,28 @@ func (s *Selection) potentialLoads(_ context.Context, req *PotentialLoadsRequest
 	group := tenantOf(req.RoutingGroup, "")
 	ranks, inst := s.ranksOf(req.ModelName, group)
 	ns := s.x.ns.get(s.b, req.ModelName, group)
-	loads, idle := s.b.PotentialLoads(hashes(req.SequenceHashes))
+	// Without sequence_hashes or isl_tokens the prompt's blocks give them,
+	// as /select (Route) derives them, so that these are the figures it
+	// scores with: the blocks' sequence hashes, and their tokens.
+	local := hashes(req.BlockHashes)
+	seq := hashes(req.SequenceHashes)
+	if len(seq) == 0 {
+		seq = kvevent.SequenceHashes(nil, local)
+	}
+	isl := int64(req.ISLTokens)
+	if isl == 0 {
+		isl = int64(len(local)) * int64(ns.blockSize)
+	}
+	loads, idle := s.b.PotentialLoads(seq)
 	byRank := map[kvevent.Rank]indexer.RankLoad{}
 	for _, l := range loads {
 		byRank[l.Rank] = l
 	}
 	// Cached tokens per rank, from the index, for the prefill figure.
 	cached := map[kvevent.Rank]int64{}
-	if len(req.BlockHashes) > 0 {
+	if len(local) > 0 {
 		var m indexer.Matches
-		s.b.FindMatches(hashes(req.BlockHashes), indexer.ViewDedup, &m)
+		s.b.FindMatches(local, indexer.ViewDedup, &m)
 		for _, rm := range m.Ranks {
 			cached[rm.Rank] = int64(rm.Total()) * int64(ns.blockSize)
 		}
@@ -979,7 +991,7 @@ func (s *Selection) potentialLoads(_ context.Context, req *PotentialLoadsRequest
 		if ok {
 			pot = l.PotentialDecodeBlocks
 		}
-		pre := l.Load.ActivePrefillTokens + max(int64(req.ISLTokens)-cached[rk], 0)
+		pre := l.Load.ActivePrefillTokens + max(isl-cached[rk], 0)
 		out = append(out, RankLoad{WorkerID: inst[rk.Worker], DPRank: rk.DP, ActivePrefillTokens: l.Load.ActivePrefillTokens,
 			ActiveDecodeBlocks: l.Load.ActiveDecodeBlocks, ActiveRequests: l.Load.ActiveRequests,
 			PotentialDecodeBlocks: &pot, PotentialPrefillToks: &pre})

@@ -767,3 +767,26 @@ func TestSessionMemoryIsBounded(t *testing.T) {
 		t.Errorf("session a's rank is worker %d, want its last answer's, 6", rk.Worker)
 	}
 }
+
+// TestPotentialLoadsDeriveWhatSelectDerives: /potential_loads reports the
+// figures /select scores with. Given the prompt's block_hashes and neither
+// sequence_hashes nor isl_tokens, /select derives both (the blocks'
+// sequence hashes; isl = blocks × block size), so an idle rank's potential
+// decode blocks are the prompt's 3 blocks and its potential prefill its 12
+// tokens; /potential_loads answered 0 and 0.
+func TestPotentialLoadsDeriveWhatSelectDerives(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "llama",
+		Endpoint: "http://h:1", BlockSize: 4}), 201, "add")
+	r := n.do(t, codecJSON, "POST", "/selection/potential_loads", PotentialLoadsRequest{ModelName: "llama",
+		BlockHashes: promptHashes()})
+	mustCode(t, r, 200, "potential")
+	var pl []RankLoad
+	if err := json.Unmarshal(r.body, &pl); err != nil || len(pl) != 1 {
+		t.Fatalf("%s %v", r.body, err)
+	}
+	if *pl[0].PotentialDecodeBlocks != 3 || *pl[0].PotentialPrefillToks != 12 {
+		t.Errorf("idle rank, prompt of 3 blocks of 4: potential_decode_blocks %d, potential_prefill_tokens %d; want 3 and 12 as /select scores",
+			*pl[0].PotentialDecodeBlocks, *pl[0].PotentialPrefillToks)
+	}
+}
