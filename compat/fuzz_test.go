@@ -26,6 +26,10 @@ func FuzzRequestBodies(f *testing.F) {
 	f.Add([]byte{0x81, 0xaa, 'm', 'o', 'd', 'e', 'l', '_', 'n', 'a', 'm', 'e', 0xdb, 0xff, 0xff, 0xff, 0xff, 'm'}, true)
 	f.Add([]byte{0xdf, 0xff, 0xff, 0xff, 0xff, 0xa1, 'x', 0x00}, true)
 	f.Add(nested(maxMsgpackDepth+10), true)
+	// Arrays where a request and an event belong: the library read them
+	// field by field (checkMsgpackShape refuses them).
+	f.Add([]byte{0x9a, 0x05, 0xa3, 't', 'c', 'p', 0xa5, 'l', 'l', 'a', 'm', 'a', 0xa0, 0xa0, 0x04, 0xc0, 0xa0, 0xa0, 0xc2}, true)
+	f.Add([]byte{0x81, 0xa6, 'e', 'v', 'e', 'n', 't', 's', 0x91, 0x98, 0xc0, 0x00, 0x01, 0xa7, 'c', 'l', 'e', 'a', 'r', 'e', 'd', 0xc0, 0xc0, 0xc0, 0xc0}, true)
 	f.Fuzz(func(t *testing.T, body []byte, mp bool) {
 		c := codecJSON
 		if mp {

@@ -1,9 +1,12 @@
 package compat
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"reflect"
+	"strings"
+	"sync"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -181,4 +184,145 @@ func checkMsgpack(b []byte) error {
 		return fmt.Errorf("byte %d: %d bytes after the body's value", pos, len(b)-pos)
 	}
 	return nil
+}
+
+// checkMsgpackShape refuses body b, which checkMsgpack passed, unless each
+// value of it that decodes into a struct of t (the type decoded into: a
+// request, its events, their blocks) is a map or nil, as JSON's object or
+// null. The msgpack library reads an array of as many values as a struct
+// has fields into them in declaration order, and an empty one as the zero
+// struct, so that a /register of [5, "tcp://…", "llama", …] registered
+// instance 5, and an event given as an array was applied, where JSON
+// refuses an array for an object. The walk follows t and skips whatever
+// it does not decode into a struct.
+func checkMsgpackShape(b []byte, t reflect.Type) error {
+	d := msgpack.GetDecoder()
+	defer msgpack.PutDecoder(d)
+	d.Reset(bytes.NewReader(b))
+	return checkShapeOf(d, t)
+}
+
+var (
+	customDecoderType = reflect.TypeFor[msgpack.CustomDecoder]()
+	unmarshalerType   = reflect.TypeFor[msgpack.Unmarshaler]()
+)
+
+// checkShapeOf checks the next value of d, to be decoded into a t.
+func checkShapeOf(d *msgpack.Decoder, t reflect.Type) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	c, err := d.PeekCode()
+	if err != nil {
+		return err
+	}
+	if c == msgpcode.Nil || reflect.PointerTo(t).Implements(customDecoderType) || reflect.PointerTo(t).Implements(unmarshalerType) {
+		// The library's nil is the zero value; a type that decodes
+		// itself judges its own shape.
+		return d.Skip()
+	}
+	isMap := msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
+	isArray := msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32
+	switch {
+	case t.Kind() == reflect.Struct:
+		if !isMap {
+			what := fmt.Sprintf("code %#x", c)
+			if isArray {
+				what = "an array"
+			}
+			return fmt.Errorf("%s where an object (%s) belongs", what, t.Name())
+		}
+		n, err := d.DecodeMapLen()
+		if err != nil {
+			return err
+		}
+		fields := structFields(t)
+		for range n {
+			name, err := d.DecodeString()
+			if err != nil {
+				return err
+			}
+			ft, ok := fields[name]
+			if !ok {
+				if err := d.Skip(); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := checkShapeOf(d, ft); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+		}
+		return nil
+	case isArray && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array):
+		n, err := d.DecodeArrayLen()
+		if err != nil {
+			return err
+		}
+		for i := range n {
+			if err := checkShapeOf(d, t.Elem()); err != nil {
+				return fmt.Errorf("[%d]: %w", i, err)
+			}
+		}
+		return nil
+	case isMap && t.Kind() == reflect.Map:
+		n, err := d.DecodeMapLen()
+		if err != nil {
+			return err
+		}
+		for range n {
+			if err := d.Skip(); err != nil {
+				return err
+			}
+			if err := checkShapeOf(d, t.Elem()); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return d.Skip()
+}
+
+// shapeFields caches structFields.
+var shapeFields sync.Map // reflect.Type → map[string]reflect.Type
+
+// structFields maps the names the msgpack library decodes a struct's
+// fields by (with the "json" tag: the tag's name, or the field's; "-" is
+// none) to their types; an embedded struct's fields are its own.
+func structFields(t reflect.Type) map[string]reflect.Type {
+	if m, ok := shapeFields.Load(t); ok {
+		return m.(map[string]reflect.Type)
+	}
+	m := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		if tag == "-" {
+			continue
+		}
+		name, _, _ := strings.Cut(tag, ",")
+		if f.Anonymous && name == "" {
+			ft := f.Type
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct {
+				for k, v := range structFields(ft) {
+					if _, ok := m[k]; !ok {
+						m[k] = v
+					}
+				}
+				continue
+			}
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		m[name] = f.Type
+	}
+	shapeFields.Store(t, m)
+	return m
 }

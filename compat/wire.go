@@ -11,6 +11,7 @@ import (
 	"math"
 	"mime"
 	"net/http"
+	"reflect"
 	"slices"
 	"strconv"
 
@@ -169,6 +170,9 @@ func decodeBytes(b []byte, c codec, v any) error {
 	}
 	if c == codecMsgpack {
 		if err := checkMsgpack(b); err != nil {
+			return fmt.Errorf("%w: msgpack: %v", errBody, err)
+		}
+		if err := checkMsgpackShape(b, reflect.TypeOf(v)); err != nil {
 			return fmt.Errorf("%w: msgpack: %v", errBody, err)
 		}
 		d := msgpack.NewDecoder(bytes.NewReader(b))

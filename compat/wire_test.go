@@ -2,12 +2,15 @@ package compat
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // parseRef is Hash.UnmarshalJSON's reference: ParseInt, then ParseUint,
@@ -166,4 +169,41 @@ func TestMsgpackBodyCannotKillTheNode(t *testing.T) {
 		t.Fatalf("want three 400s:\n%s", head)
 	}
 	t.Logf("%s", head)
+}
+
+// TestMsgpackArrayIsNoRequestObject: a body is a request object in either
+// encoding. The msgpack library reads an array of as many values as a
+// struct has fields into them in declaration order, so that a MessagePack [5, "tcp://…", "llama", …] to
+// /register registered instance 5, where JSON's array is a 400; an
+// event given as an array was applied. Both are a 400, and write nothing.
+func TestMsgpackArrayIsNoRequestObject(t *testing.T) {
+	n := startNode(t)
+	reg := []any{5, "tcp://10.0.0.1:5557", "llama", "", "", 4, nil, "", "", false}
+	jb, err := json.Marshal(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/register", jb), 400, "a JSON array")
+	mp := func(v any) []byte {
+		var buf bytes.Buffer
+		if err := msgpack.NewEncoder(&buf).Encode(v); err != nil {
+			t.Fatal(err)
+		}
+		return buf.Bytes()
+	}
+	if r := n.do(t, codecMsgpack, "POST", "/register", mp(reg)); r.code != 400 {
+		t.Errorf("a MessagePack array as /register's body: %d %s, want 400 as JSON's; worker table %v", r.code, r.body, n.node.WorkerTable())
+	}
+	registerRanks(t, n, 0)
+	// An Event has 8 fields: instance_id, dp_rank, event_id, type, medium,
+	// parent_hash, blocks, block_hashes.
+	ev := []any{nil, 0, 1, "stored", "GPU", nil, []any{map[string]any{"block_hash": 1, "tokens_hash": 2}}, nil}
+	body := mp(map[string]any{"instance_id": 1, "model_name": "llama", "events": []any{ev}})
+	if r := n.do(t, codecMsgpack, "POST", "/events", body); r.code != 400 {
+		t.Errorf("an event given as a MessagePack array: %d %s, want 400", r.code, r.body)
+	}
+	// The same event as a map is applied: only the array was wrong.
+	evm := map[string]any{"dp_rank": 0, "event_id": 1, "type": "stored", "blocks": []any{map[string]any{"block_hash": 1, "tokens_hash": 2}}}
+	body = mp(map[string]any{"instance_id": 1, "model_name": "llama", "events": []any{evm}})
+	mustCode(t, n.do(t, codecMsgpack, "POST", "/events", body), 200, "the event as a map")
 }
