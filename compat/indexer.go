@@ -207,7 +207,7 @@ type EventsRequest struct {
 // Event is one KV event. Type is "stored", "removed" or "cleared"; Medium
 // the tier ("GPU" when absent; see kvevent.ParseMedium).
 type Event struct {
-	InstanceID  *uint64 `json:"instance_id,omitempty"` // in GET /dump only
+	InstanceID  *uint64 `json:"instance_id,omitempty"` // GET /dump's; posted, the body's instance or none
 	DPRank      uint32  `json:"dp_rank"`
 	EventID     uint64  `json:"event_id"`
 	Type        string  `json:"type"`
@@ -909,6 +909,12 @@ func (x *Indexer) doEvents(ctx context.Context, req *EventsRequest) (EventsRespo
 	at := map[uint32]int{} // dp rank → its batch
 	for i := range req.Events {
 		e := &req.Events[i]
+		if e.InstanceID != nil && *e.InstanceID != req.InstanceID {
+			// An event's instance_id (GET /dump writes one) names its
+			// instance: applied to the body's, a dump of several
+			// instances posted whole merged them into one.
+			return EventsResponse{}, badRequest("event %d: instance_id %d, in a post of instance %d's events", i, *e.InstanceID, req.InstanceID)
+		}
 		rank := kvevent.Rank{Worker: wi.ID, DP: e.DPRank}
 		if _, ok := ns.has(rank); !ok {
 			return EventsResponse{}, badRequest("event %d: dp rank %d of instance %d is not registered", i, e.DPRank, req.InstanceID)

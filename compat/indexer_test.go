@@ -333,3 +333,26 @@ func TestDumpPostedBackRebuildsTheIndex(t *testing.T) {
 		t.Errorf("queries differ: %+v vs %+v", a, b)
 	}
 }
+
+// TestEventsOfAnotherInstanceAreRefused: an event's instance_id (a
+// dump's events carry one) names its instance. Posted in the body of
+// another instance it was applied to that one; it is a 400 that applies
+// nothing, and an event naming the body's own instance is applied.
+func TestEventsOfAnotherInstanceAreRefused(t *testing.T) {
+	n := startNode(t)
+	registerRanks(t, n, 0)
+	two, one := uint64(2), uint64(1)
+	ev := stored(1, 0, "", 0, 3)
+	ev.InstanceID = &two
+	r := n.do(t, codecJSON, "POST", "/events", EventsRequest{InstanceID: 1, ModelName: "llama", Events: []Event{ev}})
+	if r.code != 400 {
+		t.Errorf("an event of instance 2 posted for instance 1: %d %s, want 400", r.code, r.body)
+	}
+	if q := queryPrompt(t, n, ""); len(q.Scores) != 0 {
+		t.Errorf("after the refused post: scores %v, want none", q.Scores)
+	}
+	ev.InstanceID = &one
+	if ack := postEvents(t, n, ev); ack.Acks[0].Applied != 1 {
+		t.Errorf("an event naming the body's instance: %+v, want applied", ack.Acks)
+	}
+}
