@@ -72,7 +72,14 @@ func size(n int64) string {
 		div *= unit
 		exp++
 	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+	v := float64(n) / float64(div)
+	// The unit is picked before the value is rounded to one decimal: one
+	// that rounds to 1024 (1<<20-1 bytes) is 1.0 of the next unit.
+	if v >= unit-0.05 && exp < 5 {
+		v /= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", v, "KMGTPE"[exp])
 }
 
 // ago prints a last-contact time in milliseconds.
