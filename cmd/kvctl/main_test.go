@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -557,6 +558,28 @@ func TestWorkers(t *testing.T) {
 	var ws []api.Worker
 	if err := json.Unmarshal([]byte(r.stdout), &ws); err != nil || len(ws) != 2 || len(ws[0].Ranks) != 2 {
 		t.Fatalf("workers json: %v %s", err, r.stdout)
+	}
+}
+
+// TestWorkersTableKeepsOneRowPerRank: a worker's model is whatever its
+// registration said, and one with a line break or a tab, printed raw,
+// split the rank's row and forged rows that read as other workers' ranks
+// (docs/kvctl.md: "one row per rank"). Every table cell from node data is
+// quoted when it is not plain printable text.
+func TestWorkersTableKeepsOneRowPerRank(t *testing.T) {
+	c := newCluster(t)
+	const forged = "llama\n4242  0  llama  4\tforged"
+	if err := c.leader().RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 3, DPRanks: []uint32{0}, BlockSize: 4,
+		Model: forged}); err != nil {
+		t.Fatal(err)
+	}
+	r := kvctl(t, "--endpoints", c.leader().Status().HTTPAddr, "workers").wantCode(t, 0)
+	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+	if len(lines) != 2 { // the header and the one rank
+		t.Fatalf("kvctl workers printed %d lines for 1 rank:\n%s", len(lines), r.stdout)
+	}
+	if !strings.Contains(lines[1], strconv.Quote(forged)) {
+		t.Fatalf("the rank's row %q does not show the model quoted, %s", lines[1], strconv.Quote(forged))
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 )
 
 // writeJSON writes v as indented JSON.
@@ -29,8 +30,25 @@ func newTable(w io.Writer, header ...string) *table {
 	return t
 }
 
+// row writes one line. Its cells are escaped (cell): a cell is node data
+// (a worker's model, a member's address) or a path, and a line break or a
+// tab in one would split the row or forge others.
 func (t *table) row(cells ...string) {
-	fmt.Fprintln(t.tw, strings.Join(cells, "\t"))
+	esc := make([]string, len(cells))
+	for i, c := range cells {
+		esc[i] = cell(c)
+	}
+	fmt.Fprintln(t.tw, strings.Join(esc, "\t"))
+}
+
+// cell returns s as it is when it is valid UTF-8 of printable characters
+// and spaces, and Go-quoted (strconv.Quote) otherwise, so that it stays
+// one cell of one row.
+func cell(s string) string {
+	if utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) < 0 {
+		return s
+	}
+	return strconv.Quote(s)
 }
 
 func (t *table) flush() error { return t.tw.Flush() }

@@ -15,3 +15,17 @@ func TestSizeRoundsIntoTheNextUnit(t *testing.T) {
 		}
 	}
 }
+
+// TestCellQuotesAllButPrintableText: a table cell is left as it is when it
+// is printable text, and quoted when a control character or invalid UTF-8
+// in it could break the table's rows or columns.
+func TestCellQuotesAllButPrintableText(t *testing.T) {
+	for in, want := range map[string]string{
+		"llama 3.1-8B": "llama 3.1-8B", "modèle": "modèle", "-": "-", "": "",
+		"a\nb": `"a\nb"`, "a\tb": `"a\tb"`, "a\rb": `"a\rb"`, "\x1b[2J": `"\x1b[2J"`, "a\xffb": `"a\xffb"`,
+	} {
+		if got := cell(in); got != want {
+			t.Errorf("cell(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
