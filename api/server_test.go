@@ -172,6 +172,15 @@ func TestRoutes(t *testing.T) {
 			body: `{"worker_id":7,"block_size":16,"lease_ms":9223372036854775807}`, code: 400, reason: api.ReasonInvalid, msg: []string{"lease_ms"}},
 		{name: "register duplicate dp rank", method: "POST", path: "/v1/workers",
 			body: `{"worker_id":7,"block_size":16,"dp_ranks":[1,1]}`, code: 400, reason: api.ReasonInvalid, msg: []string{"twice"}},
+		// A model is printed in kvctl's tables and in logs: a line break
+		// or a tab in it split a table's row into rows that read as other
+		// workers'. From a review.
+		{name: "register a model with a line break", method: "POST", path: "/v1/workers",
+			body: `{"worker_id":7,"block_size":16,"model":"llama\n4242  0  llama"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"model", "control character"}},
+		{name: "register a model with a tab", method: "POST", path: "/v1/workers",
+			body: `{"worker_id":7,"block_size":16,"model":"llama\tforged"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"model", "control character"}},
+		{name: "register a model of spaces and non-ASCII", method: "POST", path: "/v1/workers",
+			body: `{"worker_id":7,"block_size":16,"model":"Llama 3.1 (modèle)"}`, code: 204},
 		{name: "deregister", setup: withWorkers, method: "DELETE", path: "/v1/workers/2", code: 204},
 		{name: "deregister unknown", method: "DELETE", path: "/v1/workers/99", code: 404, reason: api.ReasonUnknownWorker},
 		{name: "deregister bad id", method: "DELETE", path: "/v1/workers/abc", code: 400, reason: api.ReasonInvalid},

@@ -153,8 +153,10 @@ func workerInfo(req *RegisterWorkerRequest) (raftfsm.WorkerInfo, error) {
 	if err := checkName("endpoint", req.Endpoint); err != nil {
 		return w, err
 	}
-	if err := checkName("model", req.Model); err != nil {
-		return w, err
+	// Not only bounded: kvctl workers prints the model in a table, and a
+	// line break or a tab in it would split the rank's row.
+	if p := limits.PrintableName(req.Model); p != "" {
+		return w, invalidf("model %s", p)
 	}
 	if err := checkName("salt", req.Salt); err != nil {
 		return w, err

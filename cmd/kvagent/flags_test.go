@@ -48,6 +48,7 @@ func TestRegistrationFlagsTheRouterRefusesAreUsageErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"--block-size", "4", "--model", long}, "--model"},
+		{[]string{"--block-size", "4", "--model", "llama\nforged"}, "--model"},
 		{[]string{"--block-size", "4", "--endpoint", long}, "--endpoint"},
 		{[]string{"--block-size", "1048577"}, "--block-size"},
 		{[]string{"--block-size", "4", "--dp-size", "4097"}, "--dp-size"},

@@ -333,7 +333,11 @@ func checkFlags(c *cli.Context) error {
 	}
 	// The router would refuse the registration.
 	for _, f := range []string{"salt", "model", "endpoint"} {
-		if why := limits.Name(c.String(f)); why != "" {
+		check := limits.Name
+		if f == "model" {
+			check = limits.PrintableName
+		}
+		if why := check(c.String(f)); why != "" {
 			return usage("--%s %s", f, why)
 		}
 	}

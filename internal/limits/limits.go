@@ -29,9 +29,14 @@ func ID(id string) string {
 	case !utf8.ValidString(id):
 		return "is not valid UTF-8"
 	}
-	for _, r := range id {
+	return control(id)
+}
+
+// control says that s holds a control character (C0, DEL or C1), or "".
+func control(s string) string {
+	for _, r := range s {
 		if unicode.IsControl(r) { // C0, DEL and C1
-			return fmt.Sprintf("%q holds a control character", id)
+			return fmt.Sprintf("%q holds a control character", s)
 		}
 	}
 	return ""
@@ -44,6 +49,17 @@ func Name(s string) string {
 		return fmt.Sprintf("is %d bytes long (at most %d)", len(s), MaxNameLen)
 	}
 	return ""
+}
+
+// PrintableName says what is wrong with a name that is printed in tables
+// and log lines, or "" when nothing is: a Name with no control character
+// (C0, DEL or C1), which would split a table's row (kvctl workers' model
+// column) or a log line.
+func PrintableName(s string) string {
+	if p := Name(s); p != "" {
+		return p
+	}
+	return control(s)
 }
 
 // DPRanks says what is wrong with a worker's dp ranks, or "" when nothing

@@ -34,6 +34,23 @@ func TestName(t *testing.T) {
 	}
 }
 
+func TestPrintableName(t *testing.T) {
+	for _, c := range []struct {
+		s, want string
+	}{
+		{"", ""},
+		{"Llama 3.1 (modèle)", ""},
+		{strings.Repeat("m", MaxNameLen+1), "is 1025 bytes long (at most 1024)"},
+		{"a\nb", `"a\nb" holds a control character`},
+		{"a\tb", `"a\tb" holds a control character`},
+		{"a\u0085b", `"a\u0085b" holds a control character`},
+	} {
+		if got := PrintableName(c.s); got != c.want {
+			t.Errorf("PrintableName(%q) = %q, want %q", c.s, got, c.want)
+		}
+	}
+}
+
 func TestDPRanks(t *testing.T) {
 	many := make([]uint32, MaxDPRanks+1)
 	for i := range many {
