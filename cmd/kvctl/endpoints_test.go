@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"github.com/kvrouter/kvrouter/api"
 	"io"
@@ -18,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
@@ -273,6 +276,123 @@ func TestARestoreToANodeThatStopsReadingEnds(t *testing.T) {
 	r := h.run(t, "--endpoints", srv.Listener.Addr().String(), "--timeout", "2s", "snapshot", "restore", file).wantCode(t, 1)
 	if !strings.Contains(r.stderr, "stopped reading the upload") || !strings.Contains(r.stderr, "nothing was installed") || strings.Contains(r.stderr, "may have applied") {
 		t.Fatalf("stderr = %q, want the node stopped reading, and nothing installed", r.stderr)
+	}
+}
+
+// TestARestoreToANodeThatStopsReadingItsLastBytesEnds: the stall timer
+// was stopped once kvctl had read the file's last bytes, not once they
+// were sent. A node that stops reading within the last chunk leaves the
+// transport blocked writing it out, where neither the answer's timer
+// (ResponseHeaderTimeout, which starts once the request is written) nor
+// the stall timer ran: without --max-time the restore waited for ever.
+// snapshotRestore's wiring (uploadFile, traced), over a
+// net.Pipe, which holds nothing back (a TCP connection with its buffers
+// full behaves alike when the node stops within the last chunk).
+func TestARestoreToANodeThatStopsReadingItsLastBytesEnds(t *testing.T) {
+	const size = 256 << 10
+	path := filepath.Join(t.TempDir(), "up.snap")
+	if err := os.WriteFile(path, bytes.Repeat([]byte{7}, size), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+
+	stall := 300 * time.Millisecond
+	ctx, stop := context.WithCancelCause(context.Background())
+	defer stop(nil)
+	stalled := func() { stop(errUploadStalled) }
+	srvDone := make(chan struct{})
+	var mu sync.Mutex
+	var conns []net.Conn
+	tr := &http.Transport{
+		ResponseHeaderTimeout: restoreAnswerWait(size),
+		DialContext: func(context.Context, string, string) (net.Conn, error) {
+			c, s := net.Pipe()
+			mu.Lock()
+			conns = append(conns, c, s)
+			mu.Unlock()
+			go func() {
+				// The node: reads the request, then all of the body but
+				// its last byte, and stops reading (wedged).
+				req, err := http.ReadRequest(bufio.NewReader(s))
+				if err != nil {
+					return
+				}
+				io.CopyN(io.Discard, req.Body, size-1)
+				<-srvDone
+			}()
+			return c, nil
+		},
+	}
+	cl, err := client.New([]string{"127.0.0.1:1"}, client.Options{HTTPClient: &http.Client{Transport: tr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		close(srvDone)
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		cl.Close()
+	}()
+
+	up := &uploadFile{File: f, size: size, stall: time.AfterFunc(stall, stalled), stallAfter: stall}
+	up.stall.Stop()
+	defer up.stall.Stop()
+	res := make(chan error, 1)
+	go func() {
+		_, err := cl.RestoreSnapshot(up.traced(ctx), up)
+		res <- err
+	}()
+	select {
+	case err := <-res:
+		if !errors.Is(context.Cause(ctx), errUploadStalled) {
+			t.Fatalf("the restore ended with %v, cause %v; want the stall's", err, context.Cause(ctx))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the node stopped reading the upload 1 byte before its end; 10s later (stall bound %v) the restore still waits "+
+			"(read %d of %d bytes)", stall, up.pos, size)
+	}
+}
+
+// TestARestoreAnsweredAfterTimeoutIsNotStalled: the stall bound ends an
+// upload that the node stops reading, not the wait for the answer once
+// the upload went out whole, which lasts as long as the install
+// (restoreAnswerWait bounds it).
+func TestARestoreAnsweredAfterTimeoutIsNotStalled(t *testing.T) {
+	const timeout = time.Second
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/v1/snapshot/restore" {
+			if _, err := io.Copy(io.Discard, r.Body); err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			// The install, which takes longer than --timeout.
+			select {
+			case <-time.After(3 * timeout):
+			case <-r.Context().Done():
+				return
+			}
+			fmt.Fprintln(w, `{"index":10,"term":2}`)
+			return
+		}
+		fmt.Fprintln(w, `{"ready":true}`)
+	}))
+	defer srv.Close()
+	file := filepath.Join(t.TempDir(), "a.snap")
+	if err := os.WriteFile(file, make([]byte, 4<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{bound: time.Minute, inspect: func(io.Reader) (raftfsm.SnapshotInfo, error) { return raftfsm.SnapshotInfo{}, nil }}
+	r := h.run(t, "--endpoints", srv.Listener.Addr().String(), "--timeout", timeout.String(), "snapshot", "restore", file).wantCode(t, 0)
+	if !strings.HasPrefix(r.stdout, "restored "+file+" to the cluster (index 10, term 2, ") {
+		t.Fatalf("stdout = %q", r.stdout)
 	}
 }
 

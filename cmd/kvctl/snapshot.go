@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"slices"
@@ -384,7 +385,7 @@ func snapshotRestore(c *cli.Context, e *env, path string) error {
 		stall: time.AfterFunc(stall, func() { stop(errUploadStalled) }), stallAfter: stall}
 	up.stall.Stop() // armed by the first read
 	defer up.stall.Stop()
-	info, err := cl.RestoreSnapshot(ctx, up)
+	info, err := cl.RestoreSnapshot(up.traced(ctx), up)
 	finishBar(up.bar)
 	if err != nil {
 		// Not when the upload went out whole meanwhile (the last read
@@ -627,8 +628,10 @@ func finishBar(bar *progressbar.ProgressBar) {
 
 // uploadFile is the file an online restore uploads. Its reads move a
 // progress bar (nil: none) and arm stall, which fires once no read came
-// for stallAfter; the end of the file and a rewind (a retry on another
-// endpoint, after a dial that may take a while) stop it. It keeps
+// for stallAfter; the request written whole (traced) and a rewind (a
+// retry on another endpoint, after a dial that may take a while) stop
+// it. Not the file's end: its last bytes are still to be sent then, and
+// a node that stops reading within them held the restore for ever. It keeps
 // *os.File's Stat and Seek, so the client still sends a Content-Length
 // and can rewind for a retry. The client reads it from one goroutine at a
 // time (it rewinds only once the transport is done with it).
@@ -647,12 +650,23 @@ func (u *uploadFile) Read(b []byte) (int, error) {
 	if u.bar != nil {
 		_ = u.bar.Add(n)
 	}
-	if err != nil || u.pos >= u.size {
-		u.stall.Stop()
+	if err != nil && err != io.EOF {
+		u.stall.Stop() // the transport gives the request up
 	} else {
 		u.stall.Reset(u.stallAfter)
 	}
 	return n, err
+}
+
+// traced returns ctx with a trace that stops the stall timer once the
+// transport has written the request out (WroteRequest). Until then a
+// read's bytes may still wait to go: an HTTP/1 transport writes each
+// read's bytes to the connection, and an HTTP/2 one waits for the node's
+// window, before it reads again (and finds the file's end).
+func (u *uploadFile) traced(ctx context.Context) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { u.stall.Stop() },
+	})
 }
 
 func (u *uploadFile) Seek(off int64, whence int) (int64, error) {
