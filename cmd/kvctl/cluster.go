@@ -323,14 +323,15 @@ func leaderCommand(e *env) *cli.Command {
 					// over is another, in a later term. Printed is the one
 					// a node names, not the one asked for: the transfer
 					// returns once the old leader stepped down.
-					before, err := leaderView(ctx, cl)
+					round := statusRound(c)
+					before, err := leaderView(ctx, cl, round)
 					if err != nil {
 						return err
 					}
 					if err := cl.TransferLeader(ctx, to); err != nil {
 						return err
 					}
-					leader, err := newLeader(ctx, cl, before, c.Duration("timeout"))
+					leader, err := newLeader(ctx, cl, before, c.Duration("timeout"), round)
 					if err != nil {
 						return err
 					}
@@ -355,9 +356,9 @@ func leaderCommand(e *env) *cli.Command {
 // and newLeader, measuring against it, would take the leader that hands
 // over, still named by a follower, for the new one. With no answer naming
 // a leader, it is the first endpoint's answer.
-func leaderView(ctx context.Context, cl *client.Client) (*raftfsm.NodeStatus, error) {
+func leaderView(ctx context.Context, cl *client.Client, round time.Duration) (*raftfsm.NodeStatus, error) {
 	var best *raftfsm.NodeStatus
-	for _, a := range cl.StatusAll(ctx) {
+	for _, a := range statusesWithin(ctx, cl, round) {
 		st := a.Status
 		switch {
 		case st == nil:
@@ -380,8 +381,9 @@ func leaderView(ctx context.Context, cl *client.Client) (*raftfsm.NodeStatus, er
 // from the one in before: another node, in a later term. The transfer
 // returns once the old leader has stepped down, when it and most
 // followers have often not heard from the new one yet, so every endpoint
-// is asked (the new leader knows at once) until one names it.
-func newLeader(ctx context.Context, cl *client.Client, before *raftfsm.NodeStatus, timeout time.Duration) (string, error) {
+// is asked (the new leader knows at once), each round within round, until
+// one names it.
+func newLeader(ctx context.Context, cl *client.Client, before *raftfsm.NodeStatus, timeout, round time.Duration) (string, error) {
 	const poll = 50 * time.Millisecond
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -401,11 +403,30 @@ func newLeader(ctx context.Context, cl *client.Client, before *raftfsm.NodeStatu
 				"(is a quorum of voters up?); kvctl status shows the leader once one is elected", old, timeout)
 		case <-t.C:
 		}
-		for _, a := range cl.StatusAll(ctx) {
+		for _, a := range statusesWithin(ctx, cl, round) {
 			if st := a.Status; st != nil && st.LeaderID != "" && st.LeaderID != before.LeaderID && st.Term > before.Term {
 				return st.LeaderID, nil
 			}
 		}
 		t.Reset(poll)
 	}
+}
+
+// statusRound bounds one round of leader transfer's questions to every
+// endpoint (statusesWithin): a quarter of --timeout, at most a try's
+// share (attemptTimeout).
+func statusRound(c *cli.Context) time.Duration {
+	return min(attemptTimeout(c), c.Duration("timeout")/4)
+}
+
+// statusesWithin asks every endpoint for its status and returns what came
+// within round; an endpoint that had not answered by then has an error.
+// Not StatusAll alone: it waits for every endpoint, and one that accepts
+// connections and never answers (hung, stopped) held each round for a
+// try's share of --timeout (all of a --timeout of 2 s), so that the
+// transfer was never sent, or its new leader never seen.
+func statusesWithin(ctx context.Context, cl *client.Client, round time.Duration) []client.EndpointStatus {
+	ctx, cancel := context.WithTimeout(ctx, round)
+	defer cancel()
+	return cl.StatusAll(ctx)
 }

@@ -361,6 +361,24 @@ func TestLeaderTransfer(t *testing.T) {
 	kvctl(t, "--endpoints", c.nodes[0].addr(), "leader", "transfer", "n2").wantCode(t, 2)
 }
 
+// TestLeaderTransferPassesOverAHungEndpoint: a node that does not answer
+// within its share of --timeout is passed over (docs/kvctl.md). leader
+// transfer asked every endpoint for its status and waited for all of
+// them, so a hung one took a whole share there, and another in the first
+// poll for the new leader: with --timeout 2s (a share of 2 s) the
+// transfer was never sent, though the leader and a follower answered at
+// once. From a review.
+func TestLeaderTransferPassesOverAHungEndpoint(t *testing.T) {
+	c := newCluster(t)
+	c.elect(1)
+	eps := c.endpoints() + "," + hungAddr(t)
+	runBounded(t, time.Minute, "--endpoints", eps, "--timeout", "2s", "members", "list").wantCode(t, 0) // the reads pass over it
+	r := runBounded(t, time.Minute, "--endpoints", eps, "--timeout", "2s", "leader", "transfer").wantCode(t, 0)
+	if r.stdout != "leadership transferred to n2\n" {
+		t.Fatalf("stdout = %q", r.stdout)
+	}
+}
+
 // TestLeaderTransferToANonvoterFails: --to a member that is not a voter
 // (VOTER no in members list) is refused, exit 1, and the error says why;
 // nothing is said to have moved. From a review: the node accepted it,
