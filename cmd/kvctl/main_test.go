@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -12,6 +14,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -225,6 +228,29 @@ func TestStatusShowsARowPerNodeAndTheUnreachable(t *testing.T) {
 	}
 }
 
+// TestStatusShowsNoLastContactForTheLeader: a leader's last contact with
+// the leader means nothing (Raft reports a stale one); its LAST_CONTACT
+// is "-", a follower's its own.
+func TestStatusShowsNoLastContactForTheLeader(t *testing.T) {
+	c := newCluster(t)
+	for _, n := range c.nodes {
+		st := n.fake.Status()
+		st.LastContactMs = 1500
+		n.fake.SetStatus(st)
+	}
+	r := kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	col := slices.Index(strings.Fields(lines[0]), "LAST_CONTACT")
+	if col < 0 || len(lines) != 4 {
+		t.Fatalf("status:\n%s", r.stdout)
+	}
+	for i, want := range []string{"-", "1.5s", "1.5s"} { // n1 leads
+		if got := strings.Fields(lines[i+1])[col]; got != want {
+			t.Errorf("%s's LAST_CONTACT = %q, want %q:\n%s", c.nodes[i].fake.Status().ID, got, want, r.stdout)
+		}
+	}
+}
+
 // TestStatusWithoutTheTokenSaysToGiveIt: a node that answers with an
 // error (401, without the token) is no unreachable node: its row reads
 // ERROR, and kvctl says what to do (give the token) as the other commands
@@ -343,6 +369,62 @@ func TestMembersThroughAFollower(t *testing.T) {
 	r = kvctl(t, "--endpoints", follower, "members", "remove", "n9").wantCode(t, 1)
 	if !strings.Contains(r.stderr, "n9") {
 		t.Fatalf("stderr = %q", r.stderr)
+	}
+}
+
+// TestMembersAddJSONNamesTheMemberAdded: members add -o json prints
+// {"added": the member}, which scripts read (docs/kvctl.md).
+func TestMembersAddJSONNamesTheMemberAdded(t *testing.T) {
+	c := newCluster(t)
+	r := kvctl(t, "--endpoints", c.endpoints(), "-o", "json", "members", "add", "n4", "10.0.0.4:7946", "10.0.0.4:7080").wantCode(t, 0)
+	var got map[string]raftfsm.Member
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("%v: %s", err, r.stdout)
+	}
+	want := map[string]raftfsm.Member{"added": {ID: "n4", RaftAddr: "10.0.0.4:7946", HTTPAddr: "10.0.0.4:7080", Voter: true}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("members add -o json = %s, want %+v", r.stdout, want)
+	}
+}
+
+// TestMembersAddTimingOutSaysItMayBeANonvoter: an add that --timeout
+// ends may have added the node as a non-voter still catching up, and
+// kvctl says how to see it and what to do, not only to raise --timeout.
+func TestMembersAddTimingOutSaysItMayBeANonvoter(t *testing.T) {
+	c := newCluster(t)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // before the servers close: the add returns
+	c.leader().SetHook(func(method string) error {
+		if method == "AddMember" {
+			<-release
+		}
+		return nil
+	})
+	// The wait ends before a try's header timeout (a try of the one
+	// endpoint is all of --timeout), whose "sent, and no answer came"
+	// would race --timeout's end.
+	r := (&harness{bound: time.Second}).run(t, "--endpoints", c.nodes[0].addr(), "--timeout", "1m",
+		"members", "add", "n4", "10.0.0.4:7946", "10.0.0.4:7080").wantCode(t, 1)
+	if !strings.Contains(r.stderr, "n4 may have been added as a non-voter") || !strings.Contains(r.stderr, "VOTER no") {
+		t.Fatalf("stderr = %q, want the non-voter hint", r.stderr)
+	}
+}
+
+// TestANodesTimeoutSaysTheWriteMayStillApply: a node's 503 timeout (it
+// gave up waiting for the write to commit) to a write safe to send again
+// (members add) is no refusal: the write may still apply, and kvctl says
+// to look before sending it again.
+func TestANodesTimeoutSaysTheWriteMayStillApply(t *testing.T) {
+	c := newCluster(t)
+	c.leader().SetHook(func(method string) error {
+		if method == "AddMember" {
+			return fmt.Errorf("add n4: %w", context.DeadlineExceeded)
+		}
+		return nil
+	})
+	r := kvctl(t, "--endpoints", c.nodes[0].addr(), "members", "add", "n4", "10.0.0.4:7946", "10.0.0.4:7080").wantCode(t, 1)
+	if !strings.Contains(r.stderr, "may still apply") || !strings.Contains(r.stderr, "kvctl status") {
+		t.Fatalf("stderr = %q, want the write may still apply", r.stderr)
 	}
 }
 
@@ -1433,6 +1515,32 @@ func TestBareGroupHelpGoesToStderr(t *testing.T) {
 		lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
 		if r.code != 2 || r.stdout != "" || !strings.Contains(r.stderr, "COMMANDS:") || !strings.HasPrefix(lines[len(lines)-1], "kvctl: ") {
 			t.Errorf("kvctl %s: exit %d, stdout %q, stderr %q; want 2, nothing, the help then the error line", args, r.code, r.stdout, r.stderr)
+		}
+	}
+}
+
+// TestAttemptTimeoutIsAShareOfAtLeastTwoSeconds: one try of a node waits
+// --timeout divided by the endpoints, but at least 2 s (a busy node can
+// take a second or two), or --timeout when that is shorter.
+func TestAttemptTimeoutIsAShareOfAtLeastTwoSeconds(t *testing.T) {
+	for _, tc := range []struct {
+		timeout   string
+		endpoints string
+		want      time.Duration
+	}{
+		{"9s", "a:1,b:1,c:1", 3 * time.Second},
+		{"2s", "a:1,b:1,c:1,d:1", 2 * time.Second},
+		{"4s", "a:1,b:1,c:1,d:1", 2 * time.Second},
+		{"1s", "a:1,b:1,c:1", time.Second},
+	} {
+		set := flag.NewFlagSet("kvctl", flag.ContinueOnError)
+		set.Duration("timeout", 0, "")
+		set.String("endpoints", "", "")
+		if err := set.Parse([]string{"-timeout", tc.timeout, "-endpoints", tc.endpoints}); err != nil {
+			t.Fatal(err)
+		}
+		if got := attemptTimeout(cli.NewContext(nil, set, nil)); got != tc.want {
+			t.Errorf("--timeout %s --endpoints %s: a try waits %v, want %v", tc.timeout, tc.endpoints, got, tc.want)
 		}
 	}
 }
