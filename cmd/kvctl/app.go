@@ -121,7 +121,11 @@ func run(ctx context.Context, args []string, e *env) int {
 	}
 	fmt.Fprintln(e.stderr, "kvctl: "+oneLine(explain(err)))
 	var ue *usageError
-	if errors.As(err, &ue) {
+	var ec cli.ExitCoder
+	// urfave/cli's help command answers kvctl help of a command kvctl
+	// lacks with exit code 3 ("No help topic"): a usage error, as an
+	// unknown command is.
+	if errors.As(err, &ue) || errors.As(err, &ec) && ec.ExitCode() == 3 {
 		return exitUsage
 	}
 	return exitError
@@ -135,10 +139,9 @@ func newApp(e *env) *cli.App {
 			"answers; writes may go to any node, which forwards them to the leader.\n\n" +
 			"Example:\n" +
 			"   kvctl --endpoints 10.0.0.1:7080,10.0.0.2:7080,10.0.0.3:7080 status",
-		Writer:          e.stdout,
-		ErrWriter:       e.stderr,
-		HideVersion:     true,
-		HideHelpCommand: true,
+		Writer:      e.stdout,
+		ErrWriter:   e.stderr,
+		HideVersion: true,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "endpoints", Value: "127.0.0.1:7080", EnvVars: []string{"KVCTL_ENDPOINTS"},
 				Usage: "the nodes' HTTP addresses, host:port,..."},

@@ -43,3 +43,24 @@ func TestHelpSaysWhatKvctlDoes(t *testing.T) {
 		}
 	}
 }
+
+// TestHelpCommandShowsACommandsHelp: kvctl help COMMAND shows the
+// command's help, as kvctl COMMAND --help and kvctl snapshot help save
+// do, and help of a command kvctl lacks is a usage error (exit 2). From
+// a review: kvctl help status was "unknown command", exit 2.
+func TestHelpCommandShowsACommandsHelp(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		name string
+	}{
+		{[]string{"help", "status"}, "kvctl status"},
+		{[]string{"status", "--help"}, "kvctl status"},
+		{[]string{"snapshot", "help", "save"}, "kvctl snapshot save"},
+	} {
+		r := kvctl(t, tc.args...).wantCode(t, 0)
+		if !strings.Contains(r.stdout, tc.name+" - ") || r.stderr != "" {
+			t.Errorf("kvctl %v: stdout\n%s\nstderr %q; want %s's help", tc.args, r.stdout, r.stderr, tc.name)
+		}
+	}
+	kvctl(t, "help", "frobnicate").wantCode(t, 2)
+}

@@ -1454,6 +1454,10 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"snapshot", "restore", "--max-time", "0s", "f.snap"}, 2},
 		{[]string{"--help"}, 0},
 		{[]string{"snapshot", "save", "--help"}, 0},
+		// A bad flag value, as docs/kvctl.md's table says, not "a file
+		// could not be read" (exit 1).
+		{[]string{"--token-file", "/nonexistent/token", "status"}, 2},
+		{[]string{"--tls-ca", "/nonexistent/ca.pem", "status"}, 2},
 	}
 	for _, tc := range cases {
 		kvctl(t, tc.args...).wantCode(t, tc.code)
