@@ -41,14 +41,15 @@ const (
 // counted in kvrouter_http_forwards_total, sent or failed; one whose
 // answer broke off after its status line went out is failed, and its
 // http.ErrAbortHandler panic goes on to the server, which closes the
-// connection.
-func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP string, body io.Reader) {
+// connection. It returns the forward's outcome (forwardSent or
+// forwardFailed).
+func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP string, body io.Reader) string {
 	target, err := leaderURL(leaderHTTP, s.opts.ForwardScheme)
 	if err != nil {
 		s.m.httpForwards.WithLabelValues(pattern, forwardFailed).Inc()
 		s.writeError(w, r, &httpError{code: http.StatusServiceUnavailable, reason: ReasonNoLeader,
 			err: fmt.Errorf("not the leader, and the leader's address %q is unusable: %v", leaderHTTP, err)})
-		return
+		return forwardFailed
 	}
 	ctx := r.Context()
 	if pattern != patternSnapshot && pattern != patternRestore { // streams: bounded by the client's deadline only
@@ -145,6 +146,7 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 		s.m.httpForwards.WithLabelValues(pattern, outcome).Inc()
 	}()
 	proxy.ServeHTTP(w, r.WithContext(ctx))
+	return outcome
 }
 
 // relayedBody is a forward's request body that tells whether the

@@ -127,6 +127,44 @@ func TestForwardToUnreachableLeaderIs503(t *testing.T) {
 	}
 }
 
+// TestRouteAnsweredByAFollowerCountsAsError: a route a follower answers
+// itself, because its forward to the leader failed or was refused (a
+// forward loop), counts outcome error there; one whose forward is sent is
+// counted on the leader. From a review: the follower counted none of them
+// ("forwarded, and counted there"), so a route answered 5xx was counted
+// by no node.
+func TestRouteAnsweredByAFollowerCountsAsError(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	total := func() float64 { return counterValue(t, n.reg, "kvrouter_route_requests_total", nil) }
+	n.fake.SetHook(func(method string) error {
+		if method == "Route" {
+			// a leader is named, but it cannot be reached (it just died)
+			return &raftfsm.NotLeaderError{LeaderID: "n2", LeaderHTTP: "127.0.0.1:1"}
+		}
+		return nil
+	})
+	before := total()
+	a := send(t, n.http.URL, "POST", "/v1/route", `{"token_ids":[1,2,3,4],"model":"llama","book":true,"request_id":"r1"}`)
+	if a.code < 500 {
+		t.Fatalf("route with an unreachable leader: %d %s, want a 5xx", a.code, a.body)
+	}
+	a = send(t, n.http.URL, "POST", "/v1/route", `{"token_ids":[1,2,3,4],"model":"llama","book":true,"request_id":"r2"}`,
+		api.HeaderForwarded, "n2")
+	if a.code != 503 {
+		t.Fatalf("forward loop: %d %s, want 503", a.code, a.body)
+	}
+	if got := total() - before; got != 2 {
+		t.Errorf("kvrouter_route_requests_total rose by %v for 2 route requests this node answered 5xx (forward failed, forward loop), want 2", got)
+	}
+	if got := counterValue(t, n.reg, "kvrouter_route_requests_total", map[string]string{"model": "llama", "outcome": "error"}); got != 2 {
+		t.Errorf("llama errors %v, want 2", got)
+	}
+	if got := counterValue(t, n.reg, "kvrouter_http_requests_total", map[string]string{"route": "POST /v1/route"}); got != 2 {
+		t.Errorf("http route requests %v, want 2", got)
+	}
+}
+
 // TestForwardToAWildcardLeaderAddressIsNotSent: a leader listed at a
 // wildcard HTTP address (0.0.0.0:7080, from a member table written before
 // kvrouter refused one) is not forwarded to: a dial of it reaches the

@@ -16,6 +16,7 @@ import (
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // routeScratch is a route request's working memory, pooled: the decoded
@@ -67,7 +68,10 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		switch {
 		case errors.Is(err, raftfsm.ErrNotLeader):
-			// A booking for the leader: forwarded, and counted there.
+			// A booking for the leader: counted there when the forward
+			// is sent, as an error here when this node answers it
+			// (fail).
+			err = &leaderRoute{error: err, answered: counts.error}
 		case errors.Is(err, indexer.ErrOverloaded):
 			s.m.stages(&res.Stages)
 			counts.busy.Inc()
@@ -97,6 +101,18 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) error {
 	}
 	return reply(w, http.StatusOK, routeResponse(&res, req.Brief))
 }
+
+// leaderRoute is a route the backend left to the leader (ErrNotLeader).
+// The leader counts it when the forward is sent; when this node answers it
+// itself (the forward failed, or was refused: a loop, a body too large to
+// replay), fail counts it answered, so that every route answered is
+// counted by the node that answered it.
+type leaderRoute struct {
+	error
+	answered prometheus.Counter
+}
+
+func (e *leaderRoute) Unwrap() error { return e.error }
 
 func (s *Server) prefillDone(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")

@@ -505,6 +505,10 @@ func (s *Server) fail(w *recorder, r *http.Request, pattern string, once bool, b
 		s.log.Warn("api stream failed", "route", pattern, "err", err)
 		return
 	}
+	// A route left to the leader counts on this node unless the forward
+	// is sent (leaderRoute).
+	var lr *leaderRoute
+	errors.As(err, &lr)
 	var nle *raftfsm.NotLeaderError
 	if errors.As(err, &nle) && nle.MaybeApplied && once {
 		// This node lost its leadership, or closed, with the write in
@@ -530,13 +534,18 @@ func (s *Server) fail(w *recorder, r *http.Request, pattern string, once bool, b
 		case errors.As(err, &nle) && nle.LeaderHTTP != "":
 			replay, ok := body.replay()
 			if ok {
-				s.forward(w, r, pattern, nle.LeaderHTTP, replay)
+				if s.forward(w, r, pattern, nle.LeaderHTTP, replay) != forwardSent && lr != nil {
+					lr.answered.Inc()
+				}
 				return
 			}
 			s.m.httpForwards.WithLabelValues(pattern, forwardNoBody).Inc()
 			err = &httpError{code: http.StatusServiceUnavailable, reason: ReasonNoLeader,
 				err: fmt.Errorf("%w; the body was too large to forward, send it to the leader at %s", err, nle.LeaderHTTP)}
 		}
+	}
+	if lr != nil {
+		lr.answered.Inc()
 	}
 	s.writeError(w, r, err)
 }
