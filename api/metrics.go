@@ -35,7 +35,7 @@ type metrics struct {
 	httpRequests  *prometheus.CounterVec   // route, code
 	httpDuration  *prometheus.HistogramVec // route
 	httpForwards  *prometheus.CounterVec   // route, outcome
-	routeRequests *prometheus.CounterVec   // model, outcome
+	routeRequests *modelSeries             // model, outcome
 	routeDuration *prometheus.HistogramVec // stage
 
 	// Is routing winning (metrics.md)? Of the routed requests: their
@@ -52,12 +52,20 @@ type metrics struct {
 	// backend's stages (raftfsm.RouteStages) and the backend's whole call.
 	stageDecode, stageHash, stageMatch, stageLoad, stageScore, stageBook, stageBackend prometheus.Observer
 
-	// routeRequests' series per model, resolved on a model's first route:
-	// at most maxModelLabels models get their own, the rest share other's.
-	modelMu     sync.Mutex
-	models      sync.Map // model name -> *modelOutcomes
-	nModels     int      // models with their own series (under modelMu)
-	none, other *modelOutcomes
+	none, other *modelOutcomes // routeRequests' series of those names
+}
+
+// modelSeries is kvrouter_route_requests_total with its series per model,
+// resolved on a model's first route: at most maxModelLabels models get
+// their own, the rest share other's. It is registered as one collector,
+// so that Servers sharing a registry (register) share the cap with the
+// family: a cap counted per Server let the family's model label grow by
+// maxModelLabels a Server.
+type modelSeries struct {
+	*prometheus.CounterVec
+	mu      sync.Mutex
+	models  sync.Map // model name -> *modelOutcomes
+	nModels int      // models with their own series (under mu)
 }
 
 // maxModelLabels bounds kvrouter_route_requests_total's model label: the
@@ -70,11 +78,11 @@ const maxModelLabels = 32
 // modelOutcomes are one model's routeRequests series.
 type modelOutcomes struct{ routed, busy, noWorkers, error prometheus.Counter }
 
-func (m *metrics) newOutcomes(model string) *modelOutcomes {
-	return &modelOutcomes{routed: m.routeRequests.WithLabelValues(model, outcomeRouted),
-		busy:      m.routeRequests.WithLabelValues(model, outcomeBusy),
-		noWorkers: m.routeRequests.WithLabelValues(model, outcomeNoWorkers),
-		error:     m.routeRequests.WithLabelValues(model, outcomeError)}
+func (ms *modelSeries) newOutcomes(model string) *modelOutcomes {
+	return &modelOutcomes{routed: ms.WithLabelValues(model, outcomeRouted),
+		busy:      ms.WithLabelValues(model, outcomeBusy),
+		noWorkers: ms.WithLabelValues(model, outcomeNoWorkers),
+		error:     ms.WithLabelValues(model, outcomeError)}
 }
 
 // forModel returns the series of a valid request's model, giving it one
@@ -86,20 +94,21 @@ func (m *metrics) forModel(model string) *modelOutcomes {
 	case len(model) > maxNameLen || !utf8.ValidString(model):
 		return m.other // refused anyway (or not a label value)
 	}
-	if o, ok := m.models.Load(model); ok {
+	ms := m.routeRequests
+	if o, ok := ms.models.Load(model); ok {
 		return o.(*modelOutcomes)
 	}
-	m.modelMu.Lock()
-	defer m.modelMu.Unlock()
-	if o, ok := m.models.Load(model); ok {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if o, ok := ms.models.Load(model); ok {
 		return o.(*modelOutcomes)
 	}
-	if m.nModels >= maxModelLabels {
+	if ms.nModels >= maxModelLabels {
 		return m.other
 	}
-	m.nModels++
-	o := m.newOutcomes(model)
-	m.models.Store(model, o)
+	ms.nModels++
+	o := ms.newOutcomes(model)
+	ms.models.Store(model, o)
 	return o
 }
 
@@ -110,7 +119,7 @@ func (m *metrics) knownModel(model string) *modelOutcomes {
 	if model == "" {
 		return m.none
 	}
-	if o, ok := m.models.Load(model); ok {
+	if o, ok := m.routeRequests.models.Load(model); ok {
 		return o.(*modelOutcomes)
 	}
 	return m.other
@@ -142,10 +151,10 @@ func newMetrics(reg prometheus.Registerer, log *slog.Logger) *metrics {
 			Name: "kvrouter_http_forwards_total",
 			Help: "Writes that reached a follower, by route pattern and outcome (sent to the leader, failed, loop, no_body).",
 		}, []string{"route", "outcome"})),
-		routeRequests: register(reg, log, prometheus.NewCounterVec(prometheus.CounterOpts{
+		routeRequests: register(reg, log, &modelSeries{CounterVec: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_route_requests_total",
 			Help: "Route requests answered by this node, by the request's model (the first 32 names; later ones as other; none when unnamed) and outcome (routed, busy, no_workers, error).",
-		}, []string{"model", "outcome"})),
+		}, []string{"model", "outcome"})}),
 		routeDuration: register(reg, log, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvrouter_route_duration_seconds",
 			Help:    "Time a route request spent in each stage: decode (the request), hash, match (the index lookup), load, score, book (through Raft), and backend (the whole decision, booking included).",
@@ -167,7 +176,7 @@ func newMetrics(reg prometheus.Registerer, log *slog.Logger) *metrics {
 		Name: "kvrouter_route_best_cached_tokens_total",
 		Help: "Prompt tokens the index predicted cached on the best eligible rank (any tier).",
 	}))
-	m.none, m.other = m.newOutcomes("none"), m.newOutcomes("other")
+	m.none, m.other = m.routeRequests.newOutcomes("none"), m.routeRequests.newOutcomes("other")
 	stage := func(name string) prometheus.Observer { return m.routeDuration.WithLabelValues(name) }
 	m.stageDecode, m.stageHash, m.stageMatch, m.stageLoad = stage("decode"), stage("hash"), stage("match"), stage("load")
 	m.stageScore, m.stageBook, m.stageBackend = stage("score"), stage("book"), stage("backend")

@@ -5,18 +5,22 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/internal/rawhttp"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // routeCase is one request to one route and what must come back.
@@ -826,6 +830,56 @@ func TestRouteMetricsByModelAndStage(t *testing.T) {
 	}
 	if got := histogramCount(t, n.reg, "kvrouter_route_duration_seconds", map[string]string{"stage": "book"}); got != 1 {
 		t.Fatalf("stage book timed %d times, want 1", got)
+	}
+}
+
+// TestModelLabelCapIsSharedByServersOfOneRegistry: Servers that share a
+// registry share kvrouter_route_requests_total's cap of 32 model labels,
+// as they share the family. From a review: the cap was counted per
+// Server, so that each Server (and each one made again in-process on the
+// same registry) added 32 labels more.
+func TestModelLabelCapIsSharedByServersOfOneRegistry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	opts := api.Options{Logger: slog.New(slog.DiscardHandler), Registerer: reg, Gatherer: reg}
+	for s := range 2 {
+		fake := apitest.New("n1", "")
+		srv := api.NewServer(fake, opts)
+		hs := httptest.NewServer(srv)
+		for _, id := range []uint64{1, 2} {
+			if err := fake.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: id, DPRanks: []uint32{0}, BlockSize: 4, Model: "m"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range 32 {
+			if a := send(t, hs.URL, "POST", "/v1/route", fmt.Sprintf(`{"token_ids":[1,2,3,4],"model":"s%d-m%02d"}`, s, i)); a.code != 200 {
+				t.Fatalf("route: %d %s", a.code, a.body)
+			}
+		}
+		hs.Close()
+		srv.Close()
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	models := map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetName() != "kvrouter_route_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "model" && l.GetValue() != "none" && l.GetValue() != "other" {
+					models[l.GetValue()] = true
+				}
+			}
+		}
+	}
+	if len(models) != 32 {
+		t.Errorf("kvrouter_route_requests_total has %d model labels on one registry, want 32", len(models))
+	}
+	if got := counterValue(t, reg, "kvrouter_route_requests_total", map[string]string{"model": "other", "outcome": "routed"}); got != 32 {
+		t.Errorf("other routed %v, want 32 (the second Server's models, past the shared cap)", got)
 	}
 }
 
