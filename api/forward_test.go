@@ -165,6 +165,37 @@ func TestRouteAnsweredByAFollowerCountsAsError(t *testing.T) {
 	}
 }
 
+// TestForwardedRouteIsTimedOnlyOnTheLeader: a route a follower forwards is
+// decided, timed and counted on the leader; the follower observes none of
+// kvrouter_route_duration_seconds' stages for it. From a review: the
+// follower observed decode and backend, so that its backend histogram
+// took the time to learn it does not lead for a decision's.
+func TestForwardedRouteIsTimedOnlyOnTheLeader(t *testing.T) {
+	leader, follower := pair(t, api.Options{})
+	withWorkers(t, leader)
+	follower.fake.SetHook(func(method string) error {
+		if method == "Route" {
+			return &raftfsm.NotLeaderError{LeaderID: "n1", LeaderHTTP: leader.addr()}
+		}
+		return nil
+	})
+	a := send(t, follower.http.URL, "POST", "/v1/route", `{"token_ids":[1,2,3,4],"book":true,"request_id":"r-1"}`)
+	if a.code != 200 {
+		t.Fatalf("forwarded route: %d %s", a.code, a.body)
+	}
+	if got := counterValue(t, follower.reg, "kvrouter_route_requests_total", nil); got != 0 {
+		t.Errorf("follower counted %v routes, want 0 (the leader counts the one it decided)", got)
+	}
+	for _, stage := range []string{"decode", "backend"} {
+		if got := histogramCount(t, follower.reg, "kvrouter_route_duration_seconds", map[string]string{"stage": stage}); got != 0 {
+			t.Errorf("follower timed stage %s %d times, want 0 (the leader decided the route)", stage, got)
+		}
+		if got := histogramCount(t, leader.reg, "kvrouter_route_duration_seconds", map[string]string{"stage": stage}); got != 1 {
+			t.Errorf("leader timed stage %s %d times, want 1", stage, got)
+		}
+	}
+}
+
 // TestForwardToAWildcardLeaderAddressIsNotSent: a leader listed at a
 // wildcard HTTP address (0.0.0.0:7080, from a member table written before
 // kvrouter refused one) is not forwarded to: a dial of it reaches the

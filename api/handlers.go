@@ -62,16 +62,19 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) error {
 	}
 	counts := s.m.forModel(req.Model)
 	start := time.Now()
-	s.m.stageDecode.Observe(start.Sub(decodeStart).Seconds())
 	res, err := s.b.Route(r.Context(), q)
+	if errors.Is(err, raftfsm.ErrNotLeader) {
+		// A booking for the leader: decided, timed and counted there
+		// when the forward is sent, as an error here when this node
+		// answers it (fail). Not timed here: its decode is the leader's
+		// to time again, and the backend's time to say it does not lead
+		// is no decision's.
+		return &leaderRoute{error: err, answered: counts.error}
+	}
+	s.m.stageDecode.Observe(start.Sub(decodeStart).Seconds())
 	s.m.stageBackend.Observe(time.Since(start).Seconds())
 	if err != nil {
 		switch {
-		case errors.Is(err, raftfsm.ErrNotLeader):
-			// A booking for the leader: counted there when the forward
-			// is sent, as an error here when this node answers it
-			// (fail).
-			err = &leaderRoute{error: err, answered: counts.error}
 		case errors.Is(err, indexer.ErrOverloaded):
 			s.m.stages(&res.Stages)
 			counts.busy.Inc()
