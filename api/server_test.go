@@ -134,6 +134,16 @@ func TestRoutes(t *testing.T) {
 			body: `{"token_ids":[1],"isl":4294967297}`, code: 400, reason: api.ReasonInvalid, msg: []string{"isl"}},
 		{name: "route book with an empty id", method: "POST", path: "/v1/route",
 			body: `{"token_ids":[1],"book":true,"request_id":""}`, code: 400, reason: api.ReasonInvalid, msg: []string{"request_id"}},
+		// The model is a metrics label (kvrouter_route_requests_total) and
+		// is logged; a worker's model with a control character is refused
+		// too. A printable one no worker serves is routed: routing does
+		// not filter by it. From a review: a route took any model.
+		{name: "route a model with a line break", setup: withWorkers, method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"model":"llama\n4242"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"model", "control character"}},
+		{name: "route a model with a tab", setup: withWorkers, method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"model":"llama\tforged","brief":true}`, code: 400, reason: api.ReasonInvalid, msg: []string{"model", "control character"}},
+		{name: "route a model no worker serves", setup: withWorkers, method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"model":"Llama 3.1 (modèle)"}`, code: 200, check: checkRouteShape},
 		{name: "route null overrides", setup: withWorkers, method: "POST", path: "/v1/route",
 			body: `{"token_ids":[1],"overrides":null}`, code: 200, check: checkRouteShape},
 		{name: "route weight -0", setup: withWorkers, method: "POST", path: "/v1/route",

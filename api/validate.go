@@ -99,8 +99,10 @@ func routeQuery(req *RouteRequest) (raftfsm.RouteQuery, error) {
 	if err := checkName("cache_salt", req.CacheSalt); err != nil {
 		return q, err
 	}
-	if err := checkName("model", req.Model); err != nil {
-		return q, err
+	// Printable, as a worker's model must be: it is a metrics label
+	// (kvrouter_route_requests_total) and logged.
+	if p := limits.PrintableName(req.Model); p != "" {
+		return q, invalidf("model %s", p)
 	}
 	if req.Overrides != nil {
 		// Validate the overrides alone: any valid base gives the same verdict,

@@ -504,8 +504,12 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 	}
 	id := WorkerID(req.InstanceID, req.ModelName, tenant)
 
-	if strings.ContainsRune(req.ModelName, 0) || strings.ContainsRune(tenant, 0) {
-		return badRequest("model_name and tenant_id must not hold a NUL byte")
+	for _, f := range [...]struct{ what, name string }{
+		{"model_name", req.ModelName}, {"tenant_id", req.TenantID}, {"routing_group", req.RoutingGroup},
+	} {
+		if err := checkPrintable(f.what, f.name); err != nil {
+			return err
+		}
 	}
 
 	x.regMu.Lock()

@@ -357,6 +357,49 @@ func TestNamespaceKeepsOneBlockSizeAndDistinctInstances(t *testing.T) {
 	mustCode(t, reg(9, "m\x00x", "t", 4), 400, "a NUL in the model")
 }
 
+// TestRegistrationRefusesNamesWithAControlCharacter: a registration
+// (POST /register, POST /selection/workers) whose model_name, tenant_id or
+// routing_group holds a control character is a 400 naming the field, as a
+// /v1 worker's model with one is, and registers nothing. From a review:
+// only a NUL was refused, and a line break in a model split kvctl
+// workers' rows.
+func TestRegistrationRefusesNamesWithAControlCharacter(t *testing.T) {
+	n := startNode(t)
+	no := false
+	reg := func(model, tenant, group string) reply {
+		return n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 9, Endpoint: "tcp://10.0.0.1:5557",
+			ModelName: model, TenantID: tenant, RoutingGroup: group, BlockSize: 4, Agentless: &no})
+	}
+	add := func(model, group string) reply {
+		return n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 9, ModelName: model, RoutingGroup: group, BlockSize: 4})
+	}
+	for _, c := range []struct {
+		name  string
+		r     func() reply
+		field string
+	}{
+		{"/register model_name with a line break", func() reply { return reg("llama\nrank 2", "", "") }, "model_name"},
+		{"/register model_name with a tab", func() reply { return reg("llama\t7", "", "") }, "model_name"},
+		{"/register model_name with DEL", func() reply { return reg("llama\x7f", "", "") }, "model_name"},
+		{"/register model_name with a C1 control", func() reply { return reg("llama\u0085", "", "") }, "model_name"},
+		{"/register tenant_id with a line break", func() reply { return reg("llama", "t\nx", "") }, "tenant_id"},
+		{"/register routing_group with a carriage return", func() reply { return reg("llama", "", "g\rx") }, "routing_group"},
+		{"/selection/workers model_name with a line break", func() reply { return add("llama\nrank 2", "") }, "model_name"},
+		{"/selection/workers routing_group with a tab", func() reply { return add("llama", "g\tx") }, "routing_group"},
+	} {
+		r := c.r()
+		mustCode(t, r, 400, c.name)
+		if !strings.Contains(string(r.body), c.field) || !strings.Contains(string(r.body), "control character") {
+			t.Errorf("%s: %s, want an error naming %s and the control character", c.name, r.body, c.field)
+		}
+	}
+	if got := len(n.node.WorkerTable()); got != 0 {
+		t.Errorf("the table holds %d workers, want none", got)
+	}
+	mustCode(t, reg("llama", "t", ""), 201, "printable names")
+	mustCode(t, add("llama", "g"), 201, "printable names in the catalog")
+}
+
 // TestMsgpackRefusesNumbersOutOfRange: from a review. Msgpack bodies
 // wrapped numbers out of their field's range where JSON refuses them:
 // instance_id -1 became 2^64-1, dp_rank 2^32+3 registered rank 3, and

@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/kvrouter/kvrouter/indexer"
@@ -291,9 +290,11 @@ func checkedInfo(c *CatalogWorker) (raftfsm.WorkerInfo, error) {
 		return raftfsm.WorkerInfo{}, badRequest("data_parallel_size %d from rank %d is too large", size, c.DataParallelStartRank)
 	}
 	tenant := tenantOf(c.RoutingGroup, "")
-	if strings.ContainsRune(c.ModelName, 0) || strings.ContainsRune(tenant, 0) {
-		// WorkerID joins them with a NUL, as /register refuses too.
-		return raftfsm.WorkerInfo{}, badRequest("model_name and routing_group must not hold a NUL byte")
+	if err := checkPrintable("model_name", c.ModelName); err != nil {
+		return raftfsm.WorkerInfo{}, err
+	}
+	if err := checkPrintable("routing_group", c.RoutingGroup); err != nil {
+		return raftfsm.WorkerInfo{}, err
 	}
 	w := raftfsm.WorkerInfo{ID: WorkerID(c.WorkerID, c.ModelName, tenant), Instance: c.WorkerID, Model: c.ModelName,
 		Tenant: tenant, Endpoint: c.Endpoint, BlockSize: c.BlockSize}

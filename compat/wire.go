@@ -278,6 +278,19 @@ func checkName(what, s string) error {
 	return nil
 }
 
+// checkPrintable refuses a name a registration writes into the worker
+// table with a control character (limits.PrintableName), as POST
+// /v1/workers refuses a model with one: kvctl workers prints the model in
+// a table, where a line break or a tab splits the rank's row, and log
+// lines carry the model and tenant. A NUL among them would also make two
+// namespaces one worker id (WorkerID joins model and tenant with one).
+func checkPrintable(what, s string) error {
+	if p := limits.PrintableName(s); p != "" {
+		return badRequest("%s %s", what, p)
+	}
+	return nil
+}
+
 // checkID refuses an empty, overlong or non-printable id, as /v1 does:
 // ids travel in URL paths and log lines, and key raftfsm's records.
 func checkID(what, id string) error {
