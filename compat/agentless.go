@@ -112,6 +112,13 @@ type Agentless struct {
 	// events were left out for, shared by its ranks' subscribers: each
 	// reason is logged once per worker (semantics.md §1).
 	skipLogs map[uint64]*enginesub.SkipLog
+	// exported holds, per rank a subscriber was made for, the last one
+	// made: the rank's series (kvagent_subscriber_*,
+	// kvagent_engine_seq_gaps_total) stay exported until reconcile finds
+	// the rank not wanted and forgets them, whether its subscriber still
+	// ran, stopped by itself and waited in retry, or could not be made
+	// again.
+	exported map[kvevent.Rank]*enginesub.Subscriber
 
 	stop chan struct{}
 	done chan struct{}
@@ -274,9 +281,6 @@ func (a *Agentless) reconcile(table map[uint64]raftfsm.WorkerInfo, term uint64) 
 			s.cancel()
 			<-s.done
 			delete(a.subs, r)
-			if !ok {
-				s.sub.ForgetMetrics() // the rank is not followed any more
-			}
 		case s.stopped():
 			delete(a.subs, r)
 			a.failed(r, s, now.Sub(s.started))
@@ -290,6 +294,13 @@ func (a *Agentless) reconcile(table map[uint64]raftfsm.WorkerInfo, term uint64) 
 	for r, rt := range a.retry {
 		if w, ok := want[r]; !ok || !rt.reg.sameRegistration(&w) {
 			delete(a.retry, r) // gone, or registered anew: no wait
+		}
+	}
+	// Every subscriber of a rank not wanted has stopped by now.
+	for r, sub := range a.exported {
+		if _, ok := want[r]; !ok {
+			sub.ForgetMetrics() // the rank is not followed any more
+			delete(a.exported, r)
 		}
 	}
 	for r, w := range want {
@@ -354,6 +365,10 @@ func (a *Agentless) start(r kvevent.Rank, w agentlessSub) error {
 		cancel()
 		return err
 	}
+	if a.exported == nil {
+		a.exported = map[kvevent.Rank]*enginesub.Subscriber{}
+	}
+	a.exported[r] = sub
 	w.sub, w.cancel, w.done, w.started = sub, cancel, make(chan struct{}), time.Now()
 	go func() {
 		defer close(w.done)

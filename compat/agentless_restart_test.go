@@ -150,3 +150,65 @@ func TestAgentlessRemedyForUsedUpEpochsWorksWithinOnePoll(t *testing.T) {
 		t.Fatalf("the rank registered anew is at epoch %d, want 1 (cleared once)", e)
 	}
 }
+
+// TestAgentlessForgetsTheSeriesOfARankThatLeft: a rank that leaves the
+// worker table stops being exported (kvagent_subscriber_*,
+// kvagent_engine_seq_gaps_total), whether its subscriber runs or stopped
+// by itself and waits in retry. From a review: only a running subscriber's
+// series were forgotten; a waiting one's retry entry was dropped with its
+// series left exported for good, under the worker label of a worker gone.
+func TestAgentlessForgetsTheSeriesOfARankThatLeft(t *testing.T) {
+	const poll = 20 * time.Millisecond
+	reg := prometheus.NewRegistry()
+	a := &Agentless{b: &cursorTarget{}, cfg: AgentlessConfig{Poll: poll, CommitTimeout: time.Second, Registerer: reg},
+		log: quiet, subs: map[kvevent.Rank]*agentlessSub{}, retry: map[kvevent.Rank]agentlessRetry{}}
+	defer a.reconcile(nil, 0)
+	exported := func() map[string]bool { // the worker labels exported
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "worker" {
+						out[l.GetValue()] = true
+					}
+				}
+			}
+		}
+		return out
+	}
+	waiting := kvevent.Rank{Worker: 7}
+	waiter := raftfsm.WorkerInfo{ID: 7, Positional: true, BlockSize: 4,
+		EventEndpoints: map[uint32]string{0: "tcp://_engine:5557"}} // libzmq refuses it: Run returns
+	runner := raftfsm.WorkerInfo{ID: 8, Positional: true, BlockSize: 4,
+		EventEndpoints: map[uint32]string{0: "tcp://127.0.0.1:9"}} // connects in the background: Run goes on
+	both := map[uint64]raftfsm.WorkerInfo{7: waiter, 8: runner}
+	a.reconcile(both, 5)
+	a.mu.Lock()
+	s := a.subs[waiting]
+	a.mu.Unlock()
+	if s == nil {
+		t.Fatal("no subscriber started for worker 7")
+	}
+	waitFor(t, 10*time.Second, "worker 7's subscriber's Run to return", s.stopped)
+	a.reconcile(both, 5) // worker 7's rank moves to retry
+	if _, ok := a.retry[waiting]; !ok {
+		t.Fatal("worker 7's rank does not wait in retry")
+	}
+	if got := exported(); !got["7"] || !got["8"] {
+		t.Fatalf("workers exported %v, want 7 and 8", got)
+	}
+
+	a.reconcile(map[uint64]raftfsm.WorkerInfo{8: runner}, 5) // worker 7 left, waiting
+	if got := exported(); got["7"] || !got["8"] {
+		t.Fatalf("after worker 7 left: workers exported %v, want 8 only", got)
+	}
+	a.reconcile(map[uint64]raftfsm.WorkerInfo{}, 5) // worker 8 left, running
+	if got := exported(); len(got) != 0 {
+		t.Fatalf("after worker 8 left: workers exported %v, want none", got)
+	}
+}
