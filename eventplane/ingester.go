@@ -349,7 +349,7 @@ type ingesterMetrics struct {
 	unregRemoved        prometheus.Counter
 }
 
-func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
+func newIngesterMetrics(reg prometheus.Registerer, log *slog.Logger) ingesterMetrics {
 	m := ingesterMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_requests_total",
 			Help: "Event requests answered by this node's ingester, by outcome (acked, not_leader, invalid, error, stale: a dump below the rank's cursor, answered with the cursor; unregistered: a dump of a rank its Positional worker does not list, applied nothing)."}, []string{"outcome"}),
@@ -378,10 +378,45 @@ func newIngesterMetrics(reg prometheus.Registerer) ingesterMetrics {
 		unregRemoved: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_unregistered_ranks_removed_total",
 			Help: "Ranks whose state the leader removed because their worker stayed unregistered for the unregistered grace (events or dumps of a worker removed or never registered)."}),
 	}
-	if reg != nil {
-		reg.MustRegister(m.requests, m.entries, m.received, m.lag, m.rejected, m.gaps, m.resyncs, m.subs, m.heartbeats, m.malformedHeartbeats, m.expired, m.leasesHeld, m.unregRemoved)
+	if reg == nil {
+		return m
 	}
+	// An ingester made again on the same Registerer (a node restarted
+	// in-process) goes on with the families of the one before, whose
+	// counters so keep counting up, instead of panicking.
+	m.requests = register(reg, log, m.requests)
+	m.entries = register(reg, log, m.entries)
+	m.received = register(reg, log, m.received)
+	m.lag = register(reg, log, m.lag)
+	m.rejected = register(reg, log, m.rejected)
+	m.gaps = register(reg, log, m.gaps)
+	m.resyncs = register(reg, log, m.resyncs)
+	m.subs = register(reg, log, m.subs)
+	m.heartbeats = register(reg, log, m.heartbeats)
+	m.malformedHeartbeats = register(reg, log, m.malformedHeartbeats)
+	m.expired = register(reg, log, m.expired)
+	m.leasesHeld = register(reg, log, m.leasesHeld)
+	m.unregRemoved = register(reg, log, m.unregRemoved)
 	return m
+}
+
+// register registers c on reg and returns it, or the collector of the
+// same family registered before, which it reuses. On another error (a
+// family of that name with other labels or help) it logs, and returns c,
+// which counts but is not exported.
+func register[C prometheus.Collector](reg prometheus.Registerer, log *slog.Logger, c C) C {
+	err := reg.Register(c)
+	if err == nil {
+		return c
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing
+		}
+	}
+	log.Warn("eventplane: ingester metric not registered", "err", err)
+	return c
 }
 
 // NewIngester starts an ingester; it subscribes as soon as its node leads.
@@ -411,7 +446,7 @@ func NewIngester(cfg IngesterConfig) (*Ingester, error) {
 // newIngester returns an ingester with its loops not started.
 func newIngester(cfg IngesterConfig) *Ingester {
 	cfg.defaults()
-	in := &Ingester{cfg: cfg, m: newIngesterMetrics(cfg.Registerer),
+	in := &Ingester{cfg: cfg, m: newIngesterMetrics(cfg.Registerer, cfg.Logger),
 		reqs: make(chan request, 4096), queued: semaphore.NewWeighted(int64(cfg.MaxQueuedEvents)),
 		queuedBytes: semaphore.NewWeighted(int64(cfg.MaxQueuedBytes)), sem: make(chan struct{}, cfg.MaxInFlight),
 		stop: make(chan struct{})}
@@ -436,6 +471,11 @@ func (in *Ingester) Close() error {
 		in.wg.Wait()
 		in.hwg.Wait()
 		in.cwg.Wait()
+		// The families outlive the ingester (the next one on the
+		// Registerer reuses them), but it alone knows which workers it
+		// labelled: their series go now, or a worker that left after
+		// the next one started would stay exported for good.
+		in.dropLeftWorkers(nil)
 	})
 	return nil
 }

@@ -823,6 +823,53 @@ func TestReceivedEventsAreCountedPerWorker(t *testing.T) {
 	}
 }
 
+// TestIngesterMadeAgainOnItsRegistererReusesItsFamilies: an ingester made
+// again on the Registerer of a closed one (a node restarted in-process)
+// goes on with its families: the counters keep counting up, and the
+// closed one's per-worker series are gone, since the new one does not know
+// to drop them when their worker leaves. From a review: the families were
+// registered with MustRegister and never unregistered, so NewIngester
+// panicked.
+func TestIngesterMadeAgainOnItsRegistererReusesItsFamilies(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	tg := newFakeTarget()
+	tg.register(7, 0)
+	first := newIngester(IngesterConfig{Node: tg, Registerer: reg, Logger: quiet})
+	first.m.gaps.Inc()
+	first.onEvents(clearedEvents(kvevent.Rank{Worker: 7}, 1, 2))
+	first.Close()
+	second := func() (in *Ingester) {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("a second ingester on the first one's Registerer panicked: %v", p)
+			}
+		}()
+		return newIngester(IngesterConfig{Node: tg, Registerer: reg, Logger: quiet})
+	}()
+	defer second.Close()
+	second.m.gaps.Inc()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gaps := 0.0
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if mf.GetName() == "kvrouter_events_gaps_total" {
+				gaps = m.GetCounter().GetValue()
+			}
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "worker" && l.GetValue() == "7" {
+					t.Errorf("%s{worker=\"7\"} of the closed ingester still exported", mf.GetName())
+				}
+			}
+		}
+	}
+	if gaps != 2 {
+		t.Errorf("kvrouter_events_gaps_total = %v after one gap counted by each ingester, want 2", gaps)
+	}
+}
+
 // ctxDumpTarget's ReplaceRankFenced waits for its context, as a node's commit
 // does when the context ends first.
 type ctxDumpTarget struct {
