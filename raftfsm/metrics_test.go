@@ -128,3 +128,43 @@ func TestLeaderChangesCountEveryTakeOver(t *testing.T) {
 		waitFor(t, 10*time.Second, n.cfg.ID+" to count three take-overs", func() bool { return n.leaderChanges.Load() >= 3 })
 	}
 }
+
+// TestCollectorDoesNotWaitForTheApplyLock: a scrape answers while an
+// ApplyBatch holds the state machine's apply lock. From a review: Collect
+// read Node.Status, whose AppliedDigest waits for that lock (held for a
+// whole batch: a large rank dump takes seconds) and, holding it, computed
+// the whole state's digest, which no family exports.
+func TestCollectorDoesNotWaitForTheApplyLock(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	col := NewCollector(l)
+	want, _ := l.fsm.Applied()
+	l.fsm.stateMu.Lock() // an ApplyBatch in progress
+	done := make(chan float64)
+	go func() {
+		ch := make(chan prometheus.Metric, 4096)
+		col.Collect(ch)
+		close(ch)
+		applied := -1.0
+		for m := range ch {
+			if m.Desc() == col.applied {
+				var d dto.Metric
+				if err := m.Write(&d); err == nil {
+					applied = d.GetGauge().GetValue()
+				}
+			}
+		}
+		done <- applied
+	}()
+	select {
+	case applied := <-done:
+		l.fsm.stateMu.Unlock()
+		if applied != float64(want) {
+			t.Fatalf("kvrouter_raft_applied_index = %v, want %d", applied, want)
+		}
+	case <-time.After(2 * time.Second):
+		l.fsm.stateMu.Unlock()
+		<-done
+		t.Fatal("a scrape waited 2s for the state machine's apply lock")
+	}
+}

@@ -1848,15 +1848,26 @@ func awaitFuture(f raft.Future, done chan<- error) { done <- f.Error() }
 
 // Status returns this node's view of itself.
 func (n *Node) Status() NodeStatus {
+	applied, digest := n.fsm.AppliedDigest() // one pair: docs/api.md compares digests at one applied index
+	s := n.statusAt(applied)
+	s.Digest = fmt.Sprintf("%016x", digest)
+	return s
+}
+
+// statusAt is Status with applied as its AppliedIndex and no Digest. The
+// metrics collector reads it with the FSM's Applied: the digest is read
+// under the lock ApplyBatch holds for a whole batch, and computed over the
+// whole state, which a scrape, exporting no digest, neither waits for nor
+// holds the apply path back with.
+func (n *Node) statusAt(applied uint64) NodeStatus {
 	st := n.raft.Stats()
 	u := func(k string) uint64 { v, _ := strconv.ParseUint(st[k], 10, 64); return v }
 	addr, id := n.raft.LeaderWithID()
-	applied, digest := n.fsm.AppliedDigest() // one pair: docs/api.md compares digests at one applied index
 	s := NodeStatus{
 		ID: n.cfg.ID, RaftAddr: n.cfg.RaftAddr, HTTPAddr: n.cfg.HTTPAddr,
 		State: n.raft.State().String(), Term: u("term"), LastIndex: u("last_log_index"),
 		CommitIndex: n.raft.CommitIndex(), AppliedIndex: applied, LeaderID: string(id),
-		SnapshotIndex: u("last_snapshot_index"), Digest: fmt.Sprintf("%016x", digest),
+		SnapshotIndex: u("last_snapshot_index"),
 		LastContactMs: -1,
 	}
 	// Ready to serve: caught up since the start, or since it was last
