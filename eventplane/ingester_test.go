@@ -1166,6 +1166,39 @@ func TestPublisherSendsPublishedTimes(t *testing.T) {
 	}
 }
 
+// steppingTarget is a fakeTarget that stops leading once stepped is set.
+type steppingTarget struct {
+	*fakeTarget
+	stepped atomic.Bool
+}
+
+func (t *steppingTarget) IsLeader() bool { return !t.stepped.Load() }
+
+// TestAFormerLeaderExportsNoLag: a node that stops leading stops exporting
+// kvrouter_events_lag_seconds, which only the leader measures: a former
+// leader's last figures would read as a lag that never moves.
+func TestAFormerLeaderExportsNoLag(t *testing.T) {
+	tg := &steppingTarget{fakeTarget: newFakeTarget()}
+	tg.register(7, 0)
+	in, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{})
+	if _, err := p.Publish(kvevent.Rank{Worker: 7}, []kvevent.Event{{Kind: kvevent.KindCleared}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the ack", func() bool { return p.Pending() == 0 })
+	if _, ok := lagOf(t, in, "7"); !ok {
+		t.Fatal("the leader exports no lag for worker 7")
+	}
+	tg.stepped.Store(true)
+	waitFor(t, 10*time.Second, "the step-down", func() bool { // terms moves with the lag's reset
+		in.labelMu.Lock()
+		defer in.labelMu.Unlock()
+		return in.terms > 0
+	})
+	if lag, ok := lagOf(t, in, "7"); ok {
+		t.Fatalf("a former leader still exports worker 7's lag (%v)", lag)
+	}
+}
+
 // TestHeartbeatRenewsTheLease: a heartbeat renews a worker's lease from
 // when it arrives: a sweep past a lease from the worker's first sighting,
 // within one from its heartbeat, keeps it; past a lease from the

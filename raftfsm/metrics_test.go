@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -126,6 +127,56 @@ func TestLeaderChangesCountEveryTakeOver(t *testing.T) {
 	waitFor(t, 10*time.Second, "the first leader to lead again", l.IsLeader)
 	for _, n := range c.nodes {
 		waitFor(t, 10*time.Second, n.cfg.ID+" to count three take-overs", func() bool { return n.leaderChanges.Load() >= 3 })
+	}
+}
+
+// TestCollectorSumsAWorkersRanks: a worker's index_worker_blocks,
+// worker_active_prefill_tokens and worker_active_decode_blocks sum its dp
+// ranks', not take the last rank's.
+func TestCollectorSumsAWorkersRanks(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 9, BlockSize: 4, DPRanks: []uint32{0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	hashes := kvevent.LocalHashes(nil, tokens, 4, kvevent.Seed)
+	var batches []RankBatch
+	for dp, n := range []int{2, 1} { // rank 0 holds both blocks, rank 1 the first
+		r := kvevent.Rank{Worker: 9, DP: uint32(dp)}
+		ev := kvevent.Event{Rank: r, EventID: 1, Kind: kvevent.KindStored, Tier: kvevent.TierHostPinned}
+		for i, h := range hashes[:n] {
+			ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: uint64(100 + i), LocalHash: h})
+		}
+		batches = append(batches, RankBatch{Rank: r, Events: []kvevent.Event{ev}})
+	}
+	ingestRetrying(t, c, batches)
+	for dp := range uint32(2) { // a booking on each rank
+		only := func(r kvevent.Rank) bool { return r.DP == dp }
+		q := RouteQuery{Tokens: append(tokens, 9, 10, 11, 12, 13), Book: true, RequestID: fmt.Sprint("req-", dp), Filter: only}
+		if res, err := l.Route(ctx(t), q); err != nil || !res.Booked {
+			t.Fatalf("book on dp rank %d: %v %+v", dp, err, res)
+		}
+	}
+	var prefill, decode int64
+	for _, w := range l.Workers() {
+		for _, rs := range w.Ranks {
+			if rs.Load.ActivePrefillTokens == 0 || rs.Load.ActiveDecodeBlocks == 0 {
+				t.Fatalf("a rank has no load (%+v): the sums would not tell a rank's figure apart", rs)
+			}
+			prefill += rs.Load.ActivePrefillTokens
+			decode += rs.Load.ActiveDecodeBlocks
+		}
+	}
+	m := gather(t, NewCollector(l))
+	for key, want := range map[string]float64{
+		"kvrouter_index_worker_blocks{tier=host,worker=9}": 3,
+		"kvrouter_worker_active_prefill_tokens{worker=9}":  float64(prefill),
+		"kvrouter_worker_active_decode_blocks{worker=9}":   float64(decode),
+	} {
+		if s, ok := m[key]; !ok || s.GetGauge().GetValue() != want {
+			t.Errorf("%s = %v (found %v), want %v", key, s.GetGauge().GetValue(), ok, want)
+		}
 	}
 }
 
