@@ -209,6 +209,26 @@ func TestHeartbeatsOfUnknownWorkersAreNotKept(t *testing.T) {
 	}
 }
 
+// TestHeartbeatsCountEachWorkerIDOnce: kvrouter_worker_heartbeats_total
+// counts one per worker id of each heartbeat (docs/operations.md), known
+// or not, however often the id comes in it. From a review: it counted
+// every id of the body, repeats included.
+func TestHeartbeatsCountEachWorkerIDOnce(t *testing.T) {
+	tg := newFakeTarget()
+	tg.register(5, time.Minute)
+	tg.register(6, time.Minute)
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	in.leases.lead(time.Now())
+	in.onHeartbeat(&nats.Msg{Data: AppendHeartbeat(nil, []uint64{5, 99, 5, 6, 99, 5})})
+	if n := val(in.m.heartbeats); n != 3 {
+		t.Fatalf("kvrouter_worker_heartbeats_total = %v after a heartbeat of ids 5, 6 and 99, want 3", n)
+	}
+	in.onHeartbeat(&nats.Msg{Data: AppendHeartbeat(nil, []uint64{6})})
+	if n := val(in.m.heartbeats); n != 4 {
+		t.Fatalf("kvrouter_worker_heartbeats_total = %v after another of id 6, want 4", n)
+	}
+}
+
 // TestFailedRemovalIsRetriedAtTheNextSweep: a removal that fails (no
 // quorum) is tried again at the next sweep, not a lease later.
 func TestFailedRemovalIsRetriedAtTheNextSweep(t *testing.T) {
