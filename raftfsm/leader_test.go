@@ -1,9 +1,11 @@
 package raftfsm
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-msgpack/v2/codec"
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
@@ -695,6 +698,174 @@ func TestConcurrentClosesWaitForTheFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// closeBound is how long a test lets Close take when Raft's shutdown
+// waits on a hung peer: raftShutdownGrace, then the transport's
+// connections close under it.
+const closeBound = raftShutdownGrace + 4*time.Second
+
+// closeWithin closes n and fails t when that takes over closeBound; it
+// still waits for the Close, after unblock (nil: nothing) ends what it
+// waits on.
+func closeWithin(t *testing.T, n *Node, unblock func()) {
+	t.Helper()
+	start := time.Now()
+	done := make(chan struct{})
+	go func() { n.Close(); close(done) }()
+	select {
+	case <-done:
+		t.Logf("closed in %v", time.Since(start))
+	case <-time.After(closeBound):
+		t.Errorf("Close still waits %v after it began: Raft's shutdown waits on a hung peer", time.Since(start))
+		if unblock != nil {
+			unblock()
+		}
+		<-done
+		t.Logf("closed after %v", time.Since(start))
+	}
+}
+
+// TestLeaderCloseEndsASnapshotToAHungFollower: a leader's Close while it
+// sends its snapshot to a hung follower (a stopped process, a
+// black-holed host: its kernel takes the connection, nothing answers)
+// returns within closeBound. It waited for the send's deadline, which
+// the transport scales by the snapshot's size (its timeout for every
+// 256 KiB): minutes for a state of tens of MB, the whole time kvrouter's
+// SIGTERM shutdown hung. From a review.
+func TestLeaderCloseEndsASnapshotToAHungFollower(t *testing.T) {
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.TrailingLogs = 4; cfg.SnapshotThreshold = 8 })
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	c.converged()
+	down := 0
+	for c.nodes[down] == l {
+		down++
+	}
+	c.stop(down)
+	// About 2 MB of state (16 events of 1000 blocks): a send deadline of
+	// 16 s at the test transport's 2 s.
+	for k := range 16 {
+		ev := kvevent.Event{Rank: r1, EventID: uint64(k + 1), Kind: kvevent.KindStored}
+		for b := range 1000 {
+			h := uint64(k*1000+b) + 1
+			ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: h, LocalHash: h * 7})
+		}
+		ingestRetrying(t, c, []RankBatch{{Rank: r1, Events: []kvevent.Event{ev}}})
+	}
+	ld := c.leader()
+	if err := ld.raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	// The stopped follower's address now takes connections, reads the
+	// first 256 KiB (the snapshot's start; the appends before it are
+	// small) and then nothing more: a process that hung.
+	var hole net.Listener
+	var err error
+	waitFor(t, 5*time.Second, "the follower's address to be free", func() bool {
+		hole, err = net.Listen("tcp", c.addrs[down])
+		return err == nil
+	})
+	var mu sync.Mutex
+	var conns []net.Conn
+	cut := func() {
+		hole.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, cn := range conns {
+			cn.Close()
+		}
+	}
+	defer cut()
+	var read atomic.Int64
+	go func() {
+		for {
+			cn, err := hole.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, cn)
+			mu.Unlock()
+			go func() {
+				buf := make([]byte, 32<<10)
+				for read.Load() < 256<<10 {
+					k, err := cn.Read(buf)
+					read.Add(int64(k))
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	waitFor(t, 10*time.Second, "the leader to send the hung follower its snapshot", func() bool { return read.Load() >= 256<<10 })
+	closeWithin(t, ld, cut)
+}
+
+// TestFollowerCloseEndsASnapshotFromAHungLeader: a follower's Close while
+// it takes a snapshot from a leader that hung part-way (a stopped
+// process, a host gone without a FIN) returns within closeBound. It never
+// returned: Raft's main goroutine reads the snapshot from the
+// connection, with no deadline on the receiving side, and Close waited
+// for Raft's goroutines before it closed the transport's connections
+// (kvrouter's SIGTERM shutdown hung until a second signal). From a
+// review.
+func TestFollowerCloseEndsASnapshotFromAHungLeader(t *testing.T) {
+	tr, err := NewTransport("127.0.0.1:0", nil, 2*time.Second, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fakeLn, err := net.Listen("tcp", "127.0.0.1:0") // the leader's Raft address: it answers nothing
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fakeLn.Close()
+	go func() {
+		for {
+			cn, err := fakeLn.Accept()
+			if err != nil {
+				return
+			}
+			defer cn.Close()
+		}
+	}()
+	self := Member{ID: "n1", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n1"}
+	leader := Member{ID: "n2", RaftAddr: fakeLn.Addr().String(), HTTPAddr: "http-n2"}
+	n, err := NewNode(Config{ID: self.ID, RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: t.TempDir(),
+		Peers: []Member{self, leader}, Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The leader's InstallSnapshot: its request, 4 KiB of its 64 MiB, then
+	// nothing (the leader hung).
+	conn, err := net.Dial("tcp", self.RaftAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	w := bufio.NewWriter(conn)
+	w.WriteByte(2) // rpcInstallSnapshot
+	servers := raft.Configuration{Servers: []raft.Server{
+		{Suffrage: raft.Voter, ID: "n1", Address: raft.ServerAddress(self.RaftAddr)},
+		{Suffrage: raft.Voter, ID: "n2", Address: raft.ServerAddress(leader.RaftAddr)}}}
+	req := &raft.InstallSnapshotRequest{
+		RPCHeader:       raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("n2"), Addr: []byte(leader.RaftAddr)},
+		SnapshotVersion: raft.SnapshotVersionMax, Term: 100, Leader: []byte(leader.RaftAddr),
+		LastLogIndex: 1000, LastLogTerm: 100, Configuration: raft.EncodeConfiguration(servers), ConfigurationIndex: 1, Size: 64 << 20}
+	if err := codec.NewEncoder(w, &codec.MsgpackHandle{}).Encode(req); err != nil {
+		t.Fatal(err)
+	}
+	w.Write(make([]byte, 4096))
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the follower's Raft to read the snapshot", func() bool {
+		return testwatch.Goroutines("raft.(*Raft).installSnapshot(", "[IO wait") > 0
+	})
+	closeWithin(t, n, func() { conn.Close() }) // the leader's connection goes: the read fails
 }
 
 // TestRaftErrorsAreTheNodes: the errors of Raft's futures reach callers as

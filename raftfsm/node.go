@@ -1132,7 +1132,7 @@ func (n *Node) close() error {
 	n.restoreMu.Unlock()
 	close(n.stop)
 	n.waitRestore(restoring)
-	err := n.shutdownRaft().Error()
+	err := n.waitRaftShutdown(n.shutdownRaft())
 	n.wg.Wait()
 	if n.watch != nil {
 		n.watch.close()
@@ -1154,6 +1154,42 @@ func (n *Node) close() error {
 	}
 	n.closeStorage()
 	return err
+}
+
+// raftShutdownGrace is how long Close lets Raft shut down on its own
+// before it closes the transport's connections under it
+// (waitRaftShutdown).
+const raftShutdownGrace = time.Second
+
+// waitRaftShutdown waits for f, Raft's shutdown, and returns its error.
+// Raft's shutdown waits for all its goroutines, and one may wait on a
+// hung peer (a stopped process, a host gone without a FIN): a follower
+// reading the snapshot of a leader that hung part-way, with no deadline;
+// a leader sending its snapshot to a hung follower, with a deadline of
+// the transport's timeout for every 256 KiB of it; a leader's RPCs to
+// stopped followers, up to the timeout (10 s) each. Close, and so a
+// SIGTERM, waited for them (for ever, or minutes). After
+// raftShutdownGrace the transport closes, and with it every connection
+// it dialed or accepted (streamLayer): those reads and writes fail and
+// the goroutines end. Nothing acknowledged is lost: Raft answers a peer
+// only once its log is synced, and a snapshot cut part-way is dropped.
+// The wait for Raft's goroutines stays whole, so the storage closes only
+// once none runs.
+func (n *Node) waitRaftShutdown(f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	grace := time.NewTimer(raftShutdownGrace)
+	defer grace.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-grace.C:
+	}
+	n.logger.Warn("closing: Raft's shutdown still waits (on a peer that does not answer, or a snapshot in flight); closing its transport's connections", "waited", raftShutdownGrace)
+	if c, ok := n.trans.(io.Closer); ok {
+		c.Close()
+	}
+	return <-done
 }
 
 // restoreCloseLog is how often Close, waiting for a restore, says so.

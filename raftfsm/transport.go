@@ -27,13 +27,125 @@ import (
 // CI after a leadership transfer. HashiCorp's own measurements found the
 // pipeline of little use, and harmful with batched entries, which is how
 // this cluster replicates events.
+//
+// Its Close closes every connection it dialed or accepted, in use or
+// not, with its listener (streamLayer): Node.Close uses that to end a
+// Raft shutdown that waits on a hung peer.
 func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger *slog.Logger) (*raft.NetworkTransport, error) {
-	return raft.NewTCPTransportWithConfig(bind, advertise, &raft.NetworkTransportConfig{
+	ln, err := net.Listen("tcp", bind)
+	if err != nil {
+		return nil, err
+	}
+	s := &streamLayer{ln: ln, advertise: advertise, conns: map[*streamConn]struct{}{}}
+	// The checks hashicorp's TCP transport makes of the address it
+	// advertises: peers dial it.
+	addr, ok := s.Addr().(*net.TCPAddr)
+	if !ok {
+		ln.Close()
+		return nil, fmt.Errorf("raft transport: %v is not a TCP address", s.Addr())
+	}
+	if addr.IP == nil || addr.IP.IsUnspecified() {
+		ln.Close()
+		return nil, fmt.Errorf("raft transport: %v is not an address peers can dial", addr)
+	}
+	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:          s,
 		MaxPool:         4,
 		Timeout:         timeout,
 		MaxRPCsInFlight: 1,
 		Logger:          hclogAdapter(logger),
-	})
+	}), nil
+}
+
+// streamLayer is hashicorp/raft's TCP stream layer (TCPStreamLayer) that
+// also keeps the connections it dialed and accepted, and closes them all
+// when it closes (the transport's Close), and every one it gets after.
+//
+// raft v1.8.0's NetworkTransport.Close closes only the listener, and
+// CloseStreams only the pooled outbound connections that are idle. A
+// connection in use stays open: a follower's Raft reading a snapshot
+// from a leader that hung part-way (no deadline on that side) waited on
+// it for ever, and a leader sending its snapshot to a hung follower
+// waited for the send's deadline, the transport's timeout for every
+// 256 KiB of it (tens of minutes for a state of tens of MB). Raft's
+// shutdown waits for those goroutines, so Node.Close did too. Closed
+// under them, their reads and writes fail and the goroutines end.
+type streamLayer struct {
+	ln        net.Listener
+	advertise net.Addr
+
+	mu     sync.Mutex
+	conns  map[*streamConn]struct{}
+	closed bool
+}
+
+// Dial implements raft.StreamLayer.
+func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", string(address), timeout)
+	if err != nil {
+		return nil, err
+	}
+	return s.track(c)
+}
+
+// Accept implements net.Listener.
+func (s *streamLayer) Accept() (net.Conn, error) {
+	c, err := s.ln.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return s.track(c)
+}
+
+// track returns c, kept until it closes; once the layer closed, it closes
+// c and fails: a dial that was under way when the transport closed.
+func (s *streamLayer) track(c net.Conn) (net.Conn, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		c.Close()
+		return nil, fmt.Errorf("raft transport: %w", net.ErrClosed)
+	}
+	sc := &streamConn{Conn: c, s: s}
+	s.conns[sc] = struct{}{}
+	return sc, nil
+}
+
+// Close implements net.Listener: the listener closes, and every
+// connection dialed or accepted.
+func (s *streamLayer) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	conns := s.conns
+	s.conns = map[*streamConn]struct{}{}
+	s.mu.Unlock()
+	err := s.ln.Close()
+	for c := range conns {
+		c.Conn.Close()
+	}
+	return err
+}
+
+// Addr implements net.Listener: the address peers dial (advertise, when
+// given).
+func (s *streamLayer) Addr() net.Addr {
+	if s.advertise != nil {
+		return s.advertise
+	}
+	return s.ln.Addr()
+}
+
+// streamConn is a connection of a streamLayer: its Close forgets it.
+type streamConn struct {
+	net.Conn
+	s *streamLayer
+}
+
+func (c *streamConn) Close() error {
+	c.s.mu.Lock()
+	delete(c.s.conns, c)
+	c.s.mu.Unlock()
+	return c.Conn.Close()
 }
 
 // commitWatch passes a transport's RPCs on to Raft and notes the first
