@@ -398,6 +398,9 @@ func run(c *cli.Context) error {
 	srv.Close()
 	agentless.Close()
 	ing.Close()
+	if usersClosed != nil {
+		usersClosed(node, nc)
+	}
 	err = node.Close()
 	closeNATS()
 	return cmp.Or(runErr, err)
@@ -406,6 +409,11 @@ func run(c *cli.Context) error {
 // beforeLoad, when set (by tests), runs right before the node loads its
 // state: a test holds the load there.
 var beforeLoad func()
+
+// usersClosed, when set (by tests), runs at shutdown once the node's
+// users (the HTTP servers, the agentless followers, the event ingester)
+// closed, before the node and NATS close: a test checks the order there.
+var usersClosed func(*raftfsm.Node, *nats.Conn)
 
 // drainTimeout is how long the HTTP servers' requests in flight have, all
 // ports together, once a shutdown begins; cutWait is how long the

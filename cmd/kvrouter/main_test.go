@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
@@ -31,13 +32,21 @@ import (
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/nats-io/nats.go"
 	"github.com/urfave/cli/v2"
 	"go.uber.org/goleak"
 )
 
 // A test that hangs is named at the end of the output (testwatch). The
 // tests run whole nodes in-process: none may leave a goroutine behind.
+// Run with asProcessEnv set, the test binary is kvrouter, its arguments
+// kvrouter's: a test that needs a process of its own (signals) runs it so.
 func TestMain(m *testing.M) {
+	if os.Getenv(asProcessEnv) != "" {
+		os.Args = append([]string{"kvrouter"}, os.Args[1:]...)
+		main()
+		os.Exit(0)
+	}
 	testwatch.Start()
 	goleak.VerifyTestMain(m, testwatch.NodeIgnores()...)
 }
@@ -1383,7 +1392,16 @@ func startRestoreUpload(t *testing.T) *restoreUpload {
 		r.Body.Close()
 		return r.StatusCode == http.StatusOK
 	})
-	conn, err := net.Dial("tcp", up.httpAddr)
+	stallRestoreUpload(t, up.httpAddr, up.dataDir)
+	return up
+}
+
+// stallRestoreUpload starts a restore upload to the node at httpAddr that
+// never ends, and waits until its spool file is in dataDir: the node's
+// drain waits for it until its deadline.
+func stallRestoreUpload(t *testing.T, httpAddr, dataDir string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", httpAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1393,10 +1411,9 @@ func startRestoreUpload(t *testing.T) *restoreUpload {
 		t.Fatal(err)
 	}
 	poll(t, "the upload's spool file", func() bool {
-		m, _ := filepath.Glob(filepath.Join(up.dataDir, "restore-*.snap"))
+		m, _ := filepath.Glob(filepath.Join(dataDir, "restore-*.snap"))
 		return len(m) > 0
 	})
-	return up
 }
 
 // TestACutDrainWaitsForItsHandlers: a request still running when the
@@ -1470,5 +1487,113 @@ func TestACutDrainWaitsForItsHandlers(t *testing.T) {
 				t.Errorf("the warning %q, want cut=1 and %s", logs.String(), tc.left)
 			}
 		})
+	}
+}
+
+// asProcessEnv, set in the environment of the test binary, makes it run
+// as kvrouter (TestMain).
+const asProcessEnv = "KVROUTER_TEST_AS_PROCESS"
+
+// TestASecondSignalEndsAShutdownThatHangs: a SIGTERM that comes while the
+// node shuts down ends the process at once, as a signal does by default,
+// so that a shutdown that hangs can still be stopped. Here the shutdown
+// waits on a restore upload that stalled (the drain's 5 s and 2 s more);
+// the second SIGTERM ends it within a second or so. From a review: with
+// the signals still caught through the shutdown (the AfterFunc(ctx, stop)
+// and the stop() after the wait both taken out) every test stayed green.
+func TestASecondSignalEndsAShutdownThatHangs(t *testing.T) {
+	dataDir, httpAddr := filepath.Join(t.TempDir(), "data"), freeAddr(t)
+	cmd := exec.Command(os.Args[0], "--data-dir", dataDir, "--http-addr", httpAddr,
+		"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "error")
+	cmd.Env = append(os.Environ(), asProcessEnv+"=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	poll(t, "the node to be ready", func() bool {
+		r, err := http.Get("http://" + httpAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		r.Body.Close()
+		return r.StatusCode == http.StatusOK
+	})
+	stallRestoreUpload(t, httpAddr, dataDir)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "the shutdown to begin (the port refuses connections)", func() bool { return refuses(httpAddr) })
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	select {
+	case err := <-exited:
+		exited <- err // for the cleanup
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			t.Fatalf("the process after a second SIGTERM during its shutdown: %v, want it killed by the signal", err)
+		}
+		if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+			t.Errorf("the process after a second SIGTERM during its shutdown: %v, want it killed by SIGTERM", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Errorf("the process still runs %v after a second SIGTERM during its shutdown (its drain waits %v)", time.Since(start), drainTimeout)
+	}
+}
+
+// TestTheNodesUsersCloseBeforeTheNode: at shutdown the agentless
+// followers and the event ingester close while the node and NATS still
+// run (usersClosed sees them open): their last entries are answered, not
+// refused by a closed node, and their subscriptions end on an open
+// connection. From a review: with node.Close() and closeNATS() moved
+// above agentless.Close() and ing.Close() every test stayed green.
+func TestTheNodesUsersCloseBeforeTheNode(t *testing.T) {
+	type seen struct{ nodeDown, natsClosed bool }
+	at := make(chan seen, 1)
+	usersClosed = func(n *raftfsm.Node, nc *nats.Conn) {
+		at <- seen{n.Raft().State() == raft.Shutdown, nc.IsClosed()}
+	}
+	t.Cleanup(func() { usersClosed = nil })
+	httpAddr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- newApp().RunContext(ctx, []string{"kvrouter", "--data-dir", filepath.Join(t.TempDir(), "data"), "--http-addr", httpAddr,
+			"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "error"})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	poll(t, "the node to be ready", func() bool {
+		r, err := http.Get("http://" + httpAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		r.Body.Close()
+		return r.StatusCode == http.StatusOK
+	})
+	cancel()
+	if err := testwatch.Within(t, 20*time.Second, done, "the shutdown"); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	done <- nil // for the cleanup
+	select {
+	case s := <-at:
+		if s.nodeDown || s.natsClosed {
+			t.Errorf("once the agentless followers and the ingester closed: node closed %v, NATS closed %v; want both still open", s.nodeDown, s.natsClosed)
+		}
+	default:
+		t.Fatal("the shutdown never reached the point where the node's users had closed")
 	}
 }
