@@ -324,7 +324,7 @@ func leaderCommand(e *env) *cli.Command {
 					// a node names, not the one asked for: the transfer
 					// returns once the old leader stepped down.
 					round := statusRound(c)
-					before, err := leaderView(ctx, cl, round)
+					before, err := leaderView(ctx, c, cl)
 					if err != nil {
 						return err
 					}
@@ -349,17 +349,53 @@ func leaderCommand(e *env) *cli.Command {
 	}
 }
 
-// leaderView returns the status that knows best who leads now: of every
-// endpoint's answer, the one of the highest term that names a leader, the
+// leaderView returns the status that knows best who leads now: of the
+// endpoints' answers, the one of the highest term that names a leader, the
 // leader's own first among those of that term. Not the first endpoint's
 // answer: a node restarted, or cut off, knows no leader or an older term,
 // and newLeader, measuring against it, would take the leader that hands
 // over, still named by a follower, for the new one. With no answer naming
-// a leader, it is the first endpoint's answer.
-func leaderView(ctx context.Context, cl *client.Client, round time.Duration) (*raftfsm.NodeStatus, error) {
+// a leader, it is the first answer.
+//
+// It waits, each endpoint within its share (attemptTimeout), until the
+// leader's own answer or a majority of the endpoints' came, or every
+// endpoint's: not a round's answers alone, since a busy leader and
+// follower slower than a round left only a stale node's view, and kvctl
+// named the leader that handed over as the new one; nor every endpoint's,
+// since a hung one then held the transfer for all of a --timeout of 2 s.
+// The transfer has not been sent yet, so waiting here costs nothing else.
+func leaderView(ctx context.Context, c *cli.Context, cl *client.Client) (*raftfsm.NodeStatus, error) {
+	eps := endpointsArg(c)
+	wctx, cancel := context.WithTimeout(ctx, attemptTimeout(c))
+	defer cancel()
+	// One client per endpoint, to see each answer as it comes: StatusAll
+	// returns only once every endpoint has answered.
+	answers := make(chan client.EndpointStatus, len(eps))
+	for _, ep := range eps {
+		go func() {
+			one, err := newClientWith(c, []string{ep}, attemptTimeout(c), attemptTimeout(c))
+			if err != nil {
+				answers <- client.EndpointStatus{Endpoint: ep, Err: err}
+				return
+			}
+			defer one.Close()
+			answers <- one.StatusAll(wctx)[0]
+		}()
+	}
 	var best *raftfsm.NodeStatus
-	for _, a := range statusesWithin(ctx, cl, round) {
+	statuses := 0
+wait:
+	for range eps {
+		var a client.EndpointStatus
+		select {
+		case a = <-answers:
+		case <-wctx.Done():
+			break wait
+		}
 		st := a.Status
+		if st != nil {
+			statuses++
+		}
 		switch {
 		case st == nil:
 		case best == nil:
@@ -368,6 +404,9 @@ func leaderView(ctx context.Context, cl *client.Client, round time.Duration) (*r
 		case best.LeaderID == "", st.Term > best.Term,
 			st.Term == best.Term && st.State == "Leader" && best.State != "Leader":
 			best = st
+		}
+		if best != nil && (best.State == "Leader" && best.LeaderID != "" || statuses > len(eps)/2) {
+			break wait
 		}
 	}
 	if best == nil {

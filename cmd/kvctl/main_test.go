@@ -641,6 +641,51 @@ func TestLeaderTransferIsNotFooledByAStaleFirstEndpoint(t *testing.T) {
 	}
 }
 
+// TestLeaderTransferWaitsForSlowUpToDateNodes: the leader n1 and n2 answer
+// their status in 700 ms before the transfer (busy, but well within a try's
+// share of --timeout 2s, 2 s); n3 is stale (term 1, no leader) and answers
+// at once. The view before the transfer waits for the leader's answer or a
+// majority's. From a review: it kept only what came within a round (500 ms
+// here), so it was n3's stale view, and n2 still naming n1 in term 2 after
+// the transfer was taken for a new leader: kvctl printed that n1, the
+// leader that handed over, took over.
+func TestLeaderTransferWaitsForSlowUpToDateNodes(t *testing.T) {
+	c := newCluster(t)
+	st := c.nodes[2].fake.Status()
+	st.State, st.Term, st.LeaderID, st.LeaderHTTP = "Follower", 1, "", ""
+	c.nodes[2].fake.SetStatus(st)
+	var transferred atomic.Bool
+	c.nodes[0].fake.SetHook(func(method string) error {
+		switch {
+		case method == "TransferLeadership":
+			transferred.Store(true)
+		case method == "Status" && !transferred.Load():
+			time.Sleep(700 * time.Millisecond)
+		case method == "Status":
+			c.nodes[0].fake.SetFollower("", "")
+		}
+		return nil
+	})
+	n2 := c.nodes[1].fake.Status()
+	n2.State, n2.Term, n2.LeaderID, n2.LeaderHTTP = "Leader", n2.Term+1, "n2", c.nodes[1].addr()
+	var asked atomic.Int32
+	c.nodes[1].fake.SetHook(func(method string) error {
+		switch {
+		case method != "Status":
+		case !transferred.Load():
+			time.Sleep(700 * time.Millisecond)
+		case asked.Add(1) > 3:
+			c.nodes[1].fake.SetStatus(n2)
+		}
+		return nil
+	})
+	eps := c.nodes[2].addr() + "," + c.nodes[0].addr() + "," + c.nodes[1].addr()
+	r := runBounded(t, time.Minute, "--endpoints", eps, "--timeout", "2s", "leader", "transfer")
+	if r.code != 0 || r.stdout != "leadership transferred to n2\n" {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want leadership transferred to n2 (n1 handed over)", r.code, r.stdout, r.stderr)
+	}
+}
+
 func TestWorkers(t *testing.T) {
 	c := newCluster(t)
 	c.registerWorkers(t)
