@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api/client"
@@ -388,11 +389,8 @@ func snapshotRestore(c *cli.Context, e *env, path string) error {
 	info, err := cl.RestoreSnapshot(up.traced(ctx), up)
 	finishBar(up.bar)
 	if err != nil {
-		// Not when the upload went out whole meanwhile (the last read
-		// raced the timer): that outcome is unknown, and said so.
-		if errors.Is(context.Cause(ctx), errUploadStalled) && !errors.Is(err, client.ErrOutcomeUnknown) {
-			return fmt.Errorf("snapshot restore: the node %w for --timeout %v, and kvctl gave up; nothing was installed: see kvctl status, and retry with another endpoint first",
-				errUploadStalled, stall)
+		if err := up.stalledErr(ctx); err != nil {
+			return err
 		}
 		return transferErr(c, ctx, withTooLargeHint(fmt.Errorf("snapshot restore: %w", err),
 			"nothing was installed: raise the node's --max-snapshot-bytes (0: no limit) to take this file, then retry"))
@@ -642,6 +640,9 @@ type uploadFile struct {
 	bar        *progressbar.ProgressBar
 	stall      *time.Timer
 	stallAfter time.Duration
+	// wrote: the transport wrote the request out whole (traced), since
+	// the last rewind. Set from the transport's goroutine.
+	wrote atomic.Bool
 }
 
 func (u *uploadFile) Read(b []byte) (int, error) {
@@ -665,12 +666,34 @@ func (u *uploadFile) Read(b []byte) (int, error) {
 // window, before it reads again (and finds the file's end).
 func (u *uploadFile) traced(ctx context.Context) context.Context {
 	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		WroteRequest: func(httptrace.WroteRequestInfo) { u.stall.Stop() },
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			u.stall.Stop()
+			if info.Err == nil {
+				u.wrote.Store(true)
+			}
+		},
 	})
+}
+
+// stalledErr returns the error of a restore that the stall bound ended
+// before the transport wrote the request out, and nil for any other end.
+// Nothing was installed then, as a node takes an upload only whole,
+// whatever the client makes of it: it calls the outcome unknown
+// (ErrOutcomeUnknown) once it has read the file's end, and a node that
+// stopped reading within the last chunk never got those bytes. Not when
+// the request went out whole meanwhile (its last write raced the timer):
+// that outcome is unknown, and said so.
+func (u *uploadFile) stalledErr(ctx context.Context) error {
+	if !errors.Is(context.Cause(ctx), errUploadStalled) || u.wrote.Load() {
+		return nil
+	}
+	return fmt.Errorf("snapshot restore: the node %w for --timeout %v, and kvctl gave up; nothing was installed: see kvctl status, and retry with another endpoint first",
+		errUploadStalled, u.stallAfter)
 }
 
 func (u *uploadFile) Seek(off int64, whence int) (int64, error) {
 	pos, err := u.File.Seek(off, whence)
+	u.wrote.Store(false) // a retry writes the request anew
 	if err == nil {
 		u.pos = pos
 		if u.bar != nil {
