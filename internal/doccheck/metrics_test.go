@@ -17,15 +17,18 @@ import (
 const root = "../.."
 
 // TestDocumentedMetricFamiliesExist: every metric family (kvrouter_*,
-// kvagent_*) that a page under docs/ or README.md names is a string some
-// non-test Go file of the module holds, whole or after the binary's prefix
-// (the collectors build names with helpers: d("index_worker_blocks") is
-// kvrouter_index_worker_blocks), or split between a helper's prefix and a
-// name. No other test reads operations.md's "What to watch": a family
-// renamed or dropped in the code left the page naming it, and every test
-// green.
+// kvagent_*) that a page under docs/ or README.md names is one some
+// non-test Go file of the module registers: a name given to
+// prometheus.NewDesc, an Opts' Name (after its Namespace and Subsystem),
+// or a helper's prefix and the name a call of it gives (the collectors
+// build names with helpers: d("index_worker_blocks") is
+// kvrouter_index_worker_blocks). No other test reads operations.md's
+// "What to watch": a family renamed or dropped in the code left the page
+// naming it, and every test green. Not any string literal: a metric's
+// name after the prefix is often a word the code holds for another use
+// ("ready", a JSON tag), and a family renamed passed on it.
 func TestDocumentedMetricFamiliesExist(t *testing.T) {
-	lits := sourceStrings(t)
+	names := metricNames(t)
 	var pages []string
 	err := filepath.WalkDir(filepath.Join(root, "docs"), func(p string, d fs.DirEntry, err error) error {
 		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".md") {
@@ -50,7 +53,7 @@ func TestDocumentedMetricFamiliesExist(t *testing.T) {
 				continue
 			}
 			checked++
-			if !registered(lits, n) {
+			if !names[n] {
 				t.Errorf("%s names metric %s, which no Go file registers", p, n)
 			}
 		}
@@ -61,27 +64,16 @@ func TestDocumentedMetricFamiliesExist(t *testing.T) {
 	}
 }
 
-// registered reports whether the metric family n is a source string,
-// whole, after its binary's prefix, or as a helper's prefix ending in "_"
-// followed by another source string.
-func registered(lits map[string]bool, n string) bool {
-	prefix, rest, _ := strings.Cut(n, "_")
-	if lits[n] || lits[rest] {
-		return true
-	}
-	for l := range lits {
-		if strings.HasPrefix(l, prefix+"_") && strings.HasSuffix(l, "_") && strings.HasPrefix(n, l) && lits[n[len(l):]] {
-			return true
-		}
-	}
-	return false
-}
-
-// sourceStrings returns every string literal of the module's non-test Go
-// files (hidden directories and testdata left out).
-func sourceStrings(t *testing.T) map[string]bool {
+// metricNames returns the metric families the module's non-test Go files
+// (hidden directories and testdata left out) register by name: the string
+// literal given to prometheus.NewDesc, or an Opts' Name, Namespace and
+// Subsystem joined by "_"; and, for a helper of the file that gives
+// NewDesc or an Opts' Name its first parameter, or a literal prefix and it
+// (d := func(name, ...) { return prometheus.NewDesc("kvrouter_"+name, ...) }),
+// the prefix and the literal of each of the file's calls of it.
+func metricNames(t *testing.T) map[string]bool {
 	t.Helper()
-	lits := map[string]bool{}
+	names := map[string]bool{}
 	fset := token.NewFileSet()
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -100,18 +92,142 @@ func sourceStrings(t *testing.T) map[string]bool {
 		if err != nil {
 			return err
 		}
-		ast.Inspect(f, func(n ast.Node) bool {
-			if bl, ok := n.(*ast.BasicLit); ok && bl.Kind == token.STRING {
-				if s, err := strconv.Unquote(bl.Value); err == nil {
-					lits[s] = true
-				}
-			}
-			return true
-		})
+		fileMetricNames(f, names)
 		return nil
 	})
 	if err != nil {
 		t.Fatalf("read the module's Go source: %v", err)
 	}
-	return lits
+	return names
+}
+
+// fileMetricNames adds to names the metric families f registers by name
+// (metricNames).
+func fileMetricNames(f *ast.File, names map[string]bool) {
+	helpers := map[string][]string{} // a helper's name → its prefixes
+	// The helpers first: a function, or a function literal assigned to a
+	// name, that gives NewDesc or an Opts' Name its first parameter, or a
+	// literal prefix + it.
+	helper := func(name string, ft *ast.FuncType, body *ast.BlockStmt) {
+		if body == nil || ft.Params == nil || len(ft.Params.List) == 0 || len(ft.Params.List[0].Names) == 0 {
+			return
+		}
+		param := ft.Params.List[0].Names[0].Name
+		prefixOf := func(e ast.Expr) {
+			if id, ok := e.(*ast.Ident); ok && id.Name == param {
+				helpers[name] = append(helpers[name], "")
+			}
+			if be, ok := e.(*ast.BinaryExpr); ok && be.Op == token.ADD {
+				if id, ok := be.Y.(*ast.Ident); ok && id.Name == param {
+					if prefix, ok := stringLit(be.X); ok {
+						helpers[name] = append(helpers[name], prefix)
+					}
+				}
+			}
+		}
+		ast.Inspect(body, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.CallExpr:
+				if isCallOf(n, "NewDesc") && len(n.Args) > 0 {
+					prefixOf(n.Args[0])
+				}
+			case *ast.KeyValueExpr:
+				if key, ok := n.Key.(*ast.Ident); ok && key.Name == "Name" {
+					prefixOf(n.Value)
+				}
+			}
+			return true
+		})
+	}
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.FuncDecl:
+			helper(n.Name.Name, n.Type, n.Body)
+		case *ast.AssignStmt:
+			for i, rhs := range n.Rhs {
+				if fl, ok := rhs.(*ast.FuncLit); ok && i < len(n.Lhs) {
+					if id, ok := n.Lhs[i].(*ast.Ident); ok {
+						helper(id.Name, fl.Type, fl.Body)
+					}
+				}
+			}
+		}
+		return true
+	})
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.CallExpr:
+			if len(n.Args) == 0 {
+				return true
+			}
+			lit, ok := stringLit(n.Args[0])
+			if !ok {
+				return true
+			}
+			if isCallOf(n, "NewDesc") {
+				names[lit] = true
+			}
+			if id, ok := n.Fun.(*ast.Ident); ok {
+				for _, prefix := range helpers[id.Name] {
+					names[prefix+lit] = true
+				}
+			}
+		case *ast.CompositeLit:
+			sel, ok := n.Type.(*ast.SelectorExpr)
+			if !ok || !strings.HasSuffix(sel.Sel.Name, "Opts") {
+				return true
+			}
+			var parts [3]string // Namespace, Subsystem, Name
+			for _, e := range n.Elts {
+				kv, ok := e.(*ast.KeyValueExpr)
+				if !ok {
+					continue
+				}
+				key, ok := kv.Key.(*ast.Ident)
+				if !ok {
+					continue
+				}
+				v, ok := stringLit(kv.Value)
+				if !ok {
+					continue
+				}
+				switch key.Name {
+				case "Namespace":
+					parts[0] = v
+				case "Subsystem":
+					parts[1] = v
+				case "Name":
+					parts[2] = v
+				}
+			}
+			if parts[2] != "" {
+				// As prometheus.BuildFQName joins them: the empty ones left out.
+				var nonEmpty []string
+				for _, s := range parts {
+					if s != "" {
+						nonEmpty = append(nonEmpty, s)
+					}
+				}
+				names[strings.Join(nonEmpty, "_")] = true
+			}
+		}
+		return true
+	})
+}
+
+// isCallOf reports whether call calls a function named fn of another
+// package (prometheus.NewDesc).
+func isCallOf(call *ast.CallExpr, fn string) bool {
+	sel, ok := call.Fun.(*ast.SelectorExpr)
+	return ok && sel.Sel.Name == fn
+}
+
+// stringLit returns the value of e when it is a string literal.
+func stringLit(e ast.Expr) (string, bool) {
+	bl, ok := e.(*ast.BasicLit)
+	if !ok || bl.Kind != token.STRING {
+		return "", false
+	}
+	s, err := strconv.Unquote(bl.Value)
+	return s, err == nil
 }
