@@ -58,8 +58,11 @@ func TestEveryFlagIsDocumented(t *testing.T) {
 // --leader-lease-timeout 0, a negative --snapshot-bytes and
 // --max-snapshot-bytes 0 were taken on purpose. A value is taken when
 // kvrouter goes on to its next check, an empty --node-id, which refuses
-// it before anything starts.
+// it before anything starts. The KVROUTER_* variables the flags read are
+// cleared: one set where the tests run (KVROUTER_SNAPSHOT_BYTES=0) was
+// refused before --node-id's check, for every flag tried.
 func TestTimeoutsParagraphNamesTheZerosAndNegativesTaken(t *testing.T) {
+	clearFlagEnv(t)
 	data, err := os.ReadFile("../../docs/operations.md")
 	if err != nil {
 		t.Fatalf("read docs/operations.md: %v", err)
@@ -110,5 +113,24 @@ func TestTimeoutsParagraphNamesTheZerosAndNegativesTaken(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatal("kvrouter has no duration or size flag: the test no longer finds them")
+	}
+}
+
+// clearFlagEnv unsets, for the test, the environment variables kvrouter's
+// flags read (KVROUTER_*), so that a run sees only the test's arguments,
+// not the environment the tests happen to run in.
+func clearFlagEnv(t *testing.T) {
+	t.Helper()
+	for _, f := range newApp().Flags {
+		ef, ok := f.(interface{ GetEnvVars() []string })
+		if !ok {
+			continue
+		}
+		for _, v := range ef.GetEnvVars() {
+			t.Setenv(v, "") // restored after the test
+			if err := os.Unsetenv(v); err != nil {
+				t.Fatalf("unset %s: %v", v, err)
+			}
+		}
 	}
 }
