@@ -36,12 +36,12 @@ const (
 // at most one hop, whatever the cluster does. It drops the client's
 // Idempotency-Key and X-Idempotency-Key headers, which would let the
 // transport send the write a second time. A leader that cannot be
-// reached is answered 503 no_leader (timeout when the deadline passed:
-// the write may still apply, and retrying it is safe). Each forward is
-// counted in kvrouter_http_forwards_total, sent or failed; one whose
-// answer broke off after its status line went out is failed, and its
-// http.ErrAbortHandler panic goes on to the server, which closes the
-// connection. It returns the forward's outcome (forwardSent or
+// reached is answered 503 no_leader (timeout when the deadline passed
+// after the request went out: the write may still apply, and retrying it
+// is safe). Each forward is counted in kvrouter_http_forwards_total, sent
+// or failed; one whose answer broke off after its status line went out is
+// failed, and its http.ErrAbortHandler panic goes on to the server, which
+// closes the connection. It returns the forward's outcome (forwardSent or
 // forwardFailed).
 func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP string, body io.Reader) string {
 	target, err := leaderURL(leaderHTTP, s.opts.ForwardScheme)
@@ -101,11 +101,18 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			outcome = forwardFailed
+			// The leader may have the write (a restore: the whole upload).
+			maybeApplied := wrote.Load() && (pattern != patternRestore || relayed.whole())
 			reason := ReasonNoLeader
 			switch {
 			case r.Context().Err() != nil && errors.Is(r.Context().Err(), context.Canceled):
 				reason = ReasonCanceled // the client went away: the leader was not at fault
-			case errors.Is(err, context.DeadlineExceeded):
+			case errors.Is(err, context.DeadlineExceeded) && maybeApplied:
+				// timeout says the write may still apply. A deadline that
+				// passed before the request went out (a dial to a leader
+				// that drops SYNs: Go's dial timeout is a
+				// DeadlineExceeded too) sent nothing: no_leader, which
+				// sends the client on to another node.
 				reason = ReasonTimeout
 			}
 			s.log.Warn("api forward to the leader failed", "route", pattern, "leader", target.Host, "err", err)
@@ -120,9 +127,7 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 				s.writeError(w, r, err)
 				return
 			}
-			if wrote.Load() && (pattern != patternRestore || relayed.whole()) {
-				// The leader may have the write (a restore: the whole
-				// upload).
+			if maybeApplied {
 				w.Header().Set(HeaderMaybeApplied, "true")
 			}
 			s.writeError(w, r, &httpError{code: http.StatusServiceUnavailable, reason: reason,

@@ -694,6 +694,49 @@ func TestForwardWhoseHeadersNeverLeftSaysNothing(t *testing.T) {
 	}
 }
 
+// blackHoleTransport is a forwarding transport whose dials never connect
+// (a leader address that drops SYNs: a host gone from the network, a
+// stale address after a membership change, a firewall): each dial waits
+// for its context.
+func blackHoleTransport(t *testing.T) *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
+}
+
+// TestForwardThatNeverConnectedIsNoLeader: a forward whose dial of the
+// leader never completed before its deadline sent nothing: the write
+// cannot apply, and another node may serve it. It is 503 no_leader
+// without HeaderMaybeApplied. From a review: it was 503 timeout ("the
+// write may still apply"; Go's dial timeout is a DeadlineExceeded), which
+// the client took for an outcome it cannot know: ErrOutcomeUnknown for a
+// write not safe twice, and no other endpoint tried for any write.
+func TestForwardThatNeverConnectedIsNoLeader(t *testing.T) {
+	leader := newNode(t, "n1", api.Options{})
+	follower := newNode(t, "n2", api.Options{ForwardTimeout: 100 * time.Millisecond, ForwardTransport: blackHoleTransport(t)})
+	follower.fake.SetFollower("n1", leader.addr())
+	for _, w := range []struct{ method, path, body string }{
+		{"DELETE", "/v1/cluster/members/n3", ""},
+		{"POST", "/v1/workers", `{"worker_id":7,"block_size":4}`},
+	} {
+		a := send(t, follower.http.URL, w.method, w.path, w.body)
+		if a.header.Get(api.HeaderMaybeApplied) != "" {
+			t.Fatalf("%s %s: a forward that never connected says %s", w.method, w.path, api.HeaderMaybeApplied)
+		}
+		if a.code != 503 || a.reason(t) != api.ReasonNoLeader {
+			t.Errorf("%s %s: a forward that never reached the leader: %d %s; want 503 no_leader (nothing sent, retry elsewhere), not a timeout that says the write may still apply",
+				w.method, w.path, a.code, a.body)
+		}
+	}
+	if got := leader.fake.Calls()["RemoveMember"] + leader.fake.Calls()["RegisterWorker"]; got != 0 {
+		t.Fatalf("the leader ran %d writes, want none: the forwards never connected", got)
+	}
+}
+
 // TestForwardToAZonedIPv6LeaderAddress: a follower forwards to a leader
 // listed at an IPv6 address with a zone ([::1%lo]:7080, [fe80::1%eth0]:7080),
 // which raftfsm.CheckHTTPAddr and the members API take. From a review:

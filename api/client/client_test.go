@@ -919,6 +919,47 @@ func TestADeregistrationWhoseForwardBrokeIsOutcomeUnknown(t *testing.T) {
 	}
 }
 
+// TestAWriteThroughAFollowerThatCannotReachTheLeaderMovesOn: the first
+// endpoint is a follower whose forwards never connect to the leader (its
+// address drops SYNs); the second is the leader itself. Nothing reached
+// the leader through the follower, which answers 503 no_leader: the
+// client moves on, and the leader applies the write once. From a review:
+// the follower answered 503 timeout, which the client takes as "may have
+// applied": a removal (not safe twice) failed with ErrOutcomeUnknown, and
+// a registration failed without trying the leader.
+func TestAWriteThroughAFollowerThatCannotReachTheLeaderMovesOn(t *testing.T) {
+	leader := newNode(t, "n1")
+	leader.fake.SetMembers([]raftfsm.Member{{ID: "n1", RaftAddr: "n1:7946", HTTPAddr: leader.addr(), Voter: true, Leader: true},
+		{ID: "n3", RaftAddr: "n3:7946", HTTPAddr: "n3:7080", Voter: true}})
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+		<-ctx.Done() // a black hole
+		return nil, ctx.Err()
+	}
+	ff := apitest.New("n2", "")
+	fs := api.NewServer(ff, api.Options{Logger: slog.New(slog.DiscardHandler), ForwardTransport: tr, ForwardTimeout: 100 * time.Millisecond})
+	fh := httptest.NewServer(fs)
+	t.Cleanup(func() {
+		fh.Close()
+		fs.Close()
+		tr.CloseIdleConnections()
+	})
+	ff.SetFollower("n1", leader.addr())
+	c := newClient(t, strings.TrimPrefix(fh.URL, "http://"), leader.addr())
+
+	err := c.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 7, DPRanks: []uint32{0}, BlockSize: 4})
+	if err != nil {
+		t.Errorf("a registration whose first node could not reach the leader: %v; want it sent on to the leader", err)
+	}
+	err = c.RemoveMember(context.Background(), "n3")
+	if err != nil {
+		t.Errorf("a removal whose first node could not reach the leader: %v; want it sent on to the leader (nothing was sent)", err)
+	}
+	if got := leader.fake.Calls()["RemoveMember"]; got != 1 {
+		t.Errorf("the leader's RemoveMember ran %d times, want 1", got)
+	}
+}
+
 // TestAWriteWhoseHeadersNeverLeftMovesOn: a kept-alive connection to a
 // node that went away takes the headers into its buffer and fails to
 // flush them; the transport retries on a new connection, whose dial
