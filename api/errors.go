@@ -28,7 +28,7 @@ const (
 	ReasonRequestTimeout   = "request_timeout"    // 408: the JSON body did not arrive within the body timeout; nothing applied, send it again
 	ReasonTooLarge         = "too_large"          // 413: the body is over the server's limit
 	ReasonInternal         = "internal"           // 500: a bug or a storage failure; see the node's log
-	ReasonNoLeader         = "no_leader"          // 503: no leader known or reachable; retry
+	ReasonNoLeader         = "no_leader"          // 503: no leader known or reachable, or it could not take the write in time; nothing applied (unless HeaderMaybeApplied); retry
 	ReasonUnreachable      = "unreachable"        // 503: a member the request needs does not answer (a transfer's target); nothing changed
 	ReasonOverloaded       = "overloaded"         // 503: every candidate rank is busy
 	ReasonNoWorkers        = "no_workers"         // 503: no worker can take the request
@@ -66,6 +66,14 @@ func classify(err error) (int, string) {
 		return he.code, he.reason
 	case errors.As(err, &mbe):
 		return http.StatusRequestEntityTooLarge, ReasonTooLarge
+	case errors.Is(err, raftfsm.ErrNotProposed) && !errors.Is(err, context.Canceled):
+		// Raft never took the write (its enqueue timed out, or the
+		// deadline passed before it was proposed): it did not and will
+		// not apply. Not timeout, which says it may still apply and
+		// stops a client's write not safe twice: no_leader sends the
+		// client on to another node. (A client that went away is
+		// canceled, below.)
+		return http.StatusServiceUnavailable, ReasonNoLeader
 	case errors.Is(err, indexer.ErrOverloaded):
 		return http.StatusServiceUnavailable, ReasonOverloaded
 	case errors.Is(err, indexer.ErrNoWorkers):

@@ -1788,7 +1788,9 @@ func now() int64 { return time.Now().UnixNano() }
 // callers (the API's status codes) branch on: a lost or moving leadership
 // into *NotLeaderError, Raft's shutdown into ErrShutdown, an enqueue
 // timeout and an entry a user restore aborted into context.DeadlineExceeded
-// (the API's 503 timeout). Any other error is returned as it is.
+// (the API's 503 timeout; apply wraps an enqueue timeout in
+// ErrNotProposed, which the API answers 503 no_leader). Any other error is
+// returned as it is.
 func (n *Node) raftError(err error) error {
 	switch {
 	case errors.Is(err, raft.ErrLeadershipLost):

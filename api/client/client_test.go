@@ -19,6 +19,7 @@ import (
 
 	"crypto/sha256"
 	"encoding/hex"
+	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/api/client"
@@ -1279,6 +1280,43 @@ func TestHeaderTimeoutPassesOverAHungEndpoint(t *testing.T) {
 	}
 	if n := good.fake.Calls()["Workers"]; n != 3 {
 		t.Fatalf("%d calls reached the healthy endpoint, want 3", n)
+	}
+}
+
+// TestADeregistrationNeverProposedMovesOn: raftfsm answers a write Raft
+// never took (its enqueue timed out: ErrNotProposed, wrapping
+// context.DeadlineExceeded) with an error that says it did not and will
+// not apply. The API answers it 503 no_leader, without
+// X-Kvrouter-Maybe-Applied: a deregistration (not safe twice) is sent on
+// to the next node, which applies it. From a review: it was 503 timeout,
+// the reason docs/api.md defines as "the write may still apply", and the
+// client stopped with ErrOutcomeUnknown, sending the caller to check the
+// cluster for a write that cannot have applied.
+func TestADeregistrationNeverProposedMovesOn(t *testing.T) {
+	n, other := newNode(t, "n1"), newNode(t, "n2")
+	for _, f := range []*apitest.Fake{n.fake, other.fake} {
+		if err := f.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 7, DPRanks: []uint32{0}, BlockSize: 4}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.fake.SetHook(func(m string) error {
+		if m == "DeregisterWorker" {
+			return fmt.Errorf("raft apply: %w: %w: %w", raftfsm.ErrNotProposed, context.DeadlineExceeded, raft.ErrEnqueueTimeout)
+		}
+		return nil
+	})
+	err := newClient(t, n.addr(), other.addr()).DeregisterWorker(context.Background(), 7)
+	if err != nil {
+		t.Fatalf("a deregistration Raft never took: %v; want it sent on to the next node", err)
+	}
+	if c := other.fake.Calls()["DeregisterWorker"]; c != 1 {
+		t.Fatalf("the next node's DeregisterWorker ran %d times, want 1", c)
+	}
+	// The last endpoint's answer says it did not apply.
+	err = newClient(t, n.addr()).DeregisterWorker(context.Background(), 7)
+	var ae *client.Error
+	if errors.Is(err, client.ErrOutcomeUnknown) || !errors.As(err, &ae) || ae.StatusCode != 503 || ae.Reason != api.ReasonNoLeader {
+		t.Fatalf("a deregistration Raft never took, on the only endpoint: %v; want 503 no_leader, not ErrOutcomeUnknown", err)
 	}
 }
 
