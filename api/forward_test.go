@@ -451,6 +451,29 @@ func TestForwardGivesUpAtItsDeadline(t *testing.T) {
 	if a.code != 503 || a.reason(t) != api.ReasonTimeout {
 		t.Fatalf("a leader slower than the forward timeout: %d %s, want 503 timeout", a.code, a.body)
 	}
+	// The leader has the request: it may apply it.
+	if a.header.Get(api.HeaderMaybeApplied) != "true" {
+		t.Fatalf("a forward that timed out once the leader had it: %s %q, want true", api.HeaderMaybeApplied, a.header.Get(api.HeaderMaybeApplied))
+	}
+}
+
+// TestSnapshotForwardsOutlastTheForwardTimeout: a snapshot's download and
+// upload through a follower stream for as long as they take, bounded by
+// their client only, not by the forward timeout (a forward timeout so
+// short that any forward bound by it fails).
+func TestSnapshotForwardsOutlastTheForwardTimeout(t *testing.T) {
+	leader, follower := pair(t, api.Options{ForwardTimeout: time.Nanosecond})
+	withWorkers(t, leader)
+	if a := send(t, follower.http.URL, "POST", "/v1/workers", `{"worker_id":7,"block_size":4}`); a.code != 503 || a.reason(t) != api.ReasonNoLeader {
+		t.Fatalf("setup: a write forwarded under a 1 ns forward timeout: %d %s, want 503 no_leader", a.code, a.body)
+	}
+	if a := send(t, follower.http.URL, "GET", "/v1/snapshot", ""); a.code != 200 {
+		t.Errorf("a snapshot through a follower whose forward timeout is 1 ns: %d %s, want 200", a.code, a.body)
+	}
+	snap := send(t, leader.http.URL, "GET", "/v1/snapshot", "")
+	if a := send(t, follower.http.URL, "POST", "/v1/snapshot/restore", string(snap.body)); a.code != 200 || leader.fake.Restores() != 1 {
+		t.Errorf("a restore through a follower whose forward timeout is 1 ns: %d %s, leader restores %d; want 200, 1", a.code, a.body, leader.fake.Restores())
+	}
 }
 
 func TestSnapshotStreamsThroughAFollower(t *testing.T) {
