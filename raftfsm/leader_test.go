@@ -469,8 +469,9 @@ func TestTransferToANonvoterIsInvalid(t *testing.T) {
 // TestTransferToADownMemberIsUnreachable: a transfer to a member that does
 // not answer fails with ErrUnreachable (a 503 the operator can act on),
 // the leadership in place, whether it went down a moment ago or the
-// leader already counts it down. (Raft's TimeoutNow RPC failing, when the
-// member goes down between the check and the RPC, is ErrUnreachable too.)
+// leader already counts it down. (Raft's TimeoutNow RPC failing to dial,
+// when the member goes down between the check and the RPC, is
+// ErrUnreachable too: TestTransferWhoseTimeoutNowAnswerIsLostIsOutcomeUnknown.)
 // From a review:
 // Raft's unwrapped "failed to make TimeoutNow RPC" was a 500 internal.
 func TestTransferToADownMemberIsUnreachable(t *testing.T) {
@@ -491,6 +492,56 @@ func TestTransferToADownMemberIsUnreachable(t *testing.T) {
 			t.Fatalf("%s no longer leads after the failed transfer (%s)", l.cfg.ID, when)
 		}
 	}
+}
+
+// lostTimeoutNow is a transport whose TimeoutNow RPCs reach their target
+// and whose answers are lost (a network blip, the target's connection
+// broken right after it took the RPC), or, once undialable is set, whose
+// TimeoutNow RPCs fail to dial (the target went down after the leader's
+// check that it answers).
+type lostTimeoutNow struct {
+	*raft.NetworkTransport
+	undialable *atomic.Bool
+}
+
+func (t lostTimeoutNow) TimeoutNow(id raft.ServerID, target raft.ServerAddress, args *raft.TimeoutNowRequest, resp *raft.TimeoutNowResponse) error {
+	if t.undialable.Load() {
+		return fmt.Errorf("dial tcp %s: connect: connection refused", target)
+	}
+	if err := t.NetworkTransport.TimeoutNow(id, target, args, resp); err != nil {
+		return err
+	}
+	return errors.New("read tcp 127.0.0.1:1->127.0.0.1:2: i/o timeout")
+}
+
+// TestTransferWhoseTimeoutNowAnswerIsLostIsOutcomeUnknown: a leader's
+// TimeoutNow RPC that reached the target, whose answer was lost, made the
+// target a candidate that takes over. The transfer's error says its
+// outcome is unknown (context.DeadlineExceeded: the API's 503 timeout, a
+// transfer the client does not send again), not ErrUnreachable. From a
+// review: any failure of the RPC was ErrUnreachable, "nothing changed",
+// while leadership moved. One that failed to dial sent nothing: still
+// ErrUnreachable, the leadership in place.
+func TestTransferWhoseTimeoutNowAnswerIsLostIsOutcomeUnknown(t *testing.T) {
+	var undialable atomic.Bool
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		cfg.Transport = lostTimeoutNow{cfg.Transport.(*raft.NetworkTransport), &undialable}
+	})
+	l := c.leader()
+	waitFor(t, 10*time.Second, "the leader's set-up", l.ledThisTerm)
+	c.converged()
+	to := slices.IndexFunc(c.nodes, func(n *Node) bool { return n != l })
+	undialable.Store(true)
+	err := l.TransferLeadership(ctx(t), c.id(to))
+	if !errors.Is(err, ErrUnreachable) || !l.IsLeader() {
+		t.Fatalf("a transfer whose TimeoutNow to %s failed to dial: %v, %s leads %v; want ErrUnreachable, the leadership in place", c.id(to), err, l.cfg.ID, l.IsLeader())
+	}
+	undialable.Store(false)
+	err = l.TransferLeadership(ctx(t), c.id(to))
+	if errors.Is(err, ErrUnreachable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a transfer whose TimeoutNow reached %s, its answer lost: %v; want context.DeadlineExceeded (outcome unknown), not ErrUnreachable", c.id(to), err)
+	}
+	waitFor(t, 10*time.Second, c.id(to)+" to lead", c.nodes[to].IsLeader)
 }
 
 // TestTransferToAnyVoterGoesToOneThatAnswers: 3 voters, the follower

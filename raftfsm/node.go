@@ -2705,8 +2705,20 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 			return fmt.Errorf("%w: a leadership transfer is already in progress; retry", ErrNoLeader)
 		case err.Error() == "leadership transfer timeout": // raft has no sentinel for it
 			return fmt.Errorf("leadership transfer: %w: the target %s did not take over within an election timeout (is it up and caught up?); retry", context.DeadlineExceeded, toID)
-		case strings.HasPrefix(err.Error(), "failed to make TimeoutNow RPC"): // nor for this: the target did not answer; this node still leads
-			return fmt.Errorf("leadership transfer: %w: %v: is it up?", ErrUnreachable, err)
+		case strings.HasPrefix(err.Error(), "failed to make TimeoutNow RPC"): // nor for this
+			// Raft flattens the transport's error into its text (%v):
+			// "failed to make TimeoutNow RPC to <id>: <err>". A failed
+			// dial sent nothing: the target did not answer, and this node
+			// still leads. Any other failure (a write or a read of the
+			// answer that broke or timed out) may come after the target
+			// took the TimeoutNow: it is a candidate then, and likely
+			// wins the election, though this node leads for now. The
+			// transfer's outcome is unknown: a 503 timeout, as when the
+			// target did not take over in time.
+			if rest, ok := strings.CutPrefix(err.Error(), "failed to make TimeoutNow RPC to "+toID+": "); ok && strings.HasPrefix(rest, "dial ") {
+				return fmt.Errorf("leadership transfer: %w: %v: is it up?", ErrUnreachable, err)
+			}
+			return fmt.Errorf("leadership transfer: %w: %v: the target may have taken it and be taking over; check the cluster's leader before sending the transfer again", context.DeadlineExceeded, err)
 		case errors.Is(err, raft.ErrRaftShutdown):
 			return fmt.Errorf("leadership transfer: %w", n.shutdownMaybeApplied())
 		}
