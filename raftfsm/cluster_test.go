@@ -178,6 +178,58 @@ func (c *testCluster) leader() *Node {
 	return l
 }
 
+// leadTo moves the leadership to the node of id and returns it once it
+// leads. A transfer that an election overtook (on a loaded 2-core
+// machine another node took over instead, and the target never led) is
+// made again from whichever node leads then, for up to 30 s: a test that
+// transferred once and waited for the target failed so in CI.
+func (c *testCluster) leadTo(id string) *Node {
+	c.t.Helper()
+	var target *Node
+	for _, n := range c.nodes {
+		if n != nil && n.cfg.ID == id {
+			target = n
+		}
+	}
+	if target == nil {
+		c.t.Fatalf("lead to %s: no such node", id)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		l := c.leader()
+		if l == target {
+			return target
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("timed out after 30s moving the leadership to %s (%s leads)", id, l.cfg.ID)
+		}
+		transferLeadership(c.t, l, id)
+		// Until the target leads, or another node than l does (the
+		// transfer was overtaken), or an election timeout's worth of
+		// waiting says it did not take.
+		settle := time.Now().Add(5 * time.Second)
+		for !target.IsLeader() && time.Now().Before(settle) {
+			if other := c.leaderNow(); other != nil && other != l {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if !target.IsLeader() {
+			c.t.Logf("the leadership did not move to %s; trying again", id)
+		}
+	}
+}
+
+// leaderNow returns the node that says it leads now, or nil.
+func (c *testCluster) leaderNow() *Node {
+	for _, n := range c.nodes {
+		if n != nil && n.IsLeader() {
+			return n
+		}
+	}
+	return nil
+}
+
 // converged waits until every running node has applied the leader's last
 // index and reports the same digest.
 func (c *testCluster) converged() uint64 {

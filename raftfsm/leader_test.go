@@ -26,10 +26,10 @@ import (
 // once all converged, it paused n3's FSM goroutine in its gate (g: the next
 // batch n3 applies waits there; opened at cleanup, before the cluster
 // closes, as Raft's shutdown waits for the FSM).
-func pausedN3(t *testing.T, w WorkerInfo) (l, n3 *Node, g *fsmGate) {
+func pausedN3(t *testing.T, w WorkerInfo) (c *testCluster, l, n3 *Node, g *fsmGate) {
 	t.Helper()
 	g = newFSMGate()
-	c := newTestCluster(t, 3, func(cfg *Config) {
+	c = newTestCluster(t, 3, func(cfg *Config) {
 		if cfg.ID == "n3" {
 			cfg.applyGate = g.gate
 		}
@@ -45,7 +45,7 @@ func pausedN3(t *testing.T, w WorkerInfo) (l, n3 *Node, g *fsmGate) {
 	}
 	c.converged()
 	g.pause()
-	return l, n3, g
+	return c, l, n3, g
 }
 
 // electBehindTheFSM sets up a new leader whose FSM lacks an entry its
@@ -56,14 +56,12 @@ func pausedN3(t *testing.T, w WorkerInfo) (l, n3 *Node, g *fsmGate) {
 // leading.
 func electBehindTheFSM(t *testing.T) (*Node, *fsmGate) {
 	t.Helper()
-	l, n3, g := pausedN3(t, WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}})
+	c, l, n3, g := pausedN3(t, WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}})
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "n3 to hold the entry in its log", func() bool { return n3.raft.LastIndex() >= l.raft.LastIndex() })
-	transferLeadership(t, l, "n3")
-	waitFor(t, 10*time.Second, "n3 to lead", n3.IsLeader)
-	return n3, g
+	return c.leadTo("n3"), g
 }
 
 // TestCheckLeaderWaitsForTheBarrier: a node elected while its FSM still
@@ -369,7 +367,7 @@ func TestRetriedBookingWhenItsBookingMadeTheRankBusy(t *testing.T) {
 // booking is in n3's log before its FSM is let go, so the decision is the
 // stale one.
 func TestARetriedBookingOnANewLeaderBeforeItsBarrierAnswersTheFirstTrysRank(t *testing.T) {
-	l, n3, g := pausedN3(t, WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}})
+	c, l, n3, g := pausedN3(t, WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}})
 	// req-0 loads one rank, so req-1 goes to the other; n3, which has
 	// applied neither, sees both idle and would choose req-0's again.
 	q0 := RouteQuery{LocalHashes: []uint64{1, 2, 3, 4}, ISL: 64, Book: true, RequestID: "req-0"}
@@ -387,8 +385,7 @@ func TestARetriedBookingOnANewLeaderBeforeItsBarrierAnswersTheFirstTrysRank(t *t
 		t.Fatalf("req-1 went to req-0's rank %v: the test needs them apart", first.Decision.Rank)
 	}
 	waitFor(t, 10*time.Second, "n3 to hold the bookings in its log", func() bool { return n3.raft.LastIndex() >= l.raft.LastIndex() })
-	transferLeadership(t, l, "n3")
-	waitFor(t, 10*time.Second, "n3 to lead", n3.IsLeader)
+	c.leadTo("n3")
 	waitFor(t, 10*time.Second, "n3's Barrier in its log", func() bool { return lastIsBarrier(n3) })
 	if n3.CheckLeader() == nil {
 		t.Fatal("n3 passed its Barrier with its FSM gated")
