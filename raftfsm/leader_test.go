@@ -916,6 +916,29 @@ func TestFollowerCloseEndsASnapshotFromAHungLeader(t *testing.T) {
 	closeWithin(t, n, func() { conn.Close() }) // the leader's connection goes: the read fails
 }
 
+// TestCloseEndsADialToABlackHoledPeer: a node whose peer's host is gone
+// without a trace (SYNs dropped: a dead VM, a partition) closes within
+// closeBound. Raft's shutdown waits for its vote goroutine, dialing the
+// peer, and the transport's Close did not cut the dial: Close waited
+// for the dial's timeout (10 s in production) after the grace. From a
+// review.
+func TestCloseEndsADialToABlackHoledPeer(t *testing.T) {
+	hole := blackHole(t)
+	tr, err := NewTransport("127.0.0.1:0", nil, 8*time.Second, quiet) // a dial outlasts closeBound
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := Member{ID: "n1", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n1"}
+	peer := Member{ID: "n2", RaftAddr: hole, HTTPAddr: "http-n2"}
+	n, err := NewNode(Config{ID: self.ID, RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: t.TempDir(),
+		Peers: []Member{self, peer}, Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDialing(t) // the node campaigns: its vote request dials the black hole
+	closeWithin(t, n, nil)
+}
+
 // TestRaftErrorsAreTheNodes: the errors of Raft's futures reach callers as
 // the node's sentinels, whatever call waited on them (the API answers
 // those with a retryable 503; Raft's own errors were a 500 outside apply).

@@ -1170,8 +1170,8 @@ const raftShutdownGrace = time.Second
 // stopped followers, up to the timeout (10 s) each. Close, and so a
 // SIGTERM, waited for them (for ever, or minutes). After
 // raftShutdownGrace the transport closes, and with it every connection
-// it dialed or accepted (streamLayer): those reads and writes fail and
-// the goroutines end. Nothing acknowledged is lost: Raft answers a peer
+// it dialed or accepted, and every dial under way (streamLayer): those
+// reads, writes and dials fail and the goroutines end. Nothing acknowledged is lost: Raft answers a peer
 // only once its log is synced, and a snapshot cut part-way is dropped.
 // The wait for Raft's goroutines stays whole, so the storage closes only
 // once none runs.

@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -29,14 +30,14 @@ import (
 // this cluster replicates events.
 //
 // Its Close closes every connection it dialed or accepted, in use or
-// not, with its listener (streamLayer): Node.Close uses that to end a
-// Raft shutdown that waits on a hung peer.
+// not, with its listener, and ends its dials under way (streamLayer):
+// Node.Close uses that to end a Raft shutdown that waits on a hung peer.
 func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger *slog.Logger) (*raft.NetworkTransport, error) {
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, err
 	}
-	s := &streamLayer{ln: ln, advertise: advertise, conns: map[*streamConn]struct{}{}}
+	s := newStreamLayer(ln, advertise)
 	// The checks hashicorp's TCP transport makes of the address it
 	// advertises: peers dial it.
 	addr, ok := s.Addr().(*net.TCPAddr)
@@ -70,18 +71,32 @@ func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger
 // 256 KiB of it (tens of minutes for a state of tens of MB). Raft's
 // shutdown waits for those goroutines, so Node.Close did too. Closed
 // under them, their reads and writes fail and the goroutines end.
+//
+// A dial under way when it closes ends too (ctx): to a peer that drops
+// SYNs (a host gone, a partition), it ran to the transport's timeout,
+// and Raft's shutdown, waiting for the goroutine that dialed (a vote, a
+// heartbeat), kept Node.Close that long past its grace.
 type streamLayer struct {
 	ln        net.Listener
 	advertise net.Addr
+	ctx       context.Context // canceled by Close: ends the dials under way
+	cancel    context.CancelFunc
 
 	mu     sync.Mutex
 	conns  map[*streamConn]struct{}
 	closed bool
 }
 
+// newStreamLayer returns a stream layer on ln that tells peers advertise
+// (nil: ln's address).
+func newStreamLayer(ln net.Listener, advertise net.Addr) *streamLayer {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &streamLayer{ln: ln, advertise: advertise, ctx: ctx, cancel: cancel, conns: map[*streamConn]struct{}{}}
+}
+
 // Dial implements raft.StreamLayer.
 func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	c, err := net.DialTimeout("tcp", string(address), timeout)
+	c, err := (&net.Dialer{Timeout: timeout}).DialContext(s.ctx, "tcp", string(address))
 	if err != nil {
 		return nil, err
 	}
@@ -111,9 +126,10 @@ func (s *streamLayer) track(c net.Conn) (net.Conn, error) {
 	return sc, nil
 }
 
-// Close implements net.Listener: the listener closes, and every
-// connection dialed or accepted.
+// Close implements net.Listener: the listener closes, every connection
+// dialed or accepted, and every dial under way.
 func (s *streamLayer) Close() error {
+	s.cancel()
 	s.mu.Lock()
 	s.closed = true
 	conns := s.conns

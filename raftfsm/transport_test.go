@@ -1,0 +1,147 @@
+package raftfsm
+
+import (
+	"errors"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/internal/testwatch"
+)
+
+// blackHole returns a TCP address on which a dial hangs: a listener with a
+// backlog of 0 whose accept queue is full, so the kernel drops every
+// further SYN (a host gone, a firewall that drops packets).
+func blackHole(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Skip(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Skip(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Skip(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Skip(err)
+	}
+	addr := (&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: sa.(*syscall.SockaddrInet4).Port}).String()
+	for range 8 {
+		c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
+		if err != nil {
+			return addr // the queue is full: this dial hung
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	t.Skip("could not fill the accept queue")
+	return ""
+}
+
+// waitDialing waits until a goroutine is in the stream layer's Dial.
+func waitDialing(t *testing.T) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "a dial under way", func() bool {
+		return testwatch.Goroutines("raftfsm.(*streamLayer).Dial(", "") > 0
+	})
+}
+
+// TestTransportCloseEndsADialUnderWay: the transport's Close ends an RPC
+// whose dial is under way to a peer that drops SYNs. The dial ran to the
+// transport's whole timeout (net.DialTimeout, with no tie to Close), and
+// only then was its connection closed (track). From a review.
+func TestTransportCloseEndsADialUnderWay(t *testing.T) {
+	hole := blackHole(t)
+	tr, err := NewTransport("127.0.0.1:0", nil, 5*time.Second, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		var resp raft.RequestVoteResponse
+		done <- tr.RequestVote("n2", raft.ServerAddress(hole), &raft.RequestVoteRequest{Term: 1}, &resp)
+	}()
+	waitDialing(t)
+	start := time.Now()
+	tr.Close()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("an RPC to a black hole succeeded")
+		}
+		t.Logf("the RPC ended %v after Close: %v", time.Since(start), err)
+	case <-time.After(2 * time.Second):
+		err := <-done
+		t.Errorf("the RPC still dialed 2s after the transport closed; it ended after %v: %v", time.Since(start), err)
+	}
+}
+
+// TestStreamLayerKeepsOnlyOpenConnections: the stream layer keeps the
+// connections it dialed and accepted until they close, and one it gets
+// once closed (a dial or accept that finished as it closed) comes back
+// closed, with an error.
+func TestStreamLayerKeepsOnlyOpenConnections(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStreamLayer(ln, nil)
+	defer s.Close()
+	addr := raft.ServerAddress(ln.Addr().String())
+	var conns []net.Conn
+	for range 3 {
+		d, err := s.Dial(addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := s.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, d, a)
+	}
+	count := func() int {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.conns)
+	}
+	if k := count(); k != len(conns) {
+		t.Fatalf("%d connections kept, want %d", k, len(conns))
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	if k := count(); k != 0 {
+		t.Fatalf("%d connections kept after they all closed, want 0", k)
+	}
+
+	// A connection that comes once the layer closed.
+	late, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	s.Close()
+	if c, err := s.track(late); err == nil || c != nil {
+		t.Fatalf("a connection tracked after Close: %v, %v; want an error", c, err)
+	} else if !errors.Is(err, net.ErrClosed) {
+		t.Errorf("a connection tracked after Close: %v, want net.ErrClosed", err)
+	}
+	if _, err := late.Write([]byte{1}); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("a write on a connection tracked after Close: %v, want net.ErrClosed", err)
+	}
+	if k := count(); k != 0 {
+		t.Errorf("%d connections kept after Close, want 0", k)
+	}
+	if _, err := s.Dial(addr, 5*time.Second); err == nil {
+		t.Error("a dial after Close succeeded")
+	}
+	if _, err := s.Accept(); err == nil {
+		t.Error("an accept after Close succeeded")
+	}
+}
