@@ -849,7 +849,13 @@ func TestLeaderCloseEndsASnapshotToAHungFollower(t *testing.T) {
 			}()
 		}
 	}()
-	waitFor(t, 10*time.Second, "the leader to send the hung follower its snapshot", func() bool { return read.Load() >= 256<<10 })
+	// Raft backs off from a follower it failed to reach, doubling its wait
+	// from 10 ms up to 10.24 s (raft v1.8.0's failureWait and
+	// maxFailureScale): on a loaded machine the follower stays stopped long
+	// enough for the leader's next try to come 10 s after the address
+	// listens. The wait covers that; on an idle machine the send comes
+	// within a second or two.
+	waitFor(t, 30*time.Second, "the leader to send the hung follower its snapshot", func() bool { return read.Load() >= 256<<10 })
 	closeWithin(t, ld, cut)
 }
 
