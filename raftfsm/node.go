@@ -1143,9 +1143,11 @@ func (n *Node) close() error {
 	// remove it before the process exits. Removed before the directory's
 	// lock goes.
 	n.removeRestoreSpools()
-	// Close also the pooled outbound connections: the transport's Close
-	// stops only its listener, and each peer's reader of such a
-	// connection would otherwise wait on it for ever.
+	// Close also the pooled outbound connections of a transport that is
+	// not NewTransport's (a raft.NetworkTransport given in Config): its
+	// Close, which Raft's shutdown called, stops only its listener, and
+	// each peer's reader of such a connection would otherwise wait on it
+	// for ever. NewTransport's Close closed them all (streamLayer).
 	if nt, ok := n.trans.(*raft.NetworkTransport); ok {
 		nt.CloseStreams()
 	}
@@ -1171,10 +1173,13 @@ const raftShutdownGrace = time.Second
 // SIGTERM, waited for them (for ever, or minutes). After
 // raftShutdownGrace the transport closes, and with it every connection
 // it dialed or accepted, and every dial under way (streamLayer): those
-// reads, writes and dials fail and the goroutines end. Nothing acknowledged is lost: Raft answers a peer
-// only once its log is synced, and a snapshot cut part-way is dropped.
-// The wait for Raft's goroutines stays whole, so the storage closes only
-// once none runs.
+// reads, writes and dials fail and the goroutines end. Nothing
+// acknowledged is lost: Raft answers a peer only once its log is synced,
+// and a snapshot cut part-way is dropped. The wait for Raft's goroutines
+// stays whole, so the storage closes only once none runs: that includes
+// Raft's FSM and snapshot goroutines, which closing the transport cannot
+// cut (the FSM's Restore of a leader's snapshot being installed, a long
+// apply, a local snapshot being written), and Close waits for them.
 func (n *Node) waitRaftShutdown(f raft.Future) error {
 	done := make(chan error, 1)
 	go func() { done <- f.Error() }()
