@@ -333,6 +333,17 @@ func runReplay(c *cli.Context) error {
 	if err := checkRanges(c); err != nil {
 		return err
 	}
+	// The closed loop and the engine speed act only on timed replays: a
+	// v1 or cache-only replay given them would run open loop at engine
+	// speed 1 and pass for what was asked, so they are refused like the
+	// offload tiers.
+	if mode != "timed" {
+		for _, f := range []string{"concurrency", "engine-speed"} {
+			if c.IsSet(f) {
+				return usagef("--%s needs --mode timed (a %s replay ignores it)", f, mode)
+			}
+		}
+	}
 	timing := sim.DefaultTiming()
 	timing.KVBytesPerToken = c.Float64("kv-bytes-per-token")
 	bs := c.Int("block-size")

@@ -337,6 +337,28 @@ func TestReplayRefusesNegativeAgentWaitWithoutLive(t *testing.T) {
 	}
 }
 
+// TestReplayRefusesTimedOnlyFlagsInOtherModes: --concurrency (closed loop)
+// and --engine-speed act only on timed replays. A v1 or cache-only replay
+// given them ran anyway, open loop at 1x and at engine speed 1, and exited
+// 0, while kvsim refuses other flags that do not apply (the offload tiers
+// outside timed mode, --zmq-base-port or --token without --live) with a
+// usage error (exit 2).
+func TestReplayRefusesTimedOnlyFlagsInOtherModes(t *testing.T) {
+	trace := genTrace(t)
+	for _, args := range [][]string{
+		{"--mode", "v1", "--concurrency", "8"},
+		{"--mode", "cache", "--concurrency", "8"},
+		{"--mode", "v1", "--engine-speed", "10"},
+		{"--mode", "cache", "--engine-speed", "10"},
+	} {
+		out, err := kvsim(t, append([]string{"replay", "--trace", trace, "--limit", "20", "--policies", "round_robin"}, args...)...)
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), args[2]) {
+			t.Errorf("%v: err %v, want a usage error (exit 2) naming %s; it printed:\n%s", args, err, args[2], out)
+		}
+	}
+}
+
 // TestReplayOffloadTiers: --offload-host-blocks / --offload-disk-blocks
 // give the timed workers G2/G3 tiers: the table gains their hit rates;
 // other modes refuse them.
