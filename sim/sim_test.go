@@ -287,6 +287,32 @@ type finishClock struct {
 
 func (p *finishClock) Finished(id string, now int64) { p.at[id] = now }
 
+// TestBenchLineTellsAClosedLoopFromOpenLoop: a closed-loop timed replay
+// (TimedConfig.Concurrency) ignores the arrival speed, yet its BENCH line
+// said speed=1 and nothing of the concurrency: it read exactly as an
+// open-loop replay at 1x with the same figures. It says concurrency=N
+// instead of speed=, with offload tiers too.
+func TestBenchLineTellsAClosedLoopFromOpenLoop(t *testing.T) {
+	open := Result{Policy: "router", Mode: ModeTimed, Speed: 1, Offered: 10, Requests: 10, HitRate: 0.3, Seed: 1}
+	closed := open
+	closed.Concurrency = 64
+	offOpen, offClosed := open, closed
+	offOpen.Offload, offClosed.Offload = &OffloadStats{}, &OffloadStats{}
+	for _, c := range []struct {
+		r          Result
+		want, deny string
+	}{
+		{open, " speed=1 seed=1", "concurrency="},
+		{closed, " concurrency=64 seed=1", "speed="},
+		{offOpen, " speed=1 seed=1", "concurrency="},
+		{offClosed, " concurrency=64 seed=1", "speed="},
+	} {
+		if l := BenchLine("synthetic", c.r); !strings.HasSuffix(l, c.want) || strings.Contains(l, c.deny) {
+			t.Errorf("concurrency %d, offload %t: %s\nwant it to end with %q, without %q", c.r.Concurrency, c.r.Offload != nil, l, c.want, c.deny)
+		}
+	}
+}
+
 // TestV1DecodeLoadAndRejections: a v1 request decodes at the KV use of
 // the blocks in-flight requests pin, not counting a finished request's
 // cached blocks (it decoded as if they were in use); a routing error counts
