@@ -17,13 +17,15 @@ import (
 // TraceLabel is the short name of a trace file in reports and BENCH lines:
 // "synthetic" for mooncake_synthetic_trace.jsonl, "arxiv" for
 // mooncake_arxiv_trace_first1000.jsonl, else the file's base name without
-// extension.
+// extension. Only those two file names get the short labels: another
+// trace whose name merely contains "synthetic" or "arxiv" would print
+// BENCH lines that pass for the shared traces'.
 func TraceLabel(path string) string {
 	base := strings.TrimSuffix(filepath.Base(path), ".jsonl")
-	switch {
-	case strings.Contains(base, "synthetic"):
+	switch base {
+	case "mooncake_synthetic_trace":
 		return "synthetic"
-	case strings.Contains(base, "arxiv"):
+	case "mooncake_arxiv_trace_first1000":
 		return "arxiv"
 	}
 	return base

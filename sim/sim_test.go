@@ -313,6 +313,26 @@ func TestBenchLineTellsAClosedLoopFromOpenLoop(t *testing.T) {
 	}
 }
 
+// TestTraceLabelNamesOnlyTheSharedTraces: TraceLabel names
+// mooncake_synthetic_trace.jsonl "synthetic" and
+// mooncake_arxiv_trace_first1000.jsonl "arxiv", else the file's base name.
+// Any file whose name contained "synthetic" or "arxiv" got those labels
+// too, so a generated trace's BENCH lines (sim.synthetic.router …) passed
+// for the Mooncake trace's.
+func TestTraceLabelNamesOnlyTheSharedTraces(t *testing.T) {
+	for path, want := range map[string]string{
+		"traces/mooncake_synthetic_trace.jsonl":      "synthetic",
+		"/x/mooncake_arxiv_trace_first1000.jsonl":    "arxiv",
+		"/tmp/chat_synthetic_sessions.jsonl":         "chat_synthetic_sessions",
+		"/tmp/arxiv_full.jsonl":                      "arxiv_full",
+		"/tmp/mooncake_synthetic_trace_sample.jsonl": "mooncake_synthetic_trace_sample",
+	} {
+		if got := TraceLabel(path); got != want {
+			t.Errorf("TraceLabel(%q) = %q, want %q", path, got, want)
+		}
+	}
+}
+
 // TestV1DecodeLoadAndRejections: a v1 request decodes at the KV use of
 // the blocks in-flight requests pin, not counting a finished request's
 // cached blocks (it decoded as if they were in use); a routing error counts
