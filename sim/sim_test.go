@@ -193,6 +193,24 @@ func TestCacheNeverEvictsPinnedBlocks(t *testing.T) {
 	}
 }
 
+// TestCacheReleaseCountsAsUse: a request's blocks count as used when it
+// ends (Release), not when it started, so a long request's prefix is not
+// the first to go: it outlives a shorter request that started after it
+// and ended before it.
+func TestCacheReleaseCountsAsUse(t *testing.T) {
+	c := NewCache(RankOf(0), 2, nil)
+	la, sa := seqOf(1)
+	na := c.Acquire(la, sa) // the long request
+	lb, sb := seqOf(9)
+	c.Release(sb, c.Acquire(lb, sb)) // a short one, started and ended meanwhile
+	c.Release(sa, na)
+	lc, sc := seqOf(5)
+	c.Release(sc, c.Acquire(lc, sc)) // full: evicts the least recently used
+	if c.Match(sa) != 1 || c.Match(sb) != 0 {
+		t.Fatalf("the long request's block matches %d (want 1, used last), the short one's %d (want 0, evicted)", c.Match(sa), c.Match(sb))
+	}
+}
+
 // TestCacheEventsRebuildItsContents feeds a cache's events to a real index
 // and checks that the index sees exactly what the cache holds.
 func TestCacheEventsRebuildItsContents(t *testing.T) {

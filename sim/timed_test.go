@@ -67,6 +67,40 @@ func TestTimedClosedLoop(t *testing.T) {
 	}
 }
 
+// prefillWatch is a router that counts the requests that finished while
+// a booking was still in prefill.
+type prefillWatch struct {
+	*Router
+	finished, inPrefill int
+}
+
+func (p *prefillWatch) Finished(id string, now int64) {
+	p.finished++
+	for _, l := range p.seqs.Loads(nil) {
+		if l.Load.ActivePrefillTokens > 0 {
+			p.inPrefill++
+		}
+	}
+	p.Router.Finished(id, now)
+}
+
+// TestTimedTellsTheRouterOfFirstTokens: a timed replay tells the policy of
+// each request's first token (PrefillDone), so the router stops counting
+// its prompt as prefill load. One request in flight at a time: when it
+// finishes, no worker may still hold prefill tokens.
+func TestTimedTellsTheRouterOfFirstTokens(t *testing.T) {
+	reqs := loadTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:20]
+	pr := Prepare(reqs, 64)
+	p := &prefillWatch{Router: NewRouter(2, 64, indexer.DefaultParams(), 1)}
+	r, err := RunTimed(pr, TimedConfig{Workers: 2, Concurrency: 1}, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Requests != 20 || p.finished != 20 || p.inPrefill != 0 {
+		t.Fatalf("%d served, %d finished, %d of them with prefill load still booked (want 20, 20, 0)", r.Requests, p.finished, p.inPrefill)
+	}
+}
+
 // TestTimedRejectsWhenQueuesAreFull: a worker with a full waiting queue
 // refuses; the refused requests are counted, not served, and the policy
 // never sees them start.
