@@ -1,12 +1,12 @@
 package api
 
 import (
-	"errors"
 	"log/slog"
 	"sync"
 	"unicode/utf8"
 
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/promreg"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/prometheus/client_golang/prometheus"
@@ -184,20 +184,14 @@ func newMetrics(reg prometheus.Registerer, log *slog.Logger) *metrics {
 }
 
 // register registers c, or returns the collector already registered under
-// its name, so that several Servers can share one registry. A registry that
-// refuses c for another reason is logged and c works unregistered.
+// its name (promreg.Register), so that several Servers can share one
+// registry. A registry that refuses c for another reason is logged and c
+// works unregistered.
 func register[C prometheus.Collector](reg prometheus.Registerer, log *slog.Logger, c C) C {
-	err := reg.Register(c)
-	if err == nil {
-		return c
+	c, err := promreg.Register(reg, c)
+	if err != nil {
+		log.Warn("metric not registered", "err", err)
 	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing
-		}
-	}
-	log.Warn("metric not registered", "err", err)
 	return c
 }
 

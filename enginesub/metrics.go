@@ -1,10 +1,10 @@
 package enginesub
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 
+	"github.com/kvrouter/kvrouter/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -59,17 +59,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	// finds the families registered and uses them.
 	for _, p := range []**prometheus.CounterVec{&m.batches, &m.blockEvents, &m.gaps, &m.epochs, &m.duplicates,
 		&m.replays, &m.resyncs, &m.malformed, &m.skipped, &m.droppedBlocks} {
-		if err := reg.Register(*p); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return nil, fmt.Errorf("enginesub: register metrics: %w", err)
-			}
-			existing, ok := are.ExistingCollector.(*prometheus.CounterVec)
-			if !ok {
-				return nil, fmt.Errorf("enginesub: register metrics: %w", err)
-			}
-			*p = existing
+		c, err := promreg.Register(reg, *p)
+		if err != nil {
+			return nil, fmt.Errorf("enginesub: register metrics: %w", err)
 		}
+		*p = c
 	}
 	return m, nil
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/kvrouter/kvrouter/internal/promreg"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
@@ -401,21 +402,14 @@ func newIngesterMetrics(reg prometheus.Registerer, log *slog.Logger) ingesterMet
 }
 
 // register registers c on reg and returns it, or the collector of the
-// same family registered before, which it reuses. On another error (a
-// family of that name with other labels or help) it logs, and returns c,
-// which counts but is not exported.
+// same family registered before, which it reuses (promreg.Register). On
+// another error (a family of that name with other labels or help) it
+// logs, and returns c, which counts but is not exported.
 func register[C prometheus.Collector](reg prometheus.Registerer, log *slog.Logger, c C) C {
-	err := reg.Register(c)
-	if err == nil {
-		return c
+	c, err := promreg.Register(reg, c)
+	if err != nil {
+		log.Warn("eventplane: ingester metric not registered", "err", err)
 	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing
-		}
-	}
-	log.Warn("eventplane: ingester metric not registered", "err", err)
 	return c
 }
 
