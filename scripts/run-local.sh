@@ -52,7 +52,11 @@ stop_all() {
 # the script's own status when it ends by itself (a failure stays one).
 stop() {
   local code=${1:-0}
-  trap - INT TERM HUP EXIT
+  # Ignored, not reset to their default: a second Ctrl-C while the agents
+  # stop would kill the script before it has stopped the nodes, which run
+  # in sessions of their own and would go on holding their ports.
+  trap '' INT TERM HUP
+  trap - EXIT
   echo
   if [ ${#agents[@]} -gt 0 ]; then
     echo "stopping the agents..."

@@ -1,0 +1,240 @@
+package scripts_test
+
+// Tests of scripts/deps.sh and scripts/run-local.sh (make run), run
+// against fakes so that they need neither root nor a real cluster.
+
+import (
+	"bufio"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func repoRoot(t *testing.T) string {
+	_, f, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(f))
+}
+
+func writeExe(t *testing.T, path, body string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runPorts are the ports of a run with one worker.
+var runPorts = []int{7101, 7102, 7103, 7181, 7182, 7183, 4221, 4222, 4223, 6221, 6222, 6223, 5600, 5700}
+
+// portInUse returns the first of ports that something listens on; 0 when
+// none.
+func portInUse(ports []int) int {
+	for _, p := range ports {
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(p), 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return p
+		}
+	}
+	return 0
+}
+
+type fakeRun struct {
+	cmd      *exec.Cmd
+	root     string
+	lines    chan string
+	nodePids func() []int
+	done     chan struct{} // closed once cmd.Wait has returned
+}
+
+// readPid reads the pid a fake wrote to path; 0 when there is none.
+func readPid(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	p, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return p
+}
+
+// alive returns those of pids that still run.
+func alive(pids []int) []string {
+	var a []string
+	for _, p := range pids {
+		if p > 0 && syscall.Kill(p, 0) == nil {
+			a = append(a, strconv.Itoa(p))
+		}
+	}
+	return a
+}
+
+// pollGone polls until none of pids() runs, up to d; it returns those
+// still running at the deadline.
+func pollGone(pids func() []int, d time.Duration) []string {
+	deadline := time.Now().Add(d)
+	for {
+		a := alive(pids())
+		if len(a) == 0 || time.Now().After(deadline) {
+			return a
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// startFakeRun runs a copy of run-local.sh in a temporary tree where make
+// build does nothing and bin/ holds fakes; kvsimBody is the fake kvsim,
+// run in that tree (pids/ is where the fakes record their pids).
+func startFakeRun(t *testing.T, kvsimBody string) *fakeRun {
+	if p := portInUse(runPorts); p != 0 {
+		t.Skipf("port %d in use", p)
+	}
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3")
+	}
+	root := t.TempDir()
+	src, err := os.ReadFile(filepath.Join(repoRoot(t), "scripts/run-local.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeExe(t, filepath.Join(root, "scripts/run-local.sh"), string(src))
+	if err := os.WriteFile(filepath.Join(root, "Makefile"), []byte("build:\n\t@true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "traces"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(root, "traces/t.jsonl"), []byte("{}\n"), 0o644)
+	pidDir := filepath.Join(root, "pids")
+	os.MkdirAll(pidDir, 0o755)
+	// Fake node: answers 200 on its --http-addr, records its pid.
+	writeExe(t, filepath.Join(root, "bin/kvrouter"), `#!/usr/bin/env python3
+import os, sys, http.server
+a = sys.argv
+addr = a[a.index("--http-addr") + 1]
+host, port = addr.rsplit(":", 1)
+open(os.path.join("`+pidDir+`", a[a.index("--node-id") + 1]), "w").write(str(os.getpid()))
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *x): pass
+http.server.HTTPServer((host, int(port)), H).serve_forever()
+`)
+	// Fake agent: takes 1 s to stop on SIGTERM (as a real one flushes its
+	// last events); its pid, once its trap is set.
+	writeExe(t, filepath.Join(root, "bin/kvagent"), "#!/bin/bash\ntrap 'sleep 1; exit 0' TERM\necho $$ > "+pidDir+"/agent\nwhile true; do sleep 0.1; done\n")
+	writeExe(t, filepath.Join(root, "bin/kvsim"), kvsimBody)
+	writeExe(t, filepath.Join(root, "bin/kvctl"), "#!/bin/bash\nexit 0\n")
+
+	cmd := exec.Command("bash", "scripts/run-local.sh")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "KVROUTER_RUN_WORKERS=1", "KVROUTER_RUN_TRACE=traces/t.jsonl")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its own group, as at a terminal
+	out, _ := cmd.StdoutPipe()
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	nodePids := func() []int {
+		var ps []int
+		for _, n := range []string{"n1", "n2", "n3"} {
+			if p := readPid(filepath.Join(pidDir, n)); p > 0 {
+				ps = append(ps, p)
+			}
+		}
+		return ps
+	}
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		for _, p := range nodePids() {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		if p := readPid(filepath.Join(pidDir, "agent")); p > 0 {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		// The next test's run needs the ports: wait for the killed
+		// nodes to let them go.
+		deadline := time.Now().Add(5 * time.Second)
+		for portInUse(runPorts) != 0 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	lines := make(chan string, 100)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	r := &fakeRun{cmd: cmd, root: root, lines: lines, nodePids: nodePids, done: make(chan struct{})}
+	go func() {
+		cmd.Wait()
+		close(r.done)
+	}()
+	return r
+}
+
+// waitFor reads the script's output until a line holds s.
+func (r *fakeRun) waitFor(t *testing.T, s string, log *[]string) {
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case l, ok := <-r.lines:
+			if !ok {
+				t.Fatalf("script ended before %q:\n%s", s, strings.Join(*log, "\n"))
+			}
+			*log = append(*log, l)
+			if strings.Contains(l, s) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no %q after 30s:\n%s", s, strings.Join(*log, "\n"))
+		}
+	}
+}
+
+// A second Ctrl-C while run-local.sh stops the agents (stop reset the INT
+// trap to the default before it stopped anything) killed the script before
+// it had sent SIGTERM to the nodes, which run in sessions of their own:
+// the whole cluster was left running, holding every port, and the next
+// `make run` refused to start. Fakes stand in for make build and the
+// binaries.
+func TestRunLocalSecondCtrlCLeavesNoNode(t *testing.T) {
+	r := startFakeRun(t, "#!/bin/bash\nexit 0\n")
+	var log []string
+	r.waitFor(t, "Ctrl-C stops the cluster", &log)
+	deadline := time.Now().Add(10 * time.Second)
+	for readPid(filepath.Join(r.root, "pids/agent")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the fake agent did not start within 10s:\n%s", strings.Join(log, "\n"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	syscall.Kill(-r.cmd.Process.Pid, syscall.SIGINT) // Ctrl-C
+	// Ctrl-C again while the agents stop (each takes 1 s).
+	r.waitFor(t, "stopping the agents", &log)
+	syscall.Kill(-r.cmd.Process.Pid, syscall.SIGINT)
+	select {
+	case <-r.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("script still running 30s after the second Ctrl-C:\n%s", strings.Join(log, "\n"))
+	}
+	for l := range r.lines {
+		log = append(log, l)
+	}
+	// The script waits for its nodes before it exits; the poll leaves a
+	// node that was signalled only a moment to go.
+	if a := pollGone(r.nodePids, 2*time.Second); len(a) > 0 {
+		t.Fatalf("after two Ctrl-C the script exited (%v) but nodes %s still run and hold their ports; its output ends:\n%s",
+			r.cmd.ProcessState, strings.Join(a, ","), strings.Join(log[max(0, len(log)-3):], "\n"))
+	}
+}
