@@ -32,6 +32,40 @@ func writeExe(t *testing.T, path, body string) {
 	}
 }
 
+// On a fresh Debian machine with Go, nothing gives cgo a C compiler: the
+// build of kvrouter (pebbe/zmq4 is cgo-only) and `go test -race` need one,
+// and deps.sh is what `make build/run/test` and .ci/run rely on to install
+// what is missing. Fake dpkg says nothing is installed; fake apt-get
+// records what deps.sh asks for.
+func TestDepsInstallsACCompilerForCgo(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	rec := filepath.Join(dir, "apt.log")
+	writeExe(t, filepath.Join(bin, "dpkg"), "#!/bin/bash\nexit 1\n")
+	writeExe(t, filepath.Join(bin, "apt-get"), "#!/bin/bash\necho \"$@\" >> "+rec+"\n")
+	writeExe(t, filepath.Join(bin, "id"), "#!/bin/bash\necho 0\n")
+	cmd := exec.Command("bash", filepath.Join(repoRoot(t), "scripts/deps.sh"), "test")
+	cmd.Env = append(os.Environ(), "PATH="+bin+":/usr/bin:/bin")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("deps.sh: %v\n%s", err, out)
+	}
+	b, _ := os.ReadFile(rec)
+	var installed string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "install") {
+			installed = l
+		}
+	}
+	for _, cc := range []string{"gcc", "build-essential", "clang"} {
+		for _, f := range strings.Fields(installed) {
+			if f == cc {
+				return
+			}
+		}
+	}
+	t.Fatalf("deps.sh on a machine with nothing installed runs `apt-get %s`: no C compiler, so cgo is off and zmq4 / -race do not build", installed)
+}
+
 // runPorts are the ports of a run with one worker.
 var runPorts = []int{7101, 7102, 7103, 7181, 7182, 7183, 4221, 4222, 4223, 6221, 6222, 6223, 5600, 5700}
 
