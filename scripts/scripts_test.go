@@ -35,8 +35,9 @@ func writeExe(t *testing.T, path, body string) {
 // On a fresh Debian machine with Go, nothing gives cgo a C compiler: the
 // build of kvrouter (pebbe/zmq4 is cgo-only) and `go test -race` need one,
 // and deps.sh is what `make build/run/test` and .ci/run rely on to install
-// what is missing. Fake dpkg says nothing is installed; fake apt-get
-// records what deps.sh asks for.
+// what is missing. PATH holds only fakes (no compiler, no pkg-config, no
+// go): fake dpkg says nothing is installed; fake apt-get records what
+// deps.sh asks for.
 func TestDepsInstallsACCompilerForCgo(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin")
@@ -44,8 +45,12 @@ func TestDepsInstallsACCompilerForCgo(t *testing.T) {
 	writeExe(t, filepath.Join(bin, "dpkg"), "#!/bin/bash\nexit 1\n")
 	writeExe(t, filepath.Join(bin, "apt-get"), "#!/bin/bash\necho \"$@\" >> "+rec+"\n")
 	writeExe(t, filepath.Join(bin, "id"), "#!/bin/bash\necho 0\n")
-	cmd := exec.Command("bash", filepath.Join(repoRoot(t), "scripts/deps.sh"), "test")
-	cmd.Env = append(os.Environ(), "PATH="+bin+":/usr/bin:/bin")
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("no bash")
+	}
+	cmd := exec.Command(bash, filepath.Join(repoRoot(t), "scripts/deps.sh"), "test")
+	cmd.Env = append(os.Environ(), "PATH="+bin, "CC=")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("deps.sh: %v\n%s", err, out)
 	}
@@ -64,6 +69,30 @@ func TestDepsInstallsACCompilerForCgo(t *testing.T) {
 		}
 	}
 	t.Fatalf("deps.sh on a machine with nothing installed runs `apt-get %s`: no C compiler, so cgo is off and zmq4 / -race do not build", installed)
+}
+
+// README: "Both commands need Go (1.26) and libzmq". On a machine without
+// dpkg/apt-get where libzmq is installed (pkg-config finds it) and a C
+// compiler, deps.sh failed, and with it `make build` and `make run`.
+func TestDepsAcceptsAnInstalledLibzmqWithoutDpkg(t *testing.T) {
+	if exec.Command("pkg-config", "--exists", "libzmq").Run() != nil {
+		t.Skip("no libzmq here")
+	}
+	bin := t.TempDir()
+	for _, tool := range []string{"bash", "id", "pkg-config", "gcc"} {
+		p, err := exec.LookPath(tool)
+		if err != nil {
+			t.Skip(tool)
+		}
+		if err := os.Symlink(p, filepath.Join(bin, tool)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(filepath.Join(bin, "bash"), filepath.Join(repoRoot(t), "scripts/deps.sh"))
+	cmd.Env = []string{"PATH=" + bin}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("deps.sh with libzmq installed (pkg-config finds it) but no dpkg: %v\n%s", err, out)
+	}
 }
 
 // runPorts are the ports of a run with one worker.
