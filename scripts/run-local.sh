@@ -28,6 +28,7 @@ endpoints="127.0.0.1:7181,127.0.0.1:7182,127.0.0.1:7183"
 
 pids=()
 agents=()
+replayer="" # kvsim, while it replays
 sleeper=""
 # stop_all stops processes: SIGTERM (a script's background jobs ignore
 # SIGINT until they install their own handler, so a node still starting
@@ -58,6 +59,10 @@ stop() {
   trap '' INT TERM HUP
   trap - EXIT
   echo
+  if [ -n "$replayer" ]; then
+    echo "stopping the replay..."
+    stop_all "$replayer"
+  fi
   if [ ${#agents[@]} -gt 0 ]; then
     echo "stopping the agents..."
     stop_all "${agents[@]}"
@@ -168,9 +173,16 @@ if [ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && [ -f "$trace" ]; then
   done
   echo "kvagents for simulated workers 1..$workers: engine wires tcp://127.0.0.1:5600..$((5600 + workers - 1)), NATS $natsurls (logs $base/kvagentN.log)"
   echo
+  # In the background, waited for: bash runs a trap only once the
+  # command in the foreground has ended, so a SIGTERM during the replay
+  # waited for the whole replay. A signal now ends the wait at once, and
+  # stop stops kvsim first.
   ./bin/kvsim replay --live --endpoints "$endpoints" --trace "$trace" \
     --workers "$workers" --limit "${KVROUTER_RUN_REQUESTS:-600}" \
-    --zmq-base-port 5600 --zmq-replay-base-port 5700 --agent-wait 60s || true
+    --zmq-base-port 5600 --zmq-replay-base-port 5700 --agent-wait 60s &
+  replayer=$!
+  wait "$replayer" || true
+  replayer=""
   echo
   ./bin/kvctl --endpoints "$endpoints" workers || true
   echo

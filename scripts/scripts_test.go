@@ -301,3 +301,33 @@ func TestRunLocalSecondCtrlCLeavesNoNode(t *testing.T) {
 			r.cmd.ProcessState, strings.Join(a, ","), strings.Join(log[max(0, len(log)-3):], "\n"))
 	}
 }
+
+// run-local.sh says SIGTERM is a clean stop like Ctrl-C, but a `kill` of
+// the script during the replay (kvsim in the foreground, which does not
+// get the signal) was only acted on once the whole replay had ended: bash
+// runs a trap after the foreground command. A 15 s fake replay stands in
+// for kvsim; the script must stop within 5 s, kvsim with it.
+func TestRunLocalSIGTERMDuringReplayStopsPromptly(t *testing.T) {
+	r := startFakeRun(t, "#!/bin/bash\necho $$ > pids/kvsim\nexec sleep 15\n")
+	var log []string
+	r.waitFor(t, "kvagents for simulated workers", &log)
+	kvsimPid := func() []int { return []int{readPid(filepath.Join(r.root, "pids/kvsim"))} }
+	deadline := time.Now().Add(10 * time.Second)
+	for kvsimPid()[0] == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the fake kvsim did not start within 10s:\n%s", strings.Join(log, "\n"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	start := time.Now()
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.done:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("script still running 5s after its SIGTERM (the replay runs on to its end)")
+	}
+	t.Logf("script stopped %v after its SIGTERM", time.Since(start).Round(100*time.Millisecond))
+	if a := pollGone(kvsimPid, 2*time.Second); len(a) > 0 {
+		t.Fatalf("script stopped but kvsim %s still runs", strings.Join(a, ","))
+	}
+}
