@@ -45,15 +45,19 @@ gpu-check: gpu-check-build
 gpu-check-build: deps
 	scripts/gpu-check.sh build .gpu-check
 
-$(TOOLS)/staticcheck:
-	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+# Installed under its version (.tools/staticcheck-vX/staticcheck): a new
+# pin is a new target, which make installs, instead of taking the old
+# pin's binary for up to date.
+STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+$(STATICCHECK):
+	GOBIN=$(dir $@) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-tools: $(TOOLS)/staticcheck
+tools: $(STATICCHECK)
 
 lint: tools deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
-	$(TOOLS)/staticcheck $(PKGS)
+	$(STATICCHECK) $(PKGS)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -331,3 +331,25 @@ func TestRunLocalSIGTERMDuringReplayStopsPromptly(t *testing.T) {
 		t.Fatalf("script stopped but kvsim %s still runs", strings.Join(a, ","))
 	}
 }
+
+// make tools installed staticcheck to .tools/staticcheck, a target with no
+// prerequisites: once there, a change of STATICCHECK_VERSION never
+// reinstalled it, and make lint went on running the old pin. Dry runs
+// (make -n) with .tools holding an older staticcheck.
+func TestMakeToolsReinstallsStaticcheckOnAPinChange(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("no make")
+	}
+	tools := t.TempDir()
+	// What an earlier pin left: both layouts, the old and the versioned.
+	writeExe(t, filepath.Join(tools, "staticcheck"), "#!/bin/sh\n")
+	writeExe(t, filepath.Join(tools, "staticcheck-v0.0.1", "staticcheck"), "#!/bin/sh\n")
+	cmd := exec.Command("make", "-n", "-C", repoRoot(t), "tools", "TOOLS="+tools, "STATICCHECK_VERSION=v0.0.2")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("make -n tools: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "staticcheck@v0.0.2") {
+		t.Fatalf("make tools with the pin moved to v0.0.2 and an older staticcheck in %s installs nothing:\n%s", tools, out)
+	}
+}
