@@ -157,6 +157,13 @@ func pollGone(pids func() []int, d time.Duration) []string {
 // build does nothing and bin/ holds fakes; kvsimBody is the fake kvsim,
 // run in that tree (pids/ is where the fakes record their pids).
 func startFakeRun(t *testing.T, kvsimBody string) *fakeRun {
+	return startFakeRunWith(t, kvsimBody, "#!/bin/bash\nexit 0\n", nil)
+}
+
+// startFakeRunWith is startFakeRun with kvctlBody the fake kvctl, and
+// setup, when not nil, given the tree and the command to change before it
+// starts (it runs in the tree, with KVROUTER_RUN_TRACE=traces/t.jsonl).
+func startFakeRunWith(t *testing.T, kvsimBody, kvctlBody string, setup func(root string, cmd *exec.Cmd)) *fakeRun {
 	if p := portInUse(runPorts); p != 0 {
 		t.Skipf("port %d in use", p)
 	}
@@ -195,11 +202,14 @@ http.server.HTTPServer((host, int(port)), H).serve_forever()
 	// last events); its pid, once its trap is set.
 	writeExe(t, filepath.Join(root, "bin/kvagent"), "#!/bin/bash\ntrap 'sleep 1; exit 0' TERM\necho $$ > "+pidDir+"/agent\nwhile true; do sleep 0.1; done\n")
 	writeExe(t, filepath.Join(root, "bin/kvsim"), kvsimBody)
-	writeExe(t, filepath.Join(root, "bin/kvctl"), "#!/bin/bash\nexit 0\n")
+	writeExe(t, filepath.Join(root, "bin/kvctl"), kvctlBody)
 
-	cmd := exec.Command("bash", "scripts/run-local.sh")
+	cmd := exec.Command("bash", filepath.Join(root, "scripts/run-local.sh"))
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "KVROUTER_RUN_WORKERS=1", "KVROUTER_RUN_TRACE=traces/t.jsonl")
+	if setup != nil {
+		setup(root, cmd)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its own group, as at a terminal
 	out, _ := cmd.StdoutPipe()
 	cmd.Stderr = cmd.Stdout
@@ -351,5 +361,40 @@ func TestMakeToolsReinstallsStaticcheckOnAPinChange(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "staticcheck@v0.0.2") {
 		t.Fatalf("make tools with the pin moved to v0.0.2 and an older staticcheck in %s installs nothing:\n%s", tools, out)
+	}
+}
+
+// KVROUTER_RUN_TRACE and KVROUTER_RUN_DIR given relative to where make run
+// was started were taken from the repository's root (the script cds there
+// first): the trace was not found, and the data went elsewhere. And a
+// kvctl status that failed (a node not answering right then) ended the run
+// under set -e. The fake kvctl fails; the fake kvsim records its trace.
+func TestRunLocalRelativePathsAndAFailingStatus(t *testing.T) {
+	caller := t.TempDir()
+	if err := os.WriteFile(filepath.Join(caller, "mine.jsonl"), []byte("{}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kvsim := "#!/bin/bash\nwhile [ $# -gt 0 ]; do [ \"$1\" = --trace ] && echo \"$2\" > pids/trace; shift; done\n"
+	r := startFakeRunWith(t, kvsim, "#!/bin/bash\necho 'kvctl: no node answered' >&2\nexit 1\n", func(root string, cmd *exec.Cmd) {
+		cmd.Dir = caller
+		cmd.Env = append(cmd.Env, "KVROUTER_RUN_TRACE=mine.jsonl", "KVROUTER_RUN_DIR=rundata")
+	})
+	var log []string
+	r.waitFor(t, "Ctrl-C stops the cluster", &log)
+	b, err := os.ReadFile(filepath.Join(r.root, "pids/trace"))
+	if err != nil {
+		t.Fatalf("kvsim did not replay (%v):\n%s", err, strings.Join(log, "\n"))
+	}
+	if got, want := strings.TrimSpace(string(b)), filepath.Join(caller, "mine.jsonl"); got != want {
+		t.Errorf("kvsim replayed --trace %s, want %s", got, want)
+	}
+	if _, err := os.Stat(filepath.Join(caller, "rundata", "node1.log")); err != nil {
+		t.Errorf("KVROUTER_RUN_DIR=rundata from %s: %v", caller, err)
+	}
+	syscall.Kill(-r.cmd.Process.Pid, syscall.SIGINT)
+	select {
+	case <-r.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("script still running 30s after its Ctrl-C")
 	}
 }
