@@ -2,14 +2,12 @@ package main
 
 import (
 	"errors"
-	"io/fs"
 	"os"
-	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/doccheck"
 	"github.com/urfave/cli/v2"
 )
 
@@ -20,32 +18,7 @@ import (
 // other way: every flag the pages name exists.) kvrouter has no hidden or
 // test-only flag to exempt.
 func TestEveryFlagIsDocumented(t *testing.T) {
-	var docs strings.Builder
-	err := filepath.WalkDir("../../docs", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".md") {
-			return err
-		}
-		data, err := os.ReadFile(p)
-		docs.Write(data)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("read the pages under docs/: %v", err)
-	}
-	flags := newApp().Flags
-	if len(flags) == 0 {
-		t.Fatal("kvrouter defines no flag: the app's flags are no longer where this test reads them")
-	}
-	for _, f := range flags {
-		for _, n := range f.Names() {
-			// The name whole, as a page writes it in prose or a command
-			// line (`--flag`, `kvrouter --flag 5`), not the start of a longer one.
-			named := regexp.MustCompile("(?:^|[\\s`(\\[])--" + regexp.QuoteMeta(n) + "(?:[^a-z0-9-]|$)")
-			if !named.MatchString(docs.String()) {
-				t.Errorf("kvrouter flag --%s is named on no page under docs/", n)
-			}
-		}
-	}
+	doccheck.FlagsDocumented(t, "../../docs", "kvrouter", newApp().Flags)
 }
 
 // TestTimeoutsParagraphNamesTheZerosAndNegativesTaken holds
