@@ -760,6 +760,19 @@ func runKvrouterFor(t *testing.T, d time.Duration, args ...string) error {
 	return app.RunContext(ctx, append([]string{"kvrouter"}, args...))
 }
 
+// pollReady waits until the node at httpAddr answers /readyz 200.
+func pollReady(t *testing.T, httpAddr string) {
+	t.Helper()
+	poll(t, "the node to be ready", func() bool {
+		r, err := http.Get("http://" + httpAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		r.Body.Close()
+		return r.StatusCode == http.StatusOK
+	})
+}
+
 // singleNodeDir returns a data directory of node1 alone at raftAddr, and
 // raftAddr.
 func singleNodeDir(t *testing.T) (dir, raftAddr string) {
@@ -1200,14 +1213,7 @@ func startInFlightWrite(t *testing.T, args ...string) *inFlightWrite {
 		cancel()
 		<-sd.done
 	})
-	poll(t, "the node to be ready", func() bool {
-		r, err := http.Get("http://" + httpAddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		r.Body.Close()
-		return r.StatusCode == http.StatusOK
-	})
+	pollReady(t, httpAddr)
 	conn, err := net.Dial("tcp", httpAddr)
 	if err != nil {
 		t.Fatal(err)
@@ -1384,14 +1390,7 @@ func startRestoreUpload(t *testing.T) *restoreUpload {
 		cancel()
 		<-up.done
 	})
-	poll(t, "the node to be ready", func() bool {
-		r, err := http.Get("http://" + up.httpAddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		r.Body.Close()
-		return r.StatusCode == http.StatusOK
-	})
+	pollReady(t, up.httpAddr)
 	stallRestoreUpload(t, up.httpAddr, up.dataDir)
 	return up
 }
@@ -1519,14 +1518,7 @@ func TestASecondSignalEndsAShutdownThatHangs(t *testing.T) {
 			<-exited
 		}
 	})
-	poll(t, "the node to be ready", func() bool {
-		r, err := http.Get("http://" + httpAddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		r.Body.Close()
-		return r.StatusCode == http.StatusOK
-	})
+	pollReady(t, httpAddr)
 	stallRestoreUpload(t, httpAddr, dataDir)
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -1575,14 +1567,7 @@ func TestTheNodesUsersCloseBeforeTheNode(t *testing.T) {
 		cancel()
 		<-done
 	})
-	poll(t, "the node to be ready", func() bool {
-		r, err := http.Get("http://" + httpAddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		r.Body.Close()
-		return r.StatusCode == http.StatusOK
-	})
+	pollReady(t, httpAddr)
 	cancel()
 	if err := testwatch.Within(t, 20*time.Second, done, "the shutdown"); err != nil {
 		t.Fatalf("run: %v", err)
