@@ -182,6 +182,27 @@ func TestPatchLeavesStoredEndpointsUnchecked(t *testing.T) {
 	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/7", WorkerPatch{ReplayEndpoint: ptr("tcp://*:5559")}), 400, "PATCH naming a wildcard replay endpoint")
 }
 
+// TestPatchLeavesTheStoredModelUnchecked: a PATCH keeps the stored model
+// and routing group, and does not check them again. From a review: once
+// registrations refused a control character in a model, a worker an older
+// build registered with a tab in its model could not be PATCHed at all, a
+// 400 naming a field the PATCH did not carry.
+func TestPatchLeavesTheStoredModelUnchecked(t *testing.T) {
+	n := startNode(t)
+	model := "llama\tv2"
+	id := WorkerID(7, model, DefaultTenant)
+	w := raftfsm.WorkerInfo{ID: id, Instance: 7, Model: model, Tenant: DefaultTenant, BlockSize: 4,
+		DPRanks: []uint32{0}, Positional: true}
+	if err := n.node.RegisterWorker(context.Background(), w); err != nil {
+		t.Fatal(err)
+	}
+	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/7", WorkerPatch{Endpoint: ptr("http://10.0.0.1:8000")}), 200,
+		"PATCH of the endpoint alone of a worker an older build registered with a tab in its model")
+	if got := n.node.WorkerTable()[id]; got.Endpoint != "http://10.0.0.1:8000" || got.Model != model {
+		t.Fatalf("after the PATCH: %+v", got)
+	}
+}
+
 // TestPatchOfTheRangeDropsARanksState: a PATCH that drops a rank drops its
 // blocks and cursor, and one that adds it back starts it clean
 // (Backend.RegisterWorker's contract).

@@ -264,9 +264,18 @@ func catalogOf(id uint64, w *raftfsm.WorkerInfo) CatalogWorker {
 	return c
 }
 
-// infoOf checks a new catalog worker and returns its registration.
+// infoOf checks a new catalog worker and returns its registration. Its
+// model and routing group are checked here, not in checkedInfo: a PATCH
+// keeps the stored ones, which an older build may have taken with a
+// control character, and a PATCH changes only what its body names.
 func infoOf(c *CatalogWorker) (raftfsm.WorkerInfo, error) {
 	if err := requireModel(c.ModelName, c.RoutingGroup); err != nil {
+		return raftfsm.WorkerInfo{}, err
+	}
+	if err := checkPrintable("model_name", c.ModelName); err != nil {
+		return raftfsm.WorkerInfo{}, err
+	}
+	if err := checkPrintable("routing_group", c.RoutingGroup); err != nil {
 		return raftfsm.WorkerInfo{}, err
 	}
 	return checkedInfo(c)
@@ -290,12 +299,6 @@ func checkedInfo(c *CatalogWorker) (raftfsm.WorkerInfo, error) {
 		return raftfsm.WorkerInfo{}, badRequest("data_parallel_size %d from rank %d is too large", size, c.DataParallelStartRank)
 	}
 	tenant := tenantOf(c.RoutingGroup, "")
-	if err := checkPrintable("model_name", c.ModelName); err != nil {
-		return raftfsm.WorkerInfo{}, err
-	}
-	if err := checkPrintable("routing_group", c.RoutingGroup); err != nil {
-		return raftfsm.WorkerInfo{}, err
-	}
 	w := raftfsm.WorkerInfo{ID: WorkerID(c.WorkerID, c.ModelName, tenant), Instance: c.WorkerID, Model: c.ModelName,
 		Tenant: tenant, Endpoint: c.Endpoint, BlockSize: c.BlockSize}
 	for r := uint32(0); r < size; r++ {
