@@ -610,31 +610,7 @@ func TestLeaderTransferNoNewLeader(t *testing.T) {
 // term 2 looked like a new leader in a later term, and it printed
 // "leadership transferred to n1", exit 0.
 func TestLeaderTransferIsNotFooledByAStaleFirstEndpoint(t *testing.T) {
-	c := newCluster(t)
-	st := c.nodes[2].fake.Status()
-	st.State, st.Term, st.LeaderID, st.LeaderHTTP = "Follower", 1, "", ""
-	c.nodes[2].fake.SetStatus(st)
-	var transferred atomic.Bool
-	c.nodes[0].fake.SetHook(func(method string) error {
-		if method == "TransferLeadership" {
-			transferred.Store(true)
-		} else if method == "Status" && transferred.Load() {
-			c.nodes[0].fake.SetFollower("", "")
-		}
-		return nil
-	})
-	// n2 keeps naming n1 in term 2 for its first 3 statuses after the
-	// transfer, then leads in term 3.
-	n2 := c.nodes[1].fake.Status()
-	n2.State, n2.Term, n2.LeaderID, n2.LeaderHTTP = "Leader", n2.Term+1, "n2", c.nodes[1].addr()
-	var asked atomic.Int32
-	c.nodes[1].fake.SetHook(func(method string) error {
-		if method == "Status" && transferred.Load() && asked.Add(1) > 3 {
-			c.nodes[1].fake.SetStatus(n2)
-		}
-		return nil
-	})
-	eps := c.nodes[2].addr() + "," + c.nodes[0].addr() + "," + c.nodes[1].addr()
+	eps := staleEndpointTransfer(t, 0)
 	r := kvctl(t, "--endpoints", eps, "leader", "transfer").wantCode(t, 0)
 	if r.stdout != "leadership transferred to n2\n" {
 		t.Fatalf("stdout = %q, want leadership transferred to n2 (n1 is the leader that stepped down)", r.stdout)
@@ -650,6 +626,21 @@ func TestLeaderTransferIsNotFooledByAStaleFirstEndpoint(t *testing.T) {
 // the transfer was taken for a new leader: kvctl printed that n1, the
 // leader that handed over, took over.
 func TestLeaderTransferWaitsForSlowUpToDateNodes(t *testing.T) {
+	eps := staleEndpointTransfer(t, 700*time.Millisecond)
+	r := runBounded(t, time.Minute, "--endpoints", eps, "--timeout", "2s", "leader", "transfer")
+	if r.code != 0 || r.stdout != "leadership transferred to n2\n" {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want leadership transferred to n2 (n1 handed over)", r.code, r.stdout, r.stderr)
+	}
+}
+
+// staleEndpointTransfer sets up a transfer from n1 to n2 seen through a
+// stale first endpoint: n3 (term 1, no leader) answers at once; n1 leads,
+// and follows once it has handed over; n2 keeps naming n1 in term 2 for
+// its first 3 statuses after the transfer, then leads in term 3. Before
+// the transfer n1 and n2 answer their status after slow (a busy node, not
+// a wait for a condition). It returns the endpoints, n3 first.
+func staleEndpointTransfer(t *testing.T, slow time.Duration) string {
+	t.Helper()
 	c := newCluster(t)
 	st := c.nodes[2].fake.Status()
 	st.State, st.Term, st.LeaderID, st.LeaderHTTP = "Follower", 1, "", ""
@@ -660,7 +651,7 @@ func TestLeaderTransferWaitsForSlowUpToDateNodes(t *testing.T) {
 		case method == "TransferLeadership":
 			transferred.Store(true)
 		case method == "Status" && !transferred.Load():
-			time.Sleep(700 * time.Millisecond)
+			time.Sleep(slow)
 		case method == "Status":
 			c.nodes[0].fake.SetFollower("", "")
 		}
@@ -673,17 +664,13 @@ func TestLeaderTransferWaitsForSlowUpToDateNodes(t *testing.T) {
 		switch {
 		case method != "Status":
 		case !transferred.Load():
-			time.Sleep(700 * time.Millisecond)
+			time.Sleep(slow)
 		case asked.Add(1) > 3:
 			c.nodes[1].fake.SetStatus(n2)
 		}
 		return nil
 	})
-	eps := c.nodes[2].addr() + "," + c.nodes[0].addr() + "," + c.nodes[1].addr()
-	r := runBounded(t, time.Minute, "--endpoints", eps, "--timeout", "2s", "leader", "transfer")
-	if r.code != 0 || r.stdout != "leadership transferred to n2\n" {
-		t.Fatalf("exit %d, stdout %q, stderr %q; want leadership transferred to n2 (n1 handed over)", r.code, r.stdout, r.stderr)
-	}
+	return c.nodes[2].addr() + "," + c.nodes[0].addr() + "," + c.nodes[1].addr()
 }
 
 func TestWorkers(t *testing.T) {
