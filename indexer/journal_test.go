@@ -67,19 +67,28 @@ func TestJournalRebuildsTheSameIndex(t *testing.T) {
 	}
 }
 
+// journaledSteps applies up to 60 random steps to a fresh index with a
+// journal attached, flushing after every third, and returns the index,
+// the journal and the clock of the last step. A malformed event changes
+// nothing, so step errors are dropped.
+func journaledSteps(t *rapid.T) (*Index, *copyJournal, int64) {
+	ix := New(propCfg)
+	j := newCopyJournal()
+	ix.SetJournal(j)
+	now := int64(0)
+	for i, s := range rapid.SliceOfN(genStep(), 1, 60).Draw(t, "steps") {
+		now += int64(s.dt)
+		_ = s.apply(ix, now)
+		if i%3 == 0 {
+			ix.FlushJournal()
+		}
+	}
+	return ix, j, now
+}
+
 func checkJournalRebuildsTheSameIndex(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		ix := New(propCfg)
-		j := newCopyJournal()
-		ix.SetJournal(j)
-		now := int64(0)
-		for i, s := range rapid.SliceOfN(genStep(), 1, 60).Draw(t, "steps") {
-			now += int64(s.dt)
-			_ = s.apply(ix, now) // a malformed event changes nothing
-			if i%3 == 0 {
-				ix.FlushJournal()
-			}
-		}
+		ix, j, _ := journaledSteps(t)
 		if rapid.Bool().Draw(t, "setCapacity") {
 			ix.SetCapacity(kvevent.Rank{Worker: 1}, [4]int64{2, 1, 0, 0})
 		}
@@ -186,17 +195,7 @@ func rankMetaString(ix *Index, r kvevent.Rank) string {
 // live one under more steps.
 func TestJournalRebuildKeepsRankMeta(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		ix := New(propCfg)
-		j := newCopyJournal()
-		ix.SetJournal(j)
-		now := int64(0)
-		for i, s := range rapid.SliceOfN(genStep(), 1, 60).Draw(t, "steps") {
-			now += int64(s.dt)
-			_ = s.apply(ix, now)
-			if i%3 == 0 {
-				ix.FlushJournal()
-			}
-		}
+		ix, j, now := journaledSteps(t)
 		ix.FlushJournal()
 		re := j.load(t)
 		for _, r := range allPropRanks() {
