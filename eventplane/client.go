@@ -38,11 +38,27 @@ type ClientOptions struct {
 	OnCredsError func(error)
 }
 
+// pingInterval and maxPingsOut are how NATSOptions finds a
+// connection dead that no error ends: a server that hangs (SIGSTOP, a
+// frozen VM) or a partition without a reset keeps the TCP connection open
+// and silent, and only unanswered pings tell. The connection is taken for
+// dead and the next server tried 4 to 6 s into the silence, well within
+// an agent's default lease (10 s, heartbeats every 1 s); nats.go's
+// defaults (2 minutes, 2 pings) took 4 to 6 minutes, every heartbeat
+// lost and the lease long expired while the other servers answered. A
+// ping and its pong every 2 s are a few bytes.
+const (
+	pingInterval = 2 * time.Second
+	maxPingsOut  = 2
+)
+
 // NATSOptions returns the nats.Connect options of o: reconnect for ever
-// (an agent must survive the loss of any router node), then credentials and
-// TLS as set.
+// (an agent must survive the loss of any router node), a silent server
+// taken for dead within seconds (pingInterval), then credentials and TLS
+// as set.
 func (o ClientOptions) NATSOptions() []nats.Option {
-	opts := []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
+	opts := []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
+		nats.PingInterval(pingInterval), nats.MaxPingsOutstanding(maxPingsOut)}
 	if o.Name != "" {
 		opts = append(opts, nats.Name(o.Name))
 	}

@@ -2,10 +2,15 @@ package eventplane
 
 import (
 	"math/rand/v2"
+	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/internal/testseed"
+	"github.com/nats-io/nats.go"
 )
 
 // TestCheckNATSURLs: a --nats-url must list NATS URLs as nats.Connect
@@ -160,4 +165,118 @@ func TestNATSURLPasswordsNeverShow(t *testing.T) {
 			t.Fatalf("password %q in %q:\n  RedactURLs: %q\n  CheckNATSURLs: %q\n  show it", pw, u, shown, msg)
 		}
 	}
+}
+
+// silentProxy forwards TCP to a target until silence, after which it keeps
+// every connection open and passes nothing either way: a server that
+// hangs (SIGSTOP, a frozen VM) or a host partitioned away without a reset.
+type silentProxy struct {
+	ln     net.Listener
+	silent atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func newSilentProxy(t *testing.T, target string) *silentProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &silentProxy{ln: ln}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			wg.Go(func() { p.pipe(c, u) })
+			wg.Go(func() { p.pipe(u, c) })
+		}
+	})
+	return p
+}
+
+// pipe copies src to dst until either fails, dropping what it reads once
+// the proxy is silent.
+func (p *silentProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !p.silent.Load() {
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// TestAClientOfAHungServerMovesToAnother: a connection with NATSOptions
+// lists two servers, and the one it is connected to hangs, its TCP
+// connection open and silent. Its requests (an agent's heartbeats, 1 s
+// apart) all time out until the client takes the connection for dead;
+// want it on the other server, which answers all along, within an agent's
+// default lease (10 s). From a review: with nats.go's default pings (2
+// minutes, 2 outstanding) it took 4 to 6 minutes, the lease long expired.
+func TestAClientOfAHungServerMovesToAnother(t *testing.T) {
+	const lease = 10 * time.Second // kvagent's --lease default
+	var urls []string
+	for _, name := range []string{"hangs", "answers"} {
+		s, err := StartServer(ServerConfig{Name: name, Addr: "127.0.0.1:0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+		// The router's side: a responder on each server (not clustered).
+		rc := connect(t, s.ClientURL())
+		if _, err := rc.Subscribe("hb", func(m *nats.Msg) { _ = m.Respond([]byte("ok")) }); err != nil {
+			t.Fatal(err)
+		}
+		if err := rc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		urls = append(urls, s.ClientURL())
+	}
+	px := newSilentProxy(t, strings.TrimPrefix(urls[0], "nats://"))
+	opts := append(ClientOptions{Name: "agent"}.NATSOptions(), nats.DontRandomize())
+	nc, err := nats.Connect("nats://"+px.ln.Addr().String()+","+urls[1], opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.Request("hb", nil, time.Second); err != nil {
+		t.Fatalf("request through the server that will hang: %v", err)
+	}
+	px.silent.Store(true)
+	start := time.Now()
+	var last error
+	for time.Since(start) < lease {
+		if _, last = nc.Request("hb", nil, time.Second); last == nil {
+			t.Logf("answered by %s %v after the hang", nc.ConnectedUrl(), time.Since(start).Round(100*time.Millisecond))
+			return
+		}
+	}
+	t.Fatalf("every request failed for %v, a lease (last: %v; connected to %s): the client stays on the hung server while the other answers",
+		time.Since(start).Round(100*time.Millisecond), last, nc.ConnectedUrl())
 }
