@@ -159,7 +159,10 @@ func (p *Remote) Setup(ctx context.Context) error {
 			return fmt.Errorf("deregister worker %d: %w", id, err)
 		}
 		w := raftfsm.WorkerInfo{ID: id, BlockSize: p.BlockSize, Capacity: [kvevent.NumTiers]int64{p.CapacityBlocks}}
-		if err := p.Client.RegisterWorker(ctx, w); err != nil {
+		cctx, cancel := context.WithTimeout(ctx, p.Timeout)
+		err := p.Client.RegisterWorker(cctx, w)
+		cancel()
+		if err != nil {
 			return fmt.Errorf("register worker %d: %w", id, err)
 		}
 	}
@@ -171,18 +174,26 @@ func (p *Remote) Setup(ctx context.Context) error {
 // client.ErrOutcomeUnknown when a node may have taken it without
 // answering; deregister then looks in the worker table: a worker that is
 // gone is done, one still there is deregistered once more (a 404 then
-// means the first one applied meanwhile).
+// means the first one applied meanwhile). Each call is bounded by a
+// Timeout of its own: the listing after a deregistration that timed out
+// must not inherit its spent deadline.
 func (p *Remote) deregister(ctx context.Context, id uint64) error {
-	err := p.Client.DeregisterWorker(ctx, id)
+	cctx, cancel := context.WithTimeout(ctx, p.Timeout)
+	err := p.Client.DeregisterWorker(cctx, id)
+	cancel()
 	if errors.Is(err, client.ErrOutcomeUnknown) {
-		ws, lerr := p.Client.Workers(ctx)
+		cctx, cancel = context.WithTimeout(ctx, p.Timeout)
+		ws, lerr := p.Client.Workers(cctx)
+		cancel()
 		if lerr != nil {
 			return fmt.Errorf("%w; and listing the workers to see whether it applied: %w", err, lerr)
 		}
 		if !slices.ContainsFunc(ws, func(w api.Worker) bool { return w.WorkerID == id }) {
 			return nil
 		}
-		err = p.Client.DeregisterWorker(ctx, id)
+		cctx, cancel = context.WithTimeout(ctx, p.Timeout)
+		err = p.Client.DeregisterWorker(cctx, id)
+		cancel()
 	}
 	if err != nil && !isNotFound(err) {
 		return err

@@ -234,6 +234,59 @@ func TestRemoteSetupChecksADeregistrationOfUnknownOutcome(t *testing.T) {
 	}
 }
 
+// TestRemoteSetupBoundsEachCallByTimeout: Setup's deregistrations,
+// listings and registrations (Agents unset) are each bounded by Timeout
+// ("per call"), as every other call of Remote is. From a review: they went
+// out on the caller's context alone, so against a node that accepts
+// connections and never answers a Setup whose context had no deadline
+// never returned, and the listing that checks a deregistration that timed
+// out ran on its spent context and failed at once.
+func TestRemoteSetupBoundsEachCallByTimeout(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	// A bound on the test only: Setup must end long before it.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+
+	hung := apitest.HungServer(t)
+	cl, err := client.New([]string{strings.TrimPrefix(hung.URL, "http://")}, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	p := &Remote{Client: cl, Workers: 1, BlockSize: 16, CapacityBlocks: 100, Timeout: timeout}
+	start := time.Now()
+	if err := p.Setup(ctx); err == nil || time.Since(start) > 2*time.Second {
+		t.Fatalf("Setup against a hung node: %v after %v, want an error within a few Timeouts (%v)",
+			err, time.Since(start).Round(10*time.Millisecond), timeout)
+	}
+
+	// The first deregistration hangs (not applied): it times out, of
+	// unknown outcome; the listing, a Timeout of its own, finds the
+	// worker still there, and it is deregistered again.
+	var hungOnce atomic.Bool
+	f, cl := fakeClusterVia(t, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodDelete && !hungOnce.Swap(true) {
+				<-r.Context().Done()
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
+	if err := f.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	p = &Remote{Client: cl, Workers: 1, BlockSize: 16, CapacityBlocks: 100, Timeout: timeout}
+	start = time.Now()
+	if err := p.Setup(ctx); err != nil || time.Since(start) > 2*time.Second {
+		t.Fatalf("Setup after a deregistration that timed out: %v after %v, want done within a few Timeouts (%v)",
+			err, time.Since(start).Round(10*time.Millisecond), timeout)
+	}
+	if c := f.Calls(); c["DeregisterWorker"] != 1 || c["RegisterWorker"] != 2 {
+		t.Fatalf("calls %v, want the worker deregistered once (the hung try never applied) and registered again", c)
+	}
+}
+
 // setUpRemote returns a Remote of two workers on the cluster of cl, set up.
 func setUpRemote(t *testing.T, cl *client.Client) *Remote {
 	t.Helper()
