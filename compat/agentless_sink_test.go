@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -257,4 +258,132 @@ func TestAgentlessRestartsSubscribersOfAnOlderTerm(t *testing.T) {
 	default:
 		t.Fatal("the subscriber of the old term still runs")
 	}
+}
+
+// hangingTarget is a cursorTarget whose next commit, once hangNext is set,
+// hangs until its context ends (a Raft that takes the entry and never
+// applies it: a leader cut off from its followers), then answers the
+// context's error as Node.apply does.
+type hangingTarget struct {
+	mu       sync.Mutex
+	ct       cursorTarget
+	hangNext bool
+	hungFor  time.Duration // how long the hung commit waited; 0 until it returned
+}
+
+func (f *hangingTarget) CheckLeader() error                         { return nil }
+func (f *hangingTarget) WorkerTable() map[uint64]raftfsm.WorkerInfo { return nil }
+func (f *hangingTarget) Cursor(r kvevent.Rank) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ct.Cursor(r)
+}
+
+func (f *hangingTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	f.mu.Lock()
+	hang := f.hangNext
+	f.hangNext = false
+	f.mu.Unlock()
+	if hang {
+		start := time.Now()
+		<-ctx.Done()
+		f.mu.Lock()
+		f.hungFor = time.Since(start)
+		f.mu.Unlock()
+		return nil, fmt.Errorf("raft apply: waiting for the entry to apply: %w", ctx.Err())
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ct.IngestEvents(ctx, bs)
+}
+
+// committed returns what was committed, as kind@epoch/seq.
+func (f *hangingTarget) committed() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var got []string
+	for _, ev := range f.ct.committed {
+		e, seq, _ := SplitPosition(ev.EventID)
+		got = append(got, fmt.Sprintf("%v@%d/%d", ev.Kind, e, seq))
+	}
+	return got
+}
+
+// TestAgentlessCommitThatHangsEndsAtCommitTimeout: a commit the target
+// never answers ends at CommitTimeout, although the subscriber runs on;
+// the batch is then lost, counted as a sink error resync
+// (kvagent_subscriber_resyncs_total{reason="sink_error"}), the rank is
+// cleared into the next epoch and the engine's next batches commit. A
+// commit waiting on the subscriber's context alone would hold the rank,
+// every later batch behind it, until the subscriber stopped.
+func TestAgentlessCommitThatHangsEndsAtCommitTimeout(t *testing.T) {
+	const commitTimeout = 200 * time.Millisecond
+	reg := prometheus.NewRegistry()
+	ft := &hangingTarget{}
+	a := &Agentless{b: ft, cfg: AgentlessConfig{Poll: time.Hour, CommitTimeout: commitTimeout, Registerer: reg},
+		log: quiet, subs: map[kvevent.Rank]*agentlessSub{}, retry: map[kvevent.Rank]agentlessRetry{}}
+	defer a.reconcile(nil, 0)
+	pub := newEngine(t, false)
+	a.reconcile(map[uint64]raftfsm.WorkerInfo{1: {ID: 1, Positional: true, BlockSize: testBlockSize,
+		EventEndpoints: map[uint32]string{0: pub.Endpoint()}}}, 5)
+	waitSubscribed(t, pub, 1)
+	publish := func(i uint64) {
+		t.Helper()
+		if _, err := pub.Publish(storeBatch(1000+i, uint32(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(0)
+	waitFor(t, 10*time.Second, "the first batch committed", func() bool { return len(ft.committed()) == 1 })
+
+	ft.mu.Lock()
+	ft.hangNext = true
+	ft.mu.Unlock()
+	publish(1)
+	// Bounded well past CommitTimeout, and well short of the subscriber's
+	// end (the test's).
+	waitFor(t, 5*time.Second, "the hung commit to end", func() bool {
+		ft.mu.Lock()
+		defer ft.mu.Unlock()
+		return ft.hungFor > 0
+	})
+	ft.mu.Lock()
+	hungFor := ft.hungFor
+	ft.mu.Unlock()
+	if hungFor < commitTimeout || hungFor > commitTimeout+2*time.Second {
+		t.Fatalf("the hung commit ended after %v, want about CommitTimeout (%v)", hungFor, commitTimeout)
+	}
+	waitFor(t, 10*time.Second, "the rank cleared after the lost batch", func() bool { return len(ft.committed()) == 2 })
+	publish(2)
+	waitFor(t, 10*time.Second, "the next batch committed", func() bool { return len(ft.committed()) == 3 })
+	if got, want := ft.committed(), []string{"store@0/0", "clear@1/0", "store@1/2"}; !slices.Equal(got, want) {
+		t.Fatalf("committed %v, want %v: the lost batch followed by a clear, then the next batch", got, want)
+	}
+	if n := resyncs(t, reg, enginesub.ReasonSinkError); n != 1 {
+		t.Fatalf("%v sink_error resyncs counted, want 1", n)
+	}
+}
+
+// resyncs returns kvagent_subscriber_resyncs_total for reason, over every
+// rank registered in reg.
+func resyncs(t *testing.T, reg *prometheus.Registry, reason enginesub.Reason) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "kvagent_subscriber_resyncs_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == string(reason) {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
 }
