@@ -808,9 +808,17 @@ func joinCluster(ctx context.Context, logger *slog.Logger, node interface{ OnlyM
 
 // join asks the members at via to add this node, each in turn until one
 // answers (client.Client), retrying until it is accepted or ctx ends (the
-// cluster may be electing).
+// cluster may be electing). Each try of a member is bounded (a connect
+// timeout, and a share of the attempt for the answer's headers), as
+// kvagent's registrations are: a member that accepts connections and
+// never answers (wedged) costs its share, and the next one is asked,
+// where it took every attempt whole and the node never joined.
 func join(ctx context.Context, sec security, via []string, id, raftAddr, httpAddr string) error {
+	perTry := joinAttempt / time.Duration(len(via))
 	tr := sec.transport()
+	tr.DialContext = (&net.Dialer{Timeout: min(perTry, time.Second), KeepAlive: 30 * time.Second}).DialContext
+	tr.TLSHandshakeTimeout = perTry // not the transport's 10 s: a hung member costs one try's share
+	tr.ResponseHeaderTimeout = perTry
 	defer tr.CloseIdleConnections()
 	cl, err := client.New(via, client.Options{HTTPClient: &http.Client{Transport: tr}, Token: sec.token, Scheme: sec.scheme()})
 	if err != nil {
@@ -818,7 +826,7 @@ func join(ctx context.Context, sec security, via []string, id, raftAddr, httpAdd
 	}
 	defer cl.Close()
 	for {
-		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		actx, cancel := context.WithTimeout(ctx, joinAttempt)
 		err := cl.AddMember(actx, id, raftAddr, httpAddr)
 		cancel()
 		if err == nil {
@@ -831,10 +839,13 @@ func join(ctx context.Context, sec security, via []string, id, raftAddr, httpAdd
 		if why := refusedJoin(err); why != "" {
 			return fmt.Errorf("%w; %s", err, why) // no retry would be let in
 		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			// The leader adds a node as a non-voter and answers once it
-			// has caught up; asking again resumes that wait.
-			slog.Info("join: not caught up yet (a non-voter until then); asking again", "via", strings.Join(via, ","))
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, client.ErrOutcomeUnknown) {
+			// No answer in time: the leader adds a node as a non-voter
+			// and answers once it has caught up, and asking again
+			// resumes that wait; or a member is hung (the error names
+			// the members that timed out), and the next one is asked.
+			slog.Info("join: timed out waiting for an answer (a leader answers once this node has caught up, a non-voter until then); asking again",
+				"via", strings.Join(via, ","), "err", err)
 		} else {
 			slog.Warn("join: retrying", "via", strings.Join(via, ","), "err", err)
 		}
@@ -845,6 +856,10 @@ func join(ctx context.Context, sec security, via []string, id, raftAddr, httpAdd
 		}
 	}
 }
+
+// joinAttempt bounds each of join's asks, all members together; lowered
+// by tests.
+var joinAttempt = 10 * time.Second
 
 // refusedJoin says what to do when a join failed for this node's own
 // token or TLS settings, which retrying does not change: "" otherwise. An

@@ -531,6 +531,34 @@ func TestJoinThroughAFollowerWhoseForwardFailsIsRetried(t *testing.T) {
 	}
 }
 
+// TestJoinPastAHungFirstMember: --join lists two members; the first
+// accepts connections and never answers (a wedged process), the second
+// is a leader that adds the node. The join gets through the second
+// within its first attempt, the hung member costing its share of it.
+// From a review: join's client bounded no try, as kvagent's
+// (newRouterClient) does, so each attempt was spent whole on the hung
+// member (its end tries no other node, and the preferred endpoint stayed
+// the hung one), logged as "not caught up yet", and the node never
+// joined.
+func TestJoinPastAHungFirstMember(t *testing.T) {
+	defer func(d time.Duration) { joinAttempt = d }(joinAttempt)
+	joinAttempt = 2 * time.Second
+	hung := apitest.HungServer(t)
+	fake := apitest.New("n1", "")
+	s := api.NewServer(fake, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	good := httptest.NewServer(s)
+	defer func() { good.Close(); s.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*joinAttempt)
+	defer cancel()
+	via := []string{strings.TrimPrefix(hung.URL, "http://"), strings.TrimPrefix(good.URL, "http://")}
+	start := time.Now()
+	err := join(ctx, security{}, via, "n2", "127.0.0.1:1", "127.0.0.1:2")
+	if took := time.Since(start); err != nil || fake.Calls()["AddMember"] == 0 || took > joinAttempt {
+		t.Fatalf("join via [hung, good] = %v after %v (one attempt: %v), %d AddMember calls on the good member; "+
+			"want it joined through the member that answers within one attempt", err, took.Round(time.Millisecond), joinAttempt, fake.Calls()["AddMember"])
+	}
+}
+
 // unpipelined is an in-memory Raft transport that does not pipeline
 // appends: hashicorp/raft v1.8.0's in-memory pipeline panics
 // ("interface {} is nil, not *raft.AppendEntriesResponse") when a peer
