@@ -22,7 +22,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -31,6 +30,7 @@ import (
 	"github.com/kvrouter/kvrouter/enginesub"
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/internal/limits"
+	"github.com/kvrouter/kvrouter/internal/natswatch"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/nvml"
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -182,19 +182,20 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	// nothing must not run on, looking healthy to its supervisor.
 	ctx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
-	nl := &natsLog{log: logger, lost: lost}
+	nl := natswatch.New(logger, lost, natswatch.Texts{Who: "the agent",
+		Unreachable: "check --nats-url, and that the routers' NATS is up", Lost: "events wait, and heartbeats fail,"})
 	credsBad = func(err error) {
 		logger.Error("the --nats-creds file holds no credentials: the agent stops", "err", err)
 		lost(fmt.Errorf("%w: %v", errNATSCreds, err))
 	}
 	opts = append(opts, nats.RetryOnFailedConnect(true))
-	opts = append(opts, nl.options()...)
+	opts = append(opts, nl.Options()...)
 	nc, err := nats.Connect(c.String("nats-url"), opts...)
 	if err != nil {
 		return fmt.Errorf("connect to nats %s: %w", eventplane.RedactURLs(c.String("nats-url")), err)
 	}
 	defer func() {
-		nl.closing.Store(true)
+		nl.Closing()
 		nc.Close()
 	}()
 	reg.MustRegister(natsConnectedGauge(nc))
@@ -237,7 +238,7 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	// does by default: a shutdown that hangs (a GPU copy that never ends)
 	// can still be stopped.
 	stop()
-	if cause := context.Cause(ctx); errors.Is(cause, errNATSClosed) || errors.Is(cause, errNATSCreds) {
+	if cause := context.Cause(ctx); errors.Is(cause, natswatch.ErrClosed) || errors.Is(cause, errNATSCreds) {
 		return cause
 	}
 	if err != nil && !errors.Is(err, context.Canceled) {
@@ -433,71 +434,10 @@ func natsOptions(c *cli.Context) eventplane.ClientOptions {
 		TLSCA: c.String("nats-tls-ca"), TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key")}
 }
 
-// natsLog logs the agent's NATS connection as it comes and goes: the
-// connection is retried for ever in the background (reconnects included),
-// and without this the agent said nothing while it could not reach NATS.
-// Only the first failure of a run of them is logged (at Warn); the
-// connection made, or made again, ends the run (Info).
-type natsLog struct {
-	log     *slog.Logger
-	lost    context.CancelCauseFunc // ends the agent, with errNATSClosed or errNATSCreds, when the connection cannot be made again
-	failing atomic.Bool             // a failure was logged, and no connection made since
-	closing atomic.Bool             // the agent closes the connection: its close is no failure
-}
-
-func (l *natsLog) options() []nats.Option {
-	return []nats.Option{
-		nats.ConnectHandler(func(nc *nats.Conn) {
-			l.failing.Store(false)
-			l.log.Info("connected to NATS", "url", nc.ConnectedUrlRedacted())
-		}),
-		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
-			// Each try that fails: the first connection's, and a lost
-			// one's (every 250 ms).
-			if l.failing.CompareAndSwap(false, true) {
-				if refused(err) {
-					l.log.Warn("NATS refused the agent's credentials; retrying (check --nats-user, --nats-password, --nats-creds)", "err", err)
-				} else {
-					l.log.Warn("cannot reach NATS; retrying until it answers (check --nats-url, and that the routers' NATS is up)", "err", err)
-				}
-			}
-		}),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if l.closing.Load() {
-				return
-			}
-			l.failing.Store(true)
-			l.log.Warn("lost the NATS connection; reconnecting (events wait, and heartbeats fail, until it is back)", "err", err)
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			l.failing.Store(false)
-			l.log.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted())
-		}),
-		nats.ClosedHandler(func(nc *nats.Conn) {
-			if l.closing.Load() {
-				return
-			}
-			l.log.Error("the NATS connection is closed for good: the agent stops", "err", nc.LastError())
-			l.lost(fmt.Errorf("%w: %v", errNATSClosed, nc.LastError()))
-		}),
-	}
-}
-
-// errNATSClosed ends an agent whose NATS connection closed for good.
-var errNATSClosed = errors.New("the NATS connection closed for good (nats.go gives up after the server refuses the credentials twice in a row)")
-
 // errNATSCreds ends an agent whose credentials file holds none when it
 // connects (eventplane.ClientOptions.OnCredsError), which nats.go would
 // retry for ever.
 var errNATSCreds = errors.New("the NATS credentials file cannot be used (it held credentials when the agent started)")
-
-// refused reports whether a NATS connection error is the credentials'
-// fault (the server refusing them, or a creds file nats.go cannot use),
-// not a server out of reach.
-func refused(err error) bool {
-	s := strings.ToLower(err.Error())
-	return strings.Contains(s, "authorization") || strings.Contains(s, "authentication") || strings.Contains(s, "nkeys:")
-}
 
 // strayArgument says what is wrong with the command line's arguments:
 // kvagent takes flags only, and the flag parser stops at the first

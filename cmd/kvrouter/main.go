@@ -29,6 +29,7 @@ import (
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/internal/limits"
+	"github.com/kvrouter/kvrouter/internal/natswatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -226,6 +227,13 @@ func run(c *cli.Context) error {
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	context.AfterFunc(ctx, stop)
+	// A connection to an external NATS that nats.go closes for good (the
+	// server refused the credentials twice in a row) stops the node with
+	// an error (natswatch.ErrClosed), so that its supervisor restarts it:
+	// it would run on, looking healthy, with an ingester and a heartbeat
+	// answerer that hear nothing, and the workers' leases would run out.
+	ctx, lost := context.WithCancelCause(ctx)
+	defer lost(nil)
 	// The data directory's lock before anything listens: a second kvrouter
 	// on it (the same command line started twice) says the directory is
 	// held, not that a port is in use. The node takes the lock over.
@@ -272,16 +280,10 @@ func run(c *cli.Context) error {
 		go func() { serveErr <- shs.Serve(sln) }()
 		logger.Info("selection API listening", "http", sec.scheme()+"://"+sln.Addr().String())
 	}
-	nc, natsSrv, err := startNATS(c, id, logger)
+	nc, closeNATS, err := startNATS(c, id, logger, lost)
 	if err != nil {
 		closeServers()
 		return err
-	}
-	closeNATS := func() {
-		nc.Close()
-		if natsSrv != nil {
-			natsSrv.Shutdown()
-		}
 	}
 	cfg := nodeConfig(c, peers, httpAddr, logger)
 	cfg.DataDirLock = dirLock
@@ -294,7 +296,7 @@ func run(c *cli.Context) error {
 		closeServers()
 		return err
 	}
-	if ctx.Err() != nil && c.Context.Err() == nil {
+	if ctx.Err() != nil && c.Context.Err() == nil && !errors.Is(context.Cause(ctx), natswatch.ErrClosed) {
 		logger.Info("a signal came while the state loaded: the node stops once started")
 	}
 	// A directory that holds a cluster starts as it is, without --peers or
@@ -365,6 +367,9 @@ func run(c *cli.Context) error {
 			logger.Error("http server stopped", "err", err)
 			runErr = fmt.Errorf("http server: %w", err)
 		}
+	}
+	if cause := context.Cause(ctx); runErr == nil && errors.Is(cause, natswatch.ErrClosed) {
+		runErr = cause
 	}
 	// From here a second signal kills the process at once, as a signal
 	// does by default: a shutdown that hangs can still be stopped. (Once
@@ -739,18 +744,23 @@ func checkDurations(c *cli.Context) error {
 }
 
 // startNATS connects to the external NATS (--nats-url, checked by run)
-// or starts the embedded server and connects to it in process. Its log
-// and errors show no password of --nats-url (eventplane.RedactURLs).
-func startNATS(c *cli.Context, id string, logger *slog.Logger) (*nats.Conn, natsShutdowner, error) {
+// or starts the embedded server and connects to it in process, and
+// returns the connection and what closes it (and the embedded server).
+// The external connection is logged as it comes and goes, and lost is
+// called when nats.go closes it for good (natswatch). Its log and errors
+// show no password of --nats-url (eventplane.RedactURLs).
+func startNATS(c *cli.Context, id string, logger *slog.Logger, lost context.CancelCauseFunc) (*nats.Conn, func(), error) {
 	if url := c.String("nats-url"); url != "" {
 		o := eventplane.ClientOptions{Name: "kvrouter-" + id, User: c.String("nats-user"), Password: c.String("nats-password"),
 			Creds: c.String("nats-creds"), TLSCA: c.String("nats-tls-ca"), TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key")}
-		nc, err := nats.Connect(url, o.NATSOptions()...)
+		w := natswatch.New(logger, lost, natswatch.Texts{Who: "the node",
+			Unreachable: "check --nats-url, and that the NATS server is up", Lost: "no event is ingested, and no heartbeat answered,"})
+		nc, err := nats.Connect(url, append(o.NATSOptions(), w.Options()...)...)
 		if err != nil {
 			return nil, nil, fmt.Errorf("connect to nats %s: %w", eventplane.RedactURLs(url), err)
 		}
 		logger.Info("events over external NATS", "urls", eventplane.RedactURLs(url), "connected", nc.ConnectedUrlRedacted())
-		return nc, nil, nil
+		return nc, func() { w.Closing(); nc.Close() }, nil
 	}
 	opts := eventplane.ClientOptions{Name: "kvrouter-" + id, User: c.String("nats-user"), Password: c.String("nats-password")}.NATSOptions()
 	routes, err := natsRoutes(c.String("nats-routes"))
@@ -770,10 +780,8 @@ func startNATS(c *cli.Context, id string, logger *slog.Logger) (*nats.Conn, nats
 		return nil, nil, fmt.Errorf("connect to the embedded nats: %w", err)
 	}
 	logger.Info("embedded NATS listening", "clients", s.ClientURL(), "cluster", c.String("nats-cluster-addr"))
-	return nc, s, nil
+	return nc, func() { nc.Close(); s.Shutdown() }, nil
 }
-
-type natsShutdowner interface{ Shutdown() }
 
 // natsRoutes parses --nats-routes: the other nodes' NATS route addresses,
 // comma-separated, each checked as the embedded server takes it

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"log/slog"
 	"net"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/internal/natswatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
@@ -182,6 +184,47 @@ func TestExternalNATSTakesTheUserAndPasswordFlags(t *testing.T) {
 	if err := runKvrouterFor(t, 3*time.Second, "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t),
 		"--nats-url", s.ClientURL(), "--nats-user", "alice", "--nats-password", "pw", "--log-level", "error"); err != nil {
 		t.Fatalf("--nats-url %s --nats-user alice --nats-password pw: %v", s.ClientURL(), err)
+	}
+}
+
+// TestAnExternalNATSConnectionClosedForGoodStopsTheNode: with --nats-url,
+// the node's NATS connection is its event plane (the ingester, the
+// heartbeats' answers). When the server refuses its credentials twice in
+// a row (rotated, or a server started again with others), nats.go closes
+// the connection for good, and the node stops with natswatch.ErrClosed
+// (exit 1, for its supervisor to restart it), as kvagent does. From a
+// review: kvrouter set no ClosedHandler and ran on, healthy to its
+// supervisor, hearing no event and no heartbeat ever again, and logged
+// nothing.
+func TestAnExternalNATSConnectionClosedForGoodStopsTheNode(t *testing.T) {
+	s, err := eventplane.StartServer(eventplane.ServerConfig{Name: "ext", Addr: "127.0.0.1:0", User: "alice", Password: "pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := strings.TrimPrefix(s.ClientURL(), "nats://")
+	own := s.NumSubscriptions()     // the server's own
+	const runFor = 10 * time.Second // what a node that runs on is stopped after
+	done := make(chan error, 1)
+	go func() {
+		done <- runKvrouterFor(t, runFor, "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t),
+			"--nats-url", s.ClientURL(), "--nats-user", "alice", "--nats-password", "pw", "--log-level", "error")
+	}()
+	// A subscription, not a client: a client counts from its accept,
+	// before its connect is through, and a shutdown then fails the start.
+	poll(t, "the node's subscriptions", func() bool { return s.NumSubscriptions() > own })
+	s.Shutdown()
+	s.WaitForShutdown()
+	// The same server, its password changed: every reconnect is refused.
+	s2, err := eventplane.StartServer(eventplane.ServerConfig{Name: "ext", Addr: addr, User: "alice", Password: "rotated"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s2.Shutdown(); s2.WaitForShutdown() }()
+	start := time.Now()
+	err = <-done
+	if took := time.Since(start); !errors.Is(err, natswatch.ErrClosed) {
+		t.Fatalf("kvrouter returned %v after %v with its NATS connection closed for good (it is stopped after %v); want %v, as kvagent stops",
+			err, took.Round(time.Millisecond), runFor, natswatch.ErrClosed)
 	}
 }
 

@@ -1,0 +1,105 @@
+// Package natswatch logs a daemon's NATS client connection as it comes
+// and goes, and ends the daemon when nats.go closes it for good: kvagent's
+// connection, and kvrouter's to an external NATS (--nats-url).
+//
+// Invariant: nats.go retries a lost connection for ever
+// (eventplane.ClientOptions), except after the server refused the
+// credentials twice in a row, when it closes the connection for good. A
+// daemon that can then publish or hear nothing must not run on, looking
+// healthy to its supervisor: a close the owner did not ask for
+// (Watch.Closing) ends it with ErrClosed.
+package natswatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go"
+)
+
+// ErrClosed ends a daemon whose NATS connection closed for good.
+var ErrClosed = errors.New("the NATS connection closed for good (nats.go gives up after the server refuses the credentials twice in a row)")
+
+// Watch logs a connection made with its Options. Only the first failure
+// of a run of them is logged (at Warn); the connection made, or made
+// again, ends the run (Info).
+type Watch struct {
+	log   *slog.Logger
+	lost  context.CancelCauseFunc
+	texts Texts
+
+	failing atomic.Bool // a failure was logged, and no connection made since
+	closing atomic.Bool // the owner closes the connection: its close is no failure
+}
+
+// Texts are what a Watch's log lines say of the daemon.
+type Texts struct {
+	// Who names the daemon in its log ("the agent", "the node").
+	Who string
+	// Unreachable says what to check when NATS cannot be reached.
+	Unreachable string
+	// Lost says what waits while the connection is down.
+	Lost string
+}
+
+// New returns a Watch that logs to log and calls lost with ErrClosed
+// (wrapping the connection's last error) when the connection closes for
+// good without the owner's Closing.
+func New(log *slog.Logger, lost context.CancelCauseFunc, texts Texts) *Watch {
+	return &Watch{log: log, lost: lost, texts: texts}
+}
+
+// Closing marks the owner's own close of the connection, which is then
+// neither a loss nor an end: call it before nats.Conn.Close.
+func (w *Watch) Closing() { w.closing.Store(true) }
+
+// Options are the connection's handlers, to pass to nats.Connect.
+func (w *Watch) Options() []nats.Option {
+	return []nats.Option{
+		nats.ConnectHandler(func(nc *nats.Conn) {
+			w.failing.Store(false)
+			w.log.Info("connected to NATS", "url", nc.ConnectedUrlRedacted())
+		}),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			// Each try that fails: the first connection's (with
+			// nats.RetryOnFailedConnect), and a lost one's (every 250 ms).
+			if w.failing.CompareAndSwap(false, true) {
+				if Refused(err) {
+					w.log.Warn(fmt.Sprintf("NATS refused %s's credentials; retrying (check --nats-user, --nats-password, --nats-creds)", w.texts.Who), "err", err)
+				} else {
+					w.log.Warn(fmt.Sprintf("cannot reach NATS; retrying until it answers (%s)", w.texts.Unreachable), "err", err)
+				}
+			}
+		}),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if w.closing.Load() {
+				return
+			}
+			w.failing.Store(true)
+			w.log.Warn(fmt.Sprintf("lost the NATS connection; reconnecting (%s until it is back)", w.texts.Lost), "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			w.failing.Store(false)
+			w.log.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted())
+		}),
+		nats.ClosedHandler(func(nc *nats.Conn) {
+			if w.closing.Load() {
+				return
+			}
+			w.log.Error(fmt.Sprintf("the NATS connection is closed for good: %s stops", w.texts.Who), "err", nc.LastError())
+			w.lost(fmt.Errorf("%w: %v", ErrClosed, nc.LastError()))
+		}),
+	}
+}
+
+// Refused reports whether a NATS connection error is the credentials'
+// fault (the server refusing them, or a creds file nats.go cannot use),
+// not a server out of reach.
+func Refused(err error) bool {
+	s := strings.ToLower(err.Error())
+	return strings.Contains(s, "authorization") || strings.Contains(s, "authentication") || strings.Contains(s, "nkeys:")
+}
