@@ -641,6 +641,22 @@ func TestExtraKeyBlocksCountsKeptBlocksOnly(t *testing.T) {
 	}
 }
 
+// TestExtraKeyBlocksCountsTheKeptBlocksKeys: ExtraKeyBlocks counts the kept
+// blocks that carry extra keys, not as many of the entries as were kept: a
+// store of 3 blocks whose third alone carries extra keys, and loses that
+// block to the block-size rule, emits none.
+func TestExtraKeyBlocksCountsTheKeptBlocksKeys(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	keys := []any{nil, nil, []any{"img-3"}}
+	evs := decode(t, d, in(t, []any{"BlockStored", []uint64{1, 2, 3}, nil, tokens(0, 40), 16, nil, nil, nil, keys}))
+	if len(evs) != 1 || len(evs[0].Blocks) != 2 {
+		t.Fatalf("events %s, want one store of blocks 1 and 2", fmtEvents(evs))
+	}
+	if s := d.Stats(); s.ExtraKeyBlocks != 0 {
+		t.Fatalf("ExtraKeyBlocks = %d, want 0: neither kept block carries extra keys (the dropped third does)", s.ExtraKeyBlocks)
+	}
+}
+
 // TestLearnedGroupKindChangesOnceTheTableIsFull: the group → kind table of
 // LearnGroupKinds takes no new group past maxLearnedGroups, but a group it
 // holds still follows what its stores say: a full table must not freeze it.

@@ -450,8 +450,8 @@ func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
 	if keep == 0 {
 		return why, false
 	}
-	if e.extraKeys > 0 {
-		d.stats.ExtraKeyBlocks += uint64(min(e.extraKeys, keep))
+	if e.extraKeys != nil {
+		d.stats.ExtraKeyBlocks += uint64(e.extraKeyBlocks(keep))
 	}
 	out.Events = append(out.Events, kvevent.Event{
 		Kind:      kvevent.KindStored,

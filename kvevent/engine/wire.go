@@ -322,7 +322,11 @@ type wireEvent struct {
 	loraName  []byte
 	group     uint64
 	kind      []byte
-	extraKeys int // non-nil per-block entries of extra_keys
+	// extraKeys is extra_keys' per-block entries, read whole, after the
+	// array header (nil when absent or not a list): which blocks carry
+	// extra keys is only counted once the decoder knows how many blocks
+	// it kept (see extraKeyBlocks).
+	extraKeys []byte
 }
 
 // reset empties e, keeping its slices' storage up to maxKeptBytes each.
@@ -556,7 +560,8 @@ func readTokens(b []byte, e *wireEvent) ([]byte, error) {
 
 // readExtraKeys reads extra_keys without interpreting it: a list of one entry
 // per block, each nil or a list (multimodal ids, LoRA name, cache salt). Only
-// the non-nil entries are counted; any other shape is skipped as opaque.
+// the non-nil entries are counted (extraKeyBlocks); any other shape is
+// skipped as opaque.
 func readExtraKeys(b []byte, e *wireEvent) ([]byte, error) {
 	if !isArray(b[0]) {
 		return msgp.Skip(b)
@@ -565,13 +570,28 @@ func readExtraKeys(b []byte, e *wireEvent) ([]byte, error) {
 	if err != nil {
 		return b, err
 	}
+	entries := b
 	for i := 0; i < n; i++ {
-		if len(b) > 0 && b[0] != mnil {
-			e.extraKeys++
-		}
 		if b, err = msgp.Skip(b); err != nil {
 			return b, err
 		}
 	}
+	e.extraKeys = entries[:len(entries)-len(b)]
 	return b, nil
+}
+
+// extraKeyBlocks counts the non-nil extra_keys entries among the first n
+// blocks': those of the blocks a store kept, not of blocks it lost.
+func (e *wireEvent) extraKeyBlocks(n int) int {
+	b, count := e.extraKeys, 0
+	for i := 0; i < n && len(b) > 0; i++ {
+		if b[0] != mnil {
+			count++
+		}
+		var err error
+		if b, err = msgp.Skip(b); err != nil {
+			break // cannot happen: readExtraKeys skipped the same entries
+		}
+	}
+	return count
 }
