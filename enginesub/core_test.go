@@ -143,6 +143,16 @@ func TestSequenceRules(t *testing.T) {
 		{name: "a rejected batch right after a new epoch resyncs",
 			steps: steps(live(0, 1, 2), rejected(0, "truncated"), live(1)),
 			want:  "ev0 ev1 ev2 reset resync:bad_payload ev1", malformed: 1},
+		// The sink's last call being a Resync spares a rejected payload its
+		// resync only until a batch is applied or an epoch starts (resynced
+		// cleared in apply and in newEpoch): later, the lost batch's
+		// events may matter again.
+		{name: "a rejected batch after a resync and an applied batch resyncs",
+			steps: steps(live(0, 2, 3), rejected(4, "truncated"), live(5)),
+			want:  "ev0 resync:gap ev2 ev3 resync:bad_payload ev5", malformed: 1},
+		{name: "a rejected batch after a resync and a reset resyncs",
+			steps: steps(live(0, 1, 2), rejected(3, "truncated"), rejected(0, "truncated"), live(1)),
+			want:  "ev0 ev1 ev2 resync:bad_payload reset resync:bad_payload ev1", malformed: 2},
 		{name: "a rejected batch in a replay resyncs, and the replay goes on", replay: true,
 			steps: steps(step{replies: [][][]byte{replyMsg(2, true), {{}, seqFrame(3), rejectedPayload(3, "truncated")},
 				replyMsg(4, false), endMsg}}, live(0, 1, 5)),
