@@ -341,12 +341,13 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) Rea
 			hole = true
 			return false
 		default:
-			c.count(func(s *Stats) { s.Replayed++ })
 			if len(c.replayed) == 0 {
 				c.replayedFrom = seq
 			}
 			c.replayed = append(c.replayed, xxh3.Hash(payload))
-			c.apply(seq, payload)
+			if c.apply(seq, payload) {
+				c.count(func(s *Stats) { s.Replayed++ })
+			}
 		}
 		return true
 	})
@@ -383,8 +384,9 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) Rea
 // resynced, since the sink may hold blocks the batch removed. Not when the
 // sink's last call was a Resync already: it holds nothing from the stream
 // since, that the lost batch could have made stale, and an engine whose
-// every payload is rejected costs one resync, not one per batch.
-func (c *core) apply(seq uint64, payload []byte) {
+// every payload is rejected costs one resync, not one per batch. It reports
+// whether the batch was applied: decoded and given to the sink.
+func (c *core) apply(seq uint64, payload []byte) bool {
 	c.next = seq + 1
 	c.batch.Reset()
 	if err := c.dec.Decode(payload, &c.batch); err != nil {
@@ -394,7 +396,7 @@ func (c *core) apply(seq uint64, payload []byte) {
 		if !c.resynced {
 			c.resync(ReasonBadPayload, "seq", seq, "err", err)
 		}
-		return
+		return false
 	}
 	c.exportSkips()
 	n := c.batch.BlockEvents()
@@ -413,6 +415,7 @@ func (c *core) apply(seq uint64, payload []byte) {
 		c.resync(ReasonSinkError, "seq", seq, "err", err)
 	}
 	c.batch.Reset() // drop references the sink must not keep
+	return true
 }
 
 // exportSkips counts, in the metrics, the wire events and blocks the

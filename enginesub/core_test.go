@@ -356,6 +356,32 @@ func TestLiveCopyOfLastBatchCountsAsDuplicate(t *testing.T) {
 	}
 }
 
+// TestReplayedCountsAppliedBatchesOnly: Stats.Replayed counts the batches
+// a replay applied, not a replayed payload the decoder rejects (counted
+// Malformed, and resynced).
+func TestReplayedCountsAppliedBatchesOnly(t *testing.T) {
+	sink := &recSink{}
+	c := newCore(t, sink, func(ctx context.Context, from uint64, each func([][]byte) bool) error {
+		for _, r := range [][][]byte{replyMsg(2, true), {{}, seqFrame(3), rejectedPayload(3, "truncated")}, replyMsg(4, false), replyMsg(5, false), endMsg} {
+			if !each(r) {
+				return nil
+			}
+		}
+		return nil
+	})
+	for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(5)} {
+		if err := c.live(bg, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := trace(sink.of(nil)), "ev0 ev1 ev2 resync:bad_payload ev4 ev5"; got != want {
+		t.Fatalf("sink calls %s, want %s", got, want)
+	}
+	if st := c.Stats(); st.Replayed != 3 || st.Malformed != 1 {
+		t.Fatalf("Replayed = %d, Malformed = %d, want 3 (batches 2, 4 and 5 applied) and 1 (3 rejected)", st.Replayed, st.Malformed)
+	}
+}
+
 func u64p(v uint64) *uint64 { return &v }
 
 // TestCatchUpOnResume: a resuming subscriber with a replay endpoint asks
