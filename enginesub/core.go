@@ -32,7 +32,8 @@ type Stats struct {
 // replayFunc asks the engine for its buffered batches from sequence from
 // on, and calls each with every reply (the frames a DEALER receives) until
 // each returns false. It returns an error when the replay cannot be asked
-// for, times out, or ctx ends.
+// for, times out, or ctx ends. Each reply's frames are its own: each may
+// keep them (replayGap holds payloads past the call).
 type replayFunc func(ctx context.Context, from uint64, each func(frames [][]byte) bool) error
 
 // core is a Subscriber without its sockets: sequence tracking, replay and
@@ -245,7 +246,7 @@ func (c *core) catchUp(ctx context.Context) error {
 	c.started, c.next, c.liveLast, c.liveSeen = true, r, r-1, r > 0
 	c.liveSumOK = false
 	c.count(func(s *Stats) { s.NextSeq = c.next })
-	reason := c.replayGap(ctx, r, r, true)
+	reason, _ := c.replayGap(ctx, r, r, true)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -285,9 +286,13 @@ func (c *core) heal(ctx context.Context, seq uint64, payload []byte) error {
 	c.m.gaps.Inc()
 	reason := ReasonGap
 	if c.replay != nil {
-		reason = c.replayGap(ctx, from, seq, false)
+		var restarted bool
+		reason, restarted = c.replayGap(ctx, from, seq, false)
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if restarted {
+			return c.replayNewEpoch(ctx, seq)
 		}
 	}
 	if reason != "" {
@@ -303,6 +308,30 @@ func (c *core) heal(ctx context.Context, seq uint64, payload []byte) error {
 	return nil
 }
 
+// replayNewEpoch follows a gap whose replay came from a restarted engine
+// (see replayGap): its batch seq has other bytes than the live batch seq
+// just read, which the engine published before it restarted (its last
+// batches, the restarted engine's first ones, lost in between). The live
+// batch is the old epoch's, applied nowhere: the rank starts the new epoch
+// and is replayed from 0, through seq at least, which the engine's buffer
+// was just seen to hold. A replay that fails resyncs the rank, and the
+// stream goes on past seq (the new epoch's live copies of the batches
+// replayed are told by their bytes, see replayed).
+func (c *core) replayNewEpoch(ctx context.Context, seq uint64) error {
+	c.log.Info("replay came from a restarted engine", "rank", c.rank, "seq", seq)
+	c.newEpoch(seq)
+	reason, _ := c.replayGap(ctx, 0, seq+1, true)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if reason != "" {
+		c.resync(reason, "missing", fmt.Sprintf("0..%d", seq))
+		c.next = max(c.next, seq+1)
+		c.count(func(s *Stats) { s.NextSeq = c.next })
+	}
+	return nil
+}
+
 // replayGap asks for the batches from `from` on and applies those it gets,
 // in order. It returns "" when the gap up to upTo (excluded) was filled,
 // and, with whole, the replay also ended cleanly (a catch-up, whose gap
@@ -313,10 +342,42 @@ func (c *core) heal(ctx context.Context, seq uint64, payload []byte) error {
 // the batches asked for: an overrun, and nothing replayed can stand in for
 // them. Its batches are not applied; the stream goes on from the live batch
 // that showed the gap.
-func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) Reason {
+//
+// A gap shown by live batch upTo (not whole) may be answered by an engine
+// that restarted since that batch was published: one that reached upTo
+// again in its new epoch, the old epoch's last batches and the new one's
+// first lost in between. Its batches are not the old epoch's missing ones,
+// and applied they would mix the two epochs on the sink. Its batch upTo
+// tells: other bytes than the live batch's (a real batch carries its
+// publish time). So the batches below upTo are held until the replay's
+// copy of upTo is seen; with other bytes, none is applied and replayGap
+// reports restarted. A replay that ends, fails or skips a batch before
+// upTo applies what it held, as a replay that ends short always did. The
+// batches held point into the replies, each a message of its own, and are
+// at most what the engine sends at once (its buffer), which the replay
+// socket queues anyway.
+func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (reason Reason, restarted bool) {
 	c.count(func(s *Stats) { s.Replays++ })
 	c.replayed, c.replayedFrom = c.replayed[:0], from
 	first, overrun, hole := true, false, false
+	check := !whole && c.liveSeen && c.liveLast == upTo && c.liveSumOK
+	var held [][]byte // replayed batches c.next.. not applied until upTo is checked
+	want := func() uint64 { return c.next + uint64(len(held)) }
+	applyReplayed := func(seq uint64, payload []byte) {
+		if len(c.replayed) == 0 {
+			c.replayedFrom = seq
+		}
+		c.replayed = append(c.replayed, xxh3.Hash(payload))
+		if c.apply(seq, payload) {
+			c.count(func(s *Stats) { s.Replayed++ })
+		}
+	}
+	flush := func() {
+		for _, p := range held {
+			applyReplayed(c.next, p)
+		}
+		held = held[:0]
+	}
 	err := c.replay(ctx, from, func(frames [][]byte) bool {
 		seq, payload, end, bad := parseReply(frames)
 		switch {
@@ -334,37 +395,47 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) Rea
 			}
 		}
 		switch {
-		case seq < c.next: // applied already
+		case seq < want(): // applied (or held) already
 			c.count(func(s *Stats) { s.Duplicates++ })
 			c.m.duplicates.Inc()
-		case seq > c.next: // a hole in the replay: never apply past it
+		case seq > want(): // a hole in the replay: never apply past it
 			hole = true
 			return false
+		case check && seq < upTo:
+			held = append(held, payload)
 		default:
-			if len(c.replayed) == 0 {
-				c.replayedFrom = seq
+			if check {
+				if xxh3.Hash(payload) != c.liveSum {
+					restarted = true
+					return false
+				}
+				check = false
+				flush()
 			}
-			c.replayed = append(c.replayed, xxh3.Hash(payload))
-			if c.apply(seq, payload) {
-				c.count(func(s *Stats) { s.Replayed++ })
-			}
+			applyReplayed(seq, payload)
 		}
 		return true
 	})
 	switch {
 	case ctx.Err() != nil:
-		return ""
+		return "", false
+	case restarted:
+		c.m.replays.WithLabelValues("restarted").Inc()
+		return "", true
+	}
+	flush() // the replay ended before upTo, if any are held
+	switch {
 	case overrun:
 		c.count(func(s *Stats) { s.Overruns++ })
 		c.m.replays.WithLabelValues("overrun").Inc()
-		return ReasonOverrun
+		return ReasonOverrun, false
 	case c.next >= upTo && !(whole && (err != nil || hole)):
 		if err != nil {
 			c.log.Debug("replay ended badly after filling the gap", "rank", c.rank, "err", err)
 		}
 		c.m.replays.WithLabelValues("healed").Inc()
 		c.log.Info("gap filled by replay", "rank", c.rank, "from", from, "to", upTo-1)
-		return ""
+		return "", false
 	}
 	c.m.replays.WithLabelValues("failed").Inc()
 	switch {
@@ -375,7 +446,7 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) Rea
 	default:
 		c.log.Warn("replay ended short of the gap", "rank", c.rank, "from", from, "reached", c.next, "want", upTo)
 	}
-	return ReasonReplayFailed
+	return ReasonReplayFailed, false
 }
 
 // apply decodes batch seq and gives it to the sink. It consumes seq even

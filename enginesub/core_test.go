@@ -119,7 +119,7 @@ func TestSequenceRules(t *testing.T) {
 			steps: steps(replies(timeout, 2, 3), live(0, 1, 4)),
 			want:  "ev0 ev1 replay:2 ev2 ev3 ev4"},
 		{name: "restart during a gap: new epoch replayed from zero", replay: true,
-			steps: steps(live(0, 1, 2), replies(nil, 0, 1, 2), restarted(2), live(3)),
+			steps: steps(live(0, 1, 2), restartedReplies(0, 1, 2), restarted(2), live(3)),
 			want:  "ev0 ev1 ev2 reset replay:0 ev0 ev1 ev2 ev3"},
 		{name: "sink refusal resyncs", steps: live(0, 1, 2), fail: 1,
 			want: "ev0 ev1! resync:sink_error ev2"},
@@ -382,6 +382,57 @@ func TestReplayedCountsAppliedBatchesOnly(t *testing.T) {
 	}
 }
 
+// TestReplayFromARestartedEngineIsNotApplied: the subscriber is behind,
+// the engine restarts, and the SUB queue drops the old engine's batch 4
+// and the new engine's batches 0 to 6. The old engine's batch 5 shows the
+// gap; the replay is the restarted engine's, whose batch 5 has other bytes
+// than the one just read live. Applied on the old epoch's state, it would
+// leave the old engine's blocks on the sink for good, under the new
+// engine's: the rank starts a new epoch and is replayed from 0 instead.
+func TestReplayFromARestartedEngineIsNotApplied(t *testing.T) {
+	const newHash = 0xcd000000
+	newBatch := func(seq uint64) [][]byte {
+		p := removedPayload(newHash+seq, 0)
+		binary.BigEndian.PutUint64(p[2:10], math.Float64bits(9+float64(seq)/4096)) // published later
+		return [][]byte{{}, seqFrame(seq), p}
+	}
+	sink := &recSink{}
+	c := newCore(t, sink, func(ctx context.Context, from uint64, each func([][]byte) bool) error {
+		sink.add(call{kind: "replay", seq: from})
+		for s := from; s <= 6; s++ { // the restarted engine's buffer: its batches 0 to 6
+			if !each(newBatch(s)) {
+				return nil
+			}
+		}
+		each(endMsg)
+		return nil
+	})
+	for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(2), liveMsg(3), liveMsg(5), newBatch(7)} {
+		if err := c.live(bg, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := sink.of(nil)
+	synced := false
+	for _, cl := range calls {
+		switch cl.kind {
+		case "reset", "resync":
+			synced = true
+		case "ev":
+			if !synced && cl.events[0].Removed[0] >= newHash {
+				t.Fatalf("the restarted engine's batch %d reached the sink on the old epoch's state, with no Reset or Resync before it:\n%s",
+					cl.seq, trace(calls)+"\n"+fmtEvents(cl.events))
+			}
+		}
+	}
+	if got, want := trace(calls), "ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 ev6 ev7"; got != want {
+		t.Fatalf("sink calls:\n got %s\nwant %s", got, want)
+	}
+	if st := c.Stats(); st.Epochs != 1 || st.Resyncs != 0 || st.Replays != 2 || st.Replayed != 7 {
+		t.Fatalf("stats %+v, want 1 epoch, no resync, 2 replays, 7 batches replayed", st)
+	}
+}
+
 func u64p(v uint64) *uint64 { return &v }
 
 // TestCatchUpOnResume: a resuming subscriber with a replay endpoint asks
@@ -529,6 +580,17 @@ func restarted(seqs ...uint64) []step {
 		out = append(out, stamped(2.5+float64(s)/4096, s)...)
 	}
 	return out
+}
+
+// restartedReplies is what the next replay answers when the engine
+// restarted (restarted): its batches seqs, and the end.
+func restartedReplies(seqs ...uint64) step {
+	var st step
+	for _, s := range seqs {
+		st.replies = append(st.replies, restarted(s)[0].live)
+	}
+	st.replies = append(st.replies, endMsg)
+	return st
 }
 
 // stamped is live batch seq published at time ts.

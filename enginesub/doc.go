@@ -24,7 +24,13 @@
 //     was overrun. When history cannot be had (no replay endpoint, overrun,
 //     timeout, a short or holed replay), Sink.Resync says the rank's state is
 //     unknown, and the stream is followed on from the batch that showed the
-//     gap.
+//     gap. A replay whose copy of the batch that showed the gap has other
+//     bytes comes from an engine that restarted since that batch was
+//     published (the old epoch's last batches and the new one's first lost
+//     in between): none of it is applied; the rank starts a new epoch,
+//     Sink.Reset, the live batch is dropped with its epoch, and the new one
+//     is replayed from 0 (resynced if that fails). To tell, the batches
+//     below the gap's end are held until its copy comes.
 //   - Live messages that arrive while a replay runs wait in the SUB socket's
 //     queue; those the replay already applied (above the last live sequence,
 //     at or below the last applied) are duplicates and are skipped.
@@ -85,8 +91,15 @@
 //
 // What the wire cannot tell: an engine that restarts and whose first batches
 // are lost, so that the first sequence seen from it is above the last one
-// seen before, looks like a gap, not a new epoch; a replay would then mix
-// the two epochs' batches. In bind mode, a publish time tells an old
+// seen before, looks like a gap, not a new epoch; the gap's replay, the
+// restarted engine's like the live batch that showed it, mixes the two
+// epochs' batches on the sink. Shown by the old engine's last batch, the
+// gap's replay tells when the restarted engine has published that sequence
+// again (its copy has other bytes, above); when it has not, its replay ends
+// short of the gap, and the batches it holds are applied on the old
+// epoch's state: the rank resyncs unless they reach the gap's end, and is
+// reset when the new engine's batch of that sequence comes live, but not
+// when that batch is lost too. In bind mode, a publish time tells an old
 // connection's batch from a restarted engine's only as finely as the engine
 // sends it: a float32 ts changes every 128 s at today's Unix times, an
 // integer one every second. An old connection's batch with the ts of the

@@ -42,7 +42,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		duplicates: counter("kvagent_subscriber_duplicates_total",
 			"Batches skipped because a replay had applied them already."),
 		replays: counter("kvagent_subscriber_replays_total",
-			"Replays asked of the engine, by outcome (healed, overrun, failed).", "outcome"),
+			"Replays asked of the engine, by outcome (healed, overrun, failed, restarted: answered by an engine that restarted since the live batch that showed the gap).", "outcome"),
 		resyncs: counter("kvagent_subscriber_resyncs_total",
 			"Ranks whose state was declared unknown, by reason (gap, overrun, replay_failed, sink_error, bad_payload).", "reason"),
 		malformed: counter("kvagent_subscriber_malformed_total",
@@ -94,7 +94,7 @@ func (m *metrics) forRank(worker uint64, dp uint32) rankMetrics {
 		droppedBlocks: m.droppedBlocks.MustCurryWith(labels),
 	}
 	// The labelled series show zero before their first occurrence.
-	for _, o := range []string{"healed", "overrun", "failed"} {
+	for _, o := range []string{"healed", "overrun", "failed", "restarted"} {
 		r.replays.WithLabelValues(o)
 	}
 	for _, why := range []Reason{ReasonGap, ReasonOverrun, ReasonReplayFailed, ReasonSinkError, ReasonBadPayload} {
