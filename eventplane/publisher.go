@@ -177,8 +177,15 @@ type Publisher struct {
 // rankBuf holds a rank's unacknowledged events: ids start..next-1 live in
 // evs[head:] (start may be past acked+1 after DropOldest).
 type rankBuf struct {
-	next     uint64 // the id the next published event gets
-	acked    uint64 // the router's cursor, as last acknowledged
+	next  uint64 // the id the next published event gets
+	acked uint64 // the router's cursor, as last acknowledged
+	// sent is the highest id a request carried or a committed dump
+	// reported (its through), moved as the ids by each renumbering: no
+	// cursor of ours is past it. An ack's cursor past it (below next)
+	// was taken for the acknowledgement of buffered events no request
+	// had carried, which were trimmed unsent and read as delivered by
+	// Flush (from the event-plane review).
+	sent     uint64
 	evs      []kvevent.Event
 	head     int
 	needDump bool
@@ -316,6 +323,7 @@ func (b *rankBuf) renumber(shift uint64) {
 		live[i].id += shift
 	}
 	b.next += shift
+	b.sent += shift
 	b.renumbered += shift
 }
 
@@ -731,7 +739,7 @@ func (p *Publisher) loop() {
 			scratch = appendEvents(scratch[:0], batches)
 			hdr = appendPublished(hdr[:0], published)
 			var refused bool
-			ok, refused = p.sendEvents(scratch, hdr)
+			ok, refused = p.sendEvents(batches, scratch, hdr)
 			switch {
 			case ok:
 				if time.Now().After(ceilingUntil) {
@@ -887,6 +895,7 @@ func (p *Publisher) nextRequest(published []uint64, maxEvents int, now time.Time
 		if k > 0 {
 			out = append(out, raftfsm.RankBatch{Rank: r, Incarnation: p.cfg.Incarnation, Events: slices.Clone(pend[:k])})
 			published = append(published, b.publishedAt(pend[0].EventID))
+			b.sent = max(b.sent, pend[k-1].EventID)
 		}
 	}
 	if len(p.order) > 0 {
@@ -940,16 +949,24 @@ func (p *Publisher) request(subject string, data, published []byte) (acks []raft
 	return acks, cursor, err
 }
 
-// sendEvents sends one request and applies its acks; false means resend
-// after a backoff, and refused that the request as it is will never go
-// through (the router answered it invalid, or the NATS server takes no
-// message that large). A reply whose acks moved no rank forward (nothing
+// sendEvents sends one request, of batches, and applies its acks; false
+// means resend after a backoff, and refused that the request as it is
+// will never go through (the router answered it invalid, or the NATS
+// server takes no message that large). A reply whose acks are not one per
+// batch, of its rank, in the request's order (docs/events.md) is
+// malformed: nothing of it is applied, and the request is resent. A reply whose acks moved no rank forward (nothing
 // trimmed, applied or skipped as a duplicate, no cursor moved, no gap, no
 // dump asked: a refusal, or a router of an earlier build that refuses a
 // rank without saying so) is false too: resent at once, it would be
 // answered the same way, one Raft entry each, for ever.
-func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
+func (p *Publisher) sendEvents(batches []raftfsm.RankBatch, data, published []byte) (ok, refused bool) {
 	acks, _, err := p.request(p.cfg.Subject, data, published)
+	if err == nil && !acksMatch(acks, batches) {
+		// Applied as it came, an ack of a rank the request did not carry
+		// moved that rank's cursor and trimmed its buffer all the same
+		// (from the event-plane review).
+		err = fmt.Errorf("%w: %d acks in answer to %d rank batches, or not of their ranks in their order", ErrMalformed, len(acks), len(batches))
+	}
 	if err != nil {
 		p.logRetry("events", err)
 		var re *ReplyError
@@ -994,12 +1011,15 @@ func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 			progress = true // the rank waits for its dump, not for a resend
 			continue
 		}
-		if a.Cursor >= b.next {
+		if a.Cursor > b.sent {
 			// The router is ahead of this publisher: its ids were used by
 			// an earlier incarnation (an agent restart). What we send now
 			// is taken for duplicates. Resync the rank with a dump, which
-			// sets the cursor to our numbering.
-			p.cfg.Logger.Warn("router cursor ahead of the publisher; resyncing the rank", "rank", a.Rank, "cursor", a.Cursor, "next", b.next)
+			// sets the cursor to our numbering. A cursor below next but
+			// past every id we sent is no cursor of ours either: taken,
+			// it trimmed buffered events no request had carried, as if
+			// the router had them.
+			p.cfg.Logger.Warn("router cursor ahead of the publisher; resyncing the rank", "rank", a.Rank, "cursor", a.Cursor, "sent", b.sent, "next", b.next)
 			p.askDump(b)
 			progress = true
 			continue
@@ -1051,6 +1071,20 @@ func (p *Publisher) sendEvents(data, published []byte) (ok, refused bool) {
 		p.cfg.Logger.Debug("the router's acks moved no rank forward; retrying with backoff")
 	}
 	return progress, false
+}
+
+// acksMatch says whether acks answer batches: one ack per batch, of its
+// rank, in order.
+func acksMatch(acks []raftfsm.RankAck, batches []raftfsm.RankBatch) bool {
+	if len(acks) != len(batches) {
+		return false
+	}
+	for i := range acks {
+		if acks[i].Rank != batches[i].Rank {
+			return false
+		}
+	}
+	return true
 }
 
 // refused notes that the router refused rank r as unregistered (an events
@@ -1222,6 +1256,7 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 		b.next = through + 1
 	}
 	b.acked = through
+	b.sent = max(b.sent, through)
 	b.dumps++
 	if b.dumpAsks == asks {
 		b.needDump = false
@@ -1251,6 +1286,12 @@ func (p *Publisher) logRetry(what string, err error) {
 		// It will fail the same way every time (a dump of a rank larger
 		// than the server takes, docs/offload.md): say so.
 		p.cfg.Logger.Error("request larger than the NATS server takes; retrying", "what", what, "err", err)
+		return
+	}
+	if errors.Is(err, ErrMalformed) {
+		// Not a reply this request can have had from a router of any
+		// build (acks of other ranks, say): say so, it is resent each time.
+		p.cfg.Logger.Warn("router's reply malformed; retrying", "what", what, "err", err)
 		return
 	}
 	p.cfg.Logger.Debug("request failed; retrying", "what", what, "err", err)

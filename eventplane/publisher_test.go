@@ -532,3 +532,140 @@ func TestPublishWaitThatWaitsWhenADumpStartsStopsWaiting(t *testing.T) {
 		t.Fatalf("PublishWait on a full rank while the loop waits in Dump: %v", err)
 	}
 }
+
+// scriptedLeader answers the publisher's requests itself, on a lone NATS
+// server: events requests go to events, dumps to dump (nil: no responder).
+func scriptedLeader(t *testing.T, events, dump func(*nats.Msg)) *nats.Conn {
+	t.Helper()
+	nc := connectNowhere(t)
+	for subj, h := range map[string]func(*nats.Msg){DefaultSubject: events, DefaultDumpSubject: dump} {
+		if h == nil {
+			continue
+		}
+		sub, err := nc.Subscribe(subj, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sub.Unsubscribe() })
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return nc
+}
+
+// TestAnAckCursorPastEveryIdSentTrimsNothing: from a review. A request
+// carries ids 1..2 of a rank (MaxRequestEvents 2) while 1..5 are
+// buffered; the answer's cursor is 5, past every id the publisher sent (a
+// foreign cursor: the router can only have reached it by another
+// writer's ids). The publisher took 3..5 for acknowledged: it trimmed
+// them from its buffer unsent, and Flush reported them delivered. Now
+// such a cursor is handled as one at or past next: nothing is trimmed,
+// and the rank dumps.
+func TestAnAckCursorPastEveryIdSentTrimsNothing(t *testing.T) {
+	var mu sync.Mutex
+	var maxSent uint64
+	nc := scriptedLeader(t, func(m *nats.Msg) {
+		bs, err := decodeEvents(m.Data, 1<<16)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		var acks []raftfsm.RankAck
+		mu.Lock()
+		for _, b := range bs {
+			maxSent = max(maxSent, b.Events[len(b.Events)-1].EventID)
+			acks = append(acks, raftfsm.RankAck{Rank: b.Rank, Cursor: 5, Applied: len(b.Events)})
+		}
+		mu.Unlock()
+		m.Respond(appendAcks(nil, acks, ackFlagsKnown))
+	}, nil)
+	dumped := make(chan struct{})
+	var once sync.Once
+	p, err := NewPublisher(PublisherConfig{Conn: nc, MaxRequestEvents: 2, Logger: quiet,
+		Dump: func(kvevent.Rank) ([]kvevent.Event, uint64) { once.Do(func() { close(dumped) }); return nil, 0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	r := kvevent.Rank{Worker: 1}
+	if _, err := p.Publish(r, slices.Repeat([]kvevent.Event{{Kind: kvevent.KindCleared}}, 5)); err != nil {
+		t.Fatal(err)
+	}
+	// The ack is applied one way or the other: a dump asked, or the
+	// cursor taken.
+	waitFor(t, 10*time.Second, "the ack", func() bool {
+		select {
+		case <-dumped:
+			return true
+		default:
+		}
+		a, _ := p.Cursor(r)
+		return a > 0
+	})
+	acked, _ := p.Cursor(r)
+	mu.Lock()
+	sent := maxSent
+	mu.Unlock()
+	if acked > sent || p.Pending() != 5 {
+		t.Fatalf("acked cursor %d, the last id sent %d, pending %d: want nothing acknowledged and the 5 events kept", acked, sent, p.Pending())
+	}
+}
+
+// TestAnAckOfARankTheRequestDidNotCarryIsMalformed: from a review. The
+// answer to a request of rank A's batch alone acknowledges rank B too
+// (cursor 1, which B's earlier, failed request carried). Applied rank by
+// rank, it moved B's cursor and trimmed B's event though no router took
+// it. Acks that are not one per batch, of its rank, in order, are a
+// malformed reply now: nothing applied, and the request is resent.
+func TestAnAckOfARankTheRequestDidNotCarryIsMalformed(t *testing.T) {
+	a, b := kvevent.Rank{Worker: 1}, kvevent.Rank{Worker: 2}
+	var mu sync.Mutex
+	seenB, extra := false, 0
+	nc := scriptedLeader(t, func(m *nats.Msg) {
+		bs, err := decodeEvents(m.Data, 1<<16)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		var acks []raftfsm.RankAck
+		for _, x := range bs {
+			if x.Rank == b {
+				// B's batches never go through.
+				seenB = true
+				m.Respond(appendError(nil, codeNotLeader, "not the leader"))
+				return
+			}
+			acks = append(acks, raftfsm.RankAck{Rank: x.Rank, Cursor: x.Events[len(x.Events)-1].EventID, Applied: len(x.Events)})
+		}
+		if seenB {
+			extra++
+			acks = append(acks, raftfsm.RankAck{Rank: b, Cursor: 1, Applied: 1})
+		}
+		m.Respond(appendAcks(nil, acks, ackFlagsKnown))
+	}, nil)
+	p, err := NewPublisher(PublisherConfig{Conn: nc, MaxRequestEvents: 1, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ev := []kvevent.Event{{Kind: kvevent.KindCleared}}
+	if _, err := p.Publish(b, ev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Publish(a, slices.Repeat(ev, 4)); err != nil {
+		t.Fatal(err)
+	}
+	// A second reply with B's ack means the first one was handled.
+	waitFor(t, 10*time.Second, "a second answer with B's ack, or B acknowledged", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		acked, _ := p.Cursor(b)
+		return extra >= 2 || acked > 0
+	})
+	if acked, _ := p.Cursor(b); acked != 0 {
+		t.Fatalf("rank B acknowledged through %d by the ack of a request that carried only rank A's batch", acked)
+	}
+}
