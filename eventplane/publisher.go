@@ -904,11 +904,12 @@ func (p *Publisher) nextRequest(published []uint64, maxEvents int, now time.Time
 	return out, published, n, refusedAt
 }
 
-// request sends data on subject and decodes the reply; published, when
-// not empty (an events request), goes in the headerPublished header. Every
+// request sends data on subject and decodes the reply, which must be of
+// type want or an error (decodeAnswer); published, when not empty (an
+// events request), goes in the headerPublished header. Every
 // request says which ack flags this publisher reads (headerAckFlags): the
 // unregistered answer to a dump goes by it too (codeUnregistered).
-func (p *Publisher) request(subject string, data, published []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
+func (p *Publisher) request(subject string, want byte, data, published []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
 	p.m.requests.Inc()
 	m := &nats.Msg{Subject: subject, Data: data}
 	if p.cfg.Conn.HeadersSupported() {
@@ -938,7 +939,7 @@ func (p *Publisher) request(subject string, data, published []byte) (acks []raft
 	if err != nil {
 		return nil, 0, err
 	}
-	acks, cursor, err = decodeReply(msg.Data)
+	acks, cursor, err = decodeAnswer(msg.Data, want)
 	if err == nil && time.Since(start) < timeout/4 {
 		// A reply well within the timeout: it comes down again, halving,
 		// to RequestTimeout. A reset at every reply had every request of
@@ -960,7 +961,7 @@ func (p *Publisher) request(subject string, data, published []byte) (acks []raft
 // rank without saying so) is false too: resent at once, it would be
 // answered the same way, one Raft entry each, for ever.
 func (p *Publisher) sendEvents(batches []raftfsm.RankBatch, data, published []byte) (ok, refused bool) {
-	acks, _, err := p.request(p.cfg.Subject, data, published)
+	acks, _, err := p.request(p.cfg.Subject, msgAcks, data, published)
 	if err == nil && !acksMatch(acks, batches) {
 		// Applied as it came, an ack of a rank the request did not carry
 		// moved that rank's cursor and trimmed its buffer all the same
@@ -1168,7 +1169,7 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 		stored[i].Rank = r
 	}
 	req := dumpRequest{rank: r, incarnation: p.cfg.Incarnation, cursor: through, stored: stored}
-	_, cursor, err := p.request(p.cfg.DumpSubject, appendDump(nil, &req), nil)
+	_, cursor, err := p.request(p.cfg.DumpSubject, msgDumpOK, appendDump(nil, &req), nil)
 	var re *ReplyError
 	if errors.As(err, &re) && re.Code == codeUnregistered {
 		// The rank's worker does not list it: nothing applied. Not a
@@ -1179,6 +1180,15 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 		p.refused(r, p.ranks[r])
 		p.mu.Unlock()
 		return true
+	}
+	if err == nil && cursor < through {
+		// The router answers a dump it committed with the dump's cursor,
+		// and a stale one with its own, above (the renumbering below): a
+		// cursor under the dump's says neither. Taken for a commit, the
+		// rank read synced and its buffer was trimmed through a dump the
+		// router may never have taken; it is malformed, and the dump is
+		// resent after its backoff.
+		err = fmt.Errorf("%w: dump of rank %v answered at cursor %d, below its own %d", ErrMalformed, r, cursor, through)
 	}
 	if err != nil {
 		p.logRetry("dump", err)

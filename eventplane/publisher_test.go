@@ -669,3 +669,46 @@ func TestAnAckOfARankTheRequestDidNotCarryIsMalformed(t *testing.T) {
 		t.Fatalf("rank B acknowledged through %d by the ack of a request that carried only rank A's batch", acked)
 	}
 }
+
+// TestADumpAnsweredWithoutItsCommitIsResent: from a review. A dump's
+// answer is "dump ok" at the dump's cursor (committed), at the router's
+// above it (stale), or an error. An acks message decoded as "dump ok" at
+// cursor 0, and one at a cursor below the dump's was taken as well: the
+// rank read synced, its buffer was trimmed through the dump's id,
+// kvagent_events_dumps_total counted it, and the dump was never resent,
+// though the router replaced nothing. Both are malformed now: the dump is
+// resent after its backoff.
+func TestADumpAnsweredWithoutItsCommitIsResent(t *testing.T) {
+	for name, answer := range map[string][]byte{
+		"an acks message":            appendAcks(nil, nil, ackFlagsKnown),
+		"a dump ok below its cursor": appendDumpOK(nil, 2),
+	} {
+		t.Run(name, func(t *testing.T) {
+			var mu sync.Mutex
+			dumps := 0
+			nc := scriptedLeader(t, nil, func(m *nats.Msg) {
+				mu.Lock()
+				dumps++
+				mu.Unlock()
+				m.Respond(answer)
+			})
+			r := kvevent.Rank{Worker: 2}
+			p, err := NewPublisher(PublisherConfig{Conn: nc, Logger: quiet, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+				Dump: func(kvevent.Rank) ([]kvevent.Event, uint64) { return nil, 3 }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			p.Resync(r)
+			waitFor(t, 10*time.Second, "the dump resent, or taken", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return dumps >= 2 || val(p.m.dumps) > 0
+			})
+			if s := p.Synced(r); s != 0 || val(p.m.dumps) != 0 {
+				acked, _ := p.Cursor(r)
+				t.Fatalf("a dump answered with %s reads committed: Synced = %d, cursor %d, dumps_total = %v", name, s, acked, val(p.m.dumps))
+			}
+		})
+	}
+}

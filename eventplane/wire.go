@@ -531,6 +531,19 @@ func decodeReply(b []byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
 	return acks, cursor, nil
 }
 
+// decodeAnswer decodes the reply to a request that is answered by
+// messages of type want (msgAcks for events, msgDumpOK for a dump) or an
+// error: a reply of any other type is malformed. decodeReply alone takes
+// either, and an acks message in answer to a dump read as that dump
+// committed at cursor 0 (from the event-plane review).
+func decodeAnswer(b []byte, want byte) (acks []raftfsm.RankAck, cursor uint64, err error) {
+	r := rbuf{b: b}
+	if _, t := r.header(); r.err == nil && t != want && t != msgError {
+		return nil, 0, fmt.Errorf("%w: message type %d in answer to a request answered by type %d", ErrMalformed, t, want)
+	}
+	return decodeReply(b)
+}
+
 // ---- the published-times header ----
 
 // headerPublished is the NATS header of an events request that says, for

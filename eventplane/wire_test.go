@@ -160,6 +160,20 @@ func TestReplyRoundTrip(t *testing.T) {
 	if _, _, err := decodeReply(appendError(nil, codeNotLeader, "nope")); !errors.As(err, &re) || re.Code != codeNotLeader || re.Msg != "nope" {
 		t.Fatalf("error reply: %v", err)
 	}
+	// An answer is read as the request's kind only: acks to events, dump
+	// ok to a dump, an error to either.
+	if _, _, err := decodeAnswer(appendAcks(nil, nil, ackFlagsKnown), msgDumpOK); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("acks in answer to a dump: %v, want ErrMalformed", err)
+	}
+	if _, _, err := decodeAnswer(appendDumpOK(nil, 42), msgAcks); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("dump ok in answer to events: %v, want ErrMalformed", err)
+	}
+	if _, cur, err := decodeAnswer(appendDumpOK(nil, 42), msgDumpOK); err != nil || cur != 42 {
+		t.Fatalf("dump ok in answer to a dump: %d, %v", cur, err)
+	}
+	if _, _, err := decodeAnswer(appendError(nil, codeNotLeader, "nope"), msgDumpOK); !errors.As(err, &re) || re.Code != codeNotLeader {
+		t.Fatalf("error reply to a dump: %v", err)
+	}
 	in := dumpRequest{rank: kvevent.Rank{Worker: 5}, incarnation: 1<<64 - 1, cursor: 17, stored: sampleBatches()[0].Events[:2]}
 	for i := range in.stored { // a dump's events travel without rank or id
 		in.stored[i].Rank, in.stored[i].EventID = in.rank, 0
