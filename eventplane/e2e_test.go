@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -569,29 +570,87 @@ func ingesting(in *Ingester) bool {
 	return m.GetGauge().GetValue() == 1
 }
 
+// holdAfterDumpTarget is a cursorTarget whose events requests after the
+// first dump it commits wait for release.
+type holdAfterDumpTarget struct {
+	*cursorTarget
+	release chan struct{}
+}
+
+func (t *holdAfterDumpTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	t.mu.Lock()
+	dumped := t.dumps > 0
+	t.mu.Unlock()
+	if dumped {
+		select {
+		case <-t.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return t.cursorTarget.IngestEvents(ctx, bs)
+}
+
+// pollHook is a context whose Done calls poll first: Flush calls it once
+// per look at the cursors, after it took its goals and that look.
+type pollHook struct {
+	context.Context
+	poll func()
+}
+
+func (c pollHook) Done() <-chan struct{} {
+	c.poll()
+	return c.Context.Done()
+}
+
 // TestFlushFollowsARenumbering: a new incarnation's events, published
 // before a Flush, are renumbered past the router's cursor (an earlier
-// incarnation used their ids) and go through with the dump that follows;
+// incarnation used their ids) and go through after the dump that follows;
 // Flush waits for them in their new numbering and returns once the router
-// holds them.
+// holds them. The owner's dump reflects the first 5 of the 10 events (the
+// others were published after it was built), so the 5 others are still to
+// go when the dump commits, at a cursor past 10: Flush must wait for
+// their new ids, not take that cursor for past the old ones'. Their
+// request is held until Flush has looked at the cursors after the dump.
 func TestFlushFollowsARenumbering(t *testing.T) {
-	tg := newCursorTarget()
+	tg := &holdAfterDumpTarget{cursorTarget: newCursorTarget(), release: make(chan struct{})}
+	var released sync.Once
+	release := func() { released.Do(func() { close(tg.release) }) }
+	defer release()
 	r := kvevent.Rank{Worker: 9}
 	tg.cursor[r] = 50 // an earlier incarnation's
-	o := newOwner(5)
-	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{Dump: o.dump})
-	o.pub = p
-	ctx := ctxT(t)
-	for range 10 {
-		o.step(ctx, t, r) // ids 1..10: duplicates, to the router
+	dumpGo := make(chan struct{})
+	dump := func(kvevent.Rank) ([]kvevent.Event, uint64) {
+		select {
+		case <-dumpGo:
+		case <-t.Context().Done():
+		}
+		return nil, 5
 	}
+	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{Dump: dump})
+	// ids 1..10: duplicates, to the router
+	if _, err := p.Publish(r, slices.Repeat([]kvevent.Event{{Kind: kvevent.KindCleared}}, 10)); err != nil {
+		t.Fatal(err)
+	}
+	polls, dumped := 0, false
+	ctx := pollHook{ctxT(t), func() {
+		polls++
+		switch {
+		case polls == 1:
+			close(dumpGo) // Flush took its goals in the old numbering
+		case dumped:
+			release() // Flush looked at the cursors after the dump, and waits on
+		case val(p.m.dumps) > 0:
+			dumped = true // the look before this call may predate the dump
+		}
+	}}
 	if err := p.Flush(ctx); err != nil {
 		t.Fatalf("Flush: %v", err)
 	}
 	acked, last := p.Cursor(r)
 	tg.mu.Lock()
 	defer tg.mu.Unlock()
-	if tg.dumps == 0 || acked != tg.cursor[r] || acked < 50 || last != acked || p.Pending() != 0 {
+	if tg.dumps != 1 || acked != tg.cursor[r] || acked < 50 || last != acked || p.Pending() != 0 {
 		t.Fatalf("after Flush: %d dumps, cursor %d acknowledged of the router's %d, last id %d, %d pending; want the events renumbered past 50 and acknowledged",
 			tg.dumps, acked, tg.cursor[r], last, p.Pending())
 	}

@@ -712,3 +712,172 @@ func TestADumpAnsweredWithoutItsCommitIsResent(t *testing.T) {
 		})
 	}
 }
+
+// ackingLeader answers each events request with an ack per batch at its
+// last id, with the resync flag when resync says so for that id, and
+// each dump with its commit.
+func ackingLeader(t *testing.T, resync func(last uint64) bool) *nats.Conn {
+	return scriptedLeader(t, func(m *nats.Msg) {
+		bs, err := decodeEvents(m.Data, 1<<16)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		var acks []raftfsm.RankAck
+		for _, b := range bs {
+			last := b.Events[len(b.Events)-1].EventID
+			acks = append(acks, raftfsm.RankAck{Rank: b.Rank, Cursor: last, Applied: len(b.Events), Resync: resync(last)})
+		}
+		m.Respond(appendAcks(nil, acks, ackFlagsKnown))
+	}, func(m *nats.Msg) {
+		d, err := decodeDump(m.Data)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		m.Respond(appendDumpOK(nil, d.cursor))
+	})
+}
+
+// TestAnAckWithoutResyncCancelsAHeldBackAsk: the router's resync ask
+// within RouterResyncEvery of the last is held back to the interval's end
+// (routerDue); an ack without the flag before then says the router no
+// longer misses anything, and cancels it.
+func TestAnAckWithoutResyncCancelsAHeldBackAsk(t *testing.T) {
+	nc := ackingLeader(t, func(last uint64) bool { return last <= 2 })
+	p, err := NewPublisher(PublisherConfig{Conn: nc, Logger: quiet, Dump: func(kvevent.Rank) ([]kvevent.Event, uint64) { return nil, 1 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	r := kvevent.Rank{Worker: 1}
+	due := func() time.Time {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.ranks[r].routerDue
+	}
+	publish := func(id uint64) {
+		t.Helper()
+		if _, err := p.Publish(r, []kvevent.Event{{Kind: kvevent.KindCleared}}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 10*time.Second, "the ack", func() bool { a, _ := p.Cursor(r); return a == id })
+	}
+	publish(1) // its ack's resync dumps the rank at once
+	waitFor(t, 10*time.Second, "the router's dump", func() bool { return val(p.m.dumps) == 1 })
+	publish(2) // asked again, within the interval: held back
+	if due().IsZero() {
+		t.Fatal("a second resync ask within RouterResyncEvery is not held back")
+	}
+	publish(3) // no flag
+	if d := due(); !d.IsZero() {
+		t.Fatalf("an ack without the resync flag left the held-back ask due at %v", d)
+	}
+}
+
+// TestPublishCountsARefusal: a Publish refused for a full buffer counts
+// in kvagent_events_publish_full_total.
+func TestPublishCountsARefusal(t *testing.T) {
+	p, err := NewPublisher(PublisherConfig{Conn: connectNowhere(t), BufferEvents: 1, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	r := kvevent.Rank{Worker: 1}
+	ev := []kvevent.Event{{Kind: kvevent.KindCleared}}
+	if _, err := p.Publish(r, ev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Publish(r, ev); !errors.Is(err, ErrFull) {
+		t.Fatalf("Publish into a full buffer: %v, want ErrFull", err)
+	}
+	if got := val(p.m.full); got != 1 {
+		t.Fatalf("kvagent_events_publish_full_total %v after one refused Publish, want 1", got)
+	}
+}
+
+// TestADumpPastTheLastIdRaisesNext: a dump whose through is at or past
+// the next id (the owner's state reflects ids this publisher never gave
+// out: a restarted agent's) makes the next event's id through+1, so that
+// it is not taken for a duplicate of what the dump holds.
+func TestADumpPastTheLastIdRaisesNext(t *testing.T) {
+	nc := ackingLeader(t, func(uint64) bool { return false })
+	p, err := NewPublisher(PublisherConfig{Conn: nc, Logger: quiet, Dump: func(kvevent.Rank) ([]kvevent.Event, uint64) { return nil, 10 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	r := kvevent.Rank{Worker: 1}
+	p.Resync(r)
+	waitFor(t, 10*time.Second, "the dump", func() bool { return p.Synced(r) == 1 })
+	id, err := p.Publish(r, []kvevent.Event{{Kind: kvevent.KindCleared}})
+	if err != nil || id != 11 {
+		t.Fatalf("Publish after a dump through 10: id %d, %v; want 11", id, err)
+	}
+}
+
+// TestAskingADumpWakesPublishWait: PublishWait waits for room in a full
+// rank; a dump asked for the rank (Resync) lets it drop the rank's oldest
+// events, which the dump covers, and it returns at once, though the loop
+// is still out with a request (nothing else wakes it here: no ack, no
+// dump started).
+func TestAskingADumpWakesPublishWait(t *testing.T) {
+	tg := &holdFirstTarget{cursorTarget: newCursorTarget(), entered: make(chan struct{}), release: make(chan struct{})}
+	defer close(tg.release)
+	// The request stays out for the whole test: a timeout would start the
+	// dump, which wakes PublishWait too.
+	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{BufferEvents: 2, RequestTimeout: time.Minute,
+		Dump: func(kvevent.Rank) ([]kvevent.Event, uint64) { return nil, 0 }})
+	r := kvevent.Rank{Worker: 1}
+	ev := []kvevent.Event{{Kind: kvevent.KindCleared}}
+	if _, err := p.Publish(r, slices.Repeat(ev, 2)); err != nil {
+		t.Fatal(err)
+	}
+	<-tg.entered // events 1 and 2 are in flight, the buffer full
+	ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { _, err := p.PublishWait(ctx, r, ev); done <- err }()
+	waitFor(t, 10*time.Second, "PublishWait to wait", func() bool { return val(p.m.full) == 1 })
+	p.Resync(r)
+	if err := <-done; err != nil {
+		t.Fatalf("PublishWait on a full rank after a dump of it was asked: %v", err)
+	}
+}
+
+// TestADumpTakenEndsTheRanksRefusal: a rank whose dump the router refused
+// as unregistered is taken again once a dump goes through: the refusal
+// and its backoff end, as when its events are taken.
+func TestADumpTakenEndsTheRanksRefusal(t *testing.T) {
+	var mu sync.Mutex
+	answered := 0
+	nc := scriptedLeader(t, nil, func(m *nats.Msg) {
+		d, err := decodeDump(m.Data)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if answered++; answered == 1 {
+			m.Respond(appendError(nil, codeUnregistered, "the worker does not list the rank"))
+			return
+		}
+		m.Respond(appendDumpOK(nil, d.cursor))
+	})
+	p, err := NewPublisher(PublisherConfig{Conn: nc, Logger: quiet, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		Dump: func(kvevent.Rank) ([]kvevent.Event, uint64) { return nil, 0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	r := kvevent.Rank{Worker: 1}
+	p.Resync(r)
+	waitFor(t, 10*time.Second, "the dump", func() bool { return p.Synced(r) == 1 })
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if b := p.ranks[r]; val(p.m.unregistered) != 1 || b.unregistered || b.refusedBackoff != 0 {
+		t.Fatalf("after a refused dump and one taken: %v refusals, the rank refused %v, its backoff %v; want 1, false, 0",
+			val(p.m.unregistered), b.unregistered, b.refusedBackoff)
+	}
+}
