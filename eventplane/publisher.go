@@ -443,7 +443,10 @@ func (p *Publisher) Incarnation() uint64 { return p.cfg.Incarnation }
 // Close stops the send loop. Unacknowledged events are lost with the
 // publisher (an agent restart resyncs its ranks with dumps). It may be
 // called more than once, from several goroutines: each call returns once
-// the loop stopped.
+// the loop stopped. The loop may be inside the Dump callback, which Close
+// waits for: never call Close holding a lock that callback takes (the one
+// an owner holds around Publish, DumpFunc), or Close and the loop wait
+// for each other for ever (agent.Agent's Close holds none).
 func (p *Publisher) Close() error {
 	// Once, not a check of stop then a close: two Closes at once both
 	// closed it, and panicked. Every Close waits for the loop's end.
