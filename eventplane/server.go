@@ -35,18 +35,13 @@ type ServerConfig struct {
 // CheckServerAddr says what is wrong with addr as a listen address of the
 // embedded server (ServerConfig.Addr and ClusterAddr, kvrouter's
 // --nats-addr and --nats-cluster-addr), nil when nothing is: host:port,
-// the port a number from 0 to 65535 (0: one the kernel picks). nats-server
-// takes a port number only: a service name ("127.0.0.1:http"), which
-// net.Listen would look up, is refused here as StartServer refuses it.
+// the port a number from 0 to 65535 (0, or nats-server's -1: one the
+// kernel picks). nats-server takes a port number only: a service name
+// ("127.0.0.1:http"), which net.Listen would look up, is refused here as
+// StartServer refuses it.
 func CheckServerAddr(addr string) error {
-	_, port, err := splitHostPort(addr)
-	if err != nil {
-		return err
-	}
-	if port > 65535 {
-		return fmt.Errorf("port %d: want a number from 0 to 65535", port)
-	}
-	return nil
+	_, _, err := splitHostPort(addr)
+	return err
 }
 
 // CheckServerName says what is wrong with name as the embedded server's
@@ -59,6 +54,10 @@ func CheckServerName(name string) error {
 	return nil
 }
 
+// splitHostPort parses a listen address of the embedded server for
+// CheckServerAddr and StartServer alike, so that the check refuses what
+// the server would: a port out of range fails only at its listen, after
+// kvrouter has locked its data directory and taken its HTTP port.
 func splitHostPort(addr string) (string, int, error) {
 	host, p, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -67,6 +66,10 @@ func splitHostPort(addr string) (string, int, error) {
 	port, err := strconv.Atoi(p)
 	if err != nil {
 		return "", 0, fmt.Errorf("port %q: %w", p, err)
+	}
+	// -1 is nats-server's RANDOM_PORT, which ServerConfig.Addr documents.
+	if port < server.RANDOM_PORT || port > 65535 {
+		return "", 0, fmt.Errorf("port %d: want a number from 0 to 65535", port)
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT

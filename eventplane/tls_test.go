@@ -284,7 +284,9 @@ func TestSettingsTheServerWouldNotEnforceAreRefused(t *testing.T) {
 // refuse what StartServer refuses and take what it starts with. From a
 // review: kvrouter checked the addresses with net.LookupPort, which takes
 // a service name (127.0.0.1:http) that StartServer's parse refused, and a
-// --node-id with a space reached nats-server unchecked.
+// --node-id with a space reached nats-server unchecked; and from another,
+// the checks took a negative port (127.0.0.1:-5) that StartServer's
+// listen refused (-1 is nats-server's random port, which both take).
 func TestTheServerChecksAgreeWithStartServer(t *testing.T) {
 	for _, c := range []struct {
 		name, addr, cluster string
@@ -296,6 +298,9 @@ func TestTheServerChecksAgreeWithStartServer(t *testing.T) {
 		{"a", "127.0.0.1:0", "127.0.0.1:http"},
 		{"a", "127.0.0.1", ""},
 		{"a", "127.0.0.1:65536", ""},
+		{"a", "127.0.0.1:-5", ""},
+		{"a", "127.0.0.1:0", "127.0.0.1:-5"},
+		{"a", "127.0.0.1:-1", "127.0.0.1:-1"},
 	} {
 		checked := CheckServerName(c.name) == nil && CheckServerAddr(c.addr) == nil && (c.cluster == "" || CheckServerAddr(c.cluster) == nil)
 		s, err := StartServer(ServerConfig{Name: c.name, Addr: c.addr, ClusterAddr: c.cluster})

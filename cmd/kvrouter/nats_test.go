@@ -294,7 +294,8 @@ func TestANodeIDWithASpaceIsAUsageErrorWithTheEmbeddedNATS(t *testing.T) {
 // (127.0.0.1:http), which net.Listen takes for --http-addr, is a usage
 // error naming the flag before the data directory is touched. From a
 // review: the check took it (net.LookupPort) and the server refused it
-// once the data directory was made (exit 1).
+// once the data directory was made (exit 1); from a later one, a negative
+// port likewise.
 func TestANATSAddressWithAServicePortIsAUsageError(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -302,6 +303,7 @@ func TestANATSAddressWithAServicePortIsAUsageError(t *testing.T) {
 	}{
 		{[]string{"--nats-addr", "127.0.0.1:http"}, "--nats-addr"},
 		{[]string{"--nats-addr", "127.0.0.1:0", "--nats-cluster-addr", "127.0.0.1:http"}, "--nats-cluster-addr"},
+		{[]string{"--nats-addr", "127.0.0.1:-5"}, "--nats-addr"},
 	} {
 		checkRefusedStart(t, append([]string{"--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t)}, c.args...), c.flag)
 	}
