@@ -353,7 +353,7 @@ type ingesterMetrics struct {
 func newIngesterMetrics(reg prometheus.Registerer, log *slog.Logger) ingesterMetrics {
 	m := ingesterMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_requests_total",
-			Help: "Event requests answered by this node's ingester, by outcome (acked, not_leader, invalid, error, stale: a dump below the rank's cursor, answered with the cursor; unregistered: a dump of a rank its Positional worker does not list, applied nothing)."}, []string{"outcome"}),
+			Help: "Event requests answered by this node's ingester (a message without a reply subject is not), by outcome (acked, not_leader, invalid, error, stale: a dump below the rank's cursor, answered with the cursor; unregistered: a dump of a rank its Positional worker does not list, applied nothing)."}, []string{"outcome"}),
 		entries: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_events_entries_total",
 			Help: "Raft entries proposed by the ingester (each packs one or more event requests, or one dump); a group refused before Raft took it (not leading, its deadline passed) is not counted."}),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_received_total",
@@ -558,11 +558,16 @@ func (in *Ingester) leadership() {
 	}
 }
 
+// reply answers m and counts it in kvrouter_events_requests_total. A
+// message without a reply subject (a publish, not a request) gets no
+// answer and is not counted: the family counts the requests answered, and
+// a publish counted acked read as a publisher that got its ack.
 func (in *Ingester) reply(m *nats.Msg, b []byte, outcome string) {
-	in.m.requests.WithLabelValues(outcome).Inc()
-	if m.Reply != "" {
-		_ = m.Respond(b)
+	if m.Reply == "" {
+		return
 	}
+	in.m.requests.WithLabelValues(outcome).Inc()
+	_ = m.Respond(b)
 }
 
 func (in *Ingester) replyErr(m *nats.Msg, err error) {

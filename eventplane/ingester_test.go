@@ -435,6 +435,14 @@ func clearedEvents(r kvevent.Rank, first uint64, n int) *nats.Msg {
 	return &nats.Msg{Data: appendEvents(nil, []raftfsm.RankBatch{{Rank: r, Events: evs}})}
 }
 
+// asRequest gives m a reply subject, as a publisher's request has: the
+// ingester counts only the messages it answers (its answer, the message
+// bound to no subscription, goes nowhere).
+func asRequest(m *nats.Msg) *nats.Msg {
+	m.Reply = "_INBOX.test"
+	return m
+}
+
 // TestDecodedEventsWaitingAreBounded: with the commits stalled, requests
 // queue until MaxQueuedEvents events wait; the next request's callback
 // then waits for room (leaving further requests in NATS) and goes on once
@@ -590,6 +598,39 @@ func TestAFailedEntryFailsEveryRequestInIt(t *testing.T) {
 	}
 	if got, acked := val(in.m.requests.WithLabelValues("not_leader")), val(in.m.requests.WithLabelValues("acked")); got != n || acked != 0 {
 		t.Errorf("requests counted not_leader %v and acked %v, want %d and 0", got, acked, n)
+	}
+}
+
+// TestAPublishWithoutAReplyIsNotCountedAnswered: a message on the events
+// subject without a reply subject (a publish, not a request) is committed
+// but answered nothing, and kvrouter_events_requests_total, the requests
+// answered, does not count it; a request beside it is counted acked. From
+// a review: reply() counted the publish acked too, and a malformed one
+// invalid.
+func TestAPublishWithoutAReplyIsNotCountedAnswered(t *testing.T) {
+	tg := newFakeTarget()
+	in, _ := startPlane(t, tg)
+	nc := connect(t, in.cfg.Conn.ConnectedUrl())
+	if err := nc.Publish(in.cfg.Subject, clearedEvents(kvevent.Rank{Worker: 1}, 1, 2).Data); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.Request(in.cfg.Subject, clearedEvents(kvevent.Rank{Worker: 2}, 1, 2).Data, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	in.onEvents(&nats.Msg{Data: []byte{0xff}}) // malformed, without a reply subject
+	waitFor(t, 10*time.Second, "both ranks' events to commit", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		return len(tg.ingested) == 2
+	})
+	in.Close() // waits for the commits, which count after IngestEvents returns
+	if n := val(in.m.rejected.WithLabelValues("malformed")); n != 1 {
+		t.Errorf("kvrouter_events_requests_rejected_total{reason=\"malformed\"} = %v, want 1", n)
+	}
+	for outcome, want := range map[string]float64{"acked": 1, "invalid": 0} {
+		if n := val(in.m.requests.WithLabelValues(outcome)); n != want {
+			t.Errorf("kvrouter_events_requests_total{outcome=%q} = %v, want %v: one request, one publish and one malformed publish", outcome, n, want)
+		}
 	}
 }
 
@@ -1320,7 +1361,7 @@ func TestEntriesCountOnlyProposedEntries(t *testing.T) {
 		c := newTestCluster(t, 3)
 		f := (c.leader() + 1) % 3
 		in := c.ings[f]
-		in.onEvents(clearedEvents(r, 1, 1)) // as a drained subscription delivers it after a step-down
+		in.onEvents(asRequest(clearedEvents(r, 1, 1))) // as a drained subscription delivers it after a step-down
 		waitFor(t, 10*time.Second, "the not_leader answer", func() bool {
 			return val(in.m.requests.WithLabelValues("not_leader")) == 1
 		})
@@ -1333,7 +1374,7 @@ func TestEntriesCountOnlyProposedEntries(t *testing.T) {
 		l := c.leader()
 		in, node := c.ings[l], c.nodes[l]
 		c.converged()
-		in.onEvents(clearedEvents(r, 1, 1))
+		in.onEvents(asRequest(clearedEvents(r, 1, 1)))
 		waitFor(t, 10*time.Second, "the error answer", func() bool {
 			return val(in.m.requests.WithLabelValues("error")) == 1
 		})
