@@ -601,6 +601,70 @@ func TestAFailedEntryFailsEveryRequestInIt(t *testing.T) {
 	}
 }
 
+// unregTarget is a fakeTarget that answers every batch unregistered
+// and asked to resync.
+type unregTarget struct{ *fakeTarget }
+
+func (u unregTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	acks, err := u.fakeTarget.IngestEvents(ctx, bs)
+	for i := range acks {
+		acks[i] = raftfsm.RankAck{Rank: acks[i].Rank, Unregistered: true, Resync: true}
+	}
+	return acks, err
+}
+
+// TestAcksCarryOnlyTheFlagsTheirRequestAnnounced: of two requests in one
+// entry, the one that announces the ack flags it reads beyond the base
+// (headerAckFlags) gets its ack's unregistered flag, and the one without
+// the header (a publisher of an earlier build, which refuses a reply with
+// a flag it does not know: docs/events.md) gets the base flags alone. From
+// a review: an ingester that masked every reply with ackFlagsKnown left
+// every test green.
+func TestAcksCarryOnlyTheFlagsTheirRequestAnnounced(t *testing.T) {
+	tg := unregTarget{newFakeTarget()}
+	// The entry closes when it holds both requests (its event bound), not
+	// when a linger ends: both are in one commit.
+	in, _ := startPlaneWith(t, tg, IngesterConfig{Linger: time.Hour, MaxEntryEvents: 4}, PublisherConfig{})
+	nc := connect(t, in.cfg.Conn.ConnectedUrl())
+	flags := make([]byte, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i, announce := range []bool{false, true} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := &nats.Msg{Subject: in.cfg.Subject, Data: clearedEvents(kvevent.Rank{Worker: uint64(i + 1)}, 1, 2).Data}
+			if announce {
+				m.Header = nats.Header{headerAckFlags: []string{ackFlagsHeader}}
+			}
+			reply, err := nc.RequestMsg(m, 10*time.Second)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			flags[i] = reply.Data[len(reply.Data)-1] // the one ack's flags
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	tg.mu.Lock()
+	calls := tg.calls
+	tg.mu.Unlock()
+	if calls != 1 {
+		t.Fatalf("the two requests went in %d entries, want one", calls)
+	}
+	if want := byte(ackResync); flags[0] != want {
+		t.Errorf("the request without %s: ack flags %#x, want %#x (the base flags only)", headerAckFlags, flags[0], want)
+	}
+	if want := byte(ackResync | ackUnregistered); flags[1] != want {
+		t.Errorf("the request announcing its flags (%s: %s): ack flags %#x, want %#x", headerAckFlags, ackFlagsHeader, flags[1], want)
+	}
+}
+
 // TestAPublishWithoutAReplyIsNotCountedAnswered: a message on the events
 // subject without a reply subject (a publish, not a request) is committed
 // but answered nothing, and kvrouter_events_requests_total, the requests
