@@ -1458,8 +1458,12 @@ func TestEntriesCountOnlyProposedEntries(t *testing.T) {
 }
 
 // TestDumpEntriesAreCounted: a dump is a Raft entry of its own, which
-// kvrouter_events_entries_total counts as it does an entry of events.
-// From a review: onDump proposed its entry uncounted.
+// kvrouter_events_entries_total counts as it does an entry of events, and
+// kvrouter_events_resyncs_total{reason="dump"} counts once committed; a
+// dump below the rank's cursor, which the state machine refuses, counts in
+// kvrouter_events_requests_rejected_total{reason="stale_dump"} and is
+// answered stale. From a review: onDump proposed its entry uncounted; from
+// another, no test failed with the resync or the stale dump uncounted.
 func TestDumpEntriesAreCounted(t *testing.T) {
 	c := newTestCluster(t, 1)
 	l := c.leader()
@@ -1474,6 +1478,26 @@ func TestDumpEntriesAreCounted(t *testing.T) {
 	}
 	if n := val(in.m.entries); n != 1 {
 		t.Fatalf("kvrouter_events_entries_total = %v after the ingester proposed one entry (a dump)", n)
+	}
+	if n := val(in.m.resyncs.WithLabelValues("dump")); n != 1 {
+		t.Fatalf("kvrouter_events_resyncs_total{reason=\"dump\"} = %v after one dump committed", n)
+	}
+	in.onDump(asRequest(&nats.Msg{Data: appendDump(nil, &dumpRequest{rank: r, cursor: 2})}))
+	if node.Cursor(r) != 3 {
+		t.Fatalf("a dump below the rank's cursor 3 applied: cursor %d", node.Cursor(r))
+	}
+	for _, c := range []struct {
+		name string
+		c    prometheus.Counter
+		want float64
+	}{
+		{`kvrouter_events_requests_rejected_total{reason="stale_dump"}`, in.m.rejected.WithLabelValues("stale_dump"), 1},
+		{`kvrouter_events_requests_total{outcome="stale"}`, in.m.requests.WithLabelValues("stale"), 1},
+		{`kvrouter_events_resyncs_total{reason="dump"}`, in.m.resyncs.WithLabelValues("dump"), 1},
+	} {
+		if n := val(c.c); n != c.want {
+			t.Errorf("%s = %v after a stale dump, want %v", c.name, n, c.want)
+		}
 	}
 }
 

@@ -408,11 +408,11 @@ func (t *gapOnceTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch
 
 // TestAGapStillBufferedIsReplayedNotDumped: a gap at the router's cursor
 // whose events the buffer still holds is resent from the buffer; the rank
-// is not dumped.
+// is not dumped. The leader counts the gap in kvrouter_events_gaps_total.
 func TestAGapStillBufferedIsReplayedNotDumped(t *testing.T) {
 	r := kvevent.Rank{Worker: 1}
 	tg := &gapOnceTarget{cursorTarget: newCursorTarget(), rank: r}
-	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{
+	in, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{
 		Dump: func(kvevent.Rank) ([]kvevent.Event, uint64) { return nil, 0 }})
 	if _, err := p.Publish(r, slices.Repeat([]kvevent.Event{{Kind: kvevent.KindCleared}}, 3)); err != nil {
 		t.Fatal(err)
@@ -423,6 +423,10 @@ func TestAGapStillBufferedIsReplayedNotDumped(t *testing.T) {
 	if tg.dumps != 0 || len(tg.applied) != 3 || val(p.m.resends.WithLabelValues("replay")) != 1 {
 		t.Fatalf("after a gap whose events were buffered: %d dumps, %d events applied, %v replays; want 0, 3, 1",
 			tg.dumps, len(tg.applied), val(p.m.resends.WithLabelValues("replay")))
+	}
+	// Counted before the gap's ack went out, which the replay followed.
+	if n := val(in.m.gaps); n != 1 {
+		t.Fatalf("kvrouter_events_gaps_total = %v after one batch acknowledged with a gap", n)
 	}
 }
 
