@@ -192,7 +192,7 @@ func TestHeartbeatsOfUnknownWorkersAreNotKept(t *testing.T) {
 	tg.register(5, time.Minute)
 	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
 	in.leases.lead(time.Now())
-	ids := make([]uint64, 100_000)
+	ids := make([]uint64, maxHeartbeatIDs-1) // the most one heartbeat carries, with 5
 	for i := range ids {
 		ids[i] = uint64(i) + 1000
 	}
@@ -226,6 +226,28 @@ func TestHeartbeatsCountEachWorkerIDOnce(t *testing.T) {
 	in.onHeartbeat(&nats.Msg{Data: AppendHeartbeat(nil, []uint64{6})})
 	if n := val(in.m.heartbeats); n != 4 {
 		t.Fatalf("kvrouter_worker_heartbeats_total = %v after another of id 6, want 4", n)
+	}
+}
+
+// TestAHeartbeatOfTooManyIDsIsRefusedUnread: a heartbeat of more than
+// maxHeartbeatIDs ids is malformed, counted as such and none of its ids
+// heard; one of maxHeartbeatIDs is read. From a review: heartbeats of up
+// to the payload limit (1 Mi ids) were each read, tens of ms apiece,
+// and a stream of them from anyone on NATS filled the heartbeat
+// subscription's pending buffer: nats.go dropped live workers'
+// heartbeats (a few of a hundred within 5 s).
+func TestAHeartbeatOfTooManyIDsIsRefusedUnread(t *testing.T) {
+	tg := newFakeTarget()
+	tg.register(5, time.Minute)
+	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
+	in.leases.lead(time.Now())
+	in.onHeartbeat(&nats.Msg{Data: AppendHeartbeat(nil, slices.Repeat([]uint64{5}, maxHeartbeatIDs+1))})
+	if n, bad := val(in.m.heartbeats), val(in.m.malformedHeartbeats); n != 0 || bad != 1 {
+		t.Fatalf("a heartbeat of %d ids: kvrouter_worker_heartbeats_total %v, _malformed_total %v; want 0 and 1", maxHeartbeatIDs+1, n, bad)
+	}
+	in.onHeartbeat(&nats.Msg{Data: AppendHeartbeat(nil, slices.Repeat([]uint64{5}, maxHeartbeatIDs))})
+	if n, bad := val(in.m.heartbeats), val(in.m.malformedHeartbeats); n != 1 || bad != 1 {
+		t.Fatalf("a heartbeat of %d ids: kvrouter_worker_heartbeats_total %v, _malformed_total %v; want 1 and 1", maxHeartbeatIDs, n, bad)
 	}
 }
 

@@ -83,6 +83,17 @@ const (
 // ranks, what an agent asks about, always fit.
 const maxHeartbeatRanks = limits.MaxDPRanks
 
+// maxHeartbeatIDs bounds the ids of one heartbeat: a longer one is
+// refused as malformed, unread. An agent's heartbeat vouches for its one
+// worker. Anyone on NATS may send heartbeats up to the payload limit
+// (8 MiB, 1 Mi ids), each of which took the leader tens of milliseconds
+// to read: a stream of them filled the heartbeat subscription's pending
+// buffer faster than it drained, and nats.go dropped the heartbeats that
+// came meanwhile, live workers' among them (a few in a hundred in a
+// test), leases that could run out. Refused unread, they cost about their
+// copy.
+const maxHeartbeatIDs = maxHeartbeatRanks
+
 // HeartbeatRequest returns the heartbeat request of ids on subject,
 // asking for the ranks without state (headerHeartbeatAsk). A connection to
 // a NATS server without headers (before 2.2: nats.Conn.HeadersSupported)
@@ -303,7 +314,12 @@ func (in *Ingester) onHeartbeat(m *nats.Msg) {
 	if !in.caughtUp() {
 		return
 	}
-	ids, err := DecodeHeartbeat(m.Data)
+	ids, err := []uint64(nil), error(nil)
+	if n := len(m.Data) / 8; n > maxHeartbeatIDs {
+		err = fmt.Errorf("%w: heartbeat of %d ids, more than %d", ErrMalformed, n, maxHeartbeatIDs)
+	} else {
+		ids, err = DecodeHeartbeat(m.Data)
+	}
 	if err != nil {
 		// A heartbeat, not an event request: counted as one, and answered
 		// outside the event requests' families (reply).
