@@ -241,6 +241,12 @@ func (c *cluster) publishAny(ctx context.Context, p *publisher, at *int) error {
 	tries, err := retry(ctx, func(ctx context.Context) error {
 		var err error
 		acks, err = c.nodes[*at].cl.IngestEvents(ctx, req)
+		if isRefusal(err) {
+			if p.refused == nil {
+				p.refused = map[int]int{}
+			}
+			p.refused[*at]++
+		}
 		if err != nil {
 			*at = (*at + 1) % len(c.nodes)
 		}
@@ -536,17 +542,18 @@ func TestPartitionedFollowerCatchesUp(t *testing.T) {
 		return st.LeaderID == "", st.State + " following " + st.LeaderID
 	})
 	// Every write of this round goes to the cut follower first: it has no
-	// leader to forward to, so it refuses each one and the client moves on
-	// to the majority.
-	before := p.retries
+	// leader to forward to, so it refuses each one (503 no_leader, not a
+	// timeout or any other error: isRefusal) and the client moves on to
+	// the majority.
+	before := p.refused[f]
 	for range 20 {
 		at = f
 		if err := c.publishAny(ctx, p, &at); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if refused := p.retries - before; refused < 20 {
-		t.Fatalf("the cut follower %s was sent 20 requests first and refused %d of them; want all refused", c.nodes[f].id, refused)
+	if refused := p.refused[f] - before; refused < 20 {
+		t.Fatalf("the cut follower %s was sent 20 requests first and refused %d of them (503 no_leader); want all refused", c.nodes[f].id, refused)
 	}
 	// The cut is real: the follower has not applied what the majority did.
 	maj := c.leaderAmong(c.others(f))

@@ -315,6 +315,7 @@ type publisher struct {
 	acked   [][]raftfsm.RankBatch // every acknowledged request, in order
 	retries int                   // requests sent again after an error
 	dups    int                   // events the cluster acknowledged as duplicates
+	refused map[int]int           // publishAny's refusals (isRefusal) by node index
 }
 
 func newPublisher(seed uint64, ranks ...kvevent.Rank) *publisher {
