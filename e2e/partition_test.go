@@ -500,6 +500,10 @@ func TestPartitionedLeaderLosesNothingAcknowledged(t *testing.T) {
 	c.converged()
 	c.checkAll(all)
 	c.statusAgrees()
+	// Requests retried across the cut are acknowledged in part as
+	// duplicates: each event still applied once, on every node (none
+	// restarted or restored a snapshot, so their counts hold).
+	c.appliedOnce(all)
 }
 
 // TestPartitionedFollowerCatchesUp cuts a follower off, keeps writing
@@ -568,5 +572,8 @@ func TestPartitionedFollowerCatchesUp(t *testing.T) {
 	c.converged()
 	c.checkAll(p.model)
 	c.statusAgrees()
+	// Each event applied once on every node, the one that caught up
+	// included (no node restarted or restored a snapshot).
+	c.appliedOnce(p.model)
 	t.Logf("isolated follower %s caught up; %d requests retried", c.nodes[f].id, p.retries)
 }
