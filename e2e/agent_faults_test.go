@@ -519,8 +519,12 @@ func TestAgentLeaseExpires(t *testing.T) {
 	})
 	c.converged()
 
-	// Back, it registers again and sends what it mirrors.
+	// Back, it registers again and sends what it mirrors: the index holds
+	// the model again before the engine publishes anything new (which
+	// could otherwise be what brings the blocks back, through a gap's
+	// resync).
 	resume()
+	waitModel(c, g)
 	publishBatches(pub, g, &seq, 5)
 	waitModel(c, g)
 	a.checkRuns(t)
