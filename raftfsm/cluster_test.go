@@ -92,16 +92,21 @@ func (c *testCluster) start(i int) { c.startOn(i, c.transport(c.addrs[i])) }
 
 func (c *testCluster) startOn(i int, tr *raft.NetworkTransport) {
 	c.t.Helper()
+	n, err := c.newNode(i, tr)
+	if err != nil {
+		c.t.Fatalf("start %s: %v", c.id(i), err)
+	}
+	c.nodes[i] = n
+}
+
+// newNode starts node i on tr and returns it, or the start's error.
+func (c *testCluster) newNode(i int, tr *raft.NetworkTransport) (*Node, error) {
 	cfg := Config{ID: c.id(i), RaftAddr: c.addrs[i], HTTPAddr: "http-" + c.id(i), DataDir: c.dirs[i], Peers: c.peers(),
 		Transport: tr, Logger: quiet}
 	if c.tune != nil {
 		c.tune(&cfg)
 	}
-	n, err := NewNode(cfg)
-	if err != nil {
-		c.t.Fatalf("start %s: %v", c.id(i), err)
-	}
-	c.nodes[i] = n
+	return NewNode(cfg)
 }
 
 func (c *testCluster) stop(i int) {

@@ -390,6 +390,9 @@ func (n *Node) startRaft() error {
 		}
 		n.trans = t
 	}
+	if err := n.refuseStateWithoutItsLog(); err != nil {
+		return err
+	}
 	// A new node of a new cluster writes the first configuration into its
 	// stores before Raft starts. Bootstrapping through the running Raft
 	// instead left a window in which a leader's snapshot could reach Raft
@@ -985,6 +988,43 @@ func (n *Node) dropLogAfterAGap() error {
 		return fmt.Errorf("delete the Raft log %d..%d after a gap above the snapshot at %d: %w", first, last, newest.Index, err)
 	}
 	return nil
+}
+
+// refuseStateWithoutItsLog refuses (ErrStartRefused) a state database
+// applied past everything Raft holds: its log's last entry and every
+// snapshot. The FSM applies only entries Raft stored first, and a
+// snapshot's install leaves the state at the snapshot's index, so such a
+// state outlived its raft/ and snapshots/ (lost, or wiped to start the
+// node afresh). fsm/ carries no cluster identity: started on it, Raft
+// begins a new log (bootstrapping it, or taking a leader's) and the FSM
+// skips every entry of it up to the old applied index, the new log's
+// first writes acknowledged and never applied, over a state no log
+// leads to. Checked before Raft's stores are written (a bootstrap, the
+// recorded origin), so that the directory is left as it was found.
+func (n *Node) refuseStateWithoutItsLog() error {
+	applied, _, err := n.fsm.db.Applied()
+	if err != nil || applied == 0 {
+		return err
+	}
+	last, err := n.logs.LastIndex()
+	if err != nil {
+		return fmt.Errorf("read the Raft log's last index: %w", err)
+	}
+	list, err := n.snaps.List()
+	if err != nil {
+		return fmt.Errorf("list Raft snapshots: %w", err)
+	}
+	var snap uint64
+	for _, m := range list {
+		snap = max(snap, m.Index)
+	}
+	if applied <= last || applied <= snap {
+		return nil
+	}
+	return refuseStart(nil, "%s holds a state applied at index %d, past the Raft log (last index %d) and every Raft snapshot (newest index %d) in %s: "+
+		"its raft/ or snapshots/ was lost or wiped, and a new log would start over the old state; put back the raft/ and snapshots/ it came with, "+
+		"or remove %s to start the node without a state (docs/operations.md, \"Layout of a node's data directory\")",
+		n.fsm.dir, applied, last, snap, n.cfg.DataDir, n.fsm.dir)
 }
 
 // catchUpFromSnapshot restores the FSM from the newest Raft snapshot when

@@ -104,8 +104,20 @@ func TestStartRestoresTheNewestSnapshotOverAStateOfAnotherHistory(t *testing.T) 
 			}},
 		{name: "below the state's index, of its term, with the state's entry not in the log",
 			snapshot: func(s *startedState) (uint64, uint64) { return s.applied - 2, s.term },
+			// The log resumes after the state's index, as after a user
+			// restore there (Raft removes the log and leaves a hole at
+			// the restore's index). A log that ends below the state's
+			// index and every snapshot's is refused
+			// (TestStartRefusesAStateWithoutItsRaftLog).
 			edit: func(t *testing.T, s *startedState, ls *store.LogStore) {
-				if err := ls.DeleteRange(s.applied, s.last); err != nil {
+				if s.last <= s.applied {
+					t.Fatalf("the log ends at %d: the test needs an entry after the state's %d", s.last, s.applied)
+				}
+				first, err := ls.FirstIndex()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := ls.DeleteRange(first, s.applied); err != nil {
 					t.Fatal(err)
 				}
 			}},
@@ -231,5 +243,54 @@ func TestStartRemovesAKilledPersistsPartialSnapshot(t *testing.T) {
 	}
 	if _, err := os.Stat(tmp); err == nil {
 		t.Fatalf("%s is still there after the start", tmp)
+	}
+}
+
+// TestStartRefusesAStateWithoutItsRaftLog: fsm/ holds no cluster
+// identity, and the start checks the state against Raft's only through
+// the newest snapshot (catchUpFromSnapshot). A data directory whose raft/
+// and snapshots/ are gone (lost, or wiped to start the node afresh) but
+// whose fsm/ stayed started a new log over the old state: the old
+// workers were served, and the FSM skipped every entry of the new log up
+// to the old applied index, so the new cluster's first writes were
+// acknowledged and never applied. The start now refuses a state applied
+// past the log's last entry and every snapshot, naming fsm/; without
+// fsm/ the node starts afresh.
+//
+// From a review: worker 100, registered on the new log, was never
+// applied; the node served workers 1..8.
+func TestStartRefusesAStateWithoutItsRaftLog(t *testing.T) {
+	c := newTestCluster(t, 1, func(cfg *Config) { cfg.ExpiryInterval, cfg.CheckInterval = time.Hour, time.Hour })
+	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return c.leader().CheckLeader() == nil })
+	for id := uint64(1); id <= 8; id++ {
+		if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: id, BlockSize: 16}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.stop(0)
+	for _, sub := range []string{"raft", "snapshots"} {
+		if err := os.RemoveAll(filepath.Join(c.dirs[0], sub)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fsmDir := filepath.Join(c.dirs[0], "fsm")
+	n, err := c.newNode(0, c.transport(c.addrs[0]))
+	if err == nil {
+		ws := n.fsm.Workers()
+		n.Close()
+		t.Fatalf("a node whose raft/ and snapshots/ were wiped started on its old state (%d workers)", len(ws))
+	}
+	wantRefused(t, "a start on a state without its Raft log", err, ErrStartRefused, fsmDir)
+
+	if err := os.RemoveAll(fsmDir); err != nil {
+		t.Fatal(err)
+	}
+	c.start(0)
+	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return c.leader().CheckLeader() == nil })
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 100, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	if ws := c.nodes[0].fsm.Workers(); len(ws) != 1 {
+		t.Fatalf("the node started afresh serves %d workers, want worker 100 alone", len(ws))
 	}
 }
