@@ -148,6 +148,21 @@ func (f *FSM) load() (err error) {
 	if err != nil {
 		return err
 	}
+	// The load reads the kinds it knows; a record of another kind would
+	// be left out of the state and of every snapshot in silence (a
+	// snapshot's reader refuses the kind). The state database keeps no
+	// format version: such a record is a later build's, or damage.
+	if k, err := db.UnknownRecord(); err != nil {
+		return fmt.Errorf("rebuild the state from %s: %w", f.dir, err)
+	} else if k != nil {
+		kind := "an empty key"
+		if len(k) > 0 {
+			kind = fmt.Sprintf("kind %#02x", k[0])
+		}
+		return fmt.Errorf("rebuild the state from %s: a record of %s (key %x), which this build does not know: "+
+			"a later build wrote it (run that build or a later one), or %s is damaged (remove it: the node takes the state from its Raft snapshots and log, or from the cluster): %w",
+			f.dir, kind, k, f.dir, store.ErrUnsupportedVersion)
+	}
 	scanRange := func(kind byte, from, to []byte, fn func(k, v []byte) error) error {
 		if err := db.ScanRange(kind, from, to, fn); err != nil {
 			return fmt.Errorf("rebuild %s from %s: %w", store.KindName(kind), f.dir, err)

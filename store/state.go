@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -311,6 +312,36 @@ func (s *StateDB) ScanRange(kind byte, from, to []byte, fn func(key, value []byt
 		return fmt.Errorf("scan %s: %w", KindName(kind), err)
 	}
 	return nil
+}
+
+// UnknownRecord returns the key of a record of a kind this format does
+// not know (ValidKind), nil if there is none: a later build's, read
+// after a downgrade, or damage. Such keys sort below the first kind or
+// past the last, so it costs two bounded seeks, whatever the state's
+// size.
+func (s *StateDB) UnknownRecord() ([]byte, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.db == nil {
+		return nil, fmt.Errorf("look for records of unknown kinds: %w", ErrClosed)
+	}
+	for _, bounds := range []pebble.IterOptions{{UpperBound: []byte{KindApplied}}, {LowerBound: []byte{kindEnd}}} {
+		it, err := s.db.NewIter(&bounds)
+		if err != nil {
+			return nil, fmt.Errorf("look for records of unknown kinds: %w", err)
+		}
+		var key []byte
+		if it.First() {
+			key = bytes.Clone(it.Key())
+		}
+		if err := it.Close(); err != nil {
+			return nil, fmt.Errorf("look for records of unknown kinds: %w", err)
+		}
+		if key != nil {
+			return key, nil
+		}
+	}
+	return nil, nil
 }
 
 func (b *StateBatch) k(kind byte) []byte {
