@@ -72,10 +72,6 @@ type FSM struct {
 	// afterSwap, for tests: restoreFrom calls it once the restored
 	// directory is in place, before it opens it (a crash there).
 	afterSwap func()
-	// newestSnapshot, when set (a Node), returns the index and term of
-	// the newest snapshot in Raft's store: Restore's, which Raft saves
-	// before it calls Restore without saying its index.
-	newestSnapshot func() (index, term uint64, ok bool)
 
 	// holdAfterLoad, set before loadState, keeps the collector off after
 	// a successful load until endLoadHold (collector.go): a node's start,
@@ -1183,16 +1179,19 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 // is written into a fresh directory and checked first, then swapped in.
 //
 // The stream's own applied index is dropped (restoreFrom). Raft restores
-// only a snapshot it has just saved in its store, before it calls Restore:
+// a snapshot of its store, opened by its id just before it calls Restore:
 // a leader's (InstallSnapshot) or a user's (raft.Restore, numbered after
-// the log's last index), the newest there, whose index Raft then takes as
-// applied and delivers only entries after. Restore installs that index
-// with the state (0 when there is no store: a bare FSM), so that status
-// and readiness report it, never 0 meanwhile, and the directory swapped
-// in holds it, so that a restart before the next command does not
-// restore the snapshot again. Every failure after the swap is fatal
-// (onFatal): the state is replaced by then, and an error would tell Raft
-// the restore did not happen.
+// the log's last index), whose index Raft then takes as applied and
+// delivers only entries after. Restore installs that index with the state,
+// read from the stream (a node's snapshotStore.Open marks it; 0 for a
+// stream of another source: a bare FSM), so that status and readiness
+// report it, never 0 meanwhile, and the directory swapped in holds it, so
+// that a restart before the next command does not restore the snapshot
+// again. It is not the store's newest (the first of List), which is by
+// term first: a deposed leader's user restore of a later term than the
+// leader's snapshot Raft installs over it. Every failure after the swap
+// is fatal (onFatal): the state is replaced by then, and an error would
+// tell Raft the restore did not happen.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	if err := f.waitStarted(); err != nil {
@@ -1201,11 +1200,6 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if f.duringRestore != nil {
 		f.duringRestore()
 	}
-	var index, term uint64
-	if f.newestSnapshot != nil {
-		if i, t, ok := f.newestSnapshot(); ok {
-			index, term = i, t
-		}
-	}
-	return f.restoreFrom(rc, index, term)
+	meta, _ := openedMeta(rc)
+	return f.restoreFrom(rc, meta.Index, meta.Term)
 }

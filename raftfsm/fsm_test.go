@@ -541,7 +541,6 @@ func TestAStatusDuringARestoreReadsTheOldPairOrTheNew(t *testing.T) {
 		{Index: 2, Term: 1, Type: raft.LogCommand, Data: encodeRegister(1, &WorkerInfo{ID: 8, BlockSize: 16})},
 	})
 	oldIndex, oldDigest := f.AppliedDigest()
-	f.newestSnapshot = func() (uint64, uint64, bool) { return snapIndex, 2, true }
 
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -556,7 +555,7 @@ func TestAStatusDuringARestoreReadsTheOldPairOrTheNew(t *testing.T) {
 			}
 		}
 	}()
-	err := f.Restore(nopCloser{bytes.NewReader(snap)})
+	err := f.Restore(raftSnapshotStream(snap, snapIndex, 2))
 	stop.Store(true)
 	wg.Wait()
 	if err != nil {
@@ -591,7 +590,6 @@ func TestARestoreRecordsTheSnapshotsIndexWithTheSwap(t *testing.T) {
 	f := openTestFSM(t, dir)
 	defer f.Close()
 	f.ApplyBatch([]*raft.Log{{Index: 5, Term: 1, Type: raft.LogCommand, Data: encodeRegister(1, &WorkerInfo{ID: 7, BlockSize: 16})}})
-	f.newestSnapshot = func() (uint64, uint64, bool) { return 1000, 2, true }
 	// What a start finds after a crash right after the swap.
 	crashed := filepath.Join(t.TempDir(), "crashed")
 	f.afterSwap = func() {
@@ -599,7 +597,7 @@ func TestARestoreRecordsTheSnapshotsIndexWithTheSwap(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	if err := f.Restore(nopCloser{bytes.NewReader(snap)}); err != nil {
+	if err := f.Restore(raftSnapshotStream(snap, 1000, 2)); err != nil {
 		t.Fatal(err)
 	}
 	g := openTestFSM(t, crashed)
@@ -610,9 +608,82 @@ func TestARestoreRecordsTheSnapshotsIndexWithTheSwap(t *testing.T) {
 	}
 }
 
+// TestRestoreTakesTheIndexOfTheSnapshotRaftJustSaved: Restore labels the
+// state with the snapshot Raft opened for it, not with the store's first
+// (FileSnapshotStore lists by term first). A deposed leader that ran a
+// user restore holds it at (R, its term T); when the new leader sends it
+// a snapshot at S < R whose entry is of an older term, Raft saves it at
+// (S, older term) and calls Restore. The FSM took (R, T) for it, and
+// skipped every entry up to R that Raft delivered after S. The store here
+// reaps by term, as an earlier build's did (the node's reaps the
+// restore: TestAWrittenSnapshotIsKeptOverOnesOfALaterTerm).
+func TestRestoreTakesTheIndexOfTheSnapshotRaftJustSaved(t *testing.T) {
+	src := openTestFSM(t, filepath.Join(t.TempDir(), "src"))
+	var w logWriter
+	applyFixture(t, src, &w)
+	stream := snapshotBytes(t, src)
+	src.Close()
+
+	dataDir := t.TempDir()
+	byTerm, err := raft.NewFileSnapshotStoreWithLogger(dataDir, 2, hclogAdapter(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	saveRaftSnapshot(t, byTerm, stream, 100, 5)      // the deposed leader's user restore, at its term
+	id := saveRaftSnapshot(t, byTerm, stream, 90, 4) // the new leader's snapshot Raft installs now
+
+	snaps, err := openSnapshotStore(dataDir, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := openTestFSM(t, filepath.Join(dataDir, "fsm"))
+	defer f.Close()
+	_, rc, err := snaps.Open(id) // as Raft's runFSM does, then Restore
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Restore(raftWrapped{rc}); err != nil {
+		t.Fatal(err)
+	}
+	if i, tm := f.Applied(); i != 90 || tm != 4 {
+		t.Errorf("Raft installed the snapshot at (90, 4); the FSM labels its state (%d, %d) and will skip the entries up to %d", i, tm, i)
+	}
+}
+
+// saveRaftSnapshot writes stream into snaps as the Raft snapshot at
+// (index, term), and returns its id.
+func saveRaftSnapshot(t *testing.T, snaps raft.SnapshotStore, stream []byte, index, term uint64) string {
+	t.Helper()
+	_, trans := raft.NewInmemTransport("")
+	defer trans.Close()
+	sink, err := snaps.Create(raft.SnapshotVersionMax, index, term, raft.Configuration{}, 1, trans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sink.Write(stream); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return sink.ID()
+}
+
 type nopCloser struct{ *bytes.Reader }
 
 func (nopCloser) Close() error { return nil }
+
+// raftSnapshotStream is snap as Raft hands a node's FSM.Restore the Raft
+// snapshot at (index, term): opened by snapshotStore.Open, in Raft's
+// wrapper.
+func raftSnapshotStream(snap []byte, index, term uint64) io.ReadCloser {
+	return raftWrapped{&openedSnapshot{ReadCloser: nopCloser{bytes.NewReader(snap)}, meta: raft.SnapshotMeta{Index: index, Term: term}}}
+}
+
+// raftWrapped stands for hashicorp/raft's countingReadCloser.
+type raftWrapped struct{ io.ReadCloser }
+
+func (w raftWrapped) WrappedReadCloser() io.ReadCloser { return w.ReadCloser }
 
 func FuzzDecodeCommand(f *testing.F) {
 	f.Add(encodeEvents(1, []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 3, 10)}}))

@@ -282,13 +282,6 @@ func NewNode(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.fsm.applyGate = cfg.applyGate
-	n.fsm.newestSnapshot = func() (uint64, uint64, bool) {
-		list, err := n.snaps.List() // set before Raft can call Restore
-		if err != nil || len(list) == 0 {
-			return 0, 0, false
-		}
-		return list[0].Index, list[0].Term, true
-	}
 	n.fsm.holdAfterLoad = true // until ready: the log tail replays first
 	// The state's rebuild, the long part of a start, runs beside opening
 	// the Raft log (its WAL replayed) and starting Raft (which reads the
@@ -348,9 +341,11 @@ func (n *Node) startRaft() error {
 	if n.logs, err = store.OpenLogStore(filepath.Join(cfg.DataDir, "raft"), store.LogStoreOptions{Logger: n.logger, Stalls: &n.logStalls}); err != nil {
 		return err
 	}
-	if n.snaps, err = raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hclogAdapter(n.logger)); err != nil {
+	snaps, err := openSnapshotStore(cfg.DataDir, n.logger)
+	if err != nil {
 		return fmt.Errorf("open snapshot store: %w", err)
 	}
+	n.snaps = snaps
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
