@@ -1408,11 +1408,15 @@ func (n *Node) maybeSnapshot() {
 const forcedCompactionEvery = 10 * time.Second
 
 // compactForFollower compacts the leader's whole log, in the background,
-// because peer refused it from its start (refusedFromStart): peer holds a
-// user restore that no other node took (Raft's user restore is no log
-// entry: the leader installs it, deletes its log and numbers the restore
-// after its last index; cut off before a follower took it, it kept it
-// while the others elected a leader that wrote on). hashicorp/raft v1.8.0
+// because peer refused it from its start (refusedFromStart), or from the
+// snapshot it has just taken from this leader (refusedAfterInstall: a
+// snapshot at or past peer's last log index ends that; one still below
+// it is refused again, and the next compaction waits for
+// forcedCompactionEvery). In the first case peer holds a user restore
+// that no other node took (Raft's user restore is no log entry: the
+// leader installs it, deletes its log and numbers the restore after its
+// last index; cut off before a follower took it, it kept it while the
+// others elected a leader that wrote on). hashicorp/raft v1.8.0
 // then walks peer's next index down to 1, every AppendEntries refused,
 // and retries from 1 for good: it sends a snapshot only when its own log
 // lacks an entry the follower needs. With the log compacted up to a new
@@ -1431,8 +1435,8 @@ func (n *Node) compactForFollower(peer raft.ServerID) {
 		return
 	}
 	n.compactedAt = time.Now()
-	n.logger.Warn("a follower's log cannot take this leader's from its start (it holds a snapshot restore no other node took): "+
-		"compacting the log, so that it gets this leader's snapshot and drops that restore", "follower", peer)
+	n.logger.Warn("a follower's log cannot take this leader's from its start, or from the snapshot it has just taken (it holds a snapshot restore no other node took, or entries past that snapshot): "+
+		"compacting the log, so that it gets this leader's newest snapshot", "follower", peer)
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()

@@ -171,6 +171,69 @@ func TestARestoreNoFollowerTookIsDroppedAfterTheLeaderRestarts(t *testing.T) {
 	waitFor(t, 10*time.Second, "the restarted node to be ready", func() bool { return restarted.Status().Ready })
 }
 
+// TestADeposedLeadersRestoreOverAnOlderTermSnapshotConverges: the
+// cluster form of TestRestoreTakesTheIndexOfTheSnapshotRaftJustSaved.
+// Every node holds a snapshot of term T1; leadership moves to L (term
+// T2), which registers worker 2 and is cut off while it runs a user
+// restore (its snapshot: (R, T2)). The others elect a leader that
+// registers worker 3; its log begins after its snapshot of term T1, which
+// it sends L once healed. L's FSM labelled that state (R, T2), the first
+// in the store by term, and skipped the entries up to R (worker 2's
+// registration among them): it lacked workers and answered ready.
+func TestADeposedLeadersRestoreOverAnOlderTermSnapshotConverges(t *testing.T) {
+	c := newInmemClusterTuned(t, 3, func(cfg *Config) {
+		cfg.SnapshotBytes = -1
+		cfg.ExpiryInterval, cfg.CheckInterval = time.Hour, time.Hour
+	})
+	xi, x := c.leaderExcept(-1)
+	if err := x.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	var snap bytes.Buffer
+	if _, err := x.SaveSnapshot(ctx(t), &snap); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "every node to hold worker 1", func() bool {
+		for _, nd := range c.nodes {
+			if _, ok := nd.fsm.Workers()[1]; !ok {
+				return false
+			}
+		}
+		return true
+	})
+	for _, nd := range c.nodes {
+		if err := nd.compactLog(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	li := (xi + 1) % 3
+	l := c.nodes[li]
+	if err := x.TransferLeadership(ctx(t), l.cfg.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the new leader", func() bool { return l.IsLeader() && l.CheckLeader() == nil })
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 2, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "every node to hold worker 2", func() bool {
+		for _, nd := range c.nodes {
+			if _, ok := nd.fsm.Workers()[2]; !ok {
+				return false
+			}
+		}
+		return true
+	})
+	l.cfg.beforeRestore = func() { c.isolate(li) }
+	_, err := l.RestoreSnapshot(ctx(t), bytes.NewReader(snap.Bytes()))
+	t.Logf("restore on the cut-off leader answered: %v", err)
+	_, nl := c.leaderExcept(li)
+	if err := nl.RegisterWorker(ctx(t), WorkerInfo{ID: 3, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	c.heal()
+	waitConverged(t, c)
+}
+
 // TestAStateThatHoldsEntriesRefusesTheLogFromItsStart: a follower whose
 // state holds entries (applied, or in a snapshot) refuses an
 // AppendEntries that sends the leader's log from its start, at the

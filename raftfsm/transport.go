@@ -252,10 +252,12 @@ type commitWatch struct {
 
 	contactMu sync.Mutex
 	contacts  map[raft.ServerID]peerContact // what this node last heard from each peer it sent an RPC
+	installed map[raft.ServerID]uint64      // the index of the snapshot each peer last took from this node; under contactMu
 
 	// fromStart gets a follower that refused this node's log from its
-	// start (a leader's; refusedFromStart). Sent without waiting: one
-	// waiting is enough.
+	// start (a leader's; refusedFromStart), or from the snapshot it has
+	// just taken from this node (refusedAfterInstall). Sent without
+	// waiting: one waiting is enough.
 	fromStart chan raft.ServerID
 	// behind is set while this node, a follower, refused its leader's
 	// log from its start and took no snapshot since (refuseFromStart).
@@ -651,12 +653,32 @@ func (w *commitWatch) heard(peer raft.ServerID, proves, success bool, m uint64) 
 	w.contacts[peer] = c
 }
 
+// refusedAfterInstall reports whether peer answered args, an
+// AppendEntries after the snapshot it last took from this node (the
+// entries that follow it), with resp, a refusal at the leader's term
+// naming a last index above the snapshot's. hashicorp/raft v1.8.0 leaves
+// a follower's last log index as it was when it installs a snapshot below
+// it (a deposed leader's entries, or its user restore's index), though it
+// clears the log: the follower then looks the snapshot's index up in its
+// empty log, refuses, and the leader sends the same snapshot again, for
+// good, the follower's applied index stuck at the snapshot's. A snapshot
+// at or past the follower's last index ends it (compactForFollower).
+func (w *commitWatch) refusedAfterInstall(peer raft.ServerID, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) bool {
+	if resp.Success || resp.Term != args.Term || args.PrevLogEntry == 0 || resp.LastLog <= args.PrevLogEntry {
+		return false
+	}
+	w.contactMu.Lock()
+	defer w.contactMu.Unlock()
+	return w.installed[peer] == args.PrevLogEntry
+}
+
 // heardAppend notes peer's answer resp to an AppendEntries args, and
-// passes on a peer that refused the log from its start (fromStart).
+// passes on a peer that refused the log from its start, or from the
+// snapshot it has just taken (fromStart).
 func (w *commitWatch) heardAppend(peer raft.ServerID, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) {
 	m, proves := matchedBy(args)
 	w.heard(peer, proves, resp.Success, m)
-	if refusedFromStart(args, resp) {
+	if refusedFromStart(args, resp) || w.refusedAfterInstall(peer, args, resp) {
 		select {
 		case w.fromStart <- peer:
 		default:
@@ -773,6 +795,14 @@ func (w *commitWatch) InstallSnapshot(id raft.ServerID, target raft.ServerAddres
 	err := w.Transport.InstallSnapshot(id, target, args, resp, data)
 	if err == nil && len(resp.ID) > 0 && w.answeredBy(id, target, resp.RPCHeader) {
 		w.heard(id, true, resp.Success, args.LastLogIndex)
+	}
+	if err == nil && resp.Success { // headerless: a hint only (refusedAfterInstall)
+		w.contactMu.Lock()
+		if w.installed == nil {
+			w.installed = map[raft.ServerID]uint64{}
+		}
+		w.installed[id] = args.LastLogIndex
+		w.contactMu.Unlock()
 	}
 	return err
 }
