@@ -37,6 +37,11 @@ var (
 	ErrBlockSizeConflict = errors.New("block size conflict")
 	// ErrUnknownWorker means no worker has that id.
 	ErrUnknownWorker = errors.New("unknown worker")
+	// ErrReplaying means a Raft snapshot was refused while Raft replays the
+	// log after a restart: the state is ahead of the entries Raft has
+	// handed over, and Raft labels a snapshot with the last of those.
+	// Raft tries again later.
+	ErrReplaying = errors.New("state ahead of the replayed log")
 	// ErrShutdown means the node is closing.
 	ErrShutdown = errors.New("node shut down")
 	// ErrStaleDump means a rank dump named a cursor below the one the rank

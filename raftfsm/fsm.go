@@ -116,6 +116,12 @@ type FSM struct {
 
 	applied     atomic.Uint64
 	appliedTerm atomic.Uint64
+	// handed is the index of the last entry Raft handed over (ApplyBatch,
+	// skipped entries included), of the snapshot restored, or of the
+	// snapshot Raft starts from (Node.catchUpFromSnapshot): the index Raft
+	// labels a snapshot with, at least. Snapshot refuses while applied is
+	// above it (ErrReplaying).
+	handed atomic.Uint64
 	// sinceSnap is the bytes of the entries applied since the last
 	// Snapshot (Node.maybeSnapshot).
 	sinceSnap atomic.Int64
@@ -610,6 +616,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		f.batch = f.newBatch()
 	}
 	var last, lastTerm uint64
+	if len(logs) > 0 {
+		f.handed.Store(logs[len(logs)-1].Index)
+	}
 	for i, l := range logs {
 		if l.Index <= applied {
 			continue // re-delivered after a restart: already in the state
@@ -1156,6 +1165,17 @@ const (
 // Snapshot commits the group batch, makes the state database durable up to
 // the applied index and opens a consistent read view of it (raft.FSM). It
 // runs on the FSM goroutine, so no apply is in flight.
+//
+// It refuses (ErrReplaying) while the state is ahead of the entries Raft
+// has handed over: after a restart the state may be past Raft's last
+// snapshot, and the FSM skips the entries Raft re-delivers up to its
+// applied index. Raft labels a snapshot with the last entry it handed
+// over, and the stream would hold the state at a later index: a follower
+// installing it applies the entries between again, and they are not
+// idempotent (a booking added and then expired by a sweep comes back).
+// Raft tries again later (its own snapshots, Node.maybeSnapshot and
+// compactLog log the failure); a user's save (SaveSnapshot) is not a Raft
+// snapshot and is not refused.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if err := f.waitStarted(); err != nil {
 		return nil, err
@@ -1164,6 +1184,10 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	defer f.dbMu.RUnlock()
 	if f.isClosed {
 		return nil, ErrShutdown
+	}
+	if applied, handed := f.applied.Load(), f.handed.Load(); applied > handed {
+		return nil, fmt.Errorf("%w: the state is at index %d, Raft has handed over the entries up to %d since the start, and labels a snapshot with the last of them; Raft tries again later",
+			ErrReplaying, applied, handed)
 	}
 	if err := f.commitGroup(); err != nil {
 		return nil, fmt.Errorf("commit applied entries: %w", err)

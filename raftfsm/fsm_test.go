@@ -129,6 +129,59 @@ func TestRestartDoesNotDoubleApplyReplayedEntries(t *testing.T) {
 	f.Close()
 }
 
+// TestASnapshotTakenDuringTheReplayIsTheStateOfItsIndex: after a restart
+// the state database may be ahead of Raft's last snapshot (a group
+// committed after it, at G). Raft re-delivers the entries after its
+// snapshot and the FSM skips them up to G; a Raft snapshot taken
+// meanwhile, once Raft handed over X < G, is labelled X by Raft, but
+// FSM.Snapshot streamed the state at G. A follower that installs it takes
+// X as its applied index and applies X+1..G a second time over a state
+// that holds them: a booking added and then expired by a sweep came back
+// live (Add stamps it at the sweep clock, and the sweep at that clock
+// leaves it). The snapshot is refused until Raft has handed over G.
+func TestASnapshotTakenDuringTheReplayIsTheStateOfItsIndex(t *testing.T) {
+	const maxAge = int64(time.Second)
+	t0 := int64(10 * time.Second)
+	logs := []*raft.Log{
+		{Index: 1, Term: 1, Type: raft.LogCommand, Data: encodeRegister(t0, &WorkerInfo{ID: 1, BlockSize: 16})},
+		{Index: 2, Term: 1, Type: raft.LogCommand, Data: encodeBook(t0, []bookOp{{kind: bookAdd, b: Booking{ID: "q1", Rank: r1, SeqHashes: []uint64{1, 2}, ISL: 64}}})},
+		{Index: 3, Term: 1, Type: raft.LogCommand, Data: encodeExpire(t0+3*maxAge, maxAge)},
+	}
+	dir := filepath.Join(t.TempDir(), "fsm")
+	src := openTestFSM(t, dir)
+	src.ApplyBatch(logs)
+	src.Close() // the group commits: the state database is at G = 3
+	// The restart: Raft's last snapshot is older (none here); it
+	// re-delivers entry 1, which the FSM skips, and takes a snapshot,
+	// which it would label 1.
+	src = openTestFSM(t, dir)
+	defer src.Close()
+	src.ApplyBatch(logs[:1])
+	if s, err := src.Snapshot(); !errors.Is(err, ErrReplaying) {
+		if err == nil {
+			s.Release()
+		}
+		t.Fatalf("a snapshot that Raft labels 1 of the state at 3 answered %v, want ErrReplaying", err)
+	}
+	// Raft tries again once it handed over the rest: the label is the
+	// state's index. A follower installs it and applies what comes after.
+	src.ApplyBatch(logs[1:])
+	const raftLabel = 3
+	snap := snapshotBytes(t, src)
+	dst := openTestFSM(t, filepath.Join(t.TempDir(), "dst"))
+	defer dst.Close()
+	if err := dst.Restore(raftSnapshotStream(snap, raftLabel, 1)); err != nil {
+		t.Fatal(err)
+	}
+	dst.ApplyBatch(logs[raftLabel:])
+	sl, sf := src.seqs.Count()
+	dl, df := dst.seqs.Count()
+	if dst.Digest() != src.Digest() || sl != dl || sf != df {
+		t.Errorf("the follower diverged: digest %#x, live/freed bookings %d/%d; the node it installed from: %#x, %d/%d",
+			dst.Digest(), dl, df, src.Digest(), sl, sf)
+	}
+}
+
 func TestEventBatchesGoThroughTheCursor(t *testing.T) {
 	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
 	defer f.Close()

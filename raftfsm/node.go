@@ -1032,6 +1032,10 @@ func (n *Node) catchUpFromSnapshot() error {
 		return err
 	}
 	newest := list[0]
+	// Raft starts from this snapshot (restoreSnapshot takes the first of
+	// List) and hands over only the entries after it: a snapshot Raft
+	// takes is labelled past it, whatever it restores or keeps here.
+	n.fsm.handed.Store(newest.Index)
 	applied, appliedTerm := n.fsm.Applied()
 	if applied >= newest.Index {
 		current, why := n.stateOfSnapshotsHistory(applied, appliedTerm, newest.Index, newest.Term)

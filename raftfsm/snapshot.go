@@ -652,6 +652,7 @@ func (f *FSM) restoreFrom(r io.Reader, index, term uint64) error {
 		f.onFatal(fmt.Errorf("install restored state: %w", err))
 		return err
 	}
+	f.handed.Store(index) // Raft hands over the entries after it
 	f.resetCheck()
 	f.restoredAt.Store(time.Now().UnixNano())
 	f.logLoaded("state restored from snapshot", b, start)
