@@ -107,9 +107,19 @@ func (m *Monitor) Err() error {
 	case m.closed:
 		return ErrClosed
 	case m.drv == nil:
-		return m.reason
+		return m.noNVML()
 	}
 	return nil
+}
+
+// noNVML is why drv is nil on an open Monitor: reason, or for a zero Monitor
+// (never opened, so no reason) a bare ErrNoNVML, so that Err and Inventory
+// agree with Available. Called with mu held.
+func (m *Monitor) noNVML() error {
+	if m.reason == nil {
+		return ErrNoNVML
+	}
+	return m.reason
 }
 
 // Inventory reads every GPU now. Without NVML it returns an empty Inventory
@@ -121,7 +131,7 @@ func (m *Monitor) Inventory() (Inventory, error) {
 	case m.closed:
 		return Inventory{}, fmt.Errorf("inventory: %w", ErrClosed)
 	case m.drv == nil:
-		return Inventory{}, fmt.Errorf("inventory: %w", m.reason)
+		return Inventory{}, fmt.Errorf("inventory: %w", m.noNVML())
 	}
 	inv, err := m.drv.inventory()
 	if err != nil {

@@ -67,3 +67,19 @@ func TestInventoryOnThisMachine(t *testing.T) {
 		t.Fatalf("kvagent_gpu_info series = %d, want %d", n, len(inv.GPUs))
 	}
 }
+
+// A zero Monitor is documented as usable (logger) and is not Available: Err
+// must say why rather than nil, and Inventory must wrap ErrNoNVML, which the
+// Collector takes for "no GPU" instead of warning on every scrape.
+func TestZeroMonitorErrAgreesWithAvailable(t *testing.T) {
+	var m nvml.Monitor
+	if m.Available() {
+		t.Fatal("zero Monitor is Available")
+	}
+	if err := m.Err(); !errors.Is(err, nvml.ErrNoNVML) {
+		t.Errorf("zero Monitor: Err() = %v, want ErrNoNVML", err)
+	}
+	if _, err := m.Inventory(); !errors.Is(err, nvml.ErrNoNVML) {
+		t.Errorf("zero Monitor: Inventory() err = %v, want one wrapping ErrNoNVML", err)
+	}
+}
