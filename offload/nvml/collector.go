@@ -10,7 +10,7 @@ import (
 // Collector exports a Monitor's inventory on every scrape:
 //
 //	kvagent_gpu_nvml_up                         1 when NVML answered, else 0
-//	kvagent_gpu_count                           GPUs NVML reports
+//	kvagent_gpu_count                           GPUs NVML reports, lost ones too
 //	kvagent_gpu_info{gpu,name,uuid}             1 per GPU
 //	kvagent_gpu_memory_total_bytes{gpu}
 //	kvagent_gpu_memory_used_bytes{gpu}
@@ -19,7 +19,9 @@ import (
 //	kvagent_gpu_pcie_link_max_generation{gpu}
 //	kvagent_gpu_pcie_link_max_width{gpu}
 //
-// gpu is the NVML index; values NVML cannot read are left out.
+// gpu is the NVML index; values NVML cannot read are left out, and so is
+// every per-GPU series of a GPU whose handle cannot be opened (a lost GPU),
+// which kvagent_gpu_count still counts.
 type Collector struct {
 	m *Monitor
 
@@ -37,7 +39,7 @@ func NewCollector(m *Monitor) *Collector {
 	return &Collector{
 		m:        m,
 		up:       d("nvml_up", "1 when NVML initialised and answered the last scrape, else 0.", nil),
-		count:    d("count", "Number of GPUs NVML reports on this node.", nil),
+		count:    d("count", "Number of GPUs NVML reports on this node, those it cannot open (lost) included.", nil),
 		info:     d("info", "GPU identity; value 1.", []string{"gpu", "name", "uuid"}),
 		memTotal: d("memory_total_bytes", "GPU memory, total.", gpu),
 		memUsed:  d("memory_used_bytes", "GPU memory in use, by every process.", gpu),
@@ -67,7 +69,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up)
-	ch <- prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(len(inv.GPUs)))
+	ch <- prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(inv.Count))
 	gauge := func(d *prometheus.Desc, v float64, gpu string) {
 		if v > 0 {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, gpu)

@@ -128,3 +128,23 @@ func TestUnreadableAttributeHidesOnlyItself(t *testing.T) {
 	expectSamples(t, scrape(t, nvml.NewCollector(m), "kvagent_gpu_pcie_link_width"),
 		`kvagent_gpu_pcie_link_width{gpu="2"} 16`)
 }
+
+// kvagent_gpu_count is the number NVML reports, a GPU whose handle cannot be
+// opened included: it is the one sign of that GPU on the scrape, its
+// per-GPU series being left out.
+func TestGPUCountIsWhatNVMLReports(t *testing.T) {
+	lib, _ := mockNode(h200(0, "GPU-aaaa"), h200(1, "GPU-bbbb"), h200(2, "GPU-cccc"))
+	inner := lib.DeviceGetHandleByIndexFunc
+	lib.DeviceGetHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) {
+		if i == 1 {
+			return nil, gonvml.ERROR_GPU_IS_LOST
+		}
+		return inner(i)
+	}
+	m := nvml.OpenLibrary(lib)
+	defer m.Close()
+	expectSamples(t, scrape(t, nvml.NewCollector(m), "kvagent_gpu_count", "kvagent_gpu_info"),
+		`kvagent_gpu_count 3`,
+		`kvagent_gpu_info{gpu="0",name="NVIDIA H200",uuid="GPU-aaaa"} 1`,
+		`kvagent_gpu_info{gpu="2",name="NVIDIA H200",uuid="GPU-cccc"} 1`)
+}

@@ -46,7 +46,11 @@ type GPU struct {
 // Inventory is a snapshot of the node's GPUs.
 type Inventory struct {
 	DriverVersion string
-	GPUs          []GPU
+	// Count is the number of GPUs NVML reports (nvmlDeviceGetCount), those
+	// whose handle could not be opened (a lost GPU) included; GPUs holds
+	// only the ones that opened.
+	Count int
+	GPUs  []GPU
 }
 
 // Config configures Open.

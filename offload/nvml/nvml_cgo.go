@@ -51,6 +51,7 @@ func (d *nvmlDriver) inventory() (Inventory, error) {
 	if ret != gonvml.SUCCESS {
 		return Inventory{}, fmt.Errorf("nvmlDeviceGetCount: %s", retName(ret))
 	}
+	inv.Count = n
 	for i := range n {
 		dev, ret := d.lib.DeviceGetHandleByIndex(i)
 		if ret != gonvml.SUCCESS {
