@@ -11,8 +11,23 @@
 // deferred until an event, stream or context is synchronised or queried, so
 // reading a destination before its event fires sees stale bytes, as on a GPU.
 //
+// It is stricter than the real driver where that pins the backend's duties:
+// freeing memory that a queued copy still reads or writes fails with
+// CUDA_ERROR_ILLEGAL_STATE (the real cuMemFree may wait for the device, but
+// the backend must not count on it), instead of finishing the copy first.
+//
 // Environment: FAKECUDA_NO_DEVICE=1 makes cuInit fail with
 // CUDA_ERROR_NO_DEVICE.
+//
+// Test hooks (not CUDA; the tests bind them with purego): fakecuda_live_allocs
+// and fakecuda_ctx_refs count the allocations and IPC mappings not freed and
+// the primary context's retains not released; fakecuda_set_delay_us makes
+// every cuCtxSetCurrent sleep that long first (outside the lock), to widen
+// the windows of the tests' races; fakecuda_set_strict_thread(1) makes every
+// call that needs a context fail with CUDA_ERROR_INVALID_CONTEXT unless it
+// comes from the OS thread of the latest cuCtxSetCurrent (for a test with one
+// caller: a context left current on a thread by an earlier call would
+// otherwise hide a caller that moved to that thread).
 //
 // A copy of exactly FAIL_COPY_BYTES (4099) bytes fails with
 // CUDA_ERROR_LAUNCH_FAILED: the tests' way to fail one copy part-way
@@ -26,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -47,6 +63,7 @@ enum {
   INVALID_DEVICE = 101,
   INVALID_CONTEXT = 201,
   INVALID_HANDLE = 400,
+  ILLEGAL_STATE = 401,
   NOT_READY = 600,
   LAUNCH_FAILED = 719,
 };
@@ -58,6 +75,9 @@ static int initialized;
 static int ctx_refs;
 static char the_ctx;              // its address is the primary context
 static __thread void *current;    // the context current on this OS thread
+static volatile int delay_us;     // fakecuda_set_delay_us
+static int strict_thread;         // fakecuda_set_strict_thread
+static long setter_tid;           // the OS thread of the latest cuCtxSetCurrent
 
 #define LOCK() pthread_mutex_lock(&mu)
 #define UNLOCK() pthread_mutex_unlock(&mu)
@@ -70,6 +90,7 @@ static __thread void *current;    // the context current on this OS thread
   do {                                                \
     if (!initialized) RET(NOT_INITIALIZED);           \
     if (current != &the_ctx || ctx_refs <= 0) RET(INVALID_CONTEXT); \
+    if (strict_thread && syscall(SYS_gettid) != setter_tid) RET(INVALID_CONTEXT); \
   } while (0)
 
 // ---- allocations ----------------------------------------------------------
@@ -148,6 +169,18 @@ static void run_until(struct fake_stream *s, size_t mark) {
     struct op *o = &s->ops[s->done++];
     memmove(o->dst, o->src, o->n);
   }
+}
+// busy: a copy still queued on some stream reads or writes a's memory.
+static int busy(const struct alloc *a) {
+  for (int i = 0; i < MAXH; i++) {
+    struct fake_stream *s = streams[i];
+    if (!s) continue;
+    for (size_t j = s->done; j < s->nops; j++) {
+      uintptr_t d = (uintptr_t)s->ops[j].dst, r = (uintptr_t)s->ops[j].src;
+      if ((d >= a->base && d - a->base < a->size) || (r >= a->base && r - a->base < a->size)) return 1;
+    }
+  }
+  return 0;
 }
 static void run_all(void) {
   for (int i = 0; i < MAXH; i++)
@@ -228,9 +261,11 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
 }
 
 CUresult cuCtxSetCurrent(CUcontext ctx) {
+  if (delay_us > 0) usleep((useconds_t)delay_us);
   LOCK();
   if (ctx != NULL && ctx != &the_ctx) RET(INVALID_CONTEXT);
   current = ctx;
+  setter_tid = syscall(SYS_gettid);
   RET(SUCCESS);
 }
 
@@ -270,7 +305,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
   NEED_CTX();
   struct alloc *a = find_base((uintptr_t)dptr, K_DEVICE);
   if (!a) RET(INVALID_VALUE);
-  run_all();  // like the real one, freeing waits for the device
+  if (busy(a)) RET(ILLEGAL_STATE);
   munmap((void *)a->base, a->size);
   close(a->fd);
   *a = (struct alloc){0};
@@ -296,7 +331,7 @@ CUresult cuMemFreeHost(void *p) {
   NEED_CTX();
   struct alloc *a = find_base((uintptr_t)p, K_HOST);
   if (!a) RET(INVALID_VALUE);
-  run_all();
+  if (busy(a)) RET(ILLEGAL_STATE);
   munmap((void *)a->base, a->size);
   *a = (struct alloc){0};
   RET(SUCCESS);
@@ -479,7 +514,7 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
   NEED_CTX();
   struct alloc *a = find_base((uintptr_t)dptr, K_IPC);
   if (!a) RET(INVALID_VALUE);
-  run_all();
+  if (busy(a)) RET(ILLEGAL_STATE);
   munmap((void *)a->base, a->size);
   *a = (struct alloc){0};
   RET(SUCCESS);
@@ -502,6 +537,7 @@ static CUresult describe(CUresult code, const char **p, int which) {
     case NO_DEVICE: *p = which ? "no CUDA-capable device is detected" : "CUDA_ERROR_NO_DEVICE"; return SUCCESS;
     case INVALID_DEVICE: *p = which ? "invalid device ordinal" : "CUDA_ERROR_INVALID_DEVICE"; return SUCCESS;
     case INVALID_CONTEXT: *p = which ? "invalid device context" : "CUDA_ERROR_INVALID_CONTEXT"; return SUCCESS;
+    case ILLEGAL_STATE: *p = which ? "the operation is not permitted in the current state" : "CUDA_ERROR_ILLEGAL_STATE"; return SUCCESS;
     case INVALID_HANDLE: *p = which ? "invalid resource handle" : "CUDA_ERROR_INVALID_HANDLE"; return SUCCESS;
     case NOT_READY: *p = which ? "device not ready" : "CUDA_ERROR_NOT_READY"; return SUCCESS;
     case LAUNCH_FAILED: *p = which ? "unspecified launch failure" : "CUDA_ERROR_LAUNCH_FAILED"; return SUCCESS;
@@ -512,3 +548,26 @@ static CUresult describe(CUresult code, const char **p, int which) {
 
 CUresult cuGetErrorName(CUresult code, const char **p) { return describe(code, p, 0); }
 CUresult cuGetErrorString(CUresult code, const char **p) { return describe(code, p, 1); }
+
+// ---- test hooks -------------------------------------------------------------
+
+int fakecuda_live_allocs(void) {
+  LOCK();
+  int n = 0;
+  for (int i = 0; i < MAXALLOC; i++)
+    if (allocs[i].base != 0) n++;
+  RET(n);
+}
+
+int fakecuda_ctx_refs(void) {
+  LOCK();
+  RET(ctx_refs);
+}
+
+void fakecuda_set_delay_us(int us) { delay_us = us; }
+
+void fakecuda_set_strict_thread(int on) {
+  LOCK();
+  strict_thread = on;
+  UNLOCK();
+}
