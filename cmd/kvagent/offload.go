@@ -30,6 +30,7 @@ func offloadCLIFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "offload-socket", EnvVars: []string{"KVAGENT_OFFLOAD_SOCKET"}, Usage: "Unix socket of the engine offload API (empty: offload off)"},
 		&cli.StringFlag{Name: "backend", Value: "auto", EnvVars: []string{"KVAGENT_BACKEND"}, Usage: "copy backend: auto (cuda when a GPU is found), host or cuda"},
+		&cli.IntFlag{Name: "cuda-device", Value: 0, EnvVars: []string{"KVAGENT_CUDA_DEVICE"}, Usage: "CUDA device ordinal the cuda backend opens (after CUDA_VISIBLE_DEVICES); every dp rank's G1 is mapped into it, so give the engine's GPU, or one with peer access to each rank's"},
 		&cli.IntFlag{Name: "block-bytes", EnvVars: []string{"KVAGENT_BLOCK_BYTES"}, Usage: "bytes per KV block (all layers), as the engine's G1 region holds them; required with --offload-socket"},
 		&cli.IntFlag{Name: "host-blocks", EnvVars: []string{"KVAGENT_HOST_BLOCKS"}, Usage: "G2 capacity per dp rank, in blocks of pinned host memory (0: no G2)"},
 		&cli.StringFlag{Name: "disk-dir", EnvVars: []string{"KVAGENT_DISK_DIR"}, Usage: "G3 directory; each dp rank's pool lives in <dir>/dp<rank> and survives a restart " +
@@ -47,6 +48,7 @@ func offloadCLIFlags() []cli.Flag {
 type offloadConfig struct {
 	Socket         string
 	Backend        backend.Kind
+	CUDADevice     int
 	BlockBytes     int
 	HostBlocks     int
 	DiskDir        string
@@ -78,7 +80,7 @@ func offloadConfigFrom(c *cli.Context) (offloadConfig, error) {
 			}
 		}
 	}
-	oc := offloadConfig{Socket: c.String("offload-socket"), Backend: kind, BlockBytes: c.Int("block-bytes"),
+	oc := offloadConfig{Socket: c.String("offload-socket"), Backend: kind, CUDADevice: c.Int("cuda-device"), BlockBytes: c.Int("block-bytes"),
 		HostBlocks: c.Int("host-blocks"), DiskDir: c.String("disk-dir"), DiskBlocks: c.Int("disk-blocks"),
 		Workers: c.Int("offload-workers"), Queue: c.Int("offload-queue"), Threshold: c.Int("offload-filter-threshold"),
 		OnboardTimeout: c.Duration("onboard-timeout"), MaxRegion: c.Int("offload-max-region-blocks"),
@@ -119,6 +121,8 @@ func (oc offloadConfig) check() error {
 		return nil
 	}
 	switch {
+	case oc.CUDADevice < 0:
+		return fmt.Errorf("--cuda-device %d: want a CUDA device ordinal, 0 or more", oc.CUDADevice)
 	case oc.BlockBytes <= 0:
 		return fmt.Errorf("--block-bytes %d: want the size of one KV block in bytes", oc.BlockBytes)
 	case oc.HostBlocks < 0 || oc.HostBlocks > math.MaxInt32:
@@ -191,7 +195,7 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 			o.Close()
 		}
 	}()
-	be, err := backend.OpenWith(oc.Backend, log)
+	be, err := backend.OpenDevice(oc.Backend, oc.CUDADevice, log)
 	if err != nil {
 		if errors.Is(err, backend.ErrNoCUDA) {
 			return nil, fmt.Errorf("open the %s backend: %w (give --backend host, or auto, on a machine without a GPU)", oc.Backend, err)

@@ -89,6 +89,7 @@ func TestOffloadFlagsAreChecked(t *testing.T) {
 		{"offload off ignores the rest", func(c *offloadConfig) { *c = offloadConfig{} }, ""},
 		{"disk only", func(c *offloadConfig) { c.HostBlocks, c.DiskDir, c.DiskBlocks = 0, "/d", 8 }, ""},
 		{"no block size", func(c *offloadConfig) { c.BlockBytes = 0 }, "--block-bytes"},
+		{"negative cuda device", func(c *offloadConfig) { c.CUDADevice = -1 }, "--cuda-device"},
 		{"no pool", func(c *offloadConfig) { c.HostBlocks = 0 }, "--host-blocks or --disk-blocks"},
 		{"disk blocks without a dir", func(c *offloadConfig) { c.DiskBlocks = 8 }, "--disk-dir"},
 		{"disk dir without blocks", func(c *offloadConfig) { c.DiskDir = "/d" }, "--disk-dir"},
@@ -315,6 +316,7 @@ func TestOffloadFlagsWithoutTheSocketAreUsageErrors(t *testing.T) {
 		{"--backend", "host"},
 		{"--onboard-timeout", "2s"},
 		{"--offload-max-region-blocks", "16"},
+		{"--cuda-device", "1"},
 	} {
 		a := app()
 		a.ExitErrHandler = func(*cli.Context, error) {}
@@ -408,12 +410,40 @@ func TestOffloadFlagsAtTheirDefaultsNeedNoSocket(t *testing.T) {
 		return a.Run(append([]string{"kvagent"}, args...))
 	}
 	t.Setenv("KVAGENT_DISK_DIR", "")
-	for _, args := range [][]string{nil, {"--backend", "auto"}, {"--host-blocks", "0"}} {
+	for _, args := range [][]string{nil, {"--backend", "auto"}, {"--host-blocks", "0"}, {"--cuda-device", "0"}} {
 		if err := offloadOnly(args...); err != nil {
 			t.Errorf("kvagent %v with KVAGENT_DISK_DIR empty, no offload socket: %v, want no error", args, err)
 		}
 	}
 	if err := offloadOnly("--host-blocks", "10"); err == nil || !strings.Contains(err.Error(), "--offload-socket") {
 		t.Errorf("--host-blocks 10 without an offload socket: %v, want an error naming --offload-socket", err)
+	}
+}
+
+// TestCUDADeviceFlagIsParsed: --cuda-device (or KVAGENT_CUDA_DEVICE) names
+// the device the cuda backend opens, 0 when not given; a negative one is
+// refused before anything starts.
+func TestCUDADeviceFlagIsParsed(t *testing.T) {
+	sock := filepath.Join(shortTempDir(t), "s")
+	parse := func(args ...string) (offloadConfig, error) {
+		var oc offloadConfig
+		a := app()
+		a.Action = func(c *cli.Context) (err error) { oc, err = offloadConfigFrom(c); return err }
+		a.ExitErrHandler = func(*cli.Context, error) {}
+		err := a.Run(append([]string{"kvagent", "--offload-socket", sock, "--block-bytes", "64", "--host-blocks", "4"}, args...))
+		return oc, err
+	}
+	if oc, err := parse(); err != nil || oc.CUDADevice != 0 {
+		t.Errorf("no --cuda-device: device %d, %v; want 0", oc.CUDADevice, err)
+	}
+	if oc, err := parse("--cuda-device", "3"); err != nil || oc.CUDADevice != 3 {
+		t.Errorf("--cuda-device 3: device %d, %v; want 3", oc.CUDADevice, err)
+	}
+	if _, err := parse("--cuda-device", "-1"); err == nil || !strings.Contains(err.Error(), "--cuda-device") {
+		t.Errorf("--cuda-device -1: %v, want an error naming --cuda-device", err)
+	}
+	t.Setenv("KVAGENT_CUDA_DEVICE", "2")
+	if oc, err := parse(); err != nil || oc.CUDADevice != 2 {
+		t.Errorf("KVAGENT_CUDA_DEVICE=2: device %d, %v; want 2", oc.CUDADevice, err)
 	}
 }

@@ -227,6 +227,13 @@ func Open(kind Kind) (Backend, error) { return OpenWith(kind, nil) }
 // OpenWith is Open logging through log (nil: slog.Default()): the kind
 // KindAuto picked and why, and what the backend opened logs.
 func OpenWith(kind Kind, log *slog.Logger) (Backend, error) {
+	return OpenDevice(kind, 0, log)
+}
+
+// OpenDevice is OpenWith on CUDA device ordinal dev (as the driver numbers
+// devices, after CUDA_VISIBLE_DEVICES) when the kind is or picks cuda.
+// KindAuto falls back to host copies, logging why, when dev is not there.
+func OpenDevice(kind Kind, dev int, log *slog.Logger) (Backend, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -236,7 +243,7 @@ func OpenWith(kind Kind, log *slog.Logger) (Backend, error) {
 			log.Info("offload backend: using host copies", "reason", err)
 			return NewHost()
 		}
-		b, err := OpenCUDA(CUDAConfig{Logger: log})
+		b, err := OpenCUDA(CUDAConfig{Device: dev, Logger: log})
 		if err != nil {
 			log.Warn("offload backend: CUDA found but failed to open, using host copies", "err", err)
 			return NewHost()
@@ -245,7 +252,7 @@ func OpenWith(kind Kind, log *slog.Logger) (Backend, error) {
 	case KindHost:
 		return NewHost()
 	case KindCUDA:
-		b, err := OpenCUDA(CUDAConfig{Logger: log})
+		b, err := OpenCUDA(CUDAConfig{Device: dev, Logger: log})
 		if err != nil {
 			return nil, err // not b: a nil *CUDA is a non-nil Backend
 		}
