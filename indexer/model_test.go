@@ -136,6 +136,13 @@ func (m *model) expire(mr *mRank, now int64) {
 	}
 }
 
+// expireAll is ExpireOrphans: every rank's held stores aged at now.
+func (m *model) expireAll(now int64) {
+	for _, mr := range m.ranks {
+		m.expire(mr, now)
+	}
+}
+
 func orphanBlocks(os []orphan) int {
 	n := 0
 	for _, o := range os {

@@ -18,6 +18,8 @@ var (
 	propWorkers = []uint64{1, 2, 3}
 	propLocals  = []uint64{11, 12, 13, 14}
 	propHashes  = rapid.Uint64Range(1, 10)
+	// propHotHashes draws half its hashes from the first three.
+	propHotHashes = rapid.OneOf(rapid.Uint64Range(1, 3), propHashes)
 )
 
 func genRank() *rapid.Generator[kvevent.Rank] {
@@ -31,6 +33,7 @@ type step struct {
 	removeWorker uint64 // when non-zero, the step removes this worker instead
 	setCapacity  bool   // the step sets ev.Rank's capacity instead
 	capacity     [kvevent.NumTiers]int64
+	expire       bool          // the step ages every rank's held stores instead (ExpireOrphans)
 	dt           time.Duration // may be negative: time goes back
 }
 
@@ -41,6 +44,8 @@ func (s *step) apply(ix *Index, now int64) error {
 		ix.RemoveWorker(s.removeWorker)
 	case s.setCapacity:
 		ix.SetCapacity(s.ev.Rank, s.capacity)
+	case s.expire:
+		ix.ExpireOrphans(now)
 	default:
 		ev := s.ev
 		return ix.Apply(&ev, now)
@@ -56,36 +61,50 @@ func genStep() *rapid.Generator[step] {
 			// or a clock step (held stores are pulled back, orphan.go).
 			s.dt = -3 * s.dt
 		}
-		s.ev.Rank = genRank().Draw(t, "rank")
-		s.ev.Tier = kvevent.Tier(rapid.IntRange(0, kvevent.NumTiers-1).Draw(t, "tier"))
-		switch k := rapid.IntRange(0, 21).Draw(t, "kind"); {
+		// Half the steps go to one rank and two tiers, their hashes
+		// leaning to the low ones: spread over the whole universe, a
+		// history seldom removes a block in the tier (or another) that a
+		// held store of the same rank has it in (removeOne's cuts), adopts
+		// a held store, or fills a rank past its capacity.
+		if rapid.Bool().Draw(t, "hot") {
+			s.ev.Rank = kvevent.Rank{Worker: propWorkers[0]}
+			s.ev.Tier = kvevent.Tier(rapid.IntRange(0, 1).Draw(t, "hot tier"))
+		} else {
+			s.ev.Rank = genRank().Draw(t, "rank")
+			s.ev.Tier = kvevent.Tier(rapid.IntRange(0, kvevent.NumTiers-1).Draw(t, "tier"))
+		}
+		switch k := rapid.IntRange(0, 22).Draw(t, "kind"); {
 		case k < 12:
 			s.ev.Kind = kvevent.KindStored
 			n := rapid.IntRange(1, 4).Draw(t, "n")
 			for i := 0; i < n; i++ {
 				s.ev.Blocks = append(s.ev.Blocks, kvevent.Block{
-					EngineHash: propHashes.Draw(t, "eh"),
+					EngineHash: propHotHashes.Draw(t, "eh"),
 					LocalHash:  rapid.SampledFrom(propLocals).Draw(t, "local"),
 				})
 			}
 			if rapid.Bool().Draw(t, "hasParent") {
-				s.ev.HasParent, s.ev.Parent = true, propHashes.Draw(t, "parent")
+				s.ev.HasParent, s.ev.Parent = true, propHotHashes.Draw(t, "parent")
 			}
 		case k < 17:
 			s.ev.Kind = kvevent.KindRemoved
-			s.ev.Removed = rapid.SliceOfN(propHashes, 1, 3).Draw(t, "removed")
+			s.ev.Removed = rapid.SliceOfN(propHotHashes, 1, 3).Draw(t, "removed")
 		case k < 19:
 			s.ev.Kind = kvevent.KindCleared
 		case k < 20:
 			s.removeWorker = rapid.SampledFrom(propWorkers).Draw(t, "removeWorker")
 			return s
-		default:
+		case k < 22:
 			// Capacities small enough for the universe's ranks to pass
 			// them, with and without slack (propCfg's 0.5: none below 2).
 			s.setCapacity = true
 			for tr := range s.capacity {
 				s.capacity[tr] = rapid.SampledFrom([]int64{0, 0, 1, 2, 3, 5}).Draw(t, "capacity")
 			}
+			return s
+		default:
+			// The replicated sweep: time alone ages the held stores out.
+			s.expire = true
 			return s
 		}
 		// Now and then a malformed event: the index must refuse it (and
@@ -134,7 +153,7 @@ func checkIndexMatchesModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		ix, mod := New(propCfg), newModel(propCfg)
 		now := int64(0)
-		steps := rapid.SliceOfN(genStep(), 1, 60).Draw(t, "steps")
+		steps := rapid.SliceOfN(genStep(), 40, 120).Draw(t, "steps")
 		for _, s := range steps {
 			now += int64(s.dt)
 			err := s.apply(ix, now)
@@ -143,6 +162,8 @@ func checkIndexMatchesModel(t *testing.T) {
 				mod.removeWorker(s.removeWorker)
 			case s.setCapacity:
 				mod.setCapacity(s.ev.Rank, s.capacity)
+			case s.expire:
+				mod.expireAll(now)
 			default:
 				good := mod.apply(&s.ev, now)
 				if (err == nil) != good || err != nil && !errors.Is(err, kvevent.ErrMalformed) {

@@ -115,7 +115,7 @@ func TestApplyBatchEqualsApplyOneByOne(t *testing.T) {
 		a, b := New(cfg), New(cfg)
 		var batch []kvevent.Event
 		for _, s := range rapid.SliceOfN(genStep(), 1, 60).Draw(rt, "steps") {
-			if s.removeWorker != 0 || s.setCapacity {
+			if s.removeWorker != 0 || s.setCapacity || s.expire {
 				continue
 			}
 			_ = s.apply(a, 0)
