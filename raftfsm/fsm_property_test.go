@@ -19,7 +19,10 @@ import (
 // model): per-rank cursors with duplicate and gap handling, the publisher
 // incarnation fence (a rank keeps its last dump's incarnation; a batch of
 // another non-zero one applies nothing), the worker table, and every booking with the load it puts on its rank, computed here
-// from the bookings alone (semantics.md §6), not read back from Sequences.
+// from the bookings alone (semantics.md §6), not read back from Sequences,
+// with the sweeps that end bookings and drop tombstones by age, and the
+// reply of each command it computes (acks, a booking's outcome, a sweep's
+// count).
 // Which events reach the index, in which order, and what a registration or
 // a deregistration does to a rank's index state are the FSM's rules too:
 // ix is an index fed only what the model says reaches the FSM's (the events
@@ -32,7 +35,37 @@ type fsmModel struct {
 	incs     map[kvevent.Rank]uint64 // the incarnation of each rank's last dump
 	workers  map[uint64]WorkerInfo
 	bookings map[string]*fsmModelBooking // live
-	freed    map[string]bool             // tombstones: an add of these books nothing
+	freed    map[string]int64            // tombstones (their bookings' times): an add of these books nothing
+	now      int64                       // the time the next command carries
+	// replies holds each generated command's reply as the model computes
+	// it, in order, for checkReplies; anyReply where it checks none.
+	replies []interface{}
+}
+
+// anyReply stands for a reply the model does not compute.
+type anyReply struct{}
+
+func newFSMModel() *fsmModel {
+	return &fsmModel{ix: indexer.New(indexer.Config{}), cursors: map[kvevent.Rank]uint64{}, incs: map[kvevent.Rank]uint64{},
+		workers: map[uint64]WorkerInfo{}, bookings: map[string]*fsmModelBooking{}, freed: map[string]int64{}, now: fsmNow}
+}
+
+// checkReplies compares the replies of a batch just applied with the
+// model's, and takes the model's off.
+func (m *fsmModel) checkReplies(rt *rapid.T, what string, got []interface{}) {
+	if len(got) > len(m.replies) {
+		rt.Fatalf("%s: %d replies, the model has %d", what, len(got), len(m.replies))
+	}
+	for i, g := range got {
+		want := m.replies[i]
+		if _, ok := want.(anyReply); ok {
+			continue
+		}
+		if responseString(g) != responseString(want) {
+			rt.Fatalf("%s: reply %v, model %v", what, responseString(g), responseString(want))
+		}
+	}
+	m.replies = m.replies[len(got):]
 }
 
 // fsmModelBooking is one live booking as the model keeps it.
@@ -42,9 +75,12 @@ type fsmModelBooking struct {
 	isl, cached int
 	prefillDone bool
 	discount    uint32 // parts per DecayScale off each block it alone holds
+	createdAt   int64
 }
 
-// fsmNow is the time every generated command carries.
+// fsmNow is the time of the first generated command; each next one's is
+// up to 3s later, so that sweeps (encodeExpire) find bookings, tombstones
+// and held stores both older and younger than their cutoffs.
 const fsmNow = 5
 
 // fsmRanks are the ranks the generated commands name.
@@ -55,9 +91,9 @@ var fsmRequests = []string{"a", "b", "c", "d"}
 
 // free ends the live booking of id, leaving a tombstone.
 func (m *fsmModel) free(id string) {
-	if _, ok := m.bookings[id]; ok {
+	if b, ok := m.bookings[id]; ok {
 		delete(m.bookings, id)
-		m.freed[id] = true
+		m.freed[id] = b.createdAt
 	}
 }
 
@@ -140,12 +176,12 @@ func (m *fsmModel) check(rt *rapid.T, what string, f *FSM) {
 			continue
 		}
 		if got.Rank != want.rank || !slices.Equal(got.SeqHashes, want.hashes) || got.ISL != want.isl ||
-			got.CachedTokens != want.cached || got.PrefillDone != want.prefillDone || got.Discount != want.discount {
+			got.CachedTokens != want.cached || got.PrefillDone != want.prefillDone || got.Discount != want.discount || got.CreatedAt != want.createdAt {
 			rt.Fatalf("%s: booking %q = %+v, model %+v", what, id, got, *want)
 		}
 	}
-	if live, _ := f.Sequences().Count(); live != len(m.bookings) {
-		rt.Fatalf("%s: live bookings %d, model %d", what, live, len(m.bookings))
+	if live, freed := f.Sequences().Count(); live != len(m.bookings) || freed != len(m.freed) {
+		rt.Fatalf("%s: live bookings %d tombstones %d, model %d and %d", what, live, freed, len(m.bookings), len(m.freed))
 	}
 	// The index: each rank's figures (blocks per tier, capacity, held
 	// orphans, its resync and capacity flags), then the digest of every
@@ -193,7 +229,11 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 	ranks := fsmRanks
 	// Incarnations: 0 (unfenced) and two publishers'.
 	incarnation := rapid.SampledFrom([]uint64{0, 1, 2})
-	switch rapid.IntRange(0, 12).Draw(t, "cmd") {
+	// Time moves on (never back: the tracker's clamp to its last sweep
+	// is booking_clock_test.go's).
+	m.now += rapid.SampledFrom([]int64{0, 0, 1e6, 5e8, 3e9}).Draw(t, "dt")
+	now := m.now
+	switch rapid.IntRange(0, 13).Draw(t, "cmd") {
 	case 0, 1, 2, 3:
 		var batches []RankBatch
 		for _, r := range rapid.SliceOfNDistinct(rapid.SampledFrom(ranks), 1, 3, func(r kvevent.Rank) kvevent.Rank { return r }).Draw(t, "ranks") {
@@ -205,32 +245,44 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 			n := rapid.IntRange(1, 4).Draw(t, "n")
 			batches = append(batches, RankBatch{Rank: r, Incarnation: incarnation.Draw(t, "incarnation"), Events: chainEvents(r, first, n, first*7)})
 		}
+		acks := make([]RankAck, 0, len(batches))
 		for _, b := range batches {
 			if m.unlisted(b.Rank) {
-				continue // its Positional worker does not list it: nothing applies
+				// Its Positional worker does not list it: nothing applies.
+				acks = append(acks, RankAck{Rank: b.Rank, Unregistered: true})
+				continue
 			}
+			ack := RankAck{Rank: b.Rank, Cursor: m.cursors[b.Rank]}
 			if s := m.incs[b.Rank]; b.Incarnation != 0 && s != 0 && b.Incarnation != s {
-				continue // fenced: nothing applies
+				// Fenced: nothing applies.
+				ack.Resync, ack.Fenced = true, true
+				acks = append(acks, ack)
+				continue
 			}
 			// A Positional worker's ids are positions: a hole is no gap.
 			positional := m.workers[b.Rank.Worker].Positional
-			cur, applied := m.cursors[b.Rank], false
 			for i := range b.Events {
 				ev := &b.Events[i]
-				if ev.EventID <= cur {
+				if ev.EventID <= ack.Cursor {
+					ack.Dups++
 					continue
 				}
-				if ev.EventID != cur+1 && !positional {
+				if ev.EventID != ack.Cursor+1 && !positional {
+					ack.Gap = true
 					break
 				}
-				_ = m.ix.Apply(ev, fsmNow)
-				cur, applied = ev.EventID, true
+				_ = m.ix.Apply(ev, now)
+				ack.Cursor = ev.EventID
+				ack.Applied++
 			}
-			if applied {
-				m.cursors[b.Rank] = cur
+			if ack.Applied > 0 {
+				m.cursors[b.Rank] = ack.Cursor
 			}
+			ack.Resync = m.ix.RankNeedsResync(b.Rank)
+			acks = append(acks, ack)
 		}
-		return encodeEvents(fsmNow, batches)
+		m.replies = append(m.replies, acks)
+		return encodeEvents(now, batches)
 	case 4:
 		// A registration, or a registration again with other ranks and
 		// capacity: a rank it drops goes with its cursor and bookings. A
@@ -264,13 +316,15 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 		for _, dp := range w.DPRanks {
 			m.ix.SetCapacity(kvevent.Rank{Worker: w.ID, DP: dp}, w.Capacity)
 		}
-		return encodeRegister(fsmNow, &w)
+		m.replies = append(m.replies, anyReply{})
+		return encodeRegister(now, &w)
 	case 5:
 		id := uint64(rapid.IntRange(1, 2).Draw(t, "worker"))
 		delete(m.workers, id)
 		m.removeRanks(func(r kvevent.Rank) bool { return r.Worker == id })
 		m.ix.RemoveWorker(id)
-		return encodeDeregister(fsmNow, id)
+		m.replies = append(m.replies, anyReply{})
+		return encodeDeregister(now, id)
 	case 6, 7:
 		rid := rapid.SampledFrom(fsmRequests).Draw(t, "request")
 		r := rapid.SampledFrom(ranks).Draw(t, "rank")
@@ -281,11 +335,21 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 		// A rank no registered worker has books nothing (its worker left
 		// between the route's decision and the commit), and neither does a
 		// live or freed id.
+		// The reply is the booking as it stands: the first add's rank.
 		w, registered := m.workers[r.Worker]
-		if _, live := m.bookings[rid]; !live && !m.freed[rid] && registered && slices.Contains(w.DPRanks, r.DP) {
-			m.bookings[rid] = &fsmModelBooking{rank: r, hashes: slices.Clone(b.SeqHashes), isl: b.ISL, cached: b.CachedTokens}
+		_, freed := m.freed[rid]
+		want := bookOutcome{rank: r, left: true}
+		if registered && slices.Contains(w.DPRanks, r.DP) {
+			if _, live := m.bookings[rid]; !live && !freed {
+				m.bookings[rid] = &fsmModelBooking{rank: r, hashes: slices.Clone(b.SeqHashes), isl: b.ISL, cached: b.CachedTokens, createdAt: now}
+			}
+			want = bookOutcome{freed: freed}
+			if mb, live := m.bookings[rid]; live {
+				want = bookOutcome{rank: mb.rank, live: true}
+			}
 		}
-		return encodeBook(fsmNow, []bookOp{{kind: bookAdd, b: b}})
+		m.replies = append(m.replies, want)
+		return encodeBook(now, []bookOp{{kind: bookAdd, b: b}})
 	case 8:
 		// An output block with a decay weight: the booking's discount must
 		// survive a reopen and a snapshot like the rest of it.
@@ -302,13 +366,15 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 				b.discount = d
 			}
 		}
-		return encodeBook(fsmNow, ops)
+		m.replies = append(m.replies, nil)
+		return encodeBook(now, ops)
 	case 9:
 		rid := rapid.SampledFrom(fsmRequests).Draw(t, "request")
 		if b, ok := m.bookings[rid]; ok {
 			b.prefillDone = true
 		}
-		return encodeBook(fsmNow, []bookOp{{kind: bookPrefillDone, b: Booking{ID: rid}}})
+		m.replies = append(m.replies, nil)
+		return encodeBook(now, []bookOp{{kind: bookPrefillDone, b: Booking{ID: rid}}})
 	case 12:
 		// A rank dump: taken at or above the cursor (it replaces the rank
 		// and sets its cursor and incarnation), refused below it.
@@ -319,20 +385,48 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 		}
 		inc := incarnation.Draw(t, "incarnation")
 		stored := chainEvents(r, 1, rapid.IntRange(0, 3).Draw(t, "stored"), 100+cursor*11)
-		if cursor >= m.cursors[r] && !m.unlisted(r) {
-			m.ix.ReplaceRank(r, stored, fsmNow)
+		switch {
+		case m.unlisted(r):
+			m.replies = append(m.replies, RankAck{Rank: r, Unregistered: true})
+		case cursor < m.cursors[r]:
+			m.replies = append(m.replies, RankAck{Rank: r, Cursor: m.cursors[r]})
+		default:
+			bad := m.ix.ReplaceRank(r, stored, now)
 			m.cursors[r], m.incs[r] = cursor, inc
+			m.replies = append(m.replies, RankAck{Rank: r, Cursor: cursor, Applied: len(stored) - bad})
 		}
-		return encodeReplace(fsmNow, r, cursor, inc, stored)
+		return encodeReplace(now, r, cursor, inc, stored)
+	case 13:
+		// The replicated sweep: it ends the live bookings made before its
+		// cutoff (no tombstone), drops the tombstones of bookings made
+		// before it, and ages the index's held stores out.
+		maxAge := rapid.SampledFrom([]int64{1e9, 4e9, 30e9}).Draw(t, "max age")
+		expired := 0
+		for id, b := range m.bookings {
+			if b.createdAt < now-maxAge {
+				delete(m.bookings, id)
+				expired++
+			}
+		}
+		for id, at := range m.freed {
+			if at < now-maxAge {
+				delete(m.freed, id)
+			}
+		}
+		m.ix.ExpireOrphans(now)
+		m.replies = append(m.replies, expired)
+		return encodeExpire(now, maxAge)
 	default:
 		rid := rapid.SampledFrom(fsmRequests).Draw(t, "request")
 		m.free(rid)
-		return encodeBook(fsmNow, []bookOp{{kind: bookFree, b: Booking{ID: rid}}})
+		m.replies = append(m.replies, nil)
+		return encodeBook(now, []bookOp{{kind: bookFree, b: Booking{ID: rid}}})
 	}
 }
 
 // TestFSMMatchesModelAndSurvivesReopenAndSnapshot applies random commands
-// in random batches, then checks the FSM against the model, and that a
+// in random batches, checking the FSM and the batch's replies against the
+// model after each, and then that a
 // reopen and a snapshot/restore both give the same digest (the snapshot
 // passing the check before a user restore).
 func TestFSMMatchesModelAndSurvivesReopenAndSnapshot(t *testing.T) {
@@ -355,18 +449,23 @@ func checkFSMMatchesModel(t *testing.T) {
 		// Closed however the run ends (a run rapid finds invalid ends at a
 		// draw); Close is idempotent.
 		defer f.Close()
-		m := &fsmModel{ix: indexer.New(indexer.Config{}), cursors: map[kvevent.Rank]uint64{}, incs: map[kvevent.Rank]uint64{}, workers: map[uint64]WorkerInfo{}, bookings: map[string]*fsmModelBooking{}, freed: map[string]bool{}}
+		m := newFSMModel()
 		defer m.ix.Release()
 		var w logWriter
 		var pending []*raft.Log
-		for i, n := 0, rapid.IntRange(1, 40).Draw(rt, "commands"); i < n; i++ {
+		// The model is checked after every batch, replies included: a
+		// wrong state a later command hides (a booking a sweep should
+		// have ended, freed afterwards) shows.
+		for i, n := 0, rapid.IntRange(20, 80).Draw(rt, "commands"); i < n; i++ {
 			pending = append(pending, w.next(genFSMCommand(rt, m)))
 			if rapid.Bool().Draw(rt, "flush") {
-				f.ApplyBatch(pending)
+				what := fmt.Sprintf("after command %d", i)
+				m.checkReplies(rt, what, f.ApplyBatch(pending))
+				m.check(rt, what, f)
 				pending = nil
 			}
 		}
-		f.ApplyBatch(pending)
+		m.checkReplies(rt, "applied", f.ApplyBatch(pending))
 		m.check(rt, "applied", f)
 		d := f.Digest()
 		if !rapid.Bool().Draw(rt, "checkDurability") {
@@ -429,7 +528,7 @@ func TestBatchBoundariesDoNotChangeTheState(t *testing.T) {
 		a, b := open(), open()
 		defer a.Close()
 		defer b.Close()
-		m := &fsmModel{ix: indexer.New(indexer.Config{}), cursors: map[kvevent.Rank]uint64{}, incs: map[kvevent.Rank]uint64{}, workers: map[uint64]WorkerInfo{}, bookings: map[string]*fsmModelBooking{}, freed: map[string]bool{}}
+		m := newFSMModel()
 		defer m.ix.Release()
 		var w logWriter
 		var logs []*raft.Log
@@ -438,7 +537,7 @@ func TestBatchBoundariesDoNotChangeTheState(t *testing.T) {
 			var data []byte
 			if rapid.IntRange(0, 4).Draw(rt, "check?") == 0 {
 				lc := a.LastCheck()
-				data = encodeCheck(fsmNow, lc.Index, lc.Digest)
+				data = encodeCheck(m.now, lc.Index, lc.Digest)
 			} else {
 				data = genFSMCommand(rt, m)
 			}
