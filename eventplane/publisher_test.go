@@ -674,6 +674,63 @@ func TestAnAckOfARankTheRequestDidNotCarryIsMalformed(t *testing.T) {
 	}
 }
 
+// TestAnAckOfAnotherRankInPlaceOfTheBatchsIsMalformed: from a review.
+// The answer to a request of rank A's batch alone carries one ack, of
+// rank B (cursor 1, which B's earlier, failed request carried): the count
+// matches, the rank does not. Applied, it would move B's cursor and trim
+// B's event though no router took it. acksMatch's rank check refuses it;
+// with only the count compared, every other test passed.
+func TestAnAckOfAnotherRankInPlaceOfTheBatchsIsMalformed(t *testing.T) {
+	a, b := kvevent.Rank{Worker: 1}, kvevent.Rank{Worker: 2}
+	var mu sync.Mutex
+	seenB, swapped := false, 0
+	nc := scriptedLeader(t, func(m *nats.Msg) {
+		bs, err := decodeEvents(m.Data, 1<<16)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		var acks []raftfsm.RankAck
+		for _, x := range bs {
+			if x.Rank == b {
+				seenB = true // B's batches never go through
+				m.Respond(appendError(nil, codeNotLeader, "not the leader"))
+				return
+			}
+			if seenB {
+				swapped++
+				acks = append(acks, raftfsm.RankAck{Rank: b, Cursor: 1, Applied: 1})
+				continue
+			}
+			acks = append(acks, raftfsm.RankAck{Rank: x.Rank, Cursor: x.Events[len(x.Events)-1].EventID, Applied: len(x.Events)})
+		}
+		m.Respond(appendAcks(nil, acks, ackFlagsKnown))
+	}, nil)
+	p, err := NewPublisher(PublisherConfig{Conn: nc, MaxRequestEvents: 1, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ev := []kvevent.Event{{Kind: kvevent.KindCleared}}
+	if _, err := p.Publish(b, ev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Publish(a, slices.Repeat(ev, 4)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "two answers with B's ack in A's place, or B acknowledged", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		acked, _ := p.Cursor(b)
+		return swapped >= 2 || acked > 0
+	})
+	if acked, _ := p.Cursor(b); acked != 0 {
+		t.Fatalf("rank B acknowledged through %d by the answer to a request that carried only rank A's batch", acked)
+	}
+}
+
 // TestADumpAnsweredWithoutItsCommitIsResent: from a review. A dump's
 // answer is "dump ok" at the dump's cursor (committed), at the router's
 // above it (stale), or an error. An acks message decoded as "dump ok" at
