@@ -559,6 +559,58 @@ func TestJoinPastAHungFirstMember(t *testing.T) {
 	}
 }
 
+// TestJoinPastAMemberThatNeverHandshakes: with TLS, --join lists two
+// members; the first accepts TCP connections and never answers the TLS
+// handshake (a SIGSTOPped process: the kernel still accepts), the second
+// is a leader that adds the node. The hung member must cost only its
+// share of the attempt (TLSHandshakeTimeout), as a member that hangs
+// after the handshake does (TestJoinPastAHungFirstMember, plain HTTP).
+// From a review: with TLSHandshakeTimeout taken out of join (the
+// transport's 10 s), every test passed.
+func TestJoinPastAMemberThatNeverHandshakes(t *testing.T) {
+	defer func(d time.Duration) { joinAttempt = d }(joinAttempt)
+	joinAttempt = 2 * time.Second
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c) // never read, never written
+		}
+	}()
+	defer func() {
+		ln.Close()
+		<-done
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	fake := apitest.New("n1", "")
+	s := api.NewServer(fake, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	good := httptest.NewTLSServer(s)
+	defer func() { good.Close(); s.Close() }()
+	pool := x509.NewCertPool()
+	pool.AddCert(good.Certificate())
+	sec := security{serverTLS: &tls.Config{}, clientTLS: &tls.Config{RootCAs: pool}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*joinAttempt)
+	defer cancel()
+	via := []string{ln.Addr().String(), strings.TrimPrefix(good.URL, "https://")}
+	start := time.Now()
+	err = join(ctx, sec, via, "n2", "127.0.0.1:1", "127.0.0.1:2")
+	if took := time.Since(start); err != nil || fake.Calls()["AddMember"] == 0 || took > joinAttempt {
+		t.Fatalf("join via [no-handshake, good] = %v after %v (one attempt: %v), %d AddMember calls on the good member; "+
+			"want it joined through the member that answers within one attempt", err, took.Round(time.Millisecond), joinAttempt, fake.Calls()["AddMember"])
+	}
+}
+
 // unpipelined is an in-memory Raft transport that does not pipeline
 // appends: hashicorp/raft v1.8.0's in-memory pipeline panics
 // ("interface {} is nil, not *raft.AppendEntriesResponse") when a peer
