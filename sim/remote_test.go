@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -284,6 +285,28 @@ func TestRemoteSetupBoundsEachCallByTimeout(t *testing.T) {
 	}
 	if c := f.Calls(); c["DeregisterWorker"] != 1 || c["RegisterWorker"] != 2 {
 		t.Fatalf("calls %v, want the worker deregistered once (the hung try never applied) and registered again", c)
+	}
+
+	// The registration hangs (the deregistration before it answers): it
+	// fails within its Timeout, naming the worker, instead of waiting
+	// for the caller's context.
+	_, cl = fakeClusterVia(t, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost && r.URL.Path == "/v1/workers" {
+				// The server sees the client go (and ends r's context)
+				// only once the body is read.
+				io.Copy(io.Discard, r.Body)
+				<-r.Context().Done()
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
+	p = &Remote{Client: cl, Workers: 1, BlockSize: 16, CapacityBlocks: 100, Timeout: timeout}
+	start = time.Now()
+	if err := p.Setup(ctx); err == nil || !strings.Contains(err.Error(), "register worker 1") || time.Since(start) > 2*time.Second {
+		t.Fatalf("Setup whose registration hangs: %v after %v, want the registration's error within a few Timeouts (%v)",
+			err, time.Since(start).Round(10*time.Millisecond), timeout)
 	}
 }
 
