@@ -11,6 +11,7 @@ import (
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/kvevent/engine"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"log/slog"
 	"math"
 	"runtime"
@@ -430,6 +431,12 @@ func TestReplayFromARestartedEngineIsNotApplied(t *testing.T) {
 	}
 	if st := c.Stats(); st.Epochs != 1 || st.Resyncs != 0 || st.Replays != 2 || st.Replayed != 7 {
 		t.Fatalf("stats %+v, want 1 epoch, no resync, 2 replays, 7 batches replayed", st)
+	}
+	// The first replay, answered by the restarted engine, is counted as
+	// such (no other test pinned the outcome).
+	var m dto.Metric
+	if err := c.m.replays.WithLabelValues("restarted").Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+		t.Fatalf("kvagent_subscriber_replays_total{outcome=\"restarted\"} = %v (%v), want 1", m.GetCounter().GetValue(), err)
 	}
 }
 
