@@ -230,6 +230,10 @@ func OpenWith(kind Kind, log *slog.Logger) (Backend, error) {
 	return OpenDevice(kind, 0, log)
 }
 
+// cudaLibrary is the driver OpenDevice and Detect load: libcuda.so.1, or
+// the fake driver of a test that checks what reaches it (export_test.go).
+var cudaLibrary = defaultCUDALibrary
+
 // OpenDevice is OpenWith on CUDA device ordinal dev (as the driver numbers
 // devices, after CUDA_VISIBLE_DEVICES) when the kind is or picks cuda.
 // KindAuto falls back to host copies, logging why, when dev is not there.
@@ -239,11 +243,11 @@ func OpenDevice(kind Kind, dev int, log *slog.Logger) (Backend, error) {
 	}
 	switch kind {
 	case KindAuto, "":
-		if err := probeCUDA(defaultCUDALibrary); err != nil {
+		if err := probeCUDA(cudaLibrary); err != nil {
 			log.Info("offload backend: using host copies", "reason", err)
 			return NewHost()
 		}
-		b, err := OpenCUDA(CUDAConfig{Device: dev, Logger: log})
+		b, err := OpenCUDA(CUDAConfig{Library: cudaLibrary, Device: dev, Logger: log})
 		if err != nil {
 			log.Warn("offload backend: CUDA found but failed to open, using host copies", "err", err)
 			return NewHost()
@@ -252,7 +256,7 @@ func OpenDevice(kind Kind, dev int, log *slog.Logger) (Backend, error) {
 	case KindHost:
 		return NewHost()
 	case KindCUDA:
-		b, err := OpenCUDA(CUDAConfig{Device: dev, Logger: log})
+		b, err := OpenCUDA(CUDAConfig{Library: cudaLibrary, Device: dev, Logger: log})
 		if err != nil {
 			return nil, err // not b: a nil *CUDA is a non-nil Backend
 		}
@@ -266,7 +270,7 @@ func OpenDevice(kind Kind, dev int, log *slog.Logger) (Backend, error) {
 // libcuda.so.1 loads, initialises and reports at least one device, KindHost
 // otherwise. It creates no CUDA context.
 func Detect() Kind {
-	if err := probeCUDA(defaultCUDALibrary); err != nil {
+	if err := probeCUDA(cudaLibrary); err != nil {
 		slog.Debug("offload backend: no CUDA", "reason", err)
 		return KindHost
 	}

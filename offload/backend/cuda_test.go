@@ -208,3 +208,28 @@ func TestCUDAFreeRacingCloseIsOrdered(t *testing.T) {
 			len(bad), strings.Join(bad, "\n"))
 	}
 }
+
+// TestOpenDeviceOpensTheDeviceItIsGiven: OpenDevice opens the device
+// ordinal it is given (kvagent's --cuda-device). The fake driver has
+// device 0 only: device 1 is refused, by KindCUDA as an error
+// and by KindAuto with a fall-back to host copies. An OpenDevice that
+// opened device 0 whatever it was given passed every test, as it loaded
+// the real libcuda.so.1 only.
+func TestOpenDeviceOpensTheDeviceItIsGiven(t *testing.T) {
+	backend.SetCUDALibrary(t, fakeOrSkip(t))
+	be, err := backend.OpenDevice(backend.KindCUDA, 0, nil)
+	check(t, err)
+	check(t, be.Close())
+	if be, err := backend.OpenDevice(backend.KindCUDA, 1, nil); err == nil || !strings.Contains(err.Error(), "device 1 of 1") {
+		if err == nil {
+			be.Close()
+		}
+		t.Fatalf("OpenDevice(cuda, device 1) on a driver of one device: %v, want device 1 refused", err)
+	}
+	be, err = backend.OpenDevice(backend.KindAuto, 1, nil)
+	check(t, err)
+	defer be.Close()
+	if _, ok := be.(*backend.CUDA); ok {
+		t.Fatalf("OpenDevice(auto, device 1) on a driver of one device opened CUDA, want host copies")
+	}
+}
