@@ -185,6 +185,10 @@ type offload struct {
 	srv   *engineapi.Server
 }
 
+// openBackend opens the offload backend; a test replaces it to see the
+// device startOffload asks for (the real one loads libcuda.so.1).
+var openBackend = backend.OpenDevice
+
 // startOffload opens the backend, each rank's pools (a G3 pool reopened
 // with blocks gives them to sink.Restore, so the rank's first dump carries
 // them) and the engine API. Call it before the agent runs.
@@ -195,7 +199,7 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 			o.Close()
 		}
 	}()
-	be, err := backend.OpenDevice(oc.Backend, oc.CUDADevice, log)
+	be, err := openBackend(oc.Backend, oc.CUDADevice, log)
 	if err != nil {
 		if errors.Is(err, backend.ErrNoCUDA) {
 			return nil, fmt.Errorf("open the %s backend: %w (give --backend host, or auto, on a machine without a GPU)", oc.Backend, err)

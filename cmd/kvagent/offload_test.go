@@ -447,3 +447,23 @@ func TestCUDADeviceFlagIsParsed(t *testing.T) {
 		t.Errorf("KVAGENT_CUDA_DEVICE=2: device %d, %v; want 2", oc.CUDADevice, err)
 	}
 }
+
+// TestStartOffloadOpensTheCUDADevice: startOffload asks the backend for
+// the device --cuda-device names. One that opened device 0 whatever the
+// flag passed every test (OpenDevice loads the real libcuda.so.1).
+func TestStartOffloadOpensTheCUDADevice(t *testing.T) {
+	defer func(f func(backend.Kind, int, *slog.Logger) (backend.Backend, error)) { openBackend = f }(openBackend)
+	refused := errors.New("no device here")
+	got := -1
+	openBackend = func(kind backend.Kind, dev int, log *slog.Logger) (backend.Backend, error) {
+		got = dev
+		return nil, refused
+	}
+	oc := offloadConfig{Backend: backend.KindCUDA, CUDADevice: 3}
+	if o, err := startOffload(oc, []kvevent.Rank{{Worker: 1, DP: 0}}, newFakeAgent(), prometheus.NewRegistry(), quiet); !errors.Is(err, refused) || got != 3 {
+		if err == nil {
+			o.Close()
+		}
+		t.Fatalf("startOffload with --cuda-device 3 asked the backend for device %d (%v), want 3", got, err)
+	}
+}
