@@ -30,8 +30,9 @@ const snapshotsKept = 2
 // entries up to R (TestRestoreTakesTheIndexOfTheSnapshotRaftJustSaved).
 //
 // It reaps after a new snapshot is in place, by its own rule
-// (snapshotSink.Close): every snapshot listed above the new one goes, then
-// all but the newest snapshotsKept. FileSnapshotStore's own reap, in the
+// (snapshotSink.Close): every snapshot listed above the new one that was
+// already there when the new one's sink was created goes, then all but the
+// newest snapshotsKept. FileSnapshotStore's own reap, in the
 // sink's Close before Raft opens the snapshot to restore it, keeps the
 // newest by term: a node holding two snapshots of a later term than a
 // leader's snapshot it installs (its own and a user restore, as a deposed
@@ -41,6 +42,13 @@ const snapshotsKept = 2
 // (the state is the new one's, and the log continues it), while Raft's
 // start and a leader's send (both take the first of List) would take the
 // one above, of another history (TestAWrittenSnapshotIsKeptOverOnesOfALaterTerm).
+// A snapshot created while the new one was being written is kept, though
+// listed above it: Raft writes its own snapshot on its snapshot goroutine
+// while the main goroutine installs a leader's snapshot or runs a user
+// restore, whose sink closes first and which the FSM restores; the older
+// sink's reap deleted it, and the store's newest (what Raft's start and a
+// leader's send take) was the state before it
+// (TestASnapshotClosedAfterAnInstallKeepsTheInstalledOne).
 type snapshotStore struct {
 	*raft.FileSnapshotStore
 	dir    string // snapshots/
@@ -94,35 +102,48 @@ func openedMeta(r io.Reader) (raft.SnapshotMeta, bool) {
 // snapshotStore's rule once the snapshot is in place.
 func (s *snapshotStore) Create(version raft.SnapshotVersion, index, term uint64, configuration raft.Configuration,
 	configurationIndex uint64, trans raft.Transport) (raft.SnapshotSink, error) {
+	// The snapshots there now are the only ones Close may drop for being
+	// listed above this one: one created meanwhile is newer, whatever its
+	// term (snapshotStore).
+	list, err := s.List()
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots before creating one: %w", err)
+	}
+	before := make(map[string]bool, len(list))
+	for _, m := range list {
+		before[m.ID] = true
+	}
 	sink, err := s.FileSnapshotStore.Create(version, index, term, configuration, configurationIndex, trans)
 	if err != nil {
 		return nil, err
 	}
-	return &snapshotSink{SnapshotSink: sink, store: s}, nil
+	return &snapshotSink{SnapshotSink: sink, store: s, before: before}, nil
 }
 
 type snapshotSink struct {
 	raft.SnapshotSink
-	store *snapshotStore
+	store  *snapshotStore
+	before map[string]bool // ids of the snapshots listed when the sink was created
 }
 
 // Close puts the snapshot in place, then reaps: every snapshot listed
-// before it (of a later term: another history's), then all but the
-// newest snapshotsKept. A failed reap costs disk space only; it is
-// logged.
+// before it (of a later term: another history's) that was there when the
+// sink was created, then all but the newest snapshotsKept. A failed reap
+// costs disk space only; it is logged.
 func (k *snapshotSink) Close() error {
 	if err := k.SnapshotSink.Close(); err != nil {
 		return err
 	}
-	if err := k.store.reap(k.ID()); err != nil {
+	if err := k.store.reap(k.ID(), k.before); err != nil {
 		k.store.logger.Warn("reaping Raft snapshots failed", "err", err)
 	}
 	return nil
 }
 
 // reap removes the snapshots listed before written (the one just put in
-// place), then all after the newest snapshotsKept.
-func (s *snapshotStore) reap(written string) error {
+// place) whose ids are in existed (those there when written's sink was
+// created), then all after the newest snapshotsKept of the rest.
+func (s *snapshotStore) reap(written string, existed map[string]bool) error {
 	list, err := s.List()
 	if err != nil {
 		return err
@@ -138,12 +159,17 @@ func (s *snapshotStore) reap(written string) error {
 		return fmt.Errorf("the snapshot %s just written is not listed", written)
 	}
 	w := list[at]
-	drop := list[:at:at]
-	for _, m := range drop {
-		s.logger.Warn("removing a Raft snapshot of a later term than the one Raft has just written: another history's (a deposed leader's user restore, say)",
-			"snapshot", m.Index, "snapshot_term", m.Term, "written", w.Index, "written_term", w.Term)
+	var drop, rest []raft.SnapshotMeta
+	for i, m := range list {
+		if i < at && existed[m.ID] {
+			s.logger.Warn("removing a Raft snapshot of a later term than the one Raft has just written: another history's (a deposed leader's user restore, say)",
+				"snapshot", m.Index, "snapshot_term", m.Term, "written", w.Index, "written_term", w.Term)
+			drop = append(drop, *m)
+			continue
+		}
+		rest = append(rest, *m)
 	}
-	if rest := list[at:]; len(rest) > snapshotsKept {
+	if len(rest) > snapshotsKept {
 		drop = append(drop, rest[snapshotsKept:]...)
 	}
 	for _, m := range drop {
