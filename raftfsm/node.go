@@ -986,16 +986,21 @@ func (n *Node) dropLogAfterAGap() error {
 }
 
 // refuseStateWithoutItsLog refuses (ErrStartRefused) a state database
-// applied past everything Raft holds: its log's last entry and every
-// snapshot. The FSM applies only entries Raft stored first, and a
-// snapshot's install leaves the state at the snapshot's index, so such a
-// state outlived its raft/ and snapshots/ (lost, or wiped to start the
-// node afresh). fsm/ carries no cluster identity: started on it, Raft
+// applied past 0 when Raft holds neither a log entry nor any snapshot:
+// its raft/ and snapshots/ were lost, or wiped to start the node afresh,
+// and fsm/ stayed. fsm/ carries no cluster identity: started on it, Raft
 // begins a new log (bootstrapping it, or taking a leader's) and the FSM
 // skips every entry of it up to the old applied index, the new log's
 // first writes acknowledged and never applied, over a state no log
 // leads to. Checked before Raft's stores are written (a bootstrap, the
 // recorded origin), so that the directory is left as it was found.
+//
+// A state past the log's last entry and every snapshot is not refused
+// when Raft holds either: a deposed leader's user restore at R (in no
+// log: Raft removes the log for it) that then installs a new leader's
+// snapshot below R, killed while the FSM loads it, holds the state at R,
+// an empty log and that snapshot alone, and catchUpFromSnapshot restores
+// the snapshot (stateOfSnapshotsHistory: the log holds no entry at R).
 func (n *Node) refuseStateWithoutItsLog() error {
 	applied, _, err := n.fsm.db.Applied()
 	if err != nil || applied == 0 {
@@ -1009,17 +1014,13 @@ func (n *Node) refuseStateWithoutItsLog() error {
 	if err != nil {
 		return fmt.Errorf("list Raft snapshots: %w", err)
 	}
-	var snap uint64
-	for _, m := range list {
-		snap = max(snap, m.Index)
-	}
-	if applied <= last || applied <= snap {
+	if last > 0 || len(list) > 0 {
 		return nil
 	}
-	return refuseStart(nil, "%s holds a state applied at index %d, past the Raft log (last index %d) and every Raft snapshot (newest index %d) in %s: "+
-		"its raft/ or snapshots/ was lost or wiped, and a new log would start over the old state; put back the raft/ and snapshots/ it came with, "+
+	return refuseStart(nil, "%s holds a state applied at index %d, but %s holds no Raft log entry and no Raft snapshot: "+
+		"its raft/ and snapshots/ were lost or wiped, and a new log would start over the old state; put back the raft/ and snapshots/ it came with, "+
 		"or remove %s to start the node without a state (docs/operations.md, \"Layout of a node's data directory\")",
-		n.fsm.dir, applied, last, snap, n.cfg.DataDir, n.fsm.dir)
+		n.fsm.dir, applied, n.cfg.DataDir, n.fsm.dir)
 }
 
 // catchUpFromSnapshot restores the FSM from the newest Raft snapshot when

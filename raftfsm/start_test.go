@@ -107,20 +107,8 @@ func TestStartRestoresTheNewestSnapshotOverAStateOfAnotherHistory(t *testing.T) 
 			}},
 		{name: "below the state's index, of its term, with the state's entry not in the log",
 			snapshot: func(s *startedState) (uint64, uint64) { return s.applied - 2, s.term },
-			// The log resumes after the state's index, as after a user
-			// restore there (Raft removes the log and leaves a hole at
-			// the restore's index). A log that ends below the state's
-			// index and every snapshot's is refused
-			// (TestStartRefusesAStateWithoutItsRaftLog).
 			edit: func(t *testing.T, s *startedState, ls *store.LogStore) {
-				if s.last <= s.applied {
-					t.Fatalf("the log ends at %d: the test needs an entry after the state's %d", s.last, s.applied)
-				}
-				first, err := ls.FirstIndex()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := ls.DeleteRange(first, s.applied); err != nil {
+				if err := ls.DeleteRange(s.applied, s.last); err != nil {
 					t.Fatal(err)
 				}
 			}},
@@ -256,8 +244,8 @@ func TestStartRemovesAKilledPersistsPartialSnapshot(t *testing.T) {
 // whose fsm/ stayed started a new log over the old state: the old
 // workers were served, and the FSM skipped every entry of the new log up
 // to the old applied index, so the new cluster's first writes were
-// acknowledged and never applied. The start now refuses a state applied
-// past the log's last entry and every snapshot, naming fsm/; without
+// acknowledged and never applied. The start now refuses a state beside
+// neither a log entry nor a snapshot, naming fsm/; without
 // fsm/ the node starts afresh.
 //
 // From a review: worker 100, registered on the new log, was never
@@ -324,5 +312,55 @@ func TestOpenRefusesAStateWithARecordOfAnUnknownKind(t *testing.T) {
 				t.Fatalf("open: %v; want store.ErrUnsupportedVersion naming %s and %q", err, dir, want)
 			}
 		})
+	}
+}
+
+// TestStartAfterAKillDuringAnInstallOverAUserRestore: a deposed leader's
+// user restore at (R, T2) is in no log (Raft removes the whole log and
+// numbers the restore R = last+1). Healed, it installs the new leader's
+// snapshot at (S < R, T1 < T2): the snapshot store's sink Close reaps
+// (R, T2), listed above it, before Raft opens the new one for the FSM.
+// Killed while the FSM loads the stream (before its swap), the node holds
+// fsm/ at R, an empty log and the snapshot at S alone. The start restores
+// the snapshot at S (stateOfSnapshotsHistory: the log holds no entry at
+// R); refuseStateWithoutItsLog refused it, for good, as if raft/ and
+// snapshots/ had been wiped. It now refuses only a state beside neither a
+// log entry nor a snapshot.
+func TestStartAfterAKillDuringAnInstallOverAUserRestore(t *testing.T) {
+	s := startOtherHistory(t)
+	snapTerm := max(s.term-1, 1)
+	if err := seedRaftSnapshotAt(s.c.dirs[0], s.otherDir, s.c.peers(), s.applied-2, snapTerm); err != nil {
+		t.Fatal(err)
+	}
+	s.editLog(t, func(ls *store.LogStore) {
+		first, err := ls.FirstIndex()
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, err := ls.LastIndex()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ls.DeleteRange(first, last); err != nil {
+			t.Fatal(err)
+		}
+	})
+	gate := make(chan struct{})
+	defer close(gate)
+	s.c.tune = func(cfg *Config) {
+		cfg.ExpiryInterval, cfg.CheckInterval = time.Hour, time.Hour
+		cfg.applyGate = gate
+	}
+	n, err := s.c.newNode(0, s.c.transport(s.c.addrs[0]))
+	if err != nil {
+		t.Fatalf("state at (%d, term %d), the log empty (a user restore's), the newest snapshot the leader's at (%d, term %d): start refused: %v (ErrStartRefused: %v)",
+			s.applied, s.term, s.applied-2, snapTerm, err, errors.Is(err, ErrStartRefused))
+	}
+	s.c.nodes[0] = n
+	if got := n.fsm.Digest(); got != s.other {
+		t.Fatalf("the start kept the user restore's state over the snapshot (own digest %v)", got == s.own)
+	}
+	if _, err := os.Stat(s.marker); err == nil {
+		t.Fatal("fsm/ was not restored")
 	}
 }
