@@ -1415,8 +1415,8 @@ const forcedCompactionEvery = 10 * time.Second
 // compactForFollower compacts the leader's whole log, in the background,
 // because peer refused it from its start (refusedFromStart), or from the
 // snapshot it has just taken from this leader (refusedAfterInstall: a
-// snapshot at or past peer's last log index ends that; one still below
-// it is refused again, and the next compaction waits for
+// snapshot past peer's last log index ends that; one at it or still
+// below it is refused again, and the next compaction waits for
 // forcedCompactionEvery). In the first case peer holds a user restore
 // that no other node took (Raft's user restore is no log entry: the
 // leader installs it, deletes its log and numbers the restore after its

@@ -656,15 +656,18 @@ func (w *commitWatch) heard(peer raft.ServerID, proves, success bool, m uint64) 
 // refusedAfterInstall reports whether peer answered args, an
 // AppendEntries after the snapshot it last took from this node (the
 // entries that follow it), with resp, a refusal at the leader's term
-// naming a last index above the snapshot's. hashicorp/raft v1.8.0 leaves
-// a follower's last log index as it was when it installs a snapshot below
-// it (a deposed leader's entries, or its user restore's index), though it
-// clears the log: the follower then looks the snapshot's index up in its
-// empty log, refuses, and the leader sends the same snapshot again, for
-// good, the follower's applied index stuck at the snapshot's. A snapshot
-// at or past the follower's last index ends it (compactForFollower).
+// naming a last index at or above the snapshot's. hashicorp/raft v1.8.0
+// leaves a follower's last log index and term as they were when it
+// installs a snapshot at or below that index (a deposed leader's entries,
+// or its user restore's index), though it clears the log: the follower
+// then looks the snapshot's index up in its empty log, or, the snapshot
+// exactly at its stale last index, finds that entry's older term there
+// and answers LastLog equal to the snapshot's index; it refuses, and the
+// leader sends the same snapshot again, for good, the follower's applied
+// index stuck at the snapshot's. Only a snapshot past the follower's last
+// index ends it (compactForFollower).
 func (w *commitWatch) refusedAfterInstall(peer raft.ServerID, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) bool {
-	if resp.Success || resp.Term != args.Term || args.PrevLogEntry == 0 || resp.LastLog <= args.PrevLogEntry {
+	if resp.Success || resp.Term != args.Term || args.PrevLogEntry == 0 || resp.LastLog < args.PrevLogEntry {
 		return false
 	}
 	w.contactMu.Lock()

@@ -1,14 +1,17 @@
 package raftfsm
 
 import (
+	"bytes"
 	"errors"
 	"net"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
+	"github.com/kvrouter/kvrouter/store"
 )
 
 // blackHole returns a TCP address on which a dial hangs: a listener with a
@@ -143,5 +146,75 @@ func TestStreamLayerKeepsOnlyOpenConnections(t *testing.T) {
 	}
 	if _, err := s.Accept(); err == nil {
 		t.Error("an accept after Close succeeded")
+	}
+}
+
+// TestARefusalAfterASnapshotAtTheFollowersStaleLastIndexIsSeen:
+// hashicorp/raft v1.8.0 itself, with the node's log store (monotonic:
+// removeOldLogs). A follower whose log holds entries 1..8 of term 1 (a
+// deposed leader's) installs a leader's snapshot at exactly (8, term 2),
+// then is sent the entry after it. getLastEntry answers the log's stale
+// (8, term 1) (lastLogIndex >= lastSnapshotIndex), so appendEntries
+// refuses PrevLogEntry 8 with LastLog 8. refusedAfterInstall wanted
+// LastLog > PrevLogEntry and did not fire: the leader walked below its
+// log and sent the same snapshot again until its own passed 8. It now
+// fires at LastLog >= PrevLogEntry (compactForFollower).
+func TestARefusalAfterASnapshotAtTheFollowersStaleLastIndexIsSeen(t *testing.T) {
+	dir := t.TempDir()
+	ls, err := store.OpenLogStore(filepath.Join(dir, "raft"), store.LogStoreOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	fAddr, fTrans := raft.NewInmemTransport("")
+	lAddr, lTrans := raft.NewInmemTransport("")
+	fTrans.Connect(lAddr, lTrans)
+	lTrans.Connect(fAddr, fTrans)
+	conf := raft.Configuration{Servers: []raft.Server{{ID: "f", Address: fAddr}, {ID: "l", Address: lAddr}}}
+	var logs []*raft.Log
+	logs = append(logs, &raft.Log{Index: 1, Term: 1, Type: raft.LogConfiguration, Data: raft.EncodeConfiguration(conf)})
+	for i := uint64(2); i <= 8; i++ {
+		logs = append(logs, &raft.Log{Index: i, Term: 1, Type: raft.LogCommand, Data: []byte("deposed")})
+	}
+	if err := ls.StoreLogs(logs); err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.SetUint64([]byte("CurrentTerm"), 1); err != nil {
+		t.Fatal(err)
+	}
+	snaps, err := openSnapshotStore(dir, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := raft.DefaultConfig()
+	rc.LocalID = "f"
+	rc.HeartbeatTimeout, rc.ElectionTimeout, rc.LeaderLeaseTimeout = time.Hour, time.Hour, time.Hour
+	rc.Logger = hclogAdapter(quiet)
+	fsm := &heldPersistFSM{}
+	r, err := raft.NewRaft(rc, fsm, ls, ls, snaps, fTrans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Shutdown()
+	header := raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("l"), Addr: []byte(lAddr)}
+	state := []byte("the leader's state at 8")
+	var ir raft.InstallSnapshotResponse
+	err = lTrans.InstallSnapshot("f", fAddr, &raft.InstallSnapshotRequest{RPCHeader: header, SnapshotVersion: raft.SnapshotVersionMax,
+		Term: 2, Leader: []byte(lAddr), LastLogIndex: 8, LastLogTerm: 2, Configuration: raft.EncodeConfiguration(conf),
+		ConfigurationIndex: 1, Size: int64(len(state))}, &ir, bytes.NewReader(state))
+	if err != nil || !ir.Success {
+		t.Fatalf("install: %v %+v", err, ir)
+	}
+	var ar raft.AppendEntriesResponse
+	err = lTrans.AppendEntries("f", fAddr, &raft.AppendEntriesRequest{RPCHeader: header, Term: 2, PrevLogEntry: 8, PrevLogTerm: 2,
+		Entries: []*raft.Log{{Index: 9, Term: 2, Type: raft.LogNoop}}, LeaderCommitIndex: 9}, &ar)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &commitWatch{installed: map[raft.ServerID]uint64{"f": 8}}
+	args := &raft.AppendEntriesRequest{Term: 2, PrevLogEntry: 8, PrevLogTerm: 2}
+	if !ar.Success && !w.refusedAfterInstall("f", args, &ar) {
+		t.Fatalf("the follower refused the entry after the snapshot at 8 it has just installed (answer %+v), and refusedAfterInstall "+
+			"does not fire: the leader walks down and sends the same snapshot again, for good", ar)
 	}
 }
