@@ -182,6 +182,32 @@ func TestASnapshotTakenDuringTheReplayIsTheStateOfItsIndex(t *testing.T) {
 	}
 }
 
+// TestASnapshotRightAfterARestoreIsTaken: Raft labels its next snapshot
+// with the restored snapshot's index until it hands over an entry, and
+// FSM.Snapshot refuses while the state is past the last index Raft
+// handed over (ErrReplaying). A restore leaves the state at the
+// snapshot's index, so it counts as handed over: were it not, every
+// snapshot after an install or a user restore (compactForFollower's
+// included) was refused until the next entry came.
+func TestASnapshotRightAfterARestoreIsTaken(t *testing.T) {
+	src := openTestFSM(t, filepath.Join(t.TempDir(), "src"))
+	defer src.Close()
+	var w logWriter
+	applyFixture(t, src, &w)
+	index, _ := src.Applied()
+	snap := snapshotBytes(t, src)
+	dst := openTestFSM(t, filepath.Join(t.TempDir(), "dst"))
+	defer dst.Close()
+	if err := dst.Restore(raftSnapshotStream(snap, index, 1)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := dst.Snapshot()
+	if err != nil {
+		t.Fatalf("a snapshot right after the restore of one at %d: %v", index, err)
+	}
+	s.Release()
+}
+
 func TestEventBatchesGoThroughTheCursor(t *testing.T) {
 	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
 	defer f.Close()

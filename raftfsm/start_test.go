@@ -364,3 +364,52 @@ func TestStartAfterAKillDuringAnInstallOverAUserRestore(t *testing.T) {
 		t.Fatal("fsm/ was not restored")
 	}
 }
+
+// TestASnapshotRightAfterAStartIsTaken: Raft starts from its newest
+// snapshot and labels its next snapshot with that snapshot's index until
+// it hands over an entry; FSM.Snapshot refuses while the state is past
+// the last index Raft handed over (ErrReplaying). The start counts the
+// snapshot as handed over, whether it restored it (fsm/ wiped) or kept a
+// state at or before it: were it not, every snapshot was refused until
+// the next entry came.
+func TestASnapshotRightAfterAStartIsTaken(t *testing.T) {
+	for _, wipe := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fsm wiped %v", wipe), func(t *testing.T) {
+			c := newTestCluster(t, 1, func(cfg *Config) { cfg.ExpiryInterval, cfg.CheckInterval = time.Hour, time.Hour })
+			waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return c.leader().CheckLeader() == nil })
+			for id := uint64(1); id <= 3; id++ {
+				if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: id, BlockSize: 16}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := c.nodes[0].compactLog(); err != nil {
+				t.Fatal(err)
+			}
+			c.stop(0)
+			if wipe {
+				if err := os.RemoveAll(filepath.Join(c.dirs[0], "fsm")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Raft's applies after the start wait: the snapshot is
+			// taken before Raft hands over any entry.
+			gate := make(chan struct{})
+			defer close(gate)
+			c.tune = func(cfg *Config) {
+				cfg.ExpiryInterval, cfg.CheckInterval = time.Hour, time.Hour
+				cfg.applyGate = gate
+			}
+			c.start(0)
+			n := c.nodes[0]
+			applied, _ := n.fsm.Applied()
+			if applied == 0 {
+				t.Fatal("the start left no state")
+			}
+			s, err := n.fsm.Snapshot()
+			if err != nil {
+				t.Fatalf("a snapshot right after the start (state at %d): %v", applied, err)
+			}
+			s.Release()
+		})
+	}
+}
