@@ -129,33 +129,7 @@ func propRun(seed int64, tot *Stats) string {
 	}
 	sink := &propSink{rng: rand.New(rand.NewSource(seed))}
 	var readEpoch uint64 = 1
-	replay := func(ctx context.Context, from uint64, each func([][]byte) bool) error {
-		for range rng.Intn(3) {
-			publish()
-		}
-		// A replay from an engine that restarted since the last batch read
-		// may be what the wire cannot tell (doc.go): it times out here.
-		if rng.Intn(6) == 0 || epoch != readEpoch {
-			return errReplayTimeout
-		}
-		fail := rng.Intn(5) == 0
-		for _, m := range buf {
-			if m.seq < from {
-				continue
-			}
-			if fail && rng.Intn(2) == 0 {
-				return errReplayTimeout
-			}
-			if !each([][]byte{{}, seqFrame(m.seq), m.payload}) {
-				return nil
-			}
-		}
-		if fail {
-			return errReplayTimeout
-		}
-		each([][]byte{{}, seqFrame(endSeq), {}})
-		return nil
-	}
+	replay := randomReplay(rng, func() []propMsg { return buf }, publish, func() bool { return epoch != readEpoch })
 	c := newCore(nopTB{}, sink, replay)
 	restarts := 0
 	for range 300 {
@@ -202,6 +176,41 @@ func propRun(seed int64, tot *Stats) string {
 
 // nopTB lets newCore run outside a test's goroutine bookkeeping: a fatal
 // error panics.
+// randomReplay is the model engine's replay socket: before it answers,
+// the engine publishes up to two batches more (publish); a replay times
+// out one time in six, and always when stale says the engine restarted
+// since the last batch read (a replay of another epoch may be what the
+// wire cannot tell: doc.go); one in five fails part-way or before its end
+// marker; the others send every buffered batch from the one asked for,
+// then the end marker.
+func randomReplay(rng *rand.Rand, buffered func() []propMsg, publish func(), stale func() bool) replayFunc {
+	return func(ctx context.Context, from uint64, each func([][]byte) bool) error {
+		for range rng.Intn(3) {
+			publish()
+		}
+		if rng.Intn(6) == 0 || stale() {
+			return errReplayTimeout
+		}
+		fail := rng.Intn(5) == 0
+		for _, m := range buffered() {
+			if m.seq < from {
+				continue
+			}
+			if fail && rng.Intn(2) == 0 {
+				return errReplayTimeout
+			}
+			if !each([][]byte{{}, seqFrame(m.seq), m.payload}) {
+				return nil
+			}
+		}
+		if fail {
+			return errReplayTimeout
+		}
+		each([][]byte{{}, seqFrame(endSeq), {}})
+		return nil
+	}
+}
+
 type nopTB struct{ testing.TB }
 
 func (nopTB) Helper()                      {}
@@ -250,31 +259,7 @@ func propRunBind(seed int64) string {
 		}
 	}
 	sink := &propSink{}
-	replay := func(ctx context.Context, from uint64, each func([][]byte) bool) error {
-		for range rng.Intn(3) {
-			publish(true)
-		}
-		if rng.Intn(6) == 0 || epoch != readEpoch {
-			return errReplayTimeout
-		}
-		fail := rng.Intn(5) == 0
-		for _, m := range buf {
-			if m.seq < from {
-				continue
-			}
-			if fail && rng.Intn(2) == 0 {
-				return errReplayTimeout
-			}
-			if !each([][]byte{{}, seqFrame(m.seq), m.payload}) {
-				return nil
-			}
-		}
-		if fail {
-			return errReplayTimeout
-		}
-		each([][]byte{{}, seqFrame(endSeq), {}})
-		return nil
-	}
+	replay := randomReplay(rng, func() []propMsg { return buf }, func() { publish(true) }, func() bool { return epoch != readEpoch })
 	c := newCore(nopTB{}, sink, replay)
 	c.bind = true
 	restarts := 0
