@@ -37,14 +37,7 @@ func divergedByARestore(t *testing.T, c *inmemCluster) int {
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 2, BlockSize: 16}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "every node to hold worker 2", func() bool {
-		for _, nd := range c.nodes {
-			if _, ok := nd.fsm.Workers()[2]; !ok {
-				return false
-			}
-		}
-		return true
-	})
+	waitEveryNodeHolds(t, c, 2)
 	l.cfg.beforeRestore = func() { c.isolate(li) }
 	_, err := l.RestoreSnapshot(ctx(t), bytes.NewReader(snap.Bytes()))
 	t.Logf("restore on the cut-off leader answered: %v", err)
@@ -193,14 +186,7 @@ func TestADeposedLeadersRestoreOverAnOlderTermSnapshotConverges(t *testing.T) {
 	if _, err := x.SaveSnapshot(ctx(t), &snap); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "every node to hold worker 1", func() bool {
-		for _, nd := range c.nodes {
-			if _, ok := nd.fsm.Workers()[1]; !ok {
-				return false
-			}
-		}
-		return true
-	})
+	waitEveryNodeHolds(t, c, 1)
 	for _, nd := range c.nodes {
 		if err := nd.compactLog(); err != nil {
 			t.Fatal(err)
@@ -215,14 +201,7 @@ func TestADeposedLeadersRestoreOverAnOlderTermSnapshotConverges(t *testing.T) {
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 2, BlockSize: 16}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "every node to hold worker 2", func() bool {
-		for _, nd := range c.nodes {
-			if _, ok := nd.fsm.Workers()[2]; !ok {
-				return false
-			}
-		}
-		return true
-	})
+	waitEveryNodeHolds(t, c, 2)
 	l.cfg.beforeRestore = func() { c.isolate(li) }
 	_, err := l.RestoreSnapshot(ctx(t), bytes.NewReader(snap.Bytes()))
 	t.Logf("restore on the cut-off leader answered: %v", err)
@@ -379,3 +358,16 @@ func TestAJoinerThatRefusedARetriedFirstBatchIsReadyAfterALeaderChange(t *testin
 // the seeded node (its state holds the seed's index 2), the leader
 // compacts and sends its (empty) snapshot, and the seeded node drops the
 // seed: every digest agrees and the sign is gone.
+
+// waitEveryNodeHolds waits until every node of c holds worker id.
+func waitEveryNodeHolds(t *testing.T, c *inmemCluster, id uint64) {
+	t.Helper()
+	waitFor(t, 10*time.Second, fmt.Sprintf("every node to hold worker %d", id), func() bool {
+		for _, nd := range c.nodes {
+			if _, ok := nd.fsm.Workers()[id]; !ok {
+				return false
+			}
+		}
+		return true
+	})
+}
