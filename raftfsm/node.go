@@ -986,21 +986,26 @@ func (n *Node) dropLogAfterAGap() error {
 }
 
 // refuseStateWithoutItsLog refuses (ErrStartRefused) a state database
-// applied past 0 when Raft holds neither a log entry nor any snapshot:
-// its raft/ and snapshots/ were lost, or wiped to start the node afresh,
-// and fsm/ stayed. fsm/ carries no cluster identity: started on it, Raft
-// begins a new log (bootstrapping it, or taking a leader's) and the FSM
-// skips every entry of it up to the old applied index, the new log's
-// first writes acknowledged and never applied, over a state no log
-// leads to. Checked before Raft's stores are written (a bootstrap, the
-// recorded origin), so that the directory is left as it was found.
+// applied past the Raft log's last entry when Raft holds no snapshot: its
+// raft/ and snapshots/ were lost, or wiped to start the node afresh, or
+// raft/ was replaced by an older or damaged copy, and fsm/ stayed. fsm/
+// carries no cluster identity: started on it, Raft goes on from its log's
+// end (or begins a new log, bootstrapping it or taking a leader's) and
+// the FSM skips every entry up to the old applied index, those writes
+// acknowledged and never applied, over a state no log leads to. Without
+// a snapshot, a state never gets past the log legitimately: Raft
+// compacts its log only below a snapshot, and the FSM applies only
+// entries the log holds, synced. Checked before Raft's stores are written
+// (a bootstrap, the recorded origin), so that the directory is left as it
+// was found.
 //
-// A state past the log's last entry and every snapshot is not refused
-// when Raft holds either: a deposed leader's user restore at R (in no
-// log: Raft removes the log for it) that then installs a new leader's
-// snapshot below R, killed while the FSM loads it, holds the state at R,
-// an empty log and that snapshot alone, and catchUpFromSnapshot restores
-// the snapshot (stateOfSnapshotsHistory: the log holds no entry at R).
+// A state past the log's last entry is not refused when Raft holds a
+// snapshot: catchUpFromSnapshot checks the state against it (a deposed
+// leader's user restore at R, in no log: Raft removes the log for it,
+// that then installs a new leader's snapshot below R, killed while the FSM
+// loads it, holds the state at R, an empty log and that snapshot alone,
+// and catchUpFromSnapshot restores the snapshot: stateOfSnapshotsHistory,
+// the log holds no entry at R).
 func (n *Node) refuseStateWithoutItsLog() error {
 	applied, _, err := n.fsm.db.Applied()
 	if err != nil || applied == 0 {
@@ -1014,13 +1019,13 @@ func (n *Node) refuseStateWithoutItsLog() error {
 	if err != nil {
 		return fmt.Errorf("list Raft snapshots: %w", err)
 	}
-	if last > 0 || len(list) > 0 {
+	if applied <= last || len(list) > 0 {
 		return nil
 	}
-	return refuseStart(nil, "%s holds a state applied at index %d, but %s holds no Raft log entry and no Raft snapshot: "+
-		"its raft/ and snapshots/ were lost or wiped, and a new log would start over the old state; put back the raft/ and snapshots/ it came with, "+
+	return refuseStart(nil, "%s holds a state applied at index %d, past the Raft log (last index %d), and %s holds no Raft snapshot: "+
+		"its raft/ and snapshots/ were lost, wiped or replaced, and the log would go on over a state it does not lead to; put back the raft/ and snapshots/ it came with, "+
 		"or remove %s to start the node without a state (docs/operations.md, \"Layout of a node's data directory\")",
-		n.fsm.dir, applied, n.cfg.DataDir, n.fsm.dir)
+		n.fsm.dir, applied, last, n.cfg.DataDir, n.fsm.dir)
 }
 
 // catchUpFromSnapshot restores the FSM from the newest Raft snapshot when

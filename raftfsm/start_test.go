@@ -244,45 +244,77 @@ func TestStartRemovesAKilledPersistsPartialSnapshot(t *testing.T) {
 // whose fsm/ stayed started a new log over the old state: the old
 // workers were served, and the FSM skipped every entry of the new log up
 // to the old applied index, so the new cluster's first writes were
-// acknowledged and never applied. The start now refuses a state beside
-// neither a log entry nor a snapshot, naming fsm/; without
-// fsm/ the node starts afresh.
+// acknowledged and never applied. So did one whose snapshots/ were gone
+// and whose raft/ held only the log's first entries (an older or damaged
+// copy): the node went on from the log's end. The start now refuses a
+// state past the log's last entry when there is no snapshot, naming
+// fsm/; without fsm/ the node starts afresh.
 //
-// From a review: worker 100, registered on the new log, was never
-// applied; the node served workers 1..8.
+// From reviews: worker 100, registered on the new log, was never
+// applied; the node served workers 1..8. (The second case came back with
+// a first version of the check that refused only an empty log.)
 func TestStartRefusesAStateWithoutItsRaftLog(t *testing.T) {
-	c := newTestCluster(t, 1, func(cfg *Config) { cfg.ExpiryInterval, cfg.CheckInterval = time.Hour, time.Hour })
-	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return c.leader().CheckLeader() == nil })
-	for id := uint64(1); id <= 8; id++ {
-		if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: id, BlockSize: 16}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c.stop(0)
-	for _, sub := range []string{"raft", "snapshots"} {
-		if err := os.RemoveAll(filepath.Join(c.dirs[0], sub)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fsmDir := filepath.Join(c.dirs[0], "fsm")
-	n, err := c.newNode(0, c.transport(c.addrs[0]))
-	if err == nil {
-		ws := n.fsm.Workers()
-		n.Close()
-		t.Fatalf("a node whose raft/ and snapshots/ were wiped started on its old state (%d workers)", len(ws))
-	}
-	wantRefused(t, "a start on a state without its Raft log", err, ErrStartRefused, fsmDir)
+	for name, damage := range map[string]func(t *testing.T, dir string){
+		"raft/ and snapshots/ wiped": func(t *testing.T, dir string) {
+			for _, sub := range []string{"raft", "snapshots"} {
+				if err := os.RemoveAll(filepath.Join(dir, sub)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		},
+		"snapshots/ wiped, the log cut to its first entry": func(t *testing.T, dir string) {
+			if err := os.RemoveAll(filepath.Join(dir, "snapshots")); err != nil {
+				t.Fatal(err)
+			}
+			ls, err := store.OpenLogStore(filepath.Join(dir, "raft"), store.LogStoreOptions{Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			last, err := ls.LastIndex()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ls.DeleteRange(2, last); err != nil { // the bootstrap configuration alone
+				t.Fatal(err)
+			}
+			if err := ls.Close(); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := newTestCluster(t, 1, func(cfg *Config) { cfg.ExpiryInterval, cfg.CheckInterval = time.Hour, time.Hour })
+			waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return c.leader().CheckLeader() == nil })
+			for id := uint64(1); id <= 8; id++ {
+				if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: id, BlockSize: 16}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c.stop(0)
+			damage(t, c.dirs[0])
+			fsmDir := filepath.Join(c.dirs[0], "fsm")
+			n, err := c.newNode(0, c.transport(c.addrs[0]))
+			if err == nil {
+				ws := n.fsm.Workers()
+				n.Close()
+				t.Fatalf("a node whose state is past its Raft log, with no snapshot, started on its old state (%d workers)", len(ws))
+			}
+			wantRefused(t, "a start on a state without its Raft log", err, ErrStartRefused, fsmDir)
 
-	if err := os.RemoveAll(fsmDir); err != nil {
-		t.Fatal(err)
-	}
-	c.start(0)
-	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return c.leader().CheckLeader() == nil })
-	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 100, BlockSize: 16}); err != nil {
-		t.Fatal(err)
-	}
-	if ws := c.nodes[0].fsm.Workers(); len(ws) != 1 {
-		t.Fatalf("the node started afresh serves %d workers, want worker 100 alone", len(ws))
+			if err := os.RemoveAll(fsmDir); err != nil {
+				t.Fatal(err)
+			}
+			if name == "raft/ and snapshots/ wiped" {
+				c.start(0)
+				waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return c.leader().CheckLeader() == nil })
+				if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 100, BlockSize: 16}); err != nil {
+					t.Fatal(err)
+				}
+				if ws := c.nodes[0].fsm.Workers(); len(ws) != 1 {
+					t.Fatalf("the node started afresh serves %d workers, want worker 100 alone", len(ws))
+				}
+			}
+		})
 	}
 }
 
