@@ -218,3 +218,35 @@ func TestARefusalAfterASnapshotAtTheFollowersStaleLastIndexIsSeen(t *testing.T) 
 			"does not fire: the leader walks down and sends the same snapshot again, for good", ar)
 	}
 }
+
+// TestARefusalAwayFromAnInstallIsNotTakenForOne: refusedAfterInstall
+// compacts the leader's whole log (compactForFollower), so it must fire
+// only for a refusal of the entries right after the snapshot the peer
+// last took from this node: not for an ordinary log conflict (a deposed
+// leader's entries repaired by walking its next index down), another
+// peer's install, a refusal at another term, or a success. From a
+// review: with its check of the installed index taken out, every other
+// test passed.
+func TestARefusalAwayFromAnInstallIsNotTakenForOne(t *testing.T) {
+	w := &commitWatch{installed: map[raft.ServerID]uint64{"f": 8}}
+	refusal := &raft.AppendEntriesResponse{Term: 2, LastLog: 12}
+	for _, tc := range []struct {
+		name string
+		peer raft.ServerID
+		args *raft.AppendEntriesRequest
+		resp *raft.AppendEntriesResponse
+		want bool
+	}{
+		{"right after the install", "f", &raft.AppendEntriesRequest{Term: 2, PrevLogEntry: 8}, refusal, true},
+		{"a log conflict above the install", "f", &raft.AppendEntriesRequest{Term: 2, PrevLogEntry: 11}, refusal, false},
+		{"a log conflict below the install", "f", &raft.AppendEntriesRequest{Term: 2, PrevLogEntry: 5}, refusal, false},
+		{"a peer that took no snapshot", "g", &raft.AppendEntriesRequest{Term: 2, PrevLogEntry: 8}, refusal, false},
+		{"an answer at another term", "f", &raft.AppendEntriesRequest{Term: 2, PrevLogEntry: 8}, &raft.AppendEntriesResponse{Term: 3, LastLog: 12}, false},
+		{"a success", "f", &raft.AppendEntriesRequest{Term: 2, PrevLogEntry: 8}, &raft.AppendEntriesResponse{Term: 2, LastLog: 12, Success: true}, false},
+		{"a follower whose log ends below", "f", &raft.AppendEntriesRequest{Term: 2, PrevLogEntry: 8}, &raft.AppendEntriesResponse{Term: 2, LastLog: 7}, false},
+	} {
+		if got := w.refusedAfterInstall(tc.peer, tc.args, tc.resp); got != tc.want {
+			t.Errorf("%s: refusedAfterInstall = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
