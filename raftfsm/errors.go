@@ -42,6 +42,11 @@ var (
 	// handed over, and Raft labels a snapshot with the last of those.
 	// Raft tries again later.
 	ErrReplaying = errors.New("state ahead of the replayed log")
+	// ErrRestorePending means a Raft snapshot was refused, or cancelled
+	// before it was put in place, because a leader's snapshot or a user
+	// restore was put in place after the FSM's state it would hold
+	// (snapshotStore). Raft tries again later.
+	ErrRestorePending = errors.New("snapshot restore pending")
 	// ErrShutdown means the node is closing.
 	ErrShutdown = errors.New("node shut down")
 	// ErrStaleDump means a rank dump named a cursor below the one the rank

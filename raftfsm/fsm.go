@@ -66,6 +66,12 @@ type FSM struct {
 	applyGate  chan struct{} // Config.applyGate (tests)
 	isClosed   bool          // Close ran; under dbMu
 
+	// snaps is the node's Raft snapshot store (nil for a bare FSM): the
+	// FSM's own snapshots are marked in it, and refused while an install
+	// or a user restore it holds is not yet restored (snapshotStore). Set
+	// before Raft starts.
+	snaps *snapshotStore
+
 	// duringRestore, for tests: Restore calls it once the FSM is started,
 	// before it reads the stream (while Raft waits for the install).
 	duringRestore func()
@@ -1175,7 +1181,9 @@ const (
 // idempotent (a booking added and then expired by a sweep comes back).
 // Raft tries again later (its own snapshots, Node.maybeSnapshot and
 // compactLog log the failure); a user's save (SaveSnapshot) is not a Raft
-// snapshot and is not refused.
+// snapshot and is not refused. It refuses too (ErrRestorePending) between
+// the close of a leader's snapshot or a user restore in the node's store
+// and its Restore: the state is the one before it (snapshotStore).
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if err := f.waitStarted(); err != nil {
 		return nil, err
@@ -1189,6 +1197,13 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 		return nil, fmt.Errorf("%w: the state is at index %d, Raft has handed over the entries up to %d since the start, and labels a snapshot with the last of them; Raft tries again later",
 			ErrReplaying, applied, handed)
 	}
+	var gen uint64
+	if f.snaps != nil {
+		var err error
+		if gen, err = f.snaps.snapshotTaken(); err != nil {
+			return nil, err
+		}
+	}
 	if err := f.commitGroup(); err != nil {
 		return nil, fmt.Errorf("commit applied entries: %w", err)
 	}
@@ -1196,7 +1211,7 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if err := f.db.Sync(); err != nil {
 		return nil, err
 	}
-	return &fsmSnapshot{view: f.db.Snapshot(), logger: f.logger, persistSeconds: f.persistSeconds}, nil
+	return &fsmSnapshot{view: f.db.Snapshot(), logger: f.logger, persistSeconds: f.persistSeconds, gen: gen}, nil
 }
 
 // Restore replaces the whole state with a snapshot stream (raft.FSM): it
@@ -1215,9 +1230,15 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 // term first: a deposed leader's user restore of a later term than the
 // leader's snapshot Raft installs over it. Every failure after the swap
 // is fatal (onFatal): the state is replaced by then, and an error would
-// tell Raft the restore did not happen.
+// tell Raft the restore did not happen. Once it returns, the FSM's own
+// snapshots are taken again (snapshotStore.restored): the state is the
+// restored one or, when it failed, the one before it, whose next snapshot
+// reaps the failed install listed above it.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
+	if f.snaps != nil {
+		defer f.snaps.restored()
+	}
 	if err := f.waitStarted(); err != nil {
 		return err
 	}

@@ -346,6 +346,9 @@ func (n *Node) startRaft() error {
 		return fmt.Errorf("open snapshot store: %w", err)
 	}
 	n.snaps = snaps
+	// The FSM marks its own snapshots in the store, apart from installs
+	// and user restores (snapshotStore).
+	n.fsm.snaps = snaps
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)

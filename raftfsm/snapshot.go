@@ -66,12 +66,16 @@ type fsmSnapshot struct {
 	view           *store.StateSnapshot
 	logger         *slog.Logger
 	persistSeconds prometheus.Histogram
+	gen            uint64 // the snapshot store's install generation when it was taken (snapshotStore)
 }
 
 // Persist streams the view (raft.FSMSnapshot). The applied index comes
-// from the same view as the records.
+// from the same view as the records. The sink is marked as the FSM's own
+// (ownSink): its Close cancels it if a leader's snapshot or a user
+// restore was put in place since the view was taken.
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 	defer observeSince(s.persistSeconds, time.Now())
+	ownSink(sink, s.gen)
 	if _, err := writeSnapshot(sink, s.view); err != nil {
 		sink.Cancel()
 		return err

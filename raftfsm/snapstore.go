@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/hashicorp/raft"
 )
@@ -30,9 +31,8 @@ const snapshotsKept = 2
 // entries up to R (TestRestoreTakesTheIndexOfTheSnapshotRaftJustSaved).
 //
 // It reaps after a new snapshot is in place, by its own rule
-// (snapshotSink.Close): every snapshot listed above the new one that was
-// already there when the new one's sink was created goes, then all but the
-// newest snapshotsKept. FileSnapshotStore's own reap, in the
+// (snapshotSink.Close): every snapshot listed above the new one goes, then
+// all but the newest snapshotsKept. FileSnapshotStore's own reap, in the
 // sink's Close before Raft opens the snapshot to restore it, keeps the
 // newest by term: a node holding two snapshots of a later term than a
 // leader's snapshot it installs (its own and a user restore, as a deposed
@@ -42,17 +42,39 @@ const snapshotsKept = 2
 // (the state is the new one's, and the log continues it), while Raft's
 // start and a leader's send (both take the first of List) would take the
 // one above, of another history (TestAWrittenSnapshotIsKeptOverOnesOfALaterTerm).
-// A snapshot created while the new one was being written is kept, though
-// listed above it: Raft writes its own snapshot on its snapshot goroutine
-// while the main goroutine installs a leader's snapshot or runs a user
-// restore, whose sink closes first and which the FSM restores; the older
-// sink's reap deleted it, and the store's newest (what Raft's start and a
-// leader's send take) was the state before it
-// (TestASnapshotClosedAfterAnInstallKeepsTheInstalledOne).
+//
+// The FSM's own snapshots are told apart from the others (a leader's
+// snapshot installed, a user restore), because Raft writes its own on its
+// snapshot goroutine (takeSnapshot: the sink created after runFSM took
+// the FSM's snapshot, persisted there) while the main goroutine installs
+// a leader's snapshot or runs a user restore (installSnapshot,
+// restoreUserSnapshot: create, copy, close, then the restore future to
+// runFSM). FSMSnapshot.Persist marks its sink as the FSM's own (ownSink),
+// with the store's install generation read when FSM.Snapshot ran
+// (snapshotTaken). An install's or a restore's Close moves the generation
+// on and marks a restore pending until FSM.Restore (restored); FSM.Snapshot
+// refuses meanwhile, when it would take the state before the restore. An
+// own sink closing with another generation than its own holds the state
+// before an install or a restore closed meanwhile: it is cancelled, not
+// put in place, and Raft tries again later. Put in place, its reap deleted
+// the install or the restore listed above it, and the store's newest
+// (what Raft's start and a leader's send take) was the state before it
+// (TestASnapshotClosedAfterAnInstallKeepsTheInstalledOne); or, of a later
+// term than the install and kept by the install's reap, it stood first
+// itself (TestAnInstallDropsAnOwnSnapshotOfTheOldHistoryClosedDuringIt).
 type snapshotStore struct {
 	*raft.FileSnapshotStore
 	dir    string // snapshots/
 	logger *slog.Logger
+
+	// mu orders the sinks' closes and reaps, and FSM.Snapshot's read of
+	// the install generation, with one another.
+	mu sync.Mutex
+	// gen counts the installs and user restores closed (the sinks not the
+	// FSM's own); restoring is set by one's Close and cleared by the next
+	// FSM.Restore (restored).
+	gen       uint64
+	restoring bool
 }
 
 func openSnapshotStore(dataDir string, logger *slog.Logger) (*snapshotStore, error) {
@@ -102,48 +124,84 @@ func openedMeta(r io.Reader) (raft.SnapshotMeta, bool) {
 // snapshotStore's rule once the snapshot is in place.
 func (s *snapshotStore) Create(version raft.SnapshotVersion, index, term uint64, configuration raft.Configuration,
 	configurationIndex uint64, trans raft.Transport) (raft.SnapshotSink, error) {
-	// The snapshots there now are the only ones Close may drop for being
-	// listed above this one: one created meanwhile is newer, whatever its
-	// term (snapshotStore).
-	list, err := s.List()
-	if err != nil {
-		return nil, fmt.Errorf("list snapshots before creating one: %w", err)
-	}
-	before := make(map[string]bool, len(list))
-	for _, m := range list {
-		before[m.ID] = true
-	}
 	sink, err := s.FileSnapshotStore.Create(version, index, term, configuration, configurationIndex, trans)
 	if err != nil {
 		return nil, err
 	}
-	return &snapshotSink{SnapshotSink: sink, store: s, before: before}, nil
+	return &snapshotSink{SnapshotSink: sink, store: s}, nil
+}
+
+// snapshotTaken returns the install generation for an FSM snapshot taken
+// now (FSM.Snapshot, on Raft's FSM goroutine), which its Persist gives
+// its sink (ownSink). It refuses (ErrRestorePending) while an install or a
+// user restore is in place and not yet restored: the FSM still holds the
+// state before it.
+func (s *snapshotStore) snapshotTaken() (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.restoring {
+		return 0, fmt.Errorf("%w: a leader's snapshot or a user restore is in place and not yet restored; Raft tries again later", ErrRestorePending)
+	}
+	return s.gen, nil
+}
+
+// restored clears the mark an install's or a user restore's Close set:
+// FSM.Restore has run.
+func (s *snapshotStore) restored() {
+	s.mu.Lock()
+	s.restoring = false
+	s.mu.Unlock()
+}
+
+// ownSink marks sink, if it is a snapshotStore's, as the FSM's own
+// snapshot taken at install generation gen (snapshotTaken). Raft hands
+// FSMSnapshot.Persist the sink its store created, unwrapped.
+func ownSink(sink raft.SnapshotSink, gen uint64) {
+	if k, ok := sink.(*snapshotSink); ok {
+		k.own, k.gen = true, gen
+	}
 }
 
 type snapshotSink struct {
 	raft.SnapshotSink
-	store  *snapshotStore
-	before map[string]bool // ids of the snapshots listed when the sink was created
+	store *snapshotStore
+	own   bool   // the FSM's own snapshot (ownSink); else an install or a user restore
+	gen   uint64 // the store's install generation when the FSM's snapshot was taken
 }
 
 // Close puts the snapshot in place, then reaps: every snapshot listed
-// before it (of a later term: another history's) that was there when the
-// sink was created, then all but the newest snapshotsKept. A failed reap
-// costs disk space only; it is logged.
+// before it (of a later term: another history's), then all but the newest
+// snapshotsKept. A failed reap costs disk space only; it is logged. An
+// install's or a user restore's Close moves the store's install
+// generation on and marks a restore pending; the FSM's own snapshot,
+// taken before an install or a restore closed, is cancelled instead
+// (snapshotStore).
 func (k *snapshotSink) Close() error {
+	s := k.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k.own && k.gen != s.gen {
+		if err := k.SnapshotSink.Cancel(); err != nil {
+			s.logger.Warn("cancelling a stale Raft snapshot failed", "err", err)
+		}
+		return fmt.Errorf("%w: the FSM's snapshot was taken before a leader's snapshot or a user restore put in place meanwhile; Raft tries again later", ErrRestorePending)
+	}
 	if err := k.SnapshotSink.Close(); err != nil {
 		return err
 	}
-	if err := k.store.reap(k.ID(), k.before); err != nil {
-		k.store.logger.Warn("reaping Raft snapshots failed", "err", err)
+	if !k.own {
+		s.gen++
+		s.restoring = true
+	}
+	if err := s.reap(k.ID()); err != nil {
+		s.logger.Warn("reaping Raft snapshots failed", "err", err)
 	}
 	return nil
 }
 
 // reap removes the snapshots listed before written (the one just put in
-// place) whose ids are in existed (those there when written's sink was
-// created), then all after the newest snapshotsKept of the rest.
-func (s *snapshotStore) reap(written string, existed map[string]bool) error {
+// place), then all after the newest snapshotsKept of the rest.
+func (s *snapshotStore) reap(written string) error {
 	list, err := s.List()
 	if err != nil {
 		return err
@@ -161,7 +219,7 @@ func (s *snapshotStore) reap(written string, existed map[string]bool) error {
 	w := list[at]
 	var drop, rest []raft.SnapshotMeta
 	for i, m := range list {
-		if i < at && existed[m.ID] {
+		if i < at {
 			s.logger.Warn("removing a Raft snapshot of a later term than the one Raft has just written: another history's (a deposed leader's user restore, say)",
 				"snapshot", m.Index, "snapshot_term", m.Term, "written", w.Index, "written_term", w.Term)
 			drop = append(drop, *m)

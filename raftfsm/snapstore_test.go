@@ -2,8 +2,11 @@ package raftfsm
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,8 +63,8 @@ func TestAWrittenSnapshotIsKeptOverOnesOfALaterTerm(t *testing.T) {
 // (restoreUserSnapshot): that sink closes first, Raft restores it. When the
 // older sink closed, its reap dropped every snapshot listed above it: the
 // one just installed, which the state and the log (cleared, continuing at
-// S+1) continue. The reap now drops only those that were there when the
-// older sink was created.
+// S+1) continue. The older sink, the FSM's own, taken before the install,
+// is now cancelled: its Close fails (ErrRestorePending), Raft tries again.
 func TestASnapshotClosedAfterAnInstallKeepsTheInstalledOne(t *testing.T) {
 	snaps, err := openSnapshotStore(t.TempDir(), quiet)
 	if err != nil {
@@ -70,18 +73,23 @@ func TestASnapshotClosedAfterAnInstallKeepsTheInstalledOne(t *testing.T) {
 	_, trans := raft.NewInmemTransport("")
 	defer trans.Close()
 	// takeSnapshot: the FSM's snapshot at X = 100, persisting.
+	gen, err := snaps.snapshotTaken()
+	if err != nil {
+		t.Fatal(err)
+	}
 	own, err := snaps.Create(raft.SnapshotVersionMax, 100, 3, raft.Configuration{}, 1, trans)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ownSink(own, gen)
 	if _, err := own.Write([]byte("own state at 100")); err != nil {
 		t.Fatal(err)
 	}
 	// installSnapshot meanwhile: the leader's at S = 500, same term.
 	installed := saveRaftSnapshot(t, snaps, []byte("leader's state at 500"), 500, 3)
 	// The persist ends.
-	if err := own.Close(); err != nil {
-		t.Fatal(err)
+	if err := own.Close(); !errors.Is(err, ErrRestorePending) {
+		t.Fatalf("the close of the FSM's snapshot taken before the install returned %v; want it cancelled (%v)", err, ErrRestorePending)
 	}
 	list, err := snaps.List()
 	if err != nil {
@@ -97,25 +105,109 @@ func TestASnapshotClosedAfterAnInstallKeepsTheInstalledOne(t *testing.T) {
 	}
 }
 
-// heldPersistFSM is a toy raft.FSM whose snapshot's Persist waits for release.
+// TestAnInstallDropsAnOwnSnapshotOfTheOldHistoryClosedDuringIt: a deposed
+// leader holds its user restore at (600, T5), in no log. Raft's snapshot
+// goroutine persists its own snapshot of that state at (700, T5) while the
+// main goroutine installs the new leader's snapshot at (500, T4): the
+// own one closes while the leader's stream is still being received. The
+// leader's sink closes last and the FSM restores it. Before f0f9c7e the
+// install's reap dropped every snapshot listed above it; now it keeps
+// (700, T5), not there when the install's sink was created, and the
+// store's newest (what Raft's start and a leader's send take) is the old
+// history's state, not the one the FSM holds and the log continues. The
+// install's reap drops every snapshot listed above it again; an own
+// snapshot closed after the install is cancelled
+// (TestASnapshotClosedAfterAnInstallKeepsTheInstalledOne).
+func TestAnInstallDropsAnOwnSnapshotOfTheOldHistoryClosedDuringIt(t *testing.T) {
+	for _, ownFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("own sink created before the install's: %v", ownFirst), func(t *testing.T) {
+			snaps, err := openSnapshotStore(t.TempDir(), quiet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, trans := raft.NewInmemTransport("")
+			defer trans.Close()
+			saveRaftSnapshot(t, snaps, []byte("user restore at 600"), 600, 5)
+			snaps.restored() // the FSM restored it
+			var own, inst raft.SnapshotSink
+			create := func(index, term uint64) raft.SnapshotSink {
+				s, err := snaps.Create(raft.SnapshotVersionMax, index, term, raft.Configuration{}, 1, trans)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}
+			// The FSM's snapshot, taken before the install's close.
+			gen, err := snaps.snapshotTaken()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ownFirst {
+				own = create(700, 5)
+				inst = create(500, 4)
+			} else {
+				inst = create(500, 4)
+				own = create(700, 5)
+			}
+			ownSink(own, gen)
+			if _, err := own.Write([]byte("old history at 700")); err != nil {
+				t.Fatal(err)
+			}
+			if err := own.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := inst.Write([]byte("leader's state at 500")); err != nil {
+				t.Fatal(err)
+			}
+			if err := inst.Close(); err != nil {
+				t.Fatal(err)
+			}
+			list, err := snaps.List()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := ""
+			for _, m := range list {
+				got += fmt.Sprintf("(%d, %d) ", m.Index, m.Term)
+			}
+			if len(list) == 0 || list[0].ID != inst.ID() {
+				t.Fatalf("after the install the store lists %s: the newest is not the installed (500, 4), "+
+					"a restart or a leader's send takes another history's state", got)
+			}
+		})
+	}
+}
+
+// heldPersistFSM is a toy raft.FSM whose snapshot's Persist waits for
+// release. It marks its snapshots in the store as FSM does.
 type heldPersistFSM struct {
+	snaps   *snapshotStore
 	entered chan struct{}
 	release chan struct{}
 }
 
 func (f *heldPersistFSM) Apply(*raft.Log) interface{} { return nil }
 func (f *heldPersistFSM) Snapshot() (raft.FSMSnapshot, error) {
-	return heldPersistSnapshot{f}, nil
+	gen, err := f.snaps.snapshotTaken()
+	if err != nil {
+		return nil, err
+	}
+	return heldPersistSnapshot{f, gen}, nil
 }
 func (f *heldPersistFSM) Restore(rc io.ReadCloser) error {
+	defer f.snaps.restored()
 	_, err := io.Copy(io.Discard, rc)
 	rc.Close()
 	return err
 }
 
-type heldPersistSnapshot struct{ f *heldPersistFSM }
+type heldPersistSnapshot struct {
+	f   *heldPersistFSM
+	gen uint64
+}
 
 func (s heldPersistSnapshot) Persist(sink raft.SnapshotSink) error {
+	ownSink(sink, s.gen)
 	close(s.f.entered)
 	<-s.f.release
 	if _, err := sink.Write([]byte("state before the restore")); err != nil {
@@ -133,7 +225,8 @@ func (heldPersistSnapshot) Release() {}
 // the FSM restores it. Then the older sink closed, and its reap removed
 // the restore's snapshot, the one listed above it: the store's newest
 // (what Raft's start and a leader's send take) was the state before the
-// restore.
+// restore. The older snapshot, taken before the restore, is now cancelled
+// (Raft's snapshot fails with ErrRestorePending).
 func TestAUserRestoreDuringASnapshotsPersistIsKept(t *testing.T) {
 	dir := t.TempDir()
 	snaps, err := openSnapshotStore(dir, quiet)
@@ -149,7 +242,7 @@ func TestAUserRestoreDuringASnapshotsPersistIsKept(t *testing.T) {
 	conf.SnapshotThreshold, conf.SnapshotInterval = 1<<40, time.Hour
 	conf.Logger = hclogAdapter(quiet)
 	st := raft.NewInmemStore()
-	fsm := &heldPersistFSM{entered: make(chan struct{}), release: make(chan struct{})}
+	fsm := &heldPersistFSM{snaps: snaps, entered: make(chan struct{}), release: make(chan struct{})}
 	if err := raft.BootstrapCluster(conf, st, st, snaps, trans, raft.Configuration{Servers: []raft.Server{{ID: "a", Address: addr}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -176,8 +269,9 @@ func TestAUserRestoreDuringASnapshotsPersistIsKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(fsm.release)
-	if err := <-snapDone; err != nil {
-		t.Fatal(err)
+	// Raft wraps the persist's error as text.
+	if err := <-snapDone; err == nil || !strings.Contains(err.Error(), ErrRestorePending.Error()) {
+		t.Fatalf("the snapshot persisted across the user restore returned %v; want it cancelled (%v)", err, ErrRestorePending)
 	}
 	list, err := snaps.List()
 	if err != nil {
@@ -204,4 +298,66 @@ func TestAUserRestoreDuringASnapshotsPersistIsKept(t *testing.T) {
 		t.Fatalf("after the user restore at index %d and the snapshot persisted across it, the store lists %v: "+
 			"the restore's snapshot was reaped; a restart or a follower's install takes the state before the restore", restored, got)
 	}
+}
+
+// TestAnFSMSnapshotIsRefusedBetweenAnInstallsCloseAndItsRestore: Raft's
+// main goroutine closes a leader's snapshot in the node's store, then
+// hands it to the FSM goroutine to restore; a Raft snapshot taken on that
+// goroutine meanwhile held the state before the install, and its reap
+// dropped the install listed above it. FSM.Snapshot refuses until the
+// restore, and an FSM snapshot taken before the install's close is
+// cancelled when it is persisted after it.
+func TestAnFSMSnapshotIsRefusedBetweenAnInstallsCloseAndItsRestore(t *testing.T) {
+	snaps, err := openSnapshotStore(t.TempDir(), quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, trans := raft.NewInmemTransport("")
+	defer trans.Close()
+	src := openTestFSM(t, filepath.Join(t.TempDir(), "src"))
+	defer src.Close()
+	var w logWriter
+	applyFixture(t, src, &w)
+	index, _ := src.Applied()
+	dst := openTestFSM(t, filepath.Join(t.TempDir(), "dst"))
+	defer dst.Close()
+	dst.snaps = snaps
+	before, err := dst.Snapshot() // the state before the install
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer before.Release()
+	// Raft's main goroutine receives and closes a leader's snapshot.
+	installed := saveRaftSnapshot(t, snaps, snapshotBytes(t, src), index, 2)
+	if s, err := dst.Snapshot(); !errors.Is(err, ErrRestorePending) {
+		if err == nil {
+			s.Release()
+		}
+		t.Fatalf("a snapshot between the install's close and its restore answered %v; want %v", err, ErrRestorePending)
+	}
+	// Raft's snapshot goroutine persists the one taken before.
+	sink, err := snaps.Create(raft.SnapshotVersionMax, 1, 1, raft.Configuration{}, 1, trans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := before.Persist(sink); !errors.Is(err, ErrRestorePending) {
+		t.Fatalf("the persist of a snapshot taken before the install answered %v; want it cancelled (%v)", err, ErrRestorePending)
+	}
+	if list, err := snaps.List(); err != nil {
+		t.Fatal(err)
+	} else if len(list) != 1 || list[0].ID != installed {
+		t.Fatalf("after the stale snapshot's persist the store lists %d snapshots; want the install alone", len(list))
+	}
+	_, rc, err := snaps.Open(installed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Restore(rc); err != nil {
+		t.Fatal(err)
+	}
+	s, err := dst.Snapshot()
+	if err != nil {
+		t.Fatalf("a snapshot after the install's restore: %v", err)
+	}
+	s.Release()
 }

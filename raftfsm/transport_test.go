@@ -190,7 +190,7 @@ func TestARefusalAfterASnapshotAtTheFollowersStaleLastIndexIsSeen(t *testing.T) 
 	rc.LocalID = "f"
 	rc.HeartbeatTimeout, rc.ElectionTimeout, rc.LeaderLeaseTimeout = time.Hour, time.Hour, time.Hour
 	rc.Logger = hclogAdapter(quiet)
-	fsm := &heldPersistFSM{}
+	fsm := &heldPersistFSM{snaps: snaps}
 	r, err := raft.NewRaft(rc, fsm, ls, ls, snaps, fTrans)
 	if err != nil {
 		t.Fatal(err)
