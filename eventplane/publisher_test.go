@@ -351,11 +351,7 @@ func TestAnAckThatFreesRoomWakesPublishWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-tg.entered // events 1 and 2 are in flight, the buffer full
-	ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { _, err := p.PublishWait(ctx, r, ev); done <- err }()
-	waitFor(t, 10*time.Second, "PublishWait to wait", func() bool { return val(p.m.full) == 1 })
+	done := publishWaiting(t, p, r, ev)
 	close(tg.release)
 	if err := <-done; err != nil {
 		t.Fatalf("PublishWait after the ack of the full buffer: %v", err)
@@ -526,15 +522,24 @@ func TestPublishWaitThatWaitsWhenADumpStartsStopsWaiting(t *testing.T) {
 	}
 	lock.Lock()
 	defer lock.Unlock()
-	ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { _, err := p.PublishWait(ctx, a, ev); done <- err }()
-	waitFor(t, 10*time.Second, "PublishWait to wait", func() bool { return val(p.m.full) == 1 })
+	done := publishWaiting(t, p, a, ev)
 	p.Resync(b) // the loop waits for lock in Dump(B)
 	if err := <-done; err != nil {
 		t.Fatalf("PublishWait on a full rank while the loop waits in Dump: %v", err)
 	}
+}
+
+// publishWaiting starts a PublishWait of ev on rank r, whose buffer is
+// full, and returns once it waits (counted in kvagent_events_publish_full_total
+// once); its result comes on the channel.
+func publishWaiting(t *testing.T, p *Publisher, r kvevent.Rank, ev []kvevent.Event) <-chan error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)
+	t.Cleanup(cancel)
+	done := make(chan error, 1)
+	go func() { _, err := p.PublishWait(ctx, r, ev); done <- err }()
+	waitFor(t, 10*time.Second, "PublishWait to wait", func() bool { return val(p.m.full) == 1 })
+	return done
 }
 
 // scriptedLeader answers the publisher's requests itself, on a lone NATS
@@ -848,11 +853,7 @@ func TestAskingADumpWakesPublishWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-tg.entered // events 1 and 2 are in flight, the buffer full
-	ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { _, err := p.PublishWait(ctx, r, ev); done <- err }()
-	waitFor(t, 10*time.Second, "PublishWait to wait", func() bool { return val(p.m.full) == 1 })
+	done := publishWaiting(t, p, r, ev)
 	p.Resync(r)
 	if err := <-done; err != nil {
 		t.Fatalf("PublishWait on a full rank after a dump of it was asked: %v", err)
