@@ -588,27 +588,16 @@ func (in *Ingester) replyErr(m *nats.Msg, err error) {
 // the embedded NATS server takes (8 MiB, requestSize about twice that).
 const defaultMaxQueuedBytes = 64 << 20
 
-// The sizes of the decoded forms requestSize counts.
+// The sizes of the decoded forms (decodeEventsHeld counts them).
 const (
 	sizeBatch = int(unsafe.Sizeof(raftfsm.RankBatch{}))
 	sizeEvent = int(unsafe.Sizeof(kvevent.Event{}))
-	sizeBlock = int(unsafe.Sizeof(kvevent.Block{}))
-	sizeHash  = int(unsafe.Sizeof(uint64(0)))
 )
 
-// requestSize estimates the memory an events request holds while queued:
-// its body, which the reply keeps, and its decoded batches, events and
-// their blocks and removed hashes.
-func requestSize(body []byte, batches []raftfsm.RankBatch) int {
-	n := len(body) + len(batches)*sizeBatch
-	for i := range batches {
-		for j := range batches[i].Events {
-			ev := &batches[i].Events[j]
-			n += sizeEvent + len(ev.Blocks)*sizeBlock + len(ev.Removed)*sizeHash
-		}
-	}
-	return n
-}
+// requestSize is the memory an events request holds while queued: its
+// body, which the reply keeps, and the held bytes of its decoded batches,
+// events and their blocks and removed hashes (decodeEventsHeld).
+func requestSize(body []byte, held int) int { return len(body) + held }
 
 // onEvents decodes a request and hands it to the batcher. It runs on the
 // subscription's goroutine, so decoding is off the batcher's path; it
@@ -618,7 +607,7 @@ func (in *Ingester) onEvents(m *nats.Msg) {
 		return
 	}
 	defer in.leave()
-	batches, err := decodeEvents(m.Data, in.cfg.MaxRequestEvents)
+	batches, held, err := decodeEventsHeld(m.Data, in.cfg.MaxRequestEvents)
 	if err != nil {
 		in.m.rejected.WithLabelValues("malformed").Inc()
 		in.replyErr(m, err)
@@ -632,7 +621,7 @@ func (in *Ingester) onEvents(m *nats.Msg) {
 	}
 	// A request larger than the whole bound takes all of it: it waits for
 	// an empty queue rather than for ever.
-	size := min(int64(requestSize(m.Data, batches)), int64(in.cfg.MaxQueuedBytes))
+	size := min(int64(requestSize(m.Data, held)), int64(in.cfg.MaxQueuedBytes))
 	if err := in.queued.Acquire(in.ctx, int64(n)); err != nil {
 		return // closing: unanswered, its publisher resends
 	}

@@ -826,11 +826,11 @@ func TestQueuedRequestBytesAreBounded(t *testing.T) {
 	for i := range msgs {
 		msgs[i] = bigStore(r, uint64(i+1), blocks)
 	}
-	b, err := decodeEvents(msgs[0].Data, in.cfg.MaxRequestEvents)
+	_, held, err := decodeEventsHeld(msgs[0].Data, in.cfg.MaxRequestEvents)
 	if err != nil {
 		t.Fatal(err)
 	}
-	size := requestSize(msgs[0].Data, b)
+	size := requestSize(msgs[0].Data, held)
 	if size < 2*16*blocks {
 		t.Fatalf("a request of %d blocks sizes %d bytes: its body and decoded blocks alone take %d", blocks, size, 2*16*blocks)
 	}

@@ -240,6 +240,36 @@ func appendDumpOK(dst []byte, cursor uint64) []byte {
 type rbuf struct {
 	b   []byte
 	err error
+
+	// blocks and removed are the arrays a message's events take their
+	// Blocks and Removed from: one of each per message instead of one per
+	// event (the leader decodes every events request). Each is made at its
+	// first use with room for what the bytes left can hold, which bounds
+	// every later count, so neither grows; each is at most the message's
+	// size, the room a request mixing both kinds leaves unused included
+	// (held counts it for the ingester's queue bound). The events share
+	// them for as long as any of them is held.
+	blocks  []kvevent.Block
+	removed []uint64
+	held    int // bytes of the arrays above
+}
+
+// slab returns n elements after the slab's length; the first call makes
+// the slab room for all that the message's rest bytes can hold, elements
+// of size bytes each on the wire and in memory (a Block, a hash). held
+// counts the bytes it allocated.
+func slab[T any](s *[]T, n, rest, size int, held *int) []T {
+	if n == 0 {
+		return nil
+	}
+	if cap(*s)-len(*s) < n {
+		c := max(n, rest/size)
+		*s = make([]T, 0, c)
+		*held += c * size
+	}
+	l := len(*s)
+	*s = (*s)[:l+n]
+	return (*s)[l : l+n : l+n]
 }
 
 func (r *rbuf) fail(format string, a ...any) {
@@ -339,7 +369,7 @@ func (r *rbuf) event(ev *kvevent.Event) {
 		if r.err != nil {
 			return
 		}
-		ev.Blocks = make([]kvevent.Block, n)
+		ev.Blocks = slab(&r.blocks, n, len(r.b), 16, &r.held)
 		for i := range ev.Blocks {
 			ev.Blocks[i] = kvevent.Block{EngineHash: r.u64(), LocalHash: r.u64()}
 		}
@@ -348,7 +378,7 @@ func (r *rbuf) event(ev *kvevent.Event) {
 		if r.err != nil {
 			return
 		}
-		ev.Removed = make([]uint64, n)
+		ev.Removed = slab(&r.removed, n, len(r.b), 8, &r.held)
 		for i := range ev.Removed {
 			ev.Removed[i] = r.u64()
 		}
@@ -379,6 +409,14 @@ func msgType(b []byte) (byte, error) {
 // request). The cap is checked before the events are allocated: a decoded
 // event is far larger than the 2 bytes it may be sent in.
 func decodeEvents(b []byte, maxEvents int) ([]raftfsm.RankBatch, error) {
+	batches, _, err := decodeEventsHeld(b, maxEvents)
+	return batches, err
+}
+
+// decodeEventsHeld is decodeEvents that also returns the bytes of memory
+// the decoded batches hold: their arrays of batches, events, blocks and
+// removed hashes.
+func decodeEventsHeld(b []byte, maxEvents int) (batches []raftfsm.RankBatch, held int, err error) {
 	r := rbuf{b: b}
 	v, t := r.header()
 	if r.err == nil && t != msgEvents {
@@ -396,9 +434,10 @@ func decodeEvents(b []byte, maxEvents int) ([]raftfsm.RankBatch, error) {
 		r.fail("request of more than %d events", maxEvents)
 	}
 	if r.err != nil {
-		return nil, r.err
+		return nil, 0, r.err
 	}
-	batches := make([]raftfsm.RankBatch, 0, nb)
+	batches = make([]raftfsm.RankBatch, 0, nb)
+	held = nb * sizeBatch
 	total := 0
 	for i := 0; i < nb && r.err == nil; i++ {
 		rank := kvevent.Rank{Worker: r.uv(), DP: r.dp()}
@@ -427,6 +466,7 @@ func decodeEvents(b []byte, maxEvents int) ([]raftfsm.RankBatch, error) {
 			break
 		}
 		evs := make([]kvevent.Event, ne)
+		held += ne * sizeEvent
 		for j := range evs {
 			evs[j].Rank, evs[j].EventID = rank, first+uint64(j)
 			r.event(&evs[j])
@@ -438,9 +478,9 @@ func decodeEvents(b []byte, maxEvents int) ([]raftfsm.RankBatch, error) {
 	}
 	r.end()
 	if r.err != nil {
-		return nil, r.err
+		return nil, 0, r.err
 	}
-	return batches, nil
+	return batches, held + r.held, nil
 }
 
 // minStoredBytes is the least a stored event is encoded in: tier, kind,

@@ -358,3 +358,57 @@ func TestAckFlagsOnlyForPublishersThatReadThem(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeEventsAllocatesPerBatchNotPerEvent: the leader decodes every
+// events request, so its blocks and removed hashes come from one array of
+// each per request instead of one per event. A request of 2 rank batches
+// of 64 events each is 1 allocation for the batches, 1 per batch for its
+// events and at most 2 for the blocks and the removed hashes.
+func TestDecodeEventsAllocatesPerBatchNotPerEvent(t *testing.T) {
+	var in []raftfsm.RankBatch
+	for w := uint64(1); w <= 2; w++ {
+		r := kvevent.Rank{Worker: w}
+		rb := raftfsm.RankBatch{Rank: r, Incarnation: w}
+		for i := range 64 {
+			ev := kvevent.Event{Rank: r, EventID: uint64(i + 1), Tier: kvevent.TierHostPinned}
+			if i%3 == 2 {
+				ev.Kind, ev.Removed = kvevent.KindRemoved, []uint64{uint64(i), uint64(i) + 1}
+			} else {
+				ev.Kind = kvevent.KindStored
+				for j := range 4 {
+					ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: uint64(i*8 + j), LocalHash: uint64(i*8 + j + 1000)})
+				}
+			}
+			rb.Events = append(rb.Events, ev)
+		}
+		in = append(in, rb)
+	}
+	msg := appendEvents(nil, in)
+	out, held, err := decodeEventsHeld(msg, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(in, out) {
+		t.Fatalf("decoded %+v\nwant %+v", out, in)
+	}
+	// held is what the ingester's queue bound counts: at least what the
+	// events use, and at most that and the two arrays' room, each at most
+	// the message's size.
+	used := len(in) * sizeBatch
+	for i := range in {
+		for _, ev := range in[i].Events {
+			used += sizeEvent + 16*len(ev.Blocks) + 8*len(ev.Removed)
+		}
+	}
+	if held < used || held > used+2*len(msg) {
+		t.Fatalf("held %d bytes for %d bytes decoded from a %d-byte message", held, used, len(msg))
+	}
+	allocs := testing.AllocsPerRun(50, func() {
+		if _, err := decodeEvents(msg, 1000); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if want := float64(1 + len(in) + 2); allocs > want {
+		t.Fatalf("decoding %d events in %d batches took %.0f allocations, want at most %.0f", 128, len(in), allocs, want)
+	}
+}
