@@ -244,3 +244,37 @@ func TestVersion1CommandsStillDecode(t *testing.T) {
 		t.Fatalf("version %d: %v, want ErrBadCommand", later[0], err)
 	}
 }
+
+// TestDecodeIntoWarmScratchAllocatesNothing: ApplyBatch decodes every
+// events entry into one reused decodeScratch; once its arrays have grown
+// to an entry's size, decoding the next such entry allocates nothing.
+func TestDecodeIntoWarmScratchAllocatesNothing(t *testing.T) {
+	var batches []RankBatch
+	for w := uint64(1); w <= 3; w++ {
+		r := kvevent.Rank{Worker: w, DP: 1}
+		rb := RankBatch{Rank: r, Incarnation: w}
+		for i := range 50 {
+			ev := kvevent.Event{Rank: r, EventID: uint64(i + 1), Kind: kvevent.KindStored, HasParent: i > 0, Parent: uint64(i)}
+			ev.Blocks = []kvevent.Block{{EngineHash: uint64(i), LocalHash: uint64(i) + 7}, {EngineHash: uint64(i) + 1, LocalHash: uint64(i) + 8}}
+			if i%5 == 4 {
+				ev = kvevent.Event{Rank: r, EventID: uint64(i + 1), Kind: kvevent.KindRemoved, Removed: []uint64{uint64(i)}}
+			}
+			rb.Events = append(rb.Events, ev)
+		}
+		batches = append(batches, rb)
+	}
+	b := encodeEvents(1, batches)
+	var sc decodeScratch
+	if _, err := decodeCommandInto(b, &sc); err != nil {
+		t.Fatal(err)
+	}
+	allocs := testing.AllocsPerRun(50, func() {
+		sc.reset()
+		if _, err := decodeCommandInto(b, &sc); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("decoding 150 events into a warm scratch took %.0f allocations, want 0", allocs)
+	}
+}
