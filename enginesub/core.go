@@ -351,9 +351,13 @@ func (c *core) replayNewEpoch(ctx context.Context, seq uint64) error {
 // tells: other bytes than the live batch's (a real batch carries its
 // publish time). So the batches below upTo are held until the replay's
 // copy of upTo is seen; with other bytes, none is applied and replayGap
-// reports restarted. A replay that ends, fails or skips a batch before
-// upTo applies what it held, as a replay that ends short always did. The
-// batches held point into the replies, each a message of its own, and are
+// reports restarted. A replay that ends before upTo applies what it held,
+// as a replay that ends short always did. One that fails or skips a batch
+// before upTo applies none of them: without the copy of upTo they may be a
+// restarted engine's as well as the missing ones, and applied they would
+// look like a filled gap when they reach it, the old engine's batch upTo
+// applied on them with no Resync; the rank resyncs instead. The batches
+// held point into the replies, each a message of its own, and are
 // at most what the engine sends at once (its buffer), which the replay
 // socket queues anyway.
 func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (reason Reason, restarted bool) {
@@ -422,6 +426,9 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (re
 	case restarted:
 		c.m.replays.WithLabelValues("restarted").Inc()
 		return "", true
+	}
+	if check && (err != nil || hole) {
+		held = held[:0] // the copy of upTo unseen: none applied (see above)
 	}
 	flush() // the replay ended before upTo, if any are held
 	switch {

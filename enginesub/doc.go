@@ -30,7 +30,9 @@
 //     in between): none of it is applied; the rank starts a new epoch,
 //     Sink.Reset, the live batch is dropped with its epoch, and the new one
 //     is replayed from 0 (resynced if that fails). To tell, the batches
-//     below the gap's end are held until its copy comes.
+//     below the gap's end are held until its copy comes; a replay that
+//     fails or skips a batch before that copy applies none of them, and
+//     the rank resyncs.
 //   - Live messages that arrive while a replay runs wait in the SUB socket's
 //     queue; those the replay already applied (above the last live sequence,
 //     at or below the last applied) are duplicates and are skipped.
