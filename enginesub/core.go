@@ -22,7 +22,7 @@ type Stats struct {
 	Overruns    uint64 // replays that started above the sequence asked for
 	Resyncs     uint64 // Sink.Resync calls, whatever the reason
 	Epochs      uint64 // new epochs: engine restarts seen (Sink.Reset calls)
-	Duplicates  uint64 // batches skipped because they were applied already
+	Duplicates  uint64 // batches skipped: applied or given up already, or an engine's from before a restart seen
 	Malformed   uint64 // messages skipped as malformed, live or replayed
 	SinkErrors  uint64 // batches Sink.Events refused
 	NextSeq     uint64 // the sequence expected next
@@ -68,6 +68,14 @@ type core struct {
 	// from a restarted engine (see live).
 	replayedFrom uint64
 	replayed     []uint64
+
+	// stale: a gap's replay showed the engine restarted while live batches
+	// of the engine before it were still queued (replayNewEpoch), and no
+	// live batch has been shown to be the restarted engine's since. The
+	// live stream may still be the old engine's: a connect-mode SUB socket
+	// reads the old connection's unread batches before the new one's, and
+	// each is neither a duplicate nor a restart (see staleLive).
+	stale bool
 
 	// resynced: the last call the sink had about the rank was Resync. A
 	// rejected payload then resyncs it no more (see apply).
@@ -156,6 +164,11 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 	}
 	sum := xxh3.Hash(payload)
 	ts, tsOK := payloadTS(payload)
+	if c.stale {
+		if done, err := c.staleLive(ctx, seq, payload, sum, ts, tsOK); done {
+			return err
+		}
+	}
 	older := tsOK && c.liveTSOK && ts < c.liveTS
 	// A sequence a replay applied: the live copy of that batch, or, with
 	// other bytes, a restarted engine's batch (the sequence alone cannot
@@ -223,6 +236,105 @@ func (c *core) live(ctx context.Context, frames [][]byte) error {
 	return nil
 }
 
+// staleLive handles live batch seq while the live stream may still be the
+// old engine's (stale): it reports whether it dealt with the batch, else
+// live goes on with it as the restarted engine's, under the usual rules.
+//
+// Nothing but the batch's bytes tells whose it is. Its sequence cannot: the
+// old connection's batches climb from the one that showed the restart, the
+// new connection's start anywhere (a PUB drops what it publishes before
+// the subscription arrives), and an engine that restarted twice meanwhile
+// may have a connection of its own queued in between, whose batches
+// step back. So stale ends only with a batch shown to be the engine's
+// that answers replays, and the others are skipped (counted duplicates),
+// none of them starting an epoch:
+//   - one of the sequences the last replay applied: the same bytes, the
+//     engine's live copy (live skips it); other bytes, an earlier engine's;
+//   - below the next sequence expected otherwise: skipped, whoever sent it
+//     (the new engine's would be a batch the rank holds or gave up);
+//   - else the engine is asked for it (verifyStale).
+//
+// The publish time would tell most of them without a replay, but not
+// soundly: the engine may send it as a float32 (a step every 128 s), and a
+// host clock that steps back across the restart would have the new
+// engine's batches taken for the old one's, and dropped without a resync.
+func (c *core) staleLive(ctx context.Context, seq uint64, payload []byte, sum uint64, ts float64, tsOK bool) (bool, error) {
+	i := seq - c.replayedFrom
+	replayed := seq >= c.replayedFrom && i < uint64(len(c.replayed))
+	switch {
+	case replayed && sum == c.replayed[i]:
+		c.stale = false
+		return false, nil
+	case replayed || seq < c.next:
+		c.head(seq, sum, ts, tsOK)
+		c.skipStale(seq)
+		return true, nil
+	}
+	c.head(seq, sum, ts, tsOK)
+	return true, c.verifyStale(ctx, seq, payload)
+}
+
+// verifyStale asks the engine, which restarted since the old engine's live
+// batches still queued were published, for its batches from c.next through
+// seq, to tell whose live batch seq (liveLast, at or above c.next) is:
+//   - the engine's copy has the same bytes: the live stream is the
+//     restarted engine's now, stale ends, and the replay applied the batch
+//     (or, when it overran, the rank is resynced and the batch applied);
+//   - other bytes, or a replay that ends before seq (the engine has not
+//     published it): an earlier engine's, skipped, and nothing replayed is
+//     applied (see replayGap); an overrun lost some of the engine's
+//     batches, and the rank is resynced;
+//   - a replay that fails before it shows seq leaves the batch's engine
+//     unknown: it is skipped and the rank resynced, since it may have been
+//     the restarted engine's. The next live batch asks again from c.next,
+//     which replays it then if it was. Applying it instead would, if it
+//     was the old engine's, leave the dead engine's blocks on the rank
+//     after the resync, and its next batches too.
+//
+// A resync is spared when the sink's last call about the rank was one
+// already (nothing applied since could be missing the batch). It returns
+// an error only when ctx ended.
+func (c *core) verifyStale(ctx context.Context, seq uint64, payload []byte) error {
+	reason, shown := c.replayGap(ctx, c.next, seq, false)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if shown == endSame {
+		c.stale = false
+		c.log.Info("live stream is the restarted engine's", "rank", c.rank, "seq", seq)
+		if reason == "" { // the replay applied it
+			c.count(func(s *Stats) { s.Duplicates++ })
+			c.m.duplicates.Inc()
+			return nil
+		}
+		if !c.resynced {
+			c.resync(reason, "missing", fmt.Sprintf("%d..%d", c.next, seq-1))
+		}
+		c.next = seq
+		c.apply(seq, payload)
+		return nil
+	}
+	if shown == endUnchecked || reason == ReasonOverrun {
+		if reason == "" {
+			reason = ReasonReplayFailed
+		}
+		if !c.resynced {
+			c.resync(reason, "missing", fmt.Sprintf("%d..", c.next), "unknown", seq)
+		}
+	}
+	c.skipStale(seq)
+	return nil
+}
+
+// skipStale skips live batch seq, an earlier engine's or not shown to be
+// the current one's (staleLive), counted with the duplicates: like them, a
+// batch not to apply.
+func (c *core) skipStale(seq uint64) {
+	c.log.Debug("live batch of the engine before its restart skipped", "rank", c.rank, "seq", seq)
+	c.count(func(s *Stats) { s.Duplicates++ })
+	c.m.duplicates.Inc()
+}
+
 // head makes live batch seq, whose payload has fingerprint sum and publish
 // time ts (when tsOK), the last one seen on the live stream.
 func (c *core) head(seq, sum uint64, ts float64, tsOK bool) {
@@ -264,6 +376,7 @@ func (c *core) newEpoch(seq uint64) {
 	c.m.epochs.Inc()
 	c.sink.Reset(c.rank)
 	c.resynced = false
+	c.stale = false
 	c.dec.Reset()
 	c.replayed = c.replayed[:0]
 	// The new epoch starts at 0: if seq is above, its first batches were
@@ -286,12 +399,12 @@ func (c *core) heal(ctx context.Context, seq uint64, payload []byte) error {
 	c.m.gaps.Inc()
 	reason := ReasonGap
 	if c.replay != nil {
-		var restarted bool
-		reason, restarted = c.replayGap(ctx, from, seq, false)
+		var end gapEnd
+		reason, end = c.replayGap(ctx, from, seq, false)
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if restarted {
+		if end == endOther {
 			return c.replayNewEpoch(ctx, seq)
 		}
 	}
@@ -317,9 +430,17 @@ func (c *core) heal(ctx context.Context, seq uint64, payload []byte) error {
 // was just seen to hold. A replay that fails resyncs the rank, and the
 // stream goes on past seq (the new epoch's live copies of the batches
 // replayed are told by their bytes, see replayed).
+//
+// The live batches read next may be the old engine's still: those its
+// connection sent before it died, queued behind seq. Each has other bytes
+// than the new engine's batch of its sequence, or is above every sequence
+// the new engine published yet; taken for the live stream's, they would
+// start an epoch each, or be applied on the new epoch's state. The stream
+// is stale until a live batch is shown to be the new engine's (staleLive).
 func (c *core) replayNewEpoch(ctx context.Context, seq uint64) error {
 	c.log.Info("replay came from a restarted engine", "rank", c.rank, "seq", seq)
 	c.newEpoch(seq)
+	c.stale = true
 	reason, _ := c.replayGap(ctx, 0, seq+1, true)
 	if err := ctx.Err(); err != nil {
 		return err
@@ -331,6 +452,17 @@ func (c *core) replayNewEpoch(ctx context.Context, seq uint64) error {
 	}
 	return nil
 }
+
+// gapEnd is what a gap's replay showed of the live batch that ended it
+// (see replayGap).
+type gapEnd int
+
+const (
+	endUnchecked gapEnd = iota // not asked, or the replay failed or broke off before it
+	endSame                    // its copy has the live batch's bytes
+	endOther                   // its copy has other bytes: the replay came from a restarted engine
+	endMissing                 // the replay ended cleanly before it: the engine has not published it
+)
 
 // replayGap asks for the batches from `from` on and applies those it gets,
 // in order. It returns "" when the gap up to upTo (excluded) was filled,
@@ -351,20 +483,32 @@ func (c *core) replayNewEpoch(ctx context.Context, seq uint64) error {
 // tells: other bytes than the live batch's (a real batch carries its
 // publish time). So the batches below upTo are held until the replay's
 // copy of upTo is seen; with other bytes, none is applied and replayGap
-// reports restarted. A replay that ends before upTo applies what it held,
-// as a replay that ends short always did. One that fails or skips a batch
-// before upTo applies none of them: without the copy of upTo they may be a
-// restarted engine's as well as the missing ones, and applied they would
-// look like a filled gap when they reach it, the old engine's batch upTo
-// applied on them with no Resync; the rank resyncs instead. The batches
-// held point into the replies, each a message of its own, and are
+// reports endOther. A replay that ends before upTo applies what it held,
+// as a replay that ends short always did (but while the live stream is
+// stale: see below). One that fails or skips a batch before upTo applies
+// none of them: without the copy of upTo they may be a restarted engine's
+// as well as the missing ones, and applied they would look like a filled
+// gap when they reach it, the old engine's batch upTo applied on them with
+// no Resync; the rank resyncs instead. The batches held point into the
+// replies, each a message of its own, and are
 // at most what the engine sends at once (its buffer), which the replay
-// socket queues anyway.
-func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (reason Reason, restarted bool) {
+// socket queues anyway. What the replay showed of upTo is reported in shown
+// (endUnchecked when whole, or the live batch upTo is not liveLast).
+//
+// While the live stream is stale (verifyStale), the replay checks whose
+// live batch upTo is: one that overran is read on to its copy of upTo,
+// and one that ends before upTo applies nothing (the engine has not
+// published upTo: the live batch is an earlier engine's, and the
+// engine's batches wait for the live batch shown to be its own).
+func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (reason Reason, shown gapEnd) {
 	c.count(func(s *Stats) { s.Replays++ })
 	c.replayed, c.replayedFrom = c.replayed[:0], from
-	first, overrun, hole := true, false, false
+	first, overrun, hole, restarted := true, false, false, false
 	check := !whole && c.liveSeen && c.liveLast == upTo && c.liveSumOK
+	checked := check
+	// While the live stream is stale, what the replay shows of upTo says
+	// whose live batch upTo is, even when it overran (verifyStale).
+	scan := check && c.stale
 	var held [][]byte // replayed batches c.next.. not applied until upTo is checked
 	want := func() uint64 { return c.next + uint64(len(held)) }
 	applyReplayed := func(seq uint64, payload []byte) {
@@ -395,10 +539,24 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (re
 			first = false
 			if seq > from {
 				overrun = true
-				return false
+				if !scan {
+					return false
+				}
 			}
 		}
 		switch {
+		case overrun: // nothing applied: read on to the copy of upTo only
+			switch {
+			case seq < upTo:
+				return true
+			case seq > upTo:
+				hole = true
+			case xxh3.Hash(payload) == c.liveSum:
+				shown = endSame
+			default:
+				restarted = true
+			}
+			return false
 		case seq < want(): // applied (or held) already
 			c.count(func(s *Stats) { s.Duplicates++ })
 			c.m.duplicates.Inc()
@@ -414,6 +572,7 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (re
 					return false
 				}
 				check = false
+				shown = endSame
 				flush()
 			}
 			applyReplayed(seq, payload)
@@ -422,27 +581,43 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (re
 	})
 	switch {
 	case ctx.Err() != nil:
-		return "", false
+		return "", endUnchecked
+	case restarted && overrun: // only while stale (scan): the old engine's batch, and batches lost
+		c.count(func(s *Stats) { s.Overruns++ })
+		c.m.replays.WithLabelValues("overrun").Inc()
+		return ReasonOverrun, endOther
 	case restarted:
 		c.m.replays.WithLabelValues("restarted").Inc()
-		return "", true
+		return "", endOther
+	}
+	if checked && shown == endUnchecked && err == nil && (!overrun || scan) && !hole {
+		shown = endMissing // the replay's end came first
 	}
 	if check && (err != nil || hole) {
 		held = held[:0] // the copy of upTo unseen: none applied (see above)
+	}
+	if scan && shown == endMissing {
+		// While stale, the engine's batches are not applied for a live
+		// batch shown to be an earlier engine's: an engine that restarted
+		// again since the epoch began would have them mix two epochs.
+		// The live batch shown to be the engine's asks for them again.
+		held = held[:0]
 	}
 	flush() // the replay ended before upTo, if any are held
 	switch {
 	case overrun:
 		c.count(func(s *Stats) { s.Overruns++ })
 		c.m.replays.WithLabelValues("overrun").Inc()
-		return ReasonOverrun, false
+		return ReasonOverrun, shown
 	case c.next >= upTo && !(whole && (err != nil || hole)):
 		if err != nil {
 			c.log.Debug("replay ended badly after filling the gap", "rank", c.rank, "err", err)
 		}
 		c.m.replays.WithLabelValues("healed").Inc()
-		c.log.Info("gap filled by replay", "rank", c.rank, "from", from, "to", upTo-1)
-		return "", false
+		if from < upTo { // else no gap: a stale batch checked (verifyStale)
+			c.log.Info("gap filled by replay", "rank", c.rank, "from", from, "to", upTo-1)
+		}
+		return "", shown
 	}
 	c.m.replays.WithLabelValues("failed").Inc()
 	switch {
@@ -453,7 +628,7 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (re
 	default:
 		c.log.Warn("replay ended short of the gap", "rank", c.rank, "from", from, "reached", c.next, "want", upTo)
 	}
-	return ReasonReplayFailed, false
+	return ReasonReplayFailed, shown
 }
 
 // apply decodes batch seq and gives it to the sink. It consumes seq even

@@ -400,27 +400,20 @@ func TestReplayedCountsAppliedBatchesOnly(t *testing.T) {
 // leave the old engine's blocks on the sink for good, under the new
 // engine's: the rank starts a new epoch and is replayed from 0 instead.
 func TestReplayFromARestartedEngineIsNotApplied(t *testing.T) {
-	const newHash = 0xcd000000
-	newBatch := func(seq uint64) [][]byte {
-		p := removedPayload(newHash+seq, 0)
-		binary.BigEndian.PutUint64(p[2:10], math.Float64bits(9+float64(seq)/4096)) // published later
-		return [][]byte{{}, seqFrame(seq), p}
-	}
 	sink := &recSink{}
-	c := newCore(t, sink, func(ctx context.Context, from uint64, each func([][]byte) bool) error {
-		sink.add(call{kind: "replay", seq: from})
-		for s := from; s <= 6; s++ { // the restarted engine's buffer: its batches 0 to 6
-			if !each(newBatch(s)) {
-				return nil
-			}
-		}
-		each(endMsg)
-		return nil
-	})
-	for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(2), liveMsg(3), liveMsg(5), newBatch(7)} {
+	top := uint64(6) // the restarted engine's buffer: its batches 0 to 6
+	c := newCore(t, sink, restartedReplay(sink, &top))
+	for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(2), liveMsg(3), liveMsg(5)} {
 		if err := c.live(bg, m); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// The engine publishes its batch 7, which the live stream brings: above
+	// every batch replayed, it may be the old engine's still, queued behind
+	// 5. A replay tells: the engine's copy of 7 has its bytes.
+	top = 7
+	if err := c.live(bg, restartedMsg(7)); err != nil {
+		t.Fatal(err)
 	}
 	calls := sink.of(nil)
 	synced := false
@@ -429,23 +422,211 @@ func TestReplayFromARestartedEngineIsNotApplied(t *testing.T) {
 		case "reset", "resync":
 			synced = true
 		case "ev":
-			if !synced && cl.events[0].Removed[0] >= newHash {
+			if !synced && cl.events[0].Removed[0] >= restartedHash(0) {
 				t.Fatalf("the restarted engine's batch %d reached the sink on the old epoch's state, with no Reset or Resync before it:\n%s",
 					cl.seq, trace(calls)+"\n"+fmtEvents(cl.events))
 			}
 		}
 	}
-	if got, want := trace(calls), "ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 ev6 ev7"; got != want {
+	if got, want := trace(calls), "ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 ev6 replay:7 ev7"; got != want {
 		t.Fatalf("sink calls:\n got %s\nwant %s", got, want)
 	}
-	if st := c.Stats(); st.Epochs != 1 || st.Resyncs != 0 || st.Replays != 2 || st.Replayed != 7 {
-		t.Fatalf("stats %+v, want 1 epoch, no resync, 2 replays, 7 batches replayed", st)
+	if st := c.Stats(); st.Epochs != 1 || st.Resyncs != 0 || st.Replays != 3 || st.Replayed != 8 {
+		t.Fatalf("stats %+v, want 1 epoch, no resync, 3 replays, 8 batches replayed", st)
 	}
 	// The first replay, answered by the restarted engine, is counted as
 	// such (no other test pinned the outcome).
 	var m dto.Metric
 	if err := c.m.replays.WithLabelValues("restarted").Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
 		t.Fatalf("kvagent_subscriber_replays_total{outcome=\"restarted\"} = %v (%v), want 1", m.GetCounter().GetValue(), err)
+	}
+}
+
+// TestOldEngineBatchesQueuedAfterARestartStartNoEpoch: connect mode. The
+// subscriber is behind; the SUB queue lost the old engine's batch 4 but
+// holds its batches 5 to 8, published before it died. When 5 is read the
+// engine has restarted and published its batches 0 to 9: the gap's replay
+// tells the restart (its 5 has other bytes), and the rank is reset and
+// replayed from 0. The old engine's 6, 7 and 8, queued still, then come
+// live, each with other bytes than the new engine's batch of its sequence
+// the replay applied: they are the dead engine's, skipped (counted
+// duplicates), not one more restart each (a Reset and a replay from 0).
+func TestOldEngineBatchesQueuedAfterARestartStartNoEpoch(t *testing.T) {
+	sink := &recSink{}
+	top := uint64(9)
+	c := newCore(t, sink, restartedReplay(sink, &top))
+	for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(2), liveMsg(3), liveMsg(5), liveMsg(6), liveMsg(7), liveMsg(8),
+		restartedMsg(9), restartedMsg(10)} {
+		if err := c.live(bg, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := trace(sink.of(nil)), "ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 ev6 ev7 ev8 ev9 ev10"; got != want {
+		t.Fatalf("sink calls:\n got %s\nwant %s", got, want)
+	}
+	if st := c.Stats(); st.Epochs != 1 || st.Replays != 2 || st.Resyncs != 0 || st.Duplicates != 4 {
+		t.Fatalf("stats %+v, want 1 epoch, 2 replays, no resync, 4 duplicates (old 6, 7, 8 and the live copy of 9)", st)
+	}
+}
+
+// TestOldEngineBatchesAboveTheRestartedEnginesAreSkipped: as
+// TestOldEngineBatchesQueuedAfterARestartStartNoEpoch, but the restarted
+// engine has published only its batches 0 to 5 when the old engine's 5 is
+// read. The old engine's queued 6, 7 and 8 are above every batch the
+// replay applied, and the next expected: taken for the new epoch's, the
+// rank would keep the dead engine's 6 to 8 for good (the new engine's
+// first live batch read, 9, comes with no gap). A replay asked for each
+// tells: the engine has not published it, so it is the old engine's,
+// skipped. The new engine's 9 is in its replay, with its bytes: the
+// replay applies 6 to 9, and the stream is the new engine's again.
+func TestOldEngineBatchesAboveTheRestartedEnginesAreSkipped(t *testing.T) {
+	sink := &recSink{}
+	top := uint64(5) // the restarted engine's last batch published
+	c := newCore(t, sink, restartedReplay(sink, &top))
+	for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(2), liveMsg(3), liveMsg(5), liveMsg(6), liveMsg(7), liveMsg(8)} {
+		if err := c.live(bg, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	top = 10
+	for _, m := range [][][]byte{restartedMsg(9), restartedMsg(10), restartedMsg(11)} {
+		if err := c.live(bg, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := sink.of(nil)
+	// What the rank holds: the batches applied since the last Reset or
+	// Resync, all the restarted engine's.
+	var held []uint64
+	reset := false
+	for _, cl := range calls {
+		switch cl.kind {
+		case "reset", "resync":
+			held, reset = held[:0], true
+		case "ev":
+			if h := cl.events[0].Removed[0]; reset && h != restartedHash(cl.seq) {
+				t.Fatalf("batch %d applied with hash %#x, the old engine's, after its restart was seen:\n%s", cl.seq, h, trace(calls))
+			}
+			held = append(held, cl.seq)
+		}
+	}
+	if len(held) != 12 || held[0] != 0 || held[11] != 11 {
+		t.Fatalf("the rank holds batches %v since its last Reset or Resync, want 0 to 11:\n%s", held, trace(calls))
+	}
+	want := "ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:6 replay:6 replay:6 replay:6 ev6 ev7 ev8 ev9 ev10 ev11"
+	if got := trace(calls); got != want {
+		t.Fatalf("sink calls:\n got %s\nwant %s", got, want)
+	}
+	if st := c.Stats(); st.Epochs != 1 || st.Resyncs != 0 {
+		t.Fatalf("stats %+v, want 1 epoch, no resync", st)
+	}
+}
+
+// TestRestartedEnginesConnectionAfterOldBatchesStartsNoEpoch: after a
+// gap's replay showed the engine restarted, and the old engine's 7, still
+// queued, was skipped, the restarted engine's connection brings its
+// batches, below the last one read: a step back, which outside of this
+// is a restart, here is the epoch already started. Those the replay
+// applied are skipped by their bytes; one above is asked of the engine
+// (its copy has the same bytes) and applied with the batches below it.
+func TestRestartedEnginesConnectionAfterOldBatchesStartsNoEpoch(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		top   uint64 // the restarted engine's last batch when 5 is read
+		first uint64 // its first batch read live
+		want  string
+	}{
+		{"into the batches replayed", 9, 4,
+			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 ev6 ev7 ev8 ev9 ev10"},
+		{"at the next batch", 5, 6,
+			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:6 replay:6 ev6 ev7 ev8 ev9 ev10"},
+		{"above the next batch", 5, 7,
+			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:6 replay:6 ev6 ev7 ev8 ev9 ev10"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sink := &recSink{}
+			top := tc.top
+			c := newCore(t, sink, restartedReplay(sink, &top))
+			for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(2), liveMsg(3), liveMsg(5), liveMsg(7)} {
+				if err := c.live(bg, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			top = 10
+			for s := tc.first; s <= 10; s++ {
+				if err := c.live(bg, restartedMsg(s)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := trace(sink.of(nil)); got != tc.want {
+				t.Fatalf("sink calls:\n got %s\nwant %s", got, tc.want)
+			}
+			if st := c.Stats(); st.Epochs != 1 || st.Resyncs != 0 {
+				t.Fatalf("stats %+v, want 1 epoch, no resync", st)
+			}
+		})
+	}
+}
+
+// TestStaleBatchWhoseReplayFailsOrOverruns: after a gap's replay showed
+// the engine restarted, a live batch above what the rank holds may be the
+// old engine's (queued still) or the new one's; the engine is asked for
+// it. A replay that fails says nothing: the batch is skipped and the rank
+// resynced (it may have been the new engine's), and the next live batch
+// asks again, from the same sequence. A replay that overran still shows
+// the engine's copy of the batch: the same bytes, the batch is applied
+// after a resync; other bytes, it is skipped, the rank resynced.
+func TestStaleBatchWhoseReplayFailsOrOverruns(t *testing.T) {
+	timeout := fmt.Errorf("%w (fake)", errReplayTimeout)
+	for _, tc := range []struct {
+		name  string
+		low   uint64 // the restarted engine's first batch buffered, once 5 is read
+		fail  bool   // the replays after the restart is seen time out
+		first [][]byte
+		want  string
+	}{
+		{"replay fails: skipped, resynced, asked again", 0, true, liveMsg(6),
+			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:6 resync:replay_failed replay:6 ev6 ev7 ev8"},
+		{"overrun, the new engine's copy: applied", 7, false, restartedMsg(7),
+			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:6 resync:overrun ev7 ev8"},
+		{"overrun, the old engine's: skipped", 7, false, liveMsg(7),
+			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:6 resync:overrun replay:6 ev8"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sink := &recSink{}
+			low, top, failing := uint64(0), uint64(5), false
+			c := newCore(t, sink, func(ctx context.Context, from uint64, each func([][]byte) bool) error {
+				sink.add(call{kind: "replay", seq: from})
+				if failing {
+					failing = false
+					return timeout
+				}
+				for s := max(from, low); s <= top; s++ {
+					if !each(restartedMsg(s)) {
+						return nil
+					}
+				}
+				each(endMsg)
+				return nil
+			})
+			for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(2), liveMsg(3), liveMsg(5)} {
+				if err := c.live(bg, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			low, top, failing = tc.low, 8, tc.fail
+			for _, m := range [][][]byte{tc.first, restartedMsg(8)} {
+				if err := c.live(bg, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := trace(sink.of(nil)); got != tc.want {
+				t.Fatalf("sink calls:\n got %s\nwant %s", got, tc.want)
+			}
+			if st := c.Stats(); st.Epochs != 1 {
+				t.Fatalf("stats %+v, want 1 epoch", st)
+			}
+		})
 	}
 }
 

@@ -33,6 +33,20 @@
 //     below the gap's end are held until its copy comes; a replay that
 //     fails or skips a batch before that copy applies none of them, and
 //     the rank resyncs.
+//   - After such a restart, the batches the old engine sent before it died
+//     may still be queued on its connection, read before the new one's.
+//     The live stream is stale until a batch is shown to be the restarted
+//     engine's, and none of its batches starts an epoch: one of the
+//     sequences the replay applied is told by its bytes (other bytes: the
+//     old engine's, skipped); one below the next expected is skipped; one
+//     above is asked of the engine (a replay from the next expected): its
+//     copy with the same bytes, the stream is the engine's again, and the
+//     replay applied it; other bytes, or none yet (the replay ends before
+//     it), the old engine's, skipped. A replay that fails leaves it
+//     unknown: skipped, the rank resynced, and the next live batch asks
+//     again. The skipped batches are counted as duplicates. Neither its
+//     sequence (the new connection's first batch comes at any sequence)
+//     nor its publish time (float32, or a clock stepped back) tells soundly.
 //   - Live messages that arrive while a replay runs wait in the SUB socket's
 //     queue; those the replay already applied (above the last live sequence,
 //     at or below the last applied) are duplicates and are skipped.
@@ -117,6 +131,14 @@
 // a bound subscriber is behind interleaves the two epochs' batches: the
 // rank is reset and resynced at each turn, and is right again from the
 // first of the new engine's batches read after the old connection's last.
+// An engine that restarts again while the stream is stale (the old
+// engine's batches still being read after a restart a replay showed):
+// the replays that tell whose each live batch is come from the newest
+// engine, whose batches are taken for the epoch's, applied on the state
+// of the engine in between. Its batches are not told from the epoch's
+// engine's until a later gap's replay or step back shows it. And a stale
+// stream whose replays keep failing has every batch above the rank's
+// skipped (the rank resynced once) until a replay answers.
 // The first message a Subscriber sees may be preceded by history it never
 // saw: a caller that needs the engine's whole cache must start the
 // subscriber before the engine.

@@ -208,6 +208,35 @@ func replyMsg(seq uint64, old bool) [][]byte {
 	return [][]byte{{}, []byte("kv"), seqFrame(seq), removedPayload(hashOf(seq), 0)}
 }
 
+// restartedHash is the block hash removed by batch seq of a restarted
+// engine (restartedMsg): above every hashOf.
+func restartedHash(seq uint64) uint64 { return 0xcd000000 + seq }
+
+// restartedMsg is the live message, or the replay reply, of batch seq of
+// a restarted engine: another hash than liveMsg's, and a later publish
+// time than any of the old engine's batches.
+func restartedMsg(seq uint64) [][]byte {
+	p := removedPayload(restartedHash(seq), 0)
+	binary.BigEndian.PutUint64(p[2:10], math.Float64bits(9+float64(seq)/4096))
+	return [][]byte{{}, seqFrame(seq), p}
+}
+
+// restartedReplay is the replay socket of a restarted engine that has
+// published its batches 0 to *top (restartedMsg), all still buffered: it
+// records each replay asked for on sink.
+func restartedReplay(sink *recSink, top *uint64) replayFunc {
+	return func(ctx context.Context, from uint64, each func([][]byte) bool) error {
+		sink.add(call{kind: "replay", seq: from})
+		for s := from; s <= *top; s++ {
+			if !each(restartedMsg(s)) {
+				return nil
+			}
+		}
+		each(endMsg)
+		return nil
+	}
+}
+
 var endMsg = [][]byte{{}, seqFrame(endSeq), {}}
 
 // removedEvent is the router event of test batch seq.

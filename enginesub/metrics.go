@@ -40,7 +40,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		epochs: counter("kvagent_subscriber_epochs_total",
 			"Engine restarts seen: the sequence fell back and the rank started a new epoch."),
 		duplicates: counter("kvagent_subscriber_duplicates_total",
-			"Batches skipped because a replay had applied them already."),
+			"Batches skipped, live or replayed: applied or given up already (a second copy, a replay's live copy, an old connection's batch), or sent by the engine before a restart a replay showed (still queued on its connection)."),
 		replays: counter("kvagent_subscriber_replays_total",
 			"Replays asked of the engine, by outcome (healed, overrun, failed, restarted: answered by an engine that restarted since the live batch that showed the gap).", "outcome"),
 		resyncs: counter("kvagent_subscriber_resyncs_total",
