@@ -167,27 +167,20 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	defer gpus.Close()
 	reg.MustRegister(nvml.NewCollector(gpus))
 
-	no := natsOptions(c)
-	// A creds file gone bad since checkFlags read it fails every try,
-	// and nats.go never gives up on it: the agent stops, as it does
-	// when NATS refuses the credentials. (lost is set below, before
-	// the first connection.)
-	var credsBad func(error)
-	no.OnCredsError = func(err error) { credsBad(err) }
-	opts := no.NATSOptions()
 	// A NATS not up yet (the routers start beside the agents) is waited
 	// for, as a lost connection is; both are logged.
 	// A connection nats.go closes for good (credentials refused twice in
 	// a row) ends the agent with an error: an agent that can publish
-	// nothing must not run on, looking healthy to its supervisor.
+	// nothing must not run on, looking healthy to its supervisor. So does
+	// a creds file gone bad since checkFlags read it, which fails every
+	// try, and which nats.go never gives up on (natswatch.ErrCreds).
 	ctx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
 	nl := natswatch.New(logger, lost, natswatch.Texts{Who: "the agent",
 		Unreachable: "check --nats-url, and that the routers' NATS is up", Lost: "events wait, and heartbeats fail,"})
-	credsBad = func(err error) {
-		logger.Error("the --nats-creds file holds no credentials: the agent stops", "err", err)
-		lost(fmt.Errorf("%w: %v", errNATSCreds, err))
-	}
+	no := natsOptions(c)
+	no.OnCredsError = nl.CredsError
+	opts := no.NATSOptions()
 	opts = append(opts, nats.RetryOnFailedConnect(true))
 	opts = append(opts, nl.Options()...)
 	nc, err := nats.Connect(c.String("nats-url"), opts...)
@@ -238,8 +231,8 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	// does by default: a shutdown that hangs (a GPU copy that never ends)
 	// can still be stopped.
 	stop()
-	if cause := context.Cause(ctx); errors.Is(cause, natswatch.ErrClosed) || errors.Is(cause, errNATSCreds) {
-		return cause
+	if err := natswatch.Ended(ctx); err != nil {
+		return err
 	}
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
@@ -433,11 +426,6 @@ func natsOptions(c *cli.Context) eventplane.ClientOptions {
 		User: c.String("nats-user"), Password: c.String("nats-password"), Creds: c.String("nats-creds"),
 		TLSCA: c.String("nats-tls-ca"), TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key")}
 }
-
-// errNATSCreds ends an agent whose credentials file holds none when it
-// connects (eventplane.ClientOptions.OnCredsError), which nats.go would
-// retry for ever.
-var errNATSCreds = errors.New("the NATS credentials file cannot be used (it held credentials when the agent started)")
 
 // strayArgument says what is wrong with the command line's arguments:
 // kvagent takes flags only, and the flag parser stops at the first

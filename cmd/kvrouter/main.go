@@ -228,8 +228,9 @@ func run(c *cli.Context) error {
 	defer stop()
 	context.AfterFunc(ctx, stop)
 	// A connection to an external NATS that nats.go closes for good (the
-	// server refused the credentials twice in a row) stops the node with
-	// an error (natswatch.ErrClosed), so that its supervisor restarts it:
+	// server refused the credentials twice in a row), or whose --nats-creds
+	// file went bad, stops the node with an error (natswatch.ErrClosed,
+	// natswatch.ErrCreds), so that its supervisor restarts it:
 	// it would run on, looking healthy, with an ingester and a heartbeat
 	// answerer that hear nothing, and the workers' leases would run out.
 	ctx, lost := context.WithCancelCause(ctx)
@@ -296,7 +297,7 @@ func run(c *cli.Context) error {
 		closeServers()
 		return err
 	}
-	if ctx.Err() != nil && c.Context.Err() == nil && !errors.Is(context.Cause(ctx), natswatch.ErrClosed) {
+	if ctx.Err() != nil && c.Context.Err() == nil && natswatch.Ended(ctx) == nil {
 		logger.Info("a signal came while the state loaded: the node stops once started")
 	}
 	// A directory that holds a cluster starts as it is, without --peers or
@@ -368,8 +369,8 @@ func run(c *cli.Context) error {
 			runErr = fmt.Errorf("http server: %w", err)
 		}
 	}
-	if cause := context.Cause(ctx); runErr == nil && errors.Is(cause, natswatch.ErrClosed) {
-		runErr = cause
+	if err := natswatch.Ended(ctx); runErr == nil && err != nil {
+		runErr = err
 	}
 	// From here a second signal kills the process at once, as a signal
 	// does by default: a shutdown that hangs can still be stopped. (Once
@@ -747,14 +748,17 @@ func checkDurations(c *cli.Context) error {
 // or starts the embedded server and connects to it in process, and
 // returns the connection and what closes it (and the embedded server).
 // The external connection is logged as it comes and goes, and lost is
-// called when nats.go closes it for good (natswatch). Its log and errors
+// called when nats.go closes it for good, or when the --nats-creds file
+// holds no credentials as it reconnects, which nats.go would retry for
+// ever (natswatch). Its log and errors
 // show no password of --nats-url (eventplane.RedactURLs).
 func startNATS(c *cli.Context, id string, logger *slog.Logger, lost context.CancelCauseFunc) (*nats.Conn, func(), error) {
 	if url := c.String("nats-url"); url != "" {
-		o := eventplane.ClientOptions{Name: "kvrouter-" + id, User: c.String("nats-user"), Password: c.String("nats-password"),
-			Creds: c.String("nats-creds"), TLSCA: c.String("nats-tls-ca"), TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key")}
 		w := natswatch.New(logger, lost, natswatch.Texts{Who: "the node",
 			Unreachable: "check --nats-url, and that the NATS server is up", Lost: "no event is ingested, and no heartbeat answered,"})
+		o := eventplane.ClientOptions{Name: "kvrouter-" + id, User: c.String("nats-user"), Password: c.String("nats-password"),
+			Creds: c.String("nats-creds"), TLSCA: c.String("nats-tls-ca"), TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key"),
+			OnCredsError: w.CredsError}
 		nc, err := nats.Connect(url, append(o.NATSOptions(), w.Options()...)...)
 		if err != nil {
 			return nil, nil, fmt.Errorf("connect to nats %s: %w", eventplane.RedactURLs(url), err)

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
 	"github.com/urfave/cli/v2"
 
 	"github.com/kvrouter/kvrouter/api/apitest"
@@ -226,6 +228,83 @@ func TestAnExternalNATSConnectionClosedForGoodStopsTheNode(t *testing.T) {
 		t.Fatalf("kvrouter returned %v after %v with its NATS connection closed for good (it is stopped after %v); want %v, as kvagent stops",
 			err, took.Round(time.Millisecond), runFor, natswatch.ErrClosed)
 	}
+}
+
+// TestAnExternalNATSCredsFileGoneBadStopsTheNode: a --nats-creds file
+// that held credentials at the start (checkNATSFiles took it) and holds
+// none when the connection is made again stops the node with an error
+// naming --nats-creds (exit 1), as kvagent stops. From a review: nats.go
+// retries such a file for ever, reporting nothing (natswatch's
+// ClosedHandler never fires), and the node ran on, looking healthy, with
+// an ingester and a heartbeat answerer that heard nothing.
+func TestAnExternalNATSCredsFileGoneBadStopsTheNode(t *testing.T) {
+	s, err := eventplane.StartServer(eventplane.ServerConfig{Name: "ext", Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := strings.TrimPrefix(s.ClientURL(), "nats://")
+	creds := writeCreds(t, t.TempDir())
+	own := s.NumSubscriptions()     // the server's own
+	const runFor = 10 * time.Second // what a node that runs on is stopped after
+	done := make(chan error, 1)
+	go func() {
+		done <- runKvrouterFor(t, runFor, "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t),
+			"--nats-url", s.ClientURL(), "--nats-creds", creds, "--log-level", "error")
+	}()
+	poll(t, "the node's subscriptions", func() bool { return s.NumSubscriptions() > own })
+	if err := os.WriteFile(creds, []byte("not a creds file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.Shutdown()
+	s.WaitForShutdown()
+	// The same server: the node's reconnects read the file again.
+	s2, err := eventplane.StartServer(eventplane.ServerConfig{Name: "ext", Addr: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s2.Shutdown(); s2.WaitForShutdown() }()
+	start := time.Now()
+	err = <-done
+	if took := time.Since(start); err == nil || !strings.Contains(err.Error(), "--nats-creds") {
+		t.Fatalf("kvrouter returned %v after %v with a --nats-creds file gone bad (it is stopped after %v); want an error naming --nats-creds, as kvagent stops",
+			err, took.Round(time.Millisecond), runFor)
+	}
+}
+
+// writeCreds writes a NATS credentials file (a user JWT signed by a new
+// account, and the user's nkey seed, as nsc writes them) into dir and
+// returns its path.
+func writeCreds(t *testing.T, dir string) string {
+	t.Helper()
+	account, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := user.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := jwt.NewUserClaims(pub).Encode(account)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, err := user.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := jwt.FormatUserConfig(tok, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "user.creds")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // TestARestartedMemberWithAnUnclusteredNATSSaysSo: a member of a cluster

@@ -7,7 +7,10 @@
 // credentials twice in a row, when it closes the connection for good. A
 // daemon that can then publish or hear nothing must not run on, looking
 // healthy to its supervisor: a close the owner did not ask for
-// (Watch.Closing) ends it with ErrClosed.
+// (Watch.Closing) ends it with ErrClosed. nats.go never gives up on a
+// credentials file that holds no credentials when it reads it again (it
+// held them at the start): that ends the daemon too, with ErrCreds
+// (Watch.CredsError, the connection's OnCredsError).
 package natswatch
 
 import (
@@ -24,6 +27,20 @@ import (
 // ErrClosed ends a daemon whose NATS connection closed for good.
 var ErrClosed = errors.New("the NATS connection closed for good (nats.go gives up after the server refuses the credentials twice in a row)")
 
+// ErrCreds ends a daemon whose credentials file holds none when a
+// connection is made again, which nats.go would retry for ever.
+var ErrCreds = errors.New("the NATS credentials file cannot be used (it held credentials when the daemon started)")
+
+// Ended is the cause of ctx when a Watch ended it (ErrClosed or
+// ErrCreds: the daemon stops with it, an error), nil otherwise (a
+// signal, or the owner's own end).
+func Ended(ctx context.Context) error {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrClosed) || errors.Is(cause, ErrCreds) {
+		return cause
+	}
+	return nil
+}
+
 // Watch logs a connection made with its Options. Only the first failure
 // of a run of them is logged (at Warn); the connection made, or made
 // again, ends the run (Info).
@@ -34,6 +51,7 @@ type Watch struct {
 
 	failing atomic.Bool // a failure was logged, and no connection made since
 	closing atomic.Bool // the owner closes the connection: its close is no failure
+	badCred atomic.Bool // CredsError logged
 }
 
 // Texts are what a Watch's log lines say of the daemon.
@@ -56,6 +74,19 @@ func New(log *slog.Logger, lost context.CancelCauseFunc, texts Texts) *Watch {
 // Closing marks the owner's own close of the connection, which is then
 // neither a loss nor an end: call it before nats.Conn.Close.
 func (w *Watch) Closing() { w.closing.Store(true) }
+
+// CredsError is the connection's eventplane.ClientOptions.OnCredsError:
+// a credentials file gone bad since the daemon's start fails every try,
+// and nats.go never gives up on it, so the daemon stops (lost, with
+// ErrCreds wrapping err), as when the server refuses the credentials.
+// nats.go calls it at each try until the daemon has stopped: it logs
+// once.
+func (w *Watch) CredsError(err error) {
+	if w.badCred.CompareAndSwap(false, true) {
+		w.log.Error(fmt.Sprintf("the --nats-creds file holds no credentials: %s stops", w.texts.Who), "err", err)
+	}
+	w.lost(fmt.Errorf("%w: %v", ErrCreds, err))
+}
 
 // Options are the connection's handlers, to pass to nats.Connect.
 func (w *Watch) Options() []nats.Option {
