@@ -108,9 +108,14 @@ func app() *cli.App {
 func run(c *cli.Context) error {
 	// Signals are caught from the start: one during a slow start (pinned
 	// memory, a disk pool opening) still closes what was opened. The app's
-	// context ending (a test's) stops the agent as a signal does.
+	// context ending (a test's) stops the agent as a signal does. Once a
+	// signal came, the next one kills the process as a signal does by
+	// default (AfterFunc), as kvrouter's does: a start that hangs (a
+	// backend that never opens, a pinned allocation of many GiB) can
+	// still be stopped.
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	context.AfterFunc(ctx, stop)
 	if err := checkFlags(c); err != nil {
 		return err
 	}

@@ -1,16 +1,20 @@
 package main
 
 import (
+	"bufio"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -246,4 +250,84 @@ func TestGPUProbesLogThroughTheAgentsLogger(t *testing.T) {
 	if s := defaultLog.String(); s != "" {
 		t.Errorf("logged through the default logger:\n%s", s)
 	}
+}
+
+// TestASecondSignalEndsASlowStart: kvagent takes signals from its start,
+// so that one during a slow start (pinned memory, a disk pool opening)
+// still closes what was opened; a second one then ends the process at
+// once, as a signal does by default, so that a start that hangs can still
+// be stopped, as kvrouter's can. The other process runs kvagent with an
+// offload backend whose open hangs (TestHelperStartsSlowly), and is sent
+// SIGINT until it ends. From a review: the signals were caught until Run
+// returned, and a start that hung took every SIGINT and SIGTERM.
+func TestASecondSignalEndsASlowStart(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperStartsSlowly$")
+	cmd.Env = append(os.Environ(), slowStartEnv+"="+strconv.Itoa(freePort(t)))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		select {
+		case <-exited:
+		default:
+			cmd.Process.Kill()
+			<-exited
+		}
+	}()
+	if line, err := bufio.NewReader(out).ReadString('\n'); line != "opening\n" {
+		t.Fatalf("the slow start said %q, %v, want it opening the backend", line, err)
+	}
+	// The first SIGINT is the start's to take (it stops once started); a
+	// later one, once the first was taken, ends the process.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(5 * time.Second)
+	for {
+		if err := cmd.Process.Signal(syscall.SIGINT); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-exited:
+			exited <- err // for the deferred kill
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) {
+				t.Fatalf("kvagent after SIGINTs during a start that hangs: %v, want it killed by SIGINT", err)
+			}
+			if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGINT {
+				t.Errorf("kvagent after SIGINTs during a start that hangs: %v, want it killed by SIGINT", err)
+			}
+			return
+		case <-deadline:
+			t.Fatal("kvagent still runs 5 s into SIGINTs every 100 ms during a start that hangs (in the offload backend's open)")
+		case <-tick.C:
+		}
+	}
+}
+
+// slowStartEnv, set in its environment, makes the test binary run
+// TestHelperStartsSlowly's kvagent, its NATS at the port it holds.
+const slowStartEnv = "KVAGENT_TEST_SLOW_START"
+
+// TestHelperStartsSlowly is TestASecondSignalEndsASlowStart's other
+// process: it runs kvagent with an offload backend whose open says
+// "opening" and hangs for a minute.
+func TestHelperStartsSlowly(t *testing.T) {
+	port := os.Getenv(slowStartEnv)
+	if port == "" {
+		t.Skip("TestASecondSignalEndsASlowStart's helper process")
+	}
+	openBackend = func(backend.Kind, int, *slog.Logger) (backend.Backend, error) {
+		fmt.Println("opening")
+		time.Sleep(time.Minute) // the start that hangs
+		return nil, errors.New("gave up")
+	}
+	_ = app().Run([]string{"kvagent", "--metrics-addr", "", "--log-level", "error", "--worker-id", "1", "--block-size", "4",
+		"--nats-url", "nats://127.0.0.1:" + port, "--offload-socket", filepath.Join(shortTempDir(t), "s"),
+		"--block-bytes", "64", "--host-blocks", "4", "--backend", "host"})
 }
