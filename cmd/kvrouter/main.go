@@ -196,6 +196,9 @@ func run(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit(err.Error(), 2)
 	}
+	if err := checkJoinScheme(via, sec.scheme()); err != nil {
+		return cli.Exit(err.Error(), 2)
+	}
 	if len(peers) > 0 && len(via) > 0 {
 		return cli.Exit("--peers bootstraps a new cluster and --join joins an existing one: give one of them", 2)
 	}
@@ -556,6 +559,29 @@ func parseJoin(s string) ([]string, error) {
 		return nil, fmt.Errorf("--join %q: %v (a member's --http-addr, or a comma-separated list of them)", client.RedactEndpoints(s), err)
 	}
 	return via, nil
+}
+
+// checkJoinScheme refuses a --join entry whose scheme (http:// or
+// https://, in any case) is not scheme, the one this node serves: the
+// nodes of a cluster all serve TLS or none does, and a follower forwards
+// to its leader with its own scheme, so such a node joins no cluster it
+// works with. Taken, it locked its data directory, listened, and asked
+// the members over the other scheme for ever while they did not answer.
+// An entry without a scheme is asked with the node's own.
+func checkJoinScheme(via []string, scheme string) error {
+	for _, e := range via {
+		s, _, ok := strings.Cut(e, "://")
+		if !ok || strings.EqualFold(s, scheme) {
+			continue
+		}
+		if scheme == "https" {
+			return fmt.Errorf("--join %q: this node serves TLS (--tls-cert), and the nodes of a cluster all serve TLS or none does: "+
+				"give the members' https:// addresses, or start this node without --tls-cert as its members run", client.RedactEndpoint(e))
+		}
+		return fmt.Errorf("--join %q: this node serves plain HTTP (no --tls-cert), and the nodes of a cluster all serve TLS or none does: "+
+			"give this node --tls-cert, --tls-key and --tls-ca as its members have, or the members' http:// addresses", client.RedactEndpoint(e))
+	}
+	return nil
 }
 
 // checkAddrs refuses the address flags that cannot be listened on

@@ -1061,6 +1061,37 @@ func TestJoinSchemeInAnyCase(t *testing.T) {
 	}
 }
 
+// TestAJoinSchemeTheNodeDoesNotServeIsAUsageError: the nodes of a
+// cluster all serve TLS, or none does (--tls-ca's usage; docs/operations.md,
+// Security), and a follower forwards to its leader with its own scheme. A
+// node given --tls-cert and a --join entry spelled http:// (or no
+// --tls-cert and an https:// entry) is refused (exit 2, naming --join)
+// before its data directory is touched, as --peers with --join is. From a
+// review: it was taken, and the node locked and populated its directory,
+// listened, and asked the members over the other scheme for ever while
+// they did not answer.
+func TestAJoinSchemeTheNodeDoesNotServeIsAUsageError(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := apitest.WriteSelfSigned(t, dir)
+	for _, args := range [][]string{
+		{"--tls-cert", cert, "--tls-key", key, "--join", "http://" + freeAddr(t)},
+		{"--tls-cert", cert, "--tls-key", key, "--join", "https://" + freeAddr(t) + ",HTTP://" + freeAddr(t)},
+		{"--join", "https://" + freeAddr(t)},
+		{"--join", freeAddr(t) + ",Https://" + freeAddr(t)},
+	} {
+		data := filepath.Join(t.TempDir(), "data")
+		err := runKvrouterFor(t, 3*time.Second, append([]string{"--data-dir", data, "--node-id", "n4", "--http-addr", freeAddr(t),
+			"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "error"}, args...)...)
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.HasPrefix(err.Error(), "--join") {
+			t.Errorf("kvrouter %q: %v, want a usage error (exit 2) naming --join", args, err)
+		}
+		if _, err := os.Stat(data); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("kvrouter %q touched the data directory (%v)", args, err)
+		}
+	}
+}
+
 // TestJoinTakesAListOfMembers: --join takes a comma-separated list of
 // members' HTTP addresses, asked in turn: a node joins through the first
 // that answers. Each entry is checked before the start (exit 2). From a
