@@ -353,6 +353,12 @@ func runReplay(c *cli.Context) error {
 	if mode == "v1" && c.Int("capacity-tokens") < bs {
 		return usagef("--capacity-tokens %d: want at least one block (%d tokens)", c.Int("capacity-tokens"), bs)
 	}
+	// Only v1 uses it, but a negative value is refused in every mode
+	// (docs/sim.md), as --agent-wait is without --live: taken, it read as
+	// a value the replay used.
+	if c.Int("capacity-tokens") < 0 {
+		return usagef("--capacity-tokens %d: want > 0 (used by --mode v1 only)", c.Int("capacity-tokens"))
+	}
 	capBlocks := c.Int("capacity-blocks")
 	if capBlocks == 0 {
 		capBlocks = def.capacityBlocks

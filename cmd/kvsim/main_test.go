@@ -337,6 +337,28 @@ func TestReplayRefusesNegativeAgentWaitWithoutLive(t *testing.T) {
 	}
 }
 
+// TestReplayRefusesANegativeValueOfAFlagTheModeIgnores: docs/sim.md says
+// a value out of range, a negative one included, is refused (exit 2),
+// never replaced by the default, as --agent-wait is refused without --live.
+// From a review: a negative --capacity-tokens (v1's flag) was refused only
+// with --mode v1, and a timed or cache replay given it ran and exited 0.
+func TestReplayRefusesANegativeValueOfAFlagTheModeIgnores(t *testing.T) {
+	trace := genTrace(t)
+	for _, args := range [][]string{
+		{"--capacity-tokens", "-5"},
+		{"--mode", "cache", "--capacity-tokens", "-5"},
+		{"--decode-request-weight", "-1"},
+		{"--overlap-credit", "-1"},
+		{"--prefill-load-scale", "-1"},
+	} {
+		_, err := kvsim(t, append([]string{"replay", "--trace", trace, "--policies", "round_robin", "-o", "bench", "--limit", "5"}, args...)...)
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 {
+			t.Errorf("%v: err %v, want a usage error (exit 2)", args, err)
+		}
+	}
+}
+
 // TestReplayRefusesTimedOnlyFlagsInOtherModes: --concurrency (closed loop)
 // and --engine-speed act only on timed replays. A v1 or cache-only replay
 // given them ran anyway, open loop at 1x and at engine speed 1, and exited
