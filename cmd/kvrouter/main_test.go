@@ -43,6 +43,9 @@ import (
 // kvrouter's: a test that needs a process of its own (signals) runs it so.
 func TestMain(m *testing.M) {
 	if os.Getenv(asProcessEnv) != "" {
+		if os.Getenv(hangLoadEnv) != "" {
+			beforeLoad = func() { time.Sleep(time.Hour) } // a load that hangs
+		}
 		os.Args = append([]string{"kvrouter"}, os.Args[1:]...)
 		main()
 		os.Exit(0)
@@ -1668,6 +1671,70 @@ func TestASecondSignalEndsAShutdownThatHangs(t *testing.T) {
 		}
 	case <-time.After(3 * time.Second):
 		t.Errorf("the process still runs %v after a second SIGTERM during its shutdown (its drain waits %v)", time.Since(start), drainTimeout)
+	}
+}
+
+// hangLoadEnv, set beside asProcessEnv, makes the node's state load hang
+// (beforeLoad).
+const hangLoadEnv = "KVROUTER_TEST_HANG_LOAD"
+
+// TestASecondSignalEndsALoadThatHangs: a SIGTERM that comes while the
+// node loads its state is taken (the node stops once the load is over),
+// and a later one ends the process at once, as a signal does by default,
+// so that a load that hangs can still be stopped. The other process's
+// load hangs (hangLoadEnv); it is sent SIGTERM until it ends. From a
+// review: with the AfterFunc(ctx, stop) taken out, every signal test
+// stayed green, and such a node took every SIGTERM.
+func TestASecondSignalEndsALoadThatHangs(t *testing.T) {
+	httpAddr := freeAddr(t)
+	cmd := exec.Command(os.Args[0], "--data-dir", filepath.Join(t.TempDir(), "data"), "--http-addr", httpAddr,
+		"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "error")
+	cmd.Env = append(os.Environ(), asProcessEnv+"=1", hangLoadEnv+"=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	// /healthz answers from the start of the load (the port listens
+	// before it, and the signals are taken from before that).
+	poll(t, "the load to begin (/healthz answering)", func() bool {
+		r, err := http.Get("http://" + httpAddr + "/healthz")
+		if err != nil {
+			return false
+		}
+		r.Body.Close()
+		return r.StatusCode == http.StatusOK
+	})
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(5 * time.Second)
+	for {
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-exited:
+			exited <- err // for the cleanup
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) {
+				t.Fatalf("the process after SIGTERMs during a load that hangs: %v, want it killed by SIGTERM", err)
+			}
+			if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+				t.Errorf("the process after SIGTERMs during a load that hangs: %v, want it killed by SIGTERM", err)
+			}
+			return
+		case <-deadline:
+			t.Fatal("the process still runs 5 s into SIGTERMs every 100 ms during a load that hangs")
+		case <-tick.C:
+		}
 	}
 }
 
