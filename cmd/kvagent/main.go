@@ -192,6 +192,8 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	if err != nil {
 		return fmt.Errorf("connect to nats %s: %w", eventplane.RedactURLs(c.String("nats-url")), err)
 	}
+	// Deferred before shutdown's: NATS closes after the flush of the last
+	// events, whose acks come back over it (TestNATSClosesAfterTheLastFlush).
 	defer func() {
 		nl.Closing()
 		nc.Close()
@@ -220,7 +222,12 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	// Closed in shutdown's order: the offload side, the flush of the
 	// last events, the publisher.
 	var off io.Closer
-	defer func() { shutdown(a, off, logger) }()
+	defer func() {
+		shutdown(a, off, logger)
+		if shutDown != nil {
+			shutDown(nc)
+		}
+	}()
 	if oc.Socket != "" {
 		o, err := startOffload(oc, a.Ranks(), a, reg, logger)
 		if err != nil {
@@ -244,6 +251,12 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	}
 	return nil
 }
+
+// shutDown, when set (by tests), runs once serve's shutdown has flushed
+// the agent's last events and closed its publisher, before NATS closes
+// (serve's deferred close, registered before): a test checks the order
+// there, the flush needing the connection for its acks.
+var shutDown func(*nats.Conn)
 
 // flushCloser is what shutdown closes of the agent: *agent.Agent.
 type flushCloser interface {
