@@ -1,0 +1,160 @@
+package natswatch
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvrouter/kvrouter/internal/testlog"
+)
+
+// watched is a Watch of "the node" logging to logs, its handlers as
+// nats.Connect would take them, and the context its lost ends.
+type watched struct {
+	w    *Watch
+	logs *testlog.Buffer
+	ctx  context.Context
+	h    nats.Options
+}
+
+func watch(t *testing.T) *watched {
+	t.Helper()
+	logs := &testlog.Buffer{}
+	ctx, lost := context.WithCancelCause(context.Background())
+	t.Cleanup(func() { lost(nil) })
+	w := New(slog.New(slog.NewTextHandler(logs, nil)), lost, Texts{Who: "the node", Unreachable: "check --nats-url", Lost: "nothing is heard"})
+	v := &watched{w: w, logs: logs, ctx: ctx}
+	for _, o := range w.Options() {
+		if err := o(&v.h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return v
+}
+
+// conn is a connection as the handlers are handed one: not connected, no
+// last error.
+var conn = &nats.Conn{}
+
+// TestTheOwnersCloseIsNoLoss: a connection the owner closes (Closing,
+// then nats.Conn.Close, which reports a disconnect and the close) ends
+// nothing and logs nothing: the daemon is stopping.
+func TestTheOwnersCloseIsNoLoss(t *testing.T) {
+	v := watch(t)
+	v.w.Closing()
+	v.h.DisconnectedErrCB(conn, nil)
+	v.h.ClosedCB(conn)
+	if v.ctx.Err() != nil || Ended(v.ctx) != nil {
+		t.Errorf("the owner's close ended the daemon: %v", context.Cause(v.ctx))
+	}
+	if s := v.logs.String(); s != "" {
+		t.Errorf("the owner's close is logged:\n%s", s)
+	}
+}
+
+// TestAConnectionClosedForGoodEndsTheDaemon: a close the owner did not
+// ask for (nats.go gave up after the credentials were refused twice) ends
+// the daemon with ErrClosed, which Ended reports, and is logged as an
+// error naming who stops.
+func TestAConnectionClosedForGoodEndsTheDaemon(t *testing.T) {
+	v := watch(t)
+	v.h.ClosedCB(conn)
+	if err := Ended(v.ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("Ended after a close for good: %v, want %v", err, ErrClosed)
+	}
+	if got := v.logs.Lines("level=ERROR", "closed for good: the node stops"); len(got) != 1 {
+		t.Errorf("a close for good logged %d errors saying the node stops, want 1:\n%s", len(got), v.logs)
+	}
+}
+
+// TestACredsFileGoneBadEndsTheDaemon: CredsError (the connection's
+// OnCredsError, called at each try) ends the daemon with ErrCreds,
+// wrapping the file's error (which names --nats-creds), and logs once.
+func TestACredsFileGoneBadEndsTheDaemon(t *testing.T) {
+	v := watch(t)
+	bad := errors.New(`--nats-creds "u.creds": no user JWT`)
+	v.w.CredsError(bad)
+	v.w.CredsError(bad)
+	err := Ended(v.ctx)
+	if !errors.Is(err, ErrCreds) || !strings.Contains(err.Error(), "--nats-creds") {
+		t.Errorf("Ended after a creds file gone bad: %v, want %v naming --nats-creds", err, ErrCreds)
+	}
+	if got := v.logs.Lines("level=ERROR", "the node stops"); len(got) != 1 {
+		t.Errorf("two tries of a creds file gone bad logged %d errors, want 1:\n%s", len(got), v.logs)
+	}
+}
+
+// TestEndedIsOnlyTheWatchs: a context ended otherwise (a signal, the
+// owner's own end) is not the Watch's: Ended is nil.
+func TestEndedIsOnlyTheWatchs(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	if Ended(ctx) != nil {
+		t.Errorf("Ended of a running context: %v", Ended(ctx))
+	}
+	cancel(errors.New("a signal"))
+	if Ended(ctx) != nil {
+		t.Errorf("Ended of a context cancelled otherwise: %v, want nil", Ended(ctx))
+	}
+}
+
+// TestARunOfFailuresIsLoggedOnce: the tries that fail are logged once
+// per run of them, a refusal of the credentials as such; a lost
+// connection is a warning and starts a run (its reconnect tries are not
+// logged again); a connection made, or made again, ends the run (Info),
+// and the next failure is logged anew.
+func TestARunOfFailuresIsLoggedOnce(t *testing.T) {
+	v := watch(t)
+	unreachable := errors.New("dial tcp 127.0.0.1:4222: connect: connection refused")
+	v.h.ReconnectErrCB(conn, unreachable)
+	v.h.ReconnectErrCB(conn, unreachable)
+	if got := v.logs.Lines("level=WARN", "cannot reach NATS", "check --nats-url"); len(got) != 1 {
+		t.Errorf("two tries that could not reach NATS logged %d warnings, want 1:\n%s", len(got), v.logs)
+	}
+	v.h.ConnectedCB(conn)
+	if got := v.logs.Lines("level=INFO", "connected to NATS"); len(got) != 1 {
+		t.Errorf("the connection made logged %d lines, want 1:\n%s", len(got), v.logs)
+	}
+	v.h.DisconnectedErrCB(conn, errors.New("EOF"))
+	v.h.ReconnectErrCB(conn, unreachable)
+	if got := v.logs.Lines("level=WARN", "lost the NATS connection", "nothing is heard"); len(got) != 1 {
+		t.Errorf("a lost connection logged %d warnings, want 1:\n%s", len(got), v.logs)
+	}
+	if got := v.logs.Lines("cannot reach NATS"); len(got) != 1 {
+		t.Errorf("the reconnect tries after a lost connection logged again (%d lines), want them quiet:\n%s", len(got), v.logs)
+	}
+	v.h.ReconnectedCB(conn)
+	if got := v.logs.Lines("level=INFO", "reconnected to NATS"); len(got) != 1 {
+		t.Errorf("the connection made again logged %d lines, want 1:\n%s", len(got), v.logs)
+	}
+	v.h.ReconnectErrCB(conn, errors.New("nats: authorization violation"))
+	if got := v.logs.Lines("level=WARN", "refused the node's credentials", "--nats-creds"); len(got) != 1 {
+		t.Errorf("a refusal after the connection was made again logged %d warnings, want 1:\n%s", len(got), v.logs)
+	}
+	if v.ctx.Err() != nil {
+		t.Errorf("failures nats.go retries ended the daemon: %v", context.Cause(v.ctx))
+	}
+}
+
+// TestRefused: the errors of credentials (refused by the server, or a
+// creds file nats.go cannot use) are told from a server out of reach.
+func TestRefused(t *testing.T) {
+	for _, c := range []struct {
+		err  string
+		want bool
+	}{
+		{"nats: authorization violation", true},
+		{"nats: Authentication Expired", true},
+		{"nkeys: no nkey seed found", true},
+		{"dial tcp 127.0.0.1:4222: connect: connection refused", false},
+		{"nats: no servers available for connection", false},
+		{"EOF", false},
+	} {
+		if got := Refused(errors.New(c.err)); got != c.want {
+			t.Errorf("Refused(%q) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
