@@ -773,7 +773,8 @@ func checkDurations(c *cli.Context) error {
 // startNATS connects to the external NATS (--nats-url, checked by run)
 // or starts the embedded server and connects to it in process, and
 // returns the connection and what closes it (and the embedded server).
-// The external connection is logged as it comes and goes, and lost is
+// A NATS server not up yet is waited for. The external connection is
+// logged as it comes and goes, and lost is
 // called when nats.go closes it for good, or when the --nats-creds file
 // holds no credentials as it reconnects, which nats.go would retry for
 // ever (natswatch). Its log and errors
@@ -785,7 +786,14 @@ func startNATS(c *cli.Context, id string, logger *slog.Logger, lost context.Canc
 		o := eventplane.ClientOptions{Name: "kvrouter-" + id, User: c.String("nats-user"), Password: c.String("nats-password"),
 			Creds: c.String("nats-creds"), TLSCA: c.String("nats-tls-ca"), TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key"),
 			OnCredsError: w.CredsError}
-		nc, err := nats.Connect(url, append(o.NATSOptions(), w.Options()...)...)
+		// A NATS not up yet (started beside the nodes) is waited for, as a
+		// lost connection is and as kvagent waits for it: the node starts,
+		// hearing nothing until it answers, and the wait is logged (the
+		// first try that fails, the connection made). Failing the start
+		// made the node's supervisor restart it, its state loaded again,
+		// until NATS was up.
+		opts := append(o.NATSOptions(), nats.RetryOnFailedConnect(true))
+		nc, err := nats.Connect(url, append(opts, w.Options()...)...)
 		if err != nil {
 			return nil, nil, fmt.Errorf("connect to nats %s: %w", eventplane.RedactURLs(url), err)
 		}

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -268,6 +270,65 @@ func TestAnExternalNATSCredsFileGoneBadStopsTheNode(t *testing.T) {
 	if took := time.Since(start); err == nil || !strings.Contains(err.Error(), "--nats-creds") {
 		t.Fatalf("kvrouter returned %v after %v with a --nats-creds file gone bad (it is stopped after %v); want an error naming --nats-creds, as kvagent stops",
 			err, took.Round(time.Millisecond), runFor)
+	}
+}
+
+// TestANATSNotUpYetIsWaitedFor: with --nats-url, a NATS server not up
+// yet (started beside the nodes) is waited for, as kvagent waits for it
+// and as a lost connection is: the node starts (ready), logs that it
+// cannot reach NATS, and subscribes once the server is up. From a review:
+// nats.Connect without RetryOnFailedConnect failed the start (exit 1),
+// after the data directory was locked and the ports taken.
+func TestANATSNotUpYetIsWaitedFor(t *testing.T) {
+	addr, httpAddr, dataDir, raftAddr := freeAddr(t), freeAddr(t), t.TempDir(), freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	a := newApp()
+	a.ExitErrHandler = func(*cli.Context, error) {}
+	go func() {
+		done <- a.RunContext(ctx, []string{"kvrouter", "--data-dir", dataDir, "--http-addr", httpAddr, "--raft-addr", raftAddr,
+			"--nats-url", "nats://" + addr, "--log-level", "error"})
+	}()
+	stopped := false
+	t.Cleanup(func() {
+		cancel()
+		if !stopped {
+			<-done
+		}
+	})
+	poll(t, "the node to be ready without NATS", func() bool {
+		select {
+		case err := <-done:
+			stopped = true
+			t.Fatalf("kvrouter with its NATS not up yet: %v, want it to start and wait for NATS", err)
+		default:
+		}
+		r, err := http.Get("http://" + httpAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		r.Body.Close()
+		return r.StatusCode == http.StatusOK
+	})
+	// The server's own subscriptions, counted on one alike that the node
+	// does not reach: the node may subscribe as soon as the other is up.
+	s0, err := eventplane.StartServer(eventplane.ServerConfig{Name: "ext", Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := s0.NumSubscriptions()
+	s0.Shutdown()
+	s0.WaitForShutdown()
+	s, err := eventplane.StartServer(eventplane.ServerConfig{Name: "ext", Addr: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	poll(t, "the node's subscriptions once NATS is up", func() bool { return s.NumSubscriptions() > own })
+	cancel()
+	stopped = true
+	if err := <-done; err != nil {
+		t.Fatalf("kvrouter stopped: %v", err)
 	}
 }
 
