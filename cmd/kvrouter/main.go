@@ -284,7 +284,11 @@ func run(c *cli.Context) error {
 		go func() { serveErr <- shs.Serve(sln) }()
 		logger.Info("selection API listening", "http", sec.scheme()+"://"+sln.Addr().String())
 	}
-	nc, closeNATS, err := startNATS(c, id, logger, lost)
+	// Counted from the connection's start, registered with the others
+	// once the node is up.
+	slowConsumers := prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_nats_slow_consumer_total",
+		Help: "Times a subscription of the node's NATS connection (events, dumps, heartbeats) fell behind and messages were dropped for it, once per episode."})
+	nc, closeNATS, err := startNATS(c, id, logger, lost, slowConsumers)
 	if err != nil {
 		closeServers()
 		return err
@@ -326,7 +330,7 @@ func run(c *cli.Context) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		raftfsm.NewCollector(node), buildInfo())
+		raftfsm.NewCollector(node), buildInfo(), slowConsumers)
 	subject := c.String("events-subject")
 	ing, err := eventplane.NewIngester(eventplane.IngesterConfig{Conn: nc, Node: node, Subject: subject, DumpSubject: subject + ".dump",
 		Linger: c.Duration("events-linger"), UnregisteredGrace: c.Duration("unregistered-grace"), Registerer: reg, Logger: logger})
@@ -773,13 +777,14 @@ func checkDurations(c *cli.Context) error {
 // startNATS connects to the external NATS (--nats-url, checked by run)
 // or starts the embedded server and connects to it in process, and
 // returns the connection and what closes it (and the embedded server).
-// A NATS server not up yet is waited for. The external connection is
-// logged as it comes and goes, and lost is
-// called when nats.go closes it for good, or when the --nats-creds file
-// holds no credentials as it reconnects, which nats.go would retry for
-// ever (natswatch). Its log and errors
-// show no password of --nats-url (eventplane.RedactURLs).
-func startNATS(c *cli.Context, id string, logger *slog.Logger, lost context.CancelCauseFunc) (*nats.Conn, func(), error) {
+// A subscription that falls behind is logged and counted in slow
+// (natswatch.ErrorHandler). A NATS server not up yet is waited for. The
+// external connection is logged as it comes and goes, and lost is called
+// when nats.go closes it for good, or when the --nats-creds file holds no
+// credentials as it reconnects, which nats.go would retry for ever
+// (natswatch). Its log and errors show no password of --nats-url
+// (eventplane.RedactURLs).
+func startNATS(c *cli.Context, id string, logger *slog.Logger, lost context.CancelCauseFunc, slow prometheus.Counter) (*nats.Conn, func(), error) {
 	if url := c.String("nats-url"); url != "" {
 		w := natswatch.New(logger, lost, natswatch.Texts{Who: "the node",
 			Unreachable: "check --nats-url, and that the NATS server is up", Lost: "no event is ingested, and no heartbeat answered,"})
@@ -792,7 +797,7 @@ func startNATS(c *cli.Context, id string, logger *slog.Logger, lost context.Canc
 		// first try that fails, the connection made). Failing the start
 		// made the node's supervisor restart it, its state loaded again,
 		// until NATS was up.
-		opts := append(o.NATSOptions(), nats.RetryOnFailedConnect(true))
+		opts := append(o.NATSOptions(), nats.RetryOnFailedConnect(true), natswatch.ErrorHandler(logger, slow))
 		nc, err := nats.Connect(url, append(opts, w.Options()...)...)
 		if err != nil {
 			return nil, nil, fmt.Errorf("connect to nats %s: %w", eventplane.RedactURLs(url), err)
@@ -801,6 +806,7 @@ func startNATS(c *cli.Context, id string, logger *slog.Logger, lost context.Canc
 		return nc, func() { w.Closing(); nc.Close() }, nil
 	}
 	opts := eventplane.ClientOptions{Name: "kvrouter-" + id, User: c.String("nats-user"), Password: c.String("nats-password")}.NATSOptions()
+	opts = append(opts, natswatch.ErrorHandler(logger, slow))
 	routes, err := natsRoutes(c.String("nats-routes"))
 	if err != nil {
 		return nil, nil, err

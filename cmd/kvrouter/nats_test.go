@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -329,6 +330,39 @@ func TestANATSNotUpYetIsWaitedFor(t *testing.T) {
 	stopped = true
 	if err := <-done; err != nil {
 		t.Fatalf("kvrouter stopped: %v", err)
+	}
+}
+
+// TestSlowConsumersAreCountedOnMetrics: /metrics has
+// kvrouter_nats_slow_consumer_total (natswatch.ErrorHandler counts the
+// episodes of a subscription of the node's NATS connection falling
+// behind, events or heartbeats dropped), from the start, at 0. From a
+// review: neither connection had an ErrorHandler, and nats.go's default
+// wrote such drops to stderr outside the log, counted nowhere.
+func TestSlowConsumersAreCountedOnMetrics(t *testing.T) {
+	httpAddr, dataDir, raftAddr := freeAddr(t), t.TempDir(), freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- newApp().RunContext(ctx, []string{"kvrouter", "--data-dir", dataDir, "--http-addr", httpAddr, "--raft-addr", raftAddr,
+			"--nats-addr", "127.0.0.1:0", "--log-level", "error"})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	pollReady(t, httpAddr)
+	r, err := http.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "\nkvrouter_nats_slow_consumer_total 0\n"; !strings.Contains(string(b), want) {
+		t.Errorf("/metrics has no %q:\n%s", strings.TrimSpace(want), b)
 	}
 }
 

@@ -10,7 +10,8 @@
 // (Watch.Closing) ends it with ErrClosed. nats.go never gives up on a
 // credentials file that holds no credentials when it reads it again (it
 // held them at the start): that ends the daemon too, with ErrCreds
-// (Watch.CredsError, the connection's OnCredsError).
+// (Watch.CredsError, the connection's OnCredsError). ErrorHandler logs
+// and counts a subscription that falls behind, for any connection.
 package natswatch
 
 import (
@@ -22,6 +23,7 @@ import (
 	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // ErrClosed ends a daemon whose NATS connection closed for good.
@@ -125,6 +127,32 @@ func (w *Watch) Options() []nats.Option {
 			w.lost(fmt.Errorf("%w: %v", ErrClosed, nc.LastError()))
 		}),
 	}
+}
+
+// ErrorHandler is the connection's handler of asynchronous errors, to
+// pass to nats.Connect (for any connection: the embedded server's too). A
+// subscription that fell behind, whose messages the client dropped
+// (nats.ErrSlowConsumer: events not ingested, heartbeats not answered),
+// is counted in slow and logged at Warn with its subject and the
+// messages it dropped so far; nats.go reports it once per episode (the
+// next only once the subscription has taken a message again), so the log
+// has a line per episode, not per message. Other errors (a permission the
+// server denied) are logged at Warn. nats.go's default handler wrote
+// them to stderr, outside the log, and counted nothing.
+func ErrorHandler(log *slog.Logger, slow prometheus.Counter) nats.Option {
+	return nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+		subject := ""
+		if sub != nil {
+			subject = sub.Subject
+		}
+		if errors.Is(err, nats.ErrSlowConsumer) {
+			slow.Inc()
+			dropped, _ := sub.Dropped()
+			log.Warn("a NATS subscription fell behind: messages dropped until it catches up", "subject", subject, "dropped", dropped, "err", err)
+			return
+		}
+		log.Warn("NATS reported an error", "subject", subject, "err", err)
+	})
 }
 
 // Refused reports whether a NATS connection error is the credentials'

@@ -6,9 +6,13 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/internal/testlog"
 )
 
@@ -157,4 +161,68 @@ func TestRefused(t *testing.T) {
 			t.Errorf("Refused(%q) = %v, want %v", c.err, got, c.want)
 		}
 	}
+}
+
+// TestASlowConsumerIsCountedAndLoggedOncePerEpisode: a subscription that
+// falls behind (its pending limit reached: the client drops what comes
+// next) is counted and logged once per episode, with its subject, not
+// once per message dropped, and not to stderr outside the log as nats.go's
+// default handler did.
+func TestASlowConsumerIsCountedAndLoggedOncePerEpisode(t *testing.T) {
+	s, err := eventplane.StartServer(eventplane.ServerConfig{Name: "t", Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	logs := &testlog.Buffer{}
+	slow := prometheus.NewCounter(prometheus.CounterOpts{Name: "slow_total"})
+	nc, err := nats.Connect(s.ClientURL(), ErrorHandler(slog.New(slog.NewTextHandler(logs, nil)), slow))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	release, took := make(chan struct{}), make(chan struct{}, 16)
+	sub, err := nc.Subscribe("kv.events", func(*nats.Msg) {
+		took <- struct{}{}
+		<-release
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(1, -1); err != nil {
+		t.Fatal(err)
+	}
+	// One message held by the handler, one pending, the rest dropped.
+	for range 6 {
+		if err := nc.Publish("kv.events", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for count(t, slow) == 0 || len(logs.Lines("fell behind")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no slow consumer counted (%v) and logged in 10 s:\n%s", count(t, slow), logs)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	if n := count(t, slow); n != 1 {
+		t.Errorf("one episode of a slow consumer (4 messages dropped) counted %v times, want 1", n)
+	}
+	if got := logs.Lines("level=WARN", "fell behind", "subject=kv.events"); len(got) != 1 {
+		t.Errorf("one episode of a slow consumer logged %d lines naming its subject, want 1:\n%s", len(got), logs)
+	}
+}
+
+// count is c's value.
+func count(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }
