@@ -1,6 +1,10 @@
 package manager
 
-import "github.com/kvrouter/kvrouter/kvevent"
+import (
+	"time"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+)
 
 // SetBatchHook makes each offload worker call f with its path and the
 // batch's size after it takes a batch and before it runs it (nil: no
@@ -19,9 +23,11 @@ func (m *Manager) SetBatchHook(f func(Path, int)) {
 // copying them into G1 blocks g1, as Onboard does, but with no Onboard call
 // waiting on it: what Close finds when it wins the race with an Onboard's
 // own settle for a chunk still queued, a window too narrow to hit on
-// purpose.
-func (m *Manager) QueueOnboardChunk(hashes []uint64, g1 []int) error {
-	op := &onboardOp{settled: make(chan struct{})}
+// purpose. deadline is the Onboard's (zero: none): one already past is
+// what a worker finds when it takes the chunk before the call woke at its
+// deadline to take it back.
+func (m *Manager) QueueOnboardChunk(hashes []uint64, g1 []int, deadline time.Time) error {
+	op := &onboardOp{settled: make(chan struct{}), deadline: deadline}
 	op.remaining.Store(1)
 	ch := &chunk{op: op, from: kvevent.TierHostPinned}
 	for i, h := range hashes {

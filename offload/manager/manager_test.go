@@ -491,6 +491,66 @@ func TestOnboardReturnsAtDeadlineWhenCopyIntoG1Stalls(t *testing.T) {
 	r.idle()
 }
 
+// An Onboard whose deadline has passed when it is called (or while pin
+// waited on the disk pool) starts no copy into G1: every block TimedOut,
+// no late write, nothing loaded. Its chunks are never queued, so a worker
+// cannot take one before the call takes it back.
+func TestOnboardPastDeadlineStartsNoCopyIntoG1(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 32, cfg: manager.Config{Workers: 2, BatchSize: 1}})
+	reqs := r.compute(0, 1, ids(0, 8)...)
+	r.offload(reqs)
+	r.idle()
+	hs := hashesOf(reqs)
+	// Many tries: the race lost was a worker's against the call's own
+	// wake-up, a few microseconds wide.
+	for try := range 2000 {
+		ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+		res, err := r.m.Onboard(ctx, hs, ids(16, 8))
+		cancel()
+		check(t, err)
+		if !settled(res) {
+			t.Fatalf("try %d: Settled open after an Onboard past its deadline", try)
+		}
+		for i, b := range res.Blocks {
+			if b.Status != manager.TimedOut {
+				t.Fatalf("try %d: block %d %v, want timeout", try, i, b.Status)
+			}
+		}
+	}
+	if s := r.m.Stats().Onboard; s.LateWrites != 0 || s.FromHost != 0 {
+		t.Fatalf("Onboard past its deadline started copies into G1: stats %+v", s)
+	}
+	if p := r.m.Stats().Paths[manager.H2D]; p.Blocks != 0 || p.Failed != 0 {
+		t.Fatalf("H2D copied %+v past the deadline, want nothing", p)
+	}
+	if st := r.host.Stats(); st.Referenced != 0 {
+		t.Fatalf("%d G2 pins left", st.Referenced)
+	}
+}
+
+// A worker that takes a chunk after its Onboard's deadline, before the call
+// woke to take it back, starts no copy into G1: it cancels the chunk and
+// releases its pins itself.
+func TestWorkerPastTheDeadlineStartsNoCopyIntoG1(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 8, cfg: manager.Config{Workers: 1, BatchSize: 2}})
+	reqs := r.compute(0, 1, 0, 1)
+	r.offload(reqs)
+	r.idle()
+	check(t, r.m.QueueOnboardChunk(hashesOf(reqs), []int{10, 11}, time.Now().Add(-time.Millisecond)))
+	r.idle()
+	if p := r.m.Stats().Paths[manager.H2D]; p.Blocks != 0 || p.Failed != 0 {
+		t.Fatalf("H2D %+v for a chunk taken past its deadline, want no copy", p)
+	}
+	for i, id := range []int{10, 11} {
+		if r.holds(id, reqs[i].Hash) {
+			t.Fatalf("G1 block %d was written past its Onboard's deadline", id)
+		}
+	}
+	if st := r.host.Stats(); st.Referenced != 0 {
+		t.Fatalf("%d G2 pins left by the chunk canceled past its deadline", st.Referenced)
+	}
+}
+
 // A disk read still running when Onboard gives up is abandoned: it writes
 // nothing into G1, so it must not hold Settled open (the engine API would
 // answer late, or settled=false for blocks nothing will write). The worker
@@ -653,7 +713,7 @@ func TestCloseReleasesOnboardChunksStillQueued(t *testing.T) {
 		}
 	}()
 	r.gate.waitEntered(t) // the only H2D worker holds the first chunk
-	check(t, r.m.QueueOnboardChunk([]uint64{queued}, []int{11}))
+	check(t, r.m.QueueOnboardChunk([]uint64{queued}, []int{11}, time.Time{}))
 	closed := make(chan error, 1)
 	go func() { closed <- r.m.Close() }()
 	waitFor(t, 10*time.Second, "Close to begin", func() bool {

@@ -85,10 +85,19 @@ func (r Result) Prefix() int {
 }
 
 // An onboardOp is one Onboard call's shared state: remaining counts its
-// chunks not yet settled; the last to settle closes settled.
+// chunks not yet settled; the last to settle closes settled. deadline is
+// the call's: a worker that takes a chunk after it starts no copy (the
+// Onboard call may not have woken to take the chunk back yet).
 type onboardOp struct {
 	remaining atomic.Int32
 	settled   chan struct{}
+	deadline  time.Time
+}
+
+// expired reports whether op's deadline has passed; the zero deadline
+// (a chunk queued with no Onboard call waiting) never does.
+func (op *onboardOp) expired() bool {
+	return !op.deadline.IsZero() && !time.Now().Before(op.deadline)
 }
 
 func (op *onboardOp) finish() {
@@ -101,12 +110,17 @@ func (op *onboardOp) finish() {
 // taken off that path by whoever wins a compare-and-swap:
 //
 //	queued  → canceled   by the Onboard call at its deadline (or Close): it
-//	                     releases the pins; no worker touches the chunk
+//	                     releases the pins; no worker touches the chunk.
+//	                     Or by the worker that took it past the deadline,
+//	                     before the Onboard call woke: the worker releases
+//	                     the pins and counts the chunk settled
 //	running → abandoned  by the Onboard call at its deadline, while a
 //	                     Disk2H worker reads from disk: the Onboard call
 //	                     counts the chunk settled (nothing will be written
 //	                     into G1); the worker releases the pins once its
-//	                     read ends
+//	                     read ends. Or by the worker, its read ended past
+//	                     the deadline: it releases and counts the chunk
+//	                     settled
 //	writing              the copy into G1 is queued: it cannot be recalled;
 //	                     the worker finishes and releases
 //
@@ -172,7 +186,7 @@ func (m *Manager) Onboard(ctx context.Context, hashes []uint64, g1Blocks []int) 
 	m.mu.Unlock()
 
 	res := Result{Blocks: make([]BlockResult, len(hashes))}
-	op := &onboardOp{settled: make(chan struct{})}
+	op := &onboardOp{settled: make(chan struct{}), deadline: deadline}
 	res.Settled = op.settled
 	chunks, seen := m.pin(op, res.Blocks, hashes, g1Blocks)
 	m.see(seen)
@@ -183,6 +197,14 @@ func (m *Manager) Onboard(ctx context.Context, hashes []uint64, g1Blocks []int) 
 		return res, nil
 	}
 	op.remaining.Store(int32(len(chunks)))
+	if op.expired() {
+		// Past the deadline already (it was, or pin waited on the disk
+		// pool's lock across a Pebble delete): queue nothing, so no copy
+		// into G1 starts; settle takes every chunk back as TimedOut.
+		late := m.settle(chunks, res.Blocks, TimedOut)
+		m.finishOnboard(res, late, start)
+		return res, nil
+	}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -467,6 +489,10 @@ func (m *Manager) takeChunk(l *lane) *chunk {
 
 // h2d copies a chunk of G2 blocks into G1.
 func (m *Manager) h2d(c *copier, ch *chunk) {
+	if ch.op.expired() {
+		m.cancelExpired(ch)
+		return
+	}
 	if !ch.state.CompareAndSwap(chQueued, chWriting) {
 		return // canceled: its Onboard released the pins
 	}
@@ -493,9 +519,23 @@ func (m *Manager) h2d(c *copier, ch *chunk) {
 	ch.op.finish()
 }
 
+// cancelExpired takes back a chunk a worker took past its Onboard's
+// deadline, unless the Onboard call did first: no copy into G1 starts
+// after the deadline, even when the call has not woken yet to cancel it.
+func (m *Manager) cancelExpired(ch *chunk) {
+	if ch.state.CompareAndSwap(chQueued, chCanceled) {
+		m.releaseChunk(ch)
+		ch.op.finish()
+	}
+}
+
 // disk2h reads a chunk of G3 blocks into the staging buffer, then, unless
 // its Onboard gave up meanwhile, copies them into G1.
 func (m *Manager) disk2h(c *copier, ch *chunk) {
+	if ch.op.expired() {
+		m.cancelExpired(ch)
+		return
+	}
 	if !ch.state.CompareAndSwap(chQueued, chRunning) {
 		return // canceled: its Onboard released the pins
 	}
@@ -517,6 +557,13 @@ func (m *Manager) disk2h(c *copier, ch *chunk) {
 		}
 	}
 	m.account(Disk2H, read, time.Since(start))
+	if ch.op.expired() && ch.state.CompareAndSwap(chRunning, chAbandoned) {
+		// The read ended past the deadline, before the Onboard call
+		// woke to abandon the chunk: write nothing into G1.
+		m.releaseChunk(ch)
+		ch.op.finish()
+		return
+	}
 	if !ch.state.CompareAndSwap(chRunning, chWriting) {
 		// Abandoned at the deadline: nothing was written into G1, and
 		// the Onboard call counted the chunk settled already.
