@@ -160,12 +160,18 @@ type attachment struct {
 const freeChunk = 4096
 
 // shutdown ends an attachment that is no longer reachable from its slot:
-// it frees every G1 block (a copy still running is discarded, no STORE
-// follows), closes the Manager (copies in flight finish, queued work is
-// dropped, waiting onboards return), waits for the requests still using
-// it, and unmaps the region. A second call waits for the first.
+// it makes the Manager refuse new offloads and onboards, frees every G1
+// block (a copy still running is discarded, no STORE follows), closes the
+// Manager (copies in flight finish, queued work is dropped, waiting
+// onboards return), waits for the requests still using it, and unmaps the
+// region. A second call waits for the first.
 func (a *attachment) shutdown() error {
 	a.once.Do(func() {
+		// Refuse first: a request that took its reference before the
+		// slot let go of the attachment may reach the Manager after the
+		// Free below, and would queue a copy of a block already counted
+		// as freed (a STORE of the old region) or an onboard into one.
+		a.m.Refuse()
 		// In chunks: one slice of every id would be 8 bytes a block again,
 		// on top of the Manager's state.
 		var errs []error

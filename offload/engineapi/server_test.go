@@ -212,6 +212,68 @@ func TestCopyInFlightAtUnregisterStoresNothing(t *testing.T) {
 	}
 }
 
+// heldChecker holds every CheckOffload (which the offload handler runs
+// after it took its reference on the rank's attachment) until open is
+// closed; entered is closed on the first.
+type heldChecker struct {
+	entered chan struct{}
+	open    chan struct{}
+	once    sync.Once
+}
+
+func (c *heldChecker) CheckOffload(kvevent.Rank, uint64, kvevent.Block) error {
+	c.once.Do(func() { close(c.entered) })
+	<-c.open
+	return nil
+}
+
+// An offload request that took the region before an unregister and
+// reaches the Manager only after the shutdown freed every G1 block (before
+// it closed the Manager) is refused: queued in the blocks' new generation,
+// its copy would publish a STORE of the old region's blocks, read from
+// memory the engine no longer vouches for.
+func TestOffloadInFlightAcrossUnregisterStoresNothing(t *testing.T) {
+	c := &heldChecker{entered: make(chan struct{}), open: make(chan struct{})}
+	r := newRig(t, rigConfig{hostCap: 8, checker: c, mgr: manager.Config{Workers: 1, BatchSize: 4}})
+	r.register(0)
+	blocks := r.compute(0, 1, ids(0, 2)...)
+	offDone := make(chan error, 1)
+	go func() {
+		_, err := r.c.Offload(r.ctx(), engineapi.OffloadRequest{DPRank: 0, Blocks: blocks})
+		offDone <- err
+	}()
+	select {
+	case <-c.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the offload never reached the checker")
+	}
+	var offErr error
+	engineapi.SetFreedHook(func() {
+		// The shutdown has freed every block of the region; the offload
+		// request still in its handler goes on now.
+		close(c.open)
+		offErr = <-offDone
+		if offErr == nil {
+			// Queued: give its copy the time to land before Close,
+			// which would drop it still queued.
+			deadline := time.Now().Add(2 * time.Second)
+			for r.sink.count() == 0 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+		}
+	})
+	t.Cleanup(func() { engineapi.SetFreedHook(nil) }) // before the rig's Close, whose shutdowns must not call it
+	if _, err := r.c.Unregister(r.ctx(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if n, used := r.sink.count(), r.host[0].Stats().Used; n != 0 || used != 0 {
+		t.Fatalf("after unregister: %d events published, %d G2 blocks stored from the old region's blocks, all freed before", n, used)
+	}
+	if !errors.Is(offErr, engineapi.ErrNotRegistered) {
+		t.Fatalf("offload across the unregister: %v, want not_registered", offErr)
+	}
+}
+
 // A re-registration whose manager cannot start (the device has no streams
 // left) is refused, and the old registration keeps serving: its manager
 // still offloads from the old region.

@@ -240,6 +240,7 @@ type Manager struct {
 
 	mu        sync.Mutex
 	closed    bool
+	refused   bool            // by Refuse or Close: Offload and Onboard fail with ErrClosed
 	lanes     [NumPaths]*lane // nil for a path the Config does not allow
 	g1s       []g1State       // per G1 block, for the current generation
 	promoting map[uint64]*task
@@ -407,7 +408,7 @@ func (p *Prepared) Start() (*Manager, error) {
 // is discarded). An invalid request changes nothing.
 //
 // The block's STORE event is published by the pool when its copy has
-// finished. Offload fails only with ErrClosed.
+// finished. Offload fails only with ErrClosed (after Refuse or Close).
 func (m *Manager) Offload(reqs []OffloadRequest) (OffloadResult, error) {
 	var (
 		res    OffloadResult
@@ -420,7 +421,7 @@ func (m *Manager) Offload(reqs []OffloadRequest) (OffloadResult, error) {
 		noDisk = !m.diskUp()
 	}
 	m.mu.Lock()
-	if m.closed {
+	if m.refused {
 		m.mu.Unlock()
 		return res, fmt.Errorf("offload: %w", ErrClosed)
 	}
@@ -762,6 +763,18 @@ func (m *Manager) Stats() Stats {
 	return s
 }
 
+// Refuse makes every later Offload and Onboard fail with ErrClosed, as
+// after Close, while the copies queued and running go on until Close. The
+// engine API calls it before it frees every G1 block of a region it is
+// leaving: an Offload or Onboard that reached the Manager between that
+// Free and Close would otherwise queue a copy of (or into) blocks already
+// counted as freed, and a STORE of the old region could follow.
+func (m *Manager) Refuse() {
+	m.mu.Lock()
+	m.refused = true
+	m.mu.Unlock()
+}
+
 // Close stops the workers: tasks still queued are dropped, copies in flight
 // finish first (their STOREs are published), queued onboarding work is
 // canceled (its Onboard calls return at once). It then releases the
@@ -774,7 +787,7 @@ func (m *Manager) Close() error {
 		m.mu.Unlock()
 		return nil
 	}
-	m.closed = true
+	m.closed, m.refused = true, true
 	close(m.closing)
 	var chunks []*chunk
 	for _, l := range m.lanes {

@@ -696,6 +696,28 @@ func TestClosedManagerRefusesWork(t *testing.T) {
 	check(t, r.m.Close())
 }
 
+// After Refuse, Offload and Onboard fail with ErrClosed as after Close,
+// while what was queued before is still copied (until Close): the engine
+// API refuses a region's new work before it frees the region's blocks.
+func TestRefusedManagerRefusesNewWorkAndCopiesWhatWasQueued(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 8, cfg: manager.Config{Workers: 1}})
+	reqs := r.compute(0, 1, 0, 1)
+	r.offload(reqs)
+	r.m.Refuse()
+	if _, err := r.m.Offload(r.compute(0, 1, 2)); !errors.Is(err, manager.ErrClosed) {
+		t.Fatalf("Offload after Refuse: %v, want ErrClosed", err)
+	}
+	if _, err := r.m.Onboard(context.Background(), hashesOf(reqs), []int{10, 11}); !errors.Is(err, manager.ErrClosed) {
+		t.Fatalf("Onboard after Refuse: %v, want ErrClosed", err)
+	}
+	r.idle()
+	if got := r.sink.stored(host); !slices.Equal(got, hashesOf(reqs)) {
+		t.Fatalf("STORE host %v after Refuse, want the blocks queued before %v", got, hashesOf(reqs))
+	}
+	check(t, r.m.Free(0))
+	check(t, r.m.Close())
+}
+
 // Close releases the pins of onboarding chunks still queued that no
 // Onboard call took back: the pools outlive the manager, and a block left
 // referenced there would never be evicted. (An Onboard call settles its own

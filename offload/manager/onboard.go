@@ -165,7 +165,8 @@ type chunk struct {
 // gone), and as a sighting of every block found, which may promote a G2
 // block to G3. It fails, doing nothing, with ErrInvalid when the slices
 // differ in length, a hash is zero or a G1 block is named twice, with
-// ErrBadBlock for an id out of range, and with ErrClosed after Close.
+// ErrBadBlock for an id out of range, and with ErrClosed after Refuse or
+// Close.
 func (m *Manager) Onboard(ctx context.Context, hashes []uint64, g1Blocks []int) (Result, error) {
 	start := time.Now()
 	if err := m.checkOnboard(hashes, g1Blocks); err != nil {
@@ -176,7 +177,7 @@ func (m *Manager) Onboard(ctx context.Context, hashes []uint64, g1Blocks []int) 
 		deadline = start.Add(m.cfg.OnboardTimeout)
 	}
 	m.mu.Lock()
-	if m.closed {
+	if m.refused {
 		m.mu.Unlock()
 		return Result{}, fmt.Errorf("onboard: %w", ErrClosed)
 	}
@@ -206,7 +207,7 @@ func (m *Manager) Onboard(ctx context.Context, hashes []uint64, g1Blocks []int) 
 		return res, nil
 	}
 	m.mu.Lock()
-	if m.closed {
+	if m.refused {
 		m.mu.Unlock()
 		for _, ch := range chunks {
 			ch.state.Store(chCanceled)
