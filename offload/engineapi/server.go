@@ -267,7 +267,9 @@ func (s *Server) addRanks() error {
 				sl.paths = append(sl.paths, manager.H2Disk)
 			}
 		} else {
-			sl.paths = append(sl.paths, manager.D2Disk)
+			// H2D too: an onboard from G3 copies the staging buffer
+			// into G1 on it (counted there, as the metrics list it).
+			sl.paths = append(sl.paths, manager.D2Disk, manager.H2D)
 		}
 		if rp.Disk != nil {
 			bs := rp.Disk.Stats().BlockSize

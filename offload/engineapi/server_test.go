@@ -274,6 +274,31 @@ func TestOffloadInFlightAcrossUnregisterStoresNothing(t *testing.T) {
 	}
 }
 
+// A rank with only a disk pool onboards through a staging buffer, whose
+// copy into G1 is the H2D path's: /v1/stats lists it beside disk2h, with
+// its blocks and bytes, as the metrics do.
+func TestDiskOnlyRankStatsCountTheStagingHopUnderH2D(t *testing.T) {
+	r := newRig(t, rigConfig{diskCap: 16, mgr: manager.Config{Filter: manager.FilterConfig{Always: true}}})
+	r.register(0)
+	blocks := r.compute(0, 1, 0, 1)
+	r.offload(0, blocks)
+	waitFor(t, "the blocks on disk", func() bool {
+		st := r.rankStats(0)
+		return st.Idle() && st.Disk.Used == 2
+	})
+	res, err := r.c.Onboard(r.ctx(), engineapi.OnboardRequest{DPRank: 0, Hashes: hashesOf(blocks), G1Blocks: []int{40, 41}})
+	check(t, err)
+	if res.Loaded != 2 {
+		t.Fatalf("onboard from disk: %+v", res)
+	}
+	paths := r.rankStats(0).Manager.Paths
+	for _, p := range []string{"disk2h", "h2d"} {
+		if got, ok := paths[p]; !ok || got.Blocks != 2 || got.Bytes != 2*bs {
+			t.Fatalf("disk-only rank's %s stats: %+v (listed %v), want 2 blocks, %d bytes", p, got, ok, 2*bs)
+		}
+	}
+}
+
 // A re-registration whose manager cannot start (the device has no streams
 // left) is refused, and the old registration keeps serving: its manager
 // still offloads from the old region.

@@ -39,7 +39,7 @@ const (
 	// H2Disk copies G2 → G3: the promotion of blocks seen often enough.
 	H2Disk
 	// H2D copies G2 → G1: onboarding (also the second hop of a G3 block,
-	// from the staging buffer).
+	// from the staging buffer, with or without a G2 pool).
 	H2D
 	// Disk2H reads G3 → a host staging buffer, the first hop of onboarding
 	// a block only G3 holds.
@@ -726,7 +726,9 @@ type OnboardStats struct {
 
 // Stats is a snapshot of a Manager's counters.
 type Stats struct {
-	// Paths is indexed by Path; a path the Config does not allow stays zero.
+	// Paths is indexed by Path; a path the Config does not allow stays
+	// zero. H2D is allowed with either pool: without G2 it counts the
+	// second hop of an onboard from G3 (staging buffer → G1).
 	Paths [NumPaths]PathStats
 	// Offload requests: Invalid refused, NoPriority not written through,
 	// Duplicates already offloaded, Cold (without G2) below the filter's

@@ -1007,6 +1007,29 @@ func TestSameHashBusyInACopyThatStoresNothingIsNotADuplicate(t *testing.T) {
 // A block only G3 holds is pinned once when Onboard finds it: its read into
 // the staging buffer is part of that use, not a second hit, and the filter
 // sees it once.
+// Without a G2 pool, an onboard from G3 still copies the staging buffer
+// into G1 on the H2D path (Stats.Paths says H2D is allowed with either
+// pool): its blocks and bytes are counted there, beside Disk2H's read.
+func TestDiskOnlyManagerCountsTheStagingHopUnderH2D(t *testing.T) {
+	r := newRig(t, rigConfig{diskCap: 16, cfg: manager.Config{Filter: manager.FilterConfig{Always: true}}})
+	reqs := r.compute(0, 1, 0, 1)
+	r.offload(reqs)
+	r.idle()
+	res := onboard(t, r.m, hashesOf(reqs), []int{10, 11})
+	if res.Loaded() != 2 {
+		t.Fatalf("onboard from disk: %+v", res.Blocks)
+	}
+	s := r.m.Stats().Paths
+	for _, p := range []manager.Path{manager.Disk2H, manager.H2D} {
+		if s[p].Blocks != 2 || s[p].Bytes != 2*bs || s[p].Failed != 0 {
+			t.Fatalf("disk-only manager: Paths[%v] = %+v, want 2 blocks, %d bytes", p, s[p], 2*bs)
+		}
+	}
+	if s[manager.D2H] != (manager.PathStats{}) || s[manager.H2Disk] != (manager.PathStats{}) {
+		t.Fatalf("disk-only manager: D2H %+v, H2Disk %+v, want zero (paths it does not allow)", s[manager.D2H], s[manager.H2Disk])
+	}
+}
+
 func TestDiskOnlyOnboardCountsOneHitAndOneSighting(t *testing.T) {
 	// HalfLife 4: a, b offloaded (2 sightings), a onboarded (3). A second
 	// sighting of that onboard would reach 4 and halve every count, and
