@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -190,10 +191,12 @@ func (g *gated) waitEntered(t testing.TB) []backend.Copy {
 // that stalls. entered is signalled on each read held. Pebble's own reads
 // (a compaction's, started by the tables the pool's writes flush) pass:
 // held too, one of them could signal entered before any copy read, and a
-// test would go on while its copy had not started.
+// test would go on while its copy had not started. While failing is set,
+// those block reads fail with EIO instead: a disk that cannot be read.
 type readGate struct {
 	vfs.FS
 	armed   atomic.Bool
+	failing atomic.Bool
 	entered chan struct{}
 	open    chan struct{}
 	once    sync.Once
@@ -217,7 +220,11 @@ func (g *readGate) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
 }
 
 func (f gatedFile) ReadAt(p []byte, off int64) (int, error) {
-	if f.g.armed.Load() && bytes.Contains(debug.Stack(), []byte("pool.(*DiskPool).read(")) {
+	armed, failing := f.g.armed.Load(), f.g.failing.Load()
+	if (armed || failing) && bytes.Contains(debug.Stack(), []byte("pool.(*DiskPool).read(")) {
+		if failing {
+			return 0, syscall.EIO
+		}
 		select {
 		case f.g.entered <- struct{}{}:
 		default:

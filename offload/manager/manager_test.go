@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -600,6 +601,97 @@ func TestAbandonedDiskReadLeavesSettledClosed(t *testing.T) {
 	r.idle()
 	if r.holds(3, h) {
 		t.Fatal("the abandoned read was copied into G1")
+	}
+}
+
+// A G1 region whose file the engine cut short (a restarted engine that
+// re-created it): every copy out of or into G1 fails (backend.ErrFault).
+// A failed copy out of G1 stores nothing (no STORE, no pool block) and
+// leaves the block offloadable again; a failed copy into G1 (from G2, or
+// from G3's staging buffer) reports Failed, never Loaded, and releases its
+// pins.
+func TestCopyFailuresStoreNothingAndLoadNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rc   rigConfig
+		path manager.Path // the copy out of G1
+		tier kvevent.Tier
+	}{
+		{"G2", rigConfig{hostCap: 16, cfg: manager.Config{Workers: 1, BatchSize: 4}}, manager.D2H, host},
+		{"G3 only", rigConfig{diskCap: 16, cfg: manager.Config{Workers: 1, BatchSize: 4,
+			Filter: manager.FilterConfig{Always: true}}}, manager.D2Disk, disk},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, tc.rc)
+			pinned := func() int {
+				if r.host != nil {
+					return r.host.Stats().Referenced
+				}
+				return r.disk.Stats().Referenced
+			}
+			keep := r.compute(0, 1, 0, 1)
+			r.offload(keep)
+			r.idle()
+			reqs := r.compute(0, 1, 2, 3)
+			check(t, os.Truncate(r.g1.path, 0)) // every copy touching G1 now fails
+			r.offload(reqs)
+			r.idle()
+			if p := r.m.Stats().Paths[tc.path]; p.Failed != 2 || p.Blocks != 2 {
+				t.Fatalf("%v after the region was cut: %+v, want 2 failed, 2 copied (before)", tc.path, p)
+			}
+			if got := r.sink.stored(tc.tier); len(got) != 2 {
+				t.Fatalf("STORE %v for %v after failed copies, want only the 2 copied before", tc.tier, got)
+			}
+			res := onboard(t, r.m, hashesOf(keep), []int{10, 11})
+			for i, b := range res.Blocks {
+				if b.Status != manager.Failed || b.Err == nil {
+					t.Fatalf("onboard into a cut region: block %d %v (err %v), want Failed", i, b.Status, b.Err)
+				}
+			}
+			if p := r.m.Stats().Paths[manager.H2D]; p.Failed != 2 {
+				t.Fatalf("H2D after an onboard into a cut region: %+v, want 2 failed", p)
+			}
+			if n := pinned(); n != 0 {
+				t.Fatalf("%d pins left after a failed onboard", n)
+			}
+			check(t, os.Truncate(r.g1.path, int64(64*bs)))
+			if res := r.offload(reqs); res.Queued != 2 {
+				t.Fatalf("offload again after the failed copies: %+v, want 2 queued", res)
+			}
+			r.idle()
+			if got := r.sink.stored(tc.tier); len(got) != 4 {
+				t.Fatalf("STORE %v for %v, want 4", tc.tier, got)
+			}
+		})
+	}
+}
+
+// A G3 block whose read fails (an I/O error) is Failed with the read's
+// error: its G1 block gets nothing of the staging buffer (which holds
+// whatever the worker read before), and its pin is released.
+func TestOnboardOfABlockTheDiskCannotReadLoadsNothing(t *testing.T) {
+	fs := newReadGate()
+	r := newRig(t, rigConfig{diskCap: 8, diskFS: fs, cfg: manager.Config{Workers: 1, BatchSize: 2}})
+	reqs := r.compute(0, 1, 0, 1)
+	for _, q := range reqs {
+		check(t, r.disk.Register(pool.Block{Hash: q.Hash, Local: q.Local}, r.g1.block(q.G1Block)))
+	}
+	fs.failing.Store(true)
+	res := onboard(t, r.m, hashesOf(reqs), []int{10, 11})
+	fs.failing.Store(false)
+	for i, b := range res.Blocks {
+		if b.Status != manager.Failed || !errors.Is(b.Err, syscall.EIO) {
+			t.Fatalf("onboard of a block the disk cannot read: block %d %v (err %v), want Failed with EIO", i, b.Status, b.Err)
+		}
+		if r.holds(10+i, reqs[i].Hash) {
+			t.Fatalf("block %d: a failed read was copied into G1", i)
+		}
+	}
+	if p := r.m.Stats().Paths; p[manager.Disk2H].Failed != 2 || p[manager.H2D].Blocks != 0 {
+		t.Fatalf("Disk2H %+v, H2D %+v: want 2 failed reads and no copy into G1", p[manager.Disk2H], p[manager.H2D])
+	}
+	if st := r.disk.Stats(); st.Referenced != 0 {
+		t.Fatalf("%d G3 pins left after a failed read", st.Referenced)
 	}
 }
 
