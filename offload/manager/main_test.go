@@ -349,7 +349,7 @@ func newRig(t *testing.T, rc rigConfig) *rig {
 	cfg.Rank, cfg.Backend, cfg.G1, cfg.Host, cfg.Disk, cfg.Registerer = rank, be, mp.Region, r.host, r.disk, r.reg
 	r.m, err = manager.New(cfg)
 	check(t, err)
-	t.Cleanup(func() { check(t, r.m.Close()) })
+	t.Cleanup(func() { r.close(t) })
 	if r.gate != nil {
 		t.Cleanup(r.gate.release) // runs before Close: a held copy would block it
 	}
@@ -357,6 +357,29 @@ func newRig(t *testing.T, rc rigConfig) *rig {
 		t.Cleanup(rc.diskFS.release) // runs before Close: a held read would block it
 	}
 	return r
+}
+
+// closeWait bounds the rig's Close at the end of a test.
+const closeWait = 30 * time.Second
+
+// close closes the manager at the end of a test, failing it when Close
+// does not return within closeWait. A test goroutine that panics runs its
+// cleanups before the panic goes on: after a panic with the manager's lock
+// held, Close would wait for that lock until the binary's -timeout (ten
+// minutes by default) instead of letting the panic end the binary now.
+func (r *rig) close(t *testing.T) {
+	closed := make(chan error, 1)
+	go func() { closed <- r.m.Close() }()
+	timer := time.NewTimer(closeWait)
+	defer timer.Stop()
+	select {
+	case err := <-closed:
+		check(t, err)
+	case <-timer.C:
+		// Errorf, not Fatalf: a Goexit here would swallow the panic
+		// that may be why Close is stuck.
+		t.Errorf("Close did not return within %v (a panic with the manager's lock held?)", closeWait)
+	}
 }
 
 // compute plays the engine computing a chain of n blocks into G1 blocks
