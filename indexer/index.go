@@ -55,8 +55,8 @@ type Counters struct {
 	UnknownRemoves  uint64 // removes of a hash the rank does not hold
 	Malformed       uint64 // events rejected whole by Validate
 	OrphansHeld     uint64 // stores held for a missing parent
-	OrphansApplied  uint64 // held stores applied once their parent arrived
-	OrphansDropped  uint64 // held stores dropped (bound, age, or removed first)
+	OrphansApplied  uint64 // held stores applied (a block or more) once their parent arrived
+	OrphansDropped  uint64 // held stores dropped or cut (bound, age, removed first, a name taken since)
 	Remapped        uint64 // engine hashes that moved to another node
 	CapacityEvicted uint64 // entries dropped because a rank exceeded capacity
 	// NameCollisions counts stores cut short at a block whose new node's
@@ -112,10 +112,12 @@ type Index struct {
 
 // ApplyReport is what ApplyBatchReport tells of a batch beyond the events.
 type ApplyReport struct {
-	// Adopted has the engine hash of every block of every held orphan
-	// store the batch applied, of any rank (a store held because its
-	// parent was unknown, applied once an event made the parent known):
-	// blocks the index now holds that the events do not name. At most the
+	// Adopted has the engine hash of every block stored of every held
+	// orphan store the batch applied, of any rank (a store held because
+	// its parent was unknown, applied once an event made the parent
+	// known): blocks the index now holds that the events do not name. A
+	// block the adoption cut (a name taken since, a name collision) and
+	// the rest of its store are not listed: not held. At most the
 	// orphan buffer's blocks (Config.OrphanMaxBlocks) per event.
 	Adopted []uint64
 	// Renamed has every block a rank held under one engine hash that a
@@ -298,7 +300,9 @@ func (ix *Index) applyLocked(ev *kvevent.Event, now int64) {
 }
 
 // store applies a Stored chain. When the parent is unknown the chain is
-// held in the rank's orphan buffer (if hold is set) instead.
+// held in the rank's orphan buffer (if hold is set) instead. Unset, the
+// chain is a held store being adopted (adoptOrphans), which takes no name
+// the rank has given otherwise (takesAName).
 func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH uint64, blocks []kvevent.Block, now int64, hold bool) bool {
 	parent := &ix.root
 	if hasParent {
@@ -314,6 +318,21 @@ func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH u
 	stored := len(blocks)
 	for i, b := range blocks {
 		c := parent.child(b.LocalHash)
+		if !hold && ix.takesAName(rs, c, b.EngineHash) {
+			// An adopted store (hold unset: adoptOrphans) is older than
+			// every event applied since it was held, and the name it would
+			// take was given since, as far as the index can tell: by the
+			// store that made its parent known or one before it. Taken,
+			// the newest name lost to an older one (a remove of it then
+			// missed, and the block stayed), or the block the engine
+			// stored last under the hash was dropped for the older one.
+			// So the held chain is cut there, as a remove cuts it
+			// (orphan.go): that block and the rest of the event, which
+			// hang below it, are not stored.
+			ix.counters.OrphansDropped++
+			stored = i
+			break
+		}
 		if c == nil {
 			seq := b.LocalHash
 			if parent != &ix.root {
@@ -343,9 +362,16 @@ func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH u
 			}
 		}
 		ix.setBit(rs, c, b.EngineHash, t)
+		if !hold && ix.report != nil {
+			// Only the blocks stored: a cut one is not held.
+			ix.report.Adopted = append(ix.report.Adopted, b.EngineHash)
+		}
 		parent = c
 	}
 	ix.counters.StoredBlocks += uint64(stored)
+	if !hold && stored > 0 {
+		ix.counters.OrphansApplied++
+	}
 	if len(rs.orphans) > 0 {
 		ix.adoptOrphans(rs, now)
 	}
@@ -353,6 +379,19 @@ func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH u
 		ix.evictOldest(rs, t, rs.count[t]-rs.cap[t])
 	}
 	return true
+}
+
+// takesAName reports whether storing eh at n (nil: a node not made yet)
+// would take a name the rank has given otherwise: rename n, which it holds
+// under another engine hash, or move eh, which names another node.
+func (ix *Index) takesAName(rs *rankState, n *node, eh uint64) bool {
+	if n != nil {
+		if i := n.find(rs.slot); i >= 0 {
+			return n.holders[i].eh != eh
+		}
+	}
+	_, ok := rs.blocks.get(eh)
+	return ok // and not n, which the rank does not hold
 }
 
 // setBit records that rank rs holds node n under engine hash eh in tier t.

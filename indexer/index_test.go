@@ -580,6 +580,64 @@ func TestRemoveCutsEveryHeldStoreOfTheBlock(t *testing.T) {
 	}
 }
 
+// TestAdoptedStoreDoesNotUndoALaterRename: a held store is older than
+// every event applied after it was held. Adopted after a later store
+// named the same block otherwise, it took its older name back ("the
+// newest name wins" inverted): the engine's remove of the newest name
+// then missed, and the index kept a block the engine had dropped. It is
+// cut at that block instead, as a remove cuts it, no resync asked.
+func TestAdoptedStoreDoesNotUndoALaterRename(t *testing.T) {
+	ix := New(Config{})
+	b := func(eh, local uint64) kvevent.Block { return kvevent.Block{EngineHash: eh, LocalHash: local} }
+	mustApply(t, ix,
+		stored(rk1, dev, []kvevent.Block{b(1, 101)}),
+		storedUnder(rk1, dev, 7, []kvevent.Block{b(5, 113), b(6, 114)}), // held: 7 unknown
+		storedUnder(rk1, dev, 1, []kvevent.Block{b(7, 112), b(9, 113)}), // newest word: 113 under 7 is 9
+		removed(rk1, dev, 9), // the engine drops 9
+	)
+	if got := find(ix, ViewDedup, []uint64{101, 112, 113, 114})[rk1][dev]; got != 2 {
+		t.Fatalf("rank matches %d blocks of [101 112 113 114] after the engine removed the third, want 2 (holds 5: %v)", got, ix.Holds(rk1, 5))
+	}
+	if c := ix.Counters(); c.OrphansDropped != 1 || c.OrphansApplied != 0 || c.Remapped != 0 || c.UnknownRemoves != 0 {
+		t.Fatalf("counters %+v: want the held store dropped, none applied, no rename, the remove known", c)
+	}
+	if len(ix.NeedsResync()) != 0 {
+		t.Fatal("a held store cut for a newer name asks a resync")
+	}
+}
+
+// TestAdoptedStoreDoesNotUndoALaterRemap: a held store adopted after a
+// later store gave one of its engine hashes to another block moved the
+// hash back: the block the engine stored last was dropped, and one it no
+// longer named was back, with no resync asked. The held chain is cut at
+// that block, with the rest of it; what it stored before stays.
+func TestAdoptedStoreDoesNotUndoALaterRemap(t *testing.T) {
+	ix := New(Config{})
+	b := func(eh, local uint64) kvevent.Block { return kvevent.Block{EngineHash: eh, LocalHash: local} }
+	var rep ApplyReport
+	ix.ApplyBatchReport([]kvevent.Event{
+		*stored(rk1, dev, []kvevent.Block{b(1, 101)}),
+		*storedUnder(rk1, dev, 7, []kvevent.Block{b(4, 113), b(5, 114), b(6, 115)}), // held: 7 unknown
+		*stored(rk1, dev, []kvevent.Block{b(5, 120)}),                               // later: 5 names a root block 120
+		*storedUnder(rk1, dev, 1, []kvevent.Block{b(7, 112)}),                       // the parent arrives: the held store is adopted
+	}, 0, &rep)
+	if m := find(ix, ViewDedup, []uint64{120}); m[rk1][dev] != 1 {
+		t.Errorf("the block stored last (5 = root 120) is gone: matches %v", m)
+	}
+	if m := find(ix, ViewDedup, []uint64{101, 112, 113, 114, 115})[rk1][dev]; m != 3 {
+		t.Errorf("rank matches %d of [101 112 113 114 115], want 3 (the held store's 4, cut at 5)", m)
+	}
+	if !slices.Equal(rep.Adopted, []uint64{4}) {
+		t.Errorf("adopted %v, want [4]: the blocks cut are not held", rep.Adopted)
+	}
+	if c := ix.Counters(); c.OrphansDropped != 1 || c.OrphansApplied != 1 || c.Remapped != 0 {
+		t.Errorf("counters %+v: want the held store applied and cut, nothing remapped", c)
+	}
+	if len(ix.NeedsResync()) != 0 {
+		t.Error("a held store cut for a newer name asks a resync")
+	}
+}
+
 func TestMalformedEventChangesNothing(t *testing.T) {
 	ix := New(Config{})
 	mustApply(t, ix, stored(rk1, dev, chain(1, 2)))

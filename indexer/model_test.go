@@ -175,6 +175,11 @@ func (m *model) store(mr *mRank, t kvevent.Tier, hasParent bool, parent uint64, 
 	for _, b := range blocks {
 		path = append(path, b.LocalHash)
 		key := pathKey(path)
+		if !hold && m.takesAName(mr, key, b.EngineHash) {
+			// An adopted store is older than whatever gave the name: it
+			// is cut here, with the rest of its blocks.
+			break
+		}
 		if e, ok := mr.blocks[b.EngineHash]; ok && pathKey(e.path) != key {
 			delete(mr.blocks, b.EngineHash)
 		}
@@ -206,6 +211,17 @@ func (m *model) store(mr *mRank, t kvevent.Tier, hasParent bool, parent uint64, 
 		i = 0
 	}
 	m.enforce(mr, t)
+}
+
+// takesAName reports whether storing eh at the path would move eh from
+// another path or rename the path, held under another engine hash.
+func (m *model) takesAName(mr *mRank, key string, eh uint64) bool {
+	for h, e := range mr.blocks {
+		if (h == eh) != (pathKey(e.path) == key) {
+			return true
+		}
+	}
+	return false
 }
 
 // setCapacity sets the rank's capacity (creating it) and enforces it in

@@ -23,6 +23,10 @@ import (
 // first, so its descendants are gone too); the cut is counted as dropped
 // but needs no resync. A capacity trim cuts nothing here: the engine did
 // not remove the block, and a held store of it is the engine's later word.
+// An adopted store is older than every event applied since it was held,
+// so it takes no name the rank has given since: where a block of it would
+// rename a block or move an engine hash (store, takesAName), the chain is
+// cut there too, counted as dropped, with no resync asked.
 //
 // Times are the callers' (the leader's stamp on each Raft entry), and go
 // back at a leader change to a clock behind, or at a clock step. The
@@ -186,14 +190,11 @@ func (ix *Index) adoptOrphans(rs *rankState, now int64) {
 		if len(rs.orphans) == 0 {
 			rs.orphans = nil
 		}
-		ix.counters.OrphansApplied++
 		ix.markDirty(rs)
-		if ix.report != nil {
-			for _, b := range o.blocks {
-				ix.report.Adopted = append(ix.report.Adopted, b.EngineHash)
-			}
-		}
-		// store re-enters adoptOrphans for what this one resolves.
+		// store counts the store applied and reports its blocks
+		// (ApplyReport.Adopted): those it stores, not those it cuts
+		// (a name taken since, a name collision). It re-enters
+		// adoptOrphans for what this one resolves.
 		ix.store(rs, o.tier, true, o.parent, o.blocks, now, false)
 		i = 0
 	}
