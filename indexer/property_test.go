@@ -18,6 +18,8 @@ var (
 	propWorkers = []uint64{1, 2, 3}
 	propLocals  = []uint64{11, 12, 13, 14}
 	propHashes  = rapid.Uint64Range(1, 10)
+	// propAllHashes is every hash propHashes draws.
+	propAllHashes = []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
 	// propHotHashes draws half its hashes from the first three.
 	propHotHashes = rapid.OneOf(rapid.Uint64Range(1, 3), propHashes)
 )
@@ -76,6 +78,18 @@ func genStep() *rapid.Generator[step] {
 		switch k := rapid.IntRange(0, 22).Draw(t, "kind"); {
 		case k < 12:
 			s.ev.Kind = kvevent.KindStored
+			if rapid.IntRange(0, 15).Draw(t, "big") == 0 {
+				// A store longer than the orphan buffer's bound (propCfg's
+				// OrphanMaxBlocks, 8): held, it is dropped at once and asks
+				// a resync (holdOrphan). Its hashes are all the universe's,
+				// each once, or it would be malformed.
+				hs := rapid.Permutation(propAllHashes).Draw(t, "big hashes")
+				for _, h := range hs[:propCfg.OrphanMaxBlocks+1] {
+					s.ev.Blocks = append(s.ev.Blocks, kvevent.Block{EngineHash: h, LocalHash: rapid.SampledFrom(propLocals).Draw(t, "local")})
+				}
+				s.ev.HasParent, s.ev.Parent = rapid.Bool().Draw(t, "hasParent"), hs[len(hs)-1]
+				return s
+			}
 			n := rapid.IntRange(1, 4).Draw(t, "n")
 			for i := 0; i < n; i++ {
 				s.ev.Blocks = append(s.ev.Blocks, kvevent.Block{
