@@ -349,6 +349,63 @@ func TestApplyBatchReportNamesTheBlocksARemapCutsOff(t *testing.T) {
 	}
 }
 
+// TestApplyBatchReportReportsAcrossChunks: ApplyBatchReport lets other
+// writers in between chunks (Config.ApplyChunk), taking the report away
+// while the lock is free; it reports what the chunks after the first do
+// too: an adoption, a rename and a cut, each in a chunk of its own.
+func TestApplyBatchReportReportsAcrossChunks(t *testing.T) {
+	ix := New(Config{ApplyChunk: 1})
+	mustApply(t, ix, storedUnder(rk1, dev, 2, chain(3)), stored(rk1, host, chain(5)), stored(rk1, dev, chain(6, 7)))
+	var rep ApplyReport
+	ix.ApplyBatchReport([]kvevent.Event{
+		*stored(rk1, dev, chain(9)),
+		*stored(rk1, dev, chain(1, 2)),                                        // adopts 3
+		*stored(rk1, host, []kvevent.Block{{EngineHash: 51, LocalHash: 105}}), // renames 5
+		*removed(rk1, dev, 6),                                                 // cuts 7 off
+	}, 0, &rep)
+	if !slices.Equal(rep.Adopted, []uint64{3}) {
+		t.Errorf("adopted %v, want [3]", rep.Adopted)
+	}
+	if want := (Rename{Rank: rk1, Old: 5, New: 51, Tiers: host.Bit()}); len(rep.Renamed) != 1 || rep.Renamed[0] != want {
+		t.Errorf("renamed %+v, want [%+v]", rep.Renamed, want)
+	}
+	if want := (Cut{Rank: rk1, Parent: 6, ParentLocal: 106, EngineHash: 7, Local: 107, Tiers: dev.Bit()}); len(rep.Cut) != 1 || rep.Cut[0] != want {
+		t.Errorf("cut %+v, want [%+v]", rep.Cut, want)
+	}
+}
+
+// TestRemapOfABlockCutOffBeforeReportsNoCut: a store that moves an engine
+// hash off a block whose parent the rank stopped holding reports nothing
+// below it: what the rank holds there was reported cut when the parent
+// went, as for a remove of it (reachable).
+func TestRemapOfABlockCutOffBeforeReportsNoCut(t *testing.T) {
+	ix := New(Config{})
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2, 3)), removed(rk1, dev, 1))
+	var rep ApplyReport
+	ix.ApplyBatchReport([]kvevent.Event{*stored(rk1, dev, []kvevent.Block{{EngineHash: 2, LocalHash: 77777}})}, 0, &rep)
+	if len(rep.Cut) != 0 {
+		t.Fatalf("a remap of a block cut off before reports %+v", rep.Cut)
+	}
+	if local, ok := ix.HeldAs(rk1, 2); !ok || local != 77777 {
+		t.Fatalf("HeldAs(2) = %d, %v: want the new block's content hash", local, ok)
+	}
+}
+
+// TestOrphanIsHeldForTheTTLExactly: a held store is dropped once it has
+// waited longer than the TTL, not when it has waited the TTL.
+func TestOrphanIsHeldForTheTTLExactly(t *testing.T) {
+	ix := New(Config{OrphanTTL: time.Second})
+	mustApply(t, ix, storedUnder(rk1, dev, 2, chain(3))) // held at 0
+	ix.ExpireOrphans(int64(time.Second))
+	if s := ix.Stats(); s.OrphanEvents != 1 || len(ix.NeedsResync()) != 0 {
+		t.Fatalf("after the TTL: %d held stores, resync %v; want it still held", s.OrphanEvents, ix.NeedsResync())
+	}
+	ix.ExpireOrphans(int64(time.Second) + 1)
+	if s := ix.Stats(); s.OrphanEvents != 0 || len(ix.NeedsResync()) != 1 {
+		t.Fatalf("past the TTL: %d held stores, resync %v; want it dropped and a resync", s.OrphanEvents, ix.NeedsResync())
+	}
+}
+
 func TestOrphanPastItsAgeIsDroppedAndAsksForResync(t *testing.T) {
 	ix := New(Config{OrphanTTL: time.Second})
 	if err := ix.Apply(storedUnder(rk1, dev, 2, chain(3)), 0); err != nil {
@@ -848,6 +905,22 @@ func TestReplaceRankSwapsStateAtomically(t *testing.T) {
 	}
 	if got := find(ix, ViewDedup, locals(1, 2, 3)); got[rk2][dev] != 1 || len(got) != 1 {
 		t.Fatalf("the old state of A must be gone, B kept: %v", got)
+	}
+}
+
+// TestReplaceRankHoldsAChildBeforeItsParent: a dump's store of a block
+// whose parent comes later in the dump is held and adopted once the
+// parent is stored, as an event's would be, not dropped.
+func TestReplaceRankHoldsAChildBeforeItsParent(t *testing.T) {
+	ix := New(Config{})
+	if bad := ix.ReplaceRank(rk1, []kvevent.Event{*storedUnder(rk1, dev, 2, chain(3)), *storedUnder(rk1, dev, 1, chain(2)), *stored(rk1, dev, chain(1))}, 0); bad != 0 {
+		t.Fatalf("%d events refused", bad)
+	}
+	if got := find(ix, ViewDedup, locals(1, 2, 3))[rk1][dev]; got != 3 {
+		t.Fatalf("rank matches %d of [1 2 3] after a dump of its children first, want 3", got)
+	}
+	if s := ix.Stats(); s.OrphanEvents != 0 || s.Counters.OrphansApplied != 2 || len(ix.NeedsResync()) != 0 {
+		t.Fatalf("stats %+v, resync %v: want both held stores applied", s, ix.NeedsResync())
 	}
 }
 
