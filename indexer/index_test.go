@@ -1088,6 +1088,74 @@ func TestLookupsRunDuringWrites(t *testing.T) {
 	checkInvariants(t, ix)
 }
 
+// TestEveryReaderRunsBesideEveryWriter exercises the locking under -race
+// beyond lookups and batches: every reader (lookups, stats, the digest,
+// dumps, the checks the node agent makes) beside every writer (reported
+// batches that hold and adopt, capacity, expiry, a rank replaced and
+// loaded, ranks and workers removed, the journal flushed).
+func TestEveryReaderRunsBesideEveryWriter(t *testing.T) {
+	ix := New(Config{ApplyChunk: 8, OrphanMaxEvents: 4, OrphanMaxBlocks: 16})
+	ix.SetJournal(newCopyJournal())
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	rk := func(i uint64) kvevent.Rank { return kvevent.Rank{Worker: 10 + i%4, DP: uint32(i % 2)} }
+	for g := 0; g < 3; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var m Matches
+			for i := uint64(0); ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ix.FindMatchesByTier(locals(1, 2, 3), ViewTiered, i%2 == 0, &m)
+				_ = ix.Stats()
+				_ = ix.RankStats()
+				_ = ix.Digest()
+				_, _ = ix.DumpRank(rk(i))
+				_, _ = ix.CheckStore(rk(i), true, 2, chain(3, 4))
+				_, _ = ix.HeldUnder(rk(i), 2)
+				_, _ = ix.HeldAs(rk(i), 3)
+				_ = ix.NeedsResync()
+				_ = ix.Ranks()
+				_ = ix.Counters()
+				_ = ix.RankNeedsResync(rk(i))
+			}
+		}()
+	}
+	var rep ApplyReport
+	for i := uint64(0); i < 300; i++ {
+		r := rk(i)
+		batch := []kvevent.Event{*stored(r, kvevent.Tier(i%4), chain(1, 2, 3)), *storedUnder(r, dev, 9, chain(5)),
+			*storedUnder(r, dev, 3, chain(9)), *removed(r, kvevent.Tier(i%4), 3)}
+		ix.ApplyBatchReport(batch, int64(i)*1e8, &rep)
+		switch i % 6 {
+		case 0:
+			ix.SetCapacity(r, [kvevent.NumTiers]int64{2, 0, 0, 0})
+		case 1:
+			ix.ExpireOrphans(int64(i) * 1e9)
+		case 2:
+			if d, err := ix.DumpRank(r); err == nil {
+				ix.ReplaceRank(rk(i+1), nil, 0)
+				if err := ix.LoadRank(&d); err != nil {
+					t.Errorf("load the dump of %v: %v", r, err)
+				}
+			}
+		case 3:
+			ix.RemoveWorker(r.Worker)
+		case 4:
+			ix.FlushJournal()
+		case 5:
+			ix.RemoveRank(r)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	checkInvariants(t, ix)
+}
+
 // TestDumpRankBuildsOutsideTheLock: DumpRank copies the rank under the
 // read lock and sorts after releasing it. While it held the lock through
 // its sort (1.2 s for a rank of 400k blocks), an Apply waiting for the
