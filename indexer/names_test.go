@@ -50,6 +50,29 @@ func TestStoreNamingALiveNodeIsRefused(t *testing.T) {
 	}
 }
 
+// A held store cut by a name collision when it is adopted reports only
+// the blocks it stored as adopted (ApplyReport.Adopted): those after the
+// collision are not held, and the node agent looked them up for nothing.
+func TestAdoptedStoreCutByANameCollisionReportsOnlyWhatItStored(t *testing.T) {
+	taken := kvevent.SequenceHash(kvevent.SequenceHash(11, 12), 13) // [11 12 13]'s third node
+	ix := New(propCfg)
+	mustApply(t, ix,
+		stored(rk1, dev, []kvevent.Block{{EngineHash: 9, LocalHash: taken}}),
+		storedUnder(rk1, dev, 1, []kvevent.Block{{EngineHash: 2, LocalHash: 12}, {EngineHash: 3, LocalHash: 13}, {EngineHash: 4, LocalHash: 14}}), // held
+	)
+	var rep ApplyReport
+	ix.ApplyBatchReport([]kvevent.Event{*stored(rk1, dev, []kvevent.Block{{EngineHash: 1, LocalHash: 11}})}, 0, &rep)
+	if got := ix.Counters().NameCollisions; got != 1 {
+		t.Fatalf("NameCollisions = %d, want 1", got)
+	}
+	if !ix.Holds(rk1, 2) || ix.Holds(rk1, 3) || ix.Holds(rk1, 4) {
+		t.Fatalf("holds 2, 3, 4: %v %v %v; want 2 alone", ix.Holds(rk1, 2), ix.Holds(rk1, 3), ix.Holds(rk1, 4))
+	}
+	if len(rep.Adopted) != 1 || rep.Adopted[0] != 2 {
+		t.Fatalf("adopted %v, want [2]: 3 and 4 were cut", rep.Adopted)
+	}
+}
+
 // The other way round: a deeper node whose sequence hash is a live root
 // child's name. The store applies up to the block before it.
 func TestDeeperStoreNamingALiveRootChildIsRefused(t *testing.T) {
