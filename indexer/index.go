@@ -52,7 +52,7 @@ type Counters struct {
 	StoredBlocks    uint64 // block stores applied (a tier bit set or already set)
 	RemovedBlocks   uint64 // block removes that cleared a held tier
 	Cleared         uint64 // Cleared events applied
-	UnknownRemoves  uint64 // removes of a hash the rank does not hold
+	UnknownRemoves  uint64 // removes of a hash the rank does not hold in the remove's tier (no held store of it there either)
 	Malformed       uint64 // events rejected whole by Validate
 	OrphansHeld     uint64 // stores held for a missing parent
 	OrphansApplied  uint64 // held stores applied (a block or more) once their parent arrived
@@ -512,9 +512,13 @@ func (ix *Index) removeOne(rs *rankState, eh uint64, t kvevent.Tier, engine bool
 		// Not held in this tier; a held store may still have the block in
 		// t (a store of it there waiting for its parent), and the engine
 		// has just said it is gone from t: cut it, as for a block the rank
-		// does not hold at all, or adoption would bring it back.
-		if len(rs.orphans) > 0 {
-			ix.removeHeldOrphanBlock(rs, eh, t)
+		// does not hold at all, or adoption would bring it back. Without
+		// one, the remove is of a residency the index does not have:
+		// counted unknown, as a remove of a hash the rank does not hold
+		// is (it was counted nowhere, and the store the index missed
+		// went unseen).
+		if len(rs.orphans) == 0 || !ix.removeHeldOrphanBlock(rs, eh, t) {
+			ix.counters.UnknownRemoves++
 		}
 		return
 	}

@@ -129,6 +129,24 @@ func TestUnknownRemoveIsCountedAndOthersApply(t *testing.T) {
 	}
 }
 
+// TestRemoveInATierTheRankDoesNotHoldIsCountedUnknown: the engine's remove
+// of a block from a tier the rank holds it in only elsewhere clears
+// nothing, as a remove of a hash the rank does not hold at all; it is
+// counted as unknown as that one is (the index missed the engine's store
+// there), not left out of every counter. One that cuts a held store of
+// the block in that tier is not unknown.
+func TestRemoveInATierTheRankDoesNotHoldIsCountedUnknown(t *testing.T) {
+	ix := New(Config{})
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2)), removed(rk1, host, 2))
+	if c := ix.Counters(); c.UnknownRemoves != 1 || c.RemovedBlocks != 0 {
+		t.Fatalf("a remove from host of a block held on the device: unknown=%d removed=%d, want 1 and 0", c.UnknownRemoves, c.RemovedBlocks)
+	}
+	mustApply(t, ix, storedUnder(rk1, host, 9, chain(2)), removed(rk1, host, 2)) // cuts the held store
+	if c := ix.Counters(); c.UnknownRemoves != 1 || c.OrphansDropped != 1 {
+		t.Fatalf("a remove that cut a held store: unknown=%d dropped=%d, want 1 and 1", c.UnknownRemoves, c.OrphansDropped)
+	}
+}
+
 func TestClearedDropsEveryTierOfOneRankOnly(t *testing.T) {
 	ix := New(Config{})
 	mustApply(t, ix, stored(rk1, dev, chain(1, 2)), stored(rk1, disk, chain(1, 2)), stored(rk2, dev, chain(1)), cleared(rk1))

@@ -45,7 +45,7 @@ func NewCollector(n *Node) *Collector {
 		orphans:        d("events_orphaned_blocks", "Blocks held in orphan buffers waiting for their parent."),
 		needResync:     d("index_ranks_needing_resync", "Ranks whose index state provably differs from their engine."),
 		malformed:      d("events_rejected_total", "Events rejected as malformed.", "reason"),
-		unknownRemoves: d("events_unknown_removes_total", "Removes of blocks the rank did not hold."),
+		unknownRemoves: d("events_unknown_removes_total", "Removes of blocks the rank did not hold in the remove's tier."),
 		workers:        d("workers", "Registered workers."),
 		ready:          d("ready", "1 once the node has caught up and serves."),
 
