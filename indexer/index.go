@@ -328,8 +328,14 @@ func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH u
 			// stored last under the hash was dropped for the older one.
 			// So the held chain is cut there, as a remove cuts it
 			// (orphan.go): that block and the rest of the event, which
-			// hang below it, are not stored.
+			// hang below it, are not stored. Unlike a remove's cut, the
+			// index cannot tell the newer name for sure (it keeps no
+			// time of a name: a held store that renames a block named
+			// before it was held is cut too), so the rank asks a resync,
+			// which settles it either way.
 			ix.counters.OrphansDropped++
+			rs.needsResync = true
+			ix.markDirty(rs)
 			stored = i
 			break
 		}

@@ -660,7 +660,8 @@ func TestRemoveCutsEveryHeldStoreOfTheBlock(t *testing.T) {
 // named the same block otherwise, it took its older name back ("the
 // newest name wins" inverted): the engine's remove of the newest name
 // then missed, and the index kept a block the engine had dropped. It is
-// cut at that block instead, as a remove cuts it, no resync asked.
+// cut at that block instead, as a remove cuts it, and the rank asks a
+// resync: the index cannot be sure which name is newer.
 func TestAdoptedStoreDoesNotUndoALaterRename(t *testing.T) {
 	ix := New(Config{})
 	b := func(eh, local uint64) kvevent.Block { return kvevent.Block{EngineHash: eh, LocalHash: local} }
@@ -676,8 +677,8 @@ func TestAdoptedStoreDoesNotUndoALaterRename(t *testing.T) {
 	if c := ix.Counters(); c.OrphansDropped != 1 || c.OrphansApplied != 0 || c.Remapped != 0 || c.UnknownRemoves != 0 {
 		t.Fatalf("counters %+v: want the held store dropped, none applied, no rename, the remove known", c)
 	}
-	if len(ix.NeedsResync()) != 0 {
-		t.Fatal("a held store cut for a newer name asks a resync")
+	if !ix.RankNeedsResync(rk1) {
+		t.Fatal("a held store cut for a name given since asks no resync")
 	}
 }
 
@@ -685,7 +686,8 @@ func TestAdoptedStoreDoesNotUndoALaterRename(t *testing.T) {
 // later store gave one of its engine hashes to another block moved the
 // hash back: the block the engine stored last was dropped, and one it no
 // longer named was back, with no resync asked. The held chain is cut at
-// that block, with the rest of it; what it stored before stays.
+// that block, with the rest of it, and the rank asks a resync; what it
+// stored before stays.
 func TestAdoptedStoreDoesNotUndoALaterRemap(t *testing.T) {
 	ix := New(Config{})
 	b := func(eh, local uint64) kvevent.Block { return kvevent.Block{EngineHash: eh, LocalHash: local} }
@@ -708,8 +710,8 @@ func TestAdoptedStoreDoesNotUndoALaterRemap(t *testing.T) {
 	if c := ix.Counters(); c.OrphansDropped != 1 || c.OrphansApplied != 1 || c.Remapped != 0 {
 		t.Errorf("counters %+v: want the held store applied and cut, nothing remapped", c)
 	}
-	if len(ix.NeedsResync()) != 0 {
-		t.Error("a held store cut for a newer name asks a resync")
+	if !ix.RankNeedsResync(rk1) {
+		t.Error("a held store cut for a name given since asks no resync")
 	}
 }
 
