@@ -119,6 +119,19 @@ func (s *Server) forward(w *recorder, r *http.Request, pattern, leaderHTTP strin
 			if rec, ok := w.(*recorder); ok && rec.wrote {
 				return // the leader's answer broke off half-way; nothing more to say
 			}
+			if readErr := relayed.readErr(); readErr != nil && reason != ReasonCanceled {
+				// The client's body stopped the forward (its framing, its
+				// size): no fault of the leader's, and sent to another
+				// node it fails again (not no_leader). Answered as this
+				// node answers the body itself.
+				if pattern == patternRestore {
+					err = uploadError(readErr)
+				} else {
+					err = bodyError(readErr)
+				}
+				s.writeError(w, r, err)
+				return
+			}
 			var mbe *http.MaxBytesError
 			if errors.As(err, &mbe) {
 				// This node's own body limit stopped the forward: the
@@ -162,6 +175,7 @@ type relayedBody struct {
 	want int64 // the body's length; -1 when the client did not say
 	n    atomic.Int64
 	eof  atomic.Bool
+	err  atomic.Pointer[error] // the first read error but io.EOF: the client's body's
 }
 
 func (b *relayedBody) Read(p []byte) (int, error) {
@@ -169,8 +183,22 @@ func (b *relayedBody) Read(p []byte) (int, error) {
 	b.n.Add(int64(n))
 	if err == io.EOF {
 		b.eof.Store(true)
+	} else if err != nil {
+		b.err.CompareAndSwap(nil, &err)
 	}
 	return n, err
+}
+
+// readErr is the first error reading the client's body gave the forward
+// (io.EOF aside); nil: none, or a nil relayedBody (no body).
+func (b *relayedBody) readErr() error {
+	if b == nil {
+		return nil
+	}
+	if e := b.err.Load(); e != nil {
+		return *e
+	}
+	return nil
 }
 
 // whole reports whether the transport took the whole body: the leader

@@ -612,6 +612,27 @@ func TestRestoreRefusesACorruptSnapshot(t *testing.T) {
 	}
 }
 
+// TestMalformedChunkedUploadIsBadSnapshot: a snapshot upload whose chunked
+// framing is malformed is the client's fault, which sent again fails
+// again: 400 bad_snapshot, at the leader and through a follower. From a
+// review: the leader answered 500 internal (the body's read error passed
+// for the backend's failure), and a follower 503 no_leader, which sends
+// the client on to another node.
+func TestMalformedChunkedUploadIsBadSnapshot(t *testing.T) {
+	leader, follower := pair(t, api.Options{})
+	req := "POST /v1/snapshot/restore HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+		"5\r\nKVRSN\r\nzz\r\n" // "zz" is no chunk size
+	for name, n := range map[string]*node{"leader": leader, "follower": follower} {
+		code, reason, msg := sendRawRequest(t, n, "/v1/snapshot/restore", req, false)
+		if code != http.StatusBadRequest || reason != api.ReasonBadSnapshot || !strings.Contains(msg, "framing") {
+			t.Errorf("an upload with a malformed chunk size at the %s: %d %s %q, want 400 bad_snapshot naming the framing", name, code, reason, msg)
+		}
+	}
+	if leader.fake.Restores() != 0 {
+		t.Fatal("a malformed upload was installed")
+	}
+}
+
 // greedyFollower reads a whole upload before it finds out that it is not
 // the leader.
 type greedyFollower struct{ *apitest.Fake }

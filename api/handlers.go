@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvrouter/kvrouter/indexer"
@@ -382,11 +383,68 @@ func (s *Server) saveSnapshot(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) restoreSnapshot(w http.ResponseWriter, r *http.Request) error {
-	info, err := s.b.RestoreSnapshot(r.Context(), r.Body)
+	upload := &uploadBody{r: r.Body}
+	info, err := s.b.RestoreSnapshot(r.Context(), upload)
 	if err != nil {
+		if readErr := upload.readErr(); readErr != nil {
+			// The upload could not be read whole: the client's fault (or
+			// its connection's), whatever the backend made of it (a node
+			// reports a read error of its spool as its own failure).
+			return uploadError(readErr)
+		}
 		return err
 	}
 	return reply(w, http.StatusOK, info)
+}
+
+// uploadBody is a request body that keeps the first error reading it gave
+// (io.EOF aside). It may be read in another goroutine than the one that
+// asks (a forward's transport).
+type uploadBody struct {
+	r   io.Reader
+	err atomic.Pointer[error]
+}
+
+func (u *uploadBody) Read(p []byte) (int, error) {
+	n, err := u.r.Read(p)
+	if err != nil && err != io.EOF {
+		u.err.CompareAndSwap(nil, &err)
+	}
+	return n, err
+}
+
+// readErr is the first error reading the body gave; nil: none.
+func (u *uploadBody) readErr() error {
+	if e := u.err.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// uploadError answers a snapshot upload that could not be read whole
+// (readErr is what reading it returned); nothing was installed. Over the
+// size limit is 413 too_large; cut off before the length it promised is a
+// truncated snapshot, 400 bad_snapshot, as a node says of a stream cut
+// short (docs/api.md); otherwise as BodyReadError says, a malformed
+// framing being 400 bad_snapshot: sent again, it fails again.
+func uploadError(readErr error) error {
+	var mbe *http.MaxBytesError
+	if errors.As(readErr, &mbe) {
+		return fmt.Errorf("restore: nothing was installed: receive snapshot: %w", readErr)
+	}
+	if errors.Is(readErr, io.ErrUnexpectedEOF) {
+		return &httpError{code: http.StatusBadRequest, reason: ReasonBadSnapshot,
+			err: errors.New("restore: nothing was installed: the upload was cut off before its end")}
+	}
+	code, msg := BodyReadError(readErr)
+	reason := ReasonBadSnapshot
+	switch code {
+	case http.StatusRequestTimeout:
+		reason = ReasonRequestTimeout
+	case http.StatusServiceUnavailable:
+		reason = ReasonCanceled
+	}
+	return &httpError{code: code, reason: reason, err: fmt.Errorf("restore: nothing was installed: %w", msg)}
 }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) error {
