@@ -299,7 +299,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.observe("unauthorized", rec, start)
 		return
 	}
-	if p, esc, ok := httppath.Cleaned(r.URL); ok && r.Method != http.MethodConnect && r.RequestURI != "*" {
+	if r.RequestURI == "*" {
+		// The mux answers a "*" request-target (OPTIONS aside, which
+		// net/http answers before any handler) 400 with no body; every
+		// error here is a JSON one. The connection closes, as the mux's
+		// answer closes it.
+		start := time.Now()
+		rec := &recorder{ResponseWriter: w}
+		if r.ProtoAtLeast(1, 1) {
+			w.Header().Set("Connection", "close")
+		}
+		s.writeError(rec, r, &httpError{code: http.StatusBadRequest, reason: ReasonInvalid,
+			err: fmt.Errorf("the request target * names no resource for %s; see docs/api.md", r.Method)})
+		s.observe("unmatched", rec, start)
+		return
+	}
+	if p, esc, ok := httppath.Cleaned(r.URL); ok && r.Method != http.MethodConnect {
 		// The mux answers a path that is not clean (a doubled slash, "."
 		// or "..") with a 307 to the clean one, always (CONNECT and "*"
 		// aside), but writes the cleaned escaped path there as a decoded
@@ -313,8 +328,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h, pattern := s.mux.Handler(r); pattern == "" {
 		// No route: run the mux's answer on the side to learn whether it is
 		// a 404 or a 405 (and which methods the path allows), and answer it
-		// in JSON. Anything else (a "*" request's 400) goes out as the mux
-		// writes it.
+		// in JSON. Anything else goes out as the mux writes it.
 		var probe headerProbe
 		h.ServeHTTP(&probe, r)
 		switch probe.code {
