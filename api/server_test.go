@@ -270,6 +270,12 @@ func TestRoutes(t *testing.T) {
 		{name: "events ids wrapping", method: "POST", path: "/v1/events",
 			body: events(`{"event_id":18446744073709551615,"type":"cleared"}`, `{"event_id":0,"type":"cleared"}`), code: 400, reason: api.ReasonInvalid, msg: []string{"rise by one"}},
 		{name: "events no batches", method: "POST", path: "/v1/events", body: `{"batches":[]}`, code: 400, reason: api.ReasonInvalid},
+		{name: "events without worker_id", method: "POST", path: "/v1/events",
+			body: `{"batches":[{"dp_rank":0,"events":[{"event_id":1,"type":"cleared"}]}]}`, code: 400, reason: api.ReasonInvalid, msg: []string{"batch 0", "worker_id is missing"}},
+		{name: "events with a null worker_id", method: "POST", path: "/v1/events",
+			body: `{"batches":[{"worker_id":null,"events":[{"event_id":1,"type":"cleared"}]}]}`, code: 400, reason: api.ReasonInvalid, msg: []string{"worker_id is missing"}},
+		{name: "events without dp_rank", method: "POST", path: "/v1/events",
+			body: `{"batches":[{"worker_id":1,"events":[{"event_id":1,"type":"cleared"}]}]}`, code: 200},
 		{name: "events empty batch", method: "POST", path: "/v1/events", body: events(), code: 400, reason: api.ReasonInvalid, msg: []string{"no events"}},
 		{name: "events unknown field", method: "POST", path: "/v1/events",
 			body: events(`{"event_id":1,"type":"cleared","medium":"GPU"}`), code: 400, reason: api.ReasonBadJSON, msg: []string{"medium"}},
@@ -286,7 +292,11 @@ func TestRoutes(t *testing.T) {
 				}
 			}},
 		{name: "dump empty", setup: withWorkers, method: "POST", path: "/v1/ranks/1/1/dump", body: `{"cursor":3,"events":[]}`, code: 200},
-		{name: "dump of an unregistered worker", method: "POST", path: "/v1/ranks/9/0/dump", body: `{"cursor":3}`, code: 200}, // as its events are
+		{name: "dump of an unregistered worker", method: "POST", path: "/v1/ranks/9/0/dump", body: `{"cursor":3,"events":[]}`, code: 200}, // as its events are
+		{name: "dump without events", setup: withWorkers, method: "POST", path: "/v1/ranks/1/0/dump", body: `{"cursor":3}`,
+			code: 400, reason: api.ReasonInvalid, msg: []string{"events is missing"}},
+		{name: "dump with null events", setup: withWorkers, method: "POST", path: "/v1/ranks/1/0/dump", body: `{"cursor":3,"events":null}`,
+			code: 400, reason: api.ReasonInvalid, msg: []string{"events is missing"}},
 		{name: "dump with a remove", setup: withWorkers, method: "POST", path: "/v1/ranks/1/0/dump",
 			body: `{"cursor":42,"events":[` + removedEv + `]}`, code: 400, reason: api.ReasonInvalid, msg: []string{"stored events only"}},
 		{name: "dump bad tier", setup: withWorkers, method: "POST", path: "/v1/ranks/1/0/dump",

@@ -245,7 +245,10 @@ func rankBatches(req *EventsRequest) ([]raftfsm.RankBatch, error) {
 	out := make([]raftfsm.RankBatch, len(req.Batches))
 	for i := range req.Batches {
 		b := &req.Batches[i]
-		rank := kvevent.Rank{Worker: b.WorkerID, DP: b.DPRank}
+		if b.WorkerID == nil {
+			return nil, invalidf("batch %d: worker_id is missing", i)
+		}
+		rank := kvevent.Rank{Worker: *b.WorkerID, DP: b.DPRank}
 		if len(b.Events) == 0 {
 			return nil, invalidf("batch %d (rank %v) has no events", i, rank)
 		}
@@ -270,8 +273,13 @@ func rankBatches(req *EventsRequest) ([]raftfsm.RankBatch, error) {
 	return out, nil
 }
 
-// dumpEvents validates a rank dump: stored events only.
+// dumpEvents validates a rank dump: stored events only. A dump without
+// events (absent, or null: encoding/json leaves both nil, and [] not) is
+// refused: it would empty the rank.
 func dumpEvents(rank kvevent.Rank, req *DumpRequest) ([]kvevent.Event, error) {
+	if req.Events == nil {
+		return nil, invalidf("events is missing (want the rank's stored events, [] for none)")
+	}
 	out := make([]kvevent.Event, len(req.Events))
 	for j := range req.Events {
 		e := &req.Events[j]

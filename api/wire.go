@@ -422,8 +422,10 @@ func EventFrom(e *kvevent.Event) Event {
 
 // EventBatch is one rank's consecutive events.
 type EventBatch struct {
-	WorkerID uint64  `json:"worker_id"`
-	DPRank   uint32  `json:"dp_rank"`
+	// WorkerID is required: a batch without it would apply to worker 0's
+	// rank, whatever the sender meant.
+	WorkerID *uint64 `json:"worker_id"`
+	DPRank   uint32  `json:"dp_rank"` // absent: rank 0, as a registration's dp_ranks
 	Events   []Event `json:"events"`
 }
 
@@ -437,7 +439,8 @@ func EventsRequestFrom(batches []raftfsm.RankBatch) EventsRequest {
 	out := EventsRequest{Batches: make([]EventBatch, len(batches))}
 	for i := range batches {
 		b := &batches[i]
-		eb := EventBatch{WorkerID: b.Rank.Worker, DPRank: b.Rank.DP, Events: make([]Event, len(b.Events))}
+		worker := b.Rank.Worker
+		eb := EventBatch{WorkerID: &worker, DPRank: b.Rank.DP, Events: make([]Event, len(b.Events))}
 		for j := range b.Events {
 			eb.Events[j] = EventFrom(&b.Events[j])
 		}
@@ -476,7 +479,9 @@ type EventsResponse struct {
 // DumpRequest is the body of POST /v1/ranks/{worker}/{dp}/dump: the rank's
 // whole state as stored events, and the cursor it is at.
 type DumpRequest struct {
-	Cursor uint64  `json:"cursor"`
+	Cursor uint64 `json:"cursor"`
+	// Events is required, [] for an empty rank: a body without it (or
+	// with null) would empty the rank, whatever the sender meant.
 	Events []Event `json:"events"`
 }
 

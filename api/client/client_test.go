@@ -580,6 +580,15 @@ func TestIngestEventsAndDump(t *testing.T) {
 	if ws[0].Ranks[1].LastEventID != 40 {
 		t.Fatalf("cursor after the dump = %d, want 40", ws[0].Ranks[1].LastEventID)
 	}
+	// A dump of nothing empties the rank: the client sends "events": [],
+	// which the node requires (a dump without events is refused).
+	if err := c.DumpRank(ctx, r2, 41, nil); err != nil {
+		t.Fatalf("a dump of no events: %v", err)
+	}
+	ws, _ = c.Workers(ctx)
+	if r := ws[0].Ranks[1]; r.LastEventID != 41 || r.Blocks.Host != 0 {
+		t.Fatalf("rank 1/2 after a dump of nothing: cursor %d, %d host blocks; want 41 and 0", r.LastEventID, r.Blocks.Host)
+	}
 	bad := stored
 	bad.Blocks = nil
 	if _, err := c.IngestEvents(ctx, []raftfsm.RankBatch{{Rank: r2, Events: []kvevent.Event{bad}}}); !errors.Is(err, raftfsm.ErrInvalid) {
