@@ -25,6 +25,31 @@ func TestReplayBodyGivesBackWhatWasReadAndTheRest(t *testing.T) {
 	}
 }
 
+// TestReplayedBodyIsNotReused: a body handed to a forward is not given
+// back to the pool by release: the forward's transport may still read its
+// kept bytes after the handler returned, and a later request reusing the
+// buffer would overwrite them under it.
+func TestReplayedBodyIsNotReused(t *testing.T) {
+	b := newReplayBody(io.NopCloser(strings.NewReader("hello world")), 1024)
+	if _, err := io.ReadFull(b, make([]byte, 5)); err != nil {
+		t.Fatal(err)
+	}
+	r, ok := b.replay()
+	if !ok {
+		t.Fatal("a body within its allowance cannot replay")
+	}
+	b.release()
+	// What a later request does with a body it got from the pool: b,
+	// were it there.
+	b.rc = io.NopCloser(strings.NewReader("XXXXX"))
+	if _, err := io.ReadFull(b, make([]byte, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := io.ReadAll(r); err != nil || string(got) != "hello world" {
+		t.Fatalf("the forward read %q, %v after the handler released the body; want %q", got, err, "hello world")
+	}
+}
+
 func TestReplayBodyPastItsAllowanceCannotReplay(t *testing.T) {
 	b := newReplayBody(io.NopCloser(strings.NewReader(strings.Repeat("x", 100))), 10)
 	if _, err := io.ReadAll(b); err != nil {

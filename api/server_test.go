@@ -17,6 +17,7 @@ import (
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/limits"
 	"github.com/kvrouter/kvrouter/internal/rawhttp"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -91,6 +92,14 @@ func TestRoutes(t *testing.T) {
 			body: `{"token_ids":[1],"block_hashes":[1]}`, code: 400, reason: api.ReasonInvalid, msg: []string{"not both"}},
 		{name: "route no input", method: "POST", path: "/v1/route",
 			body: `{"lora_name":"x"}`, code: 400, reason: api.ReasonInvalid},
+		{name: "route lora_name at its bound", setup: withWorkers, method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"lora_name":"` + strings.Repeat("l", limits.MaxNameLen) + `"}`, code: 200},
+		{name: "route lora_name over its bound", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"lora_name":"` + strings.Repeat("l", limits.MaxNameLen+1) + `"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"lora_name", "bytes long"}},
+		{name: "route cache_salt at its bound", setup: withWorkers, method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"cache_salt":"` + strings.Repeat("s", limits.MaxNameLen) + `"}`, code: 200},
+		{name: "route cache_salt over its bound", method: "POST", path: "/v1/route",
+			body: `{"token_ids":[1],"cache_salt":"` + strings.Repeat("s", limits.MaxNameLen+1) + `"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"cache_salt", "bytes long"}},
 		{name: "route negative isl", method: "POST", path: "/v1/route",
 			body: `{"token_ids":[1],"isl":-3}`, code: 400, reason: api.ReasonInvalid, msg: []string{"isl"}},
 		// From a review: the booking recorded an isl below the prompt it held.
@@ -349,6 +358,10 @@ func TestRoutes(t *testing.T) {
 			}
 		}, method: "POST", path: "/v1/cluster/leader/transfer", body: `{"to":"n2"}`, code: 204},
 		{name: "transfer bad body", method: "POST", path: "/v1/cluster/leader/transfer", body: `{"to":5}`, code: 400, reason: api.ReasonBadJSON},
+		{name: "transfer to an overlong id", method: "POST", path: "/v1/cluster/leader/transfer",
+			body: `{"to":"` + strings.Repeat("n", limits.MaxIDLen+1) + `"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"to is", "bytes long"}},
+		{name: "transfer to an id with a control character", method: "POST", path: "/v1/cluster/leader/transfer",
+			body: `{"to":"n\u00002"}`, code: 400, reason: api.ReasonInvalid, msg: []string{"to "}},
 
 		// health
 		{name: "healthz", method: "GET", path: "/healthz", code: 200},
