@@ -133,3 +133,163 @@ func BenchmarkUints(b *testing.B) {
 		}
 	}
 }
+
+func TestInt64s(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want []uint64
+		ok   bool
+	}{
+		{"null", nil, true},
+		{"[]", []uint64{}, true},
+		{"[0,-0,1,-1]", []uint64{0, 0, 1, math.MaxUint64}, true},
+		{"[9223372036854775807,-9223372036854775808]", []uint64{math.MaxInt64, 1 << 63}, true},
+		{"[18446744073709551615]", []uint64{math.MaxUint64}, true},
+		// Below the smallest int64: no 64-bit pattern is its value. With
+		// the negative limit raised, -(2^64-1) wrapped to 1.
+		{"[-9223372036854775809]", nil, false},
+		{"[-18446744073709551615]", nil, false},
+		{"[-18446744073709551616]", nil, false},
+		{"[18446744073709551616]", nil, false},
+		{"[-]", nil, false},
+		{"[--1]", nil, false},
+		{"[- 1]", nil, false},
+		{"[-01]", nil, false},
+		{"[+1]", nil, false},
+		{"[-1.5]", nil, false},
+		{"[-1e3]", nil, false},
+		{"[1,]", nil, false},
+		{"[1", nil, false},
+		{"[1 2]", nil, false},
+		{"nul", nil, false},
+		{"", nil, false},
+	} {
+		p := New([]byte(c.in))
+		got, ok := p.Int64s(nil)
+		if ok != c.ok || (ok && (!slices.Equal(got, c.want) || (got == nil) != (c.want == nil))) {
+			t.Errorf("Int64s(%q) = %v, %v; want %v, %v", c.in, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+func TestUints(t *testing.T) {
+	for _, c := range []struct {
+		in    string
+		limit uint64
+		want  []uint64
+		ok    bool
+	}{
+		{"null", math.MaxUint64, nil, true},
+		{" [ ] ", math.MaxUint64, nil, false}, // the caller skips the whitespace before a value
+		{"[ ]", math.MaxUint64, []uint64{}, true},
+		{"[0,18446744073709551615]", math.MaxUint64, []uint64{0, math.MaxUint64}, true},
+		{"[10]", 10, []uint64{10}, true},
+		{"[11]", 10, nil, false},
+		{"[-1]", math.MaxUint64, nil, false},
+		{"[1,,2]", math.MaxUint64, nil, false},
+		{"[,]", math.MaxUint64, nil, false},
+		{`["1"]`, math.MaxUint64, nil, false},
+		{"[null]", math.MaxUint64, nil, false},
+		{"{}", math.MaxUint64, nil, false},
+	} {
+		p := New([]byte(c.in))
+		got, ok := p.Uints(nil, c.limit)
+		if ok != c.ok || (ok && (!slices.Equal(got, c.want) || (got == nil) != (c.want == nil))) {
+			t.Errorf("Uints(%q, %d) = %v, %v; want %v, %v", c.in, c.limit, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+func TestStr(t *testing.T) {
+	for _, c := range []struct {
+		in, want string
+		ok       bool
+		next     int // where the scanner is after a string it read
+	}{
+		{`""`, "", true, 2},
+		{`"abc" `, "abc", true, 5},
+		{`"a b"x`, "a b", true, 5},
+		{`"a\"b"`, "", false, 0},          // an escape: encoding/json's
+		{`"a\nb"`, "", false, 0},          // an escape
+		{"\"a\tb\"", "", false, 0},        // a control byte
+		{"\"a\x7fb\"", "a\x7fb", true, 5}, // DEL is no control byte to JSON
+		{"\"é\"", "", false, 0},           // non-ASCII
+		{`"abc`, "", false, 0},            // no closing quote
+		{`abc"`, "", false, 0},
+		{``, "", false, 0},
+	} {
+		p := New([]byte(c.in))
+		got, ok := p.Str()
+		if ok != c.ok || string(got) != c.want || (ok && p.i != c.next) {
+			t.Errorf("Str(%q) = %q, %v at %d; want %q, %v at %d", c.in, got, ok, p.i, c.want, c.ok, c.next)
+		}
+	}
+}
+
+func TestBool(t *testing.T) {
+	for _, c := range []struct {
+		in       string
+		want, ok bool
+	}{
+		{"true", true, true},
+		{"false", false, true},
+		{"true,", true, true},
+		{"tru", false, false},
+		{"fals", false, false},
+		{"True", false, false},
+		{"null", false, false},
+		{"1", false, false},
+		{"", false, false},
+	} {
+		p := New([]byte(c.in))
+		got, ok := p.Bool()
+		if got != c.want || ok != c.ok {
+			t.Errorf("Bool(%q) = %v, %v; want %v, %v", c.in, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+func TestObject(t *testing.T) {
+	// value takes the keys a, b, c ... (any key of one letter) with an
+	// integer value, and refuses any other key.
+	for _, c := range []struct {
+		in   string
+		keys string // the keys read, in order
+		ok   bool
+	}{
+		{`{}`, "", true},
+		{` { } `, "", true},
+		{`{"a":1}`, "a", true},
+		{` {"a" : 1 , "b":2} `, "ab", true},
+		{`{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8}`, "abcdefgh", true},
+		{`{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9}`, "abcdefgh", false}, // past the keys it tracks
+		{`{"a":1,"a":2}`, "a", false}, // a key twice: encoding/json keeps the last
+		{`{"a":1}{}`, "a", false},     // trailing data
+		{`{"a":1} x`, "a", false},
+		{`{"a":1,}`, "a", false},
+		{`{"a" 1}`, "", false},
+		{`{"a":1 "b":2}`, "a", false},
+		{`{"long":1}`, "", false}, // refused by value
+		{`{"a":x}`, "", false},    // refused by value
+		{`{a:1}`, "", false},
+		{`{"a":1`, "a", false},
+		{`[]`, "", false},
+		{``, "", false},
+	} {
+		var keys []byte
+		p := New([]byte(c.in))
+		ok := p.Object(func(key string) bool {
+			if len(key) != 1 {
+				return false
+			}
+			if _, ok := p.Uint(math.MaxUint64); !ok {
+				return false
+			}
+			keys = append(keys, key...)
+			return true
+		})
+		if ok != c.ok || string(keys) != c.keys {
+			t.Errorf("Object(%q) = %v reading keys %q; want %v reading %q", c.in, ok, keys, c.ok, c.keys)
+		}
+	}
+}
