@@ -2,13 +2,17 @@ package api_test
 
 import (
 	"bufio"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/apitest"
 )
 
 // rawDo sends one raw HTTP/1.1 request line to addr and returns the response.
@@ -115,4 +119,40 @@ func newRefServer(t *testing.T) string {
 	go hs.Serve(ln)
 	t.Cleanup(func() { hs.Close() })
 	return ln.Addr().String()
+}
+
+// FuzzRedirectSettlesInOneStep: a redirect the server answers leads to a
+// path that it does not redirect again. From a review.
+func FuzzRedirectSettlesInOneStep(f *testing.F) {
+	for _, s := range []string{"/v1//workers", "/v1/requests/a%2F..%2Fb/../x/prefill_done", "/./v1/workers/", "//", "/v1/requests/%2E%2E/prefill_done", "/a/b/../../../c"} {
+		f.Add(s)
+	}
+	fake := apitest.New("n1", "127.0.0.1:1")
+	s := api.NewServer(fake, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	defer s.Close()
+	f.Fuzz(func(t *testing.T, p string) {
+		u, err := url.ParseRequestURI(p)
+		if err != nil || u.Host != "" || u.Scheme != "" {
+			return
+		}
+		req := httptest.NewRequest("GET", "/", nil)
+		req.URL, req.RequestURI = u, u.RequestURI()
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, req)
+		if rec.Code != http.StatusTemporaryRedirect {
+			return
+		}
+		loc := rec.Header().Get("Location")
+		lu, err := url.ParseRequestURI(loc)
+		if err != nil {
+			t.Fatalf("%q: Location %q: %v", p, loc, err)
+		}
+		req2 := httptest.NewRequest("GET", "/", nil)
+		req2.URL, req2.RequestURI = lu, lu.RequestURI()
+		rec2 := httptest.NewRecorder()
+		s.ServeHTTP(rec2, req2)
+		if rec2.Code == http.StatusTemporaryRedirect {
+			t.Fatalf("%q -> %q -> %q: redirected twice", p, loc, rec2.Header().Get("Location"))
+		}
+	})
 }

@@ -52,3 +52,40 @@ func TestCleanedKeepsEscapes(t *testing.T) {
 		}
 	}
 }
+
+// FuzzCleanedSettlesInOneStep: a path Cleaned changes comes out clean (a
+// redirect to it is not redirected again), its escaping kept (the URL it
+// makes writes the cleaned escaped path back), and its decoded form is
+// the cleaned escaped path unescaped.
+func FuzzCleanedSettlesInOneStep(f *testing.F) {
+	for _, s := range []string{
+		"", "/", "//", "/./", "/../", "/a/b/../../../c", "/v1//workers", "/./v1/workers/",
+		"/v1/requests/a%2F..%2Fb/../x/prefill_done", "/v1/requests/%2E%2E/prefill_done",
+		"/x/../reservations/a%2Fb", "/%2e/healthz", "/a%2F..%2Fhealthz", "/.//%2Fevil.com", "/..//\\evil.com",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		u, err := url.ParseRequestURI(s)
+		if err != nil || u.Host != "" || u.Scheme != "" || u.Opaque != "" {
+			return
+		}
+		d, r, ok := Cleaned(u)
+		if !ok {
+			return
+		}
+		if Clean(r) != r {
+			t.Fatalf("Cleaned(%q) = %q, which is not clean (%q)", s, r, Clean(r))
+		}
+		back := &url.URL{Path: d, RawPath: r}
+		if back.EscapedPath() != r {
+			t.Fatalf("Cleaned(%q) = %q, %q: the URL writes the escaped path %q", s, d, r, back.EscapedPath())
+		}
+		if unesc, err := url.PathUnescape(r); err != nil || unesc != d {
+			t.Fatalf("Cleaned(%q) = %q, %q: the escaped path unescapes to %q, %v", s, d, r, unesc, err)
+		}
+		if d2, r2, ok := Cleaned(back); ok {
+			t.Fatalf("Cleaned(%q) = %q; cleaned again: %q, %q", s, r, d2, r2)
+		}
+	})
+}

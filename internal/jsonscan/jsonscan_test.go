@@ -1,6 +1,7 @@
 package jsonscan
 
 import (
+	"encoding/json"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -292,4 +293,101 @@ func TestObject(t *testing.T) {
 			t.Errorf("Object(%q) = %v reading keys %q; want %v reading %q", c.in, ok, keys, c.ok, c.keys)
 		}
 	}
+}
+
+// FuzzScannersAgreeWithEncodingJSON: whatever body a scanner takes whole,
+// encoding/json takes too, with the same value (the callers fall back to
+// encoding/json on anything a scanner refuses, so a scanner may refuse
+// more, never take more or read otherwise).
+func FuzzScannersAgreeWithEncodingJSON(f *testing.F) {
+	for _, s := range []string{
+		"null", "[]", "[1,2,3]", "[-1,0,18446744073709551615]", "[-9223372036854775808]",
+		"[-9223372036854775809]", "[-18446744073709551615]", "[4294967295]", "[4294967296]",
+		`"abc"`, `"a\"b"`, "true", "false", "[1 , 2 ]", "[01]", "[1e3]", "[-]",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		b := []byte(s)
+		{
+			p := New(b)
+			if got, ok := p.Int64s(nil); ok && p.End() {
+				var want []json.Number
+				if err := json.Unmarshal(b, &want); err != nil || len(want) != len(got) || (want == nil) != (got == nil) {
+					t.Fatalf("Int64s(%q) = %v; encoding/json: %v, %v", s, got, want, err)
+				}
+				for i, n := range want {
+					var w uint64
+					if v, err := strconv.ParseInt(n.String(), 10, 64); err == nil {
+						w = uint64(v)
+					} else if v, err := strconv.ParseUint(n.String(), 10, 64); err == nil {
+						w = v
+					} else {
+						t.Fatalf("Int64s(%q) took %s, which fits no 64-bit integer", s, n)
+					}
+					if got[i] != w {
+						t.Fatalf("Int64s(%q)[%d] = %d, want %d", s, i, got[i], w)
+					}
+				}
+			}
+		}
+		{
+			p := New(b)
+			if got, ok := p.Uints(nil, math.MaxUint64); ok && p.End() {
+				var want []uint64
+				if err := json.Unmarshal(b, &want); err != nil || !slices.Equal(got, want) || (want == nil) != (got == nil) {
+					t.Fatalf("Uints(%q) = %v; encoding/json: %v, %v", s, got, want, err)
+				}
+			}
+		}
+		{
+			p := New(b)
+			if got, ok := p.Uint32s(nil); ok && p.End() {
+				var want []uint32
+				if err := json.Unmarshal(b, &want); err != nil || !slices.Equal(got, want) || (want == nil) != (got == nil) {
+					t.Fatalf("Uint32s(%q) = %v; encoding/json: %v, %v", s, got, want, err)
+				}
+			}
+		}
+		{
+			p := New(b)
+			if got, ok := p.Str(); ok && p.End() {
+				var want string
+				if err := json.Unmarshal(b, &want); err != nil || string(got) != want {
+					t.Fatalf("Str(%q) = %q; encoding/json: %q, %v", s, got, want, err)
+				}
+			}
+		}
+		{
+			p := New(b)
+			if got, ok := p.Bool(); ok && p.End() {
+				var want bool
+				if err := json.Unmarshal(b, &want); err != nil || got != want {
+					t.Fatalf("Bool(%q) = %v; encoding/json: %v, %v", s, got, want, err)
+				}
+			}
+		}
+		// Object over keys of Uints values: what it takes whole is a JSON
+		// object of arrays of unsigned integers, each key once.
+		var got map[string][]uint64
+		p := New(b)
+		if p.Object(func(key string) bool {
+			v, ok := p.Uints(nil, math.MaxUint64)
+			if got == nil {
+				got = map[string][]uint64{}
+			}
+			got[key] = v
+			return ok
+		}) {
+			var want map[string][]uint64
+			if err := json.Unmarshal(b, &want); err != nil || len(want) != len(got) {
+				t.Fatalf("Object(%q) = %v; encoding/json: %v, %v", s, got, want, err)
+			}
+			for k, v := range want {
+				if g, ok := got[k]; !ok || !slices.Equal(g, v) {
+					t.Fatalf("Object(%q)[%q] = %v; encoding/json: %v", s, k, g, v)
+				}
+			}
+		}
+	})
 }
