@@ -612,6 +612,26 @@ func TestRestoreRefusesACorruptSnapshot(t *testing.T) {
 	}
 }
 
+// TestSnapshotHeadTakesNoSnapshot: a HEAD of /v1/snapshot is answered
+// with the headers alone, at the leader and at a follower, and takes no
+// snapshot. From a review: it ran a whole SaveSnapshot, forwarded to the
+// leader from a follower, and threw the stream away.
+func TestSnapshotHeadTakesNoSnapshot(t *testing.T) {
+	leader, follower := pair(t, api.Options{})
+	for name, n := range map[string]*node{"leader": leader, "follower": follower} {
+		a := send(t, n.http.URL, "HEAD", "/v1/snapshot", "")
+		if a.code != http.StatusOK || a.header.Get("Content-Type") != "application/octet-stream" || len(a.body) != 0 {
+			t.Errorf("HEAD /v1/snapshot at the %s: %d %q %q, want 200 application/octet-stream and no body",
+				name, a.code, a.header.Get("Content-Type"), a.body)
+		}
+	}
+	for name, n := range map[string]*node{"leader": leader, "follower": follower} {
+		if got := n.fake.Calls()["SaveSnapshot"]; got != 0 {
+			t.Errorf("HEAD /v1/snapshot: the %s took %d snapshots, want none", name, got)
+		}
+	}
+}
+
 // TestMalformedChunkedUploadIsBadSnapshot: a snapshot upload whose chunked
 // framing is malformed is the client's fault, which sent again fails
 // again: 400 bad_snapshot, at the leader and through a follower. From a

@@ -354,6 +354,13 @@ var snapshotTrailers = strings.Join([]string{
 func (s *Server) saveSnapshot(w http.ResponseWriter, r *http.Request) error {
 	h := w.Header()
 	h.Set("Content-Type", "application/octet-stream")
+	if r.Method == http.MethodHead {
+		// The headers alone: a snapshot reads the whole state, and a HEAD's
+		// would be thrown away. Nothing describes it before it is written
+		// (the trailers), so no other header is sent.
+		w.WriteHeader(http.StatusOK)
+		return nil
+	}
 	h.Set("Trailer", snapshotTrailers)
 	cw := &countingWriter{w: w}
 	info, err := s.b.SaveSnapshot(r.Context(), cw)
