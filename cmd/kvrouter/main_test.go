@@ -30,6 +30,7 @@ import (
 	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/internal/rawhttp"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
@@ -1420,6 +1421,35 @@ func TestARestoreUploadCutAtShutdownLeavesNoSpool(t *testing.T) {
 	}
 	if m, _ := filepath.Glob(filepath.Join(up.dataDir, "restore-*.snap")); len(m) > 0 {
 		t.Errorf("a shutdown that returned nil left the restore spool %v in the data directory", m)
+	}
+}
+
+// TestAMalformedChunkedRestoreUploadIsBadSnapshot: a real node answers a
+// snapshot upload whose chunked framing is malformed 400 bad_snapshot, as
+// the API does over its fake (the node reports the read error of its
+// spool as its own failure), and leaves no spool behind. From a review:
+// it was 500 internal.
+func TestAMalformedChunkedRestoreUploadIsBadSnapshot(t *testing.T) {
+	dataDir, httpAddr := filepath.Join(t.TempDir(), "data"), freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- newApp().RunContext(ctx, []string{"kvrouter", "--data-dir", dataDir, "--http-addr", httpAddr,
+			"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "error"})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	pollReady(t, httpAddr)
+	code, b := rawhttp.Send(t, httpAddr, "POST /v1/snapshot/restore HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+
+		"5\r\nKVRSN\r\nzz\r\n", false) // "zz" is no chunk size
+	var body api.ErrorResponse
+	if err := json.Unmarshal(b, &body); err != nil || code != http.StatusBadRequest || body.Reason != api.ReasonBadSnapshot {
+		t.Fatalf("an upload with a malformed chunk size: %d %s (%v), want 400 bad_snapshot", code, b, err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dataDir, "restore-*.snap")); len(m) > 0 {
+		t.Errorf("the refused upload left the spool %v in the data directory", m)
 	}
 }
 
