@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
@@ -1057,5 +1058,40 @@ func TestEngineRenamesInOneBatch(t *testing.T) {
 	caughtUp(t, r, a)
 	if g2, d := tierBlocks(r, kvevent.TierHostPinned), tierBlocks(r, kvevent.TierDevice); g2 != 0 || d != 2 {
 		t.Fatalf("the pool evicted 2 and 3: the router holds %d G2 blocks (want 0) and %d device blocks (want 2)", g2, d)
+	}
+}
+
+// TestCleanStopTakesG2OffTheRouter: kvagent's clean stop closes the
+// offload side (the engine API, then the pools), then flushes the
+// publisher. The router is then left with what is still there: the
+// engine's G1 blocks (the engine may run on) and the G3 pool's blocks
+// (on disk, republished by the next agent), not the G2 pool's, whose
+// pinned memory the stop freed. From a review: the G2 blocks stayed on
+// the router, and were scored, until the worker's lease ran out, or for
+// good with a lease of 0.
+func TestCleanStopTakesG2OffTheRouter(t *testing.T) {
+	r := startRouter(t)
+	a, _ := startAgent(t, r)
+	o := startOffload(t, a, offloadConfig{hostCap: 8, diskCap: 64, diskDir: t.TempDir(), filter: manager.FilterConfig{Always: true}})
+	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3, 4)}))
+	hashes, locals := o.offload(true, 0, 1, 2, 3, 4, 5)
+	waitFor(t, "the chain on disk", func() bool { return o.disk.Stats().Used == len(hashes) })
+	o.idle()
+	waitFor(t, "the router to hold every tier", func() bool {
+		return tierBlocks(r, kvevent.TierDevice) == 4 && tierBlocks(r, kvevent.TierHostPinned) == 6 && tierBlocks(r, kvevent.TierDisk) == 6
+	})
+
+	// kvagent's shutdown: the offload side closes, then the last events
+	// are flushed (within its 2 s).
+	o.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	must(t, a.Flush(ctx))
+	caughtUp(t, r, a)
+	if g1, g2, g3 := tierBlocks(r, kvevent.TierDevice), tierBlocks(r, kvevent.TierHostPinned), tierBlocks(r, kvevent.TierDisk); g1 != 4 || g2 != 0 || g3 != 6 {
+		t.Fatalf("after the stop the router holds %d G1, %d G2 and %d G3 blocks; want the engine's 4, none and the disk's 6", g1, g2, g3)
+	}
+	if m := tieredMatch(r, locals); m[kvevent.TierHostPinned] != 0 || m[kvevent.TierDisk] != 6 {
+		t.Fatalf("after the stop a route matches %v of the offloaded chain; want none in G2, 6 in G3", m)
 	}
 }

@@ -268,9 +268,10 @@ type flushCloser interface {
 // (off; nil when there is none), then gives the agent's last events 2 s
 // to be acknowledged, then closes the agent's publisher, in that order:
 // what the pools publish as they close goes out while the publisher is
-// still open, and the router is left with what the engine and the pools
-// held. What is still out after the 2 s, the next agent's resync brings
-// back.
+// still open, and the router is left with what the engine and the G3
+// pools held: a G2 pool's close removes every block it held, as its
+// memory goes (the worker stays registered, its engine may run on). What
+// is still out after the 2 s, the next agent's resync brings back.
 func shutdown(a flushCloser, off io.Closer, logger *slog.Logger) {
 	if off != nil {
 		if err := off.Close(); err != nil {

@@ -669,8 +669,8 @@ func (c *core) close() bool {
 
 // retire closes the core, as close does, and drops every written block
 // with a REMOVE, as an eviction does (split every dumpChain blocks): for a
-// pool whose storage is lost (a DiskPool shut down for damage), whose
-// blocks must not stay advertised. The caller has excluded writers, so no
+// pool whose storage is lost (a DiskPool shut down for damage, a HostPool
+// closed), whose blocks must not stay advertised. The caller has excluded writers, so no
 // block is pending. It reports whether the core was open.
 func (c *core) retire() bool {
 	c.mu.Lock()

@@ -235,10 +235,14 @@ func (p *HostPool) Stats() Stats { return p.c.stats() }
 // i × BlockSize.
 func (p *HostPool) Region() backend.HostBuffer { return p.buf }
 
-// Close frees the pool's memory. No copy into or out of it may still run;
-// later calls fail with ErrClosed. A second Close returns nil.
+// Close frees the pool's memory, and first publishes a REMOVE of every
+// block it held: their bytes are gone, and the router, which would go on
+// routing to them until the worker left (kvagent's stop keeps the worker
+// registered), must not. No copy into or out of it may still run; later
+// calls fail with ErrClosed. A second Close returns nil and publishes
+// nothing.
 func (p *HostPool) Close() error {
-	if !p.c.close() {
+	if !p.c.retire() {
 		return nil
 	}
 	p.unregister()

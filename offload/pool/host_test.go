@@ -121,3 +121,36 @@ func TestHostPendingBlocksCountAgainstCapacity(t *testing.T) {
 	}
 	p.Abort(r1, r2)
 }
+
+// TestHostCloseRemovesItsBlocks: Close frees the pool's memory, so it
+// publishes a REMOVE of every block it held (a pending one was never
+// advertised): a subscriber (the agent, the router behind it) must not go
+// on offering blocks whose bytes are gone. From a review: Close published
+// nothing, and the router routed to the G2 blocks of a stopped kvagent
+// until its worker's lease ran out (or for good, with --lease 0).
+func TestHostCloseRemovesItsBlocks(t *testing.T) {
+	s := newSink(t)
+	p, err := pool.NewHost(hostBackend(t), pool.Config{Rank: rank, Capacity: 8, BlockSize: testBlock, Sink: s})
+	check(t, err)
+	bs := chain(0, 0, 3)
+	register(t, p, bs...)
+	register(t, p, pool.Block{Hash: 100})
+	pending, err := p.Reserve(pool.Block{Hash: 200})
+	check(t, err)
+	s.take()
+	check(t, p.Close())
+	got := removed(s.take())
+	slices.Sort(got)
+	want := []uint64{bs[0].Hash, bs[1].Hash, bs[2].Hash, 100}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("Close removed %v, want every held block %v", got, want)
+	}
+	if err := p.Commit(pending); !errors.Is(err, pool.ErrClosed) {
+		t.Fatalf("commit after Close: %v, want ErrClosed", err)
+	}
+	check(t, p.Close())
+	if evs := s.take(); len(evs) != 0 {
+		t.Fatalf("a second Close published %v", evs)
+	}
+}
