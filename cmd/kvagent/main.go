@@ -179,6 +179,12 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	// nothing must not run on, looking healthy to its supervisor. So does
 	// a creds file gone bad since checkFlags read it, which fails every
 	// try, and which nats.go never gives up on (natswatch.ErrCreds).
+	// A subscription that falls behind (heartbeat and event answers
+	// dropped) is logged once per episode and counted, as kvrouter's
+	// (natswatch.ErrorHandler), not left to nats.go's line on stderr.
+	slowConsumers := prometheus.NewCounter(prometheus.CounterOpts{Name: "kvagent_nats_slow_consumer_total",
+		Help: "Times a subscription of the agent's NATS connection (heartbeat and event answers) fell behind and messages were dropped for it, once per episode."})
+	reg.MustRegister(slowConsumers)
 	ctx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
 	nl := natswatch.New(logger, lost, natswatch.Texts{Who: "the agent",
@@ -188,6 +194,7 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	opts := no.NATSOptions()
 	opts = append(opts, nats.RetryOnFailedConnect(true))
 	opts = append(opts, nl.Options()...)
+	opts = append(opts, natswatch.ErrorHandler(logger, slowConsumers))
 	nc, err := nats.Connect(c.String("nats-url"), opts...)
 	if err != nil {
 		return fmt.Errorf("connect to nats %s: %w", eventplane.RedactURLs(c.String("nats-url")), err)

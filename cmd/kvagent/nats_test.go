@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -344,5 +346,36 @@ func TestNATSClosesAfterTheLastFlush(t *testing.T) {
 		}
 	default:
 		t.Fatal("the agent stopped without its shutdown (flush, publisher close) running")
+	}
+}
+
+// TestSlowConsumersAreCountedOnMetrics: /metrics has
+// kvagent_nats_slow_consumer_total (natswatch.ErrorHandler counts the
+// episodes of a subscription of the agent's NATS connection falling
+// behind: heartbeat or event answers dropped), from the start, at 0, as
+// kvrouter has kvrouter_nats_slow_consumer_total. From a review: the
+// agent's connection had no ErrorHandler, and nats.go's default wrote
+// such drops to stderr outside the log, counted nowhere.
+func TestSlowConsumersAreCountedOnMetrics(t *testing.T) {
+	ns, err := eventplane.StartServer(eventplane.ServerConfig{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	metrics := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	r := startKvagent(t, "--worker-id", "1", "--block-size", "4", "--nats-url", ns.ClientURL(),
+		"--engine-endpoint", "tcp://127.0.0.1:"+strconv.Itoa(freePort(t)), "--metrics-addr", metrics)
+	waitFor(t, "the connection to NATS logged", func() bool { return r.logs.has("level=INFO", "connected to NATS") })
+	resp, err := http.Get("http://" + metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "\nkvagent_nats_slow_consumer_total 0\n"; !strings.Contains(string(b), want) {
+		t.Errorf("/metrics has no %q:\n%s", strings.TrimSpace(want), b)
 	}
 }
