@@ -391,3 +391,103 @@ func FuzzScannersAgreeWithEncodingJSON(f *testing.F) {
 		}
 	})
 }
+
+// refElements is Elements's specification on valid JSON: the elements of
+// every array, by how many containers (the array's own included) hold it.
+func refElements(v any, depth int, n *[CountDepth]int) {
+	switch v := v.(type) {
+	case []any:
+		if depth+1 < CountDepth {
+			n[depth+1] += len(v)
+		}
+		for _, e := range v {
+			refElements(e, depth+1, n)
+		}
+	case map[string]any:
+		for _, e := range v {
+			refElements(e, depth+1, n)
+		}
+	}
+}
+
+func TestElementsCountsArrayElementsByDepth(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want map[int]int
+	}{
+		{`{}`, nil},
+		{`[]`, nil},
+		{`[ ]`, nil},
+		{`[1]`, map[int]int{1: 1}},
+		{`{"a":[1,2,{"b":[3]}]}`, map[int]int{2: 3, 4: 1}},
+		{`{"batches":[{"worker_id":1,"events":[{},{},{"blocks":[{},{}],"hashes":[1,2,3]}]},{"events":[]}]}`,
+			map[int]int{2: 2, 4: 3, 6: 5}},
+		// Commas and brackets in strings and keys count nothing; an escaped
+		// quote does not end a string.
+		{`{"a,[":["x,]\"[,", "\\", ",{"], "b":{"c":"]]"}}`, map[int]int{2: 3}},
+		// Objects' commas are not elements.
+		{`[{"a":1,"b":2},{"c":[[],[1,2]]}]`, map[int]int{1: 2, 3: 2, 4: 2}},
+		// Deeper than CountDepth: not counted, and no harm to the counts above.
+		{`[[[[[[[[[[1,2]]]]]]]]],3]`, map[int]int{1: 2, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1}},
+	} {
+		var want [CountDepth]int
+		for d, c := range tc.want {
+			want[d] = c
+		}
+		if got := Elements([]byte(tc.body)); got != want {
+			t.Errorf("Elements(%s) = %v, want %v", tc.body, got, want)
+		}
+		var v any
+		if err := json.Unmarshal([]byte(tc.body), &v); err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		var ref [CountDepth]int
+		refElements(v, 0, &ref)
+		if ref != want {
+			t.Errorf("the reference counts %v in %s, the table %v", ref, tc.body, want)
+		}
+	}
+	// Not JSON: some counts, no panic.
+	for _, b := range []string{`]]]]`, `[,,,`, `"`, `["\`, `}{[`} {
+		_ = Elements([]byte(b))
+	}
+}
+
+func TestElementsAgreesWithEncodingJSON(t *testing.T) {
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 0))
+	var gen func(depth int) any
+	gen = func(depth int) any {
+		switch k := r.IntN(6); {
+		case depth > 10 || k == 0:
+			return r.IntN(100)
+		case k == 1:
+			return `s,[]{}"\` + strconv.Itoa(r.IntN(10))
+		case k <= 3:
+			a := make([]any, r.IntN(4))
+			for i := range a {
+				a[i] = gen(depth + 1)
+			}
+			return a
+		default:
+			m := map[string]any{}
+			for i := range r.IntN(4) {
+				m[`k"[,`+strconv.Itoa(i)] = gen(depth + 1)
+			}
+			return m
+		}
+	}
+	for range 2000 {
+		v := gen(0)
+		b, err := json.MarshalIndent(v, "", " ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want [CountDepth]int
+		refElements(v, 0, &want)
+		if got := Elements(b); got != want {
+			t.Fatalf("Elements(%s) = %v, want %v", b, got, want)
+		}
+	}
+}
