@@ -148,7 +148,7 @@ func (s *Server) workers(w http.ResponseWriter, _ *http.Request) error {
 
 func (s *Server) registerWorker(w http.ResponseWriter, r *http.Request) error {
 	var req RegisterWorkerRequest
-	if err := decodeJSON(r, &req, false); err != nil {
+	if err := decodeJSONWithin(r, &req, false, &registerCosts); err != nil {
 		return err
 	}
 	info, err := workerInfo(&req)
@@ -217,7 +217,7 @@ func (s *Server) setSettings(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 	var req EventsRequest
-	if err := decodeJSON(r, &req, false); err != nil {
+	if err := decodeJSONWithin(r, &req, false, &eventsCosts); err != nil {
 		return err
 	}
 	batches, err := rankBatches(&req)
@@ -252,7 +252,7 @@ func (s *Server) dump(w http.ResponseWriter, r *http.Request) error {
 	}
 	rank := kvevent.Rank{Worker: worker, DP: uint32(dp)}
 	var req DumpRequest
-	if err := decodeJSON(r, &req, false); err != nil {
+	if err := decodeJSONWithin(r, &req, false, &dumpCosts); err != nil {
 		return err
 	}
 	stored, err := dumpEvents(rank, &req)

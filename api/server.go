@@ -619,6 +619,13 @@ func reply(w http.ResponseWriter, code int, v any) error {
 // must be an object: encoding/json decodes a null into a struct as
 // nothing at all, which would make "null" a request of every default.
 func decodeJSON(r *http.Request, v any, optional bool) error {
+	return decodeJSONWithin(r, v, optional, nil)
+}
+
+// decodeJSONWithin is decodeJSON that first refuses a body whose arrays
+// would take more than its budget to decode, with costs (checkDecodeBudget);
+// nil costs checks nothing.
+func decodeJSONWithin(r *http.Request, v any, optional bool, costs *decodeCosts) error {
 	var b []byte
 	var err error
 	if rb, ok := r.Body.(*replayBody); ok {
@@ -630,6 +637,11 @@ func decodeJSON(r *http.Request, v any, optional bool) error {
 	}
 	if err != nil {
 		return bodyError(err)
+	}
+	if costs != nil {
+		if err := checkDecodeBudget(b, costs); err != nil {
+			return err
+		}
 	}
 	return decodeJSONBytes(b, v, optional)
 }

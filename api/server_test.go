@@ -1110,3 +1110,72 @@ func TestRegistrationKeepsTheSalt(t *testing.T) {
 		t.Fatalf("workers = %v, want worker 8 with its salt", ws)
 	}
 }
+
+// TestBodyOverItsDecodeBudgetIs413 sends each endpoint whose arrays hold
+// structs 1 MiB of the smallest such elements ("{}": a few bytes that
+// decode to a hundred or more): refused 413 too_large before anything
+// reaches the backend, where each decoded to hundreds of MB first.
+func TestBodyOverItsDecodeBudgetIs413(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	fill := func(prefix, elem, suffix string) string {
+		return prefix + strings.Repeat(elem+",", (1<<20)/(len(elem)+1)) + elem + suffix
+	}
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/events", fill(`{"batches":[{"worker_id":1,"events":[`, `{}`, `]}]}`)},
+		{"/v1/events", fill(`{"batches":[`, `{}`, `]}`)},
+		{"/v1/events", fill(`{"batches":[{"worker_id":1,"events":[{"event_id":1,"type":"stored","tier":"device","blocks":[`, `{}`, `]}]}]}`)},
+		{"/v1/ranks/1/0/dump", fill(`{"cursor":1,"events":[`, `{}`, `]}`)},
+		// 28 bytes a rank decoded, from 2: over the 16 MiB floor from 1.2 MiB on.
+		{"/v1/workers", `{"worker_id":1,"block_size":16,"dp_ranks":[` + strings.Repeat("0,", 700_000) + `0]}`},
+	} {
+		body := tc.body
+		before := n.fake.Calls()
+		a := send(t, n.http.URL, "POST", tc.path, body)
+		if a.code != http.StatusRequestEntityTooLarge || a.reason(t) != api.ReasonTooLarge || !strings.Contains(string(a.body), "budget") {
+			t.Fatalf("POST %s with %d bytes (%.40s...): %d %.300s, want 413 too_large over the budget", tc.path, len(body), body, a.code, a.body)
+		}
+		if after := n.fake.Calls(); !maps.Equal(before, after) {
+			t.Fatalf("a body over its budget reached the backend: %v -> %v", before, after)
+		}
+	}
+}
+
+// TestLargestClientRequestsAreWithinTheirBudget sends what the in-repo
+// clients send at their largest: a kvagent request (8192 events, the
+// publisher's cap, of the smallest kind, and of stored chains) and a
+// route of a million tokens, all answered, none refused for its budget.
+func TestLargestClientRequestsAreWithinTheirBudget(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	const events = 8192
+	for _, kind := range []kvevent.Kind{kvevent.KindCleared, kvevent.KindRemoved, kvevent.KindStored} {
+		evs := make([]kvevent.Event, events)
+		for i := range evs {
+			e := kvevent.Event{Rank: kvevent.Rank{Worker: 1}, EventID: uint64(i + 1), Kind: kind, Tier: kvevent.TierDevice}
+			switch kind {
+			case kvevent.KindRemoved:
+				e.Removed = []uint64{uint64(i) + 1<<63}
+			case kvevent.KindStored:
+				for j := range 16 {
+					h := uint64(i*16+j) + 1<<63
+					e.Blocks = append(e.Blocks, kvevent.Block{EngineHash: h, LocalHash: h})
+				}
+			}
+			evs[i] = e
+		}
+		body, err := json.Marshal(api.EventsRequestFrom([]raftfsm.RankBatch{{Rank: kvevent.Rank{Worker: 1}, Events: evs}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := send(t, n.http.URL, "POST", "/v1/events", string(body)); a.code != http.StatusOK {
+			t.Fatalf("%d %v events, %d bytes: %d %.300s", events, kind, len(body), a.code, a.body)
+		}
+	}
+	tokens := make([]string, 1<<20)
+	for i := range tokens {
+		tokens[i] = fmt.Sprint(i % 50000)
+	}
+	body := `{"token_ids":[` + strings.Join(tokens, ",") + `]}`
+	if a := send(t, n.http.URL, "POST", "/v1/route", body); a.code == http.StatusRequestEntityTooLarge {
+		t.Fatalf("a route of %d tokens, %d bytes: %d %.300s", len(tokens), len(body), a.code, a.body)
+	}
+}
