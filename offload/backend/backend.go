@@ -32,9 +32,10 @@ var (
 	ErrUnsupported = errors.New("not supported")
 	// ErrFault means a copy touched memory that has no pages behind it any
 	// more: the file behind a region from OpenIPCHandle shrank (an engine
-	// that restarted re-created its shm file). The copy fails; the process
-	// and the stream live on.
-	ErrFault = errors.New("memory fault: the file behind a mapped region shrank")
+	// that restarted re-created its shm file), or (host) was removed from
+	// its path, as by an engine that re-creates it with unlink and create.
+	// The copy fails; the process and the stream live on.
+	ErrFault = errors.New("memory fault: the file behind a mapped region shrank or was removed")
 )
 
 // Kind names a Backend implementation.

@@ -21,6 +21,9 @@
 //     region from OpenIPCHandle: the copy fails with ErrFault (before it is
 //     queued when the file is already short, from the event after it when
 //     the file shrinks under it); the process and the stream live on.
+//     On the host backend a file removed from its path (an engine that
+//     re-creates it by unlink and create) fails copies with ErrFault before
+//     they are queued as well, unless it had no name when mapped (a memfd).
 //   - Copies on one stream run in the order they were queued; an event
 //     recorded on a stream fires only after every copy queued before it has
 //     finished, and its bytes are then visible to the host.

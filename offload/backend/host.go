@@ -163,11 +163,12 @@ func (h *Host) OpenIPCHandle(hd IPCHandle, n int) (DeviceBuffer, error) {
 	if h.closed.Load() {
 		return DeviceBuffer{}, fmt.Errorf("open IPC handle: %w", ErrClosed)
 	}
-	b, fd, err := mapFile(path, n)
+	b, fd, linked, err := mapFile(path, n)
 	if err != nil {
 		return DeviceBuffer{}, fmt.Errorf("open IPC handle %q: %w", path, err)
 	}
-	rec := &regionRec{base: Ptr(unsafe.Pointer(unsafe.SliceData(b))), n: n, kind: memDevice, ipc: true, b: b, fd: fd}
+	rec := &regionRec{base: Ptr(unsafe.Pointer(unsafe.SliceData(b))), n: n, kind: memDevice, ipc: true, b: b, fd: fd,
+		linked: linked}
 	if err := h.reg.add(rec); err != nil {
 		releaseHost(rec)
 		return DeviceBuffer{}, err
@@ -176,38 +177,45 @@ func (h *Host) OpenIPCHandle(hd IPCHandle, n int) (DeviceBuffer, error) {
 }
 
 // mapFile maps the first n bytes of path shared and read-write, and returns
-// the mapping and the file, kept open for checkBacking.
-func mapFile(path string, n int) ([]byte, int, error) {
+// the mapping, the file, kept open for checkBacking, and whether the file
+// has a name (a link count above 0: not a memfd, nor a file already
+// removed).
+func mapFile(path string, n int) ([]byte, int, bool, error) {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, -1, err
+		return nil, -1, false, err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
-		return nil, -1, err
+		return nil, -1, false, err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		unix.Close(fd)
-		return nil, -1, fmt.Errorf("not a regular file: %w", ErrInvalidArgument)
+		return nil, -1, false, fmt.Errorf("not a regular file: %w", ErrInvalidArgument)
 	}
 	if st.Size < int64(n) {
 		unix.Close(fd)
-		return nil, -1, fmt.Errorf("file holds %d bytes, want %d: %w", st.Size, n, ErrOutOfRange)
+		return nil, -1, false, fmt.Errorf("file holds %d bytes, want %d: %w", st.Size, n, ErrOutOfRange)
 	}
 	b, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		unix.Close(fd)
-		return nil, -1, err
+		return nil, -1, false, err
 	}
-	return b, fd, nil
+	return b, fd, st.Nlink > 0, nil
 }
 
 // checkBacking fails with ErrFault when the file behind a region of rs
 // mapped by OpenIPCHandle is now shorter than the mapping: touching the
 // missing pages would raise SIGBUS. It is the cheap, common-case check (one
 // fstat per region per batch); a file that shrinks after it is caught by
-// copyJob.
+// copyJob. It fails the same way when the file, named when mapped, has no
+// name left: an engine that restarts may remove its file and create a new
+// one at the same path, and the mapping of the old one, whole, would copy
+// the dead engine's bytes out and the agent's into memory nobody reads.
+// The link count comes with the same fstat; a file that was never named
+// (a memfd, as ExportIPC's) is not checked.
 func checkBacking(rs []resolved) error {
 	var last *regionRec
 	for _, rc := range rs {
@@ -223,6 +231,10 @@ func checkBacking(rs []resolved) error {
 			if st.Size < int64(rec.n) {
 				return fmt.Errorf("copy: the file behind region %#x+%d holds %d bytes now: %w",
 					rec.base, rec.n, st.Size, ErrFault)
+			}
+			if rec.linked && st.Nlink == 0 {
+				return fmt.Errorf("copy: the file behind region %#x+%d has been removed (re-created at its path?): %w",
+					rec.base, rec.n, ErrFault)
 			}
 		}
 	}

@@ -30,6 +30,9 @@ type regionRec struct {
 	ipc  bool   // mapped by OpenIPCHandle rather than allocated
 	b    []byte // host view, when this process can address the memory
 	fd   int    // host backend: the memfd behind device memory, else -1
+	// linked: host backend, the file behind an IPC mapping had a name
+	// when mapped (a memfd, or a file removed before, has none by design).
+	linked bool
 
 	// inflight counts queued and running copies that touch the region. The
 	// host backend's workers read and write region memory directly, so
