@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -955,6 +956,11 @@ func (p *DiskPool) put(blocks []Block, data [][]byte) (stored, held int, skipped
 	if len(blocks) != len(data) {
 		return 0, 0, nil, fmt.Errorf("put: %w: %d blocks, %d buffers", ErrInvalid, len(blocks), len(data))
 	}
+	if p.bs > maxBatchBytes-putBatchBytes(0) {
+		// A batch holds one block at least (and Pebble panics at 4 GiB).
+		return 0, 0, nil, fmt.Errorf("put: %w: block size %d bytes, over the %d bytes of a batch",
+			ErrInvalid, p.bs, maxBatchBytes)
+	}
 	for i, b := range blocks {
 		if err := b.check(); err != nil {
 			return 0, 0, nil, fmt.Errorf("put: %w", err)
@@ -979,22 +985,30 @@ func (p *DiskPool) put(blocks []Block, data [][]byte) (stored, held int, skipped
 		return 0, held, skipped, stop
 	}
 	// A pending entry's Block and stamp do not change until commit or
-	// abort, so they are read here without the lock.
-	batch := p.db.NewBatchWithSize(len(es) * (p.bs + 2*9 + metaLen + 32))
-	for j, e := range es {
-		batch.Set(hashKey(kindMeta, e.Hash), encodeMeta(e.Block, e.stamp), nil)
-		batch.Set(hashKey(kindData, e.Hash), data[idx[j]], nil)
+	// abort, so they are read here without the lock. Pebble panics on a
+	// batch of 4 GiB (ErrBatchTooLarge), with the entries reserved: a Put
+	// over maxBatchBytes is written in several batches, in order.
+	per := max(1, maxBatchBytes/putBatchBytes(p.bs))
+	for i := 0; i < len(es) && err == nil; i += per {
+		part := es[i:min(i+per, len(es))]
+		batch := p.db.NewBatchWithSize(len(part) * putBatchBytes(p.bs))
+		for j, e := range part {
+			batch.Set(hashKey(kindMeta, e.Hash), encodeMeta(e.Block, e.stamp), nil)
+			batch.Set(hashKey(kindData, e.Hash), data[idx[i+j]], nil)
+		}
+		err = p.commitBatch(batch)
+		batch.Close()
 	}
-	err = p.commitBatch(batch)
-	batch.Close()
 	if err != nil {
-		// abort deletes the batch's keys (drop), under the lock as an
-		// eviction does. A batch whose flush failed is in a memtable that
-		// Pebble keeps retrying: without the delete it would reach the
-		// disk once there is room, and the next open would restore blocks
-		// the pool never held. The delete is durable with the next flush,
-		// as an eviction is (after a crash before then, the blocks come
-		// back: valid blocks, as evicted ones do).
+		// abort deletes the keys of every batch of the Put (drop), under
+		// the lock as an eviction does: those written before the failure,
+		// so that a failed Put stores nothing, and the failed one, since a
+		// batch whose flush failed is in a memtable that Pebble keeps
+		// retrying: without the delete it would reach the disk once there
+		// is room, and the next open would restore blocks the pool never
+		// held. The delete is durable with the next flush, as an eviction
+		// is (after a crash before then, the blocks come back: valid
+		// blocks, as evicted ones do).
 		p.c.abort(es)
 		return 0, held, skipped, fmt.Errorf("put %d blocks: %w", len(es), err)
 	}
@@ -1005,6 +1019,11 @@ func (p *DiskPool) put(blocks []Block, data [][]byte) (stored, held int, skipped
 }
 
 func (p *DiskPool) commitBatch(b *pebble.Batch) error {
+	if testHookCommitBatch != nil {
+		if err := testHookCommitBatch(b); err != nil {
+			return err
+		}
+	}
 	if p.opts.Sync == SyncWAL {
 		return b.Commit(pebble.Sync)
 	}
@@ -1013,6 +1032,19 @@ func (p *DiskPool) commitBatch(b *pebble.Batch) error {
 	}
 	return p.flushThrough(p.committed.Add(1))
 }
+
+// putBatchBytes is at least the bytes that a block of bs bytes adds to a
+// Put's batch (its two keys, their values and Pebble's record headers).
+func putBatchBytes(bs int) int { return bs + 2*9 + metaLen + 32 }
+
+// testHookCommitBatch, nil outside tests, sees each batch commitBatch
+// commits, and fails the commit when it returns an error.
+var testHookCommitBatch func(*pebble.Batch) error
+
+// maxBatchBytes bounds the bytes of one batch of a Put (see putBatchBytes):
+// Pebble's Batch.grow panics (ErrBatchTooLarge) at 4 GiB. A variable for
+// tests.
+var maxBatchBytes = math.MaxInt32
 
 // flushThrough returns once the batch numbered gen is on disk, or fails
 // when the flush does. A flush covers every batch committed before it
