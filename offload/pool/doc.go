@@ -25,7 +25,12 @@
 //     events is the order of the changes. Each event passes kvevent.Validate.
 //   - DiskPool reopened on its directory holds the blocks it held when it was
 //     closed (or, after a crash, every block whose Put returned nil and that
-//     was not evicted since, plus possibly some evicted just before the crash).
+//     was not evicted since, plus possibly some evicted just before the
+//     crash, and some of a Put that failed just before it: on a full disk,
+//     whose batch Pebble's retries of the flush wrote once there was room,
+//     or in a batch written before the one that failed; the Put's abort
+//     deletes them as an eviction does, durable with the next flush. Each
+//     such block comes back whole, with its own bytes.)
 //     Entries in its key ranges that it cannot use (half a block,
 //     undecodable metadata, a block Block.check refuses: a zero hash or its
 //     own parent, a key of the wrong length, the blocks of a loop of
