@@ -412,3 +412,33 @@ func TestDecodeEventsAllocatesPerBatchNotPerEvent(t *testing.T) {
 		t.Fatalf("decoding %d events in %d batches took %.0f allocations, want at most %.0f", 128, len(in), allocs, want)
 	}
 }
+
+// TestDecodedEventsDoNotShareRoom: the events of a request share one array
+// of blocks and one of removed hashes, so each event's slice is capped at
+// its own length: an append to one event's blocks copies them elsewhere
+// instead of writing over the next event's.
+func TestDecodedEventsDoNotShareRoom(t *testing.T) {
+	out, err := decodeEvents(appendEvents(nil, sampleBatches()), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := out[0].Events
+	want := slices.Clone(evs[1].Blocks)
+	evs[0].Blocks = append(evs[0].Blocks, kvevent.Block{EngineHash: 99, LocalHash: 99})
+	if !slices.Equal(evs[1].Blocks, want) {
+		t.Fatalf("an append to event 0's blocks changed event 1's: %v, want %v", evs[1].Blocks, want)
+	}
+	removed := kvevent.Event{Kind: kvevent.KindRemoved, Tier: kvevent.TierDisk, Removed: []uint64{7}}
+	two := []raftfsm.RankBatch{{Rank: kvevent.Rank{Worker: 1}, Events: []kvevent.Event{removed, removed}}}
+	two[0].Events[0].EventID, two[0].Events[1].EventID = 1, 2
+	two[0].Events[1].Removed = []uint64{8}
+	out, err = decodeEvents(appendEvents(nil, two), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs = out[0].Events
+	evs[0].Removed = append(evs[0].Removed, 99)
+	if !slices.Equal(evs[1].Removed, []uint64{8}) {
+		t.Fatalf("an append to event 0's removed hashes changed event 1's: %v", evs[1].Removed)
+	}
+}
