@@ -85,8 +85,9 @@ const maxMsgpackDepth = 10000
 // checked against the bytes that remain before anything is skipped or
 // opened: an array of n values needs n bytes more at least (every value
 // takes one at least), a map of n entries 2n, a string, binary or
-// extension of n bytes n. A walk that passes has seen every value, so the
-// library allocates no more than the body holds.
+// extension of n bytes n. A walk that passes has seen every value, so no
+// length the library allocates by is past the body's; what it allocates
+// for them, a Go value per byte of nil at worst, checkMsgpackShape bounds.
 func checkMsgpack(b []byte) error {
 	left := []uint64{1}
 	pos := 0
@@ -195,12 +196,39 @@ func checkMsgpack(b []byte) error {
 // instance 5, and an event given as an array was applied, where JSON
 // refuses an array for an object. The walk follows t and skips whatever
 // it does not decode into a struct.
+//
+// It also adds up what the decode will allocate for the body's arrays and
+// maps (a slice's length times its element's size, a map's entries times
+// key and value, a pointer's target) and refuses a body whose sum is past
+// decodeBudget: an element takes one byte of the body at least (a nil),
+// but an Event takes over 100 bytes of memory, so that a 32 MiB body of
+// nil events asked for 7.5 GB.
 func checkMsgpackShape(b []byte, t reflect.Type) error {
 	d := msgpack.GetDecoder()
 	defer msgpack.PutDecoder(d)
 	d.Reset(bytes.NewReader(b))
-	var key []byte
-	return checkShapeOf(d, t, &key)
+	w := shapeWalk{budget: decodeBudget(len(b))}
+	return w.check(d, t)
+}
+
+// shapeWalk is checkMsgpackShape's state: key is the buffer a struct's
+// keys are read into, reused for every key: a string per key was most of
+// the allocations of a large body's decode (2008 of 3522 for /events of
+// 1000 blocks), and fields[string(key)] allocates none. alloc is what the
+// values seen so far decode into, refused past budget.
+type shapeWalk struct {
+	key           []byte
+	alloc, budget uint64
+}
+
+// grow adds n values of size bytes each to w's allocation; an error past
+// its budget.
+func (w *shapeWalk) grow(n int, size uintptr) error {
+	w.alloc += uint64(max(n, 0)) * uint64(size)
+	if w.alloc > w.budget {
+		return errDecodeBudget(w.budget)
+	}
+	return nil
 }
 
 var (
@@ -208,18 +236,19 @@ var (
 	unmarshalerType   = reflect.TypeFor[msgpack.Unmarshaler]()
 )
 
-// checkShapeOf checks the next value of d, to be decoded into a t. key is
-// the buffer a struct's keys are read into, reused for every key: a string
-// per key was most of the allocations of a large body's decode (2008 of
-// 3522 for /events of 1000 blocks), and fields[string(key)] allocates
-// none.
-func checkShapeOf(d *msgpack.Decoder, t reflect.Type, key *[]byte) error {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
+// check checks the next value of d, to be decoded into a t.
+func (w *shapeWalk) check(d *msgpack.Decoder, t reflect.Type) error {
 	c, err := d.PeekCode()
 	if err != nil {
 		return err
+	}
+	for t.Kind() == reflect.Pointer {
+		if c != msgpcode.Nil { // the library allocates what it points to
+			if err := w.grow(1, t.Elem().Size()); err != nil {
+				return err
+			}
+		}
+		t = t.Elem()
 	}
 	if c == msgpcode.Nil || reflect.PointerTo(t).Implements(customDecoderType) || reflect.PointerTo(t).Implements(unmarshalerType) {
 		// The library's nil is the zero value; a type that decodes
@@ -249,16 +278,16 @@ func checkShapeOf(d *msgpack.Decoder, t reflect.Type, key *[]byte) error {
 				return err
 			}
 			l = max(l, 0)
-			if cap(*key) < l {
-				*key = make([]byte, l)
+			if cap(w.key) < l {
+				w.key = make([]byte, l)
 			}
-			*key = (*key)[:l]
+			w.key = w.key[:l]
 			if l > 0 {
-				if err := d.ReadFull(*key); err != nil {
+				if err := d.ReadFull(w.key); err != nil {
 					return err
 				}
 			}
-			f, ok := fields[string(*key)]
+			f, ok := fields[string(w.key)]
 			if !ok {
 				if err := d.Skip(); err != nil {
 					return err
@@ -266,7 +295,7 @@ func checkShapeOf(d *msgpack.Decoder, t reflect.Type, key *[]byte) error {
 				continue
 			}
 			// f.name, not key: the value's check reuses key.
-			if err := checkShapeOf(d, f.typ, key); err != nil {
+			if err := w.check(d, f.typ); err != nil {
 				return fmt.Errorf("%s: %w", f.name, err)
 			}
 		}
@@ -276,8 +305,13 @@ func checkShapeOf(d *msgpack.Decoder, t reflect.Type, key *[]byte) error {
 		if err != nil {
 			return err
 		}
+		if t.Kind() == reflect.Slice {
+			if err := w.grow(n, t.Elem().Size()); err != nil {
+				return err
+			}
+		}
 		for i := range n {
-			if err := checkShapeOf(d, t.Elem(), key); err != nil {
+			if err := w.check(d, t.Elem()); err != nil {
 				return fmt.Errorf("[%d]: %w", i, err)
 			}
 		}
@@ -287,11 +321,14 @@ func checkShapeOf(d *msgpack.Decoder, t reflect.Type, key *[]byte) error {
 		if err != nil {
 			return err
 		}
+		if err := w.grow(n, t.Key().Size()+t.Elem().Size()); err != nil {
+			return err
+		}
 		for range n {
 			if err := d.Skip(); err != nil {
 				return err
 			}
-			if err := checkShapeOf(d, t.Elem(), key); err != nil {
+			if err := w.check(d, t.Elem()); err != nil {
 				return err
 			}
 		}
@@ -303,7 +340,7 @@ func checkShapeOf(d *msgpack.Decoder, t reflect.Type, key *[]byte) error {
 // shapeFields caches structFields.
 var shapeFields sync.Map // reflect.Type → map[string]shapeField
 
-// shapeField is a struct field as checkShapeOf sees it: the name the
+// shapeField is a struct field as shapeWalk.check sees it: the name the
 // msgpack library decodes it by, and its type.
 type shapeField struct {
 	name string

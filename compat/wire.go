@@ -163,7 +163,9 @@ func readBody(r *http.Request) ([]byte, error) {
 
 // decodeBytes decodes a body of encoding c, not empty, into v. A
 // MessagePack body goes to the library only once checkMsgpack has passed
-// it.
+// it; a body of either encoding is refused when its arrays would decode
+// into more than decodeBudget of memory (checkMsgpackShape,
+// checkJSONShape).
 func decodeBytes(b []byte, c codec, v any) error {
 	if f, ok := v.(jsonScanner); ok && c == codecJSON && f.scanJSON(b) {
 		return nil
@@ -181,6 +183,9 @@ func decodeBytes(b []byte, c codec, v any) error {
 			return fmt.Errorf("%w: msgpack: %v", errBody, err)
 		}
 		return nil
+	}
+	if err := checkJSONShape(b, reflect.TypeOf(v)); err != nil {
+		return fmt.Errorf("%w: json: %v", errBody, err)
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		return fmt.Errorf("%w: json: %v", errBody, err)
@@ -339,4 +344,26 @@ func (m Map[V]) EncodeMsgpack(e *msgpack.Encoder) error {
 		}
 	}
 	return nil
+}
+
+// decodeBytesPerByte and decodeBytesFloor bound what a body's decode may
+// allocate for its arrays and maps (decodeBudget): 16 bytes of memory per
+// byte of the body, past a floor that small bodies stay under. A real
+// body is far under it (a MessagePack hash of one byte decodes into 8, an
+// event of 30 bytes into some 110); only arrays of nulls or empty values,
+// which decode into nothing the router uses, go past.
+const (
+	decodeBytesPerByte = 16
+	decodeBytesFloor   = 64 << 10
+)
+
+// decodeBudget is the memory a body of n bytes may decode into.
+func decodeBudget(n int) uint64 {
+	return decodeBytesPerByte*uint64(n) + decodeBytesFloor
+}
+
+// errDecodeBudget is the refusal of a body that would decode into more
+// than budget bytes.
+func errDecodeBudget(budget uint64) error {
+	return fmt.Errorf("its arrays decode into more than %d bytes of memory (%d per byte of the body)", budget, decodeBytesPerByte)
 }

@@ -3,10 +3,12 @@ package compat
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"reflect"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -244,5 +246,60 @@ func TestMsgpackShapeCheckAllocations(t *testing.T) {
 	t.Logf("decodeBytes: %.0f allocs; of which checkMsgpackShape: %.0f", whole, shape)
 	if shape > 4 {
 		t.Errorf("checkMsgpackShape allocates %.0f times for one 1000-block body (decodeBytes in all %.0f), want at most 4: not one per map key", shape, whole)
+	}
+}
+
+// TestDecodeAllocationIsBoundedByTheBody: from a review. A body's
+// arrays decode into at most decodeBudget of memory, in either encoding:
+// an events array of n nils is n bytes of MessagePack and n Events (over
+// 100 bytes each) decoded, 224 times the body (7.5 GB for a 32 MiB body);
+// n JSON nulls 130 times. Both are a 400 now, refused before the decode
+// allocates; arrays of real values as short as their encoding allows (a
+// hash of one byte) still decode.
+func TestDecodeAllocationIsBoundedByTheBody(t *testing.T) {
+	n := 1 << 20
+	nils := append([]byte{0x81, 0xa6}, "events"...)
+	nils = append(nils, 0xdd, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	nils = append(nils, bytes.Repeat([]byte{0xc0}, n)...)
+	jsonNulls := []byte(`{"events":[null` + strings.Repeat(",null", n/4-1) + `]}`)
+	for _, c := range []struct {
+		name string
+		c    codec
+		body []byte
+	}{{"MessagePack nils", codecMsgpack, nils}, {"JSON nulls", codecJSON, jsonNulls}} {
+		if c.c == codecMsgpack {
+			if err := checkMsgpack(c.body); err != nil {
+				t.Fatalf("%s: %v (the body is well formed)", c.name, err)
+			}
+		}
+		var ms0, ms1 runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&ms0)
+		var req EventsRequest
+		err := decodeBytes(c.body, c.c, &req)
+		runtime.ReadMemStats(&ms1)
+		alloc := ms1.TotalAlloc - ms0.TotalAlloc
+		t.Logf("%s: %v; body %d bytes, allocated %d bytes (%.1fx)", c.name, err, len(c.body), alloc, float64(alloc)/float64(len(c.body)))
+		if !errors.Is(err, errBody) {
+			t.Errorf("%s: %d events decoded (%v), want a bad request body", c.name, len(req.Events), err)
+		}
+		if alloc > decodeBytesPerByte*uint64(len(c.body)) {
+			t.Errorf("%s: a %d-byte body allocated %d bytes (%.0fx)", c.name, len(c.body), alloc, float64(alloc)/float64(len(c.body)))
+		}
+	}
+	// Hashes of one byte each: 8 bytes of memory per byte of the body.
+	hashes := append([]byte{0x82, 0xaa}, "model_name"...)
+	hashes = append(hashes, 0xa1, 'm', 0xac)
+	hashes = append(hashes, "block_hashes"...)
+	hashes = append(hashes, 0xdd, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	hashes = append(hashes, bytes.Repeat([]byte{0x01}, n)...)
+	var q QueryByHashRequest
+	if err := decodeBytes(hashes, codecMsgpack, &q); err != nil || len(q.BlockHashes) != n {
+		t.Errorf("%d one-byte hashes in MessagePack: %d decoded, %v", n, len(q.BlockHashes), err)
+	}
+	js := []byte(`{"model_name":"m","block_hashes":[1` + strings.Repeat(",1", n-1) + `]}`)
+	q = QueryByHashRequest{}
+	if err := checkJSONShape(js, reflect.TypeOf(&q)); err != nil {
+		t.Errorf("%d one-digit hashes in JSON: %v", n, err)
 	}
 }
