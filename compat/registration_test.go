@@ -735,3 +735,48 @@ func TestUnregisterOfTheOnlyRankRemovesTheInstance(t *testing.T) {
 		t.Errorf("GET /workers after /unregister of the only rank: %s, want []", r.body)
 	}
 }
+
+// TestNamesOfInvalidUTF8AreRefused: from a review. MessagePack carries any
+// bytes in a string, JSON only valid UTF-8: models "m\xff" and "m\xfe",
+// registered through MessagePack, were two namespaces that GET /dump
+// wrote under one JSON key, "m\ufffd:default". A name that is not valid
+// UTF-8 is a 400 that writes nothing, in every field that names one.
+func TestNamesOfInvalidUTF8AreRefused(t *testing.T) {
+	n := startNode(t)
+	reg := func(edit func(*RegisterRequest)) reply {
+		r := RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557", ModelName: "llama", BlockSize: 4, Agentless: ptr(false)}
+		edit(&r)
+		return n.do(t, codecMsgpack, "POST", "/register", r)
+	}
+	for what, edit := range map[string]func(*RegisterRequest){
+		"model_name":      func(r *RegisterRequest) { r.ModelName = "m\xff" },
+		"tenant_id":       func(r *RegisterRequest) { r.TenantID = "t\xfe" },
+		"routing_group":   func(r *RegisterRequest) { r.RoutingGroup = "g\xc3" },
+		"additional_salt": func(r *RegisterRequest) { r.AdditionalSalt = "s\xff" },
+		"endpoint":        func(r *RegisterRequest) { r.Endpoint = "ipc:///tmp/e\xff" },
+	} {
+		if r := reg(edit); r.code != 400 || !strings.Contains(string(r.body), "UTF-8") {
+			t.Errorf("%s of invalid UTF-8: %d %s, want 400", what, r.code, r.body)
+		}
+	}
+	if len(n.node.WorkerTable()) != 0 {
+		t.Fatalf("refused registrations left workers: %v", n.node.WorkerTable())
+	}
+	mustCode(t, n.do(t, codecMsgpack, "POST", "/query", QueryRequest{ModelName: "llama", TokenIDs: []uint32{1}, LoRAName: "l\xff"}),
+		400, "a lora_name of invalid UTF-8")
+	mustCode(t, n.do(t, codecMsgpack, "POST", "/query", QueryRequest{ModelName: "llama", TokenIDs: []uint32{1}, CacheSalt: "c\xff"}),
+		400, "a cache_salt of invalid UTF-8")
+	// Valid UTF-8 beyond ASCII is a name as any other, one key apiece.
+	for i, model := range []string{"modèle", "模型"} {
+		mustCode(t, reg(func(r *RegisterRequest) { r.InstanceID, r.ModelName = uint64(i+1), model }), 201, "register "+model)
+	}
+	r := n.do(t, codecJSON, "GET", "/dump", nil)
+	mustCode(t, r, 200, "dump")
+	var m map[string]DumpNamespace
+	if err := json.Unmarshal(r.body, &m); err != nil {
+		t.Fatal(err)
+	}
+	if len(m) != 2 {
+		t.Errorf("two namespaces, %d keys in the JSON dump: %s", len(m), r.body)
+	}
+}

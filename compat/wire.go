@@ -14,6 +14,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/internal/limits"
@@ -275,16 +276,24 @@ func requireModel(model string, tenants ...string) error {
 	return nil
 }
 
-// checkName refuses a name longer than limits.MaxNameLen bytes.
+// checkName refuses a name longer than limits.MaxNameLen bytes, or not
+// valid UTF-8. JSON carries only valid UTF-8 (encoding/json replaces
+// invalid bytes, in what it reads and writes), MessagePack any bytes: two
+// models "m\xff" and "m\xfe" registered through MessagePack were two
+// namespaces that GET /dump and /selection/workers wrote under one JSON
+// key, "m\ufffd:default".
 func checkName(what, s string) error {
 	if p := limits.Name(s); p != "" {
 		return badRequest("%s %s", what, p)
+	}
+	if !utf8.ValidString(s) {
+		return badRequest("%s is not valid UTF-8", what)
 	}
 	return nil
 }
 
 // checkPrintable refuses a name a registration writes into the worker
-// table with a control character (limits.PrintableName), as POST
+// table that checkName refuses, or with a control character (limits.PrintableName), as POST
 // /v1/workers refuses a model with one: kvctl workers prints the model in
 // a table, where a line break or a tab splits the rank's row, and log
 // lines carry the model and tenant. A NUL among them would also make two
@@ -293,7 +302,7 @@ func checkPrintable(what, s string) error {
 	if p := limits.PrintableName(s); p != "" {
 		return badRequest("%s %s", what, p)
 	}
-	return nil
+	return checkName(what, s)
 }
 
 // checkID refuses an empty, overlong or non-printable id, as /v1 does:
