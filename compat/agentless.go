@@ -420,7 +420,12 @@ func (s *positionSink) commit(evs []kvevent.Event) error {
 	}
 	ctx, cancel := context.WithTimeout(parent, s.a.cfg.CommitTimeout)
 	defer cancel()
-	acks, err := s.a.b.IngestEvents(ctx, []raftfsm.RankBatch{{Rank: s.rank, Events: evs}})
+	// Marked as positions, the batch applies only while the rank's worker
+	// is Positional when it commits: a registration that changed under a
+	// subscriber still running (unregistered and registered again with
+	// agentless false, before the next poll) takes none of its batches,
+	// whichever leader commits them.
+	acks, err := s.a.b.IngestEvents(ctx, []raftfsm.RankBatch{{Rank: s.rank, Incarnation: raftfsm.PositionalIncarnation, Events: evs}})
 	if err != nil {
 		return err
 	}
@@ -448,7 +453,8 @@ func (s *positionSink) commit(evs []kvevent.Event) error {
 }
 
 // errRankUnregistered: the rank's dp rank was unregistered (its worker's
-// other ranks still are) and the commit applied nothing
+// other ranks still are), or its worker is not Positional any more, and
+// the commit applied nothing
 // (raftfsm.RankAck.Unregistered). Nothing was lost that the index should
 // have: the rank's state went with its registration. Reconcile stops the
 // subscriber at its next poll; meanwhile its batches are dropped.

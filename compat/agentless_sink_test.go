@@ -387,3 +387,44 @@ func resyncs(t *testing.T, reg *prometheus.Registry, reason enginesub.Reason) fl
 	}
 	return n
 }
+
+// TestAgentlessBatchDoesNotLandInAPostedRegistration: from a review. An
+// agentless instance unregistered and registered again with "agentless":
+// false before the next poll keeps its leader's subscriber until that
+// poll. Its sink committed whatever the registration had become: the
+// engine's first batch (epoch 0, sequence 0: ids 1..k) applied at the new
+// registration's cursor 0, and the poster's own events 1..k were then
+// skipped as duplicates. The batch is marked as positions and applies only
+// to a Positional worker's rank, checked as it applies, so it is dropped
+// (errRankUnregistered) both while the instance is unregistered and once
+// it is registered to post its own events.
+func TestAgentlessBatchDoesNotLandInAPostedRegistration(t *testing.T) {
+	n := startNode(t)
+	reg := func(agentless bool) {
+		mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557",
+			ModelName: "llama", BlockSize: testBlockSize, Agentless: &agentless}), 201, "register")
+	}
+	reg(true)
+	a := &Agentless{b: n.node, cfg: AgentlessConfig{CommitTimeout: 5 * time.Second}, log: quiet}
+	r := kvevent.Rank{Worker: WorkerID(1, "llama", DefaultTenant), DP: 0}
+	s := &positionSink{a: a, rank: r} // the subscriber started at cursor 0
+	st := []kvevent.Event{{Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 7, LocalHash: 7}}}}
+	mustCode(t, n.do(t, codecJSON, "POST", "/unregister", UnregisterRequest{InstanceID: 1, ModelName: "llama"}), 200, "unregister")
+	if err := s.Events(r, 0, st); err != nil || !s.unregistered {
+		t.Errorf("a batch of the instance unregistered: %v, dropped as unregistered %v", err, s.unregistered)
+	}
+	reg(false)
+	// The engine's next batch reaches the subscriber before the next poll.
+	s.unregistered = false
+	if err := s.Events(r, 1, st); err != nil || !s.unregistered {
+		t.Errorf("a batch of the instance registered with agentless false: %v, dropped as unregistered %v", err, s.unregistered)
+	}
+	if c := n.node.Cursor(r); c != 0 {
+		t.Fatalf("the subscriber's batches moved the rank's cursor to %d", c)
+	}
+	acks := postEvents(t, n, stored(1, 0, "", 0, 2))
+	if len(acks.Acks) != 1 || acks.Acks[0].Applied != 1 {
+		t.Errorf("the poster's first event after registering with agentless false: %+v, want it applied; cursor %d",
+			acks.Acks, n.node.Cursor(r))
+	}
+}

@@ -131,7 +131,9 @@ func (c *PublisherConfig) defaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	for c.Incarnation == 0 {
+	// Neither 0 (unfenced) nor raftfsm.PositionalIncarnation (the
+	// compatible API's, which routers refuse from a publisher).
+	for c.Incarnation == 0 || c.Incarnation == raftfsm.PositionalIncarnation {
 		c.Incarnation = rand.Uint64() // the runtime's ChaCha8, seeded from the OS
 	}
 }

@@ -443,7 +443,11 @@ func decodeEventsHeld(b []byte, maxEvents int) (batches []raftfsm.RankBatch, hel
 		rank := kvevent.Rank{Worker: r.uv(), DP: r.dp()}
 		var inc uint64
 		if v >= wireVersion {
-			inc = r.u64()
+			if inc = r.u64(); inc == raftfsm.PositionalIncarnation {
+				// The compatible API's batches of positions (raftfsm).
+				r.fail("incarnation %d is reserved", inc)
+				break
+			}
 		}
 		first := r.uv()
 		ne := r.count(2)
@@ -497,7 +501,9 @@ func decodeDump(b []byte) (dumpRequest, error) {
 	var d dumpRequest
 	d.rank = kvevent.Rank{Worker: r.uv(), DP: r.dp()}
 	if v >= wireVersion {
-		d.incarnation = r.u64()
+		if d.incarnation = r.u64(); d.incarnation == raftfsm.PositionalIncarnation {
+			r.fail("incarnation %d is reserved", d.incarnation) // as an events request's
+		}
 	}
 	d.cursor = r.uv()
 	// A stored event takes at least minStoredBytes: a forged count can

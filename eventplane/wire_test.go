@@ -174,7 +174,7 @@ func TestReplyRoundTrip(t *testing.T) {
 	if _, _, err := decodeAnswer(appendError(nil, codeNotLeader, "nope"), msgDumpOK); !errors.As(err, &re) || re.Code != codeNotLeader {
 		t.Fatalf("error reply to a dump: %v", err)
 	}
-	in := dumpRequest{rank: kvevent.Rank{Worker: 5}, incarnation: 1<<64 - 1, cursor: 17, stored: sampleBatches()[0].Events[:2]}
+	in := dumpRequest{rank: kvevent.Rank{Worker: 5}, incarnation: 1<<64 - 2, cursor: 17, stored: sampleBatches()[0].Events[:2]}
 	for i := range in.stored { // a dump's events travel without rank or id
 		in.stored[i].Rank, in.stored[i].EventID = in.rank, 0
 	}
@@ -440,5 +440,26 @@ func TestDecodedEventsDoNotShareRoom(t *testing.T) {
 	evs[0].Removed = append(evs[0].Removed, 99)
 	if !slices.Equal(evs[1].Removed, []uint64{8}) {
 		t.Fatalf("an append to event 0's removed hashes changed event 1's: %v", evs[1].Removed)
+	}
+}
+
+// TestReservedIncarnationIsRefused: raftfsm.PositionalIncarnation marks
+// the compatible API's batches of engine positions, which apply only to a
+// Positional worker's rank: an events request or a dump carrying it is
+// malformed, and a publisher never draws it.
+func TestReservedIncarnationIsRefused(t *testing.T) {
+	in := sampleBatches()
+	in[1].Incarnation = raftfsm.PositionalIncarnation
+	if _, err := decodeEvents(appendEvents(nil, in), 5); !errors.Is(err, ErrMalformed) {
+		t.Errorf("an events request of incarnation %#x: %v, want ErrMalformed", raftfsm.PositionalIncarnation, err)
+	}
+	b := appendDump(nil, &dumpRequest{rank: kvevent.Rank{Worker: 5}, incarnation: raftfsm.PositionalIncarnation, cursor: 17})
+	if _, err := decodeDump(b); !errors.Is(err, ErrMalformed) {
+		t.Errorf("a dump of incarnation %#x: %v, want ErrMalformed", raftfsm.PositionalIncarnation, err)
+	}
+	c := PublisherConfig{Incarnation: raftfsm.PositionalIncarnation}
+	c.defaults()
+	if c.Incarnation == 0 || c.Incarnation == raftfsm.PositionalIncarnation {
+		t.Errorf("a publisher's incarnation %#x", c.Incarnation)
 	}
 }

@@ -929,20 +929,24 @@ func (f *FSM) unlisted(r kvevent.Rank) bool {
 // that commits after its successor's dump would otherwise apply on top of
 // the new state, and make the successor's events with those ids
 // duplicates (docs/events.md). A batch or a rank without an incarnation
-// (0) is not fenced.
+// (0) is not fenced, nor is a batch of positions (PositionalIncarnation),
+// which applies only to a Positional worker's listed rank.
 func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
-	if f.unlisted(rb.Rank) {
+	positions := rb.Incarnation == PositionalIncarnation
+	if f.unlisted(rb.Rank) || (positions && !f.wtab[rb.Rank.Worker].Positional) {
 		// Only the leader's own subscriber sends a Positional rank's
 		// events, and it runs on for up to a poll after the rank was
 		// unregistered: applied, they would rebuild state and a cursor
 		// that no sweep takes away (the worker is registered), and that
-		// a later registration of the rank would resume from.
+		// a later registration of the rank would resume from; or, its
+		// worker registered again with non-positional ids, take the
+		// poster's first ids.
 		return RankAck{Rank: rb.Rank, Unregistered: true}
 	}
 	rc := f.rankCursor(rb.Rank)
 	cur := rc.id
 	ack := RankAck{Rank: rb.Rank}
-	if rb.Incarnation != 0 && rc.incarnation != 0 && rb.Incarnation != rc.incarnation {
+	if rb.Incarnation != 0 && !positions && rc.incarnation != 0 && rb.Incarnation != rc.incarnation {
 		// Not heard: the sender is another incarnation than the rank's,
 		// dead or about to be, and a rank whose own publisher went quiet
 		// must still be reported silent.

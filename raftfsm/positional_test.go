@@ -230,3 +230,47 @@ func checkRankClean(t *testing.T, n *Node, r kvevent.Rank, what string) {
 		t.Fatalf("%s: rank %v is in the sweep's list", what, r)
 	}
 }
+
+// TestBatchOfPositionsAppliesOnlyToAPositionalWorker: from a review. A
+// batch marked PositionalIncarnation (the compatible API's agentless
+// subscriber) applies only to a listed rank of a worker that is Positional
+// as it applies: its worker unregistered, or registered again with
+// non-positional ids before the subscriber stopped, it applies nothing and
+// is acked Unregistered, and the poster's own first ids apply. It is never
+// fenced, and the worker's unmarked batches apply as before.
+func TestBatchOfPositionsAppliesOnlyToAPositionalWorker(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	n := c.leader()
+	r := kvevent.Rank{Worker: 1}
+	ingest := func(inc, first uint64) RankAck {
+		t.Helper()
+		acks, err := n.IngestEvents(ctx(t), []RankBatch{{Rank: r, Incarnation: inc, Events: chainEvents(r, first, 1, first)}})
+		if err != nil || len(acks) != 1 {
+			t.Fatalf("ingest incarnation %#x at %d: %v %v", inc, first, acks, err)
+		}
+		return acks[0]
+	}
+	if a := ingest(PositionalIncarnation, 1); !a.Unregistered || a.Applied != 0 {
+		t.Fatalf("positions of a worker not registered: %+v, want Unregistered", a)
+	}
+	w := WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}, Positional: true}
+	if err := n.RegisterWorker(ctx(t), w); err != nil {
+		t.Fatal(err)
+	}
+	if a := ingest(PositionalIncarnation, 1<<12|1); a.Applied != 1 || a.Unregistered || a.Fenced {
+		t.Fatalf("positions of a Positional worker: %+v", a)
+	}
+	if err := n.DeregisterWorker(ctx(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	w.Positional = false
+	if err := n.RegisterWorker(ctx(t), w); err != nil {
+		t.Fatal(err)
+	}
+	if a := ingest(PositionalIncarnation, 1); !a.Unregistered || a.Applied != 0 {
+		t.Fatalf("positions of a worker registered again with non-positional ids: %+v, want Unregistered", a)
+	}
+	if a := ingest(0, 1); a.Applied != 1 || a.Cursor != 1 {
+		t.Fatalf("the poster's first event: %+v, want it applied", a)
+	}
+}

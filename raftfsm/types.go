@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"math"
 	"time"
 
 	"github.com/kvrouter/kvrouter/indexer"
@@ -69,9 +70,23 @@ type RankBatch struct {
 	// (eventplane: each Publisher draws a random non-zero one), or 0 for
 	// an unfenced batch (the HTTP and compatible APIs, agents of builds
 	// before incarnations). docs/events.md says what the FSM does with it.
+	// PositionalIncarnation marks a batch of positions instead.
 	Incarnation uint64
 	Events      []kvevent.Event
 }
+
+// PositionalIncarnation is the Incarnation of a batch whose event ids are
+// positions in an engine's stream (the compatible API's agentless
+// subscriber, compat): it applies only to a rank of a Positional worker
+// that lists it, and is acknowledged Unregistered otherwise, the worker's
+// registration checked as the batch applies. A subscriber runs on for up
+// to a poll after its worker was unregistered and registered again with
+// non-positional ids: its first batch (ids 1..k from the engine's first)
+// applied to the new registration, and the poster's own events 1..k were
+// then skipped as duplicates. No publisher uses it (eventplane refuses it
+// on the wire), and no batch of it is fenced: the subscriber follows no
+// dump.
+const PositionalIncarnation uint64 = math.MaxUint64
 
 // RankAck is what the cluster did with one RankBatch, once committed.
 type RankAck struct {
