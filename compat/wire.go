@@ -65,7 +65,9 @@ func (h *Hash) UnmarshalJSON(b []byte) error {
 // EncodeMsgpack writes h as a signed 64-bit integer.
 func (h Hash) EncodeMsgpack(e *msgpack.Encoder) error { return e.EncodeInt(int64(h)) }
 
-// DecodeMsgpack reads a signed or unsigned integer.
+// DecodeMsgpack reads a signed or unsigned integer. A nil is refused, as
+// JSON's null is (UnmarshalJSON): a hash of null names no block, and the
+// reference API refuses it.
 func (h *Hash) DecodeMsgpack(d *msgpack.Decoder) error {
 	v, err := d.DecodeInterfaceLoose()
 	if err != nil {
@@ -76,10 +78,25 @@ func (h *Hash) DecodeMsgpack(d *msgpack.Decoder) error {
 		*h = Hash(v)
 	case uint64:
 		*h = Hash(v)
+	case nil:
+		return errors.New("block hash: nil is not an integer")
 	default:
 		return fmt.Errorf("block hash: %T is not an integer", v)
 	}
 	return nil
+}
+
+// The msgpack library reads a nil as the zero value before it calls a
+// type's DecodeMsgpack: a block hash of nil read 0 where JSON's null is a
+// 400. Registered, Hash's decoder sees the nil (a *Hash field, a parent
+// hash, still reads a nil as none, as JSON's null).
+func init() {
+	msgpack.Register(Hash(0), nil, func(d *msgpack.Decoder, v reflect.Value) error {
+		var h Hash
+		err := h.DecodeMsgpack(d)
+		v.SetUint(uint64(h))
+		return err
+	})
 }
 
 // TokenID is a prompt token id: an unsigned 32-bit integer.

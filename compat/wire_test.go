@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"reflect"
@@ -301,5 +302,55 @@ func TestDecodeAllocationIsBoundedByTheBody(t *testing.T) {
 	q = QueryByHashRequest{}
 	if err := checkJSONShape(js, reflect.TypeOf(&q)); err != nil {
 		t.Errorf("%d one-digit hashes in JSON: %v", n, err)
+	}
+}
+
+// TestHashNullIsRefusedInBothEncodings: from a review. A block hash of
+// null was a 400 in JSON and a hash 0 in MessagePack (the library reads a
+// nil as the zero value before a type's own decoder): one body, two
+// answers. Both refuse it; a parent hash of null is none in both.
+func TestHashNullIsRefusedInBothEncodings(t *testing.T) {
+	mp := func(v any) []byte {
+		var buf bytes.Buffer
+		if err := msgpack.NewEncoder(&buf).Encode(v); err != nil {
+			t.Fatal(err)
+		}
+		return buf.Bytes()
+	}
+	for _, c := range []struct {
+		name string
+		json string
+		mp   any
+		v    func() any
+	}{
+		{"query_by_hash's block_hashes", `{"model_name":"m","block_hashes":[null]}`,
+			map[string]any{"model_name": "m", "block_hashes": []any{nil}}, func() any { return new(QueryByHashRequest) }},
+		{"a stored block's block_hash", `{"instance_id":1,"events":[{"event_id":1,"type":"stored","blocks":[{"block_hash":null,"tokens_hash":5}]}]}`,
+			map[string]any{"instance_id": 1, "events": []any{map[string]any{"event_id": 1, "type": "stored",
+				"blocks": []any{map[string]any{"block_hash": nil, "tokens_hash": 5}}}}}, func() any { return new(EventsRequest) }},
+		{"a removed event's block_hashes", `{"instance_id":1,"events":[{"event_id":1,"type":"removed","block_hashes":[1,null]}]}`,
+			map[string]any{"instance_id": 1, "events": []any{map[string]any{"event_id": 1, "type": "removed",
+				"block_hashes": []any{1, nil}}}}, func() any { return new(EventsRequest) }},
+	} {
+		if err := decodeBytes([]byte(c.json), codecJSON, c.v()); !errors.Is(err, errBody) {
+			t.Errorf("%s null in JSON: %v, want a bad request body", c.name, err)
+		}
+		v := c.v()
+		if err := decodeBytes(mp(c.mp), codecMsgpack, v); !errors.Is(err, errBody) {
+			t.Errorf("%s nil in MessagePack: %v (decoded %+v), want a bad request body", c.name, err, v)
+		}
+	}
+	js := `{"instance_id":1,"events":[{"event_id":1,"type":"stored","parent_hash":null,"blocks":[{"block_hash":-1,"tokens_hash":5}]}]}`
+	m := map[string]any{"instance_id": 1, "events": []any{map[string]any{"event_id": 1, "type": "stored", "parent_hash": nil,
+		"blocks": []any{map[string]any{"block_hash": -1, "tokens_hash": 5}}}}}
+	var rj, rm EventsRequest
+	if err := decodeBytes([]byte(js), codecJSON, &rj); err != nil {
+		t.Fatal(err)
+	}
+	if err := decodeBytes(mp(m), codecMsgpack, &rm); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(rj, rm) || rm.Events[0].ParentHash != nil || rm.Events[0].Blocks[0].BlockHash != Hash(math.MaxUint64) {
+		t.Errorf("a parent hash of null: JSON %+v, MessagePack %+v", rj.Events, rm.Events)
 	}
 }
