@@ -2,30 +2,59 @@ package compat
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"reflect"
+	"slices"
+	"strings"
 )
 
-// checkJSONShape refuses JSON body b, to be decoded into a t, when what
-// encoding/json would allocate for its arrays and maps is past
-// decodeBudget, as checkMsgpackShape does for MessagePack: an array of n
-// nulls is 5n bytes, and encoding/json allocates n Events for it (over 100
-// bytes each, 130 times the body with the slice's growth). A body that is
-// not valid JSON passes: encoding/json refuses it before it allocates.
-func checkJSONShape(b []byte, t reflect.Type) error {
+// checkJSONShape checks JSON body b, to be decoded into a t, and returns
+// the body encoding/json is to decode.
+//
+// It refuses b when what encoding/json would allocate for its arrays and
+// maps is past decodeBudget, as checkMsgpackShape does for MessagePack: an
+// array of n nulls is 5n bytes, and encoding/json allocates n Events for
+// it (over 100 bytes each, 130 times the body with the slice's growth).
+//
+// And it makes a request's keys match its fields exactly, as MessagePack's
+// do: encoding/json matches a key to a field case-insensitively when none
+// matches exactly, so that {"model_name":"llama","Model_Name":"other"}
+// named model "other" in JSON and "llama" in MessagePack. A key that
+// differs from a field's name only in case is unknown, and ignored as
+// unknown keys are: the body returned is a copy of b with each such key
+// written over with '~', which no field's name holds or folds to.
+//
+// A body that is not valid JSON passes as it is: encoding/json refuses it
+// before it allocates.
+func checkJSONShape(b []byte, t reflect.Type) ([]byte, error) {
 	if !json.Valid(b) {
-		return nil
+		return b, nil
 	}
 	w := jsonWalk{b: b, budget: decodeBudget(len(b))}
-	return w.value(t)
+	if err := w.value(t); err != nil {
+		return nil, err
+	}
+	if len(w.folded) == 0 {
+		return b, nil
+	}
+	out := slices.Clone(b)
+	for _, k := range w.folded {
+		for i := k[0]; i < k[1]; i++ {
+			out[i] = '~'
+		}
+	}
+	return out, nil
 }
 
 // jsonWalk walks a valid JSON body along the type it decodes into, adding
-// up in alloc what the decode allocates for it.
+// up in alloc what the decode allocates for it, and noting in folded the
+// contents (from, to) of each key that would match a field only by case.
 type jsonWalk struct {
 	b             []byte
 	pos           int
 	alloc, budget uint64
+	folded        [][2]int
 }
 
 // grow adds n values of size bytes each to w's allocation; an error past
@@ -92,21 +121,29 @@ func (w *jsonWalk) value(t reflect.Type) error {
 		}
 		for {
 			w.ws()
+			from := w.pos + 1
 			key := w.str()
 			w.ws()
 			w.pos++ // ':'
 			var vt reflect.Type
 			switch {
 			case fields != nil:
+				k := ""
+				if bytes.IndexByte(key, '\\') >= 0 {
+					k = unescapeKey(key)
+				}
 				var f shapeField
 				var ok bool
-				if bytes.IndexByte(key, '\\') < 0 {
+				if k == "" {
 					f, ok = fields[string(key)]
 				} else {
-					f, ok = fields[unescapeKey(key)]
+					f, ok = fields[k]
 				}
-				if ok {
+				switch {
+				case ok:
 					vt = f.typ
+				case foldsToField(fields, cmp.Or(k, string(key))):
+					w.folded = append(w.folded, [2]int{from, from + len(key)})
 				}
 			case isMap:
 				if err := w.grow(1, t.Key().Size()+t.Elem().Size()); err != nil {
@@ -160,6 +197,17 @@ func (w *jsonWalk) value(t reflect.Type) error {
 		}
 	}
 	return nil
+}
+
+// foldsToField reports whether key matches a field of fields when case is
+// ignored, as encoding/json matches a key that matches none exactly.
+func foldsToField(fields map[string]shapeField, key string) bool {
+	for name := range fields {
+		if strings.EqualFold(name, key) {
+			return true
+		}
+	}
+	return false
 }
 
 // unescapeKey is a key's raw contents with escapes, as encoding/json

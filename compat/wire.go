@@ -202,7 +202,8 @@ func decodeBytes(b []byte, c codec, v any) error {
 		}
 		return nil
 	}
-	if err := checkJSONShape(b, reflect.TypeOf(v)); err != nil {
+	b, err := checkJSONShape(b, reflect.TypeOf(v))
+	if err != nil {
 		return fmt.Errorf("%w: json: %v", errBody, err)
 	}
 	if err := json.Unmarshal(b, v); err != nil {

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"reflect"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -300,7 +301,7 @@ func TestDecodeAllocationIsBoundedByTheBody(t *testing.T) {
 	}
 	js := []byte(`{"model_name":"m","block_hashes":[1` + strings.Repeat(",1", n-1) + `]}`)
 	q = QueryByHashRequest{}
-	if err := checkJSONShape(js, reflect.TypeOf(&q)); err != nil {
+	if _, err := checkJSONShape(js, reflect.TypeOf(&q)); err != nil {
 		t.Errorf("%d one-digit hashes in JSON: %v", n, err)
 	}
 }
@@ -352,5 +353,51 @@ func TestHashNullIsRefusedInBothEncodings(t *testing.T) {
 	}
 	if !reflect.DeepEqual(rj, rm) || rm.Events[0].ParentHash != nil || rm.Events[0].Blocks[0].BlockHash != Hash(math.MaxUint64) {
 		t.Errorf("a parent hash of null: JSON %+v, MessagePack %+v", rj.Events, rm.Events)
+	}
+}
+
+// TestKeysMatchExactlyInBothEncodings: from a review. encoding/json
+// matched a key to a field case-insensitively, the msgpack library
+// exactly, so {"model_name":"llama","Model_Name":"other"} named model
+// "other" in JSON and "llama" in MessagePack. A key that differs from a
+// field's name only in case is unknown in both, and ignored as unknown
+// keys are, at every level of the body; escapes in a key are read as
+// encoding/json reads them.
+func TestKeysMatchExactlyInBothEncodings(t *testing.T) {
+	js := `{"model_name":"llama","Model_Name":"other","block_hashes":[1]}`
+	var qj, qm QueryByHashRequest
+	if err := decodeBytes([]byte(js), codecJSON, &qj); err != nil {
+		t.Fatal(err)
+	}
+	// The same map, key for key, in MessagePack (a fixmap keeps the order).
+	mp := []byte{0x83}
+	for _, kv := range [][2]string{{"model_name", "llama"}, {"Model_Name", "other"}} {
+		mp = append(mp, byte(0xa0|len(kv[0])))
+		mp = append(mp, kv[0]...)
+		mp = append(mp, byte(0xa0|len(kv[1])))
+		mp = append(mp, kv[1]...)
+	}
+	mp = append(mp, 0xac)
+	mp = append(mp, "block_hashes"...)
+	mp = append(mp, 0x91, 0x01)
+	if err := decodeBytes(mp, codecMsgpack, &qm); err != nil {
+		t.Fatal(err)
+	}
+	if qj.ModelName != "llama" || qm.ModelName != "llama" {
+		t.Errorf("one body, models: JSON %q, MessagePack %q; want llama", qj.ModelName, qm.ModelName)
+	}
+	body := []byte(`{"Model_Name":"other","MODEL_NAME":"x","model_n\u0061me":"llama","instance_id":3,` +
+		`"events":[{"Event_ID":9,"event_id":1,"TYPE":"removed","type":"stored","blocks":[{"Block_Hash":5,"block_hash":7,"tokens_Hash":8}]}]}`)
+	orig := slices.Clone(body)
+	var r EventsRequest
+	if err := decodeBytes(body, codecJSON, &r); err != nil {
+		t.Fatal(err)
+	}
+	want := EventsRequest{ModelName: "llama", InstanceID: 3, Events: []Event{{EventID: 1, Type: "stored", Blocks: []Block{{BlockHash: 7}}}}}
+	if !reflect.DeepEqual(r, want) {
+		t.Errorf("keys in other cases: decoded %+v, want %+v", r, want)
+	}
+	if !bytes.Equal(body, orig) {
+		t.Errorf("the decode wrote over its caller's body: %s", body)
 	}
 }
