@@ -792,9 +792,12 @@ func (s *Selection) reserve(ctx context.Context, req *ReservationRequest) (any, 
 	ns := s.x.ns.get(s.b, req.ModelName, group)
 	rk := kvevent.Rank{Worker: WorkerID(req.WorkerID, req.ModelName, group), DP: req.DPRank}
 	if _, ok := ns.has(rk); !ok {
-		// A /v1 worker is its own instance in the default group.
+		// A /v1 worker (no tenant) is its own instance in the default
+		// group (namespaceOf). Only such a worker, whose id is its
+		// instance: a registered instance's internal id (WorkerID) names
+		// no instance, and booked on it.
 		rk.Worker = req.WorkerID
-		if _, ok := ns.has(rk); !ok {
+		if w, ok := ns.has(rk); !ok || w.Instance != req.WorkerID {
 			return nil, &httpError{code: http.StatusNotFound, err: fmt.Errorf(
 				"worker %d dp rank %d is not registered for model %s routing group %s", req.WorkerID, req.DPRank, req.ModelName, group)}
 		}

@@ -1,6 +1,7 @@
 package compat
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -789,4 +790,33 @@ func TestPotentialLoadsDeriveWhatSelectDerives(t *testing.T) {
 		t.Errorf("idle rank, prompt of 3 blocks of 4: potential_decode_blocks %d, potential_prefill_tokens %d; want 3 and 12 as /select scores",
 			*pl[0].PotentialDecodeBlocks, *pl[0].PotentialPrefillToks)
 	}
+}
+
+// TestReservationOfAnInstancesInternalIDIs404: from a review. A
+// reservation's worker_id falls back to a /v1 worker's own id (a worker
+// registered without a tenant is its own instance in the default group),
+// but took any worker id of the namespace: the internal id of instance 5
+// (WorkerID(5, llama, default)), which names no instance, booked on
+// instance 5 (201) where docs/compat.md says 404. Only a /v1 worker's id
+// is a fallback now; a /v1 worker is still reserved on by its id.
+func TestReservationOfAnInstancesInternalIDIs404(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 5, Endpoint: "tcp://10.0.0.1:5557",
+		ModelName: "llama", BlockSize: 4, Agentless: ptr(false)}), 201, "register")
+	internal := WorkerID(5, "llama", DefaultTenant)
+	r := n.do(t, codecJSON, "POST", "/selection/reservations", ReservationRequest{ReservationID: "r1", ModelName: "llama",
+		WorkerID: internal, SequenceHashes: []Hash{1}, ISLTokens: 4})
+	if r.code != http.StatusNotFound {
+		t.Errorf("a reservation for worker_id %d (instance 5's internal id): %d %s, want 404", internal, r.code, r.body)
+	}
+	if l := loadOf(t, n, "llama", 5, 0); l.ActiveRequests != 0 {
+		t.Errorf("the refused reservation booked on instance 5: %+v", l)
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", ReservationRequest{ReservationID: "r2", ModelName: "llama",
+		WorkerID: 5, SequenceHashes: []Hash{1}, ISLTokens: 4}), 201, "a reservation for instance 5")
+	if err := n.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 9, BlockSize: 4, Model: "llama"}); err != nil {
+		t.Fatal(err)
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", ReservationRequest{ReservationID: "r3", ModelName: "llama",
+		WorkerID: 9, SequenceHashes: []Hash{1}, ISLTokens: 4}), 201, "a reservation for /v1 worker 9")
 }
