@@ -356,3 +356,23 @@ func TestEventsOfAnotherInstanceAreRefused(t *testing.T) {
 		t.Errorf("an event naming the body's instance: %+v, want applied", ack.Acks)
 	}
 }
+
+// TestWorkerIDKeepsModelAndTenantApart: WorkerID joins model and tenant
+// with a 0 byte, so that a model and tenant that run together alike
+// ("ab" and "c", "a" and "bc") are two workers; the top bit marks the
+// compatible API's ids apart from small /v1 ids.
+func TestWorkerIDKeepsModelAndTenantApart(t *testing.T) {
+	for _, c := range [][2][2]string{
+		{{"ab", "c"}, {"a", "bc"}},
+		{{"llama", "default"}, {"llamadefault", ""}},
+		{{"", "x"}, {"x", ""}},
+	} {
+		a, b := WorkerID(1, c[0][0], c[0][1]), WorkerID(1, c[1][0], c[1][1])
+		if a == b {
+			t.Errorf("WorkerID(1, %q, %q) = WorkerID(1, %q, %q) = %#x", c[0][0], c[0][1], c[1][0], c[1][1], a)
+		}
+	}
+	if a, b := WorkerID(1, "m", "t"), WorkerID(2, "m", "t"); a == b || a>>63 != 1 || b>>63 != 1 {
+		t.Errorf("instances 1 and 2 of one namespace: %#x, %#x", a, b)
+	}
+}

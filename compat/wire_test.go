@@ -401,3 +401,35 @@ func TestKeysMatchExactlyInBothEncodings(t *testing.T) {
 		t.Errorf("the decode wrote over its caller's body: %s", body)
 	}
 }
+
+// TestHashMsgpackRefusesWhatIsNoInteger: a block hash in MessagePack is a
+// signed or unsigned 64-bit integer, as in JSON (TestHashJSON): a float,
+// even a whole one, a string or a bool is refused in both.
+func TestHashMsgpackRefusesWhatIsNoInteger(t *testing.T) {
+	for _, c := range []struct {
+		v    any
+		json string
+	}{{1.5, "1.5"}, {2.0, "2.0"}, {float32(3), "3e0"}, {"1", `"1"`}, {true, "true"}} {
+		var buf bytes.Buffer
+		if err := msgpack.NewEncoder(&buf).Encode(map[string]any{"model_name": "m", "block_hashes": []any{c.v}}); err != nil {
+			t.Fatal(err)
+		}
+		var q QueryByHashRequest
+		if err := decodeBytes(buf.Bytes(), codecMsgpack, &q); !errors.Is(err, errBody) {
+			t.Errorf("a hash of %T %v in MessagePack: %v (decoded %v), want a bad request body", c.v, c.v, err, q.BlockHashes)
+		}
+		if err := decodeBytes([]byte(`{"model_name":"m","block_hashes":[`+c.json+`]}`), codecJSON, &q); !errors.Is(err, errBody) {
+			t.Errorf("a hash of %s in JSON: %v, want a bad request body", c.json, err)
+		}
+	}
+	for _, v := range []any{int64(-1), uint64(math.MaxUint64), int8(-128), uint8(200)} {
+		var buf bytes.Buffer
+		if err := msgpack.NewEncoder(&buf).Encode(map[string]any{"model_name": "m", "block_hashes": []any{v}}); err != nil {
+			t.Fatal(err)
+		}
+		var q QueryByHashRequest
+		if err := decodeBytes(buf.Bytes(), codecMsgpack, &q); err != nil || len(q.BlockHashes) != 1 {
+			t.Errorf("a hash of %T %v in MessagePack: %v, %v", v, v, q.BlockHashes, err)
+		}
+	}
+}
