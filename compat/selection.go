@@ -47,6 +47,9 @@ type SelectionBackend interface {
 	// PotentialLoads returns each booked rank's decode blocks with a
 	// request of sequence hashes seq added; idle for any other rank.
 	PotentialLoads(seq []uint64) (loads []indexer.RankLoad, idle int64)
+	// Settings returns the cluster's scoring settings (the view and
+	// weights Route scores with).
+	Settings() raftfsm.Settings
 }
 
 var _ SelectionBackend = (*raftfsm.Node)(nil)
@@ -982,11 +985,14 @@ func (s *Selection) potentialLoads(_ context.Context, req *PotentialLoadsRequest
 	for _, l := range loads {
 		byRank[l.Rank] = l
 	}
-	// Cached tokens per rank, from the index, for the prefill figure.
+	// Cached tokens per rank, from the index, for the prefill figure:
+	// looked up in the cluster's view, as /select's route looks them up
+	// (its effective_prefill_tokens), not always in the dedup view, which
+	// under the tiered view counted a prefix /select does not.
 	cached := map[kvevent.Rank]int64{}
 	if len(local) > 0 {
 		var m indexer.Matches
-		s.b.FindMatches(local, indexer.ViewDedup, &m)
+		s.b.FindMatches(local, s.b.Settings().View, &m)
 		for _, rm := range m.Ranks {
 			cached[rm.Rank] = int64(rm.Total()) * int64(ns.blockSize)
 		}

@@ -820,3 +820,44 @@ func TestReservationOfAnInstancesInternalIDIs404(t *testing.T) {
 	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", ReservationRequest{ReservationID: "r3", ModelName: "llama",
 		WorkerID: 9, SequenceHashes: []Hash{1}, ISLTokens: 4}), 201, "a reservation for /v1 worker 9")
 }
+
+// TestPotentialLoadsCountWhatSelectCountsInTheTieredView: from a review.
+// /potential_loads' potential_prefill_tokens are the figures /select
+// scores with (docs/compat.md), but it looked the prompt up in the dedup
+// view whatever the cluster's: under the tiered view, a prompt whose
+// first block a rank holds on the host and its second on the device only
+// matched 2 blocks there and 1 in /select (its effective_prefill_tokens).
+// Both count in the cluster's view now.
+func TestPotentialLoadsCountWhatSelectCountsInTheTieredView(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: 1, ModelName: "llama",
+		Endpoint: "http://h:1", BlockSize: 4}), 201, "add")
+	mustCode(t, n.do(t, codecJSON, "POST", "/events", EventsRequest{InstanceID: 1, ModelName: "llama",
+		Events: []Event{stored(1, 0, "CPU", 0, 1), stored(2, 0, "GPU", 1, 2)}}), 200, "events")
+	figures := func() (selected, potential int) {
+		t.Helper()
+		s := selectOn(t, n, "/selection/select", SelectRequest{ModelName: "llama", BlockHashes: promptHashes(), ISLTokens: 12})
+		r := n.do(t, codecJSON, "POST", "/selection/potential_loads", PotentialLoadsRequest{ModelName: "llama",
+			BlockHashes: promptHashes(), ISLTokens: 12})
+		mustCode(t, r, 200, "potential loads")
+		var pl []RankLoad
+		if err := json.Unmarshal(r.body, &pl); err != nil {
+			t.Fatal(err)
+		}
+		if len(pl) != 1 || pl[0].PotentialPrefillToks == nil {
+			t.Fatalf("potential loads %s, want one rank", r.body)
+		}
+		return s.EffectivePrefillTokens, int(*pl[0].PotentialPrefillToks)
+	}
+	// The dedup view (the default): both blocks, 12 - 8.
+	if s, p := figures(); s != 4 || p != 4 {
+		t.Errorf("dedup view: /select's effective prefill %d, /potential_loads' %d, want 4 and 4", s, p)
+	}
+	if err := n.node.SetSettings(context.Background(), raftfsm.Settings{Params: indexer.DefaultParams(), View: indexer.ViewTiered}); err != nil {
+		t.Fatal(err)
+	}
+	// The tiered view: the host block, then no host block after it: 12 - 4.
+	if s, p := figures(); s != 8 || p != 8 {
+		t.Errorf("tiered view: /select's effective prefill %d, /potential_loads' %d, want 8 and 8", s, p)
+	}
+}

@@ -2247,6 +2247,10 @@ func (n *Node) Free(ctx context.Context, id string) error {
 	return err
 }
 
+// Settings returns the cluster's scoring settings, as this node's state
+// holds them.
+func (n *Node) Settings() Settings { return n.fsm.Settings() }
+
 // SetSettings replaces the cluster's scoring settings.
 func (n *Node) SetSettings(ctx context.Context, s Settings) error {
 	if err := s.Params.Validate(); err != nil {
