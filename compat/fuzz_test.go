@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -101,6 +102,33 @@ func FuzzCheckMsgpackAgreesWithTheLibrary(f *testing.F) {
 		}
 		if err != nil && skip == nil && len(b) <= maxMsgpackDepth {
 			t.Fatalf("%x: checkMsgpack refused what the library reads: %v", b, err)
+		}
+	})
+}
+
+// FuzzJSONWalk: checkJSONShape's walk, which checks no body whole before
+// it walks it, never panics, and reads every valid JSON body to its end
+// (or to a refusal for its size): a walk that stopped early on valid JSON
+// would miss the arrays and keys after that point.
+func FuzzJSONWalk(f *testing.F) {
+	f.Add([]byte(`{"instance_id":1,"events":[{"event_id":1,"type":"stored","parent_hash":-5,"blocks":[{"block_hash":1,"tokens_hash":18446744073709551615}]}]}`))
+	f.Add([]byte(` {"model_n\u0061me" : "a\"b\\" , "Model_Name":"x", "x":[1.5e+3,-0,true,false,null,{},[],"\u00e9"]} `))
+	f.Add([]byte(`{"events":[null,null,{}],"kv_events_endpoints":{"0":"a"}}`))
+	f.Add([]byte(`{"events":[`))
+	f.Add([]byte(`{"a":}`))
+	f.Add([]byte(`[,]`))
+	f.Add([]byte(`"abc\`))
+	f.Add([]byte(strings.Repeat("[", maxJSONDepth+5)))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, typ := range []reflect.Type{reflect.TypeFor[*EventsRequest](), reflect.TypeFor[*CatalogWorker](), reflect.TypeFor[*QueryRequest]()} {
+			w := jsonWalk{b: body, budget: decodeBudget(len(body))}
+			err := w.value(typ, 0)
+			if !json.Valid(body) || strings.Contains(fmt.Sprint(err), "decode into more than") {
+				continue
+			}
+			if err != nil || w.ws() != 0 {
+				t.Fatalf("%v: a valid body's walk: %v, stopped at byte %d of %d", typ, err, w.pos, len(body))
+			}
 		}
 	})
 }
