@@ -2266,13 +2266,13 @@ func (n *Node) SetSettings(ctx context.Context, s Settings) error {
 // AddMember adds a voter and records its HTTP address. A new member is
 // added as a non-voter first and made a voter once it answers with the
 // log up to its addition (catchUpNonvoter), so that an address where
-// nothing runs never becomes a voter; when the voters that answer now would
-// not be a quorum of the configuration even with it, the add is refused
-// (ErrInvalid). So is a raft address no peer can dial (a wildcard host,
-// port 0), an HTTP address followers could not forward writes to
-// (CheckHTTPAddr), and a raft address that reaches a member's under another spelling
-// (ErrRaftAddrInUse, raftAddrAlias): the leader would replicate to that
-// member as to the new one. Adding a voter again at its address refreshes
+// nothing runs never becomes a voter; when the voters that answer now are
+// not a quorum (this leader lost it, and steps down), the add answers
+// ErrNoLeader: retry. Refused (ErrInvalid) are a raft address no peer can
+// dial (a wildcard host, port 0), an HTTP address followers could not
+// forward writes to (CheckHTTPAddr), and a raft address that reaches a
+// member's under another spelling (ErrRaftAddrInUse, raftAddrAlias): the
+// leader would replicate to that member as to the new one. Adding a voter again at its address refreshes
 // its member entry and answers once its log has caught up with the
 // leader's (awaitVoterLog): at once for a voter that kept its data.
 func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) error {
@@ -2384,10 +2384,17 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 	if n.raft.State() != raft.Leader {
 		return n.notLeader() // lost during the wait: its followers' silence says nothing
 	}
+	// Voters that are a quorum of the configuration now are one of the
+	// new configuration too, the new node counted (catchUpNonvoter waits
+	// for its answers), so the add fails here only where this leader has
+	// lost its quorum: both followers of 3 cut off, and it leads on for
+	// up to a lease. That is the cluster's state, not the request's
+	// fault: it answers as a cluster without a leader (503, retried by a
+	// --join), where ErrInvalid's 400 made a --join stop the node.
 	need := (len(others)+len(down)+1)/2 + 1
 	if len(others)+1 < need {
-		return fmt.Errorf("%w: adding %s needs %d of %d voters to answer and only %d do (%s down): bring the down members back or remove them first",
-			ErrInvalid, id, need, len(others)+len(down)+1, len(others), strings.Join(down, ", "))
+		return fmt.Errorf("%w: add %s: only %d of the %d voters answer this leader (%s down), not a quorum: it can commit nothing until they are back, and steps down",
+			ErrNoLeader, id, len(others), len(others)+len(down), strings.Join(down, ", "))
 	}
 	if err := n.catchUpNonvoter(ctx, cur, id, raftAddr, httpAddr, need, len(others)+len(down)+1); err != nil {
 		return err

@@ -541,6 +541,31 @@ func TestJoinThroughAFollowerWhoseForwardFailsIsRetried(t *testing.T) {
 	}
 }
 
+// TestJoinToALeaderThatLostItsQuorumIsRetried: the leader answers a join
+// as it answers one that reaches it after it lost its quorum (its
+// followers cut off, before it steps down): raftfsm.ErrNoLeader, 503
+// no_leader. The node is not at fault: it asks again, and joins once the
+// cluster can add it. From a review: the leader answered that join 400
+// invalid, which --join takes as final, and the node exited.
+func TestJoinToALeaderThatLostItsQuorumIsRetried(t *testing.T) {
+	leader, addr := fakeLeader(t)
+	var asked atomic.Int32
+	leader.SetHook(func(method string) error {
+		if method == "AddMember" && asked.Add(1) == 1 {
+			return fmt.Errorf("%w: add n4: only 1 of the 3 voters answer this leader (n2, n3 down), not a quorum: it can commit nothing until they are back, and steps down", raftfsm.ErrNoLeader)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := join(ctx, security{}, []string{addr}, "n4", "127.0.0.1:1", "127.0.0.1:2"); err != nil {
+		t.Fatalf("join stopped: %v; want it retried until the leader could add the node", err)
+	}
+	if n := asked.Load(); n < 2 {
+		t.Fatalf("the leader was asked %d times; want the first refused, a later one taken", n)
+	}
+}
+
 // TestJoinPastAHungFirstMember: --join lists two members; the first
 // accepts connections and never answers (a wedged process), the second
 // is a leader that adds the node. The join gets through the second
