@@ -1977,6 +1977,49 @@ func TestANewLeaderNamesServersTheMemberTableLacks(t *testing.T) {
 	})
 }
 
+// TestANewLeaderWritesNoBootstrapEntryForAMemberMovedSince: a bootstrap
+// peer removed and added back at another raft address (to move a member,
+// docs/operations.md), the add ended between its non-voter's entry and
+// its member entry (the leadership moved). The next leader, started with
+// the bootstrap --peers, finds the id in the configuration with no member
+// entry: its flags' addresses are the member's old ones, which the
+// configuration contradicts, so it writes none and names the member as it
+// does any server the table lacks. From a review: the check was on the
+// id alone, and the table got the old raft and HTTP addresses back, the
+// warning suppressed.
+func TestANewLeaderWritesNoBootstrapEntryForAMemberMovedSince(t *testing.T) {
+	var logs testlog.Buffer
+	c := newInmemClusterTuned(t, 3, func(cfg *Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	li, l := c.leaderExcept(-1)
+	v, o := c.nodes[(li+1)%3], c.nodes[(li+2)%3]
+	waitFor(t, 10*time.Second, "the leader's barrier", func() bool { return l.CheckLeader() == nil })
+	if err := l.RemoveMember(ctx(t), v.cfg.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Close(); err != nil {
+		t.Fatal(err)
+	}
+	const moved = "inmem-moved"
+	// The interrupted add's first half: the non-voter at its new address.
+	if err := l.raft.AddNonvoter(raft.ServerID(v.cfg.ID), moved, 0, 0).Error(); err != nil {
+		t.Fatal(err)
+	}
+	transferLeadership(t, l, o.cfg.ID)
+	waitFor(t, 10*time.Second, o.cfg.ID+"'s set-up as leader", func() bool { return o.IsLeader() && o.CheckLeader() == nil })
+	if err := o.RegisterWorker(ctx(t), WorkerInfo{ID: 7, BlockSize: 16}); err != nil {
+		t.Fatal(err) // applied after every entry the set-up sent
+	}
+	if m, ok := o.fsm.Members()[v.cfg.ID]; ok {
+		t.Fatalf("%s's member entry after %s's election: %+v, while the configuration lists it at %s: "+
+			"want none (its bootstrap flags' addresses are the ones it moved from)", v.cfg.ID, o.cfg.ID, m, moved)
+	}
+	waitFor(t, 10*time.Second, "the new leader to name "+v.cfg.ID, func() bool {
+		return len(logs.Lines("has no member entry", "member="+v.cfg.ID, "raft_addr="+moved)) > 0
+	})
+}
+
 // TestAMemberJoinedRemovedAndAddedBackEndsReadyInEveryWay joins n4 to a
 // cluster of three, removes it, and adds it back three ways: still
 // running, restarted on the data it kept, and restarted wiped. Each time

@@ -1521,17 +1521,22 @@ func (n *Node) onLeadership() {
 	}
 	var gone []string
 	if cf := n.raft.GetConfiguration(); cf.Error() == nil {
-		servers := map[string]bool{}
+		servers := map[string]raft.ServerAddress{}
 		for _, srv := range cf.Configuration().Servers {
-			servers[string(srv.ID)] = true
+			servers[string(srv.ID)] = srv.Address
 		}
+		// A peer listed at another raft address than its flags' moved
+		// since the bootstrap (removed and added back there, the add
+		// ended before its member entry): the flags' addresses are its
+		// old ones, and it gets the warning below instead.
 		for _, p := range n.cfg.Peers {
-			if _, known := members[p.ID]; !known && p.ID != n.cfg.ID && p.HTTPAddr != "" && servers[p.ID] {
+			at, listed := servers[p.ID]
+			if _, known := members[p.ID]; !known && p.ID != n.cfg.ID && p.HTTPAddr != "" && listed && sameRaftAddr(string(at), p.RaftAddr) {
 				want = append(want, p)
 			}
 		}
 		for id := range members {
-			if !servers[id] && id != n.cfg.ID {
+			if _, listed := servers[id]; !listed && id != n.cfg.ID {
 				gone = append(gone, id)
 			}
 		}
