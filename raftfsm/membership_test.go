@@ -298,6 +298,57 @@ func TestRemovedLeaderLeavesTheMemberTable(t *testing.T) {
 	}
 }
 
+// TestALeaderRemovingItselfShutsRaftDownWhenTheRemovalCommitsLate: a
+// leader removes itself, and its caller's context ends before the removal
+// commits (the followers' acks held back). The removal still commits,
+// and the leader's Raft must then shut down, as Raft's ShutdownOnRemove
+// would have: it waits for the answer whatever the context says. Left to
+// the context, the call returned at its end and the removed node's Raft
+// ran on as an idle follower.
+func TestALeaderRemovingItselfShutsRaftDownWhenTheRemovalCommitsLate(t *testing.T) {
+	held := map[string]*heldTransport{}
+	c := newInmemClusterTuned(t, 3, func(cfg *Config) {
+		h := holdEntries(t, cfg.Transport.(*raft.InmemTransport), 0)
+		held[cfg.ID] = h
+		cfg.Transport = h
+	})
+	li, l := c.leaderExcept(-1)
+	waitFor(t, 10*time.Second, "the leader's barrier", func() bool { return l.CheckLeader() == nil })
+	waitFor(t, 10*time.Second, "the leader's set-up", l.ledThisTerm)
+	// The followers refuse every entry from the removal's on; the
+	// heartbeats pass, so the leader keeps its lease.
+	from := l.raft.LastIndex() + 1
+	for i, nd := range c.nodes {
+		if i != li {
+			held[nd.cfg.ID].hold(from)
+		}
+	}
+	cx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- l.RemoveMember(cx, l.cfg.ID) }()
+	<-cx.Done()
+	if st := l.raft.State(); st != raft.Leader {
+		t.Fatalf("%s's removal of itself with its entries held: state %v; want it leading, the removal uncommitted", l.cfg.ID, st)
+	}
+	for i, nd := range c.nodes {
+		if i != li {
+			held[nd.cfg.ID].hold(0)
+		}
+	}
+	waitFor(t, 20*time.Second, l.cfg.ID+"'s Raft to shut down once its removal committed", func() bool {
+		return l.raft.State() == raft.Shutdown
+	})
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s's removal of itself, committed after its context ended: %v, want nil", l.cfg.ID, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s's removal of itself: no answer 10 s after its Raft shut down", l.cfg.ID)
+	}
+}
+
 // TestLastVoterIsNotRemoved: removing a cluster's last voter is the
 // caller's mistake (400), not Raft's internal error (500).
 func TestLastVoterIsNotRemoved(t *testing.T) {
@@ -1871,6 +1922,48 @@ func TestAMemberChangeQueuedAcrossALeaderChangeAnswersNotLeader(t *testing.T) {
 				t.Fatalf("%s queued across a leader change: %v, want *NotLeaderError", op, err)
 			}
 		})
+	}
+}
+
+// TestAnAddWhoseLeaderStepsDownWhileItCountsTheVotersAnswersNotLeader: the
+// leader is cut off just as an add begins counting the voters that answer
+// (answeringNow, a contact window long), steps down within its lease, and
+// hears the leader the others elected before the count ends. The add
+// answers *NotLeaderError naming that leader, which the API forwards to:
+// the silence of the others, which no longer answer this node, says
+// nothing of them. Without the leader check after the count, the add
+// judged the others down from a follower's view and answered that the
+// cluster lacks a quorum, naming healthy members.
+func TestAnAddWhoseLeaderStepsDownWhileItCountsTheVotersAnswersNotLeader(t *testing.T) {
+	// A contact window (the election timeout) long enough for the others
+	// to elect a leader, and for this one to hear it, while the add counts.
+	c := newInmemClusterTuned(t, 3, func(cfg *Config) {
+		cfg.HeartbeatTimeout = 500 * time.Millisecond
+		cfg.ElectionTimeout = 5 * time.Second
+	})
+	li, l := c.leaderExcept(-1)
+	waitFor(t, 20*time.Second, "the leader's barrier", func() bool { return l.CheckLeader() == nil })
+	c.isolate(li)
+	done := make(chan error, 1)
+	go func() { done <- l.AddMember(ctx(t), "n4", "127.0.0.1:1", "http-n4") }()
+	ni, next := c.leaderExcept(li)
+	// The new leader reaches the old one; the old one reaches no one, so
+	// it hears no answer from the others (its RPCs go nowhere).
+	c.trans[ni].Connect(c.trans[li].LocalAddr(), c.trans[li])
+	waitFor(t, 10*time.Second, l.cfg.ID+" to follow "+next.cfg.ID, func() bool {
+		_, id := l.raft.LeaderWithID()
+		return string(id) == next.cfg.ID
+	})
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the add: no answer after 20 s")
+	}
+	var nle *NotLeaderError
+	if !errors.As(err, &nle) || nle.LeaderID != next.cfg.ID {
+		t.Fatalf("add n4 on %s, which lost its leadership to %s while counting the voters: %v; want *NotLeaderError naming %s",
+			l.cfg.ID, next.cfg.ID, err, next.cfg.ID)
 	}
 }
 
