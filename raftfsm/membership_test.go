@@ -1670,6 +1670,35 @@ func TestAddMemberRefusesAnHTTPAddressFollowersCannotForwardTo(t *testing.T) {
 	}
 }
 
+// TestAddMemberRefusesAnotherMembersHTTPAddress: a new member at another
+// member's HTTP address (a copied command line, the same IP and port
+// spelled otherwise too) is refused, naming that member: followers would
+// forward the new one's writes, once it leads, to the other. The member
+// added again at its own address is a refresh, taken.
+func TestAddMemberRefusesAnotherMembersHTTPAddress(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	li, l := c.leaderExcept(-1)
+	other := c.nodes[(li+1)%3]
+	waitFor(t, 10*time.Second, "the member entries", func() bool { return l.CheckLeader() == nil && len(l.fsm.Members()) == 3 })
+	addNotCaughtUp(t, l, "n4", "127.0.0.1:1", "127.0.0.1:7084", time.Second)
+	for _, tc := range []struct{ http, owner string }{
+		{other.cfg.HTTPAddr, other.cfg.ID},
+		{l.cfg.HTTPAddr, l.cfg.ID},
+		{"127.0.0.1:07084", "n4"},
+	} {
+		err := l.AddMember(ctx(t), "n5", "127.0.0.1:3", tc.http)
+		if !errors.Is(err, ErrInvalid) || errors.Is(err, ErrRaftAddrInUse) || !strings.Contains(err.Error(), strconv.Quote(tc.owner)) {
+			t.Errorf("add n5 at %s's HTTP address %s: %v, want ErrInvalid naming %s", tc.owner, tc.http, err, tc.owner)
+		}
+	}
+	if _, ok := l.fsm.Members()["n5"]; ok || l.inConfiguration("n5") {
+		t.Fatalf("n5 was added: members %+v", l.fsm.Members())
+	}
+	if err := l.AddMember(ctx(t), other.cfg.ID, other.cfg.RaftAddr, other.cfg.HTTPAddr); err != nil {
+		t.Fatalf("add %s again at its own addresses: %v", other.cfg.ID, err)
+	}
+}
+
 // TestAWipedVoterBackWithJoinCannotElectALeaderThatLacksWhatItAcknowledged:
 // a voter wiped without being removed and started again with --join (an
 // empty directory at its address) refuses votes until it has caught up.

@@ -2329,6 +2329,16 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 			raftAddr = string(s.Address)
 		}
 	}
+	// Another member's HTTP address (a copied command line): followers
+	// would forward writes meant for id's node, once it leads, to that
+	// member, and the member list would show two members at one address.
+	// Compared as raft addresses are (sameRaftAddr); id's own entry is
+	// what the add refreshes.
+	for mid, m := range n.fsm.Members() {
+		if mid != id && m.HTTPAddr != "" && sameRaftAddr(m.HTTPAddr, httpAddr) {
+			return fmt.Errorf("%w: add %s: %s is member %q's HTTP address: give the new node's own (its --http-advertise)", ErrInvalid, id, httpAddr, mid)
+		}
+	}
 	// A new server forwards writes to this leader at its member entry: at
 	// an address it cannot dial (a lone node's wildcard --http-addr) it
 	// would forward them to itself, and the leader cannot list itself
