@@ -328,14 +328,16 @@ func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH u
 			// stored last under the hash was dropped for the older one.
 			// So the held chain is cut there, as a remove cuts it
 			// (orphan.go): that block and the rest of the event, which
-			// hang below it, are not stored. Unlike a remove's cut, the
-			// index cannot tell the newer name for sure (it keeps no
-			// time of a name: a held store that renames a block named
-			// before it was held is cut too), so the rank asks a resync,
-			// which settles it either way.
+			// hang below it, are not stored. The index keeps no time of
+			// a name, so a held store that renames a block named before
+			// it was held (the newer word) is cut too. No resync is
+			// asked: the dump it brings is the agent's mirror, which
+			// applied the same events and cut the same store, so it
+			// settles nothing, and two requests of the same tokens under
+			// other extra keys (kvevent/engine) take this cut on a
+			// normal stream with offload, a whole dump through Raft each
+			// time (DESIGN.md, Orphans).
 			ix.counters.OrphansDropped++
-			rs.needsResync = true
-			ix.markDirty(rs)
 			stored = i
 			break
 		}

@@ -660,8 +660,8 @@ func TestRemoveCutsEveryHeldStoreOfTheBlock(t *testing.T) {
 // named the same block otherwise, it took its older name back ("the
 // newest name wins" inverted): the engine's remove of the newest name
 // then missed, and the index kept a block the engine had dropped. It is
-// cut at that block instead, as a remove cuts it, and the rank asks a
-// resync: the index cannot be sure which name is newer.
+// cut at that block instead, as a remove cuts it, no resync asked (the
+// agent's mirror, which a dump is, cut it too).
 func TestAdoptedStoreDoesNotUndoALaterRename(t *testing.T) {
 	ix := New(Config{})
 	b := func(eh, local uint64) kvevent.Block { return kvevent.Block{EngineHash: eh, LocalHash: local} }
@@ -677,8 +677,8 @@ func TestAdoptedStoreDoesNotUndoALaterRename(t *testing.T) {
 	if c := ix.Counters(); c.OrphansDropped != 1 || c.OrphansApplied != 0 || c.Remapped != 0 || c.UnknownRemoves != 0 {
 		t.Fatalf("counters %+v: want the held store dropped, none applied, no rename, the remove known", c)
 	}
-	if !ix.RankNeedsResync(rk1) {
-		t.Fatal("a held store cut for a name given since asks no resync")
+	if ix.RankNeedsResync(rk1) {
+		t.Fatal("a held store cut for a name given since asks a resync")
 	}
 }
 
@@ -686,8 +686,8 @@ func TestAdoptedStoreDoesNotUndoALaterRename(t *testing.T) {
 // later store gave one of its engine hashes to another block moved the
 // hash back: the block the engine stored last was dropped, and one it no
 // longer named was back, with no resync asked. The held chain is cut at
-// that block, with the rest of it, and the rank asks a resync; what it
-// stored before stays.
+// that block, with the rest of it, no resync asked; what it stored
+// before stays.
 func TestAdoptedStoreDoesNotUndoALaterRemap(t *testing.T) {
 	ix := New(Config{})
 	b := func(eh, local uint64) kvevent.Block { return kvevent.Block{EngineHash: eh, LocalHash: local} }
@@ -710,8 +710,73 @@ func TestAdoptedStoreDoesNotUndoALaterRemap(t *testing.T) {
 	if c := ix.Counters(); c.OrphansDropped != 1 || c.OrphansApplied != 1 || c.Remapped != 0 {
 		t.Errorf("counters %+v: want the held store applied and cut, nothing remapped", c)
 	}
-	if !ix.RankNeedsResync(rk1) {
-		t.Error("a held store cut for a name given since asks no resync")
+	if ix.RankNeedsResync(rk1) {
+		t.Error("a held store cut for a name given since asks a resync")
+	}
+}
+
+// TestAdoptedStoreOfOtherExtraKeysAsksNoResync: a normal engine stream,
+// content-addressed (each engine hash always names the same block), of
+// two requests with the same tokens under other extra keys (cache_salt,
+// images: the same content hashes, other engine hashes, kvevent/engine),
+// with CPU offload:
+//
+//	store a1 (L1) on the device
+//	store a2 (L1) on the device           (the index renames L1 to a2)
+//	store b1 (L2) under a1 on the device  (a1 unknown now: held)
+//	store b2 (L2) under a2 on the device
+//	store a1 (L1) on the host             (renamed back; b1 adopted)
+//
+// Adopting b1 meets L2 held as b2, a name given since, and cuts it. The
+// rank asked a resync there, whose dump (the agent's mirror, which cut
+// the same store) settled nothing, a whole dump through Raft each time
+// the interleaving came back. It asks none.
+func TestAdoptedStoreOfOtherExtraKeysAsksNoResync(t *testing.T) {
+	ix := New(Config{})
+	b := func(eh, local uint64) kvevent.Block { return kvevent.Block{EngineHash: eh, LocalHash: local} }
+	const a1, a2, b1, b2 = 0xa1, 0xa2, 0xb1, 0xb2
+	mustApply(t, ix,
+		stored(rk1, dev, []kvevent.Block{b(a1, 101)}),
+		stored(rk1, dev, []kvevent.Block{b(a2, 101)}),
+		storedUnder(rk1, dev, a1, []kvevent.Block{b(b1, 102)}),
+		storedUnder(rk1, dev, a2, []kvevent.Block{b(b2, 102)}),
+		stored(rk1, host, []kvevent.Block{b(a1, 101)}),
+	)
+	if ix.RankNeedsResync(rk1) {
+		t.Fatalf("a normal content-addressed stream asked a resync; counters %+v", ix.Counters())
+	}
+	if !ix.Holds(rk1, b2) || ix.Holds(rk1, b1) {
+		t.Errorf("holds b1 %v, b2 %v: want L2 kept as b2, the name given since", ix.Holds(rk1, b1), ix.Holds(rk1, b2))
+	}
+	if c := ix.Counters(); c.OrphansHeld != 1 || c.OrphansDropped != 1 || c.OrphansApplied != 0 {
+		t.Errorf("counters %+v: want the held store held and cut", c)
+	}
+}
+
+// TestAdoptedStoreKeepsANameGivenBeforeItWasHeld pins the trade-off of
+// DESIGN.md (Orphans): the index keeps no time of a name, so a held store
+// that renames a block named before it was held, the newer word, is cut
+// all the same: the older name stays, a remove of the newer misses
+// (counted unknown), and no resync is asked, which the agent's mirror,
+// cutting the same store, would not mend.
+func TestAdoptedStoreKeepsANameGivenBeforeItWasHeld(t *testing.T) {
+	ix := New(Config{})
+	b := func(eh, local uint64) kvevent.Block { return kvevent.Block{EngineHash: eh, LocalHash: local} }
+	mustApply(t, ix,
+		stored(rk1, dev, []kvevent.Block{b(2, 101)}),
+		storedUnder(rk1, dev, 2, []kvevent.Block{b(4, 102)}), // L2 named 4
+		storedUnder(rk1, dev, 1, []kvevent.Block{b(3, 102)}), // held: 1 unknown (102 under 1 is 3, the newer word)
+		stored(rk1, dev, []kvevent.Block{b(1, 101)}),         // 101 renamed 1; the held store is adopted and cut
+		removed(rk1, dev, 3),
+	)
+	if !ix.Holds(rk1, 4) || ix.Holds(rk1, 3) {
+		t.Errorf("holds 3 %v, 4 %v: want L2 kept as 4", ix.Holds(rk1, 3), ix.Holds(rk1, 4))
+	}
+	if c := ix.Counters(); c.OrphansDropped != 1 || c.UnknownRemoves != 1 {
+		t.Errorf("counters %+v: want the held store cut, the remove of 3 unknown", c)
+	}
+	if ix.RankNeedsResync(rk1) {
+		t.Error("a held store cut for a name given before it was held asks a resync")
 	}
 }
 

@@ -177,9 +177,8 @@ func (m *model) store(mr *mRank, t kvevent.Tier, hasParent bool, parent uint64, 
 		key := pathKey(path)
 		if !hold && m.takesAName(mr, key, b.EngineHash) {
 			// An adopted store is older than whatever gave the name: it
-			// is cut here, with the rest of its blocks, and the rank asks
-			// a resync (the index cannot be sure which name is newer).
-			mr.needsResync = true
+			// is cut here, with the rest of its blocks, no resync asked
+			// (the agent's mirror, which a dump is, cut it too).
 			break
 		}
 		if e, ok := mr.blocks[b.EngineHash]; ok && pathKey(e.path) != key {

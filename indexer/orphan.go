@@ -26,9 +26,10 @@ import (
 // An adopted store is older than every event applied since it was held,
 // so it takes no name the rank has given since: where a block of it would
 // rename a block or move an engine hash (store, takesAName), the chain is
-// cut there too, counted as dropped, and the rank asks a resync: the index
-// keeps no time of a name, so it cannot be sure the name it keeps is the
-// newer one.
+// cut there too, counted as dropped, with no resync asked. The index keeps
+// no time of a name, so it cuts too a held store that renames a block named
+// before it was held (the newer word), but a resync would not mend that:
+// the dump is the agent's mirror, which cut the same store (DESIGN.md).
 //
 // Times are the callers' (the leader's stamp on each Raft entry), and go
 // back at a leader change to a clock behind, or at a clock step. The
