@@ -76,6 +76,12 @@ type core struct {
 	// reads the old connection's unread batches before the new one's, and
 	// each is neither a duplicate nor a restart (see staleLive).
 	stale bool
+	// mark is the last batch the stale epoch's replay applied (markSeq,
+	// its fingerprint markSum), when markOK: the engine that answers the
+	// replays may have restarted again since, and its copy of markSeq then
+	// has other bytes (verifyStale asks for it first).
+	markSeq, markSum uint64
+	markOK           bool
 
 	// resynced: the last call the sink had about the rank was Resync. A
 	// rejected payload then resyncs it no more (see apply).
@@ -284,6 +290,9 @@ func (c *core) staleLive(ctx context.Context, seq uint64, payload []byte, sum ui
 //     published it): an earlier engine's, skipped, and nothing replayed is
 //     applied (see replayGap); an overrun lost some of the engine's
 //     batches, and the rank is resynced;
+//   - the engine's copy of the epoch's last batch (mark, read first) has
+//     other bytes: the engine restarted again since the epoch began, and
+//     the epoch's batches are the engine's in between (restartedAgain);
 //   - a replay that fails before it shows seq leaves the batch's engine
 //     unknown: it is skipped and the rank resynced, since it may have been
 //     the restarted engine's. The next live batch asks again from c.next,
@@ -295,9 +304,16 @@ func (c *core) staleLive(ctx context.Context, seq uint64, payload []byte, sum ui
 // already (nothing applied since could be missing the batch). It returns
 // an error only when ctx ended.
 func (c *core) verifyStale(ctx context.Context, seq uint64, payload []byte) error {
-	reason, shown := c.replayGap(ctx, c.next, seq, false)
+	from := c.next
+	if c.markOK && !c.resynced {
+		from = c.markSeq // the engine's copy of the epoch's last batch first
+	}
+	reason, shown := c.replayGap(ctx, from, seq, false)
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if shown == endAgain {
+		return c.restartedAgain(ctx, seq)
 	}
 	if shown == endSame {
 		c.stale = false
@@ -324,6 +340,52 @@ func (c *core) verifyStale(ctx context.Context, seq uint64, payload []byte) erro
 	}
 	c.skipStale(seq)
 	return nil
+}
+
+// restartedAgain follows a stale verification (verifyStale) whose replay
+// showed the engine restarted again since the stale epoch began: its copy
+// of the epoch's last batch (mark) has other bytes. The epoch's batches
+// are the engine's in between, which may have died before any live batch
+// of its own was read: the next engine's live batches come with sequences
+// the epoch holds (skipped as an earlier engine's, or as below the next
+// expected), then above them, and taken for the epoch's they would be
+// applied on the dead engine's state for good. The rank starts a new
+// epoch and is replayed from 0 (resynced if that fails); the stream stays
+// stale, unless the replay holds the live batch seq with its bytes: the
+// live stream is the engine's, and the replay applied it.
+func (c *core) restartedAgain(ctx context.Context, seq uint64) error {
+	c.log.Info("engine restarted again while the live stream was stale", "rank", c.rank, "seq", seq)
+	c.newEpoch(seq)
+	c.stale = true
+	reason, _ := c.replayGap(ctx, 0, 0, true)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if reason != "" {
+		c.resync(reason, "missing", "0..")
+	}
+	c.markStale()
+	if i := seq - c.replayedFrom; seq >= c.replayedFrom && i < uint64(len(c.replayed)) && c.replayed[i] == c.liveSum {
+		c.stale = false
+		c.log.Info("live stream is the restarted engine's", "rank", c.rank, "seq", seq)
+		c.count(func(s *Stats) { s.Duplicates++ })
+		c.m.duplicates.Inc()
+		return nil
+	}
+	c.skipStale(seq)
+	return nil
+}
+
+// markStale keeps the last batch the stale epoch's replay applied as its
+// mark, when the replay applied the batches below c.next and the rank was
+// not resynced since (a resync dropped what the rank held: nothing of an
+// earlier engine is left to mix with).
+func (c *core) markStale() {
+	n := uint64(len(c.replayed))
+	c.markOK = c.stale && !c.resynced && n > 0 && c.replayedFrom+n == c.next
+	if c.markOK {
+		c.markSeq, c.markSum = c.next-1, c.replayed[n-1]
+	}
 }
 
 // skipStale skips live batch seq, an earlier engine's or not shown to be
@@ -376,7 +438,7 @@ func (c *core) newEpoch(seq uint64) {
 	c.m.epochs.Inc()
 	c.sink.Reset(c.rank)
 	c.resynced = false
-	c.stale = false
+	c.stale, c.markOK = false, false
 	c.dec.Reset()
 	c.replayed = c.replayed[:0]
 	// The new epoch starts at 0: if seq is above, its first batches were
@@ -450,6 +512,7 @@ func (c *core) replayNewEpoch(ctx context.Context, seq uint64) error {
 		c.next = max(c.next, seq+1)
 		c.count(func(s *Stats) { s.NextSeq = c.next })
 	}
+	c.markStale()
 	return nil
 }
 
@@ -462,6 +525,7 @@ const (
 	endSame                    // its copy has the live batch's bytes
 	endOther                   // its copy has other bytes: the replay came from a restarted engine
 	endMissing                 // the replay ended cleanly before it: the engine has not published it
+	endAgain                   // while stale, its copy of the epoch's mark has other bytes: restarted again
 )
 
 // replayGap asks for the batches from `from` on and applies those it gets,
@@ -504,11 +568,16 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (re
 	c.count(func(s *Stats) { s.Replays++ })
 	c.replayed, c.replayedFrom = c.replayed[:0], from
 	first, overrun, hole, restarted := true, false, false, false
+	gapFrom := c.next // below upTo: a gap (else a stale batch checked, verifyStale)
 	check := !whole && c.liveSeen && c.liveLast == upTo && c.liveSumOK
 	checked := check
 	// While the live stream is stale, what the replay shows of upTo says
 	// whose live batch upTo is, even when it overran (verifyStale).
 	scan := check && c.stale
+	// A stale verification from the epoch's mark reads the engine's copy
+	// of it first: other bytes, the engine restarted again (verifyStale).
+	mark := scan && c.markOK && from == c.markSeq && from < c.next
+	again := false
 	var held [][]byte // replayed batches c.next.. not applied until upTo is checked
 	want := func() uint64 { return c.next + uint64(len(held)) }
 	applyReplayed := func(seq uint64, payload []byte) {
@@ -545,6 +614,11 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (re
 			}
 		}
 		switch {
+		case mark && seq == c.markSeq && !overrun:
+			if xxh3.Hash(payload) != c.markSum {
+				again = true
+				return false
+			}
 		case overrun: // nothing applied: read on to the copy of upTo only
 			switch {
 			case seq < upTo:
@@ -582,6 +656,9 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (re
 	switch {
 	case ctx.Err() != nil:
 		return "", endUnchecked
+	case again:
+		c.m.replays.WithLabelValues("restarted").Inc()
+		return "", endAgain
 	case restarted && overrun: // only while stale (scan): the old engine's batch, and batches lost
 		c.count(func(s *Stats) { s.Overruns++ })
 		c.m.replays.WithLabelValues("overrun").Inc()
@@ -614,7 +691,7 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (re
 			c.log.Debug("replay ended badly after filling the gap", "rank", c.rank, "err", err)
 		}
 		c.m.replays.WithLabelValues("healed").Inc()
-		if from < upTo { // else no gap: a stale batch checked (verifyStale)
+		if gapFrom < upTo {
 			c.log.Info("gap filled by replay", "rank", c.rank, "from", from, "to", upTo-1)
 		}
 		return "", shown

@@ -410,7 +410,9 @@ func TestReplayFromARestartedEngineIsNotApplied(t *testing.T) {
 	}
 	// The engine publishes its batch 7, which the live stream brings: above
 	// every batch replayed, it may be the old engine's still, queued behind
-	// 5. A replay tells: the engine's copy of 7 has its bytes.
+	// 5. A replay tells: the engine's copy of 7 has its bytes. It is asked
+	// from 6, the epoch's last batch, whose copy shows the engine has not
+	// restarted again since.
 	top = 7
 	if err := c.live(bg, restartedMsg(7)); err != nil {
 		t.Fatal(err)
@@ -428,7 +430,7 @@ func TestReplayFromARestartedEngineIsNotApplied(t *testing.T) {
 			}
 		}
 	}
-	if got, want := trace(calls), "ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 ev6 replay:7 ev7"; got != want {
+	if got, want := trace(calls), "ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 ev6 replay:6 ev7"; got != want {
 		t.Fatalf("sink calls:\n got %s\nwant %s", got, want)
 	}
 	if st := c.Stats(); st.Epochs != 1 || st.Resyncs != 0 || st.Replays != 3 || st.Replayed != 8 {
@@ -513,7 +515,7 @@ func TestOldEngineBatchesAboveTheRestartedEnginesAreSkipped(t *testing.T) {
 	if len(held) != 12 || held[0] != 0 || held[11] != 11 {
 		t.Fatalf("the rank holds batches %v since its last Reset or Resync, want 0 to 11:\n%s", held, trace(calls))
 	}
-	want := "ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:6 replay:6 replay:6 replay:6 ev6 ev7 ev8 ev9 ev10 ev11"
+	want := "ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:5 replay:5 replay:5 replay:5 ev6 ev7 ev8 ev9 ev10 ev11"
 	if got := trace(calls); got != want {
 		t.Fatalf("sink calls:\n got %s\nwant %s", got, want)
 	}
@@ -539,9 +541,9 @@ func TestRestartedEnginesConnectionAfterOldBatchesStartsNoEpoch(t *testing.T) {
 		{"into the batches replayed", 9, 4,
 			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 ev6 ev7 ev8 ev9 ev10"},
 		{"at the next batch", 5, 6,
-			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:6 replay:6 ev6 ev7 ev8 ev9 ev10"},
+			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:5 replay:5 ev6 ev7 ev8 ev9 ev10"},
 		{"above the next batch", 5, 7,
-			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:6 replay:6 ev6 ev7 ev8 ev9 ev10"},
+			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:5 replay:5 ev6 ev7 ev8 ev9 ev10"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sink := &recSink{}
@@ -573,7 +575,8 @@ func TestRestartedEnginesConnectionAfterOldBatchesStartsNoEpoch(t *testing.T) {
 // old engine's (queued still) or the new one's; the engine is asked for
 // it. A replay that fails says nothing: the batch is skipped and the rank
 // resynced (it may have been the new engine's), and the next live batch
-// asks again, from the same sequence. A replay that overran still shows
+// asks again, from the next sequence expected (the first asked from the
+// epoch's last batch too, which the resync dropped). A replay that overran still shows
 // the engine's copy of the batch: the same bytes, the batch is applied
 // after a resync; other bytes, it is skipped, the rank resynced.
 func TestStaleBatchWhoseReplayFailsOrOverruns(t *testing.T) {
@@ -586,11 +589,11 @@ func TestStaleBatchWhoseReplayFailsOrOverruns(t *testing.T) {
 		want  string
 	}{
 		{"replay fails: skipped, resynced, asked again", 0, true, liveMsg(6),
-			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:6 resync:replay_failed replay:6 ev6 ev7 ev8"},
+			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:5 resync:replay_failed replay:6 ev6 ev7 ev8"},
 		{"overrun, the new engine's copy: applied", 7, false, restartedMsg(7),
-			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:6 resync:overrun ev7 ev8"},
+			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:5 resync:overrun ev7 ev8"},
 		{"overrun, the old engine's: skipped", 7, false, liveMsg(7),
-			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:6 resync:overrun replay:6 ev8"},
+			"ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:5 resync:overrun replay:6 ev8"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sink := &recSink{}
@@ -625,6 +628,79 @@ func TestStaleBatchWhoseReplayFailsOrOverruns(t *testing.T) {
 			}
 			if st := c.Stats(); st.Epochs != 1 {
 				t.Fatalf("stats %+v, want 1 epoch", st)
+			}
+		})
+	}
+}
+
+// TestEngineRestartingAgainWhileStaleStartsAnEpoch: a gap's replay shows
+// the engine restarted (engine B, which has published its batches 0 to
+// 5): the rank is reset, B's 0 to 5 applied, and the stream is stale. B
+// dies before any live batch of its own is read, and engine C starts and
+// publishes its 0 to 7 live. C's 0 to 5 are below what the rank holds
+// (skipped), and C's 6, asked of the engine, has C's bytes: taken for the
+// epoch's, C's batches would be applied on B's for good. The replay that
+// verifies 6 reads the engine's copy of B's 5 first, whose other bytes
+// show C restarted since: the rank starts a new epoch and holds C's 0 to
+// 7 only.
+func TestEngineRestartingAgainWhileStaleStartsAnEpoch(t *testing.T) {
+	for _, bind := range []bool{false, true} {
+		t.Run(fmt.Sprintf("bind=%v", bind), func(t *testing.T) {
+			sink := &recSink{}
+			engineC := false
+			top := uint64(5)
+			c := newCore(t, sink, func(ctx context.Context, from uint64, each func([][]byte) bool) error {
+				sink.add(call{kind: "replay", seq: from})
+				for s := from; s <= top; s++ {
+					m := restartedMsg(s)
+					if engineC {
+						m = thirdMsg(s)
+					}
+					if !each(m) {
+						return nil
+					}
+				}
+				each(endMsg)
+				return nil
+			})
+			c.bind = bind
+			for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(2), liveMsg(3), liveMsg(5)} {
+				if err := c.live(bg, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			engineC, top = true, 7
+			for s := uint64(0); s <= 7; s++ {
+				if err := c.live(bg, thirdMsg(s)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			calls := sink.of(nil)
+			var held []string // the batches applied since the last Reset or Resync
+			for _, cl := range calls {
+				switch cl.kind {
+				case "reset", "resync":
+					held = held[:0]
+				case "ev":
+					who := "A"
+					switch h := cl.events[0].Removed[0]; h {
+					case restartedHash(cl.seq):
+						who = "B"
+					case thirdHash(cl.seq):
+						who = "C"
+					}
+					held = append(held, fmt.Sprintf("%s%d", who, cl.seq))
+				}
+			}
+			if got, want := fmt.Sprint(held), "[C0 C1 C2 C3 C4 C5 C6 C7]"; got != want {
+				t.Fatalf("the rank holds %s since its last Reset or Resync, want %s\ncalls: %s\nstats %+v", got, want, trace(calls), c.Stats())
+			}
+			want := "ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:5 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 ev6 ev7"
+			if got := trace(calls); got != want {
+				t.Fatalf("sink calls:\n got %s\nwant %s", got, want)
+			}
+			if st := c.Stats(); st.Epochs != 2 || st.Resyncs != 0 || c.stale {
+				t.Fatalf("stats %+v, stale %v: want 2 epochs, no resync, the stream C's", st, c.stale)
 			}
 		})
 	}

@@ -42,7 +42,11 @@
 //     above is asked of the engine (a replay from the next expected): its
 //     copy with the same bytes, the stream is the engine's again, and the
 //     replay applied it; other bytes, or none yet (the replay ends before
-//     it), the old engine's, skipped. A replay that fails leaves it
+//     it), the old engine's, skipped. That replay starts at the last
+//     batch the epoch applied: its copy with other bytes shows the engine
+//     restarted again since (its live batches may have come with
+//     sequences the epoch holds, and been skipped), and the rank starts
+//     another epoch, replayed from 0. A replay that fails leaves it
 //     unknown: skipped, the rank resynced, and the next live batch asks
 //     again. The skipped batches are counted as duplicates. Neither its
 //     sequence (the new connection's first batch comes at any sequence)
@@ -132,11 +136,12 @@
 // rank is reset and resynced at each turn, and is right again from the
 // first of the new engine's batches read after the old connection's last.
 // An engine that restarts again while the stream is stale (the old
-// engine's batches still being read after a restart a replay showed):
-// the replays that tell whose each live batch is come from the newest
-// engine, whose batches are taken for the epoch's, applied on the state
-// of the engine in between. Its batches are not told from the epoch's
-// engine's until a later gap's replay or step back shows it. And a stale
+// engine's batches still being read after a restart a replay showed) is
+// seen only at the first live batch above what the epoch holds: its
+// batches below are skipped, and until it publishes past them the rank
+// keeps the engine in between's (after a resync of the stale epoch, the
+// replay's copy of the epoch's last batch is not checked, and the newest
+// engine's batches are applied on the resynced rank). And a stale
 // stream whose replays keep failing has every batch above the rank's
 // skipped (the rank resynced once) until a replay answers.
 // The first message a Subscriber sees may be preceded by history it never

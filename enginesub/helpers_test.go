@@ -237,6 +237,18 @@ func restartedReplay(sink *recSink, top *uint64) replayFunc {
 	}
 }
 
+// thirdHash is the block hash removed by batch seq of an engine that
+// restarted a second time (thirdMsg): neither liveMsg's nor restartedMsg's.
+func thirdHash(seq uint64) uint64 { return 0xef000000 + seq }
+
+// thirdMsg is the live message, or the replay reply, of batch seq of an
+// engine that restarted after restartedMsg's, published later still.
+func thirdMsg(seq uint64) [][]byte {
+	p := removedPayload(thirdHash(seq), 0)
+	binary.BigEndian.PutUint64(p[2:10], math.Float64bits(30+float64(seq)/4096))
+	return [][]byte{{}, seqFrame(seq), p}
+}
+
 var endMsg = [][]byte{{}, seqFrame(endSeq), {}}
 
 // removedEvent is the router event of test batch seq.
