@@ -23,6 +23,7 @@ type Stats struct {
 	Resyncs     uint64 // Sink.Resync calls, whatever the reason
 	Epochs      uint64 // new epochs: engine restarts seen (Sink.Reset calls)
 	Duplicates  uint64 // batches skipped: applied or given up already, or an engine's from before a restart seen
+	Unverified  uint64 // stale live batches skipped because the replay that would tell whose they were failed
 	Malformed   uint64 // messages skipped as malformed, live or replayed
 	SinkErrors  uint64 // batches Sink.Events refused
 	NextSeq     uint64 // the sequence expected next
@@ -82,6 +83,9 @@ type core struct {
 	// has other bytes (verifyStale asks for it first).
 	markSeq, markSum uint64
 	markOK           bool
+	// staleFails counts the stale verifications in a row whose replay
+	// failed before it showed the live batch (see maxStaleFails).
+	staleFails int
 
 	// resynced: the last call the sink had about the rank was Resync. A
 	// rejected payload then resyncs it no more (see apply).
@@ -294,11 +298,14 @@ func (c *core) staleLive(ctx context.Context, seq uint64, payload []byte, sum ui
 //     other bytes: the engine restarted again since the epoch began, and
 //     the epoch's batches are the engine's in between (restartedAgain);
 //   - a replay that fails before it shows seq leaves the batch's engine
-//     unknown: it is skipped and the rank resynced, since it may have been
-//     the restarted engine's. The next live batch asks again from c.next,
-//     which replays it then if it was. Applying it instead would, if it
-//     was the old engine's, leave the dead engine's blocks on the rank
-//     after the resync, and its next batches too.
+//     unknown: it is skipped (counted unverified) and the rank resynced,
+//     since it may have been the restarted engine's. The next live batch
+//     asks again from c.next, which replays it then if it was. Applying
+//     it instead would, if it was the old engine's, leave the dead
+//     engine's blocks on the rank after the resync, and its next batches
+//     too. But the maxStaleFails-th failure in a row ends stale, and the
+//     batch is applied on the resynced rank: the replays may never come
+//     back, and the engine's batches would all be skipped meanwhile.
 //
 // A resync is spared when the sink's last call about the rank was one
 // already (nothing applied since could be missing the batch). It returns
@@ -316,7 +323,7 @@ func (c *core) verifyStale(ctx context.Context, seq uint64, payload []byte) erro
 		return c.restartedAgain(ctx, seq)
 	}
 	if shown == endSame {
-		c.stale = false
+		c.stale, c.staleFails = false, 0
 		c.log.Info("live stream is the restarted engine's", "rank", c.rank, "seq", seq)
 		if reason == "" { // the replay applied it
 			c.count(func(s *Stats) { s.Duplicates++ })
@@ -338,9 +345,49 @@ func (c *core) verifyStale(ctx context.Context, seq uint64, payload []byte) erro
 			c.resync(reason, "missing", fmt.Sprintf("%d..", c.next), "unknown", seq)
 		}
 	}
-	c.skipStale(seq)
+	if shown != endUnchecked {
+		c.staleFails = 0
+		c.skipStale(seq)
+		return nil
+	}
+	if reason == ReasonOverrun {
+		// The engine answered, but no longer holds seq: the batches
+		// after it, its own ones too when they come, it holds.
+		c.staleFails = 0
+	} else {
+		c.staleFails++
+	}
+	if c.staleFails >= maxStaleFails {
+		// The replays keep failing (the socket down, the engine gone):
+		// waiting for one to answer would skip every batch of the
+		// engine meanwhile, in order as they come, which a stream
+		// outside of stale follows with no replay at all. The rank was
+		// resynced (above, or before, with nothing applied since), so
+		// the live batches are taken for the current engine's from
+		// here, as a subscriber without a replay endpoint takes them:
+		// if the old engine's are still queued after all, a step back
+		// to the engine's own batches starts an epoch.
+		c.log.Warn("live stream taken for the restarted engine's unverified: replays keep failing",
+			"rank", c.rank, "seq", seq, "failed_replays", c.staleFails)
+		c.stale, c.staleFails = false, 0
+		c.next = seq
+		c.apply(seq, payload)
+		return nil
+	}
+	c.log.Debug("live batch skipped unverified: its replay failed", "rank", c.rank, "seq", seq)
+	c.count(func(s *Stats) { s.Unverified++ })
+	c.m.unverified.Inc()
 	return nil
 }
+
+// maxStaleFails is how many stale verifications in a row may fail (the
+// replay times out, breaks off or skips a batch; not an overrun, which the
+// engine answered) before stale ends and the
+// live stream is taken for the current engine's (verifyStale). Each
+// failure costs a replay timeout and skips a batch the engine may have
+// sent: a few ride out a replay socket's brief outage (a restart's), and
+// more would only drop more of the engine's batches.
+const maxStaleFails = 3
 
 // restartedAgain follows a stale verification (verifyStale) whose replay
 // showed the engine restarted again since the stale epoch began: its copy
@@ -438,7 +485,7 @@ func (c *core) newEpoch(seq uint64) {
 	c.m.epochs.Inc()
 	c.sink.Reset(c.rank)
 	c.resynced = false
-	c.stale, c.markOK = false, false
+	c.stale, c.markOK, c.staleFails = false, false, 0
 	c.dec.Reset()
 	c.replayed = c.replayed[:0]
 	// The new epoch starts at 0: if seq is above, its first batches were

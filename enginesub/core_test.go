@@ -706,6 +706,63 @@ func TestEngineRestartingAgainWhileStaleStartsAnEpoch(t *testing.T) {
 	}
 }
 
+// TestStaleEndsAfterReplaysKeepFailing: after a gap's replay showed the
+// engine restarted, the replay socket goes down for good (every replay
+// times out), and the restarted engine's live batches 6 to 30 come in
+// order. Outside of stale a replay socket down costs nothing while no gap
+// shows; stale, each batch asks a replay, and waiting for one to answer
+// would skip every batch of the engine for ever. The first failure
+// resyncs the rank, and the maxStaleFails-th in a row ends stale: that
+// batch and the next are applied on the resynced rank. The batches
+// skipped meanwhile are counted unverified, not as duplicates.
+func TestStaleEndsAfterReplaysKeepFailing(t *testing.T) {
+	sink := &recSink{}
+	top, down := uint64(5), false
+	timeout := fmt.Errorf("%w (fake)", errReplayTimeout)
+	c := newCore(t, sink, func(ctx context.Context, from uint64, each func([][]byte) bool) error {
+		sink.add(call{kind: "replay", seq: from})
+		if down {
+			return timeout
+		}
+		for s := from; s <= top; s++ {
+			if !each(restartedMsg(s)) {
+				return nil
+			}
+		}
+		each(endMsg)
+		return nil
+	})
+	for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(2), liveMsg(3), liveMsg(5)} {
+		if err := c.live(bg, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	down = true
+	before, dups := len(sink.of(nil)), c.Stats().Duplicates
+	for s := uint64(6); s <= 30; s++ {
+		if err := c.live(bg, restartedMsg(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := sink.of(nil)
+	var want []string
+	for s := maxStaleFails + 5; s <= 30; s++ {
+		want = append(want, fmt.Sprintf("ev%d", s))
+	}
+	if got, want := trace(calls[before:]), "replay:5 resync:replay_failed replay:6 replay:6 "+strings.Join(want, " "); got != want {
+		t.Fatalf("sink calls after the replay socket went down:\n got %s\nwant %s", got, want)
+	}
+	st := c.Stats()
+	if st.Unverified != maxStaleFails-1 || st.Duplicates != dups || st.Epochs != 1 || st.Resyncs != 1 || c.stale {
+		t.Fatalf("stats %+v, stale %v: want %d unverified, no more duplicates (%d), 1 epoch, 1 resync, the stream no longer stale",
+			st, c.stale, maxStaleFails-1, dups)
+	}
+	var m dto.Metric
+	if err := c.m.unverified.Write(&m); err != nil || m.GetCounter().GetValue() != maxStaleFails-1 {
+		t.Fatalf("kvagent_subscriber_unverified_total = %v (%v), want %d", m.GetCounter().GetValue(), err, maxStaleFails-1)
+	}
+}
+
 func u64p(v uint64) *uint64 { return &v }
 
 // TestCatchUpOnResume: a resuming subscriber with a replay endpoint asks

@@ -47,8 +47,11 @@
 //     restarted again since (its live batches may have come with
 //     sequences the epoch holds, and been skipped), and the rank starts
 //     another epoch, replayed from 0. A replay that fails leaves it
-//     unknown: skipped, the rank resynced, and the next live batch asks
-//     again. The skipped batches are counted as duplicates. Neither its
+//     unknown: skipped (counted unverified), the rank resynced, and the
+//     next live batch asks again; the third such failure in a row ends
+//     stale, its batch applied on the resynced rank, and the stream is
+//     followed as the engine's (replays may not come back). The batches
+//     shown to be an earlier engine's are counted as duplicates. Neither its
 //     sequence (the new connection's first batch comes at any sequence)
 //     nor its publish time (float32, or a clock stepped back) tells soundly.
 //   - Live messages that arrive while a replay runs wait in the SUB socket's
@@ -142,8 +145,10 @@
 // keeps the engine in between's (after a resync of the stale epoch, the
 // replay's copy of the epoch's last batch is not checked, and the newest
 // engine's batches are applied on the resynced rank). And a stale
-// stream whose replays keep failing has every batch above the rank's
-// skipped (the rank resynced once) until a replay answers.
+// stream whose replays keep failing is taken for the engine's at the
+// third failure in a row: the old engine's batches, if some are queued
+// still, are then applied on the resynced rank, until the engine's own
+// batches step back below them (a new epoch) or show a gap (a resync).
 // The first message a Subscriber sees may be preceded by history it never
 // saw: a caller that needs the engine's whole cache must start the
 // subscriber before the engine.

@@ -23,8 +23,12 @@ type propMsg struct {
 
 // propSink checks, across Resyncs, that between two Resets no batch is
 // applied twice or out of order, that batches of one Reset-epoch come from
-// one engine epoch, and that no batch is lost without a Resync. With rng,
-// it refuses one batch in 30 (a sink error).
+// one engine epoch, and that no batch is lost without a Resync. But the
+// engine that publishes now (current, when set) may follow another's
+// batches right after a Resync: the rank's state was declared unknown,
+// what it held dropped, and the engine's batches are what it holds next
+// (a dead engine's batches there would stay for good: those are counted).
+// With rng, it refuses one batch in 30 (a sink error).
 type propSink struct {
 	viol     []string
 	have     bool
@@ -34,6 +38,8 @@ type propSink struct {
 	known    bool
 	want     uint64
 	rng      *rand.Rand
+	current  func() uint64
+	resynced bool // a Resync since the last batch
 }
 
 func (s *propSink) Events(r kvevent.Rank, seq uint64, evs []kvevent.Event) error {
@@ -42,6 +48,10 @@ func (s *propSink) Events(r kvevent.Rank, seq uint64, evs []kvevent.Event) error
 		ep = evs[0].Removed[0] >> 20
 	}
 	s.calls = append(s.calls, fmt.Sprintf("ev%d.%d", ep, seq))
+	if s.resynced && s.have && ep != s.engEpoch && s.current != nil && ep == s.current() {
+		s.have = false // the current engine's, after a Resync
+	}
+	s.resynced = false
 	if s.have && seq <= s.last {
 		s.viol = append(s.viol, fmt.Sprintf("batch %d (engine epoch %d) after batch %d in one epoch", seq, ep, s.last))
 	}
@@ -65,7 +75,7 @@ func (s *propSink) Reset(kvevent.Rank) {
 	s.calls = append(s.calls, "reset")
 }
 func (s *propSink) Resync(_ kvevent.Rank, r Reason) {
-	s.known = false
+	s.known, s.resynced = false, true
 	s.calls = append(s.calls, "resync:"+string(r))
 }
 
@@ -135,9 +145,10 @@ func propRun(seed int64, tot *Stats) string {
 		readSeq   uint64
 		c         *core
 	)
+	sink.current = func() uint64 { return epoch }
 	replay := randomReplay(rng, func() []propMsg { return buf }, publish, func() bool {
-		return unseenRestart(c, sink, epoch, seq, readEpoch, readSeq)
-	})
+		return unseenRestart(c, epoch, seq, readEpoch, readSeq)
+	}, func() bool { return staleGivenUp(c, epoch, readEpoch) })
 	c = newCore(nopTB{}, sink, replay)
 	restarts := 0
 	for range 300 {
@@ -185,45 +196,50 @@ func propRun(seed int64, tot *Stats) string {
 	return ""
 }
 
-// unseenRestart reports whether a replay asked for now would be one of
-// the cases the wire cannot tell (doc.go), which the models leave out:
-//   - the engine (at engine epoch epoch, next to publish seq) restarted
-//     since it published the live batch last read (readSeq, of engine
-//     epoch readEpoch), has not published that sequence again, and the
-//     subscriber c has not seen the restart (no replay showed it yet): the
-//     replay ends short of the gap's end, and the new engine's batches it
-//     holds are applied on the old one's;
-//   - the subscriber saw a restart, still reads the batches of the engine
-//     before it (c.stale), and the engine has restarted again since the
-//     batches the sink holds (sink.engEpoch): the replays that tell whose
-//     each live batch is come from the newest engine, whose batches are
-//     then taken for the epoch's.
+// unseenRestart reports whether a replay asked for now would be the case
+// the wire cannot tell (doc.go) that the models leave out (the replay
+// times out instead): the engine (at engine epoch epoch, next to publish
+// seq) restarted since it published the live batch last read (readSeq, of
+// engine epoch readEpoch), has not published that sequence again, and the
+// subscriber c has not seen the restart (no replay showed it yet): the
+// replay ends short of the gap's end, and the new engine's batches it
+// holds are applied on the old one's.
 //
 // A replay of a restarted engine with the old one's batches still queued
 // is answered otherwise: its copy of the gap's end tells, and, once the
-// restart is seen, it tells whose each of the old batches is.
-func unseenRestart(c *core, sink *propSink, epoch, seq, readEpoch, readSeq uint64) bool {
-	if c.stale {
-		return sink.have && sink.engEpoch != epoch
-	}
-	return epoch != readEpoch && seq <= readSeq
+// restart is seen (c.stale), it tells whose each of the old batches is,
+// and its copy of the epoch's last batch whether it restarted again.
+func unseenRestart(c *core, epoch, seq, readEpoch, readSeq uint64) bool {
+	return !c.stale && epoch != readEpoch && seq <= readSeq
+}
+
+// staleGivenUp reports whether a replay that failed now would be the
+// other case doc.go lists that the models leave out (the replay answers
+// instead): the maxStaleFails-th stale verification in a row to fail,
+// which takes the live stream for the engine's, of a live batch (of
+// engine epoch readEpoch) that an engine before the current one (epoch)
+// sent.
+func staleGivenUp(c *core, epoch, readEpoch uint64) bool {
+	return c.stale && c.staleFails == maxStaleFails-1 && readEpoch != epoch
 }
 
 // randomReplay is the model engine's replay socket: before it answers,
 // the engine publishes up to two batches more (publish); a replay times
-// out one time in six, and always when stale says it would be what the
+// out one time in six, and always when unseen says it would be what the
 // wire cannot tell (unseenRestart); one in five fails part-way or before
 // its end marker; the others send every buffered batch from the one asked
-// for, then the end marker.
-func randomReplay(rng *rand.Rand, buffered func() []propMsg, publish func(), stale func() bool) replayFunc {
+// for, then the end marker. None fails when answer says it must not
+// (staleGivenUp).
+func randomReplay(rng *rand.Rand, buffered func() []propMsg, publish func(), unseen, answer func() bool) replayFunc {
 	return func(ctx context.Context, from uint64, each func([][]byte) bool) error {
 		for range rng.Intn(3) {
 			publish()
 		}
-		if rng.Intn(6) == 0 || stale() {
+		mustAnswer := answer()
+		if rng.Intn(6) == 0 && !mustAnswer || unseen() {
 			return errReplayTimeout
 		}
-		fail := rng.Intn(5) == 0
+		fail := rng.Intn(5) == 0 && !mustAnswer
 		for _, m := range buffered() {
 			if m.seq < from {
 				continue
@@ -297,9 +313,10 @@ func propRunBind(seed int64) string {
 		}
 	}
 	sink := &propSink{}
+	sink.current = func() uint64 { return epoch }
 	replay := randomReplay(rng, func() []propMsg { return buf }, func() { publish(true) }, func() bool {
-		return unseenRestart(c, sink, epoch, seq, readEpoch, readSeq)
-	})
+		return unseenRestart(c, epoch, seq, readEpoch, readSeq)
+	}, func() bool { return staleGivenUp(c, epoch, readEpoch) })
 	c = newCore(nopTB{}, sink, replay)
 	c.bind = true
 	restarts := 0
