@@ -710,6 +710,9 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (re
 		c.count(func(s *Stats) { s.Overruns++ })
 		c.m.replays.WithLabelValues("overrun").Inc()
 		return ReasonOverrun, endOther
+	case restarted && scan:
+		c.staleShown(upTo, "its copy has other bytes")
+		return "", endOther
 	case restarted:
 		c.m.replays.WithLabelValues("restarted").Inc()
 		return "", endOther
@@ -733,6 +736,9 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (re
 		c.count(func(s *Stats) { s.Overruns++ })
 		c.m.replays.WithLabelValues("overrun").Inc()
 		return ReasonOverrun, shown
+	case scan && shown == endMissing:
+		c.staleShown(upTo, "the engine has not published it")
+		return "", shown
 	case c.next >= upTo && !(whole && (err != nil || hole)):
 		if err != nil {
 			c.log.Debug("replay ended badly after filling the gap", "rank", c.rank, "err", err)
@@ -753,6 +759,16 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (re
 		c.log.Warn("replay ended short of the gap", "rank", c.rank, "from", from, "reached", c.next, "want", upTo)
 	}
 	return ReasonReplayFailed, shown
+}
+
+// staleShown counts a stale verification's replay (verifyStale) that
+// showed live batch seq to be an earlier engine's (why): the replay did
+// what it was asked, and the batch is skipped; neither healed nor failed.
+// Each of the old engine's batches still queued after a restart costs one,
+// so the log has it at Debug.
+func (c *core) staleShown(seq uint64, why string) {
+	c.m.replays.WithLabelValues("stale").Inc()
+	c.log.Debug("stale live batch shown to be an earlier engine's", "rank", c.rank, "seq", seq, "why", why)
 }
 
 // apply decodes batch seq and gives it to the sink. It consumes seq even

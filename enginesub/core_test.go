@@ -763,6 +763,44 @@ func TestStaleEndsAfterReplaysKeepFailing(t *testing.T) {
 	}
 }
 
+// TestStaleBatchShownToBeAnEarlierEnginesCountsStale: after a gap's replay
+// showed the engine restarted (its batches 0 to 5), the old engine's
+// queued 6, 7 and 8 are each asked of the engine: 6 and 7 it has not
+// published (the replay ends before them), 8 it has, by then, with other
+// bytes. Each replay did what it was asked and shows a dead engine's
+// batch: kvagent_subscriber_replays_total counts them stale, not failed
+// (a broken replay socket's count), healed (the replay from 0 alone) or
+// restarted (the gap's replay alone).
+func TestStaleBatchShownToBeAnEarlierEnginesCountsStale(t *testing.T) {
+	sink := &recSink{}
+	top := uint64(5)
+	c := newCore(t, sink, restartedReplay(sink, &top))
+	for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(2), liveMsg(3), liveMsg(5), liveMsg(6), liveMsg(7)} {
+		if err := c.live(bg, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	top = 8
+	for _, m := range [][][]byte{liveMsg(8)} {
+		if err := c.live(bg, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := sink.of(nil)
+	if got, want := trace(calls), "ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:5 replay:5 replay:5"; got != want {
+		t.Fatalf("sink calls:\n got %s\nwant %s", got, want)
+	}
+	for outcome, want := range map[string]float64{"stale": 3, "failed": 0, "healed": 1, "restarted": 1} {
+		var m dto.Metric
+		if err := c.m.replays.WithLabelValues(outcome).Write(&m); err != nil || m.GetCounter().GetValue() != want {
+			t.Errorf("kvagent_subscriber_replays_total{outcome=%q} = %v (%v), want %v", outcome, m.GetCounter().GetValue(), err, want)
+		}
+	}
+	if st := c.Stats(); st.Duplicates != 3 || st.Resyncs != 0 || !c.stale {
+		t.Fatalf("stats %+v, stale %v: want 3 duplicates, no resync, the stream stale still", st, c.stale)
+	}
+}
+
 func u64p(v uint64) *uint64 { return &v }
 
 // TestCatchUpOnResume: a resuming subscriber with a replay endpoint asks

@@ -46,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		unverified: counter("kvagent_subscriber_unverified_total",
 			"Live batches skipped after an engine restart a replay showed, while the old engine's may still be queued, because the replay asked to tell whose each was failed (the rank resynced); after 3 such failures in a row the stream is taken for the engine's."),
 		replays: counter("kvagent_subscriber_replays_total",
-			"Replays asked of the engine, by outcome (healed, overrun, failed, restarted: answered by an engine that restarted since the live batch that showed the gap).", "outcome"),
+			"Replays asked of the engine, by outcome (healed, overrun, failed, restarted: answered by an engine that restarted since the live batch that showed the gap, stale: showed a live batch read after such a restart to be an earlier engine's, skipped).", "outcome"),
 		resyncs: counter("kvagent_subscriber_resyncs_total",
 			"Ranks whose state was declared unknown, by reason (gap, overrun, replay_failed, sink_error, bad_payload).", "reason"),
 		malformed: counter("kvagent_subscriber_malformed_total",
@@ -99,7 +99,7 @@ func (m *metrics) forRank(worker uint64, dp uint32) rankMetrics {
 		droppedBlocks: m.droppedBlocks.MustCurryWith(labels),
 	}
 	// The labelled series show zero before their first occurrence.
-	for _, o := range []string{"healed", "overrun", "failed", "restarted"} {
+	for _, o := range []string{"healed", "overrun", "failed", "restarted", "stale"} {
 		r.replays.WithLabelValues(o)
 	}
 	for _, why := range []Reason{ReasonGap, ReasonOverrun, ReasonReplayFailed, ReasonSinkError, ReasonBadPayload} {
