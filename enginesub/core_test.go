@@ -801,6 +801,44 @@ func TestStaleBatchShownToBeAnEarlierEnginesCountsStale(t *testing.T) {
 	}
 }
 
+// TestStaleReplayEndingBeforeTheLiveBatchAppliesNothing: after a gap's
+// replay showed the engine restarted (its batches 0 to 5), the engine
+// publishes its 6 and 7, and the old engine's queued 9 comes live (its 6
+// to 8 lost). The replay asked for 9 holds the engine's 6 and 7 and ends
+// before 9: the live batch is the dead engine's, skipped, and the batches
+// the replay held are not applied for it; the engine's own live batch,
+// when one comes (6), asks for them again, and is shown to be its own.
+func TestStaleReplayEndingBeforeTheLiveBatchAppliesNothing(t *testing.T) {
+	sink := &recSink{}
+	top := uint64(5)
+	c := newCore(t, sink, restartedReplay(sink, &top))
+	for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(2), liveMsg(3), liveMsg(5)} {
+		if err := c.live(bg, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	top = 7
+	if err := c.live(bg, liveMsg(9)); err != nil {
+		t.Fatal(err)
+	}
+	before := "ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:5"
+	if got := trace(sink.of(nil)); got != before {
+		t.Fatalf("sink calls after the old engine's 9:\n got %s\nwant %s", got, before)
+	}
+	top = 8
+	for s := uint64(6); s <= 8; s++ {
+		if err := c.live(bg, restartedMsg(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := trace(sink.of(nil)), before+" replay:5 ev6 ev7 ev8"; got != want {
+		t.Fatalf("sink calls:\n got %s\nwant %s", got, want)
+	}
+	if st := c.Stats(); st.Epochs != 1 || st.Resyncs != 0 || st.Replayed != 9 || c.stale {
+		t.Fatalf("stats %+v, stale %v: want 1 epoch, no resync, 9 batches replayed, the stream the engine's", st, c.stale)
+	}
+}
+
 func u64p(v uint64) *uint64 { return &v }
 
 // TestCatchUpOnResume: a resuming subscriber with a replay endpoint asks
