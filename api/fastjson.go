@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/kvrouter/kvrouter/internal/jsonscan"
@@ -49,48 +50,161 @@ func decodeRouteRequest(r *http.Request, req *RouteRequest) error {
 }
 
 // routePresizeFrom is the body size from which decodeRouteBody sizes the
-// arrays before it decodes them. An array grown by appending allocates
-// about five times its final size on the way (Go grows a large slice by
-// a quarter), which made a body of 1 MiB of block hashes ("0,") allocate
-// 21 MB; sized first, it allocates its final size (4 MB) once. Below
-// this a body is decoded without the extra pass over it: whatever it
-// holds, it stays within its decode budget.
+// arrays before it decodes them (routeArrays). An array grown by
+// appending allocates about five times its final size on the way (Go
+// grows a large slice by a quarter), which made a body of 1 MiB of block
+// hashes ("0,") allocate 21 MB; sized first, it allocates its final size
+// (4 MB) once. Below this a body is decoded without the extra pass over
+// it: whatever it holds, it stays within its decode budget.
 const routePresizeFrom = 256 << 10
 
 func decodeRouteBody(b []byte, req *RouteRequest) error {
 	hashes, tokens := req.BlockHashes[:0], req.TokenIDs[:0]
-	n := 0
 	if len(b) >= routePresizeFrom {
-		// token_ids and block_hashes are the body's only arrays: n is
-		// their elements, and the one the body names is sized for them.
-		n = jsonscan.Elements(b)[2]
-		hasTokens := bytes.Contains(b, []byte(`"token_ids"`))
-		hasHashes := bytes.Contains(b, []byte(`"block_hashes"`))
-		if !hasTokens && !hasHashes {
-			// A key written with escapes: which array is not known, and
-			// encoding/json grows it as it goes. No client writes one;
-			// it is held to the budget instead.
+		// Each array is sized for its own elements, under the key
+		// encoding/json takes for it (escapes undone, letter case
+		// folded), not under any bytes that spell its name: a string
+		// value "token_ids" is not the array, and "block\u005fhashes"
+		// is. Both paths then fill what was sized, without growing it.
+		h, t := routeArrays(b)
+		if h.named > 1 || t.named > 1 {
+			// An array given twice: encoding/json decodes each into the
+			// slice so far, and one of [] or null in between drops its
+			// room, so the last one grows as it goes. No client writes
+			// one; it is held to the budget instead.
 			if err := checkDecodeBudget(b, &routeGrownCosts); err != nil {
 				return err
 			}
 		}
-		if hasHashes {
-			hashes = slices.Grow(hashes, n)
-		}
-		if hasTokens {
-			tokens = slices.Grow(tokens, n)
-		}
+		hashes = slices.Grow(hashes, h.elems)
+		tokens = slices.Grow(tokens, t.elems)
 	}
 	*req = RouteRequest{BlockHashes: hashes, TokenIDs: tokens}
 	if fastRouteRequest(b, req) {
 		return nil
 	}
 	*req = RouteRequest{}
-	if n > 0 {
+	if len(b) >= routePresizeFrom {
 		// encoding/json decodes into the capacity a slice has.
 		req.BlockHashes, req.TokenIDs = hashes[:0], tokens[:0]
 	}
 	return decodeJSONBytes(b, req, false)
+}
+
+// routeArray is what a route body holds of one of its arrays: how many
+// of its top-level keys name it, and the elements of those that are
+// arrays.
+type routeArray struct{ named, elems int }
+
+// routeArrays reads the top-level keys of b, a route body, as
+// encoding/json matches them to RouteRequest's fields, and counts what
+// the body holds of block_hashes and token_ids. It reads b in one pass,
+// allocating only for a key written with an escape, and does not check
+// b's syntax: on bytes that are not JSON the counts are only some counts
+// (at most one an element's two bytes), and encoding/json, which reads
+// the whole body before it decodes any of it, refuses them.
+func routeArrays(b []byte) (hashes, tokens routeArray) {
+	depth := 0
+	object := false    // the top-level value is an object
+	key := false       // at depth 1 of that object, after '{' or ',': a key comes next
+	var in *routeArray // the array field whose value is being read, if any
+	inArray := false   // that value is an array (its elements are at depth 2)
+	open := false      // just after its '[': the next value is its first element
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch c {
+		case ' ', '\t', '\n', '\r':
+			continue
+		case ']', '}':
+			open = false
+			if depth > 0 {
+				depth--
+			}
+			continue
+		}
+		if open {
+			open = false
+			in.elems++
+		}
+		switch c {
+		case '"':
+			start, esc := i+1, false
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					esc = true
+					i++ // the escaped byte cannot end the string
+				}
+			}
+			if key {
+				key = false
+				in = routeArrayNamed(b[start:min(i, len(b))], esc, &hashes, &tokens)
+				if in != nil {
+					in.named++
+				}
+			}
+		case '[', '{':
+			depth++
+			switch depth {
+			case 1:
+				object, key = c == '{', c == '{'
+			case 2:
+				inArray = c == '[' && in != nil
+				open = inArray
+				if !inArray {
+					break
+				}
+				// The array of numbers every client sends: its elements
+				// are its commas, counted at memory speed up to its ']'
+				// when nothing in it nests or quotes.
+				end := bytes.IndexByte(b[i+1:], ']')
+				if end < 0 {
+					break
+				}
+				elems := b[i+1 : i+1+end]
+				if bytes.IndexByte(elems, '[') >= 0 || bytes.IndexByte(elems, '{') >= 0 || bytes.IndexByte(elems, '"') >= 0 {
+					break
+				}
+				if len(bytes.TrimLeft(elems, " \t\n\r")) > 0 {
+					in.elems += bytes.Count(elems, []byte{','}) + 1
+				}
+				open = false
+				i += end // the ']' is next
+			}
+		case ',':
+			switch {
+			case depth == 1 && object:
+				key, in = true, nil
+			case depth == 2 && inArray:
+				in.elems++
+			}
+		}
+	}
+	return hashes, tokens
+}
+
+// routeArrayNamed returns which of hashes and tokens a top-level key
+// names, raw (between its quotes, with an escape if esc), as
+// encoding/json takes a key for a field: its text equal to the field's
+// name, or equal but for Unicode's case folding; nil for any other key.
+func routeArrayNamed(raw []byte, esc bool, hashes, tokens *routeArray) *routeArray {
+	var k string
+	if esc {
+		var err error
+		if k, err = unescape(raw); err != nil {
+			return nil // not JSON: encoding/json refuses the body
+		}
+	} else if len(raw) > 3*len("block_hashes") {
+		return nil // too long for either name, each letter folded to 3 bytes (U+212A for k)
+	} else {
+		k = string(raw) // no allocation: only compared
+	}
+	switch {
+	case strings.EqualFold(k, "block_hashes"):
+		return hashes
+	case strings.EqualFold(k, "token_ids"):
+		return tokens
+	}
+	return nil
 }
 
 // fastRouteRequest parses b into req and reports whether it could; when it

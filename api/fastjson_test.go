@@ -74,3 +74,28 @@ func FuzzRouteRequestFastPath(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkDecodeRouteBody decodes route bodies of plain keys, the shape
+// every client sends: below routePresizeFrom, and above it, where the
+// arrays are sized before they are filled.
+func BenchmarkDecodeRouteBody(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		body []byte
+	}{
+		{"tokens 8k", repeatTo(`{"token_ids":[`, same(`12345`), `],"brief":true}`, 48<<10)},
+		{"tokens 1MiB", repeatTo(`{"token_ids":[`, same(`12345`), `],"brief":true}`, 1<<20)},
+		{"hashes 1MiB", repeatTo(`{"block_hashes":[`, same(`12345678901234567890`), `],"brief":true}`, 1<<20)},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(tc.body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				var req RouteRequest
+				if err := decodeRouteBody(tc.body, &req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
