@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/kvrouter/kvrouter/internal/jsonscan"
+	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
 // A JSON body decodes into Go values far larger than its bytes: "{}," is
@@ -47,6 +48,29 @@ var (
 	// token ids or block hashes (the larger), grown by encoding/json.
 	routeGrownCosts = decodeCosts{2: 40}
 )
+
+// DecodeBudgetFloor is the decode budget of the smallest JSON body: a
+// POST /v1/events whose EventsDecodeCost is no more is never refused for
+// its budget, whatever its size.
+const DecodeBudgetFloor = decodeBudgetFloor
+
+// EventsDecodeCost is what a node charges a POST /v1/events of batches
+// (EventsRequestFrom) against its decode budget: a request costing more
+// than DecodeBudgetFloor is refused 413 too_large when it also costs more
+// than 8 times its body's size, and a client sends its batches in several
+// requests instead (client.IngestEvents does).
+func EventsDecodeCost(batches []raftfsm.RankBatch) int64 {
+	var cost int64
+	for i := range batches {
+		cost += int64(eventsCosts[2])
+		for j := range batches[i].Events {
+			e := &batches[i].Events[j]
+			// A stored event's blocks, a removed one's hashes, at depth 6.
+			cost += int64(eventsCosts[4]) + int64(eventsCosts[6])*int64(len(e.Blocks)+len(e.Removed))
+		}
+	}
+	return cost
+}
 
 // maxCost is the most one element of costs weighs.
 func (c *decodeCosts) maxCost() int {

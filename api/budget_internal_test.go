@@ -10,7 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/internal/jsonscan"
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
 // repeatTo writes prefix, then elem(i) for i = 0, 1, ... joined by
@@ -324,6 +326,48 @@ func TestRouteArraysAgreesWithEncodingJSON(t *testing.T) {
 		wantH, wantT := refRouteArrays(t, body)
 		if h, tk := routeArrays(body); h != wantH || tk != wantT {
 			t.Fatalf("routeArrays(%s) = %+v, %+v, want %+v, %+v", body, h, tk, wantH, wantT)
+		}
+	}
+}
+
+// TestEventsDecodeCostIsWhatTheNodeCharges: a client's count of a POST
+// /v1/events (EventsDecodeCost) is what checkDecodeBudget charges its
+// body, so that a client splitting by it is never refused.
+func TestEventsDecodeCostIsWhatTheNodeCharges(t *testing.T) {
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 0))
+	for range 200 {
+		batches := make([]raftfsm.RankBatch, r.IntN(4))
+		for i := range batches {
+			rank := kvevent.Rank{Worker: 1, DP: uint32(i)}
+			batches[i].Rank = rank
+			for j := range r.IntN(5) {
+				e := kvevent.Event{Rank: rank, EventID: uint64(j + 1), Tier: kvevent.TierDevice}
+				switch r.IntN(3) {
+				case 0:
+					e.Kind = kvevent.KindStored
+					e.Blocks = make([]kvevent.Block, r.IntN(4))
+				case 1:
+					e.Kind = kvevent.KindRemoved
+					e.Removed = make([]uint64, r.IntN(4))
+				default:
+					e.Kind = kvevent.KindCleared
+				}
+				batches[i].Events = append(batches[i].Events, e)
+			}
+		}
+		body, err := json.Marshal(EventsRequestFrom(batches))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := jsonscan.Elements(body)
+		var want int64
+		for d, c := range eventsCosts {
+			want += int64(n[d]) * int64(c)
+		}
+		if got := EventsDecodeCost(batches); got != want {
+			t.Fatalf("EventsDecodeCost = %d, the node charges %s %d", got, body, want)
 		}
 	}
 }

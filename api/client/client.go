@@ -1123,20 +1123,38 @@ func (c *Client) TransferLeader(ctx context.Context, to string) error {
 }
 
 // IngestEvents sends batches of events and returns one ack per batch, in
-// order, each with its rank.
+// order, each with its rank. Batches that together would cost more than
+// a node's decode budget of any body (api.EventsDecodeCost, more than
+// api.DecodeBudgetFloor), which a node may refuse 413 too_large, are sent
+// in several requests, each answered before the next is sent; a batch
+// that costs more alone is sent alone. When one fails, the batches of
+// those before it were applied: sent again, their events count as
+// duplicates.
 func (c *Client) IngestEvents(ctx context.Context, batches []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
-	var out api.EventsResponse
-	if err := c.call(ctx, http.MethodPost, "/v1/events", api.EventsRequestFrom(batches), &out); err != nil {
-		return nil, err
+	acks := make([]raftfsm.RankAck, 0, len(batches))
+	for {
+		n := min(1, len(batches)) // none: one request, which the node answers
+		cost := api.EventsDecodeCost(batches[:n])
+		for ; n < len(batches); n++ {
+			cost += api.EventsDecodeCost(batches[n : n+1])
+			if cost > api.DecodeBudgetFloor {
+				break
+			}
+		}
+		var out api.EventsResponse
+		if err := c.call(ctx, http.MethodPost, "/v1/events", api.EventsRequestFrom(batches[:n]), &out); err != nil {
+			return nil, err
+		}
+		if len(out.Acks) != n {
+			return nil, fmt.Errorf("POST /v1/events: %d acks for %d batches", len(out.Acks), n)
+		}
+		for _, a := range out.Acks {
+			acks = append(acks, a.RankAck())
+		}
+		if batches = batches[n:]; len(batches) == 0 {
+			return acks, nil
+		}
 	}
-	if len(out.Acks) != len(batches) {
-		return nil, fmt.Errorf("POST /v1/events: %d acks for %d batches", len(out.Acks), len(batches))
-	}
-	acks := make([]raftfsm.RankAck, len(out.Acks))
-	for i, a := range out.Acks {
-		acks[i] = a.RankAck()
-	}
-	return acks, nil
 }
 
 // DumpRank replaces a rank's whole state with stored events, at cursor.

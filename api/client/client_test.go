@@ -596,6 +596,43 @@ func TestIngestEventsAndDump(t *testing.T) {
 	}
 }
 
+// TestIngestEventsSplitsWhatANodeWouldRefuse: batches of many small
+// events, which a node refuses 413 too_large in one request (its
+// decode budget), are sent in several requests, each within the budget
+// of any body, and every batch is acknowledged.
+func TestIngestEventsSplitsWhatANodeWouldRefuse(t *testing.T) {
+	n := newNode(t, "n1")
+	ctx := context.Background()
+	c := newClient(t, n.addr())
+	if err := c.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	r := kvevent.Rank{Worker: 1}
+	const perBatch = 1000
+	batches := make([]raftfsm.RankBatch, 60)
+	for i := range batches {
+		batches[i].Rank = r
+		for j := range perBatch {
+			batches[i].Events = append(batches[i].Events, kvevent.Event{Rank: r, EventID: uint64(i*perBatch + j + 1), Kind: kvevent.KindCleared})
+		}
+	}
+	if cost := api.EventsDecodeCost(batches); cost <= 2*api.DecodeBudgetFloor {
+		t.Fatalf("the batches cost %d, want over 2 budgets of any body (%d): not a test of splitting", cost, api.DecodeBudgetFloor)
+	}
+	acks, err := c.IngestEvents(ctx, batches)
+	if err != nil {
+		t.Fatalf("IngestEvents: %v", err)
+	}
+	if len(acks) != len(batches) {
+		t.Fatalf("%d acks for %d batches", len(acks), len(batches))
+	}
+	for i, a := range acks {
+		if a.Rank != r || a.Applied != perBatch || a.Cursor != uint64((i+1)*perBatch) {
+			t.Fatalf("ack %d = %+v, want %d applied up to cursor %d", i, a, perBatch, (i+1)*perBatch)
+		}
+	}
+}
+
 // TestRefusalsMatchTheNodesSentinels: errors.Is matches an error answer
 // against the sentinel the node refused with, for every reason the node
 // answers one with. From a review: a stale dump (409 stale_dump) and a
