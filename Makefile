@@ -26,7 +26,7 @@ test:
 	$(GO) test -race -timeout $(TEST_TIMEOUT) $(PKGS)
 	# Allocation checks once more without -race, which skips some of them
 	# (the race detector makes sync.Pool drop its items).
-	$(GO) test -count=1 -run 'Alloc' ./indexer/ ./kvevent/... ./compat/
+	$(GO) test -count=1 -run 'Alloc' ./indexer/ ./kvevent/... ./compat/ ./api/ ./eventplane/ ./raftfsm/
 
 # Soak, chaos and long property runs; not part of CI's time budget.
 test-long:

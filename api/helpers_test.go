@@ -95,11 +95,18 @@ func (a answer) reason(t *testing.T) string {
 
 func send(t *testing.T, base, method, path, body string, hdr ...string) answer {
 	t.Helper()
+	return sendWithin(t, 10*time.Second, base, method, path, body, hdr...)
+}
+
+// sendWithin is send with a timeout of its own, for a request whose
+// answer may take long on a loaded machine under -race.
+func sendWithin(t *testing.T, timeout time.Duration, base, method, path, body string, hdr ...string) answer {
+	t.Helper()
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
 	if err != nil {
