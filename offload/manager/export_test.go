@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/offload/backend"
 )
 
 // SetBatchHook makes each offload worker call f with its path and the
@@ -19,33 +20,43 @@ func (m *Manager) SetBatchHook(f func(Path, int)) {
 	m.testHookBatch.Store(&f)
 }
 
-// QueueOnboardChunk pins the G2 blocks hashes and queues one H2D chunk
-// copying them into G1 blocks g1, as Onboard does, but with no Onboard call
-// waiting on it: what Close finds when it wins the race with an Onboard's
-// own settle for a chunk still queued, a window too narrow to hit on
-// purpose. deadline is the Onboard's (zero: none): one already past is
-// what a worker finds when it takes the chunk before the call woke at its
-// deadline to take it back.
-func (m *Manager) QueueOnboardChunk(hashes []uint64, g1 []int, deadline time.Time) error {
+// QueueOnboardChunk pins the blocks hashes in the pool of tier from (G2:
+// TierHostPinned, G3: TierDisk) and queues one chunk copying them into G1
+// blocks g1 (H2D, or Disk2H through the staging buffer), as Onboard does,
+// but with no Onboard call waiting on it: what Close finds when it wins the
+// race with an Onboard's own settle for a chunk still queued, a window too
+// narrow to hit on purpose. deadline is the Onboard's (zero: none): one
+// already past is what a worker finds when it takes the chunk before the
+// call woke at its deadline to take it back. The channel returned is closed
+// once the chunk is settled (the Onboard's Result.Settled).
+func (m *Manager) QueueOnboardChunk(from kvevent.Tier, hashes []uint64, g1 []int, deadline time.Time) (<-chan struct{}, error) {
 	op := &onboardOp{settled: make(chan struct{}), deadline: deadline}
 	op.remaining.Store(1)
-	ch := &chunk{op: op, from: kvevent.TierHostPinned}
+	ch := &chunk{op: op, from: from}
 	for i, h := range hashes {
-		s, err := m.host.Acquire(h)
-		if err != nil {
-			return err
+		var src backend.Ptr
+		if from == kvevent.TierDisk {
+			if err := m.disk.Acquire(h); err != nil {
+				return nil, err
+			}
+		} else {
+			s, err := m.host.Acquire(h)
+			if err != nil {
+				return nil, err
+			}
+			src = s.Ptr
 		}
 		ch.idx = append(ch.idx, i)
 		ch.hashes = append(ch.hashes, h)
 		ch.dst = append(ch.dst, m.g1.at(g1[i]))
-		ch.src = append(ch.src, s.Ptr)
+		ch.src = append(ch.src, src)
 		ch.errs = append(ch.errs, nil)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	l := m.lanes[H2D]
+	l := m.lanes[m.chunkPath(ch)]
 	l.chunks = append(l.chunks, ch)
 	l.depth += len(ch.hashes)
 	l.cond.Signal()
-	return nil
+	return op.settled, nil
 }

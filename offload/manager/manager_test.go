@@ -537,7 +537,8 @@ func TestWorkerPastTheDeadlineStartsNoCopyIntoG1(t *testing.T) {
 	reqs := r.compute(0, 1, 0, 1)
 	r.offload(reqs)
 	r.idle()
-	check(t, r.m.QueueOnboardChunk(hashesOf(reqs), []int{10, 11}, time.Now().Add(-time.Millisecond)))
+	_, err := r.m.QueueOnboardChunk(host, hashesOf(reqs), []int{10, 11}, time.Now().Add(-time.Millisecond))
+	check(t, err)
 	r.idle()
 	if p := r.m.Stats().Paths[manager.H2D]; p.Blocks != 0 || p.Failed != 0 {
 		t.Fatalf("H2D %+v for a chunk taken past its deadline, want no copy", p)
@@ -550,6 +551,112 @@ func TestWorkerPastTheDeadlineStartsNoCopyIntoG1(t *testing.T) {
 	if st := r.host.Stats(); st.Referenced != 0 {
 		t.Fatalf("%d G2 pins left by the chunk canceled past its deadline", st.Referenced)
 	}
+}
+
+// diskChunkRig is a rig whose G3 holds the blocks of a chain of two, read
+// through fs, with one Disk2H worker taking both blocks as one chunk. The
+// test pins each block once more itself (Acquire), so that a chunk that
+// released its pins twice shows in Referenced (see
+// checkDiskChunkWroteNothing).
+func diskChunkRig(t *testing.T, fs *readGate) (*rig, []uint64) {
+	r := newRig(t, rigConfig{diskCap: 8, diskFS: fs, cfg: manager.Config{Workers: 1, BatchSize: 2}})
+	reqs := r.compute(0, 1, 0, 1)
+	var parent uint64
+	for i, q := range reqs {
+		check(t, r.disk.Register(pool.Block{Hash: q.Hash, Parent: parent, Local: q.Local}, r.g1.block(i)))
+		check(t, r.disk.Acquire(q.Hash))
+		parent = q.Hash
+	}
+	return r, hashesOf(reqs)
+}
+
+// checkDiskChunkWroteNothing fails unless the G3 chunk of diskChunkRig,
+// settled, wrote nothing into G1 blocks 10 and 11 and released each of its
+// pins once: only the test's own are left.
+func checkDiskChunkWroteNothing(t *testing.T, r *rig, hashes []uint64) {
+	t.Helper()
+	if p := r.m.Stats().Paths[manager.H2D]; p.Blocks != 0 || p.Failed != 0 {
+		t.Fatalf("staging→G1 %+v for a disk chunk past its deadline, want no copy", p)
+	}
+	for i, id := range []int{10, 11} {
+		if r.holds(id, hashes[i]) {
+			t.Fatalf("G1 block %d was written past its Onboard's deadline", id)
+		}
+	}
+	// Referenced counts blocks, not pins: with the test's own pins held, a
+	// second release of the chunk's shows; with them released, a missing
+	// one.
+	if st := r.disk.Stats(); st.Referenced != len(hashes) {
+		t.Fatalf("%d G3 blocks referenced with the test's own pins held, want %d: the chunk released its pins twice",
+			st.Referenced, len(hashes))
+	}
+	for _, h := range hashes {
+		check(t, r.disk.Release(h))
+	}
+	if st := r.disk.Stats(); st.Referenced != 0 {
+		t.Fatalf("%d G3 blocks referenced once the test released its own pins, want 0: the chunk kept its pins", st.Referenced)
+	}
+}
+
+// A worker that takes a G3 chunk past its Onboard's deadline (before the
+// call woke to take it back) cancels it: it starts no disk read and no
+// copy from the staging buffer into G1, and releases the pins.
+func TestWorkerPastTheDeadlineStartsNoDiskRead(t *testing.T) {
+	r, hashes := diskChunkRig(t, nil)
+	settled, err := r.m.QueueOnboardChunk(disk, hashes, []int{10, 11}, time.Now().Add(-time.Millisecond))
+	check(t, err)
+	select {
+	case <-settled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the chunk taken past its deadline was not settled")
+	}
+	if p := r.m.Stats().Paths[manager.Disk2H]; p.Blocks != 0 || p.Failed != 0 {
+		t.Fatalf("Disk2H %+v for a chunk taken past its deadline, want no read", p)
+	}
+	checkDiskChunkWroteNothing(t, r, hashes)
+}
+
+// A disk read that ends past its Onboard's deadline, before the call woke
+// to abandon the chunk, starts no copy from the staging buffer into G1:
+// the worker abandons the chunk itself, releases the pins and settles it.
+func TestDiskReadEndingPastTheDeadlineStartsNoCopyIntoG1(t *testing.T) {
+	fs := newReadGate()
+	r, hashes := diskChunkRig(t, fs)
+	fs.armed.Store(true)
+	// The worker must take the chunk before its deadline for the read to
+	// start: one that took it late (a slow machine) canceled it, and it is
+	// queued again with a longer deadline.
+	var settled <-chan struct{}
+	for window := 50 * time.Millisecond; ; window *= 2 {
+		deadline := time.Now().Add(window)
+		var err error
+		settled, err = r.m.QueueOnboardChunk(disk, hashes, []int{10, 11}, deadline)
+		check(t, err)
+		select {
+		case <-fs.entered:
+		case <-settled:
+			if window > 10*time.Second {
+				t.Fatalf("the worker took the chunk past a deadline %v away", window)
+			}
+			t.Logf("the worker took the chunk past a deadline %v away; again with %v", window, 2*window)
+			continue
+		case <-time.After(10 * time.Second):
+			t.Fatal("no disk read reached the gate")
+		}
+		waitFor(t, 10*time.Second, "the deadline to pass", func() bool { return !time.Now().Before(deadline) })
+		break
+	}
+	fs.armed.Store(false)
+	fs.release()
+	select {
+	case <-settled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the chunk whose read ended past its deadline was not settled")
+	}
+	if p := r.m.Stats().Paths[manager.Disk2H]; p.Blocks != uint64(len(hashes)) {
+		t.Fatalf("Disk2H %+v, want the %d blocks read", p, len(hashes))
+	}
+	checkDiskChunkWroteNothing(t, r, hashes)
 }
 
 // A disk read still running when Onboard gives up is abandoned: it writes
@@ -827,7 +934,8 @@ func TestCloseReleasesOnboardChunksStillQueued(t *testing.T) {
 		}
 	}()
 	r.gate.waitEntered(t) // the only H2D worker holds the first chunk
-	check(t, r.m.QueueOnboardChunk([]uint64{queued}, []int{11}, time.Time{}))
+	_, err := r.m.QueueOnboardChunk(host, []uint64{queued}, []int{11}, time.Time{})
+	check(t, err)
 	closed := make(chan error, 1)
 	go func() { closed <- r.m.Close() }()
 	waitFor(t, 10*time.Second, "Close to begin", func() bool {
