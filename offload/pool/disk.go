@@ -922,19 +922,22 @@ func (p *DiskPool) drop(e *entry, _ bool) error {
 }
 
 // Put stores blocks with their bytes (data[i] is blocks[i]'s, BlockSize
-// bytes each) durably: all in one Pebble batch, on disk when Put returns
+// bytes each) durably: in one Pebble batch, or in several, in order, when
+// they are over maxBatchBytes (2 GiB) together; on disk when Put returns
 // (see SyncMode), then their STORE events. It reserves room in order,
 // evicting as needed, skips (and revives) blocks already held, and stops at
 // the first block that does not fit (ErrFull), storing those before it:
 // stored counts the blocks it stored, err says why it stopped early. A
 // batch never evicts its own blocks. A bad argument changes nothing (a
 // batch that would make one of its blocks its own ancestor included); a
-// failed write stores nothing (evictions made to find room stand). A
+// failed write, of any of its batches, stores nothing (evictions made to
+// find room stand; after a crash, the blocks of batches written before
+// may come back, see the restart invariant in the package doc). A
 // flush that fails (a full disk) fails the Put, and every Put after it at
 // once, storing nothing, until Pebble's retries of that flush succeed. Put
 // copies the bytes: data may be reused once it returns.
 //
-// The pool's lock is not held while the batch is written, so concurrent
+// The pool's lock is not held while its batches are written, so concurrent
 // Puts overlap their copies and share flushes.
 func (p *DiskPool) Put(blocks []Block, data [][]byte) (stored int, err error) {
 	stored, _, _, err = p.put(blocks, data)
