@@ -26,11 +26,15 @@
 //   - DiskPool reopened on its directory holds the blocks it held when it was
 //     closed (or, after a crash, every block whose Put returned nil and that
 //     was not evicted since, plus possibly some evicted just before the
-//     crash, and some of a Put that failed just before it: on a full disk,
-//     whose batch Pebble's retries of the flush wrote once there was room,
-//     or in a batch written before the one that failed; the Put's abort
-//     deletes them as an eviction does, durable with the next flush. Each
-//     such block comes back whole, with its own bytes.)
+//     crash, and some of a Put that did not return nil: one that failed
+//     just before the crash (on a full disk, whose batch Pebble's retries
+//     of the flush wrote once there was room, or in a batch written before
+//     the one that failed; the Put's abort deletes them as an eviction
+//     does, durable with the next flush), or one that the crash cut off
+//     between its batches (a Put over 2 GiB is written in several; those
+//     written before the crash are durable, under either SyncMode, though
+//     the Put never returned). Each such block comes back whole, with its
+//     own bytes.)
 //     Entries in its key ranges that it cannot use (half a block,
 //     undecodable metadata, a block Block.check refuses: a zero hash or its
 //     own parent, a key of the wrong length, the blocks of a loop of
