@@ -180,10 +180,10 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	// a creds file gone bad since checkFlags read it, which fails every
 	// try, and which nats.go never gives up on (natswatch.ErrCreds).
 	// A subscription that falls behind (heartbeat and event answers
-	// dropped) is logged once per episode and counted, as kvrouter's
+	// dropped) is counted and logged (at most once per 10 s), as kvrouter's
 	// (natswatch.ErrorHandler), not left to nats.go's line on stderr.
 	slowConsumers := prometheus.NewCounter(prometheus.CounterOpts{Name: "kvagent_nats_slow_consumer_total",
-		Help: "Times a subscription of the agent's NATS connection (heartbeat and event answers) fell behind and messages were dropped for it, once per episode."})
+		Help: "Reports of a subscription of the agent's NATS connection (heartbeat and event answers) falling behind, messages dropped for it: nats.go reports again each time the subscription has taken a message since, so one that stays behind counts about once per message it takes."})
 	reg.MustRegister(slowConsumers)
 	ctx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)

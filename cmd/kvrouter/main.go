@@ -287,7 +287,7 @@ func run(c *cli.Context) error {
 	// Counted from the connection's start, registered with the others
 	// once the node is up.
 	slowConsumers := prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_nats_slow_consumer_total",
-		Help: "Times a subscription of the node's NATS connection (events, dumps, heartbeats) fell behind and messages were dropped for it, once per episode."})
+		Help: "Reports of a subscription of the node's NATS connection (events, dumps, heartbeats) falling behind, messages dropped for it: nats.go reports again each time the subscription has taken a message since, so one that stays behind counts about once per message it takes."})
 	nc, closeNATS, err := startNATS(c, id, logger, lost, slowConsumers)
 	if err != nil {
 		closeServers()

@@ -10,8 +10,9 @@
 // (Watch.Closing) ends it with ErrClosed. nats.go never gives up on a
 // credentials file that holds no credentials when it reads it again (it
 // held them at the start): that ends the daemon too, with ErrCreds
-// (Watch.CredsError, the connection's OnCredsError). ErrorHandler logs
-// and counts a subscription that falls behind, for any connection.
+// (Watch.CredsError, the connection's OnCredsError). ErrorHandler counts
+// a subscription that falls behind, for any connection, and logs it at
+// most once per slowLogEvery.
 package natswatch
 
 import (
@@ -20,7 +21,9 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -129,30 +132,85 @@ func (w *Watch) Options() []nats.Option {
 	}
 }
 
+// slowLogEvery is how often ErrorHandler logs a subscription that stays
+// behind: at most a line per this, per subscription. nats.go reports a
+// slow consumer again as soon as the subscription has taken one message
+// since its last report, so one that stays behind (its handler slower
+// than what comes) is reported about once per message it takes: hundreds
+// of lines a second, unlimited.
+const slowLogEvery = 10 * time.Second
+
 // ErrorHandler is the connection's handler of asynchronous errors, to
 // pass to nats.Connect (for any connection: the embedded server's too). A
 // subscription that fell behind, whose messages the client dropped
 // (nats.ErrSlowConsumer: events not ingested, heartbeats not answered),
-// is counted in slow and logged at Warn with its subject and the
-// messages it dropped so far; nats.go reports it once per episode (the
-// next only once the subscription has taken a message again), so the log
-// has a line per episode, not per message. Other errors (a permission the
-// server denied) are logged at Warn. nats.go's default handler wrote
-// them to stderr, outside the log, and counted nothing.
+// is counted in slow at each of nats.go's reports, and logged at Warn
+// with its subject and the messages it dropped since its last line (all
+// so far, at its first), at most once per slowLogEvery: nats.go reports
+// it again each time the subscription has taken a message since, so one
+// that stays behind is reported (and counted) about once per message it
+// takes. Other errors (a permission the server denied) are logged at
+// Warn. nats.go's default handler wrote them to stderr, outside the log,
+// and counted nothing.
 func ErrorHandler(log *slog.Logger, slow prometheus.Counter) nats.Option {
-	return nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
-		subject := ""
-		if sub != nil {
-			subject = sub.Subject
-		}
-		if errors.Is(err, nats.ErrSlowConsumer) {
-			slow.Inc()
-			dropped, _ := sub.Dropped()
-			log.Warn("a NATS subscription fell behind: messages dropped until it catches up", "subject", subject, "dropped", dropped, "err", err)
+	return nats.ErrorHandler(newErrorHandler(log, slow, time.Now).handle)
+}
+
+// errorHandler is ErrorHandler's state: the last line of each
+// subscription that fell behind.
+type errorHandler struct {
+	log  *slog.Logger
+	slow prometheus.Counter
+	now  func() time.Time
+
+	mu     sync.Mutex
+	logged map[*nats.Subscription]slowLine
+}
+
+// slowLine is the last line logged of a subscription that fell behind:
+// when, and its count of dropped messages then.
+type slowLine struct {
+	at      time.Time
+	dropped int
+}
+
+func newErrorHandler(log *slog.Logger, slow prometheus.Counter, now func() time.Time) *errorHandler {
+	return &errorHandler{log: log, slow: slow, now: now, logged: make(map[*nats.Subscription]slowLine)}
+}
+
+func (h *errorHandler) handle(_ *nats.Conn, sub *nats.Subscription, err error) {
+	subject := ""
+	if sub != nil {
+		subject = sub.Subject
+	}
+	if errors.Is(err, nats.ErrSlowConsumer) {
+		h.slow.Inc()
+		if sub == nil {
+			h.log.Warn("a NATS subscription fell behind: messages dropped until it catches up", "err", err)
 			return
 		}
-		log.Warn("NATS reported an error", "subject", subject, "err", err)
-	})
+		dropped, _ := sub.Dropped()
+		now := h.now()
+		h.mu.Lock()
+		last, seen := h.logged[sub]
+		if seen && now.Sub(last.at) < slowLogEvery {
+			h.mu.Unlock()
+			return
+		}
+		h.logged[sub] = slowLine{at: now, dropped: dropped}
+		// Subscriptions gone since their last line are forgotten: a
+		// daemon that subscribes anew keeps no line of each.
+		for s := range h.logged {
+			if !s.IsValid() {
+				delete(h.logged, s)
+			}
+		}
+		h.mu.Unlock()
+		h.log.Warn("a NATS subscription fell behind: messages dropped until it catches up", "subject", subject,
+			"dropped", dropped-last.dropped, "dropped_total", dropped, "err", err)
+		return
+	}
+	h.log.Warn("NATS reported an error", "subject", subject, "err", err)
 }
 
 // Refused reports whether a NATS connection error is the credentials'

@@ -3,8 +3,10 @@ package natswatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -165,7 +167,7 @@ func TestRefused(t *testing.T) {
 
 // TestASlowConsumerIsCountedAndLoggedOncePerEpisode: a subscription that
 // falls behind (its pending limit reached: the client drops what comes
-// next) is counted and logged once per episode, with its subject, not
+// next) is counted and logged once for its episode, with its subject, not
 // once per message dropped, and not to stderr outside the log as nats.go's
 // default handler did.
 func TestASlowConsumerIsCountedAndLoggedOncePerEpisode(t *testing.T) {
@@ -214,6 +216,98 @@ func TestASlowConsumerIsCountedAndLoggedOncePerEpisode(t *testing.T) {
 	}
 	if got := logs.Lines("level=WARN", "fell behind", "subject=kv.events"); len(got) != 1 {
 		t.Errorf("one episode of a slow consumer logged %d lines naming its subject, want 1:\n%s", len(got), logs)
+	}
+}
+
+// TestASlowConsumerThatStaysBehindIsLoggedAtMostOncePerInterval: nats.go
+// reports a subscription that stays behind again each time it has taken
+// a message since (a new "episode" per message handled): each report is
+// counted, but the log has one line per slowLogEvery, the next saying
+// what was dropped since the last.
+func TestASlowConsumerThatStaysBehindIsLoggedAtMostOncePerInterval(t *testing.T) {
+	s, err := eventplane.StartServer(eventplane.ServerConfig{Name: "t", Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	logs := &testlog.Buffer{}
+	slow := prometheus.NewCounter(prometheus.CounterOpts{Name: "slow_total"})
+	var clock atomic.Int64 // seconds since the first report
+	start := time.Now()
+	h := newErrorHandler(slog.New(slog.NewTextHandler(logs, nil)), slow, func() time.Time {
+		return start.Add(time.Duration(clock.Load()) * time.Second)
+	})
+	nc, err := nats.Connect(s.ClientURL(), nats.ErrorHandler(h.handle))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	release, took := make(chan struct{}), make(chan struct{}, 1)
+	defer close(release)
+	sub, err := nc.Subscribe("kv.events", func(*nats.Msg) {
+		took <- struct{}{}
+		<-release
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(2, -1); err != nil {
+		t.Fatal(err)
+	}
+	// The handler holds a message (pending until it returns, for
+	// nats.go); each round one is queued and 2 are dropped (a report), then the handler takes the queued one, and the
+	// queue is empty again.
+	if err := nc.Publish("kv.events", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	<-took
+	const rounds = 5
+	for round := 1; round <= rounds; round++ {
+		if round == rounds {
+			clock.Store(int64(slowLogEvery / time.Second)) // the last round's report comes an interval later
+		}
+		for range 3 {
+			if err := nc.Publish("kv.events", []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for count(t, slow) < float64(round) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: %v reports counted in 10 s:\n%s", round, count(t, slow), logs)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		release <- struct{}{}
+		<-took
+	}
+	if n := count(t, slow); n != rounds {
+		t.Errorf("%d reports of a slow consumer counted %v times, want %d", rounds, n, rounds)
+	}
+	// The report is counted before its line is written: wait for it.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(logs.Lines("fell behind")) < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	got := logs.Lines("level=WARN", "fell behind", "subject=kv.events")
+	if len(got) != 2 {
+		t.Fatalf("a subscription that stayed behind for one interval logged %d lines, want 2 (the first report, and the first an interval later):\n%s", len(got), logs)
+	}
+	// Each round drops 2, the report read as the first is dropped (the
+	// second may be yet to come): the second line counts those since the
+	// first's, rounds 2 to 4 at least, not all so far.
+	var first, since, total int
+	if _, err := fmt.Sscanf(got[0][strings.Index(got[0], "dropped_total="):], "dropped_total=%d", &first); err != nil {
+		t.Fatalf("%v: %s", err, got[0])
+	}
+	if _, err := fmt.Sscanf(got[1][strings.Index(got[1], "dropped="):], "dropped=%d dropped_total=%d", &since, &total); err != nil {
+		t.Fatalf("%v: %s", err, got[1])
+	}
+	if since < 6 || since != total-first {
+		t.Errorf("the second line counts %d dropped of %d, want those since the first line's %d (6 at least):\n%s", since, total, first, logs)
 	}
 }
 
