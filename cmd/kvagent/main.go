@@ -194,7 +194,7 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	opts := no.NATSOptions()
 	opts = append(opts, nats.RetryOnFailedConnect(true))
 	opts = append(opts, nl.Options()...)
-	opts = append(opts, natswatch.ErrorHandler(logger, slowConsumers))
+	opts = append(opts, nl.ErrorHandler(slowConsumers))
 	nc, err := nats.Connect(c.String("nats-url"), opts...)
 	if err != nil {
 		return fmt.Errorf("connect to nats %s: %w", eventplane.RedactURLs(c.String("nats-url")), err)

@@ -797,7 +797,7 @@ func startNATS(c *cli.Context, id string, logger *slog.Logger, lost context.Canc
 		// first try that fails, the connection made). Failing the start
 		// made the node's supervisor restart it, its state loaded again,
 		// until NATS was up.
-		opts := append(o.NATSOptions(), nats.RetryOnFailedConnect(true), natswatch.ErrorHandler(logger, slow))
+		opts := append(o.NATSOptions(), nats.RetryOnFailedConnect(true), w.ErrorHandler(slow))
 		nc, err := nats.Connect(url, append(opts, w.Options()...)...)
 		if err != nil {
 			return nil, nil, fmt.Errorf("connect to nats %s: %w", eventplane.RedactURLs(url), err)

@@ -46,15 +46,17 @@ func Ended(ctx context.Context) error {
 	return nil
 }
 
-// Watch logs a connection made with its Options. Only the first failure
-// of a run of them is logged (at Warn); the connection made, or made
-// again, ends the run (Info).
+// Watch logs a connection made with its Options and its ErrorHandler.
+// Only the first failure of a run of them is logged (at Warn), and the
+// first refusal of the credentials in the run; the connection made, or
+// made again, ends the run (Info).
 type Watch struct {
 	log   *slog.Logger
 	lost  context.CancelCauseFunc
 	texts Texts
 
 	failing atomic.Bool // a failure was logged, and no connection made since
+	refused atomic.Bool // a refusal of the credentials was logged, and no connection made since
 	closing atomic.Bool // the owner closes the connection: its close is no failure
 	badCred atomic.Bool // CredsError logged
 }
@@ -93,22 +95,43 @@ func (w *Watch) CredsError(err error) {
 	w.lost(fmt.Errorf("%w: %v", ErrCreds, err))
 }
 
+// refusal logs the server's refusal of the credentials, once per run of
+// failures (a refusal after a try that could not reach NATS, or after
+// the connection was lost, is logged too: it says what to fix).
+func (w *Watch) refusal(err error) {
+	w.failing.Store(true)
+	if w.refused.CompareAndSwap(false, true) {
+		w.log.Warn(fmt.Sprintf("NATS refused %s's credentials; retrying (check --nats-user, --nats-password, --nats-creds)", w.texts.Who), "err", err)
+	}
+}
+
+// ErrorHandler is ErrorHandler's for the Watch's connection, which it
+// takes instead: the server's refusal of the credentials as the
+// connection is made again is logged as such (refusal). nats.go reports
+// that refusal only to the asynchronous error handler
+// (nats.ErrAuthorization, ErrAuthExpired, ErrAuthRevoked), not to
+// ReconnectErrHandler, which sees it only for the first connection.
+func (w *Watch) ErrorHandler(slow prometheus.Counter) nats.Option {
+	h := newErrorHandler(w.log, slow, time.Now)
+	h.refused = w.refusal
+	return nats.ErrorHandler(h.handle)
+}
+
 // Options are the connection's handlers, to pass to nats.Connect.
 func (w *Watch) Options() []nats.Option {
 	return []nats.Option{
 		nats.ConnectHandler(func(nc *nats.Conn) {
 			w.failing.Store(false)
+			w.refused.Store(false)
 			w.log.Info("connected to NATS", "url", nc.ConnectedUrlRedacted())
 		}),
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
 			// Each try that fails: the first connection's (with
 			// nats.RetryOnFailedConnect), and a lost one's (every 250 ms).
-			if w.failing.CompareAndSwap(false, true) {
-				if Refused(err) {
-					w.log.Warn(fmt.Sprintf("NATS refused %s's credentials; retrying (check --nats-user, --nats-password, --nats-creds)", w.texts.Who), "err", err)
-				} else {
-					w.log.Warn(fmt.Sprintf("cannot reach NATS; retrying until it answers (%s)", w.texts.Unreachable), "err", err)
-				}
+			if Refused(err) {
+				w.refusal(err)
+			} else if w.failing.CompareAndSwap(false, true) {
+				w.log.Warn(fmt.Sprintf("cannot reach NATS; retrying until it answers (%s)", w.texts.Unreachable), "err", err)
 			}
 		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -120,6 +143,7 @@ func (w *Watch) Options() []nats.Option {
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			w.failing.Store(false)
+			w.refused.Store(false)
 			w.log.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted())
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
@@ -162,6 +186,9 @@ type errorHandler struct {
 	log  *slog.Logger
 	slow prometheus.Counter
 	now  func() time.Time
+	// refused, when set, takes the server's refusals of the credentials
+	// (Watch.ErrorHandler).
+	refused func(error)
 
 	mu     sync.Mutex
 	logged map[*nats.Subscription]slowLine
@@ -182,6 +209,10 @@ func (h *errorHandler) handle(_ *nats.Conn, sub *nats.Subscription, err error) {
 	subject := ""
 	if sub != nil {
 		subject = sub.Subject
+	}
+	if h.refused != nil && (errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked)) {
+		h.refused(err)
+		return
 	}
 	if errors.Is(err, nats.ErrSlowConsumer) {
 		h.slow.Inc()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -142,6 +143,70 @@ func TestARunOfFailuresIsLoggedOnce(t *testing.T) {
 	}
 	if v.ctx.Err() != nil {
 		t.Errorf("failures nats.go retries ended the daemon: %v", context.Cause(v.ctx))
+	}
+}
+
+// TestAReconnectRefusedIsLoggedAsARefusal: docs/operations.md says a run
+// of failed tries is logged at Warn by its first, "NATS refused the
+// node's credentials" when the server refuses them (check --nats-user,
+// --nats-password, --nats-creds). A connection lost and then refused as
+// it reconnects (the server restarted with other credentials) is the
+// common case of a refusal, which nats.go reports to the error handler
+// alone (Watch.ErrorHandler); the daemon then stops (ErrClosed).
+func TestAReconnectRefusedIsLoggedAsARefusal(t *testing.T) {
+	quiet := slog.New(slog.DiscardHandler)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	s, err := eventplane.StartServer(eventplane.ServerConfig{Name: "a", Addr: addr, User: "u", Password: "old", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &testlog.Buffer{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	ctx, lost := context.WithCancelCause(context.Background())
+	defer lost(nil)
+	w := New(log, lost, Texts{Who: "the node", Unreachable: "check --nats-url", Lost: "nothing is heard"})
+	o := eventplane.ClientOptions{User: "u", Password: "old"}
+	opts := append(o.NATSOptions(), nats.RetryOnFailedConnect(true),
+		w.ErrorHandler(prometheus.NewCounter(prometheus.CounterOpts{Name: "slow_total"})))
+	nc, err := nats.Connect("nats://"+addr, append(opts, w.Options()...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { w.Closing(); nc.Close() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !nc.IsConnected() {
+		if time.Now().After(deadline) {
+			t.Fatal("not connected in 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s.Shutdown()
+	s.WaitForShutdown()
+	s, err = eventplane.StartServer(eventplane.ServerConfig{Name: "a", Addr: addr, User: "u", Password: "new", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	select {
+	case <-ctx.Done():
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the refused connection did not end the daemon in 15 s:\n%s", logs)
+	}
+	if !errors.Is(Ended(ctx), ErrClosed) {
+		t.Fatalf("Ended: %v, want ErrClosed", Ended(ctx))
+	}
+	// The refusal's callback may come after the close's.
+	deadline = time.Now().Add(10 * time.Second)
+	for len(logs.Lines("refused the node's credentials")) == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := logs.Lines("level=WARN", "refused the node's credentials"); len(got) != 1 {
+		t.Errorf("a reconnect the server refused logged %d lines saying the credentials were refused, want 1:\n%s", len(got), logs)
 	}
 }
 
