@@ -1131,6 +1131,27 @@ func TestAJoinSchemeTheNodeDoesNotServeIsAUsageError(t *testing.T) {
 	}
 }
 
+// TestAJoinSchemeTheNodeServesIsTakenInAnyCase: checkJoinScheme takes an
+// entry whose scheme is the node's in any case (HTTPS:// on a TLS node,
+// HTTP:// on a plain one), as parseJoin does, and an entry without a
+// scheme, and refuses the other scheme in any case.
+func TestAJoinSchemeTheNodeServesIsTakenInAnyCase(t *testing.T) {
+	for _, c := range []struct {
+		via    []string
+		scheme string
+		ok     bool
+	}{
+		{[]string{"HTTPS://h:1", "Https://h:2", "h:3"}, "https", true},
+		{[]string{"HTTP://h:1", "hTTp://h:2", "h:3"}, "http", true},
+		{[]string{"HTTPS://h:1", "HTTP://h:2"}, "https", false},
+		{[]string{"HTTP://h:1", "HTTPS://h:2"}, "http", false},
+	} {
+		if err := checkJoinScheme(c.via, c.scheme); (err == nil) != c.ok {
+			t.Errorf("checkJoinScheme(%q, %q) = %v, want ok %v", c.via, c.scheme, err, c.ok)
+		}
+	}
+}
+
 // TestThereIsNoConfigFileFlag: the daemons take flags and KVROUTER_*
 // variables only (docs/operations.md, Bootstrap a new cluster): a
 // --config is refused as any flag kvrouter does not define (exit 2), not
