@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"io"
 	"log/slog"
 	"net"
@@ -15,7 +16,10 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/urfave/cli/v2"
 
 	"github.com/kvrouter/kvrouter/api/apitest"
@@ -518,5 +522,76 @@ func TestNATSFilesAreCheckedBeforeTheStart(t *testing.T) {
 			args = append(args, "--nats-addr", "127.0.0.1:0") // the embedded server
 		}
 		checkRefusedStart(t, append(args, c.args...), c.flag)
+	}
+}
+
+// natsContext is the cli.Context of kvrouter's flags parsed from args,
+// as startNATS takes it.
+func natsContext(t *testing.T, args ...string) *cli.Context {
+	t.Helper()
+	app := newApp()
+	set := flag.NewFlagSet("kvrouter", flag.ContinueOnError)
+	for _, f := range app.Flags {
+		if err := f.Apply(set); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := set.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return cli.NewContext(app, set, nil)
+}
+
+// TestTheNodesConnectionsCountASlowConsumer: a subscription of the
+// connection startNATS makes, to the embedded server and to an external
+// NATS, that falls behind is counted in the node's slow-consumer counter
+// (natswatch's error handler is among the connection's options), not
+// left to nats.go's default handler.
+func TestTheNodesConnectionsCountASlowConsumer(t *testing.T) {
+	ns, err := eventplane.StartServer(eventplane.ServerConfig{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	for name, args := range map[string][]string{
+		"embedded": {"--nats-addr", "127.0.0.1:0"},
+		"external": {"--nats-url", ns.ClientURL()},
+	} {
+		t.Run(name, func(t *testing.T) {
+			slow := prometheus.NewCounter(prometheus.CounterOpts{Name: "slow_total"})
+			_, lost := context.WithCancelCause(context.Background())
+			defer lost(nil)
+			nc, closeNATS, err := startNATS(natsContext(t, args...), "n1", slog.New(slog.DiscardHandler), lost, slow)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer closeNATS()
+			release := make(chan struct{})
+			defer close(release)
+			sub, err := nc.Subscribe("kv.events", func(*nats.Msg) { <-release })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := sub.SetPendingLimits(1, -1); err != nil {
+				t.Fatal(err)
+			}
+			counted := func() float64 {
+				var m dto.Metric
+				if err := slow.Write(&m); err != nil {
+					t.Fatal(err)
+				}
+				return m.GetCounter().GetValue()
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for counted() == 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("a subscription that fell behind was not counted in 10 s")
+				}
+				if err := nc.Publish("kv.events", []byte("x")); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
 	}
 }
