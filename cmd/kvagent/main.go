@@ -189,13 +189,7 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 	defer lost(nil)
 	nl := natswatch.New(logger, lost, natswatch.Texts{Who: "the agent",
 		Unreachable: "check --nats-url, and that the routers' NATS is up", Lost: "events wait, and heartbeats fail,"})
-	no := natsOptions(c)
-	no.OnCredsError = nl.CredsError
-	opts := no.NATSOptions()
-	opts = append(opts, nats.RetryOnFailedConnect(true))
-	opts = append(opts, nl.Options()...)
-	opts = append(opts, nl.ErrorHandler(slowConsumers))
-	nc, err := nats.Connect(c.String("nats-url"), opts...)
+	nc, err := connectNATS(c, nl, slowConsumers)
 	if err != nil {
 		return fmt.Errorf("connect to nats %s: %w", eventplane.RedactURLs(c.String("nats-url")), err)
 	}
@@ -559,6 +553,19 @@ func routerSecurity(c *cli.Context) (routerSec, error) {
 		}
 	}
 	return sec, nil
+}
+
+// connectNATS connects to --nats-url with the flags' options, waiting
+// for a NATS not up yet, the connection watched by nl (nl.CredsError the
+// creds file's), a subscription that falls behind counted in slow.
+func connectNATS(c *cli.Context, nl *natswatch.Watch, slow prometheus.Counter) (*nats.Conn, error) {
+	no := natsOptions(c)
+	no.OnCredsError = nl.CredsError
+	opts := no.NATSOptions()
+	opts = append(opts, nats.RetryOnFailedConnect(true))
+	opts = append(opts, nl.Options()...)
+	opts = append(opts, nl.ErrorHandler(slow))
+	return nats.Connect(c.String("nats-url"), opts...)
 }
 
 // natsConnectedGauge is kvagent_nats_connected: 1 while nc is connected,

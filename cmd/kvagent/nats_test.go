@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -16,9 +18,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/urfave/cli/v2"
 
 	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/internal/natswatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
@@ -377,5 +381,62 @@ func TestSlowConsumersAreCountedOnMetrics(t *testing.T) {
 	}
 	if want := "\nkvagent_nats_slow_consumer_total 0\n"; !strings.Contains(string(b), want) {
 		t.Errorf("/metrics has no %q:\n%s", strings.TrimSpace(want), b)
+	}
+}
+
+// TestTheAgentsConnectionCountsASlowConsumer: a subscription of the
+// connection connectNATS makes that falls behind is counted in the
+// agent's slow-consumer counter (natswatch's error handler is among the
+// connection's options), not left to nats.go's default handler.
+func TestTheAgentsConnectionCountsASlowConsumer(t *testing.T) {
+	ns, err := eventplane.StartServer(eventplane.ServerConfig{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	a := app()
+	set := flag.NewFlagSet("kvagent", flag.ContinueOnError)
+	for _, f := range a.Flags {
+		if err := f.Apply(set); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := set.Parse([]string{"--nats-url", ns.ClientURL()}); err != nil {
+		t.Fatal(err)
+	}
+	slow := prometheus.NewCounter(prometheus.CounterOpts{Name: "slow_total"})
+	_, lost := context.WithCancelCause(context.Background())
+	defer lost(nil)
+	nl := natswatch.New(slog.New(slog.DiscardHandler), lost, natswatch.Texts{Who: "the agent"})
+	nc, err := connectNATS(cli.NewContext(a, set, nil), nl, slow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { nl.Closing(); nc.Close() }()
+	release := make(chan struct{})
+	defer close(release)
+	sub, err := nc.Subscribe("kv.events", func(*nats.Msg) { <-release })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(1, -1); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var m dto.Metric
+		if err := slow.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if m.GetCounter().GetValue() > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a subscription that fell behind was not counted in 10 s")
+		}
+		if err := nc.Publish("kv.events", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
