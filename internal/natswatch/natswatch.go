@@ -55,11 +55,26 @@ type Watch struct {
 	lost  context.CancelCauseFunc
 	texts Texts
 
+	now     func() time.Time
 	failing atomic.Bool // a failure was logged, and no connection made since
 	refused atomic.Bool // a refusal of the credentials was logged, and no connection made since
 	closing atomic.Bool // the owner closes the connection: its close is no failure
-	badCred atomic.Bool // CredsError logged
+	badCred atomic.Bool // CredsError's stop logged
+
+	credsMu   sync.Mutex
+	credsFrom time.Time // the first of CredsError's run of failures, zero when none
+	credsRun  int       // its failures
 }
+
+// credsGrace and credsTries are how long, and how many tries in a row,
+// the credentials file must fail before CredsError stops the daemon: an
+// operator's rewrite of the file that is not atomic (rm then cp, an
+// editor's truncate and write) can race a reconnect, and the next try
+// reads it whole. A run ends with a connection made.
+const (
+	credsGrace = 5 * time.Second
+	credsTries = 3
+)
 
 // Texts are what a Watch's log lines say of the daemon.
 type Texts struct {
@@ -75,7 +90,7 @@ type Texts struct {
 // (wrapping the connection's last error) when the connection closes for
 // good without the owner's Closing.
 func New(log *slog.Logger, lost context.CancelCauseFunc, texts Texts) *Watch {
-	return &Watch{log: log, lost: lost, texts: texts}
+	return &Watch{log: log, lost: lost, texts: texts, now: time.Now}
 }
 
 // Closing marks the owner's own close of the connection, which is then
@@ -85,14 +100,36 @@ func (w *Watch) Closing() { w.closing.Store(true) }
 // CredsError is the connection's eventplane.ClientOptions.OnCredsError:
 // a credentials file gone bad since the daemon's start fails every try,
 // and nats.go never gives up on it, so the daemon stops (lost, with
-// ErrCreds wrapping err), as when the server refuses the credentials.
-// nats.go calls it at each try until the daemon has stopped: it logs
-// once.
+// ErrCreds wrapping err), as when the server refuses the credentials,
+// once the file has failed credsTries tries in a row over credsGrace at
+// least (a rewrite of the file racing a try fails that one alone). The
+// first failure of a run is logged at Warn, the stop at Error, once.
 func (w *Watch) CredsError(err error) {
+	now := w.now()
+	w.credsMu.Lock()
+	if w.credsRun == 0 {
+		w.credsFrom = now
+	}
+	w.credsRun++
+	first, stop := w.credsRun == 1, w.credsRun >= credsTries && now.Sub(w.credsFrom) >= credsGrace
+	w.credsMu.Unlock()
+	if first {
+		w.log.Warn(fmt.Sprintf("the --nats-creds file holds no credentials; retrying (%s stops if it stays so for %v)", w.texts.Who, credsGrace), "err", err)
+	}
+	if !stop {
+		return
+	}
 	if w.badCred.CompareAndSwap(false, true) {
 		w.log.Error(fmt.Sprintf("the --nats-creds file holds no credentials: %s stops", w.texts.Who), "err", err)
 	}
 	w.lost(fmt.Errorf("%w: %v", ErrCreds, err))
+}
+
+// credsGood ends CredsError's run of failures: a connection was made.
+func (w *Watch) credsGood() {
+	w.credsMu.Lock()
+	w.credsRun = 0
+	w.credsMu.Unlock()
 }
 
 // refusal logs the server's refusal of the credentials, once per run of
@@ -123,6 +160,7 @@ func (w *Watch) Options() []nats.Option {
 		nats.ConnectHandler(func(nc *nats.Conn) {
 			w.failing.Store(false)
 			w.refused.Store(false)
+			w.credsGood()
 			w.log.Info("connected to NATS", "url", nc.ConnectedUrlRedacted())
 		}),
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -144,6 +182,7 @@ func (w *Watch) Options() []nats.Option {
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			w.failing.Store(false)
 			w.refused.Store(false)
+			w.credsGood()
 			w.log.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted())
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {

@@ -80,10 +80,21 @@ func TestAConnectionClosedForGoodEndsTheDaemon(t *testing.T) {
 
 // TestACredsFileGoneBadEndsTheDaemon: CredsError (the connection's
 // OnCredsError, called at each try) ends the daemon with ErrCreds,
-// wrapping the file's error (which names --nats-creds), and logs once.
+// wrapping the file's error (which names --nats-creds), once the file
+// has failed credsTries tries over credsGrace, and logs the stop once.
 func TestACredsFileGoneBadEndsTheDaemon(t *testing.T) {
 	v := watch(t)
+	start := time.Now()
+	at := start
+	v.w.now = func() time.Time { return at }
 	bad := errors.New(`--nats-creds "u.creds": no user JWT`)
+	for range credsTries {
+		v.w.CredsError(bad)
+	}
+	if v.ctx.Err() != nil {
+		t.Fatalf("%d tries of a creds file bad for less than %v ended the daemon: %v", credsTries, credsGrace, context.Cause(v.ctx))
+	}
+	at = start.Add(credsGrace)
 	v.w.CredsError(bad)
 	v.w.CredsError(bad)
 	err := Ended(v.ctx)
@@ -92,6 +103,32 @@ func TestACredsFileGoneBadEndsTheDaemon(t *testing.T) {
 	}
 	if got := v.logs.Lines("level=ERROR", "the node stops"); len(got) != 1 {
 		t.Errorf("two tries of a creds file gone bad logged %d errors, want 1:\n%s", len(got), v.logs)
+	}
+}
+
+// TestACredsFileBadForOneTryEndsNothing: a try that found the file bad
+// (a rewrite that is not atomic racing it), then a connection made, ends
+// the run of failures: failures long after it do not add up with it.
+func TestACredsFileBadForOneTryEndsNothing(t *testing.T) {
+	v := watch(t)
+	start := time.Now()
+	at := start
+	v.w.now = func() time.Time { return at }
+	bad := errors.New(`--nats-creds "u.creds": open u.creds: no such file or directory`)
+	v.w.CredsError(bad)
+	v.h.ReconnectedCB(conn)
+	// credsTries tries over a minute with the first: a run of them
+	// without the connection made between.
+	at = start.Add(time.Minute)
+	for range credsTries - 1 {
+		v.w.CredsError(bad)
+		at = at.Add(credsGrace)
+	}
+	if v.ctx.Err() != nil {
+		t.Errorf("a creds file bad for one try, then a connection, then %d tries, ended the daemon: %v", credsTries-1, context.Cause(v.ctx))
+	}
+	if got := v.logs.Lines("level=WARN", "--nats-creds file holds no credentials; retrying"); len(got) != 2 {
+		t.Errorf("two runs of failures logged %d warnings, want 2:\n%s", len(got), v.logs)
 	}
 }
 
