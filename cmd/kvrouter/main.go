@@ -330,7 +330,7 @@ func run(c *cli.Context) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		raftfsm.NewCollector(node), buildInfo(), slowConsumers)
+		raftfsm.NewCollector(node), buildInfo(), slowConsumers, natsConnectedGauge(nc))
 	subject := c.String("events-subject")
 	ing, err := eventplane.NewIngester(eventplane.IngesterConfig{Conn: nc, Node: node, Subject: subject, DumpSubject: subject + ".dump",
 		Linger: c.Duration("events-linger"), UnregisteredGrace: c.Duration("unregistered-grace"), Registerer: reg, Logger: logger})
@@ -802,8 +802,17 @@ func startNATS(c *cli.Context, id string, logger *slog.Logger, lost context.Canc
 		if err != nil {
 			return nil, nil, fmt.Errorf("connect to nats %s: %w", eventplane.RedactURLs(url), err)
 		}
-		logger.Info("events over external NATS", "urls", eventplane.RedactURLs(url), "connected", nc.ConnectedUrlRedacted())
-		return nc, func() { w.Closing(); nc.Close() }, nil
+		connected := nc.ConnectedUrlRedacted()
+		if connected == "" {
+			connected = "waiting"
+		}
+		logger.Info("events over external NATS", "urls", eventplane.RedactURLs(url), "connected", connected)
+		// A NATS that never answers (a wrong --nats-url) or stays lost is
+		// logged at Error every natswatch.RemindEvery: the node starts,
+		// reads ready and may lead while it hears nothing.
+		remind, stopRemind := context.WithCancel(context.Background())
+		go w.Remind(remind)
+		return nc, func() { stopRemind(); w.Closing(); nc.Close() }, nil
 	}
 	opts := eventplane.ClientOptions{Name: "kvrouter-" + id, User: c.String("nats-user"), Password: c.String("nats-password")}.NATSOptions()
 	opts = append(opts, natswatch.ErrorHandler(logger, slow))
@@ -825,6 +834,21 @@ func startNATS(c *cli.Context, id string, logger *slog.Logger, lost context.Canc
 	}
 	logger.Info("embedded NATS listening", "clients", s.ClientURL(), "cluster", c.String("nats-cluster-addr"))
 	return nc, func() { nc.Close(); s.Shutdown() }, nil
+}
+
+// natsConnectedGauge is kvrouter_nats_connected: 1 while nc is connected
+// (to the embedded server, or to --nats-url), 0 while it is not (the
+// first connection not made yet, or one lost and being made again), when
+// the node, leading, ingests no event and answers no heartbeat.
+func natsConnectedGauge(nc *nats.Conn) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvrouter_nats_connected",
+		Help: "1 while the node's NATS connection is up, 0 while it is not (the leader then ingests no event and answers no heartbeat)."},
+		func() float64 {
+			if nc.IsConnected() {
+				return 1
+			}
+			return 0
+		})
 }
 
 // natsRoutes parses --nats-routes: the other nodes' NATS route addresses,

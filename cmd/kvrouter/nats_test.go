@@ -281,7 +281,8 @@ func TestAnExternalNATSCredsFileGoneBadStopsTheNode(t *testing.T) {
 // TestANATSNotUpYetIsWaitedFor: with --nats-url, a NATS server not up
 // yet (started beside the nodes) is waited for, as kvagent waits for it
 // and as a lost connection is: the node starts (ready), logs that it
-// cannot reach NATS, and subscribes once the server is up. From a review:
+// cannot reach NATS, and subscribes once the server is up;
+// kvrouter_nats_connected reads 0 until then, and 1 after. From a review:
 // nats.Connect without RetryOnFailedConnect failed the start (exit 1),
 // after the data directory was locked and the ports taken.
 func TestANATSNotUpYetIsWaitedFor(t *testing.T) {
@@ -315,6 +316,9 @@ func TestANATSNotUpYetIsWaitedFor(t *testing.T) {
 		r.Body.Close()
 		return r.StatusCode == http.StatusOK
 	})
+	if m := metricsOf(t, httpAddr); !strings.Contains(m, "\nkvrouter_nats_connected 0\n") {
+		t.Errorf("/metrics of a node whose NATS is not up has no kvrouter_nats_connected 0:\n%s", m)
+	}
 	// The server's own subscriptions, counted on one alike that the node
 	// does not reach: the node may subscribe as soon as the other is up.
 	s0, err := eventplane.StartServer(eventplane.ServerConfig{Name: "ext", Addr: "127.0.0.1:0"})
@@ -330,6 +334,9 @@ func TestANATSNotUpYetIsWaitedFor(t *testing.T) {
 	}
 	defer func() { s.Shutdown(); s.WaitForShutdown() }()
 	poll(t, "the node's subscriptions once NATS is up", func() bool { return s.NumSubscriptions() > own })
+	poll(t, "kvrouter_nats_connected 1 once NATS is up", func() bool {
+		return strings.Contains(metricsOf(t, httpAddr), "\nkvrouter_nats_connected 1\n")
+	})
 	cancel()
 	stopped = true
 	if err := <-done; err != nil {
@@ -337,9 +344,24 @@ func TestANATSNotUpYetIsWaitedFor(t *testing.T) {
 	}
 }
 
+// metricsOf is the body of the node's /metrics at httpAddr.
+func metricsOf(t *testing.T, httpAddr string) string {
+	t.Helper()
+	r, err := http.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 // TestSlowConsumersAreCountedOnMetrics: /metrics has
-// kvrouter_nats_slow_consumer_total (natswatch.ErrorHandler counts the
-// episodes of a subscription of the node's NATS connection falling
+// kvrouter_nats_slow_consumer_total (natswatch.ErrorHandler counts
+// nats.go's reports of a subscription of the node's NATS connection falling
 // behind, events or heartbeats dropped), from the start, at 0. From a
 // review: neither connection had an ErrorHandler, and nats.go's default
 // wrote such drops to stderr outside the log, counted nowhere.
@@ -365,8 +387,10 @@ func TestSlowConsumersAreCountedOnMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "\nkvrouter_nats_slow_consumer_total 0\n"; !strings.Contains(string(b), want) {
-		t.Errorf("/metrics has no %q:\n%s", strings.TrimSpace(want), b)
+	for _, want := range []string{"\nkvrouter_nats_slow_consumer_total 0\n", "\nkvrouter_nats_connected 1\n"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("/metrics has no %q:\n%s", strings.TrimSpace(want), b)
+		}
 	}
 }
 

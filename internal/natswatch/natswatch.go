@@ -60,6 +60,9 @@ type Watch struct {
 	refused atomic.Bool // a refusal of the credentials was logged, and no connection made since
 	closing atomic.Bool // the owner closes the connection: its close is no failure
 	badCred atomic.Bool // CredsError's stop logged
+	// downSince is when the connection was last lost (UnixNano), or the
+	// Watch made (never connected yet); 0 while it is up.
+	downSince atomic.Int64
 
 	credsMu   sync.Mutex
 	credsFrom time.Time // the first of CredsError's run of failures, zero when none
@@ -90,7 +93,9 @@ type Texts struct {
 // (wrapping the connection's last error) when the connection closes for
 // good without the owner's Closing.
 func New(log *slog.Logger, lost context.CancelCauseFunc, texts Texts) *Watch {
-	return &Watch{log: log, lost: lost, texts: texts, now: time.Now}
+	w := &Watch{log: log, lost: lost, texts: texts, now: time.Now}
+	w.downSince.Store(w.now().UnixNano())
+	return w
 }
 
 // Closing marks the owner's own close of the connection, which is then
@@ -154,6 +159,41 @@ func (w *Watch) ErrorHandler(slow prometheus.Counter) nats.Option {
 	return nats.ErrorHandler(h.handle)
 }
 
+// RemindEvery is how often Remind logs a connection that is down.
+const RemindEvery = 30 * time.Second
+
+// Remind logs at Error, every RemindEvery until ctx ends, that the
+// connection is down (never made yet, or lost) and for how long: the
+// Warn of a run of failures is logged once, and a wrong --nats-url
+// would otherwise leave a daemon running that hears nothing, one line
+// at its start telling.
+func (w *Watch) Remind(ctx context.Context) {
+	t := time.NewTicker(RemindEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			w.remind()
+		}
+	}
+}
+
+// remind is Remind's line, logged while the connection is down.
+func (w *Watch) remind() {
+	since := w.downSince.Load()
+	if since == 0 || w.closing.Load() {
+		return
+	}
+	w.log.Error(fmt.Sprintf("no NATS connection: %s (%s)", strings.TrimSuffix(w.texts.Lost, ","), w.texts.Unreachable),
+		"for", w.now().Sub(time.Unix(0, since)).Round(time.Second))
+}
+
+// Connected reports whether the connection is up (made, and not lost
+// since).
+func (w *Watch) Connected() bool { return w.downSince.Load() == 0 }
+
 // Options are the connection's handlers, to pass to nats.Connect.
 func (w *Watch) Options() []nats.Option {
 	return []nats.Option{
@@ -161,6 +201,7 @@ func (w *Watch) Options() []nats.Option {
 			w.failing.Store(false)
 			w.refused.Store(false)
 			w.credsGood()
+			w.downSince.Store(0)
 			w.log.Info("connected to NATS", "url", nc.ConnectedUrlRedacted())
 		}),
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -177,12 +218,14 @@ func (w *Watch) Options() []nats.Option {
 				return
 			}
 			w.failing.Store(true)
+			w.downSince.CompareAndSwap(0, w.now().UnixNano())
 			w.log.Warn(fmt.Sprintf("lost the NATS connection; reconnecting (%s until it is back)", w.texts.Lost), "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			w.failing.Store(false)
 			w.refused.Store(false)
 			w.credsGood()
+			w.downSince.Store(0)
 			w.log.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted())
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {

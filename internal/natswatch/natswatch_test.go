@@ -247,6 +247,38 @@ func TestAReconnectRefusedIsLoggedAsARefusal(t *testing.T) {
 	}
 }
 
+// TestAConnectionDownIsRemindedAtError: while the connection has never
+// been made, or is lost, each of Remind's ticks logs at Error for how
+// long, saying what to check; while it is up, or the owner closes it,
+// nothing.
+func TestAConnectionDownIsRemindedAtError(t *testing.T) {
+	v := watch(t)
+	start := time.Unix(0, v.w.downSince.Load())
+	v.w.now = func() time.Time { return start.Add(time.Minute) }
+	v.w.remind()
+	if got := v.logs.Lines("level=ERROR", "no NATS connection", "check --nats-url", "for=1m0s"); len(got) != 1 {
+		t.Errorf("a connection never made logged %d reminders naming --nats-url and how long, want 1:\n%s", len(got), v.logs)
+	}
+	if v.w.Connected() {
+		t.Error("Connected before the connection was made")
+	}
+	v.h.ConnectedCB(conn)
+	v.w.remind()
+	if !v.w.Connected() {
+		t.Error("not Connected once made")
+	}
+	v.h.DisconnectedErrCB(conn, errors.New("EOF"))
+	v.w.remind()
+	if got := v.logs.Lines("level=ERROR", "no NATS connection"); len(got) != 2 {
+		t.Errorf("a connection made, then lost, logged %d reminders in all, want 2:\n%s", len(got), v.logs)
+	}
+	v.w.Closing()
+	v.w.remind()
+	if got := v.logs.Lines("level=ERROR", "no NATS connection"); len(got) != 2 {
+		t.Errorf("the owner's close was reminded:\n%s", v.logs)
+	}
+}
+
 // TestRefused: the errors of credentials (refused by the server, or a
 // creds file nats.go cannot use) are told from a server out of reach.
 func TestRefused(t *testing.T) {
