@@ -461,6 +461,12 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) error {
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) error {
 	st := s.b.Status()
 	resp := ReadyResponse{Ready: st.Ready, State: st.State, AppliedIndex: st.AppliedIndex}
+	if s.opts.NATSConnected != nil {
+		resp.NATS = "disconnected"
+		if s.opts.NATSConnected() {
+			resp.NATS = "connected"
+		}
+	}
 	if st.Ready {
 		return reply(w, http.StatusOK, resp)
 	}

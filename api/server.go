@@ -107,6 +107,10 @@ type Options struct {
 	// forward to the leader carries the client's header on, so every node
 	// of a cluster has the same token.
 	Token string
+	// NATSConnected, when set, says whether the node's NATS connection is
+	// up, shown in /readyz's body (ReadyResponse.NATS); readiness does not
+	// depend on it.
+	NATSConnected func() bool
 }
 
 // Server is the HTTP API of one node. It is an http.Handler; Close it to

@@ -365,8 +365,12 @@ type ReadyResponse struct {
 	Ready        bool   `json:"ready"`
 	State        string `json:"state"`
 	AppliedIndex uint64 `json:"applied_index"`
-	Error        string `json:"error,omitempty"`
-	Reason       string `json:"reason,omitempty"`
+	// NATS is the node's NATS connection, "connected" or "disconnected"
+	// (never made yet, or lost: the leader then ingests no event), shown
+	// only: readiness does not depend on it. Empty when unknown.
+	NATS   string `json:"nats,omitempty"`
+	Error  string `json:"error,omitempty"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // Event types and tier names on the wire.

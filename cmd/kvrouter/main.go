@@ -344,7 +344,7 @@ func run(c *cli.Context) error {
 	defer forwardTransport.CloseIdleConnections()
 	srv := api.NewServer(node, api.Options{Logger: logger, Registerer: reg, Gatherer: reg,
 		MaxBodyBytes: c.Int64("max-body-bytes"), MaxSnapshotBytes: c.Int64("max-snapshot-bytes"),
-		Token: sec.token, ForwardTransport: forwardTransport, ForwardScheme: sec.scheme()})
+		Token: sec.token, ForwardTransport: forwardTransport, ForwardScheme: sec.scheme(), NATSConnected: nc.IsConnected})
 	// The standard KV-indexer API at the root, beside /v1 (docs/compat.md).
 	compat.NewIndexer(node, logger).Routes(srv, "")
 	// The selection and reservation API under /selection: its GET /workers

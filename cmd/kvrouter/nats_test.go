@@ -282,7 +282,8 @@ func TestAnExternalNATSCredsFileGoneBadStopsTheNode(t *testing.T) {
 // yet (started beside the nodes) is waited for, as kvagent waits for it
 // and as a lost connection is: the node starts (ready), logs that it
 // cannot reach NATS, and subscribes once the server is up;
-// kvrouter_nats_connected reads 0 until then, and 1 after. From a review:
+// kvrouter_nats_connected reads 0 until then, and 1 after, and /readyz's
+// body shows nats disconnected, then connected. From a review:
 // nats.Connect without RetryOnFailedConnect failed the start (exit 1),
 // after the data directory was locked and the ports taken.
 func TestANATSNotUpYetIsWaitedFor(t *testing.T) {
@@ -316,6 +317,9 @@ func TestANATSNotUpYetIsWaitedFor(t *testing.T) {
 		r.Body.Close()
 		return r.StatusCode == http.StatusOK
 	})
+	if b := readyzOf(t, httpAddr); !strings.Contains(b, `"nats":"disconnected"`) {
+		t.Errorf("/readyz of a node whose NATS is not up: %s, want it to show nats disconnected", b)
+	}
 	if m := metricsOf(t, httpAddr); !strings.Contains(m, "\nkvrouter_nats_connected 0\n") {
 		t.Errorf("/metrics of a node whose NATS is not up has no kvrouter_nats_connected 0:\n%s", m)
 	}
@@ -337,6 +341,9 @@ func TestANATSNotUpYetIsWaitedFor(t *testing.T) {
 	poll(t, "kvrouter_nats_connected 1 once NATS is up", func() bool {
 		return strings.Contains(metricsOf(t, httpAddr), "\nkvrouter_nats_connected 1\n")
 	})
+	if b := readyzOf(t, httpAddr); !strings.Contains(b, `"nats":"connected"`) {
+		t.Errorf("/readyz of a node connected to NATS: %s, want it to show nats connected", b)
+	}
 	cancel()
 	stopped = true
 	if err := <-done; err != nil {
@@ -348,6 +355,21 @@ func TestANATSNotUpYetIsWaitedFor(t *testing.T) {
 func metricsOf(t *testing.T, httpAddr string) string {
 	t.Helper()
 	r, err := http.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// readyzOf is the body of the node's /readyz at httpAddr.
+func readyzOf(t *testing.T, httpAddr string) string {
+	t.Helper()
+	r, err := http.Get("http://" + httpAddr + "/readyz")
 	if err != nil {
 		t.Fatal(err)
 	}
