@@ -11,12 +11,11 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/nats-io/jwt/v2"
-	"github.com/nats-io/nkeys"
 	"github.com/urfave/cli/v2"
 
 	"github.com/kvrouter/kvrouter/agent"
 	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
@@ -369,7 +368,7 @@ func TestNATSCredentialCombinationsNATSWouldNotUseAreUsageErrors(t *testing.T) {
 func TestNATSFilesAreUsageErrors(t *testing.T) {
 	dir := t.TempDir()
 	cert, key := apitest.WriteSelfSigned(t, dir)
-	creds := writeCreds(t, dir)
+	creds := natstest.WriteCreds(t, dir)
 	junk, missing := filepath.Join(dir, "junk.pem"), filepath.Join(dir, "missing")
 	seedOnly, jwtOnly := filepath.Join(dir, "seed.creds"), filepath.Join(dir, "jwt.creds")
 	whole, err := os.ReadFile(creds)
@@ -407,42 +406,6 @@ func TestNATSFilesAreUsageErrors(t *testing.T) {
 			t.Errorf("kvagent %q: %v, want it taken", args, err)
 		}
 	}
-}
-
-// writeCreds writes a NATS credentials file (a user JWT signed by a new
-// account, and the user's nkey seed, as nsc writes them) into dir and
-// returns its path.
-func writeCreds(t *testing.T, dir string) string {
-	t.Helper()
-	account, err := nkeys.CreateAccount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	user, err := nkeys.CreateUser()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := user.PublicKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := jwt.NewUserClaims(pub).Encode(account)
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed, err := user.Seed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := jwt.FormatUserConfig(tok, seed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := filepath.Join(dir, "user.creds")
-	if err := os.WriteFile(f, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return f
 }
 
 // TestAddressFlagsAreUsageErrors: a --router endpoint the registrations'

@@ -22,6 +22,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/natswatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
@@ -241,7 +242,7 @@ func TestNATSConnectionIsLogged(t *testing.T) {
 // ever, and the agent, which took the failure for NATS out of reach, ran
 // on publishing nothing. From a review (a junk creds file).
 func TestACredsFileGoneBadStopsTheAgent(t *testing.T) {
-	creds := writeCreds(t, t.TempDir())
+	creds := natstest.WriteCreds(t, t.TempDir())
 	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	r := startKvagent(t, "--worker-id", "1", "--block-size", "4", "--nats-url", "nats://"+addr,
 		"--nats-creds", creds, "--engine-endpoint", "tcp://127.0.0.1:"+strconv.Itoa(freePort(t)))

@@ -15,15 +15,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/urfave/cli/v2"
 
 	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/natswatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
@@ -250,7 +249,7 @@ func TestAnExternalNATSCredsFileGoneBadStopsTheNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := strings.TrimPrefix(s.ClientURL(), "nats://")
-	creds := writeCreds(t, t.TempDir())
+	creds := natstest.WriteCreds(t, t.TempDir())
 	own := s.NumSubscriptions()     // the server's own
 	const runFor = 10 * time.Second // what a node that runs on is stopped after
 	done := make(chan error, 1)
@@ -414,42 +413,6 @@ func TestSlowConsumersAreCountedOnMetrics(t *testing.T) {
 			t.Errorf("/metrics has no %q:\n%s", strings.TrimSpace(want), b)
 		}
 	}
-}
-
-// writeCreds writes a NATS credentials file (a user JWT signed by a new
-// account, and the user's nkey seed, as nsc writes them) into dir and
-// returns its path.
-func writeCreds(t *testing.T, dir string) string {
-	t.Helper()
-	account, err := nkeys.CreateAccount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	user, err := nkeys.CreateUser()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := user.PublicKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := jwt.NewUserClaims(pub).Encode(account)
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed, err := user.Seed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := jwt.FormatUserConfig(tok, seed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "user.creds")
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // TestARestartedMemberWithAnUnclusteredNATSSaysSo: a member of a cluster
