@@ -297,6 +297,9 @@ func (c *core) staleLive(ctx context.Context, seq uint64, payload []byte, sum ui
 //   - the engine's copy of the epoch's last batch (mark, read first) has
 //     other bytes: the engine restarted again since the epoch began, and
 //     the epoch's batches are the engine's in between (restartedAgain);
+//     a replay whose first batch is above the mark (the engine's buffer
+//     no longer holds it) leaves it unchecked, and is an overrun only
+//     when that batch is above c.next too (replayGap);
 //   - a replay that fails before it shows seq leaves the batch's engine
 //     unknown: it is skipped (counted unverified) and the rank resynced,
 //     since it may have been the restarted engine's. The next live batch
@@ -622,7 +625,8 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (re
 	// whose live batch upTo is, even when it overran (verifyStale).
 	scan := check && c.stale
 	// A stale verification from the epoch's mark reads the engine's copy
-	// of it first: other bytes, the engine restarted again (verifyStale).
+	// of it first: other bytes, the engine restarted again (verifyStale);
+	// a buffer that starts above it leaves it unchecked.
 	mark := scan && c.markOK && from == c.markSeq && from < c.next
 	again := false
 	var held [][]byte // replayed batches c.next.. not applied until upTo is checked
@@ -653,7 +657,14 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (re
 		}
 		if first {
 			first = false
-			if seq > from {
+			least := from
+			if mark && seq > from {
+				// The engine's buffer no longer holds the mark: its copy
+				// is not checked this time, and only a batch missing from
+				// c.next on is an overrun (the mark is applied already).
+				mark, least = false, c.next
+			}
+			if seq > least {
 				overrun = true
 				if !scan {
 					return false

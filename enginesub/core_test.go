@@ -706,6 +706,56 @@ func TestEngineRestartingAgainWhileStaleStartsAnEpoch(t *testing.T) {
 	}
 }
 
+// TestStaleReplayFromAMarkTheEngineNoLongerHoldsIsNoOverrun: the restarted
+// engine's replay buffer holds batches 6.. (its oldest is exactly the next
+// batch the subscriber expects). A stale verification replays from the
+// epoch's mark (5), which the engine no longer holds: the mark is left
+// unchecked, and the replay, missing nothing from c.next on, is no
+// overrun: the rank is not resynced.
+func TestStaleReplayFromAMarkTheEngineNoLongerHoldsIsNoOverrun(t *testing.T) {
+	for _, live := range []struct {
+		name  string
+		msg   [][]byte
+		stale bool // after the live batch
+	}{{"old engine's queued batch 6", liveMsg(6), true}, {"restarted engine's batch 6", restartedMsg(6), false}} {
+		t.Run(live.name, func(t *testing.T) {
+			sink := &recSink{}
+			top, oldest := uint64(5), uint64(0)
+			c := newCore(t, sink, func(ctx context.Context, from uint64, each func([][]byte) bool) error {
+				sink.add(call{kind: "replay", seq: from})
+				for s := max(from, oldest); s <= top; s++ {
+					if !each(restartedMsg(s)) {
+						return nil
+					}
+				}
+				each(endMsg)
+				return nil
+			})
+			for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(2), liveMsg(3), liveMsg(5)} {
+				if err := c.live(bg, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !c.stale || !c.markOK || c.next != 6 {
+				t.Fatalf("setup: stale %v markOK %v next %d", c.stale, c.markOK, c.next)
+			}
+			// The engine published on; its buffer now starts at 6.
+			top, oldest = 8, 6
+			before := len(sink.of(nil))
+			if err := c.live(bg, live.msg); err != nil {
+				t.Fatal(err)
+			}
+			calls := sink.of(nil)[before:]
+			if st := c.Stats(); st.Resyncs != 0 {
+				t.Errorf("rank resynced (%d) though the engine holds every batch from c.next=6 on: calls %s, stats %+v", st.Resyncs, trace(calls), st)
+			}
+			if c.stale != live.stale {
+				t.Errorf("stale %v after the live batch, want %v: calls %s", c.stale, live.stale, trace(calls))
+			}
+		})
+	}
+}
+
 // TestStaleEndsAfterReplaysKeepFailing: after a gap's replay showed the
 // engine restarted, the replay socket goes down for good (every replay
 // times out), and the restarted engine's live batches 6 to 30 come in

@@ -43,7 +43,8 @@
 //     copy with the same bytes, the stream is the engine's again, and the
 //     replay applied it; other bytes, or none yet (the replay ends before
 //     it), the old engine's, skipped. That replay starts at the last
-//     batch the epoch applied: its copy with other bytes shows the engine
+//     batch the epoch applied: its copy (when the engine's buffer still
+//     holds it; else it is not checked) with other bytes shows the engine
 //     restarted again since (its live batches may have come with
 //     sequences the epoch holds, and been skipped), and the rank starts
 //     another epoch, replayed from 0. A replay that fails leaves it
@@ -144,7 +145,9 @@
 // batches below are skipped, and until it publishes past them the rank
 // keeps the engine in between's (after a resync of the stale epoch, the
 // replay's copy of the epoch's last batch is not checked, and the newest
-// engine's batches are applied on the resynced rank). And a stale
+// engine's batches are applied on the resynced rank; nor is it when the
+// engine's buffer no longer holds it, and they are applied on the
+// epoch's). And a stale
 // stream whose replays keep failing is taken for the engine's at the
 // third failure in a row: the old engine's batches, if some are queued
 // still, are then applied on the resynced rank, until the engine's own
