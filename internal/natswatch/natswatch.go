@@ -66,14 +66,16 @@ type Watch struct {
 
 	credsMu   sync.Mutex
 	credsFrom time.Time // the first of CredsError's run of failures, zero when none
-	credsRun  int       // its failures
+	credsRun  int       // its failures, 0 since a try that read the file whole
 }
 
 // credsGrace and credsTries are how long, and how many tries in a row,
 // the credentials file must fail before CredsError stops the daemon: an
 // operator's rewrite of the file that is not atomic (rm then cp, an
 // editor's truncate and write) can race a reconnect, and the next try
-// reads it whole. A run ends with a connection made.
+// reads it whole. A run ends with a try that read the file whole: a
+// connection made, or the server's refusal of the credentials (which it
+// can only refuse once they were read and sent: credsWhole).
 const (
 	credsGrace = 5 * time.Second
 	credsTries = 3
@@ -107,7 +109,8 @@ func (w *Watch) Closing() { w.closing.Store(true) }
 // and nats.go never gives up on it, so the daemon stops (lost, with
 // ErrCreds wrapping err), as when the server refuses the credentials,
 // once the file has failed credsTries tries in a row over credsGrace at
-// least (a rewrite of the file racing a try fails that one alone). The
+// least (a rewrite of the file racing a try fails that one alone; a try
+// that read the file whole, connected or refused, ends the run). The
 // first failure of a run is logged at Warn, the stop at Error, once.
 func (w *Watch) CredsError(err error) {
 	now := w.now()
@@ -130,8 +133,9 @@ func (w *Watch) CredsError(err error) {
 	w.lost(fmt.Errorf("%w: %v", ErrCreds, err))
 }
 
-// credsGood ends CredsError's run of failures: a connection was made.
-func (w *Watch) credsGood() {
+// credsWhole ends CredsError's run of failures: a try read the file
+// whole (a connection was made, or the server refused the credentials).
+func (w *Watch) credsWhole() {
 	w.credsMu.Lock()
 	w.credsRun = 0
 	w.credsMu.Unlock()
@@ -139,8 +143,13 @@ func (w *Watch) credsGood() {
 
 // refusal logs the server's refusal of the credentials, once per run of
 // failures (a refusal after a try that could not reach NATS, or after
-// the connection was lost, is logged too: it says what to fix).
+// the connection was lost, is logged too: it says what to fix). A refusal
+// by the server ends CredsError's run (the try read the file whole); a
+// creds file nats.go could not use, which Refused takes too, does not.
 func (w *Watch) refusal(err error) {
+	if serverRefused(err) {
+		w.credsWhole()
+	}
 	w.failing.Store(true)
 	if w.refused.CompareAndSwap(false, true) {
 		w.log.Warn(fmt.Sprintf("NATS refused %s's credentials; retrying (check --nats-user, --nats-password, --nats-creds)", w.texts.Who), "err", err)
@@ -200,7 +209,7 @@ func (w *Watch) Options() []nats.Option {
 		nats.ConnectHandler(func(nc *nats.Conn) {
 			w.failing.Store(false)
 			w.refused.Store(false)
-			w.credsGood()
+			w.credsWhole()
 			w.downSince.Store(0)
 			w.log.Info("connected to NATS", "url", nc.ConnectedUrlRedacted())
 		}),
@@ -224,7 +233,7 @@ func (w *Watch) Options() []nats.Option {
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			w.failing.Store(false)
 			w.refused.Store(false)
-			w.credsGood()
+			w.credsWhole()
 			w.downSince.Store(0)
 			w.log.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted())
 		}),
@@ -292,7 +301,7 @@ func (h *errorHandler) handle(_ *nats.Conn, sub *nats.Subscription, err error) {
 	if sub != nil {
 		subject = sub.Subject
 	}
-	if h.refused != nil && (errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked)) {
+	if h.refused != nil && serverRefused(err) {
 		h.refused(err)
 		return
 	}
@@ -324,6 +333,14 @@ func (h *errorHandler) handle(_ *nats.Conn, sub *nats.Subscription, err error) {
 		return
 	}
 	h.log.Warn("NATS reported an error", "subject", subject, "err", err)
+}
+
+// serverRefused reports whether err is the server's refusal of the
+// credentials: the asynchronous error's (nats.ErrAuthorization, ...), or
+// the -ERR a try's own error carries (errors.Is takes "authorization
+// violation" as nats.ErrAuthorization).
+func serverRefused(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked)
 }
 
 // Refused reports whether a NATS connection error is the credentials'

@@ -132,6 +132,65 @@ func TestACredsFileBadForOneTryEndsNothing(t *testing.T) {
 	}
 }
 
+// TestACredsRunEndsWithATryThatReadTheFileWhole: a try that read the
+// creds file whole, which the server then refused (it can only once the
+// credentials were read and sent), ends CredsError's run as a connection
+// made does: a bad read, that refusal, and two bad reads a minute later
+// (a second rewrite that is not atomic, racing two tries) are not
+// credsTries tries in a row, and stop nothing.
+func TestACredsRunEndsWithATryThatReadTheFileWhole(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		refused func(v *watched)
+	}{
+		{"the try's own error", func(v *watched) { v.h.ReconnectErrCB(conn, nats.ErrAuthorization) }},
+		{"the asynchronous error", func(v *watched) {
+			if err := v.w.ErrorHandler(prometheus.NewCounter(prometheus.CounterOpts{Name: "slow_total"}))(&v.h); err != nil {
+				t.Fatal(err)
+			}
+			v.h.AsyncErrorCB(conn, nil, nats.ErrAuthExpired)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			v := watch(t)
+			start := time.Now()
+			at := start
+			v.w.now = func() time.Time { return at }
+			bad := errors.New(`--nats-creds "u.creds": open u.creds: no such file or directory`)
+			v.w.CredsError(bad)
+			at = at.Add(250 * time.Millisecond)
+			c.refused(v)
+			at = start.Add(time.Minute)
+			v.w.CredsError(bad)
+			at = at.Add(250 * time.Millisecond)
+			v.w.CredsError(bad)
+			if v.ctx.Err() != nil {
+				t.Errorf("two bad reads in a row, after a try the server refused, ended the daemon: %v", context.Cause(v.ctx))
+			}
+		})
+	}
+}
+
+// TestACredsRunGoesOnThroughTriesThatReadTheFileBad: a try that failed on
+// the file itself is reported to ReconnectErrHandler too (an error Refused
+// takes, naming --nats-creds), and ends no run: the file still stops the
+// daemon once it has failed credsTries tries over credsGrace.
+func TestACredsRunGoesOnThroughTriesThatReadTheFileBad(t *testing.T) {
+	v := watch(t)
+	start := time.Now()
+	at := start
+	v.w.now = func() time.Time { return at }
+	bad := errors.New(`--nats-creds "u.creds": nkeys: no nkey seed found`)
+	for i := range credsTries {
+		at = start.Add(time.Duration(i) * credsGrace)
+		v.w.CredsError(bad)
+		v.h.ReconnectErrCB(conn, bad)
+	}
+	if err := Ended(v.ctx); !errors.Is(err, ErrCreds) {
+		t.Errorf("Ended after %d tries that read the file bad over %v: %v, want %v", credsTries, 2*credsGrace, err, ErrCreds)
+	}
+}
+
 // TestEndedIsOnlyTheWatchs: a context ended otherwise (a signal, the
 // owner's own end) is not the Watch's: Ended is nil.
 func TestEndedIsOnlyTheWatchs(t *testing.T) {
