@@ -56,10 +56,11 @@ type Watch struct {
 	texts Texts
 
 	now     func() time.Time
-	failing atomic.Bool // a failure was logged, and no connection made since
-	refused atomic.Bool // a refusal of the credentials was logged, and no connection made since
-	closing atomic.Bool // the owner closes the connection: its close is no failure
-	badCred atomic.Bool // CredsError's stop logged
+	every   time.Duration // Remind's interval: RemindEvery, but in tests
+	failing atomic.Bool   // a failure was logged, and no connection made since
+	refused atomic.Bool   // a refusal of the credentials was logged, and no connection made since
+	closing atomic.Bool   // the owner closes the connection: its close is no failure
+	badCred atomic.Bool   // CredsError's stop logged
 	// downSince is when the connection was last lost (UnixNano), or the
 	// Watch made (never connected yet); 0 while it is up.
 	downSince atomic.Int64
@@ -95,7 +96,7 @@ type Texts struct {
 // (wrapping the connection's last error) when the connection closes for
 // good without the owner's Closing.
 func New(log *slog.Logger, lost context.CancelCauseFunc, texts Texts) *Watch {
-	w := &Watch{log: log, lost: lost, texts: texts, now: time.Now}
+	w := &Watch{log: log, lost: lost, texts: texts, now: time.Now, every: RemindEvery}
 	w.downSince.Store(w.now().UnixNano())
 	return w
 }
@@ -177,7 +178,7 @@ const RemindEvery = 30 * time.Second
 // would otherwise leave a daemon running that hears nothing, one line
 // at its start telling.
 func (w *Watch) Remind(ctx context.Context) {
-	t := time.NewTicker(RemindEvery)
+	t := time.NewTicker(w.every)
 	defer t.Stop()
 	for {
 		select {

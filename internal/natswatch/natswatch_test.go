@@ -338,6 +338,39 @@ func TestAConnectionDownIsRemindedAtError(t *testing.T) {
 	}
 }
 
+// TestRemindLogsAtEachTickUntilItsContextEnds: Remind logs the
+// connection down at each tick of its interval, and returns once its
+// context ends.
+func TestRemindLogsAtEachTickUntilItsContextEnds(t *testing.T) {
+	v := watch(t)
+	v.w.every = time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		v.w.Remind(ctx)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(v.logs.Lines("level=ERROR", "no NATS connection")) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("Remind logged %d reminders in 10 s at an interval of %v, want 3 at least:\n%s",
+				len(v.logs.Lines("level=ERROR", "no NATS connection")), v.w.every, v.logs)
+		}
+		select {
+		case <-done:
+			t.Fatalf("Remind returned before its context ended, having logged:\n%s", v.logs)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Remind still running 10 s after its context ended")
+	}
+}
+
 // TestRefused: the errors of credentials (refused by the server, or a
 // creds file nats.go cannot use) are told from a server out of reach.
 func TestRefused(t *testing.T) {
@@ -501,6 +534,47 @@ func TestASlowConsumerThatStaysBehindIsLoggedAtMostOncePerInterval(t *testing.T)
 	}
 	if since < 6 || since != total-first {
 		t.Errorf("the second line counts %d dropped of %d, want those since the first line's %d (6 at least):\n%s", since, total, first, logs)
+	}
+}
+
+// TestTheSlowConsumerLinesForgetSubscriptionsGone: the handler keeps the
+// last line of a subscription that fell behind only while it is valid: a
+// daemon that subscribes anew, each subscription falling behind once,
+// keeps no line of each of those gone.
+func TestTheSlowConsumerLinesForgetSubscriptionsGone(t *testing.T) {
+	s, err := eventplane.StartServer(eventplane.ServerConfig{Name: "t", Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	logs := &testlog.Buffer{}
+	slow := prometheus.NewCounter(prometheus.CounterOpts{Name: "slow_total"})
+	h := newErrorHandler(slog.New(slog.NewTextHandler(logs, nil)), slow, time.Now)
+	const subs = 5
+	for range subs {
+		sub, err := nc.SubscribeSync("kv.events")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.handle(nc, sub, nats.ErrSlowConsumer)
+		if err := sub.Unsubscribe(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := logs.Lines("level=WARN", "fell behind", "subject=kv.events"); len(got) != subs {
+		t.Errorf("%d subscriptions that fell behind once logged %d lines, want %d:\n%s", subs, len(got), subs, logs)
+	}
+	h.mu.Lock()
+	kept := len(h.logged)
+	h.mu.Unlock()
+	// The last one's line goes at the next report of any subscription.
+	if kept > 1 {
+		t.Errorf("the handler keeps the lines of %d subscriptions, %d of them gone before the last report, want 1 at most", kept, kept-1)
 	}
 }
 
