@@ -266,7 +266,24 @@ func (s *Server) dump(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) status(w http.ResponseWriter, _ *http.Request) error {
-	return reply(w, http.StatusOK, s.b.Status())
+	st := s.b.Status()
+	if n := s.natsState(); n != "" {
+		st.NATS = n
+	}
+	return reply(w, http.StatusOK, st)
+}
+
+// natsState is the node's NATS connection as /readyz and
+// /v1/cluster/status show it: "connected", "disconnected", or "" where
+// the server was given no NATSConnected.
+func (s *Server) natsState() string {
+	switch {
+	case s.opts.NATSConnected == nil:
+		return ""
+	case s.opts.NATSConnected():
+		return "connected"
+	}
+	return "disconnected"
 }
 
 func (s *Server) members(w http.ResponseWriter, r *http.Request) error {
@@ -460,13 +477,7 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) error {
 
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) error {
 	st := s.b.Status()
-	resp := ReadyResponse{Ready: st.Ready, State: st.State, AppliedIndex: st.AppliedIndex}
-	if s.opts.NATSConnected != nil {
-		resp.NATS = "disconnected"
-		if s.opts.NATSConnected() {
-			resp.NATS = "connected"
-		}
-	}
+	resp := ReadyResponse{Ready: st.Ready, State: st.State, AppliedIndex: st.AppliedIndex, NATS: s.natsState()}
 	if st.Ready {
 		return reply(w, http.StatusOK, resp)
 	}

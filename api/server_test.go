@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1179,5 +1180,41 @@ func TestLargestClientRequestsAreWithinTheirBudget(t *testing.T) {
 	body := `{"token_ids":[` + strings.Join(tokens, ",") + `]}`
 	if a := sendWithin(t, 2*time.Minute, n.http.URL, "POST", "/v1/route", body); a.code == http.StatusRequestEntityTooLarge {
 		t.Fatalf("a route of %d tokens, %d bytes: %d %.300s", len(tokens), len(body), a.code, a.body)
+	}
+}
+
+// TestStatusAndReadyzShowTheNATSConnection: /v1/cluster/status and
+// /readyz both carry the node's NATS connection as NATSConnected says it
+// now (kvctl status reads it from the first), and a server given no
+// NATSConnected leaves the field out of both.
+func TestStatusAndReadyzShowTheNATSConnection(t *testing.T) {
+	var up atomic.Bool
+	n := newNode(t, "n1", api.Options{NATSConnected: up.Load})
+	bare := newNode(t, "n2", api.Options{})
+	natsOf := func(n *node, path string) (string, bool) {
+		t.Helper()
+		resp, err := http.Get(n.http.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		v, ok := m["nats"]
+		s, _ := v.(string)
+		return s, ok
+	}
+	for _, path := range []string{"/v1/cluster/status", "/readyz"} {
+		for _, want := range []string{"disconnected", "connected", "disconnected"} {
+			up.Store(want == "connected")
+			if got, _ := natsOf(n, path); got != want {
+				t.Fatalf("%s: nats = %q, want %q", path, got, want)
+			}
+		}
+		if got, ok := natsOf(bare, path); ok {
+			t.Fatalf("%s without NATSConnected: nats = %q, want no field", path, got)
+		}
 	}
 }

@@ -173,6 +173,12 @@ type NodeStatus struct {
 	// whose log still holds configurations from before it was added, is
 	// not removed: the leader that adds it replicates to it.
 	Removed bool `json:"removed,omitempty"`
+	// NATS is the node's connection to NATS, "connected" or
+	// "disconnected", as /readyz shows it; empty where the node has none.
+	// The API server fills it (raftfsm knows nothing of NATS). Only the
+	// leader ingests the agents' events: a leader disconnected from NATS
+	// ingests none until it reconnects.
+	NATS string `json:"nats,omitempty"`
 }
 
 // WorkerStatus is a worker's registration with what the index and the load

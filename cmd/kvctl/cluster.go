@@ -21,8 +21,9 @@ func statusCommand(e *env) *cli.Command {
 		Usage: "show every node's Raft and state status, one row per endpoint",
 		Description: "Asks every endpoint for its own status: id, address, Raft state and term, last log\n" +
 			"index, commit index, FSM applied index, leader, last contact with the leader, last\n" +
-			"snapshot index and state digest. Replicas at the same applied index must show the\n" +
-			"same digest. An endpoint that does not answer reads UNREACHABLE, and one that answers\n" +
+			"snapshot index, state digest and NATS connection. Replicas at the same applied index\n" +
+			"must show the same digest; a node not connected to NATS is warned of (a leader without\n" +
+			"it ingests no agent's events). An endpoint that does not answer reads UNREACHABLE, and one that answers\n" +
 			"with an error (401 without the token) or whose TLS does not match kvctl's reads ERROR,\n" +
 			"with why in the row; either makes the exit code 1.\n\n" +
 			"Example:\n" +
@@ -84,13 +85,23 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 	} else {
 		header := []string{"ENDPOINT", "ID", "STATE", "TERM", "LAST_INDEX", "COMMIT", "APPLIED", "LEADER",
 			"LAST_CONTACT", "SNAPSHOT", "DIGEST", "READY"}
+		// NATS only when a node reports it (every kvrouter does; a node of
+		// a build before the field does not).
+		nats := slices.ContainsFunc(rows, func(r statusRow) bool { return r.Status != nil && r.Status.NATS != "" })
+		if nats {
+			header = append(header, "NATS")
+		}
 		if failed > 0 {
 			header = append(header, "ERROR")
 		}
 		t := newTable(e.stdout, header...)
 		for _, r := range rows {
 			if r.Status == nil {
-				t.row(r.Endpoint, "-", r.Failure, "-", "-", "-", "-", "-", "-", "-", "-", "-", r.Error)
+				cells := []string{r.Endpoint, "-", r.Failure, "-", "-", "-", "-", "-", "-", "-", "-", "-"}
+				if nats {
+					cells = append(cells, "-")
+				}
+				t.row(append(cells, r.Error)...)
 				continue
 			}
 			s := r.Status
@@ -105,6 +116,9 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 			cells := []string{r.Endpoint, orDash(s.ID), orDash(s.State), u64(s.Term), u64(s.LastIndex),
 				u64(s.CommitIndex), u64(s.AppliedIndex), orDash(s.LeaderID), contact, u64(s.SnapshotIndex),
 				orDash(s.Digest), ready}
+			if nats {
+				cells = append(cells, orDash(s.NATS))
+			}
 			if failed > 0 {
 				cells = append(cells, "")
 			}
@@ -122,6 +136,19 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 			fmt.Fprintf(e.stderr, "kvctl: warning: %s (%s) was removed from the cluster and no longer follows it: stop its process (docs/operations.md, \"Remove a node\")\n",
 				orDash(r.Status.ID), r.Endpoint)
 		}
+	}
+	for _, r := range rows {
+		if r.Status == nil || r.Status.NATS != "disconnected" || r.Status.Removed {
+			continue
+		}
+		// Only the leader ingests the agents' events; a follower without
+		// NATS matters when it takes over.
+		role := "it ingests nothing until it reconnects, should it take over"
+		if r.Status.State == "Leader" {
+			role = "it leads, so no agent's events are ingested until it reconnects (or another node leads: kvctl leader transfer)"
+		}
+		fmt.Fprintf(e.stderr, "kvctl: warning: %s (%s) is not connected to NATS: %s (docs/operations.md, \"What to watch\")\n",
+			orDash(r.Status.ID), r.Endpoint, role)
 	}
 	switch {
 	case answered != nil:

@@ -345,6 +345,59 @@ func TestStatusMarksARemovedNode(t *testing.T) {
 	}
 }
 
+// TestStatusShowsEachNodesNATSAndWarnsOfALeaderWithout: a NATS column
+// shows each node's connection, and a node not connected is warned of,
+// the leader as ingesting no event; a node that does not report its
+// connection (a build before the field) reads "-".
+func TestStatusShowsEachNodesNATSAndWarnsOfALeaderWithout(t *testing.T) {
+	c := newCluster(t)
+	for i, nats := range []string{"disconnected", "connected", ""} { // n1 leads
+		st := c.nodes[i].fake.Status()
+		st.NATS = nats
+		c.nodes[i].fake.SetStatus(st)
+	}
+	r := kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	col := slices.Index(strings.Fields(lines[0]), "NATS")
+	if col < 0 || len(lines) != 4 {
+		t.Fatalf("status, want a NATS column:\n%s", r.stdout)
+	}
+	for i, want := range []string{"disconnected", "connected", "-"} {
+		if got := strings.Fields(lines[i+1])[col]; got != want {
+			t.Errorf("n%d's NATS = %q, want %q:\n%s", i+1, got, want, r.stdout)
+		}
+	}
+	if !strings.Contains(r.stderr, "warning: n1") || !strings.Contains(r.stderr, "not connected to NATS: it leads") ||
+		strings.Contains(r.stderr, "n2") || strings.Contains(r.stderr, "n3") {
+		t.Fatalf("stderr = %q, want one warning, of n1 leading without NATS", r.stderr)
+	}
+	// A follower without it is warned of too, not as the leader.
+	st := c.nodes[1].fake.Status()
+	st.NATS = "disconnected"
+	c.nodes[1].fake.SetStatus(st)
+	r = kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+	if !strings.Contains(r.stderr, "warning: n2") || !strings.Contains(r.stderr, "should it take over") {
+		t.Fatalf("stderr = %q, want a warning of n2, a follower without NATS", r.stderr)
+	}
+	// An unreachable node's row keeps the columns in place.
+	dead := deadAddr(t)
+	r = kvctl(t, "--endpoints", c.endpoints()+","+dead, "status").wantCode(t, 1)
+	lines = strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if f := strings.Fields(lines[4]); len(f) < col+2 || f[col] != "-" || f[2] != "UNREACHABLE" {
+		t.Fatalf("the dead endpoint's row = %q, want - under NATS and why after it:\n%s", lines[4], r.stdout)
+	}
+	// No node reporting it: no column.
+	for _, n := range c.nodes {
+		st := n.fake.Status()
+		st.NATS = ""
+		n.fake.SetStatus(st)
+	}
+	r = kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+	if strings.Contains(r.stdout, "NATS") || strings.Contains(r.stderr, "NATS") {
+		t.Fatalf("no node reports NATS, yet:\n%s%s", r.stdout, r.stderr)
+	}
+}
+
 func TestMembersThroughAFollower(t *testing.T) {
 	c := newCluster(t)
 	follower := c.nodes[1].addr()
