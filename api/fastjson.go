@@ -98,85 +98,26 @@ type routeArray struct{ named, elems int }
 
 // routeArrays reads the top-level keys of b, a route body, as
 // encoding/json matches them to RouteRequest's fields, and counts what
-// the body holds of block_hashes and token_ids. It reads b in one pass,
-// allocating only for a key written with an escape, and does not check
-// b's syntax: on bytes that are not JSON the counts are only some counts
-// (at most one an element's two bytes), and encoding/json, which reads
-// the whole body before it decodes any of it, refuses them.
+// the body holds of block_hashes and token_ids. It reads b in one pass
+// (jsonscan.Walker), allocating only for a key written with an escape,
+// and does not check b's syntax: on bytes that are not JSON the counts
+// are only some counts, and encoding/json, which reads the whole body
+// before it decodes any of it, refuses them.
 func routeArrays(b []byte) (hashes, tokens routeArray) {
-	depth := 0
-	object := false    // the top-level value is an object
-	key := false       // at depth 1 of that object, after '{' or ',': a key comes next
 	var in *routeArray // the array field whose value is being read, if any
-	inArray := false   // that value is an array (its elements are at depth 2)
-	open := false      // just after its '[': the next value is its first element
-	for i := 0; i < len(b); i++ {
-		c := b[i]
-		switch c {
-		case ' ', '\t', '\n', '\r':
-			continue
-		case ']', '}':
-			open = false
-			if depth > 0 {
-				depth--
+	w := jsonscan.NewWalker(b, 1)
+	for w.Next() {
+		switch {
+		case w.Kind == jsonscan.Key && w.Depth == 1:
+			// A key of the top-level object; its value follows, up to
+			// the next key.
+			if in = routeArrayNamed(w.Key, w.Esc, &hashes, &tokens); in != nil {
+				in.named++
 			}
-			continue
-		}
-		if open {
-			open = false
-			in.elems++
-		}
-		switch c {
-		case '"':
-			start, esc := i+1, false
-			for i++; i < len(b) && b[i] != '"'; i++ {
-				if b[i] == '\\' {
-					esc = true
-					i++ // the escaped byte cannot end the string
-				}
-			}
-			if key {
-				key = false
-				in = routeArrayNamed(b[start:min(i, len(b))], esc, &hashes, &tokens)
-				if in != nil {
-					in.named++
-				}
-			}
-		case '[', '{':
-			depth++
-			switch depth {
-			case 1:
-				object, key = c == '{', c == '{'
-			case 2:
-				inArray = c == '[' && in != nil
-				open = inArray
-				if !inArray {
-					break
-				}
-				// The array of numbers every client sends: its elements
-				// are its commas, counted at memory speed up to its ']'
-				// when nothing in it nests or quotes.
-				end := bytes.IndexByte(b[i+1:], ']')
-				if end < 0 {
-					break
-				}
-				elems := b[i+1 : i+1+end]
-				if bytes.IndexByte(elems, '[') >= 0 || bytes.IndexByte(elems, '{') >= 0 || bytes.IndexByte(elems, '"') >= 0 {
-					break
-				}
-				if len(bytes.TrimLeft(elems, " \t\n\r")) > 0 {
-					in.elems += bytes.Count(elems, []byte{','}) + 1
-				}
-				open = false
-				i += end // the ']' is next
-			}
-		case ',':
-			switch {
-			case depth == 1 && object:
-				key, in = true, nil
-			case depth == 2 && inArray:
-				in.elems++
-			}
+		case w.Kind == jsonscan.Elems && w.Depth == 2 && in != nil:
+			// Elements two deep are those of an array that is the value
+			// of the key just read.
+			in.elems += w.Count
 		}
 	}
 	return hashes, tokens

@@ -5,6 +5,12 @@
 // with encoding/json instead, so every error and corner case stays
 // encoding/json's. The callers' fuzz tests check that on every body the
 // scanner accepts, it agrees with encoding/json.
+//
+// A Walker reads the structure of any body, JSON or not, in one pass
+// without allocating: its objects' keys and its arrays' elements by
+// depth, which size what decoding the body will take before it is
+// decoded (Elements; the API's route bodies). It reads each byte a
+// bounded number of times however the body nests.
 package jsonscan
 
 import (
@@ -243,65 +249,4 @@ func (p *Scanner) Object(value func(key string) bool) bool {
 func (p *Scanner) Text() (string, bool) {
 	b, ok := p.Str()
 	return string(b), ok
-}
-
-// CountDepth is how deep Elements counts: arrays nested deeper are not
-// counted (no request body of the API nests its arrays that deep).
-const CountDepth = 8
-
-// Elements counts, for each nesting depth d below CountDepth, the
-// elements of the arrays that are d containers deep, themselves counted:
-// in {"a":[1,2,{"b":[3]}]} n[2] is 3 and n[4] is 1. It reads b in one
-// pass and allocates nothing, to size what decoding b would allocate
-// before it is decoded. It does not check b's syntax: on bytes that are
-// not JSON its counts are only some counts, and the decoder that follows
-// reports the error. Every value counts, whatever its kind, as a decoder
-// that meets a value of the wrong kind still makes room for it.
-func Elements(b []byte) (n [CountDepth]int) {
-	depth := 0        // containers open
-	var arrays uint64 // bit d: the container at depth d is an array (d < 64)
-	open := false     // just after '[': the next value is an element
-	for i := 0; i < len(b); i++ {
-		c := b[i]
-		switch c {
-		case ' ', '\t', '\n', '\r':
-			continue
-		case ']', '}':
-			open = false
-			if depth > 0 {
-				depth--
-			}
-			continue
-		}
-		if open {
-			// The first element of the array just opened.
-			open = false
-			if depth < CountDepth {
-				n[depth]++
-			}
-		}
-		switch c {
-		case '"':
-			for i++; i < len(b) && b[i] != '"'; i++ {
-				if b[i] == '\\' {
-					i++ // the escaped byte cannot end the string
-				}
-			}
-		case '[', '{':
-			depth++
-			if depth < 64 {
-				if c == '[' {
-					arrays |= 1 << depth
-				} else {
-					arrays &^= 1 << depth
-				}
-			}
-			open = c == '['
-		case ',':
-			if depth < CountDepth && arrays&(1<<depth) != 0 {
-				n[depth]++
-			}
-		}
-	}
-	return n
 }
