@@ -401,3 +401,37 @@ func TestUnknownAnswerToAHeartbeatBeforeTheRegistrationIsStale(t *testing.T) {
 		t.Fatal("the registration after an answer unknown resyncs no rank")
 	}
 }
+
+// TestIdleEmptyRankIsDumpedOnce: a registered worker whose engine has
+// stored nothing yet: its start dump is empty. The router keeps a cursor
+// of the rank all the same, so the heartbeats' answers do not name it as
+// a rank without state, and the agent does not dump it again at each.
+func TestIdleEmptyRankIsDumpedOnce(t *testing.T) {
+	r := startRouter(t)
+	must(t, r.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 7, BlockSize: 4, DPRanks: []uint32{0}, LeaseMs: 5000}))
+	nc, err := nats.Connect(r.ns.ClientURL())
+	must(t, err)
+	defer nc.Close()
+	var answered atomic.Int32
+	var named atomic.Bool
+	_, err = nc.Subscribe("test.heartbeat", func(m *nats.Msg) {
+		resp, err := nc.RequestMsg(&nats.Msg{Subject: eventplane.DefaultHeartbeatSubject, Data: m.Data, Header: m.Header}, time.Second)
+		if err != nil {
+			return
+		}
+		if resp.Header.Get("Kvrouter-Ranks-Without-State") != "" {
+			named.Store(true)
+		}
+		_ = m.RespondMsg(&nats.Msg{Data: resp.Data, Header: resp.Header})
+		answered.Add(1)
+	})
+	must(t, err)
+	must(t, nc.Flush())
+	a, _ := startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat"})
+	waitFor(t, "the start dump taken", func() bool { return a.Publisher().Synced(rank) >= 1 })
+	n := answered.Load()
+	waitFor(t, "ten more heartbeats answered", func() bool { return answered.Load() >= n+10 })
+	if got := a.Publisher().Synced(rank); got != 1 {
+		t.Fatalf("%d dumps of an idle empty rank over ten heartbeats, want 1 (the start's); an answer named a rank without state: %v", got, named.Load())
+	}
+}

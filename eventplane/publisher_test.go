@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -894,5 +895,38 @@ func TestADumpTakenEndsTheRanksRefusal(t *testing.T) {
 	if b := p.ranks[r]; val(p.m.unregistered) != 1 || b.unregistered || b.refusedBackoff != 0 {
 		t.Fatalf("after a refused dump and one taken: %v refusals, the rank refused %v, its backoff %v; want 1, false, 0",
 			val(p.m.unregistered), b.unregistered, b.refusedBackoff)
+	}
+}
+
+// TestNoEventsOfARankGoOutBeforeItsDump: Resync's contract is that the
+// rank's state is replaced by a dump before any more of its events go
+// out. While the dump keeps failing (the leader answers internal
+// errors), the rank's events wait: none reaches the leader. From a
+// review: taking the needDump check out of nextRequest left every test
+// green, and a restarted agent's new ids would then go out against the
+// old state before its dump.
+func TestNoEventsOfARankGoOutBeforeItsDump(t *testing.T) {
+	var early, dumps atomic.Int32
+	nc := scriptedLeader(t, func(m *nats.Msg) {
+		early.Add(1)
+		m.Respond(appendError(nil, codeInternal, "test"))
+	}, func(m *nats.Msg) {
+		dumps.Add(1)
+		m.Respond(appendError(nil, codeInternal, "commit failed (test)"))
+	})
+	p, err := NewPublisher(PublisherConfig{Conn: nc, Logger: quiet, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		Dump: func(kvevent.Rank) ([]kvevent.Event, uint64) { return nil, 0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	r := kvevent.Rank{Worker: 3}
+	p.Resync(r)
+	if _, err := p.Publish(r, []kvevent.Event{{Kind: kvevent.KindCleared}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "five tries of the dump", func() bool { return dumps.Load() >= 5 })
+	if n := early.Load(); n > 0 {
+		t.Fatalf("%d events requests of the rank went out while its dump was still asked for", n)
 	}
 }
