@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/indexer"
@@ -390,6 +391,40 @@ func TestReplaysRefuseAnArrivalPastTheClock(t *testing.T) {
 	}
 	if _, err := Replay(pr, Config{Workers: 1, BlockSize: 64, Speed: 1e-9}, &RoundRobin{Workers: 1}); !errors.Is(err, ErrBadConfig) {
 		t.Errorf("v1 at speed 1e-9: err %v, want ErrBadConfig", err)
+	}
+}
+
+// TestReplaysRefuseArrivalsOutOfTimeOrder: a trace is replayed in its
+// order and must not go back in time (ReadTrace refuses such a file, but
+// a []Request built by hand reaches Prepare unchecked). Given request 0 at
+// 1,000 ms and request 1 at 0 ms on one idle worker, the timed replay
+// routed request 0 at 1,000 ms, then stepped its clock back to 0 for
+// request 1, which waited behind request 0 and reported 1,065 ms of TTFT
+// on a worker idle at its arrival. Every open-loop replay refuses the
+// trace (ErrBadConfig, naming the request); a closed loop ignores the
+// timestamps and takes it.
+func TestReplaysRefuseArrivalsOutOfTimeOrder(t *testing.T) {
+	reqs := []Request{
+		{TimestampMs: 1000, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+		{TimestampMs: 0, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{3, 4}},
+	}
+	refused := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "request 1") {
+			t.Errorf("%s: err %v, want ErrBadConfig naming request 1", what, err)
+		}
+	}
+	r, err := RunTimed(Prepare(reqs, 64), TimedConfig{Workers: 1}, &RoundRobin{Workers: 1})
+	refused("timed", err)
+	if err == nil {
+		t.Logf("timed TTFTs %v ms", r.TTFTMs)
+	}
+	_, err = Replay(Prepare(reqs, 64), Config{Workers: 1, BlockSize: 64}, &RoundRobin{Workers: 1})
+	refused("v1", err)
+	_, err = RunCacheOnly(Prepare(reqs, 64), CacheConfig{Workers: 1, BlockSize: 64}, &RoundRobin{Workers: 1})
+	refused("cache-only", err)
+	if _, err := RunTimed(Prepare(reqs, 64), TimedConfig{Workers: 1, Concurrency: 1}, &RoundRobin{Workers: 1}); err != nil {
+		t.Errorf("closed loop: %v, want the timestamps ignored", err)
 	}
 }
 

@@ -127,23 +127,27 @@ func parseRow(b []byte) (Request, error) {
 const maxArrivalNs = math.MaxInt64 / 2
 
 // arrivalsNs returns each request's arrival in simulated nanoseconds at an
-// arrival-speed multiplier: (timestamp − the earliest timestamp) / speed.
+// arrival-speed multiplier: (timestamp − the first timestamp) / speed.
 // A replay measures from its first request, so that a trace in epoch
 // milliseconds (which ReadTrace accepts) replays as the same trace rebased
 // to 0: dividing the absolute timestamps by a speed below 1 would overflow
 // the clock. An arrival past maxArrivalNs fails with ErrBadConfig: capping
 // it would put every later arrival on one instant and turn the trace into a
-// burst without a word.
+// burst without a word. So does a request before the previous one: the
+// replays take the requests in trace order (TTFTMs too), and the timed one
+// would step its clock back to route it (ReadTrace refuses such a file,
+// but a []Request built by hand is not read).
 func arrivalsNs(reqs []Request, speed float64) ([]int64, error) {
 	if len(reqs) == 0 {
 		return nil, nil
 	}
 	base := reqs[0].TimestampMs
-	for i := range reqs {
-		base = min(base, reqs[i].TimestampMs)
-	}
 	out := make([]int64, len(reqs))
 	for k := range reqs {
+		if k > 0 && reqs[k].TimestampMs < reqs[k-1].TimestampMs {
+			return nil, fmt.Errorf("%w: request %d: timestamp %d is before the previous request's %d (sort the trace by timestamp)",
+				ErrBadConfig, k, reqs[k].TimestampMs, reqs[k-1].TimestampMs)
+		}
 		// In float64: the difference of two arbitrary int64s may wrap,
 		// and ReadTrace's timestamps (at most 2^42) are exact in it.
 		ms := float64(reqs[k].TimestampMs) - float64(base)
