@@ -108,7 +108,7 @@ func benchTimed(t *testing.T, doc *bytes.Buffer, label string, reqs []Request) (
 	vsLeast := by["least_loaded"].TTFTMeanMs / router.TTFTMeanMs
 	vsRandom := by["random"].TTFTMeanMs / router.TTFTMeanMs
 	met := ok && vsLeast >= 1.7 && vsRandom >= 6 && router.Rejected == 0
-	fmt.Printf("BENCH sim_targets.%s speed=%g rr_unloaded_ttft_ms=%.1f rr_ttft_ratio=%.2f least_loaded_over_router=%.2f random_over_router=%.2f router_rejected=%d met=%t\n",
+	fmt.Printf("BENCH sim_targets.%s model=timed speed=%g rr_unloaded_ttft_ms=%.1f rr_ttft_ratio=%.2f least_loaded_over_router=%.2f random_over_router=%.2f router_rejected=%d met=%t\n",
 		label, speed, unloaded.TTFTMeanMs, rrLoaded.TTFTMeanMs/unloaded.TTFTMeanMs, vsLeast, vsRandom, router.Rejected, met)
 
 	ttftPNG, hitPNG := label+"_timed_ttft.png", label+"_timed_hit_rate.png"
@@ -144,7 +144,7 @@ func benchTimedSweep(t *testing.T, doc *bytes.Buffer, pr *Prepared, speed float6
 		if err != nil {
 			t.Fatal(err)
 		}
-		fmt.Printf("BENCH sim_sweep.synthetic.router_credit_%g hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d speed=%g\n",
+		fmt.Printf("BENCH sim_sweep.synthetic.router_credit_%g model=timed hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d speed=%g\n",
 			c, r.HitRate, r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, speed)
 		fmt.Fprintf(doc, "| %g | %.1f %% | %.0f | %.0f | %.3f |\n", c, 100*r.HitRate, r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance)
 	}

@@ -37,12 +37,15 @@ func TraceLabel(path string) string {
 // randomised policies (seed=, Result.Seed). A timed or v1 replay's load
 // comes before the seed: speed=<arrival speed> open loop, concurrency=<in
 // flight> closed loop (which ignores the speed). The ceiling has only a
-// hit rate: no seed changes it.
+// hit rate: no seed changes it. Every line names its model after the name
+// (model=timed, v1 or cache, Result.Mode): a v1 replay and a timed one
+// share the area, and their figures differ.
 func BenchLine(trace string, r Result) string {
 	area := "sim"
 	if r.Mode == "cache" {
 		area = "sim_cache"
 	}
+	model := "model=" + r.Mode
 	// A closed loop's speed=1 would read as an open-loop replay at 1x
 	// with the same figures: the line names the load it ran under.
 	load := fmt.Sprintf("speed=%g", r.Speed)
@@ -51,17 +54,17 @@ func BenchLine(trace string, r Result) string {
 	}
 	if r.Offload != nil {
 		// With offload tiers: its own area, and the G2/G3 shares.
-		return fmt.Sprintf("BENCH sim_offload.%s.%s hit_rate=%.4f g2_hit_rate=%.4f g3_hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d served=%.4f %s seed=%d",
-			trace, r.Policy, r.HitRate, r.share(r.HostTokens), r.share(r.DiskTokens), r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Served(), load, r.Seed)
+		return fmt.Sprintf("BENCH sim_offload.%s.%s %s hit_rate=%.4f g2_hit_rate=%.4f g3_hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d served=%.4f %s seed=%d",
+			trace, r.Policy, model, r.HitRate, r.share(r.HostTokens), r.share(r.DiskTokens), r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Served(), load, r.Seed)
 	}
 	if r.HitOnly {
-		return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f", area, trace, r.Policy, r.HitRate)
+		return fmt.Sprintf("BENCH %s.%s.%s %s hit_rate=%.4f", area, trace, r.Policy, model, r.HitRate)
 	}
 	if r.Mode == "cache" {
-		return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f imbalance=%.3f rejected=%d served=%.4f seed=%d", area, trace, r.Policy, r.HitRate, r.Imbalance, r.Rejected, r.Served(), r.Seed)
+		return fmt.Sprintf("BENCH %s.%s.%s %s hit_rate=%.4f imbalance=%.3f rejected=%d served=%.4f seed=%d", area, trace, r.Policy, model, r.HitRate, r.Imbalance, r.Rejected, r.Served(), r.Seed)
 	}
-	return fmt.Sprintf("BENCH %s.%s.%s hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d served=%.4f %s seed=%d",
-		area, trace, r.Policy, r.HitRate, r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Served(), load, r.Seed)
+	return fmt.Sprintf("BENCH %s.%s.%s %s hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d served=%.4f %s seed=%d",
+		area, trace, r.Policy, model, r.HitRate, r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Served(), load, r.Seed)
 }
 
 // share is tokens as a fraction of the prompt tokens.

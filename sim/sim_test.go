@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -327,6 +328,57 @@ func TestBenchLineTellsAClosedLoopFromOpenLoop(t *testing.T) {
 	} {
 		if l := BenchLine("synthetic", c.r); !strings.HasSuffix(l, c.want) || strings.Contains(l, c.deny) {
 			t.Errorf("concurrency %d, offload %t: %s\nwant it to end with %q, without %q", c.r.Concurrency, c.r.Offload != nil, l, c.want, c.deny)
+		}
+	}
+}
+
+// TestBenchLineNamesItsModel: a v1 replay and a timed replay of one
+// trace at one speed and seed are different models with different
+// figures, but BenchLine gave both "BENCH sim.<trace>.<policy> …
+// speed=1 seed=1": a v1 line passed for the timed figure of the same name
+// (docs/benchmarks.md keeps sim.synthetic.* lines of timed replays), as a
+// closed-loop line passed for an open-loop one before
+// TestBenchLineTellsAClosedLoopFromOpenLoop. Every line, the ceiling's
+// too, says model=v1, timed or cache.
+func TestBenchLineNamesItsModel(t *testing.T) {
+	reqs := loadTrace(t, "mooncake_synthetic_trace.jsonl")[:100]
+	v1, err := Replay(Prepare(reqs, 16), Config{Workers: 2}, &RoundRobin{Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm, err := RunTimed(Prepare(reqs, 64), TimedConfig{Workers: 2}, &RoundRobin{Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1.Seed, tm.Seed = 1, 1
+	// The line's identity: its name and the fields that say how it ran.
+	id := func(line string) string {
+		f := strings.Fields(line)
+		out := []string{f[1]}
+		for _, kv := range f[2:] {
+			if k, _, _ := strings.Cut(kv, "="); k == "speed" || k == "concurrency" || k == "seed" || k == "model" {
+				out = append(out, kv)
+			}
+		}
+		return strings.Join(out, " ")
+	}
+	a, b := BenchLine("synthetic", v1), BenchLine("synthetic", tm)
+	if id(a) == id(b) {
+		t.Fatalf("a v1 and a timed replay print the same BENCH name and load, with different figures:\n  v1:    %s\n  timed: %s", a, b)
+	}
+	cache, err := RunCacheOnly(Prepare(reqs, 512), CacheConfig{Workers: 2}, &RoundRobin{Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		r     Result
+		model string
+	}{
+		{v1, "v1"}, {tm, "timed"}, {cache, "cache"},
+		{Ceiling(Prepare(reqs, 16), "v1"), "v1"}, {Ceiling(Prepare(reqs, 64), ModeTimed), "timed"}, {Ceiling(Prepare(reqs, 512), ModeCache), "cache"},
+	} {
+		if l := BenchLine("synthetic", c.r); !slices.Contains(strings.Fields(l), "model="+c.model) {
+			t.Errorf("%s, mode %s: %s\nwant model=%s in it", c.r.Policy, c.r.Mode, l, c.model)
 		}
 	}
 }

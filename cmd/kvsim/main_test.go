@@ -172,14 +172,14 @@ func TestReplayTimedPrintsBenchLines(t *testing.T) {
 	if len(lines) != len(want) {
 		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), out)
 	}
-	full := regexp.MustCompile(`^BENCH sim\.arxiv\.(\w+) hit_rate=[0-9.]+ ttft_mean_ms=[0-9.]+ ttft_p99_ms=[0-9.]+ imbalance=[0-9.]+ rejected=\d+ served=[0-9.]+ speed=4 seed=1$`)
+	full := regexp.MustCompile(`^BENCH sim\.arxiv\.(\w+) model=timed hit_rate=[0-9.]+ ttft_mean_ms=[0-9.]+ ttft_p99_ms=[0-9.]+ imbalance=[0-9.]+ rejected=\d+ served=[0-9.]+ speed=4 seed=1$`)
 	for i, l := range lines[:5] {
 		m := full.FindStringSubmatch(l)
 		if m == nil || m[1] != want[i] {
 			t.Fatalf("line %q: want the timed figures of %s", l, want[i])
 		}
 	}
-	if !regexp.MustCompile(`^BENCH sim\.arxiv\.ceiling hit_rate=0\.\d+$`).MatchString(lines[5]) {
+	if !regexp.MustCompile(`^BENCH sim\.arxiv\.ceiling model=timed hit_rate=0\.\d+$`).MatchString(lines[5]) {
 		t.Fatalf("ceiling line %q", lines[5])
 	}
 }
@@ -203,7 +203,7 @@ func TestReplayCacheModeTableAndPlots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !regexp.MustCompile(`(?m)^BENCH sim_cache\.chat\.round_robin hit_rate=[0-9.]+ imbalance=[0-9.]+ rejected=0 served=1\.0000 seed=1\nBENCH sim_cache\.chat\.ceiling hit_rate=[0-9.]+\n$`).MatchString(out) {
+	if !regexp.MustCompile(`(?m)^BENCH sim_cache\.chat\.round_robin model=cache hit_rate=[0-9.]+ imbalance=[0-9.]+ rejected=0 served=1\.0000 seed=1\nBENCH sim_cache\.chat\.ceiling model=cache hit_rate=[0-9.]+\n$`).MatchString(out) {
 		t.Fatalf("cache bench lines:\n%s", out)
 	}
 }
@@ -397,7 +397,7 @@ func TestReplayOffloadTiers(t *testing.T) {
 	}
 	out, err = kvsim(t, "replay", "--trace", trace, "--capacity-blocks", "64", "--block-size", "16", "--policies", "router",
 		"--offload-host-blocks", "64", "-o", "bench")
-	if err != nil || !strings.HasPrefix(out, "BENCH sim_offload.chat.router hit_rate=") || !strings.Contains(out, " g2_hit_rate=") {
+	if err != nil || !strings.HasPrefix(out, "BENCH sim_offload.chat.router model=timed hit_rate=") || !strings.Contains(out, " g2_hit_rate=") {
 		t.Fatalf("bench output %q, err %v", out, err)
 	}
 	var ec cli.ExitCoder
