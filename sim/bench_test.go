@@ -59,7 +59,7 @@ func TestBenchSim(t *testing.T) {
 }
 
 func benchCache(t *testing.T, doc *bytes.Buffer, label string, reqs []Request) {
-	pr := Prepare(reqs, TraceBlockTokens)
+	pr := prepare(t, reqs, TraceBlockTokens)
 	names := append(append([]string(nil), PolicyNames...), "ceiling")
 	rs, err := RunSuite(pr, SuiteConfig{Mode: ModeCache, Policies: names, Seed: 1})
 	if err != nil {
@@ -80,7 +80,7 @@ func benchCache(t *testing.T, doc *bytes.Buffer, label string, reqs []Request) {
 }
 
 func benchTimed(t *testing.T, doc *bytes.Buffer, label string, reqs []Request) (*Prepared, float64) {
-	pr := Prepare(reqs, 64)
+	pr := prepare(t, reqs, 64)
 	cfg := TimedConfig{Workers: 8}
 	unloaded, err := Unloaded(pr, cfg)
 	if err != nil {
@@ -219,7 +219,7 @@ func benchOffload(t *testing.T, doc *bytes.Buffer, pr *Prepared, speed float64) 
 // hit rate and imbalance in cache-only mode on the synthetic trace over a
 // grid of overlap credit × prefill load scale.
 func benchCacheSweep(t *testing.T, doc *bytes.Buffer) {
-	pr := Prepare(loadTrace(t, "mooncake_synthetic_trace.jsonl"), TraceBlockTokens)
+	pr := prepare(t, loadTrace(t, "mooncake_synthetic_trace.jsonl"), TraceBlockTokens)
 	credits := []float64{1, 10, 30, 40, 50, 60, 80}
 	scales := []float64{1, 10, 30, 100}
 	fmt.Fprintf(doc, "\n## Router tuning for cache-only mode (synthetic trace)\n\n")

@@ -14,7 +14,7 @@ import (
 // within a point of that. The router must reach 55 % at an imbalance of
 // at most 1.05 (the target).
 func TestCacheOnlyReferenceFigures(t *testing.T) {
-	pr := Prepare(loadTrace(t, "mooncake_synthetic_trace.jsonl"), TraceBlockTokens)
+	pr := prepare(t, loadTrace(t, "mooncake_synthetic_trace.jsonl"), TraceBlockTokens)
 	got := map[string]Result{}
 	for _, name := range []string{"round_robin", "greedy_balanced", "router"} {
 		p, err := NewSuitePolicy(name, SuiteConfig{Mode: ModeCache, Seed: 1})
@@ -56,7 +56,7 @@ func TestCacheOnlyCountsThePrefixOnTheChosenWorker(t *testing.T) {
 		{InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},    // w0: 2 blocks
 		{InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 6}},    // w1: 1 block (2 was evicted)
 	}
-	r, err := RunCacheOnly(Prepare(reqs, 512), CacheConfig{Workers: 2, CapacityBlocks: 3}, &RoundRobin{Workers: 2})
+	r, err := RunCacheOnly(prepare(t, reqs, 512), CacheConfig{Workers: 2, CapacityBlocks: 3}, &RoundRobin{Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestCacheOnlyCountsThePrefixOnTheChosenWorker(t *testing.T) {
 	if r.Assigned[0] != 1024+1536+1024 || r.Assigned[1] != 3*1024 {
 		t.Fatalf("assigned %v", r.Assigned)
 	}
-	if _, err := RunCacheOnly(Prepare(reqs, 64), CacheConfig{}, &RoundRobin{Workers: 8}); !errors.Is(err, ErrBadConfig) {
+	if _, err := RunCacheOnly(prepare(t, reqs, 64), CacheConfig{}, &RoundRobin{Workers: 8}); !errors.Is(err, ErrBadConfig) {
 		t.Fatalf("64-token blocks in a 512-token cache: %v", err)
 	}
 }

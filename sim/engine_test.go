@@ -330,7 +330,7 @@ func TestEnginePassTimeOutOfRangeFailsTheReplay(t *testing.T) {
 	for i := range reqs[0].HashIDs {
 		reqs[0].HashIDs[i] = uint64(i)
 	}
-	pr := Prepare(reqs, 64)
+	pr := prepare(t, reqs, 64)
 	want := DefaultTiming().PrefillMs(8192)
 	r, err := RunTimed(pr, TimedConfig{Workers: 1, Engine: EngineConfig{Speed: 1e-6}}, &RoundRobin{Workers: 1})
 	if err != nil {
@@ -358,7 +358,7 @@ func TestHugeKVSizeDoesNotMakePassesFree(t *testing.T) {
 		reqs[0].HashIDs[i] = uint64(i)
 	}
 	cfg := TimedConfig{Workers: 1, Engine: EngineConfig{Timing: tm, Offload: OffloadConfig{HostBlocks: 16}}}
-	r, err := RunTimed(Prepare(reqs, 64), cfg, &RoundRobin{Workers: 1})
+	r, err := RunTimed(prepare(t, reqs, 64), cfg, &RoundRobin{Workers: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -293,7 +293,7 @@ func TestOffloadWithoutG2WritesHotBlocksToG3(t *testing.T) {
 // trace, configuration and seed, give identical results.
 func TestOffloadReplayIsDeterministic(t *testing.T) {
 	reqs := loadTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:70]
-	pr := Prepare(reqs, 64)
+	pr := prepare(t, reqs, 64)
 	cfg := TimedConfig{Workers: 2, Speed: 2, Engine: EngineConfig{NumGPUBlocks: 1024,
 		Offload: OffloadConfig{HostBlocks: 512, DiskBlocks: 2048, DiskThreshold: 1, Dir: t.TempDir()}}}
 	for _, name := range []string{"router", "round_robin"} {
@@ -333,7 +333,7 @@ func TestOffloadReplayIsDeterministic(t *testing.T) {
 // device events only, no offload figures in the report.
 func TestOffloadOffIsUnchanged(t *testing.T) {
 	reqs := loadTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:200]
-	pr := Prepare(reqs, 64)
+	pr := prepare(t, reqs, 64)
 	base := TimedConfig{Workers: 4, Speed: 6, Engine: EngineConfig{NumGPUBlocks: 1024}}
 	other := base
 	other.Engine.Offload = OffloadConfig{BlockBytes: 4096, HostGBps: 3, DiskThreshold: 1}

@@ -145,7 +145,7 @@ func TestCeilingCountsPrefixesSeenBefore(t *testing.T) {
 		{InputLength: 1024, OutputLength: 1, HashIDs: []uint64{4, 2}}, // same id 2, other parent: no match
 		{InputLength: 1000, OutputLength: 1, HashIDs: []uint64{1, 5}},
 	}
-	r := Ceiling(Prepare(reqs, 512), ModeCache)
+	r := Ceiling(prepare(t, reqs, 512), ModeCache)
 	if r.CachedTokens != 1024+512 || r.PromptTokens != 1024+1536+1024+1000 {
 		t.Fatalf("ceiling counted %d of %d tokens, want %d of %d", r.CachedTokens, r.PromptTokens, 1536, 4584)
 	}

@@ -335,7 +335,7 @@ func TestRemoteCountsFailedLifecycleCalls(t *testing.T) {
 		}
 		return nil
 	})
-	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 20, Sessions: 4, Seed: 1}), 16)
+	pr := prepare(t, GenerateSharedPrefix(SharedPrefixConfig{Requests: 20, Sessions: 4, Seed: 1}), 16)
 	res, err := Replay(pr, Config{Workers: 2, BlockSize: 16}, p)
 	if err != nil {
 		t.Fatal(err)
@@ -383,7 +383,7 @@ func TestRemoteFreesTheBookingOfAFailedRoute(t *testing.T) {
 		})
 	})
 	p := setUpRemote(t, cl)
-	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 20, Sessions: 4, Seed: 1}), 16)
+	pr := prepare(t, GenerateSharedPrefix(SharedPrefixConfig{Requests: 20, Sessions: 4, Seed: 1}), 16)
 	res, err := Replay(pr, Config{Workers: 2, BlockSize: 16}, p)
 	if err != nil {
 		t.Fatal(err)
@@ -434,7 +434,7 @@ func TestRemoteUnreachableRouteIsNotAnUnfreedBooking(t *testing.T) {
 	p := setUpRemote(t, cl)
 	hs.Close() // the cluster is gone: every call is refused
 	cl.Close() // and none goes out on a kept-alive connection (EOF: outcome unknown)
-	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 5, Sessions: 2, Seed: 1}), 16)
+	pr := prepare(t, GenerateSharedPrefix(SharedPrefixConfig{Requests: 5, Sessions: 2, Seed: 1}), 16)
 	res, err := Replay(pr, Config{Workers: 2, BlockSize: 16}, p)
 	if !errors.Is(err, ErrNoAnswer) {
 		t.Fatalf("err %v, want ErrNoAnswer after %d unreachable routes", err, maxSilentCalls)
@@ -484,7 +484,7 @@ func TestRemoteStopBoundsTheCleanupOnAStuckCluster(t *testing.T) {
 		}
 		return nil
 	})
-	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 40, Sessions: 4, Seed: 1}), 16)
+	pr := prepare(t, GenerateSharedPrefix(SharedPrefixConfig{Requests: 40, Sessions: 4, Seed: 1}), 16)
 	type outcome struct {
 		res Result
 		err error
@@ -546,7 +546,7 @@ func TestRemoteGivesUpOnAClusterThatStopsAnswering(t *testing.T) {
 		return nil
 	})
 	const n = 30
-	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: n, Sessions: 4, Seed: 1}), 16)
+	pr := prepare(t, GenerateSharedPrefix(SharedPrefixConfig{Requests: n, Sessions: 4, Seed: 1}), 16)
 	res, err := ReplayContext(context.Background(), pr, Config{Workers: 2, BlockSize: 16}, p)
 	if !errors.Is(err, ErrNoAnswer) || !strings.Contains(err.Error(), fmt.Sprintf("%d of %d requests not routed", n-2, n)) {
 		t.Fatalf("err %v, want ErrNoAnswer saying %d of %d requests were not routed", err, n-2, n)
@@ -573,7 +573,7 @@ func TestRemoteKeepsGoingWhileTheClusterAnswersWithRefusals(t *testing.T) {
 		return nil
 	})
 	const n = 10
-	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: n, Sessions: 4, Seed: 1}), 16)
+	pr := prepare(t, GenerateSharedPrefix(SharedPrefixConfig{Requests: n, Sessions: 4, Seed: 1}), 16)
 	res, err := ReplayContext(context.Background(), pr, Config{Workers: 2, BlockSize: 16}, p)
 	if err != nil {
 		t.Fatalf("err %v: refusals are answers, not a cluster that stopped answering", err)

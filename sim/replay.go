@@ -138,15 +138,23 @@ type Prepared struct {
 	Seq       [][]uint64
 }
 
-// Prepare expands every request of the trace into engine blocks.
-func Prepare(reqs []Request, blockSize int) *Prepared {
+// Prepare expands every request of the trace into engine blocks. A
+// request with fewer hash ids than its prompt needs (ceil(InputLength /
+// 512)) fails with ErrBadTrace, naming it: ReadTrace refuses such a row,
+// but a []Request built by hand is not read, and the Expander would index
+// past its ids.
+func Prepare(reqs []Request, blockSize int) (*Prepared, error) {
 	p := &Prepared{BlockSize: blockSize, Reqs: reqs, Local: make([][]uint64, len(reqs)), Seq: make([][]uint64, len(reqs))}
 	e := Expander{BlockSize: blockSize}
 	for i := range reqs {
+		if q := &reqs[i]; q.InputLength > 0 && len(q.HashIDs) < (q.InputLength+TraceBlockTokens-1)/TraceBlockTokens {
+			return nil, fmt.Errorf("%w: request %d: %d hash ids for %d tokens (want ceil(%d/%d) = %d)", ErrBadTrace, i,
+				len(q.HashIDs), q.InputLength, q.InputLength, TraceBlockTokens, (q.InputLength+TraceBlockTokens-1)/TraceBlockTokens)
+		}
 		l, s := e.Blocks(&reqs[i])
 		p.Local[i], p.Seq[i] = slices.Clone(l), slices.Clone(s)
 	}
-	return p
+	return p, nil
 }
 
 // completion is a pending request milestone in simulated time.

@@ -142,6 +142,26 @@ func TestExpanderSharesBlocksWhereIDsAgree(t *testing.T) {
 	}
 }
 
+// TestPrepareRefusesTooFewHashIDs: a request built by hand (ReadTrace
+// refuses such a row) with fewer hash ids than its prompt needs made the
+// Expander index past its ids: Prepare panicked (index out of range [2]
+// with length 2). It fails with ErrBadTrace naming the request; more ids
+// than needed are ignored, as before.
+func TestPrepareRefusesTooFewHashIDs(t *testing.T) {
+	reqs := []Request{
+		{InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+		{InputLength: 1100, OutputLength: 1, HashIDs: []uint64{1, 2}},
+	}
+	pr, err := Prepare(reqs, 16)
+	if !errors.Is(err, ErrBadTrace) || !strings.Contains(err.Error(), "request 1") || pr != nil {
+		t.Fatalf("Prepare: %v, err %v; want no trace and ErrBadTrace naming request 1", pr, err)
+	}
+	reqs[1].HashIDs = []uint64{1, 2, 3, 4}
+	if pr, err = Prepare(reqs, 16); err != nil || len(pr.Local[1]) != 1100/16 {
+		t.Fatalf("with ids to spare: err %v, want %d blocks of request 1", err, 1100/16)
+	}
+}
+
 // recorder collects a cache's events.
 type recorder struct{ evs []kvevent.Event }
 
@@ -243,7 +263,7 @@ func TestReplayRouterBeatsRoundRobinOnTrace(t *testing.T) {
 	}
 	reqs = reqs[:400]
 	cfg := Config{Workers: 4, BlockSize: 64, CapacityTokens: 200_000}
-	pr := Prepare(reqs, cfg.BlockSize)
+	pr := prepare(t, reqs, cfg.BlockSize)
 	rr, err := Replay(pr, cfg, &RoundRobin{Workers: 4})
 	if err != nil {
 		t.Fatal(err)
@@ -342,11 +362,11 @@ func TestBenchLineTellsAClosedLoopFromOpenLoop(t *testing.T) {
 // too, says model=v1, timed or cache.
 func TestBenchLineNamesItsModel(t *testing.T) {
 	reqs := loadTrace(t, "mooncake_synthetic_trace.jsonl")[:100]
-	v1, err := Replay(Prepare(reqs, 16), Config{Workers: 2}, &RoundRobin{Workers: 2})
+	v1, err := Replay(prepare(t, reqs, 16), Config{Workers: 2}, &RoundRobin{Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tm, err := RunTimed(Prepare(reqs, 64), TimedConfig{Workers: 2}, &RoundRobin{Workers: 2})
+	tm, err := RunTimed(prepare(t, reqs, 64), TimedConfig{Workers: 2}, &RoundRobin{Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,7 +386,7 @@ func TestBenchLineNamesItsModel(t *testing.T) {
 	if id(a) == id(b) {
 		t.Fatalf("a v1 and a timed replay print the same BENCH name and load, with different figures:\n  v1:    %s\n  timed: %s", a, b)
 	}
-	cache, err := RunCacheOnly(Prepare(reqs, 512), CacheConfig{Workers: 2}, &RoundRobin{Workers: 2})
+	cache, err := RunCacheOnly(prepare(t, reqs, 512), CacheConfig{Workers: 2}, &RoundRobin{Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,7 +395,7 @@ func TestBenchLineNamesItsModel(t *testing.T) {
 		model string
 	}{
 		{v1, "v1"}, {tm, "timed"}, {cache, "cache"},
-		{Ceiling(Prepare(reqs, 16), "v1"), "v1"}, {Ceiling(Prepare(reqs, 64), ModeTimed), "timed"}, {Ceiling(Prepare(reqs, 512), ModeCache), "cache"},
+		{Ceiling(prepare(t, reqs, 16), "v1"), "v1"}, {Ceiling(prepare(t, reqs, 64), ModeTimed), "timed"}, {Ceiling(prepare(t, reqs, 512), ModeCache), "cache"},
 	} {
 		if l := BenchLine("synthetic", c.r); !slices.Contains(strings.Fields(l), "model="+c.model) {
 			t.Errorf("%s, mode %s: %s\nwant model=%s in it", c.r.Policy, c.r.Mode, l, c.model)
@@ -415,7 +435,7 @@ func TestV1DecodeLoadAndRejections(t *testing.T) {
 	}
 	cfg := Config{Workers: 1, BlockSize: 16, CapacityTokens: 1600}
 	p := &finishClock{RoundRobin: RoundRobin{Workers: 1}, at: map[string]int64{}}
-	r, err := Replay(Prepare(reqs, 16), cfg, p)
+	r, err := Replay(prepare(t, reqs, 16), cfg, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,7 +453,7 @@ func TestV1DecodeLoadAndRejections(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		picky = append(picky, Request{TimestampMs: int64(i), InputLength: 512, OutputLength: 1, HashIDs: []uint64{uint64(i)}})
 	}
-	r, err = Replay(Prepare(picky, 16), Config{Workers: 2, BlockSize: 16}, &pickyPolicy{})
+	r, err = Replay(prepare(t, picky, 16), Config{Workers: 2, BlockSize: 16}, &pickyPolicy{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,7 +473,7 @@ func (p *downPolicy) Route(*RouteQuery, int64) (int, int, error) { return 0, 0, 
 // ones were skipped, so kvsim's live progress bar and summary froze while
 // the cluster refused routes.
 func TestV1ProgressCountsFailedRoutes(t *testing.T) {
-	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 10, Seed: 1}), 16)
+	pr := prepare(t, GenerateSharedPrefix(SharedPrefixConfig{Requests: 10, Seed: 1}), 16)
 	last, calls := 0, 0
 	r, err := Replay(pr, Config{Workers: 2, Progress: func(done, _ int) { last, calls = done, calls+1 }}, &downPolicy{RoundRobin{Workers: 2}})
 	if err != nil {
@@ -469,7 +489,7 @@ func TestV1ProgressCountsFailedRoutes(t *testing.T) {
 // cache-only replays do (ErrBadConfig). From a review: it took a 64-token
 // router on 16-token workers, whose predictions then meant nothing.
 func TestV1RefusesARouterOfAnotherBlockSize(t *testing.T) {
-	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 50, Seed: 1}), 16)
+	pr := prepare(t, GenerateSharedPrefix(SharedPrefixConfig{Requests: 50, Seed: 1}), 16)
 	r, err := Replay(pr, Config{Workers: 2, BlockSize: 16}, NewRouter(2, 64, indexer.DefaultParams(), 1))
 	if !errors.Is(err, ErrBadConfig) {
 		t.Fatalf("a 64-token router on 16-token workers: err %v (predicted %d cached tokens, workers held %d), want ErrBadConfig",

@@ -22,6 +22,16 @@ func loadTrace(t *testing.T, name string) []Request {
 	return reqs
 }
 
+// prepare is Prepare of a trace the test built: its error fails the test.
+func prepare(t *testing.T, reqs []Request, blockSize int) *Prepared {
+	t.Helper()
+	pr, err := Prepare(reqs, blockSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pr
+}
+
 // TestTimedBurstIsNotSerialised: requests with one timestamp arrive
 // together: spread over idle workers each gets the TTFT of its own
 // prefill; on one worker they share the first pass.
@@ -30,7 +40,7 @@ func TestTimedBurstIsNotSerialised(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		reqs = append(reqs, Request{TimestampMs: 1000, InputLength: 1024, OutputLength: 2, HashIDs: []uint64{uint64(10 * i), uint64(10*i + 1)}})
 	}
-	pr := Prepare(reqs, 64)
+	pr := prepare(t, reqs, 64)
 	tm := DefaultTiming()
 	r, err := RunTimed(pr, TimedConfig{Workers: 4}, &RoundRobin{Workers: 4})
 	if err != nil {
@@ -54,7 +64,7 @@ func TestTimedBurstIsNotSerialised(t *testing.T) {
 // the next request starts when the last one ends.
 func TestTimedClosedLoop(t *testing.T) {
 	reqs := loadTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:60]
-	pr := Prepare(reqs, 64)
+	pr := prepare(t, reqs, 64)
 	r, err := RunTimed(pr, TimedConfig{Workers: 2, Concurrency: 1}, &RoundRobin{Workers: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +101,7 @@ func (p *prefillWatch) Finished(id string, now int64) {
 // finishes, no worker may still hold prefill tokens.
 func TestTimedTellsTheRouterOfFirstTokens(t *testing.T) {
 	reqs := loadTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:20]
-	pr := Prepare(reqs, 64)
+	pr := prepare(t, reqs, 64)
 	p := &prefillWatch{Router: NewRouter(2, 64, indexer.DefaultParams(), 1)}
 	r, err := RunTimed(pr, TimedConfig{Workers: 2, Concurrency: 1}, p)
 	if err != nil {
@@ -110,7 +120,7 @@ func TestTimedRejectsWhenQueuesAreFull(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		reqs = append(reqs, Request{TimestampMs: 0, InputLength: 600, OutputLength: 5, HashIDs: []uint64{uint64(2 * i), uint64(2*i + 1)}})
 	}
-	pr := Prepare(reqs, 64)
+	pr := prepare(t, reqs, 64)
 	p := NewRouter(1, 64, indexer.DefaultParams(), 1)
 	r, err := RunTimed(pr, TimedConfig{Workers: 1, Engine: EngineConfig{MaxWaiting: 3}}, p)
 	if err != nil {
@@ -125,7 +135,7 @@ func TestTimedRejectsWhenQueuesAreFull(t *testing.T) {
 }
 
 func TestTimedRefusesMismatchedBlockSizes(t *testing.T) {
-	pr := Prepare([]Request{{InputLength: 600, OutputLength: 1, HashIDs: []uint64{1, 2}}}, 64)
+	pr := prepare(t, []Request{{InputLength: 600, OutputLength: 1, HashIDs: []uint64{1, 2}}}, 64)
 	if _, err := RunTimed(pr, TimedConfig{Engine: EngineConfig{BlockSize: 16}}, &RoundRobin{Workers: 8}); !errors.Is(err, ErrBadConfig) {
 		t.Fatalf("trace in 64-token blocks on a 16-token engine: %v", err)
 	}
@@ -140,19 +150,19 @@ func TestReplaysRefuseNegativeSettings(t *testing.T) {
 	reqs := GenerateSharedPrefix(SharedPrefixConfig{Requests: 4, Sessions: 2, Seed: 1})
 	for name, run := range map[string]func() error{
 		"timed max seqs": func() error {
-			_, err := RunTimed(Prepare(reqs, 64), TimedConfig{Workers: 2, Engine: EngineConfig{MaxNumSeqs: -3}}, &RoundRobin{Workers: 2})
+			_, err := RunTimed(prepare(t, reqs, 64), TimedConfig{Workers: 2, Engine: EngineConfig{MaxNumSeqs: -3}}, &RoundRobin{Workers: 2})
 			return err
 		},
 		"timed max batched tokens": func() error {
-			_, err := RunTimed(Prepare(reqs, 64), TimedConfig{Workers: 2, Engine: EngineConfig{MaxNumBatchedTokens: -1}}, &RoundRobin{Workers: 2})
+			_, err := RunTimed(prepare(t, reqs, 64), TimedConfig{Workers: 2, Engine: EngineConfig{MaxNumBatchedTokens: -1}}, &RoundRobin{Workers: 2})
 			return err
 		},
 		"timed speed": func() error {
-			_, err := RunTimed(Prepare(reqs, 64), TimedConfig{Workers: 2, Speed: -1}, &RoundRobin{Workers: 2})
+			_, err := RunTimed(prepare(t, reqs, 64), TimedConfig{Workers: 2, Speed: -1}, &RoundRobin{Workers: 2})
 			return err
 		},
 		"unloaded GPU blocks": func() error {
-			_, err := Unloaded(Prepare(reqs, 64), TimedConfig{Workers: 2, Engine: EngineConfig{NumGPUBlocks: -1}})
+			_, err := Unloaded(prepare(t, reqs, 64), TimedConfig{Workers: 2, Engine: EngineConfig{NumGPUBlocks: -1}})
 			return err
 		},
 		"engine": func() error {
@@ -160,11 +170,11 @@ func TestReplaysRefuseNegativeSettings(t *testing.T) {
 			return err
 		},
 		"cache capacity": func() error {
-			_, err := RunCacheOnly(Prepare(reqs, 512), CacheConfig{Workers: 2, CapacityBlocks: -1}, &RoundRobin{Workers: 2})
+			_, err := RunCacheOnly(prepare(t, reqs, 512), CacheConfig{Workers: 2, CapacityBlocks: -1}, &RoundRobin{Workers: 2})
 			return err
 		},
 		"v1 capacity": func() error {
-			_, err := Replay(Prepare(reqs, 16), Config{Workers: 2, CapacityTokens: -5}, &RoundRobin{Workers: 2})
+			_, err := Replay(prepare(t, reqs, 16), Config{Workers: 2, CapacityTokens: -5}, &RoundRobin{Workers: 2})
 			return err
 		},
 	} {
@@ -178,7 +188,7 @@ func TestReplaysRefuseNegativeSettings(t *testing.T) {
 // the same figures, request by request.
 func TestTimedIsDeterministic(t *testing.T) {
 	reqs := loadTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:250]
-	pr := Prepare(reqs, 64)
+	pr := prepare(t, reqs, 64)
 	cfg := TimedConfig{Workers: 4, Speed: 6, Engine: EngineConfig{NumGPUBlocks: 2048}}
 	for _, name := range []string{"router", "random"} {
 		var runs [2]Result
@@ -213,7 +223,7 @@ func TestSuiteIsDeterministic(t *testing.T) {
 		if mode == ModeCache {
 			bs = 512
 		}
-		pr := Prepare(reqs, bs)
+		pr := prepare(t, reqs, bs)
 		cfg := SuiteConfig{Mode: mode, Policies: policies, Seed: 7,
 			Timed: TimedConfig{Workers: 4, Speed: 6, Engine: EngineConfig{NumGPUBlocks: 2048}},
 			Cache: CacheConfig{Workers: 4, CapacityBlocks: 256}}
@@ -251,7 +261,7 @@ func TestSharedFirstBlockDoesNotCollapse(t *testing.T) {
 			t.Fatalf("request %d starts with block %d", i, reqs[i].HashIDs[0])
 		}
 	}
-	pr := Prepare(reqs, 64)
+	pr := prepare(t, reqs, 64)
 	cfg := TimedConfig{Workers: 8}
 	res := map[string]Result{}
 	for _, name := range []string{"router", "longest_prefix", "round_robin"} {
@@ -302,7 +312,7 @@ func TestRejectedRequestsCountAsMisses(t *testing.T) {
 		}
 		reqs = append(reqs, Request{TimestampMs: int64(1000 * i), InputLength: 1024, OutputLength: 2, HashIDs: ids})
 	}
-	pr := Prepare(reqs, 64)
+	pr := prepare(t, reqs, 64)
 	ceiling := Ceiling(pr, "timed")
 	timed, err := RunTimed(pr, TimedConfig{Workers: 2}, &pickyPolicy{})
 	if err != nil {
@@ -312,7 +322,7 @@ func TestRejectedRequestsCountAsMisses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pr512 := Prepare(reqs, TraceBlockTokens)
+	pr512 := prepare(t, reqs, TraceBlockTokens)
 	cache, err := RunCacheOnly(pr512, CacheConfig{Workers: 2}, &pickyPolicy{})
 	if err != nil {
 		t.Fatal(err)
@@ -352,7 +362,7 @@ func epochTrace(base int64) []Request {
 // instant: a trace of requests 10 s apart replayed as one burst.
 func TestReplaysRebaseEpochTimestamps(t *testing.T) {
 	const epoch = 1_700_000_000_000 // 2023 in ms
-	rebased, absolute := Prepare(epochTrace(0), 64), Prepare(epochTrace(epoch), 64)
+	rebased, absolute := prepare(t, epochTrace(0), 64), prepare(t, epochTrace(epoch), 64)
 	for _, speed := range []float64{1, 0.25, 0.01} {
 		cfg := TimedConfig{Workers: 1, Speed: speed}
 		a, err := RunTimed(rebased, cfg, &RoundRobin{Workers: 1})
@@ -385,7 +395,7 @@ func TestReplaysRebaseEpochTimestamps(t *testing.T) {
 // by the arrival speed, does not fit the simulated clock fails the replay
 // (ErrBadConfig) instead of piling the late arrivals onto one instant.
 func TestReplaysRefuseAnArrivalPastTheClock(t *testing.T) {
-	pr := Prepare(epochTrace(0), 64) // a 70 s span
+	pr := prepare(t, epochTrace(0), 64) // a 70 s span
 	if _, err := RunTimed(pr, TimedConfig{Workers: 1, Speed: 1e-9}, &RoundRobin{Workers: 1}); !errors.Is(err, ErrBadConfig) {
 		t.Errorf("timed at speed 1e-9: err %v, want ErrBadConfig", err)
 	}
@@ -414,16 +424,16 @@ func TestReplaysRefuseArrivalsOutOfTimeOrder(t *testing.T) {
 			t.Errorf("%s: err %v, want ErrBadConfig naming request 1", what, err)
 		}
 	}
-	r, err := RunTimed(Prepare(reqs, 64), TimedConfig{Workers: 1}, &RoundRobin{Workers: 1})
+	r, err := RunTimed(prepare(t, reqs, 64), TimedConfig{Workers: 1}, &RoundRobin{Workers: 1})
 	refused("timed", err)
 	if err == nil {
 		t.Logf("timed TTFTs %v ms", r.TTFTMs)
 	}
-	_, err = Replay(Prepare(reqs, 64), Config{Workers: 1, BlockSize: 64}, &RoundRobin{Workers: 1})
+	_, err = Replay(prepare(t, reqs, 64), Config{Workers: 1, BlockSize: 64}, &RoundRobin{Workers: 1})
 	refused("v1", err)
-	_, err = RunCacheOnly(Prepare(reqs, 64), CacheConfig{Workers: 1, BlockSize: 64}, &RoundRobin{Workers: 1})
+	_, err = RunCacheOnly(prepare(t, reqs, 64), CacheConfig{Workers: 1, BlockSize: 64}, &RoundRobin{Workers: 1})
 	refused("cache-only", err)
-	if _, err := RunTimed(Prepare(reqs, 64), TimedConfig{Workers: 1, Concurrency: 1}, &RoundRobin{Workers: 1}); err != nil {
+	if _, err := RunTimed(prepare(t, reqs, 64), TimedConfig{Workers: 1, Concurrency: 1}, &RoundRobin{Workers: 1}); err != nil {
 		t.Errorf("closed loop: %v, want the timestamps ignored", err)
 	}
 }
@@ -432,7 +442,7 @@ func TestReplaysRefuseArrivalsOutOfTimeOrder(t *testing.T) {
 // cancelled stops at its next step with the context's error; a timed one
 // closes its workers first, so that their G3 directories are gone.
 func TestReplaysStopWhenTheirContextIsDone(t *testing.T) {
-	pr := Prepare(loadTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:200], 64)
+	pr := prepare(t, loadTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:200], 64)
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -479,7 +489,7 @@ func TestTimedFiguresMatchAHandComputation(t *testing.T) {
 		{TimestampMs: 0, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
 		{TimestampMs: 1000, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
 	}
-	pr := Prepare(reqs, 64)
+	pr := prepare(t, reqs, 64)
 	r, err := RunTimed(pr, TimedConfig{Workers: 2, Engine: EngineConfig{NumGPUBlocks: 1000}}, &RoundRobin{Workers: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -499,7 +509,7 @@ func TestTimedFiguresMatchAHandComputation(t *testing.T) {
 	}
 	// Cache-only in 512-token blocks: request 2 finds both its blocks on
 	// worker 0 (a cache-only replay counts every cached block it matches).
-	rc, err := RunCacheOnly(Prepare(reqs, 512), CacheConfig{Workers: 2}, &RoundRobin{Workers: 2})
+	rc, err := RunCacheOnly(prepare(t, reqs, 512), CacheConfig{Workers: 2}, &RoundRobin{Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -189,7 +189,9 @@ type Expander struct {
 	seq    []uint64
 }
 
-// Tokens returns the request's prompt tokens (InputLength of them).
+// Tokens returns the request's prompt tokens (InputLength of them). The
+// request must hold ceil(InputLength / 512) hash ids at least (ReadTrace
+// and Prepare check it).
 func (e *Expander) Tokens(q *Request) []uint32 {
 	e.tokens = e.tokens[:0]
 	for i := 0; len(e.tokens) < q.InputLength; i++ {

@@ -91,7 +91,7 @@ func (p *recPub) Publish(b []byte) (uint64, error) {
 // event.
 func TestWireFleetRefusesBlocksOfAnotherRequest(t *testing.T) {
 	reqs := GenerateSharedPrefix(SharedPrefixConfig{Requests: 2, Sessions: 2, Seed: 1})
-	pr := Prepare(reqs, 16)
+	pr := prepare(t, reqs, 16)
 	f := &WireFleet{BlockSize: 16, Pubs: []BatchPublisher{&recPub{}}}
 	f.Query(&RouteQuery{ID: "0", Local: pr.Local[0], Seq: pr.Seq[0], Req: &pr.Reqs[0]})
 	n := len(pr.Seq[1]) - 1
@@ -139,7 +139,7 @@ func TestReplayStopsOnAWireError(t *testing.T) {
 	p := setUpRemote(t, cl)
 	bad := &flakyPub{failAt: 3}
 	fleet := &WireFleet{BlockSize: 16, Pubs: []BatchPublisher{&recPub{}, bad}}
-	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 40, Sessions: 4, Seed: 1}), 16)
+	pr := prepare(t, GenerateSharedPrefix(SharedPrefixConfig{Requests: 40, Sessions: 4, Seed: 1}), 16)
 	res, err := Replay(pr, Config{Workers: 2, BlockSize: 16}, WithWire(p, fleet))
 	if !errors.Is(err, ErrWire) || !strings.Contains(err.Error(), "worker 2: socket gone") {
 		t.Fatalf("replay: %v, want the wire error of worker 2", err)
@@ -173,7 +173,7 @@ func TestReplayStoppedByAWireErrorKeepsItsLifecycleFailures(t *testing.T) {
 		return nil
 	})
 	fleet := &WireFleet{BlockSize: 16, Pubs: []BatchPublisher{&recPub{}, &flakyPub{failAt: 3}}}
-	pr := Prepare(GenerateSharedPrefix(SharedPrefixConfig{Requests: 40, Sessions: 4, Seed: 1}), 16)
+	pr := prepare(t, GenerateSharedPrefix(SharedPrefixConfig{Requests: 40, Sessions: 4, Seed: 1}), 16)
 	res, err := Replay(pr, Config{Workers: 2, BlockSize: 16}, WithWire(p, fleet))
 	if !errors.Is(err, ErrWire) {
 		t.Fatalf("replay: %v, want ErrWire", err)

@@ -79,7 +79,7 @@ func TestWorkersPublishTheirCacheChangesOverZMQ(t *testing.T) {
 	seed := testseed.Seed(t)
 	const workers, bs = 3, 16
 	reqs := GenerateSharedPrefix(SharedPrefixConfig{Requests: 200, Sessions: 24, Seed: seed})
-	pr := Prepare(reqs, bs)
+	pr := prepare(t, reqs, bs)
 	// A small cache, so that workers evict (BlockRemoved) as well as store.
 	cfg := Config{Workers: workers, BlockSize: bs, CapacityTokens: 2500 * bs}
 

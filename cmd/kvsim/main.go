@@ -402,7 +402,10 @@ func runReplay(c *cli.Context) error {
 	if n := c.Int("limit"); n > 0 && n < len(reqs) {
 		reqs = reqs[:n]
 	}
-	pr := sim.Prepare(reqs, bs)
+	pr, err := sim.Prepare(reqs, bs)
+	if err != nil {
+		return err
+	}
 	trace := sim.TraceLabel(c.String("trace"))
 
 	var results []sim.Result
