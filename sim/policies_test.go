@@ -119,6 +119,34 @@ func TestLeastLoadedIgnoresTheCache(t *testing.T) {
 	}
 }
 
+// TestRouterBooksTheTokensItPredictedUncached: Started books a request's
+// prefill load as its prompt less the tokens the router predicted cached
+// on the chosen worker, as the cluster's router does; BookWholePrompt
+// (cache-only mode) books the whole prompt. Booking the whole prompt in
+// every mode left every test green.
+func TestRouterBooksTheTokensItPredictedUncached(t *testing.T) {
+	for _, whole := range []bool{false, true} {
+		p := NewRouter(2, 16, indexer.DefaultParams(), 1)
+		p.BookWholePrompt = whole
+		q := query("warm", 16, 1, 2, 3, 4, 5, 6, 7, 8) // 128 tokens
+		p.Started(q, 0, 96, 0)
+		want := int64(32)
+		if whole {
+			want = 128
+		}
+		loads, _ := p.seqs.PotentialDecodeBlocks(nil, nil, nil)
+		var got int64 = -1
+		for _, l := range loads {
+			if l.Rank == RankOf(0) {
+				got = l.Load.ActivePrefillTokens
+			}
+		}
+		if got != want {
+			t.Errorf("BookWholePrompt %t: worker 0 has %d prefill tokens booked (loads %+v), want %d", whole, got, loads, want)
+		}
+	}
+}
+
 // TestGreedyBalancedRule: the longest prefix among the workers that stay
 // within the tolerance of the mean assigned load once they take the
 // request.
