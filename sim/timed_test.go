@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
 )
 
 func loadTrace(t *testing.T, name string) []Request {
@@ -93,6 +94,46 @@ func (p *prefillWatch) Finished(id string, now int64) {
 		}
 	}
 	p.Router.Finished(id, now)
+}
+
+// eventsAtRoute counts the events its policy has observed when each
+// request is routed.
+type eventsAtRoute struct {
+	Policy
+	seen    int
+	atRoute []int
+}
+
+func (p *eventsAtRoute) Observe(ev *kvevent.Event, now int64) {
+	p.seen++
+	p.Policy.Observe(ev, now)
+}
+
+func (p *eventsAtRoute) Route(q *RouteQuery, now int64) (int, int, error) {
+	p.atRoute = append(p.atRoute, p.seen)
+	return p.Policy.Route(q, now)
+}
+
+// TestTimedPublishesAPassBlocksWhenItEnds: a worker's events reach the
+// policy when the pass that produced them ends, as an engine publishes
+// the blocks of a step once it has computed them: a decision during a pass
+// does not see that pass's blocks yet. Request 0 starts a pass of about
+// 32 ms at 0; request 1, routed at 1 ms, must see no event; request 2,
+// at 1 s, sees them. Publishing a pass's events when it starts left every
+// test green.
+func TestTimedPublishesAPassBlocksWhenItEnds(t *testing.T) {
+	reqs := []Request{
+		{TimestampMs: 0, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+		{TimestampMs: 1, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+		{TimestampMs: 1000, InputLength: 1024, OutputLength: 1, HashIDs: []uint64{1, 2}},
+	}
+	p := &eventsAtRoute{Policy: &RoundRobin{Workers: 1}}
+	if _, err := RunTimed(prepare(t, reqs, 64), TimedConfig{Workers: 1}, p); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.atRoute) != 3 || p.atRoute[0] != 0 || p.atRoute[1] != 0 || p.atRoute[2] == 0 {
+		t.Fatalf("events observed when each request was routed: %v, want [0 0 >0] (request 1 arrives during request 0's pass)", p.atRoute)
+	}
 }
 
 // TestTimedTellsTheRouterOfFirstTokens: a timed replay tells the policy of
