@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/indexer"
@@ -139,6 +140,31 @@ func TestEngineChunksPrefillWithinBudget(t *testing.T) {
 			t.Fatalf("after the request: %d active, %d reserved, %d cached blocks; want 0, 0, 15",
 				e.Cache().Active(), e.Cache().Reserved(), e.Cache().Len())
 		}
+	}
+}
+
+// TestEngineDecodeTimeIgnoresInactiveCachedBlocks: a decode step's time
+// follows the KV use of the blocks in-flight requests pin or reserve
+// (KVUse), not the blocks left cached by finished ones: a worker whose
+// cache is full of reusable blocks decodes as fast as a cold one. Timing
+// the steps by every cached block left every timed test green.
+func TestEngineDecodeTimeIgnoresInactiveCachedBlocks(t *testing.T) {
+	cfg := EngineConfig{NumGPUBlocks: 100, BlockSize: 16}
+	cold, warm := NewEngine(RankOf(0), cfg), NewEngine(RankOf(1), cfg)
+	warm.Submit(request(9, 80*16, 1, 16, 1000)) // 80 blocks, cached once it finishes
+	drive(t, warm, 0, 10)
+	if warm.cache.Len() < 80 || warm.KVUse() != 0 {
+		t.Fatalf("warm worker: %d blocks cached, KV use %g; want 80 cached, none in use", warm.cache.Len(), warm.KVUse())
+	}
+	var got [2][]float64
+	for i, e := range []*Engine{cold, warm} {
+		e.Submit(request(1, 64, 5, 16, 100))
+		for _, p := range drive(t, e, 0, 10)[1:] { // the passes after the prefill decode
+			got[i] = append(got[i], ms(p.dur))
+		}
+	}
+	if len(got[0]) != 4 || !slices.Equal(got[0], got[1]) {
+		t.Fatalf("decode steps: cold worker %v ms, worker holding 80 inactive blocks %v ms; want 4 steps, the same on both", got[0], got[1])
 	}
 }
 
