@@ -257,6 +257,64 @@ func TestEnginePreemptsNewestUnderMemoryPressure(t *testing.T) {
 	}
 }
 
+// TestEngineAdmitsNothingInAPassThatPreempted: a pass that had to preempt
+// to find room for its running requests admits no waiting one, the
+// preempted request included (as vLLM's scheduler, which schedules no
+// prefill in a step that preempted): admitting it would take back blocks
+// the running requests are short of. Admitting in such a pass left every
+// test green.
+func TestEngineAdmitsNothingInAPassThatPreempted(t *testing.T) {
+	// Two running requests that cannot both hold their blocks (6 blocks
+	// of 4 tokens, 14 tokens each), a third waiting for a running slot,
+	// and a budget of 4 tokens: the preempted request, at the head of the
+	// queue, would be readmitted at once for the 3 tokens the budget
+	// leaves, which need fewer blocks than it gave back.
+	cfg := EngineConfig{NumGPUBlocks: 6, BlockSize: 4, MaxNumBatchedTokens: 4, MaxNumSeqs: 2}
+	e := NewEngine(RankOf(0), cfg)
+	rs := []*EngineRequest{request(1, 4, 10, 4, 100), request(2, 4, 10, 4, 200), request(3, 4, 2, 4, 300)}
+	for _, r := range rs {
+		e.Submit(r)
+	}
+	var po PassOutcome
+	now, preempting := int64(0), 0
+	for i := 0; ; i++ {
+		if i == 100 {
+			t.Fatal("engine still busy after 100 passes")
+		}
+		running := map[int]bool{}
+		for _, r := range e.running {
+			running[r.ID] = true
+		}
+		preemptions := map[int]int{}
+		for _, r := range rs {
+			preemptions[r.ID] = r.Preemptions
+		}
+		before := e.Preemptions
+		d, ok := startPass(t, e, now)
+		if !ok {
+			break
+		}
+		if e.Preemptions > before {
+			preempting++
+			for _, w := range e.batch {
+				if !running[w.r.ID] || w.r.Preemptions > preemptions[w.r.ID] {
+					t.Errorf("pass %d preempted and admitted request %d (running before it: %v)", i, w.r.ID, running)
+				}
+			}
+		}
+		now += d
+		e.FinishPass(now, &po)
+	}
+	if preempting == 0 {
+		t.Fatal("no pass preempted")
+	}
+	for _, r := range rs {
+		if r.FinishedAt == 0 || r.generated != r.Output {
+			t.Errorf("request %d: generated %d of %d, finished at %d", r.ID, r.generated, r.Output, r.FinishedAt)
+		}
+	}
+}
+
 // TestEngineAdmissionCountsCachedPrefix: a request admitted after another
 // with the same prompt finds its full blocks cached, except the block of
 // the last token (one token is always computed).
