@@ -111,9 +111,10 @@ type EngineRequest struct {
 //
 // A pass takes prefill(N) + decode(u) milliseconds, divided by Speed: N the
 // prompt tokens it computes (cached ones cost nothing), u the fraction of
-// the KV capacity pinned or reserved when it starts; a pass without prefill
-// work has no prefill term, one without decoding requests no decode term
-// (a mixed pass costs the sum of both: docs/sim.md says why).
+// the KV capacity pinned or reserved once it has scheduled its batch
+// (after its allocations, KVUse); a pass without prefill work has no
+// prefill term, one without decoding requests no decode term (a mixed pass
+// costs the sum of both: docs/sim.md says why).
 //
 // With offload tiers (EngineConfig.Offload, sim/offload.go) the blocks G1
 // evicts go to G2/G3, and admission continues the cached prefix there: those

@@ -152,7 +152,7 @@ Examples:
 			&cli.IntFlag{Name: "offload-disk-threshold", Value: 2, Usage: "timed, offload: sightings before a block is written to G3 (the offload manager's filter; 1: every block); at most 1048576"},
 			&cli.StringFlag{Name: "offload-dir", Usage: "timed, offload: parent `DIR` of the G3 databases (default: the system's temporary directory)"},
 			&cli.Float64Flag{Name: "kv-bytes-per-token", Value: sim.DefaultKVBytesPerToken, Usage: "timed: the model's KV bytes per token, which sizes a block's transfer between tiers; 1 to 16777216 (16 MiB)"},
-			&cli.StringFlag{Name: "policies", Usage: "comma-separated: " + strings.Join(sim.PolicyNames, ", ") + ", ceiling (default: every policy of the mode; v1: router,round_robin; empty for none)"},
+			&cli.StringFlag{Name: "policies", Usage: "comma-separated: " + strings.Join(sim.PolicyNames, ", ") + ", ceiling (default: every policy and the ceiling, timed without greedy_balanced; v1: router,round_robin; empty for none)"},
 			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of randomised policies"},
 			&cli.Float64Flag{Name: "overlap-credit", Usage: "router: overlap_score_credit; --live: sent with every route as an override", DefaultText: "timed 1, cache 50"},
 			&cli.Float64Flag{Name: "prefill-load-scale", Usage: "router, least_loaded: prefill_load_scale; --live: sent with every route as an override", DefaultText: "timed 1, cache 30"},
