@@ -28,3 +28,14 @@ func TestClassifyAWriteNeverProposed(t *testing.T) {
 		}
 	}
 }
+
+// TestClassifyARestoreBehindAnUncommittedConfiguration: a restore Raft
+// refused before it read the stream, a membership change's entry not yet
+// committed (raftfsm wraps ErrNoLeader), is 503 no_leader (nothing
+// installed: the client moves on, and a retry takes it), not 500 internal.
+func TestClassifyARestoreBehindAnUncommittedConfiguration(t *testing.T) {
+	err := fmt.Errorf("restore: nothing was installed: %w: a membership change is committing, and raft takes a restore only once it has (cannot restore snapshot now); retry", raftfsm.ErrNoLeader)
+	if code, reason := classify(err); code != http.StatusServiceUnavailable || reason != ReasonNoLeader {
+		t.Fatalf("classify(%v) = %d %s, want 503 %s", err, code, reason, ReasonNoLeader)
+	}
+}

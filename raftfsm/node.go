@@ -2997,6 +2997,16 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 			return SnapshotInfo{}, fmt.Errorf("%w: raft took the restore, then answered %v (it may be installed): check the cluster's state before restoring again",
 				nle, n.raftError(err))
 		}
+		if strings.HasPrefix(err.Error(), "cannot restore snapshot now") { // raft has no sentinel for it
+			// Raft refused the restore before it read the stream: its
+			// latest configuration entry (a membership change, possibly
+			// one whose caller gave up waiting) is not yet committed,
+			// and a restore cannot carry a configuration that is not.
+			// Nothing was installed, and the entry commits once the
+			// followers take it: ErrNoLeader (the API's 503 no_leader),
+			// to retry, as for a leadership transfer in progress.
+			return SnapshotInfo{}, fmt.Errorf("restore: nothing was installed: %w: a membership change is committing, and raft takes a restore only once it has (%v); retry", ErrNoLeader, err)
+		}
 		return SnapshotInfo{}, fmt.Errorf("raft restore: %w", n.raftError(err))
 	}
 	return info, nil

@@ -811,3 +811,50 @@ func TestARestoreRaftNeverTookIsRetryable(t *testing.T) {
 		t.Fatalf("nothing was installed on any node, yet the restore answered MaybeApplied: %v", err)
 	}
 }
+
+// TestARestoreBehindAnUncommittedConfigurationIsRetryable: an add whose
+// context ended while its configuration entry was not yet committed (the
+// followers' log writes held) leaves Raft with an uncommitted
+// configuration, and Raft refuses a user restore until it commits ("cannot
+// restore snapshot now") without reading the stream. The answer says
+// nothing was installed and is ErrNoLeader (the API's 503 no_leader: retry),
+// not a NotLeaderError, which the API would forward. From a review: the
+// node returned Raft's bare error, which the API answered 500 internal.
+func TestARestoreBehindAnUncommittedConfigurationIsRetryable(t *testing.T) {
+	foreign := foreignSnapshot(t)
+	var held atomic.Bool
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	c, n1, g := gatedLeader(t, func(cfg *Config) {
+		if cfg.ID != "n1" {
+			cfg.beforeLogWrite = func([]*raft.Log) {
+				if held.Load() {
+					<-release
+				}
+			}
+		}
+	})
+	g.open()
+	t.Cleanup(open)
+	held.Store(true)
+	actx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	err := n1.AddMember(actx, "n4", "127.0.0.1:9", "http-n4")
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("add with the followers' log writes held: %v, want its context's deadline", err)
+	}
+	_, rerr := n1.RestoreSnapshot(context.Background(), bytes.NewReader(foreign))
+	open()
+	t.Logf("restore: %v", rerr)
+	var nle *NotLeaderError
+	if !errors.Is(rerr, ErrNoLeader) || errors.As(rerr, &nle) || !strings.Contains(rerr.Error(), "nothing was installed") {
+		t.Fatalf("a restore Raft refused for an uncommitted configuration answered %v, want ErrNoLeader (not a NotLeaderError) saying nothing was installed", rerr)
+	}
+	c.converged()
+	for _, n := range c.nodes {
+		if _, ok := n.fsm.Workers()[9]; ok {
+			t.Fatalf("%s: the refused restore was installed", n.cfg.ID)
+		}
+	}
+}
