@@ -726,18 +726,29 @@ func SeedDataDir(ctx context.Context, snapshotPath, dataDir, nodeID string, peer
 	}
 	// Raft snapshots are state too (raft.HasExistingState): a node would
 	// not bootstrap, and would restore the newest of them over the seed.
-	// One still being written (NAME.tmp, which Raft lists as none) is
-	// what a seed killed while it wrote its own leaves: it is removed, as
-	// that seed's fsm.restore is.
+	// They are what Raft's store lists, by its rule: a plain file, or a
+	// directory without a meta.json Raft reads, is none (a node would
+	// start on the directory as an empty one), and is left alone as other
+	// files are. One still being written (NAME.tmp, which Raft lists as
+	// none) is what a seed killed while it wrote its own leaves: it is
+	// removed, as that seed's fsm.restore is.
 	snapDir := filepath.Join(dataDir, "snapshots")
-	ents, err := os.ReadDir(snapDir)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	for _, e := range ents {
-		if !isPartialSnapshot(e) {
-			return fmt.Errorf("%w: %s already holds Raft snapshots (%s); seed a directory that holds no node state", ErrInvalid, dataDir, snapDir)
+	if _, err := os.Stat(snapDir); err == nil {
+		// Only a snapshots/ already there is listed: the store creates
+		// one, which a seed refused later (a bad stream) must not leave.
+		snaps, err := raft.NewFileSnapshotStoreWithLogger(dataDir, 1, hclogAdapter(slog.New(slog.DiscardHandler)))
+		if err != nil {
+			return fmt.Errorf("seed: list the Raft snapshots in %s: %w", snapDir, err)
 		}
+		list, err := snaps.List()
+		if err != nil {
+			return fmt.Errorf("seed: list the Raft snapshots in %s: %w", snapDir, err)
+		}
+		if len(list) > 0 {
+			return fmt.Errorf("%w: %s already holds Raft snapshots (%s in %s); seed a directory that holds no node state", ErrInvalid, dataDir, list[0].ID, snapDir)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
 	if _, err := removePartialSnapshots(dataDir); err != nil {
 		return err

@@ -481,21 +481,78 @@ func TestSeedDataDirRefusesRaftSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(t.TempDir(), "node")
-	old := filepath.Join(dir, "snapshots", "2-43-1700000000000")
-	if err := os.MkdirAll(old, 0o755); err != nil {
+	snaps, err := raft.NewFileSnapshotStore(dir, 2, io.Discard)
+	if err != nil {
 		t.Fatal(err)
 	}
+	_, trans := raft.NewInmemTransport("")
+	defer trans.Close()
+	conf := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter, ID: "n1", Address: "127.0.0.1:1"}}}
+	sink, err := snaps.Create(raft.SnapshotVersionMax, 43, 2, conf, 1, trans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sink.Write(snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Close(); err != nil {
+		t.Fatal(err)
+	}
+	old := filepath.Join(dir, "snapshots", sink.ID())
 	if err := SeedDataDir(context.Background(), good, dir, "n1", peers); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("seed into a directory holding a Raft snapshot: %v, want ErrInvalid", err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "fsm")); !os.IsNotExist(err) {
 		t.Fatalf("a refused seed wrote %s/fsm", dir)
 	}
-	if err := os.Remove(old); err != nil {
+	if err := os.RemoveAll(old); err != nil {
 		t.Fatal(err)
 	}
 	if err := SeedDataDir(context.Background(), good, dir, "n1", peers); err != nil {
 		t.Fatalf("seed into a directory with an empty snapshots/: %v", err)
+	}
+}
+
+// TestSeedDataDirTakesASnapshotsDirWithoutRaftSnapshots: a snapshots/
+// that holds a plain file, or a directory without the meta.json Raft
+// reads, holds no Raft snapshot (Raft lists none, and a node would start
+// on the directory as an empty one): the seed takes the directory and
+// leaves those alone, as docs/operations.md promises (it refuses only
+// fsm/, raft/ or a Raft snapshot in snapshots/). From a review: any entry
+// but a NAME.tmp/ was taken for a Raft snapshot, and the seed refused.
+func TestSeedDataDirTakesASnapshotsDirWithoutRaftSnapshots(t *testing.T) {
+	peers := []Member{{ID: "n1", RaftAddr: "127.0.0.1:7000", HTTPAddr: "127.0.0.1:7080"}}
+	_, snap := fixtureSnapshot(t)
+	good := filepath.Join(t.TempDir(), "good.snap")
+	if err := os.WriteFile(good, snap, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "node")
+	note := filepath.Join(dir, "snapshots", "README")
+	noMeta := filepath.Join(dir, "snapshots", "2-43-1700000000000")
+	if err := os.MkdirAll(noMeta, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(note, []byte("backups go elsewhere\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	snaps, err := raft.NewFileSnapshotStore(dir, 2, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list, err := snaps.List(); err != nil || len(list) != 0 {
+		t.Fatalf("Raft lists %v, %v in the directory before the seed; want none", list, err)
+	}
+	if err := SeedDataDir(context.Background(), good, dir, "n1", peers); err != nil {
+		t.Fatalf("seed of a directory whose snapshots/ holds no Raft snapshot: %v", err)
+	}
+	if list, err := snaps.List(); err != nil || len(list) != 1 || list[0].Index != 2 {
+		t.Fatalf("Raft snapshots of the seeded directory: %v, %v; want the seed's", list, err)
+	}
+	for _, p := range []string{note, noMeta} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("the seed did not leave %s alone: %v", p, err)
+		}
 	}
 }
 
