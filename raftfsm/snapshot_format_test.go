@@ -469,6 +469,36 @@ func TestSeedIsTheClustersFirstRaftSnapshot(t *testing.T) {
 	}
 }
 
+// TestSeedDropsTheSavedClustersMemberTable: a seeded directory holds none
+// of the saved cluster's member table (its addresses are another
+// cluster's, which forwarding and `members list` must not use): the new
+// cluster's leader writes its own from --peers. The rest of the state is
+// the file's. From a review: nothing failed with the seed keeping the
+// old table.
+func TestSeedDropsTheSavedClustersMemberTable(t *testing.T) {
+	f, snap := fixtureSnapshot(t)
+	if len(f.Members()) == 0 {
+		t.Fatal("the fixture has no member table")
+	}
+	file := filepath.Join(t.TempDir(), "good.snap")
+	if err := os.WriteFile(file, snap, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "node")
+	peers := []Member{{ID: "n1", RaftAddr: "127.0.0.1:7000", HTTPAddr: "127.0.0.1:7080"}}
+	if err := SeedDataDir(context.Background(), file, dir, "n1", peers); err != nil {
+		t.Fatal(err)
+	}
+	g := openTestFSM(t, filepath.Join(dir, "fsm"))
+	defer g.Close()
+	if m := g.Members(); len(m) != 0 {
+		t.Fatalf("the seeded state holds the saved cluster's member table %v", m)
+	}
+	if g.Digest() != f.Digest() {
+		t.Fatalf("seeded digest %#x, want the saved %#x", g.Digest(), f.Digest())
+	}
+}
+
 // TestSeedDataDirRefusesRaftSnapshots: a directory whose fsm/ and raft/
 // were removed but whose snapshots/ holds one is refused. From a review:
 // it was seeded, and the node, finding Raft state, did not bootstrap and
