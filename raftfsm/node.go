@@ -2880,7 +2880,10 @@ func receiveError(ctx context.Context, readErr, err error) error {
 // *NotLeaderError with MaybeApplied set (it may be in place). Leadership
 // that moves before Raft reads the stream (the upload's spool and check
 // can take minutes) is a plain *NotLeaderError: nothing was installed,
-// and the API forwards it to the new leader. A ctx that
+// and the API forwards it to the new leader. Raft's other refusals before
+// it reads the stream install nothing too, and say so, to retry: its timer
+// run out before its main goroutine took the restore (ErrNotProposed), a
+// membership change's entry not yet committed (ErrNoLeader). A ctx that
 // ends before the node hands the rewritten stream to Raft stops the
 // restore with ctx's error, nothing installed; from then on ctx no longer
 // matters. So with Close: one that begins before the hand-over refuses
@@ -2996,6 +2999,15 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 			nle.MaybeApplied = true
 			return SnapshotInfo{}, fmt.Errorf("%w: raft took the restore, then answered %v (it may be installed): check the cluster's state before restoring again",
 				nle, n.raftError(err))
+		}
+		if errors.Is(err, raft.ErrEnqueueTimeout) {
+			// Raft's main goroutine did not take the restore within its
+			// timer (busy, a slow log write): it never read the stream
+			// (its timeout after the install, on the no-op, comes with
+			// the stream read, above). Nothing was installed: as an apply
+			// Raft could not take in time, ErrNotProposed (the API's 503
+			// no_leader), not the 503 timeout that says it may still apply.
+			return SnapshotInfo{}, fmt.Errorf("restore: nothing was installed: %w: raft did not take the restore within %v: %w; retry", ErrNotProposed, timeout, n.raftError(err))
 		}
 		if strings.HasPrefix(err.Error(), "cannot restore snapshot now") { // raft has no sentinel for it
 			// Raft refused the restore before it read the stream: its

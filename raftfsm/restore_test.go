@@ -858,3 +858,55 @@ func TestARestoreBehindAnUncommittedConfigurationIsRetryable(t *testing.T) {
 		}
 	}
 }
+
+// TestARestoreRaftDidNotTakeInTimeIsNotInstalled: a restore whose
+// hand-over to Raft's main goroutine times out (raft.ErrEnqueueTimeout;
+// here the goroutine is held in a log write) was never read: nothing was
+// installed. It answers as an apply Raft could not take in time
+// (ErrNotProposed: the API's 503 no_leader, retry) saying so, not as
+// context.DeadlineExceeded alone (the API's 503 timeout, "it may still
+// apply", which stops a client from sending the restore again).
+func TestARestoreRaftDidNotTakeInTimeIsNotInstalled(t *testing.T) {
+	foreign := foreignSnapshot(t)
+	var holding atomic.Bool
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	c, n1, g := gatedLeader(t, func(cfg *Config) {
+		cfg.ApplyTimeout = 100 * time.Millisecond // the restore's timer: 1 s
+		if cfg.ID == "n1" {
+			cfg.beforeLogWrite = func([]*raft.Log) {
+				if holding.CompareAndSwap(true, false) {
+					held <- struct{}{}
+					<-release
+				}
+			}
+		}
+	})
+	g.open()
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce) // before the cluster's Close, which waits for Raft
+	holding.Store(true)
+	// Raft's main goroutine writes the registration's entry to n1's log
+	// itself, and is held there: it takes no restore meanwhile.
+	go n1.RegisterWorker(context.Background(), WorkerInfo{ID: 5, BlockSize: 16}) //nolint:errcheck // it may time out while held
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("timed out waiting for raft to write the registration")
+	}
+	_, err := n1.RestoreSnapshot(ctx(t), bytes.NewReader(foreign))
+	releaseOnce()
+	t.Logf("restore: %v", err)
+	var nle *NotLeaderError
+	if !errors.Is(err, raft.ErrEnqueueTimeout) {
+		t.Fatalf("restore answered %v; this test wants raft's enqueue timeout", err)
+	}
+	if !errors.Is(err, ErrNotProposed) || errors.As(err, &nle) || !strings.Contains(err.Error(), "nothing was installed") {
+		t.Fatalf("a restore raft never took answered %v, want ErrNotProposed (not a NotLeaderError) saying nothing was installed", err)
+	}
+	c.converged()
+	for _, n := range c.nodes {
+		if _, ok := n.fsm.Workers()[9]; ok {
+			t.Fatalf("%s: the restore raft never took was installed", n.cfg.ID)
+		}
+	}
+}
