@@ -811,6 +811,34 @@ func TestBriefRouteCountsBestCachedTokensOfEveryEligibleRank(t *testing.T) {
 	}
 }
 
+// TestRetriedBookedRouteAnswersTheFirstTrysRank: docs/api.md's book: a
+// route sent again with the same request_id (a retry) answers the rank the
+// first try booked, and counts the load once. The first booking loads its
+// rank, so the retry's own decision would pick another one; the fake kept
+// the first booking but answered that other rank, booked: true.
+func TestRetriedBookedRouteAnswersTheFirstTrysRank(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	const body = `{"token_ids":[1,2,3,4,5,6,7,8],"book":true,"request_id":"r1"}`
+	first := send(t, n.http.URL, "POST", "/v1/route", body)
+	if first.code != 200 {
+		t.Fatal(first.code, string(first.body))
+	}
+	j := first.json(t)
+	again := send(t, n.http.URL, "POST", "/v1/route", body)
+	if again.code != 200 {
+		t.Fatal(again.code, string(again.body))
+	}
+	k := again.json(t)
+	if k["worker_id"] != j["worker_id"] || k["dp_rank"] != j["dp_rank"] || k["booked"] != true {
+		t.Fatalf("retry answered %v/%v booked %v; the first try booked %v/%v",
+			k["worker_id"], k["dp_rank"], k["booked"], j["worker_id"], j["dp_rank"])
+	}
+	if got := n.fake.Bookings(); len(got) != 1 {
+		t.Fatalf("bookings %v, want r1 alone", got)
+	}
+}
+
 // TestRouteMetricsByModelAndStage: routes count under their model (the
 // first 32 names, later ones as other, none when unnamed), and each stage
 // of a decision is timed; a booking's only when booked.

@@ -69,7 +69,8 @@ type rankState struct {
 type booking struct {
 	rank    kvevent.Rank
 	isl     int
-	blocks  int64
+	cached  int      // of isl, the tokens the rank held when booked
+	seq     []uint64 // the sequence hashes of the request's full blocks
 	prefill bool
 }
 
@@ -240,7 +241,8 @@ func (f *Fake) Workers() []raftfsm.WorkerStatus {
 		ws := raftfsm.WorkerStatus{Info: w}
 		for _, dp := range dpRanks(w) {
 			r := kvevent.Rank{Worker: id, DP: dp}
-			rs := raftfsm.RankStatus{DPRank: dp, Load: f.load(r)}
+			l, _ := f.load(r, nil)
+			rs := raftfsm.RankStatus{DPRank: dp, Load: l}
 			if st := f.ranks[r]; st != nil {
 				rs.Cursor = st.Cursor
 				for _, m := range st.Held {
@@ -293,25 +295,68 @@ func dpRanks(w raftfsm.WorkerInfo) []uint32 {
 	return w.DPRanks
 }
 
-func (f *Fake) load(r kvevent.Rank) indexer.Load {
+// load returns rank r's load and its potential decode blocks for a
+// request of sequence hashes seq, by the node's rules (indexer.Sequences,
+// less its decay): the distinct blocks of r's live bookings, the uncached
+// input of those in prefill, and the request's distinct blocks they do
+// not hold added to the former.
+func (f *Fake) load(r kvevent.Rank, seq []uint64) (indexer.Load, int64) {
 	var l indexer.Load
+	held := map[uint64]bool{}
 	for _, b := range f.bookings {
 		if b.rank != r {
 			continue
 		}
 		l.ActiveRequests++
-		l.ActiveDecodeBlocks += b.blocks
+		for _, h := range b.seq {
+			held[h] = true
+		}
 		if b.prefill {
-			l.ActivePrefillTokens += int64(b.isl)
+			l.ActivePrefillTokens += int64(max(b.isl-b.cached, 0))
 		}
 	}
-	return l
+	l.ActiveDecodeBlocks = int64(len(held))
+	potential := l.ActiveDecodeBlocks
+	for _, h := range seq {
+		if !held[h] {
+			held[h] = true
+			potential++
+		}
+	}
+	return l, potential
+}
+
+// blockSize returns the block size routes hash with, by the node's rule:
+// the smallest id's of the workers without a model, else the smallest
+// id's of all, else DefaultBlockSize.
+func (f *Fake) blockSize() int {
+	bs, found, plain := DefaultBlockSize, false, false
+	for _, id := range slices.Sorted(maps.Keys(f.workers)) {
+		w := f.workers[id]
+		p := w.Model == "" && w.Tenant == ""
+		if w.BlockSize > 0 && (!found || p && !plain) {
+			bs, found, plain = w.BlockSize, true, p
+		}
+	}
+	return bs
 }
 
 // Route implements api.Backend: the overlap of each registered rank is the
 // run of the request's leading blocks it holds in any tier, counted in the
 // tier of each block's fastest copy; the choice is indexer.Select's. A
 // brief route's decision holds the chosen candidate only, as the node's.
+//
+// As the node's: the block size (blockSize), the candidates (the workers
+// of that block size), each rank's load and potential decode blocks (its
+// bookings' distinct blocks plus the request's full blocks they lack), a
+// booking's cached tokens, and a retry of a booked request id, which
+// answers the rank its first try booked (indexer.Decision.Keep), busy or
+// not, and books nothing more. Unlike the node's: the overlap is the
+// tiered view's whatever the settings' View, no booking decays (SetDecay),
+// a freed id leaves no tombstone (routed again with book, it is booked
+// anew, where the node answers booked: false), the query's BlockSize,
+// Filter and Prefer are ignored, and a sampled decision draws from a fixed
+// seed.
 func (f *Fake) Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteResult, error) {
 	if err := f.enter("Route", q.Book); err != nil {
 		return raftfsm.RouteResult{}, err
@@ -328,11 +373,7 @@ func (f *Fake) Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteRe
 		f.malformed++
 		return res, fmt.Errorf("%w: route query", raftfsm.ErrInvalid)
 	}
-	bs := DefaultBlockSize
-	for _, id := range slices.Sorted(maps.Keys(f.workers)) {
-		bs = f.workers[id].BlockSize
-		break
-	}
+	bs := f.blockSize()
 	res.BlockSize = bs
 	hashes := q.LocalHashes
 	if len(q.Tokens) > 0 {
@@ -346,13 +387,20 @@ func (f *Fake) Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteRe
 	if len(hashes) > 0 {
 		req.FirstBlockHash = hashes[0]
 	}
-	reqBlocks := int64((isl + bs - 1) / bs)
+	seq := q.SeqHashes
+	if len(seq) == 0 {
+		seq = kvevent.SequenceHashes(nil, hashes)
+	}
 	var cands []indexer.Candidate
 	for _, id := range slices.Sorted(maps.Keys(f.workers)) {
 		w := f.workers[id]
+		if w.BlockSize != bs && w.BlockSize > 0 {
+			continue // holds no block of the route's hashes, as the node's servesBlockSize
+		}
 		for _, dp := range dpRanks(w) {
 			r := kvevent.Rank{Worker: id, DP: dp}
-			c := indexer.Candidate{Rank: r, Load: f.load(r), CapacityBlocks: w.Capacity[kvevent.TierDevice]}
+			c := indexer.Candidate{Rank: r, CapacityBlocks: w.Capacity[kvevent.TierDevice]}
+			c.Load, c.PotentialDecodeBlocks = f.load(r, seq)
 			if st := f.ranks[r]; st != nil {
 				for _, h := range hashes {
 					m := st.Held[h]
@@ -367,7 +415,6 @@ func (f *Fake) Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteRe
 					}
 				}
 			}
-			c.PotentialDecodeBlocks = c.Load.ActiveDecodeBlocks + reqBlocks
 			cands = append(cands, c)
 		}
 	}
@@ -378,13 +425,32 @@ func (f *Fake) Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteRe
 	}
 	// Every stage takes a microsecond here, so that tests can count them.
 	res.Stages = raftfsm.RouteStages{Hash: time.Microsecond, Match: time.Microsecond, Load: time.Microsecond, Score: time.Microsecond}
-	if err := indexer.Select(p, req, cands, rng, &res.Decision); err != nil {
+	err := indexer.Select(p, req, cands, rng, &res.Decision)
+	var first *booking
+	if q.Book {
+		first = f.bookings[q.RequestID]
+	}
+	if errors.Is(err, indexer.ErrOverloaded) && first != nil && res.Decision.Keep(first.rank) {
+		// A retry whose first try made the ranks busy: it is booked, as
+		// on the node.
+		err = nil
+	}
+	if err != nil {
 		return res, err
 	}
 	if q.Book {
-		if _, dup := f.bookings[q.RequestID]; !dup {
-			f.bookings[q.RequestID] = &booking{rank: res.Decision.Rank, isl: isl, blocks: reqBlocks, prefill: true}
+		switch {
+		case first == nil:
+			c := res.Decision.Chosen()
+			f.bookings[q.RequestID] = &booking{rank: res.Decision.Rank, isl: isl, seq: slices.Clone(seq),
+				cached: min(int(c.OverlapBlocks)*bs, isl), prefill: true}
+		case !res.Decision.Keep(first.rank):
+			// The node's answer to a retry whose rank is no candidate.
+			return res, fmt.Errorf("%w: %w, which is not a candidate of this request", raftfsm.ErrInvalid,
+				&raftfsm.BookedElsewhereError{ID: q.RequestID, Rank: first.rank})
 		}
+		// A retry (the same request id) answers the rank its first try
+		// booked (Keep), and adds no load, as the node's does.
 		res.Booked = true
 		res.Stages.Book = time.Microsecond
 	}
@@ -518,6 +584,9 @@ func (f *Fake) DeregisterWorker(ctx context.Context, id uint64) error {
 			delete(f.ranks, r)
 		}
 	}
+	// Its bookings are freed, as the node's (Sequences.RemoveWorker): a
+	// retry of one books anew (the fake keeps no tombstones).
+	maps.DeleteFunc(f.bookings, func(_ string, b *booking) bool { return b.rank.Worker == id })
 	return nil
 }
 
@@ -644,11 +713,12 @@ type snapState struct {
 }
 
 type snapBooking struct {
-	Worker  uint64 `json:"worker"`
-	DP      uint32 `json:"dp"`
-	ISL     int    `json:"isl"`
-	Blocks  int64  `json:"blocks"`
-	Prefill bool   `json:"prefill"`
+	Worker  uint64   `json:"worker"`
+	DP      uint32   `json:"dp"`
+	ISL     int      `json:"isl"`
+	Cached  int      `json:"cached"`
+	Seq     []uint64 `json:"seq"`
+	Prefill bool     `json:"prefill"`
 }
 
 func (f *Fake) encodeSnapshot() ([]byte, raftfsm.SnapshotInfo) {
@@ -661,7 +731,7 @@ func (f *Fake) encodeSnapshot() ([]byte, raftfsm.SnapshotInfo) {
 		st.Ranks[r.String()] = rs
 	}
 	for id, b := range f.bookings {
-		st.Bookings[id] = snapBooking{Worker: b.rank.Worker, DP: b.rank.DP, ISL: b.isl, Blocks: b.blocks, Prefill: b.prefill}
+		st.Bookings[id] = snapBooking{Worker: b.rank.Worker, DP: b.rank.DP, ISL: b.isl, Cached: b.cached, Seq: b.seq, Prefill: b.prefill}
 	}
 	hdr := snapHeader{Version: snapVersion, Index: f.status.AppliedIndex, Term: f.status.Term, Records: map[string]int64{
 		"workers": int64(len(st.Workers)), "members": int64(len(st.Members)),
@@ -731,7 +801,7 @@ func (f *Fake) RestoreSnapshot(ctx context.Context, r io.Reader) (raftfsm.Snapsh
 	}
 	f.bookings = map[string]*booking{}
 	for id, b := range st.Bookings {
-		f.bookings[id] = &booking{rank: kvevent.Rank{Worker: b.Worker, DP: b.DP}, isl: b.ISL, blocks: b.Blocks, prefill: b.Prefill}
+		f.bookings[id] = &booking{rank: kvevent.Rank{Worker: b.Worker, DP: b.DP}, isl: b.ISL, cached: b.Cached, seq: b.Seq, prefill: b.Prefill}
 	}
 	f.settings.Params = st.Settings
 	f.status.AppliedIndex = max(f.status.AppliedIndex, hdr.Index)
