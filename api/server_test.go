@@ -839,6 +839,30 @@ func TestRetriedBookedRouteAnswersTheFirstTrysRank(t *testing.T) {
 	}
 }
 
+// TestRouteCandidateMarkedChosenIsTheAnsweredRank: the explanation's one
+// "chosen" candidate is the rank the answer names. From a review: marking
+// candidates[0] chosen passed every api test (checkRouteShape counts one
+// chosen candidate, never which).
+func TestRouteCandidateMarkedChosenIsTheAnsweredRank(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	for i := range 8 {
+		// Booked, so that the cheapest rank moves on from candidates[0].
+		a := send(t, n.http.URL, "POST", "/v1/route", fmt.Sprintf(`{"token_ids":[9,9,9,9],"book":true,"request_id":"c%d"}`, i))
+		if a.code != 200 {
+			t.Fatal(a.code, string(a.body))
+		}
+		m := a.json(t)
+		for _, c := range m["candidates"].([]any) {
+			c := c.(map[string]any)
+			same := c["worker_id"] == m["worker_id"] && c["dp_rank"] == m["dp_rank"]
+			if c["chosen"] == true != same {
+				t.Fatalf("route %d answered %v/%v, candidate %v/%v chosen=%v", i, m["worker_id"], m["dp_rank"], c["worker_id"], c["dp_rank"], c["chosen"])
+			}
+		}
+	}
+}
+
 // TestRouteMetricsByModelAndStage: routes count under their model (the
 // first 32 names, later ones as other, none when unnamed), and each stage
 // of a decision is timed; a booking's only when booked.

@@ -296,6 +296,49 @@ func TestInFlightReservationCountsForBookedRoutes(t *testing.T) {
 	}
 }
 
+// TestADeposedLeadersPendingBookingsDoNotCountOnItsNextTerm: a leader
+// that loses its leadership drops its pending bookings (leaderLoop's
+// pending.clear): one whose route still waits may never apply, and on the
+// node's next term it decides from what its FSM applied. The pending
+// booking here is one no route will drop, as a route's that still waits
+// on its entry; with the clear taken out it stayed, made the rank busy on
+// the next term and refused a booked route there as overloaded.
+func TestADeposedLeadersPendingBookingsDoNotCountOnItsNextTerm(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	p := indexer.DefaultParams()
+	p.BusyPrefillTokens = 100
+	if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	l.fsm.pending.mu.Lock()
+	l.fsm.pending.p.Add("waiting", kvevent.Rank{Worker: 1}, nil, 200, 0)
+	l.fsm.pending.mu.Unlock()
+	q := RouteQuery{ISL: 200, Book: true, RequestID: "req-1"}
+	if _, err := l.Route(ctx(t), q); !errors.Is(err, indexer.ErrOverloaded) {
+		t.Fatalf("a booked route with 200 prefill tokens pending on the one rank: %v, want ErrOverloaded", err)
+	}
+	var other string
+	for _, n := range c.nodes {
+		if n != l {
+			other = n.cfg.ID
+			break
+		}
+	}
+	c.leadTo(other)
+	waitFor(t, 10*time.Second, "the deposed leader to drop its pending booking", func() bool { return l.fsm.pending.len() == 0 })
+	if c.leadTo(l.cfg.ID) != l {
+		t.Fatal("the leadership did not come back")
+	}
+	res, err := l.Route(ctx(t), q)
+	if err != nil || !res.Booked {
+		t.Fatalf("a booked route on the node's next term: booked %v, %v; want booked, the last term's pending booking gone", res.Booked, err)
+	}
+}
+
 // bookAddsInLog counts the booking adds of request id in l's log from
 // index from.
 func bookAddsInLog(t *testing.T, l *Node, from uint64, id string) int {

@@ -144,6 +144,72 @@ func TestRouteTiesSpreadPrefixesOverRanks(t *testing.T) {
 	}
 }
 
+// TestRouteTiesKeepPromptsOfOneFirstBlockOnOneRank: semantics.md §5
+// breaks a full tie by the rendezvous hash of (first block hash, rank), so
+// that requests that share a prefix but tie on cost keep landing on one
+// rank: prompts that share their first block and differ after it all go
+// to one rank. From a review: keying the tie on the last block passed
+// every test.
+func TestRouteTiesKeepPromptsOfOneFirstBlockOnOneRank(t *testing.T) {
+	l, _ := twoIdleRanks(t, nil)
+	for p := range uint32(4) {
+		var first kvevent.Rank
+		for s := range uint32(8) {
+			tokens := []uint32{1000*p + 1, 1000*p + 2, 1000*p + 3, 1000*p + 4,
+				50000 + 100*s, 50001 + 100*s, 50002 + 100*s, 50003 + 100*s}
+			res, err := l.Route(ctx(t), RouteQuery{Tokens: tokens})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Decision.DecidedBy != indexer.DecidedByRendezvous {
+				t.Fatalf("decided by %v, want rendezvous", res.Decision.DecidedBy)
+			}
+			if s == 0 {
+				first = res.Decision.Rank
+			} else if res.Decision.Rank != first {
+				t.Fatalf("prefix %d: suffix %d went to %v, suffix 0 to %v: one first block, two ranks", p, s, res.Decision.Rank, first)
+			}
+		}
+	}
+}
+
+// TestRouteMatchesTheAPIDocExample: docs/api.md's POST /v1/route example
+// (block hashes 101, 102, 103 and isl 12 under the tiered view, rank 1/0
+// holding two blocks on device and the third in host memory) is what
+// Node.Route answers.
+func TestRouteMatchesTheAPIDocExample(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	if err := l.SetSettings(ctx(t), Settings{Params: indexer.DefaultParams(), View: indexer.ViewTiered}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4, DPRanks: []uint32{0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	evs := []kvevent.Event{
+		{EventID: 1, Kind: kvevent.KindStored, Tier: kvevent.TierDevice, Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 101}, {EngineHash: 2, LocalHash: 102}}},
+		{EventID: 2, Kind: kvevent.KindStored, Tier: kvevent.TierHostPinned, HasParent: true, Parent: 2, Blocks: []kvevent.Block{{EngineHash: 3, LocalHash: 103}}},
+	}
+	if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: kvevent.Rank{Worker: 1, DP: 0}, Events: evs}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := l.Route(ctx(t), RouteQuery{LocalHashes: []uint64{101, 102, 103}, ISL: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := res.Decision
+	if d.Rank != (kvevent.Rank{Worker: 1, DP: 0}) || d.Cost != 3.25 || d.RequestBlocks != 3 || d.DecidedBy != indexer.DecidedByCost {
+		t.Fatalf("chose %v cost %v blocks %d by %v, want 1/0 3.25 3 cost", d.Rank, d.Cost, d.RequestBlocks, d.DecidedBy)
+	}
+	c0, c1 := d.Candidates[0], d.Candidates[1]
+	if c0.Credit != 2.75 || c0.PrefillBlocks != 0.25 || c0.PotentialDecodeBlocks != 3 || c0.Overlap != [4]uint32{2, 1, 0, 0} {
+		t.Errorf("rank 0: %+v", c0)
+	}
+	if c1.Cost != 6 || c1.PrefillBlocks != 3 || c1.PotentialDecodeBlocks != 3 {
+		t.Errorf("rank 1: %+v", c1)
+	}
+}
+
 // TestRouteLeavesOutRanksOfAnotherBlockSize: semantics.md §1 makes the
 // block size one per model, the same for every worker; a route hashes the
 // prompt with the cluster's block size (the smallest id's, 4 here), so a
