@@ -79,7 +79,9 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) error {
 		case errors.Is(err, indexer.ErrOverloaded):
 			s.m.stages(&res.Stages)
 			counts.busy.Inc()
-			if len(res.Decision.Candidates) > 0 {
+			// Brief answers without candidates, busy or not: a hot path
+			// that meets every rank busy needs the reason, not the scores.
+			if len(res.Decision.Candidates) > 0 && !req.Brief {
 				err = &withCandidates{error: err, cands: candidates(&res.Decision)}
 			}
 		case errors.Is(err, indexer.ErrNoWorkers):

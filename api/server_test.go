@@ -620,6 +620,9 @@ func refusedKey(t *testing.T, n *node, method, path, body, key string) {
 	}
 }
 
+// TestOverloadedRouteAnswers503WithBusyCandidates: a route with every rank
+// busy answers 503 overloaded with every candidate and why it is busy, or,
+// brief, with none of them.
 func TestOverloadedRouteAnswers503WithBusyCandidates(t *testing.T) {
 	n := newNode(t, "n1", api.Options{})
 	withWorkers(t, n)
@@ -649,6 +652,15 @@ func TestOverloadedRouteAnswers503WithBusyCandidates(t *testing.T) {
 	}
 	if got := counterValue(t, n.reg, "kvrouter_route_requests_total", map[string]string{"outcome": "busy"}); got != 1 {
 		t.Fatalf("route busy count = %v, want 1", got)
+	}
+	// docs/api.md's brief: no candidates, on a 503 too; a hot path that
+	// meets every rank busy gets the reason, not every rank's scores.
+	a = send(t, n.http.URL, "POST", "/v1/route", `{"token_ids":[1,2,3,4],"brief":true}`)
+	if a.code != 503 || a.reason(t) != api.ReasonOverloaded {
+		t.Fatalf("brief route with every rank busy: %d %s, want 503 overloaded", a.code, a.body)
+	}
+	if _, ok := a.json(t)["candidates"]; ok {
+		t.Fatalf("brief overloaded answer lists candidates: %s", a.body)
 	}
 }
 

@@ -82,7 +82,8 @@ type RouteRequest struct {
 	Book      bool   `json:"book,omitempty"`
 	RequestID string `json:"request_id,omitempty"`
 	// Brief answers without the candidates' scores: the choice, its cost
-	// and overlap. A router's hot path wants this; kvctl route does not.
+	// and overlap, and a 503 overloaded without them either. A router's
+	// hot path wants this; kvctl route does not.
 	Brief bool `json:"brief,omitempty"`
 	// Model names the request's model for the metrics only
 	// (kvrouter_route_requests_total{model}); routing does not filter by

@@ -437,7 +437,7 @@ type Error struct {
 	Reason     string // api.Reason*; "" when the body was not an API error
 	Message    string
 	// Candidates of a route that failed with reason overloaded: every one
-	// is busy, and says why.
+	// is busy, and says why. None for a brief route.
 	Candidates []api.Candidate
 
 	body []byte // the answer's body (up to 1 MiB), for calls that read more of it
@@ -957,7 +957,8 @@ func drainAnswer(body io.Reader) {
 }
 
 // Route asks for a routing decision (and books it with req.Book). On
-// reason overloaded the *Error carries every candidate's score.
+// reason overloaded the *Error carries every candidate's score, unless
+// req.Brief.
 func (c *Client) Route(ctx context.Context, req api.RouteRequest) (*api.RouteResponse, error) {
 	var out api.RouteResponse
 	if err := c.call(ctx, http.MethodPost, "/v1/route", req, &out); err != nil {
