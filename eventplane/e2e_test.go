@@ -717,8 +717,10 @@ func TestRenumberingPastPublishedIDsDoesNotReapplyEvents(t *testing.T) {
 // registered — one deregistered while its agent goes on publishing (its
 // first batch meets a gap and it dumps the rank anew), one that never
 // registered — are removed from every node once the grace has passed,
-// and a registered worker's rank stays. From the event-plane review: such
-// ranks stayed in the index, the cursors and the heard times for good.
+// as is a registered worker's rank that its registration does not list
+// (its worker stays), and a registered worker's listed rank stays. From
+// the event-plane review: such ranks stayed in the index, the cursors and
+// the heard times for good (the unlisted one from a later review).
 func TestUnregisteredWorkersRanksLeaveEveryNode(t *testing.T) {
 	c := newTestClusterWith(t, 3, IngesterConfig{UnregisteredGrace: time.Second, LeaseSweep: 50 * time.Millisecond})
 	l := c.leader()
@@ -737,8 +739,9 @@ func TestUnregisteredWorkersRanksLeaveEveryNode(t *testing.T) {
 	defer p.Close()
 	o.pub = p
 	kept, gone, never := kvevent.Rank{Worker: 1}, kvevent.Rank{Worker: 2}, kvevent.Rank{Worker: 3}
-	for k := range 30 {
-		o.step(ctx, t, []kvevent.Rank{kept, gone, never}[k%3])
+	unlisted := kvevent.Rank{Worker: 1, DP: 3} // worker 1 lists dp 0 only
+	for k := range 40 {
+		o.step(ctx, t, []kvevent.Rank{kept, gone, never, unlisted}[k%4])
 	}
 	waitFor(t, 10*time.Second, "the events", func() bool { return p.Pending() == 0 })
 
@@ -754,7 +757,7 @@ func TestUnregisteredWorkersRanksLeaveEveryNode(t *testing.T) {
 
 	waitFor(t, 15*time.Second, "the unregistered workers' ranks to leave every node", func() bool {
 		for _, nd := range c.nodes {
-			for _, r := range []kvevent.Rank{gone, never} {
+			for _, r := range []kvevent.Rank{gone, never, unlisted} {
 				if _, err := nd.DumpRank(r); nd.FSM().Cursor(r) != 0 || !errors.Is(err, indexer.ErrUnknownRank) {
 					return false
 				}
@@ -783,8 +786,8 @@ func TestUnregisteredWorkersRanksLeaveEveryNode(t *testing.T) {
 	for _, in := range c.ings {
 		removed += val(in.m.unregRemoved)
 	}
-	if removed < 2 {
-		t.Fatalf("kvrouter_unregistered_ranks_removed_total = %v over the nodes, want at least 2 (workers 2 and 3)", removed)
+	if removed < 3 {
+		t.Fatalf("kvrouter_unregistered_ranks_removed_total = %v over the nodes, want at least 3 (workers 2 and 3, rank %v)", removed, unlisted)
 	}
 }
 

@@ -101,7 +101,8 @@ type Target interface {
 }
 
 // unregisteredLister is what a Target may also do (a raftfsm.Node does):
-// list the ranks it holds state of whose worker is not registered, in
+// list the ranks it holds state of that no registration lists (of a
+// worker not registered, or not listed by its worker's registration), in
 // rank order, so that the lease sweep removes them (lease.go). A Target
 // without it has no such ranks removed.
 type unregisteredLister interface {
@@ -377,7 +378,7 @@ func newIngesterMetrics(reg prometheus.Registerer, log *slog.Logger) ingesterMet
 		leasesHeld: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvrouter_worker_leases_held",
 			Help: "1 on the leader while its NATS connection is down: it hears no heartbeat, and no worker's lease runs out (each starts afresh once the connection is back)."}),
 		unregRemoved: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_unregistered_ranks_removed_total",
-			Help: "Ranks whose state the leader removed because their worker stayed unregistered for the unregistered grace (events or dumps of a worker removed or never registered)."}),
+			Help: "Ranks whose state the leader removed because no registration listed them for the unregistered grace (events or dumps of a worker removed or never registered, or of a rank its worker's registration does not list)."}),
 	}
 	if reg == nil {
 		return m

@@ -311,12 +311,20 @@ func TestHeartbeatWhileAnExpiryWaitsKeepsTheWorker(t *testing.T) {
 }
 
 // strayTarget is a fakeTarget that also lists the ranks it holds state of
-// whose worker is not registered (raftfsm.Node.UnregisteredRanks); a
-// deregistration takes the worker's ranks off the list.
+// that no registration lists (raftfsm.Node.UnregisteredRanks; a
+// registration without dp ranks lists dp 0); a deregistration takes the
+// worker's ranks off the list, and a rank removal the ranks it removes.
 type strayTarget struct {
 	*fakeTarget
 	stray   []kvevent.Rank // in rank order
 	strayed []uint64       // the workers whose ranks a deregistration took
+	dropped []kvevent.Rank // the ranks rank removals took
+}
+
+// listed says whether a registration lists r. t.mu is held.
+func (t *strayTarget) listed(r kvevent.Rank) bool {
+	w, ok := t.workers[r.Worker]
+	return ok && (slices.Contains(w.DPRanks, r.DP) || len(w.DPRanks) == 0 && r.DP == 0)
 }
 
 func (t *strayTarget) UnregisteredRanks() []kvevent.Rank {
@@ -324,11 +332,31 @@ func (t *strayTarget) UnregisteredRanks() []kvevent.Rank {
 	defer t.mu.Unlock()
 	var out []kvevent.Rank
 	for _, r := range t.stray {
-		if _, ok := t.workers[r.Worker]; !ok {
+		if !t.listed(r) {
 			out = append(out, r)
 		}
 	}
 	return out
+}
+
+func (t *strayTarget) RemoveUnregisteredRanks(_ context.Context, ranks []kvevent.Rank) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := len(t.stray)
+	t.stray = slices.DeleteFunc(t.stray, func(r kvevent.Rank) bool {
+		if slices.Contains(ranks, r) && !t.listed(r) {
+			t.dropped = append(t.dropped, r)
+			return true
+		}
+		return false
+	})
+	return n - len(t.stray), nil
+}
+
+func (t *strayTarget) droppedRanks() []kvevent.Rank {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.dropped)
 }
 
 func (t *strayTarget) DeregisterWorker(ctx context.Context, id uint64) error {
@@ -393,6 +421,59 @@ func TestUnregisteredWorkersRanksAreRemovedAfterTheGrace(t *testing.T) {
 	sweep(in, t1.Add(grace+time.Millisecond))
 	if r := tg.strayedIDs(); !slices.Equal(r, []uint64{7, 7}) {
 		t.Fatalf("ranks of workers %v removed, want [7 7]", r)
+	}
+}
+
+// TestRegisteredWorkersUnlistedRanksAreRemovedAfterTheGrace: the ranks
+// of a registered worker that its registration does not list (anyone may
+// publish them) are removed rank by rank once listed for the grace from
+// the leader's first sighting, the worker staying registered; a rank that
+// a registration lists meanwhile (events ahead of the re-registration
+// adding it) keeps its state. From a review: such ranks were never
+// removed while their worker stayed registered.
+func TestRegisteredWorkersUnlistedRanksAreRemovedAfterTheGrace(t *testing.T) {
+	listed, late, stray := kvevent.Rank{Worker: 1}, kvevent.Rank{Worker: 1, DP: 5}, kvevent.Rank{Worker: 1, DP: 9}
+	tg := &strayTarget{fakeTarget: newFakeTarget(), stray: []kvevent.Rank{listed, late, stray}}
+	tg.workers[1] = raftfsm.WorkerInfo{ID: 1, DPRanks: []uint32{0}}
+	const grace = 10 * time.Second
+	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0) // first seen
+	sweep(in, t0.Add(grace))
+	if r := tg.droppedRanks(); len(r) != 0 {
+		t.Fatalf("ranks %v removed within the grace", r)
+	}
+	tg.mu.Lock() // the re-registration adding dp 5 commits in time
+	tg.workers[1] = raftfsm.WorkerInfo{ID: 1, DPRanks: []uint32{0, 5}}
+	tg.mu.Unlock()
+	sweep(in, t0.Add(grace+time.Millisecond))
+	if r := tg.droppedRanks(); !slices.Equal(r, []kvevent.Rank{stray}) {
+		t.Fatalf("ranks %v removed past the grace, want [%v]", r, stray)
+	}
+	if r := tg.removedIDs(); len(r) != 0 {
+		t.Fatalf("workers %v removed: a rank's removal must leave its registered worker", r)
+	}
+	if got := val(in.m.unregRemoved); got != 1 {
+		t.Fatalf("kvrouter_unregistered_ranks_removed_total = %v, want 1", got)
+	}
+	if n := len(in.leases.unlisted); n != 0 || in.leases.unlistedRun {
+		t.Fatalf("the leader remembers %d unlisted ranks (a removal in flight: %v), want none", n, in.leases.unlistedRun)
+	}
+
+	// The rank's publisher sends on: a new grace.
+	tg.mu.Lock()
+	tg.stray = append(tg.stray, stray)
+	tg.mu.Unlock()
+	t1 := t0.Add(time.Minute)
+	sweep(in, t1)
+	sweep(in, t1.Add(grace))
+	if r := tg.droppedRanks(); len(r) != 1 {
+		t.Fatalf("ranks %v removed, want [%v] once: the rank that came back has a grace of its own", r, stray)
+	}
+	sweep(in, t1.Add(grace+time.Millisecond))
+	if r := tg.droppedRanks(); !slices.Equal(r, []kvevent.Rank{stray, stray}) {
+		t.Fatalf("ranks %v removed, want [%v %v]", r, stray, stray)
 	}
 }
 

@@ -223,7 +223,10 @@ func (in *Ingester) ranksWithoutState(ws []raftfsm.WorkerInfo) (v string, ok boo
 // node holds state of (raftfsm.FSM.UnregisteredRanks), when this leader
 // first saw it so (at its first sweep, for those it inherits): like a
 // lease, a grace never runs from before the election. It is bounded by
-// those ranks, which the sweep forgets once they are gone.
+// those ranks, which the sweep forgets once they are gone. unlisted does
+// the same per rank for the ranks of registered workers that their
+// registration does not list (removed rank by rank, not with their
+// worker).
 //
 // deaf and reconnects are what the sweeps saw of the leader's NATS
 // connection this term (hearing): heartbeats reach the leader through it
@@ -236,6 +239,9 @@ type leases struct {
 	expiry map[uint64]bool      // removals in flight
 	unreg  map[uint64]time.Time // per unregistered worker with rank state: when first seen so, this term
 	strays map[uint64]bool      // removals of unregistered workers' ranks in flight
+
+	unlisted    map[kvevent.Rank]time.Time // per registered worker's rank it does not list, with state: when first seen so, this term
+	unlistedRun bool                       // a removal of such ranks is in flight
 
 	deaf       bool   // a sweep found the NATS connection down, and none since found it back
 	reconnects uint64 // the connection's reconnects at the last sweep that found it up
@@ -258,6 +264,7 @@ func (l *leases) restart() {
 	l.gen++
 	l.seen, l.expiry = map[uint64]time.Time{}, map[uint64]bool{}
 	l.unreg, l.strays = map[uint64]time.Time{}, map[uint64]bool{}
+	l.unlisted, l.unlistedRun = map[kvevent.Rank]time.Time{}, false
 }
 
 func (l *leases) stepDown() {
@@ -266,6 +273,7 @@ func (l *leases) stepDown() {
 	l.gen++
 	l.since, l.seen, l.expiry = time.Time{}, nil, nil
 	l.unreg, l.strays = nil, nil
+	l.unlisted, l.unlistedRun = nil, false
 	l.deaf, l.reconnects, l.counted = false, 0, false
 }
 
@@ -555,6 +563,12 @@ func (in *Ingester) hearing() bool {
 // ranks that nothing else removes. The removal is a DeregisterWorker of
 // the worker, which takes an unknown worker's ranks too; a worker that
 // registers before it is not removed.
+//
+// The ranks of a registered worker that its registration does not list
+// take events and dumps too (a re-registration adding the rank may commit
+// after the agent's first events), and have no capacity: they are removed
+// rank by rank after the same grace (removeUnlisted), unless a
+// registration lists them by the time the removal applies.
 func (in *Ingester) sweepUnregistered(now time.Time, table map[uint64]raftfsm.WorkerInfo) {
 	l, ok := in.cfg.Node.(unregisteredLister)
 	if !ok {
@@ -566,6 +580,7 @@ func (in *Ingester) sweepUnregistered(now time.Time, table map[uint64]raftfsm.Wo
 		ranks int
 	}
 	var due []stray
+	var unlisted []kvevent.Rank // in rank order
 	in.leases.mu.Lock()
 	if in.leases.since.IsZero() {
 		in.leases.mu.Unlock()
@@ -585,9 +600,12 @@ func (in *Ingester) sweepUnregistered(now time.Time, table map[uint64]raftfsm.Wo
 		}
 		i += n
 		if _, registered := table[id]; registered {
-			// The table, read before the listing, has it: it left in
-			// between. The next sweep sees it first.
+			// Registered, and the listing has ranks of it: ranks its
+			// registration does not list (or it left after the table was
+			// read: the next sweep sees it first as unregistered, and the
+			// removal of a rank its worker no longer has takes it too).
 			delete(in.leases.unreg, id)
+			unlisted = append(unlisted, ranks[i-n:i]...)
 			continue
 		}
 		if in.leases.strays[id] {
@@ -607,9 +625,11 @@ func (in *Ingester) sweepUnregistered(now time.Time, table map[uint64]raftfsm.Wo
 	// strays are as many as publishers make them, and a goroutine (and a
 	// Raft entry at once) each was unbounded. The rest wait for the runs
 	// of the sweeps after.
+	dueRanks := in.dueUnlisted(now, unlisted)
 	running := len(in.leases.strays) > 0
 	if running || len(due) == 0 {
 		in.leases.mu.Unlock()
+		in.removeUnlisted(gen, dueRanks)
 		return
 	}
 	left := len(due) - min(len(due), maxStrayRemovals)
@@ -618,6 +638,7 @@ func (in *Ingester) sweepUnregistered(now time.Time, table map[uint64]raftfsm.Wo
 		in.leases.strays[w.id] = true
 	}
 	in.leases.mu.Unlock()
+	in.removeUnlisted(gen, dueRanks)
 	if left > 0 {
 		in.cfg.Logger.Warn("workers not registered for the unregistered grace; removing their ranks' state in parts",
 			"removing", len(due), "left", left, "grace", in.cfg.UnregisteredGrace)
@@ -646,9 +667,98 @@ func (in *Ingester) sweepUnregistered(now time.Time, table map[uint64]raftfsm.Wo
 }
 
 // maxStrayRemovals bounds the unregistered workers one removal run of
-// sweepUnregistered removes: each is a Raft entry, and a run holds the
-// sweep's next run back until it ends.
+// sweepUnregistered removes (each is a Raft entry, and a run holds the
+// sweep's next run back until it ends), and the registered workers'
+// unlisted ranks one entry of removeUnlisted removes.
 const maxStrayRemovals = 256
+
+// rankRemover is what a Target may also do (a raftfsm.Node does): remove
+// through Raft the state of ranks that no registration lists when the
+// entry applies, returning how many it removed. A Target without it has
+// the ranks of unregistered workers removed only.
+type rankRemover interface {
+	RemoveUnregisteredRanks(ctx context.Context, ranks []kvevent.Rank) (int, error)
+}
+
+var _ rankRemover = (*raftfsm.Node)(nil)
+
+// dueUnlisted notes when this term first saw each of ranks (registered
+// workers' ranks their registration does not list, in rank order) so,
+// forgets the ranks gone from the listing, and returns those (at most
+// maxStrayRemovals, in rank order) listed for longer than
+// UnregisteredGrace, marking their removal in flight. It returns none
+// while a removal is in flight (the sweeps after see the rest) or when
+// the Target cannot remove ranks. in.leases.mu is held.
+func (in *Ingester) dueUnlisted(now time.Time, ranks []kvevent.Rank) []kvevent.Rank {
+	if _, ok := in.cfg.Node.(rankRemover); !ok || in.leases.unlistedRun {
+		return nil
+	}
+	for r := range in.leases.unlisted {
+		if _, still := slices.BinarySearchFunc(ranks, r, kvevent.Rank.Compare); !still {
+			delete(in.leases.unlisted, r) // registered, or removed
+		}
+	}
+	var due []kvevent.Rank
+	for _, r := range ranks {
+		first, ok := in.leases.unlisted[r]
+		if !ok {
+			in.leases.unlisted[r] = now
+			continue
+		}
+		if now.Sub(first) > in.cfg.UnregisteredGrace && len(due) < maxStrayRemovals {
+			due = append(due, r)
+		}
+	}
+	in.leases.unlistedRun = len(due) > 0
+	return due
+}
+
+// removeUnlisted removes, through Raft and in one entry, ranks (from
+// dueUnlisted, in generation gen of the leases): each unless a
+// registration lists it by the time the entry applies, which is why it
+// needs no worker-table lock. It removes nothing when the term that
+// decided it ended or the node's state is not caught up with its
+// leadership (caughtUp). It does not wait for the removal.
+func (in *Ingester) removeUnlisted(gen uint64, ranks []kvevent.Rank) {
+	if len(ranks) == 0 {
+		return
+	}
+	rm := in.cfg.Node.(rankRemover) // dueUnlisted returns ranks only then
+	in.cwg.Add(1)
+	go func() {
+		defer in.cwg.Done()
+		removed, err := 0, error(nil)
+		stale := in.closed() || !in.cfg.Node.IsLeader() || !in.leases.current(gen) || !in.caughtUp()
+		if !stale {
+			ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
+			removed, err = rm.RemoveUnregisteredRanks(ctx, ranks)
+			cancel()
+		}
+		in.leases.mu.Lock()
+		if in.leases.gen == gen {
+			in.leases.unlistedRun = false
+			if !stale && err == nil {
+				// Removed or listed since: a rank that comes back (its
+				// publisher sends on) gets a new grace. After a failure
+				// the first sighting stays: the next sweep retries.
+				for _, r := range ranks {
+					delete(in.leases.unlisted, r)
+				}
+			}
+		}
+		in.leases.mu.Unlock()
+		switch {
+		case stale:
+		case err != nil:
+			in.cfg.Logger.Warn("removing registered workers' ranks that their registration does not list failed; retrying",
+				"ranks", len(ranks), "err", err)
+		case removed > 0:
+			in.m.unregRemoved.Add(float64(removed))
+			in.cfg.Logger.Warn("ranks that their worker's registration does not list took events or dumps for the unregistered grace; their state removed",
+				"ranks", removed, "first", ranks[0].String(), "grace", in.cfg.UnregisteredGrace)
+		}
+	}()
+}
 
 // removeStray removes, through Raft, the ranks of unregistered worker id
 // (ranks of them), unless it registered since the listing, and clears

@@ -38,16 +38,17 @@ const (
 type cmdType uint8
 
 const (
-	cmdEvents     cmdType = iota + 1 // per-rank event batches
-	cmdReplace                       // a rank's full dump replaces its state
-	cmdRegister                      // worker registration
-	cmdDeregister                    // worker removal
-	cmdBook                          // booking operations
-	cmdExpire                        // expiry sweep
-	cmdSettings                      // cluster scoring settings
-	cmdMember                        // member table entry
-	cmdMemberGone                    // member removed
-	cmdCheck                         // replica digest check (see FSM.applyCheck)
+	cmdEvents      cmdType = iota + 1 // per-rank event batches
+	cmdReplace                        // a rank's full dump replaces its state
+	cmdRegister                       // worker registration
+	cmdDeregister                     // worker removal
+	cmdBook                           // booking operations
+	cmdExpire                         // expiry sweep
+	cmdSettings                       // cluster scoring settings
+	cmdMember                         // member table entry
+	cmdMemberGone                     // member removed
+	cmdCheck                          // replica digest check (see FSM.applyCheck)
+	cmdRemoveRanks                    // unregistered ranks' removal (see FSM.removeUnregistered)
 )
 
 // command is the decoded form of any entry. Only the fields of its type are set.
@@ -60,6 +61,8 @@ type command struct {
 	cursor      uint64
 	incarnation uint64 // the dump's publisher incarnation (0: unfenced)
 	stored      []kvevent.Event
+	// cmdRemoveRanks
+	ranks []kvevent.Rank
 	// cmdRegister / cmdDeregister
 	worker   WorkerInfo
 	workerID uint64
@@ -406,6 +409,18 @@ func encodeDeregister(now int64, id uint64) []byte {
 	return e.b
 }
 
+// encodeRemoveRanks writes the removal of ranks' state, each unless its
+// worker's registration lists it when the entry applies.
+func encodeRemoveRanks(now int64, ranks []kvevent.Rank) []byte {
+	var e enc
+	encodeHeader(&e, cmdRemoveRanks, now)
+	e.uv(uint64(len(ranks)))
+	for _, r := range ranks {
+		encodeRank(&e, r)
+	}
+	return e.b
+}
+
 func encodeBook(now int64, ops []bookOp) []byte {
 	var e enc
 	encodeHeader(&e, cmdBook, now)
@@ -534,6 +549,12 @@ func decodeCommandInto(b []byte, sc *decodeScratch) (command, error) {
 		c.worker = decodeWorker(&d)
 	case cmdDeregister:
 		c.workerID = d.uv("worker id")
+	case cmdRemoveRanks:
+		n := d.count("ranks", 2)
+		c.ranks = make([]kvevent.Rank, n)
+		for i := range c.ranks {
+			c.ranks[i] = decodeRank(&d)
+		}
 	case cmdBook:
 		n := d.count("bookings", 2)
 		c.books = make([]bookOp, n)

@@ -813,6 +813,8 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 		return nil
 	case cmdDeregister:
 		return f.removeWorker(c.workerID)
+	case cmdRemoveRanks:
+		return f.removeUnregistered(c.ranks)
 	case cmdBook:
 		var out interface{}
 		f.pending.mu.Lock()
@@ -875,8 +877,8 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 // nor dumps (unlisted), but a dump or events taken before (the worker not
 // registered yet: an agent's Resync at its start; or registered non-
 // Positional, which takes any of its ranks' events) would otherwise keep
-// their blocks and cursor, in no sweep's list (UnregisteredRanks takes only
-// unregistered workers' ranks), and a registration listing the rank later
+// their blocks and cursor (until the leader's sweep, a grace later:
+// UnregisteredRanks), and a registration listing the rank meanwhile
 // would resume at that cursor: the agent's numbering, under which the
 // engine's first positions are duplicates. Blocks and bookings need no
 // search of their own: a rank gets blocks only with a cursor, and bookings
@@ -1039,26 +1041,37 @@ func (f *FSM) RegisteredAt(id uint64) int64 {
 func (f *FSM) RestoredAt() int64 { return f.restoredAt.Load() }
 
 // UnregisteredRanks returns, in rank order, the ranks this node holds a
-// cursor or a last-heard time of whose worker is not registered: events
-// and dumps apply whether or not their worker is registered (a
-// registration may commit after an agent's first events), so an agent
-// that goes on publishing after its worker was removed, or one that never
-// registers, leaves ranks that no deregistration takes away unless asked
-// to (the leader's sweep does, eventplane). A registered Positional
-// worker's unlisted ranks are not in it: they hold nothing, as its
-// registration dropped what they took before (droppedRanks). It allocates
+// cursor or a last-heard time of that no registration lists: those of a
+// worker that is not registered, and those of a registered worker that its
+// registration does not list. Events and dumps apply whether or not their
+// rank is registered (a registration, or a re-registration adding the
+// rank, may commit after an agent's first events), so an agent that goes
+// on publishing after its worker was removed or its rank dropped, one that
+// never registers, or anyone publishing a rank a registered worker does
+// not list, leaves ranks that no deregistration takes away unless asked
+// to (the leader's sweep does, eventplane: DeregisterWorker of a worker
+// not registered, RemoveUnregisteredRanks of a registered worker's). A
+// registered worker's unlisted rank has no capacity either (only the
+// listed ranks get the registration's), so until then it grows without
+// bound. A registered Positional worker's unlisted ranks are never in it:
+// they hold nothing, as its registration dropped what they took before
+// (droppedRanks) and they take nothing since (unlisted). It allocates
 // only when there are some.
 func (f *FSM) UnregisteredRanks() []kvevent.Rank {
 	workers := f.Workers()
+	stray := func(r kvevent.Rank) bool {
+		w, ok := workers[r.Worker]
+		return !ok || !slices.Contains(w.DPRanks, r.DP)
+	}
 	var out []kvevent.Rank
 	f.curMu.RLock()
 	for r := range f.cursors.All() {
-		if _, ok := workers[r.Worker]; !ok {
+		if stray(r) {
 			out = append(out, r)
 		}
 	}
 	for r := range f.heard.All() {
-		if _, ok := workers[r.Worker]; !ok {
+		if stray(r) {
 			if _, dup := f.cursors.Get(r); !dup {
 				out = append(out, r)
 			}
@@ -1067,6 +1080,29 @@ func (f *FSM) UnregisteredRanks() []kvevent.Rank {
 	f.curMu.RUnlock()
 	slices.SortFunc(out, kvevent.Rank.Compare)
 	return out
+}
+
+// removeUnregistered removes the state of each of ranks that no
+// registration lists when the entry applies (UnregisteredRanks), as a
+// deregistration removes a worker's, and returns how many it removed. A
+// rank that a registration committed before the entry lists keeps its
+// state: the leader listed the rank unregistered before that registration
+// (an agent's first events ahead of it) and the removal is stale. Ranks
+// are removed in rank order, so that every replica's batch deletes the
+// same keys in one order.
+func (f *FSM) removeUnregistered(ranks []kvevent.Rank) int {
+	ranks = slices.Clone(ranks)
+	slices.SortFunc(ranks, kvevent.Rank.Compare)
+	ranks = slices.Compact(ranks)
+	n := 0
+	for _, r := range ranks {
+		if w, ok := f.wtab[r.Worker]; ok && slices.Contains(w.DPRanks, r.DP) {
+			continue
+		}
+		f.removeRank(r)
+		n++
+	}
+	return n
 }
 
 func (f *FSM) setCursor(r kvevent.Rank, c rankCursor) {

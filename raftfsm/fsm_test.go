@@ -769,6 +769,7 @@ func FuzzDecodeCommand(f *testing.F) {
 	f.Add(encodeBook(3, []bookOp{{kind: bookAdd, b: Booking{ID: "q1", Rank: r1, SeqHashes: []uint64{1, 2}, ISL: 64}}}))
 	f.Add(encodeRegister(1, &WorkerInfo{ID: 1, DPRanks: []uint32{0, 3}, BlockSize: 16, Endpoint: "x"}))
 	f.Add(encodeSettings(1, &Settings{Params: indexer.DefaultParams()}))
+	f.Add(encodeRemoveRanks(1, []kvevent.Rank{r1, r2}))
 	f.Add(encodeReplace(1, r2, 9, 0, chainEvents(r2, 1, 2, 5)))
 	f.Add(encodeReplace(1, r1, 9, 0xfeedface, chainEvents(r1, 1, 2, 5)))
 	f.Add(encodeEvents(1, []RankBatch{{Rank: r1, Incarnation: 0xfeedface, Events: chainEvents(r1, 1, 3, 10)},
@@ -842,6 +843,60 @@ func TestRegistrationDroppingARankClearsIt(t *testing.T) {
 	})
 	if ack := res[1].([]RankAck)[0]; ack.Applied != 2 || f.Cursor(r1) != 2 {
 		t.Fatalf("after registering again: ack %+v cursor %d", ack, f.Cursor(r1))
+	}
+}
+
+// TestARegisteredWorkersUnlistedRankIsListedUntilRemoved: a registered
+// (non-Positional) worker's rank that its registration does not list
+// takes events (a re-registration adding it may commit after the agent's
+// first events), and is listed as unregistered, for the leader's sweep to
+// remove. A registration listing it before the removal applies keeps its
+// state (the removal is stale), and the removal takes only the ranks no
+// registration lists. From a review: such a rank was in no sweep's list
+// and had no capacity, so anyone publishing it grew it without bound
+// while the worker stayed registered.
+func TestARegisteredWorkersUnlistedRankIsListedUntilRemoved(t *testing.T) {
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	var w logWriter
+	listed, late, stray := kvevent.Rank{Worker: 1}, kvevent.Rank{Worker: 1, DP: 5}, kvevent.Rank{Worker: 1, DP: 9}
+	f.ApplyBatch([]*raft.Log{
+		w.next(encodeRegister(1, &WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}})),
+		w.next(encodeEvents(2, []RankBatch{
+			{Rank: listed, Events: chainEvents(listed, 1, 2, 10)},
+			{Rank: late, Events: chainEvents(late, 1, 2, 20)},
+			{Rank: stray, Events: chainEvents(stray, 1, 50, 30)},
+		})),
+	})
+	if f.Cursor(stray) != 50 || f.Cursor(late) != 2 {
+		t.Fatalf("setup: cursors %d and %d of the unlisted ranks, want 50 and 2", f.Cursor(stray), f.Cursor(late))
+	}
+	if got, want := f.UnregisteredRanks(), []kvevent.Rank{late, stray}; !slices.Equal(got, want) {
+		t.Fatalf("unregistered ranks %v, want %v: worker 1 lists only dp 0", got, want)
+	}
+	// The registration adding dp 5 commits after its first events, and
+	// after the leader decided to remove both ranks.
+	res := f.ApplyBatch([]*raft.Log{
+		w.next(encodeRegister(3, &WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 5}})),
+		w.next(encodeRemoveRanks(4, []kvevent.Rank{stray, late, stray})),
+	})
+	if n, _ := res[1].(int); n != 1 {
+		t.Fatalf("the removal answered %v, want 1 rank removed", res[1])
+	}
+	if f.Cursor(stray) != 0 || f.LastHeard(stray) != 0 {
+		t.Fatalf("the unlisted rank kept cursor %d, heard %d", f.Cursor(stray), f.LastHeard(stray))
+	}
+	if _, err := f.Index().DumpRank(stray); !errors.Is(err, indexer.ErrUnknownRank) {
+		t.Fatalf("the unlisted rank: %v, want no state", err)
+	}
+	if f.Cursor(late) != 2 || f.Cursor(listed) != 2 {
+		t.Fatalf("listed ranks' cursors %d and %d, want 2 and 2: a registration listing them keeps them", f.Cursor(listed), f.Cursor(late))
+	}
+	if got := f.UnregisteredRanks(); len(got) != 0 {
+		t.Fatalf("unregistered ranks %v after the removal, want none", got)
+	}
+	if _, ok := f.Workers()[1]; !ok {
+		t.Fatal("the removal of a rank removed its worker")
 	}
 }
 

@@ -3251,10 +3251,28 @@ func LockWorkers(b any) (unlock func()) {
 	return func() {}
 }
 
-// UnregisteredRanks returns the ranks this node holds state of whose
-// worker is not registered (FSM.UnregisteredRanks): DeregisterWorker of
-// their worker removes them.
+// UnregisteredRanks returns the ranks this node holds state of that no
+// registration lists (FSM.UnregisteredRanks): DeregisterWorker of their
+// worker removes those of a worker not registered, RemoveUnregisteredRanks
+// those of a registered one.
 func (n *Node) UnregisteredRanks() []kvevent.Rank { return n.fsm.UnregisteredRanks() }
+
+// RemoveUnregisteredRanks removes through Raft the state of each of ranks
+// that no registration lists when the entry applies, and returns how many
+// it removed (the others were registered meanwhile, and keep theirs). It
+// writes a command type that nodes of builds before it skip as
+// undecodable (docs/operations.md, "Upgrade").
+func (n *Node) RemoveUnregisteredRanks(ctx context.Context, ranks []kvevent.Rank) (int, error) {
+	if len(ranks) == 0 {
+		return 0, nil
+	}
+	res, err := n.apply(ctx, encodeRemoveRanks(now(), ranks))
+	if err != nil {
+		return 0, err
+	}
+	removed, _ := res.(int)
+	return removed, nil
+}
 
 // Cursor returns rank r's last applied event id on this node.
 func (n *Node) Cursor(r kvevent.Rank) uint64 { return n.fsm.Cursor(r) }

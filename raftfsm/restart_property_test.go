@@ -19,7 +19,7 @@ import (
 // compares two FSMs applying the same log.
 func genRestartCommand(t *rapid.T, now int64) []byte {
 	r := rapid.SampledFrom(fsmRanks).Draw(t, "rank")
-	switch rapid.IntRange(0, 11).Draw(t, "cmd") {
+	switch rapid.IntRange(0, 12).Draw(t, "cmd") {
 	case 0, 1, 2:
 		first := uint64(rapid.IntRange(1, 12).Draw(t, "first"))
 		var evs []kvevent.Event
@@ -66,6 +66,8 @@ func genRestartCommand(t *rapid.T, now int64) []byte {
 	case 10:
 		id := rapid.SampledFrom([]string{"n1", "n2"}).Draw(t, "member")
 		return encodeMember(now, &Member{ID: id, RaftAddr: id + ":1", HTTPAddr: id + ":2", Voter: rapid.Bool().Draw(t, "voter")})
+	case 11:
+		return encodeRemoveRanks(now, []kvevent.Rank{r})
 	default:
 		return encodeMemberGone(now, rapid.SampledFrom([]string{"n1", "n2"}).Draw(t, "member"))
 	}
