@@ -971,6 +971,57 @@ func TestSilenceCountsFromTheNodesStart(t *testing.T) {
 	}
 }
 
+// TestSilenceIgnoresAStampFarAheadOfThisClock: the last-heard time is the
+// proposing leader's clock. A leader whose clock ran an hour ahead stamped
+// the rank's last events, and the engine then went quiet: judged by this
+// node's clock the rank is silent SilentAfter after the events, the stamp
+// counting only once this clock reaches it. A stamp ahead by less than
+// SilentAfter (clocks a little apart) counts as now: a rank that publishes
+// is not silent. From a review: the skewed stamp hid the silence for the
+// hour, where the lease sweep ignores such stamps (eventplane).
+func TestSilenceIgnoresAStampFarAheadOfThisClock(t *testing.T) {
+	const silentAfter = 300 * time.Millisecond
+	c := newTestCluster(t, 1, func(cfg *Config) { cfg.SilentAfter = silentAfter })
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	rankAt := func(at time.Time) RankStatus {
+		t.Helper()
+		ws := l.workersAt(at)
+		if len(ws) != 1 || len(ws[0].Ranks) != 1 {
+			t.Fatalf("workers %+v", ws)
+		}
+		return ws[0].Ranks[0]
+	}
+	ahead := time.Now().Add(time.Hour)
+	f := l.raft.Apply(encodeEvents(ahead.UnixNano(), []RankBatch{{Rank: r1, Events: chainEvents(r1, 1, 2, 10)}}), 5*time.Second)
+	if err := f.Error(); err != nil {
+		t.Fatal(err)
+	}
+	heardLocal := time.Now() // when the events really were the rank's last
+	if rs := rankAt(heardLocal.Add(10 * silentAfter)); !rs.Silent {
+		t.Fatalf("rank %v heard last %v before the judged instant (by this clock) is not silent (SilentAfter %v): last_heard is a stamp %v ahead of this clock",
+			r1, 10*silentAfter, silentAfter, time.Unix(0, rs.LastHeard).Sub(heardLocal).Round(time.Second))
+	}
+	if rankAt(ahead).Silent {
+		t.Fatal("the rank is silent when this clock reaches its last-heard stamp")
+	}
+	if !rankAt(ahead.Add(silentAfter + time.Millisecond)).Silent {
+		t.Fatal("the rank is not silent SilentAfter past its last-heard stamp")
+	}
+
+	near := time.Now().Add(silentAfter / 2)
+	f = l.raft.Apply(encodeEvents(near.UnixNano(), []RankBatch{{Rank: r1, Events: chainEvents(r1, 3, 2, 20)}}), 5*time.Second)
+	if err := f.Error(); err != nil {
+		t.Fatal(err)
+	}
+	if rs := rankAt(time.Now()); rs.Silent || rs.LastHeard != near.UnixNano() {
+		t.Fatalf("a rank heard at a stamp %v ahead of this clock (under SilentAfter %v): silent %v, last heard %d; want not silent, heard at the stamp",
+			time.Until(near).Round(time.Millisecond), silentAfter, rs.Silent, rs.LastHeard)
+	}
+}
+
 // TestSnapshotByAppliedBytes: with an entry threshold that never fires, a
 // node still snapshots once the entries applied since its last snapshot
 // hold SnapshotBytes, and the count starts over.

@@ -2029,11 +2029,13 @@ func (n *Node) workersAt(now time.Time) []WorkerStatus {
 			st := stats[r]
 			// Silence counts from the rank's last events, its worker's
 			// registration, this node's start or its last restore, the
-			// latest.
+			// latest (stampAt).
 			heard := n.fsm.LastHeard(r)
 			since := n.started
-			if t := max(heard, n.fsm.RegisteredAt(w.ID), n.fsm.RestoredAt()); t > 0 && time.Unix(0, t).After(since) {
-				since = time.Unix(0, t)
+			for _, ns := range []int64{heard, n.fsm.RegisteredAt(w.ID), n.fsm.RestoredAt()} {
+				if t, ok := n.stampAt(ns, now); ok && t.After(since) {
+					since = t
+				}
 			}
 			load := n.fsm.Sequences().Load(r)
 			s.Ranks = append(s.Ranks, RankStatus{DPRank: dp, Blocks: st.Blocks, Cursor: n.fsm.Cursor(r),
@@ -2044,6 +2046,29 @@ func (n *Node) workersAt(now time.Time) []WorkerStatus {
 	}
 	slices.SortFunc(out, func(a, b WorkerStatus) int { return cmp.Compare(a.Info.ID, b.Info.ID) })
 	return out
+}
+
+// stampAt returns the time a silence judged at now counts from for stamp
+// ns (unix ns; ok false for 0, or a stamp that does not count yet). The
+// last-heard and registration stamps are the proposing leader's clock: a
+// stamp ahead of this clock, taken as it is, would hide the rank's
+// silence for the skew (an hour for a leader an hour ahead). One ahead by
+// up to SilentAfter counts as now, so that nodes whose clocks are a little
+// apart do not report a rank that publishes silent (the report comes at
+// most SilentAfter late); one further ahead counts only once this clock
+// reaches it, as the lease sweep's registration stamp does (eventplane).
+func (n *Node) stampAt(ns int64, now time.Time) (time.Time, bool) {
+	if ns <= 0 {
+		return time.Time{}, false
+	}
+	t := time.Unix(0, ns)
+	switch ahead := t.Sub(now); {
+	case ahead <= 0:
+		return t, true
+	case ahead <= n.cfg.SilentAfter:
+		return now, true
+	}
+	return time.Time{}, false
 }
 
 // IndexStats returns the local index's figures.
