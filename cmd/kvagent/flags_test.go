@@ -52,6 +52,10 @@ func TestRegistrationFlagsTheRouterRefusesAreUsageErrors(t *testing.T) {
 		{[]string{"--block-size", "1048577"}, "--block-size"},
 		{[]string{"--block-size", "4", "--dp-size", "4097"}, "--dp-size"},
 		{[]string{"--block-size", "4", "--lease", "8761h"}, "--lease"},
+		// From a review: the registration carries the lease in whole
+		// milliseconds, so 1.9 ms registered as 1 ms, shorter than the
+		// 1.5 ms heartbeats, though the check compared 1.9 ms with them.
+		{[]string{"--block-size", "4", "--lease", "1900us", "--heartbeat-interval", "1500us"}, "--lease"},
 		{[]string{"--block-size", "4", "--events-subject", ""}, "--events-subject"},
 		{[]string{"--block-size", "4", "--events-subject", "kv.*"}, "--events-subject"},
 		{[]string{"--block-size", "4", "--events-subject", "kv..events"}, "--events-subject"},

@@ -321,7 +321,12 @@ func checkFlags(c *cli.Context) error {
 		return usage("--heartbeat-interval %v: want > 0", hb)
 	case lease < 0 || lease > 0 && lease < time.Millisecond || lease > time.Duration(raftfsm.MaxLeaseMs)*time.Millisecond:
 		return usage("--lease %v: want 0 (never), or 1ms to a year (%v; the router refuses longer)", lease, time.Duration(raftfsm.MaxLeaseMs)*time.Millisecond)
-	case lease > 0 && lease <= hb:
+	case lease > 0 && lease.Truncate(time.Millisecond) <= hb:
+		// The registration carries the lease in whole milliseconds
+		// (LeaseMs): that truncated lease is the one the leader judges.
+		if reg := lease.Truncate(time.Millisecond); reg != lease {
+			return usage("--lease %v registers as %v (whole milliseconds), not longer than --heartbeat-interval %v: the worker would be removed between heartbeats", lease, reg, hb)
+		}
 		return usage("--lease %v is not longer than --heartbeat-interval %v: the worker would be removed between heartbeats", lease, hb)
 	}
 	if err := eventplane.CheckNATSURLs(c.String("nats-url")); err != nil {
