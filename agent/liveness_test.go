@@ -329,6 +329,120 @@ func TestLateHeartbeatAnswersDoNotResyncRanksTheRouterKept(t *testing.T) {
 	}
 }
 
+// TestStatelessAnswersDoNotResyncARankWhoseDumpIsAskedOrTaken: a
+// heartbeat's answer names the rank as holding no state on the router,
+// but a dump of it was asked for and not yet taken when the heartbeat was
+// sent (the dump is held in flight), or was asked for and taken while the
+// heartbeat was out. That dump is the answer's remedy: the agent asks for
+// no other, so the rank is dumped once, not again at each heartbeat (nor
+// once more after a dump the answer predates).
+func TestStatelessAnswersDoNotResyncARankWhoseDumpIsAskedOrTaken(t *testing.T) {
+	r := startRouter(t)
+	must(t, r.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 7, BlockSize: 4, DPRanks: []uint32{0}}))
+	nc, err := nats.Connect(r.ns.ClientURL())
+	must(t, err)
+	defer nc.Close()
+	forward := func(m *nats.Msg, subject string) *nats.Msg {
+		resp, err := nc.RequestMsg(&nats.Msg{Subject: subject, Data: m.Data, Header: m.Header}, 5*time.Second)
+		if err != nil {
+			return nil
+		}
+		return resp
+	}
+	// Dumps go through test.dump, held while hold is set.
+	var mu sync.Mutex
+	hold, held := false, []*nats.Msg(nil)
+	_, err = nc.Subscribe("test.dump", func(m *nats.Msg) {
+		mu.Lock()
+		if hold {
+			held = append(held, m)
+			mu.Unlock()
+			return
+		}
+		mu.Unlock()
+		if resp := forward(m, eventplane.DefaultDumpSubject); resp != nil {
+			_ = m.RespondMsg(&nats.Msg{Data: resp.Data, Header: resp.Header})
+		}
+	})
+	must(t, err)
+	release := func() {
+		mu.Lock()
+		hold = false
+		ms := held
+		held = nil
+		mu.Unlock()
+		for _, m := range ms {
+			if resp := forward(m, eventplane.DefaultDumpSubject); resp != nil {
+				_ = m.RespondMsg(&nats.Msg{Data: resp.Data, Header: resp.Header})
+			}
+		}
+	}
+	// Heartbeats go to the leader; while stateless is set, the answer
+	// names rank 7/0 as holding no state, and with dumpFirst a dump of the
+	// rank is asked for and taken before that answer goes back.
+	var stateless, dumpFirst atomic.Bool
+	var answered atomic.Int32
+	var agent atomic.Pointer[Agent]
+	_, err = nc.Subscribe("test.heartbeat", func(m *nats.Msg) {
+		resp := forward(m, eventplane.DefaultHeartbeatSubject)
+		if resp == nil {
+			return
+		}
+		h := nats.Header{}
+		if stateless.Load() {
+			if a := agent.Load(); a != nil && dumpFirst.Load() {
+				n := a.Publisher().Synced(rank)
+				a.Publisher().Resync(rank)
+				deadline := time.Now().Add(10 * time.Second)
+				for a.Publisher().Synced(rank) != n+1 && time.Now().Before(deadline) {
+					time.Sleep(time.Millisecond) // in the NATS callback: no test helper to poll with
+				}
+			}
+			h.Set("Kvrouter-Ranks-Without-State", "7/0")
+		}
+		_ = m.RespondMsg(&nats.Msg{Data: resp.Data, Header: h})
+		answered.Add(1)
+	})
+	must(t, err)
+	must(t, nc.Flush())
+	beats := func(n int32) {
+		t.Helper()
+		from := answered.Load()
+		waitFor(t, "more heartbeats answered", func() bool { return answered.Load() >= from+n })
+	}
+
+	a, _ := startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
+		Publisher: eventplane.PublisherConfig{DumpSubject: "test.dump"}})
+	agent.Store(a)
+	waitFor(t, "the start dump taken", func() bool { return a.Publisher().Synced(rank) == 1 })
+
+	// A dump asked for and held: the answers naming the rank see none taken.
+	mu.Lock()
+	hold = true
+	mu.Unlock()
+	a.Publisher().Resync(rank)
+	stateless.Store(true)
+	beats(5)
+	stateless.Store(false)
+	beats(2) // every answer naming the rank taken
+	release()
+	waitFor(t, "the held dump taken", func() bool { return a.Publisher().Synced(rank) >= 2 })
+	beats(5)
+	if got := a.Publisher().Synced(rank); got != 2 {
+		t.Fatalf("%d dumps of the rank taken, want 2 (the start's and the one asked for): answers naming the rank while its dump was in flight asked for more", got)
+	}
+
+	// A dump asked for and taken while the heartbeat was out.
+	dumpFirst.Store(true)
+	stateless.Store(true)
+	beats(1)
+	stateless.Store(false)
+	beats(5)
+	if got := a.Publisher().Synced(rank); got != 3 {
+		t.Fatalf("%d dumps of the rank taken, want 3 (one more, taken while the heartbeat was out): an answer that predates a dump asked for another", got)
+	}
+}
+
 // TestUnreadableRankHeaderDoesNotHideAnUnknownAnswer: a heartbeat's answer
 // whose body says the worker is unknown comes with a
 // Kvrouter-Ranks-Without-State header the agent cannot read whole (one
