@@ -851,6 +851,29 @@ func TestRetriedBookedRouteAnswersTheFirstTrysRank(t *testing.T) {
 	}
 }
 
+// TestRouteWithAnISLOutOfTheNodesBoundsIs400: an isl below the prompt's
+// tokens or over raftfsm.MaxISL is refused 400: by the API where it can
+// tell (token_ids), by the node otherwise (block_hashes: the block size
+// is the node's), and by the fake that stands in for the node here. From
+// a review: the fake took and booked an isl below the blocks' tokens, so
+// an api test could pass on a route a node refuses.
+func TestRouteWithAnISLOutOfTheNodesBoundsIs400(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	for _, body := range []string{
+		`{"block_hashes":[1,2,3],"isl":1,"book":true,"request_id":"below-blocks"}`,
+		`{"token_ids":[1,2,3,4,5,6,7,8],"isl":3,"book":true,"request_id":"below-tokens"}`,
+		fmt.Sprintf(`{"block_hashes":[1],"isl":%d,"book":true,"request_id":"above"}`, raftfsm.MaxISL+1),
+	} {
+		if r := send(t, n.http.URL, "POST", "/v1/route", body); r.code != 400 || r.json(t)["reason"] != string(api.ReasonInvalid) {
+			t.Errorf("route %s: %d %s, want 400 invalid", body, r.code, r.body)
+		}
+	}
+	if got := n.fake.Bookings(); len(got) != 0 {
+		t.Fatalf("bookings %v, want none", got)
+	}
+}
+
 // TestRouteCandidateMarkedChosenIsTheAnsweredRank: the explanation's one
 // "chosen" candidate is the rank the answer names. From a review: marking
 // candidates[0] chosen passed every api test (checkRouteShape counts one

@@ -346,9 +346,10 @@ func (f *Fake) blockSize() int {
 // tier of each block's fastest copy; the choice is indexer.Select's. A
 // brief route's decision holds the chosen candidate only, as the node's.
 //
-// As the node's: the block size (blockSize), the candidates (the workers
-// of that block size), each rank's load and potential decode blocks (its
-// bookings' distinct blocks plus the request's full blocks they lack), a
+// As the node's: the bounds on the input length (isl), the block size
+// (blockSize), the candidates (the workers of that block size), each
+// rank's load and potential decode blocks (its bookings' distinct blocks
+// plus the request's full blocks they lack), a
 // booking's cached tokens, and a retry of a booked request id, which
 // answers the rank its first try booked (indexer.Decision.Keep), busy or
 // not, and books nothing more. Unlike the node's: the overlap is the
@@ -382,6 +383,12 @@ func (f *Fake) Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteRe
 	isl := q.ISL
 	if isl == 0 {
 		isl = cmp.Or(len(q.Tokens), len(hashes)*bs)
+	}
+	// The node's bounds on isl (raftfsm.Node.Route), which the API passes
+	// through unchecked.
+	if need := max(len(q.Tokens), len(hashes)*bs); isl < need || isl > raftfsm.MaxISL {
+		f.malformed++
+		return res, fmt.Errorf("%w: input length (isl) %d is below the prompt's %d tokens or over %d", raftfsm.ErrInvalid, isl, need, raftfsm.MaxISL)
 	}
 	req := indexer.Request{ISL: isl, BlockSize: bs}
 	if len(hashes) > 0 {
