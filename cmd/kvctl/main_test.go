@@ -379,6 +379,16 @@ func TestStatusShowsEachNodesNATSAndWarnsOfALeaderWithout(t *testing.T) {
 	if !strings.Contains(r.stderr, "warning: n2") || !strings.Contains(r.stderr, "should it take over") {
 		t.Fatalf("stderr = %q, want a warning of n2, a follower without NATS", r.stderr)
 	}
+	// A removed node is warned of as removed, not for its NATS.
+	st = c.nodes[2].fake.Status()
+	st.NATS, st.Removed, st.Ready = "disconnected", true, false
+	c.nodes[2].fake.SetStatus(st)
+	r = kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+	if !strings.Contains(r.stderr, "n3") || !strings.Contains(r.stderr, "removed from the cluster") || strings.Count(r.stderr, "not connected to NATS") != 2 {
+		t.Fatalf("stderr = %q, want n3 warned of as removed only (and n1, n2 for NATS)", r.stderr)
+	}
+	st.NATS, st.Removed, st.Ready = "", false, true
+	c.nodes[2].fake.SetStatus(st)
 	// An unreachable node's row keeps the columns in place.
 	dead := deadAddr(t)
 	r = kvctl(t, "--endpoints", c.endpoints()+","+dead, "status").wantCode(t, 1)
