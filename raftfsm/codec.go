@@ -138,13 +138,16 @@ const maxKeyID = 4096
 const maxRecordKey = 1 + maxKeyID
 
 // id reads an id that keys a state database record (see maxKeyID).
-func (d *dec) id(what string) string {
+func (d *dec) id(what string) string { return string(d.idBytes(what)) }
+
+// idBytes is id without the copy: a slice of the data.
+func (d *dec) idBytes(what string) []byte {
 	b := d.bytes(what)
 	if d.err == nil && len(b) > maxKeyID {
 		d.err = fmt.Errorf("%w: %s of %d bytes (at most %d)", ErrBadCommand, what, len(b), maxKeyID)
-		return ""
+		return nil
 	}
-	return string(b)
+	return b
 }
 
 func (d *dec) done() error {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"path/filepath"
 	"reflect"
+	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -277,4 +279,92 @@ func TestDecodeIntoWarmScratchAllocatesNothing(t *testing.T) {
 	if allocs != 0 {
 		t.Fatalf("decoding 150 events into a warm scratch took %.0f allocations, want 0", allocs)
 	}
+}
+
+// TestDecodingABookEntryAllocatesAboutItsSize: a book entry's operations
+// are not decoded into a slice of 88-byte bookOps (from as few as 2 bytes
+// of the entry each: 44 bytes per entry byte, a 64 MiB entry 2.8 GB on
+// every replica) but one at a time as they apply, so decoding and walking
+// one allocates its ids and sequence hashes: about its own size at most,
+// rounded up to the allocator's size classes. The bound of 8 bytes per
+// entry byte leaves room for that rounding and refuses the 44.
+func TestDecodingABookEntryAllocatesAboutItsSize(t *testing.T) {
+	const n = 1 << 17
+	entries := map[string][]bookOp{
+		"prefill done, empty ids": {{kind: bookPrefillDone}},
+		"frees of 2-byte ids":     {{kind: bookFree, b: Booking{ID: "r1"}}},
+		"output blocks":           {{kind: bookOutput, b: Booking{ID: "r", SeqHashes: []uint64{7}}}},
+		"adds":                    {{kind: bookAdd, b: Booking{ID: "r", Rank: kvevent.Rank{Worker: 1}, SeqHashes: []uint64{1, 2}, ISL: 5}}},
+	}
+	for name, op := range entries {
+		data := encodeBook(1, slices.Repeat(op, n))
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		c, err := decodeCommand(data)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		ops := 0
+		for range c.books.all() {
+			ops++
+		}
+		runtime.ReadMemStats(&after)
+		if ops != n {
+			t.Fatalf("%s: %d operations decoded, want %d", name, ops, n)
+		}
+		alloc := after.TotalAlloc - before.TotalAlloc
+		per := float64(alloc) / float64(len(data))
+		t.Logf("%s: an entry of %d bytes allocates %d bytes decoded and walked (%.1f per entry byte)", name, len(data), alloc, per)
+		if per > 8 {
+			t.Errorf("%s: decoding and walking a %d-byte book entry allocates %d bytes: %.1f bytes per entry byte, want at most 8", name, len(data), alloc, per)
+		}
+	}
+}
+
+// BenchmarkDecodeCommand decodes the entries the apply path sees most, as
+// ApplyBatch does: a route's booking (one add), an output block with its
+// decay (a book entry's operations walked as the apply walks them), and
+// an event-plane entry of 150 events into a warm scratch.
+func BenchmarkDecodeCommand(b *testing.B) {
+	sink := 0
+	hashes := make([]uint64, 32)
+	for i := range hashes {
+		hashes[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+	}
+	id := "0b5c6a4e-6f2d-4d1e-9a57-3c2f0e8d7b1a"
+	var batches []RankBatch
+	for w := uint64(1); w <= 3; w++ {
+		r := kvevent.Rank{Worker: w, DP: 1}
+		rb := RankBatch{Rank: r, Incarnation: w}
+		for i := range 50 {
+			rb.Events = append(rb.Events, kvevent.Event{Rank: r, EventID: uint64(i + 1), Kind: kvevent.KindStored, HasParent: i > 0, Parent: uint64(i),
+				Blocks: []kvevent.Block{{EngineHash: uint64(i), LocalHash: uint64(i) + 7}, {EngineHash: uint64(i) + 1, LocalHash: uint64(i) + 8}}})
+		}
+		batches = append(batches, rb)
+	}
+	for _, bc := range []struct {
+		name string
+		data []byte
+	}{
+		{"book-add", encodeBook(1, []bookOp{{kind: bookAdd, b: Booking{ID: id, Rank: kvevent.Rank{Worker: 3, DP: 1}, SeqHashes: hashes, ISL: 512, CachedTokens: 128}}})},
+		{"book-output-decay", encodeBook(1, []bookOp{{kind: bookOutput, b: Booking{ID: id, SeqHashes: hashes[:1]}}, {kind: bookDecay, b: Booking{ID: id, Discount: 1000}}})},
+		{"events-150", encodeEvents(1, batches)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			var sc decodeScratch
+			b.ReportAllocs()
+			b.SetBytes(int64(len(bc.data)))
+			for b.Loop() {
+				sc.reset()
+				c, err := decodeCommandInto(bc.data, &sc)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for op := range c.books.all() { // as the apply walks them
+					sink += len(op.b.ID) + len(op.b.SeqHashes)
+				}
+			}
+		})
+	}
+	_ = sink
 }

@@ -819,10 +819,10 @@ func (f *FSM) applyCommand(c *command, index uint64) interface{} {
 		var out interface{}
 		f.pending.mu.Lock()
 		defer f.pending.mu.Unlock()
-		for _, op := range c.books {
+		for op := range c.books.all() {
 			switch op.kind {
 			case bookAdd:
-				if o := f.applyBookAdd(&op.b, c.now); len(c.books) == 1 {
+				if o := f.applyBookAdd(&op.b, c.now); c.books.n == 1 {
 					out = o
 				}
 			case bookPrefillDone:

@@ -353,7 +353,7 @@ func bookAddsInLog(t *testing.T, l *Node, from uint64, id string) int {
 		if err != nil || c.typ != cmdBook {
 			continue
 		}
-		for _, op := range c.books {
+		for op := range c.books.all() {
 			if op.kind == bookAdd && op.b.ID == id {
 				n++
 			}
