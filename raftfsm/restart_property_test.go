@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -147,6 +148,150 @@ func checkReopenMidLogKeepsTheState(t *testing.T) {
 			}
 			if sa, sb := fullState(a), fullState(b); sa != sb {
 				rt.Fatalf("after entry %d:\nstraight %s\nreopened %s", l.Index, sa, sb)
+			}
+		}
+	})
+}
+
+// genEveryCommand adds to genRestartCommand what it leaves out: the
+// booking operations other than add and free (prefill done, output
+// blocks, decay), several operations in one book command, several ranks
+// in one event command, batches of positions, and dumps of stores with
+// parents the dump lacks, in several tiers.
+func genEveryCommand(t *rapid.T, now int64) []byte {
+	r := rapid.SampledFrom(fsmRanks).Draw(t, "rank")
+	switch rapid.IntRange(0, 6).Draw(t, "extra") {
+	case 6:
+		// a dump of random stores: unknown parents, several tiers, chains
+		var stored []kvevent.Event
+		for i, n := 0, rapid.IntRange(0, 6).Draw(t, "dn"); i < n; i++ {
+			ev := kvevent.Event{Rank: r, EventID: uint64(i + 1), Kind: kvevent.KindStored, Tier: kvevent.Tier(rapid.IntRange(0, 3).Draw(t, "dtier"))}
+			ev.HasParent = rapid.Bool().Draw(t, "dhp")
+			if ev.HasParent {
+				ev.Parent = uint64(rapid.IntRange(1, 8).Draw(t, "dparent"))
+			}
+			for j, k := 0, rapid.IntRange(1, 3).Draw(t, "dk"); j < k; j++ {
+				ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: uint64(rapid.IntRange(1, 8).Draw(t, "deh")), LocalHash: uint64(rapid.IntRange(1, 8).Draw(t, "dlh"))})
+			}
+			stored = append(stored, ev)
+		}
+		return encodeReplace(now, r, uint64(rapid.IntRange(0, 12).Draw(t, "dcursor")), uint64(rapid.IntRange(0, 2).Draw(t, "dinc")), stored)
+	case 0:
+		var ops []bookOp
+		for i, n := 0, rapid.IntRange(1, 4).Draw(t, "ops"); i < n; i++ {
+			rid := rapid.SampledFrom(fsmRequests).Draw(t, "rid")
+			switch rapid.IntRange(0, 4).Draw(t, "op") {
+			case 0:
+				ops = append(ops, bookOp{kind: bookAdd, b: Booking{ID: rid, Rank: rapid.SampledFrom(fsmRanks).Draw(t, "brank"),
+					SeqHashes: []uint64{uint64(rapid.IntRange(1, 4).Draw(t, "h1")), uint64(rapid.IntRange(5, 8).Draw(t, "h2"))}, ISL: rapid.IntRange(0, 40).Draw(t, "isl"), CachedTokens: rapid.IntRange(0, 20).Draw(t, "cached")}})
+			case 1:
+				ops = append(ops, bookOp{kind: bookPrefillDone, b: Booking{ID: rid}})
+			case 2:
+				ops = append(ops, bookOp{kind: bookOutput, b: Booking{ID: rid, SeqHashes: []uint64{uint64(rapid.IntRange(1, 10).Draw(t, "out"))}}})
+			case 3:
+				ops = append(ops, bookOp{kind: bookDecay, b: Booking{ID: rid, Discount: uint32(rapid.SampledFrom([]int{0, 1, 500000, indexer.DecayScale}).Draw(t, "disc"))}})
+			default:
+				ops = append(ops, bookOp{kind: bookFree, b: Booking{ID: rid}})
+			}
+		}
+		return encodeBook(now, ops)
+	case 1:
+		// positions
+		first := uint64(rapid.IntRange(1, 30).Draw(t, "pfirst"))
+		evs := chainEvents(r, first, rapid.IntRange(1, 3).Draw(t, "pn"), uint64(rapid.IntRange(1, 5).Draw(t, "pbase")))
+		for i := range evs {
+			evs[i].EventID = first + uint64(3*i)
+		}
+		return encodeEvents(now, []RankBatch{{Rank: r, Incarnation: PositionalIncarnation, Events: evs}})
+	case 2:
+		var bs []RankBatch
+		for _, rr := range fsmRanks[:rapid.IntRange(1, 4).Draw(t, "nr")] {
+			bs = append(bs, RankBatch{Rank: rr, Incarnation: uint64(rapid.IntRange(0, 2).Draw(t, "minc")),
+				Events: chainEvents(rr, uint64(rapid.IntRange(1, 6).Draw(t, "mfirst")), 2, uint64(rapid.IntRange(1, 6).Draw(t, "mbase")))})
+		}
+		return encodeEvents(now, bs)
+	default:
+		return genRestartCommand(t, now)
+	}
+}
+
+// TestReopenMidLogKeepsTheStateForEveryOperation is
+// TestReopenMidLogKeepsTheState with every booking operation, multi-rank
+// and positional event batches and dumps with unknown parents, entries
+// handed to ApplyBatch several at a time, and the second FSM reopened or
+// given the first's Raft snapshot (as a follower installs it) at random
+// points. rapid prints the -rapid.seed that replays a failure; make
+// test-long runs more rounds.
+func TestReopenMidLogKeepsTheStateForEveryOperation(t *testing.T) {
+	rounds := 1
+	if os.Getenv("KVROUTER_LONG") != "" {
+		rounds = 20 // make test-long
+	}
+	for range rounds {
+		checkReopenMidLogKeepsTheStateForEveryOperation(t)
+	}
+}
+
+func checkReopenMidLogKeepsTheStateForEveryOperation(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		groupBytes := rapid.SampledFrom([]int{0, 64, 300}).Draw(rt, "group")
+		open := func(dir string) *FSM {
+			f, err := OpenFSM(FSMConfig{Dir: dir, Logger: quiet, GroupBytes: groupBytes, Index: indexer.Config{OrphanTTL: 8, OrphanMaxEvents: 3, OrphanMaxBlocks: 4}, OnFatal: func(err error) { rt.Fatalf("fatal: %v", err) }})
+			if err != nil {
+				rt.Fatal(err)
+			}
+			return f
+		}
+		a := open(filepath.Join(t.TempDir(), "a"))
+		defer a.Close()
+		bdir := filepath.Join(t.TempDir(), "b")
+		b := open(bdir)
+		defer func() { b.Close() }()
+		var w logWriter
+		now := int64(100)
+		// Short logs, and a reopen or a restore at one batch in four:
+		// each Pebble open costs more than the entries, and rapid's 100
+		// checks take about as long as TestReopenMidLogKeepsTheState's.
+		for i, n := 0, rapid.IntRange(1, 20).Draw(rt, "batches"); i < n; i++ {
+			var ls []*raft.Log
+			for j, k := 0, rapid.IntRange(1, 3).Draw(rt, "batch"); j < k; j++ {
+				now += int64(rapid.IntRange(-3, 6).Draw(rt, "dt"))
+				ls = append(ls, w.next(genEveryCommand(rt, now)))
+			}
+			oa := a.ApplyBatch(ls)
+			ob := b.ApplyBatch(ls)
+			for j := range oa {
+				if responseString(oa[j]) != responseString(ob[j]) {
+					rt.Fatalf("entry %d: response %s straight, %s after reopen", ls[j].Index, responseString(oa[j]), responseString(ob[j]))
+				}
+			}
+			if a.Digest() != b.Digest() {
+				rt.Fatalf("entry %d: digest %x straight, %x after reopen", w.index, a.Digest(), b.Digest())
+			}
+			switch rapid.IntRange(0, 7).Draw(rt, "reopen") {
+			case 0:
+				b.Close()
+				b = open(bdir)
+			case 1:
+				// b takes a's Raft snapshot, as a follower installs it
+				s, err := a.Snapshot()
+				if err != nil {
+					rt.Fatal(err)
+				}
+				var buf bytes.Buffer
+				if _, err := writeSnapshot(&buf, s.(*fsmSnapshot).view); err != nil {
+					rt.Fatal(err)
+				}
+				s.Release()
+				idx, term := a.Applied()
+				if err := b.restoreFrom(&buf, idx, term); err != nil {
+					rt.Fatal(err)
+				}
+			default:
+				continue
+			}
+			if sa, sb := fullState(a), fullState(b); sa != sb {
+				rt.Fatalf("after entry %d:\nstraight %s\nreopened %s", w.index, sa, sb)
 			}
 		}
 	})
