@@ -244,6 +244,56 @@ func TestEventBatchesGoThroughTheCursor(t *testing.T) {
 	}
 }
 
+// TestABatchThatAppliesNothingCreatesNoCursor: a rank's first batch that
+// begins past a gap applies nothing and leaves the rank without a cursor,
+// in memory and in the state database, as one never sent: HasCursor
+// reporting one would say the rank holds state it does not, and hide it
+// from a heartbeat answer's ranks without state, whose publisher resyncs
+// them.
+func TestABatchThatAppliesNothingCreatesNoCursor(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "fsm")
+	f := openTestFSM(t, dir)
+	defer func() { f.Close() }()
+	var w logWriter
+	res := f.ApplyBatch([]*raft.Log{
+		w.next(encodeRegister(1, &WorkerInfo{ID: r1.Worker, DPRanks: []uint32{r1.DP}, BlockSize: 16})),
+		w.next(encodeEvents(2, []RankBatch{{Rank: r1, Events: chainEvents(r1, 3, 2, 10)}})),
+	})
+	if a := res[1].([]RankAck)[0]; !a.Gap || a.Applied != 0 || a.Cursor != 0 {
+		t.Fatalf("a first batch beginning at id 3: ack %+v, want a gap at cursor 0", a)
+	}
+	if f.HasCursor(r1) {
+		t.Fatalf("rank %v holds a cursor (%d) after a batch that applied nothing", r1, f.Cursor(r1))
+	}
+	f.Close()
+	f = openTestFSM(t, dir)
+	if f.HasCursor(r1) {
+		t.Fatalf("rank %v holds a cursor (%d) after a reopen: the batch that applied nothing saved one", r1, f.Cursor(r1))
+	}
+}
+
+// TestADeregistrationForgetsTheRegistrationTime: RegisteredAt answers 0
+// for a worker once deregistered, as for one never registered: the time
+// is kept for the registered workers only, and a worker's next
+// registration sets its own.
+func TestADeregistrationForgetsTheRegistrationTime(t *testing.T) {
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	var w logWriter
+	f.ApplyBatch([]*raft.Log{w.next(encodeRegister(5, &WorkerInfo{ID: 3, BlockSize: 16}))})
+	if got := f.RegisteredAt(3); got != 5 {
+		t.Fatalf("RegisteredAt(3) after its registration at 5: %d", got)
+	}
+	f.ApplyBatch([]*raft.Log{w.next(encodeDeregister(6, 3))})
+	if got := f.RegisteredAt(3); got != 0 {
+		t.Fatalf("RegisteredAt(3) after its deregistration: %d, want 0", got)
+	}
+	f.ApplyBatch([]*raft.Log{w.next(encodeRegister(7, &WorkerInfo{ID: 3, BlockSize: 16}))})
+	if got := f.RegisteredAt(3); got != 7 {
+		t.Fatalf("RegisteredAt(3) after registering again at 7: %d", got)
+	}
+}
+
 func TestUndecodableEntryChangesNothing(t *testing.T) {
 	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
 	defer f.Close()

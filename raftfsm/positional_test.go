@@ -2,9 +2,11 @@ package raftfsm
 
 import (
 	"errors"
+	"path/filepath"
 	"slices"
 	"testing"
 
+	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
@@ -177,6 +179,33 @@ func TestPositionalRegistrationDropsAnUnlistedRankOfANonPositionalWorker(t *test
 	}
 	if d, err := n.DumpRank(r0); err != nil || len(d.StoredEvents()) != 2 {
 		t.Fatalf("the listed rank after the switch: %v", err)
+	}
+}
+
+// TestPositionalRegistrationDropsTheHeardTimeOfAnUnlistedRank: a rank of
+// a non-Positional worker that its worker does not list, heard of only
+// through a batch that began past a gap (no cursor, no blocks), loses its
+// last-heard time when the worker registers Positional without it, as a
+// rank with a cursor does (droppedRanks finds it through the last-heard
+// times): a kept one would be an unlisted rank's, that no sweep takes.
+func TestPositionalRegistrationDropsTheHeardTimeOfAnUnlistedRank(t *testing.T) {
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	var w logWriter
+	r1 := kvevent.Rank{Worker: 1, DP: 1}
+	wi := WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}}
+	res := f.ApplyBatch([]*raft.Log{
+		w.next(encodeRegister(1, &wi)),
+		w.next(encodeEvents(2, []RankBatch{{Rank: r1, Events: chainEvents(r1, 3, 1, 100)}})),
+	})
+	if a := res[1].([]RankAck)[0]; !a.Gap || f.HasCursor(r1) || f.LastHeard(r1) != 2 {
+		t.Fatalf("a batch of an unlisted rank beginning past a gap: ack %+v, cursor %v, last heard %d; want a gap, no cursor, heard at 2",
+			a, f.HasCursor(r1), f.LastHeard(r1))
+	}
+	wi.Positional = true
+	f.ApplyBatch([]*raft.Log{w.next(encodeRegister(3, &wi))})
+	if h := f.LastHeard(r1); h != 0 {
+		t.Fatalf("rank %v keeps last-heard time %d after its worker registered Positional without it", r1, h)
 	}
 }
 
