@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 )
@@ -51,16 +52,56 @@ func certNames(c *x509.Certificate) string {
 	return "it names " + strings.Join(names, ", ")
 }
 
+// MaxTokenFileBytes and MaxCAFileBytes bound what Token and TLSConfig
+// read of a token file and of a CA file: a token is a few dozen bytes, a
+// CA bundle (the system's whole, some hundred KiB) a few MiB at most.
+// Unbounded, a path that never ends (/dev/zero, a producer that writes on)
+// grew the command's memory until the kernel killed it.
+const (
+	MaxTokenFileBytes = 16 << 10
+	MaxCAFileBytes    = 8 << 20
+)
+
+// OpenFunc opens a file for Token and TLSConfig to read: os.Open, or a
+// caller's own, such as one whose reads an interrupt ends (a FIFO's
+// producer may never open it, or stall).
+type OpenFunc func(path string) (io.ReadCloser, error)
+
+func openFile(path string) (io.ReadCloser, error) { return os.Open(path) }
+
+// readCapped reads what open gives of path, failing on a file of more than
+// limit bytes.
+func readCapped(open OpenFunc, path string, limit int64) ([]byte, error) {
+	f, err := open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	// A byte more than limit, to tell a larger file.
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err // an *os.PathError names path; open's own may not (an interrupt)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s is larger than %d KiB, the most that is read of one: is it the right file?", path, limit>>10)
+	}
+	return b, nil
+}
+
 // Token returns the token a command was given: token itself, or the
 // content of file without the white space around it (a trailing newline).
-// Both "" is no token; both set, an empty file, or a token with anything
-// but visible ASCII in it (no header carries it as written) is an error.
-func Token(token, file string) (string, error) {
+// Both "" is no token; both set, an empty file, a file of more than
+// MaxTokenFileBytes, or a token with anything but visible ASCII in it (no
+// header carries it as written) is an error.
+func Token(token, file string) (string, error) { return TokenFrom(token, file, openFile) }
+
+// TokenFrom is Token reading file through open.
+func TokenFrom(token, file string, open OpenFunc) (string, error) {
 	switch {
 	case token != "" && file != "":
 		return "", errors.New("a token and a token file: give one of them")
 	case file != "":
-		b, err := os.ReadFile(file)
+		b, err := readCapped(open, file, MaxTokenFileBytes)
 		if err != nil {
 			return "", fmt.Errorf("token file: %w", err)
 		}
@@ -88,13 +129,17 @@ func checkToken(token string) error {
 
 // TLSConfig returns the TLS configuration of a client of nodes whose
 // certificates the PEM certificates in caFile sign (or are). caFile ""
-// trusts the system's roots.
-func TLSConfig(caFile string) (*tls.Config, error) {
+// trusts the system's roots; a caFile of more than MaxCAFileBytes is an
+// error.
+func TLSConfig(caFile string) (*tls.Config, error) { return TLSConfigFrom(caFile, openFile) }
+
+// TLSConfigFrom is TLSConfig reading caFile through open.
+func TLSConfigFrom(caFile string, open OpenFunc) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caFile == "" {
 		return cfg, nil
 	}
-	pem, err := os.ReadFile(caFile)
+	pem, err := readCapped(open, caFile, MaxCAFileBytes)
 	if err != nil {
 		return nil, fmt.Errorf("TLS CA: %w", err)
 	}

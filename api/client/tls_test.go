@@ -139,6 +139,24 @@ func TestTokenAndTLSConfigErrors(t *testing.T) {
 	if _, err := client.TLSConfig(notPEM); err == nil {
 		t.Error("a CA file without PEM: accepted")
 	}
+	// A token file of the cap is read; a byte more is refused, as is a CA
+	// file over its own (a path that never ends, /dev/zero, grew the
+	// command's memory without them).
+	atCap, overCap := filepath.Join(dir, "at-cap"), filepath.Join(dir, "over-cap")
+	for f, n := range map[string]int{atCap: client.MaxTokenFileBytes, overCap: client.MaxCAFileBytes + 1} {
+		if err := os.WriteFile(f, []byte(strings.Repeat("a", n)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if tok, err := client.Token("", atCap); err != nil || len(tok) != client.MaxTokenFileBytes {
+		t.Errorf("a token file of MaxTokenFileBytes: %d byte(s), %v; want it read", len(tok), err)
+	}
+	if _, err := client.Token("", overCap); err == nil || !strings.Contains(err.Error(), "is larger than") {
+		t.Errorf("a token file over MaxTokenFileBytes: %v, want it refused as larger", err)
+	}
+	if _, err := client.TLSConfig(overCap); err == nil || !strings.Contains(err.Error(), "is larger than") {
+		t.Errorf("a CA file over MaxCAFileBytes: %v, want it refused as larger", err)
+	}
 	if _, err := client.New([]string{"h:1"}, client.Options{Token: "a b"}); err == nil {
 		t.Error("a token with a space: accepted")
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvrouter/kvrouter/api"
@@ -177,6 +179,7 @@ func newApp(e *env) *cli.App {
 			return usagef("a command is needed; kvctl --help lists them")
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // run decides the exit code, never os.Exit
+		Metadata:       map[string]any{"client-files": &clientFiles{}},
 		Commands: []*cli.Command{
 			statusCommand(e),
 			membersCommand(e),
@@ -264,13 +267,9 @@ func newClient(c *cli.Context) (*client.Client, error) {
 // after dial and whose requests wait at most headers for an answer's
 // headers once sent (0: no bound; the context's).
 func newClientWith(c *cli.Context, endpoints []string, dial, headers time.Duration) (*client.Client, error) {
-	token, err := client.Token(tokenArgs(c))
+	token, tlsConfig, err := clientFilesOf(c)
 	if err != nil {
-		names := "--token, --token-file"
-		if !c.IsSet("token") && !c.IsSet("token-file") {
-			names = "KVCTL_TOKEN, KVCTL_TOKEN_FILE"
-		}
-		return nil, usagef("%s: %v", names, err)
+		return nil, err
 	}
 	dialer := &net.Dialer{Timeout: dial, KeepAlive: 30 * time.Second}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
@@ -278,10 +277,8 @@ func newClientWith(c *cli.Context, endpoints []string, dial, headers time.Durati
 	tr.TLSHandshakeTimeout = dial // a node that accepts and never answers costs a try's share, TLS or not
 	tr.ResponseHeaderTimeout = headers
 	scheme := "http"
-	if ca := c.String("tls-ca"); ca != "" {
-		if tr.TLSClientConfig, err = client.TLSConfig(ca); err != nil {
-			return nil, usagef("--tls-ca: %v", err)
-		}
+	if tlsConfig != nil {
+		tr.TLSClientConfig = tlsConfig.Clone()
 		scheme = "https"
 	}
 	cl, err := client.New(endpoints, client.Options{HTTPClient: &http.Client{Transport: tr}, UserAgent: "kvctl", Token: token, Scheme: scheme})
@@ -295,6 +292,72 @@ func newClientWith(c *cli.Context, endpoints []string, dial, headers time.Durati
 		}
 	}
 	return cl, nil
+}
+
+// clientFiles is what --token-file (or --token) and --tls-ca give, read
+// once per command: a command may make several clients (a restore's
+// probes, one per endpoint), and a FIFO or a process substitution
+// (--token-file <(pass show kvrouter)) gives its content once.
+type clientFiles struct {
+	once  sync.Once
+	token string
+	tls   *tls.Config // nil without --tls-ca
+	err   error
+}
+
+// clientFilesOf returns the command's token and TLS configuration (nil:
+// plain HTTP), reading the files the first time. They are read through
+// openLocal, so that an interrupt ends a wait on a FIFO's producer (exit
+// 1, interrupted), and no more than client.MaxTokenFileBytes and
+// client.MaxCAFileBytes of them: a file that cannot be read, is larger,
+// or holds no token or no PEM certificate is a usage error naming its
+// flag.
+func clientFilesOf(c *cli.Context) (string, *tls.Config, error) {
+	cf := c.App.Metadata["client-files"].(*clientFiles)
+	cf.once.Do(func() {
+		ctx := c.Context
+		open := func(path string) (io.ReadCloser, error) {
+			f, done, err := openLocal(ctx, path)
+			if err != nil {
+				return nil, err
+			}
+			return ctxReadCloser{raftfsm.ContextReader(ctx, f), done}, nil
+		}
+		// An interrupt is not the flag's fault: its error goes as it is.
+		flagErr := func(names string, err error) error {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return usagef("%s: %v", names, err)
+		}
+		token, file := tokenArgs(c)
+		if cf.token, cf.err = client.TokenFrom(token, file, open); cf.err != nil {
+			names := "--token, --token-file"
+			if !c.IsSet("token") && !c.IsSet("token-file") {
+				names = "KVCTL_TOKEN, KVCTL_TOKEN_FILE"
+			}
+			cf.err = flagErr(names, cf.err)
+			return
+		}
+		if ca := c.String("tls-ca"); ca != "" {
+			if cf.tls, cf.err = client.TLSConfigFrom(ca, open); cf.err != nil {
+				cf.err = flagErr("--tls-ca", cf.err)
+			}
+		}
+	})
+	return cf.token, cf.tls, cf.err
+}
+
+// ctxReadCloser is a file opened by openLocal, read through ctx: Close
+// is openLocal's done.
+type ctxReadCloser struct {
+	io.Reader
+	done func()
+}
+
+func (r ctxReadCloser) Close() error {
+	r.done()
+	return nil
 }
 
 // tokenArgs returns the token and the token file as the command line

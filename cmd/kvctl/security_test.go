@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
@@ -73,6 +74,27 @@ func TestTokenAndTLSFlags(t *testing.T) {
 	kvctl(t, ep, "--tls-ca", filepath.Join(dir, "missing"), "status").wantCode(t, 2)
 	kvctl(t, ep, "--tls-ca", ca, "--token", token, "--token-file", tokenFile, "status").wantCode(t, 2)
 	kvctl(t, ep, "--tls-ca", ca, "--token", "two words", "status").wantCode(t, 2)
+}
+
+// TestTokenAndCAFilesAreReadUpToACap: a --token-file or --tls-ca larger
+// than a token or a CA bundle is (/dev/zero, a wrong file) is a usage error
+// naming its flag, once kvctl has read a byte more than the cap. From a
+// review: both were read whole, and --token-file /dev/zero grew kvctl
+// until the kernel killed it.
+func TestTokenAndCAFilesAreReadUpToACap(t *testing.T) {
+	dir := t.TempDir()
+	bigToken, bigCA := filepath.Join(dir, "token"), filepath.Join(dir, "ca.pem")
+	for f, n := range map[string]int{bigToken: client.MaxTokenFileBytes + 1, bigCA: client.MaxCAFileBytes + 1} {
+		if err := os.WriteFile(f, []byte(strings.Repeat("a", n)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct{ flag, file string }{{"--token-file", bigToken}, {"--tls-ca", bigCA}} {
+		r := kvctl(t, "--endpoints", deadAddr(t), tc.flag, tc.file, "status").wantCode(t, 2)
+		if !strings.Contains(r.stderr, tc.flag) || !strings.Contains(r.stderr, "is larger than") {
+			t.Errorf("%s of a file over the cap: stderr %q, want it to name the flag and say the file is larger than kvctl reads", tc.flag, r.stderr)
+		}
+	}
 }
 
 // TestTokenFlagsOutrankTheirVariables: --token or --token-file on the

@@ -22,7 +22,9 @@ import (
 // wrote a few bytes and stalled (kvctl waits in a read). From a review:
 // the open ran outside the read that an interrupt abandons, and a file's
 // reads looked at the context only between reads, not during one that
-// waits: kvctl ignored the signal.
+// waits: kvctl ignored the signal. And from a later one: --token-file
+// and --tls-ca (a process substitution, --token-file <(pass show
+// kvrouter)) were read with os.ReadFile, outside the command's context.
 func TestASignalEndsKvctlWaitingOnAFifo(t *testing.T) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -36,6 +38,9 @@ func TestASignalEndsKvctlWaitingOnAFifo(t *testing.T) {
 		{"route --tokens FIFO, no writer yet", func(f string) []string { return []string{"--endpoints", deadAddr(t), "route", "--tokens", f} }, false},
 		{"snapshot inspect FIFO, no writer yet", func(f string) []string { return []string{"snapshot", "inspect", f} }, false},
 		{"snapshot inspect FIFO, stalled writer", func(f string) []string { return []string{"snapshot", "inspect", f} }, true},
+		{"--token-file FIFO, no writer yet", func(f string) []string { return []string{"--endpoints", deadAddr(t), "--token-file", f, "status"} }, false},
+		{"--token-file FIFO, stalled writer", func(f string) []string { return []string{"--endpoints", deadAddr(t), "--token-file", f, "status"} }, true},
+		{"--tls-ca FIFO, no writer yet", func(f string) []string { return []string{"--endpoints", deadAddr(t), "--tls-ca", f, "status"} }, false},
 	} {
 		fifo := filepath.Join(t.TempDir(), "fifo")
 		if err := syscall.Mkfifo(fifo, 0o600); err != nil {
