@@ -1167,8 +1167,8 @@ func (n *Node) removeRestoreSpools() {
 //
 // A user restore that Raft holds (RestoreSnapshot) is waited for first,
 // however long its install takes: Raft panics when it shuts down under
-// one. A restore not yet handed to Raft is refused (ErrShutdown, nothing
-// installed).
+// one. A restore not yet handed to Raft is refused (ErrShutdown and
+// ErrNotProposed, nothing installed).
 func (n *Node) Close() error { return n.closeOnce() }
 
 // close is Close, run once: a second Close waits for the first and returns
@@ -1316,9 +1316,13 @@ func (n *Node) closingErr() error {
 }
 
 // errRestoreAtClose is a restore's answer when the node closes before it
-// is handed to Raft.
+// is handed to Raft. It is ErrNotProposed too, which the API answers 503
+// no_leader: as ErrShutdown alone (503 shutting_down), a client could not
+// tell it from an older node's answer of a restore it closed with in its
+// log (before HeaderMaybeApplied), and stopped there, outcome unknown,
+// instead of trying the next node.
 func errRestoreAtClose() error {
-	return fmt.Errorf("restore: nothing was installed: %w (the node is closing)", ErrShutdown)
+	return fmt.Errorf("restore: nothing was installed: %w: %w (the node is closing); retry", ErrNotProposed, ErrShutdown)
 }
 
 // shutdownRaft shuts Raft down once and returns that shutdown's future,
@@ -2912,7 +2916,8 @@ func receiveError(ctx context.Context, readErr, err error) error {
 // ends before the node hands the rewritten stream to Raft stops the
 // restore with ctx's error, nothing installed; from then on ctx no longer
 // matters. So with Close: one that begins before the hand-over refuses
-// the restore (ErrShutdown, nothing installed); once Raft has the stream,
+// the restore (ErrShutdown and ErrNotProposed, nothing installed: the
+// API's 503 no_leader, to retry on another node); once Raft has the stream,
 // Close waits until Raft's Restore returns before it shuts Raft down.
 func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, error) {
 	if n.raft.State() != raft.Leader {
@@ -2944,6 +2949,9 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 	// made through this node may come between: its entries would be lost
 	// under the restored table, or the table would lack a new voter.
 	if err := n.memberOps.lock(ctx, n.stop); err != nil {
+		if errors.Is(err, ErrShutdown) {
+			return SnapshotInfo{}, errRestoreAtClose()
+		}
 		return SnapshotInfo{}, fmt.Errorf("restore: nothing was installed: waiting for a membership change in progress: %w", err)
 	}
 	defer n.memberOps.unlock()

@@ -517,8 +517,8 @@ func TestCloseRefusesARestoreNotYetHandedToRaft(t *testing.T) {
 	close(release)
 	var err error
 	waitFor(t, 30*time.Second, "the restore to answer", received(restored, &err))
-	if !errors.Is(err, ErrShutdown) || !strings.Contains(err.Error(), "nothing was installed") {
-		t.Fatalf("a restore Close came before answered %v, want ErrShutdown saying nothing was installed", err)
+	if !errors.Is(err, ErrShutdown) || !errors.Is(err, ErrNotProposed) || !strings.Contains(err.Error(), "nothing was installed") {
+		t.Fatalf("a restore Close came before answered %v, want ErrShutdown and ErrNotProposed (the API's 503 no_leader, to retry on another node) saying nothing was installed", err)
 	}
 	restartHoldsNoRestore(t, c, i)
 }
@@ -552,8 +552,8 @@ func TestCloseEndsARestoreWaitingForAMembershipChange(t *testing.T) {
 	}
 	var err error
 	waitFor(t, 10*time.Second, "the restore to answer", received(restored, &err))
-	if !errors.Is(err, ErrShutdown) || !strings.Contains(err.Error(), "nothing was installed") {
-		t.Fatalf("a restore waiting at Close answered %v, want ErrShutdown saying nothing was installed", err)
+	if !errors.Is(err, ErrShutdown) || !errors.Is(err, ErrNotProposed) || !strings.Contains(err.Error(), "nothing was installed") {
+		t.Fatalf("a restore waiting at Close answered %v, want ErrShutdown and ErrNotProposed (the API's 503 no_leader, to retry on another node) saying nothing was installed", err)
 	}
 	if left, _ := filepath.Glob(filepath.Join(c.dirs[i], "restore-*.snap")); len(left) > 0 {
 		t.Fatalf("the restore left %v in the data directory", left)
@@ -592,8 +592,8 @@ func TestCloseDuringARestoresUpload(t *testing.T) {
 	}()
 	var err error
 	waitFor(t, 10*time.Second, "the restore to answer", received(restored, &err))
-	if !errors.Is(err, ErrShutdown) || !strings.Contains(err.Error(), "nothing was installed") {
-		t.Fatalf("a restore uploading at Close answered %v, want ErrShutdown saying nothing was installed", err)
+	if !errors.Is(err, ErrShutdown) || !errors.Is(err, ErrNotProposed) || !strings.Contains(err.Error(), "nothing was installed") {
+		t.Fatalf("a restore uploading at Close answered %v, want ErrShutdown and ErrNotProposed (the API's 503 no_leader, to retry on another node) saying nothing was installed", err)
 	}
 	if left, _ := filepath.Glob(filepath.Join(c.dirs[i], "restore-*.snap")); len(left) > 0 {
 		t.Fatalf("the restore left %v in the data directory", left)

@@ -87,8 +87,17 @@ var (
 	// before it said X-Kvrouter-Maybe-Applied, and the client cannot tell
 	// that answer from a refusal before the write was proposed), or 503
 	// timeout (the node gave up waiting for the write, which may still
-	// apply), wrapping that answer too.
+	// apply), wrapping that answer too; the text of those that wrap an
+	// answer says that the answer leaves the outcome unknown, not that no
+	// answer came. (A node refuses a restore it is closing before it
+	// handed it to Raft with 503 no_leader, nothing installed, which is
+	// sent on.)
 	ErrOutcomeUnknown = errors.New("sent, and no answer came: the request may have applied")
+	// errAnswerLeavesOutcomeUnknown is ErrOutcomeUnknown for an answer that
+	// came and does not say whether the write applied (503 shutting_down
+	// or timeout, HeaderMaybeApplied): the sentinel's "no answer came"
+	// would send the reader after a node that did answer.
+	errAnswerLeavesOutcomeUnknown error = answeredUnknown{}
 	// ErrUnauthorized matches an answer 401 unauthorized: the cluster asks
 	// for a token (kvrouter --token), and the client's is missing or is
 	// not the cluster's.
@@ -686,11 +695,11 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 			// which may still apply (docs/api.md).
 			var e *Error
 			if req.once && resp.Header.Get(api.HeaderMaybeApplied) != "" {
-				return nil, base, fmt.Errorf("%w: %w", ErrOutcomeUnknown, apiErr)
+				return nil, base, fmt.Errorf("%w: %w", errAnswerLeavesOutcomeUnknown, apiErr)
 			}
 			if req.once && isWrite(req.method) && errors.As(apiErr, &e) &&
 				(e.Reason == api.ReasonShuttingDown || e.StatusCode == http.StatusServiceUnavailable && e.Reason == api.ReasonTimeout) {
-				return nil, base, fmt.Errorf("%w: %w", ErrOutcomeUnknown, apiErr)
+				return nil, base, fmt.Errorf("%w: %w", errAnswerLeavesOutcomeUnknown, apiErr)
 			}
 			if !last && errors.As(apiErr, &e) && e.StatusCode == http.StatusServiceUnavailable &&
 				(e.Reason == api.ReasonNoLeader || e.Reason == api.ReasonShuttingDown || e.Reason == api.ReasonNotReady) && rewind() {
@@ -715,6 +724,16 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 	}
 	return nil, "", withCause(fmt.Errorf("%s %s: %w: %s", req.method, req.path, ErrUnreachable, strings.Join(errs, "; ")), certErr)
 }
+
+// answeredUnknown is errAnswerLeavesOutcomeUnknown: ErrOutcomeUnknown
+// (errors.Is) in other words.
+type answeredUnknown struct{}
+
+func (answeredUnknown) Error() string {
+	return "sent, and the answer leaves the outcome unknown: the request may have applied"
+}
+
+func (answeredUnknown) Is(target error) bool { return target == ErrOutcomeUnknown }
 
 // causedError is an error that also wraps a cause its text already tells
 // of (a try's error, in the list of the tries).

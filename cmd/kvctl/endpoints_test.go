@@ -493,6 +493,45 @@ func TestARestoreIsNotSentToAnEndpointThatFailedTheProbe(t *testing.T) {
 	}
 }
 
+// TestARestoreMovesOnFromAStoppingNode: docs/kvctl.md, online restore:
+// "when the first refuses it (`no leader`, stopping), the next that
+// answered is tried". A node closing before it handed the restore to Raft
+// refuses it, nothing installed (raftfsm's ErrNotProposed with
+// ErrShutdown: 503 no_leader), and the restore goes to the next endpoint,
+// which installs it. The client is the one snapshotRestore builds once
+// both endpoints answered the readiness probe, in their order. From a
+// review: the node answered 503 shutting_down, which the client took for
+// an outcome unknown ("sent, and no answer came", though a 503 came), and
+// the restore was installed nowhere.
+func TestARestoreMovesOnFromAStoppingNode(t *testing.T) {
+	c := newCluster(t)
+	file := filepath.Join(t.TempDir(), "a.snap")
+	kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file).wantCode(t, 0)
+	stopping := c.nodes[1]
+	stopping.fake.SetLeader() // answers itself, no forward
+	stopping.fake.SetHook(func(method string) error {
+		if method == "RestoreSnapshot" {
+			// As raftfsm's Node refuses a restore when it closes.
+			return fmt.Errorf("restore: nothing was installed: %w: %w (the node is closing); retry", raftfsm.ErrNotProposed, raftfsm.ErrShutdown)
+		}
+		return nil
+	})
+	cl, err := client.New([]string{stopping.addr(), c.nodes[0].addr()}, client.Options{UserAgent: "kvctl"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := cl.RestoreSnapshot(context.Background(), f); err != nil || c.leader().Restores() != 1 {
+		t.Fatalf("restore: %v; %d restore(s) on the next endpoint, want it restored there (docs: a stopping node's refusal moves on to the next that answered)",
+			err, c.leader().Restores())
+	}
+}
+
 // TestARestoreStartsAtTheFirstAnswerNotAfterAHungProbe: an online restore
 // whose first endpoint answers the readiness probe at once starts then,
 // and is not held by a hung endpoint listed after it (a node powered off
