@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -67,6 +68,9 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 		rows[i] = statusRow{Endpoint: hostOf(r.Endpoint), Status: r.Status}
 		if r.Err != nil {
 			failed++
+			if notAStatus(r.Err) {
+				r.Err = fmt.Errorf("not a kvrouter status (another service at that address?): %w", r.Err)
+			}
 			rows[i].Error = shortError(r.Err)
 			rows[i].answered = failedNotUnreachable(r.Err)
 			rows[i].Failure = failUnreachable
@@ -163,13 +167,26 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 
 // failedNotUnreachable reports whether err is an endpoint that was reached
 // and failed: it answered with an error (a 401 for want of the token), or
-// its TLS did not match kvctl's (a certificate kvctl refused, plain HTTP
-// to --tls-ca). kvctl's own settings may be at fault, and explain says
-// which; any other error is an endpoint that did not answer.
+// with what is not a node's status (notAStatus), or its TLS did not match
+// kvctl's (a certificate kvctl refused, plain HTTP to --tls-ca). kvctl's
+// own settings may be at fault, and explain says which; any other error
+// is an endpoint that did not answer.
 func failedNotUnreachable(err error) bool {
 	var ae *client.Error
 	var ve *tls.CertificateVerificationError
-	return errors.As(err, &ae) || errors.As(err, &ve) || strings.Contains(err.Error(), "server gave HTTP response to HTTPS client")
+	return errors.As(err, &ae) || errors.As(err, &ve) || notAStatus(err) ||
+		strings.Contains(err.Error(), "server gave HTTP response to HTTPS client")
+}
+
+// notAStatus reports whether err is a success answer that is not a node's
+// status: not JSON, JSON of another shape, or larger than any status
+// (another service at that address: a web page, a metrics port). The
+// endpoint answered: "did not answer" would send the operator after a
+// process that runs.
+func notAStatus(err error) bool {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	return errors.As(err, &se) || errors.As(err, &te) || errors.Is(err, client.ErrAnswerTooLarge)
 }
 
 // divergence reports replicas that applied the same index but hold

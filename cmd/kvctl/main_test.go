@@ -284,6 +284,30 @@ func TestStatusWithoutTheTokenSaysToGiveIt(t *testing.T) {
 	}
 }
 
+// TestStatusOfAnEndpointThatAnswersNotAStatus: an endpoint that answers
+// 200 with what is not a node's status (another service at that port: a
+// web page, a metrics port) answered: its row reads ERROR, "not a
+// kvrouter status" and why, and kvctl does not say it did not answer.
+// From a review: it read UNREACHABLE, and "1 of 2 endpoints did not
+// answer; check that those nodes run" sent the operator after a node that
+// ran.
+func TestStatusOfAnEndpointThatAnswersNotAStatus(t *testing.T) {
+	c := newCluster(t)
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		io.WriteString(w, "<html>not kvrouter</html>\n")
+	}))
+	defer other.Close()
+	ep := c.nodes[0].addr() + "," + other.Listener.Addr().String()
+	r := kvctl(t, "--endpoints", ep, "status", "-o", "json").wantCode(t, 1)
+	rows := statusJSON(t, r.stdout)
+	if len(rows) != 2 || rows[1].Failure != failError || !strings.Contains(rows[1].Error, "not a kvrouter status") ||
+		strings.Contains(r.stderr, "did not answer") || !strings.Contains(r.stderr, "1 of 2 endpoints failed") {
+		t.Fatalf("the endpoint that answered 200 with a web page: rows %+v, stderr %q; want ERROR, not a kvrouter status, and not \"did not answer\"",
+			rows, strings.TrimSpace(r.stderr))
+	}
+}
+
 func TestStatusJSONIsOnlyJSON(t *testing.T) {
 	c := newCluster(t)
 	dead := deadAddr(t)
