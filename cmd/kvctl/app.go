@@ -114,7 +114,10 @@ func usagef(format string, args ...any) error {
 // exit code. Errors are reported on e.stderr, one line each.
 func run(ctx context.Context, args []string, e *env) int {
 	app := newApp(e)
-	args, err := hoistFlags(app, args)
+	args, err := helpPath(app, args)
+	if err == nil {
+		args, err = hoistFlags(app, args)
+	}
 	if err == nil {
 		err = app.RunContext(ctx, args)
 	}

@@ -101,6 +101,48 @@ func flagTable(flags []cli.Flag) map[string]bool {
 	return t
 }
 
+// helpPath turns `kvctl help CMD SUB...` into `kvctl CMD SUB... --help`:
+// urfave/cli's help command shows the help of its first word alone, and
+// `kvctl help snapshot save` showed the snapshot group's, exit 0, dropping
+// save. A word that names no command where it stands is a usage error. A
+// single word (`kvctl help status`) is left to the help command.
+func helpPath(app *cli.App, args []string) ([]string, error) {
+	if len(args) < 2 {
+		return args, nil
+	}
+	globals := flagTable(app.Flags)
+	rest := args[1:]
+	i := 0
+	for i < len(rest) && isFlag(rest[i]) && rest[i] != "--" {
+		i += flagLen(globals, rest, i)
+	}
+	if i >= len(rest) || rest[i] != "help" && rest[i] != "h" {
+		return args, nil
+	}
+	words := rest[i+1:]
+	n := 0 // the words of the path: up to the first flag
+	for n < len(words) && !isFlag(words[n]) {
+		n++
+	}
+	if n < 2 {
+		return args, nil
+	}
+	path := []string{"kvctl"}
+	cmds := app.Commands
+	for _, w := range words[:n] {
+		c := findCommand(cmds, w)
+		if c == nil {
+			where := strings.Join(path, " ")
+			return nil, usagef("kvctl help: %s has no command %q; see %s --help", where, w, where)
+		}
+		path, cmds = append(path, c.Name), c.Subcommands
+	}
+	out := append([]string{}, args[:1+i]...)
+	out = append(out, words[:n]...)
+	out = append(out, "--help")
+	return append(out, words[n:]...), nil
+}
+
 func findCommand(cmds []*cli.Command, name string) *cli.Command {
 	for _, c := range cmds {
 		if c.HasName(name) {

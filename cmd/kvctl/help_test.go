@@ -44,9 +44,10 @@ func TestHelpSaysWhatKvctlDoes(t *testing.T) {
 	}
 }
 
-// TestHelpCommandShowsACommandsHelp: kvctl help COMMAND shows the
-// command's help, as kvctl COMMAND --help and kvctl snapshot help save
-// do, and help of a command kvctl lacks is a usage error (exit 2). From
+// TestHelpCommandShowsACommandsHelp: kvctl help COMMAND (or its path,
+// kvctl help snapshot save) shows the command's help, as kvctl COMMAND
+// --help and kvctl snapshot help save do, and help of a command kvctl
+// lacks is a usage error (exit 2). From
 // a review: kvctl help status was "unknown command", exit 2.
 func TestHelpCommandShowsACommandsHelp(t *testing.T) {
 	for _, tc := range []struct {
@@ -56,6 +57,11 @@ func TestHelpCommandShowsACommandsHelp(t *testing.T) {
 		{[]string{"help", "status"}, "kvctl status"},
 		{[]string{"status", "--help"}, "kvctl status"},
 		{[]string{"snapshot", "help", "save"}, "kvctl snapshot save"},
+		// By its path: from a review, these showed the group's help, exit
+		// 0, dropping the subcommand.
+		{[]string{"help", "snapshot", "save"}, "kvctl snapshot save"},
+		{[]string{"help", "members", "add"}, "kvctl members add"},
+		{[]string{"-o", "json", "help", "snapshot", "restore"}, "kvctl snapshot restore"},
 	} {
 		r := kvctl(t, tc.args...).wantCode(t, 0)
 		if !strings.Contains(r.stdout, tc.name+" - ") || r.stderr != "" {
@@ -63,4 +69,9 @@ func TestHelpCommandShowsACommandsHelp(t *testing.T) {
 		}
 	}
 	kvctl(t, "help", "frobnicate").wantCode(t, 2)
+	for _, args := range [][]string{{"help", "snapshot", "frobnicate"}, {"help", "snapshot", "save", "extra"}} {
+		if r := kvctl(t, args...).wantCode(t, 2); !strings.Contains(r.stderr, "has no command") {
+			t.Errorf("kvctl %v: stderr %q; want it to say which word names no command", args, r.stderr)
+		}
+	}
 }
