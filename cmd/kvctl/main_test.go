@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -447,7 +448,12 @@ func TestMembersThroughAFollower(t *testing.T) {
 	if !strings.Contains(r.stdout, "n4") || !strings.Contains(r.stdout, "RAFT_ADDR") {
 		t.Fatalf("list:\n%s", r.stdout)
 	}
-	kvctl(t, "--endpoints", follower, "members", "remove", "n4").wantCode(t, 0)
+	// -o json is {"removed": id}, which scripts read (docs/kvctl.md).
+	r = kvctl(t, "--endpoints", follower, "-o", "json", "members", "remove", "n4").wantCode(t, 0)
+	var removed map[string]string
+	if err := json.Unmarshal([]byte(r.stdout), &removed); err != nil || !reflect.DeepEqual(removed, map[string]string{"removed": "n4"}) {
+		t.Fatalf("members remove -o json = %s (%v), want {\"removed\": \"n4\"}", r.stdout, err)
+	}
 	r = kvctl(t, "--endpoints", c.nodes[0].addr(), "-o", "json", "members", "list").wantCode(t, 0)
 	var got []raftfsm.Member
 	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || len(got) != 3 {
@@ -762,8 +768,13 @@ func staleEndpointTransfer(t *testing.T, slow time.Duration) string {
 
 func TestWorkers(t *testing.T) {
 	c := newCluster(t)
-	c.registerWorkers(t)
+	// None yet: the header alone, and a line on stderr that says so.
 	r := kvctl(t, "--endpoints", c.endpoints(), "workers").wantCode(t, 0)
+	if r.stderr != "kvctl: no workers are registered\n" || strings.Count(r.stdout, "\n") != 1 {
+		t.Fatalf("workers with none registered: stdout %q, stderr %q; want the header and \"kvctl: no workers are registered\"", r.stdout, r.stderr)
+	}
+	c.registerWorkers(t)
+	r = kvctl(t, "--endpoints", c.endpoints(), "workers").wantCode(t, 0)
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	if len(lines) != 5 || !strings.Contains(lines[0], "DEVICE") || !strings.Contains(lines[0], "EXTERNAL") {
 		t.Fatalf("workers:\n%s", r.stdout)
@@ -831,6 +842,24 @@ func TestRoute(t *testing.T) {
 	var resp api.RouteResponse
 	if err := json.Unmarshal([]byte(r.stdout), &resp); err != nil || len(resp.Candidates) != 4 {
 		t.Fatalf("route json: %v %s", err, r.stdout)
+	}
+	// The last column, P, is each candidate's probability of being
+	// sampled: they add up to 1, the chosen one's above 0.
+	r = kvctl(t, ep, "route", "--tokens", jsonTokens, "--set", "temperature=0.5").wantCode(t, 0)
+	var sum float64
+	for _, line := range strings.Split(r.stdout, "\n")[3:] {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		p, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil || f[0] == "*" && p <= 0 {
+			t.Fatalf("candidate row %q: P %q (%v), want a probability, above 0 for the chosen one:\n%s", line, f[len(f)-1], err, r.stdout)
+		}
+		sum += p
+	}
+	if sum < 0.97 || sum > 1.03 { // each rounded to 2 decimals
+		t.Fatalf("the P column adds up to %v, want 1:\n%s", sum, r.stdout)
 	}
 	r = kvctl(t, ep, "route", "--hashes", "0x10,20", "--isl", "8", "--set", "temperature=0.5", "--set", "overlap_score_credit=2").wantCode(t, 0)
 	if !strings.Contains(r.stdout, "decided by sample") {
@@ -1114,6 +1143,11 @@ func TestSnapshotSaveVerifiesThenRenames(t *testing.T) {
 	}
 	if r.stderr != "" {
 		t.Fatalf("stderr off a terminal = %q, want nothing", r.stderr)
+	}
+	// Readable by its owner only (docs/kvctl.md): the cluster's whole
+	// state. Windows has no such bits.
+	if runtime.GOOS != "windows" && fi.Mode().Perm()&0o077 != 0 {
+		t.Fatalf("the saved file's mode is %v, want it readable by its owner only", fi.Mode().Perm())
 	}
 }
 
@@ -1474,6 +1508,13 @@ func TestSnapshotRestoreOfflineSeeds(t *testing.T) {
 	if !strings.HasPrefix(r.stdout, "seeded /tmp/d1 for node n1") {
 		t.Fatalf("stdout = %q", r.stdout)
 	}
+	// -o json names the node under node_id (docs/kvctl.md).
+	r = h.run(t, "snapshot", "restore", file, "--data-dir", "/tmp/d1", "--node-id", "n1", "--peers", peers, "-o", "json")
+	r.wantCode(t, 0)
+	var seeded map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &seeded); err != nil || seeded["node_id"] != "n1" || seeded["seeded"] != "/tmp/d1" || seeded["file"] != file {
+		t.Fatalf("seed -o json = %s (%v), want node_id n1, seeded /tmp/d1 and file %s", r.stdout, err, file)
+	}
 	for _, bad := range [][]string{
 		{"snapshot", "restore", file, "--data-dir", "/tmp/d1", "--peers", peers},
 		{"snapshot", "restore", file, "--data-dir", "/tmp/d1", "--node-id", "n1"},
@@ -1490,7 +1531,7 @@ func TestSnapshotRestoreOfflineSeeds(t *testing.T) {
 	} {
 		h.run(t, bad...).wantCode(t, 2)
 	}
-	if len(h.seeds) != 1 {
+	if len(h.seeds) != 2 {
 		t.Fatal("a bad command line seeded a directory")
 	}
 }

@@ -1,6 +1,12 @@
 package main
 
-import "testing"
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/api"
+)
 
 // TestSizeRoundsIntoTheNextUnit: a byte count just under a unit prints as
 // 1.0 of that unit, not as 1024.0 of the unit below (snapshot save and
@@ -27,5 +33,34 @@ func TestCellQuotesAllButPrintableText(t *testing.T) {
 		if got := cell(in); got != want {
 			t.Errorf("cell(%q) = %s, want %s", in, got, want)
 		}
+	}
+}
+
+// TestIndexStatsRowsShowTheirOwnFigures: each row of kvctl index stats
+// shows its own figure. The test cluster's fake answers zeros for most of
+// them, so figures swapped between rows passed TestIndexStats; here each
+// is distinct and non-zero.
+func TestIndexStatsRowsShowTheirOwnFigures(t *testing.T) {
+	st := &api.IndexStats{Nodes: 1, Ranks: 2, Entries: 3,
+		Blocks:       api.TierBlocks{Device: 4, Host: 5, Disk: 6, External: 7},
+		OrphanEvents: 8, OrphanBlocks: 9, NeedResync: 10, OverCapacity: 11,
+		Counters: api.IndexCounters{StoredBlocks: 12, RemovedBlocks: 13, Cleared: 14, UnknownRemoves: 15, Malformed: 16,
+			OrphansHeld: 17, OrphansApplied: 18, OrphansDropped: 19, Remapped: 20, CapacityEvicted: 21, NameCollisions: 22},
+		MemoryBytes: 23 << 20, HeapBytes: 24 << 20}
+	var out bytes.Buffer
+	if err := printIndexStats(&env{stdout: &out}, st); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"nodes 1", "ranks 2", "entries 3", "blocks device 4", "blocks host 5", "blocks disk 6", "blocks external 7",
+		"orphan events 8", "orphan blocks 9", "ranks needing resync 10", "ranks over capacity 11",
+		"stored blocks 12", "removed blocks 13", "clears 14", "unknown removes 15", "malformed events 16",
+		"orphans held 17", "orphans applied 18", "orphans dropped 19", "remapped hashes 20", "capacity evictions 21",
+		"name collisions 22", "index memory (estimate) 23.0 MiB", "heap in use 24.0 MiB"}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		got = append(got, strings.Join(strings.Fields(line), " "))
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("index stats:\n%s\nwant the rows\n%s", out.String(), strings.Join(want, "\n"))
 	}
 }
