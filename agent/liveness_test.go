@@ -378,8 +378,10 @@ func TestStatelessAnswersDoNotResyncARankWhoseDumpIsAskedOrTaken(t *testing.T) {
 		}
 	}
 	// Heartbeats go to the leader; while stateless is set, the answer
-	// names rank 7/0 as holding no state, and with dumpFirst a dump of the
-	// rank is asked for and taken before that answer goes back.
+	// names rank 7/0 as holding no state. The one answer dumpFirst is set
+	// for names it too, after a dump of the rank is asked for and taken
+	// (one answer only: heartbeats queue behind it in the subscription,
+	// and a second would ask a dump of its own).
 	var stateless, dumpFirst atomic.Bool
 	var answered atomic.Int32
 	var agent atomic.Pointer[Agent]
@@ -389,8 +391,8 @@ func TestStatelessAnswersDoNotResyncARankWhoseDumpIsAskedOrTaken(t *testing.T) {
 			return
 		}
 		h := nats.Header{}
-		if stateless.Load() {
-			if a := agent.Load(); a != nil && dumpFirst.Load() {
+		if first := dumpFirst.CompareAndSwap(true, false); stateless.Load() || first {
+			if a := agent.Load(); a != nil && first {
 				n := a.Publisher().Synced(rank)
 				a.Publisher().Resync(rank)
 				deadline := time.Now().Add(10 * time.Second)
@@ -411,7 +413,9 @@ func TestStatelessAnswersDoNotResyncARankWhoseDumpIsAskedOrTaken(t *testing.T) {
 		waitFor(t, "more heartbeats answered", func() bool { return answered.Load() >= from+n })
 	}
 
-	a, _ := startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
+	// Each heartbeat waits for its answer up to the interval: long enough
+	// for the answer that waits for a dump to come back in time.
+	a, _ := startAgentWith(t, r, Config{HeartbeatInterval: 200 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
 		Publisher: eventplane.PublisherConfig{DumpSubject: "test.dump"}})
 	agent.Store(a)
 	waitFor(t, "the start dump taken", func() bool { return a.Publisher().Synced(rank) == 1 })
@@ -434,9 +438,7 @@ func TestStatelessAnswersDoNotResyncARankWhoseDumpIsAskedOrTaken(t *testing.T) {
 
 	// A dump asked for and taken while the heartbeat was out.
 	dumpFirst.Store(true)
-	stateless.Store(true)
 	beats(1)
-	stateless.Store(false)
 	beats(5)
 	if got := a.Publisher().Synced(rank); got != 3 {
 		t.Fatalf("%d dumps of the rank taken, want 3 (one more, taken while the heartbeat was out): an answer that predates a dump asked for another", got)
