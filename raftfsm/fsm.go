@@ -1090,6 +1090,16 @@ func (f *FSM) UnregisteredRanks() []kvevent.Rank {
 // (an agent's first events ahead of it) and the removal is stale. Ranks
 // are removed in rank order, so that every replica's batch deletes the
 // same keys in one order.
+//
+// The count is of the ranks that held a cursor or index state as the
+// entry applied: one whose state went after the leader's listing (its
+// worker's deregistration, or a Positional re-registration dropping it,
+// committed first) removes nothing, and the leader adds the count to
+// kvrouter_unregistered_ranks_removed_total. A last-heard time alone does
+// not count: it is in memory only, and a replica that restarted would
+// answer otherwise than one that did not. The count is the apply's answer
+// only, in no replica's stored state: removeRank runs for every unlisted
+// rank either way, so what each replica stores is unchanged.
 func (f *FSM) removeUnregistered(ranks []kvevent.Rank) int {
 	ranks = slices.Clone(ranks)
 	slices.SortFunc(ranks, kvevent.Rank.Compare)
@@ -1099,8 +1109,9 @@ func (f *FSM) removeUnregistered(ranks []kvevent.Rank) int {
 		if w, ok := f.wtab[r.Worker]; ok && slices.Contains(w.DPRanks, r.DP) {
 			continue
 		}
-		f.removeRank(r)
-		n++
+		if f.removeRank(r) {
+			n++
+		}
 	}
 	return n
 }
@@ -1113,17 +1124,20 @@ func (f *FSM) setCursor(r kvevent.Rank, c rankCursor) {
 }
 
 // removeRank drops one rank's index state, bookings and cursor (with its
-// incarnation).
-func (f *FSM) removeRank(r kvevent.Rank) {
-	f.ix.RemoveRank(r)
+// incarnation), and reports whether it held index state or a cursor (what
+// every replica stores alike, a restarted one too).
+func (f *FSM) removeRank(r kvevent.Rank) bool {
+	held := f.ix.RemoveRank(r)
 	f.pending.mu.Lock()
 	f.seqs.RemoveRank(r)
 	f.pending.mu.Unlock()
 	f.curMu.Lock()
+	_, cursor := f.cursors.Get(r)
 	f.cursors.Delete(r)
 	f.heard.Delete(r)
 	f.curMu.Unlock()
 	f.batch.DeleteCursor(r.Worker, r.DP)
+	return held || cursor
 }
 
 func (f *FSM) removeWorker(id uint64) error {

@@ -950,6 +950,40 @@ func TestARegisteredWorkersUnlistedRankIsListedUntilRemoved(t *testing.T) {
 	}
 }
 
+// TestRemoveRanksCountsOnlyRanksItRemoved: the removal of unlisted ranks
+// answers how many ranks' state it removed, and the leader adds that to
+// kvrouter_unregistered_ranks_removed_total ("ranks whose state the
+// leader removed"). A rank whose state went between the leader's listing
+// and the entry's apply (its worker's lease ran out and the
+// deregistration committed first, or a Positional re-registration dropped
+// it) has nothing to remove, and is not counted. From a review: every
+// unlisted rank of the entry was counted.
+func TestRemoveRanksCountsOnlyRanksItRemoved(t *testing.T) {
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	var w logWriter
+	stray := kvevent.Rank{Worker: 1, DP: 9}
+	f.ApplyBatch([]*raft.Log{
+		w.next(encodeRegister(1, &WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}})),
+		w.next(encodeEvents(2, []RankBatch{{Rank: stray, Events: chainEvents(stray, 1, 5, 30)}})),
+	})
+	if got := f.UnregisteredRanks(); len(got) != 1 {
+		t.Fatalf("setup: unregistered ranks %v, want [%v]", got, stray)
+	}
+	// The leader listed stray and decided its removal; the worker's
+	// deregistration (lease expiry) commits first and takes the rank.
+	res := f.ApplyBatch([]*raft.Log{
+		w.next(encodeDeregister(3, 1)),
+		w.next(encodeRemoveRanks(4, []kvevent.Rank{stray})),
+	})
+	if f.HasCursor(stray) {
+		t.Fatal("setup: the deregistration left the rank's cursor")
+	}
+	if n, _ := res[1].(int); n != 0 {
+		t.Fatalf("the removal answered %d ranks removed, want 0: the rank held no state when it applied", n)
+	}
+}
+
 // TestUnregisteredRanksAreListedUntilTheirWorkerIsRemoved: events and
 // dumps apply for a worker that is not registered, and its ranks are
 // listed as unregistered (the leader's sweep removes them, eventplane);
