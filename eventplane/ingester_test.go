@@ -477,6 +477,61 @@ func TestRegisteredWorkersUnlistedRanksAreRemovedAfterTheGrace(t *testing.T) {
 	}
 }
 
+// gatedRemover is a strayTarget whose rank removals wait for gate.
+type gatedRemover struct {
+	*strayTarget
+	gate chan struct{}
+}
+
+func (g *gatedRemover) RemoveUnregisteredRanks(ctx context.Context, ranks []kvevent.Rank) (int, error) {
+	<-g.gate
+	return g.strayTarget.RemoveUnregisteredRanks(ctx, ranks)
+}
+
+// TestUnlistedRankListedDuringARemovalGetsAFreshGrace: a registered
+// worker's unlisted rank c is first seen at t0+grace/2. While a removal
+// of another rank is in flight, a sweep finds c listed (a re-registration
+// adds it), and a later registration drops it again: c gets a new grace
+// from the sweep after. From a review: the sweeps during a run neither
+// forgot c's old sighting nor noted new ones (dueUnlisted returned at
+// once while a removal was in flight), so c was removed at t0+1.5*grace,
+// less than a grace after it became unlisted again; the unregistered-
+// worker path forgets regardless of its run.
+func TestUnlistedRankListedDuringARemovalGetsAFreshGrace(t *testing.T) {
+	a, c := kvevent.Rank{Worker: 1, DP: 5}, kvevent.Rank{Worker: 1, DP: 7}
+	st := &strayTarget{fakeTarget: newFakeTarget(), stray: []kvevent.Rank{a}}
+	st.workers[1] = raftfsm.WorkerInfo{ID: 1, DPRanks: []uint32{0}}
+	tg := &gatedRemover{strayTarget: st, gate: make(chan struct{})}
+	const grace = 10 * time.Second
+	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0) // a first seen
+	st.mu.Lock()
+	st.stray = []kvevent.Rank{a, c}
+	st.mu.Unlock()
+	sweep(in, t0.Add(grace/2)) // c first seen
+
+	in.sweepLeases(t0.Add(grace + time.Millisecond)) // a's removal, waiting
+	st.mu.Lock()
+	st.workers[1] = raftfsm.WorkerInfo{ID: 1, DPRanks: []uint32{0, 7}} // c listed
+	st.mu.Unlock()
+	in.sweepLeases(t0.Add(grace + 2*time.Millisecond)) // sees c listed
+	st.mu.Lock()
+	st.workers[1] = raftfsm.WorkerInfo{ID: 1, DPRanks: []uint32{0}} // c unlisted again
+	st.mu.Unlock()
+	close(tg.gate)
+	in.cwg.Wait()
+	if got := st.droppedRanks(); !slices.Equal(got, []kvevent.Rank{a}) {
+		t.Fatalf("setup: ranks %v removed, want [%v]", got, a)
+	}
+
+	sweep(in, t0.Add(grace/2+grace+time.Millisecond))
+	if got := st.droppedRanks(); slices.Contains(got, c) {
+		t.Fatalf("rank %v removed at t0+1.5*grace, though a sweep at t0+grace found it listed: its grace ran from its old sighting (removed %v)", c, got)
+	}
+}
+
 // TestStrayWorkersAreRemovedByOneRunAtATime: past the grace, the ranks of
 // many unregistered workers (anyone may publish for any worker id) are
 // removed by one goroutine per sweep, at most maxStrayRemovals workers a

@@ -689,8 +689,14 @@ var _ rankRemover = (*raftfsm.Node)(nil)
 // UnregisteredGrace, marking their removal in flight. It returns none
 // while a removal is in flight (the sweeps after see the rest) or when
 // the Target cannot remove ranks. in.leases.mu is held.
+//
+// The forgetting and the noting run while a removal is in flight too, as
+// sweepUnregistered's of unregistered workers do: a rank listed by a
+// registration in between, and unlisted again by a later one, had kept
+// its old sighting and been removed less than a grace after it became
+// unlisted again.
 func (in *Ingester) dueUnlisted(now time.Time, ranks []kvevent.Rank) []kvevent.Rank {
-	if _, ok := in.cfg.Node.(rankRemover); !ok || in.leases.unlistedRun {
+	if _, ok := in.cfg.Node.(rankRemover); !ok {
 		return nil
 	}
 	for r := range in.leases.unlisted {
@@ -698,6 +704,7 @@ func (in *Ingester) dueUnlisted(now time.Time, ranks []kvevent.Rank) []kvevent.R
 			delete(in.leases.unlisted, r) // registered, or removed
 		}
 	}
+	running := in.leases.unlistedRun
 	var due []kvevent.Rank
 	for _, r := range ranks {
 		first, ok := in.leases.unlisted[r]
@@ -705,9 +712,12 @@ func (in *Ingester) dueUnlisted(now time.Time, ranks []kvevent.Rank) []kvevent.R
 			in.leases.unlisted[r] = now
 			continue
 		}
-		if now.Sub(first) > in.cfg.UnregisteredGrace && len(due) < maxStrayRemovals {
+		if !running && now.Sub(first) > in.cfg.UnregisteredGrace && len(due) < maxStrayRemovals {
 			due = append(due, r)
 		}
+	}
+	if running {
+		return nil
 	}
 	in.leases.unlistedRun = len(due) > 0
 	return due
