@@ -583,6 +583,62 @@ func TestStrayWorkersAreRemovedByOneRunAtATime(t *testing.T) {
 	}
 }
 
+// sizedRemover is a strayTarget that records how many ranks each rank
+// removal names (each is one Raft entry on a node).
+type sizedRemover struct {
+	*strayTarget
+	sizes []int // under fakeTarget.mu
+}
+
+func (t *sizedRemover) RemoveUnregisteredRanks(ctx context.Context, ranks []kvevent.Rank) (int, error) {
+	t.mu.Lock()
+	t.sizes = append(t.sizes, len(ranks))
+	t.mu.Unlock()
+	return t.strayTarget.RemoveUnregisteredRanks(ctx, ranks)
+}
+
+// TestUnlistedRanksAreRemovedAtMostMaxStrayRemovalsAnEntry: past the
+// grace, the unlisted ranks of a registered worker (anyone may publish
+// any dp rank of it) are removed by one entry per sweep of at most
+// maxStrayRemovals ranks, in rank order, the rest by the sweeps after.
+func TestUnlistedRanksAreRemovedAtMostMaxStrayRemovalsAnEntry(t *testing.T) {
+	const n = 2*maxStrayRemovals + 10
+	tg := &sizedRemover{strayTarget: &strayTarget{fakeTarget: newFakeTarget()}}
+	tg.workers[1] = raftfsm.WorkerInfo{ID: 1, DPRanks: []uint32{0}}
+	for i := range n {
+		tg.stray = append(tg.stray, kvevent.Rank{Worker: 1, DP: uint32(1 + i)})
+	}
+	const grace = 10 * time.Second
+	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0) // first seen
+	now := t0.Add(grace + time.Millisecond)
+	sweep(in, now)
+	got := tg.droppedRanks()
+	if len(got) != maxStrayRemovals {
+		t.Fatalf("one sweep removed %d unlisted ranks, want %d", len(got), maxStrayRemovals)
+	}
+	if !slices.IsSortedFunc(got, kvevent.Rank.Compare) || got[0].DP != 1 {
+		t.Fatalf("a removal took ranks %v..., want them in order from 1/1", got[:4])
+	}
+	for range 2 {
+		sweep(in, now)
+	}
+	if got := tg.droppedRanks(); len(got) != n {
+		t.Fatalf("three sweeps removed %d of %d unlisted ranks, want all", len(got), n)
+	}
+	tg.mu.Lock()
+	sizes := slices.Clone(tg.sizes)
+	tg.mu.Unlock()
+	if !slices.Equal(sizes, []int{maxStrayRemovals, maxStrayRemovals, 10}) {
+		t.Fatalf("removals of %v ranks, want %d, %d and 10", sizes, maxStrayRemovals, maxStrayRemovals)
+	}
+	if got := val(in.m.unregRemoved); got != n {
+		t.Fatalf("kvrouter_unregistered_ranks_removed_total = %v, want %d", got, n)
+	}
+}
+
 // clearedEvents returns an events request of n cleared events of rank r,
 // numbered from first.
 func clearedEvents(r kvevent.Rank, first uint64, n int) *nats.Msg {

@@ -217,6 +217,139 @@ func TestStrayRunStopsWhenNotCaughtUp(t *testing.T) {
 	}
 }
 
+// gatedLeader is a termTarget whose IsLeader, once the test sets entered,
+// signals on it and waits for release, then answers leader: the removal
+// of unlisted ranks asks IsLeader before it looks at its term and at
+// CheckLeader, so a test changes those while it waits.
+type gatedLeader struct {
+	*termTarget
+	leader  atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (t *gatedLeader) IsLeader() bool {
+	select {
+	case t.entered <- struct{}{}: // buffered: whether or not the test waits yet
+		<-t.release
+	default: // not armed, or already signalled
+	}
+	return t.leader.Load()
+}
+
+// unlistedRunWaiting returns an ingester leading since t0 whose node's
+// registered worker 1 (listing dp 0) has unlisted ranks 1/5 and 1/9,
+// first seen at t0 and past the grace since: a sweep started their
+// removal, which waits in IsLeader until the test closes tg.release.
+func unlistedRunWaiting(t *testing.T, grace time.Duration) (*gatedLeader, *Ingester, time.Time) {
+	t.Helper()
+	tg := &gatedLeader{termTarget: newTermTarget(), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	tg.leader.Store(true)
+	tg.workers[1] = raftfsm.WorkerInfo{ID: 1, DPRanks: []uint32{0}}
+	tg.stray = []kvevent.Rank{{Worker: 1, DP: 5}, {Worker: 1, DP: 9}}
+	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0) // first seen
+	in.sweepLeases(t0.Add(grace + time.Millisecond))
+	select {
+	case <-tg.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the removal of unlisted ranks did not ask IsLeader")
+	}
+	tg.entered = nil // later calls answer at once
+	return tg, in, t0
+}
+
+// TestUnlistedRemovalStopsWhenItsTermEnds: a removal of a registered
+// worker's unlisted ranks waits to start; meanwhile the node steps down
+// and is elected again, and the new term's first sweep sees the ranks.
+// The removal removes nothing in the new term and leaves the new term's
+// sightings alone: the new term removes the ranks a grace after its own
+// first sighting.
+func TestUnlistedRemovalStopsWhenItsTermEnds(t *testing.T) {
+	const grace = 10 * time.Second
+	tg, in, t0 := unlistedRunWaiting(t, grace)
+
+	t1 := t0.Add(time.Minute)
+	reelect(in, tg.termTarget, t1)
+	tg.caught.Store(true)
+	in.sweepLeases(t1) // the new term's first sighting
+	close(tg.release)
+	in.cwg.Wait()
+	if got := tg.droppedRanks(); len(got) != 0 {
+		t.Fatalf("the old term's removal removed ranks %v in the new term", got)
+	}
+	if in.leases.unlistedRun {
+		t.Fatal("a removal marked in flight after the old term's removal ended")
+	}
+	for _, r := range tg.stray {
+		if first, ok := in.leases.unlisted[r]; !ok || !first.Equal(t1) {
+			t.Fatalf("rank %v first seen unlisted at %v (%v) in the new term, want %v", r, first, ok, t1)
+		}
+	}
+	sweep(in, t1.Add(grace))
+	if got := tg.droppedRanks(); len(got) != 0 {
+		t.Fatalf("ranks %v removed within the new term's grace", got)
+	}
+	sweep(in, t1.Add(grace+time.Millisecond))
+	if got := tg.droppedRanks(); len(got) != 2 {
+		t.Fatalf("ranks %v removed past the new term's grace, want 1/5 and 1/9", got)
+	}
+}
+
+// TestUnlistedRemovalStopsWhenStale: a removal of a registered worker's
+// unlisted ranks goes on only while the ingester is open, the node leads
+// and its state is caught up with its leadership (CheckLeader). A removal
+// that stops removes nothing, clears its mark of a run in flight and
+// keeps the ranks' sightings, so that the next sweep of a node fit to
+// remove them does.
+func TestUnlistedRemovalStopsWhenStale(t *testing.T) {
+	const grace = 10 * time.Second
+	for _, tc := range []struct {
+		name  string
+		stale func(*gatedLeader)
+		fresh func(*gatedLeader)
+	}{
+		{"not leader", func(tg *gatedLeader) { tg.leader.Store(false) }, func(tg *gatedLeader) { tg.leader.Store(true) }},
+		{"not caught up", func(tg *gatedLeader) { tg.caught.Store(false) }, func(tg *gatedLeader) { tg.caught.Store(true) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tg, in, t0 := unlistedRunWaiting(t, grace)
+			tc.stale(tg)
+			close(tg.release)
+			in.cwg.Wait()
+			if got := tg.droppedRanks(); len(got) != 0 {
+				t.Fatalf("a stale removal removed ranks %v", got)
+			}
+			if in.leases.unlistedRun {
+				t.Fatal("a removal still marked in flight after it stopped")
+			}
+			tc.fresh(tg)
+			sweep(in, t0.Add(grace+2*time.Millisecond))
+			if got := tg.droppedRanks(); len(got) != 2 {
+				t.Fatalf("ranks %v removed by the next sweep of a node fit to, want 1/5 and 1/9", got)
+			}
+		})
+	}
+	// Closed as a sweep starts the removal (Close waits for the sweeps,
+	// then for the removals they started).
+	t.Run("closed", func(t *testing.T) {
+		tg, in, t0 := unlistedRunWaiting(t, grace)
+		close(tg.release)
+		in.cwg.Wait()
+		tg.mu.Lock()
+		tg.stray = append(tg.stray, kvevent.Rank{Worker: 1, DP: 7})
+		tg.mu.Unlock()
+		sweep(in, t0.Add(grace+2*time.Millisecond)) // 1/7 first seen
+		in.Close()
+		sweep(in, t0.Add(3*grace))
+		if got := tg.droppedRanks(); len(got) != 2 {
+			t.Fatalf("ranks %v removed, want only 1/5 and 1/9 (before the ingester closed)", got)
+		}
+	})
+}
+
 // TestLeaseExpiryFromAnEndedTermKeepsTheWorker: a sweep finds worker 7's
 // lease run out, and its removal waits for the worker-table lock; the
 // node steps down and is elected again meanwhile. The removal leaves the
@@ -359,6 +492,58 @@ func TestDeafLeaderHoldsLeases(t *testing.T) {
 	sweep(in, t2.Add(lease+time.Millisecond))
 	if r := tg.removedIDs(); !slices.Equal(r, []uint64{7}) {
 		t.Fatalf("workers %v removed after a lease of silence with the connection up, want [7]", r)
+	}
+}
+
+// TestReconnectRestartsTheUnlistedGrace: a reconnection of the leader's
+// NATS connection between two sweeps restarts the grace of a registered
+// worker's unlisted ranks from the next sweep, as it does every lease and
+// the unregistered workers' grace (leases.restart): without, the rank,
+// first seen at t0, would go at the sweep just after the reconnection.
+func TestReconnectRestartsTheUnlistedGrace(t *testing.T) {
+	s, err := StartServer(ServerConfig{Name: "s1", Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	addr := s.Addr().String()
+	lc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lc.Close)
+
+	stray := kvevent.Rank{Worker: 1, DP: 9}
+	tg := &strayTarget{fakeTarget: newFakeTarget(), stray: []kvevent.Rank{stray}}
+	tg.workers[1] = raftfsm.WorkerInfo{ID: 1, DPRanks: []uint32{0}}
+	const grace = 10 * time.Second
+	in := newIngester(IngesterConfig{Conn: lc, Node: tg, UnregisteredGrace: grace, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0)
+	sweep(in, t0) // first seen
+
+	// Down and back between two sweeps (the same address: the connection
+	// knows no other).
+	s.Shutdown()
+	s.WaitForShutdown()
+	waitFor(t, 10*time.Second, "the connection down", func() bool { return !lc.IsConnected() })
+	if s, err = StartServer(ServerConfig{Name: "s1", Addr: addr}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the connection back", func() bool { return lc.IsConnected() })
+
+	t1 := t0.Add(grace + time.Millisecond)
+	sweep(in, t1) // back: the grace starts afresh
+	if got := tg.droppedRanks(); len(got) != 0 {
+		t.Fatalf("ranks %v removed at the first sweep after a reconnection, a grace after a sighting before it", got)
+	}
+	sweep(in, t1.Add(grace))
+	if got := tg.droppedRanks(); len(got) != 0 {
+		t.Fatalf("ranks %v removed within a grace of the reconnection", got)
+	}
+	sweep(in, t1.Add(grace+time.Millisecond))
+	if got := tg.droppedRanks(); !slices.Equal(got, []kvevent.Rank{stray}) {
+		t.Fatalf("ranks %v removed past the grace after the reconnection, want [%v]", got, stray)
 	}
 }
 
