@@ -533,7 +533,7 @@ func (w *commitWatch) admit(rpc raft.RPC) bool {
 			w.logger.Error("refusing an RPC this node sent itself: a member's raft address reaches this node; "+
 				"remove that member (kvctl members list, kvctl members remove)", "refused", k)
 		}
-		rpc.Respond(nil, fmt.Errorf("%w: server %s received its own RPC: the raft address it was sent to reaches its sender", ErrInvalid, w.self))
+		refuseRPC(rpc, fmt.Errorf("%w: server %s received its own RPC: the raft address it was sent to reaches its sender", ErrInvalid, w.self))
 		return false
 	}
 	if from, ok := w.foreign(rpc); ok {
@@ -558,7 +558,30 @@ func (w *commitWatch) refuse(rpc raft.RPC, from string) {
 			"remove it from the other cluster, or wipe its data directory and start it with --join",
 			"from", from, "refused", k)
 	}
-	rpc.Respond(nil, fmt.Errorf("%w: server %s is a cluster of its own and follows no other leader", ErrInvalid, w.self))
+	refuseRPC(rpc, fmt.Errorf("%w: server %s is a cluster of its own and follows no other leader", ErrInvalid, w.self))
+}
+
+// refuseRPC answers rpc with err and the empty response of its kind,
+// never a nil one: hashicorp/raft v1.8.0's in-memory pipeline takes an
+// append's answer for an *AppendEntriesResponse before it looks at the
+// error, and panics on nil (the tests' clusters run on it). The network
+// transport sends the error alone either way: its sender reads the error
+// first and returns it.
+func refuseRPC(rpc raft.RPC, err error) {
+	var resp any
+	switch rpc.Command.(type) {
+	case *raft.AppendEntriesRequest:
+		resp = &raft.AppendEntriesResponse{}
+	case *raft.RequestVoteRequest:
+		resp = &raft.RequestVoteResponse{}
+	case *raft.RequestPreVoteRequest:
+		resp = &raft.RequestPreVoteResponse{}
+	case *raft.InstallSnapshotRequest:
+		resp = &raft.InstallSnapshotResponse{}
+	case *raft.TimeoutNowRequest:
+		resp = &raft.TimeoutNowResponse{}
+	}
+	rpc.Respond(resp, err)
 }
 
 // setAlone gives the watch the node's test of being alone, asked on every
@@ -583,7 +606,7 @@ func (w *commitWatch) SetHeartbeatHandler(cb func(rpc raft.RPC)) {
 	}
 	w.Transport.SetHeartbeatHandler(func(rpc raft.RPC) {
 		if w.alone.Load() == nil {
-			rpc.Respond(nil, fmt.Errorf("%w: server %s is starting", ErrNoLeader, w.self))
+			refuseRPC(rpc, fmt.Errorf("%w: server %s is starting", ErrNoLeader, w.self))
 			return
 		}
 		if !w.admit(rpc) {

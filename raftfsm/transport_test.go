@@ -250,3 +250,53 @@ func TestARefusalAwayFromAnInstallIsNotTakenForOne(t *testing.T) {
 		}
 	}
 }
+
+// TestARefusedAppendThroughTheInmemPipelineIsAnError: an RPC the node
+// refuses (refuseRPC: its own, another cluster's, or while it starts) is
+// answered with an empty response of its kind and the error. Answered
+// with a nil response, hashicorp/raft's in-memory pipeline, which the
+// tests' clusters run on, panicked ("interface {} is nil, not
+// *raft.AppendEntriesResponse") and took the test binary down: seen in
+// package runs. The leader reads the error.
+func TestARefusedAppendThroughTheInmemPipelineIsAnError(t *testing.T) {
+	lAddr, lTrans := raft.NewInmemTransport("")
+	fAddr, fTrans := raft.NewInmemTransport("")
+	lTrans.Connect(fAddr, fTrans)
+	fTrans.Connect(lAddr, lTrans)
+	defer lTrans.Close()
+	defer fTrans.Close()
+	refusal := errors.New("refused (test)")
+	done := make(chan struct{})
+	defer func() { <-done }()
+	go func() {
+		defer close(done)
+		rpc := <-fTrans.Consumer()
+		refuseRPC(rpc, refusal)
+	}()
+	p, err := lTrans.AppendEntriesPipeline("f", fAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var resp raft.AppendEntriesResponse
+	f, err := p.AppendEntries(&raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax}, Term: 1}, &resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-p.Consumer():
+		if got != f || !errors.Is(got.Error(), refusal) {
+			t.Fatalf("pipeline answered %v, want the refusal", got.Error())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer through the pipeline")
+	}
+	for _, cmd := range []any{&raft.AppendEntriesRequest{}, &raft.RequestVoteRequest{}, &raft.RequestPreVoteRequest{},
+		&raft.InstallSnapshotRequest{}, &raft.TimeoutNowRequest{}} {
+		ch := make(chan raft.RPCResponse, 1)
+		refuseRPC(raft.RPC{Command: cmd, RespChan: ch}, refusal)
+		if r := <-ch; r.Response == nil || r.Error != refusal {
+			t.Errorf("%T refused with %v, %v; want its empty response and the error", cmd, r.Response, r.Error)
+		}
+	}
+}
