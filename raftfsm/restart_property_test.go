@@ -84,29 +84,42 @@ func genRestartCommand(t *rapid.T, now int64) []byte {
 // prints the -rapid.seed that replays a failure; make test-long runs
 // more rounds.
 func TestReopenMidLogKeepsTheState(t *testing.T) {
+	reopenRounds(t, checkReopenMidLogKeepsTheState)
+}
+
+// reopenRounds runs a reopen property's check once, and 20 times under
+// KVROUTER_LONG (make test-long).
+func reopenRounds(t *testing.T, check func(*testing.T)) {
 	rounds := 1
 	if os.Getenv("KVROUTER_LONG") != "" {
 		rounds = 20 // make test-long
 	}
 	for range rounds {
-		checkReopenMidLogKeepsTheState(t)
+		check(t)
 	}
+}
+
+// reopenPair opens the two FSMs a reopen property compares, with a group
+// size rapid draws and orphan bounds small enough for short logs: a,
+// which applies the log straight, and b in bdir, which the property
+// reopens (open) or restores at random points. The caller closes both.
+func reopenPair(t *testing.T, rt *rapid.T) (a, b *FSM, bdir string, open func(dir string) *FSM) {
+	groupBytes := rapid.SampledFrom([]int{0, 64, 300}).Draw(rt, "group")
+	open = func(dir string) *FSM {
+		f, err := OpenFSM(FSMConfig{Dir: dir, Logger: quiet, GroupBytes: groupBytes, Index: indexer.Config{OrphanTTL: 8, OrphanMaxEvents: 3, OrphanMaxBlocks: 4}, OnFatal: func(err error) { rt.Fatalf("fatal: %v", err) }})
+		if err != nil {
+			rt.Fatal(err)
+		}
+		return f
+	}
+	bdir = filepath.Join(t.TempDir(), "b")
+	return open(filepath.Join(t.TempDir(), "a")), open(bdir), bdir, open
 }
 
 func checkReopenMidLogKeepsTheState(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		groupBytes := rapid.SampledFrom([]int{0, 64, 300}).Draw(rt, "group")
-		open := func(dir string) *FSM {
-			f, err := OpenFSM(FSMConfig{Dir: dir, Logger: quiet, GroupBytes: groupBytes, Index: indexer.Config{OrphanTTL: 8, OrphanMaxEvents: 3, OrphanMaxBlocks: 4}, OnFatal: func(err error) { rt.Fatalf("fatal: %v", err) }})
-			if err != nil {
-				rt.Fatal(err)
-			}
-			return f
-		}
-		a := open(filepath.Join(t.TempDir(), "a"))
+		a, b, bdir, open := reopenPair(t, rt)
 		defer a.Close()
-		bdir := filepath.Join(t.TempDir(), "b")
-		b := open(bdir)
 		defer func() { b.Close() }()
 		var w logWriter
 		var logs [][]byte
@@ -223,29 +236,13 @@ func genEveryCommand(t *rapid.T, now int64) []byte {
 // points. rapid prints the -rapid.seed that replays a failure; make
 // test-long runs more rounds.
 func TestReopenMidLogKeepsTheStateForEveryOperation(t *testing.T) {
-	rounds := 1
-	if os.Getenv("KVROUTER_LONG") != "" {
-		rounds = 20 // make test-long
-	}
-	for range rounds {
-		checkReopenMidLogKeepsTheStateForEveryOperation(t)
-	}
+	reopenRounds(t, checkReopenMidLogKeepsTheStateForEveryOperation)
 }
 
 func checkReopenMidLogKeepsTheStateForEveryOperation(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		groupBytes := rapid.SampledFrom([]int{0, 64, 300}).Draw(rt, "group")
-		open := func(dir string) *FSM {
-			f, err := OpenFSM(FSMConfig{Dir: dir, Logger: quiet, GroupBytes: groupBytes, Index: indexer.Config{OrphanTTL: 8, OrphanMaxEvents: 3, OrphanMaxBlocks: 4}, OnFatal: func(err error) { rt.Fatalf("fatal: %v", err) }})
-			if err != nil {
-				rt.Fatal(err)
-			}
-			return f
-		}
-		a := open(filepath.Join(t.TempDir(), "a"))
+		a, b, bdir, open := reopenPair(t, rt)
 		defer a.Close()
-		bdir := filepath.Join(t.TempDir(), "b")
-		b := open(bdir)
 		defer func() { b.Close() }()
 		var w logWriter
 		now := int64(100)
