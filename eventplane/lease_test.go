@@ -421,32 +421,7 @@ func TestLeaseExpiryStopsWhenNotCaughtUp(t *testing.T) {
 // (its ranks' state and bookings) once its lease ran out, though the
 // agents kept sending heartbeats and the other nodes heard them.
 func TestDeafLeaderHoldsLeases(t *testing.T) {
-	s, err := StartServer(ServerConfig{Name: "s1", Addr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	addr := s.Addr().String()
-	lc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lc.Close)
-	down := func() {
-		t.Helper()
-		s.Shutdown()
-		s.WaitForShutdown()
-		waitFor(t, 10*time.Second, "the connection down", func() bool { return !lc.IsConnected() })
-	}
-	up := func() {
-		t.Helper()
-		// The same address: the connection knows no other.
-		if s, err = StartServer(ServerConfig{Name: "s1", Addr: addr}); err != nil {
-			t.Fatal(err)
-		}
-		waitFor(t, 10*time.Second, "the connection back", func() bool { return lc.IsConnected() })
-	}
-
+	lc, down, up := bouncingNATS(t)
 	tg := newFakeTarget()
 	const lease = 10 * time.Second
 	tg.register(7, lease)
@@ -501,18 +476,7 @@ func TestDeafLeaderHoldsLeases(t *testing.T) {
 // the unregistered workers' grace (leases.restart): without, the rank,
 // first seen at t0, would go at the sweep just after the reconnection.
 func TestReconnectRestartsTheUnlistedGrace(t *testing.T) {
-	s, err := StartServer(ServerConfig{Name: "s1", Addr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	addr := s.Addr().String()
-	lc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lc.Close)
-
+	lc, down, up := bouncingNATS(t)
 	stray := kvevent.Rank{Worker: 1, DP: 9}
 	tg := &strayTarget{fakeTarget: newFakeTarget(), stray: []kvevent.Rank{stray}}
 	tg.workers[1] = raftfsm.WorkerInfo{ID: 1, DPRanks: []uint32{0}}
@@ -522,15 +486,9 @@ func TestReconnectRestartsTheUnlistedGrace(t *testing.T) {
 	in.leases.lead(t0)
 	sweep(in, t0) // first seen
 
-	// Down and back between two sweeps (the same address: the connection
-	// knows no other).
-	s.Shutdown()
-	s.WaitForShutdown()
-	waitFor(t, 10*time.Second, "the connection down", func() bool { return !lc.IsConnected() })
-	if s, err = StartServer(ServerConfig{Name: "s1", Addr: addr}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, "the connection back", func() bool { return lc.IsConnected() })
+	// Down and back between two sweeps.
+	down()
+	up()
 
 	t1 := t0.Add(grace + time.Millisecond)
 	sweep(in, t1) // back: the grace starts afresh
@@ -815,4 +773,38 @@ func TestDecodeHeartbeatAnswer(t *testing.T) {
 	if _, err := DecodeHeartbeatAnswer(m); !errors.Is(err, ErrMalformed) {
 		t.Errorf("a body of 3 bytes: %v, want ErrMalformed", err)
 	}
+}
+
+// bouncingNATS starts a NATS server and a connection to it that
+// reconnects for ever, and returns the connection with down, which shuts
+// the server and waits for the connection to see it, and up, which
+// starts it again at the same address (the connection knows no other)
+// and waits for the connection to come back.
+func bouncingNATS(t *testing.T) (lc *nats.Conn, down, up func()) {
+	t.Helper()
+	s, err := StartServer(ServerConfig{Name: "s1", Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	addr := s.Addr().String()
+	if lc, err = nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lc.Close)
+	down = func() {
+		t.Helper()
+		s.Shutdown()
+		s.WaitForShutdown()
+		waitFor(t, 10*time.Second, "the connection down", func() bool { return !lc.IsConnected() })
+	}
+	up = func() {
+		t.Helper()
+		var err error
+		if s, err = StartServer(ServerConfig{Name: "s1", Addr: addr}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 10*time.Second, "the connection back", func() bool { return lc.IsConnected() })
+	}
+	return lc, down, up
 }
