@@ -4,7 +4,9 @@
 // it to whichever node leads; the router side (Ingester) runs on every node
 // but subscribes only while its node leads, packs the requests that arrive
 // within a short linger into one Raft entry, and answers each request with
-// its ranks' acknowledgements after commit. StartServer runs the embedded
+// its ranks' acknowledgements after commit. A Handover moves the
+// leadership off a leader whose NATS connection stays down, to a voter
+// connected to NATS (handover.go). StartServer runs the embedded
 // NATS server each kvrouter node carries. docs/events.md lists the subjects
 // and the wire format.
 //

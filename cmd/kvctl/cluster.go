@@ -24,7 +24,8 @@ func statusCommand(e *env) *cli.Command {
 			"index, commit index, FSM applied index, leader, last contact with the leader, last\n" +
 			"snapshot index, state digest and NATS connection. Replicas at the same applied index\n" +
 			"must show the same digest; a node not connected to NATS is warned of (a leader without\n" +
-			"it ingests no agent's events). An endpoint that does not answer reads UNREACHABLE, and one that answers\n" +
+			"it ingests no agent's events until it reconnects or, after its --nats-handover-after, hands\n" +
+			"the leadership to a node connected to NATS). An endpoint that does not answer reads UNREACHABLE, and one that answers\n" +
 			"with an error (401 without the token) or whose TLS does not match kvctl's reads ERROR,\n" +
 			"with why in the row; either makes the exit code 1.\n\n" +
 			"Example:\n" +
@@ -149,7 +150,7 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 		// NATS matters when it takes over.
 		role := "it ingests nothing until it reconnects, should it take over"
 		if r.Status.State == "Leader" {
-			role = "it leads, so no agent's events are ingested until it reconnects (or another node leads: kvctl leader transfer)"
+			role = "it leads, so no agent's events are ingested until it reconnects or another node leads (it hands the leadership to a node connected to NATS after its --nats-handover-after; kvctl leader transfer moves it now)"
 		}
 		fmt.Fprintf(e.stderr, "kvctl: warning: %s (%s) is not connected to NATS: %s (docs/operations.md, \"What to watch\")\n",
 			orDash(r.Status.ID), r.Endpoint, role)

@@ -87,6 +87,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "nats-tls-ca", EnvVars: []string{"KVROUTER_NATS_TLS_CA"}, Usage: "PEM CA: the embedded server requires client certificates it signed (with --nats-tls-cert and --nats-tls-key); with --nats-url, the CA of the server's certificate"},
 			&cli.StringFlag{Name: "events-subject", Value: eventplane.DefaultSubject, EnvVars: []string{"KVROUTER_EVENTS_SUBJECT"}, Usage: "subject of event requests (the dump subject is <subject>.dump; not " + eventplane.DefaultHeartbeatSubject + ", the heartbeat subject)"},
 			&cli.DurationFlag{Name: "events-linger", Value: time.Millisecond, EnvVars: []string{"KVROUTER_EVENTS_LINGER"}, Usage: "how long the leader waits to pack more event requests into one Raft entry"},
+			&cli.DurationFlag{Name: "nats-handover-after", Value: 10 * time.Second, EnvVars: []string{"KVROUTER_NATS_HANDOVER_AFTER"}, Usage: "a leader whose NATS connection stays down this long hands the leadership to a voter that is ready and connected to NATS (only the leader ingests the agents' events); 0: never"},
 			&cli.DurationFlag{Name: "unregistered-grace", Value: 2 * time.Minute, EnvVars: []string{"KVROUTER_UNREGISTERED_GRACE"}, Usage: "the leader removes the ranks of a worker that is not registered (its agent publishes before registering, after its removal, or never registers) once it stays so for this long"},
 			&cli.Int64Flag{Name: "max-body-bytes", Value: api.DefaultMaxBodyBytes, EnvVars: []string{"KVROUTER_MAX_BODY_BYTES"}, Usage: "largest JSON request body (413 above it)"},
 			&cli.Int64Flag{Name: "max-snapshot-bytes", EnvVars: []string{"KVROUTER_MAX_SNAPSHOT_BYTES"}, Usage: "largest snapshot upload to restore (413 above it; 0: no limit)"},
@@ -342,6 +343,18 @@ func run(c *cli.Context) error {
 	}
 	forwardTransport := sec.transport()
 	defer forwardTransport.CloseIdleConnections()
+	var handover *eventplane.Handover
+	if d := c.Duration("nats-handover-after"); d > 0 {
+		handover, err = eventplane.NewHandover(eventplane.HandoverConfig{Node: node, Connected: nc.IsConnected, After: d,
+			PeerConnected: peerReadyWithNATS(forwardTransport, sec.scheme()), Registerer: reg, Logger: logger})
+		if err != nil {
+			ing.Close()
+			node.Close()
+			closeNATS()
+			closeServers()
+			return err
+		}
+	}
 	srv := api.NewServer(node, api.Options{Logger: logger, Registerer: reg, Gatherer: reg,
 		MaxBodyBytes: c.Int64("max-body-bytes"), MaxSnapshotBytes: c.Int64("max-snapshot-bytes"),
 		Token: sec.token, ForwardTransport: forwardTransport, ForwardScheme: sec.scheme(), NATSConnected: nc.IsConnected})
@@ -410,6 +423,9 @@ func run(c *cli.Context) error {
 	drained.Wait()
 	srv.Close()
 	agentless.Close()
+	if handover != nil {
+		handover.Close()
+	}
 	ing.Close()
 	if usersClosed != nil {
 		usersClosed(node, nc)
@@ -417,6 +433,26 @@ func run(c *cli.Context) error {
 	err = node.Close()
 	closeNATS()
 	return cmp.Or(runErr, err)
+}
+
+// peerReadyWithNATS asks a member's /readyz, through rt (the transport
+// that forwards writes to the leader: this node's TLS), whether it is
+// ready and connected to NATS: the Handover's question before it hands
+// the leadership to that member. A member of a build whose /readyz does
+// not say (no nats field) is taken as not connected.
+func peerReadyWithNATS(rt http.RoundTripper, scheme string) func(context.Context, raftfsm.Member) (bool, error) {
+	hc := &http.Client{Transport: rt}
+	return func(ctx context.Context, m raftfsm.Member) (bool, error) {
+		cl, err := client.New([]string{m.HTTPAddr}, client.Options{HTTPClient: hc, Scheme: scheme, UserAgent: "kvrouter-handover"})
+		if err != nil {
+			return false, err
+		}
+		r, err := cl.Ready(ctx)
+		if err != nil {
+			return false, err
+		}
+		return r.Ready && r.NATS == "connected", nil
+	}
 }
 
 // beforeLoad, when set (by tests), runs right before the node loads its
@@ -761,6 +797,9 @@ func checkDurations(c *cli.Context) error {
 		if d := c.Duration(name); d <= 0 {
 			return fmt.Errorf("--%s %v: want > 0", name, d)
 		}
+	}
+	if d := c.Duration("nats-handover-after"); d < 0 {
+		return fmt.Errorf("--nats-handover-after %v: want > 0, or 0 for never", d)
 	}
 	if d := c.Duration("booking-max-age"); d < minBookingMaxAge || d > maxBookingMaxAge {
 		return fmt.Errorf("--booking-max-age %v: want between %v and %v", d, minBookingMaxAge, maxBookingMaxAge)

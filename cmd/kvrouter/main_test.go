@@ -275,6 +275,7 @@ func TestTimingFlagsAreChecked(t *testing.T) {
 		{[]string{"--leader-lease-timeout", "1ms"}, "--leader-lease-timeout"},
 		{[]string{"--silent-after", "-1m"}, "--silent-after"},
 		{[]string{"--events-linger", "0s"}, "--events-linger"},
+		{[]string{"--nats-handover-after", "-1s"}, "--nats-handover-after"},
 		{[]string{"--snapshot-threshold", "0"}, "--snapshot-threshold"},
 		{[]string{"--snapshot-bytes", "0"}, "--snapshot-bytes"},
 	} {

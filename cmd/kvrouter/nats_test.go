@@ -8,10 +8,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -602,5 +604,85 @@ func TestTheNodesConnectionsCountASlowConsumer(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 			}
 		})
+	}
+}
+
+// TestALeaderAloneWithoutNATSKeepsItsLeadership: with
+// --nats-handover-after, a leader whose NATS connection stays down that
+// long looks for a voter connected to NATS to take over; alone in its
+// cluster it finds none, keeps leading, and counts the try
+// (kvrouter_nats_handovers_total{outcome="no_candidate"}).
+func TestALeaderAloneWithoutNATSKeepsItsLeadership(t *testing.T) {
+	addr, httpAddr, dataDir, raftAddr := freeAddr(t), freeAddr(t), t.TempDir(), freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	a := newApp()
+	a.ExitErrHandler = func(*cli.Context, error) {}
+	go func() {
+		done <- a.RunContext(ctx, []string{"kvrouter", "--data-dir", dataDir, "--http-addr", httpAddr, "--raft-addr", raftAddr,
+			"--nats-url", "nats://" + addr, "--nats-handover-after", "50ms", "--log-level", "error"})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("kvrouter stopped: %v", err)
+		}
+	}()
+	poll(t, "a handover try that finds no other voter", func() bool {
+		r, err := http.Get("http://" + httpAddr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer r.Body.Close()
+		b, err := io.ReadAll(r.Body)
+		return err == nil && strings.Contains(string(b), `kvrouter_nats_handovers_total{outcome="no_candidate"}`)
+	})
+	if b := readyzOf(t, httpAddr); !strings.Contains(b, `"state":"Leader"`) {
+		t.Errorf("/readyz after the try: %s, want the node still leading", b)
+	}
+}
+
+// TestPeerReadyWithNATSAsksTheMembersReadyz: the handover takes a member
+// as connected only when its /readyz answers ready with nats connected;
+// not ready, disconnected, a build that does not say, or no answer is no.
+func TestPeerReadyWithNATSAsksTheMembersReadyz(t *testing.T) {
+	var answer atomic.Pointer[string]
+	status := atomic.Int32{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/readyz" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(int(status.Load()))
+		io.WriteString(w, *answer.Load())
+	}))
+	defer srv.Close()
+	ask := peerReadyWithNATS(http.DefaultTransport, "http")
+	m := raftfsm.Member{ID: "n2", HTTPAddr: strings.TrimPrefix(srv.URL, "http://"), Voter: true}
+	for _, tc := range []struct {
+		code int
+		body string
+		want bool
+	}{
+		{200, `{"ready":true,"state":"Follower","applied_index":7,"nats":"connected"}`, true},
+		{200, `{"ready":true,"state":"Follower","applied_index":7,"nats":"disconnected"}`, false},
+		{200, `{"ready":true,"state":"Follower","applied_index":7}`, false},
+		{503, `{"ready":false,"state":"Candidate","applied_index":7,"nats":"connected","error":"no leader","reason":"not_ready"}`, false},
+	} {
+		status.Store(int32(tc.code))
+		answer.Store(&tc.body)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		got, err := ask(ctx, m)
+		cancel()
+		if err != nil || got != tc.want {
+			t.Errorf("/readyz %d %s: %v, %v; want %v", tc.code, tc.body, got, err, tc.want)
+		}
+	}
+	srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if got, err := ask(ctx, m); got || err == nil {
+		t.Errorf("a member that does not answer: %v, %v; want false and an error", got, err)
 	}
 }
