@@ -219,6 +219,14 @@ func (h *Handover) try(down time.Duration) string {
 		ctx, cancel = context.WithTimeout(h.ctx, h.cfg.Timeout)
 		err = h.cfg.Node.TransferLeadership(ctx, m.ID)
 		cancel()
+		if err != nil && !h.cfg.Node.IsLeader() {
+			// A transfer whose answer did not come in time (its context
+			// ended, the TimeoutNow's answer was lost) may still have
+			// taken: this node no longer leads.
+			h.tries.WithLabelValues(handoverTransferred).Inc()
+			log.Warn("no NATS connection: handed the leadership over (the transfer's own answer was an error)", "to", m.ID, "err", err)
+			return handoverTransferred
+		}
 		if err != nil {
 			h.tries.WithLabelValues(handoverFailed).Inc()
 			log.Warn("no NATS connection: handing the leadership over failed; trying again later", "to", m.ID, "err", err)
