@@ -33,7 +33,8 @@
 // that answer. A node's TLS certificate that a try refused stays in the
 // error too (*tls.CertificateVerificationError; CertificateHint says what to
 // do). A JSON answer longer than MaxAnswerBytes fails with ErrAnswerTooLarge
-// (error answers are read up to 1 MiB; snapshot downloads are unbounded).
+// (error answers are read up to MaxAnswerBytes too, past which they keep
+// only their status and first bytes; snapshot downloads are unbounded).
 package client
 
 import (
@@ -449,7 +450,7 @@ type Error struct {
 	// is busy, and says why. None for a brief route.
 	Candidates []api.Candidate
 
-	body []byte // the answer's body (up to 1 MiB), for calls that read more of it
+	body []byte // the answer's body (up to MaxAnswerBytes), for calls that read more of it
 }
 
 func (e *Error) Error() string {
@@ -856,9 +857,12 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, d.err
 }
 
-// decodeError reads an error answer.
+// decodeError reads an error answer, up to maxAnswerBytes: the same bound
+// as an answer's, since a route refused overloaded lists every candidate
+// rank, a few hundred bytes each (a worker may have 4,096 dp ranks), and
+// one cut short no longer decodes and loses its reason.
 func decodeError(base string, resp *http.Response) error {
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
 	e := &Error{Endpoint: base, StatusCode: resp.StatusCode, body: raw}
 	var body api.ErrorResponse
 	if json.Unmarshal(raw, &body) == nil && body.Error != "" {

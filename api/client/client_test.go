@@ -541,6 +541,43 @@ func TestRouteOverloadedCarriesCandidates(t *testing.T) {
 	}
 }
 
+// TestAnOverloadedAnswerWithManyCandidatesKeepsItsReason: a route that
+// every rank being busy refuses carries each candidate in its error body,
+// some 370 bytes each, and one worker may have limits.MaxDPRanks (4,096)
+// dp ranks. From a review: the client read 1 MiB of an error body, cut
+// such an answer (about 2,800 candidates and more), and the error lost its
+// reason: errors.Is(err, indexer.ErrOverloaded) was false, and a caller
+// took the refusal for anything else (sim/remote.go: a route that may
+// have booked).
+func TestAnOverloadedAnswerWithManyCandidatesKeepsItsReason(t *testing.T) {
+	cands := make([]api.Candidate, 4096)
+	for i := range cands {
+		cands[i] = api.Candidate{WorkerID: 1 << 40, DPRank: uint32(i), Credit: 12.5, PrefillBlocks: 100.25,
+			PotentialDecodeBlocks: 123456, ActiveRequests: 17, ActivePrefillTokens: 123456, ActiveDecodeBlocks: 65432,
+			Cost: 1234.5678, Busy: true, BusyReason: "decode_blocks+prefill_tokens", Probability: 0.000244140625}
+	}
+	body, err := json.Marshal(api.ErrorResponse{Error: "every candidate rank is busy", Reason: api.ReasonOverloaded, Candidates: cands})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(srv.Close)
+	_, err = newClient(t, srv.URL).Route(context.Background(), api.RouteRequest{TokenIDs: []uint32{1, 2, 3, 4}})
+	var ae *client.Error
+	if !errors.As(err, &ae) || !errors.Is(err, indexer.ErrOverloaded) || len(ae.Candidates) != len(cands) {
+		reason, n := "<no *client.Error>", 0
+		if ae != nil {
+			reason, n = ae.Reason, len(ae.Candidates)
+		}
+		t.Fatalf("a %d-byte overloaded answer with %d candidates: reason %q, %d candidates, errors.Is(ErrOverloaded) %v; want overloaded with every candidate",
+			len(body), len(cands), reason, n, errors.Is(err, indexer.ErrOverloaded))
+	}
+}
+
 func TestIngestEventsAndDump(t *testing.T) {
 	n := newNode(t, "n1")
 	ctx := context.Background()
