@@ -20,7 +20,8 @@
 //   - Metric labels are bounded: the route label is the registered pattern,
 //     never the request path.
 //   - No input makes a handler panic; a panic anyway is answered 500 and
-//     logged.
+//     logged, or, once the status went out (a stream half-way), logged and
+//     the answer aborted, so that it cannot read whole.
 //
 // docs/api.md documents every route with examples.
 package api

@@ -536,6 +536,49 @@ func TestSnapshotFailingMidStreamSetsTheErrorTrailer(t *testing.T) {
 	}
 }
 
+// panicsMidSnapshot is a backend whose snapshot stream panics after its
+// first 64 KiB (a bug, a storage library's panic on a corrupt block):
+// more than the server buffers, so that its status is on the wire.
+type panicsMidSnapshot struct{ *apitest.Fake }
+
+func (p panicsMidSnapshot) SaveSnapshot(ctx context.Context, w io.Writer) (raftfsm.SnapshotInfo, error) {
+	_, _ = w.Write(bytes.Repeat([]byte{'x'}, 64<<10))
+	panic("corrupt block")
+}
+
+// TestASnapshotStreamThatPanicsHalfWayIsCutOff: a handler that panics
+// after its status went out (a snapshot stream half-way) is logged, counted
+// and its answer aborted: the client reads a broken stream, not a whole
+// one. From a review: the middleware's recover wrote nothing more once the
+// status was out, and the chunked stream ended cleanly without trailers,
+// which the client took for a whole snapshot of 64 KiB.
+func TestASnapshotStreamThatPanicsHalfWayIsCutOff(t *testing.T) {
+	var logs logSink
+	reg := prometheus.NewRegistry()
+	s := api.NewServer(panicsMidSnapshot{apitest.New("n1", "")},
+		api.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Registerer: reg, Gatherer: reg})
+	hs := httptest.NewServer(s)
+	t.Cleanup(func() {
+		hs.Close()
+		s.Close()
+	})
+	resp, err := http.Get(hs.URL + "/v1/snapshot")
+	if err != nil {
+		t.Fatalf("%v; want a 200 whose stream breaks off", err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || err == nil {
+		t.Fatalf("status %d, %d bytes read, err %v (trailers %v); want 200 and a stream that breaks off", resp.StatusCode, len(data), err, resp.Trailer)
+	}
+	if l := logs.String(); !strings.Contains(l, "api handler panicked") || !strings.Contains(l, "corrupt block") {
+		t.Fatalf("the panic was not logged:\n%s", l)
+	}
+	if got := counterValue(t, reg, "kvrouter_http_requests_total", map[string]string{"route": "GET /v1/snapshot"}); got != 1 {
+		t.Fatalf("the aborted download counted %v times, want once", got)
+	}
+}
+
 // TestForwardBrokenMidAnswerIsCountedFailed: a forwarded snapshot
 // download whose leader connection breaks after the answer started (the
 // proxy aborts the response with http.ErrAbortHandler) is counted in

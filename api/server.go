@@ -438,10 +438,17 @@ func (s *Server) register(pattern string, kind bodyKind, once bool, h handlerFun
 					panic(p)
 				}
 				s.log.Error("api handler panicked", "route", pattern, "panic", p, "stack", string(debug.Stack()))
-				if !rec.wrote {
-					s.writeError(rec, r, &httpError{code: http.StatusInternalServerError, reason: ReasonInternal,
-						err: fmt.Errorf("internal error: %v", p)})
+				if rec.wrote {
+					// The status is out (a snapshot stream half-way): an
+					// answer that ended here would read whole, a chunked
+					// stream with no error trailer. Abort it, as a
+					// forward whose leader broke off does: the client
+					// reads a broken stream.
+					s.observeRoute(rm, rec, start)
+					panic(http.ErrAbortHandler)
 				}
+				s.writeError(rec, r, &httpError{code: http.StatusInternalServerError, reason: ReasonInternal,
+					err: fmt.Errorf("internal error: %v", p)})
 			} else {
 				// The handler is done with the body (a panicking one may not
 				// be: its body is left to the garbage collector).
