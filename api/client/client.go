@@ -1194,7 +1194,8 @@ func (c *Client) DumpRank(ctx context.Context, rank kvevent.Rank, cursor uint64,
 // SnapshotResult describes a downloaded snapshot.
 type SnapshotResult struct {
 	// Info is what the server reported in the stream's trailers; fields it
-	// did not report are zero.
+	// did not report are zero (Bytes, which every build reports, is the
+	// stream's length: SaveSnapshot fails when it is not).
 	Info     raftfsm.SnapshotInfo
 	Bytes    int64  // bytes received and written
 	SHA256   string // of the bytes received
@@ -1203,7 +1204,8 @@ type SnapshotResult struct {
 
 // SaveSnapshot streams the cluster's latest snapshot into w. On an error
 // w may hold part of a stream, which must be thrown away; the stream
-// itself ends with a checksum that raftfsm.InspectSnapshot verifies.
+// itself ends with a checksum that raftfsm.InspectSnapshot verifies. A
+// stream whose size trailer is missing or not its length is an error.
 func (c *Client) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotResult, error) {
 	var res SnapshotResult
 	resp, base, err := c.do(ctx, request{method: http.MethodGet, path: "/v1/snapshot"})
@@ -1225,9 +1227,21 @@ func (c *Client) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotResult,
 		return res, &Error{Endpoint: base, StatusCode: resp.StatusCode, Reason: t.Get(api.TrailerErrorReason),
 			Message: "snapshot stream failed after " + strconv.FormatInt(n, 10) + " bytes: " + msg}
 	}
+	// Every build sends the size trailer with a whole stream: one that
+	// ended without it, or read other than its size, broke off without
+	// the error trailers (a node of an earlier build whose handler
+	// panicked half-way ended the stream cleanly), or came through a
+	// proxy that drops trailers, which cannot tell either.
+	size := t.Get(api.TrailerSnapshotBytes)
+	if res.Info.Bytes, err = strconv.ParseInt(size, 10, 64); err != nil || res.Info.Bytes != n {
+		if size == "" {
+			size = "none"
+		}
+		return res, fmt.Errorf("GET /v1/snapshot from %s: the stream ended after %d bytes with %s %s (a stream cut short, or a proxy that drops HTTP trailers): throw it away",
+			hostOf(base), n, api.TrailerSnapshotBytes, size)
+	}
 	res.Info.Index, _ = strconv.ParseUint(t.Get(api.TrailerSnapshotIndex), 10, 64)
 	res.Info.Term, _ = strconv.ParseUint(t.Get(api.TrailerSnapshotTerm), 10, 64)
-	res.Info.Bytes, _ = strconv.ParseInt(t.Get(api.TrailerSnapshotBytes), 10, 64)
 	v, _ := strconv.ParseUint(t.Get(api.TrailerSnapshotVersion), 10, 32)
 	res.Info.FormatVersion = uint32(v)
 	res.Info.SHA256 = t.Get(api.TrailerSnapshotSHA256)

@@ -804,6 +804,52 @@ func TestSnapshotBrokenMidStreamIsAnError(t *testing.T) {
 	}
 }
 
+// TestASnapshotStreamThatFailsHalfWayIsNoSuccess: a 200 snapshot stream
+// that ends without its size trailer, which every build sends with a
+// whole stream, or whose trailer's size is not what was read, is an
+// error: a node of an earlier build whose handler panicked half-way ended
+// such a stream cleanly, with no trailer. From a review: SaveSnapshot
+// took any 200 stream without the error trailer for a whole snapshot.
+func TestASnapshotStreamThatFailsHalfWayIsNoSuccess(t *testing.T) {
+	for name, size := range map[string]string{"no size trailer": "", "a size trailer that is not what was read": "65537"} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/octet-stream")
+			w.Header().Set("Trailer", api.TrailerSnapshotBytes)
+			_, _ = w.Write(bytes.Repeat([]byte{'x'}, 64<<10))
+			if size != "" {
+				w.Header().Set(api.TrailerSnapshotBytes, size)
+			}
+		}))
+		t.Cleanup(srv.Close)
+		var buf bytes.Buffer
+		res, err := newClient(t, srv.URL).SaveSnapshot(context.Background(), &buf)
+		if err == nil || !strings.Contains(err.Error(), api.TrailerSnapshotBytes) {
+			t.Errorf("%s: a stream of %d bytes: %v (result %+v); want an error naming the size trailer", name, buf.Len(), err, res)
+		}
+	}
+	// A node whose snapshot handler panics half-way, through its server.
+	n := newNode(t, "n1")
+	panics := api.NewServer(panicsMidSnapshot{n.fake}, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewServer(panics)
+	t.Cleanup(func() {
+		hs.Close()
+		panics.Close()
+	})
+	var buf bytes.Buffer
+	if res, err := newClient(t, hs.URL).SaveSnapshot(context.Background(), &buf); err == nil {
+		t.Fatalf("a stream that panicked after %d bytes: no error (result %+v)", buf.Len(), res)
+	}
+}
+
+// panicsMidSnapshot is a backend whose snapshot stream panics after its
+// first 64 KiB (a bug, a storage library's panic on a corrupt block).
+type panicsMidSnapshot struct{ *apitest.Fake }
+
+func (p panicsMidSnapshot) SaveSnapshot(ctx context.Context, w io.Writer) (raftfsm.SnapshotInfo, error) {
+	_, _ = w.Write(bytes.Repeat([]byte{'x'}, 64<<10))
+	panic("corrupt block")
+}
+
 // TestUploadAfterAnEarly503IsWhole: a node that answers 503 no_leader
 // before reading an upload sends the client on to the next endpoint with
 // the whole stream. The transport was still sending the first try's body
