@@ -633,6 +633,25 @@ func TestIngestEventsAndDump(t *testing.T) {
 	}
 }
 
+// TestIngestEventsRefusesAnAnswerShortOfAcks: an answer with fewer acks
+// than the request's batches (another server, a broken node) is an error,
+// not acks that a caller would pair with the wrong ranks or index past.
+func TestIngestEventsRefusesAnAnswerShortOfAcks(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(api.EventsResponse{Acks: []api.Ack{{WorkerID: 1, Cursor: 1, Applied: 1}}})
+	}))
+	t.Cleanup(srv.Close)
+	r0, r1 := kvevent.Rank{Worker: 1, DP: 0}, kvevent.Rank{Worker: 1, DP: 1}
+	acks, err := newClient(t, srv.URL).IngestEvents(context.Background(), []raftfsm.RankBatch{
+		{Rank: r0, Events: []kvevent.Event{{Rank: r0, EventID: 1, Kind: kvevent.KindCleared}}},
+		{Rank: r1, Events: []kvevent.Event{{Rank: r1, EventID: 1, Kind: kvevent.KindCleared}}},
+	})
+	if err == nil || !strings.Contains(err.Error(), "1 acks for 2 batches") {
+		t.Fatalf("an answer of 1 ack for 2 batches: acks %+v, err %v; want an error", acks, err)
+	}
+}
+
 // TestIngestEventsSplitsWhatANodeWouldRefuse: batches of many small
 // events, which a node refuses 413 too_large in one request (its
 // decode budget), are sent in several requests, each within the budget
