@@ -782,7 +782,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	if res.Info.Index != info.Index || res.Info.Term != info.Term || res.Info.SHA256 != info.SHA256 ||
-		res.Bytes != int64(buf.Len()) || res.Info.FormatVersion != 1 {
+		res.Bytes != int64(buf.Len()) || res.Info.Bytes != int64(buf.Len()) || res.Info.FormatVersion != 1 {
 		t.Fatalf("save = %+v, file = %+v", res, info)
 	}
 
