@@ -906,6 +906,37 @@ func TestUploadAfterAnEarly503IsWhole(t *testing.T) {
 	}
 }
 
+// TestAnUploadSentToItsLengthIsNotSentAgain: a restore whose transport
+// took every byte of the length it announced, but not the stream's end
+// (its read past the end failed), went out whole: the node may install it,
+// and the call's outcome is unknown. It is not sent to the next node, whose
+// restore would drop what was applied in between.
+func TestAnUploadSentToItsLengthIsNotSentAgain(t *testing.T) {
+	first, next := newHangUp(t), newHangUp(t)
+	up := &wholeThenFails{r: bytes.NewReader(bytes.Repeat([]byte{'x'}, 100))}
+	_, err := newClient(t, first.addr(), next.addr()).RestoreSnapshot(context.Background(), up)
+	if !errors.Is(err, client.ErrOutcomeUnknown) || next.accepted.Load() != 0 {
+		t.Fatalf("an upload read to its length: err %v, connections to the next node %d; want ErrOutcomeUnknown, none", err, next.accepted.Load())
+	}
+}
+
+// wholeThenFails is an upload that tells its length (Len) and can be
+// rewound, and whose read past its end fails instead of ending (a disk
+// that fails after the file's last byte).
+type wholeThenFails struct{ r *bytes.Reader }
+
+func (w *wholeThenFails) Read(p []byte) (int, error) {
+	n, err := w.r.Read(p)
+	if err == io.EOF {
+		return n, errors.New("disk read failed")
+	}
+	return n, err
+}
+
+func (w *wholeThenFails) Len() int { return w.r.Len() }
+
+func (w *wholeThenFails) Seek(off int64, whence int) (int64, error) { return w.r.Seek(off, whence) }
+
 // TestWritesNotSafeTwiceAreNotSentTwice: a restore, a leadership transfer
 // and a member removal that reached a node which gave no answer (it hung
 // up after reading the request) are not sent to the next node, and the
