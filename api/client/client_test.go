@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -936,6 +938,39 @@ func (w *wholeThenFails) Read(p []byte) (int, error) {
 func (w *wholeThenFails) Len() int { return w.r.Len() }
 
 func (w *wholeThenFails) Seek(off int64, whence int) (int64, error) { return w.r.Seek(off, whence) }
+
+// TestAnUploadFromAFileAnnouncesWhatIsLeftOfIt: a restore from an
+// *os.File announces its length, what is left of the file from where it
+// is read, rather than going chunked, which a node can tell from a stream
+// cut short only by its records.
+func TestAnUploadFromAFileAnnouncesWhatIsLeftOfIt(t *testing.T) {
+	var got atomic.Int64
+	got.Store(-2)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		got.Store(r.ContentLength)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte("{}"))
+	}))
+	t.Cleanup(srv.Close)
+	f, err := os.Create(filepath.Join(t.TempDir(), "snap"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(bytes.Repeat([]byte{'x'}, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Seek(100, io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newClient(t, srv.URL).RestoreSnapshot(context.Background(), f); err != nil {
+		t.Fatal(err)
+	}
+	if got.Load() != 900 {
+		t.Fatalf("an upload of the last 900 bytes of a file announced Content-Length %d, want 900", got.Load())
+	}
+}
 
 // TestWritesNotSafeTwiceAreNotSentTwice: a restore, a leadership transfer
 // and a member removal that reached a node which gave no answer (it hung
