@@ -120,6 +120,26 @@ type leaderChecker interface {
 
 var _ leaderChecker = (*raftfsm.Node)(nil)
 
+// termLeader is what a Target may also do (a raftfsm.Node does): say
+// whether it leads and in which Raft term, read together
+// (raftfsm.Node.LeaderTerm). A node that steps down and is elected again
+// between two polls of the ingester leads on as far as IsLeader says: the
+// term tells the new leadership from the old one. A Target without it
+// leads in term 0: a re-election between two polls goes unseen.
+type termLeader interface {
+	LeaderTerm() (term uint64, leads bool)
+}
+
+var _ termLeader = (*raftfsm.Node)(nil)
+
+// leaderTerm says whether the node leads, and in which term (termLeader).
+func (in *Ingester) leaderTerm() (term uint64, leads bool) {
+	if l, ok := in.cfg.Node.(termLeader); ok {
+		return l.LeaderTerm()
+	}
+	return 0, in.cfg.Node.IsLeader()
+}
+
 // caughtUp reports whether the node's state may judge what the leader
 // answers from it, not through Raft: heartbeats, and the lease and grace
 // sweeps, read the worker table, which misses the registrations (and
@@ -270,8 +290,8 @@ type Ingester struct {
 	// the label is bounded by the fleet, not by every worker there was.
 	labelMu  sync.Mutex
 	labelled map[uint64]struct{}
-	// terms counts the times this node stopped leading, under labelMu: a
-	// commit of an earlier term sets no lag after the step-down reset it.
+	// terms counts the terms this node ended leading (endTerm), under
+	// labelMu: a commit of an earlier term sets no lag after the reset.
 	terms uint64
 }
 
@@ -476,11 +496,15 @@ func (in *Ingester) Close() error {
 }
 
 // leadership holds the subscriptions exactly while the node leads. Polling
-// IsLeader (an atomic load) keeps raftfsm untouched; a poll interval of
-// 20ms is small next to an election.
+// the leadership and its term (atomic loads: leaderTerm) keeps raftfsm's
+// leadership loop untouched; a poll interval of 20ms is small next to an
+// election, but a step-down and a re-election may both fit in one (two
+// leadership transfers): the term changed, and the new term starts its
+// leases, graces and lag afresh as after a step-down the poll saw.
 func (in *Ingester) leadership() {
 	defer in.wg.Done()
 	var subs []*nats.Subscription
+	var led uint64 // the term the subscriptions were taken, or the leases last started, in
 	drop := func() {
 		for _, s := range subs {
 			// Drain lets the requests already delivered reach the batcher;
@@ -494,22 +518,27 @@ func (in *Ingester) leadership() {
 		}
 		subs = nil
 		in.m.subs.Set(0)
-		in.labelMu.Lock()
-		in.terms++
-		in.m.lag.Reset() // measured by the leader only
-		in.labelMu.Unlock()
-		in.leases.stepDown()
-		in.m.leasesHeld.Set(0) // a follower holds no lease
+		in.endTerm()
 	}
 	defer drop()
 	t := time.NewTicker(in.cfg.PollInterval)
 	defer t.Stop()
 	var lastSweep time.Time
 	for {
-		leads := in.cfg.Node.IsLeader()
+		term, leads := in.leaderTerm()
 		switch {
+		case leads && subs != nil && term != led:
+			// Stepped down and elected again since the last poll: what
+			// a step-down ends (the old term's leases, graces, removals
+			// in flight and lag) ends here, and the new term begins as
+			// a lead does. The subscriptions go on: the node leads.
+			in.endTerm()
+			in.leases.lead(time.Now(), term)
+			led = term
+			in.cfg.Logger.Info("event ingestion goes on in a new term", "term", term)
 		case leads && subs == nil:
-			in.leases.lead(time.Now())
+			in.leases.lead(time.Now(), term)
+			led = term
 			s1, err1 := in.cfg.Conn.QueueSubscribe(in.cfg.Subject, queueGroup, in.onEvents)
 			s2, err2 := in.cfg.Conn.QueueSubscribe(in.cfg.DumpSubject, queueGroup, in.onDump)
 			s3, err3 := in.cfg.Conn.QueueSubscribe(in.cfg.HeartbeatSubject, queueGroup, in.onHeartbeat)
@@ -557,6 +586,19 @@ func (in *Ingester) leadership() {
 		case <-t.C:
 		}
 	}
+}
+
+// endTerm ends what the leader keeps of its term, at a step-down or at a
+// new term of its own: the lag gauge (measured by the leader only; a
+// commit of the term before sets none after: observeLag), and the leases
+// and graces, whose removals in flight stop (leases.stepDown).
+func (in *Ingester) endTerm() {
+	in.labelMu.Lock()
+	in.terms++
+	in.m.lag.Reset()
+	in.labelMu.Unlock()
+	in.leases.stepDown()
+	in.m.leasesHeld.Set(0) // a follower holds no lease; a new term starts hearing afresh
 }
 
 // reply answers m and counts it in kvrouter_events_requests_total. A

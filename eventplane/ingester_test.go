@@ -132,7 +132,7 @@ func TestLeaseStartsWhenTheLeaderFirstSeesTheWorker(t *testing.T) {
 	tg := newFakeTarget()
 	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
 	t0 := time.Now()
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0.Add(time.Minute)) // nothing registered yet
 
 	const lease = 10 * time.Second
@@ -171,7 +171,7 @@ func TestNewLeaderGivesEveryWorkerALease(t *testing.T) {
 	tg.register(2, 0) // no lease: stays
 	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
 	t0 := time.Now()
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0)
 	sweep(in, t0.Add(time.Second))
 	if r := tg.removedIDs(); len(r) != 0 {
@@ -191,7 +191,7 @@ func TestHeartbeatsOfUnknownWorkersAreNotKept(t *testing.T) {
 	tg := newFakeTarget()
 	tg.register(5, time.Minute)
 	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
-	in.leases.lead(time.Now())
+	in.leases.lead(time.Now(), 0)
 	ids := make([]uint64, maxHeartbeatIDs-1) // the most one heartbeat carries, with 5
 	for i := range ids {
 		ids[i] = uint64(i) + 1000
@@ -218,7 +218,7 @@ func TestHeartbeatsCountEachWorkerIDOnce(t *testing.T) {
 	tg.register(5, time.Minute)
 	tg.register(6, time.Minute)
 	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
-	in.leases.lead(time.Now())
+	in.leases.lead(time.Now(), 0)
 	in.onHeartbeat(&nats.Msg{Data: AppendHeartbeat(nil, []uint64{5, 99, 5, 6, 99, 5})})
 	if n := val(in.m.heartbeats); n != 3 {
 		t.Fatalf("kvrouter_worker_heartbeats_total = %v after a heartbeat of ids 5, 6 and 99, want 3", n)
@@ -240,7 +240,7 @@ func TestAHeartbeatOfTooManyIDsIsRefusedUnread(t *testing.T) {
 	tg := newFakeTarget()
 	tg.register(5, time.Minute)
 	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
-	in.leases.lead(time.Now())
+	in.leases.lead(time.Now(), 0)
 	in.onHeartbeat(&nats.Msg{Data: AppendHeartbeat(nil, slices.Repeat([]uint64{5}, maxHeartbeatIDs+1))})
 	if n, bad := val(in.m.heartbeats), val(in.m.malformedHeartbeats); n != 0 || bad != 1 {
 		t.Fatalf("a heartbeat of %d ids: kvrouter_worker_heartbeats_total %v, _malformed_total %v; want 0 and 1", maxHeartbeatIDs+1, n, bad)
@@ -259,7 +259,7 @@ func TestFailedRemovalIsRetriedAtTheNextSweep(t *testing.T) {
 	tg.failNext = 1
 	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
 	t0 := time.Now()
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0)
 	sweep(in, t0.Add(2*time.Second)) // expired; the removal fails
 	if r := tg.removedIDs(); len(r) != 0 {
@@ -286,7 +286,7 @@ func TestHeartbeatWhileAnExpiryWaitsKeepsTheWorker(t *testing.T) {
 	}
 	now := time.Now()
 	t0 := now.Add(-lease - time.Second)
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0) // first seen
 
 	tg.workersMu.Lock()
@@ -387,7 +387,7 @@ func TestUnregisteredWorkersRanksAreRemovedAfterTheGrace(t *testing.T) {
 	const grace = 10 * time.Second
 	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
 	t0 := time.Now()
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0) // first seen
 	sweep(in, t0.Add(grace))
 	if r := tg.strayedIDs(); len(r) != 0 {
@@ -438,7 +438,7 @@ func TestRegisteredWorkersUnlistedRanksAreRemovedAfterTheGrace(t *testing.T) {
 	const grace = 10 * time.Second
 	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
 	t0 := time.Now()
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0) // first seen
 	sweep(in, t0.Add(grace))
 	if r := tg.droppedRanks(); len(r) != 0 {
@@ -505,7 +505,7 @@ func TestUnlistedRankListedDuringARemovalGetsAFreshGrace(t *testing.T) {
 	const grace = 10 * time.Second
 	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
 	t0 := time.Now()
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0) // a first seen
 	st.mu.Lock()
 	st.stray = []kvevent.Rank{a, c}
@@ -546,7 +546,7 @@ func TestStrayWorkersAreRemovedByOneRunAtATime(t *testing.T) {
 	const grace = 10 * time.Second
 	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
 	t0 := time.Now()
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0) // first seen
 	base := runtime.NumGoroutine()
 	tg.workersMu.Lock() // a registration holds the table lock: the run waits
@@ -611,7 +611,7 @@ func TestUnlistedRanksAreRemovedAtMostMaxStrayRemovalsAnEntry(t *testing.T) {
 	const grace = 10 * time.Second
 	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
 	t0 := time.Now()
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0) // first seen
 	now := t0.Add(grace + time.Millisecond)
 	sweep(in, now)
@@ -1548,7 +1548,7 @@ func TestHeartbeatRenewsTheLease(t *testing.T) {
 	const lease = 10 * time.Second
 	tg.register(7, lease)
 	t0 := time.Now().Add(-8 * time.Second) // the heartbeat below arrives 8 s after t0
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0) // the leader first sees the worker
 	in.onHeartbeat(&nats.Msg{Data: AppendHeartbeat(nil, []uint64{7})})
 	sweep(in, t0.Add(15*time.Second))
@@ -1767,7 +1767,7 @@ func TestHugeLeaseDoesNotExpireAtOnce(t *testing.T) {
 		tg.workers[7] = raftfsm.WorkerInfo{ID: 7, LeaseMs: ms}
 		tg.mu.Unlock()
 		t0 := time.Now()
-		in.leases.lead(t0)
+		in.leases.lead(t0, 0)
 		sweep(in, t0) // first seen: the lease starts
 		sweep(in, t0.Add(time.Second))
 		sweep(in, t0.Add(300*24*time.Hour))

@@ -234,6 +234,7 @@ func (in *Ingester) ranksWithoutState(ws []raftfsm.WorkerInfo) (v string, ok boo
 type leases struct {
 	mu     sync.Mutex
 	gen    uint64               // bumped by lead, restart and stepDown: what a term's removals check they still belong to
+	term   uint64               // the Raft term lead started them for (Ingester.leaderTerm; 0 from a Target that does not tell)
 	since  time.Time            // when this node became leader; zero when it does not lead
 	seen   map[uint64]time.Time // per registered worker: its last heartbeat, or when first seen, this term
 	expiry map[uint64]bool      // removals in flight
@@ -248,11 +249,11 @@ type leases struct {
 	counted    bool   // reconnects was read this term
 }
 
-func (l *leases) lead(now time.Time) {
+func (l *leases) lead(now time.Time, term uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.restart()
-	l.since = now
+	l.since, l.term = now, term
 	l.deaf, l.reconnects, l.counted = false, 0, false
 }
 
@@ -271,22 +272,27 @@ func (l *leases) stepDown() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.gen++
-	l.since, l.seen, l.expiry = time.Time{}, nil, nil
+	l.since, l.term, l.seen, l.expiry = time.Time{}, 0, nil, nil
 	l.unreg, l.strays = nil, nil
 	l.unlisted, l.unlistedRun = nil, false
 	l.deaf, l.reconnects, l.counted = false, 0, false
 }
 
 // current says whether gen, read with a sweep's decisions, is still the
-// leases' generation: no step-down (nor a re-election after one) came
+// leases' generation and the node still leads in the term they started
+// for (leaderTerm): no step-down (nor a re-election after one) came
 // since. A removal decided in one term waits for the worker-table lock
 // and for its commit (up to CommitTimeout); a step-down and an election
 // may both fit in that wait, and the new term's maps are its own: its
-// leases and graces start at its own first sweep, after its Barrier.
-func (l *leases) current(gen uint64) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.gen == gen
+// leases and graces start at its own first sweep, after its Barrier. The
+// poll that starts them (Ingester.leadership) may come up to PollInterval
+// after that Barrier, and the generation alone said "current" until then.
+func (in *Ingester) current(gen uint64) bool {
+	in.leases.mu.Lock()
+	same, led := in.leases.gen == gen, in.leases.term
+	in.leases.mu.Unlock()
+	term, leads := in.leaderTerm()
+	return same && leads && term == led
 }
 
 // leaseOf returns a lease of ms milliseconds as a time.Duration, the
@@ -456,7 +462,7 @@ func (in *Ingester) sweepLeases(now time.Time) {
 			// grace), and no lease of this leader's removed it.
 			gone := false
 			removed, kept, err := in.deregister(w.ID, func(table map[uint64]raftfsm.WorkerInfo) bool {
-				if !in.leases.current(gen) || !in.caughtUp() {
+				if !in.current(gen) || !in.caughtUp() {
 					return true
 				}
 				if _, ok := table[w.ID]; !ok {
@@ -738,7 +744,7 @@ func (in *Ingester) removeUnlisted(gen uint64, ranks []kvevent.Rank) {
 	go func() {
 		defer in.cwg.Done()
 		removed, err := 0, error(nil)
-		stale := in.closed() || !in.cfg.Node.IsLeader() || !in.leases.current(gen) || !in.caughtUp()
+		stale := in.closed() || !in.cfg.Node.IsLeader() || !in.current(gen) || !in.caughtUp()
 		if !stale {
 			ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
 			removed, err = rm.RemoveUnregisteredRanks(ctx, ranks)
@@ -781,7 +787,7 @@ func (in *Ingester) removeStray(gen, id uint64, ranks int) bool {
 	stale := false
 	// A worker that registered since the listing keeps its ranks.
 	removed, registered, err := in.deregister(id, func(table map[uint64]raftfsm.WorkerInfo) bool {
-		if !in.leases.current(gen) || !in.caughtUp() {
+		if !in.current(gen) || !in.caughtUp() {
 			stale = true
 			return true
 		}

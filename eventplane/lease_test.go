@@ -2,6 +2,7 @@ package eventplane
 
 import (
 	"errors"
+	"fmt"
 	"runtime"
 	"slices"
 	"sync"
@@ -120,7 +121,7 @@ func waitLocking(t *testing.T, tg *termTarget) {
 func reelect(in *Ingester, tg *termTarget, now time.Time) {
 	in.leases.stepDown()
 	tg.caught.Store(false)
-	in.leases.lead(now)
+	in.leases.lead(now, 0)
 }
 
 // strayRunWaiting returns an ingester leading since t0 whose node has
@@ -136,7 +137,7 @@ func strayRunWaiting(t *testing.T, grace time.Duration) (*termTarget, *Ingester,
 	}
 	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
 	t0 := time.Now()
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0) // first seen
 	tg.workersMu.Lock()
 	in.sweepLeases(t0.Add(grace + time.Millisecond))
@@ -153,7 +154,7 @@ func expiryWaiting(t *testing.T) (*termTarget, *Ingester, time.Time) {
 	tg.register(7, time.Second)
 	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
 	t0 := time.Now()
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0) // first seen: the lease starts
 	tg.workersMu.Lock()
 	in.sweepLeases(t0.Add(2 * time.Second)) // expired: the removal waits for the lock
@@ -249,7 +250,7 @@ func unlistedRunWaiting(t *testing.T, grace time.Duration) (*gatedLeader, *Inges
 	tg.stray = []kvevent.Rank{{Worker: 1, DP: 5}, {Worker: 1, DP: 9}}
 	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
 	t0 := time.Now()
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0) // first seen
 	in.sweepLeases(t0.Add(grace + time.Millisecond))
 	select {
@@ -387,6 +388,142 @@ func TestLeaseExpiryFromAnEndedTermKeepsTheWorker(t *testing.T) {
 	}
 }
 
+// TestLeaseExpiryAcrossAQuickReelectionKeepsTheWorker: a sweep of the
+// leader finds worker 7's lease run out, and the removal waits for the
+// worker-table lock; meanwhile the leadership moves away and back (two
+// transfers, between two of the ingester's leadership polls). The removal
+// leaves the worker alone, as after a step-down the ingester saw
+// (TestLeaseExpiryFromAnEndedTermKeepsTheWorker): the new term starts its
+// lease at its own first sweep. From a review: the ingester polled
+// IsLeader and compared no term, so it never saw the step-down, and once
+// the new term's Barrier had passed the old term's removal went on in the
+// new term. PollInterval is widened so that the two transfers fit between
+// two polls (at the default 20 ms the same happened whenever they did),
+// and sweeps come only at polls: the new term's sweeps cannot remove the
+// worker before the second poll after the transfers.
+func TestLeaseExpiryAcrossAQuickReelectionKeepsTheWorker(t *testing.T) {
+	c := newTestClusterWith(t, 3, IngesterConfig{PollInterval: 1500 * time.Millisecond, LeaseSweep: time.Millisecond})
+	a := c.leader()
+	b := (a + 1) % 3
+	na, in := c.nodes[a], c.ings[a]
+	if err := na.RegisterWorker(ctxT(t), raftfsm.WorkerInfo{ID: 7, BlockSize: 16, LeaseMs: 200}); err != nil {
+		t.Fatal(err)
+	}
+	// The ingester's first sweep sees worker 7; a sweep after its lease
+	// (200 ms, no heartbeat) decides the removal, which waits for the lock.
+	waitFor(t, 10*time.Second, "worker 7 first seen", func() bool {
+		in.leases.mu.Lock()
+		defer in.leases.mu.Unlock()
+		_, ok := in.leases.seen[7]
+		return ok
+	})
+	mu := na.WorkersMutex()
+	mu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			mu.Unlock()
+		}
+	}()
+	var gen uint64
+	waitFor(t, 10*time.Second, "worker 7's expiry decided", func() bool {
+		in.leases.mu.Lock()
+		defer in.leases.mu.Unlock()
+		gen = in.leases.gen
+		return in.leases.expiry[7]
+	})
+	// Right after a poll, move the leadership away and back.
+	term := na.Raft().CurrentTerm()
+	if err := na.TransferLeadership(ctxT(t), fmt.Sprintf("n%d", b+1)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the other node to lead", c.nodes[b].IsLeader)
+	if err := c.nodes[b].TransferLeadership(ctxT(t), fmt.Sprintf("n%d", a+1)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the first node to lead again, caught up", func() bool { return na.CheckLeader() == nil })
+	in.leases.mu.Lock()
+	same := in.leases.gen == gen
+	in.leases.mu.Unlock()
+	if !same {
+		t.Skip("the ingester polled during the transfers and saw the step-down: nothing left to test")
+	}
+	t.Logf("term %d -> %d, the ingester's generation unchanged (%d)", term, na.Raft().CurrentTerm(), gen)
+	mu.Unlock()
+	locked = false
+	// The removal clears its mark once it is done (removed or kept), and
+	// a poll that sees the new term drops the old term's marks with it,
+	// after which the removal, if not done, is stale: either way the
+	// worker table then says what the old term's removal did.
+	waitFor(t, 10*time.Second, "the old term's removal to end", func() bool {
+		in.leases.mu.Lock()
+		defer in.leases.mu.Unlock()
+		return !in.leases.expiry[7]
+	})
+	if _, ok := na.WorkerTable()[7]; !ok {
+		t.Fatalf("worker 7 removed in term %d by the expiry decided in term %d: a step-down and re-election meanwhile must keep it (its lease starts at the new term's first sweep)",
+			na.Raft().CurrentTerm(), term)
+	}
+}
+
+// termedTarget is a fakeTarget that leads, in the term the test sets
+// (raftfsm.Node.LeaderTerm).
+type termedTarget struct {
+	*fakeTarget
+	term atomic.Uint64
+}
+
+func (t *termedTarget) LeaderTerm() (uint64, bool) { return t.term.Load(), true }
+
+// TestANewTermBetweenTwoPollsStartsTheLeasesAfresh: the node steps down
+// and is elected again between two polls of the ingester, which sees it
+// lead at both. It ends the old term's leases and lag (as at a step-down)
+// and starts the new term's, whose first sweep starts worker 7's lease
+// anew, and it keeps its subscriptions. From a review: the ingester
+// compared no term, and the old term's leases, graces and removals in
+// flight went on into the new term.
+func TestANewTermBetweenTwoPollsStartsTheLeasesAfresh(t *testing.T) {
+	tg := &termedTarget{fakeTarget: newFakeTarget()}
+	tg.term.Store(2)
+	tg.register(7, time.Hour)
+	in, _ := startPlaneWith(t, tg, IngesterConfig{LeaseSweep: time.Millisecond}, PublisherConfig{})
+	var first time.Time
+	waitFor(t, 10*time.Second, "worker 7 first seen", func() bool {
+		in.leases.mu.Lock()
+		defer in.leases.mu.Unlock()
+		first = in.leases.seen[7]
+		return !first.IsZero()
+	})
+	in.leases.mu.Lock()
+	gen := in.leases.gen
+	in.leases.mu.Unlock()
+	in.labelMu.Lock()
+	terms := in.terms
+	in.labelMu.Unlock()
+
+	tg.term.Store(4)
+	waitFor(t, 10*time.Second, "the new term's lease of worker 7", func() bool {
+		in.leases.mu.Lock()
+		defer in.leases.mu.Unlock()
+		return in.leases.gen != gen && in.leases.seen[7].After(first)
+	})
+	in.leases.mu.Lock()
+	term := in.leases.term
+	in.leases.mu.Unlock()
+	if term != 4 {
+		t.Fatalf("the leases started for term %d, want 4", term)
+	}
+	in.labelMu.Lock()
+	ended := in.terms - terms
+	in.labelMu.Unlock()
+	if ended != 1 {
+		t.Fatalf("%d terms ended (the lag's), want 1", ended)
+	}
+	if !ingesting(in) {
+		t.Fatal("the subscriptions dropped at a new term of the same leader")
+	}
+}
+
 // TestLeaseExpiryStopsWhenNotCaughtUp: a sweep finds worker 7's lease run
 // out, and its removal waits for the worker-table lock; meanwhile the node
 // loses the lead and its state is no longer caught up with it
@@ -432,7 +569,7 @@ func TestDeafLeaderHoldsLeases(t *testing.T) {
 		return m.GetGauge().GetValue()
 	}
 	t0 := time.Now()
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0) // first seen: the lease starts
 
 	down()
@@ -483,7 +620,7 @@ func TestReconnectRestartsTheUnlistedGrace(t *testing.T) {
 	const grace = 10 * time.Second
 	in := newIngester(IngesterConfig{Conn: lc, Node: tg, UnregisteredGrace: grace, Logger: quiet})
 	t0 := time.Now()
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0) // first seen
 
 	// Down and back between two sweeps.
@@ -523,7 +660,7 @@ func TestRegistrationWhileAnExpiryWaitsKeepsTheWorker(t *testing.T) {
 	tg.register(7, lease)
 	tg.reregister(8, lease, now.Add(time.Hour))
 	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0) // first seen
 	tg.workersMu.Lock()
 	in.sweepLeases(now) // both expired: the removals wait for the lock
@@ -566,7 +703,7 @@ func TestLeaseExpiryOfAWorkerRemovedMeanwhileDoesNothing(t *testing.T) {
 	tg.register(5, time.Second)
 	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
 	t0 := time.Now()
-	in.leases.lead(t0)
+	in.leases.lead(t0, 0)
 	sweep(in, t0) // first seen: the lease starts
 
 	tg.workersMu.Lock() // the operator's removal holds the lock
@@ -733,7 +870,7 @@ func TestHeartbeatOfOneIDRepeatedCostsAboutItsBody(t *testing.T) {
 	tg := newFakeTarget()
 	tg.register(7, time.Minute)
 	in := newIngester(IngesterConfig{Node: tg, Logger: quiet})
-	in.leases.lead(time.Now())
+	in.leases.lead(time.Now(), 0)
 	ids := make([]uint64, 1<<20)
 	for i := range ids {
 		ids[i] = 7

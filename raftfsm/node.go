@@ -1791,6 +1791,27 @@ func (n *Node) WaitReady(ctx context.Context) error {
 // IsLeader reports whether this node leads now.
 func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
 
+// LeaderTerm returns the Raft term this node leads in, and false when it
+// does not lead. Raft keeps its state and its term apart, so a read of
+// one then the other could pair one term's leadership with another term
+// (a step-down and a re-election between the two reads): the term is read
+// on both sides of the state, and the state counts only when the term did
+// not move across it. Raft moves a leader to follower before it takes a
+// new term, so a state read as leader between two reads of one term is
+// that term's leadership. The term moves at elections only: a retry is
+// rare.
+func (n *Node) LeaderTerm() (term uint64, leads bool) {
+	for {
+		term = n.raft.CurrentTerm()
+		if n.raft.State() != raft.Leader {
+			return 0, false
+		}
+		if n.raft.CurrentTerm() == term {
+			return term, true
+		}
+	}
+}
+
 func (n *Node) notLeader() *NotLeaderError {
 	_, id := n.raft.LeaderWithID()
 	if id == "" || string(id) == n.cfg.ID {
