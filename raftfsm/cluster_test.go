@@ -183,6 +183,18 @@ func (c *testCluster) leader() *Node {
 	return l
 }
 
+// ledLeader returns the leader once its leadership set-up passed
+// (CheckLeader): before, it refuses booked routes.
+func (c *testCluster) ledLeader() *Node {
+	c.t.Helper()
+	var l *Node
+	waitFor(c.t, 10*time.Second, "a leader past its leadership set-up", func() bool {
+		l = c.leader()
+		return l.CheckLeader() == nil
+	})
+	return l
+}
+
 // leadTo moves the leadership to the node of id and returns it once it
 // leads. A transfer that an election overtook (on a loaded 2-core
 // machine another node took over instead, and the target never led) is
@@ -748,7 +760,7 @@ var _ = kvevent.TierDevice
 
 func TestRouteFollowsTheIndexOnEveryNode(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
-	l := c.leader()
+	l := c.ledLeader()
 	for id := uint64(1); id <= 3; id++ {
 		if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: id, BlockSize: 4}); err != nil {
 			t.Fatal(err)

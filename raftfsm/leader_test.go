@@ -148,6 +148,73 @@ func TestANewLeaderJudgesABlockSizeAfterItsBarrier(t *testing.T) {
 	}
 }
 
+// TestABookedRouteOnANewLeaderWaitsForItsBarrier: a booking its
+// predecessor acknowledged (req-1, ISL 200, busy_prefill_tokens 100) makes
+// the only rank busy. n3, elected while its FSM still lacks that booking,
+// refuses a booked route (ErrNoLeader, retry) until its post-election
+// Barrier has passed, and then finds the rank busy (ErrOverloaded). It
+// used to check IsLeader only, decide at once from a load view without
+// req-1, and book req-2 on the busy rank too.
+func TestABookedRouteOnANewLeaderWaitsForItsBarrier(t *testing.T) {
+	g := newFSMGate()
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		if cfg.ID == "n3" {
+			cfg.applyGate = g.gate
+		}
+	})
+	t.Cleanup(g.open)
+	l, n3 := c.leader(), c.nodes[2]
+	if l == n3 {
+		transferLeadership(t, l, "n1")
+		l = c.leader()
+	}
+	p := indexer.DefaultParams()
+	p.BusyPrefillTokens = 100
+	if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4, DPRanks: []uint32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	c.converged()
+	g.pause()
+	q := RouteQuery{ISL: 200, Book: true, RequestID: "req-1"}
+	if _, err := l.Route(ctx(t), q); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n3 to hold req-1 in its log", func() bool { return n3.raft.LastIndex() >= l.raft.LastIndex() })
+	c.leadTo("n3")
+	from := n3.raft.LastIndex() + 1
+	type answer struct {
+		res RouteResult
+		err error
+	}
+	done := make(chan answer, 1)
+	q.RequestID = "req-2"
+	go func() {
+		res, err := n3.Route(ctx(t), q)
+		done <- answer{res, err}
+	}()
+	// Refused at once, or decided: its booking then waits in n3's log
+	// for the paused FSM.
+	waitFor(t, 10*time.Second, "req-2's answer or decision", func() bool {
+		return len(done) > 0 || bookAddsInLog(t, n3, from, "req-2") > 0
+	})
+	g.open()
+	a := <-done
+	if a.err == nil && a.res.Booked {
+		t.Fatalf("a new leader, its FSM behind the acknowledged booking req-1 (ISL 200 over busy_prefill_tokens 100), booked req-2 on %v too (loads now %+v); want ErrNoLeader before its Barrier",
+			a.res.Decision.Rank, n3.Loads())
+	}
+	if !errors.Is(a.err, ErrNoLeader) {
+		t.Fatalf("req-2 on the new leader before its Barrier: %v, want ErrNoLeader", a.err)
+	}
+	waitFor(t, 10*time.Second, "n3's Barrier", func() bool { return n3.CheckLeader() == nil })
+	if _, err := n3.Route(ctx(t), q); !errors.Is(err, indexer.ErrOverloaded) {
+		t.Fatalf("req-2 on the new leader after its Barrier: %v, want ErrOverloaded (req-1's 200 prefill tokens on the one rank)", err)
+	}
+}
+
 // TestANewLeaderIsReadyOnlyOnceItsBarrierPassed: a node that becomes
 // leader is not ready while its post-election Barrier has not passed,
 // though its FSM holds everything its log says is committed: only the
@@ -355,18 +422,18 @@ func TestRetriedBookingWhenItsBookingMadeTheRankBusy(t *testing.T) {
 	}
 }
 
-// TestARetriedBookingOnANewLeaderBeforeItsBarrierAnswersTheFirstTrysRank:
-// a booked route retried on a new leader whose FSM still lacks the first
-// try's booking, and an earlier one's (its post-election Barrier has not
-// passed), decides on that stale load and proposes a booking on its own
-// choice; the FSM's apply finds the request booked and the answer is the
-// rank the first try booked, with the load counted once. From a review:
-// TestRetriedBookingAnswersTheBookedRank retries on the node that booked,
-// whose FSM holds the booking; nothing pinned the retry a leader change
-// makes the API forward to a node that has not applied it yet. The retry's
-// booking is in n3's log before its FSM is let go, so the decision is the
-// stale one.
-func TestARetriedBookingOnANewLeaderBeforeItsBarrierAnswersTheFirstTrysRank(t *testing.T) {
+// TestARetriedBookingOnANewLeaderAnswersTheFirstTrysRank: a booked route
+// retried on a new leader whose FSM still lacks the first try's booking,
+// and an earlier one's, is refused (ErrNoLeader, retry) while its
+// post-election Barrier has not passed, proposing nothing; once it passed,
+// the retry answers the rank the first try booked, with the load counted
+// once. From a review: TestRetriedBookingAnswersTheBookedRank retries on
+// the node that booked, whose FSM holds the booking; nothing pinned the
+// retry a leader change makes the API forward to a node that has not
+// applied it yet. Such a retry used to decide on the stale load and
+// propose a booking on its own choice, which the FSM's apply then
+// answered with the first try's rank.
+func TestARetriedBookingOnANewLeaderAnswersTheFirstTrysRank(t *testing.T) {
 	c, l, n3, g := pausedN3(t, WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}})
 	// req-0 loads one rank, so req-1 goes to the other; n3, which has
 	// applied neither, sees both idle and would choose req-0's again.
@@ -393,27 +460,19 @@ func TestARetriedBookingOnANewLeaderBeforeItsBarrierAnswersTheFirstTrysRank(t *t
 	if _, ok := n3.fsm.Sequences().RankOf("req-1"); ok {
 		t.Fatal("n3's FSM holds req-1's booking before its gate opens")
 	}
-	barrier := n3.raft.LastIndex()
-	type out struct {
-		res RouteResult
-		err error
+	from := n3.raft.LastIndex() + 1
+	if _, err := n3.Route(ctx(t), q); !errors.Is(err, ErrNoLeader) {
+		t.Fatalf("the retry on the new leader before its Barrier: %v, want ErrNoLeader", err)
 	}
-	done := make(chan out, 1)
-	go func() {
-		r, err := n3.Route(ctx(t), q)
-		done <- out{r, err}
-	}()
-	waitFor(t, 10*time.Second, "the retry's booking in n3's log", func() bool { return n3.raft.LastIndex() > barrier })
+	if got := bookAddsInLog(t, n3, from, "req-1"); got != 0 {
+		t.Fatalf("the retry refused before the Barrier proposed %d bookings", got)
+	}
 	g.open()
-	var o out
-	select {
-	case o = <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the retry on n3 did not answer in 10s")
-	}
-	if o.err != nil || !o.res.Booked || o.res.Decision.Rank != first.Decision.Rank {
+	waitFor(t, 10*time.Second, "n3's Barrier", func() bool { return n3.CheckLeader() == nil })
+	res, err := n3.Route(ctx(t), q)
+	if err != nil || !res.Booked || res.Decision.Rank != first.Decision.Rank {
 		t.Fatalf("the retry on the new leader: %v booked=%v, err %v; the first try booked %v",
-			o.res.Decision.Rank, o.res.Booked, o.err, first.Decision.Rank)
+			res.Decision.Rank, res.Booked, err, first.Decision.Rank)
 	}
 	for _, r := range []kvevent.Rank{zero.Decision.Rank, first.Decision.Rank} {
 		if got := n3.fsm.Sequences().Load(r).ActiveRequests; got != 1 {

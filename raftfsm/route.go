@@ -120,7 +120,8 @@ func withoutModel(w WorkerInfo) bool { return w.Model == "" && w.Tenant == "" }
 // Route scores every registered rank of the block size it hashes with
 // (servesBlockSize) for the query from this node's local index and load
 // view (slightly stale is fine for routing) and returns the decision. With q.Book the request is booked on the chosen rank through
-// Raft before Route returns, so a follower answers ErrNotLeader for it;
+// Raft before Route returns, so a follower answers ErrNotLeader for it,
+// and a new leader ErrNoLeader (retry) until its Barrier passed;
 // the leader decides booked routes one at a time, each with the load of
 // the bookings it decided before, applied or still pending (pendingBooks).
 func (n *Node) Route(ctx context.Context, q RouteQuery) (RouteResult, error) {
@@ -188,8 +189,14 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	if q.Book && q.RequestID == "" {
 		return RouteResult{}, fmt.Errorf("%w: booking needs a request id", ErrInvalid)
 	}
-	if q.Book && !n.IsLeader() {
-		return RouteResult{}, n.notLeader()
+	if q.Book {
+		// A booked route decides from the leader's load view: a new
+		// leader's may still lack bookings its predecessor acknowledged
+		// until its Barrier passed (CheckLeader), and would book onto
+		// ranks they made busy.
+		if err := n.CheckLeader(); err != nil {
+			return RouteResult{}, err
+		}
 	}
 	seq := q.SeqHashes
 	if len(seq) == 0 {

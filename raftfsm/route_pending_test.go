@@ -20,7 +20,7 @@ import (
 func twoIdleRanks(t *testing.T, p *indexer.Params) (*Node, []uint32) {
 	t.Helper()
 	c := newTestCluster(t, 1, nil)
-	l := c.leader()
+	l := c.ledLeader()
 	if p != nil {
 		if err := l.SetSettings(ctx(t), Settings{Params: *p, View: indexer.ViewDedup}); err != nil {
 			t.Fatal(err)
@@ -305,7 +305,7 @@ func TestInFlightReservationCountsForBookedRoutes(t *testing.T) {
 // the next term and refused a booked route there as overloaded.
 func TestADeposedLeadersPendingBookingsDoNotCountOnItsNextTerm(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
-	l := c.leader()
+	l := c.ledLeader()
 	p := indexer.DefaultParams()
 	p.BusyPrefillTokens = 100
 	if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
@@ -333,6 +333,7 @@ func TestADeposedLeadersPendingBookingsDoNotCountOnItsNextTerm(t *testing.T) {
 	if c.leadTo(l.cfg.ID) != l {
 		t.Fatal("the leadership did not come back")
 	}
+	waitFor(t, 10*time.Second, "the node's Barrier", func() bool { return l.CheckLeader() == nil })
 	res, err := l.Route(ctx(t), q)
 	if err != nil || !res.Booked {
 		t.Fatalf("a booked route on the node's next term: booked %v, %v; want booked, the last term's pending booking gone", res.Booked, err)
@@ -460,7 +461,7 @@ func gatedBookingLeader(t *testing.T, p indexer.Params, w WorkerInfo) (*fsmGate,
 	g := newFSMGate()
 	c := newTestCluster(t, 1, func(cfg *Config) { cfg.applyGate = g.gate })
 	t.Cleanup(g.open)
-	l := c.leader()
+	l := c.ledLeader()
 	if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
 		t.Fatal(err)
 	}
