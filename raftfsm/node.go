@@ -194,6 +194,10 @@ type Node struct {
 	// that it does not list itself at its HTTP address (selfUnlisted):
 	// leaderLoop only.
 	selfRefusedTerm uint64
+	// pendingTerm is the last term whose leadership set-up began
+	// (onLeadership): the pending bookings are that term's, or none.
+	// leaderLoop only.
+	pendingTerm uint64
 	// ledTerm is the term whose leadership set-up (onLeadership) finished
 	// on this node: the barrier passed and the member entries went out.
 	ledTerm atomic.Uint64
@@ -1499,6 +1503,14 @@ func (n *Node) compactLog() error {
 // has not finished for the current term (a failed Barrier).
 func (n *Node) onLeadership() {
 	term := n.raft.CurrentTerm() // the term the Barrier covers
+	if term != n.pendingTerm {
+		// An earlier term's pending bookings may never apply. The false
+		// of LeaderCh clears them (leaderLoop), but LeaderCh holds one
+		// value, which a newer one replaces unread: a step-down and a
+		// re-election while leaderLoop was busy read as one true.
+		n.fsm.pending.clear()
+		n.pendingTerm = term
+	}
 	if n.cfg.beforeBarrier != nil {
 		n.cfg.beforeBarrier()
 	}

@@ -340,6 +340,58 @@ func TestADeposedLeadersPendingBookingsDoNotCountOnItsNextTerm(t *testing.T) {
 	}
 }
 
+// TestPendingBookingsClearedOnAQuickLoseAndRegain is
+// TestADeposedLeadersPendingBookingsDoNotCountOnItsNextTerm with the
+// step-down and the re-election coming while leaderLoop is busy (here in
+// its post-election set-up, before the Barrier). Raft's LeaderCh holds one
+// value and a newer one replaces it unread: the false of the step-down
+// gives way to the true of the re-election, and leaderLoop never sees the
+// false. The pending bookings go when a node starts leading a term other
+// than the last it led; they used to go on a false alone, and the last
+// term's pending booking made the rank busy in the next.
+func TestPendingBookingsClearedOnAQuickLoseAndRegain(t *testing.T) {
+	var block atomic.Bool
+	release := make(chan struct{})
+	var once sync.Once
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		if cfg.ID == "n1" {
+			cfg.beforeBarrier = func() {
+				if block.Load() {
+					<-release
+				}
+			}
+		}
+	})
+	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the cluster closes: Close waits for leaderLoop
+	l := c.leadTo("n2")
+	p := indexer.DefaultParams()
+	p.BusyPrefillTokens = 100
+	if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	c.converged()
+	block.Store(true)
+	n1 := c.leadTo("n1") // its leaderLoop now waits in the set-up
+	n1.fsm.pending.mu.Lock()
+	n1.fsm.pending.p.Add("waiting", kvevent.Rank{Worker: 1}, nil, 200, 0)
+	n1.fsm.pending.mu.Unlock()
+	c.leadTo("n2")
+	block.Store(false)
+	if c.leadTo("n1") != n1 {
+		t.Fatal("the leadership did not come back")
+	}
+	once.Do(func() { close(release) })
+	waitFor(t, 10*time.Second, "n1's Barrier", func() bool { return n1.CheckLeader() == nil })
+	res, err := n1.Route(ctx(t), RouteQuery{ISL: 200, Book: true, RequestID: "req-1"})
+	if err != nil || !res.Booked {
+		t.Fatalf("a booked route on n1's next term: booked %v, %v (pending bookings %d); want booked, the last term's pending booking gone",
+			res.Booked, err, n1.fsm.pending.len())
+	}
+}
+
 // bookAddsInLog counts the booking adds of request id in l's log from
 // index from.
 func bookAddsInLog(t *testing.T, l *Node, from uint64, id string) int {
