@@ -215,6 +215,79 @@ func TestABookedRouteOnANewLeaderWaitsForItsBarrier(t *testing.T) {
 	}
 }
 
+// TestALeaderReElectedDuringItsBarrierWaitsForTheNextOne: n1, leading in
+// term a, waits for its post-election Barrier (committed, behind a batch
+// its FSM has not applied) while n2 leads in term b and commits worker 2,
+// and n1 leads again in term c. The Barrier of term a passing covers only
+// what was committed before term a: n1 must not pass CheckLeader for term
+// c while its FSM lacks worker 2. onLeadership reads the term before the
+// Barrier for that; read after it, it said term c and passed at once.
+func TestALeaderReElectedDuringItsBarrierWaitsForTheNextOne(t *testing.T) {
+	gate := make(chan struct{})
+	stopFeed, fed := make(chan struct{}), make(chan struct{})
+	go func() { // a token per batch until stopFeed
+		defer close(fed)
+		for {
+			select {
+			case gate <- struct{}{}:
+			case <-stopFeed:
+				return
+			}
+		}
+	}()
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		// Nothing but the test's commands between theirs and the Barrier.
+		cfg.ExpiryInterval, cfg.CheckInterval = time.Hour, time.Hour
+		if cfg.ID == "n1" {
+			cfg.applyGate = gate
+		}
+	})
+	var opened sync.Once
+	open := func() { opened.Do(func() { close(gate) }) }
+	t.Cleanup(open) // before the cluster closes: Raft's shutdown waits for the FSM
+	n1 := c.nodes[0]
+	l := c.leadTo("n2")
+	waitFor(t, 10*time.Second, "n2's Barrier", func() bool { return l.CheckLeader() == nil })
+	c.converged()
+	close(stopFeed)
+	<-fed // n1's FSM takes the next batch, worker 1's, only with a token
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4, DPRanks: []uint32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	w1 := l.raft.LastIndex()
+	waitFor(t, 10*time.Second, "n1 to know worker 1 committed", func() bool { return n1.raft.CommitIndex() >= w1 })
+	c.leadTo("n1")
+	termA := n1.raft.CurrentTerm()
+	waitFor(t, 10*time.Second, "n1's Barrier of term a committed", func() bool {
+		return lastIsBarrier(n1) && n1.raft.CommitIndex() >= n1.raft.LastIndex()
+	})
+	l = c.leadTo("n2")
+	waitFor(t, 10*time.Second, "n2's Barrier", func() bool { return l.CheckLeader() == nil })
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 2, BlockSize: 4, DPRanks: []uint32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	c.leadTo("n1")
+	if n1.raft.CurrentTerm() <= termA+1 {
+		t.Fatalf("n1 leads in term %d, want one after n2's (term a %d)", n1.raft.CurrentTerm(), termA)
+	}
+	// Worker 1's batch goes, the Barrier of term a passes, and worker 2's
+	// batch waits in the gate.
+	gate <- struct{}{}
+	waitFor(t, 10*time.Second, "n1's set-up of term a to end", func() bool { return n1.ledTerm.Load() >= termA })
+	if _, ok := n1.WorkerTable()[2]; ok {
+		t.Fatal("n1's FSM holds worker 2 before the gate opens: the test needs it behind")
+	}
+	if err := n1.CheckLeader(); err == nil {
+		t.Fatalf("n1 passed CheckLeader in term %d (set-up ended for term %d) with its FSM lacking worker 2, committed in between",
+			n1.raft.CurrentTerm(), n1.ledTerm.Load())
+	}
+	open()
+	waitFor(t, 10*time.Second, "n1's Barrier of its new term", func() bool { return n1.CheckLeader() == nil })
+	if _, ok := n1.WorkerTable()[2]; !ok {
+		t.Fatal("n1 passed CheckLeader without worker 2")
+	}
+}
+
 // TestANewLeaderIsReadyOnlyOnceItsBarrierPassed: a node that becomes
 // leader is not ready while its post-election Barrier has not passed,
 // though its FSM holds everything its log says is committed: only the
