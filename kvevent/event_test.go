@@ -118,3 +118,20 @@ func TestValidateFindsRepeatsInLongChainsWithoutAllocating(t *testing.T) {
 		}
 	}
 }
+
+// TestParseMediumEngineSpellings pins every medium of semantics.md §2 as
+// engines send it (upper case), each of which ParseMedium's allocation-free
+// switch answers before its case-folding fallback: TestParseMediumTable
+// gives most of them in mixed case, which only the fallback reads.
+func TestParseMediumEngineSpellings(t *testing.T) {
+	for in, want := range map[string]Tier{
+		"GPU": TierDevice, "DEVICE": TierDevice,
+		"CPU": TierHostPinned, "CPU_PINNED": TierHostPinned, "CPU_TIER1": TierHostPinned,
+		"CPU_TIER2": TierDisk, "DISK": TierDisk, "NVME": TierDisk, "STORAGE": TierDisk,
+		"EXTERNAL": TierExternal, "NETWORK": TierExternal, "REMOTE": TierExternal, "SHARED": TierExternal,
+	} {
+		if got, err := ParseMedium(in); err != nil || got != want {
+			t.Errorf("ParseMedium(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+}

@@ -395,3 +395,37 @@ func TestRegistrationsOfTwoBlockSizesSentTogetherTakeOne(t *testing.T) {
 		}
 	}
 }
+
+// TestRouteHashesTokensWithItsLoRAAndSalt: blocks indexed under a LoRA
+// name and a salt (SeedFor) are found by a route of the same tokens that
+// names both, and by no route that leaves either out (semantics.md §1).
+// Only e2e's agent test covered the salt, and nothing the LoRA name.
+func TestRouteHashesTokensWithItsLoRAAndSalt(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	if err := l.SetSettings(ctx(t), Settings{Params: indexer.DefaultParams(), View: indexer.ViewTiered}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	local := kvevent.LocalHashes(nil, tokens, 4, kvevent.SeedFor("ad", "s"))
+	evs := []kvevent.Event{{EventID: 1, Kind: kvevent.KindStored, Tier: kvevent.TierDevice,
+		Blocks: []kvevent.Block{{EngineHash: 100, LocalHash: local[0]}, {EngineHash: 101, LocalHash: local[1]}}}}
+	if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: kvevent.Rank{Worker: 1}, Events: evs}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []struct {
+		lora, salt string
+		want       uint32
+	}{{"ad", "s", 2}, {"", "s", 0}, {"ad", "", 0}, {"", "", 0}, {"s", "ad", 0}} {
+		res, err := l.Route(ctx(t), RouteQuery{Tokens: tokens, LoRA: q.lora, Salt: q.salt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := res.Decision.Chosen().Overlap[kvevent.TierDevice]; got != q.want {
+			t.Errorf("lora %q salt %q: device overlap %d, want %d", q.lora, q.salt, got, q.want)
+		}
+	}
+}
