@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -612,10 +613,13 @@ func TestAJoiningNodeIsNotRemovedWhileCatchingUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	const entries = 1500 // a catch-up long enough to be seen
+	// Sent to whichever node leads: 1500 entries on a loaded machine may
+	// see an election (a retried batch applies as duplicates).
 	for i := range entries {
-		if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, uint64(i+1), 1, uint64(1000+i))}}); err != nil {
-			t.Fatal(err)
-		}
+		retryOnLeaderChange(t, c, func(l *Node) error {
+			_, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, uint64(i+1), 1, uint64(1000+i))}})
+			return err
+		})
 	}
 	n4, cfg4 := c.newcomer("n4")
 	var sawRemoved atomic.Int64
@@ -631,11 +635,10 @@ func TestAJoiningNodeIsNotRemovedWhileCatchingUp(t *testing.T) {
 			if n4.Status().Removed {
 				sawRemoved.Add(1)
 			}
+			runtime.Gosched() // a spin that starves Raft's goroutines would cost the leadership
 		}
 	}()
-	if err := l.AddMember(ctx(t), "n4", cfg4.RaftAddr, cfg4.HTTPAddr); err != nil {
-		t.Fatal(err)
-	}
+	retryOnLeaderChange(t, c, func(l *Node) error { return l.AddMember(ctx(t), "n4", cfg4.RaftAddr, cfg4.HTTPAddr) })
 	waitFor(t, 20*time.Second, "n4 to catch up", func() bool { return n4.IndexStats().Entries == entries })
 	close(stop)
 	<-done
@@ -2246,4 +2249,21 @@ func waitForReplicasConverged(t *testing.T, c *inmemCluster) {
 		}
 		return true
 	})
+}
+
+// retryOnLeaderChange runs op on the node that leads until it does not
+// fail for want of leadership (ErrNotLeader, ErrNoLeader), for up to 20 s.
+func retryOnLeaderChange(t *testing.T, c *inmemCluster, op func(*Node) error) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, l := c.leaderExcept(-1)
+		err := op(l)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, ErrNotLeader) && !errors.Is(err, ErrNoLeader) || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+	}
 }
