@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/zeebo/xxh3"
 )
 
 // DefaultBlockSize is the block size used to hash token ids when no worker
@@ -147,6 +148,26 @@ const routeTries = 3
 // errRankLeft is the error of a route whose booking found its rank gone.
 // It wraps indexer.ErrNoWorkers: a caller that still meets it after
 // routeTries decisions retries later, as with no workers at all.
+// RendezvousKey is the key of a route's rendezvous tie-break
+// (indexer.Request.FirstBlockHash): the hash of the prompt's first block
+// (local[0]), so that requests sharing a prefix and tied on cost keep
+// landing on one rank. A prompt shorter than one block has no block: it
+// keys on the hash of its tokens, seeded as its blocks would be, or,
+// given by its length alone, on its request id. Such prompts keyed 0
+// once, all of them, and every unbooked one of them went to the same rank
+// whenever the ranks tied (idle ones always do). 0 when there is neither.
+func RendezvousKey(local []uint64, tokens []uint32, lora, salt, requestID string) uint64 {
+	switch {
+	case len(local) > 0:
+		return local[0]
+	case len(tokens) > 0:
+		return kvevent.LocalHash(tokens, kvevent.SeedFor(lora, salt))
+	case requestID != "":
+		return xxh3.HashString(requestID)
+	}
+	return 0
+}
+
 var errRankLeft = fmt.Errorf("%w: the chosen rank left before its booking committed", indexer.ErrNoWorkers)
 
 func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
@@ -263,10 +284,7 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	if q.Book {
 		pending.p.AddTo(sc.cands, seq)
 	}
-	var first uint64
-	if len(local) > 0 {
-		first = local[0]
-	}
+	first := RendezvousKey(local, q.Tokens, q.LoRA, q.Salt, q.RequestID)
 	loaded := time.Now()
 	st.Load = loaded.Sub(matched)
 	res := RouteResult{BlockSize: bs}

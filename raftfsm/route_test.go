@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -141,6 +142,51 @@ func TestRouteTiesSpreadPrefixesOverRanks(t *testing.T) {
 	}
 	if len(seen) != 2 {
 		t.Fatalf("16 prefixes tied on cost all went to one rank: %v", seen)
+	}
+}
+
+// TestRouteTiesSpreadPromptsShorterThanABlock: a prompt shorter than one
+// block has no first block hash; its tie keys on the hash of its tokens
+// (or, given by its length alone, on its request id), so that short
+// prompts spread over idle ranks and one prompt keeps to one rank. From a
+// review: every such prompt keyed 0, and every unbooked one went to the
+// same rank whenever the ranks tied.
+func TestRouteTiesSpreadPromptsShorterThanABlock(t *testing.T) {
+	l, _ := twoIdleRanks(t, nil)
+	for _, kind := range []string{"tokens", "request id"} {
+		seen := map[uint32]int{}
+		for p := range uint32(16) {
+			q := RouteQuery{Tokens: []uint32{1000*p + 1, 1000*p + 2}}
+			if kind == "request id" {
+				q = RouteQuery{ISL: 2, RequestID: fmt.Sprintf("short-%d", p)}
+			}
+			var ranks []kvevent.Rank
+			for range 2 {
+				res, err := l.Route(ctx(t), q)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Decision.DecidedBy != indexer.DecidedByRendezvous {
+					t.Fatalf("%s %d decided by %v, want rendezvous", kind, p, res.Decision.DecidedBy)
+				}
+				ranks = append(ranks, res.Decision.Rank)
+			}
+			if ranks[0] != ranks[1] {
+				t.Fatalf("%s %d went to %v, then to %v", kind, p, ranks[0], ranks[1])
+			}
+			seen[ranks[0].DP]++
+		}
+		if len(seen) != 2 {
+			t.Errorf("16 prompts shorter than a block, keyed by their %s, tied on cost all went to one rank: %v", kind, seen)
+		}
+	}
+	// The key is the tokens' hash seeded as their blocks would be: a
+	// LoRA or a salt changes it.
+	if a, b := RendezvousKey(nil, []uint32{1, 2}, "", "", ""), RendezvousKey(nil, []uint32{1, 2}, "ad", "s", ""); a == b || a == 0 {
+		t.Errorf("keys of two tokens, unseeded %x and seeded %x: want two keys, not 0", a, b)
+	}
+	if k := RendezvousKey([]uint64{42}, []uint32{1, 2}, "", "", "id"); k != 42 {
+		t.Errorf("key of a prompt with a block: %d, want its first block hash 42", k)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
 // RouteQuery is what a policy sees of a request.
@@ -118,11 +119,9 @@ func (p *Router) Route(q *RouteQuery, now int64) (int, int, error) {
 			p.cands[i].PotentialDecodeBlocks = l.PotentialDecodeBlocks
 		}
 	}
-	var first uint64
-	if len(q.Local) > 0 {
-		first = q.Local[0]
-	}
-	req := indexer.Request{ISL: q.ISL, BlockSize: p.BlockSize, FirstBlockHash: first}
+	// The router's key (raftfsm.RendezvousKey): a trace has no token ids,
+	// so a prompt shorter than a block keys on its id.
+	req := indexer.Request{ISL: q.ISL, BlockSize: p.BlockSize, FirstBlockHash: raftfsm.RendezvousKey(q.Local, nil, "", "", q.ID)}
 	if err := indexer.Select(p.Params, req, p.cands, p.rng, &p.dec); err != nil {
 		return 0, 0, fmt.Errorf("route %s: %w", q.ID, err)
 	}

@@ -390,10 +390,7 @@ func (f *Fake) Route(ctx context.Context, q raftfsm.RouteQuery) (raftfsm.RouteRe
 		f.malformed++
 		return res, fmt.Errorf("%w: input length (isl) %d is below the prompt's %d tokens or over %d", raftfsm.ErrInvalid, isl, need, raftfsm.MaxISL)
 	}
-	req := indexer.Request{ISL: isl, BlockSize: bs}
-	if len(hashes) > 0 {
-		req.FirstBlockHash = hashes[0]
-	}
+	req := indexer.Request{ISL: isl, BlockSize: bs, FirstBlockHash: raftfsm.RendezvousKey(hashes, q.Tokens, q.LoRA, q.Salt, q.RequestID)}
 	seq := q.SeqHashes
 	if len(seq) == 0 {
 		seq = kvevent.SequenceHashes(nil, hashes)
