@@ -142,22 +142,24 @@ func TestStartingSelectionPortAnswers(t *testing.T) {
 			accepted <- c
 		}
 	}()
-	httpAddr, selAddr, dataDir, raftAddr := freeAddr(t), freeAddr(t), t.TempDir(), freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		done <- newApp().RunContext(ctx, []string{"kvrouter", "--data-dir", dataDir, "--http-addr", httpAddr, "--raft-addr", raftAddr,
-			"--selection-addr", selAddr, "--nats-url", "nats://" + stall.Addr().String(), "--log-level", "error"})
-	}()
+	var httpAddr, selAddr string
 	var conn net.Conn
-	select {
-	case conn = <-accepted:
-	case err := <-done:
-		t.Fatalf("kvrouter stopped before it connected to NATS: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("kvrouter did not connect to NATS in 20 s")
-	}
+	// Both ports are bound before the NATS connect: a start that
+	// stops on either one is made again.
+	done := startNode(t, ctx, func() []string {
+		httpAddr, selAddr = freeAddr(t), freeAddr(t)
+		return []string{"--data-dir", t.TempDir(), "--http-addr", httpAddr, "--raft-addr", freeAddr(t),
+			"--selection-addr", selAddr, "--nats-url", "nats://" + stall.Addr().String(), "--log-level", "error"}
+	}, func() bool {
+		select {
+		case conn = <-accepted:
+			return true
+		default:
+			return false
+		}
+	})
 	// The start is held until conn closes (or the NATS client's connect
 	// timeout, 2 s): both ports must answer within that, at once.
 	cl := &http.Client{Timeout: 10 * time.Second}
@@ -177,7 +179,7 @@ func TestStartingSelectionPortAnswers(t *testing.T) {
 	// Then the start goes on, and NATS is waited for
 	// (TestANATSNotUpYetIsWaitedFor).
 	conn.Close()
-	pollReady(t, httpAddr)
+	pollRunning(t, done, "the node to be ready", func() bool { return answersReady(httpAddr) })
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("kvrouter stopped: %v", err)
@@ -765,38 +767,29 @@ func TestTheOnlyMemberOfAClusterDoesNotJoinAnother(t *testing.T) {
 func TestARestartWithJoinAndItsRaftAddrSpelledOtherwiseRuns(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	h1, r1, h2, r2 := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	run := func(ctx context.Context, args ...string) <-chan error {
-		done := make(chan error, 1)
-		go func() {
-			app := newApp()
-			app.ExitErrHandler = func(*cli.Context, error) {}
-			done <- app.RunContext(ctx, append(append([]string{"kvrouter"}, args...), "--nats-addr", "127.0.0.1:0", "--log-level", "error"))
-		}()
-		return done
-	}
-	leader := run(ctx, "--node-id", "n1", "--data-dir", t.TempDir(), "--raft-addr", r1, "--http-addr", h1)
-	defer func() { cancel(); <-leader }()
-	// n2 starts once n1 answers: two apps parsing their flags at once
+	var h1, h2, r2, dir2 string
+	// n2 starts once n1 is ready: two apps parsing their flags at once
 	// race on urfave/cli's global help flag (n1's answer orders them).
-	poll(t, "n1 to answer", func() bool {
-		resp, err := http.Get("http://" + h1 + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return true
-	})
+	leader := startNode(t, ctx, func() []string {
+		h1 = freeAddr(t)
+		return []string{"--node-id", "n1", "--data-dir", t.TempDir(), "--raft-addr", freeAddr(t), "--http-addr", h1,
+			"--nats-addr", "127.0.0.1:0", "--log-level", "error"}
+	}, func() bool { return answersReady(h1) })
+	defer func() { cancel(); <-leader }()
 	// n2 joins, and runs until it lists itself a voter.
-	dir2 := t.TempDir()
 	ctx2, cancel2 := context.WithCancel(ctx)
-	joined := run(ctx2, "--node-id", "n2", "--data-dir", dir2, "--raft-addr", r2, "--http-addr", h2, "--join", h1)
+	defer cancel2()
+	joined := startNode(t, ctx2, func() []string {
+		h2, r2, dir2 = freeAddr(t), freeAddr(t), t.TempDir()
+		return []string{"--node-id", "n2", "--data-dir", dir2, "--raft-addr", r2, "--http-addr", h2, "--join", h1,
+			"--nats-addr", "127.0.0.1:0", "--log-level", "error"}
+	}, func() bool { return answersReady(h2) })
 	cl, err := client.New([]string{h2}, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	poll(t, "n2 to list itself a voter", func() bool {
+	pollRunning(t, joined, "n2 to list itself a voter", func() bool {
 		c, cc := context.WithTimeout(ctx, time.Second)
 		defer cc()
 		ms, err := cl.Members(c)
@@ -846,7 +839,9 @@ func poll(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// freeAddr returns a loopback address with a port free right now.
+// freeAddr returns a loopback address with a port free right now: by the
+// time a node binds it another socket may hold it, and a test that runs
+// a node on it starts it with startNode.
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -855,6 +850,95 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// startNode runs kvrouter in-process, with the arguments args returns,
+// until ctx ends, waits until ready holds, and returns the channel its
+// error comes on. freeAddr's ports are free when it returns, not when the
+// node binds them (kvrouter refuses port 0 for --raft-addr): another
+// socket (another package's test, under go test ./...) may take one in
+// between, and the node stops "bind: address already in use". A node that
+// stops so before it is ready is started again, on the addresses args
+// picks next (freeAddr again), as the e2e harness starts a process again;
+// one that stops otherwise fails the test at once with its error. args
+// is called again for each start: the addresses it picks, and a data
+// directory the node may have begun, must be new each time.
+func startNode(t *testing.T, ctx context.Context, args func() []string, ready func() bool) chan error {
+	t.Helper()
+	for start := 1; ; start++ {
+		argv := append([]string{"kvrouter"}, args()...)
+		done, err := runUntilReady(t, ctx, argv, ready)
+		if err == nil {
+			return done
+		}
+		if !strings.Contains(err.Error(), "address already in use") || start == 5 {
+			done <- err // for the test's own wait on done
+			t.Fatalf("kvrouter %q stopped before it was ready: %v", argv[1:], err)
+		}
+		t.Logf("start %d: %v; starting it again on other addresses", start, err)
+	}
+}
+
+// runUntilReady runs kvrouter with argv until ctx ends, and waits until
+// ready holds (nil) or it stops (its error, or errStoppedClean). It fails
+// the test if the node runs on, not ready, for 20 s.
+func runUntilReady(t *testing.T, ctx context.Context, argv []string, ready func() bool) (chan error, error) {
+	t.Helper()
+	done := make(chan error, 1)
+	a := newApp()
+	a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+	go func() { done <- a.RunContext(ctx, argv) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for !ready() {
+		select {
+		case err := <-done:
+			if err == nil {
+				err = errStoppedClean
+			}
+			return done, err
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kvrouter %q not ready in 20 s", argv[1:]) // ctx's end stops it
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return done, nil
+}
+
+// errStoppedClean is runUntilReady's error for a node that stopped
+// without an error before it was ready (its context ended).
+var errStoppedClean = errors.New("it stopped without an error")
+
+// pollRunning is poll for a node running with its error on done: a node
+// that stops fails the test at once with its error, instead of poll's
+// timeout hiding it. The error is put back on done, for the test's own
+// wait on it.
+func pollRunning(t *testing.T, done chan error, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("kvrouter stopped (%v) waiting for %s", err, what)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// answersReady reports whether the node at httpAddr answers /readyz 200.
+func answersReady(httpAddr string) bool {
+	r, err := http.Get("http://" + httpAddr + "/readyz")
+	if err != nil {
+		return false
+	}
+	r.Body.Close()
+	return r.StatusCode == http.StatusOK
 }
 
 // runKvrouter runs kvrouter with args (a start expected to fail) and
@@ -1191,7 +1275,7 @@ func TestJoinTakesAListOfMembers(t *testing.T) {
 	// The first member is down; the second adds the node.
 	leader, addr := fakeLeader(t)
 	list := freeAddr(t) + ", " + addr
-	err := joinThrough(t, leader, "--http-addr", freeAddr(t), "--join", list)
+	err := joinThrough(t, leader, "--join", list)
 	if err != nil || leader.Calls()["AddMember"] == 0 {
 		t.Fatalf("kvrouter --join %s: %v, %d joins; want it joined through the member that answers", list, err, leader.Calls()["AddMember"])
 	}
@@ -1322,10 +1406,27 @@ func fakeLeader(t *testing.T) (*apitest.Fake, string) {
 	return leader, strings.TrimPrefix(hs.URL, "http://")
 }
 
-// joinThrough runs kvrouter as node n4 with args (its --join among them)
-// until leader has taken an AddMember, and returns its error.
+// joinThrough runs kvrouter as node n4 with args (its --join among them;
+// without --http-addr, a port freeAddr picks) until leader has taken an
+// AddMember, and returns its error. A start that stops "address already in
+// use" on a port freeAddr picked is made again on others (startNode).
 func joinThrough(t *testing.T, leader *apitest.Fake, args ...string) error {
 	t.Helper()
+	for start := 1; ; start++ {
+		argv := args
+		if !slices.Contains(args, "--http-addr") {
+			argv = append([]string{"--http-addr", freeAddr(t)}, args...)
+		}
+		err := joinOnce(t, leader, append([]string{"--raft-addr", freeAddr(t)}, argv...))
+		if err == nil || !strings.Contains(err.Error(), "address already in use") || start == 5 {
+			return err
+		}
+		t.Logf("start %d: %v; starting it again on other addresses", start, err)
+	}
+}
+
+// joinOnce is one start of joinThrough's.
+func joinOnce(t *testing.T, leader *apitest.Fake, args []string) error {
 	app := newApp()
 	app.ExitErrHandler = func(*cli.Context, error) {}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -1336,7 +1437,7 @@ func joinThrough(t *testing.T, leader *apitest.Fake, args ...string) error {
 		}
 		cancel()
 	}()
-	return app.RunContext(ctx, append([]string{"kvrouter", "--node-id", "n4", "--data-dir", t.TempDir(), "--raft-addr", freeAddr(t),
+	return app.RunContext(ctx, append([]string{"kvrouter", "--node-id", "n4", "--data-dir", t.TempDir(),
 		"--nats-addr", "127.0.0.1:0"}, args...))
 }
 
@@ -1347,10 +1448,9 @@ func joinThrough(t *testing.T, leader *apitest.Fake, args ...string) error {
 // taking connections. From a review: moving node.Close above the servers'
 // shutdown left every test green.
 func TestAWriteInFlightAtSIGTERMIsAnswered(t *testing.T) {
-	httpAddr := freeAddr(t)
-	sd := startInFlightWrite(t, "--http-addr", httpAddr)
+	sd := startInFlightWrite(t, false)
 	sd.sigterm()
-	poll(t, "the HTTP port to stop taking connections", func() bool { return refuses(httpAddr) })
+	poll(t, "the HTTP port to stop taking connections", func() bool { return refuses(sd.httpAddr) })
 	sd.wantAnswered(t)
 }
 
@@ -1365,45 +1465,45 @@ func TestAWriteInFlightAtSIGTERMIsAnswered(t *testing.T) {
 // shut down in turn, the selection port refused them only once the
 // main port's drain had given up and the node had closed under the write.
 func TestEveryPortStopsTakingRequestsAtSIGTERM(t *testing.T) {
-	httpAddr, selAddr := freeAddr(t), freeAddr(t)
-	sd := startInFlightWrite(t, "--http-addr", httpAddr, "--selection-addr", selAddr)
+	sd := startInFlightWrite(t, true)
 	sd.sigterm()
-	poll(t, "the selection port to stop taking connections", func() bool { return refuses(selAddr) })
+	poll(t, "the selection port to stop taking connections", func() bool { return refuses(sd.selAddr) })
 	sd.wantAnswered(t)
 }
 
 // inFlightWrite is a kvrouter node, and a write to it whose headers it
 // has read (it answered "100 Continue") and whose body is not sent yet.
 type inFlightWrite struct {
-	conn    net.Conn
-	br      *bufio.Reader
-	body    string
-	sigterm context.CancelFunc
-	done    chan error // run's error
+	httpAddr, selAddr string // selAddr: "" without a selection port
+	conn              net.Conn
+	br                *bufio.Reader
+	body              string
+	sigterm           context.CancelFunc
+	done              chan error // run's error
 }
 
-// startInFlightWrite starts a single node with args (its --http-addr among
-// them), waits until it is ready, and starts a write to it.
-func startInFlightWrite(t *testing.T, args ...string) *inFlightWrite {
+// startInFlightWrite starts a single node (with a --selection-addr port
+// when selection), waits until it is ready, and starts a write to it.
+func startInFlightWrite(t *testing.T, selection bool) *inFlightWrite {
 	t.Helper()
-	var httpAddr string
-	for i := range args[:len(args)-1] {
-		if args[i] == "--http-addr" {
-			httpAddr = args[i+1]
-		}
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	sd := &inFlightWrite{body: `{"worker_id":7,"block_size":16}`, sigterm: cancel, done: make(chan error, 1)}
-	go func() {
-		sd.done <- newApp().RunContext(ctx, append([]string{"kvrouter", "--data-dir", filepath.Join(t.TempDir(), "data"),
-			"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "error"}, args...))
-	}()
+	t.Cleanup(cancel)
+	sd := &inFlightWrite{body: `{"worker_id":7,"block_size":16}`, sigterm: cancel}
+	sd.done = startNode(t, ctx, func() []string {
+		sd.httpAddr = freeAddr(t)
+		args := []string{"--data-dir", filepath.Join(t.TempDir(), "data"), "--http-addr", sd.httpAddr,
+			"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "error"}
+		if selection {
+			sd.selAddr = freeAddr(t)
+			args = append(args, "--selection-addr", sd.selAddr)
+		}
+		return args
+	}, func() bool { return answersReady(sd.httpAddr) })
 	t.Cleanup(func() {
 		cancel()
 		<-sd.done
 	})
-	pollReady(t, httpAddr)
-	conn, err := net.Dial("tcp", httpAddr)
+	conn, err := net.Dial("tcp", sd.httpAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1477,18 +1577,18 @@ func TestARestoreUploadCutAtShutdownLeavesNoSpool(t *testing.T) {
 // spool as its own failure), and leaves no spool behind. From a review:
 // it was 500 internal.
 func TestAMalformedChunkedRestoreUploadIsBadSnapshot(t *testing.T) {
-	dataDir, httpAddr := filepath.Join(t.TempDir(), "data"), freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- newApp().RunContext(ctx, []string{"kvrouter", "--data-dir", dataDir, "--http-addr", httpAddr,
-			"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "error"})
-	}()
+	defer cancel()
+	var dataDir, httpAddr string
+	done := startNode(t, ctx, func() []string {
+		dataDir, httpAddr = filepath.Join(t.TempDir(), "data"), freeAddr(t)
+		return []string{"--data-dir", dataDir, "--http-addr", httpAddr,
+			"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "error"}
+	}, func() bool { return answersReady(httpAddr) })
 	t.Cleanup(func() {
 		cancel()
 		<-done
 	})
-	pollReady(t, httpAddr)
 	code, b := rawhttp.Send(t, httpAddr, "POST /v1/snapshot/restore HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+
 		"5\r\nKVRSN\r\nzz\r\n", false) // "zz" is no chunk size
 	var body api.ErrorResponse
@@ -1599,16 +1699,17 @@ type restoreUpload struct {
 func startRestoreUpload(t *testing.T) *restoreUpload {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	up := &restoreUpload{dataDir: filepath.Join(t.TempDir(), "data"), httpAddr: freeAddr(t), sigterm: cancel, done: make(chan error, 1)}
-	go func() {
-		up.done <- newApp().RunContext(ctx, []string{"kvrouter", "--data-dir", up.dataDir, "--http-addr", up.httpAddr,
-			"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "warn"})
-	}()
+	t.Cleanup(cancel)
+	up := &restoreUpload{sigterm: cancel}
+	up.done = startNode(t, ctx, func() []string {
+		up.dataDir, up.httpAddr = filepath.Join(t.TempDir(), "data"), freeAddr(t)
+		return []string{"--data-dir", up.dataDir, "--http-addr", up.httpAddr,
+			"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "warn"}
+	}, func() bool { return answersReady(up.httpAddr) })
 	t.Cleanup(func() {
 		cancel()
 		<-up.done
 	})
-	pollReady(t, up.httpAddr)
 	stallRestoreUpload(t, up.httpAddr, up.dataDir)
 	return up
 }
@@ -1838,18 +1939,18 @@ func TestTheNodesUsersCloseBeforeTheNode(t *testing.T) {
 		at <- seen{n.Raft().State() == raft.Shutdown, nc.IsClosed()}
 	}
 	t.Cleanup(func() { usersClosed = nil })
-	httpAddr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- newApp().RunContext(ctx, []string{"kvrouter", "--data-dir", filepath.Join(t.TempDir(), "data"), "--http-addr", httpAddr,
-			"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "error"})
-	}()
+	defer cancel()
+	var httpAddr string
+	done := startNode(t, ctx, func() []string {
+		httpAddr = freeAddr(t)
+		return []string{"--data-dir", filepath.Join(t.TempDir(), "data"), "--http-addr", httpAddr,
+			"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "error"}
+	}, func() bool { return answersReady(httpAddr) })
 	t.Cleanup(func() {
 		cancel()
 		<-done
 	})
-	pollReady(t, httpAddr)
 	cancel()
 	if err := testwatch.Within(t, 20*time.Second, done, "the shutdown"); err != nil {
 		t.Fatalf("run: %v", err)

@@ -26,6 +26,7 @@ import (
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/natswatch"
+	"github.com/kvrouter/kvrouter/internal/netproxy"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
@@ -191,8 +192,15 @@ func TestExternalNATSTakesTheUserAndPasswordFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { s.Shutdown(); s.WaitForShutdown() }()
-	if err := runKvrouterFor(t, 3*time.Second, "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t),
-		"--nats-url", s.ClientURL(), "--nats-user", "alice", "--nats-password", "pw", "--log-level", "error"); err != nil {
+	own := s.NumSubscriptions() // the server's own
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := startNode(t, ctx, func() []string {
+		return []string{"--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t),
+			"--nats-url", s.ClientURL(), "--nats-user", "alice", "--nats-password", "pw", "--log-level", "error"}
+	}, func() bool { return s.NumSubscriptions() > own })
+	cancel()
+	if err := <-done; err != nil {
 		t.Fatalf("--nats-url %s --nats-user alice --nats-password pw: %v", s.ClientURL(), err)
 	}
 }
@@ -214,14 +222,14 @@ func TestAnExternalNATSConnectionClosedForGoodStopsTheNode(t *testing.T) {
 	addr := strings.TrimPrefix(s.ClientURL(), "nats://")
 	own := s.NumSubscriptions()     // the server's own
 	const runFor = 10 * time.Second // what a node that runs on is stopped after
-	done := make(chan error, 1)
-	go func() {
-		done <- runKvrouterFor(t, runFor, "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t),
-			"--nats-url", s.ClientURL(), "--nats-user", "alice", "--nats-password", "pw", "--log-level", "error")
-	}()
+	ctx, cancel := context.WithTimeout(context.Background(), runFor)
+	defer cancel()
 	// A subscription, not a client: a client counts from its accept,
 	// before its connect is through, and a shutdown then fails the start.
-	poll(t, "the node's subscriptions", func() bool { return s.NumSubscriptions() > own })
+	done := startNode(t, ctx, func() []string {
+		return []string{"--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t),
+			"--nats-url", s.ClientURL(), "--nats-user", "alice", "--nats-password", "pw", "--log-level", "error"}
+	}, func() bool { return s.NumSubscriptions() > own })
 	s.Shutdown()
 	s.WaitForShutdown()
 	// The same server, its password changed: every reconnect is refused.
@@ -254,12 +262,12 @@ func TestAnExternalNATSCredsFileGoneBadStopsTheNode(t *testing.T) {
 	creds := natstest.WriteCreds(t, t.TempDir())
 	own := s.NumSubscriptions()     // the server's own
 	const runFor = 10 * time.Second // what a node that runs on is stopped after
-	done := make(chan error, 1)
-	go func() {
-		done <- runKvrouterFor(t, runFor, "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t),
-			"--nats-url", s.ClientURL(), "--nats-creds", creds, "--log-level", "error")
-	}()
-	poll(t, "the node's subscriptions", func() bool { return s.NumSubscriptions() > own })
+	ctx, cancel := context.WithTimeout(context.Background(), runFor)
+	defer cancel()
+	done := startNode(t, ctx, func() []string {
+		return []string{"--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t),
+			"--nats-url", s.ClientURL(), "--nats-creds", creds, "--log-level", "error"}
+	}, func() bool { return s.NumSubscriptions() > own })
 	if err := os.WriteFile(creds, []byte("not a creds file\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -288,35 +296,32 @@ func TestAnExternalNATSCredsFileGoneBadStopsTheNode(t *testing.T) {
 // nats.Connect without RetryOnFailedConnect failed the start (exit 1),
 // after the data directory was locked and the ports taken.
 func TestANATSNotUpYetIsWaitedFor(t *testing.T) {
-	addr, httpAddr, dataDir, raftAddr := freeAddr(t), freeAddr(t), t.TempDir(), freeAddr(t)
+	// NATS "not up yet" is a proxy in front of it, cut: it holds its
+	// port from the start, where a port released for a server to take
+	// later could be taken by another socket first.
+	s, err := eventplane.StartServer(eventplane.ServerConfig{Name: "ext", Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	own := s.NumSubscriptions() // the server's own
+	proxy, err := netproxy.New(strings.TrimPrefix(s.ClientURL(), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	proxy.Cut()
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	a := newApp()
-	a.ExitErrHandler = func(*cli.Context, error) {}
-	go func() {
-		done <- a.RunContext(ctx, []string{"kvrouter", "--data-dir", dataDir, "--http-addr", httpAddr, "--raft-addr", raftAddr,
-			"--nats-url", "nats://" + addr, "--log-level", "error"})
-	}()
-	stopped := false
+	defer cancel()
+	var httpAddr string
+	done := startNode(t, ctx, func() []string {
+		httpAddr = freeAddr(t)
+		return []string{"--data-dir", t.TempDir(), "--http-addr", httpAddr, "--raft-addr", freeAddr(t),
+			"--nats-url", "nats://" + proxy.Addr(), "--log-level", "error"}
+	}, func() bool { return answersReady(httpAddr) })
 	t.Cleanup(func() {
 		cancel()
-		if !stopped {
-			<-done
-		}
-	})
-	poll(t, "the node to be ready without NATS", func() bool {
-		select {
-		case err := <-done:
-			stopped = true
-			t.Fatalf("kvrouter with its NATS not up yet: %v, want it to start and wait for NATS", err)
-		default:
-		}
-		r, err := http.Get("http://" + httpAddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		r.Body.Close()
-		return r.StatusCode == http.StatusOK
+		<-done
 	})
 	if b := readyzOf(t, httpAddr); !strings.Contains(b, `"nats":"disconnected"`) {
 		t.Errorf("/readyz of a node whose NATS is not up: %s, want it to show nats disconnected", b)
@@ -324,30 +329,18 @@ func TestANATSNotUpYetIsWaitedFor(t *testing.T) {
 	if m := metricsOf(t, httpAddr); !strings.Contains(m, "\nkvrouter_nats_connected 0\n") {
 		t.Errorf("/metrics of a node whose NATS is not up has no kvrouter_nats_connected 0:\n%s", m)
 	}
-	// The server's own subscriptions, counted on one alike that the node
-	// does not reach: the node may subscribe as soon as the other is up.
-	s0, err := eventplane.StartServer(eventplane.ServerConfig{Name: "ext", Addr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	own := s0.NumSubscriptions()
-	s0.Shutdown()
-	s0.WaitForShutdown()
-	s, err := eventplane.StartServer(eventplane.ServerConfig{Name: "ext", Addr: addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { s.Shutdown(); s.WaitForShutdown() }()
-	poll(t, "the node's subscriptions once NATS is up", func() bool { return s.NumSubscriptions() > own })
-	poll(t, "kvrouter_nats_connected 1 once NATS is up", func() bool {
+	proxy.Heal()
+	pollRunning(t, done, "the node's subscriptions once NATS is up", func() bool { return s.NumSubscriptions() > own })
+	pollRunning(t, done, "kvrouter_nats_connected 1 once NATS is up", func() bool {
 		return strings.Contains(metricsOf(t, httpAddr), "\nkvrouter_nats_connected 1\n")
 	})
 	if b := readyzOf(t, httpAddr); !strings.Contains(b, `"nats":"connected"`) {
 		t.Errorf("/readyz of a node connected to NATS: %s, want it to show nats connected", b)
 	}
 	cancel()
-	stopped = true
-	if err := <-done; err != nil {
+	err = <-done
+	done <- nil // for the cleanup
+	if err != nil {
 		t.Fatalf("kvrouter stopped: %v", err)
 	}
 }
@@ -389,18 +382,18 @@ func readyzOf(t *testing.T, httpAddr string) string {
 // review: neither connection had an ErrorHandler, and nats.go's default
 // wrote such drops to stderr outside the log, counted nowhere.
 func TestSlowConsumersAreCountedOnMetrics(t *testing.T) {
-	httpAddr, dataDir, raftAddr := freeAddr(t), t.TempDir(), freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- newApp().RunContext(ctx, []string{"kvrouter", "--data-dir", dataDir, "--http-addr", httpAddr, "--raft-addr", raftAddr,
-			"--nats-addr", "127.0.0.1:0", "--log-level", "error"})
-	}()
+	defer cancel()
+	var httpAddr string
+	done := startNode(t, ctx, func() []string {
+		httpAddr = freeAddr(t)
+		return []string{"--data-dir", t.TempDir(), "--http-addr", httpAddr, "--raft-addr", freeAddr(t),
+			"--nats-addr", "127.0.0.1:0", "--log-level", "error"}
+	}, func() bool { return answersReady(httpAddr) })
 	t.Cleanup(func() {
 		cancel()
 		<-done
 	})
-	pollReady(t, httpAddr)
 	r, err := http.Get("http://" + httpAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -613,22 +606,21 @@ func TestTheNodesConnectionsCountASlowConsumer(t *testing.T) {
 // cluster it finds none, keeps leading, and counts the try
 // (kvrouter_nats_handovers_total{outcome="no_candidate"}).
 func TestALeaderAloneWithoutNATSKeepsItsLeadership(t *testing.T) {
-	addr, httpAddr, dataDir, raftAddr := freeAddr(t), freeAddr(t), t.TempDir(), freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	a := newApp()
-	a.ExitErrHandler = func(*cli.Context, error) {}
-	go func() {
-		done <- a.RunContext(ctx, []string{"kvrouter", "--data-dir", dataDir, "--http-addr", httpAddr, "--raft-addr", raftAddr,
-			"--nats-url", "nats://" + addr, "--nats-handover-after", "50ms", "--log-level", "error"})
-	}()
+	defer cancel()
+	var httpAddr string
+	done := startNode(t, ctx, func() []string {
+		httpAddr = freeAddr(t)
+		return []string{"--data-dir", t.TempDir(), "--http-addr", httpAddr, "--raft-addr", freeAddr(t),
+			"--nats-url", "nats://" + freeAddr(t), "--nats-handover-after", "50ms", "--log-level", "error"}
+	}, func() bool { return answersReady(httpAddr) })
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("kvrouter stopped: %v", err)
 		}
 	}()
-	poll(t, "a handover try that finds no other voter", func() bool {
+	pollRunning(t, done, "a handover try that finds no other voter", func() bool {
 		r, err := http.Get("http://" + httpAddr + "/metrics")
 		if err != nil {
 			return false
