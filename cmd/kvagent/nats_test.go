@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/internal/natstest"
 	"github.com/kvrouter/kvrouter/internal/natswatch"
+	"github.com/kvrouter/kvrouter/internal/netproxy"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
@@ -77,7 +79,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // freePort is a TCP port nothing listens on (one the system gave and
-// took back).
+// took back): for an address the test dials, never for one it binds
+// after, which another socket may have taken by then (cutNATS).
 func freePort(t *testing.T) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -86,6 +89,29 @@ func freePort(t *testing.T) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// cutNATS starts a NATS server with cfg (on a port of its own) and, in
+// front of it, a proxy that is cut: the agent is given the proxy's
+// address (returned with it), and the test takes the server down and
+// back with the proxy's Cut and Heal. Neither port is ever given up
+// while the test runs, where a server stopped and started again on a
+// port the test had released could find it taken by another socket.
+func cutNATS(t *testing.T, cfg eventplane.ServerConfig) (*netproxy.Proxy, string) {
+	t.Helper()
+	cfg.Addr = "127.0.0.1:0"
+	ns, err := eventplane.StartServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	proxy, err := netproxy.New(strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.Cut()
+	t.Cleanup(func() { proxy.Close() })
+	return proxy, proxy.Addr()
 }
 
 // agentRun is a kvagent started by a test, its log in logs.
@@ -188,13 +214,12 @@ func TestNATSURLPasswordIsNotShown(t *testing.T) {
 // credentials. From a review: the agent logged the close and ran on,
 // publishing nothing, while its supervisor saw it healthy.
 func TestRefusedCredentialsStopTheAgent(t *testing.T) {
-	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	ns, err := eventplane.StartServer(eventplane.ServerConfig{Name: "n1", Addr: addr, User: "u", Password: "right"})
+	ns, err := eventplane.StartServer(eventplane.ServerConfig{Name: "n1", Addr: "127.0.0.1:0", User: "u", Password: "right"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-	r := startKvagent(t, "--worker-id", "1", "--block-size", "4", "--nats-url", "nats://"+addr,
+	r := startKvagent(t, "--worker-id", "1", "--block-size", "4", "--nats-url", ns.ClientURL(),
 		"--nats-user", "u", "--nats-password", "wrong", "--engine-endpoint", "tcp://127.0.0.1:"+strconv.Itoa(freePort(t)))
 	ended := r.waitEnded(t)
 	if ended == nil || !strings.Contains(ended.Error(), "closed for good") {
@@ -209,23 +234,15 @@ func TestRefusedCredentialsStopTheAgent(t *testing.T) {
 // NATS cannot be reached, the connection made, lost and made again. From
 // a review: it logged nothing while it could not reach NATS.
 func TestNATSConnectionIsLogged(t *testing.T) {
-	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	proxy, addr := cutNATS(t, eventplane.ServerConfig{Name: "n1"})
 	r := startKvagent(t, "--worker-id", "1", "--block-size", "4", "--nats-url", "nats://"+addr,
 		"--engine-endpoint", "tcp://127.0.0.1:"+strconv.Itoa(freePort(t)))
 	waitFor(t, "a warning that NATS cannot be reached", func() bool { return r.logs.has("level=WARN", "cannot reach NATS") })
-	serve := func() func() {
-		ns, err := eventplane.StartServer(eventplane.ServerConfig{Name: "n1", Addr: addr})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return func() { ns.Shutdown(); ns.WaitForShutdown() }
-	}
-	shutdown := serve()
+	proxy.Heal()
 	waitFor(t, "the connection to NATS logged", func() bool { return r.logs.has("level=INFO", "connected to NATS", addr) })
-	shutdown()
+	proxy.Cut()
 	waitFor(t, "the lost connection logged", func() bool { return r.logs.has("level=WARN", "lost the NATS connection") })
-	shutdown = serve()
-	defer shutdown()
+	proxy.Heal()
 	waitFor(t, "the reconnection logged", func() bool { return r.logs.has("level=INFO", "reconnected to NATS", addr) })
 	if err := r.stop(t); err != nil {
 		t.Fatalf("kvagent: %v", err)
@@ -243,18 +260,14 @@ func TestNATSConnectionIsLogged(t *testing.T) {
 // on publishing nothing. From a review (a junk creds file).
 func TestACredsFileGoneBadStopsTheAgent(t *testing.T) {
 	creds := natstest.WriteCreds(t, t.TempDir())
-	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	proxy, addr := cutNATS(t, eventplane.ServerConfig{Name: "n1", User: "u", Password: "p"})
 	r := startKvagent(t, "--worker-id", "1", "--block-size", "4", "--nats-url", "nats://"+addr,
 		"--nats-creds", creds, "--engine-endpoint", "tcp://127.0.0.1:"+strconv.Itoa(freePort(t)))
 	waitFor(t, "a warning that NATS cannot be reached", func() bool { return r.logs.has("level=WARN", "cannot reach NATS") })
 	if err := os.WriteFile(creds, []byte("not a creds file\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ns, err := eventplane.StartServer(eventplane.ServerConfig{Name: "n1", Addr: addr, User: "u", Password: "p"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	proxy.Heal()
 	ended := r.waitEnded(t)
 	if ended == nil || !strings.Contains(ended.Error(), "--nats-creds") {
 		t.Errorf("kvagent ended with %v, want an error naming --nats-creds; log:\n%s", ended, r.logs)
@@ -329,12 +342,12 @@ func gaugeValue(t *testing.T, c prometheus.Collector, name string) float64 {
 // and closes NATS after. From a review: with the NATS close deferred
 // after shutdown (run before it) every test stayed green.
 func TestNATSClosesAfterTheLastFlush(t *testing.T) {
-	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	ns, err := eventplane.StartServer(eventplane.ServerConfig{Name: "n1", Addr: addr})
+	ns, err := eventplane.StartServer(eventplane.ServerConfig{Name: "n1", Addr: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	addr := strings.TrimPrefix(ns.ClientURL(), "nats://")
 	closedAtShutdown := make(chan bool, 1)
 	shutDown = func(nc *nats.Conn) { closedAtShutdown <- nc.IsClosed() }
 	t.Cleanup(func() { shutDown = nil }) // after the run's cleanup
@@ -367,11 +380,17 @@ func TestSlowConsumersAreCountedOnMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-	metrics := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	// Port 0: the agent logs the port it listens on, where a port the
+	// test released could be taken by another socket before the agent
+	// binds it.
 	r := startKvagent(t, "--worker-id", "1", "--block-size", "4", "--nats-url", ns.ClientURL(),
-		"--engine-endpoint", "tcp://127.0.0.1:"+strconv.Itoa(freePort(t)), "--metrics-addr", metrics)
+		"--engine-endpoint", "tcp://127.0.0.1:"+strconv.Itoa(freePort(t)), "--metrics-addr", "127.0.0.1:0")
 	waitFor(t, "the connection to NATS logged", func() bool { return r.logs.has("level=INFO", "connected to NATS") })
-	resp, err := http.Get("http://" + metrics + "/metrics")
+	m := regexp.MustCompile(`"metrics listening" addr=(http://\S+/metrics)`).FindStringSubmatch(r.logs.String())
+	if m == nil {
+		t.Fatalf("no \"metrics listening\" line with its address in the log:\n%s", r.logs)
+	}
+	resp, err := http.Get(m[1])
 	if err != nil {
 		t.Fatal(err)
 	}
