@@ -2,7 +2,9 @@ package enginesub
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -359,32 +361,9 @@ func TestBindModeReceivesFromConnectingPublisher(t *testing.T) {
 // on ports base and base+1, with one publisher per rank.
 func TestGroupFollowsEachRankOnItsPort(t *testing.T) {
 	pypub.Require(t)
-	base := freePorts(t, 2)
 	sink := &recSink{}
-	grp, err := NewGroup(Config{Endpoint: "tcp://127.0.0.1:" + base, Bind: true, Rank: kvevent.Rank{Worker: 8},
+	grp := runGroup(t, Config{Bind: true, Rank: kvevent.Rank{Worker: 8},
 		Sink: sink, Logger: quiet, Decoder: engine.Config{BlockSize: testBlockSize}}, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- grp.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("group: %v", err)
-		}
-	}()
-	for _, s := range grp.Subscribers() {
-		select {
-		case <-s.Ready():
-		case err := <-done: // Run failed (a port taken meanwhile): Ready never comes
-			done <- err
-			t.Fatalf("group: %v", err)
-		case <-time.After(20 * time.Second):
-			t.Fatalf("subscriber of %v not ready after 20s", s.Rank())
-		}
-	}
 	for i, s := range grp.Subscribers() {
 		rank := kvevent.Rank{Worker: 8, DP: uint32(i)}
 		if s.Rank() != rank {
@@ -394,6 +373,59 @@ func TestGroupFollowsEachRankOnItsPort(t *testing.T) {
 		p.WaitSub()
 		waitCalls(t, sink, &rank, publish(p, newGen(t, rank), 0, 4, true))
 	}
+}
+
+// runGroup runs a group of n ranks with cfg, in bind mode on a block of
+// ports freePorts picks, until the test ends, and waits until each of its
+// subscribers is ready. The ports were free a moment before the group
+// binds them: a group whose Run fails on one another socket took by then
+// is made again on another block (5 in all), rather than failing the test.
+func runGroup(t *testing.T, cfg Config, n int) *Group {
+	t.Helper()
+	for start := 1; ; start++ {
+		cfg.Endpoint = "tcp://127.0.0.1:" + freePorts(t, n)
+		grp, err := NewGroup(cfg, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- grp.Run(ctx) }()
+		err = groupReady(grp, done, cancel)
+		if err == nil {
+			t.Cleanup(func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("group: %v", err)
+				}
+			})
+			return grp
+		}
+		cancel()
+		if !strings.Contains(strings.ToLower(err.Error()), "address already in use") || start == 5 {
+			t.Fatalf("group on %s: %v", cfg.Endpoint, err)
+		}
+		t.Logf("group on %s: %v; making it again on other ports", cfg.Endpoint, err)
+	}
+}
+
+// groupReady waits until each subscriber of grp, whose Run's error comes
+// on done, is ready (nil), or returns Run's error (Ready never comes
+// then), or an error after 20 s, once cancel ended Run.
+func groupReady(grp *Group, done chan error, cancel context.CancelFunc) error {
+	timeout := time.After(20 * time.Second)
+	for _, s := range grp.Subscribers() {
+		select {
+		case <-s.Ready():
+		case err := <-done:
+			return fmt.Errorf("run ended: %v", err)
+		case <-timeout:
+			cancel()
+			<-done
+			return fmt.Errorf("subscriber of %v not ready after 20s", s.Rank())
+		}
+	}
+	return nil
 }
 
 // slowSink takes a while over every batch, as a sink that commits each one
