@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -19,6 +20,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -145,41 +147,48 @@ func TestStartingSelectionPortAnswers(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var httpAddr, selAddr string
-	var conn net.Conn
-	// Both ports are bound before the NATS connect: a start that
-	// stops on either one is made again.
+	checked := false
+	// checkPorts, once the start is held: it is held until conn closes
+	// (or the NATS client's connect timeout, 2 s), and both ports must
+	// answer within that, at once. Then the start goes on, and NATS is
+	// waited for (TestANATSNotUpYetIsWaitedFor).
+	checkPorts := func(conn net.Conn) {
+		defer conn.Close()
+		cl := &http.Client{Timeout: 10 * time.Second}
+		for _, u := range []string{"http://" + httpAddr + "/readyz", "http://" + selAddr + "/ready", "http://" + selAddr + "/workers"} {
+			resp, err := cl.Get(u)
+			if err != nil {
+				t.Errorf("GET %s while starting: %v", u, err)
+				continue
+			}
+			var body struct{ Reason string }
+			_ = json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable || body.Reason != api.ReasonNotReady {
+				t.Errorf("GET %s while starting: %d %+v, want 503 %s", u, resp.StatusCode, body, api.ReasonNotReady)
+			}
+		}
+	}
+	// The ports are checked in the wait for the node to be ready: a start
+	// that stops on a port in use, before the check (--http-addr,
+	// --selection-addr) or after it (--raft-addr, the connect held no
+	// more), is made again.
 	done := startNode(t, ctx, func() []string {
 		httpAddr, selAddr = freeAddr(t), freeAddr(t)
 		return []string{"--data-dir", t.TempDir(), "--http-addr", httpAddr, "--raft-addr", freeAddr(t),
 			"--selection-addr", selAddr, "--nats-url", "nats://" + stall.Addr().String(), "--log-level", "error"}
 	}, func() bool {
-		select {
-		case conn = <-accepted:
-			return true
-		default:
-			return false
+		if !checked {
+			select {
+			case conn := <-accepted:
+				checkPorts(conn)
+				checked = true
+			default:
+				return false
+			}
 		}
+		return answersReady(httpAddr)
 	})
-	// The start is held until conn closes (or the NATS client's connect
-	// timeout, 2 s): both ports must answer within that, at once.
-	cl := &http.Client{Timeout: 10 * time.Second}
-	for _, u := range []string{"http://" + httpAddr + "/readyz", "http://" + selAddr + "/ready", "http://" + selAddr + "/workers"} {
-		resp, err := cl.Get(u)
-		if err != nil {
-			t.Errorf("GET %s while starting: %v", u, err)
-			continue
-		}
-		var body struct{ Reason string }
-		_ = json.NewDecoder(resp.Body).Decode(&body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusServiceUnavailable || body.Reason != api.ReasonNotReady {
-			t.Errorf("GET %s while starting: %d %+v, want 503 %s", u, resp.StatusCode, body, api.ReasonNotReady)
-		}
-	}
-	// Then the start goes on, and NATS is waited for
-	// (TestANATSNotUpYetIsWaitedFor).
-	conn.Close()
-	pollRunning(t, done, "the node to be ready", func() bool { return answersReady(httpAddr) })
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("kvrouter stopped: %v", err)
@@ -841,15 +850,27 @@ func poll(t *testing.T, what string, cond func() bool) {
 
 // freeAddr returns a loopback address with a port free right now: by the
 // time a node binds it another socket may hold it, and a test that runs
-// a node on it starts it with startNode.
+// a node on it starts it with startNode. The port is drawn at random
+// below the kernel's ephemeral range (Linux's starts at 32768, macOS's
+// at 49152), which no listen on port 0 and no outgoing connection takes.
+// A port the kernel gave for port 0 and took back was the one it gave
+// the next such listen too, another package's socket or freeAddr's own
+// next call (a node given one port for --http-addr, --raft-addr and
+// --selection-addr), and every start again on fresh ports found it
+// taken (from a flake hunt in a narrow ephemeral range).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(20000+rand.IntN(12000)))
+		if err != nil {
+			continue // taken: draw another
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		return addr
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatal("no free port in 100 drawn from 20000-31999")
+	return ""
 }
 
 // startNode runs kvrouter in-process, with the arguments args returns,
