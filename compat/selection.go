@@ -653,6 +653,10 @@ func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bo
 		return nil, &httpError{code: http.StatusServiceUnavailable,
 			err: fmt.Errorf("no worker is registered for model %s routing group %s", req.ModelName, group)}
 	}
+	// A prompt shorter than a block breaks ties on its tokens' hash, or on
+	// the selection id its caller gave (RendezvousKey), never on one drawn
+	// here: one prompt keeps to one rank.
+	givenID := req.SelectionID
 	if req.SelectionID == "" {
 		req.SelectionID = newSelectionID()
 	}
@@ -668,7 +672,8 @@ func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bo
 	}
 	q := raftfsm.RouteQuery{LocalHashes: local, ISL: isl, BlockSize: ns.blockSize,
 		SeqHashes: hashes(req.SequenceHashes), Book: reserve, RequestID: req.SelectionID, Brief: true,
-		Filter: func(rk kvevent.Rank) bool { _, ok := ns.has(rk); return ok }}
+		Filter: func(rk kvevent.Rank) bool { _, ok := ns.has(rk); return ok },
+		TieKey: raftfsm.RendezvousKey(local, req.TokenIDs, req.LoRAName, req.CacheSalt, givenID)}
 	session := sessionKey{model: req.ModelName, group: group, id: req.SessionID}
 	if req.SessionID != "" {
 		if rk, ok := s.session(session); ok {

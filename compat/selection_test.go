@@ -861,3 +861,44 @@ func TestPotentialLoadsCountWhatSelectCountsInTheTieredView(t *testing.T) {
 		t.Errorf("tiered view: /select's effective prefill %d, /potential_loads' %d, want 8 and 8", s, p)
 	}
 }
+
+// TestShortPromptSelectKeepsToOneRank: a prompt shorter than one block
+// keys its rendezvous tie-break on its tokens' hash
+// (raftfsm.RendezvousKey), through /selection/select too, which hashes
+// token_ids itself: one such prompt on idle (tied) workers keeps to one
+// worker, and different ones spread over them. From a review: the route
+// saw only the empty block hashes and a selection id drawn at random per
+// call, and the same short prompt went to another worker nearly every
+// time.
+func TestShortPromptSelectKeepsToOneRank(t *testing.T) {
+	n := startNode(t)
+	for id := uint64(1); id <= 4; id++ {
+		r := n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: id, ModelName: "m", BlockSize: 4})
+		if r.code != http.StatusCreated {
+			t.Fatalf("%d %s", r.code, r.body)
+		}
+	}
+	selectWorker := func(tokens []uint32) uint64 {
+		t.Helper()
+		r := n.do(t, codecJSON, "POST", "/selection/select", SelectRequest{ModelName: "m", TokenIDs: tokens})
+		var sr SelectResponse
+		if err := json.Unmarshal(r.body, &sr); err != nil || r.code != http.StatusOK {
+			t.Fatalf("%d %s %v", r.code, r.body, err)
+		}
+		return sr.WorkerID
+	}
+	one := map[uint64]int{}
+	for range 20 {
+		one[selectWorker([]uint32{7, 8, 9})]++
+	}
+	if len(one) != 1 {
+		t.Errorf("one 3-token prompt (block size 4), selected 20 times on idle workers, went to workers %v; want one worker", one)
+	}
+	many := map[uint64]int{}
+	for p := range uint32(20) {
+		many[selectWorker([]uint32{1000*p + 1, 1000*p + 2})]++
+	}
+	if len(many) < 2 {
+		t.Errorf("20 short prompts on idle workers went to workers %v; want them spread", many)
+	}
+}

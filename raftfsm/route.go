@@ -284,7 +284,10 @@ func (n *Node) route(ctx context.Context, q RouteQuery) (RouteResult, error) {
 	if q.Book {
 		pending.p.AddTo(sc.cands, seq)
 	}
-	first := RendezvousKey(local, q.Tokens, q.LoRA, q.Salt, q.RequestID)
+	first := q.TieKey
+	if first == 0 {
+		first = RendezvousKey(local, q.Tokens, q.LoRA, q.Salt, q.RequestID)
+	}
 	loaded := time.Now()
 	st.Load = loaded.Sub(matched)
 	res := RouteResult{BlockSize: bs}

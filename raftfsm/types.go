@@ -238,6 +238,11 @@ type RouteQuery struct {
 	// Prefer, when set, wins a tie on cost with the chosen rank (the rank
 	// a session used last; indexer.Decision.Prefer).
 	Prefer *kvevent.Rank
+	// TieKey, when not 0, keys the rendezvous tie-break instead of the
+	// route's own RendezvousKey: a caller that hashed the tokens itself
+	// (the compatible selection API) gives the key of its tokens, which
+	// the route no longer sees.
+	TieKey uint64
 	// Brief keeps only the chosen candidate in the result's Decision
 	// (Candidates has one element, Index 0): what a caller that does not
 	// explain the decision needs, without copying every candidate.
