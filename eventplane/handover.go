@@ -183,12 +183,17 @@ func (h *Handover) tried(now time.Time) { h.nextTry = now.Add(h.cfg.After) }
 
 // try asks the other voters whether they are connected and hands the
 // leadership to the first that is, in member id order. It returns the
-// outcome (for tests).
+// outcome (for tests): "" for a try that Close ended, whose questions
+// failed for that, not for the members, and which counts and logs
+// nothing.
 func (h *Handover) try(down time.Duration) string {
 	log := h.cfg.Logger.With("nats_down_for", down.Round(time.Millisecond).String())
 	ctx, cancel := context.WithTimeout(h.ctx, h.cfg.Timeout)
 	members, err := h.cfg.Node.Members(ctx)
 	cancel()
+	if h.ctx.Err() != nil {
+		return ""
+	}
 	if err != nil {
 		h.tries.WithLabelValues(handoverFailed).Inc()
 		log.Warn("no NATS connection: cannot list the members to hand the leadership to", "err", err)
@@ -203,6 +208,9 @@ func (h *Handover) try(down time.Duration) string {
 		ctx, cancel := context.WithTimeout(h.ctx, h.cfg.Timeout)
 		ok, err := h.cfg.PeerConnected(ctx, m)
 		cancel()
+		if h.ctx.Err() != nil {
+			return ""
+		}
 		switch {
 		case err != nil:
 			asked = append(asked, m.ID+": "+err.Error())
@@ -219,6 +227,9 @@ func (h *Handover) try(down time.Duration) string {
 		ctx, cancel = context.WithTimeout(h.ctx, h.cfg.Timeout)
 		err = h.cfg.Node.TransferLeadership(ctx, m.ID)
 		cancel()
+		if err != nil && h.ctx.Err() != nil && h.cfg.Node.IsLeader() {
+			return "" // Close ended the transfer
+		}
 		if err != nil && !h.cfg.Node.IsLeader() {
 			// A transfer whose answer did not come in time (its context
 			// ended, the TimeoutNow's answer was lost) may still have

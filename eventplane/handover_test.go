@@ -279,3 +279,39 @@ func TestLeaderWithoutNATSHandsOverAndEventsFlow(t *testing.T) {
 		t.Fatalf("leader %d (was %d, its connection up: %v)", l, old, c.conns[old].IsConnected())
 	}
 }
+
+// TestAHandoverClosedMidTryCountsNoOutcome: Close ends a try in
+// progress (its context is canceled). The try's questions then fail for
+// the cancellation, not for the peers: no evidence that no voter is
+// connected, and the try counts and logs nothing. From a review: it
+// counted outcome="no_candidate" and logged that no other voter was
+// ready and connected, at every shutdown during a try.
+func TestAHandoverClosedMidTryCountsNoOutcome(t *testing.T) {
+	node := &handoverNode{self: "n1", leader: "n1"}
+	var up atomic.Bool // down
+	asking := make(chan struct{}, 8)
+	h, err := NewHandover(HandoverConfig{Node: node, Connected: up.Load, Logger: quiet,
+		After: 10 * time.Millisecond, PollInterval: 5 * time.Millisecond, Timeout: time.Minute,
+		Registerer: prometheus.NewRegistry(),
+		PeerConnected: func(ctx context.Context, m raftfsm.Member) (bool, error) {
+			select {
+			case asking <- struct{}{}:
+			default:
+			}
+			<-ctx.Done() // a peer slow to answer (n2 would say connected)
+			return false, ctx.Err()
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-asking:
+	case <-time.After(5 * time.Second):
+		h.Close()
+		t.Fatal("no try began")
+	}
+	h.Close()
+	if got := val(h.tries.WithLabelValues(handoverNoCandidate)); got != 0 {
+		t.Errorf("a try ended by Close counted kvrouter_nats_handovers_total{outcome=\"no_candidate\"} = %v, want 0 (the peers were never heard)", got)
+	}
+}
