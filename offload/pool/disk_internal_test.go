@@ -221,7 +221,10 @@ func TestDiskDamagedBlobFileDoesNotKillTheProcessInABlobRewrite(t *testing.T) {
 	run := func(mode string) (string, error) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestDiskDamagedBlobFileDoesNotKillTheProcessInABlobRewrite$",
 			"-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), blobRewriteChildEnv+"="+mode)
+		// The child's temporary directories go under this test's: the
+		// control run dies before its own cleanup, and left one in the
+		// system's temporary directory at every run.
+		cmd.Env = append(os.Environ(), blobRewriteChildEnv+"="+mode, "TMPDIR="+t.TempDir())
 		out, err := cmd.CombinedOutput()
 		head := string(out)
 		if i := strings.Index(head, "\ngoroutine "); i > 0 {
