@@ -287,11 +287,15 @@ func (l *leases) stepDown() {
 // leases and graces start at its own first sweep, after its Barrier. The
 // poll that starts them (Ingester.leadership) may come up to PollInterval
 // after that Barrier, and the generation alone said "current" until then.
+//
+// The node's leadership is read before the generation: a step-down and a
+// re-election while it is read (a Target may take its time) bump the
+// generation, which is then read stale.
 func (in *Ingester) current(gen uint64) bool {
+	term, leads := in.leaderTerm()
 	in.leases.mu.Lock()
 	same, led := in.leases.gen == gen, in.leases.term
 	in.leases.mu.Unlock()
-	term, leads := in.leaderTerm()
 	return same && leads && term == led
 }
 
@@ -744,7 +748,7 @@ func (in *Ingester) removeUnlisted(gen uint64, ranks []kvevent.Rank) {
 	go func() {
 		defer in.cwg.Done()
 		removed, err := 0, error(nil)
-		stale := in.closed() || !in.cfg.Node.IsLeader() || !in.current(gen) || !in.caughtUp()
+		stale := in.closed() || !in.current(gen) || !in.caughtUp() // current: still leading, in the same term
 		if !stale {
 			ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
 			removed, err = rm.RemoveUnregisteredRanks(ctx, ranks)
