@@ -155,13 +155,7 @@ func TestSelectionLifecycle(t *testing.T) {
 // TestSessionBreaksTies: two idle workers with no cache tie on cost; a
 // session's later requests stay on the rank it got first.
 func TestSessionBreaksTies(t *testing.T) {
-	n := startNode(t)
-	for id := uint64(1); id <= 4; id++ {
-		r := n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: id, ModelName: "m", BlockSize: 4})
-		if r.code != http.StatusCreated {
-			t.Fatalf("%d %s", r.code, r.body)
-		}
-	}
+	n := fourIdleWorkers(t)
 	pick := func(session string, first Hash) uint64 {
 		r := n.do(t, codecJSON, "POST", "/selection/select", SelectRequest{ModelName: "m", BlockHashes: []Hash{first},
 			ISLTokens: 4, SessionID: session})
@@ -871,13 +865,7 @@ func TestPotentialLoadsCountWhatSelectCountsInTheTieredView(t *testing.T) {
 // call, and the same short prompt went to another worker nearly every
 // time.
 func TestShortPromptSelectKeepsToOneRank(t *testing.T) {
-	n := startNode(t)
-	for id := uint64(1); id <= 4; id++ {
-		r := n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: id, ModelName: "m", BlockSize: 4})
-		if r.code != http.StatusCreated {
-			t.Fatalf("%d %s", r.code, r.body)
-		}
-	}
+	n := fourIdleWorkers(t)
 	selectWorker := func(tokens []uint32) uint64 {
 		t.Helper()
 		r := n.do(t, codecJSON, "POST", "/selection/select", SelectRequest{ModelName: "m", TokenIDs: tokens})
@@ -901,4 +889,18 @@ func TestShortPromptSelectKeepsToOneRank(t *testing.T) {
 	if len(many) < 2 {
 		t.Errorf("20 short prompts on idle workers went to workers %v; want them spread", many)
 	}
+}
+
+// fourIdleWorkers starts a node with workers 1 to 4 of model m, block
+// size 4, registered through the selection API.
+func fourIdleWorkers(t *testing.T) *testNode {
+	t.Helper()
+	n := startNode(t)
+	for id := uint64(1); id <= 4; id++ {
+		r := n.do(t, codecJSON, "POST", "/selection/workers", CatalogWorker{WorkerID: id, ModelName: "m", BlockSize: 4})
+		if r.code != http.StatusCreated {
+			t.Fatalf("%d %s", r.code, r.body)
+		}
+	}
+	return n
 }

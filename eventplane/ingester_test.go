@@ -124,6 +124,17 @@ func sweep(in *Ingester, now time.Time) {
 	in.cwg.Wait()
 }
 
+// sightedBy returns an ingester of tg with the given unregistered grace,
+// leading since t0 (returned) in term 0, whose first sweep at t0 has seen
+// what tg holds.
+func sightedBy(tg Target, grace time.Duration) (*Ingester, time.Time) {
+	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
+	t0 := time.Now()
+	in.leases.lead(t0, 0)
+	sweep(in, t0)
+	return in, t0
+}
+
 // TestLeaseStartsWhenTheLeaderFirstSeesTheWorker: a worker registered long
 // after the election gets a whole lease before its first heartbeat is due
 // (its lease used to run from the election, so the next sweep removed it);
@@ -385,10 +396,7 @@ func TestUnregisteredWorkersRanksAreRemovedAfterTheGrace(t *testing.T) {
 	tg := &strayTarget{fakeTarget: newFakeTarget(),
 		stray: []kvevent.Rank{{Worker: 7, DP: 0}, {Worker: 7, DP: 1}, {Worker: 8, DP: 0}}}
 	const grace = 10 * time.Second
-	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
-	t0 := time.Now()
-	in.leases.lead(t0, 0)
-	sweep(in, t0) // first seen
+	in, t0 := sightedBy(tg, grace)
 	sweep(in, t0.Add(grace))
 	if r := tg.strayedIDs(); len(r) != 0 {
 		t.Fatalf("ranks of workers %v removed within the grace", r)
@@ -436,10 +444,7 @@ func TestRegisteredWorkersUnlistedRanksAreRemovedAfterTheGrace(t *testing.T) {
 	tg := &strayTarget{fakeTarget: newFakeTarget(), stray: []kvevent.Rank{listed, late, stray}}
 	tg.workers[1] = raftfsm.WorkerInfo{ID: 1, DPRanks: []uint32{0}}
 	const grace = 10 * time.Second
-	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
-	t0 := time.Now()
-	in.leases.lead(t0, 0)
-	sweep(in, t0) // first seen
+	in, t0 := sightedBy(tg, grace)
 	sweep(in, t0.Add(grace))
 	if r := tg.droppedRanks(); len(r) != 0 {
 		t.Fatalf("ranks %v removed within the grace", r)
@@ -503,10 +508,7 @@ func TestUnlistedRankListedDuringARemovalGetsAFreshGrace(t *testing.T) {
 	st.workers[1] = raftfsm.WorkerInfo{ID: 1, DPRanks: []uint32{0}}
 	tg := &gatedRemover{strayTarget: st, gate: make(chan struct{})}
 	const grace = 10 * time.Second
-	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
-	t0 := time.Now()
-	in.leases.lead(t0, 0)
-	sweep(in, t0) // a first seen
+	in, t0 := sightedBy(tg, grace)
 	st.mu.Lock()
 	st.stray = []kvevent.Rank{a, c}
 	st.mu.Unlock()
@@ -544,10 +546,7 @@ func TestStrayWorkersAreRemovedByOneRunAtATime(t *testing.T) {
 		tg.stray = append(tg.stray, kvevent.Rank{Worker: uint64(1000 + i)})
 	}
 	const grace = 10 * time.Second
-	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
-	t0 := time.Now()
-	in.leases.lead(t0, 0)
-	sweep(in, t0) // first seen
+	in, t0 := sightedBy(tg, grace)
 	base := runtime.NumGoroutine()
 	tg.workersMu.Lock() // a registration holds the table lock: the run waits
 	now := t0.Add(grace + time.Millisecond)
@@ -609,10 +608,7 @@ func TestUnlistedRanksAreRemovedAtMostMaxStrayRemovalsAnEntry(t *testing.T) {
 		tg.stray = append(tg.stray, kvevent.Rank{Worker: 1, DP: uint32(1 + i)})
 	}
 	const grace = 10 * time.Second
-	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
-	t0 := time.Now()
-	in.leases.lead(t0, 0)
-	sweep(in, t0) // first seen
+	in, t0 := sightedBy(tg, grace)
 	now := t0.Add(grace + time.Millisecond)
 	sweep(in, now)
 	got := tg.droppedRanks()

@@ -135,10 +135,7 @@ func strayRunWaiting(t *testing.T, grace time.Duration) (*termTarget, *Ingester,
 	for i := range 4 {
 		tg.stray = append(tg.stray, kvevent.Rank{Worker: uint64(1000 + i)})
 	}
-	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
-	t0 := time.Now()
-	in.leases.lead(t0, 0)
-	sweep(in, t0) // first seen
+	in, t0 := sightedBy(tg, grace)
 	tg.workersMu.Lock()
 	in.sweepLeases(t0.Add(grace + time.Millisecond))
 	waitLocking(t, tg)
@@ -248,10 +245,7 @@ func unlistedRunWaiting(t *testing.T, grace time.Duration) (*gatedLeader, *Inges
 	tg.leader.Store(true)
 	tg.workers[1] = raftfsm.WorkerInfo{ID: 1, DPRanks: []uint32{0}}
 	tg.stray = []kvevent.Rank{{Worker: 1, DP: 5}, {Worker: 1, DP: 9}}
-	in := newIngester(IngesterConfig{Node: tg, UnregisteredGrace: grace, Logger: quiet})
-	t0 := time.Now()
-	in.leases.lead(t0, 0)
-	sweep(in, t0) // first seen
+	in, t0 := sightedBy(tg, grace)
 	in.sweepLeases(t0.Add(grace + time.Millisecond))
 	select {
 	case <-tg.entered:
