@@ -371,14 +371,22 @@ func (t *strayTarget) droppedRanks() []kvevent.Rank {
 }
 
 func (t *strayTarget) DeregisterWorker(ctx context.Context, id uint64) error {
+	_, err := t.DeregisterWorkerRanks(ctx, id)
+	return err
+}
+
+// DeregisterWorkerRanks answers how many ranks of the list it took, as
+// raftfsm.Node's does (with ErrUnknownWorker too).
+func (t *strayTarget) DeregisterWorkerRanks(ctx context.Context, id uint64) (int, error) {
 	t.mu.Lock()
 	n := len(t.stray)
 	t.stray = slices.DeleteFunc(t.stray, func(r kvevent.Rank) bool { return r.Worker == id })
-	if len(t.stray) < n {
+	took := n - len(t.stray)
+	if took > 0 {
 		t.strayed = append(t.strayed, id)
 	}
 	t.mu.Unlock()
-	return t.fakeTarget.DeregisterWorker(ctx, id)
+	return took, t.fakeTarget.DeregisterWorker(ctx, id)
 }
 
 func (t *strayTarget) strayedIDs() []uint64 {
@@ -429,6 +437,43 @@ func TestUnregisteredWorkersRanksAreRemovedAfterTheGrace(t *testing.T) {
 	sweep(in, t1.Add(grace+time.Millisecond))
 	if r := tg.strayedIDs(); !slices.Equal(r, []uint64{7, 7}) {
 		t.Fatalf("ranks of workers %v removed, want [7 7]", r)
+	}
+}
+
+// removedFirstTarget is a strayTarget where another removal of the
+// worker (an operator's DELETE /v1/workers/{id}, which for a worker not
+// registered takes its ranks and answers unknown) commits just before the
+// ingester's own deregistration: the ingester's entry removes nothing.
+type removedFirstTarget struct{ *strayTarget }
+
+func (t *removedFirstTarget) DeregisterWorkerRanks(ctx context.Context, id uint64) (int, error) {
+	t.mu.Lock()
+	t.stray = slices.DeleteFunc(t.stray, func(r kvevent.Rank) bool { return r.Worker == id })
+	t.mu.Unlock()
+	return t.strayTarget.DeregisterWorkerRanks(ctx, id)
+}
+
+// TestStrayRemovalCountsOnlyRanksItRemoved: kvrouter_unregistered_ranks_removed_total
+// is "ranks the leader removed" (docs/operations.md): the removal of an
+// unregistered worker's ranks counts what its entry removed, as the
+// unlisted ranks' removal does (TestRemoveRanksCountsOnlyRanksItRemoved).
+// Another removal that took the ranks first leaves it nothing to count,
+// though its entry answers ErrUnknownWorker all the same. From a review:
+// it counted the ranks the sweep listed.
+func TestStrayRemovalCountsOnlyRanksItRemoved(t *testing.T) {
+	tg := &removedFirstTarget{&strayTarget{fakeTarget: newFakeTarget(),
+		stray: []kvevent.Rank{{Worker: 7, DP: 0}, {Worker: 7, DP: 1}}}}
+	const grace = 10 * time.Second
+	in, t0 := sightedBy(tg, grace)
+	sweep(in, t0.Add(grace+time.Millisecond))
+	if r := tg.removedIDs(); len(r) != 0 {
+		t.Fatalf("setup: workers %v removed, want none (7 is not registered)", r)
+	}
+	if n := len(in.leases.unreg) + len(in.leases.strays); n != 0 {
+		t.Fatalf("the leader remembers %d unregistered workers or removals in flight, want none: the removal was made", n)
+	}
+	if got := val(in.m.unregRemoved); got != 0 {
+		t.Fatalf("kvrouter_unregistered_ranks_removed_total = %v, want 0: another removal took worker 7's ranks before the leader's entry applied, which removed nothing", got)
 	}
 }
 

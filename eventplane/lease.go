@@ -465,7 +465,7 @@ func (in *Ingester) sweepLeases(now time.Time) {
 			// of an agent still publishing, before their unregistered
 			// grace), and no lease of this leader's removed it.
 			gone := false
-			removed, kept, err := in.deregister(w.ID, func(table map[uint64]raftfsm.WorkerInfo) bool {
+			removed, _, kept, err := in.deregister(w.ID, func(table map[uint64]raftfsm.WorkerInfo) bool {
 				if !in.current(gen) || !in.caughtUp() {
 					return true
 				}
@@ -781,8 +781,10 @@ func (in *Ingester) removeUnlisted(gen uint64, ranks []kvevent.Rank) {
 }
 
 // removeStray removes, through Raft, the ranks of unregistered worker id
-// (ranks of them), unless it registered since the listing, and clears
-// its mark of a removal in flight. It returns false, and removes nothing,
+// (the sweep listed ranks of them), unless it registered since the
+// listing, and clears its mark of a removal in flight. It counts the
+// ranks the entry removed (none when another removal of the id committed
+// first), or, from a Target that does not say, the ranks listed. It returns false, and removes nothing,
 // when the run that decided the removal (in generation gen of the leases)
 // should stop: the term ended (a new one may have begun while the removal
 // waited for the worker-table lock), or the node's state is not caught up
@@ -790,7 +792,7 @@ func (in *Ingester) removeUnlisted(gen uint64, ranks []kvevent.Rank) {
 func (in *Ingester) removeStray(gen, id uint64, ranks int) bool {
 	stale := false
 	// A worker that registered since the listing keeps its ranks.
-	removed, registered, err := in.deregister(id, func(table map[uint64]raftfsm.WorkerInfo) bool {
+	removed, n, registered, err := in.deregister(id, func(table map[uint64]raftfsm.WorkerInfo) bool {
 		if !in.current(gen) || !in.caughtUp() {
 			stale = true
 			return true
@@ -812,12 +814,20 @@ func (in *Ingester) removeStray(gen, id uint64, ranks int) bool {
 		}
 	}
 	in.leases.mu.Unlock()
+	if n < 0 {
+		n = ranks // a Target that does not say: the ranks the sweep listed
+	}
 	switch {
 	case registered:
+	case removed && n == 0:
+		// Another removal of the id (an operator's DELETE
+		// /v1/workers/{id}) committed first and took the ranks: this
+		// entry removed none, as it answers ErrUnknownWorker all the same.
+		in.cfg.Logger.Debug("ranks of a worker not registered were removed meanwhile; nothing to do", "worker", id)
 	case removed:
-		in.m.unregRemoved.Add(float64(ranks))
+		in.m.unregRemoved.Add(float64(n))
 		in.cfg.Logger.Warn("worker not registered for the unregistered grace; its ranks' state removed (its agent publishes without a registration)",
-			"worker", id, "ranks", ranks, "grace", in.cfg.UnregisteredGrace)
+			"worker", id, "ranks", n, "grace", in.cfg.UnregisteredGrace)
 	default:
 		in.cfg.Logger.Warn("removing the ranks of an unregistered worker failed; retrying", "worker", id, "err", err)
 	}
@@ -883,15 +893,33 @@ func (in *Ingester) registeredAt(id uint64, bound time.Time) time.Time {
 // read under it, may leave the worker alone (kept): it registered again,
 // or its lease was renewed, while the removal waited for the lock.
 // removed is true when the worker is gone (ErrUnknownWorker included: a
-// caller that removes a worker of the table tells the two apart).
-func (in *Ingester) deregister(id uint64, keep func(table map[uint64]raftfsm.WorkerInfo) bool) (removed, kept bool, err error) {
+// caller that removes a worker of the table tells the two apart). ranks
+// is how many of the worker's ranks' state the entry removed, or -1 when
+// the Target does not say (workerRankRemover).
+func (in *Ingester) deregister(id uint64, keep func(table map[uint64]raftfsm.WorkerInfo) bool) (removed bool, ranks int, kept bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), in.cfg.CommitTimeout)
 	defer cancel()
 	unlock := raftfsm.LockWorkers(in.cfg.Node)
 	defer unlock()
 	if keep(in.cfg.Node.WorkerTable()) {
-		return false, true, nil
+		return false, 0, true, nil
 	}
-	err = in.cfg.Node.DeregisterWorker(ctx, id)
-	return err == nil || errors.Is(err, raftfsm.ErrUnknownWorker), false, err
+	if rm, ok := in.cfg.Node.(workerRankRemover); ok {
+		ranks, err = rm.DeregisterWorkerRanks(ctx, id)
+	} else {
+		ranks, err = -1, in.cfg.Node.DeregisterWorker(ctx, id)
+	}
+	return err == nil || errors.Is(err, raftfsm.ErrUnknownWorker), ranks, false, err
 }
+
+// workerRankRemover is what a Target may also do (a raftfsm.Node does):
+// deregister a worker through Raft, returning how many of its ranks'
+// state the entry removed, with ErrUnknownWorker too (another removal of
+// the id may have committed first and taken them). A Target without it
+// has a removal of an unregistered worker count the ranks the sweep
+// listed.
+type workerRankRemover interface {
+	DeregisterWorkerRanks(ctx context.Context, id uint64) (int, error)
+}
+
+var _ workerRankRemover = (*raftfsm.Node)(nil)

@@ -145,3 +145,11 @@ func (ix *Index) Ranks() []kvevent.Rank {
 	slices.SortFunc(out, kvevent.Rank.Compare)
 	return out
 }
+
+// WorkerRanks appends worker's ranks with state to dst, sorted, and
+// returns the extended slice (found without a scan of every rank).
+func (ix *Index) WorkerRanks(dst []kvevent.Rank, worker uint64) []kvevent.Rank {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return ix.slots.WorkerRanks(dst, worker)
+}

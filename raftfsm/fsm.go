@@ -1140,15 +1140,29 @@ func (f *FSM) removeRank(r kvevent.Rank) bool {
 	return held || cursor
 }
 
-func (f *FSM) removeWorker(id uint64) error {
+// removeWorker removes worker id's registration and its ranks' state. It
+// answers how many of its ranks held index state or a cursor (as
+// removeRank counts them): an int, or, for a worker not registered, an
+// unknownWorkerError carrying it (ErrUnknownWorker, which an operator's
+// removal of the id answers too, whether or not it took ranks). The
+// leader's sweep of unregistered workers counts what its own entry
+// removed from it: another removal of the id committed first leaves
+// nothing to count. The count is the apply's answer only, in no
+// replica's stored state (removeUnregistered says why).
+func (f *FSM) removeWorker(id uint64) interface{} {
 	_, known := f.wtab[id]
+	held := f.ix.WorkerRanks(nil, id)
 	f.ix.RemoveWorker(id)
 	f.pending.mu.Lock()
 	f.seqs.RemoveWorker(id)
 	f.pending.mu.Unlock()
 	f.curMu.Lock()
 	// In rank order, so that every replica's batch deletes in one order.
+	removed := len(held)
 	for _, r := range f.cursors.WorkerRanks(nil, id) {
+		if _, ok := slices.BinarySearchFunc(held, r, kvevent.Rank.Compare); !ok {
+			removed++
+		}
 		f.cursors.Delete(r)
 		f.batch.DeleteCursor(r.Worker, r.DP)
 	}
@@ -1160,13 +1174,27 @@ func (f *FSM) removeWorker(id uint64) error {
 	delete(f.registered, id)
 	f.curMu.Unlock()
 	if !known {
-		return fmt.Errorf("deregister %d: %w", id, ErrUnknownWorker)
+		return &unknownWorkerError{id: id, removed: removed}
 	}
 	delete(f.wtab, id)
 	f.markWorker(id)
 	f.batch.Delete(store.KindWorker, u64key(id))
-	return nil
+	return removed
 }
+
+// unknownWorkerError is a deregistration's answer for a worker not
+// registered: ErrUnknownWorker, with how many of its ranks' state the
+// entry removed all the same (removeWorker).
+type unknownWorkerError struct {
+	id      uint64
+	removed int
+}
+
+func (e *unknownWorkerError) Error() string {
+	return fmt.Sprintf("deregister %d: %v", e.id, ErrUnknownWorker)
+}
+
+func (e *unknownWorkerError) Unwrap() error { return ErrUnknownWorker }
 
 func u64key(v uint64) []byte {
 	var e enc

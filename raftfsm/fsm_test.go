@@ -984,6 +984,65 @@ func TestRemoveRanksCountsOnlyRanksItRemoved(t *testing.T) {
 	}
 }
 
+// TestDeregistrationAnswersTheRanksItRemoved: a deregistration answers
+// how many of the worker's ranks' state it removed (index state or a
+// cursor, as the removal of unlisted ranks counts them), for a worker not
+// registered too, inside its ErrUnknownWorker, and the leader's sweep of
+// unregistered workers adds that to
+// kvrouter_unregistered_ranks_removed_total (eventplane). A second
+// removal of the id, after another took the ranks (an operator's DELETE
+// /v1/workers/{id}), answers ErrUnknownWorker and 0. From a review: the
+// sweep counted the ranks it listed, whatever its entry removed.
+func TestDeregistrationAnswersTheRanksItRemoved(t *testing.T) {
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	var w logWriter
+	listed, evented := kvevent.Rank{Worker: 1}, kvevent.Rank{Worker: 1, DP: 3}
+	dumped, gapped := kvevent.Rank{Worker: 5}, kvevent.Rank{Worker: 5, DP: 2}
+	f.ApplyBatch([]*raft.Log{
+		// dp 0 has index state (its capacity) and no cursor, dp 3 both.
+		w.next(encodeRegister(1, &WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}, Capacity: [kvevent.NumTiers]int64{100}})),
+		w.next(encodeEvents(2, []RankBatch{{Rank: evented, Events: chainEvents(evented, 1, 2, 10)}})),
+		w.next(encodeReplace(3, dumped, 7, 0, chainEvents(dumped, 0, 2, 20))),
+		// Heard of only (past a gap): nothing stored, nothing counted.
+		w.next(encodeEvents(4, []RankBatch{{Rank: gapped, Events: chainEvents(gapped, 3, 1, 30)}})),
+	})
+	if got, want := f.UnregisteredRanks(), []kvevent.Rank{evented, dumped, gapped}; !slices.Equal(got, want) {
+		t.Fatalf("setup: unregistered ranks %v, want %v", got, want)
+	}
+	if got := f.Index().WorkerRanks(nil, 1); !slices.Equal(got, []kvevent.Rank{listed, evented}) {
+		t.Fatalf("setup: worker 1's ranks in the index %v, want [%v %v]", got, listed, evented)
+	}
+	res := f.ApplyBatch([]*raft.Log{
+		w.next(encodeDeregister(5, 5)),
+		w.next(encodeDeregister(6, 5)),
+		w.next(encodeDeregister(7, 1)),
+	})
+	removed := func(res interface{}) (int, error) {
+		var uw *unknownWorkerError
+		if err, _ := res.(error); errors.As(err, &uw) {
+			return uw.removed, err
+		}
+		n, _ := res.(int)
+		return n, nil
+	}
+	for i, want := range []struct {
+		n       int
+		unknown bool
+	}{{1, true}, {0, true}, {2, false}} {
+		n, err := removed(res[i])
+		if n != want.n || errors.Is(err, ErrUnknownWorker) != want.unknown {
+			t.Fatalf("deregistration %d answered %v (%d ranks removed), want %d ranks, unknown worker %v", i, res[i], n, want.n, want.unknown)
+		}
+	}
+	if err, _ := res[0].(error); err == nil || err.Error() != "deregister 5: unknown worker" {
+		t.Fatalf("deregistering an unknown worker: %v, want the error it answered before (the API's 404 detail)", res[0])
+	}
+	if got := f.UnregisteredRanks(); len(got) != 0 {
+		t.Fatalf("unregistered ranks %v after the removals, want none", got)
+	}
+}
+
 // TestUnregisteredRanksAreListedUntilTheirWorkerIsRemoved: events and
 // dumps apply for a worker that is not registered, and its ranks are
 // listed as unregistered (the leader's sweep removes them, eventplane);

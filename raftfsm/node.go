@@ -2296,6 +2296,25 @@ func (n *Node) DeregisterWorker(ctx context.Context, id uint64) error {
 	return err
 }
 
+// DeregisterWorkerRanks deregisters worker id as DeregisterWorker does,
+// and returns how many of its ranks' state the entry removed, with
+// ErrUnknownWorker too: a worker not registered may hold ranks (its
+// agent publishes without a registration; the leader's sweep removes
+// them, eventplane), and another removal of the id committed first
+// leaves none. The count is this node's apply's answer (the proposing
+// leader's), in no replica's stored state.
+func (n *Node) DeregisterWorkerRanks(ctx context.Context, id uint64) (int, error) {
+	res, err := n.apply(ctx, encodeDeregister(now(), id))
+	if uw := (*unknownWorkerError)(nil); errors.As(err, &uw) {
+		return uw.removed, err
+	}
+	if err != nil {
+		return 0, err
+	}
+	removed, _ := res.(int)
+	return removed, nil
+}
+
 // PrefillDone marks a booked request past its prefill.
 func (n *Node) PrefillDone(ctx context.Context, id string) error {
 	if id == "" {
