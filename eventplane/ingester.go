@@ -916,7 +916,9 @@ func (in *Ingester) commit(group []request) {
 		mine := acks[:len(r.batches)]
 		acks = acks[len(r.batches):]
 		for _, a := range mine {
-			if a.Gap {
+			// Acknowledged only when answered: a publish (no reply
+			// subject) gets no answer, and no count (reply).
+			if a.Gap && r.msg.Reply != "" {
 				in.m.gaps.Inc()
 			}
 		}

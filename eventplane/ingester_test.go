@@ -953,6 +953,47 @@ func TestAPublishWithoutAReplyIsNotCountedAnswered(t *testing.T) {
 	}
 }
 
+// gapTarget acknowledges every batch with a gap.
+type gapTarget struct{ *fakeTarget }
+
+func (t *gapTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	acks, err := t.fakeTarget.IngestEvents(ctx, bs)
+	for i := range acks {
+		acks[i].Gap = true
+	}
+	return acks, err
+}
+
+// TestUnansweredPublishCountsNoGap: kvrouter_events_gaps_total counts
+// rank batches acknowledged with a gap (docs/operations.md), and a publish
+// without a reply subject is acknowledged nothing (nor counted in
+// kvrouter_events_requests_total): of a publish and a request whose
+// batches both met a gap, only the request's counts. From a review: the
+// commit counted the publish's gap too.
+func TestUnansweredPublishCountsNoGap(t *testing.T) {
+	tg := &gapTarget{newFakeTarget()}
+	in, _ := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{})
+	nc := connect(t, in.cfg.Conn.ConnectedUrl())
+	if err := nc.Publish(in.cfg.Subject, clearedEvents(kvevent.Rank{Worker: 1}, 5, 2).Data); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.Request(in.cfg.Subject, clearedEvents(kvevent.Rank{Worker: 2}, 5, 2).Data, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "both ranks' batches to commit", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		return len(tg.ingested) == 2
+	})
+	in.Close() // waits for the commits, which count after IngestEvents returns
+	if n := val(in.m.requests.WithLabelValues("acked")); n != 1 {
+		t.Fatalf("setup: kvrouter_events_requests_total{outcome=\"acked\"} = %v, want 1 (the request)", n)
+	}
+	if n := val(in.m.gaps); n != 1 {
+		t.Fatalf("kvrouter_events_gaps_total = %v, want 1: the publish's batch was acknowledged to nobody", n)
+	}
+}
+
 // follower is a fakeTarget that does not lead.
 type follower struct{ *fakeTarget }
 
