@@ -1597,7 +1597,9 @@ func (t *steppingTarget) IsLeader() bool { return !t.stepped.Load() }
 
 // TestAFormerLeaderExportsNoLag: a node that stops leading stops exporting
 // kvrouter_events_lag_seconds, which only the leader measures: a former
-// leader's last figures would read as a lag that never moves.
+// leader's last figures would read as a lag that never moves. Its
+// kvrouter_events_ingesting drops to 0 (from a review: nothing failed
+// with the step-down leaving it at 1).
 func TestAFormerLeaderExportsNoLag(t *testing.T) {
 	tg := &steppingTarget{fakeTarget: newFakeTarget()}
 	tg.register(7, 0)
@@ -1609,6 +1611,9 @@ func TestAFormerLeaderExportsNoLag(t *testing.T) {
 	if _, ok := lagOf(t, in, "7"); !ok {
 		t.Fatal("the leader exports no lag for worker 7")
 	}
+	if !ingesting(in) {
+		t.Fatal("kvrouter_events_ingesting is 0 on the leader, want 1")
+	}
 	tg.stepped.Store(true)
 	waitFor(t, 10*time.Second, "the step-down", func() bool { // terms moves with the lag's reset
 		in.labelMu.Lock()
@@ -1617,6 +1622,9 @@ func TestAFormerLeaderExportsNoLag(t *testing.T) {
 	})
 	if lag, ok := lagOf(t, in, "7"); ok {
 		t.Fatalf("a former leader still exports worker 7's lag (%v)", lag)
+	}
+	if ingesting(in) {
+		t.Fatal("kvrouter_events_ingesting is 1 on a former leader, want 0")
 	}
 }
 

@@ -34,6 +34,15 @@ var mustNotImport = map[string][]string{
 	"indexer":         {"github.com/hashicorp/raft", "github.com/cockroachdb/pebble", "github.com/nats-io"},
 	"offload/backend": {"github.com/hashicorp/raft"},
 	"offload/nvml":    {"github.com/hashicorp/raft"},
+	"raftfsm":         {module + "kvevent/engine"}, // parse engine wire formats
+	"store":           {module + "indexer"},        // know about routing
+}
+
+// mustNotImportDirectly are the table's rules on a package's own imports
+// only: eventplane must not touch the index directly, and reaches it
+// through raftfsm's node (which imports indexer, so its dependencies do).
+var mustNotImportDirectly = map[string][]string{
+	"eventplane": {module + "indexer"},
 }
 
 // testOnly are the packages the table says must not be imported outside
@@ -135,6 +144,13 @@ func TestArchitectureImportRules(t *testing.T) {
 		check(pkg, pkg+" must not import "+strings.Join(paths, ", "), func(d string) bool {
 			return slices.ContainsFunc(paths, func(p string) bool { return under(d, p) })
 		})
+	}
+	for pkg, paths := range mustNotImportDirectly {
+		for _, i := range imports[module+pkg] {
+			if slices.ContainsFunc(paths, func(p string) bool { return under(i, p) }) {
+				t.Errorf("%s imports %s: docs/architecture.md, %s must not import %s itself", pkg, i, pkg, strings.Join(paths, ", "))
+			}
+		}
 	}
 	check("cmd/kvrouter", "sim must not be imported by the router", func(d string) bool { return under(d, module+"sim") })
 	for _, pkg := range pkgs {
