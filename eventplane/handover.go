@@ -87,7 +87,7 @@ func (c *HandoverConfig) defaults() {
 const (
 	handoverTransferred = "transferred"  // a connected voter took the leadership
 	handoverNoCandidate = "no_candidate" // no other voter answered ready and connected
-	handoverFailed      = "failed"       // the transfer failed; this node may still lead
+	handoverFailed      = "failed"       // the members could not be listed, or the transfer failed; this node may still lead
 )
 
 // A Handover watches this node's NATS connection while it leads and hands
@@ -127,7 +127,7 @@ func newHandover(cfg HandoverConfig) (*Handover, error) {
 	cfg.defaults()
 	h := &Handover{cfg: cfg, stop: make(chan struct{}), done: make(chan struct{}),
 		tries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_nats_handovers_total",
-			Help: "Tries of the leader, its NATS connection down for --nats-handover-after, to hand the leadership to a voter connected to NATS, by outcome (transferred; no_candidate: no other voter answered ready and connected, so it kept leading; failed: the transfer failed)."},
+			Help: "Tries of the leader, its NATS connection down for --nats-handover-after, to hand the leadership to a voter connected to NATS, by outcome (transferred; no_candidate: no other voter answered ready and connected, so it kept leading; failed: the members could not be listed, or the transfer failed)."},
 			[]string{"outcome"})}
 	if cfg.Registerer != nil {
 		h.tries = register(cfg.Registerer, cfg.Logger, h.tries)
