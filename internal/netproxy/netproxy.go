@@ -19,8 +19,22 @@
 //     started has ended; dials to the target are bounded by a deadline and
 //     canceled by Close.
 //
+// A Proxy can also be made lossy (SetFaults): every chunk it forwards, in
+// either direction, waits a jittered delay first, and with a given
+// probability the chunk is dropped and its connection reset instead (both
+// sockets closed with an RST, so both ends see ECONNRESET or a broken
+// pipe). TCP cannot lose bytes inside a stream, so that is what loss is
+// here: the connection dies with what was in flight, and the dialing side
+// (Raft's transport) dials anew and sends again, as it would when a lossy
+// network made its connection time out. Every chunk of a connection that
+// lives is forwarded whole and in order; a delay never reorders, since
+// each direction forwards its chunks one after the other. The draws come
+// from a random source seeded by the caller, shared by every connection
+// of the proxy: which chunk of which connection meets a given draw
+// depends on timing, the distribution does not.
+//
 // It is a test fixture, not a production proxy: no limits, no metrics
-// beyond two counters, loopback only.
+// beyond three counters, loopback only.
 package netproxy
 
 import (
@@ -28,6 +42,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
@@ -49,6 +64,9 @@ type Proxy struct {
 	links     map[*link]struct{} // live forwarded connections, dialing ones included
 	forwarded uint64
 	refused   uint64
+	reset     uint64
+	faults    Faults     // zero: forward as is
+	rng       *rand.Rand // the faults' draws; nil while there are none
 
 	wg sync.WaitGroup // the accept loop and every link's goroutines
 }
@@ -70,10 +88,38 @@ func (l *link) close() {
 	}
 }
 
+// reset closes both sockets with an RST rather than a FIN (SO_LINGER 0),
+// as a connection a lossy network killed ends; the caller holds Proxy.mu.
+func (l *link) reset() {
+	for _, c := range []net.Conn{l.client, l.up} {
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetLinger(0)
+		}
+	}
+	l.close()
+}
+
 // Stats counts the connections a Proxy accepted.
 type Stats struct {
 	Forwarded uint64 // accepted while healed and handed on to the target
 	Refused   uint64 // accepted while cut (or closing) and closed at once
+	Reset     uint64 // forwarded and then reset by the faults (SetFaults)
+}
+
+// Faults make a Proxy lossy; the zero value forwards every chunk at once.
+type Faults struct {
+	// Delay and Jitter: every chunk waits Delay plus a duration drawn
+	// uniformly from [0, Jitter) before it is forwarded.
+	Delay, Jitter time.Duration
+	// ResetProb is the probability, drawn per chunk, that the chunk is
+	// dropped and its connection reset: 0.5 loses about half the traffic.
+	ResetProb float64
+	// Seed seeds the draws.
+	Seed uint64
+}
+
+func (f Faults) String() string {
+	return fmt.Sprintf("delay %v + jitter [0, %v), reset probability %v per chunk, seed %d", f.Delay, f.Jitter, f.ResetProb, f.Seed)
 }
 
 // New starts a proxy on 127.0.0.1 at a port the kernel picks, forwarding
@@ -128,7 +174,47 @@ func (p *Proxy) IsCut() bool {
 func (p *Proxy) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return Stats{Forwarded: p.forwarded, Refused: p.refused}
+	return Stats{Forwarded: p.forwarded, Refused: p.refused, Reset: p.reset}
+}
+
+// SetFaults makes the proxy lossy as f says, from its next chunk on, live
+// connections included; SetFaults(Faults{}) makes it forward as is again.
+// A Cut still closes everything, faults or not.
+func (p *Proxy) SetFaults(f Faults) error {
+	if f.Delay < 0 || f.Jitter < 0 || !(f.ResetProb >= 0 && f.ResetProb <= 1) {
+		return fmt.Errorf("netproxy: faults %v: want durations >= 0 and a probability in [0, 1]", f)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.faults = f
+	p.rng = nil
+	if f != (Faults{Seed: f.Seed}) {
+		p.rng = rand.New(rand.NewPCG(f.Seed, 0x6e657470726f7879))
+	}
+	return nil
+}
+
+// draw is what the faults do to the next chunk of l: how long it waits,
+// and whether it is dropped and l reset instead (the reset done already).
+func (p *Proxy) draw(l *link) (wait time.Duration, dropped bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rng == nil {
+		return 0, false
+	}
+	if p.faults.ResetProb > 0 && p.rng.Float64() < p.faults.ResetProb {
+		if !l.gone {
+			l.reset()
+			delete(p.links, l)
+			p.reset++
+		}
+		return 0, true
+	}
+	wait = p.faults.Delay
+	if p.faults.Jitter > 0 {
+		wait += time.Duration(p.rng.Int64N(int64(p.faults.Jitter)))
+	}
+	return wait, false
 }
 
 // Close stops the proxy: the listener, every connection, every dial. It
@@ -225,12 +311,12 @@ func (p *Proxy) serve(l *link) {
 	p.mu.Unlock()
 }
 
-// pipe copies src to dst. At src's end of stream it passes the half-close
-// on (dst's write side) and returns, leaving the other direction to run;
-// on an error, the whole link is closed, which ends the other direction
-// too.
+// pipe copies src to dst, a chunk (one read) at a time, each put through
+// the faults. At src's end of stream it passes the half-close on (dst's
+// write side) and returns, leaving the other direction to run; on an
+// error, the whole link is closed, which ends the other direction too.
 func (p *Proxy) pipe(l *link, dst, src net.Conn) {
-	_, err := io.Copy(dst, src)
+	err := p.copyChunks(l, dst, src)
 	if err == nil {
 		if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
 			return
@@ -242,4 +328,39 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 		delete(p.links, l)
 	}
 	p.mu.Unlock()
+}
+
+// copyChunks copies src to dst until src's end of stream (nil) or an
+// error, a dropped chunk's reset included.
+func (p *Proxy) copyChunks(l *link, dst, src net.Conn) error {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			wait, dropped := p.draw(l)
+			if dropped {
+				return errors.New("netproxy: chunk dropped, connection reset")
+			}
+			if wait > 0 {
+				// A Cut or Close during the wait closes dst: the write
+				// below fails, and nothing crosses a cut link.
+				t := time.NewTimer(wait)
+				select {
+				case <-t.C:
+				case <-p.ctx.Done():
+					t.Stop()
+					return p.ctx.Err()
+				}
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return werr
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
 }

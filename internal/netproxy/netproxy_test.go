@@ -363,3 +363,131 @@ func TestCutHealUnderLoad(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// TestFaultsDelayAndResetChunks makes the link lossy: every round trip
+// (two chunks, one each way) either comes back whole and at least two
+// delays late, or its connection is reset, and about half of the chunks
+// are lost. Once the faults are lifted, every round trip comes back.
+func TestFaultsDelayAndResetChunks(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	s := newEchoServer(t)
+	p := newProxy(t, s.addr())
+	f := Faults{Delay: time.Millisecond, Jitter: 2 * time.Millisecond, ResetProb: 0.5, Seed: seed}
+	if err := p.SetFaults(f); err != nil {
+		t.Fatal(err)
+	}
+	const trips = 200
+	var ok, failed int
+	var c net.Conn
+	var r *bufio.Reader
+	for i := range trips {
+		if c == nil {
+			c = dial(t, p.Addr())
+			r = bufio.NewReader(c)
+		}
+		msg := fmt.Sprint("lossy ", i)
+		start := time.Now()
+		got, err := roundTrip(c, r, msg)
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("round trip %d hung: %v", i, err)
+			}
+			failed++
+			c.Close()
+			c = nil
+			continue
+		}
+		if got != "echo "+msg {
+			t.Fatalf("round trip %d: got %q, want %q", i, got, "echo "+msg)
+		}
+		if took := time.Since(start); took < 2*f.Delay {
+			t.Fatalf("round trip %d took %v, less than two delays of %v", i, took, f.Delay)
+		}
+		ok++
+	}
+	// A round trip survives when both of its chunks do: a quarter of them
+	// at 0.5 per chunk. The bounds are wide: 200 draws of a quarter land
+	// outside them with a probability far below 1e-6.
+	if ok < trips/10 || ok > trips/2 {
+		t.Fatalf("%d of %d round trips survived a reset probability of 0.5 per chunk; want about a quarter", ok, trips)
+	}
+	if st := p.Stats(); st.Reset != uint64(failed) {
+		t.Fatalf("stats %+v; %d round trips failed, each on a reset", st, failed)
+	}
+
+	if err := p.SetFaults(Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	if c == nil {
+		c = dial(t, p.Addr())
+		r = bufio.NewReader(c)
+	}
+	for i := range 100 {
+		msg := fmt.Sprint("clean ", i)
+		if got, err := roundTrip(c, r, msg); err != nil || got != "echo "+msg {
+			t.Fatalf("round trip %d without faults: %q, %v", i, got, err)
+		}
+	}
+	t.Logf("%d of %d round trips survived the faults", ok, trips)
+}
+
+// TestFaultsKeepLargeTransfersWholeAndInOrder delays every chunk of
+// transfers of many chunks each way, without resets: every byte arrives,
+// in order.
+func TestFaultsKeepLargeTransfersWholeAndInOrder(t *testing.T) {
+	s := newEchoServer(t)
+	p := newProxy(t, s.addr())
+	if err := p.SetFaults(Faults{Jitter: time.Millisecond, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, p.Addr())
+	r := bufio.NewReader(c)
+	for i := range 5 {
+		b := make([]byte, 200<<10)
+		for j := range b {
+			b[j] = 'a' + byte((i+j)%26)
+		}
+		msg := string(b)
+		got, err := roundTrip(c, r, msg)
+		if err != nil || got != "echo "+msg {
+			t.Fatalf("transfer %d of %d bytes: %d bytes back, %v", i, len(b), len(got), err)
+		}
+	}
+	if st := p.Stats(); st.Reset != 0 {
+		t.Fatalf("stats %+v, want no reset", st)
+	}
+}
+
+// TestCutClosesALossyLink: faults or not, nothing crosses a cut link.
+func TestCutClosesALossyLink(t *testing.T) {
+	s := newEchoServer(t)
+	p := newProxy(t, s.addr())
+	if err := p.SetFaults(Faults{Delay: 50 * time.Millisecond, Seed: 2}); err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, p.Addr())
+	r := bufio.NewReader(c)
+	if got, err := roundTrip(c, r, "slow"); err != nil || got != "echo slow" {
+		t.Fatalf("%q, %v", got, err)
+	}
+	// A chunk waiting out its delay when the cut comes is not forwarded.
+	io.WriteString(c, "late\n")
+	p.Cut()
+	broken(t, c, r)
+	before := s.accepted.Load()
+	c = dial(t, p.Addr())
+	broken(t, c, bufio.NewReader(c))
+	if got := s.accepted.Load(); got != before {
+		t.Fatalf("the target accepted %d connections during the cut", got-before)
+	}
+}
+
+func TestSetFaultsRejectsBadFaults(t *testing.T) {
+	p := newProxy(t, "127.0.0.1:1")
+	for _, f := range []Faults{{ResetProb: -0.1}, {ResetProb: 1.5}, {Delay: -time.Second}, {Jitter: -1}} {
+		if err := p.SetFaults(f); err == nil {
+			t.Errorf("SetFaults(%+v) accepted", f)
+		}
+	}
+}
