@@ -4,7 +4,11 @@
 // (SIGKILL), paused (SIGSTOP) and restarted by the tests. The partition
 // tests route each directed pair's Raft traffic through a loopback proxy
 // (internal/netproxy, one per link, wired in by each node's own --peers)
-// and cut a leader or a follower off from the others, then heal.
+// and cut a leader or a follower off from the others, then heal. The
+// loss-of-quorum tests (fault scenario 17 of the replication design) take
+// the quorum away under the stream, both followers killed or every link
+// cut: the leader left alone steps down, is not ready and refuses every
+// write, and nothing is acknowledged, until the quorum is back.
 //
 // Every test checks the cluster against a model the test keeps of what was
 // acknowledged: after each fault every acknowledged event is in the index,

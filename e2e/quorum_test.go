@@ -1,0 +1,178 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+// TestLossOfQuorumThenRecovery is fault scenario 17 with the quorum's
+// nodes killed: both followers are killed with SIGKILL under the stream
+// and started again (lossOfQuorum).
+func TestLossOfQuorumThenRecovery(t *testing.T) {
+	seed := testSeed(t)
+	c := startCluster(t, 3)
+	lossOfQuorum(t, c, seed, func(lone int) (restore func(), ranThroughout []int) {
+		followers := c.others(lone)
+		for _, f := range followers {
+			c.kill9(f)
+		}
+		t.Logf("killed both followers, %s and %s; %s stays, alone",
+			c.nodes[followers[0]].id, c.nodes[followers[1]].id, c.nodes[lone].id)
+		// Both come back at once, the three elect a leader.
+		return func() {
+			for _, f := range followers {
+				c.start(f)
+			}
+			c.waitAllReady()
+		}, []int{lone}
+	})
+}
+
+// TestPartitionWithNoMajorityThenHeal is fault scenario 17 with every
+// node running: every Raft link is cut under the stream, so that each
+// node is alone and none has a quorum, then healed (lossOfQuorum).
+func TestPartitionWithNoMajorityThenHeal(t *testing.T) {
+	seed := testSeed(t)
+	c, h := startPartitionedCluster(t, 3)
+	lossOfQuorum(t, c, seed, func(int) (restore func(), ranThroughout []int) {
+		for i := range c.nodes {
+			h.isolate(i)
+		}
+		return h.heal, []int{0, 1, 2}
+	})
+}
+
+// lossOfQuorum is fault scenario 17, loss of quorum, then recovery: two
+// publishers stream event batches through every node (retrying what was
+// not acknowledged, on the next node) and a probe writes to the leader
+// only, when lose takes the quorum away from it. The leader, without a
+// quorum, steps down, reports itself not ready, and refuses every write
+// (503 no_leader), and nothing is acknowledged, through it or anywhere,
+// until lose's restore brings the quorum back. Then a leader is elected,
+// the stream goes on through every node, the probe's through the old
+// leader, and every node holds exactly what was acknowledged, at one
+// applied index with one digest; the nodes at ranThroughout (running
+// since the start, no snapshot restored) applied each acknowledged event
+// once.
+func lossOfQuorum(t *testing.T, c *cluster, seed uint64, lose func(lone int) (restore func(), ranThroughout []int)) {
+	t.Helper()
+	probe := newPublisher(seed, probeRank)
+	pubs, all := registeredPublishers(t, c.cl, seed, probe)
+
+	s := newStream(t, ctxT(t, 2*convergeTimeout))
+	s.publish(c, pubs)
+	s.ackedAtLeast(c, 20, "20 requests acknowledged before the quorum is lost")
+
+	// lone is the leader when the quorum goes: lose leaves it alone. The
+	// probe writes only to it, one request at a time until it is
+	// acknowledged. While the quorum is gone (lost set) its answers are
+	// counted: refusals (503 no_leader, isRefusal), acknowledgements,
+	// anything else (a timeout, an outcome unknown).
+	lone := c.leader()
+	var lost atomic.Bool
+	var refusedLost, ackedLost, otherLost, probeAcked atomic.Int64
+	probeCl := c.nodes[lone].cl
+	s.loop(func(ctx context.Context) error {
+		req := probe.request()
+		var acks []raftfsm.RankAck
+		_, err := retry(ctx, func(ctx context.Context) error {
+			var err error
+			acks, err = probeCl.IngestEvents(ctx, req)
+			if lost.Load() {
+				switch {
+				case err == nil:
+					ackedLost.Add(1)
+				case isRefusal(err):
+					refusedLost.Add(1)
+				default:
+					otherLost.Add(1)
+				}
+			}
+			return err
+		})
+		if err == nil {
+			err = checkAcks(req, acks)
+		}
+		if err != nil {
+			return fmt.Errorf("probe: %w", err)
+		}
+		probe.model.apply(req)
+		probe.acked = append(probe.acked, req)
+		probeAcked.Add(1)
+		return nil
+	})
+	s.until(c, "the probe's first acknowledged write", func() (bool, string) {
+		return probeAcked.Load() > 0, "none yet"
+	})
+
+	restore, ranThroughout := lose(lone)
+
+	// The lone node steps down (its lease runs out without a quorum) and
+	// is not ready: it knows no leader.
+	c.waitFor(leaderTimeout, "the lone node to step down and report itself not ready", func() (bool, string) {
+		st := c.status(lone)
+		if st == nil {
+			return false, "no answer"
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		r, err := c.nodes[lone].cl.Ready(ctx)
+		if err != nil {
+			return false, fmt.Sprintf("%s; readyz: %v", describe([]*raftfsm.NodeStatus{st}), err)
+		}
+		return st.State != "Leader" && st.LeaderID == "" && !r.Ready,
+			fmt.Sprintf("%s; ready %v", describe([]*raftfsm.NodeStatus{st}), r.Ready)
+	})
+	// From here on nothing can commit: a request the old leader committed
+	// before the quorum went has had its answer by now, its lease (a
+	// heartbeat timeout) being far shorter than what the step-down took to
+	// be seen.
+	lost.Store(true)
+	atLost := s.acked.Load()
+	probeAtLost := probeAcked.Load()
+	commitAtLost := c.status(lone).CommitIndex
+	s.until(c, "the lone node to refuse 10 probe writes", func() (bool, string) {
+		return refusedLost.Load() >= 10, fmt.Sprintf("%d refused, %d other errors", refusedLost.Load(), otherLost.Load())
+	})
+	// The publishers were sent to every node meanwhile, the lone one
+	// included: none of them got anything acknowledged.
+	st := c.status(lone)
+	if st == nil {
+		t.Fatalf("the lone node does not answer: %s", describe(c.statusAll()))
+	}
+	switch {
+	case s.acked.Load() != atLost:
+		t.Fatalf("%d requests acknowledged without a quorum", s.acked.Load()-atLost)
+	case ackedLost.Load() != 0 || probeAcked.Load() != probeAtLost:
+		t.Fatalf("the lone node acknowledged %d probe writes without a quorum", ackedLost.Load())
+	case st.CommitIndex != commitAtLost:
+		t.Fatalf("the lone node's commit index went from %d to %d without a quorum", commitAtLost, st.CommitIndex)
+	}
+	t.Logf("without a quorum: %s; the probe: %d writes refused, %d failed otherwise",
+		describe([]*raftfsm.NodeStatus{st}), refusedLost.Load(), otherLost.Load())
+
+	restore()
+	lost.Store(false)
+	lead := c.leader()
+	s.ackedAtLeast(c, atLost+20, "20 requests acknowledged after the quorum is back")
+	s.until(c, "a probe write acknowledged through the lone node", func() (bool, string) {
+		return probeAcked.Load() > probeAtLost, "none yet"
+	})
+	s.wait(t)
+
+	retries, dups := 0, 0
+	for _, p := range pubs {
+		retries += p.retries
+		dups += p.dups
+	}
+	t.Logf("quorum lost after %d acknowledged requests, back with leader %s; %d in all; %d requests retried, %d events acknowledged as duplicates; the probe: %d acknowledged",
+		atLost, c.nodes[lead].id, s.acked.Load(), retries, dups, probeAcked.Load())
+	c.converged()
+	c.checkAll(all)
+	c.statusAgrees()
+	c.appliedOnceAt(all, ranThroughout)
+}
