@@ -8,7 +8,10 @@
 // loss-of-quorum tests (fault scenario 17 of the replication design) take
 // the quorum away under the stream, both followers killed or every link
 // cut: the leader left alone steps down, is not ready and refuses every
-// write, and nothing is acknowledged, until the quorum is back.
+// write, and nothing is acknowledged, until the quorum is back. The lossy
+// test (scenario 10) makes every link lose about half its traffic, as
+// connection resets (netproxy.Faults), and delay the rest by a jittered
+// delay, for a few seconds, then takes the faults off.
 //
 // Every test checks the cluster against a model the test keeps of what was
 // acknowledged: after each fault every acknowledged event is in the index,
