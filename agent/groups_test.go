@@ -128,3 +128,38 @@ func hybridRemoves(t *testing.T, noLearn bool) {
 		t.Fatalf("NoLearnGroupKinds %v: %d events skipped as not_main_group, want 2 (group 0's store, and a remove)", noLearn, n)
 	}
 }
+
+// TestEngineBlocksAreHashedWithTheSalt: a worker registered with a salt
+// (kvagent --salt, the engine's additional salt) has its blocks' content
+// hashes seeded with it, through the agent as New configures it, over
+// real libzmq: the router, which hashes a route's prompt with the
+// worker's salt, finds the block under the salted hash, and not under
+// the unsalted one. From a review: New giving its decoder no seed left
+// every test but the end-to-end TestAgentRestartResyncs green.
+func TestEngineBlocksAreHashedWithTheSalt(t *testing.T) {
+	r := startRouter(t)
+	pub, err := enginepub.New(enginepub.Config{Endpoint: "tcp://127.0.0.1:*", Buffer: -1, Linger: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	const salt = "tenant-a"
+	cfg := Config{Endpoint: pub.Endpoint()}
+	cfg.Registration.Salt = salt
+	startAgentWith(t, r, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := pub.WaitSubscribed(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	toks := []uint32{1, 2, 3, 4}
+	salted, plain := kvevent.LocalHash(toks, kvevent.SeedFor("", salt)), kvevent.LocalHash(toks, kvevent.Seed)
+	if _, err := pub.Publish(hybridBatch(1, func(b []byte) []byte { return hybridStore(b, 0x11, toks, 0, "full_attention") })); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the block in the router's index", func() bool { return heldBy(r, salted) || heldBy(r, plain) })
+	if !heldBy(r, salted) || heldBy(r, plain) {
+		t.Fatalf("the router holds the block under its salted hash %v, under its unsalted one %v: want the salted one only",
+			heldBy(r, salted), heldBy(r, plain))
+	}
+}
