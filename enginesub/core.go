@@ -295,8 +295,11 @@ func (c *core) staleLive(ctx context.Context, seq uint64, payload []byte, sum ui
 //     applied (see replayGap); an overrun lost some of the engine's
 //     batches, and the rank is resynced;
 //   - the engine's copy of the epoch's last batch (mark, read first) has
-//     other bytes: the engine restarted again since the epoch began, and
-//     the epoch's batches are the engine's in between (restartedAgain);
+//     other bytes, or the replay ends with no batch at all (the engine has
+//     not published the mark, which the epoch applied from it, and an
+//     engine's sequence only rises): the engine restarted again since the
+//     epoch began, and the epoch's batches are the engine's in between
+//     (restartedAgain);
 //     a replay whose first batch is above the mark (the engine's buffer
 //     no longer holds it) leaves it unchecked, and is an overrun only
 //     when that batch is above c.next too (replayGap);
@@ -394,7 +397,8 @@ const maxStaleFails = 3
 
 // restartedAgain follows a stale verification (verifyStale) whose replay
 // showed the engine restarted again since the stale epoch began: its copy
-// of the epoch's last batch (mark) has other bytes. The epoch's batches
+// of the epoch's last batch (mark) has other bytes, or it has not
+// published the mark at all (its sequence is below it). The epoch's batches
 // are the engine's in between, which may have died before any live batch
 // of its own was read: the next engine's live batches come with sequences
 // the epoch holds (skipped as an earlier engine's, or as below the next
@@ -575,7 +579,7 @@ const (
 	endSame                    // its copy has the live batch's bytes
 	endOther                   // its copy has other bytes: the replay came from a restarted engine
 	endMissing                 // the replay ended cleanly before it: the engine has not published it
-	endAgain                   // while stale, its copy of the epoch's mark has other bytes: restarted again
+	endAgain                   // while stale, its copy of the epoch's mark has other bytes, or it has none yet: restarted again
 )
 
 // replayGap asks for the batches from `from` on and applies those it gets,
@@ -613,7 +617,10 @@ const (
 // live batch upTo is: one that overran is read on to its copy of upTo,
 // and one that ends before upTo applies nothing (the engine has not
 // published upTo: the live batch is an earlier engine's, and the
-// engine's batches wait for the live batch shown to be its own).
+// engine's batches wait for the live batch shown to be its own). But one
+// from the epoch's mark that ends with no batch at all shows the engine
+// restarted again (endAgain), as its copy of the mark with other bytes
+// does.
 func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (reason Reason, shown gapEnd) {
 	c.count(func(s *Stats) { s.Replays++ })
 	c.replayed, c.replayedFrom = c.replayed[:0], from
@@ -711,6 +718,16 @@ func (c *core) replayGap(ctx context.Context, from, upTo uint64, whole bool) (re
 		}
 		return true
 	})
+	if mark && first && err == nil {
+		// The replay from the mark ended cleanly with no batch at all: the
+		// engine has not published the mark, which the epoch applied from
+		// the engine answering its replays then. An engine's sequence only
+		// rises (and its buffer keeps its last batches), so it restarted
+		// again, and has not reached the mark yet; taken for "upTo is an
+		// earlier engine's", its batches would be skipped as below c.next
+		// while the rank kept the dead engine's.
+		again = true
+	}
 	switch {
 	case ctx.Err() != nil:
 		return "", endUnchecked

@@ -676,23 +676,7 @@ func TestEngineRestartingAgainWhileStaleStartsAnEpoch(t *testing.T) {
 				}
 			}
 			calls := sink.of(nil)
-			var held []string // the batches applied since the last Reset or Resync
-			for _, cl := range calls {
-				switch cl.kind {
-				case "reset", "resync":
-					held = held[:0]
-				case "ev":
-					who := "A"
-					switch h := cl.events[0].Removed[0]; h {
-					case restartedHash(cl.seq):
-						who = "B"
-					case thirdHash(cl.seq):
-						who = "C"
-					}
-					held = append(held, fmt.Sprintf("%s%d", who, cl.seq))
-				}
-			}
-			if got, want := fmt.Sprint(held), "[C0 C1 C2 C3 C4 C5 C6 C7]"; got != want {
+			if got, want := fmt.Sprint(heldSince(calls)), "[C0 C1 C2 C3 C4 C5 C6 C7]"; got != want {
 				t.Fatalf("the rank holds %s since its last Reset or Resync, want %s\ncalls: %s\nstats %+v", got, want, trace(calls), c.Stats())
 			}
 			want := "ev0 ev1 ev2 ev3 replay:4 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 replay:5 reset replay:0 ev0 ev1 ev2 ev3 ev4 ev5 ev6 ev7"
@@ -703,6 +687,58 @@ func TestEngineRestartingAgainWhileStaleStartsAnEpoch(t *testing.T) {
 				t.Fatalf("stats %+v, stale %v: want 2 epochs, no resync, the stream C's", st, c.stale)
 			}
 		})
+	}
+}
+
+// TestStaleReplayEndingBelowTheMarkStartsAnEpoch: as
+// TestEngineRestartingAgainWhileStaleStartsAnEpoch, but engine C has
+// published its 0 to 2 only when engine B's queued live batch 6 is asked
+// of it. The replay from the epoch's mark (B's 5) ends with no batch at
+// all: the engine answering has not published 5, which the epoch applied
+// from it, and an engine's sequence only rises, so it restarted again
+// (not: 6 is an earlier engine's). Taken for that, 6 would be skipped,
+// B's epoch kept, and C's live 0 to 2 skipped as below the next expected:
+// the rank would keep the dead B's blocks, with no Reset or Resync, until
+// C published past them. The rank starts a new epoch and holds C's 0 to
+// 2 only.
+func TestStaleReplayEndingBelowTheMarkStartsAnEpoch(t *testing.T) {
+	sink := &recSink{}
+	engineC := false
+	top := uint64(5)
+	c := newCore(t, sink, func(ctx context.Context, from uint64, each func([][]byte) bool) error {
+		sink.add(call{kind: "replay", seq: from})
+		for s := from; s <= top; s++ {
+			m := restartedMsg(s)
+			if engineC {
+				m = thirdMsg(s)
+			}
+			if !each(m) {
+				return nil
+			}
+		}
+		each(endMsg)
+		return nil
+	})
+	for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(2), liveMsg(3), liveMsg(5)} {
+		if err := c.live(bg, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !c.stale || !c.markOK || c.markSeq != 5 {
+		t.Fatalf("setup: stale %v markOK %v mark %d, want a stale epoch marked at 5", c.stale, c.markOK, c.markSeq)
+	}
+	engineC, top = true, 2 // B restarts as C, which publishes its 0 to 2 and idles
+	for _, m := range [][][]byte{restartedMsg(6), thirdMsg(0), thirdMsg(1), thirdMsg(2)} {
+		if err := c.live(bg, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := sink.of(nil)
+	if got, want := fmt.Sprint(heldSince(calls)), "[C0 C1 C2]"; got != want {
+		t.Fatalf("the rank holds %s since its last Reset or Resync, want %s\ncalls: %s\nstats %+v", got, want, trace(calls), c.Stats())
+	}
+	if st := c.Stats(); st.Epochs != 2 || st.Resyncs != 0 || c.stale {
+		t.Fatalf("stats %+v, stale %v: want 2 epochs, no resync, the stream C's", st, c.stale)
 	}
 }
 

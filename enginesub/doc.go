@@ -44,10 +44,12 @@
 //     replay applied it; other bytes, or none yet (the replay ends before
 //     it), the old engine's, skipped. That replay starts at the last
 //     batch the epoch applied: its copy (when the engine's buffer still
-//     holds it; else it is not checked) with other bytes shows the engine
-//     restarted again since (its live batches may have come with
-//     sequences the epoch holds, and been skipped), and the rank starts
-//     another epoch, replayed from 0. A replay that fails leaves it
+//     holds it; else it is not checked) with other bytes, or a replay
+//     with no batch at all (the engine has not published that sequence,
+//     and an engine's sequence only rises), shows the engine restarted
+//     again since (its live batches may have come with sequences the
+//     epoch holds, and been skipped), and the rank starts another epoch,
+//     replayed from 0. A replay that fails leaves it
 //     unknown: skipped (counted unverified), the rank resynced, and the
 //     next live batch asks again; the third such failure in a row ends
 //     stale, its batch applied on the resynced rank, and the stream is
@@ -141,17 +143,19 @@
 // first of the new engine's batches read after the old connection's last.
 // An engine that restarts again while the stream is stale (the old
 // engine's batches still being read after a restart a replay showed) is
-// seen only at the first live batch above what the epoch holds: its
-// batches below are skipped, and until it publishes past them the rank
-// keeps the engine in between's (after a resync of the stale epoch, the
-// replay's copy of the epoch's last batch is not checked, and the newest
-// engine's batches are applied on the resynced rank; nor is it when the
-// engine's buffer no longer holds it, and they are applied on the
-// epoch's). And a stale
-// stream whose replays keep failing is taken for the engine's at the
-// third failure in a row: the old engine's batches, if some are queued
-// still, are then applied on the resynced rank, until the engine's own
-// batches step back below them (a new epoch) or show a gap (a resync).
+// seen only at the first live batch above what the epoch holds, the old
+// engine's or its own (its replay has the epoch's last batch with other
+// bytes, or not at all): its batches below are skipped, and until such a
+// batch comes the rank keeps the engine in between's (after a resync of
+// the stale epoch, the replay's copy of the epoch's last batch is not
+// checked, and the newest engine's batches are applied on the resynced
+// rank; nor is it when, by the first such batch, the engine has published
+// so far past it that its buffer no longer holds it, and they are applied
+// on the epoch's). And a stale stream whose replays keep failing is taken
+// for the engine's at the third failure in a row: the old engine's
+// batches, if some are queued still, are then applied on the resynced
+// rank, until the engine's own batches step back below them (a new epoch)
+// or show a gap (a resync).
 // The first message a Subscriber sees may be preceded by history it never
 // saw: a caller that needs the engine's whole cache must start the
 // subscriber before the engine.

@@ -249,6 +249,29 @@ func thirdMsg(seq uint64) [][]byte {
 	return [][]byte{{}, seqFrame(seq), p}
 }
 
+// heldSince returns the batches the rank holds since the sink's last
+// Reset or Resync in calls, each named by its engine (A for liveMsg, B for
+// restartedMsg, C for thirdMsg) and its sequence.
+func heldSince(calls []call) []string {
+	var held []string
+	for _, cl := range calls {
+		switch cl.kind {
+		case "reset", "resync":
+			held = held[:0]
+		case "ev":
+			who := "A"
+			switch cl.events[0].Removed[0] {
+			case restartedHash(cl.seq):
+				who = "B"
+			case thirdHash(cl.seq):
+				who = "C"
+			}
+			held = append(held, fmt.Sprintf("%s%d", who, cl.seq))
+		}
+	}
+	return held
+}
+
 var endMsg = [][]byte{{}, seqFrame(endSeq), {}}
 
 // removedEvent is the router event of test batch seq.

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/zeebo/xxh3"
 )
 
 // propMsg is one batch of the random engine: its sequence, its payload
@@ -109,6 +110,21 @@ func TestRandomConnectStreamsKeepTheInvariants(t *testing.T) {
 		n-1, tot.Replays, tot.Replayed, tot.Overruns, tot.Resyncs, tot.Epochs, tot.Duplicates)
 }
 
+// TestConnectStreamsThatFailedOnceKeepTheInvariants runs propRun at seeds
+// above propSeeds() that once failed: 38775 and 40682, where an engine
+// restarts again while the stream is stale, before publishing the epoch's
+// mark again (the mark's replay ends with no batch; taken for an earlier
+// engine's live batch, the next engine's batches were later applied on
+// the dead one's).
+func TestConnectStreamsThatFailedOnceKeepTheInvariants(t *testing.T) {
+	for _, seed := range []int64{38775, 40682} {
+		var tot Stats
+		if v := propRun(seed, &tot); v != "" {
+			t.Errorf("seed %d: %s", seed, v)
+		}
+	}
+}
+
 // propRun runs the random connect-mode stream of seed, adding the
 // subscriber's counters to tot, and returns the sink's first violations
 // ("" when none).
@@ -119,6 +135,8 @@ func propRun(seed int64, tot *Stats) string {
 		seq   uint64
 		clock = 1.7e9
 		buf   []propMsg
+		hist  []propMsg // every batch of the engine epoch, for markLost
+		asked bool      // a replay from the mark was asked of it (markLost)
 		queue []propMsg
 	)
 	const K = 8
@@ -131,7 +149,7 @@ func propRun(seed int64, tot *Stats) string {
 		}
 		m := propMsg{seq, p, epoch}
 		seq++
-		buf = append(buf, m)
+		buf, hist = append(buf, m), append(hist, m)
 		if len(buf) > K {
 			buf = buf[1:]
 		}
@@ -146,8 +164,8 @@ func propRun(seed int64, tot *Stats) string {
 		c         *core
 	)
 	sink.current = func() uint64 { return epoch }
-	replay := randomReplay(rng, func() []propMsg { return buf }, publish, func() bool {
-		return unseenRestart(c, epoch, seq, readEpoch, readSeq)
+	replay := randomReplay(rng, func() []propMsg { return buf }, publish, func(from uint64) bool {
+		return markLost(c, from, buf, hist, &asked) || unseenRestart(c, epoch, seq, readEpoch, readSeq)
 	}, func() bool { return staleGivenUp(c, epoch, readEpoch) })
 	c = newCore(nopTB{}, sink, replay)
 	restarts := 0
@@ -159,7 +177,7 @@ func propRun(seed int64, tot *Stats) string {
 			restarts++
 			epoch++
 			seq = 0
-			buf = nil
+			buf, hist, asked = nil, nil, false
 			// a restarted engine's batch 0 always reaches the queue: the
 			// case the wire cannot tell (its first batches lost) is left out
 			clock += 0.001
@@ -167,7 +185,7 @@ func propRun(seed int64, tot *Stats) string {
 			binary.BigEndian.PutUint64(p[2:10], math.Float64bits(clock))
 			m := propMsg{seq, p, epoch}
 			seq++
-			buf = append(buf, m)
+			buf, hist = append(buf, m), append(hist, m)
 			queue = append(queue, m)
 		default:
 			if len(queue) > 0 {
@@ -208,9 +226,30 @@ func propRun(seed int64, tot *Stats) string {
 // A replay of a restarted engine with the old one's batches still queued
 // is answered otherwise: its copy of the gap's end tells, and, once the
 // restart is seen (c.stale), it tells whose each of the old batches is,
-// and its copy of the epoch's last batch whether it restarted again.
+// and its copy of the epoch's last batch, or its having none, whether it
+// restarted again (but for markLost).
 func unseenRestart(c *core, epoch, seq, readEpoch, readSeq uint64) bool {
 	return !c.stale && epoch != readEpoch && seq <= readSeq
+}
+
+// markLost reports whether a replay from `from` asked now would be the
+// other case of an engine that restarts again while the stream is stale
+// that doc.go lists as untold (the replay times out instead, and the rank
+// is resynced): the first verification from the epoch's mark (c.markSeq)
+// since the engine started (asked, which markLost sets), when the engine
+// (its batches since it started: hist) has published the mark with other
+// bytes and its buffer (buf) no longer holds it: the mark is not checked,
+// and the engine's batches are applied on the epoch's, an earlier
+// engine's. A later verification is left in: the first one, answered,
+// showed the restart (its copy of the mark with other bytes, or none).
+func markLost(c *core, from uint64, buf, hist []propMsg, asked *bool) bool {
+	if !c.stale || !c.markOK || c.resynced || from != c.markSeq {
+		return false
+	}
+	first := !*asked
+	*asked = true
+	return first && len(buf) > 0 && buf[0].seq > from && from < uint64(len(hist)) &&
+		xxh3.Hash(hist[from].payload) != c.markSum
 }
 
 // staleGivenUp reports whether a replay that failed now would be the
@@ -226,17 +265,17 @@ func staleGivenUp(c *core, epoch, readEpoch uint64) bool {
 // randomReplay is the model engine's replay socket: before it answers,
 // the engine publishes up to two batches more (publish); a replay times
 // out one time in six, and always when unseen says it would be what the
-// wire cannot tell (unseenRestart); one in five fails part-way or before
-// its end marker; the others send every buffered batch from the one asked
-// for, then the end marker. None fails when answer says it must not
-// (staleGivenUp).
-func randomReplay(rng *rand.Rand, buffered func() []propMsg, publish func(), unseen, answer func() bool) replayFunc {
+// wire cannot tell (unseenRestart, markLost); one in five fails part-way
+// or before its end marker; the others send every buffered batch from the
+// one asked for, then the end marker. None fails when answer says it must
+// not (staleGivenUp).
+func randomReplay(rng *rand.Rand, buffered func() []propMsg, publish func(), unseen func(from uint64) bool, answer func() bool) replayFunc {
 	return func(ctx context.Context, from uint64, each func([][]byte) bool) error {
 		for range rng.Intn(3) {
 			publish()
 		}
 		mustAnswer := answer()
-		if rng.Intn(6) == 0 && !mustAnswer || unseen() {
+		if rng.Intn(6) == 0 && !mustAnswer || unseen(from) {
 			return errReplayTimeout
 		}
 		fail := rng.Intn(5) == 0 && !mustAnswer
@@ -290,6 +329,8 @@ func propRunBind(seed int64) string {
 		seq   uint64
 		clock = 1.7e9
 		buf   []propMsg
+		hist  []propMsg // every batch of the engine epoch, for markLost
+		asked bool      // a replay from the mark was asked of it (markLost)
 		pipes = [][]propMsg{nil}
 	)
 	const K = 8
@@ -304,7 +345,7 @@ func propRunBind(seed int64) string {
 		binary.BigEndian.PutUint64(p[2:10], math.Float64bits(clock))
 		m := propMsg{seq, p, epoch}
 		seq++
-		buf = append(buf, m)
+		buf, hist = append(buf, m), append(hist, m)
 		if len(buf) > K {
 			buf = buf[1:]
 		}
@@ -314,8 +355,8 @@ func propRunBind(seed int64) string {
 	}
 	sink := &propSink{}
 	sink.current = func() uint64 { return epoch }
-	replay := randomReplay(rng, func() []propMsg { return buf }, func() { publish(true) }, func() bool {
-		return unseenRestart(c, epoch, seq, readEpoch, readSeq)
+	replay := randomReplay(rng, func() []propMsg { return buf }, func() { publish(true) }, func(from uint64) bool {
+		return markLost(c, from, buf, hist, &asked) || unseenRestart(c, epoch, seq, readEpoch, readSeq)
 	}, func() bool { return staleGivenUp(c, epoch, readEpoch) })
 	c = newCore(nopTB{}, sink, replay)
 	c.bind = true
@@ -339,7 +380,7 @@ func propRunBind(seed int64) string {
 			restarts++
 			epoch++
 			seq = 0
-			buf = nil
+			buf, hist, asked = nil, nil, false
 			pipes = [][]propMsg{nil}
 			publish(false)
 		default:
