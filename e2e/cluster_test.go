@@ -53,6 +53,10 @@ type node struct {
 	p       *proc // the current run; nil before the first start
 	stopped bool  // the test stopped or killed it: its exit is no failure
 	paused  bool
+	// removed: the test removed it from the cluster (kvctl members
+	// remove) and stopped it. It is no member, so kvctl's --endpoints
+	// leaves it out, as an operator's would.
+	removed bool
 }
 
 // proc is one run of a node's process.
@@ -243,13 +247,25 @@ func (c *cluster) peers() string {
 	return strings.Join(ps, ",")
 }
 
-// endpoints is the --endpoints value of kvctl: every node's HTTP address.
+// endpoints is the --endpoints value of kvctl: every member's HTTP
+// address (a node the test removed from the cluster is none).
 func (c *cluster) endpoints() string {
 	var es []string
-	for _, n := range c.nodes {
+	for _, n := range c.members() {
 		es = append(es, n.httpAddr)
 	}
 	return strings.Join(es, ",")
+}
+
+// members is every node but those the test removed from the cluster.
+func (c *cluster) members() []*node {
+	var out []*node
+	for _, n := range c.nodes {
+		if !n.removed {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // errPortInUse is a node that could not bind one of its ports.
@@ -741,8 +757,8 @@ func (c *cluster) statusAgrees() {
 		if err := json.Unmarshal([]byte(res.stdout), &rows); err != nil {
 			c.t.Fatalf("kvctl status -o json: %v\n%s", err, res.stdout)
 		}
-		if len(rows) != len(c.nodes) {
-			c.t.Fatalf("kvctl status -o json: %d rows for %d endpoints\n%s", len(rows), len(c.nodes), res.stdout)
+		if len(rows) != len(c.members()) {
+			c.t.Fatalf("kvctl status -o json: %d rows for %d endpoints\n%s", len(rows), len(c.members()), res.stdout)
 		}
 		sts := make([]*raftfsm.NodeStatus, len(rows))
 		for i, r := range rows {

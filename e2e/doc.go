@@ -11,7 +11,17 @@
 // write, and nothing is acknowledged, until the quorum is back. The lossy
 // test (scenario 10) makes every link lose about half its traffic, as
 // connection resets (netproxy.Faults), and delay the rest by a jittered
-// delay, for a few seconds, then takes the faults off.
+// delay, for a few seconds, then takes the faults off. The membership
+// tests do what an operator does with the built kvctl, under the stream:
+// scenario 12 moves the leadership four times (kvctl leader transfer,
+// --to a named follower and to any voter), each answered with the new
+// leader; scenario 13 removes a follower (kvctl members remove), starts
+// a fresh node with --join, removes the leader itself, and joins a second
+// fresh node, so that three members remain. Each removed node is not
+// ready and refuses writes, reports itself removed once it has seen its
+// removal (a removed follower may never see it: a candidate the members
+// refuse), and is stopped; kvctl members list and kvctl status then show
+// the three members.
 //
 // Every test checks the cluster against a model the test keeps of what was
 // acknowledged: after each fault every acknowledged event is in the index,

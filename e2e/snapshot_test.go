@@ -237,9 +237,10 @@ func TestSnapshotSaveWipeRestore(t *testing.T) {
 	c.checkAll(p.model)
 }
 
-// membersAre polls kvctl members list until every member shows this
-// cluster's Raft and HTTP addresses, for at most d, and returns whether it
-// did and what it saw last.
+// membersAre polls kvctl members list until it lists the cluster's
+// members (every node the test did not remove), each at its Raft and HTTP
+// addresses, for at most d, and returns whether it did and what it saw
+// last.
 func (c *cluster) membersAre(d time.Duration) (ok bool, seen string) {
 	c.t.Helper()
 	deadline := time.Now().Add(d)
@@ -252,10 +253,11 @@ func (c *cluster) membersAre(d time.Duration) (ok bool, seen string) {
 		if err := json.Unmarshal([]byte(res.stdout), &ms); err != nil {
 			c.t.Fatalf("kvctl members list -o json: %v\n%s", err, res.stdout)
 		}
-		ok, seen = len(ms) == len(c.nodes), ""
+		members := c.members()
+		ok, seen = len(ms) == len(members), ""
 		for _, m := range ms {
-			i := slices.IndexFunc(c.nodes, func(n *node) bool { return n.id == m.ID })
-			if i < 0 || m.RaftAddr != c.nodes[i].raftAddr || m.HTTPAddr != c.nodes[i].httpAddr {
+			i := slices.IndexFunc(members, func(n *node) bool { return n.id == m.ID })
+			if i < 0 || m.RaftAddr != members[i].raftAddr || m.HTTPAddr != members[i].httpAddr {
 				ok = false
 			}
 			seen += fmt.Sprintf("%s raft %s http %s; ", m.ID, m.RaftAddr, m.HTTPAddr)
