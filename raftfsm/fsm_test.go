@@ -354,6 +354,27 @@ func snapshotBytes(t testing.TB, f *FSM) []byte {
 	return streamOf(t, s.(*fsmSnapshot).view)
 }
 
+// TestReleaseClosesTheSnapshotsView: Raft calls Release after Persist
+// (or instead of it), and Release closes the view the snapshot streams:
+// a view left open holds its Pebble snapshot, which keeps every version
+// of the state it reads from compaction for as long as the node runs.
+func TestReleaseClosesTheSnapshotsView(t *testing.T) {
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	var w logWriter
+	applyFixture(t, f, &w)
+	s, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	view := s.(*fsmSnapshot).view
+	streamOf(t, view)
+	s.Release()
+	if _, _, err := view.Applied(); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("the view after Release reads applied with %v, want %v: its Pebble snapshot is still open", err, store.ErrClosed)
+	}
+}
+
 // viewBytes returns the stream of a user's save (FSM.view: the open group
 // laid over the database, not committed).
 func viewBytes(t *testing.T, f *FSM) []byte {
