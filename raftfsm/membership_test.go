@@ -1992,10 +1992,21 @@ func TestAnAddWhoseLeaderStepsDownWhileItCountsTheVotersAnswersNotLeader(t *test
 	case <-time.After(20 * time.Second):
 		t.Fatal("the add: no answer after 20 s")
 	}
+	// The add's answer is a *NotLeaderError, never the quorum refusal
+	// (ErrNoLeader wrapped in a plain error) a count judged from a
+	// follower's view gives. It names the new leader when this node had
+	// heard it by the count's end; under load the others' election can
+	// outlast the count (a split vote costs them an election timeout,
+	// the count's window), and then it names none yet (503 no_leader,
+	// which a client retries), as once in a whole-package run at a load
+	// average of about 8.
 	var nle *NotLeaderError
-	if !errors.As(err, &nle) || nle.LeaderID != next.cfg.ID {
-		t.Fatalf("add n4 on %s, which lost its leadership to %s while counting the voters: %v; want *NotLeaderError naming %s",
+	if !errors.As(err, &nle) || nle.LeaderID != "" && nle.LeaderID != next.cfg.ID {
+		t.Fatalf("add n4 on %s, which lost its leadership to %s while counting the voters: %v; want *NotLeaderError naming %s (or none yet)",
 			l.cfg.ID, next.cfg.ID, err, next.cfg.ID)
+	}
+	if nle.LeaderID == "" {
+		t.Logf("the add ended before %s heard %s lead: %v", l.cfg.ID, next.cfg.ID, err)
 	}
 }
 
