@@ -540,7 +540,7 @@ func (c *cluster) awaitReadyAll(idx []int) error {
 				if strings.Contains(out, "address already in use") {
 					return fmt.Errorf("%s: %w: %s", n.id, errPortInUse, lastLine(out))
 				}
-				return fmt.Errorf("%s exited before it was ready (%v): %s", n.id, n.p.err, lastLine(out))
+				return fmt.Errorf("%s exited before it was ready (%v): %s", n.id, n.p.err, exitLine(out))
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 			r, err := n.cl.Ready(ctx)
@@ -595,6 +595,20 @@ func lastLine(s string) string {
 	return lines[len(lines)-1]
 }
 
+// exitLine is what a node's log says of why it stopped: its last Error
+// line, or "panic:" line, where it has one (a node that panics ends its
+// log with a stack trace, whose last line says nothing), else its last
+// line.
+func exitLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], "level=ERROR") || strings.HasPrefix(lines[i], "panic:") {
+			return lines[i]
+		}
+	}
+	return lines[len(lines)-1]
+}
+
 // dumpLogsIfFailed writes the tail of every node's log into the test log
 // when the test failed.
 func (c *cluster) dumpLogsIfFailed() {
@@ -623,7 +637,7 @@ func (c *cluster) statusAll() []*raftfsm.NodeStatus {
 	c.t.Helper()
 	for i, n := range c.nodes {
 		if n.serving() && n.p.exited() {
-			c.t.Fatalf("%s exited unexpectedly (%v): %s", n.id, n.p.err, lastLine(c.runLog(i)))
+			c.t.Fatalf("%s exited unexpectedly (%v): %s", n.id, n.p.err, exitLine(c.runLog(i)))
 		}
 	}
 	out := make([]*raftfsm.NodeStatus, len(c.nodes))
