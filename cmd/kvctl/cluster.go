@@ -36,7 +36,8 @@ func statusCommand(e *env) *cli.Command {
 				return err
 			}
 			return withClient(c, func(ctx context.Context, cl *client.Client) error {
-				return printStatus(c, e, cl.StatusAll(ctx))
+				res := cl.StatusAll(ctx)
+				return printStatus(c, e, res, leaderMembers(ctx, c, res))
 			})
 		},
 	}
@@ -50,6 +51,10 @@ type statusRow struct {
 	// failUnreachable or failError (answered is true); empty otherwise.
 	Failure string `json:"failure,omitempty"`
 	Error   string `json:"error,omitempty"`
+	// Removed: the node was removed from the cluster, by its own word
+	// (Status.Removed) or by the leader's (leftOut): a removed follower
+	// that never got the entry removing it does not know.
+	Removed bool `json:"removed,omitempty"`
 
 	answered bool // Error is an answer or a TLS mismatch (failedNotUnreachable), not no answer
 }
@@ -61,12 +66,15 @@ const (
 	failError       = "ERROR"       // an error answer, or TLS that does not match kvctl's
 )
 
-func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
+func printStatus(c *cli.Context, e *env, res []client.EndpointStatus, leader *leaderConfig) error {
 	failed := 0
 	var answered error // the first failure that is no endpoint unreachable: explain says what to do
 	rows := make([]statusRow, len(res))
 	for i, r := range res {
 		rows[i] = statusRow{Endpoint: hostOf(r.Endpoint), Status: r.Status}
+		if r.Status != nil {
+			rows[i].Removed = r.Status.Removed || leader.leftOut(r.Status)
+		}
 		if r.Err != nil {
 			failed++
 			if notAStatus(r.Err) {
@@ -115,7 +123,7 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 				contact = "-"
 			}
 			ready := yesNo(s.Ready)
-			if s.Removed {
+			if r.Removed {
 				ready = "removed"
 			}
 			cells := []string{r.Endpoint, orDash(s.ID), orDash(s.State), u64(s.Term), u64(s.LastIndex),
@@ -137,13 +145,20 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 		fmt.Fprintln(e.stderr, "kvctl: warning: "+w)
 	}
 	for _, r := range rows {
-		if r.Status != nil && r.Status.Removed {
+		switch {
+		case r.Status == nil || !r.Removed:
+		case r.Status.Removed:
 			fmt.Fprintf(e.stderr, "kvctl: warning: %s (%s) was removed from the cluster and no longer follows it: stop its process (docs/operations.md, \"Remove a node\")\n",
 				orDash(r.Status.ID), r.Endpoint)
+		default:
+			fmt.Fprintf(e.stderr, "kvctl: warning: %s (%s) was removed from the cluster: the leader %s's configuration leaves it out, "+
+				"and it knows no leader (it may not know it was removed, and stands for election, which the members refuse): "+
+				"stop its process (docs/operations.md, \"Remove a node\")\n",
+				r.Status.ID, r.Endpoint, leader.id)
 		}
 	}
 	for _, r := range rows {
-		if r.Status == nil || r.Status.NATS != "disconnected" || r.Status.Removed {
+		if r.Status == nil || r.Status.NATS != "disconnected" || r.Removed {
 			continue
 		}
 		// Only the leader ingests the agents' events; a follower without
@@ -164,6 +179,71 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus) error {
 			failed, len(rows))
 	}
 	return nil
+}
+
+// leaderConfig is the members of the leader's latest Raft configuration,
+// as the leader answered them, by id.
+type leaderConfig struct {
+	id      string
+	members map[string]raftfsm.Member
+}
+
+// leaderMembers asks the leader among the status answers (of the highest
+// term, should two answer as leaders) for its members, after every
+// status came: a node a status named had been added by then, and is in
+// the list unless removed since. Nil, and so no claim of a removal, when
+// no leader answered, or its members did not come, or it no longer leads
+// by then (a list without it as the leader).
+func leaderMembers(ctx context.Context, c *cli.Context, res []client.EndpointStatus) *leaderConfig {
+	var leader *client.EndpointStatus
+	for i, r := range res {
+		if st := r.Status; st != nil && st.State == "Leader" && st.ID != "" && (leader == nil || st.Term > leader.Status.Term) {
+			leader = &res[i]
+		}
+	}
+	if leader == nil {
+		return nil
+	}
+	one, err := newClientWith(c, []string{leader.Endpoint}, attemptTimeout(c), attemptTimeout(c))
+	if err != nil {
+		return nil
+	}
+	defer one.Close()
+	ctx, cancel := context.WithTimeout(ctx, attemptTimeout(c))
+	defer cancel()
+	ms, err := one.Members(ctx)
+	if err != nil {
+		return nil
+	}
+	lc := &leaderConfig{id: leader.Status.ID, members: map[string]raftfsm.Member{}}
+	for _, m := range ms {
+		lc.members[m.ID] = m
+	}
+	if m, ok := lc.members[lc.id]; !ok || !m.Leader {
+		return nil
+	}
+	return lc
+}
+
+// leftOut reports whether the leader's configuration leaves out the node
+// of st, which does not know it: a removed follower that never got the
+// entry removing it (the leader stopped replicating to it first) keeps
+// its own configuration, which names it, and stands for election, a
+// Candidate with no leader whose pre-votes the members refuse. Only a
+// node that knows no leader (a leader replicates only to its
+// configuration's servers, which a node it reaches is, or is about to
+// be) and holds a log (a node started with --join that was not added yet
+// has none): not one just added, or not yet. A node the leader lists
+// under its id at another Raft address is another process than the
+// member (its old address, before it was removed and added at a new
+// one): each node reports its own Raft address, and starts only at the
+// one its configuration names. A node with no id is no claim.
+func (lc *leaderConfig) leftOut(st *raftfsm.NodeStatus) bool {
+	if lc == nil || st.ID == "" || st.ID == lc.id || st.LeaderID != "" || st.LastIndex == 0 {
+		return false
+	}
+	m, ok := lc.members[st.ID]
+	return !ok || st.RaftAddr != "" && m.RaftAddr != st.RaftAddr
 }
 
 // failedNotUnreachable reports whether err is an endpoint that was reached

@@ -370,6 +370,95 @@ func TestStatusMarksARemovedNode(t *testing.T) {
 	}
 }
 
+// TestStatusMarksARemovedNodeThatDoesNotKnow: a removed follower that
+// never got the entry removing it still counts itself a member, a
+// Candidate with no leader that reports no removal; the leader's
+// configuration leaves it out, and it reads "removed", with a warning
+// that it may not know, as one that knows does (it read "no", unwarned).
+// Not claimed: a node that knows a leader, one with an empty log (started
+// with --join, not added yet), one answering with no id, or any when no
+// leader answered. Found by TestMembershipChangesUnderTheStream.
+func TestStatusMarksARemovedNodeThatDoesNotKnow(t *testing.T) {
+	c := newCluster(t)
+	leaderList := func(ms ...raftfsm.Member) { c.leader().SetMembers(ms) }
+	n1 := raftfsm.Member{ID: "n1", RaftAddr: "n1:7946", HTTPAddr: c.nodes[0].addr(), Voter: true, Leader: true}
+	n2 := raftfsm.Member{ID: "n2", RaftAddr: "n2:7946", HTTPAddr: c.nodes[1].addr(), Voter: true}
+	leaderList(n1, n2)
+	st := c.nodes[2].fake.Status()
+	st.State, st.LeaderID, st.LeaderHTTP, st.LastContactMs, st.Ready, st.Term = "Candidate", "", "", 900, false, 7
+	c.nodes[2].fake.SetStatus(st)
+	n3Row := func(r result) string {
+		for _, l := range strings.Split(r.stdout, "\n") {
+			if strings.Contains(l, " n3 ") {
+				return strings.TrimSpace(l)
+			}
+		}
+		return ""
+	}
+	r := kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+	if row := n3Row(r); !strings.HasSuffix(row, "removed") {
+		t.Fatalf("n3's row = %q, want READY removed\n%s", row, r.stdout)
+	}
+	if !strings.Contains(r.stderr, "n3") || !strings.Contains(r.stderr, "removed from the cluster") ||
+		!strings.Contains(r.stderr, "may not know") || !strings.Contains(r.stderr, "stop its process") {
+		t.Fatalf("stderr = %q, want a warning that n3 was removed, may not know it, and to stop it", r.stderr)
+	}
+	r = kvctl(t, "--endpoints", c.endpoints(), "-o", "json", "status").wantCode(t, 0)
+	var rows []struct {
+		Status  *raftfsm.NodeStatus `json:"status"`
+		Removed bool                `json:"removed"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || len(rows) != 3 {
+		t.Fatalf("status -o json: %v\n%s", err, r.stdout)
+	}
+	if rows[2].Status == nil || rows[2].Status.Removed || !rows[2].Removed || rows[0].Removed || rows[1].Removed {
+		t.Fatalf("status -o json, want removed on n3's row alone (not in its own status):\n%s", r.stdout)
+	}
+	// The leader lists n3 at another Raft address: this n3 is the process
+	// it removed before adding n3 there.
+	leaderList(n1, n2, raftfsm.Member{ID: "n3", RaftAddr: "n3-new:7946", Voter: true})
+	r = kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+	if row := n3Row(r); !strings.HasSuffix(row, "removed") {
+		t.Fatalf("n3 listed at another raft address: its row = %q, want READY removed\n%s", row, r.stdout)
+	}
+	leaderList(n1, n2)
+	notClaimed := func(why string) {
+		t.Helper()
+		r := kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+		if row := n3Row(r); !strings.HasSuffix(row, " no") || strings.Contains(r.stderr, "removed") {
+			t.Fatalf("%s: n3's row = %q, want READY no and no warning\n%s%s", why, row, r.stdout, r.stderr)
+		}
+	}
+	// A node the leader replicates to is in its configuration, or is
+	// being added: its list may have been read before.
+	c.nodes[2].fake.SetFollower("n1", c.nodes[0].addr())
+	notClaimed("n3 names the leader")
+	c.nodes[2].fake.SetStatus(st)
+	// A node started with --join that was not added yet has no log.
+	st0 := st
+	st0.LastIndex, st0.CommitIndex, st0.AppliedIndex, st0.State = 0, 0, 0, "Follower"
+	c.nodes[2].fake.SetStatus(st0)
+	notClaimed("n3 has an empty log")
+	c.nodes[2].fake.SetStatus(st)
+	// No leader answered: no node's view outranks another's.
+	c.leader().SetFollower("", "")
+	notClaimed("no leader answered")
+	c.leader().SetLeader()
+	// A leader whose list no longer names it the leader has stepped down
+	// since its status: its list may be stale.
+	leaderList(raftfsm.Member{ID: "n1", RaftAddr: "n1:7946", Voter: true}, n2)
+	notClaimed("the leader's list does not name it the leader")
+	leaderList(n1, n2)
+	// A node answering with no id is no member of any list.
+	stNoID := st
+	stNoID.ID = ""
+	c.nodes[2].fake.SetStatus(stNoID)
+	r = kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+	if strings.Contains(r.stdout, "removed") || strings.Contains(r.stderr, "removed") {
+		t.Fatalf("a node with no id: want no removal claimed\n%s%s", r.stdout, r.stderr)
+	}
+}
+
 // TestStatusShowsEachNodesNATSAndWarnsOfALeaderWithout: a NATS column
 // shows each node's connection, and a node not connected is warned of,
 // the leader as ingesting no event; a node that does not report its
