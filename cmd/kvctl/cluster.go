@@ -333,16 +333,23 @@ func membersCommand(e *env) *cli.Command {
 			{
 				Name:  "list",
 				Usage: "list the members: the Raft configuration's servers, with their HTTP addresses from the member table",
-				Description: "The answering node's view: the servers of its latest Raft configuration (committed\n" +
-					"or not), each with its Raft address and whether it votes and leads, and its HTTP address\n" +
-					"from the replicated member table (- when the table has no entry for it yet).\n\n" +
+				Description: "The view of the leader, or of a node that knows it (asked first: the endpoints' statuses\n" +
+					"say which): the servers of its latest Raft configuration (committed or not), each with its\n" +
+					"Raft address and whether it votes and leads, and its HTTP address from the replicated\n" +
+					"member table (- when the table has no entry for it yet). When no node that answers knows a\n" +
+					"leader, the first answer's view, with a warning that it may be stale.\n\n" +
 					"Example:\n   kvctl members list -o json",
 				Action: func(c *cli.Context) error {
 					if err := args(c, 0, "no arguments"); err != nil {
 						return err
 					}
 					return withClient(c, func(ctx context.Context, cl *client.Client) error {
-						ms, err := cl.Members(ctx)
+						view, done, err := viewClient(ctx, c, cl)
+						if err != nil {
+							return err
+						}
+						defer done()
+						ms, err := view.Members(ctx)
 						if err != nil {
 							return err
 						}
@@ -449,7 +456,7 @@ func leaderCommand(e *env) *cli.Command {
 					// a node names, not the one asked for: the transfer
 					// returns once the old leader stepped down.
 					round := statusRound(c)
-					before, err := leaderView(ctx, c, cl)
+					before, _, err := leaderView(ctx, c, cl)
 					if err != nil {
 						return err
 					}
@@ -480,7 +487,9 @@ func leaderCommand(e *env) *cli.Command {
 // answer: a node restarted, or cut off, knows no leader or an older term,
 // and newLeader, measuring against it, would take the leader that hands
 // over, still named by a follower, for the new one. With no answer naming
-// a leader, it is the first answer.
+// a leader, it is the first answer. ep is the endpoint that gave it, as
+// --endpoints names it; empty when none answered within its share and
+// Status's answer stands in.
 //
 // It waits, each endpoint within its share (attemptTimeout), until the
 // leader's own answer or a majority of the endpoints' came, or every
@@ -489,7 +498,7 @@ func leaderCommand(e *env) *cli.Command {
 // named the leader that handed over as the new one; nor every endpoint's,
 // since a hung one then held the transfer for all of a --timeout of 2 s.
 // The transfer has not been sent yet, so waiting here costs nothing else.
-func leaderView(ctx context.Context, c *cli.Context, cl *client.Client) (*raftfsm.NodeStatus, error) {
+func leaderView(ctx context.Context, c *cli.Context, cl *client.Client) (best *raftfsm.NodeStatus, ep string, err error) {
 	eps := endpointsArg(c)
 	wctx, cancel := context.WithTimeout(ctx, attemptTimeout(c))
 	defer cancel()
@@ -504,10 +513,11 @@ func leaderView(ctx context.Context, c *cli.Context, cl *client.Client) (*raftfs
 				return
 			}
 			defer one.Close()
-			answers <- one.StatusAll(wctx)[0]
+			a := one.StatusAll(wctx)[0]
+			a.Endpoint = ep
+			answers <- a
 		}()
 	}
-	var best *raftfsm.NodeStatus
 	statuses := 0
 wait:
 	for range eps {
@@ -524,11 +534,11 @@ wait:
 		switch {
 		case st == nil:
 		case best == nil:
-			best = st
+			best, ep = st, a.Endpoint
 		case st.LeaderID == "":
 		case best.LeaderID == "", st.Term > best.Term,
 			st.Term == best.Term && st.State == "Leader" && best.State != "Leader":
-			best = st
+			best, ep = st, a.Endpoint
 		}
 		if best != nil && (best.State == "Leader" && best.LeaderID != "" || statuses > len(eps)/2) {
 			break wait
@@ -536,9 +546,44 @@ wait:
 	}
 	if best == nil {
 		// None answered: Status's error is the one every command gives.
-		return cl.Status(ctx)
+		best, err = cl.Status(ctx)
+		return best, "", err
 	}
-	return best, nil
+	return best, ep, nil
+}
+
+// viewClient returns a client for a read of the cluster's view (members,
+// workers) that asks first the node that knows best who leads
+// (leaderView): the leader, or a node that knows it, and then the others
+// in --endpoints' order. Not the first endpoint that answers: a node with
+// no leader may hold a stale view, a removed follower that never got the
+// entry removing it most of all (its configuration lacks the members
+// added since and lists it as a voter). When no node that answered knows
+// a leader, the view is the first answer's, with a warning that it may be
+// stale. done closes the client.
+func viewClient(ctx context.Context, c *cli.Context, cl *client.Client) (view *client.Client, done func(), err error) {
+	best, ep, err := leaderView(ctx, c, cl)
+	if err != nil {
+		return nil, nil, err
+	}
+	if best.LeaderID == "" {
+		fmt.Fprintf(c.App.ErrWriter, "kvctl: warning: no node that answered knows a leader: this is %s's view, which may be stale "+
+			"(a node cut off, or removed from the cluster without knowing it); kvctl status shows each node\n", orDash(best.ID))
+	}
+	if ep == "" {
+		return cl, func() {}, nil
+	}
+	order := []string{ep}
+	for _, other := range endpointsArg(c) {
+		if other != ep {
+			order = append(order, other)
+		}
+	}
+	view, err = newClientWith(c, order, attemptTimeout(c), attemptTimeout(c))
+	if err != nil {
+		return nil, nil, err
+	}
+	return view, func() { view.Close() }, nil
 }
 
 // newLeader waits, within ctx, until a node names a leader that took over

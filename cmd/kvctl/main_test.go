@@ -554,6 +554,72 @@ func TestMembersThroughAFollower(t *testing.T) {
 	}
 }
 
+// TestMembersListAndWorkersPreferANodeThatKnowsALeader: members list
+// and workers read the view of a node that knows a leader, not of the
+// first endpoint that answers: a removed follower that never got the
+// entry removing it, first in --endpoints, gave its stale configuration
+// (without n4, joined since, and itself a voter) with exit 0 and no
+// warning. With no node knowing a leader, the first answer's view
+// stands, with a warning that it may be stale. Found by
+// TestMembershipChangesUnderTheStream.
+func TestMembersListAndWorkersPreferANodeThatKnowsALeader(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	var now []raftfsm.Member
+	for i, id := range []string{"n1", "n2"} {
+		now = append(now, raftfsm.Member{ID: id, RaftAddr: id + ":7946", HTTPAddr: c.nodes[i].addr(), Voter: true, Leader: id == "n1"})
+	}
+	now = append(now, raftfsm.Member{ID: "n4", RaftAddr: "n4:7946", HTTPAddr: "10.0.0.4:7080", Voter: true})
+	c.nodes[0].fake.SetMembers(now)
+	c.nodes[1].fake.SetMembers(now)
+	// n3, removed without knowing it: a candidate with no leader, its
+	// configuration the one before its removal, its workers those then.
+	removed := c.nodes[2].fake
+	removed.SetFollower("", "")
+	st := removed.Status()
+	st.State, st.Ready = "Candidate", false
+	removed.SetStatus(st)
+	removed.SetLeader()
+	if err := removed.DeregisterWorker(context.Background(), 2); err != nil {
+		t.Fatal(err)
+	}
+	removed.SetStatus(st)
+	stale := []raftfsm.Member{
+		{ID: "n1", RaftAddr: "n1:7946", Voter: true}, {ID: "n2", RaftAddr: "n2:7946", Voter: true},
+		{ID: "n3", RaftAddr: "n3:7946", Voter: true}}
+	removed.SetMembers(stale)
+	eps := c.nodes[2].addr() + "," + c.nodes[0].addr() + "," + c.nodes[1].addr()
+	r := kvctl(t, "--endpoints", eps, "-o", "json", "members", "list").wantCode(t, 0)
+	var got []raftfsm.Member
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || !reflect.DeepEqual(got, now) {
+		t.Fatalf("members list with the removed node first = %v (%v), want the leader's %v\n%s", got, err, now, r.stderr)
+	}
+	if r.stderr != "" {
+		t.Fatalf("stderr = %q, want none", r.stderr)
+	}
+	r = kvctl(t, "--endpoints", eps, "-o", "json", "workers").wantCode(t, 0)
+	var ws []api.Worker
+	if err := json.Unmarshal([]byte(r.stdout), &ws); err != nil || len(ws) != 2 {
+		t.Fatalf("workers with the removed node first = %s (%v), want the leader's two", r.stdout, err)
+	}
+	// Only the removed node answers (the others are down): its view, and
+	// a warning that it may be stale.
+	dead := deadAddr(t)
+	r = kvctl(t, "--endpoints", c.nodes[2].addr()+","+dead, "-o", "json", "members", "list").wantCode(t, 0)
+	got = nil
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || !reflect.DeepEqual(got, stale) {
+		t.Fatalf("members list of the removed node alone = %v (%v), want its own %v", got, err, stale)
+	}
+	if !strings.Contains(r.stderr, "warning: no node that answered knows a leader") || !strings.Contains(r.stderr, "n3's view") ||
+		!strings.Contains(r.stderr, "may be stale") {
+		t.Fatalf("stderr = %q, want a warning that n3's view may be stale", r.stderr)
+	}
+	r = kvctl(t, "--endpoints", c.nodes[2].addr()+","+dead, "workers").wantCode(t, 0)
+	if !strings.Contains(r.stderr, "may be stale") {
+		t.Fatalf("workers of the removed node alone: stderr = %q, want a warning that its view may be stale", r.stderr)
+	}
+}
+
 // TestMembersAddJSONNamesTheMemberAdded: members add -o json prints
 // {"added": the member}, which scripts read (docs/kvctl.md).
 func TestMembersAddJSONNamesTheMemberAdded(t *testing.T) {

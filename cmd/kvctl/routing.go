@@ -23,7 +23,7 @@ func workersCommand(e *env) *cli.Command {
 		Name:  "workers",
 		Usage: "list the workers: ranks, blocks per tier, last event id, resync and silence flags, load",
 		Description: "One row per rank. --tier keeps one tier's block column in the table (JSON always has\n" +
-			"every tier).\n\n" +
+			"every tier). Read from the leader, or a node that knows it, as members list is.\n\n" +
 			"Example:\n   kvctl workers\n   kvctl workers --tier host",
 		Flags: []cli.Flag{&cli.StringFlag{Name: "tier", Usage: "show only this `TIER`'s blocks: device, host, disk or external"}},
 		Action: func(c *cli.Context) error {
@@ -39,7 +39,12 @@ func workersCommand(e *env) *cli.Command {
 				tiers = []kvevent.Tier{t}
 			}
 			return withClient(c, func(ctx context.Context, cl *client.Client) error {
-				ws, err := cl.Workers(ctx)
+				view, done, err := viewClient(ctx, c, cl)
+				if err != nil {
+					return err
+				}
+				defer done()
+				ws, err := view.Workers(ctx)
 				if err != nil {
 					return err
 				}
