@@ -26,6 +26,16 @@ import (
 // within wait (its log held back, of another cluster, or not running):
 // AddMember makes it a non-voter, waits, and answers with the context's
 // end, leaving it one, which no quorum needs.
+// steadyTimeouts gives a cluster Raft timeouts of a second, for tests that
+// fail on any change of leader while an add waits out its context (the
+// add answers *NotLeaderError then, "no leader", not the non-voter's
+// timeout): under the race detector on a loaded 2-core machine a leader
+// missed its 200 ms lease and stepped down mid-add (4 of 45 runs of the
+// three tests that use it, at a load average of 12 to 15).
+func steadyTimeouts(cfg *Config) {
+	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = time.Second, time.Second, time.Second
+}
+
 func addNotCaughtUp(t *testing.T, l *Node, id, raftAddr, httpAddr string, wait time.Duration) {
 	t.Helper()
 	cx, cancel := context.WithTimeout(t.Context(), wait)
@@ -1214,7 +1224,7 @@ func TestAddMemberRefusesAnotherSpellingOfAMembersRaftAddress(t *testing.T) {
 // (a node binds its raft address's IP alone): each is added, a non-voter
 // until a node answers there, as before.
 func TestAddMemberTakesAnAddressThatIsNoMembers(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
+	c := newTestCluster(t, 3, steadyTimeouts)
 	l := c.leader()
 	_, port, _ := net.SplitHostPort(l.cfg.RaftAddr)
 	addNotCaughtUp(t, l, "n8", "kvrouter-n8.invalid:7000", "127.0.0.1:2", 3*time.Second)
