@@ -903,7 +903,7 @@ func TestAddMemberUnreachableWithAFollowerDownKeepsTheLeader(t *testing.T) {
 // quorum. It is a non-voter until it answers, and the cluster still
 // commits with one of its three voters stopped.
 func TestAddMemberUnreachableToAHealthyClusterLeavesItsSpareFailure(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
+	c := newTestCluster(t, 3, steadyTimeouts)
 	l := c.leader()
 	c.converged()
 	addNotCaughtUp(t, l, "n4", "127.0.0.1:1", "http-n4", 2*time.Second)
