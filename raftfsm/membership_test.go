@@ -1086,14 +1086,16 @@ func fakeFollower(t *testing.T, tr *raft.InmemTransport, answer func(*raft.Appen
 // must see too: the retry waits for the log through the latest
 // configuration.
 func TestARetriedAddPromotesANonvoterThatCaughtUpMeanwhile(t *testing.T) {
-	c := newInmemCluster(t, 3)
+	c := newInmemClusterTuned(t, 3, steadyTimeouts)
 	_, l := c.leaderExcept(-1)
 	_, inner := raft.NewInmemTransport("inmem-n4")
 	c.trans = append(c.trans, inner)
 	c.heal()
 	tr := holdEntries(t, inner, 1)
-	n4, err := NewNode(Config{ID: "n4", RaftAddr: string(inner.LocalAddr()), HTTPAddr: "http-n4",
-		DataDir: filepath.Join(t.TempDir(), "n4"), Transport: tr, Logger: quiet})
+	cfg4 := Config{ID: "n4", RaftAddr: string(inner.LocalAddr()), HTTPAddr: "http-n4",
+		DataDir: filepath.Join(t.TempDir(), "n4"), Transport: tr, Logger: quiet}
+	steadyTimeouts(&cfg4)
+	n4, err := NewNode(cfg4)
 	if err != nil {
 		t.Fatal(err)
 	}
