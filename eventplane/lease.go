@@ -784,11 +784,12 @@ func (in *Ingester) removeUnlisted(gen uint64, ranks []kvevent.Rank) {
 // (the sweep listed ranks of them), unless it registered since the
 // listing, and clears its mark of a removal in flight. It counts the
 // ranks the entry removed (none when another removal of the id committed
-// first), or, from a Target that does not say, the ranks listed. It returns false, and removes nothing,
-// when the run that decided the removal (in generation gen of the leases)
-// should stop: the term ended (a new one may have begun while the removal
-// waited for the worker-table lock), or the node's state is not caught up
-// with its leadership (caughtUp: it lost the lead, not yet stepped down).
+// first), or, from a Target that does not say, the ranks listed. It
+// returns false, and removes nothing, when the run that decided the
+// removal (in generation gen of the leases) should stop: the term ended
+// (a new one may have begun while the removal waited for the
+// worker-table lock), or the node's state is not caught up with its
+// leadership (caughtUp: it lost the lead, not yet stepped down).
 func (in *Ingester) removeStray(gen, id uint64, ranks int) bool {
 	stale := false
 	// A worker that registered since the listing keeps its ranks.
