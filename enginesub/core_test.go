@@ -646,30 +646,8 @@ func TestStaleBatchWhoseReplayFailsOrOverruns(t *testing.T) {
 func TestEngineRestartingAgainWhileStaleStartsAnEpoch(t *testing.T) {
 	for _, bind := range []bool{false, true} {
 		t.Run(fmt.Sprintf("bind=%v", bind), func(t *testing.T) {
-			sink := &recSink{}
-			engineC := false
-			top := uint64(5)
-			c := newCore(t, sink, func(ctx context.Context, from uint64, each func([][]byte) bool) error {
-				sink.add(call{kind: "replay", seq: from})
-				for s := from; s <= top; s++ {
-					m := restartedMsg(s)
-					if engineC {
-						m = thirdMsg(s)
-					}
-					if !each(m) {
-						return nil
-					}
-				}
-				each(endMsg)
-				return nil
-			})
-			c.bind = bind
-			for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(2), liveMsg(3), liveMsg(5)} {
-				if err := c.live(bg, m); err != nil {
-					t.Fatal(err)
-				}
-			}
-			engineC, top = true, 7
+			c, sink, toC := staleAfterARestart(t, bind)
+			toC(7)
 			for s := uint64(0); s <= 7; s++ {
 				if err := c.live(bg, thirdMsg(s)); err != nil {
 					t.Fatal(err)
@@ -702,10 +680,36 @@ func TestEngineRestartingAgainWhileStaleStartsAnEpoch(t *testing.T) {
 // C published past them. The rank starts a new epoch and holds C's 0 to
 // 2 only.
 func TestStaleReplayEndingBelowTheMarkStartsAnEpoch(t *testing.T) {
-	sink := &recSink{}
+	c, sink, toC := staleAfterARestart(t, false)
+	if !c.stale || !c.markOK || c.markSeq != 5 {
+		t.Fatalf("setup: stale %v markOK %v mark %d, want a stale epoch marked at 5", c.stale, c.markOK, c.markSeq)
+	}
+	toC(2) // B restarts as C, which publishes its 0 to 2 and idles
+	for _, m := range [][][]byte{restartedMsg(6), thirdMsg(0), thirdMsg(1), thirdMsg(2)} {
+		if err := c.live(bg, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := sink.of(nil)
+	if got, want := fmt.Sprint(heldSince(calls)), "[C0 C1 C2]"; got != want {
+		t.Fatalf("the rank holds %s since its last Reset or Resync, want %s\ncalls: %s\nstats %+v", got, want, trace(calls), c.Stats())
+	}
+	if st := c.Stats(); st.Epochs != 2 || st.Resyncs != 0 || c.stale {
+		t.Fatalf("stats %+v, stale %v: want 2 epochs, no resync, the stream C's", st, c.stale)
+	}
+}
+
+// staleAfterARestart returns a core (bind or connect) that read the old
+// engine's live 0 to 3 and then 5: the gap's replay showed the engine
+// restarted as B (reset, B's 0 to 5 replayed), and the rank is stale,
+// marked at B's 5. toC(top) restarts B as C, whose replays answer its 0
+// to top from then on.
+func staleAfterARestart(t *testing.T, bind bool) (c *core, sink *recSink, toC func(top uint64)) {
+	t.Helper()
+	sink = &recSink{}
 	engineC := false
 	top := uint64(5)
-	c := newCore(t, sink, func(ctx context.Context, from uint64, each func([][]byte) bool) error {
+	c = newCore(t, sink, func(ctx context.Context, from uint64, each func([][]byte) bool) error {
 		sink.add(call{kind: "replay", seq: from})
 		for s := from; s <= top; s++ {
 			m := restartedMsg(s)
@@ -719,27 +723,13 @@ func TestStaleReplayEndingBelowTheMarkStartsAnEpoch(t *testing.T) {
 		each(endMsg)
 		return nil
 	})
+	c.bind = bind
 	for _, m := range [][][]byte{liveMsg(0), liveMsg(1), liveMsg(2), liveMsg(3), liveMsg(5)} {
 		if err := c.live(bg, m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if !c.stale || !c.markOK || c.markSeq != 5 {
-		t.Fatalf("setup: stale %v markOK %v mark %d, want a stale epoch marked at 5", c.stale, c.markOK, c.markSeq)
-	}
-	engineC, top = true, 2 // B restarts as C, which publishes its 0 to 2 and idles
-	for _, m := range [][][]byte{restartedMsg(6), thirdMsg(0), thirdMsg(1), thirdMsg(2)} {
-		if err := c.live(bg, m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	calls := sink.of(nil)
-	if got, want := fmt.Sprint(heldSince(calls)), "[C0 C1 C2]"; got != want {
-		t.Fatalf("the rank holds %s since its last Reset or Resync, want %s\ncalls: %s\nstats %+v", got, want, trace(calls), c.Stats())
-	}
-	if st := c.Stats(); st.Epochs != 2 || st.Resyncs != 0 || c.stale {
-		t.Fatalf("stats %+v, stale %v: want 2 epochs, no resync, the stream C's", st, c.stale)
-	}
+	return c, sink, func(t uint64) { engineC, top = true, t }
 }
 
 // TestStaleReplayFromAMarkTheEngineNoLongerHoldsIsNoOverrun: the restarted
