@@ -236,8 +236,13 @@ func (f *upToIndex) connect(c *inmemCluster, skip int) {
 // address the usual rule applies. From a review: it was refused every
 // later start (ErrRaftAddrChanged), told to start at the old address,
 // where no peer dials it.
+//
+// Its cluster and the moved member run with Raft timeouts of a second
+// (steadyTimeouts): its point is the restart's address check, and under
+// load a leader missed its 200 ms lease during the 400 barriers of the
+// set-up ("leadership lost while committing log").
 func TestAMovedMemberRestartedDuringCatchUpStarts(t *testing.T) {
-	c := newInmemCluster(t, 3)
+	c := newInmemClusterTuned(t, 3, steadyTimeouts)
 	li, l := c.leaderExcept(-1)
 	m := (li + 1) % 3 // the member to move, a follower
 	id := c.nodes[m].cfg.ID
@@ -258,6 +263,7 @@ func TestAMovedMemberRestartedDuringCatchUpStarts(t *testing.T) {
 	tr := newUpToIndex(newAddr, 1)
 	tr.connect(c, m)
 	cfg := Config{ID: id, RaftAddr: newAddr, HTTPAddr: "http-" + id, DataDir: filepath.Join(t.TempDir(), id+"b"), Transport: tr, Logger: quiet}
+	steadyTimeouts(&cfg)
 	n, err := NewNode(cfg)
 	if err != nil {
 		t.Fatal(err)
