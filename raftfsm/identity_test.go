@@ -328,8 +328,11 @@ func TestAMovedMemberRestartedDuringCatchUpStarts(t *testing.T) {
 // a review: the record of the address it joined at was forgotten on the
 // first batch (it "saw itself at A"), and the restart at A was refused
 // (ErrRaftAddrChanged), told to use B, which the cluster no longer dials.
+//
+// Its cluster and the moved member run with Raft timeouts of a second
+// (steadyTimeouts), as TestAMovedMemberRestartedDuringCatchUpStarts's do.
 func TestAMemberMovedBackRestartedDuringCatchUpStarts(t *testing.T) {
-	c := newInmemCluster(t, 3)
+	c := newInmemClusterTuned(t, 3, steadyTimeouts)
 	li, l := c.leaderExcept(-1)
 	m := (li + 1) % 3 // the member to move, a follower
 	id := c.nodes[m].cfg.ID
@@ -354,6 +357,7 @@ func TestAMemberMovedBackRestartedDuringCatchUpStarts(t *testing.T) {
 	trB := newUpToIndex(b, noLimit)
 	trB.connect(c, m)
 	cfgB := Config{ID: id, RaftAddr: b, HTTPAddr: "http-" + id, DataDir: filepath.Join(t.TempDir(), id+"b"), Transport: trB, Logger: quiet}
+	steadyTimeouts(&cfgB)
 	nb, err := NewNode(cfgB)
 	if err != nil {
 		t.Fatal(err)
@@ -375,6 +379,7 @@ func TestAMemberMovedBackRestartedDuringCatchUpStarts(t *testing.T) {
 	trA := newUpToIndex(a, 1)
 	trA.connect(c, m)
 	cfgA := Config{ID: id, RaftAddr: a, HTTPAddr: "http-" + id, DataDir: filepath.Join(t.TempDir(), id+"a"), Transport: trA, Logger: quiet}
+	steadyTimeouts(&cfgA)
 	na, err := NewNode(cfgA)
 	if err != nil {
 		t.Fatal(err)
