@@ -603,8 +603,12 @@ func TestTransferToANonvoterIsInvalid(t *testing.T) {
 // ErrUnreachable too: TestTransferWhoseTimeoutNowAnswerIsLostIsOutcomeUnknown.)
 // From a review:
 // Raft's unwrapped "failed to make TimeoutNow RPC" was a 500 internal.
+//
+// Its cluster runs with Raft timeouts of a second (steadyTimeouts): with
+// one follower down, a leader that missed its 200 ms lease under load
+// stepped down, and the transfer answered "no leader".
 func TestTransferToADownMemberIsUnreachable(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
+	c := newTestCluster(t, 3, steadyTimeouts)
 	l := c.leader()
 	c.converged()
 	down := slices.IndexFunc(c.nodes, func(n *Node) bool { return n != l })
