@@ -917,8 +917,15 @@ func closeWithin(t *testing.T, n *Node, unblock func()) {
 // the transport scales by the snapshot's size (its timeout for every
 // 256 KiB): minutes for a state of tens of MB, the whole time kvrouter's
 // SIGTERM shutdown hung. From a review.
+//
+// Its cluster runs with Raft timeouts of a second (steadyTimeouts): with
+// one follower down, a leader that missed its 200 ms lease under load
+// stepped down after its snapshot, and no leader sent it.
 func TestLeaderCloseEndsASnapshotToAHungFollower(t *testing.T) {
-	c := newTestCluster(t, 3, func(cfg *Config) { cfg.TrailingLogs = 4; cfg.SnapshotThreshold = 8 })
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		steadyTimeouts(cfg)
+		cfg.TrailingLogs, cfg.SnapshotThreshold = 4, 8
+	})
 	l := c.leader()
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
 		t.Fatal(err)
