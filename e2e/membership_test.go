@@ -197,8 +197,9 @@ func (c *cluster) leaveRemoved(i int, seed uint64) {
 			describe([]*raftfsm.NodeStatus{st}) + fmt.Sprintf(" removed %v", st.Removed)
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-	defer cancel()
-	if r, err := n.cl.Ready(ctx); err != nil || r.Ready {
+	r, err := n.cl.Ready(ctx)
+	cancel()
+	if err != nil || r.Ready {
 		c.t.Fatalf("%s removed: readyz %+v, %v; want not ready", n.id, r, err)
 	}
 	res := runKvctl(c.t, "--endpoints", n.httpAddr, "status")
@@ -238,7 +239,11 @@ func (c *cluster) leaveRemoved(i int, seed uint64) {
 	})
 	// A write sent to it is refused. Its events (ids from 1 of a rank
 	// registered) are duplicates anyway, should it take and forward it.
+	// It has a call's time of its own: the kvctl runs and polls above
+	// can outlast one (a timeout is no refusal).
 	req := newPublisher(seed, testRanks[0]).request()
+	ctx, cancel = context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
 	if _, err := n.cl.IngestEvents(ctx, req); !isRefusal(err) {
 		c.t.Fatalf("%s removed: a write sent to it answered %v; want 503 no_leader", n.id, err)
 	}
