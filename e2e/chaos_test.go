@@ -422,11 +422,7 @@ func TestChaosSoakLosesNothingAcknowledged(t *testing.T) {
 	c.statusAgrees()
 	checked := checkOnce(rounds + 1)
 
-	retries, dups := 0, 0
-	for _, p := range pubs {
-		retries += p.retries
-		dups += p.dups
-	}
+	retries, dups := totals(pubs)
 	var kinds []string
 	for f, n := range faults {
 		kind := fmt.Sprintf("%d %s", n, chaosFault(f))

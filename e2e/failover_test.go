@@ -66,11 +66,7 @@ func TestKillLeaderUnderIngestLosesNothingAcknowledged(t *testing.T) {
 			t.Fatalf("publisher %d: %v", i, err)
 		}
 	}
-	retries, dups := 0, 0
-	for _, p := range pubs {
-		retries += p.retries
-		dups += p.dups
-	}
+	retries, dups := totals(pubs)
 	t.Logf("killed leader %s after %d acknowledged requests; %d requests retried, %d events acknowledged as duplicates",
 		c.nodes[old].id, killedAt, retries, dups)
 	if retries == 0 {

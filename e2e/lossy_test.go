@@ -91,11 +91,7 @@ func TestLossyRaftLinksLoseNothingAcknowledged(t *testing.T) {
 	s.ackedAtLeast(c, atClean+20, "20 requests acknowledged after the links are clean")
 	s.wait(t)
 
-	retries, dups := 0, 0
-	for _, p := range pubs {
-		retries += p.retries
-		dups += p.dups
-	}
+	retries, dups := totals(pubs)
 	t.Logf("leader %s after the faults; %d requests acknowledged in all; %d requests retried, %d events acknowledged as duplicates",
 		c.nodes[lead].id, s.acked.Load(), retries, dups)
 	var reset uint64

@@ -96,11 +96,7 @@ func TestLeadershipTransfersUnderTheStream(t *testing.T) {
 	}
 	s.wait(t)
 
-	retries, dups := 0, 0
-	for _, p := range pubs {
-		retries += p.retries
-		dups += p.dups
-	}
+	retries, dups := totals(pubs)
 	t.Logf("transfers: %s; %d requests acknowledged in all; %d requests retried, %d events acknowledged as duplicates",
 		strings.Join(took, ", "), s.acked.Load(), retries, dups)
 	c.converged()
@@ -325,11 +321,7 @@ func TestMembershipChangesUnderTheStream(t *testing.T) {
 	s.ackedAtLeast(c, at+20, "20 requests acknowledged after n5 joined")
 	s.wait(t)
 
-	retries, dups := 0, 0
-	for _, p := range pubs {
-		retries += p.retries
-		dups += p.dups
-	}
+	retries, dups := totals(pubs)
 	final := c.leader()
 	t.Logf("removed %s (a follower) and %s (the leader), added n4 and n5; leader %s; %d requests acknowledged in all; %d requests retried, %d events acknowledged as duplicates",
 		c.nodes[follower].id, c.nodes[lead].id, c.nodes[final].id, s.acked.Load(), retries, dups)

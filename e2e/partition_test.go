@@ -366,6 +366,59 @@ func (s *stream) wait(t *testing.T) {
 // one node only, the one the test cuts off.
 var probeRank = kvevent.Rank{Worker: 3, DP: 0}
 
+// probeTally counts the answers to a probe's writes (stream.probe) sent
+// while during is set: refusals (503 no_leader, isRefusal),
+// acknowledgements, and anything else (a timeout, an outcome unknown),
+// which proves no refusal: a node that hangs must not pass for one that
+// refuses. ok counts every write acknowledged, during or not.
+type probeTally struct {
+	during                    atomic.Bool
+	refused, acked, other, ok atomic.Int64
+}
+
+// probe streams probe's requests to the node of cl alone, one at a time,
+// each retried until acknowledged, until the stream stops, and returns
+// once its first write is acknowledged. Only a write sent while during
+// is set counts in the tally's during counts: one sent before may have
+// committed, and its answer come after.
+func (s *stream) probe(c *cluster, cl *client.Client, probe *publisher) *probeTally {
+	pt := &probeTally{}
+	s.loop(func(ctx context.Context) error {
+		req := probe.request()
+		var acks []raftfsm.RankAck
+		_, err := retry(ctx, func(ctx context.Context) error {
+			during := pt.during.Load()
+			var err error
+			acks, err = cl.IngestEvents(ctx, req)
+			if during {
+				switch {
+				case err == nil:
+					pt.acked.Add(1)
+				case isRefusal(err):
+					pt.refused.Add(1)
+				default:
+					pt.other.Add(1)
+				}
+			}
+			return err
+		})
+		if err == nil {
+			err = checkAcks(req, acks)
+		}
+		if err != nil {
+			return fmt.Errorf("probe: %w", err)
+		}
+		probe.model.apply(req)
+		probe.acked = append(probe.acked, req)
+		pt.ok.Add(1)
+		return nil
+	})
+	s.until(c, "the probe's first acknowledged write", func() (bool, string) {
+		return pt.ok.Load() > 0, "none yet"
+	})
+	return pt
+}
+
 // isRefusal reports whether err is a node's answer that it took no write:
 // 503 no_leader (api.ReasonNoLeader: it does not lead and knows no leader
 // to forward to), and not one that may have applied (ErrOutcomeUnknown).
@@ -401,49 +454,12 @@ func TestPartitionedLeaderLosesNothingAcknowledged(t *testing.T) {
 	// it is acknowledged, from before the cut (so that one is likely in
 	// flight, appended to the old leader's log, when the cut comes) to
 	// after the heal (when the old leader, a follower again, forwards it).
-	var cut atomic.Bool
-	// The probe's answers while the old leader was isolated: refusals (503
-	// no_leader, isRefusal), acknowledgements, and anything else (a
-	// timeout, an outcome unknown), which proves no refusal: a node that
-	// hangs must not pass for one that refuses.
-	var refusedCut, ackedCut, otherCut atomic.Int64
-	var probeAcked atomic.Int64
-	probeCl := c.nodes[old].cl
-	s.loop(func(ctx context.Context) error {
-		req := probe.request()
-		var acks []raftfsm.RankAck
-		_, err := retry(ctx, func(ctx context.Context) error {
-			var err error
-			acks, err = probeCl.IngestEvents(ctx, req)
-			if cut.Load() {
-				switch {
-				case err == nil:
-					ackedCut.Add(1)
-				case isRefusal(err):
-					refusedCut.Add(1)
-				default:
-					otherCut.Add(1)
-				}
-			}
-			return err
-		})
-		if err == nil {
-			err = checkAcks(req, acks)
-		}
-		if err != nil {
-			return fmt.Errorf("probe: %w", err)
-		}
-		probe.model.apply(req)
-		probe.acked = append(probe.acked, req)
-		probeAcked.Add(1)
-		return nil
-	})
-	s.until(c, "the probe's first acknowledged write", func() (bool, string) {
-		return probeAcked.Load() > 0, "none yet"
-	})
+	// Its answers to the writes sent while the old leader is isolated are
+	// counted (probeTally).
+	pt := s.probe(c, c.nodes[old].cl, probe)
 
 	h.isolate(old)
-	cut.Store(true)
+	pt.during.Store(true)
 	atCut := s.acked.Load()
 
 	lead := c.leaderAmong(c.others(old))
@@ -460,7 +476,7 @@ func TestPartitionedLeaderLosesNothingAcknowledged(t *testing.T) {
 		return st.State != "Leader", st.State
 	})
 	s.until(c, "the isolated old leader to refuse a probe write", func() (bool, string) {
-		return refusedCut.Load() > 0, fmt.Sprintf("no refusal yet; %d other errors", otherCut.Load())
+		return pt.refused.Load() > 0, fmt.Sprintf("no refusal yet; %d other errors", pt.other.Load())
 	})
 	// The cut is real: the old leader has not applied what the majority did.
 	sts := c.statusAll()
@@ -469,24 +485,20 @@ func TestPartitionedLeaderLosesNothingAcknowledged(t *testing.T) {
 	}
 	t.Logf("during the partition: %s", describe(sts))
 
-	cut.Store(false)
+	pt.during.Store(false)
 	h.heal()
-	atHeal, probeAtHeal := s.acked.Load(), probeAcked.Load()
+	atHeal, probeAtHeal := s.acked.Load(), pt.ok.Load()
 	s.ackedAtLeast(c, atHeal+10, "10 requests acknowledged after the heal")
 	s.until(c, "a probe write acknowledged through the healed old leader", func() (bool, string) {
-		return probeAcked.Load() > probeAtHeal, "none yet"
+		return pt.ok.Load() > probeAtHeal, "none yet"
 	})
 	s.wait(t)
 
-	retries, dups := 0, 0
-	for _, p := range pubs {
-		retries += p.retries
-		dups += p.dups
-	}
+	retries, dups := totals(pubs)
 	t.Logf("isolated leader %s (term %d) after %d acknowledged requests; new leader %s; %d acknowledged during the partition, %d in all; "+
 		"%d requests retried, %d events acknowledged as duplicates; the probe: %d writes acknowledged, %d refused, %d acknowledged and %d failed otherwise by the isolated node",
 		c.nodes[old].id, oldTerm, atCut, c.nodes[lead].id, atHeal-atCut, s.acked.Load(), retries, dups,
-		probeAcked.Load(), refusedCut.Load(), ackedCut.Load(), otherCut.Load())
+		pt.ok.Load(), pt.refused.Load(), pt.acked.Load(), pt.other.Load())
 
 	// The old leader rejoins as a follower: it cannot win an election, its
 	// log ends in an older term than the majority's.

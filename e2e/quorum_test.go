@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -69,48 +68,10 @@ func lossOfQuorum(t *testing.T, c *cluster, seed uint64, lose func(lone int) (re
 
 	// lone is the leader when the quorum goes: lose leaves it alone. The
 	// probe writes only to it, one request at a time until it is
-	// acknowledged. While the quorum is gone (lost set) its answers are
-	// counted: refusals (503 no_leader, isRefusal), acknowledgements,
-	// anything else (a timeout, an outcome unknown).
+	// acknowledged. Its answers to the writes sent while the quorum is
+	// gone are counted (probeTally).
 	lone := c.leader()
-	var lost atomic.Bool
-	var refusedLost, ackedLost, otherLost, probeAcked atomic.Int64
-	probeCl := c.nodes[lone].cl
-	s.loop(func(ctx context.Context) error {
-		req := probe.request()
-		var acks []raftfsm.RankAck
-		_, err := retry(ctx, func(ctx context.Context) error {
-			// Only a write sent once the quorum is gone counts: one sent
-			// before may have committed, and its answer come after.
-			sentLost := lost.Load()
-			var err error
-			acks, err = probeCl.IngestEvents(ctx, req)
-			if sentLost {
-				switch {
-				case err == nil:
-					ackedLost.Add(1)
-				case isRefusal(err):
-					refusedLost.Add(1)
-				default:
-					otherLost.Add(1)
-				}
-			}
-			return err
-		})
-		if err == nil {
-			err = checkAcks(req, acks)
-		}
-		if err != nil {
-			return fmt.Errorf("probe: %w", err)
-		}
-		probe.model.apply(req)
-		probe.acked = append(probe.acked, req)
-		probeAcked.Add(1)
-		return nil
-	})
-	s.until(c, "the probe's first acknowledged write", func() (bool, string) {
-		return probeAcked.Load() > 0, "none yet"
-	})
+	pt := s.probe(c, c.nodes[lone].cl, probe)
 
 	restore, ranThroughout := lose(lone)
 
@@ -143,12 +104,12 @@ func lossOfQuorum(t *testing.T, c *cluster, seed uint64, lose func(lone int) (re
 		return st.AppliedIndex >= st.CommitIndex, describe([]*raftfsm.NodeStatus{st}) +
 			fmt.Sprintf(" applied %d of %d committed", st.AppliedIndex, st.CommitIndex)
 	})
-	lost.Store(true)
+	pt.during.Store(true)
 	atLost := s.acked.Load()
-	probeAtLost := probeAcked.Load()
+	probeAtLost := pt.ok.Load()
 	commitAtLost := c.status(lone).CommitIndex
 	s.until(c, "the lone node to refuse 10 probe writes", func() (bool, string) {
-		return refusedLost.Load() >= 10, fmt.Sprintf("%d refused, %d other errors", refusedLost.Load(), otherLost.Load())
+		return pt.refused.Load() >= 10, fmt.Sprintf("%d refused, %d other errors", pt.refused.Load(), pt.other.Load())
 	})
 	// The publishers were sent to every node meanwhile, the lone one
 	// included: none of them got anything acknowledged.
@@ -159,30 +120,26 @@ func lossOfQuorum(t *testing.T, c *cluster, seed uint64, lose func(lone int) (re
 	switch {
 	case s.acked.Load() != atLost:
 		t.Fatalf("%d requests acknowledged without a quorum", s.acked.Load()-atLost)
-	case ackedLost.Load() != 0:
-		t.Fatalf("the lone node acknowledged %d probe writes without a quorum", ackedLost.Load())
+	case pt.acked.Load() != 0:
+		t.Fatalf("the lone node acknowledged %d probe writes without a quorum", pt.acked.Load())
 	case st.CommitIndex != commitAtLost:
 		t.Fatalf("the lone node's commit index went from %d to %d without a quorum", commitAtLost, st.CommitIndex)
 	}
 	t.Logf("without a quorum: %s; the probe: %d writes refused, %d failed otherwise",
-		describe([]*raftfsm.NodeStatus{st}), refusedLost.Load(), otherLost.Load())
+		describe([]*raftfsm.NodeStatus{st}), pt.refused.Load(), pt.other.Load())
 
 	restore()
-	lost.Store(false)
+	pt.during.Store(false)
 	lead := c.leader()
 	s.ackedAtLeast(c, atLost+20, "20 requests acknowledged after the quorum is back")
 	s.until(c, "a probe write acknowledged through the lone node", func() (bool, string) {
-		return probeAcked.Load() > probeAtLost, "none yet"
+		return pt.ok.Load() > probeAtLost, "none yet"
 	})
 	s.wait(t)
 
-	retries, dups := 0, 0
-	for _, p := range pubs {
-		retries += p.retries
-		dups += p.dups
-	}
+	retries, dups := totals(pubs)
 	t.Logf("quorum lost after %d acknowledged requests, back with leader %s; %d in all; %d requests retried, %d events acknowledged as duplicates; the probe: %d acknowledged",
-		atLost, c.nodes[lead].id, s.acked.Load(), retries, dups, probeAcked.Load())
+		atLost, c.nodes[lead].id, s.acked.Load(), retries, dups, pt.ok.Load())
 	c.converged()
 	c.checkAll(all)
 	c.statusAgrees()

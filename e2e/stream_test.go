@@ -318,6 +318,16 @@ type publisher struct {
 	refused map[int]int           // publishAny's refusals (isRefusal) by node index
 }
 
+// totals sums the publishers' retried requests and the events the
+// cluster acknowledged as duplicates, for a test's log.
+func totals(pubs []*publisher) (retries, dups int) {
+	for _, p := range pubs {
+		retries += p.retries
+		dups += p.dups
+	}
+	return retries, dups
+}
+
 func newPublisher(seed uint64, ranks ...kvevent.Rank) *publisher {
 	p := &publisher{model: newModel(ranks...)}
 	for _, r := range ranks {
