@@ -484,8 +484,8 @@ func TestSameRaftAddr(t *testing.T) {
 		{"Node1:7000", "node1:7000", false},
 		{"inmem-n1", "inmem-n1", true},
 	} {
-		if got := sameRaftAddr(c.a, c.b); got != c.same {
-			t.Errorf("sameRaftAddr(%q, %q) = %v, want %v", c.a, c.b, got, c.same)
+		if got := SameRaftAddr(c.a, c.b); got != c.same {
+			t.Errorf("SameRaftAddr(%q, %q) = %v, want %v", c.a, c.b, got, c.same)
 		}
 	}
 }

@@ -210,7 +210,7 @@ func TestMemberChangesThatWouldCutAMemberOffAreRefused(t *testing.T) {
 
 // TestAddMemberAgainAtItsRaftAddrSpelledOtherwise: adding a member again
 // at its Raft address spelled otherwise (a port's leading zero, as
-// sameRaftAddr reads them) refreshes it as it is, and the configuration
+// SameRaftAddr reads them) refreshes it as it is, and the configuration
 // and member table keep the address as they list it. From a review: the
 // add compared the address as text and refused it ("to move it, remove it
 // first"), so a joined member restarted with its --join and its
@@ -1340,8 +1340,8 @@ func TestRaftAddrAliasKeepsLinkLocalZones(t *testing.T) {
 		{ID: "n2", Address: "[2001:db8::1]:7002"},
 		{ID: "n3", Address: "[::1]:7003"},
 	}
-	if sameRaftAddr("[fe80::1%eth0]:7001", "[fe80::1%eth1]:7001") {
-		t.Fatal("sameRaftAddr takes two links for one")
+	if SameRaftAddr("[fe80::1%eth0]:7001", "[fe80::1%eth1]:7001") {
+		t.Fatal("SameRaftAddr takes two links for one")
 	}
 	if err := CheckRaftAddr("[fe80::1%eth1]:7001"); err != nil {
 		t.Fatalf("CheckRaftAddr([fe80::1%%eth1]:7001): %v", err)

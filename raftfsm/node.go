@@ -715,7 +715,7 @@ func (n *Node) noteJoined() {
 		return
 	}
 	for _, s := range cf.Configuration().Servers {
-		if string(s.ID) == n.cfg.ID && sameRaftAddr(string(s.Address), n.joinAddr) {
+		if string(s.ID) == n.cfg.ID && SameRaftAddr(string(s.Address), n.joinAddr) {
 			if err := n.setJoinAddr(""); err != nil {
 				n.logger.Warn("forgetting the Raft address this node joined at failed; retrying", "err", err)
 			}
@@ -767,8 +767,8 @@ func (n *Node) checkRaftAddr() error {
 	addr := n.raftAddr()
 	servers := cf.Configuration().Servers
 	for _, s := range servers {
-		if string(s.ID) == n.cfg.ID && !sameRaftAddr(string(s.Address), addr) {
-			if n.joinAddr != "" && sameRaftAddr(addr, n.joinAddr) {
+		if string(s.ID) == n.cfg.ID && !SameRaftAddr(string(s.Address), addr) {
+			if n.joinAddr != "" && SameRaftAddr(addr, n.joinAddr) {
 				n.logger.Info("this node joined at its --raft-addr and is still catching up: its configuration lists it at its old address until it replays its addition",
 					"raft_addr", addr, "listed_at", s.Address)
 				return nil
@@ -805,13 +805,15 @@ func onlyVoter(servers []raft.Server, id string) bool {
 	return voters == 1 && self
 }
 
-// sameRaftAddr reports whether a and b are one Raft address: equal as
+// SameRaftAddr reports whether a and b are one Raft address: equal as
 // text, or both IP:port with equal IPs and ports once parsed
 // (netip.ParseAddrPort: [0:0::1]:7000 is [::1]:7000, an IPv4-mapped IPv6
 // address its IPv4 one, a port's leading zeros dropped). A hostname is
 // compared as text: localhost is not 127.0.0.1, nor Node1 node1, as
-// resolving it would make the check depend on the resolver at start.
-func sameRaftAddr(a, b string) bool {
+// resolving it would make the check depend on the resolver at start. A
+// node's start judges its --raft-addr against its configuration by it,
+// and kvctl status a node's address against the leader's configuration.
+func SameRaftAddr(a, b string) bool {
 	if a == b {
 		return true
 	}
@@ -838,7 +840,7 @@ func (n *Node) checkUnrecordedID() error {
 	}
 	addr := n.raftAddr()
 	for _, s := range cf.Configuration().Servers {
-		if sameRaftAddr(string(s.Address), addr) && string(s.ID) != n.cfg.ID {
+		if SameRaftAddr(string(s.Address), addr) && string(s.ID) != n.cfg.ID {
 			return refuseStart(ErrWrongNode, "data directory %s holds the Raft state of node %s (its cluster's configuration lists %s at %s, "+
 				"this node's --raft-addr); started with --node-id %s: give --node-id %s, or start on an empty directory",
 				n.cfg.DataDir, s.ID, s.ID, addr, n.cfg.ID, s.ID)
@@ -1547,7 +1549,7 @@ func (n *Node) onLeadership() {
 		// old ones, and it gets the warning below instead.
 		for _, p := range n.cfg.Peers {
 			at, listed := servers[p.ID]
-			if _, known := members[p.ID]; !known && p.ID != n.cfg.ID && p.HTTPAddr != "" && listed && sameRaftAddr(string(at), p.RaftAddr) {
+			if _, known := members[p.ID]; !known && p.ID != n.cfg.ID && p.HTTPAddr != "" && listed && SameRaftAddr(string(at), p.RaftAddr) {
 				want = append(want, p)
 			}
 		}
@@ -2389,7 +2391,7 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 	// Raft's AddVoter moves a voter whose id it knows to the new address:
 	// one mistyped add would cut a live member off. Moving a member is a
 	// remove and an add; adding it again as it is only refreshes its
-	// member entry. "As it is" is its address as sameRaftAddr reads it,
+	// member entry. "As it is" is its address as SameRaftAddr reads it,
 	// as the member's own start check does (127.0.0.1:07000 is
 	// 127.0.0.1:7000): a joined member restarted with its --join and its
 	// address so spelled asks to be added again. The configuration keeps
@@ -2401,9 +2403,9 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 	var cur *raft.Server // id's entry, when it is a server already
 	for _, s := range cf.Configuration().Servers {
 		switch {
-		case string(s.ID) == id && !sameRaftAddr(string(s.Address), raftAddr):
+		case string(s.ID) == id && !SameRaftAddr(string(s.Address), raftAddr):
 			return fmt.Errorf("%w: member %q is at %s, not %s (to move it, remove it first)", ErrInvalid, id, s.Address, raftAddr)
-		case string(s.ID) != id && sameRaftAddr(string(s.Address), raftAddr):
+		case string(s.ID) != id && SameRaftAddr(string(s.Address), raftAddr):
 			return fmt.Errorf("%w: %s is member %q's raft address", ErrRaftAddrInUse, raftAddr, s.ID)
 		case string(s.ID) == id:
 			cur = &s
@@ -2413,10 +2415,10 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 	// Another member's HTTP address (a copied command line): followers
 	// would forward writes meant for id's node, once it leads, to that
 	// member, and the member list would show two members at one address.
-	// Compared as raft addresses are (sameRaftAddr); id's own entry is
+	// Compared as raft addresses are (SameRaftAddr); id's own entry is
 	// what the add refreshes.
 	for mid, m := range n.fsm.Members() {
-		if mid != id && m.HTTPAddr != "" && sameRaftAddr(m.HTTPAddr, httpAddr) {
+		if mid != id && m.HTTPAddr != "" && SameRaftAddr(m.HTTPAddr, httpAddr) {
 			return fmt.Errorf("%w: add %s: %s is member %q's HTTP address: give the new node's own (its --http-advertise)", ErrInvalid, id, httpAddr, mid)
 		}
 	}

@@ -82,7 +82,7 @@ func mustPort(port string) uint64 {
 // addrKey is a host:port that CheckRaftAddr or CheckHTTPAddr took, as it
 // is dialled: the port as a number (07000 is 7000), an IP host in netip's
 // form ([0:0::1] is [::1], an IPv4-mapped address its IPv4 one, as
-// sameRaftAddr reads them; a zone kept: another zone is another link). A
+// SameRaftAddr reads them; a zone kept: another zone is another link). A
 // hostname is taken as DNS takes it, without letter case or a final dot
 // (Node1. is node1), but not resolved: resolving it would make the check
 // depend on the resolver.

@@ -243,7 +243,7 @@ func (lc *leaderConfig) leftOut(st *raftfsm.NodeStatus) bool {
 		return false
 	}
 	m, ok := lc.members[st.ID]
-	return !ok || st.RaftAddr != "" && m.RaftAddr != st.RaftAddr
+	return !ok || st.RaftAddr != "" && !raftfsm.SameRaftAddr(m.RaftAddr, st.RaftAddr)
 }
 
 // failedNotUnreachable reports whether err is an endpoint that was reached

@@ -459,6 +459,29 @@ func TestStatusMarksARemovedNodeThatDoesNotKnow(t *testing.T) {
 	}
 }
 
+// TestStatusDoesNotClaimAMemberListedAtAnotherSpellingRemoved: a member
+// that knows no leader (cut off, a Candidate with a log) and that the
+// leader's configuration lists at another spelling of its own Raft
+// address (the same IP and port: raftfsm.SameRaftAddr, by which the node
+// started as that member) is a member: kvctl status must not tell the
+// operator to stop it. From a review: the two addresses were compared as
+// text.
+func TestStatusDoesNotClaimAMemberListedAtAnotherSpellingRemoved(t *testing.T) {
+	c := newCluster(t)
+	n1 := raftfsm.Member{ID: "n1", RaftAddr: "n1:7946", HTTPAddr: c.nodes[0].addr(), Voter: true, Leader: true}
+	n2 := raftfsm.Member{ID: "n2", RaftAddr: "n2:7946", HTTPAddr: c.nodes[1].addr(), Voter: true}
+	n3 := raftfsm.Member{ID: "n3", RaftAddr: "[fd00::3]:7946", HTTPAddr: c.nodes[2].addr(), Voter: true}
+	c.leader().SetMembers([]raftfsm.Member{n1, n2, n3})
+	st := c.nodes[2].fake.Status()
+	st.RaftAddr = "[fd00:0:0:0:0:0:0:3]:7946" // n3's --raft-addr
+	st.State, st.LeaderID, st.LeaderHTTP, st.LastContactMs, st.Ready, st.Term = "Candidate", "", "", 900, false, 7
+	c.nodes[2].fake.SetStatus(st)
+	r := kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+	if strings.Contains(r.stdout, "removed") || strings.Contains(r.stderr, "removed") {
+		t.Fatalf("a member listed at another spelling of its own address is claimed removed:\n%s%s", r.stdout, r.stderr)
+	}
+}
+
 // TestStatusShowsEachNodesNATSAndWarnsOfALeaderWithout: a NATS column
 // shows each node's connection, and a node not connected is warned of,
 // the leader as ingesting no event; a node that does not report its
