@@ -9,6 +9,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -480,6 +481,30 @@ func TestCutClosesALossyLink(t *testing.T) {
 	broken(t, c, bufio.NewReader(c))
 	if got := s.accepted.Load(); got != before {
 		t.Fatalf("the target accepted %d connections during the cut", got-before)
+	}
+}
+
+// TestADroppedChunkResetsTheConnection: a chunk the faults drop resets
+// its connection (an RST, as a lossy network's dead connection ends), so
+// that the sender sees ECONNRESET, not the clean end of stream (a FIN)
+// that a peer closing on purpose sends.
+func TestADroppedChunkResetsTheConnection(t *testing.T) {
+	s := newEchoServer(t)
+	p := newProxy(t, s.addr())
+	if err := p.SetFaults(Faults{ResetProb: 1, Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, p.Addr())
+	if _, err := io.WriteString(c, "lost\n"); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(waitTimeout))
+	_, err := c.Read(make([]byte, 16))
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("read after a dropped chunk: %v, want ECONNRESET", err)
+	}
+	if st := p.Stats(); st.Reset != 1 {
+		t.Fatalf("stats %+v, want one connection reset", st)
 	}
 }
 
