@@ -459,6 +459,31 @@ func TestStatusMarksARemovedNodeThatDoesNotKnow(t *testing.T) {
 	}
 }
 
+// TestStatusJudgesByTheNewestLeadersConfiguration: two nodes answer as
+// leaders, one deposed (an older term, not yet stepped down) and the
+// newest. A node that knows no leader is judged by the newest leader's
+// configuration, which lists it (added since), not by the deposed one's,
+// which does not: no removal is claimed.
+func TestStatusJudgesByTheNewestLeadersConfiguration(t *testing.T) {
+	c := newCluster(t)
+	n1 := raftfsm.Member{ID: "n1", RaftAddr: "n1:7946", HTTPAddr: c.nodes[0].addr(), Voter: true, Leader: true}
+	n2 := raftfsm.Member{ID: "n2", RaftAddr: "n2:7946", HTTPAddr: c.nodes[1].addr(), Voter: true}
+	n3 := raftfsm.Member{ID: "n3", RaftAddr: "n3:7946", HTTPAddr: c.nodes[2].addr(), Voter: true}
+	c.leader().SetMembers([]raftfsm.Member{n1, n2}) // the deposed leader, term 2
+	n1.Leader, n2.Leader = false, true
+	c.nodes[1].fake.SetMembers([]raftfsm.Member{n1, n2, n3})
+	st := c.nodes[1].fake.Status()
+	st.State, st.LeaderID, st.LeaderHTTP, st.Term = "Leader", "n2", c.nodes[1].addr(), 9
+	c.nodes[1].fake.SetStatus(st)
+	st = c.nodes[2].fake.Status()
+	st.State, st.LeaderID, st.LeaderHTTP, st.LastContactMs, st.Ready, st.Term = "Candidate", "", "", 900, false, 9
+	c.nodes[2].fake.SetStatus(st)
+	r := kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+	if strings.Contains(r.stdout, "removed") || strings.Contains(r.stderr, "removed") {
+		t.Fatalf("n3, which the newest leader (n2, term 9) lists, is claimed removed by the deposed one's (n1, term 2) configuration:\n%s%s", r.stdout, r.stderr)
+	}
+}
+
 // TestStatusDoesNotClaimAMemberListedAtAnotherSpellingRemoved: a member
 // that knows no leader (cut off, a Candidate with a log) and that the
 // leader's configuration lists at another spelling of its own Raft
