@@ -168,8 +168,9 @@ type bmRef struct {
 // lookup returns the slot of eh and the node it maps to, or, when eh is
 // not in the map (n nil), the empty slot where setAt would put it. It
 // grows the map first if one more entry would overfill eh's segment, so
-// the slot stays valid until the map is next changed.
-func (m *blockMap) lookup(eh uint64) (ref bmRef, n *node) {
+// the slot stays valid until the map is next changed. Full-sized tables
+// come from t (nil: made).
+func (m *blockMap) lookup(eh uint64, t *segTables) (ref bmRef, n *node) {
 	if m.dir == nil {
 		m.dir = []*bmSegment{{slots: make([]blockSlot, minSegSlots)}}
 		m.seed = newBlockSeed()
@@ -177,7 +178,7 @@ func (m *blockMap) lookup(eh uint64) (ref bmRef, n *node) {
 	h := m.hash(eh)
 	s := m.seg(h)
 	for (s.n+1)*8 > len(s.slots)*7 {
-		m.grow(s, h)
+		m.grow(s, h, t)
 		s = m.seg(h)
 	}
 	mask := len(s.slots) - 1
@@ -197,9 +198,10 @@ func (m *blockMap) setAt(ref bmRef, eh uint64, n *node) {
 	m.n++
 }
 
-// put maps eh to n (not nil), replacing any node eh mapped to.
-func (m *blockMap) put(eh uint64, n *node) {
-	ref, old := m.lookup(eh)
+// put maps eh to n (not nil), replacing any node eh mapped to. Full-sized
+// tables come from t (nil: made).
+func (m *blockMap) put(eh uint64, n *node, t *segTables) {
+	ref, old := m.lookup(eh, t)
 	if old != nil {
 		ref.s.slots[ref.i].n = n
 		return
@@ -254,17 +256,23 @@ func (m *blockMap) maySplit(s *bmSegment) bool {
 
 // grow makes room in segment s, the segment of hash h: it doubles a small
 // segment in place, and splits a full-sized one in two by the next bit of
-// the hash, or doubles it in place too when it may not split.
-func (m *blockMap) grow(s *bmSegment, h uint64) {
+// the hash, or doubles it in place too when it may not split. Full-sized
+// tables come from t and a full-sized table replaced goes back to it.
+func (m *blockMap) grow(s *bmSegment, h uint64, t *segTables) {
 	if len(s.slots) < segSlots || !m.maySplit(s) {
 		old := s.slots
-		s.slots = make([]blockSlot, 2*len(old))
+		if 2*len(old) == segSlots {
+			s.slots = t.get()
+		} else {
+			s.slots = make([]blockSlot, 2*len(old))
+		}
 		s.n = 0
 		for _, sl := range old {
 			if sl.n != nil {
 				s.insert(sl, m.hash(sl.eh))
 			}
 		}
+		t.put(old)
 		return
 	}
 	if s.depth == m.depth {
@@ -278,7 +286,7 @@ func (m *blockMap) grow(s *bmSegment, h uint64) {
 	}
 	var lo, hi *bmSegment
 	if len(s.slots) == segSlots {
-		lo, hi = s.split(m.seed)
+		lo, hi = s.split(m.seed, t)
 	} else {
 		lo, hi = s.splitLarge(m.seed)
 	}
@@ -296,15 +304,16 @@ func (m *blockMap) grow(s *bmSegment, h uint64) {
 
 // split splits the full-sized segment s by the hash bit after its depth:
 // s becomes the lower half (its entries are copied out and those of the
-// lower half put back); only the upper half is a new segment.
-func (s *bmSegment) split(seed uint64) (lo, hi *bmSegment) {
+// lower half put back); only the upper half is a new segment, with a table
+// from t.
+func (s *bmSegment) split(seed uint64, t *segTables) (lo, hi *bmSegment) {
 	var tmp [segSlots]blockSlot
 	copy(tmp[:], s.slots)
 	clear(s.slots)
 	s.n = 0
 	s.depth++
 	lo = s
-	hi = &bmSegment{slots: make([]blockSlot, segSlots), depth: s.depth}
+	hi = &bmSegment{slots: t.get(), depth: s.depth}
 	distribute(tmp[:], seed, 64-s.depth, lo, hi) // bit 64-depth tells lo from hi
 	return lo, hi
 }

@@ -19,7 +19,7 @@ func BenchmarkBlockMapInsert(b *testing.B) {
 		for b.Loop() {
 			var m blockMap
 			for _, k := range keys {
-				if s, old := m.lookup(k); old == nil {
+				if s, old := m.lookup(k, nil); old == nil {
 					m.setAt(s, k, nd)
 				}
 			}

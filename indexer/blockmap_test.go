@@ -110,10 +110,10 @@ func TestBlockMapMatchesMap(t *testing.T) {
 			n := nodes[rapid.IntRange(0, len(nodes)-1).Draw(rt, "node")]
 			switch rapid.IntRange(0, 3).Draw(rt, "op") {
 			case 0:
-				m.put(k, n)
+				m.put(k, n, nil)
 				ref[k] = n
 			case 1:
-				slot, old := m.lookup(k)
+				slot, old := m.lookup(k, nil)
 				if want := ref[k]; old != want {
 					rt.Fatalf("lookup %#x: %v, want %v", k, old, want)
 				}
@@ -175,7 +175,7 @@ func TestBlockMapDeleteShiftsRuns(t *testing.T) {
 	n := &node{}
 	// Slots 6, 7, 0 for same; other's keys (home 7) land at 1, 2, 3.
 	for _, k := range append(append([]uint64(nil), same...), other...) {
-		m.put(k, n)
+		m.put(k, n, nil)
 	}
 	if len(m.dir) != 1 || len(m.dir[0].slots) != 8 {
 		t.Fatalf("want one segment of 8 slots, have %d segments", len(m.dir))
@@ -205,7 +205,7 @@ func TestBlockMapSplits(t *testing.T) {
 		ref := map[uint64]*node{}
 		n := &node{}
 		for i := uint64(1); i <= 20_000; i++ {
-			m.put(i*7919, n)
+			m.put(i*7919, n, nil)
 			ref[i*7919] = n
 			if i%3 == 0 {
 				m.del((i - 1) * 7919)
@@ -304,7 +304,7 @@ func TestBlockMapClusteredHashes(t *testing.T) {
 		ref := map[uint64]*node{}
 		nodes := []*node{{seq: 1}, {seq: 2}}
 		for i, k := range keys {
-			m.put(k, nodes[i%2])
+			m.put(k, nodes[i%2], nil)
 			ref[k] = nodes[i%2]
 			if m.depth > 8 {
 				t.Fatalf("hint %d: %d entries made a directory of depth %d", hint, m.len(), m.depth)
@@ -320,7 +320,7 @@ func TestBlockMapClusteredHashes(t *testing.T) {
 		blockMapAgrees(t, &m, ref)
 		for i, k := range keys {
 			if i%3 == 1 {
-				if s, old := m.lookup(k); old == nil {
+				if s, old := m.lookup(k, nil); old == nil {
 					m.setAt(s, k, nodes[0])
 					ref[k] = nodes[0]
 				}
@@ -331,7 +331,7 @@ func TestBlockMapClusteredHashes(t *testing.T) {
 		// entry count allows a deeper directory.
 		for i := uint64(1); i <= 30_000; i++ {
 			k := mix64(i ^ 0xfeed)
-			m.put(k, nodes[1])
+			m.put(k, nodes[1], nil)
 			ref[k] = nodes[1]
 		}
 		blockMapAgrees(t, &m, ref)
@@ -351,11 +351,11 @@ func TestBlockMapClusteredMemory(t *testing.T) {
 	for i := uint64(0); i < 64; i++ {
 		// 64 clusters of 1000 keys, each sharing 50 bits.
 		for _, k := range clusteredKeys(mix64(i)>>14, 50, 1000) {
-			aimed.put(k, nd)
+			aimed.put(k, nd, nil)
 		}
 	}
 	for i := uint64(0); i < uint64(aimed.len()); i++ {
-		random.put(mix64(i), nd)
+		random.put(mix64(i), nd, nil)
 	}
 	if err := aimed.check(); err != nil {
 		t.Fatal(err)
@@ -429,7 +429,7 @@ func TestBlockMapAimedAtOneHomeSlot(t *testing.T) {
 	var m blockMap
 	nd := &node{}
 	for _, k := range keys {
-		m.put(k, nd)
+		m.put(k, nd, nil)
 	}
 	if err := m.check(); err != nil {
 		t.Fatal(err)

@@ -185,7 +185,7 @@ func (ix *Index) LoadRank(d *RankDump) error {
 		c := parent.child(dn.Local)
 		if c == nil {
 			c = ix.pool.get(parent, dn.Local, dn.Seq)
-			ix.names.put(dn.Seq, c) // free: checkDumpNames
+			ix.names.put(dn.Seq, c, &ix.tables) // free: checkDumpNames
 			parent.addChild(c)
 			ix.nodes++
 			if ix.journal != nil {

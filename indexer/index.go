@@ -74,12 +74,15 @@ type Index struct {
 	cfg Config
 
 	root  node
-	pool  nodePool            // the tree's nodes; pool.huge is &huge
-	names blockMap            // every node's sequence hash -> the node: names are unique (DESIGN.md)
-	huge  hugepage.Scratch    // the pool's slabs advised for huge pages
-	ranks []*rankState        // by slot; nil when the slot is free
-	slots rankmap.Map[uint32] // rank -> slot
-	free  []uint32            // free slots, reused lowest first
+	pool  nodePool         // the tree's nodes; pool.huge is &huge
+	names blockMap         // every node's sequence hash -> the node: names are unique (DESIGN.md)
+	huge  hugepage.Scratch // the pool's and tables' slabs advised for huge pages
+	// tables holds the full-sized segment tables of names and of every
+	// rank's blocks; tables.huge is &huge.
+	tables segTables
+	ranks  []*rankState        // by slot; nil when the slot is free
+	slots  rankmap.Map[uint32] // rank -> slot
+	free   []uint32            // free slots, reused lowest first
 
 	// keepNodes, set while a Loader applies residencies one by one,
 	// makes unlink keep nodes in the tree (applySerial).
@@ -161,6 +164,7 @@ type Rename struct {
 func New(cfg Config) *Index {
 	ix := &Index{cfg: cfg.withDefaults()}
 	ix.pool.huge = &ix.huge
+	ix.tables.huge = &ix.huge
 	return ix
 }
 
@@ -355,7 +359,7 @@ func (ix *Index) store(rs *rankState, t kvevent.Tier, hasParent bool, parentEH u
 			// node. The block and the rest of the event (which hangs
 			// below it) are refused instead. One probe both checks the
 			// name and finds where it goes.
-			ref, other := ix.names.lookup(seq)
+			ref, other := ix.names.lookup(seq, &ix.tables)
 			if other != nil {
 				ix.counters.NameCollisions++
 				stored = i
@@ -411,7 +415,7 @@ func (ix *Index) setBit(rs *rankState, n *node, eh uint64, t kvevent.Tier) {
 		ix.setTier(rs, n, &n.holders[i], t)
 		return
 	}
-	slot, old := rs.blocks.lookup(eh)
+	slot, old := rs.blocks.lookup(eh, &ix.tables)
 	if old == nil && i < 0 {
 		// A new residency, the common case: one probe of the map finds
 		// that eh is not in it and where it goes.
@@ -443,7 +447,7 @@ func (ix *Index) setBit(rs *rankState, n *node, eh uint64, t kvevent.Tier) {
 func (ix *Index) setBitMapped(rs *rankState, n *node, eh uint64, t kvevent.Tier) {
 	i := n.find(rs.slot)
 	if i < 0 {
-		rs.blocks.put(eh, n)
+		rs.blocks.put(eh, n, &ix.tables)
 		ix.addHolder(rs, n, eh, t)
 		return
 	}
@@ -463,7 +467,7 @@ func (ix *Index) setBitMapped(rs *rankState, n *node, eh uint64, t kvevent.Tier)
 			ix.journal.EntrySet(rs.rank, eh, n.seq, h.mask(), h.order)
 		}
 		h.eh = eh
-		rs.blocks.put(eh, n)
+		rs.blocks.put(eh, n, &ix.tables)
 		ix.digest += residencyTerm(rs.key, n.seq, eh, h.mask())
 	}
 	ix.setTier(rs, n, h, t)
@@ -647,6 +651,7 @@ func (ix *Index) clearRank(rs *rankState) {
 			ix.dropHolder(rs, n, i)
 		}
 	}
+	ix.tables.release(&old)
 	ix.dropAllOrphans(rs, false)
 	rs.needsResync = false
 	rs.overCapacity = false

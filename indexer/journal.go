@@ -128,6 +128,7 @@ func (ix *Index) resetLocked() {
 	ix.root = node{}
 	ix.huge.Release() // the slabs go with the pool
 	ix.pool = nodePool{huge: &ix.huge}
+	ix.tables = segTables{huge: &ix.huge}
 	ix.names = blockMap{}
 	ix.ranks = nil
 	ix.slots = rankmap.Map[uint32]{}

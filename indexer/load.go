@@ -247,7 +247,9 @@ func (ix *Index) Take(o *Index) {
 	ix.root.forEachChild(func(c *node) { c.parent = &ix.root })
 	ix.pool, o.pool = o.pool, nodePool{huge: &o.huge}
 	ix.names, o.names = o.names, blockMap{}
+	ix.tables, o.tables = o.tables, segTables{huge: &o.huge}
 	ix.pool.huge = &ix.huge
+	ix.tables.huge = &ix.huge
 	o.huge.MoveTo(&ix.huge) // the slabs' records go with them
 	ix.ranks, ix.slots, ix.free = o.ranks, o.slots, o.free
 	ix.nodes, ix.entries, ix.perTier, ix.digest = o.nodes, o.entries, o.perTier, o.digest
@@ -339,7 +341,7 @@ func (l *Loader) build(ix *Index) error {
 	for k := range nodes.recs {
 		if nodes.state[k] == linkDone {
 			n := nodes.recs[k].n
-			ix.names.put(n.seq, n)
+			ix.names.put(n.seq, n, &ix.tables)
 		}
 	}
 
@@ -436,7 +438,7 @@ func (l *Loader) applySerial(ix *Index, nodes *seqIndex, rss []*rankState) error
 // setBitMapped without its checks, and with all tier bits at once.
 func (ix *Index) addLoaded(rs *rankState, n *node, e *loadEntry) {
 	n.holders = append(n.holders, holder{eh: e.eh, sm: mkSM(rs.slot, e.mask), order: e.order})
-	rs.blocks.put(e.eh, n)
+	rs.blocks.put(e.eh, n, &ix.tables)
 	for t := kvevent.Tier(0); t < kvevent.NumTiers; t++ {
 		if e.mask.Has(t) {
 			rs.count[t]++

@@ -102,7 +102,7 @@ func (l *Loader) applySpread(ix *Index, x *seqIndex, rss []*rankState) (bool, er
 				j = 0
 				for _, es := range lr.entries.all {
 					for k := range es {
-						rs.blocks.put(es[k].eh, at[j])
+						rs.blocks.put(es[k].eh, at[j], nil) // parts run at once: no shared tables
 						j++
 					}
 				}

@@ -47,7 +47,7 @@ func (ix *Index) loadStateReference(nodes map[uint64]DumpNode, ranks []RankDump)
 		c := parent.child(dn.Local)
 		if c == nil {
 			c = ix.pool.get(parent, dn.Local, dn.Seq)
-			ix.names.put(dn.Seq, c)
+			ix.names.put(dn.Seq, c, &ix.tables)
 			parent.addChild(c)
 			ix.nodes++
 		}

@@ -21,7 +21,8 @@ type Stats struct {
 	// MemoryBytes estimates the memory the index holds: its nodes and
 	// their names' map, the holders past each node's inline one, every
 	// rank's engine-hash map
-	// (exactly) and orphan buffers. It leaves out the child maps of nodes
+	// (exactly), the maps' tables kept for reuse (segTables) and orphan
+	// buffers. It leaves out the child maps of nodes
 	// with more than one child (a prefix tree of chains has few) and the
 	// runtime's own overhead; see TestMemoryEstimate for how close it
 	// comes.
@@ -43,7 +44,7 @@ func (ix *Index) Stats() Stats {
 	s := Stats{Nodes: ix.nodes, Entries: ix.entries, Blocks: ix.perTier, Counters: ix.counters}
 	// Holders past a node's inline one live in arrays that append grows
 	// by a quarter or more: count a quarter spare.
-	s.MemoryBytes = ix.nodes*nodeBytes + max(ix.entries-ix.nodes, 0)*holderBytes*5/4 + ix.names.bytes()
+	s.MemoryBytes = ix.nodes*nodeBytes + max(ix.entries-ix.nodes, 0)*holderBytes*5/4 + ix.names.bytes() + ix.tables.bytes()
 	for _, rs := range ix.ranks {
 		if rs == nil {
 			continue
