@@ -27,13 +27,17 @@ order=(indexer events cluster eventplane sim compat offload)
 
 # commit_stamp prints HEAD's short hash, with "-dirty" when the working tree
 # differs from it (uncommitted or untracked files): the figures then come
-# from code no commit holds. The files this script itself rewrites
-# (docs/bench/, docs/benchmarks.md) do not count, or every area after the
-# first of `all` would be marked.
+# from code no commit holds. The files the run itself rewrites do not
+# count, or every area after the first that writes one would be marked:
+# this script's (docs/bench/, docs/benchmarks.md) and the benchmarks' own
+# (TestBenchSim's docs/sim.md and docs/sim/*.png). A benchmark that comes
+# to write another file under docs/ adds it to bench_outputs.
+bench_outputs=(docs/bench docs/benchmarks.md docs/benchmarks.md.new docs/sim.md 'docs/sim/*.png')
 commit_stamp() {
-  local c
+  local c p excludes=()
   c=$(git rev-parse --short HEAD 2>/dev/null) || { echo unknown; return; }
-  if [ -n "$(git status --porcelain -- . ':(exclude)docs/bench' ':(exclude)docs/benchmarks.md' ':(exclude)docs/benchmarks.md.new' 2>/dev/null)" ]; then
+  for p in "${bench_outputs[@]}"; do excludes+=(":(exclude,glob)$p"); done
+  if [ -n "$(git status --porcelain -- . "${excludes[@]}" 2>/dev/null)" ]; then
     c+=-dirty
   fi
   echo "$c"

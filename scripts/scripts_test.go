@@ -398,3 +398,78 @@ func TestRunLocalRelativePathsAndAFailingStatus(t *testing.T) {
 		t.Fatalf("script still running 30s after its Ctrl-C")
 	}
 }
+
+// TestBenchStampIgnoresWhatTheBenchmarksWrite pins docs/benchmarks.md's
+// rule: "a commit ending in `-dirty` means the working tree had changes
+// no commit holds (the benchmark outputs themselves aside)". TestBenchSim
+// (make bench-sim) rewrites docs/sim.md and docs/sim/*.png, so in `make
+// bench` every area run after sim (compat, offload) must still carry the
+// clean commit of a clean checkout. Run against a fake go in a scratch
+// git repository holding bench.sh: each area prints one BENCH line, and
+// the sim area rewrites docs/sim.md as the real benchmark does.
+func TestBenchStampIgnoresWhatTheBenchmarksWrite(t *testing.T) {
+	for _, tool := range []string{"bash", "git", "awk", "nproc"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skip("no " + tool)
+		}
+	}
+	root := t.TempDir()
+	script, err := os.ReadFile(filepath.Join(repoRoot(t), "scripts/bench.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeExe(t, filepath.Join(root, "scripts/bench.sh"), string(script))
+	writeExe(t, filepath.Join(root, "docs/benchmarks.md"), "# Benchmarks\n\n<!-- generated below -->\n")
+	writeExe(t, filepath.Join(root, "docs/sim.md"), "# sim\n\nGenerated 2026-01-01\n")
+	writeExe(t, filepath.Join(root, "docs/sim/plot.png"), "png 1\n")
+	// The fake go: one BENCH line per area; the sim area's test rewrites
+	// docs/sim.md and its plots below the repository root, as TestBenchSim
+	// does (the script runs go from the root).
+	bin := filepath.Join(root, ".fakebin")
+	writeExe(t, filepath.Join(bin, "go"), `#!/bin/bash
+for a in "$@"; do
+  if [ "$a" = ./sim/ ]; then
+    echo "Generated $(date +%s%N)" >> docs/sim.md
+    echo "png $(date +%s%N)" > docs/sim/plot.png
+  fi
+done
+echo "BENCH fake.figure args=$#"
+echo "ok  	fake"
+`)
+	git := func(args ...string) string {
+		cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"}, args...)...)
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	writeExe(t, filepath.Join(root, ".gitignore"), "/.fakebin/\n")
+	git("init", "-q")
+	git("add", "-A")
+	git("commit", "-q", "-m", "clean")
+	head := git("rev-parse", "--short", "HEAD")
+
+	cmd := exec.Command("bash", "scripts/bench.sh", "all")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("bench.sh all: %v\n%s", err, out)
+	}
+	for _, area := range []string{"indexer", "events", "cluster", "eventplane", "sim", "compat", "offload"} {
+		b, err := os.ReadFile(filepath.Join(root, "docs/bench", area+".txt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stamp string
+		for _, l := range strings.Split(string(b), "\n") {
+			if s, ok := strings.CutPrefix(l, "# commit: "); ok {
+				stamp = s
+			}
+		}
+		if stamp != head {
+			t.Errorf("bench-%s of a clean checkout at %s is stamped %q: the run's own outputs (docs/sim.md, docs/sim/*.png) made it -dirty", area, head, stamp)
+		}
+	}
+}
