@@ -44,15 +44,19 @@ commit_stamp() {
 }
 
 run_area() {
-  local a=$1 pkgs pattern log commit
+  local a=$1 pkgs pattern log commit rc=0
   IFS='|' read -r pkgs pattern <<<"${spec[$a]}"
   commit=$(commit_stamp) # the tree the benchmarks are built from
   log=$(mktemp)
   echo "== bench-$a" >&2
+  # go test's exit status (pipefail: tee and the grep, which may find no
+  # BENCH line, exit 0) fails the area as a FAIL line does: the go
+  # command's own errors ("go: go.mod requires go >= ...") print none.
   # shellcheck disable=SC2086
-  KVROUTER_BENCH=1 go test -count=1 -timeout 60m -run "$pattern" -v $pkgs 2>&1 | tee "$log" | grep '^BENCH' >&2 || true
-  if grep -q '^FAIL' "$log"; then
+  KVROUTER_BENCH=1 go test -count=1 -timeout 60m -run "$pattern" -v $pkgs 2>&1 | tee "$log" | { grep '^BENCH' >&2 || true; } || rc=$?
+  if [ "$rc" -ne 0 ] || grep -q '^FAIL' "$log"; then
     cat "$log" >&2
+    rm -f "$log"
     echo "bench-$a failed" >&2
     exit 1
   fi

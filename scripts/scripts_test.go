@@ -473,3 +473,47 @@ echo "ok  	fake"
 		}
 	}
 }
+
+// TestBenchFailsWhenGoTestFails pins scripts/bench.sh's contract ("bench-<area>
+// failed", exit 1, the area's figures left as they were) for a go test
+// that fails without printing a line starting with FAIL: the go command's
+// own errors, such as an older local toolchain refusing go.mod's go line
+// ("go: go.mod requires go >= …"), exit 1 before any test runs. The
+// script took the missing FAIL line for success: it replaced the area's
+// collected BENCH lines with none, rebuilt docs/benchmarks.md without
+// them and said "docs/benchmarks.md updated", exit 0.
+func TestBenchFailsWhenGoTestFails(t *testing.T) {
+	for _, tool := range []string{"bash", "git", "awk", "nproc"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skip("no " + tool)
+		}
+	}
+	root := t.TempDir()
+	script, err := os.ReadFile(filepath.Join(repoRoot(t), "scripts/bench.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeExe(t, filepath.Join(root, "scripts/bench.sh"), string(script))
+	const old = "BENCH indexer.apply block_events_per_s=3e+06 ratio=2.5"
+	writeExe(t, filepath.Join(root, "docs/bench/indexer.txt"), "# bench-indexer\n"+old+"\n")
+	writeExe(t, filepath.Join(root, "docs/benchmarks.md"), "# Benchmarks\n\n<!-- generated below -->\n\n### indexer\n\n```\n"+old+"\n```\n")
+	bin := filepath.Join(t.TempDir(), "bin")
+	writeExe(t, filepath.Join(bin, "go"), "#!/bin/bash\necho 'go: go.mod requires go >= 1.26.0 (running go 1.24.0; GOTOOLCHAIN=local)' >&2\nexit 1\n")
+
+	cmd := exec.Command("bash", "scripts/bench.sh", "indexer")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Errorf("bench.sh indexer exited 0 although go test failed:\n%s", out)
+	}
+	for _, f := range []string{"docs/bench/indexer.txt", "docs/benchmarks.md"} {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), old) {
+			t.Errorf("%s lost the last run's figures after a failed run:\n%s", f, b)
+		}
+	}
+}
