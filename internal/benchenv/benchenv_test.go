@@ -3,6 +3,7 @@ package benchenv
 import (
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -70,5 +71,60 @@ func TestUpperBound(t *testing.T) {
 	}
 	if c, raised := UpperBound(1.18e6, 2.19e6); c != 2.19e6 || !raised {
 		t.Errorf("UpperBound(1.18e6, 2.19e6) = %v, %v; want 2.19e6, true", c, raised)
+	}
+}
+
+// TestChildEnvDropsTheDaemonsVariables: a child kvrouter, kvctl or kvagent
+// gets none of the KVROUTER_*, KVCTL_* and KVAGENT_* variables this process
+// has (their flags read them), and every other variable as it is.
+func TestChildEnvDropsTheDaemonsVariables(t *testing.T) {
+	t.Setenv("KVROUTER_ELECTION_TIMEOUT", "9s")
+	t.Setenv("KVCTL_ENDPOINTS", "http://x:1")
+	t.Setenv("KVAGENT_ROUTER", "http://y:2")
+	t.Setenv("BENCHENV_KEPT", "kvrouter_not_a_prefix")
+	env := ChildEnv()
+	for _, kv := range env {
+		for _, p := range []string{"KVROUTER_", "KVCTL_", "KVAGENT_"} {
+			if strings.HasPrefix(kv, p) {
+				t.Errorf("ChildEnv kept %s", kv)
+			}
+		}
+	}
+	if !slices.Contains(env, "BENCHENV_KEPT=kvrouter_not_a_prefix") {
+		t.Errorf("ChildEnv dropped BENCHENV_KEPT: %v", env)
+	}
+}
+
+// TestIntTakesPositiveIntegersOnly: a size or count from the environment
+// is used only when it is a positive integer; 0, a negative, a non-number
+// or an unset variable give the default.
+func TestIntTakesPositiveIntegersOnly(t *testing.T) {
+	const name = "KVROUTER_BENCH_TEST_INT"
+	for _, c := range []struct {
+		v    string
+		want int
+	}{{"12", 12}, {"1", 1}, {"0", 7}, {"-3", 7}, {"x", 7}, {"", 7}} {
+		t.Setenv(name, c.v)
+		if got := Int(name, 7); got != c.want {
+			t.Errorf("Int with %s=%q = %d, want %d", name, c.v, got, c.want)
+		}
+	}
+}
+
+// TestSeedReadsTheEnvironment: KVROUTER_BENCH_SEED repeats a run's seed
+// (each benchmark logs the one it used); unset or not a number, the
+// benchmark's own default.
+func TestSeedReadsTheEnvironment(t *testing.T) {
+	t.Setenv("KVROUTER_BENCH_SEED", "12345")
+	if got := Seed(t, 99); got != 12345 {
+		t.Errorf("Seed with KVROUTER_BENCH_SEED=12345 = %d, want 12345", got)
+	}
+	t.Setenv("KVROUTER_BENCH_SEED", "")
+	if got := Seed(t, 99); got != 99 {
+		t.Errorf("Seed with KVROUTER_BENCH_SEED unset = %d, want the default 99", got)
+	}
+	t.Setenv("KVROUTER_BENCH_SEED", "-1")
+	if got := Seed(t, 99); got != 99 {
+		t.Errorf("Seed with KVROUTER_BENCH_SEED=-1 = %d, want the default 99", got)
 	}
 }
