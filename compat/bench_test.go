@@ -463,3 +463,21 @@ func benchMedians(rs []benchResult) (qps, p99 float64) {
 	slices.Sort(p)
 	return q[len(q)/2], p[len(p)/2]
 }
+
+// TestBenchMediansTakesEachFiguresMedian: compat.query's qps and p99_us are
+// the median of the rounds' throughputs and, apart, the median of their
+// p99 latencies (here from another round than the median throughput's),
+// neither a round's as it came nor the best or worst.
+func TestBenchMediansTakesEachFiguresMedian(t *testing.T) {
+	round := func(n int, p99 time.Duration) benchResult {
+		return benchResult{n: n, elapsed: time.Second, lat: []time.Duration{p99}}
+	}
+	rs := []benchResult{
+		round(300, 20*time.Microsecond),
+		round(100, 30*time.Microsecond),
+		round(200, 10*time.Microsecond),
+	}
+	if qps, p99 := benchMedians(rs); qps != 200 || p99 != 20 {
+		t.Errorf("benchMedians of rounds at 300, 100, 200/s with p99 20, 30, 10µs = %v/s, %vµs; want 200/s, 20µs", qps, p99)
+	}
+}
