@@ -172,10 +172,28 @@ func compareDecode(t tb, more func() bool) string {
 		rounds++
 	}
 	n := float64(blocks * rounds)
-	o, g := n/ours.Seconds(), n/base.Seconds()
+	o, g, ratio := decodeRates(n, ours, base)
 	return fmt.Sprintf("BENCH events.decode block_events_per_s=%.3g baseline_block_events_per_s=%.3g ratio=%.2f"+
 		" wall_block_events_per_s=%.3g wall_baseline_block_events_per_s=%.3g block_events=%d cpu_clock=%v",
-		o, g, o/g, n/oursWall.Seconds(), n/baseWall.Seconds(), blocks*rounds, cpuClock)
+		o, g, ratio, n/oursWall.Seconds(), n/baseWall.Seconds(), blocks*rounds, cpuClock)
+}
+
+// decodeRates returns the rates of n block events decoded in ours and in
+// base, and ratio, ours over the baseline's: above 1 when this package
+// decodes faster.
+func decodeRates(n float64, ours, base time.Duration) (oursRate, baseRate, ratio float64) {
+	oursRate, baseRate = n/ours.Seconds(), n/base.Seconds()
+	return oursRate, baseRate, oursRate / baseRate
+}
+
+// TestDecodeRatesRatioIsOursOverTheBaseline: events.decode's ratio is this
+// package's rate over the generic decode's, so that a faster decoder
+// reads as a ratio above 1.
+func TestDecodeRatesRatioIsOursOverTheBaseline(t *testing.T) {
+	o, g, ratio := decodeRates(1000, time.Second, 4*time.Second)
+	if o != 1000 || g != 250 || ratio != 4 {
+		t.Errorf("decodeRates(1000 block events, ours 1s, baseline 4s) = %v/s, %v/s, ratio %v; want 1000/s, 250/s, ratio 4", o, g, ratio)
+	}
 }
 
 // genericDecode decodes a payload the generic way and returns its block
