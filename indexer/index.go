@@ -169,7 +169,8 @@ func New(cfg Config) *Index {
 }
 
 // Release withdraws the huge page advice from the tree's node slabs
-// (nodePool), for an owner done with the index (a state machine closed),
+// (nodePool) and the block maps' table slabs (segTables), for an owner
+// done with the index (a state machine closed),
 // so that the kernel does not refill them once the runtime returns their
 // memory. The index stays usable: its contents are unchanged, and slabs
 // taken later are advised again.

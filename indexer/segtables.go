@@ -95,7 +95,9 @@ func (t *segTables) release(m *blockMap) {
 	*m = blockMap{}
 }
 
-// bytes returns the memory of the tables kept for reuse.
+// bytes returns the memory of the tables no map uses: those kept for
+// reuse and those of the open slab not yet handed out (up to 8 MiB, which
+// the index holds as surely as the maps' own).
 func (t *segTables) bytes() int64 {
-	return int64(len(t.free)) * int64(unsafe.Sizeof(segTable{}))
+	return int64(len(t.free)+cap(t.slab)-len(t.slab)) * int64(unsafe.Sizeof(segTable{}))
 }

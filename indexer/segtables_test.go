@@ -122,35 +122,9 @@ func TestBlockMapsSharingTablesMatchMaps(t *testing.T) {
 // memory estimate.
 func TestReleasedTablesServeTheNextGrowth(t *testing.T) {
 	ix := New(Config{})
-	grow := func(r kvevent.Rank, salt uint64) {
-		t.Helper()
-		parent := uint64(0)
-		for i := uint64(0); i < 20000; i++ {
-			eh := mix64(i ^ salt<<32)
-			ev := kvevent.Event{Kind: kvevent.KindStored, Rank: r, Tier: kvevent.TierDevice,
-				Blocks: []kvevent.Block{{EngineHash: eh, LocalHash: mix64(eh)}}, Parent: parent}
-			if i == 0 {
-				ev.Parent, ev.HasParent = 0, false
-			} else {
-				ev.HasParent = true
-			}
-			if err := ix.Apply(&ev, 0); err != nil {
-				t.Fatal(err)
-			}
-			parent = eh
-		}
-	}
 	a, b := kvevent.Rank{Worker: 1}, kvevent.Rank{Worker: 2}
-	grow(a, 1)
-	rs := ix.rankFor(a, false)
-	held := 0
-	for i := 0; i < len(rs.blocks.dir); {
-		s := rs.blocks.dir[i]
-		if len(s.slots) == segSlots {
-			held++
-		}
-		i += 1 << (rs.blocks.depth - s.depth)
-	}
+	growRank(t, ix, a, 1)
+	held := fullTables(&ix.rankFor(a, false).blocks)
 	t.Logf("rank a's map: %d full-sized tables", held)
 	if held < 10 {
 		t.Fatalf("rank a's map holds %d full-sized tables, want a grown map", held)
@@ -163,12 +137,17 @@ func TestReleasedTablesServeTheNextGrowth(t *testing.T) {
 	if err := checkTables(&ix.tables, &ix.names); err != nil {
 		t.Fatal(err)
 	}
-	// The nodes stay in the pool; the tables count where the map did.
-	if got := ix.Stats().MemoryBytes; got < int64(held)*segSlots*16 {
-		t.Fatalf("memory estimate %d after the removal (%d before), under the %d tables kept", got, before, held)
+	// The tables kept count in the estimate, as the map's did.
+	got := ix.Stats().MemoryBytes
+	free := ix.tables.free
+	ix.tables.free = nil
+	without := ix.Stats().MemoryBytes
+	ix.tables.free = free
+	if want := int64(held) * int64(unsafe.Sizeof(segTable{})); got-without != want {
+		t.Fatalf("memory estimate %d after the removal (%d before): the %d tables kept add %d, want %d", got, before, held, got-without, want)
 	}
 	slab := cap(ix.tables.slab)
-	grow(b, 2)
+	growRank(t, ix, b, 2)
 	if got := len(ix.tables.free); got != 0 {
 		t.Fatalf("%d tables still kept after rank b grew as large", got)
 	}
@@ -176,6 +155,102 @@ func TestReleasedTablesServeTheNextGrowth(t *testing.T) {
 		t.Fatalf("rank b took a new slab of %d tables with %d kept", cap(ix.tables.slab), held)
 	}
 	if err := checkTables(&ix.tables, &ix.names, &ix.rankFor(b, false).blocks); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// growRank stores a chain of 20,000 blocks for rank r (engine hashes drawn
+// from salt): its map splits into 32 full-sized segments.
+func growRank(t *testing.T, ix *Index, r kvevent.Rank, salt uint64) {
+	t.Helper()
+	parent := uint64(0)
+	for i := uint64(0); i < 20000; i++ {
+		eh := mix64(i ^ salt<<32)
+		ev := kvevent.Event{Kind: kvevent.KindStored, Rank: r, Tier: kvevent.TierDevice,
+			Blocks: []kvevent.Block{{EngineHash: eh, LocalHash: mix64(eh)}}, Parent: parent, HasParent: i > 0}
+		if err := ix.Apply(&ev, 0); err != nil {
+			t.Fatal(err)
+		}
+		parent = eh
+	}
+}
+
+// fullTables counts m's segments with full-sized tables.
+func fullTables(m *blockMap) int {
+	n := 0
+	for i := 0; i < len(m.dir); {
+		s := m.dir[i]
+		if len(s.slots) == segSlots {
+			n++
+		}
+		i += 1 << (m.depth - s.depth)
+	}
+	return n
+}
+
+// TestTablesGoWithTheTree: an index that takes another's tree (Take)
+// takes its table pool with it, recorded in its own huge page scratch
+// (so that its later slabs are released with its tree), and leaves the
+// other an empty pool; a tree replaced (Take, LoadState) drops its pool.
+func TestTablesGoWithTheTree(t *testing.T) {
+	a := New(Config{})
+	growRank(t, a, kvevent.Rank{Worker: 1}, 1)
+	a.RemoveRank(kvevent.Rank{Worker: 1})
+	kept := len(a.tables.free)
+	if kept == 0 {
+		t.Fatal("a removed rank's tables were not kept")
+	}
+	b := New(Config{})
+	b.Take(a)
+	if len(b.tables.free) != kept || b.tables.huge != &b.huge {
+		t.Fatalf("after Take: %d tables kept (want %d), recorded in the receiver's scratch %v", len(b.tables.free), kept, b.tables.huge == &b.huge)
+	}
+	if len(a.tables.free) != 0 || a.tables.slab != nil || a.tables.huge != &a.huge {
+		t.Fatalf("the index taken from keeps %d tables, a slab of %d, its own scratch %v", len(a.tables.free), cap(a.tables.slab), a.tables.huge == &a.huge)
+	}
+	b.Take(New(Config{}))
+	if len(b.tables.free) != 0 || b.tables.slab != nil || b.tables.huge != &b.huge {
+		t.Fatalf("a replaced tree left %d tables kept, a slab of %d, its own scratch %v", len(b.tables.free), cap(b.tables.slab), b.tables.huge == &b.huge)
+	}
+	// A load replaces the tree in place: the old tables go with it.
+	growRank(t, b, kvevent.Rank{Worker: 2}, 2)
+	b.RemoveRank(kvevent.Rank{Worker: 2})
+	if err := b.LoadState(nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.tables.free) != 0 || b.tables.slab != nil || b.tables.huge != &b.huge {
+		t.Fatalf("a loaded tree kept %d tables, a slab of %d, its own scratch %v", len(b.tables.free), cap(b.tables.slab), b.tables.huge == &b.huge)
+	}
+}
+
+// TestATableGrownInPlaceIsKept: a full-sized segment of aimed keys, which
+// may not split, grows in place, and its old table goes back to the pool.
+func TestATableGrownInPlaceIsKept(t *testing.T) {
+	t.Cleanup(setBlockSeed(0)) // the keys are aimed at seed 0
+	var tables segTables
+	m := newBlockMap(0)
+	nd := &node{seq: 1}
+	for _, k := range clusteredKeys(0x5555555555555400>>10>>1, 53, 2048) {
+		m.put(k, nd, &tables)
+	}
+	large := 0
+	for i := 0; i < len(m.dir); {
+		s := m.dir[i]
+		if len(s.slots) > segSlots {
+			large++
+		}
+		i += 1 << (m.depth - s.depth)
+	}
+	if large == 0 {
+		t.Fatal("no segment grew past a full-sized table")
+	}
+	if len(tables.free) == 0 {
+		t.Fatalf("%d segments grew in place past a full-sized table, and no table was given back", large)
+	}
+	if err := checkTables(&tables, &m); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.check(); err != nil {
 		t.Fatal(err)
 	}
 }

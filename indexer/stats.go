@@ -21,8 +21,8 @@ type Stats struct {
 	// MemoryBytes estimates the memory the index holds: its nodes and
 	// their names' map, the holders past each node's inline one, every
 	// rank's engine-hash map
-	// (exactly), the maps' tables kept for reuse (segTables) and orphan
-	// buffers. It leaves out the child maps of nodes
+	// (exactly), the tables no map uses (segTables: kept for reuse, or
+	// not yet handed out of the open slab) and orphan buffers. It leaves out the child maps of nodes
 	// with more than one child (a prefix tree of chains has few) and the
 	// runtime's own overhead; see TestMemoryEstimate for how close it
 	// comes.
