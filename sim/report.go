@@ -39,7 +39,8 @@ func TraceLabel(path string) string {
 // flight> closed loop (which ignores the speed). The ceiling has only a
 // hit rate: no seed changes it. Every line names its model after the name
 // (model=timed, v1 or cache, Result.Mode): a v1 replay and a timed one
-// share the area, and their figures differ.
+// share the area, and their figures differ. A policy that served no
+// request has no ttft_mean_ms and ttft_p99_ms.
 func BenchLine(trace string, r Result) string {
 	area := "sim"
 	if r.Mode == "cache" {
@@ -52,10 +53,16 @@ func BenchLine(trace string, r Result) string {
 	if r.Concurrency > 0 {
 		load = fmt.Sprintf("concurrency=%d", r.Concurrency)
 	}
+	// A policy that served no request has no latency: its line leaves
+	// the latency fields out rather than print 0 ms, the best figure.
+	ttft := ""
+	if r.Requests > 0 {
+		ttft = fmt.Sprintf(" ttft_mean_ms=%.1f ttft_p99_ms=%.1f", r.TTFTMeanMs, r.TTFTP99Ms)
+	}
 	if r.Offload != nil {
 		// With offload tiers: its own area, and the G2/G3 shares.
-		return fmt.Sprintf("BENCH sim_offload.%s.%s %s hit_rate=%.4f g2_hit_rate=%.4f g3_hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d served=%.4f %s seed=%d",
-			trace, r.Policy, model, r.HitRate, r.share(r.HostTokens), r.share(r.DiskTokens), r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Served(), load, r.Seed)
+		return fmt.Sprintf("BENCH sim_offload.%s.%s %s hit_rate=%.4f g2_hit_rate=%.4f g3_hit_rate=%.4f%s imbalance=%.3f rejected=%d served=%.4f %s seed=%d",
+			trace, r.Policy, model, r.HitRate, r.share(r.HostTokens), r.share(r.DiskTokens), ttft, r.Imbalance, r.Rejected, r.Served(), load, r.Seed)
 	}
 	if r.HitOnly {
 		return fmt.Sprintf("BENCH %s.%s.%s %s hit_rate=%.4f", area, trace, r.Policy, model, r.HitRate)
@@ -63,8 +70,8 @@ func BenchLine(trace string, r Result) string {
 	if r.Mode == "cache" {
 		return fmt.Sprintf("BENCH %s.%s.%s %s hit_rate=%.4f imbalance=%.3f rejected=%d served=%.4f seed=%d", area, trace, r.Policy, model, r.HitRate, r.Imbalance, r.Rejected, r.Served(), r.Seed)
 	}
-	return fmt.Sprintf("BENCH %s.%s.%s %s hit_rate=%.4f ttft_mean_ms=%.1f ttft_p99_ms=%.1f imbalance=%.3f rejected=%d served=%.4f %s seed=%d",
-		area, trace, r.Policy, model, r.HitRate, r.TTFTMeanMs, r.TTFTP99Ms, r.Imbalance, r.Rejected, r.Served(), load, r.Seed)
+	return fmt.Sprintf("BENCH %s.%s.%s %s hit_rate=%.4f%s imbalance=%.3f rejected=%d served=%.4f %s seed=%d",
+		area, trace, r.Policy, model, r.HitRate, ttft, r.Imbalance, r.Rejected, r.Served(), load, r.Seed)
 }
 
 // share is tokens as a fraction of the prompt tokens.
@@ -78,7 +85,7 @@ func (r *Result) share(tokens int64) float64 {
 // WriteTable writes rs (one replay's results) as a markdown table: hit
 // rate and imbalance for every mode, the latency, throughput and queue
 // columns of timed replays, TTFT for v1 ("–" where a figure does not
-// apply). The hit rate counts rejected requests as misses; "served" is
+// apply, and for the latencies of a policy that served no request). The hit rate counts rejected requests as misses; "served" is
 // the share of the requests that a worker took. The columns follow the
 // results' modes; WriteModeTable takes them from the replay's
 // configuration instead, which an empty rs needs.
@@ -106,6 +113,10 @@ func WriteModeTable(w io.Writer, mode string, tiers bool, rs []Result) error {
 		for _, r := range rs {
 			if r.HitOnly {
 				fmt.Fprintf(&b, "| %s | %.1f %% | – | – | – | – | – |\n", r.Policy, 100*r.HitRate)
+				continue
+			}
+			if r.Requests == 0 {
+				fmt.Fprintf(&b, "| %s | %.1f %% | – | – | – | %.3f | %d |\n", r.Policy, 100*r.HitRate, r.Imbalance, r.Errors)
 				continue
 			}
 			fmt.Fprintf(&b, "| %s | %.1f %% | %.0f | %.0f | %.0f | %.3f | %d |\n", r.Policy, 100*r.HitRate, r.TTFTMeanMs, r.TTFTP50Ms, r.TTFTP99Ms, r.Imbalance, r.Errors)
@@ -139,6 +150,10 @@ func WriteModeTable(w io.Writer, mode string, tiers bool, rs []Result) error {
 			fmt.Fprintf(&b, "| %s | %s | – | – | – | – | – | – | – | – | – | – | – | – |\n", r.Policy, hit)
 		case r.HitOnly:
 			fmt.Fprintf(&b, "| %s | %s | – | – | – |\n", r.Policy, hit)
+		case timed && r.Requests == 0:
+			// Served nothing: no latency, rather than 0 ms.
+			fmt.Fprintf(&b, "| %s | %s | – | – | – | – | – | – | %.0f | %.3f | %d | %.1f %% | %d | %d |\n",
+				r.Policy, hit, r.OutputTokensPerS, r.Imbalance, r.Rejected, 100*r.Served(), r.Queued, r.Preemptions)
 		case timed:
 			fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %.0f | %.1f | %.0f | %.0f | %.0f | %.3f | %d | %.1f %% | %d | %d |\n",
 				r.Policy, hit, r.TTFTMeanMs, r.TTFTP50Ms, r.TTFTP99Ms, r.TPOTMeanMs, r.E2EMeanMs, r.E2EP99Ms,

@@ -558,3 +558,42 @@ func TestTimedFiguresMatchAHandComputation(t *testing.T) {
 		t.Fatalf("cache-only hit rate %.4f, imbalance %.4f; want %.4f, %.4f", rc.HitRate, rc.Imbalance, 1024.0/3072, wantImb)
 	}
 }
+
+// TestAPolicyThatServedNothingReportsNoLatency: a timed replay in which
+// every request was rejected (each larger than a worker's whole cache)
+// has no TTFT, TPOT or end-to-end figure; its table row and BENCH line
+// must not report them as 0 ms, a latency better than any policy that
+// served a request (benchmarks.md compares policies by these figures,
+// and the BENCH line carries no "served" qualifier a reader must check
+// first). From a review: such a row read "TTFT mean ms 0, p99 0".
+func TestAPolicyThatServedNothingReportsNoLatency(t *testing.T) {
+	reqs := []Request{
+		{TimestampMs: 0, InputLength: 1024, OutputLength: 4, HashIDs: []uint64{1, 2}},
+		{TimestampMs: 10, InputLength: 1024, OutputLength: 4, HashIDs: []uint64{3, 4}},
+	}
+	pr := prepare(t, reqs, 64)
+	// 8 blocks of 64 tokens: a 1,024-token prompt can never fit.
+	r, err := RunTimed(pr, TimedConfig{Workers: 2, Engine: EngineConfig{NumGPUBlocks: 8}}, &RoundRobin{Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Requests != 0 || r.Rejected != 2 {
+		t.Fatalf("served %d, rejected %d; want every request rejected", r.Requests, r.Rejected)
+	}
+	line := BenchLine("t", r)
+	if strings.Contains(line, "ttft_mean_ms=0.0 ") || strings.Contains(line, "ttft_p99_ms=0.0 ") {
+		t.Errorf("BENCH line of a policy that served nothing reports a 0 ms TTFT: %s", line)
+	}
+	var b strings.Builder
+	if err := WriteTable(&b, []Result{r}); err != nil {
+		t.Fatal(err)
+	}
+	rows := strings.Split(strings.TrimSpace(b.String()), "\n")
+	cells := strings.Split(rows[len(rows)-1], "|")
+	// | policy | hit rate | TTFT mean ms | TTFT p50 ms | TTFT p99 ms | TPOT ms | E2E mean ms | E2E p99 ms | ...
+	for i, name := range []string{"TTFT mean", "TTFT p50", "TTFT p99", "TPOT", "E2E mean", "E2E p99"} {
+		if c := strings.TrimSpace(cells[3+i]); c == "0" || c == "0.0" {
+			t.Errorf("table row of a policy that served nothing: %s %q ms (row %s)", name, c, rows[len(rows)-1])
+		}
+	}
+}
