@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -539,9 +540,22 @@ func writePlots(errw io.Writer, dir, title string, rs []sim.Result) error {
 			return sim.PlotTTFT(filepath.Join(dir, "ttft.png"), "TTFT distribution: "+title, rs)
 		}
 	}
-	fmt.Fprintf(errw, "kvsim: --plots: no TTFT figures in this replay (cache-only mode has none): wrote %s, no ttft.png\n",
-		filepath.Join(dir, "hit_rate.png"))
+	fmt.Fprintf(errw, "kvsim: --plots: no TTFT figures in this replay (%s): wrote %s, no ttft.png\n",
+		noTTFTCause(rs), filepath.Join(dir, "hit_rate.png"))
 	return nil
+}
+
+// noTTFTCause says why rs (not empty) have no TTFT to plot: a cache-only
+// replay has none, nor has the ceiling; a timed or v1 policy has none when
+// it served no request.
+func noTTFTCause(rs []sim.Result) string {
+	if rs[0].Mode == sim.ModeCache {
+		return "cache-only mode has none"
+	}
+	if !slices.ContainsFunc(rs, func(r sim.Result) bool { return !r.HitOnly }) {
+		return "the ceiling has none, and no policy was replayed"
+	}
+	return "no policy served a request: every one was rejected"
 }
 
 // weightOverrides returns the router weights given on the command line,

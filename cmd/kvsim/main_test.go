@@ -464,3 +464,31 @@ func TestReplayRefusesHugeSizes(t *testing.T) {
 		}
 	}
 }
+
+// TestTimedPlotsDoNotBlameCacheOnlyMode: docs/sim.md, --plots: "ttft.png
+// for timed and v1 replays; a cache-only replay has no TTFTs and says so
+// on stderr". A timed replay with no TTFT to plot (here: only the
+// ceiling) either writes ttft.png or says why without calling itself a
+// cache-only replay. From a review: it wrote "no TTFT figures in this
+// replay (cache-only mode has none)" for a timed replay, sending the
+// reader after the wrong cause (also when every request was rejected).
+func TestTimedPlotsDoNotBlameCacheOnlyMode(t *testing.T) {
+	dir := t.TempDir()
+	_, stderr, err := kvsimStderr(t, "replay", "--trace", genTrace(t), "--limit", "20", "--policies", "ceiling", "--plots", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ttft.png")); err != nil && strings.Contains(stderr, "cache-only") {
+		t.Fatalf("timed replay with --plots: no ttft.png, and stderr blames cache-only mode: %q", strings.TrimSpace(stderr))
+	}
+	// Every request rejected (10 blocks of 64 tokens hold no prompt of
+	// the trace): the policies have no TTFT, and stderr says why.
+	dir = t.TempDir()
+	_, stderr, err = kvsimStderr(t, "replay", "--trace", genTrace(t), "--limit", "20", "--policies", "round_robin", "--capacity-blocks", "10", "--plots", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ttft.png")); err == nil || !strings.Contains(stderr, "every one was rejected") {
+		t.Fatalf("timed replay, every request rejected, with --plots: stderr %q; want no ttft.png and the rejections named", strings.TrimSpace(stderr))
+	}
+}
