@@ -492,3 +492,61 @@ func TestTimedPlotsDoNotBlameCacheOnlyMode(t *testing.T) {
 		t.Fatalf("timed replay, every request rejected, with --plots: stderr %q; want no ttft.png and the rejections named", strings.TrimSpace(stderr))
 	}
 }
+
+// TestReplayPassesTheEngineSizing: each engine sizing flag of a timed
+// replay reaches the simulated engines (a value other than the default
+// changes the figures), and the defaults are docs/sim.md's: timed blocks
+// of 64 tokens, 16,384 blocks, 8,192 batched tokens, 256 sequences,
+// 4,096 waiting, engine speed 1. From a review: the plumbing of any one
+// of them could go, or the default block size change, with every test
+// passing.
+func TestReplayPassesTheEngineSizing(t *testing.T) {
+	trace := "../../traces/mooncake_arxiv_trace_first1000.jsonl"
+	replay := func(extra ...string) string {
+		t.Helper()
+		args := append([]string{"replay", "--trace", trace, "--limit", "60", "--workers", "2", "--policies", "round_robin,router", "-o", "bench"}, extra...)
+		out, err := kvsim(t, args...)
+		if err != nil {
+			t.Fatalf("%v: %v", extra, err)
+		}
+		return out
+	}
+	base := replay()
+	if got := replay("--block-size", "64", "--capacity-blocks", "16384", "--max-batched-tokens", "8192",
+		"--max-seqs", "256", "--max-waiting", "4096", "--engine-speed", "1"); got != base {
+		t.Errorf("the documented defaults given as flags change the figures:\n%s\nwant, with none given:\n%s", got, base)
+	}
+	for _, flag := range [][]string{
+		{"--block-size", "128"}, {"--capacity-blocks", "200"}, {"--max-batched-tokens", "256"},
+		{"--max-seqs", "1"}, {"--max-waiting", "1"}, {"--engine-speed", "4"},
+	} {
+		if got := replay(flag...); got == base {
+			t.Errorf("%s changes no figure of the replay (not passed to the engines?):\n%s", strings.Join(flag, " "), got)
+		}
+	}
+}
+
+// TestCacheReplayRouterWeights: a cache-only replay scores the router with
+// overlap credit 50 and prefill load scale 30 unless told otherwise
+// (docs/sim.md), and each weight given on the command line is used.
+func TestCacheReplayRouterWeights(t *testing.T) {
+	trace := "../../traces/mooncake_arxiv_trace_first1000.jsonl"
+	replay := func(extra ...string) string {
+		t.Helper()
+		args := append([]string{"replay", "--mode", "cache", "--trace", trace, "--limit", "300", "--workers", "4", "--policies", "router", "-o", "bench"}, extra...)
+		out, err := kvsim(t, args...)
+		if err != nil {
+			t.Fatalf("%v: %v", extra, err)
+		}
+		return out
+	}
+	base := replay()
+	if got := replay("--overlap-credit", "50", "--prefill-load-scale", "30"); got != base {
+		t.Errorf("cache mode's router with the documented weights given (50, 30):\n%s\nwant, with none given:\n%s", got, base)
+	}
+	for _, flag := range [][]string{{"--overlap-credit", "1"}, {"--prefill-load-scale", "1"}} {
+		if got := replay(flag...); got == base {
+			t.Errorf("%s changes no figure of the cache-only router:\n%s", strings.Join(flag, " "), got)
+		}
+	}
+}
