@@ -450,3 +450,127 @@ func TestHugeKVSizeDoesNotMakePassesFree(t *testing.T) {
 		t.Errorf("an 8,192-token prefill, nothing onboarded: TTFT %g ms, want prefill(8192) = %g ms", r.TTFTMs[0], want)
 	}
 }
+
+// TestEnginePreemptionOrder: three running requests that cannot all hold
+// their blocks (4 each, 8 in all), and a fourth waiting for a running slot. The newest
+// running request is preempted (not an older one), goes back to the head
+// of the queue (readmitted before the fourth, which waited longer), and
+// its recompute covers its prompt and every token it had generated
+// (simulator.md: "recomputed later"), which no cache holds here (the
+// requests have no full prompt block).
+func TestEnginePreemptionOrder(t *testing.T) {
+	cfg := EngineConfig{NumGPUBlocks: 8, BlockSize: 4, MaxNumSeqs: 3}
+	e := NewEngine(RankOf(0), cfg)
+	rs := []*EngineRequest{
+		{ID: 1, Prompt: 3, Output: 12}, {ID: 2, Prompt: 3, Output: 12}, {ID: 3, Prompt: 3, Output: 12},
+		{ID: 4, Prompt: 3, Output: 2},
+	}
+	for _, r := range rs {
+		if !e.Submit(r) {
+			t.Fatalf("request %d refused", r.ID)
+		}
+	}
+	var po PassOutcome
+	now := int64(0)
+	victim, generatedAt := -1, 0
+	admitted := []int{} // request ids in order of (re)admission
+	for i := 0; ; i++ {
+		if i == 200 {
+			t.Fatal("engine still busy after 200 passes")
+		}
+		var newest *EngineRequest
+		if len(e.running) > 0 {
+			newest = e.running[len(e.running)-1]
+		}
+		running := map[int]bool{}
+		for _, r := range e.running {
+			running[r.ID] = true
+		}
+		gen := map[int]int{}
+		for _, r := range rs {
+			gen[r.ID] = r.generated
+		}
+		before := e.Preemptions
+		d, ok := startPass(t, e, now)
+		if !ok {
+			break
+		}
+		if e.Preemptions > before && victim < 0 {
+			for _, r := range rs {
+				if r.Preemptions > 0 {
+					victim, generatedAt = r.ID, gen[r.ID]
+				}
+			}
+			if newest == nil || victim != newest.ID {
+				t.Fatalf("pass %d preempted request %d; want the newest running one (running before it: %v)", i, victim, running)
+			}
+		}
+		for _, w := range e.batch {
+			if running[w.r.ID] {
+				continue
+			}
+			admitted = append(admitted, w.r.ID)
+			if w.r.ID == victim && w.n != 3+generatedAt {
+				t.Errorf("the preempted request was recomputed for %d tokens; want its prompt and the %d tokens it had generated: %d", w.n, generatedAt, 3+generatedAt)
+			}
+		}
+		now += d
+		e.FinishPass(now, &po)
+	}
+	if victim < 0 || generatedAt == 0 {
+		t.Fatalf("no preemption of a request that had generated tokens (victim %d, generated %d)", victim, generatedAt)
+	}
+	if want := []int{1, 2, 3, victim, 4}; !slices.Equal(admitted, want) {
+		t.Errorf("admissions in order %v; want %v: the preempted request back at the head of the queue", admitted, want)
+	}
+	for _, r := range rs {
+		if r.FinishedAt == 0 || r.generated != r.Output {
+			t.Errorf("request %d: generated %d of %d, finished at %d", r.ID, r.generated, r.Output, r.FinishedAt)
+		}
+	}
+}
+
+// TestEngineAdmitsInQueueOrder: admission is head-of-line: a waiting
+// request whose blocks do not fit yet holds back the ones behind it, even
+// one that would fit (simulator.md: FIFO admission), so that a long prompt
+// is not starved by a stream of short ones.
+func TestEngineAdmitsInQueueOrder(t *testing.T) {
+	e := NewEngine(RankOf(0), EngineConfig{NumGPUBlocks: 10, BlockSize: 4})
+	long := &EngineRequest{ID: 1, Prompt: 24, Output: 4} // holds 6 to 7 blocks
+	if !e.Submit(long) {
+		t.Fatal("request 1 refused")
+	}
+	var po PassOutcome
+	d, _ := startPass(t, e, 0)
+	e.FinishPass(d, &po)
+	big := &EngineRequest{ID: 2, Prompt: 32, Output: 1}  // 8 blocks: waits for request 1
+	small := &EngineRequest{ID: 3, Prompt: 4, Output: 1} // 1 block: would fit at once
+	if !e.Submit(big) || !e.Submit(small) {
+		t.Fatal("requests 2 and 3 refused")
+	}
+	drive(t, e, d, 100)
+	if small.FirstTokenAt < big.FirstTokenAt || !small.Queued {
+		t.Fatalf("the request behind one that did not fit got its first token at %d, before it (%d), queued %v; want it to wait its turn",
+			small.FirstTokenAt, big.FirstTokenAt, small.Queued)
+	}
+}
+
+// TestEngineCountsCachedTokensAtFirstAdmission: a preempted request
+// readmitted finds its own prompt blocks cached (left there by its first
+// run); its CachedTokens, and so the hit rate, stay those of its first
+// admission (simulator.md: "found cached at each request's first
+// admission"), or preemption would raise the hit rate.
+func TestEngineCountsCachedTokensAtFirstAdmission(t *testing.T) {
+	// As TestEnginePreemptsNewestUnderMemoryPressure: b is preempted.
+	e := NewEngine(RankOf(0), EngineConfig{NumGPUBlocks: 8, BlockSize: 4})
+	a, b := request(1, 12, 10, 4, 100), request(2, 12, 10, 4, 200)
+	e.Submit(a)
+	e.Submit(b)
+	drive(t, e, 0, 100)
+	if b.Preemptions == 0 {
+		t.Fatal("no preemption")
+	}
+	if a.CachedTokens != 0 || b.CachedTokens != 0 {
+		t.Fatalf("cached tokens %d and %d; want 0 and 0, as at their first admission (nothing cached)", a.CachedTokens, b.CachedTokens)
+	}
+}
