@@ -107,6 +107,15 @@ var (
 	// a broken node, or something other than a kvrouter node at the
 	// endpoint. The call fails rather than read (and hold) without end.
 	ErrAnswerTooLarge = errors.New("answer too large")
+	// ErrNotHTTP means an endpoint answered in another protocol than HTTP
+	// (net/http's "malformed HTTP response" or "status code"): another
+	// service listens at that address (a node's NATS port, given for its
+	// HTTP port, greets each connection with a line of its own). No
+	// node took the request: the try counts as no node reached, and its
+	// text leaves out what the service sent (a greeting may carry keys and
+	// the client's address). The call's error wraps it beside
+	// ErrUnreachable when such a try was among those that failed.
+	ErrNotHTTP = errors.New("answered in another protocol than HTTP (another service's port?)")
 )
 
 // MaxAnswerBytes bounds a JSON answer the client reads. The largest a
@@ -566,6 +575,7 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 	// The first try's refusal of a node's TLS certificate: the error keeps
 	// it (errors.As, CertificateHint) beside its text.
 	var certErr *tls.CertificateVerificationError
+	notHTTP := false // a try answered in another protocol (ErrNotHTTP)
 	var start int64 = -1
 	seeker, _ := req.stream.(io.Seeker)
 	if seeker != nil {
@@ -661,6 +671,16 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 				}
 				return nil, base, fmt.Errorf("%s %s: %w", req.method, req.path, ctxErr)
 			}
+			if isNotHTTP(err) {
+				// Not a node: kvrouter's listeners all speak HTTP. Nothing
+				// applied, whatever went out.
+				notHTTP = true
+				errs = append(errs, fmt.Sprintf("%s %v", hostOf(base), ErrNotHTTP))
+				if last || !rewind() {
+					break
+				}
+				continue
+			}
 			errs = append(errs, fmt.Sprintf("%s: %v", hostOf(base), unwrapURLError(err)))
 			if certErr == nil {
 				errors.As(err, &certErr)
@@ -723,7 +743,23 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 	if maybeSent {
 		return nil, "", withCause(fmt.Errorf("%s %s: %w (tried: %s)", req.method, req.path, ErrOutcomeUnknown, strings.Join(errs, "; ")), certErr)
 	}
-	return nil, "", withCause(fmt.Errorf("%s %s: %w: %s", req.method, req.path, ErrUnreachable, strings.Join(errs, "; ")), certErr)
+	err := fmt.Errorf("%s %s: %w: %s", req.method, req.path, ErrUnreachable, strings.Join(errs, "; "))
+	if notHTTP {
+		err = &causedError{error: err, cause: ErrNotHTTP}
+	}
+	return nil, "", withCause(err, certErr)
+}
+
+// isNotHTTP reports whether err is net/http's for an answer that is not
+// HTTP: a status line it could not read ("malformed HTTP response",
+// "malformed HTTP status code", "malformed HTTP version"), or bytes that
+// came before the request went out (the transport closes the connection
+// with a peek that failed on no error: an HTTP server never speaks
+// first, a NATS server greets at once), which it reports in no other
+// words.
+func isNotHTTP(err error) bool {
+	s := unwrapURLError(err).Error()
+	return strings.Contains(s, "malformed HTTP ") || strings.Contains(s, "readLoopPeekFailLocked: %!w(<nil>)")
 }
 
 // answeredUnknown is errAnswerLeavesOutcomeUnknown: ErrOutcomeUnknown

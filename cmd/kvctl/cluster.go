@@ -77,7 +77,12 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus, leader *le
 		}
 		if r.Err != nil {
 			failed++
-			if notAStatus(r.Err) {
+			switch {
+			case errors.Is(r.Err, client.ErrNotHTTP):
+				// Not the try's text, which names the request and the
+				// endpoint the row names already.
+				r.Err = fmt.Errorf("not a kvrouter status: %w", client.ErrNotHTTP)
+			case notAStatus(r.Err):
 				r.Err = fmt.Errorf("not a kvrouter status (another service at that address?): %w", r.Err)
 			}
 			rows[i].Error = shortError(r.Err)
@@ -259,15 +264,17 @@ func failedNotUnreachable(err error) bool {
 		strings.Contains(err.Error(), "server gave HTTP response to HTTPS client")
 }
 
-// notAStatus reports whether err is a success answer that is not a node's
-// status: not JSON, JSON of another shape, or larger than any status
-// (another service at that address: a web page, a metrics port). The
-// endpoint answered: "did not answer" would send the operator after a
-// process that runs.
+// notAStatus reports whether err is an answer that is not a node's
+// status: a success answer not JSON, JSON of another shape, or larger
+// than any status (another service at that address: a web page, a metrics
+// port), or no HTTP at all (client.ErrNotHTTP: a service of another
+// protocol, a node's NATS port). The endpoint answered: "did not answer"
+// would send the operator after a process that runs.
 func notAStatus(err error) bool {
 	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
-	return errors.As(err, &se) || errors.As(err, &te) || errors.Is(err, client.ErrAnswerTooLarge)
+	return errors.As(err, &se) || errors.As(err, &te) || errors.Is(err, client.ErrAnswerTooLarge) ||
+		errors.Is(err, client.ErrNotHTTP)
 }
 
 // divergence reports replicas that applied the same index but hold

@@ -10,6 +10,8 @@ package main
 
 import (
 	"context"
+	"io"
+	"log"
 	"os"
 	"os/signal"
 	"syscall"
@@ -26,6 +28,11 @@ func main() {
 	// (an output pipe that nothing drains) cannot hold kvctl.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	context.AfterFunc(ctx, stop)
+	// kvctl logs nothing: what reaches the standard logger is net/http's,
+	// whose "Unsolicited response received on idle HTTP channel" copies
+	// another service's greeting (a NATS port's, its keys and kvctl's
+	// address) to stderr beside kvctl's own one-line error.
+	log.SetOutput(io.Discard)
 	code := run(ctx, os.Args, &env{
 		stdout:   os.Stdout,
 		stderr:   os.Stderr,

@@ -309,6 +309,60 @@ func TestStatusOfAnEndpointThatAnswersNotAStatus(t *testing.T) {
 	}
 }
 
+// TestStatusOfAnEndpointThatSpeaksAnotherProtocol: an endpoint where
+// another service listens that does not speak HTTP at all (a node's own
+// NATS port, 4222, given for its HTTP port, 7080: the service greets each
+// connection with a line of its own) answered: its row reads ERROR, "not
+// a kvrouter status", as for a web page (docs/kvctl.md, "kvctl status":
+// "one that answers ... with what is not a node's status (not a kvrouter
+// status: another service at that address, a web page) ... reads ERROR"),
+// and kvctl does not say it did not answer, nor copy the service's
+// greeting into the row.
+func TestStatusOfAnEndpointThatSpeaksAnotherProtocol(t *testing.T) {
+	c := newCluster(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	greeting := `INFO {"server_id":"NBWX","server_name":"n1","version":"2.15.3","proto":1,"host":"127.0.0.1","port":4222,"max_payload":8388608}` + "\r\n"
+	var wg sync.WaitGroup
+	defer func() { ln.Close(); wg.Wait() }()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			io.WriteString(conn, greeting)
+			conn.Close()
+		}
+	}()
+	ep := c.nodes[0].addr() + "," + ln.Addr().String()
+	r := kvctl(t, "--endpoints", ep, "status", "-o", "json").wantCode(t, 1)
+	rows := statusJSON(t, r.stdout)
+	if len(rows) != 2 || rows[1].Failure != failError || !strings.Contains(rows[1].Error, "not a kvrouter status") ||
+		strings.Contains(rows[1].Error, "server_id") || strings.Contains(r.stderr, "did not answer") {
+		t.Fatalf("the endpoint that answered with a NATS greeting: rows %+v, stderr %q; want ERROR, not a kvrouter status, and not \"did not answer\"",
+			rows, strings.TrimSpace(r.stderr))
+	}
+	// The other commands, given that endpoint alone, fail with one line
+	// that says the address is another service's, without its greeting; a
+	// write is no "may have applied": no node took it.
+	for _, args := range [][]string{
+		{"members", "list"}, {"workers"}, {"route", "--hashes", "1"}, {"index", "stats"},
+		{"members", "add", "n9", "127.0.0.1:7949", "127.0.0.1:7089"}, {"leader", "transfer"},
+	} {
+		r := kvctl(t, append([]string{"--endpoints", ln.Addr().String()}, args...)...).wantCode(t, 1)
+		if e := strings.TrimSpace(r.stderr); strings.Count(e, "\n") > 0 || !strings.Contains(e, "another protocol than HTTP") ||
+			!strings.Contains(e, "not a node's HTTP port") || strings.Contains(e, "server_id") || strings.Contains(e, "may have applied") {
+			t.Errorf("kvctl %s against the NATS greeting: stderr %q; want one line saying the address is not a node's HTTP port, without the greeting",
+				strings.Join(args, " "), e)
+		}
+	}
+}
+
 func TestStatusJSONIsOnlyJSON(t *testing.T) {
 	c := newCluster(t)
 	dead := deadAddr(t)
