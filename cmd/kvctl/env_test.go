@@ -1,0 +1,83 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestEveryGlobalFlagReadsItsVariable: every global flag is read from the
+// environment variable docs/kvctl.md's table of global flags names for it
+// ("Every global flag is also read from an environment variable"), and
+// the table lists every global flag. Each variable is given a value kvctl
+// acts on where the flag is left out: a bad one refused as the flag's
+// would be (exit 2, naming the flag), or the token, which draws the
+// clear-text warning.
+func TestEveryGlobalFlagReadsItsVariable(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "kvctl.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(doc), "| flag | variable | default | what |")
+	if !ok {
+		t.Fatal("docs/kvctl.md has no table of global flags")
+	}
+	table, _, _ = strings.Cut(table, "\n\n")
+	row := regexp.MustCompile("(?m)^\\| (?:`-[a-z]`, )?`--([a-z-]+)` \\| `(KVCTL_[A-Z_]+)` \\|")
+	documented := map[string]string{} // flag -> variable
+	for _, m := range row.FindAllStringSubmatch(table, -1) {
+		documented[m[1]] = m[2]
+	}
+	var flags []string
+	for _, f := range newApp(&env{}).Flags {
+		flags = append(flags, f.Names()[0])
+	}
+	docFlags := make([]string, 0, len(documented))
+	for f, v := range documented {
+		docFlags = append(docFlags, f)
+		if want := "KVCTL_" + strings.ToUpper(strings.ReplaceAll(f, "-", "_")); v != want {
+			t.Errorf("docs/kvctl.md: --%s's variable is %s, want %s", f, v, want)
+		}
+	}
+	slices.Sort(flags)
+	slices.Sort(docFlags)
+	if !slices.Equal(flags, docFlags) {
+		t.Errorf("kvctl's global flags %q, docs/kvctl.md's table %q", flags, docFlags)
+	}
+	dead := deadAddr(t)
+	missing := filepath.Join(t.TempDir(), "missing")
+	// What each variable is set to, the exit code and what stderr must say.
+	cases := map[string]struct {
+		value string
+		code  int
+		want  string
+	}{
+		"KVCTL_ENDPOINTS":  {"127.0.0.1:x", 2, "127.0.0.1:x"},
+		"KVCTL_TIMEOUT":    {"-1s", 2, "--timeout -1s"},
+		"KVCTL_OUTPUT":     {"yaml", 2, `-o "yaml"`},
+		"KVCTL_TOKEN":      {"s3cret", 1, "the token goes to " + dead + " in clear text"},
+		"KVCTL_TOKEN_FILE": {missing, 2, "token file: open " + missing},
+		"KVCTL_TLS_CA":     {missing, 2, "--tls-ca"},
+	}
+	for f, v := range documented {
+		c, ok := cases[v]
+		if !ok {
+			t.Errorf("--%s: no case for %s", f, v)
+			continue
+		}
+		t.Run(v, func(t *testing.T) {
+			t.Setenv(v, c.value)
+			args := []string{"status"}
+			if v != "KVCTL_ENDPOINTS" {
+				args = append([]string{"--endpoints", dead}, args...)
+			}
+			r := kvctl(t, args...).wantCode(t, c.code)
+			if !strings.Contains(r.stderr, c.want) {
+				t.Errorf("%s=%s: stderr %q; want it to say %q (the variable read as --%s)", v, c.value, r.stderr, c.want, f)
+			}
+		})
+	}
+}
