@@ -1636,6 +1636,9 @@ func TestSnapshotProgressOnlyOnATerminalTable(t *testing.T) {
 	if !strings.Contains(r.stderr, "saving snapshot") {
 		t.Fatalf("no progress on the terminal: stderr = %q", r.stderr)
 	}
+	if l := shownLine(r.stderr); l != "" {
+		t.Fatalf("the progress line is left on the terminal once the save ended: %q (stderr %q)", l, r.stderr)
+	}
 	r = h.run(t, "--endpoints", c.nodes[0].addr(), "-o", "json", "snapshot", "save", filepath.Join(dir, "b.snap"))
 	r.wantCode(t, 0)
 	if r.stderr != "" {
@@ -1645,6 +1648,54 @@ func TestSnapshotProgressOnlyOnATerminalTable(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || rep["file"] == nil || rep["index"] != 10.0 {
 		t.Fatalf("-o json stdout = %q (%v)", r.stdout, err)
 	}
+}
+
+// TestSnapshotRestoreShowsProgressOnATerminal: an online restore of a
+// file that takes more than one read shows its upload's progress on a
+// terminal (docs/kvctl.md, "Progress on a terminal"), cleared once it
+// ended; with -o json it shows none.
+func TestSnapshotRestoreShowsProgressOnATerminal(t *testing.T) {
+	c := newCluster(t)
+	// A worker whose model name is long makes a snapshot of 256 KiB: the
+	// transport reads it in many chunks.
+	if err := c.leader().RegisterWorker(context.Background(), raftfsm.WorkerInfo{
+		ID: 1, DPRanks: []uint32{0}, BlockSize: 4, Capacity: [4]int64{100, 200, 0, 0}, Model: strings.Repeat("m", 256<<10)}); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "a.snap")
+	kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file).wantCode(t, 0)
+	h := &harness{terminal: true}
+	r := h.run(t, "--endpoints", c.nodes[0].addr(), "snapshot", "restore", file).wantCode(t, 0)
+	if !strings.Contains(r.stderr, "uploading snapshot") || shownLine(r.stderr) != "" {
+		t.Fatalf("stderr on a terminal = %q; want the upload's progress, cleared once it ended", r.stderr)
+	}
+	r = h.run(t, "--endpoints", c.nodes[0].addr(), "-o", "json", "snapshot", "restore", file).wantCode(t, 0)
+	if r.stderr != "" {
+		t.Fatalf("-o json showed progress: %q", r.stderr)
+	}
+	if n := c.leader().Restores(); n != 2 {
+		t.Fatalf("the leader restored %d times, want 2", n)
+	}
+}
+
+// shownLine is what a terminal shows of s's last line: each carriage
+// return goes back to the line's start, the text after it writing over
+// what was there; trailing spaces trimmed.
+func shownLine(s string) string {
+	if i := strings.LastIndex(s, "\n"); i >= 0 {
+		s = s[i+1:]
+	}
+	var line []rune
+	for _, part := range strings.Split(s, "\r") {
+		for i, r := range []rune(part) {
+			if i < len(line) {
+				line[i] = r
+			} else {
+				line = append(line, r)
+			}
+		}
+	}
+	return strings.TrimRight(string(line), " ")
 }
 
 func TestSnapshotInspect(t *testing.T) {
