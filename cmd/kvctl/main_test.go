@@ -231,12 +231,16 @@ func TestStatusShowsARowPerNodeAndTheUnreachable(t *testing.T) {
 
 // TestStatusShowsNoLastContactForTheLeader: a leader's last contact with
 // the leader means nothing (Raft reports a stale one); its LAST_CONTACT
-// is "-", a follower's its own.
+// is "-", a follower's its own, "never" for one that never heard a
+// leader (last_contact_ms -1; docs/kvctl.md).
 func TestStatusShowsNoLastContactForTheLeader(t *testing.T) {
 	c := newCluster(t)
-	for _, n := range c.nodes {
+	for i, n := range c.nodes {
 		st := n.fake.Status()
 		st.LastContactMs = 1500
+		if i == 2 {
+			st.LastContactMs = -1
+		}
 		n.fake.SetStatus(st)
 	}
 	r := kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
@@ -245,7 +249,7 @@ func TestStatusShowsNoLastContactForTheLeader(t *testing.T) {
 	if col < 0 || len(lines) != 4 {
 		t.Fatalf("status:\n%s", r.stdout)
 	}
-	for i, want := range []string{"-", "1.5s", "1.5s"} { // n1 leads
+	for i, want := range []string{"-", "1.5s", "never"} { // n1 leads
 		if got := strings.Fields(lines[i+1])[col]; got != want {
 			t.Errorf("%s's LAST_CONTACT = %q, want %q:\n%s", c.nodes[i].fake.Status().ID, got, want, r.stdout)
 		}
@@ -1647,6 +1651,14 @@ func TestSnapshotProgressOnlyOnATerminalTable(t *testing.T) {
 	var rep map[string]any
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || rep["file"] == nil || rep["index"] != 10.0 {
 		t.Fatalf("-o json stdout = %q (%v)", r.stdout, err)
+	}
+	// bytes is the saved file's size (docs/kvctl.md, snapshot save).
+	fi, err := os.Stat(filepath.Join(dir, "b.snap"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep["bytes"] != float64(fi.Size()) {
+		t.Fatalf("-o json bytes = %v, the file holds %d", rep["bytes"], fi.Size())
 	}
 }
 
