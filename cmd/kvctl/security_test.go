@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"io"
 	"log/slog"
@@ -9,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -248,5 +251,55 @@ func TestRestoreGivesTheCertificateHintOfOtherCommands(t *testing.T) {
 					r.stderr, tc.want, other.stderr)
 			}
 		})
+	}
+}
+
+// TestStatusOverTLSOfAnEndpointThatSpeaksAnotherProtocol: with --tls-ca
+// (a cluster that serves TLS), an endpoint where a service of another
+// protocol answers (a node's NATS port given for its HTTP port, which
+// greets each connection in clear text) is no node that did not answer:
+// docs/kvctl.md, "An endpoint where a service of another protocol
+// answers (a node's NATS port given for its HTTP port) is no node ... the
+// error says `answered in another protocol than HTTP`", and "kvctl
+// status": such an endpoint "reads ERROR, and is not counted among the
+// endpoints that did not answer". Over TLS the greeting fails kvctl's
+// handshake instead of its HTTP read, and the row read UNREACHABLE with
+// "did not answer; check that those nodes run".
+func TestStatusOverTLSOfAnEndpointThatSpeaksAnotherProtocol(t *testing.T) {
+	der, _ := apitest.SelfSigned(t, &x509.Certificate{Subject: pkix.Name{CommonName: "node1"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)})
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	greeting := `INFO {"server_id":"NBWX","server_name":"n1","version":"2.15.3","proto":1,"host":"127.0.0.1","port":4222,"max_payload":8388608}` + "\r\n"
+	var wg sync.WaitGroup
+	defer func() { ln.Close(); wg.Wait() }()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			io.WriteString(conn, greeting)
+			conn.Close()
+		}
+	}()
+	r := kvctl(t, "--endpoints", ln.Addr().String(), "--tls-ca", ca, "--timeout", "3s", "status", "-o", "json").wantCode(t, 1)
+	rows := statusJSON(t, r.stdout)
+	if len(rows) != 1 || rows[0].Failure != failError || !strings.Contains(rows[0].Error, "not a kvrouter status") ||
+		strings.Contains(r.stderr, "did not answer") {
+		t.Errorf("over TLS, the endpoint that answered with a NATS greeting: rows %+v, stderr %q; want ERROR, not a kvrouter status, and not \"did not answer\"",
+			rows, strings.TrimSpace(r.stderr))
+	}
+	r = kvctl(t, "--endpoints", ln.Addr().String(), "--tls-ca", ca, "--timeout", "3s", "members", "list").wantCode(t, 1)
+	if e := strings.TrimSpace(r.stderr); !strings.Contains(e, "not a node's HTTP port") || strings.Contains(e, "that the nodes run") {
+		t.Errorf("kvctl members list over TLS against the NATS greeting: stderr %q; want it to say the address is not a node's HTTP port", e)
 	}
 }
