@@ -756,8 +756,15 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 // came before the request went out (the transport closes the connection
 // with a peek that failed on no error: an HTTP server never speaks
 // first, a NATS server greets at once), which it reports in no other
-// words.
+// words; or, asked over TLS, a first record that is not TLS (the
+// greeting again; a plain-HTTP answer net/http reports in its own words,
+// "server gave HTTP response to HTTPS client", for kvctl's hint). Over
+// TLS the handshake failed, so no request went out.
 func isNotHTTP(err error) bool {
+	var rh tls.RecordHeaderError
+	if errors.As(err, &rh) {
+		return true
+	}
 	s := unwrapURLError(err).Error()
 	return strings.Contains(s, "malformed HTTP ") || strings.Contains(s, "readLoopPeekFailLocked: %!w(<nil>)")
 }

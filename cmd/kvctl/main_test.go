@@ -365,6 +365,11 @@ func TestStatusOfAnEndpointThatSpeaksAnotherProtocol(t *testing.T) {
 				strings.Join(args, " "), e)
 		}
 	}
+	// Listed first, before a node, it is passed over: the request goes on
+	// to the node (docs/api.md).
+	for _, args := range [][]string{{"index", "stats"}} {
+		kvctl(t, append([]string{"--endpoints", ln.Addr().String() + "," + c.nodes[0].addr()}, args...)...).wantCode(t, 0)
+	}
 }
 
 func TestStatusJSONIsOnlyJSON(t *testing.T) {
