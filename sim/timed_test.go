@@ -566,7 +566,9 @@ func TestTimedFiguresMatchAHandComputation(t *testing.T) {
 // must not report them as 0 ms, a latency better than any policy that
 // served a request (benchmarks.md compares policies by these figures,
 // and the BENCH line carries no "served" qualifier a reader must check
-// first). From a review: such a row read "TTFT mean ms 0, p99 0".
+// first). From a review: such a row read "TTFT mean ms 0, p99 0". So
+// with offload tiers (the sim_offload line, the G2 / G3 column) and in
+// the v1 model (its own table), which a later review found untested.
 func TestAPolicyThatServedNothingReportsNoLatency(t *testing.T) {
 	reqs := []Request{
 		{TimestampMs: 0, InputLength: 1024, OutputLength: 4, HashIDs: []uint64{1, 2}},
@@ -581,22 +583,56 @@ func TestAPolicyThatServedNothingReportsNoLatency(t *testing.T) {
 	if r.Requests != 0 || r.Rejected != 2 {
 		t.Fatalf("served %d, rejected %d; want every request rejected", r.Requests, r.Rejected)
 	}
-	line := BenchLine("t", r)
-	if strings.Contains(line, "ttft_mean_ms=0.0 ") || strings.Contains(line, "ttft_p99_ms=0.0 ") {
-		t.Errorf("BENCH line of a policy that served nothing reports a 0 ms TTFT: %s", line)
-	}
-	var b strings.Builder
-	if err := WriteTable(&b, []Result{r}); err != nil {
+	// Timed with offload tiers (G2): its own BENCH area and a G2 / G3
+	// column in the table, the latencies left out as without.
+	ro, err := RunTimed(pr, TimedConfig{Workers: 2, Engine: EngineConfig{NumGPUBlocks: 8, Offload: OffloadConfig{HostBlocks: 16}}}, &RoundRobin{Workers: 2})
+	if err != nil {
 		t.Fatal(err)
 	}
-	rows := strings.Split(strings.TrimSpace(b.String()), "\n")
-	cells := strings.Split(rows[len(rows)-1], "|")
-	// | policy | hit rate | TTFT mean ms | TTFT p50 ms | TTFT p99 ms | TPOT ms | E2E mean ms | E2E p99 ms | ...
-	for i, name := range []string{"TTFT mean", "TTFT p50", "TTFT p99", "TPOT", "E2E mean", "E2E p99"} {
-		if c := strings.TrimSpace(cells[3+i]); c == "0" || c == "0.0" {
-			t.Errorf("table row of a policy that served nothing: %s %q ms (row %s)", name, c, rows[len(rows)-1])
+	if ro.Offload == nil || ro.Requests != 0 || ro.Rejected != 2 {
+		t.Fatalf("with G2: offload stats %v, served %d, rejected %d; want the tiers' stats and every request rejected", ro.Offload != nil, ro.Requests, ro.Rejected)
+	}
+	// v1: every request refused by the policy (pickyPolicy refuses odd
+	// first hash ids), a routing error each.
+	v1, err := Replay(prepare(t, []Request{
+		{TimestampMs: 0, InputLength: 32, OutputLength: 4, HashIDs: []uint64{1, 3}},
+		{TimestampMs: 10, InputLength: 32, OutputLength: 4, HashIDs: []uint64{5, 7}},
+	}, 16), Config{Workers: 2}, &pickyPolicy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v1.Mode != "v1" || v1.Requests != 0 || v1.Rejected != 2 {
+		t.Fatalf("v1: mode %s, served %d, rejected %d; want every request rejected", v1.Mode, v1.Requests, v1.Rejected)
+	}
+	for _, res := range []Result{r, ro, v1} {
+		if line := BenchLine("t", res); strings.Contains(line, "ttft_mean_ms=") || strings.Contains(line, "ttft_p99_ms=") {
+			t.Errorf("BENCH line of a policy that served nothing reports a TTFT: %s", line)
 		}
 	}
+	// The table's latency cells, by their column (counted from 1 after
+	// the row's leading "|"), read "–".
+	noLatency := func(what string, res Result, first int, names []string) {
+		t.Helper()
+		var b strings.Builder
+		if err := WriteTable(&b, []Result{res}); err != nil {
+			t.Fatal(err)
+		}
+		rows := strings.Split(strings.TrimSpace(b.String()), "\n")
+		row := rows[len(rows)-1]
+		cells := strings.Split(row, "|")
+		for i, name := range names {
+			if c := strings.TrimSpace(cells[first+i]); c != "–" {
+				t.Errorf("%s table row of a policy that served nothing: %s %q ms, want – (row %s)", what, name, c, row)
+			}
+		}
+	}
+	timedCols := []string{"TTFT mean", "TTFT p50", "TTFT p99", "TPOT", "E2E mean", "E2E p99"}
+	// | policy | hit rate | TTFT mean ms | TTFT p50 ms | TTFT p99 ms | TPOT ms | E2E mean ms | E2E p99 ms | ...
+	noLatency("timed", r, 3, timedCols)
+	// | policy | hit rate | G2 / G3 hit | TTFT mean ms | ...
+	noLatency("timed with G2", ro, 4, timedCols)
+	// | policy | hit rate | TTFT mean ms | TTFT p50 ms | TTFT p99 ms | imbalance | errors |
+	noLatency("v1", v1, 3, timedCols[:3])
 }
 
 // TestTimedLatenciesMatchAHandComputation: TPOT = (finish − first token) /
