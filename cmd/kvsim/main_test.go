@@ -472,6 +472,8 @@ func TestReplayRefusesHugeSizes(t *testing.T) {
 // cache-only replay. From a review: it wrote "no TTFT figures in this
 // replay (cache-only mode has none)" for a timed replay, sending the
 // reader after the wrong cause (also when every request was rejected).
+// A later review: the ceiling-only case could blame rejections instead,
+// with no test failing.
 func TestTimedPlotsDoNotBlameCacheOnlyMode(t *testing.T) {
 	dir := t.TempDir()
 	_, stderr, err := kvsimStderr(t, "replay", "--trace", genTrace(t), "--limit", "20", "--policies", "ceiling", "--plots", dir)
@@ -480,6 +482,12 @@ func TestTimedPlotsDoNotBlameCacheOnlyMode(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "ttft.png")); err != nil && strings.Contains(stderr, "cache-only") {
 		t.Fatalf("timed replay with --plots: no ttft.png, and stderr blames cache-only mode: %q", strings.TrimSpace(stderr))
+	}
+	// Only the ceiling: stderr names it, not rejections that did not
+	// happen (docs/sim.md: "whose policies served no request, and stderr
+	// says which").
+	if !strings.Contains(stderr, "the ceiling has none, and no policy was replayed") || strings.Contains(stderr, "rejected") {
+		t.Fatalf("timed replay of only the ceiling with --plots: stderr %q; want the ceiling named as the cause, no rejections", strings.TrimSpace(stderr))
 	}
 	// Every request rejected (10 blocks of 64 tokens hold no prompt of
 	// the trace): the policies have no TTFT, and stderr says why.
