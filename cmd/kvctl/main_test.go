@@ -313,6 +313,35 @@ func TestStatusOfAnEndpointThatAnswersNotAStatus(t *testing.T) {
 	}
 }
 
+// TestStatusOfAnEndpointThatAnswersJSONOfAnotherShape: an endpoint that
+// answers 200 with a JSON object that is not a node's status (another
+// service's JSON: none of a status's fields) reads ERROR, "not a
+// kvrouter status", and kvctl exits 1 (docs/kvctl.md, "kvctl status").
+// From following docs/operations.md: {"foo":1} read as a row with no ID,
+// READY no, and exit 0.
+func TestStatusOfAnEndpointThatAnswersJSONOfAnotherShape(t *testing.T) {
+	c := newCluster(t)
+	for _, body := range []string{`{"foo":1}`, `{}`} {
+		other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, body+"\n")
+		}))
+		ep := c.nodes[0].addr() + "," + other.Listener.Addr().String()
+		r := kvctl(t, "--endpoints", ep, "status", "-o", "json")
+		other.Close()
+		if r.code != 1 {
+			t.Errorf("the endpoint that answered %s: exit %d, stdout %q; want 1", body, r.code, r.stdout)
+			continue
+		}
+		rows := statusJSON(t, r.stdout)
+		if len(rows) != 2 || rows[1].Status != nil || rows[1].Failure != failError || !strings.Contains(rows[1].Error, "not a kvrouter status") ||
+			strings.Contains(r.stderr, "did not answer") || !strings.Contains(r.stderr, "1 of 2 endpoints failed") {
+			t.Errorf("the endpoint that answered %s: rows %+v, stderr %q; want ERROR, not a kvrouter status, and not \"did not answer\"",
+				body, rows, strings.TrimSpace(r.stderr))
+		}
+	}
+}
+
 // TestStatusOfAnEndpointThatSpeaksAnotherProtocol: an endpoint where
 // another service listens that does not speak HTTP at all (a node's own
 // NATS port, 4222, given for its HTTP port, 7080: the service greets each
