@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -97,6 +98,10 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus, leader *le
 				rows[i].Failure = failError
 				if answered == nil {
 					answered = r.Err
+					if notAStatus(r.Err) {
+						// Which endpoint, as a node's error answer names it.
+						answered = fmt.Errorf("%s: %w", rows[i].Endpoint, r.Err)
+					}
 				}
 			}
 		}
@@ -330,13 +335,58 @@ func hostOf(base string) string {
 func shortError(err error) string {
 	var ae *client.Error
 	if errors.As(err, &ae) {
-		return fmt.Sprintf("HTTP %d %s", ae.StatusCode, ae.Message)
+		if ae.Reason == "" && ae.StatusCode/100 != 3 {
+			// No node's error: another server's page (a 404's HTML).
+			return fmt.Sprintf("HTTP %d: %s", ae.StatusCode, answerExcerpt(ae.Message, ae.StatusCode))
+		}
+		return fmt.Sprintf("HTTP %d %s", ae.StatusCode, oneLine(ae.Message))
 	}
 	s := err.Error()
 	if i := strings.LastIndex(s, ": "); i >= 0 && errors.Is(err, client.ErrUnreachable) {
 		s = s[i+2:]
 	}
 	return oneLine(s)
+}
+
+// excerptRunes bounds answerExcerpt's excerpt.
+const excerptRunes = 60
+
+// answerExcerpt is a short excerpt, on one line, of the body of an error
+// answer that is no node's (another server's page): a web page's title, or
+// its text without the tags, of at most excerptRunes runes; the status
+// code's text when that leaves nothing.
+func answerExcerpt(body string, code int) string {
+	s := strings.TrimSpace(body)
+	if strings.HasPrefix(s, "<") {
+		lower := strings.ToLower(s)
+		if i := strings.Index(lower, "<title>"); i >= 0 {
+			if j := strings.Index(lower[i:], "</title>"); j >= 0 {
+				s = s[i+len("<title>") : i+j]
+			}
+		}
+		var b strings.Builder
+		tag := false
+		for _, r := range s {
+			switch {
+			case r == '<':
+				tag = true
+				b.WriteByte(' ')
+			case r == '>' && tag:
+				tag = false
+			case !tag:
+				b.WriteRune(r)
+			}
+		}
+		s = b.String()
+	}
+	s = oneLine(s)
+	if r := []rune(s); len(r) > excerptRunes {
+		s = strings.TrimSpace(string(r[:excerptRunes])) + "…"
+	}
+	if s == "" {
+		s = http.StatusText(code)
+	}
+	return s
 }
 
 func membersCommand(e *env) *cli.Command {

@@ -313,6 +313,47 @@ func TestStatusOfAnEndpointThatAnswersNotAStatus(t *testing.T) {
 	}
 }
 
+// TestStatusOfAWebPageIsOneShortLine: the ERROR cell of an endpoint
+// that answers a web page's 404 (another web server at that address) is
+// the status code and a short excerpt on one line (the page's title), not
+// the HTML; and the summary on stderr of an endpoint that answered what
+// is not a node's status names its address, as it does for a 404. From
+// following docs/operations.md: the cell was the whole HTML, quoted with
+// \n escapes, and "1 of 2 endpoints failed: not a kvrouter status ...:
+// GET /v1/cluster/status: decode the answer: ..." named no endpoint.
+func TestStatusOfAWebPageIsOneShortLine(t *testing.T) {
+	c := newCluster(t)
+	page := "<!DOCTYPE html>\n<html>\n<head><title>404 Not Found</title></head>\n<body>\n<h1>Not Found</h1>\n" +
+		"<p>The requested URL was not found on this server.</p>\n</body>\n</html>\n"
+	notFound := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, page)
+	}))
+	defer notFound.Close()
+	r := kvctl(t, "--endpoints", c.nodes[0].addr()+","+notFound.Listener.Addr().String(), "status").wantCode(t, 1)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 || !strings.HasSuffix(lines[2], "HTTP 404: 404 Not Found") {
+		t.Fatalf("rows:\n%s\nwant the 404's row to end with HTTP 404: 404 Not Found", r.stdout)
+	}
+	// A page without a title: its text, cut short.
+	if got := answerExcerpt("<html><body><p>"+strings.Repeat("word ", 40)+"</p></body></html>", 404); strings.ContainsAny(got, "<>\n") ||
+		len([]rune(got)) > excerptRunes+1 || !strings.HasPrefix(got, "word word") || !strings.HasSuffix(got, "…") {
+		t.Errorf("answerExcerpt of a long page without a title = %q, want its text, at most %d runes and …", got, excerptRunes)
+	}
+	if got := answerExcerpt("<html></html>", 404); got != "Not Found" {
+		t.Errorf("answerExcerpt of a page without text = %q, want the status's text", got)
+	}
+	webPage := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "<html>not kvrouter</html>\n")
+	}))
+	defer webPage.Close()
+	r = kvctl(t, "--endpoints", c.nodes[0].addr()+","+webPage.Listener.Addr().String(), "status").wantCode(t, 1)
+	if !strings.Contains(r.stderr, "1 of 2 endpoints failed: "+webPage.Listener.Addr().String()+": not a kvrouter status") {
+		t.Fatalf("stderr %q, want the summary to name %s", strings.TrimSpace(r.stderr), webPage.Listener.Addr())
+	}
+}
+
 // TestStatusOfAnEndpointThatAnswersJSONOfAnotherShape: an endpoint that
 // answers 200 with a JSON object that is not a node's status (another
 // service's JSON: none of a status's fields) reads ERROR, "not a
