@@ -362,7 +362,8 @@ func TestStatusOfAWebPageIsOneShortLine(t *testing.T) {
 // READY no, and exit 0.
 func TestStatusOfAnEndpointThatAnswersJSONOfAnotherShape(t *testing.T) {
 	c := newCluster(t)
-	for _, body := range []string{`{"foo":1}`, `{}`} {
+	// [1,2] is no object (a json.UnmarshalTypeError).
+	for _, body := range []string{`{"foo":1}`, `{}`, `[1,2]`} {
 		other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
 			io.WriteString(w, body+"\n")
@@ -380,6 +381,33 @@ func TestStatusOfAnEndpointThatAnswersJSONOfAnotherShape(t *testing.T) {
 			t.Errorf("the endpoint that answered %s: rows %+v, stderr %q; want ERROR, not a kvrouter status, and not \"did not answer\"",
 				body, rows, strings.TrimSpace(r.stderr))
 		}
+	}
+}
+
+// TestStatusOfAnEndpointThatAnswersWithoutEnd: an endpoint whose 200
+// answer runs past client.MaxAnswerBytes (64 MiB, larger than any status:
+// another service's stream) answered: ERROR, "not a kvrouter status",
+// "answer too large", not counted among the endpoints that did not answer.
+func TestStatusOfAnEndpointThatAnswersWithoutEnd(t *testing.T) {
+	c := newCluster(t)
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `{"id":"`)
+		chunk := []byte(strings.Repeat("a", 64<<10))
+		for r.Context().Err() == nil {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	}))
+	defer other.Close()
+	ep := c.nodes[0].addr() + "," + other.Listener.Addr().String()
+	r := kvctl(t, "--endpoints", ep, "status", "-o", "json").wantCode(t, 1)
+	rows := statusJSON(t, r.stdout)
+	if len(rows) != 2 || rows[1].Failure != failError || !strings.Contains(rows[1].Error, "not a kvrouter status") ||
+		!strings.Contains(rows[1].Error, "answer too large") ||
+		strings.Contains(r.stderr, "did not answer") || !strings.Contains(r.stderr, "1 of 2 endpoints failed") {
+		t.Fatalf("the endpoint that answered without end: rows %+v, stderr %q; want ERROR, not a kvrouter status, answer too large, and not \"did not answer\"",
+			rows, strings.TrimSpace(r.stderr))
 	}
 }
 
