@@ -935,7 +935,8 @@ func join(ctx context.Context, sec security, via []string, id, raftAddr, httpAdd
 	tr.TLSHandshakeTimeout = perTry // not the transport's 10 s: a hung member costs one try's share
 	tr.ResponseHeaderTimeout = perTry
 	defer tr.CloseIdleConnections()
-	cl, err := client.New(via, client.Options{HTTPClient: &http.Client{Transport: tr}, Token: sec.token, Scheme: sec.scheme()})
+	accepted := &successFrom{RoundTripper: tr}
+	cl, err := client.New(via, client.Options{HTTPClient: &http.Client{Transport: accepted}, Token: sec.token, Scheme: sec.scheme()})
 	if err != nil {
 		return err
 	}
@@ -945,7 +946,7 @@ func join(ctx context.Context, sec security, via []string, id, raftAddr, httpAdd
 		err := cl.AddMember(actx, id, raftAddr, httpAddr)
 		cancel()
 		if err == nil {
-			slog.Info("joined the cluster", "via", strings.Join(via, ","))
+			slog.Info("joined the cluster", "via", accepted.last())
 			return nil
 		}
 		if errors.Is(err, raftfsm.ErrInvalid) {
@@ -970,6 +971,31 @@ func join(ctx context.Context, sec security, via []string, id, raftAddr, httpAdd
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// successFrom is a transport that records the address of the last
+// endpoint that answered a request with a success: join's member that
+// accepted it, not every member --join lists (one of them may be down).
+type successFrom struct {
+	http.RoundTripper
+	mu   sync.Mutex
+	host string
+}
+
+func (s *successFrom) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := s.RoundTripper.RoundTrip(r)
+	if err == nil && resp.StatusCode/100 == 2 {
+		s.mu.Lock()
+		s.host = r.URL.Host
+		s.mu.Unlock()
+	}
+	return resp, err
+}
+
+func (s *successFrom) last() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.host
 }
 
 // joinAttempt bounds each of join's asks, all members together; lowered

@@ -1280,6 +1280,32 @@ func TestThereIsNoConfigFileFlag(t *testing.T) {
 // that answers. Each entry is checked before the start (exit 2). From a
 // review: --join took one address only, and a list failed after the
 // start with a parse error (exit 1).
+// TestJoinLogsTheMemberThatAccepted: "joined the cluster" names the
+// member that added the node, not the whole --join list. From following
+// docs/operations.md: it logged via=<every member listed>, a member that
+// was down among them.
+func TestJoinLogsTheMemberThatAccepted(t *testing.T) {
+	var buf bytes.Buffer
+	defer func(l *slog.Logger) { slog.SetDefault(l) }(slog.Default())
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	leader, addr := fakeLeader(t)
+	down := freeAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := join(ctx, security{}, []string{down, addr}, "n2", "127.0.0.1:1", "127.0.0.1:2"); err != nil || leader.Calls()["AddMember"] == 0 {
+		t.Fatalf("join via [down, leader]: %v, %d joins", err, leader.Calls()["AddMember"])
+	}
+	var line string
+	for l := range strings.Lines(buf.String()) {
+		if strings.Contains(l, "joined the cluster") {
+			line = strings.TrimSpace(l)
+		}
+	}
+	if !strings.Contains(line, "via="+addr) || strings.Contains(line, down) {
+		t.Fatalf("log line %q, want via=%s (the member that accepted), not the member that was down (%s)", line, addr, down)
+	}
+}
+
 func TestJoinTakesAListOfMembers(t *testing.T) {
 	for _, j := range []string{"bad", "127.0.0.1:7081,bad", " , ", "127.0.0.1:7081,:7082", "127.0.0.1:0", "127.0.0.1:00", "ftp://127.0.0.1:7081", "127.0.0.1:x"} {
 		dir := filepath.Join(t.TempDir(), "data")
