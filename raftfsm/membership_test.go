@@ -1025,6 +1025,11 @@ func TestRemoveMemberWithAFollowerDownRefusesWhatCannotElect(t *testing.T) {
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "remove the down members first ("+c.id(down)+")") {
 			t.Fatalf("remove %s with %s down: %v, want ErrInvalid saying to remove %s first", id, c.id(down), err, c.id(down))
 		}
+		// One voter of the two left answers. From following the
+		// runbook: "and only 1 do".
+		if !strings.Contains(err.Error(), "of which 2 must answer to elect and commit, and only 1 does:") {
+			t.Fatalf("remove %s with %s down: %v, want it to say that only 1 does", id, c.id(down), err)
+		}
 		if !l.IsLeader() {
 			t.Fatalf("%s no longer leads after the refused removal of %s", l.cfg.ID, id)
 		}

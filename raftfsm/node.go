@@ -2491,8 +2491,8 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 	// --join), where ErrInvalid's 400 made a --join stop the node.
 	need := (len(others)+len(down)+1)/2 + 1
 	if len(others)+1 < need {
-		return fmt.Errorf("%w: add %s: only %d of the %d voters answer this leader (%s down), not a quorum: it can commit nothing until they are back, and steps down",
-			ErrNoLeader, id, len(others), len(others)+len(down), strings.Join(down, ", "))
+		return fmt.Errorf("%w: add %s: only %d of the %d voters %s this leader (%s down), not a quorum: it can commit nothing until they are back, and steps down",
+			ErrNoLeader, id, len(others), len(others)+len(down), agree(len(others), "answers", "answer"), strings.Join(down, ", "))
 	}
 	if err := n.catchUpNonvoter(ctx, cur, id, raftAddr, httpAddr, need, len(others)+len(down)+1); err != nil {
 		return err
@@ -2740,8 +2740,8 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 			return n.notLeader() // lost during the wait: its followers' silence says nothing
 		}
 		if need := voters/2 + 1; len(up) < need {
-			return fmt.Errorf("%w: removing %s leaves %d voters, of which %d must answer to elect and commit, and only %d do: remove the down members first (%s), or bring them back",
-				ErrInvalid, id, voters, need, len(up), strings.Join(down, ", "))
+			return fmt.Errorf("%w: removing %s leaves %d voters, of which %d must answer to elect and commit, and only %d %s: remove the down members first (%s), or bring them back",
+				ErrInvalid, id, voters, need, len(up), agree(len(up), "does", "do"), strings.Join(down, ", "))
 		}
 	}
 	wait := ctx
@@ -3367,3 +3367,12 @@ func (n *Node) Cursor(r kvevent.Rank) uint64 { return n.fsm.Cursor(r) }
 // HasCursor reports whether this node holds a cursor of rank r
 // (FSM.HasCursor).
 func (n *Node) HasCursor(r kvevent.Rank) bool { return n.fsm.HasCursor(r) }
+
+// agree is the verb that agrees with a count of n: one for 1, other for
+// any other count ("only 1 does", "only 2 do").
+func agree(n int, one, other string) string {
+	if n == 1 {
+		return one
+	}
+	return other
+}
