@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -65,31 +66,70 @@ func checkMemberHTTPAddr(addr string) error {
 // non-voter until a node answers there as itself (commitWatch.answeredBy).
 // The lookups share aliasLookupTimeout, within ctx.
 func raftAddrAlias(ctx context.Context, servers []raft.Server, id, addr string) (raft.Server, bool) {
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
+		if string(s.ID) != id {
+			addrs[i] = string(s.Address)
+		}
+	}
+	if i, ok := addrAlias(ctx, addr, addrs); ok {
+		return servers[i], true
+	}
+	return raft.Server{}, false
+}
+
+// httpAddrAlias returns the id of the member of members, other than id,
+// whose HTTP address addr reaches under another spelling, as
+// raftAddrAlias does for raft addresses (localhost:7081 and
+// 127.0.0.1:7081): followers would forward writes meant for id's node,
+// once it leads, to that member. Members are tried in the order of their
+// ids.
+func httpAddrAlias(ctx context.Context, members map[string]Member, id, addr string) (string, bool) {
+	ids := make([]string, 0, len(members))
+	for mid := range members {
+		if mid != id {
+			ids = append(ids, mid)
+		}
+	}
+	slices.Sort(ids)
+	addrs := make([]string, len(ids))
+	for i, mid := range ids {
+		addrs[i] = members[mid].HTTPAddr
+	}
+	if i, ok := addrAlias(ctx, addr, addrs); ok {
+		return ids[i], true
+	}
+	return "", false
+}
+
+// addrAlias returns the index of the first of addrs that addr reaches
+// under another spelling: both resolve to one IP:port (lookupRaftAddr).
+// An empty address in addrs is none. The lookups share
+// aliasLookupTimeout, within ctx.
+func addrAlias(ctx context.Context, addr string, addrs []string) (int, bool) {
 	ctx, cancel := context.WithTimeout(ctx, aliasLookupTimeout)
 	defer cancel()
 	mine := lookupRaftAddr(ctx, addr)
 	if len(mine) == 0 {
-		return raft.Server{}, false
+		return 0, false
 	}
-	theirs := make([][]netip.AddrPort, len(servers))
+	theirs := make([][]netip.AddrPort, len(addrs))
 	var wg sync.WaitGroup
-	for i, s := range servers {
-		if string(s.ID) == id {
+	for i, a := range addrs {
+		if a == "" {
 			continue
 		}
-		wg.Go(func() { theirs[i] = lookupRaftAddr(ctx, string(s.Address)) })
+		wg.Go(func() { theirs[i] = lookupRaftAddr(ctx, a) })
 	}
 	wg.Wait()
-	for i, s := range servers {
+	for i := range addrs {
 		for _, a := range mine {
-			for _, b := range theirs[i] {
-				if a == b {
-					return s, true
-				}
+			if slices.Contains(theirs[i], a) {
+				return i, true
 			}
 		}
 	}
-	return raft.Server{}, false
+	return 0, false
 }
 
 // lookupRaftAddr returns the IP:ports a dial of addr may reach (IPs

@@ -1692,7 +1692,7 @@ func TestAddMemberRefusesAnHTTPAddressFollowersCannotForwardTo(t *testing.T) {
 
 // TestAddMemberRefusesAnotherMembersHTTPAddress: a new member at another
 // member's HTTP address (a copied command line, the same IP and port
-// spelled otherwise too) is refused, naming that member: followers would
+// spelled otherwise too, or a name of that IP) is refused, naming that member: followers would
 // forward the new one's writes, once it leads, to the other. The member
 // added again at its own address is a refresh, taken.
 func TestAddMemberRefusesAnotherMembersHTTPAddress(t *testing.T) {
@@ -1705,6 +1705,11 @@ func TestAddMemberRefusesAnotherMembersHTTPAddress(t *testing.T) {
 		{other.cfg.HTTPAddr, other.cfg.ID},
 		{l.cfg.HTTPAddr, l.cfg.ID},
 		{"127.0.0.1:07084", "n4"},
+		// A name of the member's IP, as the raft address's check reads
+		// it (raftAddrAlias). From following the runbook: localhost:38081
+		// was taken beside n1 at 127.0.0.1:38081.
+		{"localhost:7084", "n4"},
+		{"LOCALHOST:7084", "n4"},
 	} {
 		err := l.AddMember(ctx(t), "n5", "127.0.0.1:3", tc.http)
 		if !errors.Is(err, ErrInvalid) || errors.Is(err, ErrRaftAddrInUse) || !strings.Contains(err.Error(), strconv.Quote(tc.owner)) {

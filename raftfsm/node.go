@@ -2358,9 +2358,10 @@ func (n *Node) SetSettings(ctx context.Context, s Settings) error {
 // not a quorum (this leader lost it, and steps down), the add answers
 // ErrNoLeader: retry. Refused (ErrInvalid) are a raft address no peer can
 // dial (a wildcard host, port 0), an HTTP address followers could not
-// forward writes to (CheckHTTPAddr), and a raft address that reaches a
-// member's under another spelling (ErrRaftAddrInUse, raftAddrAlias): the
-// leader would replicate to that member as to the new one. Adding a voter again at its address refreshes
+// forward writes to (CheckHTTPAddr) or that reaches another member's
+// (httpAddrAlias), and a raft address that reaches a member's under
+// another spelling (ErrRaftAddrInUse, raftAddrAlias): the leader would
+// replicate to that member as to the new one. Adding a voter again at its address refreshes
 // its member entry and answers once its log has caught up with the
 // leader's (awaitVoterLog): at once for a voter that kept its data.
 func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) error {
@@ -2417,10 +2418,18 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) err
 	// member, and the member list would show two members at one address.
 	// Compared as raft addresses are (SameRaftAddr); id's own entry is
 	// what the add refreshes.
-	for mid, m := range n.fsm.Members() {
+	members := n.fsm.Members()
+	for mid, m := range members {
 		if mid != id && m.HTTPAddr != "" && SameRaftAddr(m.HTTPAddr, httpAddr) {
 			return fmt.Errorf("%w: add %s: %s is member %q's HTTP address: give the new node's own (its --http-advertise)", ErrInvalid, id, httpAddr, mid)
 		}
+	}
+	// Or the same address spelled another way (localhost for 127.0.0.1,
+	// a name of a member's IP), as the raft address's check below reads
+	// it (raftAddrAlias).
+	if mid, ok := httpAddrAlias(ctx, members, id, httpAddr); ok {
+		return fmt.Errorf("%w: add %s: %s reaches member %q's HTTP address %s: give the new node's own (its --http-advertise)",
+			ErrInvalid, id, httpAddr, mid, members[mid].HTTPAddr)
 	}
 	// A new server forwards writes to this leader at its member entry: at
 	// an address it cannot dial (a lone node's wildcard --http-addr) it
