@@ -55,6 +55,21 @@ func addNotCaughtUp(t *testing.T, l *Node, id, raftAddr, httpAddr string, wait t
 	t.Fatalf("add %s: not in the configuration", id)
 }
 
+// TestAddMemberToALoneNodeSaysOneOtherDoes: a lone node (the first of a
+// cluster, as the runbook starts it) adding a node that does not catch up
+// says that 2 of the 2 voters must answer and 1 other does. From following
+// the runbook: "1 others do".
+func TestAddMemberToALoneNodeSaysOneOtherDoes(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	cx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	err := l.AddMember(cx, "n2", "127.0.0.1:1", "127.0.0.1:2")
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "2 of the 2 voters it makes must answer, 1 other does)") {
+		t.Fatalf("add n2, which does not catch up, to a lone node: %v, want it to say that 1 other does", err)
+	}
+}
+
 // TestMembershipChangesKeepTheState adds a fresh node, transfers
 // leadership to it, removes a follower, then removes the leader: the
 // cluster keeps serving and every remaining node converges.

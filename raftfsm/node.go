@@ -2567,9 +2567,9 @@ func (n *Node) catchUpNonvoter(ctx context.Context, cur *raft.Server, id, raftAd
 		}
 		others, _ := n.answering(cf.Configuration().Servers, id)
 		notYet := func(err error) error {
-			return fmt.Errorf("add %s: %s at %s is a non-voter until it catches up, and has not yet (it votes only then; %d of the %d voters it makes must answer, %d others do); "+
+			return fmt.Errorf("add %s: %s at %s is a non-voter until it catches up, and has not yet (it votes only then; %d of the %d voters it makes must answer, %d %s); "+
 				"check that it runs and that its raft address is right, then add it again, or remove it: %w",
-				id, id, raftAddr, need, voters, len(others), err)
+				id, id, raftAddr, need, voters, len(others), agree(len(others), "other does", "others do"), err)
 		}
 		if c.matched >= from && c.matchedAt.After(start) && time.Since(c.at) <= n.contactWindow() && len(others)+1 >= need {
 			// Caught up, by the contact window: confirm with answers
