@@ -399,15 +399,11 @@ func TestRunLocalRelativePathsAndAFailingStatus(t *testing.T) {
 	}
 }
 
-// TestBenchStampIgnoresWhatTheBenchmarksWrite pins docs/benchmarks.md's
-// rule: "a commit ending in `-dirty` means the working tree had changes
-// no commit holds (the benchmark outputs themselves aside)". TestBenchSim
-// (make bench-sim) rewrites docs/sim.md and docs/sim/*.png, so in `make
-// bench` every area run after sim (compat, offload) must still carry the
-// clean commit of a clean checkout. Run against a fake go in a scratch
-// git repository holding bench.sh: each area prints one BENCH line, and
-// the sim area rewrites docs/sim.md as the real benchmark does.
-func TestBenchStampIgnoresWhatTheBenchmarksWrite(t *testing.T) {
+// benchScratch returns a scratch directory holding a copy of
+// scripts/bench.sh, for a test that runs it against a fake go; it skips
+// the test where a tool the script uses is missing.
+func benchScratch(t *testing.T) string {
+	t.Helper()
 	for _, tool := range []string{"bash", "git", "awk", "nproc"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skip("no " + tool)
@@ -419,6 +415,19 @@ func TestBenchStampIgnoresWhatTheBenchmarksWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeExe(t, filepath.Join(root, "scripts/bench.sh"), string(script))
+	return root
+}
+
+// TestBenchStampIgnoresWhatTheBenchmarksWrite pins docs/benchmarks.md's
+// rule: "a commit ending in `-dirty` means the working tree had changes
+// no commit holds (the benchmark outputs themselves aside)". TestBenchSim
+// (make bench-sim) rewrites docs/sim.md and docs/sim/*.png, so in `make
+// bench` every area run after sim (compat, offload) must still carry the
+// clean commit of a clean checkout. Run against a fake go in a scratch
+// git repository holding bench.sh: each area prints one BENCH line, and
+// the sim area rewrites docs/sim.md as the real benchmark does.
+func TestBenchStampIgnoresWhatTheBenchmarksWrite(t *testing.T) {
+	root := benchScratch(t)
 	writeExe(t, filepath.Join(root, "docs/benchmarks.md"), "# Benchmarks\n\n<!-- generated below -->\n")
 	writeExe(t, filepath.Join(root, "docs/sim.md"), "# sim\n\nGenerated 2026-01-01\n")
 	writeExe(t, filepath.Join(root, "docs/sim/plot.png"), "png 1\n")
@@ -483,17 +492,7 @@ echo "ok  	fake"
 // collected BENCH lines with none, rebuilt docs/benchmarks.md without
 // them and said "docs/benchmarks.md updated", exit 0.
 func TestBenchFailsWhenGoTestFails(t *testing.T) {
-	for _, tool := range []string{"bash", "git", "awk", "nproc"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skip("no " + tool)
-		}
-	}
-	root := t.TempDir()
-	script, err := os.ReadFile(filepath.Join(repoRoot(t), "scripts/bench.sh"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeExe(t, filepath.Join(root, "scripts/bench.sh"), string(script))
+	root := benchScratch(t)
 	const old = "BENCH indexer.apply block_events_per_s=3e+06 ratio=2.5"
 	writeExe(t, filepath.Join(root, "docs/bench/indexer.txt"), "# bench-indexer\n"+old+"\n")
 	writeExe(t, filepath.Join(root, "docs/benchmarks.md"), "# Benchmarks\n\n<!-- generated below -->\n\n### indexer\n\n```\n"+old+"\n```\n")

@@ -411,24 +411,18 @@ func TestStatusOfAnEndpointThatAnswersWithoutEnd(t *testing.T) {
 	}
 }
 
-// TestStatusOfAnEndpointThatSpeaksAnotherProtocol: an endpoint where
-// another service listens that does not speak HTTP at all (a node's own
-// NATS port, 4222, given for its HTTP port, 7080: the service greets each
-// connection with a line of its own) answered: its row reads ERROR, "not
-// a kvrouter status", as for a web page (docs/kvctl.md, "kvctl status":
-// "one that answers ... with what is not a node's status (not a kvrouter
-// status: another service at that address, a web page) ... reads ERROR"),
-// and kvctl does not say it did not answer, nor copy the service's
-// greeting into the row.
-func TestStatusOfAnEndpointThatSpeaksAnotherProtocol(t *testing.T) {
-	c := newCluster(t)
+// natsGreeter listens on loopback as a NATS server does to a client that
+// does not speak its protocol: it greets each connection with its INFO
+// line and closes it. It stops with the test.
+func natsGreeter(t *testing.T) net.Listener {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	greeting := `INFO {"server_id":"NBWX","server_name":"n1","version":"2.15.3","proto":1,"host":"127.0.0.1","port":4222,"max_payload":8388608}` + "\r\n"
 	var wg sync.WaitGroup
-	defer func() { ln.Close(); wg.Wait() }()
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -441,6 +435,21 @@ func TestStatusOfAnEndpointThatSpeaksAnotherProtocol(t *testing.T) {
 			conn.Close()
 		}
 	}()
+	return ln
+}
+
+// TestStatusOfAnEndpointThatSpeaksAnotherProtocol: an endpoint where
+// another service listens that does not speak HTTP at all (a node's own
+// NATS port, 4222, given for its HTTP port, 7080: the service greets each
+// connection with a line of its own) answered: its row reads ERROR, "not
+// a kvrouter status", as for a web page (docs/kvctl.md, "kvctl status":
+// "one that answers ... with what is not a node's status (not a kvrouter
+// status: another service at that address, a web page) ... reads ERROR"),
+// and kvctl does not say it did not answer, nor copy the service's
+// greeting into the row.
+func TestStatusOfAnEndpointThatSpeaksAnotherProtocol(t *testing.T) {
+	c := newCluster(t)
+	ln := natsGreeter(t)
 	ep := c.nodes[0].addr() + "," + ln.Addr().String()
 	r := kvctl(t, "--endpoints", ep, "status", "-o", "json").wantCode(t, 1)
 	rows := statusJSON(t, r.stdout)

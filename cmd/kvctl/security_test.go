@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -272,25 +271,7 @@ func TestStatusOverTLSOfAnEndpointThatSpeaksAnotherProtocol(t *testing.T) {
 	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	greeting := `INFO {"server_id":"NBWX","server_name":"n1","version":"2.15.3","proto":1,"host":"127.0.0.1","port":4222,"max_payload":8388608}` + "\r\n"
-	var wg sync.WaitGroup
-	defer func() { ln.Close(); wg.Wait() }()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			io.WriteString(conn, greeting)
-			conn.Close()
-		}
-	}()
+	ln := natsGreeter(t)
 	r := kvctl(t, "--endpoints", ln.Addr().String(), "--tls-ca", ca, "--timeout", "3s", "status", "-o", "json").wantCode(t, 1)
 	rows := statusJSON(t, r.stdout)
 	if len(rows) != 1 || rows[0].Failure != failError || !strings.Contains(rows[0].Error, "not a kvrouter status") ||
