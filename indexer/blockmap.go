@@ -93,8 +93,11 @@ var newBlockSeed = rand.Uint64
 func (m *blockMap) hash(eh uint64) uint64 { return mix64(eh ^ m.seed) }
 
 // newBlockMap returns a map with room for about hint entries before it
-// grows.
-func newBlockMap(hint int) blockMap {
+// grows. Its full-sized tables come from t (nil: made): a rebuild sizes
+// its maps at once, hundreds of megabytes of tables for millions of
+// blocks, whose first writes fault once per 4 KiB page unless they come
+// from t's slabs advised for huge pages.
+func newBlockMap(hint int, t *segTables) blockMap {
 	if hint <= 0 {
 		return blockMap{}
 	}
@@ -113,7 +116,7 @@ func newBlockMap(hint int) blockMap {
 	}
 	m.dir = make([]*bmSegment, 1<<m.depth)
 	for i := range m.dir {
-		m.dir[i] = &bmSegment{slots: make([]blockSlot, segSlots), depth: m.depth}
+		m.dir[i] = &bmSegment{slots: t.get(), depth: m.depth}
 	}
 	return m
 }

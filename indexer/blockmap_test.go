@@ -94,7 +94,7 @@ func TestBlockMapMatchesMap(t *testing.T) {
 			seed = rapid.Uint64().Draw(rt, "seed")
 		}
 		defer setBlockSeed(seed)()
-		m := newBlockMap(rapid.IntRange(0, 40).Draw(rt, "hint"))
+		m := newBlockMap(rapid.IntRange(0, 40).Draw(rt, "hint"), nil)
 		ref := map[uint64]*node{}
 		// Small key sets make long colliding runs inside one segment;
 		// large ones split segments and double the directory.
@@ -161,7 +161,7 @@ func TestBlockMapMatchesMap(t *testing.T) {
 // segment's end, deletes from the middle, and checks every key is still
 // found.
 func TestBlockMapDeleteShiftsRuns(t *testing.T) {
-	m := newBlockMap(6) // one segment of 8 slots
+	m := newBlockMap(6, nil) // one segment of 8 slots
 	home := func(k uint64) int { return int(m.hash(k)) & 7 }
 	var same, other []uint64
 	for k := uint64(1); len(same) < 3 || len(other) < 3; k++ {
@@ -201,7 +201,7 @@ func TestBlockMapDeleteShiftsRuns(t *testing.T) {
 // doublings, with deletes between, and checks it against a Go map.
 func TestBlockMapSplits(t *testing.T) {
 	for _, hint := range []int{0, 5000} {
-		m := newBlockMap(hint)
+		m := newBlockMap(hint, nil)
 		ref := map[uint64]*node{}
 		n := &node{}
 		for i := uint64(1); i <= 20_000; i++ {
@@ -300,7 +300,7 @@ func TestBlockMapClusteredHashes(t *testing.T) {
 		keys = append(keys, i*0x9e3779b97f4a7c15)
 	}
 	for _, hint := range []int{0, 100, 5000} {
-		m := newBlockMap(hint)
+		m := newBlockMap(hint, nil)
 		ref := map[uint64]*node{}
 		nodes := []*node{{seq: 1}, {seq: 2}}
 		for i, k := range keys {

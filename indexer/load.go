@@ -337,7 +337,16 @@ func (l *Loader) build(ix *Index) error {
 	// records are one per seq and each builds at most one node, so the
 	// names of the tree are unique; two records of one position share
 	// their node, named by the first.
-	ix.names = newBlockMap(int(ix.nodes))
+	//
+	// The names' and the ranks' maps are sized here at once, with tables
+	// from the index's pool (segTables) whose slabs the Loader's scratch
+	// advises for huge pages, as it does the tree's node slabs: millions
+	// of blocks take hundreds of megabytes of tables, and their first
+	// writes would otherwise fault once per 4 KiB page. Slabs the index
+	// takes later are its own.
+	ix.tables.huge = &l.scratch
+	defer func() { ix.tables.huge = &ix.huge }()
+	ix.names = newBlockMap(int(ix.nodes), &ix.tables)
 	for k := range nodes.recs {
 		if nodes.state[k] == linkDone {
 			n := nodes.recs[k].n
@@ -353,7 +362,7 @@ func (l *Loader) build(ix *Index) error {
 	unique := true
 	for i, lr := range l.ranks {
 		rs := ix.rankFor(lr.meta.Rank, true)
-		rs.blocks = newBlockMap(lr.entries.n)
+		rs.blocks = newBlockMap(lr.entries.n, &ix.tables)
 		rs.cap = lr.meta.Capacity
 		rss[i] = rs
 		unique = unique && lr.unique

@@ -111,7 +111,7 @@ func (l *Loader) applySpread(ix *Index, x *seqIndex, rss []*rankState) (bool, er
 	})
 	for p := range tallies {
 		if tallies[p].conflict {
-			undoHolders(x, rss, ranks)
+			undoHolders(x, rss, ranks, &ix.tables)
 			return false, nil
 		}
 	}
@@ -135,8 +135,9 @@ func (l *Loader) applySpread(ix *Index, x *seqIndex, rss []*rankState) (bool, er
 }
 
 // undoHolders takes back what an abandoned applySpread added: the holders
-// of every node (the tree had none before it) and the ranks' maps.
-func undoHolders(x *seqIndex, rss []*rankState, ranks []*loadRank) {
+// of every node (the tree had none before it) and the ranks' maps, whose
+// tables go back to t for the fresh maps.
+func undoHolders(x *seqIndex, rss []*rankState, ranks []*loadRank, t *segTables) {
 	for k := range x.recs {
 		if r := &x.recs[k]; x.state[k] == linkDone {
 			clear(r.n.holders)
@@ -144,6 +145,7 @@ func undoHolders(x *seqIndex, rss []*rankState, ranks []*loadRank) {
 		}
 	}
 	for i, rs := range rss {
-		rs.blocks = newBlockMap(ranks[i].entries.n)
+		t.release(&rs.blocks)
+		rs.blocks = newBlockMap(ranks[i].entries.n, t)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/kvrouter/kvrouter/internal/hugepage"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"pgregory.net/rapid"
 )
@@ -228,7 +229,7 @@ func TestTablesGoWithTheTree(t *testing.T) {
 func TestATableGrownInPlaceIsKept(t *testing.T) {
 	t.Cleanup(setBlockSeed(0)) // the keys are aimed at seed 0
 	var tables segTables
-	m := newBlockMap(0)
+	m := newBlockMap(0, nil)
 	nd := &node{seq: 1}
 	for _, k := range clusteredKeys(0x5555555555555400>>10>>1, 53, 2048) {
 		m.put(k, nd, &tables)
@@ -252,5 +253,74 @@ func TestATableGrownInPlaceIsKept(t *testing.T) {
 	}
 	if err := m.check(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLoadedMapsTakeTablesFromTheSlabs: a load sizes the names' and the
+// ranks' maps at once, and their full-sized tables come from the index's
+// slabs (advised for huge pages while the Loader runs), not from make:
+// at a restart of 5M blocks that is about 260 MB of tables written for
+// the first time. The Loader's advice is withdrawn at its end, as for the
+// tree's node slabs; the index's later slabs are its own. A parallel
+// load that falls back to the serial path (two holders of one rank on a
+// node) hands its maps' tables to the serial path's.
+func TestLoadedMapsTakeTablesFromTheSlabs(t *testing.T) {
+	for _, tc := range []struct {
+		parts    int
+		conflict bool
+	}{{1, false}, {2, false}, {2, true}} {
+		parts := tc.parts
+		t.Run(fmt.Sprintf("parts=%d,conflict=%v", parts, tc.conflict), func(t *testing.T) {
+			before := hugepage.Held() // other tests' indexes may hold some
+			l := NewLoader(0, 0)
+			l.Spread(parts, spreadGo)
+			ranks := []kvevent.Rank{{Worker: 1}, {Worker: 2}}
+			const chain = 4000 // names: 8 full-sized tables; each rank's blocks: 8
+			for s := uint64(1); s <= chain; s++ {
+				l.AddNode(s, s-1, s == 1, s+1000)
+				for i, r := range ranks {
+					l.AddEntry(r, s<<8|uint64(i), s, 1, uint32(s))
+				}
+			}
+			if tc.conflict {
+				l.AddEntry(ranks[0], (chain+1)<<8, chain, 2, chain+1) // a second holder of rank 1 on the last node
+			}
+			for _, r := range ranks {
+				l.AddRank(RankMeta{Rank: r, Capacity: [kvevent.NumTiers]int64{chain + 1}})
+			}
+			ix := New(Config{})
+			if err := l.Finish(ix); err != nil {
+				t.Fatal(err)
+			}
+			slab := ix.tables.slab[:cap(ix.tables.slab)]
+			lo, hi := uintptr(unsafe.Pointer(unsafe.SliceData(slab))), uintptr(unsafe.Pointer(unsafe.SliceData(slab)))+uintptr(len(slab))*unsafe.Sizeof(segTable{})
+			maps := []*blockMap{&ix.names}
+			for _, r := range ranks {
+				maps = append(maps, &ix.rankFor(r, false).blocks)
+			}
+			total := 0
+			for j, m := range maps {
+				for i := 0; i < len(m.dir); {
+					s := m.dir[i]
+					if p := uintptr(unsafe.Pointer(unsafe.SliceData(s.slots))); len(s.slots) == segSlots && (p < lo || p >= hi) {
+						t.Fatalf("map %d's segment at entry %d has a table of its own, not one of the slab's", j, i)
+					}
+					i += 1 << (m.depth - s.depth)
+				}
+				total += fullTables(m)
+			}
+			if total == 0 || len(ix.tables.slab) == 0 {
+				t.Fatalf("the maps have %d full-sized tables, %d from the slab: the test needs full-sized ones", total, len(ix.tables.slab))
+			}
+			if ix.tables.huge != &ix.huge {
+				t.Fatal("after the load the index's pool records its slabs in the Loader's scratch")
+			}
+			if h := hugepage.Held(); h != before {
+				t.Fatalf("%d bytes advised after the Loader ended, %d before it", h, before)
+			}
+			if err := checkTables(&ix.tables, maps...); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
