@@ -89,6 +89,10 @@ type Loader struct {
 	// rebuild's cost with 4 KiB pages); Finish and Discard withdraw the
 	// advice (see nodePool).
 	scratch hugepage.Scratch
+	// The chunks of the node records and of every rank's residencies come
+	// from slabs recorded in scratch (see chunkSlab).
+	nodeSlab  chunkSlab[loadNode]
+	entrySlab chunkSlab[loadEntry]
 }
 
 // loadNode is one node record and what Finish works out about it.
@@ -135,6 +139,8 @@ func NewLoader(nodes, ranks int) *Loader {
 		ranks:  make([]*loadRank, 0, ranks),
 		rankAt: make(map[kvevent.Rank]*loadRank, ranks),
 	}
+	l.nodeSlab.sc, l.entrySlab.sc = &l.scratch, &l.scratch
+	l.nodes.from = &l.nodeSlab
 	l.nodes.reserve(nodes, &l.scratch)
 	return l
 }
@@ -146,8 +152,23 @@ func (l *Loader) AddNode(seq, parent uint64, root bool, local uint64) {
 
 // NodeRecords collects node records apart from a Loader, so that a second
 // scan of the node records can run beside the one that feeds the Loader;
-// Loader.AddNodes hands them over.
-type NodeRecords struct{ c chunks[loadNode] }
+// Loader.AddNodes hands them over. Its zero value is ready to use;
+// Loader.NodeRecords returns one whose chunks come from slabs of the
+// Loader's scratch.
+type NodeRecords struct {
+	c    chunks[loadNode]
+	slab chunkSlab[loadNode]
+}
+
+// NodeRecords returns an empty NodeRecords for l.AddNodes, its chunks
+// from slabs advised for huge pages and recorded in l's scratch, which
+// Finish and Discard release. It may be filled on another goroutine than
+// l's (it shares only the scratch, which is safe for concurrent use).
+func (l *Loader) NodeRecords() *NodeRecords {
+	r := &NodeRecords{slab: chunkSlab[loadNode]{sc: &l.scratch}}
+	r.c.from = &r.slab
+	return r
+}
 
 // Add records a tree node, as Loader.AddNode does.
 func (r *NodeRecords) Add(seq, parent uint64, root bool, local uint64) {
@@ -182,7 +203,7 @@ func (l *Loader) AddRank(m RankMeta) {
 func (l *Loader) rank(r kvevent.Rank) *loadRank {
 	lr := l.rankAt[r]
 	if lr == nil {
-		lr = &loadRank{meta: RankMeta{Rank: r}, unique: true}
+		lr = &loadRank{meta: RankMeta{Rank: r}, entries: chunks[loadEntry]{from: &l.entrySlab}, unique: true}
 		l.rankAt[r] = lr
 		l.ranks = append(l.ranks, lr)
 	}

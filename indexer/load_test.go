@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/kvrouter/kvrouter/internal/hugepage"
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -489,6 +490,98 @@ func TestChunksKeepOrder(t *testing.T) {
 				t.Fatalf("%+v: record %d is %d", tc, i, v)
 			}
 		}
+	}
+}
+
+// TestChunkSlabsCarveDisjointChunks: collections whose chunks come from
+// one chunkSlab (a Loader's ranks' residencies) keep their own records in
+// order, no two chunks share memory, and the large slabs are advised and
+// recorded in the slab's scratch, whose Release withdraws them.
+func TestChunkSlabsCarveDisjointChunks(t *testing.T) {
+	var sc hugepage.Scratch
+	before := hugepage.Held()
+	slab := &chunkSlab[int]{sc: &sc}
+	a, b := chunks[int]{from: slab}, chunks[int]{from: slab}
+	const na, nb = 20*chunkMax + 5, 3*chunkMax + 7 // a's slabs reach chunkSlabBytes
+	for i, j := 0, 0; i < na || j < nb; {
+		for k := 0; k < 1000 && i < na; k++ {
+			*a.next() = i
+			i++
+		}
+		for k := 0; k < 300 && j < nb; k++ {
+			*b.next() = -j
+			j++
+		}
+	}
+	type span struct{ lo, hi uintptr }
+	var spans []span
+	for _, c := range []*chunks[int]{&a, &b} {
+		for _, ch := range c.all {
+			lo := uintptr(unsafe.Pointer(unsafe.SliceData(ch)))
+			spans = append(spans, span{lo, lo + uintptr(cap(ch))*unsafe.Sizeof(0)})
+		}
+	}
+	slices.SortFunc(spans, func(x, y span) int { return cmp.Compare(x.lo, y.lo) })
+	for k := 1; k < len(spans); k++ {
+		if spans[k].lo < spans[k-1].hi {
+			t.Fatalf("two chunks share memory: [%#x, %#x) and [%#x, %#x)", spans[k-1].lo, spans[k-1].hi, spans[k].lo, spans[k].hi)
+		}
+	}
+	for name, c := range map[string]struct {
+		c    *chunks[int]
+		n    int
+		sign int
+	}{"a": {&a, na, 1}, "b": {&b, nb, -1}} {
+		flat := c.c.flatten(nil)
+		if len(flat) != c.n {
+			t.Fatalf("%s: %d records, want %d", name, len(flat), c.n)
+		}
+		for i, v := range flat {
+			if v != c.sign*i {
+				t.Fatalf("%s: record %d is %d", name, i, v)
+			}
+		}
+	}
+	if hugepage.Held() == before {
+		t.Fatalf("no slab was advised: %d records of 8 bytes", na+nb)
+	}
+	sc.Release()
+	if h := hugepage.Held(); h != before {
+		t.Fatalf("%d bytes advised after the scratch's release, %d before", h, before)
+	}
+}
+
+// TestLoaderCollectsFromItsSlabs: a Loader's node records, its ranks'
+// residencies and the NodeRecords it hands out are carved from slabs
+// recorded in its scratch, not made one by one.
+func TestLoaderCollectsFromItsSlabs(t *testing.T) {
+	l := NewLoader(0, 0)
+	up := l.NodeRecords()
+	for s := uint64(1); s <= 3*chunkMin; s++ {
+		l.AddNode(s, 0, true, s)
+		up.Add(s+1000, 0, true, s)
+		l.AddEntry(kvevent.Rank{Worker: 1}, s, s, 1, 1)
+		l.AddEntry(kvevent.Rank{Worker: 2}, s, s, 1, 1)
+	}
+	if l.nodes.from != &l.nodeSlab || up.c.from != &up.slab || l.ranks[0].entries.from != &l.entrySlab || l.ranks[1].entries.from != &l.entrySlab {
+		t.Fatal("the Loader's collections do not take their chunks from its slabs")
+	}
+	if up.slab.sc != &l.scratch || l.nodeSlab.sc != &l.scratch || l.entrySlab.sc != &l.scratch {
+		t.Fatal("the slabs are not recorded in the Loader's scratch")
+	}
+	// The ranks' entries alternate: the second rank's first chunk starts
+	// where the first rank's ended, in one slab.
+	a, b := l.ranks[0].entries.all[0], l.ranks[1].entries.all[0]
+	if unsafe.SliceData(b) != (*loadEntry)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(a)), uintptr(cap(a))*unsafe.Sizeof(loadEntry{}))) {
+		t.Fatal("the ranks' first chunks were not carved one after the other from one slab")
+	}
+	// And a chunk is no longer than the collection asked for.
+	if len(l.nodes.all) < 2 || cap(l.nodes.all[0]) != chunkMin || cap(l.nodes.all[1]) != 2*chunkMin {
+		t.Fatalf("node chunks of %d and %d records, want %d and %d", cap(l.nodes.all[0]), cap(l.nodes.all[1]), chunkMin, 2*chunkMin)
+	}
+	l.AddNodes(up)
+	if err := l.Finish(New(Config{})); err != nil {
+		t.Fatal(err)
 	}
 }
 

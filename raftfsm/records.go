@@ -175,7 +175,7 @@ func (f *FSM) load() (err error) {
 	// apart from the Loader; the tree is then built on one goroutine
 	// while the other reads the residencies.
 	half := []byte{0x80}
-	var upper indexer.NodeRecords
+	upper := b.l.NodeRecords()
 	upperDone, nodesDone := make(chan error, 1), make(chan error, 1)
 	go func() {
 		err := scanRange(store.KindNode, nil, half, b.node)
@@ -183,7 +183,7 @@ func (f *FSM) load() (err error) {
 			err = uerr
 		}
 		if err == nil {
-			b.l.AddNodes(&upper)
+			b.l.AddNodes(upper)
 			b.l.LinkNodes() // the tree, while the residencies are still read
 		}
 		nodesDone <- err
