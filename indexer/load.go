@@ -368,12 +368,7 @@ func (l *Loader) build(ix *Index) error {
 	ix.tables.huge = &l.scratch
 	defer func() { ix.tables.huge = &ix.huge }()
 	ix.names = newBlockMap(int(ix.nodes), &ix.tables)
-	for k := range nodes.recs {
-		if nodes.state[k] == linkDone {
-			n := nodes.recs[k].n
-			ix.names.put(n.seq, n, &ix.tables)
-		}
-	}
+	fillNames(&ix.names, nodes, &ix.tables)
 
 	// Ranks take slots in rank order: deterministic, and the order in
 	// which their entries are applied below, so that every holder lands
@@ -415,6 +410,57 @@ func (l *Loader) build(ix *Index) error {
 		}
 	}
 	return nil
+}
+
+// fillNames puts every linked node of x into m, a map sized for them, under
+// its name (its seq).
+//
+// The records are in seq order, and a name's slot in m is at random: one
+// insert after another would wait out a cache miss into a table of
+// hundreds of megabytes each (and one into the node, for its seq). So,
+// when the tree was built top down (every record's node is named by the
+// record's own seq) and the records are many, the inserts are first
+// scattered by the top bits of their hash (which pick the segment) into
+// partitions of a few segments each, as the batched lookups are
+// (load_batch.go), and then made partition by partition, within tables
+// that stay in cache. The map holds the same entries either way.
+func fillNames(m *blockMap, x *seqIndex, t *segTables) {
+	recs, state := x.recs, x.state
+	if !x.ownNodes || !x.batched() || m.depth == 0 {
+		for k := range recs {
+			if state[k] == linkDone {
+				n := recs[k].n
+				m.put(n.seq, n, t)
+			}
+		}
+		return
+	}
+	logP := min(m.depth, maxBatchBits) // a partition is 1<<(depth-logP) segments
+	shift := 64 - logP
+	start := make([]uint32, 1<<logP+1)
+	for k := range recs {
+		if state[k] == linkDone {
+			start[m.hash(recs[k].seq)>>shift+1]++
+		}
+	}
+	var sum uint32
+	for p := range start {
+		sum += start[p]
+		start[p] = sum
+	}
+	pairs := hugepage.MakeIn[blockSlot](x.sc, int(sum))
+	cur := start[:len(start)-1]
+	for k := range recs {
+		if state[k] == linkDone {
+			r := &recs[k]
+			c := &cur[m.hash(r.seq)>>shift]
+			pairs[*c] = blockSlot{eh: r.seq, n: r.n}
+			*c++
+		}
+	}
+	for _, p := range pairs {
+		m.put(p.eh, p.n, t)
+	}
 }
 
 // applySerial adds every residency, rank by rank in slot order.
@@ -492,7 +538,12 @@ type seqIndex struct {
 	// random, touch small arrays.
 	par   []int32
 	state []uint8
-	sc    *hugepage.Scratch // the Loader's, for the arrays of its lookups
+	// ownNodes is set by linkAll when the tree was built top down
+	// (linkDown): every record linked built a node of its own, named by
+	// the record's seq. The upward walk, for damaged copies, may link two
+	// records of one position to one node.
+	ownNodes bool
+	sc       *hugepage.Scratch // the Loader's, for the arrays of its lookups
 }
 
 // newSeqIndex sorts the records by seq with one record per seq (the last
@@ -621,6 +672,7 @@ func (l *Loader) linkAll(x *seqIndex) (built int64) {
 		l.root.more = make(map[uint64]*node, rootKids-1)
 	}
 	if built, ok := l.linkDown(x, rootKids); ok {
+		x.ownNodes = true
 		return built
 	}
 	// Two records name one (parent, local) position: link as the walk

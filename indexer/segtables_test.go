@@ -324,3 +324,62 @@ func TestLoadedMapsTakeTablesFromTheSlabs(t *testing.T) {
 		})
 	}
 }
+
+// TestNamesFilledInPartitionsNameEveryNode: a load of many nodes fills the
+// names' map partition by partition (fillNames), and the map then names
+// every node of the tree by its seq and nothing else, as the one insert
+// after another that a damaged copy's load (or a small one) takes does.
+func TestNamesFilledInPartitionsNameEveryNode(t *testing.T) {
+	defer func(m int) { batchMinRecs = m }(batchMinRecs)
+	batchMinRecs = 0
+	for _, tc := range []struct {
+		name  string
+		dup   bool // two records of one position: the upward walk
+		parts int
+	}{{"top down", false, 1}, {"top down, spread", false, 2}, {"upward walk", true, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := NewLoader(0, 0)
+			l.Spread(tc.parts, spreadGo)
+			r := kvevent.Rank{Worker: 1}
+			// 64 chains of 100 blocks: 6,400 nodes, a map of 16 segments.
+			seq := uint64(0)
+			for c := uint64(0); c < 64; c++ {
+				parent := uint64(0)
+				for d := uint64(0); d < 100; d++ {
+					seq++
+					s := mix64(seq)
+					l.AddNode(s, parent, d == 0, c<<32|d)
+					l.AddEntry(r, s, s, 1, uint32(seq))
+					parent = s
+				}
+			}
+			if tc.dup {
+				l.AddNode(^uint64(0), 0, true, 0) // a second root child at chain 0's position
+			}
+			l.AddRank(RankMeta{Rank: r})
+			ix := New(Config{})
+			if err := l.Finish(ix); err != nil {
+				t.Fatal(err)
+			}
+			if ix.names.depth == 0 {
+				t.Fatal("the names' map has one segment: the partitioned fill is not taken")
+			}
+			n := 0
+			var walk func(nd *node)
+			walk = func(nd *node) {
+				n++
+				if got, ok := ix.names.get(nd.seq); !ok || got != nd {
+					t.Fatalf("node %#x: the names' map gives %p %v, want %p", nd.seq, got, ok, nd)
+				}
+				nd.forEachChild(walk)
+			}
+			ix.root.forEachChild(walk)
+			if n != 6400 || ix.names.len() != n {
+				t.Fatalf("%d nodes in the tree, %d names; want 6400 of each", n, ix.names.len())
+			}
+			if err := ix.names.check(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
