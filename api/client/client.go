@@ -116,6 +116,13 @@ var (
 	// the client's address). The call's error wraps it beside
 	// ErrUnreachable when such a try was among those that failed.
 	ErrNotHTTP = errors.New("answered in another protocol than HTTP (another service's port?)")
+	// ErrNotAnAnswer means an endpoint answered success with JSON that
+	// holds nothing of what every node's answer to the request does: an
+	// object without the request's field (a status with no node id and no
+	// Raft state, a route with no decision), from another service at that
+	// address. Decoded as it came, {"foo":1} read as an empty members or
+	// workers list, a status of no node, a route to worker 0.
+	ErrNotAnAnswer = errors.New("JSON of another shape than a node's answer (another service at that address?)")
 )
 
 // MaxAnswerBytes bounds a JSON answer the client reads. The largest a
@@ -1006,6 +1013,39 @@ func decodeAnswer(body io.Reader, out any) error {
 	return err
 }
 
+// keyed decodes a JSON object into v, and fails with ErrNotAnAnswer when
+// the object lacks key, a field every node's answer to the request holds
+// (null when it is empty). Decoded into v alone, an object without any of
+// v's fields is v's zero value: an empty list.
+type keyed[T any] struct {
+	v   *T
+	key string
+}
+
+func (k *keyed[T]) UnmarshalJSON(b []byte) error {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return err
+	}
+	if _, ok := fields[k.key]; !ok {
+		return fmt.Errorf("%w: no %q", ErrNotAnAnswer, k.key)
+	}
+	return json.Unmarshal(b, k.v)
+}
+
+// errNoStatus is the error of a status answer with neither a node id nor a
+// Raft state, which every node's status has.
+var errNoStatus = fmt.Errorf("%w: no node id and no Raft state", ErrNotAnAnswer)
+
+// checkStatus returns errNoStatus, wrapped with the request, for a status
+// answer of another shape.
+func checkStatus(st *raftfsm.NodeStatus) error {
+	if st.ID == "" && st.State == "" {
+		return fmt.Errorf("GET /v1/cluster/status: %w", errNoStatus)
+	}
+	return nil
+}
+
 // drainBytes bounds what drainAnswer reads of an answer past its JSON
 // value: a node's answer ends with the value's newline.
 const drainBytes = 4 << 10
@@ -1029,6 +1069,10 @@ func (c *Client) Route(ctx context.Context, req api.RouteRequest) (*api.RouteRes
 	var out api.RouteResponse
 	if err := c.call(ctx, http.MethodPost, "/v1/route", req, &out); err != nil {
 		return nil, err
+	}
+	if out.DecidedBy == "" && out.BlockSize == 0 {
+		// Every decision names its deciding term and the block size.
+		return nil, fmt.Errorf("POST /v1/route: %w: no decision and no block size", ErrNotAnAnswer)
 	}
 	return &out, nil
 }
@@ -1061,7 +1105,7 @@ func (c *Client) Free(ctx context.Context, requestID string) error {
 // Workers lists the registered workers, sorted by id.
 func (c *Client) Workers(ctx context.Context) ([]api.Worker, error) {
 	var out api.WorkersResponse
-	if err := c.call(ctx, http.MethodGet, "/v1/workers", nil, &out); err != nil {
+	if err := c.call(ctx, http.MethodGet, "/v1/workers", nil, &keyed[api.WorkersResponse]{&out, "workers"}); err != nil {
 		return nil, err
 	}
 	return out.Workers, nil
@@ -1084,7 +1128,7 @@ func (c *Client) DeregisterWorker(ctx context.Context, workerID uint64) error {
 // IndexStats returns the index summary of the node that answers.
 func (c *Client) IndexStats(ctx context.Context) (*api.IndexStats, error) {
 	var out api.IndexStats
-	if err := c.call(ctx, http.MethodGet, "/v1/index/stats", nil, &out); err != nil {
+	if err := c.call(ctx, http.MethodGet, "/v1/index/stats", nil, &keyed[api.IndexStats]{&out, "entries"}); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -1101,6 +1145,9 @@ func (c *Client) SetSettings(ctx context.Context, p indexer.Params, view indexer
 func (c *Client) Status(ctx context.Context) (*raftfsm.NodeStatus, error) {
 	var out raftfsm.NodeStatus
 	if err := c.call(ctx, http.MethodGet, "/v1/cluster/status", nil, &out); err != nil {
+		return nil, err
+	}
+	if err := checkStatus(&out); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -1123,6 +1170,9 @@ func (c *Client) StatusAll(ctx context.Context) []EndpointStatus {
 		wg.Go(func() {
 			var st raftfsm.NodeStatus
 			err := c.callReq(ctx, request{method: http.MethodGet, path: "/v1/cluster/status", endpoint: base}, &st)
+			if err == nil {
+				err = checkStatus(&st)
+			}
 			if err != nil {
 				out[i].Err = err
 				return
@@ -1164,7 +1214,7 @@ func (c *Client) Ready(ctx context.Context) (api.ReadyResponse, error) {
 // Members lists the cluster's members, sorted by id.
 func (c *Client) Members(ctx context.Context) ([]raftfsm.Member, error) {
 	var out api.MembersResponse
-	if err := c.call(ctx, http.MethodGet, "/v1/cluster/members", nil, &out); err != nil {
+	if err := c.call(ctx, http.MethodGet, "/v1/cluster/members", nil, &keyed[api.MembersResponse]{&out, "members"}); err != nil {
 		return nil, err
 	}
 	return out.Members, nil

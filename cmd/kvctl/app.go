@@ -465,6 +465,8 @@ func explain(err error) string {
 		return err.Error() + "; give the cluster's token with --token or --token-file (or KVCTL_TOKEN)"
 	case errors.Is(err, client.ErrNotHTTP):
 		return err.Error() + "; that address is not a node's HTTP port (another service's, such as a node's NATS port): check --endpoints (or KVCTL_ENDPOINTS)"
+	case errors.Is(err, client.ErrNotAnAnswer):
+		return err.Error() + "; that address is not a node's HTTP API: check --endpoints (or KVCTL_ENDPOINTS)"
 	case errors.Is(err, client.ErrUnreachable):
 		return err.Error() + "; check --endpoints (or KVCTL_ENDPOINTS) and that the nodes run"
 	case errors.Is(err, context.Canceled):

@@ -72,11 +72,6 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus, leader *le
 	var answered error // the first failure that is no endpoint unreachable: explain says what to do
 	rows := make([]statusRow, len(res))
 	for i, r := range res {
-		if r.Status != nil && r.Status.ID == "" && r.Status.State == "" {
-			// JSON of another shape ({"foo":1}) decodes into a status
-			// with none of its fields: no node answers so.
-			r.Status, r.Err = nil, errNoStatusFields
-		}
 		rows[i] = statusRow{Endpoint: hostOf(r.Endpoint), Status: r.Status}
 		if r.Status != nil {
 			rows[i].Removed = r.Status.Removed || leader.leftOut(r.Status)
@@ -88,6 +83,10 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus, leader *le
 				// Not the try's text, which names the request and the
 				// endpoint the row names already.
 				r.Err = fmt.Errorf("not a kvrouter status: %w", client.ErrNotHTTP)
+			case errors.Is(r.Err, client.ErrNotAnAnswer):
+				// JSON of another shape ({"foo":1}): the client's text
+				// says what a node's status has.
+				r.Err = fmt.Errorf("not a kvrouter status: %w", errors.Unwrap(r.Err))
 			case notAStatus(r.Err):
 				r.Err = fmt.Errorf("not a kvrouter status (another service at that address?): %w", r.Err)
 			}
@@ -274,15 +273,10 @@ func failedNotUnreachable(err error) bool {
 		strings.Contains(err.Error(), "server gave HTTP response to HTTPS client")
 }
 
-// errNoStatusFields is a success answer, a JSON object, that holds
-// neither a node's id nor its Raft state, which every node's status has:
-// JSON of another shape, whose fields the status has none of.
-var errNoStatusFields = errors.New("a JSON object with no node id and no Raft state")
-
 // notAStatus reports whether err is an answer that is not a node's
 // status: a success answer not JSON, JSON of another shape (a value not
 // an object, or an object with none of a status's fields:
-// errNoStatusFields), or larger
+// client.ErrNotAnAnswer), or larger
 // than any status (another service at that address: a web page, a metrics
 // port), or no HTTP at all (client.ErrNotHTTP: a service of another
 // protocol, a node's NATS port). The endpoint answered: "did not answer"
@@ -291,7 +285,7 @@ func notAStatus(err error) bool {
 	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
 	return errors.As(err, &se) || errors.As(err, &te) || errors.Is(err, client.ErrAnswerTooLarge) ||
-		errors.Is(err, client.ErrNotHTTP) || errors.Is(err, errNoStatusFields)
+		errors.Is(err, client.ErrNotHTTP) || errors.Is(err, client.ErrNotAnAnswer)
 }
 
 // divergence reports replicas that applied the same index but hold

@@ -384,6 +384,38 @@ func TestStatusOfAnEndpointThatAnswersJSONOfAnotherShape(t *testing.T) {
 	}
 }
 
+// TestCommandsRefuseJSONOfAnotherShape: the commands that read an answer
+// (members list, workers, index stats, route), given an endpoint alone
+// that answers every request 200 with JSON of another shape, fail with one
+// line that says the address is not a node's API; listed first before a
+// node, it is no leader's view (members list and workers read the node's).
+// From the review of kvctl status's check: {"foo":1} read as an empty
+// members list and an empty workers list (with a warning that no node
+// knows a leader), exit 0.
+func TestCommandsRefuseJSONOfAnotherShape(t *testing.T) {
+	c := newCluster(t)
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"foo":1}`+"\n")
+	}))
+	defer other.Close()
+	for _, args := range [][]string{{"members", "list"}, {"workers"}, {"index", "stats"}, {"route", "--hashes", "1"}} {
+		r := kvctl(t, append([]string{"--endpoints", other.Listener.Addr().String()}, args...)...)
+		if e := strings.TrimSpace(r.stderr); r.code != 1 || strings.Count(e, "\n") > 0 || !strings.Contains(e, "another shape") ||
+			!strings.Contains(e, "not a node's HTTP API") {
+			t.Errorf("kvctl %s against JSON of another shape: exit %d, stdout %q, stderr %q; want exit 1 and one line saying the address is not a node's API",
+				strings.Join(args, " "), r.code, r.stdout, e)
+		}
+	}
+	for _, args := range [][]string{{"members", "list", "-o", "json"}, {"workers", "-o", "json"}} {
+		r := kvctl(t, append([]string{"--endpoints", other.Listener.Addr().String() + "," + c.nodes[0].addr()}, args...)...).wantCode(t, 0)
+		if strings.Contains(r.stderr, "warning") || args[0] == "members" && !strings.Contains(r.stdout, `"n1"`) {
+			t.Errorf("kvctl %s with the other service first: stdout %q, stderr %q; want the node's view, no warning",
+				strings.Join(args, " "), r.stdout, strings.TrimSpace(r.stderr))
+		}
+	}
+}
+
 // TestStatusOfAnEndpointThatAnswersWithoutEnd: an endpoint whose 200
 // answer runs past client.MaxAnswerBytes (64 MiB, larger than any status:
 // another service's stream) answered: ERROR, "not a kvrouter status",

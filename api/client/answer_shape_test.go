@@ -1,0 +1,64 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/client"
+)
+
+// TestAnswersOfAnotherShapeAreRefused: a success answer in JSON that holds
+// nothing of what a node's answer to the request does ({"foo":1}, from
+// another service at that address) is client.ErrNotAnAnswer, where it
+// decoded into an empty members or workers list, zero index stats, a
+// status of no node and a route to worker 0; a node's answer with empty
+// lists (null or []) is one.
+func TestAnswersOfAnotherShapeAreRefused(t *testing.T) {
+	body := `{"foo":1}`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, body+"\n")
+	}))
+	defer srv.Close()
+	c, err := client.New([]string{srv.URL}, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	calls := map[string]func() error{
+		"Status":     func() error { _, err := c.Status(ctx); return err },
+		"StatusAll":  func() error { return c.StatusAll(ctx)[0].Err },
+		"Members":    func() error { _, err := c.Members(ctx); return err },
+		"Workers":    func() error { _, err := c.Workers(ctx); return err },
+		"IndexStats": func() error { _, err := c.IndexStats(ctx); return err },
+		"Route": func() error {
+			_, err := c.Route(ctx, api.RouteRequest{BlockHashes: []uint64{1}})
+			return err
+		},
+	}
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, client.ErrNotAnAnswer) {
+			t.Errorf("%s of %s: %v, want ErrNotAnAnswer", name, body, err)
+		}
+	}
+	for name, b := range map[string]string{
+		"Status":     `{"id":"n1","state":"Follower"}`,
+		"StatusAll":  `{"id":"","state":"Candidate"}`,
+		"Members":    `{"members":null}`,
+		"Workers":    `{"workers":[]}`,
+		"IndexStats": `{"nodes":0,"ranks":0,"entries":0}`,
+		"Route":      `{"worker_id":0,"dp_rank":0,"decided_by":"cost","block_size":16}`,
+	} {
+		body = b
+		if err := calls[name](); err != nil {
+			t.Errorf("%s of %s: %v, want a node's answer", name, b, err)
+		}
+	}
+}
