@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/api"
@@ -59,6 +60,42 @@ func TestAnswersOfAnotherShapeAreRefused(t *testing.T) {
 		body = b
 		if err := calls[name](); err != nil {
 			t.Errorf("%s of %s: %v, want a node's answer", name, b, err)
+		}
+	}
+}
+
+// TestAnAnswerOfAnotherShapeNamesItsEndpoint: with several endpoints, the
+// error of an answer of another shape names the endpoint that sent it, as
+// an error answer's and an answer in another protocol's do (kvctl then
+// says "that address is not a node's HTTP API": which one?). The
+// endpoint listed first does not answer, so the answer comes from the
+// second. From the review of 8c9cf45: the error named no endpoint.
+func TestAnAnswerOfAnotherShapeNamesItsEndpoint(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"foo":1}`+"\n")
+	}))
+	defer srv.Close()
+	other := srv.Listener.Addr().String()
+	c, err := client.New([]string{deadAddr(t), other}, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	for name, call := range map[string]func() error{
+		"Status":     func() error { _, err := c.Status(ctx); return err },
+		"Members":    func() error { _, err := c.Members(ctx); return err },
+		"Workers":    func() error { _, err := c.Workers(ctx); return err },
+		"IndexStats": func() error { _, err := c.IndexStats(ctx); return err },
+		"Route": func() error {
+			_, err := c.Route(ctx, api.RouteRequest{BlockHashes: []uint64{1}})
+			return err
+		},
+	} {
+		if err := call(); !errors.Is(err, client.ErrNotAnAnswer) || !strings.Contains(err.Error(), other) {
+			t.Errorf("%s, the second endpoint %s answering {\"foo\":1}: %v; want ErrNotAnAnswer naming %s", name, other, err, other)
 		}
 	}
 }

@@ -416,6 +416,28 @@ func TestCommandsRefuseJSONOfAnotherShape(t *testing.T) {
 	}
 }
 
+// TestJSONOfAnotherShapeNamesTheAddress: members list, workers, index
+// stats and route, given a node that does not answer and then an endpoint
+// that answers JSON of another shape, say which address is not a node's
+// HTTP API, as kvctl status names the endpoint of "not a kvrouter status"
+// and an error answer's line names its node. From the review of 8c9cf45:
+// "that address is not a node's HTTP API" named no address.
+func TestJSONOfAnotherShapeNamesTheAddress(t *testing.T) {
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"foo":1}`+"\n")
+	}))
+	defer other.Close()
+	addr := other.Listener.Addr().String()
+	for _, args := range [][]string{{"members", "list"}, {"workers"}, {"index", "stats"}, {"route", "--hashes", "1"}} {
+		r := kvctl(t, append([]string{"--endpoints", deadAddr(t) + "," + addr}, args...)...)
+		if e := strings.TrimSpace(r.stderr); r.code != 1 || !strings.Contains(e, "not a node's HTTP API") || !strings.Contains(e, addr) {
+			t.Errorf("kvctl %s, the second endpoint %s answering JSON of another shape: exit %d, stderr %q; want exit 1 naming %s",
+				strings.Join(args, " "), addr, r.code, e, addr)
+		}
+	}
+}
+
 // TestStatusOfAnEndpointThatAnswersWithoutEnd: an endpoint whose 200
 // answer runs past client.MaxAnswerBytes (64 MiB, larger than any status:
 // another service's stream) answered: ERROR, "not a kvrouter status",
