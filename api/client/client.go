@@ -983,6 +983,9 @@ func (c *Client) callReq(ctx context.Context, req request, out any) error {
 		return nil
 	}
 	if err := decodeAnswer(resp.Body, out); err != nil {
+		if errors.Is(err, ErrNotAnAnswer) {
+			return notAnAnswer(req, base, err)
+		}
 		if req.once && isWrite(req.method) {
 			// The node answered success, and its answer broke off (a
 			// connection reset, the caller's context ending): the write
@@ -995,8 +998,21 @@ func (c *Client) callReq(ctx context.Context, req request, out any) error {
 		}
 		return fmt.Errorf("%s %s: decode the answer: %w", req.method, req.path, err)
 	}
+	if sh, ok := out.(shaped); ok {
+		if err := sh.shapeErr(); err != nil {
+			return notAnAnswer(req, base, err)
+		}
+	}
 	drainAnswer(resp.Body)
 	return nil
+}
+
+// notAnAnswer is the error of an answer of another shape (ErrNotAnAnswer,
+// err) from the endpoint base: it names the endpoint, as an error answer's
+// and an answer in another protocol's do, since the call may have passed
+// over others before it.
+func notAnAnswer(req request, base string, err error) error {
+	return fmt.Errorf("%s %s: %s answered %w", req.method, req.path, hostOf(base), err)
 }
 
 // decodeAnswer decodes a JSON answer of at most MaxAnswerBytes into out.
@@ -1028,20 +1044,34 @@ func (k *keyed[T]) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	if _, ok := fields[k.key]; !ok {
-		return fmt.Errorf("%w: no %q", ErrNotAnAnswer, k.key)
+		return fmt.Errorf("%w: no %q field", ErrNotAnAnswer, k.key)
 	}
 	return json.Unmarshal(b, k.v)
 }
 
-// errNoStatus is the error of a status answer with neither a node id nor a
-// Raft state, which every node's status has.
-var errNoStatus = fmt.Errorf("%w: no node id and no Raft state", ErrNotAnAnswer)
+// shaped is an answer that tells, once decoded, whether it is of another
+// shape than a node's (ErrNotAnAnswer): fields every node's answer fills
+// came empty.
+type shaped interface{ shapeErr() error }
 
-// checkStatus returns errNoStatus, wrapped with the request, for a status
-// answer of another shape.
-func checkStatus(st *raftfsm.NodeStatus) error {
-	if st.ID == "" && st.State == "" {
-		return fmt.Errorf("GET /v1/cluster/status: %w", errNoStatus)
+// statusAnswer is a status as decoded: every node's has its id or its Raft
+// state.
+type statusAnswer raftfsm.NodeStatus
+
+func (s *statusAnswer) shapeErr() error {
+	if s.ID == "" && s.State == "" {
+		return fmt.Errorf("%w: no node id and no Raft state", ErrNotAnAnswer)
+	}
+	return nil
+}
+
+// routeAnswer is a route decision as decoded: every decision names its
+// deciding term and the block size.
+type routeAnswer api.RouteResponse
+
+func (r *routeAnswer) shapeErr() error {
+	if r.DecidedBy == "" && r.BlockSize == 0 {
+		return fmt.Errorf("%w: no decision and no block size", ErrNotAnAnswer)
 	}
 	return nil
 }
@@ -1067,12 +1097,8 @@ func drainAnswer(body io.Reader) {
 // req.Brief.
 func (c *Client) Route(ctx context.Context, req api.RouteRequest) (*api.RouteResponse, error) {
 	var out api.RouteResponse
-	if err := c.call(ctx, http.MethodPost, "/v1/route", req, &out); err != nil {
+	if err := c.call(ctx, http.MethodPost, "/v1/route", req, (*routeAnswer)(&out)); err != nil {
 		return nil, err
-	}
-	if out.DecidedBy == "" && out.BlockSize == 0 {
-		// Every decision names its deciding term and the block size.
-		return nil, fmt.Errorf("POST /v1/route: %w: no decision and no block size", ErrNotAnAnswer)
 	}
 	return &out, nil
 }
@@ -1144,10 +1170,7 @@ func (c *Client) SetSettings(ctx context.Context, p indexer.Params, view indexer
 // endpoint, or the next reachable one).
 func (c *Client) Status(ctx context.Context) (*raftfsm.NodeStatus, error) {
 	var out raftfsm.NodeStatus
-	if err := c.call(ctx, http.MethodGet, "/v1/cluster/status", nil, &out); err != nil {
-		return nil, err
-	}
-	if err := checkStatus(&out); err != nil {
+	if err := c.call(ctx, http.MethodGet, "/v1/cluster/status", nil, (*statusAnswer)(&out)); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -1169,10 +1192,7 @@ func (c *Client) StatusAll(ctx context.Context) []EndpointStatus {
 		out[i].Endpoint = base
 		wg.Go(func() {
 			var st raftfsm.NodeStatus
-			err := c.callReq(ctx, request{method: http.MethodGet, path: "/v1/cluster/status", endpoint: base}, &st)
-			if err == nil {
-				err = checkStatus(&st)
-			}
+			err := c.callReq(ctx, request{method: http.MethodGet, path: "/v1/cluster/status", endpoint: base}, (*statusAnswer)(&st))
 			if err != nil {
 				out[i].Err = err
 				return

@@ -381,6 +381,12 @@ func TestStatusOfAnEndpointThatAnswersJSONOfAnotherShape(t *testing.T) {
 			t.Errorf("the endpoint that answered %s: rows %+v, stderr %q; want ERROR, not a kvrouter status, and not \"did not answer\"",
 				body, rows, strings.TrimSpace(r.stderr))
 		}
+		// An object says what a node's status has, once: not the request
+		// nor the address, which the row names (from a review: a sabotage
+		// that doubled the hint and named the request passed).
+		if want := "not a kvrouter status: JSON of another shape than a node's answer (another service at that address?): no node id and no Raft state"; body != `[1,2]` && len(rows) == 2 && rows[1].Error != want {
+			t.Errorf("the endpoint that answered %s: error %q, want %q", body, rows[1].Error, want)
+		}
 	}
 }
 
