@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/kvrouter/kvrouter/internal/hugepage"
@@ -744,4 +747,38 @@ func TestSpreadBuildHandsOnItsSlabTails(t *testing.T) {
 	if len(ix.pool.spare) != slabs-1 {
 		t.Fatalf("after filling the current slab: %d spare slabs, want %d", len(ix.pool.spare), slabs-1)
 	}
+}
+
+// TestLinkedNodeRecordsGoToTheCollector: once LinkNodes has flattened the
+// node records into the seq index, it drops their chunks (l.nodes), and
+// the collector may have them while the rest of the load runs, as
+// applySerial's "the collector may have them while the rest loads" says
+// of each rank's residencies. operations.md ("Memory and the garbage
+// collector") has an operator size a start's peak or set GOMEMLIMIT so
+// that the runtime collects the load's temporaries as the heap nears the
+// limit: chunks that stay reachable until Finish (a slab's record in the
+// Loader's scratch, or the slab's unused tail) are a second copy of every
+// node record (48 bytes a block) in the load's peak.
+func TestLinkedNodeRecordsGoToTheCollector(t *testing.T) {
+	const chain = 400_000 // 19 MB of records: slabs past hugepage.MinBytes
+	l := NewLoader(0, 0)
+	for s := uint64(1); s <= chain; s++ {
+		l.AddNode(s, s-1, s == 1, s+1000)
+	}
+	var freed atomic.Int64
+	n := int64(len(l.nodes.all))
+	for _, ch := range l.nodes.all {
+		runtime.AddCleanup(&ch[:1][0], func(f *atomic.Int64) { f.Add(1) }, &freed)
+	}
+	l.LinkNodes()
+	if l.linkErr != nil {
+		t.Fatal(l.linkErr)
+	}
+	for deadline := time.Now().Add(5 * time.Second); freed.Load() < n && time.Now().Before(deadline); {
+		runtime.GC()
+	}
+	if got := freed.Load(); got < n {
+		t.Errorf("%d of %d node record chunks still reachable after LinkNodes dropped them (held until Finish)", n-got, n)
+	}
+	l.Discard() // l stays reachable until here
 }
