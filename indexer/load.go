@@ -90,9 +90,12 @@ type Loader struct {
 	// advice (see nodePool).
 	scratch hugepage.Scratch
 	// The chunks of the node records and of every rank's residencies come
-	// from slabs recorded in scratch (see chunkSlab).
+	// from slabs (see chunkSlab), released once LinkNodes and the
+	// residencies' apply have dropped them; records holds the NodeRecords
+	// handed out, whose slabs go the same way.
 	nodeSlab  chunkSlab[loadNode]
 	entrySlab chunkSlab[loadEntry]
+	records   []*NodeRecords
 }
 
 // loadNode is one node record and what Finish works out about it.
@@ -139,7 +142,6 @@ func NewLoader(nodes, ranks int) *Loader {
 		ranks:  make([]*loadRank, 0, ranks),
 		rankAt: make(map[kvevent.Rank]*loadRank, ranks),
 	}
-	l.nodeSlab.sc, l.entrySlab.sc = &l.scratch, &l.scratch
 	l.nodes.from = &l.nodeSlab
 	l.nodes.reserve(nodes, &l.scratch)
 	return l
@@ -161,13 +163,33 @@ type NodeRecords struct {
 }
 
 // NodeRecords returns an empty NodeRecords for l.AddNodes, its chunks
-// from slabs advised for huge pages and recorded in l's scratch, which
-// Finish and Discard release. It may be filled on another goroutine than
-// l's (it shares only the scratch, which is safe for concurrent use).
+// from slabs of its own advised for huge pages, which l releases with its
+// node records' (LinkNodes, Finish, Discard). It may be filled on another
+// goroutine than l's; that must end before AddNodes, LinkNodes, Finish or
+// Discard.
 func (l *Loader) NodeRecords() *NodeRecords {
-	r := &NodeRecords{slab: chunkSlab[loadNode]{sc: &l.scratch}}
+	r := &NodeRecords{}
 	r.c.from = &r.slab
+	l.records = append(l.records, r)
 	return r
+}
+
+// releaseNodeSlabs releases the slabs of the node records' chunks (the
+// Loader's and those of the NodeRecords it handed out).
+func (l *Loader) releaseNodeSlabs() {
+	l.nodeSlab.release()
+	for _, r := range l.records {
+		r.slab.release()
+	}
+	l.records = nil
+}
+
+// releaseScratch withdraws the huge page advice from everything the Loader
+// advised, at its end.
+func (l *Loader) releaseScratch() {
+	l.releaseNodeSlabs()
+	l.entrySlab.release()
+	l.scratch.Release()
 }
 
 // Add records a tree node, as Loader.AddNode does.
@@ -226,7 +248,7 @@ func (l *Loader) Finish(ix *Index) error {
 	if err != nil {
 		ix.resetLocked()
 	}
-	l.scratch.Release()
+	l.releaseScratch()
 	*l = Loader{}
 	return err
 }
@@ -237,7 +259,7 @@ func (l *Loader) Finish(ix *Index) error {
 // they are dropped. A LinkNodes running on another goroutine must have
 // returned.
 func (l *Loader) Discard() {
-	l.scratch.Release()
+	l.releaseScratch()
 	*l = Loader{}
 }
 
@@ -303,10 +325,12 @@ func (l *Loader) LinkNodes() {
 	if l.nodes.n > math.MaxInt32 {
 		l.linkErr = fmt.Errorf("%w: %d nodes", ErrBadDump, l.nodes.n)
 		l.nodes = chunks[loadNode]{}
+		l.releaseNodeSlabs()
 		return
 	}
 	l.seqs = newSeqIndex(l.nodes.flatten(&l.scratch), &l.scratch)
 	l.nodes = chunks[loadNode]{}
+	l.releaseNodeSlabs() // the collector may have the chunks now
 	l.built = l.linkAll(l.seqs)
 }
 
@@ -395,6 +419,9 @@ func (l *Loader) build(ix *Index) error {
 			return err
 		}
 	}
+	// Every rank's residencies are applied and dropped (the serial path
+	// drops each rank's as it goes, but the ranks share the slabs).
+	l.entrySlab.release()
 	for i, lr := range l.ranks {
 		rs := rss[i]
 		rs.order = lr.meta.Order

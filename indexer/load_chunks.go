@@ -23,7 +23,7 @@ type chunks[T any] struct {
 const chunkMin, chunkMax = 64, 1 << 16
 
 // chunkSlab carves chunks out of slabs of about chunkSlabBytes, advised
-// for huge pages and recorded in sc, for collections that are dropped
+// for huge pages, for collections that are dropped
 // together (a Loader's). Why: a rebuild collects hundreds of megabytes of
 // records (5M tree nodes of 48 bytes, and their residencies, 24 bytes
 // each, in hundreds of ranks' chunks of at most chunkMax records, too
@@ -33,10 +33,24 @@ const chunkMin, chunkMax = 64, 1 << 16
 // fit in the slab's rest starts a new slab; the rest (less than one
 // chunk) is left unused. Slabs double from minChunkSlabBytes, so that a
 // small load stays small. A chunkSlab is used by one goroutine at a time.
+//
+// The slabs' advice is recorded in the chunkSlab's own scratch, not the
+// Loader's, so that release, once the collections are dropped (the node
+// records when LinkNodes has copied them, the residencies once applied),
+// leaves nothing of the chunkSlab's that reaches them: the collector may
+// have them while the rest of the load runs, as it could have chunks made
+// one by one.
 type chunkSlab[T any] struct {
 	rest []T // the current slab's unused part: len 0
 	next int // bytes of the next slab; 0 before the first
-	sc   *hugepage.Scratch
+	huge hugepage.Scratch
+}
+
+// release withdraws the advice from the slabs and drops the chunkSlab's
+// references to them; chunks taken after it come from new slabs.
+func (s *chunkSlab[T]) release() {
+	s.huge.Release()
+	s.rest = nil
 }
 
 const minChunkSlabBytes, chunkSlabBytes = 64 << 10, 16 << 20
@@ -50,7 +64,7 @@ func (s *chunkSlab[T]) take(n int) []T {
 		var zero T
 		size := max(s.next, minChunkSlabBytes)
 		s.next = min(2*size, chunkSlabBytes)
-		s.rest = hugepage.MakeCapIn[T](s.sc, max(n, size/int(unsafe.Sizeof(zero))))
+		s.rest = hugepage.MakeCapIn[T](&s.huge, max(n, size/int(unsafe.Sizeof(zero))))
 	}
 	c := s.rest[:0:n]
 	s.rest = s.rest[n:n:cap(s.rest)]

@@ -498,12 +498,11 @@ func TestChunksKeepOrder(t *testing.T) {
 
 // TestChunkSlabsCarveDisjointChunks: collections whose chunks come from
 // one chunkSlab (a Loader's ranks' residencies) keep their own records in
-// order, no two chunks share memory, and the large slabs are advised and
-// recorded in the slab's scratch, whose Release withdraws them.
+// order, no two chunks share memory, and the large slabs are advised,
+// which the slab's release withdraws.
 func TestChunkSlabsCarveDisjointChunks(t *testing.T) {
-	var sc hugepage.Scratch
 	before := hugepage.Held()
-	slab := &chunkSlab[int]{sc: &sc}
+	slab := &chunkSlab[int]{}
 	a, b := chunks[int]{from: slab}, chunks[int]{from: slab}
 	const na, nb = 20*chunkMax + 5, 3*chunkMax + 7 // a's slabs reach chunkSlabBytes
 	for i, j := 0, 0; i < na || j < nb; {
@@ -548,15 +547,15 @@ func TestChunkSlabsCarveDisjointChunks(t *testing.T) {
 	if hugepage.Held() == before {
 		t.Fatalf("no slab was advised: %d records of 8 bytes", na+nb)
 	}
-	sc.Release()
-	if h := hugepage.Held(); h != before {
-		t.Fatalf("%d bytes advised after the scratch's release, %d before", h, before)
+	slab.release()
+	if h := hugepage.Held(); h != before || slab.rest != nil {
+		t.Fatalf("%d bytes advised after the slab's release, %d before; the slab keeps a rest of %d", h, before, cap(slab.rest))
 	}
 }
 
 // TestLoaderCollectsFromItsSlabs: a Loader's node records, its ranks'
-// residencies and the NodeRecords it hands out are carved from slabs
-// recorded in its scratch, not made one by one.
+// residencies and the NodeRecords it hands out are carved from slabs, not
+// made one by one, and the Loader keeps the NodeRecords to release them.
 func TestLoaderCollectsFromItsSlabs(t *testing.T) {
 	l := NewLoader(0, 0)
 	up := l.NodeRecords()
@@ -569,8 +568,8 @@ func TestLoaderCollectsFromItsSlabs(t *testing.T) {
 	if l.nodes.from != &l.nodeSlab || up.c.from != &up.slab || l.ranks[0].entries.from != &l.entrySlab || l.ranks[1].entries.from != &l.entrySlab {
 		t.Fatal("the Loader's collections do not take their chunks from its slabs")
 	}
-	if up.slab.sc != &l.scratch || l.nodeSlab.sc != &l.scratch || l.entrySlab.sc != &l.scratch {
-		t.Fatal("the slabs are not recorded in the Loader's scratch")
+	if !slices.Contains(l.records, up) {
+		t.Fatal("the Loader does not keep the NodeRecords it handed out, to release their slabs")
 	}
 	// The ranks' entries alternate: the second rank's first chunk starts
 	// where the first rank's ended, in one slab.
