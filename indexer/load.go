@@ -154,9 +154,9 @@ func (l *Loader) AddNode(seq, parent uint64, root bool, local uint64) {
 
 // NodeRecords collects node records apart from a Loader, so that a second
 // scan of the node records can run beside the one that feeds the Loader;
-// Loader.AddNodes hands them over. Its zero value is ready to use;
-// Loader.NodeRecords returns one whose chunks come from slabs of the
-// Loader's scratch.
+// Loader.AddNodes hands them over. Its zero value is ready to use (its
+// chunks made one by one); Loader.NodeRecords returns one whose chunks
+// come from slabs the Loader releases.
 type NodeRecords struct {
 	c    chunks[loadNode]
 	slab chunkSlab[loadNode]

@@ -23,8 +23,8 @@ type chunks[T any] struct {
 const chunkMin, chunkMax = 64, 1 << 16
 
 // chunkSlab carves chunks out of slabs of about chunkSlabBytes, advised
-// for huge pages, for collections that are dropped
-// together (a Loader's). Why: a rebuild collects hundreds of megabytes of
+// for huge pages, for collections that are dropped together (a Loader's).
+// Why: a rebuild collects hundreds of megabytes of
 // records (5M tree nodes of 48 bytes, and their residencies, 24 bytes
 // each, in hundreds of ranks' chunks of at most chunkMax records, too
 // small to advise one by one), and on the virtual machines we run on the
