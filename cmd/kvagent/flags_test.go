@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/urfave/cli/v2"
 
 	"github.com/kvrouter/kvrouter/agent"
@@ -137,17 +138,8 @@ func TestEndpointFlagsLibzmqCannotTakeAreUsageErrors(t *testing.T) {
 // Every kvagent flag can be set from the environment (design/cli.md), as
 // KVAGENT_<FLAG_NAME>.
 func TestEveryFlagHasAnEnvVar(t *testing.T) {
-	for _, f := range app().Flags {
-		name := f.Names()[0]
-		want := "KVAGENT_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
-		df, ok := f.(cli.DocGenerationFlag)
-		if !ok {
-			t.Errorf("--%s: %T has no env vars", name, f)
-			continue
-		}
-		if env := df.GetEnvVars(); len(env) != 1 || env[0] != want {
-			t.Errorf("--%s: env vars %q, want [%s]", name, env, want)
-		}
+	for _, bad := range clihelp.EnvVarMismatches(app().Flags, "KVAGENT") {
+		t.Error(bad)
 	}
 }
 

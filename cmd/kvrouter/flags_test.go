@@ -7,24 +7,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/urfave/cli/v2"
+	"github.com/kvrouter/kvrouter/internal/clihelp"
 )
 
 // TestEveryFlagHasAnEnvVar: every kvrouter flag is read from KVROUTER_<FLAG>
 // too (docs/operations.md; the design's cli.md), as kvagent's are from
 // KVAGENT_<FLAG>.
 func TestEveryFlagHasAnEnvVar(t *testing.T) {
-	for _, f := range newApp().Flags {
-		name := f.Names()[0]
-		want := "KVROUTER_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
-		df, ok := f.(cli.DocGenerationFlag)
-		if !ok {
-			t.Errorf("--%s: %T has no env vars", name, f)
-			continue
-		}
-		if env := df.GetEnvVars(); len(env) != 1 || env[0] != want {
-			t.Errorf("--%s: env vars %q, want [%s]", name, env, want)
-		}
+	for _, bad := range clihelp.EnvVarMismatches(newApp().Flags, "KVROUTER") {
+		t.Error(bad)
 	}
 }
 

@@ -1,4 +1,5 @@
-// Package clihelp checks what the binaries' --help shows of their flags.
+// Package clihelp checks what the binaries' --help shows of their flags,
+// and that each flag is read from its environment variable.
 //
 // urfave/cli appends "(default: VALUE)" to a flag's usage: a flag whose
 // usage says its default in words, "(default: from the tokens or
@@ -36,5 +37,26 @@ func DoubleDefaults(app *cli.App) []string {
 	}
 	check(app.Name, app.Flags)
 	walk(app.Name, app.Commands)
+	return bad
+}
+
+// EnvVarMismatches returns, for every flag of flags not read from exactly
+// one environment variable, PREFIX_ and its name upper-cased with "-" as
+// "_" (kvrouter's --raft-addr from KVROUTER_RAFT_ADDR: the design's
+// cli.md), a line saying what it reads instead.
+func EnvVarMismatches(flags []cli.Flag, prefix string) []string {
+	var bad []string
+	for _, f := range flags {
+		name := f.Names()[0]
+		want := prefix + "_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		df, ok := f.(cli.DocGenerationFlag)
+		if !ok {
+			bad = append(bad, fmt.Sprintf("--%s: %T has no env vars", name, f))
+			continue
+		}
+		if env := df.GetEnvVars(); len(env) != 1 || env[0] != want {
+			bad = append(bad, fmt.Sprintf("--%s: env vars %q, want [%s]", name, env, want))
+		}
+	}
 	return bad
 }
