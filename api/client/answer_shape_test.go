@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/api"
@@ -93,5 +94,86 @@ func readCalls(c *client.Client) map[string]func() error {
 			_, err := c.Route(ctx, api.RouteRequest{BlockHashes: []uint64{1}})
 			return err
 		},
+	}
+}
+
+// TestAReadPassesOnFromAnAnswerOfAnotherShape: an endpoint that answers
+// success in JSON of another shape (another service's API) listed before
+// a node is passed over, as one that answers in another protocol is: each
+// read gets the node's answer, nothing the other service's answer set
+// stays in it, and the client does not go on preferring that endpoint
+// (it is asked once, by the first call). Before, the read failed there
+// with ErrNotAnAnswer, and every later call went to it first.
+func TestAReadPassesOnFromAnAnswerOfAnotherShape(t *testing.T) {
+	var otherHits atomic.Int64
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		otherHits.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		// Fields of a node's status, but neither its id nor its state.
+		_, _ = io.WriteString(w, `{"leader_id":"elsewhere","term":9}`+"\n")
+	}))
+	defer other.Close()
+	node := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		body := map[string]string{
+			"/v1/cluster/status":  `{"id":"n1","state":"Follower"}`,
+			"/v1/cluster/members": `{"members":[{"id":"n1"}]}`,
+			"/v1/workers":         `{"workers":[]}`,
+			"/v1/index/stats":     `{"nodes":3,"ranks":1,"entries":4}`,
+			"/v1/route":           `{"worker_id":7,"dp_rank":0,"decided_by":"cost","block_size":16}`,
+		}[r.URL.Path]
+		if body == "" {
+			t.Errorf("the node was asked %s %s", r.Method, r.URL.Path)
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = io.WriteString(w, body+"\n")
+	}))
+	defer node.Close()
+	c, err := client.New([]string{other.URL, node.URL}, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatalf("status, another service listed first: %v", err)
+	}
+	if st.ID != "n1" || st.LeaderID != "" || st.Term != 0 {
+		t.Errorf("status = id %q leader %q term %d, want the node's alone (n1, none, 0)", st.ID, st.LeaderID, st.Term)
+	}
+	for name, call := range readCalls(c) {
+		if err := call(); err != nil {
+			t.Errorf("%s, another service listed first: %v", name, err)
+		}
+	}
+	if n := otherHits.Load(); n != 1 {
+		t.Errorf("the other service was asked %d times, want once (the first call): it stayed preferred", n)
+	}
+}
+
+// TestAReadThatFindsNoNodeNamesTheAnswerOfAnotherShape: when the endpoint
+// that answered JSON of another shape is followed by one that does not
+// answer, the error is still ErrNotAnAnswer naming the first (kvctl's hint
+// that the address is not a node's API), with what the rest did.
+func TestAReadThatFindsNoNodeNamesTheAnswerOfAnotherShape(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"foo":1}`+"\n")
+	}))
+	defer srv.Close()
+	addr := srv.Listener.Addr().String()
+	dead := deadAddr(t)
+	c, err := client.New([]string{srv.URL, dead}, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.IndexStats(context.Background())
+	if !errors.Is(err, client.ErrNotAnAnswer) || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), dead) {
+		t.Fatalf("index stats of [another service, nothing]: %v; want ErrNotAnAnswer naming %s, and %s", err, addr, dead)
 	}
 }

@@ -53,6 +53,8 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -521,6 +523,9 @@ type request struct {
 	stream       io.Reader // a streamed body; replayable only while unread, or when it is an io.Seeker
 	streamLen    int64     // its length, -1 when unknown
 	endpoint     string    // when set, this endpoint only
+	// passed: endpoints not to try, which answered success in JSON of
+	// another shape (callReq passes a read on from them).
+	passed []string
 	// once: not safe to send twice (its second apply is not a no-op):
 	// once it may have reached a node, no other node is tried.
 	once bool
@@ -576,6 +581,9 @@ func sentWhole(counted *countingReader, length int64) bool {
 // close.
 func (c *Client) do(ctx context.Context, req request) (*http.Response, string, error) {
 	order := c.order(req.endpoint)
+	if len(req.passed) > 0 {
+		order = slices.DeleteFunc(order, func(b string) bool { return slices.Contains(req.passed, b) })
+	}
 	var errs []string
 	var answered error // the last node that answered, passed over
 	maybeSent := false // a try may have reached a node that did not answer
@@ -830,6 +838,19 @@ func (c *Client) prefer(base string) {
 	}
 }
 
+// resetAnswer sets the answer out, decoded from an answer of another
+// shape, back to its zero value before another endpoint's is decoded
+// into it: a field that answer set and the next leaves out would stay.
+func resetAnswer(out any) {
+	if r, ok := out.(interface{ reset() }); ok {
+		r.reset()
+		return
+	}
+	if v := reflect.ValueOf(out); v.Kind() == reflect.Pointer && !v.IsNil() {
+		v.Elem().SetZero()
+	}
+}
+
 func hostOf(base string) string {
 	return strings.TrimPrefix(strings.TrimPrefix(base, "http://"), "https://")
 }
@@ -972,8 +993,42 @@ func jsonRequest(method, path string, in any) (request, error) {
 	return req, nil
 }
 
+// callReq sends req (do) and decodes its answer into out. An endpoint that
+// answered success in JSON of another shape (ErrNotAnAnswer: another
+// service's API) is passed over, as one that answers in another protocol
+// is, when req may go to any endpoint and be sent again (not once): the
+// next is asked. When none of the rest answers (an error answer is
+// returned as it is), the error is the first such endpoint's, with what
+// the others did.
 func (c *Client) callReq(ctx context.Context, req request, out any) error {
-	resp, base, err := c.do(ctx, req)
+	var first error // the first endpoint's answer of another shape
+	for {
+		err := c.callOne(ctx, &req, out)
+		if errors.Is(err, ErrNotAnAnswer) && !req.once && req.endpoint == "" && len(req.passed) < len(c.endpoints) {
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		var answer *Error
+		switch {
+		case first == nil || err == nil:
+			return err
+		case errors.As(err, &answer):
+			return err // an endpoint's answer: the caller's to read
+		case errors.Is(err, ErrNotAnAnswer):
+			return first
+		default:
+			return fmt.Errorf("%w (then: %w)", first, err)
+		}
+	}
+}
+
+// callOne is one round of callReq: when the answer is of another shape, its
+// endpoint is added to req.passed (and the node that answers next is
+// preferred over it, by do).
+func (c *Client) callOne(ctx context.Context, req *request, out any) error {
+	resp, base, err := c.do(ctx, *req)
 	if err != nil {
 		return err
 	}
@@ -982,9 +1037,14 @@ func (c *Client) callReq(ctx context.Context, req request, out any) error {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		return nil
 	}
+	shape := func(err error) error {
+		resetAnswer(out)
+		req.passed = append(req.passed, base)
+		return notAnAnswer(*req, base, err)
+	}
 	if err := decodeAnswer(resp.Body, out); err != nil {
 		if errors.Is(err, ErrNotAnAnswer) {
-			return notAnAnswer(req, base, err)
+			return shape(err)
 		}
 		if req.once && isWrite(req.method) {
 			// The node answered success, and its answer broke off (a
@@ -1000,7 +1060,7 @@ func (c *Client) callReq(ctx context.Context, req request, out any) error {
 	}
 	if sh, ok := out.(shaped); ok {
 		if err := sh.shapeErr(); err != nil {
-			return notAnAnswer(req, base, err)
+			return shape(err)
 		}
 	}
 	drainAnswer(resp.Body)
@@ -1045,6 +1105,8 @@ type keyed[T any] struct {
 	key    string
 	filled func(*T) bool
 }
+
+func (k *keyed[T]) reset() { *k.v = *new(T) }
 
 func (k *keyed[T]) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, k.v); err != nil {

@@ -413,12 +413,21 @@ func TestCommandsRefuseJSONOfAnotherShape(t *testing.T) {
 				strings.Join(args, " "), r.code, r.stdout, e)
 		}
 	}
-	for _, args := range [][]string{{"members", "list", "-o", "json"}, {"workers", "-o", "json"}} {
+	// Listed before a node, the other service is passed over: every
+	// command reads the node's answer (index stats and route failed there
+	// before: they go to the first endpoint that answers).
+	for _, args := range [][]string{{"members", "list", "-o", "json"}, {"workers", "-o", "json"}, {"index", "stats", "-o", "json"}} {
 		r := kvctl(t, append([]string{"--endpoints", other.Listener.Addr().String() + "," + c.nodes[0].addr()}, args...)...).wantCode(t, 0)
-		if strings.Contains(r.stderr, "warning") || args[0] == "members" && !strings.Contains(r.stdout, `"n1"`) {
+		if strings.Contains(r.stderr, "warning") || args[0] == "members" && !strings.Contains(r.stdout, `"n1"`) ||
+			args[0] == "index" && !strings.Contains(r.stdout, `"entries"`) {
 			t.Errorf("kvctl %s with the other service first: stdout %q, stderr %q; want the node's view, no warning",
 				strings.Join(args, " "), r.stdout, strings.TrimSpace(r.stderr))
 		}
+	}
+	// The cluster has no workers: the node's own answer is the error.
+	r := kvctl(t, "--endpoints", other.Listener.Addr().String()+","+c.nodes[0].addr(), "route", "--hashes", "1").wantCode(t, 1)
+	if e := strings.TrimSpace(r.stderr); !strings.Contains(e, "no_workers") || strings.Contains(e, "another shape") {
+		t.Errorf("kvctl route with the other service first, a cluster of no workers: stderr %q; want the node's no_workers alone", e)
 	}
 }
 
