@@ -1800,6 +1800,36 @@ func TestSnapshotRestoreCutOffByMaxTimeSaysTheOutcomeIsUnknown(t *testing.T) {
 	}
 }
 
+// TestSnapshotSaveToADirectoryIsRefusedUpFront: a save whose FILE is an
+// existing directory can never be renamed into place ("An existing FILE
+// is replaced without asking", docs/kvctl.md, is about files). kvctl must
+// say that FILE is a directory, and say it before it streams the
+// leader's whole state: it streamed it all, then failed with the rename's
+// "file exists", which reads as if the replace the docs promise had been
+// refused.
+func TestSnapshotSaveToADirectoryIsRefusedUpFront(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	target := filepath.Join(t.TempDir(), "backups")
+	if err := os.Mkdir(target, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", target)
+	if r.code == 0 {
+		t.Fatalf("a save to the directory %s exited 0: %q", target, r.stdout)
+	}
+	if !strings.Contains(r.stderr, "directory") || strings.Contains(r.stderr, "file exists") {
+		t.Errorf("stderr = %q, want it to say that %s is a directory", r.stderr, target)
+	}
+	if n := c.leader().Calls()["SaveSnapshot"]; n != 0 {
+		t.Errorf("the leader streamed %d snapshot(s) for a FILE that is a directory, want none", n)
+	}
+	assertNoFiles(t, target)
+	if parts, _ := filepath.Glob(target + ".*part"); len(parts) != 0 {
+		t.Errorf("%v left behind", parts)
+	}
+}
+
 func assertNoFiles(t *testing.T, dir string) {
 	t.Helper()
 	ents, _ := os.ReadDir(dir)
