@@ -1806,7 +1806,8 @@ func TestSnapshotRestoreCutOffByMaxTimeSaysTheOutcomeIsUnknown(t *testing.T) {
 // say that FILE is a directory, and say it before it streams the
 // leader's whole state: it streamed it all, then failed with the rename's
 // "file exists", which reads as if the replace the docs promise had been
-// refused.
+// refused. It is a usage error (exit 2), as a restore of a directory is;
+// dir/ is refused as dir is.
 func TestSnapshotSaveToADirectoryIsRefusedUpFront(t *testing.T) {
 	c := newCluster(t)
 	c.registerWorkers(t)
@@ -1814,19 +1815,22 @@ func TestSnapshotSaveToADirectoryIsRefusedUpFront(t *testing.T) {
 	if err := os.Mkdir(target, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	r := kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", target)
-	if r.code == 0 {
-		t.Fatalf("a save to the directory %s exited 0: %q", target, r.stdout)
-	}
-	if !strings.Contains(r.stderr, "directory") || strings.Contains(r.stderr, "file exists") {
-		t.Errorf("stderr = %q, want it to say that %s is a directory", r.stderr, target)
-	}
-	if n := c.leader().Calls()["SaveSnapshot"]; n != 0 {
-		t.Errorf("the leader streamed %d snapshot(s) for a FILE that is a directory, want none", n)
-	}
-	assertNoFiles(t, target)
-	if parts, _ := filepath.Glob(target + ".*part"); len(parts) != 0 {
-		t.Errorf("%v left behind", parts)
+	for _, arg := range []string{target, target + string(filepath.Separator)} {
+		r := kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", arg)
+		if r.code == 0 {
+			t.Fatalf("a save to the directory %s exited 0: %q", arg, r.stdout)
+		}
+		r.wantCode(t, 2)
+		if !strings.Contains(r.stderr, arg+": FILE is a directory") || strings.Contains(r.stderr, "file exists") {
+			t.Errorf("stderr = %q, want it to say that %s is a directory", r.stderr, arg)
+		}
+		if n := c.leader().Calls()["SaveSnapshot"]; n != 0 {
+			t.Errorf("the leader streamed %d snapshot(s) for a FILE that is a directory, want none", n)
+		}
+		assertNoFiles(t, target)
+		if parts, _ := filepath.Glob(target + ".*part"); len(parts) != 0 {
+			t.Errorf("%v left behind", parts)
+		}
 	}
 }
 

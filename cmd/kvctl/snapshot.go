@@ -41,7 +41,8 @@ func snapshotCommand(e *env) *cli.Command {
 				Description: "The stream goes to a temporary file of its own beside FILE (FILE.RANDOM.part),\n" +
 					"which is synced, verified (header, counts and checksum) and only then renamed to\n" +
 					"FILE: FILE is never half-written. An existing FILE is replaced without asking (of\n" +
-					"two saves to one FILE at once, the last to finish is kept). A spinner with the\n" +
+					"two saves to one FILE at once, the last to finish is kept); a FILE that is a\n" +
+					"directory is refused before the leader is asked (exit 2). A spinner with the\n" +
 					"bytes received shows on a terminal (the size is not known in advance). --timeout\n" +
 					"does not bound the transfer; --max-time does.\n\n" +
 					"Example:\n   kvctl snapshot save /backups/kvrouter-$(date +%F).snap",
@@ -175,6 +176,9 @@ func transferErr(c *cli.Context, ctx context.Context, err error) error {
 // shared path+".part" the first one renamed it to path and the other then
 // wrote on through its descriptor into the file reported saved.
 func snapshotSave(c *cli.Context, e *env, path string) (err error) {
+	if err := saveTarget(c, path); err != nil {
+		return err
+	}
 	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.part")
 	if err != nil {
 		return fmt.Errorf("create a temporary file beside %s: %w", path, err)
@@ -244,6 +248,21 @@ func snapshotSave(c *cli.Context, e *env, path string) (err error) {
 	}
 	_, err = fmt.Fprintf(e.stdout, "saved %s (index %d, term %d, %s, sha256 %s)\n", path, info.Index, info.Term, size(res.Bytes), sum)
 	return err
+}
+
+// saveTarget refuses, as a usage error, a FILE that is a directory
+// (dir or dir/, a link to one): the verified file could never be renamed
+// over it, and the refusal comes before the leader is asked, where the
+// rename failed with "file exists" after the whole state had streamed.
+// A FILE that is not there yet, or not a directory, is left to the save:
+// an existing file is replaced.
+func saveTarget(c *cli.Context, path string) error {
+	fi, err := os.Stat(path)
+	if err != nil || !fi.IsDir() {
+		return nil
+	}
+	return usagef("%s %s: FILE is a directory: give the path of a file to save to, such as %s",
+		helpName(c), path, filepath.Join(path, "kvrouter.snap"))
 }
 
 // snapshotReport is the JSON of a snapshot file.
