@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -541,6 +543,72 @@ func TestSeedDataDirRefusesRaftSnapshots(t *testing.T) {
 	if err := SeedDataDir(context.Background(), good, dir, "n1", peers); err != nil {
 		t.Fatalf("seed into a directory with an empty snapshots/: %v", err)
 	}
+}
+
+// TestSeedDataDirRefusesNodeState: a directory that holds a node's fsm/
+// or raft/ (a node ran on it, or was seeded) is refused, ErrInvalid, and
+// the seed writes nothing into it: no fsm.restore/, no snapshots/, no
+// Raft snapshot; only its lock (LOCK), taken before it looks, is left.
+// Seeded, a node would start on the old state, or the seed's state would
+// be renamed over it. No test pinned this refusal: only the Raft
+// snapshot's (TestSeedDataDirRefusesRaftSnapshots).
+func TestSeedDataDirRefusesNodeState(t *testing.T) {
+	peers := []Member{{ID: "n1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}}
+	_, snap := fixtureSnapshot(t)
+	good := filepath.Join(t.TempDir(), "good.snap")
+	if err := os.WriteFile(good, snap, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, sub := range []string{"fsm", "raft"} {
+		t.Run(sub, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "node")
+			for _, d := range []string{sub, "lost+found"} {
+				if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.WriteFile(filepath.Join(dir, sub, "state"), []byte("a node's"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			before := treeOf(t, dir)
+			err := SeedDataDir(context.Background(), good, dir, "n1", peers)
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "already holds node state") {
+				t.Errorf("seed into a directory holding %s/: %v, want ErrInvalid, already holds node state", sub, err)
+			}
+			after := treeOf(t, dir)
+			delete(after, lockFile)
+			if !maps.Equal(before, after) {
+				t.Fatalf("a refused seed changed %s: %v before, %v after (LOCK left out)", dir, before, after)
+			}
+		})
+	}
+}
+
+// treeOf lists what dir holds, each path relative to it with its size
+// (-1 for a directory).
+func treeOf(t *testing.T, dir string) map[string]int64 {
+	t.Helper()
+	tree := map[string]int64{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		size := int64(-1)
+		if !d.IsDir() {
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			size = fi.Size()
+		}
+		tree[rel] = size
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tree
 }
 
 // TestSeedDataDirTakesASnapshotsDirWithoutRaftSnapshots: a snapshots/
