@@ -31,13 +31,36 @@ type rec struct{ k, v []byte }
 // version 1 with the counts in the header, version 2 with them after the
 // records. headCounts and tailCounts override what is written there.
 func buildStream(version uint32, recs []rec, headCounts, tailCounts map[byte]uint64) []byte {
-	countBlock := func(c map[byte]uint64) []byte {
-		b := []byte{byte(len(c))}
+	inOrder := func(c map[byte]uint64) []kindCount {
+		if c == nil {
+			return nil
+		}
+		l := []kindCount{}
 		for k := 0; k < 256; k++ {
 			if n, ok := c[byte(k)]; ok {
-				b = append(b, byte(k))
-				b = binary.LittleEndian.AppendUint64(b, n)
+				l = append(l, kindCount{byte(k), n})
 			}
+		}
+		return l
+	}
+	return buildStreamCounts(version, recs, inOrder(headCounts), inOrder(tailCounts))
+}
+
+// kindCount is one entry of a count block.
+type kindCount struct {
+	kind byte
+	n    uint64
+}
+
+// buildStreamCounts is buildStream with its count blocks written entry by
+// entry, as given (a kind may be named twice); a nil tailCounts writes no
+// block after the records.
+func buildStreamCounts(version uint32, recs []rec, headCounts, tailCounts []kindCount) []byte {
+	countBlock := func(c []kindCount) []byte {
+		b := []byte{byte(len(c))}
+		for _, e := range c {
+			b = append(b, e.kind)
+			b = binary.LittleEndian.AppendUint64(b, e.n)
 		}
 		return b
 	}
@@ -65,33 +88,41 @@ func buildStream(version uint32, recs []rec, headCounts, tailCounts map[byte]uin
 // cursors may carry an incarnation), a version 2 stream (counts after the records,
 // written in one pass) and a version 1 stream (counts in the header) are
 // all read, and a stream whose counts disagree with its records, or that
-// puts them in the wrong place, or of a later version, is refused.
+// puts them in the wrong place, or of a later version or of version 0,
+// or whose count block names a kind twice (even when the last count of
+// it is right), is refused; wantMsg, where given, is in the refusal.
 func TestSnapshotFormatVersions(t *testing.T) {
 	recs := []rec{{[]byte{store.KindCursor, 1}, []byte("c")}, {[]byte{store.KindCursor, 2}, []byte("d")},
 		{[]byte{store.KindWorker, 1}, []byte("w")}}
 	counts := map[byte]uint64{store.KindCursor: 2, store.KindWorker: 1}
+	twice := []kindCount{{store.KindCursor, 5}, {store.KindWorker, 1}, {store.KindCursor, 2}}
 	for _, tc := range []struct {
 		name       string
 		stream     []byte
 		wantErr    bool
 		wantFormat uint32
+		wantMsg    string
 	}{
-		{"version 4", buildStream(4, recs, nil, counts), false, 4},
-		{"version 3", buildStream(3, recs, nil, counts), false, 3},
-		{"version 2", buildStream(2, recs, nil, counts), false, 2},
-		{"version 1", buildStream(1, recs, counts, nil), false, 1},
-		{"version 2, a count short", buildStream(2, recs, nil, map[byte]uint64{store.KindCursor: 1, store.KindWorker: 1}), true, 0},
-		{"version 2, a kind missing", buildStream(2, recs, nil, map[byte]uint64{store.KindCursor: 2}), true, 0},
-		{"version 2, counts in the header", buildStream(2, recs, counts, counts), true, 0},
-		{"version 1, counts short", buildStream(1, recs, map[byte]uint64{store.KindCursor: 2}, nil), true, 0},
-		{"version 3, counts in the header", buildStream(3, recs, counts, counts), true, 0},
-		{"version 5", buildStream(5, recs, nil, counts), true, 0},
+		{"version 4", buildStream(4, recs, nil, counts), false, 4, ""},
+		{"version 3", buildStream(3, recs, nil, counts), false, 3, ""},
+		{"version 2", buildStream(2, recs, nil, counts), false, 2, ""},
+		{"version 1", buildStream(1, recs, counts, nil), false, 1, ""},
+		{"version 2, a count short", buildStream(2, recs, nil, map[byte]uint64{store.KindCursor: 1, store.KindWorker: 1}), true, 0, ""},
+		{"version 2, a kind missing", buildStream(2, recs, nil, map[byte]uint64{store.KindCursor: 2}), true, 0, ""},
+		{"version 2, counts in the header", buildStream(2, recs, counts, counts), true, 0, ""},
+		{"version 1, counts short", buildStream(1, recs, map[byte]uint64{store.KindCursor: 2}, nil), true, 0, ""},
+		{"version 3, counts in the header", buildStream(3, recs, counts, counts), true, 0, ""},
+		{"version 5", buildStream(5, recs, nil, counts), true, 0, "format version 5"},
+		// Laid out as version 1 is, so that only the version refuses it.
+		{"version 0", buildStream(0, recs, counts, nil), true, 0, "format version 0"},
+		{"version 1, a kind counted twice", buildStreamCounts(1, recs, twice, nil), true, 0, "counted twice"},
+		{"version 2, a kind counted twice", buildStreamCounts(2, recs, nil, twice), true, 0, "counted twice"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			info, err := InspectSnapshot(bytes.NewReader(tc.stream))
 			if tc.wantErr {
-				if !errors.Is(err, ErrBadSnapshot) {
-					t.Fatalf("read %+v, %v; want ErrBadSnapshot", info, err)
+				if !errors.Is(err, ErrBadSnapshot) || !strings.Contains(fmt.Sprint(err), tc.wantMsg) {
+					t.Fatalf("read %+v, %v; want ErrBadSnapshot, %q", info, err, tc.wantMsg)
 				}
 				return
 			}
