@@ -30,7 +30,7 @@ func sweepAhead(t *testing.T, n *Node, skew time.Duration) int64 {
 // freed before.
 func TestRouteBooksFreshIDAfterSweepFromClockAhead(t *testing.T) {
 	c := newTestCluster(t, 1, nil)
-	n := c.ledLeader()
+	n := c.leader()
 	if err := n.RegisterWorker(ctx(t), WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 4}); err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func TestFreedIDBooksAgainAfterMaxAge(t *testing.T) {
 		cfg.BookingMaxAge = 200 * time.Millisecond
 		cfg.ExpiryInterval = 50 * time.Millisecond
 	})
-	n := c.ledLeader()
+	n := c.leader()
 	if err := n.RegisterWorker(ctx(t), WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 4}); err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +279,7 @@ func TestTheLeadersSweepFreesABookingOnlyPastTheMaxAge(t *testing.T) {
 		cfg.BookingMaxAge = maxAge
 		cfg.ExpiryInterval = 10 * time.Millisecond
 	})
-	n := c.ledLeader()
+	n := c.leader()
 	if err := n.RegisterWorker(ctx(t), WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 4}); err != nil {
 		t.Fatal(err)
 	}

@@ -168,31 +168,66 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// leader returns the leader once its leadership set-up passed
+// (CheckLeader): before, a leader refuses booked routes (ErrNoLeader), is
+// not ready, proposes no replica checks, and its member table may lack the
+// entries the set-up writes, so that a test that took a leader the moment
+// Raft elected it and then did any of these failed on a busy machine.
+// elected returns a leader that may not have passed it.
 func (c *testCluster) leader() *Node {
 	c.t.Helper()
 	var l *Node
-	waitFor(c.t, 10*time.Second, "a leader", func() bool {
-		for _, n := range c.nodes {
-			if n != nil && n.IsLeader() {
-				l = n
-				return true
-			}
-		}
-		return false
+	waitFor(c.t, 10*time.Second, "a leader past its leadership set-up", func() bool {
+		l = c.leaderNow()
+		return l != nil && l.CheckLeader() == nil
 	})
 	return l
 }
 
-// ledLeader returns the leader once its leadership set-up passed
-// (CheckLeader): before, it refuses booked routes.
-func (c *testCluster) ledLeader() *Node {
+// elected returns a node as soon as it says it leads, its leadership
+// set-up (onLeadership) passed or not: for what needs the leader alone
+// (a transfer from it), where the set-up may be held.
+func (c *testCluster) elected() *Node {
 	c.t.Helper()
 	var l *Node
-	waitFor(c.t, 10*time.Second, "a leader past its leadership set-up", func() bool {
-		l = c.leader()
-		return l.CheckLeader() == nil
+	waitFor(c.t, 10*time.Second, "a leader", func() bool {
+		l = c.leaderNow()
+		return l != nil
 	})
 	return l
+}
+
+// TestLeaderWaitsForTheLeadershipSetUp: the tests' leader() returns a
+// leader past its leadership set-up, whose booked route is taken, and
+// elected() one whose set-up is still held. leader() returned the node
+// the moment Raft elected it, and a test that then booked a route was
+// refused (ErrNoLeader) on a busy machine (a73f961).
+func TestLeaderWaitsForTheLeadershipSetUp(t *testing.T) {
+	held, release := make(chan struct{}), make(chan struct{})
+	var hold, free sync.Once
+	c := newTestCluster(t, 1, func(cfg *Config) {
+		cfg.beforeBarrier = func() { hold.Do(func() { close(held); <-release }) }
+	})
+	t.Cleanup(func() { free.Do(func() { close(release) }) }) // before the cluster closes: Close waits for leaderLoop
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the node did not start its leadership set-up")
+	}
+	if err := c.elected().CheckLeader(); !errors.Is(err, ErrNoLeader) {
+		t.Fatalf("CheckLeader on the elected node, its set-up held: %v, want ErrNoLeader", err)
+	}
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		free.Do(func() { close(release) })
+	}()
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := l.Route(ctx(t), RouteQuery{ISL: 8, Book: true, RequestID: "req-1"}); err != nil || !res.Booked {
+		t.Fatalf("a booked route on leader(): booked %v, %v; want booked", res.Booked, err)
+	}
 }
 
 // leadTo moves the leadership to the node of id and returns it once it
@@ -213,7 +248,7 @@ func (c *testCluster) leadTo(id string) *Node {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		l := c.leader()
+		l := c.elected() // its set-up may be held (beforeBarrier, a gated FSM)
 		if l == target {
 			return target
 		}
@@ -760,7 +795,7 @@ var _ = kvevent.TierDevice
 
 func TestRouteFollowsTheIndexOnEveryNode(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
-	l := c.ledLeader()
+	l := c.leader()
 	for id := uint64(1); id <= 3; id++ {
 		if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: id, BlockSize: 4}); err != nil {
 			t.Fatal(err)

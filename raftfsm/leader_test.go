@@ -35,10 +35,10 @@ func pausedN3(t *testing.T, w WorkerInfo) (c *testCluster, l, n3 *Node, g *fsmGa
 		}
 	})
 	t.Cleanup(g.open)
-	l, n3 = c.ledLeader(), c.nodes[2]
+	l, n3 = c.leader(), c.nodes[2]
 	if l == n3 {
 		transferLeadership(t, l, "n1")
-		l = c.ledLeader()
+		l = c.leader()
 	}
 	if err := l.RegisterWorker(ctx(t), w); err != nil {
 		t.Fatal(err)
@@ -114,10 +114,10 @@ func TestANewLeaderJudgesABlockSizeAfterItsBarrier(t *testing.T) {
 		}
 	})
 	t.Cleanup(g.open)
-	l, n3 := c.ledLeader(), c.nodes[2]
+	l, n3 := c.leader(), c.nodes[2]
 	if l == n3 {
 		transferLeadership(t, l, "n1")
-		l = c.ledLeader()
+		l = c.leader()
 	}
 	c.converged()
 	g.pause()
@@ -163,10 +163,10 @@ func TestABookedRouteOnANewLeaderWaitsForItsBarrier(t *testing.T) {
 		}
 	})
 	t.Cleanup(g.open)
-	l, n3 := c.ledLeader(), c.nodes[2]
+	l, n3 := c.leader(), c.nodes[2]
 	if l == n3 {
 		transferLeadership(t, l, "n1")
-		l = c.ledLeader()
+		l = c.leader()
 	}
 	p := indexer.DefaultParams()
 	p.BusyPrefillTokens = 100
@@ -411,7 +411,7 @@ func lastIsBarrier(n *Node) bool {
 // other; the load is counted once. A request id freed before books nothing.
 func TestRetriedBookingAnswersTheBookedRank(t *testing.T) {
 	c := newTestCluster(t, 1, nil)
-	l := c.ledLeader()
+	l := c.leader()
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}}); err != nil {
 		t.Fatal(err)
 	}
@@ -466,7 +466,7 @@ func TestRetriedBookingAnswersTheBookedRank(t *testing.T) {
 // the load counted with no client to free it until it expires).
 func TestRetriedBookingWhenItsBookingMadeTheRankBusy(t *testing.T) {
 	c := newTestCluster(t, 1, nil)
-	l := c.ledLeader()
+	l := c.leader()
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4}); err != nil {
 		t.Fatal(err)
 	}
@@ -1204,7 +1204,7 @@ func TestANodeTakesOverTheDataDirLockItIsGiven(t *testing.T) {
 // rank nobody has is ErrUnknownRank.
 func TestBookingOnARankThatLeftBooksNothing(t *testing.T) {
 	c := newTestCluster(t, 1, nil)
-	l := c.ledLeader()
+	l := c.leader()
 	register := func(id uint64) {
 		t.Helper()
 		if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: id, BlockSize: 16, DPRanks: []uint32{0}}); err != nil {

@@ -43,7 +43,7 @@ func gather(t *testing.T, c prometheus.Collector) map[string]*dto.Metric {
 // worker's blocks, load and silence.
 func TestCollectorAnswersTheOperatorsQuestions(t *testing.T) {
 	c := newTestCluster(t, 1, nil)
-	l := c.ledLeader()
+	l := c.leader()
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 7, BlockSize: 4}); err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestCollectorAnswersTheOperatorsQuestions(t *testing.T) {
 // 0, and nothing failed with the sweep's count dropped.
 func TestExpiredBookingsAreCounted(t *testing.T) {
 	c := newTestCluster(t, 1, nil)
-	l := c.ledLeader()
+	l := c.leader()
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 7, BlockSize: 4, DPRanks: []uint32{0}}); err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestLeaderChangesCountEveryTakeOver(t *testing.T) {
 // ranks', not take the last rank's.
 func TestCollectorSumsAWorkersRanks(t *testing.T) {
 	c := newTestCluster(t, 1, nil)
-	l := c.ledLeader()
+	l := c.leader()
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 9, BlockSize: 4, DPRanks: []uint32{0, 1}}); err != nil {
 		t.Fatal(err)
 	}

@@ -210,7 +210,7 @@ func TestRegisteringADPRankTwiceIsRefused(t *testing.T) {
 // every booked route (8 of 8, past busy_prefill_tokens 64).
 func TestARegistrationEntryWithARepeatedDPRankRegistersEachRankOnce(t *testing.T) {
 	c := newTestCluster(t, 1, nil)
-	l := c.ledLeader() // it books routes, which a leader refuses before its set-up
+	l := c.leader()
 	p := indexer.DefaultParams()
 	p.BusyPrefillTokens = 64
 	if err := l.SetSettings(ctx(t), Settings{Params: p, View: indexer.ViewDedup}); err != nil {

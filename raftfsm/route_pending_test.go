@@ -20,7 +20,7 @@ import (
 func twoIdleRanks(t *testing.T, p *indexer.Params) (*Node, []uint32) {
 	t.Helper()
 	c := newTestCluster(t, 1, nil)
-	l := c.ledLeader()
+	l := c.leader()
 	if p != nil {
 		if err := l.SetSettings(ctx(t), Settings{Params: *p, View: indexer.ViewDedup}); err != nil {
 			t.Fatal(err)
@@ -305,7 +305,7 @@ func TestInFlightReservationCountsForBookedRoutes(t *testing.T) {
 // the next term and refused a booked route there as overloaded.
 func TestADeposedLeadersPendingBookingsDoNotCountOnItsNextTerm(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
-	l := c.ledLeader()
+	l := c.leader()
 	p := indexer.DefaultParams()
 	p.BusyPrefillTokens = 100
 	if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
@@ -513,7 +513,7 @@ func gatedBookingLeader(t *testing.T, p indexer.Params, w WorkerInfo) (*fsmGate,
 	g := newFSMGate()
 	c := newTestCluster(t, 1, func(cfg *Config) { cfg.applyGate = g.gate })
 	t.Cleanup(g.open)
-	l := c.ledLeader()
+	l := c.leader()
 	if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 func deviceThenHost(t *testing.T, dps []uint32) (*Node, []uint32, []uint64) {
 	t.Helper()
 	c := newTestCluster(t, 1, nil)
-	l := c.ledLeader()
+	l := c.leader()
 	if err := l.SetSettings(ctx(t), Settings{Params: indexer.DefaultParams(), View: indexer.ViewTiered}); err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,7 @@ func TestRouteLeavesOutRanksOfAnotherBlockSize(t *testing.T) {
 // at or above them routes. From a review: both routed, and booked.
 func TestRouteRefusesAnISLBelowItsPrompt(t *testing.T) {
 	c := newTestCluster(t, 1, nil)
-	l := c.ledLeader()
+	l := c.leader()
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4}); err != nil {
 		t.Fatal(err)
 	}
