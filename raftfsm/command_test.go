@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"pgregory.net/rapid"
 )
@@ -367,4 +368,26 @@ func BenchmarkDecodeCommand(b *testing.B) {
 		})
 	}
 	_ = sink
+}
+
+// TestASettingsEntryOfAnUnknownViewIsRefused pins that a settings entry
+// (and the settings record, which is its payload) naming a view this
+// build does not know is refused, not misread: docs/operations.md
+// ("Upgrade") says "a node refuses a version it does not know rather
+// than misreading it". The API takes only dedup and tiered
+// (api/validate.go), so a later view can only come from a later build's
+// leader; the decoder took any byte, and the node scored by dedup (the
+// String and the lookups treat every view but tiered as dedup) and
+// reported "dedup", while the nodes that know the view scored by it.
+func TestASettingsEntryOfAnUnknownViewIsRefused(t *testing.T) {
+	s := Settings{Params: indexer.DefaultParams(), View: indexer.ViewTiered + 1}
+	b := encodeSettings(9, &s)
+	if c, err := decodeCommand(b); !errors.Is(err, ErrBadCommand) {
+		t.Fatalf("a settings entry of view %d decoded as view %q, err %v; want ErrBadCommand", s.View, c.settings.View, err)
+	}
+	var e enc
+	encodeSettingsValue(&e, &s)
+	if got, err := decodeSettingsValue(e.b); err == nil {
+		t.Fatalf("a settings record of view %d decoded as view %q; want an error", s.View, got.View)
+	}
 }

@@ -1602,3 +1602,50 @@ func TestRemovedMemberStaysGoneAfterReopen(t *testing.T) {
 		t.Fatalf("members after reopen %v, want n2 alone", ms)
 	}
 }
+
+// TestAnEntryOfALaterBuildIsNotPassedOverForGood pins that a node does not
+// record as applied an entry that a later build wrote and it cannot read.
+// docs/operations.md ("Upgrade") upgrades the leader last, "after `kvctl
+// leader transfer`": from the transfer until the old leader is stopped,
+// an upgraded leader writes entries of a later format (a later command
+// version; a command type this build does not know, as cmdCheck and
+// cmdRemoveRanks were to the builds before them, both written in
+// version 1) while the old leader, now a follower, still runs the older
+// build. ApplyBatch skipped each such entry and moved the applied index
+// past it, which the close commits, so the upgraded build that node is
+// restarted on never applies it: an acknowledged write (a registration,
+// with the 2026-11-30 worker encoding) is missing from that replica for
+// good, and from the cluster's answers once it leads. (Checked by hand
+// with one node of a 3-node cluster made to refuse registrations as an
+// older build: after the documented order and its restart on the new
+// build it held no worker, the others one, and the digests differed.)
+func TestAnEntryOfALaterBuildIsNotPassedOverForGood(t *testing.T) {
+	reg := encodeRegister(5, &WorkerInfo{ID: 7, DPRanks: []uint32{0}, BlockSize: 16})
+	laterVersion := bytes.Clone(reg)
+	laterVersion[0] = commandVersion + 1
+	var laterType enc
+	encodeHeader(&laterType, cmdRemoveRanks+1, 5)
+	laterType.uv(0)
+	for _, tc := range []struct {
+		name string
+		data []byte
+	}{{"a later command version", laterVersion}, {"a later command type", laterType.b}} {
+		data := tc.data
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "fsm")
+			f := openTestFSM(t, dir)
+			var w logWriter
+			f.ApplyBatch([]*raft.Log{w.next(reg)})
+			f.ApplyBatch([]*raft.Log{w.next(data)})
+			applied, _ := f.Applied()
+			f.Close()
+			g := openTestFSM(t, dir)
+			reopened, _ := g.Applied()
+			g.Close()
+			if applied != 1 || reopened != 1 {
+				t.Fatalf("applied index %d, %d after a reopen, past the entry at 2 that this build cannot read; want 1: "+
+					"an upgraded build restarted on this state never applies it", applied, reopened)
+			}
+		})
+	}
+}
