@@ -426,7 +426,11 @@ func decodeWorker(d *dec) WorkerInfo {
 	if d.err != nil || d.off == len(d.b) {
 		return w // encoded before extension 1
 	}
-	if ext := d.u8("worker extension"); ext != 1 && d.err == nil {
+	switch ext := d.u8("worker extension"); {
+	case d.err != nil || ext == 1:
+	case ext > 1: // a later build's fields: refused, not misread
+		d.err = fmt.Errorf("%w: worker extension %d (this build reads 1)", ErrLaterBuild, ext)
+	default:
 		d.fail("worker extension")
 	}
 	w.Tenant = d.str("tenant")
@@ -437,6 +441,17 @@ func decodeWorker(d *dec) WorkerInfo {
 	w.LeaseMs = d.sv("lease")
 	w.Positional = d.u8("positional") == 1
 	return w
+}
+
+// decodeView reads a settings view. A view this build does not know is a
+// later build's: refused, not read as dedup (View's String and the
+// lookups take every view but tiered as dedup).
+func decodeView(d *dec) indexer.View {
+	v := indexer.View(d.u8("view"))
+	if d.err == nil && v != indexer.ViewDedup && v != indexer.ViewTiered {
+		d.err = fmt.Errorf("%w: settings view %d (this build reads %d, dedup, and %d, tiered)", ErrLaterBuild, v, indexer.ViewDedup, indexer.ViewTiered)
+	}
+	return v
 }
 
 // uniqueRanks returns ranks as they are when no rank is listed twice, and
@@ -581,7 +596,10 @@ func decodeCommandInto(b []byte, sc *decodeScratch) (command, error) {
 	d := dec{b: b}
 	var c command
 	v := d.u8("version")
-	if d.err == nil && v != commandVersion && v != commandVersionV1 {
+	switch {
+	case d.err == nil && v > commandVersion:
+		return c, fmt.Errorf("%w: command format version %d (this build reads %d and %d)", ErrLaterBuild, v, commandVersionV1, commandVersion)
+	case d.err == nil && v != commandVersion && v != commandVersionV1:
 		return c, fmt.Errorf("%w: command format version %d (this build reads %d and %d)", ErrBadCommand, v, commandVersionV1, commandVersion)
 	}
 	fenced := v >= 2 // event batches and dumps carry an incarnation
@@ -648,7 +666,7 @@ func decodeCommandInto(b []byte, sc *decodeScratch) (command, error) {
 			*f = d.f64("param")
 		}
 		p.BusyPrefillTokens = d.sv("busy prefill tokens")
-		c.settings.View = indexer.View(d.u8("view"))
+		c.settings.View = decodeView(&d)
 	case cmdMember:
 		c.member = Member{ID: d.id("member id"), RaftAddr: d.str("raft addr"), HTTPAddr: d.str("http addr")}
 	case cmdMemberGone:
@@ -657,7 +675,11 @@ func decodeCommandInto(b []byte, sc *decodeScratch) (command, error) {
 		c.checkIndex = d.uv("check index")
 		c.checkDigest = d.u64("check digest")
 	default:
-		d.fail("command type")
+		// A full header of a type this build does not know: a later
+		// build's command (a truncated header is garbled).
+		if d.err == nil {
+			d.err = fmt.Errorf("%w: command type %d", ErrLaterBuild, c.typ)
+		}
 	}
 	if err := d.done(); err != nil {
 		return command{}, err

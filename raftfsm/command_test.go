@@ -8,11 +8,13 @@ import (
 	"reflect"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
+	"github.com/kvrouter/kvrouter/store"
 	"pgregory.net/rapid"
 )
 
@@ -389,5 +391,80 @@ func TestASettingsEntryOfAnUnknownViewIsRefused(t *testing.T) {
 	encodeSettingsValue(&e, &s)
 	if got, err := decodeSettingsValue(e.b); err == nil {
 		t.Fatalf("a settings record of view %d decoded as view %q; want an error", s.View, got.View)
+	}
+}
+
+// TestEntriesOfALaterBuildAreToldFromGarbledOnes pins which undecodable
+// entries are a later build's (ErrLaterBuild: the FSM halts at them
+// until the node is upgraded) and which are garbled (ErrBadCommand
+// alone: skipped): a version above the highest this build reads, a
+// command type, a settings view or a worker extension it does not know,
+// each in full-length bytes, against truncations and a version below 1.
+// The worker record in the state decodes as the entry's worker does, and
+// the settings record as the entry's settings.
+func TestEntriesOfALaterBuildAreToldFromGarbledOnes(t *testing.T) {
+	w := WorkerInfo{ID: 7, DPRanks: []uint32{0}, BlockSize: 16, Endpoint: "e", Model: "m", Tenant: "t"}
+	reg := encodeRegister(5, &w)
+	var we enc
+	encodeWorker(&we, &w)
+	ext := len(reg) - len(we.b) + bytes.LastIndexByte(we.b, 'm') + 1 // the extension byte, after the model
+	if reg[ext] != 1 {
+		t.Fatalf("byte %d of %x is %d, not extension 1", ext, reg, reg[ext])
+	}
+	ext2 := bytes.Clone(reg)
+	ext2[ext] = 2
+	later := bytes.Clone(reg)
+	later[0] = commandVersion + 1
+	var typ enc
+	encodeHeader(&typ, cmdRemoveRanks+1, 5)
+	typ.uv(0)
+	view := encodeSettings(5, &Settings{Params: indexer.DefaultParams(), View: indexer.ViewTiered + 1})
+	for name, b := range map[string][]byte{"a later version": later, "a later type": typ.b,
+		"a later settings view": view, "a later worker extension": ext2} {
+		if _, err := decodeCommand(b); !errors.Is(err, ErrLaterBuild) || !errors.Is(err, ErrBadCommand) {
+			t.Errorf("%s: %v, want ErrLaterBuild (and ErrBadCommand)", name, err)
+		}
+	}
+	ext0 := bytes.Clone(reg)
+	ext0[ext] = 0
+	version0 := bytes.Clone(reg)
+	version0[0] = 0
+	for name, b := range map[string][]byte{"empty": nil, "a version 0": version0, "a type without its time": {commandVersion, 99},
+		"a worker extension 0": ext0, "a truncated registration": reg[:len(reg)-1], "a truncated settings entry": view[:len(view)-1]} {
+		if _, err := decodeCommand(b); !errors.Is(err, ErrBadCommand) || errors.Is(err, ErrLaterBuild) {
+			t.Errorf("%s: %v, want ErrBadCommand, not ErrLaterBuild", name, err)
+		}
+	}
+	d := dec{b: ext2[len(ext2)-len(we.b):]} // the worker, as its record holds it
+	if decodeWorker(&d); !errors.Is(d.done(), ErrLaterBuild) {
+		t.Errorf("a worker record of extension 2: %v, want ErrLaterBuild", d.err)
+	}
+	var se enc
+	encodeSettingsValue(&se, &Settings{Params: indexer.DefaultParams(), View: indexer.ViewTiered + 1})
+	if _, err := decodeSettingsValue(se.b); !errors.Is(err, ErrLaterBuild) {
+		t.Errorf("a settings record of a later view: %v, want ErrLaterBuild", err)
+	}
+}
+
+// TestAStateWithASettingsRecordOfALaterBuildIsNotOpened: a state whose
+// settings record names a view this build does not know (a later build
+// ran on it) is refused at open, the error naming the record, rather
+// than opened and scored by dedup.
+func TestAStateWithASettingsRecordOfALaterBuildIsNotOpened(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "fsm")
+	f := openTestFSM(t, dir)
+	var w logWriter
+	f.ApplyBatch([]*raft.Log{w.next(encodeSettings(5, &Settings{Params: indexer.DefaultParams(), View: indexer.ViewTiered}))})
+	var e enc
+	encodeSettingsValue(&e, &Settings{Params: indexer.DefaultParams(), View: indexer.ViewTiered + 1})
+	f.batch.Put(store.KindSettings, []byte{'s'}, e.b) // as a later build's apply would have
+	f.Close()
+	g, err := OpenFSM(FSMConfig{Dir: dir, Logger: quiet})
+	if err == nil {
+		g.Close()
+		t.Fatalf("opened a state whose settings are of view %d, as view %q", indexer.ViewTiered+1, g.Settings().View)
+	}
+	if !errors.Is(err, ErrLaterBuild) || !strings.Contains(err.Error(), "settings record") {
+		t.Fatalf("open: %v, want ErrLaterBuild naming the settings record", err)
 	}
 }

@@ -16,6 +16,13 @@ var (
 	// ErrBadCommand means a command could not be decoded; it never reaches
 	// the state.
 	ErrBadCommand = errors.New("bad command")
+	// ErrLaterBuild means a command (or a record of the state) was written
+	// by a later build than this one: a command format version above the
+	// highest this build reads, a command type, a settings view or a
+	// worker extension it does not know. Unlike a garbled entry, which the
+	// FSM skips, such an entry halts the FSM until the node runs a build
+	// that reads it (FSM.Halted). Also ErrBadCommand.
+	ErrLaterBuild = fmt.Errorf("%w: written by a later build", ErrBadCommand)
 	// ErrBadSnapshot means a snapshot stream is truncated, corrupted or of
 	// an unknown format; nothing of it was installed.
 	ErrBadSnapshot = errors.New("bad snapshot")

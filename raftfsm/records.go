@@ -350,7 +350,7 @@ func (b *stateBuilder) small(kind byte, k, v []byte) error {
 		w := decodeWorker(&d)
 		b.workers[w.ID] = w
 		if err := d.done(); err != nil {
-			return err
+			return laterRecord("worker", k, err)
 		}
 		if !bytes.Equal(k, u64key(w.ID)) {
 			b.strayKey(fmt.Errorf("worker %d under the key %x", w.ID, k))
@@ -393,13 +393,23 @@ func (b *stateBuilder) small(kind byte, k, v []byte) error {
 		if err == nil && string(k) != "s" {
 			b.strayKey(fmt.Errorf("settings under the key %q", k))
 		}
-		return err
+		return laterRecord("settings", k, err)
 	case store.KindMember:
 		d := dec{b: v}
 		b.members[string(k)] = Member{ID: string(k), RaftAddr: d.str("raft addr"), HTTPAddr: d.str("http addr")}
 		return d.done()
 	}
 	return fmt.Errorf("%w: record of kind %#x", store.ErrCorrupt, kind)
+}
+
+// laterRecord names the record (what, under key k) that a later build
+// wrote (err is ErrLaterBuild) and what to do: the state is not read
+// without it. Other errors it returns as they are.
+func laterRecord(what string, k []byte, err error) error {
+	if !errors.Is(err, ErrLaterBuild) {
+		return err
+	}
+	return fmt.Errorf("the %s record under the key %x: %w: run that build or a later one", what, k, err)
 }
 
 // strayKey notes, for canonical, a record the state would not write where
