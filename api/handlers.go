@@ -486,6 +486,8 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) error {
 	resp.Reason = ReasonNotReady
 	resp.Error = fmt.Sprintf("not ready: %s at applied index %d", cmp.Or(st.State, "starting"), st.AppliedIndex)
 	switch {
+	case st.ApplyHalted != "":
+		resp.Error += ", " + st.ApplyHalted + " (docs/operations.md, Upgrade)"
 	case st.Removed:
 		resp.Error += ", removed from the cluster: stop this node (docs/operations.md, Remove a node)"
 	case st.LeaderID == "" && st.State != "":

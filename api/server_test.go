@@ -390,6 +390,18 @@ func TestRoutes(t *testing.T) {
 					t.Fatalf("readyz of a removed node = %v, want it to say so", m)
 				}
 			}},
+		{name: "readyz apply halted", setup: func(t *testing.T, n *node) {
+			st := n.fake.Status()
+			st.Ready, st.ApplyHalted = false, "apply halted at entry 11 (term 2): bad command: written by a later build: command type 12: upgrade this node"
+			n.fake.SetStatus(st)
+		},
+			method: "GET", path: "/readyz", code: 503, reason: api.ReasonNotReady,
+			check: func(t *testing.T, a answer) {
+				if m := a.json(t); !strings.Contains(fmt.Sprint(m["error"]), "apply halted at entry 11 (term 2)") ||
+					!strings.Contains(fmt.Sprint(m["error"]), "upgrade this node") {
+					t.Fatalf("readyz of a node halted at an entry of a later build = %v, want it to say so", m)
+				}
+			}},
 		{name: "metrics", method: "GET", path: "/metrics", code: 200,
 			check: func(t *testing.T, a answer) {
 				if !strings.Contains(string(a.body), "kvrouter_route_requests_total") {

@@ -14,8 +14,14 @@ import (
 // Commands are the Raft log's entries. Each starts with a format version
 // byte and a type byte; the rest is the type's compact binary encoding
 // (codec.go). A decoder rejects anything it does not fully understand with
-// ErrBadCommand, and the FSM skips such an entry as a domain error: a
-// committed entry cannot be refused, but it must never corrupt state.
+// ErrBadCommand. A garbled entry (truncated, or bytes no build writes) the
+// FSM skips as a domain error: a committed entry cannot be refused, but it
+// must never corrupt state. An entry a later build wrote (ErrLaterBuild: a
+// version above commandVersion, a command type, a settings view or a
+// worker extension this build does not know) the FSM does not skip: it
+// halts there, applying nothing more, until the node runs a build that
+// reads it (FSM.Halted), so that the upgraded node applies it from its log
+// rather than lacking it for good.
 //
 // Version 2 adds the publisher incarnation to event batches (after each
 // batch's rank) and to rank dumps (after the cursor), 8 bytes little

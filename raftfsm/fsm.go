@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -132,6 +133,12 @@ type FSM struct {
 	// Snapshot (Node.maybeSnapshot).
 	sinceSnap atomic.Int64
 	malformed atomic.Uint64
+	// halt is set at the first entry of a later build (ErrLaterBuild) and
+	// stays until a restore: the FSM applies neither it nor any entry
+	// after it, and its Snapshot refuses (see Halted). A restart on a
+	// build that reads the entry applies it, as Raft replays the entries
+	// above the applied index.
+	halt atomic.Pointer[ApplyHalt]
 
 	// Figures for the node's metrics (Collector): bookings the sweep
 	// expired, how long each ApplyBatch and snapshot write took, and the
@@ -317,6 +324,30 @@ func (f *FSM) Sequences() *indexer.Sequences { return f.seqs }
 // BytesSinceSnapshot is the size of the entries applied since the last
 // Snapshot.
 func (f *FSM) BytesSinceSnapshot() int64 { return f.sinceSnap.Load() }
+
+// ApplyHalt is the entry of a later build the FSM halted at (Halted): its
+// index and term, and the decoder's error (ErrLaterBuild). As an error it
+// is what ApplyBatch answers for that entry and every one after it, and
+// wraps ErrLaterBuild.
+type ApplyHalt struct {
+	Index, Term uint64
+	Err         error
+}
+
+func (h *ApplyHalt) Error() string {
+	return fmt.Sprintf("apply halted at entry %d (term %d): %v: upgrade this node", h.Index, h.Term, h.Err)
+}
+
+// Unwrap makes errors.Is(h, ErrLaterBuild) true.
+func (h *ApplyHalt) Unwrap() error { return h.Err }
+
+// Halted returns the entry of a later build that the FSM halted at, or nil
+// when it applies. Halted, it applies no entry until the node is restarted
+// on a build that reads that one (or restores a snapshot past it): its
+// applied index stays before the entry, so that the upgraded build
+// applies the entry and the rest from the Raft log, which Snapshot keeps
+// uncompacted by refusing meanwhile.
+func (f *FSM) Halted() *ApplyHalt { return f.halt.Load() }
 
 // Applied returns the last applied index and term.
 func (f *FSM) Applied() (index, term uint64) { return f.applied.Load(), f.appliedTerm.Load() }
@@ -629,20 +660,40 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		if l.Index <= applied {
 			continue // re-delivered after a restart: already in the state
 		}
-		last, lastTerm = l.Index, l.Term
-		f.sinceSnap.Add(int64(len(l.Data)))
-		if l.Type != raft.LogCommand {
+		if h := f.halt.Load(); h != nil {
+			// Halted at an entry of a later build: this one and every
+			// one after it wait for the node's upgrade (and its applied
+			// index stays before them), each answered with the halt.
+			out[i] = h
 			continue
 		}
 		f.scratch.reset()
-		c, err := decodeCommandInto(l.Data, &f.scratch)
-		if err != nil {
-			f.malformed.Add(1)
-			f.logger.Warn("skipping undecodable entry", "index", l.Index, "err", err)
-			out[i] = err
-			continue
+		var c command
+		if l.Type == raft.LogCommand {
+			var err error
+			if c, err = decodeCommandInto(l.Data, &f.scratch); errors.Is(err, ErrLaterBuild) {
+				h := &ApplyHalt{Index: l.Index, Term: l.Term, Err: err}
+				f.halt.Store(h)
+				f.logger.Error("apply halted at an entry of a later build: upgrade this node; it applies the entry and those after it once restarted on a build that reads it",
+					"index", l.Index, "term", l.Term, "err", err)
+				out[i] = h
+				continue
+			} else if err != nil {
+				// Garbled: skipped, as a domain error (a committed entry
+				// cannot be refused).
+				last, lastTerm = l.Index, l.Term
+				f.sinceSnap.Add(int64(len(l.Data)))
+				f.malformed.Add(1)
+				f.logger.Warn("skipping undecodable entry", "index", l.Index, "err", err)
+				out[i] = err
+				continue
+			}
 		}
-		out[i] = f.applyCommand(&c, l.Index)
+		last, lastTerm = l.Index, l.Term
+		f.sinceSnap.Add(int64(len(l.Data)))
+		if l.Type == raft.LogCommand {
+			out[i] = f.applyCommand(&c, l.Index)
+		}
 	}
 	f.publishWorkers()
 	if last == 0 {
@@ -1274,6 +1325,12 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	defer f.dbMu.RUnlock()
 	if f.isClosed {
 		return nil, ErrShutdown
+	}
+	if h := f.halt.Load(); h != nil {
+		// Raft labels a snapshot with the last entry it handed over, past
+		// the halted one: it would compact the log past an entry the
+		// state lacks, which the node's upgrade could no longer apply.
+		return nil, fmt.Errorf("no snapshot while %w", h)
 	}
 	if applied, handed := f.applied.Load(), f.handed.Load(); applied > handed {
 		return nil, fmt.Errorf("%w: the state is at index %d, Raft has handed over the entries up to %d since the start, and labels a snapshot with the last of them; Raft tries again later",

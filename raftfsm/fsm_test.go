@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -333,7 +334,10 @@ func TestUndecodableEntryChangesNothing(t *testing.T) {
 	longID := strings.Repeat("x", maxKeyID+1)
 	longBooking := encodeBook(9, []bookOp{{kind: bookAdd, b: Booking{ID: longID, Rank: r1, SeqHashes: []uint64{1}, ISL: 16}}})
 	longMember := encodeMember(9, &Member{ID: longID, RaftAddr: "a", HTTPAddr: "b"})
-	for _, data := range [][]byte{nil, {9}, {commandVersion, 99}, good[:len(good)-3], append(bytes.Clone(good), 0), longBooking, longMember} {
+	// {9}, a version above the highest this build reads, comes last: it
+	// is a later build's entry, at which the FSM halts
+	// (TestTheFSMHaltsAtAnEntryOfALaterBuild).
+	for _, data := range [][]byte{nil, {commandVersion, 99}, good[:len(good)-3], append(bytes.Clone(good), 0), longBooking, longMember, {9}} {
 		res := f.ApplyBatch([]*raft.Log{w.next(data)})
 		if err, ok := res[0].(error); !ok || !errors.Is(err, ErrBadCommand) {
 			t.Fatalf("entry %x: response %v, want ErrBadCommand", data, res[0])
@@ -1647,5 +1651,74 @@ func TestAnEntryOfALaterBuildIsNotPassedOverForGood(t *testing.T) {
 					"an upgraded build restarted on this state never applies it", applied, reopened)
 			}
 		})
+	}
+}
+
+// TestTheFSMHaltsAtAnEntryOfALaterBuild: at an entry of a later build
+// (a registration in a version above the highest this build reads) the
+// FSM halts: it answers that entry and every one after it, in the batch
+// and in the next, with the halt (ErrLaterBuild, naming the entry), moves
+// its applied index past none of them (in memory, in the group its Close
+// commits), refuses a snapshot, and logs once. The entries before it in
+// the batch apply. Reopened, on the build that reads the entry (here:
+// the entry as that build reads it, in version 1), it applies that entry
+// and the ones after it. A garbled entry is still skipped.
+func TestTheFSMHaltsAtAnEntryOfALaterBuild(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "fsm")
+	var logs bytes.Buffer
+	f, err := OpenFSM(FSMConfig{Dir: dir, Logger: slog.New(slog.NewTextHandler(&logs, nil)), OnFatal: func(err error) { t.Fatalf("fatal: %v", err) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := func(id uint64) []byte {
+		return encodeRegister(5, &WorkerInfo{ID: id, DPRanks: []uint32{0}, BlockSize: 16})
+	}
+	later := reg(8)
+	later[0] = commandVersion + 1
+	var w logWriter
+	res := f.ApplyBatch([]*raft.Log{w.next(reg(7)), w.next([]byte{commandVersion}), w.next(later), w.next(reg(9)),
+		{Index: 5, Term: 1, Type: raft.LogNoop}})
+	if res[0] != nil || !errors.Is(res[1].(error), ErrBadCommand) || errors.Is(res[1].(error), ErrLaterBuild) {
+		t.Fatalf("the registration before it and the garbled entry: %v, %v; want nil and ErrBadCommand", res[0], res[1])
+	}
+	for i, r := range res[2:] {
+		var h *ApplyHalt
+		if err, ok := r.(error); !ok || !errors.Is(err, ErrLaterBuild) || !errors.As(err, &h) || h.Index != 3 {
+			t.Fatalf("entry %d: %v, want the halt at entry 3 (ErrLaterBuild)", i+3, r)
+		}
+	}
+	res = f.ApplyBatch([]*raft.Log{w.next(reg(10))})
+	if err, ok := res[0].(error); !ok || !errors.Is(err, ErrLaterBuild) {
+		t.Fatalf("an entry of the next batch: %v, want the halt", res[0])
+	}
+	if h := f.Halted(); h == nil || h.Index != 3 || h.Term != 1 || !strings.Contains(h.Error(), "upgrade this node") {
+		t.Fatalf("Halted: %v, want entry 3 of term 1, saying to upgrade", h)
+	}
+	if applied, _ := f.Applied(); applied != 2 {
+		t.Fatalf("applied index %d while halted at 3, want 2", applied)
+	}
+	if ws := f.Workers(); len(ws) != 1 {
+		t.Fatalf("workers %v, want 7 alone", ws)
+	}
+	if s, err := f.Snapshot(); err == nil || !errors.Is(err, ErrLaterBuild) {
+		if s != nil {
+			s.Release()
+		}
+		t.Fatalf("a snapshot while halted: %v, want it refused, naming the halt", err)
+	}
+	if n := strings.Count(logs.String(), "apply halted"); n != 1 || !strings.Contains(logs.String(), "level=ERROR") {
+		t.Fatalf("logged the halt %d times, want once at Error:\n%s", n, logs.String())
+	}
+	f.Close()
+
+	g := openTestFSM(t, dir)
+	defer g.Close()
+	if applied, _ := g.Applied(); applied != 2 || g.Halted() != nil {
+		t.Fatalf("reopened at %d, halted %v; want 2, not halted", applied, g.Halted())
+	}
+	w = logWriter{index: 2}
+	res = g.ApplyBatch([]*raft.Log{w.next(reg(8)), w.next(reg(9)), w.next(nil), w.next(reg(10))})
+	if applied, _ := g.Applied(); applied != 6 || len(g.Workers()) != 4 {
+		t.Fatalf("after the upgrade: applied index %d, workers %v (%v); want 6 and 7 to 10", applied, g.Workers(), res)
 	}
 }

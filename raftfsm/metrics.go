@@ -24,7 +24,7 @@ type Collector struct {
 	bookings, bookingsExpired                               *prometheus.Desc
 	workerBlocks, workerSilent, workerPrefill, workerDecode *prometheus.Desc
 	checks, mismatches, stalls, workerBusy, indexMemory     *prometheus.Desc
-	eventsApplied, forcedCompactions                        *prometheus.Desc
+	eventsApplied, forcedCompactions, applyHalted           *prometheus.Desc
 }
 
 // NewCollector returns the collector of node n.
@@ -66,6 +66,7 @@ func NewCollector(n *Node) *Collector {
 		workerBusy:      d("worker_busy", "1 when a rank of the worker is over a busy threshold of the scoring settings.", "worker"),
 		stalls:          d("store_write_stall_seconds_total", "Seconds Pebble held writes back (memtables waiting for a flush, or too many level 0 sublevels), by store: raft (log), fsm (state).", "store"),
 
+		applyHalted: d("apply_halted", "1 while this node's state machine is halted at a Raft entry a later build wrote, which it cannot read: it applies nothing until it is upgraded."),
 		forcedCompactions: d("raft_forced_compactions_total", "Times this node, leading, compacted its whole Raft log because a follower's log could not take the leader's "+
 			"from its start (it held a snapshot restore no other node took), so that the follower got the leader's snapshot."),
 	}
@@ -77,7 +78,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.nodes, c.entries, c.orphans, c.needResync, c.malformed, c.unknownRemoves, c.workers, c.ready,
 		c.leaderChanges, c.readySeconds, c.restoreSeconds, c.diskBytes, c.bookings, c.bookingsExpired,
 		c.workerBlocks, c.workerSilent, c.workerPrefill, c.workerDecode, c.checks, c.mismatches, c.stalls, c.workerBusy, c.indexMemory, c.eventsApplied,
-		c.forcedCompactions} {
+		c.forcedCompactions, c.applyHalted} {
 		ch <- d
 	}
 	c.n.fsm.applySeconds.Describe(ch)
@@ -121,6 +122,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		r = 1
 	}
 	g(c.ready, r)
+	halted := 0.0
+	if s.ApplyHalted != "" {
+		halted = 1
+	}
+	g(c.applyHalted, halted)
 
 	n, f := c.n, c.n.fsm
 	ch <- prometheus.MustNewConstMetric(c.leaderChanges, prometheus.CounterValue, float64(n.leaderChanges.Load()))

@@ -2017,7 +2017,13 @@ func (n *Node) statusAt(applied uint64) NodeStatus {
 	// A follower whose log cannot take the leader's (a restore no other
 	// node took) serves a state that is not the cluster's until the
 	// leader's snapshot comes (commitWatch.behind).
-	s.Ready = n.ready.Load() && id != "" && n.raft.State() != raft.Shutdown && !n.watch.behind.Load()
+	// A node whose state machine halted at an entry of a later build
+	// serves a state that no longer follows the cluster's.
+	h := n.fsm.Halted()
+	if h != nil {
+		s.ApplyHalted = h.Error()
+	}
+	s.Ready = n.ready.Load() && id != "" && n.raft.State() != raft.Shutdown && !n.watch.behind.Load() && h == nil
 	s.Removed = n.removed()
 	if id != "" {
 		s.LeaderHTTP = n.fsm.Members()[string(id)].HTTPAddr

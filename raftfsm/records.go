@@ -591,6 +591,7 @@ func (b *stateBuilder) install(f *FSM) error {
 	f.settings.Store(&b.settings)
 	f.applied.Store(b.applied)
 	f.appliedTerm.Store(b.appliedTerm)
+	f.halt.Store(nil) // a restored state is past any entry the FSM halted at, or replays it
 	return nil
 }
 

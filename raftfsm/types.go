@@ -179,6 +179,11 @@ type NodeStatus struct {
 	// leader ingests the agents' events: a leader disconnected from NATS
 	// ingests none until it reconnects.
 	NATS string `json:"nats,omitempty"`
+	// ApplyHalted, when set, says that the node's state machine halted at
+	// an entry a later build wrote (FSM.Halted: its index, term and why):
+	// it applies nothing more, and is not Ready, until it is restarted on
+	// a build that reads the entry (docs/operations.md, "Upgrade").
+	ApplyHalted string `json:"apply_halted,omitempty"`
 }
 
 // WorkerStatus is a worker's registration with what the index and the load

@@ -137,8 +137,11 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus, leader *le
 				contact = "-"
 			}
 			ready := yesNo(s.Ready)
-			if r.Removed {
+			switch {
+			case r.Removed:
 				ready = "removed"
+			case s.ApplyHalted != "":
+				ready = "halted"
 			}
 			cells := []string{r.Endpoint, orDash(s.ID), orDash(s.State), u64(s.Term), u64(s.LastIndex),
 				u64(s.CommitIndex), u64(s.AppliedIndex), orDash(s.LeaderID), contact, u64(s.SnapshotIndex),
@@ -169,6 +172,12 @@ func printStatus(c *cli.Context, e *env, res []client.EndpointStatus, leader *le
 				"and it knows no leader (it may not know it was removed, and stands for election, which the members refuse): "+
 				"stop its process (docs/operations.md, \"Remove a node\")\n",
 				r.Status.ID, r.Endpoint, leader.id)
+		}
+	}
+	for _, r := range rows {
+		if r.Status != nil && r.Status.ApplyHalted != "" {
+			fmt.Fprintf(e.stderr, "kvctl: warning: %s (%s): %s: it applies nothing, and is not ready, until it is restarted on a build that reads the entry (docs/operations.md, \"Upgrade\")\n",
+				orDash(r.Status.ID), r.Endpoint, r.Status.ApplyHalted)
 		}
 	}
 	for _, r := range rows {

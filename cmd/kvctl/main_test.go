@@ -609,6 +609,29 @@ func TestStatusMarksARemovedNode(t *testing.T) {
 	}
 }
 
+// TestStatusMarksANodeHaltedAtAnEntryOfALaterBuild: a node whose state
+// machine halted at an entry a later build wrote reads "halted" in the
+// READY column, with a warning that names the entry and says to upgrade it.
+func TestStatusMarksANodeHaltedAtAnEntryOfALaterBuild(t *testing.T) {
+	c := newCluster(t)
+	st := c.nodes[2].fake.Status()
+	st.Ready, st.ApplyHalted = false, "apply halted at entry 11 (term 2): bad command: written by a later build: command type 12: upgrade this node"
+	c.nodes[2].fake.SetStatus(st)
+	r := kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+	var row string
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if strings.Contains(l, " n3 ") {
+			row = l
+		}
+	}
+	if !strings.HasSuffix(strings.TrimSpace(row), "halted") {
+		t.Fatalf("n3's row = %q, want READY halted\n%s", row, r.stdout)
+	}
+	if !strings.Contains(r.stderr, "n3") || !strings.Contains(r.stderr, "apply halted at entry 11") || !strings.Contains(r.stderr, "restarted on a build that reads the entry") {
+		t.Fatalf("stderr = %q, want a warning naming n3 and the entry", r.stderr)
+	}
+}
+
 // TestStatusMarksARemovedNodeThatDoesNotKnow: a removed follower that
 // never got the entry removing it still counts itself a member, a
 // Candidate with no leader that reports no removal; the leader's
