@@ -15,7 +15,7 @@ import (
 // upgrade.
 func TestANodeHaltedAtAnEntryOfALaterBuildSaysSo(t *testing.T) {
 	c := newTestCluster(t, 1, nil)
-	l := c.ledLeader()
+	l := c.leader()
 	if err := l.WaitReady(ctx(t)); err != nil {
 		t.Fatal(err)
 	}

@@ -260,7 +260,7 @@ func TestCollectorDoesNotWaitForTheApplyLock(t *testing.T) {
 // test passed.
 func TestASkippedGarbledEntryIsCountedAsMalformed(t *testing.T) {
 	c := newTestCluster(t, 1, nil)
-	l := c.ledLeader()
+	l := c.leader()
 	rejected := func() float64 {
 		t.Helper()
 		s, ok := gather(t, NewCollector(l))["kvrouter_events_rejected_total{reason=malformed}"]
