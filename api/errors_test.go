@@ -39,3 +39,20 @@ func TestClassifyARestoreBehindAnUncommittedConfiguration(t *testing.T) {
 		t.Fatalf("classify(%v) = %d %s, want 503 %s", err, code, reason, ReasonNoLeader)
 	}
 }
+
+// TestClassifyAWriteAnsweredWithTheApplyHalt pins that a write a leader
+// halted at an entry of a later build answers (raftfsm.ApplyHalt: its
+// state machine applies nothing until it is upgraded) is not 400
+// invalid. Raft answers the write's future only once its entry is
+// committed: the upgraded nodes, a quorum, apply it, and the halted
+// leader applies it once upgraded (docs/operations.md, "Upgrade"). The
+// request was valid and is in effect; 400 invalid tells the client that
+// it was refused for its content and never applied.
+func TestClassifyAWriteAnsweredWithTheApplyHalt(t *testing.T) {
+	halt := &raftfsm.ApplyHalt{Index: 11, Term: 2, Err: fmt.Errorf("%w: command type 12", raftfsm.ErrLaterBuild)}
+	for _, err := range []error{halt, fmt.Errorf("register worker 7: %w", halt)} {
+		if code, reason := classify(err); code == http.StatusBadRequest || reason == ReasonInvalid {
+			t.Errorf("classify(%v) = %d %s, want no 400 invalid: the write is committed, and applied by the upgraded nodes", err, code, reason)
+		}
+	}
+}
