@@ -66,6 +66,12 @@ func classify(err error) (int, string) {
 		return he.code, he.reason
 	case errors.As(err, &mbe):
 		return http.StatusRequestEntityTooLarge, ReasonTooLarge
+	case errors.As(err, new(*raftfsm.ApplyHalt)):
+		// A node halted at an entry of a later build (docs/operations.md,
+		// "Upgrade"): a write it answers so is committed, not refused for
+		// its content (the halt wraps ErrBadCommand, 400 below); it
+		// serves nothing that needs its state until it is upgraded.
+		return http.StatusServiceUnavailable, ReasonNoLeader
 	case errors.Is(err, raftfsm.ErrNotProposed) && !errors.Is(err, context.Canceled):
 		// Raft never took the write (its enqueue timed out, or the
 		// deadline passed before it was proposed): it did not and will

@@ -4,9 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/kvrouter/kvrouter/store"
 )
 
 // TestANodeHaltedAtAnEntryOfALaterBuildSaysSo: a node whose state machine
@@ -41,8 +46,13 @@ func TestANodeHaltedAtAnEntryOfALaterBuildSaysSo(t *testing.T) {
 	if g := gather(t, NewCollector(l))["kvrouter_apply_halted{}"]; g.GetGauge().GetValue() != 1 {
 		t.Fatalf("kvrouter_apply_halted %v while halted, want 1", g)
 	}
-	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 8, BlockSize: 16, DPRanks: []uint32{0}}); !errors.Is(err, ErrLaterBuild) {
-		t.Fatalf("a registration after the halt: %v, want the halt (ErrLaterBuild)", err)
+	// The write is committed (the upgraded nodes apply it), so its error
+	// says it may have applied (NotLeaderError.MaybeApplied: the API
+	// sends a write not safe twice nowhere else) beside the halt.
+	err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 8, BlockSize: 16, DPRanks: []uint32{0}})
+	var nle *NotLeaderError
+	if !errors.Is(err, ErrLaterBuild) || !errors.As(err, &nle) || !nle.MaybeApplied {
+		t.Fatalf("a registration after the halt: %v, want the halt (ErrLaterBuild) and MaybeApplied", err)
 	}
 	if len(l.fsm.Workers()) != 0 {
 		t.Fatalf("workers %v after the halt, want none", l.fsm.Workers())
@@ -132,5 +142,64 @@ func TestCheckLeaderRefusesOnAHaltedLeader(t *testing.T) {
 	if err == nil {
 		t.Fatalf("CheckLeader on a leader halted at entry %d (its state at %d, %d worker(s)) = nil, "+
 			"while writes up to index %d were acknowledged (8 workers); want the halt", at+1, at, len(h.fsm.Workers()), acked)
+	}
+}
+
+// TestARestoreClearsTheHalt pins records.go's rule that "a restored state
+// is past any entry the FSM halted at, or replays it": a follower halted
+// at an entry of a later build that installs the leader's snapshot takes
+// the leader's state and applies again (it halts again only if the entry
+// comes to it once more). Before the rule was pinned, dropping the clear
+// left every test green, and such a follower would stay halted, not
+// ready and refusing snapshots, for good.
+func TestARestoreClearsTheHalt(t *testing.T) {
+	src := openTestFSM(t, filepath.Join(t.TempDir(), "src"))
+	defer src.Close()
+	var w logWriter
+	src.ApplyBatch([]*raft.Log{w.next(encodeRegister(1, &WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 16}))})
+	dst := openTestFSM(t, filepath.Join(t.TempDir(), "dst"))
+	defer dst.Close()
+	dst.halt.Store(&ApplyHalt{Index: 1, Term: 1, Err: fmt.Errorf("%w: command type 99", ErrLaterBuild)})
+	if err := dst.Restore(raftSnapshotStream(snapshotBytes(t, src), 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if h := dst.Halted(); h != nil {
+		t.Fatalf("halted at %v after restoring a snapshot past it, want applying", h)
+	}
+	if dst.Digest() != src.Digest() || len(dst.Workers()) != 1 {
+		t.Fatalf("restored digest %#x, %d worker(s); want the source's %#x, 1", dst.Digest(), len(dst.Workers()), src.Digest())
+	}
+}
+
+// TestAStateWithAWorkerRecordOfALaterBuildIsNotOpened: a worker record of
+// an extension this build does not know (a later build's registration
+// fields) stops the start with ErrLaterBuild naming the record, as a
+// settings record of a later view does, rather than a bare decode error.
+func TestAStateWithAWorkerRecordOfALaterBuildIsNotOpened(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "fsm")
+	f := openTestFSM(t, dir)
+	var w logWriter
+	f.ApplyBatch([]*raft.Log{w.next(encodeRegister(1, &WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 16}))})
+	var e enc
+	e.uv(3)  // id
+	e.uv(1)  // one dp rank
+	e.uv(0)  // rank 0
+	e.uv(16) // block size
+	for range (WorkerInfo{}).Capacity {
+		e.sv(0)
+	}
+	e.str("") // endpoint
+	e.str("") // model
+	e.u8(2)   // an extension this build does not know
+	e.str("a later field")
+	f.batch.Put(store.KindWorker, u64key(3), e.b) // as a later build's apply would have
+	f.Close()
+	g, err := OpenFSM(FSMConfig{Dir: dir, Logger: quiet})
+	if err == nil {
+		g.Close()
+		t.Fatal("opened a state holding a worker record of extension 2")
+	}
+	if !errors.Is(err, ErrLaterBuild) || !strings.Contains(err.Error(), "worker record") {
+		t.Fatalf("open: %v, want ErrLaterBuild naming the worker record", err)
 	}
 }

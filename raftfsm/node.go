@@ -1878,9 +1878,32 @@ func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 		return nil, fmt.Errorf("raft apply: %w", n.raftError(err))
 	}
 	if err, ok := f.Response().(error); ok && err != nil {
+		var h *ApplyHalt
+		if errors.As(err, &h) {
+			// Committed (Raft answers once the entry is), so the
+			// upgraded nodes apply it; this node's state machine, halted,
+			// does not. Not a refusal of the write's content: the answer
+			// says it may have applied (as a lost leadership's does), and
+			// names the halt.
+			return nil, &haltedWrite{h}
+		}
 		return nil, err
 	}
 	return f.Response(), nil
+}
+
+// haltedWrite is the error of a write this node committed while its state
+// machine is halted (ApplyHalt): a NotLeaderError with MaybeApplied (the
+// API then sends a write not safe twice nowhere else, and says so), which
+// also wraps the halt.
+type haltedWrite struct{ h *ApplyHalt }
+
+func (e *haltedWrite) Error() string {
+	return "the write is committed, and this node does not apply it: " + e.h.Error()
+}
+
+func (e *haltedWrite) Unwrap() []error {
+	return []error{&NotLeaderError{MaybeApplied: true}, e.h}
 }
 
 func now() int64 { return time.Now().UnixNano() }
@@ -2918,6 +2941,11 @@ func (n *Node) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotInfo, err
 	if err := n.await(ctx, n.raft.Barrier(n.cfg.ApplyTimeout)); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("barrier: %w", n.raftError(err))
 	}
+	if h := n.fsm.Halted(); h != nil {
+		// The Barrier passed, but the state stops before the entry the
+		// FSM halted at: a save would lack what was acknowledged since.
+		return SnapshotInfo{}, fmt.Errorf("snapshot save: %w: %w", ErrNoLeader, h)
+	}
 	view, err := n.fsm.view()
 	if err != nil {
 		return SnapshotInfo{}, err
@@ -3323,6 +3351,12 @@ func (n *Node) CheckLeader() error {
 	}
 	if !n.ledThisTerm() {
 		return fmt.Errorf("%w: this node was just elected and has not yet applied every entry of the terms before its own; retry", ErrNoLeader)
+	}
+	if h := n.fsm.Halted(); h != nil {
+		// Its set-up's Barrier passed (Raft answers it whatever the FSM
+		// did), but its state lacks the entry it halted at and every one
+		// after it, which its predecessor may have acknowledged.
+		return fmt.Errorf("%w: %w", ErrNoLeader, h)
 	}
 	return nil
 }
