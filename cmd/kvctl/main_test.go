@@ -589,6 +589,17 @@ func TestStatusWarnsOfDivergedReplicas(t *testing.T) {
 	}
 }
 
+// n3Row returns the row of node n3 in a kvctl status table, trimmed ("":
+// none).
+func n3Row(r result) string {
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if strings.Contains(l, " n3 ") {
+			return strings.TrimSpace(l)
+		}
+	}
+	return ""
+}
+
 // TestStatusMarksARemovedNode: a node removed from the cluster reads
 // "removed" in the READY column, with a warning to stop it (it read "no",
 // like a node catching up). From a walk-through of docs/operations.md.
@@ -598,13 +609,8 @@ func TestStatusMarksARemovedNode(t *testing.T) {
 	st.Removed, st.Ready = true, false
 	c.nodes[2].fake.SetStatus(st)
 	r := kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
-	var row string
-	for _, l := range strings.Split(r.stdout, "\n") {
-		if strings.Contains(l, " n3 ") {
-			row = l
-		}
-	}
-	if !strings.HasSuffix(strings.TrimSpace(row), "removed") {
+	row := n3Row(r)
+	if !strings.HasSuffix(row, "removed") {
 		t.Fatalf("n3's row = %q, want READY removed\n%s", row, r.stdout)
 	}
 	if !strings.Contains(r.stderr, "n3") || !strings.Contains(r.stderr, "removed from the cluster") {
@@ -621,13 +627,8 @@ func TestStatusMarksANodeHaltedAtAnEntryOfALaterBuild(t *testing.T) {
 	st.Ready, st.ApplyHalted = false, "apply halted at entry 11 (term 2): bad command: written by a later build: command type 12: upgrade this node"
 	c.nodes[2].fake.SetStatus(st)
 	r := kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
-	var row string
-	for _, l := range strings.Split(r.stdout, "\n") {
-		if strings.Contains(l, " n3 ") {
-			row = l
-		}
-	}
-	if !strings.HasSuffix(strings.TrimSpace(row), "halted") {
+	row := n3Row(r)
+	if !strings.HasSuffix(row, "halted") {
 		t.Fatalf("n3's row = %q, want READY halted\n%s", row, r.stdout)
 	}
 	if !strings.Contains(r.stderr, "n3") || !strings.Contains(r.stderr, "apply halted at entry 11") || !strings.Contains(r.stderr, "restarted on a build that reads the entry") {
@@ -652,14 +653,6 @@ func TestStatusMarksARemovedNodeThatDoesNotKnow(t *testing.T) {
 	st := c.nodes[2].fake.Status()
 	st.State, st.LeaderID, st.LeaderHTTP, st.LastContactMs, st.Ready, st.Term = "Candidate", "", "", 900, false, 7
 	c.nodes[2].fake.SetStatus(st)
-	n3Row := func(r result) string {
-		for _, l := range strings.Split(r.stdout, "\n") {
-			if strings.Contains(l, " n3 ") {
-				return strings.TrimSpace(l)
-			}
-		}
-		return ""
-	}
 	r := kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
 	if row := n3Row(r); !strings.HasSuffix(row, "removed") {
 		t.Fatalf("n3's row = %q, want READY removed\n%s", row, r.stdout)
