@@ -99,7 +99,7 @@ func TestASnapshotSaveOnAHaltedLeaderIsRefused(t *testing.T) {
 // acknowledged.
 func haltedLeader(t *testing.T) (h *Node, at, acked uint64) {
 	t.Helper()
-	c := newTestCluster(t, 3, nil)
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.keepHaltedLeadership = true })
 	l := c.leader()
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
 		t.Fatal(err)
@@ -201,5 +201,28 @@ func TestAStateWithAWorkerRecordOfALaterBuildIsNotOpened(t *testing.T) {
 	}
 	if !errors.Is(err, ErrLaterBuild) || !strings.Contains(err.Error(), "worker record") {
 		t.Fatalf("open: %v, want ErrLaterBuild naming the worker record", err)
+	}
+}
+
+// TestAHaltedLeaderHandsTheLeadershipOn: a leader whose state machine
+// halts at an entry of a later build (an older build's node that an
+// election picked: its log is complete) hands the leadership on to a node
+// that applies, rather than lead on answering every write with the halt
+// until an operator moves it.
+func TestAHaltedLeaderHandsTheLeadershipOn(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	at, term := l.fsm.Applied()
+	l.fsm.halt.Store(&ApplyHalt{Index: at + 1, Term: term, Err: fmt.Errorf("%w: command type 99", ErrLaterBuild)})
+	waitFor(t, 30*time.Second, "another node to lead", func() bool {
+		n := c.leaderNow()
+		return n != nil && n != l
+	})
+	next := c.leader() // past its set-up: a halted node's CheckLeader refuses
+	if next == l {
+		t.Fatalf("%s, halted, leads again", l.cfg.ID)
+	}
+	if err := next.RegisterWorker(ctx(t), WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
+		t.Fatalf("a write on %s, leading after the halted %s: %v", next.cfg.ID, l.cfg.ID, err)
 	}
 }

@@ -112,6 +112,10 @@ type Config struct {
 	// beforeBarrier, for tests: onLeadership calls it before it asks for
 	// the term's Barrier (it may hold the set-up, leaderLoop with it).
 	beforeBarrier func()
+	// keepHaltedLeadership, for tests: a leader whose state machine is
+	// halted keeps its leadership (handOffIfHalted does nothing), so that
+	// a test can see what it answers meanwhile.
+	keepHaltedLeadership bool
 }
 
 func (c *Config) defaults() {
@@ -184,6 +188,7 @@ type Node struct {
 	// snapshotting is set while a snapshot by applied bytes runs.
 	snapshotting atomic.Bool
 	lastAssert   time.Time // leaderLoop only
+	lastHandOff  time.Time // leaderLoop only: handOffIfHalted's last transfer
 	// compacting is set while a compaction for a follower runs
 	// (compactForFollower); compactedAt is when the last one began
 	// (leaderLoop only), forcedCompactions counts those that compacted.
@@ -1405,9 +1410,33 @@ func (n *Node) leaderLoop() {
 			n.noteJoined()
 			if leader {
 				n.assertSelf()
+				n.handOffIfHalted()
 			}
 		}
 	}
+}
+
+// handOffIfHalted hands the leadership on (a Raft leadership transfer)
+// while this leader's state machine is halted at an entry of a later build
+// (FSM.Halted): it answers no write it commits and serves nothing that
+// needs its state, and an upgraded node can (docs/operations.md,
+// "Upgrade"). A halted node's log is complete, so an election may pick
+// it again: it tries once an election timeout, for as long as it leads.
+func (n *Node) handOffIfHalted() {
+	h := n.fsm.Halted()
+	if h == nil || n.cfg.keepHaltedLeadership || time.Since(n.lastHandOff) < n.cfg.ElectionTimeout {
+		return
+	}
+	n.lastHandOff = time.Now()
+	n.logger.Warn("leading with the state machine halted: handing the leadership on", "halt", h.Error())
+	f := n.raft.LeadershipTransfer()
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := f.Error(); err != nil {
+			n.logger.Warn("handing the halted leader's leadership on", "err", err)
+		}
+	}()
 }
 
 // maybeSnapshot starts a snapshot, in the background, once the entries
