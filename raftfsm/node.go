@@ -1428,6 +1428,9 @@ func (n *Node) handOffIfHalted() {
 		return
 	}
 	n.lastHandOff = time.Now()
+	if n.alone() {
+		return // no one to hand it to (and no transfer's error to log each time)
+	}
 	n.logger.Warn("leading with the state machine halted: handing the leadership on", "halt", h.Error())
 	f := n.raft.LeadershipTransfer()
 	n.wg.Add(1)
