@@ -412,6 +412,18 @@ func fixtureSnapshot(t *testing.T) (*FSM, []byte) {
 	return f, snapshotBytes(t, f)
 }
 
+// fixtureSnapshotFile is fixtureSnapshot with the stream written to a file
+// (good.snap in a temporary directory), whose path it returns.
+func fixtureSnapshotFile(t *testing.T) (*FSM, string) {
+	t.Helper()
+	f, snap := fixtureSnapshot(t)
+	path := filepath.Join(t.TempDir(), "good.snap")
+	if err := os.WriteFile(path, snap, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f, path
+}
+
 // restoredFSM restores snap into a fresh FSM (closed at the test's end)
 // and checks that it has the digest want.
 func restoredFSM(t *testing.T, snap []byte, want uint64) *FSM {

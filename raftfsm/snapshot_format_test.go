@@ -394,11 +394,7 @@ func TestSeedDataDirChecksTheStream(t *testing.T) {
 		t.Fatalf("a refused seed left %s/fsm behind", dir)
 	}
 
-	f, snap := fixtureSnapshot(t)
-	good := filepath.Join(t.TempDir(), "good.snap")
-	if err := os.WriteFile(good, snap, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	f, good := fixtureSnapshotFile(t)
 	// What a seed killed part-way leaves: its half-built state beside
 	// fsm/, not in it. From a review: it was built in fsm/, and a killed
 	// seed left a valid, empty state there, which the next seed refused
@@ -430,11 +426,7 @@ func TestSeedDataDirChecksTheStream(t *testing.T) {
 // Ctrl-C was swallowed until it had written the whole state.
 func TestAnInterruptedSeedWritesNoState(t *testing.T) {
 	peers := []Member{{ID: "n1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}}
-	_, snap := fixtureSnapshot(t)
-	good := filepath.Join(t.TempDir(), "good.snap")
-	if err := os.WriteFile(good, snap, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	_, good := fixtureSnapshotFile(t)
 	dir := filepath.Join(t.TempDir(), "node")
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -461,11 +453,7 @@ func TestAnInterruptedSeedWritesNoState(t *testing.T) {
 // built an empty state (e2e: TestOfflineSeedNewCluster).
 func TestSeedIsTheClustersFirstRaftSnapshot(t *testing.T) {
 	peers := []Member{{ID: "n1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}, {ID: "n2", RaftAddr: "127.0.0.1:3", HTTPAddr: "127.0.0.1:4"}}
-	f, snap := fixtureSnapshot(t)
-	good := filepath.Join(t.TempDir(), "good.snap")
-	if err := os.WriteFile(good, snap, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	f, good := fixtureSnapshotFile(t)
 	dir := filepath.Join(t.TempDir(), "node")
 	if err := SeedDataDir(context.Background(), good, dir, "n1", peers); err != nil {
 		t.Fatal(err)
@@ -585,11 +573,7 @@ func TestSeedDataDirRefusesRaftSnapshots(t *testing.T) {
 // snapshot's (TestSeedDataDirRefusesRaftSnapshots).
 func TestSeedDataDirRefusesNodeState(t *testing.T) {
 	peers := []Member{{ID: "n1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}}
-	_, snap := fixtureSnapshot(t)
-	good := filepath.Join(t.TempDir(), "good.snap")
-	if err := os.WriteFile(good, snap, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	_, good := fixtureSnapshotFile(t)
 	for _, sub := range []string{"fsm", "raft"} {
 		t.Run(sub, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "node")
@@ -651,11 +635,7 @@ func treeOf(t *testing.T, dir string) map[string]int64 {
 // but a NAME.tmp/ was taken for a Raft snapshot, and the seed refused.
 func TestSeedDataDirTakesASnapshotsDirWithoutRaftSnapshots(t *testing.T) {
 	peers := []Member{{ID: "n1", RaftAddr: "127.0.0.1:7000", HTTPAddr: "127.0.0.1:7080"}}
-	_, snap := fixtureSnapshot(t)
-	good := filepath.Join(t.TempDir(), "good.snap")
-	if err := os.WriteFile(good, snap, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	_, good := fixtureSnapshotFile(t)
 	dir := filepath.Join(t.TempDir(), "node")
 	note := filepath.Join(dir, "snapshots", "README")
 	noMeta := filepath.Join(dir, "snapshots", "2-43-1700000000000")
@@ -692,11 +672,7 @@ func TestSeedDataDirTakesASnapshotsDirWithoutRaftSnapshots(t *testing.T) {
 // it for a Raft snapshot and refused the directory for good.
 func TestSeedAfterAKilledSeedsPartialRaftSnapshot(t *testing.T) {
 	peers := []Member{{ID: "n1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}}
-	_, snap := fixtureSnapshot(t)
-	good := filepath.Join(t.TempDir(), "good.snap")
-	if err := os.WriteFile(good, snap, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	_, good := fixtureSnapshotFile(t)
 	dir := filepath.Join(t.TempDir(), "node")
 	half := filepath.Join(dir, "snapshots", "1-2-1700000000000.tmp")
 	if err := os.MkdirAll(half, 0o755); err != nil {
@@ -727,11 +703,7 @@ func TestSeedAfterAKilledSeedsPartialRaftSnapshot(t *testing.T) {
 // say so; they said "empty").
 func TestSeedDataDirLeavesOtherFilesAlone(t *testing.T) {
 	peers := []Member{{ID: "n1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}}
-	_, snap := fixtureSnapshot(t)
-	good := filepath.Join(t.TempDir(), "good.snap")
-	if err := os.WriteFile(good, snap, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	_, good := fixtureSnapshotFile(t)
 	dir := t.TempDir()
 	if err := os.Mkdir(filepath.Join(dir, "lost+found"), 0o700); err != nil {
 		t.Fatal(err)
