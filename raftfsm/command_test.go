@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"errors"
+	"io"
 	"path/filepath"
 	"reflect"
 	"runtime"
@@ -458,13 +459,22 @@ func TestAStateWithASettingsRecordOfALaterBuildIsNotOpened(t *testing.T) {
 	var e enc
 	encodeSettingsValue(&e, &Settings{Params: indexer.DefaultParams(), View: indexer.ViewTiered + 1})
 	f.batch.Put(store.KindSettings, []byte{'s'}, e.b) // as a later build's apply would have
+	snap := snapshotBytes(t, f)
 	f.Close()
 	g, err := OpenFSM(FSMConfig{Dir: dir, Logger: quiet})
 	if err == nil {
 		g.Close()
 		t.Fatalf("opened a state whose settings are of view %d, as view %q", indexer.ViewTiered+1, g.Settings().View)
 	}
-	if !errors.Is(err, ErrLaterBuild) || !strings.Contains(err.Error(), "settings record") {
-		t.Fatalf("open: %v, want ErrLaterBuild naming the settings record", err)
+	if !errors.Is(err, ErrLaterBuild) || strings.Count(err.Error(), "settings record") != 1 {
+		t.Fatalf("open: %v, want ErrLaterBuild naming the settings record once", err)
+	}
+	// A restore of a snapshot holding it refuses the snapshot, naming the
+	// record once.
+	h := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer h.Close()
+	err = h.Restore(io.NopCloser(bytes.NewReader(snap)))
+	if !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), "written by a later build") || strings.Count(err.Error(), "settings record") != 1 {
+		t.Fatalf("restore: %v, want ErrBadSnapshot naming the settings record of a later build once", err)
 	}
 }

@@ -453,7 +453,10 @@ func (b *stateBuilder) add(key, value []byte) error {
 	default:
 		err = b.small(kind, k, value)
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrLaterBuild):
+		b.err = err // laterRecord named the record
+	case err != nil:
 		b.err = fmt.Errorf("%s record: %w", store.KindName(kind), err)
 	}
 	return b.err
