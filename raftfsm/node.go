@@ -400,6 +400,9 @@ func (n *Node) startRaft() error {
 	if err := n.refuseStateWithoutItsLog(); err != nil {
 		return err
 	}
+	if err := n.dropLogBelowNewestSnapshot(); err != nil {
+		return err
+	}
 	// A new node of a new cluster writes the first configuration into its
 	// stores before Raft starts. Bootstrapping through the running Raft
 	// instead left a window in which a leader's snapshot could reach Raft
@@ -1040,6 +1043,52 @@ func (n *Node) refuseStateWithoutItsLog() error {
 		"its raft/ and snapshots/ were lost, wiped or replaced, and the log would go on over a state it does not lead to; put back the raft/ and snapshots/ it came with, "+
 		"or remove %s to start the node without a state (docs/operations.md, \"Layout of a node's data directory\")",
 		n.fsm.dir, applied, last, n.cfg.DataDir, n.fsm.dir)
+}
+
+// dropLogBelowNewestSnapshot removes the Raft log when it ends below the
+// newest snapshot, as Raft would have had the node not stopped first.
+//
+// Raft installs a snapshot (a user restore, a leader's snapshot) and only
+// then removes the log (removeOldLogs: our log store is monotonic); a kill
+// in between (the FSM's restore, seconds for a large state) leaves a log
+// that ends below the snapshot. For a user restore that is a trap: Raft
+// numbers the restore one past the log's last index, R, and writes no
+// entry there. A leader killed before a follower took the restore comes
+// back with the restore at R and the log up to R-1, while the others have
+// elected a leader that wrote its own entry at R. That leader's entries
+// from R on match the log up to R-1, so the node appended them, skipped
+// the one at R as applied (the restore's index) and applied the rest on
+// the restored state: the replicas diverged for good, each at the same
+// applied index and ready. With the log gone, the new leader's entries
+// match nothing below R, the node refuses them from the log's start, and
+// the leader sends it its snapshot (compactForFollower): the node drops
+// the restore for the cluster's state, as one not killed does
+// (TestARestoreNoFollowerTookIsDroppedAfterTheLeaderRestarts). Entries at
+// or below a snapshot add nothing to the state; a log that reaches the
+// snapshot's index or past it is left as it is.
+func (n *Node) dropLogBelowNewestSnapshot() error {
+	list, err := n.snaps.List()
+	if err != nil || len(list) == 0 {
+		return err
+	}
+	newest := list[0]
+	last, err := n.logs.LastIndex()
+	if err != nil {
+		return fmt.Errorf("read the Raft log's last index: %w", err)
+	}
+	if last == 0 || last >= newest.Index {
+		return nil
+	}
+	first, err := n.logs.FirstIndex()
+	if err != nil {
+		return fmt.Errorf("read the Raft log's first index: %w", err)
+	}
+	n.logger.Warn("the Raft log ends below the newest snapshot (the node stopped after installing it and before removing the log): removing the log, as Raft would have",
+		"first_index", first, "last_index", last, "snapshot", newest.Index, "snapshot_term", newest.Term)
+	if err := n.logs.DeleteRange(first, last); err != nil {
+		return fmt.Errorf("remove the Raft log below the newest snapshot (%d..%d, snapshot at %d): %w", first, last, newest.Index, err)
+	}
+	return nil
 }
 
 // catchUpFromSnapshot restores the FSM from the newest Raft snapshot when
