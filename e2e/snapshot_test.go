@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
@@ -442,4 +444,87 @@ func TestOfflineSeedNewCluster(t *testing.T) {
 	c.waitReady(3)
 	c.converged()
 	c.checkAll(p.model)
+}
+
+// TestKillLeaderDuringAnOnlineRestoreKeepsOneState pins fault scenario 5
+// of the replication design (a kill during a restore) on real processes,
+// with the rule every scenario ends on: "all replicas report the same
+// state digest at the same applied index". Each round registers a worker
+// of its own and writes through it, then kvctl snapshot restore sends a
+// backup (taken before the first round) to the leader, and the leader is
+// killed with SIGKILL a random moment after kvctl started (the delay is
+// the fault's timing, drawn from the logged seed, not a wait for a
+// condition) and started again at once. Whatever the restore's answer,
+// the cluster must end whole: every node at one applied index with one
+// digest, and its workers either the backup's (the restore took) or
+// those before the restore (nothing was installed). The digests alone
+// cannot tell these apart: the leader's expiry sweeps stamp the state
+// with their time. Before the fix a killed leader that held the restore
+// alone came back, took the others' entries as continuing its log and
+// applied them on the restore: ready, on another digest, for good
+// (raftfsm's TestARestoreALeaderWasKilledInIsDroppedAfterItsRestart is
+// the same fault, deterministic).
+func TestKillLeaderDuringAnOnlineRestoreKeepsOneState(t *testing.T) {
+	const rounds = 8
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, 0x6b696c6c2d726573))
+	c := startCluster(t, 3)
+	p := newPublisher(seed, testRanks...)
+	registerWorkers(t, c.cl, p.model)
+	if err := p.publishN(ctxT(t, 60*time.Second), c.cl, 20); err != nil {
+		t.Fatal(err)
+	}
+	c.converged()
+	backup := workerIDs(t, c.cl)
+	snap := c.saveSnapshot(t.TempDir())
+	took := 0
+	for round := range rounds {
+		w := newPublisher(seed+uint64(round)+1, kvevent.Rank{Worker: 100 + uint64(round)})
+		registerWorkers(t, c.cl, w.model)
+		if err := w.publishN(ctxT(t, 60*time.Second), c.cl, 5); err != nil {
+			t.Fatal(err)
+		}
+		c.converged()
+		before := workerIDs(t, c.cl)
+		lead := c.leader()
+		done := make(chan cliResult, 1)
+		go func() { done <- runKvctl(t, "--endpoints", c.nodes[lead].httpAddr, "snapshot", "restore", snap.path) }()
+		delay := time.Duration(20+rng.IntN(150)) * time.Millisecond
+		time.Sleep(delay) // the fault's moment, not a wait for a condition
+		c.kill9(lead)
+		res := <-done
+		c.restart(lead)
+		c.leader()
+		_, d := c.converged()
+		after := workerIDs(t, c.cl)
+		t.Logf("round %d: %s killed %v after kvctl started; kvctl exit %d: %s; digest %s, workers %v (backup %v, before the restore %v)",
+			round, c.nodes[lead].id, delay, res.code, lastLine(res.stdout+res.stderr), d, after, backup, before)
+		switch {
+		case slices.Equal(after, backup):
+			took++
+		case slices.Equal(after, before):
+		default:
+			t.Fatalf("round %d: the cluster holds workers %v, neither the backup's %v nor those before the restore %v", round, after, backup, before)
+		}
+	}
+	t.Logf("the restore took in %d of %d rounds", took, rounds)
+}
+
+// workerIDs returns the ids of the workers the cluster holds, sorted.
+func workerIDs(t *testing.T, cl *client.Client) []uint64 {
+	t.Helper()
+	var ws []api.Worker
+	_, err := retry(ctxT(t, 30*time.Second), func(ctx context.Context) (err error) {
+		ws, err = cl.Workers(ctx)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("workers: %v", err)
+	}
+	ids := make([]uint64, 0, len(ws))
+	for _, w := range ws {
+		ids = append(ids, w.WorkerID)
+	}
+	slices.Sort(ids)
+	return ids
 }
