@@ -1095,3 +1095,28 @@ func TestCleanStopTakesG2OffTheRouter(t *testing.T) {
 		t.Fatalf("after the stop a route matches %v of the offloaded chain; want none in G2, 6 in G3", m)
 	}
 }
+
+// TestPublishErrorsHelpSaysWhatItCounts pins the help of
+// kvagent_publish_errors_total to what the agent counts there
+// (docs/operations.md: "engine batches, offload pools' events and clears
+// that the agent could not publish"; agent.go increments it for a pool's
+// event batch and for a clear as well as for an engine batch). A help
+// that names engine batches only sends an operator who sees it move to
+// the engine's stream while the failing publishes are the pools'.
+func TestPublishErrorsHelpSaysWhatItCounts(t *testing.T) {
+	r := startRouter(t)
+	reg := prometheus.NewRegistry()
+	startAgentWith(t, r, Config{Registerer: reg})
+	mfs, err := reg.Gather()
+	must(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "kvagent_publish_errors_total" {
+			continue
+		}
+		if h := mf.GetHelp(); !strings.Contains(h, "pool") || !strings.Contains(h, "clear") {
+			t.Fatalf("kvagent_publish_errors_total help %q names neither offload pools' events nor clears, which it counts", h)
+		}
+		return
+	}
+	t.Fatal("kvagent_publish_errors_total is not registered")
+}

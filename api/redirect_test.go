@@ -156,3 +156,19 @@ func FuzzRedirectSettlesInOneStep(f *testing.F) {
 		}
 	})
 }
+
+// TestRedirectedRequestsAreCounted pins docs/api.md's GET /metrics:
+// kvrouter_http_requests_total counts every request the node answers, by
+// route pattern, "requests matching no route" as unmatched. A path that is
+// not clean (a doubled slash) matches no route and is answered (a 307 to
+// the clean path), so it counts under unmatched with its code; it must not
+// leave the family without a trace of it.
+func TestRedirectedRequestsAreCounted(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	if resp := rawDo(t, n.addr(), "GET", "/v1//workers"); resp.StatusCode != http.StatusTemporaryRedirect {
+		t.Fatalf("GET /v1//workers: %d, want 307", resp.StatusCode)
+	}
+	if got := counterValue(t, n.reg, "kvrouter_http_requests_total", map[string]string{"code": "307"}); got != 1 {
+		t.Fatalf("kvrouter_http_requests_total{code=307} = %v after one redirected request, want 1 (the request was answered and counted nowhere)", got)
+	}
+}
