@@ -171,4 +171,10 @@ func TestRedirectedRequestsAreCounted(t *testing.T) {
 	if got := counterValue(t, n.reg, "kvrouter_http_requests_total", map[string]string{"code": "307"}); got != 1 {
 		t.Fatalf("kvrouter_http_requests_total{code=307} = %v after one redirected request, want 1 (the request was answered and counted nowhere)", got)
 	}
+	if got := counterValue(t, n.reg, "kvrouter_http_requests_total", map[string]string{"route": "unmatched", "code": "307"}); got != 1 {
+		t.Fatalf("kvrouter_http_requests_total{route=unmatched,code=307} = %v, want 1 (docs/api.md: a path that is not clean counts as unmatched)", got)
+	}
+	if got := histogramCount(t, n.reg, "kvrouter_http_request_duration_seconds", map[string]string{"route": "unmatched"}); got != 1 {
+		t.Fatalf("kvrouter_http_request_duration_seconds{route=unmatched} count = %d after one redirected request, want 1", got)
+	}
 }

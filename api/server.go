@@ -325,8 +325,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// one: an id's %2F comes back as %252F, another id. The same
 		// redirect, the escaping kept (http.Redirect escapes what is not
 		// ASCII, as the mux's did).
+		// It matches no route: counted as unmatched, with its 307.
+		start := time.Now()
+		rec := &recorder{ResponseWriter: w}
 		u := url.URL{Path: p, RawPath: esc, RawQuery: r.URL.RawQuery}
-		http.Redirect(w, r, u.String(), http.StatusTemporaryRedirect)
+		http.Redirect(rec, r, u.String(), http.StatusTemporaryRedirect)
+		s.observe("unmatched", rec, start)
 		return
 	}
 	if h, pattern := s.mux.Handler(r); pattern == "" {
