@@ -240,7 +240,7 @@ func New(cfg Config) (*Agent, error) {
 	a.resets = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_rank_clears_total",
 		Help: "Ranks cleared on the router: the engine restarted (engine_restart) or reset its cache (engine_cleared, on ranks with offload pools), or its stream lost batches."}, []string{"reason"})
 	a.pubErrs = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvagent_publish_errors_total",
-		Help: "Engine batches the publisher refused (the rank is resynced)."})
+		Help: "Engine batches, offload pools' event batches and rank clears that the agent could not publish (an engine batch's rank is then resynced)."})
 	a.mismatches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_offload_mismatches_total",
 		Help: "Offloaded blocks refused because they contradict what the engine reported (a hash it holds as another block, or a block it holds under another hash): " +
 			"in an engine API offload request (request, answered bad_request), or in a pool's STORE (pool, not published); " +
