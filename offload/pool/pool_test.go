@@ -596,6 +596,73 @@ func TestMetricsFollowTheStats(t *testing.T) {
 	check(t, p.Close())
 }
 
+// TestMetricsReportEachStatUnderItsName drives a host pool to different
+// counts of each stat (hits 3, misses 2, registered 4, revived 1, pending 1,
+// referenced 1, inactive 3, a publish error) and a disk pool to a damaged
+// block, and reads each kvagent_pool_* family: a family that reported
+// another stat (hits as misses) or none passed TestMetricsFollowTheStats.
+func TestMetricsReportEachStatUnderItsName(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	s := newSink(t)
+	p, err := pool.NewHost(hostBackend(t), pool.Config{Rank: rank, Capacity: 8, BlockSize: testBlock, Sink: s, Registerer: reg})
+	check(t, err)
+	defer p.Close()
+	for _, b := range chain(0, 0, 3) {
+		check(t, p.Register(b, pattern(testBlock, b.Hash)))
+	}
+	s.mu.Lock()
+	s.err = errors.New("sink down")
+	s.mu.Unlock()
+	b4 := pool.Block{Hash: 4, Parent: 3, Local: 4}
+	check(t, p.Register(b4, pattern(testBlock, 4))) // published nothing: a publish error
+	s.mu.Lock()
+	s.err = nil
+	s.mu.Unlock()
+	if err := p.Register(b4, pattern(testBlock, 4)); !errors.Is(err, pool.ErrExists) { // held: revived
+		t.Fatalf("register of a block held: %v, want ErrExists", err)
+	}
+	_, err = p.Acquire(1) // hit; referenced until the end
+	check(t, err)
+	buf := make([]byte, testBlock)
+	check(t, p.Read(2, buf)) // hit
+	check(t, p.Read(4, buf)) // hit
+	if _, err := p.Acquire(90); !errors.Is(err, pool.ErrNotFound) {
+		t.Fatalf("acquire of a block not held: %v", err)
+	}
+	if err := p.Read(91, buf); !errors.Is(err, pool.ErrNotFound) {
+		t.Fatalf("read of a block not held: %v", err)
+	}
+	if _, err := p.Reserve(pool.Block{Hash: 5, Parent: 4, Local: 5}); err != nil { // pending
+		t.Fatal(err)
+	}
+
+	dir := t.TempDir()
+	storeAndDamage(t, dir, 42)
+	d, err := pool.OpenDisk(dir, pool.Config{Rank: rank, Capacity: 8, BlockSize: damageBS, Registerer: reg}, pool.DiskOptions{})
+	check(t, err)
+	defer d.Close()
+	if err := d.Read(42, make([]byte, damageBS)); !errors.Is(err, pool.ErrCorrupt) {
+		t.Fatalf("read of a damaged block: %v, want ErrCorrupt", err)
+	}
+
+	want := map[string]float64{
+		"hits_total": 3, "misses_total": 2, "registered_total": 4, "revived_total": 1,
+		"pending_blocks": 1, "referenced_blocks": 1, "inactive_blocks": 3, "blocks": 5,
+		"publish_errors_total": 1, "evictions_total": 0, "damaged_total": 0,
+		"capacity_blocks": 8, "block_bytes": testBlock,
+	}
+	got := gather(t, reg)
+	for name, v := range want {
+		key := `kvagent_pool_` + name + `{dp_rank="1",tier="host",worker="7"}`
+		if g, ok := got[key]; !ok || g != v {
+			t.Errorf("%s = %v (present %v), want %v", key, g, ok, v)
+		}
+	}
+	if key := `kvagent_pool_damaged_total{dp_rank="1",tier="disk",worker="7"}`; got[key] != 1 {
+		t.Errorf("%s = %v after one damaged block's read, want 1", key, got[key])
+	}
+}
+
 func TestClosedPoolRefuses(t *testing.T) {
 	forEachPool(t, func(t *testing.T, pc poolCase) {
 		p := pc.open(t, 2, newSink(t))
