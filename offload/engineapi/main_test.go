@@ -194,6 +194,7 @@ type rig struct {
 	host []*pool.HostPool
 	disk []*pool.DiskPool
 	srv  *engineapi.Server
+	reg  *prometheus.Registry // the server's metrics
 	c    *engineapi.Client
 	g1   []*g1Sim
 	n    int
@@ -215,7 +216,7 @@ func newRig(t *testing.T, rc rigConfig) *rig {
 	check(t, err)
 	t.Cleanup(func() { check(t, raw.Close()) }) // runs last: after the server and pools
 	r := &rig{t: t, dir: shortDir(t), rng: rand.New(rand.NewPCG(seed(t), 1)), raw: raw, sink: &sink{},
-		n: rc.blocks, next: 1 << 32, bytes: map[uint64][]byte{}}
+		n: rc.blocks, next: 1 << 32, bytes: map[uint64][]byte{}, reg: prometheus.NewRegistry()}
 	var be backend.Backend = raw
 	var ranks []engineapi.RankPools
 	for dp := range rc.ranks {
@@ -253,7 +254,7 @@ func newRig(t *testing.T, rc rigConfig) *rig {
 		be = r.streams
 	}
 	r.srv, err = engineapi.Listen(engineapi.Config{Socket: filepath.Join(r.dir, "kvagent.sock"), Backend: be,
-		Ranks: ranks, Manager: rc.mgr, Checker: rc.checker, SettleTimeout: rc.settle, MaxRegionBlocks: rc.maxRegion, Registerer: prometheus.NewRegistry()})
+		Ranks: ranks, Manager: rc.mgr, Checker: rc.checker, SettleTimeout: rc.settle, MaxRegionBlocks: rc.maxRegion, Registerer: r.reg})
 	check(t, err)
 	t.Cleanup(func() { check(t, r.srv.Close()) })
 	if r.gate != nil {
