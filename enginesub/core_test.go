@@ -1173,6 +1173,52 @@ func TestSkippedEventsAreCountedAndLogged(t *testing.T) {
 	}
 }
 
+// TestDroppedBlocksAreCountedByReason: blocks the decoder's per-block rules
+// leave out of a stored event show in
+// kvagent_subscriber_dropped_blocks_total by reason: a store of 3 tokens
+// on 4-token blocks (block_size) and an offload store of an engine hash
+// never seen with its tokens (unresolved). No test read the family: a
+// subscriber that counted none passed.
+func TestDroppedBlocksAreCountedByReason(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, err := New(Config{Endpoint: "tcp://127.0.0.1:1", Sink: &recSink{}, Registerer: reg,
+		Logger:  slog.New(slog.DiscardHandler),
+		Rank:    kvevent.Rank{Worker: 3, DP: 1},
+		Decoder: engine.Config{BlockSize: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq, p := range [][]byte{
+		storePayload(1.0, hashOf(0), []uint32{1, 2, 3}, "GPU"),
+		storePayload(1.1, hashOf(1), nil, "CPU"),
+		storePayload(1.2, hashOf(2), nil, "CPU"),
+	} {
+		if err := s.core.live(bg, [][]byte{{}, seqFrame(uint64(seq)), p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var series []string
+	for _, mf := range mfs {
+		if mf.GetName() != "kvagent_subscriber_dropped_blocks_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var l []string
+			for _, p := range m.GetLabel() {
+				l = append(l, p.GetName()+"="+p.GetValue())
+			}
+			series = append(series, fmt.Sprintf("%s %v", strings.Join(l, ","), m.GetCounter().GetValue()))
+		}
+	}
+	if want := []string{"dp_rank=1,reason=block_size,worker=3 1", "dp_rank=1,reason=unresolved,worker=3 2"}; !slices.Equal(series, want) {
+		t.Fatalf("kvagent_subscriber_dropped_blocks_total series %q, want %q", series, want)
+	}
+}
+
 // TestSkipReasonsAreLoggedOncePerWorker: semantics.md §1 logs a reason for
 // leaving events out once per worker, not per event nor per dp rank. The
 // subscribers of a group (one worker's ranks) each logged it: a worker of
