@@ -284,3 +284,48 @@ func TestASkippedGarbledEntryIsCountedAsMalformed(t *testing.T) {
 		t.Fatalf("halted at a garbled entry: %v", l.fsm.Halted())
 	}
 }
+
+// TestWorkerBusyOnlyWhenAllItsRanksAre pins semantics.md §5, "a worker is
+// busy only when all its ranks are", on kvrouter_worker_busy: a worker of
+// two dp ranks, one over busy_prefill_tokens and one idle, still takes
+// routes (through its idle rank), so the gauge an operator alerts on must
+// read 0 for it; it reads 1 only once both ranks are over the threshold.
+func TestWorkerBusyOnlyWhenAllItsRanksAre(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 9, BlockSize: 4, DPRanks: []uint32{0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	busyAt := indexer.DefaultParams()
+	busyAt.BusyPrefillTokens = 1
+	if err := l.SetSettings(ctx(t), Settings{Params: busyAt}); err != nil {
+		t.Fatal(err)
+	}
+	book := func(dp uint32) {
+		t.Helper()
+		only := func(r kvevent.Rank) bool { return r.DP == dp }
+		q := RouteQuery{ISL: 8, Book: true, RequestID: fmt.Sprint("req-", dp), Filter: only}
+		if res, err := l.Route(ctx(t), q); err != nil || !res.Booked {
+			t.Fatalf("book on dp rank %d: %v %+v", dp, err, res)
+		}
+	}
+	busyGauge := func() float64 {
+		t.Helper()
+		s, ok := gather(t, NewCollector(l))["kvrouter_worker_busy{worker=9}"]
+		if !ok {
+			t.Fatal("no sample kvrouter_worker_busy{worker=9}")
+		}
+		return s.GetGauge().GetValue()
+	}
+	book(0) // rank 0 is over the threshold, rank 1 idle
+	if res, err := l.Route(ctx(t), RouteQuery{ISL: 8}); err != nil || res.Decision.Rank.DP != 1 {
+		t.Fatalf("route with one rank busy: %v %+v (want dp rank 1)", err, res.Decision.Rank)
+	}
+	if v := busyGauge(); v != 0 {
+		t.Fatalf("kvrouter_worker_busy{worker=9} = %v with one of its two ranks busy and the worker taking routes, want 0", v)
+	}
+	book(1)
+	if v := busyGauge(); v != 1 {
+		t.Fatalf("kvrouter_worker_busy{worker=9} = %v with both ranks busy, want 1", v)
+	}
+}
