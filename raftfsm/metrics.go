@@ -63,7 +63,7 @@ func NewCollector(n *Node) *Collector {
 		mismatches:      d("state_digest_mismatch_total", "Replica digest checks that found this node's state differing from the leader's: its state has diverged."),
 		eventsApplied:   d("events_applied_total", "Events of event batches this node's state machine took, by op, tier and outcome (applied, duplicate, gap: after a gap in its batch, malformed, fenced: in a batch of another publisher incarnation than the rank's last dump), since it started.", "op", "tier", "outcome"),
 		indexMemory:     d("index_memory_bytes", "Estimated bytes the in-memory index holds (nodes, holders, engine-hash maps, orphan buffers)."),
-		workerBusy:      d("worker_busy", "1 when a rank of the worker is over a busy threshold of the scoring settings.", "worker"),
+		workerBusy:      d("worker_busy", "1 when every rank of the worker is over a busy threshold of the scoring settings (it takes no routes), 0 while one is not.", "worker"),
 		stalls:          d("store_write_stall_seconds_total", "Seconds Pebble held writes back (memtables waiting for a flush, or too many level 0 sublevels), by store: raft (log), fsm (state).", "store"),
 
 		applyHalted: d("apply_halted", "1 while this node's state machine is halted at a Raft entry a later build wrote, which it cannot read: it applies nothing until it is upgraded."),
@@ -163,7 +163,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for _, w := range n.Workers() {
 		id := strconv.FormatUint(w.Info.ID, 10)
 		var blocks [kvevent.NumTiers]int64
-		var silent, busy, prefill, decode int64
+		var silent, prefill, decode int64
+		// Busy only when all its ranks are (semantics.md §5): the scorer
+		// routes to a rank that is not.
+		busy := int64(0)
+		if len(w.Ranks) > 0 {
+			busy = 1
+		}
 		for _, rs := range w.Ranks {
 			for t := range blocks {
 				blocks[t] += rs.Blocks[t]
@@ -171,8 +177,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			if rs.Silent {
 				silent = 1
 			}
-			if rs.Busy {
-				busy = 1
+			if !rs.Busy {
+				busy = 0
 			}
 			prefill += rs.Load.ActivePrefillTokens
 			decode += rs.Load.ActiveDecodeBlocks
