@@ -913,6 +913,95 @@ func TestRouteCandidateMarkedChosenIsTheAnsweredRank(t *testing.T) {
 	}
 }
 
+// TestRouteCandidatesCarryEveryCostTerm: each candidate of a route's
+// answer carries its own cost terms, checked against figures worked by
+// hand from semantics §5, not only by key name. Rank 1/0 holds docs/api.md's
+// example (blocks 101 and 102 on device, 103 on host: the example's
+// figures), and rank 2/1 carries a booking, so that its load terms are not
+// zero. From a review: zeroing credit, prefill_blocks, active_requests,
+// active_prefill_tokens or active_decode_blocks in the answer passed every
+// api, e2e and sim test (checkRouteShape checks their keys).
+func TestRouteCandidatesCarryEveryCostTerm(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	store := func(r kvevent.Rank, id uint64, tier kvevent.Tier, parent uint64, hashes ...uint64) {
+		t.Helper()
+		ev := kvevent.Event{Rank: r, EventID: id, Kind: kvevent.KindStored, Tier: tier, HasParent: parent != 0, Parent: parent}
+		for _, h := range hashes {
+			ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: 1000 + h, LocalHash: h})
+		}
+		if _, err := n.fake.IngestEvents(context.Background(), []raftfsm.RankBatch{{Rank: r, Events: []kvevent.Event{ev}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store(kvevent.Rank{Worker: 1}, 1, kvevent.TierDevice, 0, 101, 102)
+	store(kvevent.Rank{Worker: 1}, 2, kvevent.TierHostPinned, 1102, 103)
+	store(kvevent.Rank{Worker: 2, DP: 1}, 1, kvevent.TierDevice, 0, 201, 202)
+	// Booked on 2/1, which holds its two blocks (cost 3 + 2 against 5 + 2
+	// elsewhere): 20 tokens, 8 of them cached.
+	if a := send(t, n.http.URL, "POST", "/v1/route", `{"block_hashes":[201,202],"isl":20,"book":true,"request_id":"load"}`); a.code != 200 ||
+		a.json(t)["worker_id"] != 2.0 || a.json(t)["dp_rank"] != 1.0 {
+		t.Fatalf("booking the load: %d %s (want 2/1)", a.code, a.body)
+	}
+	a := send(t, n.http.URL, "POST", "/v1/route",
+		`{"block_hashes":[101,102,103],"isl":12,"overrides":{"decode_active_request_weight":0.5}}`)
+	if a.code != 200 {
+		t.Fatal(a.code, string(a.body))
+	}
+	// Credit: 1 × device + 0.75 × host; prefill blocks: (active prefill
+	// tokens + isl) / 4 − credit; potential decode blocks: the booked
+	// distinct blocks + the request's 3 the rank does not hold; cost:
+	// prefill blocks + potential + 0.5 × active requests.
+	const want = `[
+	 {"worker_id": 1, "dp_rank": 0, "chosen": true,
+	  "overlap": {"device": 2, "host": 1, "disk": 0, "external": 0},
+	  "credit": 2.75, "prefill_blocks": 0.25, "potential_decode_blocks": 3,
+	  "active_requests": 0, "active_prefill_tokens": 0, "active_decode_blocks": 0,
+	  "cost": 3.25, "busy": false, "probability": 0},
+	 {"worker_id": 1, "dp_rank": 1, "chosen": false,
+	  "overlap": {"device": 0, "host": 0, "disk": 0, "external": 0},
+	  "credit": 0, "prefill_blocks": 3, "potential_decode_blocks": 3,
+	  "active_requests": 0, "active_prefill_tokens": 0, "active_decode_blocks": 0,
+	  "cost": 6, "busy": false, "probability": 0},
+	 {"worker_id": 2, "dp_rank": 0, "chosen": false,
+	  "overlap": {"device": 0, "host": 0, "disk": 0, "external": 0},
+	  "credit": 0, "prefill_blocks": 3, "potential_decode_blocks": 3,
+	  "active_requests": 0, "active_prefill_tokens": 0, "active_decode_blocks": 0,
+	  "cost": 6, "busy": false, "probability": 0},
+	 {"worker_id": 2, "dp_rank": 1, "chosen": false,
+	  "overlap": {"device": 0, "host": 0, "disk": 0, "external": 0},
+	  "credit": 0, "prefill_blocks": 6, "potential_decode_blocks": 5,
+	  "active_requests": 1, "active_prefill_tokens": 12, "active_decode_blocks": 2,
+	  "cost": 11.5, "busy": false, "probability": 0}]`
+	var wantCands []any
+	if err := json.Unmarshal([]byte(want), &wantCands); err != nil {
+		t.Fatal(err)
+	}
+	key := func(c any) string {
+		m := c.(map[string]any)
+		return fmt.Sprint(m["worker_id"], "/", m["dp_rank"])
+	}
+	got := map[string]any{}
+	for _, c := range a.json(t)["candidates"].([]any) {
+		got[key(c)] = c
+	}
+	if len(got) != len(wantCands) {
+		t.Fatalf("candidates %v, want %d ranks", got, len(wantCands))
+	}
+	for _, w := range wantCands {
+		g, ok := got[key(w)]
+		if !ok {
+			t.Errorf("no candidate %s", key(w))
+			continue
+		}
+		gb, _ := json.Marshal(g)
+		wb, _ := json.Marshal(w)
+		if string(gb) != string(wb) {
+			t.Errorf("candidate %s:\n got  %s\n want %s", key(w), gb, wb)
+		}
+	}
+}
+
 // TestRouteMetricsByModelAndStage: routes count under their model (the
 // first 32 names, later ones as other, none when unnamed), and each stage
 // of a decision is timed; a booking's only when booked.
