@@ -329,3 +329,52 @@ func TestWorkerBusyOnlyWhenAllItsRanksAre(t *testing.T) {
 		t.Fatalf("kvrouter_worker_busy{worker=9} = %v with both ranks busy, want 1", v)
 	}
 }
+
+// TestRankBusyCountsDecodeBlocksAgainstDeviceCapacity: a rank's busy in
+// Workers (GET /v1/workers, kvctl workers) holds its active decode blocks
+// to busy_decode_fraction of its worker's device capacity, as the scorer
+// does (semantics.md §5), not another tier's. Two workers of one rank each
+// carry 8 decode blocks at a fraction of 0.5: worker 1 (device 10, host
+// 100) is over 5 and busy, worker 2 (device 100, host 10) under 50 and
+// not. From a review: reading the host capacity passed every test.
+func TestRankBusyCountsDecodeBlocksAgainstDeviceCapacity(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	capacity := map[uint64][kvevent.NumTiers]int64{
+		1: {kvevent.TierDevice: 10, kvevent.TierHostPinned: 100},
+		2: {kvevent.TierDevice: 100, kvevent.TierHostPinned: 10},
+	}
+	for id, cp := range capacity {
+		if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: id, BlockSize: 4, DPRanks: []uint32{0}, Capacity: cp}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := indexer.DefaultParams()
+	p.BusyDecodeFraction = 0.5
+	if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
+		t.Fatal(err)
+	}
+	for id := range capacity {
+		only := func(r kvevent.Rank) bool { return r.Worker == id }
+		hashes := []uint64{1, 2, 3, 4, 5, 6, 7, 8}
+		q := RouteQuery{LocalHashes: hashes, ISL: 32, Book: true, RequestID: fmt.Sprint("req-", id), Filter: only}
+		if res, err := l.Route(ctx(t), q); err != nil || !res.Booked || res.Decision.Rank.Worker != id {
+			t.Fatalf("book on worker %d: %v %+v", id, err, res)
+		}
+	}
+	want := map[uint64]bool{1: true, 2: false}
+	ws := l.Workers()
+	if len(ws) != 2 {
+		t.Fatalf("%d workers, want 2", len(ws))
+	}
+	for _, w := range ws {
+		r := w.Ranks[0]
+		if r.Load.ActiveDecodeBlocks != 8 {
+			t.Fatalf("worker %d: %d active decode blocks, want 8", w.Info.ID, r.Load.ActiveDecodeBlocks)
+		}
+		if r.Busy != want[w.Info.ID] {
+			t.Errorf("worker %d (capacity %v): rank busy %v with 8 decode blocks at fraction 0.5, want %v (of its device capacity)",
+				w.Info.ID, w.Info.Capacity, r.Busy, want[w.Info.ID])
+		}
+	}
+}
