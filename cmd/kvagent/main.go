@@ -141,6 +141,23 @@ func run(c *cli.Context) error {
 	return nil
 }
 
+// The --metrics-addr server gives a connection metricsHeaderTimeout to
+// send its request's header, and closes a keep-alive connection idle for
+// metricsIdleTimeout, as kvrouter's ports do.
+const (
+	metricsHeaderTimeout = 10 * time.Second
+	metricsIdleTimeout   = 2 * time.Minute
+)
+
+// newMetricsServer returns the --metrics-addr server, serving h.
+func newMetricsServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: metricsHeaderTimeout, IdleTimeout: metricsIdleTimeout}
+}
+
+// metricsServing, when set (by tests), is called with the --metrics-addr
+// server before it serves: a test checks its settings.
+var metricsServing func(*http.Server)
+
 // serve starts the agent (and, with oc.Socket, its offload side), runs it
 // until ctx ends, calling stop then, and closes what it started before it
 // returns. It returns nil when ctx ended.
@@ -156,7 +173,10 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+		hs := newMetricsServer(mux)
+		if metricsServing != nil {
+			metricsServing(hs)
+		}
 		go hs.Serve(ln)
 		defer hs.Close()
 		logger.Info("metrics listening", "addr", "http://"+ln.Addr().String()+"/metrics")

@@ -170,6 +170,34 @@ func TestAPortInUseFailsBeforeAnythingStarts(t *testing.T) {
 	}
 }
 
+// TestTheMetricsServerHasItsTimeouts: the --metrics-addr server gives a
+// request's header 10 s and closes a keep-alive connection idle for 2
+// minutes, and sets no read or write timeout. The start stops on a --bind
+// endpoint in use, once the server was made. From a review: deleting both
+// timeouts passed every test of the package.
+func TestTheMetricsServerHasItsTimeouts(t *testing.T) {
+	var got *http.Server
+	metricsServing = func(s *http.Server) { got = s }
+	t.Cleanup(func() { metricsServing = nil })
+	inUse, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inUse.Close()
+	r := startKvagent(t, "--metrics-addr", "127.0.0.1:0", "--worker-id", "1", "--block-size", "4",
+		"--nats-url", "nats://127.0.0.1:"+strconv.Itoa(freePort(t)), "--bind", "--engine-endpoint", "tcp://"+inUse.Addr().String())
+	if err := r.waitEnded(t); err == nil || !strings.Contains(err.Error(), "--bind") {
+		t.Fatalf("kvagent with its engine endpoint in use: %v, want the --bind error", err)
+	}
+	if got == nil {
+		t.Fatal("no --metrics-addr server was made")
+	}
+	if got.ReadHeaderTimeout != 10*time.Second || got.IdleTimeout != 2*time.Minute || got.ReadTimeout != 0 || got.WriteTimeout != 0 || got.MaxHeaderBytes != 0 {
+		t.Errorf("the --metrics-addr server: header timeout %v, idle %v, read %v, write %v, max header bytes %d; want 10s, 2m0s, none, none, the default",
+			got.ReadHeaderTimeout, got.IdleTimeout, got.ReadTimeout, got.WriteTimeout, got.MaxHeaderBytes)
+	}
+}
+
 // belowAPortInUse returns a port that was free a moment ago and holds the
 // port above it in use until the test ends: for --dp-size 2 with --bind,
 // rank 1's endpoint then is in use and rank 0's is not.

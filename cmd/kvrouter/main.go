@@ -259,7 +259,7 @@ func run(c *cli.Context) error {
 	handler.Store(&startingHandler)
 	current := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*handler.Load()).ServeHTTP(w, r) })
 	hsFlight := &inFlight{}
-	hs := &http.Server{Handler: hsFlight.wrap(current), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	hs := newHTTPServer(hsFlight.wrap(current))
 	servers := []servedPort{{hs, ln.Addr().String(), hsFlight}}
 	closeServers := func() {
 		for _, s := range servers {
@@ -280,10 +280,13 @@ func run(c *cli.Context) error {
 			return fmt.Errorf("selection API listen on %s: %w", a, err)
 		}
 		sFlight := &inFlight{}
-		shs := &http.Server{Handler: sFlight.wrap(compat.SelectionHandler(current)), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+		shs := newHTTPServer(sFlight.wrap(compat.SelectionHandler(current)))
 		servers = append(servers, servedPort{shs, sln.Addr().String(), sFlight})
 		go func() { serveErr <- shs.Serve(sln) }()
 		logger.Info("selection API listening", "http", sec.scheme()+"://"+sln.Addr().String())
+	}
+	if serving != nil {
+		serving(servers)
 	}
 	// Counted from the connection's start, registered with the others
 	// once the node is up.
@@ -455,6 +458,10 @@ func peerReadyWithNATS(rt http.RoundTripper, scheme string) func(context.Context
 	}
 }
 
+// serving, when set (by tests), is called with the node's HTTP servers
+// once they all serve, before NATS starts: a test checks their settings.
+var serving func([]servedPort)
+
 // beforeLoad, when set (by tests), runs right before the node loads its
 // state: a test holds the load there.
 var beforeLoad func()
@@ -472,6 +479,21 @@ const (
 	drainTimeout = 5 * time.Second
 	cutWait      = 2 * time.Second
 )
+
+// Every HTTP server of the node (--http-addr, --selection-addr) gives a
+// connection headerTimeout to send its request's header, and closes a
+// keep-alive connection idle for idleTimeout (docs/api.md). It sets no
+// read or write timeout: a JSON body's 30 s bound is the handlers', and a
+// snapshot upload or download has none.
+const (
+	headerTimeout = 10 * time.Second
+	idleTimeout   = 2 * time.Minute
+)
+
+// newHTTPServer returns the server of one of the node's ports, serving h.
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: headerTimeout, IdleTimeout: idleTimeout}
+}
 
 // A servedPort is one of the node's HTTP servers, the address it listens
 // at, and its handlers running.

@@ -360,6 +360,41 @@ func TestANATSPortInUseFailsBeforeRaft(t *testing.T) {
 	}
 }
 
+// TestEveryPortsServerHasItsTimeouts: the servers of --http-addr and
+// --selection-addr give a request's header 10 s and close a keep-alive
+// connection idle for 2 minutes (docs/api.md, docs/compat.md), and set no
+// read or write timeout (a snapshot upload or download has no bound). The
+// start stops on a NATS port in use, once both serve. From a review:
+// deleting both timeouts passed every test of the package.
+func TestEveryPortsServerHasItsTimeouts(t *testing.T) {
+	var got []servedPort
+	serving = func(s []servedPort) { got = slices.Clone(s) }
+	t.Cleanup(func() { serving = nil })
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	httpAddr, selAddr := freeAddr(t), freeAddr(t)
+	app := newApp()
+	app.ExitErrHandler = func(*cli.Context, error) {}
+	err = app.Run([]string{"kvrouter", "--data-dir", t.TempDir(), "--http-addr", httpAddr, "--raft-addr", freeAddr(t),
+		"--selection-addr", selAddr, "--nats-addr", taken.Addr().String()})
+	if err == nil || !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("the NATS port in use: %v, want the listener's error", err)
+	}
+	if len(got) != 2 || got[0].addr != httpAddr || got[1].addr != selAddr {
+		t.Fatalf("servers %+v, want those of %s and %s", got, httpAddr, selAddr)
+	}
+	for _, s := range got {
+		if srv := s.srv; srv.ReadHeaderTimeout != 10*time.Second || srv.IdleTimeout != 2*time.Minute ||
+			srv.ReadTimeout != 0 || srv.WriteTimeout != 0 || srv.MaxHeaderBytes != 0 {
+			t.Errorf("the server of %s: header timeout %v, idle %v, read %v, write %v, max header bytes %d; want 10s, 2m0s, none, none, the default",
+				s.addr, srv.ReadHeaderTimeout, srv.IdleTimeout, srv.ReadTimeout, srv.WriteTimeout, srv.MaxHeaderBytes)
+		}
+	}
+}
+
 // TestTheSameCommandLineTwiceSaysTheDataDirIsHeld: a second kvrouter on a
 // running node's data directory, ports and all (the same command line
 // started twice), exits 1 saying the directory is held, as

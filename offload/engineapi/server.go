@@ -230,8 +230,7 @@ func Listen(cfg Config) (*Server, error) {
 		s.metrics.unregister()
 		return nil, fmt.Errorf("engine API: %w", err)
 	}
-	s.hs = &http.Server{Handler: s.mux(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
-		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	s.hs = newHTTPServer(s.mux(), s.log)
 	go func() {
 		defer close(s.served)
 		if err := s.hs.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -240,6 +239,21 @@ func Listen(cfg Config) (*Server, error) {
 	}()
 	s.log.Info("engine API listening", "socket", cfg.Socket, "backend", s.be.Name(), "ranks", len(s.order))
 	return s, nil
+}
+
+// The socket's server gives a connection headerTimeout to send its
+// request's header, and closes a keep-alive connection idle for
+// idleTimeout; it sets no read or write timeout.
+const (
+	headerTimeout = 10 * time.Second
+	idleTimeout   = 2 * time.Minute
+)
+
+// newHTTPServer returns the socket's server, serving h, its own errors
+// (a connection's) logged to log at debug level.
+func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: headerTimeout, IdleTimeout: idleTimeout,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 }
 
 func (s *Server) addRanks() error {

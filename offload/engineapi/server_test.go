@@ -634,6 +634,19 @@ func TestListenRemovesAStaleSocketAndRefusesALiveOne(t *testing.T) {
 	}
 }
 
+// The socket's server gives a request's header 10 s and closes a
+// keep-alive connection idle for 2 minutes, and sets no read or write
+// timeout. From a review: deleting both timeouts passed every test of the
+// package.
+func TestTheSocketsServerHasItsTimeouts(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 4})
+	hs := r.srv.HTTPServer()
+	if hs.ReadHeaderTimeout != 10*time.Second || hs.IdleTimeout != 2*time.Minute || hs.ReadTimeout != 0 || hs.WriteTimeout != 0 || hs.MaxHeaderBytes != 0 {
+		t.Errorf("the socket's server: header timeout %v, idle %v, read %v, write %v, max header bytes %d; want 10s, 2m0s, none, none, the default",
+			hs.ReadHeaderTimeout, hs.IdleTimeout, hs.ReadTimeout, hs.WriteTimeout, hs.MaxHeaderBytes)
+	}
+}
+
 // A filter threshold past the manager's counts is refused when the server
 // starts (kvagent's flag then fails at start, naming the setting), not at
 // the engine's first registration.
