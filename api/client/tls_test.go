@@ -9,11 +9,13 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -222,5 +224,54 @@ func TestCertificateHint(t *testing.T) {
 	_, err := newClient(t, deadAddr(t)).Status(context.Background())
 	if hint := client.CertificateHint(err, "--tls-ca"); hint != "" || err == nil {
 		t.Errorf("an unreachable node (%v): CertificateHint = %q, want none", err, hint)
+	}
+}
+
+// DialTimeout bounds a try's TLS handshake too (Options): a node that
+// accepts the connection and never answers the handshake fails the try
+// with net/http's TLS handshake timeout, the node unreachable, before the
+// call's context (5 s, under the transport's default handshake bound of
+// 10 s) ends. From a review: the client's transport without the bound
+// passed every test of the package.
+func TestDialTimeoutBoundsTheTLSHandshake(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // read from never: the handshake hangs
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-accepted
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	c, err := client.New([]string{"https://" + ln.Addr().String()}, client.Options{DialTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = c.Workers(ctx)
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, client.ErrUnreachable) ||
+		!strings.Contains(err.Error(), "TLS handshake timeout") {
+		t.Fatalf("a node that never answers the TLS handshake: %v; want it unreachable for the TLS handshake timeout, not the context's deadline", err)
 	}
 }
