@@ -1148,23 +1148,7 @@ func TestSkippedEventsAreCountedAndLogged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var series []string
-	for _, mf := range mfs {
-		if mf.GetName() != "kvagent_subscriber_skipped_events_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			var l []string
-			for _, p := range m.GetLabel() {
-				l = append(l, p.GetName()+"="+p.GetValue())
-			}
-			series = append(series, fmt.Sprintf("%s %v", strings.Join(l, ","), m.GetCounter().GetValue()))
-		}
-	}
+	series := counterSeries(t, reg, "kvagent_subscriber_skipped_events_total")
 	if want := []string{"dp_rank=1,reason=unknown_medium,worker=3 3"}; !slices.Equal(series, want) {
 		t.Fatalf("kvagent_subscriber_skipped_events_total series %q, want %q", series, want)
 	}
@@ -1197,23 +1181,7 @@ func TestDroppedBlocksAreCountedByReason(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var series []string
-	for _, mf := range mfs {
-		if mf.GetName() != "kvagent_subscriber_dropped_blocks_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			var l []string
-			for _, p := range m.GetLabel() {
-				l = append(l, p.GetName()+"="+p.GetValue())
-			}
-			series = append(series, fmt.Sprintf("%s %v", strings.Join(l, ","), m.GetCounter().GetValue()))
-		}
-	}
+	series := counterSeries(t, reg, "kvagent_subscriber_dropped_blocks_total")
 	if want := []string{"dp_rank=1,reason=block_size,worker=3 1", "dp_rank=1,reason=unresolved,worker=3 2"}; !slices.Equal(series, want) {
 		t.Fatalf("kvagent_subscriber_dropped_blocks_total series %q, want %q", series, want)
 	}
@@ -1409,4 +1377,28 @@ func TestNewEpochForgetsLearnedHashes(t *testing.T) {
 	if n := len(calls[3].events); n != 0 {
 		t.Fatalf("restarted engine's tokenless store resolved from the old epoch: %s", fmtEvents(calls[3].events))
 	}
+}
+
+// counterSeries returns the series of counter family name in reg, each
+// as "label=value,… count", in the registry's order.
+func counterSeries(t *testing.T, reg *prometheus.Registry, name string) []string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var series []string
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var l []string
+			for _, p := range m.GetLabel() {
+				l = append(l, p.GetName()+"="+p.GetValue())
+			}
+			series = append(series, fmt.Sprintf("%s %v", strings.Join(l, ","), m.GetCounter().GetValue()))
+		}
+	}
+	return series
 }

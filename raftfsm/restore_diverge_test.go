@@ -150,9 +150,18 @@ func TestARestoreNoFollowerTookIsDroppedOnceTheLeaderIsBack(t *testing.T) {
 func TestARestoreNoFollowerTookIsDroppedAfterTheLeaderRestarts(t *testing.T) {
 	c := newInmemCluster(t, 3)
 	li := divergedByARestore(t, c)
+	c.nodes[li].Close()
+	restartConverges(t, c, li)
+}
+
+// restartConverges starts node li again on its directory (stopped, cut
+// off by divergedByARestore), heals the cluster, and waits until every
+// node holds the state the others wrote on and the restarted one is
+// ready.
+func restartConverges(t *testing.T, c *inmemCluster, li int) {
+	t.Helper()
 	cfg := c.nodes[li].cfg
 	cfg.beforeRestore = nil
-	c.nodes[li].Close()
 	_, tr := raft.NewInmemTransport(raft.ServerAddress(cfg.RaftAddr))
 	c.trans[li] = tr
 	cfg.Transport = tr
@@ -203,10 +212,8 @@ func TestARestoreALeaderWasKilledInIsDroppedAfterItsRestart(t *testing.T) {
 	if len(kept) == 0 {
 		t.Fatalf("%s's log holds no entry below the restore at %d (it starts at %d)", other.cfg.ID, at, first)
 	}
-	cfg := old.cfg
-	cfg.beforeRestore = nil
 	old.Close()
-	logs, err := store.OpenLogStore(filepath.Join(cfg.DataDir, "raft"), store.LogStoreOptions{Logger: quiet})
+	logs, err := store.OpenLogStore(filepath.Join(old.cfg.DataDir, "raft"), store.LogStoreOptions{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,17 +233,7 @@ func TestARestoreALeaderWasKilledInIsDroppedAfterItsRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("the old leader stops with its restore at %d and its log %d..%d", at, kept[0].Index, kept[len(kept)-1].Index)
-	_, tr := raft.NewInmemTransport(raft.ServerAddress(cfg.RaftAddr))
-	c.trans[li] = tr
-	cfg.Transport = tr
-	c.heal()
-	restarted, err := NewNode(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.nodes[li] = restarted
-	waitConverged(t, c)
-	waitFor(t, 10*time.Second, "the restarted node to be ready", func() bool { return restarted.Status().Ready })
+	restartConverges(t, c, li)
 }
 
 // TestADeposedLeadersRestoreOverAnOlderTermSnapshotConverges: the
