@@ -99,3 +99,32 @@ func BenchmarkDecodeRouteBody(b *testing.B) {
 		})
 	}
 }
+
+// TestRouteFastPathAllocatesNothingPerKey pins the hot-path rule of the
+// developers' guide ("no per-event allocation you can avoid") on the
+// route body's fast path: with a request whose arrays are already sized
+// (the handler's pooled one), parsing a body of plain keys allocates
+// nothing. jsonscan.Scanner.Object handed each key to its callback as
+// string(key), a conversion that escapes into the func value and so
+// allocated once per key of every /v1/route body.
+func TestRouteFastPathAllocatesNothingPerKey(t *testing.T) {
+	for _, body := range []string{
+		`{"block_hashes":[1,2,3]}`,
+		`{"block_hashes":[1,2,3],"isl":64,"brief":true}`,
+		`{"token_ids":[1,2,3],"book":false,"brief":true}`,
+	} {
+		b := []byte(body)
+		var req RouteRequest
+		if !fastRouteRequest(b, &req) { // sizes req's arrays
+			t.Fatalf("%s: not taken by the fast path", body)
+		}
+		n := testing.AllocsPerRun(100, func() {
+			if !fastRouteRequest(b, &req) {
+				t.Fatalf("%s: not taken by the fast path", body)
+			}
+		})
+		if n != 0 {
+			t.Errorf("%s: the fast path allocated %.0f times per body, want 0", body, n)
+		}
+	}
+}

@@ -1332,6 +1332,45 @@ func TestFindMatchesDoesNotAllocate(t *testing.T) {
 	}
 }
 
+// TestApplyBatchDoesNotAllocateInSteadyState pins the hot-path rule of
+// the developers' guide ("no per-event allocation you can avoid") on the
+// index's apply: once a rank's state and the node pool are warm, a batch
+// that stores a chain and removes it leaf first, re-stores a held chain,
+// or sets and clears another tier of it allocates nothing (freed nodes
+// come back from the pool, the maps keep their room). No test measured
+// the apply's allocations: one more per event passed every test.
+func TestApplyBatchDoesNotAllocateInSteadyState(t *testing.T) {
+	r := kvevent.Rank{Worker: 1, DP: 1}
+	c := chain(1, 2, 3, 4, 5, 6, 7, 8)
+	rm := []uint64{8, 7, 6, 5, 4, 3, 2, 1}
+	for _, tc := range []struct {
+		name string
+		held bool // the chain is stored in tier 0 before the runs
+		evs  []kvevent.Event
+	}{
+		{"store and remove", false, []kvevent.Event{*stored(r, 0, c), *removed(r, 0, rm...)}},
+		{"re-store", true, []kvevent.Event{*stored(r, 0, c)}},
+		{"another tier on and off", true, []kvevent.Event{*stored(r, 1, c), *removed(r, 1, rm...)}},
+		{"unknown remove", true, []kvevent.Event{*removed(r, 0, 999)}},
+	} {
+		ix := New(Config{})
+		if tc.held {
+			mustApply(t, ix, stored(r, 0, c))
+		}
+		if bad := ix.ApplyBatch(tc.evs, 1); bad != 0 { // warms the pool and the maps
+			t.Fatalf("%s: %d events malformed", tc.name, bad)
+		}
+		n := testing.AllocsPerRun(100, func() { ix.ApplyBatch(tc.evs, 1) })
+		if n != 0 {
+			t.Errorf("%s: ApplyBatch allocated %.1f times per batch of %d events, want 0", tc.name, n, len(tc.evs))
+		}
+		ev := &tc.evs[0]
+		if n := testing.AllocsPerRun(100, func() { _ = ix.Apply(ev, 1) }); n != 0 {
+			t.Errorf("%s: Apply allocated %.1f times per event, want 0", tc.name, n)
+		}
+	}
+}
+
 // TestCapacityTrimsChainsFromTheLeaf: an entry is as old as the youngest
 // entry the rank holds below it, and a chain is trimmed from its leaf.
 // From a review: the oldest entry of a chain is its first block, and

@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -472,6 +473,38 @@ func TestRouteHashesTokensWithItsLoRAAndSalt(t *testing.T) {
 		}
 		if got := res.Decision.Chosen().Overlap[kvevent.TierDevice]; got != q.want {
 			t.Errorf("lora %q salt %q: device overlap %d, want %d", q.lora, q.salt, got, q.want)
+		}
+	}
+}
+
+// TestAnUnbookedRouteAllocatesOnlyItsResult pins the hot-path rule of the
+// developers' guide ("no per-event allocation you can avoid") on the
+// route decision: hashing the tokens, the match, the loads and the score
+// run in the pooled scratch (routeScratch), so an unbooked decision
+// allocates only its result's candidates, one slice (the chosen one alone
+// when brief). No test measured the decision's allocations: one more per
+// call passed every test.
+func TestAnUnbookedRouteAllocatesOnlyItsResult(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop items at random")
+	}
+	l, tokens, _ := deviceThenHost(t, []uint32{0, 1, 2, 3})
+	for _, q := range []RouteQuery{
+		{Tokens: tokens, Brief: true},
+		{Tokens: tokens},
+		{LocalHashes: []uint64{7, 8, 9}, ISL: 12, Brief: true},
+	} {
+		c := context.Background()
+		if _, err := l.Route(c, q); err != nil {
+			t.Fatal(err)
+		}
+		n := testing.AllocsPerRun(100, func() {
+			if _, err := l.Route(c, q); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if n > 1 {
+			t.Errorf("%+v: a route decision allocated %.1f times, want at most 1 (its candidates)", q, n)
 		}
 	}
 }

@@ -1,0 +1,5 @@
+//go:build race
+
+package raftfsm
+
+const raceEnabled = true
