@@ -155,9 +155,9 @@ func routeArrayNamed(raw []byte, esc bool, hashes, tokens *routeArray) *routeArr
 // API treats as absent, like nil).
 func fastRouteRequest(b []byte, req *RouteRequest) bool {
 	p := jsonscan.New(b)
-	return p.Object(func(key string) bool {
+	return p.Object(func(key []byte) bool {
 		ok := false
-		switch key {
+		switch string(key) { // no allocation: only compared
 		case "block_hashes":
 			req.BlockHashes, ok = p.Uints(req.BlockHashes[:0], math.MaxUint64)
 		case "token_ids":

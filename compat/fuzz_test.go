@@ -132,3 +132,24 @@ func FuzzJSONWalk(f *testing.F) {
 		}
 	})
 }
+
+// TestQueryByHashScanAllocatesOnlyItsValues pins the hot-path rule of
+// the developers' guide ("no per-event allocation you can avoid") on
+// /query_by_hash's one-pass reader: a body allocates its hashes (decoded
+// straight into []Hash) and its strings, nothing per key. It allocated
+// each key as a string, and the hashes twice, as []uint64 and then as a
+// copy into []Hash.
+func TestQueryByHashScanAllocatesOnlyItsValues(t *testing.T) {
+	b := []byte(`{"block_hashes":[1,-2,3,4],"model_name":"model","tenant_id":"tenant"}`)
+	var q QueryByHashRequest
+	n := testing.AllocsPerRun(100, func() {
+		if !q.scanJSON(b) {
+			t.Fatal("not taken by the one-pass reader")
+		}
+	})
+	// The hashes' slice grown to 4 by appending (1, 2, 4), and the two
+	// strings.
+	if n != 5 {
+		t.Errorf("scanJSON allocated %.0f times per body, want 5", n)
+	}
+}

@@ -81,18 +81,13 @@ type QueryByHashRequest struct {
 func (q *QueryByHashRequest) scanJSON(b []byte) bool {
 	*q = QueryByHashRequest{}
 	p := jsonscan.New(b)
-	return p.Object(func(key string) bool {
+	return p.Object(func(key []byte) bool {
 		ok := false
-		switch key {
+		switch string(key) { // no allocation: only compared
 		case "block_hashes":
-			var hs []uint64
-			hs, ok = p.Int64s(nil)
-			if ok && hs != nil {
-				q.BlockHashes = make([]Hash, len(hs))
-				for i, h := range hs {
-					q.BlockHashes[i] = Hash(h)
-				}
-			}
+			// Straight into the request's type: null gives nil, []
+			// an empty slice, as encoding/json.
+			q.BlockHashes, ok = jsonscan.Int64sOf(p, q.BlockHashes)
 		case "model_name":
 			q.ModelName, ok = p.Text()
 		case "tenant_id":

@@ -171,7 +171,13 @@ func (p *Scanner) Uint32s(dst []uint32) ([]uint32, bool) {
 // Int64s appends an array of 64-bit integers, signed or unsigned (what
 // fits an int64 or a uint64), as their 64-bit patterns, as Uints.
 func (p *Scanner) Int64s(dst []uint64) ([]uint64, bool) {
-	return array(p, dst, func() (uint64, bool) {
+	return Int64sOf(p, dst)
+}
+
+// Int64sOf is Int64s into a slice of any type of 64-bit patterns, so
+// that a caller decodes straight into its own type instead of copying.
+func Int64sOf[T ~uint64](p *Scanner, dst []T) ([]T, bool) {
+	return array(p, dst, func() (T, bool) {
 		neg := p.Lit('-')
 		limit := uint64(math.MaxUint64)
 		if neg {
@@ -181,7 +187,7 @@ func (p *Scanner) Int64s(dst []uint64) ([]uint64, bool) {
 		if neg {
 			v = -v
 		}
-		return v, ok
+		return T(v), ok
 	})
 }
 
@@ -203,7 +209,11 @@ func (p *Scanner) Bool() (bool, bool) {
 // whether it could. It reports false on anything else: a key value
 // refuses (an unknown key), a key given twice (encoding/json keeps the
 // last, and callers leave that to it), and trailing bytes after the object.
-func (p *Scanner) Object(value func(key string) bool) bool {
+// The key is the bytes between its quotes, valid only during the call: a
+// callback compares it (switch string(key), which does not allocate) and
+// keeps a copy if it needs one. A string key would escape into the func
+// value and cost one allocation per key of every body.
+func (p *Scanner) Object(value func(key []byte) bool) bool {
 	p.WS()
 	if !p.Lit('{') {
 		return false
@@ -231,7 +241,7 @@ func (p *Scanner) Object(value func(key string) bool) bool {
 			return false
 		}
 		p.WS()
-		if !value(string(key)) {
+		if !value(key) {
 			return false
 		}
 		p.WS()

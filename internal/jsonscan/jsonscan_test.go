@@ -279,7 +279,7 @@ func TestObject(t *testing.T) {
 	} {
 		var keys []byte
 		p := New([]byte(c.in))
-		ok := p.Object(func(key string) bool {
+		ok := p.Object(func(key []byte) bool {
 			if len(key) != 1 {
 				return false
 			}
@@ -371,12 +371,12 @@ func FuzzScannersAgreeWithEncodingJSON(f *testing.F) {
 		// object of arrays of unsigned integers, each key once.
 		var got map[string][]uint64
 		p := New(b)
-		if p.Object(func(key string) bool {
+		if p.Object(func(key []byte) bool {
 			v, ok := p.Uints(nil, math.MaxUint64)
 			if got == nil {
 				got = map[string][]uint64{}
 			}
-			got[key] = v
+			got[string(key)] = v
 			return ok
 		}) {
 			var want map[string][]uint64
