@@ -943,7 +943,7 @@ func (a *Agent) storePoolLocked(r kvevent.Rank, ev kvevent.Event, publish bool) 
 			return err
 		}
 		a.markOffloadedLocked(r, []kvevent.Event{st})
-		a.mirror.Apply(&st, time.Now().UnixNano())
+		a.mirror.TryApply(&st, time.Now().UnixNano())
 		return nil
 	}
 	for len(ev.Blocks) > 0 {

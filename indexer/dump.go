@@ -318,7 +318,7 @@ func (ix *Index) ReplaceRank(r kvevent.Rank, evs []kvevent.Event, now int64) (ma
 	ix.deferTrim = true
 	for i := range evs {
 		ev := &evs[i]
-		if ev.Rank != r || ev.Kind != kvevent.KindStored || ev.Validate() != nil {
+		if ev.Rank != r || ev.Kind != kvevent.KindStored || !ev.Valid() {
 			malformed++
 			ix.counters.Malformed++
 			continue

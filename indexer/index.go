@@ -230,16 +230,28 @@ func (ix *Index) rankFor(r kvevent.Rank, create bool) *rankState {
 // the orphan buffer). A malformed event returns an error wrapping
 // kvevent.ErrMalformed and changes nothing; everything else is applied.
 func (ix *Index) Apply(ev *kvevent.Event, now int64) error {
-	if err := ev.Validate(); err != nil {
+	if !ix.TryApply(ev, now) {
+		return fmt.Errorf("apply event %d of rank %s: %w", ev.EventID, ev.Rank, ev.Validate())
+	}
+	return nil
+}
+
+// TryApply is Apply without the error: it reports whether the event was
+// applied, false for a malformed one, counted and skipped as Apply does.
+// It allocates nothing for a malformed event (kvevent.Event.Valid), where
+// Apply formats an error, for the callers that only count one (the FSM's
+// apply, on every replica).
+func (ix *Index) TryApply(ev *kvevent.Event, now int64) bool {
+	if !ev.Valid() {
 		ix.mu.Lock()
 		ix.counters.Malformed++
 		ix.mu.Unlock()
-		return fmt.Errorf("apply event %d of rank %s: %w", ev.EventID, ev.Rank, err)
+		return false
 	}
 	ix.mu.Lock()
 	ix.applyLocked(ev, now)
 	ix.mu.Unlock()
-	return nil
+	return true
 }
 
 // ApplyBatch applies events in order and returns how many were rejected as
@@ -260,7 +272,7 @@ func (ix *Index) ApplyBatchReport(evs []kvevent.Event, now int64, rep *ApplyRepo
 	ix.report = rep
 	for i := range evs {
 		ev := &evs[i]
-		if ev.Validate() != nil {
+		if !ev.Valid() {
 			malformed++
 			ix.counters.Malformed++
 			continue

@@ -1371,6 +1371,39 @@ func TestApplyBatchDoesNotAllocateInSteadyState(t *testing.T) {
 	}
 }
 
+// TestMalformedEventsCostTheApplyNoAllocation: a malformed event is
+// counted and skipped without its error being built, in ApplyBatch and
+// in TryApply (the FSM's apply), on every replica, for as many events as
+// a faulty publisher sends. ApplyBatch called Validate and dropped its
+// error (2 allocations per event), Apply wrapped it in another (about 7).
+func TestMalformedEventsCostTheApplyNoAllocation(t *testing.T) {
+	r := kvevent.Rank{Worker: 1, DP: 1}
+	evs := []kvevent.Event{
+		*stored(r, 0, chain(1, 2, 1)), // an engine hash twice
+		{Rank: r, Kind: kvevent.KindRemoved},
+		{Rank: r, Kind: kvevent.KindStored, Tier: 9, Blocks: chain(1)},
+	}
+	ix := New(Config{})
+	if bad := ix.ApplyBatch(evs, 1); bad != len(evs) {
+		t.Fatalf("%d of %d events malformed", bad, len(evs))
+	}
+	if n := testing.AllocsPerRun(100, func() { ix.ApplyBatch(evs, 1) }); n != 0 {
+		t.Errorf("ApplyBatch allocated %.1f times per batch of %d malformed events, want 0", n, len(evs))
+	}
+	for i := range evs {
+		if n := testing.AllocsPerRun(100, func() {
+			if ix.TryApply(&evs[i], 1) {
+				t.Fatalf("event %d applied", i)
+			}
+		}); n != 0 {
+			t.Errorf("event %d: TryApply allocated %.1f times, want 0", i, n)
+		}
+	}
+	if got, want := ix.Counters().Malformed, uint64(len(evs)*(1+101)+len(evs)*101); got != want {
+		t.Errorf("Malformed = %d, want %d: every malformed event counted", got, want)
+	}
+}
+
 // TestCapacityTrimsChainsFromTheLeaf: an entry is as old as the youngest
 // entry the rank holds below it, and a chain is trimmed from its leaf.
 // From a review: the oldest entry of a chain is its first block, and

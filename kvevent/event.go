@@ -85,16 +85,64 @@ type Event struct {
 // Validate checks the structural rules every consumer relies on: a valid
 // tier and kind; a store has blocks, none of them its parent and no engine
 // hash twice; a remove has hashes. It never looks at index state, and
-// costs O(n) for n blocks without allocating (a chain of up to 1024). An
-// event that fails is skipped whole.
+// costs O(n) for n blocks without allocating (a chain of up to 1024) on an
+// event that passes. An event that fails is skipped whole. Valid is the
+// same check without the error: it does not allocate on a malformed event
+// either.
 func (e *Event) Validate() error {
-	if !e.Tier.Valid() {
+	switch f, at, h := e.check(); f {
+	case flawNone:
+		return nil
+	case flawTier:
 		return fmt.Errorf("%w: tier %d", ErrMalformed, e.Tier)
+	case flawNoBlocks:
+		return fmt.Errorf("%w: store with no blocks", ErrMalformed)
+	case flawOwnParent:
+		return fmt.Errorf("%w: first block %#x is its own parent", ErrMalformed, h)
+	case flawRepeatsParent:
+		return fmt.Errorf("%w: block %d of the chain repeats its parent %#x", ErrMalformed, at, h)
+	case flawRepeatedHash:
+		return fmt.Errorf("%w: hash %#x repeated within the event", ErrMalformed, h)
+	case flawNoHashes:
+		return fmt.Errorf("%w: remove with no hashes", ErrMalformed)
+	default: // flawKind
+		return fmt.Errorf("%w: kind %d", ErrMalformed, e.Kind)
+	}
+}
+
+// Valid reports whether Validate passes the event, without building its
+// error: for callers that only count a malformed event and skip it (the
+// index's apply, on every replica, for every event a publisher sends).
+func (e *Event) Valid() bool {
+	f, _, _ := e.check()
+	return f == flawNone
+}
+
+// flaw is what check found wrong with an event: one implementation of the
+// rules for Validate and Valid, so that the two cannot disagree.
+type flaw uint8
+
+const (
+	flawNone          flaw = iota
+	flawTier               // the tier is out of range
+	flawKind               // the kind is unknown
+	flawNoBlocks           // a store with no blocks
+	flawOwnParent          // the first block is the parent
+	flawRepeatsParent      // a later block is the parent
+	flawRepeatedHash       // an engine hash twice in the chain
+	flawNoHashes           // a remove with no hashes
+)
+
+// check applies Validate's rules and returns the first flaw found, with
+// the block's index and the hash it names where the flaw has them.
+func (e *Event) check() (f flaw, at int, h uint64) {
+	if !e.Tier.Valid() {
+		return flawTier, 0, 0
 	}
 	switch e.Kind {
 	case KindStored:
 		if len(e.Blocks) == 0 {
-			return fmt.Errorf("%w: store with no blocks", ErrMalformed)
+			return flawNoBlocks, 0, 0
 		}
 		if e.HasParent {
 			// No block may be the parent: the first would be its own, and
@@ -106,23 +154,23 @@ func (e *Event) Validate() error {
 					continue
 				}
 				if i == 0 {
-					return fmt.Errorf("%w: first block %#x is its own parent", ErrMalformed, e.Parent)
+					return flawOwnParent, 0, e.Parent
 				}
-				return fmt.Errorf("%w: block %d of the chain repeats its parent %#x", ErrMalformed, i, e.Parent)
+				return flawRepeatsParent, i, e.Parent
 			}
 		}
 		if h, dup := firstRepeat(len(e.Blocks), func(i int) uint64 { return e.Blocks[i].EngineHash }); dup {
-			return fmt.Errorf("%w: hash %#x repeated within the event", ErrMalformed, h)
+			return flawRepeatedHash, 0, h
 		}
 	case KindRemoved:
 		if len(e.Removed) == 0 {
-			return fmt.Errorf("%w: remove with no hashes", ErrMalformed)
+			return flawNoHashes, 0, 0
 		}
 	case KindCleared:
 	default:
-		return fmt.Errorf("%w: kind %d", ErrMalformed, e.Kind)
+		return flawKind, 0, 0
 	}
-	return nil
+	return flawNone, 0, 0
 }
 
 // firstRepeat reports a value that occurs twice among n values: the first

@@ -85,6 +85,15 @@ func TestValidateRejectsMalformedEvents(t *testing.T) {
 		if !c.ok && !errors.Is(err, ErrMalformed) {
 			t.Errorf("%s: error %v, want ErrMalformed", c.name, err)
 		}
+		// Valid is Validate's answer without its error, allocating
+		// nothing either way (the index's apply counts and skips a
+		// malformed event on every replica).
+		if got := c.ev.Valid(); got != c.ok {
+			t.Errorf("%s: Valid() = %v, Validate() = %v", c.name, got, err)
+		}
+		if a := testing.AllocsPerRun(20, func() { _ = c.ev.Valid() }); a != 0 {
+			t.Errorf("%s: %v allocations per Valid, want 0", c.name, a)
+		}
 	}
 }
 

@@ -1029,7 +1029,8 @@ func (f *FSM) applyRankBatch(rb *RankBatch, now int64) RankAck {
 		}
 		// A malformed event still consumes its id: it is counted by the
 		// index and skipped, and the stream goes on.
-		if err := f.ix.Apply(ev, now); err != nil {
+		// TryApply, not Apply: the error would be formatted and dropped.
+		if !f.ix.TryApply(ev, now) {
 			f.countEvent(ev, outcomeMalformed)
 		} else {
 			f.countEvent(ev, outcomeApplied)

@@ -479,7 +479,7 @@ func (f *Fake) IngestEvents(ctx context.Context, batches []raftfsm.RankBatch) ([
 		ack := raftfsm.RankAck{Rank: b.Rank}
 		for j := range b.Events {
 			e := &b.Events[j]
-			if e.Validate() != nil || e.Rank != b.Rank {
+			if !e.Valid() || e.Rank != b.Rank {
 				f.malformed++
 				continue
 			}
@@ -548,7 +548,7 @@ func (f *Fake) ReplaceRank(ctx context.Context, rank kvevent.Rank, cursor uint64
 	st := &rankState{Cursor: cursor, Held: map[uint64]kvevent.Mask{}, Engine: map[uint64]uint64{}}
 	for i := range stored {
 		e := &stored[i]
-		if e.Validate() != nil || e.Kind != kvevent.KindStored || e.Rank != rank {
+		if !e.Valid() || e.Kind != kvevent.KindStored || e.Rank != rank {
 			f.malformed++
 			return fmt.Errorf("%w: dump event %d", raftfsm.ErrInvalid, i)
 		}
