@@ -557,6 +557,30 @@ func TestOrphanBufferIsBounded(t *testing.T) {
 	}
 }
 
+// TestAnOrphanPastTheBoundIsDroppedWithoutACopy: a store of an unknown
+// parent longer than Config.OrphanMaxBlocks is dropped (the rank then
+// needs a resync) before it is copied into the buffer: the copy, of the
+// store's size on every replica, was made and thrown away.
+func TestAnOrphanPastTheBoundIsDroppedWithoutACopy(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	ix := New(Config{OrphanMaxEvents: 4, OrphanMaxBlocks: 16})
+	blocks := make([]kvevent.Block, 1000) // a longer chain's repeated-hash check allocates (kvevent)
+	for i := range blocks {
+		blocks[i] = kvevent.Block{EngineHash: uint64(1<<20 + i), LocalHash: uint64(1<<20 + i)}
+	}
+	ev := storedUnder(rk1, dev, 999_000, blocks)
+	mustApply(t, ix, ev) // the rank's state made
+	n := testing.AllocsPerRun(20, func() { mustApply(t, ix, ev) })
+	if s := ix.Stats(); s.OrphanEvents != 0 || s.Counters.OrphansDropped != 22 || s.NeedResync != 1 {
+		t.Fatalf("stats %+v, want no held store, 22 dropped, the rank needing a resync", s)
+	}
+	if n != 0 {
+		t.Fatalf("dropping a store of %d blocks past the bound of 16 allocated %.1f times, want 0", len(blocks), n)
+	}
+}
+
 // TestOrphanBufferMemoryIsBounded: the buffer is bounded in blocks
 // (Config.OrphanMaxBlocks), and so must be the memory it keeps. A held
 // chain the engine evicts leaf first, block by block, is cut each time and

@@ -59,13 +59,15 @@ type orphan struct {
 
 func (ix *Index) holdOrphan(rs *rankState, t kvevent.Tier, parent uint64, blocks []kvevent.Block, now int64) {
 	ix.pullOrphanTimes(rs, now)
-	o := orphan{at: now, tier: t, parent: parent, blocks: append([]kvevent.Block(nil), blocks...)}
-	if len(o.blocks) > ix.cfg.OrphanMaxBlocks {
+	if len(blocks) > ix.cfg.OrphanMaxBlocks {
+		// Dropped before it is copied: a store this long would cost an
+		// allocation of its size on every replica, only to be dropped.
 		ix.counters.OrphansDropped++
 		rs.needsResync = true
 		ix.markDirty(rs)
 		return
 	}
+	o := orphan{at: now, tier: t, parent: parent, blocks: append([]kvevent.Block(nil), blocks...)}
 	ix.counters.OrphansHeld++
 	ix.markDirty(rs)
 	rs.orphans = append(rs.orphans, o)
