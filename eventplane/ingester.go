@@ -289,7 +289,7 @@ type Ingester struct {
 	// a worker's series go when it leaves the table (dropLeftWorkers):
 	// the label is bounded by the fleet, not by every worker there was.
 	labelMu  sync.Mutex
-	labelled map[uint64]struct{}
+	labelled map[uint64]string // its label
 	// terms counts the terms this node ended leading (endTerm), under
 	// labelMu: a commit of an earlier term sets no lag after the reset.
 	terms uint64
@@ -300,9 +300,8 @@ type Ingester struct {
 func (in *Ingester) dropLeftWorkers(table map[uint64]raftfsm.WorkerInfo) {
 	in.labelMu.Lock()
 	defer in.labelMu.Unlock()
-	for id := range in.labelled {
+	for id, w := range in.labelled {
 		if _, ok := table[id]; !ok {
-			w := strconv.FormatUint(id, 10)
 			in.m.received.DeletePartialMatch(prometheus.Labels{"worker": w})
 			in.m.lag.DeleteLabelValues(w)
 			delete(in.labelled, id)
@@ -704,12 +703,14 @@ func (in *Ingester) countReceived(b *raftfsm.RankBatch, workers map[uint64]raftf
 	}
 	worker := "other"
 	if _, ok := workers[b.Rank.Worker]; ok {
-		worker = strconv.FormatUint(b.Rank.Worker, 10)
 		in.labelMu.Lock()
 		if in.labelled == nil {
-			in.labelled = map[uint64]struct{}{}
+			in.labelled = map[uint64]string{}
 		}
-		in.labelled[b.Rank.Worker] = struct{}{}
+		if worker, ok = in.labelled[b.Rank.Worker]; !ok {
+			worker = strconv.FormatUint(b.Rank.Worker, 10) // once per worker, not per batch
+			in.labelled[b.Rank.Worker] = worker
+		}
 		in.labelMu.Unlock()
 	}
 	for k := kvevent.KindStored; k <= kvevent.KindCleared; k++ {

@@ -2048,3 +2048,27 @@ func TestPublisherSendsItsIncarnation(t *testing.T) {
 		t.Fatalf("two publishers drew incarnations %#x and %#x: want two different non-zero ones", incs[0], incs[1])
 	}
 }
+
+// TestCountingARankBatchAllocatesNothing: the received-events count of a
+// rank batch from a registered worker (its series labelled by the worker
+// id) allocates nothing once the worker has its series: the id's label
+// was formatted again for every batch, on the leader's ingest path.
+func TestCountingARankBatchAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	in := &Ingester{m: newIngesterMetrics(prometheus.NewRegistry(), quiet)}
+	workers := map[uint64]raftfsm.WorkerInfo{12345: {ID: 12345}} // an id of 100 or more: strconv has the smaller ones' strings
+	b := raftfsm.RankBatch{Rank: kvevent.Rank{Worker: 12345}, Events: []kvevent.Event{
+		{Kind: kvevent.KindStored, Tier: kvevent.TierDevice, Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 1}}},
+		{Kind: kvevent.KindRemoved, Tier: kvevent.TierHostPinned, Removed: []uint64{1}},
+	}}
+	in.countReceived(&b, workers) // the series made
+	if n := testing.AllocsPerRun(100, func() { in.countReceived(&b, workers) }); n != 0 {
+		t.Fatalf("counting a rank batch of a registered worker allocated %.1f times, want 0", n)
+	}
+	var m dto.Metric
+	if err := in.m.received.WithLabelValues("12345", kvevent.KindStored.String(), kvevent.TierDevice.String()).Write(&m); err != nil || m.GetCounter().GetValue() != 102 {
+		t.Fatalf("events_received{worker=12345,kind=store,tier=device} = %v (%v), want 102", m.GetCounter().GetValue(), err)
+	}
+}

@@ -557,11 +557,12 @@ func TestOrphanBufferIsBounded(t *testing.T) {
 	}
 }
 
-// TestAnOrphanPastTheBoundIsDroppedWithoutACopy: a store of an unknown
-// parent longer than Config.OrphanMaxBlocks is dropped (the rank then
-// needs a resync) before it is copied into the buffer: the copy, of the
-// store's size on every replica, was made and thrown away.
-func TestAnOrphanPastTheBoundIsDroppedWithoutACopy(t *testing.T) {
+// TestAnOrphanPastTheBoundIsDroppedWithoutAnAllocation: a store of an
+// unknown parent longer than Config.OrphanMaxBlocks is dropped (the rank
+// then needs a resync) before it is copied into the buffer: the copy, of
+// the store's size on every replica, was made and thrown away. (Named
+// for make test's run without -race, -run 'Alloc'.)
+func TestAnOrphanPastTheBoundIsDroppedWithoutAnAllocation(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}

@@ -1,0 +1,5 @@
+//go:build race
+
+package eventplane
+
+const raceEnabled = true
