@@ -400,9 +400,6 @@ func (n *Node) startRaft() error {
 	if err := n.refuseStateWithoutItsLog(); err != nil {
 		return err
 	}
-	if err := n.dropLogBelowNewestSnapshot(); err != nil {
-		return err
-	}
 	// A new node of a new cluster writes the first configuration into its
 	// stores before Raft starts. Bootstrapping through the running Raft
 	// instead left a window in which a leader's snapshot could reach Raft
@@ -459,7 +456,7 @@ func (n *Node) startRaft() error {
 			return fmt.Errorf("bootstrap: %w", err)
 		}
 	}
-	if err := n.dropLogAfterAGap(); err != nil {
+	if err := n.dropDetachedLog(); err != nil {
 		return err
 	}
 	var watched raft.Transport
@@ -949,31 +946,47 @@ func (n *Node) checkSeedPeers(seeded []raft.Server, peers []Member) error {
 	return nil
 }
 
-// dropLogAfterAGap deletes the Raft log when it begins above the entry
-// after the newest snapshot. Raft reads the log from that entry on at
-// start and panics at the first one missing ("log not found"), so such a
-// node panicked at every start.
+// dropDetachedLog deletes the Raft log when it does not continue the
+// newest snapshot (at S): it begins above S+1, or it ends below S. Raft
+// installs a snapshot (a leader's, or a user restore) and only then clears
+// the log (removeOldLogs: the log store is monotonic), and the entries
+// appended after it start at S+1; a kill in between (the FSM's restore,
+// seconds for a large state) leaves the log of the node's previous base
+// beside the snapshot. Entries at or below a snapshot add nothing to the
+// state; Raft would have deleted them.
 //
-// What leaves the gap: the log store is monotonic, so a snapshot that Raft
-// installs (a leader's, or a user restore) clears the whole log once the
-// FSM has it, and the entries appended after it start at its next index.
-// A crash after Raft saved a leader's snapshot at S but before the FSM's
-// swap and that clear leaves the newest snapshot at S beside the log of
-// the node's previous base: a deposed leader's entries after its own user
-// restore at R > S+1, say.
+// A log that begins after a gap: Raft reads the log from S+1 on at start
+// and panics at the first entry missing ("log not found"), so such a node
+// panicked at every start (a deposed leader's entries after its own user
+// restore at R > S+1, say). Those entries are no commit's. A leader's log
+// begins at most one past its newest snapshot (Raft compacts no further),
+// and it sends a snapshot only to a follower that needs an entry before
+// its log begins: one whose entries above the snapshot did not match the
+// leader's at any index the leader probed. An entry matching the leader's
+// would, by log matching (an entry's index and term fix the log up to
+// it), have matched every entry below it too; so each of the follower's
+// entries there is absent from the leader's log, and every committed entry
+// is in it (leader completeness). Dropped, the node takes whatever the
+// leader has after S again, as after a whole install.
 //
-// Those entries are no commit's. A leader's log begins at most one past
-// its newest snapshot (Raft compacts no further), and it sends a snapshot
-// only to a follower that needs an entry before its log begins: one whose
-// entries above the snapshot did not match the leader's at any index the
-// leader probed. An entry matching the leader's would, by log matching
-// (an entry's index and term fix the log up to it), have matched every
-// entry below it too; so each of the follower's entries there is absent
-// from the leader's log, and every committed entry is in it (leader
-// completeness). Dropped, the node takes whatever the leader has after S
-// again, as after a whole install. A log that reaches S+1 or below is
-// left to Raft, which truncates what conflicts with the leader's entries.
-func (n *Node) dropLogAfterAGap() error {
+// A log that ends below S: for a user restore that is a trap. Raft
+// numbers the restore one past the log's last index, S, and writes no
+// entry there. A leader killed before a follower took the restore comes
+// back with the restore at S and the log up to S-1, while the others have
+// elected a leader that wrote its own entry at S. That leader's entries
+// from S on match the log up to S-1, so the node appended them, skipped
+// the one at S as applied (the restore's index) and applied the rest on
+// the restored state: the replicas diverged for good, each at the same
+// applied index and ready. With the log gone, the new leader's entries
+// match nothing below S, the node refuses them from the log's start, and
+// the leader sends it its snapshot (compactForFollower): the node drops
+// the restore for the cluster's state, as one not killed does
+// (TestARestoreNoFollowerTookIsDroppedAfterTheLeaderRestarts,
+// TestARestoreALeaderWasKilledInIsDroppedAfterItsRestart).
+//
+// A log that holds S or S+1 is left to Raft, which truncates what
+// conflicts with the leader's entries.
+func (n *Node) dropDetachedLog() error {
 	list, err := n.snaps.List()
 	if err != nil || len(list) == 0 {
 		return err
@@ -981,23 +994,31 @@ func (n *Node) dropLogAfterAGap() error {
 	newest := list[0]
 	first, err := n.logs.FirstIndex()
 	if err != nil {
-		return err
+		return fmt.Errorf("read the Raft log's first index: %w", err)
 	}
 	last, err := n.logs.LastIndex()
 	if err != nil {
-		return err
+		return fmt.Errorf("read the Raft log's last index: %w", err)
 	}
-	if last == 0 || first <= newest.Index+1 {
+	var why string
+	switch {
+	case last == 0:
+		return nil
+	case first > newest.Index+1:
+		why = "begins after a gap above the newest snapshot (Raft cannot start on it)"
+	case last < newest.Index:
+		why = "ends below the newest snapshot"
+	default:
 		return nil
 	}
 	var firstLog, lastLog raft.Log
 	_ = n.logs.GetLog(first, &firstLog) // for the warning only
 	_ = n.logs.GetLog(last, &lastLog)
-	n.logger.Warn("the Raft log begins after a gap above the newest snapshot; deleting it (a crash during a snapshot's install leaves it; Raft cannot start on it)",
+	n.logger.Warn("the Raft log "+why+"; deleting it, as Raft would have (the node stopped during a snapshot's install)",
 		"first", first, "first_term", firstLog.Term, "last", last, "last_term", lastLog.Term,
 		"snapshot", newest.Index, "snapshot_term", newest.Term)
 	if err := n.logs.DeleteRange(first, last); err != nil {
-		return fmt.Errorf("delete the Raft log %d..%d after a gap above the snapshot at %d: %w", first, last, newest.Index, err)
+		return fmt.Errorf("delete the Raft log %d..%d, which %s at %d: %w", first, last, why, newest.Index, err)
 	}
 	return nil
 }
@@ -1043,52 +1064,6 @@ func (n *Node) refuseStateWithoutItsLog() error {
 		"its raft/ and snapshots/ were lost, wiped or replaced, and the log would go on over a state it does not lead to; put back the raft/ and snapshots/ it came with, "+
 		"or remove %s to start the node without a state (docs/operations.md, \"Layout of a node's data directory\")",
 		n.fsm.dir, applied, last, n.cfg.DataDir, n.fsm.dir)
-}
-
-// dropLogBelowNewestSnapshot removes the Raft log when it ends below the
-// newest snapshot, as Raft would have had the node not stopped first.
-//
-// Raft installs a snapshot (a user restore, a leader's snapshot) and only
-// then removes the log (removeOldLogs: our log store is monotonic); a kill
-// in between (the FSM's restore, seconds for a large state) leaves a log
-// that ends below the snapshot. For a user restore that is a trap: Raft
-// numbers the restore one past the log's last index, R, and writes no
-// entry there. A leader killed before a follower took the restore comes
-// back with the restore at R and the log up to R-1, while the others have
-// elected a leader that wrote its own entry at R. That leader's entries
-// from R on match the log up to R-1, so the node appended them, skipped
-// the one at R as applied (the restore's index) and applied the rest on
-// the restored state: the replicas diverged for good, each at the same
-// applied index and ready. With the log gone, the new leader's entries
-// match nothing below R, the node refuses them from the log's start, and
-// the leader sends it its snapshot (compactForFollower): the node drops
-// the restore for the cluster's state, as one not killed does
-// (TestARestoreNoFollowerTookIsDroppedAfterTheLeaderRestarts). Entries at
-// or below a snapshot add nothing to the state; a log that reaches the
-// snapshot's index or past it is left as it is.
-func (n *Node) dropLogBelowNewestSnapshot() error {
-	list, err := n.snaps.List()
-	if err != nil || len(list) == 0 {
-		return err
-	}
-	newest := list[0]
-	last, err := n.logs.LastIndex()
-	if err != nil {
-		return fmt.Errorf("read the Raft log's last index: %w", err)
-	}
-	if last == 0 || last >= newest.Index {
-		return nil
-	}
-	first, err := n.logs.FirstIndex()
-	if err != nil {
-		return fmt.Errorf("read the Raft log's first index: %w", err)
-	}
-	n.logger.Warn("the Raft log ends below the newest snapshot (the node stopped after installing it and before removing the log): removing the log, as Raft would have",
-		"first_index", first, "last_index", last, "snapshot", newest.Index, "snapshot_term", newest.Term)
-	if err := n.logs.DeleteRange(first, last); err != nil {
-		return fmt.Errorf("remove the Raft log below the newest snapshot (%d..%d, snapshot at %d): %w", first, last, newest.Index, err)
-	}
-	return nil
 }
 
 // catchUpFromSnapshot restores the FSM from the newest Raft snapshot when
