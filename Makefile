@@ -21,12 +21,19 @@ deps:
 build: deps
 	$(GO) build -o bin/ ./cmd/...
 
+# The tests that read a package's raceEnabled constant (skipped or
+# weakened under -race) run once more without it: their names match
+# NORACE_RUN and their packages are in NORACE_PKGS. internal/doccheck's
+# TestEveryRaceSkippedTestRunsWithoutRace holds every such test to both.
+NORACE_RUN = Alloc|Memory
+NORACE_PKGS = ./indexer/ ./kvevent/... ./compat/ ./api/ ./eventplane/ ./raftfsm/
+
 test:
 	@scripts/deps.sh test
 	$(GO) test -race -timeout $(TEST_TIMEOUT) $(PKGS)
-	# Allocation checks once more without -race, which skips some of them
-	# (the race detector makes sync.Pool drop its items).
-	$(GO) test -count=1 -run 'Alloc' ./indexer/ ./kvevent/... ./compat/ ./api/ ./eventplane/ ./raftfsm/
+	# Allocation and memory checks once more without -race, which skips
+	# or weakens them (the race detector makes sync.Pool drop its items).
+	$(GO) test -count=1 -run '$(NORACE_RUN)' $(NORACE_PKGS)
 
 # Soak, chaos and long property runs; not part of CI's time budget.
 test-long:

@@ -165,7 +165,7 @@ func TestJSONBodiesAllocateWithinTheirBudget(t *testing.T) {
 	}
 }
 
-// TestRouteArraysAreSizedByTheirKeysNotTheirNamesInTheText: a large
+// TestRouteArraysAllocateByTheirKeysNotTheirNamesInTheText: a large
 // route body's arrays are sized under the keys encoding/json takes for
 // them, escapes undone and letter case folded. They were sized, or the
 // body held to its budget, by whether the bytes "token_ids" and
@@ -174,7 +174,7 @@ func TestJSONBodiesAllocateWithinTheirBudget(t *testing.T) {
 // "0," under "block\u005fhashes", with a lora_name of "token_ids", was
 // neither sized nor refused, and allocated 128 MB (30.5 times its size)
 // where its budget is 8 times.
-func TestRouteArraysAreSizedByTheirKeysNotTheirNamesInTheText(t *testing.T) {
+func TestRouteArraysAllocateByTheirKeysNotTheirNamesInTheText(t *testing.T) {
 	if raceEnabled {
 		t.Log("under -race: allocations not checked")
 	}

@@ -1,7 +1,8 @@
 // Package doccheck holds the pages under docs/ to the module's source.
 // Its own tests check what no other package's tests can see whole (the
 // metric families every collector registers, the flags the pages name,
-// the import rules of docs/architecture.md); FlagsDocumented is for a
+// the import rules of docs/architecture.md, the Makefile's pass without
+// -race naming every test that -race skips); FlagsDocumented is for a
 // binary's tests, which alone can read its flags. Only tests import it.
 package doccheck
 
