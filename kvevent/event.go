@@ -3,6 +3,7 @@ package kvevent
 import (
 	"fmt"
 	"slices"
+	"sync"
 )
 
 // Rank identifies one data-parallel rank of one worker: the unit of
@@ -173,14 +174,18 @@ func (e *Event) check() (f flaw, at int, h uint64) {
 	return flawNone, 0, 0
 }
 
-// firstRepeat reports a value that occurs twice among n values: the first
-// repeated in order for short chains, checked pairwise; the smallest
-// repeated for longer ones, sorted in a stack buffer. Neither allocates
-// (every replica validates every event it applies); chains past the
-// buffer go through a map.
 // sortedRepeatMax bounds the chains firstRepeat sorts on its stack (8 KiB).
 const sortedRepeatMax = 1024
 
+// repeatBufs holds the sorting buffers of chains past sortedRepeatMax
+// (a long prompt's prefill stores thousands of blocks in one event).
+var repeatBufs sync.Pool // of *[]uint64
+
+// firstRepeat reports a value that occurs twice among n values: the first
+// repeated in order for short chains, checked pairwise; the smallest
+// repeated for longer ones, sorted in a stack buffer, or past it in a
+// pooled one. None allocates in steady state (every replica validates
+// every event it applies).
 func firstRepeat(n int, at func(int) uint64) (uint64, bool) {
 	if n <= 32 {
 		for i := 1; i < n; i++ {
@@ -195,25 +200,31 @@ func firstRepeat(n int, at func(int) uint64) (uint64, bool) {
 	}
 	if n <= sortedRepeatMax {
 		var buf [sortedRepeatMax]uint64
-		vs := buf[:n]
-		for i := range vs {
-			vs[i] = at(i)
-		}
-		slices.Sort(vs)
-		for i := 1; i < n; i++ {
-			if vs[i] == vs[i-1] {
-				return vs[i], true
-			}
-		}
-		return 0, false
+		return sortedRepeat(buf[:n], at)
 	}
-	seen := make(map[uint64]struct{}, n)
-	for i := 0; i < n; i++ {
-		h := at(i)
-		if _, ok := seen[h]; ok {
-			return h, true
+	bp, _ := repeatBufs.Get().(*[]uint64)
+	if bp == nil {
+		bp = new([]uint64)
+	}
+	if cap(*bp) < n {
+		*bp = make([]uint64, n)
+	}
+	h, dup := sortedRepeat((*bp)[:n], at)
+	repeatBufs.Put(bp)
+	return h, dup
+}
+
+// sortedRepeat fills vs with at(0..len(vs)-1), sorts it and reports its
+// smallest repeated value.
+func sortedRepeat(vs []uint64, at func(int) uint64) (uint64, bool) {
+	for i := range vs {
+		vs[i] = at(i)
+	}
+	slices.Sort(vs)
+	for i := 1; i < len(vs); i++ {
+		if vs[i] == vs[i-1] {
+			return vs[i], true
 		}
-		seen[h] = struct{}{}
 	}
 	return 0, false
 }

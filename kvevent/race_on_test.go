@@ -1,0 +1,5 @@
+//go:build race
+
+package kvevent
+
+const raceEnabled = true
