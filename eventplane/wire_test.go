@@ -101,6 +101,11 @@ func TestMalformedMessagesAreRejected(t *testing.T) {
 		// From a review: a request of empty batches went past the caps,
 		// which count events, and left state for every rank named.
 		"empty batch": {'K', 'E', 1, msgEvents, 1, 1, 0, 0, 0},
+		// From a review: pinned by no case (docs/events.md's has_parent is
+		// 0|1; "id overflow" among the rejections).
+		// (a flag of 2, then a parent, one block: well formed if 2 were read as 1)
+		"parent flag 2": append([]byte{'K', 'E', 1, msgEvents, 1, 1, 0, 1, 1, byte(kvevent.TierDevice), byte(kvevent.KindStored), 2, 0, 0, 0, 0, 0, 0, 0, 9, 1}, make([]byte, 16)...),
+		"id overflow":   {'K', 'E', 1, msgEvents, 1, 1, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 1, byte(kvevent.TierDevice), byte(kvevent.KindCleared)},
 	}
 	for name, b := range cases {
 		if _, err := decodeEvents(b, 1<<20); !errors.Is(err, ErrMalformed) {
@@ -110,6 +115,40 @@ func TestMalformedMessagesAreRejected(t *testing.T) {
 }
 
 func clone(b []byte) []byte { return append([]byte(nil), b...) }
+
+// TestMalformedDumpsAreRejected: a dump request followed by other bytes,
+// holding an event other than a store, or a store whose parent flag is
+// neither 0 nor 1 is refused as malformed (docs/events.md: "type 2 dump:
+// ... (stored events only)", "The decoder rejects ... trailing bytes");
+// from a review, which removed each check with every test passing. The
+// same dump well formed decodes.
+func TestMalformedDumpsAreRejected(t *testing.T) {
+	r := kvevent.Rank{Worker: 5, DP: 1}
+	blocks := []kvevent.Block{{EngineHash: 1, LocalHash: 2}, {EngineHash: 3, LocalHash: 4}, {EngineHash: 5, LocalHash: 6}}
+	stored := kvevent.Event{Rank: r, Kind: kvevent.KindStored, Tier: kvevent.TierDevice, HasParent: true, Parent: 7, Blocks: blocks}
+	good := appendDump(nil, &dumpRequest{rank: r, incarnation: 9, cursor: 17, stored: []kvevent.Event{stored}})
+	if d, err := decodeDump(good); err != nil || d.cursor != 17 || len(d.stored) != 1 || !reflect.DeepEqual(d.stored[0], stored) {
+		t.Fatalf("a well-formed dump decoded as %+v, %v", d, err)
+	}
+	// Each malformed dump is otherwise well formed: its bytes cover the
+	// count of events, and a flag of 2 is followed by a parent.
+	cleared := kvevent.Event{Rank: r, Kind: kvevent.KindCleared, Tier: kvevent.TierDevice}
+	flag := clone(good)
+	flagAt := len(flag) - 3*16 - 1 - 8 - 1 // before the parent, the block count and the blocks
+	if flag[flagAt] != 1 {
+		t.Fatalf("byte %d of the dump is %#x, want the parent flag 1", flagAt, flag[flagAt])
+	}
+	flag[flagAt] = 2
+	for name, b := range map[string][]byte{
+		"trailing":      append(clone(good), 0),
+		"a clear":       appendDump(nil, &dumpRequest{rank: r, incarnation: 9, cursor: 17, stored: []kvevent.Event{stored, stored, cleared}}),
+		"parent flag 2": flag,
+	} {
+		if _, err := decodeDump(b); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: err = %v, want ErrMalformed", name, err)
+		}
+	}
+}
 
 // TestForgedDumpCountIsRefused: from a review. A dump's event count is
 // checked against the least bytes a stored event takes, before the events
