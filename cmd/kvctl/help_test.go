@@ -75,3 +75,16 @@ func TestHelpCommandShowsACommandsHelp(t *testing.T) {
 		}
 	}
 }
+
+// TestHelpOfAnUnknownCommandSaysWhatToDo pins that `kvctl help WORD` for
+// a word that names no command fails, exit 2, with one line that says
+// what to do (design/cli.md: "Errors go to stderr, one line, saying what
+// to do"), as `kvctl WORD` ("kvctl --help lists the commands") and `kvctl
+// help snapshot WORD` ("see kvctl snapshot --help") do: not urfave/cli's
+// bare "No help topic for 'WORD'".
+func TestHelpOfAnUnknownCommandSaysWhatToDo(t *testing.T) {
+	r := kvctl(t, "help", "frobnicate").wantCode(t, 2)
+	if !strings.Contains(r.stderr, "frobnicate") || !strings.Contains(r.stderr, "kvctl --help") {
+		t.Errorf("kvctl help frobnicate: stderr %q; want it to name the word and point to kvctl --help", r.stderr)
+	}
+}

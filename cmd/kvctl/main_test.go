@@ -2313,3 +2313,70 @@ func TestHashesAreDecimalOrHex(t *testing.T) {
 		}
 	}
 }
+
+// TestAnInterruptEndsStatusAsInterrupted pins that an interrupt (run's
+// context ended, as main ends it at SIGINT or SIGTERM) while kvctl status
+// waits on a node that accepted the connection and has not answered ends
+// kvctl, exit 1, with "kvctl: interrupted" (docs/kvctl.md, "Output and
+// exit codes": "whatever kvctl is doing (a request, ...) stops, and it
+// exits 1 with kvctl: interrupted"), and not with "1 of 1 endpoints did
+// not answer; check that those nodes run": the operator's Ctrl-C is no
+// node's failure, and the advice sends them after a process that runs.
+func TestAnInterruptEndsStatusAsInterrupted(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan struct{}, 16)
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			accepted <- struct{}{}
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	for _, output := range []string{"table", "json"} {
+		ctx, cancel := context.WithCancel(context.Background())
+		var out, errb bytes.Buffer
+		e := &env{stdout: &out, stderr: &errb, stdin: strings.NewReader(""), inspect: apitest.InspectSnapshot,
+			seed: func(context.Context, string, string, string, []raftfsm.Member) error { return nil }}
+		done := make(chan int, 1)
+		go func() {
+			done <- run(ctx, []string{"kvctl", "--endpoints", ln.Addr().String(), "-o", output, "status"}, e)
+		}()
+		select {
+		case <-accepted: // the status request is out, and waits
+		case code := <-done:
+			cancel()
+			t.Fatalf("-o %s: exit %d before the node was asked: %s", output, code, errb.String())
+		case <-time.After(time.Minute):
+			cancel()
+			t.Fatalf("-o %s: kvctl status never connected", output)
+		}
+		cancel() // Ctrl-C
+		select {
+		case code := <-done:
+			if code != 1 || !strings.Contains(errb.String(), "kvctl: interrupted") || strings.Contains(errb.String(), "did not answer") {
+				t.Errorf("-o %s: exit %d, stderr %q, stdout %q; want 1 and kvctl: interrupted, not that the node did not answer",
+					output, code, errb.String(), out.String())
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("-o %s: still running a minute after the interrupt", output)
+		}
+	}
+}
