@@ -38,7 +38,15 @@ func statusCommand(e *env) *cli.Command {
 			}
 			return withClient(c, func(ctx context.Context, cl *client.Client) error {
 				res := cl.StatusAll(ctx)
-				return printStatus(c, e, res, leaderMembers(ctx, c, res))
+				leader := leaderMembers(ctx, c, res)
+				// An interrupt ends status as it ends every command (exit 1,
+				// interrupted), during the statuses or the leader's members:
+				// the requests it cut off are no node's failure, and their
+				// rows would send the operator after nodes that run.
+				if err := c.Context.Err(); err != nil {
+					return err
+				}
+				return printStatus(c, e, res, leader)
 			})
 		},
 	}
