@@ -121,19 +121,33 @@ func run(ctx context.Context, args []string, e *env) int {
 	if err == nil {
 		err = app.RunContext(ctx, args)
 	}
+	if h := app.Metadata["help-not-found"].(*helpNotFound); err == nil && h.err != nil {
+		err = h.err
+	}
 	if err == nil {
 		return exitOK
 	}
 	fmt.Fprintln(e.stderr, "kvctl: "+oneLine(explain(err)))
-	var ue *usageError
-	var ec cli.ExitCoder
-	// urfave/cli's help command answers kvctl help of a command kvctl
-	// lacks with exit code 3 ("No help topic"): a usage error, as an
-	// unknown command is.
-	if errors.As(err, &ue) || errors.As(err, &ec) && ec.ExitCode() == 3 {
+	if errors.As(err, new(*usageError)) {
 		return exitUsage
 	}
 	return exitError
+}
+
+// helpNotFound is where the help command's CommandNotFound leaves its
+// usage error (app.Metadata's "help-not-found"): urfave/cli's help answers
+// nil after calling it, and without it a bare "No help topic for 'WORD'".
+type helpNotFound struct{ err error }
+
+// unknownHelpTopic is the app's CommandNotFound, which urfave/cli calls
+// only for `kvctl help WORD` and `kvctl GROUP help WORD` where WORD names
+// no command: a usage error (exit 2) that names the word and says where
+// the commands are listed, as helpPath's for a longer path.
+func unknownHelpTopic(c *cli.Context, word string) {
+	where := helpName(c)
+	if h, ok := c.App.Metadata["help-not-found"].(*helpNotFound); ok {
+		h.err = usagef("kvctl help: %s has no command %q; see %s --help", where, word, where)
+	}
 }
 
 func newApp(e *env) *cli.App {
@@ -181,8 +195,9 @@ func newApp(e *env) *cli.App {
 			usageHelp(c, cli.ShowAppHelp)
 			return usagef("a command is needed; kvctl --help lists them")
 		},
-		ExitErrHandler: func(*cli.Context, error) {}, // run decides the exit code, never os.Exit
-		Metadata:       map[string]any{"client-files": &clientFiles{}},
+		ExitErrHandler:  func(*cli.Context, error) {}, // run decides the exit code, never os.Exit
+		Metadata:        map[string]any{"client-files": &clientFiles{}, "help-not-found": &helpNotFound{}},
+		CommandNotFound: unknownHelpTopic,
 		Commands: []*cli.Command{
 			statusCommand(e),
 			membersCommand(e),

@@ -69,7 +69,8 @@ func TestHelpCommandShowsACommandsHelp(t *testing.T) {
 		}
 	}
 	kvctl(t, "help", "frobnicate").wantCode(t, 2)
-	for _, args := range [][]string{{"help", "snapshot", "frobnicate"}, {"help", "snapshot", "save", "extra"}} {
+	for _, args := range [][]string{{"help", "snapshot", "frobnicate"}, {"help", "snapshot", "save", "extra"},
+		{"snapshot", "help", "frobnicate"}} {
 		if r := kvctl(t, args...).wantCode(t, 2); !strings.Contains(r.stderr, "has no command") {
 			t.Errorf("kvctl %v: stderr %q; want it to say which word names no command", args, r.stderr)
 		}
