@@ -111,6 +111,9 @@ type Index struct {
 	// dumpUnlocked, for tests: DumpRank calls it once it has released
 	// the lock, before it sorts what it copied.
 	dumpUnlocked func()
+	// applyUnlocked, for tests: ApplyBatchReport calls it between two
+	// chunks of a batch, while the lock is released.
+	applyUnlocked func()
 }
 
 // ApplyReport is what ApplyBatchReport tells of a batch beyond the events.
@@ -282,6 +285,9 @@ func (ix *Index) ApplyBatchReport(evs []kvevent.Event, now int64, rep *ApplyRepo
 		if budget >= ix.cfg.ApplyChunk && i+1 < len(evs) {
 			ix.report = nil // another writer may apply while mu is free
 			ix.mu.Unlock()
+			if ix.applyUnlocked != nil {
+				ix.applyUnlocked()
+			}
 			budget = 0
 			ix.mu.Lock()
 			ix.report = rep

@@ -1613,3 +1613,150 @@ func TestRemoveCutsHeldOrphanOfAHeldBlock(t *testing.T) {
 		})
 	}
 }
+
+// TestRemoveOfAnUnknownRankIsCountedAndIgnored pins semantics.md §3 ("a
+// remove of an unknown hash is counted and ignored") for a rank the index
+// has never seen: each of its hashes is counted unknown, and the remove
+// creates no rank and changes nothing.
+func TestRemoveOfAnUnknownRankIsCountedAndIgnored(t *testing.T) {
+	ix := New(Config{})
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2)))
+	digest := ix.Digest()
+	mustApply(t, ix, removed(rk2, dev, 1, 2, 3))
+	s := ix.Stats()
+	if s.Counters.UnknownRemoves != 3 || s.Counters.RemovedBlocks != 0 {
+		t.Fatalf("a remove of 3 hashes by a rank never seen: unknown=%d removed=%d, want 3 and 0", s.Counters.UnknownRemoves, s.Counters.RemovedBlocks)
+	}
+	if s.Ranks != 1 || s.Entries != 2 || ix.Digest() != digest {
+		t.Fatalf("the remove changed the index: ranks=%d entries=%d digest changed=%v, want 1, 2, false", s.Ranks, s.Entries, ix.Digest() != digest)
+	}
+}
+
+// TestRemovedRanksSlotsAreReusedLowestFirst pins the slot reuse that
+// keeps the index's memory bounded under worker churn: a removed rank's
+// slot is free for the next new rank, the lowest free slot first, so a
+// stream of workers that come and go never grows the slot table past the
+// most ranks held at once.
+func TestRemovedRanksSlotsAreReusedLowestFirst(t *testing.T) {
+	ix := New(Config{})
+	slotOf := func(r kvevent.Rank) uint32 {
+		t.Helper()
+		s, ok := ix.slots.Get(r)
+		if !ok {
+			t.Fatalf("rank %v has no slot", r)
+		}
+		return s
+	}
+	a, b, c, d := kvevent.Rank{Worker: 1}, kvevent.Rank{Worker: 2}, kvevent.Rank{Worker: 3}, kvevent.Rank{Worker: 4}
+	mustApply(t, ix, stored(a, dev, chain(1)), stored(b, dev, chain(1)), stored(c, dev, chain(1)))
+	ix.RemoveRank(c)
+	ix.RemoveRank(a)
+	mustApply(t, ix, stored(d, dev, chain(2)))
+	if s := slotOf(d); s != 0 {
+		t.Fatalf("a new rank took slot %d with slots 2 and 0 free, want the lowest, 0", s)
+	}
+	if s := slotOf(b); s != 1 {
+		t.Fatalf("the rank kept beside the churn moved to slot %d, want 1", s)
+	}
+	// Churn: 1000 workers of 2 ranks each come and go, 3 at a time.
+	for w := uint64(100); w < 1100; w++ {
+		for dp := uint32(0); dp < 2; dp++ {
+			mustApply(t, ix, stored(kvevent.Rank{Worker: w, DP: dp}, dev, chain(1, 2)))
+		}
+		if w >= 102 {
+			if n := ix.RemoveWorker(w - 2); n != 2 {
+				t.Fatalf("worker %d: removed %d ranks, want 2", w-2, n)
+			}
+		}
+	}
+	// Held at most: b, d and 3 workers of 2 ranks.
+	if n := len(ix.ranks); n > 8 {
+		t.Fatalf("after 1000 workers came and went, never more than 8 ranks at once, the slot table has %d slots", n)
+	}
+	if got := ix.Stats().Ranks; got != 6 {
+		t.Fatalf("ranks after the churn: %d, want 6 (b, d, two workers of 2)", got)
+	}
+	checkInvariants(t, ix)
+}
+
+// TestApplyBatchLetsLookupsInBetweenChunks pins ApplyBatch's doc comment
+// and DESIGN.md (Concurrency): the write lock is released every
+// Config.ApplyChunk blocks of a batch, so a lookup from another goroutine
+// completes in the middle of one long batch and sees the chunks applied
+// so far, not waiting for all of it. The hook (applyUnlocked) runs where
+// the lock is released; a lookup it waits for that could not take the
+// read lock hangs, and the deadline fails the test.
+func TestApplyBatchLetsLookupsInBetweenChunks(t *testing.T) {
+	ix := New(Config{ApplyChunk: 8})
+	// One chain of 16 blocks, one store of a block each: 2 of the budget
+	// per event, so the lock is released after every 4th event but the
+	// last: 3 times.
+	const n = 16
+	evs := make([]kvevent.Event, n)
+	hs := make([]uint64, n)
+	for i := range evs {
+		h := uint64(i + 1)
+		hs[i] = h
+		if i == 0 {
+			evs[i] = *stored(rk1, dev, chain(h))
+		} else {
+			evs[i] = *storedUnder(rk1, dev, h-1, chain(h))
+		}
+	}
+	var seen []uint32
+	hang := time.After(time.Minute) // fails only a real hang
+	ix.applyUnlocked = func() {
+		done := make(chan uint32, 1)
+		go func() { done <- find(ix, ViewDedup, locals(hs...))[rk1][dev] }()
+		select {
+		case got := <-done:
+			seen = append(seen, got)
+		case <-hang:
+			t.Error("a lookup between two chunks of a batch waited for the batch")
+		}
+	}
+	if malformed := ix.ApplyBatch(evs, 0); malformed != 0 {
+		t.Fatalf("%d events malformed", malformed)
+	}
+	if !slices.Equal(seen, []uint32{4, 8, 12}) {
+		t.Fatalf("lookups between the chunks of a batch of 16 one-block events, ApplyChunk 8: matched %v, want [4 8 12] (one after each chunk but the last)", seen)
+	}
+	if got := find(ix, ViewDedup, locals(hs...))[rk1][dev]; got != n {
+		t.Fatalf("after the batch: %d blocks matched, want %d", got, n)
+	}
+}
+
+// TestClearedEventsAreCounted pins Counters.Cleared: every Cleared event
+// applied is counted, the rank's blocks dropped with it.
+func TestClearedEventsAreCounted(t *testing.T) {
+	ix := New(Config{})
+	mustApply(t, ix, stored(rk1, dev, chain(1, 2)), stored(rk2, host, chain(1)), cleared(rk1))
+	if c := ix.Counters(); c.Cleared != 1 {
+		t.Fatalf("Cleared = %d after one Cleared event, want 1", c.Cleared)
+	}
+	mustApply(t, ix, cleared(rk2), cleared(rk1))
+	s := ix.Stats()
+	if s.Counters.Cleared != 3 || s.Entries != 0 {
+		t.Fatalf("Cleared = %d, entries %d after three Cleared events, want 3 and 0", s.Counters.Cleared, s.Entries)
+	}
+}
+
+// TestRemovedBlocksCountsEachHeldTierCleared pins Counters.RemovedBlocks:
+// one per remove that cleared a tier the rank held the block in, whether
+// it was the block's last tier or not; a remove of a hash or tier not
+// held is unknown, not removed.
+func TestRemovedBlocksCountsEachHeldTierCleared(t *testing.T) {
+	ix := New(Config{})
+	mustApply(t, ix,
+		stored(rk1, dev, chain(1, 2, 3)), stored(rk1, host, chain(1, 2)),
+		removed(rk1, dev, 3, 2),  // 3's last tier, 2's device copy
+		removed(rk1, host, 2, 9), // 2's last tier; 9 unknown
+		removed(rk1, disk, 1))    // not held on disk: unknown
+	c := ix.Counters()
+	if c.RemovedBlocks != 3 || c.UnknownRemoves != 2 {
+		t.Fatalf("removed=%d unknown=%d, want 3 and 2", c.RemovedBlocks, c.UnknownRemoves)
+	}
+	if got := ix.Stats().Entries; got != 1 {
+		t.Fatalf("entries %d, want 1 (block 1)", got)
+	}
+}

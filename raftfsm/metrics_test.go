@@ -378,3 +378,34 @@ func TestRankBusyCountsDecodeBlocksAgainstDeviceCapacity(t *testing.T) {
 		}
 	}
 }
+
+// TestUnknownRemovesAreCounted: kvrouter_events_unknown_removes_total
+// counts, through the state machine, each hash of a remove that the rank
+// did not hold in the remove's tier (semantics.md §3: counted and
+// ignored), and not a remove of a block the rank held. From a review: no
+// test read the family through the FSM.
+func TestUnknownRemovesAreCounted(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	l := c.leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 7, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	r := kvevent.Rank{Worker: 7}
+	tokens := []uint32{1, 2, 3, 4}
+	st := kvevent.Event{Rank: r, EventID: 1, Kind: kvevent.KindStored, Tier: kvevent.TierDevice,
+		Blocks: []kvevent.Block{{EngineHash: 100, LocalHash: kvevent.LocalHashes(nil, tokens, 4, kvevent.Seed)[0]}}}
+	known := kvevent.Event{Rank: r, EventID: 2, Kind: kvevent.KindRemoved, Tier: kvevent.TierDevice, Removed: []uint64{100}}
+	unknown := kvevent.Event{Rank: r, EventID: 3, Kind: kvevent.KindRemoved, Tier: kvevent.TierDevice, Removed: []uint64{5, 6}}
+	acks := ingestRetrying(t, c, []RankBatch{{Rank: r, Events: []kvevent.Event{st, known, unknown}}})
+	if acks[0].Applied != 3 {
+		t.Fatalf("ack %+v, want 3 applied", acks[0])
+	}
+	key := "kvrouter_events_unknown_removes_total{}"
+	s, ok := gather(t, NewCollector(l))[key]
+	if !ok {
+		t.Fatalf("no sample %s", key)
+	}
+	if got := s.GetCounter().GetValue(); got != 2 {
+		t.Fatalf("%s = %v after a remove of a held block and one of 2 hashes never stored, want 2", key, got)
+	}
+}
