@@ -529,3 +529,23 @@ func TestOpenRefusesUnknownLayoutVersion(t *testing.T) {
 		t.Fatalf("open with layout version %d = %v, want ErrUnsupportedVersion", layoutVersion+1, err)
 	}
 }
+
+// TestStoreLogsOfARefusedBatchAfterCloseReturnsErrClosed pins doc.go's
+// "After Close every method returns an error wrapping ErrClosed" for the
+// batches StoreLogs refuses when open (a nil entry, an entry at index 0):
+// after Close the caller must learn that the store is gone, as it does for
+// the other refused calls (DeleteRange with min > max).
+func TestStoreLogsOfARefusedBatchAfterCloseReturnsErrClosed(t *testing.T) {
+	s := openTestLogStore(t, vfs.NewMem(), "raft")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for name, logs := range map[string][]*raft.Log{
+		"nil entry":     {testLog(1, 1), nil},
+		"index 0 entry": {{Index: 0, Term: 1}},
+	} {
+		if err := s.StoreLogs(logs); !errors.Is(err, ErrClosed) {
+			t.Errorf("StoreLogs(%s) after Close = %v, want ErrClosed", name, err)
+		}
+	}
+}
