@@ -281,15 +281,19 @@ func (s *LogStore) StoreLog(log *raft.Log) error {
 
 // StoreLogs stores entries in one synced Pebble batch: all of them or none
 // survive a crash, and one fsync pays for the whole batch (group commit).
-// A batch with a nil entry or one at index 0 is refused whole.
+// A batch with a nil entry or one at index 0 is refused whole. After Close
+// every batch, refused or not, returns ErrClosed.
 func (s *LogStore) StoreLogs(logs []*raft.Log) error {
+	// Closed is checked first, as in DeleteRange: a closed store answers
+	// ErrClosed whatever it is given (doc.go).
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.db == nil {
+		return fmt.Errorf("store logs: %w", ErrClosed)
+	}
 	if len(logs) == 0 {
-		s.mu.RLock()
-		closed := s.db == nil
-		s.mu.RUnlock()
-		if closed {
-			return fmt.Errorf("store logs: %w", ErrClosed)
-		}
 		return nil
 	}
 	lo, hi := ^uint64(0), uint64(0)
@@ -305,14 +309,6 @@ func (s *LogStore) StoreLogs(logs []*raft.Log) error {
 		}
 		lo, hi = min(lo, l.Index), max(hi, l.Index)
 		size += logKeyLen + encodedLogSizeHint(l)
-	}
-
-	s.writeMu.Lock()
-	defer s.writeMu.Unlock()
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.db == nil {
-		return fmt.Errorf("store logs %d..%d: %w", lo, hi, ErrClosed)
 	}
 
 	b := s.db.NewBatchWithSize(size + 64)
