@@ -43,7 +43,9 @@ import (
 //	0x06 worker(8) dp(4)          rank metadata (opaque)
 //	0x07 request id               live booking (opaque)
 //	0x08 request id               freed booking tombstone (opaque)
-//	0x09 'l'                      load tracker metadata (opaque)
+//	0x09 'c'                      load tracker's sweep clock (opaque); an earlier
+//	                              build kept 'l' (its expiry horizon) instead,
+//	                              read at start and deleted by the next sweep
 //	0x0a 's'                      cluster settings (opaque)
 //	0x0b member id                cluster member (opaque)
 type StateDB struct {
