@@ -128,6 +128,15 @@ func TestLogStoreTable(t *testing.T) {
 		{name: "compaction then append",
 			ops:   []logOp{storeOp(testLogs(1, 10, 1)...), delOp(1, 8), storeOp(testLogs(11, 12, 1)...)},
 			first: 9, last: 12, present: testLogs(9, 12, 1), absent: []uint64{1, 8}},
+		{name: "StoreLogs below the first lowers it and keeps the last",
+			ops:   []logOp{storeOp(testLogs(5, 10, 1)...), storeOp(testLogs(3, 4, 1)...)},
+			first: 3, last: 10, present: testLogs(3, 10, 1), absent: []uint64{2, 11}},
+		{name: "a single entry below a hole lowers the first and keeps the last",
+			ops:   []logOp{storeOp(testLogs(5, 10, 1)...), storeOp(testLog(1, 1))},
+			first: 1, last: 10, present: append([]*raft.Log{testLog(1, 1)}, testLogs(5, 10, 1)...), absent: []uint64{2, 4}},
+		{name: "overwriting a middle entry keeps both bounds",
+			ops:   []logOp{storeOp(testLogs(1, 5, 1)...), storeOp(testLog(3, 2))},
+			first: 1, last: 5, present: []*raft.Log{testLog(1, 1), testLog(3, 2), testLog(5, 1)}},
 		{name: "MaxUint64 is a storable key",
 			ops:   []logOp{storeOp(testLog(math.MaxUint64-1, 1), testLog(math.MaxUint64, 1))},
 			first: math.MaxUint64 - 1, last: math.MaxUint64,
@@ -548,4 +557,84 @@ func TestStoreLogsOfARefusedBatchAfterCloseReturnsErrClosed(t *testing.T) {
 			t.Errorf("StoreLogs(%s) after Close = %v, want ErrClosed", name, err)
 		}
 	}
+}
+
+// TestCachedBoundsMoveWithTheDataUnderConcurrentWriters runs raft's two
+// writers side by side, as hashicorp/raft does (StoreLogs from its main
+// loop, DeleteRange of the head from its snapshot goroutine): after each
+// append LastIndex is the appended index and GetLog finds it. DeleteRange
+// reads the bounds back from disk after its commit; were it not serialized
+// with StoreLogs (writeMu), that read could land between an append's
+// commit and its update of the cached bounds and put back an older
+// LastIndex. A reopen then reads the bounds the store had cached.
+func TestCachedBoundsMoveWithTheDataUnderConcurrentWriters(t *testing.T) {
+	const appends = 2000
+	fs := vfs.NewMem()
+	s := openTestLogStore(t, fs, "raft")
+	if err := s.StoreLogs(testLogs(1, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	deleterErr := make(chan error, 1)
+	go func() {
+		defer close(deleterErr)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			last, err := s.LastIndex()
+			if err != nil {
+				deleterErr <- err
+				return
+			}
+			// The head only: the newest entry stays, as after a snapshot.
+			if last > 1 {
+				if err := s.DeleteRange(1, last-1); err != nil {
+					deleterErr <- err
+					return
+				}
+			}
+		}
+	}()
+	var failed error
+	for i := uint64(2); i <= appends && failed == nil; i++ {
+		if err := s.StoreLogs(testLogs(i, i, 1)); err != nil {
+			failed = fmt.Errorf("store %d: %w", i, err)
+			break
+		}
+		last, err := s.LastIndex()
+		if err != nil {
+			failed = err
+			break
+		}
+		if last != i {
+			failed = fmt.Errorf("after storing %d LastIndex = %d", i, last)
+			break
+		}
+		var l raft.Log
+		if err := s.GetLog(last, &l); err != nil {
+			failed = fmt.Errorf("after storing %d GetLog(LastIndex %d) = %w", i, last, err)
+		}
+	}
+	close(done)
+	if err := <-deleterErr; err != nil {
+		t.Fatalf("delete range: %v", err)
+	}
+	if failed != nil {
+		t.Fatal(failed)
+	}
+	first, err := s.FirstIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := s.LastIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	mustBounds(t, openTestLogStore(t, fs, "raft"), first, last)
 }
