@@ -1,0 +1,175 @@
+package api_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/internal/limits"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// serveBackend runs an API server over b on a real listener and returns
+// its URL, for a test whose backend answers what the fake alone does not.
+func serveBackend(t *testing.T, b api.Backend) string {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	s := api.NewServer(b, api.Options{Logger: slog.New(slog.DiscardHandler), Registerer: reg, Gatherer: reg})
+	hs := httptest.NewServer(s)
+	t.Cleanup(func() {
+		hs.Close()
+		s.Close()
+	})
+	return hs.URL
+}
+
+// resyncAcks is a backend whose acks say resync for dp rank 1 alone (the
+// fake never loses events, so never says it).
+type resyncAcks struct{ *apitest.Fake }
+
+func (b resyncAcks) IngestEvents(ctx context.Context, batches []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	acks, err := b.Fake.IngestEvents(ctx, batches)
+	for i := range acks {
+		acks[i].Resync = acks[i].Rank.DP == 1
+	}
+	return acks, err
+}
+
+// TestEventsAckCarriesResyncOnlyWhenSet: an ack of POST /v1/events says
+// "resync": true for a rank whose ack from the backend says resync, and
+// leaves the key out for one whose does not (docs/api.md: "`resync:
+// true` (left out when false) means the rank lost events ... dump the
+// rank"). From a review: dropping Resync from the ack passed every test.
+func TestEventsAckCarriesResyncOnlyWhenSet(t *testing.T) {
+	url := serveBackend(t, resyncAcks{apitest.New("n1", "")})
+	body := `{"batches":[{"worker_id":1,"dp_rank":0,"events":[` + storedEv + `]},` +
+		`{"worker_id":1,"dp_rank":1,"events":[` + storedEv + `]}]}`
+	a := send(t, url, "POST", "/v1/events", body)
+	if a.code != http.StatusOK {
+		t.Fatalf("POST /v1/events: %d %s", a.code, a.body)
+	}
+	acks, _ := a.json(t)["acks"].([]any)
+	if len(acks) != 2 {
+		t.Fatalf("acks = %s, want two", a.body)
+	}
+	if ack := acks[0].(map[string]any); ack["dp_rank"] != 0.0 || slices.Contains(keysOf(ack), "resync") {
+		t.Errorf("the ack of a rank not in resync = %v, want no resync key", ack)
+	}
+	if ack := acks[1].(map[string]any); ack["dp_rank"] != 1.0 || ack["resync"] != true {
+		t.Errorf("the ack of a rank in resync = %v, want \"resync\": true", ack)
+	}
+}
+
+// heardAt is a backend whose ranks' events last reached the log at a
+// known instant, lastHeard unix nanoseconds (the fake's never did).
+type heardAt struct {
+	*apitest.Fake
+	lastHeard int64
+}
+
+func (b heardAt) Workers() []raftfsm.WorkerStatus {
+	ws := b.Fake.Workers()
+	for i := range ws {
+		for j := range ws[i].Ranks {
+			ws[i].Ranks[j].LastHeard = b.lastHeard
+		}
+	}
+	return ws
+}
+
+// TestLastHeardIsInUnixMilliseconds: GET /v1/workers shows a rank's
+// last_heard_ms in unix milliseconds of the leader's clock (docs/api.md),
+// the backend's unix nanoseconds divided by a million. From a review:
+// passing the nanoseconds through passed every test.
+func TestLastHeardIsInUnixMilliseconds(t *testing.T) {
+	f := apitest.New("n1", "")
+	if err := f.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 1, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	const nanos, ms = 1764621000123456789, 1764621000123
+	a := send(t, serveBackend(t, heardAt{Fake: f, lastHeard: nanos}), "GET", "/v1/workers", "")
+	var resp api.WorkersResponse
+	if err := json.Unmarshal(a.body, &resp); err != nil || a.code != http.StatusOK {
+		t.Fatalf("GET /v1/workers: %d %s (%v)", a.code, a.body, err)
+	}
+	if len(resp.Workers) != 1 || len(resp.Workers[0].Ranks) != 1 {
+		t.Fatalf("workers = %s, want one of one rank", a.body)
+	}
+	if got := resp.Workers[0].Ranks[0].LastHeardMs; got != ms {
+		t.Fatalf("last_heard_ms of a rank last heard at %d unix ns = %d, want %d", int64(nanos), got, int64(ms))
+	}
+}
+
+// TestReadyzSaysWhenNoLeaderIsKnown: /readyz of a node that is not ready
+// and knows no leader says `no leader known` (docs/api.md), and one that
+// knows its leader does not. From a review: the branch made unreachable
+// passed every test.
+func TestReadyzSaysWhenNoLeaderIsKnown(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	for _, c := range []struct {
+		leader string
+		want   bool
+	}{{"", true}, {"n9", false}} {
+		n.fake.SetFollower(c.leader, "")
+		n.fake.SetReady(false)
+		a := send(t, n.http.URL, "GET", "/readyz", "")
+		msg := fmt.Sprint(a.json(t)["error"])
+		if a.code != http.StatusServiceUnavailable || a.reason(t) != api.ReasonNotReady || strings.Contains(msg, "no leader known") != c.want {
+			t.Errorf("/readyz of a follower not ready with leader %q: %d %s, want 503 not_ready that says \"no leader known\" %v",
+				c.leader, a.code, a.body, c.want)
+		}
+	}
+}
+
+// TestRestoreUploadCutOffIsBadSnapshot: a snapshot upload whose connection
+// ends before its Content-Length is a truncated snapshot, 400
+// bad_snapshot (docs/api.md), naming no address, and nothing is
+// installed; not 503 canceled, which a JSON body cut off is. From a
+// review: answering it 503 canceled passed every test.
+func TestRestoreUploadCutOffIsBadSnapshot(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	req := "POST /v1/snapshot/restore HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 100\r\n\r\nKVRSN"
+	code, reason, msg := sendRawRequest(t, n, "/v1/snapshot/restore", req, true)
+	if code != http.StatusBadRequest || reason != api.ReasonBadSnapshot || !strings.Contains(msg, "cut off") || strings.Contains(msg, "127.0.0.1") {
+		t.Errorf("a restore upload cut off before its Content-Length: %d %s %q, want 400 bad_snapshot saying it was cut off, naming no address", code, reason, msg)
+	}
+	if n.fake.Restores() != 0 {
+		t.Fatal("a cut-off upload was installed")
+	}
+}
+
+// TestUnbookedRouteRequestIDIsChecked: a route's request_id is held to
+// "at most 256 bytes, no control characters" (docs/api.md) when the route
+// books nothing too: 400 invalid naming request_id, and the backend never
+// asked. From a review: checking it only with book passed every test.
+func TestUnbookedRouteRequestIDIsChecked(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	for name, id := range map[string]string{
+		"too long":          strings.Repeat("r", limits.MaxIDLen+1),
+		"control character": `r\u00011`,
+		"line break":        `r\n1`,
+	} {
+		a := send(t, n.http.URL, "POST", "/v1/route", `{"isl":5,"request_id":"`+id+`"}`)
+		if a.code != http.StatusBadRequest || a.reason(t) != api.ReasonInvalid || !strings.Contains(string(a.body), "request_id") {
+			t.Errorf("an unbooked route with a request_id %s: %d %.200s, want 400 invalid naming request_id", name, a.code, a.body)
+		}
+	}
+	if got := n.fake.Calls()["Route"]; got != 0 {
+		t.Fatalf("the backend routed %d refused requests", got)
+	}
+	// The longest allowed goes through.
+	a := send(t, n.http.URL, "POST", "/v1/route", `{"isl":5,"request_id":"`+strings.Repeat("r", limits.MaxIDLen)+`"}`)
+	if a.code != http.StatusOK {
+		t.Fatalf("an unbooked route with a request_id of %d bytes: %d %s, want 200", limits.MaxIDLen, a.code, a.body)
+	}
+}
