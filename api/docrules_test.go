@@ -173,3 +173,28 @@ func TestUnbookedRouteRequestIDIsChecked(t *testing.T) {
 		t.Fatalf("an unbooked route with a request_id of %d bytes: %d %s, want 200", limits.MaxIDLen, a.code, a.body)
 	}
 }
+
+// TestBodyNotAnObjectSaysWhatItStartsWith: a JSON body that does not start
+// with '{' is 400 bad_json, and the message says what it starts with in
+// words an operator reads: a UTF-8 byte-order mark by that name, any
+// other byte that is not printable ASCII as a hex byte, a printable one
+// quoted. From a review: a body behind a byte-order mark was refused with
+// "the body starts with 'ï'", its first byte shown as a Latin-1 letter.
+func TestBodyNotAnObjectSaysWhatItStartsWith(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	withWorkers(t, n)
+	for _, c := range []struct{ body, want string }{
+		{"\xef\xbb\xbf{\"worker_id\":7,\"block_size\":4}", "the body starts with a UTF-8 byte-order mark (want a JSON object)"},
+		{"\xef\xbb{\"worker_id\":7,\"block_size\":4}", "the body starts with the byte 0xef (want a JSON object)"},
+		{"\xc3\xa9", "the body starts with the byte 0xc3 (want a JSON object)"},
+		{"\x01{}", "the body starts with the byte 0x01 (want a JSON object)"},
+		{" [1]", "the body starts with '[' (want a JSON object)"},
+	} {
+		for _, path := range []string{"/v1/workers", "/v1/route"} {
+			a := send(t, n.http.URL, "POST", path, c.body)
+			if a.code != http.StatusBadRequest || a.reason(t) != api.ReasonBadJSON || a.json(t)["error"] != c.want {
+				t.Errorf("POST %s of %q: %d %s, want 400 bad_json %q", path, c.body, a.code, a.body, c.want)
+			}
+		}
+	}
+}

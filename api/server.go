@@ -671,9 +671,9 @@ func decodeJSONBytes(b []byte, v any, optional bool) error {
 		return &httpError{code: http.StatusBadRequest, reason: ReasonBadJSON,
 			err: errors.New("the body is empty (want a JSON object)")}
 	}
-	if c := b[start]; c != '{' {
+	if b[start] != '{' {
 		return &httpError{code: http.StatusBadRequest, reason: ReasonBadJSON,
-			err: fmt.Errorf("the body starts with %q (want a JSON object)", c)}
+			err: fmt.Errorf("the body starts with %s (want a JSON object)", bodyStart(b[start:]))}
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
@@ -691,6 +691,21 @@ func decodeJSONBytes(b []byte, v any, optional bool) error {
 		return jsonError(err)
 	}
 	return nil
+}
+
+// bodyStart names what b, a body that is not a JSON object, starts with,
+// for its error: a UTF-8 byte-order mark by name (encoding/json takes
+// none), a byte that is not printable ASCII in hex (%q of a byte would
+// show 0xef as the Latin-1 letter 'ï'), a printable one quoted.
+func bodyStart(b []byte) string {
+	switch c := b[0]; {
+	case bytes.HasPrefix(b, []byte("\xef\xbb\xbf")):
+		return "a UTF-8 byte-order mark"
+	case c < 0x20 || c >= 0x7f:
+		return fmt.Sprintf("the byte %#02x", c)
+	default:
+		return fmt.Sprintf("%q", c)
+	}
 }
 
 // bodyError answers a JSON request body that could not be read whole,
