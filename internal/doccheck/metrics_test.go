@@ -64,6 +64,42 @@ func TestDocumentedMetricFamiliesExist(t *testing.T) {
 	}
 }
 
+// TestDashboardMetricFamiliesExist: every metric the Grafana dashboards
+// under docs/grafana/ query is a family some Go file registers (a
+// histogram's _bucket, _sum and _count series its family's). The pages'
+// check reads Markdown only: a family renamed left a dashboard panel
+// empty, with every test green.
+func TestDashboardMetricFamiliesExist(t *testing.T) {
+	names := metricNames(t)
+	dashboards, err := filepath.Glob(filepath.Join(root, "docs", "grafana", "*.json"))
+	if err != nil || len(dashboards) == 0 {
+		t.Fatalf("no dashboard under docs/grafana/ (%v): the check reads nothing", err)
+	}
+	name := regexp.MustCompile(`\b(?:kvrouter|kvagent)_[a-z0-9_]*[a-z0-9]\b`)
+	checked := 0
+	for _, p := range dashboards {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatalf("read %s: %v", p, err)
+		}
+		for _, n := range name.FindAllString(string(data), -1) {
+			checked++
+			family := n
+			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+				if base, ok := strings.CutSuffix(n, suffix); ok && !names[n] && names[base] {
+					family = base
+				}
+			}
+			if !names[family] {
+				t.Errorf("%s queries metric %s, which no Go file registers", filepath.Base(p), n)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no metric found in the dashboards: the pattern no longer matches them")
+	}
+}
+
 // metricNames returns the metric families the module's non-test Go files
 // (hidden directories and testdata left out) register by name: the string
 // literal given to prometheus.NewDesc, or an Opts' Name, Namespace and
