@@ -20,6 +20,17 @@ func (m *Manager) SetBatchHook(f func(Path, int)) {
 	m.testHookBatch.Store(&f)
 }
 
+// SetH2DiskPutHook makes each H2Disk worker call f with the hashes of the
+// G2 blocks it has pinned, right before it writes their bytes to G3 (nil:
+// no call). A test holds the write there and fills G2 under it.
+func (m *Manager) SetH2DiskPutHook(f func([]uint64)) {
+	if f == nil {
+		m.testHookH2DiskPut.Store(nil)
+		return
+	}
+	m.testHookH2DiskPut.Store(&f)
+}
+
 // QueueOnboardChunk pins the blocks hashes in the pool of tier from (G2:
 // TierHostPinned, G3: TierDisk) and queues one chunk copying them into G1
 // blocks g1 (H2D, or Disk2H through the staging buffer), as Onboard does,

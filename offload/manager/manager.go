@@ -237,6 +237,10 @@ type Manager struct {
 	// by an offload worker between taking a batch and running it: a test
 	// holds a worker there to change the world under a batch taken.
 	testHookBatch atomic.Pointer[func(Path, int)]
+	// testHookH2DiskPut, nil outside tests (export_test.go sets it), is
+	// called by an H2Disk worker with the G2 blocks it has pinned, right
+	// before their bytes are written to G3: a test holds the write there.
+	testHookH2DiskPut atomic.Pointer[func([]uint64)]
 
 	mu        sync.Mutex
 	closed    bool

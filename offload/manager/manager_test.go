@@ -344,6 +344,59 @@ func TestDiskGetsBlocksSeenTwiceAndServesThemAfterG2Eviction(t *testing.T) {
 	}
 }
 
+// A G2 block being copied to G3 is pinned until its bytes are written:
+// G2 filling up under the write can neither evict it nor reuse its slot
+// for other bytes, so the block onboarded from G3 later holds its own
+// bytes (docs/offload.md: "never a block that is being read").
+func TestG2BlockBeingWrittenToDiskKeepsItsBytesWhileG2Fills(t *testing.T) {
+	r := newRig(t, rigConfig{hostCap: 1, diskCap: 8, cfg: manager.Config{Workers: 1, BatchSize: 1}})
+	held, open := make(chan []uint64, 1), make(chan struct{})
+	var once sync.Once
+	r.m.SetH2DiskPutHook(func(hs []uint64) { once.Do(func() { held <- hs; <-open }) })
+	release := sync.OnceFunc(func() { close(open) })
+	t.Cleanup(release) // runs before Close: a held worker would block it
+
+	a := r.compute(0, 1, 0)[0]
+	r.offload([]manager.OffloadRequest{a})
+	r.idle()
+	// Seen twice, a is promoted to G3; its copy is held before the write.
+	r.offload([]manager.OffloadRequest{r.recompute(a, 1)})
+	select {
+	case hs := <-held:
+		if !slices.Equal(hs, []uint64{a.Hash}) {
+			t.Fatalf("the H2Disk write holds %v, want a (%#x)", hs, a.Hash)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no H2Disk write of a was reached")
+	}
+
+	// G2's one slot is a's: b would take it if a could be evicted.
+	b := r.compute(0, 1, 2)
+	r.offload(b)
+	waitFor(t, 10*time.Second, "b's D2H copy to finish", func() bool {
+		p := r.m.Stats().Paths[manager.D2H]
+		return p.Depth == 0 && p.InFlight == 0 && p.Blocks+p.Full >= 2
+	})
+	if got := r.sink.removed(host); slices.Contains(got, a.Hash) {
+		t.Fatalf("a was evicted from G2 while its bytes were being written to G3 (REMOVE host %v)", got)
+	}
+	release()
+	r.idle()
+
+	// c pushes a out of G2 now that it is written; a comes back from G3.
+	r.scribble(0, 1, 2)
+	r.offload(r.compute(0, 1, 3))
+	r.idle()
+	if masks := r.m.Lookup([]uint64{a.Hash}); masks[0] != disk.Bit() {
+		t.Fatalf("Lookup(a) = %b, want G3 only", masks[0])
+	}
+	res := onboard(t, r.m, []uint64{a.Hash}, []int{10})
+	if res.Loaded() != 1 || res.Blocks[0].From != disk {
+		t.Fatalf("onboard a: %+v, want loaded from disk", res.Blocks)
+	}
+	r.checkBytes(10, a.Hash)
+}
+
 func TestWithoutHostPoolOnlyRepeatedBlocksAreWrittenToDisk(t *testing.T) {
 	r := newRig(t, rigConfig{diskCap: 16})
 	a := r.compute(0, 1, 0)

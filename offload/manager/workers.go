@@ -344,6 +344,13 @@ func (m *Manager) h2disk(ts []*task) {
 	}
 	var d time.Duration
 	if len(blocks) > 0 {
+		if f := m.testHookH2DiskPut.Load(); f != nil {
+			hs := make([]uint64, len(blocks))
+			for i, b := range blocks {
+				hs[i] = b.Hash
+			}
+			(*f)(hs)
+		}
 		start := time.Now()
 		o.put(m.disk, blocks, data, m)
 		d = time.Since(start)
