@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -119,9 +121,11 @@ func TestOffloadFlagsAreChecked(t *testing.T) {
 }
 
 // TestOffloadReopensEachRanksDiskPoolAndRestoresIt: each rank's G3 pool
-// lives in <disk-dir>/dp<rank>; after a restart the blocks of a pool go to
-// the agent's Restore (which makes them part of the rank's first dump),
-// and Close leaves no socket and no goroutine behind.
+// lives in <disk-dir>/dp<rank>; after a restart every block of a pool goes
+// to the agent's Restore under its own parent (which makes them part of the
+// rank's first dump): two root chains, and a chain longer than the 256
+// blocks a reopened pool's dump cuts its events at, so the restore is more
+// than one event; and Close leaves no socket and no goroutine behind.
 func TestOffloadReopensEachRanksDiskPoolAndRestoresIt(t *testing.T) {
 	sockDir, err := os.MkdirTemp("", "kvagent")
 	if err != nil {
@@ -129,7 +133,7 @@ func TestOffloadReopensEachRanksDiskPoolAndRestoresIt(t *testing.T) {
 	}
 	defer os.RemoveAll(sockDir)
 	oc := offloadConfig{Socket: filepath.Join(sockDir, "s"), Backend: backend.KindHost, BlockBytes: 64,
-		HostBlocks: 4, DiskDir: t.TempDir(), DiskBlocks: 16, Workers: 1, Queue: 8, Threshold: 2, OnboardTimeout: time.Second}
+		HostBlocks: 4, DiskDir: t.TempDir(), DiskBlocks: 512, Workers: 1, Queue: 8, Threshold: 2, OnboardTimeout: time.Second}
 	ranks := []kvevent.Rank{{Worker: 1, DP: 0}, {Worker: 1, DP: 1}}
 	start := func(f *fakeAgent) *offload {
 		t.Helper()
@@ -148,13 +152,33 @@ func TestOffloadReopensEachRanksDiskPoolAndRestoresIt(t *testing.T) {
 	if err != nil || len(st.Ranks) != 2 || st.Ranks[1].Host == nil || st.Ranks[1].Disk == nil || st.Backend != "host" {
 		t.Fatalf("stats: %+v, %v", st, err)
 	}
-	for h := uint64(1); h <= 3; h++ {
-		if err := o.disks[1].Register(pool.Block{Hash: h, Parent: h - 1, Local: 100 + h}, make([]byte, 64)); err != nil {
-			t.Fatal(err)
+	// Each rank's blocks, block → parent (0: a root): rank 1 holds a root
+	// chain of 300 blocks (1..300) and one of 3 (1001..1003), rank 0 one
+	// of 2 (2001, 2002).
+	want := []map[uint64]uint64{{}, {}}
+	put := func(rank int, first, n uint64) {
+		t.Helper()
+		blocks := make([]pool.Block, n)
+		data := make([][]byte, n)
+		for i := range n {
+			h := first + i
+			blocks[i] = pool.Block{Hash: h, Local: 100 + h}
+			if i > 0 {
+				blocks[i].Parent = h - 1
+			}
+			want[rank][h] = blocks[i].Parent
+			data[i] = make([]byte, 64)
+		}
+		if stored, err := o.disks[rank].Put(blocks, data); err != nil || stored != int(n) {
+			t.Fatalf("rank %d: stored %d of %d blocks: %v", rank, stored, n, err)
 		}
 	}
-	if f.published[ranks[1]] != 3 || len(f.restored) != 0 {
-		t.Fatalf("published %v, restored %v; want 3 blocks of rank 1 published, nothing restored", f.published, f.restored)
+	put(1, 1, 300)
+	put(1, 1001, 3)
+	put(0, 2001, 2)
+	if f.published[ranks[1]] != 303 || f.published[ranks[0]] != 2 || len(f.restored) != 0 {
+		t.Fatalf("published %v, restored %v; want 303 blocks of rank 1 and 2 of rank 0 published, nothing restored",
+			f.published, f.restored)
 	}
 	if err := o.Close(); err != nil {
 		t.Fatal(err)
@@ -170,16 +194,50 @@ func TestOffloadReopensEachRanksDiskPoolAndRestoresIt(t *testing.T) {
 	f = newFakeAgent()
 	o = start(f)
 	defer o.Close()
-	n := 0
-	for _, ev := range f.restored[ranks[1]] {
-		n += len(ev.Blocks)
-	}
-	if n != 3 || len(f.restored[ranks[0]]) != 0 {
-		t.Fatalf("restored %v, want rank 1's 3 blocks", f.restored)
+	for i, r := range ranks {
+		got := map[uint64]uint64{}
+		for _, ev := range f.restored[r] {
+			if ev.Kind != kvevent.KindStored || ev.Tier != kvevent.TierDisk {
+				t.Fatalf("rank %v: restored a %v event of tier %v, want disk stores", r, ev.Kind, ev.Tier)
+			}
+			parent := uint64(0)
+			if ev.HasParent {
+				parent = ev.Parent
+			}
+			for _, b := range ev.Blocks {
+				if _, dup := got[b.EngineHash]; dup {
+					t.Fatalf("rank %v: block %d restored twice", r, b.EngineHash)
+				}
+				got[b.EngineHash] = parent
+				parent = b.EngineHash
+			}
+		}
+		if !maps.Equal(got, want[i]) {
+			t.Fatalf("rank %v: restored %d blocks in %d events, want all %d under their parents (missing or misplaced: %v)",
+				r, len(got), len(f.restored[r]), len(want[i]), differ(want[i], got))
+		}
 	}
 	if err := c.Health(context.Background()); err != nil {
 		t.Fatalf("the restarted engine API: %v", err)
 	}
+}
+
+// differ lists the blocks of want that got lacks or holds under another
+// parent, and those got holds that want does not, in order, the first 10.
+func differ(want, got map[uint64]uint64) []uint64 {
+	var hs []uint64
+	for h, p := range want {
+		if q, ok := got[h]; !ok || q != p {
+			hs = append(hs, h)
+		}
+	}
+	for h := range got {
+		if _, ok := want[h]; !ok {
+			hs = append(hs, h)
+		}
+	}
+	slices.Sort(hs)
+	return hs[:min(len(hs), 10)]
 }
 
 // TestBuildInfo: kvagent_build_info is 1 with the version and Go version
