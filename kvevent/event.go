@@ -2,7 +2,8 @@ package kvevent
 
 import (
 	"fmt"
-	"slices"
+	"math/bits"
+	"math/rand/v2"
 	"sync"
 )
 
@@ -174,18 +175,18 @@ func (e *Event) check() (f flaw, at int, h uint64) {
 	return flawNone, 0, 0
 }
 
-// sortedRepeatMax bounds the chains firstRepeat sorts on its stack (8 KiB).
-const sortedRepeatMax = 1024
+// repeatTables holds firstRepeat's hash tables for chains over 32 blocks
+// (a long prompt's prefill stores thousands in one event).
+var repeatTables sync.Pool // of *[]uint64
 
-// repeatBufs holds the sorting buffers of chains past sortedRepeatMax
-// (a long prompt's prefill stores thousands of blocks in one event).
-var repeatBufs sync.Pool // of *[]uint64
+// repeatSeed is mixed into the tables' slots, so that no engine's hashes
+// can be chosen to fall into one run of slots.
+var repeatSeed = rand.Uint64() | 1
 
-// firstRepeat reports a value that occurs twice among n values: the first
-// repeated in order for short chains, checked pairwise; the smallest
-// repeated for longer ones, sorted in a stack buffer, or past it in a
-// pooled one. None allocates in steady state (every replica validates
-// every event it applies).
+// firstRepeat reports the first of n values, in order, that repeats an
+// earlier one: short chains checked pairwise, longer ones through a pooled
+// open-addressing table. Neither allocates in steady state (every replica
+// validates every event it applies).
 func firstRepeat(n int, at func(int) uint64) (uint64, bool) {
 	if n <= 32 {
 		for i := 1; i < n; i++ {
@@ -198,32 +199,44 @@ func firstRepeat(n int, at func(int) uint64) (uint64, bool) {
 		}
 		return 0, false
 	}
-	if n <= sortedRepeatMax {
-		var buf [sortedRepeatMax]uint64
-		return sortedRepeat(buf[:n], at)
-	}
-	bp, _ := repeatBufs.Get().(*[]uint64)
-	if bp == nil {
-		bp = new([]uint64)
-	}
-	if cap(*bp) < n {
-		*bp = make([]uint64, n)
-	}
-	h, dup := sortedRepeat((*bp)[:n], at)
-	repeatBufs.Put(bp)
-	return h, dup
+	return tableRepeat(n, at)
 }
 
-// sortedRepeat fills vs with at(0..len(vs)-1), sorts it and reports its
-// smallest repeated value.
-func sortedRepeat(vs []uint64, at func(int) uint64) (uint64, bool) {
-	for i := range vs {
-		vs[i] = at(i)
+// tableRepeat is firstRepeat through a table of at least 2n slots, linear
+// probing from a seeded multiplicative hash of the value; 0 marks a free
+// slot, so the value 0 is tracked beside the table.
+func tableRepeat(n int, at func(int) uint64) (uint64, bool) {
+	shift := 64 - bits.Len(uint(2*n-1))
+	size := 1 << (64 - shift)
+	tp, _ := repeatTables.Get().(*[]uint64)
+	if tp == nil {
+		tp = new([]uint64)
 	}
-	slices.Sort(vs)
-	for i := 1; i < len(vs); i++ {
-		if vs[i] == vs[i-1] {
-			return vs[i], true
+	if cap(*tp) < size {
+		*tp = make([]uint64, size)
+	}
+	t := (*tp)[:size]
+	clear(t)
+	defer repeatTables.Put(tp)
+	mask := uint64(size - 1)
+	zero := false
+	for i := range n {
+		h := at(i)
+		if h == 0 {
+			if zero {
+				return 0, true
+			}
+			zero = true
+			continue
+		}
+		for j := ((h ^ repeatSeed) * 0x9e3779b97f4a7c15) >> shift; ; j = (j + 1) & mask {
+			if t[j] == 0 {
+				t[j] = h
+				break
+			}
+			if t[j] == h {
+				return h, true
+			}
 		}
 	}
 	return 0, false

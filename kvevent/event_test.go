@@ -2,7 +2,11 @@ package kvevent
 
 import (
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/internal/testseed"
 )
 
 func TestParseMediumTable(t *testing.T) {
@@ -102,9 +106,9 @@ func TestValidateRejectsMalformedEvents(t *testing.T) {
 // and checking a chain under a parent allocates nothing at any length
 // (every replica validates every event it applies; a chain over 32 blocks
 // made a map, and later one over 1024 blocks, a long prompt's prefill,
-// still did). Past 1024 blocks the check sorts in a pooled buffer, which
-// -race's sync.Pool drops: those lengths' allocations are checked without
-// it (make test's second pass).
+// still did). Past 32 blocks the check uses a pooled table, which -race's
+// sync.Pool drops: those lengths' allocations are checked without it
+// (make test's second pass).
 func TestValidateFindsRepeatsInLongChainsWithoutAllocating(t *testing.T) {
 	for _, n := range []int{2, 32, 33, 256, 1024, 1025, 2000, 8192} {
 		ev := Event{Rank: Rank{Worker: 1}, EventID: 1, Kind: KindStored, Tier: TierDevice, HasParent: true, Parent: 1}
@@ -114,7 +118,7 @@ func TestValidateFindsRepeatsInLongChainsWithoutAllocating(t *testing.T) {
 		if err := ev.Validate(); err != nil {
 			t.Fatalf("%d distinct blocks: %v", n, err)
 		}
-		if n <= 1024 || !raceEnabled {
+		if n <= 32 || !raceEnabled {
 			if a := testing.AllocsPerRun(20, func() { _ = ev.Validate() }); a != 0 {
 				t.Errorf("%d blocks: %v allocations per Validate, want 0", n, a)
 			}
@@ -145,5 +149,66 @@ func TestParseMediumEngineSpellings(t *testing.T) {
 		if got, err := ParseMedium(in); err != nil || got != want {
 			t.Errorf("ParseMedium(%q) = %v, %v; want %v", in, got, err, want)
 		}
+	}
+}
+
+// TestFirstRepeatMatchesAMap: firstRepeat names the first value, in order,
+// that repeats an earlier one, or none, as a map of the values seen says,
+// for chains of every length around its two ways (pairwise to 32, a table
+// past it), with the value 0 (the table's free mark) among them and values
+// that differ only in high or only in low bits (testseed logs the seed).
+func TestFirstRepeatMatchesAMap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(testseed.Seed(t), 0))
+	draw := []func() uint64{
+		rng.Uint64,
+		func() uint64 { return rng.Uint64N(64) },         // small: repeats, 0 among them
+		func() uint64 { return rng.Uint64N(4096) << 52 }, // high bits only
+		func() uint64 { return rng.Uint64N(1 << 20) },    // low bits only
+	}
+	for round := range 2000 {
+		n := 1 + rng.IntN(3000)
+		if round%4 == 0 {
+			n = 30 + rng.IntN(6)
+		}
+		d := draw[round%len(draw)]
+		vs := make([]uint64, n)
+		for i := range vs {
+			vs[i] = d()
+		}
+		var want uint64
+		wantDup := false
+		seen := make(map[uint64]bool, n)
+		for _, v := range vs {
+			if seen[v] {
+				want, wantDup = v, true
+				break
+			}
+			seen[v] = true
+		}
+		got, dup := firstRepeat(n, func(i int) uint64 { return vs[i] })
+		if dup != wantDup || got != want {
+			t.Fatalf("round %d, %d values: firstRepeat = %d, %v; want %d, %v", round, n, got, dup, want, wantDup)
+		}
+	}
+}
+
+// BenchmarkValidateChain: Validate of a stored chain under a parent, every
+// replica's check of every event it applies; chains past 1024 blocks (a
+// long prompt's prefill) are common; past 32 blocks the check goes through
+// a pooled table.
+func BenchmarkValidateChain(b *testing.B) {
+	for _, n := range []int{16, 256, 2000, 8192} {
+		ev := Event{Rank: Rank{Worker: 1}, EventID: 1, Kind: KindStored, Tier: TierDevice, HasParent: true, Parent: 1}
+		for i := range n {
+			ev.Blocks = append(ev.Blocks, Block{EngineHash: uint64(i)*0x9e3779b97f4a7c15 + 2, LocalHash: uint64(i)})
+		}
+		b.Run(fmt.Sprintf("blocks=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := ev.Validate(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
