@@ -2339,3 +2339,104 @@ func retryOnLeaderChange(t *testing.T, c *inmemCluster, op func(*Node) error) {
 		}
 	}
 }
+
+// TestAWipedVoterBackWithPeersCannotElectALeaderThatLacksWhatItAcknowledged:
+// the --join case above, for a voter of a cluster bootstrapped with
+// --peers that lost its data directory (a lost disk) and was started
+// again by its supervisor with its same command line, --peers included
+// (docs/operations.md: "`--peers` bootstraps only a data directory with
+// no Raft state; on later starts it is ignored, so the same command line
+// works for restarts"). On its empty directory --peers bootstraps again:
+// the node is back under its id with a one-entry log, still a voter in
+// the leader's configuration, and votes at once (votesHeld is set only
+// for a directory started to join). With the leader down, its vote
+// elects the lagging follower, which lacks the entries the wiped voter
+// acknowledged: acknowledged writes lost on every node.
+func TestAWipedVoterBackWithPeersCannotElectALeaderThatLacksWhatItAcknowledged(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	li, l := c.leaderExcept(-1)
+	lagI, wipeI := (li+1)%3, (li+2)%3
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "every node to have the worker", func() bool {
+		for _, n := range c.nodes {
+			if len(n.fsm.Workers()) != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	c.isolate(lagI) // a lagging follower
+	const k = 20
+	for i := uint64(1); i <= k; i++ { // acknowledged: on the leader and the follower to be wiped
+		if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, i, 1, 1000+i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The follower is wiped and started again with its command line,
+	// --peers and all; it takes no entry for now (a slow catch-up).
+	wcfg := c.nodes[wipeI].cfg
+	c.nodes[wipeI].Close()
+	if err := os.RemoveAll(wcfg.DataDir); err != nil {
+		t.Fatal(err)
+	}
+	_, inner := raft.NewInmemTransport(raft.ServerAddress(wcfg.RaftAddr))
+	c.trans[wipeI] = inner
+	c.heal()
+	c.isolate(lagI)
+	tr := holdEntries(t, inner, 1)
+	w, err := NewNode(Config{ID: wcfg.ID, RaftAddr: wcfg.RaftAddr, HTTPAddr: wcfg.HTTPAddr, DataDir: wcfg.DataDir,
+		Peers: wcfg.Peers, Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[wipeI] = w
+	waitFor(t, 10*time.Second, "the wiped node to hear the leader", func() bool { return w.watch.first.Load() > 0 })
+
+	// The leader goes down; the lagging follower and the wiped node reach
+	// each other, and the wiped node takes entries again.
+	lcfg, lcfgLast := l.cfg, l.raft.LastIndex()
+	l.Close()
+	c.isolate(li)
+	c.trans[lagI].Connect(inner.LocalAddr(), inner)
+	inner.Connect(c.trans[lagI].LocalAddr(), c.trans[lagI])
+	voted := w.raft.LastIndex() // its log as it starts to vote
+	tr.hold(0)
+	lag := c.nodes[lagI]
+	lacksNothing := func() {
+		t.Helper()
+		for _, n := range []*Node{lag, w} {
+			if n.IsLeader() && n.IndexStats().Entries != k {
+				t.Fatalf("new leader %s holds %d of the %d acknowledged entries (the wiped voter, back with --peers, voted with a log of %d entries, the leader's was at %d)",
+					n.cfg.ID, n.IndexStats().Entries, k, voted, lcfgLast)
+			}
+		}
+	}
+	waitFor(t, 10*time.Second, "the lagging node to campaign for a while", func() bool {
+		lacksNothing()
+		return tr.votes.Load() >= 5
+	})
+	lacksNothing()
+
+	// The old leader comes back on its data: every node ends holding the
+	// acknowledged entries.
+	_, ltr := raft.NewInmemTransport(raft.ServerAddress(lcfg.RaftAddr))
+	lcfg.Transport, c.trans[li] = ltr, ltr
+	c.heal()
+	back, err := NewNode(lcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[li] = back
+	waitFor(t, 20*time.Second, "every node to hold the acknowledged entries", func() bool {
+		lacksNothing()
+		for _, n := range c.nodes {
+			if n.IndexStats().Entries != k {
+				return false
+			}
+		}
+		return true
+	})
+}
