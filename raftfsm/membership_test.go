@@ -2393,7 +2393,13 @@ func TestAWipedVoterBackWithPeersCannotElectALeaderThatLacksWhatItAcknowledged(t
 		t.Fatal(err)
 	}
 	c.nodes[wipeI] = w
-	waitFor(t, 10*time.Second, "the wiped node to hear the leader", func() bool { return w.watch.first.Load() > 0 })
+	// Or, its leader having stepped down first (no quorum heard within its
+	// lease while the wiped node restarted, the lagging one cut off), to
+	// refuse that leader's campaign: the node has heard no leader since its
+	// start, and no vote of its own can be trusted until it does.
+	waitFor(t, 10*time.Second, "the wiped node to hear the leader", func() bool {
+		return w.watch.first.Load() > 0 || w.watch.refusedVotes.Load() > 0
+	})
 
 	// The leader goes down; the lagging follower and the wiped node reach
 	// each other, and the wiped node takes entries again.
@@ -2439,4 +2445,44 @@ func TestAWipedVoterBackWithPeersCannotElectALeaderThatLacksWhatItAcknowledged(t
 		}
 		return true
 	})
+}
+
+// TestABootstrappedNodeHoldsVotesOnlyAgainstARanCluster: a node that
+// bootstrapped from --peers holds its votes (bootIndex) but lets through a
+// candidate whose log ends at the bootstrap entry (a fresh cluster's first
+// election) and refuses one with a longer log; a fresh cluster elects a
+// leader, and each node, once ready, votes freely and forgets the hold
+// (bootHoldKey), so that a restart does not hold its votes again.
+func TestABootstrappedNodeHoldsVotesOnlyAgainstARanCluster(t *testing.T) {
+	c := newInmemCluster(t, 3)
+	c.leaderExcept(-1)
+	waitFor(t, 10*time.Second, "every node to be ready and forget its bootstrap's hold", func() bool {
+		for _, n := range c.nodes {
+			if v, err := n.logs.Get(bootHoldKey); !n.ready.Load() || n.watch.votesHeld.Load() || (err == nil && len(v) > 0) {
+				return false
+			}
+		}
+		return true
+	})
+
+	_, tr := raft.NewInmemTransport("inmem-x")
+	_, w := watchCommits(tr, "x", quiet)
+	t.Cleanup(w.close)
+	w.held = func() (uint64, uint64) { return 1, 1 }
+	w.votesHeld.Store(true)
+	w.bootIndex.Store(bootstrapIndex)
+	answered := func(last uint64) (refused bool) {
+		ch := make(chan raft.RPCResponse, 1)
+		return w.refuseVote(raft.RPC{Command: &raft.RequestVoteRequest{LastLogIndex: last}, RespChan: ch}, []byte("c"), last)
+	}
+	if answered(1) {
+		t.Fatal("a held bootstrapped node refused a candidate whose log ends at the bootstrap entry: a fresh cluster could elect no leader")
+	}
+	if !answered(2) {
+		t.Fatal("a held bootstrapped node let through a candidate whose log is past the bootstrap")
+	}
+	w.bootIndex.Store(0) // a --join start
+	if !answered(1) {
+		t.Fatal("a held joining node let through a candidate")
+	}
 }

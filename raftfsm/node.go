@@ -185,6 +185,10 @@ type Node struct {
 	// (joinAddrKey) while the node has not yet caught up with its
 	// addition there, "" otherwise: startRaft and noteJoined only.
 	joinAddr string
+	// bootHeld is set while this directory, bootstrapped from --peers on
+	// no Raft state, has not yet caught up (bootHoldKey): startRaft and
+	// noteBootCaughtUp only.
+	bootHeld bool
 	// snapshotting is set while a snapshot by applied bytes runs.
 	snapshotting atomic.Bool
 	lastAssert   time.Time // leaderLoop only
@@ -451,6 +455,11 @@ func (n *Node) startRaft() error {
 		return err
 	}
 	if !has && len(servers) > 0 {
+		// Recorded before the bootstrap: a start cut off after it, with
+		// Raft state, still holds its votes.
+		if err := n.setBootHeld(true); err != nil {
+			return err
+		}
 		err := raft.BootstrapCluster(rc, n.logs, n.logs, n.snaps, n.trans, raft.Configuration{Servers: servers})
 		if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
 			return fmt.Errorf("bootstrap: %w", err)
@@ -465,7 +474,17 @@ func (n *Node) startRaft() error {
 	// (commitWatch.votesHeld): it may be a wiped voter's, whose log lost
 	// what the voter acknowledged. Until noteJoined, so across a restart
 	// before the node was ready, when its log may still lack it.
-	n.watch.votesHeld.Store(n.joinAddr != "")
+	// So does a directory bootstrapped from --peers (bootHoldKey): it may
+	// be a wiped voter's too, started again with its usual command line.
+	// It votes meanwhile only for a candidate whose log holds nothing
+	// past the bootstrap, a fresh cluster's first election.
+	if n.bootHeld, err = n.recordedBootHeld(); err != nil {
+		return err
+	}
+	if n.bootHeld && n.joinAddr == "" {
+		n.watch.bootIndex.Store(bootstrapIndex)
+	}
+	n.watch.votesHeld.Store(n.joinAddr != "" || n.bootHeld)
 	var logs raft.LogStore = n.logs
 	if cfg.beforeLogWrite != nil {
 		logs = hookedLogs{LogStore: n.logs, before: cfg.beforeLogWrite}
@@ -674,7 +693,53 @@ var (
 	// every other directory. checkRaftAddr lets it start at that address
 	// meanwhile.
 	joinAddrKey = []byte("kvrouter_join_addr")
+	// bootHoldKey holds 1 from the start that bootstraps a directory from
+	// --peers (on no Raft state) until the node is ready (noteBootCaughtUp):
+	// empty then, and in every other directory. Its votes are held
+	// meanwhile (commitWatch.bootIndex).
+	bootHoldKey = []byte("kvrouter_bootstrap_votes_held")
 )
+
+// bootstrapIndex is the index of the entry raft.BootstrapCluster writes,
+// the last of a bootstrapped log that no leader has written to.
+const bootstrapIndex = 1
+
+// recordedBootHeld reports whether the directory was bootstrapped from
+// --peers and the node has not caught up since (bootHoldKey).
+func (n *Node) recordedBootHeld() (bool, error) {
+	v, err := n.logs.Get(bootHoldKey)
+	if err != nil && !errors.Is(err, store.ErrKeyNotFound) {
+		return false, fmt.Errorf("read whether %s holds its votes since its bootstrap: %w", n.cfg.DataDir, err)
+	}
+	return len(v) > 0, nil
+}
+
+// setBootHeld records whether the directory holds its votes since its
+// bootstrap (bootHoldKey).
+func (n *Node) setBootHeld(held bool) error {
+	var v []byte
+	if held {
+		v = []byte{1}
+	}
+	if err := n.logs.Set(bootHoldKey, v); err != nil {
+		return fmt.Errorf("record whether %s holds its votes since its bootstrap: %w", n.cfg.DataDir, err)
+	}
+	n.bootHeld = held
+	return nil
+}
+
+// noteBootCaughtUp forgets that the directory holds its votes since its
+// bootstrap once the node is ready: its state holds what its leader had
+// committed when it first heard from it, so its log does. Until then a
+// restart holds them again. Run by leaderLoop only.
+func (n *Node) noteBootCaughtUp() {
+	if !n.bootHeld || !n.ready.Load() {
+		return
+	}
+	if err := n.setBootHeld(false); err != nil {
+		n.logger.Warn("forgetting that this node holds its votes since its bootstrap failed; retrying", "err", err)
+	}
+}
 
 // recordedJoinAddr returns the address the directory records it joined
 // at and has not yet seen itself at (joinAddrKey), "" when none.
@@ -1432,6 +1497,7 @@ func (n *Node) leaderLoop() {
 			n.maybeSnapshot()
 			n.noteMembership()
 			n.noteJoined()
+			n.noteBootCaughtUp()
 			if leader {
 				n.assertSelf()
 				n.handOffIfHalted()

@@ -233,6 +233,13 @@ func (c *streamConn) Close() error {
 // leader since its start; a joiner promoted once its log matched the
 // leader's holds no vote. A joiner added as a non-voter is asked for no
 // vote at all.
+//
+// A node that bootstrapped an empty directory from --peers holds its
+// votes too: a wiped voter started again with its usual command line
+// bootstraps a one-entry log. It lets through a candidate whose log ends
+// at the bootstrap entry (bootIndex), so that a fresh cluster, all of
+// whose nodes hold their votes, elects its first leader; a longer log
+// proves a cluster ran, whose commits this node may lack.
 type commitWatch struct {
 	raft.Transport
 	out    chan raft.RPC
@@ -273,6 +280,13 @@ type commitWatch struct {
 	// refusedVotes counts those.
 	votesHeld    atomic.Bool
 	refusedVotes atomic.Uint64
+	// bootIndex is the last index of the log this node bootstrapped
+	// (bootstrapIndex), 0 when it did not: while votes are held, a
+	// candidate whose log ends there is still granted a vote (Raft
+	// decides it), the first election of a fresh cluster, whose nodes
+	// all bootstrapped and hold their votes. A longer log proves a leader
+	// wrote to it, so a cluster ran, whose commits this node may lack.
+	bootIndex atomic.Uint64
 }
 
 // peerContact is what a node last heard from a peer in answer to its own
@@ -355,11 +369,11 @@ func (w *commitWatch) run(in <-chan raft.RPC) {
 					})
 				}
 			case *raft.RequestVoteRequest:
-				if w.refuseVote(rpc, c.ID) {
+				if w.refuseVote(rpc, c.ID, c.LastLogIndex) {
 					continue
 				}
 			case *raft.RequestPreVoteRequest:
-				if w.refuseVote(rpc, c.ID) {
+				if w.refuseVote(rpc, c.ID, c.LastLogIndex) {
 					continue
 				}
 			case *raft.InstallSnapshotRequest:
@@ -429,18 +443,31 @@ func (w *commitWatch) refuseFromStart(rpc raft.RPC, args *raft.AppendEntriesRequ
 }
 
 // refuseVote answers rpc, a RequestVote or RequestPreVote from
-// candidate, with a vote not granted while votes are held (votesHeld),
-// and reports whether it did. The answer carries the node's current
-// term, as Raft's own refusal does: a candidate counts it as a vote
-// against, and steps down only for a newer term than its own.
-func (w *commitWatch) refuseVote(rpc raft.RPC, candidate []byte) bool {
+// candidate, whose log ends at lastLog, with a vote not granted while
+// votes are held (votesHeld), and reports whether it did. A node that
+// bootstrapped lets through a candidate whose log holds nothing past the
+// bootstrap (bootIndex). The answer carries the node's current term, as
+// Raft's own refusal does: a candidate counts it as a vote against, and
+// steps down only for a newer term than its own.
+func (w *commitWatch) refuseVote(rpc raft.RPC, candidate []byte, lastLog uint64) bool {
 	if !w.votesHeld.Load() {
 		return false
 	}
+	boot := w.bootIndex.Load()
+	if boot > 0 && lastLog <= boot {
+		return false // a fresh cluster's first election
+	}
 	if w.refusedVotes.Add(1) == 1 {
-		w.logger.Warn("refusing votes until caught up after joining: this node started on an empty data directory "+
-			"and may lack entries a voter under its id acknowledged before (a wiped voter); it votes again once its log holds what the leader had committed",
-			"candidate", string(candidate))
+		if boot > 0 {
+			w.logger.Warn("refusing votes until caught up after bootstrapping: this node bootstrapped an empty data directory from --peers "+
+				"and may lack entries a voter under its id acknowledged before (a wiped voter); a candidate whose log is past the bootstrap "+
+				"proves that cluster ran, and this node votes for one once its log holds what the leader had committed",
+				"candidate", string(candidate), "candidate_last_index", lastLog, "bootstrap_index", boot)
+		} else {
+			w.logger.Warn("refusing votes until caught up after joining: this node started on an empty data directory "+
+				"and may lack entries a voter under its id acknowledged before (a wiped voter); it votes again once its log holds what the leader had committed",
+				"candidate", string(candidate))
+		}
 	}
 	_, term := w.held()
 	h := raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(w.self),
@@ -459,7 +486,11 @@ func (w *commitWatch) refuseVote(rpc raft.RPC, candidate []byte) bool {
 // (holdsThrough), or its state does (Node.checkReady).
 func (w *commitWatch) releaseVotes() {
 	if w.votesHeld.Swap(false) && w.refusedVotes.Load() > 0 {
-		w.logger.Info("caught up after joining: voting again", "refused_votes", w.refusedVotes.Load())
+		msg := "caught up after joining: voting again"
+		if w.bootIndex.Load() > 0 {
+			msg = "caught up after bootstrapping: voting again"
+		}
+		w.logger.Info(msg, "refused_votes", w.refusedVotes.Load())
 	}
 }
 
