@@ -1776,6 +1776,37 @@ func TestAddMemberRefusesAnotherMembersHTTPAddress(t *testing.T) {
 // wiped node catches up from it and votes again, and every node holds the
 // 20 batches.
 func TestAWipedVoterBackWithJoinCannotElectALeaderThatLacksWhatItAcknowledged(t *testing.T) {
+	checkWipedVoterCannotElectALaggingLeader(t, false)
+}
+
+// TestAWipedVoterBackWithPeersCannotElectALeaderThatLacksWhatItAcknowledged:
+// the --join case above, for a voter of a cluster bootstrapped with
+// --peers that lost its data directory (a lost disk) and was started
+// again by its supervisor with its same command line, --peers included
+// (docs/operations.md: "`--peers` bootstraps only a data directory with
+// no Raft state; on later starts it is ignored, so the same command line
+// works for restarts"). On its empty directory --peers bootstraps again:
+// the node is back under its id with a one-entry log, still a voter in
+// the leader's configuration, and votes at once (votesHeld is set only
+// for a directory started to join). With the leader down, its vote
+// elects the lagging follower, which lacks the entries the wiped voter
+// acknowledged: acknowledged writes lost on every node.
+func TestAWipedVoterBackWithPeersCannotElectALeaderThatLacksWhatItAcknowledged(t *testing.T) {
+	checkWipedVoterCannotElectALaggingLeader(t, true)
+}
+
+// checkWipedVoterCannotElectALaggingLeader is the two tests above: a
+// follower lags (cut off) while 20 batches are acknowledged; the other
+// follower is wiped and started again, with its --peers command line
+// (peers) or with --join at its address, taking no entry for now; the
+// leader goes down, and no leader that lacks the batches is elected;
+// the old leader back, every node holds them, and the wiped node, ready,
+// refused votes meanwhile and holds none.
+func checkWipedVoterCannotElectALaggingLeader(t *testing.T, peers bool) {
+	how := "--join"
+	if peers {
+		how = "--peers"
+	}
 	c := newInmemCluster(t, 3)
 	li, l := c.leaderExcept(-1)
 	lagI, wipeI := (li+1)%3, (li+2)%3
@@ -1798,8 +1829,8 @@ func TestAWipedVoterBackWithJoinCannotElectALeaderThatLacksWhatItAcknowledged(t 
 		}
 	}
 
-	// The follower is wiped and started again with --join at its address;
-	// it takes no entry for now (a slow catch-up), heartbeats pass.
+	// The follower is wiped and started again; it takes no entry for now
+	// (a slow catch-up), heartbeats pass.
 	wcfg := c.nodes[wipeI].cfg
 	c.nodes[wipeI].Close()
 	if err := os.RemoveAll(wcfg.DataDir); err != nil {
@@ -1810,32 +1841,49 @@ func TestAWipedVoterBackWithJoinCannotElectALeaderThatLacksWhatItAcknowledged(t 
 	c.heal()
 	c.isolate(lagI)
 	tr := holdEntries(t, inner, 1)
-	w, err := NewNode(Config{ID: wcfg.ID, RaftAddr: wcfg.RaftAddr, HTTPAddr: wcfg.HTTPAddr, DataDir: wcfg.DataDir, Transport: tr, Logger: quiet})
+	cfg := Config{ID: wcfg.ID, RaftAddr: wcfg.RaftAddr, HTTPAddr: wcfg.HTTPAddr, DataDir: wcfg.DataDir, Transport: tr, Logger: quiet}
+	if peers {
+		cfg.Peers = wcfg.Peers
+	}
+	w, err := NewNode(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.nodes[wipeI] = w
-	// What its --join does; whatever the answer, the leader's
-	// configuration has it as the voter it was.
-	jctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
-	err = l.AddMember(jctx, wcfg.ID, wcfg.RaftAddr, wcfg.HTTPAddr)
-	cancel()
-	t.Logf("the wiped voter's join: %v", err)
+	if peers {
+		// Or, its leader having stepped down first (no quorum heard within
+		// its lease while the wiped node restarted, the lagging one cut
+		// off), to refuse that leader's campaign: the node has heard no
+		// leader since its start, and no vote of its own can be trusted
+		// until it does.
+		waitFor(t, 10*time.Second, "the wiped node to hear the leader", func() bool {
+			return w.watch.first.Load() > 0 || w.watch.refusedVotes.Load() > 0
+		})
+	} else {
+		// What its --join does; whatever the answer, the leader's
+		// configuration has it as the voter it was.
+		jctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		err = l.AddMember(jctx, wcfg.ID, wcfg.RaftAddr, wcfg.HTTPAddr)
+		cancel()
+		t.Logf("the wiped voter's join: %v", err)
+	}
 
 	// The leader goes down; the lagging follower and the wiped node reach
 	// each other, and the wiped node takes entries again.
-	lcfg := l.cfg
+	lcfg, lcfgLast := l.cfg, l.raft.LastIndex()
 	l.Close()
 	c.isolate(li)
 	c.trans[lagI].Connect(inner.LocalAddr(), inner)
 	inner.Connect(c.trans[lagI].LocalAddr(), c.trans[lagI])
+	voted := w.raft.LastIndex() // its log as it starts to vote
 	tr.hold(0)
 	lag := c.nodes[lagI]
 	lacksNothing := func() {
 		t.Helper()
 		for _, n := range []*Node{lag, w} {
 			if n.IsLeader() && n.IndexStats().Entries != k {
-				t.Fatalf("new leader %s holds %d of the %d acknowledged entries", n.cfg.ID, n.IndexStats().Entries, k)
+				t.Fatalf("new leader %s holds %d of the %d acknowledged entries (the wiped voter, back with %s, voted with a log of %d entries, the leader's was at %d)",
+					n.cfg.ID, n.IndexStats().Entries, k, how, voted, lcfgLast)
 			}
 		}
 	}
@@ -2338,113 +2386,6 @@ func retryOnLeaderChange(t *testing.T, c *inmemCluster, op func(*Node) error) {
 			t.Fatal(err)
 		}
 	}
-}
-
-// TestAWipedVoterBackWithPeersCannotElectALeaderThatLacksWhatItAcknowledged:
-// the --join case above, for a voter of a cluster bootstrapped with
-// --peers that lost its data directory (a lost disk) and was started
-// again by its supervisor with its same command line, --peers included
-// (docs/operations.md: "`--peers` bootstraps only a data directory with
-// no Raft state; on later starts it is ignored, so the same command line
-// works for restarts"). On its empty directory --peers bootstraps again:
-// the node is back under its id with a one-entry log, still a voter in
-// the leader's configuration, and votes at once (votesHeld is set only
-// for a directory started to join). With the leader down, its vote
-// elects the lagging follower, which lacks the entries the wiped voter
-// acknowledged: acknowledged writes lost on every node.
-func TestAWipedVoterBackWithPeersCannotElectALeaderThatLacksWhatItAcknowledged(t *testing.T) {
-	c := newInmemCluster(t, 3)
-	li, l := c.leaderExcept(-1)
-	lagI, wipeI := (li+1)%3, (li+2)%3
-	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, "every node to have the worker", func() bool {
-		for _, n := range c.nodes {
-			if len(n.fsm.Workers()) != 1 {
-				return false
-			}
-		}
-		return true
-	})
-	c.isolate(lagI) // a lagging follower
-	const k = 20
-	for i := uint64(1); i <= k; i++ { // acknowledged: on the leader and the follower to be wiped
-		if _, err := l.IngestEvents(ctx(t), []RankBatch{{Rank: r1, Events: chainEvents(r1, i, 1, 1000+i)}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	// The follower is wiped and started again with its command line,
-	// --peers and all; it takes no entry for now (a slow catch-up).
-	wcfg := c.nodes[wipeI].cfg
-	c.nodes[wipeI].Close()
-	if err := os.RemoveAll(wcfg.DataDir); err != nil {
-		t.Fatal(err)
-	}
-	_, inner := raft.NewInmemTransport(raft.ServerAddress(wcfg.RaftAddr))
-	c.trans[wipeI] = inner
-	c.heal()
-	c.isolate(lagI)
-	tr := holdEntries(t, inner, 1)
-	w, err := NewNode(Config{ID: wcfg.ID, RaftAddr: wcfg.RaftAddr, HTTPAddr: wcfg.HTTPAddr, DataDir: wcfg.DataDir,
-		Peers: wcfg.Peers, Transport: tr, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.nodes[wipeI] = w
-	// Or, its leader having stepped down first (no quorum heard within its
-	// lease while the wiped node restarted, the lagging one cut off), to
-	// refuse that leader's campaign: the node has heard no leader since its
-	// start, and no vote of its own can be trusted until it does.
-	waitFor(t, 10*time.Second, "the wiped node to hear the leader", func() bool {
-		return w.watch.first.Load() > 0 || w.watch.refusedVotes.Load() > 0
-	})
-
-	// The leader goes down; the lagging follower and the wiped node reach
-	// each other, and the wiped node takes entries again.
-	lcfg, lcfgLast := l.cfg, l.raft.LastIndex()
-	l.Close()
-	c.isolate(li)
-	c.trans[lagI].Connect(inner.LocalAddr(), inner)
-	inner.Connect(c.trans[lagI].LocalAddr(), c.trans[lagI])
-	voted := w.raft.LastIndex() // its log as it starts to vote
-	tr.hold(0)
-	lag := c.nodes[lagI]
-	lacksNothing := func() {
-		t.Helper()
-		for _, n := range []*Node{lag, w} {
-			if n.IsLeader() && n.IndexStats().Entries != k {
-				t.Fatalf("new leader %s holds %d of the %d acknowledged entries (the wiped voter, back with --peers, voted with a log of %d entries, the leader's was at %d)",
-					n.cfg.ID, n.IndexStats().Entries, k, voted, lcfgLast)
-			}
-		}
-	}
-	waitFor(t, 10*time.Second, "the lagging node to campaign for a while", func() bool {
-		lacksNothing()
-		return tr.votes.Load() >= 5
-	})
-	lacksNothing()
-
-	// The old leader comes back on its data: every node ends holding the
-	// acknowledged entries.
-	_, ltr := raft.NewInmemTransport(raft.ServerAddress(lcfg.RaftAddr))
-	lcfg.Transport, c.trans[li] = ltr, ltr
-	c.heal()
-	back, err := NewNode(lcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.nodes[li] = back
-	waitFor(t, 20*time.Second, "every node to hold the acknowledged entries", func() bool {
-		lacksNothing()
-		for _, n := range c.nodes {
-			if n.IndexStats().Entries != k {
-				return false
-			}
-		}
-		return true
-	})
 }
 
 // TestABootstrappedNodeHoldsVotesOnlyAgainstARanCluster: a node that
