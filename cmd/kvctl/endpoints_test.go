@@ -28,6 +28,13 @@ import (
 // (a stopped or wedged process).
 func hungAddr(t *testing.T) string {
 	t.Helper()
+	return hungAddrTelling(t, nil)
+}
+
+// hungAddrTelling is hungAddr, sending on accepted (when not nil) once
+// per connection it accepts.
+func hungAddrTelling(t *testing.T, accepted chan<- struct{}) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -43,6 +50,9 @@ func hungAddr(t *testing.T) string {
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
+			if accepted != nil {
+				accepted <- struct{}{}
+			}
 		}
 	}()
 	t.Cleanup(func() {
@@ -63,10 +73,15 @@ func runBounded(t *testing.T, d time.Duration, args ...string) result {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	var out, errb bytes.Buffer
-	e := &env{stdout: &out, stderr: &errb, stdin: strings.NewReader(""), inspect: apitest.InspectSnapshot,
-		seed: func(context.Context, string, string, string, []raftfsm.Member) error { return nil }}
-	code := run(ctx, append([]string{"kvctl"}, args...), e)
+	code := run(ctx, append([]string{"kvctl"}, args...), bufferedEnv(&out, &errb))
 	return result{stdout: out.String(), stderr: errb.String(), code: code}
+}
+
+// bufferedEnv is kvctl's environment writing to out and errb, with no
+// input, the fake snapshot inspector and a seed that writes nothing.
+func bufferedEnv(out, errb *bytes.Buffer) *env {
+	return &env{stdout: out, stderr: errb, stdin: strings.NewReader(""), inspect: apitest.InspectSnapshot,
+		seed: func(context.Context, string, string, string, []raftfsm.Member) error { return nil }}
 }
 
 // TestAHungFirstEndpointIsSkipped: a node that accepts connections and

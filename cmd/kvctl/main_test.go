@@ -2323,41 +2323,15 @@ func TestHashesAreDecimalOrHex(t *testing.T) {
 // not answer; check that those nodes run": the operator's Ctrl-C is no
 // node's failure, and the advice sends them after a process that runs.
 func TestAnInterruptEndsStatusAsInterrupted(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	accepted := make(chan struct{}, 16)
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			accepted <- struct{}{}
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
+	addr := hungAddrTelling(t, accepted)
 	for _, output := range []string{"table", "json"} {
 		ctx, cancel := context.WithCancel(context.Background())
 		var out, errb bytes.Buffer
-		e := &env{stdout: &out, stderr: &errb, stdin: strings.NewReader(""), inspect: apitest.InspectSnapshot,
-			seed: func(context.Context, string, string, string, []raftfsm.Member) error { return nil }}
+		e := bufferedEnv(&out, &errb)
 		done := make(chan int, 1)
 		go func() {
-			done <- run(ctx, []string{"kvctl", "--endpoints", ln.Addr().String(), "-o", output, "status"}, e)
+			done <- run(ctx, []string{"kvctl", "--endpoints", addr, "-o", output, "status"}, e)
 		}()
 		select {
 		case <-accepted: // the status request is out, and waits
