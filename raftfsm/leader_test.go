@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -625,6 +626,90 @@ func TestTransferToADownMemberIsUnreachable(t *testing.T) {
 			t.Fatalf("%s no longer leads after the failed transfer (%s)", l.cfg.ID, when)
 		}
 	}
+}
+
+// TestTransferToABlackHoledMemberIsUnreachable: a transfer to a voter
+// whose Raft address takes connections and never answers (black-holed: a
+// host cut off by a firewall that drops its traffic, not one that is down)
+// fails with ErrUnreachable naming it, said at once from the leader's
+// contacts, the leadership in place; not Raft's TimeoutNow RPC left to
+// wait out the transport's timeout or the transfer's election timeout,
+// a context.DeadlineExceeded (outcome unknown) though nothing was sent
+// that it took. The transfer's own context runs far longer than both.
+// From a review: with the leader's down-target check gone,
+// TestTransferToADownMemberIsUnreachable still passed, a stopped target's
+// refused dial being ErrUnreachable as well.
+func TestTransferToABlackHoledMemberIsUnreachable(t *testing.T) {
+	c := newTestCluster(t, 3, steadyTimeouts)
+	l := c.leader()
+	c.converged()
+	to := slices.IndexFunc(c.nodes, func(n *Node) bool { return n != l })
+	c.stop(to)
+	swallowAt(t, c.addrs[to])
+	noticedDown(t, l, c.id(to))
+	cx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	err := l.TransferLeadership(cx, c.id(to))
+	if !errors.Is(err, ErrUnreachable) || errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), c.id(to)) {
+		t.Fatalf("transfer to the black-holed %s: %v, want ErrUnreachable naming it (not a timeout)", c.id(to), err)
+	}
+	if !l.IsLeader() {
+		t.Fatalf("%s no longer leads after the refused transfer", l.cfg.ID)
+	}
+}
+
+// swallowAt listens on addr, a stopped node's Raft address, until the
+// test ends, and takes every connection and all it is sent without ever
+// answering: a dial there connects and an RPC times out, where one to a
+// stopped node's address is refused at once. (blackHole's dial hangs
+// instead, and fails as a dial: Raft's TimeoutNow said so, ErrUnreachable
+// with no check of the leader's.)
+func swallowAt(t *testing.T, addr string) {
+	t.Helper()
+	var ln net.Listener
+	waitFor(t, 5*time.Second, "the port of "+addr+" to be free", func() bool {
+		var err error
+		ln, err = net.Listen("tcp", addr)
+		return err == nil
+	})
+	var (
+		mu     sync.Mutex
+		conns  []net.Conn
+		closed bool
+		wg     sync.WaitGroup
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			cn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			if closed {
+				cn.Close()
+			} else {
+				conns = append(conns, cn)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, _ = io.Copy(io.Discard, cn)
+				}()
+			}
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		closed = true
+		for _, cn := range conns {
+			cn.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
 }
 
 // lostTimeoutNow is a transport whose TimeoutNow RPCs reach their target

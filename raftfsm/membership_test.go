@@ -2388,6 +2388,29 @@ func retryOnLeaderChange(t *testing.T, c *inmemCluster, op func(*Node) error) {
 	}
 }
 
+// TestALoneBootstrappedNodeVotesOnceReady: a lone node bootstrapped
+// from --peers holds its votes (bootHoldKey) and, as a leader, never takes
+// an AppendEntries that could end the hold (holdsThrough; it has heard no
+// leader commit index at all): its readiness ends it (Node.checkReady),
+// and the hold is forgotten. From a review: with checkReady's
+// releaseVotes gone, only TestABootstrappedNodeHoldsVotesOnlyAgainstARanCluster
+// failed, through its first leader, a side of what it checks.
+func TestALoneBootstrappedNodeVotesOnceReady(t *testing.T) {
+	c := newInmemCluster(t, 1)
+	_, n := c.leaderExcept(-1)
+	if n.watch.bootIndex.Load() != bootstrapIndex {
+		t.Fatalf("the lone node's bootstrap index is %d, want %d: it did not start holding its votes", n.watch.bootIndex.Load(), bootstrapIndex)
+	}
+	waitFor(t, 10*time.Second, "the lone node to be ready, forget its bootstrap's hold and vote again", func() bool {
+		v, err := n.logs.Get(bootHoldKey)
+		forgot := err == nil && len(v) == 0 || errors.Is(err, store.ErrKeyNotFound)
+		return n.ready.Load() && forgot && !n.watch.votesHeld.Load()
+	})
+	if lc := n.watch.leaderCommit(); lc != 0 {
+		t.Fatalf("the lone leader heard a leader commit index %d: holdsThrough may have ended its hold", lc)
+	}
+}
+
 // TestABootstrappedNodeHoldsVotesOnlyAgainstARanCluster: a node that
 // bootstrapped from --peers holds its votes (bootIndex) but lets through a
 // candidate whose log ends at the bootstrap entry (a fresh cluster's first
