@@ -39,17 +39,23 @@ func logsEqual(a, b *raft.Log) bool {
 		a.AppendedAt.Equal(b.AppendedAt)
 }
 
-func mustBounds(t *testing.T, s *LogStore, wantFirst, wantLast uint64) {
+// bounds is s's first and last index.
+func bounds(t *testing.T, s *LogStore) (first, last uint64) {
 	t.Helper()
 	first, err := s.FirstIndex()
 	if err != nil {
 		t.Fatalf("FirstIndex: %v", err)
 	}
-	last, err := s.LastIndex()
+	last, err = s.LastIndex()
 	if err != nil {
 		t.Fatalf("LastIndex: %v", err)
 	}
-	if first != wantFirst || last != wantLast {
+	return first, last
+}
+
+func mustBounds(t *testing.T, s *LogStore, wantFirst, wantLast uint64) {
+	t.Helper()
+	if first, last := bounds(t, s); first != wantFirst || last != wantLast {
 		t.Fatalf("bounds = [%d, %d], want [%d, %d]", first, last, wantFirst, wantLast)
 	}
 }
@@ -625,14 +631,7 @@ func TestCachedBoundsMoveWithTheDataUnderConcurrentWriters(t *testing.T) {
 	if failed != nil {
 		t.Fatal(failed)
 	}
-	first, err := s.FirstIndex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	last, err := s.LastIndex()
-	if err != nil {
-		t.Fatal(err)
-	}
+	first, last := bounds(t, s)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
