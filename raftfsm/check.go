@@ -2,7 +2,11 @@ package raftfsm
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"time"
+
+	"github.com/hashicorp/raft"
 )
 
 // Replica digest checks.
@@ -31,6 +35,25 @@ import (
 // A node that does not know the check command (an older build) skips the
 // entry as undecodable, which changes nothing; so checks need no upgrade
 // order.
+//
+// Configuration checks. Every node started with --peers on an empty
+// directory writes its own first log entry, the configuration of its
+// peers, at index 1 and term 1 (raft.BootstrapCluster). Raft takes two
+// such entries for the same entry, so nodes started with different
+// --peers lists ran with different configurations, silently: one that
+// listed a fourth, nonexistent voter counted quorums of three out of
+// four. So the first leader of a cluster whose configuration is still its
+// bootstrap's (Node.checkBootstrap) proposes a check that also carries
+// its configuration and that entry's index; a replica applying it reads
+// the entry at that index of its own log and, if it differs (other ids,
+// addresses or suffrages), counts kvrouter_configuration_mismatch_total
+// and logs an error naming both lists. The leader then writes its
+// configuration again as a new entry, which every node takes: the
+// cluster agrees on one configuration, the leader's, and the nodes that
+// logged the error say which servers it lists that their flags did not,
+// and the reverse. A replica whose log no longer holds the entry (a
+// snapshot replaced it) compares nothing. An older build skips such a
+// check (its decoder finds trailing bytes).
 
 // CheckPoint is a replica's digest right after it applied a check entry.
 type CheckPoint struct {
@@ -42,6 +65,9 @@ type CheckPoint struct {
 type CheckResult struct {
 	Compared bool // the carried digest was of this replica's last check
 	Match    bool // compared and equal
+
+	ConfigCompared bool // a configuration was carried and this log held its entry
+	ConfigMatch    bool // compared and equal
 }
 
 // LastCheck returns the last check entry this FSM applied, and the digest
@@ -50,6 +76,72 @@ func (f *FSM) LastCheck() CheckPoint {
 	f.checkMu.Lock()
 	defer f.checkMu.Unlock()
 	return f.lastCheck
+}
+
+// ConfigMismatches returns how many configuration checks found this
+// node's Raft configuration entry differing from the leader's, since it
+// started.
+func (f *FSM) ConfigMismatches() uint64 { return f.configMismatches.Load() }
+
+// checkConfig compares servers, the leader's configuration at index, with
+// the entry at index of this node's log (see the file comment): whether
+// it compared, and whether they are equal. A difference is logged and
+// counted.
+func (f *FSM) checkConfig(index uint64, servers []raft.Server) (compared, match bool) {
+	if f.configAt == nil {
+		return false, false
+	}
+	own, ok := f.configAt(index)
+	if !ok {
+		return false, false
+	}
+	onlyOwn, onlyLeader := configDiff(own, servers)
+	if len(onlyOwn) == 0 && len(onlyLeader) == 0 {
+		return true, true
+	}
+	f.configMismatches.Add(1)
+	f.logger.Error("this node's Raft configuration differs from the leader's at the same log index: the nodes were started "+
+		"with different --peers; the cluster now takes the leader's configuration. If the leader's is wrong, remove the "+
+		"servers it lists in error and add the missing ones (kvctl members remove|add); give every node the same --peers",
+		"index", index, "this_node", serverList(own), "leader", serverList(servers),
+		"only_this_node", strings.Join(onlyOwn, ","), "only_leader", strings.Join(onlyLeader, ","))
+	return true, false
+}
+
+// configDiff returns the servers of a that b does not list as they are
+// in a (same id, suffrage and address, as dialled: SameRaftAddr), and the
+// reverse, each as id@address.
+func configDiff(a, b []raft.Server) (onlyA, onlyB []string) {
+	missing := func(x, y []raft.Server) []string {
+		var out []string
+		for _, s := range x {
+			if !slices.ContainsFunc(y, func(t raft.Server) bool {
+				return t.ID == s.ID && t.Suffrage == s.Suffrage && SameRaftAddr(string(t.Address), string(s.Address))
+			}) {
+				out = append(out, serverString(s))
+			}
+		}
+		return out
+	}
+	return missing(a, b), missing(b, a)
+}
+
+// serverList writes a configuration's servers as id@address, a
+// non-voter's with its suffrage, comma-separated in id order.
+func serverList(servers []raft.Server) string {
+	out := make([]string, 0, len(servers))
+	for _, s := range servers {
+		out = append(out, serverString(s))
+	}
+	slices.Sort(out)
+	return strings.Join(out, ",")
+}
+
+func serverString(s raft.Server) string {
+	if s.Suffrage != raft.Voter {
+		return fmt.Sprintf("%s@%s(%s)", s.ID, s.Address, s.Suffrage)
+	}
+	return fmt.Sprintf("%s@%s", s.ID, s.Address)
 }
 
 // DigestChecks returns how many check entries compared a digest, and how
@@ -66,6 +158,9 @@ func (f *FSM) applyCheck(c *command, index uint64) CheckResult {
 	f.lastCheck = CheckPoint{Index: index, Digest: own}
 	f.checkMu.Unlock()
 	var res CheckResult
+	if c.configIndex != 0 {
+		res.ConfigCompared, res.ConfigMatch = f.checkConfig(c.configIndex, c.config)
+	}
 	if c.checkIndex == 0 || c.checkIndex != prev.Index {
 		return res
 	}

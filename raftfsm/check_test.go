@@ -1,10 +1,16 @@
 package raftfsm
 
 import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/internal/testlog"
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
@@ -142,5 +148,183 @@ func TestEventOutcomesAreCounted(t *testing.T) {
 	}
 	if got := count(kvevent.KindStored, outcomeGap); got != 2 {
 		t.Errorf("events after the gap %d, want 2", got)
+	}
+}
+
+// TestConfigCheckComparesTheEntryAtItsIndex: a check carrying the
+// leader's configuration compares it with the entry at the same index of
+// each replica's log: equal ids, suffrages and addresses as dialled
+// match; another server, a missing one or another suffrage is a
+// mismatch, counted; a log without the entry compares nothing. The
+// digest part of the check works as before.
+func TestConfigCheckComparesTheEntryAtItsIndex(t *testing.T) {
+	voters := func(ids ...string) []raft.Server {
+		var out []raft.Server
+		for i, id := range ids {
+			out = append(out, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(fmt.Sprintf("127.0.0.1:%d", 7000+i))})
+		}
+		return out
+	}
+	leader := voters("n1", "n2", "n3")
+	written := voters("n1", "n2", "n3")
+	written[2].Address = "127.0.0.1:07002" // the same address, written otherwise
+	nonvoter := voters("n1", "n2", "n3")
+	nonvoter[2].Suffrage = raft.Nonvoter
+	for _, tc := range []struct {
+		name          string
+		own           []raft.Server // nil: no entry at the index
+		compared, ok  bool
+		wantMismatchs uint64
+	}{
+		{"the same list", voters("n1", "n2", "n3"), true, true, 0},
+		{"the same addresses, written otherwise", written, true, true, 0},
+		{"a fourth voter", voters("n1", "n2", "n3", "n4"), true, false, 1},
+		{"one voter fewer", voters("n1", "n2"), true, false, 1},
+		{"another suffrage", nonvoter, true, false, 1},
+		{"no entry at the index", nil, false, false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := openTestFSM(t, t.TempDir())
+			defer f.Close()
+			var logs testlog.Buffer
+			f.logger = slog.New(slog.NewTextHandler(&logs, nil))
+			f.configAt = func(index uint64) ([]raft.Server, bool) {
+				if index != 1 || tc.own == nil {
+					return nil, false
+				}
+				return tc.own, true
+			}
+			var w logWriter
+			r, _ := f.ApplyBatch([]*raft.Log{w.next(encodeConfigCheck(5, 0, 0, 1, leader))})[0].(CheckResult)
+			if r.ConfigCompared != tc.compared || r.ConfigMatch != tc.ok {
+				t.Fatalf("check result %+v, want compared %v, match %v", r, tc.compared, tc.ok)
+			}
+			if got := f.ConfigMismatches(); got != tc.wantMismatchs {
+				t.Fatalf("%d configuration mismatches counted, want %d", got, tc.wantMismatchs)
+			}
+			lines := logs.Lines("different --peers")
+			if tc.wantMismatchs == 0 && len(lines) > 0 {
+				t.Fatalf("an error logged without a mismatch: %q", lines)
+			}
+			if tc.wantMismatchs > 0 && (len(lines) != 1 || !strings.Contains(lines[0], "127.0.0.1:7000,n2@127.0.0.1:7001")) {
+				t.Fatalf("the mismatch logged as %q, want one error naming both lists", lines)
+			}
+			if f.LastCheck().Index == 0 {
+				t.Fatal("the check's digest was not noted")
+			}
+		})
+	}
+}
+
+// TestConfigCheckEncoding: a configuration check decodes to what was
+// encoded; a plain check carries none; a configuration of no servers, of
+// an unknown suffrage or cut short is refused as malformed.
+func TestConfigCheckEncoding(t *testing.T) {
+	servers := []raft.Server{
+		{Suffrage: raft.Voter, ID: "n1", Address: "127.0.0.1:7000"},
+		{Suffrage: raft.Nonvoter, ID: "n2", Address: "host-2:7000"},
+	}
+	c, err := decodeCommand(encodeConfigCheck(9, 4, 0xabc, 1, servers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.typ != cmdCheck || c.checkIndex != 4 || c.checkDigest != 0xabc || c.configIndex != 1 || !slices.Equal(c.config, servers) {
+		t.Fatalf("decoded %+v", c)
+	}
+	if c, err := decodeCommand(encodeCheck(9, 4, 0xabc)); err != nil || c.configIndex != 0 || c.config != nil {
+		t.Fatalf("a plain check decoded as %+v, %v", c, err)
+	}
+	bad := encodeConfigCheck(9, 4, 0xabc, 1, servers)
+	bad[len(bad)-1] = 7 // the last server's suffrage
+	full := encodeConfigCheck(9, 4, 0xabc, 1, servers)
+	for name, b := range map[string][]byte{
+		"no servers":      encodeConfigCheck(9, 4, 0xabc, 1, nil),
+		"index 0":         encodeConfigCheck(9, 4, 0xabc, 0, servers),
+		"a bad suffrage":  bad,
+		"cut short":       full[:len(full)-3],
+		"a trailing byte": append(slices.Clone(full), 0),
+	} {
+		if _, err := decodeCommand(b); !errors.Is(err, ErrBadCommand) {
+			t.Errorf("%s: decoded with %v, want ErrBadCommand", name, err)
+		}
+	}
+}
+
+// TestNodesStartedWithDifferentPeersTakeTheLeadersConfiguration: Raft
+// takes the bootstrap entries of nodes started with different --peers for
+// the same entry, and the nodes used to run with different
+// configurations for good (one counting quorums among four voters, the
+// others among three). Now the first leader's configuration is written
+// again for every node to take, and each node whose own bootstrap listed
+// other servers counts the mismatch. In the first case a follower's list
+// has a fourth voter: n1 and n2 elect a leader before it starts. In the
+// second the odd node starts with the others and campaigns first (its
+// election timeout is short), so it likely leads and its list, with the
+// fourth voter, becomes the cluster's; whoever leads, every node ends with
+// the same configuration, and exactly those whose list differs from it
+// count a mismatch.
+func TestNodesStartedWithDifferentPeersTakeTheLeadersConfiguration(t *testing.T) {
+	n4 := Member{ID: "n4", RaftAddr: "127.0.0.1:1", HTTPAddr: "http-n4"}
+	for _, tc := range []struct {
+		name      string
+		staggered bool // n3 starts once n1 and n2 have a leader
+	}{
+		{"a follower's list differs", true},
+		{"the campaigning node's list differs", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, trs := newUnstartedCluster(t, 3, func(cfg *Config) {
+				cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = time.Second, time.Second, 500*time.Millisecond
+				if cfg.ID == "n3" {
+					cfg.Peers = append(slices.Clone(cfg.Peers), n4)
+					if !tc.staggered {
+						cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 50*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
+					}
+				}
+			})
+			c.startOn(0, trs[0])
+			c.startOn(1, trs[1])
+			if tc.staggered {
+				c.leader()
+			}
+			c.startOn(2, trs[2])
+			l := c.leader()
+			t.Logf("%s leads", l.cfg.ID)
+			// The configuration every node runs with, once it took the
+			// leader's again: the leader's own, past the bootstrap.
+			// Every node has applied the configuration check, which follows
+			// the configuration written again.
+			waitFor(t, 20*time.Second, "every node to apply the leader's configuration check", func() bool {
+				lc := l.fsm.LastCheck().Index
+				for _, n := range c.nodes {
+					if lc == 0 || n.fsm.LastCheck().Index < lc {
+						return false
+					}
+				}
+				return true
+			})
+			final := l.raft.GetConfiguration().Configuration()
+			for _, n := range c.nodes {
+				if got := n.raft.GetConfiguration().Configuration(); serverList(got.Servers) != serverList(final.Servers) {
+					t.Errorf("%s runs with %s, the leader with %s", n.cfg.ID, serverList(got.Servers), serverList(final.Servers))
+				}
+				boot, ok := n.configEntry(bootstrapIndex)
+				if !ok {
+					t.Fatalf("%s's log holds no bootstrap entry", n.cfg.ID)
+				}
+				var want uint64
+				if serverList(boot) != serverList(final.Servers) {
+					want = 1
+				}
+				if got := n.fsm.ConfigMismatches(); got != want {
+					t.Errorf("%s bootstrapped with %s, the cluster runs with %s: %d mismatches counted, want %d",
+						n.cfg.ID, serverList(boot), serverList(final.Servers), got, want)
+				}
+			}
+			has4 := slices.ContainsFunc(final.Servers, func(s raft.Server) bool { return s.ID == "n4" })
+			if tc.staggered && has4 {
+				t.Errorf("the leader of n1 and n2 took n3's list: %s", serverList(final.Servers))
+			}
+		})
 	}
 }

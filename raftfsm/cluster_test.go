@@ -45,6 +45,17 @@ type testCluster struct {
 
 func newTestCluster(t *testing.T, n int, tune func(*Config)) *testCluster {
 	t.Helper()
+	c, trs := newUnstartedCluster(t, n, tune)
+	for i := 0; i < n; i++ {
+		c.startOn(i, trs[i])
+	}
+	return c
+}
+
+// newUnstartedCluster returns a cluster of n nodes, none started, and the
+// transport each is to start on (startOn).
+func newUnstartedCluster(t *testing.T, n int, tune func(*Config)) (*testCluster, []*raft.NetworkTransport) {
+	t.Helper()
 	c := &testCluster{t: t, tune: tune}
 	base := t.TempDir()
 	trs := make([]*raft.NetworkTransport, n)
@@ -55,10 +66,7 @@ func newTestCluster(t *testing.T, n int, tune func(*Config)) *testCluster {
 		c.nodes = append(c.nodes, nil)
 	}
 	t.Cleanup(c.close)
-	for i := 0; i < n; i++ {
-		c.startOn(i, trs[i])
-	}
-	return c
+	return c, trs
 }
 
 func (c *testCluster) id(i int) string { return fmt.Sprintf("n%d", i+1) }

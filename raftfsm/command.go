@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/kvevent"
 )
@@ -82,8 +83,12 @@ type command struct {
 	// cmdMember / cmdMemberGone
 	member Member
 	// cmdCheck: the proposer's digest after it applied the check entry at
-	// checkIndex (0: it has none to compare).
+	// checkIndex (0: it has none to compare); and, from a leader whose
+	// configuration is still the one it bootstrapped (Node.checkBootstrap),
+	// that configuration and its log index (0: none carried).
 	checkIndex, checkDigest uint64
+	configIndex             uint64
+	config                  []raft.Server
 }
 
 type bookKind uint8
@@ -554,6 +559,27 @@ func encodeCheck(now int64, index, digest uint64) []byte {
 	return e.b
 }
 
+// encodeConfigCheck encodes a digest check (encodeCheck) that also carries
+// the proposer's Raft configuration, the entry at configIndex of its log:
+// each replica compares it with the entry at that index of its own log
+// (FSM.applyCheck). The fields follow the digest's, so a build that reads
+// only those skips the entry as undecodable (trailing bytes), which
+// changes nothing.
+func encodeConfigCheck(now int64, index, digest, configIndex uint64, servers []raft.Server) []byte {
+	var e enc
+	encodeHeader(&e, cmdCheck, now)
+	e.uv(index)
+	e.u64(digest)
+	e.uv(configIndex)
+	e.uv(uint64(len(servers)))
+	for _, s := range servers {
+		e.str(string(s.ID))
+		e.str(string(s.Address))
+		e.u8(uint8(s.Suffrage))
+	}
+	return e.b
+}
+
 func encodeSettings(now int64, s *Settings) []byte {
 	var e enc
 	encodeHeader(&e, cmdSettings, now)
@@ -680,6 +706,25 @@ func decodeCommandInto(b []byte, sc *decodeScratch) (command, error) {
 	case cmdCheck:
 		c.checkIndex = d.uv("check index")
 		c.checkDigest = d.u64("check digest")
+		if d.err == nil && d.off < len(d.b) {
+			c.configIndex = d.uv("check configuration index")
+			// Three bytes at least per server: two lengths and a suffrage.
+			n := d.count("check configuration servers", 3)
+			c.config = make([]raft.Server, 0, n)
+			for range n {
+				s := raft.Server{ID: raft.ServerID(d.str("server id")), Address: raft.ServerAddress(d.str("server address"))}
+				switch v := d.u8("server suffrage"); raft.ServerSuffrage(v) {
+				case raft.Voter, raft.Nonvoter, raft.Staging:
+					s.Suffrage = raft.ServerSuffrage(v)
+				default:
+					d.fail("server suffrage")
+				}
+				c.config = append(c.config, s)
+			}
+			if d.err == nil && (c.configIndex == 0 || n == 0) {
+				d.fail("check configuration (an index and at least one server)")
+			}
+		}
 	default:
 		// A full header of a type this build does not know: a later
 		// build's command (a truncated header is garbled).

@@ -149,6 +149,12 @@ type FSM struct {
 	lastCheck        CheckPoint
 	checksCompared   atomic.Uint64
 	digestMismatches atomic.Uint64
+	// configAt reads the Raft configuration entry at an index of this
+	// node's log (false: none there, or not readable); set by the node
+	// before Raft starts. configMismatches counts the checks whose carried
+	// configuration differed from it (applyCheck).
+	configAt         func(index uint64) ([]raft.Server, bool)
+	configMismatches atomic.Uint64
 	applySeconds     prometheus.Histogram
 	persistSeconds   prometheus.Histogram
 	restoreSeconds   atomic.Uint64

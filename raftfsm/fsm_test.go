@@ -1001,6 +1001,9 @@ func FuzzDecodeCommand(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add(encodeRegister(1, &WorkerInfo{ID: 1, BlockSize: 16, Capacity: [4]int64{math.MaxInt64, 1, 0, 0}}))
+	f.Add(encodeCheck(1, 3, 0xfeed))
+	f.Add(encodeConfigCheck(1, 3, 0xfeed, 1, []raft.Server{{Suffrage: raft.Voter, ID: "n1", Address: "127.0.0.1:7000"},
+		{Suffrage: raft.Nonvoter, ID: "n2", Address: "127.0.0.1:7001"}}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := decodeCommand(b)
 		if err != nil {

@@ -25,6 +25,7 @@ type Collector struct {
 	workerBlocks, workerSilent, workerPrefill, workerDecode *prometheus.Desc
 	checks, mismatches, stalls, workerBusy, indexMemory     *prometheus.Desc
 	eventsApplied, forcedCompactions, applyHalted           *prometheus.Desc
+	configMismatches                                        *prometheus.Desc
 }
 
 // NewCollector returns the collector of node n.
@@ -61,10 +62,12 @@ func NewCollector(n *Node) *Collector {
 		workerDecode:    d("worker_active_decode_blocks", "Distinct KV blocks the worker's live requests hold.", "worker"),
 		checks:          d("state_digest_checks_total", "Replica digest checks that compared this node's digest with the leader's, since it started."),
 		mismatches:      d("state_digest_mismatch_total", "Replica digest checks that found this node's state differing from the leader's: its state has diverged."),
-		eventsApplied:   d("events_applied_total", "Events of event batches this node's state machine took, by op, tier and outcome (applied, duplicate, gap: after a gap in its batch, malformed, fenced: in a batch of another publisher incarnation than the rank's last dump), since it started.", "op", "tier", "outcome"),
-		indexMemory:     d("index_memory_bytes", "Estimated bytes the in-memory index holds (nodes, holders, engine-hash maps, orphan buffers)."),
-		workerBusy:      d("worker_busy", "1 when every rank of the worker is over a busy threshold of the scoring settings (it takes no routes), 0 while one is not.", "worker"),
-		stalls:          d("store_write_stall_seconds_total", "Seconds Pebble held writes back (memtables waiting for a flush, or too many level 0 sublevels), by store: raft (log), fsm (state).", "store"),
+		configMismatches: d("configuration_mismatch_total", "Configuration checks that found this node's Raft configuration entry differing from the leader's at the same log index, "+
+			"since it started: the nodes were bootstrapped with different --peers."),
+		eventsApplied: d("events_applied_total", "Events of event batches this node's state machine took, by op, tier and outcome (applied, duplicate, gap: after a gap in its batch, malformed, fenced: in a batch of another publisher incarnation than the rank's last dump), since it started.", "op", "tier", "outcome"),
+		indexMemory:   d("index_memory_bytes", "Estimated bytes the in-memory index holds (nodes, holders, engine-hash maps, orphan buffers)."),
+		workerBusy:    d("worker_busy", "1 when every rank of the worker is over a busy threshold of the scoring settings (it takes no routes), 0 while one is not.", "worker"),
+		stalls:        d("store_write_stall_seconds_total", "Seconds Pebble held writes back (memtables waiting for a flush, or too many level 0 sublevels), by store: raft (log), fsm (state).", "store"),
 
 		applyHalted: d("apply_halted", "1 while this node's state machine is halted at a Raft entry a later build wrote, which it cannot read: it applies nothing until it is upgraded."),
 		forcedCompactions: d("raft_forced_compactions_total", "Times this node, leading, compacted its whole Raft log because a follower's log could not take the leader's "+
@@ -78,7 +81,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.nodes, c.entries, c.orphans, c.needResync, c.malformed, c.unknownRemoves, c.workers, c.ready,
 		c.leaderChanges, c.readySeconds, c.restoreSeconds, c.diskBytes, c.bookings, c.bookingsExpired,
 		c.workerBlocks, c.workerSilent, c.workerPrefill, c.workerDecode, c.checks, c.mismatches, c.stalls, c.workerBusy, c.indexMemory, c.eventsApplied,
-		c.forcedCompactions, c.applyHalted} {
+		c.forcedCompactions, c.applyHalted, c.configMismatches} {
 		ch <- d
 	}
 	c.n.fsm.applySeconds.Describe(ch)
@@ -153,6 +156,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	compared, mismatched := f.DigestChecks()
 	ch <- prometheus.MustNewConstMetric(c.checks, prometheus.CounterValue, float64(compared))
 	ch <- prometheus.MustNewConstMetric(c.mismatches, prometheus.CounterValue, float64(mismatched))
+	ch <- prometheus.MustNewConstMetric(c.configMismatches, prometheus.CounterValue, float64(c.n.fsm.ConfigMismatches()))
 	ch <- prometheus.MustNewConstMetric(c.stalls, prometheus.CounterValue, n.logStalls.Seconds(), "raft")
 	ch <- prometheus.MustNewConstMetric(c.stalls, prometheus.CounterValue, f.stalls.Seconds(), "fsm")
 	f.applySeconds.Collect(ch)

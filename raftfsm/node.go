@@ -362,6 +362,7 @@ func (n *Node) startRaft() error {
 	// The FSM marks its own snapshots in the store, apart from installs
 	// and user restores (snapshotStore).
 	n.fsm.snaps = snaps
+	n.fsm.configAt = n.configEntry
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
@@ -1644,6 +1645,7 @@ func (n *Node) onLeadership() {
 		}
 		return
 	}
+	n.checkBootstrap()
 	// The member table gets this node's own entry as it runs now, and the
 	// entry of each bootstrap peer that it lacks while that peer is still
 	// a voter: the first leader of a new cluster records them all. A peer's
@@ -1708,6 +1710,64 @@ func (n *Node) onLeadership() {
 	}
 	n.ledTerm.Store(term)
 	n.logger.Info("leading", "term", term)
+}
+
+// checkBootstrap runs at a leadership set-up, after the Barrier. While
+// the cluster's configuration is still the one its nodes bootstrapped
+// (the entry at bootstrapIndex), each node's is its own --peers: Raft
+// takes two bootstrap entries for the same entry whatever they list
+// (check.go, "Configuration checks"). So the leader writes its
+// configuration again as a new entry (an AddVoter of itself at its
+// address, on condition that the configuration is still the bootstrap's),
+// which every node takes: from then on they all run with the leader's.
+// Then it proposes a check carrying the bootstrap entry, which each
+// replica compares with its own. Raft does not say at which index its
+// configuration was written (GetConfiguration's Index is 0), so the
+// leader tries only while its log holds the bootstrap entry and its
+// configuration is that entry's; Raft's condition refuses the rest (a
+// configuration changed and changed back). A lone node's configuration
+// is not written again: no other node bootstrapped with it. A failure is
+// logged; the next leadership set-up tries again.
+func (n *Node) checkBootstrap() {
+	if first, err := n.logs.FirstIndex(); err != nil || first != bootstrapIndex {
+		return
+	}
+	boot, ok := n.configEntry(bootstrapIndex)
+	cf := n.raft.GetConfiguration()
+	if !ok || cf.Error() != nil || serverList(boot) != serverList(cf.Configuration().Servers) {
+		return
+	}
+	self := slices.IndexFunc(boot, func(s raft.Server) bool { return string(s.ID) == n.cfg.ID && s.Suffrage == raft.Voter })
+	if len(boot) < 2 || self < 0 {
+		return
+	}
+	f := n.raft.AddVoter(boot[self].ID, boot[self].Address, bootstrapIndex, n.cfg.ApplyTimeout)
+	if err := n.await(context.Background(), f); err != nil {
+		if !errors.Is(err, raft.ErrRaftShutdown) {
+			n.logger.Debug("the bootstrap configuration was not written again (changed since, or leadership lost)", "err", err)
+		}
+		return
+	}
+	n.logger.Info("wrote the bootstrap configuration again, for every node to take", "index", f.Index(), "servers", serverList(boot))
+	last := n.fsm.LastCheck()
+	n.raft.Apply(encodeConfigCheck(now(), last.Index, last.Digest, bootstrapIndex, boot), n.cfg.ApplyTimeout)
+}
+
+// configEntry returns the servers of the configuration entry at index of
+// this node's log; false when there is none there or it cannot be read
+// (FSM.configAt).
+func (n *Node) configEntry(index uint64) (servers []raft.Server, ok bool) {
+	var l raft.Log
+	if err := n.logs.GetLog(index, &l); err != nil || l.Type != raft.LogConfiguration {
+		return nil, false
+	}
+	// raft.DecodeConfiguration panics on bytes it cannot decode.
+	defer func() {
+		if recover() != nil {
+			servers, ok = nil, false
+		}
+	}()
+	return raft.DecodeConfiguration(l.Data).Servers, true
 }
 
 // ledThisTerm reports whether this term's leadership set-up finished.
