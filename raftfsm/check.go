@@ -40,18 +40,15 @@ import (
 // directory writes its own first log entry, the configuration of its
 // peers, at index 1 and term 1 (raft.BootstrapCluster). Raft takes two
 // such entries for the same entry, so nodes started with different
-// --peers lists ran with different configurations, silently: one that
-// listed a fourth, nonexistent voter counted quorums of three out of
-// four. So the first leader of a cluster whose configuration is still its
-// bootstrap's (Node.checkBootstrap) proposes a check that also carries
-// its configuration and that entry's index; a replica applying it reads
-// the entry at that index of its own log and, if it differs (other ids,
-// addresses or suffrages), counts kvrouter_configuration_mismatch_total
-// and logs an error naming both lists. The leader then writes its
-// configuration again as a new entry, which every node takes: the
-// cluster agrees on one configuration, the leader's, and the nodes that
-// logged the error say which servers it lists that their flags did not,
-// and the reverse. A replica whose log no longer holds the entry (a
+// --peers lists run with different configurations, silently: one that
+// listed a fourth, nonexistent voter counts quorums of three out of four,
+// and dials a peer at the address its own list gave. So a leader whose
+// configuration is still its bootstrap entry (Node.checkBootstrap)
+// proposes a check that also carries that entry and its index; a replica
+// applying it reads the entry at that index of its own log and, if it
+// differs (other ids, suffrages or addresses, as dialled), counts
+// kvrouter_configuration_mismatch_total and logs an error naming both
+// lists and what to do. A replica whose log no longer holds the entry (a
 // snapshot replaced it) compares nothing. An older build skips such a
 // check (its decoder finds trailing bytes).
 
@@ -101,8 +98,9 @@ func (f *FSM) checkConfig(index uint64, servers []raft.Server) (compared, match 
 	}
 	f.configMismatches.Add(1)
 	f.logger.Error("this node's Raft configuration differs from the leader's at the same log index: the nodes were started "+
-		"with different --peers; the cluster now takes the leader's configuration. If the leader's is wrong, remove the "+
-		"servers it lists in error and add the missing ones (kvctl members remove|add); give every node the same --peers",
+		"with different --peers, and each runs with its own list. If the leader's list is right, stop this node, empty its "+
+		"data directory and start it again with the leader's --peers; if this node's is, change the leader's configuration "+
+		"(kvctl members remove|add), which every node takes",
 		"index", index, "this_node", serverList(own), "leader", serverList(servers),
 		"only_this_node", strings.Join(onlyOwn, ","), "only_leader", strings.Join(onlyLeader, ","))
 	return true, false
