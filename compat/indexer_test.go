@@ -376,3 +376,17 @@ func TestWorkerIDKeepsModelAndTenantApart(t *testing.T) {
 		t.Errorf("instances 1 and 2 of one namespace: %#x, %#x", a, b)
 	}
 }
+
+// TestRouterErrorsAnswerInTheRequestsEncoding: docs/compat.md, "the
+// answer uses the request's encoding". A MessagePack client that sends a
+// route the wrong method (or a path none serves) gets its error in
+// MessagePack, as it gets every other error of the API.
+func TestRouterErrorsAnswerInTheRequestsEncoding(t *testing.T) {
+	n := startNode(t)
+	for _, c := range []struct{ method, path string }{{"PUT", "/register"}, {"GET", "/query"}, {"GET", "/selection/select"}} {
+		r := n.do(t, codecMsgpack, c.method, c.path, []byte{0x80})
+		if r.code < 400 || r.ctype != contentMsgpack {
+			t.Errorf("%s %s in MessagePack: %d %s %q, want an error in %s", c.method, c.path, r.code, r.ctype, r.body, contentMsgpack)
+		}
+	}
+}

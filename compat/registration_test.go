@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/limits"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -778,5 +779,59 @@ func TestNamesOfInvalidUTF8AreRefused(t *testing.T) {
 	}
 	if len(m) != 2 {
 		t.Errorf("two namespaces, %d keys in the JSON dump: %s", len(m), r.body)
+	}
+}
+
+// TestEventsAndPatchRefuseOverlongNames: docs/compat.md, "Strings are
+// bounded as on /v1 ... and a request past a bound is a 400 that writes
+// nothing: ... model names, tenants (routing groups) ... at most 1024
+// bytes of valid UTF-8". POST /events and PATCH /selection/workers/{id}
+// name a model and a tenant or group in their bodies too; past the bound
+// they are a 400 that says so, as /register, /query and /select answer,
+// not a 404 "not registered" that echoes the whole name back.
+func TestEventsAndPatchRefuseOverlongNames(t *testing.T) {
+	n := startNode(t)
+	big := strings.Repeat("x", limits.MaxNameLen+1)
+	mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557",
+		ModelName: "llama", BlockSize: 4, Agentless: ptr(false)}), 201, "register")
+	cleared := []Event{{EventID: 1, Type: "cleared"}}
+	want400 := func(r reply, what string) {
+		t.Helper()
+		if r.code != 400 {
+			t.Errorf("%s: status %d, want 400: %.120s…", what, r.code, r.body)
+		}
+	}
+	want400(n.do(t, codecJSON, "POST", "/events", EventsRequest{InstanceID: 1, ModelName: big, Events: cleared}),
+		"/events with a model_name past the bound")
+	want400(n.do(t, codecJSON, "POST", "/events", EventsRequest{InstanceID: 1, TenantID: big, Events: cleared}),
+		"/events with a tenant_id past the bound")
+	want400(n.do(t, codecMsgpack, "POST", "/events", EventsRequest{InstanceID: 1, ModelName: "m\xff", Events: cleared}),
+		"/events with a model_name not valid UTF-8")
+	want400(n.do(t, codecJSON, "PATCH", "/selection/workers/1", WorkerPatch{ModelName: big}),
+		"PATCH with a model_name past the bound")
+	if c := n.node.Cursor(kvevent.Rank{Worker: WorkerID(1, "llama", DefaultTenant)}); c != 0 {
+		t.Fatalf("refused posts moved the cursor to %d", c)
+	}
+}
+
+// TestRegisterConflictOfAnotherReplayEndpointNamesIt: docs/compat.md,
+// POST /register: "the same rank with another endpoint ... is 409". A
+// rank registered with one replay_endpoint and registered again with
+// another is a 409 (pinned here: the replay endpoint's comparison had no
+// test), and the error names what differs: the replay endpoint, not the
+// event endpoint, which the two requests share.
+func TestRegisterConflictOfAnotherReplayEndpointNamesIt(t *testing.T) {
+	n := startNode(t)
+	reg := RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557", ModelName: "llama", BlockSize: 4,
+		ReplayEndpoint: "tcp://10.0.0.1:5560", Agentless: ptr(false)}
+	mustCode(t, n.do(t, codecJSON, "POST", "/register", reg), 201, "register")
+	reg.ReplayEndpoint = "tcp://10.0.0.1:5561"
+	r := n.do(t, codecJSON, "POST", "/register", reg)
+	mustCode(t, r, 409, "the rank again with another replay_endpoint")
+	if !strings.Contains(string(r.body), "replay") {
+		t.Errorf("409 of another replay endpoint does not name it: %s", r.body)
+	}
+	if got := n.node.WorkerTable()[WorkerID(1, "llama", DefaultTenant)].ReplayEndpoints[0]; got != "tcp://10.0.0.1:5560" {
+		t.Errorf("replay endpoint %q after the 409, want the first", got)
 	}
 }

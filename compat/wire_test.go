@@ -433,3 +433,36 @@ func TestHashMsgpackRefusesWhatIsNoInteger(t *testing.T) {
 		}
 	}
 }
+
+// TestMsgpackIntFieldsDoNotWrap: docs/compat.md, "Other numbers must fit
+// their field in either encoding (... MessagePack used to wrap them)". An
+// unsigned MessagePack integer past 2^63-1 does not fit a signed field
+// (isl_tokens, cached_tokens, block_size), and JSON refuses the same
+// number; MessagePack must not read it as a negative one (the 400 then
+// said "isl_tokens -9223372036854775808 is negative" of a positive
+// number, or "input length -1").
+func TestMsgpackIntFieldsDoNotWrap(t *testing.T) {
+	for _, u := range []uint64{1 << 63, math.MaxUint64} {
+		for _, c := range []struct {
+			field string
+			v     func() any
+		}{
+			{"isl_tokens", func() any { return new(SelectRequest) }},
+			{"cached_tokens", func() any { return new(ReservationRequest) }},
+			{"block_size", func() any { return new(RegisterRequest) }},
+		} {
+			js := fmt.Sprintf(`{"%s":%d}`, c.field, u)
+			if err := decodeBytes([]byte(js), codecJSON, c.v()); !errors.Is(err, errBody) {
+				t.Fatalf("%s in JSON: %v, want a bad request body", js, err)
+			}
+			var buf bytes.Buffer
+			if err := msgpack.NewEncoder(&buf).Encode(map[string]any{c.field: u}); err != nil {
+				t.Fatal(err)
+			}
+			v := c.v()
+			if err := decodeBytes(buf.Bytes(), codecMsgpack, v); !errors.Is(err, errBody) {
+				t.Errorf("%s %d in MessagePack: %v (decoded %+v), want a bad request body as in JSON", c.field, u, err, v)
+			}
+		}
+	}
+}
