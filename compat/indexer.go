@@ -888,6 +888,9 @@ func (x *Indexer) doEvents(ctx context.Context, req *EventsRequest) (EventsRespo
 	if err := x.b.CheckLeader(); err != nil {
 		return EventsResponse{}, err
 	}
+	if err := checkNames(req.ModelName, req.TenantID, req.RoutingGroup); err != nil {
+		return EventsResponse{}, err
+	}
 	wi, err := x.resolve(req.InstanceID, req.ModelName, cmp.Or(req.TenantID, req.RoutingGroup))
 	if err != nil {
 		return EventsResponse{}, err

@@ -382,6 +382,9 @@ func (s *Selection) addWorker(ctx context.Context, req *CatalogWorker) (any, err
 // group when given; an error answer when there are none or, with one
 // wanted, several.
 func (s *Selection) find(id uint64, model, group string, one bool) ([]raftfsm.WorkerInfo, error) {
+	if err := checkNames(model, group); err != nil {
+		return nil, err
+	}
 	var out []raftfsm.WorkerInfo
 	for wid, wi := range s.b.WorkerTable() {
 		inst, tenant := wi.Instance, wi.Tenant

@@ -283,6 +283,14 @@ func requireModel(model string, tenants ...string) error {
 	if model == "" {
 		return badRequest("model_name is required")
 	}
+	return checkNames(model, tenants...)
+}
+
+// checkNames bounds a model and the tenants (or routing groups) given, an
+// empty one passing: those of a request where they only narrow a search
+// (POST /events, PATCH and DELETE /selection/workers/{id}), which answered
+// an overlong or invalid one 404 "not registered" with it echoed whole.
+func checkNames(model string, tenants ...string) error {
 	if err := checkName("model_name", model); err != nil {
 		return err
 	}
