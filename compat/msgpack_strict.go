@@ -14,11 +14,24 @@ import (
 
 // The msgpack library converts any integer into an unsigned field by
 // truncation: instance_id -1 became 2^64-1, dp_rank 2^32+3 registered rank
-// 3, token ids wrapped. JSON refuses such numbers; these decoders make
-// msgpack refuse them too (a 400). They are registered for the whole
-// process, for every uint32 and uint64 the library decodes: this package
-// is its only user here.
+// 3, token ids wrapped. It converts an unsigned one past 2^63-1 into a
+// signed field likewise: isl_tokens 2^63 became -2^63, block_size 2^64-1
+// became -1, answered "is negative" of a positive number. JSON refuses
+// such numbers; these decoders make msgpack refuse them too (a 400 that
+// names the number sent). They are registered for the whole process, for
+// every uint32, uint64, int, int32 and int64 the library decodes: this
+// package is its only user here.
 func init() {
+	for _, c := range []struct {
+		v        any
+		min, max int64
+	}{{int(0), math.MinInt, math.MaxInt}, {int64(0), math.MinInt64, math.MaxInt64}, {int32(0), math.MinInt32, math.MaxInt32}} {
+		msgpack.Register(c.v, nil, func(d *msgpack.Decoder, v reflect.Value) error {
+			i, err := decodeSigned(d, c.min, c.max)
+			v.SetInt(i)
+			return err
+		})
+	}
 	msgpack.Register(uint64(0), nil, func(d *msgpack.Decoder, v reflect.Value) error {
 		u, err := decodeUnsigned(d, math.MaxUint64)
 		v.SetUint(u)
@@ -62,6 +75,39 @@ func decodeUnsigned(d *msgpack.Decoder, max uint64) (uint64, error) {
 		return 0, fmt.Errorf("msgpack: %d is out of range (at most %d)", u, max)
 	}
 	return u, nil
+}
+
+// decodeSigned reads an integer in [min, max], or nil as 0; a smaller or
+// larger integer (an unsigned one past max among them), or anything else,
+// is an error.
+func decodeSigned(d *msgpack.Decoder, min, max int64) (int64, error) {
+	c, err := d.PeekCode()
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case c == msgpcode.Nil: // as JSON's null: the zero value
+		return 0, d.DecodeNil()
+	case c <= msgpcode.PosFixedNumHigh, c == msgpcode.Uint8, c == msgpcode.Uint16, c == msgpcode.Uint32, c == msgpcode.Uint64:
+		u, err := d.DecodeUint64()
+		if err != nil {
+			return 0, err
+		}
+		if u > uint64(max) {
+			return 0, fmt.Errorf("msgpack: %d is out of range (at most %d)", u, max)
+		}
+		return int64(u), nil
+	case c >= msgpcode.NegFixedNumLow, c == msgpcode.Int8, c == msgpcode.Int16, c == msgpcode.Int32, c == msgpcode.Int64:
+		i, err := d.DecodeInt64()
+		if err != nil {
+			return 0, err
+		}
+		if i < min || i > max {
+			return 0, fmt.Errorf("msgpack: %d is out of range [%d, %d]", i, min, max)
+		}
+		return i, nil
+	}
+	return 0, fmt.Errorf("msgpack: code %#x where an integer belongs", c)
 }
 
 // maxMsgpackDepth bounds the nesting of a MessagePack body's arrays and
