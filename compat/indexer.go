@@ -533,10 +533,17 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 				req.InstanceID, req.ModelName, tenant, old.BlockSize)}
 		}
 		if ep, ok := old.EventEndpoints[dp]; ok {
+			// The 409 names what differs: the event endpoint, or else the
+			// replay endpoint (one that differed alone was answered with
+			// the event endpoint, which both requests share).
+			what, was := "endpoint", ep
+			if ep == req.Endpoint {
+				what, was = "replay_endpoint", cmp.Or(old.ReplayEndpoints[dp], "(none)")
+			}
 			if ep != req.Endpoint || old.ReplayEndpoints[dp] != req.ReplayEndpoint {
 				return &httpError{code: http.StatusConflict, err: fmt.Errorf(
-					"instance %d dp rank %d is registered for %s/%s with endpoint %s", req.InstanceID, dp,
-					req.ModelName, tenant, ep)}
+					"instance %d dp rank %d is registered for %s/%s with %s %s", req.InstanceID, dp,
+					req.ModelName, tenant, what, was)}
 			}
 			return nil // the same registration again
 		}
