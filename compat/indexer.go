@@ -300,6 +300,7 @@ func NewIndexer(b Backend, log *slog.Logger) *Indexer {
 // it is registered with HandleFuncOnce.
 func (x *Indexer) Routes(r Router, prefix string) {
 	r.CheckWorkers(x.checkV1Worker)
+	r.HandleUnmatched(prefix, unmatched)
 	r.HandleFunc("POST "+prefix+"/register", bodyHandler(http.StatusCreated, func(ctx context.Context, req *RegisterRequest) (any, error) {
 		return statusOK, x.doRegister(ctx, req)
 	}))
@@ -361,6 +362,18 @@ func answer(w http.ResponseWriter, c codec, code int, v any, err error) error {
 		code = http.StatusInternalServerError
 	}
 	return write(w, c, code, ErrorBody{Error: err.Error()})
+}
+
+// unmatched writes the 404 or 405 of a request under an API's prefix
+// that no route matches in MessagePack, for a MessagePack request: the
+// answer uses the request's encoding, which the Router's JSON error did
+// not. A JSON request's is the Router's (false).
+func unmatched(w http.ResponseWriter, r *http.Request, code int, msg string) bool {
+	c := codecOf(r)
+	if c != codecMsgpack {
+		return false
+	}
+	return write(w, c, code, ErrorBody{Error: msg}) == nil
 }
 
 func tenantOf(tenant, group string) string {

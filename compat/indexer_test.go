@@ -1,6 +1,7 @@
 package compat
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"reflect"
@@ -388,5 +389,37 @@ func TestRouterErrorsAnswerInTheRequestsEncoding(t *testing.T) {
 		if r.code < 400 || r.ctype != contentMsgpack {
 			t.Errorf("%s %s in MessagePack: %d %s %q, want an error in %s", c.method, c.path, r.code, r.ctype, r.body, contentMsgpack)
 		}
+	}
+}
+
+// TestUnmatchedPathsAnswerInTheirAPIsEncoding: a path under the drop-in
+// APIs that no route serves is a 404 in a MessagePack request's encoding
+// (with the Allow header of a 405 kept), while /v1's unmatched paths and
+// methods stay the API's JSON errors, whatever the request's encoding.
+func TestUnmatchedPathsAnswerInTheirAPIsEncoding(t *testing.T) {
+	n := startNode(t)
+	for _, c := range []struct{ method, path, ctype string }{
+		{"POST", "/selection/nothing", contentMsgpack},
+		{"GET", "/nothing", contentMsgpack},
+		{"GET", "/v1/nothing", contentJSON},
+		{"PUT", "/v1/route", contentJSON},
+	} {
+		r := n.do(t, codecMsgpack, c.method, c.path, []byte{0x80})
+		if r.code != 404 && r.code != 405 || r.ctype != c.ctype {
+			t.Errorf("%s %s in MessagePack: %d %s %q, want a 404 or 405 in %s", c.method, c.path, r.code, r.ctype, r.body, c.ctype)
+		}
+	}
+	req, err := http.NewRequest("PUT", n.url+"/register", bytes.NewReader([]byte{0x80}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", contentMsgpack)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" {
+		t.Errorf("PUT /register in MessagePack: %d, Allow %q, want 405 and Allow POST", resp.StatusCode, resp.Header.Get("Allow"))
 	}
 }
