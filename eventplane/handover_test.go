@@ -315,3 +315,41 @@ func TestAHandoverClosedMidTryCountsNoOutcome(t *testing.T) {
 		t.Errorf("a try ended by Close counted kvrouter_nats_handovers_total{outcome=\"no_candidate\"} = %v, want 0 (the peers were never heard)", got)
 	}
 }
+
+// TestHandoverWaitsAfterBetweenTries: having tried (here no other voter
+// answers connected, so it keeps the leadership), the loop tries again
+// only After later, however many polls come meanwhile (docs/events.md:
+// "Either way it tries again `--nats-handover-after` later, for as long
+// as the connection stays down and it leads"): each try asks every voter
+// and counts in kvrouter_nats_handovers_total. The first try is due at
+// once (the connection found down an After ago); After is an hour, so no
+// second one is due while the test runs.
+func TestHandoverWaitsAfterBetweenTries(t *testing.T) {
+	node := &handoverNode{self: "n1", leader: "n1"}
+	var polls atomic.Int64 // due asks Connected at every poll while leading
+	p := &peers{}
+	h, err := newHandover(HandoverConfig{Node: node, PeerConnected: p.ask, Logger: quiet,
+		Connected: func() bool { polls.Add(1); return false },
+		After:     time.Hour, PollInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	h.downSince, h.nextTry = start.Add(-time.Hour), start // set before the loop starts
+	go h.run()
+	defer h.Close()
+	tries := h.tries.WithLabelValues(handoverNoCandidate)
+	waitFor(t, 10*time.Second, "the first try", func() bool { return val(tries) >= 1 })
+	seen := polls.Load()
+	waitFor(t, 10*time.Second, "50 polls after the first try", func() bool { return polls.Load() >= seen+50 })
+	h.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if got := val(tries); got != 1 || fmt.Sprint(p.asked) != "[n2 n3]" {
+		t.Fatalf("over %d polls within After of the first try: %v tries counted, %d questions to the voters; want 1 try, asking [n2 n3] once",
+			polls.Load()-seen, got, len(p.asked))
+	}
+	if !h.nextTry.After(start.Add(time.Hour)) { // the loop has ended: Close waited for it
+		t.Fatalf("next try due at start+%v, want at least After (1h) after the first try", h.nextTry.Sub(start))
+	}
+}
