@@ -835,6 +835,73 @@ func TestRequestsShrinkToWhatTheRouterTakes(t *testing.T) {
 	})
 }
 
+// capTarget is a cursorTarget that answers invalid (raftfsm.ErrInvalid)
+// any request of more than limit events, as a router with a smaller
+// request cap than the publisher's does, and records the size of every
+// request it is sent, refused or not.
+type capTarget struct {
+	*cursorTarget
+	limit int
+	sizes []int // guarded by cursorTarget.mu
+	taken []bool
+}
+
+func (t *capTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) ([]raftfsm.RankAck, error) {
+	n := 0
+	for _, b := range bs {
+		n += len(b.Events)
+	}
+	t.mu.Lock()
+	t.sizes, t.taken = append(t.sizes, n), append(t.taken, n <= t.limit)
+	t.mu.Unlock()
+	if n > t.limit {
+		return nil, fmt.Errorf("%w: %d events in a request, more than %d", raftfsm.ErrInvalid, n, t.limit)
+	}
+	return t.cursorTarget.IngestEvents(ctx, bs)
+}
+
+// TestRequestsStayBelowARefusedSize: once a request of n events is
+// refused as it is, no later request holds n or more for a minute
+// (docs/events.md: "the publisher halves its request size until one goes
+// through, and stays below the refused size for a minute"), however many
+// go through meanwhile: doubled back at once, each success would be
+// followed by a refused request, and half of the requests to a router
+// with a smaller cap refused for good. The test ends well within the
+// minute.
+func TestRequestsStayBelowARefusedSize(t *testing.T) {
+	tg := &capTarget{cursorTarget: newCursorTarget(), limit: 5}
+	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{MinBackoff: time.Millisecond})
+	ranks := []kvevent.Rank{{Worker: 1}, {Worker: 2}}
+	for _, r := range ranks {
+		evs := make([]kvevent.Event, 100)
+		for i := range evs {
+			evs[i] = kvevent.Event{Rank: r, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: uint64(i + 1), LocalHash: uint64(i + 1)}}}
+		}
+		if _, err := p.Publish(r, evs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 20*time.Second, "every event to be applied", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		return tg.cursor[ranks[0]] == 100 && tg.cursor[ranks[1]] == 100 && p.Pending() == 0
+	})
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	refused := 0 // the smallest refused size so far; 0 none
+	for i, n := range tg.sizes {
+		if refused > 0 && n >= refused {
+			t.Fatalf("request %d of %d events, after one of %d was refused (sizes %v)", i+1, n, refused, tg.sizes)
+		}
+		if !tg.taken[i] {
+			refused = n
+		}
+	}
+	if refused == 0 {
+		t.Fatalf("no request refused (sizes %v): the test's cap did not bind", tg.sizes)
+	}
+}
+
 // TestAnEventRefusedAloneIsReplacedByADump: an event the router refuses
 // even in a request of its own is given up, and the owner's dump, which
 // holds what it did, replaces the rank; the rank's later events go on.
