@@ -656,6 +656,52 @@ func TestFlushFollowsARenumbering(t *testing.T) {
 	}
 }
 
+// TestRenumberingLeavesARequestCapOfRoom: a dump refused as stale
+// renumbers a request cap past the router's cursor (docs/events.md: "The
+// new numbering starts a request cap further up (65536 ids past the
+// larger of the cursor and the last id `Publish` returned: the larger of
+// the publisher's `MaxRequestEvents` and the leader's default cap"), so
+// that a dead incarnation's last request, committed after the next dump,
+// applies as duplicates. The owner holds nothing (through 0) and the
+// router's cursor is 50: the next dump commits at 50 + the cap, the
+// leader's default cap with the publisher's default (8192) below it, the
+// publisher's own when above.
+func TestRenumberingLeavesARequestCapOfRoom(t *testing.T) {
+	for _, tc := range []struct {
+		maxRequestEvents int
+		want             uint64
+	}{
+		{0, 50 + defaultMaxRequestEvents}, // the publisher's default, 8192
+		{100000, 50 + 100000},
+	} {
+		t.Run(fmt.Sprint(tc.maxRequestEvents), func(t *testing.T) {
+			tg := newCursorTarget()
+			r := kvevent.Rank{Worker: 9}
+			tg.cursor[r] = 50 // an earlier incarnation's
+			dump := func(kvevent.Rank) ([]kvevent.Event, uint64) { return nil, 0 }
+			_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{Dump: dump, MaxRequestEvents: tc.maxRequestEvents})
+			p.Resync(r)
+			waitFor(t, 10*time.Second, "the dump after the renumbering", func() bool {
+				tg.mu.Lock()
+				defer tg.mu.Unlock()
+				return tg.dumps == 1
+			})
+			waitFor(t, 10*time.Second, "the publisher's cursor to be the router's", func() bool {
+				tg.mu.Lock()
+				defer tg.mu.Unlock()
+				acked, _ := p.Cursor(r)
+				return acked == tg.cursor[r]
+			})
+			tg.mu.Lock()
+			defer tg.mu.Unlock()
+			if got := tg.cursor[r]; got != tc.want {
+				t.Fatalf("the dump after the renumbering committed at %d, %d past the router's cursor 50; want %d, %d past it",
+					got, got-50, tc.want, tc.want-50)
+			}
+		})
+	}
+}
+
 // TestRenumberingPastPublishedIDsDoesNotReapplyEvents: the owner
 // publishes while a stale dump is out, past the router's cursor; the
 // publisher renumbers, and the next dump reports its through in the ids
