@@ -125,9 +125,9 @@ type Server struct {
 	ownTransp *http.Transport    // closed by Close; nil when the caller gave one
 	tokenSum  *[sha256.Size]byte // of Options.Token; nil: no token asked
 
-	checksMu  sync.Mutex
-	checks    []func(raftfsm.WorkerInfo) error // CheckWorkers
-	unmatched []unmatchedWriter                // HandleUnmatched, under checksMu
+	checksMu   sync.Mutex
+	checks     []func(raftfsm.WorkerInfo) error // CheckWorkers
+	errWriters []errorWriter                    // HandleErrors, under checksMu
 }
 
 // NewServer returns the API of backend b.
@@ -273,39 +273,41 @@ func (s *Server) CheckWorkers(check func(w raftfsm.WorkerInfo) error) {
 	s.checks = append(s.checks, check)
 }
 
-// unmatchedWriter is a HandleUnmatched registration.
-type unmatchedWriter struct {
+// errorWriter is a HandleErrors registration.
+type errorWriter struct {
 	prefix string
 	write  func(w http.ResponseWriter, r *http.Request, code int, msg string) bool
 }
 
-// HandleUnmatched lets an API served beside /v1 (package compat) write the
-// 404 or 405 of a request that no route matches, where its path is prefix
-// or under it and is none of the Server's own (/v1 and the probes, whose
-// answers stay the API's JSON errors): write gets the status and the
-// message the JSON error would carry (the Allow header of a 405 set), and
-// returns false to leave the answer to the Server. The registration of the
-// longest prefix that holds the path is asked. The drop-in APIs answer in the
-// request's encoding, MessagePack included, which the Server's JSON
-// error was not.
-func (s *Server) HandleUnmatched(prefix string, write func(w http.ResponseWriter, r *http.Request, code int, msg string) bool) {
+// HandleErrors lets an API served beside /v1 (package compat) write the
+// errors the Server answers for requests whose path is prefix or under it
+// and is none of the Server's own (/v1 and the probes, whose answers stay
+// the API's JSON errors): a missing token's 401, no route's 404 or 405, a
+// body past its limit, a 503 without a leader, every error its handlers
+// return. write gets the status and the message the JSON error would
+// carry (the headers, Allow and X-Kvrouter-Maybe-Applied
+// among them, already set), and returns false to leave the answer to the
+// Server. The registration of the longest prefix that holds the path is
+// asked. The drop-in APIs answer in the request's encoding, MessagePack
+// included, which the Server's JSON error was not.
+func (s *Server) HandleErrors(prefix string, write func(w http.ResponseWriter, r *http.Request, code int, msg string) bool) {
 	s.checksMu.Lock()
 	defer s.checksMu.Unlock()
-	s.unmatched = append(s.unmatched, unmatchedWriter{prefix: prefix, write: write})
+	s.errWriters = append(s.errWriters, errorWriter{prefix: prefix, write: write})
 }
 
-// writeUnmatched answers a 404 or 405 of a path no route matches through
-// the HandleUnmatched writer of its prefix; false when none wrote it.
-func (s *Server) writeUnmatched(w http.ResponseWriter, r *http.Request, code int, msg string) bool {
+// writeOwnError answers an error through the HandleErrors writer of its
+// path's prefix; false when none wrote it.
+func (s *Server) writeOwnError(w http.ResponseWriter, r *http.Request, code int, msg string) bool {
 	p := r.URL.Path
 	switch {
 	case p == "/v1", strings.HasPrefix(p, "/v1/"), p == "/healthz", p == "/readyz", p == "/metrics":
 		return false
 	}
 	s.checksMu.Lock()
-	ws := s.unmatched
+	ws := s.errWriters
 	s.checksMu.Unlock()
-	var at *unmatchedWriter
+	var at *errorWriter
 	for i, u := range ws {
 		if (p == u.prefix || strings.HasPrefix(p, u.prefix+"/")) && (at == nil || len(u.prefix) > len(at.prefix)) {
 			at = &ws[i]
@@ -391,9 +393,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Allow", allow)
 				reason, err = ReasonMethodNotAllowed, fmt.Errorf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow)
 			}
-			if !s.writeUnmatched(rec, r, probe.code, err.Error()) {
-				s.writeError(rec, r, &httpError{code: probe.code, reason: reason, err: err})
-			}
+			s.writeError(rec, r, &httpError{code: probe.code, reason: reason, err: err})
 			s.observe("unmatched", rec, start)
 			return
 		}
@@ -645,6 +645,9 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	s.log.Log(r.Context(), level, "api request failed", "method", r.Method, "path", r.URL.Path,
 		"code", code, "reason", reason, "err", err)
+	if s.writeOwnError(w, r, code, body.Error) {
+		return
+	}
 	buf, merr := json.Marshal(body)
 	if merr != nil { // cannot happen for these types; answer in plain JSON anyway
 		buf = []byte(`{"error":"internal error","reason":"internal"}`)

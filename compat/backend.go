@@ -62,10 +62,12 @@ type Router interface {
 	// api.ErrConflict refuses it with a 409. The namespace rules hold
 	// for /v1 workers too: they are in the compatible APIs' namespaces.
 	CheckWorkers(check func(w raftfsm.WorkerInfo) error)
-	// HandleUnmatched lets the APIs write the 404 or 405 of a request
-	// under prefix that no route matches (write returns false to leave
-	// it to the Router's JSON error): in the request's encoding.
-	HandleUnmatched(prefix string, write func(w http.ResponseWriter, r *http.Request, code int, msg string) bool)
+	// HandleErrors lets the APIs write the errors the Router answers for a
+	// request under prefix (a missing token's 401, no route's 404 or 405,
+	// a body past its limit, a 503 without a leader, their handlers'
+	// errors; write returns false to leave it to the Router's JSON
+	// error): in the request's encoding.
+	HandleErrors(prefix string, write func(w http.ResponseWriter, r *http.Request, code int, msg string) bool)
 }
 
 // DefaultTenant is the tenant of a request that names none.

@@ -300,7 +300,7 @@ func NewIndexer(b Backend, log *slog.Logger) *Indexer {
 // it is registered with HandleFuncOnce.
 func (x *Indexer) Routes(r Router, prefix string) {
 	r.CheckWorkers(x.checkV1Worker)
-	r.HandleUnmatched(prefix, unmatched)
+	r.HandleErrors(prefix, errorInCodec)
 	r.HandleFunc("POST "+prefix+"/register", bodyHandler(http.StatusCreated, func(ctx context.Context, req *RegisterRequest) (any, error) {
 		return statusOK, x.doRegister(ctx, req)
 	}))
@@ -364,11 +364,12 @@ func answer(w http.ResponseWriter, c codec, code int, v any, err error) error {
 	return write(w, c, code, ErrorBody{Error: err.Error()})
 }
 
-// unmatched writes the 404 or 405 of a request under an API's prefix
-// that no route matches in MessagePack, for a MessagePack request: the
-// answer uses the request's encoding, which the Router's JSON error did
-// not. A JSON request's is the Router's (false).
-func unmatched(w http.ResponseWriter, r *http.Request, code int, msg string) bool {
+// errorInCodec writes an error the Router answers for a request under an
+// API's prefix (a missing token, no route, a body past its limit, no
+// leader) in MessagePack, for a MessagePack request: the answer uses the
+// request's encoding, which the Router's JSON error did not. A JSON
+// request's is the Router's (false).
+func errorInCodec(w http.ResponseWriter, r *http.Request, code int, msg string) bool {
 	c := codecOf(r)
 	if c != codecMsgpack {
 		return false

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/enginesub"
 	"github.com/kvrouter/kvrouter/kvevent"
 	zmq "github.com/pebbe/zmq4"
@@ -422,4 +423,49 @@ func TestUnmatchedPathsAnswerInTheirAPIsEncoding(t *testing.T) {
 	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" {
 		t.Errorf("PUT /register in MessagePack: %d, Allow %q, want 405 and Allow POST", resp.StatusCode, resp.Header.Get("Allow"))
 	}
+}
+
+// TestServerErrorsAnswerInTheRequestsEncoding: the errors the API server
+// answers itself for the drop-in APIs' paths, not their handlers (a
+// missing token's 401, a 503 when the node has no leader), answer a
+// MessagePack request in MessagePack, {"error": ...}, their headers kept,
+// as the 404 and 405 do; a JSON request and /v1 get the JSON error.
+func TestServerErrorsAnswerInTheRequestsEncoding(t *testing.T) {
+	errorOf := func(t *testing.T, r reply) string {
+		t.Helper()
+		m, ok := r.asJSON(t).(map[string]any)
+		msg, _ := m["error"].(string)
+		if !ok || msg == "" {
+			t.Fatalf("answer %q holds no error", r.body)
+		}
+		return msg
+	}
+	reg := RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557", ModelName: "llama", BlockSize: 16}
+
+	n := startNodeWith(t, api.Options{Token: "s3cret"})
+	r := n.do(t, codecMsgpack, "POST", "/register", reg)
+	if r.code != http.StatusUnauthorized || r.ctype != contentMsgpack || r.hdr.Get("WWW-Authenticate") == "" {
+		t.Fatalf("POST /register in MessagePack without the token: %d %s (WWW-Authenticate %q) %q, want a 401 in MessagePack",
+			r.code, r.ctype, r.hdr.Get("WWW-Authenticate"), r.body)
+	}
+	if msg := errorOf(t, r); !strings.Contains(msg, "token") {
+		t.Errorf("the 401 says %q", msg)
+	}
+	for _, c := range []struct {
+		codec codec
+		path  string
+		ctype string
+	}{{codecJSON, "/register", contentJSON}, {codecMsgpack, "/v1/workers", contentJSON}} {
+		if r := n.do(t, c.codec, "POST", c.path, reg); r.code != http.StatusUnauthorized || r.ctype != c.ctype {
+			t.Errorf("POST %s without the token: %d %s, want a 401 in %s", c.path, r.code, r.ctype, c.ctype)
+		}
+	}
+
+	n = startNode(t)
+	n.node.Close() // a node closed knows no leader
+	r = n.do(t, codecMsgpack, "POST", "/register", reg)
+	if r.code != http.StatusServiceUnavailable || r.ctype != contentMsgpack {
+		t.Fatalf("POST /register in MessagePack on a node without a leader: %d %s %q, want a 503 in MessagePack", r.code, r.ctype, r.body)
+	}
+	errorOf(t, r)
 }
