@@ -49,7 +49,7 @@ func TestTimeoutsParagraphNamesTheZerosAndNegativesTaken(t *testing.T) {
 	checked := 0
 	for _, f := range newApp().Flags {
 		var zero, negative string
-		switch f.(type) {
+		switch f.(envFlag).Unwrap().(type) {
 		case *cli.DurationFlag:
 			zero, negative = "0s", "-1s"
 		case *cli.Int64Flag, *cli.IntFlag:

@@ -60,3 +60,25 @@ func EnvVarMismatches(flags []cli.Flag, prefix string) []string {
 	}
 	return bad
 }
+
+// Want says what a flag takes, for a usage error about a value it
+// refused: "want a duration with its unit, such as 200ms or 2m". A flag
+// wrapped with an Unwrap method is asked through it.
+func Want(f cli.Flag) string {
+	if u, ok := f.(interface{ Unwrap() cli.Flag }); ok {
+		f = u.Unwrap()
+	}
+	switch f.(type) {
+	case *cli.DurationFlag:
+		return "want a duration with its unit, such as 200ms or 2m"
+	case *cli.Uint64Flag, *cli.UintFlag:
+		return "want a whole number, 0 or more"
+	case *cli.Int64Flag, *cli.IntFlag:
+		return "want a whole number"
+	case *cli.Float64Flag:
+		return "want a number"
+	case *cli.BoolFlag:
+		return "want true or false"
+	}
+	return "want a value as --help describes"
+}
