@@ -28,6 +28,7 @@ import (
 	"github.com/kvrouter/kvrouter/compat"
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/kvrouter/kvrouter/internal/limits"
 	"github.com/kvrouter/kvrouter/internal/natswatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -103,8 +104,11 @@ func newApp() *cli.App {
 		Before: applyEnv,
 		Action: run,
 		// A flag that does not parse is a usage error: exit 2, as for the
-		// flags run checks itself.
-		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return cli.Exit(err.Error(), 2) },
+		// flags run checks itself, one line naming the flag (--flag) and
+		// saying what to do.
+		OnUsageError: func(c *cli.Context, err error, _ bool) error {
+			return cli.Exit(clihelp.UsageError(err, c.App.Flags, "kvrouter --help"), 2)
+		},
 	}
 }
 
@@ -136,7 +140,7 @@ func run(c *cli.Context) error {
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
-		return cli.Exit(fmt.Sprintf("--log-level: %v", err), 2)
+		return cli.Exit(fmt.Sprintf("--log-level %q: want debug, info, warn or error", c.String("log-level")), 2)
 	}
 	if n := c.Int64("max-body-bytes"); n <= 0 {
 		return cli.Exit(fmt.Sprintf("--max-body-bytes %d: want > 0", n), 2)

@@ -10,6 +10,7 @@ package clihelp
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -81,4 +82,43 @@ func Want(f cli.Flag) string {
 		return "want true or false"
 	}
 	return "want a value as --help describes"
+}
+
+// The messages of Go's flag package that urfave/cli passes on, which
+// name a flag with one dash and say "parse error" of a value.
+var (
+	invalidValue = regexp.MustCompile(`^invalid (?:boolean )?value (".*") for (?:flag )?-{1,2}([^ :]+): (.*)$`)
+	notDefined   = regexp.MustCompile(`^flag provided but not defined: -{1,2}(.+)$`)
+	needsValue   = regexp.MustCompile(`^flag needs an argument: -{1,2}(.+)$`)
+)
+
+// UsageError is the one line of a usage error for err, a command line
+// that did not parse (a cli.App's OnUsageError): the flag named as the
+// operator types it (--flag), what it takes when its value was refused,
+// and "; see HELP" (HELP: "kvrouter --help"), instead of the flag
+// package's "invalid value "5" for flag -heartbeat-timeout: parse error"
+// or "flag provided but not defined: -version". flags are those of the
+// command, asked for what a refused flag takes (Want).
+func UsageError(err error, flags []cli.Flag, help string) string {
+	msg := err.Error()
+	switch m := invalidValue.FindStringSubmatch(msg); {
+	case m != nil:
+		why := "want a value as --help describes"
+		for _, f := range flags {
+			for _, n := range f.Names() {
+				if n == m[2] {
+					why = Want(f)
+				}
+			}
+		}
+		if m[3] == "value out of range" {
+			why = "out of range, " + why
+		}
+		msg = fmt.Sprintf("--%s %s: %s", m[2], m[1], why)
+	case notDefined.MatchString(msg):
+		msg = fmt.Sprintf("--%s is not a flag of %s", notDefined.FindStringSubmatch(msg)[1], strings.TrimSuffix(help, " --help"))
+	case needsValue.MatchString(msg):
+		msg = fmt.Sprintf("--%s needs a value", needsValue.FindStringSubmatch(msg)[1])
+	}
+	return msg + "; see " + help
 }
