@@ -1,10 +1,12 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"reflect"
+	"strings"
 
 	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/urfave/cli/v2"
@@ -50,8 +52,14 @@ func (f envFlag) Apply(set *flag.FlagSet) error {
 // applyEnv sets each flag the command line left unset from its variable,
 // where that is set: a string flag even to "", as cli did, any other
 // flag only to a value (cli skipped an empty one). A value that does not
-// parse is a usage error naming the variable.
+// parse is a usage error naming the variable. The flags set from a
+// variable are recorded for fromEnv.
 func applyEnv(c *cli.Context) error {
+	taken := map[string]string{}
+	if c.App.Metadata == nil {
+		c.App.Metadata = map[string]any{}
+	}
+	c.App.Metadata[fromEnvKey] = taken
 	for _, f := range c.App.Flags {
 		ef, ok := f.(envFlag)
 		if !ok {
@@ -72,8 +80,59 @@ func applyEnv(c *cli.Context) error {
 			if err := c.Set(name, val); err != nil {
 				return cli.Exit(fmt.Sprintf("%s=%q (--%s): %s; unset it, or give --%s", v, val, name, clihelp.Want(ef.docFlag), name), 2)
 			}
+			taken[name] = v
 			break
 		}
 	}
 	return nil
+}
+
+// fromEnvKey is where applyEnv leaves, in the app's Metadata, the flags
+// it set from a variable (flag name to variable).
+const fromEnvKey = "from-env"
+
+// fromEnv returns err, a usage error (exit 2) of run's checks, saying
+// which of the flags it names came from a variable, not the command line
+// ("--max-body-bytes 0: want > 0 (--max-body-bytes from
+// KVROUTER_MAX_BODY_BYTES)"): the operator gave no such flag, and would
+// look for it there. The variable's value is not repeated (a URL can
+// carry a password); the message shows what run took of it. Any other
+// error is returned as it is.
+func fromEnv(c *cli.Context, err error) error {
+	var ec cli.ExitCoder
+	if err == nil || !errors.As(err, &ec) || ec.ExitCode() != 2 {
+		return err
+	}
+	taken, _ := c.App.Metadata[fromEnvKey].(map[string]string)
+	msg := err.Error()
+	var from []string
+	for _, f := range c.App.Flags {
+		name := f.Names()[0]
+		if v, ok := taken[name]; ok && namesFlag(msg, name) {
+			from = append(from, "--"+name+" from "+v)
+		}
+	}
+	if len(from) == 0 {
+		return err
+	}
+	return cli.Exit(msg+" ("+strings.Join(from, ", ")+")", 2)
+}
+
+// namesFlag reports whether msg names --name (not a longer flag that
+// starts with it: --nats-url is not --nats-user).
+func namesFlag(msg, name string) bool {
+	for rest := msg; ; {
+		i := strings.Index(rest, "--"+name)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+2+len(name):]
+		if rest == "" || !isFlagChar(rest[0]) {
+			return true
+		}
+	}
+}
+
+func isFlagChar(b byte) bool {
+	return b == '-' || b >= 'a' && b <= 'z' || b >= '0' && b <= '9'
 }

@@ -134,7 +134,9 @@ func checkPeers(peers []raftfsm.Member, id, raftAddr, httpAddr string) error {
 	return fmt.Errorf("--peers does not list this node (--node-id %s)", id)
 }
 
-func run(c *cli.Context) error {
+func run(c *cli.Context) (err error) {
+	// A refused value that came from a variable is named as the variable.
+	defer func() { err = fromEnv(c, err) }()
 	if c.NArg() > 0 {
 		return cli.Exit(fmt.Sprintf("unexpected argument %q: kvrouter takes flags only (see --help)", c.Args().First()), 2)
 	}
