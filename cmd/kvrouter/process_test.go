@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -62,5 +64,33 @@ func TestASignalStopsTheNodeGracefully(t *testing.T) {
 				t.Errorf("kvrouter still runs 15 s after %v", sig)
 			}
 		})
+	}
+}
+
+// TestARefusedStartExits1: a second kvrouter on a running node's data
+// directory (the same --data-dir, its own ports) exits 1 saying the
+// directory is held, as docs/operations.md says: a start refused by what
+// it finds, not by its command line (exit 2). From a review: with main's
+// os.Exit(1) made os.Exit(0), or the lock's error made a usage error,
+// every test stayed green.
+func TestARefusedStartExits1(t *testing.T) {
+	dataDir, httpAddr := filepath.Join(t.TempDir(), "data"), freeAddr(t)
+	kvrouterProcess(t, "--data-dir", dataDir, "--http-addr", httpAddr,
+		"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "error")
+	pollReady(t, httpAddr)
+	_, stderr, exited := kvrouterProcess(t, "--data-dir", dataDir, "--http-addr", freeAddr(t),
+		"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "error")
+	select {
+	case err := <-exited:
+		exited <- err // for the cleanup
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Errorf("a second kvrouter on a running node's data directory: %v (stderr %q), want exit 1", err, stderr)
+		}
+		if !strings.Contains(stderr.String(), "held by another kvrouter process") {
+			t.Errorf("a second kvrouter on a running node's data directory: stderr %q, want it to say the directory is held", stderr)
+		}
+	case <-time.After(15 * time.Second):
+		t.Error("a second kvrouter on a running node's data directory still runs 15 s on, want it refused")
 	}
 }
