@@ -1,0 +1,44 @@
+package main
+
+import (
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/urfave/cli/v2"
+)
+
+// TestAFlagGivenInAnyFormOutranksItsVariable: the flag outranks its
+// variable however it is written (--flag=value, -flag value,
+// -flag=value), and one written after "--" is an argument, not the flag:
+// the variable is then read, and its bad value refused naming it.
+func TestAFlagGivenInAnyFormOutranksItsVariable(t *testing.T) {
+	clearFlagEnv(t)
+	t.Setenv("KVROUTER_HEARTBEAT_TIMEOUT", "200")
+	for _, args := range [][]string{
+		{"--heartbeat-timeout=100ms"},
+		{"-heartbeat-timeout", "100ms"},
+		{"-heartbeat-timeout=100ms"},
+	} {
+		app := newApp()
+		app.ExitErrHandler = func(*cli.Context, error) {}
+		var got time.Duration
+		app.Action = func(c *cli.Context) error {
+			got = nodeConfig(c, nil, "127.0.0.1:7080", slog.Default()).HeartbeatTimeout
+			return nil
+		}
+		if err := app.Run(append([]string{"kvrouter"}, args...)); err != nil || got != 100*time.Millisecond {
+			t.Errorf("KVROUTER_HEARTBEAT_TIMEOUT=200 kvrouter %q: %v, heartbeat timeout %v, want 100ms", args, err, got)
+		}
+	}
+	app := newApp()
+	app.ExitErrHandler = func(*cli.Context, error) {}
+	app.Action = func(*cli.Context) error { return nil }
+	err := app.Run([]string{"kvrouter", "--", "--heartbeat-timeout", "100ms"})
+	var ec cli.ExitCoder
+	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), `KVROUTER_HEARTBEAT_TIMEOUT="200"`) {
+		t.Errorf(`KVROUTER_HEARTBEAT_TIMEOUT=200 kvrouter -- --heartbeat-timeout 100ms: %v, want exit 2 naming the variable`, err)
+	}
+}
