@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/kvrouter/kvrouter/internal/doccheck"
 	"github.com/urfave/cli/v2"
 )
@@ -49,7 +50,7 @@ func TestTimeoutsParagraphNamesTheZerosAndNegativesTaken(t *testing.T) {
 	checked := 0
 	for _, f := range newApp().Flags {
 		var zero, negative string
-		switch f.(envFlag).Unwrap().(type) {
+		switch f.(clihelp.EnvFlag).Unwrap().(type) {
 		case *cli.DurationFlag:
 			zero, negative = "0s", "-1s"
 		case *cli.Int64Flag, *cli.IntFlag:

@@ -60,7 +60,7 @@ func newApp() *cli.App {
             --peers n1=127.0.0.1:7001=127.0.0.1:7081,n2=127.0.0.1:7002=127.0.0.1:7082,n3=127.0.0.1:7003=127.0.0.1:7083 \
             --nats-addr 127.0.0.1:4221 --nats-cluster-addr 127.0.0.1:6221 --nats-routes 127.0.0.1:6222,127.0.0.1:6223
    kvrouter --node-id n4 --raft-addr 127.0.0.1:7004 --http-addr 127.0.0.1:7084 --data-dir data/n4 --join 127.0.0.1:7081,127.0.0.1:7082,127.0.0.1:7083`,
-		Flags: envAfterArgs([]cli.Flag{
+		Flags: clihelp.EnvAfterArgs([]cli.Flag{
 			&cli.StringFlag{Name: "node-id", Value: "node1", EnvVars: []string{"KVROUTER_NODE_ID"}, Usage: "this node's Raft id (the embedded NATS server's name too, which takes no space)"},
 			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:7000", EnvVars: []string{"KVROUTER_RAFT_ADDR"}, Usage: "Raft listen address (host:port, as peers dial it: not a wildcard such as 0.0.0.0, nor port 0)"},
 			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:7080", EnvVars: []string{"KVROUTER_HTTP_ADDR"}, Usage: "HTTP API listen address (host:port; 0.0.0.0 or [::] for every interface, then give --http-advertise in a cluster)"},
@@ -101,7 +101,7 @@ func newApp() *cli.App {
 		}),
 		// The variables of the flags the command line leaves unset: a
 		// flag given outranks its variable, even one that does not parse.
-		Before: applyEnv,
+		Before: clihelp.ApplyEnv,
 		Action: run,
 		// A flag that does not parse is a usage error: exit 2, as for the
 		// flags run checks itself, one line naming the flag (--flag) and
@@ -136,7 +136,7 @@ func checkPeers(peers []raftfsm.Member, id, raftAddr, httpAddr string) error {
 
 func run(c *cli.Context) (err error) {
 	// A refused value that came from a variable is named as the variable.
-	defer func() { err = fromEnv(c, err) }()
+	defer func() { err = clihelp.FromEnv(c, err) }()
 	if c.NArg() > 0 {
 		return cli.Exit(fmt.Sprintf("unexpected argument %q: kvrouter takes flags only (see --help)", c.Args().First()), 2)
 	}

@@ -1,5 +1,8 @@
 // Package clihelp checks what the binaries' --help shows of their flags,
-// and that each flag is read from its environment variable.
+// and that each flag is read from its environment variable; it reads
+// those variables once the command line is parsed (EnvAfterArgs,
+// ApplyEnv), so that a flag given outranks its variable, and words the
+// binaries' usage errors (UsageError, Want, FromEnv).
 //
 // urfave/cli appends "(default: VALUE)" to a flag's usage: a flag whose
 // usage says its default in words, "(default: from the tokens or

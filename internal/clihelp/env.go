@@ -1,4 +1,4 @@
-package main
+package clihelp
 
 import (
 	"errors"
@@ -8,18 +8,17 @@ import (
 	"reflect"
 	"strings"
 
-	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/urfave/cli/v2"
 )
 
-// envFlag is a flag of kvrouter whose KVROUTER_* variable urfave/cli does
-// not read: cli reads a flag's variables as it builds the flag set, before
+// EnvFlag is a flag whose variables (PREFIX_NAME) urfave/cli does not
+// read: cli reads a flag's variables as it builds the flag set, before
 // the command line, and refuses one that does not parse even when the
 // flag is given (docs/operations.md: "a flag given outranks its
-// variable"). applyEnv reads them instead, once the command line is
-// parsed, for the flags it left unset. The help and the docs still see
-// the variables (GetEnvVars).
-type envFlag struct{ docFlag }
+// variable"). ApplyEnv, a command's Before, reads them instead, once the
+// command line is parsed, for the flags it left unset. The help and the
+// docs still see the variables (GetEnvVars).
+type EnvFlag struct{ docFlag }
 
 // docFlag is what cli and the docs' checks ask of a flag.
 type docFlag interface {
@@ -28,20 +27,21 @@ type docFlag interface {
 	cli.RequiredFlag
 }
 
-// envAfterArgs makes each of flags an envFlag.
-func envAfterArgs(flags []cli.Flag) []cli.Flag {
+// EnvAfterArgs makes each of flags an EnvFlag: a flag of cli's own types
+// (*cli.StringFlag, *cli.DurationFlag, ...), each with an EnvVars field.
+func EnvAfterArgs(flags []cli.Flag) []cli.Flag {
 	out := make([]cli.Flag, len(flags))
 	for i, f := range flags {
-		out[i] = envFlag{f.(docFlag)}
+		out[i] = EnvFlag{f.(docFlag)}
 	}
 	return out
 }
 
 // Unwrap returns the flag as declared (a *cli.DurationFlag, ...).
-func (f envFlag) Unwrap() cli.Flag { return f.docFlag }
+func (f EnvFlag) Unwrap() cli.Flag { return f.docFlag }
 
 // Apply adds the flag to set without reading its variables.
-func (f envFlag) Apply(set *flag.FlagSet) error {
+func (f EnvFlag) Apply(set *flag.FlagSet) error {
 	env := reflect.ValueOf(f.docFlag).Elem().FieldByName("EnvVars")
 	vars := env.Interface().([]string)
 	env.Set(reflect.Zero(env.Type()))
@@ -49,19 +49,20 @@ func (f envFlag) Apply(set *flag.FlagSet) error {
 	return f.docFlag.Apply(set)
 }
 
-// applyEnv sets each flag the command line left unset from its variable,
-// where that is set: a string flag even to "", as cli did, any other
-// flag only to a value (cli skipped an empty one). A value that does not
-// parse is a usage error naming the variable. The flags set from a
-// variable are recorded for fromEnv.
-func applyEnv(c *cli.Context) error {
+// ApplyEnv, the Before of the command whose flags are EnvFlags, sets
+// each flag the command line left unset from its variable, where that is
+// set: a string flag even to "", as cli did, any other flag only to a
+// value (cli skipped an empty one). A value that does not parse is a
+// usage error (exit 2) naming the variable and what the flag takes. The
+// flags set from a variable are recorded for FromEnv.
+func ApplyEnv(c *cli.Context) error {
 	taken := map[string]string{}
 	if c.App.Metadata == nil {
 		c.App.Metadata = map[string]any{}
 	}
 	c.App.Metadata[fromEnvKey] = taken
-	for _, f := range c.App.Flags {
-		ef, ok := f.(envFlag)
+	for _, f := range commandFlags(c) {
+		ef, ok := f.(EnvFlag)
 		if !ok {
 			continue
 		}
@@ -78,7 +79,7 @@ func applyEnv(c *cli.Context) error {
 				break
 			}
 			if err := c.Set(name, val); err != nil {
-				return cli.Exit(fmt.Sprintf("%s=%q (--%s): %s; unset it, or give --%s", v, val, name, clihelp.Want(ef.docFlag), name), 2)
+				return cli.Exit(fmt.Sprintf("%s=%q (--%s): %s; unset it, or give --%s", v, val, name, Want(ef.docFlag), name), 2)
 			}
 			taken[name] = v
 			break
@@ -87,18 +88,26 @@ func applyEnv(c *cli.Context) error {
 	return nil
 }
 
-// fromEnvKey is where applyEnv leaves, in the app's Metadata, the flags
+// commandFlags returns the flags of c's command (the app's, at the top).
+func commandFlags(c *cli.Context) []cli.Flag {
+	if c.Command != nil {
+		return c.Command.Flags
+	}
+	return c.App.Flags
+}
+
+// fromEnvKey is where ApplyEnv leaves, in the app's Metadata, the flags
 // it set from a variable (flag name to variable).
 const fromEnvKey = "from-env"
 
-// fromEnv returns err, a usage error (exit 2) of run's checks, saying
-// which of the flags it names came from a variable, not the command line
-// ("--max-body-bytes 0: want > 0 (--max-body-bytes from
+// FromEnv returns err, a usage error (exit 2) of a command's checks,
+// saying which of the flags it names came from a variable, not the
+// command line ("--max-body-bytes 0: want > 0 (--max-body-bytes from
 // KVROUTER_MAX_BODY_BYTES)"): the operator gave no such flag, and would
 // look for it there. The variable's value is not repeated (a URL can
-// carry a password); the message shows what run took of it. Any other
-// error is returned as it is.
-func fromEnv(c *cli.Context, err error) error {
+// carry a password); the message shows what the check took of it. Any
+// other error is returned as it is.
+func FromEnv(c *cli.Context, err error) error {
 	var ec cli.ExitCoder
 	if err == nil || !errors.As(err, &ec) || ec.ExitCode() != 2 {
 		return err
@@ -106,7 +115,7 @@ func fromEnv(c *cli.Context, err error) error {
 	taken, _ := c.App.Metadata[fromEnvKey].(map[string]string)
 	msg := err.Error()
 	var from []string
-	for _, f := range c.App.Flags {
+	for _, f := range commandFlags(c) {
 		name := f.Names()[0]
 		if v, ok := taken[name]; ok && namesFlag(msg, name) {
 			from = append(from, "--"+name+" from "+v)

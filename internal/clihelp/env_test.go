@@ -1,0 +1,63 @@
+package clihelp
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/urfave/cli/v2"
+)
+
+// envApp is a tool whose --wait and --name are EnvFlags, read from
+// TOOL_WAIT and TOOL_NAME after the command line; its action refuses a
+// --wait over a minute as a usage error, through FromEnv.
+func envApp(wait *time.Duration, name *string) *cli.App {
+	return &cli.App{
+		Name: "tool",
+		Flags: EnvAfterArgs([]cli.Flag{
+			&cli.DurationFlag{Name: "wait", Value: time.Second, EnvVars: []string{"TOOL_WAIT"}},
+			&cli.StringFlag{Name: "name", Value: "x", EnvVars: []string{"TOOL_NAME"}},
+		}),
+		Before: ApplyEnv,
+		Action: func(c *cli.Context) error {
+			*wait, *name = c.Duration("wait"), c.String("name")
+			if *wait > time.Minute {
+				return FromEnv(c, cli.Exit("--wait "+wait.String()+": want at most 1m", 2))
+			}
+			return nil
+		},
+		ExitErrHandler: func(*cli.Context, error) {},
+	}
+}
+
+// TestAFlagGivenOutranksItsVariable: a variable is read only for a flag
+// the command line left unset, so that a bad one does not stop a command
+// line that gives the flag; a bad one read is a usage error naming it,
+// and a value a check refuses is said to come from it.
+func TestAFlagGivenOutranksItsVariable(t *testing.T) {
+	var wait time.Duration
+	var name string
+	t.Setenv("TOOL_WAIT", "200")
+	t.Setenv("TOOL_NAME", "")
+	if err := envApp(&wait, &name).Run([]string{"tool", "--wait", "2s"}); err != nil || wait != 2*time.Second || name != "" {
+		t.Errorf(`TOOL_WAIT=200 TOOL_NAME="" tool --wait 2s: %v, wait %v, name %q; want 2s and "" (a string variable, even empty)`, err, wait, name)
+	}
+	err := envApp(&wait, &name).Run([]string{"tool"})
+	var ec cli.ExitCoder
+	if !errors.As(err, &ec) || ec.ExitCode() != 2 || err.Error() != `TOOL_WAIT="200" (--wait): want a duration with its unit, such as 200ms or 2m; unset it, or give --wait` {
+		t.Errorf("TOOL_WAIT=200 tool: %v, want exit 2 naming TOOL_WAIT and what --wait takes", err)
+	}
+	t.Setenv("TOOL_WAIT", "")
+	if err := envApp(&wait, &name).Run([]string{"tool"}); err != nil || wait != time.Second {
+		t.Errorf(`TOOL_WAIT="" tool: %v, wait %v, want the default 1s (an empty variable of a duration is skipped)`, err, wait)
+	}
+	t.Setenv("TOOL_WAIT", "2m")
+	err = envApp(&wait, &name).Run([]string{"tool"})
+	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.HasSuffix(err.Error(), "(--wait from TOOL_WAIT)") {
+		t.Errorf("TOOL_WAIT=2m tool: %v, want exit 2 saying --wait came from TOOL_WAIT", err)
+	}
+	if err := envApp(&wait, &name).Run([]string{"tool", "--wait", "2m"}); err == nil || strings.Contains(err.Error(), "TOOL_WAIT") {
+		t.Errorf("TOOL_WAIT=2m tool --wait 2m: %v, want a usage error not naming TOOL_WAIT", err)
+	}
+}
