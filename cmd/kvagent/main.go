@@ -29,6 +29,7 @@ import (
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/enginesub"
 	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/kvrouter/kvrouter/internal/limits"
 	"github.com/kvrouter/kvrouter/internal/natswatch"
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -62,7 +63,10 @@ func app() *cli.App {
 
    kvagent ... --offload-socket /run/kvagent/offload.sock --block-bytes 2097152 \
      --host-blocks 10240 --disk-dir /var/lib/kvagent/g3 --disk-blocks 204800`,
-		Flags: append([]cli.Flag{
+		// The flags' KVAGENT_* variables are read after the command line,
+		// for the flags it left unset (clihelp.ApplyEnv): a flag given
+		// outranks its variable, even one that does not parse.
+		Flags: clihelp.EnvAfterArgs(append([]cli.Flag{
 			&cli.Uint64Flag{Name: "worker-id", EnvVars: []string{"KVAGENT_WORKER_ID"}, Usage: "the worker id the router knows this engine by (required); one agent per worker id: " +
 				"its registration replaces the worker's dp ranks, so an engine whose dp ranks run on several hosts needs one worker id per host's agent"},
 			&cli.IntFlag{Name: "block-size", EnvVars: []string{"KVAGENT_BLOCK_SIZE"}, Usage: "the engine's KV block size in tokens (required)"},
@@ -98,7 +102,8 @@ func app() *cli.App {
 			&cli.DurationFlag{Name: "lease", Value: 10 * time.Second, EnvVars: []string{"KVAGENT_LEASE"}, Usage: "the worker's lease: the leader removes it after this long without a heartbeat (0: never)"},
 			&cli.StringFlag{Name: "metrics-addr", Value: "127.0.0.1:9464", EnvVars: []string{"KVAGENT_METRICS_ADDR"}, Usage: "where /metrics is served (empty: nowhere)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"KVAGENT_LOG_LEVEL"}, Usage: "debug, info, warn or error"},
-		}, offloadCLIFlags()...),
+		}, offloadCLIFlags()...)),
+		Before: clihelp.ApplyEnv,
 		Action: run,
 		// A flag that does not parse is a usage error: exit 2.
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return cli.Exit(err.Error(), 2) },
@@ -486,6 +491,9 @@ func strayArgument(c *cli.Context) string {
 	}
 	var named []string
 	for _, f := range c.App.Flags {
+		if ef, ok := f.(clihelp.EnvFlag); ok {
+			f = ef.Unwrap()
+		}
 		if bf, ok := f.(*cli.BoolFlag); ok && c.IsSet(bf.Name) && c.Bool(bf.Name) {
 			named = append(named, fmt.Sprintf("--%s=%t", bf.Name, v))
 		}
