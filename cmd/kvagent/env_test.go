@@ -49,3 +49,29 @@ func TestAFlagGivenOutranksABadVariable(t *testing.T) {
 		t.Errorf("KVAGENT_HEARTBEAT_INTERVAL=300ms kvagent: heartbeat interval %v, want 300ms", got)
 	}
 }
+
+// TestAUsageErrorSaysWhatToDo: a command line whose flag does not parse
+// is refused (exit 2) with one line naming the flag as typed (--flag),
+// what it takes and "see kvagent --help", as kvrouter's, instead of the
+// flag package's "invalid value ... for flag -heartbeat-interval: parse
+// error".
+func TestAUsageErrorSaysWhatToDo(t *testing.T) {
+	clearFlagEnv(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--heartbeat-interval", "5"}, `--heartbeat-interval "5": want a duration with its unit, such as 200ms or 2m; see kvagent --help`},
+		{[]string{"--dp-size", "x"}, `--dp-size "x": want a whole number; see kvagent --help`},
+		{[]string{"--version"}, `--version is not a flag of kvagent; see kvagent --help`},
+	} {
+		a := app()
+		a.Action = func(*cli.Context) error { return nil }
+		a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+		err := a.Run(append([]string{"kvagent"}, c.args...))
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || err.Error() != c.want {
+			t.Errorf("kvagent %q: %v, want exit 2: %s", c.args, err, c.want)
+		}
+	}
+}

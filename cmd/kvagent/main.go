@@ -105,8 +105,11 @@ func app() *cli.App {
 		}, offloadCLIFlags()...)),
 		Before: clihelp.ApplyEnv,
 		Action: run,
-		// A flag that does not parse is a usage error: exit 2.
-		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return cli.Exit(err.Error(), 2) },
+		// A flag that does not parse is a usage error (exit 2): one line
+		// naming the flag as typed, what it takes and where the help is.
+		OnUsageError: func(c *cli.Context, err error, _ bool) error {
+			return cli.Exit(clihelp.UsageError(err, c.App.Flags, "kvagent --help"), 2)
+		},
 	}
 }
 
