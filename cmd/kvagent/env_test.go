@@ -75,3 +75,29 @@ func TestAUsageErrorSaysWhatToDo(t *testing.T) {
 		}
 	}
 }
+
+// TestAUsageErrorOfAVariableNamesTheVariable: a value kvagent refuses
+// (exit 2) that came from its KVAGENT_* variable, the flag not given, is
+// named as the variable: the operator gave no such flag, and would look
+// for it on the command line. The agent's own run is used: each value is
+// refused before it starts anything.
+func TestAUsageErrorOfAVariableNamesTheVariable(t *testing.T) {
+	clearFlagEnv(t)
+	for _, c := range []struct{ env, value string }{
+		{"KVAGENT_DP_SIZE", "0"},
+		{"KVAGENT_LEASE", "500ms"},
+		{"KVAGENT_LOG_LEVEL", "verbose"},
+	} {
+		t.Setenv(c.env, c.value)
+		a := app()
+		a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+		err := a.Run([]string{"kvagent", "--metrics-addr", "", "--worker-id", "1", "--block-size", "4"})
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 {
+			t.Errorf("%s=%s: %v, want exit 2", c.env, c.value, err)
+		} else if !strings.Contains(err.Error(), c.env) {
+			t.Errorf("%s=%s (no flag given): %q, want the message to name %s", c.env, c.value, err, c.env)
+		}
+		os.Unsetenv(c.env)
+	}
+}

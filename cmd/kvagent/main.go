@@ -113,7 +113,10 @@ func app() *cli.App {
 	}
 }
 
-func run(c *cli.Context) error {
+func run(c *cli.Context) (err error) {
+	// A value refused (exit 2) that came from a KVAGENT_* variable is
+	// named as it: the command line does not hold the flag.
+	defer func() { err = clihelp.FromEnv(c, err) }()
 	// Signals are caught from the start: one during a slow start (pinned
 	// memory, a disk pool opening) still closes what was opened. The app's
 	// context ending (a test's) stops the agent as a signal does. Once a
