@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/urfave/cli/v2"
 )
@@ -161,7 +162,10 @@ func newApp(e *env) *cli.App {
 		Writer:      e.stdout,
 		ErrWriter:   e.stderr,
 		HideVersion: true,
-		Flags: []cli.Flag{
+		// The variables are read after the command line, for the flags
+		// it left out (clihelp.ApplyEnv, in Before): a flag given
+		// outranks its variable, even one that does not parse.
+		Flags: clihelp.EnvAfterArgs([]cli.Flag{
 			&cli.StringFlag{Name: "endpoints", Value: "127.0.0.1:7080", EnvVars: []string{"KVCTL_ENDPOINTS"},
 				Usage: "the nodes' HTTP addresses, host:port,..."},
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, EnvVars: []string{"KVCTL_TIMEOUT"},
@@ -176,8 +180,11 @@ func newApp(e *env) *cli.App {
 				Usage: "read --token from this file [$KVCTL_TOKEN_FILE]"},
 			&cli.StringFlag{Name: "tls-ca", EnvVars: []string{"KVCTL_TLS_CA"},
 				Usage: "PEM CA of the nodes' certificates: reach host:port endpoints over TLS, trusting it (an https:// endpoint trusts the system's roots without it)"},
-		},
+		}),
 		Before: func(c *cli.Context) error {
+			if err := clihelp.ApplyEnv(c); err != nil {
+				return usagef("%s", err.Error())
+			}
 			switch c.String("output") {
 			case "table", "json":
 			default:
