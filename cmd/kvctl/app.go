@@ -222,8 +222,15 @@ func newApp(e *env) *cli.App {
 	return app
 }
 
+// onUsageError is the usage error of a command line that did not parse:
+// the flag named as typed (--flag) and what it takes (clihelp.UsageError),
+// then where the help is.
 func onUsageError(c *cli.Context, err error, _ bool) error {
-	return usagef("%v; see %s --help", err, helpName(c))
+	flags := c.App.Flags
+	if c.Command != nil {
+		flags = c.Command.Flags
+	}
+	return usagef("%s", clihelp.UsageError(err, flags, helpName(c)+" --help"))
 }
 
 func helpName(c *cli.Context) string {

@@ -105,3 +105,25 @@ func TestAFlagGivenOutranksABadVariable(t *testing.T) {
 		t.Errorf("KVCTL_TIMEOUT=200 kvctl status: stderr %q, want it to say %q", r.stderr, want)
 	}
 }
+
+// TestAUsageErrorNamesTheFlagAsTyped: a flag that does not parse, or one
+// kvctl does not define, is named as the operator types it (--flag),
+// with what it takes, instead of the flag package's "invalid value "5"
+// for flag -timeout: parse error" and "flag provided but not defined:
+// -bogus"; the line still ends "; see kvctl --help" (or the command's).
+func TestAUsageErrorNamesTheFlagAsTyped(t *testing.T) {
+	dead := deadAddr(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--timeout", "5", "--endpoints", dead, "status"}, `kvctl: --timeout "5": want a duration with its unit, such as 200ms or 2m; see kvctl --help`},
+		{[]string{"--bogus", "status"}, `kvctl: --bogus is not a flag of kvctl; see kvctl --help`},
+		{[]string{"--endpoints", dead, "snapshot", "save", "f", "--max-time", "x"}, `kvctl: --max-time "x": want a duration with its unit, such as 200ms or 2m; see kvctl snapshot save --help`},
+	} {
+		r := kvctl(t, c.args...).wantCode(t, 2)
+		if got := strings.TrimSpace(r.stderr); got != c.want {
+			t.Errorf("kvctl %q: stderr %q, want %q", c.args, got, c.want)
+		}
+	}
+}
