@@ -26,6 +26,7 @@ import (
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/kvrouter/kvrouter/sim"
 	"github.com/kvrouter/kvrouter/sim/enginepub"
@@ -99,11 +100,13 @@ func oneLine(s string) string {
 
 func newApp() *cli.App {
 	return &cli.App{
-		Name:         "kvsim",
-		Usage:        "replay request traces against simulated workers and routing policies",
-		HideVersion:  true,
-		Commands:     []*cli.Command{replayCommand()},
-		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usagef("%v; see kvsim --help", err) },
+		Name:        "kvsim",
+		Usage:       "replay request traces against simulated workers and routing policies",
+		HideVersion: true,
+		Commands:    []*cli.Command{replayCommand()},
+		OnUsageError: func(c *cli.Context, err error, _ bool) error {
+			return usagef("%s", clihelp.UsageError(err, c.App.Flags, "kvsim --help"))
+		},
 		Action: func(c *cli.Context) error {
 			if c.Args().Present() {
 				return usagef("unknown command %q; kvsim --help lists the commands", c.Args().First())
@@ -172,9 +175,10 @@ Examples:
 			&cli.DurationFlag{Name: "agent-wait", Value: time.Minute, Usage: "with --zmq-base-port: how long to wait for every worker's agent to subscribe and register it"},
 		},
 		Action: runReplay,
-		// A flag that does not parse is a usage error: exit 2.
-		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
-			return usagef("%v; see kvsim replay --help", err)
+		// A flag that does not parse is a usage error (exit 2): one line
+		// naming the flag as typed, what it takes and where the help is.
+		OnUsageError: func(c *cli.Context, err error, _ bool) error {
+			return usagef("%s", clihelp.UsageError(err, c.Command.Flags, "kvsim replay --help"))
 		},
 	}
 }
