@@ -128,6 +128,12 @@ func run(ctx context.Context, args []string, e *env) int {
 	if err == nil {
 		return exitOK
 	}
+	// A value refused that came from a global flag's variable, the flag
+	// left out, is named as the variable.
+	var ue *usageError
+	if errors.As(err, &ue) {
+		ue.msg = clihelp.FromEnvNote(app, app.Flags, ue.msg)
+	}
 	fmt.Fprintln(e.stderr, "kvctl: "+oneLine(explain(err)))
 	if errors.As(err, new(*usageError)) {
 		return exitUsage

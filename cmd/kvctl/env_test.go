@@ -127,3 +127,35 @@ func TestAUsageErrorNamesTheFlagAsTyped(t *testing.T) {
 		}
 	}
 }
+
+// TestAUsageErrorOfAVariableNamesTheVariable: a value kvctl refuses (exit
+// 2) that came from a global flag's KVCTL_* variable, the flag left out,
+// is named as the variable: the operator gave no such flag, and would
+// look for it on the command line. The value is not repeated beyond what
+// the message shows of it (an endpoint can carry a password).
+func TestAUsageErrorOfAVariableNamesTheVariable(t *testing.T) {
+	dead := deadAddr(t)
+	missing := filepath.Join(t.TempDir(), "missing")
+	for _, c := range []struct {
+		env, value string
+		args       []string
+		want       string
+	}{
+		{"KVCTL_TIMEOUT", "-1s", []string{"--endpoints", dead, "status"}, "(--timeout from KVCTL_TIMEOUT)"},
+		{"KVCTL_ENDPOINTS", "127.0.0.1:x", []string{"status"}, "(--endpoints from KVCTL_ENDPOINTS)"},
+		{"KVCTL_TLS_CA", missing, []string{"--endpoints", dead, "status"}, "(--tls-ca from KVCTL_TLS_CA)"},
+	} {
+		t.Run(c.env, func(t *testing.T) {
+			t.Setenv(c.env, c.value)
+			r := kvctl(t, c.args...).wantCode(t, 2)
+			if !strings.Contains(r.stderr, c.want) {
+				t.Errorf("%s=%s kvctl %q: stderr %q, want it to say %s", c.env, c.value, c.args, r.stderr, c.want)
+			}
+		})
+	}
+	t.Setenv("KVCTL_TIMEOUT", "-1s")
+	r := kvctl(t, "--timeout", "-1s", "--endpoints", dead, "status").wantCode(t, 2)
+	if strings.Contains(r.stderr, "KVCTL_TIMEOUT") {
+		t.Errorf("kvctl --timeout -1s: stderr %q names KVCTL_TIMEOUT, which the flag given outranks", r.stderr)
+	}
+}

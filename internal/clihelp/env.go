@@ -103,28 +103,40 @@ const fromEnvKey = "from-env"
 // FromEnv returns err, a usage error (exit 2) of a command's checks,
 // saying which of the flags it names came from a variable, not the
 // command line ("--max-body-bytes 0: want > 0 (--max-body-bytes from
-// KVROUTER_MAX_BODY_BYTES)"): the operator gave no such flag, and would
-// look for it there. The variable's value is not repeated (a URL can
-// carry a password); the message shows what the check took of it. Any
-// other error is returned as it is.
+// KVROUTER_MAX_BODY_BYTES)"; FromEnvNote): the operator gave no such
+// flag, and would look for it there. Any other error is returned as it
+// is.
 func FromEnv(c *cli.Context, err error) error {
 	var ec cli.ExitCoder
 	if err == nil || !errors.As(err, &ec) || ec.ExitCode() != 2 {
 		return err
 	}
-	taken, _ := c.App.Metadata[fromEnvKey].(map[string]string)
 	msg := err.Error()
+	if noted := FromEnvNote(c.App, commandFlags(c), msg); noted != msg {
+		return cli.Exit(noted, 2)
+	}
+	return err
+}
+
+// FromEnvNote returns msg, a usage error's message, followed by which of
+// flags (of app: their variables read by ApplyEnv) it names came from a
+// variable: "(--timeout from KVCTL_TIMEOUT)", for a binary whose usage
+// errors are no cli.ExitCoder. The variable's value is not repeated (a
+// URL can carry a password); the message shows what the check took of
+// it. msg is returned as it is where it names none.
+func FromEnvNote(app *cli.App, flags []cli.Flag, msg string) string {
+	taken, _ := app.Metadata[fromEnvKey].(map[string]string)
 	var from []string
-	for _, f := range commandFlags(c) {
+	for _, f := range flags {
 		name := f.Names()[0]
 		if v, ok := taken[name]; ok && namesFlag(msg, name) {
 			from = append(from, "--"+name+" from "+v)
 		}
 	}
 	if len(from) == 0 {
-		return err
+		return msg
 	}
-	return cli.Exit(msg+" ("+strings.Join(from, ", ")+")", 2)
+	return msg + " (" + strings.Join(from, ", ") + ")"
 }
 
 // namesFlag reports whether msg names --name (not a longer flag that
