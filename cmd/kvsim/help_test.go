@@ -26,7 +26,7 @@ func TestNoFlagShowsTwoDefaults(t *testing.T) {
 func TestPoliciesHelpNamesWhatTheDefaultsLeaveOut(t *testing.T) {
 	var usage string
 	for _, f := range replayCommand().Flags {
-		if sf, ok := f.(*cli.StringFlag); ok && sf.Name == "policies" {
+		if sf, ok := f.(clihelp.EnvFlag).Unwrap().(*cli.StringFlag); ok && sf.Name == "policies" {
 			usage = sf.Usage
 		}
 	}

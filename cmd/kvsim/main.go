@@ -133,7 +133,10 @@ Examples:
    kvsim replay --trace traces/mooncake_synthetic_trace.jsonl --speed 6
    kvsim replay --mode cache --trace traces/mooncake_synthetic_trace.jsonl
    kvsim replay --trace traces/mooncake_arxiv_trace_first1000.jsonl --concurrency 64 -o bench`,
-		Flags: []cli.Flag{
+		// The variables (KVSIM_TRACE, kvctl's KVCTL_*) are read after the
+		// command line, for the flags it left out (clihelp.ApplyEnv), so
+		// that onCommandLine can tell a flag from its variable.
+		Flags: clihelp.EnvAfterArgs([]cli.Flag{
 			// Required, but checked by runReplay: urfave/cli's own check
 			// printed the help and no error.
 			&cli.StringFlag{Name: "trace", Usage: "Mooncake JSONL trace `FILE` (required)", EnvVars: []string{"KVSIM_TRACE"}},
@@ -173,7 +176,8 @@ Examples:
 			&cli.IntFlag{Name: "zmq-replay-base-port", Usage: "with --zmq-base-port: worker i also serves replays of its last batches on a ROUTER at tcp://ZMQ-HOST:(PORT+i) (0: none)"},
 			&cli.StringFlag{Name: "zmq-host", Value: "127.0.0.1", Usage: "with --zmq-base-port: the address the workers' sockets bind"},
 			&cli.DurationFlag{Name: "agent-wait", Value: time.Minute, Usage: "with --zmq-base-port: how long to wait for every worker's agent to subscribe and register it"},
-		},
+		}),
+		Before: clihelp.ApplyEnv,
 		Action: runReplay,
 		// A flag that does not parse is a usage error (exit 2): one line
 		// naming the flag as typed, what it takes and where the help is.
@@ -222,23 +226,10 @@ func liveClientOptions(c *cli.Context) (client.Options, error) {
 }
 
 // onCommandLine reports whether the string flag name has a value given on
-// the command line: urfave/cli's IsSet also counts one read from the flag's
-// environment variable, which is what the value is when it equals it.
+// the command line, not read from the flag's variable (clihelp.ApplyEnv
+// records which): urfave/cli's IsSet is true of both.
 func onCommandLine(c *cli.Context, name string) bool {
-	v := c.String(name)
-	if v == "" {
-		return false
-	}
-	for _, f := range c.Command.Flags {
-		if sf, ok := f.(*cli.StringFlag); ok && sf.Name == name {
-			for _, e := range sf.EnvVars {
-				if ev, found := os.LookupEnv(e); found {
-					return v != ev // the first variable set is the one read
-				}
-			}
-		}
-	}
-	return true
+	return c.String(name) != "" && clihelp.FromVariable(c, name) == ""
 }
 
 // checkWireFlags checks the --zmq-* flags: they need --live, and every

@@ -2,6 +2,8 @@ package main
 
 import (
 	"errors"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/urfave/cli/v2"
@@ -28,5 +30,26 @@ func TestAUsageErrorNamesTheFlagAsTyped(t *testing.T) {
 		if !errors.As(err, &ec) || ec.ExitCode() != exitUsage || err.Error() != c.want {
 			t.Errorf("kvsim %q: %v, want exit 2: %s", c.args, err, c.want)
 		}
+	}
+}
+
+// TestALiveFlagGivenWithoutLiveIsRefusedWhateverItsVariable: --token,
+// --token-file and --tls-ca given on the command line without --live are
+// usage errors (docs/sim.md), also when the value given equals the
+// flag's KVCTL_* variable: kvsim tells a flag from its variable by where
+// it was read (clihelp.ApplyEnv), instead of by comparing the values,
+// which took such a flag for the variable and ignored it. The variable
+// alone is still ignored without --live.
+func TestALiveFlagGivenWithoutLiveIsRefusedWhateverItsVariable(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing.jsonl")
+	t.Setenv("KVCTL_TOKEN", "s3cret")
+	_, err := kvsim(t, "replay", "--trace", missing, "--token", "s3cret")
+	var ec cli.ExitCoder
+	if !errors.As(err, &ec) || ec.ExitCode() != exitUsage || !strings.Contains(err.Error(), "--token needs --live") {
+		t.Errorf("KVCTL_TOKEN=s3cret kvsim replay --token s3cret: %v, want exit 2: --token needs --live", err)
+	}
+	_, err = kvsim(t, "replay", "--trace", missing)
+	if err == nil || strings.Contains(err.Error(), "--token") {
+		t.Errorf("KVCTL_TOKEN=s3cret kvsim replay: %v, want the missing trace refused, the variable ignored", err)
 	}
 }

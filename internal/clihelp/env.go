@@ -88,6 +88,14 @@ func ApplyEnv(c *cli.Context) error {
 	return nil
 }
 
+// FromVariable returns the variable ApplyEnv set flag name from, "" when
+// it did not (the command line gave the flag, or nothing did): c.IsSet
+// is true of both.
+func FromVariable(c *cli.Context, name string) string {
+	taken, _ := c.App.Metadata[fromEnvKey].(map[string]string)
+	return taken[name]
+}
+
 // commandFlags returns the flags of c's command (the app's, at the top).
 func commandFlags(c *cli.Context) []cli.Flag {
 	if c.Command != nil {
