@@ -2,30 +2,19 @@ package main
 
 import (
 	"errors"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/urfave/cli/v2"
 )
 
-// clearFlagEnv unsets every KVAGENT_* variable of a flag for the test, so
-// that the environment the tests run in sets none.
+// clearFlagEnv unsets, for the test, every KVAGENT_* variable of a flag,
+// so that the environment the tests run in sets none.
 func clearFlagEnv(t *testing.T) {
 	t.Helper()
-	for _, f := range app().Flags {
-		ef, ok := f.(interface{ GetEnvVars() []string })
-		if !ok {
-			continue
-		}
-		for _, v := range ef.GetEnvVars() {
-			t.Setenv(v, "") // restored after the test
-			if err := os.Unsetenv(v); err != nil {
-				t.Fatalf("unset %s: %v", v, err)
-			}
-		}
-	}
+	clihelp.UnsetEnv(t, app().Flags)
 }
 
 // TestAFlagGivenOutranksABadVariable: a flag given outranks its KVAGENT_*
@@ -83,21 +72,9 @@ func TestAUsageErrorSaysWhatToDo(t *testing.T) {
 // refused before it starts anything.
 func TestAUsageErrorOfAVariableNamesTheVariable(t *testing.T) {
 	clearFlagEnv(t)
-	for _, c := range []struct{ env, value string }{
+	clihelp.WantVariableNamed(t, app, []string{"kvagent", "--metrics-addr", "", "--worker-id", "1", "--block-size", "4"}, [][2]string{
 		{"KVAGENT_DP_SIZE", "0"},
 		{"KVAGENT_LEASE", "500ms"},
 		{"KVAGENT_LOG_LEVEL", "verbose"},
-	} {
-		t.Setenv(c.env, c.value)
-		a := app()
-		a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
-		err := a.Run([]string{"kvagent", "--metrics-addr", "", "--worker-id", "1", "--block-size", "4"})
-		var ec cli.ExitCoder
-		if !errors.As(err, &ec) || ec.ExitCode() != 2 {
-			t.Errorf("%s=%s: %v, want exit 2", c.env, c.value, err)
-		} else if !strings.Contains(err.Error(), c.env) {
-			t.Errorf("%s=%s (no flag given): %q, want the message to name %s", c.env, c.value, err, c.env)
-		}
-		os.Unsetenv(c.env)
-	}
+	})
 }

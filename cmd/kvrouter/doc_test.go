@@ -95,16 +95,5 @@ func TestTimeoutsParagraphNamesTheZerosAndNegativesTaken(t *testing.T) {
 // not the environment the tests happen to run in.
 func clearFlagEnv(t *testing.T) {
 	t.Helper()
-	for _, f := range newApp().Flags {
-		ef, ok := f.(interface{ GetEnvVars() []string })
-		if !ok {
-			continue
-		}
-		for _, v := range ef.GetEnvVars() {
-			t.Setenv(v, "") // restored after the test
-			if err := os.Unsetenv(v); err != nil {
-				t.Fatalf("unset %s: %v", v, err)
-			}
-		}
-	}
+	clihelp.UnsetEnv(t, newApp().Flags)
 }

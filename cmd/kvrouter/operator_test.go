@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/urfave/cli/v2"
 )
 
@@ -92,22 +93,10 @@ func TestAUsageErrorSaysWhatToDo(t *testing.T) {
 // looks for it on the command line.
 func TestAUsageErrorOfAVariableNamesTheVariable(t *testing.T) {
 	clearFlagEnv(t)
-	for _, c := range []struct{ env, value string }{
+	clihelp.WantVariableNamed(t, newApp, []string{"kvrouter", "--data-dir", filepath.Join(t.TempDir(), "data")}, [][2]string{
 		{"KVROUTER_LOG_LEVEL", "verbose"},
 		{"KVROUTER_MAX_BODY_BYTES", "0"},
 		{"KVROUTER_HTTP_ADDR", "localhost"},
 		{"KVROUTER_BOOKING_MAX_AGE", "48h"},
-	} {
-		t.Setenv(c.env, c.value)
-		app := newApp()
-		app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
-		err := app.Run([]string{"kvrouter", "--data-dir", filepath.Join(t.TempDir(), "data")})
-		var ec cli.ExitCoder
-		if !errors.As(err, &ec) || ec.ExitCode() != 2 {
-			t.Errorf("%s=%s: %v, want exit 2", c.env, c.value, err)
-		} else if !strings.Contains(err.Error(), c.env) {
-			t.Errorf("%s=%s (no flag given): %q, want the message to name %s", c.env, c.value, err, c.env)
-		}
-		os.Unsetenv(c.env)
-	}
+	})
 }

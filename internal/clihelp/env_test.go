@@ -61,3 +61,17 @@ func TestAFlagGivenOutranksItsVariable(t *testing.T) {
 		t.Errorf("TOOL_WAIT=2m tool --wait 2m: %v, want a usage error not naming TOOL_WAIT", err)
 	}
 }
+
+// TestTheHelpersSeeAVariableNamed: UnsetEnv leaves the tool's variables
+// unset, and WantVariableNamed passes a run refusing a value that came
+// from one, naming it.
+func TestTheHelpersSeeAVariableNamed(t *testing.T) {
+	var wait time.Duration
+	var name string
+	t.Setenv("TOOL_WAIT", "200")
+	UnsetEnv(t, envApp(&wait, &name).Flags)
+	if err := envApp(&wait, &name).Run([]string{"tool"}); err != nil || wait != time.Second || name != "x" {
+		t.Fatalf("tool, its variables unset: %v, wait %v, name %q; want the defaults", err, wait, name)
+	}
+	WantVariableNamed(t, func() *cli.App { return envApp(&wait, &name) }, []string{"tool"}, [][2]string{{"TOOL_WAIT", "2m"}, {"TOOL_WAIT", "x"}})
+}
