@@ -78,3 +78,17 @@ func TestAUsageErrorOfAVariableNamesTheVariable(t *testing.T) {
 		{"KVAGENT_LOG_LEVEL", "verbose"},
 	})
 }
+
+// TestABadLogLevelSaysTheLevels: a --log-level slog does not know is a
+// usage error naming the levels kvagent takes, as kvrouter's, instead of
+// slog's "slog: level string "verbose": unknown name".
+func TestABadLogLevelSaysTheLevels(t *testing.T) {
+	clearFlagEnv(t)
+	a := app()
+	a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+	err := a.Run([]string{"kvagent", "--metrics-addr", "", "--worker-id", "1", "--block-size", "4", "--log-level", "verbose"})
+	var ec cli.ExitCoder
+	if want := `--log-level "verbose": want debug, info, warn or error`; !errors.As(err, &ec) || ec.ExitCode() != 2 || err.Error() != want {
+		t.Errorf("kvagent --log-level verbose: %v, want exit 2: %s", err, want)
+	}
+}

@@ -132,7 +132,7 @@ func run(c *cli.Context) (err error) {
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
-		return cli.Exit(fmt.Sprintf("--log-level: %v", err), 2)
+		return cli.Exit(fmt.Sprintf("--log-level %q: want debug, info, warn or error", c.String("log-level")), 2)
 	}
 	logger := slog.New(slog.NewTextHandler(c.App.ErrWriter, &slog.HandlerOptions{Level: level}))
 	oc, err := offloadConfigFrom(c)
