@@ -34,6 +34,7 @@ const (
 	ReasonNoWorkers        = "no_workers"         // 503: no worker can take the request
 	ReasonNotReady         = "not_ready"          // 503: /readyz before the node caught up
 	ReasonShuttingDown     = "shutting_down"      // 503
+	ReasonStateReplaced    = "state_replaced"     // 503: a snapshot stream cut off by a restore that replaced the state; save again
 	ReasonTimeout          = "timeout"            // 503: the node gave up waiting (the write may still apply; retrying is safe)
 	ReasonCanceled         = "canceled"           // 503: the client went away
 )
@@ -88,6 +89,8 @@ func classify(err error) (int, string) {
 		return http.StatusServiceUnavailable, ReasonNoLeader
 	case errors.Is(err, raftfsm.ErrShutdown):
 		return http.StatusServiceUnavailable, ReasonShuttingDown
+	case errors.Is(err, raftfsm.ErrStateReplaced):
+		return http.StatusServiceUnavailable, ReasonStateReplaced
 	case errors.Is(err, raftfsm.ErrUnreachable):
 		return http.StatusServiceUnavailable, ReasonUnreachable
 	case errors.Is(err, raftfsm.ErrUnknownWorker):

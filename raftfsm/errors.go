@@ -54,6 +54,11 @@ var (
 	// restore was put in place after the FSM's state it would hold
 	// (snapshotStore). Raft tries again later.
 	ErrRestorePending = errors.New("snapshot restore pending")
+	// ErrStateReplaced means a snapshot save was cut off because a
+	// restore (a user's, or a leader's snapshot) replaced the state while
+	// the save read it: the stream written so far must be thrown away.
+	// Save again; the next save reads the restored state.
+	ErrStateReplaced = errors.New("the state was replaced by a restore while the save read it; save again")
 	// ErrShutdown means the node is closing.
 	ErrShutdown = errors.New("node shut down")
 	// ErrStaleDump means a rank dump named a cursor below the one the rank

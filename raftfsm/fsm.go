@@ -66,6 +66,10 @@ type FSM struct {
 	jrnl       journal
 	applyGate  chan struct{} // Config.applyGate (tests)
 	isClosed   bool          // Close ran; under dbMu
+	// replaced counts the state databases a restore closed (restoreFrom);
+	// under dbMu. A save whose view failed tells a restore's close from
+	// the node's by it (FSM.cutOff).
+	replaced uint64
 
 	// snaps is the node's Raft snapshot store (nil for a bare FSM): the
 	// FSM's own snapshots are marked in it, and refused while an install
@@ -786,16 +790,34 @@ func (f *FSM) waitCommit() error {
 // an L0 compaction that would share the cores with the save (it did on
 // the 5M snapshot benchmark). Raft's own snapshots still commit (see
 // Snapshot): their log truncation needs the state durable.
-func (f *FSM) view() (*store.StateSnapshot, error) {
+// It also returns how many state databases a restore had closed by then,
+// for cutOff.
+func (f *FSM) view() (*store.StateSnapshot, uint64, error) {
 	f.dbMu.Lock()
 	defer f.dbMu.Unlock()
 	if err := f.waitCommit(); err != nil {
-		return nil, err // the database lacks a group the index holds
+		return nil, 0, err // the database lacks a group the index holds
 	}
 	if f.batch == nil {
-		return f.db.Snapshot(), nil
+		return f.db.Snapshot(), f.replaced, nil
 	}
-	return f.batch.View(), nil
+	return f.batch.View(), f.replaced, nil
+}
+
+// cutOff returns the error of a save whose view, taken when restores had
+// closed replaced state databases (view), failed with err: ErrStateReplaced
+// when a restore has closed its database since, err otherwise (a save cut
+// off by the FSM's Close keeps the closed store's error).
+func (f *FSM) cutOff(err error, replaced uint64) error {
+	if !errors.Is(err, store.ErrClosed) {
+		return err
+	}
+	f.dbMu.RLock()
+	defer f.dbMu.RUnlock()
+	if f.replaced == replaced {
+		return err
+	}
+	return fmt.Errorf("%w: %v", ErrStateReplaced, err)
 }
 
 // dropGroup discards the group batch (its state is being replaced), once

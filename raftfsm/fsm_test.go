@@ -448,7 +448,7 @@ func TestReleaseClosesTheSnapshotsView(t *testing.T) {
 // laid over the database, not committed).
 func viewBytes(t *testing.T, f *FSM) []byte {
 	t.Helper()
-	v, err := f.view()
+	v, _, err := f.view()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -578,7 +578,7 @@ func TestSaveLaysTheGroupOverTheDatabase(t *testing.T) {
 	if after := tables(); !slices.Equal(before, after) {
 		t.Fatalf("the save committed the group: tables %v, then %v", before, after)
 	}
-	v, err := f.view()
+	v, _, err := f.view()
 	if err != nil {
 		t.Fatal(err)
 	}

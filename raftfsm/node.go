@@ -3103,7 +3103,10 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 
 // SaveSnapshot streams the leader's current state. A Barrier first makes
 // sure everything committed is applied; the stream is read from one
-// consistent view of the state database.
+// consistent view of the state database. A restore (a user's, or a
+// leader's snapshot installed on a deposed leader) that replaces the
+// state while the save reads it cuts the stream off: ErrStateReplaced,
+// to save again.
 func (n *Node) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotInfo, error) {
 	if n.raft.State() != raft.Leader {
 		return SnapshotInfo{}, n.notLeader()
@@ -3116,12 +3119,18 @@ func (n *Node) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotInfo, err
 		// FSM halted at: a save would lack what was acknowledged since.
 		return SnapshotInfo{}, fmt.Errorf("snapshot save: %w: %w", ErrNoLeader, h)
 	}
-	view, err := n.fsm.view()
+	view, replaced, err := n.fsm.view()
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
 	defer view.Close()
-	return writeSnapshot(w, view)
+	info, err := writeSnapshot(w, view)
+	if err != nil {
+		// A restore that closed the database under the view: the stream
+		// is cut off, and a save sent again reads the restored state.
+		return info, n.fsm.cutOff(err, replaced)
+	}
+	return info, nil
 }
 
 // uploadReader is a restore's upload that keeps the error its reader

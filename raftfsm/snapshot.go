@@ -622,6 +622,7 @@ func (f *FSM) restoreFrom(r io.Reader, index, term uint64) error {
 	f.dbMu.Lock()
 	defer f.dbMu.Unlock()
 	f.dropGroup() // changes to the state the stream replaces
+	f.replaced++  // a save reading the database closed fails (FSM.cutOff)
 	if err := f.db.Close(); err != nil {
 		// Closed all the same (StateDB.Close), and its contents are being
 		// replaced: returning here would leave the FSM on a closed database.

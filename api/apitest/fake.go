@@ -58,6 +58,7 @@ type Fake struct {
 	// snapshotFailAfter, when > 0, makes SaveSnapshot fail after writing
 	// that many bytes.
 	snapshotFailAfter int
+	snapshotFailErr   error // what it fails with; nil: a disk read failed
 }
 
 type rankState struct {
@@ -146,7 +147,15 @@ func (f *Fake) SetHook(hook func(method string) error) {
 func (f *Fake) FailSnapshotAfter(n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.snapshotFailAfter = n
+	f.snapshotFailAfter, f.snapshotFailErr = n, nil
+}
+
+// FailSnapshotWith makes SaveSnapshot fail with err after writing n bytes
+// (0: never), as a save a restore cut off fails (raftfsm.ErrStateReplaced).
+func (f *Fake) FailSnapshotWith(n int, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.snapshotFailAfter, f.snapshotFailErr = n, err
 }
 
 // Calls returns how many times each method was called.
@@ -762,10 +771,13 @@ func (f *Fake) SaveSnapshot(ctx context.Context, w io.Writer) (raftfsm.SnapshotI
 		return raftfsm.SnapshotInfo{}, err
 	}
 	data, info := f.encodeSnapshot()
-	failAfter := f.snapshotFailAfter
+	failAfter, failErr := f.snapshotFailAfter, f.snapshotFailErr
 	f.mu.Unlock()
 	for off := 0; off < len(data); off += 64 {
 		if failAfter > 0 && off >= failAfter {
+			if failErr != nil {
+				return raftfsm.SnapshotInfo{}, failErr
+			}
 			return raftfsm.SnapshotInfo{}, errors.New("snapshot store: disk read failed")
 		}
 		if err := ctx.Err(); err != nil {

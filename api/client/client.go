@@ -506,6 +506,8 @@ func (e *Error) Unwrap() error {
 		return raftfsm.ErrInvalid
 	case api.ReasonShuttingDown:
 		return raftfsm.ErrShutdown
+	case api.ReasonStateReplaced:
+		return raftfsm.ErrStateReplaced
 	case api.ReasonUnreachable:
 		return raftfsm.ErrUnreachable
 	case api.ReasonUnauthorized:

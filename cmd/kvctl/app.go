@@ -524,6 +524,8 @@ func explain(err error) string {
 			return err.Error() + "; the write may still apply: check with kvctl status (and kvctl members list) before retrying it"
 		case api.ReasonShuttingDown:
 			return err.Error() + "; the node is stopping: use another endpoint"
+		case api.ReasonStateReplaced:
+			return err.Error() + "; retry the save: it reads the restored state"
 		case api.ReasonUnreachable:
 			return err.Error() + "; nothing changed: kvctl status on that member shows whether it is up"
 		case api.ReasonNotReady:

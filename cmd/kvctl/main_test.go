@@ -1612,6 +1612,24 @@ func TestSnapshotSaveVerifiesThenRenames(t *testing.T) {
 	}
 }
 
+// TestASaveCutOffByARestoreSaysSaveAgain: a save whose stream a restore
+// cut off (the node's error trailers, reason state_replaced) exits 1
+// saying so and to save again, and leaves no file, instead of the 500 internal
+// of a closed state database that sent the operator to the node's log.
+func TestASaveCutOffByARestoreSaysSaveAgain(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	dir := t.TempDir()
+	c.leader().FailSnapshotWith(128, fmt.Errorf("%w: write snapshot records: read view: store closed", raftfsm.ErrStateReplaced))
+	r := kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", filepath.Join(dir, "a.snap")).wantCode(t, 1)
+	for _, want := range []string{"state_replaced", "replaced by a restore", "nothing was saved", "retry the save"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Fatalf("stderr = %q, want %q in it", r.stderr, want)
+		}
+	}
+	assertNoFiles(t, dir)
+}
+
 func TestSnapshotSaveFailingLeavesNothing(t *testing.T) {
 	c := newCluster(t)
 	c.registerWorkers(t)
