@@ -290,6 +290,17 @@ func (c *testCluster) leaderNow() *Node {
 	return nil
 }
 
+// followerOf returns the index of the first node that is not l.
+func (c *testCluster) followerOf(l *Node) int {
+	for i, n := range c.nodes {
+		if n != l {
+			return i
+		}
+	}
+	c.t.Fatalf("no node but %s", l.cfg.ID)
+	return -1
+}
+
 // converged waits until every running node has applied the leader's last
 // index and reports the same digest.
 func (c *testCluster) converged() uint64 {
@@ -331,6 +342,24 @@ func ingestRetrying(t *testing.T, c *testCluster, b []RankBatch) []RankAck {
 		if !errors.Is(err, ErrNotLeader) && !errors.Is(err, ErrNoLeader) || time.Now().After(deadline) {
 			t.Fatalf("ingest: %v", err)
 		}
+	}
+}
+
+// restoreRetrying restores snap through whichever node leads, retrying on
+// leadership changes (a leader that loses its lease while the followers
+// install the restore asks for a retry), for up to 30 s.
+func restoreRetrying(t *testing.T, c *testCluster, snap []byte) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := c.leader().RestoreSnapshot(ctx(t), bytes.NewReader(snap))
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, ErrNoLeader) && !errors.Is(err, ErrNotLeader) || time.Now().After(deadline) {
+			t.Fatalf("restore: %v", err)
+		}
+		t.Logf("restore: %v", err)
 	}
 }
 
@@ -571,10 +600,7 @@ func TestNodeDownPastLogRetentionCatchesUpFromSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.converged()
-	down := 0
-	for c.nodes[down] == l {
-		down++
-	}
+	down := c.followerOf(l)
 	// Nothing is proposed between the convergence and the stop: the
 	// node's log ends here.
 	downLast, err := c.nodes[down].logs.LastIndex()
@@ -700,17 +726,7 @@ func TestSnapshotSaveWipeRestore(t *testing.T) {
 	}
 	// Followers install the restore beside each other; a leader that loses
 	// its lease meanwhile (a loaded machine) asks for a retry.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := c.leader().RestoreSnapshot(ctx(t), bytes.NewReader(buf.Bytes()))
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, ErrNoLeader) && !errors.Is(err, ErrNotLeader) || time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		t.Logf("restore: %v", err)
-	}
+	restoreRetrying(t, c, buf.Bytes())
 	// The spools (the upload and the stream Raft took, each as large as
 	// the snapshot) are gone once the restore answered.
 	for _, dir := range c.dirs {

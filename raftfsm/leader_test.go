@@ -1016,10 +1016,7 @@ func TestLeaderCloseEndsASnapshotToAHungFollower(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.converged()
-	down := 0
-	for c.nodes[down] == l {
-		down++
-	}
+	down := c.followerOf(l)
 	c.stop(down)
 	// About 2 MB of state (16 events of 1000 blocks): a send deadline of
 	// 16 s at the test transport's 2 s.

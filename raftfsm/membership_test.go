@@ -1445,10 +1445,7 @@ func TestAFollowerBackBySnapshotIsNoStranger(t *testing.T) {
 	c := compactingCluster(t, &logs)
 	l := c.leader()
 	c.converged()
-	down := 0
-	for c.nodes[down] == l {
-		down++
-	}
+	down := c.followerOf(l)
 	last := c.nodes[down].raft.LastIndex()
 	c.stop(down)
 	l = ingestAndSnapshot(t, c)
