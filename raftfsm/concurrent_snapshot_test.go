@@ -369,3 +369,63 @@ func TestAFollowerCatchesUpThroughASnapshotWhileTheLeaderIngests(t *testing.T) {
 		}
 	}
 }
+
+// TestAUserSaveBesideRaftSnapshotsIsOnePointInTime: user saves (FSM.view,
+// from their own goroutine) while the FSM goroutine applies entries and
+// takes a Raft snapshot after each (FSM.Snapshot, which commits the open
+// group, as Raft's snapshots and Node.maybeSnapshot run it) each stream
+// the state at their index: restored, the digest the FSM had there. It
+// pins FSM.Snapshot holding dbMu (RLock): without it (the RLock and its
+// RUnlock taken out) its commit of the group sorts and empties the batch
+// a save's view is copying, a DATA RACE under -race (and a view that
+// lacks the group or holds it twice).
+func TestAUserSaveBesideRaftSnapshotsIsOnePointInTime(t *testing.T) {
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	w := &logWriter{}
+	f.Apply(w.next(encodeRegister(1, &WorkerInfo{ID: 1, BlockSize: 16})))
+	digests := map[uint64]uint64{w.index: f.Digest()} // the FSM goroutine's alone until it is done
+	applied := make(chan error, 1)
+	go func() { // the FSM goroutine: entries, each followed by a Raft snapshot
+		for k := uint32(1); k <= 200; k++ {
+			f.ApplyBatch([]*raft.Log{w.next(encodeEvents(2, oneEventBatch(k)))})
+			digests[w.index] = f.Digest()
+			s, err := f.Snapshot()
+			if err != nil {
+				applied <- err
+				return
+			}
+			s.Release()
+		}
+		applied <- nil
+	}()
+	var saves [][]byte
+	for done := false; !done; {
+		select {
+		case err := <-applied:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		default:
+		}
+		view, _, err := f.view()
+		if err != nil {
+			t.Fatal(err)
+		}
+		saves = append(saves, streamOf(t, view))
+		view.Close()
+	}
+	t.Logf("%d saves beside 200 Raft snapshots", len(saves))
+	for i := 0; i < len(saves); i += max(1, len(saves)/20) { // restoring each of hundreds would take long
+		info, err := InspectSnapshot(bytes.NewReader(saves[i]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, ok := digests[info.Index]
+		if !ok {
+			t.Fatalf("save %d at index %d: an index the FSM never applied to", i, info.Index)
+		}
+		restoredFSM(t, saves[i], want)
+	}
+}
