@@ -134,7 +134,8 @@ type FSM struct {
 	// above it (ErrReplaying).
 	handed atomic.Uint64
 	// sinceSnap is the bytes of the entries applied since the last
-	// Snapshot (Node.maybeSnapshot).
+	// snapshot persisted (Node.maybeSnapshot), those re-delivered after a
+	// restart included: the log still holds them.
 	sinceSnap atomic.Int64
 	malformed atomic.Uint64
 	// halt is set at the first entry of a later build (ErrLaterBuild) and
@@ -668,7 +669,12 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	for i, l := range logs {
 		if l.Index <= applied {
-			continue // re-delivered after a restart: already in the state
+			// Re-delivered after a restart: already in the state, but
+			// still in the log after Raft's last snapshot (Raft
+			// re-delivers only those), so counted towards the next one
+			// as before the restart.
+			f.sinceSnap.Add(int64(len(l.Data)))
+			continue
 		}
 		if h := f.halt.Load(); h != nil {
 			// Halted at an entry of a later build: this one and every

@@ -1802,3 +1802,43 @@ func TestTheFSMHaltsAtAnEntryOfALaterBuild(t *testing.T) {
 		t.Fatalf("after the upgrade: applied index %d, workers %v (%v); want 6 and 7 to 10", applied, g.Workers(), res)
 	}
 }
+
+// TestBytesSinceSnapshotCountsTheLogTailAcrossARestart pins the byte bound
+// on the log (docs/operations.md "Snapshots and the log": a snapshot once
+// "the entries applied since the last snapshot hold 256 MiB", which
+// "bounds the log a restart has to read"): the entries after the last
+// snapshot that the state already holds at a restart are still in the log,
+// and Raft re-delivers them; the FSM skips them as applied, but they count
+// towards the bound, as they did before the restart. Otherwise every
+// restart starts the count over while the log keeps them, and a node
+// restarted more often than it reaches the bound never snapshots by bytes.
+func TestBytesSinceSnapshotCountsTheLogTailAcrossARestart(t *testing.T) {
+	dir := t.TempDir()
+	f := openTestFSM(t, dir)
+	var w logWriter
+	var logs []*raft.Log
+	var bytes int64
+	for i := uint64(0); i < 20; i++ {
+		l := w.next(encodeEvents(100, []RankBatch{{Rank: r1, Events: chainEvents(r1, 1+10*i, 10, 1+10*i)}}))
+		logs = append(logs, l)
+		bytes += int64(len(l.Data))
+	}
+	f.ApplyBatch(logs)
+	if got := f.BytesSinceSnapshot(); got != bytes {
+		t.Fatalf("before the restart: %d bytes since the snapshot, want %d", got, bytes)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f = openTestFSM(t, dir)
+	defer f.Close()
+	// No snapshot was taken: Raft re-delivers the whole log, which the
+	// state already holds.
+	f.ApplyBatch(logs)
+	if idx, _ := f.Applied(); idx != w.index {
+		t.Fatalf("applied %d after the replay, want %d", idx, w.index)
+	}
+	if got := f.BytesSinceSnapshot(); got != bytes {
+		t.Fatalf("after a restart and the log's replay: %d bytes since the snapshot, want %d (the log still holds them all)", got, bytes)
+	}
+}
