@@ -1381,11 +1381,13 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if err := f.commitGroup(); err != nil {
 		return nil, fmt.Errorf("commit applied entries: %w", err)
 	}
-	f.sinceSnap.Store(0)
 	if err := f.db.Sync(); err != nil {
 		return nil, err
 	}
-	return &fsmSnapshot{view: f.db.Snapshot(), logger: f.logger, persistSeconds: f.persistSeconds, gen: gen}, nil
+	// Raft calls Snapshot between two ApplyBatch calls: the count is the
+	// one of the view's entries; those applied during the Persist stay.
+	return &fsmSnapshot{view: f.db.Snapshot(), logger: f.logger, persistSeconds: f.persistSeconds, gen: gen,
+		since: &f.sinceSnap, bytes: f.sinceSnap.Load()}, nil
 }
 
 // Restore replaces the whole state with a snapshot stream (raft.FSM): it

@@ -1842,3 +1842,45 @@ func TestBytesSinceSnapshotCountsTheLogTailAcrossARestart(t *testing.T) {
 		t.Fatalf("after a restart and the log's replay: %d bytes since the snapshot, want %d (the log still holds them all)", got, bytes)
 	}
 }
+
+// failingSink is a Raft snapshot sink whose writes fail (a full disk).
+type failingSink struct{ cancelled bool }
+
+func (s *failingSink) Write(p []byte) (int, error) { return 0, errors.New("no space left on device") }
+func (s *failingSink) Close() error                { return nil }
+func (s *failingSink) ID() string                  { return "failing" }
+func (s *failingSink) Cancel() error               { s.cancelled = true; return nil }
+
+// TestAFailedSnapshotKeepsTheBytesSinceTheLastOne pins the byte bound on
+// the log (docs/operations.md "Snapshots and the log": a snapshot once
+// "the entries applied since the last snapshot hold 256 MiB"): a Raft
+// snapshot whose Persist fails is no snapshot (Raft compacts nothing),
+// so the entries since the last one still count, and the next apply
+// past the bound asks for a snapshot again. Resetting the count when
+// the FSM's Snapshot is taken, before its Persist, left the log to grow
+// another SnapshotBytes after every failure.
+func TestAFailedSnapshotKeepsTheBytesSinceTheLastOne(t *testing.T) {
+	f := openTestFSM(t, t.TempDir())
+	defer f.Close()
+	var w logWriter
+	applyFixture(t, f, &w)
+	before := f.BytesSinceSnapshot()
+	if before == 0 {
+		t.Fatal("the fixture counted no bytes")
+	}
+	s, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &failingSink{}
+	if err := s.Persist(sink); err == nil {
+		t.Fatal("a persist into a failing sink succeeded")
+	}
+	s.Release()
+	if !sink.cancelled {
+		t.Fatal("the failed persist did not cancel its sink")
+	}
+	if got := f.BytesSinceSnapshot(); got != before {
+		t.Fatalf("after a failed snapshot: %d bytes since the last snapshot, want %d (no snapshot was taken)", got, before)
+	}
+}

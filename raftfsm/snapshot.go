@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -67,6 +68,12 @@ type fsmSnapshot struct {
 	logger         *slog.Logger
 	persistSeconds prometheus.Histogram
 	gen            uint64 // the snapshot store's install generation when it was taken (snapshotStore)
+	// since is the FSM's count of the bytes applied since the last
+	// snapshot, and bytes what it held when this one was taken: a
+	// persisted snapshot takes them off (those applied since stay); one
+	// that failed leaves them, as Raft compacts no log for it.
+	since *atomic.Int64
+	bytes int64
 }
 
 // Persist streams the view (raft.FSMSnapshot). The applied index comes
@@ -80,7 +87,13 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 		sink.Cancel()
 		return err
 	}
-	return sink.Close()
+	if err := sink.Close(); err != nil {
+		return err
+	}
+	if s.since != nil {
+		s.since.Add(-s.bytes)
+	}
+	return nil
 }
 
 // Release closes the view; it always runs, so the Pebble snapshot never leaks.
