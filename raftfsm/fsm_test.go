@@ -1884,3 +1884,40 @@ func TestAFailedSnapshotKeepsTheBytesSinceTheLastOne(t *testing.T) {
 		t.Fatalf("after a failed snapshot: %d bytes since the last snapshot, want %d (no snapshot was taken)", got, before)
 	}
 }
+
+// TestADamagedAppliedRecordIsRefusedNamingTheStateDirectory: a start on a
+// state database whose applied record does not decode is refused (the
+// state cannot be placed in the log), with an error that names the state
+// directory, as a damaged record of any other kind is ("rebuild ... from
+// DIR"), so that an operator knows which directory to remove (the node
+// then takes its state from its Raft snapshots and log).
+func TestADamagedAppliedRecordIsRefusedNamingTheStateDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "fsm")
+	f := openTestFSM(t, dir)
+	var w logWriter
+	applyFixture(t, f, &w)
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := store.OpenState(dir, store.StateOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := db.NewBatch()
+	b.Put(store.KindApplied, []byte{'a'}, []byte{1, 2, 3}) // 3 bytes, not 16
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g, err := OpenFSM(FSMConfig{Dir: dir, Logger: quiet, OnFatal: func(err error) { t.Errorf("fatal: %v", err) }})
+	if err == nil {
+		g.Close()
+		t.Fatal("opened a state whose applied record is damaged")
+	}
+	if !errors.Is(err, store.ErrCorrupt) || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("open of a state with a damaged applied record: %q; want ErrCorrupt naming %s", err, dir)
+	}
+}

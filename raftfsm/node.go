@@ -1111,7 +1111,7 @@ func (n *Node) dropDetachedLog() error {
 // and catchUpFromSnapshot restores the snapshot: stateOfSnapshotsHistory,
 // the log holds no entry at R).
 func (n *Node) refuseStateWithoutItsLog() error {
-	applied, _, err := n.fsm.db.Applied()
+	applied, _, err := n.fsm.storedApplied()
 	if err != nil || applied == 0 {
 		return err
 	}

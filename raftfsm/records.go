@@ -144,7 +144,7 @@ func (f *FSM) load() (err error) {
 	}()
 	db := f.db
 	b := newStateBuilder()
-	b.applied, b.appliedTerm, err = db.Applied()
+	b.applied, b.appliedTerm, err = f.storedApplied()
 	if err != nil {
 		return err
 	}
@@ -219,6 +219,20 @@ func (f *FSM) load() (err error) {
 	}
 	f.logLoaded("state loaded", b, start)
 	return nil
+}
+
+// storedApplied reads the applied index and term from the state
+// database; a record that does not decode is refused naming the
+// directory and what to do, as a damaged record of any other kind is.
+func (f *FSM) storedApplied() (uint64, uint64, error) {
+	idx, term, err := f.db.Applied()
+	if errors.Is(err, store.ErrCorrupt) {
+		return 0, 0, fmt.Errorf("rebuild the state from %s: its applied index: %w: %s is damaged; remove it "+
+			"(the node takes the state from its Raft snapshots and log, or from the cluster)", f.dir, err, f.dir)
+	} else if err != nil {
+		return 0, 0, fmt.Errorf("read the applied index of %s: %w", f.dir, err)
+	}
+	return idx, term, nil
 }
 
 // logLoaded logs what a rebuild installed.
