@@ -1110,20 +1110,42 @@ func (n *Node) dropDetachedLog() error {
 // loads it, holds the state at R, an empty log and that snapshot alone,
 // and catchUpFromSnapshot restores the snapshot: stateOfSnapshotsHistory,
 // the log holds no entry at R).
+//
+// It refuses too (ErrCorrupt) a state database that holds records but no
+// applied index, when Raft holds no snapshot: every group the FSM commits
+// carries the applied index, so the record was lost (damage, or removed
+// by hand), and Raft would hand over the whole log, which the FSM would
+// apply a second time over a state that holds it (not idempotent: a
+// booking added and then expired by a sweep comes back). With a snapshot
+// (a seeded directory's state has no applied index), catchUpFromSnapshot
+// restores it over the state.
 func (n *Node) refuseStateWithoutItsLog() error {
 	applied, _, err := n.fsm.storedApplied()
-	if err != nil || applied == 0 {
-		return err
-	}
-	last, err := n.logs.LastIndex()
 	if err != nil {
-		return fmt.Errorf("read the Raft log's last index: %w", err)
+		return err
 	}
 	list, err := n.snaps.List()
 	if err != nil {
 		return fmt.Errorf("list Raft snapshots: %w", err)
 	}
-	if applied <= last || len(list) > 0 {
+	if len(list) > 0 {
+		return nil
+	}
+	if applied == 0 {
+		has, err := n.fsm.db.HasRecords()
+		if err != nil || !has {
+			return err
+		}
+		return refuseStart(store.ErrCorrupt, "%s holds a state without its applied index, and %s holds no Raft snapshot to restore over it: "+
+			"%s is damaged (its applied record lost or removed), and the Raft log would be applied over the state a second time; "+
+			"remove %s to start the node without a state, which it takes from the Raft log, or from the cluster (docs/operations.md, \"Layout of a node's data directory\")",
+			n.fsm.dir, n.cfg.DataDir, n.fsm.dir, n.fsm.dir)
+	}
+	last, err := n.logs.LastIndex()
+	if err != nil {
+		return fmt.Errorf("read the Raft log's last index: %w", err)
+	}
+	if applied <= last {
 		return nil
 	}
 	return refuseStart(nil, "%s holds a state applied at index %d, past the Raft log (last index %d), and %s holds no Raft snapshot: "+

@@ -445,3 +445,60 @@ func TestASnapshotRightAfterAStartIsTaken(t *testing.T) {
 		})
 	}
 }
+
+// TestStartOnAStateWithoutItsAppliedIndexIsRefusedOrRepaired: every group
+// the FSM commits carries the applied index (DESIGN.md "Durability"), and
+// the start compares it with the Raft snapshots and log to place the
+// state (replication.md: "entries at or below the applied index
+// skipped"; refuseStateWithoutItsLog, catchUpFromSnapshot). A state
+// database that holds records but no applied index (damage, or a record
+// removed by hand) cannot be placed: with no Raft snapshot to restore,
+// Raft re-delivers the whole log and the FSM applies every entry a second
+// time over the state that already holds it, which is not idempotent (a
+// booking added, then expired by a sweep, comes back as a tombstone the
+// replicas lack). The start must refuse such a state, naming fsm/, or
+// end with the state the log leads to; it may not start on a silently
+// different one.
+func TestStartOnAStateWithoutItsAppliedIndexIsRefusedOrRepaired(t *testing.T) {
+	c := newTestCluster(t, 1, func(cfg *Config) { cfg.ExpiryInterval, cfg.CheckInterval = time.Hour, time.Hour })
+	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return c.leader().CheckLeader() == nil })
+	for _, d := range [][]byte{
+		encodeRegister(1, &WorkerInfo{ID: 1, BlockSize: 16, Capacity: [4]int64{100}}),
+		encodeBook(100, []bookOp{{kind: bookAdd, b: Booking{ID: "q1", Rank: r1, SeqHashes: []uint64{1, 2}, ISL: 64}}}),
+		encodeExpire(200, 50),
+	} {
+		if _, err := c.leader().apply(ctx(t), d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	applied, _ := c.nodes[0].fsm.Applied()
+	want := c.nodes[0].fsm.Digest()
+	c.stop(0)
+	fsmDir := filepath.Join(c.dirs[0], "fsm")
+	if list, _ := os.ReadDir(filepath.Join(c.dirs[0], "snapshots")); len(list) != 0 {
+		t.Fatalf("the test needs a node with no Raft snapshot; it has %d", len(list))
+	}
+	db, err := store.OpenState(fsmDir, store.StateOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := db.NewBatch()
+	g.Delete(store.KindApplied, []byte{'a'}) // the damage: the records stay, their index goes
+	if err := g.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := c.newNode(0, c.transport(c.addrs[0]))
+	if err != nil {
+		wantRefused(t, "a start on a state without its applied index", err, ErrStartRefused, fsmDir)
+		return
+	}
+	defer n.Close()
+	waitFor(t, 10*time.Second, "the log's replay", func() bool { idx, _ := n.fsm.Applied(); return idx >= applied })
+	if got := n.fsm.Digest(); got != want {
+		t.Fatalf("started on a state with records and no applied index, and replayed the log over it: digest %x, want %x (the state the log leads to)\n%s", got, want, fullState(n.fsm))
+	}
+}

@@ -316,6 +316,25 @@ func (s *StateDB) ScanRange(kind byte, from, to []byte, fn func(key, value []byt
 	return nil
 }
 
+// HasRecords reports whether the database holds any record, the applied
+// record included: one seek, whatever the state's size.
+func (s *StateDB) HasRecords() (bool, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.db == nil {
+		return false, fmt.Errorf("look for records: %w", ErrClosed)
+	}
+	it, err := s.db.NewIter(nil)
+	if err != nil {
+		return false, fmt.Errorf("look for records: %w", err)
+	}
+	has := it.First()
+	if err := it.Close(); err != nil {
+		return false, fmt.Errorf("look for records: %w", err)
+	}
+	return has, nil
+}
+
 // UnknownRecord returns the key of a record of a kind this format does
 // not know (ValidKind), nil if there is none: a later build's, read
 // after a downgrade, or damage. Such keys sort below the first kind or
