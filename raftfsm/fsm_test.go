@@ -1921,3 +1921,47 @@ func TestADamagedAppliedRecordIsRefusedNamingTheStateDirectory(t *testing.T) {
 		t.Fatalf("open of a state with a damaged applied record: %q; want ErrCorrupt naming %s", err, dir)
 	}
 }
+
+// TestAStartRemovesAHalfDoneRestore pins docs/operations.md (Layout:
+// "Half-done restores (fsm.restore/, fsm.old/) are finished or rolled back
+// at start"): a restore killed while it loaded the new state into
+// fsm.restore/, before the swap or after its first rename, leaves that
+// directory, as large as the state; the next start removes it and keeps
+// the state before the restore.
+func TestAStartRemovesAHalfDoneRestore(t *testing.T) {
+	for _, swapped := range []bool{false, true} {
+		dir := filepath.Join(t.TempDir(), "fsm")
+		f := openTestFSM(t, dir)
+		var w logWriter
+		applyFixture(t, f, &w)
+		d := f.Digest()
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if swapped { // killed after the swap's first rename: fsm → fsm.old
+			if err := os.Rename(dir, dir+".old"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		half := dir + ".restore"
+		if err := os.MkdirAll(half, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(half, "000001.sst"), []byte("half"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		g := openTestFSM(t, dir)
+		if _, err := os.Stat(half); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("swap begun %v: %s after the start: %v, want it removed", swapped, filepath.Base(half), err)
+		}
+		if _, err := os.Stat(dir + ".old"); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("swap begun %v: fsm.old after the start: %v, want it gone", swapped, err)
+		}
+		if got := g.Digest(); got != d {
+			t.Errorf("swap begun %v: digest %x after the start, want %x (the state before the restore)", swapped, got, d)
+		}
+		if err := g.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
