@@ -864,6 +864,14 @@ func (t *refusingTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatc
 func TestRequestsShrinkToWhatTheRouterTakes(t *testing.T) {
 	tg := newCursorTarget()
 	_, p := startPlaneWith(t, tg, IngesterConfig{MaxRequestEvents: 5}, PublisherConfig{MinBackoff: time.Millisecond})
+	publishTwoRanksAndWait(t, tg, p)
+}
+
+// publishTwoRanksAndWait publishes 100 one-block stores on each of two
+// ranks through p and waits until tg applied them all and p holds
+// nothing unacknowledged.
+func publishTwoRanksAndWait(t *testing.T, tg *cursorTarget, p *Publisher) {
+	t.Helper()
 	ranks := []kvevent.Rank{{Worker: 1}, {Worker: 2}}
 	for _, r := range ranks {
 		evs := make([]kvevent.Event, 100)
@@ -917,21 +925,7 @@ func (t *capTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch) ([
 func TestRequestsStayBelowARefusedSize(t *testing.T) {
 	tg := &capTarget{cursorTarget: newCursorTarget(), limit: 5}
 	_, p := startPlaneWith(t, tg, IngesterConfig{}, PublisherConfig{MinBackoff: time.Millisecond})
-	ranks := []kvevent.Rank{{Worker: 1}, {Worker: 2}}
-	for _, r := range ranks {
-		evs := make([]kvevent.Event, 100)
-		for i := range evs {
-			evs[i] = kvevent.Event{Rank: r, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: uint64(i + 1), LocalHash: uint64(i + 1)}}}
-		}
-		if _, err := p.Publish(r, evs); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitFor(t, 20*time.Second, "every event to be applied", func() bool {
-		tg.mu.Lock()
-		defer tg.mu.Unlock()
-		return tg.cursor[ranks[0]] == 100 && tg.cursor[ranks[1]] == 100 && p.Pending() == 0
-	})
+	publishTwoRanksAndWait(t, tg.cursorTarget, p)
 	tg.mu.Lock()
 	defer tg.mu.Unlock()
 	refused := 0 // the smallest refused size so far; 0 none
