@@ -178,7 +178,7 @@ func newApp(e *env) *cli.App {
 				Usage: "how long a command may take (snapshot save and restore: see their --max-time)"},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", EnvVars: []string{"KVCTL_OUTPUT"},
 				Usage: "output format: table or json"},
-			// KVCTL_TOKEN and KVCTL_TOKEN_FILE are read by tokenArgs, not
+			// KVCTL_TOKEN and KVCTL_TOKEN_FILE are read by clihelp.TokenArgs, not
 			// as EnvVars: the help names them as it names the others.
 			&cli.StringFlag{Name: "token",
 				Usage: "the cluster's bearer token, when its nodes ask for one (kvrouter --token) [$KVCTL_TOKEN]"},
@@ -368,10 +368,14 @@ func clientFilesOf(c *cli.Context) (string, *tls.Config, error) {
 			}
 			return usagef("%s: %v", names, err)
 		}
-		token, file := tokenArgs(c)
+		// Either token flag given outranks both variables, read by
+		// clihelp.TokenArgs, not as EnvVars: urfave/cli could not tell a
+		// variable from a flag, and KVCTL_TOKEN with --token-file given
+		// was "a token and a token file".
+		token, file, given := clihelp.TokenArgs(c, "KVCTL_TOKEN", "KVCTL_TOKEN_FILE")
 		if cf.token, cf.err = client.TokenFrom(token, file, open); cf.err != nil {
 			names := "--token, --token-file"
-			if !c.IsSet("token") && !c.IsSet("token-file") {
+			if !given {
 				names = "KVCTL_TOKEN, KVCTL_TOKEN_FILE"
 			}
 			cf.err = flagErr(names, cf.err)
@@ -396,20 +400,6 @@ type ctxReadCloser struct {
 func (r ctxReadCloser) Close() error {
 	r.done()
 	return nil
-}
-
-// tokenArgs returns the token and the token file as the command line
-// gives them when it gives either (--token or --token-file), else as
-// KVCTL_TOKEN and KVCTL_TOKEN_FILE do: the command line outranks the
-// environment, as for every other flag. As EnvVars, urfave/cli could not
-// tell a variable from a flag, and KVCTL_TOKEN with --token-file given was
-// "a token and a token file". Both on the command line, or both in the
-// environment, stay an error (client.Token).
-func tokenArgs(c *cli.Context) (token, file string) {
-	if c.IsSet("token") || c.IsSet("token-file") {
-		return c.String("token"), c.String("token-file")
-	}
-	return os.Getenv("KVCTL_TOKEN"), os.Getenv("KVCTL_TOKEN_FILE")
 }
 
 func endpointsArg(c *cli.Context) []string { return strings.Split(c.String("endpoints"), ",") }

@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"slices"
@@ -453,5 +455,45 @@ func TestLiveReplayPassesOverAHungFirstEndpoint(t *testing.T) {
 	}
 	if n := f.Calls()["Route"]; n != 5 {
 		t.Fatalf("%d routes reached the healthy endpoint, want the 5 replayed", n)
+	}
+}
+
+// TestLiveReplayTokenFlagOutranksKVCTLToken pins docs/sim.md's "as
+// kvctl's" for --token and --token-file: a kvctl user's KVCTL_TOKEN in the
+// environment does not stand against a --token-file (or a KVCTL_TOKEN_FILE
+// against a --token) given on the command line, which outranks both token
+// variables (docs/operations.md, "Security"; clihelp.TokenArgs). The
+// replay reaches a cluster that asks for the file's token.
+func TestLiveReplayTokenFlagOutranksKVCTLToken(t *testing.T) {
+	const token = "live-s3cret"
+	f := apitest.New("n1", "")
+	srv := api.NewServer(f, api.Options{Token: token, Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewServer(srv)
+	t.Cleanup(func() {
+		hs.Close()
+		srv.Close()
+	})
+	addr := strings.TrimPrefix(hs.URL, "http://")
+	st := f.Status()
+	st.HTTPAddr, st.LeaderHTTP = addr, addr
+	f.SetStatus(st)
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	trace := genTrace(t)
+	for _, tc := range []struct {
+		env, val string
+		flags    []string
+	}{
+		{"KVCTL_TOKEN", "stale", []string{"--token-file", file}},
+		{"KVCTL_TOKEN_FILE", filepath.Join(t.TempDir(), "missing"), []string{"--token", token}},
+	} {
+		t.Setenv(tc.env, tc.val)
+		args := append([]string{"replay", "--live", "--endpoints", addr, "--trace", trace, "--workers", "2", "--limit", "5", "--policies", "round_robin"}, tc.flags...)
+		if _, err := kvsim(t, args...); err != nil {
+			t.Errorf("%s=%s kvsim %s: %v, want the command line's token used", tc.env, tc.val, strings.Join(tc.flags, " "), err)
+		}
+		os.Unsetenv(tc.env)
 	}
 }

@@ -212,9 +212,16 @@ func liveClientOptions(c *cli.Context) (client.Options, error) {
 	// with "the cluster stopped answering" while the others were up.
 	perTry := max(2*time.Second, liveCallTimeout/time.Duration(len(strings.Split(c.String("endpoints"), ","))))
 	opts.DialTimeout, opts.HeaderTimeout = perTry, perTry
+	// Either token flag given outranks both variables, as kvctl's: a
+	// kvctl user's KVCTL_TOKEN does not stand against --token-file.
+	token, file, given := clihelp.TokenArgs(c, "KVCTL_TOKEN", "KVCTL_TOKEN_FILE")
 	var err error
-	if opts.Token, err = client.Token(c.String("token"), c.String("token-file")); err != nil {
-		return opts, cli.Exit("--token, --token-file: "+err.Error(), 2)
+	if opts.Token, err = client.Token(token, file); err != nil {
+		names := "--token, --token-file"
+		if !given {
+			names = "KVCTL_TOKEN, KVCTL_TOKEN_FILE"
+		}
+		return opts, cli.Exit(names+": "+err.Error(), 2)
 	}
 	if ca := c.String("tls-ca"); ca != "" {
 		if opts.TLS, err = client.TLSConfig(ca); err != nil {

@@ -165,3 +165,34 @@ func namesFlag(msg, name string) bool {
 func isFlagChar(b byte) bool {
 	return b == '-' || b >= 'a' && b <= 'z' || b >= '0' && b <= '9'
 }
+
+// OnCommandLine reports whether flag name was given on the command line,
+// not set from its variable by ApplyEnv: c.IsSet is true of both.
+func OnCommandLine(c *cli.Context, name string) bool {
+	return c.IsSet(name) && FromVariable(c, name) == ""
+}
+
+// TokenArgs returns the token and the token file of the --token and
+// --token-file flags as the command line gives them when it gives either,
+// else as the variables tokenVar and fileVar hold them, and whether they
+// came from the command line: either flag given outranks both variables
+// (docs/operations.md, "Security"), so that a KVCTL_TOKEN in the
+// environment does not stand against --token-file given ("a token and a
+// token file"). Both flags given, or both variables set, are left for
+// the caller's client.Token to refuse. The flags may read the variables
+// (EnvFlags, set by ApplyEnv) or not: a flag set from its variable counts
+// as not given.
+func TokenArgs(c *cli.Context, tokenVar, fileVar string) (token, file string, onCommandLine bool) {
+	if OnCommandLine(c, "token") || OnCommandLine(c, "token-file") {
+		for _, f := range []struct {
+			name string
+			val  *string
+		}{{"token", &token}, {"token-file", &file}} {
+			if OnCommandLine(c, f.name) {
+				*f.val = c.String(f.name)
+			}
+		}
+		return token, file, true
+	}
+	return os.Getenv(tokenVar), os.Getenv(fileVar), false
+}

@@ -75,3 +75,49 @@ func TestTheHelpersSeeAVariableNamed(t *testing.T) {
 	}
 	WantVariableNamed(t, func() *cli.App { return envApp(&wait, &name) }, []string{"tool"}, [][2]string{{"TOOL_WAIT", "2m"}, {"TOOL_WAIT", "x"}})
 }
+
+// TestEitherTokenFlagOutranksBothVariables: TokenArgs takes the command
+// line's --token and --token-file when it gives either, the other left
+// empty even where its variable is set, and the variables otherwise,
+// for flags that read them (EnvFlags, kvsim's) or not (kvctl's).
+func TestEitherTokenFlagOutranksBothVariables(t *testing.T) {
+	for _, withVars := range []bool{false, true} {
+		newApp := func(got *[3]string) *cli.App {
+			vars := func(v string) []string {
+				if withVars {
+					return []string{v}
+				}
+				return nil
+			}
+			return &cli.App{
+				Name: "tool",
+				Flags: EnvAfterArgs([]cli.Flag{
+					&cli.StringFlag{Name: "token", EnvVars: vars("TOOL_TOKEN")},
+					&cli.StringFlag{Name: "token-file", EnvVars: vars("TOOL_TOKEN_FILE")},
+				}),
+				Before: ApplyEnv,
+				Action: func(c *cli.Context) error {
+					token, file, given := TokenArgs(c, "TOOL_TOKEN", "TOOL_TOKEN_FILE")
+					got[0], got[1], got[2] = token, file, map[bool]string{true: "flags", false: "variables"}[given]
+					return nil
+				},
+			}
+		}
+		t.Setenv("TOOL_TOKEN", "stale")
+		t.Setenv("TOOL_TOKEN_FILE", "/stale")
+		for _, tc := range []struct {
+			args []string
+			want [3]string
+		}{
+			{[]string{"--token-file", "/f"}, [3]string{"", "/f", "flags"}},
+			{[]string{"--token", "t"}, [3]string{"t", "", "flags"}},
+			{[]string{"--token", "t", "--token-file", "/f"}, [3]string{"t", "/f", "flags"}},
+			{nil, [3]string{"stale", "/stale", "variables"}},
+		} {
+			var got [3]string
+			if err := newApp(&got).Run(append([]string{"tool"}, tc.args...)); err != nil || got != tc.want {
+				t.Errorf("flags read the variables %v: TOOL_TOKEN=stale TOOL_TOKEN_FILE=/stale tool %v: %v, %q; want %q", withVars, tc.args, err, got, tc.want)
+			}
+		}
+	}
+}
