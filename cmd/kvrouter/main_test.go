@@ -2047,3 +2047,37 @@ func TestTheNodesUsersCloseBeforeTheNode(t *testing.T) {
 		t.Fatal("the shutdown never reached the point where the node's users had closed")
 	}
 }
+
+// TestATokenWithoutTLSIsLogged pins docs/operations.md, "Security": "A
+// node that asks for a token without serving TLS says so in its log" (at
+// Warn, which the default --log-level shows), and a node that serves TLS
+// with its token, or asks for none, does not.
+func TestATokenWithoutTLSIsLogged(t *testing.T) {
+	clearFlagEnv(t)
+	cert, key := apitest.WriteSelfSigned(t, t.TempDir())
+	const warning = "sends it in clear text"
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		warns bool
+	}{
+		{"a token without TLS", []string{"--token", "t0k"}, true},
+		{"a token with TLS", []string{"--token", "t0k", "--tls-cert", cert, "--tls-key", key}, false},
+		{"no token", nil, false},
+	} {
+		var err error
+		logged := stderrOf(t, func() {
+			err = runKvrouterFor(t, 2*time.Second, append([]string{"--data-dir", t.TempDir(), "--raft-addr", freeAddr(t),
+				"--http-addr", "127.0.0.1:0", "--nats-addr", "127.0.0.1:0"}, tc.flags...)...)
+		})
+		if err != nil {
+			t.Fatalf("kvrouter with %s: %v", tc.name, err)
+		}
+		got := slices.ContainsFunc(strings.Split(logged, "\n"), func(l string) bool {
+			return strings.Contains(l, "level=WARN") && strings.Contains(l, warning)
+		})
+		if got != tc.warns {
+			t.Errorf("kvrouter with %s: logged the clear-text warning %v, want %v; log:\n%s", tc.name, got, tc.warns, logged)
+		}
+	}
+}
