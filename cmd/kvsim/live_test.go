@@ -75,8 +75,15 @@ func (s *ingestSink) note(m string) {
 // fakeCluster serves a fake cluster's API and returns it and its address.
 func fakeCluster(t *testing.T) (*apitest.Fake, string) {
 	t.Helper()
+	return fakeClusterWith(t, api.Options{})
+}
+
+// fakeClusterWith is fakeCluster with the server's options opts (a token).
+func fakeClusterWith(t *testing.T, opts api.Options) (*apitest.Fake, string) {
+	t.Helper()
 	f := apitest.New("n1", "")
-	srv := api.NewServer(f, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	opts.Logger = slog.New(slog.DiscardHandler)
+	srv := api.NewServer(f, opts)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(func() {
 		hs.Close()
@@ -466,17 +473,7 @@ func TestLiveReplayPassesOverAHungFirstEndpoint(t *testing.T) {
 // replay reaches a cluster that asks for the file's token.
 func TestLiveReplayTokenFlagOutranksKVCTLToken(t *testing.T) {
 	const token = "live-s3cret"
-	f := apitest.New("n1", "")
-	srv := api.NewServer(f, api.Options{Token: token, Logger: slog.New(slog.DiscardHandler)})
-	hs := httptest.NewServer(srv)
-	t.Cleanup(func() {
-		hs.Close()
-		srv.Close()
-	})
-	addr := strings.TrimPrefix(hs.URL, "http://")
-	st := f.Status()
-	st.HTTPAddr, st.LeaderHTTP = addr, addr
-	f.SetStatus(st)
+	_, addr := fakeClusterWith(t, api.Options{Token: token})
 	file := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
