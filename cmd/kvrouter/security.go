@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/urfave/cli/v2"
 )
 
@@ -21,14 +22,22 @@ type security struct {
 	clientTLS *tls.Config // trusts the other nodes' certificates
 }
 
-// loadSecurity reads --token or --token-file and the --tls-* files, so
+// loadSecurity reads --token or --token-file (either given outranks
+// both variables: clihelp.TokenArgs) and the --tls-* files, so
 // that a file that is missing or wrong stops the start before anything
 // listens.
 func loadSecurity(c *cli.Context) (security, error) {
 	var sec security
 	var err error
-	if sec.token, err = client.Token(c.String("token"), c.String("token-file")); err != nil {
-		return sec, fmt.Errorf("--token (or KVROUTER_TOKEN), --token-file (or KVROUTER_TOKEN_FILE): %w", err)
+	// Either token flag given outranks both variables, as kvctl's: a
+	// stale KVROUTER_TOKEN does not stand against --token-file given.
+	token, file, given := clihelp.TokenArgs(c, "KVROUTER_TOKEN", "KVROUTER_TOKEN_FILE")
+	if sec.token, err = client.Token(token, file); err != nil {
+		names := "--token, --token-file"
+		if !given {
+			names = "KVROUTER_TOKEN, KVROUTER_TOKEN_FILE"
+		}
+		return sec, fmt.Errorf("%s: %w", names, err)
 	}
 	cert, key, ca := c.String("tls-cert"), c.String("tls-key"), c.String("tls-ca")
 	switch {
