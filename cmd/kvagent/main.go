@@ -571,7 +571,8 @@ type routerSec struct {
 	tls   *tls.Config
 }
 
-// routerSecurity reads --router-token or --router-token-file and
+// routerSecurity reads --router-token or --router-token-file (either
+// given outranks both variables: clihelp.TokenFlagArgs) and
 // --router-tls-ca; a file missing or wrong is a usage error (exit 2).
 func routerSecurity(c *cli.Context) (routerSec, error) {
 	var sec routerSec
@@ -583,8 +584,16 @@ func routerSecurity(c *cli.Context) (routerSec, error) {
 			}
 		}
 	}
-	if sec.token, err = client.Token(c.String("router-token"), c.String("router-token-file")); err != nil {
-		return sec, cli.Exit(fmt.Sprintf("--router-token (or KVAGENT_ROUTER_TOKEN), --router-token-file (or KVAGENT_ROUTER_TOKEN_FILE): %v", err), 2)
+	// Either token flag given outranks both variables, as kvctl's: a
+	// stale KVAGENT_ROUTER_TOKEN does not stand against
+	// --router-token-file given.
+	token, file, given := clihelp.TokenFlagArgs(c, "router-token", "router-token-file", "KVAGENT_ROUTER_TOKEN", "KVAGENT_ROUTER_TOKEN_FILE")
+	if sec.token, err = client.Token(token, file); err != nil {
+		names := "--router-token, --router-token-file"
+		if !given {
+			names = "KVAGENT_ROUTER_TOKEN, KVAGENT_ROUTER_TOKEN_FILE"
+		}
+		return sec, cli.Exit(fmt.Sprintf("%s: %v", names, err), 2)
 	}
 	if ca := c.String("router-tls-ca"); ca != "" {
 		if sec.tls, err = client.TLSConfig(ca); err != nil {

@@ -183,11 +183,17 @@ func OnCommandLine(c *cli.Context, name string) bool {
 // (EnvFlags, set by ApplyEnv) or not: a flag set from its variable counts
 // as not given.
 func TokenArgs(c *cli.Context, tokenVar, fileVar string) (token, file string, onCommandLine bool) {
-	if OnCommandLine(c, "token") || OnCommandLine(c, "token-file") {
+	return TokenFlagArgs(c, "token", "token-file", tokenVar, fileVar)
+}
+
+// TokenFlagArgs is TokenArgs for a token flag and a token file flag of
+// other names (kvagent's --router-token and --router-token-file).
+func TokenFlagArgs(c *cli.Context, tokenFlag, fileFlag, tokenVar, fileVar string) (token, file string, onCommandLine bool) {
+	if OnCommandLine(c, tokenFlag) || OnCommandLine(c, fileFlag) {
 		for _, f := range []struct {
 			name string
 			val  *string
-		}{{"token", &token}, {"token-file", &file}} {
+		}{{tokenFlag, &token}, {fileFlag, &file}} {
 			if OnCommandLine(c, f.name) {
 				*f.val = c.String(f.name)
 			}
