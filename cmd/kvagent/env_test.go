@@ -2,8 +2,6 @@ package main
 
 import (
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -104,11 +102,6 @@ func TestABadLogLevelSaysTheLevels(t *testing.T) {
 // variables set, no flag given, are refused naming the variables.
 func TestEitherRouterTokenFlagOutranksBothTokenVariables(t *testing.T) {
 	clearFlagEnv(t)
-	const token = "fr3sh"
-	file := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	security := func(args ...string) (string, error) {
 		a := app()
 		a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
@@ -121,24 +114,9 @@ func TestEitherRouterTokenFlagOutranksBothTokenVariables(t *testing.T) {
 		err := a.Run(append([]string{"kvagent", "--router", "127.0.0.1:1"}, args...))
 		return got, err
 	}
-	for _, tc := range []struct {
-		env, val string
-		flags    []string
-	}{
-		{"KVAGENT_ROUTER_TOKEN", "stale", []string{"--router-token-file", file}},
-		{"KVAGENT_ROUTER_TOKEN_FILE", filepath.Join(t.TempDir(), "missing"), []string{"--router-token", token}},
-	} {
-		t.Setenv(tc.env, tc.val)
-		if got, err := security(tc.flags...); err != nil || got != token {
-			t.Errorf("%s=%s kvagent %s: %v, token %q; want the command line's %q", tc.env, tc.val, strings.Join(tc.flags, " "), err, got, token)
-		}
-		os.Unsetenv(tc.env)
-	}
-	t.Setenv("KVAGENT_ROUTER_TOKEN", "stale")
-	t.Setenv("KVAGENT_ROUTER_TOKEN_FILE", file)
-	_, err := security()
+	err := clihelp.WantTokenFlagsOutrankVariables(t, security, "router-token", "router-token-file", "KVAGENT_ROUTER_TOKEN", "KVAGENT_ROUTER_TOKEN_FILE")
 	var ec cli.ExitCoder
-	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), "KVAGENT_ROUTER_TOKEN, KVAGENT_ROUTER_TOKEN_FILE") {
-		t.Errorf("KVAGENT_ROUTER_TOKEN=stale KVAGENT_ROUTER_TOKEN_FILE=%s kvagent: %v, want exit 2 naming the variables", file, err)
+	if !errors.As(err, &ec) || ec.ExitCode() != 2 {
+		t.Errorf("both router token variables set, no flag: %v, want exit 2", err)
 	}
 }

@@ -3,12 +3,11 @@ package main
 import (
 	"errors"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/urfave/cli/v2"
 )
 
@@ -53,11 +52,6 @@ func TestAFlagGivenInAnyFormOutranksItsVariable(t *testing.T) {
 // flag given, are refused naming the variables.
 func TestEitherTokenFlagOutranksBothTokenVariables(t *testing.T) {
 	clearFlagEnv(t)
-	const token = "fr3sh"
-	file := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	security := func(args ...string) (string, error) {
 		app := newApp()
 		app.ExitErrHandler = func(*cli.Context, error) {}
@@ -70,22 +64,5 @@ func TestEitherTokenFlagOutranksBothTokenVariables(t *testing.T) {
 		err := app.Run(append([]string{"kvrouter"}, args...))
 		return got, err
 	}
-	for _, tc := range []struct {
-		env, val string
-		flags    []string
-	}{
-		{"KVROUTER_TOKEN", "stale", []string{"--token-file", file}},
-		{"KVROUTER_TOKEN_FILE", filepath.Join(t.TempDir(), "missing"), []string{"--token", token}},
-	} {
-		t.Setenv(tc.env, tc.val)
-		if got, err := security(tc.flags...); err != nil || got != token {
-			t.Errorf("%s=%s kvrouter %s: %v, token %q; want the command line's %q", tc.env, tc.val, strings.Join(tc.flags, " "), err, got, token)
-		}
-		os.Unsetenv(tc.env)
-	}
-	t.Setenv("KVROUTER_TOKEN", "stale")
-	t.Setenv("KVROUTER_TOKEN_FILE", file)
-	if _, err := security(); err == nil || !strings.Contains(err.Error(), "KVROUTER_TOKEN, KVROUTER_TOKEN_FILE") {
-		t.Errorf("KVROUTER_TOKEN=stale KVROUTER_TOKEN_FILE=%s kvrouter: %v, want the variables named as a token and a token file", file, err)
-	}
+	clihelp.WantTokenFlagsOutrankVariables(t, security, "token", "token-file", "KVROUTER_TOKEN", "KVROUTER_TOKEN_FILE")
 }
