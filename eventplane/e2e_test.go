@@ -686,12 +686,7 @@ func TestRenumberingLeavesARequestCapOfRoom(t *testing.T) {
 				defer tg.mu.Unlock()
 				return tg.dumps == 1
 			})
-			waitFor(t, 10*time.Second, "the publisher's cursor to be the router's", func() bool {
-				tg.mu.Lock()
-				defer tg.mu.Unlock()
-				acked, _ := p.Cursor(r)
-				return acked == tg.cursor[r]
-			})
+			waitCursorIsTheRouters(t, tg, p, r)
 			tg.mu.Lock()
 			defer tg.mu.Unlock()
 			if got := tg.cursor[r]; got != tc.want {
@@ -740,12 +735,7 @@ func TestRenumberingPastPublishedIDsDoesNotReapplyEvents(t *testing.T) {
 		defer tg.mu.Unlock()
 		return tg.dumps == 1 && p.Pending() == 0
 	})
-	waitFor(t, 10*time.Second, "the publisher's cursor to be the router's", func() bool {
-		tg.mu.Lock()
-		defer tg.mu.Unlock()
-		acked, _ := p.Cursor(r)
-		return acked == tg.cursor[r]
-	})
+	waitCursorIsTheRouters(t, tg, p, r)
 	tg.mu.Lock()
 	defer tg.mu.Unlock()
 	if n := len(tg.applied); n != 0 {
@@ -886,6 +876,18 @@ func publishTwoRanksAndWait(t *testing.T, tg *cursorTarget, p *Publisher) {
 		tg.mu.Lock()
 		defer tg.mu.Unlock()
 		return tg.cursor[ranks[0]] == 100 && tg.cursor[ranks[1]] == 100 && p.Pending() == 0
+	})
+}
+
+// waitCursorIsTheRouters waits until p's acknowledged cursor of r is
+// tg's.
+func waitCursorIsTheRouters(t *testing.T, tg *cursorTarget, p *Publisher, r kvevent.Rank) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "the publisher's cursor to be the router's", func() bool {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		acked, _ := p.Cursor(r)
+		return acked == tg.cursor[r]
 	})
 }
 

@@ -1903,22 +1903,8 @@ const asProcessEnv = "KVROUTER_TEST_AS_PROCESS"
 // and the stop() after the wait both taken out) every test stayed green.
 func TestASecondSignalEndsAShutdownThatHangs(t *testing.T) {
 	dataDir, httpAddr := filepath.Join(t.TempDir(), "data"), freeAddr(t)
-	cmd := exec.Command(os.Args[0], "--data-dir", dataDir, "--http-addr", httpAddr,
+	cmd, _, exited := kvrouterProcess(t, "--data-dir", dataDir, "--http-addr", httpAddr,
 		"--raft-addr", freeAddr(t), "--nats-addr", "127.0.0.1:0", "--log-level", "error")
-	cmd.Env = append(os.Environ(), asProcessEnv+"=1")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		select {
-		case <-exited:
-		default:
-			cmd.Process.Kill()
-			<-exited
-		}
-	})
 	pollReady(t, httpAddr)
 	stallRestoreUpload(t, httpAddr, dataDir)
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
