@@ -120,3 +120,45 @@ func TestEitherRouterTokenFlagOutranksBothTokenVariables(t *testing.T) {
 		t.Errorf("both router token variables set, no flag: %v, want exit 2", err)
 	}
 }
+
+// TestARouterVariableWithoutRouterIsNotRefused: KVAGENT_ROUTER_TOKEN,
+// KVAGENT_ROUTER_TOKEN_FILE or KVAGENT_ROUTER_TLS_CA set in an
+// environment several agents share (a systemd EnvironmentFile), some of
+// them without --router, does not stop an agent without --router: it
+// registers nowhere, and reads none of them (a token file missing, or
+// both token variables set, included). The flag given on the command line
+// without --router is still refused (exit 2), naming the flag.
+func TestARouterVariableWithoutRouterIsNotRefused(t *testing.T) {
+	clearFlagEnv(t)
+	security := func(args ...string) error {
+		a := app()
+		a.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+		a.Action = func(c *cli.Context) error {
+			_, err := routerSecurity(c)
+			return err
+		}
+		return a.Run(append([]string{"kvagent"}, args...))
+	}
+	missing := t.TempDir() + "/missing"
+	for _, vars := range [][][2]string{
+		{{"KVAGENT_ROUTER_TOKEN", "s3cret"}},
+		{{"KVAGENT_ROUTER_TOKEN_FILE", missing}},
+		{{"KVAGENT_ROUTER_TLS_CA", missing}},
+		{{"KVAGENT_ROUTER_TOKEN", "s3cret"}, {"KVAGENT_ROUTER_TOKEN_FILE", missing}},
+	} {
+		for _, kv := range vars {
+			t.Setenv(kv[0], kv[1])
+		}
+		if err := security(); err != nil {
+			t.Errorf("%v, no --router: %v, want the agent started", vars, err)
+		}
+		clearFlagEnv(t)
+	}
+	for _, f := range []string{"router-token", "router-token-file", "router-tls-ca"} {
+		err := security("--"+f, missing)
+		var ec cli.ExitCoder
+		if want := "--" + f + " is for the registrations through --router, and there is no --router"; !errors.As(err, &ec) || ec.ExitCode() != 2 || err.Error() != want {
+			t.Errorf("kvagent --%s %s, no --router: %v, want exit 2: %s", f, missing, err, want)
+		}
+	}
+}

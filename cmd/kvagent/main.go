@@ -574,15 +574,21 @@ type routerSec struct {
 // routerSecurity reads --router-token or --router-token-file (either
 // given outranks both variables: clihelp.TokenFlagArgs) and
 // --router-tls-ca; a file missing or wrong is a usage error (exit 2).
+// Without --router it reads none of them, and refuses each given on the
+// command line (its variable alone is no error).
 func routerSecurity(c *cli.Context) (routerSec, error) {
 	var sec routerSec
 	var err error
 	if c.String("router") == "" {
+		// Only the flags given are refused: their variables, set in an
+		// environment several agents share (some without --router), are
+		// left unread by an agent that registers nowhere.
 		for _, f := range []string{"router-token", "router-token-file", "router-tls-ca"} {
-			if c.String(f) != "" {
+			if clihelp.OnCommandLine(c, f) && c.String(f) != "" {
 				return sec, cli.Exit(fmt.Sprintf("--%s is for the registrations through --router, and there is no --router", f), 2)
 			}
 		}
+		return sec, nil
 	}
 	// Either token flag given outranks both variables, as kvctl's: a
 	// stale KVAGENT_ROUTER_TOKEN does not stand against
