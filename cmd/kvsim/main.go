@@ -275,7 +275,11 @@ var modeDefaults = map[string]struct {
 	"v1":    {16, 0, "router,round_robin", 1, 1},
 }
 
-func runReplay(c *cli.Context) error {
+func runReplay(c *cli.Context) (err error) {
+	// A value refused (exit 2) that came from a variable (KVSIM_TRACE,
+	// kvctl's KVCTL_*) is named as it: the command line does not hold
+	// the flag.
+	defer func() { err = clihelp.FromEnv(c, err) }()
 	if c.NArg() > 0 {
 		return usagef("replay takes no arguments (got %q); see kvsim replay --help", c.Args().First())
 	}
@@ -597,7 +601,7 @@ func replayLive(c *cli.Context, pr *sim.Prepared, cfg sim.Config, overrides *ind
 	}
 	cl, err := client.New(strings.Split(c.String("endpoints"), ","), opts)
 	if err != nil {
-		return sim.Result{}, cli.Exit(err.Error(), 2)
+		return sim.Result{}, cli.Exit("--endpoints: "+err.Error(), 2)
 	}
 	defer cl.Close()
 	if clear := cl.ClearText(); opts.Token != "" && len(clear) > 0 {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/urfave/cli/v2"
 )
 
@@ -52,4 +53,19 @@ func TestALiveFlagGivenWithoutLiveIsRefusedWhateverItsVariable(t *testing.T) {
 	if err == nil || strings.Contains(err.Error(), "--token") {
 		t.Errorf("KVCTL_TOKEN=s3cret kvsim replay: %v, want the missing trace refused, the variable ignored", err)
 	}
+}
+
+// TestALiveValueOfAVariableNamesTheVariable: a --live replay's value
+// kvsim refuses (exit 2) that came from kvctl's KVCTL_* variable, the
+// flag not given, is named as the variable ("(--tls-ca from
+// KVCTL_TLS_CA)"), as kvctl's, kvrouter's and kvagent's refusals are:
+// the operator gave no such flag, and would look for it on the command
+// line.
+func TestALiveValueOfAVariableNamesTheVariable(t *testing.T) {
+	clihelp.UnsetEnv(t, replayCommand().Flags)
+	missing := filepath.Join(t.TempDir(), "missing")
+	clihelp.WantVariableNamed(t, newApp, []string{"kvsim", "replay", "--live", "--trace", genTrace(t), "--workers", "2", "--policies", "round_robin"}, [][2]string{
+		{"KVCTL_TLS_CA", missing},
+		{"KVCTL_ENDPOINTS", "127.0.0.1"},
+	})
 }
