@@ -194,7 +194,14 @@ func newApp(e *env) *cli.App {
 			switch c.String("output") {
 			case "table", "json":
 			default:
-				return usagef("-o %q: want table or json", c.String("output"))
+				// Named as the variable when it came from one: the
+				// command line holds no -o (FromEnvNote looks for
+				// --output, which the message does not say).
+				msg := fmt.Sprintf("-o %q: want table or json", c.String("output"))
+				if v := clihelp.FromVariable(c, "output"); v != "" {
+					msg += " (-o from " + v + ")"
+				}
+				return usagef("%s", msg)
 			}
 			if c.Duration("timeout") <= 0 {
 				return usagef("--timeout %v: want a positive duration such as 10s", c.Duration("timeout"))

@@ -144,6 +144,7 @@ func TestAUsageErrorOfAVariableNamesTheVariable(t *testing.T) {
 		{"KVCTL_TIMEOUT", "-1s", []string{"--endpoints", dead, "status"}, "(--timeout from KVCTL_TIMEOUT)"},
 		{"KVCTL_ENDPOINTS", "127.0.0.1:x", []string{"status"}, "(--endpoints from KVCTL_ENDPOINTS)"},
 		{"KVCTL_TLS_CA", missing, []string{"--endpoints", dead, "status"}, "(--tls-ca from KVCTL_TLS_CA)"},
+		{"KVCTL_OUTPUT", "yaml", []string{"--endpoints", dead, "status"}, `-o "yaml": want table or json (-o from KVCTL_OUTPUT)`},
 	} {
 		t.Run(c.env, func(t *testing.T) {
 			t.Setenv(c.env, c.value)
@@ -157,5 +158,10 @@ func TestAUsageErrorOfAVariableNamesTheVariable(t *testing.T) {
 	r := kvctl(t, "--timeout", "-1s", "--endpoints", dead, "status").wantCode(t, 2)
 	if strings.Contains(r.stderr, "KVCTL_TIMEOUT") {
 		t.Errorf("kvctl --timeout -1s: stderr %q names KVCTL_TIMEOUT, which the flag given outranks", r.stderr)
+	}
+	t.Setenv("KVCTL_OUTPUT", "yaml")
+	r = kvctl(t, "-o", "yaml", "--endpoints", dead, "status").wantCode(t, 2)
+	if strings.Contains(r.stderr, "KVCTL_OUTPUT") {
+		t.Errorf("kvctl -o yaml: stderr %q names KVCTL_OUTPUT, which the flag given outranks", r.stderr)
 	}
 }
