@@ -747,6 +747,7 @@ func TestBackendErrorsMapToStatus(t *testing.T) {
 		{fmt.Errorf("x: %w", indexer.ErrInvalidRequest), 400, api.ReasonInvalid},
 		{fmt.Errorf("x: %w", raftfsm.ErrShutdown), 503, api.ReasonShuttingDown},
 		{fmt.Errorf("x: %w", raftfsm.ErrStateReplaced), 503, api.ReasonStateReplaced},
+		{fmt.Errorf("x: %w", raftfsm.ErrSaveShutDown), 503, api.ReasonShuttingDown},
 		// A restore a closing node refuses before Raft has it: nothing
 		// installed, sent on to the next node.
 		{fmt.Errorf("x: %w: %w", raftfsm.ErrNotProposed, raftfsm.ErrShutdown), 503, api.ReasonNoLeader},

@@ -61,6 +61,11 @@ var (
 	ErrStateReplaced = errors.New("the state was replaced by a restore while the save read it; save again")
 	// ErrShutdown means the node is closing.
 	ErrShutdown = errors.New("node shut down")
+	// ErrSaveShutDown means a snapshot save was cut off because the node
+	// closed while the save read its state: the stream written so far
+	// must be thrown away. Save again from another node (the next
+	// leader), or from this one once it restarts. Also ErrShutdown.
+	ErrSaveShutDown = fmt.Errorf("%w while the save read the state; save again from another node, or from this one once it restarts", ErrShutdown)
 	// ErrStaleDump means a rank dump named a cursor below the one the rank
 	// is at, and was not applied (it would move the rank back in time);
 	// StaleDumpError carries the rank's cursor.

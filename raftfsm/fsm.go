@@ -812,18 +812,22 @@ func (f *FSM) view() (*store.StateSnapshot, uint64, error) {
 
 // cutOff returns the error of a save whose view, taken when restores had
 // closed replaced state databases (view), failed with err: ErrStateReplaced
-// when a restore has closed its database since, err otherwise (a save cut
-// off by the FSM's Close keeps the closed store's error).
+// when a restore has closed its database since, ErrSaveShutDown when the
+// FSM's Close has (the node is going away: another node answers the save
+// again), err otherwise.
 func (f *FSM) cutOff(err error, replaced uint64) error {
 	if !errors.Is(err, store.ErrClosed) {
 		return err
 	}
 	f.dbMu.RLock()
 	defer f.dbMu.RUnlock()
-	if f.replaced == replaced {
-		return err
+	switch {
+	case f.replaced != replaced:
+		return fmt.Errorf("%w: %v", ErrStateReplaced, err)
+	case f.isClosed:
+		return fmt.Errorf("%w: %v", ErrSaveShutDown, err)
 	}
-	return fmt.Errorf("%w: %v", ErrStateReplaced, err)
+	return err
 }
 
 // dropGroup discards the group batch (its state is being replaced), once

@@ -3128,7 +3128,8 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 // consistent view of the state database. A restore (a user's, or a
 // leader's snapshot installed on a deposed leader) that replaces the
 // state while the save reads it cuts the stream off: ErrStateReplaced,
-// to save again.
+// to save again; so does the node's Close: ErrSaveShutDown, to save
+// again from another node.
 func (n *Node) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotInfo, error) {
 	if n.raft.State() != raft.Leader {
 		return SnapshotInfo{}, n.notLeader()
@@ -3149,7 +3150,8 @@ func (n *Node) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotInfo, err
 	info, err := writeSnapshot(w, view)
 	if err != nil {
 		// A restore that closed the database under the view: the stream
-		// is cut off, and a save sent again reads the restored state.
+		// is cut off, and a save sent again reads the restored state; or
+		// the node's Close: another node answers a save sent again.
 		return info, n.fsm.cutOff(err, replaced)
 	}
 	return info, nil

@@ -5,11 +5,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevent"
-	"github.com/kvrouter/kvrouter/store"
 )
 
 // blockingWriter blocks its first Write until release is closed.
@@ -76,11 +76,13 @@ func TestASaveCutOffByARestoreSaysSo(t *testing.T) {
 	}
 }
 
-// TestASaveCutOffByACloseKeepsItsError pins what cutOff tells apart: a
-// view whose database a restore closed answers ErrStateReplaced, one whose
-// database the FSM's Close closed keeps the closed store's error, not
-// taken for a restore's (the node is going away: another node answers).
-func TestASaveCutOffByACloseKeepsItsError(t *testing.T) {
+// TestASaveCutOffByACloseSaysTheNodeShutDown pins what cutOff tells
+// apart: a view whose database a restore closed answers ErrStateReplaced,
+// one whose database the FSM's Close closed answers ErrSaveShutDown (an
+// ErrShutdown: 503 shutting_down, to save again from another node or
+// after the restart), not taken for a restore's, nor the closed store's
+// bare error (the API's 500 internal).
+func TestASaveCutOffByACloseSaysTheNodeShutDown(t *testing.T) {
 	f, snap := fixtureSnapshot(t)
 	v, replaced, err := f.view()
 	if err != nil {
@@ -104,7 +106,10 @@ func TestASaveCutOffByACloseKeepsItsError(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = writeSnapshot(io.Discard, v)
-	if err = f.cutOff(err, replaced); !errors.Is(err, store.ErrClosed) || errors.Is(err, ErrStateReplaced) {
-		t.Fatalf("a save whose view the FSM's Close closed: %v, want the closed store's error alone", err)
+	if err = f.cutOff(err, replaced); !errors.Is(err, ErrSaveShutDown) || !errors.Is(err, ErrShutdown) || errors.Is(err, ErrStateReplaced) {
+		t.Fatalf("a save whose view the FSM's Close closed: %v, want %v (an %v), not %v", err, ErrSaveShutDown, ErrShutdown, ErrStateReplaced)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "save again from another node") || !strings.Contains(msg, "restarts") {
+		t.Fatalf("a save whose view the FSM's Close closed: %q, want it to say to save again from another node or after the restart", msg)
 	}
 }

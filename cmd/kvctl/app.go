@@ -436,24 +436,32 @@ func withClient(c *cli.Context, f func(ctx context.Context, cl *client.Client) e
 	return err
 }
 
-// tooLargeHint is an error of a command that sends a body a node may
-// find too large, with what to do when it does (413 too_large): which
-// limit depends on the command, which explain does not know.
-type tooLargeHint struct {
-	err  error
-	hint string
+// reasonHint is an error of a command with what to do when the node
+// answered it with reason: what depends on the command, which explain does
+// not know (413 too_large: which limit the body passed; shutting_down in a
+// save's stream: the save is to be sent again).
+type reasonHint struct {
+	err    error
+	reason string
+	hint   string
 }
 
-func (h *tooLargeHint) Error() string { return h.err.Error() }
-func (h *tooLargeHint) Unwrap() error { return h.err }
+func (h *reasonHint) Error() string { return h.err.Error() }
+func (h *reasonHint) Unwrap() error { return h.err }
+
+// withReasonHint wraps a non-nil err with hint, for explain to print
+// after it when the node answered it with reason.
+func withReasonHint(err error, reason, hint string) error {
+	if err == nil {
+		return nil
+	}
+	return &reasonHint{err: err, reason: reason, hint: hint}
+}
 
 // withTooLargeHint wraps a non-nil err with hint, for explain to print
 // after it when the node answered 413 too_large.
 func withTooLargeHint(err error, hint string) error {
-	if err == nil {
-		return nil
-	}
-	return &tooLargeHint{err: err, hint: hint}
+	return withReasonHint(err, api.ReasonTooLarge, hint)
 }
 
 // explain turns an error into the line kvctl prints: what went wrong and
@@ -506,6 +514,10 @@ func explain(err error) string {
 	case errors.Is(err, context.DeadlineExceeded):
 		return err.Error() + "; raise --timeout, or see kvctl status"
 	case errors.As(err, &ae):
+		var h *reasonHint
+		if errors.As(err, &h) && h.reason == ae.Reason {
+			return err.Error() + "; " + h.hint
+		}
 		switch ae.Reason {
 		case api.ReasonNoLeader:
 			return err.Error() + "; the cluster has no leader right now: check kvctl status and retry"
@@ -530,10 +542,6 @@ func explain(err error) string {
 		case api.ReasonInternal:
 			return err.Error() + "; see the node's log"
 		case api.ReasonTooLarge:
-			var h *tooLargeHint
-			if errors.As(err, &h) {
-				return err.Error() + "; " + h.hint
-			}
 			return err.Error() + "; the request is larger than the node takes"
 		}
 	}

@@ -1630,6 +1630,25 @@ func TestASaveCutOffByARestoreSaysSaveAgain(t *testing.T) {
 	assertNoFiles(t, dir)
 }
 
+// TestASaveCutOffByACloseSaysRetry: a save whose stream the node's own
+// shutdown cut off (the node's error trailers, reason shutting_down) exits
+// 1 saying the node shut down and to retry the save, which another node
+// answers, and leaves no file, instead of only "use another endpoint", as
+// if the node had refused the save before it began.
+func TestASaveCutOffByACloseSaysRetry(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	dir := t.TempDir()
+	c.leader().FailSnapshotWith(128, fmt.Errorf("%w: write snapshot records: read view: store closed", raftfsm.ErrSaveShutDown))
+	r := kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", filepath.Join(dir, "a.snap")).wantCode(t, 1)
+	for _, want := range []string{"shutting_down", "node shut down while the save read the state", "nothing was saved", "retry the save"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Fatalf("stderr = %q, want %q in it", r.stderr, want)
+		}
+	}
+	assertNoFiles(t, dir)
+}
+
 func TestSnapshotSaveFailingLeavesNothing(t *testing.T) {
 	c := newCluster(t)
 	c.registerWorkers(t)

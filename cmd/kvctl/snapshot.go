@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/schollz/progressbar/v3"
@@ -211,7 +212,10 @@ func snapshotSave(c *cli.Context, e *env, path string) (err error) {
 	res, err := cl.SaveSnapshot(ctx, w)
 	finishBar(bar)
 	if err != nil {
-		return transferErr(c, ctx, fmt.Errorf("snapshot save: %w; nothing was saved", err))
+		// A stream the node's shutdown cut off: the next leader (or the
+		// node, restarted) answers the save sent again.
+		return transferErr(c, ctx, withReasonHint(fmt.Errorf("snapshot save: %w; nothing was saved", err), api.ReasonShuttingDown,
+			"the node is stopping: retry the save, which another node in --endpoints answers (or this one once it restarts)"))
 	}
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("sync %s: %w", part, err)
