@@ -135,7 +135,8 @@ type FSM struct {
 	handed atomic.Uint64
 	// sinceSnap is the bytes of the entries applied since the last
 	// snapshot persisted (Node.maybeSnapshot), those re-delivered after a
-	// restart included: the log still holds them.
+	// restart included: the log still holds them. A restore starts it
+	// over (restoreFrom).
 	sinceSnap atomic.Int64
 	malformed atomic.Uint64
 	// halt is set at the first entry of a later build (ErrLaterBuild) and

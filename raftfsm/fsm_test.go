@@ -1885,6 +1885,34 @@ func TestAFailedSnapshotKeepsTheBytesSinceTheLastOne(t *testing.T) {
 	}
 }
 
+// TestARestoreStartsTheBytesSinceTheSnapshotOver pins the byte bound on
+// the log (docs/operations.md "Snapshots and the log": a snapshot once
+// "the entries applied since the last snapshot hold 256 MiB"): after a
+// restore (a user's, a leader's snapshot installed, a start's) the state
+// is the snapshot's, and Raft's log starts after it, so the count starts
+// over at 0. Otherwise the entries applied before the restore, which the
+// restored state no longer holds, counted towards the next snapshot, and
+// the node snapshotted by bytes early.
+func TestARestoreStartsTheBytesSinceTheSnapshotOver(t *testing.T) {
+	f, snap := fixtureSnapshot(t)
+	if f.BytesSinceSnapshot() == 0 {
+		t.Fatal("the fixture counted no bytes")
+	}
+	if err := f.Restore(nopCloser{bytes.NewReader(snap)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.BytesSinceSnapshot(); got != 0 {
+		t.Fatalf("after a restore: %d bytes since the snapshot, want 0 (the state is the snapshot)", got)
+	}
+	var w logWriter
+	w.index, _ = f.Applied()
+	l := w.next(encodeEvents(100, []RankBatch{{Rank: r1, Events: chainEvents(r1, 1000, 10, 1000)}}))
+	f.ApplyBatch([]*raft.Log{l})
+	if got, want := f.BytesSinceSnapshot(), int64(len(l.Data)); got != want {
+		t.Fatalf("an entry applied after the restore: %d bytes since the snapshot, want %d", got, want)
+	}
+}
+
 // TestADamagedAppliedRecordIsRefusedNamingTheStateDirectory: a start on a
 // state database whose applied record does not decode is refused (the
 // state cannot be placed in the log), with an error that names the state

@@ -91,7 +91,14 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 		return err
 	}
 	if s.since != nil {
-		s.since.Add(-s.bytes)
+		// Not below 0: a restore that started the count over (restoreFrom)
+		// between the sink's Close and here took these bytes off already.
+		for {
+			n := s.since.Load()
+			if s.since.CompareAndSwap(n, max(n-s.bytes, 0)) {
+				break
+			}
+		}
 	}
 	return nil
 }
@@ -671,6 +678,9 @@ func (f *FSM) restoreFrom(r io.Reader, index, term uint64) error {
 		return err
 	}
 	f.handed.Store(index) // Raft hands over the entries after it
+	// The state is the snapshot's: the log Raft keeps starts after it,
+	// and the count towards the next snapshot starts over.
+	f.sinceSnap.Store(0)
 	f.resetCheck()
 	f.restoredAt.Store(time.Now().UnixNano())
 	f.logLoaded("state restored from snapshot", b, start)
