@@ -437,14 +437,20 @@ func TestStableStoreTable(t *testing.T) {
 			}
 		})
 	}
-	t.Run("GetUint64 of a non-uint64 value is corrupt", func(t *testing.T) {
-		if err := s.Set([]byte("short"), []byte{1, 2, 3}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.GetUint64([]byte("short")); !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("GetUint64(3-byte value) = %v, want ErrCorrupt", err)
-		}
-	})
+	// A value of any length but 8 is corrupt (DESIGN.md), a longer one as a
+	// shorter one: the 9-byte and empty values were unpinned (len(v) < 8
+	// passed every store test).
+	for _, n := range []int{0, 3, 7, 9, 16} {
+		t.Run(fmt.Sprintf("GetUint64 of a %d-byte value is corrupt", n), func(t *testing.T) {
+			k := []byte(fmt.Sprintf("not-uint64-%d", n))
+			if err := s.Set(k, bytes.Repeat([]byte{1}, n)); err != nil {
+				t.Fatal(err)
+			}
+			if v, err := s.GetUint64(k); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("GetUint64(%d-byte value) = %d, %v; want ErrCorrupt", n, v, err)
+			}
+		})
+	}
 	t.Run("Get returns a copy", func(t *testing.T) {
 		a, _ := s.Get([]byte("LastVoteCand"))
 		a[0] = 'X'
