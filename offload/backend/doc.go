@@ -28,8 +28,10 @@
 //     recorded on a stream fires only after every copy queued before it has
 //     finished, and its bytes are then visible to the host.
 //   - Copies on different streams may run concurrently and in any order.
-//   - After Close, every method returns ErrClosed, no goroutine of the backend
-//     is left running and every region it handed out is released.
+//   - After Close, every other method that can fail returns ErrClosed (Kind
+//     and Name still answer), no goroutine of the backend is left running
+//     and every region it handed out is released. Close is idempotent: a
+//     second Close returns nil.
 //
 // The cuda backend binds the device's primary context to the calling OS
 // thread on every call (see CUDA.enter), so any goroutine may call any
