@@ -249,6 +249,32 @@ func TestDiskReviveCountsHeldBlocksAsUsedNow(t *testing.T) {
 	}
 }
 
+// TestDiskReadCountsAsAUseForEviction pins disk.go's "a successful read
+// counts as a use and a hit, as Acquire does" against doc.go's LRU order:
+// the oldest block, read, is kept, and the least recently used one goes in
+// its place. It was unpinned: the stamp core.used gives a read block
+// (e.stamp = c.tick()) was deletable with every pool test passing.
+func TestDiskReadCountsAsAUseForEviction(t *testing.T) {
+	s := newSink(t)
+	p := openDisk(t, t.TempDir(), 3, pool.SyncFlush, s)
+	put(t, p, pool.Block{Hash: 1})
+	put(t, p, pool.Block{Hash: 2})
+	put(t, p, pool.Block{Hash: 3})
+	buf := make([]byte, testBlock)
+	check(t, p.Read(1, buf))
+	if st := p.Stats(); st.Hits != 1 || st.Referenced != 0 {
+		t.Fatalf("after a Read: %d hits, %d referenced; want 1 and 0", st.Hits, st.Referenced)
+	}
+	s.take()
+	put(t, p, pool.Block{Hash: 4})
+	if got := removed(s.take()); !slices.Equal(got, []uint64{2}) {
+		t.Fatalf("evicted %v, want [2]: 1, the oldest registration, was read after it", got)
+	}
+	if got := present(p, 1, 2, 3, 4); !slices.Equal(got, []uint64{1, 3, 4}) {
+		t.Fatalf("present %v, want [1 3 4]", got)
+	}
+}
+
 func put(t testing.TB, p *pool.DiskPool, bs ...pool.Block) {
 	t.Helper()
 	data := make([][]byte, len(bs))

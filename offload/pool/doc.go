@@ -15,8 +15,8 @@
 //   - A block is never evicted while a child of it (a block whose Parent is
 //     its hash) is in the same pool: eviction takes leaves before parents.
 //   - Among the blocks that may be evicted, the least recently used goes
-//     first (use = registration, Acquire, or a revival: a re-registration,
-//     or DiskPool.Revive).
+//     first (use = registration, Acquire, a successful DiskPool.Read, or a
+//     revival: a re-registration, or DiskPool.Revive).
 //   - A call that fails with an error leaves the pool as it was, except that
 //     a batch call keeps the blocks it completed before the error and says how
 //     many (see HostPool.RegisterFrom and DiskPool.Put).
