@@ -251,6 +251,61 @@ func TestPendingReleasesABurstsMemoryOnceEmpty(t *testing.T) {
 	}
 }
 
+// TestPendingKeepsAtMostSixteenSmallSpares pins DESIGN.md's "it keeps at
+// most 16 spare bookings" and the cap on a spare's room (pendingSpare,
+// pendingSpareBlocks) by looking at the spares themselves, so that it runs
+// under the race detector too, where
+// TestPendingReleasesABurstsMemoryOnceEmpty, which bounds the heap, is
+// skipped. Both bounds were unpinned: remove's len(p.spare) < pendingSpare
+// or its cap(b.blocks) <= pendingSpareBlocks was deletable with every
+// indexer test passing. A burst of 40 bookings, every fourth with more
+// hashes than a spare may have room for, is settled, dropped or cleared.
+func TestPendingKeepsAtMostSixteenSmallSpares(t *testing.T) {
+	for _, how := range []string{"settled", "dropped", "cleared"} {
+		t.Run(how, func(t *testing.T) {
+			p := NewPending(NewSequences())
+			const n = 40
+			tickets := make([]uint64, n)
+			for i := range n {
+				blocks := 8
+				if i%4 == 0 {
+					blocks = pendingSpareBlocks + 1
+				}
+				seq := make([]uint64, blocks)
+				for j := range seq {
+					seq[j] = uint64(i)<<20 | uint64(j)
+				}
+				if tickets[i] = p.Add(fmt.Sprintf("r%d", i), wkA0, seq, 1, 0); tickets[i] == 0 {
+					t.Fatalf("booking r%d not added", i)
+				}
+			}
+			switch how {
+			case "settled":
+				for i := range n {
+					p.Settle(fmt.Sprintf("r%d", i))
+				}
+			case "dropped":
+				for i := range n {
+					p.Drop(fmt.Sprintf("r%d", i), tickets[i])
+				}
+			case "cleared":
+				p.Clear()
+			}
+			if p.Len() != 0 {
+				t.Fatalf("%d still pending", p.Len())
+			}
+			if len(p.spare) > pendingSpare {
+				t.Errorf("%d spare bookings kept, want at most %d", len(p.spare), pendingSpare)
+			}
+			for i, b := range p.spare {
+				if cap(b.blocks) > pendingSpareBlocks {
+					t.Errorf("spare %d has room for %d hashes, want at most %d", i, cap(b.blocks), pendingSpareBlocks)
+				}
+			}
+		})
+	}
+}
+
 // TestPendingBlocksFollowTheLiveBookings: a block a pending booking
 // brings counts while, and only while, no live booking of its rank holds
 // it: two pending bookings of one prompt, the first applied, leave the
