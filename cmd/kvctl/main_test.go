@@ -1612,41 +1612,36 @@ func TestSnapshotSaveVerifiesThenRenames(t *testing.T) {
 	}
 }
 
-// TestASaveCutOffByARestoreSaysSaveAgain: a save whose stream a restore
-// cut off (the node's error trailers, reason state_replaced) exits 1
-// saying so and to save again, and leaves no file, instead of the 500 internal
-// of a closed state database that sent the operator to the node's log.
-func TestASaveCutOffByARestoreSaysSaveAgain(t *testing.T) {
-	c := newCluster(t)
-	c.registerWorkers(t)
-	dir := t.TempDir()
-	c.leader().FailSnapshotWith(128, fmt.Errorf("%w: write snapshot records: read view: store closed", raftfsm.ErrStateReplaced))
-	r := kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", filepath.Join(dir, "a.snap")).wantCode(t, 1)
-	for _, want := range []string{"state_replaced", "replaced by a restore", "nothing was saved", "retry the save"} {
-		if !strings.Contains(r.stderr, want) {
-			t.Fatalf("stderr = %q, want %q in it", r.stderr, want)
-		}
+// TestASaveCutOffSaysRetry: a save whose stream was cut off, by a restore
+// (the node's error trailers, reason state_replaced) or by the node's own
+// shutdown (reason shutting_down), exits 1 saying which and to save again
+// (another node answers a save the shutdown cut off), and leaves no file,
+// instead of the 500 internal of a closed state database that sent the
+// operator to the node's log, or, for the shutdown, only "use another
+// endpoint", as if the node had refused the save before it began.
+func TestASaveCutOffSaysRetry(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cause error
+		want  []string
+	}{
+		{"by a restore", raftfsm.ErrStateReplaced, []string{"state_replaced", "replaced by a restore"}},
+		{"by the node's shutdown", raftfsm.ErrSaveShutDown, []string{"shutting_down", "node shut down while the save read the state"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t)
+			c.registerWorkers(t)
+			dir := t.TempDir()
+			c.leader().FailSnapshotWith(128, fmt.Errorf("%w: write snapshot records: read view: store closed", tc.cause))
+			r := kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", filepath.Join(dir, "a.snap")).wantCode(t, 1)
+			for _, want := range append(tc.want, "nothing was saved", "retry the save") {
+				if !strings.Contains(r.stderr, want) {
+					t.Fatalf("stderr = %q, want %q in it", r.stderr, want)
+				}
+			}
+			assertNoFiles(t, dir)
+		})
 	}
-	assertNoFiles(t, dir)
-}
-
-// TestASaveCutOffByACloseSaysRetry: a save whose stream the node's own
-// shutdown cut off (the node's error trailers, reason shutting_down) exits
-// 1 saying the node shut down and to retry the save, which another node
-// answers, and leaves no file, instead of only "use another endpoint", as
-// if the node had refused the save before it began.
-func TestASaveCutOffByACloseSaysRetry(t *testing.T) {
-	c := newCluster(t)
-	c.registerWorkers(t)
-	dir := t.TempDir()
-	c.leader().FailSnapshotWith(128, fmt.Errorf("%w: write snapshot records: read view: store closed", raftfsm.ErrSaveShutDown))
-	r := kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", filepath.Join(dir, "a.snap")).wantCode(t, 1)
-	for _, want := range []string{"shutting_down", "node shut down while the save read the state", "nothing was saved", "retry the save"} {
-		if !strings.Contains(r.stderr, want) {
-			t.Fatalf("stderr = %q, want %q in it", r.stderr, want)
-		}
-	}
-	assertNoFiles(t, dir)
 }
 
 func TestSnapshotSaveFailingLeavesNothing(t *testing.T) {
