@@ -450,7 +450,7 @@ func decodeWorker(d *dec) WorkerInfo {
 	w.ReplayEndpoints = decodeEndpoints(d)
 	w.Salt = d.str("salt")
 	w.LeaseMs = d.sv("lease")
-	w.Positional = d.u8("positional") == 1
+	w.Positional = d.bool("positional") // 0 or 1 only: a later build bumps the extension
 	return w
 }
 

@@ -478,3 +478,37 @@ func TestAStateWithASettingsRecordOfALaterBuildIsNotOpened(t *testing.T) {
 		t.Fatalf("restore: %v, want ErrBadSnapshot naming the settings record of a later build once", err)
 	}
 }
+
+// TestARegistrationWhosePositionalByteNoBuildWritesIsRefused pins that a
+// worker's positional flag, the last byte of its extension 1, decodes
+// only from the bytes encodeWorker writes for it (0 or 1): any other
+// byte is refused (ErrBadCommand), in an entry and in the worker's state
+// record alike, as "a decoder rejects anything it does not fully
+// understand" (command.go) and "a node refuses ... rather than misreading
+// it" (docs/operations.md, Upgrade). Read as "== 1", a 2 (a later build's
+// widened flag, or damage) registered the worker as non-Positional, with
+// the other registration rules (droppedRanks), on this build only.
+func TestARegistrationWhosePositionalByteNoBuildWritesIsRefused(t *testing.T) {
+	w := WorkerInfo{ID: 7, DPRanks: []uint32{0, 1}, BlockSize: 16, Endpoint: "e", Model: "m", Positional: true}
+	reg := encodeRegister(5, &w)
+	if reg[len(reg)-1] != 1 {
+		t.Fatalf("the registration %x does not end with its positional byte 1", reg)
+	}
+	for _, v := range []byte{2, 3, 0xff} {
+		b := bytes.Clone(reg)
+		b[len(b)-1] = v
+		if c, err := decodeCommand(b); !errors.Is(err, ErrBadCommand) {
+			t.Errorf("a registration whose positional byte is %d decoded (positional %v), err %v; want ErrBadCommand",
+				v, c.worker.Positional, err)
+		}
+		var we enc
+		encodeWorker(&we, &w)
+		we.b[len(we.b)-1] = v
+		d := dec{b: we.b}
+		got := decodeWorker(&d)
+		if err := d.done(); !errors.Is(err, ErrBadCommand) {
+			t.Errorf("a worker record whose positional byte is %d decoded (positional %v), err %v; want ErrBadCommand",
+				v, got.Positional, err)
+		}
+	}
+}
