@@ -18,8 +18,9 @@ import (
 // ErrBadCommand. A garbled entry (truncated, or bytes no build writes) the
 // FSM skips as a domain error: a committed entry cannot be refused, but it
 // must never corrupt state. An entry a later build wrote (ErrLaterBuild: a
-// version above commandVersion, a command type, a settings view or a
-// worker extension this build does not know) the FSM does not skip: it
+// version above commandVersion, a command type, a booking kind, a settings
+// view or a worker extension this build does not know) the FSM does not
+// skip: it
 // halts there, applying nothing more, until the node runs a build that
 // reads it (FSM.Halted), so that the upgraded node applies it from its log
 // rather than lacking it for good.
@@ -166,6 +167,12 @@ func decodeBookOp(d *dec, op *bookOp) {
 			d.fail("discount")
 		}
 	default:
+		if kind > bookDecay && d.err == nil {
+			// A later build's kind: halted at, not skipped (kinds are
+			// added without a version bump), so that a node of this build
+			// does not go out of step with the upgraded ones.
+			d.err = fmt.Errorf("%w: booking kind %d (this build reads 1 to %d)", ErrLaterBuild, kind, bookDecay)
+		}
 		d.fail("booking kind")
 	}
 	if op != nil {

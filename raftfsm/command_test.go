@@ -512,3 +512,33 @@ func TestARegistrationWhosePositionalByteNoBuildWritesIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestABookingKindOfALaterBuildHaltsTheFSM pins that a booking entry
+// whose operation kind is above the highest this build knows (bookDecay)
+// is a later build's (ErrLaterBuild): the FSM halts at it, its applied
+// index staying at the entry before, as at a later version or command
+// type, where it was skipped as garbled and a node of this build went out
+// of step with the upgraded ones for good (booking kinds are added
+// without a version bump). A kind 0, no build's, stays garbled: skipped.
+func TestABookingKindOfALaterBuildHaltsTheFSM(t *testing.T) {
+	later := encodeBook(5, []bookOp{{kind: bookDecay + 1, b: Booking{ID: "q"}}})
+	if _, err := decodeCommand(later); !errors.Is(err, ErrLaterBuild) {
+		t.Errorf("a booking kind %d: %v, want ErrLaterBuild", bookDecay+1, err)
+	}
+	kind0 := encodeBook(5, []bookOp{{kind: 0, b: Booking{ID: "q"}}})
+	if _, err := decodeCommand(kind0); !errors.Is(err, ErrBadCommand) || errors.Is(err, ErrLaterBuild) {
+		t.Errorf("a booking kind 0: %v, want ErrBadCommand, not ErrLaterBuild", err)
+	}
+	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+	defer f.Close()
+	var w logWriter
+	res := f.ApplyBatch([]*raft.Log{w.next(encodeRegister(5, &WorkerInfo{ID: 1, BlockSize: 16})), w.next(kind0), w.next(later),
+		w.next(encodeRegister(5, &WorkerInfo{ID: 2, BlockSize: 16}))})
+	var h *ApplyHalt
+	if err, ok := res[2].(error); !ok || !errors.As(err, &h) || h.Index != 3 {
+		t.Fatalf("the entry of a later booking kind: %v, want the halt at entry 3 (ErrLaterBuild)", res[2])
+	}
+	if got := f.applied.Load(); got != 2 {
+		t.Fatalf("applied index %d after the halt, want 2, the entry before it", got)
+	}
+}
