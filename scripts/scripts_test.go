@@ -117,6 +117,7 @@ type fakeRun struct {
 	lines    chan string
 	nodePids func() []int
 	done     chan struct{} // closed once cmd.Wait has returned
+	kill     func()        // the harness's cleanup: kills the script and every fake it started
 }
 
 // readPid reads the pid a fake wrote to path; 0 when there is none.
@@ -185,9 +186,14 @@ func startFakeRunWith(t *testing.T, kvsimBody, kvctlBody string, setup func(root
 	os.WriteFile(filepath.Join(root, "traces/t.jsonl"), []byte("{}\n"), 0o644)
 	pidDir := filepath.Join(root, "pids")
 	os.MkdirAll(pidDir, 0o755)
+	// The fakes below exit once the test process is gone (not their
+	// parent, the script: TestRunLocalSecondCtrlCLeavesNoNode looks for
+	// the nodes a killed script left running); the cleanup kills them
+	// before.
+	testPid := strconv.Itoa(os.Getpid())
 	// Fake node: answers 200 on its --http-addr, records its pid.
 	writeExe(t, filepath.Join(root, "bin/kvrouter"), `#!/usr/bin/env python3
-import os, sys, http.server
+import os, sys, http.server, threading, time
 a = sys.argv
 addr = a[a.index("--http-addr") + 1]
 host, port = addr.rsplit(":", 1)
@@ -196,11 +202,19 @@ class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
     def log_message(self, *x): pass
+def orphan():
+    # The test process gone (a timeout's panic runs no cleanup): exit.
+    while True:
+        time.sleep(0.2)
+        try: os.kill(`+testPid+`, 0)
+        except OSError: os._exit(0)
+threading.Thread(target=orphan, daemon=True).start()
 http.server.HTTPServer((host, int(port)), H).serve_forever()
 `)
 	// Fake agent: takes 1 s to stop on SIGTERM (as a real one flushes its
-	// last events); its pid, once its trap is set.
-	writeExe(t, filepath.Join(root, "bin/kvagent"), "#!/bin/bash\ntrap 'sleep 1; exit 0' TERM\necho $$ > "+pidDir+"/agent\nwhile true; do sleep 0.1; done\n")
+	// last events); its pid, once its trap is set. It runs until the test
+	// process is gone, as the fake node.
+	writeExe(t, filepath.Join(root, "bin/kvagent"), "#!/bin/bash\ntrap 'sleep 1; exit 0' TERM\necho $$ > "+pidDir+"/agent\nwhile kill -0 "+testPid+" 2>/dev/null; do sleep 0.1; done\n")
 	writeExe(t, filepath.Join(root, "bin/kvsim"), kvsimBody)
 	writeExe(t, filepath.Join(root, "bin/kvctl"), kvctlBody)
 
@@ -225,13 +239,20 @@ http.server.HTTPServer((host, int(port)), H).serve_forever()
 		}
 		return ps
 	}
-	t.Cleanup(func() {
+	kill := func() {
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		for _, p := range nodePids() {
-			syscall.Kill(p, syscall.SIGKILL)
-		}
-		if p := readPid(filepath.Join(pidDir, "agent")); p > 0 {
-			syscall.Kill(p, syscall.SIGKILL)
+		// The nodes and agents run in sessions of their own (setsid),
+		// out of the script's group: every process in the tree, until
+		// none is left (a fake agent's sleep outlives it a moment).
+		for i := 0; i < 50; i++ {
+			ps := inTree(root, "")
+			if len(ps) == 0 {
+				break
+			}
+			for _, p := range ps {
+				syscall.Kill(p, syscall.SIGKILL)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 		// The next test's run needs the ports: wait for the killed
 		// nodes to let them go.
@@ -239,7 +260,8 @@ http.server.HTTPServer((host, int(port)), H).serve_forever()
 		for portInUse(runPorts) != 0 && time.Now().Before(deadline) {
 			time.Sleep(20 * time.Millisecond)
 		}
-	})
+	}
+	t.Cleanup(kill)
 	lines := make(chan string, 100)
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -248,12 +270,34 @@ http.server.HTTPServer((host, int(port)), H).serve_forever()
 		}
 		close(lines)
 	}()
-	r := &fakeRun{cmd: cmd, root: root, lines: lines, nodePids: nodePids, done: make(chan struct{})}
+	r := &fakeRun{cmd: cmd, root: root, lines: lines, nodePids: nodePids, done: make(chan struct{}), kill: kill}
 	go func() {
 		cmd.Wait()
 		close(r.done)
 	}()
 	return r
+}
+
+// inTree returns the processes that run in the fake tree root (their
+// working directory: run-local.sh cds there, and what it starts inherits
+// it) and whose command line holds s ("": any).
+func inTree(root, s string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var ps []int
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd")); err != nil || cwd != root {
+			continue
+		}
+		b, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if strings.Contains(string(b), s) {
+			ps = append(ps, p)
+		}
+	}
+	return ps
 }
 
 // waitFor reads the script's output until a line holds s.
@@ -514,5 +558,34 @@ func TestBenchFailsWhenGoTestFails(t *testing.T) {
 		if !strings.Contains(string(b), old) {
 			t.Errorf("%s lost the last run's figures after a failed run:\n%s", f, b)
 		}
+	}
+}
+
+// The harness's cleanup killed the script's process group, the three
+// nodes and the one agent whose pid pids/agent held (the last to write
+// it): the nodes and agents run in sessions of their own (setsid), out of
+// the group, so a test that failed with several agents up left the others
+// running, orphaned (a failed run of 101 workers left 101 fake kvagents
+// running for 20 minutes). Pinned: once the cleanup has run, nothing runs
+// in the fake tree, with three agents up.
+func TestRunLocalHarnessLeavesNothingRunning(t *testing.T) {
+	if _, err := os.Stat("/proc/self/cwd"); err != nil {
+		t.Skip("no /proc")
+	}
+	r := startFakeRunWith(t, "#!/bin/bash\nexit 0\n", "#!/bin/bash\nexit 0\n", func(root string, cmd *exec.Cmd) {
+		cmd.Env = append(cmd.Env, "KVROUTER_RUN_WORKERS=3")
+	})
+	var log []string
+	r.waitFor(t, "Ctrl-C stops the cluster", &log)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(inTree(r.root, "bin/kvagent")) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the 3 fake agents did not start within 10s:\n%s", strings.Join(log, "\n"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.kill()
+	if a := pollGone(func() []int { return inTree(r.root, "") }, 2*time.Second); len(a) > 0 {
+		t.Fatalf("after the harness's cleanup, processes %s still run in the fake tree", strings.Join(a, ","))
 	}
 }
