@@ -12,7 +12,8 @@
 # from those events. It keeps serving until Ctrl-C, when it stops every
 # agent and node cleanly. Set KVROUTER_RUN_REPLAY=0 to skip the replay (and
 # the agents), KVROUTER_RUN_TRACE to replay another trace file,
-# KVROUTER_RUN_REQUESTS (600) and KVROUTER_RUN_WORKERS (4) to size it, and
+# KVROUTER_RUN_REQUESTS (600; 0: the whole trace) and KVROUTER_RUN_WORKERS
+# (4, at most 100) to size it, and
 # KVROUTER_RUN_DIR (data) for the nodes' data and the logs; a relative
 # path is from the directory the script starts in. README.md lists them.
 set -euo pipefail
@@ -24,6 +25,26 @@ for v in KVROUTER_RUN_DIR KVROUTER_RUN_TRACE; do
   fi
 done
 cd "$(dirname "$0")/.."
+
+# The sizes are checked before anything starts (status 2, a usage error):
+# a value kvsim refuses would otherwise fail the replay with the cluster
+# and the agents already up. Worker i (1-based) has its engine wire on
+# 5599+i and its replay on 5699+i, so past 100 workers an engine wire
+# would take worker 1's replay port.
+# whole VALUE LO HI: VALUE is a whole number (decimal) from LO to HI.
+whole() {
+  [[ $1 =~ ^[0-9]{1,9}$ ]] && [ $((10#$1)) -ge "$2" ] && [ $((10#$1)) -le "$3" ]
+}
+if ! whole "${KVROUTER_RUN_REQUESTS:-600}" 0 999999999; then
+  echo "KVROUTER_RUN_REQUESTS=${KVROUTER_RUN_REQUESTS}: want a whole number, the requests to replay (0: the whole trace)" >&2
+  exit 2
+fi
+if ! whole "${KVROUTER_RUN_WORKERS:-4}" 1 100; then
+  echo "KVROUTER_RUN_WORKERS=${KVROUTER_RUN_WORKERS}: want a whole number from 1 to 100, the simulated workers (engine wires on ports 5600+, replays on 5700+)" >&2
+  exit 2
+fi
+requests=$((10#${KVROUTER_RUN_REQUESTS:-600}))
+workers=$((10#${KVROUTER_RUN_WORKERS:-4}))
 
 make -s build
 base=${KVROUTER_RUN_DIR:-data}
@@ -95,7 +116,7 @@ replay_on=0
 ports=""
 for i in 1 2 3; do ports+=" $((7100 + i)) $((7180 + i)) $((4220 + i)) $((6220 + i))"; done
 if [ "$replay_on" = 1 ]; then
-  for i in $(seq 1 "${KVROUTER_RUN_WORKERS:-4}"); do ports+=" $((5600 + i - 1)) $((5700 + i - 1))"; done
+  for i in $(seq 1 "$workers"); do ports+=" $((5600 + i - 1)) $((5700 + i - 1))"; done
 fi
 for p in $ports; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
@@ -171,7 +192,6 @@ if [ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && [ ! -f "$trace" ]; then
   echo
 fi
 if [ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && [ -f "$trace" ]; then
-  workers=${KVROUTER_RUN_WORKERS:-4}
   blocksize=16                     # kvsim's v1 block size
   capacity=$((1000000 / blocksize)) # kvsim's v1 capacity (1,000,000 tokens), in blocks
   natsurls="nats://127.0.0.1:4221,nats://127.0.0.1:4222,nats://127.0.0.1:4223"
@@ -189,7 +209,7 @@ if [ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && [ -f "$trace" ]; then
   # waited for the whole replay. A signal now ends the wait at once, and
   # stop stops kvsim first.
   ./bin/kvsim replay --live --endpoints "$endpoints" --trace "$trace" \
-    --workers "$workers" --limit "${KVROUTER_RUN_REQUESTS:-600}" \
+    --workers "$workers" --limit "$requests" \
     --zmq-base-port 5600 --zmq-replay-base-port 5700 --agent-wait 60s &
   replayer=$!
   wait "$replayer" || true

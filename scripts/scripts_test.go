@@ -589,3 +589,71 @@ func TestRunLocalHarnessLeavesNothingRunning(t *testing.T) {
 		t.Fatalf("after the harness's cleanup, processes %s still run in the fake tree", strings.Join(a, ","))
 	}
 }
+
+// toFile is a startFakeRunWith setup that sends the script's output to
+// root/out.txt instead of the harness's pipe, whose last lines a script
+// that exits at once can lose (cmd.Wait closes the pipe before they are
+// read); it returns the file's path.
+func toFile(out *string, env ...string) func(root string, cmd *exec.Cmd) {
+	return func(root string, cmd *exec.Cmd) {
+		*out = filepath.Join(root, "out.txt")
+		cmd.Args = []string{"bash", "-c", `exec bash "$0" >"$1" 2>&1`, filepath.Join(root, "scripts/run-local.sh"), *out}
+		cmd.Env = append(cmd.Env, env...)
+	}
+}
+
+// waitEnd waits, up to 30 s, for the script to end and returns its
+// output; it fails the test at once when the script has launched the
+// nodes (it says "waiting for the cluster to be ready" right after: the
+// fake nodes themselves may take long to start on a loaded machine).
+func waitEnd(t *testing.T, r *fakeRun, out, what string) string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		select {
+		case <-r.done:
+			b, _ := os.ReadFile(out)
+			return string(b)
+		case <-time.After(20 * time.Millisecond):
+		}
+		b, _ := os.ReadFile(out)
+		if strings.Contains(string(b), "waiting for the cluster to be ready") {
+			t.Fatalf("%s launched the cluster's nodes instead of being refused first:\n%s", what, b)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: script still running 30s after its start:\n%s", what, b)
+		}
+	}
+}
+
+// README's KVROUTER_RUN_* table: KVROUTER_RUN_REQUESTS is "how many of the
+// trace's requests are replayed" and KVROUTER_RUN_WORKERS the simulated
+// workers, one kvagent each on ports 5600+ and 5700+. A value that is no
+// such number (abc, 0, -1, or more workers than the ports below 5700
+// hold) was taken as given: the script started the three nodes (and the
+// agents it could), kvsim then failed on the value, and the run went on
+// "serving routes" as if the replay had run, Ctrl-C ending it with status
+// 0. Pinned: each is refused before any node starts, with status 2 and a
+// message naming the variable.
+func TestRunLocalRejectsABadSizeBeforeStarting(t *testing.T) {
+	for _, c := range []struct{ name, env string }{
+		{"requests-abc", "KVROUTER_RUN_REQUESTS=abc"},
+		{"workers-0", "KVROUTER_RUN_WORKERS=0"},
+		{"workers-abc", "KVROUTER_RUN_WORKERS=abc"},
+		{"requests-negative", "KVROUTER_RUN_REQUESTS=-1"},
+		// Worker 101's engine wire would be 5700, worker 1's replay port.
+		{"workers-101", "KVROUTER_RUN_WORKERS=101"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var out string
+			r := startFakeRunWith(t, "#!/bin/bash\nexit 0\n", "#!/bin/bash\nexit 0\n", toFile(&out, c.env))
+			log := waitEnd(t, r, out, c.env)
+			if code := r.cmd.ProcessState.ExitCode(); code != 2 {
+				t.Errorf("%s: exit status %d, want 2 (a usage error):\n%s", c.env, code, log)
+			}
+			if name, _, _ := strings.Cut(c.env, "="); !strings.Contains(log, name) {
+				t.Errorf("%s: the refusal does not name %s:\n%s", c.env, name, log)
+			}
+		})
+	}
+}
