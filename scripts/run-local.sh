@@ -10,7 +10,8 @@
 # events to the nodes' NATS and registers the worker. The replay routes
 # through the cluster's API, whose index learns the workers' caches only
 # from those events. It keeps serving until Ctrl-C, when it stops every
-# agent and node cleanly. Set KVROUTER_RUN_REPLAY=0 to skip the replay (and
+# agent and node cleanly; a replay that fails stops them too, the run
+# ending with kvsim's status. Set KVROUTER_RUN_REPLAY=0 to skip the replay (and
 # the agents), KVROUTER_RUN_TRACE to replay another trace file,
 # KVROUTER_RUN_REQUESTS (600; 0: the whole trace) and KVROUTER_RUN_WORKERS
 # (4, at most 100) to size it, and
@@ -212,8 +213,17 @@ if [ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && [ -f "$trace" ]; then
     --workers "$workers" --limit "$requests" \
     --zmq-base-port 5600 --zmq-replay-base-port 5700 --agent-wait 60s &
   replayer=$!
-  wait "$replayer" || true
+  # A replay that fails (a malformed trace, a value kvsim refuses) ends
+  # the run with its status, the agents and the nodes stopped as on
+  # Ctrl-C, instead of serving routes as if it had run. A signal during
+  # the wait runs its trap, which stops everything and exits first.
+  replay_status=0
+  wait "$replayer" || replay_status=$?
   replayer=""
+  if [ "$replay_status" != 0 ]; then
+    echo "the replay failed (exit $replay_status): see kvsim's message above; stopping the run" >&2
+    exit "$replay_status"
+  fi
   echo
   ./bin/kvctl --endpoints "$endpoints" workers || true
   echo

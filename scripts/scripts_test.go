@@ -657,3 +657,31 @@ func TestRunLocalRejectsABadSizeBeforeStarting(t *testing.T) {
 		})
 	}
 }
+
+// A replay that failed (kvsim exiting non-zero: a malformed trace, a value
+// it refused) was hidden by `wait "$replayer" || true`: the script went on
+// "serving routes", and Ctrl-C ended the run with status 0. Pinned: the
+// script says the replay failed, stops the agents and the nodes as Ctrl-C
+// does, and exits with kvsim's status; nothing is left running.
+func TestRunLocalFailedReplayStopsTheRun(t *testing.T) {
+	var out string
+	r := startFakeRunWith(t, "#!/bin/bash\necho 'kvsim: trace line 1: unexpected end of JSON input' >&2\nexit 3\n", "#!/bin/bash\nexit 0\n", toFile(&out))
+	select {
+	case <-r.done:
+	case <-time.After(30 * time.Second):
+		b, _ := os.ReadFile(out)
+		t.Fatalf("script still running 30s after a replay that failed:\n%s", b)
+	}
+	b, _ := os.ReadFile(out)
+	log := string(b)
+	if code := r.cmd.ProcessState.ExitCode(); code != 3 || !strings.Contains(log, "the replay failed (exit 3)") {
+		t.Fatalf("a replay that failed with status 3: script exit status %d, want 3 and \"the replay failed (exit 3)\":\n%s", code, log)
+	}
+	if strings.Contains(log, "serving routes") || !strings.Contains(log, "stopping the cluster") {
+		t.Errorf("a replay that failed: the run went on serving routes, or did not stop the cluster:\n%s", log)
+	}
+	agent := func() []int { return append(r.nodePids(), readPid(filepath.Join(r.root, "pids/agent"))) }
+	if a := pollGone(agent, 2*time.Second); len(a) > 0 {
+		t.Errorf("the script exited after a failed replay, but nodes or the agent %s still run", strings.Join(a, ","))
+	}
+}
