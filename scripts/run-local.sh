@@ -60,6 +60,10 @@ endpoints="127.0.0.1:7181,127.0.0.1:7182,127.0.0.1:7183"
 pids=()
 agents=()
 replayer="" # kvsim, while it replays
+# started: whether this run has started a node. A run refused before
+# (a port in use: most likely another run's, whose data directory this
+# may well be) stopped nothing, and must not advise removing the data.
+started=0
 sleeper=""
 # stop_all stops processes: SIGTERM (a script's background jobs ignore
 # SIGINT until they install their own handler, so a node still starting
@@ -89,6 +93,9 @@ stop() {
   # in sessions of their own and would go on holding their ports.
   trap '' INT TERM HUP
   trap - EXIT
+  if [ "$started" = 0 ]; then
+    exit "$code"
+  fi
   echo
   if [ -n "$replayer" ]; then
     echo "stopping the replay..."
@@ -128,6 +135,7 @@ done
 
 natsroutes=""
 for i in 1 2 3; do natsroutes+="127.0.0.1:$((6220 + i)),"; done
+started=1
 for i in 1 2 3; do
   # Each in a session of its own (setsid): a Ctrl-C at the terminal
   # reaches this script alone, whose SIGTERM then stops the node once.

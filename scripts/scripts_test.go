@@ -685,3 +685,30 @@ func TestRunLocalFailedReplayStopsTheRun(t *testing.T) {
 		t.Errorf("the script exited after a failed replay, but nodes or the agent %s still run", strings.Join(a, ","))
 	}
 }
+
+// A second `make run` while one runs is refused on the first port in use,
+// but its exit went through the Ctrl-C path, which printed "stopped; data
+// kept in data/ (rm -rf data to start afresh)": nothing was stopped, and
+// with the default KVROUTER_RUN_DIR that directory is the running
+// cluster's, whose data the advice deletes. Pinned: a refused run says
+// neither. A listener on worker 2's replay port (5701, outside runPorts)
+// stands in for the other run. It is also the test of the port check
+// itself: with the check turned into `if false`, every other run-local
+// test passed, and this one fails ("launched the cluster's nodes instead
+// of being refused first").
+func TestRunLocalRefusedRunNeitherStopsNorAdvisesRm(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:5701")
+	if err != nil {
+		t.Skipf("port 5701: %v", err)
+	}
+	defer l.Close()
+	var out string
+	r := startFakeRunWith(t, "#!/bin/bash\nexit 0\n", "#!/bin/bash\nexit 0\n", toFile(&out, "KVROUTER_RUN_WORKERS=2"))
+	log := waitEnd(t, r, out, "a run with port 5701 in use")
+	if !strings.Contains(log, "port 5701") || r.cmd.ProcessState.ExitCode() == 0 {
+		t.Fatalf("a run with port 5701 in use: %v, not refused naming the port:\n%s", r.cmd.ProcessState, log)
+	}
+	if strings.Contains(log, "rm -rf") || strings.Contains(log, "stopped") {
+		t.Errorf("a run refused before it started anything tells the operator it stopped and to rm -rf the data directory (another run's):\n%s", log)
+	}
+}
