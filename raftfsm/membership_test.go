@@ -904,8 +904,12 @@ func (h *heldTransport) Consumer() <-chan raft.RPC { return h.out }
 // 4 voters and only 2 answer: added as a voter at once, the leader could
 // not commit it and stepped down, and the cluster stayed without a leader
 // until the down member came back. From a review.
+//
+// Its cluster runs with Raft timeouts of a second (steadyTimeouts): with
+// one follower down, a leader that misses its 200 ms lease under load
+// steps down whatever the add does, and the test takes that for the add's.
 func TestAddMemberUnreachableWithAFollowerDownKeepsTheLeader(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
+	c := newTestCluster(t, 3, steadyTimeouts)
 	l := c.leader()
 	c.converged()
 	down := slices.IndexFunc(c.nodes, func(n *Node) bool { return n != l })
@@ -1038,8 +1042,13 @@ func noticedDown(t *testing.T, l *Node, id string) {
 // remove the down member first, which works. From a review: the leader
 // removing itself waited for good (its removal could not commit), holding
 // the membership lock, and the cluster was left without a leader.
+//
+// Its cluster runs with Raft timeouts of a second (steadyTimeouts): with
+// one follower down, a leader that misses its 200 ms lease under load
+// steps down whatever the removals do, and the test takes that for
+// theirs.
 func TestRemoveMemberWithAFollowerDownRefusesWhatCannotElect(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
+	c := newTestCluster(t, 3, steadyTimeouts)
 	l := c.leader()
 	c.converged()
 	down := slices.IndexFunc(c.nodes, func(n *Node) bool { return n != l })
@@ -1312,8 +1321,13 @@ func TestAnAnswerFromAnotherServerNeverPromotes(t *testing.T) {
 // they made it step down, win the election, step down again, for good; the
 // watch refuses an RPC that names this node as its sender, and the leader
 // keeps its term.
+//
+// Its cluster runs with Raft timeouts of a second (steadyTimeouts): a
+// leader that misses its 200 ms lease under load loses its term whatever
+// the watch refuses. Taken, its own AppendEntries still end the term (a
+// step-down at once, an election a timeout later, well within the wait).
 func TestALeaderRefusesItsOwnAppendEntries(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
+	c := newTestCluster(t, 3, steadyTimeouts)
 	l := c.leader()
 	term := l.raft.CurrentTerm()
 	_, port, _ := net.SplitHostPort(l.cfg.RaftAddr)
@@ -1554,10 +1568,16 @@ func TestAnInstallSnapshotAnswerWithoutAnIDProvesNothing(t *testing.T) {
 // 0.0.0.0:port (kvrouter checked the address only when --peers or --join
 // was given) listed itself there, and its followers forwarded writes to
 // themselves: 503 no_leader for good.
+//
+// Its cluster runs with Raft timeouts of a second (steadyTimeouts): it
+// counts n1's errors in one term, and n1 missing its 200 ms lease under
+// load ends that term: elected again, it logs a second; n2 elected, the
+// write through n1 fails.
 func TestALeaderNeverListsItselfAtAnAddressOthersCannotDial(t *testing.T) {
 	const wildcard = "0.0.0.0:7080"
 	var logs testlog.Buffer
 	c := newTestCluster(t, 2, func(cfg *Config) {
+		steadyTimeouts(cfg)
 		if cfg.ID == "n1" {
 			cfg.HTTPAddr = wildcard
 			cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
