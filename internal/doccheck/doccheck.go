@@ -23,27 +23,34 @@ import (
 // one renamed, then fails a test while no page says what it does.
 func FlagsDocumented(t testing.TB, docsDir, bin string, flags []cli.Flag) {
 	t.Helper()
-	var docs strings.Builder
-	err := filepath.WalkDir(docsDir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".md") {
-			return err
-		}
-		data, err := os.ReadFile(p)
-		docs.Write(data)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("read the pages under %s: %v", docsDir, err)
-	}
+	docs := pages(t, docsDir)
 	if len(flags) == 0 {
 		t.Fatalf("%s defines no flag: its flags are no longer where the test reads them", bin)
 	}
 	for _, f := range flags {
 		for _, n := range f.Names() {
 			named := regexp.MustCompile("(?:^|[\\s`(\\[])--" + regexp.QuoteMeta(n) + "(?:[^a-z0-9-]|$)")
-			if !named.MatchString(docs.String()) {
+			if !named.MatchString(docs) {
 				t.Errorf("%s flag --%s is named on no page under docs/", bin, n)
 			}
 		}
 	}
+}
+
+// pages returns the text of every Markdown page under dir, joined.
+func pages(t testing.TB, dir string) string {
+	t.Helper()
+	var text strings.Builder
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".md") {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		text.Write(data)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("read the pages under %s: %v", dir, err)
+	}
+	return text.String()
 }

@@ -77,31 +77,18 @@ func TestRegisteredMetricFamiliesAreDocumented(t *testing.T) {
 	if len(names) == 0 {
 		t.Fatal("no metric family found in the Go source: the parser no longer finds them")
 	}
-	var text strings.Builder
-	err := filepath.WalkDir(filepath.Join(root, "docs"), func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".md") {
-			return err
-		}
-		data, err := os.ReadFile(p)
-		text.Write(data)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("read the pages under docs/: %v", err)
-	}
 	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
 	if err != nil {
 		t.Fatalf("read README.md: %v", err)
 	}
-	text.Write(readme)
-	pages := text.String()
+	text := pages(t, filepath.Join(root, "docs")) + string(readme)
 	named := regexp.MustCompile(`\b(?:kvrouter|kvagent)_[a-z0-9_]*[a-z0-9]\b`)
 	documented := map[string]bool{}
-	for _, n := range named.FindAllString(pages, -1) {
+	for _, n := range named.FindAllString(text, -1) {
 		documented[n] = true
 	}
 	var prefixes []string
-	for _, m := range regexp.MustCompile("`((?:kvrouter|kvagent)_[a-z0-9_]*_)\\*`").FindAllStringSubmatch(pages, -1) {
+	for _, m := range regexp.MustCompile("`((?:kvrouter|kvagent)_[a-z0-9_]*_)\\*`").FindAllStringSubmatch(text, -1) {
 		prefixes = append(prefixes, m[1])
 	}
 	for n := range names {
