@@ -18,12 +18,11 @@ import (
 // ErrBadCommand. A garbled entry (truncated, or bytes no build writes) the
 // FSM skips as a domain error: a committed entry cannot be refused, but it
 // must never corrupt state. An entry a later build wrote (ErrLaterBuild: a
-// version above commandVersion, a command type, a booking kind, a settings
-// view or a worker extension this build does not know) the FSM does not
-// skip: it
-// halts there, applying nothing more, until the node runs a build that
-// reads it (FSM.Halted), so that the upgraded node applies it from its log
-// rather than lacking it for good.
+// version above commandVersion, a command type, a booking kind, an event
+// kind or tier, a settings view or a worker extension this build does not
+// know) the FSM does not skip: it halts there, applying nothing more,
+// until the node runs a build that reads it (FSM.Halted), so that the
+// upgraded node applies it from its log rather than lacking it for good.
 //
 // Version 2 adds the publisher incarnation to event batches (after each
 // batch's rank) and to rank dumps (after the cursor), 8 bytes little
@@ -284,6 +283,12 @@ func decodeEvent(d *dec, sc *decodeScratch, r kvevent.Rank, ev *kvevent.Event) {
 	ev.EventID = d.uv("event id")
 	ev.Kind = kvevent.Kind(d.u8("event kind"))
 	ev.Tier = kvevent.Tier(d.u8("event tier"))
+	if !ev.Tier.Valid() && d.err == nil {
+		// A node validates every event before it proposes it, so only a
+		// later build (with a tier this one does not know) writes one:
+		// halted at, not skipped, as a later booking kind.
+		d.err = fmt.Errorf("%w: event tier %d (this build reads 0 to %d)", ErrLaterBuild, ev.Tier, kvevent.NumTiers-1)
+	}
 	switch ev.Kind {
 	case kvevent.KindStored:
 		ev.HasParent = d.bool("has parent")
@@ -303,7 +308,10 @@ func decodeEvent(d *dec, sc *decodeScratch, r kvevent.Rank, ev *kvevent.Event) {
 		}
 	case kvevent.KindCleared:
 	default:
-		d.fail("event kind")
+		if ev.Kind > kvevent.KindCleared && d.err == nil {
+			d.err = fmt.Errorf("%w: event kind %d (this build reads %d to %d)", ErrLaterBuild, ev.Kind, kvevent.KindStored, kvevent.KindCleared)
+		}
+		d.fail("event kind") // kind 0: no build's, garbled
 	}
 }
 

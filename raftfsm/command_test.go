@@ -542,3 +542,49 @@ func TestABookingKindOfALaterBuildHaltsTheFSM(t *testing.T) {
 		t.Fatalf("applied index %d after the halt, want 2, the entry before it", got)
 	}
 }
+
+// TestAnEventKindOrTierOfALaterBuildHaltsTheFSM pins that an event batch
+// or a rank dump holding an event of a kind above the highest this build
+// knows (KindCleared), or of a tier it does not know, is a later build's
+// entry (ErrLaterBuild): a node validates every event before it proposes
+// it, so no build writes such an event but one that reads it. The FSM
+// halts at it, where it skipped the entry as garbled and a node of this
+// build went without the later build's events for good. A kind 0, no
+// build's, stays garbled: skipped.
+func TestAnEventKindOrTierOfALaterBuildHaltsTheFSM(t *testing.T) {
+	r := kvevent.Rank{Worker: 1}
+	store := kvevent.Event{EventID: 1, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 1}}}
+	later := map[string][]byte{}
+	for name, ev := range map[string]kvevent.Event{
+		"kind": {EventID: 1, Kind: kvevent.KindCleared + 1},
+		"tier": {EventID: 1, Kind: kvevent.KindStored, Tier: kvevent.NumTiers, Blocks: store.Blocks},
+	} {
+		later["an event batch of a later "+name] = encodeEvents(5, []RankBatch{{Rank: r, Events: []kvevent.Event{ev}}})
+		later["a rank dump of a later "+name] = encodeReplace(5, r, 1, 0, []kvevent.Event{ev})
+	}
+	for name, b := range later {
+		if _, err := decodeCommand(b); !errors.Is(err, ErrLaterBuild) {
+			t.Errorf("%s: %v, want ErrLaterBuild", name, err)
+		}
+	}
+	kind0 := encodeEvents(5, []RankBatch{{Rank: r, Events: []kvevent.Event{{EventID: 1}}}})
+	if _, err := decodeCommand(kind0); !errors.Is(err, ErrBadCommand) || errors.Is(err, ErrLaterBuild) {
+		t.Errorf("an event of kind 0: %v, want ErrBadCommand, not ErrLaterBuild", err)
+	}
+	for name, b := range later {
+		t.Run(name, func(t *testing.T) {
+			f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
+			defer f.Close()
+			var w logWriter
+			res := f.ApplyBatch([]*raft.Log{w.next(encodeRegister(5, &WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 16})),
+				w.next(kind0), w.next(b), w.next(encodeEvents(5, []RankBatch{{Rank: r, Events: []kvevent.Event{store}}}))})
+			var h *ApplyHalt
+			if err, ok := res[2].(error); !ok || !errors.As(err, &h) || h.Index != 3 {
+				t.Fatalf("the entry: %v, want the halt at entry 3 (ErrLaterBuild)", res[2])
+			}
+			if got := f.applied.Load(); got != 2 {
+				t.Fatalf("applied index %d after the halt, want 2, the entry before it", got)
+			}
+		})
+	}
+}

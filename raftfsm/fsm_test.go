@@ -1601,10 +1601,12 @@ func TestDeadIncarnationRequestAfterAcceptedDump(t *testing.T) {
 
 // TestADumpAcksOnlyTheEventsTheIndexTook: a dump's ack counts the events
 // applied (RankAck.Applied), as an event batch's does. The index skips a
-// dump's remove, its store without blocks and its store of a bad tier
-// (ReplaceRankFenced refuses them, a log of another writer may hold them)
-// and counts them malformed, once: events_rejected_total adds the FSM's
-// own count of undecodable entries, which they are not.
+// dump's remove, its store without blocks and its block that is its own
+// parent (ReplaceRankFenced refuses them, a log of another writer may
+// hold them; a store of a tier this build does not know halts the FSM
+// instead: TestAnEventKindOrTierOfALaterBuildHaltsTheFSM) and counts them
+// malformed, once: events_rejected_total adds the FSM's own count of
+// undecodable entries, which they are not.
 func TestADumpAcksOnlyTheEventsTheIndexTook(t *testing.T) {
 	f := openTestFSM(t, filepath.Join(t.TempDir(), "fsm"))
 	defer f.Close()
@@ -1612,7 +1614,7 @@ func TestADumpAcksOnlyTheEventsTheIndexTook(t *testing.T) {
 		{Rank: r1, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 11}}},
 		{Rank: r1, Kind: kvevent.KindRemoved, Removed: []uint64{1}},
 		{Rank: r1, Kind: kvevent.KindStored},
-		{Rank: r1, Kind: kvevent.KindStored, Tier: kvevent.NumTiers, Blocks: []kvevent.Block{{EngineHash: 2, LocalHash: 12}}},
+		{Rank: r1, Kind: kvevent.KindStored, HasParent: true, Parent: 2, Blocks: []kvevent.Block{{EngineHash: 2, LocalHash: 12}}},
 		{Rank: r1, Kind: kvevent.KindStored, HasParent: true, Parent: 1, Blocks: []kvevent.Block{{EngineHash: 3, LocalHash: 13}}},
 	}
 	var w logWriter

@@ -16,8 +16,10 @@ import (
 // genRestartCommand draws commands of every type, with what the model's
 // generator (genFSMCommand) leaves out: the leader's time moving (back
 // too), expiry sweeps, stores whose parent the rank lacks (orphans),
-// removes, clears, bad tiers, settings and members. No model: the test
-// compares two FSMs applying the same log.
+// removes, clears, malformed events (a block its own parent), settings
+// and members. No model: the test compares two FSMs applying the same
+// log. (A tier this build does not know halts the FSM: a later build's
+// entry, TestAnEventKindOrTierOfALaterBuildHaltsTheFSM.)
 func genRestartCommand(t *rapid.T, now int64) []byte {
 	r := rapid.SampledFrom(fsmRanks).Draw(t, "rank")
 	switch rapid.IntRange(0, 12).Draw(t, "cmd") {
@@ -25,7 +27,7 @@ func genRestartCommand(t *rapid.T, now int64) []byte {
 		first := uint64(rapid.IntRange(1, 12).Draw(t, "first"))
 		var evs []kvevent.Event
 		for i := 0; i < rapid.IntRange(1, 3).Draw(t, "n"); i++ {
-			ev := kvevent.Event{Rank: r, EventID: first + uint64(i), Tier: kvevent.Tier(rapid.IntRange(0, 4).Draw(t, "tier"))}
+			ev := kvevent.Event{Rank: r, EventID: first + uint64(i), Tier: kvevent.Tier(rapid.IntRange(0, kvevent.NumTiers-1).Draw(t, "tier"))}
 			switch rapid.IntRange(0, 4).Draw(t, "kind") {
 			case 0, 1, 2:
 				ev.Kind = kvevent.KindStored
