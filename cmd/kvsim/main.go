@@ -404,7 +404,10 @@ func runReplay(c *cli.Context) (err error) {
 
 	reqs, err := sim.LoadTrace(c.String("trace"))
 	if err != nil {
-		return err
+		// An error (exit 1), not bad usage, but it says where the path
+		// came from: a KVSIM_TRACE left set in the environment is easy to
+		// overlook.
+		return errors.New(clihelp.FromEnvNote(c.App, c.Command.Flags, "--trace: "+err.Error()))
 	}
 	if n := c.Int("limit"); n > 0 && n < len(reqs) {
 		reqs = reqs[:n]

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -68,4 +70,34 @@ func TestALiveValueOfAVariableNamesTheVariable(t *testing.T) {
 		{"KVCTL_TLS_CA", missing},
 		{"KVCTL_ENDPOINTS", "127.0.0.1"},
 	})
+}
+
+// TestATraceThatCannotBeReadSaysWhereItsPathCameFrom: a trace that is
+// missing or malformed is an error (exit 1), naming --trace, and, when
+// KVSIM_TRACE gave its path, the variable, instead of "open trace: ..."
+// alone, which sent the operator who had a KVSIM_TRACE left set in the
+// environment looking at a command line that held no trace.
+func TestATraceThatCannotBeReadSaysWhereItsPathCameFrom(t *testing.T) {
+	clihelp.UnsetEnv(t, replayCommand().Flags)
+	missing := filepath.Join(t.TempDir(), "missing.jsonl")
+	bad := filepath.Join(t.TempDir(), "bad.jsonl")
+	if err := os.WriteFile(bad, []byte("garbage\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		env  string
+		args []string
+		want string
+	}{
+		{"", []string{"--trace", missing}, "--trace: open trace: open " + missing},
+		{missing, nil, "(--trace from KVSIM_TRACE)"},
+		{bad, nil, "--trace: " + bad + ": bad trace: line 1"},
+	} {
+		t.Setenv("KVSIM_TRACE", tc.env)
+		var out, errb bytes.Buffer
+		code := run(append([]string{"kvsim", "replay"}, tc.args...), &out, &errb)
+		if code != 1 || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("KVSIM_TRACE=%q %v: exit %d, %q; want exit 1 saying %q", tc.env, tc.args, code, errb.String(), tc.want)
+		}
+	}
 }
