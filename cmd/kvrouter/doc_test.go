@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -96,4 +97,56 @@ func TestTimeoutsParagraphNamesTheZerosAndNegativesTaken(t *testing.T) {
 func clearFlagEnv(t *testing.T) {
 	t.Helper()
 	clihelp.UnsetEnv(t, newApp().Flags)
+}
+
+// TestHelpExamplesJoinTheirNodesNATSServers holds the command lines of
+// kvrouter --help (its Description's Examples) to docs/events.md: "the
+// nodes' servers form one NATS cluster through --nats-cluster-addr and
+// --nats-routes, so an agent may connect to any node". An example node
+// of a cluster of several (one started with --peers naming others, or
+// with --join) gives both, as docs/operations.md's bootstrap and join
+// examples do; and it gives its own --nats-addr, since the default
+// (127.0.0.1:4222) is, on the example's loopback layout, where the
+// bootstrap example's pattern (n1 at 4221, routes 6222 and 6223) puts n2.
+// The n4 --join example gave neither: copied beside the three nodes it
+// exits 1 ("nats server on 127.0.0.1:4222: ... address already in use"),
+// and on a free port it runs an embedded server no agent's events reach
+// while it leads.
+func TestHelpExamplesJoinTheirNodesNATSServers(t *testing.T) {
+	desc := newApp().Description
+	var cmds []string
+	for _, line := range strings.Split(desc, "\n") {
+		line = strings.TrimSpace(line)
+		if i := strings.Index(line, "#"); i >= 0 {
+			line = strings.TrimSpace(line[:i])
+		}
+		if strings.HasPrefix(line, "kvrouter") {
+			cmds = append(cmds, line)
+		} else if len(cmds) > 0 && line != "" && !strings.HasSuffix(line, ":") {
+			cmds[len(cmds)-1] += " " + line
+		}
+	}
+	checked := 0
+	for _, cmd := range cmds {
+		cmd = strings.ReplaceAll(cmd, "\\ ", " ")
+		args := strings.Fields(cmd)
+		multi := false
+		for i, a := range args {
+			if a == "--join" || (a == "--peers" && i+1 < len(args) && strings.Contains(args[i+1], ",")) {
+				multi = true
+			}
+		}
+		if !multi {
+			continue
+		}
+		checked++
+		for _, flag := range []string{"--nats-addr", "--nats-cluster-addr", "--nats-routes"} {
+			if !slices.Contains(args, flag) {
+				t.Errorf("kvrouter --help example %q starts a node of a cluster of several without %s", cmd, flag)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatalf("no example of a cluster's node found in kvrouter's Description:\n%s", desc)
+	}
 }

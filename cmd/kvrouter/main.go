@@ -59,7 +59,8 @@ func newApp() *cli.App {
    kvrouter --node-id n1 --raft-addr 127.0.0.1:7001 --http-addr 127.0.0.1:7081 --data-dir data/n1 \
             --peers n1=127.0.0.1:7001=127.0.0.1:7081,n2=127.0.0.1:7002=127.0.0.1:7082,n3=127.0.0.1:7003=127.0.0.1:7083 \
             --nats-addr 127.0.0.1:4221 --nats-cluster-addr 127.0.0.1:6221 --nats-routes 127.0.0.1:6222,127.0.0.1:6223
-   kvrouter --node-id n4 --raft-addr 127.0.0.1:7004 --http-addr 127.0.0.1:7084 --data-dir data/n4 --join 127.0.0.1:7081,127.0.0.1:7082,127.0.0.1:7083`,
+   kvrouter --node-id n4 --raft-addr 127.0.0.1:7004 --http-addr 127.0.0.1:7084 --data-dir data/n4 --join 127.0.0.1:7081,127.0.0.1:7082,127.0.0.1:7083 \
+            --nats-addr 127.0.0.1:4224 --nats-cluster-addr 127.0.0.1:6224 --nats-routes 127.0.0.1:6221,127.0.0.1:6222,127.0.0.1:6223`,
 		Flags: clihelp.EnvAfterArgs([]cli.Flag{
 			&cli.StringFlag{Name: "node-id", Value: "node1", EnvVars: []string{"KVROUTER_NODE_ID"}, Usage: "this node's Raft id (the embedded NATS server's name too, which takes no space)"},
 			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:7000", EnvVars: []string{"KVROUTER_RAFT_ADDR"}, Usage: "Raft listen address (host:port, as peers dial it: not a wildcard such as 0.0.0.0, nor port 0)"},
