@@ -474,9 +474,56 @@ type Error struct {
 func (e *Error) Error() string {
 	host := strings.TrimPrefix(strings.TrimPrefix(e.Endpoint, "http://"), "https://")
 	if e.Reason == "" {
-		return fmt.Sprintf("%s: HTTP %d: %s", host, e.StatusCode, e.Message)
+		msg := e.Message
+		if e.StatusCode/100 != 3 {
+			// No node's error: another server's page (a 404's HTML).
+			msg = AnswerExcerpt(msg, e.StatusCode)
+		}
+		return fmt.Sprintf("%s: HTTP %d: %s", host, e.StatusCode, msg)
 	}
 	return fmt.Sprintf("%s: %s (HTTP %d, %s)", host, e.Message, e.StatusCode, e.Reason)
+}
+
+// ExcerptRunes bounds AnswerExcerpt's excerpt.
+const ExcerptRunes = 60
+
+// AnswerExcerpt is a short excerpt, on one line, of the body of an error
+// answer that is no node's (another server's page): a web page's title, or
+// its text without the tags, of at most ExcerptRunes runes; the status
+// code's text when that leaves nothing. An Error whose body is no API
+// error (Reason "") says this of it, and kvctl status's ERROR cell too.
+func AnswerExcerpt(body string, code int) string {
+	s := strings.TrimSpace(body)
+	if strings.HasPrefix(s, "<") {
+		lower := strings.ToLower(s)
+		if i := strings.Index(lower, "<title>"); i >= 0 {
+			if j := strings.Index(lower[i:], "</title>"); j >= 0 {
+				s = s[i+len("<title>") : i+j]
+			}
+		}
+		var b strings.Builder
+		tag := false
+		for _, r := range s {
+			switch {
+			case r == '<':
+				tag = true
+				b.WriteByte(' ')
+			case r == '>' && tag:
+				tag = false
+			case !tag:
+				b.WriteRune(r)
+			}
+		}
+		s = b.String()
+	}
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > ExcerptRunes {
+		s = strings.TrimSpace(string(r[:ExcerptRunes])) + "…"
+	}
+	if s == "" {
+		s = http.StatusText(code)
+	}
+	return s
 }
 
 // Unwrap returns the node's sentinel error for the reason, so that

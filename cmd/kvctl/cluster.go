@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -348,7 +347,7 @@ func shortError(err error) string {
 	if errors.As(err, &ae) {
 		if ae.Reason == "" && ae.StatusCode/100 != 3 {
 			// No node's error: another server's page (a 404's HTML).
-			return fmt.Sprintf("HTTP %d: %s", ae.StatusCode, answerExcerpt(ae.Message, ae.StatusCode))
+			return fmt.Sprintf("HTTP %d: %s", ae.StatusCode, client.AnswerExcerpt(ae.Message, ae.StatusCode))
 		}
 		return fmt.Sprintf("HTTP %d %s", ae.StatusCode, oneLine(ae.Message))
 	}
@@ -357,47 +356,6 @@ func shortError(err error) string {
 		s = s[i+2:]
 	}
 	return oneLine(s)
-}
-
-// excerptRunes bounds answerExcerpt's excerpt.
-const excerptRunes = 60
-
-// answerExcerpt is a short excerpt, on one line, of the body of an error
-// answer that is no node's (another server's page): a web page's title, or
-// its text without the tags, of at most excerptRunes runes; the status
-// code's text when that leaves nothing.
-func answerExcerpt(body string, code int) string {
-	s := strings.TrimSpace(body)
-	if strings.HasPrefix(s, "<") {
-		lower := strings.ToLower(s)
-		if i := strings.Index(lower, "<title>"); i >= 0 {
-			if j := strings.Index(lower[i:], "</title>"); j >= 0 {
-				s = s[i+len("<title>") : i+j]
-			}
-		}
-		var b strings.Builder
-		tag := false
-		for _, r := range s {
-			switch {
-			case r == '<':
-				tag = true
-				b.WriteByte(' ')
-			case r == '>' && tag:
-				tag = false
-			case !tag:
-				b.WriteRune(r)
-			}
-		}
-		s = b.String()
-	}
-	s = oneLine(s)
-	if r := []rune(s); len(r) > excerptRunes {
-		s = strings.TrimSpace(string(r[:excerptRunes])) + "…"
-	}
-	if s == "" {
-		s = http.StatusText(code)
-	}
-	return s
 }
 
 func membersCommand(e *env) *cli.Command {

@@ -27,6 +27,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -337,12 +338,25 @@ func TestStatusOfAWebPageIsOneShortLine(t *testing.T) {
 	if len(lines) != 3 || !strings.HasSuffix(lines[2], "HTTP 404: 404 Not Found") {
 		t.Fatalf("rows:\n%s\nwant the 404's row to end with HTTP 404: 404 Not Found", r.stdout)
 	}
-	// A page without a title: its text, cut short.
-	if got := answerExcerpt("<html><body><p>"+strings.Repeat("word ", 40)+"</p></body></html>", 404); strings.ContainsAny(got, "<>\n") ||
-		len([]rune(got)) > excerptRunes+1 || !strings.HasPrefix(got, "word word") || !strings.HasSuffix(got, "…") {
-		t.Errorf("answerExcerpt of a long page without a title = %q, want its text, at most %d runes and …", got, excerptRunes)
+	// The summary on stderr, and every other command's error line, say
+	// what the cell says, not the page's HTML on one line.
+	want := notFound.Listener.Addr().String() + ": HTTP 404: 404 Not Found"
+	if !strings.Contains(r.stderr, "1 of 2 endpoints failed: "+want+"\n") || strings.Contains(r.stderr, "<") {
+		t.Errorf("status's summary on stderr = %q, want it to name %q as the ERROR cell does, without the page's HTML", r.stderr, want)
 	}
-	if got := answerExcerpt("<html></html>", 404); got != "Not Found" {
+	for _, args := range [][]string{{"members", "list"}, {"workers"}, {"snapshot", "save", filepath.Join(t.TempDir(), "a.snap")}} {
+		r := kvctl(t, append([]string{"--endpoints", notFound.Listener.Addr().String()}, args...)...).wantCode(t, 1)
+		if !strings.Contains(r.stderr, want) || strings.Contains(r.stderr, "<") {
+			t.Errorf("kvctl %s against a web page's 404: stderr %q, want %q as status's ERROR cell says, without the page's HTML",
+				strings.Join(args, " "), r.stderr, want)
+		}
+	}
+	// A page without a title: its text, cut short.
+	if got := client.AnswerExcerpt("<html><body><p>"+strings.Repeat("word ", 40)+"</p></body></html>", 404); strings.ContainsAny(got, "<>\n") ||
+		len([]rune(got)) > client.ExcerptRunes+1 || !strings.HasPrefix(got, "word word") || !strings.HasSuffix(got, "…") {
+		t.Errorf("answerExcerpt of a long page without a title = %q, want its text, at most %d runes and …", got, client.ExcerptRunes)
+	}
+	if got := client.AnswerExcerpt("<html></html>", 404); got != "Not Found" {
 		t.Errorf("answerExcerpt of a page without text = %q, want the status's text", got)
 	}
 	webPage := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
