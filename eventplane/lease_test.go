@@ -614,6 +614,32 @@ func TestDeafLeaderHoldsLeases(t *testing.T) {
 	}
 }
 
+// TestADeafLeaderThatStepsDownHoldsNoLeases: kvrouter_worker_leases_held,
+// 1 on the leader while its NATS connection is down, falls to 0 when that
+// leader steps down with the connection still down: a follower holds no
+// lease (endTerm; TestDeafLeaderHoldsLeases covers only the connection
+// coming back).
+func TestADeafLeaderThatStepsDownHoldsNoLeases(t *testing.T) {
+	lc, down, _ := bouncingNATS(t)
+	tg := &steppingTarget{fakeTarget: newFakeTarget()}
+	tg.register(7, 10*time.Second)
+	in, err := NewIngester(IngesterConfig{Conn: lc, Node: tg, Logger: quiet, LeaseSweep: 10 * time.Millisecond, PollInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close() })
+	held := func() float64 {
+		var m dto.Metric
+		_ = in.m.leasesHeld.Write(&m)
+		return m.GetGauge().GetValue()
+	}
+	waitFor(t, 10*time.Second, "the ingester's subscriptions", func() bool { return ingesting(in) })
+	down()
+	waitFor(t, 10*time.Second, "kvrouter_worker_leases_held at 1 on the deaf leader", func() bool { return held() == 1 })
+	tg.stepped.Store(true)
+	waitFor(t, 10*time.Second, "kvrouter_worker_leases_held at 0 on the deaf leader that stepped down", func() bool { return held() == 0 })
+}
+
 // TestReconnectRestartsTheUnlistedGrace: a reconnection of the leader's
 // NATS connection between two sweeps restarts the grace of a registered
 // worker's unlisted ranks from the next sweep, as it does every lease and
