@@ -2072,3 +2072,73 @@ func TestCountingARankBatchAllocatesNothing(t *testing.T) {
 		t.Fatalf("events_received{worker=12345,kind=store,tier=device} = %v (%v), want 102", m.GetCounter().GetValue(), err)
 	}
 }
+
+// receivedSeries counts worker's kvrouter_events_received_total series.
+func receivedSeries(t *testing.T, in *Ingester, worker string) int {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 64)
+	in.m.received.Collect(ch)
+	close(ch)
+	n := 0
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range d.GetLabel() {
+			if l.GetName() == "worker" && l.GetValue() == worker {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// TestALeftWorkersSeriesGoOnTheSweeps: a worker's
+// kvrouter_events_received_total and kvrouter_events_lag_seconds series go
+// once it leaves the worker table, at the leader's lease sweep and at a
+// former leader's (a follower's) sweep, which keeps the received series
+// of the workers still registered. The other tests call dropLeftWorkers
+// themselves: with both of the sweeps' calls taken out, they passed.
+func TestALeftWorkersSeriesGoOnTheSweeps(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		stepDown bool
+	}{{"leader", false}, {"follower", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			tg := &steppingTarget{fakeTarget: newFakeTarget()}
+			tg.register(7, 0)
+			tg.register(8, 0)
+			in, p := startPlaneWith(t, tg, IngesterConfig{LeaseSweep: 10 * time.Millisecond, PollInterval: 10 * time.Millisecond}, PublisherConfig{})
+			for _, w := range []uint64{7, 8} {
+				if _, err := p.Publish(kvevent.Rank{Worker: w}, []kvevent.Event{{Kind: kvevent.KindCleared}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitFor(t, 10*time.Second, "the acks", func() bool { return p.Pending() == 0 })
+			if receivedSeries(t, in, "7") == 0 || receivedSeries(t, in, "8") == 0 {
+				t.Fatal("workers 7 and 8 have no received series after their events")
+			}
+			if _, ok := lagOf(t, in, "7"); !ok {
+				t.Fatal("the leader exports no lag for worker 7")
+			}
+			if tc.stepDown {
+				tg.stepped.Store(true)
+				waitFor(t, 10*time.Second, "the step-down", func() bool { return !ingesting(in) })
+			}
+			tg.workersMu.Lock()
+			err := tg.DeregisterWorker(ctxT(t), 7)
+			tg.workersMu.Unlock()
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 10*time.Second, "worker 7's received series gone after it left", func() bool { return receivedSeries(t, in, "7") == 0 })
+			if lag, ok := lagOf(t, in, "7"); ok {
+				t.Fatalf("worker 7 left and its lag is still exported (%v)", lag)
+			}
+			if receivedSeries(t, in, "8") == 0 {
+				t.Fatal("worker 8, still registered, lost its received series")
+			}
+		})
+	}
+}
