@@ -16,7 +16,10 @@
 // position, trailing ones omitted, extra ones ignored) or a map with a "type"
 // key (in any position; absent fields are nil, unknown keys ignored), mixed
 // freely; hashes as integers of any width (signed reinterpreted as uint64) or
-// bin (the last 8 bytes, big-endian, left-padded).
+// bin (the last 8 bytes, big-endian, left-padded); token_ids as integers, or
+// as SGLang's EAGLE token pairs [t, t'], one per token, each t' the next
+// pair's t (a page's token is a pair's first element, block_size counts the
+// pairs; readTokenPairs).
 //
 // Invariants:
 //   - Every event Decode emits passes Event.Validate. Its EventID is zero (the

@@ -504,9 +504,11 @@ func readHashes(b []byte, e *wireEvent) ([]byte, error) {
 	return b, nil
 }
 
-// readTokens reads token_ids: an array of integers in [0, 2^32). This is the
-// hottest loop of the package (16 or more values per block), so the encodings
-// a real vocabulary uses are decoded inline and the rest go through readUint.
+// readTokens reads token_ids: an array of integers in [0, 2^32), or of token
+// pairs (readTokenPairs). This is the hottest loop of the package (16 or more
+// values per block), so the encodings a real vocabulary uses are decoded
+// inline and the rest go through readUint. Whether they are pairs is told
+// once, by the first value.
 func readTokens(b []byte, e *wireEvent) ([]byte, error) {
 	if !isArray(b[0]) {
 		e.tokens = e.tokens[:0]
@@ -522,6 +524,9 @@ func readTokens(b []byte, e *wireEvent) ([]byte, error) {
 		toks = make([]uint32, 0, n)
 	}
 	toks = toks[:n]
+	if n > 0 && isArray(b[0]) {
+		return readTokenPairs(b, toks, e)
+	}
 	for i := range toks {
 		// With 5 bytes left, the common encodings need no further length check.
 		if len(b) >= 5 {
@@ -552,6 +557,62 @@ func readTokens(b []byte, e *wireEvent) ([]byte, error) {
 		}
 		toks[i] = uint32(v)
 		b = rest
+	}
+	e.tokens = toks
+	e.present |= fTokens.bit()
+	return b, nil
+}
+
+// readTokenPairs reads the len(toks) values of a token_ids array whose first
+// value is an array. SGLang with EAGLE speculative decoding keys its radix
+// tree by token bigrams, and its event recorder publishes each page's tokens
+// as the pairs (t[j], t[j+1]), one per token of the page, block_size counting
+// the pairs (sgl-project/sglang python/sglang/srt/mem_cache/events.py,
+// KVCacheEventRecorder.record_store; msgspec writes a pair as a 2-element
+// array). A pair's first element is the page's token: toks gets the first
+// elements, so the blocks hash as a plain request's for the same prompt.
+// Upstream builds the pairs from one token sequence, and a node's key shares
+// its first token with its parent's last (a store it coalesces into the one
+// before continues that store's chain), so each pair's second element is the
+// next pair's first. A value that is not a 2-element array of tokens, or a
+// pair that breaks that chain, makes token_ids a bad field, as a mix of pairs
+// and integers does.
+func readTokenPairs(b []byte, toks []uint32, e *wireEvent) ([]byte, error) {
+	var next uint64
+	for i := range toks {
+		if len(b) == 0 {
+			e.tokens = toks[:0]
+			return b, msgp.ErrShortBytes
+		}
+		pair := b
+		ok := isArray(b[0])
+		var m int
+		var err error
+		if ok {
+			if m, b, err = arrayHeader(b); err != nil {
+				e.tokens = toks[:0]
+				return b, err
+			}
+			ok = m == 2
+		}
+		var first, second uint64
+		if ok {
+			first, b, ok, err = readUint(b, math.MaxUint32)
+		}
+		if ok {
+			second, b, ok, err = readUint(b, math.MaxUint32)
+		}
+		if err != nil {
+			e.tokens = toks[:0]
+			return b, err
+		}
+		if !ok || (i > 0 && first != next) {
+			e.tokens = toks[:0]
+			e.bad |= fTokens.bit()
+			return skipN(pair, len(toks)-i)
+		}
+		toks[i] = uint32(first)
+		next = second
 	}
 	e.tokens = toks
 	e.present |= fTokens.bit()

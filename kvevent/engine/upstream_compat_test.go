@@ -1,0 +1,118 @@
+package engine
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/kvevent"
+)
+
+// SGLang with EAGLE speculative decoding keys its radix tree by token
+// bigrams, and its KV event recorder publishes each page's tokens as the
+// pairs (t[j], t[j+1]) for j in the page: sgl-project/sglang
+// python/sglang/srt/mem_cache/events.py @06f643f4, record_store ("Preserve
+// historical event payload: bigram pages expose tuples"; block_size is the
+// number of pairs). msgspec writes each tuple as a 2-element array, inside the
+// array_like BlockStored [tag, block_hashes, parent_block_hash, token_ids,
+// block_size, lora_id] of python/sglang/srt/disaggregation/kv_events.py
+// @612d5790 (batch [ts, events, attn_dp_rank]). ai-dynamo/dynamo's decoder
+// accepts these (KvTokenIds::Bigram in its vLLM/SGLang wire types).
+//
+// This pins that such a store is indexed, not dropped as a bad field: the
+// first element of each pair is the page's token, so its blocks carry the
+// content hash of those tokens, the one a request with the same prompt
+// looks up.
+func TestSGLangEagleBigramTokensAreIndexed(t *testing.T) {
+	const bs = 4
+	d := newTestDecoder(t, Config{Rank: rank, BlockSize: bs})
+	plain := tokens(100, 2*bs+1) // the page tokens and the one after them
+	var pairs []any
+	for j := 0; j < 2*bs; j++ {
+		pairs = append(pairs, []any{plain[j], plain[j+1]})
+	}
+	payload := pack(t, []any{1.5, []any{
+		[]any{"BlockStored", []any{i64(-7), i64(-8)}, nil, pairs, bs, nil},
+	}, 0})
+	got := decode(t, d, payload)
+	want := []kvevent.Event{stored(rank, kvevent.TierDevice, nil,
+		[]uint64{uint64(1<<64 - 7), uint64(1<<64 - 8)}, plain[:2*bs], bs, kvevent.Seed)}
+	if s := d.Stats(); s.Emitted != 1 {
+		t.Fatalf("EAGLE bigram store not emitted: skipped by reason %v", s.Skipped)
+	}
+	assertEvents(t, got, want)
+}
+
+// bigrams returns the n pairs (t, t+1) of the tokens from `from` on, as
+// SGLang's EAGLE recorder writes a page's token_ids.
+func bigrams(from, n int) []any {
+	out := make([]any, n)
+	for j := range out {
+		out[j] = []any{from + j, from + j + 1}
+	}
+	return out
+}
+
+// TestSGLangEagleBigramTokensOfAnotherShapeAreABadField pins what the pair
+// shape of token_ids accepts: only a list of 2-element arrays of tokens, each
+// pair's second token the next pair's first, as SGLang builds them from one
+// token sequence. Anything else skips the store as a bad field, and the
+// stores around it decode.
+func TestSGLangEagleBigramTokensOfAnotherShapeAreABadField(t *testing.T) {
+	with := func(i int, v any) []any {
+		p := bigrams(0, 16)
+		p[i] = v
+		return p
+	}
+	cases := []struct {
+		name string
+		toks any
+	}{
+		{"an integer, then pairs", append([]any{0}, bigrams(1, 15)...)},
+		{"pairs, then an integer", append(bigrams(0, 15), 15)},
+		{"integers, then a pair", append(anys(tokens(0, 15)), []any{15, 16})},
+		{"a pair of three", with(3, []any{3, 4, 5})},
+		{"a pair of one", with(15, []any{15})},
+		{"an empty pair", with(0, []any{})},
+		{"a pair whose second token is not the next first", with(4, []any{4, 9})},
+		{"a pair whose first token is not the last second", with(5, []any{6, 6})},
+		{"a negative token in a pair", with(2, []any{2, -1})},
+		{"a token above 2^32 in a pair", with(15, []any{15, uint64(1 << 32)})},
+		{"a string in a pair", with(0, []any{"0", 1})},
+		{"a map for a pair", with(7, omap{"a", 7})},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := newTestDecoder(t, Config{Rank: rank})
+			ev := []any{"BlockStored", []uint64{1}, nil, c.toks, 16}
+			got := decode(t, d, in(t, goodStoreArray(), ev, goodStoreArray()))
+			assertEvents(t, got, []kvevent.Event{goodStoreWant(), goodStoreWant()})
+			s := d.Stats()
+			if s.Events != 3 || s.Emitted != 2 || s.Skipped[ReasonBadField] != 1 {
+				t.Fatalf("events %d emitted %d skipped %v, want 3, 2 and one %v", s.Events, s.Emitted, s.Skipped, ReasonBadField)
+			}
+		})
+	}
+	// The same page as pairs is one store, with the tokens' hash.
+	d := newTestDecoder(t, Config{Rank: rank})
+	got := decode(t, d, in(t, []any{"BlockStored", []uint64{1}, nil, bigrams(0, 16), 16}))
+	assertEvents(t, got, []kvevent.Event{stored(rank, kvevent.TierDevice, nil, []uint64{1}, tokens(0, 16), 16, kvevent.Seed)})
+}
+
+// TestSGLangEagleBigramTokensCutShortAreABrokenPayload pins that token_ids
+// pairs running past the payload's end refuse the payload (ErrPayload), as
+// integers do, instead of reading beyond it.
+func TestSGLangEagleBigramTokensCutShortAreABrokenPayload(t *testing.T) {
+	for name, payload := range map[string]string{
+		"the bytes end before a pair": `92 00 91 94 ab "BlockStored" 91 01 c0 94 92 01 02 92 02 03`,
+		"the bytes end in a pair":     `92 00 91 94 ab "BlockStored" 91 01 c0 93 92 01 02 92`,
+		"the bytes end in a token":    `92 00 91 94 ab "BlockStored" 91 01 c0 92 92 01 cd 01`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			d := newTestDecoder(t, Config{Rank: rank})
+			var b Batch
+			if err := d.Decode(unhex(t, payload), &b); !errors.Is(err, ErrPayload) {
+				t.Fatalf("error %v, want ErrPayload", err)
+			}
+		})
+	}
+}
