@@ -675,6 +675,47 @@ func TestLearnedGroupKindChangesOnceTheTableIsFull(t *testing.T) {
 	}
 }
 
+// TestLearnedGroupKindsStayBounded: the group → kind table of
+// LearnGroupKinds holds at most maxLearnedGroups groups (what a decoder keeps
+// between payloads is bounded, doc.go): an engine naming ever more groups
+// does not grow it, and a group past the bound is filed by wire.md's rule, a
+// group other than 0 not the main one, whatever its stores said.
+func TestLearnedGroupKindsStayBounded(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank, LearnGroupKinds: true})
+	for g := range 4 * maxLearnedGroups {
+		decode(t, d, in(t, []any{"BlockStored", []uint64{11}, nil, tokens(0, 16), 16, nil, nil, nil, nil, g, "full_attention"}))
+	}
+	if n := len(d.groupMain); n != maxLearnedGroups {
+		t.Fatalf("%d groups learned after stores of %d groups, want the bound %d", n, 4*maxLearnedGroups, maxLearnedGroups)
+	}
+	past := 4*maxLearnedGroups - 1
+	assertEvents(t, decode(t, d, in(t, []any{"BlockRemoved", []uint64{11}, nil, past})), nil)
+	assertEvents(t, decode(t, d, in(t, []any{"BlockRemoved", []uint64{11}, nil, maxLearnedGroups - 1})),
+		[]kvevent.Event{removed(rank, kvevent.TierDevice, 11)})
+}
+
+// TestResetForgetsLearnedGroupKinds: a new epoch (Decoder.Reset) forgets the
+// group kinds learned before it, as doc.go says: the restarted engine may
+// lay its groups out anew, so its events are filed by wire.md's rule until
+// its stores name their kinds again.
+func TestResetForgetsLearnedGroupKinds(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank, LearnGroupKinds: true})
+	decode(t, d, in(t,
+		[]any{"BlockStored", []uint64{11}, nil, tokens(0, 16), 16, nil, nil, nil, nil, 0, "sliding_window", 512},
+		[]any{"BlockStored", []uint64{12}, nil, tokens(0, 16), 16, nil, nil, nil, nil, 1, "full_attention"},
+	))
+	remove0 := in(t, []any{"BlockRemoved", []uint64{11}, nil, 0})
+	remove1 := in(t, []any{"BlockRemoved", []uint64{12}, nil, 1})
+	assertEvents(t, decode(t, d, remove0), nil)
+	assertEvents(t, decode(t, d, remove1), []kvevent.Event{removed(rank, kvevent.TierDevice, 12)})
+	d.Reset()
+	if n := len(d.groupMain); n != 0 {
+		t.Fatalf("%d group kinds kept across Reset, want none", n)
+	}
+	assertEvents(t, decode(t, d, remove0), []kvevent.Event{removed(rank, kvevent.TierDevice, 11)})
+	assertEvents(t, decode(t, d, remove1), nil)
+}
+
 func TestLearnedHashesKeepWhatIsUsed(t *testing.T) {
 	l := newLearned(4) // two generations of two
 	l.put(1, 10)
