@@ -98,8 +98,9 @@ type Stats struct {
 	// is also counted in Skipped under the same reason.
 	DroppedBlocks [NumReasons]uint64
 	// ExtraKeyBlocks counts emitted stores' blocks that carry extra_keys
-	// (multimodal ids, cache salt): their content hash covers the tokens
-	// only, see the package comment.
+	// (multimodal ids, cache salt), or SGLang's request metadata (a
+	// per-request cache_salt): their content hash covers the tokens only,
+	// see the package comment.
 	ExtraKeyBlocks uint64
 	// Learned is the number of engine-hash → content-hash pairs held now.
 	Learned int
@@ -450,7 +451,10 @@ func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
 	if keep == 0 {
 		return why, false
 	}
-	if e.extraKeys != nil {
+	switch {
+	case e.salted: // a per-request salt covers every block, as extra keys would
+		d.stats.ExtraKeyBlocks += uint64(keep)
+	case e.extraKeys != nil:
 		d.stats.ExtraKeyBlocks += uint64(e.extraKeyBlocks(keep))
 	}
 	out.Events = append(out.Events, kvevent.Event{

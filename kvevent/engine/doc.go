@@ -19,7 +19,9 @@
 // bin (the last 8 bytes, big-endian, left-padded); token_ids as integers, or
 // as SGLang's EAGLE token pairs [t, t'], one per token, each t' the next
 // pair's t (a page's token is a pair's first element, block_size counts the
-// pairs; readTokenPairs).
+// pairs; readTokenPairs); in an array store, a map where lora_name goes is
+// SGLang's request metadata (BlockStoredWithMetadata's {"cache_salt": ...}):
+// no LoRA name, and the blocks count in Stats.ExtraKeyBlocks.
 //
 // Invariants:
 //   - Every event Decode emits passes Event.Validate. Its EventID is zero (the
@@ -94,7 +96,8 @@
 // cache salt) change the engine's block hash but are opaque here, so a
 // block's content hash covers its tokens, its LoRA and the engine's
 // registered salt (Config.Seed, SaltedSeed) only. Blocks of two requests
-// with the same tokens and different images or per-request salts share a
-// content hash; Stats.ExtraKeyBlocks counts how many such blocks are
-// emitted.
+// with the same tokens and different images or per-request salts (vLLM's
+// in extra_keys, SGLang's in its request metadata or cache_salt key) share
+// a content hash; Stats.ExtraKeyBlocks counts how many such blocks are
+// emitted (SGLang's cache_salt key of the map encoding is not counted).
 package engine

@@ -116,3 +116,46 @@ func TestSGLangEagleBigramTokensCutShortAreABrokenPayload(t *testing.T) {
 		})
 	}
 }
+
+// SGLang publishes a store of a request with a cache_salt as
+// BlockStoredWithMetadata: msgspec array_like, every field written,
+// [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id,
+// medium, {"cache_salt": salt}] (python/sglang/srt/disaggregation/kv_events.py,
+// read at amdpilot-org/sglang a029c210). The metadata map sits where vLLM
+// writes lora_name. This pins that such a store is indexed, its blocks
+// counted as carrying keys the content hash does not cover, instead of
+// dropped as a bad lora_name; and that the tagged-map encoding with
+// cache_salt and session_id keys decodes too.
+func TestSGLangSaltedStoreIsIndexed(t *testing.T) {
+	toks := tokens(0, 32)
+	want := []kvevent.Event{stored(rank, kvevent.TierDevice, nil, []uint64{1, 2}, toks, 16, kvevent.Seed)}
+	for name, ev := range map[string]any{
+		"array with metadata": []any{"BlockStored", []uint64{1, 2}, nil, toks, 16, nil, "GPU", omap{"cache_salt", "tenant-a"}},
+		"tagged map":          omap{"type", "BlockStored", "block_hashes", []uint64{1, 2}, "parent_block_hash", nil, "token_ids", toks, "block_size", 16, "lora_id", nil, "medium", "GPU", "cache_salt", "tenant-a", "session_id", "s-1"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			d := newTestDecoder(t, Config{Rank: rank})
+			got := decode(t, d, in(t, ev))
+			if s := d.Stats(); s.Emitted != 1 {
+				t.Fatalf("salted SGLang store not emitted: skipped by reason %v", s.Skipped)
+			}
+			assertEvents(t, got, want)
+			if s := d.Stats(); name == "array with metadata" && s.ExtraKeyBlocks != 2 {
+				t.Fatalf("ExtraKeyBlocks = %d, want the store's 2 salted blocks", s.ExtraKeyBlocks)
+			}
+		})
+	}
+	// A map under the lora_name key of the map encoding, which no engine
+	// writes, is still a bad field.
+	for name, ev := range map[string]any{
+		"lora_name key a map": omap{"type", "BlockStored", "block_hashes", []uint64{1}, "token_ids", tokens(0, 16), "block_size", 16, "lora_name", omap{"a", 1}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			d := newTestDecoder(t, Config{Rank: rank})
+			decode(t, d, in(t, ev))
+			if s := d.Stats(); s.Skipped[ReasonBadField] != 1 {
+				t.Fatalf("skipped %v, want one bad field", s.Skipped)
+			}
+		})
+	}
+}

@@ -322,6 +322,16 @@ type wireEvent struct {
 	loraName  []byte
 	group     uint64
 	kind      []byte
+	// salted: an array store carried SGLang's request metadata where vLLM
+	// writes lora_name. SGLang's BlockStoredWithMetadata (msgspec
+	// array_like, python/sglang/srt/disaggregation/kv_events.py; read at
+	// amdpilot-org/sglang a029c210, whose review calls that wire shape
+	// unchanged from its sglang base) is [tag, block_hashes,
+	// parent_block_hash, token_ids, block_size, lora_id, medium,
+	// {"cache_salt": salt}]. The engine's block hashes cover the salt, the
+	// content hashes here do not: the blocks count in
+	// Stats.ExtraKeyBlocks, as those with extra_keys do.
+	salted bool
 	// extraKeys is extra_keys' per-block entries, read whole, after the
 	// array header (nil when absent or not a list): which blocks carry
 	// extra keys is only counted once the decoder knows how many blocks
@@ -367,7 +377,18 @@ func readEvent(b []byte, e *wireEvent) ([]byte, error) {
 		b = rest
 		e.typ = parseType(tag)
 		for i := 1; i < n; i++ {
-			if b, err = readField(b, positional(e.typ, i-1), e); err != nil {
+			f := positional(e.typ, i-1)
+			if f == fLoraName && len(b) > 0 && isMap(b[0]) {
+				// SGLang's BlockStoredWithMetadata: its metadata, a map
+				// ({"cache_salt": ...}), where vLLM writes lora_name
+				// (salted).
+				e.salted = true
+				if b, err = msgp.Skip(b); err != nil {
+					return b, err
+				}
+				continue
+			}
+			if b, err = readField(b, f, e); err != nil {
 				return b, err
 			}
 		}
