@@ -143,6 +143,12 @@ type Config struct {
 	// in every block's content hash (engine.SaltedSeed), registered or not.
 	Registration raftfsm.WorkerInfo
 	Registrar    Registrar
+	// RegistrationHint, when set, says what the operator is to fix for a
+	// registration's error ("" when it knows nothing to say): the
+	// refusal's stop names it instead of "fix the registration", and a
+	// retried failure's warning carries it (hint). kvagent names its
+	// flags there (--router-token, --router-tls-ca).
+	RegistrationHint func(error) string
 	// HeartbeatInterval is how often the agent tells the leader its worker
 	// is alive (default 1s); HeartbeatSubject where (default
 	// eventplane.DefaultHeartbeatSubject). Give Registration a LeaseMs of a
@@ -607,6 +613,10 @@ func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, lv *liv
 			if err == nil {
 				break
 			}
+			hint := ""
+			if a.cfg.RegistrationHint != nil {
+				hint = a.cfg.RegistrationHint(err)
+			}
 			if refused(err) && errors.Is(err, api.ErrConflict) {
 				// The registration breaks a rule of the compatible APIs'
 				// namespace of its model (docs/compat.md): the cause is
@@ -624,11 +634,19 @@ func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, lv *liv
 					ErrRegistrationRefused, a.cfg.Worker, a.cfg.Registration.Model, err)
 			}
 			if refused(err) {
-				a.log.Error("the router refuses the worker's registration; stopping (fix the registration: a retry would be refused too)",
+				fix := hint
+				if fix == "" {
+					fix = "fix the registration"
+				}
+				a.log.Error("the router refuses the worker's registration; stopping (a retry would be refused too: "+fix+")",
 					"worker", a.cfg.Worker, "err", err)
-				return fmt.Errorf("%w (worker %d; a retry would be refused too: fix the registration): %w", ErrRegistrationRefused, a.cfg.Worker, err)
+				return fmt.Errorf("%w (worker %d; a retry would be refused too: %s): %w", ErrRegistrationRefused, a.cfg.Worker, fix, err)
 			}
-			a.log.Warn("registering the worker failed; retrying", "worker", a.cfg.Worker, "err", err)
+			if hint != "" {
+				a.log.Warn("registering the worker failed; retrying", "worker", a.cfg.Worker, "err", err, "hint", hint)
+			} else {
+				a.log.Warn("registering the worker failed; retrying", "worker", a.cfg.Worker, "err", err)
+			}
 			select {
 			case <-ctx.Done():
 				return nil

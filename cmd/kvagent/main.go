@@ -246,6 +246,7 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 		rg := newRegisteredGauge(cl)
 		reg.MustRegister(rg.g)
 		cfg.Registrar = rg
+		cfg.RegistrationHint = registrationHint
 	}
 	a, err := agent.New(cfg)
 	if err != nil {
@@ -562,6 +563,16 @@ func newRouterClient(endpoints []string, sec routerSec) (*client.Client, error) 
 		tr.TLSClientConfig, scheme = sec.tls, "https"
 	}
 	return client.New(endpoints, client.Options{HTTPClient: &http.Client{Transport: tr}, UserAgent: "kvagent", Token: sec.token, Scheme: scheme})
+}
+
+// registrationHint says what to fix for a registration through --router
+// that failed, naming the flag (as kvctl and kvrouter --join say --token
+// on a 401), "" when it knows nothing to say: agent.Config.RegistrationHint.
+func registrationHint(err error) string {
+	if errors.Is(err, client.ErrUnauthorized) {
+		return "give the router cluster's token with --router-token or --router-token-file (or KVAGENT_ROUTER_TOKEN)"
+	}
+	return ""
 }
 
 // routerSec is how the agent reaches the router's API: its token, and TLS

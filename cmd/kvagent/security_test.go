@@ -1,0 +1,46 @@
+package main
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/urfave/cli/v2"
+)
+
+// routerArgs are the flags of an agent that registers through router (an
+// address, or a URL), its NATS and engine on ports nothing listens on.
+func routerArgs(t *testing.T, router string, extra ...string) []string {
+	return append([]string{"--log-level", "info", "--worker-id", "1", "--block-size", "4",
+		"--nats-url", "nats://127.0.0.1:" + strconv.Itoa(freePort(t)),
+		"--engine-endpoint", "tcp://127.0.0.1:" + strconv.Itoa(freePort(t)), "--router", router}, extra...)
+}
+
+// TestAWrongRouterTokenNamesTheTokenFlag: a router that refuses the
+// agent's token (401 unauthorized) ends the agent (exit 1, docs/events.md:
+// an answer 4xx other than 408 and 429 is not retried) with an error that
+// says what to fix: the token flag (--router-token, --router-token-file
+// or KVAGENT_ROUTER_TOKEN), as kvctl and kvrouter --join say --token on a
+// 401 (docs/operations.md, "Security"). From a review: it said "fix the
+// registration", which is not what is wrong.
+func TestAWrongRouterTokenNamesTheTokenFlag(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("WWW-Authenticate", `Bearer realm="kvrouter"`)
+		w.WriteHeader(http.StatusUnauthorized)
+		w.Write([]byte(`{"error":"the request's token is not this cluster's","reason":"unauthorized"}`))
+	}))
+	defer srv.Close()
+	r := startKvagent(t, routerArgs(t, strings.TrimPrefix(srv.URL, "http://"), "--router-token", "wrong")...)
+	err := r.waitEnded(t)
+	var ec cli.ExitCoder
+	if err == nil || errors.As(err, &ec) && ec.ExitCode() != 1 {
+		t.Fatalf("kvagent with a wrong token: %v, want exit 1", err)
+	}
+	if !strings.Contains(err.Error(), "--router-token") {
+		t.Fatalf("kvagent with a wrong token: %q, want it to name --router-token", err)
+	}
+}
