@@ -569,8 +569,15 @@ func newRouterClient(endpoints []string, sec routerSec) (*client.Client, error) 
 // that failed, naming the flag (as kvctl and kvrouter --join say --token
 // on a 401), "" when it knows nothing to say: agent.Config.RegistrationHint.
 func registrationHint(err error) string {
-	if errors.Is(err, client.ErrUnauthorized) {
+	var ae *client.Error
+	switch {
+	case errors.Is(err, client.ErrUnauthorized):
 		return "give the router cluster's token with --router-token or --router-token-file (or KVAGENT_ROUTER_TOKEN)"
+	case errors.As(err, &ae) && ae.StatusCode == http.StatusBadRequest && ae.Reason == "" &&
+		strings.Contains(ae.Message, "HTTP request to an HTTPS server"):
+		// Go's TLS server's answer to a clear-text request (kvrouter's
+		// refusedJoin reads it the same way).
+		return "the router serves TLS: give --router-tls-ca with the CA that signed its nodes' certificates"
 	}
 	return ""
 }

@@ -44,3 +44,21 @@ func TestAWrongRouterTokenNamesTheTokenFlag(t *testing.T) {
 		t.Fatalf("kvagent with a wrong token: %q, want it to name --router-token", err)
 	}
 }
+
+// TestATLSRouterReachedWithoutTheCANamesTheCAFlag: --router naming a node
+// that serves TLS (kvrouter --tls-cert), without --router-tls-ca, ends the
+// agent (the node answers the clear-text request 400) with an error that
+// names --router-tls-ca, as kvrouter's --join says what to give
+// (docs/operations.md, "Security"). From a review: it said "fix the
+// registration", naming nothing the operator can act on.
+func TestATLSRouterReachedWithoutTheCANamesTheCAFlag(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	r := startKvagent(t, routerArgs(t, strings.TrimPrefix(srv.URL, "https://"))...)
+	err := r.waitEnded(t)
+	if err == nil || !strings.Contains(err.Error(), "--router-tls-ca") {
+		t.Fatalf("kvagent reaching a TLS router in clear text: %v, want an error naming --router-tls-ca", err)
+	}
+}
