@@ -567,7 +567,8 @@ func newRouterClient(endpoints []string, sec routerSec) (*client.Client, error) 
 
 // registrationHint says what to fix for a registration through --router
 // that failed, naming the flag (as kvctl and kvrouter --join say --token
-// on a 401), "" when it knows nothing to say: agent.Config.RegistrationHint.
+// on a 401, and --tls-ca for a certificate they do not trust), "" when it
+// knows nothing to say: agent.Config.RegistrationHint.
 func registrationHint(err error) string {
 	var ae *client.Error
 	switch {
@@ -578,8 +579,13 @@ func registrationHint(err error) string {
 		// Go's TLS server's answer to a clear-text request (kvrouter's
 		// refusedJoin reads it the same way).
 		return "the router serves TLS: give --router-tls-ca with the CA that signed its nodes' certificates"
+	case ae != nil:
+		return "" // an answer: its text may be a node's forward to its leader
 	}
-	return ""
+	// The agent's own handshake refused a node's certificate. The agent
+	// retries (a transport error: the router's certificate may be
+	// reissued while it runs), with this in each warning.
+	return client.CertificateHint(err, "--router-tls-ca")
 }
 
 // routerSec is how the agent reaches the router's API: its token, and TLS

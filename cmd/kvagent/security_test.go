@@ -1,12 +1,22 @@
 package main
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/urfave/cli/v2"
 )
@@ -60,5 +70,39 @@ func TestATLSRouterReachedWithoutTheCANamesTheCAFlag(t *testing.T) {
 	err := r.waitEnded(t)
 	if err == nil || !strings.Contains(err.Error(), "--router-tls-ca") {
 		t.Fatalf("kvagent reaching a TLS router in clear text: %v, want an error naming --router-tls-ca", err)
+	}
+}
+
+// TestAnUntrustedRouterCertificateNamesTheCAFlag: a --router-tls-ca that
+// did not sign the node's certificate fails every registration; the
+// agent's log says what to fix (client.CertificateHint: give
+// --router-tls-ca with the CA that signed it), as kvctl and a node whose
+// --join fails do (docs/operations.md, "Security"). From a review: it
+// retried for ever with "registering the worker failed; retrying" and
+// x509's text only.
+func TestAnUntrustedRouterCertificateNamesTheCAFlag(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "another CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := startKvagent(t, routerArgs(t, strings.TrimPrefix(srv.URL, "https://"), "--router-tls-ca", ca)...)
+	waitFor(t, "a failed registration logged", func() bool { return r.logs.has("registering the worker failed") })
+	if !r.logs.has("--router-tls-ca") {
+		t.Fatalf("the agent's log says nothing of --router-tls-ca for a certificate it does not trust:\n%s", r.logs)
 	}
 }
