@@ -613,6 +613,11 @@ func (a *Agent) registrations(ctx context.Context, kick <-chan struct{}, lv *liv
 			if err == nil {
 				break
 			}
+			if ctx.Err() != nil {
+				// The agent stops (its own context, not the try's
+				// bound): nothing failed that a retry would be for.
+				return nil
+			}
 			hint := ""
 			if a.cfg.RegistrationHint != nil {
 				hint = a.cfg.RegistrationHint(err)

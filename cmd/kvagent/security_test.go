@@ -9,12 +9,14 @@ import (
 	"encoding/pem"
 	"errors"
 	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,5 +106,38 @@ func TestAnUntrustedRouterCertificateNamesTheCAFlag(t *testing.T) {
 	waitFor(t, "a failed registration logged", func() bool { return r.logs.has("registering the worker failed") })
 	if !r.logs.has("--router-tls-ca") {
 		t.Fatalf("the agent's log says nothing of --router-tls-ca for a certificate it does not trust:\n%s", r.logs)
+	}
+}
+
+// TestAStopDuringARegistrationLogsNoRetry: a clean stop (SIGTERM, Ctrl-C)
+// while a registration is under way (the router's HTTP API slow or out of
+// reach) ends the registration; the agent does not log that it failed and
+// is retried (WARN "registering the worker failed; retrying", err "context
+// canceled"): nothing is retried, and an operator reading the stop's log
+// would look for a fault in the router. From a review.
+func TestAStopDuringARegistrationLogsNoRetry(t *testing.T) {
+	hung, err := net.Listen("tcp", "127.0.0.1:0") // takes the registration, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Close()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := hung.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			defer c.Close()
+		}
+	}()
+	r := startKvagent(t, routerArgs(t, hung.Addr().String())...)
+	waitFor(t, "a registration under way", func() bool { return accepted.Load() > 0 })
+	if err := r.stop(t); err != nil {
+		t.Fatalf("kvagent: %v", err)
+	}
+	if r.logs.has("registering the worker failed") {
+		t.Fatalf("the stop logged a registration retry:\n%s", r.logs)
 	}
 }
