@@ -438,6 +438,7 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 					a.resyncAll()
 				}
 				a.resyncLost(ans.Stateless, synced)
+				a.resyncAsked(ans.Resync)
 			}
 		}
 		select {
@@ -690,6 +691,29 @@ func (a *Agent) resyncLost(stateless []kvevent.Rank, synced []uint64) {
 	if len(lost) > 0 {
 		a.log.Info("the router holds no state of ranks it had taken a dump of (the worker was removed and registered again): resyncing them",
 			"worker", a.cfg.Worker, "ranks", len(lost), "first", lost[0])
+	}
+}
+
+// resyncAsked has the ranks of asked (a heartbeat's answer: the leader
+// flags them as needing a resync) dumped, held back as an ack's Resync is
+// (eventplane.Publisher.RouterAsksResync): an operator restored the
+// router cluster from a snapshot, older than what the engine holds, or
+// the router dropped events it could not place. An idle rank gets no
+// acks, and would never be resynced otherwise.
+func (a *Agent) resyncAsked(asked []kvevent.Rank) {
+	var dumped []kvevent.Rank
+	for _, r := range asked {
+		i := int64(r.DP) - int64(a.cfg.DPStart) // a.ranks are DPStart on, in order
+		if i < 0 || i >= int64(len(a.ranks)) || a.ranks[i] != r {
+			continue
+		}
+		if a.pub.RouterAsksResync(r) {
+			dumped = append(dumped, r)
+		}
+	}
+	if len(dumped) > 0 {
+		a.log.Info("the router flags ranks as needing a resync (restored from a snapshot, or it dropped events it could not place): resyncing them",
+			"worker", a.cfg.Worker, "ranks", len(dumped), "first", dumped[0])
 	}
 }
 

@@ -69,10 +69,20 @@ func DecodeHeartbeat(b []byte) ([]uint64, error) {
 // headers, and a request without the header (an agent of an earlier
 // build) gets an answer without headers, so agents and routers upgrade
 // in any order.
+//
+// Beside it, in the header headerRanksNeedingResync, the leader names those
+// of the ranks it holds state of that it flags as needing a resync
+// (indexer's NeedsResync: an operator's restore from a snapshot flags every
+// rank, an orphan dropped flags its rank), in the same format, and empty
+// when there is none; the agent has such a rank dumped, held back as an
+// ack's Resync is (PublisherConfig.RouterResyncEvery), which an idle rank,
+// sending no events and so getting no acks, would otherwise never be.
+// An agent of an earlier build ignores it.
 const (
-	headerHeartbeatAsk      = "Kvrouter-Heartbeat-Ask"
-	heartbeatAskRanks       = "ranks-without-state"
-	headerRanksWithoutState = "Kvrouter-Ranks-Without-State"
+	headerHeartbeatAsk       = "Kvrouter-Heartbeat-Ask"
+	heartbeatAskRanks        = "ranks-without-state"
+	headerRanksWithoutState  = "Kvrouter-Ranks-Without-State"
+	headerRanksNeedingResync = "Kvrouter-Ranks-Needing-Resync"
 )
 
 // maxHeartbeatRanks bounds the ranks the leader looks at to answer one
@@ -111,6 +121,10 @@ type HeartbeatAnswer struct {
 	// Stateless holds the ranks of the others that it holds no state of
 	// (headerRanksWithoutState), as far as they could be read.
 	Stateless []kvevent.Rank
+	// Resync holds the ranks the leader holds state of and flags as
+	// needing a resync (headerRanksNeedingResync), as far as they could
+	// be read; none without the header.
+	Resync []kvevent.Rank
 	// Named says whether the answer says what the router lost: it
 	// carries the header, empty or not, and every rank of it could be
 	// read. Without the header (a router of an earlier build, a
@@ -135,24 +149,38 @@ func DecodeHeartbeatAnswer(m *nats.Msg) (HeartbeatAnswer, error) {
 	if err != nil {
 		return HeartbeatAnswer{}, err
 	}
-	v := m.Header.Values(headerRanksWithoutState)
-	if len(v) == 0 {
-		return a, nil
+	var bad error // of the resync header, which leaves Named alone
+	if v := m.Header.Values(headerRanksNeedingResync); len(v) > 0 {
+		a.Resync = readRanks(v[0], headerRanksNeedingResync, &bad)
 	}
-	for f := range strings.FieldsSeq(v[0]) {
+	if v := m.Header.Values(headerRanksWithoutState); len(v) > 0 {
+		a.Stateless = readRanks(v[0], headerRanksWithoutState, &a.Unreadable)
+		a.Named = a.Unreadable == nil
+	}
+	if a.Unreadable == nil {
+		a.Unreadable = bad
+	}
+	return a, nil
+}
+
+// readRanks reads the ranks of a heartbeat answer's header h, whose value
+// is v, skipping any it cannot read; the first of those sets *unreadable,
+// unless it is set already.
+func readRanks(v, h string, unreadable *error) []kvevent.Rank {
+	var out []kvevent.Rank
+	for f := range strings.FieldsSeq(v) {
 		w, dp, _ := strings.Cut(f, "/")
 		id, err1 := strconv.ParseUint(w, 10, 64)
 		d, err2 := strconv.ParseUint(dp, 10, 32)
 		if err := errors.Join(err1, err2); err != nil {
-			if a.Unreadable == nil {
-				a.Unreadable = fmt.Errorf("%w: rank %q in the heartbeat answer's %s: %w", ErrMalformed, f, headerRanksWithoutState, err)
+			if *unreadable == nil {
+				*unreadable = fmt.Errorf("%w: rank %q in the heartbeat answer's %s: %w", ErrMalformed, f, h, err)
 			}
 			continue
 		}
-		a.Stateless = append(a.Stateless, kvevent.Rank{Worker: id, DP: uint32(d)})
+		out = append(out, kvevent.Rank{Worker: id, DP: uint32(d)})
 	}
-	a.Named = a.Unreadable == nil
-	return a, nil
+	return out
 }
 
 // cursorHolder is what a Target may also do (a raftfsm.Node does): say
@@ -164,43 +192,61 @@ type cursorHolder interface {
 
 var _ cursorHolder = (*raftfsm.Node)(nil)
 
+// resyncTeller is what a Target may also do (a raftfsm.Node does): say
+// whether it flags a rank as needing a resync. A Target without it sends
+// no headerRanksNeedingResync.
+type resyncTeller interface {
+	RankNeedsResync(r kvevent.Rank) bool
+}
+
+var _ resyncTeller = (*raftfsm.Node)(nil)
+
 // ranksWithoutState returns the headerRanksWithoutState value of the
 // answer to a heartbeat that asked, whose known workers are ws: their
-// registered ranks the node holds no cursor of, "" when there is none.
-// ok is false, for an answer without the header, when the node cannot
-// tell (no cursorHolder) or the workers have more than maxHeartbeatRanks
-// ranks.
-func (in *Ingester) ranksWithoutState(ws []raftfsm.WorkerInfo) (v string, ok bool) {
+// registered ranks the node holds no cursor of, "" when there is none;
+// and the headerRanksNeedingResync value, of those it holds a cursor of
+// that it flags as needing a resync (rok false, for no such header, when
+// the node cannot tell). ok is false, for an answer without either
+// header, when the node cannot tell (no cursorHolder) or the workers have
+// more than maxHeartbeatRanks ranks.
+func (in *Ingester) ranksWithoutState(ws []raftfsm.WorkerInfo) (v string, ok bool, resync string, rok bool) {
 	c, ok := in.cfg.Node.(cursorHolder)
 	if !ok {
-		return "", false
+		return "", false, "", false
 	}
+	rt, rok := in.cfg.Node.(resyncTeller)
 	n := 0
 	for _, w := range ws {
 		n += max(len(w.DPRanks), 1)
 	}
 	if n > maxHeartbeatRanks {
-		return "", false
+		return "", false, "", false
 	}
-	var b []byte
+	var b, rb []byte
+	add := func(b []byte, r kvevent.Rank) []byte {
+		if len(b) > 0 {
+			b = append(b, ' ')
+		}
+		b = strconv.AppendUint(b, r.Worker, 10)
+		b = append(b, '/')
+		return strconv.AppendUint(b, uint64(r.DP), 10)
+	}
 	for _, w := range ws {
 		dps := w.DPRanks
 		if len(dps) == 0 {
 			dps = []uint32{0} // as registered (raftfsm)
 		}
 		for _, dp := range dps {
-			if c.HasCursor(kvevent.Rank{Worker: w.ID, DP: dp}) {
-				continue
+			r := kvevent.Rank{Worker: w.ID, DP: dp}
+			switch {
+			case !c.HasCursor(r):
+				b = add(b, r)
+			case rok && rt.RankNeedsResync(r):
+				rb = add(rb, r)
 			}
-			if len(b) > 0 {
-				b = append(b, ' ')
-			}
-			b = strconv.AppendUint(b, w.ID, 10)
-			b = append(b, '/')
-			b = strconv.AppendUint(b, uint64(dp), 10)
 		}
 	}
-	return string(b), true
+	return string(b), true, string(rb), rok
 }
 
 // leases is the leader's view of its leased workers: when each was last
@@ -396,8 +442,11 @@ func (in *Ingester) onHeartbeat(m *nats.Msg) {
 	unknown = slices.Compact(unknown)
 	answer := &nats.Msg{Data: AppendHeartbeat(nil, unknown)}
 	if ask {
-		if v, ok := in.ranksWithoutState(known); ok {
+		if v, ok, rv, rok := in.ranksWithoutState(known); ok {
 			answer.Header = nats.Header{headerRanksWithoutState: []string{v}}
+			if rok {
+				answer.Header[headerRanksNeedingResync] = []string{rv}
+			}
 		}
 	}
 	_ = m.RespondMsg(answer)

@@ -609,6 +609,45 @@ func (p *Publisher) Resync(r kvevent.Rank) {
 	}
 }
 
+// RouterAsksResync is the router flagging rank r as needing a resync
+// outside an ack (a heartbeat's answer: an idle rank gets no acks). It is
+// held back as an ack's Resync is (RouterResyncEvery): the dump goes at
+// once unless the router asked for one within the interval, and then at
+// its end. It returns whether it asked for the dump now.
+func (p *Publisher) RouterAsksResync(r kvevent.Rank) (asked bool) {
+	p.mu.Lock()
+	asked = p.routerAsks(p.buf(r))
+	p.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+	return asked
+}
+
+// routerAsks has b's rank dumped for the router's ask (an ack's Resync,
+// RouterAsksResync), at most once per RouterResyncEvery, and returns
+// whether it asked for the dump now. Call with p.mu held.
+func (p *Publisher) routerAsks(b *rankBuf) (asked bool) {
+	switch {
+	case b.needDump:
+	case time.Since(b.routerAsked) >= p.cfg.RouterResyncEvery:
+		// The router dropped events of this rank it could not place
+		// (orphans past its bounds), or was restored from a snapshot: a
+		// dump replaces the rank with the owner's copy
+		// (RouterResyncEvery).
+		p.m.resends.WithLabelValues("router").Inc()
+		b.routerAsked, b.routerDue = time.Now(), time.Time{}
+		p.askDump(b)
+		return true
+	case b.routerDue.IsZero():
+		// Asked again within the interval: the dump waits for its end,
+		// also when the rank sends nothing more meanwhile.
+		b.routerDue = b.routerAsked.Add(p.cfg.RouterResyncEvery)
+	}
+	return false
+}
+
 // Synced returns how many dumps of rank r the router has taken, or 0
 // while one is asked for, and before the first: a count read, not 0,
 // before and after an owner learns something of the router's state of r
@@ -1043,21 +1082,10 @@ func (p *Publisher) sendEvents(batches []raftfsm.RankBatch, data, published []by
 		if k > 0 || a.Gap || moved || a.Applied+a.Dups > 0 {
 			progress = true
 		}
-		switch {
-		case !a.Resync:
+		if !a.Resync {
 			b.routerDue = time.Time{}
-		case b.needDump:
-		case time.Since(b.routerAsked) >= p.cfg.RouterResyncEvery:
-			// The router dropped events of this rank it could not place
-			// (orphans past its bounds): a dump replaces the rank with
-			// the owner's copy (RouterResyncEvery).
-			p.m.resends.WithLabelValues("router").Inc()
-			b.routerAsked, b.routerDue = time.Now(), time.Time{}
-			p.askDump(b)
-		case b.routerDue.IsZero():
-			// Asked again within the interval: the dump waits for its end,
-			// also when the rank sends nothing more meanwhile.
-			b.routerDue = b.routerAsked.Add(p.cfg.RouterResyncEvery)
+		} else {
+			p.routerAsks(b)
 		}
 		if a.Gap {
 			pend := b.pending()

@@ -3620,6 +3620,11 @@ func (n *Node) Cursor(r kvevent.Rank) uint64 { return n.fsm.Cursor(r) }
 // (FSM.HasCursor).
 func (n *Node) HasCursor(r kvevent.Rank) bool { return n.fsm.HasCursor(r) }
 
+// RankNeedsResync reports whether this node flags rank r as needing a
+// resync (indexer.Index.RankNeedsResync): an orphan of it was dropped, or
+// an operator's restore flagged every rank (replaceMembers).
+func (n *Node) RankNeedsResync(r kvevent.Rank) bool { return n.fsm.Index().RankNeedsResync(r) }
+
 // agree is the verb that agrees with a count of n: one for 1, other for
 // any other count ("only 1 does", "only 2 do").
 func agree(n int, one, other string) string {

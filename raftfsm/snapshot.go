@@ -24,6 +24,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -473,6 +474,16 @@ func checkSnapshot(r io.Reader, like *indexer.Index) (SnapshotInfo, error) {
 // and checksum): a damaged one is ErrBadSnapshot, and w then holds part of
 // a stream. The online restore installs another cluster's stream with
 // the member table of the cluster it restores into.
+//
+// Every rank's metadata record (store.KindRank) is written with
+// NeedsResync set: a stream an operator restores (online here, offline
+// through SeedDataDir) is older than what the engines hold now, and an
+// idle rank would never show its agent the difference. The flag goes
+// into the state every replica installs, so each answers alike: acks and
+// heartbeat answers name the rank (docs/events.md), and its agent's dump
+// clears it. Raft's own restores (a leader's snapshot sent to a follower
+// that lags, the newest one at start) are current state, and go through
+// loadSnapshot alone: they mark nothing.
 func replaceMembers(w io.Writer, r io.Reader, members []Member) (SnapshotInfo, error) {
 	s := newSnapReader(r)
 	if err := s.header(); err != nil {
@@ -510,6 +521,18 @@ func replaceMembers(w io.Writer, r io.Reader, members []Member) (SnapshotInfo, e
 				if !written && k[0] > store.KindMember {
 					if err := writeMembers(); err != nil {
 						return err
+					}
+				}
+				if k[0] == store.KindRank {
+					m, err := decodeRankMeta(v, kvevent.Rank{})
+					if err != nil {
+						return fmt.Errorf("%w: rank record %x: %v", ErrBadSnapshot, k[1:], err)
+					}
+					if !m.NeedsResync {
+						m.NeedsResync = true
+						e := &enc{}
+						encodeRankMeta(e, &m)
+						v = e.b
 					}
 				}
 				return fn(k, v)
@@ -803,7 +826,20 @@ func SeedDataDir(ctx context.Context, snapshotPath, dataDir, nodeID string, peer
 	// The new cluster's member table comes from its own leaders, not from
 	// the cluster the snapshot was taken on.
 	dir := filepath.Join(dataDir, "fsm")
-	if _, err = loadSnapshot(r, dir+".restore", 0, 0, true, slog.New(slog.DiscardHandler), nil); err != nil {
+	// Through replaceMembers, with no members (loadSnapshot drops them
+	// anyway): it marks every rank as needing a resync, as the online
+	// restore's stream does.
+	pr, pw := io.Pipe()
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		_, err := replaceMembers(pw, r, nil)
+		pw.CloseWithError(err)
+	}()
+	_, err = loadSnapshot(pr, dir+".restore", 0, 0, true, slog.New(slog.DiscardHandler), nil)
+	pr.CloseWithError(errors.New("seed: the load ended")) // the copy's next write fails
+	<-copied
+	if err != nil {
 		return err
 	}
 	if err := seedRaftSnapshot(dataDir, dir+".restore", peers); err != nil {
