@@ -317,3 +317,51 @@ func TestARegistrationConflictStopsTheAgentSayingWhatToFix(t *testing.T) {
 		t.Fatalf("no error log holding all of %q:\n%s", want, logs.String())
 	}
 }
+
+// registrarFunc is a Registrar of a function.
+type registrarFunc func(ctx context.Context, w raftfsm.WorkerInfo) error
+
+func (f registrarFunc) RegisterWorker(ctx context.Context, w raftfsm.WorkerInfo) error {
+	return f(ctx, w)
+}
+
+// TestAHungRegistrationIsGivenUpAfterFiveSeconds pins the bound of each
+// registration try (registrations: 5 s): a router that takes the request
+// and never answers does not hold the registration for ever; the try is
+// given up and the next goes out. The first try here hangs until its
+// context ends, the second goes through.
+func TestAHungRegistrationIsGivenUpAfterFiveSeconds(t *testing.T) {
+	r := startRouter(t)
+	var tries atomic.Int32
+	ended := make(chan time.Duration, 1)
+	reg := registrarFunc(func(ctx context.Context, w raftfsm.WorkerInfo) error {
+		if tries.Add(1) > 1 {
+			return r.node.RegisterWorker(ctx, w)
+		}
+		start := time.Now()
+		<-ctx.Done()
+		ended <- time.Since(start)
+		return ctx.Err()
+	})
+	a := newAgentOf(t, r, 4, reg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case d := <-ended:
+		if d < 4*time.Second || d > 10*time.Second {
+			t.Fatalf("the hung registration was given up after %v, want about 5 s", d)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a registration the router never answers still hangs 20 s on, want it given up after 5 s")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for tries.Load() < 2 || !workerRegistered(r) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no registration went through 10 s after the hung one was given up (%d tries)", tries.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
