@@ -3,8 +3,11 @@ package main
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/urfave/cli/v2"
@@ -194,4 +197,49 @@ func startIngester(t *testing.T, subject string) (string, *countingTarget) {
 	}
 	t.Cleanup(func() { in.Close() })
 	return s.ClientURL(), tg
+}
+
+// hungFlush is a flushCloser whose Flush waits until its context ends (a
+// router that never acknowledges the last events), recording how long it
+// waited, and whose Close is counted.
+type hungFlush struct {
+	waited chan time.Duration
+	closed atomic.Bool
+}
+
+func (h *hungFlush) Flush(ctx context.Context) error {
+	start := time.Now()
+	<-ctx.Done()
+	h.waited <- time.Since(start)
+	return ctx.Err()
+}
+
+func (h *hungFlush) Close() error { h.closed.Store(true); return nil }
+
+// TestTheStopsFlushIsBoundedByTwoSeconds pins shutdown's bound on the
+// flush of the last events (2 s): a router that never acknowledges them
+// does not hold the stop; the flush is given up, logged, and the
+// publisher closed.
+func TestTheStopsFlushIsBoundedByTwoSeconds(t *testing.T) {
+	h := &hungFlush{waited: make(chan time.Duration, 1)}
+	var logs logBuffer
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		shutdown(h, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the stop still waits 20 s on for a flush the router never acknowledges, want it given up after 2 s")
+	}
+	if d := <-h.waited; d < time.Second || d > 10*time.Second {
+		t.Fatalf("the stop's flush was given up after %v, want about 2 s", d)
+	}
+	if !h.closed.Load() {
+		t.Fatal("the publisher was not closed after the flush was given up")
+	}
+	if !logs.has("events not acknowledged at shutdown") {
+		t.Fatalf("the stop did not log the flush it gave up:\n%s", logs.String())
+	}
 }
