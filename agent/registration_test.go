@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -361,6 +362,48 @@ func TestAHungRegistrationIsGivenUpAfterFiveSeconds(t *testing.T) {
 	for tries.Load() < 2 || !workerRegistered(r) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no registration went through 10 s after the hung one was given up (%d tries)", tries.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRegistrationRetriesBackOffToFiveSecondsAtMost pins the cap of the
+// registrations' backoff (5 s): the waits double from 100 ms, and a router
+// out of reach for minutes is still asked every 5 s or so, not after
+// 12.8 s, 25.6 s and on. Ten tries, the last two 5 s apart at most, take
+// about 16 s; without the cap the gap before the tenth is 12.8 s to
+// 25.6 s. Each gap is asked to be under 10 s.
+func TestRegistrationRetriesBackOffToFiveSecondsAtMost(t *testing.T) {
+	r := startRouter(t)
+	var mu sync.Mutex
+	var tries []time.Time
+	reg := registrarFunc(func(context.Context, raftfsm.WorkerInfo) error {
+		mu.Lock()
+		tries = append(tries, time.Now())
+		mu.Unlock()
+		return errors.New("the router is out of reach")
+	})
+	a := newAgentOf(t, r, 4, reg)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for {
+		mu.Lock()
+		n, last := len(tries), time.Time{}
+		if n > 0 {
+			last = tries[n-1]
+		}
+		mu.Unlock()
+		if n >= 10 {
+			break
+		}
+		if n > 0 && time.Since(last) > 10*time.Second {
+			t.Fatalf("no registration try 10 s after try %d, want one every 5 s at most (the backoff's cap)", n)
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%d registration tries in 60 s, want 10", n)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
