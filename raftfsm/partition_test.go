@@ -99,8 +99,17 @@ func (c *inmemCluster) isolate(i int) {
 
 func (c *inmemCluster) leaderExcept(skip int) (int, *Node) {
 	c.t.Helper()
+	// An election may take a few rounds of the election timeout (split
+	// votes, a loaded machine): a cluster tuned to long timeouts is given
+	// time for four of them beyond the 10 s.
+	wait := 10 * time.Second
+	for _, nd := range c.nodes {
+		if nd != nil {
+			wait = max(wait, 10*time.Second+4*nd.cfg.ElectionTimeout)
+		}
+	}
 	var idx int
-	waitFor(c.t, 10*time.Second, "a leader", func() bool {
+	waitFor(c.t, wait, "a leader", func() bool {
 		for i, nd := range c.nodes {
 			if i != skip && nd.IsLeader() {
 				idx = i
