@@ -2282,6 +2282,15 @@ func (n *Node) workersAt(now time.Time) []WorkerStatus {
 	}
 	out := make([]WorkerStatus, 0, len(ws))
 	params := n.fsm.Settings().Params
+	// Every reading of the judgement is a wall time: the stamps are
+	// (time.Unix), so now is stripped of its monotonic reading, and
+	// this node's start is read as now's wall time less the time
+	// since the start by the monotonic clock. Compared by wall time
+	// as it read at the start, a wall-clock step (NTP) since would
+	// move the start against every stamp: stepped back, the start
+	// reads later than the rank's latest events, and a rank that
+	// publishes would be reported silent until the clock caught up.
+	wall, started := now.Round(0), now.Round(0).Add(-now.Sub(n.started))
 	for _, w := range ws {
 		s := WorkerStatus{Info: w}
 		for _, dp := range w.DPRanks {
@@ -2291,16 +2300,16 @@ func (n *Node) workersAt(now time.Time) []WorkerStatus {
 			// registration, this node's start or its last restore, the
 			// latest (stampAt).
 			heard := n.fsm.LastHeard(r)
-			since := n.started
+			since := started
 			for _, ns := range []int64{heard, n.fsm.RegisteredAt(w.ID), n.fsm.RestoredAt()} {
-				if t, ok := n.stampAt(ns, now); ok && t.After(since) {
+				if t, ok := n.stampAt(ns, wall); ok && t.After(since) {
 					since = t
 				}
 			}
 			load := n.fsm.Sequences().Load(r)
 			s.Ranks = append(s.Ranks, RankStatus{DPRank: dp, Blocks: st.Blocks, Cursor: n.fsm.Cursor(r),
 				NeedsResync: st.NeedsResync, Load: load, LastHeard: heard,
-				Silent: now.Sub(since) > n.cfg.SilentAfter, Busy: params.BusyOf(load, w.Capacity[kvevent.TierDevice]) != 0})
+				Silent: wall.Sub(since) > n.cfg.SilentAfter, Busy: params.BusyOf(load, w.Capacity[kvevent.TierDevice]) != 0})
 		}
 		out = append(out, s)
 	}
