@@ -251,7 +251,8 @@ func (in *Ingester) ranksWithoutState(ws []raftfsm.WorkerInfo) (v string, ok boo
 
 // leases is the leader's view of its leased workers: when each was last
 // heard of. It is not replicated: a lease runs from the latest of the
-// worker's last heartbeat, its last registration (registeredAt) and the
+// worker's last heartbeat, its last registration (registeredAt, ordered by
+// when this term first saw it: registrationSeen, regs) and the
 // first time this leader saw the worker in its table (a sweep, or a
 // heartbeat). So a new leader grants every
 // worker a grace of one lease from its first sweep, which waits for its
@@ -283,6 +284,7 @@ type leases struct {
 	term   uint64               // the Raft term lead started them for (Ingester.leaderTerm; 0 from a Target that does not tell)
 	since  time.Time            // when this node became leader; zero when it does not lead
 	seen   map[uint64]time.Time // per registered worker: its last heartbeat, or when first seen, this term
+	regs   map[uint64]regSeen   // per registered worker: its latest registration stamp, and when this term first saw it
 	expiry map[uint64]bool      // removals in flight
 	unreg  map[uint64]time.Time // per unregistered worker with rank state: when first seen so, this term
 	strays map[uint64]bool      // removals of unregistered workers' ranks in flight
@@ -309,7 +311,7 @@ func (l *leases) lead(now time.Time, term uint64) {
 // l.mu is held.
 func (l *leases) restart() {
 	l.gen++
-	l.seen, l.expiry = map[uint64]time.Time{}, map[uint64]bool{}
+	l.seen, l.expiry, l.regs = map[uint64]time.Time{}, map[uint64]bool{}, map[uint64]regSeen{}
 	l.unreg, l.strays = map[uint64]time.Time{}, map[uint64]bool{}
 	l.unlisted, l.unlistedRun = map[kvevent.Rank]time.Time{}, false
 }
@@ -318,7 +320,7 @@ func (l *leases) stepDown() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.gen++
-	l.since, l.term, l.seen, l.expiry = time.Time{}, 0, nil, nil
+	l.since, l.term, l.seen, l.expiry, l.regs = time.Time{}, 0, nil, nil, nil
 	l.unreg, l.strays = nil, nil
 	l.unlisted, l.unlistedRun = nil, false
 	l.deaf, l.reconnects, l.counted = false, 0, false
@@ -473,6 +475,7 @@ func (in *Ingester) sweepLeases(now time.Time) {
 	for id := range in.leases.seen {
 		if _, ok := table[id]; !ok && !in.leases.expiry[id] {
 			delete(in.leases.seen, id) // deregistered some other way
+			delete(in.leases.regs, id)
 		}
 	}
 	for id, w := range table {
@@ -482,11 +485,13 @@ func (in *Ingester) sweepLeases(now time.Time) {
 		last, ok := in.leases.seen[id]
 		if !ok {
 			// First seen now: registered since the last sweep (or the
-			// election), its lease starts here.
+			// election), its lease starts here, and so does its
+			// registration.
 			in.leases.seen[id] = now
+			in.registrationSeen(id, in.registeredAt(id, now), now)
 			continue
 		}
-		if reg := in.registeredAt(id, now); reg.After(last) {
+		if reg := in.registrationSeen(id, in.registeredAt(id, now), now); reg.After(last) {
 			last = reg // registered again since: a sign of life
 		}
 		if now.Sub(last) > leaseOf(w.LeaseMs) {
@@ -536,6 +541,7 @@ func (in *Ingester) sweepLeases(now time.Time) {
 					// a failure the old heartbeat stays: the next sweep
 					// retries at once.
 					delete(in.leases.seen, w.ID)
+					delete(in.leases.regs, w.ID)
 				}
 			}
 			in.leases.mu.Unlock()
@@ -896,15 +902,50 @@ func (in *Ingester) leaseHolds(id uint64, now time.Time, table map[uint64]raftfs
 	if w.LeaseMs <= 0 {
 		return true
 	}
-	in.leases.mu.Lock()
-	last, heard := in.leases.seen[id]
-	in.leases.mu.Unlock()
 	// Bound by the clock now, not the sweep's: the registration may have
 	// come after the sweep, while the removal waited for the lock.
-	if reg := in.registeredAt(id, time.Now()); !reg.IsZero() && (!heard || reg.After(last)) {
+	at := time.Now()
+	stamp := in.registeredAt(id, at)
+	in.leases.mu.Lock()
+	last, heard := in.leases.seen[id]
+	reg := in.registrationSeen(id, stamp, at)
+	in.leases.mu.Unlock()
+	if !reg.IsZero() && (!heard || reg.After(last)) {
 		last, heard = reg, true
 	}
 	return heard && now.Sub(last) <= leaseOf(w.LeaseMs)
+}
+
+// regSeen is a registration stamp (unix ns of the proposing leader's
+// clock) and when this leader first saw it, by its own clock.
+type regSeen struct {
+	ns int64
+	at time.Time
+}
+
+// registrationSeen returns when this term first saw worker id's
+// registration stamped reg (registeredAt), noting now for a stamp it had
+// not seen; the zero time for none. The leases order a registration by
+// that sighting, a reading of this leader's clock as their heartbeats
+// and sightings are, and not by its stamp: a wall time, which compared
+// with those readings (by wall time, Go dropping their monotonic reading
+// in the comparison) a wall-clock step moves. Stepped back (an NTP
+// correction), a registration made after the sweep that found its worker
+// silent read as older than the worker's last sighting, and the worker
+// was removed right after it registered again. A registration is seen at
+// the first sweep after it, or by a removal that waits for the lock: a
+// lease runs at most a sweep longer than from the registration itself.
+// l.mu is held.
+func (in *Ingester) registrationSeen(id uint64, reg, now time.Time) time.Time {
+	if reg.IsZero() || in.leases.regs == nil {
+		return time.Time{}
+	}
+	ns := reg.UnixNano()
+	if r, ok := in.leases.regs[id]; ok && r.ns == ns {
+		return r.at
+	}
+	in.leases.regs[id] = regSeen{ns: ns, at: now}
+	return now
 }
 
 // registrationClock is what a Target may also do (a raftfsm.Node does):
