@@ -430,17 +430,28 @@ func readingHungAddr(t *testing.T, posts *atomic.Int64) string {
 	}
 	var mu sync.Mutex
 	var conns []net.Conn
+	closed := false
+	// The accept loop counts in wg itself, so that each connection's Add
+	// comes while the count is above 0: an Add from 0 racing the
+	// cleanup's Wait is a misuse the race detector reports.
 	var wg sync.WaitGroup
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
 			mu.Lock()
+			if closed { // accepted as the cleanup closed the others
+				mu.Unlock()
+				c.Close()
+				continue
+			}
 			conns = append(conns, c)
-			mu.Unlock()
 			wg.Add(1)
+			mu.Unlock()
 			go func() {
 				defer wg.Done()
 				buf := make([]byte, 4096)
@@ -462,6 +473,7 @@ func readingHungAddr(t *testing.T, posts *atomic.Int64) string {
 	t.Cleanup(func() {
 		ln.Close()
 		mu.Lock()
+		closed = true
 		for _, c := range conns {
 			c.Close()
 		}
