@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/kvrouter/kvrouter/enginesub"
 	"github.com/kvrouter/kvrouter/internal/testlog"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/sim/enginepub"
@@ -56,5 +57,39 @@ func TestAgentlessLogsASkipReasonOncePerWorker(t *testing.T) {
 	}
 	if got := logs.Lines("engine events left out"); len(got) != 1 {
 		t.Fatalf("%d log lines for one reason on one instance's %d ranks, want 1:\n%s", len(got), len(pubs), logs.String())
+	}
+}
+
+// TestAgentlessForgetsTheSkipLogOfAWorkerThatLeft: the skip log kept per
+// followed worker, which logs each reason once per worker, goes with the
+// worker when it leaves the worker table, so that the instances an
+// agentless node follows over its life leave no entry each; a worker that
+// stays keeps its log. The polls are driven by hand here (reconcile).
+func TestAgentlessForgetsTheSkipLogOfAWorkerThatLeft(t *testing.T) {
+	n := startNode(t)
+	pubs := []*enginepub.Publisher{newEngine(t, false), newEngine(t, false)}
+	for i, p := range pubs {
+		mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: uint64(1 + i), Endpoint: p.Endpoint(),
+			ModelName: "llama", BlockSize: testBlockSize}), 201, "register")
+	}
+	a := &Agentless{b: n.node, cfg: AgentlessConfig{Poll: time.Hour, CommitTimeout: 5 * time.Second, ReplayTimeout: time.Second},
+		log: quiet, subs: map[kvevent.Rank]*agentlessSub{}, retry: map[kvevent.Rank]agentlessRetry{},
+		skipLogs: map[uint64]*enginesub.SkipLog{}, exported: map[kvevent.Rank]*enginesub.Subscriber{}}
+	poll := func() { a.reconcile(n.node.WorkerTable(), termOf(n.node)) }
+	t.Cleanup(func() { a.reconcile(nil, 0) })
+	poll()
+	left, stays := WorkerID(1, "llama", DefaultTenant), WorkerID(2, "llama", DefaultTenant)
+	logs := func() (bool, bool) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.skipLogs[left] != nil, a.skipLogs[stays] != nil
+	}
+	if l, s := logs(); !l || !s {
+		t.Fatalf("skip logs of the followed workers: %v and %v, want both", l, s)
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/unregister", UnregisterRequest{InstanceID: 1, ModelName: "llama"}), 200, "unregister")
+	poll()
+	if l, s := logs(); l || !s {
+		t.Fatalf("after instance 1 left: its skip log kept %v, instance 2's %v; want it gone and instance 2's kept", l, s)
 	}
 }
