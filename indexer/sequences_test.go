@@ -354,6 +354,55 @@ func TestRanksAreListedInRankOrderAfterSlotReuse(t *testing.T) {
 	}
 }
 
+// TestReleasedSlotsAreReused: a rank's slot is released with its last live
+// booking and taken by the next rank booked, so the slots number at most
+// the ranks with live bookings at once, however many times one rank
+// comes and goes and however many ranks come and go over the tracker's
+// life: a request at a time on one rank, ten thousand times, holds one
+// slot; ranks of three thousand workers that come and go, four live at
+// most at once (each booked before the oldest of the three before it
+// goes, by Free, Expire and RemoveWorker in turn), hold four.
+func TestReleasedSlotsAreReused(t *testing.T) {
+	s := NewSequences()
+	for i := range 10_000 {
+		id := fmt.Sprint("a", i)
+		mustBook(t, s, id, wkA0, []uint64{uint64(i), 7}, 16, 0, 0)
+		s.Free(id)
+	}
+	if got := len(s.st.slots); got != 1 {
+		t.Fatalf("%d slots after 10000 bookings freed one by one on one rank, want 1", got)
+	}
+
+	s = NewSequences()
+	const atOnce = 3 // between two bookings; one more while a rank is booked
+	for w := range 3_000 {
+		r := kvevent.Rank{Worker: uint64(100 + w), DP: uint32(w % 2)}
+		mustBook(t, s, fmt.Sprint("w", w), r, []uint64{uint64(w)}, 16, 0, int64(w))
+		if w < atOnce {
+			continue
+		}
+		gone := kvevent.Rank{Worker: uint64(100 + w - atOnce), DP: uint32((w - atOnce) % 2)}
+		switch w % 3 {
+		case 0:
+			s.Free(fmt.Sprint("w", w-atOnce))
+		case 1:
+			s.Expire(int64(w-atOnce+2), 1) // older than 1 ns at w-atOnce+2: the booking of w-atOnce alone
+		case 2:
+			s.RemoveWorker(gone.Worker)
+		}
+		if got := s.Load(gone); got != (Load{}) {
+			t.Fatalf("rank %v still loaded (%+v) after its booking went", gone, got)
+		}
+		if got := len(s.st.slots); got > atOnce+1 {
+			t.Fatalf("%d slots after %d ranks came and went with %d live at most at once, want %d at most",
+				got, w-atOnce+1, atOnce+1, atOnce+1)
+		}
+	}
+	if err := s.st.check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestPotentialDecodeBlocksDoesNotAllocate(t *testing.T) {
 	s := NewSequences()
 	for i := range 64 {
