@@ -1141,3 +1141,43 @@ func TestPublishErrorsHelpSaysWhatItCounts(t *testing.T) {
 	}
 	t.Fatal("kvagent_publish_errors_total is not registered")
 }
+
+// TestParkedBlocksRemovedLeaveNoParentEntry: a pool's blocks parked under
+// parents the engine never stores, then evicted by the pool (its REMOVE),
+// leave nothing of the rank's parking behind: no block, and no list of
+// the blocks waiting for each parent, whether the parent is one the
+// mirror lacks, a parked block of the same chain, or a parent a block
+// stored again left (the newest store wins). Over an agent's life the
+// pool parks and evicts blocks under ever new parents.
+func TestParkedBlocksRemovedLeaveNoParentEntry(t *testing.T) {
+	r := startRouter(t)
+	a, _ := startAgent(t, r)
+	const chains = 100
+	var removed []uint64
+	for i := range uint64(chains) {
+		x := storedChain(100_000+i, 2*i+1, 2*i+2) // 2i+2 waits for 2i+1, parked too
+		x.Tier = kvevent.TierHostPinned
+		_, err := a.Publish(rank, []kvevent.Event{x})
+		must(t, err)
+		removed = append(removed, 2*i+1, 2*i+2)
+	}
+	again := storedChain(200_000, 1) // 1 stored again under another parent
+	again.Tier = kvevent.TierHostPinned
+	_, err := a.Publish(rank, []kvevent.Event{again})
+	must(t, err)
+	if np := parkedBlocks(a); np != 2*chains {
+		t.Fatalf("%d pool blocks parked, want %d", np, 2*chains)
+	}
+	_, err = a.Publish(rank, []kvevent.Event{{Kind: kvevent.KindRemoved, Tier: kvevent.TierHostPinned, Removed: removed}})
+	must(t, err)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.parked[rank]
+	if p == nil {
+		return
+	}
+	if len(p.blocks) != 0 || len(p.byParent) != 0 {
+		t.Fatalf("after the pool evicted every parked block: %d blocks and the lists of %d parents left, want none",
+			len(p.blocks), len(p.byParent))
+	}
+}
