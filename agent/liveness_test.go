@@ -490,6 +490,40 @@ func TestUnreadableRankHeaderDoesNotHideAnUnknownAnswer(t *testing.T) {
 	}
 }
 
+// TestAnUnreadableResyncHeaderIsNotToldAsTheRanksWithoutState pins that
+// an answer whose Kvrouter-Ranks-Without-State header reads whole (empty:
+// the router holds state of every rank) and whose
+// Kvrouter-Ranks-Needing-Resync header holds a token of another format is
+// warned about as that header (docs/events.md: the leader names the ranks
+// it flags as needing a resync there), not as the ranks the router holds
+// no state of, which the answer named in full: an operator reading the
+// warning looks for lost state that is not lost.
+func TestAnUnreadableResyncHeaderIsNotToldAsTheRanksWithoutState(t *testing.T) {
+	r := startRouter(t)
+	nc, err := nats.Connect(r.ns.ClientURL())
+	must(t, err)
+	defer nc.Close()
+	var answers atomic.Int32
+	_, err = nc.Subscribe("test.heartbeat", func(m *nats.Msg) {
+		answer := &nats.Msg{Data: eventplane.AppendHeartbeat(nil, nil), Header: nats.Header{
+			"Kvrouter-Ranks-Without-State":  []string{""},
+			"Kvrouter-Ranks-Needing-Resync": []string{"7/0:tier=g2"},
+		}}
+		_ = m.RespondMsg(answer)
+		answers.Add(1)
+	})
+	must(t, err)
+	must(t, nc.Flush())
+	var logs testlog.Buffer
+	startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
+		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 10000}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	waitFor(t, "a warning of the unreadable header", func() bool { return len(logs.Lines("level=WARN", "cannot read")) > 0 })
+	w := logs.Lines("level=WARN", "cannot read")[0]
+	if strings.Contains(w, "holding no state") || !strings.Contains(w, "resync") {
+		t.Fatalf("after %d answers whose ranks-without-state header read whole, the warning of the unreadable needing-resync header reads %q, want it to name the ranks needing a resync, not those without state", answers.Load(), w)
+	}
+}
+
 // TestUnknownAnswerToAHeartbeatBeforeTheRegistrationIsStale: at start,
 // the first heartbeat goes out beside the first registration; the leader
 // answers it "unknown", and the answer comes back once the registration
