@@ -397,7 +397,7 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 	req := eventplane.HeartbeatRequest(a.cfg.HeartbeatSubject, []uint64{a.cfg.Worker})
 	plain := &nats.Msg{Subject: req.Subject, Data: req.Data}
 	synced := make([]uint64, len(a.ranks))
-	warned, unreadable := false, false
+	warned, unreadable, resyncUnreadable := false, false, false
 	var failing heartbeatFailures
 	for {
 		for i, r := range a.ranks {
@@ -420,6 +420,11 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 				unreadable = true // a router of a later build answers so each time
 				a.log.Warn("cannot read every rank the router names as holding no state of; they are skipped, and the answer is taken all the same",
 					"worker", a.cfg.Worker, "err", ans.Unreadable)
+			}
+			if err == nil && ans.ResyncUnreadable != nil && !resyncUnreadable {
+				resyncUnreadable = true // likewise, warned once apart from the other header
+				a.log.Warn("cannot read every rank the router names as needing a resync; they are skipped, and the answer is taken all the same",
+					"worker", a.cfg.Worker, "err", ans.ResyncUnreadable)
 			}
 			switch {
 			case err != nil: // nothing learned

@@ -524,6 +524,42 @@ func TestAnUnreadableResyncHeaderIsNotToldAsTheRanksWithoutState(t *testing.T) {
 	}
 }
 
+// TestBothUnreadableRankHeadersAreWarnedOnceEach: answers whose
+// Kvrouter-Ranks-Without-State and Kvrouter-Ranks-Needing-Resync headers
+// both hold a token of another format are warned about once per header,
+// each warning naming its own header, however many such answers come.
+// From a review: the two shared one warning, told as the ranks without
+// state, so the resync header's was never told.
+func TestBothUnreadableRankHeadersAreWarnedOnceEach(t *testing.T) {
+	r := startRouter(t)
+	nc, err := nats.Connect(r.ns.ClientURL())
+	must(t, err)
+	defer nc.Close()
+	var answers atomic.Int32
+	_, err = nc.Subscribe("test.heartbeat", func(m *nats.Msg) {
+		answer := &nats.Msg{Data: eventplane.AppendHeartbeat(nil, nil), Header: nats.Header{
+			"Kvrouter-Ranks-Without-State":  []string{"7/1:tier=g2"},
+			"Kvrouter-Ranks-Needing-Resync": []string{"7/0:tier=g2"},
+		}}
+		_ = m.RespondMsg(answer)
+		answers.Add(1)
+	})
+	must(t, err)
+	must(t, nc.Flush())
+	var logs testlog.Buffer
+	startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
+		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 10000}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	waitFor(t, "five answers", func() bool { return answers.Load() >= 5 })
+	stateless := logs.Lines("level=WARN", "cannot read every rank the router names as holding no state of")
+	resync := logs.Lines("level=WARN", "cannot read every rank the router names as needing a resync")
+	if len(stateless) != 1 || len(resync) != 1 {
+		t.Fatalf("after %d answers whose two rank headers each hold an unreadable rank: %d warnings of the ranks without state, %d of the ranks needing a resync, want 1 each", answers.Load(), len(stateless), len(resync))
+	}
+	if !strings.Contains(stateless[0], "Kvrouter-Ranks-Without-State") || !strings.Contains(resync[0], "Kvrouter-Ranks-Needing-Resync") {
+		t.Fatalf("the warnings name other headers than their own: %q, %q", stateless[0], resync[0])
+	}
+}
+
 // TestUnknownAnswerToAHeartbeatBeforeTheRegistrationIsStale: at start,
 // the first heartbeat goes out beside the first registration; the leader
 // answers it "unknown", and the answer comes back once the registration

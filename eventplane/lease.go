@@ -132,16 +132,24 @@ type HeartbeatAnswer struct {
 	// answer says nothing of the ranks' state.
 	Named bool
 	// Unreadable is an error wrapping ErrMalformed that names the first
-	// rank of the header that could not be read (a format of a later
-	// build), nil when there is none. The ranks that could be read are
-	// in Stateless all the same, and the body decides liveness.
+	// rank of headerRanksWithoutState that could not be read (a format of
+	// a later build), nil when there is none. The ranks that could be
+	// read are in Stateless all the same, and the body decides liveness.
 	Unreadable error
+	// ResyncUnreadable is the same of headerRanksNeedingResync: it names
+	// the first rank of that header that could not be read, nil when
+	// there is none. The ranks that could be read are in Resync all the
+	// same; it leaves Named and Unreadable alone, which say what the
+	// router lost, not what it asks to have resynced.
+	ResyncUnreadable error
 }
 
 // DecodeHeartbeatAnswer reads the leader's answer to a heartbeat. Its
-// error is the body's only: a rank of the header that cannot be read is
-// skipped (HeartbeatAnswer.Unreadable), so that a header of a later
-// format never hides the body, which every build reads the same way.
+// error is the body's only: a rank of a header that cannot be read is
+// skipped (HeartbeatAnswer.Unreadable for headerRanksWithoutState,
+// HeartbeatAnswer.ResyncUnreadable for headerRanksNeedingResync), so
+// that a header of a later format never hides the body, which every
+// build reads the same way.
 func DecodeHeartbeatAnswer(m *nats.Msg) (HeartbeatAnswer, error) {
 	var a HeartbeatAnswer
 	var err error
@@ -149,16 +157,12 @@ func DecodeHeartbeatAnswer(m *nats.Msg) (HeartbeatAnswer, error) {
 	if err != nil {
 		return HeartbeatAnswer{}, err
 	}
-	var bad error // of the resync header, which leaves Named alone
 	if v := m.Header.Values(headerRanksNeedingResync); len(v) > 0 {
-		a.Resync = readRanks(v[0], headerRanksNeedingResync, &bad)
+		a.Resync = readRanks(v[0], headerRanksNeedingResync, &a.ResyncUnreadable)
 	}
 	if v := m.Header.Values(headerRanksWithoutState); len(v) > 0 {
 		a.Stateless = readRanks(v[0], headerRanksWithoutState, &a.Unreadable)
 		a.Named = a.Unreadable == nil
-	}
-	if a.Unreadable == nil {
-		a.Unreadable = bad
 	}
 	return a, nil
 }
