@@ -795,6 +795,47 @@ func TestAnAckWithoutResyncCancelsAHeldBackAsk(t *testing.T) {
 	}
 }
 
+// TestRouterAsksResyncIsHeldBackToOncePerInterval pins RouterAsksResync's
+// throttle (docs/events.md: "at most once per RouterResyncEvery"): the
+// first ask dumps the rank at once; asks within the interval of it dump
+// nothing then and return false, however many come, and the rank is
+// dumped once more at the interval's end, though it sends nothing
+// meanwhile.
+func TestRouterAsksResyncIsHeldBackToOncePerInterval(t *testing.T) {
+	nc := ackingLeader(t, func(uint64) bool { return false })
+	const every = time.Second
+	p, err := NewPublisher(PublisherConfig{Conn: nc, Logger: quiet, RouterResyncEvery: every,
+		Dump: func(kvevent.Rank) ([]kvevent.Event, uint64) { return nil, 1 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	r := kvevent.Rank{Worker: 1}
+	if !p.RouterAsksResync(r) {
+		t.Fatal("the router's first ask did not dump the rank at once")
+	}
+	start := time.Now()
+	waitFor(t, 10*time.Second, "the dump asked for", func() bool { return val(p.m.dumps) == 1 })
+	for i := 0; i < 20; i++ {
+		if p.RouterAsksResync(r) {
+			t.Fatalf("ask %d, %v after the first, dumped the rank again within RouterResyncEvery (%v)", i+2, time.Since(start), every)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // a dump asked by the last ask is taken
+	if got, since := val(p.m.dumps), time.Since(start); got != 1 && since < every {
+		t.Fatalf("%v dumps %v after the first of 21 asks, want 1 within RouterResyncEvery (%v)", got, since, every)
+	}
+	waitFor(t, 10*time.Second, "the held-back dump at the interval's end", func() bool { return val(p.m.dumps) == 2 })
+	if since := time.Since(start); since < every-100*time.Millisecond {
+		t.Fatalf("the held-back ask dumped the rank %v after the first, want it at RouterResyncEvery (%v)", since, every)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if got := val(p.m.dumps); got != 2 {
+		t.Fatalf("%v dumps after the held-back one, want 2: the asks within the interval dumped once at its end", got)
+	}
+}
+
 // TestPublishCountsARefusal: a Publish refused for a full buffer counts
 // in kvagent_events_publish_full_total.
 func TestPublishCountsARefusal(t *testing.T) {

@@ -1,0 +1,64 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/eventplane"
+	"github.com/kvrouter/kvrouter/internal/testlog"
+	"github.com/kvrouter/kvrouter/raftfsm"
+	"github.com/nats-io/nats.go"
+)
+
+// answerNeedingResync answers every heartbeat on subject, on r's NATS,
+// with a body that knows every worker and a Kvrouter-Ranks-Needing-Resync
+// header of ranks (the Kvrouter-Ranks-Without-State header empty), and
+// returns the count of answers sent.
+func answerNeedingResync(t *testing.T, r *router, subject, ranks string) *atomic.Int32 {
+	t.Helper()
+	nc, err := nats.Connect(r.ns.ClientURL())
+	must(t, err)
+	t.Cleanup(nc.Close)
+	var answers atomic.Int32
+	_, err = nc.Subscribe(subject, func(m *nats.Msg) {
+		_ = m.RespondMsg(&nats.Msg{Data: eventplane.AppendHeartbeat(nil, nil), Header: nats.Header{
+			"Kvrouter-Ranks-Without-State":  []string{""},
+			"Kvrouter-Ranks-Needing-Resync": []string{ranks},
+		}})
+		answers.Add(1)
+	})
+	must(t, err)
+	must(t, nc.Flush())
+	return &answers
+}
+
+// TestRouterAskedResyncsAreHeldBackToOncePerInterval pins docs/events.md:
+// a rank the heartbeats' answers name as needing a resync is dumped "at
+// most once per RouterResyncEvery, 5 minutes", as an ack's resync is,
+// not at every answer: a router that names it at every heartbeat (its
+// flag cleared only by a dump it applies, which may take a while, or a
+// router of a later build) would otherwise have the rank dumped every
+// heartbeat interval.
+func TestRouterAskedResyncsAreHeldBackToOncePerInterval(t *testing.T) {
+	r := startRouter(t)
+	must(t, r.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 7, BlockSize: 4, DPRanks: []uint32{0}}))
+	answers := answerNeedingResync(t, r, "test.heartbeat", "7/0")
+	var logs testlog.Buffer
+	a, _ := startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	// The start's dump, then the one the router asked for.
+	waitFor(t, "the rank dumped for the router's ask", func() bool { return a.Publisher().Synced(rank) >= 2 })
+	n := answers.Load()
+	waitFor(t, "20 more answers naming the rank", func() bool { return answers.Load() >= n+20 })
+	time.Sleep(100 * time.Millisecond) // a dump asked at the last answer is taken
+	if got := a.Publisher().Synced(rank); got != 2 {
+		t.Fatalf("%d dumps of the rank taken after %d answers naming it as needing a resync (%d after the first dump for them), want 2 (the start's and one for the answers): dumped again within RouterResyncEvery (5 minutes)",
+			got, answers.Load(), answers.Load()-n)
+	}
+	if got := len(logs.Lines("level=INFO", "the router flags ranks as needing a resync")); got != 1 {
+		t.Fatalf("%d Info lines of the router flagging ranks, want 1", got)
+	}
+}
