@@ -3,12 +3,14 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/internal/testlog"
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 )
@@ -60,5 +62,39 @@ func TestRouterAskedResyncsAreHeldBackToOncePerInterval(t *testing.T) {
 	}
 	if got := len(logs.Lines("level=INFO", "the router flags ranks as needing a resync")); got != 1 {
 		t.Fatalf("%d Info lines of the router flagging ranks, want 1", got)
+	}
+}
+
+// TestRouterAskedResyncsOfOtherRanksAreIgnored: a heartbeat's answer that
+// names, beside one of the agent's own ranks (it follows 7/1 and 7/2),
+// ranks it does not follow (7/0 below its first, 7/3 past its last, 8/1
+// of another worker) as needing a resync has its own rank dumped, and no
+// other: the publisher's dump of a rank the agent does not follow (its
+// mirror holds nothing of it) would replace that rank's state on the
+// router with nothing. Worker 8 is registered, so that a dump of its rank
+// would be taken.
+func TestRouterAskedResyncsOfOtherRanksAreIgnored(t *testing.T) {
+	r := startRouter(t)
+	must(t, r.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 7, BlockSize: 4, DPRanks: []uint32{1, 2}}))
+	must(t, r.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 8, BlockSize: 4, DPRanks: []uint32{0, 1}}))
+	answers := answerNeedingResync(t, r, "test.heartbeat", "7/0 8/1 7/1 7/3")
+	var logs testlog.Buffer
+	// Connected to ports no engine listens on: no engine events.
+	a, _ := startAgentWith(t, r, Config{Endpoint: "tcp://127.0.0.1:9", DPStart: 1, DPRanks: 2,
+		HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	own := kvevent.Rank{Worker: 7, DP: 1}
+	waitFor(t, "the agent's rank 7/1 dumped for the router's ask", func() bool { return a.Publisher().Synced(own) >= 2 })
+	n := answers.Load()
+	waitFor(t, "5 more answers", func() bool { return answers.Load() >= n+5 })
+	time.Sleep(100 * time.Millisecond)
+	for _, o := range []kvevent.Rank{{Worker: 7, DP: 0}, {Worker: 8, DP: 1}, {Worker: 7, DP: 3}} {
+		if got := a.Publisher().Synced(o); got != 0 {
+			t.Errorf("%d dumps of rank %v taken, a rank the agent does not follow (it follows 7/1 and 7/2): the router's state of it replaced by an empty dump", got, o)
+		}
+	}
+	lines := logs.Lines("level=INFO", "the router flags ranks as needing a resync")
+	if len(lines) != 1 || !strings.Contains(lines[0], "ranks=1 ") || !strings.Contains(lines[0], "first=7/1") {
+		t.Fatalf("the router's flagging logged as %q, want one line of 1 rank, 7/1 (the others named are not the agent's)", lines)
 	}
 }
