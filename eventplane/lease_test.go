@@ -939,6 +939,19 @@ func TestDecodeHeartbeatAnswer(t *testing.T) {
 			t.Errorf("rank %q: %+v (%v), want unknown [3], without state [7/0 9/2], not named, Unreadable ErrMalformed", v, ans, err)
 		}
 	}
+	// A rank of the needing-resync header that cannot be read is skipped
+	// and reported apart: it leaves Named, Stateless and Unreadable, which
+	// say what the router lost, alone.
+	for _, v := range []string{"7", "7/", "x/1", "7/4294967296", "8/1:tier=g2"} {
+		m := &nats.Msg{Data: AppendHeartbeat(nil, nil), Header: nats.Header{headerRanksWithoutState: []string{"5/0"},
+			headerRanksNeedingResync: []string{"7/0 " + v + " 9/2"}}}
+		ans, err := DecodeHeartbeatAnswer(m)
+		if err != nil || !errors.Is(ans.ResyncUnreadable, ErrMalformed) || ans.Unreadable != nil || !ans.Named ||
+			!slices.Equal(ans.Stateless, []kvevent.Rank{{Worker: 5, DP: 0}}) ||
+			!slices.Equal(ans.Resync, []kvevent.Rank{{Worker: 7, DP: 0}, {Worker: 9, DP: 2}}) {
+			t.Errorf("needing-resync rank %q: %+v (%v), want needing a resync [7/0 9/2], ResyncUnreadable ErrMalformed, without state [5/0], named, Unreadable nil", v, ans, err)
+		}
+	}
 	m := &nats.Msg{Data: []byte{1, 2, 3}, Header: nats.Header{headerRanksWithoutState: []string{"7/0"}}}
 	if _, err := DecodeHeartbeatAnswer(m); !errors.Is(err, ErrMalformed) {
 		t.Errorf("a body of 3 bytes: %v, want ErrMalformed", err)
