@@ -159,3 +159,71 @@ func TestSGLangSaltedStoreIsIndexed(t *testing.T) {
 		})
 	}
 }
+
+// TestSGLangMetadataMapIsReadOnlyWhereLoraNameGoes pins that the array
+// encoding takes a map, SGLang's BlockStoredWithMetadata's metadata, only in
+// the lora_name position of a BlockStored (TestSGLangSaltedStoreIsIndexed):
+// a map in any other position of a BlockStored or a BlockRemoved is a bad
+// field, the event skipped (a map as medium read as the device tier, the
+// event indexed there, and a map as extra_keys or group_idx taken for
+// salted or the main group, each indexed a store or applied a remove no
+// engine wrote). Two positions are opaque (doc.go, rule 1): lora_id, read
+// only for its presence, takes any value, so a map there is a LoRA without
+// a name, a store skipped as such; extra_keys, read only as an array of
+// entries, takes any other value as none, so a store with a map there is
+// indexed, but not as salted (no ExtraKeyBlocks).
+func TestSGLangMetadataMapIsReadOnlyWhereLoraNameGoes(t *testing.T) {
+	meta := omap{"cache_salt", "tenant-a"}
+	toks := tokens(0, 32)
+	storedAt := func(pos int) []any {
+		ev := []any{"BlockStored", []uint64{1, 2}, nil, toks, 16, nil, "GPU", nil, nil, 0, "full_attention"}
+		ev[pos] = meta
+		return ev
+	}
+	removedAt := func(pos int) []any {
+		ev := []any{"BlockRemoved", []uint64{1, 2}, "GPU", 0}
+		ev[pos] = meta
+		return ev
+	}
+	cases := map[string]struct {
+		ev   []any
+		want Reason
+	}{
+		"stored block_hashes":       {storedAt(1), ReasonBadField},
+		"stored parent_block_hash":  {storedAt(2), ReasonBadField},
+		"stored token_ids":          {storedAt(3), ReasonBadField},
+		"stored block_size":         {storedAt(4), ReasonBadField},
+		"stored lora_id":            {storedAt(5), ReasonUnnamedLoRA},
+		"stored medium":             {storedAt(6), ReasonBadField},
+		"stored group_idx":          {storedAt(9), ReasonBadField},
+		"stored kv_cache_spec_kind": {storedAt(10), ReasonBadField},
+		"removed block_hashes":      {removedAt(1), ReasonBadField},
+		"removed medium":            {removedAt(2), ReasonBadField},
+		"removed group_idx":         {removedAt(3), ReasonBadField},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			d := newTestDecoder(t, Config{Rank: rank})
+			got := decode(t, d, in(t, c.ev))
+			if s := d.Stats(); s.Emitted != 0 || s.Skipped[c.want] != 1 || len(got) != 0 {
+				t.Fatalf("a map as %s: emitted %d (%v), skipped by reason %v, want it skipped by reason %d only (the map is read only where lora_name goes)",
+					name, s.Emitted, got, s.Skipped, c.want)
+			}
+		})
+	}
+	t.Run("stored extra_keys", func(t *testing.T) {
+		d := newTestDecoder(t, Config{Rank: rank})
+		decode(t, d, in(t, storedAt(8)))
+		if s := d.Stats(); s.Emitted != 1 || s.ExtraKeyBlocks != 0 {
+			t.Fatalf("a map as extra_keys: emitted %d, ExtraKeyBlocks %d, skipped by reason %v, want it emitted with no extra-key blocks (extra_keys opaque, the map read as salted only where lora_name goes)",
+				s.Emitted, s.ExtraKeyBlocks, s.Skipped)
+		}
+	})
+	// The same events with the map where lora_name goes, or without it,
+	// are indexed: what is skipped above is the map's position.
+	d := newTestDecoder(t, Config{Rank: rank})
+	decode(t, d, in(t, storedAt(7), []any{"BlockRemoved", []uint64{1, 2}, "GPU", 0}))
+	if s := d.Stats(); s.Emitted != 2 {
+		t.Fatalf("the store with the map where lora_name goes and the remove: emitted %d, skipped by reason %v, want both", s.Emitted, s.Skipped)
+	}
+}
