@@ -490,6 +490,33 @@ func TestUnreadableRankHeaderDoesNotHideAnUnknownAnswer(t *testing.T) {
 	}
 }
 
+// agentWithRankHeaders starts an agent whose heartbeats a stand-in
+// router answers with the Kvrouter-Ranks-Without-State header stateless
+// and the Kvrouter-Ranks-Needing-Resync header resync, and returns the
+// count of answers sent and the agent's log.
+func agentWithRankHeaders(t *testing.T, stateless, resync string) (*atomic.Int32, *testlog.Buffer) {
+	t.Helper()
+	r := startRouter(t)
+	nc, err := nats.Connect(r.ns.ClientURL())
+	must(t, err)
+	t.Cleanup(nc.Close)
+	answers := new(atomic.Int32)
+	_, err = nc.Subscribe("test.heartbeat", func(m *nats.Msg) {
+		answer := &nats.Msg{Data: eventplane.AppendHeartbeat(nil, nil), Header: nats.Header{
+			"Kvrouter-Ranks-Without-State":  []string{stateless},
+			"Kvrouter-Ranks-Needing-Resync": []string{resync},
+		}}
+		_ = m.RespondMsg(answer)
+		answers.Add(1)
+	})
+	must(t, err)
+	must(t, nc.Flush())
+	logs := new(testlog.Buffer)
+	startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
+		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 10000}, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	return answers, logs
+}
+
 // TestAnUnreadableResyncHeaderIsNotToldAsTheRanksWithoutState pins that
 // an answer whose Kvrouter-Ranks-Without-State header reads whole (empty:
 // the router holds state of every rank) and whose
@@ -499,24 +526,7 @@ func TestUnreadableRankHeaderDoesNotHideAnUnknownAnswer(t *testing.T) {
 // no state of, which the answer named in full: an operator reading the
 // warning looks for lost state that is not lost.
 func TestAnUnreadableResyncHeaderIsNotToldAsTheRanksWithoutState(t *testing.T) {
-	r := startRouter(t)
-	nc, err := nats.Connect(r.ns.ClientURL())
-	must(t, err)
-	defer nc.Close()
-	var answers atomic.Int32
-	_, err = nc.Subscribe("test.heartbeat", func(m *nats.Msg) {
-		answer := &nats.Msg{Data: eventplane.AppendHeartbeat(nil, nil), Header: nats.Header{
-			"Kvrouter-Ranks-Without-State":  []string{""},
-			"Kvrouter-Ranks-Needing-Resync": []string{"7/0:tier=g2"},
-		}}
-		_ = m.RespondMsg(answer)
-		answers.Add(1)
-	})
-	must(t, err)
-	must(t, nc.Flush())
-	var logs testlog.Buffer
-	startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
-		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 10000}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	answers, logs := agentWithRankHeaders(t, "", "7/0:tier=g2")
 	waitFor(t, "a warning of the unreadable header", func() bool { return len(logs.Lines("level=WARN", "cannot read")) > 0 })
 	w := logs.Lines("level=WARN", "cannot read")[0]
 	if strings.Contains(w, "holding no state") || !strings.Contains(w, "resync") {
@@ -531,24 +541,7 @@ func TestAnUnreadableResyncHeaderIsNotToldAsTheRanksWithoutState(t *testing.T) {
 // From a review: the two shared one warning, told as the ranks without
 // state, so the resync header's was never told.
 func TestBothUnreadableRankHeadersAreWarnedOnceEach(t *testing.T) {
-	r := startRouter(t)
-	nc, err := nats.Connect(r.ns.ClientURL())
-	must(t, err)
-	defer nc.Close()
-	var answers atomic.Int32
-	_, err = nc.Subscribe("test.heartbeat", func(m *nats.Msg) {
-		answer := &nats.Msg{Data: eventplane.AppendHeartbeat(nil, nil), Header: nats.Header{
-			"Kvrouter-Ranks-Without-State":  []string{"7/1:tier=g2"},
-			"Kvrouter-Ranks-Needing-Resync": []string{"7/0:tier=g2"},
-		}}
-		_ = m.RespondMsg(answer)
-		answers.Add(1)
-	})
-	must(t, err)
-	must(t, nc.Flush())
-	var logs testlog.Buffer
-	startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
-		Registration: raftfsm.WorkerInfo{BlockSize: 4, LeaseMs: 10000}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	answers, logs := agentWithRankHeaders(t, "7/1:tier=g2", "7/0:tier=g2")
 	waitFor(t, "five answers", func() bool { return answers.Load() >= 5 })
 	stateless := logs.Lines("level=WARN", "cannot read every rank the router names as holding no state of")
 	resync := logs.Lines("level=WARN", "cannot read every rank the router names as needing a resync")

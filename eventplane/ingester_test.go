@@ -1217,29 +1217,11 @@ func TestReceivedEventsAreCountedPerWorker(t *testing.T) {
 	}
 	// From a review: a worker's series stayed after it left, so they
 	// grew with every worker there ever was.
-	series := func(worker string) int {
-		ch := make(chan prometheus.Metric, 64)
-		in.m.received.Collect(ch)
-		close(ch)
-		n := 0
-		for m := range ch {
-			var d dto.Metric
-			if err := m.Write(&d); err != nil {
-				t.Fatal(err)
-			}
-			for _, l := range d.GetLabel() {
-				if l.GetName() == "worker" && l.GetValue() == worker {
-					n++
-				}
-			}
-		}
-		return n
-	}
-	if series("7") != 3 {
-		t.Fatalf("worker 7 has %d series, want 3", series("7"))
+	if receivedSeries(t, in, "7") != 3 {
+		t.Fatalf("worker 7 has %d series, want 3", receivedSeries(t, in, "7"))
 	}
 	in.dropLeftWorkers(map[uint64]raftfsm.WorkerInfo{}) // worker 7 left
-	if n := series("7"); n != 0 {
+	if n := receivedSeries(t, in, "7"); n != 0 {
 		t.Fatalf("worker 7 left and still has %d series", n)
 	}
 }
