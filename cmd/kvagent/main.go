@@ -582,6 +582,14 @@ func registrationHint(err error) string {
 	case ae != nil:
 		return "" // an answer: its text may be a node's forward to its leader
 	}
+	if strings.Contains(err.Error(), "server gave HTTP response to HTTPS client") {
+		// --router-tls-ca given for a node that serves plain HTTP (Go's
+		// transport's text; kvrouter's refusedJoin reads it the same
+		// way). Retried, as a certificate refused is: the node may be
+		// restarted with TLS while the agent runs (a cluster turning TLS
+		// on after its agents were given the CA).
+		return "the router node answers plain HTTP: drop --router-tls-ca, or give the node TLS (kvrouter --tls-cert, --tls-key)"
+	}
 	// The agent's own handshake refused a node's certificate. The agent
 	// retries (a transport error: the router's certificate may be
 	// reissued while it runs), with this in each warning.

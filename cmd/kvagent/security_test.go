@@ -87,6 +87,17 @@ func TestAnUntrustedRouterCertificateNamesTheCAFlag(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	defer srv.Close()
+	r := startKvagent(t, routerArgs(t, strings.TrimPrefix(srv.URL, "https://"), "--router-tls-ca", anotherCA(t))...)
+	waitFor(t, "a failed registration logged", func() bool { return r.logs.has("registering the worker failed") })
+	if !r.logs.has("--router-tls-ca") {
+		t.Fatalf("the agent's log says nothing of --router-tls-ca for a certificate it does not trust:\n%s", r.logs)
+	}
+}
+
+// anotherCA writes a CA's certificate, one that signed no server's, to a
+// file for --router-tls-ca and returns its path.
+func anotherCA(t *testing.T) string {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -102,10 +113,32 @@ func TestAnUntrustedRouterCertificateNamesTheCAFlag(t *testing.T) {
 	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r := startKvagent(t, routerArgs(t, strings.TrimPrefix(srv.URL, "https://"), "--router-tls-ca", ca)...)
+	return ca
+}
+
+// TestAPlainHTTPRouterReachedWithTheCANamesTheMismatch: --router-tls-ca
+// given for a node that serves plain HTTP fails each registration's
+// handshake ("server gave HTTP response to HTTPS client"); the agent
+// retries (a transport error, as a certificate refused: the node may be
+// restarted with TLS while the agent runs, as when a cluster turns TLS on
+// with its agents given the CA first) and each warning's hint says what
+// is wrong, as kvrouter --join's refusedJoin does: the node answers plain
+// HTTP. From a review: the warning carried Go's text only.
+func TestAPlainHTTPRouterReachedWithTheCANamesTheMismatch(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	r := startKvagent(t, routerArgs(t, strings.TrimPrefix(srv.URL, "http://"), "--router-tls-ca", anotherCA(t))...)
 	waitFor(t, "a failed registration logged", func() bool { return r.logs.has("registering the worker failed") })
-	if !r.logs.has("--router-tls-ca") {
-		t.Fatalf("the agent's log says nothing of --router-tls-ca for a certificate it does not trust:\n%s", r.logs)
+	if !r.logs.has("answers plain HTTP") || !r.logs.has("drop --router-tls-ca") {
+		t.Fatalf("the agent's log does not say that the router node answers plain HTTP while --router-tls-ca is given:\n%s", r.logs)
+	}
+	select {
+	case err := <-r.done:
+		r.done <- err
+		t.Fatalf("the agent stopped (%v) on a router node that answers plain HTTP, want it retrying (the node may get TLS):\n%s", err, r.logs)
+	default:
 	}
 }
 
