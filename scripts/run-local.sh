@@ -36,7 +36,14 @@ cd "$(dirname "$0")/.."
 whole() {
   [[ $1 =~ ^[0-9]{1,9}$ ]] && [ $((10#$1)) -ge "$2" ] && [ $((10#$1)) -le "$3" ]
 }
-if ! whole "${KVROUTER_RUN_REQUESTS:-600}" 0 999999999; then
+# KVROUTER_RUN_REQUESTS is read by a replay only: with
+# KVROUTER_RUN_REPLAY=0, or no trace (the run then serves routes without
+# one), a value nothing uses refuses nothing. KVROUTER_RUN_WORKERS is
+# checked always (it sizes the agents and the ports checked below).
+trace=${KVROUTER_RUN_TRACE:-traces/mooncake_synthetic_trace.jsonl}
+replay=0
+[ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && [ -f "$trace" ] && replay=1
+if [ "$replay" = 1 ] && ! whole "${KVROUTER_RUN_REQUESTS:-600}" 0 999999999; then
   echo "KVROUTER_RUN_REQUESTS=${KVROUTER_RUN_REQUESTS}: want a whole number, the requests to replay (0: the whole trace)" >&2
   exit 2
 fi
@@ -44,7 +51,8 @@ if ! whole "${KVROUTER_RUN_WORKERS:-4}" 1 100; then
   echo "KVROUTER_RUN_WORKERS=${KVROUTER_RUN_WORKERS}: want a whole number from 1 to 100, the simulated workers (engine wires on ports 5600+, replays on 5700+)" >&2
   exit 2
 fi
-requests=$((10#${KVROUTER_RUN_REQUESTS:-600}))
+requests=0
+[ "$replay" = 1 ] && requests=$((10#${KVROUTER_RUN_REQUESTS:-600}))
 workers=$((10#${KVROUTER_RUN_WORKERS:-4}))
 
 make -s build
@@ -195,12 +203,11 @@ echo
 ./bin/kvctl --endpoints "$endpoints" status || echo "(kvctl status failed: see above; going on)"
 echo
 
-trace=${KVROUTER_RUN_TRACE:-traces/mooncake_synthetic_trace.jsonl}
 if [ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && [ ! -f "$trace" ]; then
   echo "no trace at $trace (set KVROUTER_RUN_TRACE to a Mooncake JSONL file): serving routes without a replay"
   echo
 fi
-if [ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && [ -f "$trace" ]; then
+if [ "$replay" = 1 ]; then
   blocksize=16                     # kvsim's v1 block size
   capacity=$((1000000 / blocksize)) # kvsim's v1 capacity (1,000,000 tokens), in blocks
   natsurls="nats://127.0.0.1:4221,nats://127.0.0.1:4222,nats://127.0.0.1:4223"

@@ -712,3 +712,36 @@ func TestRunLocalRefusedRunNeitherStopsNorAdvisesRm(t *testing.T) {
 		t.Errorf("a run refused before it started anything tells the operator it stopped and to rm -rf the data directory (another run's):\n%s", log)
 	}
 }
+
+// KVROUTER_RUN_REQUESTS sizes the replay only: with KVROUTER_RUN_REPLAY=0,
+// or no trace at KVROUTER_RUN_TRACE (the run then serves routes without a
+// replay), nothing reads it, yet a bad value refused the run (status 2).
+// Pinned: such a run starts and serves routes whatever the value, and
+// KVROUTER_RUN_WORKERS, which sizes the agents, is still checked with the
+// replay off. From a review.
+func TestRunLocalChecksTheRequestsOnlyForAReplay(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		env  []string
+	}{
+		{"replay-off", []string{"KVROUTER_RUN_REPLAY=0", "KVROUTER_RUN_REQUESTS=abc"}},
+		{"no-trace", []string{"KVROUTER_RUN_TRACE=traces/none.jsonl", "KVROUTER_RUN_REQUESTS=-1"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := startFakeRunWith(t, "#!/bin/bash\nexit 0\n", "#!/bin/bash\nexit 0\n", func(_ string, cmd *exec.Cmd) {
+				cmd.Env = append(cmd.Env, c.env...)
+			})
+			var log []string
+			r.waitFor(t, "serving routes", &log)
+		})
+	}
+	t.Run("workers-with-the-replay-off", func(t *testing.T) {
+		var out string
+		env := []string{"KVROUTER_RUN_REPLAY=0", "KVROUTER_RUN_WORKERS=abc"}
+		r := startFakeRunWith(t, "#!/bin/bash\nexit 0\n", "#!/bin/bash\nexit 0\n", toFile(&out, env...))
+		log := waitEnd(t, r, out, strings.Join(env, " "))
+		if code := r.cmd.ProcessState.ExitCode(); code != 2 || !strings.Contains(log, "KVROUTER_RUN_WORKERS") {
+			t.Errorf("%s: exit status %d, want 2 naming KVROUTER_RUN_WORKERS:\n%s", env, code, log)
+		}
+	})
+}
