@@ -55,6 +55,19 @@ requests=0
 [ "$replay" = 1 ] && requests=$((10#${KVROUTER_RUN_REQUESTS:-600}))
 workers=$((10#${KVROUTER_RUN_WORKERS:-4}))
 
+# interrupted ends a run stopped (Ctrl-C, SIGTERM) before it started
+# anything: status 130, as a shell's for a Ctrl-C, with nothing to stop.
+interrupted() {
+  trap '' INT TERM HUP
+  trap - EXIT
+  echo "make run: interrupted before anything started" >&2
+  exit 130
+}
+# Set before the build: without it a Ctrl-C during the build ended the
+# script with it, saying nothing, and a build that finished anyway (a
+# child that handles SIGINT) went on to start the cluster. bash runs the
+# trap once the build has ended.
+trap interrupted INT TERM HUP
 make -s build
 base=${KVROUTER_RUN_DIR:-data}
 mkdir -p "$base"
@@ -92,10 +105,15 @@ stop_all() {
   done
 }
 
-# stop ends the run: status 0 on Ctrl-C or SIGTERM (a clean stop), and
-# the script's own status when it ends by itself (a failure stays one).
+# stop ends the run: status 0 on Ctrl-C or SIGTERM (a clean stop; 130,
+# interrupted, before it started a node), and the script's own status
+# when it ends by itself (a failure stays one).
 stop() {
   local code=${1:-0}
+  if [ "$code" = signal ]; then
+    [ "$started" = 0 ] && interrupted
+    code=0
+  fi
   # Ignored, not reset to their default: a second Ctrl-C while the agents
   # stop would kill the script before it has stopped the nodes, which run
   # in sessions of their own and would go on holding their ports.
@@ -121,7 +139,7 @@ stop() {
   echo "stopped; data kept in $base/ (rm -rf $base to start afresh)"
   exit "$code"
 }
-trap 'stop 0' INT TERM HUP
+trap 'stop signal' INT TERM HUP
 trap 'stop $?' EXIT
 
 # Every port this run listens on must be free: a node that cannot bind

@@ -745,3 +745,42 @@ func TestRunLocalChecksTheRequestsOnlyForAReplay(t *testing.T) {
 		}
 	})
 }
+
+// A Ctrl-C while `make run` builds (its `make -s build`, before the
+// script's traps were installed) ended the script with the build, saying
+// nothing of it, and a build that finished despite the Ctrl-C went on to
+// start the cluster. Pinned: the script exits 130, says that it was
+// interrupted before anything started, and starts no node. A build that
+// sleeps stands in for make build.
+func TestRunLocalCtrlCDuringTheBuildStartsNothing(t *testing.T) {
+	var out string
+	r := startFakeRunWith(t, "#!/bin/bash\nexit 0\n", "#!/bin/bash\nexit 0\n", func(root string, cmd *exec.Cmd) {
+		toFile(&out)(root, cmd)
+		if err := os.WriteFile(filepath.Join(root, "Makefile"), []byte("build:\n\t@touch building; sleep 10\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for _, err := os.Stat(filepath.Join(r.root, "building")); err != nil; _, err = os.Stat(filepath.Join(r.root, "building")) {
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(out)
+			t.Fatalf("the fake build did not start within 10s:\n%s", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	syscall.Kill(-r.cmd.Process.Pid, syscall.SIGINT) // Ctrl-C
+	select {
+	case <-r.done:
+	case <-time.After(5 * time.Second):
+		b, _ := os.ReadFile(out)
+		t.Fatalf("script still running 5s after a Ctrl-C during the build:\n%s", b)
+	}
+	b, _ := os.ReadFile(out)
+	log := string(b)
+	if code := r.cmd.ProcessState.ExitCode(); code != 130 || !strings.Contains(log, "interrupted before anything started") {
+		t.Errorf("a Ctrl-C during the build: %v, want exit status 130 and \"interrupted before anything started\":\n%s", r.cmd.ProcessState, log)
+	}
+	if ps := r.nodePids(); len(ps) > 0 || strings.Contains(log, "waiting for the cluster") {
+		t.Errorf("a Ctrl-C during the build: nodes %v started:\n%s", ps, log)
+	}
+}
