@@ -145,11 +145,10 @@ trap 'stop $?' EXIT
 # Every port this run listens on must be free: a node that cannot bind
 # exits, and another cluster answering on its HTTP port would be taken
 # for it (the replay would then clear that cluster's workers).
-replay_on=0
-[ "${KVROUTER_RUN_REPLAY:-1}" != 0 ] && replay_on=1
+# The agents' ports only when a replay will run (replay, above).
 ports=""
 for i in 1 2 3; do ports+=" $((7100 + i)) $((7180 + i)) $((4220 + i)) $((6220 + i))"; done
-if [ "$replay_on" = 1 ]; then
+if [ "$replay" = 1 ]; then
   for i in $(seq 1 "$workers"); do ports+=" $((5600 + i - 1)) $((5700 + i - 1))"; done
 fi
 for p in $ports; do

@@ -746,6 +746,24 @@ func TestRunLocalChecksTheRequestsOnlyForAReplay(t *testing.T) {
 	})
 }
 
+// TestRunLocalWithoutAReplayLeavesTheAgentsPortsAlone: a run that will
+// replay nothing (no trace at KVROUTER_RUN_TRACE) starts no agent, so the
+// agents' ports (5600+, 5700+) in use do not refuse it. From a review:
+// the port check reserved them whenever KVROUTER_RUN_REPLAY was not 0,
+// the trace missing or not.
+func TestRunLocalWithoutAReplayLeavesTheAgentsPortsAlone(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:5701")
+	if err != nil {
+		t.Skipf("port 5701: %v", err)
+	}
+	defer l.Close()
+	r := startFakeRunWith(t, "#!/bin/bash\nexit 0\n", "#!/bin/bash\nexit 0\n", func(_ string, cmd *exec.Cmd) {
+		cmd.Env = append(cmd.Env, "KVROUTER_RUN_TRACE=traces/none.jsonl", "KVROUTER_RUN_WORKERS=2")
+	})
+	var log []string
+	r.waitFor(t, "serving routes", &log)
+}
+
 // A Ctrl-C while `make run` builds (its `make -s build`, before the
 // script's traps were installed) ended the script with the build, saying
 // nothing of it, and a build that finished despite the Ctrl-C went on to
