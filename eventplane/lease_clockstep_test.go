@@ -4,37 +4,9 @@ import (
 	"slices"
 	"testing"
 	"time"
-	"unsafe"
-)
 
-// wallStepped returns at as this process's clock reads it had the wall
-// clock been stepped by d (whole seconds) before at was read: the same
-// monotonic reading, a wall reading d away, which is what time.Now gives
-// after an NTP step. Go offers no way to build such a value, so it moves
-// the seconds field of the wall word (time.Time's layout: wall, ext, loc;
-// with a monotonic reading, the seconds since 1885 sit above 30 bits of
-// nanoseconds), and checks that it did just that.
-func wallStepped(t *testing.T, at time.Time, d time.Duration) time.Time {
-	t.Helper()
-	if d%time.Second != 0 {
-		t.Fatalf("wallStepped: step %v is not whole seconds", d)
-	}
-	p := (*struct {
-		wall uint64
-		ext  int64
-		loc  *time.Location
-	})(unsafe.Pointer(&at))
-	orig := at
-	if p.wall>>63 == 0 {
-		t.Fatal("wallStepped: the time carries no monotonic reading")
-	}
-	p.wall += uint64(int64(d/time.Second) << 30)
-	if !at.Round(0).Equal(orig.Round(0).Add(d)) || at.Sub(orig) != 0 {
-		t.Fatalf("wallStepped: got wall %v (monotonic offset %v), want wall %v, same monotonic reading",
-			at.Round(0), at.Sub(orig), orig.Round(0).Add(d))
-	}
-	return at
-}
+	"github.com/kvrouter/kvrouter/internal/testclock"
+)
 
 // TestRegistrationAfterTheLeadersClockSteppedBackKeepsTheWorker: as
 // TestRegistrationWhileAnExpiryWaitsKeepsTheWorker, with the leader's wall
@@ -59,13 +31,13 @@ func TestRegistrationAfterTheLeadersClockSteppedBackKeepsTheWorker(t *testing.T)
 	sweep(in, t0) // first seen, before the step
 	// The leader's clock is stepped back an hour; a lease later (by the
 	// monotonic clock) the sweep finds 7 silent.
-	now := wallStepped(t, time.Now(), -step)
+	now := testclock.WallStepped(t, time.Now(), -step)
 	tg.workersMu.Lock()
 	in.sweepLeases(now) // expired: the removal waits for the lock
 	waitLocking(t, tg)
 	// 7's agent registers it again, under the lock; the leader stamps the
 	// registration with its clock, as it reads after the step.
-	tg.reregister(7, lease, wallStepped(t, time.Now(), -step))
+	tg.reregister(7, lease, testclock.WallStepped(t, time.Now(), -step))
 	tg.workersMu.Unlock()
 	in.cwg.Wait()
 	if r := tg.removedIDs(); len(r) != 0 {

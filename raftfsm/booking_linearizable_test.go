@@ -7,8 +7,6 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -449,22 +447,7 @@ func TestBookingsAreLinearizable(t *testing.T) {
 		}
 	}
 	t.Logf("%d operations, %d acknowledged, %d unanswered (%v)", len(history), acked.Load(), unanswered, errs)
-	model := bookingModel.ToModel()
-	checkStart := time.Now()
-	res, info := porcupine.CheckOperationsVerbose(model, history, time.Minute)
-	t.Logf("porcupine: %v in %v", res, time.Since(checkStart))
-	switch res {
-	case porcupine.Ok:
-	case porcupine.Unknown:
-		t.Fatalf("porcupine gave up within its time limit: no verdict (seed %d, %d operations, %d unanswered)",
-			seed, len(history), unanswered)
-	default:
-		path := filepath.Join(os.TempDir(), fmt.Sprintf("booking-linearizability-%d.html", seed))
-		if err := porcupine.VisualizePath(model, info, path); err != nil {
-			t.Logf("visualize: %v", err)
-		}
-		t.Fatalf("the bookings' answers are not linearizable (seed %d); history in %s", seed, path)
-	}
+	checkLinearizable(t, bookingModel.ToModel(), history, "booking", "the bookings' answers", seed, unanswered)
 }
 
 // firstWords is an error's first words, to count errors by kind.

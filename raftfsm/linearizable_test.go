@@ -238,25 +238,32 @@ func TestIngestIsLinearizable(t *testing.T) {
 	}
 	t.Logf("%d operations, %d acknowledged, %d unanswered; cursors %d and %d",
 		len(history), acked.Load(), unanswered, c.nodes[0].Cursor(r1), c.nodes[0].Cursor(r2))
+	checkLinearizable(t, ingestModel, history, "ingest", "the acknowledgements", seed, unanswered)
+}
+
+// checkLinearizable checks history against model with porcupine and fails
+// t unless it is linearizable: what names the answers checked, name the
+// HTML visualisation of a failing history (name-linearizability-SEED.html
+// in the temporary directory). A search that runs out of time says nothing
+// either way, so it fails the test, in CI too: the histories stay small
+// (operations left unanswered, which make the search grow, come from the
+// leader crashes, about one a client a crash), and a check takes
+// milliseconds against the minute allowed.
+func checkLinearizable(t *testing.T, model porcupine.Model, history []porcupine.Operation, name, what string, seed uint64, unanswered int) {
+	t.Helper()
 	checkStart := time.Now()
-	res, info := porcupine.CheckOperationsVerbose(ingestModel, history, time.Minute)
+	res, info := porcupine.CheckOperationsVerbose(model, history, time.Minute)
 	t.Logf("porcupine: %v in %v", res, time.Since(checkStart))
 	switch res {
 	case porcupine.Ok:
 	case porcupine.Unknown:
-		// A search that runs out of time says nothing either way, so it
-		// fails the test, in CI too. The search stays small: the history is
-		// checked rank by rank (ingestModel.Partition), and what makes it
-		// grow, operations left unanswered (open to the end), come from
-		// the leader crashes, about one a client a crash (12 here); the
-		// check takes a few milliseconds against the minute allowed.
 		t.Fatalf("porcupine gave up within its time limit: no verdict (seed %d, %d operations, %d unanswered)",
 			seed, len(history), unanswered)
 	default:
-		path := filepath.Join(os.TempDir(), fmt.Sprintf("ingest-linearizability-%d.html", seed))
-		if err := porcupine.VisualizePath(ingestModel, info, path); err != nil {
+		path := filepath.Join(os.TempDir(), fmt.Sprintf("%s-linearizability-%d.html", name, seed))
+		if err := porcupine.VisualizePath(model, info, path); err != nil {
 			t.Logf("visualize: %v", err)
 		}
-		t.Fatalf("the acknowledgements are not linearizable (seed %d); history in %s", seed, path)
+		t.Fatalf("%s are not linearizable (seed %d); history in %s", what, seed, path)
 	}
 }

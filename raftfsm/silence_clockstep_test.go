@@ -3,38 +3,9 @@ package raftfsm
 import (
 	"testing"
 	"time"
-	"unsafe"
-)
 
-// wallStepped returns t as this process's clock reads it had the wall
-// clock been stepped by d (whole seconds) before t was read: the same
-// monotonic reading, a wall reading d away. That is what time.Now gives
-// after an NTP step (or an operator's date -s): the wall reading moves,
-// the monotonic one does not. Go offers no way to build such a value, so
-// it moves the seconds field of the wall word (time.Time's layout: wall,
-// ext, loc; with a monotonic reading, the seconds since 1885 sit above
-// the 30 bits of nanoseconds), and checks that it did just that.
-func wallStepped(t *testing.T, at time.Time, d time.Duration) time.Time {
-	t.Helper()
-	if d%time.Second != 0 {
-		t.Fatalf("wallStepped: step %v is not whole seconds", d)
-	}
-	p := (*struct {
-		wall uint64
-		ext  int64
-		loc  *time.Location
-	})(unsafe.Pointer(&at))
-	orig := at
-	if p.wall>>63 == 0 {
-		t.Fatal("wallStepped: the time carries no monotonic reading")
-	}
-	p.wall += uint64(int64(d/time.Second) << 30)
-	if !at.Round(0).Equal(orig.Round(0).Add(d)) || at.Sub(orig) != 0 {
-		t.Fatalf("wallStepped: got wall %v (monotonic offset %v), want wall %v, same monotonic reading",
-			at.Round(0), at.Sub(orig), orig.Round(0).Add(d))
-	}
-	return at
-}
+	"github.com/kvrouter/kvrouter/internal/testclock"
+)
 
 // TestSilenceAfterTheNodesClockSteppedBack: a node's wall clock is
 // stepped back (an NTP correction, typically at boot: the clock had run
@@ -60,7 +31,7 @@ func TestSilenceAfterTheNodesClockSteppedBack(t *testing.T) {
 	// The instant judged: 2·SilentAfter from now by the monotonic clock
 	// (well past SilentAfter since the node's start), on a wall clock
 	// stepped back by an hour since the node started.
-	judged := wallStepped(t, time.Now().Add(2*silentAfter), -step)
+	judged := testclock.WallStepped(t, time.Now().Add(2*silentAfter), -step)
 	// The rank's events, stamped by the leader (this node) a second before
 	// the judged instant, by its clock as it reads after the step.
 	heard := judged.Add(-time.Second)
