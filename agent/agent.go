@@ -443,7 +443,7 @@ func (a *Agent) heartbeats(ctx context.Context, stop context.CancelCauseFunc) {
 					a.resyncAll()
 				}
 				a.resyncLost(ans.Stateless, synced)
-				a.resyncAsked(ans.Resync)
+				a.resyncAsked(ans)
 			}
 		}
 		select {
@@ -699,21 +699,35 @@ func (a *Agent) resyncLost(stateless []kvevent.Rank, synced []uint64) {
 	}
 }
 
-// resyncAsked has the ranks of asked (a heartbeat's answer: the leader
-// flags them as needing a resync) dumped, held back as an ack's Resync is
-// (eventplane.Publisher.RouterAsksResync): an operator restored the
-// router cluster from a snapshot, older than what the engine holds, or
-// the router dropped events it could not place. An idle rank gets no
-// acks, and would never be resynced otherwise.
-func (a *Agent) resyncAsked(asked []kvevent.Rank) {
+// resyncAsked has the ranks of a heartbeat's answer ans that the leader
+// flags as needing a resync (ans.Resync) dumped, held back as an ack's
+// Resync is (eventplane.Publisher.RouterAsksResync): an operator restored
+// the router cluster from a snapshot, older than what the engine holds,
+// or the router dropped events it could not place. An idle rank gets no
+// acks, and would never be resynced otherwise. An answer that names the
+// flagged ranks (ans.ResyncNamed) voids a held-back ask of the agent's
+// ranks it leaves out (eventplane.Publisher.RouterStopsAsking).
+func (a *Agent) resyncAsked(ans eventplane.HeartbeatAnswer) {
 	var dumped []kvevent.Rank
-	for _, r := range asked {
+	var flagged []bool // by index in a.ranks
+	if ans.ResyncNamed {
+		flagged = make([]bool, len(a.ranks))
+	}
+	for _, r := range ans.Resync {
 		i := int64(r.DP) - int64(a.cfg.DPStart) // a.ranks are DPStart on, in order
 		if i < 0 || i >= int64(len(a.ranks)) || a.ranks[i] != r {
 			continue
 		}
+		if flagged != nil {
+			flagged[i] = true
+		}
 		if a.pub.RouterAsksResync(r) {
 			dumped = append(dumped, r)
+		}
+	}
+	for i, f := range flagged {
+		if !f {
+			a.pub.RouterStopsAsking(a.ranks[i])
 		}
 	}
 	if len(dumped) > 0 {

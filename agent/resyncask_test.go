@@ -98,3 +98,55 @@ func TestRouterAskedResyncsOfOtherRanksAreIgnored(t *testing.T) {
 		t.Fatalf("the router's flagging logged as %q, want one line of 1 rank, 7/1 (the others named are not the agent's)", lines)
 	}
 }
+
+// TestAnAnswerThatNoLongerFlagsTheRankVoidsTheHeldBackResync pins
+// docs/events.md: a held-back resync ask is void once the router no
+// longer flags the rank. After an operator's restore the heartbeats'
+// answers name an idle rank until the dump asked for them is applied:
+// answers that come meanwhile hold another dump back to the interval's
+// end, and an answer that names the flagged ranks without this one voids
+// it, as an ack without the flag does. Without that the rank was dumped
+// once more, RouterResyncEvery (5 minutes) after the restore, for
+// nothing.
+func TestAnAnswerThatNoLongerFlagsTheRankVoidsTheHeldBackResync(t *testing.T) {
+	r := startRouter(t)
+	must(t, r.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 7, BlockSize: 4, DPRanks: []uint32{0}}))
+	nc, err := nats.Connect(r.ns.ClientURL())
+	must(t, err)
+	t.Cleanup(nc.Close)
+	var flagged atomic.Bool
+	flagged.Store(true)
+	var answers, cleared atomic.Int32
+	_, err = nc.Subscribe("test.heartbeat", func(m *nats.Msg) {
+		v := ""
+		if flagged.Load() {
+			v = "7/0"
+		} else {
+			cleared.Add(1)
+		}
+		_ = m.RespondMsg(&nats.Msg{Data: eventplane.AppendHeartbeat(nil, nil), Header: nats.Header{
+			"Kvrouter-Ranks-Without-State":  []string{""},
+			"Kvrouter-Ranks-Needing-Resync": []string{v},
+		}})
+		answers.Add(1)
+	})
+	must(t, err)
+	must(t, nc.Flush())
+	const every = 500 * time.Millisecond
+	a, _ := startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
+		Publisher: eventplane.PublisherConfig{RouterResyncEvery: every}})
+	// The start's dump, then the one the router asked for.
+	waitFor(t, "the rank dumped for the router's ask", func() bool { return a.Publisher().Synced(rank) >= 2 })
+	asked := time.Now()
+	// More answers naming it, within the interval: a dump held back.
+	n := answers.Load()
+	waitFor(t, "5 more answers naming the rank", func() bool { return answers.Load() >= n+5 })
+	flagged.Store(false)
+	// Past the interval's end, with answers that no longer flag it.
+	waitFor(t, "the interval's end, twice over, and 5 answers without the flag", func() bool {
+		return time.Since(asked) > 2*every && cleared.Load() >= 5
+	})
+	if got := a.Publisher().Synced(rank); got != 2 {
+		t.Fatalf("%d dumps of the rank taken, want 2 (the start's and one for the answers): the ask held back within RouterResyncEvery (%v) dumped the rank after answers that no longer flag it", got, every)
+	}
+}

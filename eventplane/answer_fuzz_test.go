@@ -54,6 +54,9 @@ func FuzzDecodeHeartbeatAnswer(f *testing.F) {
 				t.Fatalf("the needing-resync header %q changed the ranks without state's reading: named %v, %v, unreadable %v; without it named %v, %v, unreadable %v",
 					rh, a.Named, a.Stateless, a.Unreadable, b.Named, b.Stateless, b.Unreadable)
 			}
+			if a.ResyncNamed != (a.ResyncUnreadable == nil) {
+				t.Fatalf("resync named %v with unreadable %v", a.ResyncNamed, a.ResyncUnreadable)
+			}
 			if a.ResyncUnreadable != nil && !errors.Is(a.ResyncUnreadable, ErrMalformed) {
 				t.Fatalf("resync unreadable %v, not ErrMalformed", a.ResyncUnreadable)
 			}
@@ -63,8 +66,8 @@ func FuzzDecodeHeartbeatAnswer(f *testing.F) {
 					t.Fatalf("resync %q: %v re-read as %v (%v)", rh, a.Resync, b.Resync, err)
 				}
 			}
-		} else if a.Resync != nil || a.ResyncUnreadable != nil {
-			t.Fatalf("no needing-resync header but resync %v, unreadable %v", a.Resync, a.ResyncUnreadable)
+		} else if a.Resync != nil || a.ResyncUnreadable != nil || a.ResyncNamed {
+			t.Fatalf("no needing-resync header but resync %v, unreadable %v, named %v", a.Resync, a.ResyncUnreadable, a.ResyncNamed)
 		}
 		if a.Unreadable != nil {
 			if !errors.Is(a.Unreadable, ErrMalformed) || a.Named {

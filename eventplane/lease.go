@@ -125,6 +125,12 @@ type HeartbeatAnswer struct {
 	// needing a resync (headerRanksNeedingResync), as far as they could
 	// be read; none without the header.
 	Resync []kvevent.Rank
+	// ResyncNamed says whether the answer says which of the ranks the
+	// router flags: it carries headerRanksNeedingResync, empty or not,
+	// and every rank of it could be read. A rank of the heartbeat's
+	// workers it then leaves out is not flagged, as of the answer: a
+	// held-back ask of it is void (Publisher.RouterStopsAsking).
+	ResyncNamed bool
 	// Named says whether the answer says what the router lost: it
 	// carries the header, empty or not, and every rank of it could be
 	// read. Without the header (a router of an earlier build, a
@@ -159,6 +165,7 @@ func DecodeHeartbeatAnswer(m *nats.Msg) (HeartbeatAnswer, error) {
 	}
 	if v := m.Header.Values(headerRanksNeedingResync); len(v) > 0 {
 		a.Resync = readRanks(v[0], headerRanksNeedingResync, &a.ResyncUnreadable)
+		a.ResyncNamed = a.ResyncUnreadable == nil
 	}
 	if v := m.Header.Values(headerRanksWithoutState); len(v) > 0 {
 		a.Stateless = readRanks(v[0], headerRanksWithoutState, &a.Unreadable)

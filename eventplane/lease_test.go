@@ -928,7 +928,7 @@ func TestHeartbeatOfOneIDRepeatedCostsAboutItsBody(t *testing.T) {
 // is an error.
 func TestDecodeHeartbeatAnswer(t *testing.T) {
 	ans, err := DecodeHeartbeatAnswer(&nats.Msg{Data: AppendHeartbeat(nil, []uint64{3})})
-	if err != nil || ans.Named || !slices.Equal(ans.Unknown, []uint64{3}) || ans.Stateless != nil || ans.Unreadable != nil {
+	if err != nil || ans.Named || ans.ResyncNamed || !slices.Equal(ans.Unknown, []uint64{3}) || ans.Stateless != nil || ans.Unreadable != nil {
 		t.Fatalf("answer without headers: %+v %v", ans, err)
 	}
 	for _, v := range []string{"7", "7/", "/1", "7/1/2", "x/1", "7/4294967296", "18446744073709551616/0", "8/1:tier=g2"} {
@@ -946,10 +946,18 @@ func TestDecodeHeartbeatAnswer(t *testing.T) {
 		m := &nats.Msg{Data: AppendHeartbeat(nil, nil), Header: nats.Header{headerRanksWithoutState: []string{"5/0"},
 			headerRanksNeedingResync: []string{"7/0 " + v + " 9/2"}}}
 		ans, err := DecodeHeartbeatAnswer(m)
-		if err != nil || !errors.Is(ans.ResyncUnreadable, ErrMalformed) || ans.Unreadable != nil || !ans.Named ||
+		if err != nil || !errors.Is(ans.ResyncUnreadable, ErrMalformed) || ans.ResyncNamed || ans.Unreadable != nil || !ans.Named ||
 			!slices.Equal(ans.Stateless, []kvevent.Rank{{Worker: 5, DP: 0}}) ||
 			!slices.Equal(ans.Resync, []kvevent.Rank{{Worker: 7, DP: 0}, {Worker: 9, DP: 2}}) {
-			t.Errorf("needing-resync rank %q: %+v (%v), want needing a resync [7/0 9/2], ResyncUnreadable ErrMalformed, without state [5/0], named, Unreadable nil", v, ans, err)
+			t.Errorf("needing-resync rank %q: %+v (%v), want needing a resync [7/0 9/2], ResyncUnreadable ErrMalformed, not ResyncNamed, without state [5/0], named, Unreadable nil", v, ans, err)
+		}
+	}
+	// The header read whole, empty or not, names the flagged ranks: the
+	// agent voids held-back asks of its ranks it leaves out.
+	for _, v := range []string{"", "7/0 9/2"} {
+		ans, err := DecodeHeartbeatAnswer(&nats.Msg{Data: AppendHeartbeat(nil, nil), Header: nats.Header{headerRanksNeedingResync: []string{v}}})
+		if err != nil || !ans.ResyncNamed || ans.ResyncUnreadable != nil {
+			t.Errorf("needing-resync header %q: %+v (%v), want ResyncNamed", v, ans, err)
 		}
 	}
 	m := &nats.Msg{Data: []byte{1, 2, 3}, Header: nats.Header{headerRanksWithoutState: []string{"7/0"}}}

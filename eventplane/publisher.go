@@ -199,7 +199,8 @@ type rankBuf struct {
 	// routerAsked is when the router's Resync last made this rank dump;
 	// routerDue, when set, is when an ask held back within
 	// RouterResyncEvery makes it dump (nextDump), unless an ack without
-	// the flag or a dump comes first.
+	// the flag, a heartbeat's answer without it (RouterStopsAsking) or a
+	// dump comes first.
 	routerAsked, routerDue time.Time
 	// moves records the renumberings since the last dump went through
 	// (sendDump), oldest first, so that a dump's through reported in an
@@ -623,6 +624,21 @@ func (p *Publisher) RouterAsksResync(r kvevent.Rank) (asked bool) {
 	default:
 	}
 	return asked
+}
+
+// RouterStopsAsking is the router no longer flagging rank r as needing a
+// resync (a heartbeat's answer that names the flagged ranks and leaves r
+// out): an ask of r held back within RouterResyncEvery is void, as an
+// ack without the flag voids it. Without it an idle rank, whose answers
+// named it until the dump asked for them was applied, was dumped once
+// more at the interval's end for nothing. A flag set again later is
+// asked again by the next answer or ack that carries it.
+func (p *Publisher) RouterStopsAsking(r kvevent.Rank) {
+	p.mu.Lock()
+	if b := p.ranks[r]; b != nil {
+		b.routerDue = time.Time{}
+	}
+	p.mu.Unlock()
 }
 
 // routerAsks has b's rank dumped for the router's ask (an ack's Resync,
