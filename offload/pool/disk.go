@@ -169,7 +169,7 @@ const noWriteStall = 1 << 20
 
 func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch, damage *damageWatch) *pebble.Options {
 	popts := &pebble.Options{
-		FS:                 o.FS,
+		FS:                 failedBlobsFS{o.FS},
 		Logger:             pebbleLogger{logger},
 		EventListener:      eventListener(logger, flushes, damage),
 		FormatMajorVersion: pebble.FormatValueSeparation,
