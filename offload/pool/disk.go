@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -1396,16 +1397,47 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 	p.l.Error(fmt.Sprintf(format, args...))
 }
 
-// Fatalf must not return (Pebble's contract): log, then panic so that a
-// test sees the stack. Corruption no longer comes here (eventListener);
-// what does is what Pebble holds unrecoverable: a failed commit ("pebble:
-// fatal commit error": with SyncWAL, a failed log write or sync, on the
-// goroutine of the Put or of an eviction's delete, the latter under the
-// pool's lock), a failed MANIFEST write or sync (a flush or compaction
-// installing its files, on Pebble's goroutine), and its invariant checks.
-// Each ends the process.
+// Fatalf must not return (Pebble's contract): it logs one line, which
+// names the directory (the logger's dir) and, where Pebble's error carries
+// one, the cause (disk full, an I/O error), and ends the process with
+// status 1 (fatalExit), instead of a panic, whose goroutine dump buried the
+// reason. Corruption no longer comes here (eventListener); what does is
+// what Pebble holds unrecoverable: a failed commit ("pebble: fatal commit
+// error": with SyncWAL, a failed log write or sync, on the goroutine of the
+// Put or of an eviction's delete, the latter under the pool's lock), a
+// failed MANIFEST write or sync (a flush or compaction installing its
+// files, on Pebble's goroutine; the open of a pool on a disk still full,
+// which writes a new MANIFEST), and its invariant checks. Pebble raises
+// most of them on its own goroutines, where no caller could be given an
+// error. Each ends the process.
 func (p pebbleLogger) Fatalf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
-	p.l.Error(msg, "fatal", true)
-	panic("pebble fatal: " + msg)
+	attrs := []any{"err", msg}
+	if cause := fatalCause(args); cause != "" {
+		attrs = append(attrs, "cause", cause)
+	}
+	p.l.Error("offload pool: pebble failed beyond recovery; exiting", attrs...)
+	fatalExit(1)
+	panic("pebble fatal: " + msg) // fatalExit returned (a test's)
+}
+
+// fatalExit ends the process after a Fatalf of Pebble's; tests replace it.
+var fatalExit = os.Exit
+
+// fatalCause names the cause of a Fatalf of Pebble's from the errors among
+// its arguments: "disk full" (ENOSPC, EDQUOT), "I/O error" (EIO), or "".
+func fatalCause(args []any) string {
+	for _, a := range args {
+		err, ok := a.(error)
+		if !ok {
+			continue
+		}
+		switch {
+		case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+			return "disk full"
+		case errors.Is(err, syscall.EIO):
+			return "I/O error"
+		}
+	}
+	return ""
 }
