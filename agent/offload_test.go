@@ -1181,3 +1181,47 @@ func TestParkedBlocksRemovedLeaveNoParentEntry(t *testing.T) {
 			len(p.blocks), len(p.byParent))
 	}
 }
+
+// TestRestoreAfterRunResyncsTheRank pins Restore's "has the rank
+// resynced" for a pool opened after Run has started (Run's first dump
+// already taken): the rank is dumped again, and the router's index then
+// holds the pool's blocks in G3. Without the resync the restored blocks
+// stayed in the agent's mirror alone, and the router never learned of
+// them until some other resync.
+func TestRestoreAfterRunResyncsTheRank(t *testing.T) {
+	r := startRouter(t)
+	dir := t.TempDir()
+	pc := pool.Config{Rank: rank, Capacity: 8, BlockSize: blockBytes, Logger: quiet}
+	d, err := pool.OpenDisk(dir, pc, pool.DiskOptions{})
+	must(t, err)
+	for h := uint64(1); h <= 3; h++ {
+		must(t, d.Register(pool.Block{Hash: h, Parent: h - 1, Local: 1000 + h}, make([]byte, blockBytes)))
+	}
+	must(t, d.Close())
+
+	a, _ := startAgent(t, r)
+	waitFor(t, "the start dump taken", func() bool { return a.Publisher().Synced(rank) == 1 })
+	if g3 := tierBlocks(r, kvevent.TierDisk); g3 != 0 {
+		t.Fatalf("before the restore the router holds %d G3 blocks, want 0", g3)
+	}
+
+	pc.Sink = a
+	disk, err := pool.OpenDisk(dir, pc, pool.DiskOptions{})
+	must(t, err)
+	t.Cleanup(func() { disk.Close() })
+	evs, _ := disk.Dump()
+	must(t, a.Restore(rank, evs))
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Publisher().Synced(rank) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no dump of the rank taken in 10s after the restore of the pool's %d blocks (dumps taken: %d, the start's alone): the router does not learn of them",
+				disk.Stats().Used, a.Publisher().Synced(rank))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	caughtUp(t, r, a)
+	waitFor(t, "the router to hold the restored blocks", func() bool { return tierBlocks(r, kvevent.TierDisk) == 3 })
+	if m := matched(r, 3); m != 3 {
+		t.Fatalf("after the restore's dump the router holds 3 G3 blocks but matches %d of 1001..1003, want 3", m)
+	}
+}
