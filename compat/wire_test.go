@@ -306,6 +306,32 @@ func TestDecodeAllocationIsBoundedByTheBody(t *testing.T) {
 	}
 }
 
+// The /query_by_hash JSON fast path (QueryByHashRequest.scanJSON) is held
+// to the same rule as every other decode (docs/compat.md: a body whose
+// arrays "would decode into more than 16 bytes of memory per byte of the
+// body (past a 64 KiB floor)" is refused): a body of n one-digit hashes
+// decodes into 8 bytes per 2 body bytes, and must not allocate more than
+// the budget on the way (the slice grown by append from nothing costs
+// several times its final size).
+func TestQueryByHashJSONFastPathAllocatesWithinTheBudget(t *testing.T) {
+	n := 1 << 20
+	body := []byte(`{"model_name":"m","block_hashes":[1` + strings.Repeat(",1", n-1) + `]}`)
+	var q QueryByHashRequest
+	var ms0, ms1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms0)
+	err := decodeBytes(body, codecJSON, &q)
+	runtime.ReadMemStats(&ms1)
+	alloc := ms1.TotalAlloc - ms0.TotalAlloc
+	if err == nil && len(q.BlockHashes) != n {
+		t.Fatalf("%d hashes decoded, want %d", len(q.BlockHashes), n)
+	}
+	if budget := decodeBudget(len(body)); alloc > budget {
+		t.Fatalf("a %d-byte body of %d hashes (%v) allocated %d bytes (%.1fx), over its budget of %d",
+			len(body), n, err, alloc, float64(alloc)/float64(len(body)), budget)
+	}
+}
+
 // TestHashNullIsRefusedInBothEncodings: from a review. A block hash of
 // null was a 400 in JSON and a hash 0 in MessagePack (the library reads a
 // nil as the zero value before a type's own decoder): one body, two

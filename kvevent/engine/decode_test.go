@@ -885,6 +885,42 @@ func TestLengthHeadersCannotForceAllocation(t *testing.T) {
 	}
 }
 
+// An event's hashes cost memory in proportion to the payload, at a rate a
+// frame of the size the subscriber accepts (256 MiB) can afford: a
+// BlockRemoved of n one-byte hashes (a payload of about n bytes, the most
+// hashes a payload can carry) must not make Decode allocate more than 32
+// bytes per payload byte (8 for the decoded hashes, 8 for the Batch's
+// copy, their growth, and the repeat check's set). It pins the slices
+// sized once from the checked header, and a repeat check that does not
+// size a set from a count it may abandon at the 129th hash.
+func TestManyOneByteHashesAllocateInProportion(t *testing.T) {
+	n := 1 << 20
+	p := []byte{0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x93, 0xac}
+	p = append(p, "BlockRemoved"...)
+	p = append(p, 0xdd, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	for i := 0; i < n; i++ {
+		p = append(p, byte(1+i%100)) // repeats from the 101st: skipped, ReasonRepeatedHash
+	}
+	p = append(p, 0xc0, 0xc0)
+	d := newTestDecoder(t, Config{Rank: rank})
+	var b Batch
+	runtime.GC()
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	err := d.Decode(p, &b)
+	runtime.ReadMemStats(&ms1)
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	if s := d.Stats(); s.Skipped[ReasonRepeatedHash] != 1 {
+		t.Fatalf("skipped %v, want the one event as a repeated hash", s.Skipped)
+	}
+	if grown := ms1.TotalAlloc - ms0.TotalAlloc; grown > 32*uint64(len(p)) {
+		t.Fatalf("a payload of %d bytes (%d one-byte hashes) allocated %d bytes, %.0f per payload byte (at most 32)",
+			len(p), n, grown, float64(grown)/float64(len(p)))
+	}
+}
+
 func TestNewDecoderRejectsBadBlockSize(t *testing.T) {
 	for _, bs := range []int{0, -16, maxBlockSize + 1} {
 		if _, err := NewDecoder(Config{BlockSize: bs}); !errors.Is(err, ErrConfig) {
