@@ -543,6 +543,14 @@ func TestLongEventKeepsNoLargeHashSet(t *testing.T) {
 			t.Fatalf("a remove of %d hashes, one repeated: %d skipped as repeated, want %d", n, got, before+1)
 		}
 	}
+	// A repeat of one of the hashes the set checks, past them.
+	hs := slices.Clone(long)
+	hs[len(hs)-1] = hs[0]
+	before := d.Stats().Skipped[ReasonRepeatedHash]
+	assertEvents(t, decode(t, d, in(t, []any{"BlockRemoved", hs})), nil)
+	if got := d.Stats().Skipped[ReasonRepeatedHash]; got != before+1 {
+		t.Fatalf("a remove of %d hashes, the last repeating the first: %d skipped as repeated, want %d", len(hs), got, before+1)
+	}
 }
 
 // TestOneLargeEventKeepsNoLargeStorage: the slices a Batch and the decoder
@@ -998,5 +1006,51 @@ func TestSaltedSeedHashesAsASaltedRouteLooksUp(t *testing.T) {
 	}
 	if SaltedSeed("") != nil {
 		t.Fatal("SaltedSeed(\"\") is not nil: the decoder's plain seeds")
+	}
+}
+
+// Floods of the smallest events the decoder emits cost memory in
+// proportion to the payload, at the rate TestManyOneByteHashesAllocateInProportion
+// holds hashes to (32 bytes per payload byte): the Batch's events and the
+// decoder's spans are sized once from the events' count, bounded by the
+// bytes left, instead of grown by append (a quarter at a time past 256
+// elements, five times their final size in all).
+func TestFloodsOfSmallEventsAllocateInProportion(t *testing.T) {
+	n := 1 << 16
+	cleared := []byte{0x91, 0xb0}
+	cleared = append(cleared, "AllBlocksCleared"...)
+	removed := []byte{0x92, 0xac}
+	removed = append(removed, "BlockRemoved"...)
+	removed = append(removed, 0x91, 0x01)
+	if len(removed) != 16 {
+		t.Fatalf("the smallest emitted event is %d bytes, want 16", len(removed))
+	}
+	for _, c := range []struct {
+		name string
+		ev   []byte
+	}{{"AllBlocksCleared", cleared}, {"one-hash BlockRemoved", removed}} {
+		p := []byte{0x92, 0x00, 0xdd, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}
+		for range n {
+			p = append(p, c.ev...)
+		}
+		d := newTestDecoder(t, Config{Rank: rank})
+		var b Batch
+		runtime.GC()
+		var ms0, ms1 runtime.MemStats
+		runtime.ReadMemStats(&ms0)
+		err := d.Decode(p, &b)
+		runtime.ReadMemStats(&ms1)
+		if err != nil {
+			t.Fatalf("%s: decode: %v", c.name, err)
+		}
+		if len(b.Events) != n {
+			t.Fatalf("%s: %d events, want %d", c.name, len(b.Events), n)
+		}
+		grown := ms1.TotalAlloc - ms0.TotalAlloc
+		t.Logf("%s: %d events of %d bytes allocated %.1f bytes per payload byte", c.name, n, len(c.ev), float64(grown)/float64(len(p)))
+		if grown > 32*uint64(len(p)) {
+			t.Errorf("%s: a payload of %d bytes (%d events) allocated %d bytes, %.0f per payload byte (at most 32)",
+				c.name, len(p), n, grown, float64(grown)/float64(len(p)))
+		}
 	}
 }

@@ -44,7 +44,8 @@ const maxLearnedGroups = 64
 
 // maxSeenKept bounds the hashes of an event whose repeat check uses the
 // decoder's reused set (a prompt of 64k tokens in blocks of 16): a longer
-// event gets a set of its own, dropped after it. A Go map never shrinks
+// event has its first maxSeenKept hashes checked in it and then all of them
+// sorted in a copy, dropped after it (see repeats). A Go map never shrinks
 // and clear costs its capacity, so a set kept after one large eviction
 // would hold its memory and slow every later check.
 const maxSeenKept = 1 << 12
@@ -355,6 +356,15 @@ func (d *Decoder) readEvents(b []byte, out *Batch) ([]byte, error) {
 	if err != nil {
 		return b, err
 	}
+	// The events and their spans are sized once, for as many events as the
+	// bytes left can emit: grown by append (a quarter at a time once large),
+	// a flood of small events cost five times their final storage, 34 to 40
+	// bytes a payload byte. Skipped events emit nothing, so the count alone
+	// (a byte each) is not trusted.
+	if k := min(n, len(b)/minEmittedEventBytes); k > 0 {
+		out.Events = slices.Grow(out.Events, k)
+		d.spans = slices.Grow(d.spans, k)
+	}
 	for i := 0; i < n; i++ {
 		if b, err = readEvent(b, &d.ev); err != nil {
 			return b, fmt.Errorf("events[%d]: %w", i, err)
@@ -368,6 +378,12 @@ func (d *Decoder) readEvents(b []byte, out *Batch) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// minEmittedEventBytes is the size of the smallest event that emits a
+// router event: ["BlockRemoved", [h]] in the array encoding, a one-byte hash
+// (1 + 13 + 1 + 1 bytes); ["AllBlocksCleared"] takes 18, and the map
+// encoding more.
+const minEmittedEventBytes = 16
 
 // Fields each event type reads: a bad value in any other field is ignored.
 const (
@@ -595,8 +611,12 @@ func (d *Decoder) mainGroup(e *wireEvent) bool {
 }
 
 // repeats reports whether a hash occurs twice in hs. Short lists (the
-// common case) are compared pairwise; long ones through a set, the reused
-// one up to maxSeenKept hashes.
+// common case) are compared pairwise; longer ones through the reused set,
+// up to maxSeenKept hashes. A list longer than that has its first
+// maxSeenKept hashes checked in the set (a repeat among them ends the check
+// there) and then, if none repeats, is sorted in a copy: 8 bytes a hash,
+// where a set of its own, sized for every hash, cost several times that and
+// was paid in full even when the check ended at the first hashes.
 func (d *Decoder) repeats(hs []uint64) bool {
 	if len(hs) <= 32 {
 		for i := 1; i < len(hs); i++ {
@@ -608,17 +628,22 @@ func (d *Decoder) repeats(hs []uint64) bool {
 		}
 		return false
 	}
-	seen := d.seen
-	if len(hs) > maxSeenKept {
-		seen = make(map[uint64]struct{}, len(hs))
-	} else {
-		clear(seen)
-	}
-	for _, h := range hs {
-		if _, ok := seen[h]; ok {
+	clear(d.seen)
+	for _, h := range hs[:min(len(hs), maxSeenKept)] {
+		if _, ok := d.seen[h]; ok {
 			return true
 		}
-		seen[h] = struct{}{}
+		d.seen[h] = struct{}{}
+	}
+	if len(hs) <= maxSeenKept {
+		return false
+	}
+	sorted := slices.Clone(hs)
+	slices.Sort(sorted)
+	for i := 1; i < len(sorted); i++ {
+		if sorted[i] == sorted[i-1] {
+			return true
+		}
 	}
 	return false
 }

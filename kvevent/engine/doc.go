@@ -37,8 +37,9 @@
 //     about block contents and the engine's groups, not index state.)
 //   - Nothing is sized from a length header alone: a header is checked
 //     against the bytes that remain before it is used, so memory grows at
-//     most in proportion to the payload, and any input, however hostile,
-//     decodes or fails without panicking (FuzzDecode).
+//     most in proportion to the payload (under 32 bytes a payload byte for
+//     the most hashes or events a payload can carry), and any input,
+//     however hostile, decodes or fails without panicking (FuzzDecode).
 //   - The hot fields are read straight from the payload with no interface
 //     boxing; once a reused Batch has grown, Decode allocates nothing. What
 //     a Batch and the decoder keep between payloads is bounded

@@ -509,18 +509,29 @@ func readHashes(b []byte, e *wireEvent) ([]byte, error) {
 	if err != nil {
 		return b, err
 	}
+	// Sized once: arrayHeader checked n against the bytes left, and a hash
+	// takes at least one, so the storage is at most 8 bytes a payload byte
+	// (grown by append, it cost several times its final size). The kept
+	// storage serves when it is large enough.
+	hs := e.hashes[:0]
+	if cap(hs) < n {
+		hs = make([]uint64, 0, n)
+	}
 	for i := 0; i < n; i++ {
 		h, rest, ok, err := readHash(b)
 		if err != nil {
+			e.hashes = hs[:0]
 			return b, err
 		}
 		if !ok {
+			e.hashes = hs[:0]
 			e.bad |= fHashes.bit()
 			return skipN(b, n-i)
 		}
-		e.hashes = append(e.hashes, h)
+		hs = append(hs, h)
 		b = rest
 	}
+	e.hashes = hs
 	e.present |= fHashes.bit()
 	return b, nil
 }
