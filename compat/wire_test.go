@@ -332,6 +332,33 @@ func TestQueryByHashJSONFastPathAllocatesWithinTheBudget(t *testing.T) {
 	}
 }
 
+// BenchmarkDecodeQueryByHashJSON decodes /query_by_hash bodies through the
+// JSON fast path (scanJSON): a prompt's 64 hashes, the common size, and a
+// body of 1 MiB, whose slice is sized once when the scanner runs out of
+// room instead of grown by append.
+func BenchmarkDecodeQueryByHashJSON(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		n    int
+	}{{"hashes 64", 64}, {"hashes 1MiB", (1 << 20) / 21}} {
+		hs := make([]string, tc.n)
+		for i := range hs {
+			hs[i] = strconv.FormatUint(12345678901234567890-uint64(i), 10)
+		}
+		body := []byte(`{"model_name":"m","block_hashes":[` + strings.Join(hs, ",") + `]}`)
+		b.Run(tc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				var q QueryByHashRequest
+				if err := decodeBytes(body, codecJSON, &q); err != nil || len(q.BlockHashes) != tc.n {
+					b.Fatal(err, len(q.BlockHashes))
+				}
+			}
+		})
+	}
+}
+
 // TestHashNullIsRefusedInBothEncodings: from a review. A block hash of
 // null was a 400 in JSON and a hash 0 in MessagePack (the library reads a
 // nil as the zero value before a type's own decoder): one body, two

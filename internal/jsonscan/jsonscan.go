@@ -17,6 +17,7 @@ import (
 	"bytes"
 	"math"
 	"math/bits"
+	"slices"
 )
 
 // Scanner reads JSON tokens from a body; every method reports false on
@@ -120,8 +121,13 @@ func (p *Scanner) Uint(limit uint64) (uint64, bool) {
 	return v, true
 }
 
-// array appends the elements of a JSON array to dst, each read by elem;
-// null gives nil, [] an empty non-nil slice (as encoding/json).
+// array appends the elements of a JSON array of numbers to dst, each read
+// by elem; null gives nil, [] an empty non-nil slice (as encoding/json).
+// When dst runs out of room it is grown once for as many elements as the
+// rest of the array can hold (room): grown by append, a quarter at a time
+// once large, it cost five times its final size, past the 16 bytes a
+// body byte a caller's budget allows (compat's /query_by_hash). A dst with
+// room enough (a caller's reused or presized slice) is never counted.
 func array[T any](p *Scanner, dst []T, elem func() (T, bool)) ([]T, bool) {
 	if bytes.HasPrefix(p.b[p.i:], []byte("null")) {
 		p.i += 4
@@ -138,6 +144,9 @@ func array[T any](p *Scanner, dst []T, elem func() (T, bool)) ([]T, bool) {
 		return dst, true
 	}
 	for {
+		if len(dst) == cap(dst) {
+			dst = slices.Grow(dst, p.room())
+		}
 		v, ok := elem()
 		if !ok {
 			return nil, false
@@ -152,6 +161,18 @@ func array[T any](p *Scanner, dst []T, elem func() (T, bool)) ([]T, bool) {
 		}
 		p.WS()
 	}
+}
+
+// room is the most elements the rest of an array of numbers holds, read
+// at one of its elements: one more than the commas before the first ']',
+// and no more than its bytes fit at a digit and a comma each. On bytes
+// that are not such an array it is only some count, at most half of them.
+func (p *Scanner) room() int {
+	b := p.b[p.i:]
+	if end := bytes.IndexByte(b, ']'); end >= 0 {
+		b = b[:end]
+	}
+	return min(bytes.Count(b, []byte{','})+1, len(b)/2+1)
 }
 
 // Uints appends an array of non-negative integers no larger than limit to

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -489,5 +490,29 @@ func TestElementsAgreesWithEncodingJSON(t *testing.T) {
 		if got := Elements(b); got != want {
 			t.Fatalf("Elements(%s) = %v, want %v", b, got, want)
 		}
+	}
+}
+
+// TestArraysAreSizedOnce: an array longer than the room its slice has is
+// sized once for the rest (room), instead of grown by append, which cost
+// five times its final size; a slice with room enough is only filled.
+func TestArraysAreSizedOnce(t *testing.T) {
+	body := []byte("[1" + strings.Repeat(", 1", 9999) + " ]")
+	var got []uint64
+	n := testing.AllocsPerRun(10, func() {
+		var ok bool
+		if got, ok = New(body).Uints(nil, math.MaxUint64); !ok || len(got) != 10000 {
+			t.Fatalf("Uints: %d values, %v", len(got), ok)
+		}
+	})
+	if n != 1 || cap(got) > 10000+10000/8 {
+		t.Errorf("10000 values into a nil slice: %.0f allocations, capacity %d, want 1 of about 10000", n, cap(got))
+	}
+	dst := make([]uint64, 3, 5)
+	if got, _ := New(body).Uints(dst, math.MaxUint64); len(got) != 10003 {
+		t.Errorf("appended to 3 values: %d", len(got))
+	}
+	if n := testing.AllocsPerRun(10, func() { New(body).Uints(got[:0], math.MaxUint64) }); n != 0 {
+		t.Errorf("into a slice with room: %.0f allocations, want 0", n)
 	}
 }
