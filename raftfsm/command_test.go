@@ -588,3 +588,139 @@ func TestAnEventKindOrTierOfALaterBuildHaltsTheFSM(t *testing.T) {
 		})
 	}
 }
+
+// TestCountsLargerThanTheirBytesAreRefused pins dec.count's check of a
+// count against the bytes left (at its least bytes an element): a Raft
+// command or a snapshot record whose count claims more elements than its
+// bytes can hold (a million, after a valid prefix and nothing else) fails
+// as a bad count, at once, without allocating from the count: every case
+// passed as an error of the element's read, after allocating for, or
+// looping over, the million, with the check turned off.
+func TestCountsLargerThanTheirBytesAreRefused(t *testing.T) {
+	const forged = 1 << 20
+	cmd := func(typ cmdType, body func(e *enc)) []byte {
+		var e enc
+		encodeHeaderV(&e, commandVersion, typ, 1)
+		body(&e)
+		return e.b
+	}
+	rank := func(e *enc) { e.uv(7); e.uv(1) }
+	meta := func(e *enc) {
+		for range kvevent.NumTiers {
+			e.sv(100)
+		}
+		e.uv(0)
+		e.bool(false)
+		e.bool(false)
+	}
+	var sc decodeScratch
+	for _, c := range []struct {
+		name, what string
+		decode     func() error
+	}{
+		{"event batches", "batches", func() error {
+			_, err := decodeCommandInto(cmd(cmdEvents, func(e *enc) { e.uv(forged) }), &sc)
+			return err
+		}},
+		{"a batch's events", "events", func() error {
+			_, err := decodeCommandInto(cmd(cmdEvents, func(e *enc) { e.uv(1); rank(e); e.u64(1); e.uv(forged) }), &sc)
+			return err
+		}},
+		{"a store's blocks", "blocks", func() error {
+			_, err := decodeCommandInto(cmd(cmdEvents, func(e *enc) {
+				e.uv(1)
+				rank(e)
+				e.u64(1)
+				e.uv(1)
+				e.uv(1)
+				e.u8(uint8(kvevent.KindStored))
+				e.u8(uint8(kvevent.TierDevice))
+				e.bool(false)
+				e.uv(forged)
+			}), &sc)
+			return err
+		}},
+		{"a remove's hashes", "removed", func() error {
+			_, err := decodeCommandInto(cmd(cmdEvents, func(e *enc) {
+				e.uv(1)
+				rank(e)
+				e.u64(1)
+				e.uv(1)
+				e.uv(1)
+				e.u8(uint8(kvevent.KindRemoved))
+				e.u8(uint8(kvevent.TierDevice))
+				e.uv(forged)
+			}), &sc)
+			return err
+		}},
+		{"a dump's stored events", "stored", func() error {
+			_, err := decodeCommandInto(cmd(cmdReplace, func(e *enc) { rank(e); e.uv(0); e.u64(1); e.uv(forged) }), &sc)
+			return err
+		}},
+		{"a registration's dp ranks", "dp ranks", func() error {
+			_, err := decodeCommandInto(cmd(cmdRegister, func(e *enc) { e.uv(7); e.uv(forged) }), &sc)
+			return err
+		}},
+		{"removed ranks", "ranks", func() error {
+			_, err := decodeCommandInto(cmd(cmdRemoveRanks, func(e *enc) { e.uv(forged) }), &sc)
+			return err
+		}},
+		{"booking operations", "bookings", func() error {
+			_, err := decodeCommandInto(cmd(cmdBook, func(e *enc) { e.uv(forged) }), &sc)
+			return err
+		}},
+		{"a booking's ids", "seq hashes", func() error {
+			_, err := decodeCommandInto(cmd(cmdBook, func(e *enc) { e.uv(1); e.u8(uint8(bookAdd)); e.str("r1"); rank(e); e.uv(forged) }), &sc)
+			return err
+		}},
+		{"a check's servers", "check configuration servers", func() error {
+			_, err := decodeCommandInto(cmd(cmdCheck, func(e *enc) { e.uv(1); e.u64(2); e.uv(3); e.uv(forged) }), &sc)
+			return err
+		}},
+		{"a booking record's ids", "seq hashes", func() error {
+			var e enc
+			rank(&e)
+			e.uv(forged)
+			_, err := decodeBooking("r1", e.b)
+			return err
+		}},
+		{"a rank meta record's orphans", "orphans", func() error {
+			var e enc
+			meta(&e)
+			e.uv(forged)
+			_, err := decodeRankMeta(e.b, kvevent.Rank{Worker: 7})
+			return err
+		}},
+		{"an orphan's blocks", "orphan blocks", func() error {
+			var e enc
+			meta(&e)
+			e.uv(1)
+			e.sv(1)
+			e.u8(uint8(kvevent.TierDevice))
+			e.u64(9)
+			e.uv(forged)
+			_, err := decodeRankMeta(e.b, kvevent.Rank{Worker: 7})
+			return err
+		}},
+		{"a worker record's dp ranks", "dp ranks", func() error {
+			var e enc
+			e.uv(7)
+			e.uv(forged)
+			d := dec{b: e.b}
+			decodeWorker(&d)
+			return d.done()
+		}},
+	} {
+		runtime.GC()
+		var ms0, ms1 runtime.MemStats
+		runtime.ReadMemStats(&ms0)
+		err := c.decode()
+		runtime.ReadMemStats(&ms1)
+		if want := "invalid " + c.what + " count"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: a count of %d with no bytes after it: %v, want an error of %q", c.name, forged, err, want)
+		}
+		if grown := ms1.TotalAlloc - ms0.TotalAlloc; grown > 64<<10 {
+			t.Errorf("%s: a count of %d with no bytes after it allocated %d bytes", c.name, forged, grown)
+		}
+	}
+}
