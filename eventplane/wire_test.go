@@ -172,6 +172,44 @@ func TestForgedDumpCountIsRefused(t *testing.T) {
 	}
 }
 
+// TestForgedBlockCountIsRefused: a stored event's block count, in an
+// event batch or a dump, is checked at 16 bytes a block (an engine and a
+// local hash), so that a forged one is refused before any block is sized
+// from it: one that claims a block for every 2 bytes left is refused
+// without allocating more than the message. Read at 1 byte a block, it
+// passed, and the blocks' slab cost 8 times the message.
+func TestForgedBlockCountIsRefused(t *testing.T) {
+	body := make([]byte, 1<<20)
+	stored := kvevent.Event{Kind: kvevent.KindStored, EventID: 1, Blocks: []kvevent.Block{{EngineHash: 1, LocalHash: 2}}}
+	for _, c := range []struct {
+		name   string
+		msg    []byte
+		decode func([]byte) error
+	}{
+		{"a batch's", appendEvents(nil, []raftfsm.RankBatch{{Rank: kvevent.Rank{Worker: 5}, Incarnation: 1, Events: []kvevent.Event{stored}}}),
+			func(b []byte) error { _, err := decodeEvents(b, 1<<20); return err }},
+		{"a dump's", appendDump(nil, &dumpRequest{rank: kvevent.Rank{Worker: 5}, cursor: 17, stored: []kvevent.Event{stored}}),
+			func(b []byte) error { _, err := decodeDump(b); return err }},
+	} {
+		if err := c.decode(c.msg); err != nil {
+			t.Fatalf("%s stored event of one block: %v", c.name, err)
+		}
+		b := c.msg[:len(c.msg)-17]                       // drop the block and its count of 1
+		b = binary.AppendUvarint(b, uint64(len(body)/2)) // more blocks than the bytes can hold
+		b = append(b, body...)
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		err := c.decode(b)
+		runtime.ReadMemStats(&after)
+		if !errors.Is(err, ErrMalformed) {
+			t.Fatalf("%s stored event with a forged block count: %v, want ErrMalformed", c.name, err)
+		}
+		if grew := after.TotalAlloc - before.TotalAlloc; grew > uint64(len(b)) {
+			t.Fatalf("refusing %s stored event with a forged block count in %d bytes allocated %d bytes", c.name, len(b), grew)
+		}
+	}
+}
+
 func TestReplyRoundTrip(t *testing.T) {
 	acks := []raftfsm.RankAck{{Rank: kvevent.Rank{Worker: 3, DP: 1}, Cursor: 99, Applied: 4, Dups: 2, Gap: true},
 		{Rank: kvevent.Rank{Worker: 4}, Cursor: 7, Applied: 1, Resync: true},
