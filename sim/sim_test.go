@@ -2,6 +2,8 @@ package sim
 
 import (
 	"errors"
+	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strings"
@@ -43,6 +45,29 @@ func TestReadTraceRejectsBadRows(t *testing.T) {
 	if _, err := ReadTrace(strings.NewReader(earlier + later + later)); err != nil {
 		t.Errorf("equal and rising timestamps: %v", err)
 	}
+}
+
+// TestATraceLineOverTheLimitNamesItsLineAndTheLimit: a line longer than
+// MaxTraceLineBytes (a file without newlines, say) is a bad trace whose
+// error names the line and the limit, instead of bufio's bare "token too
+// long".
+func TestATraceLineOverTheLimitNamesItsLineAndTheLimit(t *testing.T) {
+	good := `{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}` + "\n"
+	long := io.LimitReader(zeros{}, MaxTraceLineBytes+1)
+	_, err := ReadTrace(io.MultiReader(strings.NewReader(good+good), long))
+	if !errors.Is(err, ErrBadTrace) || !strings.Contains(fmt.Sprint(err), "line 3: longer than 64 MiB, the most a trace line may take") {
+		t.Fatalf("a line of %d bytes: %v, want ErrBadTrace naming line 3 and the 64 MiB limit", MaxTraceLineBytes+1, err)
+	}
+}
+
+// zeros reads as an endless run of '0's.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = '0'
+	}
+	return len(p), nil
 }
 
 // TestReadTraceIsStrict: a row is exactly the README's four fields with

@@ -39,6 +39,11 @@ const (
 	MaxTraceTokens      = 1 << 24
 )
 
+// MaxTraceLineBytes bounds a trace line (64 MiB), so that a file without
+// newlines is not read whole into memory: a row of MaxTraceTokens takes
+// 32,768 hash ids, under 1 MiB however they are written.
+const MaxTraceLineBytes = 64 << 20
+
 // traceRow is a trace line as written: a field left out stays nil, so
 // that a missing field is told from a zero.
 type traceRow struct {
@@ -53,11 +58,12 @@ type traceRow struct {
 // output_length and hash_ids, and ceil(input_length / 512) hash ids; an
 // unknown or missing field fails the read. Blank lines (whitespace only)
 // are skipped; a bad line fails the whole read with its line number, and
-// so does a trace without rows. Timestamps must not go backwards: the
-// replays issue requests in trace order.
+// so does a trace without rows or with a line over MaxTraceLineBytes.
+// Timestamps must not go backwards: the replays issue requests in trace
+// order.
 func ReadTrace(r io.Reader) ([]Request, error) {
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
+	sc.Buffer(make([]byte, 0, 1<<20), MaxTraceLineBytes)
 	var out []Request
 	line := 0
 	for sc.Scan() {
@@ -76,7 +82,9 @@ func ReadTrace(r io.Reader) ([]Request, error) {
 		}
 		out = append(out, q)
 	}
-	if err := sc.Err(); err != nil {
+	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+		return nil, fmt.Errorf("%w: line %d: longer than %d MiB, the most a trace line may take", ErrBadTrace, line+1, MaxTraceLineBytes>>20)
+	} else if err != nil {
 		return nil, fmt.Errorf("read trace: line %d: %w", line+1, err)
 	}
 	if len(out) == 0 {
