@@ -313,3 +313,71 @@ func TestTheServerChecksAgreeWithStartServer(t *testing.T) {
 		}
 	}
 }
+
+// TestARouteDoesNotBypassTheClientCredentials pins docs/events.md's
+// `--nats-user`/`--nats-password` (operations.md, Security: "The event
+// plane can authenticate"): a server given a User and Password lets no
+// publisher's message in without them. A NATS server that dials the
+// route port (--nats-cluster-addr) with no credentials at all must not
+// become a route through which its own unauthenticated clients publish
+// to the subscribers of the authenticated server (the leader's
+// ingester): today the embedded server configures no cluster
+// authorization, so any server that reaches the route port joins the
+// NATS cluster and relays anything.
+func TestARouteDoesNotBypassTheClientCredentials(t *testing.T) {
+	s, err := StartServer(ServerConfig{Name: "n1", Addr: "127.0.0.1:0", ClusterAddr: "127.0.0.1:0",
+		User: "alice", Password: "s3cret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown()
+	// An unauthenticated client is refused on the client port.
+	if nc, err := nats.Connect(s.ClientURL()); err == nil {
+		nc.Close()
+		t.Fatal("a client without credentials connected to a server that asks for them")
+	}
+	sub, err := nats.Connect(s.ClientURL(), nats.UserInfo("alice", "s3cret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	got := make(chan *nats.Msg, 1)
+	if _, err := sub.Subscribe("kvrouter.events", func(m *nats.Msg) {
+		select {
+		case got <- m:
+		default:
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A rogue server, no credentials anywhere, routed to n1's route port.
+	rogue, err := StartServer(ServerConfig{Name: "rogue", Addr: "127.0.0.1:0", ClusterAddr: "127.0.0.1:0",
+		Routes: []string{s.ClusterAddr().String()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rogue.Shutdown()
+	pub, err := nats.Connect(rogue.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	// Polled with a deadline: the route, if it is taken, needs a moment
+	// to carry the subscription's interest over.
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := pub.Publish("kvrouter.events", []byte("unauthenticated")); err != nil {
+			t.Fatal(err)
+		}
+		pub.Flush()
+		select {
+		case m := <-got:
+			t.Fatalf("a message published with no credentials, through a server routed to the route port, reached a subscriber of the server that asks for them: %q (routes %d)", m.Data, s.NumRoutes())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
