@@ -20,8 +20,13 @@ type ServerConfig struct {
 	ClusterName string   // default "kvrouter"
 	ClusterAddr string   // route listen address host:port; empty: no NATS cluster
 	Routes      []string // other servers' route addresses, host:port or nats-route://host:port (CheckRoute)
-	// User and Password, when set, are required of clients; a Password
-	// needs its User (nats-server asks for nothing without one).
+	// User and Password, when set, are required of clients, and of the
+	// servers that route to ClusterAddr: this server's own route dials
+	// send them, a route written with its own user information excepted
+	// (nats-route://user:pass@host:port). A Password needs its User
+	// (nats-server asks for nothing without one). A server that asks for
+	// no route credentials takes a dial that sends them: a cluster half
+	// upgraded keeps its routes, made by the servers that send them.
 	User, Password string
 	// TLSCert and TLSKey (PEM files), when set, make clients connect with
 	// TLS; TLSCA, when set too, requires of them a certificate that CA
@@ -294,6 +299,18 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 		if opts.Cluster.Name == "" {
 			opts.Cluster.Name = "kvrouter"
 		}
+		// The route port asks for the clients' credentials: without them
+		// any server reaching it joins the NATS cluster, and relays what
+		// its own clients publish, unauthenticated, to this server's
+		// subscribers (kvrouter-ingest included).
+		if cfg.User != "" {
+			opts.Cluster.Username, opts.Cluster.Password = cfg.User, cfg.Password
+			for _, u := range routes {
+				if u.User == nil {
+					u.User = url.UserPassword(cfg.User, cfg.Password)
+				}
+			}
+		}
 		opts.Routes = routes
 	}
 	s, err := server.NewServer(opts)
@@ -352,6 +369,28 @@ func (n natsLogger) Fatalf(format string, v ...any) {
 	default:
 	}
 }
-func (n natsLogger) Errorf(format string, v ...any) { n.l.Error(fmt.Sprintf(format, v...)) }
+func (n natsLogger) Errorf(format string, v ...any) {
+	n.l.Error(routeAuthHint(fmt.Sprintf(format, v...)))
+}
+
+// routeAuthHint returns msg, a line of the server's log, with what to
+// check added when it tells of a route refused for its credentials: the
+// refused side's "Route Error 'Authorization Violation'", the refusing
+// side's "authentication error", each of a route connection ("rid:").
+// Neither line shows a password.
+func routeAuthHint(msg string) string {
+	const same = "every server of the NATS cluster needs the same user and password (kvrouter's --nats-user and --nats-password)"
+	if !strings.Contains(msg, " - rid:") {
+		return msg
+	}
+	switch {
+	case strings.Contains(msg, "'Authorization Violation'"):
+		return msg + ": the other server refused this one's route credentials; " + same
+	case strings.Contains(msg, server.ErrAuthentication.Error()):
+		return msg + ": a route dial was refused for its credentials; " + same +
+			" (a server of a build that sends none is refused too, its route made by this server's dial)"
+	}
+	return msg
+}
 func (n natsLogger) Debugf(format string, v ...any) { n.l.Debug(fmt.Sprintf(format, v...)) }
 func (n natsLogger) Tracef(format string, v ...any) {}

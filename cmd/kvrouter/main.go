@@ -81,7 +81,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "nats-cluster-addr", EnvVars: []string{"KVROUTER_NATS_CLUSTER_ADDR"}, Usage: "embedded NATS server's route listen address; set it on every node to form one NATS cluster (not with --nats-url)"},
 			&cli.StringFlag{Name: "nats-routes", EnvVars: []string{"KVROUTER_NATS_ROUTES"}, Usage: "other nodes' NATS route addresses, host:port,... (with --nats-cluster-addr; not with --nats-url)"},
 			&cli.StringFlag{Name: "nats-url", EnvVars: []string{"KVROUTER_NATS_URL"}, Usage: "use this external NATS (nats://[user:password@]host:port,...) instead of the embedded server; logs and messages show no password"},
-			&cli.StringFlag{Name: "nats-user", EnvVars: []string{"KVROUTER_NATS_USER"}, Usage: "NATS user (required of clients by the embedded server; sent to an external one)"},
+			&cli.StringFlag{Name: "nats-user", EnvVars: []string{"KVROUTER_NATS_USER"}, Usage: "NATS user (required of clients, and of the servers routing to --nats-cluster-addr, by the embedded server, whose route dials send it; sent to an external one)"},
 			&cli.StringFlag{Name: "nats-password", EnvVars: []string{"KVROUTER_NATS_PASSWORD"}, Usage: "NATS password of --nats-user (not with a --nats-url that carries user information)"},
 			&cli.StringFlag{Name: "nats-creds", EnvVars: []string{"KVROUTER_NATS_CREDS"}, Usage: "NATS credentials file for an external NATS (--nats-url only)"},
 			&cli.StringFlag{Name: "nats-tls-cert", EnvVars: []string{"KVROUTER_NATS_TLS_CERT"}, Usage: "PEM certificate: the embedded server serves TLS with it; with --nats-url, this node's client certificate"},
