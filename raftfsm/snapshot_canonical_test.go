@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"math"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/indexer"
@@ -135,5 +136,44 @@ func TestCheckRefusesARecordUnderAnotherKey(t *testing.T) {
 		if _, err := checkSnapshot(bytes.NewReader(streamOfRecs(recs)), indexer.New(indexer.Config{})); err != nil {
 			t.Fatalf("check of records under their keys: %v", err)
 		}
+	}
+}
+
+// TestCheckRefusesSettingsNoBuildWrites pins that the check before a user
+// restore or a seed refuses a settings record whose weights no build
+// could have stored (NaN, infinite or negative: every SetSettings since
+// the first refused them), as docs/operations.md says of "a file whose
+// records the cluster would not write itself". Restored, such settings
+// fail every route of the cluster (Select refuses them: each route is
+// answered 400 invalid, the client's fault) until new settings are put.
+// Weights over indexer.MaxWeight pass: an older build stored them.
+func TestCheckRefusesSettingsNoBuildWrites(t *testing.T) {
+	settings := func(p indexer.Params) rec {
+		var e enc
+		encodeSettingsValue(&e, &Settings{Params: p, View: indexer.ViewDedup})
+		return rec{[]byte{store.KindSettings, 's'}, e.b}
+	}
+	for _, tc := range []struct {
+		name string
+		set  func(*indexer.Params)
+	}{
+		{"NaN temperature", func(p *indexer.Params) { p.Temperature = math.NaN() }},
+		{"infinite prefill load scale", func(p *indexer.Params) { p.PrefillLoadScale = math.Inf(1) }},
+		{"negative overlap credit", func(p *indexer.Params) { p.OverlapScoreCredit = -1 }},
+		{"negative busy prefill tokens", func(p *indexer.Params) { p.BusyPrefillTokens = -5 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := indexer.DefaultParams()
+			tc.set(&p)
+			_, err := checkSnapshot(bytes.NewReader(streamOfRecs([]rec{settings(p)})), indexer.New(indexer.Config{}))
+			if !errors.Is(err, ErrBadSnapshot) {
+				t.Fatalf("check of settings %+v: %v, want ErrBadSnapshot", p, err)
+			}
+		})
+	}
+	p := indexer.DefaultParams()
+	p.PrefillLoadScale = 1e15 // over MaxWeight: an older build took it
+	if _, err := checkSnapshot(bytes.NewReader(streamOfRecs([]rec{settings(p)})), indexer.New(indexer.Config{})); err != nil {
+		t.Fatalf("check of settings an older build stored (prefill_load_scale 1e15): %v", err)
 	}
 }
