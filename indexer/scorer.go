@@ -83,6 +83,12 @@ const MaxWeight = 1e12
 // MaxWeight: the check of new settings and of a request's overrides.
 func (p Params) Validate() error { return p.validate(MaxWeight) }
 
+// ValidateStored checks what Select holds settings to: every weight
+// finite and not negative, with no upper bound (a cluster may hold larger
+// weights that an older version took). The check of settings a state
+// holds: a snapshot's or a committed entry's.
+func (p Params) ValidateStored() error { return p.validate(math.Inf(1)) }
+
 // validate is Validate with max as the bound; Select's is +Inf.
 func (p Params) validate(max float64) error {
 	for _, f := range [...]struct {
@@ -312,7 +318,7 @@ func (d *Decision) reset(p Params, req Request) {
 // reason, for the operator.
 func Select(p Params, req Request, cands []Candidate, rng *rand.Rand, d *Decision) error {
 	d.reset(p, req)
-	if err := p.validate(math.Inf(1)); err != nil {
+	if err := p.ValidateStored(); err != nil {
 		return fmt.Errorf("select: %w", err)
 	}
 	if p.Temperature > 0 && rng == nil {

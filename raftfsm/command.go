@@ -595,6 +595,20 @@ func encodeConfigCheck(now int64, index, digest, configIndex uint64, servers []r
 	return e.b
 }
 
+// refused is the error of a command that decodes but that no build
+// writes, which the FSM skips as a garbled one (ErrBadCommand): settings
+// of a NaN, infinite or negative weight (every build's SetSettings
+// refuses them; applied, they would fail every route, as Select refuses
+// them). Weights above indexer.MaxWeight pass: an older build wrote them.
+func (c *command) refused() error {
+	if c.typ == cmdSettings {
+		if err := c.settings.Params.ValidateStored(); err != nil {
+			return fmt.Errorf("%w: settings no build writes: %v", ErrBadCommand, err)
+		}
+	}
+	return nil
+}
+
 func encodeSettings(now int64, s *Settings) []byte {
 	var e enc
 	encodeHeader(&e, cmdSettings, now)

@@ -688,7 +688,11 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		var c command
 		if l.Type == raft.LogCommand {
 			var err error
-			if c, err = decodeCommandInto(l.Data, &f.scratch); errors.Is(err, ErrLaterBuild) {
+			c, err = decodeCommandInto(l.Data, &f.scratch)
+			if err == nil {
+				err = c.refused()
+			}
+			if errors.Is(err, ErrLaterBuild) {
 				h := &ApplyHalt{Index: l.Index, Term: l.Term, Err: err}
 				f.halt.Store(h)
 				f.logger.Error("apply halted at an entry of a later build: upgrade this node; it applies the entry and those after it once restarted on a build that reads it",
@@ -696,8 +700,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 				out[i] = h
 				continue
 			} else if err != nil {
-				// Garbled: skipped, as a domain error (a committed entry
-				// cannot be refused).
+				// Garbled, or settings no build writes (command.refused):
+				// skipped, as a domain error (a committed entry cannot be
+				// refused).
 				last, lastTerm = l.Index, l.Term
 				f.sinceSnap.Add(int64(len(l.Data)))
 				f.malformed.Add(1)

@@ -1995,3 +1995,57 @@ func TestAStartRemovesAHalfDoneRestore(t *testing.T) {
 		}
 	}
 }
+
+// TestSettingsNoBuildWritesAreSkippedAsGarbled: a committed settings
+// entry of a NaN, infinite or negative weight (a hand-crafted or buggy
+// writer's: every SetSettings refuses them) is skipped as a garbled entry
+// is: answered ErrBadCommand (not a later build's halt), counted
+// malformed and logged, the applied index past it and the settings before
+// it kept, so that routes go on instead of each failing as Select refuses
+// the settings. Weights over indexer.MaxWeight, which older builds wrote,
+// still apply.
+func TestSettingsNoBuildWritesAreSkippedAsGarbled(t *testing.T) {
+	var logs bytes.Buffer
+	f, err := OpenFSM(FSMConfig{Dir: filepath.Join(t.TempDir(), "fsm"), Logger: slog.New(slog.NewTextHandler(&logs, nil)), OnFatal: func(err error) { t.Fatalf("fatal: %v", err) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var w logWriter
+	good := Settings{Params: indexer.DefaultParams(), View: indexer.ViewDedup}
+	good.Params.Temperature = 0.5
+	if res := f.ApplyBatch([]*raft.Log{w.next(encodeSettings(5, &good))}); res[0] != nil {
+		t.Fatalf("valid settings: %v", res[0])
+	}
+	for i, set := range []func(*indexer.Params){
+		func(p *indexer.Params) { p.Temperature = math.NaN() },
+		func(p *indexer.Params) { p.PrefillLoadScale = math.Inf(1) },
+		func(p *indexer.Params) { p.OverlapScoreCredit = -1 },
+		func(p *indexer.Params) { p.BusyPrefillTokens = -5 },
+	} {
+		bad := good
+		set(&bad.Params)
+		l := w.next(encodeSettings(6, &bad))
+		res := f.ApplyBatch([]*raft.Log{l})
+		if err, ok := res[0].(error); !ok || !errors.Is(err, ErrBadCommand) || errors.Is(err, ErrLaterBuild) {
+			t.Fatalf("settings %+v: response %v, want ErrBadCommand (skipped, not a halt)", bad.Params, res[0])
+		}
+		if got := f.Settings(); got != good {
+			t.Fatalf("settings %+v applied: the FSM holds %+v, want %+v kept", bad.Params, got, good)
+		}
+		if applied, _ := f.Applied(); applied != l.Index || f.Halted() != nil {
+			t.Fatalf("after the skipped entry %d: applied %d, halted %v", l.Index, applied, f.Halted())
+		}
+		if got := f.malformed.Load(); got != uint64(i+1) {
+			t.Fatalf("malformed count %d after %d skipped settings entries", got, i+1)
+		}
+	}
+	if !strings.Contains(logs.String(), "settings no build writes") {
+		t.Fatalf("the skip is not logged with its reason: %s", logs.String())
+	}
+	old := good
+	old.Params.PrefillLoadScale = 1e15 // over MaxWeight: an older build wrote it
+	if res := f.ApplyBatch([]*raft.Log{w.next(encodeSettings(7, &old))}); res[0] != nil || f.Settings() != old {
+		t.Fatalf("settings an older build wrote (prefill_load_scale 1e15): %v, holds %+v", res[0], f.Settings())
+	}
+}

@@ -407,6 +407,14 @@ func (b *stateBuilder) small(kind byte, k, v []byte) error {
 		if err == nil && string(k) != "s" {
 			b.strayKey(fmt.Errorf("settings under the key %q", k))
 		}
+		if err == nil {
+			if verr := s.Params.ValidateStored(); verr != nil {
+				// No build stores them (each refused them in SetSettings,
+				// and the FSM skips an entry of them), and installed they
+				// fail every route (Select refuses them).
+				b.strayKey(fmt.Errorf("settings no build stores: %v", verr))
+			}
+		}
 		return laterRecord("settings", k, err)
 	case store.KindMember:
 		d := dec{b: v}
@@ -540,7 +548,9 @@ func (b *stateBuilder) prepare(like *indexer.Index) error {
 // 's': the deregister and the settings applied later change the record at
 // the right key, and the other one comes back at the next start. An
 // earlier build's expiry horizon beside the sweep clock is not loaded
-// (the clock wins) but kept, which no state does. So a stream whose
+// (the clock wins) but kept, which no state does. Nor does any state hold
+// settings of a NaN, infinite or negative weight (no build stores them:
+// installed, they fail every route). So a stream whose
 // records are not canonical is refused by the check before a user
 // restore or a seed (checkSnapshot). Raft's own restores do not ask
 // (restoreFrom): their streams are a node's database, which the journal
