@@ -724,3 +724,60 @@ func TestCountsLargerThanTheirBytesAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// The settings command and the settings record (the state database's and
+// a snapshot's store.KindSettings value under 's') as this build and the
+// ones before it write them: encodeSettings(44, settingsFixture) and its
+// value after the command's header. Each field has its own value, so a
+// field written or read in another position fails.
+const (
+	settingsCommandHex = "010758" + settingsRecordHex
+	settingsRecordHex  = "000000000000f83f" + // overlap_score_credit 1.5
+		"000000000000e83f" + // host_cache_hit_weight 0.75
+		"000000000000d03f" + // disk_cache_hit_weight 0.25
+		"0000000000000040" + // prefill_load_scale 2
+		"0000000000000840" + // decode_active_request_weight 3
+		"000000000000e03f" + // temperature 0.5
+		"000000000000ec3f" + // busy_decode_fraction 0.875
+		"8040" + // busy_prefill_tokens 4096 (zigzag varint)
+		"01" // view: tiered
+)
+
+var settingsFixture = Settings{Params: indexer.Params{OverlapScoreCredit: 1.5, HostCacheHitWeight: 0.75, DiskCacheHitWeight: 0.25,
+	PrefillLoadScale: 2, DecodeActiveRequestWeight: 3, Temperature: 0.5, BusyDecodeFraction: 0.875, BusyPrefillTokens: 4096},
+	View: indexer.ViewTiered}
+
+// TestSettingsLayoutIsPinned pins the byte layout of the settings command
+// (a Raft log holds it) and of the settings record (the state database
+// and every snapshot file hold it): both decode to the fixture's fields,
+// each in its place, and this build writes them byte for byte.
+func TestSettingsLayoutIsPinned(t *testing.T) {
+	cmd, err := hex.DecodeString(settingsCommandHex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := encodeSettings(44, &settingsFixture); !bytes.Equal(got, cmd) {
+		t.Fatalf("the settings command written as\n%x\nwant\n%x", got, cmd)
+	}
+	c, err := decodeCommand(cmd)
+	if err != nil {
+		t.Fatalf("the settings command: %v", err)
+	}
+	if c.typ != cmdSettings || c.now != 44 || c.settings != settingsFixture {
+		t.Fatalf("the settings command decoded as type %d at %d, %+v; want %+v", c.typ, c.now, c.settings, settingsFixture)
+	}
+
+	rec, err := hex.DecodeString(settingsRecordHex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e enc
+	encodeSettingsValue(&e, &settingsFixture)
+	if !bytes.Equal(e.b, rec) {
+		t.Fatalf("the settings record written as\n%x\nwant\n%x", e.b, rec)
+	}
+	s, err := decodeSettingsValue(rec)
+	if err != nil || s != settingsFixture {
+		t.Fatalf("the settings record decoded as %+v, %v; want %+v", s, err, settingsFixture)
+	}
+}
