@@ -2049,3 +2049,46 @@ func TestSettingsNoBuildWritesAreSkippedAsGarbled(t *testing.T) {
 		t.Fatalf("settings an older build wrote (prefill_load_scale 1e15): %v, holds %+v", res[0], f.Settings())
 	}
 }
+
+// TestARestoreResetsTheSettings: a restore replaces the settings with
+// the stream's (docs/api.md: a restore replaces "the registrations and
+// the settings"), the defaults when the stream holds none (a state whose
+// settings were never put writes no settings record) or holds the
+// defaults: a cluster's own settings are not kept because the stream's
+// are the defaults. They stay so after a restart.
+func TestARestoreResetsTheSettings(t *testing.T) {
+	defaults := Settings{Params: indexer.DefaultParams()}
+	none := openTestFSM(t, filepath.Join(t.TempDir(), "none"))
+	defer none.Close()
+	var nw logWriter
+	none.ApplyBatch([]*raft.Log{nw.next(encodeRegister(5, &WorkerInfo{ID: 3, BlockSize: 16}))})
+	put := openTestFSM(t, filepath.Join(t.TempDir(), "put"))
+	defer put.Close()
+	var pw logWriter
+	put.ApplyBatch([]*raft.Log{pw.next(encodeSettings(5, &defaults))})
+	for name, snap := range map[string][]byte{
+		"a stream without settings":    snapshotBytes(t, none),
+		"a stream of default settings": snapshotBytes(t, put),
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "fsm")
+			f := openTestFSM(t, dir)
+			var w logWriter
+			if res := f.ApplyBatch([]*raft.Log{w.next(encodeSettings(5, &settingsFixture))}); res[0] != nil || f.Settings() != settingsFixture {
+				t.Fatalf("the cluster's own settings: %v, holds %+v", res[0], f.Settings())
+			}
+			if err := f.Restore(nopCloser{bytes.NewReader(snap)}); err != nil {
+				t.Fatal(err)
+			}
+			if got := f.Settings(); got != defaults {
+				t.Fatalf("after the restore the FSM holds the settings %+v, want the defaults %+v", got, defaults)
+			}
+			f.Close()
+			f = openTestFSM(t, dir)
+			defer f.Close()
+			if got := f.Settings(); got != defaults {
+				t.Fatalf("restarted after the restore, the FSM holds the settings %+v, want the defaults", got)
+			}
+		})
+	}
+}
