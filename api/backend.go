@@ -61,6 +61,9 @@ type Backend interface {
 	PrefillDone(ctx context.Context, requestID string) error
 	// Free ends a booked request. Idempotent.
 	Free(ctx context.Context, requestID string) error
+	// Settings returns the cluster's scoring settings, as this node's state
+	// holds them.
+	Settings() raftfsm.Settings
 	// SetSettings replaces the cluster's scoring settings.
 	SetSettings(ctx context.Context, s raftfsm.Settings) error
 	// AddMember adds a voter to the cluster: a non-voter until it has

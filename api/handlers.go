@@ -198,6 +198,13 @@ func (s *Server) indexStats(w http.ResponseWriter, _ *http.Request) error {
 	return reply(w, http.StatusOK, st)
 }
 
+// getSettings answers the settings this node's state holds, in the shape
+// of PUT /v1/settings' body (every field given).
+func (s *Server) getSettings(w http.ResponseWriter, _ *http.Request) error {
+	st := s.b.Settings()
+	return reply(w, http.StatusOK, SettingsRequest{Params: &st.Params, View: st.View.String()})
+}
+
 func (s *Server) setSettings(w http.ResponseWriter, r *http.Request) error {
 	// Decoding into the defaults leaves the fields the client left out at
 	// their default values.

@@ -205,6 +205,7 @@ func (s *Server) routes() {
 	s.handleOnce(patternDeregister, noBody, s.deregisterWorker)
 
 	s.handle("GET /v1/index/stats", noBody, s.indexStats)
+	s.handle("GET /v1/settings", noBody, s.getSettings)
 	s.handle("PUT /v1/settings", jsonBody, s.setSettings)
 
 	s.handle("POST /v1/events", jsonBody, s.events)

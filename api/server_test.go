@@ -1411,3 +1411,31 @@ func TestStatusAndReadyzShowTheNATSConnection(t *testing.T) {
 		}
 	}
 }
+
+// TestGetSettingsAnswersThePutShape: GET /v1/settings answers the
+// settings the node's state holds, every field given, in the shape of PUT
+// /v1/settings' body (so that what it answers can be put back), on a
+// follower from its own state, not forwarded.
+func TestGetSettingsAnswersThePutShape(t *testing.T) {
+	leader, follower := pair(t, api.Options{})
+	a := send(t, leader.http.URL, "GET", "/v1/settings", "")
+	if a.code != 200 || !strings.Contains(string(a.body), `"overlap_score_credit":1`) || !strings.Contains(string(a.body), `"busy_prefill_tokens":0`) ||
+		!strings.Contains(string(a.body), `"view":"dedup"`) {
+		t.Fatalf("GET /v1/settings of the defaults: %d %s", a.code, a.body)
+	}
+	put := `{"params":{"overlap_score_credit":2,"host_cache_hit_weight":0.5,"disk_cache_hit_weight":0.125,"prefill_load_scale":3,` +
+		`"decode_active_request_weight":4,"temperature":0.25,"busy_decode_fraction":0.875,"busy_prefill_tokens":500},"view":"tiered"}`
+	if a := send(t, leader.http.URL, "PUT", "/v1/settings", put); a.code != 204 {
+		t.Fatalf("PUT /v1/settings: %d %s", a.code, a.body)
+	}
+	if a := send(t, leader.http.URL, "GET", "/v1/settings", ""); a.code != 200 || strings.TrimSpace(string(a.body)) != put {
+		t.Fatalf("GET /v1/settings after the PUT of\n%s\n%d %s", put, a.code, a.body)
+	}
+	if a := send(t, leader.http.URL, "PUT", "/v1/settings", put); a.code != 204 {
+		t.Fatalf("the answer put back: %d %s", a.code, a.body)
+	}
+	a = send(t, follower.http.URL, "GET", "/v1/settings", "")
+	if a.code != 200 || a.header.Get(api.HeaderForwardedTo) != "" || !strings.Contains(string(a.body), `"view":"dedup"`) {
+		t.Fatalf("GET /v1/settings on the follower: %d %s (forwarded to %q), want its own state's", a.code, a.body, a.header.Get(api.HeaderForwardedTo))
+	}
+}

@@ -354,8 +354,9 @@ type TransferLeaderRequest struct {
 	To string `json:"to,omitempty"` // a member id; empty: any up-to-date voter
 }
 
-// SettingsRequest is the body of PUT /v1/settings. Params fields left out
-// take indexer.DefaultParams' values, not the current ones.
+// SettingsRequest is the body of PUT /v1/settings and the answer of GET
+// /v1/settings. Params fields left out of a PUT take
+// indexer.DefaultParams' values, not the current ones.
 type SettingsRequest struct {
 	Params *indexer.Params `json:"params,omitempty"`
 	View   string          `json:"view,omitempty"` // dedup (default) or tiered

@@ -1285,6 +1285,28 @@ func (c *Client) IndexStats(ctx context.Context) (*api.IndexStats, error) {
 	return &out, nil
 }
 
+// Settings returns the cluster's scoring settings as the node that
+// answers holds them (GET /v1/settings).
+func (c *Client) Settings(ctx context.Context) (raftfsm.Settings, error) {
+	var out api.SettingsRequest
+	if err := c.call(ctx, http.MethodGet, "/v1/settings", nil, &keyed[api.SettingsRequest]{&out, "params", nil}); err != nil {
+		return raftfsm.Settings{}, err
+	}
+	s := raftfsm.Settings{}
+	if out.Params != nil {
+		s.Params = *out.Params
+	}
+	switch out.View {
+	case "", "dedup":
+		s.View = indexer.ViewDedup
+	case "tiered":
+		s.View = indexer.ViewTiered
+	default:
+		return raftfsm.Settings{}, fmt.Errorf("%w: settings of the view %q (this kvctl reads dedup and tiered)", ErrNotAnAnswer, out.View)
+	}
+	return s, nil
+}
+
 // SetSettings replaces the cluster's scoring settings. Params fields left at
 // their zero value are sent as zero: start from indexer.DefaultParams.
 func (c *Client) SetSettings(ctx context.Context, p indexer.Params, view indexer.View) error {

@@ -1748,3 +1748,24 @@ func TestAPartlyReadStreamThatCannotRewindIsNotSentOn(t *testing.T) {
 		t.Fatalf("the stream's rest went to the next node (%d uploads)", n)
 	}
 }
+
+// TestSettingsReadsWhatWasSet: Client.Settings reads back what
+// SetSettings put, every field and the view.
+func TestSettingsReadsWhatWasSet(t *testing.T) {
+	n := newNode(t, "n1")
+	ctx := context.Background()
+	c := newClient(t, n.addr())
+	got, err := c.Settings(ctx)
+	if err != nil || got != (raftfsm.Settings{Params: indexer.DefaultParams()}) {
+		t.Fatalf("the defaults read as %+v, %v", got, err)
+	}
+	p := indexer.Params{OverlapScoreCredit: 2, HostCacheHitWeight: 0.5, DiskCacheHitWeight: 0.125, PrefillLoadScale: 3,
+		DecodeActiveRequestWeight: 4, Temperature: 0.25, BusyDecodeFraction: 0.875, BusyPrefillTokens: 500}
+	if err := c.SetSettings(ctx, p, indexer.ViewTiered); err != nil {
+		t.Fatal(err)
+	}
+	want := raftfsm.Settings{Params: p, View: indexer.ViewTiered}
+	if got, err := c.Settings(ctx); err != nil || got != want {
+		t.Fatalf("read %+v, %v; want %+v", got, err, want)
+	}
+}

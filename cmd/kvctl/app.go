@@ -225,6 +225,7 @@ func newApp(e *env) *cli.App {
 			workersCommand(e),
 			routeCommand(e),
 			indexCommand(e),
+			settingsCommand(e),
 			snapshotCommand(e),
 		},
 	}

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/api"
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/raftfsm"
+)
+
+// TestSettingsShowsTheClustersSettings: kvctl settings shows every
+// scoring setting the answering node holds, as a table or (-o json) as
+// the body of PUT /v1/settings.
+func TestSettingsShowsTheClustersSettings(t *testing.T) {
+	c := newCluster(t)
+	p := indexer.DefaultParams()
+	p.Temperature, p.BusyPrefillTokens = 0.25, 4096
+	if err := c.leader().SetSettings(context.Background(), raftfsm.Settings{Params: p, View: indexer.ViewTiered}); err != nil {
+		t.Fatal(err)
+	}
+	r := kvctl(t, "--endpoints", c.endpoints(), "settings").wantCode(t, 0)
+	for _, row := range [][]string{{"SETTING", "VALUE"}, {"overlap_score_credit", "1"}, {"host_cache_hit_weight", "0.75"},
+		{"temperature", "0.25"}, {"busy_decode_fraction", "0"}, {"busy_prefill_tokens", "4096"}, {"view", "tiered"}} {
+		if !strings.Contains(r.stdout, "\n"+strings.Join(row, " ")) && !containsFields(r.stdout, row) {
+			t.Errorf("kvctl settings lacks the row %q:\n%s", row, r.stdout)
+		}
+	}
+	r = kvctl(t, "--endpoints", c.endpoints(), "settings", "-o", "json").wantCode(t, 0)
+	var got api.SettingsRequest
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || got.Params == nil || *got.Params != p || got.View != "tiered" {
+		t.Fatalf("kvctl settings -o json: %v %s", err, r.stdout)
+	}
+}
+
+// containsFields reports whether a line of out has the fields of row.
+func containsFields(out string, row []string) bool {
+	for line := range strings.SplitSeq(out, "\n") {
+		if strings.Join(strings.Fields(line), " ") == strings.Join(row, " ") {
+			return true
+		}
+	}
+	return false
+}
+
+// TestSettingsSetKeepsTheOthers: kvctl settings set changes the settings
+// its flags give and keeps every other one (PUT /v1/settings would reset
+// those it is not given to the defaults), on the leader through a
+// follower's forward; a command line without a setting, or with a value
+// that is none, is a usage error (exit 2) that changes nothing.
+func TestSettingsSetKeepsTheOthers(t *testing.T) {
+	c := newCluster(t)
+	p := indexer.DefaultParams()
+	p.PrefillLoadScale, p.BusyDecodeFraction = 3, 0.5
+	if err := c.leader().SetSettings(context.Background(), raftfsm.Settings{Params: p, View: indexer.ViewDedup}); err != nil {
+		t.Fatal(err)
+	}
+	r := kvctl(t, "--endpoints", c.endpoints(), "settings", "set", "--temperature", "0.2", "--busy-prefill-tokens", "500", "--view", "tiered").wantCode(t, 0)
+	want := p
+	want.Temperature, want.BusyPrefillTokens = 0.2, 500
+	if got := c.leader().Settings(); got.Params != want || got.View != indexer.ViewTiered {
+		t.Fatalf("after settings set: %+v, want %+v (tiered)", got, want)
+	}
+	if !containsFields(r.stdout, []string{"prefill_load_scale", "3"}) || !containsFields(r.stdout, []string{"temperature", "0.2"}) {
+		t.Fatalf("settings set shows:\n%s", r.stdout)
+	}
+	for _, bad := range [][]string{
+		{"settings", "set"},
+		{"settings", "set", "--temperature", "abc"},
+		{"settings", "set", "--temperature", "NaN"},
+		{"settings", "set", "--overlap-score-credit", "-1"},
+		{"settings", "set", "--busy-prefill-tokens", "1.5"},
+		{"settings", "set", "--view", "fancy"},
+		{"settings", "set", "--temperature", "1", "extra"},
+		{"settings", "show"},
+	} {
+		r := kvctl(t, append([]string{"--endpoints", c.endpoints()}, bad...)...).wantCode(t, 2)
+		if r.stdout != "" {
+			t.Errorf("%q wrote to stdout: %s", bad, r.stdout)
+		}
+		if got := c.leader().Settings(); got.Params != want || got.View != indexer.ViewTiered {
+			t.Fatalf("%q changed the settings: %+v", bad, got)
+		}
+	}
+}
