@@ -1376,3 +1376,28 @@ func transferLeadership(t *testing.T, from *Node, to string) {
 		t.Logf("transfer from %s to %q: %v; trying again", from.cfg.ID, to, err)
 	}
 }
+
+// TestAnOnlineRestoreResetsTheSettings: an operator's online restore of a
+// snapshot saved before any settings were put (no settings record) puts
+// the cluster's settings back to the defaults (docs/api.md: a restore
+// replaces "the registrations and the settings"), instead of keeping the
+// settings put since.
+func TestAnOnlineRestoreResetsTheSettings(t *testing.T) {
+	l := newTestCluster(t, 1, nil).leader()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := l.SaveSnapshot(ctx(t), &buf); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetSettings(ctx(t), settingsFixture); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.RestoreSnapshot(ctx(t), bytes.NewReader(buf.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := l.Settings(), (Settings{Params: indexer.DefaultParams()}); got != want {
+		t.Fatalf("after restoring a snapshot saved before the settings were put: %+v, want the defaults %+v", got, want)
+	}
+}
