@@ -1054,3 +1054,57 @@ func TestFloodsOfSmallEventsAllocateInProportion(t *testing.T) {
 		}
 	}
 }
+
+// Events of a hundred one-byte hashes each, many to a payload, cost
+// memory in proportion to the payload at the rate doc.go states ("under 32
+// bytes a payload byte for the most hashes or events a payload can
+// carry"), as one event of all the hashes and floods of the smallest
+// events do (TestManyOneByteHashesAllocateInProportion,
+// TestFloodsOfSmallEventsAllocateInProportion): the Batch's blocks and
+// removed hashes, appended event by event, must not cost several times
+// their final size on the way. The stores are of hashes learned first
+// (an offload tier's store carries no tokens), so each one emits.
+func TestManyMidSizedEventsAllocateInProportion(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	const per = 100 // one-byte hashes 1..100, distinct within an event
+	hs := make([]any, per)
+	for i := range hs {
+		hs[i] = i + 1
+	}
+	toks := make([]any, d.blockSize*per)
+	for i := range toks {
+		toks[i] = i % 1000
+	}
+	if evs := decode(t, d, in(t, []any{"BlockStored", hs, nil, toks})); len(evs) != 1 {
+		t.Fatalf("learning the hashes emitted %d events, want 1", len(evs))
+	}
+	for _, typ := range []string{"BlockStored", "BlockRemoved"} {
+		ev := []byte{0x92, 0xa0 | byte(len(typ))}
+		ev = append(ev, typ...)
+		ev = append(ev, 0xdc, 0, per)
+		for i := 1; i <= per; i++ {
+			ev = append(ev, byte(i))
+		}
+		n := (1 << 22) / len(ev)
+		p := []byte{0x92, 0x00, 0xdd, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}
+		for range n {
+			p = append(p, ev...)
+		}
+		var b Batch
+		runtime.GC()
+		var ms0, ms1 runtime.MemStats
+		runtime.ReadMemStats(&ms0)
+		err := d.Decode(p, &b)
+		runtime.ReadMemStats(&ms1)
+		if err != nil {
+			t.Fatalf("%s: decode: %v", typ, err)
+		}
+		if len(b.Events) != n {
+			t.Fatalf("%s: %d events, want %d", typ, len(b.Events), n)
+		}
+		if grown := ms1.TotalAlloc - ms0.TotalAlloc; grown > 32*uint64(len(p)) {
+			t.Errorf("%s: a payload of %d bytes (%d events of %d one-byte hashes) allocated %d bytes, %.1f per payload byte (at most 32)",
+				typ, len(p), n, per, grown, float64(grown)/float64(len(p)))
+		}
+	}
+}
