@@ -1108,3 +1108,26 @@ func TestManyMidSizedEventsAllocateInProportion(t *testing.T) {
 		}
 	}
 }
+
+// minEmittedEventBytes, which readEvents sizes the events by, is no larger
+// than the smallest event that emits: ["BlockStored", [h]] of a one-byte
+// hash learned earlier (a store of an offload tier), 15 bytes. A bound
+// larger than an emitting event undersizes the events, which append then
+// grows, copying them all.
+func TestNoEmittedEventIsSmallerThanTheSizingBound(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	decode(t, d, in(t, []any{"BlockStored", []any{1}, nil, tokens(0, d.blockSize)}))
+	for _, ev := range [][]byte{
+		append(append([]byte{0x92, 0xab}, "BlockStored"...), 0x91, 0x01),
+		append(append([]byte{0x92, 0xac}, "BlockRemoved"...), 0x91, 0x01),
+		append([]byte{0x91, 0xb0}, "AllBlocksCleared"...),
+	} {
+		p := append([]byte{0x92, 0x00, 0x91}, ev...)
+		if evs := decode(t, d, p); len(evs) != 1 {
+			t.Fatalf("% x emitted %d events, want 1", ev, len(evs))
+		}
+		if len(ev) < minEmittedEventBytes {
+			t.Errorf("a %d-byte event (% x) emitted, but minEmittedEventBytes is %d", len(ev), ev, minEmittedEventBytes)
+		}
+	}
+}

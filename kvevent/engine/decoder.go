@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unsafe"
 
 	"github.com/kvrouter/kvrouter/kvevent"
 )
@@ -138,6 +139,7 @@ type Decoder struct {
 	locals []uint64
 	spans  []span
 	seen   map[uint64]struct{}
+	left   int // bytes of the payload after the event being converted
 	stats  Stats
 }
 
@@ -369,6 +371,7 @@ func (d *Decoder) readEvents(b []byte, out *Batch) ([]byte, error) {
 		if b, err = readEvent(b, &d.ev); err != nil {
 			return b, fmt.Errorf("events[%d]: %w", i, err)
 		}
+		d.left = len(b)
 		d.stats.Events++
 		if r, ok := d.convert(&d.ev, out); !ok {
 			d.stats.Skipped[r]++
@@ -380,10 +383,32 @@ func (d *Decoder) readEvents(b []byte, out *Batch) ([]byte, error) {
 }
 
 // minEmittedEventBytes is the size of the smallest event that emits a
-// router event: ["BlockRemoved", [h]] in the array encoding, a one-byte hash
-// (1 + 13 + 1 + 1 bytes); ["AllBlocksCleared"] takes 18, and the map
-// encoding more.
-const minEmittedEventBytes = 16
+// router event: ["BlockStored", [h]] in the array encoding, a one-byte hash
+// learned earlier (1 + 12 + 1 + 1 bytes); ["BlockRemoved", [h]] takes 16,
+// ["AllBlocksCleared"] 18, and the map encoding more.
+const minEmittedEventBytes = 15
+
+// room returns s with room for m more elements. When it has none, it is
+// grown to four times its capacity, but never past m more than the bytes
+// left after the event (left: a byte at least a hash or block) can add, so
+// the storage a payload's blocks or removed hashes end in is at most what
+// its bytes can hold, and the copies on the way cost a third of that.
+// (Grown by append, a quarter at a time once large, they cost five times
+// their final storage: 81 bytes a payload byte for many events of a
+// hundred one-byte hashes.) Nor is it grown past maxKeptBytes while what
+// it needs fits there, so that storage Reset would keep is not dropped.
+func room[T any](s []T, m, left int) []T {
+	if cap(s)-len(s) >= m {
+		return s
+	}
+	need := len(s) + m
+	c := min(max(need, 4*cap(s)), need+left)
+	var zero T
+	if kept := maxKeptBytes / int(unsafe.Sizeof(zero)); need <= kept {
+		c = min(c, kept)
+	}
+	return slices.Grow(s, c-len(s))
+}
 
 // Fields each event type reads: a bad value in any other field is ignored.
 const (
@@ -437,7 +462,7 @@ func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
 	}
 	if e.typ == evRemoved {
 		start := len(out.removed)
-		out.removed = append(out.removed, e.hashes...)
+		out.removed = append(room(out.removed, len(e.hashes), d.left), e.hashes...)
 		out.Events = append(out.Events, kvevent.Event{Kind: kvevent.KindRemoved, Tier: tier})
 		d.spans = append(d.spans, span{start, len(out.removed)})
 		return 0, true
@@ -496,6 +521,7 @@ func (d *Decoder) blocks(e *wireEvent, out *Batch) (keep int, why Reason) {
 		return 0, ReasonBlockSize
 	}
 	if len(e.tokens) == 0 {
+		out.blocks = room(out.blocks, n, d.left)
 		start := len(out.blocks)
 		keep = n
 		for i, h := range e.hashes {
@@ -526,6 +552,7 @@ func (d *Decoder) blocks(e *wireEvent, out *Batch) (keep int, why Reason) {
 		keep, why = len(e.tokens)/bs, ReasonBlockSize
 	}
 	d.locals = kvevent.LocalHashes(d.locals[:0], e.tokens[:keep*bs], bs, d.seedFor(e))
+	out.blocks = room(out.blocks, keep, d.left)
 	for i, local := range d.locals {
 		h := e.hashes[i]
 		out.blocks = append(out.blocks, kvevent.Block{EngineHash: h, LocalHash: local})
