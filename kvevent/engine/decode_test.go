@@ -1131,3 +1131,33 @@ func TestNoEmittedEventIsSmallerThanTheSizingBound(t *testing.T) {
 		}
 	}
 }
+
+// A flood of one-byte events that emit nothing (a number where an event
+// should be: bad_shape) costs memory in proportion to the payload: the
+// events are sized by what the bytes left can emit (minEmittedEventBytes
+// an event), not by the array's count, which such a payload makes a
+// million for a million bytes.
+func TestAFloodOfSkippedOneByteEventsAllocatesInProportion(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	n := 1 << 20
+	p := []byte{0x92, 0x00, 0xdd, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}
+	for range n {
+		p = append(p, 0x01)
+	}
+	var b Batch
+	runtime.GC()
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	err := d.Decode(p, &b)
+	runtime.ReadMemStats(&ms1)
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	if len(b.Events) != 0 || d.Stats().Skipped[ReasonBadShape] != uint64(n) {
+		t.Fatalf("%d events emitted, %d skipped as bad_shape; want 0 and %d", len(b.Events), d.Stats().Skipped[ReasonBadShape], n)
+	}
+	if grown := ms1.TotalAlloc - ms0.TotalAlloc; grown > 32*uint64(len(p)) {
+		t.Errorf("a payload of %d bytes (%d one-byte events, none emitted) allocated %d bytes, %.1f per payload byte (at most 32)",
+			len(p), n, grown, float64(grown)/float64(len(p)))
+	}
+}
