@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -514,5 +515,35 @@ func TestArraysAreSizedOnce(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(10, func() { New(body).Uints(got[:0], math.MaxUint64) }); n != 0 {
 		t.Errorf("into a slice with room: %.0f allocations, want 0", n)
+	}
+}
+
+// TestRoomIsTheArraysOwn: the room an array is sized for counts the commas
+// of its own rest only, up to its first ']', not those of later arrays or
+// strings of the body; and on bytes that are not an array of numbers (a
+// run of commas) it is at most half of them, as it would be at a digit and
+// a comma an element.
+func TestRoomIsTheArraysOwn(t *testing.T) {
+	body := []byte("[1, 2] " + `"` + strings.Repeat(",", 10000) + `" [1` + strings.Repeat(",1", 10000) + "]")
+	got, ok := New(body).Uints(nil, math.MaxUint64)
+	if !ok || len(got) != 2 {
+		t.Fatalf("Uints of the first array: %v, %v", got, ok)
+	}
+	if cap(got) > 8 {
+		t.Errorf("the first array of 2 values was sized for %d: the commas after its ']' counted", cap(got))
+	}
+
+	commas := []byte("[1" + strings.Repeat(",", 10000) + "]")
+	var ms0, ms1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms0)
+	got, ok = New(commas).Uints(nil, math.MaxUint64)
+	runtime.ReadMemStats(&ms1)
+	if ok {
+		t.Fatalf("Uints of %q...: %v, want a failure", commas[:8], got)
+	}
+	bound := uint64(8 * (len(commas)/2 + 1))
+	if grown := ms1.TotalAlloc - ms0.TotalAlloc; grown > bound+bound/4 {
+		t.Errorf("a 1 and %d commas allocated %d bytes, over room's bound of half its bytes (%d)", 10000, grown, bound)
 	}
 }
