@@ -150,3 +150,65 @@ func TestAnAnswerThatNoLongerFlagsTheRankVoidsTheHeldBackResync(t *testing.T) {
 		t.Fatalf("%d dumps of the rank taken, want 2 (the start's and one for the answers): the ask held back within RouterResyncEvery (%v) dumped the rank after answers that no longer flag it", got, every)
 	}
 }
+
+// TestAnAnswerThatDoesNotNameTheFlaggedRanksKeepsTheHeldBackResync: an
+// answer that does not say which ranks the router flags (without the
+// Kvrouter-Ranks-Needing-Resync header: a router of an earlier build, or
+// with a rank of it that cannot be read: a format of a later one) voids
+// no held-back resync ask: the rank is dumped at the interval's end, as
+// an ack's held-back ask is, not left unsynced on an answer that says
+// nothing of it.
+func TestAnAnswerThatDoesNotNameTheFlaggedRanksKeepsTheHeldBackResync(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		header []string // the needing-resync header of the answers after the switch; nil: none
+	}{
+		{"without the header", nil},
+		{"with an unreadable rank", []string{"7/x"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := startRouter(t)
+			must(t, r.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 7, BlockSize: 4, DPRanks: []uint32{0}}))
+			nc, err := nats.Connect(r.ns.ClientURL())
+			must(t, err)
+			t.Cleanup(nc.Close)
+			var flagged atomic.Bool
+			flagged.Store(true)
+			var answers, unnamed atomic.Int32
+			_, err = nc.Subscribe("test.heartbeat", func(m *nats.Msg) {
+				h := nats.Header{"Kvrouter-Ranks-Without-State": []string{""}}
+				if flagged.Load() {
+					h["Kvrouter-Ranks-Needing-Resync"] = []string{"7/0"}
+				} else {
+					if c.header != nil {
+						h["Kvrouter-Ranks-Needing-Resync"] = c.header
+					}
+					unnamed.Add(1)
+				}
+				_ = m.RespondMsg(&nats.Msg{Data: eventplane.AppendHeartbeat(nil, nil), Header: h})
+				answers.Add(1)
+			})
+			must(t, err)
+			must(t, nc.Flush())
+			const every = 500 * time.Millisecond
+			a, _ := startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
+				Publisher: eventplane.PublisherConfig{RouterResyncEvery: every}})
+			// The start's dump, then the one the router asked for.
+			waitFor(t, "the rank dumped for the router's ask", func() bool { return a.Publisher().Synced(rank) >= 2 })
+			asked := time.Now()
+			// More answers naming it, within the interval: a dump held back.
+			n := answers.Load()
+			waitFor(t, "5 more answers naming the rank", func() bool { return answers.Load() >= n+5 })
+			flagged.Store(false)
+			waitFor(t, "5 answers that do not name the flagged ranks", func() bool { return unnamed.Load() >= 5 })
+			deadline := asked.Add(10 * every)
+			for a.Publisher().Synced(rank) < 3 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if got := a.Publisher().Synced(rank); got != 3 {
+				t.Fatalf("%d dumps of the rank taken %v after the ask held back, want 3 (the start's, one for the answers, and the held-back one at RouterResyncEvery, %v): %d answers %s voided it",
+					got, time.Since(asked), every, unnamed.Load(), c.name)
+			}
+		})
+	}
+}
