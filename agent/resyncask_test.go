@@ -99,6 +99,50 @@ func TestRouterAskedResyncsOfOtherRanksAreIgnored(t *testing.T) {
 	}
 }
 
+// heldBackResync starts a router that registers worker 7 (rank 7/0)
+// and answers every heartbeat on its NATS with a body that knows the
+// worker and the needing-resync header "7/0", and an agent that sends
+// heartbeats every 20 ms, whose publisher holds a router's resync ask
+// back for every. It returns once the router's ask has dumped the rank
+// and 5 more answers named it (a dump held back), with the agent, the
+// time of that dump, and after, which switches the answers to later's
+// headers (the without-state header is always there, empty) and returns
+// the count of answers sent since.
+func heldBackResync(t *testing.T, every time.Duration, later nats.Header) (a *Agent, asked time.Time, after func() *atomic.Int32) {
+	t.Helper()
+	r := startRouter(t)
+	must(t, r.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 7, BlockSize: 4, DPRanks: []uint32{0}}))
+	nc, err := nats.Connect(r.ns.ClientURL())
+	must(t, err)
+	t.Cleanup(nc.Close)
+	var switched atomic.Bool
+	var answers, since atomic.Int32
+	_, err = nc.Subscribe("test.heartbeat", func(m *nats.Msg) {
+		h := nats.Header{"Kvrouter-Ranks-Without-State": []string{""}}
+		if switched.Load() {
+			for k, v := range later {
+				h[k] = v
+			}
+			since.Add(1)
+		} else {
+			h["Kvrouter-Ranks-Needing-Resync"] = []string{"7/0"}
+		}
+		_ = m.RespondMsg(&nats.Msg{Data: eventplane.AppendHeartbeat(nil, nil), Header: h})
+		answers.Add(1)
+	})
+	must(t, err)
+	must(t, nc.Flush())
+	a, _ = startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
+		Publisher: eventplane.PublisherConfig{RouterResyncEvery: every}})
+	// The start's dump, then the one the router asked for.
+	waitFor(t, "the rank dumped for the router's ask", func() bool { return a.Publisher().Synced(rank) >= 2 })
+	asked = time.Now()
+	// More answers naming it, within the interval: a dump held back.
+	n := answers.Load()
+	waitFor(t, "5 more answers naming the rank", func() bool { return answers.Load() >= n+5 })
+	return a, asked, func() *atomic.Int32 { switched.Store(true); return &since }
+}
+
 // TestAnAnswerThatNoLongerFlagsTheRankVoidsTheHeldBackResync pins
 // docs/events.md: a held-back resync ask is void once the router no
 // longer flags the rank. After an operator's restore the heartbeats'
@@ -109,39 +153,9 @@ func TestRouterAskedResyncsOfOtherRanksAreIgnored(t *testing.T) {
 // once more, RouterResyncEvery (5 minutes) after the restore, for
 // nothing.
 func TestAnAnswerThatNoLongerFlagsTheRankVoidsTheHeldBackResync(t *testing.T) {
-	r := startRouter(t)
-	must(t, r.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 7, BlockSize: 4, DPRanks: []uint32{0}}))
-	nc, err := nats.Connect(r.ns.ClientURL())
-	must(t, err)
-	t.Cleanup(nc.Close)
-	var flagged atomic.Bool
-	flagged.Store(true)
-	var answers, cleared atomic.Int32
-	_, err = nc.Subscribe("test.heartbeat", func(m *nats.Msg) {
-		v := ""
-		if flagged.Load() {
-			v = "7/0"
-		} else {
-			cleared.Add(1)
-		}
-		_ = m.RespondMsg(&nats.Msg{Data: eventplane.AppendHeartbeat(nil, nil), Header: nats.Header{
-			"Kvrouter-Ranks-Without-State":  []string{""},
-			"Kvrouter-Ranks-Needing-Resync": []string{v},
-		}})
-		answers.Add(1)
-	})
-	must(t, err)
-	must(t, nc.Flush())
 	const every = 500 * time.Millisecond
-	a, _ := startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
-		Publisher: eventplane.PublisherConfig{RouterResyncEvery: every}})
-	// The start's dump, then the one the router asked for.
-	waitFor(t, "the rank dumped for the router's ask", func() bool { return a.Publisher().Synced(rank) >= 2 })
-	asked := time.Now()
-	// More answers naming it, within the interval: a dump held back.
-	n := answers.Load()
-	waitFor(t, "5 more answers naming the rank", func() bool { return answers.Load() >= n+5 })
-	flagged.Store(false)
+	a, asked, after := heldBackResync(t, every, nats.Header{"Kvrouter-Ranks-Needing-Resync": []string{""}})
+	cleared := after()
 	// Past the interval's end, with answers that no longer flag it.
 	waitFor(t, "the interval's end, twice over, and 5 answers without the flag", func() bool {
 		return time.Since(asked) > 2*every && cleared.Load() >= 5
@@ -160,46 +174,16 @@ func TestAnAnswerThatNoLongerFlagsTheRankVoidsTheHeldBackResync(t *testing.T) {
 // nothing of it.
 func TestAnAnswerThatDoesNotNameTheFlaggedRanksKeepsTheHeldBackResync(t *testing.T) {
 	for _, c := range []struct {
-		name   string
-		header []string // the needing-resync header of the answers after the switch; nil: none
+		name  string
+		later nats.Header // the answers' headers after the switch
 	}{
 		{"without the header", nil},
-		{"with an unreadable rank", []string{"7/x"}},
+		{"with an unreadable rank", nats.Header{"Kvrouter-Ranks-Needing-Resync": []string{"7/x"}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := startRouter(t)
-			must(t, r.node.RegisterWorker(context.Background(), raftfsm.WorkerInfo{ID: 7, BlockSize: 4, DPRanks: []uint32{0}}))
-			nc, err := nats.Connect(r.ns.ClientURL())
-			must(t, err)
-			t.Cleanup(nc.Close)
-			var flagged atomic.Bool
-			flagged.Store(true)
-			var answers, unnamed atomic.Int32
-			_, err = nc.Subscribe("test.heartbeat", func(m *nats.Msg) {
-				h := nats.Header{"Kvrouter-Ranks-Without-State": []string{""}}
-				if flagged.Load() {
-					h["Kvrouter-Ranks-Needing-Resync"] = []string{"7/0"}
-				} else {
-					if c.header != nil {
-						h["Kvrouter-Ranks-Needing-Resync"] = c.header
-					}
-					unnamed.Add(1)
-				}
-				_ = m.RespondMsg(&nats.Msg{Data: eventplane.AppendHeartbeat(nil, nil), Header: h})
-				answers.Add(1)
-			})
-			must(t, err)
-			must(t, nc.Flush())
 			const every = 500 * time.Millisecond
-			a, _ := startAgentWith(t, r, Config{HeartbeatInterval: 20 * time.Millisecond, HeartbeatSubject: "test.heartbeat",
-				Publisher: eventplane.PublisherConfig{RouterResyncEvery: every}})
-			// The start's dump, then the one the router asked for.
-			waitFor(t, "the rank dumped for the router's ask", func() bool { return a.Publisher().Synced(rank) >= 2 })
-			asked := time.Now()
-			// More answers naming it, within the interval: a dump held back.
-			n := answers.Load()
-			waitFor(t, "5 more answers naming the rank", func() bool { return answers.Load() >= n+5 })
-			flagged.Store(false)
+			a, asked, after := heldBackResync(t, every, c.later)
+			unnamed := after()
 			waitFor(t, "5 answers that do not name the flagged ranks", func() bool { return unnamed.Load() >= 5 })
 			deadline := asked.Add(10 * every)
 			for a.Publisher().Synced(rank) < 3 && time.Now().Before(deadline) {

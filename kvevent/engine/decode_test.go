@@ -912,18 +912,14 @@ func TestManyOneByteHashesAllocateInProportion(t *testing.T) {
 	p = append(p, 0xc0, 0xc0)
 	d := newTestDecoder(t, Config{Rank: rank})
 	var b Batch
-	runtime.GC()
-	var ms0, ms1 runtime.MemStats
-	runtime.ReadMemStats(&ms0)
-	err := d.Decode(p, &b)
-	runtime.ReadMemStats(&ms1)
+	grown, err := decodeAllocating(d, p, &b)
 	if err != nil {
 		t.Fatalf("decode: %v", err)
 	}
 	if s := d.Stats(); s.Skipped[ReasonRepeatedHash] != 1 {
 		t.Fatalf("skipped %v, want the one event as a repeated hash", s.Skipped)
 	}
-	if grown := ms1.TotalAlloc - ms0.TotalAlloc; grown > 32*uint64(len(p)) {
+	if grown > 32*uint64(len(p)) {
 		t.Fatalf("a payload of %d bytes (%d one-byte hashes) allocated %d bytes, %.0f per payload byte (at most 32)",
 			len(p), n, grown, float64(grown)/float64(len(p)))
 	}
@@ -1035,18 +1031,13 @@ func TestFloodsOfSmallEventsAllocateInProportion(t *testing.T) {
 		}
 		d := newTestDecoder(t, Config{Rank: rank})
 		var b Batch
-		runtime.GC()
-		var ms0, ms1 runtime.MemStats
-		runtime.ReadMemStats(&ms0)
-		err := d.Decode(p, &b)
-		runtime.ReadMemStats(&ms1)
+		grown, err := decodeAllocating(d, p, &b)
 		if err != nil {
 			t.Fatalf("%s: decode: %v", c.name, err)
 		}
 		if len(b.Events) != n {
 			t.Fatalf("%s: %d events, want %d", c.name, len(b.Events), n)
 		}
-		grown := ms1.TotalAlloc - ms0.TotalAlloc
 		t.Logf("%s: %d events of %d bytes allocated %.1f bytes per payload byte", c.name, n, len(c.ev), float64(grown)/float64(len(p)))
 		if grown > 32*uint64(len(p)) {
 			t.Errorf("%s: a payload of %d bytes (%d events) allocated %d bytes, %.0f per payload byte (at most 32)",
@@ -1091,18 +1082,14 @@ func TestManyMidSizedEventsAllocateInProportion(t *testing.T) {
 			p = append(p, ev...)
 		}
 		var b Batch
-		runtime.GC()
-		var ms0, ms1 runtime.MemStats
-		runtime.ReadMemStats(&ms0)
-		err := d.Decode(p, &b)
-		runtime.ReadMemStats(&ms1)
+		grown, err := decodeAllocating(d, p, &b)
 		if err != nil {
 			t.Fatalf("%s: decode: %v", typ, err)
 		}
 		if len(b.Events) != n {
 			t.Fatalf("%s: %d events, want %d", typ, len(b.Events), n)
 		}
-		if grown := ms1.TotalAlloc - ms0.TotalAlloc; grown > 32*uint64(len(p)) {
+		if grown > 32*uint64(len(p)) {
 			t.Errorf("%s: a payload of %d bytes (%d events of %d one-byte hashes) allocated %d bytes, %.1f per payload byte (at most 32)",
 				typ, len(p), n, per, grown, float64(grown)/float64(len(p)))
 		}
@@ -1145,19 +1132,26 @@ func TestAFloodOfSkippedOneByteEventsAllocatesInProportion(t *testing.T) {
 		p = append(p, 0x01)
 	}
 	var b Batch
-	runtime.GC()
-	var ms0, ms1 runtime.MemStats
-	runtime.ReadMemStats(&ms0)
-	err := d.Decode(p, &b)
-	runtime.ReadMemStats(&ms1)
+	grown, err := decodeAllocating(d, p, &b)
 	if err != nil {
 		t.Fatalf("decode: %v", err)
 	}
 	if len(b.Events) != 0 || d.Stats().Skipped[ReasonBadShape] != uint64(n) {
 		t.Fatalf("%d events emitted, %d skipped as bad_shape; want 0 and %d", len(b.Events), d.Stats().Skipped[ReasonBadShape], n)
 	}
-	if grown := ms1.TotalAlloc - ms0.TotalAlloc; grown > 32*uint64(len(p)) {
+	if grown > 32*uint64(len(p)) {
 		t.Errorf("a payload of %d bytes (%d one-byte events, none emitted) allocated %d bytes, %.1f per payload byte (at most 32)",
 			len(p), n, grown, float64(grown)/float64(len(p)))
 	}
+}
+
+// decodeAllocating decodes p into b with d and returns the bytes the
+// decode allocated (runtime.MemStats.TotalAlloc, after a GC).
+func decodeAllocating(d *Decoder, p []byte, b *Batch) (uint64, error) {
+	runtime.GC()
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	err := d.Decode(p, b)
+	runtime.ReadMemStats(&ms1)
+	return ms1.TotalAlloc - ms0.TotalAlloc, err
 }
