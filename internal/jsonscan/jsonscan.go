@@ -17,7 +17,6 @@ import (
 	"bytes"
 	"math"
 	"math/bits"
-	"slices"
 )
 
 // Scanner reads JSON tokens from a body; every method reports false on
@@ -145,7 +144,12 @@ func array[T any](p *Scanner, dst []T, elem func() (T, bool)) ([]T, bool) {
 	}
 	for {
 		if len(dst) == cap(dst) {
-			dst = slices.Grow(dst, p.room())
+			// make and copy rather than slices.Grow, whose append of
+			// room zero elements allocates them apart under the race
+			// detector: one allocation of that capacity either way.
+			g := make([]T, len(dst), len(dst)+p.room())
+			copy(g, dst)
+			dst = g
 		}
 		v, ok := elem()
 		if !ok {
