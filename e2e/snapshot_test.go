@@ -183,7 +183,7 @@ func TestSnapshotSaveWipeRestore(t *testing.T) {
 	if res.code != 0 || !strings.HasPrefix(res.stdout, wantOut) {
 		t.Fatalf("%v\nwant stdout starting %q", res, wantOut)
 	}
-	p.model.restored = true // every rank flagged for a resync
+	p.model.restored() // every rank flagged for a resync
 	c.waitDigest(digest)
 	c.converged()
 	c.checkAll(p.model)
@@ -366,7 +366,7 @@ func TestCorruptSnapshotIsRefused(t *testing.T) {
 	if res := c.kvctl("snapshot", "restore", snap.path); res.code != 0 {
 		t.Fatalf("%v", res)
 	}
-	p.model.restored = true // every rank flagged for a resync
+	p.model.restored() // every rank flagged for a resync
 	c.waitDigest(digest)
 	c.converged()
 	c.checkAll(p.model)
@@ -403,7 +403,7 @@ func TestOfflineSeedNewCluster(t *testing.T) {
 			}
 		}
 	})
-	p.model.restored = true // the seed flags every rank for a resync
+	p.model.restored() // the seed flags every rank for a resync
 	c.waitDigest(digest)
 	c.converged()
 	c.checkAll(p.model)
