@@ -1439,3 +1439,37 @@ func TestGetSettingsAnswersThePutShape(t *testing.T) {
 		t.Fatalf("GET /v1/settings on the follower: %d %s (forwarded to %q), want its own state's", a.code, a.body, a.header.Get(api.HeaderForwardedTo))
 	}
 }
+
+// olderBuildSettings is a backend whose state holds settings an older
+// build stored: a weight over indexer.MaxWeight, which the FSM and a
+// restore still take (raftfsm's command.refused, docs/operations.md).
+type olderBuildSettings struct {
+	*apitest.Fake
+	held raftfsm.Settings
+}
+
+func (b *olderBuildSettings) Settings() raftfsm.Settings { return b.held }
+
+// TestGetSettingsAnswerPutBackSetsTheSameSettings pins docs/api.md's
+// GET /v1/settings: "the answer put back sets the same settings", also
+// on a cluster whose state holds a weight over indexer.MaxWeight that an
+// older build stored (and this build keeps): the answer, put back as
+// kvctl settings set does, is taken, not refused 400 invalid.
+func TestGetSettingsAnswerPutBackSetsTheSameSettings(t *testing.T) {
+	p := indexer.DefaultParams()
+	p.PrefillLoadScale = 1e15 // over MaxWeight: an older build stored it
+	b := &olderBuildSettings{Fake: apitest.New("n1", ""), held: raftfsm.Settings{Params: p, View: indexer.ViewDedup}}
+	s := api.NewServer(b, api.Options{Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewServer(s)
+	t.Cleanup(func() {
+		hs.Close()
+		s.Close()
+	})
+	a := send(t, hs.URL, "GET", "/v1/settings", "")
+	if a.code != 200 {
+		t.Fatalf("GET /v1/settings: %d %s", a.code, a.body)
+	}
+	if put := send(t, hs.URL, "PUT", "/v1/settings", string(a.body)); put.code != 204 {
+		t.Fatalf("the GET /v1/settings answer %s put back: %d %s, want 204 (the same settings)", strings.TrimSpace(string(a.body)), put.code, strings.TrimSpace(string(put.body)))
+	}
+}

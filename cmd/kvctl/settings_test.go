@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -82,6 +85,32 @@ func TestSettingsSetKeepsTheOthers(t *testing.T) {
 		}
 		if got := c.leader().Settings(); got.Params != want || got.View != indexer.ViewTiered {
 			t.Fatalf("%q changed the settings: %+v", bad, got)
+		}
+	}
+}
+
+// TestSettingsOnAnOlderBuildSaysWhatToDo pins design/cli.md's "Errors
+// go to stderr, one line, saying what to do" for kvctl settings (and
+// settings set) answered by a node of a build before GET /v1/settings,
+// which answers it 405 method_not_allowed (allowed: PUT), as
+// docs/operations.md's Upgrade notes say ("A node of an older build
+// refuses the GET"): exit 1, and the line names the node's older build
+// (upgrade it, or ask an upgraded node), not only "GET is not allowed".
+func TestSettingsOnAnOlderBuildSaysWhatToDo(t *testing.T) {
+	old := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// An older build's answer: PUT /v1/settings only.
+		w.Header().Set("Allow", "PUT")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusMethodNotAllowed)
+		fmt.Fprintf(w, `{"error":"%s is not allowed on %s (allowed: PUT)","reason":"method_not_allowed"}`+"\n", r.Method, r.URL.Path)
+	}))
+	defer old.Close()
+	addr := strings.TrimPrefix(old.URL, "http://")
+	for _, args := range [][]string{{"settings"}, {"settings", "set", "--temperature", "0.2"}} {
+		r := kvctl(t, append([]string{"--endpoints", addr}, args...)...).wantCode(t, 1)
+		if !strings.Contains(r.stderr, "build") && !strings.Contains(r.stderr, "upgrade") {
+			t.Errorf("kvctl %s against a node of a build before GET /v1/settings: %q, want a line that names its older build (what to do)",
+				strings.Join(args, " "), strings.TrimSpace(r.stderr))
 		}
 	}
 }
