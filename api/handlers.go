@@ -213,7 +213,7 @@ func (s *Server) setSettings(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(r, &req, false); err != nil {
 		return err
 	}
-	st, err := settings(&req)
+	st, err := settings(&req, s.b.Settings().Params)
 	if err != nil {
 		return err
 	}

@@ -1472,4 +1472,12 @@ func TestGetSettingsAnswerPutBackSetsTheSameSettings(t *testing.T) {
 	if put := send(t, hs.URL, "PUT", "/v1/settings", string(a.body)); put.code != 204 {
 		t.Fatalf("the GET /v1/settings answer %s put back: %d %s, want 204 (the same settings)", strings.TrimSpace(string(a.body)), put.code, strings.TrimSpace(string(put.body)))
 	}
+	// A new value over MaxWeight is refused as before, also one that is
+	// another field's held value.
+	for _, body := range []string{`{"params":{"prefill_load_scale":2e15}}`, `{"params":{"prefill_load_scale":1e15,"host_cache_hit_weight":1e15}}`} {
+		put := send(t, hs.URL, "PUT", "/v1/settings", body)
+		if put.code != 400 || !strings.Contains(string(put.body), "(want 0 to 1e+12)") {
+			t.Errorf("PUT /v1/settings %s: %d %s, want 400 (want 0 to 1e+12)", body, put.code, strings.TrimSpace(string(put.body)))
+		}
+	}
 }

@@ -302,13 +302,16 @@ func locate(err error, format string, args ...any) error {
 	return &httpError{code: code, reason: reason, err: fmt.Errorf(format+": %w", append(args, err)...)}
 }
 
-// settings validates a settings request and converts it.
-func settings(req *SettingsRequest) (raftfsm.Settings, error) {
+// settings validates a settings request and converts it. held are the
+// params the cluster holds now: a weight over indexer.MaxWeight passes
+// only when it equals held's for that field (kept as an older build
+// stored it).
+func settings(req *SettingsRequest, held indexer.Params) (raftfsm.Settings, error) {
 	s := raftfsm.Settings{Params: indexer.DefaultParams()}
 	if req.Params != nil {
 		s.Params = *req.Params
 	}
-	if err := s.Params.Validate(); err != nil {
+	if err := s.Params.ValidateKeeping(held); err != nil {
 		return s, invalidf("params: %v", err)
 	}
 	switch req.View {

@@ -83,6 +83,32 @@ const MaxWeight = 1e12
 // MaxWeight: the check of new settings and of a request's overrides.
 func (p Params) Validate() error { return p.validate(MaxWeight) }
 
+// ValidateKeeping is Validate, except that a field over MaxWeight passes
+// when it equals held's, the value the cluster holds now for it: a weight
+// an older build stored, put back as it is (GET /v1/settings' answer put
+// back sets the same settings). A new value over MaxWeight is refused as
+// Validate refuses it.
+func (p Params) ValidateKeeping(held Params) error {
+	q := p
+	for _, f := range [...]struct {
+		v    *float64
+		held float64
+	}{
+		{&q.OverlapScoreCredit, held.OverlapScoreCredit},
+		{&q.HostCacheHitWeight, held.HostCacheHitWeight},
+		{&q.DiskCacheHitWeight, held.DiskCacheHitWeight},
+		{&q.PrefillLoadScale, held.PrefillLoadScale},
+		{&q.DecodeActiveRequestWeight, held.DecodeActiveRequestWeight},
+		{&q.Temperature, held.Temperature},
+		{&q.BusyDecodeFraction, held.BusyDecodeFraction},
+	} {
+		if *f.v > MaxWeight && *f.v == f.held && !math.IsInf(f.held, 1) {
+			*f.v = MaxWeight // kept as the cluster holds it; checked as in bounds
+		}
+	}
+	return q.Validate()
+}
+
 // ValidateStored checks what Select holds settings to: every weight
 // finite and not negative, with no upper bound (a cluster may hold larger
 // weights that an older version took). The check of settings a state

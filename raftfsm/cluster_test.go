@@ -1243,8 +1243,27 @@ func TestStoredWeightsOverMaxWeightStillRoute(t *testing.T) {
 	if _, err := l.Route(ctx(t), RouteQuery{ISL: 64}); err != nil {
 		t.Fatalf("route under stored settings with prefill_load_scale %g: %v", p.PrefillLoadScale, err)
 	}
-	if err := l.SetSettings(ctx(t), s); !errors.Is(err, ErrInvalid) && !errors.Is(err, indexer.ErrInvalidParams) {
-		t.Fatalf("new settings over MaxWeight: %v, want them refused", err)
+	// The settings read back, put back, set the same settings: the weight
+	// over MaxWeight is the one held now, kept as it is.
+	back := l.Settings()
+	back.Params.Temperature = 0.2
+	if err := l.SetSettings(ctx(t), back); err != nil {
+		t.Fatalf("the settings held (prefill_load_scale %g) put back with a new temperature: %v, want them taken", p.PrefillLoadScale, err)
+	}
+	if got := l.Settings(); got != back {
+		t.Fatalf("after the put back: %+v, want %+v", got, back)
+	}
+	for _, v := range []float64{3 * indexer.MaxWeight, math.Nextafter(indexer.MaxWeight, math.Inf(1))} {
+		n := back
+		n.Params.PrefillLoadScale = v
+		if err := l.SetSettings(ctx(t), n); !errors.Is(err, ErrInvalid) && !errors.Is(err, indexer.ErrInvalidParams) {
+			t.Fatalf("a new prefill_load_scale %g over MaxWeight: %v, want it refused", v, err)
+		}
+		n = back
+		n.Params.HostCacheHitWeight = back.Params.PrefillLoadScale // another field's held value is not this one's
+		if err := l.SetSettings(ctx(t), n); !errors.Is(err, ErrInvalid) && !errors.Is(err, indexer.ErrInvalidParams) {
+			t.Fatalf("host_cache_hit_weight %g, prefill_load_scale's held value: %v, want it refused", n.Params.HostCacheHitWeight, err)
+		}
 	}
 }
 

@@ -2569,9 +2569,12 @@ func (n *Node) Free(ctx context.Context, id string) error {
 // holds them.
 func (n *Node) Settings() Settings { return n.fsm.Settings() }
 
-// SetSettings replaces the cluster's scoring settings.
+// SetSettings replaces the cluster's scoring settings. A weight over
+// indexer.MaxWeight is taken only when it equals the one this node's
+// state holds now for that field (an older build stored it): the
+// settings read back put back set the same settings.
 func (n *Node) SetSettings(ctx context.Context, s Settings) error {
-	if err := s.Params.Validate(); err != nil {
+	if err := s.Params.ValidateKeeping(n.fsm.Settings().Params); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	if s.View != indexer.ViewDedup && s.View != indexer.ViewTiered {
