@@ -1287,10 +1287,38 @@ func (c *Client) IndexStats(ctx context.Context) (*api.IndexStats, error) {
 
 // Settings returns the cluster's scoring settings as the node that
 // answers holds them (GET /v1/settings).
+//
+// A node of a build before GET /v1/settings answers it 405
+// method_not_allowed: the next endpoint is asked then, as one that
+// cannot be reached is, and when none of the rest answers, the error is
+// the first 405 (with what the others did).
 func (c *Client) Settings(ctx context.Context) (raftfsm.Settings, error) {
 	var out api.SettingsRequest
-	if err := c.call(ctx, http.MethodGet, "/v1/settings", nil, &keyed[api.SettingsRequest]{&out, "params", nil}); err != nil {
-		return raftfsm.Settings{}, err
+	req := request{method: http.MethodGet, path: "/v1/settings"}
+	var first error // the first node's 405: an older build
+	for {
+		err := c.callReq(ctx, req, &keyed[api.SettingsRequest]{&out, "params", nil})
+		var e *Error
+		if errors.As(err, &e) && e.StatusCode == http.StatusMethodNotAllowed && len(req.passed)+1 < len(c.endpoints) &&
+			!slices.Contains(req.passed, e.Endpoint) {
+			if first == nil {
+				first = err
+			}
+			req.passed = append(req.passed, e.Endpoint)
+			continue
+		}
+		switch {
+		case err == nil:
+		case first == nil:
+			return raftfsm.Settings{}, err
+		case errors.As(err, &e) && e.StatusCode != http.StatusMethodNotAllowed:
+			return raftfsm.Settings{}, err // a node of a later build answered
+		case errors.As(err, &e):
+			return raftfsm.Settings{}, first
+		default:
+			return raftfsm.Settings{}, fmt.Errorf("%w (then: %w)", first, err)
+		}
+		break
 	}
 	s := raftfsm.Settings{}
 	if out.Params != nil {

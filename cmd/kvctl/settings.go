@@ -64,7 +64,7 @@ func settingsCommand(e *env) *cli.Command {
 			return withClient(c, func(ctx context.Context, cl *client.Client) error {
 				s, err := cl.Settings(ctx)
 				if err != nil {
-					return err
+					return olderBuildHint(err)
 				}
 				return printSettings(c, e, s)
 			})
@@ -88,7 +88,7 @@ func settingsCommand(e *env) *cli.Command {
 				return withClient(c, func(ctx context.Context, cl *client.Client) error {
 					s, err := cl.Settings(ctx)
 					if err != nil {
-						return err
+						return olderBuildHint(err)
 					}
 					set(&s)
 					if err := cl.SetSettings(ctx, s.Params, s.View); err != nil {
@@ -160,4 +160,12 @@ func printSettings(c *cli.Context, e *env, s raftfsm.Settings) error {
 	t.row("busy_prefill_tokens", strconv.FormatInt(p.BusyPrefillTokens, 10))
 	t.row("view", s.View.String())
 	return t.flush()
+}
+
+// olderBuildHint wraps an error of GET /v1/settings with what to do when
+// the node answered 405: it runs a build before GET /v1/settings, which
+// knows PUT only (every endpoint of --endpoints that answered did).
+func olderBuildHint(err error) error {
+	return withReasonHint(err, api.ReasonMethodNotAllowed,
+		"the node runs an earlier build, without GET /v1/settings: upgrade it, or give an upgraded node's endpoint with --endpoints")
 }

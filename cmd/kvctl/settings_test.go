@@ -106,6 +106,22 @@ func TestSettingsOnAnOlderBuildSaysWhatToDo(t *testing.T) {
 	}))
 	defer old.Close()
 	addr := strings.TrimPrefix(old.URL, "http://")
+	// An upgraded node after it in --endpoints answers, as after one that
+	// cannot be reached: the settings it holds are shown, and set there.
+	c := newCluster(t)
+	p := indexer.DefaultParams()
+	p.Temperature = 0.25
+	if err := c.leader().SetSettings(context.Background(), raftfsm.Settings{Params: p, View: indexer.ViewDedup}); err != nil {
+		t.Fatal(err)
+	}
+	r := kvctl(t, "--endpoints", addr+","+c.endpoints(), "settings").wantCode(t, 0)
+	if !containsFields(r.stdout, []string{"temperature", "0.25"}) {
+		t.Errorf("kvctl settings with a node of an older build first in --endpoints: %s (stderr %q), want the next node's settings", r.stdout, r.stderr)
+	}
+	kvctl(t, "--endpoints", addr+","+c.endpoints(), "settings", "set", "--temperature", "0.5").wantCode(t, 0)
+	if got := c.leader().Settings().Params.Temperature; got != 0.5 {
+		t.Errorf("kvctl settings set --temperature 0.5 with a node of an older build first: the leader holds %v", got)
+	}
 	for _, args := range [][]string{{"settings"}, {"settings", "set", "--temperature", "0.2"}} {
 		r := kvctl(t, append([]string{"--endpoints", addr}, args...)...).wantCode(t, 1)
 		if !strings.Contains(r.stderr, "build") && !strings.Contains(r.stderr, "upgrade") {
