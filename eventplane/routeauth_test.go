@@ -40,7 +40,14 @@ func debugLogger(buf *syncBuffer) *slog.Logger {
 // reaches a subscriber on to's, polled for up to 3 s.
 func crosses(t *testing.T, from, to *server.Server, opts ...nats.Option) bool {
 	t.Helper()
-	sub, err := nats.Connect(to.ClientURL(), opts...)
+	return crossesWith(t, from, to, opts, opts)
+}
+
+// crossesWith is crosses with the publisher's options and the
+// subscriber's apart (servers of other client credentials).
+func crossesWith(t *testing.T, from, to *server.Server, pubOpts, subOpts []nats.Option) bool {
+	t.Helper()
+	sub, err := nats.Connect(to.ClientURL(), subOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +64,7 @@ func crosses(t *testing.T, from, to *server.Server, opts ...nats.Option) bool {
 	if err := sub.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	pub, err := nats.Connect(from.ClientURL(), opts...)
+	pub, err := nats.Connect(from.ClientURL(), pubOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,5 +188,36 @@ func TestServersWithTheSameCredentialsRoute(t *testing.T) {
 	creds := nats.UserInfo("alice", "s3cret")
 	if !crosses(t, s2, s1, creds) || !crosses(t, s1, s2, creds) {
 		t.Errorf("servers with the same credentials, n2 routed to n1: messages do not cross both ways (routes %d, %d)", s1.NumRoutes(), s2.NumRoutes())
+	}
+}
+
+// TestARouteWithItsOwnCredentialsIsDialedWithThem: a route of Routes
+// that carries its own user and password (nats-route://user:password@
+// host:port) is dialed with those, not with the server's own User and
+// Password: n2 (bob) routed to n1 (alice) through
+// nats-route://alice:s3cret@ makes the route, and messages cross both
+// ways, each side's clients with their own server's credentials.
+func TestARouteWithItsOwnCredentialsIsDialedWithThem(t *testing.T) {
+	s1, err := StartServer(ServerConfig{Name: "n1", Addr: "127.0.0.1:0", ClusterAddr: "127.0.0.1:0", User: "alice", Password: "s3cret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s1.Shutdown()
+	s2, err := StartServer(ServerConfig{Name: "n2", Addr: "127.0.0.1:0", ClusterAddr: "127.0.0.1:0",
+		Routes: []string{"nats-route://alice:s3cret@" + s1.ClusterAddr().String()}, User: "bob", Password: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Shutdown()
+	alice, bob := []nats.Option{nats.UserInfo("alice", "s3cret")}, []nats.Option{nats.UserInfo("bob", "other")}
+	for _, c := range []struct {
+		name     string
+		from, to *server.Server
+		pub, sub []nats.Option
+	}{{"n2 to n1", s2, s1, bob, alice}, {"n1 to n2", s1, s2, alice, bob}} {
+		if !crossesWith(t, c.from, c.to, c.pub, c.sub) {
+			t.Errorf("n2 (bob) routed to n1 through nats-route://alice:s3cret@...: a message %s did not cross (routes %d, %d): the dial did not send the route's own credentials",
+				c.name, s1.NumRoutes(), s2.NumRoutes())
+		}
 	}
 }
