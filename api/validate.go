@@ -314,13 +314,12 @@ func settings(req *SettingsRequest, held indexer.Params) (raftfsm.Settings, erro
 	if err := s.Params.ValidateKeeping(held); err != nil {
 		return s, invalidf("params: %v", err)
 	}
-	switch req.View {
-	case "", "dedup":
-		s.View = indexer.ViewDedup
-	case "tiered":
-		s.View = indexer.ViewTiered
-	default:
-		return s, invalidf("unknown view %q (want dedup or tiered)", req.View)
+	if req.View != "" { // omitted: the default, dedup
+		v, ok := indexer.ParseView(req.View)
+		if !ok {
+			return s, invalidf("unknown view %q (want dedup or tiered)", req.View)
+		}
+		s.View = v
 	}
 	return s, nil
 }

@@ -25,6 +25,19 @@ func (v View) String() string {
 	return "dedup"
 }
 
+// ParseView is String's inverse: the view named "dedup" or "tiered", and
+// false for any other name (an empty one included: a caller for whom an
+// omitted view means the default says so itself).
+func ParseView(name string) (View, bool) {
+	switch name {
+	case "dedup":
+		return ViewDedup, true
+	case "tiered":
+		return ViewTiered, true
+	}
+	return ViewDedup, false
+}
+
 // RankMatch is one rank's matched prefix, in blocks per tier.
 type RankMatch struct {
 	Rank   kvevent.Rank

@@ -397,3 +397,20 @@ func TestRankOpsKeepTheDigestAndJournal(t *testing.T) {
 		}
 	})
 }
+
+// TestParseViewIsStringsInverse: every view's name parses back to it, and a
+// name no view has (the empty one included) is refused, so that the API,
+// the client and kvctl, which all parse through it, agree on the names.
+func TestParseViewIsStringsInverse(t *testing.T) {
+	for _, v := range []View{ViewDedup, ViewTiered} {
+		got, ok := ParseView(v.String())
+		if !ok || got != v {
+			t.Errorf("ParseView(%q) = %v, %v; want %v, true", v.String(), got, ok, v)
+		}
+	}
+	for _, name := range []string{"", "Dedup", "tiered ", "device", "dedup,tiered"} {
+		if got, ok := ParseView(name); ok {
+			t.Errorf("ParseView(%q) = %v, true; want it refused", name, got)
+		}
+	}
+}

@@ -1324,13 +1324,12 @@ func (c *Client) Settings(ctx context.Context) (raftfsm.Settings, error) {
 	if out.Params != nil {
 		s.Params = *out.Params
 	}
-	switch out.View {
-	case "", "dedup":
-		s.View = indexer.ViewDedup
-	case "tiered":
-		s.View = indexer.ViewTiered
-	default:
-		return raftfsm.Settings{}, fmt.Errorf("%w: settings of the view %q (this kvctl reads dedup and tiered)", ErrNotAnAnswer, out.View)
+	if out.View != "" { // omitted: the default, dedup
+		v, ok := indexer.ParseView(out.View)
+		if !ok {
+			return raftfsm.Settings{}, fmt.Errorf("%w: settings of the view %q (this kvctl reads dedup and tiered)", ErrNotAnAnswer, out.View)
+		}
+		s.View = v
 	}
 	return s, nil
 }

@@ -125,13 +125,8 @@ func settingsChange(c *cli.Context) (func(*raftfsm.Settings), error) {
 		changes = append(changes, func(s *raftfsm.Settings) { s.Params.BusyPrefillTokens = n })
 	}
 	if c.IsSet("view") {
-		var v indexer.View
-		switch c.String("view") {
-		case "dedup":
-			v = indexer.ViewDedup
-		case "tiered":
-			v = indexer.ViewTiered
-		default:
+		v, ok := indexer.ParseView(c.String("view"))
+		if !ok {
 			return nil, usagef("--view %q: want dedup or tiered", c.String("view"))
 		}
 		changes = append(changes, func(s *raftfsm.Settings) { s.View = v })
