@@ -101,11 +101,15 @@ func (c *inmemCluster) leaderExcept(skip int) (int, *Node) {
 	c.t.Helper()
 	// An election may take a few rounds of the election timeout (split
 	// votes, a loaded machine): a cluster tuned to long timeouts is given
-	// time for four of them beyond the 10 s.
+	// time for eight of them beyond the 10 s. A round is one to two
+	// election timeouts (the candidate's random wait), and two voters left
+	// of three split their votes when both time out within an RPC's
+	// time: with four, the 5 s timeout of the membership tests once ran
+	// out under CI's load (costs nothing when the leader comes sooner).
 	wait := 10 * time.Second
 	for _, nd := range c.nodes {
 		if nd != nil {
-			wait = max(wait, 10*time.Second+4*nd.cfg.ElectionTimeout)
+			wait = max(wait, 10*time.Second+8*nd.cfg.ElectionTimeout)
 		}
 	}
 	var idx int
