@@ -981,6 +981,9 @@ func join(ctx context.Context, sec security, via []string, id, raftAddr, httpAdd
 			slog.Info("joined the cluster", "via", accepted.last())
 			return nil
 		}
+		if ctx.Err() != nil {
+			return ctx.Err() // the node is stopping: the join ends, it is not retried
+		}
 		if errors.Is(err, raftfsm.ErrInvalid) {
 			return err // the cluster refused this node as it is (an id taken at another address)
 		}

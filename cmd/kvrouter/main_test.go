@@ -2067,3 +2067,25 @@ func TestATokenWithoutTLSIsLogged(t *testing.T) {
 		}
 	}
 }
+
+// TestASignalDuringAJoinIsNotLoggedAsARetry: a node started with --join
+// that is stopped (SIGTERM) while its add request waits on a member
+// gives up the join. It must not log, at Warn, that it is retrying the
+// join with the cancellation as the error: seen on a real binary (a review),
+// `level=WARN msg="join: retrying" ... err="POST /v1/cluster/members:
+// context canceled"` right before `shutting down`.
+func TestASignalDuringAJoinIsNotLoggedAsARetry(t *testing.T) {
+	var buf bytes.Buffer
+	defer func(l *slog.Logger) { slog.SetDefault(l) }(slog.Default())
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	hung := apitest.HungServer(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(300*time.Millisecond, cancel) // the signal
+	err := join(ctx, security{}, []string{strings.TrimPrefix(hung.URL, "http://")}, "n4", "127.0.0.1:1", "127.0.0.1:2")
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("join = %v; want context.Canceled", err)
+	}
+	if strings.Contains(buf.String(), "retrying") {
+		t.Errorf("a join ended by the node's stop logged a retry:\n%s", buf.String())
+	}
+}
