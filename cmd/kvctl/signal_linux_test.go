@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
 // TestASignalEndsKvctlWaitingOnAFifo: kvctl waiting on a FIFO (a named
@@ -129,4 +132,85 @@ func inFifoOpen(t *testing.T, pid int) bool {
 		wchan := string(b)
 		return strings.Contains(wchan, "fifo") || strings.Contains(wchan, "partner")
 	})
+}
+
+// TestASecondSignalKillsKvctlStuckOnItsOutput: docs/kvctl.md says "A
+// second signal kills it at once", and main's comment names the case: a
+// step that does not look at the context (an output pipe that nothing
+// drains) cannot hold kvctl. kvctl workers -o json writes about a MiB
+// into a stdout pipe nobody reads; the first SIGTERM cancels the context
+// that the blocked write never looks at, a later one must kill the
+// process. From a review: with main's context.AfterFunc(ctx, stop)
+// deleted every kvctl test passed, and kvctl ignored every later signal.
+func TestASecondSignalKillsKvctlStuckOnItsOutput(t *testing.T) {
+	c := newCluster(t)
+	for id := uint64(1); id <= 3000; id++ {
+		if err := c.leader().RegisterWorker(context.Background(), raftfsm.WorkerInfo{
+			ID: id, DPRanks: []uint32{0}, BlockSize: 16, Model: "a-model-name-long-enough-to-fill-the-pipe"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	capacity, err := unix.FcntlInt(r.Fd(), unix.F_GETPIPE_SZ, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^TestKvctlProcess$", "-test.count=1", "--",
+		"--endpoints", c.nodes[0].addr(), "workers", "-o", "json")
+	cmd.Env = append(os.Environ(), processEnv+"=1")
+	cmd.Stdout = w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	// kvctl is blocked in its write once the pipe holds all it can.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n, err := unix.IoctlGetInt(int(r.Fd()), unix.TIOCINQ) // FIONREAD: the bytes the pipe holds
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n >= capacity {
+			break
+		}
+		select {
+		case <-exited:
+			t.Fatalf("kvctl exited before the signals (%v), %d bytes in the pipe: the output did not fill it", cmd.ProcessState, n)
+		default:
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			t.Fatalf("the pipe holds %d of its %d bytes after 30 s: kvctl did not fill it", n, capacity)
+		}
+	}
+	// The first signal cancels; a later one kills. They are sent until
+	// kvctl ends, a tenth of a second apart, so that two coming together
+	// and read as one cannot pass for a second signal ignored.
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		select {
+		case <-exited:
+		case <-time.After(100 * time.Millisecond):
+			if time.Now().Before(deadline) {
+				_ = cmd.Process.Signal(syscall.SIGTERM)
+				continue
+			}
+			_ = cmd.Process.Kill()
+			<-exited
+			t.Fatalf("kvctl, stuck writing to a pipe nobody reads, still ran 5 s after a second SIGTERM; want it killed at once (docs/kvctl.md)")
+		}
+		break
+	}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+		t.Errorf("kvctl ended with %v; want killed by the second SIGTERM", cmd.ProcessState)
+	}
 }
