@@ -190,6 +190,40 @@ func TestHandoverPicksAConnectedVoter(t *testing.T) {
 	}
 }
 
+// TestHandoverPassesOverAHungVoter: a voter that never answers the
+// question (its /readyz: a stopped process that accepted the connection)
+// costs the try its Timeout, and the next voter connected to NATS takes
+// the leadership. kvrouter's question goes through the forwarding
+// transport, which has no header timeout: Timeout is the only bound.
+func TestHandoverPassesOverAHungVoter(t *testing.T) {
+	node := &handoverNode{self: "n1", leader: "n1"}
+	hung := func(ctx context.Context, m raftfsm.Member) (bool, error) {
+		if m.ID == "n2" {
+			<-ctx.Done()
+			return false, ctx.Err()
+		}
+		return m.ID == "n3", nil
+	}
+	h, err := newHandover(HandoverConfig{Node: node, Connected: func() bool { return false }, PeerConnected: hung,
+		After: 10 * time.Second, Timeout: 100 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(h.done) // no loop: the test drives try
+	got := make(chan string, 1)
+	go func() { got <- h.try(time.Minute) }()
+	select {
+	case g := <-got:
+		if g != handoverTransferred || fmt.Sprint(node.transfers) != "[n3]" {
+			t.Fatalf("n2 hung, n3 connected: %q, transfers %v; want %q to n3", g, node.transfers, handoverTransferred)
+		}
+	case <-time.After(5 * time.Second):
+		h.cancel() // ends the hung question, and the try with it
+		<-got
+		t.Fatalf("n2 hung: the handover's try still waited on it after 5 s (Timeout 100ms)")
+	}
+}
+
 // TestHandoverDoesNotTransferOnceTheConnectionIsBack: the connection may
 // come back while the others are asked; this node then keeps leading.
 func TestHandoverDoesNotTransferOnceTheConnectionIsBack(t *testing.T) {
