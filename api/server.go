@@ -88,10 +88,11 @@ type Options struct {
 	// ForwardTimeout bounds a request forwarded to the leader (snapshot
 	// downloads and uploads are bounded by their client only). Default DefaultForwardTimeout.
 	ForwardTimeout time.Duration
-	// BodyTimeout bounds how long reading a JSON body may take (snapshot
+	// BodyTimeout bounds how long reading a request's body may take,
+	// whether a handler reads it or net/http drains it unread (snapshot
 	// uploads are bounded by their client only): a client that sends its
-	// headers and stalls its body holds no handler past it. Default
-	// DefaultBodyTimeout.
+	// headers and stalls its body holds no handler, and no connection,
+	// past it. Default DefaultBodyTimeout.
 	BodyTimeout time.Duration
 	// ForwardTransport carries forwarded requests. Default: a clone of
 	// http.DefaultTransport, closed by Server.Close.
@@ -333,6 +334,23 @@ func (s *Server) checkWorker(w raftfsm.WorkerInfo) error {
 // ServeHTTP answers a request. Unknown paths and methods get JSON errors
 // like every other failure.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Every body gets BodyTimeout to arrive, whether or not a handler reads
+	// it, and before the token check: net/http reads the unread rest of a
+	// body (up to 256 KiB) before it writes the answer, so a 401, a 404, a
+	// route that takes no body or one that fails before its read would
+	// otherwise wait, with no deadline, on bytes a client declared and
+	// never sends, holding the connection for as long as it likes. Past
+	// the deadline net/http answers and closes the connection. The
+	// deadline bounds the body's reads only: net/http clears it when the
+	// body ends and it starts watching the connection. A request without
+	// a body gets none: net/http is watching the connection already, and a
+	// deadline there would cancel the connection's context, this
+	// request's and every later one's on it (TestBodyDeadlineCutsOnlyBodies).
+	// A snapshot upload's route takes it off (register). A connection that
+	// cannot take one (a test's recorder) reads the body without.
+	if d, ok := w.(readDeadliner); ok && r.Body != http.NoBody && r.ContentLength != 0 { // no allocation, unlike a ResponseController
+		_ = d.SetReadDeadline(time.Now().Add(s.opts.BodyTimeout))
+	}
 	if s.tokenSum != nil && !s.authorized(r) {
 		start := time.Now()
 		rec := &recorder{ResponseWriter: w}
@@ -508,18 +526,15 @@ func (s *Server) register(pattern string, kind bodyKind, once bool, h handlerFun
 
 		switch kind {
 		case jsonBody, optionalJSONBody:
-			// The deadline bounds the body's reads only: net/http clears it
-			// when the body ends and it starts watching the connection. A
-			// request without a body gets none: net/http is watching the
-			// connection already, and a deadline there would cancel the
-			// connection's context, this request's and every later one's
-			// on it (TestBodyDeadlineCutsOnlyBodies). A connection that
-			// cannot take one (a test's recorder) reads the body without.
-			if d, ok := w.(readDeadliner); ok && r.Body != http.NoBody && r.ContentLength != 0 { // no allocation, unlike a ResponseController
-				_ = d.SetReadDeadline(time.Now().Add(s.opts.BodyTimeout))
-			}
+			// ServeHTTP gave the body BodyTimeout to arrive.
 			body = newReplayBody(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes), s.opts.MaxBodyBytes)
 		case streamBody:
+			// A snapshot upload may take longer than BodyTimeout, and is
+			// bounded by its client only: it takes off the deadline
+			// ServeHTTP set (once the request passed the token check).
+			if d, ok := w.(readDeadliner); ok && r.Body != http.NoBody && r.ContentLength != 0 {
+				_ = d.SetReadDeadline(time.Time{})
+			}
 			rc := r.Body
 			if s.opts.MaxSnapshotBytes > 0 {
 				rc = http.MaxBytesReader(w, rc, s.opts.MaxSnapshotBytes)

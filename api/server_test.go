@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -1289,6 +1290,66 @@ func TestBodyDeadlineCutsOnlyBodies(t *testing.T) {
 	next := send(t, n.http.URL, "GET", "/x/quick", "") // the same keep-alive connection
 	if string(slow.body) != "<nil>" || string(next.body) != "<nil>" {
 		t.Fatalf("contexts: the slow request's %s, the next one's %s", slow.body, next.body)
+	}
+}
+
+// TestAnUnreadBodyIsBoundedByTheBodyTimeout: a request whose body no
+// handler reads (a probe, a 401 before the token is looked at, a route
+// that takes no body, a path that names none) and whose Content-Length's
+// bytes never come is answered once BodyTimeout passes. From a review:
+// net/http drains an unread body before it answers, and only a JSON
+// route's read had a deadline, so such a request held its connection for
+// as long as the client liked, without a token.
+func TestAnUnreadBodyIsBoundedByTheBodyTimeout(t *testing.T) {
+	n := newNode(t, "n1", api.Options{BodyTimeout: 100 * time.Millisecond, Token: "s3cret"})
+	for _, c := range []struct {
+		name, req string
+		code      int
+	}{
+		{"GET /healthz", "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n", http.StatusOK},
+		{"POST /v1/route without the token", "POST /v1/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n", http.StatusUnauthorized},
+		{"POST /v1/requests/r1/prefill_done", "POST /v1/requests/r1/prefill_done HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\nContent-Length: 10\r\n\r\n", 0},
+		{"POST /v1/nowhere", "POST /v1/nowhere HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\nTransfer-Encoding: chunked\r\n\r\n", http.StatusNotFound},
+	} {
+		code, b := rawhttp.Send(t, n.addr(), c.req, false) // fails after 10 s without an answer
+		if c.code != 0 && code != c.code {
+			t.Errorf("%s, its body never sent: %d %s, want %d", c.name, code, b, c.code)
+		}
+	}
+}
+
+// TestASnapshotUploadOutlastsTheBodyTimeout: a restore's upload has no
+// body deadline (it may take long; its client bounds it): one that stalls
+// past BodyTimeout and then goes on is installed.
+func TestASnapshotUploadOutlastsTheBodyTimeout(t *testing.T) {
+	n := newNode(t, "n1", api.Options{BodyTimeout: 100 * time.Millisecond})
+	withWorkers(t, n)
+	snap := send(t, n.http.URL, "GET", "/v1/snapshot", "")
+	if snap.code != 200 {
+		t.Fatalf("setup: GET /v1/snapshot: %d %s", snap.code, snap.body)
+	}
+	conn, err := net.Dial("tcp", n.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	half := len(snap.body) / 2
+	fmt.Fprintf(conn, "POST /v1/snapshot/restore HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(snap.body), snap.body[:half])
+	time.Sleep(300 * time.Millisecond) // an upload stalled past the body timeout: the point of the test
+	if _, err := conn.Write(snap.body[half:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer to the restore: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || n.fake.Restores() != 1 {
+		t.Fatalf("a restore whose upload stalled past the body timeout: %d %s, restores %d; want 200, 1", resp.StatusCode, b, n.fake.Restores())
 	}
 }
 

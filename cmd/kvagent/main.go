@@ -160,9 +160,19 @@ const (
 	metricsIdleTimeout   = 2 * time.Minute
 )
 
-// newMetricsServer returns the --metrics-addr server, serving h.
+// newMetricsServer returns the --metrics-addr server, serving h. Nothing
+// it serves reads a body: a request that declares one has its connection
+// closed after the answer, instead of net/http draining the body first,
+// with no deadline, on bytes a client may never send (the server sets no
+// read timeout), holding the connection for as long as the client likes.
 func newMetricsServer(h http.Handler) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: metricsHeaderTimeout, IdleTimeout: metricsIdleTimeout}
+	closing := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 {
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	})
+	return &http.Server{Handler: closing, ReadHeaderTimeout: metricsHeaderTimeout, IdleTimeout: metricsIdleTimeout}
 }
 
 // metricsServing, when set (by tests), is called with the --metrics-addr

@@ -20,6 +20,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/kvrouter/kvrouter/internal/rawhttp"
 	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/nvml"
 )
@@ -195,6 +196,22 @@ func TestTheMetricsServerHasItsTimeouts(t *testing.T) {
 	if got.ReadHeaderTimeout != 10*time.Second || got.IdleTimeout != 2*time.Minute || got.ReadTimeout != 0 || got.WriteTimeout != 0 || got.MaxHeaderBytes != 0 {
 		t.Errorf("the --metrics-addr server: header timeout %v, idle %v, read %v, write %v, max header bytes %d; want 10s, 2m0s, none, none, the default",
 			got.ReadHeaderTimeout, got.IdleTimeout, got.ReadTimeout, got.WriteTimeout, got.MaxHeaderBytes)
+	}
+}
+
+// TestTheMetricsServerDoesNotDrainAnUnreadBody: nothing on --metrics-addr
+// reads a body; a request that declares one whose bytes never come is
+// answered at once, its connection closed, not held while net/http waits
+// on the body with no deadline (the server sets no read timeout). From a
+// review of kvrouter's ports, which share these settings.
+func TestTheMetricsServerDoesNotDrainAnUnreadBody(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "up 1") })
+	srv := httptest.NewServer(newMetricsServer(mux).Handler)
+	defer srv.Close()
+	code, b := rawhttp.Send(t, srv.Listener.Addr().String(), "GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n", false)
+	if code != http.StatusOK || string(b) != "up 1\n" {
+		t.Fatalf("GET /metrics, its body never sent: %d %q, want 200 \"up 1\\n\"", code, b)
 	}
 }
 

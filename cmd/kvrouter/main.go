@@ -493,8 +493,9 @@ const (
 // Every HTTP server of the node (--http-addr, --selection-addr) gives a
 // connection headerTimeout to send its request's header, and closes a
 // keep-alive connection idle for idleTimeout (docs/api.md). It sets no
-// read or write timeout: a JSON body's 30 s bound is the handlers', and a
-// snapshot upload or download has none.
+// read or write timeout: a body's 30 s bound is the API server's
+// (api.Options.BodyTimeout, set for every request with a body, read or
+// not), and a snapshot upload or download has none.
 const (
 	headerTimeout = 10 * time.Second
 	idleTimeout   = 2 * time.Minute
@@ -1072,6 +1073,12 @@ func refusedJoin(err error) string {
 
 // startingHandler answers while the node starts (run): alive, not ready.
 var startingHandler http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength != 0 {
+		// No body is read here: the connection closes after the answer,
+		// instead of net/http draining the body first, with no deadline,
+		// on bytes a client may never send.
+		w.Header().Set("Connection", "close")
+	}
 	w.Header().Set("Content-Type", "application/json")
 	if r.URL.Path == "/healthz" {
 		w.WriteHeader(http.StatusOK)
