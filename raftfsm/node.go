@@ -1337,7 +1337,8 @@ const raftShutdownGrace = time.Second
 // waitRaftShutdown waits for f, Raft's shutdown, and returns its error.
 // Raft's shutdown waits for all its goroutines, and one may wait on a
 // hung peer (a stopped process, a host gone without a FIN): a follower
-// reading the snapshot of a leader that hung part-way, with no deadline;
+// reading the snapshot of a leader that hung part-way, until the
+// transport's stall (streamConn; for ever in earlier builds);
 // a leader sending its snapshot to a hung follower, with a deadline of
 // the transport's timeout for every 256 KiB of it; a leader's RPCs to
 // stopped followers, up to the timeout (10 s) each. Close, and so a

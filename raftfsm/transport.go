@@ -2,10 +2,12 @@ package raftfsm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,12 +34,16 @@ import (
 // Its Close closes every connection it dialed or accepted, in use or
 // not, with its listener, and ends its dials under way (streamLayer):
 // Node.Close uses that to end a Raft shutdown that waits on a hung peer.
+//
+// A peer that sent part of a request and then nothing for
+// stallTimeouts times timeout loses its connection (streamConn.Read).
 func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger *slog.Logger) (*raft.NetworkTransport, error) {
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, err
 	}
 	s := newStreamLayer(ln, advertise)
+	s.stall = stallTimeouts * timeout
 	// The checks hashicorp's TCP transport makes of the address it
 	// advertises: peers dial it.
 	addr, ok := s.Addr().(*net.TCPAddr)
@@ -65,8 +71,8 @@ func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger
 // raft v1.8.0's NetworkTransport.Close closes only the listener, and
 // CloseStreams only the pooled outbound connections that are idle. A
 // connection in use stays open: a follower's Raft reading a snapshot
-// from a leader that hung part-way (no deadline on that side) waited on
-// it for ever, and a leader sending its snapshot to a hung follower
+// from a leader that hung part-way waited on it for ever (now for the
+// stall, below, at most), and a leader sending its snapshot to a hung follower
 // waited for the send's deadline, the transport's timeout for every
 // 256 KiB of it (tens of minutes for a state of tens of MB). Raft's
 // shutdown waits for those goroutines, so Node.Close did too. Closed
@@ -76,9 +82,18 @@ func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger
 // SYNs (a host gone, a partition), it ran to the transport's timeout,
 // and Raft's shutdown, waiting for the goroutine that dialed (a vote, a
 // heartbeat), kept Node.Close that long past its grace.
+//
+// And a connection it accepted fails a request that stalls part-way
+// (stall; see streamConn.Read): raft v1.8.0 reads an InstallSnapshot's
+// data in its main goroutine, with no deadline, so a follower taking a
+// snapshot from a leader that hung part-way (SIGSTOP, a paused VM: its
+// kernel still acknowledges, so no keepalive ends the connection)
+// answered nothing else, a vote included, for as long as the leader
+// stayed hung, and a 3-node cluster so left had no leader at all.
 type streamLayer struct {
 	ln        net.Listener
 	advertise net.Addr
+	stall     time.Duration   // how long an accepted connection may send nothing part-way through a request; 0: for ever
 	ctx       context.Context // canceled by Close: ends the dials under way
 	cancel    context.CancelFunc
 
@@ -109,7 +124,7 @@ func (s *streamLayer) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.track(c)
+	return s.accepted(c)
 }
 
 // track returns c, kept until it closes; once the layer closed, it closes
@@ -123,6 +138,17 @@ func (s *streamLayer) track(c net.Conn) (net.Conn, error) {
 	}
 	sc := &streamConn{Conn: c, s: s}
 	s.conns[sc] = struct{}{}
+	return sc, nil
+}
+
+// accepted returns c, tracked, that fails a request stalled for s.stall.
+func (s *streamLayer) accepted(c net.Conn) (net.Conn, error) {
+	tc, err := s.track(c)
+	if err != nil {
+		return nil, err
+	}
+	sc := tc.(*streamConn)
+	sc.stall = s.stall
 	return sc, nil
 }
 
@@ -151,10 +177,79 @@ func (s *streamLayer) Addr() net.Addr {
 	return s.ln.Addr()
 }
 
+// stallTimeouts is how many transport timeouts a peer may send nothing
+// part-way through a request before its connection fails: 30 s with a
+// node's 10 s. A sender gives up on any other request after one timeout,
+// so only a snapshot's stream, whose sender's deadline grows with its
+// size, runs longer; its sender copies a local file and stops for no
+// more than the network does. A few timeouts is no longer than a
+// cluster may well go without a leader.
+const stallTimeouts = 3
+
+// errStalled means a peer sent part of a request, then nothing for the
+// stream layer's stall: the request is lost, and the connection with it.
+var errStalled = errors.New("raft transport: the peer stopped part-way through a request")
+
 // streamConn is a connection of a streamLayer: its Close forgets it.
+//
+// An accepted one (stall > 0) also bounds a request's stall. Raft's
+// transport answers one request at a time on a connection: it reads a
+// request, writes the answer, reads the next. So between an answer
+// written and the first byte of the next request, the connection may
+// wait for ever: a pooled connection its sender has no use for yet
+// (a read deadline there would close connections the sender's pool
+// still holds, and fail the next RPC sent on one). Once a request's
+// first bytes came, each read must bring more within stall. One that
+// does not fails, and every later read of the connection with it (the
+// stream cannot be resynchronised part-way through a request), so Raft
+// gives up on the snapshot, answers it with the error, and the
+// transport closes the connection.
 type streamConn struct {
 	net.Conn
 	s *streamLayer
+
+	stall     time.Duration // 0: reads wait for ever (a dialed connection)
+	inRequest atomic.Bool   // data came since the last answer written
+	armed     bool          // a read deadline is set; only the reading goroutine uses it
+	failed    atomic.Pointer[error]
+}
+
+// Read implements net.Conn: see streamConn for the stall.
+func (c *streamConn) Read(p []byte) (int, error) {
+	if c.stall <= 0 {
+		return c.Conn.Read(p)
+	}
+	if err := c.failed.Load(); err != nil {
+		return 0, *err
+	}
+	mid := c.inRequest.Load()
+	switch {
+	case mid:
+		if err := c.Conn.SetReadDeadline(time.Now().Add(c.stall)); err != nil {
+			return 0, err
+		}
+		c.armed = true
+	case c.armed:
+		if err := c.Conn.SetReadDeadline(time.Time{}); err != nil {
+			return 0, err
+		}
+		c.armed = false
+	}
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.inRequest.Store(true)
+	}
+	if mid && n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = fmt.Errorf("%w: nothing from %v for %v: %w", errStalled, c.RemoteAddr(), c.stall, err)
+		c.failed.Store(&err)
+	}
+	return n, err
+}
+
+// Write implements net.Conn: an answer ends the request it answers.
+func (c *streamConn) Write(p []byte) (int, error) {
+	c.inRequest.Store(false)
+	return c.Conn.Write(p)
 }
 
 func (c *streamConn) Close() error {

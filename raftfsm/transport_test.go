@@ -1,14 +1,18 @@
 package raftfsm
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"net"
+	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-msgpack/v2/codec"
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/store"
@@ -81,6 +85,70 @@ func TestTransportCloseEndsADialUnderWay(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		err := <-done
 		t.Errorf("the RPC still dialed 2s after the transport closed; it ended after %v: %v", time.Since(start), err)
+	}
+}
+
+// TestAStalledRequestFailsButAnIdleConnectionWaits: a connection accepted
+// on the Raft port fails a read that waits longer than the stall part-way
+// through a request (a leader hung mid-snapshot), and every read after it,
+// while one waiting between requests (a pooled connection its sender has
+// no use for yet) waits on: cut, the sender's next RPC on it would fail.
+func TestAStalledRequestFailsButAnIdleConnectionWaits(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStreamLayer(ln, nil)
+	s.stall = 100 * time.Millisecond
+	defer s.Close()
+	accept := func() (client, server net.Conn) {
+		t.Helper()
+		client, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { client.Close() })
+		server, err = s.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return client, server
+	}
+	buf := make([]byte, 8)
+	idleC, idle := accept()
+	idleC.Write([]byte{1}) // a request, answered
+	if _, err := idle.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	idle.Write([]byte{0})
+	idleRead := make(chan error, 1)
+	go func() { // the next request, not sent yet
+		_, err := idle.Read(buf[:1])
+		idleRead <- err
+	}()
+	waitFor(t, 10*time.Second, "the idle connection to wait for its next request", func() bool {
+		return testwatch.Goroutines("raftfsm.(*streamConn).Read(", "[IO wait") > 0
+	})
+	midC, mid := accept()
+	midC.Write([]byte{1}) // part of a request, then nothing
+	if _, err := mid.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mid.Read(buf); !errors.Is(err, errStalled) {
+		t.Fatalf("a read part-way through a request, nothing sent: %v, want errStalled", err)
+	}
+	midC.Write([]byte{2}) // too late: the request is lost
+	if _, err := mid.Read(buf); !errors.Is(err, errStalled) {
+		t.Fatalf("a read after the stall: %v, want errStalled", err)
+	}
+	select {
+	case err := <-idleRead:
+		t.Fatalf("the connection idle between requests, waiting longer than the stall: %v, want it waiting on", err)
+	default:
+	}
+	idleC.Write([]byte{2})
+	if err := <-idleRead; err != nil {
+		t.Fatalf("the idle connection's next request: %v", err)
 	}
 }
 
@@ -299,4 +367,107 @@ func TestARefusedAppendThroughTheInmemPipelineIsAnError(t *testing.T) {
 			t.Errorf("%T refused with %v, %v; want its empty response and the error", cmd, r.Response, r.Error)
 		}
 	}
+}
+
+// TestAFollowerStillVotesWhileALeaderHungMidSnapshot: a follower taking a
+// snapshot from a leader that hung part-way (SIGSTOP, a paused VM: its
+// kernel still ACKs, so no keepalive ends the connection) must give up on
+// the stream within the transport's timeout and go on answering RPCs, so
+// that the third member can be elected. Raft's main goroutine reads the
+// snapshot with no deadline on the receiving side: it answers nothing
+// else, a vote included, for as long as the leader stays hung, and a
+// 3-node cluster whose leader hung that way has no leader at all.
+func TestAFollowerStillVotesWhileALeaderHungMidSnapshot(t *testing.T) {
+	const rpcTimeout = 2 * time.Second
+	tr, err := NewTransport("127.0.0.1:0", nil, rpcTimeout, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fakeLn, err := net.Listen("tcp", "127.0.0.1:0") // the hung leader's Raft address
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fakeLn.Close()
+	go func() {
+		for {
+			cn, err := fakeLn.Accept()
+			if err != nil {
+				return
+			}
+			defer cn.Close()
+		}
+	}()
+	// n3: a live member, the candidate once the leader hung.
+	candTr, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, rpcTimeout, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer candTr.Close()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			select {
+			case rpc := <-candTr.Consumer(): // answers nothing useful: n3 is only a candidate here
+				rpc.Respond(nil, errors.New("n3 is busy"))
+			case <-done:
+				return
+			}
+		}
+	}()
+	self := Member{ID: "n1", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n1"}
+	leader := Member{ID: "n2", RaftAddr: fakeLn.Addr().String(), HTTPAddr: "http-n2"}
+	cand := Member{ID: "n3", RaftAddr: string(candTr.LocalAddr()), HTTPAddr: "http-n3"}
+	n, err := NewNode(Config{ID: self.ID, RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: t.TempDir(),
+		Peers: []Member{self, leader, cand}, Transport: tr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeWithin(t, n, nil)
+	conn, err := net.Dial("tcp", self.RaftAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	w := bufio.NewWriter(conn)
+	w.WriteByte(2) // rpcInstallSnapshot
+	servers := raft.Configuration{Servers: []raft.Server{
+		{Suffrage: raft.Voter, ID: "n1", Address: raft.ServerAddress(self.RaftAddr)},
+		{Suffrage: raft.Voter, ID: "n2", Address: raft.ServerAddress(leader.RaftAddr)},
+		{Suffrage: raft.Voter, ID: "n3", Address: raft.ServerAddress(cand.RaftAddr)}}}
+	req := &raft.InstallSnapshotRequest{
+		RPCHeader:       raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("n2"), Addr: []byte(leader.RaftAddr)},
+		SnapshotVersion: raft.SnapshotVersionMax, Term: 100, Leader: []byte(leader.RaftAddr),
+		LastLogIndex: 1000, LastLogTerm: 100, Configuration: raft.EncodeConfiguration(servers), ConfigurationIndex: 1, Size: 64 << 20}
+	if err := codec.NewEncoder(w, &codec.MsgpackHandle{}).Encode(req); err != nil {
+		t.Fatal(err)
+	}
+	w.Write(make([]byte, 4096))
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the follower's Raft to read the snapshot", func() bool {
+		return testwatch.Goroutines("raft.(*Raft).installSnapshot(", "[IO wait") > 0
+	})
+	// The leader stays hung. n3 campaigns: n1 must answer its vote (a
+	// grant or a refusal) within a few transport timeouts.
+	deadline := time.Now().Add(4 * rpcTimeout)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		var resp raft.RequestVoteResponse
+		vreq := &raft.RequestVoteRequest{
+			RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("n3"), Addr: []byte(cand.RaftAddr)},
+			Term:      101, LastLogIndex: n.watch.bootIndex.Load(), LastLogTerm: 1} // a log ending at the bootstrap entry: Raft decides, not the vote hold
+		start := time.Now()
+		err := candTr.RequestVote("n1", raft.ServerAddress(self.RaftAddr), vreq, &resp)
+		if err == nil || !strings.Contains(err.Error(), "i/o timeout") {
+			t.Logf("n1 answered n3's vote: %+v, %v", resp, err)
+			return // n1 answered
+		}
+		lastErr = err
+		t.Logf("n3's RequestVote to n1 after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	}
+	t.Fatalf("a follower reading a snapshot from a hung leader answered no vote for %v (installSnapshot still reading: %d): %v; "+
+		"the cluster cannot elect a leader while the old one stays hung",
+		4*rpcTimeout, testwatch.Goroutines("raft.(*Raft).installSnapshot(", "[IO wait"), lastErr)
 }
