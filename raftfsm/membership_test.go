@@ -2467,3 +2467,44 @@ func TestABootstrappedNodeHoldsVotesOnlyAgainstARanCluster(t *testing.T) {
 		t.Fatal("a held joining node let through a candidate")
 	}
 }
+
+// TestAnAddOfANodeThatNeverAnswersIsBounded: a member add sent straight to
+// the leader by a client without a deadline (curl without --max-time, the
+// Go client with context.Background(): the API passes the request's
+// context) of a node that never answers (not running, a mistyped raft
+// address) must give up in bounded time (Config.MemberAddTimeout): it
+// holds the node's membership lock (memberOps) while it waits, and every
+// other add, removal and restore queues behind it. The same add through a
+// follower is cut at the forward's 30 s; sent to the leader it waited for
+// ever.
+func TestAnAddOfANodeThatNeverAnswersIsBounded(t *testing.T) {
+	const addTimeout = 2 * time.Second
+	c := newTestCluster(t, 1, func(cfg *Config) { cfg.MemberAddTimeout = addTimeout })
+	n := c.leader()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nowhere := ln.Addr().String()
+	ln.Close() // nothing runs there
+	added := make(chan error, 1)
+	go func() { added <- n.AddMember(context.Background(), "n9", nowhere, "127.0.0.1:9") }()
+	waitFor(t, 10*time.Second, "the add of n9 to hold the membership lock", func() bool { return len(n.memberOps.ch) == 1 })
+	queued := make(chan error, 1) // another add, with no deadline either, behind it
+	go func() { queued <- n.AddMember(context.Background(), "n8", "127.0.0.1:8", "127.0.0.1:8") }()
+	const bound = 30 * time.Second // far past addTimeout: no timing assertion, only an answer
+	for _, a := range []struct {
+		what string
+		ch   chan error
+	}{{"the add of n9 at " + nowhere + ", where nothing runs,", added}, {"an add queued behind it", queued}} {
+		select {
+		case err := <-a.ch:
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s with no client deadline: %v, want the add's timeout (context.DeadlineExceeded: 503 timeout)", a.what, err)
+			}
+			t.Logf("%s: %v", a.what, err)
+		case <-time.After(bound):
+			t.Fatalf("%s with no client deadline: no answer after %v, the membership lock held", a.what, bound)
+		}
+	}
+}

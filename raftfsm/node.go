@@ -67,6 +67,14 @@ type Config struct {
 	SnapshotThreshold  uint64        // entries between snapshots, default 8192
 	SnapshotInterval   time.Duration // how often to check, default 30s
 	TrailingLogs       uint64        // entries kept after a snapshot, default 10240
+	// MemberAddTimeout bounds AddMember, whatever its context (default
+	// 30 s, a forward's deadline: the same add through a follower ends
+	// there). An add holds the membership lock while it waits for the
+	// new node, and one asked of the leader with no deadline (curl
+	// without --max-time: the API passes the request's context) of a
+	// node that never answers held it for ever: every other add,
+	// removal and restore queued behind it.
+	MemberAddTimeout time.Duration
 	// SnapshotBytes also takes a snapshot once the entries applied since
 	// the last one hold this many bytes (default 256 MiB; negative: never).
 	// Entry counts alone let the log grow without bound when entries are
@@ -132,6 +140,7 @@ func (c *Config) defaults() {
 	d(&c.LeaderLeaseTimeout, c.HeartbeatTimeout)
 	d(&c.CommitTimeout, 5*time.Millisecond)
 	d(&c.ApplyTimeout, 5*time.Second)
+	d(&c.MemberAddTimeout, 30*time.Second)
 	d(&c.SnapshotInterval, 30*time.Second)
 	d(&c.ExpiryInterval, 10*time.Second)
 	d(&c.CheckInterval, 30*time.Second)
@@ -2597,8 +2606,12 @@ func (n *Node) SetSettings(ctx context.Context, s Settings) error {
 // another spelling (ErrRaftAddrInUse, raftAddrAlias): the leader would
 // replicate to that member as to the new one. Adding a voter again at its address refreshes
 // its member entry and answers once its log has caught up with the
-// leader's (awaitVoterLog): at once for a voter that kept its data.
+// leader's (awaitVoterLog): at once for a voter that kept its data. It
+// gives up after Config.MemberAddTimeout, whatever ctx: the waits above
+// hold the membership lock (memberOps).
 func (n *Node) AddMember(ctx context.Context, id, raftAddr, httpAddr string) error {
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.MemberAddTimeout)
+	defer cancel()
 	if id == "" || raftAddr == "" {
 		return fmt.Errorf("%w: a member needs an id and a raft address", ErrInvalid)
 	}
