@@ -450,8 +450,10 @@ func TestAFollowerStillVotesWhileALeaderHungMidSnapshot(t *testing.T) {
 		return testwatch.Goroutines("raft.(*Raft).installSnapshot(", "[IO wait") > 0
 	})
 	// The leader stays hung. n3 campaigns: n1 must answer its vote (a
-	// grant or a refusal) within a few transport timeouts.
-	deadline := time.Now().Add(4 * rpcTimeout)
+	// grant or a refusal) within a few transport timeouts (the stream is
+	// given up stallTimeouts of them after it began; twice that leaves a
+	// loaded machine its slack, and without the give-up no wait is enough).
+	deadline := time.Now().Add(2 * stallTimeouts * rpcTimeout)
 	var lastErr error
 	for time.Now().Before(deadline) {
 		var resp raft.RequestVoteResponse
@@ -469,5 +471,5 @@ func TestAFollowerStillVotesWhileALeaderHungMidSnapshot(t *testing.T) {
 	}
 	t.Fatalf("a follower reading a snapshot from a hung leader answered no vote for %v (installSnapshot still reading: %d): %v; "+
 		"the cluster cannot elect a leader while the old one stays hung",
-		4*rpcTimeout, testwatch.Goroutines("raft.(*Raft).installSnapshot(", "[IO wait"), lastErr)
+		2*stallTimeouts*rpcTimeout, testwatch.Goroutines("raft.(*Raft).installSnapshot(", "[IO wait"), lastErr)
 }
