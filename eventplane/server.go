@@ -10,8 +10,24 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/lograte"
 	"github.com/nats-io/nats-server/v2/server"
 )
+
+// natsLogEvery is how often the embedded server's Error lines of one kind
+// (lograte.Kind) are logged at most: a fault that lasts (a peer down)
+// repeats them at the rate of its retries, and the next line logged says
+// how many were left out ("left_out").
+const natsLogEvery = time.Minute
+
+// routeErrorReports is the route reconnect attempts per Error line of a
+// route's (ServerConfig's routes, kvrouter's --nats-routes): nats-server
+// logs its first failed attempt and every routeErrorReports-th after at
+// Error, the others at Debug. It retries every second
+// (DEFAULT_ROUTE_RECONNECT), so a peer down is a line a minute per route
+// connection; its default, 1, logged every attempt of each of the pool's
+// connections, some 4 lines a second for as long as the peer was down.
+const routeErrorReports = 60
 
 // ServerConfig configures the embedded NATS server a kvrouter node runs.
 type ServerConfig struct {
@@ -279,6 +295,7 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 		ServerName: cfg.Name, Host: host, Port: port,
 		Username: cfg.User, Password: cfg.Password,
 		NoSigs: true, NoLog: true, MaxPayload: 8 << 20,
+		ReconnectErrorReports: routeErrorReports,
 		// Publishers reconnect to any server of the cluster; the default
 		// 2 s write deadline is fine, keep the rest at defaults.
 	}
@@ -326,7 +343,8 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 	// at once (it took the whole wait before, and said only "did not
 	// start").
 	fatal := make(chan string, 1)
-	s.SetLoggerV2(natsLogger{l: logger.With("component", "nats"), fatal: fatal}, false, false, false)
+	s.SetLoggerV2(natsLogger{l: logger.With("component", "nats"), fatal: fatal,
+		limit: lograte.New(natsLogEvery, nil)}, false, false, false)
 	go s.Start()
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if s.ReadyForConnections(20 * time.Millisecond) {
@@ -353,10 +371,14 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 }
 
 // natsLogger sends the server's log lines to slog, and its first fatal
-// one to fatal too.
+// one to fatal too. Its Error lines are rate-limited per kind (limit,
+// lograte.Kind): a peer down is one per route reconnect, and with the
+// pool's connections each reconnecting, routeErrorReports still logs
+// their first attempts together.
 type natsLogger struct {
 	l     *slog.Logger
 	fatal chan<- string
+	limit *lograte.Limiter
 }
 
 func (n natsLogger) Noticef(format string, v ...any) { n.l.Info(fmt.Sprintf(format, v...)) }
@@ -370,7 +392,16 @@ func (n natsLogger) Fatalf(format string, v ...any) {
 	}
 }
 func (n natsLogger) Errorf(format string, v ...any) {
-	n.l.Error(routeAuthHint(fmt.Sprintf(format, v...)))
+	msg := fmt.Sprintf(format, v...)
+	ok, skipped := n.limit.Allow(lograte.Kind(msg))
+	if !ok {
+		return
+	}
+	if skipped > 0 {
+		n.l.Error(routeAuthHint(msg), "left_out", skipped)
+		return
+	}
+	n.l.Error(routeAuthHint(msg))
 }
 
 // routeAuthHint returns msg, a line of the server's log, with what to
