@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/testlog"
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 )
 
 // TestADownPeersRouteDoesNotFloodTheLog: three embedded NATS servers wired
@@ -59,6 +61,42 @@ func TestADownPeersRouteDoesNotFloodTheLog(t *testing.T) {
 	n := len(lines) - before
 	if n > 3 {
 		t.Fatalf("n3's NATS server down for %v: n1 logged %d route connect errors (%.1f/s, unbounded for as long as it is down), want at most 3; last: %s",
+			window, n, float64(n)/window.Seconds(), strings.TrimSpace(lines[len(lines)-1]))
+	}
+}
+
+// TestADumpOverMaxPayloadIsNotLoggedAtEveryRetry: a rank whose dump is
+// larger than the NATS server's max_payload (docs/offload.md: "stays
+// behind (its dump is retried with backoff, and logged)") is retried every
+// MaxBackoff (500 ms) for ever, and each retry logs an Error line: 2 lines/s
+// per such rank, ~170,000 a day, no summary (the count of retries is what
+// a metric is for).
+func TestADumpOverMaxPayloadIsNotLoggedAtEveryRetry(t *testing.T) {
+	var logs testlog.Buffer
+	nc := scriptedLeader(t, nil, func(m *nats.Msg) { m.Respond(appendDumpOK(nil, 1)) })
+	big := make([]kvevent.Event, 1_000_000) // ~28 bytes each: over the embedded server's 8 MiB
+	for i := range big {
+		big[i] = kvevent.Event{Tier: kvevent.TierDevice, Kind: kvevent.KindStored, Blocks: []kvevent.Block{{EngineHash: uint64(i + 1), LocalHash: uint64(i + 1)}}}
+	}
+	p, err := NewPublisher(PublisherConfig{Conn: nc, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Dump: func(kvevent.Rank) ([]kvevent.Event, uint64) { return big, 0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Resync(kvevent.Rank{Worker: 2})
+	const what = "request larger than the NATS server takes"
+	waitFor(t, 10*time.Second, "the first refusal", func() bool { return len(logs.Lines(what)) > 0 })
+	time.Sleep(2 * time.Second) // the backoff at its ceiling
+	before := len(logs.Lines(what))
+	const window = 5 * time.Second
+	time.Sleep(window)
+	lines := logs.Lines(what)
+	if !strings.Contains(lines[0], "rank") {
+		t.Errorf("the refusal's line does not say which rank is stuck (nor what to do: --disk-blocks, or a larger max_payload): %s", strings.TrimSpace(lines[0]))
+	}
+	if n := len(lines) - before; n > 2 {
+		t.Errorf("a dump over max_payload, for %v: %d Error lines (%.1f/s, for as long as the rank is that large), want at most 2; last: %s",
 			window, n, float64(n)/window.Seconds(), strings.TrimSpace(lines[len(lines)-1]))
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/lograte"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
@@ -151,6 +152,9 @@ func (c *PublisherConfig) defaults() {
 type Publisher struct {
 	cfg PublisherConfig
 	m   publisherMetrics
+	// tooLarge limits the lines of dumps larger than the NATS server
+	// takes, per rank (dumpTooLarge).
+	tooLarge *lograte.Limiter
 
 	mu    sync.Mutex
 	ranks map[kvevent.Rank]*rankBuf
@@ -381,9 +385,9 @@ func (b *rankBuf) trimMarks() {
 }
 
 type publisherMetrics struct {
-	published, acked, full, dropped, dumps, requests, retries, unregistered prometheus.Counter
-	resends                                                                 *prometheus.CounterVec
-	buffered                                                                prometheus.Gauge
+	published, acked, full, dropped, dumps, requests, retries, unregistered, tooLarge prometheus.Counter
+	resends                                                                           *prometheus.CounterVec
+	buffered                                                                          prometheus.Gauge
 }
 
 func newPublisherMetrics(reg prometheus.Registerer) (publisherMetrics, error) {
@@ -400,6 +404,8 @@ func newPublisherMetrics(reg prometheus.Registerer) (publisherMetrics, error) {
 		retries:   c("kvagent_events_request_retries_total", "Event requests that failed (timeout, no leader, error, or an ack that moved no rank forward) and were resent."),
 		unregistered: c("kvagent_events_unregistered_total",
 			"Rank batches and dumps the router refused because their worker does not list the rank (a Positional worker's unregistered dp rank); the events are kept, and they and the dump resent with backoff."),
+		tooLarge: c("kvagent_events_dumps_too_large_total",
+			"Rank dumps the NATS connection refused because they were larger than the server's max_payload; the dump is retried with backoff, and refused the same way until the rank holds fewer blocks."),
 		resends: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_events_resyncs_total",
 			Help: "Gaps reported by the router, by how they heal (replay from the buffer, dump), and dumps the router asked for (router: it dropped events it could not place; fenced: another publisher incarnation dumped the rank since) or its refusal of one event forced (refused), and dumps of a full rank PublishWait was called for while the publisher built a dump (wait)."}, []string{"reason"}),
 		buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvagent_events_buffered",
@@ -408,7 +414,7 @@ func newPublisherMetrics(reg prometheus.Registerer) (publisherMetrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	cs := []prometheus.Collector{m.published, m.acked, m.full, m.dropped, m.dumps, m.requests, m.retries, m.unregistered, m.resends, m.buffered}
+	cs := []prometheus.Collector{m.published, m.acked, m.full, m.dropped, m.dumps, m.requests, m.retries, m.unregistered, m.tooLarge, m.resends, m.buffered}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			for _, done := range cs[:i] {
@@ -430,7 +436,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Publisher{cfg: cfg, m: m, ranks: map[kvevent.Rank]*rankBuf{},
+	p := &Publisher{cfg: cfg, m: m, tooLarge: lograte.New(tooLargeLogEvery, nil), ranks: map[kvevent.Rank]*rankBuf{},
 		room: make(chan struct{}), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))}
 	p.timeout.Store(int64(cfg.RequestTimeout))
@@ -1218,7 +1224,8 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 		stored[i].Rank = r
 	}
 	req := dumpRequest{rank: r, incarnation: p.cfg.Incarnation, cursor: through, stored: stored}
-	_, cursor, err := p.request(p.cfg.DumpSubject, msgDumpOK, appendDump(nil, &req), nil)
+	data := appendDump(nil, &req)
+	_, cursor, err := p.request(p.cfg.DumpSubject, msgDumpOK, data, nil)
 	var re *ReplyError
 	if errors.As(err, &re) && re.Code == codeUnregistered {
 		// The rank's worker does not list it: nothing applied. Not a
@@ -1238,6 +1245,10 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 		// router may never have taken; it is malformed, and the dump is
 		// resent after its backoff.
 		err = fmt.Errorf("%w: dump of rank %v answered at cursor %d, below its own %d", ErrMalformed, r, cursor, through)
+	}
+	if errors.Is(err, nats.ErrMaxPayload) {
+		p.dumpTooLarge(r, len(data))
+		return false
 	}
 	if err != nil {
 		p.logRetry("dump", err)
@@ -1333,6 +1344,26 @@ func (p *Publisher) sendDump(r kvevent.Rank) bool {
 // the same configuration, or is held to the leader's cap.
 func (p *Publisher) renumberHeadroom() uint64 {
 	return uint64(max(p.cfg.MaxRequestEvents, defaultMaxRequestEvents))
+}
+
+// tooLargeLogEvery is how often a rank's dump refused as larger than the
+// NATS server's max_payload is logged at most: it is retried every
+// MaxBackoff and refused the same way until the rank holds fewer blocks,
+// which an Error line per retry (2 a second) did not make sooner.
+const tooLargeLogEvery = time.Minute
+
+// dumpTooLarge counts and logs rank r's dump, of size bytes, refused as
+// larger than the NATS server takes: at most once per tooLargeLogEvery per
+// rank, with the retries refused since its last line.
+func (p *Publisher) dumpTooLarge(r kvevent.Rank, size int) {
+	p.m.tooLarge.Inc()
+	ok, skipped := p.tooLarge.Allow(r.String())
+	if !ok {
+		return
+	}
+	p.cfg.Logger.Error("request larger than the NATS server takes; retrying", "what", "dump", "rank", r,
+		"bytes", size, "max_payload", p.cfg.Conn.MaxPayload(), "refused_since", skipped,
+		"fix", "the rank holds more blocks than one dump message carries: size kvagent's --disk-blocks (or --host-blocks) below it, or use a NATS server with a larger max_payload (kvrouter --nats-url)")
 }
 
 func (p *Publisher) logRetry(what string, err error) {
