@@ -12,6 +12,7 @@ import (
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestADownPeersRouteDoesNotFloodTheLog: three embedded NATS servers wired
@@ -98,5 +99,68 @@ func TestADumpOverMaxPayloadIsNotLoggedAtEveryRetry(t *testing.T) {
 	if n := len(lines) - before; n > 2 {
 		t.Errorf("a dump over max_payload, for %v: %d Error lines (%.1f/s, for as long as the rank is that large), want at most 2; last: %s",
 			window, n, float64(n)/window.Seconds(), strings.TrimSpace(lines[len(lines)-1]))
+	}
+}
+
+// TestFailedNATSAuthenticationsDoNotFloodTheLog: the embedded NATS server
+// with --nats-user/--nats-password logs an Error line per client that
+// fails to authenticate. Anyone who can reach the client port (no
+// credentials needed) writes the log at the rate they connect: seen 1,900
+// lines/s from one Python loop on the real binary, and no metric counts them.
+func TestFailedNATSAuthenticationsDoNotFloodTheLog(t *testing.T) {
+	var logs testlog.Buffer
+	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0", User: "bob", Password: "s3cret",
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	before := len(logs.Lines("authentication error"))
+	const conns = 300
+	for range conns {
+		c, err := net.Dial("tcp", s.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		c.Read(make([]byte, 4096)) // INFO
+		c.Write([]byte("CONNECT {\"verbose\":false,\"user\":\"eve\",\"pass\":\"guess\"}\r\nPING\r\n"))
+		c.Read(make([]byte, 4096)) // -ERR
+		c.Close()
+	}
+	time.Sleep(200 * time.Millisecond)
+	lines := logs.Lines("authentication error")
+	if n := len(lines) - before; n > 10 {
+		t.Fatalf("%d connections with a wrong password: %d Error lines, want a bounded summary (at most 10) and a metric; last: %s",
+			conns, n, strings.TrimSpace(lines[len(lines)-1]))
+	}
+}
+
+// TestFailedNATSAuthenticationsAreCounted: the failures that
+// TestFailedNATSAuthenticationsDoNotFloodTheLog leaves out of the log are
+// each counted in ServerConfig.AuthFailures
+// (kvrouter_nats_authentication_failures_total); a client that
+// authenticates is not.
+func TestFailedNATSAuthenticationsAreCounted(t *testing.T) {
+	failures := prometheus.NewCounter(prometheus.CounterOpts{Name: "failures"})
+	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0", User: "bob", Password: "s3cret", AuthFailures: failures, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	const conns = 5
+	for i := range conns {
+		if nc, err := nats.Connect(s.ClientURL(), nats.UserInfo(fmt.Sprintf("eve%d", i), "guess"), nats.NoReconnect()); err == nil {
+			nc.Close()
+			t.Fatal("a client with a wrong password connected")
+		}
+	}
+	nc, err := nats.Connect(s.ClientURL(), nats.UserInfo("bob", "s3cret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	if got := val(failures); got != conns {
+		t.Fatalf("%d connections with a wrong password and one with the right one: %v counted, want %d", conns, got, conns)
 	}
 }

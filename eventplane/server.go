@@ -12,11 +12,13 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/lograte"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // natsLogEvery is how often the embedded server's Error lines of one kind
-// (lograte.Kind) are logged at most: a fault that lasts (a peer down)
-// repeats them at the rate of its retries, and the next line logged says
+// (natsLogKind) are logged at most: a fault that lasts (a peer down,
+// clients with wrong credentials) repeats them at the rate of its retries
+// or connections, and the next line logged says
 // how many were left out ("left_out").
 const natsLogEvery = time.Minute
 
@@ -50,7 +52,12 @@ type ServerConfig struct {
 	// plain (the cluster network). In-process connections (the node's own)
 	// skip TLS.
 	TLSCert, TLSKey, TLSCA string
-	Logger                 *slog.Logger
+	// AuthFailures, when set, counts the clients and routes the server
+	// refused for their credentials (kvrouter's
+	// kvrouter_nats_authentication_failures_total): their Error lines are
+	// logged at most once per natsLogEvery, so the count is here.
+	AuthFailures prometheus.Counter
+	Logger       *slog.Logger
 }
 
 // CheckServerAddr says what is wrong with addr as a listen address of the
@@ -344,7 +351,7 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 	// start").
 	fatal := make(chan string, 1)
 	s.SetLoggerV2(natsLogger{l: logger.With("component", "nats"), fatal: fatal,
-		limit: lograte.New(natsLogEvery, nil)}, false, false, false)
+		limit: lograte.New(natsLogEvery, nil), authFailures: cfg.AuthFailures}, false, false, false)
 	go s.Start()
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if s.ReadyForConnections(20 * time.Millisecond) {
@@ -372,13 +379,16 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 
 // natsLogger sends the server's log lines to slog, and its first fatal
 // one to fatal too. Its Error lines are rate-limited per kind (limit,
-// lograte.Kind): a peer down is one per route reconnect, and with the
+// natsLogKind): a peer down is one per route reconnect, and with the
 // pool's connections each reconnecting, routeErrorReports still logs
-// their first attempts together.
+// their first attempts together; anyone who reaches the client port
+// writes one per connection refused for its credentials (seen: 1,900
+// lines a second from one client in a loop).
 type natsLogger struct {
-	l     *slog.Logger
-	fatal chan<- string
-	limit *lograte.Limiter
+	l            *slog.Logger
+	fatal        chan<- string
+	limit        *lograte.Limiter
+	authFailures prometheus.Counter // nil: not counted
 }
 
 func (n natsLogger) Noticef(format string, v ...any) { n.l.Info(fmt.Sprintf(format, v...)) }
@@ -393,7 +403,11 @@ func (n natsLogger) Fatalf(format string, v ...any) {
 }
 func (n natsLogger) Errorf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
-	ok, skipped := n.limit.Allow(lograte.Kind(msg))
+	auth := isAuthFailure(msg)
+	if auth && n.authFailures != nil {
+		n.authFailures.Inc()
+	}
+	ok, skipped := n.limit.Allow(natsLogKind(msg, auth))
 	if !ok {
 		return
 	}
@@ -402,6 +416,28 @@ func (n natsLogger) Errorf(format string, v ...any) {
 		return
 	}
 	n.l.Error(routeAuthHint(msg))
+}
+
+// isAuthFailure reports whether msg, an Error line of the server's, tells
+// of a client or route it refused for its credentials. nats-server says so
+// only in its log (no hook counts them): its text is what there is to go by.
+func isAuthFailure(msg string) bool {
+	return strings.Contains(msg, server.ErrAuthentication.Error())
+}
+
+// natsLogKind is the kind natsLogger rate-limits Error line msg under: its
+// numbers taken out (lograte.Kind: attempts, addresses, connection ids),
+// and of an authentication failure everything but whether a client or a
+// route failed, since the rest (the user name, the client's name, an IPv6
+// address) is the connecting side's to vary.
+func natsLogKind(msg string, auth bool) string {
+	switch {
+	case auth && strings.Contains(msg, " - rid:"):
+		return "route " + server.ErrAuthentication.Error()
+	case auth:
+		return "client " + server.ErrAuthentication.Error()
+	}
+	return lograte.Kind(msg)
 }
 
 // routeAuthHint returns msg, a line of the server's log, with what to

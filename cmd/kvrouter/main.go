@@ -302,7 +302,11 @@ func run(c *cli.Context) (err error) {
 	// once the node is up.
 	slowConsumers := prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_nats_slow_consumer_total",
 		Help: "Reports of a subscription of the node's NATS connection (events, dumps, heartbeats) falling behind, messages dropped for it: nats.go reports again each time the subscription has taken a message since, so one that stays behind counts about once per message it takes."})
-	nc, closeNATS, err := startNATS(c, id, logger, lost, slowConsumers)
+	// The embedded server's refusals of credentials, logged at most once
+	// a minute: the count is here.
+	authFailures := prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_nats_authentication_failures_total",
+		Help: "Clients and routes the embedded NATS server refused for their credentials (--nats-user, --nats-password); logged at most once a minute. 0 with --nats-url."})
+	nc, closeNATS, err := startNATS(c, id, logger, lost, slowConsumers, authFailures)
 	if err != nil {
 		closeServers()
 		return err
@@ -344,7 +348,7 @@ func run(c *cli.Context) (err error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		raftfsm.NewCollector(node), buildInfo(), slowConsumers, natsConnectedGauge(nc))
+		raftfsm.NewCollector(node), buildInfo(), slowConsumers, authFailures, natsConnectedGauge(nc))
 	subject := c.String("events-subject")
 	ing, err := eventplane.NewIngester(eventplane.IngesterConfig{Conn: nc, Node: node, Subject: subject, DumpSubject: subject + ".dump",
 		Linger: c.Duration("events-linger"), UnregisteredGrace: c.Duration("unregistered-grace"), Registerer: reg, Logger: logger})
@@ -850,13 +854,14 @@ func checkDurations(c *cli.Context) error {
 // or starts the embedded server and connects to it in process, and
 // returns the connection and what closes it (and the embedded server).
 // A subscription that falls behind is logged and counted in slow
-// (natswatch.ErrorHandler). A NATS server not up yet is waited for. The
+// (natswatch.ErrorHandler); the embedded server's refusals of credentials
+// in authFailures (nil: not counted). A NATS server not up yet is waited for. The
 // external connection is logged as it comes and goes, and lost is called
 // when nats.go closes it for good, or when the --nats-creds file holds no
 // credentials as it reconnects, which nats.go would retry for ever
 // (natswatch). Its log and errors show no password of --nats-url
 // (eventplane.RedactURLs).
-func startNATS(c *cli.Context, id string, logger *slog.Logger, lost context.CancelCauseFunc, slow prometheus.Counter) (*nats.Conn, func(), error) {
+func startNATS(c *cli.Context, id string, logger *slog.Logger, lost context.CancelCauseFunc, slow, authFailures prometheus.Counter) (*nats.Conn, func(), error) {
 	if url := c.String("nats-url"); url != "" {
 		w := natswatch.New(logger, lost, natswatch.Texts{Who: "the node",
 			Unreachable: "check --nats-url, and that the NATS server is up", Lost: "no event is ingested, and no heartbeat answered,"})
@@ -895,7 +900,8 @@ func startNATS(c *cli.Context, id string, logger *slog.Logger, lost context.Canc
 	s, err := eventplane.StartServer(eventplane.ServerConfig{Name: id, Addr: c.String("nats-addr"),
 		ClusterAddr: c.String("nats-cluster-addr"), Routes: routes,
 		User: c.String("nats-user"), Password: c.String("nats-password"),
-		TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key"), TLSCA: c.String("nats-tls-ca"), Logger: logger})
+		TLSCert: c.String("nats-tls-cert"), TLSKey: c.String("nats-tls-key"), TLSCA: c.String("nats-tls-ca"),
+		AuthFailures: authFailures, Logger: logger})
 	if err != nil {
 		return nil, nil, err
 	}

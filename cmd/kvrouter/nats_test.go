@@ -380,7 +380,9 @@ func readyzOf(t *testing.T, httpAddr string) string {
 // nats.go's reports of a subscription of the node's NATS connection falling
 // behind, events or heartbeats dropped), from the start, at 0. From a
 // review: neither connection had an ErrorHandler, and nats.go's default
-// wrote such drops to stderr outside the log, counted nowhere.
+// wrote such drops to stderr outside the log, counted nowhere. So has
+// kvrouter_nats_authentication_failures_total (the embedded server's
+// refusals of credentials, logged at most once a minute).
 func TestSlowConsumersAreCountedOnMetrics(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -403,7 +405,8 @@ func TestSlowConsumersAreCountedOnMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"\nkvrouter_nats_slow_consumer_total 0\n", "\nkvrouter_nats_connected 1\n"} {
+	for _, want := range []string{"\nkvrouter_nats_slow_consumer_total 0\n", "\nkvrouter_nats_connected 1\n",
+		"\nkvrouter_nats_authentication_failures_total 0\n"} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("/metrics has no %q:\n%s", strings.TrimSpace(want), b)
 		}
@@ -565,7 +568,7 @@ func TestTheNodesConnectionsCountASlowConsumer(t *testing.T) {
 			slow := prometheus.NewCounter(prometheus.CounterOpts{Name: "slow_total"})
 			_, lost := context.WithCancelCause(context.Background())
 			defer lost(nil)
-			nc, closeNATS, err := startNATS(natsContext(t, args...), "n1", slog.New(slog.DiscardHandler), lost, slow)
+			nc, closeNATS, err := startNATS(natsContext(t, args...), "n1", slog.New(slog.DiscardHandler), lost, slow, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
