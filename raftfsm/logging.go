@@ -3,36 +3,60 @@ package raftfsm
 import (
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/kvrouter/kvrouter/internal/lograte"
 )
 
+// raftLogEvery is how often a line of one kind from hashicorp/raft is
+// logged at most (lograte): a peer that stays down has the leader retry
+// its heartbeats, and a node without a quorum its votes, several times a
+// second for as long as it lasts, each retry a line.
+const raftLogEvery = time.Minute
+
 // hclogAdapter gives hashicorp/raft a logger that writes through slog.
-// Raft is chatty at info level (every heartbeat failure, every election
-// step); warnings and errors are what an operator needs from it.
+// Raft is chatty at info level (every election step, every snapshot), so
+// only its warnings and errors are passed; and a fault that lasts repeats
+// one of those per retry, so each kind of line (its numbers folded:
+// lograte.Kind) is logged at once, then at most once per raftLogEvery
+// with the count of those left out.
 func hclogAdapter(l *slog.Logger) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{
 		Name:            "raft",
 		Level:           hclog.Warn,
-		Output:          slogWriter{l.With("component", "raft")},
+		Output:          &slogWriter{l: l.With("component", "raft"), rate: lograte.New(raftLogEvery, nil), every: raftLogEvery},
 		DisableTime:     true,
 		IncludeLocation: false,
 	})
 }
 
-type slogWriter struct{ l *slog.Logger }
+// slogWriter writes hclog's lines, one per Write, to slog, rate-limited
+// per kind.
+type slogWriter struct {
+	l     *slog.Logger
+	rate  *lograte.Limiter
+	every time.Duration
+}
 
-func (w slogWriter) Write(p []byte) (int, error) {
+func (w *slogWriter) Write(p []byte) (int, error) {
 	msg := strings.TrimSpace(string(p))
+	ok, skipped := w.rate.Allow(lograte.Kind(msg))
+	if !ok {
+		return len(p), nil
+	}
+	// The line logged is the latest, its peer's address in it: those left
+	// out were of its kind, not necessarily of its peer.
+	args := lograte.LeftOut(skipped, w.every)
 	switch {
 	case strings.Contains(msg, "transport shutdown"):
 		// A connection's reader finding this node's own transport closed:
 		// the routine end of a shutdown, not an error of the cluster.
-		w.l.Info(msg)
+		w.l.Info(msg, args...)
 	case strings.Contains(msg, "[ERROR]"):
-		w.l.Error(msg)
+		w.l.Error(msg, args...)
 	default:
-		w.l.Warn(msg)
+		w.l.Warn(msg, args...)
 	}
 	return len(p), nil
 }

@@ -14,6 +14,7 @@
 package lograte
 
 import (
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -87,6 +88,16 @@ func (l *Limiter) forget(now time.Time) {
 			delete(l.kinds, k)
 		}
 	}
+}
+
+// LeftOut returns the attributes of a line Allow let through after it
+// left out skipped lines of its kind, for a Limiter of interval every:
+// none when it left out none, else "left_out" saying how many.
+func LeftOut(skipped uint64, every time.Duration) []any {
+	if skipped == 0 {
+		return nil
+	}
+	return []any{"left_out", fmt.Sprintf("%d more like it since the last one logged (at most one per %v)", skipped, every)}
 }
 
 // Kind returns msg with each run of digits replaced by one '#', for a

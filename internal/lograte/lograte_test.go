@@ -113,3 +113,15 @@ func TestConcurrentUse(t *testing.T) {
 		t.Fatalf("8 goroutines x 1000 lines of one kind in one interval: %d logged, want 1", logged)
 	}
 }
+
+// TestLeftOutSaysHowMany: a line logged after others of its kind were
+// left out says how many; the first of its kind says nothing.
+func TestLeftOutSaysHowMany(t *testing.T) {
+	if a := LeftOut(0, time.Minute); a != nil {
+		t.Fatalf("none left out: %v, want no attribute", a)
+	}
+	a := LeftOut(41, time.Minute)
+	if len(a) != 2 || a[0] != "left_out" || a[1] != "41 more like it since the last one logged (at most one per 1m0s)" {
+		t.Fatalf("41 left out: %v", a)
+	}
+}
