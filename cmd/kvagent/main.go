@@ -31,6 +31,7 @@ import (
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/kvrouter/kvrouter/internal/limits"
+	"github.com/kvrouter/kvrouter/internal/lograte"
 	"github.com/kvrouter/kvrouter/internal/natswatch"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/nvml"
@@ -160,19 +161,28 @@ const (
 	metricsIdleTimeout   = 2 * time.Minute
 )
 
-// newMetricsServer returns the --metrics-addr server, serving h. Nothing
-// it serves reads a body: a request that declares one has its connection
+// metricsLogEvery is how often a line of one kind from the --metrics-addr
+// server's net/http is logged at most.
+const metricsLogEvery = time.Minute
+
+// newMetricsServer returns the --metrics-addr server, serving h, its own
+// lines (an accept error, a handler's panic) logged to logger,
+// rate-limited, as kvrouter's ports' (lograte.HTTPServerLog; it serves no
+// TLS, so no handshake fails to count). Without an ErrorLog, net/http
+// logged them through the default logger, past --log-level. Nothing it
+// serves reads a body: a request that declares one has its connection
 // closed after the answer, instead of net/http draining the body first,
 // with no deadline, on bytes a client may never send (the server sets no
 // read timeout), holding the connection for as long as the client likes.
-func newMetricsServer(h http.Handler) *http.Server {
+func newMetricsServer(h http.Handler, logger *slog.Logger) *http.Server {
 	closing := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength != 0 {
 			w.Header().Set("Connection", "close")
 		}
 		h.ServeHTTP(w, r)
 	})
-	return &http.Server{Handler: closing, ReadHeaderTimeout: metricsHeaderTimeout, IdleTimeout: metricsIdleTimeout}
+	return &http.Server{Handler: closing, ReadHeaderTimeout: metricsHeaderTimeout, IdleTimeout: metricsIdleTimeout,
+		ErrorLog: lograte.HTTPServerLog(logger, metricsLogEvery, nil)}
 }
 
 // metricsServing, when set (by tests), is called with the --metrics-addr
@@ -194,7 +204,7 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		hs := newMetricsServer(mux)
+		hs := newMetricsServer(mux, logger.With("addr", ln.Addr().String()))
 		if metricsServing != nil {
 			metricsServing(hs)
 		}

@@ -197,6 +197,9 @@ func TestTheMetricsServerHasItsTimeouts(t *testing.T) {
 		t.Errorf("the --metrics-addr server: header timeout %v, idle %v, read %v, write %v, max header bytes %d; want 10s, 2m0s, none, none, the default",
 			got.ReadHeaderTimeout, got.IdleTimeout, got.ReadTimeout, got.WriteTimeout, got.MaxHeaderBytes)
 	}
+	if got.ErrorLog == nil {
+		t.Error("the --metrics-addr server has no ErrorLog: net/http would log through the default logger, unbounded and past --log-level")
+	}
 }
 
 // TestTheMetricsServerDoesNotDrainAnUnreadBody: nothing on --metrics-addr
@@ -207,7 +210,7 @@ func TestTheMetricsServerHasItsTimeouts(t *testing.T) {
 func TestTheMetricsServerDoesNotDrainAnUnreadBody(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "up 1") })
-	srv := httptest.NewServer(newMetricsServer(mux).Handler)
+	srv := httptest.NewServer(newMetricsServer(mux, slog.New(slog.DiscardHandler)).Handler)
 	defer srv.Close()
 	code, b := rawhttp.Send(t, srv.Listener.Addr().String(), "GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n", false)
 	if code != http.StatusOK || string(b) != "up 1\n" {

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -30,6 +31,7 @@ import (
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/kvrouter/kvrouter/internal/limits"
+	"github.com/kvrouter/kvrouter/internal/lograte"
 	"github.com/kvrouter/kvrouter/internal/natswatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
@@ -268,8 +270,12 @@ func run(c *cli.Context) (err error) {
 	var handler atomic.Pointer[http.Handler]
 	handler.Store(&startingHandler)
 	current := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*handler.Load()).ServeHTTP(w, r) })
+	// Counted from the first connection, registered with the others once
+	// the node is up.
+	handshakes := prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_http_tls_handshake_errors_total",
+		Help: "Connections to the node's HTTP ports (--http-addr, --selection-addr) whose TLS handshake failed: plain-HTTP clients, port scans, TCP health checks, clients that distrust the certificate. Logged at most once a minute."})
 	hsFlight := &inFlight{}
-	hs := newHTTPServer(hsFlight.wrap(current))
+	hs := newHTTPServer(hsFlight.wrap(current), httpErrorLog(logger, ln.Addr().String(), handshakes))
 	servers := []servedPort{{hs, ln.Addr().String(), hsFlight}}
 	closeServers := func() {
 		for _, s := range servers {
@@ -290,7 +296,7 @@ func run(c *cli.Context) (err error) {
 			return fmt.Errorf("selection API listen on %s: %w", a, err)
 		}
 		sFlight := &inFlight{}
-		shs := newHTTPServer(sFlight.wrap(compat.SelectionHandler(current)))
+		shs := newHTTPServer(sFlight.wrap(compat.SelectionHandler(current)), httpErrorLog(logger, sln.Addr().String(), handshakes))
 		servers = append(servers, servedPort{shs, sln.Addr().String(), sFlight})
 		go func() { serveErr <- shs.Serve(sln) }()
 		logger.Info("selection API listening", "http", sec.scheme()+"://"+sln.Addr().String())
@@ -348,7 +354,7 @@ func run(c *cli.Context) (err error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		raftfsm.NewCollector(node), buildInfo(), slowConsumers, authFailures, natsConnectedGauge(nc))
+		raftfsm.NewCollector(node), buildInfo(), slowConsumers, authFailures, handshakes, natsConnectedGauge(nc))
 	subject := c.String("events-subject")
 	ing, err := eventplane.NewIngester(eventplane.IngesterConfig{Conn: nc, Node: node, Subject: subject, DumpSubject: subject + ".dump",
 		Linger: c.Duration("events-linger"), UnregisteredGrace: c.Duration("unregistered-grace"), Registerer: reg, Logger: logger})
@@ -505,9 +511,24 @@ const (
 	idleTimeout   = 2 * time.Minute
 )
 
-// newHTTPServer returns the server of one of the node's ports, serving h.
-func newHTTPServer(h http.Handler) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: headerTimeout, IdleTimeout: idleTimeout}
+// newHTTPServer returns the server of one of the node's ports, serving h,
+// its own lines (a failed TLS handshake, a handler's panic) logged to
+// errorLog (httpErrorLog).
+func newHTTPServer(h http.Handler, errorLog *log.Logger) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: headerTimeout, IdleTimeout: idleTimeout, ErrorLog: errorLog}
+}
+
+// httpLogEvery is how often a line of one kind from net/http is logged at
+// most: with TLS, every connection whose handshake fails is one, at the
+// rate of whoever connects.
+const httpLogEvery = time.Minute
+
+// httpErrorLog is the ErrorLog of the node's port at addr: logger's,
+// rate-limited, its failed TLS handshakes counted in handshakes
+// (lograte.HTTPServerLog). Without one, net/http logged a line per
+// failed handshake, through the default logger at Info.
+func httpErrorLog(logger *slog.Logger, addr string, handshakes prometheus.Counter) *log.Logger {
+	return lograte.HTTPServerLog(logger.With("addr", addr), httpLogEvery, handshakes)
 }
 
 // A servedPort is one of the node's HTTP servers, the address it listens

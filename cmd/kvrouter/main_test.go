@@ -406,6 +406,9 @@ func TestEveryPortsServerHasItsTimeouts(t *testing.T) {
 			t.Errorf("the server of %s: header timeout %v, idle %v, read %v, write %v, max header bytes %d; want 10s, 2m0s, none, none, the default",
 				s.addr, srv.ReadHeaderTimeout, srv.IdleTimeout, srv.ReadTimeout, srv.WriteTimeout, srv.MaxHeaderBytes)
 		}
+		if s.srv.ErrorLog == nil {
+			t.Errorf("the server of %s has no ErrorLog: net/http would log a line per failed TLS handshake, unbounded", s.addr)
+		}
 	}
 }
 
