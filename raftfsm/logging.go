@@ -41,12 +41,13 @@ type slogWriter struct {
 
 func (w *slogWriter) Write(p []byte) (int, error) {
 	msg := strings.TrimSpace(string(p))
-	ok, skipped := w.rate.Allow(lograte.Kind(msg))
+	// A line's kind keeps its peer (the members are few): two peers down
+	// are two kinds, each named once a minute, not one kind naming
+	// whichever failed last.
+	ok, skipped := w.rate.Allow(lograte.Kind(msg) + "\x00" + raftPeer(msg))
 	if !ok {
 		return len(p), nil
 	}
-	// The line logged is the latest, its peer's address in it: those left
-	// out were of its kind, not necessarily of its peer.
 	args := lograte.LeftOut(skipped, w.every)
 	switch {
 	case strings.Contains(msg, "transport shutdown"):
@@ -59,4 +60,27 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 		w.l.Warn(msg, args...)
 	}
 	return len(p), nil
+}
+
+// raftPeer returns the peer a hashicorp/raft line names (its peer= or
+// target= value, quoted or not), or "" when it names none.
+func raftPeer(msg string) string {
+	for _, key := range [...]string{" peer=", " target="} {
+		i := strings.Index(msg, key)
+		if i < 0 {
+			continue
+		}
+		v := msg[i+len(key):]
+		if strings.HasPrefix(v, `"`) {
+			if j := strings.IndexByte(v[1:], '"'); j >= 0 {
+				return v[1 : 1+j]
+			}
+			return v[1:]
+		}
+		if j := strings.IndexByte(v, ' '); j >= 0 {
+			return v[:j]
+		}
+		return v
+	}
+	return ""
 }

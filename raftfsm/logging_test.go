@@ -29,3 +29,41 @@ func TestRaftLogLevels(t *testing.T) {
 		}
 	}
 }
+
+// TestRaftLinesAreLimitedPerKindAndPeer: a line Raft repeats per retry is
+// logged once per interval, but two peers down are two kinds: each peer is
+// named, not only the one that failed last (the numbers of an address fold
+// in lograte.Kind, so the peer is kept apart).
+func TestRaftLinesAreLimitedPerKindAndPeer(t *testing.T) {
+	var out bytes.Buffer
+	h := hclogAdapter(slog.New(slog.NewTextHandler(&out, nil)))
+	for i := range 50 {
+		h.Error("failed to heartbeat to", "peer", "127.0.0.1:40159", "backoff time", i)
+		h.Error("failed to heartbeat to", "peer", "127.0.0.1:40160", "backoff time", i)
+		h.Error("failed to make requestVote RPC", "target", "{Voter n2 127.0.0.1:40159}", "error", "dial tcp: connection refused", "term", i)
+		h.Error("failed to make requestVote RPC", "target", "{Voter n3 127.0.0.1:40160}", "error", "dial tcp: connection refused", "term", i)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("50 retries to each of two peers, of two kinds of line: %d lines logged, want 4 (one per kind and peer):\n%s", len(lines), out.String())
+	}
+	for _, peer := range []string{"40159 backoff", "40160 backoff", "n2 127.0.0.1:40159", "n3 127.0.0.1:40160"} {
+		if !strings.Contains(out.String(), peer) {
+			t.Errorf("no line names %q:\n%s", peer, out.String())
+		}
+	}
+}
+
+func TestRaftPeer(t *testing.T) {
+	for msg, want := range map[string]string{
+		`[ERROR] raft: failed to heartbeat to: peer=127.0.0.1:4001 backoff time=100ms`:                  "127.0.0.1:4001",
+		`[ERROR] raft: failed to make requestVote RPC: target="{Voter n2 127.0.0.1:4002}" error="x"`:    "{Voter n2 127.0.0.1:4002}",
+		`[ERROR] raft: failed to appendEntries to: peer="{Voter n3 127.0.0.1:4003}" error=EOF`:          "{Voter n3 127.0.0.1:4003}",
+		`[WARN]  raft: heartbeat timeout reached, starting election: last-leader-addr= last-leader-id=`: "",
+		`[ERROR] raft: peer=`: "",
+	} {
+		if got := raftPeer(msg); got != want {
+			t.Errorf("raftPeer(%q) = %q, want %q", msg, got, want)
+		}
+	}
+}
