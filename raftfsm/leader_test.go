@@ -1,7 +1,6 @@
 package raftfsm
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -16,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-msgpack/v2/codec"
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
@@ -1101,53 +1099,14 @@ func TestFollowerCloseEndsASnapshotFromAHungLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fakeLn, err := net.Listen("tcp", "127.0.0.1:0") // the leader's Raft address: it answers nothing
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fakeLn.Close()
-	go func() {
-		for {
-			cn, err := fakeLn.Accept()
-			if err != nil {
-				return
-			}
-			defer cn.Close()
-		}
-	}()
 	self := Member{ID: "n1", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n1"}
-	leader := Member{ID: "n2", RaftAddr: fakeLn.Addr().String(), HTTPAddr: "http-n2"}
+	leader := Member{ID: "n2", RaftAddr: silentPeer(t), HTTPAddr: "http-n2"}
 	n, err := NewNode(Config{ID: self.ID, RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: t.TempDir(),
 		Peers: []Member{self, leader}, Transport: tr, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The leader's InstallSnapshot: its request, 4 KiB of its 64 MiB, then
-	// nothing (the leader hung).
-	conn, err := net.Dial("tcp", self.RaftAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	w := bufio.NewWriter(conn)
-	w.WriteByte(2) // rpcInstallSnapshot
-	servers := raft.Configuration{Servers: []raft.Server{
-		{Suffrage: raft.Voter, ID: "n1", Address: raft.ServerAddress(self.RaftAddr)},
-		{Suffrage: raft.Voter, ID: "n2", Address: raft.ServerAddress(leader.RaftAddr)}}}
-	req := &raft.InstallSnapshotRequest{
-		RPCHeader:       raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("n2"), Addr: []byte(leader.RaftAddr)},
-		SnapshotVersion: raft.SnapshotVersionMax, Term: 100, Leader: []byte(leader.RaftAddr),
-		LastLogIndex: 1000, LastLogTerm: 100, Configuration: raft.EncodeConfiguration(servers), ConfigurationIndex: 1, Size: 64 << 20}
-	if err := codec.NewEncoder(w, &codec.MsgpackHandle{}).Encode(req); err != nil {
-		t.Fatal(err)
-	}
-	w.Write(make([]byte, 4096))
-	if err := w.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, "the follower's Raft to read the snapshot", func() bool {
-		return testwatch.Goroutines("raft.(*Raft).installSnapshot(", "[IO wait") > 0
-	})
+	conn := hangInstallSnapshot(t, self, leader, self, leader)
 	closeWithin(t, n, func() { conn.Close() }) // the leader's connection goes: the read fails
 }
 

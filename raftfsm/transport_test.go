@@ -383,20 +383,6 @@ func TestAFollowerStillVotesWhileALeaderHungMidSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fakeLn, err := net.Listen("tcp", "127.0.0.1:0") // the hung leader's Raft address
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fakeLn.Close()
-	go func() {
-		for {
-			cn, err := fakeLn.Accept()
-			if err != nil {
-				return
-			}
-			defer cn.Close()
-		}
-	}()
 	// n3: a live member, the candidate once the leader hung.
 	candTr, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, rpcTimeout, os.Stderr)
 	if err != nil {
@@ -416,7 +402,7 @@ func TestAFollowerStillVotesWhileALeaderHungMidSnapshot(t *testing.T) {
 		}
 	}()
 	self := Member{ID: "n1", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n1"}
-	leader := Member{ID: "n2", RaftAddr: fakeLn.Addr().String(), HTTPAddr: "http-n2"}
+	leader := Member{ID: "n2", RaftAddr: silentPeer(t), HTTPAddr: "http-n2"} // the hung leader
 	cand := Member{ID: "n3", RaftAddr: string(candTr.LocalAddr()), HTTPAddr: "http-n3"}
 	n, err := NewNode(Config{ID: self.ID, RaftAddr: self.RaftAddr, HTTPAddr: self.HTTPAddr, DataDir: t.TempDir(),
 		Peers: []Member{self, leader, cand}, Transport: tr, Logger: quiet})
@@ -424,31 +410,7 @@ func TestAFollowerStillVotesWhileALeaderHungMidSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeWithin(t, n, nil)
-	conn, err := net.Dial("tcp", self.RaftAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	w := bufio.NewWriter(conn)
-	w.WriteByte(2) // rpcInstallSnapshot
-	servers := raft.Configuration{Servers: []raft.Server{
-		{Suffrage: raft.Voter, ID: "n1", Address: raft.ServerAddress(self.RaftAddr)},
-		{Suffrage: raft.Voter, ID: "n2", Address: raft.ServerAddress(leader.RaftAddr)},
-		{Suffrage: raft.Voter, ID: "n3", Address: raft.ServerAddress(cand.RaftAddr)}}}
-	req := &raft.InstallSnapshotRequest{
-		RPCHeader:       raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("n2"), Addr: []byte(leader.RaftAddr)},
-		SnapshotVersion: raft.SnapshotVersionMax, Term: 100, Leader: []byte(leader.RaftAddr),
-		LastLogIndex: 1000, LastLogTerm: 100, Configuration: raft.EncodeConfiguration(servers), ConfigurationIndex: 1, Size: 64 << 20}
-	if err := codec.NewEncoder(w, &codec.MsgpackHandle{}).Encode(req); err != nil {
-		t.Fatal(err)
-	}
-	w.Write(make([]byte, 4096))
-	if err := w.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, "the follower's Raft to read the snapshot", func() bool {
-		return testwatch.Goroutines("raft.(*Raft).installSnapshot(", "[IO wait") > 0
-	})
+	hangInstallSnapshot(t, self, leader, self, leader, cand)
 	// The leader stays hung. n3 campaigns: n1 must answer its vote (a
 	// grant or a refusal) within a few transport timeouts (the stream is
 	// given up stallTimeouts of them after it began; twice that leaves a
@@ -472,4 +434,65 @@ func TestAFollowerStillVotesWhileALeaderHungMidSnapshot(t *testing.T) {
 	t.Fatalf("a follower reading a snapshot from a hung leader answered no vote for %v (installSnapshot still reading: %d): %v; "+
 		"the cluster cannot elect a leader while the old one stays hung",
 		2*stallTimeouts*rpcTimeout, testwatch.Goroutines("raft.(*Raft).installSnapshot(", "[IO wait"), lastErr)
+}
+
+// silentPeer returns the address of a peer that takes connections and
+// answers nothing on them (a hung process, whose kernel still accepts).
+func silentPeer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		var conns []net.Conn
+		defer func() {
+			for _, cn := range conns {
+				cn.Close()
+			}
+		}()
+		for {
+			cn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, cn)
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// hangInstallSnapshot sends self, as leader would, an InstallSnapshot of
+// 64 MiB for a cluster of members: its request and 4 KiB of the data,
+// then nothing (the leader hung), and returns once self's Raft waits
+// reading the rest. The connection is closed at the test's end.
+func hangInstallSnapshot(t *testing.T, self, leader Member, members ...Member) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", self.RaftAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	w := bufio.NewWriter(conn)
+	w.WriteByte(2) // rpcInstallSnapshot
+	var servers raft.Configuration
+	for _, m := range members {
+		servers.Servers = append(servers.Servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(m.ID), Address: raft.ServerAddress(m.RaftAddr)})
+	}
+	req := &raft.InstallSnapshotRequest{
+		RPCHeader:       raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(leader.ID), Addr: []byte(leader.RaftAddr)},
+		SnapshotVersion: raft.SnapshotVersionMax, Term: 100, Leader: []byte(leader.RaftAddr),
+		LastLogIndex: 1000, LastLogTerm: 100, Configuration: raft.EncodeConfiguration(servers), ConfigurationIndex: 1, Size: 64 << 20}
+	if err := codec.NewEncoder(w, &codec.MsgpackHandle{}).Encode(req); err != nil {
+		t.Fatal(err)
+	}
+	w.Write(make([]byte, 4096))
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the follower's Raft to read the snapshot", func() bool {
+		return testwatch.Goroutines("raft.(*Raft).installSnapshot(", "[IO wait") > 0
+	})
+	return conn
 }
