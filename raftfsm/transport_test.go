@@ -123,7 +123,7 @@ func TestAStalledRequestFailsButAnIdleConnectionWaits(t *testing.T) {
 	idle.Write([]byte{0})
 	idleRead := make(chan error, 1)
 	go func() { // the next request, not sent yet
-		_, err := idle.Read(buf[:1])
+		_, err := idle.Read(make([]byte, 1)) // its own buffer: the test reads mid's into buf meanwhile
 		idleRead <- err
 	}()
 	waitFor(t, 10*time.Second, "the idle connection to wait for its next request", func() bool {
