@@ -171,13 +171,21 @@ const metricsLogEvery = time.Minute
 // TLS, so no handshake fails to count). Without an ErrorLog, net/http
 // logged them through the default logger, past --log-level. Nothing it
 // serves reads a body: a request that declares one has its connection
-// closed after the answer, instead of net/http draining the body first,
-// with no deadline, on bytes a client may never send (the server sets no
-// read timeout), holding the connection for as long as the client likes.
+// closed after the answer (a read deadline already past), instead of
+// net/http draining the body first, with no deadline, on bytes a client
+// may never send (the server sets no read timeout), holding the
+// connection for as long as the client likes.
 func newMetricsServer(h http.Handler, logger *slog.Logger) *http.Server {
 	closing := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength != 0 {
+			// Connection: close alone is not enough: net/http's
+			// finishRequest still reads up to 256 KiB of the body
+			// before it closes. A read deadline already past makes
+			// that read fail at once (the answer, a write, is not
+			// affected); its error, a writer that is not net/http's,
+			// leaves Connection: close to do what it can.
 			w.Header().Set("Connection", "close")
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
 		}
 		h.ServeHTTP(w, r)
 	})

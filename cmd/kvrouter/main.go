@@ -1104,7 +1104,7 @@ var startingHandler http.Handler = http.HandlerFunc(func(w http.ResponseWriter, 
 		// No body is read here: the connection closes after the answer,
 		// instead of net/http draining the body first, with no deadline,
 		// on bytes a client may never send.
-		w.Header().Set("Connection", "close")
+		closeUnread(w)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	if r.URL.Path == "/healthz" {
@@ -1116,6 +1116,18 @@ var startingHandler http.Handler = http.HandlerFunc(func(w http.ResponseWriter, 
 	w.WriteHeader(http.StatusServiceUnavailable)
 	_, _ = w.Write([]byte(`{"error":"not ready: starting (loading its state)","reason":"` + api.ReasonNotReady + `"}` + "\n"))
 })
+
+// closeUnread has the connection of a request whose body is not read closed
+// after the answer. Connection: close alone is not enough: net/http's
+// finishRequest still reads up to 256 KiB of the body before it closes, with
+// no deadline, on bytes a client may never send. A read deadline already
+// past makes that read fail at once; the answer, a write, is not affected.
+// Its error (http.ErrNotSupported, a writer that is not net/http's) is
+// ignored: Connection: close still stands.
+func closeUnread(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+}
 
 func buildInfo() prometheus.Collector {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvrouter_build_info", Help: "Build facts; value 1.",

@@ -18,6 +18,21 @@ import (
 // The answer must come within 10 s.
 func Send(t testing.TB, addr, req string, cut bool) (int, []byte) {
 	t.Helper()
+	code, b, _ := send(t, addr, req, cut, false)
+	return code, b
+}
+
+// SendThenRead sends req as Send does, its body stalled, and returns, with
+// the answer, what a read after the answer gives: io.EOF when the server
+// closed the connection within 10 s of it, a timeout error when it still
+// held it.
+func SendThenRead(t testing.TB, addr, req string) (int, []byte, error) {
+	t.Helper()
+	return send(t, addr, req, false, true)
+}
+
+func send(t testing.TB, addr, req string, cut, readOn bool) (int, []byte, error) {
+	t.Helper()
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +49,8 @@ func Send(t testing.TB, addr, req string, cut bool) (int, []byte) {
 	if err := conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		t.Fatalf("no answer: %v", err)
 	}
@@ -43,5 +59,9 @@ func Send(t testing.TB, addr, req string, cut bool) (int, []byte) {
 	if err != nil {
 		t.Fatalf("%d, the answer's body: %v", resp.StatusCode, err)
 	}
-	return resp.StatusCode, b
+	if !readOn {
+		return resp.StatusCode, b, nil
+	}
+	_, err = br.ReadByte()
+	return resp.StatusCode, b, err
 }
