@@ -164,3 +164,43 @@ func TestFailedNATSAuthenticationsAreCounted(t *testing.T) {
 		t.Fatalf("%d connections with a wrong password and one with the right one: %v counted, want %d", conns, got, conns)
 	}
 }
+
+// TestGarbageClientsDoNotHideTheFirstAuthFailure: an unauthenticated
+// client that sends garbage after "C" makes the embedded server log a
+// "Client parser ERROR ... proto='...'" line whose snippet is the
+// client's bytes. Each garbage was its own kind of the natsLogger's
+// limiter: 300 of them filled its 256 kinds, and every new kind after
+// that shared the overflow kind, so the first-ever Error line of any
+// other kind (here: a wrong password) was not logged at all. A parser
+// error is now one kind.
+func TestGarbageClientsDoNotHideTheFirstAuthFailure(t *testing.T) {
+	var logs testlog.Buffer
+	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0", User: "bob", Password: "s3cret",
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	send := func(b string) {
+		c, err := net.Dial("tcp", s.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		c.Read(make([]byte, 4096)) // INFO
+		c.Write([]byte(b))
+		c.Read(make([]byte, 4096)) // -ERR
+	}
+	const garbage = 300
+	for i := range garbage {
+		send(fmt.Sprintf("Cjunk%s\r\n", strings.Repeat(string(rune('a'+i%26)), 1+i/26)))
+	}
+	send("CONNECT {\"verbose\":false,\"user\":\"eve\",\"pass\":\"guess\"}\r\nPING\r\n")
+	waitFor(t, 5*time.Second, "the wrong password's line, after "+fmt.Sprint(garbage)+" garbage clients' parser errors", func() bool {
+		return len(logs.Lines("authentication error")) > 0
+	})
+	if n := len(logs.Lines("parser ERROR")); n != 1 {
+		t.Errorf("%d garbage clients: %d parser-error lines, want 1 (one kind, whatever the bytes)", garbage, n)
+	}
+}

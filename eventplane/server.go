@@ -407,8 +407,14 @@ func (n natsLogger) Errorf(format string, v ...any) {
 	if auth && n.authFailures != nil {
 		n.authFailures.Inc()
 	}
-	ok, skipped := n.limit.Allow(natsLogKind(msg, auth))
+	ok, skipped, overflowed := n.limit.Check(natsLogKind(msg, auth))
 	if !ok {
+		if overflowed {
+			// Its kind crowded out (by lines a client varied): kept at
+			// Debug rather than only counted in a kind that names none
+			// of it.
+			n.l.Debug(msg)
+		}
 		return
 	}
 	if skipped > 0 {
@@ -429,7 +435,11 @@ func isAuthFailure(msg string) bool {
 // numbers taken out (lograte.Kind: attempts, addresses, connection ids),
 // and of an authentication failure everything but whether a client or a
 // route failed, since the rest (the user name, the client's name, an IPv6
-// address) is the connecting side's to vary.
+// address) is the connecting side's to vary. A parser error is one kind
+// per kind of connection ("Client parser ERROR", "Router parser ERROR"):
+// it quotes the bytes the other side sent (proto='...'), and a client
+// sending garbage would otherwise make a kind per connection and fill the
+// limiter, crowding out the first line of a real fault.
 func natsLogKind(msg string, auth bool) string {
 	switch {
 	case auth && strings.Contains(msg, " - rid:"):
@@ -437,8 +447,19 @@ func natsLogKind(msg string, auth bool) string {
 	case auth:
 		return "client " + server.ErrAuthentication.Error()
 	}
+	if i := strings.Index(msg, parserError); i >= 0 {
+		fields := strings.Fields(msg[:i])
+		if len(fields) > 0 {
+			return fields[len(fields)-1] + parserError
+		}
+		return parserError
+	}
 	return lograte.Kind(msg)
 }
+
+// parserError is what nats-server's line of a connection that sent what
+// it could not parse holds, after the kind of connection ("Client").
+const parserError = " parser ERROR"
 
 // routeAuthHint returns msg, a line of the server's log, with what to
 // check added when it tells of a route refused for its credentials: the

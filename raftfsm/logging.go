@@ -44,8 +44,13 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 	// A line's kind keeps its peer (the members are few): two peers down
 	// are two kinds, each named once a minute, not one kind naming
 	// whichever failed last.
-	ok, skipped := w.rate.Allow(lograte.Kind(msg) + "\x00" + raftPeer(msg))
+	ok, skipped, overflowed := w.rate.Check(lograte.Kind(msg) + "\x00" + raftPeer(msg))
 	if !ok {
+		if overflowed {
+			// Its kind crowded out: kept at Debug rather than only
+			// counted in a kind that names none of it.
+			w.l.Debug(msg)
+		}
 		return len(p), nil
 	}
 	args := lograte.LeftOut(skipped, w.every)

@@ -10,7 +10,10 @@
 // parts (addresses, attempt numbers) taken out (Kind). Their number is
 // bounded (maxKinds): past it, the kinds not seen for an interval are
 // dropped, and if all were seen, new ones share one overflow kind, so
-// that an outsider who varies a line cannot grow the limiter.
+// that an outsider who varies a line cannot grow the limiter. A line of
+// the overflow kind that is not logged is not to vanish (it may be the
+// first of a fault, its kind crowded out by an outsider's): Check says so,
+// for its caller to log it at Debug.
 package lograte
 
 import (
@@ -54,6 +57,17 @@ func New(every time.Duration, now func() time.Time) *Limiter {
 // is, how many lines of that kind were left out since the last one logged
 // (0 for the first). A line not to be logged is counted.
 func (l *Limiter) Allow(k string) (ok bool, skipped uint64) {
+	ok, skipped, _ = l.Check(k)
+	return ok, skipped
+}
+
+// Check is Allow, and also reports whether the line shared the overflow
+// kind (maxKinds others were kept, all seen within the interval). A caller
+// whose kinds an outsider can vary logs such a line, when it is not to be
+// logged, at Debug: under a flood of new kinds, the first line of a fault
+// is then still somewhere, at a level that is off by default, rather than
+// only counted in a kind that names none of it.
+func (l *Limiter) Check(k string) (ok bool, skipped uint64, overflowed bool) {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -63,20 +77,20 @@ func (l *Limiter) Allow(k string) (ok bool, skipped uint64) {
 			l.forget(now)
 		}
 		if len(l.kinds) >= maxKinds {
-			k = overflow
+			k, overflowed = overflow, true
 			s = l.kinds[k]
 		}
 		if s == nil {
 			l.kinds[k] = &kind{logged: now}
-			return true, 0
+			return true, 0, overflowed
 		}
 	}
 	if now.Sub(s.logged) < l.every {
 		s.skipped++
-		return false, 0
+		return false, 0, overflowed
 	}
 	skipped, s.skipped, s.logged = s.skipped, 0, now
-	return true, skipped
+	return true, skipped, overflowed
 }
 
 // forget drops the kinds none of whose lines came within the last

@@ -79,6 +79,27 @@ func TestKindsAreBounded(t *testing.T) {
 	}
 }
 
+// TestCheckSaysALineOverflowed: a line held back in the overflow kind is
+// said to be, for its caller to log it at Debug rather than drop it; a
+// line of a kept kind is not.
+func TestCheckSaysALineOverflowed(t *testing.T) {
+	l, _ := newLimiter()
+	for i := range maxKinds {
+		if _, _, over := l.Check(fmt.Sprintf("line %d", i)); over {
+			t.Fatalf("line %d, of a kind kept: overflowed, want not", i)
+		}
+	}
+	if ok, _, over := l.Check("the first past maxKinds"); !ok || !over {
+		t.Fatalf("the first line past maxKinds: logged %v, overflowed %v; want logged, overflowed", ok, over)
+	}
+	if ok, _, over := l.Check("a fault's first line"); ok || !over {
+		t.Fatalf("the next new kind: logged %v, overflowed %v; want held back, overflowed (for Debug)", ok, over)
+	}
+	if ok, _, over := l.Check("line 3"); ok || over {
+		t.Fatalf("a kept kind's second line: logged %v, overflowed %v; want held back, not overflowed", ok, over)
+	}
+}
+
 func TestKindTakesOutNumbers(t *testing.T) {
 	a := Kind("Error trying to connect to route (attempt 5): dial tcp 127.0.0.1:4001: connection refused")
 	b := Kind("Error trying to connect to route (attempt 12): dial tcp 127.0.0.1:5002: connection refused")
