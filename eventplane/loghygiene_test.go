@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/lograte"
 	"github.com/kvrouter/kvrouter/internal/testlog"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/nats-io/nats-server/v2/server"
@@ -21,37 +22,8 @@ import (
 // line per route reconnect attempt for as long as it is down (seen: 4 lines/s
 // on a survivor, each attempt twice, unbounded), with no summary or bound.
 func TestADownPeersRouteDoesNotFloodTheLog(t *testing.T) {
-	var addrs []string
-	for range 3 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addrs = append(addrs, ln.Addr().String())
-		ln.Close()
-	}
 	var logs testlog.Buffer
-	srvs := make([]*server.Server, 3)
-	for i := 2; i >= 0; i-- { // n1 last: its routes to n2 and n3 are its own dials (solicited), as a node started after its peers
-		l := quiet
-		if i == 0 {
-			l = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-		}
-		s, err := StartServer(ServerConfig{Name: fmt.Sprintf("n%d", i+1), Addr: "127.0.0.1:0", ClusterAddr: addrs[i], Routes: addrs, Logger: l})
-		if err != nil {
-			t.Fatal(err)
-		}
-		srvs[i] = s
-		defer s.Shutdown()
-	}
-	waitFor(t, 10*time.Second, "nats routes", func() bool {
-		for _, s := range srvs {
-			if s.NumRoutes() < 2 {
-				return false
-			}
-		}
-		return true
-	})
+	srvs, _ := downPeers(t, 3, &logs, 0, 0)
 	srvs[2].Shutdown()
 	srvs[2].WaitForShutdown()
 	time.Sleep(time.Second)
@@ -202,5 +174,112 @@ func TestGarbageClientsDoNotHideTheFirstAuthFailure(t *testing.T) {
 	})
 	if n := len(logs.Lines("parser ERROR")); n != 1 {
 		t.Errorf("%d garbage clients: %d parser-error lines, want 1 (one kind, whatever the bytes)", garbage, n)
+	}
+}
+
+// downPeers starts n embedded servers routed to each other as cmd/kvrouter
+// wires them, the first (started last, its routes its own dials) logging
+// to logs, its Error lines limited per every and a down route reported
+// every reports-th attempt; it returns them and their route addresses,
+// once every route is up.
+func downPeers(t *testing.T, n int, logs *testlog.Buffer, every time.Duration, reports int) ([]*server.Server, []string) {
+	t.Helper()
+	var addrs []string
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs = append(addrs, ln.Addr().String())
+		ln.Close()
+	}
+	srvs := make([]*server.Server, n)
+	for i := n - 1; i >= 0; i-- {
+		l := quiet
+		if i == 0 {
+			l = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		}
+		s, err := StartServer(ServerConfig{Name: fmt.Sprintf("n%d", i+1), Addr: "127.0.0.1:0", ClusterAddr: addrs[i], Routes: addrs, Logger: l,
+			logEvery: every, routeErrorReports: reports})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srvs[i] = s
+		t.Cleanup(s.Shutdown)
+	}
+	waitFor(t, 10*time.Second, "nats routes", func() bool {
+		for _, s := range srvs {
+			if s.NumRoutes() < n-1 {
+				return false
+			}
+		}
+		return true
+	})
+	return srvs, addrs
+}
+
+// TestASecondPeerDownIsLogged: n1 with routes to n2 and n3. n2 goes down
+// (n1 logs its route's failed reconnect), then n3. natsLogKind folded
+// numbers only, so both peers' "Error trying to connect to route
+// (attempt N): dial tcp ADDR: ..." lines were one kind: n3's first failed
+// reconnect was not logged at all if n2's was within the interval. The
+// kind now keeps the peer's address.
+func TestASecondPeerDownIsLogged(t *testing.T) {
+	var logs testlog.Buffer
+	srvs, addrs := downPeers(t, 3, &logs, time.Minute, 0)
+	naming := func(addr string) int { return len(logs.Lines("Error trying to connect to route", addr)) }
+	srvs[1].Shutdown()
+	srvs[1].WaitForShutdown()
+	waitFor(t, 5*time.Second, "n2's route error logged", func() bool { return naming(addrs[1]) > 0 })
+	srvs[2].Shutdown()
+	srvs[2].WaitForShutdown()
+	waitFor(t, 5*time.Second, "a route error naming n3 ("+addrs[2]+"), after n2's", func() bool { return naming(addrs[2]) > 0 })
+}
+
+// TestADownPeerIsLoggedAboutOnceAMinute: docs/events.md says a down route
+// peer is logged at its first failed reconnect and then about a line a
+// minute (every routeErrorReports-th attempt, a second apart). With the
+// limiter's interval a minute, attempt 60, 59 retries after attempt 1, fell
+// inside it and was left out: the second line was attempt 120's, two
+// minutes on. Here at a tenth of the scale (attempts reported every 6th,
+// the interval 5 s) so that it runs in seconds: the interval must be under
+// the reports' period for each report to be logged.
+func TestADownPeerIsLoggedAboutOnceAMinute(t *testing.T) {
+	var logs testlog.Buffer
+	reports := routeErrorReports / 10
+	every := natsLogEvery / 10
+	srvs, _ := downPeers(t, 2, &logs, every, reports)
+	srvs[1].Shutdown()
+	srvs[1].WaitForShutdown()
+	want := fmt.Sprintf("(attempt %d)", reports)
+	waitFor(t, 20*time.Second, "the route error of "+want+", the second reported", func() bool {
+		return len(logs.Lines("Error trying to connect to route", want)) > 0
+	})
+	if n := len(logs.Lines("Error trying to connect to route", "(attempt 1)")); n == 0 {
+		t.Errorf("the first failed reconnect, attempt 1, was not logged:\n%s", logs.String())
+	}
+}
+
+// TestALineLoggedAfterOthersSaysHowMany: the natsLogger's line logged
+// after an interval in which others of its kind were held back says how
+// many (left_out); the first of a kind says nothing.
+func TestALineLoggedAfterOthersSaysHowMany(t *testing.T) {
+	var logs testlog.Buffer
+	now := time.Unix(1_700_000_000, 0)
+	n := natsLogger{l: slog.New(slog.NewTextHandler(&logs, nil)), limit: lograte.New(time.Minute, func() time.Time { return now })}
+	for i := range 4 {
+		n.Errorf("Error trying to connect to route (attempt %d): dial tcp 127.0.0.1:4001: connect: connection refused", i+1)
+	}
+	now = now.Add(time.Minute)
+	n.Errorf("Error trying to connect to route (attempt %d): dial tcp 127.0.0.1:4001: connect: connection refused", 61)
+	lines := logs.Lines("Error trying to connect to route")
+	if len(lines) != 2 {
+		t.Fatalf("4 lines of a kind, then one a minute later: %d logged, want 2:\n%s", len(lines), logs.String())
+	}
+	if strings.Contains(lines[0], "left_out") {
+		t.Errorf("the first line of its kind: %s\nwant no left_out", lines[0])
+	}
+	if !strings.Contains(lines[1], "left_out=3") {
+		t.Errorf("the line a minute later: %s\nwant left_out=3", lines[1])
 	}
 }

@@ -1,6 +1,7 @@
 package eventplane
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,8 +20,12 @@ import (
 // (natsLogKind) are logged at most: a fault that lasts (a peer down,
 // clients with wrong credentials) repeats them at the rate of its retries
 // or connections, and the next line logged says
-// how many were left out ("left_out").
-const natsLogEvery = time.Minute
+// how many were left out ("left_out"). It is a little under the minute
+// between a down route's reported attempts (routeErrorReports): at a
+// minute, attempt 60's line, 59 retries of a second after attempt 1's,
+// fell inside the interval and was left out, and a peer down was logged
+// every two minutes.
+const natsLogEvery = 50 * time.Second
 
 // routeErrorReports is the route reconnect attempts per Error line of a
 // route's (ServerConfig's routes, kvrouter's --nats-routes): nats-server
@@ -58,6 +63,12 @@ type ServerConfig struct {
 	// logged at most once per natsLogEvery, so the count is here.
 	AuthFailures prometheus.Counter
 	Logger       *slog.Logger
+
+	// logEvery and routeErrorReports, when set (by tests), replace
+	// natsLogEvery and routeErrorReports: a test of a peer down sees its
+	// lines in seconds instead of minutes.
+	logEvery          time.Duration
+	routeErrorReports int
 }
 
 // CheckServerAddr says what is wrong with addr as a listen address of the
@@ -302,7 +313,7 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 		ServerName: cfg.Name, Host: host, Port: port,
 		Username: cfg.User, Password: cfg.Password,
 		NoSigs: true, NoLog: true, MaxPayload: 8 << 20,
-		ReconnectErrorReports: routeErrorReports,
+		ReconnectErrorReports: cmp.Or(cfg.routeErrorReports, routeErrorReports),
 		// Publishers reconnect to any server of the cluster; the default
 		// 2 s write deadline is fine, keep the rest at defaults.
 	}
@@ -351,7 +362,7 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 	// start").
 	fatal := make(chan string, 1)
 	s.SetLoggerV2(natsLogger{l: logger.With("component", "nats"), fatal: fatal,
-		limit: lograte.New(natsLogEvery, nil), authFailures: cfg.AuthFailures}, false, false, false)
+		limit: lograte.New(cmp.Or(cfg.logEvery, natsLogEvery), nil), authFailures: cfg.AuthFailures}, false, false, false)
 	go s.Start()
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if s.ReadyForConnections(20 * time.Millisecond) {
@@ -447,6 +458,12 @@ func natsLogKind(msg string, auth bool) string {
 	case auth:
 		return "client " + server.ErrAuthentication.Error()
 	}
+	if peer := routePeer(msg); peer != "" {
+		// The peer stays in the kind (the members are few): two peers
+		// down are two kinds, each logged, not one kind naming whichever
+		// failed last (an address is all digits, which Kind folds).
+		return lograte.Kind(msg) + "\x00" + peer
+	}
 	if i := strings.Index(msg, parserError); i >= 0 {
 		fields := strings.Fields(msg[:i])
 		if len(fields) > 0 {
@@ -455,6 +472,25 @@ func natsLogKind(msg string, auth bool) string {
 		return parserError
 	}
 	return lograte.Kind(msg)
+}
+
+// routeConnectError begins nats-server's line of a route's failed dial:
+// "Error trying to connect to route (attempt N): dial tcp ADDR: ...".
+const routeConnectError = "Error trying to connect to route"
+
+// routePeer returns the address a route's failed dial names (the
+// "dial tcp" error's), or "" for a line of another kind or one that names
+// none (a failed lookup names the host, which Kind keeps).
+func routePeer(msg string) string {
+	if !strings.Contains(msg, routeConnectError) {
+		return ""
+	}
+	_, rest, ok := strings.Cut(msg, "dial tcp ")
+	if !ok {
+		return ""
+	}
+	addr, _, _ := strings.Cut(rest, ": ")
+	return addr
 }
 
 // parserError is what nats-server's line of a connection that sent what

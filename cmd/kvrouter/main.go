@@ -311,7 +311,7 @@ func run(c *cli.Context) (err error) {
 	// The embedded server's refusals of credentials, logged at most once
 	// a minute: the count is here.
 	authFailures := prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_nats_authentication_failures_total",
-		Help: "Clients and routes the embedded NATS server refused for their credentials (--nats-user, --nats-password); logged at most once a minute. 0 with --nats-url."})
+		Help: "Clients and routes the embedded NATS server refused for their credentials (--nats-user, --nats-password); logged at most once every 50 s. 0 with --nats-url."})
 	nc, closeNATS, err := startNATS(c, id, logger, lost, slowConsumers, authFailures)
 	if err != nil {
 		closeServers()
