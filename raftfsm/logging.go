@@ -67,10 +67,19 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// raftPeer returns the peer a hashicorp/raft line names (its peer= or
-// target= value, quoted or not), or "" when it names none.
+// raftPeerKeys are the keys of hashicorp/raft's (v1.8.0) Warn and Error
+// lines whose value names a peer: peer= (replication), target= (votes,
+// the transport), server-id= (the leader's "failed to contact", one per
+// voter it has not heard from), candidate= and from= (vote requests
+// refused), fallback= (the transport's address of a server it could not
+// resolve). A from= that is all digits is a log index ("clearing log
+// suffix"), not a peer.
+var raftPeerKeys = [...]string{" peer=", " target=", " server-id=", " candidate=", " from=", " fallback="}
+
+// raftPeer returns the peer a hashicorp/raft line names (the value of the
+// first of raftPeerKeys it holds, quoted or not), or "" when it names none.
 func raftPeer(msg string) string {
-	for _, key := range [...]string{" peer=", " target="} {
+	for _, key := range raftPeerKeys {
 		i := strings.Index(msg, key)
 		if i < 0 {
 			continue
@@ -78,12 +87,15 @@ func raftPeer(msg string) string {
 		v := msg[i+len(key):]
 		if strings.HasPrefix(v, `"`) {
 			if j := strings.IndexByte(v[1:], '"'); j >= 0 {
-				return v[1 : 1+j]
+				v = v[1 : 1+j]
+			} else {
+				v = v[1:]
 			}
-			return v[1:]
+		} else if j := strings.IndexByte(v, ' '); j >= 0 {
+			v = v[:j]
 		}
-		if j := strings.IndexByte(v, ' '); j >= 0 {
-			return v[:j]
+		if v == "" || strings.Trim(v, "0123456789") == "" {
+			continue
 		}
 		return v
 	}
