@@ -72,6 +72,13 @@ func TestADumpOverMaxPayloadIsNotLoggedAtEveryRetry(t *testing.T) {
 		t.Errorf("a dump over max_payload, for %v: %d Error lines (%.1f/s, for as long as the rank is that large), want at most 2; last: %s",
 			window, n, float64(n)/window.Seconds(), strings.TrimSpace(lines[len(lines)-1]))
 	}
+	// Every refusal is counted, the ones left out of the log too
+	// (kvagent_events_dumps_too_large_total): the count is what an alert
+	// reads.
+	if got := val(p.m.tooLarge); got <= float64(len(logs.Lines(what))) {
+		t.Errorf("kvagent_events_dumps_too_large_total = %v after %d lines logged over some %v of retries every 500 ms: want every refusal counted, more than the lines",
+			got, len(logs.Lines(what)), window+2*time.Second)
+	}
 }
 
 // TestFailedNATSAuthenticationsDoNotFloodTheLog: the embedded NATS server
