@@ -70,6 +70,9 @@ type snapshotStore struct {
 	// mu orders the sinks' closes and reaps, and FSM.Snapshot's read of
 	// the install generation, with one another.
 	mu sync.Mutex
+	// createMu orders the Creates, so that a failed one knows the
+	// NAME.tmp directories it made (partialsSince).
+	createMu sync.Mutex
 	// gen counts the installs and user restores closed (the sinks not the
 	// FSM's own); restoring is set by one's Close and cleared by the next
 	// FSM.Restore (restored).
@@ -121,14 +124,71 @@ func openedMeta(r io.Reader) (raft.SnapshotMeta, bool) {
 }
 
 // Create starts a snapshot as FileSnapshotStore does; its sink reaps by
-// snapshotStore's rule once the snapshot is in place.
+// snapshotStore's rule once the snapshot is in place. A Create that fails
+// removes the NAME.tmp directory it made: FileSnapshotStore's leaves it
+// when its meta.json or state.bin cannot be written (a full disk), and
+// Raft retries, each try leaving one more until the next start
+// (removePartialSnapshots), taking the room the next try needs
+// (TestARaftSnapshotFailedOnAFullDiskLeavesNoPartialSnapshot). Raft names
+// the directory by the clock (snapshotName), so the failed Create's is the
+// one that was not there before it: Creates are serialized (createMu) and a
+// sink still being written keeps its directory.
 func (s *snapshotStore) Create(version raft.SnapshotVersion, index, term uint64, configuration raft.Configuration,
 	configurationIndex uint64, trans raft.Transport) (raft.SnapshotSink, error) {
+	s.createMu.Lock()
+	defer s.createMu.Unlock()
+	before, _ := s.partials()
 	sink, err := s.FileSnapshotStore.Create(version, index, term, configuration, configurationIndex, trans)
 	if err != nil {
+		s.removePartialsSince(before)
 		return nil, err
 	}
 	return &snapshotSink{SnapshotSink: sink, store: s}, nil
+}
+
+// partials returns the names of the snapshots being written (NAME.tmp
+// directories) in the store.
+func (s *snapshotStore) partials() (map[string]bool, error) {
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, err
+	}
+	names := make(map[string]bool)
+	for _, e := range ents {
+		if isPartialSnapshot(e) {
+			names[e.Name()] = true
+		}
+	}
+	return names, nil
+}
+
+// removePartialsSince removes the NAME.tmp directories not in before: a
+// failed Create's. A failed removal costs disk space until the next start;
+// it is logged. Without the list from before the Create (nil), it removes
+// nothing: a sink still being written would go with it.
+func (s *snapshotStore) removePartialsSince(before map[string]bool) {
+	if before == nil {
+		return
+	}
+	now, err := s.partials()
+	if err != nil {
+		s.logger.Warn("listing Raft's partial snapshots after a failed one failed", "err", err)
+		return
+	}
+	for name := range now {
+		if before[name] {
+			continue
+		}
+		s.removePartial(filepath.Join(s.dir, name))
+	}
+}
+
+// removePartial removes a failed snapshot's NAME.tmp directory; a failed
+// removal is logged (removePartialSnapshots removes it at the next start).
+func (s *snapshotStore) removePartial(path string) {
+	if err := os.RemoveAll(path); err != nil {
+		s.logger.Warn("removing a failed Raft snapshot failed; the next start removes it", "path", path, "err", err)
+	}
 }
 
 // snapshotTaken returns the install generation for an FSM snapshot taken
@@ -187,6 +247,10 @@ func (k *snapshotSink) Close() error {
 		return fmt.Errorf("%w: the FSM's snapshot was taken before a leader's snapshot or a user restore put in place meanwhile; Raft tries again later", ErrRestorePending)
 	}
 	if err := k.SnapshotSink.Close(); err != nil {
+		// FileSnapshotSink's Close leaves its NAME.tmp, a whole
+		// state.bin, when its final meta.json write or the rename fails
+		// (a full disk); Raft does not try that snapshot again.
+		s.removePartial(filepath.Join(s.dir, k.ID()+".tmp"))
 		return err
 	}
 	if !k.own {

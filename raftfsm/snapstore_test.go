@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -360,4 +361,60 @@ func TestAnFSMSnapshotIsRefusedBetweenAnInstallsCloseAndItsRestore(t *testing.T)
 		t.Fatalf("a snapshot after the install's restore: %v", err)
 	}
 	s.Release()
+}
+
+// TestASnapshotWhoseCloseFailsLeavesNoPartialSnapshot: FileSnapshotSink's
+// Close leaves its NAME.tmp, a whole state.bin, when its final meta.json
+// write fails (a full disk); the store's sink removes it. The write is
+// made to fail with a directory where meta.json goes (root or not).
+func TestASnapshotWhoseCloseFailsLeavesNoPartialSnapshot(t *testing.T) {
+	dir := t.TempDir()
+	snaps, err := openSnapshotStore(dir, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := snaps.Create(1, 10, 2, raft.Configuration{}, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sink.Write([]byte("the state")); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, "snapshots", sink.ID()+".tmp")
+	meta := filepath.Join(tmp, "meta.json")
+	if err := os.Remove(meta); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(meta, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Close(); err == nil {
+		t.Fatal("Close with meta.json unwritable succeeded")
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, "snapshots", "*.tmp"))
+	if len(left) > 0 {
+		t.Fatalf("a snapshot whose Close failed left %v, want no partial snapshot", left)
+	}
+}
+
+// TestAFailedCreateKeepsTheSnapshotsBeingWritten: a Create that fails
+// removes the NAME.tmp it made, not another sink's still being written.
+func TestAFailedCreateKeepsTheSnapshotsBeingWritten(t *testing.T) {
+	dir := t.TempDir()
+	snaps, err := openSnapshotStore(dir, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, err := snaps.Create(1, 10, 2, raft.Configuration{}, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Cancel()
+	if _, err := snaps.Create(2, 20, 2, raft.Configuration{}, 1, nil); err == nil {
+		t.Fatal("Create of an unsupported version succeeded")
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, "snapshots", "*.tmp"))
+	if want := filepath.Join(dir, "snapshots", open.ID()+".tmp"); len(left) != 1 || left[0] != want {
+		t.Fatalf("after a failed Create the store holds %v, want the sink being written (%s)", left, want)
+	}
 }
