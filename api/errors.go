@@ -14,29 +14,30 @@ import (
 // Reasons: the "reason" of an error body, what a client branches on. The
 // status code goes with the reason as listed.
 const (
-	ReasonBadJSON          = "bad_json"           // 400: not JSON, a wrong type, an unknown field or a key twice, trailing data
-	ReasonInvalid          = "invalid"            // 400: well-formed, but a value is wrong
-	ReasonBadSnapshot      = "bad_snapshot"       // 400: a truncated, corrupted or unknown snapshot; nothing installed
-	ReasonUnauthorized     = "unauthorized"       // 401: the cluster asks for a token, and the request's is missing or wrong
-	ReasonNotFound         = "not_found"          // 404: no such route
-	ReasonUnknownWorker    = "unknown_worker"     // 404
-	ReasonUnknownRank      = "unknown_rank"       // 404
-	ReasonStaleDump        = "stale_dump"         // 409: the rank's cursor is past the dump's
-	ReasonUnregisteredRank = "unregistered_rank"  // 409: a dump of a rank its positional worker does not list; nothing applied
-	ReasonConflict         = "conflict"           // 409: a registration breaks a rule of another API the node serves (ErrConflict), or names another block size than the cluster's
-	ReasonMethodNotAllowed = "method_not_allowed" // 405
-	ReasonRequestTimeout   = "request_timeout"    // 408: the JSON body did not arrive within the body timeout; nothing applied, send it again
-	ReasonTooLarge         = "too_large"          // 413: the body is over the server's limit
-	ReasonInternal         = "internal"           // 500: a bug or a storage failure; see the node's log
-	ReasonNoLeader         = "no_leader"          // 503: no leader known or reachable, or it could not take the write in time; nothing applied (unless HeaderMaybeApplied); retry
-	ReasonUnreachable      = "unreachable"        // 503: a member the request needs does not answer (a transfer's target); nothing changed
-	ReasonOverloaded       = "overloaded"         // 503: every candidate rank is busy
-	ReasonNoWorkers        = "no_workers"         // 503: no worker can take the request
-	ReasonNotReady         = "not_ready"          // 503: /readyz before the node caught up
-	ReasonShuttingDown     = "shutting_down"      // 503
-	ReasonStateReplaced    = "state_replaced"     // 503: a snapshot stream cut off by a restore that replaced the state; save again
-	ReasonTimeout          = "timeout"            // 503: the node gave up waiting (the write may still apply; retrying is safe)
-	ReasonCanceled         = "canceled"           // 503: the client went away
+	ReasonBadJSON             = "bad_json"             // 400: not JSON, a wrong type, an unknown field or a key twice, trailing data
+	ReasonInvalid             = "invalid"              // 400: well-formed, but a value is wrong
+	ReasonBadSnapshot         = "bad_snapshot"         // 400: a truncated, corrupted or unknown snapshot; nothing installed
+	ReasonUnauthorized        = "unauthorized"         // 401: the cluster asks for a token, and the request's is missing or wrong
+	ReasonNotFound            = "not_found"            // 404: no such route
+	ReasonUnknownWorker       = "unknown_worker"       // 404
+	ReasonUnknownRank         = "unknown_rank"         // 404
+	ReasonStaleDump           = "stale_dump"           // 409: the rank's cursor is past the dump's
+	ReasonUnregisteredRank    = "unregistered_rank"    // 409: a dump of a rank its positional worker does not list; nothing applied
+	ReasonConflict            = "conflict"             // 409: a registration breaks a rule of another API the node serves (ErrConflict), or names another block size than the cluster's
+	ReasonMethodNotAllowed    = "method_not_allowed"   // 405
+	ReasonRequestTimeout      = "request_timeout"      // 408: the JSON body did not arrive within the body timeout; nothing applied, send it again
+	ReasonTooLarge            = "too_large"            // 413: the body is over the server's limit
+	ReasonInternal            = "internal"             // 500: a bug or a storage failure; see the node's log
+	ReasonInsufficientStorage = "insufficient_storage" // 507: the leader's data directory lacks the free space a restore needs; nothing installed
+	ReasonNoLeader            = "no_leader"            // 503: no leader known or reachable, or it could not take the write in time; nothing applied (unless HeaderMaybeApplied); retry
+	ReasonUnreachable         = "unreachable"          // 503: a member the request needs does not answer (a transfer's target); nothing changed
+	ReasonOverloaded          = "overloaded"           // 503: every candidate rank is busy
+	ReasonNoWorkers           = "no_workers"           // 503: no worker can take the request
+	ReasonNotReady            = "not_ready"            // 503: /readyz before the node caught up
+	ReasonShuttingDown        = "shutting_down"        // 503
+	ReasonStateReplaced       = "state_replaced"       // 503: a snapshot stream cut off by a restore that replaced the state; save again
+	ReasonTimeout             = "timeout"              // 503: the node gave up waiting (the write may still apply; retrying is safe)
+	ReasonCanceled            = "canceled"             // 503: the client went away
 )
 
 // ErrConflict is what a worker check (Server.CheckWorkers) wraps to refuse
@@ -105,6 +106,8 @@ func classify(err error) (int, string) {
 		return http.StatusConflict, ReasonConflict
 	case errors.Is(err, raftfsm.ErrBadSnapshot):
 		return http.StatusBadRequest, ReasonBadSnapshot
+	case errors.Is(err, raftfsm.ErrInsufficientStorage):
+		return http.StatusInsufficientStorage, ReasonInsufficientStorage
 	case errors.Is(err, raftfsm.ErrInvalid), errors.Is(err, raftfsm.ErrBadCommand),
 		errors.Is(err, indexer.ErrInvalidParams), errors.Is(err, indexer.ErrInvalidRequest),
 		errors.Is(err, indexer.ErrInvalidBooking), errors.Is(err, indexer.ErrBadDump),

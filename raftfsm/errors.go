@@ -59,6 +59,10 @@ var (
 	// the save read it: the stream written so far must be thrown away.
 	// Save again; the next save reads the restored state.
 	ErrStateReplaced = errors.New("the state was replaced by a restore while the save read it; save again")
+	// ErrInsufficientStorage means the node's data directory lacks the
+	// free space a restore needs (RestoreSnapshot); nothing was installed.
+	// The error says how much is needed and how much is free.
+	ErrInsufficientStorage = errors.New("insufficient storage")
 	// ErrShutdown means the node is closing.
 	ErrShutdown = errors.New("node shut down")
 	// ErrSaveShutDown means a snapshot save was cut off because the node

@@ -77,6 +77,11 @@ type FSM struct {
 	// before Raft starts.
 	snaps *snapshotStore
 
+	// userRestore is set by RestoreSnapshot while Raft runs a user
+	// restore (raft.Restore): Restore then takes a failed load as fatal
+	// (restoreFrom).
+	userRestore atomic.Bool
+
 	// duringRestore, for tests: Restore calls it once the FSM is started,
 	// before it reads the stream (while Raft waits for the install).
 	duringRestore func()

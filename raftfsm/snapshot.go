@@ -652,7 +652,19 @@ func (f *FSM) restoreFrom(r io.Reader, index, term uint64) error {
 	// comes after the state was replaced, and is fatal.
 	info, err := loadSnapshot(r, tmp, index, term, false, f.logger, b)
 	if err != nil {
-		return fmt.Errorf("restore: %w", err)
+		err = fmt.Errorf("restore: %w", err)
+		if f.userRestore.Load() && !errors.Is(err, ErrBadSnapshot) {
+			// hashicorp/raft panics on any error of a user restore's
+			// FSM.Restore (restoreUserSnapshot), with a goroutine dump and
+			// no word of what to do; it has stored the restore in its
+			// snapshot store by then, and cannot take it back. A leader's
+			// install (InstallSnapshot) gets the error instead: Raft tries
+			// it again. A bad snapshot is refused as before (RestoreSnapshot
+			// checks the stream first).
+			f.onFatal(fmt.Errorf("a user restore (kvctl snapshot restore) could not load the snapshot into the state database, and Raft has already stored it: %w; "+
+				"free space in the data directory (see the error) and restart the node: it installs the restore from its Raft snapshot at the start; then check kvctl status on every node before restoring again", err))
+		}
+		return err
 	}
 	b.applied, b.appliedTerm = index, term
 	// The records decode; do they make a consistent state? Checked before

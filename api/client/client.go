@@ -549,6 +549,8 @@ func (e *Error) Unwrap() error {
 		return raftfsm.ErrUnregisteredRank
 	case api.ReasonBadSnapshot:
 		return raftfsm.ErrBadSnapshot
+	case api.ReasonInsufficientStorage:
+		return raftfsm.ErrInsufficientStorage
 	case api.ReasonInvalid, api.ReasonBadJSON:
 		return raftfsm.ErrInvalid
 	case api.ReasonShuttingDown:

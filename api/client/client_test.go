@@ -703,6 +703,7 @@ func TestRefusalsMatchTheNodesSentinels(t *testing.T) {
 		raftfsm.ErrInvalid, raftfsm.ErrBadSnapshot, raftfsm.ErrUnknownWorker, indexer.ErrUnknownRank,
 		raftfsm.ErrStaleDump, raftfsm.ErrUnregisteredRank, api.ErrConflict, raftfsm.ErrNoLeader,
 		raftfsm.ErrUnreachable, raftfsm.ErrShutdown, indexer.ErrOverloaded, indexer.ErrNoWorkers,
+		raftfsm.ErrInsufficientStorage,
 	} {
 		refusal := fmt.Errorf("dump: %w", sentinel)
 		if sentinel == raftfsm.ErrStaleDump {

@@ -530,6 +530,8 @@ func explain(err error) string {
 			return err.Error() + "; kvctl workers lists the registered workers"
 		case api.ReasonBadSnapshot:
 			return err.Error() + "; the file is damaged or not a snapshot: take a new one with kvctl snapshot save"
+		case api.ReasonInsufficientStorage:
+			return err.Error() + "; nothing was installed: free space on the leader's data directory (kvctl status names the leader) and restore again"
 		case api.ReasonTimeout:
 			return err.Error() + "; the write may still apply: check with kvctl status (and kvctl members list) before retrying it"
 		case api.ReasonShuttingDown:

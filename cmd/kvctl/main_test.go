@@ -2489,3 +2489,26 @@ func TestAnInterruptEndsStatusAsInterrupted(t *testing.T) {
 		}
 	}
 }
+
+// TestARestoreRefusedForWantOfSpaceSaysWhatToDo: a leader whose data
+// directory lacks the free space a restore needs answers 507
+// insufficient_storage; kvctl exits 1 saying nothing was installed and to
+// free space on the leader.
+func TestARestoreRefusedForWantOfSpaceSaysWhatToDo(t *testing.T) {
+	c := newCluster(t)
+	c.registerWorkers(t)
+	file := filepath.Join(t.TempDir(), "a.snap")
+	kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "save", file).wantCode(t, 0)
+	c.leader().SetHook(func(method string) error {
+		if method == "RestoreSnapshot" {
+			return fmt.Errorf("restore: nothing was installed: %w: the restore needs 50331648 bytes free in /data, and 4096 are free", raftfsm.ErrInsufficientStorage)
+		}
+		return nil
+	})
+	r := kvctl(t, "--endpoints", c.nodes[0].addr(), "snapshot", "restore", file).wantCode(t, 1)
+	for _, want := range []string{"insufficient_storage", "4096 are free", "free space on the leader's data directory"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Fatalf("stderr = %q, want %q in it", r.stderr, want)
+		}
+	}
+}
