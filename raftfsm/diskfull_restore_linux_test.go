@@ -10,9 +10,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/testtmpfs"
 )
 
-// TestAUserRestoreOnANearlyFullDiskDoesNotCrashTheLeader: review rvS5.
+// TestAUserRestoreOnANearlyFullDiskDoesNotCrashTheLeader (from a review):
 // A leader whose disk holds the restore's spools and Raft's copy of the
 // stream but not the FSM's load of it. hashicorp/raft's
 // restoreUserSnapshot panicked when FSM.Restore returned the disk's error:
@@ -21,19 +23,10 @@ import (
 // hands the stream to Raft: the restore is refused
 // (ErrInsufficientStorage), nothing installed, and the node serves on.
 func TestAUserRestoreOnANearlyFullDiskDoesNotCrashTheLeader(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a tmpfs")
-	}
 	foreign := foreignSnapshot(t)
 	c, trs := newUnstartedCluster(t, 3, quietLeader)
 	for i, d := range c.dirs {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := syscall.Mount("tmpfs", d, "tmpfs", 0, "size=64m"); err != nil {
-			t.Skipf("mount: %v", err)
-		}
-		t.Cleanup(func() { syscall.Unmount(d, syscall.MNT_DETACH) })
+		testtmpfs.Mount(t, d, "64m")
 		c.startOn(i, trs[i])
 	}
 	l := c.leader()
