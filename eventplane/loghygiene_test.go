@@ -26,7 +26,9 @@ func TestADownPeersRouteDoesNotFloodTheLog(t *testing.T) {
 	srvs, _ := downPeers(t, 3, &logs, 0, 0)
 	srvs[2].Shutdown()
 	srvs[2].WaitForShutdown()
-	time.Sleep(time.Second)
+	waitFor(t, 10*time.Second, "the first failed route reconnect's line", func() bool {
+		return len(logs.Lines("Error trying to connect to route")) > 0
+	})
 	before := len(logs.Lines("Error trying to connect to route"))
 	const window = 5 * time.Second
 	time.Sleep(window)
@@ -88,7 +90,8 @@ func TestADumpOverMaxPayloadIsNotLoggedAtEveryRetry(t *testing.T) {
 // lines/s from one Python loop on the real binary, and no metric counts them.
 func TestFailedNATSAuthenticationsDoNotFloodTheLog(t *testing.T) {
 	var logs testlog.Buffer
-	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0", User: "bob", Password: "s3cret",
+	failures := prometheus.NewCounter(prometheus.CounterOpts{Name: "failures"})
+	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0", User: "bob", Password: "s3cret", AuthFailures: failures,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +110,8 @@ func TestFailedNATSAuthenticationsDoNotFloodTheLog(t *testing.T) {
 		c.Read(make([]byte, 4096)) // -ERR
 		c.Close()
 	}
-	time.Sleep(200 * time.Millisecond)
+	// Each refusal is counted as its line reaches the logger.
+	waitFor(t, 10*time.Second, "every refusal to reach the logger", func() bool { return val(failures) >= conns })
 	lines := logs.Lines("authentication error")
 	if n := len(lines) - before; n > 10 {
 		t.Fatalf("%d connections with a wrong password: %d Error lines, want a bounded summary (at most 10) and a metric; last: %s",

@@ -24,7 +24,9 @@ func TestAFollowerDownDoesNotFloodTheLeadersLog(t *testing.T) {
 	c.converged()
 	down := c.followerOf(l)
 	c.stop(down)
-	time.Sleep(time.Second) // the first failures and backoff
+	waitFor(t, 10*time.Second, "the leader's first 'failed to heartbeat' line", func() bool {
+		return len(logs.Lines("failed to heartbeat")) > 0
+	})
 	before := len(logs.Lines("failed to heartbeat"))
 	const window = 5 * time.Second
 	time.Sleep(window)
