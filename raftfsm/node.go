@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -3213,13 +3214,27 @@ func (u *uploadReader) Read(p []byte) (int, error) {
 func receiveError(ctx context.Context, readErr, err error) error {
 	switch {
 	case readErr == nil:
-		return fmt.Errorf("restore: nothing was installed: spool the upload: %w", err)
+		return spoolError("spool the upload", err)
 	case errors.Is(readErr, io.ErrUnexpectedEOF):
 		return fmt.Errorf("restore: nothing was installed: %w: the upload was cut off: %v", ErrBadSnapshot, readErr)
 	case ctx.Err() != nil:
 		return fmt.Errorf("restore: nothing was installed: receive snapshot: %w (%w)", readErr, ctx.Err())
 	}
 	return fmt.Errorf("restore: nothing was installed: receive snapshot: %w", readErr)
+}
+
+// spoolError says why a restore's spool (the upload, or the stream with
+// this cluster's member table) could not be made or written; nothing was
+// installed. A full disk (ENOSPC, EDQUOT) is ErrInsufficientStorage, as
+// checkRestoreSpace's refusal is (the API's 507, to free space and send
+// it again): the disk can fill while an upload streams, after any check
+// of its free space, and is the operator's to fix, not 500 internal.
+func spoolError(what string, err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("restore: nothing was installed: %w: %s: %w; free space (or move the data directory to a larger volume) and restore again",
+			ErrInsufficientStorage, what, err)
+	}
+	return fmt.Errorf("restore: nothing was installed: %s: %w", what, err)
 }
 
 // RestoreSnapshot installs a snapshot stream on every node through Raft's
@@ -3257,7 +3272,7 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 	}
 	tmp, err := os.CreateTemp(n.cfg.DataDir, "restore-*.snap")
 	if err != nil {
-		return SnapshotInfo{}, err
+		return SnapshotInfo{}, spoolError("create the spool", err)
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
@@ -3299,13 +3314,13 @@ func (n *Node) RestoreSnapshot(ctx context.Context, r io.Reader) (SnapshotInfo, 
 	}
 	out, err := os.CreateTemp(n.cfg.DataDir, "restore-*.snap")
 	if err != nil {
-		return SnapshotInfo{}, err
+		return SnapshotInfo{}, spoolError("create the spool", err)
 	}
 	defer os.Remove(out.Name())
 	defer out.Close()
 	written, err := replaceMembers(out, tmp, members)
 	if err != nil {
-		return SnapshotInfo{}, fmt.Errorf("restore: put this cluster's member table in the stream: %w", err)
+		return SnapshotInfo{}, spoolError("put this cluster's member table in the stream", err)
 	}
 	// The upload is no longer needed: the disk holds one copy less while
 	// Raft copies the stream into its snapshot store.
@@ -3427,12 +3442,23 @@ func (n *Node) checkRestoreSpace(streamBytes int64) error {
 		n.logger.Warn("restore: reading the data directory's free space failed; restoring without checking it", "err", err)
 		return nil
 	}
-	need := restoreSpaceFactor*uint64(max(streamBytes, 0)) + restoreSpaceMargin
-	if avail < need {
-		return fmt.Errorf("restore: nothing was installed: %w: the restore needs %d bytes free in %s (%d times the %d-byte snapshot, for Raft's copy and the state's load, and %d MiB), and %d are free; free space (or move the data directory to a larger volume) and restore again",
-			ErrInsufficientStorage, need, n.cfg.DataDir, restoreSpaceFactor, streamBytes, restoreSpaceMargin>>20, avail)
+	if err := restoreSpaceError(n.cfg.DataDir, streamBytes, avail); err != nil {
+		return fmt.Errorf("restore: nothing was installed: %w", err)
 	}
 	return nil
+}
+
+// restoreSpaceError is ErrInsufficientStorage, saying what is needed and
+// what to do, when avail bytes free in dir are too few for a restore of
+// a stream of streamBytes; nil otherwise. A seed (SeedDataDir) writes
+// what a user restore does, Raft's snapshot and the state's load.
+func restoreSpaceError(dir string, streamBytes int64, avail uint64) error {
+	need := restoreSpaceFactor*uint64(max(streamBytes, 0)) + restoreSpaceMargin
+	if avail >= need {
+		return nil
+	}
+	return fmt.Errorf("%w: the restore needs %d bytes free in %s (%d times the %d-byte snapshot, for Raft's copy and the state's load, and %d MiB), and %d are free; free space (or move the data directory to a larger volume) and restore again",
+		ErrInsufficientStorage, need, dir, restoreSpaceFactor, streamBytes, restoreSpaceMargin>>20, avail)
 }
 
 // readMark is a reader that records whether it was read: Raft reads a

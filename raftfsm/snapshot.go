@@ -827,6 +827,18 @@ func SeedDataDir(ctx context.Context, snapshotPath, dataDir, nodeID string, peer
 	if _, err := checkSnapshot(r, indexer.New(indexer.Config{})); err != nil {
 		return err
 	}
+	// The free space is checked as an online restore's is: Pebble takes a
+	// MANIFEST it cannot write (the state's load on a full disk) as fatal,
+	// and the seed ended in a panic and a goroutine dump. Space can still
+	// run out (another writer), but not for want of checking; a free
+	// space that cannot be read is not checked.
+	if st, err := f.Stat(); err == nil {
+		if avail, err := diskFree(dataDir); err == nil {
+			if err := restoreSpaceError(dataDir, st.Size(), avail); err != nil {
+				return fmt.Errorf("seed: nothing was written: %w", err)
+			}
+		}
+	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
