@@ -380,7 +380,8 @@ func run(c *cli.Context) (err error) {
 	}
 	srv := api.NewServer(node, api.Options{Logger: logger, Registerer: reg, Gatherer: reg,
 		MaxBodyBytes: c.Int64("max-body-bytes"), MaxSnapshotBytes: c.Int64("max-snapshot-bytes"),
-		Token: sec.token, ForwardTransport: forwardTransport, ForwardScheme: sec.scheme(), NATSConnected: nc.IsConnected})
+		Token: sec.token, ForwardTransport: forwardTransport, ForwardScheme: sec.scheme(), NATSConnected: nc.IsConnected,
+		BodyTimeout: bodyTimeout})
 	// The standard KV-indexer API at the root, beside /v1 (docs/compat.md).
 	compat.NewIndexer(node, logger).Routes(srv, "")
 	// The selection and reservation API under /selection: its GET /workers
@@ -1060,6 +1061,10 @@ func (s *successFrom) last() string {
 	defer s.mu.Unlock()
 	return s.host
 }
+
+// bodyTimeout is the API server's body timeout (api.Options.BodyTimeout,
+// docs/api.md's 30 s); lowered by tests, which wait for it to pass.
+var bodyTimeout = api.DefaultBodyTimeout
 
 // joinAttempt bounds each of join's asks, all members together; lowered
 // by tests.
