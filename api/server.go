@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/httpbody"
 	"github.com/kvrouter/kvrouter/internal/httppath"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/prometheus/client_golang/prometheus"
@@ -335,22 +336,10 @@ func (s *Server) checkWorker(w raftfsm.WorkerInfo) error {
 // like every other failure.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Every body gets BodyTimeout to arrive, whether or not a handler reads
-	// it, and before the token check: net/http reads the unread rest of a
-	// body (up to 256 KiB) before it writes the answer, so a 401, a 404, a
-	// route that takes no body or one that fails before its read would
-	// otherwise wait, with no deadline, on bytes a client declared and
-	// never sends, holding the connection for as long as it likes. Past
-	// the deadline net/http answers and closes the connection. The
-	// deadline bounds the body's reads only: net/http clears it when the
-	// body ends and it starts watching the connection. A request without
-	// a body gets none: net/http is watching the connection already, and a
-	// deadline there would cancel the connection's context, this
-	// request's and every later one's on it (TestBodyDeadlineCutsOnlyBodies).
-	// A snapshot upload's route takes it off (register). A connection that
-	// cannot take one (a test's recorder) reads the body without.
-	if d, ok := w.(readDeadliner); ok && r.Body != http.NoBody && r.ContentLength != 0 { // no allocation, unlike a ResponseController
-		_ = d.SetReadDeadline(time.Now().Add(s.opts.BodyTimeout))
-	}
+	// it, and before the token check, so that a 401 or a 404 is bounded too
+	// (httpbody.Bound says why; TestBodyDeadlineCutsOnlyBodies). A
+	// snapshot upload's route takes it off (register).
+	httpbody.Bound(w, r, s.opts.BodyTimeout)
 	if s.tokenSum != nil && !s.authorized(r) {
 		start := time.Now()
 		rec := &recorder{ResponseWriter: w}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/internal/httpbody"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/manager"
@@ -89,6 +90,11 @@ const (
 	defaultSettleTimeout = 5 * time.Second
 	defaultMaxBody       = 16 << 20
 )
+
+// bodyTimeout is how long a request's body has to arrive once its header
+// has (docs/api.md's 30 s for kvrouter's ports); a variable so that a
+// test can shorten it.
+var bodyTimeout = 30 * time.Second
 
 // shutdownGrace is how long Close lets connections with a request in flight
 // finish before it cuts them; a variable so that a test can shorten it.
@@ -242,8 +248,11 @@ func Listen(cfg Config) (*Server, error) {
 }
 
 // The socket's server gives a connection headerTimeout to send its
-// request's header, and closes a keep-alive connection idle for
-// idleTimeout; it sets no read or write timeout.
+// request's header, a request's body bodyTimeout to arrive (read or not),
+// and closes a keep-alive connection idle for idleTimeout, as kvrouter's
+// ports do; it sets no read or write timeout. Without the body's bound, a
+// stalled local client that declared a body held its handler and
+// connection until Close.
 const (
 	headerTimeout = 10 * time.Second
 	idleTimeout   = 2 * time.Minute
@@ -252,7 +261,11 @@ const (
 // newHTTPServer returns the socket's server, serving h, its own errors
 // (a connection's) logged to log at debug level.
 func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: headerTimeout, IdleTimeout: idleTimeout,
+	bounded := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		httpbody.Bound(w, r, bodyTimeout)
+		h.ServeHTTP(w, r)
+	})
+	return &http.Server{Handler: bounded, ReadHeaderTimeout: headerTimeout, IdleTimeout: idleTimeout,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 }
 

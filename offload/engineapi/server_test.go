@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -769,4 +770,28 @@ func TestOffloadBlockTheCheckerRefusesRefusesTheRequest(t *testing.T) {
 	if !slices.Equal(c.seen, want) {
 		t.Fatalf("the checker saw %q, want %q", c.seen, want)
 	}
+}
+
+// TestAStalledBodyDoesNotHoldAConnectionForEver: a local client that
+// sends a request's header with a Content-Length and never its body has
+// its connection closed once the body timeout passes (30 s; a second
+// here), as kvrouter's ports do. The socket's server read the body with
+// no deadline: a stalled client held a handler, its goroutine and its
+// connection until Close.
+func TestAStalledBodyDoesNotHoldAConnectionForEver(t *testing.T) {
+	defer engineapi.SetBodyTimeout(time.Second)()
+	r := newRig(t, rigConfig{hostCap: 4})
+	c, err := net.Dial("unix", r.srv.Socket())
+	check(t, err)
+	defer c.Close()
+	_, err = c.Write([]byte("POST /v1/offload HTTP/1.1\r\nHost: kvagent\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"))
+	check(t, err)
+	const bound = 10 * time.Second // past the test's body timeout
+	c.SetReadDeadline(time.Now().Add(bound))
+	start := time.Now()
+	_, err = io.Copy(io.Discard, c) // the answer, if any, then the close
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("a request whose body never came: its connection still open after %v (body timeout 1s)", bound)
+	}
+	t.Logf("closed after %v: %v", time.Since(start).Round(time.Millisecond), err)
 }
