@@ -735,7 +735,7 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, string, e
 				if req.once && wrote.Load() && isWrite(req.method) && sentWhole(counted, req.streamLen) {
 					return nil, base, fmt.Errorf("%s %s to %s: %w: %w", req.method, req.path, hostOf(base), ErrOutcomeUnknown, ctxErr)
 				}
-				return nil, base, fmt.Errorf("%s %s: %w", req.method, req.path, ctxErr)
+				return nil, base, fmt.Errorf("%s %s: %w", req.method, req.path, waitedOn(base, ctxErr, errs, order[i+1:]))
 			}
 			if isNotHTTP(err) {
 				// Not a node: kvrouter's listeners all speak HTTP. Nothing
@@ -900,6 +900,29 @@ func resetAnswer(out any) {
 	if v := reflect.ValueOf(out); v.Kind() == reflect.Pointer && !v.IsNil() {
 		v.Elem().SetZero()
 	}
+}
+
+// waitedOn is a call's end by its context (ctxErr) while it waited on
+// base: it names base, what the endpoints tried before it did (errs)
+// and the endpoints not tried (rest), so that an operator whose
+// --timeout ran out knows which node hung and which were never asked.
+// It wraps ctxErr: callers branch on it with errors.Is.
+func waitedOn(base string, ctxErr error, errs, rest []string) error {
+	var tail []string
+	if len(errs) > 0 {
+		tail = append(tail, "before it: "+strings.Join(errs, "; "))
+	}
+	if len(rest) > 0 {
+		hosts := make([]string, len(rest))
+		for i, b := range rest {
+			hosts[i] = hostOf(b)
+		}
+		tail = append(tail, "not tried: "+strings.Join(hosts, ", "))
+	}
+	if len(tail) == 0 {
+		return fmt.Errorf("waiting on %s: %w", hostOf(base), ctxErr)
+	}
+	return fmt.Errorf("waiting on %s: %w (%s)", hostOf(base), ctxErr, strings.Join(tail, "; "))
 }
 
 func hostOf(base string) string {
