@@ -299,12 +299,22 @@ func (s *Server) HandleErrors(prefix string, write func(w http.ResponseWriter, r
 	s.errWriters = append(s.errWriters, errorWriter{prefix: prefix, write: write})
 }
 
+// OwnPath reports whether p is one of the Server's own paths (/v1 and
+// under it, the probes, the metrics), whose errors are the API's JSON
+// ones; any other path is an API's served beside /v1 (HandleErrors).
+func OwnPath(p string) bool {
+	switch {
+	case p == "/v1", strings.HasPrefix(p, "/v1/"), p == "/healthz", p == "/readyz", p == "/metrics":
+		return true
+	}
+	return false
+}
+
 // writeOwnError answers an error through the HandleErrors writer of its
 // path's prefix; false when none wrote it.
 func (s *Server) writeOwnError(w http.ResponseWriter, r *http.Request, code int, msg string) bool {
 	p := r.URL.Path
-	switch {
-	case p == "/v1", strings.HasPrefix(p, "/v1/"), p == "/healthz", p == "/readyz", p == "/metrics":
+	if OwnPath(p) {
 		return false
 	}
 	s.checksMu.Lock()

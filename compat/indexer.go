@@ -300,7 +300,7 @@ func NewIndexer(b Backend, log *slog.Logger) *Indexer {
 // it is registered with HandleFuncOnce.
 func (x *Indexer) Routes(r Router, prefix string) {
 	r.CheckWorkers(x.checkV1Worker)
-	r.HandleErrors(prefix, errorInCodec)
+	r.HandleErrors(prefix, WriteError)
 	r.HandleFunc("POST "+prefix+"/register", bodyHandler(http.StatusCreated, func(ctx context.Context, req *RegisterRequest) (any, error) {
 		return statusOK, x.doRegister(ctx, req)
 	}))
@@ -364,12 +364,14 @@ func answer(w http.ResponseWriter, c codec, code int, v any, err error) error {
 	return write(w, c, code, ErrorBody{Error: err.Error()})
 }
 
-// errorInCodec writes an error the Router answers for a request under an
+// WriteError writes an error the Router answers for a request under an
 // API's prefix (a missing token, no route, a body past its limit, no
 // leader) in MessagePack, for a MessagePack request: the answer uses the
 // request's encoding, which the Router's JSON error did not. A JSON
-// request's is the Router's (false).
-func errorInCodec(w http.ResponseWriter, r *http.Request, code int, msg string) bool {
+// request's is the Router's (false). A server that answers before the
+// APIs are mounted (a node starting) calls it too, for the same promise
+// (docs/compat.md).
+func WriteError(w http.ResponseWriter, r *http.Request, code int, msg string) bool {
 	c := codecOf(r)
 	if c != codecMsgpack {
 		return false

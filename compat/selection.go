@@ -222,7 +222,7 @@ func (s *Selection) Routes(r Router, prefix string) {
 	// The Indexer's check again when both APIs are served: it is cheap,
 	// and either API served alone keeps its namespaces whole.
 	r.CheckWorkers(s.x.checkV1Worker)
-	r.HandleErrors(prefix, errorInCodec)
+	r.HandleErrors(prefix, WriteError)
 	r.HandleFunc("POST "+prefix+"/workers", bodyHandler(http.StatusCreated, s.addWorker))
 	r.HandleFunc("PATCH "+prefix+"/workers/{id}", s.patchWorker)
 	r.HandleFuncOnce("DELETE "+prefix+"/workers/{id}", s.deleteWorker)

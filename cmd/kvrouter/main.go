@@ -1118,8 +1118,16 @@ var startingHandler http.Handler = http.HandlerFunc(func(w http.ResponseWriter, 
 		return
 	}
 	w.Header().Set("Retry-After", "1")
+	const msg = "not ready: starting (loading its state)"
+	// The drop-in APIs answer a MessagePack request's every error in
+	// MessagePack (docs/compat.md), this one too: their clients cannot
+	// decode the JSON below. Their paths are all but the Server's own; on
+	// --selection-addr every path is the selection API's.
+	if !api.OwnPath(r.URL.Path) && compat.WriteError(w, r, http.StatusServiceUnavailable, msg) {
+		return
+	}
 	w.WriteHeader(http.StatusServiceUnavailable)
-	_, _ = w.Write([]byte(`{"error":"not ready: starting (loading its state)","reason":"` + api.ReasonNotReady + `"}` + "\n"))
+	_, _ = w.Write([]byte(`{"error":"` + msg + `","reason":"` + api.ReasonNotReady + `"}` + "\n"))
 })
 
 // closeUnread has the connection of a request whose body is not read closed

@@ -32,12 +32,14 @@ import (
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
 	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/compat"
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/internal/rawhttp"
 	"github.com/kvrouter/kvrouter/internal/testwatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/nats-io/nats.go"
 	"github.com/urfave/cli/v2"
+	"github.com/vmihailenco/msgpack/v5"
 	"go.uber.org/goleak"
 )
 
@@ -143,6 +145,51 @@ func TestAStartingNodeClosesAConnectionWithAnUnreadBody(t *testing.T) {
 	}
 	if err != io.EOF {
 		t.Fatalf("POST /v1/route while starting, its body never sent: answered, but the connection was not closed within 10s: read: %v", err)
+	}
+}
+
+// TestAStartingNodeAnswersMessagePackInMessagePack: docs/compat.md says
+// every error answers a MessagePack request of the drop-in APIs in
+// MessagePack, `{"error": "..."}`, "those the server answers before or
+// around the handlers too" (a 503 among them). While the node's state
+// loads, its ports (--http-addr's /selection and /indexer paths,
+// --selection-addr's root) answered such a request 503 in JSON, with a
+// "reason" key the drop-in APIs' errors do not have: a MessagePack client
+// of the reference API could not decode it. From a review.
+func TestAStartingNodeAnswersMessagePackInMessagePack(t *testing.T) {
+	for _, c := range []struct {
+		port, method, path, header string
+	}{
+		{"--http-addr", "POST", compat.SelectionPrefix + "/select", "Content-Type"},
+		{"--http-addr", "GET", compat.SelectionPrefix + "/workers", "Accept"},
+		{"--http-addr", "POST", "/query", "Content-Type"},
+		{"--selection-addr", "POST", "/select", "Content-Type"},
+	} {
+		h := startingHandler
+		if c.port == "--selection-addr" {
+			h = compat.SelectionHandler(startingHandler)
+		}
+		req := httptest.NewRequest(c.method, c.path, strings.NewReader("\x80"))
+		req.Header.Set(c.header, "application/msgpack")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if ct := rec.Header().Get("Content-Type"); rec.Code != 503 || ct != "application/msgpack" || rec.Header().Get("Retry-After") != "1" {
+			t.Errorf("%s %s %s (MessagePack) while starting: %d %s %v %q, want 503 in application/msgpack with Retry-After: 1",
+				c.port, c.method, c.path, rec.Code, ct, rec.Header(), rec.Body)
+			continue
+		}
+		var body map[string]string
+		if err := msgpack.Unmarshal(rec.Body.Bytes(), &body); err != nil || body["error"] == "" {
+			t.Errorf("%s %s %s (MessagePack) while starting: body %q (%v), want {\"error\": ...}", c.port, c.method, c.path, rec.Body, err)
+		}
+	}
+	// /v1 stays JSON whatever the request's encoding.
+	req := httptest.NewRequest("POST", "/v1/route", strings.NewReader("\x80"))
+	req.Header.Set("Content-Type", "application/msgpack")
+	rec := httptest.NewRecorder()
+	startingHandler.ServeHTTP(rec, req)
+	if ct := rec.Header().Get("Content-Type"); rec.Code != 503 || ct != "application/json" {
+		t.Errorf("POST /v1/route (MessagePack) while starting: %d %s, want 503 in application/json", rec.Code, ct)
 	}
 }
 
