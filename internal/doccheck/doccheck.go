@@ -2,8 +2,10 @@
 // Its own tests check what no other package's tests can see whole (the
 // metric families every collector registers, the flags the pages name,
 // the import rules of docs/architecture.md, the Makefile's pass without
-// -race naming every test that -race skips); FlagsDocumented is for a
-// binary's tests, which alone can read its flags. Only tests import it.
+// -race naming every test that -race skips, the API's error reasons in
+// docs/api.md's table); FlagsDocumented is for a binary's tests, which
+// alone can read its flags, and Reasons for any test that must cover
+// every error reason. Only tests import it.
 package doccheck
 
 import (
