@@ -546,6 +546,23 @@ func explain(err error) string {
 			return err.Error() + "; see the node's log"
 		case api.ReasonTooLarge:
 			return err.Error() + "; the request is larger than the node takes"
+		// kvctl builds its requests itself: a node that cannot read one,
+		// or serves no such path or method, is most likely of another
+		// release than kvctl.
+		case api.ReasonBadJSON, api.ReasonNotFound, api.ReasonMethodNotAllowed:
+			return err.Error() + "; the node does not take this request: use a kvctl of the nodes' release"
+		case api.ReasonInvalid:
+			return err.Error() + "; nothing changed: correct the value the message names (kvctl help shows the command's arguments)"
+		case api.ReasonUnknownRank, api.ReasonUnregisteredRank:
+			return err.Error() + "; kvctl workers lists the registered workers and their ranks"
+		case api.ReasonStaleDump:
+			return err.Error() + "; nothing applied: the rank's events are newer than the dump, take a new one"
+		case api.ReasonConflict:
+			return err.Error() + "; nothing changed: kvctl workers lists the registered workers"
+		case api.ReasonRequestTimeout:
+			return err.Error() + "; nothing applied: the request's body reached the node too slowly, send it again"
+		case api.ReasonCanceled:
+			return err.Error() + "; the node's work was cut off: retry"
 		}
 	}
 	return err.Error()

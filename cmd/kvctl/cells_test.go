@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/internal/doccheck"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
@@ -168,21 +170,55 @@ func TestMembersListShowsVoterAndAnUnknownHTTPAddress(t *testing.T) {
 
 // TestEveryErrorCodeGetsItsHint pins what explain adds to a node's error
 // answer of each reason (docs/kvctl.md: errors say what to do): each
-// reason its own hint, none left without one.
+// reason its own hint, none left without one. Every reason api/errors.go
+// declares (read from the source, doccheck.Reasons) is in the table or
+// in noHint, so that a reason added there cannot go without one
+// unnoticed. From a review: ten reasons had none (kvctl members remove
+// zz printed 'no member "zz" (HTTP 400, invalid)' and nothing after).
 func TestEveryErrorCodeGetsItsHint(t *testing.T) {
-	for reason, hint := range map[string]string{
-		api.ReasonNoWorkers:     "no worker can take requests: register workers first (kvctl workers lists them)",
-		api.ReasonUnknownWorker: "kvctl workers lists the registered workers",
-		api.ReasonBadSnapshot:   "the file is damaged or not a snapshot: take a new one with kvctl snapshot save",
-		api.ReasonShuttingDown:  "the node is stopping: use another endpoint",
-		api.ReasonUnreachable:   "nothing changed: kvctl status on that member shows whether it is up",
-		api.ReasonNotReady:      "the node is starting or catching up: retry, or use another endpoint",
-		api.ReasonInternal:      "see the node's log",
-	} {
+	// noHint: the reasons whose answer needs no hint after it; none now.
+	// A reason goes here only with a comment saying why.
+	noHint := map[string]bool{}
+	hints := map[string]string{
+		api.ReasonNoWorkers:           "no worker can take requests: register workers first (kvctl workers lists them)",
+		api.ReasonUnknownWorker:       "kvctl workers lists the registered workers",
+		api.ReasonBadSnapshot:         "the file is damaged or not a snapshot: take a new one with kvctl snapshot save",
+		api.ReasonShuttingDown:        "the node is stopping: use another endpoint",
+		api.ReasonUnreachable:         "nothing changed: kvctl status on that member shows whether it is up",
+		api.ReasonNotReady:            "the node is starting or catching up: retry, or use another endpoint",
+		api.ReasonInternal:            "see the node's log",
+		api.ReasonNoLeader:            "the cluster has no leader right now: check kvctl status and retry",
+		api.ReasonOverloaded:          "every rank is busy: retry later, add workers or raise the busy thresholds",
+		api.ReasonInsufficientStorage: "nothing was installed: free space on the leader's data directory (kvctl status names the leader) and restore again",
+		api.ReasonTimeout:             "the write may still apply: check with kvctl status (and kvctl members list) before retrying it",
+		api.ReasonStateReplaced:       "retry the save: it reads the restored state",
+		api.ReasonTooLarge:            "the request is larger than the node takes",
+		api.ReasonBadJSON:             "the node does not take this request: use a kvctl of the nodes' release",
+		api.ReasonNotFound:            "the node does not take this request: use a kvctl of the nodes' release",
+		api.ReasonMethodNotAllowed:    "the node does not take this request: use a kvctl of the nodes' release",
+		api.ReasonInvalid:             "nothing changed: correct the value the message names (kvctl help shows the command's arguments)",
+		api.ReasonUnknownRank:         "kvctl workers lists the registered workers and their ranks",
+		api.ReasonUnregisteredRank:    "kvctl workers lists the registered workers and their ranks",
+		api.ReasonStaleDump:           "nothing applied: the rank's events are newer than the dump, take a new one",
+		api.ReasonConflict:            "nothing changed: kvctl workers lists the registered workers",
+		api.ReasonRequestTimeout:      "nothing applied: the request's body reached the node too slowly, send it again",
+		api.ReasonCanceled:            "the node's work was cut off: retry",
+		// unauthorized: explain's hint for client.ErrUnauthorized.
+		api.ReasonUnauthorized: "give the cluster's token with --token or --token-file (or KVCTL_TOKEN)",
+	}
+	for reason, hint := range hints {
 		err := &client.Error{Endpoint: "http://n1:7080", StatusCode: 503, Reason: reason, Message: "it failed"}
+		if reason == api.ReasonUnauthorized {
+			err.StatusCode = http.StatusUnauthorized
+		}
 		// As a command returns it: wrapped.
 		if got, want := explain(fmt.Errorf("workers: %w", err)), "workers: "+err.Error()+"; "+hint; got != want {
 			t.Errorf("%s: explain = %q, want %q", reason, got, want)
+		}
+	}
+	for reason := range doccheck.Reasons(t, "../../api") {
+		if _, ok := hints[reason]; !ok && !noHint[reason] {
+			t.Errorf("reason %q (api/errors.go) has no hint in explain, and is not in noHint with why it needs none", reason)
 		}
 	}
 }

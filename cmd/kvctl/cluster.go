@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/urfave/cli/v2"
@@ -450,7 +451,9 @@ func membersCommand(e *env) *cli.Command {
 					id := c.Args().First()
 					return withClient(c, func(ctx context.Context, cl *client.Client) error {
 						if err := cl.RemoveMember(ctx, id); err != nil {
-							return err
+							// invalid here is an id that names no member (or
+							// the last voter): the list shows the ids.
+							return withReasonHint(err, api.ReasonInvalid, "kvctl members list shows the members' ids")
 						}
 						if jsonOut(c) {
 							return writeJSON(e.stdout, map[string]string{"removed": id})
