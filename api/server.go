@@ -405,11 +405,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case http.StatusNotFound, http.StatusMethodNotAllowed:
 			start := time.Now()
 			rec := &recorder{ResponseWriter: w}
-			reason, err := ReasonNotFound, fmt.Errorf("no route %s %s; see docs/api.md", r.Method, r.URL.Path)
+			target := r.URL.Path
+			if target == "" {
+				// A CONNECT's target is an authority (host:port), which
+				// leaves the path empty: name what it asked for.
+				target = r.Host
+			}
+			reason, err := ReasonNotFound, fmt.Errorf("no route %s %s; see docs/api.md", r.Method, target)
 			if probe.code == http.StatusMethodNotAllowed {
 				allow := probe.h.Get("Allow")
 				w.Header().Set("Allow", allow)
-				reason, err = ReasonMethodNotAllowed, fmt.Errorf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow)
+				reason, err = ReasonMethodNotAllowed, fmt.Errorf("%s is not allowed on %s (allowed: %s)", r.Method, target, allow)
 			}
 			s.writeError(rec, r, &httpError{code: probe.code, reason: reason, err: err})
 			s.observe("unmatched", rec, start)

@@ -1543,3 +1543,18 @@ func TestGetSettingsAnswerPutBackSetsTheSameSettings(t *testing.T) {
 		}
 	}
 }
+
+// TestAConnectWithNoRouteNamesItsTarget: a CONNECT's target is an
+// authority (host:443), its path empty; the no-route error names the
+// authority. From a review: it read "no route CONNECT ; see docs/api.md".
+func TestAConnectWithNoRouteNamesItsTarget(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	code, b := rawhttp.Send(t, n.addr(), "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", false)
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil || code < 400 {
+		t.Fatalf("CONNECT example.com:443: %d %s (%v), want a JSON error", code, b, err)
+	}
+	if msg := fmt.Sprint(m["error"]); !strings.Contains(msg, "CONNECT example.com:443") {
+		t.Errorf("CONNECT example.com:443: error %q names no target", msg)
+	}
+}
