@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -65,4 +66,23 @@ func TestEitherTokenFlagOutranksBothTokenVariables(t *testing.T) {
 		return got, err
 	}
 	clihelp.WantTokenFlagsOutrankVariables(t, security, "token", "token-file", "KVROUTER_TOKEN", "KVROUTER_TOKEN_FILE")
+}
+
+// TestAPeersRefusalNamesTheFlagAndItsVariable: a --peers that does not
+// parse is refused (exit 2) with a line naming --peers, and, when
+// KVROUTER_PEERS gave it, the variable (docs/operations.md: "a value
+// refused that came from a variable is named as it"), as every other
+// refused flag is. From a review: the line was ParsePeers's alone
+// ("peer \"x\": want id=raftaddr=httpaddr"), naming neither.
+func TestAPeersRefusalNamesTheFlagAndItsVariable(t *testing.T) {
+	for _, bad := range []string{"x", "node1=127.0.0.1:7001=127.0.0.1:7081,node1=127.0.0.1:7002=127.0.0.1:7082"} {
+		if err := checkRefusedStart(t, []string{"--peers", bad}, "--peers"); err == nil {
+			continue
+		}
+		t.Setenv("KVROUTER_PEERS", bad)
+		err := runKvrouterFor(t, 5*time.Second, "--data-dir", filepath.Join(t.TempDir(), "data"))
+		if err == nil || !strings.Contains(err.Error(), "(--peers from KVROUTER_PEERS)") {
+			t.Errorf("KVROUTER_PEERS=%q: %v, want an error naming KVROUTER_PEERS", bad, err)
+		}
+	}
 }

@@ -117,8 +117,17 @@ func newApp() *cli.App {
 
 // parsePeers parses --peers (raftfsm.ParsePeers, which checks each Raft
 // address as checkAddr does --raft-addr: kvctl snapshot restore parses
-// its --peers the same way).
-func parsePeers(s string) ([]raftfsm.Member, error) { return raftfsm.ParsePeers(s) }
+// its --peers the same way). Its error names the flag first, as kvctl's
+// does: ParsePeers's names only the entry, and a usage error that names
+// no flag can say neither which flag to fix nor, when KVROUTER_PEERS gave
+// it, that the variable did (clihelp.FromEnv).
+func parsePeers(s string) ([]raftfsm.Member, error) {
+	peers, err := raftfsm.ParsePeers(s)
+	if err != nil {
+		return nil, fmt.Errorf("--peers: %w", err)
+	}
+	return peers, nil
+}
 
 // checkPeers checks that this node is one of the bootstrap peers, as it
 // runs (httpAddr: the address it advertises): a node left out would wait forever for a configuration naming it,

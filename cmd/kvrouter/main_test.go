@@ -1596,14 +1596,14 @@ func TestARestartedMemberAtAWildcardHTTPAddressIsRefused(t *testing.T) {
 }
 
 // checkRefusedStart runs kvrouter with args on a new data directory and
-// checks that it exits 2 with an error naming flag first, without touching
-// the directory; it returns the error.
+// checks that it exits 2 with an error naming flag first ("--flag ..." or
+// "--flag: ..."), without touching the directory; it returns the error.
 func checkRefusedStart(t *testing.T, args []string, flag string) error {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "data")
 	err := runKvrouter(t, append([]string{"--data-dir", dir}, args...)...)
 	var ec cli.ExitCoder
-	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.HasPrefix(err.Error(), flag+" ") {
+	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !(strings.HasPrefix(err.Error(), flag+" ") || strings.HasPrefix(err.Error(), flag+":")) {
 		t.Errorf("kvrouter %q: %v, want exit 2 naming %s", args, err, flag)
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
