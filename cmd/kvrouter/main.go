@@ -232,6 +232,11 @@ func run(c *cli.Context) (err error) {
 	if err != nil {
 		return cli.Exit(err.Error(), 2)
 	}
+	if len(via) > 0 {
+		if via, err = joinOthers(via, c.String("join"), listenAddr, httpAddr); err != nil {
+			return cli.Exit(err.Error(), 2)
+		}
+	}
 	switch {
 	case len(peers) > 0:
 		if err := checkPeers(peers, id, raftAddr, httpAddr); err != nil {
@@ -668,6 +673,41 @@ func parseJoin(s string) ([]string, error) {
 		return nil, fmt.Errorf("--join %q: %v (a member's --http-addr, or a comma-separated list of them)", client.RedactEndpoints(s), err)
 	}
 	return via, nil
+}
+
+// joinOthers returns the entries of via (--join, given as join) that are
+// not this node's own HTTP address (listen, its --http-addr, or
+// advertised, the address it advertises; raftfsm.SameRaftAddr: as
+// dialled, a hostname as text), and refuses a --join that lists only
+// those: the node would ask itself to add it, which answers no_leader,
+// every second for ever. A list that names this node among others (one
+// configuration for every node) is taken, the node not asking itself.
+func joinOthers(via []string, join, listen, advertised string) ([]string, error) {
+	var others []string
+	for _, e := range via {
+		if !isSelf(e, listen, advertised) {
+			others = append(others, e)
+		}
+	}
+	if len(others) == 0 {
+		return nil, fmt.Errorf("--join %q lists only this node's own address (--http-addr %s, advertised as %s): "+
+			"give the addresses of members of the cluster to join (their --http-addr), or leave --join out to start a cluster of this node",
+			client.RedactEndpoints(join), listen, advertised)
+	}
+	return others, nil
+}
+
+// isSelf reports whether the --join entry e (host:port, or a URL as the
+// join client takes them) is listen or advertised.
+func isSelf(e, listen, advertised string) bool {
+	if _, rest, ok := strings.Cut(e, "://"); ok {
+		e = rest
+	}
+	e = strings.TrimSuffix(e, "/")
+	if i := strings.LastIndex(e, "@"); i >= 0 {
+		e = e[i+1:]
+	}
+	return raftfsm.SameRaftAddr(e, listen) || raftfsm.SameRaftAddr(e, advertised)
 }
 
 // checkJoinScheme refuses a --join entry whose scheme (http:// or

@@ -1382,6 +1382,35 @@ func TestJoinTakesWhatTheJoinClientTakes(t *testing.T) {
 	}
 }
 
+// TestAJoinThroughOnlyItselfIsAUsageError: a --join that lists only this
+// node's own HTTP address (its --http-addr, or its --http-advertise) can
+// never reach a member of another cluster: the node asks itself, which
+// answers no_leader, every second for ever. It is refused at start (exit
+// 2, naming --join), as the other contradictory flags are. From a review:
+// the node retried for ever.
+func TestAJoinThroughOnlyItselfIsAUsageError(t *testing.T) {
+	httpAddr := freeAddr(t)
+	for _, join := range []string{httpAddr, "http://" + httpAddr + "/", httpAddr + " , " + httpAddr} {
+		checkRefusedStart(t, []string{"--raft-addr", freeAddr(t), "--http-addr", httpAddr, "--nats-addr", "127.0.0.1:0", "--join", join}, "--join")
+	}
+	checkRefusedStart(t, []string{"--raft-addr", freeAddr(t), "--http-addr", "0.0.0.0:0", "--http-advertise", "10.0.0.9:7080",
+		"--nats-addr", "127.0.0.1:0", "--join", "10.0.0.9:07080"}, "--join")
+}
+
+// TestAJoinListingThisNodeAmongOthersAsksTheOthers: one --join for every
+// node of a cluster, this node's own address among them, is taken, and
+// the node asks the others, not itself.
+func TestAJoinListingThisNodeAmongOthersAsksTheOthers(t *testing.T) {
+	leader, addr := fakeLeader(t)
+	self := freeAddr(t)
+	if err := joinThrough(t, leader, "--http-addr", self, "--join", self+","+addr); err != nil {
+		t.Fatalf("--join %s,%s (itself, then the leader): %v", self, addr, err)
+	}
+	if leader.Calls()["AddMember"] == 0 {
+		t.Fatal("the leader was not asked to add the node")
+	}
+}
+
 // TestAJoinWithAPasswordDoesNotShowIt: an entry of --join with user
 // information is refused, and the error shows it with the password hidden
 // (user:xxxxx@host), as kvrouter's messages show none of --nats-url. From
