@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -148,5 +149,46 @@ func TestHelpExamplesJoinTheirNodesNATSServers(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatalf("no example of a cluster's node found in kvrouter's Description:\n%s", desc)
+	}
+}
+
+// TestTheDefaultsTheDocsWriteInProseAreTheFlags: the defaults that
+// docs/operations.md and docs/events.md write in their prose are the
+// flags' own, as the kvagent flag tables are held to theirs: a changed
+// default failed no test while the pages still gave the old one. Each
+// phrase is matched with the page's line breaks read as spaces.
+func TestTheDefaultsTheDocsWriteInProseAreTheFlags(t *testing.T) {
+	defaults := map[string]time.Duration{}
+	for _, f := range newApp().Flags {
+		if e, ok := f.(clihelp.EnvFlag); ok {
+			f = e.Unwrap()
+		}
+		if d, ok := f.(*cli.DurationFlag); ok {
+			defaults[d.Name] = d.Value
+		}
+	}
+	for _, c := range []struct {
+		page, flag, phrase string // phrase: the default in %d units
+		unit               time.Duration
+	}{
+		{"operations.md", "heartbeat-timeout", "`--heartbeat-timeout` and `--election-timeout` default to %d ms", time.Millisecond},
+		{"operations.md", "election-timeout", "`--heartbeat-timeout` and `--election-timeout` default to %d ms", time.Millisecond},
+		{"operations.md", "booking-max-age", "(`KVROUTER_BOOKING_MAX_AGE`; default %d s,", time.Second},
+		{"events.md", "unregistered-grace", "`--unregistered-grace` (default %d min,", time.Minute},
+		{"events.md", "silent-after", "`--silent-after` (default %d min)", time.Minute},
+	} {
+		data, err := os.ReadFile("../../docs/" + c.page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, ok := defaults[c.flag]
+		if !ok {
+			t.Errorf("no duration flag --%s", c.flag)
+			continue
+		}
+		want := fmt.Sprintf(c.phrase, d/c.unit)
+		if d%c.unit != 0 || !strings.Contains(strings.Join(strings.Fields(string(data)), " "), want) {
+			t.Errorf("--%s: default %v, and docs/%s does not say %q", c.flag, d, c.page, want)
+		}
 	}
 }
