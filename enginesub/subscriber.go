@@ -252,8 +252,8 @@ func (s *Subscriber) Run(ctx context.Context) error {
 }
 
 // open makes the SUB socket, binds or connects it, and records where.
-func (s *Subscriber) open() (_ *zmq.Socket, err error) {
-	sock, err := zmq.NewSocket(zmq.SUB)
+func (s *Subscriber) open() (_ *socket, err error) {
+	sock, err := newSocket(zmq.SUB)
 	if err != nil {
 		return nil, fmt.Errorf("enginesub: new socket: %w", err)
 	}
@@ -317,7 +317,7 @@ func (s *Subscriber) checkReplayEndpoint() error {
 	if s.cfg.ReplayEndpoint == "" {
 		return nil
 	}
-	d, err := zmq.NewSocket(zmq.DEALER)
+	d, err := newSocket(zmq.DEALER)
 	if err != nil {
 		return fmt.Errorf("enginesub: new replay socket: %w", err)
 	}
@@ -336,7 +336,7 @@ func (s *Subscriber) checkReplayEndpoint() error {
 // read as part of the next one.
 func (s *Subscriber) replay(ctx context.Context, from uint64, each func(frames [][]byte) bool) error {
 	deadline := time.Now().Add(s.cfg.ReplayTimeout)
-	d, err := zmq.NewSocket(zmq.DEALER)
+	d, err := newSocket(zmq.DEALER)
 	if err != nil {
 		return fmt.Errorf("new replay socket: %w", err)
 	}

@@ -297,6 +297,12 @@ func serve(ctx context.Context, stop context.CancelFunc, c *cli.Context, logger 
 		off = o
 	}
 
+	// Said at the start, not only when the Nth rank's socket is refused:
+	// a host whose hard limit Go could not raise the soft one past would
+	// otherwise follow the first ranks and lose the rest.
+	if err := enginesub.OpenFiles(c.Int("dp-size")); err != nil {
+		logger.Warn("the ranks past the open files limit will not be followed", "err", err)
+	}
 	logger.Info("kvagent following the engine", "worker", cfg.Worker, "endpoint", cfg.Endpoint,
 		"ranks", c.Int("dp-size"), "nats", eventplane.RedactURLs(c.String("nats-url")))
 	err = a.Run(ctx)
