@@ -82,7 +82,8 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) error {
 			// Brief answers without candidates, busy or not: a hot path
 			// that meets every rank busy needs the reason, not the scores.
 			if len(res.Decision.Candidates) > 0 && !req.Brief {
-				err = &withCandidates{error: err, cands: candidates(&res.Decision)}
+				cands, left := candidates(&res.Decision)
+				err = &withCandidates{error: err, cands: cands, leftOut: left}
 			}
 		case errors.Is(err, indexer.ErrNoWorkers):
 			counts.noWorkers.Inc()

@@ -647,7 +647,8 @@ func (s *Server) fail(w *recorder, r *http.Request, pattern string, once bool, b
 // withCandidates carries a failed route decision's scores to the error body.
 type withCandidates struct {
 	error
-	cands []Candidate
+	cands   []Candidate
+	leftOut int
 }
 
 func (e *withCandidates) Unwrap() error { return e.error }
@@ -658,7 +659,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	body := ErrorResponse{Error: err.Error(), Reason: reason}
 	var wc *withCandidates
 	if errors.As(err, &wc) {
-		body.Candidates = wc.cands
+		body.Candidates, body.CandidatesLeftOut = wc.cands, wc.leftOut
 	}
 	level := slog.LevelDebug
 	if code >= 500 && code != http.StatusServiceUnavailable {

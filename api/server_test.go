@@ -757,6 +757,7 @@ func TestBackendErrorsMapToStatus(t *testing.T) {
 		{fmt.Errorf("x: %w", raftfsm.ErrUnregisteredRank), 409, api.ReasonUnregisteredRank},
 		{fmt.Errorf("x: %w", raftfsm.ErrBlockSizeConflict), 409, api.ReasonConflict},
 		{fmt.Errorf("x: %w", raftfsm.ErrInsufficientStorage), 507, api.ReasonInsufficientStorage},
+		{fmt.Errorf("register: %w", raftfsm.ErrTooManyRanks), 507, api.ReasonInsufficientStorage},
 		{fmt.Errorf("disk on fire"), 500, api.ReasonInternal},
 	}
 	for _, tc := range cases {

@@ -23,8 +23,10 @@ type ErrorResponse struct {
 	Error  string `json:"error"`
 	Reason string `json:"reason"`
 	// Candidates are the scored candidates of a route request that failed
-	// with reason overloaded: every one is busy, and says why.
-	Candidates []Candidate `json:"candidates,omitempty"`
+	// with reason overloaded: every one is busy, and says why. At most
+	// MaxCandidates, as a route's answer.
+	Candidates        []Candidate `json:"candidates,omitempty"`
+	CandidatesLeftOut int         `json:"candidates_left_out,omitempty"`
 }
 
 // TierBlocks is a count per storage tier.
@@ -103,7 +105,10 @@ type RouteResponse struct {
 	// Overlap is the chosen rank's matched blocks per tier.
 	Overlap    TierBlocks     `json:"overlap"`
 	Params     indexer.Params `json:"params"`               // the effective scoring parameters
-	Candidates []Candidate    `json:"candidates,omitempty"` // every rank's score; absent when brief
+	Candidates []Candidate    `json:"candidates,omitempty"` // the ranks' scores, at most MaxCandidates; absent when brief
+	// CandidatesLeftOut counts the candidates past MaxCandidates that
+	// Candidates leaves out (absent when none is).
+	CandidatesLeftOut int `json:"candidates_left_out,omitempty"`
 }
 
 // Candidate is one rank's score in a route decision: every term of its cost.
@@ -124,11 +129,43 @@ type Candidate struct {
 	Probability           float64    `json:"probability"`           // of being sampled; 0 at temperature 0
 }
 
-func candidates(d *indexer.Decision) []Candidate {
-	out := make([]Candidate, len(d.Candidates))
-	for i := range d.Candidates {
+// MaxCandidates bounds the candidates a route's answer lists: a cluster
+// of 819,200 ranks answered one route with 219 MB. About 280 bytes each,
+// so some 72 KB at most.
+const MaxCandidates = 256
+
+// candidates returns d's candidates, or, of more than MaxCandidates, the
+// chosen one and the best others (not busy before busy, then by cost,
+// then in rank order), in rank order, and how many it left out.
+func candidates(d *indexer.Decision) ([]Candidate, int) {
+	keep := make([]int, len(d.Candidates))
+	for i := range keep {
+		keep[i] = i
+	}
+	if len(keep) > MaxCandidates {
+		slices.SortStableFunc(keep, func(a, b int) int {
+			ca, cb := &d.Candidates[a], &d.Candidates[b]
+			switch {
+			case (a == d.Index) != (b == d.Index):
+				if a == d.Index {
+					return -1
+				}
+				return 1
+			case ca.Busy != cb.Busy:
+				if cb.Busy {
+					return -1
+				}
+				return 1
+			}
+			return cmp.Compare(ca.Cost, cb.Cost)
+		})
+		keep = keep[:MaxCandidates]
+		slices.Sort(keep)
+	}
+	out := make([]Candidate, len(keep))
+	for j, i := range keep {
 		c := &d.Candidates[i]
-		out[i] = Candidate{
+		out[j] = Candidate{
 			WorkerID:              c.Rank.Worker,
 			DPRank:                c.Rank.DP,
 			Chosen:                i == d.Index,
@@ -145,7 +182,7 @@ func candidates(d *indexer.Decision) []Candidate {
 			Probability:           c.Probability,
 		}
 	}
-	return out
+	return out, len(d.Candidates) - len(keep)
 }
 
 func routeResponse(res *raftfsm.RouteResult, brief bool) RouteResponse {
@@ -166,7 +203,7 @@ func routeResponse(res *raftfsm.RouteResult, brief bool) RouteResponse {
 		Params:        d.Params,
 	}
 	if !brief {
-		out.Candidates = candidates(d)
+		out.Candidates, out.CandidatesLeftOut = candidates(d)
 	}
 	return out
 }

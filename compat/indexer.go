@@ -358,6 +358,8 @@ func answer(w http.ResponseWriter, c codec, code int, v any, err error) error {
 	case errors.Is(err, raftfsm.ErrNoLeader), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, indexer.ErrNoWorkers), errors.Is(err, indexer.ErrOverloaded):
 		code = http.StatusServiceUnavailable
+	case errors.Is(err, raftfsm.ErrInsufficientStorage): // ErrTooManyRanks, as /v1 answers it
+		code = http.StatusInsufficientStorage
 	default:
 		code = http.StatusInternalServerError
 	}

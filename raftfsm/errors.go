@@ -63,6 +63,11 @@ var (
 	// free space a restore needs (RestoreSnapshot); nothing was installed.
 	// The error says how much is needed and how much is free.
 	ErrInsufficientStorage = errors.New("insufficient storage")
+	// ErrTooManyRanks means a worker registration would take the
+	// cluster's registered dp ranks past Config.MaxRanks (kvrouter
+	// --max-ranks); nothing was proposed. Also ErrInsufficientStorage:
+	// the cluster has no room for the ranks.
+	ErrTooManyRanks = fmt.Errorf("%w: too many registered dp ranks", ErrInsufficientStorage)
 	// ErrShutdown means the node is closing.
 	ErrShutdown = errors.New("node shut down")
 	// ErrSaveShutDown means a snapshot save was cut off because the node

@@ -412,6 +412,10 @@ func (f *FSM) published() *workerView { return f.wview.Load() }
 // of the last ApplyBatch.
 func (f *FSM) Workers() map[uint64]WorkerInfo { return f.published().workers }
 
+// RankCount returns how many dp ranks the registered workers list in
+// all, as of the end of the last ApplyBatch.
+func (f *FSM) RankCount() int { return len(f.published().cands) }
+
 // setWorkers makes ws the apply path's table (owned by it from now on)
 // and publishes it (a restore or an open).
 func (f *FSM) setWorkers(ws map[uint64]WorkerInfo) {

@@ -96,6 +96,13 @@ type Config struct {
 	// SilentAfter is how long a registered rank may send nothing before
 	// Workers reports it silent (default 60s).
 	SilentAfter time.Duration
+	// MaxRanks bounds the dp ranks of all registered workers together
+	// (default DefaultMaxRanks): each is a route candidate, scored by
+	// every route, listed by GET /v1/workers and held in every replica's
+	// memory, so that 200 workers of 4096 ranks each took a router from
+	// 46 MB to 1 GB and a route to 17.7 s. Only the leader's counts: it
+	// refuses a registration past it (ErrTooManyRanks) before proposing.
+	MaxRanks int
 
 	Index  indexer.Config
 	Logger *slog.Logger
@@ -149,6 +156,9 @@ func (c *Config) defaults() {
 	d(&c.ExpiryInterval, 10*time.Second)
 	d(&c.CheckInterval, 30*time.Second)
 	d(&c.BookingMaxAge, indexer.DefaultBookingMaxAge)
+	if c.MaxRanks <= 0 {
+		c.MaxRanks = DefaultMaxRanks
+	}
 	if c.SnapshotThreshold == 0 {
 		c.SnapshotThreshold = 8192
 	}
@@ -239,6 +249,11 @@ type Node struct {
 	// applied: two of different block sizes sent together both passed.
 	// Callers may hold workersMu, so it is a lock of its own.
 	blockSizeMu sync.Mutex
+	// ranksMu guards ranksPending: the dp ranks that registrations in
+	// flight add to the published table's, counted against MaxRanks
+	// until their entries apply (reserveRanks).
+	ranksMu      sync.Mutex
+	ranksPending int
 	// memberOps orders this node's membership changes and restores.
 	memberOps memberLock
 
@@ -2422,7 +2437,9 @@ func (n *Node) ReplaceRankFenced(ctx context.Context, r kvevent.Rank, cursor, in
 // each other. It refuses (ErrInvalid) what the /v1 handler refuses of the
 // block size, capacity, lease and dp ranks (none listed twice), and
 // (ErrBlockSizeConflict) a worker without a model of another block size
-// than the cluster's (checkBlockSize).
+// than the cluster's (checkBlockSize). On the leader, it refuses
+// (ErrTooManyRanks) one that would take the cluster's registered dp ranks
+// past Config.MaxRanks (reserveRanks).
 func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 	if withoutModel(w) {
 		n.blockSizeMu.Lock()
@@ -2448,11 +2465,54 @@ func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 	if err := n.checkBlockSize(ctx, &w, &prev, known); err != nil {
 		return err
 	}
-	_, err := n.apply(ctx, encodeRegister(now(), &w))
+	release, err := n.reserveRanks(&w, &prev, known)
+	if err != nil {
+		return err
+	}
+	defer release()
+	_, err = n.apply(ctx, encodeRegister(now(), &w))
 	if err == nil && known {
 		n.warnDroppedRanks(&prev, &w)
 	}
 	return err
+}
+
+// DefaultMaxRanks is Config.MaxRanks when it is zero: 16 workers of
+// limits.MaxDPRanks ranks, or 8,192 of 8. A route over them all scores
+// each; the answer lists at most api's candidate bound of them.
+const DefaultMaxRanks = 65536
+
+// reserveRanks refuses (ErrTooManyRanks), on the leader, a registration
+// that would take the registered dp ranks past MaxRanks, counting those
+// of the registrations still in flight, and otherwise counts its added
+// ranks as in flight until release. A registration that adds none (a
+// re-registration with as many ranks or fewer) is always let through: an
+// agent restarting must get its worker back. A follower's apply answers
+// ErrNotLeader, so only the leader judges, as it alone knows what is in
+// flight. A rank counted in flight and, its entry applied, in the table
+// too until release makes the bound stricter for that moment, never
+// looser.
+func (n *Node) reserveRanks(w, prev *WorkerInfo, known bool) (release func(), err error) {
+	add := max(len(w.DPRanks), 1) // none listed means rank 0
+	if known {
+		add -= len(prev.DPRanks)
+	}
+	if add <= 0 || !n.IsLeader() {
+		return func() {}, nil
+	}
+	n.ranksMu.Lock()
+	defer n.ranksMu.Unlock()
+	have := n.fsm.RankCount() + n.ranksPending
+	if have+add > n.cfg.MaxRanks {
+		return nil, fmt.Errorf("%w: worker %d's registration adds %d dp ranks to the %d registered (or being registered): at most %d (kvrouter --max-ranks)",
+			ErrTooManyRanks, w.ID, add, have, n.cfg.MaxRanks)
+	}
+	n.ranksPending += add
+	return func() {
+		n.ranksMu.Lock()
+		n.ranksPending -= add
+		n.ranksMu.Unlock()
+	}, nil
 }
 
 // checkBlockSize refuses (ErrBlockSizeConflict) a /v1 worker without a

@@ -95,6 +95,7 @@ func newApp() *cli.App {
 			&cli.DurationFlag{Name: "nats-handover-after", Value: 10 * time.Second, EnvVars: []string{"KVROUTER_NATS_HANDOVER_AFTER"}, Usage: "a leader whose NATS connection stays down this long hands the leadership to a voter that is ready and connected to NATS (only the leader ingests the agents' events); 0: never"},
 			&cli.DurationFlag{Name: "unregistered-grace", Value: 2 * time.Minute, EnvVars: []string{"KVROUTER_UNREGISTERED_GRACE"}, Usage: "the leader removes the ranks of a worker that is not registered (its agent publishes before registering, after its removal, or never registers) once it stays so for this long"},
 			&cli.Int64Flag{Name: "max-body-bytes", Value: api.DefaultMaxBodyBytes, EnvVars: []string{"KVROUTER_MAX_BODY_BYTES"}, Usage: "largest JSON request body (413 above it)"},
+			&cli.IntFlag{Name: "max-ranks", Value: raftfsm.DefaultMaxRanks, EnvVars: []string{"KVROUTER_MAX_RANKS"}, Usage: "most dp ranks of all registered workers together; the leader refuses a registration past it (507 insufficient_storage), but one adding no rank; give every node the same"},
 			&cli.Int64Flag{Name: "max-snapshot-bytes", EnvVars: []string{"KVROUTER_MAX_SNAPSHOT_BYTES"}, Usage: "largest snapshot upload to restore (413 above it; 0: no limit)"},
 			&cli.StringFlag{Name: "token", EnvVars: []string{"KVROUTER_TOKEN"}, Usage: "bearer token every HTTP request must carry (but GET /healthz, /readyz, /metrics); the same on every node (default: none asked)"},
 			&cli.StringFlag{Name: "token-file", EnvVars: []string{"KVROUTER_TOKEN_FILE"}, Usage: "read --token from this file"},
@@ -159,6 +160,9 @@ func run(c *cli.Context) (err error) {
 	}
 	if n := c.Int64("max-body-bytes"); n <= 0 {
 		return cli.Exit(fmt.Sprintf("--max-body-bytes %d: want > 0", n), 2)
+	}
+	if n := c.Int("max-ranks"); n <= 0 {
+		return cli.Exit(fmt.Sprintf("--max-ranks %d: want > 0", n), 2)
 	}
 	if n := c.Int64("max-snapshot-bytes"); n < 0 {
 		return cli.Exit(fmt.Sprintf("--max-snapshot-bytes %d: want >= 0 (0: no limit)", n), 2)
@@ -644,7 +648,8 @@ func nodeConfig(c *cli.Context, peers []raftfsm.Member, httpAdvertised string, l
 		ID: c.String("node-id"), RaftAddr: c.String("raft-addr"), HTTPAddr: httpAdvertised, DataDir: c.String("data-dir"), Peers: peers,
 		HeartbeatTimeout: c.Duration("heartbeat-timeout"), ElectionTimeout: c.Duration("election-timeout"),
 		LeaderLeaseTimeout: c.Duration("leader-lease-timeout"),
-		SnapshotThreshold:  c.Uint64("snapshot-threshold"), SnapshotBytes: c.Int64("snapshot-bytes"), SilentAfter: c.Duration("silent-after"), BookingMaxAge: c.Duration("booking-max-age"), Logger: logger,
+		SnapshotThreshold:  c.Uint64("snapshot-threshold"), SnapshotBytes: c.Int64("snapshot-bytes"), SilentAfter: c.Duration("silent-after"), BookingMaxAge: c.Duration("booking-max-age"),
+		MaxRanks: c.Int("max-ranks"), Logger: logger,
 	}
 }
 

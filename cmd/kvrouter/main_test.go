@@ -2298,3 +2298,43 @@ func TestASignalDuringAJoinIsNotLoggedAsARetry(t *testing.T) {
 		t.Errorf("a join ended by the node's stop logged a retry:\n%s", buf.String())
 	}
 }
+
+// TestMaxRanksReachesTheNode: --max-ranks (or KVROUTER_MAX_RANKS) is the
+// node's raftfsm.Config.MaxRanks, raftfsm.DefaultMaxRanks unless given;
+// zero and negative bounds are usage errors naming the flag. Nothing
+// bounded the cluster's registered ranks before.
+func TestMaxRanksReachesTheNode(t *testing.T) {
+	boundOf := func(args ...string) int {
+		t.Helper()
+		app := newApp()
+		app.ExitErrHandler = func(*cli.Context, error) {} // keep the test process
+		var got int
+		app.Action = func(c *cli.Context) error {
+			got = nodeConfig(c, nil, "127.0.0.1:7080", slog.Default()).MaxRanks
+			return nil
+		}
+		if err := app.Run(append([]string{"kvrouter"}, args...)); err != nil {
+			t.Fatalf("kvrouter %v: %v", args, err)
+		}
+		return got
+	}
+	if got := boundOf(); got != raftfsm.DefaultMaxRanks {
+		t.Errorf("the default bound: %d, want %d", got, raftfsm.DefaultMaxRanks)
+	}
+	if got := boundOf("--max-ranks", "100"); got != 100 {
+		t.Errorf("--max-ranks 100: %d", got)
+	}
+	t.Setenv("KVROUTER_MAX_RANKS", "200")
+	if got := boundOf(); got != 200 {
+		t.Errorf("KVROUTER_MAX_RANKS=200: %d", got)
+	}
+	for _, v := range []string{"0", "-1"} {
+		app := newApp()
+		app.ExitErrHandler = func(*cli.Context, error) {}
+		err := app.Run([]string{"kvrouter", "--data-dir", t.TempDir(), "--max-ranks", v})
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), "--max-ranks") {
+			t.Fatalf("kvrouter --max-ranks %s: %v, want exit 2 naming the flag", v, err)
+		}
+	}
+}

@@ -1,0 +1,56 @@
+package raftfsm
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestARegistrationPastMaxRanksIsRefusedBeforeTheLog: nothing bounded the
+// cluster's registered ranks (only each worker's, 4096), and 200 workers
+// of 4096 ranks took a router from 46 MB to 1 GB and a route to 17.7 s.
+// The leader refuses a registration that would pass Config.MaxRanks, with
+// nothing proposed, and lets a re-registration of as many ranks or fewer
+// through at the bound.
+func TestARegistrationPastMaxRanksIsRefusedBeforeTheLog(t *testing.T) {
+	// No expiry sweep or digest check: the test reads the log's growth.
+	c := newTestCluster(t, 1, func(cfg *Config) { cfg.MaxRanks, cfg.ExpiryInterval, cfg.CheckInterval = 6, time.Hour, time.Hour })
+	n := c.leader()
+	ranks := func(k int) []uint32 {
+		out := make([]uint32, k)
+		for i := range out {
+			out[i] = uint32(i)
+		}
+		return out
+	}
+	for id, k := range []int{4, 2} { // 6 in all: at the bound
+		if err := n.RegisterWorker(ctx(t), WorkerInfo{ID: uint64(id), DPRanks: ranks(k), BlockSize: 16}); err != nil {
+			t.Fatalf("worker %d, %d ranks: %v", id, k, err)
+		}
+	}
+	last := n.raft.LastIndex()
+	err := n.RegisterWorker(ctx(t), WorkerInfo{ID: 9, DPRanks: ranks(1), BlockSize: 16})
+	if !errors.Is(err, ErrTooManyRanks) || !errors.Is(err, ErrInsufficientStorage) {
+		t.Fatalf("a 7th rank: %v, want ErrTooManyRanks", err)
+	}
+	if err := n.RegisterWorker(ctx(t), WorkerInfo{ID: 1, DPRanks: ranks(3), BlockSize: 16}); !errors.Is(err, ErrTooManyRanks) {
+		t.Fatalf("worker 1 growing from 2 ranks to 3: %v, want ErrTooManyRanks", err)
+	}
+	if got := n.raft.LastIndex(); got != last {
+		t.Fatalf("the log grew from %d to %d: a refused registration was proposed", last, got)
+	}
+	if _, ok := n.fsm.Workers()[9]; ok {
+		t.Fatal("worker 9 was registered")
+	}
+	for _, k := range []int{4, 3} { // the same ranks again, then fewer
+		if err := n.RegisterWorker(ctx(t), WorkerInfo{ID: 0, DPRanks: ranks(k), BlockSize: 16}); err != nil {
+			t.Fatalf("worker 0 registering again with %d ranks at the bound: %v", k, err)
+		}
+	}
+	if err := n.RegisterWorker(ctx(t), WorkerInfo{ID: 9, DPRanks: ranks(1), BlockSize: 16}); err != nil {
+		t.Fatalf("a rank into the room worker 0 left: %v", err)
+	}
+	if got := n.fsm.RankCount(); got != 6 {
+		t.Fatalf("registered ranks = %d, want 6", got)
+	}
+}
