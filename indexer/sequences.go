@@ -70,6 +70,19 @@ import (
 // Free, a crashed client) stops counting as load after this long.
 const DefaultBookingMaxAge = 300 * time.Second
 
+// MaxBookingBlocks is the most blocks a live booking holds, its prompt's
+// and its output's together: AddOutputBlock adds none to a booking that
+// holds as many. Output blocks come one per call (the compatible API's
+// output_block), bounded by nothing else than the booking's max age, and
+// every replica applies each one and keeps, snapshots and journals the
+// blocks; without a bound one client's reservation grows without end on
+// every replica. 65536 blocks are a million tokens at 16 tokens per block,
+// more than a model's context holds. An Add is not refused over it (its
+// prompt is bounded by the entry's size): such a booking takes no output
+// block. It is part of the replicated state machine's rules: every replica
+// must refuse the same adds, so it changes only with an upgrade note.
+const MaxBookingBlocks = 1 << 16
+
 // Load is the load that live bookings put on one rank.
 type Load struct {
 	ActivePrefillTokens int64 // uncached input tokens of requests still in prefill
@@ -358,14 +371,15 @@ func (s *Sequences) PrefillDone(id string) bool {
 // AddOutputBlock records that live request id produced an output block of
 // sequence hash h: the block counts as decode load on the request's rank
 // from now on, until the request is freed. It reports whether it changed
-// anything: false for an unknown or freed id, or an h the request already
-// holds (so a retry with the same h changes nothing).
+// anything: false for an unknown or freed id, an h the request already
+// holds (so a retry with the same h changes nothing), or a request that
+// holds MaxBookingBlocks blocks already.
 func (s *Sequences) AddOutputBlock(id string, h uint64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := &s.st
 	b, ok := st.byID[id]
-	if !ok || b.freed || slices.Contains(b.seq, h) {
+	if !ok || b.freed || len(b.seq) >= MaxBookingBlocks || slices.Contains(b.seq, h) {
 		return false
 	}
 	st.digest -= b.entryHash()
@@ -564,6 +578,19 @@ func (s *Sequences) Get(id string) (Booking, bool) {
 	out := b.export()
 	out.SeqHashes = slices.Clone(out.SeqHashes)
 	return out, true
+}
+
+// Blocks returns how many blocks live request id holds (its prompt's and
+// its output's; see MaxBookingBlocks) without copying them, as Get does;
+// false when id is unknown or freed.
+func (s *Sequences) Blocks(id string) (int, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	b, ok := s.st.byID[id]
+	if !ok || b.freed {
+		return 0, false
+	}
+	return len(b.seq), true
 }
 
 // RankOf returns the rank live request id is booked on; false when it is

@@ -3672,12 +3672,21 @@ const NoDecay = -1
 // indexer.DecayScale] also sets, in the same entry, how much the blocks
 // the request alone holds count (indexer.Sequences.SetDecay); NoDecay
 // leaves it. Idempotent by (id, h, weight).
+//
+// A request that holds indexer.MaxBookingBlocks blocks already takes no
+// more: ErrInvalid, proposing nothing. Every replica's apply refuses such
+// an add too (one proposed before this node had applied the last one
+// that filled the booking), changing nothing.
 func (n *Node) OutputBlock(ctx context.Context, id string, h uint64, weight int64) error {
 	if id == "" {
 		return fmt.Errorf("%w: empty request id", ErrInvalid)
 	}
 	if weight != NoDecay && (weight < 0 || weight > indexer.DecayScale) {
 		return fmt.Errorf("%w: request %q: decay weight %d outside [0, %d]", ErrInvalid, id, weight, indexer.DecayScale)
+	}
+	if held, ok := n.fsm.Sequences().Blocks(id); ok && held >= indexer.MaxBookingBlocks {
+		return fmt.Errorf("%w: request %q holds %d blocks, the most a booking may hold (%d): it takes no more output blocks",
+			ErrInvalid, id, held, indexer.MaxBookingBlocks)
 	}
 	ops := []bookOp{{kind: bookOutput, b: Booking{ID: id, SeqHashes: []uint64{h}}}}
 	if weight != NoDecay {
