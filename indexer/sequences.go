@@ -176,6 +176,14 @@ type booking struct {
 	ord         uint64 // unique among live bookings; see refEntry
 	hash        uint64 // digest hash of the fields that never change
 	pos         int32  // its index in its slot's live list while live
+	// dirtyAt is 1 + its index in seqState.dirty while an output block
+	// changed its seq since its hash was computed (the digest then leaves
+	// its entry out until settle); 0 otherwise.
+	dirtyAt int32
+	// held is the set of its seq's hashes, built the first time an output
+	// block's membership is a question its rank's refs cannot answer (see
+	// holds); nil until then.
+	held map[uint64]struct{}
 }
 
 // refEntry counts the occurrences of one hash among a rank's bookings and
@@ -241,8 +249,15 @@ type seqState struct {
 
 	swept  bool
 	clock  int64  // the latest now of an Expire, once swept
-	digest uint64 // wrapping sum of entryHash over byID
+	digest uint64 // wrapping sum of entryHash over byID, but for the dirty ones
 	buf    []byte // encoding scratch for hashes; used under the write lock
+	hashed uint64 // blocks bookingHash has read, which tests count
+
+	// dirty lists the live bookings whose hash an output block made stale
+	// (booking.dirtyAt): rehashing a booking's whole seq at every output
+	// block made each one cost O(blocks it holds), so Digest (and anything
+	// else that needs the hash) settles them, once for many blocks.
+	dirty []*booking
 
 	journal SeqJournal // nil when no durable copy follows
 	watch   *Pending   // told when a rank starts or stops holding a hash; nil when none watches
@@ -358,6 +373,7 @@ func (s *Sequences) PrefillDone(id string) bool {
 	if !ok || b.freed || b.prefillDone {
 		return false
 	}
+	st.settle(b)
 	st.digest -= b.entryHash()
 	b.prefillDone = true
 	st.digest += b.entryHash()
@@ -379,16 +395,24 @@ func (s *Sequences) AddOutputBlock(id string, h uint64) bool {
 	defer s.mu.Unlock()
 	st := &s.st
 	b, ok := st.byID[id]
-	if !ok || b.freed || len(b.seq) >= MaxBookingBlocks || slices.Contains(b.seq, h) {
+	if !ok || b.freed || len(b.seq) >= MaxBookingBlocks || st.holds(b, h) {
 		return false
 	}
-	st.digest -= b.entryHash()
-	b.seq = append(slices.Clip(b.seq), h)
+	// Amortized O(1) in the blocks b holds: the membership test above, an
+	// append (b.seq is owned: nothing else keeps it past a call), and the
+	// hash left for settle.
+	if b.dirtyAt == 0 {
+		st.digest -= b.entryHash()
+		st.dirty = append(st.dirty, b)
+		b.dirtyAt = int32(len(st.dirty))
+	}
+	b.seq = append(b.seq, h)
+	if b.held != nil {
+		b.held[h] = struct{}{}
+	}
 	if st.incRef(h, b) {
 		st.slots[b.slot].load.ActiveDecodeBlocks++
 	}
-	b.hash = st.bookingHash(b)
-	st.digest += b.entryHash()
 	if st.journal != nil {
 		st.journal.Booked(b.export())
 	}
@@ -422,6 +446,7 @@ func (s *Sequences) SetDecay(id string, weight uint32) bool {
 		}
 	}
 	rs.discount += alone * (int64(discount) - int64(b.discount))
+	st.settle(b)
 	st.digest -= b.entryHash()
 	b.discount = discount
 	if discount == 0 {
@@ -481,6 +506,7 @@ func (s *Sequences) Expire(now int64, maxAge time.Duration) (expired int) {
 	}
 	for len(st.expiry) > 0 && st.expiry[0].createdAt < cutoff {
 		b := st.popExpiry()
+		st.settle(b)
 		if !b.freed {
 			st.unbook(b)
 			st.live--
@@ -812,16 +838,64 @@ func (s *Sequences) Restore(snap SequencesSnapshot) error {
 // Digest returns a hash of the logical state (live bookings with their
 // prefill flag, tombstones, the sweeps' clock). Equal states give equal digests
 // whatever the order of the operations that built them; replicas compare
-// digests to detect divergence. It is O(1).
+// digests to detect divergence. It is O(1) but for the bookings that took
+// output blocks since the last call, each rehashed once (see seqState.dirty).
 func (s *Sequences) Digest() uint64 {
 	s.mu.RLock()
-	defer s.mu.RUnlock()
+	if len(s.st.dirty) == 0 {
+		defer s.mu.RUnlock()
+	} else {
+		s.mu.RUnlock()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for len(s.st.dirty) > 0 {
+			s.st.settle(s.st.dirty[len(s.st.dirty)-1])
+		}
+	}
 	st := &s.st
 	h := st.digest
 	if st.swept {
 		h = mix64(h ^ mix64(uint64(st.clock)^0x5bd1e9955bd1e995))
 	}
 	return mix64(h)
+}
+
+// settle computes the hash of b again if an output block left it stale,
+// and puts b's entry back into the digest.
+func (st *seqState) settle(b *booking) {
+	if b.dirtyAt == 0 {
+		return
+	}
+	i, last := b.dirtyAt-1, int32(len(st.dirty)-1)
+	if m := st.dirty[last]; m != b {
+		st.dirty[i], m.dirtyAt = m, b.dirtyAt
+	}
+	st.dirty[last] = nil
+	st.dirty = st.dirty[:last]
+	b.dirtyAt = 0
+	b.hash = st.bookingHash(b)
+	st.digest += b.entryHash()
+}
+
+// holds reports whether live booking b holds h, in O(1) amortized: its
+// rank's refs answer when no booking or one (by its ord) holds h there;
+// only a block several of the rank's bookings hold needs b's own set,
+// built once.
+func (st *seqState) holds(b *booking, h uint64) bool {
+	switch e := st.slots[b.slot].refs[h]; e.n {
+	case 0:
+		return false
+	case 1:
+		return e.ords == b.ord
+	}
+	if b.held == nil {
+		b.held = make(map[uint64]struct{}, len(b.seq))
+		for _, x := range b.seq {
+			b.held[x] = struct{}{}
+		}
+	}
+	_, ok := b.held[h]
+	return ok
 }
 
 // insert books a new live booking: it indexes its blocks, adds its load and
@@ -856,10 +930,11 @@ func (st *seqState) tombstone(b *booking) {
 	if st.journal != nil {
 		st.journal.Freed(FreedBooking{ID: b.id, CreatedAt: b.createdAt})
 	}
+	st.settle(b)
 	st.unbook(b)
 	st.digest -= b.entryHash()
 	b.freed = true
-	b.seq = nil
+	b.seq, b.held = nil, nil
 	b.discount = 0
 	b.prefillDone = false
 	b.hash = st.tombHash(b)
@@ -1090,6 +1165,7 @@ func (st *seqState) bookingHash(b *booking) uint64 {
 	buf = binary.LittleEndian.AppendUint64(buf, uint64(b.cached))
 	buf = binary.LittleEndian.AppendUint64(buf, uint64(b.createdAt))
 	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(b.seq)))
+	st.hashed += uint64(len(b.seq))
 	for _, h := range b.seq {
 		buf = binary.LittleEndian.AppendUint64(buf, h)
 	}

@@ -572,12 +572,28 @@ func (st *seqState) check() error {
 	holder := map[key]*booking{} // the last booking seen holding h on rank
 	loads := map[kvevent.Rank]Load{}
 	var digest uint64
-	live, freed := 0, 0
+	live, freed, dirty := 0, 0, 0
 	for id, b := range st.byID {
 		if id != b.id {
 			return fmt.Errorf("byID[%q] holds %q", id, b.id)
 		}
-		digest += b.entryHash()
+		if b.dirtyAt == 0 {
+			digest += b.entryHash()
+		} else if b.freed || int(b.dirtyAt) > len(st.dirty) || st.dirty[b.dirtyAt-1] != b {
+			return fmt.Errorf("booking %q: dirtyAt %d, freed %v, not at its place in dirty (%d)", b.id, b.dirtyAt, b.freed, len(st.dirty))
+		} else {
+			dirty++
+		}
+		if b.held != nil {
+			for _, h := range b.seq {
+				if _, ok := b.held[h]; !ok {
+					return fmt.Errorf("booking %q holds %d, its held set lacks it", b.id, h)
+				}
+			}
+			if len(b.held) > len(b.seq) {
+				return fmt.Errorf("booking %q: held lists %d hashes, seq %d", b.id, len(b.held), len(b.seq))
+			}
+		}
 		if b.freed {
 			freed++
 			continue
@@ -637,6 +653,9 @@ func (st *seqState) check() error {
 	}
 	if live != st.live || freed != st.freed {
 		return fmt.Errorf("counts %d/%d, recomputed %d/%d", st.live, st.freed, live, freed)
+	}
+	if dirty != len(st.dirty) {
+		return fmt.Errorf("%d dirty bookings, %d listed", dirty, len(st.dirty))
 	}
 	if digest != st.digest {
 		return fmt.Errorf("digest sum %#x, recomputed %#x", st.digest, digest)
