@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -99,5 +101,129 @@ func TestDashboardAgentNamesExist(t *testing.T) {
 		if !strings.Contains(src.String(), `"`+name+`"`) {
 			t.Errorf("the dashboard queries %s, which no agent code registers", name)
 		}
+	}
+}
+
+// dashboardTarget is one query of a panel of docs/grafana/kvrouter.json.
+type dashboardTarget struct {
+	panel, expr string
+}
+
+// dashboardTargets returns every query of docs/grafana/kvrouter.json.
+func dashboardTargets(t *testing.T) []dashboardTarget {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "docs", "grafana", "kvrouter.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("docs/grafana/kvrouter.json: %v", err)
+	}
+	var out []dashboardTarget
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			out = append(out, dashboardTarget{p.Title, tg.Expr})
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("the dashboard has no query")
+	}
+	return out
+}
+
+// replicaCounters are the counters every replica's state machine keeps,
+// each committed event counted once per node (docs/operations.md, What to
+// watch).
+var replicaCounters = []string{
+	"kvrouter_events_applied_total",
+	"kvrouter_events_rejected_total",
+	"kvrouter_events_unknown_removes_total",
+	"kvrouter_bookings_expired_total",
+}
+
+// acrossInstances matches an aggregation over a family's rate or
+// increase: the operator, and its by (...) labels.
+var acrossInstances = regexp.MustCompile(`(sum|max|min|avg)\s*(?:by\s*\(([^)]*)\))?\s*\(\s*(?:rate|increase)\(\s*([a-z0-9_]+)`)
+
+// TestDashboardDoesNotSumReplicaCounters: a panel over a counter every
+// replica keeps takes the max across instances, or shows each instance;
+// a sum reads the cluster's size times the events.
+func TestDashboardDoesNotSumReplicaCounters(t *testing.T) {
+	checked := 0
+	for _, tg := range dashboardTargets(t) {
+		for _, m := range acrossInstances.FindAllStringSubmatch(tg.expr, -1) {
+			if !slices.Contains(replicaCounters, m[3]) {
+				continue
+			}
+			checked++
+			perInstance := slices.Contains(strings.Split(strings.ReplaceAll(m[2], " ", ""), ","), "instance")
+			if m[1] == "sum" && !perInstance {
+				t.Errorf("the panel %q (%s) sums %s across instances: every replica counts each event", tg.panel, tg.expr, m[3])
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no panel aggregates a replica's counter: the pattern no longer matches the dashboard")
+	}
+}
+
+// TestDashboardEventsAppliedCountsEachEventOnce: the dashboard's "Events
+// applied /s by outcome" panel, evaluated on a 3-node cluster's counters
+// after N events (its aggregation across the nodes), gives N. Every
+// replica's state machine counts each event: summed, the panel read three
+// times the events the cluster applied (and three times "Events received
+// /s", which only the leader counts).
+func TestDashboardEventsAppliedCountsEachEventOnce(t *testing.T) {
+	const title = "Events applied /s by outcome"
+	var expr string
+	for _, tg := range dashboardTargets(t) {
+		if tg.panel == title {
+			expr = tg.expr
+		}
+	}
+	m := acrossInstances.FindStringSubmatch(expr)
+	if m == nil || m[3] != "kvrouter_events_applied_total" {
+		t.Fatalf("the panel %q queries %q: want an aggregation of kvrouter_events_applied_total", title, expr)
+	}
+
+	c := startCluster(t, 3)
+	const events = 4
+	body := `{"batches": [{"worker_id": 1, "dp_rank": 0, "events": [
+	 {"event_id": 1, "type": "stored", "tier": "device", "blocks": [{"hash": 11, "local_hash": 101}, {"hash": 12, "local_hash": 102}]},
+	 {"event_id": 2, "type": "stored", "tier": "host", "parent_hash": 12, "blocks": [{"hash": 13, "local_hash": 103}]},
+	 {"event_id": 3, "type": "removed", "tier": "device", "hashes": [12]},
+	 {"event_id": 4, "type": "cleared"}]}]}`
+	if code, out := postJSON(t, c.nodes[c.leader()], "/v1/events", body); code != http.StatusOK {
+		t.Fatalf("POST /v1/events: %d %s", code, out)
+	}
+	var got []float64
+	for _, n := range c.nodes {
+		ss := waitMetrics(c, "http://"+n.httpAddr+"/metrics", n.id+" to apply the events", func(ss samples) (bool, string) {
+			got := ss.sum("kvrouter_events_applied_total", "outcome", "applied")
+			return got == events, fmt.Sprint(got)
+		})
+		got = append(got, ss.sum("kvrouter_events_applied_total", "outcome", "applied"))
+	}
+	var panel float64
+	switch m[1] {
+	case "sum":
+		for _, v := range got {
+			panel += v
+		}
+	case "max":
+		panel = slices.Max(got)
+	default:
+		t.Fatalf("the panel %q aggregates with %s, which this test does not evaluate", title, m[1])
+	}
+	if panel != events {
+		t.Errorf("the panel %q (%s) reads %v events applied for the %d events the cluster applied (each node's: %v)", title, expr, panel, events, got)
 	}
 }
