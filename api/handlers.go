@@ -247,6 +247,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 		rank := batches[i].Rank
 		out.Acks[i] = Ack{WorkerID: rank.Worker, DPRank: rank.DP,
 			Cursor: a.Cursor, Applied: a.Applied, Dups: a.Dups, Gap: a.Gap, Resync: a.Resync}
+		if a.Gap {
+			s.m.eventGaps.Inc()
+		}
 	}
 	return reply(w, http.StatusOK, out)
 }

@@ -48,6 +48,11 @@ type metrics struct {
 	routePredicted    [kvevent.NumTiers]prometheus.Counter
 	routeBest         prometheus.Counter
 
+	// eventGaps is kvrouter_events_gaps_total, shared with the event
+	// plane's ingester (raftfsm.GapsCounterOpts): the batches of POST
+	// /v1/events acknowledged with a gap.
+	eventGaps prometheus.Counter
+
 	// routeDuration's series, resolved once: the request's decoding, the
 	// backend's stages (raftfsm.RouteStages) and the backend's whole call.
 	stageDecode, stageHash, stageMatch, stageLoad, stageScore, stageBook, stageBackend prometheus.Observer
@@ -176,6 +181,7 @@ func newMetrics(reg prometheus.Registerer, log *slog.Logger) *metrics {
 		Name: "kvrouter_route_best_cached_tokens_total",
 		Help: "Prompt tokens the index predicted cached on the best eligible rank (any tier).",
 	}))
+	m.eventGaps = register(reg, log, prometheus.NewCounter(raftfsm.GapsCounterOpts()))
 	m.none, m.other = m.routeRequests.newOutcomes("none"), m.routeRequests.newOutcomes("other")
 	stage := func(name string) prometheus.Observer { return m.routeDuration.WithLabelValues(name) }
 	m.stageDecode, m.stageHash, m.stageMatch, m.stageLoad = stage("decode"), stage("hash"), stage("match"), stage("load")

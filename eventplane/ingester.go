@@ -382,8 +382,7 @@ func newIngesterMetrics(reg prometheus.Registerer, log *slog.Logger) ingesterMet
 			Help: "On the leader, by registered worker: how long before its last commit the oldest of its events in that Raft entry was handed to its agent's publisher (agent clocks count)."}, []string{"worker"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_requests_rejected_total",
 			Help: "Event requests the ingester rejected, by reason (malformed: undecodable, refused before Raft; stale_dump: a dump below the rank's cursor, which the state machine refused, answered with the cursor)."}, []string{"reason"}),
-		gaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouter_events_gaps_total",
-			Help: "Rank batches acknowledged with a gap."}),
+		gaps: prometheus.NewCounter(raftfsm.GapsCounterOpts()), // the API's too
 		resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouter_events_resyncs_total",
 			Help: "Rank dumps the leader's ingester committed, by reason (always dump: the agent does not tell the router why it dumped)."}, []string{"reason"}),
 		subs: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvrouter_events_ingesting",

@@ -28,6 +28,17 @@ type Collector struct {
 	configMismatches                                        *prometheus.Desc
 }
 
+// GapsCounterOpts is kvrouter_events_gaps_total: the rank batches whose
+// RankAck.Gap reached their publisher. The event plane's ingester counts
+// those it answers, the API those of POST /v1/events; each registers it
+// through promreg on the node's registry, which gives the second the
+// first's collector, so that it is one family whichever path acknowledged
+// the gap, and one definition keeps the two registrations alike.
+func GapsCounterOpts() prometheus.CounterOpts {
+	return prometheus.CounterOpts{Name: "kvrouter_events_gaps_total",
+		Help: "Rank batches acknowledged with a gap, over the event plane or POST /v1/events."}
+}
+
 // NewCollector returns the collector of node n.
 func NewCollector(n *Node) *Collector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
