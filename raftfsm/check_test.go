@@ -350,6 +350,20 @@ func TestNodesStartedWithDifferentPeersAreTold(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 			}
 			t.Log(state)
+			// Each node exports its count (a later check may land between
+			// the reads, so the sample lies between the count before and
+			// after the scrape).
+			for _, n := range c.nodes {
+				before := n.fsm.ConfigMismatches()
+				s, ok := gather(t, NewCollector(n))["kvrouter_configuration_mismatch_total{}"]
+				after := n.fsm.ConfigMismatches()
+				if !ok {
+					t.Fatalf("%s exports no kvrouter_configuration_mismatch_total", n.cfg.ID)
+				}
+				if got := s.GetCounter().GetValue(); got < float64(before) || got > float64(after) {
+					t.Errorf("%s: kvrouter_configuration_mismatch_total = %v, want its %d mismatches counted", n.cfg.ID, got, before)
+				}
+			}
 		})
 	}
 }

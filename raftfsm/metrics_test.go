@@ -106,6 +106,7 @@ func TestCollectorAnswersTheOperatorsQuestions(t *testing.T) {
 	want("kvrouter_index_lookup_duration_seconds{}", is(1)) // the route's
 	want("kvrouter_state_digest_checks_total{}", is(0))     // no check in this test's 30s
 	want("kvrouter_state_digest_mismatch_total{}", is(0))
+	want("kvrouter_configuration_mismatch_total{}", is(0)) // one node: its own list
 	want("kvrouter_store_write_stall_seconds_total{store=raft}", is(0))
 	want("kvrouter_store_write_stall_seconds_total{store=fsm}", is(0))
 	if _, ok := m["kvrouter_restore_duration_seconds{}"]; ok {
