@@ -67,6 +67,93 @@ func checkDashboardRouterNames(t *testing.T, httpAddrs []string) {
 			t.Errorf("the dashboard queries %s, which no node exports", name)
 		}
 	}
+	// And only labels its series have: a label misspelt in a by (...)
+	// makes one series of the lot, and in a matcher none.
+	labels := map[string]map[string]bool{} // a series name → its labels
+	for _, addr := range httpAddrs {
+		for _, s := range scrape(t, "http://"+addr+"/metrics") {
+			if labels[s.name] == nil {
+				labels[s.name] = map[string]bool{}
+			}
+			for l := range s.labels {
+				labels[s.name][l] = true
+			}
+		}
+	}
+	for _, msg := range dashboardLabelErrors(dashboardTargets(t), "kvrouter_", labels) {
+		t.Error(msg)
+	}
+}
+
+var (
+	// seriesName is a family's series named in a query, and its matchers.
+	seriesName = regexp.MustCompile(`\b([a-z][a-z0-9_]*)(\{[^}]*\})?`)
+	// matcherLabel is a label a matcher names.
+	matcherLabel = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)`)
+	// groupingLabels are the labels of an aggregation's by (...) or
+	// without (...).
+	groupingLabels = regexp.MustCompile(`\b(?:by|without)\s*\(([^)]*)\)`)
+)
+
+// dashboardLabelErrors checks the labels each query of the dashboard
+// names, of its series with the given prefix, against the labels the
+// series have (labels: a series name → its label names): a matcher's
+// label must be its series', a by (...) or without (...) label one of the
+// query's series', or instance or job, the target labels Prometheus adds.
+func dashboardLabelErrors(targets []dashboardTarget, prefix string, labels map[string]map[string]bool) []string {
+	var errs []string
+	for _, tg := range targets {
+		var names []string
+		for _, m := range seriesName.FindAllStringSubmatch(tg.expr, -1) {
+			if !strings.HasPrefix(m[1], prefix) {
+				continue
+			}
+			names = append(names, m[1])
+			for _, l := range matcherLabel.FindAllStringSubmatch(m[2], -1) {
+				if !labels[m[1]][l[1]] {
+					errs = append(errs, fmt.Sprintf("the panel %q (%s) matches on %s's label %s, which it does not have", tg.panel, tg.expr, m[1], l[1]))
+				}
+			}
+		}
+		if len(names) == 0 {
+			continue
+		}
+		for _, g := range groupingLabels.FindAllStringSubmatch(tg.expr, -1) {
+			for _, l := range strings.Split(g[1], ",") {
+				l = strings.TrimSpace(l)
+				if l == "" || l == "instance" || l == "job" {
+					continue
+				}
+				if !slices.ContainsFunc(names, func(n string) bool { return labels[n][l] }) {
+					errs = append(errs, fmt.Sprintf("the panel %q (%s) groups by %s, a label none of %s has", tg.panel, tg.expr, l, strings.Join(names, ", ")))
+				}
+			}
+		}
+	}
+	return errs
+}
+
+// TestDashboardLabelErrorsFindsAMisspeltLabel: the labels' check finds a
+// by (...) label and a matcher's label the series do not have.
+func TestDashboardLabelErrorsFindsAMisspeltLabel(t *testing.T) {
+	labels := map[string]map[string]bool{
+		"kvrouter_events_received_total":         {"worker": true, "op": true, "tier": true},
+		"kvrouter_route_duration_seconds_bucket": {"stage": true, "le": true},
+	}
+	good := []dashboardTarget{
+		{"received", "sum by (op, tier) (rate(kvrouter_events_received_total[1m]))"},
+		{"route", `histogram_quantile(0.99, sum by (le, instance) (rate(kvrouter_route_duration_seconds_bucket{stage="backend"}[5m])))`},
+	}
+	if errs := dashboardLabelErrors(good, "kvrouter_", labels); len(errs) != 0 {
+		t.Fatalf("the series' own labels refused: %v", errs)
+	}
+	bad := []dashboardTarget{
+		{"received", "sum by (op, tiers) (rate(kvrouter_events_received_total[1m]))"},
+		{"route", `histogram_quantile(0.99, sum by (le) (rate(kvrouter_route_duration_seconds_bucket{stages="backend"}[5m])))`},
+	}
+	if errs := dashboardLabelErrors(bad, "kvrouter_", labels); len(errs) != 2 {
+		t.Fatalf("errors %v, want one for tiers and one for stages", errs)
+	}
 }
 
 // TestDashboardAgentNamesExist: every kvagent_ family the dashboard
