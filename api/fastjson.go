@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/kvrouter/kvrouter/internal/jsonscan"
+	"github.com/kvrouter/kvrouter/internal/strictkeys"
 )
 
 // The route request is the API's hot path, and encoding/json spends most of
@@ -131,7 +132,7 @@ func routeArrayNamed(raw []byte, esc bool, hashes, tokens *routeArray) *routeArr
 	var k string
 	if esc {
 		var err error
-		if k, err = unescape(raw); err != nil {
+		if k, err = strictkeys.Unescape(raw); err != nil {
 			return nil // not JSON: encoding/json refuses the body
 		}
 	} else if len(raw) > 3*len("block_hashes") {

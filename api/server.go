@@ -24,6 +24,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/httpbody"
 	"github.com/kvrouter/kvrouter/internal/httppath"
+	"github.com/kvrouter/kvrouter/internal/strictkeys"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -698,7 +699,7 @@ func reply(w http.ResponseWriter, code int, v any) error {
 
 // decodeJSON decodes the body into v strictly: one JSON object, no key
 // that is not a field's name exactly (encoding/json alone takes one that
-// matches without its case), no key given twice in an object (checkKeys),
+// matches without its case), no key given twice in an object (strictkeys.Check),
 // nothing after it. An empty body is an error unless optional. The body
 // must be an object: encoding/json decodes a null into a struct as
 // nothing at all, which would make "null" a request of every default.
@@ -756,7 +757,7 @@ func decodeJSONBytes(b []byte, v any, optional bool) error {
 		return jsonError(fmt.Errorf("after the JSON object: %w", err))
 	}
 	// Valid JSON, decoded: now every key as written.
-	if err := checkKeys(b, reflect.TypeOf(v)); err != nil {
+	if err := strictkeys.Check(b, reflect.TypeOf(v)); err != nil {
 		return jsonError(err)
 	}
 	return nil

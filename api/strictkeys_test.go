@@ -104,64 +104,7 @@ func FuzzDecodeJSONTakesOnlyExactKeysOnce(f *testing.F) {
 	})
 }
 
-type keysInner struct {
-	A int `json:"a"`
-	B int // named B, as encoding/json names it
-}
-
-type keysSelf struct {
-	keysInner
-	Skip   int                 `json:"-"`
-	hidden int                 // left out, as encoding/json leaves it
-	Next   *keysSelf           `json:"next,omitempty"`
-	Tags   map[string]int      `json:"tags"`
-	Raw    json.RawMessage     `json:"raw"`
-	List   []keysInner         `json:"list"`
-	Any    any                 `json:"any"`
-	Over   int                 `json:"a_over"`
-	Nested map[string]keysSelf `json:"nested"`
-}
-
-// TestCheckKeysNamesFieldsAsEncodingJSON: checkKeys takes a field's name
-// as encoding/json writes it (tag, Go name, an embedded struct's lifted),
-// any key once in a map, an interface or a type that decodes itself, and
-// follows a type that holds itself.
-func TestCheckKeysNamesFieldsAsEncodingJSON(t *testing.T) {
-	typ := reflect.TypeFor[keysSelf]()
-	_ = keysSelf{}.hidden
-	for _, ok := range []string{
-		`{"a":1,"B":2,"next":{"next":{"a":3}},"tags":{"X":1,"x":2},"raw":{"a":1,"A":2},"list":[{"a":1},{"B":1}],"any":{"k":{"K":1}}}`,
-		`{"nested":{"k":{"a":1},"K":{"B":2}}}`, `{}`, `{"next":null}`,
-	} {
-		if err := checkKeys([]byte(ok), typ); err != nil {
-			t.Errorf("%s: %v", ok, err)
-		}
-	}
-	for _, c := range []struct{ body, want string }{
-		{`{"A":1}`, `unknown field "A"`},
-		{`{"b":1}`, `unknown field "b"`},
-		{`{"Skip":1}`, `unknown field "Skip"`},
-		{`{"hidden":1}`, `unknown field "hidden"`},
-		{`{"next":{"next":{"A":1}}}`, `next.next: unknown field "A"`},
-		{`{"tags":{"x":1,"x":2}}`, `tags: key "x" given twice`},
-		{`{"raw":{"a":1,"a":2}}`, `raw: key "a" given twice`},
-		{`{"list":[{"a":1},{"a":1,"a":2}]}`, `list[1]: field "a" given twice`},
-		{`{"any":[{"k":[{"z":1,"z":1}]}]}`, `any[0].k[0]: key "z" given twice`},
-		{`{"nested":{"k":{"next":{"Tags":{}}}}}`, `nested.k.next: unknown field "Tags"`},
-		{`{"a":1,"a":1}`, `field "a" given twice`},
-	} {
-		if err := checkKeys([]byte(c.body), typ); err == nil || err.Error() != c.want && !strings.HasPrefix(err.Error(), c.want+" (") {
-			t.Errorf("%s: %v, want %s", c.body, err, c.want)
-		}
-	}
-	for _, broken := range []string{`{"a"`, `{"a":1`, `{"a":1 x`, `[`, `"abc`, `{"a":[1,2`, ``} {
-		if err := checkKeys([]byte(broken), typ); err == nil {
-			t.Errorf("%q: no error", broken)
-		}
-	}
-}
-
-// Types for the walker's rules that no API body reaches today: embedded
+// Types for the walker's rules that no API body reaches today (strictkeys.Check): embedded
 // structs, maps with integer keys, an any field.
 type (
 	keysLeaf struct {
@@ -197,7 +140,7 @@ type (
 // key goes to the shape of the field it decodes into. From a review: the
 // walk went depth first, took the deeper map's shape for "x", and let a
 // case-folded "NAME" through into keysLeaf.Name.
-func TestCheckKeysTakesTheShallowestEmbeddedField(t *testing.T) {
+func TestDecodeJSONKeysTakesTheShallowestEmbeddedField(t *testing.T) {
 	var v keysEmbeds
 	if err := decodeJSONBytes([]byte(`{"x":[{"name":1}]}`), &v, false); err != nil || len(v.X) != 1 || v.X[0].Name != 1 {
 		t.Fatalf("exact keys: %v, decoded %+v", err, v)
@@ -211,7 +154,7 @@ func TestCheckKeysTakesTheShallowestEmbeddedField(t *testing.T) {
 // TestCheckKeysTellsMapKeysApartAsEncodingJSON: two keys a map holds as
 // one are one key given twice: "1" and "01" in a map with integer keys,
 // and two invalid UTF-8 bytes (each read as U+FFFD). From a review.
-func TestCheckKeysTellsMapKeysApartAsEncodingJSON(t *testing.T) {
+func TestDecodeJSONKeysTellsMapKeysApartAsEncodingJSON(t *testing.T) {
 	for _, c := range []struct {
 		body string
 		v    any
@@ -233,7 +176,7 @@ func TestCheckKeysTellsMapKeysApartAsEncodingJSON(t *testing.T) {
 // TestCheckKeysNamesADeepKeysPath: the error names the path from the top,
 // fields joined by dots, indexes in brackets, an empty field name quoted,
 // however deep.
-func TestCheckKeysNamesADeepKeysPath(t *testing.T) {
+func TestDecodeJSONKeysNamesADeepKeysPath(t *testing.T) {
 	err := decodeJSONBytes([]byte(`{"v":{"a":[{"":[0,{"b":1,"b":2}]}]}}`), &keysAny{}, false)
 	if want := `v.a[0].""[1]: key "b" given twice`; err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("%v, want %q", err, want)

@@ -91,10 +91,25 @@ func TestReadTraceIsStrict(t *testing.T) {
 		`{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]} {}`,
 		`{"timestamp": 0, "input_length": 16777217, "output_length": 3, "hash_ids": [1]}`,
 		`{"timestamp": 0, "input_length": 10, "output_length": 16777217, "hash_ids": [1]}`,
+		// Keys as encoding/json alone takes them: given twice (the last
+		// winning: 100 tokens, one id), in another case, folded by Unicode
+		// (U+017F LONG S is 's'). From a review.
+		`{"timestamp": 0, "input_length": 600, "input_length": 100, "output_length": 3, "hash_ids": [1]}`,
+		`{"TIMESTAMP": 0, "Input_Length": 600, "output_length": 3, "hash_ids": [1, 2]}`,
+		`{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_id` + "\u017f" + `": [1, 2]}`,
 	} {
 		_, err := ReadTrace(strings.NewReader(good + bad + "\n"))
 		if !errors.Is(err, ErrBadTrace) || !strings.Contains(err.Error(), "line 3") {
 			t.Errorf("%s: err %v, want ErrBadTrace at line 3", bad, err)
+		}
+	}
+	// A key refused for its spelling or for being given twice is named.
+	for bad, key := range map[string]string{
+		`{"timestamp": 0, "input_length": 600, "input_length": 100, "output_length": 3, "hash_ids": [1]}`: `"input_length" given twice`,
+		`{"TIMESTAMP": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}`:                   `"TIMESTAMP"`,
+	} {
+		if _, err := ReadTrace(strings.NewReader(bad)); !errors.Is(err, ErrBadTrace) || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s: err %v, want ErrBadTrace naming %s", bad, err, key)
 		}
 	}
 	for _, empty := range []string{"", "\n", "  \n\t\n"} {

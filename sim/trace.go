@@ -9,8 +9,10 @@ import (
 	"io"
 	"math"
 	"os"
+	"reflect"
 	"strings"
 
+	"github.com/kvrouter/kvrouter/internal/strictkeys"
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
@@ -55,8 +57,9 @@ type traceRow struct {
 
 // ReadTrace parses a Mooncake JSONL trace (traces/README.md). Each
 // line is one object with exactly the fields timestamp, input_length,
-// output_length and hash_ids, and ceil(input_length / 512) hash ids; an
-// unknown or missing field fails the read. Blank lines (whitespace only)
+// output_length and hash_ids, each once and spelled exactly (letter case
+// included), and ceil(input_length / 512) hash ids; an unknown, missing or
+// repeated field fails the read. Blank lines (whitespace only)
 // are skipped; a bad line fails the whole read with its line number, and
 // so does a trace without rows or with a line over MaxTraceLineBytes.
 // Timestamps must not go backwards: the replays issue requests in trace
@@ -103,6 +106,14 @@ func parseRow(b []byte) (Request, error) {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return Request{}, errors.New("more than one JSON object on the line")
+	}
+	// encoding/json takes "TIMESTAMP" or "hash_id\u017f" (Unicode's case
+	// folding) for a field, and a field given twice, the last one winning,
+	// which DisallowUnknownFields lets through: a row would replay as
+	// something other than what it says. The line is valid JSON now: every
+	// key as written.
+	if err := strictkeys.Check(b, reflect.TypeFor[traceRow]()); err != nil {
+		return Request{}, err
 	}
 	var missing []string
 	for _, f := range []struct {

@@ -1,4 +1,24 @@
-package api
+// Package strictkeys checks the keys of a JSON value against the Go type
+// it was decoded into, exactly and each once, where encoding/json is
+// looser: it takes a key for a field when the two match without their
+// case, and with Unicode's folding besides (U+212A KELVIN SIGN is 'k',
+// U+017F LONG S is 's'), and it takes a key given twice, the last one
+// winning, or, for an object, merged into the first. DisallowUnknownFields
+// refuses neither, so "WORKER_ID" after "worker_id" changed the worker
+// registered, and "params" twice in a settings body set the union of both.
+// The API's request bodies (api's decodeJSON) and the simulator's trace
+// rows (sim.ReadTrace) are checked with it.
+//
+// Check walks a body encoding/json has just decoded, with the type it
+// decoded into, and refuses any key that is not a field's name exactly
+// and any key an object gives twice, at any depth. The body is valid JSON
+// (the decoder read it whole first), so the walk only tells values apart;
+// it still checks every bound, and reports what it cannot read instead of
+// panicking. Maps and values decoded by their own UnmarshalJSON (or
+// UnmarshalText) take any key, once. The API's route fast path
+// (fastRouteRequest) needs none of this: it takes only exact keys, each
+// once (jsonscan.Scanner.Object), and leaves the rest to decodeJSON.
+package strictkeys
 
 import (
 	"encoding"
@@ -11,27 +31,10 @@ import (
 	"unicode/utf8"
 )
 
-// encoding/json takes a key for a field when the two match without their
-// case, and with Unicode's folding besides (U+212A KELVIN SIGN is 'k',
-// U+017F LONG S is 's'), and it takes a key given twice, the last one
-// winning, or, for an object, merged into the first. DisallowUnknownFields
-// refuses neither, so "WORKER_ID" after "worker_id" changed the worker
-// registered, and "params" twice in a settings body set the union of both.
-//
-// checkKeys walks a body encoding/json has just decoded, with the type it
-// decoded into, and refuses any key that is not a field's name exactly
-// and any key an object gives twice, at any depth. The body is valid JSON
-// (the decoder read it whole first), so the walk only tells values apart;
-// it still checks every bound, and reports what it cannot read instead of
-// panicking. Maps and values decoded by their own UnmarshalJSON (or
-// UnmarshalText) take any key, once. The route's fast path
-// (fastRouteRequest) needs none of this: it takes only exact keys, each
-// once (jsonscan.Scanner.Object), and leaves the rest to decodeJSON.
-
-// checkKeys reports the first key of b, a JSON value decoded into a value
+// Check reports the first key of b, a JSON value decoded into a value
 // of type t, that is not one of t's field names exactly, or that its
 // object gives twice; nil when there is none.
-func checkKeys(b []byte, t reflect.Type) error {
+func Check(b []byte, t reflect.Type) error {
 	w := keyWalker{b: b}
 	if err := w.value(shapeOf(t)); err != nil {
 		return err
@@ -39,7 +42,7 @@ func checkKeys(b []byte, t reflect.Type) error {
 	return nil
 }
 
-// keyError is checkKeys's error: where in the body, and what.
+// keyError is Check's error: where in the body, and what.
 type keyError struct {
 	// at holds the fields and indexes from the error up to the top,
 	// innermost first, joined once by Error: batches[0].events[2]. Built
@@ -74,7 +77,7 @@ func in(at string, err error) error {
 	return err
 }
 
-// A shape is what checkKeys needs of a type: which JSON values it takes
+// A shape is what Check needs of a type: which JSON values it takes
 // keys from, and which keys. Shapes are built once per type and kept.
 type shape struct {
 	kind   shapeKind
@@ -315,7 +318,7 @@ func (w *keyWalker) object(s *shape) error {
 		// escape (looked up without a copy: no allocation per key).
 		var unesc string
 		if esc {
-			if unesc, err = unescape(raw); err != nil {
+			if unesc, err = Unescape(raw); err != nil {
 				return w.broken()
 			}
 		}
@@ -420,9 +423,9 @@ func (w *keyWalker) str() ([]byte, bool, error) {
 	return nil, false, w.broken()
 }
 
-// unescape returns the text of a JSON string's bytes between its quotes,
-// which hold an escape.
-func unescape(raw []byte) (string, error) {
+// Unescape returns the text of a JSON string's bytes between its quotes,
+// which hold an escape (api's route fast path names keys with it too).
+func Unescape(raw []byte) (string, error) {
 	var s string
 	err := json.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &s)
 	return s, err
