@@ -264,6 +264,41 @@ func checkWireFlags(c *cli.Context) error {
 	return nil
 }
 
+// checkUnusedFlags refuses each flag given that the replay will not read:
+// a replay given one would run without it and pass for what was asked (a
+// v1 replay "with 64 blocks per worker" ran with --capacity-tokens'
+// 1,000,000 tokens), so it is refused like the offload tiers outside timed
+// mode. What each mode reads: timed, the engine's sizing and speed, the
+// closed loop, and --speed only in open loop (a closed loop issues the
+// next request when one finishes, without the trace's timestamps); cache,
+// --capacity-blocks and no time at all; v1, --capacity-tokens and --speed.
+// The offload settings size nothing without a tier.
+func checkUnusedFlags(c *cli.Context, mode string, offload bool) error {
+	if mode != "timed" {
+		for _, f := range []string{"concurrency", "engine-speed", "max-seqs", "max-batched-tokens", "max-waiting"} {
+			if c.IsSet(f) {
+				return usagef("--%s needs --mode timed (a %s replay ignores it)", f, mode)
+			}
+		}
+	}
+	switch {
+	case mode == "v1" && c.IsSet("capacity-blocks"):
+		return usagef("--capacity-blocks: a v1 replay sizes its workers with --capacity-tokens and ignores it")
+	case mode == "cache" && c.IsSet("speed"):
+		return usagef("--speed: a cache replay has no arrival times (it replays the requests in trace order) and ignores it")
+	case c.Int("concurrency") > 0 && c.IsSet("speed"):
+		return usagef("--speed with --concurrency %d: a closed loop issues a request when one finishes, without the trace's timestamps, and ignores it", c.Int("concurrency"))
+	}
+	if !offload {
+		for _, f := range []string{"offload-block-bytes", "offload-host-gbps", "offload-disk-gbps", "offload-disk-threshold", "offload-dir"} {
+			if c.IsSet(f) {
+				return usagef("--%s needs an offload tier (--offload-host-blocks or --offload-disk-blocks above 0; a %s replay without one ignores it)", f, mode)
+			}
+		}
+	}
+	return nil
+}
+
 // modeDefaults are the per-mode defaults of flags left at 0.
 var modeDefaults = map[string]struct {
 	blockSize, capacityBlocks int
@@ -340,16 +375,8 @@ func runReplay(c *cli.Context) (err error) {
 	if err := checkRanges(c); err != nil {
 		return err
 	}
-	// The closed loop and the engine speed act only on timed replays: a
-	// v1 or cache-only replay given them would run open loop at engine
-	// speed 1 and pass for what was asked, so they are refused like the
-	// offload tiers.
-	if mode != "timed" {
-		for _, f := range []string{"concurrency", "engine-speed"} {
-			if c.IsSet(f) {
-				return usagef("--%s needs --mode timed (a %s replay ignores it)", f, mode)
-			}
-		}
+	if err := checkUnusedFlags(c, mode, offload.Enabled()); err != nil {
+		return err
 	}
 	timing := sim.DefaultTiming()
 	timing.KVBytesPerToken = c.Float64("kv-bytes-per-token")

@@ -381,6 +381,38 @@ func TestReplayRefusesTimedOnlyFlagsInOtherModes(t *testing.T) {
 	}
 }
 
+// TestReplayRefusesEveryFlagItsModeIgnores: the rule of
+// TestReplayRefusesTimedOnlyFlagsInOtherModes for every flag a mode does
+// not read: the timed engine's sizing outside timed mode, --capacity-blocks
+// in v1 (which sizes with --capacity-tokens), --speed without arrival
+// times (cache-only, a closed loop), the offload settings without a tier.
+// From a review: they ran silently, a v1 replay "with 64 blocks per
+// worker" with 1,000,000 tokens per worker.
+func TestReplayRefusesEveryFlagItsModeIgnores(t *testing.T) {
+	trace := genTrace(t)
+	for _, args := range [][]string{
+		{"--mode", "v1", "--capacity-blocks", "64"},
+		{"--mode", "v1", "--max-seqs", "1"},
+		{"--mode", "v1", "--max-batched-tokens", "16"},
+		{"--mode", "v1", "--max-waiting", "1"},
+		{"--mode", "cache", "--max-seqs", "1"},
+		{"--mode", "cache", "--max-batched-tokens", "16"},
+		{"--mode", "cache", "--max-waiting", "1"},
+		{"--mode", "cache", "--speed", "8"},
+		{"--concurrency", "4", "--speed", "8"}, // closed loop: no arrival times
+		// the tiers' settings without a tier (--offload-host-blocks / --offload-disk-blocks 0)
+		{"--offload-dir", "/nonexistent/g3"},
+		{"--offload-host-gbps", "0.5"},
+		{"--offload-disk-threshold", "1"},
+	} {
+		out, err := kvsim(t, append([]string{"replay", "--trace", trace, "--limit", "20", "--policies", "round_robin", "-o", "bench"}, args...)...)
+		var ec cli.ExitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), args[len(args)-2]) {
+			t.Errorf("%v: err %v, want a usage error (exit 2) naming %s; it printed: %s", args, err, args[len(args)-2], strings.TrimSpace(out))
+		}
+	}
+}
+
 // TestReplayOffloadTiers: --offload-host-blocks / --offload-disk-blocks
 // give the timed workers G2/G3 tiers: the table gains their hit rates;
 // other modes refuse them.
