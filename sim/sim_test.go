@@ -159,6 +159,35 @@ func FuzzReadTrace(f *testing.F) {
 	})
 }
 
+// FuzzReadTraceRowsKeepTheirBounds: every row ReadTrace accepts keeps the
+// bounds it documents (1..MaxTraceTokens tokens in, 0..MaxTraceTokens
+// out, 0..MaxTraceTimestampMs ms, ceil(in/512) ids, timestamps not going
+// backwards). FuzzReadTrace checks only that accepted rows expand; with the
+// `q.OutputLength < 0` check deleted from parseRow every existing test
+// passed, and a v1 replay then finished a request before its prefill
+// (a review's gap, 2bf7727).
+func FuzzReadTraceRowsKeepTheirBounds(f *testing.F) {
+	f.Add(`{"timestamp": 0, "input_length": 600, "output_length": -3, "hash_ids": [1, 2]}`)
+	f.Add(`{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}` + "\n" +
+		`{"timestamp": 7, "input_length": 1, "output_length": 0, "hash_ids": [9]}`)
+	f.Add(`{"timestamp": -1, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}`)
+	f.Add(`{"timestamp": 0, "input_length": -600, "output_length": 3, "hash_ids": []}`)
+	f.Fuzz(func(t *testing.T, s string) {
+		reqs, err := ReadTrace(strings.NewReader(s))
+		if err != nil {
+			return
+		}
+		for i, q := range reqs {
+			if q.InputLength < 1 || q.InputLength > MaxTraceTokens || q.OutputLength < 0 || q.OutputLength > MaxTraceTokens ||
+				q.TimestampMs < 0 || q.TimestampMs > MaxTraceTimestampMs ||
+				len(q.HashIDs) != (q.InputLength+TraceBlockTokens-1)/TraceBlockTokens ||
+				(i > 0 && q.TimestampMs < reqs[i-1].TimestampMs) {
+				t.Fatalf("row %d accepted out of bounds: %+v", i, q)
+			}
+		}
+	})
+}
+
 func TestExpanderSharesBlocksWhereIDsAgree(t *testing.T) {
 	e := Expander{BlockSize: 16}
 	a := Request{InputLength: 1024 + 100, HashIDs: []uint64{7, 8, 9}}
