@@ -413,6 +413,11 @@ func runReplay(c *cli.Context) (err error) {
 	var names []string
 	for _, n := range strings.Split(policies, ",") {
 		if n = strings.TrimSpace(n); n != "" {
+			// A policy named twice would replay twice, its two BENCH
+			// lines under one name.
+			if slices.Contains(names, n) {
+				return usagef("--policies %q: %s named twice", policies, n)
+			}
 			names = append(names, n)
 		}
 	}

@@ -413,6 +413,16 @@ func TestReplayRefusesEveryFlagItsModeIgnores(t *testing.T) {
 	}
 }
 
+// TestReplayRefusesARepeatedPolicy: --policies router,router replayed the
+// router twice and printed two BENCH lines of one name.
+func TestReplayRefusesARepeatedPolicy(t *testing.T) {
+	_, err := kvsim(t, "replay", "--trace", genTrace(t), "--limit", "20", "--policies", "router, round_robin,router", "-o", "bench")
+	var ec cli.ExitCoder
+	if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), "router named twice") {
+		t.Fatalf("err %v, want a usage error (exit 2) naming router", err)
+	}
+}
+
 // TestReplayOffloadTiers: --offload-host-blocks / --offload-disk-blocks
 // give the timed workers G2/G3 tiers: the table gains their hit rates;
 // other modes refuse them.
