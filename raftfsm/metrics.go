@@ -25,7 +25,7 @@ type Collector struct {
 	workerBlocks, workerSilent, workerPrefill, workerDecode *prometheus.Desc
 	checks, mismatches, stalls, workerBusy, indexMemory     *prometheus.Desc
 	eventsApplied, forcedCompactions, applyHalted           *prometheus.Desc
-	configMismatches                                        *prometheus.Desc
+	configMismatches, inboundClosed                         *prometheus.Desc
 }
 
 // GapsCounterOpts is kvrouter_events_gaps_total: the rank batches whose
@@ -81,6 +81,9 @@ func NewCollector(n *Node) *Collector {
 		stalls:        d("store_write_stall_seconds_total", "Seconds Pebble held writes back (memtables waiting for a flush, or too many level 0 sublevels), by store: raft (log), fsm (state).", "store"),
 
 		applyHalted: d("apply_halted", "1 while this node's state machine is halted at a Raft entry a later build wrote, which it cannot read: it applies nothing until it is upgraded."),
+		inboundClosed: d("raft_inbound_connections_closed_total", "Connections to this node's --raft-addr it closed unserved, since it started, by reason: "+
+			"over_limit (closed at once: the remote host held 64, or all hosts 256), silent (nothing sent within 30 s of the accept). "+
+			"A peer sends its request as soon as it connects and holds ten at most: a rise is a port scan, a client that connects and waits, or a flood.", "reason"),
 		forcedCompactions: d("raft_forced_compactions_total", "Times this node, leading, compacted its whole Raft log because a follower's log could not take the leader's "+
 			"from its start (it held a snapshot restore no other node took), so that the follower got the leader's snapshot."),
 	}
@@ -92,7 +95,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.nodes, c.entries, c.orphans, c.needResync, c.malformed, c.unknownRemoves, c.workers, c.ready,
 		c.leaderChanges, c.readySeconds, c.restoreSeconds, c.diskBytes, c.bookings, c.bookingsExpired,
 		c.workerBlocks, c.workerSilent, c.workerPrefill, c.workerDecode, c.checks, c.mismatches, c.stalls, c.workerBusy, c.indexMemory, c.eventsApplied,
-		c.forcedCompactions, c.applyHalted, c.configMismatches} {
+		c.forcedCompactions, c.applyHalted, c.configMismatches, c.inboundClosed} {
 		ch <- d
 	}
 	c.n.fsm.applySeconds.Describe(ch)
@@ -169,6 +172,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.mismatches, prometheus.CounterValue, float64(mismatched))
 	ch <- prometheus.MustNewConstMetric(c.configMismatches, prometheus.CounterValue, float64(c.n.fsm.ConfigMismatches()))
 	ch <- prometheus.MustNewConstMetric(c.stalls, prometheus.CounterValue, n.logStalls.Seconds(), "raft")
+	var overCap, silent uint64
+	if n.stream != nil {
+		overCap, silent = n.stream.inboundClosed()
+	}
+	ch <- prometheus.MustNewConstMetric(c.inboundClosed, prometheus.CounterValue, float64(overCap), "over_limit")
+	ch <- prometheus.MustNewConstMetric(c.inboundClosed, prometheus.CounterValue, float64(silent), "silent")
 	ch <- prometheus.MustNewConstMetric(c.stalls, prometheus.CounterValue, f.stalls.Seconds(), "fsm")
 	f.applySeconds.Collect(ch)
 	f.persistSeconds.Collect(ch)

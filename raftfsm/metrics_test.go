@@ -109,6 +109,8 @@ func TestCollectorAnswersTheOperatorsQuestions(t *testing.T) {
 	want("kvrouter_configuration_mismatch_total{}", is(0)) // one node: its own list
 	want("kvrouter_store_write_stall_seconds_total{store=raft}", is(0))
 	want("kvrouter_store_write_stall_seconds_total{store=fsm}", is(0))
+	want("kvrouter_raft_inbound_connections_closed_total{reason=over_limit}", is(0)) // the members' connections
+	want("kvrouter_raft_inbound_connections_closed_total{reason=silent}", is(0))
 	if _, ok := m["kvrouter_restore_duration_seconds{}"]; ok {
 		t.Fatal("a restore duration before any restore")
 	}

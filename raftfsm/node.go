@@ -186,6 +186,7 @@ type Node struct {
 	dirLock *os.File // the data directory's lock (lockDataDir)
 	snaps   raft.SnapshotStore
 	trans   raft.Transport
+	stream  *streamLayer // trans's, when NewTransport's (nil: a Config.Transport): its inbound counts (Collector)
 	watch   *commitWatch // Raft's view of trans (checkReady)
 
 	logStalls store.WriteStalls // the log store's write stalls
@@ -424,11 +425,11 @@ func (n *Node) startRaft() error {
 		if err != nil {
 			return fmt.Errorf("raft address %q: %w", cfg.RaftAddr, err)
 		}
-		t, err := NewTransport(cfg.RaftAddr, addr, 10*time.Second, n.logger)
+		t, stream, err := newTransport(cfg.RaftAddr, addr, 10*time.Second, n.logger)
 		if err != nil {
 			return fmt.Errorf("raft transport on %s: %w", cfg.RaftAddr, err)
 		}
-		n.trans = t
+		n.trans, n.stream = t, stream
 	}
 	if err := n.refuseStateWithoutItsLog(); err != nil {
 		return err

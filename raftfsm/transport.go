@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/internal/lograte"
 )
 
 // NewTransport returns the TCP transport a node's Raft runs on: it listens
@@ -36,24 +37,36 @@ import (
 // Node.Close uses that to end a Raft shutdown that waits on a hung peer.
 //
 // A peer that sent part of a request and then nothing for
-// stallTimeouts times timeout loses its connection (streamConn.Read).
+// stallTimeouts times timeout loses its connection (streamConn.Read), and
+// so does one that connected and sent nothing at all for as long. The
+// connections it accepts are capped, per remote host and in all
+// (maxInboundPerHost, maxInbound): one over a cap is closed at once.
 func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger *slog.Logger) (*raft.NetworkTransport, error) {
+	t, _, err := newTransport(bind, advertise, timeout, logger)
+	return t, err
+}
+
+// newTransport is NewTransport that also returns its stream layer, whose
+// counts of the inbound connections it closed the node exports
+// (Collector).
+func newTransport(bind string, advertise net.Addr, timeout time.Duration, logger *slog.Logger) (*raft.NetworkTransport, *streamLayer, error) {
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	s := newStreamLayer(ln, advertise)
 	s.stall = stallTimeouts * timeout
+	s.logger = logger.With("component", "raft-transport")
 	// The checks hashicorp's TCP transport makes of the address it
 	// advertises: peers dial it.
 	addr, ok := s.Addr().(*net.TCPAddr)
 	if !ok {
 		ln.Close()
-		return nil, fmt.Errorf("raft transport: %v is not a TCP address", s.Addr())
+		return nil, nil, fmt.Errorf("raft transport: %v is not a TCP address", s.Addr())
 	}
 	if addr.IP == nil || addr.IP.IsUnspecified() {
 		ln.Close()
-		return nil, fmt.Errorf("raft transport: %v is not an address peers can dial", addr)
+		return nil, nil, fmt.Errorf("raft transport: %v is not an address peers can dial", addr)
 	}
 	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:          s,
@@ -61,7 +74,7 @@ func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger
 		Timeout:         timeout,
 		MaxRPCsInFlight: 1,
 		Logger:          hclogAdapter(logger),
-	}), nil
+	}), s, nil
 }
 
 // streamLayer is hashicorp/raft's TCP stream layer (TCPStreamLayer) that
@@ -90,6 +103,15 @@ func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger
 // kernel still acknowledges, so no keepalive ends the connection)
 // answered nothing else, a vote included, for as long as the leader
 // stayed hung, and a 3-node cluster so left had no leader at all.
+//
+// It also bounds what a stranger that reaches the port can hold. raft
+// v1.8.0 gives every accepted connection a goroutine and a 256 KiB read
+// buffer before it reads a byte, and reads with no deadline, so a client
+// that connected and sent nothing (a port scanner, a client that waits, a
+// slowloris) held all three for as long as it liked, a thousand of them
+// 250 MiB. A connection that sends nothing within stall of its accept is
+// closed (streamConn.Read), and the connections held at once are capped
+// per remote host and in all (Accept).
 type streamLayer struct {
 	ln        net.Listener
 	advertise net.Addr
@@ -97,16 +119,48 @@ type streamLayer struct {
 	ctx       context.Context // canceled by Close: ends the dials under way
 	cancel    context.CancelFunc
 
-	mu     sync.Mutex
-	conns  map[*streamConn]struct{}
-	closed bool
+	logger *slog.Logger
+	rate   *lograte.Limiter // the lines about inbound connections closed (note)
+
+	overCap atomic.Uint64 // inbound connections closed at once: over a cap
+	silent  atomic.Uint64 // inbound connections closed for sending nothing within stall of their accept
+
+	mu       sync.Mutex
+	conns    map[*streamConn]struct{}
+	inbound  map[string]int // the accepted connections held, per remote host
+	inboundN int            // the accepted connections held
+	closed   bool
 }
+
+// The caps on the inbound connections a stream layer holds at once
+// (Accept). Each holds a goroutine, a file descriptor and raft's 256 KiB
+// read buffer.
+const (
+	// maxInboundPerHost caps one remote host's. A peer holds at most the
+	// transport's MaxPool (4) idle connections to this node, and one more
+	// per RPC it has in flight past those (an AppendEntries, a heartbeat,
+	// a vote, a snapshot, a TimeoutNow; no pipeline: MaxRPCsInFlight 1):
+	// ten at the most. Several nodes may share a host's address (a host
+	// that runs more than one, a NAT, the tests' clusters on 127.0.0.1):
+	// 64 is room for six such peers at their busiest.
+	maxInboundPerHost = 64
+	// maxInbound caps them all: 64 MiB of read buffers at the most, and
+	// more than a cluster of twenty-five members holds at its busiest.
+	maxInbound = 256
+)
+
+// inboundLogEvery is how often a line about the inbound connections a
+// stream layer closed (over a cap, silent) is logged at most, per kind:
+// a port scan closes them at its own rate.
+const inboundLogEvery = time.Minute
 
 // newStreamLayer returns a stream layer on ln that tells peers advertise
 // (nil: ln's address).
 func newStreamLayer(ln net.Listener, advertise net.Addr) *streamLayer {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &streamLayer{ln: ln, advertise: advertise, ctx: ctx, cancel: cancel, conns: map[*streamConn]struct{}{}}
+	return &streamLayer{ln: ln, advertise: advertise, ctx: ctx, cancel: cancel,
+		logger: slog.New(slog.DiscardHandler), rate: lograte.New(inboundLogEvery, nil),
+		conns: map[*streamConn]struct{}{}, inbound: map[string]int{}}
 }
 
 // Dial implements raft.StreamLayer.
@@ -118,13 +172,40 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 	return s.track(c)
 }
 
-// Accept implements net.Listener.
+// Accept implements net.Listener. A connection over a cap
+// (maxInboundPerHost, maxInbound) is closed at once, counted and noted,
+// and Accept takes the next: it returns no error for it, which raft's
+// accept loop would answer by waiting, up to a second, before it
+// accepted again, a real peer's connection among them.
 func (s *streamLayer) Accept() (net.Conn, error) {
-	c, err := s.ln.Accept()
-	if err != nil {
-		return nil, err
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return nil, err
+		}
+		sc, err := s.accepted(c)
+		if errors.Is(err, errOverCap) {
+			s.overCap.Add(1)
+			s.note("over-cap", "closed an inbound Raft connection at once: too many held (a peer holds ten at most; a port scan or a flood holds more)",
+				"remote", c.RemoteAddr().String(), "error", err)
+			continue
+		}
+		return sc, err
 	}
-	return s.accepted(c)
+}
+
+// errOverCap means an inbound connection was closed at once: its host,
+// or all hosts, held as many as the stream layer takes.
+var errOverCap = errors.New("raft transport: too many inbound connections")
+
+// remoteHost returns the host of c's remote address: what
+// maxInboundPerHost counts by.
+func remoteHost(c net.Conn) string {
+	a := c.RemoteAddr().String()
+	if h, _, err := net.SplitHostPort(a); err == nil {
+		return h
+	}
+	return a
 }
 
 // track returns c, kept until it closes; once the layer closed, it closes
@@ -141,15 +222,72 @@ func (s *streamLayer) track(c net.Conn) (net.Conn, error) {
 	return sc, nil
 }
 
-// accepted returns c, tracked, that fails a request stalled for s.stall.
+// accepted returns c, tracked and counted against the caps, that fails a
+// request stalled for s.stall and closes when it sends nothing for
+// s.stall after its accept. Over a cap it closes c and fails
+// (errOverCap).
 func (s *streamLayer) accepted(c net.Conn) (net.Conn, error) {
-	tc, err := s.track(c)
-	if err != nil {
-		return nil, err
+	host := remoteHost(c)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		c.Close()
+		return nil, fmt.Errorf("raft transport: %w", net.ErrClosed)
 	}
-	sc := tc.(*streamConn)
-	sc.stall = s.stall
+	if s.inbound[host] >= maxInboundPerHost || s.inboundN >= maxInbound {
+		c.Close()
+		return nil, fmt.Errorf("%w: %d from %s, %d in all (at most %d and %d)",
+			errOverCap, s.inbound[host], host, s.inboundN, maxInboundPerHost, maxInbound)
+	}
+	sc := &streamConn{Conn: c, s: s, host: host, stall: s.stall}
+	if sc.stall > 0 {
+		// A peer sends its request as soon as its dial returns, and
+		// raft's first read comes at once: the deadline runs from here.
+		if err := c.SetReadDeadline(time.Now().Add(sc.stall)); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("raft transport: %w", err)
+		}
+		sc.armed = true
+	}
+	s.conns[sc] = struct{}{}
+	s.inbound[host]++
+	s.inboundN++
 	return sc, nil
+}
+
+// note logs a line about an inbound connection closed, of kind, at Warn
+// at most once per inboundLogEvery with how many were left out, every
+// one at Debug.
+func (s *streamLayer) note(kind, msg string, args ...any) {
+	ok, skipped := s.rate.Allow(kind)
+	if !ok {
+		s.logger.Debug(msg, args...)
+		return
+	}
+	s.logger.Warn(msg, append(args, lograte.LeftOut(skipped, inboundLogEvery)...)...)
+}
+
+// forget drops c from the connections s holds, and from its counts.
+func (s *streamLayer) forget(c *streamConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.conns[c]; !ok {
+		return // closed before, or by the layer's Close
+	}
+	delete(s.conns, c)
+	if c.host == "" {
+		return // dialed
+	}
+	if s.inbound[c.host]--; s.inbound[c.host] <= 0 {
+		delete(s.inbound, c.host)
+	}
+	s.inboundN--
+}
+
+// inboundClosed returns how many inbound connections s closed at once,
+// over a cap, and for sending nothing within its stall of their accept.
+func (s *streamLayer) inboundClosed() (overCap, silent uint64) {
+	return s.overCap.Load(), s.silent.Load()
 }
 
 // Close implements net.Listener: the listener closes, every connection
@@ -160,6 +298,7 @@ func (s *streamLayer) Close() error {
 	s.closed = true
 	conns := s.conns
 	s.conns = map[*streamConn]struct{}{}
+	s.inbound, s.inboundN = map[string]int{}, 0
 	s.mu.Unlock()
 	err := s.ln.Close()
 	for c := range conns {
@@ -204,12 +343,24 @@ var errStalled = errors.New("raft transport: the peer stopped part-way through a
 // stream cannot be resynchronised part-way through a request), so Raft
 // gives up on the snapshot, answers it with the error, and the
 // transport closes the connection.
+//
+// Before its first byte an accepted connection may wait stall, from its
+// accept, and no longer: a real peer dials only to send a request at
+// once (hashicorp/raft v1.8.0's genericRPC and InstallSnapshot write
+// theirs right after the dial; a pipeline, which dials and may then wait
+// for entries, is never made: MaxRPCsInFlight 1), so a connection silent
+// that long is no peer's. Its read then fails with io.EOF, which raft
+// takes for a connection its client closed and logs nothing of (the
+// stream layer counts and notes it): a port scan would otherwise make
+// raft log an error per connection.
 type streamConn struct {
 	net.Conn
-	s *streamLayer
+	s    *streamLayer
+	host string // the remote host of an accepted connection (the caps); "": dialed
 
 	stall     time.Duration // 0: reads wait for ever (a dialed connection)
 	inRequest atomic.Bool   // data came since the last answer written
+	started   bool          // a byte came; only the reading goroutine uses it
 	armed     bool          // a read deadline is set; only the reading goroutine uses it
 	failed    atomic.Pointer[error]
 }
@@ -222,13 +373,15 @@ func (c *streamConn) Read(p []byte) (int, error) {
 	if err := c.failed.Load(); err != nil {
 		return 0, *err
 	}
-	mid := c.inRequest.Load()
+	mid, started := c.inRequest.Load(), c.started
 	switch {
 	case mid:
 		if err := c.Conn.SetReadDeadline(time.Now().Add(c.stall)); err != nil {
 			return 0, err
 		}
 		c.armed = true
+	case !started:
+		// the deadline set at its accept (streamLayer.accepted) stands
 	case c.armed:
 		if err := c.Conn.SetReadDeadline(time.Time{}); err != nil {
 			return 0, err
@@ -238,10 +391,20 @@ func (c *streamConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		c.inRequest.Store(true)
+		c.started = true
 	}
-	if mid && n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
-		err = fmt.Errorf("%w: nothing from %v for %v: %w", errStalled, c.RemoteAddr(), c.stall, err)
-		c.failed.Store(&err)
+	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+		switch {
+		case mid:
+			err = fmt.Errorf("%w: nothing from %v for %v: %w", errStalled, c.RemoteAddr(), c.stall, err)
+			c.failed.Store(&err)
+		case !started:
+			c.s.silent.Add(1)
+			c.s.note("silent", "closed an inbound Raft connection that sent nothing: a peer sends its request as soon as it connects (a port scan or a client that connects and waits does not)",
+				"remote", c.RemoteAddr().String(), "after", c.stall)
+			err = io.EOF // raft logs an error for any other (streamConn)
+			c.failed.Store(&err)
+		}
 	}
 	return n, err
 }
@@ -253,9 +416,7 @@ func (c *streamConn) Write(p []byte) (int, error) {
 }
 
 func (c *streamConn) Close() error {
-	c.s.mu.Lock()
-	delete(c.s.conns, c)
-	c.s.mu.Unlock()
+	c.s.forget(c)
 	return c.Conn.Close()
 }
 

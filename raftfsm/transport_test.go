@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -495,4 +497,164 @@ func hangInstallSnapshot(t *testing.T, self, leader Member, members ...Member) n
 		return testwatch.Goroutines("raft.(*Raft).installSnapshot(", "[IO wait") > 0
 	})
 	return conn
+}
+
+// TestSilentConnectionsOnTheRaftPortAreNotHeld: a client that opens
+// connections to the Raft port and never sends a byte (a port scanner, a
+// slowloris, a TCP health check) holds none of them for long: raft
+// v1.8.0 gives each a goroutine, a descriptor and a 256 KiB read buffer
+// before it reads, and held all 1000 for ever. Those over the per-host
+// cap close at once, the others after the stall (a review's test; before:
+// "1000 of 1000 connections that never sent a byte still held").
+func TestSilentConnectionsOnTheRaftPortAreNotHeld(t *testing.T) {
+	const timeout = 50 * time.Millisecond // stall: 150 ms
+	tr, s, err := newTransport("127.0.0.1:0", nil, timeout, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	handleConns := func() int { return testwatch.Goroutines("raft.(*NetworkTransport).handleConn(", "") }
+	before := handleConns()
+	const n = 1000
+	conns := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range n {
+		c, err := net.Dial("tcp", string(tr.LocalAddr()))
+		if err != nil {
+			t.Fatalf("dial %d: %v", len(conns), err)
+		}
+		conns = append(conns, c)
+	}
+	waitFor(t, 20*time.Second, "every silent connection closed", func() bool {
+		overCap, silent := s.inboundClosed()
+		return overCap+silent == n && handleConns() <= before
+	})
+	// How many of each depends on how fast the dials came: the silent
+	// ones make room as they close.
+	if overCap, _ := s.inboundClosed(); overCap == 0 {
+		t.Fatalf("none of %d connections from one host closed over the cap of %d", n, maxInboundPerHost)
+	}
+	conns[n-1].SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := conns[n-1].Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("a silent connection's read: %v, want it closed by the node", err)
+	}
+}
+
+// TestAConnectionSilentSinceItsAcceptIsClosedButAPromptOneServed: an
+// accepted connection that sends nothing for the stall from its accept
+// ends with io.EOF (raft logs nothing for it; the layer counts it), and
+// one whose request comes within it is read as before, and then waits
+// between requests for as long as it likes (TestAStalledRequestFailsBut-
+// AnIdleConnectionWaits).
+func TestAConnectionSilentSinceItsAcceptIsClosedButAPromptOneServed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStreamLayer(ln, nil)
+	s.stall = 100 * time.Millisecond
+	defer s.Close()
+	accept := func() (client, server net.Conn) {
+		t.Helper()
+		client, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { client.Close() })
+		server, err = s.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return client, server
+	}
+	promptC, prompt := accept()
+	promptC.Write([]byte{1})
+	if _, err := prompt.Read(make([]byte, 8)); err != nil {
+		t.Fatalf("a request sent as soon as the connection was made: %v", err)
+	}
+
+	_, silent := accept()
+	if _, err := silent.Read(make([]byte, 8)); err != io.EOF {
+		t.Fatalf("a read of a connection that sent nothing: %v, want io.EOF", err)
+	}
+	if _, err := silent.Read(make([]byte, 8)); err != io.EOF {
+		t.Fatalf("a read after it: %v, want io.EOF", err)
+	}
+	if overCap, n := s.inboundClosed(); overCap != 0 || n != 1 {
+		t.Fatalf("counted %d over the cap and %d silent, want 0 and 1", overCap, n)
+	}
+}
+
+// TestInboundConnectionsAreCappedPerHostAndInAll: the stream layer holds
+// at most maxInboundPerHost accepted connections from one host and
+// maxInbound in all; one more is closed at once and counted, without
+// Accept returning (raft would pause its accepts on an error), and room
+// freed by a close is taken again.
+func TestInboundConnectionsAreCappedPerHostAndInAll(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStreamLayer(ln, nil) // no stall: nothing closes for silence
+	defer s.Close()
+	accepted := make(chan net.Conn, maxInbound+1)
+	go func() {
+		for {
+			c, err := s.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	dial := func(host string) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(host)}}
+		c, err := d.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Skipf("dial from %s: %v", host, err) // a loopback without 127.0.0.0/8
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	closedByNode := func(c net.Conn) bool {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err := c.Read(make([]byte, 1))
+		return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
+	}
+	var first net.Conn
+	for range maxInboundPerHost {
+		dial("127.0.0.1")
+		c := <-accepted
+		if first == nil {
+			first = c
+		}
+	}
+	if over := dial("127.0.0.1"); !closedByNode(over) {
+		t.Fatalf("connection %d from one host was not closed", maxInboundPerHost+1)
+	}
+	if k, _ := s.inboundClosed(); k != 1 {
+		t.Fatalf("%d counted over the cap, want 1", k)
+	}
+	first.Close()
+	dial("127.0.0.1")
+	<-accepted // room made by the close
+
+	hosts := maxInbound / maxInboundPerHost
+	for h := 2; h <= hosts; h++ {
+		for range maxInboundPerHost {
+			dial(fmt.Sprintf("127.0.0.%d", h))
+			<-accepted
+		}
+	}
+	if over := dial(fmt.Sprintf("127.0.0.%d", hosts+1)); !closedByNode(over) {
+		t.Fatalf("connection %d in all, the first of its host, was not closed", maxInbound+1)
+	}
+	if k, _ := s.inboundClosed(); k != 2 {
+		t.Fatalf("%d counted over the cap, want 2", k)
+	}
 }
