@@ -14,17 +14,26 @@ import (
 	"github.com/kvrouter/kvrouter/internal/testtmpfs"
 )
 
-// TestARestoreSpoolOnAFullDisk: an online restore whose upload cannot be
-// spooled (the disk full) is refused, ErrInsufficientStorage, nothing
-// installed, and its spool removed. From a review.
-func TestARestoreSpoolOnAFullDisk(t *testing.T) {
-	foreign := foreignSnapshot(t)
+// leaderOnTmpfs starts a one-node cluster whose data directory, returned,
+// is a 64 MiB tmpfs (testtmpfs.Mount: root only, skipped otherwise), and
+// returns its node once it leads and has set up its leadership.
+func leaderOnTmpfs(t *testing.T) (*Node, string) {
+	t.Helper()
 	c, trs := newUnstartedCluster(t, 1, nil)
 	d := c.dirs[0]
 	testtmpfs.Mount(t, d, "64m")
 	c.startOn(0, trs[0])
 	n := c.leader()
 	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return n.CheckLeader() == nil })
+	return n, d
+}
+
+// TestARestoreSpoolOnAFullDisk: an online restore whose upload cannot be
+// spooled (the disk full) is refused, ErrInsufficientStorage, nothing
+// installed, and its spool removed. From a review.
+func TestARestoreSpoolOnAFullDisk(t *testing.T) {
+	foreign := foreignSnapshot(t)
+	n, d := leaderOnTmpfs(t)
 	fp := testtmpfs.Fill(t, d)
 	_, err := n.RestoreSnapshot(context.Background(), strings.NewReader(string(foreign)))
 	left, _ := filepath.Glob(filepath.Join(d, "restore-*"))
@@ -65,12 +74,7 @@ func (f *fillingReader) Read(p []byte) (int, error) {
 // spool is removed and the cluster keeps its state.
 func TestARestoreWhoseDiskFillsWhileItSpoolsIsInsufficientStorage(t *testing.T) {
 	foreign := foreignSnapshot(t)
-	c, trs := newUnstartedCluster(t, 1, nil)
-	d := c.dirs[0]
-	testtmpfs.Mount(t, d, "64m")
-	c.startOn(0, trs[0])
-	n := c.leader()
-	waitFor(t, 10*time.Second, "the leadership set-up", func() bool { return n.CheckLeader() == nil })
+	n, d := leaderOnTmpfs(t)
 
 	fr := &fillingReader{t: t, r: bytes.NewReader(foreign), dir: d, after: len(foreign) / 2}
 	_, err := n.RestoreSnapshot(context.Background(), fr)

@@ -90,6 +90,22 @@ func TestTransportCloseEndsADialUnderWay(t *testing.T) {
 	}
 }
 
+// acceptOne dials ln and returns the dialing end (closed at the test's
+// end) and the end s accepted.
+func acceptOne(t *testing.T, ln net.Listener, s *streamLayer) (client, server net.Conn) {
+	t.Helper()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	server, err = s.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client, server
+}
+
 // TestAStalledRequestFailsButAnIdleConnectionWaits: a connection accepted
 // on the Raft port fails a read that waits longer than the stall part-way
 // through a request (a leader hung mid-snapshot), and every read after it,
@@ -103,19 +119,7 @@ func TestAStalledRequestFailsButAnIdleConnectionWaits(t *testing.T) {
 	s := newStreamLayer(ln, nil)
 	s.stall = 100 * time.Millisecond
 	defer s.Close()
-	accept := func() (client, server net.Conn) {
-		t.Helper()
-		client, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { client.Close() })
-		server, err = s.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return client, server
-	}
+	accept := func() (client, server net.Conn) { return acceptOne(t, ln, s) }
 	buf := make([]byte, 8)
 	idleC, idle := accept()
 	idleC.Write([]byte{1}) // a request, answered
@@ -558,19 +562,7 @@ func TestAConnectionSilentSinceItsAcceptIsClosedButAPromptOneServed(t *testing.T
 	s := newStreamLayer(ln, nil)
 	s.stall = 100 * time.Millisecond
 	defer s.Close()
-	accept := func() (client, server net.Conn) {
-		t.Helper()
-		client, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { client.Close() })
-		server, err = s.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return client, server
-	}
+	accept := func() (client, server net.Conn) { return acceptOne(t, ln, s) }
 	promptC, prompt := accept()
 	promptC.Write([]byte{1})
 	if _, err := prompt.Read(make([]byte, 8)); err != nil {
