@@ -703,7 +703,12 @@ func joinOthers(via []string, join, listen, advertised string) ([]string, error)
 }
 
 // isSelf reports whether the --join entry e (host:port, or a URL as the
-// join client takes them) is listen or advertised.
+// join client takes them) is listen or advertised, or reaches listen on
+// this machine: its port, and a loopback host (localhost included) where
+// listen's host is a loopback or a wildcard, or an address of one of this
+// machine's interfaces where listen is a wildcard (0.0.0.0:P is reached
+// at 127.0.0.1:P and at the host's own addresses). Another host on the
+// same port, the usual cluster, is not this node.
 func isSelf(e, listen, advertised string) bool {
 	if _, rest, ok := strings.Cut(e, "://"); ok {
 		e = rest
@@ -712,7 +717,51 @@ func isSelf(e, listen, advertised string) bool {
 	if i := strings.LastIndex(e, "@"); i >= 0 {
 		e = e[i+1:]
 	}
-	return raftfsm.SameRaftAddr(e, listen) || raftfsm.SameRaftAddr(e, advertised)
+	if raftfsm.SameRaftAddr(e, listen) || raftfsm.SameRaftAddr(e, advertised) {
+		return true
+	}
+	he, pe, errE := net.SplitHostPort(e)
+	hl, pl, errL := net.SplitHostPort(listen)
+	if errE != nil || errL != nil {
+		return false
+	}
+	ne, errE := net.LookupPort("tcp", pe)
+	nl, errL := net.LookupPort("tcp", pl)
+	if errE != nil || errL != nil || ne == 0 || ne != nl {
+		return false
+	}
+	il, okL := listenIP(hl)
+	wildcard := hl == "" || (okL && il.IsUnspecified())
+	ie, okE := listenIP(he)
+	if strings.EqualFold(strings.TrimSuffix(he, "."), "localhost") {
+		ie, okE = netip.AddrFrom4([4]byte{127, 0, 0, 1}), true
+	}
+	switch {
+	case !okE:
+		return false // a hostname: compared as text above
+	case ie.IsLoopback():
+		return wildcard || (okL && il.IsLoopback())
+	case wildcard:
+		return isLocalAddr(ie)
+	}
+	return false
+}
+
+// isLocalAddr reports whether ip is an address of one of this machine's
+// interfaces; false when they cannot be listed.
+func isLocalAddr(ip netip.Addr) bool {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false
+	}
+	for _, a := range addrs {
+		if p, ok := a.(*net.IPNet); ok {
+			if la, ok := netip.AddrFromSlice(p.IP); ok && la.Unmap() == ip {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // checkJoinScheme refuses a --join entry whose scheme (http:// or

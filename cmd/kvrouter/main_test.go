@@ -1395,6 +1395,38 @@ func TestAJoinThroughOnlyItselfIsAUsageError(t *testing.T) {
 	}
 	checkRefusedStart(t, []string{"--raft-addr", freeAddr(t), "--http-addr", "0.0.0.0:0", "--http-advertise", "10.0.0.9:7080",
 		"--nats-addr", "127.0.0.1:0", "--join", "10.0.0.9:07080"}, "--join")
+	// From a second review: a node listening on every address is reached
+	// at 127.0.0.1:P, which the text of --http-addr 0.0.0.0:P never
+	// matched; it asked itself, answered no_leader, for ever.
+	_, port, _ := net.SplitHostPort(freeAddr(t))
+	checkRefusedStart(t, []string{"--raft-addr", freeAddr(t), "--http-addr", "0.0.0.0:" + port, "--http-advertise", "127.0.0.2:" + port,
+		"--nats-addr", "127.0.0.1:0", "--nats-cluster-addr", "127.0.0.1:0", "--join", "127.0.0.1:" + port}, "--join")
+}
+
+// TestIsSelfKnowsTheAddressesThatReachTheNode: a --join entry is this
+// node when it reaches the node's listener on this machine (a loopback
+// for a loopback or wildcard listener, an interface's address for a
+// wildcard one), and not when it names another host on the same port.
+func TestIsSelfKnowsTheAddressesThatReachTheNode(t *testing.T) {
+	for _, c := range []struct {
+		e, listen, advertised string
+		want                  bool
+	}{
+		{"127.0.0.1:7080", "127.0.0.1:7080", "127.0.0.1:7080", true},
+		{"127.0.0.1:7080", "0.0.0.0:7080", "10.0.0.9:7080", true},
+		{"[::1]:7080", "[::]:7080", "10.0.0.9:7080", true},
+		{"localhost:7080", "127.0.0.1:7080", "127.0.0.1:7080", true},
+		{"http://localhost:7080/", ":7080", "10.0.0.9:7080", true},
+		{"127.0.0.1:7081", "0.0.0.0:7080", "10.0.0.9:7080", false},
+		{"10.0.0.9:7080", "0.0.0.0:7080", "10.0.0.9:7080", true},
+		{"192.0.2.77:7080", "0.0.0.0:7080", "10.0.0.9:7080", false}, // TEST-NET-1: no interface's
+		{"node2:7080", "0.0.0.0:7080", "node1:7080", false},
+		{"127.0.0.1:7080", "10.0.0.9:7080", "10.0.0.9:7080", false},
+	} {
+		if got := isSelf(c.e, c.listen, c.advertised); got != c.want {
+			t.Errorf("isSelf(%q, listen %q, advertised %q) = %v, want %v", c.e, c.listen, c.advertised, got, c.want)
+		}
+	}
 }
 
 // TestAJoinListingThisNodeAmongOthersAsksTheOthers: one --join for every
