@@ -290,7 +290,7 @@ func checkUnusedFlags(c *cli.Context, mode string, offload bool) error {
 		return usagef("--speed with --concurrency %d: a closed loop issues a request when one finishes, without the trace's timestamps, and ignores it", c.Int("concurrency"))
 	}
 	if !offload {
-		for _, f := range []string{"offload-block-bytes", "offload-host-gbps", "offload-disk-gbps", "offload-disk-threshold", "offload-dir"} {
+		for _, f := range []string{"offload-block-bytes", "offload-host-gbps", "offload-disk-gbps", "offload-disk-threshold", "offload-dir", "kv-bytes-per-token"} { // kv-bytes-per-token sizes only a transfer between tiers
 			if c.IsSet(f) {
 				return usagef("--%s needs an offload tier (--offload-host-blocks or --offload-disk-blocks above 0; a %s replay without one ignores it)", f, mode)
 			}

@@ -317,7 +317,7 @@ func TestReplayRefusesOutOfRangeValues(t *testing.T) {
 		{"--max-waiting", "0", "--capacity-blocks", "0", "--limit", "0"},
 		{"--max-waiting", "-1"},
 		{"--mode", "v1", "--capacity-tokens", "16"},
-		{"--engine-speed", "0.001", "--kv-bytes-per-token", "16777216", "--limit", "20"},
+		{"--engine-speed", "0.001", "--kv-bytes-per-token", "16777216", "--offload-host-blocks", "8", "--limit", "20"},
 	} {
 		if _, err := kvsim(t, append([]string{"replay", "--trace", trace, "--policies", "round_robin", "-o", "bench"}, args...)...); err != nil {
 			t.Errorf("%v: %v", args, err)
@@ -377,6 +377,30 @@ func TestReplayRefusesTimedOnlyFlagsInOtherModes(t *testing.T) {
 		var ec cli.ExitCoder
 		if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), args[2]) {
 			t.Errorf("%v: err %v, want a usage error (exit 2) naming %s; it printed:\n%s", args, err, args[2], out)
+		}
+	}
+}
+
+// TestReplayRefusesEveryTierSettingWithoutATier: each setting of the
+// offload tiers, --kv-bytes-per-token (which sizes only a block's
+// transfer between them) included, given without a tier is a usage
+// error. From a second review: TestReplayRefusesEveryFlagItsModeIgnores
+// tried three of them, and dropping the others from checkUnusedFlags's
+// list passed every test; --kv-bytes-per-token was taken and changed
+// nothing.
+func TestReplayRefusesEveryTierSettingWithoutATier(t *testing.T) {
+	trace := genTrace(t)
+	for _, f := range []string{"--offload-block-bytes", "--offload-host-gbps", "--offload-disk-gbps", "--offload-disk-threshold", "--offload-dir", "--kv-bytes-per-token"} {
+		for _, mode := range []string{"timed", "v1", "cache"} {
+			args := []string{"--mode", mode, f, "2"}
+			if f == "--offload-dir" {
+				args[3] = t.TempDir()
+			}
+			out, err := kvsim(t, append([]string{"replay", "--trace", trace, "--limit", "20", "--policies", "round_robin", "-o", "bench"}, args...)...)
+			var ec cli.ExitCoder
+			if !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), f) {
+				t.Errorf("%v: err %v, want a usage error (exit 2) naming %s; it printed: %s", args, err, f, strings.TrimSpace(out))
+			}
 		}
 	}
 }
