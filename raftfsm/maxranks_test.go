@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -52,5 +53,55 @@ func TestARegistrationPastMaxRanksIsRefusedBeforeTheLog(t *testing.T) {
 	}
 	if got := n.fsm.RankCount(); got != 6 {
 		t.Fatalf("registered ranks = %d, want 6", got)
+	}
+}
+
+// TestARegistrationEndedByItsContextStillCountsItsRanks: a registration
+// whose caller's context ends after its entry is proposed, before it
+// applies, released its ranks then (a deferred release), while its entry
+// still committed: a second registration took the same room, both
+// applied, and the cluster held 8 ranks with MaxRanks 6. The ranks stay
+// counted until Raft answers the entry.
+func TestARegistrationEndedByItsContextStillCountsItsRanks(t *testing.T) {
+	g := newFSMGate()
+	c := newTestCluster(t, 1, func(cfg *Config) {
+		cfg.MaxRanks, cfg.ExpiryInterval, cfg.CheckInterval = 6, time.Hour, time.Hour
+		cfg.applyGate = g.gate
+	})
+	t.Cleanup(g.open)
+	n := c.leader()
+	if err := n.RegisterWorker(ctx(t), WorkerInfo{ID: 1, DPRanks: []uint32{0, 1, 2, 3}, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	g.pause() // the next batch waits: proposed, committed, not applied
+	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := n.RegisterWorker(short, WorkerInfo{ID: 2, DPRanks: []uint32{0, 1}, BlockSize: 16}); err == nil {
+		t.Fatal("worker 2's registration applied through a paused FSM")
+	}
+	// Worker 3 is refused at once, or (the room released) proposed.
+	last := n.raft.LastIndex()
+	done := make(chan error, 1)
+	go func() { done <- n.RegisterWorker(ctx(t), WorkerInfo{ID: 3, DPRanks: []uint32{0, 1}, BlockSize: 16}) }()
+	var err3 error
+	answered := false
+	waitFor(t, 10*time.Second, "worker 3 refused or proposed", func() bool {
+		select {
+		case err3 = <-done:
+			answered = true
+		default:
+		}
+		return answered || n.raft.LastIndex() > last
+	})
+	g.open()
+	if !answered {
+		err3 = <-done
+	}
+	waitFor(t, 10*time.Second, "worker 2's entry to apply", func() bool { _, ok := n.fsm.Workers()[2]; return ok })
+	if got := n.fsm.RankCount(); got > 6 {
+		t.Fatalf("registered ranks = %d with MaxRanks 6: worker 2's ranks (its context ended, its entry still committed) were released and worker 3 took the same room (worker 3: %v)", got, err3)
+	}
+	if !errors.Is(err3, ErrTooManyRanks) {
+		t.Fatalf("worker 3: %v, want ErrTooManyRanks", err3)
 	}
 }

@@ -2066,39 +2066,54 @@ func (n *Node) notLeader() *NotLeaderError {
 // subscriber that is stopping, must not have its command committed behind
 // its back.) So does a command Raft could not take in time.
 func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
+	return n.applyHolding(ctx, data, nil)
+}
+
+// applyHolding is apply, calling release (when not nil) once the command
+// can no longer apply unseen by the caller: at its return when nothing was
+// proposed or Raft answered the entry, and otherwise (the caller stopped
+// waiting, or the node stopped, while the entry may still commit) when
+// Raft answers it, from a goroutine that outlives await's own by nothing.
+func (n *Node) applyHolding(ctx context.Context, data []byte, release func()) (interface{}, error) {
+	done := func() {
+		if release != nil {
+			release()
+		}
+	}
 	if n.raft.State() != raft.Leader {
+		done()
 		return nil, n.notLeader()
 	}
 	if err := ctx.Err(); err != nil {
+		done()
 		return nil, fmt.Errorf("raft apply: %w: %w", ErrNotProposed, err)
 	}
 	timeout := n.cfg.ApplyTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 		if timeout <= 0 {
+			done()
 			// ctx.Err may still be nil: its timer has not fired yet.
 			return nil, fmt.Errorf("raft apply: %w: %w", ErrNotProposed, context.DeadlineExceeded)
 		}
 	}
 	f := n.raft.Apply(data, timeout)
-	if err := n.await(ctx, f); err != nil {
-		if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
-			// Proposed, not yet applied: it may still commit, and
-			// retrying is safe.
-			return nil, fmt.Errorf("raft apply: waiting for the entry to apply: %w", err)
-		}
-		if errors.Is(err, raft.ErrRaftShutdown) {
-			return nil, fmt.Errorf("raft apply: %w", n.shutdownMaybeApplied())
-		}
-		// A lost leadership: the entry may still commit under the next
-		// leader (*NotLeaderError with MaybeApplied: the API does not send
-		// a write not safe twice on; DESIGN.md's retry safety). An enqueue
-		// timeout: nothing was written.
-		if errors.Is(err, raft.ErrEnqueueTimeout) {
-			return nil, fmt.Errorf("raft apply: %w: %w", ErrNotProposed, n.raftError(err))
-		}
-		return nil, fmt.Errorf("raft apply: %w", n.raftError(err))
+	var wait raft.Future = f
+	var shared *sharedFuture
+	if release != nil {
+		shared = shareFuture(f)
+		wait = shared
 	}
+	if err := n.await(ctx, wait); err != nil {
+		if shared != nil {
+			go func() {
+				<-shared.done
+				release()
+			}()
+		}
+		return nil, n.applyError(ctx, err)
+	}
+	done()
 	if err, ok := f.Response().(error); ok && err != nil {
 		var h *ApplyHalt
 		if errors.As(err, &h) {
@@ -2112,6 +2127,47 @@ func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 		return nil, err
 	}
 	return f.Response(), nil
+}
+
+// sharedFuture is a raft.Future that several goroutines may wait on:
+// Raft's own takes one Error call at a time (it receives the answer once).
+type sharedFuture struct {
+	done chan struct{} // closed once err holds Raft's answer
+	err  error
+}
+
+func shareFuture(f raft.Future) *sharedFuture {
+	s := &sharedFuture{done: make(chan struct{})}
+	go func() {
+		s.err = f.Error()
+		close(s.done)
+	}()
+	return s
+}
+
+func (s *sharedFuture) Error() error {
+	<-s.done
+	return s.err
+}
+
+// applyError is the error of apply whose wait for its entry ended in err.
+func (n *Node) applyError(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
+		// Proposed, not yet applied: it may still commit, and
+		// retrying is safe.
+		return fmt.Errorf("raft apply: waiting for the entry to apply: %w", err)
+	}
+	if errors.Is(err, raft.ErrRaftShutdown) {
+		return fmt.Errorf("raft apply: %w", n.shutdownMaybeApplied())
+	}
+	// A lost leadership: the entry may still commit under the next
+	// leader (*NotLeaderError with MaybeApplied: the API does not send
+	// a write not safe twice on; DESIGN.md's retry safety). An enqueue
+	// timeout: nothing was written.
+	if errors.Is(err, raft.ErrEnqueueTimeout) {
+		return fmt.Errorf("raft apply: %w: %w", ErrNotProposed, n.raftError(err))
+	}
+	return fmt.Errorf("raft apply: %w", n.raftError(err))
 }
 
 // haltedWrite is the error of a write this node committed while its state
@@ -2470,8 +2526,9 @@ func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 	if err != nil {
 		return err
 	}
-	defer release()
-	_, err = n.apply(ctx, encodeRegister(now(), &w))
+	// Released when the entry can no longer apply unseen, not when this
+	// call stops waiting (applyHolding).
+	_, err = n.applyHolding(ctx, encodeRegister(now(), &w), release)
 	if err == nil && known {
 		n.warnDroppedRanks(&prev, &w)
 	}
@@ -2492,7 +2549,9 @@ const DefaultMaxRanks = 65536
 // ErrNotLeader, so only the leader judges, as it alone knows what is in
 // flight. A rank counted in flight and, its entry applied, in the table
 // too until release makes the bound stricter for that moment, never
-// looser.
+// looser. Release comes when Raft answers the entry (applyHolding), not
+// when the caller stops waiting: an entry whose caller's context ended
+// still commits, and its room, released then, was taken by another.
 func (n *Node) reserveRanks(w, prev *WorkerInfo, known bool) (release func(), err error) {
 	add := max(len(w.DPRanks), 1) // none listed means rank 0
 	if known {
