@@ -105,3 +105,50 @@ func TestARegistrationEndedByItsContextStillCountsItsRanks(t *testing.T) {
 		t.Fatalf("worker 3: %v, want ErrTooManyRanks", err3)
 	}
 }
+
+// TestANewLeaderCountsTheRanksItsPredecessorRegistered: a leader elected
+// while its FSM still lacks a registration its predecessor acknowledged
+// judged that stale table (no post-election Barrier first, as
+// checkBlockSize waits for): it let a registration through that, once
+// both applied, took the cluster past MaxRanks.
+func TestANewLeaderCountsTheRanksItsPredecessorRegistered(t *testing.T) {
+	g := newFSMGate()
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		cfg.MaxRanks = 6
+		if cfg.ID == "n3" {
+			cfg.applyGate = g.gate
+		}
+	})
+	t.Cleanup(g.open)
+	l, n3 := c.leader(), c.nodes[2]
+	if l == n3 {
+		transferLeadership(t, l, "n1")
+		l = c.leader()
+	}
+	c.converged()
+	g.pause()
+	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, Model: "m", DPRanks: []uint32{0, 1, 2, 3}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n3 to hold the entry in its log", func() bool { return n3.raft.LastIndex() >= l.raft.LastIndex() })
+	transferLeadership(t, l, "n3")
+	waitFor(t, 10*time.Second, "n3 to lead", n3.IsLeader)
+	// Its context ends while n3's FSM is paused: judged on the stale
+	// table, worker 2's entry is proposed by then and commits.
+	short, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	err := n3.RegisterWorker(short, WorkerInfo{ID: 2, BlockSize: 16, Model: "m", DPRanks: []uint32{0, 1, 2, 3}})
+	g.open()
+	if err := n3.WaitReady(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := n3.raft.Barrier(10 * time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if got := n3.fsm.RankCount(); got > 6 {
+		t.Fatalf("registered ranks = %d with MaxRanks 6: the new leader judged worker 2 (4 ranks; %v) against a table without worker 1's 4", got, err)
+	}
+	if err := n3.RegisterWorker(ctx(t), WorkerInfo{ID: 2, BlockSize: 16, Model: "m", DPRanks: []uint32{0, 1, 2, 3}}); !errors.Is(err, ErrTooManyRanks) {
+		t.Fatalf("worker 2 once n3 applied worker 1: %v, want ErrTooManyRanks", err)
+	}
+}

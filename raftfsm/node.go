@@ -2074,6 +2074,10 @@ func (n *Node) apply(ctx context.Context, data []byte) (interface{}, error) {
 // proposed or Raft answered the entry, and otherwise (the caller stopped
 // waiting, or the node stopped, while the entry may still commit) when
 // Raft answers it, from a goroutine that outlives await's own by nothing.
+// A lost leadership answers the entry while it may still commit under the
+// next leader, which judges only after its post-election Barrier
+// (ledThisTerm): that Barrier commits it first or the new term's log
+// drops it.
 func (n *Node) applyHolding(ctx context.Context, data []byte, release func()) (interface{}, error) {
 	done := func() {
 		if release != nil {
@@ -2522,7 +2526,7 @@ func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 	if err := n.checkBlockSize(ctx, &w, &prev, known); err != nil {
 		return err
 	}
-	release, err := n.reserveRanks(&w, &prev, known)
+	release, err := n.reserveRanks(ctx, &w)
 	if err != nil {
 		return err
 	}
@@ -2551,17 +2555,32 @@ const DefaultMaxRanks = 65536
 // too until release makes the bound stricter for that moment, never
 // looser. Release comes when Raft answers the entry (applyHolding), not
 // when the caller stops waiting: an entry whose caller's context ended
-// still commits, and its room, released then, was taken by another.
-func (n *Node) reserveRanks(w, prev *WorkerInfo, known bool) (release func(), err error) {
-	add := max(len(w.DPRanks), 1) // none listed means rank 0
-	if known {
-		add -= len(prev.DPRanks)
-	}
-	if add <= 0 || !n.IsLeader() {
+// still commits, and its room, released then, was taken by another. A
+// leader that has not yet applied the entries of the terms before its
+// own (ledThisTerm) judges after a Barrier, as checkBlockSize does: its
+// table lacked registrations its predecessor acknowledged, and those its
+// predecessor had in flight, which the Barrier commits or the new term's
+// log drops.
+func (n *Node) reserveRanks(ctx context.Context, w *WorkerInfo) (release func(), err error) {
+	if !n.IsLeader() {
 		return func() {}, nil
+	}
+	if !n.ledThisTerm() {
+		if err := n.await(ctx, n.raft.Barrier(n.cfg.ApplyTimeout)); err != nil {
+			return nil, fmt.Errorf("barrier before judging worker %d's dp ranks: %w", w.ID, n.raftError(err))
+		}
 	}
 	n.ranksMu.Lock()
 	defer n.ranksMu.Unlock()
+	// The worker's ranks as of now: read before the Barrier, they could
+	// be a registration its predecessor replaced.
+	add := max(len(w.DPRanks), 1) // none listed means rank 0
+	if prev, known := n.fsm.Workers()[w.ID]; known {
+		add -= len(prev.DPRanks)
+	}
+	if add <= 0 {
+		return func() {}, nil
+	}
 	have := n.fsm.RankCount() + n.ranksPending
 	if have+add > n.cfg.MaxRanks {
 		return nil, fmt.Errorf("%w: worker %d's registration adds %d dp ranks to the %d registered (or being registered): at most %d (kvrouter --max-ranks)",
