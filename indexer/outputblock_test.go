@@ -46,6 +46,16 @@ func TestOutputBlocksStopAtMaxBookingBlocks(t *testing.T) {
 	if _, ok := s.Blocks("nope"); ok {
 		t.Fatal("Blocks of an unknown id")
 	}
+	// Holds answers the cap's idempotent resend (raftfsm's OutputBlock).
+	for _, c := range []struct {
+		id   string
+		h    uint64
+		want bool
+	}{{"r1", 1 << 40, true}, {"r1", 1, true}, {"r1", 1<<40 + 1, false}, {"nope", 1, false}} {
+		if got := s.Holds(c.id, c.h); got != c.want {
+			t.Fatalf("Holds(%q, %d) = %v, want %v", c.id, c.h, got, c.want)
+		}
+	}
 }
 
 // TestOutputBlocksOfOneBookingCostConstantWork: every replica applies a

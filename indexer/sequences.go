@@ -619,6 +619,17 @@ func (s *Sequences) Blocks(id string) (int, bool) {
 	return len(b.seq), true
 }
 
+// Holds reports whether live request id holds a block of sequence hash h
+// (its prompt's or its output's), in O(1) amortized as AddOutputBlock's
+// own test; false when id is unknown or freed. It takes the write lock:
+// the test may build the booking's set of blocks.
+func (s *Sequences) Holds(id string, h uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.st.byID[id]
+	return ok && !b.freed && s.st.holds(b, h)
+}
+
 // RankOf returns the rank live request id is booked on; false when it is
 // unknown or freed.
 func (s *Sequences) RankOf(id string) (kvevent.Rank, bool) {

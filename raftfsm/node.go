@@ -3753,9 +3753,11 @@ const NoDecay = -1
 // leaves it. Idempotent by (id, h, weight).
 //
 // A request that holds indexer.MaxBookingBlocks blocks already takes no
-// more: ErrInvalid, proposing nothing. Every replica's apply refuses such
-// an add too (one proposed before this node had applied the last one
-// that filled the booking), changing nothing.
+// more: ErrInvalid, proposing nothing, unless it holds h (a resend of the
+// call whose block filled it, which changes nothing). Every replica's
+// apply refuses such an add too (one proposed before this node had
+// applied the last one that filled the booking), changing nothing, and
+// takes an h held as it does below the cap: no change.
 func (n *Node) OutputBlock(ctx context.Context, id string, h uint64, weight int64) error {
 	if id == "" {
 		return fmt.Errorf("%w: empty request id", ErrInvalid)
@@ -3763,7 +3765,8 @@ func (n *Node) OutputBlock(ctx context.Context, id string, h uint64, weight int6
 	if weight != NoDecay && (weight < 0 || weight > indexer.DecayScale) {
 		return fmt.Errorf("%w: request %q: decay weight %d outside [0, %d]", ErrInvalid, id, weight, indexer.DecayScale)
 	}
-	if held, ok := n.fsm.Sequences().Blocks(id); ok && held >= indexer.MaxBookingBlocks {
+	// Holds only at the cap: it may build the booking's set of blocks.
+	if held, ok := n.fsm.Sequences().Blocks(id); ok && held >= indexer.MaxBookingBlocks && !n.fsm.Sequences().Holds(id, h) {
 		return fmt.Errorf("%w: request %q holds %d blocks, the most a booking may hold (%d): it takes no more output blocks",
 			ErrInvalid, id, held, indexer.MaxBookingBlocks)
 	}

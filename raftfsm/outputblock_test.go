@@ -49,6 +49,39 @@ func TestOutputBlockOfAFullBookingIsRefusedBeforeProposing(t *testing.T) {
 	}
 }
 
+// TestAResentOutputBlockThatFilledTheBookingIsStillIdempotent:
+// OutputBlock is idempotent by (id, h, weight), and the cap's pre-check
+// refused (ErrInvalid, 400) a resend of the call whose block filled the
+// booking to indexer.MaxBookingBlocks (its answer lost), though it
+// changes nothing and its first send succeeded. A block the booking does
+// not hold is still refused.
+func TestAResentOutputBlockThatFilledTheBookingIsStillIdempotent(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	n := c.leader()
+	if err := n.RegisterWorker(ctx(t), WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	seq := fullSeq()[:indexer.MaxBookingBlocks-1]
+	if err := n.Reserve(ctx(t), Booking{ID: "r", Rank: r1, SeqHashes: seq, ISL: 4 * len(seq)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.OutputBlock(ctx(t), "r", 7, NoDecay); err != nil {
+		t.Fatalf("the output block that fills the booking: %v", err)
+	}
+	d := n.fsm.Digest()
+	for _, h := range []uint64{7, seq[0]} { // the output block again, a prompt block
+		if err := n.OutputBlock(ctx(t), "r", h, NoDecay); err != nil {
+			t.Fatalf("block %d, which the full booking holds, again (idempotent by (id, h, weight)): %v", h, err)
+		}
+	}
+	if got := n.fsm.Digest(); got != d {
+		t.Fatalf("digest %016x after the resends, was %016x: a held block changed the booking", got, d)
+	}
+	if err := n.OutputBlock(ctx(t), "r", 8, NoDecay); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a new block of the full booking: %v, want ErrInvalid", err)
+	}
+}
+
 // TestApplyingAnOutputBlockToAFullBookingChangesNothing: an output block
 // entry for a booking that holds indexer.MaxBookingBlocks blocks (proposed
 // by a leader that had not yet applied the one that filled it) is refused
