@@ -835,3 +835,17 @@ func TestRegisterConflictOfAnotherReplayEndpointNamesIt(t *testing.T) {
 		t.Errorf("replay endpoint %q after the 409, want the first", got)
 	}
 }
+
+// TestTooManyRanksIsInsufficientStorage: docs/compat.md says a
+// registration past the leader's --max-ranks answers 507, as on /v1; no
+// test read it (answer's ErrInsufficientStorage case deleted, a 500,
+// passed every test).
+func TestTooManyRanksIsInsufficientStorage(t *testing.T) {
+	for _, c := range []codec{codecJSON, codecMsgpack} {
+		w := httptest.NewRecorder()
+		_ = answer(w, c, http.StatusCreated, nil, fmt.Errorf("register: %w", raftfsm.ErrTooManyRanks))
+		if w.Code != http.StatusInsufficientStorage {
+			t.Errorf("codec %v: ErrTooManyRanks answered %d, want 507", c, w.Code)
+		}
+	}
+}
