@@ -468,3 +468,37 @@ func TestAddressFlagsAreUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestMetricsAddrOnABoundEventEndpointIsAUsageError: with --bind the agent
+// listens on each followed rank's event endpoint (--engine-endpoint, rank
+// r's port + r) as well as on --metrics-addr; the two on one address can
+// never both listen, which the flags alone say, so it is a usage error
+// (exit 2) naming both flags, found before anything is listened on. It
+// was a failed start (exit 1) once /metrics listened, blaming "another
+// kvagent, or the engine itself" for the port the agent held.
+func TestMetricsAddrOnABoundEventEndpointIsAUsageError(t *testing.T) {
+	for _, args := range [][]string{
+		{"--bind", "--engine-endpoint", "tcp://127.0.0.1:19464", "--metrics-addr", "127.0.0.1:19464"},
+		{"--bind", "--engine-endpoint", "tcp://*:5557", "--dp-size", "2", "--metrics-addr", "127.0.0.1:5558"},
+		{"--bind", "--engine-endpoint", "tcp://127.0.0.1:5557", "--dp-start", "3", "--metrics-addr", ":5560"},
+	} {
+		args = append([]string{"--block-size", "4"}, args...)
+		err := checkOnly(args...)
+		wantUsage(t, args, err, "--metrics-addr")
+		wantUsage(t, args, err, "--engine-endpoint")
+	}
+	for _, args := range [][]string{
+		// Without --bind the agent connects to the endpoint: the engine,
+		// not the agent, listens there (on this host or another).
+		{"--engine-endpoint", "tcp://127.0.0.1:19464", "--metrics-addr", "127.0.0.1:19464"},
+		{"--bind", "--engine-endpoint", "tcp://127.0.0.1:5557", "--dp-size", "2", "--metrics-addr", "127.0.0.1:5559"},
+		{"--bind", "--engine-endpoint", "tcp://127.0.0.2:9464", "--metrics-addr", "127.0.0.1:9464"},
+		{"--bind", "--engine-endpoint", "tcp://127.0.0.1:9464", "--metrics-addr", ""},
+		{"--bind", "--engine-endpoint", "ipc:///tmp/kvagent-events", "--metrics-addr", "127.0.0.1:9464"},
+	} {
+		args = append([]string{"--block-size", "4"}, args...)
+		if err := checkOnly(args...); err != nil {
+			t.Errorf("kvagent %q: %v, want it taken", args, err)
+		}
+	}
+}

@@ -31,6 +31,7 @@ import (
 	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/kvrouter/kvrouter/internal/limits"
+	"github.com/kvrouter/kvrouter/internal/listenaddr"
 	"github.com/kvrouter/kvrouter/internal/lograte"
 	"github.com/kvrouter/kvrouter/internal/natswatch"
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -450,6 +451,9 @@ func checkFlags(c *cli.Context) error {
 			}
 		}
 	}
+	if err := checkMetricsAddrClash(c); err != nil {
+		return usage("%v", err)
+	}
 	for _, f := range []string{"capacity-device", "capacity-host", "capacity-disk"} {
 		if n := c.Int64(f); n < 0 || n > maxCapacityBlocks {
 			return usage("--%s %d: want the tier's capacity in blocks, 0 (unknown) to %d (2^40)", f, n, int64(maxCapacityBlocks))
@@ -467,6 +471,44 @@ func isHostPort(addr string) bool {
 	}
 	_, err = strconv.ParseUint(port, 10, 16)
 	return err == nil
+}
+
+// checkMetricsAddrClash refuses a --metrics-addr on the address of an
+// event endpoint the agent binds (--bind: each followed rank's
+// --engine-endpoint, rank r's port + r), by the rule kvrouter's listen
+// flags follow (listenaddr.Same). Both are the agent's own listeners, so
+// the flags alone say the start cannot work; taken, /metrics listened
+// and the rank's bind then failed the start (exit 1), as if another
+// process held the port. A ZMQ "*" host is 0.0.0.0 (libzmq binds it on
+// IPv4 only), a "*" port a free one, which clashes with nothing.
+func checkMetricsAddrClash(c *cli.Context) error {
+	addr := c.String("metrics-addr")
+	if addr == "" || !c.Bool("bind") {
+		return nil
+	}
+	first := uint32(c.Uint("dp-start"))
+	for i := range c.Int("dp-size") {
+		ep, err := enginesub.RankEndpoint(c.String("engine-endpoint"), first+uint32(i))
+		if err != nil {
+			return nil // refused above
+		}
+		hostport, ok := strings.CutPrefix(ep, "tcp://")
+		if !ok {
+			return nil // ipc or inproc: no TCP port
+		}
+		if h, p, err := net.SplitHostPort(hostport); err == nil && h == "*" {
+			hostport = net.JoinHostPort("0.0.0.0", p)
+		}
+		if listenaddr.Same(addr, hostport) {
+			rank := ""
+			if i > 0 || first > 0 {
+				rank = fmt.Sprintf(" (rank %d's is %s)", first+uint32(i), ep)
+			}
+			return fmt.Errorf("--metrics-addr %q and --engine-endpoint %q%s, bound with --bind: the same address, on which only one can listen: give each its own port",
+				addr, c.String("engine-endpoint"), rank)
+		}
+	}
+	return nil
 }
 
 // checkBind fails when the event endpoint of a rank the agent binds

@@ -32,6 +32,7 @@ import (
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/internal/clihelp"
 	"github.com/kvrouter/kvrouter/internal/limits"
+	"github.com/kvrouter/kvrouter/internal/listenaddr"
 	"github.com/kvrouter/kvrouter/internal/lograte"
 	"github.com/kvrouter/kvrouter/internal/natswatch"
 	"github.com/kvrouter/kvrouter/raftfsm"
@@ -730,9 +731,9 @@ func isSelf(e, listen, advertised string) bool {
 	if errE != nil || errL != nil || ne == 0 || ne != nl {
 		return false
 	}
-	il, okL := listenIP(hl)
+	il, okL := listenaddr.IP(hl)
 	wildcard := hl == "" || (okL && il.IsUnspecified())
-	ie, okE := listenIP(he)
+	ie, okE := listenaddr.IP(he)
 	if strings.EqualFold(strings.TrimSuffix(he, "."), "localhost") {
 		ie, okE = netip.AddrFrom4([4]byte{127, 0, 0, 1}), true
 	}
@@ -795,7 +796,7 @@ func checkJoinScheme(via []string, scheme string) error {
 // it is the address the cluster's configuration lists this node at), with
 // a message that names the flag: a usage error (exit
 // 2) before the data directory's lock, NATS and the state are touched;
-// and two of them on one address (sameListenAddr), which cannot both
+// and two of them on one address (listenaddr.Same), which cannot both
 // listen. The NATS addresses are checked only for the embedded server (no
 // --nats-url).
 func checkAddrs(c *cli.Context) error {
@@ -819,61 +820,13 @@ func checkAddrs(c *cli.Context) error {
 	// "address already in use"), where the flags alone say it cannot run.
 	for i, a := range flags {
 		for _, b := range flags[i+1:] {
-			if sameListenAddr(c.String(a), c.String(b)) {
+			if listenaddr.Same(c.String(a), c.String(b)) {
 				return fmt.Errorf("--%s %q and --%s %q: the same address, on which only one can listen: give each its own port",
 					a, c.String(a), b, c.String(b))
 			}
 		}
 	}
 	return nil
-}
-
-// sameListenAddr reports whether listening on a and on b (host:port that
-// checkAddr took) would clash: the same port, other than 0 (each listener
-// on port 0 gets a free port of its own), on hosts that are one, or one
-// of which is a wildcard that covers the other (empty or ::, every
-// address; 0.0.0.0, every IPv4 address, and a hostname, which may resolve
-// to one). Ports are compared as
-// numbers (07000 is 7000, a service name its number), IPs once parsed
-// (an IPv4-mapped address is its IPv4 one); a hostname as text, without
-// letter case or a final dot, not resolved: localhost and 127.0.0.1 are
-// not taken for one, as the start would then depend on the resolver.
-func sameListenAddr(a, b string) bool {
-	ha, pa, errA := net.SplitHostPort(a)
-	hb, pb, errB := net.SplitHostPort(b)
-	if errA != nil || errB != nil {
-		return false
-	}
-	na, errA := net.LookupPort("tcp", pa)
-	nb, errB := net.LookupPort("tcp", pb)
-	if errA != nil || errB != nil || na == 0 || na != nb {
-		return false
-	}
-	ia, okA := listenIP(ha)
-	ib, okB := listenIP(hb)
-	switch {
-	case ha == "" || hb == "" || (okA && ia == netip.IPv6Unspecified()) || (okB && ib == netip.IPv6Unspecified()):
-		return true // every address, IPv4 ones too (dual stack)
-	case okA && ia.IsUnspecified():
-		return !okB || ib.Is4() // 0.0.0.0: every IPv4 address
-	case okB && ib.IsUnspecified():
-		return !okA || ia.Is4()
-	case okA && okB:
-		return ia == ib
-	case !okA && !okB:
-		return strings.EqualFold(strings.TrimSuffix(ha, "."), strings.TrimSuffix(hb, "."))
-	}
-	return false
-}
-
-// listenIP parses host as an IP (an IPv4-mapped one as its IPv4 address);
-// ok is false for a hostname.
-func listenIP(host string) (ip netip.Addr, ok bool) {
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return netip.Addr{}, false
-	}
-	return ip.Unmap(), true
 }
 
 // checkNATSFlags refuses the NATS flags that the node would ignore, or that
