@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/pypub"
 )
 
 // dashboardNames returns the metric families docs/grafana/kvrouter.json
@@ -81,6 +83,71 @@ func checkDashboardRouterNames(t *testing.T, httpAddrs []string) {
 		}
 	}
 	for _, msg := range dashboardLabelErrors(dashboardTargets(t), "kvrouter_", labels) {
+		t.Error(msg)
+	}
+}
+
+// TestDashboardAgentPanelsUseTheAgentsLabels: the labels the dashboard's
+// kvagent_ panels group by and match on are those of the series an agent
+// exports, scraped from a running kvagent with its offload side (host
+// copies, a G2 pool). A family without series there (a counter by reason
+// that nothing has counted yet: kvagent_events_resyncs_total,
+// kvagent_rank_clears_total) is logged, its labels unchecked. No test
+// read them: a panel's "sum by (tiers) (kvagent_pool_blocks)" passed
+// every test.
+func TestDashboardAgentPanelsUseTheAgentsLabels(t *testing.T) {
+	pypub.Require(t)
+	c := startClusterNATS(t, 1)
+	pub := pypub.Start(t, pypub.Config{Pub: "tcp://127.0.0.1:*"})
+	sockDir, err := os.MkdirTemp("", "kva") // a Unix socket's path is short
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	_, url := startAgentMetrics(t, c, pub, "--offload-socket", filepath.Join(sockDir, "s"), "--backend", "host",
+		"--block-bytes", "64", "--host-blocks", "4")
+	pub.WaitSub()
+	c.waitFor(readyTimeout, "the agent's offload pool to show on /metrics", func() (bool, string) {
+		for _, s := range scrape(t, url) {
+			if s.name == "kvagent_pool_blocks" {
+				return true, ""
+			}
+		}
+		return false, "no kvagent_pool_blocks"
+	})
+	checkDashboardAgentLabels(t, url)
+}
+
+// checkDashboardAgentLabels: the labels the dashboard's panels group by
+// and match on, of the kvagent_ families with series on the agent's
+// /metrics (url), are theirs (dashboardLabelErrors); a family without
+// series is logged and left out.
+func checkDashboardAgentLabels(t *testing.T, url string) {
+	t.Helper()
+	labels := map[string]map[string]bool{} // a series name → its labels
+	for _, s := range scrape(t, url) {
+		if labels[s.name] == nil {
+			labels[s.name] = map[string]bool{}
+		}
+		for l := range s.labels {
+			labels[s.name][l] = true
+		}
+	}
+	for _, name := range dashboardNames(t, "kvagent_") {
+		if labels[name] == nil && labels[name+"_bucket"] == nil {
+			t.Logf("the dashboard queries %s, of which the agent shows no series: its labels are not checked", name)
+		}
+	}
+	var targets []dashboardTarget
+	for _, tg := range dashboardTargets(t) {
+		// A query is checked if each of its kvagent_ series has series.
+		if !slices.ContainsFunc(seriesName.FindAllStringSubmatch(tg.expr, -1), func(m []string) bool {
+			return strings.HasPrefix(m[1], "kvagent_") && labels[m[1]] == nil
+		}) {
+			targets = append(targets, tg)
+		}
+	}
+	for _, msg := range dashboardLabelErrors(targets, "kvagent_", labels) {
 		t.Error(msg)
 	}
 }
