@@ -551,7 +551,10 @@ func (in *Ingester) leadership() {
 				break
 			}
 			for _, s := range []*nats.Subscription{s1, s2} {
-				s.SetPendingLimits(-1, 256<<20)
+				s.SetPendingLimits(pendingMsgs, pendingBytes)
+			}
+			if subscribed != nil {
+				subscribed(s1, s2, s3)
 			}
 			subs = []*nats.Subscription{s1, s2, s3}
 			in.m.subs.Set(1)
@@ -585,6 +588,25 @@ func (in *Ingester) leadership() {
 		}
 	}
 }
+
+// The events' and dumps' subscriptions hold up to pendingBytes of
+// messages, however many, while the callback waits for room in the queue
+// (MaxQueuedEvents, MaxQueuedBytes); past it nats.go drops what comes, and
+// reports a slow consumer to the connection's error handler
+// (natswatch.ErrorHandler: kvrouter_nats_slow_consumer_total), and the
+// publishers resend what got no reply. The count is not bounded: the
+// bytes bound the memory, and nats.go's default (500,000 messages or 64
+// MiB)
+// would drop a burst of small requests far below it. The heartbeats keep
+// the default.
+const (
+	pendingMsgs  = -1 // no bound on the count: the bytes bound it
+	pendingBytes = 256 << 20
+)
+
+// subscribed, when set (by tests), is called with the events', dumps' and
+// heartbeats' subscriptions once they are made and their limits set.
+var subscribed func(events, dumps, heartbeats *nats.Subscription)
 
 // endTerm ends what the leader keeps of its term, at a step-down or at a
 // new term of its own: the lag gauge (measured by the leader only; a

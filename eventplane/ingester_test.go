@@ -2124,3 +2124,83 @@ func TestALeftWorkersSeriesGoOnTheSweeps(t *testing.T) {
 		})
 	}
 }
+
+// TestStalledIngestionHoldsMoreThanNATSsDefaultPending: while the
+// ingester's callback waits for room (commits stalled), the events
+// subscription of a real connection holds past nats.go's default pending
+// limits (500,000 messages or 64 MiB, where it drops what comes and
+// reports a slow consumer) up to its own, no count and 256 MiB
+// (docs/events.md, Delivery): 600,000 small requests and then 70 MiB of
+// large ones are all kept, and no slow consumer is reported. With the
+// limits' call deleted, 100,125 requests were dropped and one slow
+// consumer reported.
+func TestStalledIngestionHoldsMoreThanNATSsDefaultPending(t *testing.T) {
+	s, err := StartServer(ServerConfig{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	var slow atomic.Int64
+	ic, err := nats.Connect(s.ClientURL(), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrSlowConsumer) {
+			slow.Add(1)
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ic.Close()
+	subs := make(chan *nats.Subscription, 1)
+	subscribed = func(events, _, _ *nats.Subscription) { subs <- events }
+	defer func() { subscribed = nil }()
+	tg := newFakeTarget()
+	tg.hold = make(chan struct{})
+	defer close(tg.hold)
+	in, err := NewIngester(IngesterConfig{Conn: ic, Node: tg, Logger: quiet, MaxInFlight: 1,
+		MaxEntryEvents: 4, MaxRequestEvents: 4, MaxQueuedEvents: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	var sub *nats.Subscription
+	select {
+	case sub = <-subs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("timed out waiting for the ingester to subscribe")
+	}
+	if msgs, bytes, err := sub.PendingLimits(); err != nil || msgs != -1 || bytes != 256<<20 {
+		t.Fatalf("the events subscription's pending limits: %d messages, %d bytes (%v); want -1 and 256 MiB", msgs, bytes, err)
+	}
+	waitFor(t, 10*time.Second, "the server to see the ingester's subscription", func() bool {
+		return s.GlobalAccount().SubscriptionInterest(DefaultSubject)
+	})
+
+	// Past both defaults: more than 500,000 messages, then more than 64
+	// MiB. The large ones need not decode: they are never taken.
+	pc := connect(t, s.ClientURL())
+	r := kvevent.Rank{Worker: 1}
+	const small, large = 600_000, 140
+	for i := range small {
+		if err := pc.Publish(DefaultSubject, clearedEvents(r, uint64(i+1), 1).Data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := make([]byte, 512<<10)
+	for range large {
+		if err := pc.Publish(DefaultSubject, big); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := small + large
+	if err := pc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "the ingester's connection to receive every request", func() bool {
+		return ic.Stats().InMsgs >= uint64(n)
+	})
+	if dropped, err := sub.Dropped(); err != nil || dropped != 0 || slow.Load() != 0 {
+		pending, bytes, _ := sub.Pending()
+		t.Fatalf("%d requests sent while the commits stalled: %d dropped (%v), %d slow-consumer reports, %d pending (%d bytes); want none dropped",
+			n, dropped, err, slow.Load(), pending, bytes)
+	}
+}
