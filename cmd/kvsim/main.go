@@ -430,6 +430,25 @@ func runReplay(c *cli.Context) (err error) {
 		params.PrefillLoadScale = c.Float64("prefill-load-scale")
 	}
 	params.DecodeActiveRequestWeight = c.Float64("decode-request-weight")
+	// Each flag checked alone, so that the refusal names the flag typed,
+	// not the scoring parameter it sets (decode_active_request_weight).
+	for _, f := range []string{"overlap-credit", "prefill-load-scale", "decode-request-weight"} {
+		if !c.IsSet(f) {
+			continue
+		}
+		one := indexer.DefaultParams()
+		switch f {
+		case "overlap-credit":
+			one.OverlapScoreCredit = c.Float64(f)
+		case "prefill-load-scale":
+			one.PrefillLoadScale = c.Float64(f)
+		default:
+			one.DecodeActiveRequestWeight = c.Float64(f)
+		}
+		if err := one.Validate(); err != nil {
+			return usagef("--%s %v: want 0 to %g (the router's bound on a scoring weight); see kvsim replay --help", f, c.Float64(f), indexer.MaxWeight)
+		}
+	}
 	if err := params.Validate(); err != nil {
 		return cli.Exit(err.Error(), 2)
 	}

@@ -101,3 +101,21 @@ func TestATraceThatCannotBeReadSaysWhereItsPathCameFrom(t *testing.T) {
 		}
 	}
 }
+
+// TestABadScoringFlagNamesTheFlag: a scoring flag out of the router's
+// bounds is refused (exit 2) naming the flag, as typed, not the scoring
+// parameter it sets: "--overlap-credit -1" answered "invalid scoring
+// parameters: overlap_score_credit = -1 (want 0 to 1e+12)", a name the
+// command line does not hold.
+func TestABadScoringFlagNamesTheFlag(t *testing.T) {
+	for _, f := range []string{"overlap-credit", "prefill-load-scale", "decode-request-weight"} {
+		for _, v := range []string{"-1", "NaN", "1e300"} {
+			args := []string{"replay", "--trace", filepath.Join(t.TempDir(), "none.jsonl"), "--" + f, v}
+			_, err := kvsim(t, args...)
+			var ec cli.ExitCoder
+			if !errors.As(err, &ec) || ec.ExitCode() != exitUsage || !strings.HasPrefix(err.Error(), "--"+f+" ") {
+				t.Errorf("kvsim %q: %v, want exit 2 naming --%s first", args, err, f)
+			}
+		}
+	}
+}
