@@ -21,14 +21,17 @@ import (
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
-// pausedN3 starts a 3-node cluster whose leader l (n1 or n2) registered w;
-// once all converged, it paused n3's FSM goroutine in its gate (g: the next
-// batch n3 applies waits there; opened at cleanup, before the cluster
-// closes, as Raft's shutdown waits for the FSM).
-func pausedN3(t *testing.T, w WorkerInfo) (c *testCluster, l, n3 *Node, g *fsmGate) {
+// gatedN3 starts a 3-node cluster, each node's Config set by tweak first
+// (nil: nothing), whose n3 takes its FSM batches through g's gate (opened
+// at cleanup, before the cluster closes, as Raft's shutdown waits for the
+// FSM), and returns it with its leader l, n1 or n2.
+func gatedN3(t *testing.T, tweak func(*Config)) (c *testCluster, l, n3 *Node, g *fsmGate) {
 	t.Helper()
 	g = newFSMGate()
 	c = newTestCluster(t, 3, func(cfg *Config) {
+		if tweak != nil {
+			tweak(cfg)
+		}
 		if cfg.ID == "n3" {
 			cfg.applyGate = g.gate
 		}
@@ -39,6 +42,55 @@ func pausedN3(t *testing.T, w WorkerInfo) (c *testCluster, l, n3 *Node, g *fsmGa
 		transferLeadership(t, l, "n1")
 		l = c.leader()
 	}
+	return c, l, n3, g
+}
+
+// leadBehind moves the leadership from l to n once n's log holds every
+// entry l's does, its FSM (gated) still behind them, and returns n,
+// leading.
+func (c *testCluster) leadBehind(l, n *Node) *Node {
+	c.t.Helper()
+	waitFor(c.t, 10*time.Second, n.cfg.ID+" to hold "+l.cfg.ID+"'s entries in its log", func() bool { return n.raft.LastIndex() >= l.raft.LastIndex() })
+	return c.leadTo(n.cfg.ID)
+}
+
+// logWrites records, by term, the Barriers and commands Raft writes to a
+// node's log (Config.beforeLogWrite = record): those a new leader writes
+// in its term tell what a call of it has proposed while its FSM is gated.
+type logWrites struct {
+	mu      sync.Mutex
+	written []raft.Log // Term and Type only
+}
+
+func (w *logWrites) record(logs []*raft.Log) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, l := range logs {
+		if l.Type == raft.LogBarrier || l.Type == raft.LogCommand {
+			w.written = append(w.written, raft.Log{Term: l.Term, Type: l.Type})
+		}
+	}
+}
+
+// inTerm returns the types of the entries written in term, in order.
+func (w *logWrites) inTerm(term uint64) []raft.LogType {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var types []raft.LogType
+	for _, l := range w.written {
+		if l.Term == term {
+			types = append(types, l.Type)
+		}
+	}
+	return types
+}
+
+// pausedN3 starts a 3-node cluster whose leader l (n1 or n2) registered w;
+// once all converged, it paused n3's FSM goroutine in its gate (g: the next
+// batch n3 applies waits there; gatedN3).
+func pausedN3(t *testing.T, w WorkerInfo) (c *testCluster, l, n3 *Node, g *fsmGate) {
+	t.Helper()
+	c, l, n3, g = gatedN3(t, nil)
 	if err := l.RegisterWorker(ctx(t), w); err != nil {
 		t.Fatal(err)
 	}
@@ -59,8 +111,7 @@ func electBehindTheFSM(t *testing.T) (*Node, *fsmGate) {
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0, 1}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "n3 to hold the entry in its log", func() bool { return n3.raft.LastIndex() >= l.raft.LastIndex() })
-	return c.leadTo("n3"), g
+	return c.leadBehind(l, n3), g
 }
 
 // TestCheckLeaderWaitsForTheBarrier: a node elected while its FSM still
@@ -91,59 +142,27 @@ func TestCheckLeaderWaitsForTheBarrier(t *testing.T) {
 // term beside the term's set-up Barrier) before its FSM may go on. It used
 // to judge the stale table, without worker 1, and register worker 2.
 func TestANewLeaderJudgesABlockSizeAfterItsBarrier(t *testing.T) {
-	g := newFSMGate()
-	var (
-		mu      sync.Mutex
-		written []raft.LogType
-		term    uint64 // n3's leading term, once known
-	)
-	c := newTestCluster(t, 3, func(cfg *Config) {
-		if cfg.ID != "n3" {
-			return
-		}
-		cfg.applyGate = g.gate
-		cfg.beforeLogWrite = func(logs []*raft.Log) {
-			mu.Lock()
-			defer mu.Unlock()
-			for _, l := range logs {
-				if l.Term == term && (l.Type == raft.LogBarrier || l.Type == raft.LogCommand) {
-					written = append(written, l.Type)
-				}
-			}
+	var w logWrites
+	c, l, n3, g := gatedN3(t, func(cfg *Config) {
+		if cfg.ID == "n3" {
+			cfg.beforeLogWrite = w.record
 		}
 	})
-	t.Cleanup(g.open)
-	l, n3 := c.leader(), c.nodes[2]
-	if l == n3 {
-		transferLeadership(t, l, "n1")
-		l = c.leader()
-	}
 	c.converged()
 	g.pause()
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, DPRanks: []uint32{0}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "n3 to hold the entry in its log", func() bool { return n3.raft.LastIndex() >= l.raft.LastIndex() })
-	mu.Lock()
-	term = l.raft.CurrentTerm() + 1 // the election the transfer starts
-	mu.Unlock()
-	transferLeadership(t, l, "n3")
-	waitFor(t, 10*time.Second, "n3 to lead", n3.IsLeader)
-	if got := n3.raft.CurrentTerm(); got != term {
-		t.Fatalf("n3 leads in term %d, want %d", got, term)
-	}
+	c.leadBehind(l, n3)
+	term := n3.raft.CurrentTerm()
 	errc := make(chan error, 1)
 	go func() { errc <- n3.RegisterWorker(ctx(t), WorkerInfo{ID: 2, BlockSize: 8, DPRanks: []uint32{0}}) }()
 	waitFor(t, 10*time.Second, "the set-up Barrier and the registration's Barrier or entry in n3's log", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(written) >= 2
+		return len(w.inTerm(term)) >= 2
 	})
 	g.open()
 	if err := <-errc; !errors.Is(err, ErrBlockSizeConflict) {
-		mu.Lock()
-		defer mu.Unlock()
-		t.Fatalf("worker 2 of block size 8 on a new leader behind worker 1 of 16: %v, want ErrBlockSizeConflict (log writes of term %d: %v)", err, term, written)
+		t.Fatalf("worker 2 of block size 8 on a new leader behind worker 1 of 16: %v, want ErrBlockSizeConflict (log writes of term %d: %v)", err, term, w.inTerm(term))
 	}
 }
 
@@ -155,18 +174,7 @@ func TestANewLeaderJudgesABlockSizeAfterItsBarrier(t *testing.T) {
 // used to check IsLeader only, decide at once from a load view without
 // req-1, and book req-2 on the busy rank too.
 func TestABookedRouteOnANewLeaderWaitsForItsBarrier(t *testing.T) {
-	g := newFSMGate()
-	c := newTestCluster(t, 3, func(cfg *Config) {
-		if cfg.ID == "n3" {
-			cfg.applyGate = g.gate
-		}
-	})
-	t.Cleanup(g.open)
-	l, n3 := c.leader(), c.nodes[2]
-	if l == n3 {
-		transferLeadership(t, l, "n1")
-		l = c.leader()
-	}
+	c, l, n3, g := gatedN3(t, nil)
 	p := indexer.DefaultParams()
 	p.BusyPrefillTokens = 100
 	if err := l.SetSettings(ctx(t), Settings{Params: p}); err != nil {
@@ -181,8 +189,7 @@ func TestABookedRouteOnANewLeaderWaitsForItsBarrier(t *testing.T) {
 	if _, err := l.Route(ctx(t), q); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "n3 to hold req-1 in its log", func() bool { return n3.raft.LastIndex() >= l.raft.LastIndex() })
-	c.leadTo("n3")
+	c.leadBehind(l, n3)
 	from := n3.raft.LastIndex() + 1
 	type answer struct {
 		res RouteResult
@@ -523,8 +530,7 @@ func TestARetriedBookingOnANewLeaderAnswersTheFirstTrysRank(t *testing.T) {
 	if first.Decision.Rank == zero.Decision.Rank {
 		t.Fatalf("req-1 went to req-0's rank %v: the test needs them apart", first.Decision.Rank)
 	}
-	waitFor(t, 10*time.Second, "n3 to hold the bookings in its log", func() bool { return n3.raft.LastIndex() >= l.raft.LastIndex() })
-	c.leadTo("n3")
+	c.leadBehind(l, n3)
 	waitFor(t, 10*time.Second, "n3's Barrier in its log", func() bool { return lastIsBarrier(n3) })
 	if n3.CheckLeader() == nil {
 		t.Fatal("n3 passed its Barrier with its FSM gated")

@@ -112,27 +112,13 @@ func TestARegistrationEndedByItsContextStillCountsItsRanks(t *testing.T) {
 // checkBlockSize waits for): it let a registration through that, once
 // both applied, took the cluster past MaxRanks.
 func TestANewLeaderCountsTheRanksItsPredecessorRegistered(t *testing.T) {
-	g := newFSMGate()
-	c := newTestCluster(t, 3, func(cfg *Config) {
-		cfg.MaxRanks = 6
-		if cfg.ID == "n3" {
-			cfg.applyGate = g.gate
-		}
-	})
-	t.Cleanup(g.open)
-	l, n3 := c.leader(), c.nodes[2]
-	if l == n3 {
-		transferLeadership(t, l, "n1")
-		l = c.leader()
-	}
+	c, l, n3, g := gatedN3(t, func(cfg *Config) { cfg.MaxRanks = 6 })
 	c.converged()
 	g.pause()
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16, Model: "m", DPRanks: []uint32{0, 1, 2, 3}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "n3 to hold the entry in its log", func() bool { return n3.raft.LastIndex() >= l.raft.LastIndex() })
-	transferLeadership(t, l, "n3")
-	waitFor(t, 10*time.Second, "n3 to lead", n3.IsLeader)
+	c.leadBehind(l, n3)
 	// Its context ends while n3's FSM is paused: judged on the stale
 	// table, worker 2's entry is proposed by then and commits.
 	short, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)

@@ -90,11 +90,26 @@ func TestTransportCloseEndsADialUnderWay(t *testing.T) {
 	}
 }
 
-// acceptOne dials ln and returns the dialing end (closed at the test's
-// end) and the end s accepted.
-func acceptOne(t *testing.T, ln net.Listener, s *streamLayer) (client, server net.Conn) {
+// newTestStreamLayer returns a stream layer listening on a port of
+// 127.0.0.1 (s.Addr()), with the stall (0: none), closed at the test's
+// end.
+func newTestStreamLayer(t *testing.T, stall time.Duration) *streamLayer {
 	t.Helper()
-	client, err := net.Dial("tcp", ln.Addr().String())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStreamLayer(ln, nil)
+	s.stall = stall
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// acceptOne dials s and returns the dialing end (closed at the test's
+// end) and the end s accepted.
+func acceptOne(t *testing.T, s *streamLayer) (client, server net.Conn) {
+	t.Helper()
+	client, err := net.Dial("tcp", s.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,16 +127,9 @@ func acceptOne(t *testing.T, ln net.Listener, s *streamLayer) (client, server ne
 // while one waiting between requests (a pooled connection its sender has
 // no use for yet) waits on: cut, the sender's next RPC on it would fail.
 func TestAStalledRequestFailsButAnIdleConnectionWaits(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newStreamLayer(ln, nil)
-	s.stall = 100 * time.Millisecond
-	defer s.Close()
-	accept := func() (client, server net.Conn) { return acceptOne(t, ln, s) }
+	s := newTestStreamLayer(t, 100*time.Millisecond)
 	buf := make([]byte, 8)
-	idleC, idle := accept()
+	idleC, idle := acceptOne(t, s)
 	idleC.Write([]byte{1}) // a request, answered
 	if _, err := idle.Read(buf); err != nil {
 		t.Fatal(err)
@@ -135,7 +143,7 @@ func TestAStalledRequestFailsButAnIdleConnectionWaits(t *testing.T) {
 	waitFor(t, 10*time.Second, "the idle connection to wait for its next request", func() bool {
 		return testwatch.Goroutines("raftfsm.(*streamConn).Read(", "[IO wait") > 0
 	})
-	midC, mid := accept()
+	midC, mid := acceptOne(t, s)
 	midC.Write([]byte{1}) // part of a request, then nothing
 	if _, err := mid.Read(buf); err != nil {
 		t.Fatal(err)
@@ -163,13 +171,8 @@ func TestAStalledRequestFailsButAnIdleConnectionWaits(t *testing.T) {
 // once closed (a dial or accept that finished as it closed) comes back
 // closed, with an error.
 func TestStreamLayerKeepsOnlyOpenConnections(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newStreamLayer(ln, nil)
-	defer s.Close()
-	addr := raft.ServerAddress(ln.Addr().String())
+	s := newTestStreamLayer(t, 0)
+	addr := raft.ServerAddress(s.Addr().String())
 	var conns []net.Conn
 	for range 3 {
 		d, err := s.Dial(addr, 5*time.Second)
@@ -198,7 +201,7 @@ func TestStreamLayerKeepsOnlyOpenConnections(t *testing.T) {
 	}
 
 	// A connection that comes once the layer closed.
-	late, err := net.Dial("tcp", ln.Addr().String())
+	late, err := net.Dial("tcp", s.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -555,21 +558,14 @@ func TestSilentConnectionsOnTheRaftPortAreNotHeld(t *testing.T) {
 // between requests for as long as it likes (TestAStalledRequestFailsBut-
 // AnIdleConnectionWaits).
 func TestAConnectionSilentSinceItsAcceptIsClosedButAPromptOneServed(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newStreamLayer(ln, nil)
-	s.stall = 100 * time.Millisecond
-	defer s.Close()
-	accept := func() (client, server net.Conn) { return acceptOne(t, ln, s) }
-	promptC, prompt := accept()
+	s := newTestStreamLayer(t, 100*time.Millisecond)
+	promptC, prompt := acceptOne(t, s)
 	promptC.Write([]byte{1})
 	if _, err := prompt.Read(make([]byte, 8)); err != nil {
 		t.Fatalf("a request sent as soon as the connection was made: %v", err)
 	}
 
-	_, silent := accept()
+	_, silent := acceptOne(t, s)
 	if _, err := silent.Read(make([]byte, 8)); err != io.EOF {
 		t.Fatalf("a read of a connection that sent nothing: %v, want io.EOF", err)
 	}
@@ -587,12 +583,7 @@ func TestAConnectionSilentSinceItsAcceptIsClosedButAPromptOneServed(t *testing.T
 // Accept returning (raft would pause its accepts on an error), and room
 // freed by a close is taken again.
 func TestInboundConnectionsAreCappedPerHostAndInAll(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newStreamLayer(ln, nil) // no stall: nothing closes for silence
-	defer s.Close()
+	s := newTestStreamLayer(t, 0) // no stall: nothing closes for silence
 	accepted := make(chan net.Conn, maxInbound+1)
 	go func() {
 		for {
@@ -606,7 +597,7 @@ func TestInboundConnectionsAreCappedPerHostAndInAll(t *testing.T) {
 	dial := func(host string) net.Conn {
 		t.Helper()
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(host)}}
-		c, err := d.Dial("tcp", ln.Addr().String())
+		c, err := d.Dial("tcp", s.Addr().String())
 		if err != nil {
 			t.Skipf("dial from %s: %v", host, err) // a loopback without 127.0.0.0/8
 		}
