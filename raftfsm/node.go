@@ -2506,7 +2506,6 @@ func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 		n.blockSizeMu.Lock()
 		defer n.blockSizeMu.Unlock()
 	}
-	prev, known := n.fsm.Workers()[w.ID]
 	if w.BlockSize <= 0 || w.BlockSize > MaxBlockSize {
 		return fmt.Errorf("%w: block size %d", ErrInvalid, w.BlockSize)
 	}
@@ -2523,10 +2522,23 @@ func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 	if msg := limits.DPRanks(w.DPRanks); msg != "" {
 		return fmt.Errorf("%w: %s", ErrInvalid, msg)
 	}
-	if err := n.checkBlockSize(ctx, &w, &prev, known); err != nil {
+	// A leader that has not yet applied the entries of the terms before
+	// its own (ledThisTerm) judges after a Barrier: its table lacks
+	// registrations that committed. The worker's previous entry is read
+	// after it too: read before, it could be one its predecessor replaced
+	// (a block size changed since, or none yet), and checkBlockSize, which
+	// does not judge an entry that keeps the block size, let a change
+	// through unjudged.
+	if n.IsLeader() && !n.ledThisTerm() {
+		if err := n.await(ctx, n.raft.Barrier(n.cfg.ApplyTimeout)); err != nil {
+			return fmt.Errorf("barrier before judging worker %d's registration: %w", w.ID, n.raftError(err))
+		}
+	}
+	prev, known := n.fsm.Workers()[w.ID]
+	if err := n.checkBlockSize(&w, &prev, known); err != nil {
 		return err
 	}
-	release, err := n.reserveRanks(ctx, &w)
+	release, err := n.reserveRanks(&w)
 	if err != nil {
 		return err
 	}
@@ -2557,23 +2569,17 @@ const DefaultMaxRanks = 65536
 // when the caller stops waiting: an entry whose caller's context ended
 // still commits, and its room, released then, was taken by another. A
 // leader that has not yet applied the entries of the terms before its
-// own (ledThisTerm) judges after a Barrier, as checkBlockSize does: its
-// table lacked registrations its predecessor acknowledged, and those its
-// predecessor had in flight, which the Barrier commits or the new term's
-// log drops.
-func (n *Node) reserveRanks(ctx context.Context, w *WorkerInfo) (release func(), err error) {
+// own judges after RegisterWorker's Barrier: its table lacked
+// registrations its predecessor acknowledged, and those its predecessor
+// had in flight, which the Barrier commits or the new term's log drops.
+func (n *Node) reserveRanks(w *WorkerInfo) (release func(), err error) {
 	if !n.IsLeader() {
 		return func() {}, nil
 	}
-	if !n.ledThisTerm() {
-		if err := n.await(ctx, n.raft.Barrier(n.cfg.ApplyTimeout)); err != nil {
-			return nil, fmt.Errorf("barrier before judging worker %d's dp ranks: %w", w.ID, n.raftError(err))
-		}
-	}
 	n.ranksMu.Lock()
 	defer n.ranksMu.Unlock()
-	// The worker's ranks as of now: read before the Barrier, they could
-	// be a registration its predecessor replaced.
+	// The worker's ranks as of now, under ranksMu: another registration
+	// of the worker may have applied since RegisterWorker read them.
 	add := max(len(w.DPRanks), 1) // none listed means rank 0
 	if prev, known := n.fsm.Workers()[w.ID]; known {
 		add -= len(prev.DPRanks)
@@ -2607,21 +2613,15 @@ func (n *Node) reserveRanks(ctx context.Context, w *WorkerInfo) (release func(),
 // rules do not judge it, so that a worker registered before the rule held
 // registers again (kvagent at its start) while it is registered. It
 // judges the table on the leader alone (a follower's apply answers
-// ErrNotLeader), under blockSizeMu (RegisterWorker), and, on a leader
-// that has not yet applied the entries of the terms before its own
-// (ledThisTerm), after a Barrier: the table it reads then lacked
-// registrations that committed.
-func (n *Node) checkBlockSize(ctx context.Context, w, prev *WorkerInfo, known bool) error {
+// ErrNotLeader), under blockSizeMu, and after the Barrier of a new
+// leader (both RegisterWorker's), with prev, the worker's entry (known),
+// read after that Barrier.
+func (n *Node) checkBlockSize(w, prev *WorkerInfo, known bool) error {
 	if !withoutModel(*w) || !n.IsLeader() {
 		return nil
 	}
 	if known && prev.BlockSize == w.BlockSize && withoutModel(*prev) {
 		return nil
-	}
-	if !n.ledThisTerm() {
-		if err := n.await(ctx, n.raft.Barrier(n.cfg.ApplyTimeout)); err != nil {
-			return fmt.Errorf("barrier before judging worker %d's block size: %w", w.ID, n.raftError(err))
-		}
 	}
 	view := n.fsm.published()
 	// A model worker's block size (no worker without a model has one)
