@@ -205,29 +205,43 @@ func (c *testCluster) elected() *Node {
 	return l
 }
 
+// newHeldCluster starts newTestCluster(t, n, tune) with its first
+// leadership set-up held before its Barrier (Config.beforeBarrier) until
+// free, called at cleanup too, before the cluster closes (Close waits for
+// leaderLoop), and returns once the set-up is held.
+func newHeldCluster(t *testing.T, n int, tune func(*Config)) (c *testCluster, free func()) {
+	t.Helper()
+	held, release := make(chan struct{}), make(chan struct{})
+	var hold, freed sync.Once
+	c = newTestCluster(t, n, func(cfg *Config) {
+		if tune != nil {
+			tune(cfg)
+		}
+		cfg.beforeBarrier = func() { hold.Do(func() { close(held); <-release }) }
+	})
+	free = func() { freed.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no node started its leadership set-up")
+	}
+	return c, free
+}
+
 // TestLeaderWaitsForTheLeadershipSetUp: the tests' leader() returns a
 // leader past its leadership set-up, whose booked route is taken, and
 // elected() one whose set-up is still held. leader() returned the node
 // the moment Raft elected it, and a test that then booked a route was
 // refused (ErrNoLeader) on a busy machine (a73f961).
 func TestLeaderWaitsForTheLeadershipSetUp(t *testing.T) {
-	held, release := make(chan struct{}), make(chan struct{})
-	var hold, free sync.Once
-	c := newTestCluster(t, 1, func(cfg *Config) {
-		cfg.beforeBarrier = func() { hold.Do(func() { close(held); <-release }) }
-	})
-	t.Cleanup(func() { free.Do(func() { close(release) }) }) // before the cluster closes: Close waits for leaderLoop
-	select {
-	case <-held:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the node did not start its leadership set-up")
-	}
+	c, free := newHeldCluster(t, 1, nil)
 	if err := c.elected().CheckLeader(); !errors.Is(err, ErrNoLeader) {
 		t.Fatalf("CheckLeader on the elected node, its set-up held: %v, want ErrNoLeader", err)
 	}
 	go func() {
 		time.Sleep(500 * time.Millisecond)
-		free.Do(func() { close(release) })
+		free()
 	}()
 	l := c.leader()
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 4}); err != nil {

@@ -346,18 +346,8 @@ func TestALeaderReElectedDuringItsBarrierWaitsForTheNextOne(t *testing.T) {
 // committed (a leader's commit index is its own, with no leader's to
 // check it against). Once the Barrier passed, it is ready.
 func TestANewLeaderIsReadyOnlyOnceItsBarrierPassed(t *testing.T) {
-	held, release := make(chan struct{}), make(chan struct{})
-	var hold, free sync.Once
-	c := newTestCluster(t, 1, func(cfg *Config) {
-		cfg.beforeBarrier = func() { hold.Do(func() { close(held); <-release }) }
-	})
-	t.Cleanup(func() { free.Do(func() { close(release) }) }) // before the cluster closes: Close waits for leaderLoop
+	c, free := newHeldCluster(t, 1, nil)
 	n := c.nodes[0]
-	select {
-	case <-held:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the node did not start its leadership set-up")
-	}
 	// Every other condition of readiness holds: only the Barrier is
 	// missing.
 	waitFor(t, 10*time.Second, "the FSM to hold everything committed", func() bool {
@@ -370,7 +360,7 @@ func TestANewLeaderIsReadyOnlyOnceItsBarrierPassed(t *testing.T) {
 	if n.ready.Load() || n.Status().Ready {
 		t.Fatalf("%s, leading in term %d, is ready before its Barrier", n.cfg.ID, n.raft.CurrentTerm())
 	}
-	free.Do(func() { close(release) })
+	free()
 	if err := n.WaitReady(ctx(t)); err != nil {
 		t.Fatalf("%s not ready once its Barrier could pass: %v", n.cfg.ID, err)
 	}

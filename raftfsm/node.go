@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -1709,26 +1710,14 @@ func (n *Node) onLeadership() {
 	// snapshot restored from another cluster by an older build brought
 	// that cluster's table (RestoreSnapshot now installs this cluster's).
 	members := n.fsm.Members()
-	var want []Member
-	if !n.selfUnlisted(term) {
-		want = append(want, Member{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAddr, HTTPAddr: n.cfg.HTTPAddr})
+	var servers map[string]raft.ServerAddress // none: no peer's entry
+	cf := n.raft.GetConfiguration()
+	if cf.Error() == nil {
+		servers = serverAddrs(cf.Configuration())
 	}
+	want := n.setUpEntries(term, members, servers)
 	var gone []string
-	if cf := n.raft.GetConfiguration(); cf.Error() == nil {
-		servers := map[string]raft.ServerAddress{}
-		for _, srv := range cf.Configuration().Servers {
-			servers[string(srv.ID)] = srv.Address
-		}
-		// A peer listed at another raft address than its flags' moved
-		// since the bootstrap (removed and added back there, the add
-		// ended before its member entry): the flags' addresses are its
-		// old ones, and it gets the warning below instead.
-		for _, p := range n.cfg.Peers {
-			at, listed := servers[p.ID]
-			if _, known := members[p.ID]; !known && p.ID != n.cfg.ID && p.HTTPAddr != "" && listed && SameRaftAddr(string(at), p.RaftAddr) {
-				want = append(want, p)
-			}
-		}
+	if cf.Error() == nil {
 		for id := range members {
 			if _, listed := servers[id]; !listed && id != n.cfg.ID {
 				gone = append(gone, id)
@@ -1762,6 +1751,38 @@ func (n *Node) onLeadership() {
 	}
 	n.ledTerm.Store(term)
 	n.logger.Info("leading", "term", term)
+}
+
+// setUpEntries returns the member entries the leadership set-up of term
+// records (onLeadership) where members, the table, lacks them or holds
+// them otherwise: this node's own as it runs (unless selfUnlisted), and
+// that of each bootstrap peer with no entry that is a server of the
+// configuration (servers, raft addresses by id) at its flags' raft
+// address. A peer listed at another raft address than its flags' moved
+// since the bootstrap (removed and added back there, the add ended
+// before its member entry): the flags' addresses are its old ones, and
+// onLeadership warns instead.
+func (n *Node) setUpEntries(term uint64, members map[string]Member, servers map[string]raft.ServerAddress) []Member {
+	var want []Member
+	if !n.selfUnlisted(term) {
+		want = append(want, Member{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAddr, HTTPAddr: n.cfg.HTTPAddr})
+	}
+	for _, p := range n.cfg.Peers {
+		at, listed := servers[p.ID]
+		if _, known := members[p.ID]; !known && p.ID != n.cfg.ID && p.HTTPAddr != "" && listed && SameRaftAddr(string(at), p.RaftAddr) {
+			want = append(want, p)
+		}
+	}
+	return want
+}
+
+// serverAddrs returns the raft address of each server of cf, by id.
+func serverAddrs(cf raft.Configuration) map[string]raft.ServerAddress {
+	servers := make(map[string]raft.ServerAddress, len(cf.Servers))
+	for _, srv := range cf.Servers {
+		servers[string(srv.ID)] = srv.Address
+	}
+	return servers
 }
 
 // checkBootstrap runs at a leadership set-up, after the Barrier. While
@@ -3636,7 +3657,16 @@ func (n *Node) restoredMembers() ([]Member, error) {
 	if err := cf.Error(); err != nil {
 		return nil, err
 	}
-	table := n.fsm.Members()
+	// With the entries the leadership set-up records (onLeadership): a
+	// restore right after an election, before they applied (on a new
+	// cluster's first leader, none yet), installed a table of the
+	// configuration's servers without an HTTP address. The leader wrote
+	// its own again (assertSelf), and nothing the other members', listed
+	// without one for good: the set-up records only a peer with no entry.
+	table := maps.Clone(n.fsm.Members())
+	for _, m := range n.setUpEntries(n.raft.CurrentTerm(), table, serverAddrs(cf.Configuration())) {
+		table[m.ID] = m
+	}
 	var out []Member
 	for _, s := range cf.Configuration().Servers {
 		m, ok := table[string(s.ID)]
