@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -14,6 +15,26 @@ import (
 // dies, kill -9 included, so a crash leaves nothing to clean up).
 const lockFile = "LOCK"
 
+// dataDirMode is the mode a data directory is created with: owner only.
+// It holds the cluster's whole state, as a saved snapshot does (kvctl
+// snapshot save writes that owner-only), and Pebble and Raft create their
+// files 0666&^umask, readable by every local user under the usual umask
+// 022: the directory's mode is what keeps them from others.
+const dataDirMode = 0o700
+
+// warnIfDataDirOpen logs, once per start, that an existing data directory
+// is open to its group or to others (one made by an older build, 0755, or
+// by hand). It is not changed here: the operator may share it on purpose,
+// and a chmod behind their back would surprise more than it protects.
+func warnIfDataDirOpen(logger *slog.Logger, dir string) {
+	fi, err := os.Stat(dir)
+	if err != nil || fi.Mode().Perm()&0o077 == 0 {
+		return
+	}
+	logger.Warn("the data directory is open to other local users, and it holds the cluster's whole state: chmod 700 it",
+		"dir", dir, "mode", fi.Mode().Perm().String())
+}
+
 // lockDataDir takes the data directory's lock, or fails with
 // ErrDataDirInUse when another process (or another Node in this one)
 // holds it. It is taken before anything in the directory is touched: a
@@ -22,7 +43,7 @@ const lockFile = "LOCK"
 // the middle of.
 func lockDataDir(dir string) (*os.File, error) {
 	path := filepath.Join(dir, lockFile)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("lock the data directory: %w", err)
 	}
@@ -58,7 +79,7 @@ func LockDataDir(dir string) (*DataDirLock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lock the data directory: %w", err)
 	}
-	if err := os.MkdirAll(abs, 0o755); err != nil {
+	if err := os.MkdirAll(abs, dataDirMode); err != nil {
 		return nil, fmt.Errorf("lock the data directory: %w", err)
 	}
 	f, err := lockDataDir(abs)

@@ -294,9 +294,10 @@ func NewNode(cfg Config) (*Node, error) {
 			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12)})} // 1µs .. 4s
 	n.closeOnce = sync.OnceValue(n.close)
 	n.memberOps.ch = make(chan struct{}, 1)
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+	if err := os.MkdirAll(cfg.DataDir, dataDirMode); err != nil {
 		return nil, err
 	}
+	warnIfDataDirOpen(n.logger, cfg.DataDir)
 	var err error
 	if n.dirLock, err = lockOrTake(cfg.DataDir, cfg.DataDirLock); err != nil {
 		return nil, err

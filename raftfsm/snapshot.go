@@ -774,7 +774,7 @@ func SeedDataDir(ctx context.Context, snapshotPath, dataDir, nodeID string, peer
 	}
 	// Held while the directory is checked and written: a node started on
 	// it meanwhile would find it empty, and lose what it wrote to fsm/.
-	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+	if err := os.MkdirAll(dataDir, dataDirMode); err != nil {
 		return err
 	}
 	lock, err := lockDataDir(dataDir)
