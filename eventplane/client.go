@@ -280,9 +280,11 @@ func CheckNATSURLs(s string) error {
 }
 
 // RedactURLs returns a list of NATS URLs (--nats-url) with each URL's
-// password hidden (user:xxxxx@host, as url.URL.Redacted writes it), for
-// logs and messages. It reads the user information by the text, not as
-// url.Parse does, so that no password shows whatever the input: a URL
+// password hidden (user:xxxxx@host, as url.URL.Redacted writes it), and
+// the user of one with no password, which nats.go sends as a token
+// (xxxxx@host; url.URL.Redacted and nats.go's ConnectedUrlRedacted show
+// it), for logs and messages. It reads the user information by the
+// text, not as url.Parse does, so that no password shows whatever the input: a URL
 // written without a scheme, one that does not parse, and a password
 // holding an unescaped / ? # @ or space (which url.Parse reads as the
 // end of the host) are hidden too. The user information runs from the
@@ -293,8 +295,8 @@ func CheckNATSURLs(s string) error {
 // hiding. A password with an unescaped ',' (which nats.Connect and
 // CheckNATSURLs read as two URLs) is hidden too (redactGroups), unless
 // its text before the ',' reads as a port (alice:1234,pw@h shows as
-// alice:1234,pw@h): the text cannot tell that from h:1234 followed by a
-// URL of a user with no password, and that list must show as given.
+// alice:1234,xxxxx@h): the text cannot tell that from h:1234 followed by
+// a URL with a token, and that list must show as the URLs it holds.
 func RedactURLs(list string) string {
 	parts := strings.Split(list, ",")
 	var out []string
@@ -382,7 +384,8 @@ func schemeEnd(u string) int {
 	return 0
 }
 
-// redactURL returns u with the password of its user information hidden.
+// redactURL returns u with the password of its user information hidden,
+// or, when it has no password, the user: that is a token.
 // The user information runs from the scheme (schemeEnd) to u's LAST '@',
 // and its password from its first ':': a password may hold '@', '/', '?',
 // '#', ':' or spaces written unescaped (alice:p@ss@host, alice:p/w@host),
@@ -395,7 +398,11 @@ func redactURL(u string) string {
 	}
 	user, _, hasPassword := strings.Cut(u[start:start+at], ":")
 	if !hasPassword {
-		return u
+		// A user with no password is a token (nats.go sends it as the
+		// connection's auth_token): the whole user information is the
+		// secret. The spaces before a URL without a scheme are kept.
+		lead := start + len(user) - len(strings.TrimLeft(user, " \t"))
+		return u[:lead] + "xxxxx" + u[start+at:]
 	}
 	return u[:start] + user + ":xxxxx" + u[start+at:]
 }

@@ -36,16 +36,20 @@ func TestCheckNATSURLs(t *testing.T) {
 }
 
 // TestRedactURLs: each URL's password is hidden and the rest kept, with
-// or without a scheme, parsed or not. From a review: kvrouter logged
-// --nats-url as given, password and all.
+// or without a scheme, parsed or not; a user with no password is a token
+// and is hidden. From reviews: kvrouter logged --nats-url as given,
+// password and all; then a token (nats://TOKEN@host) as given.
 func TestRedactURLs(t *testing.T) {
 	for in, want := range map[string]string{
 		"nats://a:1, nats://alice:s3cret@h:4222": "nats://a:1, nats://alice:xxxxx@h:4222",
 		"alice:s3cret@h:4222":                    "alice:xxxxx@h:4222",
 		"nats://alice:p@ss@h:4222":               "nats://alice:xxxxx@h:4222",
 		"tls://alice:s3cret@h:4222 bad url":      "tls://alice:xxxxx@h:4222 bad url",
-		"nats://alice@h:4222":                    "nats://alice@h:4222",
-		"ws://alice@h:8080/nats":                 "ws://alice@h:8080/nats",
+		"nats://alice@h:4222":                    "nats://xxxxx@h:4222",
+		"ws://alice@h:8080/nats":                 "ws://xxxxx@h:8080/nats",
+		"s3cretToken@h:4222":                     "xxxxx@h:4222",
+		"h:4222, s3cretToken@h2":                 "h:4222, xxxxx@h2",
+		"nats://to:ken@h, nats://s3cretToken@h2": "nats://to:xxxxx@h, nats://xxxxx@h2",
 		"nats://alice:pa/s3cret@h:4222":          "nats://alice:xxxxx@h:4222",
 		"nats://alice:pa#s3cret@h:4222":          "nats://alice:xxxxx@h:4222",
 		"alice:pa://s3cret@h:4222":               "alice:xxxxx@h:4222",
@@ -70,20 +74,20 @@ func TestRedactURLs(t *testing.T) {
 	}
 }
 
-// TestRedactKeepsUserOnlyListIntact: a list whose later URL has a user
-// but no password is not a password cut at a ','. From a review: a
-// host:port part was merged with a later user@host part and the merged
-// text redacted as a password (nats://h1:4222,bob@h2:4222 showed as
-// nats://h1:xxxxx@h2:4222).
-func TestRedactKeepsUserOnlyListIntact(t *testing.T) {
-	for _, in := range []string{
-		"nats://h1:4222,bob@h2:4222",
-		"h1:4222,h2:4222,bob@h3:4222",
-		"[::1]:4222,bob@h2",
-		"nats://[::1]:4222, bob@h2:4222",
+// TestRedactKeepsATokenListsURLs: a list whose later URL has a user but
+// no password (a token) is not a password cut at a ',': its URLs show as
+// given, the token hidden. From a review: a host:port part was merged
+// with a later user@host part and the merged text redacted as a password
+// (nats://h1:4222,bob@h2:4222 showed as nats://h1:xxxxx@h2:4222).
+func TestRedactKeepsATokenListsURLs(t *testing.T) {
+	for in, want := range map[string]string{
+		"nats://h1:4222,bob@h2:4222":     "nats://h1:4222,xxxxx@h2:4222",
+		"h1:4222,h2:4222,bob@h3:4222":    "h1:4222,h2:4222,xxxxx@h3:4222",
+		"[::1]:4222,bob@h2":              "[::1]:4222,xxxxx@h2",
+		"nats://[::1]:4222, bob@h2:4222": "nats://[::1]:4222, xxxxx@h2:4222",
 	} {
-		if got := RedactURLs(in); got != in {
-			t.Errorf("RedactURLs(%q) = %q, want it unchanged (no password in it)", in, got)
+		if got := RedactURLs(in); got != want {
+			t.Errorf("RedactURLs(%q) = %q, want %q (the URLs as given, the token hidden)", in, got, want)
 		}
 	}
 	// A password cut at a ',' whose first piece is not a port is still

@@ -624,7 +624,7 @@ func (in *Ingester) hearing() bool {
 	if wasDeaf || moved {
 		in.m.leasesHeld.Set(0)
 		in.cfg.Logger.Info("the leader's NATS connection is back; every worker's lease starts afresh",
-			"connected", nc.ConnectedUrlRedacted())
+			"connected", RedactURLs(nc.ConnectedUrl()))
 	}
 	return true
 }

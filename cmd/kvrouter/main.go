@@ -1018,7 +1018,7 @@ func startNATS(c *cli.Context, id string, logger *slog.Logger, lost context.Canc
 		if err != nil {
 			return nil, nil, fmt.Errorf("connect to nats %s: %w", eventplane.RedactURLs(url), err)
 		}
-		connected := nc.ConnectedUrlRedacted()
+		connected := eventplane.RedactURLs(nc.ConnectedUrl())
 		if connected == "" {
 			connected = "waiting"
 		}

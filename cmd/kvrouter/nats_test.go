@@ -681,3 +681,27 @@ func TestPeerReadyWithNATSAsksTheMembersReadyz(t *testing.T) {
 		t.Errorf("a member that does not answer: %v, %v; want false and an error", got, err)
 	}
 }
+
+// TestANATSTokenInTheURLIsNeverShown: a --nats-url whose user information
+// has no password carries a NATS token (docs/events.md: "nats://alice@host
+// sends alice as a token"; nats.go sends the user name as auth_token), the
+// URL's only secret. Like a password, it must not show in the log or in
+// what RedactURLs gives for messages. From a review: it showed in both
+// (nats.go's ConnectedUrlRedacted hides a password only).
+func TestANATSTokenInTheURLIsNeverShown(t *testing.T) {
+	const token = "s3cretNatsToken"
+	if shown := eventplane.RedactURLs("nats://" + token + "@h:4222"); strings.Contains(shown, token) {
+		t.Errorf("RedactURLs shows the NATS token: %q", shown)
+	}
+	var err error
+	logged := stderrOf(t, func() {
+		err = runKvrouterFor(t, 2*time.Second, "--data-dir", t.TempDir(), "--raft-addr", freeAddr(t), "--http-addr", "127.0.0.1:0",
+			"--nats-url", "nats://"+token+"@"+freeAddr(t))
+	})
+	if err != nil || !strings.Contains(logged, "cannot reach NATS") {
+		t.Fatalf("kvrouter with an external NATS it cannot reach: %v; log:\n%s", err, logged)
+	}
+	if strings.Contains(logged, token) {
+		t.Fatalf("kvrouter's log shows the NATS token given in --nats-url:\n%s", logged)
+	}
+}

@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouter/kvrouter/eventplane"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -212,7 +213,9 @@ func (w *Watch) Options() []nats.Option {
 			w.refused.Store(false)
 			w.credsWhole()
 			w.downSince.Store(0)
-			w.log.Info("connected to NATS", "url", nc.ConnectedUrlRedacted())
+			// Not nc.ConnectedUrlRedacted: it hides a password only, and
+			// shows a token given as the URL's user (nats://TOKEN@host).
+			w.log.Info("connected to NATS", "url", eventplane.RedactURLs(nc.ConnectedUrl()))
 		}),
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
 			// Each try that fails: the first connection's (with
@@ -236,7 +239,7 @@ func (w *Watch) Options() []nats.Option {
 			w.refused.Store(false)
 			w.credsWhole()
 			w.downSince.Store(0)
-			w.log.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted())
+			w.log.Info("reconnected to NATS", "url", eventplane.RedactURLs(nc.ConnectedUrl()))
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
 			if w.closing.Load() {
