@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/readcap"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -76,13 +76,13 @@ func (o ClientOptions) NATSOptions() []nats.Option {
 				o.OnCredsError(err)
 				return "", err
 			}
-			b, err := os.ReadFile(o.Creds)
+			b, err := readcap.Read(readcap.Open, o.Creds, maxCredsFileBytes)
 			if err != nil {
 				return "", err
 			}
 			return nkeys.ParseDecoratedJWT(b)
 		}, func(nonce []byte) ([]byte, error) {
-			b, err := os.ReadFile(o.Creds)
+			b, err := readcap.Read(readcap.Open, o.Creds, maxCredsFileBytes)
 			if err != nil {
 				return nil, err
 			}
@@ -148,7 +148,7 @@ func (o ClientOptions) CheckFiles() error {
 		}
 	}
 	if o.TLSCA != "" {
-		b, err := os.ReadFile(o.TLSCA)
+		b, err := readcap.Read(readcap.Open, o.TLSCA, readcap.MaxCAFileBytes)
 		if err != nil {
 			return fmt.Errorf("--nats-tls-ca %q: %w", o.TLSCA, err)
 		}
@@ -164,12 +164,19 @@ func (o ClientOptions) CheckFiles() error {
 	return nil
 }
 
+// maxCredsFileBytes bounds what CheckFiles reads of a --nats-creds file:
+// one holds a user's JWT (its claims: a few hundred bytes, a few KiB with
+// many permissions) and an nkey seed (58 bytes), each in a decorated
+// block. Unbounded, a wrong path (/dev/zero) was read until the process
+// died.
+const maxCredsFileBytes = 64 << 10
+
 // checkCreds parses a NATS credentials file as nats.UserCredentials does
 // (nkeys.ParseDecoratedJWT, nkeys.ParseDecoratedNKey), and more strictly:
 // the JWT must decode as a user's claims, and the seed must be that
 // user's, or the server refuses the connection.
 func checkCreds(file string) error {
-	b, err := os.ReadFile(file)
+	b, err := readcap.Read(readcap.Open, file, maxCredsFileBytes)
 	if err != nil {
 		return err
 	}

@@ -6,8 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
+
+	"github.com/kvrouter/kvrouter/internal/readcap"
 )
 
 // CertificateHint says what to do when err holds a client's refusal of a
@@ -59,33 +60,20 @@ func certNames(c *x509.Certificate) string {
 // grew the command's memory until the kernel killed it.
 const (
 	MaxTokenFileBytes = 16 << 10
-	MaxCAFileBytes    = 8 << 20
+	MaxCAFileBytes    = readcap.MaxCAFileBytes
 )
 
 // OpenFunc opens a file for Token and TLSConfig to read: os.Open, or a
 // caller's own, such as one whose reads an interrupt ends (a FIFO's
 // producer may never open it, or stall).
-type OpenFunc func(path string) (io.ReadCloser, error)
+type OpenFunc = readcap.OpenFunc
 
-func openFile(path string) (io.ReadCloser, error) { return os.Open(path) }
+func openFile(path string) (io.ReadCloser, error) { return readcap.Open(path) }
 
 // readCapped reads what open gives of path, failing on a file of more than
-// limit bytes.
+// limit bytes (readcap.Read: the NATS flags' files are read alike).
 func readCapped(open OpenFunc, path string, limit int64) ([]byte, error) {
-	f, err := open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	// A byte more than limit, to tell a larger file.
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err // an *os.PathError names path; open's own may not (an interrupt)
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%s is larger than %d KiB, the most that is read of one: is it the right file?", path, limit>>10)
-	}
-	return b, nil
+	return readcap.Read(open, path, limit)
 }
 
 // Token returns the token a command was given: token itself, or the
