@@ -877,6 +877,11 @@ func checkNATSFlags(c *cli.Context) error {
 	case password != "" && user == "":
 		return errors.New("--nats-password needs --nats-user: the embedded server asks its clients for credentials only when it has a user " +
 			"(with a password alone, it lets every client in)")
+	case user != "" && password == "":
+		// nats-server compares the client's password with an empty one:
+		// the user name alone, which is no secret, would let a client in.
+		return errors.New("--nats-user needs --nats-password: the embedded server given a user and no password lets in any client " +
+			"that names the user")
 	case ca != "" && cert == "":
 		return errors.New("--nats-tls-ca makes the embedded server require client certificates that CA signed, over TLS: " +
 			"it needs --nats-tls-cert and --nats-tls-key, the server's certificate")

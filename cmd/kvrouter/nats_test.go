@@ -129,6 +129,7 @@ func TestNATSFlagsThatWouldBeIgnoredAreRefused(t *testing.T) {
 		{[]string{"--nats-tls-cert", "cert.pem"}, "--nats-tls-cert"},
 		{[]string{"--nats-tls-key", "key.pem", "--nats-url", ext}, "--nats-tls-cert"},
 		{[]string{"--nats-password", "s3cret"}, "--nats-password"},
+		{[]string{"--nats-user", "alice"}, "--nats-user"},
 		{[]string{"--nats-creds", "user.creds"}, "--nats-creds"},
 		{[]string{"--nats-routes", "127.0.0.1:6222"}, "--nats-routes"},
 		{[]string{"--nats-url", ext, "--nats-password", "s3cret"}, "--nats-password"},
@@ -703,5 +704,17 @@ func TestANATSTokenInTheURLIsNeverShown(t *testing.T) {
 	}
 	if strings.Contains(logged, token) {
 		t.Fatalf("kvrouter's log shows the NATS token given in --nats-url:\n%s", logged)
+	}
+}
+
+// TestTheEmbeddedNATSRefusesAUserWithoutAPassword: the embedded server
+// given --nats-user and no --nats-password lets in any client that names
+// the user (nats-server compares the client's password with an empty
+// one), so a user name, no secret, would pass for a credential: kvrouter
+// refuses the combination at start (exit 2), naming both flags.
+func TestTheEmbeddedNATSRefusesAUserWithoutAPassword(t *testing.T) {
+	err := checkRefusedStart(t, []string{"--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t), "--nats-user", "alice"}, "--nats-user")
+	if err == nil || !strings.Contains(err.Error(), "--nats-password") {
+		t.Fatalf("kvrouter --nats-user alone: %v, want it refused naming --nats-password too", err)
 	}
 }
