@@ -303,6 +303,11 @@ func sameIndex(t *rapid.T, a, b *Index) {
 		for _, view := range []View{ViewDedup, ViewTiered} {
 			a.FindMatchesByTier(q, view, false, &ma)
 			b.FindMatchesByTier(q, view, false, &mb)
+			for _, m := range []*Matches{&ma, &mb} {
+				if err := ranksOnce(m); err != nil {
+					t.Fatalf("query %v view %v: %v", q, view, err)
+				}
+			}
 			if !equalMatches(toMap(&ma), toMap(&mb)) || !slicesEqual(ma.Frequencies, mb.Frequencies) {
 				t.Fatalf("query %v view %v: %v, want %v", q, view, toMap(&ma), toMap(&mb))
 			}

@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -145,6 +146,20 @@ func toMap(m *Matches) map[kvevent.Rank][kvevent.NumTiers]uint32 {
 	return out
 }
 
+// ranksOnce is nil when m lists each rank at most once. toMap keeps a
+// rank's last entry, so equalMatches alone cannot see a rank listed
+// twice, which compat's query API would count twice in Frequencies.
+func ranksOnce(m *Matches) error {
+	seen := make(map[kvevent.Rank]bool, len(m.Ranks))
+	for _, r := range m.Ranks {
+		if seen[r.Rank] {
+			return fmt.Errorf("rank %v listed twice in %+v", r.Rank, m.Ranks)
+		}
+		seen[r.Rank] = true
+	}
+	return nil
+}
+
 func equalMatches(a, b map[kvevent.Rank][kvevent.NumTiers]uint32) bool {
 	if len(a) != len(b) {
 		return false
@@ -200,6 +215,9 @@ func checkIndexMatchesModel(t *testing.T) {
 				for _, early := range []bool{false, true} {
 					ix.FindMatchesByTier(hashes, view, early, &got)
 					want, wantFreq := mod.find(hashes, view, early)
+					if err := ranksOnce(&got); err != nil {
+						t.Fatalf("query %v view %v early %v: %v", hashes, view, early, err)
+					}
 					if !equalMatches(toMap(&got), want) {
 						t.Fatalf("query %v view %v early %v: index %v, model %v", hashes, view, early, toMap(&got), want)
 					}

@@ -214,6 +214,11 @@ func TestReplaceRankFromDumpAnswersAsTheSource(t *testing.T) {
 			for _, view := range []View{ViewDedup, ViewTiered} {
 				ix.FindMatchesByTier(hashes, view, false, &a)
 				dst.FindMatchesByTier(hashes, view, false, &b)
+				for _, m := range []*Matches{&a, &b} {
+					if err := ranksOnce(m); err != nil {
+						t.Fatalf("query %v view %v: %v", hashes, view, err)
+					}
+				}
 				if !equalMatches(toMap(&a), toMap(&b)) {
 					t.Fatalf("query %v view %v: replaced %v, source %v", hashes, view, toMap(&b), toMap(&a))
 				}
