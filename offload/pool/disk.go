@@ -65,6 +65,9 @@ type DiskPool struct {
 	// flushes follows Pebble's flushes: Puts are refused while the last
 	// one failed.
 	flushes *flushWatch
+	// room follows Pebble's compactions: Puts are refused while the last
+	// one failed for want of room.
+	room *roomWatch
 
 	// damage records the damage a background job of Pebble's met;
 	// watchDamage, a goroutine from OpenDisk to Close, then shuts the
@@ -168,11 +171,14 @@ func encodeMeta(b Block, stamp uint64) []byte {
 // (1<<20 memtables of Pebble's largest, 4 GiB, still fit a uint64.)
 const noWriteStall = 1 << 20
 
-func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch, damage *damageWatch) *pebble.Options {
+// l0StopWrites is Pebble's L0StopWritesThreshold (see pebbleOptions).
+const l0StopWrites = 1000
+
+func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch, room *roomWatch, damage *damageWatch) *pebble.Options {
 	popts := &pebble.Options{
 		FS:                 failedBlobsFS{o.FS},
 		Logger:             pebbleLogger{logger},
-		EventListener:      eventListener(logger, flushes, damage),
+		EventListener:      eventListener(logger, flushes, room, damage),
 		FormatMajorVersion: pebble.FormatValueSeparation,
 		DisableWAL:         o.Sync == SyncFlush,
 		MemTableSize:       o.MemTableSize,
@@ -180,6 +186,16 @@ func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch, dama
 		// writes stall, a burst of offloads absorbed while the disk
 		// catches up. SyncFlush: no stall (see noWriteStall).
 		MemTableStopWritesThreshold: 4,
+		// Pebble stalls every write while L0 holds this many sublevels,
+		// until a compaction brings it under; on a full disk none does,
+		// and a Put waited in its flush for good, Close behind it. Puts
+		// are refused once L0 is l0Refuse deep while compactions fail
+		// for want of room (roomWatch); Pebble's 12 left little margin
+		// for the Puts in flight, and the stall is no use to the pool:
+		// without it a disk that keeps filling ends with a failed flush,
+		// which refuses Puts (flushWatch). Point reads, all the pool
+		// does, pay little for a deep L0 (each table has a bloom filter).
+		L0StopWritesThreshold: l0StopWrites,
 		// The block cache only ever holds keys and metadata worth caching;
 		// block bytes are read once per onboarding.
 		CacheSize: 8 << 20,
@@ -245,13 +261,14 @@ var testHookValueSeparation func(*pebble.ValueSeparationPolicy)
 // (CompactionEnd). EnsureDefaults fills in only the hooks left nil, so the
 // fatal default is not added back.
 //
-// Flushes are reported to flushes. A failed flush is also a background
+// Compactions are reported to damage and to room. Flushes are reported to
+// flushes. A failed flush is also a background
 // error, and Pebble retries it at once, over and over: flushes logs the
 // first failure and the recovery, and the background error of each retry
 // is not logged again. Other background errors are logged at most once
 // per errorLogEvery (errorLog). Errors are logged by their text: Pebble's
 // carry a stack trace, which a text handler would print whole.
-func eventListener(logger *slog.Logger, flushes *flushWatch, damage *damageWatch) *pebble.EventListener {
+func eventListener(logger *slog.Logger, flushes *flushWatch, room *roomWatch, damage *damageWatch) *pebble.EventListener {
 	errs := &errorLog{log: logger}
 	return &pebble.EventListener{
 		DataCorruption: damage.file,
@@ -260,8 +277,11 @@ func eventListener(logger *slog.Logger, flushes *flushWatch, damage *damageWatch
 				errs.error(err)
 			}
 		},
-		CompactionEnd: damage.compaction,
-		FlushEnd:      flushes.end,
+		CompactionEnd: func(info pebble.CompactionInfo) {
+			damage.compaction(info)
+			room.compaction(info)
+		},
+		FlushEnd: flushes.end,
 	}
 }
 
@@ -491,6 +511,97 @@ func (w *flushWatch) failedWith(err error) bool {
 	return w.err != nil && errors.Is(err, w.err)
 }
 
+// A roomWatch follows Pebble's compactions through its EventListener: the
+// last failure of one for want of room (ENOSPC, EDQUOT), until a Put finds
+// L0 shallow again.
+//
+// A flush writes a Put's keys and, from value separation's MinimumSize on,
+// its bytes; a compaction of L0 writes the keys of every L0 file merged.
+// Where the flushes are the bigger writes (blocks of 1 KiB or more, in
+// blob files), they fail first on a filling disk, and the flushWatch
+// refuses Puts. Where they are not (smaller blocks, whose bytes stay in
+// the sstables, so that a compaction rewrites them), flushes go on fitting
+// where no compaction of L0 does: every Put's flush added one more L0 file
+// until L0 reached Pebble's L0StopWritesThreshold, and Pebble stalled every
+// write for good, a Put waiting in its flush and Close behind it. With the
+// watch, Puts are refused while a compaction has failed for want of room
+// and L0 is l0Refuse sublevels deep or more: L0 grows past l0Refuse by the
+// Puts in flight at most, far from the stall (l0StopWrites), whatever the
+// block size. A compaction that succeeds does not end the refusal (one that
+// fits between two that do not let the Puts through again, and L0 reached
+// the stall all the same); a Put that finds L0 shallow does. Pebble retries
+// a compaction of a deep L0 at once, so L0 gets shallow as soon as the
+// disk has room; a failure while L0 is shallow refuses nothing, and the
+// Puts it lets through set off the compactions that end it.
+type roomWatch struct {
+	log *slog.Logger
+
+	mu      sync.Mutex
+	err     error // the last compaction's failure for want of room, until a Put finds L0 shallow
+	refused bool  // a Put was refused since err was set
+}
+
+func newRoomWatch(log *slog.Logger) *roomWatch { return &roomWatch{log: log} }
+
+// compaction is part of the CompactionEnd hook. Pebble calls it under its
+// own lock: it must not call into the database. Only failures for want of
+// room count (the others: see damageWatch); they are logged as Pebble's
+// other background errors are (errorLog).
+func (w *roomWatch) compaction(info pebble.CompactionInfo) {
+	if info.Err == nil || !diskFull(info.Err) {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.err = info.Err
+}
+
+// check is nil unless a Put must be refused: a compaction failed for want
+// of room and deep says L0 is l0Refuse sublevels deep or more. The first
+// refusal, and the first Put let through after refusals, are logged.
+func (w *roomWatch) check(deep func() bool) error {
+	w.mu.Lock()
+	err := w.err
+	w.mu.Unlock()
+	if err == nil {
+		return nil
+	}
+	// deep reads Pebble's metrics, under Pebble's lock: not under w.mu,
+	// which the hook takes under Pebble's lock.
+	isDeep := deep()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if isDeep {
+		if !w.refused {
+			w.log.Error("offload pool: compactions fail for want of room (disk full?) and L0 is "+
+				fmt.Sprint(l0Refuse)+" sublevels deep; writes to the disk pool fail until Pebble's "+
+				"retries of them make room", "err", err.Error())
+			w.refused = true
+		}
+		return err
+	}
+	if w.err == err { // else a compaction failed again meanwhile
+		if w.refused {
+			w.log.Warn("offload pool: compactions made room; writes to the disk pool resume")
+		}
+		w.err, w.refused = nil, false
+	}
+	return nil
+}
+
+// l0Deep says whether L0 holds l0Refuse sublevels or more (see roomWatch).
+// It reads Pebble's metrics, a walk of its levels under its lock: only
+// Puts made while a compaction fails for want of room ask.
+func (p *DiskPool) l0Deep() bool {
+	return p.db.Metrics().Levels[0].Sublevels >= l0Refuse
+}
+
+// l0Refuse is how deep L0 may grow, in sublevels, while compactions fail
+// for want of room (see roomWatch): twice Pebble's L0CompactionThreshold
+// (4), so that Pebble keeps retrying a compaction of L0 while Puts are
+// refused, and far under the stall (l0StopWrites).
+const l0Refuse = 8
+
 // OpenDisk opens the disk pool in dir, creating it if needed. An existing
 // pool is rebuilt from its keys: the blocks, their parents and their
 // registration order; if it holds more than cfg.Capacity blocks, the excess
@@ -523,12 +634,12 @@ func OpenDisk(dir string, cfg Config, opts DiskOptions) (*DiskPool, error) {
 		opts.FS = vfs.Default
 	}
 	logger := cfg.Logger.With("component", "offload.pool.disk", "dir", dir)
-	flushes, damage := newFlushWatch(logger), newDamageWatch(logger)
-	db, err := pebble.Open(dir, pebbleOptions(opts, logger, flushes, damage))
+	flushes, room, damage := newFlushWatch(logger), newRoomWatch(logger), newDamageWatch(logger)
+	db, err := pebble.Open(dir, pebbleOptions(opts, logger, flushes, room, damage))
 	if err != nil {
 		return nil, fmt.Errorf("open disk pool %s: %w", dir, corrupt(err))
 	}
-	p := &DiskPool{db: db, dir: dir, opts: opts, bs: cfg.BlockSize, flushes: flushes, damage: damage,
+	p := &DiskPool{db: db, dir: dir, opts: opts, bs: cfg.BlockSize, flushes: flushes, room: room, damage: damage,
 		stop: make(chan struct{})}
 	p.c = newCore(cfg, kvevent.TierDisk, p)
 	if err := p.load(); err != nil {
@@ -982,6 +1093,10 @@ func (p *DiskPool) put(blocks []Block, data [][]byte) (stored, held int, skipped
 	}
 	if _, _, err := p.flushes.state(); err != nil {
 		return 0, 0, nil, fmt.Errorf("put: refused until a flush succeeds: the last one failed: %w", err)
+	}
+	if err := p.room.check(p.l0Deep); err != nil {
+		return 0, 0, nil, fmt.Errorf("put: refused until a compaction succeeds: the last one failed "+
+			"for want of room, with L0 %d sublevels deep or more: %w", l0Refuse, err)
 	}
 
 	es, idx, held, skipped, stop := p.c.reserveAll(blocks)
