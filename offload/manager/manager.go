@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/internal/lograte"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/pool"
@@ -233,6 +234,9 @@ type Manager struct {
 
 	// diskDown is set once the disk pool is seen shut down (see diskUp).
 	diskDown atomic.Bool
+	// diskWriteLog rate-limits the lines of failed writes to the disk
+	// pool (see failedDiskWrite).
+	diskWriteLog *lograte.Limiter
 	// testHookBatch, nil outside tests (export_test.go sets it), is called
 	// by an offload worker between taking a batch and running it: a test
 	// holds a worker there to change the world under a batch taken.
@@ -315,18 +319,19 @@ func Prepare(cfg Config) (*Prepared, error) {
 		return nil, fmt.Errorf("new offload manager: %w", err)
 	}
 	m := &Manager{
-		cfg:       cfg,
-		be:        cfg.Backend,
-		g1:        cfg.G1,
-		host:      cfg.Host,
-		disk:      cfg.Disk,
-		log:       cfg.Logger.With("component", "offload.manager", "rank", cfg.Rank.String()),
-		bs:        cfg.G1.BlockSize,
-		gens:      make([]atomic.Uint64, cfg.G1.Blocks),
-		g1s:       make([]g1State, cfg.G1.Blocks),
-		promoting: make(map[uint64]*task),
-		filter:    &Sightings[promotion]{cfg: cfg.Filter, m: make(map[uint64]sighting[promotion])}, // cfg.Filter checked above
-		closing:   make(chan struct{}),
+		cfg:          cfg,
+		diskWriteLog: lograte.New(diskWriteLogEvery, nil),
+		be:           cfg.Backend,
+		g1:           cfg.G1,
+		host:         cfg.Host,
+		disk:         cfg.Disk,
+		log:          cfg.Logger.With("component", "offload.manager", "rank", cfg.Rank.String()),
+		bs:           cfg.G1.BlockSize,
+		gens:         make([]atomic.Uint64, cfg.G1.Blocks),
+		g1s:          make([]g1State, cfg.G1.Blocks),
+		promoting:    make(map[uint64]*task),
+		filter:       &Sightings[promotion]{cfg: cfg.Filter, m: make(map[uint64]sighting[promotion])}, // cfg.Filter checked above
+		closing:      make(chan struct{}),
 	}
 	type plan struct {
 		path  Path

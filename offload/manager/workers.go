@@ -2,8 +2,10 @@ package manager
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/lograte"
 	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/pool"
 )
@@ -255,6 +257,25 @@ func (m *Manager) d2disk(c *copier, ts []*task) {
 	// use there, as G2's Reserve does, so the LRU does not take them for
 	// cold ones.
 	onDisk := m.disk.Revive(hashes, nil)
+	// While the disk is full, the pool refuses every Put at once: the
+	// blocks are not copied out of G1 for nothing.
+	if err := m.disk.FlushFailed(); err != nil {
+		n := 0
+		for i, t := range live {
+			if onDisk[i] {
+				o.exists++
+				continue
+			}
+			o.lost = append(o.lost, t)
+			n++
+		}
+		if n > 0 {
+			o.failed += n
+			m.failedDiskWrite(n, fmt.Errorf("disk pool refuses writes until a flush succeeds: the last one failed: %w", err))
+		}
+		m.account(D2Disk, o, 0)
+		return
+	}
 	copies := make([]backend.Copy, 0, len(live))
 	copied := make([]*task, 0, len(live))
 	for i, t := range live {
@@ -380,9 +401,27 @@ func (o *outcome) put(disk *pool.DiskPool, blocks []pool.Block, data [][]byte, m
 		o.full += len(blocks) - n - held
 	default:
 		o.failed += len(blocks) - n - held
-		if m.diskUp() { // else shut down: logged once, by diskUp
-			m.log.Warn("offload: writing blocks to disk failed", "blocks", len(blocks), "err", err)
-		}
+		m.failedDiskWrite(len(blocks), err)
 	}
 	return n, err
+}
+
+// diskWriteLogEvery is how often, at most, the manager logs a failed
+// write to the disk pool.
+const diskWriteLogEvery = 10 * time.Second
+
+// failedDiskWrite logs a write of n blocks to the disk pool that failed
+// with err, at most once per diskWriteLogEvery, with how many were left
+// out (each failure is counted in the path's Failed all the same). While
+// the disk is full every batch fails at once (the pool refuses writes
+// until Pebble's retries of a flush succeed): one line per batch was
+// millions an hour. A pool shut down is logged once, by diskUp, instead.
+func (m *Manager) failedDiskWrite(n int, err error) {
+	if !m.diskUp() {
+		return
+	}
+	if ok, skipped := m.diskWriteLog.Allow("disk write failed"); ok {
+		m.log.Warn("offload: writing blocks to disk failed",
+			append([]any{"blocks", n, "err", err}, lograte.LeftOut(skipped, diskWriteLogEvery)...)...)
+	}
 }

@@ -703,6 +703,15 @@ func (p *DiskPool) Err() error {
 	return nil
 }
 
+// FlushFailed is nil unless the last flush failed (a full disk): Puts are
+// then refused at once until Pebble's retries of it succeed, and a caller
+// can skip preparing a write that would be refused. It takes no lock a
+// Pebble write may hold.
+func (p *DiskPool) FlushFailed() error {
+	_, _, err := p.flushes.state()
+	return err
+}
+
 // closedErr is nil while the pool is open, the damage (ErrCorrupt) once
 // watchDamage has shut it down, and ErrClosed once Close has run.
 func (p *DiskPool) closedErr() error {
