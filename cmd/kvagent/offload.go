@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/urfave/cli/v2"
 
+	"github.com/kvrouter/kvrouter/internal/diskfree"
 	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/engineapi"
@@ -253,6 +254,13 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 		}
 		rps = append(rps, rp)
 	}
+	if oc.DiskBlocks > 0 {
+		var held uint64
+		for _, d := range o.disks {
+			held += uint64(d.Stats().Used) * uint64(oc.BlockBytes)
+		}
+		warnIfDiskTierExceedsFreeSpace(oc, len(ranks), held, diskfree.Available, log)
+	}
 	o.srv, err = engineapi.Listen(engineapi.Config{Socket: oc.Socket, Backend: o.be, Ranks: rps, Checker: sink,
 		MaxRegionBlocks: oc.MaxRegion,
 		Manager: manager.Config{QueueCapacity: oc.Queue, Workers: oc.Workers, OnboardTimeout: oc.OnboardTimeout,
@@ -262,6 +270,32 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 		return nil, err
 	}
 	return o, nil
+}
+
+// warnIfDiskTierExceedsFreeSpace logs a warning, once, when the disk tier
+// configured (--disk-blocks × --block-bytes for each of ranks pools, all
+// under --disk-dir) needs more bytes than the directory's file system has
+// free plus what the pools hold already (held bytes). Such a tier fills
+// the disk: G3's writes then fail while Pebble retries a flush that
+// cannot succeed, until the operator makes room, and the disk is full for
+// everything else on it too. It only warns: the free space may be shared,
+// and change. A free space it cannot read is logged at Debug and skipped.
+func warnIfDiskTierExceedsFreeSpace(oc offloadConfig, ranks int, held uint64, free func(string) (uint64, error), log *slog.Logger) {
+	avail, err := free(oc.DiskDir)
+	if err != nil {
+		log.Debug("free space of --disk-dir unknown: not checked against the disk tier", "dir", oc.DiskDir, "err", err)
+		return
+	}
+	perRank := uint64(oc.DiskBlocks) * uint64(oc.BlockBytes)
+	want := perRank * uint64(ranks)
+	if want <= avail+held {
+		return
+	}
+	fit := (avail + held) / uint64(oc.BlockBytes) / uint64(ranks)
+	log.Warn("offload: the disk tier (G3) is larger than the free space of --disk-dir: it will fill the disk, and "+
+		"writes to G3 then fail until there is room; lower --disk-blocks or free space",
+		"dir", oc.DiskDir, "tier_bytes", want, "free_bytes", avail, "held_bytes", held,
+		"ranks", ranks, "disk_blocks", oc.DiskBlocks, "block_bytes", oc.BlockBytes, "disk_blocks_that_fit", fit)
 }
 
 // lockedByAnother reports whether err, from opening a disk pool, is its
