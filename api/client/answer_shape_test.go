@@ -18,8 +18,8 @@ import (
 // nothing of what a node's answer to the request does ({"foo":1}, from
 // another service at that address) is client.ErrNotAnAnswer, where it
 // decoded into an empty members or workers list, zero index stats, a
-// status of no node and a route to worker 0; a node's answer with empty
-// lists (null or []) is one.
+// status of no node, a route to worker 0 and a node that is not ready; a
+// node's answer with empty lists (null or []) is one.
 func TestAnswersOfAnotherShapeAreRefused(t *testing.T) {
 	body := `{"foo":1}`
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -47,6 +47,7 @@ func TestAnswersOfAnotherShapeAreRefused(t *testing.T) {
 		"Workers":    `{"workers":[]}`,
 		"IndexStats": `{"nodes":0,"ranks":0,"entries":0}`,
 		"Route":      `{"worker_id":0,"dp_rank":0,"decided_by":"cost","block_size":16}`,
+		"Ready":      `{"ready":true,"state":"Follower","applied_index":0}`,
 	} {
 		body = b
 		if err := calls[name](); err != nil {
@@ -94,6 +95,7 @@ func readCalls(c *client.Client) map[string]func() error {
 			_, err := c.Route(ctx, api.RouteRequest{BlockHashes: []uint64{1}})
 			return err
 		},
+		"Ready": func() error { _, err := c.Ready(ctx); return err },
 	}
 }
 
@@ -123,6 +125,7 @@ func TestAReadPassesOnFromAnAnswerOfAnotherShape(t *testing.T) {
 			"/v1/workers":         `{"workers":[]}`,
 			"/v1/index/stats":     `{"nodes":3,"ranks":1,"entries":4}`,
 			"/v1/route":           `{"worker_id":7,"dp_rank":0,"decided_by":"cost","block_size":16}`,
+			"/readyz":             `{"ready":true,"state":"Follower","applied_index":5}`,
 		}[r.URL.Path]
 		if body == "" {
 			t.Errorf("the node was asked %s %s", r.Method, r.URL.Path)
@@ -175,5 +178,51 @@ func TestAReadThatFindsNoNodeNamesTheAnswerOfAnotherShape(t *testing.T) {
 	_, err = c.IndexStats(context.Background())
 	if !errors.Is(err, client.ErrNotAnAnswer) || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), dead) {
 		t.Fatalf("index stats of [another service, nothing]: %v; want ErrNotAnAnswer naming %s, and %s", err, addr, dead)
+	}
+}
+
+// TestReadyRefusesAnAnswerOfAnotherShape: a 200 from /readyz whose JSON
+// holds nothing of a node's readiness answer ({"foo":1}, another service
+// at that address) is ErrNotAnAnswer, as it is for every other read; it
+// must not read as "a node that is not ready, applied index 0" (kvctl
+// snapshot restore's probe took such an endpoint for a node). A 503 goes
+// through the rule of every error answer: a node's (an error and reason
+// not_ready, with or without the readiness fields: a node loading its
+// state sends them alone) is a node that is not ready; any other 503 is
+// an *Error, no answer of readiness. From the fuzzing review (e7fc329).
+func TestReadyRefusesAnAnswerOfAnotherShape(t *testing.T) {
+	var code atomic.Int64
+	var body atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(int(code.Load()))
+		_, _ = io.WriteString(w, body.Load().(string)+"\n")
+	}))
+	defer srv.Close()
+	c, err := client.New([]string{srv.URL}, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ask := func(status int, b string) (api.ReadyResponse, error) {
+		code.Store(int64(status))
+		body.Store(b)
+		return c.Ready(context.Background())
+	}
+	if got, err := ask(http.StatusOK, `{"foo":1}`); !errors.Is(err, client.ErrNotAnAnswer) {
+		t.Errorf("Ready of {\"foo\":1} answered %+v, %v; want ErrNotAnAnswer", got, err)
+	}
+	for _, b := range []string{
+		`{"ready":false,"state":"Candidate","applied_index":4,"error":"not ready: Candidate at applied index 4","reason":"not_ready"}`,
+		`{"error":"not ready: starting (loading its state)","reason":"not_ready"}`,
+	} {
+		if got, err := ask(http.StatusServiceUnavailable, b); err != nil || got.Ready || got.Reason != api.ReasonNotReady {
+			t.Errorf("Ready of 503 %s answered %+v, %v; want a node that is not ready", b, got, err)
+		}
+	}
+	var ae *client.Error
+	if got, err := ask(http.StatusServiceUnavailable, `{"foo":1}`); !errors.As(err, &ae) || ae.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("Ready of 503 {\"foo\":1} answered %+v, %v; want a *client.Error of 503", got, err)
 	}
 }

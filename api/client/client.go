@@ -1407,14 +1407,21 @@ func (c *Client) StatusAll(ctx context.Context) []EndpointStatus {
 // index. A node that is not ready answers 503 not_ready, which the client
 // passes over like no_leader: with several endpoints, the answer is the
 // first ready node's (or the last one's); give a client of one endpoint to
-// ask a given node.
+// ask a given node. A success without the "ready" field every node's
+// holds is ErrNotAnAnswer, as for every other read: another service at
+// that address, not a node that is not ready.
 func (c *Client) Ready(ctx context.Context) (api.ReadyResponse, error) {
 	var out api.ReadyResponse
-	resp, _, err := c.do(ctx, request{method: http.MethodGet, path: "/readyz"})
+	// A node's 200 says ready true: only another answer is looked at twice.
+	err := c.call(ctx, http.MethodGet, "/readyz", nil, &keyed[api.ReadyResponse]{&out, "ready", func(r *api.ReadyResponse) bool { return r.Ready }})
 	if err != nil {
 		var ae *Error
 		if errors.As(err, &ae) && ae.Reason == api.ReasonNotReady {
-			// The 503's body is a ReadyResponse too: state, applied index.
+			// An error answer of a node's shape (decodeError: an error
+			// text and a reason), as every other call's: not_ready. Its
+			// body is a ReadyResponse too (state, applied index), but for
+			// a node still loading its state, whose server is not up yet
+			// (kvrouter's loading handler): error and reason alone.
 			out = api.ReadyResponse{Error: ae.Message, Reason: ae.Reason}
 			_ = json.Unmarshal(ae.body, &out)
 			out.Ready = false
@@ -1422,11 +1429,6 @@ func (c *Client) Ready(ctx context.Context) (api.ReadyResponse, error) {
 		}
 		return out, err
 	}
-	defer resp.Body.Close()
-	if err := decodeAnswer(resp.Body, &out); err != nil {
-		return out, fmt.Errorf("GET /readyz: decode the answer: %w", err)
-	}
-	drainAnswer(resp.Body)
 	return out, nil
 }
 

@@ -584,3 +584,34 @@ func TestARestoreStartsAtTheFirstAnswerNotAfterAHungProbe(t *testing.T) {
 		t.Errorf("the hung endpoint was sent the upload (%d POST /v1/snapshot/restore)", n)
 	}
 }
+
+// TestARestoreIsNotSentToAnotherServicesJSON: an endpoint that answers the
+// readiness probe 200 with JSON of another shape ({"foo":1}, another
+// service at that address) is no node: the restore fails, exit 1, saying
+// so, and the upload is not sent there. From the fuzzing review
+// (e7fc329): client.Ready read that answer as a node that is not ready,
+// and the restore took the address for a node's and sent it the upload.
+func TestARestoreIsNotSentToAnotherServicesJSON(t *testing.T) {
+	var posts atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/snapshot/restore" {
+			posts.Add(1)
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintln(w, `{"foo":1}`)
+	}))
+	defer srv.Close()
+	file := filepath.Join(t.TempDir(), "a.snap")
+	if err := os.WriteFile(file, make([]byte, 1<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{bound: time.Minute, inspect: func(io.Reader) (raftfsm.SnapshotInfo, error) { return raftfsm.SnapshotInfo{}, nil }}
+	r := h.run(t, "--endpoints", srv.Listener.Addr().String(), "--timeout", "2s", "snapshot", "restore", file).wantCode(t, 1)
+	if n := posts.Load(); n > 0 {
+		t.Errorf("the endpoint of another service was sent the upload (%d POST /v1/snapshot/restore)", n)
+	}
+	if !strings.Contains(r.stderr, "another shape") || !strings.Contains(r.stderr, "nothing was sent") {
+		t.Errorf("stderr = %q, want an answer of another shape, and nothing sent", r.stderr)
+	}
+}
