@@ -164,9 +164,9 @@ func TestChaosSoakLosesNothingAcknowledged(t *testing.T) {
 		t.Skip("chaos soak: runs under KVROUTER_LONG=1 (make test-long)")
 	}
 	rounds := chaosRoundsFromEnv(t)
-	seed := testSeed(t)
-	t.Logf("%d rounds; KVROUTER_LONG=1 KVROUTER_CHAOS_ROUNDS=%d go test ./e2e/ -run '^%s$' -seed %d replays the faults and the event streams",
-		rounds, rounds, t.Name(), seed)
+	seed := seedOf()
+	t.Logf("seed %d, %d rounds; KVROUTER_LONG=1 KVROUTER_CHAOS_ROUNDS=%d go test ./e2e/ -run '^%s$' -seed %d replays the faults and the event streams",
+		seed, rounds, rounds, t.Name(), seed)
 	rng := rand.New(rand.NewPCG(seed, 0x6368616f73)) // "chaos"
 	start := time.Now()
 

@@ -18,15 +18,23 @@ import (
 // The ranks the tests publish for: two workers of two data-parallel ranks.
 var testRanks = []kvevent.Rank{{Worker: 1, DP: 0}, {Worker: 1, DP: 1}, {Worker: 2, DP: 0}, {Worker: 2, DP: 1}}
 
-// testSeed returns the seed of a test's event streams and logs it.
+// testSeed returns the seed of a test's event streams and logs it with
+// the command that replays them.
 func testSeed(t *testing.T) uint64 {
 	t.Helper()
-	s := *seedFlag
-	if s == 0 {
-		s = uint64(time.Now().UnixNano())
-	}
+	s := seedOf()
 	t.Logf("seed %d (go test ./e2e/ -run '^%s$' -seed %d replays the event streams)", s, t.Name(), s)
 	return s
+}
+
+// seedOf returns the seed of a test's event streams, -seed's or a new
+// one, unlogged: for a test whose replay command needs more than the seed
+// (the chaos soak's environment), which logs its own.
+func seedOf() uint64 {
+	if s := *seedFlag; s != 0 {
+		return s
+	}
+	return uint64(time.Now().UnixNano())
 }
 
 // rankGen generates one rank's event stream as an inference engine
