@@ -65,9 +65,9 @@ type DiskPool struct {
 	// flushes follows Pebble's flushes: Puts are refused while the last
 	// one failed.
 	flushes *flushWatch
-	// room follows Pebble's compactions: Puts are refused while the last
-	// one failed for want of room.
-	room *roomWatch
+	// l0 follows L0's depth: Puts are refused while it is l0Refuse
+	// sublevels or more.
+	l0 *l0Watch
 
 	// damage records the damage a background job of Pebble's met;
 	// watchDamage, a goroutine from OpenDisk to Close, then shuts the
@@ -171,14 +171,23 @@ func encodeMeta(b Block, stamp uint64) []byte {
 // (1<<20 memtables of Pebble's largest, 4 GiB, still fit a uint64.)
 const noWriteStall = 1 << 20
 
-// l0StopWrites is Pebble's L0StopWritesThreshold (see pebbleOptions).
-const l0StopWrites = 1000
+// l0StopWrites is Pebble's L0StopWritesThreshold (see pebbleOptions):
+// twice l0Refuse. A Put checks L0's depth once, before it writes, and adds
+// one flush (one sublevel) at most after it (its own, or one a Put beside
+// it shares; a Put over maxBatchBytes adds one per batch), and Pebble
+// flushes one memtable queue at a time: L0 passes l0Refuse by about the
+// Puts in flight. The pool's lock does not bound them (Puts share it), its
+// callers do: the offload manager's copy workers, 2 per path by default
+// (--offload-workers). A margin of 16 sublevels is many times that, so
+// the Puts never reach the stall; and the stall stays a bound, where 1000
+// (the previous build's) let L0 grow as deep as the writes took it.
+const l0StopWrites = 2 * l0Refuse
 
-func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch, room *roomWatch, damage *damageWatch) *pebble.Options {
+func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch, l0 *l0Watch, damage *damageWatch) *pebble.Options {
 	popts := &pebble.Options{
 		FS:                 failedBlobsFS{o.FS},
 		Logger:             pebbleLogger{logger},
-		EventListener:      eventListener(logger, flushes, room, damage),
+		EventListener:      eventListener(logger, flushes, l0, damage),
 		FormatMajorVersion: pebble.FormatValueSeparation,
 		DisableWAL:         o.Sync == SyncFlush,
 		MemTableSize:       o.MemTableSize,
@@ -189,12 +198,9 @@ func pebbleOptions(o DiskOptions, logger *slog.Logger, flushes *flushWatch, room
 		// Pebble stalls every write while L0 holds this many sublevels,
 		// until a compaction brings it under; on a full disk none does,
 		// and a Put waited in its flush for good, Close behind it. Puts
-		// are refused once L0 is l0Refuse deep while compactions fail
-		// for want of room (roomWatch); Pebble's 12 left little margin
-		// for the Puts in flight, and the stall is no use to the pool:
-		// without it a disk that keeps filling ends with a failed flush,
-		// which refuses Puts (flushWatch). Point reads, all the pool
-		// does, pay little for a deep L0 (each table has a bloom filter).
+		// are refused once L0 is l0Refuse deep, whatever the cause
+		// (l0Watch), so that they never reach the stall: it sits a
+		// margin above, for the Puts in flight (see l0StopWrites).
 		L0StopWritesThreshold: l0StopWrites,
 		// The block cache only ever holds keys and metadata worth caching;
 		// block bytes are read once per onboarding.
@@ -261,14 +267,14 @@ var testHookValueSeparation func(*pebble.ValueSeparationPolicy)
 // (CompactionEnd). EnsureDefaults fills in only the hooks left nil, so the
 // fatal default is not added back.
 //
-// Compactions are reported to damage and to room. Flushes are reported to
-// flushes. A failed flush is also a background
+// Compactions are reported to damage, flushes to flushes, and both to l0
+// (L0's depth changes only at them). A failed flush is also a background
 // error, and Pebble retries it at once, over and over: flushes logs the
 // first failure and the recovery, and the background error of each retry
 // is not logged again. Other background errors are logged at most once
 // per errorLogEvery (errorLog). Errors are logged by their text: Pebble's
 // carry a stack trace, which a text handler would print whole.
-func eventListener(logger *slog.Logger, flushes *flushWatch, room *roomWatch, damage *damageWatch) *pebble.EventListener {
+func eventListener(logger *slog.Logger, flushes *flushWatch, l0 *l0Watch, damage *damageWatch) *pebble.EventListener {
 	errs := &errorLog{log: logger}
 	return &pebble.EventListener{
 		DataCorruption: damage.file,
@@ -279,9 +285,12 @@ func eventListener(logger *slog.Logger, flushes *flushWatch, room *roomWatch, da
 		},
 		CompactionEnd: func(info pebble.CompactionInfo) {
 			damage.compaction(info)
-			room.compaction(info)
+			l0.changed()
 		},
-		FlushEnd: flushes.end,
+		FlushEnd: func(info pebble.FlushInfo) {
+			flushes.end(info)
+			l0.changed()
+		},
 	}
 }
 
@@ -511,96 +520,91 @@ func (w *flushWatch) failedWith(err error) bool {
 	return w.err != nil && errors.Is(err, w.err)
 }
 
-// A roomWatch follows Pebble's compactions through its EventListener: the
-// last failure of one for want of room (ENOSPC, EDQUOT), until a Put finds
-// L0 shallow again.
+// An l0Watch follows L0's depth, in sublevels, and refuses Puts while it
+// is l0Refuse or more, whatever the cause: compactions that fail for want
+// of room, or that lag behind the writes on a healthy disk. Pebble's
+// compactions go on meanwhile, and the refusal ends by itself at the first
+// Put that finds L0 shallow again.
 //
 // A flush writes a Put's keys and, from value separation's MinimumSize on,
 // its bytes; a compaction of L0 writes the keys of every L0 file merged.
-// Where the flushes are the bigger writes (blocks of 1 KiB or more, in
-// blob files), they fail first on a filling disk, and the flushWatch
-// refuses Puts. Where they are not (smaller blocks, whose bytes stay in
-// the sstables, so that a compaction rewrites them), flushes go on fitting
-// where no compaction of L0 does: every Put's flush added one more L0 file
-// until L0 reached Pebble's L0StopWritesThreshold, and Pebble stalled every
-// write for good, a Put waiting in its flush and Close behind it. With the
-// watch, Puts are refused while a compaction has failed for want of room
-// and L0 is l0Refuse sublevels deep or more: L0 grows past l0Refuse by the
-// Puts in flight at most, far from the stall (l0StopWrites), whatever the
-// block size. A compaction that succeeds does not end the refusal (one that
-// fits between two that do not let the Puts through again, and L0 reached
-// the stall all the same); a Put that finds L0 shallow does. Pebble retries
-// a compaction of a deep L0 at once, so L0 gets shallow as soon as the
-// disk has room; a failure while L0 is shallow refuses nothing, and the
-// Puts it lets through set off the compactions that end it.
-type roomWatch struct {
+// With smaller blocks, whose bytes stay in the sstables (a compaction
+// rewrites them), flushes go on fitting on a filling disk where no
+// compaction of L0 does: every Put's flush added a sublevel until Pebble's
+// L0StopWritesThreshold, and Pebble stalled every write for good, a Put
+// waiting in its flush and Close behind it. Refusing only once a
+// compaction had failed for want of room came too late (L0 was often 40
+// to 60 sublevels deep by then), and on a healthy disk under heavy writes
+// nothing bounded L0 but the stall (85 sublevels in 25 s, reads 20 to 30 %
+// slower). Refusing at a depth bounds L0 in both cases, and the stall
+// (l0StopWrites) sits above it by a margin for the Puts in flight.
+//
+// L0's depth changes only when a flush or a compaction ends: the hooks
+// count them (events), and a Put reads Pebble's metrics only when one has
+// ended since the last read.
+type l0Watch struct {
 	log *slog.Logger
 
+	// events counts the flushes and compactions ended. The hooks add to
+	// it under Pebble's lock, after the version they made is installed.
+	events atomic.Uint64
+
 	mu      sync.Mutex
-	err     error // the last compaction's failure for want of room, until a Put finds L0 shallow
-	refused bool  // a Put was refused since err was set
+	seen    uint64 // events at the last read of depth
+	read    bool   // depth was read at least once
+	depth   int    // L0's sublevels at the last read
+	refused int    // Puts refused since the refusal began; 0 while none is
 }
 
-func newRoomWatch(log *slog.Logger) *roomWatch { return &roomWatch{log: log} }
+func newL0Watch(log *slog.Logger) *l0Watch { return &l0Watch{log: log} }
 
-// compaction is part of the CompactionEnd hook. Pebble calls it under its
-// own lock: it must not call into the database. Only failures for want of
-// room count (the others: see damageWatch); they are logged as Pebble's
-// other background errors are (errorLog).
-func (w *roomWatch) compaction(info pebble.CompactionInfo) {
-	if info.Err == nil || !diskFull(info.Err) {
-		return
-	}
+// changed is part of the FlushEnd and CompactionEnd hooks. Pebble calls it
+// under its own lock: it must not call into the database, nor take mu
+// (check holds mu while it reads Pebble's metrics, under Pebble's lock).
+func (w *l0Watch) changed() { w.events.Add(1) }
+
+// check is nil unless a Put must be refused: L0 is l0Refuse sublevels deep
+// or more. sublevels reads L0's depth from Pebble (its metrics, under its
+// lock), only when a flush or a compaction ended since the last read. The
+// first refusal of an episode, and the first Put let through after it,
+// are logged.
+func (w *l0Watch) check(sublevels func() int) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.err = info.Err
-}
-
-// check is nil unless a Put must be refused: a compaction failed for want
-// of room and deep says L0 is l0Refuse sublevels deep or more. The first
-// refusal, and the first Put let through after refusals, are logged.
-func (w *roomWatch) check(deep func() bool) error {
-	w.mu.Lock()
-	err := w.err
-	w.mu.Unlock()
-	if err == nil {
-		return nil
+	// events is loaded before the read: a flush ending during it is read
+	// again by the next Put.
+	if ev := w.events.Load(); !w.read || ev != w.seen {
+		w.depth, w.seen, w.read = sublevels(), ev, true
 	}
-	// deep reads Pebble's metrics, under Pebble's lock: not under w.mu,
-	// which the hook takes under Pebble's lock.
-	isDeep := deep()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if isDeep {
-		if !w.refused {
-			w.log.Error("offload pool: compactions fail for want of room (disk full?) and L0 is "+
-				fmt.Sprint(l0Refuse)+" sublevels deep; writes to the disk pool fail until Pebble's "+
-				"retries of them make room", "err", err.Error())
-			w.refused = true
+	if w.depth >= l0Refuse {
+		if w.refused == 0 {
+			w.log.Warn(fmt.Sprintf("offload pool: L0 is %d sublevels deep; writes to the disk pool fail "+
+				"until compactions bring it under %d", w.depth, l0Refuse))
 		}
-		return err
+		w.refused++
+		return fmt.Errorf("%w: %d sublevels deep, refused until compactions bring it under %d",
+			errL0Deep, w.depth, l0Refuse)
 	}
-	if w.err == err { // else a compaction failed again meanwhile
-		if w.refused {
-			w.log.Warn("offload pool: compactions made room; writes to the disk pool resume")
-		}
-		w.err, w.refused = nil, false
+	if w.refused > 0 {
+		w.log.Warn(fmt.Sprintf("offload pool: compactions brought L0 under %d sublevels; writes to the disk pool resume",
+			l0Refuse), "refused_puts", w.refused)
+		w.refused = 0
 	}
 	return nil
 }
 
-// l0Deep says whether L0 holds l0Refuse sublevels or more (see roomWatch).
-// It reads Pebble's metrics, a walk of its levels under its lock: only
-// Puts made while a compaction fails for want of room ask.
-func (p *DiskPool) l0Deep() bool {
-	return p.db.Metrics().Levels[0].Sublevels >= l0Refuse
-}
+// errL0Deep is the refusal of a Put while L0 is l0Refuse sublevels deep or
+// more (see l0Watch).
+var errL0Deep = errors.New("L0 too deep")
 
-// l0Refuse is how deep L0 may grow, in sublevels, while compactions fail
-// for want of room (see roomWatch): twice Pebble's L0CompactionThreshold
-// (4), so that Pebble keeps retrying a compaction of L0 while Puts are
-// refused, and far under the stall (l0StopWrites).
-const l0Refuse = 8
+// l0Sublevels reads L0's depth, in sublevels, from Pebble's metrics.
+func (p *DiskPool) l0Sublevels() int { return int(p.db.Metrics().Levels[0].Sublevels) }
+
+// l0Refuse is how deep L0 may grow, in sublevels, before Puts are refused
+// (see l0Watch): four times Pebble's L0CompactionThreshold (4), so that
+// Pebble compacts L0 well before the refusal and keeps doing so during it,
+// and a healthy disk under a steady load seldom meets it.
+const l0Refuse = 16
 
 // OpenDisk opens the disk pool in dir, creating it if needed. An existing
 // pool is rebuilt from its keys: the blocks, their parents and their
@@ -634,12 +638,12 @@ func OpenDisk(dir string, cfg Config, opts DiskOptions) (*DiskPool, error) {
 		opts.FS = vfs.Default
 	}
 	logger := cfg.Logger.With("component", "offload.pool.disk", "dir", dir)
-	flushes, room, damage := newFlushWatch(logger), newRoomWatch(logger), newDamageWatch(logger)
-	db, err := pebble.Open(dir, pebbleOptions(opts, logger, flushes, room, damage))
+	flushes, l0, damage := newFlushWatch(logger), newL0Watch(logger), newDamageWatch(logger)
+	db, err := pebble.Open(dir, pebbleOptions(opts, logger, flushes, l0, damage))
 	if err != nil {
 		return nil, fmt.Errorf("open disk pool %s: %w", dir, corrupt(err))
 	}
-	p := &DiskPool{db: db, dir: dir, opts: opts, bs: cfg.BlockSize, flushes: flushes, room: room, damage: damage,
+	p := &DiskPool{db: db, dir: dir, opts: opts, bs: cfg.BlockSize, flushes: flushes, l0: l0, damage: damage,
 		stop: make(chan struct{})}
 	p.c = newCore(cfg, kvevent.TierDisk, p)
 	if err := p.load(); err != nil {
@@ -1055,8 +1059,10 @@ func (p *DiskPool) drop(e *entry, _ bool) error {
 // find room stand; after a crash, the blocks of batches written before
 // may come back, see the restart invariant in the package doc). A
 // flush that fails (a full disk) fails the Put, and every Put after it at
-// once, storing nothing, until Pebble's retries of that flush succeed. Put
-// copies the bytes: data may be reused once it returns.
+// once, storing nothing, until Pebble's retries of that flush succeed; so
+// does every Put while L0 is l0Refuse sublevels deep or more, until
+// Pebble's compactions bring it under (see l0Watch). Put copies the bytes:
+// data may be reused once it returns.
 //
 // The pool's lock is not held while its batches are written, so concurrent
 // Puts overlap their copies and share flushes.
@@ -1103,9 +1109,8 @@ func (p *DiskPool) put(blocks []Block, data [][]byte) (stored, held int, skipped
 	if _, _, err := p.flushes.state(); err != nil {
 		return 0, 0, nil, fmt.Errorf("put: refused until a flush succeeds: the last one failed: %w", err)
 	}
-	if err := p.room.check(p.l0Deep); err != nil {
-		return 0, 0, nil, fmt.Errorf("put: refused until a compaction succeeds: the last one failed "+
-			"for want of room, with L0 %d sublevels deep or more: %w", l0Refuse, err)
+	if err := p.l0.check(p.l0Sublevels); err != nil {
+		return 0, 0, nil, fmt.Errorf("put: %w", err)
 	}
 
 	es, idx, held, skipped, stop := p.c.reserveAll(blocks)
