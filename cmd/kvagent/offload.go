@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"math"
+	"math/bits"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -257,7 +258,7 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 	if oc.DiskBlocks > 0 {
 		var held uint64
 		for _, d := range o.disks {
-			held += uint64(d.Stats().Used) * uint64(oc.BlockBytes)
+			held = addSat(held, mulSat(uint64(d.Stats().Used), uint64(oc.BlockBytes)))
 		}
 		warnIfDiskTierExceedsFreeSpace(oc, len(ranks), held, diskfree.Available, log)
 	}
@@ -286,16 +287,42 @@ func warnIfDiskTierExceedsFreeSpace(oc offloadConfig, ranks int, held uint64, fr
 		log.Debug("free space of --disk-dir unknown: not checked against the disk tier", "dir", oc.DiskDir, "err", err)
 		return
 	}
-	perRank := uint64(oc.DiskBlocks) * uint64(oc.BlockBytes)
-	want := perRank * uint64(ranks)
-	if want <= avail+held {
+	// Each factor fits a uint64 but the product need not: --dp-size takes
+	// up to 4096 ranks, each pool's bytes up to MaxInt, and a product
+	// wrapped past 2^64 reads as a small tier that fits. Saturated, a
+	// tier of 2^64 bytes or more is larger than any free space.
+	want := mulSat(mulSat(uint64(oc.DiskBlocks), uint64(oc.BlockBytes)), uint64(ranks))
+	room := addSat(avail, held)
+	if want <= room {
 		return
 	}
-	fit := (avail + held) / uint64(oc.BlockBytes) / uint64(ranks)
+	var tierBytes any = want
+	if want == math.MaxUint64 {
+		tierBytes = "2^64 or more"
+	}
+	fit := room / uint64(oc.BlockBytes) / uint64(ranks)
 	log.Warn("offload: the disk tier (G3) is larger than the free space of --disk-dir: it will fill the disk, and "+
 		"writes to G3 then fail until there is room; lower --disk-blocks or free space",
-		"dir", oc.DiskDir, "tier_bytes", want, "free_bytes", avail, "held_bytes", held,
+		"dir", oc.DiskDir, "tier_bytes", tierBytes, "free_bytes", avail, "held_bytes", held,
 		"ranks", ranks, "disk_blocks", oc.DiskBlocks, "block_bytes", oc.BlockBytes, "disk_blocks_that_fit", fit)
+}
+
+// mulSat returns a×b, or math.MaxUint64 where the product overflows.
+func mulSat(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	if hi != 0 {
+		return math.MaxUint64
+	}
+	return lo
+}
+
+// addSat returns a+b, or math.MaxUint64 where the sum overflows.
+func addSat(a, b uint64) uint64 {
+	sum, carry := bits.Add64(a, b, 0)
+	if carry != 0 {
+		return math.MaxUint64
+	}
+	return sum
 }
 
 // lockedByAnother reports whether err, from opening a disk pool, is its
