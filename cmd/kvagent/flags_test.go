@@ -495,6 +495,9 @@ func TestMetricsAddrOnABoundEventEndpointIsAUsageError(t *testing.T) {
 		{"--bind", "--engine-endpoint", "tcp://127.0.0.2:9464", "--metrics-addr", "127.0.0.1:9464"},
 		{"--bind", "--engine-endpoint", "tcp://127.0.0.1:9464", "--metrics-addr", ""},
 		{"--bind", "--engine-endpoint", "ipc:///tmp/kvagent-events", "--metrics-addr", "127.0.0.1:9464"},
+		// libzmq binds "*" on 0.0.0.0, IPv4 only (ZMQ_IPV6 unset): an
+		// IPv6 address on the same port is another socket.
+		{"--bind", "--engine-endpoint", "tcp://*:5557", "--metrics-addr", "[::1]:5557"},
 	} {
 		args = append([]string{"--block-size", "4"}, args...)
 		if err := checkOnly(args...); err != nil {
