@@ -2550,17 +2550,23 @@ func (n *Node) RegisterWorker(ctx context.Context, w WorkerInfo) error {
 	// after it too: read before, it could be one its predecessor replaced
 	// (a block size changed since, or none yet), and checkBlockSize, which
 	// does not judge an entry that keeps the block size, let a change
-	// through unjudged.
-	if n.IsLeader() && !n.ledThisTerm() {
+	// through unjudged. Leadership is decided once, here, and passed to
+	// both checks: asked again in each, a node elected after this check
+	// judged as a leader without the Barrier. One elected after it
+	// judges nothing, as a follower, and proposes unjudged, as one
+	// elected between the checks and the apply always could: Raft's
+	// Apply takes no term to hold to.
+	leader := n.IsLeader()
+	if leader && !n.ledThisTerm() {
 		if err := n.await(ctx, n.raft.Barrier(n.cfg.ApplyTimeout)); err != nil {
 			return fmt.Errorf("barrier before judging worker %d's registration: %w", w.ID, n.raftError(err))
 		}
 	}
 	prev, known := n.fsm.Workers()[w.ID]
-	if err := n.checkBlockSize(&w, &prev, known); err != nil {
+	if err := n.checkBlockSize(leader, &w, &prev, known); err != nil {
 		return err
 	}
-	release, err := n.reserveRanks(&w)
+	release, err := n.reserveRanks(leader, &w)
 	if err != nil {
 		return err
 	}
@@ -2594,8 +2600,9 @@ const DefaultMaxRanks = 65536
 // own judges after RegisterWorker's Barrier: its table lacked
 // registrations its predecessor acknowledged, and those its predecessor
 // had in flight, which the Barrier commits or the new term's log drops.
-func (n *Node) reserveRanks(w *WorkerInfo) (release func(), err error) {
-	if !n.IsLeader() {
+// leader is RegisterWorker's decision, the one its Barrier followed.
+func (n *Node) reserveRanks(leader bool, w *WorkerInfo) (release func(), err error) {
+	if !leader {
 		return func() {}, nil
 	}
 	n.ranksMu.Lock()
@@ -2637,9 +2644,10 @@ func (n *Node) reserveRanks(w *WorkerInfo) (release func(), err error) {
 // judges the table on the leader alone (a follower's apply answers
 // ErrNotLeader), under blockSizeMu, and after the Barrier of a new
 // leader (both RegisterWorker's), with prev, the worker's entry (known),
-// read after that Barrier.
-func (n *Node) checkBlockSize(w, prev *WorkerInfo, known bool) error {
-	if !withoutModel(*w) || !n.IsLeader() {
+// read after that Barrier, and leader, RegisterWorker's decision, the one
+// its Barrier followed.
+func (n *Node) checkBlockSize(leader bool, w, prev *WorkerInfo, known bool) error {
+	if !withoutModel(*w) || !leader {
 		return nil
 	}
 	if known && prev.BlockSize == w.BlockSize && withoutModel(*prev) {
