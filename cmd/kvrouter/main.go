@@ -721,14 +721,8 @@ func isSelf(e, listen, advertised string) bool {
 	if raftfsm.SameRaftAddr(e, listen) || raftfsm.SameRaftAddr(e, advertised) {
 		return true
 	}
-	he, pe, errE := net.SplitHostPort(e)
-	hl, pl, errL := net.SplitHostPort(listen)
-	if errE != nil || errL != nil {
-		return false
-	}
-	ne, errE := net.LookupPort("tcp", pe)
-	nl, errL := net.LookupPort("tcp", pl)
-	if errE != nil || errL != nil || ne == 0 || ne != nl {
+	he, hl, ok := listenaddr.SamePort(e, listen)
+	if !ok {
 		return false
 	}
 	il, okL := listenaddr.IP(hl)

@@ -24,14 +24,8 @@ import (
 // depend on the resolver. An address that does not parse clashes with
 // nothing: the flag's own check refuses it.
 func Same(a, b string) bool {
-	ha, pa, errA := net.SplitHostPort(a)
-	hb, pb, errB := net.SplitHostPort(b)
-	if errA != nil || errB != nil {
-		return false
-	}
-	na, errA := net.LookupPort("tcp", pa)
-	nb, errB := net.LookupPort("tcp", pb)
-	if errA != nil || errB != nil || na == 0 || na != nb {
+	ha, hb, ok := SamePort(a, b)
+	if !ok {
 		return false
 	}
 	ia, okA := IP(ha)
@@ -49,6 +43,24 @@ func Same(a, b string) bool {
 		return strings.EqualFold(strings.TrimSuffix(ha, "."), strings.TrimSuffix(hb, "."))
 	}
 	return false
+}
+
+// SamePort reports whether a and b (host:port) name the same TCP port,
+// other than 0, compared as numbers (07000 is 7000, a service name its
+// number), and returns their hosts, unparsed. An address that does not
+// split, or a port that does not parse, is no port's.
+func SamePort(a, b string) (hostA, hostB string, ok bool) {
+	ha, pa, errA := net.SplitHostPort(a)
+	hb, pb, errB := net.SplitHostPort(b)
+	if errA != nil || errB != nil {
+		return "", "", false
+	}
+	na, errA := net.LookupPort("tcp", pa)
+	nb, errB := net.LookupPort("tcp", pb)
+	if errA != nil || errB != nil || na == 0 || na != nb {
+		return "", "", false
+	}
+	return ha, hb, true
 }
 
 // IP parses host as an IP (an IPv4-mapped one as its IPv4 address); ok is

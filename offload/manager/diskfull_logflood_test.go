@@ -5,12 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
-
 	"github.com/kvrouter/kvrouter/internal/testlog"
-	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/manager"
-	"github.com/kvrouter/kvrouter/offload/pool"
 )
 
 // From a review: while the G3 disk stays full, every D2Disk batch fails at
@@ -26,24 +22,8 @@ import (
 func TestAFullDiskDoesNotFloodTheLog(t *testing.T) {
 	var log testlog.Buffer
 	logger := slog.New(slog.NewTextHandler(&log, nil))
-	raw, err := backend.NewHost()
-	check(t, err)
-	t.Cleanup(func() { raw.Close() })
-	fs := &fullFS{FS: vfs.Default}
-	s := &sink{t: t}
-	d, err := pool.OpenDisk(t.TempDir(), pool.Config{Rank: rank, Capacity: 256, BlockSize: bs, Sink: s, Logger: logger},
-		pool.DiskOptions{FS: fs})
-	check(t, err)
-	t.Cleanup(func() { d.Close() })
-	g1 := newG1Sim(t, 8)
-	mp, err := manager.MapRegion(raw, backend.IPCHandle(g1.path), manager.Layout{BlockSize: bs, Blocks: 8})
-	check(t, err)
-	t.Cleanup(func() { mp.Close() })
-	m, err := manager.New(manager.Config{Rank: rank, Backend: raw, G1: mp.Region, Disk: d, Workers: 1,
-		Filter: manager.FilterConfig{Always: true}, Logger: logger})
-	check(t, err)
-	t.Cleanup(func() { m.Close() })
-	t.Cleanup(func() { fs.full.Store(false) })
+	f := newFullDiskManager(t, logger, 8, 0, 256, 1)
+	fs, m := f.fs, f.m
 
 	fs.full.Store(true)
 	const batches = 200

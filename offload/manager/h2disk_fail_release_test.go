@@ -5,11 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
-
-	"github.com/kvrouter/kvrouter/offload/backend"
 	"github.com/kvrouter/kvrouter/offload/manager"
-	"github.com/kvrouter/kvrouter/offload/pool"
 )
 
 // From a review (a test gap): a G2 block whose promotion to G3 fails (a
@@ -18,28 +14,8 @@ import (
 // existing test passed, and on a full disk G2 filled with blocks pinned for
 // good: each later offload to G2 found it full.
 func TestFailedPromotionToAFullDiskLeavesTheG2BlocksEvictable(t *testing.T) {
-	quiet := slog.New(slog.DiscardHandler)
-	raw, err := backend.NewHost()
-	check(t, err)
-	t.Cleanup(func() { raw.Close() })
-	fs := &fullFS{FS: vfs.Default}
-	s := &sink{t: t}
-	h, err := pool.NewHost(raw, pool.Config{Rank: rank, Capacity: 4, BlockSize: bs, Sink: s, Logger: quiet})
-	check(t, err)
-	t.Cleanup(func() { h.Close() })
-	d, err := pool.OpenDisk(t.TempDir(), pool.Config{Rank: rank, Capacity: 64, BlockSize: bs, Sink: s, Logger: quiet},
-		pool.DiskOptions{FS: fs})
-	check(t, err)
-	t.Cleanup(func() { d.Close() })
-	g1 := newG1Sim(t, 16)
-	mp, err := manager.MapRegion(raw, backend.IPCHandle(g1.path), manager.Layout{BlockSize: bs, Blocks: 16})
-	check(t, err)
-	t.Cleanup(func() { mp.Close() })
-	m, err := manager.New(manager.Config{Rank: rank, Backend: raw, G1: mp.Region, Host: h, Disk: d, Workers: 1,
-		Filter: manager.FilterConfig{Always: true}, Logger: quiet})
-	check(t, err)
-	t.Cleanup(func() { m.Close() })
-	t.Cleanup(func() { fs.full.Store(false) })
+	f := newFullDiskManager(t, slog.New(slog.DiscardHandler), 16, 4, 64, 1)
+	fs, h, m := f.fs, f.h, f.m
 
 	fs.full.Store(true)
 	for i := range 12 {

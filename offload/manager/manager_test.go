@@ -1383,33 +1383,59 @@ func (f *fullFS) Create(name string, cat vfs.DiskWriteCategory) (vfs.File, error
 	return f.FS.Create(name, cat)
 }
 
+// fullDiskManager is a Manager whose G3 pool writes through a fullFS,
+// with the pools and the G1 mapping it was made of.
+type fullDiskManager struct {
+	fs *fullFS
+	s  *sink
+	h  *pool.HostPool // nil without a G2 tier
+	d  *pool.DiskPool
+	mp *manager.Mapping
+	m  *manager.Manager
+}
+
+// newFullDiskManager makes a Manager over a G1 region of g1Blocks blocks,
+// a G3 pool of diskBlocks on a fullFS (not full yet: the test fills it),
+// and, where hostBlocks > 0, a G2 pool of that many, offloading every
+// block (FilterConfig.Always). Each is closed, and the disk emptied, at
+// the test's end.
+func newFullDiskManager(t *testing.T, logger *slog.Logger, g1Blocks, hostBlocks, diskBlocks, workers int) *fullDiskManager {
+	t.Helper()
+	raw, err := backend.NewHost()
+	check(t, err)
+	t.Cleanup(func() { raw.Close() })
+	f := &fullDiskManager{fs: &fullFS{FS: vfs.Default}, s: &sink{t: t}}
+	if hostBlocks > 0 {
+		f.h, err = pool.NewHost(raw, pool.Config{Rank: rank, Capacity: hostBlocks, BlockSize: bs, Sink: f.s, Logger: logger})
+		check(t, err)
+		t.Cleanup(func() { f.h.Close() })
+	}
+	f.d, err = pool.OpenDisk(t.TempDir(), pool.Config{Rank: rank, Capacity: diskBlocks, BlockSize: bs, Sink: f.s, Logger: logger},
+		pool.DiskOptions{FS: f.fs})
+	check(t, err)
+	t.Cleanup(func() { f.d.Close() })
+	g1 := newG1Sim(t, g1Blocks)
+	f.mp, err = manager.MapRegion(raw, backend.IPCHandle(g1.path), manager.Layout{BlockSize: bs, Blocks: g1Blocks})
+	check(t, err)
+	t.Cleanup(func() { f.mp.Close() })
+	f.m, err = manager.New(manager.Config{Rank: rank, Backend: raw, G1: f.mp.Region, Host: f.h, Disk: f.d, Workers: workers,
+		Filter: manager.FilterConfig{Always: true}, Logger: logger})
+	check(t, err)
+	t.Cleanup(func() { f.m.Close() })
+	// First, after the closes: a write stuck on the full disk would hold
+	// them up.
+	t.Cleanup(func() { f.fs.full.Store(false) })
+	return f
+}
+
 // Close waits for a running copy, however long; but a write to a full G3
 // disk never ended (Pebble retries the failed flush for ever, and
 // DiskPool.Put waited for it), so the D2Disk worker never returned, nor
 // Manager.Close, nor kvagent's shutdown. Now the write fails, is counted,
 // publishes nothing, and Close returns.
 func TestCloseReturnsWhenTheDiskIsFull(t *testing.T) {
-	quiet := slog.New(slog.DiscardHandler)
-	raw, err := backend.NewHost()
-	check(t, err)
-	t.Cleanup(func() { raw.Close() })
-	fs := &fullFS{FS: vfs.Default}
-	s := &sink{t: t}
-	d, err := pool.OpenDisk(t.TempDir(), pool.Config{Rank: rank, Capacity: 64, BlockSize: bs, Sink: s, Logger: quiet},
-		pool.DiskOptions{FS: fs})
-	check(t, err)
-	t.Cleanup(func() { d.Close() })
-	g1 := newG1Sim(t, 8)
-	mp, err := manager.MapRegion(raw, backend.IPCHandle(g1.path), manager.Layout{BlockSize: bs, Blocks: 8})
-	check(t, err)
-	t.Cleanup(func() { mp.Close() })
-	m, err := manager.New(manager.Config{Rank: rank, Backend: raw, G1: mp.Region, Disk: d,
-		Filter: manager.FilterConfig{Always: true}, Logger: quiet})
-	check(t, err)
-	t.Cleanup(func() { m.Close() })
-	// First, after a failure: a write stuck on the full disk would hold up the closes.
-	t.Cleanup(func() { fs.full.Store(false) })
-
+	f := newFullDiskManager(t, slog.New(slog.DiscardHandler), 8, 0, 64, 0)
+	fs, s, d, mp, m := f.fs, f.s, f.d, f.mp, f.m
 	fs.full.Store(true)
 	if _, err := m.Offload([]manager.OffloadRequest{{G1Block: 0, Hash: 11, Local: 11, Priority: 1}}); err != nil {
 		t.Fatal(err)
