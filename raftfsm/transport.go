@@ -185,7 +185,6 @@ func (s *streamLayer) Accept() (net.Conn, error) {
 		}
 		sc, err := s.accepted(c)
 		if errors.Is(err, errOverCap) {
-			s.overCap.Add(1)
 			s.note("over-cap", "closed an inbound Raft connection at once: too many held (a peer holds ten at most; a port scan or a flood holds more)",
 				"remote", c.RemoteAddr().String(), "error", err)
 			continue
@@ -235,6 +234,8 @@ func (s *streamLayer) accepted(c net.Conn) (net.Conn, error) {
 		return nil, fmt.Errorf("raft transport: %w", net.ErrClosed)
 	}
 	if s.inbound[host] >= maxInboundPerHost || s.inboundN >= maxInbound {
+		// Counted before the close: whoever sees the close sees the count.
+		s.overCap.Add(1)
 		c.Close()
 		return nil, fmt.Errorf("%w: %d from %s, %d in all (at most %d and %d)",
 			errOverCap, s.inbound[host], host, s.inboundN, maxInboundPerHost, maxInbound)
