@@ -268,7 +268,11 @@ type hangingTarget struct {
 	mu       sync.Mutex
 	ct       cursorTarget
 	hangNext bool
-	hungFor  time.Duration // how long the hung commit waited; 0 until it returned
+	// The hung commit, once it returned: when it was called, its
+	// context's deadline (zero if none), and how its context ended.
+	hung                 bool
+	hungAt, hungDeadline time.Time
+	hungErr              error
 }
 
 func (f *hangingTarget) CheckLeader() error                         { return nil }
@@ -286,9 +290,10 @@ func (f *hangingTarget) IngestEvents(ctx context.Context, bs []raftfsm.RankBatch
 	f.mu.Unlock()
 	if hang {
 		start := time.Now()
+		deadline, _ := ctx.Deadline()
 		<-ctx.Done()
 		f.mu.Lock()
-		f.hungFor = time.Since(start)
+		f.hung, f.hungAt, f.hungDeadline, f.hungErr = true, start, deadline, ctx.Err()
 		f.mu.Unlock()
 		return nil, fmt.Errorf("raft apply: waiting for the entry to apply: %w", ctx.Err())
 	}
@@ -339,19 +344,31 @@ func TestAgentlessCommitThatHangsEndsAtCommitTimeout(t *testing.T) {
 	ft.mu.Lock()
 	ft.hangNext = true
 	ft.mu.Unlock()
+	published := time.Now()
 	publish(1)
-	// Bounded well past CommitTimeout, and well short of the subscriber's
-	// end (the test's).
-	waitFor(t, 5*time.Second, "the hung commit to end", func() bool {
+	waitFor(t, 10*time.Second, "the hung commit to end", func() bool {
 		ft.mu.Lock()
 		defer ft.mu.Unlock()
-		return ft.hungFor > 0
+		return ft.hung
 	})
+	// The commit's context, not a clock read after it ended, tells when it
+	// ends: how soon the hung call was scheduled after the context was
+	// made, and how late it woke after the deadline, are the machine's.
+	// Its deadline is CommitTimeout after the subscriber made it: at most
+	// that after the call began, at least that after the batch was
+	// published. And it ended by that deadline, not by the subscriber
+	// stopping (which would cancel it).
 	ft.mu.Lock()
-	hungFor := ft.hungFor
+	at, deadline, ended := ft.hungAt, ft.hungDeadline, ft.hungErr
 	ft.mu.Unlock()
-	if hungFor < commitTimeout || hungFor > commitTimeout+2*time.Second {
-		t.Fatalf("the hung commit ended after %v, want about CommitTimeout (%v)", hungFor, commitTimeout)
+	if deadline.IsZero() {
+		t.Fatal("the hung commit's context has no deadline: it waits until the subscriber stops")
+	}
+	if d, p := deadline.Sub(at), deadline.Sub(published); d > commitTimeout || p < commitTimeout {
+		t.Fatalf("the hung commit's deadline is %v after its call, %v after the batch was published, want CommitTimeout (%v) after the commit began", d, p, commitTimeout)
+	}
+	if !errors.Is(ended, context.DeadlineExceeded) {
+		t.Fatalf("the hung commit ended with %v, want its deadline exceeded", ended)
 	}
 	waitFor(t, 10*time.Second, "the rank cleared after the lost batch", func() bool { return len(ft.committed()) == 2 })
 	publish(2)
