@@ -486,29 +486,49 @@ func TestOffloadFloodNeverBlocksAndShedsLowestPriorityFirst(t *testing.T) {
 
 func TestOnboardReturnsAtDeadlineWhenCopyIntoG1Stalls(t *testing.T) {
 	const timeout = 250 * time.Millisecond
-	r := newRig(t, rigConfig{hostCap: 16, gate: gateIntoG1,
-		cfg: manager.Config{Workers: 1, BatchSize: 2, OnboardTimeout: timeout}})
-	reqs := r.compute(0, 1, 0, 1, 2, 3)
-	r.offload(reqs)
-	r.idle()
-	hs := hashesOf(reqs)
+	var (
+		r   *rig
+		hs  []uint64
+		res manager.Result
+	)
+	// The context's deadline is the earlier one: it wins. It must fall
+	// while the worker holds the first chunk's copy at the gate: on a
+	// loaded machine the worker may not have taken it by then, Onboard
+	// takes both chunks back, and the try proves nothing (nothing reached
+	// the gate, nothing is left to settle). Then a fresh rig, a longer
+	// deadline.
+	for wait := timeout / 2; ; wait *= 2 {
+		r = newRig(t, rigConfig{hostCap: 16, gate: gateIntoG1,
+			cfg: manager.Config{Workers: 1, BatchSize: 2, OnboardTimeout: timeout}})
+		reqs := r.compute(0, 1, 0, 1, 2, 3)
+		r.offload(reqs)
+		r.idle()
+		hs = hashesOf(reqs)
 
-	// The context's deadline is the earlier one: it wins.
-	ctx, cancel := context.WithTimeout(context.Background(), timeout/2)
-	defer cancel()
-	deadline, _ := ctx.Deadline()
-	res, err := r.m.Onboard(ctx, hs, ids(10, 4))
-	check(t, err)
-	// It returned while the gate still holds the copy (released below):
-	// at its deadline, not when the copy ends. No upper bound on how soon
-	// after: that is the machine's speed, not the contract.
-	if late := time.Since(deadline); late < 0 {
-		t.Fatalf("Onboard returned %v before its deadline", -late)
-	}
-	for i, b := range res.Blocks {
-		if b.Status != manager.TimedOut {
-			t.Fatalf("block %d: %v, want timeout", i, b.Status)
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		deadline, _ := ctx.Deadline()
+		var err error
+		res, err = r.m.Onboard(ctx, hs, ids(10, 4))
+		cancel()
+		check(t, err)
+		// It returned at its deadline, not when the copy ends (the gate
+		// holds it until released below). No upper bound on how soon
+		// after: that is the machine's speed, not the contract.
+		if late := time.Since(deadline); late < 0 {
+			t.Fatalf("Onboard returned %v before its deadline", -late)
 		}
+		for i, b := range res.Blocks {
+			if b.Status != manager.TimedOut {
+				t.Fatalf("block %d: %v, want timeout", i, b.Status)
+			}
+		}
+		if !settled(res) || len(r.gate.entered) > 0 {
+			break
+		}
+		if wait >= 16*time.Second {
+			t.Fatalf("no copy into G1 started within %v of Onboard, its only worker idle", wait)
+		}
+		t.Logf("the worker had not taken the first chunk at the deadline, %v after Onboard: trying %v", wait, 2*wait)
 	}
 	// The first chunk's copy is held at the gate (running: it cannot be
 	// recalled); the second never started and was released at once.
