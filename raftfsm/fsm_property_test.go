@@ -2,11 +2,14 @@ package raftfsm
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -20,9 +23,11 @@ import (
 // incarnation fence (a rank keeps its last dump's incarnation; a batch of
 // another non-zero one applies nothing), the worker table, and every booking with the load it puts on its rank, computed here
 // from the bookings alone (semantics.md §6), not read back from Sequences,
-// with the sweeps that end bookings and drop tombstones by age, and the
+// with the sweeps that end bookings and drop tombstones by age, the
+// cluster settings (a later one replaces the whole; one of weights no build
+// writes is skipped), the member table, and the
 // reply of each command it computes (acks, a booking's outcome, a sweep's
-// count).
+// count, the ranks a removal or a deregistration took).
 // Which events reach the index, in which order, and what a registration or
 // a deregistration does to a rank's index state are the FSM's rules too:
 // ix is an index fed only what the model says reaches the FSM's (the events
@@ -37,6 +42,8 @@ type fsmModel struct {
 	bookings map[string]*fsmModelBooking // live
 	freed    map[string]int64            // tombstones (their bookings' times): an add of these books nothing
 	now      int64                       // the time the next command carries
+	settings Settings
+	members  map[string]Member
 	// replies holds each generated command's reply as the model computes
 	// it, in order, for checkReplies; anyReply where it checks none.
 	replies []interface{}
@@ -45,9 +52,14 @@ type fsmModel struct {
 // anyReply stands for a reply the model does not compute.
 type anyReply struct{}
 
+// skippedReply stands for the reply of an entry the FSM skips as garbled
+// (ErrBadCommand): an error, whatever its text.
+type skippedReply struct{}
+
 func newFSMModel() *fsmModel {
 	return &fsmModel{ix: indexer.New(indexer.Config{}), cursors: map[kvevent.Rank]uint64{}, incs: map[kvevent.Rank]uint64{},
-		workers: map[uint64]WorkerInfo{}, bookings: map[string]*fsmModelBooking{}, freed: map[string]int64{}, now: fsmNow}
+		workers: map[uint64]WorkerInfo{}, bookings: map[string]*fsmModelBooking{}, freed: map[string]int64{}, now: fsmNow,
+		settings: Settings{Params: indexer.DefaultParams()}, members: map[string]Member{}}
 }
 
 // checkReplies compares the replies of a batch just applied with the
@@ -59,6 +71,12 @@ func (m *fsmModel) checkReplies(rt *rapid.T, what string, got []interface{}) {
 	for i, g := range got {
 		want := m.replies[i]
 		if _, ok := want.(anyReply); ok {
+			continue
+		}
+		if _, ok := want.(skippedReply); ok {
+			if err, isErr := g.(error); !isErr || !errors.Is(err, ErrBadCommand) {
+				rt.Fatalf("%s: reply %v, model a skipped entry (ErrBadCommand)", what, responseString(g))
+			}
 			continue
 		}
 		if responseString(g) != responseString(want) {
@@ -86,6 +104,14 @@ const fsmNow = 5
 // fsmRanks are the ranks the generated commands name.
 var fsmRanks = []kvevent.Rank{{Worker: 1}, {Worker: 1, DP: 1}, {Worker: 2}, {Worker: 2, DP: 1}}
 
+// fsmStrayRanks are ranks a removal names that nothing else does: no
+// worker's registration lists them and no command gives them state.
+var fsmStrayRanks = []kvevent.Rank{{Worker: 1, DP: 2}, {Worker: 3}}
+
+// fsmMembers are the member ids the generated member commands name; ""
+// too, which no node's own id is but a log may hold.
+var fsmMembers = []string{"n1", "n2", "n3", ""}
+
 // fsmRequests are the request ids the generated bookings name.
 var fsmRequests = []string{"a", "b", "c", "d"}
 
@@ -111,6 +137,21 @@ func (m *fsmModel) removeRanks(match func(kvevent.Rank) bool) {
 			m.free(id)
 		}
 	}
+}
+
+// removeHeld removes the ranks match takes as removeRanks does, from the
+// index too, and returns how many of them held index state or a cursor
+// (what a removal or a deregistration answers).
+func (m *fsmModel) removeHeld(match func(kvevent.Rank) bool) int {
+	n := 0
+	for _, r := range fsmRanks {
+		_, cursor := m.cursors[r]
+		if match(r) && (m.ix.RemoveRank(r) || cursor) {
+			n++
+		}
+	}
+	m.removeRanks(match)
+	return n
 }
 
 // unlisted says whether r's worker is registered Positional without r: r
@@ -192,6 +233,14 @@ func (m *fsmModel) check(rt *rapid.T, what string, f *FSM) {
 	if got, want := f.Index().Digest(), m.ix.Digest(); got != want {
 		rt.Fatalf("%s: index digest %#x, model %#x", what, got, want)
 	}
+	// The settings bit for bit (a -0 weight stays -0), and the member
+	// table, which the digest leaves out: only this compares it.
+	if got, want := f.Settings(), m.settings; responseString(got) != responseString(want) {
+		rt.Fatalf("%s: settings %+v, model %+v", what, got, want)
+	}
+	if got := f.Members(); !maps.Equal(got, m.members) {
+		rt.Fatalf("%s: members %+v, model %+v", what, got, m.members)
+	}
 	ws := f.Workers()
 	if len(ws) != len(m.workers) {
 		rt.Fatalf("%s: workers %v, model %v", what, ws, m.workers)
@@ -233,7 +282,7 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 	// is booking_clock_test.go's).
 	m.now += rapid.SampledFrom([]int64{0, 0, 1e6, 5e8, 3e9}).Draw(t, "dt")
 	now := m.now
-	switch rapid.IntRange(0, 13).Draw(t, "cmd") {
+	switch rapid.IntRange(0, 17).Draw(t, "cmd") {
 	case 0, 1, 2, 3:
 		var batches []RankBatch
 		for _, r := range rapid.SliceOfNDistinct(rapid.SampledFrom(ranks), 1, 3, func(r kvevent.Rank) kvevent.Rank { return r }).Draw(t, "ranks") {
@@ -319,12 +368,86 @@ func genFSMCommand(t *rapid.T, m *fsmModel) []byte {
 		m.replies = append(m.replies, anyReply{})
 		return encodeRegister(now, &w)
 	case 5:
-		id := uint64(rapid.IntRange(1, 2).Draw(t, "worker"))
+		// A deregistration, of a worker never registered (3) too: it
+		// removes the worker's ranks' state all the same, and answers how
+		// many held some, as an int or, for a worker not registered, in an
+		// unknownWorkerError.
+		id := uint64(rapid.IntRange(1, 3).Draw(t, "worker"))
+		_, known := m.workers[id]
 		delete(m.workers, id)
-		m.removeRanks(func(r kvevent.Rank) bool { return r.Worker == id })
+		removed := m.removeHeld(func(r kvevent.Rank) bool { return r.Worker == id })
 		m.ix.RemoveWorker(id)
-		m.replies = append(m.replies, anyReply{})
+		if known {
+			m.replies = append(m.replies, removed)
+		} else {
+			m.replies = append(m.replies, &unknownWorkerError{id: id, removed: removed})
+		}
 		return encodeDeregister(now, id)
+	case 14:
+		// The removal of unregistered ranks (the leader's sweep), as the
+		// leader lists them or stale: a rank a registration lists keeps
+		// its state, one listed twice is removed once, a stray one holds
+		// nothing. It answers how many held index state or a cursor.
+		pick := rapid.SampledFrom(append(slices.Clone(fsmRanks), fsmStrayRanks...))
+		ranks := rapid.SliceOfN(pick, 0, 3).Draw(t, "removed ranks")
+		removed := m.removeHeld(func(r kvevent.Rank) bool {
+			return slices.Contains(ranks, r) && !slices.Contains(m.workers[r.Worker].DPRanks, r.DP)
+		})
+		m.replies = append(m.replies, removed)
+		return encodeRemoveRanks(now, ranks)
+	case 15:
+		// Cluster settings: valid ones replace the whole (weights above
+		// MaxWeight included: an older build wrote them; -0 kept as it
+		// is); one NaN, infinite or negative weight, or a negative busy
+		// prefill count, makes an entry no build writes, skipped.
+		weight := rapid.SampledFrom([]float64{0, math.Copysign(0, -1), 0.25, 1, 3, 2 * indexer.MaxWeight})
+		var s Settings
+		p := &s.Params
+		fields := []*float64{&p.OverlapScoreCredit, &p.HostCacheHitWeight, &p.DiskCacheHitWeight, &p.PrefillLoadScale,
+			&p.DecodeActiveRequestWeight, &p.Temperature, &p.BusyDecodeFraction}
+		for _, f := range fields {
+			*f = weight.Draw(t, "weight")
+		}
+		p.BusyPrefillTokens = rapid.SampledFrom([]int64{0, 512}).Draw(t, "busy prefill tokens")
+		s.View = rapid.SampledFrom([]indexer.View{indexer.ViewDedup, indexer.ViewTiered}).Draw(t, "view")
+		if rapid.IntRange(0, 3).Draw(t, "bad settings?") == 0 {
+			if bad := rapid.IntRange(0, len(fields)).Draw(t, "bad field"); bad == len(fields) {
+				p.BusyPrefillTokens = -1
+			} else {
+				*fields[bad] = rapid.SampledFrom([]float64{math.NaN(), math.Inf(1), math.Inf(-1), -1}).Draw(t, "bad weight")
+			}
+			m.replies = append(m.replies, skippedReply{})
+			return encodeSettings(now, &s)
+		}
+		m.settings = s
+		m.replies = append(m.replies, nil)
+		return encodeSettings(now, &s)
+	case 16:
+		// A member's entry, new or replacing the one of its id, with
+		// either address empty or not; one whose id is past maxKeyID is
+		// garbled, skipped.
+		mb := Member{ID: rapid.SampledFrom(fsmMembers).Draw(t, "member"),
+			RaftAddr: rapid.SampledFrom([]string{"", "10.0.0.1:7000", "10.0.0.2:7000"}).Draw(t, "raft addr"),
+			HTTPAddr: rapid.SampledFrom([]string{"", "10.0.0.1:8080", "[::1]:8080"}).Draw(t, "http addr")}
+		if rapid.IntRange(0, 7).Draw(t, "long member id?") == 0 {
+			mb.ID = strings.Repeat("n", maxKeyID+1)
+			m.replies = append(m.replies, skippedReply{})
+			return encodeMember(now, &mb)
+		}
+		m.members[mb.ID] = mb
+		m.replies = append(m.replies, nil)
+		return encodeMember(now, &mb)
+	case 17:
+		// A member's removal, of an id in the table or not (nothing to
+		// remove); one past maxKeyID is garbled, skipped.
+		id := rapid.SampledFrom(fsmMembers).Draw(t, "member")
+		if rapid.IntRange(0, 7).Draw(t, "long member id?") == 0 {
+			m.replies = append(m.replies, skippedReply{})
+			return encodeMemberGone(now, strings.Repeat("n", maxKeyID+1))
+		}
+		delete(m.members, id)
+		m.replies = append(m.replies, nil)
+		return encodeMemberGone(now, id)
 	case 6, 7:
 		rid := rapid.SampledFrom(fsmRequests).Draw(t, "request")
 		r := rapid.SampledFrom(ranks).Draw(t, "rank")
