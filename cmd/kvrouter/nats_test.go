@@ -221,9 +221,13 @@ func TestAnExternalNATSConnectionClosedForGoodStopsTheNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := strings.TrimPrefix(s.ClientURL(), "nats://")
-	own := s.NumSubscriptions()     // the server's own
-	const runFor = 10 * time.Second // what a node that runs on is stopped after
-	ctx, cancel := context.WithTimeout(context.Background(), runFor)
+	own := s.NumSubscriptions() // the server's own
+	// What a node that runs on is stopped after, from the fault: its
+	// start, up to 20 s on a loaded machine (runUntilReady), is not
+	// taken out of it. Generous: the bound ends a hang, and a node
+	// that stops as it should returns in a few seconds.
+	const runFor = 30 * time.Second
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// A subscription, not a client: a client counts from its accept,
 	// before its connect is through, and a shutdown then fails the start.
@@ -240,6 +244,7 @@ func TestAnExternalNATSConnectionClosedForGoodStopsTheNode(t *testing.T) {
 	}
 	defer func() { s2.Shutdown(); s2.WaitForShutdown() }()
 	start := time.Now()
+	defer time.AfterFunc(runFor, cancel).Stop()
 	err = <-done
 	if took := time.Since(start); !errors.Is(err, natswatch.ErrClosed) {
 		t.Fatalf("kvrouter returned %v after %v with its NATS connection closed for good (it is stopped after %v); want %v, as kvagent stops",
@@ -261,9 +266,13 @@ func TestAnExternalNATSCredsFileGoneBadStopsTheNode(t *testing.T) {
 	}
 	addr := strings.TrimPrefix(s.ClientURL(), "nats://")
 	creds := natstest.WriteCreds(t, t.TempDir())
-	own := s.NumSubscriptions()     // the server's own
-	const runFor = 10 * time.Second // what a node that runs on is stopped after
-	ctx, cancel := context.WithTimeout(context.Background(), runFor)
+	own := s.NumSubscriptions() // the server's own
+	// What a node that runs on is stopped after, from the fault: its
+	// start, up to 20 s on a loaded machine (runUntilReady), is not
+	// taken out of it. Generous: the bound ends a hang, and a node
+	// that stops as it should returns in a few seconds.
+	const runFor = 30 * time.Second
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := startNode(t, ctx, func() []string {
 		return []string{"--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--raft-addr", freeAddr(t),
@@ -281,6 +290,7 @@ func TestAnExternalNATSCredsFileGoneBadStopsTheNode(t *testing.T) {
 	}
 	defer func() { s2.Shutdown(); s2.WaitForShutdown() }()
 	start := time.Now()
+	defer time.AfterFunc(runFor, cancel).Stop()
 	err = <-done
 	if took := time.Since(start); err == nil || !strings.Contains(err.Error(), "--nats-creds") {
 		t.Fatalf("kvrouter returned %v after %v with a --nats-creds file gone bad (it is stopped after %v); want an error naming --nats-creds, as kvagent stops",
