@@ -427,6 +427,14 @@ func TestWorkerRegisteredElsewhereIsResyncedAfterEachRemoval(t *testing.T) {
 	must(t, a.Events(rank, 0, []kvevent.Event{storedChain(0, 1, 2, 3)}))
 	waitFor(t, "the chain on the router", func() bool { return matched(r, 3) == 3 })
 	for i := 1; i <= 2; i++ {
+		// No dump in flight (the start's, or the last resync's): one
+		// applied after the removal puts the ranks back, as an agent that
+		// publishes without a registration may (the leader's sweep removes
+		// them), and the chain reads as resynced without the agent having
+		// heard the worker known again.
+		waitFor(t, fmt.Sprintf("the rank's dump taken before removal %d", i), func() bool {
+			return a.Publisher().Synced(rank) != 0 && a.Publisher().Pending() == 0
+		})
 		must(t, r.node.DeregisterWorker(context.Background(), 7))
 		if n := matched(r, 3); n != 0 {
 			t.Fatalf("removal %d: the router matches %d blocks of a removed worker", i, n)
