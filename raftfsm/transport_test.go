@@ -121,6 +121,23 @@ func acceptOne(t *testing.T, s *streamLayer) (client, server net.Conn) {
 	return client, server
 }
 
+// acceptPrompt is acceptOne for a connection whose test reads its first
+// request, sent at once, and then holds it to s's stall: it is accepted
+// under a stall of 10 s and given s's after (streamConn.stall, which
+// bounds every read after the first byte). Accepted under s's own stall
+// of 100 ms, the first read failed (io.EOF: silent since its accept)
+// whenever the test's goroutine lost the CPU for that long between the
+// accept and the read, as it may in a -race run on 2 loaded cores.
+func acceptPrompt(t *testing.T, s *streamLayer) (client, server net.Conn) {
+	t.Helper()
+	stall := s.stall
+	s.stall = 10 * time.Second // only the test's goroutine accepts
+	client, server = acceptOne(t, s)
+	s.stall = stall
+	server.(*streamConn).stall = stall // before its first read: no reader yet
+	return client, server
+}
+
 // TestAStalledRequestFailsButAnIdleConnectionWaits: a connection accepted
 // on the Raft port fails a read that waits longer than the stall part-way
 // through a request (a leader hung mid-snapshot), and every read after it,
@@ -129,7 +146,7 @@ func acceptOne(t *testing.T, s *streamLayer) (client, server net.Conn) {
 func TestAStalledRequestFailsButAnIdleConnectionWaits(t *testing.T) {
 	s := newTestStreamLayer(t, 100*time.Millisecond)
 	buf := make([]byte, 8)
-	idleC, idle := acceptOne(t, s)
+	idleC, idle := acceptPrompt(t, s)
 	idleC.Write([]byte{1}) // a request, answered
 	if _, err := idle.Read(buf); err != nil {
 		t.Fatal(err)
@@ -143,7 +160,7 @@ func TestAStalledRequestFailsButAnIdleConnectionWaits(t *testing.T) {
 	waitFor(t, 10*time.Second, "the idle connection to wait for its next request", func() bool {
 		return testwatch.Goroutines("raftfsm.(*streamConn).Read(", "[IO wait") > 0
 	})
-	midC, mid := acceptOne(t, s)
+	midC, mid := acceptPrompt(t, s)
 	midC.Write([]byte{1}) // part of a request, then nothing
 	if _, err := mid.Read(buf); err != nil {
 		t.Fatal(err)
@@ -559,7 +576,7 @@ func TestSilentConnectionsOnTheRaftPortAreNotHeld(t *testing.T) {
 // AnIdleConnectionWaits).
 func TestAConnectionSilentSinceItsAcceptIsClosedButAPromptOneServed(t *testing.T) {
 	s := newTestStreamLayer(t, 100*time.Millisecond)
-	promptC, prompt := acceptOne(t, s)
+	promptC, prompt := acceptPrompt(t, s)
 	promptC.Write([]byte{1})
 	if _, err := prompt.Read(make([]byte, 8)); err != nil {
 		t.Fatalf("a request sent as soon as the connection was made: %v", err)
