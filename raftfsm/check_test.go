@@ -75,8 +75,18 @@ func TestDigestCheckFindsADivergedReplica(t *testing.T) {
 // TestClusterDigestChecks: the leader proposes checks on its own; every
 // replica compares and matches, and a follower whose state is changed
 // outside the log counts a mismatch while the others do not.
+//
+// Its cluster runs with Raft timeouts of a second (steadyTimeouts): the
+// diverged follower must stay one. Elected (a leader that missed its
+// 200 ms lease under load), it proposes checks of its own digest, which
+// it matches and the others do not: the test timed out waiting for it
+// to find a mismatch (as it does after a transfer to it right after the
+// divergence).
 func TestClusterDigestChecks(t *testing.T) {
-	c := newTestCluster(t, 3, func(cfg *Config) { cfg.CheckInterval = 20 * time.Millisecond })
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		steadyTimeouts(cfg)
+		cfg.CheckInterval = 20 * time.Millisecond
+	})
 	l := c.leader()
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
 		t.Fatal(err)
@@ -90,15 +100,12 @@ func TestClusterDigestChecks(t *testing.T) {
 		}
 		return true
 	})
-	var follower *Node
 	for _, n := range c.nodes {
 		if _, m := n.fsm.DigestChecks(); m != 0 {
 			t.Fatalf("%s: %d mismatches on equal replicas", n.cfg.ID, m)
 		}
-		if n != c.leader() {
-			follower = n
-		}
 	}
+	follower := c.nodes[c.followerOf(c.leader())]
 	follower.fsm.curMu.Lock()
 	follower.fsm.cursors.Set(kvevent.Rank{Worker: 999}, rankCursor{id: 5})
 	follower.fsm.curMu.Unlock()
