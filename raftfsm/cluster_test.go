@@ -650,8 +650,13 @@ func TestNodeDownPastLogRetentionCatchesUpFromSnapshot(t *testing.T) {
 		t.Fatalf("restarted node: entries %d", n.IndexStats().Entries)
 	}
 	// It installed the leader's snapshot (or a later one): its own would
-	// wait for SnapshotInterval.
+	// wait for SnapshotInterval. Polled: hashicorp/raft v1.8.0's install
+	// sets the applied index (what converged waits for) and only then the
+	// last snapshot's (Status's SnapshotIndex).
 	st := n.Status()
+	for deadline := time.Now().Add(10 * time.Second); st.SnapshotIndex < leaderSnap && time.Now().Before(deadline); st = n.Status() {
+		time.Sleep(5 * time.Millisecond)
+	}
 	if st.SnapshotIndex < leaderSnap {
 		t.Fatalf("restarted node's snapshot at %d (before the stop %d), the leader's at %d: it installed none", st.SnapshotIndex, downSnap, leaderSnap)
 	}
