@@ -1339,13 +1339,18 @@ func TestStatusDigestMatchesItsAppliedIndex(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[uint64]string{} // applied index → the first digest a status showed there
 	conflicts := 0
-	deadline := time.Now().Add(3 * time.Second)
+	statusStop := make(chan struct{})
 	var swg sync.WaitGroup
 	for _, n := range c.nodes {
 		swg.Add(1)
 		go func(n *Node) {
 			defer swg.Done()
-			for time.Now().Before(deadline) {
+			for {
+				select {
+				case <-statusStop:
+					return
+				default:
+				}
 				s := n.Status()
 				mu.Lock()
 				if d, ok := seen[s.AppliedIndex]; !ok {
@@ -1360,13 +1365,25 @@ func TestStatusDigestMatchesItsAppliedIndex(t *testing.T) {
 			}
 		}(n)
 	}
-	swg.Wait()
-	close(stop)
-	wg.Wait()
+	// At least 3 s of statuses, and on until they saw 3 applied indexes:
+	// a loaded machine applies few batches beside the statuses' loops,
+	// and 3 s alone saw 2 in a -race run on 2 busy cores ("the test saw
+	// no load").
+	minEnd := time.Now().Add(3 * time.Second)
+	stopAll := sync.OnceFunc(func() { // before the cluster's Close, a failed wait too
+		close(statusStop)
+		swg.Wait()
+		close(stop)
+		wg.Wait()
+	})
+	defer stopAll()
+	waitFor(t, 30*time.Second, "the statuses to see 3 applied indexes", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen) >= 3 && time.Now().After(minEnd)
+	})
+	stopAll()
 	t.Logf("%d statuses disagreed with another at their applied index (%d indexes seen)", conflicts, len(seen))
-	if len(seen) < 3 { // (a loaded machine applies few batches beside the statuses)
-		t.Fatalf("only %d applied indexes seen: the test saw no load", len(seen))
-	}
 }
 
 // configIndex returns the log index of n's latest configuration entry,
