@@ -91,34 +91,48 @@ func crossesWith(t *testing.T, from, to *server.Server, pubOpts, subOpts []nats.
 // pair, made by either side), and messages cross both ways. Neither logs
 // the password, at any level.
 func TestARollingUpgradeKeepsTheRoute(t *testing.T) {
-	var newLog syncBuffer
+	var newLog *syncBuffer // this attempt's
 	// An older build: the clients' credentials, none asked of routes, and
 	// none sent on its own route dials.
 	// The older one routes to the newer too, as --nats-routes lists every
-	// other node: its dial, without credentials, is refused.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	newCluster := ln.Addr().String()
-	ln.Close()
-	oldOpts := &server.Options{Routes: server.RoutesFromStr("nats-route://" + newCluster), ServerName: "old", Host: "127.0.0.1", Port: server.RANDOM_PORT,
-		Username: "alice", Password: "s3cret", NoSigs: true, NoLog: true,
-		Cluster: server.ClusterOpts{Name: "kvrouter", Host: "127.0.0.1", Port: server.RANDOM_PORT}}
-	old, err := server.NewServer(oldOpts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go old.Start()
-	if !old.ReadyForConnections(5 * time.Second) {
-		t.Fatal("the old-build server did not start")
+	// other node: its dial, without credentials, is refused. So the newer
+	// one's route port is picked before either starts, and free only until
+	// it binds: another process (a test package beside this one, or the
+	// older server's own dials and listeners) may take it meanwhile, and
+	// the pair starts again on another port then.
+	var old, neu *server.Server
+	for attempt := 1; ; attempt++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		newCluster := ln.Addr().String()
+		ln.Close()
+		oldOpts := &server.Options{Routes: server.RoutesFromStr("nats-route://" + newCluster), ServerName: "old", Host: "127.0.0.1", Port: server.RANDOM_PORT,
+			Username: "alice", Password: "s3cret", NoSigs: true, NoLog: true,
+			Cluster: server.ClusterOpts{Name: "kvrouter", Host: "127.0.0.1", Port: server.RANDOM_PORT}}
+		old, err = server.NewServer(oldOpts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go old.Start()
+		if !old.ReadyForConnections(5 * time.Second) {
+			old.Shutdown()
+			t.Fatal("the old-build server did not start")
+		}
+		newLog = &syncBuffer{}
+		neu, err = StartServer(ServerConfig{Name: "new", Addr: "127.0.0.1:0", ClusterAddr: newCluster,
+			Routes: []string{old.ClusterAddr().String()}, User: "alice", Password: "s3cret", Logger: debugLogger(newLog)})
+		if err == nil {
+			break
+		}
+		old.Shutdown()
+		if !strings.Contains(err.Error(), "address already in use") || attempt == 5 {
+			t.Fatal(err)
+		}
+		t.Logf("%v; starting both again on another port", err)
 	}
 	defer old.Shutdown()
-	neu, err := StartServer(ServerConfig{Name: "new", Addr: "127.0.0.1:0", ClusterAddr: newCluster,
-		Routes: []string{old.ClusterAddr().String()}, User: "alice", Password: "s3cret", Logger: debugLogger(&newLog)})
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer neu.Shutdown()
 	creds := nats.UserInfo("alice", "s3cret")
 	if !crosses(t, neu, old, creds) {
