@@ -153,6 +153,15 @@ func TestLeaderCrashMidStreamLosesAndDoublesNothing(t *testing.T) {
 		}
 	}()
 	<-half
+	// An election since l was picked (a loaded machine misses heartbeats
+	// of 200 ms) may have moved the leadership: the crash is the
+	// leader's, and the publisher's server f must survive it, so it comes
+	// back to l, while the stream waits.
+	if cur := c.leader(); cur != l {
+		t.Logf("n%d leads since an election; moving the leadership back to n%d", cur+1, l+1)
+		transferLeadership(t, c.nodes[cur], fmt.Sprintf("n%d", l+1))
+		waitFor(t, 15*time.Second, fmt.Sprintf("n%d to lead again", l+1), func() bool { return c.nodes[l].IsLeader() })
+	}
 	// The leader's ingester is the first part of it to go (c.stop closes
 	// it first): from here nobody answers requests until a new leader
 	// does. The stream goes on, and the crash waits for an event
