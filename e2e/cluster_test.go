@@ -517,6 +517,30 @@ func (c *cluster) waitReady(i int) {
 	}
 }
 
+// restartIfPortTaken is for a wait on node i, started to join a running
+// cluster (--join), that polls something other than its readiness: its
+// ports were free when picked (freePorts), and another process may have
+// taken one since. kvrouter binds them all before it joins, so it exits
+// unjoined, and it is started again on the same ports, as waitReady does;
+// a node that exited for another reason fails the test. It reports
+// whether it started the node again, and why.
+func (c *cluster) restartIfPortTaken(i int) (bool, string) {
+	c.t.Helper()
+	n := c.nodes[i]
+	if !n.p.exited() {
+		return false, ""
+	}
+	out := c.runLog(i)
+	if !strings.Contains(out, "address already in use") {
+		c.t.Fatalf("%s exited before it joined (%v): %s", n.id, n.p.err, exitLine(out))
+	}
+	why := fmt.Sprintf("%s: %v: %s", n.id, errPortInUse, lastLine(out))
+	c.t.Logf("%s; starting it again", why)
+	time.Sleep(100 * time.Millisecond) // let whoever holds the port let go of it
+	c.start(i)
+	return true, why
+}
+
 // awaitReady polls node i's readiness until it is ready (nil), its process
 // exits (errPortInUse when it could not bind), or readyTimeout passes.
 func (c *cluster) awaitReady(i int) error { return c.awaitReadyAll([]int{i}) }

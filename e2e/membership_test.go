@@ -136,6 +136,9 @@ func (c *cluster) join(i int, members []int) {
 	n.join = strings.Join(addrs, ",")
 	c.start(i)
 	c.waitFor(readyTimeout, "kvctl members list to show "+n.id+" a voter", func() (bool, string) {
+		if again, why := c.restartIfPortTaken(i); again {
+			return false, why
+		}
 		res := c.kvctl("members", "list", "-o", "json")
 		if res.code != 0 {
 			return false, res.String()

@@ -136,6 +136,9 @@ func TestTokenAndTLS(t *testing.T) {
 	c.nodes = append(c.nodes, n4)
 	c.start(3)
 	c.waitFor(readyTimeout, "n4 a voter", func() (bool, string) {
+		if again, why := c.restartIfPortTaken(3); again {
+			return false, why
+		}
 		ms, err := c.cl.Members(ctxT(t, callTimeout))
 		if err != nil {
 			return false, err.Error()
