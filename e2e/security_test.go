@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -79,12 +80,19 @@ func TestTokenAndTLS(t *testing.T) {
 	if r := c.kvctl("status"); r.code != 0 || strings.Count(r.stdout, "\n") < 4 {
 		t.Fatalf("kvctl status with the token and CA: %v", r)
 	}
-	// A registration sent to a follower only: it forwards it.
-	ctx := ctxT(t, callTimeout)
+	// A registration sent to a follower only: it forwards it. A write
+	// waits on a leader and its commit: an election (a loaded machine
+	// misses heartbeats), or a leader slower than a call's time, answers
+	// 503 no_leader, an unknown outcome or a timeout, and the
+	// registration, an upsert, is sent again; anything else fails.
 	w := raftfsm.WorkerInfo{ID: 42, DPRanks: []uint32{0}, BlockSize: 16, Model: "m"}
-	if err := c.nodes[follower].cl.RegisterWorker(ctx, w); err != nil {
-		t.Fatalf("register through the follower %s: %v", c.nodes[follower].id, err)
-	}
+	c.waitFor(leaderTimeout, "a registration through the follower "+c.nodes[follower].id, func() (bool, string) {
+		err := c.nodes[follower].cl.RegisterWorker(ctxT(t, callTimeout), w)
+		if err != nil && !isRefusal(err) && !errors.Is(err, client.ErrOutcomeUnknown) && !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("register through the follower %s: %v", c.nodes[follower].id, err)
+		}
+		return err == nil, fmt.Sprint(err)
+	})
 	c.waitFor(readyTimeout, "the worker on every node", func() (bool, string) {
 		for _, n := range c.nodes {
 			ws, err := n.cl.Workers(ctxT(t, callTimeout))
@@ -117,9 +125,14 @@ func TestTokenAndTLS(t *testing.T) {
 	if _, err := bare.Workers(ctxT(t, callTimeout)); !errors.Is(err, client.ErrUnauthorized) {
 		t.Fatalf("workers without the token: %v, want ErrUnauthorized", err)
 	}
-	if r, err := bare.Ready(ctxT(t, callTimeout)); err != nil || !r.Ready {
-		t.Fatalf("readyz without the token: %+v, %v", r, err)
-	}
+	// Ready unless an election is on (a loaded machine): polled.
+	c.waitFor(leaderTimeout, "readyz without the token to answer ready", func() (bool, string) {
+		r, err := bare.Ready(ctxT(t, callTimeout))
+		if errors.Is(err, client.ErrUnauthorized) {
+			t.Fatalf("readyz without the token: %v", err)
+		}
+		return err == nil && r.Ready, fmt.Sprintf("%+v, %v", r, err)
+	})
 	// Plain HTTP to a TLS node is no API.
 	plain := newClient(t, c.nodes[leader].httpAddr)
 	defer plain.Close()
