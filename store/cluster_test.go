@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"io"
 	"maps"
+	"math"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -367,13 +368,23 @@ func TestRaftClusterOnLogStore(t *testing.T) {
 	c.stop(down)
 	c.apply(301, 500)
 	c.waitAgree(500)
-	leader = c.waitLeader()
-	if err := leader.raft.Snapshot().Error(); err != nil {
-		t.Fatalf("leader snapshot: %v", err)
-	}
-	leaderSnap := snapshotIndex(t, leader)
-	if first, _ := leader.store.FirstIndex(); first <= downLast+1 {
-		t.Fatalf("leader log starts at %d, not past the stopped follower's last index %d", first, downLast)
+	// Both running nodes snapshot and compact past the stopped follower's
+	// log, not the leader alone: under load the leader can miss a
+	// heartbeat and the other be elected, and a leader whose log still
+	// held the follower's next entry would catch it up by replication,
+	// with no snapshot to install.
+	leaderSnap := uint64(math.MaxUint64) // the least of their snapshots: whichever leads sends its own
+	for _, n := range c.nodes {
+		if n.raft == nil {
+			continue
+		}
+		if err := n.raft.Snapshot().Error(); err != nil {
+			t.Fatalf("%s: snapshot: %v", n.id, err)
+		}
+		leaderSnap = min(leaderSnap, snapshotIndex(t, n))
+		if first, _ := n.store.FirstIndex(); first <= downLast+1 {
+			t.Fatalf("%s: log starts at %d, not past the stopped follower's last index %d", n.id, first, downLast)
+		}
 	}
 
 	// Restart it on the same directories: it restores its own snapshot,
