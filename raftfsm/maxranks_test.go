@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/raft"
 )
 
 // TestARegistrationPastMaxRanksIsRefusedBeforeTheLog: nothing bounded the
@@ -74,9 +76,28 @@ func TestARegistrationEndedByItsContextStillCountsItsRanks(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.pause() // the next batch waits: proposed, committed, not applied
-	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	// Worker 2's context ends once its entry is in the log, not after a
+	// fixed time: a timeout could end it first on a loaded machine, and
+	// an entry never proposed never applies.
+	short, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := n.RegisterWorker(short, WorkerInfo{ID: 2, DPRanks: []uint32{0, 1}, BlockSize: 16}); err == nil {
+	before := n.raft.LastIndex()
+	done2 := make(chan error, 1)
+	go func() { done2 <- n.RegisterWorker(short, WorkerInfo{ID: 2, DPRanks: []uint32{0, 1}, BlockSize: 16}) }()
+	waitFor(t, 10*time.Second, "worker 2's entry to be proposed", func() bool {
+		for i := before + 1; i <= n.raft.LastIndex(); i++ {
+			var e raft.Log
+			if err := n.logs.GetLog(i, &e); err != nil {
+				t.Fatalf("log entry %d: %v", i, err)
+			}
+			if e.Type == raft.LogCommand && len(e.Data) > 1 && cmdType(e.Data[1]) == cmdRegister {
+				return true
+			}
+		}
+		return false
+	})
+	cancel()
+	if err := <-done2; err == nil {
 		t.Fatal("worker 2's registration applied through a paused FSM")
 	}
 	// Worker 3 is refused at once, or (the room released) proposed.
