@@ -928,8 +928,8 @@ func TestLeaderRemovingItselfSucceeds(t *testing.T) {
 	if err := testwatch.Within(t, 10*time.Second, removed, "RemoveMember(self)"); err != nil {
 		t.Fatalf("RemoveMember(self) = %v", err)
 	}
-	if st := n1.raft.State(); st != raft.Shutdown {
-		t.Fatalf("n1's Raft is %v after removing itself, want Shutdown", st)
+	if !n1.raftShutDown() {
+		t.Fatalf("n1's Raft is %v after removing itself, want it shut down", n1.raft.State())
 	}
 	// It knows it was removed (its readyz says so).
 	if st := n1.Status(); !st.Removed || st.Ready {

@@ -363,7 +363,7 @@ func TestALeaderRemovingItselfShutsRaftDownWhenTheRemovalCommitsLate(t *testing.
 		}
 	}
 	waitFor(t, 20*time.Second, l.cfg.ID+"'s Raft to shut down once its removal committed", func() bool {
-		return l.raft.State() == raft.Shutdown
+		return l.raftShutDown()
 	})
 	select {
 	case err := <-done:

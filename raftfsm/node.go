@@ -662,7 +662,7 @@ func (n *Node) removed() bool {
 // the configuration: a leader's AppendEntries names its sender before the
 // entries it carries change the configuration.
 func (n *Node) unreplicated() bool {
-	if n.raft.State() == raft.Shutdown {
+	if n.raftShutDown() {
 		return true
 	}
 	if _, id := n.raft.LeaderWithID(); id != "" {
@@ -1491,6 +1491,21 @@ func (n *Node) shutdownRaft() raft.Future {
 		close(n.raftDown)
 	}
 	return n.shutFuture
+}
+
+// raftShutDown reports whether Raft's shutdown has begun. It reads this
+// node's own record (raftDown) first: Raft's State is not enough. A leader
+// that removed itself is answered when the removal commits, and Raft's
+// leader loop sets its state to Follower only after that: a Shutdown that
+// RemoveMember began in between was overwritten, and State read Follower
+// for good, though Raft had stopped.
+func (n *Node) raftShutDown() bool {
+	select {
+	case <-n.raftDown:
+		return true
+	default:
+		return n.raft.State() == raft.Shutdown
+	}
 }
 
 // FSM exposes the state machine (tests, tools).
@@ -2350,7 +2365,7 @@ func (n *Node) statusAt(applied uint64) NodeStatus {
 	if h != nil {
 		s.ApplyHalted = h.Error()
 	}
-	s.Ready = n.ready.Load() && id != "" && n.raft.State() != raft.Shutdown && !n.watch.behind.Load() && h == nil
+	s.Ready = n.ready.Load() && id != "" && !n.raftShutDown() && !n.watch.behind.Load() && h == nil
 	s.Removed = n.removed()
 	if id != "" {
 		s.LeaderHTTP = n.fsm.Members()[string(id)].HTTPAddr
