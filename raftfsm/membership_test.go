@@ -349,11 +349,16 @@ func TestALeaderRemovingItselfShutsRaftDownWhenTheRemovalCommitsLate(t *testing.
 			held[nd.cfg.ID].hold(from)
 		}
 	}
-	cx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	// The context ends once the removal is in the leader's log, not after
+	// a fixed time: a timeout could end it first on a loaded machine
+	// (during RemoveMember's probe of the followers), and a removal never
+	// proposed never commits.
+	cx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- l.RemoveMember(cx, l.cfg.ID) }()
-	<-cx.Done()
+	waitFor(t, 10*time.Second, l.cfg.ID+"'s removal of itself to be proposed", func() bool { return !l.inConfiguration(l.cfg.ID) })
+	cancel()
 	if st := l.raft.State(); st != raft.Leader {
 		t.Fatalf("%s's removal of itself with its entries held: state %v; want it leading, the removal uncommitted", l.cfg.ID, st)
 	}
