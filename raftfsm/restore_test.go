@@ -886,11 +886,17 @@ func TestARestoreBehindAnUncommittedConfigurationIsRetryable(t *testing.T) {
 	g.open()
 	t.Cleanup(open)
 	held.Store(true)
-	actx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	err := n1.AddMember(actx, "n4", "127.0.0.1:9", "http-n4")
+	// The add's context ends once its configuration is in the leader's
+	// log, not after a fixed time: a timeout could end it first on a
+	// loaded machine, and with no configuration uncommitted Raft took the
+	// restore, which then waited on the held followers past the test's end.
+	actx, cancel := context.WithCancel(context.Background())
+	added := make(chan error, 1)
+	go func() { added <- n1.AddMember(actx, "n4", "127.0.0.1:9", "http-n4") }()
+	waitFor(t, 10*time.Second, "n4's configuration to be proposed", func() bool { return n1.inConfiguration("n4") })
 	cancel()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("add with the followers' log writes held: %v, want its context's deadline", err)
+	if err := <-added; !errors.Is(err, context.Canceled) {
+		t.Fatalf("add with the followers' log writes held: %v, want its context's end", err)
 	}
 	_, rerr := n1.RestoreSnapshot(context.Background(), bytes.NewReader(foreign))
 	open()
