@@ -945,8 +945,28 @@ func (s *Selection) ranksOf(model, group string) ([]kvevent.Rank, map[uint64]uin
 	return ranks, inst
 }
 
+// loads answers GET /loads from this node's state, or with
+// ?consistent=true from the leader's: a client checks there whether a
+// write not safe to repeat (an output_block, a release) applied after a
+// maybe-applied 503, and a follower behind the leader, or a leader just
+// elected that has not applied its predecessors' entries (its Barrier),
+// would answer without it and have the client send it a second time. A
+// follower forwards the read as it does a write (CheckLeader wraps
+// raftfsm.ErrNotLeader), and a leader without every entry answers 503
+// no_leader, as it answers a write.
 func (s *Selection) loads(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
+	if v := q.Get("consistent"); v != "" {
+		consistent, err := strconv.ParseBool(v)
+		if err != nil {
+			return answer(w, codecOf(r), 0, nil, badRequest("consistent %q: want true or false", v))
+		}
+		if consistent {
+			if err := s.b.CheckLeader(); err != nil {
+				return err
+			}
+		}
+	}
 	// A model's ranks are those of one group (default "default"); a group
 	// alone gives its ranks over every model; neither, every rank.
 	model, group := q.Get("model_name"), q.Get("routing_group")
