@@ -524,8 +524,12 @@ func TestRemoteStopBoundsTheCleanupOnAStuckCluster(t *testing.T) {
 // timeouts, hours for make run's 600 requests, each counted as an error.
 func TestRemoteGivesUpOnAClusterThatStopsAnswering(t *testing.T) {
 	f, cl := fakeCluster(t)
-	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000, Timeout: 50 * time.Millisecond,
-		StopGrace: 50 * time.Millisecond}
+	// A second a call: the calls answered (the first two routes and their
+	// frees) must be answered within it on a loaded -race run, where 50 ms
+	// once timed the second route out ("1 requests served"); the silent
+	// ones cost it each, maxSilentCalls of them.
+	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000, Timeout: time.Second,
+		StopGrace: time.Second}
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer scancel()
 	if err := p.Setup(sctx); err != nil {
