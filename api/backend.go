@@ -12,7 +12,8 @@ import (
 // A Backend is the node the API serves: *raftfsm.Node in production, an
 // in-memory fake in tests (package apitest).
 //
-// Reads are answered from the node's local state, on any node. Writes go
+// Reads are answered from the node's local state, on any node, but for a
+// consistent read, which CheckLeader gates as a write is. Writes go
 // through Raft: on a follower they return an error wrapping
 // raftfsm.ErrNotLeader (a *raftfsm.NotLeaderError that carries the
 // leader's HTTP address), which the Server turns into a forward to the
@@ -64,6 +65,12 @@ type Backend interface {
 	// Settings returns the cluster's scoring settings, as this node's state
 	// holds them.
 	Settings() raftfsm.Settings
+	// CheckLeader returns nil on a leader whose state holds every entry
+	// committed before its term, and elsewhere the error a write would
+	// return: ErrNotLeader (forwarded) on a follower, ErrNoLeader on a
+	// leader whose post-election Barrier has not passed. A consistent read
+	// (GET /v1/settings?consistent=true) calls it first.
+	CheckLeader() error
 	// SetSettings replaces the cluster's scoring settings.
 	SetSettings(ctx context.Context, s raftfsm.Settings) error
 	// AddMember adds a voter to the cluster: a non-voter until it has

@@ -14,7 +14,8 @@
 //     body that did not arrive in time, 413 too large, 503 retry later (no
 //     leader, overloaded, no workers), 500 a bug.
 //   - A write that reaches a follower is forwarded to the leader once, with
-//     its original method, path and body; a forwarded request that reaches a
+//     its original method, path and body (so is a consistent read, GET
+//     /v1/settings?consistent=true); a forwarded request that reaches a
 //     follower again is answered 503 no_leader, never forwarded again, so
 //     forwarding cannot loop while leadership moves.
 //   - Metric labels are bounded: the route label is the registered pattern,

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/internal/netproxy"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/prometheus/client_golang/prometheus"
@@ -909,5 +910,51 @@ func TestMembersAPITakesNoHTTPAddrFollowersRefuseToForwardTo(t *testing.T) {
 			t.Errorf("raft_addr %q: %d %s (reached AddMember: %v), want 400 invalid naming raft_addr",
 				raftAddr, a.code, a.body, leader.fake.Calls()["AddMember"] != before)
 		}
+	}
+}
+
+// TestConsistentSettingsReadIsTheCaughtUpLeaders: GET /v1/settings
+// ?consistent=true, the read of kvctl settings set's read-modify-write,
+// answers the leader's settings through a follower (forwarded, as a
+// write is) and, on a leader just elected whose post-election Barrier
+// has not passed (CheckLeader: ErrNoLeader), 503 no_leader rather than a
+// state that may lack a change its predecessor acknowledged, which the
+// put would undo. A plain GET still answers from the node's own state.
+func TestConsistentSettingsReadIsTheCaughtUpLeaders(t *testing.T) {
+	leader, follower := pair(t, api.Options{})
+	p := indexer.DefaultParams()
+	p.Temperature = 0.5
+	if err := leader.fake.SetSettings(context.Background(), raftfsm.Settings{Params: p}); err != nil {
+		t.Fatal(err)
+	}
+	temperature := func(a answer) any {
+		params, _ := a.json(t)["params"].(map[string]any)
+		return params["temperature"]
+	}
+	if a := send(t, follower.http.URL, "GET", "/v1/settings", ""); a.code != 200 || temperature(a) != 0.0 {
+		t.Fatalf("plain GET /v1/settings on the follower: %d %s, want 200 with its own temperature 0", a.code, a.body)
+	}
+	a := send(t, follower.http.URL, "GET", "/v1/settings?consistent=true", "")
+	if a.code != 200 || temperature(a) != 0.5 || a.header.Get(api.HeaderForwardedTo) != leader.addr() {
+		t.Fatalf("GET /v1/settings?consistent=true on the (stale) follower: %d %s (forwarded to %q), "+
+			"want 200 with the leader's temperature 0.5, forwarded to %s", a.code, a.body, a.header.Get(api.HeaderForwardedTo), leader.addr())
+	}
+	leader.fake.SetHook(func(method string) error {
+		if method == "CheckLeader" {
+			return fmt.Errorf("%w: this node was just elected and has not yet applied every entry of the terms before its own; retry", raftfsm.ErrNoLeader)
+		}
+		return nil
+	})
+	for _, n := range []*node{leader, follower} {
+		a := send(t, n.http.URL, "GET", "/v1/settings?consistent=true", "")
+		if a.code != 503 || a.reason(t) != api.ReasonNoLeader {
+			t.Fatalf("GET /v1/settings?consistent=true on %s, the leader not caught up: %d %s, want 503 no_leader", n.fake.Status().ID, a.code, a.body)
+		}
+	}
+	if a := send(t, leader.http.URL, "GET", "/v1/settings?consistent=false", ""); a.code != 200 || temperature(a) != 0.5 {
+		t.Fatalf("GET /v1/settings?consistent=false on the leader: %d %s, want 200", a.code, a.body)
+	}
+	if a := send(t, leader.http.URL, "GET", "/v1/settings?consistent=maybe", ""); a.code != 400 || a.reason(t) != api.ReasonInvalid {
+		t.Fatalf("GET /v1/settings?consistent=maybe: %d %s, want 400 invalid", a.code, a.body)
 	}
 }

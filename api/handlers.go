@@ -200,10 +200,42 @@ func (s *Server) indexStats(w http.ResponseWriter, _ *http.Request) error {
 }
 
 // getSettings answers the settings this node's state holds, in the shape
-// of PUT /v1/settings' body (every field given).
-func (s *Server) getSettings(w http.ResponseWriter, _ *http.Request) error {
+// of PUT /v1/settings' body (every field given). With ?consistent=true it
+// answers only on a leader whose state holds every entry committed before
+// its term (Backend.CheckLeader): a follower forwards the read to the
+// leader as it does a write, and a leader just elected, before its
+// post-election Barrier, answers 503 no_leader. A read-modify-write
+// (kvctl settings set) reads so, or it would put back a state that lacks
+// a change the previous leader acknowledged, undoing it for good.
+func (s *Server) getSettings(w http.ResponseWriter, r *http.Request) error {
+	consistent, err := parseConsistent(r)
+	if err != nil {
+		return err
+	}
+	if consistent {
+		if err := s.b.CheckLeader(); err != nil {
+			return err
+		}
+	}
 	st := s.b.Settings()
 	return reply(w, http.StatusOK, SettingsRequest{Params: &st.Params, View: st.View.String()})
+}
+
+// parseConsistent reads a read's consistent query parameter: absent,
+// "false" or "true" (strconv.ParseBool's other spellings too).
+func parseConsistent(r *http.Request) (bool, error) {
+	v, ok := r.URL.Query()["consistent"]
+	if !ok {
+		return false, nil
+	}
+	if len(v) != 1 {
+		return false, invalidf("consistent is given %d times, want once", len(v))
+	}
+	b, err := strconv.ParseBool(v[0])
+	if err != nil {
+		return false, invalidf("consistent %q is not true or false", v[0])
+	}
+	return b, nil
 }
 
 func (s *Server) setSettings(w http.ResponseWriter, r *http.Request) error {

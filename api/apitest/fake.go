@@ -631,6 +631,17 @@ func (f *Fake) Free(ctx context.Context, id string) error {
 	return nil
 }
 
+// CheckLeader implements api.Backend: nil on the leader, a
+// *raftfsm.NotLeaderError on a follower; a hook's error for "CheckLeader"
+// plays a leader not yet caught up (raftfsm.ErrNoLeader).
+func (f *Fake) CheckLeader() error {
+	if err := f.enter("CheckLeader", true); err != nil {
+		return err
+	}
+	f.mu.Unlock()
+	return nil
+}
+
 // SetSettings implements api.Backend.
 func (f *Fake) SetSettings(ctx context.Context, s raftfsm.Settings) error {
 	if err := f.enter("SetSettings", true); err != nil {

@@ -1318,8 +1318,26 @@ func (c *Client) IndexStats(ctx context.Context) (*api.IndexStats, error) {
 // cannot be reached is, and when none of the rest answers, the error is
 // the first 405 (with what the others did).
 func (c *Client) Settings(ctx context.Context) (raftfsm.Settings, error) {
+	return c.settings(ctx, "/v1/settings")
+}
+
+// ConsistentSettings returns the cluster's scoring settings as the leader
+// holds them once it holds every change acknowledged before its term
+// (GET /v1/settings?consistent=true): a follower forwards the read to the
+// leader, and a leader just elected answers 503 no_leader until it has
+// caught up, passed over as Settings' errors are. Read this way before
+// putting the settings back changed (a read-modify-write): a follower's or
+// a new leader's state may lack a change the cluster acknowledged, and
+// putting it back would undo that change. A node of a build before the
+// parameter ignores it and answers from its own state.
+func (c *Client) ConsistentSettings(ctx context.Context) (raftfsm.Settings, error) {
+	return c.settings(ctx, "/v1/settings?consistent=true")
+}
+
+// settings is Settings and ConsistentSettings, read at path.
+func (c *Client) settings(ctx context.Context, path string) (raftfsm.Settings, error) {
 	var out api.SettingsRequest
-	req := request{method: http.MethodGet, path: "/v1/settings"}
+	req := request{method: http.MethodGet, path: path}
 	var first error // the first node's 405: an older build
 	for {
 		err := c.callReq(ctx, req, &keyed[api.SettingsRequest]{&out, "params", nil})

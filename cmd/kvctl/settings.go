@@ -86,7 +86,10 @@ func settingsCommand(e *env) *cli.Command {
 					return err
 				}
 				return withClient(c, func(ctx context.Context, cl *client.Client) error {
-					s, err := cl.Settings(ctx)
+					// The leader's settings, caught up: a follower's or a
+					// just-elected leader's may lack a change the cluster
+					// acknowledged, which the put would undo.
+					s, err := cl.ConsistentSettings(ctx)
 					if err != nil {
 						return olderBuildHint(err)
 					}

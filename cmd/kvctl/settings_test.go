@@ -89,6 +89,41 @@ func TestSettingsSetKeepsTheOthers(t *testing.T) {
 	}
 }
 
+// TestSettingsSetThroughAStaleNodeKeepsAnAcknowledgedChange: kvctl
+// settings set reads the settings and puts them all back with its flags'
+// fields changed. Its first endpoint a follower whose state lacks a
+// change the leader acknowledged (temperature 0.5), its read goes to the
+// leader (GET /v1/settings?consistent=true), or the put would revert that
+// change for good; and a leader just elected, not caught up, is passed
+// over (503 no_leader) rather than read.
+func TestSettingsSetThroughAStaleNodeKeepsAnAcknowledgedChange(t *testing.T) {
+	c := newCluster(t)
+	p := indexer.DefaultParams()
+	p.Temperature = 0.5
+	if err := c.leader().SetSettings(context.Background(), raftfsm.Settings{Params: p}); err != nil {
+		t.Fatal(err)
+	}
+	stale := c.nodes[1].addr()
+	kvctl(t, "--endpoints", stale+","+c.nodes[0].addr(), "settings", "set", "--busy-prefill-tokens", "100").wantCode(t, 0)
+	want := p
+	want.BusyPrefillTokens = 100
+	if got := c.leader().Settings(); got.Params != want {
+		t.Fatalf("after the acknowledged temperature 0.5 and a settings set of busy_prefill_tokens 100 through the stale "+
+			"follower: temperature %v, busy_prefill_tokens %d, want 0.5 and 100 (the follower's settings were put back)",
+			got.Params.Temperature, got.Params.BusyPrefillTokens)
+	}
+	c.leader().SetHook(func(method string) error {
+		if method == "CheckLeader" {
+			return fmt.Errorf("%w: this node was just elected and has not yet applied every entry of the terms before its own; retry", raftfsm.ErrNoLeader)
+		}
+		return nil
+	})
+	kvctl(t, "--endpoints", c.nodes[0].addr(), "settings", "set", "--temperature", "0.25").wantCode(t, 1)
+	if got := c.leader().Settings(); got.Params != want {
+		t.Fatalf("a settings set answered by a leader not caught up changed the settings: %+v, want %+v", got.Params, want)
+	}
+}
+
 // TestSettingsOnAnOlderBuildSaysWhatToDo pins design/cli.md's "Errors
 // go to stderr, one line, saying what to do" for kvctl settings (and
 // settings set) answered by a node of a build before GET /v1/settings,
