@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/compat"
 	"github.com/kvrouter/kvrouter/internal/pypub"
@@ -15,7 +17,25 @@ import (
 // postJSON posts body to node n's path and returns the status and answer.
 func postJSON(t *testing.T, n *node, path, body string) (int, []byte) {
 	t.Helper()
-	resp, err := http.Post("http://"+n.httpAddr+path, "application/json", bytes.NewBufferString(body))
+	return postJSONWithin(t, n, path, body, 0)
+}
+
+// postJSONWithin is postJSON bounded by d (none when 0): a call that has
+// no answer within d returns 0 and the error, as a failed one does.
+func postJSONWithin(t *testing.T, n *node, path, body string, d time.Duration) (int, []byte) {
+	t.Helper()
+	ctx := context.Background()
+	if d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	req, err := http.NewRequestWithContext(ctx, "POST", "http://"+n.httpAddr+path, bytes.NewBufferString(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, []byte(err.Error())
 	}
