@@ -96,6 +96,19 @@ var labelRE = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)
 // scrape reads the Prometheus text exposition at url.
 func scrape(t *testing.T, url string) samples {
 	t.Helper()
+	ss, err := scrapeOnce(t, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ss
+}
+
+// scrapeOnce is scrape, returning as an error what a loaded machine can
+// cause (no answer within callTimeout, a failed call, a status other than
+// 200), for a caller that polls to try again; an exposition it cannot
+// parse, a defect, still fails the test.
+func scrapeOnce(t *testing.T, url string) (samples, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
@@ -105,11 +118,11 @@ func scrape(t *testing.T, url string) samples {
 	req.Close = true // no idle connection outlives the test (goleak)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("scrape %s: %v", url, err)
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("scrape %s: %s", url, resp.Status)
+		return nil, fmt.Errorf("scrape %s: %s", url, resp.Status)
 	}
 	var out samples
 	sc := bufio.NewScanner(resp.Body)
@@ -134,19 +147,24 @@ func scrape(t *testing.T, url string) samples {
 		out = append(out, s)
 	}
 	if err := sc.Err(); err != nil {
-		t.Fatalf("scrape %s: %v", url, err)
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
 	}
-	return out
+	return out, nil
 }
 
 // waitMetrics scrapes url until want holds of the scrape (a counter the
 // agent bumps just after the events it counts went out may lag the index
-// by a moment), and returns that scrape.
+// by a moment), and returns that scrape. A scrape that fails (a node or
+// agent slow to answer on a loaded machine) is tried again, as an
+// unmet want is.
 func waitMetrics(c *cluster, url, what string, want func(samples) (bool, string)) samples {
 	c.t.Helper()
 	var ss samples
 	c.waitFor(convergeTimeout, what, func() (bool, string) {
-		ss = scrape(c.t, url)
+		var err error
+		if ss, err = scrapeOnce(c.t, url); err != nil {
+			return false, err.Error()
+		}
 		return want(ss)
 	})
 	return ss

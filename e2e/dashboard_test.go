@@ -108,7 +108,11 @@ func TestDashboardAgentPanelsUseTheAgentsLabels(t *testing.T) {
 		"--block-bytes", "64", "--host-blocks", "4")
 	pub.WaitSub()
 	c.waitFor(readyTimeout, "the agent's offload pool to show on /metrics", func() (bool, string) {
-		for _, s := range scrape(t, url) {
+		ss, err := scrapeOnce(t, url)
+		if err != nil {
+			return false, err.Error() // the agent slow to answer: tried again
+		}
+		for _, s := range ss {
 			if s.name == "kvagent_pool_blocks" {
 				return true, ""
 			}
