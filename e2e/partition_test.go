@@ -228,6 +228,26 @@ func (c *cluster) term(i int) uint64 {
 	return st.Term
 }
 
+// leaderWithTerm is c.leader and the term it leads in, both from one
+// status answer of the node: read one after the other, an election between
+// the two (a loaded machine misses heartbeats) gave a node that no longer
+// leads and the term of the leader elected meanwhile.
+func (c *cluster) leaderWithTerm() (int, uint64) {
+	c.t.Helper()
+	var at int
+	var term uint64
+	c.waitFor(leaderTimeout, "the leader's own status to say it leads", func() (bool, string) {
+		at = c.leader()
+		st := c.status(at)
+		if st == nil {
+			return false, c.nodes[at].id + " does not answer"
+		}
+		term = st.Term
+		return st.State == "Leader", c.nodes[at].id + " is " + st.State
+	})
+	return at, term
+}
+
 // publishAny is publishNext for a client outside the partition that, after
 // an error, sends the request again to the next node, starting at node
 // *at and leaving *at at the node that acknowledged it. It goes through
