@@ -1,16 +1,12 @@
 package compat
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
@@ -30,28 +26,7 @@ func (c *checkedLeader) CheckLeader() error { return c.check() }
 // CheckLeader answers check().
 func startCheckedNode(t *testing.T, check func() error) *testNode {
 	t.Helper()
-	var handler http.Handler
-	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
-	httpAddr := hs.Listener.Addr().String()
-	raftAddr, tr := raft.NewInmemTransport("")
-	node, err := raftfsm.NewNode(raftfsm.Config{ID: "n1", RaftAddr: string(raftAddr), HTTPAddr: httpAddr, DataDir: t.TempDir(),
-		Peers: []raftfsm.Member{{ID: "n1", RaftAddr: string(raftAddr), HTTPAddr: httpAddr, Voter: true}}, Transport: tr, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl := &checkedLeader{Node: node, check: check}
-	srv := api.NewServer(node, api.Options{Logger: quiet})
-	NewIndexer(cl, quiet).Routes(srv, "")
-	NewSelection(cl, quiet).Routes(srv, SelectionPrefix)
-	handler = srv
-	hs.Start()
-	t.Cleanup(func() { hs.Close(); srv.Close(); node.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := node.WaitReady(ctx); err != nil {
-		t.Fatalf("the node did not get ready: %v", err)
-	}
-	return &testNode{node: node, url: hs.URL, handler: srv}
+	return startNodeAs(t, api.Options{}, func(n *raftfsm.Node) SelectionBackend { return &checkedLeader{Node: n, check: check} })
 }
 
 // TestConsistentLoadsAreTheLeaders: docs/compat.md tells a client that

@@ -52,6 +52,14 @@ func startNode(t testing.TB) *testNode {
 // startNodeWith is startNode with the server's options opts.
 func startNodeWith(t testing.TB, opts api.Options) *testNode {
 	t.Helper()
+	return startNodeAs(t, opts, nil)
+}
+
+// startNodeAs is startNodeWith with the compatible APIs served on
+// wrap(node) (nil: the node itself): a node that answers a method of its
+// own, such as CheckLeader, while the rest of the node serves as it is.
+func startNodeAs(t testing.TB, opts api.Options, wrap func(*raftfsm.Node) SelectionBackend) *testNode {
+	t.Helper()
 	var handler http.Handler
 	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		handler.ServeHTTP(w, r)
@@ -68,8 +76,12 @@ func startNodeWith(t testing.TB, opts api.Options) *testNode {
 	}
 	opts.Logger = quiet
 	srv := api.NewServer(node, opts)
-	NewIndexer(node, quiet).Routes(srv, "")
-	NewSelection(node, quiet).Routes(srv, SelectionPrefix)
+	var b SelectionBackend = node
+	if wrap != nil {
+		b = wrap(node)
+	}
+	NewIndexer(b, quiet).Routes(srv, "")
+	NewSelection(b, quiet).Routes(srv, SelectionPrefix)
 	handler = srv
 	hs.Start()
 	t.Cleanup(func() {

@@ -4,13 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
@@ -59,28 +56,7 @@ func TestCloseWithAWriteNotSafeTwiceInTheLogSaysMaybeApplied(t *testing.T) {
 		{"output block", "POST", "/selection/reservations/r1/output_block", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var handler http.Handler
-			hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
-			httpAddr := hs.Listener.Addr().String()
-			raftAddr, tr := raft.NewInmemTransport("")
-			node, err := raftfsm.NewNode(raftfsm.Config{ID: "n1", RaftAddr: string(raftAddr), HTTPAddr: httpAddr, DataDir: t.TempDir(),
-				Peers: []raftfsm.Member{{ID: "n1", RaftAddr: string(raftAddr), HTTPAddr: httpAddr, Voter: true}}, Transport: tr, Logger: quiet})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ll := &closedWithTheWriteInTheLog{Node: node}
-			srv := api.NewServer(node, api.Options{Logger: quiet})
-			NewIndexer(ll, quiet).Routes(srv, "")
-			NewSelection(ll, quiet).Routes(srv, SelectionPrefix)
-			handler = srv
-			hs.Start()
-			t.Cleanup(func() { hs.Close(); srv.Close(); node.Close() })
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			if err := node.WaitReady(ctx); err != nil {
-				t.Fatal(err)
-			}
-			n := &testNode{node: node, url: hs.URL}
+			n := startNodeAs(t, api.Options{}, func(n *raftfsm.Node) SelectionBackend { return &closedWithTheWriteInTheLog{Node: n} })
 			mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557",
 				ModelName: "llama", BlockSize: 4, Agentless: ptr(false)}), 201, "register")
 			if tc.name == "release" || tc.name == "output block" {

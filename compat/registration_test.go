@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/api"
 
 	"github.com/kvrouter/kvrouter/internal/limits"
@@ -260,30 +259,14 @@ func (s *slowNode) RegisterWorker(ctx context.Context, w raftfsm.WorkerInfo) err
 // same instance was committing was undone by the PATCH: its acknowledged
 // rank was gone.
 func TestRegistrationsOfBothAPIsSerialise(t *testing.T) {
-	var handler http.Handler
-	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
-	httpAddr := hs.Listener.Addr().String()
-	raftAddr, tr := raft.NewInmemTransport("")
-	node, err := raftfsm.NewNode(raftfsm.Config{ID: "n1", RaftAddr: string(raftAddr), HTTPAddr: httpAddr, DataDir: t.TempDir(),
-		Peers: []raftfsm.Member{{ID: "n1", RaftAddr: string(raftAddr), HTTPAddr: httpAddr, Voter: true}}, Transport: tr, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sn := &slowNode{Node: node, held: make(chan struct{}), release: make(chan struct{})}
-	srv := api.NewServer(node, api.Options{Logger: quiet})
-	NewIndexer(sn, quiet).Routes(srv, "")
-	NewSelection(sn, quiet).Routes(srv, SelectionPrefix)
-	handler = srv
-	hs.Start()
+	var sn *slowNode
+	n := startNodeAs(t, api.Options{}, func(node *raftfsm.Node) SelectionBackend {
+		sn = &slowNode{Node: node, held: make(chan struct{}), release: make(chan struct{})}
+		return sn
+	})
 	var once sync.Once
 	open := func() { once.Do(func() { close(sn.release) }) }
-	t.Cleanup(func() { open(); hs.Close(); srv.Close(); node.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := node.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	n := &testNode{node: node, url: hs.URL}
+	t.Cleanup(open) // before the node's cleanup: the held commit lets go
 
 	mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: "tcp://10.0.0.1:5557",
 		ModelName: "llama", BlockSize: 4, Agentless: ptr(false)}), 201, "register dp 0")
@@ -303,7 +286,7 @@ func TestRegistrationsOfBothAPIsSerialise(t *testing.T) {
 	open()
 	mustCode(t, testwatch.Within(t, 10*time.Second, patched, "the PATCH's answer"), 200, "patch")
 	mustCode(t, testwatch.Within(t, 10*time.Second, registered, "the /register's answer"), 201, "register dp 1")
-	w := node.WorkerTable()[WorkerID(1, "llama", "default")]
+	w := n.node.WorkerTable()[WorkerID(1, "llama", "default")]
 	if !slices.Equal(w.DPRanks, []uint32{0, 1}) || w.Endpoint != ep {
 		t.Fatalf("dp ranks %v endpoint %q, want [0 1] and the patched endpoint", w.DPRanks, w.Endpoint)
 	}
