@@ -966,14 +966,21 @@ func TestAddMemberUnreachableToAHealthyClusterLeavesItsSpareFailure(t *testing.T
 // TestAddMemberWithAFollowerDownCatchesTheNewNodeUpFirst: the replacement
 // of a down member, added while it is down, is caught up as a non-voter and
 // then made a voter: 3 of the 4 voters answer.
+//
+// Its voters run with Raft timeouts of a second (steadyTimeouts): with one
+// follower cut off, a leader that missed its 200 ms lease under load
+// stepped down, and the add answered "no leader". The follower is cut off
+// after the newcomer starts: newcomer connects every pair, and would
+// connect it again.
 func TestAddMemberWithAFollowerDownCatchesTheNewNodeUpFirst(t *testing.T) {
-	c := newInmemCluster(t, 3)
+	c := newInmemClusterTuned(t, 3, steadyTimeouts)
 	li, l := c.leaderExcept(-1)
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
 		t.Fatal(err)
 	}
-	c.isolate((li + 1) % 3)
 	n4, cfg4 := c.newcomer("n4")
+	down := c.nodes[(li+1)%3]
+	c.isolate((li + 1) % 3)
 	if err := l.AddMember(ctx(t), "n4", cfg4.RaftAddr, cfg4.HTTPAddr); err != nil {
 		t.Fatal(err)
 	}
@@ -988,6 +995,9 @@ func TestAddMemberWithAFollowerDownCatchesTheNewNodeUpFirst(t *testing.T) {
 		t.Fatalf("a write with 3 of 4 voters up: %v", err)
 	}
 	waitFor(t, 10*time.Second, "n4 to apply the write", func() bool { _, ok := n4.fsm.Workers()[2]; return ok })
+	if _, ok := down.fsm.Workers()[2]; ok {
+		t.Fatalf("%s, cut off, applied the write: it was not down", down.cfg.ID)
+	}
 }
 
 // TestAddMemberToALeaderThatLostItsQuorumAnswersNoLeader: both followers
