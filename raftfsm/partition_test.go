@@ -216,14 +216,18 @@ func TestIsolatedLeaderLosesNothingAcknowledged(t *testing.T) {
 // instead of forwarding it to be applied again. From a review: raftError
 // turns raft.ErrLeadershipLost so, and no test of a real node covered it;
 // with MaybeApplied left false every test stayed green.
+//
+// Its cluster runs with Raft timeouts of a second (steadyTimeouts): the
+// write must reach the leader's log before its lease runs out, and Raft's
+// default 200 ms was a short margin for a loaded -race run.
 func TestALeaderCutOffWithAWriteInItsLogSaysItMayApply(t *testing.T) {
-	c := newInmemCluster(t, 3)
+	c := newInmemClusterTuned(t, 3, steadyTimeouts)
 	t.Cleanup(c.heal) // before the nodes close (cleanups run last first)
 	li, l := c.leaderExcept(-1)
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
 		t.Fatal(err)
 	}
-	// Cut at once (no node closes): the leader's lease, 200ms, has not run
+	// Cut at once (no node closes): the leader's lease, a second, has not run
 	// out when the write reaches its log, so it steps down with the entry
 	// in it and the write fails with ErrLeadershipLost.
 	before := l.raft.LastIndex()
