@@ -303,8 +303,12 @@ func TestInFlightReservationCountsForBookedRoutes(t *testing.T) {
 // booking here is one no route will drop, as a route's that still waits
 // on its entry; with the clear taken out it stayed, made the rank busy on
 // the next term and refused a booked route there as overloaded.
+//
+// Its cluster runs with Raft timeouts of a second (steadyTimeouts): its
+// routes go to the node it made lead, and a leader that missed Raft's
+// default 200 ms lease under load lost its term before them ("no leader").
 func TestADeposedLeadersPendingBookingsDoNotCountOnItsNextTerm(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
+	c := newTestCluster(t, 3, steadyTimeouts)
 	l := c.leader()
 	p := indexer.DefaultParams()
 	p.BusyPrefillTokens = 100
