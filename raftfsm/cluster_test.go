@@ -1407,28 +1407,40 @@ func (n *Node) configIndex() (uint64, error) {
 }
 
 // transferLeadership moves the leadership from from to to ("" for any
-// voter), trying again while from still leads and the transfer failed
-// for a reason a loaded machine gives (a follower that did not answer
-// within a contact window, a target that did not take over within an
-// election timeout): tests that only need the leadership elsewhere are
-// not tests of how fast a transfer is. Other errors fail the test.
+// voter), as moveLeadership does, once from leads (a transfer just before
+// may not have finished): tests that only need the leadership elsewhere
+// are not tests of how fast a transfer is. Other errors fail the test.
 func transferLeadership(t *testing.T, from *Node, to string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	waitFor(t, 10*time.Second, from.cfg.ID+" to lead", from.IsLeader) // a transfer just before may not have finished
+	waitFor(t, 10*time.Second, from.cfg.ID+" to lead", from.IsLeader)
+	if err := moveLeadership(t, from, to); err != nil {
+		t.Fatalf("transfer from %s to %q: %v", from.cfg.ID, to, err)
+	}
+}
+
+// moveLeadership moves the leadership away from l, to to if it can: it
+// tries the transfer again while l still leads and the error is a loaded
+// machine's (a follower that did not answer within a contact window, a
+// target that did not take over within an election timeout), and takes
+// l's loss of the lead to an election (ErrNotLeader, ErrNoLeader once it
+// stepped down) as the move done: the caller checks who leads. It
+// answers the error that stopped it; it does not fail the test itself,
+// so that a caller can let go of what it holds first.
+func moveLeadership(t *testing.T, l *Node, to string) error {
+	deadline := time.Now().Add(20 * time.Second)
 	for {
-		err := from.TransferLeadership(ctx(t), to)
-		if err == nil {
-			return
+		err := l.TransferLeadership(ctx(t), to)
+		if err == nil || !l.IsLeader() && (errors.Is(err, ErrNotLeader) || errors.Is(err, ErrNoLeader)) {
+			return nil
 		}
 		retry := errors.Is(err, ErrUnreachable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrNoLeader)
 		if !retry || time.Now().After(deadline) {
-			t.Fatalf("transfer from %s to %q: %v", from.cfg.ID, to, err)
+			return err
 		}
-		if !from.IsLeader() {
-			return // it went through after all, or an election moved it: the caller checks who leads
+		if !l.IsLeader() {
+			return nil // it went through after all, or an election moved it
 		}
-		t.Logf("transfer from %s to %q: %v; trying again", from.cfg.ID, to, err)
+		t.Logf("transfer from %s to %q: %v; trying again", l.cfg.ID, to, err)
 	}
 }
 

@@ -470,26 +470,3 @@ func waitEveryNodeHolds(t *testing.T, c *inmemCluster, id uint64) {
 		return true
 	})
 }
-
-// moveLeadership moves the leadership away from l, to to if it can: it
-// tries the transfer again while l still leads and the error is a loaded
-// machine's (as transferLeadership does), and takes l's loss of the lead
-// to an election (ErrNotLeader, ErrNoLeader once it stepped down) as the
-// move done. It answers the error that stopped it; it does not fail the
-// test itself, so that the caller can let go of what it holds first.
-func moveLeadership(t *testing.T, l *Node, to string) error {
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		err := l.TransferLeadership(ctx(t), to)
-		if err == nil || !l.IsLeader() && (errors.Is(err, ErrNotLeader) || errors.Is(err, ErrNoLeader)) {
-			return nil
-		}
-		retry := errors.Is(err, ErrUnreachable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrNoLeader)
-		if !retry || time.Now().After(deadline) {
-			return err
-		}
-		if !l.IsLeader() {
-			return nil // it went through after all, or an election moved it
-		}
-	}
-}
