@@ -243,9 +243,15 @@ func TestRemoteSetupChecksADeregistrationOfUnknownOutcome(t *testing.T) {
 // never returned, and the listing that checks a deregistration that timed
 // out ran on its spent context and failed at once.
 func TestRemoteSetupBoundsEachCallByTimeout(t *testing.T) {
-	const timeout = 200 * time.Millisecond
-	// A bound on the test only: Setup must end long before it.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// Each call that answers must answer within it on a loaded -race run
+	// (a call of 200 ms timed out there): a second, as the calls that
+	// hang wait it out.
+	const timeout = time.Second
+	// The caller's context, with no deadline Setup could reach first:
+	// a Setup bounded by its Timeouts ends before it (ctx.Err() nil),
+	// one that waits for the caller's context ends with it. No duration
+	// of Setup is asserted: a loaded run may take long over its calls.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
 	hung := apitest.HungServer(t)
@@ -256,8 +262,8 @@ func TestRemoteSetupBoundsEachCallByTimeout(t *testing.T) {
 	defer cl.Close()
 	p := &Remote{Client: cl, Workers: 1, BlockSize: 16, CapacityBlocks: 100, Timeout: timeout}
 	start := time.Now()
-	if err := p.Setup(ctx); err == nil || time.Since(start) > 2*time.Second {
-		t.Fatalf("Setup against a hung node: %v after %v, want an error within a few Timeouts (%v)",
+	if err := p.Setup(ctx); err == nil || ctx.Err() != nil {
+		t.Fatalf("Setup against a hung node: %v after %v, want an error of its Timeouts (%v), not the caller's context's",
 			err, time.Since(start).Round(10*time.Millisecond), timeout)
 	}
 
@@ -279,8 +285,8 @@ func TestRemoteSetupBoundsEachCallByTimeout(t *testing.T) {
 	}
 	p = &Remote{Client: cl, Workers: 1, BlockSize: 16, CapacityBlocks: 100, Timeout: timeout}
 	start = time.Now()
-	if err := p.Setup(ctx); err != nil || time.Since(start) > 2*time.Second {
-		t.Fatalf("Setup after a deregistration that timed out: %v after %v, want done within a few Timeouts (%v)",
+	if err := p.Setup(ctx); err != nil || ctx.Err() != nil {
+		t.Fatalf("Setup after a deregistration that timed out: %v after %v, want done within its Timeouts (%v)",
 			err, time.Since(start).Round(10*time.Millisecond), timeout)
 	}
 	if c := f.Calls(); c["DeregisterWorker"] != 1 || c["RegisterWorker"] != 2 {
@@ -304,8 +310,8 @@ func TestRemoteSetupBoundsEachCallByTimeout(t *testing.T) {
 	})
 	p = &Remote{Client: cl, Workers: 1, BlockSize: 16, CapacityBlocks: 100, Timeout: timeout}
 	start = time.Now()
-	if err := p.Setup(ctx); err == nil || !strings.Contains(err.Error(), "register worker 1") || time.Since(start) > 2*time.Second {
-		t.Fatalf("Setup whose registration hangs: %v after %v, want the registration's error within a few Timeouts (%v)",
+	if err := p.Setup(ctx); err == nil || !strings.Contains(err.Error(), "register worker 1") || ctx.Err() != nil {
+		t.Fatalf("Setup whose registration hangs: %v after %v, want the registration's error of its Timeout (%v), not the caller's context's",
 			err, time.Since(start).Round(10*time.Millisecond), timeout)
 	}
 }
