@@ -30,8 +30,15 @@ func TestAgentlessUnregisteredDPRankLeavesNoGhost(t *testing.T) {
 		mustCode(t, n.do(t, codecJSON, "POST", "/register", RegisterRequest{InstanceID: 1, Endpoint: p.Endpoint(),
 			ModelName: "llama", BlockSize: testBlockSize, DPRank: u32(uint32(i))}), 201, "register")
 	}
-	ag := NewAgentless(n.node, AgentlessConfig{Registerer: prometheus.NewRegistry(), Logger: quiet}) // the default poll: 200 ms
-	defer ag.Close()
+	// The polls are driven by hand (reconcile): a poll of its own clock
+	// could stop the subscriber of rank 1 before it took a batch after the
+	// unregistration (a commit slower than the poll, under load), and the
+	// test would show nothing.
+	a := &Agentless{b: n.node, cfg: AgentlessConfig{Poll: time.Hour, CommitTimeout: 5 * time.Second, Registerer: prometheus.NewRegistry()},
+		log: quiet, subs: map[kvevent.Rank]*agentlessSub{}}
+	poll := func() { a.reconcile(n.node.WorkerTable(), termOf(n.node)) }
+	t.Cleanup(func() { a.reconcile(nil, 0) })
+	poll()
 	for _, p := range pubs {
 		waitSubscribed(t, p, 1)
 	}
@@ -40,24 +47,24 @@ func TestAgentlessUnregisteredDPRankLeavesNoGhost(t *testing.T) {
 	stop := busyEngine(t, pubs[1])
 	defer stop()
 	waitFor(t, 10*time.Second, "rank 1 followed", func() bool { return n.node.Cursor(r1) != 0 })
-	ag.mu.Lock()
-	sub := ag.subs[r1]
-	ag.mu.Unlock()
+	a.mu.Lock()
+	sub := a.subs[r1]
+	a.mu.Unlock()
 
 	mustCode(t, n.do(t, codecJSON, "POST", "/unregister", UnregisterRequest{InstanceID: 1, ModelName: "llama", DPRank: u32(1)}), 200, "unregister dp 1")
 	batches := sub.sub.Stats().Batches
-	// The subscriber of rank 1 stops at the next poll; by then it has given
-	// the sink batches published after the unregistration.
-	waitFor(t, 10*time.Second, "the subscriber of rank 1 stopped", func() bool {
-		select {
-		case <-sub.done:
-			return true
-		default:
-			return false
-		}
+	// The subscriber of rank 1 runs on until the next poll. It counts a
+	// batch before giving it to the sink, so by its second batch after
+	// the unregistration the sink has had a whole one of them; then the
+	// poll stops it (reconcile waits for its Run to return).
+	waitFor(t, 10*time.Second, "the subscriber of rank 1 to give the sink a batch after the unregistration", func() bool {
+		return sub.sub.Stats().Batches >= batches+2
 	})
-	if got := sub.sub.Stats().Batches; got <= batches {
-		t.Fatalf("the subscriber took no batch after the unregistration (%d, then %d): the test shows nothing", batches, got)
+	poll()
+	select {
+	case <-sub.done:
+	default:
+		t.Fatal("the poll after the unregistration left the subscriber of rank 1 running")
 	}
 	stop()
 	if slices.Contains(n.node.WorkerTable()[id].DPRanks, 1) {
