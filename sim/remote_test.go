@@ -465,9 +465,12 @@ func TestRemoteStopBoundsTheCleanupOnAStuckCluster(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// A timeout per call far longer than the test's deadline: only the stop
-	// may end the calls in flight.
+	// may end the calls in flight. The cleanup's deadline is a second:
+	// the first free must reach the cluster within it on a loaded -race
+	// run (with 100 ms a free sent late counted none), and it waits it
+	// out, as the cluster does not answer.
 	p := &Remote{Client: cl, Workers: 2, BlockSize: 16, CapacityBlocks: 1000, Timeout: 10 * time.Minute,
-		Stop: ctx, StopGrace: 100 * time.Millisecond}
+		Stop: ctx, StopGrace: time.Second}
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer scancel()
 	if err := p.Setup(sctx); err != nil {
