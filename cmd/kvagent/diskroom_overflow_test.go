@@ -15,10 +15,11 @@ import (
 func TestADiskTierPast2To64BytesIsWarnedAbout(t *testing.T) {
 	oc := offloadConfig{DiskDir: "/g3", DiskBlocks: 1 << 30, BlockBytes: 1 << 32}
 	const ranks = 4
+	pools := []diskPool{{Dir: "/g3/dp0"}, {Dir: "/g3/dp1"}, {Dir: "/g3/dp2"}, {Dir: "/g3/dp3"}}
 	var log testlog.Buffer
-	warnIfDiskTierExceedsFreeSpace(oc, ranks, 0, func(string) (uint64, error) { return 1 << 40, nil }, // 1 TiB free
+	warnIfDiskTierExceedsFreeSpace(oc, pools, oneDisk(1<<40), // 1 TiB free
 		slog.New(slog.NewTextHandler(&log, nil)))
-	if lines := log.Lines("larger than the free space of --disk-dir"); len(lines) != 1 {
+	if lines := log.Lines("larger than the free space of its file system"); len(lines) != 1 {
 		t.Fatalf("a disk tier of %d ranks × %d blocks × %d bytes (2^64 bytes) on 1 TiB free: %d warnings, want 1\nlog: %s",
 			ranks, oc.DiskBlocks, oc.BlockBytes, len(lines), log.String())
 	}

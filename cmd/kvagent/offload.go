@@ -210,6 +210,7 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 	}
 	o.be = be // only on success: Close closes it
 	var rps []engineapi.RankPools
+	var diskDirs []string // o.disks[i]'s directory
 	for _, r := range ranks {
 		rp := engineapi.RankPools{Rank: r}
 		pc := pool.Config{Rank: r, BlockSize: oc.BlockBytes, Sink: sink, Registerer: reg, Logger: log}
@@ -234,6 +235,7 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 				return nil, fmt.Errorf("rank %s: %w", r, err)
 			}
 			o.disks = append(o.disks, rp.Disk)
+			diskDirs = append(diskDirs, dir)
 			// Under the pool's lock: a shutdown for damage right after the
 			// open publishes its REMOVEs after the restore, not before it
 			// (the blocks would then stay advertised).
@@ -256,11 +258,11 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 		rps = append(rps, rp)
 	}
 	if oc.DiskBlocks > 0 {
-		var held uint64
-		for _, d := range o.disks {
-			held = addSat(held, mulSat(uint64(d.Stats().Used), uint64(oc.BlockBytes)))
+		pools := make([]diskPool, len(o.disks))
+		for i, d := range o.disks {
+			pools[i] = diskPool{Dir: diskDirs[i], Held: mulSat(uint64(d.Stats().Used), uint64(oc.BlockBytes))}
 		}
-		warnIfDiskTierExceedsFreeSpace(oc, len(ranks), held, diskfree.Available, log)
+		warnIfDiskTierExceedsFreeSpace(oc, pools, diskfree.RoomOf, log)
 	}
 	o.srv, err = engineapi.Listen(engineapi.Config{Socket: oc.Socket, Backend: o.be, Ranks: rps, Checker: sink,
 		MaxRegionBlocks: oc.MaxRegion,
@@ -273,38 +275,71 @@ func startOffload(oc offloadConfig, ranks []kvevent.Rank, sink offloadSink, reg 
 	return o, nil
 }
 
-// warnIfDiskTierExceedsFreeSpace logs a warning, once, when the disk tier
-// configured (--disk-blocks × --block-bytes for each of ranks pools, all
-// under --disk-dir) needs more bytes than the directory's file system has
-// free plus what the pools hold already (held bytes). Such a tier fills
-// the disk: G3's writes then fail while Pebble retries a flush that
-// cannot succeed, until the operator makes room, and the disk is full for
-// everything else on it too. It only warns: the free space may be shared,
-// and change. A free space it cannot read is logged at Debug and skipped.
-func warnIfDiskTierExceedsFreeSpace(oc offloadConfig, ranks int, held uint64, free func(string) (uint64, error), log *slog.Logger) {
-	avail, err := free(oc.DiskDir)
-	if err != nil {
-		log.Debug("free space of --disk-dir unknown: not checked against the disk tier", "dir", oc.DiskDir, "err", err)
-		return
+// A diskPool is one rank's G3 pool as the free-space check sees it: its
+// directory, and the bytes its blocks hold already.
+type diskPool struct {
+	Dir  string
+	Held uint64
+}
+
+// warnIfDiskTierExceedsFreeSpace logs a warning, once per file system,
+// when the disk tier's pools on that file system (--disk-blocks ×
+// --block-bytes each) need more bytes than it has free plus what those
+// pools hold already. The pools live in <--disk-dir>/dp<rank>, but a
+// rank's directory may be a mount point or a symbolic link to another
+// disk (one disk per rank): each file system is checked for the pools it
+// holds, found by room's Device, so a disk that holds two ranks' pools
+// must have room for both, and one that holds none is not asked. Such a
+// tier fills the disk: G3's writes then fail while Pebble retries a flush
+// that cannot succeed, until the operator makes room, and the disk is
+// full for everything else on it too. It only warns: the free space may
+// be shared, and change. A room it cannot read is logged at Debug and
+// that directory's pool skipped.
+func warnIfDiskTierExceedsFreeSpace(oc offloadConfig, pools []diskPool, room func(string) (diskfree.Room, error), log *slog.Logger) {
+	type fileSystem struct {
+		avail, held uint64
+		dirs        []string
 	}
-	// Each factor fits a uint64 but the product need not: --dp-size takes
-	// up to 4096 ranks, each pool's bytes up to MaxInt, and a product
-	// wrapped past 2^64 reads as a small tier that fits. Saturated, a
-	// tier of 2^64 bytes or more is larger than any free space.
-	want := mulSat(mulSat(uint64(oc.DiskBlocks), uint64(oc.BlockBytes)), uint64(ranks))
-	room := addSat(avail, held)
-	if want <= room {
-		return
+	var order []uint64 // devices in rank order: the warnings are too
+	fss := make(map[uint64]*fileSystem)
+	for _, p := range pools {
+		r, err := room(p.Dir)
+		if err != nil {
+			log.Debug("free space of a disk pool's directory unknown: not checked against the disk tier", "dir", p.Dir, "err", err)
+			continue
+		}
+		fs := fss[r.Device]
+		if fs == nil {
+			fs = &fileSystem{avail: r.Available}
+			fss[r.Device] = fs
+			order = append(order, r.Device)
+		}
+		fs.held = addSat(fs.held, p.Held)
+		fs.dirs = append(fs.dirs, p.Dir)
 	}
-	var tierBytes any = want
-	if want == math.MaxUint64 {
-		tierBytes = "2^64 or more"
+	for _, dev := range order {
+		fs := fss[dev]
+		ranks := uint64(len(fs.dirs))
+		// Each factor fits a uint64 but the product need not: --dp-size
+		// takes up to 4096 ranks, each pool's bytes up to MaxInt, and a
+		// product wrapped past 2^64 reads as a small tier that fits.
+		// Saturated, a tier of 2^64 bytes or more is larger than any
+		// free space.
+		want := mulSat(mulSat(uint64(oc.DiskBlocks), uint64(oc.BlockBytes)), ranks)
+		have := addSat(fs.avail, fs.held)
+		if want <= have {
+			continue
+		}
+		var tierBytes any = want
+		if want == math.MaxUint64 {
+			tierBytes = "2^64 or more"
+		}
+		fit := have / uint64(oc.BlockBytes) / ranks
+		log.Warn("offload: the disk tier (G3) is larger than the free space of its file system: it will fill the disk, and "+
+			"writes to G3 then fail until there is room; lower --disk-blocks or free space",
+			"dirs", strings.Join(fs.dirs, " "), "tier_bytes", tierBytes, "free_bytes", fs.avail, "held_bytes", fs.held,
+			"ranks", ranks, "disk_blocks", oc.DiskBlocks, "block_bytes", oc.BlockBytes, "disk_blocks_that_fit", fit)
 	}
-	fit := room / uint64(oc.BlockBytes) / uint64(ranks)
-	log.Warn("offload: the disk tier (G3) is larger than the free space of --disk-dir: it will fill the disk, and "+
-		"writes to G3 then fail until there is room; lower --disk-blocks or free space",
-		"dir", oc.DiskDir, "tier_bytes", tierBytes, "free_bytes", avail, "held_bytes", held,
-		"ranks", ranks, "disk_blocks", oc.DiskBlocks, "block_bytes", oc.BlockBytes, "disk_blocks_that_fit", fit)
 }
 
 // mulSat returns a×b, or math.MaxUint64 where the product overflows.
