@@ -245,6 +245,12 @@ func New(cfg Config) (*Agent, error) {
 	reg := &undoRegisterer{Registerer: cfg.Registerer}
 	a.resets = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_rank_clears_total",
 		Help: "Ranks cleared on the router: the engine restarted (engine_restart) or reset its cache (engine_cleared, on ranks with offload pools), or its stream lost batches."}, []string{"reason"})
+	// The labelled series show zero before their first clear: a panel or
+	// an alert over them reads 0 on a fresh agent, not "no data".
+	for _, why := range []string{"engine_restart", "engine_cleared", string(enginesub.ReasonGap), string(enginesub.ReasonOverrun),
+		string(enginesub.ReasonReplayFailed), string(enginesub.ReasonSinkError), string(enginesub.ReasonBadPayload)} {
+		a.resets.WithLabelValues(why)
+	}
 	a.pubErrs = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvagent_publish_errors_total",
 		Help: "Engine batches, offload pools' event batches and rank clears that the agent could not publish (an engine batch's rank is then resynced)."})
 	a.mismatches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_offload_mismatches_total",

@@ -87,14 +87,17 @@ func checkDashboardRouterNames(t *testing.T, httpAddrs []string) {
 	}
 }
 
-// TestDashboardAgentPanelsUseTheAgentsLabels: the labels the dashboard's
-// kvagent_ panels group by and match on are those of the series an agent
-// exports, scraped from a running kvagent with its offload side (host
-// copies, a G2 pool). A family without series there (a counter by reason
-// that nothing has counted yet: kvagent_events_resyncs_total,
-// kvagent_rank_clears_total) is logged, its labels unchecked. No test
-// read them: a panel's "sum by (tiers) (kvagent_pool_blocks)" passed
-// every test.
+// TestDashboardAgentPanelsUseTheAgentsLabels: every kvagent_ family the
+// dashboard queries has series on a fresh agent's /metrics (a running
+// kvagent with its offload side, host copies and a G2 pool, that has seen
+// no engine: nothing resynced, cleared or copied), and the labels its
+// panels group by and match on are those series'. A family without series
+// there reads "no data" in its panel and in an alert, not 0: the counters
+// by reason (kvagent_events_resyncs_total, kvagent_rank_clears_total) had
+// none before their first count, and a rank's kvagent_offload_* none
+// before its engine registered a region; their labels went unchecked. No
+// test read the labels before either: a panel's "sum by (tiers)
+// (kvagent_pool_blocks)" passed every test.
 func TestDashboardAgentPanelsUseTheAgentsLabels(t *testing.T) {
 	pypub.Require(t)
 	c := startClusterNATS(t, 1)
@@ -122,10 +125,10 @@ func TestDashboardAgentPanelsUseTheAgentsLabels(t *testing.T) {
 	checkDashboardAgentLabels(t, url)
 }
 
-// checkDashboardAgentLabels: the labels the dashboard's panels group by
-// and match on, of the kvagent_ families with series on the agent's
-// /metrics (url), are theirs (dashboardLabelErrors); a family without
-// series is logged and left out.
+// checkDashboardAgentLabels: every kvagent_ family the dashboard queries
+// has series on the agent's /metrics (url), and the labels its panels
+// group by and match on are theirs (dashboardLabelErrors); a query over a
+// family without series is left out of the labels' check.
 func checkDashboardAgentLabels(t *testing.T, url string) {
 	t.Helper()
 	labels := map[string]map[string]bool{} // a series name → its labels
@@ -139,7 +142,7 @@ func checkDashboardAgentLabels(t *testing.T, url string) {
 	}
 	for _, name := range dashboardNames(t, "kvagent_") {
 		if labels[name] == nil && labels[name+"_bucket"] == nil {
-			t.Logf("the dashboard queries %s, of which the agent shows no series: its labels are not checked", name)
+			t.Errorf("the dashboard queries %s, of which a fresh agent shows no series: its panel reads no data, not 0", name)
 		}
 	}
 	var targets []dashboardTarget

@@ -411,6 +411,11 @@ func newPublisherMetrics(reg prometheus.Registerer) (publisherMetrics, error) {
 		buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvagent_events_buffered",
 			Help: "Events in the replay buffers, unacknowledged."}),
 	}
+	// The labelled series show zero before their first resync: a panel or
+	// an alert over them reads 0 on a fresh agent, not "no data".
+	for _, why := range []string{"replay", "dump", "router", "fenced", "refused", "wait"} {
+		m.resends.WithLabelValues(why)
+	}
 	if reg == nil {
 		return m, nil
 	}

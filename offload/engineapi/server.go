@@ -139,7 +139,8 @@ type rankSlot struct {
 	host      *pool.HostPool
 	disk      *pool.DiskPool
 	blockSize int
-	paths     []manager.Path // the paths its pools allow, for stats
+	paths     []manager.Path       // the paths its pools allow, for stats
+	idle      prometheus.Collector // its Manager's families at zero, while it has none
 
 	regMu sync.Mutex // serialises registrations (and Close) of the rank
 
@@ -229,7 +230,7 @@ func Listen(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("engine API: manager settings: %w", err)
 	}
 	var err error
-	if s.metrics, err = newServerMetrics(cfg.Registerer); err != nil {
+	if s.metrics, err = newServerMetrics(cfg.Registerer, s.order); err != nil {
 		return nil, fmt.Errorf("engine API: %w", err)
 	}
 	if s.ln, err = listenUnix(cfg.Socket); err != nil {
@@ -306,6 +307,7 @@ func (s *Server) addRanks() error {
 			sl.blockSize = bs
 			sl.paths = append(sl.paths, manager.Disk2H)
 		}
+		sl.idle = manager.IdleMetrics(rp.Rank, sl.paths, rp.Disk != nil)
 		if len(s.order) > 0 && s.order[0].blockSize != sl.blockSize {
 			return fmt.Errorf("rank %s: blocks of %d bytes, rank %s: %d", rp.Rank, sl.blockSize, s.order[0].rank, s.order[0].blockSize)
 		}
@@ -436,8 +438,8 @@ func (sl *rankSlot) detach(a *attachment) {
 // mapping before mapping it again. The new manager's streams and staging
 // buffers are made before the old manager closes, so a device out of them
 // refuses the request and keeps the old registration; only the new
-// manager's metrics wait for the old one's to go, and registering them fails
-// only if something else registered the rank's.
+// manager's start waits for the old one to go. The managers register no
+// metrics: rankMetrics exports the rank's, whichever manager runs.
 func (s *Server) register(sl *rankSlot, h backend.IPCHandle, l manager.Layout) (bool, error) {
 	sl.regMu.Lock()
 	defer sl.regMu.Unlock()
@@ -470,13 +472,14 @@ func (s *Server) register(sl *rankSlot, h backend.IPCHandle, l manager.Layout) (
 	}
 	cfg := s.cfg.Manager
 	cfg.Rank, cfg.Backend, cfg.G1, cfg.Host, cfg.Disk = sl.rank, s.be, mp.Region, sl.host, sl.disk
-	cfg.Registerer, cfg.Logger = s.cfg.Registerer, s.cfg.Logger
+	// The Manager registers nothing: the server's rankMetrics exports its
+	// families, and the rank's at zero while it has no Manager.
+	cfg.Registerer, cfg.Logger = nil, s.cfg.Logger
 	pm, err := manager.Prepare(cfg)
 	if err != nil {
 		return false, errors.Join(fmt.Errorf("start the offload manager: %w", err), mp.Close())
 	}
-	// The old manager goes before the new one starts: both register the
-	// rank's metrics.
+	// The old manager goes before the new one starts.
 	if err := shut(); err != nil {
 		s.log.Warn("closing the replaced G1 region", "rank", sl.rank, "err", err)
 	}
@@ -922,7 +925,36 @@ type serverMetrics struct {
 	unregister func()
 }
 
-func newServerMetrics(reg prometheus.Registerer) (*serverMetrics, error) {
+// rankMetrics exports each rank's Manager families (kvagent_offload_*,
+// kvagent_onboard_blocks_total): its Manager's while the engine has a
+// region registered, else the same series at zero (manager.IdleMetrics).
+// An agent whose engine has not registered yet, or has gone, thus shows
+// every family, and a panel or an alert over one reads 0, not "no data".
+// It is registered once: a Manager that registered its own on each
+// registration left the families without series until the first, and a
+// scrape between an old Manager's and a new one's could see both.
+type rankMetrics []*rankSlot
+
+func (rm rankMetrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, sl := range rm {
+		sl.idle.Describe(ch) // the Manager's are the same
+	}
+}
+
+func (rm rankMetrics) Collect(ch chan<- prometheus.Metric) {
+	for _, sl := range rm {
+		sl.mu.Lock()
+		a := sl.cur
+		sl.mu.Unlock()
+		if a != nil {
+			a.m.Collector().Collect(ch)
+		} else {
+			sl.idle.Collect(ch)
+		}
+	}
+}
+
+func newServerMetrics(reg prometheus.Registerer, slots []*rankSlot) (*serverMetrics, error) {
 	m := &serverMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvagent_engineapi_requests_total",
 			Help: "Engine API requests, by path and HTTP status."}, []string{"path", "status"}),
@@ -941,9 +973,16 @@ func newServerMetrics(reg prometheus.Registerer) (*serverMetrics, error) {
 		reg.Unregister(m.requests)
 		return nil, err
 	}
+	ranks := rankMetrics(slots)
+	if err := reg.Register(ranks); err != nil {
+		reg.Unregister(m.requests)
+		reg.Unregister(m.duration)
+		return nil, fmt.Errorf("register the ranks' offload metrics: %w", err)
+	}
 	m.unregister = func() {
 		reg.Unregister(m.requests)
 		reg.Unregister(m.duration)
+		reg.Unregister(ranks)
 	}
 	return m, nil
 }

@@ -3,6 +3,7 @@ package manager
 import (
 	"strconv"
 
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -29,8 +30,9 @@ import (
 //	kvagent_offload_onboard_late_writes_total        copies into G1 that outlived their Onboard
 //	kvagent_offload_onboard_duration_seconds         one Onboard call
 type metrics struct {
-	m     *Manager
-	paths []Path // the paths this manager uses
+	stats func() Stats // the Manager's, or zero for a rank without one
+	disk  bool         // the rank has a disk pool: disk_down is exported
+	paths []Path       // the paths this manager uses
 
 	depth, inflight, queued, dropped, blocks, bytes *prometheus.Desc
 	ignored, tracked, diskDown                      *prometheus.Desc
@@ -42,12 +44,38 @@ type metrics struct {
 }
 
 func newMetrics(m *Manager) *metrics {
-	labels := prometheus.Labels{"worker": strconv.FormatUint(m.cfg.Rank.Worker, 10), "dp_rank": strconv.FormatUint(uint64(m.cfg.Rank.DP), 10)}
+	var paths []Path
+	for p := range NumPaths {
+		if m.lanes[p] != nil || p == H2D { // H2D also carries Disk2H's second hop
+			paths = append(paths, p)
+		}
+	}
+	return newMetricsOf(m.cfg.Rank, paths, m.Stats, m.disk != nil)
+}
+
+// IdleMetrics exports, at zero, the families a Manager of rank would
+// export on paths (with kvagent_offload_disk_down where disk), for a rank
+// whose engine has not registered a region yet, so no Manager runs: a
+// dashboard or an alert over them then reads 0 on such a rank, not "no
+// data". A collector that delegates to it while the rank has no Manager,
+// and to the Manager's Collector while it has, exports the same series
+// throughout: they describe the same families.
+func IdleMetrics(rank kvevent.Rank, paths []Path, disk bool) prometheus.Collector {
+	return newMetricsOf(rank, paths, func() Stats { return Stats{} }, disk)
+}
+
+// Collector is the Manager's metrics (the families above), for a caller
+// that exports them itself rather than through Config.Registerer.
+func (m *Manager) Collector() prometheus.Collector { return m.metrics }
+
+func newMetricsOf(rank kvevent.Rank, paths []Path, stats func() Stats, disk bool) *metrics {
+	labels := prometheus.Labels{"worker": strconv.FormatUint(rank.Worker, 10), "dp_rank": strconv.FormatUint(uint64(rank.DP), 10)}
 	d := func(name, help string, vars ...string) *prometheus.Desc {
 		return prometheus.NewDesc("kvagent_offload_"+name, help, vars, labels)
 	}
 	x := &metrics{
-		m:          m,
+		stats:      stats,
+		disk:       disk,
 		depth:      d("queue_depth", "Blocks waiting in an offload or onboard queue.", "from", "to"),
 		inflight:   d("inflight_blocks", "Blocks taken by a copy worker and not finished.", "from", "to"),
 		queued:     d("queued_total", "Blocks accepted into an offload queue.", "from", "to"),
@@ -74,11 +102,9 @@ func newMetrics(m *Manager) *metrics {
 			Buckets:     prometheus.ExponentialBuckets(100e-6, 2.5, 12), // 100µs .. 2.4s
 		}),
 	}
-	for p := range NumPaths {
-		if m.lanes[p] != nil || p == H2D { // H2D also carries Disk2H's second hop
-			x.paths = append(x.paths, p)
-			x.copySeconds[p] = x.copyVec.WithLabelValues(p.From().String(), p.To().String())
-		}
+	for _, p := range paths {
+		x.paths = append(x.paths, p)
+		x.copySeconds[p] = x.copyVec.WithLabelValues(p.From().String(), p.To().String())
 	}
 	return x
 }
@@ -93,7 +119,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (x *metrics) Collect(ch chan<- prometheus.Metric) {
-	s := x.m.Stats()
+	s := x.stats()
 	g := func(d *prometheus.Desc, v int, lv ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), lv...)
 	}
@@ -120,7 +146,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	n(x.ignored, s.Cold, "cold")
 	n(x.ignored, s.NoDisk, "no_disk")
 	g(x.tracked, s.Tracked)
-	if x.m.disk != nil {
+	if x.disk {
 		down := 0
 		if s.DiskDown {
 			down = 1
