@@ -46,6 +46,27 @@ func (c *cluster) transferLeader(to string, asJSON bool) string {
 	return out.Leader
 }
 
+// ledAfterTransfer waits until the serving nodes agree on a leader after
+// kvctl leader transfer moved the lead, held in term from, to node to
+// (kvctl exited 0: it saw to take over), and fails the test unless to
+// leads, or another node leads in a term after the transfer's. The
+// transfer's election is term from+1 (TimeoutNow starts it at once); on
+// Raft's 200 ms lease a loaded machine can hold another election before
+// the nodes are asked, and its leader, in a later term, is no transfer
+// gone astray. A node other than to leading in term from+1 is one.
+func (c *cluster) ledAfterTransfer(to int, from uint64) {
+	c.t.Helper()
+	lead, term := c.leaderWithTerm()
+	if lead != to && term <= from+1 {
+		c.t.Fatalf("after the transfer to %s, from the leader of term %d: %s leads in term %d",
+			c.nodes[to].id, from, c.nodes[lead].id, term)
+	}
+	if lead != to {
+		c.t.Logf("after the transfer to %s, from the leader of term %d: an election made %s leader in term %d",
+			c.nodes[to].id, from, c.nodes[lead].id, term)
+	}
+}
+
 // TestLeadershipTransfersUnderTheStream is fault scenario 12, leadership
 // transfer under load: two publishers stream event batches through every
 // node (retrying what was not acknowledged, on the next node) while an
