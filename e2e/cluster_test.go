@@ -395,6 +395,34 @@ func (c *cluster) kill9(i int) {
 	c.waitExit(i)
 }
 
+// killLeader kills the leader with SIGKILL, as a crash does, and returns
+// its position and the term it led in. A leader found and then killed may
+// have lost an election in between (Raft's 200 ms lease on a loaded
+// machine), and the kill would hit a follower: so the leader is frozen
+// first (SIGSTOP), and killed only once every other serving node, asked
+// after the freeze, still follows it in that term. None of them having
+// moved to a later term, no node can have been elected after it. Else it
+// is let go on, and the leader of the moment is tried.
+func (c *cluster) killLeader() (int, uint64) {
+	c.t.Helper()
+	var at int
+	var term uint64
+	c.waitFor(leaderTimeout, "the leader frozen while the others still follow it", func() (bool, string) {
+		at, term = c.leaderWithTerm()
+		c.pause(at)
+		sts := c.statusAll()
+		for i, st := range sts {
+			if i != at && c.nodes[i].serving() && (st == nil || st.LeaderID != c.nodes[at].id || st.Term != term) {
+				c.resume(at)
+				return false, fmt.Sprintf("%s led in term %d; after its freeze: %s", c.nodes[at].id, term, describe(sts))
+			}
+		}
+		return true, ""
+	})
+	c.kill9(at)
+	return at, term
+}
+
 // kill9All kills every running node at once: every SIGKILL is sent before
 // the first exit is awaited.
 func (c *cluster) kill9All() {
