@@ -217,8 +217,7 @@ func TestLeaderPausedPastElectionTimeout(t *testing.T) {
 	// The other two elect one of them (c.leader asks only the serving
 	// nodes: a paused one cannot answer) in a later term than the paused
 	// leader's; the paused node's own view is checked once it is resumed.
-	lead := c.leader()
-	leadTerm := c.term(lead)
+	lead, leadTerm := c.leaderWithTerm()
 	if leadTerm <= oldTerm {
 		t.Fatalf("the serving nodes' leader %s is in term %d, the paused leader %s led in term %d",
 			c.nodes[lead].id, leadTerm, c.nodes[old].id, oldTerm)
@@ -239,14 +238,17 @@ func TestLeaderPausedPastElectionTimeout(t *testing.T) {
 	c.converged()
 	c.checkAll(p.model)
 
+	// The resumed node follows the leader the serving nodes agree on:
+	// lead, or one elected since (c.leader below tells them apart).
 	c.resume(old)
-	c.waitFor(leaderTimeout, c.nodes[old].id+" to follow "+c.nodes[lead].id, func() (bool, string) {
-		st := c.statusAll()[old]
-		if st == nil {
-			return false, "no answer"
+	c.waitFor(leaderTimeout, c.nodes[old].id+" to follow the others' leader", func() (bool, string) {
+		sts := c.statusAll()
+		st, now := sts[old], sts[c.leader()]
+		if st == nil || now == nil {
+			return false, describe(sts)
 		}
-		return st.State == "Follower" && st.LeaderID == c.nodes[lead].id,
-			st.State + " following " + st.LeaderID
+		return st.State == "Follower" && st.LeaderID == now.ID,
+			st.State + " following " + st.LeaderID + "; the leader is " + now.ID
 	})
 	// Another leader now is one elected after lead's term (a loaded
 	// machine misses heartbeats, and the resumed node, caught up, may win):
