@@ -73,8 +73,7 @@ func diskFullUnderIngest(t *testing.T, leader bool) {
 	}
 	streamed(50, "50 requests acknowledged before the fault")
 
-	lead := c.leader()
-	oldTerm := c.term(lead)
+	lead, oldTerm := c.leaderWithTerm()
 	v := c.others(lead)[0]
 	if leader {
 		v = lead

@@ -319,8 +319,7 @@ func TestMembershipChangesUnderTheStream(t *testing.T) {
 	}
 	s.ackedAtLeast(c, at+20, "20 requests acknowledged after n4 joined")
 
-	lead = c.leader()
-	oldTerm := c.term(lead)
+	lead, oldTerm := c.leaderWithTerm()
 	at = s.acked.Load()
 	c.removeMember(lead)
 	var left []int

@@ -467,8 +467,7 @@ func TestPartitionedLeaderLosesNothingAcknowledged(t *testing.T) {
 	s.publish(c, pubs)
 	s.ackedAtLeast(c, 20, "20 requests acknowledged before the partition")
 
-	old := c.leader()
-	oldTerm := c.term(old)
+	old, oldTerm := c.leaderWithTerm()
 
 	// The probe writes only to the old leader, one request at a time until
 	// it is acknowledged, from before the cut (so that one is likely in
