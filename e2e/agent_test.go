@@ -419,7 +419,7 @@ func TestAgentEndToEnd(t *testing.T) {
 
 	// Stream, kill -9 the leader a third of the way in, stream on.
 	publishBatches(pub, g, &seq, 100)
-	c.kill9(c.leader())
+	c.killLeader()
 	publishBatches(pub, g, &seq, 200)
 	waitModel(c, g)
 

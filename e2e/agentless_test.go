@@ -104,7 +104,7 @@ func TestAgentlessEndToEnd(t *testing.T) {
 	}
 
 	publishBatches(pub, g, &seq, 40)
-	c.kill9(c.leader())
+	c.killLeader()
 	publishBatches(pub, g, &seq, 80)
 	waitModelOf(c, g, id)
 }
