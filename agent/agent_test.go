@@ -25,7 +25,7 @@ import (
 
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m, testwatch.NodeIgnores()...)
+	goleak.VerifyTestMain(testwatch.Settled(m, testwatch.NodeIgnores()...), testwatch.NodeIgnores()...)
 }
 
 var quiet = slog.New(slog.DiscardHandler)

@@ -23,7 +23,7 @@ import (
 
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(testwatch.Settled(m))
 }
 
 var _ api.Backend = (*apitest.Fake)(nil)

@@ -12,5 +12,5 @@ import (
 // runs a load generator, the failover test its writers).
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(testwatch.Settled(m))
 }

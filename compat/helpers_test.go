@@ -29,7 +29,7 @@ var update = flag.Bool("update", false, "rewrite the golden answers in testdata/
 
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m, testwatch.NodeIgnores()...)
+	goleak.VerifyTestMain(testwatch.Settled(m, testwatch.NodeIgnores()...), testwatch.NodeIgnores()...)
 }
 
 var quiet = slog.New(slog.DiscardHandler)

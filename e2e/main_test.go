@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 	testwatch.Start() // after the build: -test.timeout counts from m.Run
 	// goleak.VerifyTestMain exits the process, so the binaries are removed
 	// by the cleanup option rather than after it returns.
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+	goleak.VerifyTestMain(testwatch.Settled(m), goleak.Cleanup(func(code int) {
 		os.RemoveAll(dir)
 		os.Exit(code)
 	}))

@@ -11,5 +11,5 @@ import (
 // publishers and the goroutines that read them.
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(testwatch.Settled(m))
 }

@@ -14,7 +14,7 @@ import (
 // raft node that outlives its test is a leak here, not noise.
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(testwatch.Settled(m))
 }
 
 // logStoreTestLogger writes warnings and errors to the test's output.

@@ -40,10 +40,11 @@ import (
 
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m,
+	ignores := []goleak.Option{
 		goleak.IgnoreTopFunction("github.com/cockroachdb/pebble/v2/internal/cache.(*shard).releaseLoop"),
 		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2.(*tableCacheShard).releaseLoop"),
-	)
+	}
+	goleak.VerifyTestMain(testwatch.Settled(m, ignores...), ignores...)
 }
 
 var quiet = slog.New(slog.DiscardHandler)

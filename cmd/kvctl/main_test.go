@@ -37,10 +37,11 @@ import (
 
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m,
+	ignores := []goleak.Option{
 		// raftfsm.Node.await's waiter on a future Raft dropped at shutdown.
 		goleak.IgnoreAnyFunction("github.com/kvrouter/kvrouter/raftfsm.awaitFuture"),
-	)
+	}
+	goleak.VerifyTestMain(testwatch.Settled(m, ignores...), ignores...)
 }
 
 // cluster is three API servers over fakes: n1 leads, n2 and n3 follow.

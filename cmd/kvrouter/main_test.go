@@ -57,7 +57,7 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	testwatch.Start()
-	goleak.VerifyTestMain(m, testwatch.NodeIgnores()...)
+	goleak.VerifyTestMain(testwatch.Settled(m, testwatch.NodeIgnores()...), testwatch.NodeIgnores()...)
 }
 
 // TestPeersAreChecked: --peers entries must be id=host:port=host:port,

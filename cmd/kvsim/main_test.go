@@ -22,7 +22,7 @@ import (
 // replay runs subscribers).
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(testwatch.Settled(m))
 }
 
 // kvsim runs the command in process and returns what it printed.

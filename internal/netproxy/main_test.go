@@ -10,5 +10,5 @@ import (
 // Every test closes its proxies and targets: no goroutine may outlive them.
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(testwatch.Settled(m))
 }

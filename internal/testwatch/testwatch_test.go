@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
@@ -253,3 +255,55 @@ func TestGoroutinesFindsAParkedGoroutine(t *testing.T) {
 		t.Fatalf("%d goroutines in a function that does not exist", n)
 	}
 }
+
+// testingM is a goleak.TestingM whose Run is run.
+type testingM func() int
+
+func (m testingM) Run() int { return m() }
+
+// TestSettledWaitsForGoroutinesThatEndLate: a goroutine that outlives the
+// last test by longer than goleak's own wait (about 0.4 s) but ends
+// within LeakGrace is not reported; one that outlives the grace still is;
+// a failed run is not held up.
+func TestSettledWaitsForGoroutinesThatEndLate(t *testing.T) {
+	defer func(g time.Duration) { LeakGrace = g }(LeakGrace)
+	passed := testingM(func() int { return 0 })
+
+	// Ends a second and a half after Settled's Run starts: past
+	// goleak's own wait.
+	late := make(chan struct{})
+	go lingerUntil(late)
+	if err := goleak.Find(); err == nil {
+		t.Fatal("goleak.Find found no goroutine while one lingers: the test shows nothing")
+	}
+	LeakGrace = time.Minute
+	time.AfterFunc(1500*time.Millisecond, func() { close(late) })
+	if code := Settled(passed).Run(); code != 0 {
+		t.Fatalf("Settled(passed).Run() = %d, want 0", code)
+	}
+	if err := goleak.Find(); err != nil {
+		t.Fatalf("after Settled's Run, a goroutine that ended late is still found: %v", err)
+	}
+
+	// Outlives the grace: still there for VerifyTestMain to report.
+	stuck := make(chan struct{})
+	defer close(stuck)
+	go lingerUntil(stuck)
+	LeakGrace = 300 * time.Millisecond
+	if code := Settled(passed).Run(); code != 0 {
+		t.Fatalf("Settled(passed).Run() = %d, want 0: the leak is VerifyTestMain's to report", code)
+	}
+	if err := goleak.Find(); err == nil || !strings.Contains(err.Error(), "lingerUntil") {
+		t.Fatalf("after the grace, goleak.Find = %v; want the stuck goroutine found", err)
+	}
+
+	// A failed run returns its code at once, whatever lingers.
+	LeakGrace = time.Hour
+	done := make(chan int, 1)
+	go func() { done <- Settled(testingM(func() int { return 3 })).Run() }()
+	if code := Within(t, 30*time.Second, done, "Settled's Run of a failed run"); code != 3 {
+		t.Fatalf("Settled(failed).Run() = %d, want 3", code)
+	}
+}
+
+func lingerUntil(c <-chan struct{}) { <-c }

@@ -34,7 +34,7 @@ var (
 
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) {
+	goleak.VerifyTestMain(testwatch.Settled(m), goleak.Cleanup(func(int) {
 		if fakeDir != "" {
 			os.RemoveAll(fakeDir)
 		}

@@ -30,10 +30,11 @@ import (
 // connection that outlives the server's Close is a leak.
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m,
+	ignores := []goleak.Option{
 		goleak.IgnoreTopFunction("github.com/cockroachdb/pebble/v2/internal/cache.(*shard).releaseLoop"),
 		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2.(*tableCacheShard).releaseLoop"),
-	)
+	}
+	goleak.VerifyTestMain(testwatch.Settled(m, ignores...), ignores...)
 }
 
 const bs = 1024 // bytes per block: small blocks keep the tests fast

@@ -30,7 +30,7 @@ import (
 // stream or a Pebble database that outlives its test is a leak here.
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(testwatch.Settled(m))
 }
 
 var rank = kvevent.Rank{Worker: 3, DP: 0}

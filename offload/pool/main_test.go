@@ -19,7 +19,7 @@ import (
 // stream that outlives its test is a leak here, not noise.
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(testwatch.Settled(m))
 }
 
 var rank = kvevent.Rank{Worker: 7, DP: 1}
