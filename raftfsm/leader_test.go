@@ -760,18 +760,49 @@ func swallowAt(t *testing.T, addr string) {
 // broken right after it took the RPC), or, once undialable is set, whose
 // TimeoutNow RPCs fail to dial (the target went down after the leader's
 // check that it answers).
+//
+// A lost answer's RPC is held (late) until the test sends it, once the
+// transfer answered: the leader reads the error before the target, taking
+// over, can depose it. Sent before the error was returned, the RPC raced
+// it: on a loaded machine the target's election deposed the leader first,
+// and Raft answered the transfer as one done ("lost leadership during
+// transfer (expected)": nil).
 type lostTimeoutNow struct {
 	*raft.NetworkTransport
 	undialable *atomic.Bool
+	late       *lateRPCs
 }
 
-func (t lostTimeoutNow) TimeoutNow(id raft.ServerID, target raft.ServerAddress, args *raft.TimeoutNowRequest, resp *raft.TimeoutNowResponse) error {
+// lateRPCs holds the TimeoutNow RPCs whose answers lostTimeoutNow lost,
+// not yet sent.
+type lateRPCs struct {
+	mu   sync.Mutex
+	send []func() error
+}
+
+// sendAll sends the RPCs held, and answers the first error.
+func (l *lateRPCs) sendAll() error {
+	l.mu.Lock()
+	send := l.send
+	l.send = nil
+	l.mu.Unlock()
+	for _, f := range send {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t lostTimeoutNow) TimeoutNow(id raft.ServerID, target raft.ServerAddress, args *raft.TimeoutNowRequest, _ *raft.TimeoutNowResponse) error {
 	if t.undialable.Load() {
 		return fmt.Errorf("dial tcp %s: connect: connection refused", target)
 	}
-	if err := t.NetworkTransport.TimeoutNow(id, target, args, resp); err != nil {
-		return err
-	}
+	t.late.mu.Lock()
+	t.late.send = append(t.late.send, func() error {
+		return t.NetworkTransport.TimeoutNow(id, target, args, &raft.TimeoutNowResponse{})
+	})
+	t.late.mu.Unlock()
 	return errors.New("read tcp 127.0.0.1:1->127.0.0.1:2: i/o timeout")
 }
 
@@ -785,8 +816,9 @@ func (t lostTimeoutNow) TimeoutNow(id raft.ServerID, target raft.ServerAddress, 
 // ErrUnreachable, the leadership in place.
 func TestTransferWhoseTimeoutNowAnswerIsLostIsOutcomeUnknown(t *testing.T) {
 	var undialable atomic.Bool
+	var late lateRPCs
 	c := newTestCluster(t, 3, func(cfg *Config) {
-		cfg.Transport = lostTimeoutNow{cfg.Transport.(*raft.NetworkTransport), &undialable}
+		cfg.Transport = lostTimeoutNow{cfg.Transport.(*raft.NetworkTransport), &undialable, &late}
 	})
 	l := c.leader()
 	waitFor(t, 10*time.Second, "the leader's set-up", l.ledThisTerm)
@@ -801,6 +833,10 @@ func TestTransferWhoseTimeoutNowAnswerIsLostIsOutcomeUnknown(t *testing.T) {
 	err = l.TransferLeadership(ctx(t), c.id(to))
 	if errors.Is(err, ErrUnreachable) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a transfer whose TimeoutNow reached %s, its answer lost: %v; want context.DeadlineExceeded (outcome unknown), not ErrUnreachable", c.id(to), err)
+	}
+	// The RPC reaches the target now, as its lost answer says it may have.
+	if err := late.sendAll(); err != nil {
+		t.Fatalf("the TimeoutNow whose answer was lost, to %s: %v", c.id(to), err)
 	}
 	waitFor(t, 10*time.Second, c.id(to)+" to lead", c.nodes[to].IsLeader)
 }
