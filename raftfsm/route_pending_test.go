@@ -353,11 +353,18 @@ func TestADeposedLeadersPendingBookingsDoNotCountOnItsNextTerm(t *testing.T) {
 // false. The pending bookings go when a node starts leading a term other
 // than the last it led; they used to go on a false alone, and the last
 // term's pending booking made the rank busy in the next.
+//
+// Its cluster runs with Raft timeouts of a second (steadyTimeouts), as
+// its model's does: its writes and its route go to the nodes it made
+// lead, and a leader that missed Raft's default 200 ms lease under load
+// lost its term before them ("no leader"). The test's step-down and
+// re-election are transfers, which the timeouts do not slow.
 func TestPendingBookingsClearedOnAQuickLoseAndRegain(t *testing.T) {
 	var block atomic.Bool
 	release := make(chan struct{})
 	var once sync.Once
 	c := newTestCluster(t, 3, func(cfg *Config) {
+		steadyTimeouts(cfg)
 		if cfg.ID == "n1" {
 			cfg.beforeBarrier = func() {
 				if block.Load() {
