@@ -440,7 +440,7 @@ func onlyOwnMemberEntries(t *testing.T, n *Node, from uint64) bool {
 // of its own under the cluster's applied index. A node alone that adds a
 // member still grows into a cluster that any member may lead.
 func TestANodeAloneFollowsNoOtherCluster(t *testing.T) {
-	c := newInmemCluster(t, 3)
+	c := newInmemClusterTuned(t, 3, steadyTimeouts)
 	_, l := c.leaderExcept(-1)
 	if err := l.RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
 		t.Fatal(err)
@@ -535,7 +535,7 @@ func TestANodeAloneFollowsNoOtherCluster(t *testing.T) {
 // refused. From a review of the alone guard, whose first test ran on the
 // in-memory transport, which has no such path.
 func TestANodeAloneRefusesHeartbeatsOverTCP(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
+	c := newTestCluster(t, 3, steadyTimeouts)
 	l := c.leader()
 	tr := c.transport("127.0.0.1:0")
 	self := Member{ID: "n4", RaftAddr: string(tr.LocalAddr()), HTTPAddr: "http-n4"}
@@ -760,7 +760,7 @@ func TestARemovedNodeReadsRemovedAfterARestart(t *testing.T) {
 // until the test lets them through; its heartbeats pass. Cut off from
 // the leader meanwhile, the node reads removed, as a removed one does.
 func TestAReAddedNodeIsNotRemovedWhileCatchingUp(t *testing.T) {
-	c := newInmemCluster(t, 3)
+	c := newInmemClusterTuned(t, 3, steadyTimeouts)
 	li, l := c.leaderExcept(-1)
 	gi := (li + 1) % 3
 	gone := c.nodes[gi]
@@ -1112,7 +1112,7 @@ func TestRemoveMemberWithAFollowerDownRefusesWhatCannotElect(t *testing.T) {
 // heartbeat without looking at its log, and its last index there counted
 // as caught up: it was made a voter at once. From a review.
 func TestAddMemberOfANodeThatOnlyAnswersHeartbeatsLeavesItANonvoter(t *testing.T) {
-	c := newInmemCluster(t, 3)
+	c := newInmemClusterTuned(t, 3, steadyTimeouts)
 	_, l := c.leaderExcept(-1)
 	_, fake := raft.NewInmemTransport("inmem-fake")
 	c.trans = append(c.trans, fake)
@@ -1311,7 +1311,7 @@ func TestAddMemberTakesAnAddressThatIsNoMembers(t *testing.T) {
 // cluster's node, or one that does not say (no id). Its answers proved
 // the new member caught up, and it was made a voter. From a review.
 func TestAnAnswerFromAnotherServerNeverPromotes(t *testing.T) {
-	c := newInmemCluster(t, 3)
+	c := newInmemClusterTuned(t, 3, steadyTimeouts)
 	_, l := c.leaderExcept(-1)
 	for i, as := range []string{l.cfg.ID, "x7", ""} {
 		_, fake := raft.NewInmemTransport(raft.ServerAddress(fmt.Sprintf("inmem-fake%d", i)))
@@ -2213,7 +2213,7 @@ func TestAddMemberOfAWipedVoterWaitsForItToCatchUp(t *testing.T) {
 // a review: the entry came only with the promotion, which a one-off add
 // that timed out never reached.
 func TestARetriedAddWritesTheMemberEntryAnInterruptedOneLacked(t *testing.T) {
-	c := newInmemCluster(t, 3)
+	c := newInmemClusterTuned(t, 3, steadyTimeouts)
 	_, l := c.leaderExcept(-1)
 	_, inner := raft.NewInmemTransport("inmem-n4")
 	c.trans = append(c.trans, inner)
