@@ -882,8 +882,12 @@ func TestTransferToAnyVoterGoesToOneThatAnswers(t *testing.T) {
 // is not ready (it used to stay ready, serving routes from an index that
 // no longer moved), and ready again once a leader is back; removed from
 // the cluster it is not ready.
+//
+// Its cluster runs with Raft timeouts of a second (steadyTimeouts): the
+// removal goes to the leader it found, and a leader that missed Raft's
+// default 200 ms lease under load lost its term before it ("no leader").
 func TestReadyNeedsALeaderAndMembership(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
+	c := newTestCluster(t, 3, steadyTimeouts)
 	l := c.leader()
 	c.converged()
 	for _, n := range c.nodes {

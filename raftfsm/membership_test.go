@@ -182,8 +182,12 @@ func TestNewLeaderKeepsMemberEntriesNewerThanItsFlags(t *testing.T) {
 // cutting the live member off), or an address another member has, is
 // invalid; adding a member again as it is refreshes its entry; removing
 // an id that is not a member is invalid, not a success.
+//
+// Its cluster runs with Raft timeouts of a second (steadyTimeouts): its
+// calls go to the leader it found, and a leader that missed Raft's
+// default 200 ms lease under load lost its term before them ("no leader").
 func TestMemberChangesThatWouldCutAMemberOffAreRefused(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
+	c := newTestCluster(t, 3, steadyTimeouts)
 	l := c.leader()
 	ms, err := l.Members(ctx(t))
 	if err != nil {
@@ -1238,8 +1242,13 @@ func TestARetriedAddOfAWipedNonvoterWaitsForAFreshMatch(t *testing.T) {
 // replicated to itself at the leader's address (it stepped down for
 // good: the cluster bricked), and at a follower's the "new node" that
 // caught up was that follower, made a second voter. From a review.
+//
+// Its cluster runs with Raft timeouts of a second (steadyTimeouts): its
+// adds go to the leader it found, which must lead after each, and a
+// leader that missed Raft's default 200 ms lease under load stepped down
+// whatever the adds did, the bug's own symptom.
 func TestAddMemberRefusesAnotherSpellingOfAMembersRaftAddress(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
+	c := newTestCluster(t, 3, steadyTimeouts)
 	l := c.leader()
 	before, err := l.Members(ctx(t))
 	if err != nil {
