@@ -424,7 +424,7 @@ func TestCloseWhileABarrierWaitsForTheFSM(t *testing.T) {
 			})
 			closed := make(chan struct{})
 			go func() { n3.Close(); close(closed) }()
-			waitFor(t, 10*time.Second, "n3's Raft to begin its shutdown", func() bool { return n3.raft.State() == raft.Shutdown })
+			waitFor(t, 10*time.Second, "n3's Raft to begin its shutdown", n3.raftShutDown)
 			g.open() // the FSM finishes the batch, then takes the Barrier or the shutdown
 			waitFor(t, 10*time.Second, "n3's Close to return", func() bool {
 				select {
