@@ -19,8 +19,8 @@ import (
 // chaosRounds is how many faults the chaos soak injects unless
 // KVROUTER_CHAOS_ROUNDS says otherwise: a round takes about a second (a
 // kill, a partition or a one-way cut) to six (a pause, which the
-// publishers wait out a call timeout on), so the default runs about a
-// minute and a half on a two-core machine, under -race.
+// publishers wait out a call timeout on, or a restore), so the default
+// runs about a minute and a half on a two-core machine, under -race.
 const chaosRounds = 30
 
 // ackedPerFault is how many requests the publishers must get acknowledged
@@ -33,17 +33,37 @@ type chaosFault int
 
 // There is no round of two faults at once: with three nodes any two of
 // these would leave no majority, and the round's rule is that the
-// majority writes on through the fault.
+// majority writes on through the fault. A restore round's kill is its
+// one fault: the restore goes through the majority, the way an operator
+// restores while a node is down.
+//
+// The restore round is a run's last, and its only one: the partition
+// proxies route each node's Raft traffic by that node's own --peers
+// (raftHub), and a restore hands every node the leader's Raft
+// configuration, the leader's view of the proxies. After it a node other
+// than the leader would dial its peers through the leader's links, and
+// would not start again (it is listed at a proxy's address, not its
+// --raft-addr): no partition, cut or restart can follow.
 const (
 	faultKill      chaosFault = iota // SIGKILL a random node, then restart it
 	faultPartition                   // cut a random node off from the others, then heal
 	faultPause                       // SIGSTOP the leader past the election timeout, then SIGCONT
 	faultOneWay                      // cut one directed raft link of the leader's, then heal
+	faultRestore                     // SIGKILL a random node, save and restore a snapshot through the others, restart it
 	numFaults
 )
 
 func (f chaosFault) String() string {
-	return [...]string{"kill -9", "partition", "pause", "one-way cut"}[f]
+	return [...]string{"kill -9", "partition", "pause", "one-way cut", "restore"}[f]
+}
+
+// drawFault is round's fault: a restore for the run's last round (see
+// faultRestore), else one of the other kinds, each as likely.
+func drawFault(rng *rand.Rand, round, rounds int) chaosFault {
+	if round == rounds {
+		return faultRestore
+	}
+	return chaosFault(rng.IntN(int(faultRestore)))
 }
 
 // publishGate lets the soak stop the publishers between two requests, so
@@ -128,18 +148,28 @@ type onceSince struct {
 // and a router routes through the nodes in turn, while a fault loop,
 // driven by a seeded random source, injects one fault a round: a random
 // node killed with SIGKILL and restarted, a random node cut off from the
-// others through the partition proxies and healed, the leader stopped
-// with SIGSTOP until the others elect a new one and resumed, or one
-// directed raft link of the leader's cut (leader to a follower, or a
-// follower to the leader) and healed. During every fault the majority
-// keeps acknowledging writes. After every round the cluster has one
-// leader and, once the publishers hold still (each with its request in
-// flight acknowledged), every node the same digest at the same applied
-// index and exactly what was acknowledged, and each node applied every
-// acknowledged event exactly once: one whose process has run since the
-// start (never killed; a pause or a cut keeps it) counts every one, a
-// restarted one those acknowledged since the first check after its
-// restart; so at the end.
+// others through the partition proxies and healed, the leader stopped with
+// SIGSTOP until the others elect a new one and resumed, or one directed
+// raft link of the leader's cut (leader to a follower, or a follower to
+// the leader) and healed; the last round (faultRestore) is an online
+// restore with a member down: a random node killed with SIGKILL, then, the
+// publishers held still from the save to the restore's end, kvctl snapshot
+// save and kvctl snapshot restore of the file through the other two nodes'
+// endpoints, and the killed node restarted, to catch up on the restored
+// state by the leader's snapshot or its log. The publishers hold still so
+// that the state saved is the state acknowledged: the restore rolls
+// nothing back, and the model only flags every rank as needing a resync,
+// as the restore does. During every fault the majority keeps acknowledging
+// writes (a restore round's until the publishers are held still for the
+// save). After every round the cluster has one leader and, once the
+// publishers hold still (each with its request in flight acknowledged),
+// every node the same digest at the same applied index and exactly what
+// was acknowledged, and each node applied every acknowledged event exactly
+// once: one whose process has run since the start (never killed; a pause
+// or a cut keeps it) and that restored no snapshot counts every one, a
+// restarted one, or one that restored a snapshot (every node after a
+// restore round), those acknowledged since the first check after its
+// restart or restore; so at the end.
 //
 // A one-way cut is of who can call whom: a raft connection carries its
 // dialer's requests and the answers to them, so with the leader's link to
@@ -234,7 +264,8 @@ func TestChaosSoakLosesNothingAcknowledged(t *testing.T) {
 	// last snapshot. So does a snapshot restore, which installs events
 	// without counting them (with --snapshot-threshold at 8192 entries and
 	// 10240 kept after a snapshot a round's lag never calls for one, but
-	// the check must not fail a node for it if it does). Such a node is
+	// the check must not fail a node for it if it does), and a restore
+	// round's, which every node installs. Such a node is
 	// checked from the first check after (since): what it counted since
 	// then must be what was acknowledged since then.
 	once := map[int]bool{}
@@ -273,7 +304,7 @@ func TestChaosSoakLosesNothingAcknowledged(t *testing.T) {
 	var faults [numFaults]int
 	leaderCuts := 0 // one-way cuts of the leader's link to a follower
 	for round := 1; round <= rounds; round++ {
-		f := chaosFault(rng.IntN(int(numFaults)))
+		f := drawFault(rng, round, rounds)
 		faults[f]++
 		began, ackedBefore, routedBefore := time.Now(), s.acked.Load(), routed.Load()
 		lead := c.leader()
@@ -394,6 +425,56 @@ func TestChaosSoakLosesNothingAcknowledged(t *testing.T) {
 			what = fmt.Sprintf("%s (%s; cut=%v, %d connections refused, %s at the end)",
 				h.linkName(from, to), dir, link.IsCut(), after.Refused-before.Refused, c.nodes[lost].id+" "+seen)
 			h.heal()
+		case faultRestore:
+			victim = rng.IntN(len(c.nodes))
+			role := "follower"
+			if victim == lead {
+				role = "leader"
+			}
+			once[victim] = false
+			delete(since, victim)
+			c.kill9(victim)
+			majority := c.others(victim)
+			c.leaderAmong(majority)
+			s.ackedAtLeast(c, s.acked.Load()+ackedPerFault, fmt.Sprintf("%d requests acknowledged with %s down", ackedPerFault, c.nodes[victim].id))
+			var eps, ids []string
+			for _, i := range majority {
+				eps = append(eps, c.nodes[i].httpAddr)
+				ids = append(ids, c.nodes[i].id)
+			}
+			via := strings.Join(eps, ",")
+			gate.quiesced(c, s, func() {
+				// Nothing is written from here to the restore's end, so the
+				// state saved is the state acknowledged: the leader applies a
+				// request before it acknowledges it, and the save streams
+				// the leader's state.
+				acked, _ := c.converged()
+				snap := c.saveSnapshotVia(via, t.TempDir())
+				if snap.index < acked {
+					t.Fatalf("round %d: kvctl snapshot save saved the state at index %d, behind the index %d the nodes had applied with the publishers held still: it is not the state acknowledged",
+						round, snap.index, acked)
+				}
+				res := c.kvctlVia(via, "snapshot", "restore", snap.path)
+				want := "restored " + snap.path + " to the cluster (index " + strconv.FormatUint(snap.index, 10) + ","
+				if res.code != 0 || !strings.HasPrefix(res.stdout, want) {
+					t.Fatalf("round %d: restore with %s down: %v\nwant exit 0 and stdout starting %q", round, c.nodes[victim].id, res, want)
+				}
+				all.restored() // every rank flagged for a resync
+				// Every node installs the restored state, whose events it
+				// does not count: each node's applied-once check starts
+				// again at the round's check.
+				for i := range c.nodes {
+					once[i] = false
+					delete(since, i)
+				}
+				c.restart(victim)
+				what = fmt.Sprintf("a cluster with %s (%s) down: saved at index %d and restored through %s, %s restarted after it",
+					c.nodes[victim].id, role, snap.index, strings.Join(ids, " and "), c.nodes[victim].id)
+			})
+			// Writes on the restored state, which every node (the restarted
+			// one included) must hold at the round's check: the cursors go
+			// on from the restored ones.
+			s.ackedAtLeast(c, s.acked.Load()+ackedPerFault, fmt.Sprintf("%d requests acknowledged after the restore", ackedPerFault))
 		}
 		c.leader()
 		var applied uint64

@@ -853,7 +853,15 @@ func (r cliResult) String() string {
 // kvctl runs kvctl against this cluster (--endpoints every node).
 func (c *cluster) kvctl(args ...string) cliResult {
 	c.t.Helper()
-	pre := []string{"--endpoints", c.endpoints()}
+	return c.kvctlVia(c.endpoints(), args...)
+}
+
+// kvctlVia runs kvctl against this cluster through endpoints alone (a
+// comma-separated list of HTTP addresses): the nodes of a majority, say,
+// while another is down.
+func (c *cluster) kvctlVia(endpoints string, args ...string) cliResult {
+	c.t.Helper()
+	pre := []string{"--endpoints", endpoints}
 	if c.sec != nil {
 		pre = append(pre, "--token", c.sec.token, "--tls-ca", c.sec.certFile)
 	}

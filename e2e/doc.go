@@ -39,14 +39,22 @@
 // leader and the other two write on; follower to leader: raft uses that
 // direction only in an election, so the leader hands its leadership to
 // the cut follower, which leads on without reaching the old leader) and
-// healed. Never two faults at once: three nodes would lose their
-// majority. After every
-// round (the publishers hold still for the check), and at the end, every
-// node holds what the model says was acknowledged, at one applied index
-// with one digest, and applied each acknowledged event once
+// healed. The last round is an online restore with a member down: a
+// random node killed with SIGKILL, the publishers held still while kvctl
+// snapshot save and kvctl snapshot restore run through the other two
+// nodes (so the state restored is the state acknowledged), and the killed
+// node restarted to catch up on the restored state. It is the last
+// because a restore hands every node the leader's Raft configuration,
+// the leader's view of the partition proxies, after which they route no
+// cut. Never two faults at once: three nodes would lose their majority.
+// After every round (the publishers hold still for the check), and at the
+// end, every node holds what the model says was acknowledged (after the
+// restore, every rank flagged for a resync), at one applied index with
+// one digest, and applied each acknowledged event once
 // (kvrouter_events_applied_total{outcome="applied"}): a node never killed
-// counts every acknowledged event, a restarted one what was acknowledged
-// since the first check after its restart. The faults' kinds and victims
+// and never restoring a snapshot counts every acknowledged event, a
+// restarted one, or one that restored, what was acknowledged since the
+// first check after its restart or restore. The faults' kinds and victims
 // come from the test's seed, logged with the command that replays them:
 // KVROUTER_LONG=1 go test ./e2e/ -run '^TestChaosSoakLosesNothingAcknowledged$' -seed N
 // (which node leads when a fault strikes depends on timing, not the seed).

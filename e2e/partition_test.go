@@ -37,7 +37,9 @@ import (
 // (GET /v1/cluster/members, kvctl members) and the member table's raft
 // addresses, which each new leader records from its own list: there the
 // addresses are proxies. A membership change or an InstallSnapshot would
-// hand every node the leader's view; these tests make neither.
+// hand every node the leader's view; these tests make neither, but for
+// the chaos soak's restore round, which is its last for that reason
+// (faultRestore).
 type raftHub struct {
 	c     *cluster
 	links [][]*netproxy.Proxy // links[i][j]: i reaches j through it; nil when i == j

@@ -39,8 +39,14 @@ type savedSnapshot struct {
 // nothing on stderr when stderr is not a terminal.
 func (c *cluster) saveSnapshot(dir string) savedSnapshot {
 	c.t.Helper()
+	return c.saveSnapshotVia(c.endpoints(), dir)
+}
+
+// saveSnapshotVia is saveSnapshot through endpoints alone (kvctlVia).
+func (c *cluster) saveSnapshotVia(endpoints, dir string) savedSnapshot {
+	c.t.Helper()
 	path := filepath.Join(dir, "backup.snap")
-	res := c.kvctl("snapshot", "save", path)
+	res := c.kvctlVia(endpoints, "snapshot", "save", path)
 	if res.code != 0 || res.stderr != "" {
 		c.t.Fatalf("%v", res)
 	}
