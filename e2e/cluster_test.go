@@ -396,31 +396,71 @@ func (c *cluster) kill9(i int) {
 }
 
 // killLeader kills the leader with SIGKILL, as a crash does, and returns
-// its position and the term it led in. A leader found and then killed may
-// have lost an election in between (Raft's 200 ms lease on a loaded
-// machine), and the kill would hit a follower: so the leader is frozen
-// first (SIGSTOP), and killed only once every other serving node, asked
-// after the freeze, still follows it in that term. None of them having
-// moved to a later term, no node can have been elected after it. Else it
-// is let go on, and the leader of the moment is tried.
+// its position and the term it led in: the leader frozen by freezeLeader,
+// so that the kill cannot hit a node that lost an election since it was
+// found.
 func (c *cluster) killLeader() (int, uint64) {
+	c.t.Helper()
+	at, term := c.freezeLeader()
+	c.kill9(at)
+	return at, term
+}
+
+// freezeLeader freezes the leader (SIGSTOP) and returns its position and
+// the term it led in, for a fault to be applied to it (a kill, a full
+// disk) before it is resumed. A leader found and then faulted may have
+// lost an election in between (Raft's 200 ms lease on a loaded machine),
+// and the fault would hit a follower: so it is frozen first, and kept
+// frozen only if the others still follow it (frozenLeading). Else it is
+// let go on, and the leader of the moment is tried.
+func (c *cluster) freezeLeader() (int, uint64) {
 	c.t.Helper()
 	var at int
 	var term uint64
 	c.waitFor(leaderTimeout, "the leader frozen while the others still follow it", func() (bool, string) {
 		at, term = c.leaderWithTerm()
-		c.pause(at)
-		sts := c.statusAll()
-		for i, st := range sts {
-			if i != at && c.nodes[i].serving() && (st == nil || st.LeaderID != c.nodes[at].id || st.Term != term) {
-				c.resume(at)
-				return false, fmt.Sprintf("%s led in term %d; after its freeze: %s", c.nodes[at].id, term, describe(sts))
-			}
-		}
-		return true, ""
+		return c.frozenLeading(at, term)
 	})
-	c.kill9(at)
 	return at, term
+}
+
+// freezeAsLeader is freezeLeader for node i, which the test picked (its
+// probe writes to it): it returns the term i leads in, frozen. While
+// another node leads, the lead is moved back to i (kvctl leader transfer
+// --to), and i is tried again.
+func (c *cluster) freezeAsLeader(i int) uint64 {
+	c.t.Helper()
+	var term uint64
+	c.waitFor(leaderTimeout, c.nodes[i].id+" frozen while it leads and the others still follow it", func() (bool, string) {
+		var lead int
+		lead, term = c.leaderWithTerm()
+		if lead != i {
+			res := c.kvctl("leader", "transfer", "--to", c.nodes[i].id)
+			c.t.Logf("%s leads in term %d, where %s was found leading: moved back (kvctl exit %d: %s)",
+				c.nodes[lead].id, term, c.nodes[i].id, res.code, strings.TrimSpace(res.stdout+res.stderr))
+			return false, c.nodes[lead].id + " leads"
+		}
+		return c.frozenLeading(i, term)
+	})
+	return term
+}
+
+// frozenLeading freezes node i, found leading in term, and reports
+// whether every other serving node, asked after the freeze, still follows
+// it in that term: none of them having moved to a later term, no node can
+// have been elected after it, and a frozen leader does nothing to lose
+// its lead. Else it lets i go on, and says what the others follow.
+func (c *cluster) frozenLeading(i int, term uint64) (bool, string) {
+	c.t.Helper()
+	c.pause(i)
+	sts := c.statusAll()
+	for j, st := range sts {
+		if j != i && c.nodes[j].serving() && (st == nil || st.LeaderID != c.nodes[i].id || st.Term != term) {
+			c.resume(i)
+			return false, fmt.Sprintf("%s led in term %d; after its freeze: %s", c.nodes[i].id, term, describe(sts))
+		}
+	}
+	return true, ""
 }
 
 // kill9All kills every running node at once: every SIGKILL is sent before

@@ -469,17 +469,23 @@ func TestPartitionedLeaderLosesNothingAcknowledged(t *testing.T) {
 	s.publish(c, pubs)
 	s.ackedAtLeast(c, 20, "20 requests acknowledged before the partition")
 
-	old, oldTerm := c.leaderWithTerm()
+	old := c.leader()
 
 	// The probe writes only to the old leader, one request at a time until
-	// it is acknowledged, from before the cut (so that one is likely in
-	// flight, appended to the old leader's log, when the cut comes) to
-	// after the heal (when the old leader, a follower again, forwards it).
-	// Its answers to the writes sent while the old leader is isolated are
-	// counted (probeTally).
+	// it is acknowledged, from before the cut (so that one is in flight,
+	// appended to the old leader's log once it goes on, when the cut
+	// comes) to after the heal (when the old leader, a follower again,
+	// forwards it). Its answers to the writes sent while the old leader is
+	// isolated are counted (probeTally).
 	pt := s.probe(c, c.nodes[old].cl, probe)
 
+	// It is cut off while frozen (freezeAsLeader), leading: found and then
+	// cut, it may have lost an election in between (Raft's 200 ms lease on
+	// a loaded machine), and the test would cut a follower off and pass
+	// without a partitioned leader.
+	oldTerm := c.freezeAsLeader(old)
 	h.isolate(old)
+	c.resume(old)
 	pt.during.Store(true)
 	atCut := s.acked.Load()
 
