@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -73,13 +74,22 @@ func diskFullUnderIngest(t *testing.T, leader bool) {
 	}
 	streamed(50, "50 requests acknowledged before the fault")
 
-	lead, oldTerm := c.leaderWithTerm()
-	v := c.others(lead)[0]
+	// The node is frozen while its disk fills (freezeLeader,
+	// freezeFollower): found and then filled, the leader may have lost an
+	// election in between (Raft's 200 ms lease on a loaded machine), or
+	// the follower won one, and the test would fault the other role than
+	// its own and pass without testing it.
+	var lead, v int
+	var oldTerm uint64
 	if leader {
+		lead, oldTerm = c.freezeLeader()
 		v = lead
+	} else {
+		v, lead = c.freezeFollower()
 	}
 	n := c.nodes[v]
 	limit := c.fillDisk(v)
+	c.resume(v)
 	t.Logf("%s's disk full: writes past %d bytes into a file fail (leader %s)", n.id, limit, c.nodes[lead].id)
 
 	// The node stops, on its own, with the disk's error in its log.
@@ -127,6 +137,33 @@ func diskFullUnderIngest(t *testing.T, leader bool) {
 	if why := diskErrorLine(c.runLog(v)); why != "" {
 		t.Fatalf("%s restarted with room on its disk still says: %s", n.id, why)
 	}
+}
+
+// freezeFollower freezes a follower (SIGSTOP) and returns its position
+// and the leader's, once every other node, asked after the freeze, agrees
+// on that leader in one term: their terms, read after the freeze, are at
+// least those they voted in before it, so the frozen node, which needs
+// one of their votes, was elected in no later term, and in that one
+// another leads. Else it is let go on, and a follower of the moment is
+// tried. It cannot be elected while frozen.
+func (c *cluster) freezeFollower() (int, int) {
+	c.t.Helper()
+	var at, lead int
+	c.waitFor(leaderTimeout, "a follower frozen while the others agree on another leader", func() (bool, string) {
+		lead = c.leader()
+		at = c.others(lead)[0]
+		c.pause(at)
+		sts := c.statusAll()
+		for i, st := range sts {
+			if i != at && c.nodes[i].serving() && (st == nil || sts[lead] == nil ||
+				st.LeaderID != c.nodes[lead].id || st.Term != sts[lead].Term) {
+				c.resume(at)
+				return false, fmt.Sprintf("%s followed %s; after its freeze: %s", c.nodes[at].id, c.nodes[lead].id, describe(sts))
+			}
+		}
+		return true, ""
+	})
+	return at, lead
 }
 
 // fillDisk makes node i's disk refuse writes from now on, as a full one
