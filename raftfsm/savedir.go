@@ -1,0 +1,332 @@
+package raftfsm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/store"
+)
+
+// SaveOptions configures SaveDataDir.
+type SaveOptions struct {
+	// AppliedOnly saves the state as the node's FSM applied it (once
+	// reconciled with the newest Raft snapshot), without the entries its
+	// Raft log holds after the applied index.
+	AppliedOnly bool
+	// TempDir is where the working copy of the directory's state and log
+	// is made (a directory of its own inside it, removed at the end): as
+	// much free space as fsm/ and raft/ take. Beside the output file, so
+	// that the copy lands on the disk the operator chose for it; empty:
+	// os.TempDir().
+	TempDir string
+	// Logger logs the rebuild (default: discarded).
+	Logger *slog.Logger
+}
+
+// SaveReport says what SaveDataDir did.
+type SaveReport struct {
+	// Snapshot is what was written: the stream's index, term, counts,
+	// size and checksum, as the online save reports them.
+	Snapshot SnapshotInfo
+	// AppliedIndex and AppliedTerm are the state's applied entry once
+	// reconciled with the newest Raft snapshot, before the log's entries.
+	AppliedIndex, AppliedTerm uint64
+	// LogFirstIndex and LogLastIndex are the Raft log's bounds (0, 0: an
+	// empty log).
+	LogFirstIndex, LogLastIndex uint64
+	// LogEntries is how many of the log's entries after AppliedIndex were
+	// applied (0 with AppliedOnly): offline there is no commit index, and
+	// some of them may never have been committed. Entries Raft never
+	// hands to the FSM (no-ops, barriers) are counted too.
+	LogEntries uint64
+	// LogEntriesLeft is how many entries after AppliedIndex the log holds
+	// that were not applied (AppliedOnly).
+	LogEntriesLeft uint64
+}
+
+// SaveDataDir writes a snapshot of a stopped node's state, read from its
+// data directory, to w: the offline save (kvctl snapshot save FILE
+// --data-dir DIR), for a cluster that lost its majority for good, where
+// the online save has no leader to ask. The stream is in the format of the
+// online save (header, records, counts, checksum trailer), so that kvctl
+// snapshot inspect, the online restore and the offline seed (SeedDataDir)
+// take it.
+//
+// It takes the directory's lock (ErrDataDirInUse while a node runs on
+// it; the lock file is created if the directory has none, as a node's
+// start creates it) and never changes what the directory holds: the
+// state database (fsm/, or the fsm.old/ an interrupted restore's swap
+// left, as a start rolls it back: cleanupRestore) and the Raft log (raft/)
+// are copied into a directory of its own in opts.TempDir, and the Raft
+// snapshots are linked there (copied across filesystems), read only.
+// Pebble writes to what it opens (a WAL replayed into a new one, recycled
+// logs overwritten in place), and the state is rebuilt and replayed
+// through the FSM's own writes: done on the copy, the node's directory
+// is left as it was, and a node started on it afterwards starts as it
+// would have.
+//
+// On the copy it does what a node's start does before Raft hands it
+// anything (NewNode): the state is loaded, refused where the start
+// refuses it (refuseStateWithoutItsLog: a state past its log with no
+// snapshot, or one without its applied index), and reconciled with the
+// newest Raft snapshot (catchUpFromSnapshot: restored when behind it or
+// of another history). The state database is written unsynced and made
+// durable at snapshots, so that step is what brings it to the newest
+// snapshot. Then, unless opts.AppliedOnly, the log's entries after the
+// state's applied index (and after the newest snapshot's, as Raft hands
+// over only those) are applied through ApplyBatch, in order, as Raft
+// would hand them over: commands and configurations, in batches. Offline
+// there is no commit index: every entry in the log is applied, committed
+// or not. An acknowledged write on a follower may be only in its log; an
+// entry never committed (its client saw no acknowledgement, or an
+// unknown outcome) is applied as well. An entry of a later build halts
+// the apply (ErrLaterBuild), and the save fails rather than save a state
+// that stops short of it.
+func SaveDataDir(ctx context.Context, dataDir string, w io.Writer, opts SaveOptions) (SaveReport, error) {
+	var rep SaveReport
+	if dataDir == "" {
+		return rep, fmt.Errorf("%w: no data directory to save", ErrInvalid)
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if fi, err := os.Stat(dataDir); err != nil {
+		return rep, fmt.Errorf("save %s: %w", dataDir, err)
+	} else if !fi.IsDir() {
+		return rep, fmt.Errorf("%w: %s is not a directory", ErrInvalid, dataDir)
+	}
+	lock, err := lockDataDir(dataDir)
+	if err != nil {
+		return rep, err
+	}
+	defer lock.Close()
+	has := false
+	for _, sub := range []string{"fsm", "fsm.old", "raft", "snapshots"} {
+		if _, err := os.Stat(filepath.Join(dataDir, sub)); err == nil {
+			has = true
+		}
+	}
+	if !has {
+		return rep, fmt.Errorf("%w: %s holds no node state (no fsm/, raft/ or snapshots/): nothing to save", ErrInvalid, dataDir)
+	}
+	work, err := os.MkdirTemp(opts.TempDir, ".kvrouter-save-*")
+	if err != nil {
+		return rep, fmt.Errorf("save: make a working directory: %w", err)
+	}
+	defer os.RemoveAll(work)
+	if err := copyNodeState(ctx, dataDir, work); err != nil {
+		return rep, fmt.Errorf("save: copy %s: %w", dataDir, err)
+	}
+
+	var fatal error
+	n := &Node{cfg: Config{DataDir: work}, logger: logger}
+	n.fsm, err = openFSM(FSMConfig{Dir: filepath.Join(work, "fsm"), Logger: logger,
+		// The FSM's writes go to the copy: a failure fails the save.
+		OnFatal: func(err error) {
+			if fatal == nil {
+				fatal = err
+			}
+		}})
+	if err != nil {
+		return rep, fmt.Errorf("save: open the state of %s: %w", dataDir, err)
+	}
+	defer n.fsm.Close()
+	if err := n.fsm.loadState(); err != nil {
+		return rep, fmt.Errorf("save: load the state of %s: %w", dataDir, err)
+	}
+	if n.logs, err = store.OpenLogStore(filepath.Join(work, "raft"), store.LogStoreOptions{Logger: logger, Stalls: &n.logStalls}); err != nil {
+		return rep, fmt.Errorf("save: open the Raft log of %s: %w", dataDir, err)
+	}
+	defer n.logs.Close()
+	if n.snaps, err = openSnapshotStore(work, logger); err != nil {
+		return rep, fmt.Errorf("save: open the Raft snapshots of %s: %w", dataDir, err)
+	}
+	// What a start does before Raft hands the FSM anything.
+	if err := n.refuseStateWithoutItsLog(); err != nil {
+		return rep, fmt.Errorf("save %s: %w", dataDir, err)
+	}
+	if err := n.catchUpFromSnapshot(); err != nil {
+		return rep, fmt.Errorf("save %s: reconcile the state with the newest Raft snapshot: %w", dataDir, err)
+	}
+	if fatal != nil {
+		return rep, fmt.Errorf("save %s: %w", dataDir, fatal)
+	}
+	n.fsm.release(nil)
+	rep.AppliedIndex, rep.AppliedTerm = n.fsm.Applied()
+	if rep.LogFirstIndex, err = n.logs.FirstIndex(); err != nil {
+		return rep, fmt.Errorf("save: read the Raft log's first index: %w", err)
+	}
+	if rep.LogLastIndex, err = n.logs.LastIndex(); err != nil {
+		return rep, fmt.Errorf("save: read the Raft log's last index: %w", err)
+	}
+	// Raft hands over the entries after its newest snapshot (handed, set
+	// by catchUpFromSnapshot) and the FSM skips those up to its applied
+	// index: the first entry either would apply.
+	from := max(rep.AppliedIndex, n.fsm.handed.Load()) + 1
+	if rep.LogLastIndex >= from {
+		if opts.AppliedOnly {
+			rep.LogEntriesLeft = rep.LogLastIndex - from + 1
+		} else {
+			if rep.LogFirstIndex > from {
+				return rep, fmt.Errorf("save %s: %w: the Raft log starts at index %d, after the state's next entry %d", dataDir, store.ErrCorrupt, rep.LogFirstIndex, from)
+			}
+			if err := applyLogTail(ctx, n, from, rep.LogLastIndex); err != nil {
+				return rep, fmt.Errorf("save %s: %w", dataDir, err)
+			}
+			if fatal != nil {
+				return rep, fmt.Errorf("save %s: %w", dataDir, fatal)
+			}
+			rep.LogEntries = rep.LogLastIndex - from + 1
+		}
+	}
+	// As the online save reads the state (SaveSnapshot).
+	view, _, err := n.fsm.view()
+	if err != nil {
+		return rep, fmt.Errorf("save %s: %w", dataDir, err)
+	}
+	defer view.Close()
+	if rep.Snapshot, err = writeSnapshot(ctxWriter{ctx: ctx, w: w}, view); err != nil {
+		return rep, fmt.Errorf("save %s: %w", dataDir, err)
+	}
+	return rep, nil
+}
+
+// applyLogTail applies the log's entries from..to to the node's FSM as
+// Raft hands them over: commands and configurations, in batches of at
+// most raftMaxAppendEntries.
+func applyLogTail(ctx context.Context, n *Node, from, to uint64) error {
+	batch := make([]*raft.Log, 0, raftMaxAppendEntries)
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		for _, res := range n.fsm.ApplyBatch(batch) {
+			var h *ApplyHalt
+			if err, ok := res.(error); ok && errors.As(err, &h) {
+				return fmt.Errorf("the Raft log's entry %d: %w: save it with a build that reads it, or give --applied-only", h.Index, h)
+			}
+		}
+		batch = batch[:0]
+		return nil
+	}
+	for idx := from; idx <= to; idx++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		l := new(raft.Log)
+		if err := n.logs.GetLog(idx, l); err != nil {
+			return fmt.Errorf("read the Raft log's entry %d: %w", idx, err)
+		}
+		if l.Type != raft.LogCommand && l.Type != raft.LogConfiguration {
+			continue // Raft does not hand them to the FSM
+		}
+		batch = append(batch, l)
+		if len(batch) == cap(batch) {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return flush()
+}
+
+// copyNodeState copies what a node's start reads from dataDir into work:
+// fsm/ and fsm.old/ (whichever are there) and raft/ whole, and the Raft
+// snapshots that are whole (not NAME.tmp/), linked where the filesystem
+// allows, copied otherwise: nothing writes to a whole snapshot.
+func copyNodeState(ctx context.Context, dataDir, work string) error {
+	for _, sub := range []string{"fsm", "fsm.old", "raft"} {
+		if err := copyTree(ctx, filepath.Join(dataDir, sub), filepath.Join(work, sub), false); err != nil {
+			return err
+		}
+	}
+	snapDir := filepath.Join(dataDir, "snapshots")
+	ents, err := os.ReadDir(snapDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	if err := os.Mkdir(filepath.Join(work, "snapshots"), dataDirMode); err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if !e.IsDir() || isPartialSnapshot(e) {
+			continue
+		}
+		if err := copyTree(ctx, filepath.Join(snapDir, e.Name()), filepath.Join(work, "snapshots", e.Name()), true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyTree copies the directory src to dst, a regular file at a time
+// (linked when link and the filesystem allows); a src that is not there
+// is no error. Anything but directories and regular files is refused.
+func copyTree(ctx context.Context, src, dst string, link bool) error {
+	if _, err := os.Stat(src); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		to := filepath.Join(dst, rel)
+		switch {
+		case d.IsDir():
+			return os.Mkdir(to, dataDirMode)
+		case !d.Type().IsRegular():
+			return fmt.Errorf("%s is not a regular file", p)
+		}
+		if link && os.Link(p, to) == nil {
+			return nil
+		}
+		return copyFile(p, to)
+	})
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// ctxWriter fails its writes with ctx's error once ctx ends.
+type ctxWriter struct {
+	ctx context.Context
+	w   io.Writer
+}
+
+func (c ctxWriter) Write(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.w.Write(p)
+}
