@@ -37,7 +37,7 @@ func snapshotCommand(e *env) *cli.Command {
 		Subcommands: []*cli.Command{
 			{
 				Name:      "save",
-				Usage:     "stream the leader's latest state into FILE",
+				Usage:     "stream the leader's latest state into FILE, or save a stopped node's data directory",
 				ArgsUsage: "FILE",
 				Description: "The stream goes to a temporary file of its own beside FILE (FILE.RANDOM.part),\n" +
 					"which is synced, verified (header, counts and checksum) and only then renamed to\n" +
@@ -46,11 +46,35 @@ func snapshotCommand(e *env) *cli.Command {
 					"directory is refused before the leader is asked (exit 2). A spinner with the\n" +
 					"bytes received shows on a terminal (the size is not known in advance). --timeout\n" +
 					"does not bound the transfer; --max-time does.\n\n" +
-					"Example:\n   kvctl snapshot save /backups/kvrouter-$(date +%F).snap",
-				Flags: []cli.Flag{maxTime},
+					"Offline (--data-dir): no node is asked. The state is read from a stopped node's data\n" +
+					"directory (refused while a node runs on it), for a cluster that lost its majority\n" +
+					"for good: the state, brought to the newest Raft snapshot as a start brings it, and\n" +
+					"then every entry of the node's Raft log after it, committed or not (offline there is\n" +
+					"no commit index; --applied-only leaves them out). The directory is not changed: its\n" +
+					"state and log are copied into a temporary directory beside FILE, removed at the end\n" +
+					"(as much free space as the directory's fsm/ and raft/). Seed the new cluster from\n" +
+					"FILE (kvctl snapshot restore FILE --data-dir ...).\n\n" +
+					"Example:\n   kvctl snapshot save /backups/kvrouter-$(date +%F).snap\n" +
+					"   kvctl snapshot save /backups/survivor.snap --data-dir /var/lib/kvrouter",
+				Flags: []cli.Flag{
+					maxTime,
+					// No environment variable, as for restore's: which mode
+					// runs must show on the command line.
+					&cli.StringFlag{Name: "data-dir", Usage: "offline: save the stopped node's data `DIR` instead of asking the leader"},
+					&cli.BoolFlag{Name: "applied-only", Usage: "offline: save the state as the node applied it, without the entries of its Raft log after it"},
+				},
 				Action: func(c *cli.Context) error {
 					if err := fileArg(c); err != nil {
 						return err
+					}
+					// The flag given chooses the mode, not its value: a
+					// --data-dir "$DIR" whose variable is unset must not
+					// fall back to asking the cluster.
+					if c.IsSet("data-dir") {
+						return snapshotSaveDir(c, e, c.Args().First())
+					}
+					if c.IsSet("applied-only") {
+						return usagef("--applied-only is for the offline save: give --data-dir DIR too")
 					}
 					return snapshotSave(c, e, c.Args().First())
 				},
@@ -252,6 +276,99 @@ func snapshotSave(c *cli.Context, e *env, path string) (err error) {
 	}
 	_, err = fmt.Fprintf(e.stdout, "saved %s (index %d, term %d, %s, sha256 %s)\n", path, info.Index, info.Term, size(res.Bytes), sum)
 	return err
+}
+
+// snapshotSaveDir saves a stopped node's data directory into path
+// (raftfsm.SaveDataDir), through a temporary file beside it as the online
+// save does: synced, verified and renamed, path untouched on a failure.
+func snapshotSaveDir(c *cli.Context, e *env, path string) (err error) {
+	dir := c.String("data-dir")
+	if dir == "" {
+		return usagef("--data-dir is empty: give the stopped node's data directory (or leave --data-dir out, to save from the leader)")
+	}
+	if err := saveTarget(c, path); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.part")
+	if err != nil {
+		return fmt.Errorf("create a temporary file beside %s: %w", path, err)
+	}
+	part := f.Name()
+	closed := false
+	defer func() {
+		if !closed {
+			f.Close()
+		}
+		if err != nil {
+			os.Remove(part)
+		}
+	}()
+	ctx, cancel := snapshotCtx(c)
+	defer cancel()
+	w := bufio.NewWriterSize(f, 1<<20)
+	rep, err := raftfsm.SaveDataDir(ctx, dir, w, raftfsm.SaveOptions{AppliedOnly: c.Bool("applied-only"), TempDir: filepath.Dir(path)})
+	if err == nil {
+		err = w.Flush()
+	}
+	if err != nil {
+		return transferErr(c, ctx, fmt.Errorf("snapshot save --data-dir %s: %w; nothing was saved", dir, err))
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", part, err)
+	}
+	closed = true
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", part, err)
+	}
+	info, err := inspectFile(c.Context, e, part)
+	if err != nil {
+		return fmt.Errorf("the snapshot of %s does not verify: %w; nothing was saved", dir, err)
+	}
+	if info.SHA256 != "" && info.SHA256 != rep.Snapshot.SHA256 {
+		return fmt.Errorf("the snapshot of %s is not the one written (sha256 %s, file has %s); nothing was saved", dir, rep.Snapshot.SHA256, info.SHA256)
+	}
+	if err := os.Rename(part, path); err != nil {
+		return fmt.Errorf("rename %s to %s: %w", part, path, err)
+	}
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		return fmt.Errorf("sync the directory of %s: %w", path, err)
+	}
+	if jsonOut(c) {
+		return writeJSON(e.stdout, offlineSaveReport{
+			snapshotReport: snapshotReport{File: path, SnapshotInfo: info, Bytes: rep.Snapshot.Bytes, SHA256: rep.Snapshot.SHA256, ChecksumOK: true},
+			DataDir:        dir, AppliedOnly: c.Bool("applied-only"), AppliedIndex: rep.AppliedIndex, AppliedTerm: rep.AppliedTerm,
+			LogLastIndex: rep.LogLastIndex, LogEntriesApplied: rep.LogEntries, LogEntriesLeft: rep.LogEntriesLeft})
+	}
+	if _, err := fmt.Fprintf(e.stdout, "saved %s from %s (index %d, term %d, %s, sha256 %s)\n",
+		path, dir, info.Index, info.Term, size(rep.Snapshot.Bytes), rep.Snapshot.SHA256); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(e.stdout, "state applied at index %d (term %d); Raft log last index %d\n", rep.AppliedIndex, rep.AppliedTerm, rep.LogLastIndex)
+	switch {
+	case err != nil:
+	case rep.LogEntries > 0:
+		_, err = fmt.Fprintf(e.stdout, "applied the log's %d entries after index %d: some may never have been committed (their clients saw no acknowledgement, or an unknown outcome); --applied-only leaves them out\n",
+			rep.LogEntries, rep.AppliedIndex)
+	case rep.LogEntriesLeft > 0:
+		_, err = fmt.Fprintf(e.stdout, "left out the log's %d entries after index %d (--applied-only): acknowledged writes among them are not in %s\n",
+			rep.LogEntriesLeft, rep.AppliedIndex, path)
+	default:
+		_, err = fmt.Fprintf(e.stdout, "the log holds no entry after index %d\n", rep.AppliedIndex)
+	}
+	return err
+}
+
+// offlineSaveReport is the JSON of an offline save: the file's, and what
+// was read from the data directory.
+type offlineSaveReport struct {
+	snapshotReport
+	DataDir           string `json:"data_dir"`
+	AppliedOnly       bool   `json:"applied_only"`
+	AppliedIndex      uint64 `json:"applied_index"`
+	AppliedTerm       uint64 `json:"applied_term"`
+	LogLastIndex      uint64 `json:"log_last_index"`
+	LogEntriesApplied uint64 `json:"log_entries_applied"`
+	LogEntriesLeft    uint64 `json:"log_entries_left"`
 }
 
 // saveTarget refuses, as a usage error, a FILE that is a directory
