@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/store"
@@ -149,12 +150,14 @@ func SaveDataDir(ctx context.Context, dataDir string, w io.Writer, opts SaveOpti
 	if n.snaps, err = openSnapshotStore(work, logger); err != nil {
 		return rep, fmt.Errorf("save: open the Raft snapshots of %s: %w", dataDir, err)
 	}
-	// What a start does before Raft hands the FSM anything.
+	// What a start does before Raft hands the FSM anything. Their
+	// errors name the copy's paths, which are gone once this returns:
+	// they name the data directory's instead (copyPaths).
 	if err := n.refuseStateWithoutItsLog(); err != nil {
-		return rep, fmt.Errorf("save %s: %w", dataDir, err)
+		return rep, fmt.Errorf("save %s: %w", dataDir, copyPaths(err, work, dataDir))
 	}
 	if err := n.catchUpFromSnapshot(); err != nil {
-		return rep, fmt.Errorf("save %s: reconcile the state with the newest Raft snapshot: %w", dataDir, err)
+		return rep, fmt.Errorf("save %s: reconcile the state with the newest Raft snapshot: %w", dataDir, copyPaths(err, work, dataDir))
 	}
 	if fatal != nil {
 		return rep, fmt.Errorf("save %s: %w", dataDir, fatal)
@@ -317,6 +320,21 @@ func copyFile(src, dst string) error {
 	}
 	return out.Close()
 }
+
+// copyPaths returns err, as errors.Is and errors.As see it, with the
+// working copy's directory work named as the data directory it was
+// copied from.
+func copyPaths(err error, work, dataDir string) error {
+	return &renamedError{msg: strings.ReplaceAll(err.Error(), work, dataDir), err: err}
+}
+
+type renamedError struct {
+	msg string
+	err error
+}
+
+func (e *renamedError) Error() string { return e.msg }
+func (e *renamedError) Unwrap() error { return e.err }
 
 // ctxWriter fails its writes with ctx's error once ctx ends.
 type ctxWriter struct {

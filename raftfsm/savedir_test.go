@@ -114,6 +114,21 @@ func TestSaveDataDirRefusesADirectoryInUse(t *testing.T) {
 	if _, err := SaveDataDir(context.Background(), t.TempDir(), &buf, SaveOptions{TempDir: t.TempDir()}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("save of a directory without node state: %v, want ErrInvalid", err)
 	}
+	// A state a start refuses (its raft/ and snapshots/ lost) is refused,
+	// and the refusal names the data directory, not the save's copy.
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 1, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	c.stop(0)
+	for _, sub := range []string{"raft", "snapshots"} {
+		if err := os.RemoveAll(filepath.Join(c.dirs[0], sub)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = SaveDataDir(context.Background(), c.dirs[0], &buf, SaveOptions{TempDir: t.TempDir()})
+	if !errors.Is(err, ErrStartRefused) || !strings.Contains(err.Error(), filepath.Join(c.dirs[0], "fsm")) || strings.Contains(err.Error(), ".kvrouter-save-") {
+		t.Fatalf("save of a state without its log: %v, want ErrStartRefused naming %s", err, filepath.Join(c.dirs[0], "fsm"))
+	}
 }
 
 func slicesIndex(nodes []*Node, n *Node) int {
