@@ -521,7 +521,7 @@ func explain(err error) string {
 		}
 		switch ae.Reason {
 		case api.ReasonNoLeader:
-			return err.Error() + "; the cluster has no leader right now: check kvctl status and retry"
+			return err.Error() + "; the cluster has no leader right now: check kvctl status and retry (a cluster that lost a majority of its members for good elects none: see Majority lost in docs/operations.md)"
 		case api.ReasonOverloaded:
 			return err.Error() + "; every rank is busy: retry later, add workers or raise the busy thresholds"
 		case api.ReasonNoWorkers:

@@ -187,7 +187,7 @@ func TestEveryErrorCodeGetsItsHint(t *testing.T) {
 		api.ReasonUnreachable:         "nothing changed: kvctl status on that member shows whether it is up",
 		api.ReasonNotReady:            "the node is starting or catching up: retry, or use another endpoint",
 		api.ReasonInternal:            "see the node's log",
-		api.ReasonNoLeader:            "the cluster has no leader right now: check kvctl status and retry",
+		api.ReasonNoLeader:            "the cluster has no leader right now: check kvctl status and retry (a cluster that lost a majority of its members for good elects none: see Majority lost in docs/operations.md)",
 		api.ReasonOverloaded:          "every rank is busy: retry later, add workers or raise the busy thresholds",
 		api.ReasonInsufficientStorage: "nothing was installed: free space on the leader's data directory (kvctl status names the leader) and restore again",
 		api.ReasonTimeout:             "the write may still apply: check with kvctl status (and kvctl members list) before retrying it",
