@@ -8,7 +8,12 @@
 // loss-of-quorum tests (fault scenario 17 of the replication design) take
 // the quorum away under the stream, both followers killed or every link
 // cut: the leader left alone steps down, is not ready and refuses every
-// write, and nothing is acknowledged, until the quorum is back. The lossy
+// write, and nothing is acknowledged, until the quorum is back. The
+// majority-lost test follows docs/operations.md's "Majority lost": two
+// nodes killed and their directories deleted, the survivor, a follower,
+// killed too, its directory saved offline (kvctl snapshot save --data-dir,
+// its log's entries past its state applied) and a new cluster seeded from
+// the file: every acknowledged write is there. The lossy
 // test (scenario 10) makes every link lose about half its traffic, as
 // connection resets (netproxy.Faults), and delay the rest by a jittered
 // delay, for a few seconds, then takes the faults off. The membership
