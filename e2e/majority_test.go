@@ -15,7 +15,7 @@ import (
 // how many of the log's entries the save applied after the state.
 var (
 	offlineSavedLine = regexp.MustCompile(`(?m)^saved (.+) from (.+) \(index (\d+), term (\d+), [^,]+, sha256 [0-9a-f]{64}\)$`)
-	offlineStateLine = regexp.MustCompile(`(?m)^state applied at index (\d+) \(term \d+\); Raft log last index (\d+)$`)
+	offlineStateLine = regexp.MustCompile(`(?m)^state applied at index (\d+) \(term \d+\); Raft log last index (\d+) \(term (\d+)\)$`)
 	offlineLogLine   = regexp.MustCompile(`(?m)^applied the log's (\d+) entries after index (\d+): some may never have been committed`)
 )
 
@@ -84,7 +84,7 @@ func TestMajorityLostIsRecoveredFromASurvivorsDirectory(t *testing.T) {
 	saved, state, logged := offlineSavedLine.FindStringSubmatch(res.stdout), offlineStateLine.FindStringSubmatch(res.stdout),
 		offlineLogLine.FindStringSubmatch(res.stdout)
 	if saved == nil || saved[1] != file || saved[2] != dir || state == nil || logged == nil {
-		t.Fatalf("%v\nwant 'saved %s from %s (index N, term T, SIZE, sha256 ...)', 'state applied at index A (term T); Raft log last index L' "+
+		t.Fatalf("%v\nwant 'saved %s from %s (index N, term T, SIZE, sha256 ...)', 'state applied at index A (term T); Raft log last index L (term LT)' "+
 			"and 'applied the log's N entries after index A: ...'", res, file, dir)
 	}
 	index, applied, last, entries, after := atoi(t, saved[3]), atoi(t, state[1]), atoi(t, state[2]), atoi(t, logged[1]), atoi(t, logged[2])
@@ -96,6 +96,8 @@ func TestMajorityLostIsRecoveredFromASurvivorsDirectory(t *testing.T) {
 			"and every entry after it applied", res)
 	case index != last:
 		t.Fatalf("%v\nthe file is at index %d, want the log's last index %d", res, index, last)
+	case atoi(t, state[3]) == 0:
+		t.Fatalf("%v\nthe log's last term is 0, want its last entry's term", res)
 	}
 	t.Logf("kvctl snapshot save --data-dir:\n%s", res.stdout)
 	if parts, _ := filepath.Glob(file + ".*"); len(parts) != 0 {

@@ -42,6 +42,13 @@ type SaveReport struct {
 	// LogFirstIndex and LogLastIndex are the Raft log's bounds (0, 0: an
 	// empty log).
 	LogFirstIndex, LogLastIndex uint64
+	// LogLastTerm is the term of the log's last entry (0: an empty log).
+	// With LogLastIndex it ranks survivors as Raft's election rule does
+	// (the higher last term, then the higher last index): the file's
+	// index and term are those of the last applied command, and a log
+	// may end in a later term's entries the FSM never sees (a new
+	// leader's no-op), or in a deposed leader's entries of an older term.
+	LogLastTerm uint64
 	// LogEntries is how many of the log's entries after AppliedIndex were
 	// applied (0 with AppliedOnly): offline there is no commit index, and
 	// some of them may never have been committed. Entries Raft never
@@ -169,6 +176,13 @@ func SaveDataDir(ctx context.Context, dataDir string, w io.Writer, opts SaveOpti
 	}
 	if rep.LogLastIndex, err = n.logs.LastIndex(); err != nil {
 		return rep, fmt.Errorf("save: read the Raft log's last index: %w", err)
+	}
+	if rep.LogLastIndex > 0 {
+		var l raft.Log
+		if err := n.logs.GetLog(rep.LogLastIndex, &l); err != nil {
+			return rep, fmt.Errorf("save: read the Raft log's last entry %d: %w", rep.LogLastIndex, err)
+		}
+		rep.LogLastTerm = l.Term
 	}
 	// Raft hands over the entries after its newest snapshot (handed, set
 	// by catchUpFromSnapshot) and the FSM skips those up to its applied

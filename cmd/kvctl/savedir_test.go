@@ -57,7 +57,7 @@ func TestSnapshotSaveOfADataDir(t *testing.T) {
 	dead := "--endpoints=" + deadAddr(t)
 
 	r := h.run(t, dead, "snapshot", "save", file, "--data-dir", dir).wantCode(t, 0)
-	for _, want := range []string{"saved " + file + " from " + dir, "sha256 ", "state applied at index ", "Raft log last index "} {
+	for _, want := range []string{"saved " + file + " from " + dir, "sha256 ", "state applied at index ", "Raft log last index ", " (term "} {
 		if !strings.Contains(r.stdout, want) {
 			t.Fatalf("save --data-dir printed %q, want %q in it", r.stdout, want)
 		}
@@ -79,7 +79,7 @@ func TestSnapshotSaveOfADataDir(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
 		t.Fatalf("-o json = %q: %v", r.stdout, err)
 	}
-	for _, k := range []string{"file", "data_dir", "applied_only", "applied_index", "applied_term", "log_last_index",
+	for _, k := range []string{"file", "data_dir", "applied_only", "applied_index", "applied_term", "log_last_index", "log_last_term",
 		"log_entries_applied", "log_entries_left", "index", "term", "bytes", "sha256", "checksum_ok"} {
 		if _, ok := got[k]; !ok {
 			t.Errorf("-o json has no %q: %s", k, r.stdout)

@@ -337,13 +337,16 @@ func snapshotSaveDir(c *cli.Context, e *env, path string) (err error) {
 		return writeJSON(e.stdout, offlineSaveReport{
 			snapshotReport: snapshotReport{File: path, SnapshotInfo: info, Bytes: rep.Snapshot.Bytes, SHA256: rep.Snapshot.SHA256, ChecksumOK: true},
 			DataDir:        dir, AppliedOnly: c.Bool("applied-only"), AppliedIndex: rep.AppliedIndex, AppliedTerm: rep.AppliedTerm,
-			LogLastIndex: rep.LogLastIndex, LogEntriesApplied: rep.LogEntries, LogEntriesLeft: rep.LogEntriesLeft})
+			LogLastIndex: rep.LogLastIndex, LogLastTerm: rep.LogLastTerm, LogEntriesApplied: rep.LogEntries, LogEntriesLeft: rep.LogEntriesLeft})
 	}
 	if _, err := fmt.Fprintf(e.stdout, "saved %s from %s (index %d, term %d, %s, sha256 %s)\n",
 		path, dir, info.Index, info.Term, size(rep.Snapshot.Bytes), rep.Snapshot.SHA256); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(e.stdout, "state applied at index %d (term %d); Raft log last index %d\n", rep.AppliedIndex, rep.AppliedTerm, rep.LogLastIndex)
+	// The log's last index and term are what ranks survivors (Majority
+	// lost, step 3: Raft's election rule), not the file's.
+	_, err = fmt.Fprintf(e.stdout, "state applied at index %d (term %d); Raft log last index %d (term %d)\n",
+		rep.AppliedIndex, rep.AppliedTerm, rep.LogLastIndex, rep.LogLastTerm)
 	switch {
 	case err != nil:
 	case rep.LogEntries > 0:
@@ -367,6 +370,7 @@ type offlineSaveReport struct {
 	AppliedIndex      uint64 `json:"applied_index"`
 	AppliedTerm       uint64 `json:"applied_term"`
 	LogLastIndex      uint64 `json:"log_last_index"`
+	LogLastTerm       uint64 `json:"log_last_term"`
 	LogEntriesApplied uint64 `json:"log_entries_applied"`
 	LogEntriesLeft    uint64 `json:"log_entries_left"`
 }

@@ -1,0 +1,96 @@
+package raftfsm
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/store"
+)
+
+// lastLog reads dir's Raft log's last entry (a copy of raft/, so the
+// directory itself is never opened by Pebble).
+func lastLog(t *testing.T, dir string) raft.Log {
+	t.Helper()
+	cp := filepath.Join(t.TempDir(), "raft")
+	if err := copyTree(context.Background(), filepath.Join(dir, "raft"), cp, false); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := store.OpenLogStore(cp, store.LogStoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	last, err := ls.LastIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l raft.Log
+	if err := ls.GetLog(last, &l); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// appendLogs appends entries to dir's Raft log in place.
+func appendLogs(t *testing.T, dir string, logs []*raft.Log) {
+	t.Helper()
+	ls, err := store.OpenLogStore(filepath.Join(dir, "raft"), store.LogStoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.StoreLogs(logs); err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSaveDataDirReportRanksSurvivorsAsRaftWould: docs/operations.md,
+// Majority lost, step 3, keeps the file of the survivor whose log Raft's
+// election rule ranks first: the higher last term, then the higher last
+// index, as the report (and kvctl) gives them. Survivor A led term T and
+// appended 3 entries it never replicated (deposed); survivor B voted in
+// term T+1 and holds the new leader's no-op at the next index (committed
+// with the lost members). Raft elects B; the file's index and term (the
+// last applied command's) and the log's last index alone rank A first,
+// whose file holds 3 entries the cluster's committed history replaced.
+func TestSaveDataDirReportRanksSurvivorsAsRaftWould(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	for id := uint64(1); id <= 3; id++ {
+		if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: id, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.stop(0)
+	base := lastLog(t, c.dirs[0])
+	if base.Type != raft.LogCommand {
+		t.Fatalf("last entry %+v: want a command", base)
+	}
+	a, b := filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "b")
+	for _, d := range []string{a, b} {
+		if err := copyTree(context.Background(), c.dirs[0], d, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A: the deposed leader of term T, 3 unreplicated entries.
+	var tail []*raft.Log
+	for i := uint64(1); i <= 3; i++ {
+		tail = append(tail, &raft.Log{Index: base.Index + i, Term: base.Term, Type: raft.LogCommand, Data: base.Data})
+	}
+	appendLogs(t, a, tail)
+	// B: the next leader's no-op, term T+1, at the same index.
+	appendLogs(t, b, []*raft.Log{{Index: base.Index + 1, Term: base.Term + 1, Type: raft.LogNoop}})
+
+	_, ra := saveDir(t, a, SaveOptions{})
+	_, rb := saveDir(t, b, SaveOptions{})
+	if ra.LogLastIndex != base.Index+3 || ra.LogLastTerm != base.Term || rb.LogLastIndex != base.Index+1 || rb.LogLastTerm != base.Term+1 {
+		t.Fatalf("A's report says the log ends at index %d, term %d (want %d, %d); B's at %d, %d (want %d, %d)",
+			ra.LogLastIndex, ra.LogLastTerm, base.Index+3, base.Term, rb.LogLastIndex, rb.LogLastTerm, base.Index+1, base.Term+1)
+	}
+	if rb.LogLastTerm < ra.LogLastTerm || (rb.LogLastTerm == ra.LogLastTerm && rb.LogLastIndex <= ra.LogLastIndex) {
+		t.Fatalf("the reports rank A (log last index %d, term %d) over B (%d, %d); Raft elects B", ra.LogLastIndex, ra.LogLastTerm, rb.LogLastIndex, rb.LogLastTerm)
+	}
+}
