@@ -1217,8 +1217,7 @@ func (n *Node) catchUpFromSnapshot() error {
 	// own: a crash between Raft's install of a leader's snapshot and the
 	// end of its restore leaves the log's older entries in place, and
 	// uncommitted ones of a deposed leader there may be no-ops as well.
-	var at raft.Log
-	if n.logs.GetLog(newest.Index, &at) == nil && at.Term == newest.Term {
+	if held, own := n.logAtSnapshot(newest); held && own {
 		if last, err := n.lastFSMEntry(newest.Index, applied); err == nil && last == 0 {
 			n.logger.Info("the newest snapshot adds no command to the state; not restoring it", "applied", applied, "applied_term", appliedTerm,
 				"snapshot", newest.Index, "snapshot_term", newest.Term)
@@ -1226,6 +1225,21 @@ func (n *Node) catchUpFromSnapshot() error {
 		}
 	}
 	return n.restoreNewest(newest, "state is behind the newest snapshot; restoring it", applied, appliedTerm)
+}
+
+// logAtSnapshot reports whether the Raft log holds an entry at the
+// snapshot's index (held), and whether that entry is the snapshot's own,
+// of its term (own). A log that holds another term's entry there does not
+// continue the snapshot: a crash between Raft's install of a leader's
+// snapshot and removeOldLogs leaves the node's older entries, a deposed
+// leader's uncommitted ones among them, beside it; by log matching, none
+// of its entries after that index are of the snapshot's history either.
+func (n *Node) logAtSnapshot(snap *raft.SnapshotMeta) (held, own bool) {
+	var at raft.Log
+	if n.logs.GetLog(snap.Index, &at) != nil {
+		return false, false
+	}
+	return true, at.Term == snap.Term
 }
 
 // stateOfSnapshotsHistory reports whether a state applied at (applied,

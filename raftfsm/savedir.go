@@ -57,6 +57,11 @@ type SaveReport struct {
 	// LogEntriesLeft is how many entries after AppliedIndex the log holds
 	// that were not applied (AppliedOnly).
 	LogEntriesLeft uint64
+	// LogEntriesDetached is how many entries after AppliedIndex were left
+	// out, AppliedOnly or not, because they do not continue the newest Raft
+	// snapshot (detachedTail): another history, which a node's start
+	// drops or its leader overwrites before anything applies it.
+	LogEntriesDetached uint64
 }
 
 // SaveDataDir writes a snapshot of a stopped node's state, read from its
@@ -157,20 +162,7 @@ func SaveDataDir(ctx context.Context, dataDir string, w io.Writer, opts SaveOpti
 	if n.snaps, err = openSnapshotStore(work, logger); err != nil {
 		return rep, fmt.Errorf("save: open the Raft snapshots of %s: %w", dataDir, err)
 	}
-	// What a start does before Raft hands the FSM anything. Their
-	// errors name the copy's paths, which are gone once this returns:
-	// they name the data directory's instead (copyPaths).
-	if err := n.refuseStateWithoutItsLog(); err != nil {
-		return rep, fmt.Errorf("save %s: %w", dataDir, copyPaths(err, work, dataDir))
-	}
-	if err := n.catchUpFromSnapshot(); err != nil {
-		return rep, fmt.Errorf("save %s: reconcile the state with the newest Raft snapshot: %w", dataDir, copyPaths(err, work, dataDir))
-	}
-	if fatal != nil {
-		return rep, fmt.Errorf("save %s: %w", dataDir, fatal)
-	}
-	n.fsm.release(nil)
-	rep.AppliedIndex, rep.AppliedTerm = n.fsm.Applied()
+	// The log as the directory holds it: what ranks the survivors.
 	if rep.LogFirstIndex, err = n.logs.FirstIndex(); err != nil {
 		return rep, fmt.Errorf("save: read the Raft log's first index: %w", err)
 	}
@@ -184,24 +176,61 @@ func SaveDataDir(ctx context.Context, dataDir string, w io.Writer, opts SaveOpti
 		}
 		rep.LogLastTerm = l.Term
 	}
+	// What a start does before Raft hands the FSM anything. Their
+	// errors name the copy's paths, which are gone once this returns:
+	// they name the data directory's instead (copyPaths).
+	if err := n.refuseStateWithoutItsLog(); err != nil {
+		return rep, fmt.Errorf("save %s: %w", dataDir, copyPaths(err, work, dataDir))
+	}
+	// A log that begins after a gap above the newest snapshot, or ends
+	// below it, is deleted (on the copy), as a start deletes it.
+	if err := n.dropDetachedLog(); err != nil {
+		return rep, fmt.Errorf("save %s: %w", dataDir, copyPaths(err, work, dataDir))
+	}
+	if err := n.catchUpFromSnapshot(); err != nil {
+		return rep, fmt.Errorf("save %s: reconcile the state with the newest Raft snapshot: %w", dataDir, copyPaths(err, work, dataDir))
+	}
+	if fatal != nil {
+		return rep, fmt.Errorf("save %s: %w", dataDir, fatal)
+	}
+	n.fsm.release(nil)
+	rep.AppliedIndex, rep.AppliedTerm = n.fsm.Applied()
+	first, err := n.logs.FirstIndex()
+	if err != nil {
+		return rep, fmt.Errorf("save: read the Raft log's first index: %w", err)
+	}
+	last, err := n.logs.LastIndex()
+	if err != nil {
+		return rep, fmt.Errorf("save: read the Raft log's last index: %w", err)
+	}
+	end, why, err := n.detachedTail(last)
+	if err != nil {
+		return rep, fmt.Errorf("save %s: %w", dataDir, err)
+	}
 	// Raft hands over the entries after its newest snapshot (handed, set
 	// by catchUpFromSnapshot) and the FSM skips those up to its applied
 	// index: the first entry either would apply.
 	from := max(rep.AppliedIndex, n.fsm.handed.Load()) + 1
-	if rep.LogLastIndex >= from {
+	if rep.LogLastIndex >= max(from, end+1) {
+		// Counted in the log as found: dropDetachedLog's deletion too.
+		rep.LogEntriesDetached = rep.LogLastIndex - max(from, end+1) + 1
+		logger.Warn("left out the Raft log's entries that do not continue the newest snapshot, as a node's start never applies them",
+			"from", max(from, end+1), "to", rep.LogLastIndex, "why", why)
+	}
+	if end >= from {
 		if opts.AppliedOnly {
-			rep.LogEntriesLeft = rep.LogLastIndex - from + 1
+			rep.LogEntriesLeft = end - from + 1
 		} else {
-			if rep.LogFirstIndex > from {
-				return rep, fmt.Errorf("save %s: %w: the Raft log starts at index %d, after the state's next entry %d", dataDir, store.ErrCorrupt, rep.LogFirstIndex, from)
+			if first > from {
+				return rep, fmt.Errorf("save %s: %w: the Raft log starts at index %d, after the state's next entry %d", dataDir, store.ErrCorrupt, first, from)
 			}
-			if err := applyLogTail(ctx, n, from, rep.LogLastIndex); err != nil {
+			if err := applyLogTail(ctx, n, from, end); err != nil {
 				return rep, fmt.Errorf("save %s: %w", dataDir, err)
 			}
 			if fatal != nil {
 				return rep, fmt.Errorf("save %s: %w", dataDir, fatal)
 			}
-			rep.LogEntries = rep.LogLastIndex - from + 1
+			rep.LogEntries = end - from + 1
 		}
 	}
 	// As the online save reads the state (SaveSnapshot).
@@ -214,6 +243,52 @@ func SaveDataDir(ctx context.Context, dataDir string, w io.Writer, opts SaveOpti
 		return rep, fmt.Errorf("save %s: %w", dataDir, err)
 	}
 	return rep, nil
+}
+
+// detachedTail returns the last index up to which the Raft log (ending
+// at last) continues the newest Raft snapshot, and, where that is below
+// last, why the entries after it do not. A log continues the snapshot at
+// S, term T, when its entry at S, if it holds one, is the snapshot's own
+// (logAtSnapshot, as catchUpFromSnapshot checks it), and its terms never
+// fall from T on: a log's terms never fall, and an entry after S of a
+// term below T, or after a lower term than an entry before it, is of
+// another history. Raft persists an installed snapshot before it clears
+// the log (removeOldLogs), and a leader overwrites a follower's entries
+// that conflict with its own before any are applied; a node killed in
+// between keeps its older tail (a deposed leader's uncommitted entries)
+// after the snapshot, which a start never applies. Without a snapshot,
+// only the terms are checked.
+func (n *Node) detachedTail(last uint64) (uint64, string, error) {
+	if last == 0 {
+		return 0, "", nil
+	}
+	list, err := n.snaps.List()
+	if err != nil {
+		return 0, "", fmt.Errorf("list Raft snapshots: %w", err)
+	}
+	first, err := n.logs.FirstIndex()
+	if err != nil {
+		return 0, "", fmt.Errorf("read the Raft log's first index: %w", err)
+	}
+	var prev uint64
+	if len(list) > 0 {
+		newest := list[0]
+		if held, own := n.logAtSnapshot(newest); held && !own {
+			return newest.Index, fmt.Sprintf("the log's entry at the newest snapshot's index %d is not of its term %d", newest.Index, newest.Term), nil
+		}
+		first, prev = max(first, newest.Index+1), newest.Term
+	}
+	for idx := first; idx <= last; idx++ {
+		var l raft.Log
+		if err := n.logs.GetLog(idx, &l); err != nil {
+			return 0, "", fmt.Errorf("read the Raft log's entry %d: %w", idx, err)
+		}
+		if l.Term < prev {
+			return idx - 1, fmt.Sprintf("the log's entry %d is of term %d, below the term %d before it", idx, l.Term, prev), nil
+		}
+		prev = l.Term
+	}
+	return last, "", nil
 }
 
 // applyLogTail applies the log's entries from..to to the node's FSM as

@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/store"
@@ -92,5 +93,37 @@ func TestSaveDataDirReportRanksSurvivorsAsRaftWould(t *testing.T) {
 	}
 	if rb.LogLastTerm < ra.LogLastTerm || (rb.LogLastTerm == ra.LogLastTerm && rb.LogLastIndex <= ra.LogLastIndex) {
 		t.Fatalf("the reports rank A (log last index %d, term %d) over B (%d, %d); Raft elects B", ra.LogLastIndex, ra.LogLastTerm, rb.LogLastIndex, rb.LogLastTerm)
+	}
+}
+
+// TestSaveDataDirStopsAtALogOfAnotherHistory: hashicorp/raft's
+// InstallSnapshot compacts the log only up to the snapshot's index: a
+// deposed leader's uncommitted tail after it stays until the new leader's
+// AppendEntries truncates it. A survivor killed between the two holds the
+// new leader's snapshot (index S, term T) and, after it, entries of a
+// lower term: another history (a log's terms never fall). A start never
+// applies them (the leader overwrites them first); the save leaves them
+// out, and says how many.
+func TestSaveDataDirStopsAtALogOfAnotherHistory(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	for id := uint64(1); id <= 3; id++ {
+		if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: id, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.leader().raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	c.stop(0)
+	snap := lastLog(t, c.dirs[0]) // the snapshot was taken at the log's end
+	if snap.Term < 2 {
+		t.Fatalf("snapshot's entry %+v: want a term above 1", snap)
+	}
+	appendLogs(t, c.dirs[0], []*raft.Log{{Index: snap.Index + 1, Term: snap.Term - 1, Type: raft.LogCommand,
+		Data: encodeRegister(time.Now().UnixNano(), &WorkerInfo{ID: 99, DPRanks: []uint32{0}, BlockSize: 16})}})
+	_, rep := saveDir(t, c.dirs[0], SaveOptions{})
+	if rep.LogEntries > 0 || rep.LogEntriesDetached != 1 || rep.Snapshot.Term < snap.Term {
+		t.Fatalf("the save of a log with an entry of term %d after the newest snapshot (index %d, term %d): report %+v; want it left out and counted (LogEntriesDetached 1)",
+			snap.Term-1, snap.Index, snap.Term, rep)
 	}
 }

@@ -80,7 +80,7 @@ func TestSnapshotSaveOfADataDir(t *testing.T) {
 		t.Fatalf("-o json = %q: %v", r.stdout, err)
 	}
 	for _, k := range []string{"file", "data_dir", "applied_only", "applied_index", "applied_term", "log_last_index", "log_last_term",
-		"log_entries_applied", "log_entries_left", "index", "term", "bytes", "sha256", "checksum_ok"} {
+		"log_entries_applied", "log_entries_left", "log_entries_detached", "index", "term", "bytes", "sha256", "checksum_ok"} {
 		if _, ok := got[k]; !ok {
 			t.Errorf("-o json has no %q: %s", k, r.stdout)
 		}

@@ -337,7 +337,8 @@ func snapshotSaveDir(c *cli.Context, e *env, path string) (err error) {
 		return writeJSON(e.stdout, offlineSaveReport{
 			snapshotReport: snapshotReport{File: path, SnapshotInfo: info, Bytes: rep.Snapshot.Bytes, SHA256: rep.Snapshot.SHA256, ChecksumOK: true},
 			DataDir:        dir, AppliedOnly: c.Bool("applied-only"), AppliedIndex: rep.AppliedIndex, AppliedTerm: rep.AppliedTerm,
-			LogLastIndex: rep.LogLastIndex, LogLastTerm: rep.LogLastTerm, LogEntriesApplied: rep.LogEntries, LogEntriesLeft: rep.LogEntriesLeft})
+			LogLastIndex: rep.LogLastIndex, LogLastTerm: rep.LogLastTerm, LogEntriesApplied: rep.LogEntries, LogEntriesLeft: rep.LogEntriesLeft,
+			LogEntriesDetached: rep.LogEntriesDetached})
 	}
 	if _, err := fmt.Fprintf(e.stdout, "saved %s from %s (index %d, term %d, %s, sha256 %s)\n",
 		path, dir, info.Index, info.Term, size(rep.Snapshot.Bytes), rep.Snapshot.SHA256); err != nil {
@@ -355,8 +356,12 @@ func snapshotSaveDir(c *cli.Context, e *env, path string) (err error) {
 	case rep.LogEntriesLeft > 0:
 		_, err = fmt.Fprintf(e.stdout, "left out the log's %d entries after index %d (--applied-only): acknowledged writes among them are not in %s\n",
 			rep.LogEntriesLeft, rep.AppliedIndex, path)
-	default:
+	case rep.LogEntriesDetached == 0:
 		_, err = fmt.Fprintf(e.stdout, "the log holds no entry after index %d\n", rep.AppliedIndex)
+	}
+	if err == nil && rep.LogEntriesDetached > 0 {
+		_, err = fmt.Fprintf(e.stdout, "left out the log's %d entries after index %d: they do not continue the newest Raft snapshot (another history, which a node's start never applies)\n",
+			rep.LogEntriesDetached, rep.LogLastIndex-rep.LogEntriesDetached)
 	}
 	return err
 }
@@ -373,6 +378,9 @@ type offlineSaveReport struct {
 	LogLastTerm       uint64 `json:"log_last_term"`
 	LogEntriesApplied uint64 `json:"log_entries_applied"`
 	LogEntriesLeft    uint64 `json:"log_entries_left"`
+	// Entries that do not continue the newest Raft snapshot: another
+	// history, never applied (raftfsm.SaveReport.LogEntriesDetached).
+	LogEntriesDetached uint64 `json:"log_entries_detached"`
 }
 
 // saveTarget refuses, as a usage error, a FILE that is a directory
