@@ -15,6 +15,12 @@ import (
 	"github.com/kvrouter/kvrouter/store"
 )
 
+// ErrUnplacedState is returned by SaveDataDir for a state applied past
+// the newest Raft snapshot that the Raft log holds no entry for: nothing
+// in the directory tells whether it is the newer committed state or one
+// a node's start would restore the snapshot over (refuseUnplacedState).
+var ErrUnplacedState = errors.New("state past the newest Raft snapshot, absent from the Raft log")
+
 // SaveOptions configures SaveDataDir.
 type SaveOptions struct {
 	// AppliedOnly saves the state as the node's FSM applied it (once
@@ -182,6 +188,9 @@ func SaveDataDir(ctx context.Context, dataDir string, w io.Writer, opts SaveOpti
 	if err := n.refuseStateWithoutItsLog(); err != nil {
 		return rep, fmt.Errorf("save %s: %w", dataDir, copyPaths(err, work, dataDir))
 	}
+	if err := n.refuseUnplacedState(); err != nil {
+		return rep, fmt.Errorf("save %s: %w", dataDir, copyPaths(err, work, dataDir))
+	}
 	// A log that begins after a gap above the newest snapshot, or ends
 	// below it, is deleted (on the copy), as a start deletes it.
 	if err := n.dropDetachedLog(); err != nil {
@@ -243,6 +252,49 @@ func SaveDataDir(ctx context.Context, dataDir string, w io.Writer, opts SaveOpti
 		return rep, fmt.Errorf("save %s: %w", dataDir, err)
 	}
 	return rep, nil
+}
+
+// refuseUnplacedState refuses (ErrUnplacedState) a state applied at A,
+// past the newest Raft snapshot at S and of a term at least its, when the
+// Raft log holds no entry at A (raft/ lost or emptied, or ending below
+// A). catchUpFromSnapshot keeps such a state only where the log holds its
+// entry, with its term (stateOfSnapshotsHistory), and restores the
+// snapshot over it otherwise, a start's choice that is right for a
+// deposed leader's user restore at A: applied without a commit, in no
+// log, and replaced by the new leader's snapshot at S. But an entry the
+// FSM applied from the log was committed, and a state past S whose log
+// was lost is then the newer committed state: restored over, the save
+// would drop committed writes without a word. The directory cannot tell
+// the two apart, so the save says so, with both indexes, rather than
+// pick one. A log that holds an entry at A decides (kept or restored, as
+// a start does), as does a term below the snapshot's.
+func (n *Node) refuseUnplacedState() error {
+	list, err := n.snaps.List()
+	if err != nil || len(list) == 0 {
+		return err
+	}
+	newest := list[0]
+	applied, appliedTerm := n.fsm.Applied()
+	if applied <= newest.Index || appliedTerm < newest.Term {
+		return nil
+	}
+	var at raft.Log
+	err = n.logs.GetLog(applied, &at)
+	if err == nil {
+		return nil
+	} else if !errors.Is(err, raft.ErrLogNotFound) {
+		return fmt.Errorf("read the Raft log's entry %d: %w", applied, err)
+	}
+	last, err := n.logs.LastIndex()
+	if err != nil {
+		return fmt.Errorf("read the Raft log's last index: %w", err)
+	}
+	return fmt.Errorf("%w: %s holds a state applied at index %d (term %d), past the newest Raft snapshot (index %d, term %d), and the Raft log "+
+		"(last index %d) holds no entry at %d to tell whether the cluster committed it: it is the newer committed state if raft/ was lost, "+
+		"and an uncommitted restore's if the node was a deposed leader (a node's start restores the snapshot over it); "+
+		"save another survivor's directory, put back the raft/ %s came with, or, to save the snapshot's state at index %d as a start takes it, "+
+		"save a copy of %s without its fsm/",
+		ErrUnplacedState, n.fsm.dir, applied, appliedTerm, newest.Index, newest.Term, last, applied, n.fsm.dir, newest.Index, n.cfg.DataDir)
 }
 
 // detachedTail returns the last index up to which the Raft log (ending

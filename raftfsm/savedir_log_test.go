@@ -1,8 +1,13 @@
 package raftfsm
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,5 +130,43 @@ func TestSaveDataDirStopsAtALogOfAnotherHistory(t *testing.T) {
 	if rep.LogEntries > 0 || rep.LogEntriesDetached != 1 || rep.Snapshot.Term < snap.Term {
 		t.Fatalf("the save of a log with an entry of term %d after the newest snapshot (index %d, term %d): report %+v; want it left out and counted (LogEntriesDetached 1)",
 			snap.Term-1, snap.Index, snap.Term, rep)
+	}
+}
+
+// TestSaveDataDirKeepsTheStateOfAnEmptyLog: a stopped node whose fsm/
+// holds a state applied at index N (worker 4 registered), past its newest
+// Raft snapshot (N-1), and whose raft/ is gone. A start restores the
+// snapshot over the state (catchUpFromSnapshot: the log holds no entry at
+// N); the save did too, and saved index N-1 without worker 4, saying
+// nothing. Nothing tells a committed write from a deposed leader's
+// uncommitted restore there: the save refuses, naming both indexes, and
+// leaves no state dropped silently.
+func TestSaveDataDirKeepsTheStateOfAnEmptyLog(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	for id := uint64(1); id <= 3; id++ {
+		if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: id, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.leader().raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	snapIndex, _ := c.leader().fsm.Applied()
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 4, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	applied, _ := c.leader().fsm.Applied()
+	c.stop(0)
+	if err := os.RemoveAll(filepath.Join(c.dirs[0], "raft")); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	rep, err := SaveDataDir(context.Background(), c.dirs[0], &buf, SaveOptions{TempDir: t.TempDir()})
+	switch {
+	case err == nil && rep.Snapshot.Index < applied:
+		t.Fatalf("fsm/ holds the state applied at index %d; the save succeeded with the state at index %d (report %+v), and says nothing of what it dropped", applied, rep.Snapshot.Index, rep)
+	case err != nil && (!errors.Is(err, ErrUnplacedState) || !strings.Contains(err.Error(), fmt.Sprintf("applied at index %d", applied)) ||
+		!strings.Contains(err.Error(), fmt.Sprintf("snapshot (index %d", snapIndex)) || strings.Contains(err.Error(), ".kvrouter-save-")):
+		t.Fatalf("save: %v; want ErrUnplacedState naming the state's index %d and the snapshot's %d, and the data directory's paths", err, applied, snapIndex)
 	}
 }
