@@ -122,6 +122,13 @@ func SaveDataDir(ctx context.Context, dataDir string, w io.Writer, opts SaveOpti
 	} else if !fi.IsDir() {
 		return rep, fmt.Errorf("%w: %s is not a directory", ErrInvalid, dataDir)
 	}
+	tempDir := opts.TempDir
+	if tempDir == "" {
+		tempDir = os.TempDir()
+	}
+	if err := OutsideDataDir(dataDir, tempDir); err != nil {
+		return rep, fmt.Errorf("save: the working directory: %w", err)
+	}
 	lock, err := lockDataDir(dataDir)
 	if err != nil {
 		return rep, err
@@ -136,7 +143,7 @@ func SaveDataDir(ctx context.Context, dataDir string, w io.Writer, opts SaveOpti
 	if !has {
 		return rep, fmt.Errorf("%w: %s holds no node state (no fsm/, raft/ or snapshots/): nothing to save", ErrInvalid, dataDir)
 	}
-	work, err := os.MkdirTemp(opts.TempDir, ".kvrouter-save-*")
+	work, err := os.MkdirTemp(tempDir, ".kvrouter-save-*")
 	if err != nil {
 		return rep, fmt.Errorf("save: make a working directory: %w", err)
 	}
@@ -341,6 +348,56 @@ func (n *Node) detachedTail(last uint64) (uint64, string, error) {
 		prev = l.Term
 	}
 	return last, "", nil
+}
+
+// OutsideDataDir refuses (ErrInvalid) a directory p that is dataDir or
+// inside it, symbolic links resolved (a p not there yet by its nearest
+// existing parent): the offline save's working copy, and kvctl's FILE
+// and its FILE.RANDOM.part, go in p, and inside dataDir they would
+// change the directory the save must leave as it was, and the copy of
+// raft/ or fsm/ would copy itself without end.
+func OutsideDataDir(dataDir, p string) error {
+	d, err := resolvePath(dataDir)
+	if err != nil {
+		return err
+	}
+	q, err := resolvePath(p)
+	if err != nil {
+		return err
+	}
+	rel, err := filepath.Rel(d, q)
+	if err != nil {
+		return fmt.Errorf("%w: %s against %s: %v", ErrInvalid, p, dataDir, err)
+	}
+	if rel == "." || (rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))) {
+		return fmt.Errorf("%w: %s is inside the data directory %s: the save writes there, and must leave %s as it was; give a place outside it", ErrInvalid, p, dataDir, dataDir)
+	}
+	return nil
+}
+
+// resolvePath returns p absolute, its symbolic links resolved; the part
+// of p not there yet is joined to its nearest existing parent, resolved.
+func resolvePath(p string) (string, error) {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", err
+	}
+	var rest []string
+	for {
+		r, err := filepath.EvalSymlinks(abs)
+		if err == nil {
+			return filepath.Join(append([]string{r}, rest...)...), nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return "", err
+		}
+		parent := filepath.Dir(abs)
+		if parent == abs {
+			return "", err
+		}
+		rest = append([]string{filepath.Base(abs)}, rest...)
+		abs = parent
+	}
 }
 
 // applyLogTail applies the log's entries from..to to the node's FSM as

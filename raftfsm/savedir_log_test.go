@@ -170,3 +170,34 @@ func TestSaveDataDirKeepsTheStateOfAnEmptyLog(t *testing.T) {
 		t.Fatalf("save: %v; want ErrUnplacedState naming the state's index %d and the snapshot's %d, and the data directory's paths", err, applied, snapIndex)
 	}
 }
+
+// TestSaveDataDirIntoItsOwnSubdirectory: kvctl puts the working copy
+// beside FILE (TempDir: FILE's directory). A TempDir inside DIR (its
+// root, raft/, or a link to raft/) put the copy inside what is being
+// copied: the copy recursed into itself, and DIR changed. It is refused
+// (ErrInvalid), DIR left as it was.
+func TestSaveDataDirIntoItsOwnSubdirectory(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	c.stop(0)
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(filepath.Join(c.dirs[0], "raft"), link); err != nil {
+		t.Fatal(err)
+	}
+	before := treePrint(t, c.dirs[0])
+	for _, tmp := range []string{filepath.Join(c.dirs[0], "raft"), c.dirs[0], link} {
+		var buf bytes.Buffer
+		_, err := SaveDataDir(context.Background(), c.dirs[0], &buf, SaveOptions{TempDir: tmp})
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "inside the data directory") || strings.Contains(err.Error(), ".kvrouter-save-") {
+			t.Errorf("save with its working copy in %s: %.400v; want ErrInvalid, a refusal of a place inside DIR", tmp, err)
+		}
+	}
+	if after := treePrint(t, c.dirs[0]); after != before {
+		t.Errorf("directory changed:\n%s\nwas:\n%s", after, before)
+	}
+	if err := OutsideDataDir(c.dirs[0], filepath.Join(c.dirs[0]+"-other", "x")); err != nil {
+		t.Errorf("a sibling whose name begins with DIR's: %v", err)
+	}
+}

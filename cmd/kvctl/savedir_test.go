@@ -89,6 +89,11 @@ func TestSnapshotSaveOfADataDir(t *testing.T) {
 		t.Errorf("--applied-only -o json = %s, want applied_only true and no log entry applied", r.stdout)
 	}
 
+	// A FILE inside DIR (in its root, in raft/, or through a link to it):
+	// the .part and the working copy would be written into DIR.
+	if err := os.Symlink(filepath.Join(dir, "raft"), filepath.Join(out, "link")); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -97,9 +102,18 @@ func TestSnapshotSaveOfADataDir(t *testing.T) {
 		{[]string{"snapshot", "save", file, "--data-dir", ""}, "--data-dir is empty"},
 		{[]string{"snapshot", "save", out, "--data-dir", dir}, "FILE is a directory"},
 		{[]string{"snapshot", "save", "--data-dir", dir}, "takes FILE"},
+		{[]string{"snapshot", "save", filepath.Join(dir, "in.snap"), "--data-dir", dir}, "is inside --data-dir"},
+		{[]string{"snapshot", "save", filepath.Join(dir, "raft", "in.snap"), "--data-dir", dir}, "is inside --data-dir"},
+		{[]string{"snapshot", "save", filepath.Join(out, "link", "in.snap"), "--data-dir", dir}, "is inside --data-dir"},
 	} {
 		if r := h.run(t, append([]string{dead}, tc.args...)...).wantCode(t, 2); !strings.Contains(r.stderr, tc.want) {
 			t.Errorf("%q: %q, want %q", tc.args, r.stderr, tc.want)
+		}
+	}
+
+	for _, p := range []string{filepath.Join(dir, "in.snap"), filepath.Join(dir, "raft", "in.snap")} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("the refused save wrote %s", p)
 		}
 	}
 

@@ -289,6 +289,13 @@ func snapshotSaveDir(c *cli.Context, e *env, path string) (err error) {
 	if err := saveTarget(c, path); err != nil {
 		return err
 	}
+	// FILE, its .part and the working copy beside it would be written
+	// into DIR, which the save leaves as it was.
+	if err := raftfsm.OutsideDataDir(dir, path); errors.Is(err, raftfsm.ErrInvalid) {
+		return usagef("FILE %s is inside --data-dir %s: the save leaves the data directory as it was; give a FILE outside it", path, dir)
+	} else if err != nil {
+		return fmt.Errorf("snapshot save --data-dir %s: %w; nothing was saved", dir, err)
+	}
 	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.part")
 	if err != nil {
 		return fmt.Errorf("create a temporary file beside %s: %w", path, err)
