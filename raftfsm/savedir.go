@@ -28,7 +28,9 @@ type SaveOptions struct {
 	// Raft log holds after the applied index.
 	AppliedOnly bool
 	// TempDir is where the working copy of the directory's state and log
-	// is made (a directory of its own inside it, removed at the end): as
+	// is made (a directory of its own inside it, locked while the save
+	// runs and removed at the end; a killed save's is removed by the next
+	// save in TempDir): as
 	// much free space as fsm/ and raft/ take. Beside the output file, so
 	// that the copy lands on the disk the operator chose for it; empty:
 	// os.TempDir().
@@ -143,11 +145,19 @@ func SaveDataDir(ctx context.Context, dataDir string, w io.Writer, opts SaveOpti
 	if !has {
 		return rep, fmt.Errorf("%w: %s holds no node state (no fsm/, raft/ or snapshots/): nothing to save", ErrInvalid, dataDir)
 	}
-	work, err := os.MkdirTemp(tempDir, ".kvrouter-save-*")
+	removeDeadSaves(tempDir, logger)
+	work, err := os.MkdirTemp(tempDir, saveWorkPrefix+"*")
 	if err != nil {
 		return rep, fmt.Errorf("save: make a working directory: %w", err)
 	}
 	defer os.RemoveAll(work)
+	// Held for the save's life: a later save in tempDir removes the
+	// working directory of one killed (removeDeadSaves), never this one.
+	workLock, err := lockDataDir(work)
+	if err != nil {
+		return rep, fmt.Errorf("save: lock the working directory: %w", err)
+	}
+	defer workLock.Close()
 	if err := copyNodeState(ctx, dataDir, work); err != nil {
 		return rep, fmt.Errorf("save: copy %s: %w", dataDir, err)
 	}
@@ -348,6 +358,38 @@ func (n *Node) detachedTail(last uint64) (uint64, string, error) {
 		prev = l.Term
 	}
 	return last, "", nil
+}
+
+// saveWorkPrefix begins the name of a save's working directory.
+const saveWorkPrefix = ".kvrouter-save-"
+
+// removeDeadSaves removes the working directories that killed saves left
+// in tempDir: a save holds its directory's lock (LOCK) for its life, and
+// removes the directory at its end, so one whose lock can be taken is a
+// dead save's, as large as the fsm/ and raft/ it copied, and nothing else
+// would ever remove it. One without a lock file (a save between making
+// it and locking it, or killed then, with nothing copied yet) is left.
+// Failures are logged: they do not stop this save.
+func removeDeadSaves(tempDir string, logger *slog.Logger) {
+	dirs, err := filepath.Glob(filepath.Join(tempDir, saveWorkPrefix+"*"))
+	if err != nil {
+		return
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, lockFile)); err != nil {
+			continue
+		}
+		lock, err := lockDataDir(d)
+		if err != nil {
+			continue // a live save's, or unreadable: left
+		}
+		if err := os.RemoveAll(d); err != nil {
+			logger.Warn("could not remove a killed save's working directory", "dir", d, "err", err)
+		} else {
+			logger.Info("removed a killed save's working directory", "dir", d)
+		}
+		lock.Close()
+	}
 }
 
 // OutsideDataDir refuses (ErrInvalid) a directory p that is dataDir or

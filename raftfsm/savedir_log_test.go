@@ -201,3 +201,52 @@ func TestSaveDataDirIntoItsOwnSubdirectory(t *testing.T) {
 		t.Errorf("a sibling whose name begins with DIR's: %v", err)
 	}
 }
+
+// TestSaveDataDirRemovesAKilledSavesWorkingDirectory: a save killed
+// outright leaves its working directory (as large as fsm/ and raft/) in
+// TempDir, where nothing else removes it. A save holds its directory's
+// lock for its life: the next save in TempDir removes a directory whose
+// lock it can take (its save is dead), and keeps one a live save holds,
+// and one not locked yet.
+func TestSaveDataDirRemovesAKilledSavesWorkingDirectory(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	c.stop(0)
+	tmp := t.TempDir()
+	dead, live, fresh := filepath.Join(tmp, ".kvrouter-save-1"), filepath.Join(tmp, ".kvrouter-save-2"), filepath.Join(tmp, ".kvrouter-save-3")
+	for _, d := range []string{dead, live, fresh} {
+		if err := os.MkdirAll(filepath.Join(d, "raft"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "raft", "000002.log"), []byte("copied"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{dead, live} {
+		if err := os.WriteFile(filepath.Join(d, lockFile), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lock, err := lockDataDir(live) // a save still running
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	var buf bytes.Buffer
+	if _, err := SaveDataDir(context.Background(), c.dirs[0], &buf, SaveOptions{TempDir: tmp}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dead); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the killed save's %s: %v; want it removed", dead, err)
+	}
+	for _, d := range []string{live, fresh} {
+		if _, err := os.Stat(filepath.Join(d, "raft", "000002.log")); err != nil {
+			t.Errorf("%s: %v; want it kept", d, err)
+		}
+	}
+	if left, _ := os.ReadDir(tmp); len(left) != 2 {
+		t.Errorf("TempDir holds %v; want the live and the unlocked directories alone", left)
+	}
+}
