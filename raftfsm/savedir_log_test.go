@@ -250,3 +250,51 @@ func TestSaveDataDirRemovesAKilledSavesWorkingDirectory(t *testing.T) {
 		t.Errorf("TempDir holds %v; want the live and the unlocked directories alone", left)
 	}
 }
+
+// TestSaveDataDirOfARestoresLeftovers: what an interrupted restore or
+// snapshot leaves is read as a start reads it. A directory holding only
+// fsm.old/ (a restore's swap killed after fsm/ was moved aside) and no
+// Raft snapshot saves fsm.old/'s state (a start rolls it back:
+// cleanupRestore), seen with AppliedOnly, where the log would otherwise
+// rebuild the state; a partial snapshot NAME.tmp/ (a killed writer's,
+// holding what a whole snapshot never does) is skipped, the file the
+// same as without it.
+func TestSaveDataDirOfARestoresLeftovers(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	for id := uint64(1); id <= 3; id++ {
+		if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: id, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	applied, _ := c.leader().fsm.Applied()
+	c.stop(0)
+	dir := c.dirs[0]
+	if ents, _ := os.ReadDir(filepath.Join(dir, "snapshots")); len(ents) != 0 {
+		t.Fatalf("snapshots/ holds %v; want none", ents)
+	}
+	if err := os.Rename(filepath.Join(dir, "fsm"), filepath.Join(dir, "fsm.old")); err != nil {
+		t.Fatal(err)
+	}
+	_, rep := saveDir(t, dir, SaveOptions{AppliedOnly: true})
+	if rep.AppliedIndex != applied || rep.Snapshot.Records["workers"] != 3 {
+		t.Fatalf("the save of a directory holding only fsm.old/: %+v; want fsm.old/'s state, applied at %d, with 3 workers", rep, applied)
+	}
+
+	partial := filepath.Join(dir, "snapshots", "99-999-1.tmp")
+	if err := os.MkdirAll(partial, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(partial, "meta.json"), []byte(`{"Index":`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("nowhere", filepath.Join(partial, "state.bin")); err != nil {
+		t.Fatal(err)
+	}
+	_, with := saveDir(t, dir, SaveOptions{})
+	if err := os.RemoveAll(partial); err != nil {
+		t.Fatal(err)
+	}
+	if _, without := saveDir(t, dir, SaveOptions{}); with.Snapshot.SHA256 != without.Snapshot.SHA256 || with.AppliedIndex != without.AppliedIndex {
+		t.Fatalf("the save with a partial snapshot: %+v; without it: %+v", with, without)
+	}
+}
