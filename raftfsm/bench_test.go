@@ -8,12 +8,15 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"runtime/trace"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -711,9 +714,14 @@ func bcCopyFile(src, dst string) error {
 // (synced), FSM.Restore of that file into a fresh FSM (checked, swapped in,
 // the index rebuilt), and InspectSnapshot (the checksum pass alone),
 // against a plain copy of the same file through user space (synced).
+// Then the offline save (SaveDataDir, kvctl snapshot save --data-dir, the
+// way out of a lost majority) of the node's data directory, stopped
+// cleanly after the online save as an operator stops a survivor, against
+// the same copy; its file must hold what the online save's holds.
 // KVROUTER_BENCH_PROFILE=file writes a CPU profile of the restore alone
 // (KVROUTER_BENCH_TRACE=file an execution trace of it),
-// KVROUTER_BENCH_SAVE_PROFILE=file one of the save alone.
+// KVROUTER_BENCH_SAVE_PROFILE=file one of the save alone,
+// KVROUTER_BENCH_OFFLINE_PROFILE=file one of the offline save alone.
 func TestBenchClusterSnapshot(t *testing.T) {
 	benchenv.Skip(t, "bench-cluster")
 	seed := benchenv.Seed(t, 20261203)
@@ -781,9 +789,103 @@ func TestBenchClusterSnapshot(t *testing.T) {
 		t.Fatalf("restored %d entries digest %#x, want %d %#x", f.Index().Stats().Entries, f.Digest(), held, digest)
 	}
 
+	// The restored state is garbage from here: its memory goes back to
+	// the system before the offline save, so that the save's peak RSS
+	// growth is its own and not hidden in a heap already grown.
+	f.Close()
+	off := bcOfflineSave(t, c.dirs[0], dir, info)
+
 	mb := float64(info.Bytes) / 1e6
-	t.Logf("snapshot %.1f MB, records %v", mb, info.Records)
-	fmt.Printf("BENCH cluster.snapshot blocks=%d mb=%.1f save_mb_per_s=%.1f restore_mb_per_s=%.1f copy_mb_per_s=%.1f save_ratio=%.3f restore_ratio=%.3f inspect_mb_per_s=%.1f save_seconds=%.2f restore_seconds=%.2f seed=%d\n",
+	t.Logf("snapshot %.1f MB, records %v; offline save of the %.1f MB data directory: %+v", mb, info.Records, float64(off.dirBytes)/1e6, off.report)
+	fmt.Printf("BENCH cluster.snapshot blocks=%d mb=%.1f save_mb_per_s=%.1f restore_mb_per_s=%.1f copy_mb_per_s=%.1f save_ratio=%.3f restore_ratio=%.3f inspect_mb_per_s=%.1f save_seconds=%.2f restore_seconds=%.2f offline_save_seconds=%.2f offline_save_mb_per_s=%.1f offline_save_ratio=%.3f offline_dir_mb=%.1f offline_rss_growth_mb=%s seed=%d\n",
 		held, mb, mb/save.Seconds(), mb/restore.Seconds(), mb/copyT.Seconds(), copyT.Seconds()/save.Seconds(), copyT.Seconds()/restore.Seconds(),
-		mb/inspect.Seconds(), save.Seconds(), restore.Seconds(), seed)
+		mb/inspect.Seconds(), save.Seconds(), restore.Seconds(),
+		off.took.Seconds(), mb/off.took.Seconds(), copyT.Seconds()/off.took.Seconds(), float64(off.dirBytes)/1e6, off.rssGrowth, seed)
+}
+
+// bcOfflineRun is what bcOfflineSave measured.
+type bcOfflineRun struct {
+	took      time.Duration // SaveDataDir into a synced file
+	dirBytes  int64         // the data directory saved
+	rssGrowth string        // peak RSS during the save less RSS before it, in MB; "na" where unread
+	report    SaveReport
+}
+
+// bcOfflineSave times SaveDataDir of dataDir, a cleanly stopped node's
+// directory (what an operator saves of a survivor), into a synced file in
+// dir, its working copy beside it as kvctl makes it, and checks that the
+// file holds the online save's stream byte for byte (index, term,
+// counts, size, checksum): a wrong figure fast is worthless.
+func bcOfflineSave(t *testing.T, dataDir, dir string, online SnapshotInfo) bcOfflineRun {
+	t.Helper()
+	r := bcOfflineRun{dirBytes: bcDirBytes(t, dataDir), rssGrowth: "na"}
+	path := filepath.Join(dir, "offline.snap")
+	// The peak RSS (VmHWM) is reset to the current RSS (clear_refs 5,
+	// Linux), so that the peak read after the save is the save's.
+	debug.FreeOSMemory()
+	rssBefore, rssErr := bcProcStatusKB("VmRSS")
+	if rssErr == nil {
+		rssErr = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
+	}
+	stopProfile := bcProfileTo(t, os.Getenv("KVROUTER_BENCH_OFFLINE_PROFILE"))
+	start := time.Now()
+	out, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r.report, err = SaveDataDir(ctx, dataDir, out, SaveOptions{TempDir: dir, Logger: quiet})
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.took = time.Since(start)
+	stopProfile()
+	if rssErr == nil {
+		if peak, err := bcProcStatusKB("VmHWM"); err == nil {
+			r.rssGrowth = fmt.Sprintf("%.1f", float64(peak-rssBefore)/1024)
+		}
+	} else {
+		t.Logf("peak RSS not measured: %v", rssErr)
+	}
+
+	in, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := InspectSnapshot(in)
+	in.Close()
+	if err != nil {
+		t.Fatalf("the offline save's file: %v", err)
+	}
+	if got.Index != online.Index || got.Term != online.Term || got.Bytes != online.Bytes || got.SHA256 != online.SHA256 || !maps.Equal(got.Records, online.Records) {
+		t.Fatalf("the offline save's file holds %+v; want the online save's %+v", got, online)
+	}
+	return r
+}
+
+// bcProcStatusKB returns a "kB" field of /proc/self/status (VmRSS, VmHWM).
+func bcProcStatusKB(field string) (int64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || name != field {
+			continue
+		}
+		var kb int64
+		if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kb); err != nil {
+			return 0, fmt.Errorf("%s: %q: %w", field, rest, err)
+		}
+		return kb, nil
+	}
+	return 0, fmt.Errorf("no %s in /proc/self/status", field)
 }
