@@ -536,6 +536,9 @@ func (n *Node) startRaft() error {
 	if err := n.checkRaftAddr(); err != nil {
 		return err
 	}
+	if has && len(cfg.Peers) > 0 {
+		n.warnIgnoredPeers(cfg.Peers)
+	}
 	if recorded != cfg.ID {
 		if err := n.logs.Set(nodeIDKey, []byte(cfg.ID)); err != nil {
 			return fmt.Errorf("record the node id of %s: %w", cfg.DataDir, err)
@@ -1016,6 +1019,44 @@ func (n *Node) seededConfiguration() (*raft.SnapshotMeta, error) {
 		return nil, err
 	}
 	return list[0], nil
+}
+
+// warnIgnoredPeers logs at Warn when --peers, given to a directory that
+// already holds Raft state, differs from the configuration Raft read from
+// it. Raft bootstraps only an empty directory, so such --peers are
+// ignored: an operator who edited them for a restart would otherwise
+// believe the membership changed. Matching --peers (the usual command
+// line, kept for restarts) log nothing.
+func (n *Node) warnIgnoredPeers(peers []Member) {
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		n.logger.Warn("--peers are ignored on a data directory with Raft state, and its configuration could not be read to compare them", "err", err)
+		return
+	}
+	servers := cf.Configuration().Servers
+	same := len(servers) == len(peers)
+	stored := make([]string, 0, len(servers))
+	for _, s := range servers {
+		name := string(s.ID) + "=" + string(s.Address)
+		if s.Suffrage != raft.Voter {
+			name += " (nonvoter)"
+		}
+		stored = append(stored, name)
+		i := slices.IndexFunc(peers, func(p Member) bool { return p.ID == string(s.ID) })
+		if i < 0 || s.Suffrage != raft.Voter || !SameRaftAddr(peers[i].RaftAddr, string(s.Address)) {
+			same = false
+		}
+	}
+	if same {
+		return
+	}
+	given := make([]string, 0, len(peers))
+	for _, p := range peers {
+		given = append(given, p.ID+"="+p.RaftAddr)
+	}
+	n.logger.Warn("--peers differ from the Raft configuration stored in the data directory and are ignored: --peers bootstraps only an empty data directory; "+
+		"change the membership with kvctl members add/remove",
+		"data_dir", n.cfg.DataDir, "peers", strings.Join(given, ","), "configuration", strings.Join(stored, ","))
 }
 
 // checkSeedPeers refuses (ErrStartRefused) --peers that differ from the configuration of a
