@@ -257,6 +257,11 @@ func New(cfg Config) (*Agent, error) {
 		Help: "Offloaded blocks refused because they contradict what the engine reported (a hash it holds as another block, or a block it holds under another hash): " +
 			"in an engine API offload request (request, answered bad_request), or in a pool's STORE (pool, not published); " +
 			"and pools' copies withdrawn from the router because the engine stored their block under another hash (engine)."}, []string{"where"})
+	// Every place shows zero before its first mismatch: a panel or an
+	// alert over them reads 0 on a healthy agent, not "no data".
+	for _, where := range []string{"request", "pool", "engine"} {
+		a.mismatches.WithLabelValues(where)
+	}
 	a.parkedN = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvagent_offload_parked_blocks",
 		Help: "Offload pool blocks waiting for their parent to be stored before they are published."})
 	for _, c := range []prometheus.Collector{a.resets, a.pubErrs, a.mismatches, a.parkedN} {

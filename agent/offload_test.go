@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -1223,5 +1224,35 @@ func TestRestoreAfterRunResyncsTheRank(t *testing.T) {
 	waitFor(t, "the router to hold the restored blocks", func() bool { return tierBlocks(r, kvevent.TierDisk) == 3 })
 	if m := matched(r, 3); m != 3 {
 		t.Fatalf("after the restore's dump the router holds 3 G3 blocks but matches %d of 1001..1003, want 3", m)
+	}
+}
+
+// TestFreshAgentShowsEachMismatchPlaceAtZero: every place an offload
+// mismatch is counted (kvagent_offload_mismatches_total{where}) has its
+// series from the start, at 0, so a panel or an alert over one reads 0 on
+// a healthy agent, not "no data". From a review: the family had no series
+// until its first count.
+func TestFreshAgentShowsEachMismatchPlaceAtZero(t *testing.T) {
+	r := startRouter(t)
+	reg := prometheus.NewRegistry()
+	startAgentWith(t, r, Config{Registerer: reg})
+	fams, err := reg.Gather()
+	must(t, err)
+	got := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() != "kvagent_offload_mismatches_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "where" {
+					got[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	want := map[string]float64{"request": 0, "pool": 0, "engine": 0}
+	if !maps.Equal(got, want) {
+		t.Fatalf("kvagent_offload_mismatches_total on a fresh agent, by where: %v; want %v", got, want)
 	}
 }
