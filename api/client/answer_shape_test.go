@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
 // TestAnswersOfAnotherShapeAreRefused: a success answer in JSON that holds
@@ -224,5 +226,48 @@ func TestReadyRefusesAnAnswerOfAnotherShape(t *testing.T) {
 	var ae *client.Error
 	if got, err := ask(http.StatusServiceUnavailable, `{"foo":1}`); !errors.As(err, &ae) || ae.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("Ready of 503 {\"foo\":1} answered %+v, %v; want a *client.Error of 503", got, err)
+	}
+}
+
+// TestARestoreAnsweredWithAnotherBodyIsNoSuccess: a 200 to a restore whose
+// body is not a restore's report (another service's JSON, a proxy's page,
+// a list, an empty object) is an error that names the call, the status and
+// the body's first bytes, ErrNotAnAnswer and ErrOutcomeUnknown (no node
+// said it installed the snapshot; one behind a proxy may have). A JSON
+// object was taken as a restore done, and kvctl printed "restored ...
+// (index 0, term 0)". A node's report is read as before. From a review.
+func TestARestoreAnsweredWithAnotherBodyIsNoSuccess(t *testing.T) {
+	var body atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, body.Load().(string))
+	}))
+	defer srv.Close()
+	c, err := client.New([]string{srv.URL}, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	restore := func() (raftfsm.SnapshotInfo, error) {
+		return c.RestoreSnapshot(context.Background(), strings.NewReader("snapshot"))
+	}
+	long := "<html><body>" + strings.Repeat("x", 300) + "</body></html>"
+	for _, b := range []string{`{"foo":1}` + "\n", "{}\n", "[]\n", `"ok"`, "<html>proxy ok</html>\n", long} {
+		body.Store(b)
+		info, err := restore()
+		quoted := fmt.Sprintf("%q", b[:min(len(b), 20)])
+		quoted = quoted[:len(quoted)-1] // the prefix's quote, left open
+		if !errors.Is(err, client.ErrNotAnAnswer) || !errors.Is(err, client.ErrOutcomeUnknown) ||
+			!strings.Contains(err.Error(), "POST /v1/snapshot/restore") || !strings.Contains(err.Error(), "HTTP 200") ||
+			!strings.Contains(err.Error(), quoted) {
+			t.Errorf("a restore answered 200 %q: %v, %+v; want ErrNotAnAnswer and ErrOutcomeUnknown naming the call, HTTP 200 and %s", b, err, info, quoted)
+		}
+		if err != nil && strings.Contains(err.Error(), strings.Repeat("x", 201)) {
+			t.Errorf("a restore answered 200 with %d bytes: the error quotes more than its prefix: %v", len(b), err)
+		}
+	}
+	body.Store(`{"format_version":4,"index":9,"term":2,"records":{},"bytes":8,"sha256":"ab"}` + "\n")
+	if info, err := restore(); err != nil || info.Index != 9 || info.Term != 2 {
+		t.Fatalf("a restore answered a node's report: %+v, %v; want index 9, term 2", info, err)
 	}
 }

@@ -1111,14 +1111,37 @@ func (c *Client) callOne(ctx context.Context, req *request, out any) error {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		return nil
 	}
+	// A write not safe twice keeps its answer's first bytes, to quote one
+	// that is not a node's: what answered (a proxy's page, another API)
+	// tells the reader more than a decoder's complaint.
+	head := &answerHead{}
+	body := io.Reader(resp.Body)
+	if req.once && isWrite(req.method) {
+		body = io.TeeReader(resp.Body, head)
+	}
 	shape := func(err error) error {
 		resetAnswer(out)
 		req.passed = append(req.passed, base)
+		if req.once && isWrite(req.method) {
+			// A success of another shape to a write not safe twice (a
+			// restore): no node's answer, so nothing says the write
+			// applied, and a proxy in front of a node may have passed it
+			// on. Not taken as done, nor sent again.
+			return fmt.Errorf("%s %s to %s: %w: HTTP %d with a body that is not its answer, %s: %w",
+				req.method, req.path, hostOf(base), errAnswerLeavesOutcomeUnknown, resp.StatusCode, head, err)
+		}
 		return notAnAnswer(*req, base, err)
 	}
-	if err := decodeAnswer(resp.Body, out); err != nil {
+	if err := decodeAnswer(body, out); err != nil {
 		if errors.Is(err, ErrNotAnAnswer) {
 			return shape(err)
+		}
+		var syntax *json.SyntaxError
+		var typ *json.UnmarshalTypeError
+		if req.once && isWrite(req.method) && (errors.As(err, &syntax) || errors.As(err, &typ)) {
+			// Read whole enough to tell: not JSON of the answer's kind
+			// (an HTML page, a list), which is no answer of a node's.
+			return shape(fmt.Errorf("%w: %w", ErrNotAnAnswer, err))
 		}
 		if req.once && isWrite(req.method) {
 			// The node answered success, and its answer broke off (a
@@ -1139,6 +1162,33 @@ func (c *Client) callOne(ctx context.Context, req *request, out any) error {
 	}
 	drainAnswer(resp.Body)
 	return nil
+}
+
+// answerQuoteBytes bounds the prefix of an answer that an error quotes
+// (answerHead).
+const answerQuoteBytes = 200
+
+// answerHead keeps the first answerQuoteBytes bytes written to it, and
+// takes (without keeping) the rest.
+type answerHead struct {
+	b []byte
+	n int64 // all bytes written
+}
+
+func (h *answerHead) Write(p []byte) (int, error) {
+	if room := answerQuoteBytes - len(h.b); room > 0 {
+		h.b = append(h.b, p[:min(room, len(p))]...)
+	}
+	h.n += int64(len(p))
+	return len(p), nil
+}
+
+// String quotes the kept bytes, and says when the answer was longer.
+func (h *answerHead) String() string {
+	if h.n > int64(len(h.b)) {
+		return fmt.Sprintf("body %q...", h.b)
+	}
+	return fmt.Sprintf("body %q", h.b)
 }
 
 // notAnAnswer is the error of an answer of another shape (ErrNotAnAnswer,
@@ -1222,6 +1272,17 @@ type routeAnswer api.RouteResponse
 func (r *routeAnswer) shapeErr() error {
 	if r.DecidedBy == "" && r.BlockSize == 0 {
 		return fmt.Errorf("%w: no decision and no block size", ErrNotAnAnswer)
+	}
+	return nil
+}
+
+// restoreAnswer is a restore's report as decoded: every report names
+// the snapshot's format version (1 or more) and its checksum.
+type restoreAnswer raftfsm.SnapshotInfo
+
+func (r *restoreAnswer) shapeErr() error {
+	if r.FormatVersion == 0 && r.SHA256 == "" {
+		return fmt.Errorf("%w: no format version and no checksum of a restore's report", ErrNotAnAnswer)
 	}
 	return nil
 }
@@ -1587,9 +1648,13 @@ func (c *Client) SaveSnapshot(ctx context.Context, w io.Writer) (SnapshotResult,
 // a *bytes.Reader), and is chunked otherwise. When ctx ends while a Read
 // of r blocks, the call returns without waiting for it: that Read is left
 // to return on its own (close r to end it), and what it read is dropped.
+// A success whose body is not a restore's report (another service's, a
+// proxy's page) is ErrOutcomeUnknown and ErrNotAnAnswer, quoting the
+// body's first bytes: no node said it installed the snapshot, and one
+// behind a proxy may have.
 func (c *Client) RestoreSnapshot(ctx context.Context, r io.Reader) (raftfsm.SnapshotInfo, error) {
 	var out raftfsm.SnapshotInfo
-	err := c.callReq(ctx, request{method: http.MethodPost, path: "/v1/snapshot/restore", stream: r, streamLen: streamLen(r), once: true}, &out)
+	err := c.callReq(ctx, request{method: http.MethodPost, path: "/v1/snapshot/restore", stream: r, streamLen: streamLen(r), once: true}, (*restoreAnswer)(&out))
 	return out, err
 }
 

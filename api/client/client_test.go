@@ -891,7 +891,7 @@ func TestUploadAfterAnEarly503IsWhole(t *testing.T) {
 		io.Copy(h, r.Body)
 		got.Store(hex.EncodeToString(h.Sum(nil)))
 		w.Header().Set("Content-Type", "application/json")
-		w.Write([]byte("{}"))
+		w.Write([]byte(restoreReport))
 	}))
 	t.Cleanup(full.Close)
 	body := make([]byte, 4<<20)
@@ -951,7 +951,7 @@ func TestAnUploadFromAFileAnnouncesWhatIsLeftOfIt(t *testing.T) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		got.Store(r.ContentLength)
 		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte("{}"))
+		_, _ = w.Write([]byte(restoreReport))
 	}))
 	t.Cleanup(srv.Close)
 	f, err := os.Create(filepath.Join(t.TempDir(), "snap"))
@@ -1665,7 +1665,7 @@ func hashingNode(t *testing.T) (url string, got *atomic.Value, uploads *atomic.I
 		uploads.Add(1)
 		got.Store(hex.EncodeToString(h.Sum(nil)))
 		w.Header().Set("Content-Type", "application/json")
-		w.Write([]byte("{}"))
+		w.Write([]byte(restoreReport))
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL, got, uploads
@@ -1770,3 +1770,7 @@ func TestSettingsReadsWhatWasSet(t *testing.T) {
 		t.Fatalf("read %+v, %v; want %+v", got, err, want)
 	}
 }
+
+// restoreReport is a node's answer to a restore, as a fake node sends it:
+// a body of another shape is no restore done (restoreAnswer).
+const restoreReport = `{"format_version":4,"index":1,"term":1,"records":{},"bytes":0,"sha256":"00"}`

@@ -403,7 +403,7 @@ func TestARestoreAnsweredAfterTimeoutIsNotStalled(t *testing.T) {
 			case <-r.Context().Done():
 				return
 			}
-			fmt.Fprintln(w, `{"index":10,"term":2}`)
+			fmt.Fprintln(w, `{"format_version":4,"index":10,"term":2,"sha256":"00"}`)
 			return
 		}
 		fmt.Fprintln(w, `{"ready":true}`)
@@ -613,5 +613,38 @@ func TestARestoreIsNotSentToAnotherServicesJSON(t *testing.T) {
 	}
 	if !strings.Contains(r.stderr, "another shape") || !strings.Contains(r.stderr, "nothing was sent") {
 		t.Errorf("stderr = %q, want an answer of another shape, and nothing sent", r.stderr)
+	}
+}
+
+// TestARestoreAnsweredWithAnotherBodyIsNotReportedDone: an endpoint that
+// answers the readiness probe as a node does and the upload 200 with a
+// body that is no restore's report (a proxy's page) leaves the restore
+// undone as far as kvctl knows: exit 1, quoting the body, with the advice
+// of an outcome unknown (look before sending it again). kvctl printed
+// "restored ... (index 0, term 0)" for such a JSON object.
+func TestARestoreAnsweredWithAnotherBodyIsNotReportedDone(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/readyz" {
+			fmt.Fprintln(w, `{"ready":true,"state":"Leader","applied_index":3}`)
+			return
+		}
+		fmt.Fprintln(w, `{"status":"ok"}`)
+	}))
+	defer srv.Close()
+	file := filepath.Join(t.TempDir(), "a.snap")
+	if err := os.WriteFile(file, make([]byte, 1<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{bound: time.Minute, inspect: func(io.Reader) (raftfsm.SnapshotInfo, error) { return raftfsm.SnapshotInfo{}, nil }}
+	r := h.run(t, "--endpoints", srv.Listener.Addr().String(), "--timeout", "2s", "snapshot", "restore", file).wantCode(t, 1)
+	for _, want := range []string{"POST /v1/snapshot/restore", "HTTP 200", `body "{\"status\":\"ok\"}\n"`, "see kvctl status"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr = %q, want %q", r.stderr, want)
+		}
+	}
+	if strings.Contains(r.stdout, "restored") {
+		t.Errorf("stdout = %q: the restore reported done", r.stdout)
 	}
 }
