@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/hashicorp/raft"
 	"github.com/kvrouter/kvrouter/store"
@@ -153,7 +154,7 @@ func SaveDataDir(ctx context.Context, dataDir string, w io.Writer, opts SaveOpti
 	defer os.RemoveAll(work)
 	// Held for the save's life: a later save in tempDir removes the
 	// working directory of one killed (removeDeadSaves), never this one.
-	workLock, err := lockDataDir(work)
+	workLock, err := lockSaveWork(work)
 	if err != nil {
 		return rep, fmt.Errorf("save: lock the working directory: %w", err)
 	}
@@ -363,12 +364,53 @@ func (n *Node) detachedTail(last uint64) (uint64, string, error) {
 // saveWorkPrefix begins the name of a save's working directory.
 const saveWorkPrefix = ".kvrouter-save-"
 
+// saveWorkLockStep, when set (tests), runs in lockSaveWork at each step
+// between the working directory's making and its lock's taking effect:
+// where a concurrent save's removeDeadSaves must still keep it.
+var saveWorkLockStep func(work string)
+
+// lockSaveWork takes the lock of a save's working directory work, just
+// made, as lockDataDir would, but creates and locks the file under
+// another name (LOCK.new) and only then renames it to LOCK: a concurrent
+// save's removeDeadSaves, which removes a directory whose LOCK it can
+// take, finds none (and keeps the directory) until the LOCK it would open
+// is held. A LOCK created in place and locked after (lockDataDir) left a
+// moment where that save took the lock and removed a live save's
+// directory, which then failed its copy.
+func lockSaveWork(work string) (*os.File, error) {
+	tmp := filepath.Join(work, lockFile+".new")
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if saveWorkLockStep != nil {
+		saveWorkLockStep(work)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", tmp, err)
+	}
+	if saveWorkLockStep != nil {
+		saveWorkLockStep(work)
+	}
+	// The lock follows the file, not its name.
+	if err := os.Rename(tmp, filepath.Join(work, lockFile)); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if saveWorkLockStep != nil {
+		saveWorkLockStep(work)
+	}
+	return f, nil
+}
+
 // removeDeadSaves removes the working directories that killed saves left
 // in tempDir: a save holds its directory's lock (LOCK) for its life, and
 // removes the directory at its end, so one whose lock can be taken is a
 // dead save's, as large as the fsm/ and raft/ it copied, and nothing else
 // would ever remove it. One without a lock file (a save between making
-// it and locking it, or killed then, with nothing copied yet) is left.
+// it and locking it, or killed then, with nothing copied yet) is left: a
+// save's LOCK appears only once held (lockSaveWork).
 // Failures are logged: they do not stop this save.
 func removeDeadSaves(tempDir string, logger *slog.Logger) {
 	dirs, err := filepath.Glob(filepath.Join(tempDir, saveWorkPrefix+"*"))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -248,6 +249,40 @@ func TestSaveDataDirRemovesAKilledSavesWorkingDirectory(t *testing.T) {
 	}
 	if left, _ := os.ReadDir(tmp); len(left) != 2 {
 		t.Errorf("TempDir holds %v; want the live and the unlocked directories alone", left)
+	}
+}
+
+// TestSaveDataDirKeepsALiveSavesFreshWorkingDirectory: a save makes its
+// working directory, then locks it; a second save in the same TempDir
+// that runs removeDeadSaves in between must not take the first one's
+// fresh directory for a dead save's (a LOCK it can take) and remove it
+// under the save, which then fails, or worse, copies into nothing. The
+// hook runs the second save's cleanup at each step of the lock's taking.
+func TestSaveDataDirKeepsALiveSavesFreshWorkingDirectory(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	c.stop(0)
+	tmp := t.TempDir()
+	var steps int
+	saveWorkLockStep = func(work string) {
+		steps++
+		removeDeadSaves(tmp, slog.New(slog.DiscardHandler))
+		if _, err := os.Stat(work); err != nil {
+			t.Errorf("step %d of the lock's taking: a concurrent save's cleanup removed the live save's %s: %v", steps, work, err)
+		}
+	}
+	defer func() { saveWorkLockStep = nil }()
+	var buf bytes.Buffer
+	if _, err := SaveDataDir(context.Background(), c.dirs[0], &buf, SaveOptions{TempDir: tmp}); err != nil {
+		t.Fatalf("the save whose working directory a concurrent cleanup saw being locked: %v", err)
+	}
+	if steps == 0 {
+		t.Fatal("the hook never ran")
+	}
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Errorf("TempDir holds %v after the save; want nothing", left)
 	}
 }
 
