@@ -1242,11 +1242,21 @@ func (n *Node) catchUpFromSnapshot() error {
 	n.fsm.handed.Store(newest.Index)
 	applied, appliedTerm := n.fsm.Applied()
 	if applied >= newest.Index {
-		current, why := n.stateOfSnapshotsHistory(applied, appliedTerm, newest.Index, newest.Term)
+		current, unplaced, why := n.stateOfSnapshotsHistory(applied, appliedTerm, newest.Index, newest.Term)
 		if current {
 			n.logger.Info("state is at or after the newest snapshot; keeping it", "applied", applied, "applied_term", appliedTerm,
 				"snapshot", newest.Index, "snapshot_term", newest.Term)
 			return nil
+		}
+		if unplaced {
+			// A start cannot refuse (a member is caught up by its
+			// leader), but the state it drops may be the newer committed
+			// one (refuseUnplacedState, where the offline save refuses).
+			n.logger.Warn("restoring the newest Raft snapshot over a state applied past it that the Raft log holds no entry for: "+
+				"the entries applied after the snapshot are dropped from this node's state, and come back only from a leader that holds them; "+
+				"if raft/ was lost and no other member holds them, committed writes are lost (docs/operations.md, \"Layout of a node's data directory\")",
+				"applied", applied, "applied_term", appliedTerm, "snapshot", newest.Index, "snapshot_term", newest.Term,
+				"dropped_from", newest.Index+1, "dropped_to", applied)
 		}
 		return n.restoreNewest(newest, "state is of another history than the newest snapshot ("+why+"); restoring the snapshot", applied, appliedTerm)
 	}
@@ -1285,7 +1295,10 @@ func (n *Node) logAtSnapshot(snap *raft.SnapshotMeta) (held, own bool) {
 
 // stateOfSnapshotsHistory reports whether a state applied at (applied,
 // appliedTerm), at or after the newest snapshot's (index, term), is of
-// the snapshot's history, and if not, why.
+// the snapshot's history, and if not, why; unplaced when it is past the
+// snapshot, of a term at least its, and the log holds no entry at
+// applied: then nothing tells an uncommitted restore's state from the
+// newer committed one whose log was lost.
 //
 // Both the state and the snapshot name one entry of a log, and Raft's log
 // matching gives that an entry's index and term fix the whole log up to
@@ -1307,21 +1320,21 @@ func (n *Node) logAtSnapshot(snap *raft.SnapshotMeta) (held, own bool) {
 //     leader's restore above a new leader's snapshot of an older entry's
 //     term (a term check alone passes) is caught here, as is a log whose
 //     entry at that index is another leader's.
-func (n *Node) stateOfSnapshotsHistory(applied, appliedTerm, index, term uint64) (bool, string) {
+func (n *Node) stateOfSnapshotsHistory(applied, appliedTerm, index, term uint64) (current, unplaced bool, why string) {
 	if appliedTerm < term {
-		return false, fmt.Sprintf("applied term %d below the snapshot's %d", appliedTerm, term)
+		return false, false, fmt.Sprintf("applied term %d below the snapshot's %d", appliedTerm, term)
 	}
 	if applied == index {
-		return true, ""
+		return true, false, ""
 	}
 	var at raft.Log
 	if err := n.logs.GetLog(applied, &at); err != nil {
-		return false, fmt.Sprintf("the log holds no entry at the applied index: %v", err)
+		return false, errors.Is(err, raft.ErrLogNotFound), fmt.Sprintf("the log holds no entry at the applied index: %v", err)
 	}
 	if at.Term != appliedTerm {
-		return false, fmt.Sprintf("the log's entry at the applied index is of term %d", at.Term)
+		return false, false, fmt.Sprintf("the log's entry at the applied index is of term %d", at.Term)
 	}
-	return true, ""
+	return true, false, ""
 }
 
 // restoreNewest replaces the FSM's state with the newest snapshot's, and

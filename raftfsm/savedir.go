@@ -277,15 +277,16 @@ func SaveDataDir(ctx context.Context, dataDir string, w io.Writer, opts SaveOpti
 // Raft log holds no entry at A (raft/ lost or emptied, or ending below
 // A). catchUpFromSnapshot keeps such a state only where the log holds its
 // entry, with its term (stateOfSnapshotsHistory), and restores the
-// snapshot over it otherwise, a start's choice that is right for a
-// deposed leader's user restore at A: applied without a commit, in no
-// log, and replaced by the new leader's snapshot at S. But an entry the
-// FSM applied from the log was committed, and a state past S whose log
-// was lost is then the newer committed state: restored over, the save
-// would drop committed writes without a word. The directory cannot tell
-// the two apart, so the save says so, with both indexes, rather than
-// pick one. A log that holds an entry at A decides (kept or restored, as
-// a start does), as does a term below the snapshot's.
+// snapshot over it otherwise (with a warning naming what it drops: a
+// start cannot refuse, its leader catches it up), a start's choice that
+// is right for a deposed leader's user restore at A: applied without a
+// commit, in no log, and replaced by the new leader's snapshot at S. But
+// an entry the FSM applied from the log was committed, and a state past
+// S whose log was lost is then the newer committed state: restored over,
+// the save would drop committed writes without a word. The directory
+// cannot tell the two apart, so the save says so, with both indexes,
+// rather than pick one. A log that holds an entry at A decides (kept or
+// restored, as a start does), as does a term below the snapshot's.
 func (n *Node) refuseUnplacedState() error {
 	list, err := n.snaps.List()
 	if err != nil || len(list) == 0 {

@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/internal/testlog"
 	"github.com/kvrouter/kvrouter/store"
 )
 
@@ -500,5 +502,54 @@ func TestStartOnAStateWithoutItsAppliedIndexIsRefusedOrRepaired(t *testing.T) {
 	waitFor(t, 10*time.Second, "the log's replay", func() bool { idx, _ := n.fsm.Applied(); return idx >= applied })
 	if got := n.fsm.Digest(); got != want {
 		t.Fatalf("started on a state with records and no applied index, and replayed the log over it: digest %x, want %x (the state the log leads to)\n%s", got, want, fullState(n.fsm))
+	}
+}
+
+// TestStartWarnsOfTheStateItRestoresTheSnapshotOver: fsm/ applied past
+// the newest Raft snapshot, and raft/ lost (the log holds no entry at the
+// applied index). The start restores the snapshot over the state, as
+// for a deposed leader's user restore, and cannot refuse (a member is
+// caught up by its leader); but the state may be the newer committed one
+// (the offline save refuses it: ErrUnplacedState), so the start warns,
+// naming both indexes and terms and what it drops. It said nothing.
+func TestStartWarnsOfTheStateItRestoresTheSnapshotOver(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	for id := uint64(1); id <= 3; id++ {
+		if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: id, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.leader().raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	snapIndex, snapTerm := c.leader().fsm.Applied()
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 4, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	applied, appliedTerm := c.leader().fsm.Applied()
+	c.stop(0)
+	if err := os.RemoveAll(filepath.Join(c.dirs[0], "raft")); err != nil {
+		t.Fatal(err)
+	}
+	var logs testlog.Buffer
+	c.tune = func(cfg *Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	c.start(0)
+	if got, _ := c.nodes[0].fsm.Applied(); got != snapIndex {
+		t.Fatalf("the start kept the state applied at %d; want the snapshot's at %d restored over it", got, snapIndex)
+	}
+	lines := logs.Lines("restoring the newest Raft snapshot over a state applied past it")
+	if len(lines) != 1 {
+		t.Fatalf("warnings of the state the start restored the snapshot over: %d, want 1: %q", len(lines), logs.String())
+	}
+	for _, want := range []string{
+		fmt.Sprintf("applied=%d applied_term=%d", applied, appliedTerm),
+		fmt.Sprintf("snapshot=%d snapshot_term=%d", snapIndex, snapTerm),
+		fmt.Sprintf("dropped_from=%d dropped_to=%d", snapIndex+1, applied),
+	} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("the warning %q does not say %q", lines[0], want)
+		}
 	}
 }
