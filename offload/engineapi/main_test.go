@@ -181,6 +181,8 @@ type rigConfig struct {
 	checker engineapi.Checker
 	// maxRegion is Config.MaxRegionBlocks; 0: the default.
 	maxRegion int
+	// pedantic: the server's metrics go to a pedantic registry.
+	pedantic bool
 }
 
 // A rig is an engine API server on the host backend with the pools of its
@@ -218,6 +220,9 @@ func newRig(t *testing.T, rc rigConfig) *rig {
 	t.Cleanup(func() { check(t, raw.Close()) }) // runs last: after the server and pools
 	r := &rig{t: t, dir: shortDir(t), rng: rand.New(rand.NewPCG(seed(t), 1)), raw: raw, sink: &sink{},
 		n: rc.blocks, next: 1 << 32, bytes: map[uint64][]byte{}, reg: prometheus.NewRegistry()}
+	if rc.pedantic {
+		r.reg = prometheus.NewPedanticRegistry()
+	}
 	var be backend.Backend = raw
 	var ranks []engineapi.RankPools
 	for dp := range rc.ranks {

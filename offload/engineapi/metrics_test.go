@@ -1,11 +1,19 @@
 package engineapi_test
 
 import (
+	"errors"
+	"fmt"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/offload/engineapi"
+	"github.com/kvrouter/kvrouter/offload/pool"
+	"github.com/kvrouter/kvrouter/offload/pool/pooltest"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // TestRequestsAreCountedAndTimedByPathAndStatus reads
@@ -123,5 +131,153 @@ func TestARanksOffloadFamiliesHaveSeriesBeforeItsEngineRegisters(t *testing.T) {
 				t.Errorf("%s{%s}, exported after the registration, was missing before it", name, s)
 			}
 		}
+	}
+}
+
+// TestDiskDownHoldsWhileNoManagerRuns: kvagent_offload_disk_down says 1
+// once the rank's G3 pool has shut itself down (docs/offload.md), whether
+// or not its engine has a region registered: the pool is the server's,
+// not the Manager's. With no Manager, rankMetrics exports
+// manager.IdleMetrics, whose disk_down was 0 whatever the pool's state: a
+// dead disk tier read healthy before the engine registered and again
+// after it unregistered (an engine restart).
+func TestDiskDownHoldsWhileNoManagerRuns(t *testing.T) {
+	r := newRig(t, rigConfig{ranks: 1, hostCap: 8, diskCap: 256})
+	diskDown := func(when string) float64 {
+		t.Helper()
+		mfs, err := r.reg.Gather()
+		check(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == "kvagent_offload_disk_down" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatalf("%s: no kvagent_offload_disk_down series", when)
+		return -1
+	}
+	if v := diskDown("fresh"); v != 0 {
+		t.Fatalf("kvagent_offload_disk_down on a fresh server: %v, want 0", v)
+	}
+	// Bit rot under the open pool until a compaction meets it and the
+	// pool shuts itself down (as offload/manager's shutDisk).
+	d := r.disk[0]
+	rotten := map[string]bool{}
+	shut := false
+	for h := uint64(1 << 40); h < 1<<40+300 && !shut; h++ {
+		pooltest.Rot(t, d.Dir(), rotten)
+		shut = errors.Is(d.Register(pool.Block{Hash: h, Local: h}, make([]byte, bs)), pool.ErrCorrupt)
+	}
+	if !shut || d.Err() == nil {
+		t.Fatal("the disk pool did not shut down")
+	}
+	before := diskDown("the pool shut down, no engine registered")
+	r.register(0)
+	registered := diskDown("the pool shut down, the engine registered")
+	_, err := r.c.Unregister(r.ctx(), 0)
+	check(t, err)
+	after := diskDown("the pool shut down, the engine unregistered")
+	if before != 1 || registered != 1 || after != 1 {
+		t.Fatalf("kvagent_offload_disk_down with the rank's disk pool shut down (Err: %v): %v before the engine registered, %v while registered, %v after it unregistered; want 1 throughout",
+			d.Err(), before, registered, after)
+	}
+}
+
+// seriesOf lists the offload families' series (name{labels}) of a gather.
+func seriesOf(mfs []*dto.MetricFamily) []string {
+	var out []string
+	for _, mf := range mfs {
+		name := mf.GetName()
+		if !strings.HasPrefix(name, "kvagent_offload_") && name != "kvagent_onboard_blocks_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+"="+l.GetValue())
+			}
+			out = append(out, name+"{"+strings.Join(ls, ",")+"}")
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestRankMetricsAreTheSameOnAPedanticRegistry: on a pedantic registry,
+// each pool layout gathers without error before a registration, after one, during
+// re-registrations raced by scrapes, and after the engine unregistered;
+// the series are the same throughout, and lint finds nothing.
+func TestRankMetricsAreTheSameOnAPedanticRegistry(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		host, diskCap int
+	}{{"host", 8, 0}, {"host+disk", 8, 8}, {"disk", 0, 8}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, rigConfig{ranks: 2, hostCap: tc.host, diskCap: tc.diskCap, pedantic: true})
+			gather := func(when string) []string {
+				mfs, err := r.reg.Gather()
+				if err != nil {
+					t.Fatalf("%s: pedantic gather: %v", when, err)
+				}
+				return seriesOf(mfs)
+			}
+			fresh := gather("fresh")
+			if len(fresh) == 0 {
+				t.Fatal("no offload series on a fresh server")
+			}
+			mfs, err := r.reg.Gather()
+			check(t, err)
+			probs, err := promlint.NewWithMetricFamilies(mfs).Lint()
+			check(t, err)
+			for _, p := range probs {
+				if strings.HasPrefix(p.Metric, "kvagent_offload_") || p.Metric == "kvagent_onboard_blocks_total" {
+					t.Errorf("lint: %s: %s", p.Metric, p.Text)
+				}
+			}
+			r.register(0)
+			if got := gather("registered"); fmt.Sprint(got) != fmt.Sprint(fresh) {
+				t.Errorf("series after a registration differ:\n got %v\nwant %v", got, fresh)
+			}
+			var wg sync.WaitGroup
+			stop := make(chan struct{})
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if _, err := r.reg.Gather(); err != nil {
+						t.Errorf("gather racing a re-registration: %v", err)
+						return
+					}
+				}
+			}()
+			for range 20 {
+				r.register(0)
+				r.register(1)
+			}
+			_, err = r.c.Unregister(r.ctx(), 0)
+			check(t, err)
+			close(stop)
+			wg.Wait()
+			if got := gather("unregistered"); fmt.Sprint(got) != fmt.Sprint(fresh) {
+				t.Errorf("series after unregistration differ:\n got %v\nwant %v", got, fresh)
+			}
+		})
+	}
+}
+
+// TestRankMetricsGoWithTheServer: a closed server's rank families
+// are gone from its registry.
+func TestRankMetricsGoWithTheServer(t *testing.T) {
+	r := newRig(t, rigConfig{ranks: 1, hostCap: 8, pedantic: true})
+	r.register(0)
+	check(t, r.srv.Close())
+	mfs, err := r.reg.Gather()
+	check(t, err)
+	if s := seriesOf(mfs); len(s) != 0 {
+		t.Errorf("after Close: %v", s)
 	}
 }

@@ -307,7 +307,12 @@ func (s *Server) addRanks() error {
 			sl.blockSize = bs
 			sl.paths = append(sl.paths, manager.Disk2H)
 		}
-		sl.idle = manager.IdleMetrics(rp.Rank, sl.paths, rp.Disk != nil)
+		var diskDown func() bool
+		if d := rp.Disk; d != nil {
+			// The pool is the server's: it stays down between Managers.
+			diskDown = func() bool { return d.Err() != nil }
+		}
+		sl.idle = manager.IdleMetrics(rp.Rank, sl.paths, diskDown)
 		if len(s.order) > 0 && s.order[0].blockSize != sl.blockSize {
 			return fmt.Errorf("rank %s: blocks of %d bytes, rank %s: %d", rp.Rank, sl.blockSize, s.order[0].rank, s.order[0].blockSize)
 		}

@@ -54,14 +54,24 @@ func newMetrics(m *Manager) *metrics {
 }
 
 // IdleMetrics exports, at zero, the families a Manager of rank would
-// export on paths (with kvagent_offload_disk_down where disk), for a rank
-// whose engine has not registered a region yet, so no Manager runs: a
-// dashboard or an alert over them then reads 0 on such a rank, not "no
-// data". A collector that delegates to it while the rank has no Manager,
-// and to the Manager's Collector while it has, exports the same series
-// throughout: they describe the same families.
-func IdleMetrics(rank kvevent.Rank, paths []Path, disk bool) prometheus.Collector {
-	return newMetricsOf(rank, paths, func() Stats { return Stats{} }, disk)
+// export on paths, for a rank whose engine has not registered a region yet
+// (or has unregistered it), so no Manager runs: a dashboard or an alert
+// over them then reads 0 on such a rank, not "no data". A collector that
+// delegates to it while the rank has no Manager, and to the Manager's
+// Collector while it has, exports the same series throughout: they
+// describe the same families.
+//
+// diskDown is nil for a rank without a disk pool, which has no
+// kvagent_offload_disk_down; else it reports whether the pool has shut
+// down (pool.DiskPool.Err() != nil). The pool outlives the Managers, so
+// its state is not zero between them: a dead disk tier read healthy
+// before the engine registered and again after it unregistered.
+func IdleMetrics(rank kvevent.Rank, paths []Path, diskDown func() bool) prometheus.Collector {
+	stats := func() Stats { return Stats{} }
+	if diskDown != nil {
+		stats = func() Stats { return Stats{DiskDown: diskDown()} }
+	}
+	return newMetricsOf(rank, paths, stats, diskDown != nil)
 }
 
 // Collector is the Manager's metrics (the families above), for a caller
