@@ -34,11 +34,41 @@ var (
 
 func TestMain(m *testing.M) {
 	testwatch.Start()
-	goleak.VerifyTestMain(testwatch.Settled(m), goleak.Cleanup(func(int) {
+	// goleak.VerifyTestMain hands its exit code to the cleanup, which
+	// must exit with it: a cleanup that returns makes the binary exit 0,
+	// and a leak goleak found, or a failed test, passed the package.
+	goleak.VerifyTestMain(testwatch.Settled(m), goleak.Cleanup(func(code int) {
 		if fakeDir != "" {
 			os.RemoveAll(fakeDir)
 		}
+		os.Exit(code)
 	}))
+}
+
+// leakEnv, when "1", makes TestALeakFailsThePackage leak a goroutine for
+// good instead of re-running the test binary.
+const leakEnv = "KVROUTER_BACKEND_LEAK"
+
+// TestALeakFailsThePackage runs this test binary again with one test that
+// leaks a goroutine for good: goleak's check in TestMain must fail the run
+// (a non-zero exit), as in every other package.
+func TestALeakFailsThePackage(t *testing.T) {
+	if os.Getenv(leakEnv) == "1" {
+		testwatch.LeakGrace = time.Millisecond // the leak is for good: no need to wait
+		block := make(chan struct{})
+		go func() { <-block }()
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestALeakFailsThePackage$", "-test.count=1")
+	cmd.Env = append(os.Environ(), leakEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("a test binary whose test leaked a goroutine for good exited with %v, want a failure (goleak's exit 1): the leak passes the package; output:\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "found unexpected goroutines") {
+		t.Fatalf("the leaking test binary failed (%v) but not for its leak; output:\n%s", err, out)
+	}
 }
 
 // fakeCUDALibrary builds testdata/fakecuda.c into a shared library once per
