@@ -307,3 +307,34 @@ func TestSettledWaitsForGoroutinesThatEndLate(t *testing.T) {
 }
 
 func lingerUntil(c <-chan struct{}) { <-c }
+
+// TestSettledHonoursItsOptions: a goroutine the options tell goleak to
+// ignore, still running after the last test, is not waited for: Settled's
+// Run returns without the grace (here an hour). A Run that called
+// goleak.Find without the options waited the whole grace in every package
+// whose tests leave goroutines behind by design (NodeIgnores), and passed
+// every other test. Run runs on the test's goroutine, which goleak.Find
+// leaves out, as it does TestMain's; past a deadline a timer ends the
+// goroutine, so that a Run that waits for it returns, and the test fails.
+func TestSettledHonoursItsOptions(t *testing.T) {
+	defer func(g time.Duration) { LeakGrace = g }(LeakGrace)
+	stop := make(chan struct{})
+	go ignoredLinger(stop)
+	ignore := goleak.IgnoreAnyFunction("github.com/kvrouter/kvrouter/internal/testwatch.ignoredLinger")
+	if err := goleak.Find(); err == nil || !strings.Contains(err.Error(), "ignoredLinger") {
+		close(stop)
+		t.Fatalf("goleak.Find without the option = %v; want the lingering goroutine found: the test shows nothing", err)
+	}
+	LeakGrace = time.Hour
+	deadline := time.AfterFunc(30*time.Second, func() { close(stop) })
+	code := Settled(testingM(func() int { return 0 }), ignore).Run()
+	if !deadline.Stop() {
+		t.Fatal("Settled's Run waited for a goroutine its options ignore, until the test's 30 s deadline ended it")
+	}
+	close(stop)
+	if code != 0 {
+		t.Fatalf("Settled(passed, ignore).Run() = %d, want 0", code)
+	}
+}
+
+func ignoredLinger(c <-chan struct{}) { <-c }
