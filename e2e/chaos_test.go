@@ -156,7 +156,9 @@ type onceSince struct {
 // publishers held still from the save to the restore's end, kvctl snapshot
 // save and kvctl snapshot restore of the file through the other two nodes'
 // endpoints, and the killed node restarted, to catch up on the restored
-// state by the leader's snapshot or its log. The publishers hold still so
+// state by the leader's snapshot or its log; the two live nodes, then the
+// restarted one, must hold it, every rank flagged for a resync, before any
+// write (a restore that installed nothing shows there). The publishers hold still so
 // that the state saved is the state acknowledged: the restore rolls
 // nothing back, and the model only flags every rank as needing a resync,
 // as the restore does. During every fault the majority keeps acknowledging
@@ -460,6 +462,15 @@ func TestChaosSoakLosesNothingAcknowledged(t *testing.T) {
 					t.Fatalf("round %d: restore with %s down: %v\nwant exit 0 and stdout starting %q", round, c.nodes[victim].id, res, want)
 				}
 				all.restored() // every rank flagged for a resync
+				// Each live node installed the restore: the file is the
+				// live state, so only the restore's resync flags, on every
+				// rank, tell the two apart, and the writes after the round
+				// clear them rank by rank (an agent's dump); a restore that
+				// installed nothing passed a round whose writes cleared
+				// every rank. Checked here, before any write, on the two
+				// live nodes, and on the killed one once restarted.
+				c.converged()
+				c.checkAll(all)
 				// Every node installs the restored state, whose events it
 				// does not count: each node's applied-once check starts
 				// again at the round's check.
@@ -468,6 +479,8 @@ func TestChaosSoakLosesNothingAcknowledged(t *testing.T) {
 					delete(since, i)
 				}
 				c.restart(victim)
+				c.converged()
+				c.checkAll(all)
 				what = fmt.Sprintf("a cluster with %s (%s) down: saved at index %d and restored through %s, %s restarted after it",
 					c.nodes[victim].id, role, snap.index, strings.Join(ids, " and "), c.nodes[victim].id)
 			})

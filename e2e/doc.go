@@ -48,7 +48,10 @@
 // random node killed with SIGKILL, the publishers held still while kvctl
 // snapshot save and kvctl snapshot restore run through the other two
 // nodes (so the state restored is the state acknowledged), and the killed
-// node restarted to catch up on the restored state. It is the last
+// node restarted to catch up on the restored state; before any write, the
+// two nodes and then the restarted one must hold it with every rank
+// flagged for a resync, which only an installed restore sets (the writes
+// after it clear the flags rank by rank). It is the last
 // because a restore hands every node the leader's Raft configuration,
 // the leader's view of the partition proxies, after which they route no
 // cut. Never two faults at once: three nodes would lose their majority.
