@@ -467,6 +467,9 @@ type Error struct {
 	// Candidates of a route that failed with reason overloaded: every one
 	// is busy, and says why. None for a brief route.
 	Candidates []api.Candidate
+	// CandidatesLeftOut counts the candidates past api.MaxCandidates that
+	// Candidates leaves out: a node lists at most that many.
+	CandidatesLeftOut int
 
 	body []byte // the answer's body (up to MaxAnswerBytes), for calls that read more of it
 }
@@ -1011,7 +1014,7 @@ func decodeError(base string, resp *http.Response) error {
 	e := &Error{Endpoint: base, StatusCode: resp.StatusCode, body: raw}
 	var body api.ErrorResponse
 	if json.Unmarshal(raw, &body) == nil && body.Error != "" {
-		e.Reason, e.Message, e.Candidates = body.Reason, body.Error, body.Candidates
+		e.Reason, e.Message, e.Candidates, e.CandidatesLeftOut = body.Reason, body.Error, body.Candidates, body.CandidatesLeftOut
 		return e
 	}
 	msg := strings.TrimSpace(string(raw))

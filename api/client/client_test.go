@@ -558,7 +558,8 @@ func TestAnOverloadedAnswerWithManyCandidatesKeepsItsReason(t *testing.T) {
 			PotentialDecodeBlocks: 123456, ActiveRequests: 17, ActivePrefillTokens: 123456, ActiveDecodeBlocks: 65432,
 			Cost: 1234.5678, Busy: true, BusyReason: "decode_blocks+prefill_tokens", Probability: 0.000244140625}
 	}
-	body, err := json.Marshal(api.ErrorResponse{Error: "every candidate rank is busy", Reason: api.ReasonOverloaded, Candidates: cands})
+	body, err := json.Marshal(api.ErrorResponse{Error: "every candidate rank is busy", Reason: api.ReasonOverloaded, Candidates: cands,
+		CandidatesLeftOut: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -577,6 +578,9 @@ func TestAnOverloadedAnswerWithManyCandidatesKeepsItsReason(t *testing.T) {
 		}
 		t.Fatalf("a %d-byte overloaded answer with %d candidates: reason %q, %d candidates, errors.Is(ErrOverloaded) %v; want overloaded with every candidate",
 			len(body), len(cands), reason, n, errors.Is(err, indexer.ErrOverloaded))
+	}
+	if ae.CandidatesLeftOut != 7 {
+		t.Fatalf("an overloaded answer with candidates_left_out 7: Error.CandidatesLeftOut %d, want 7", ae.CandidatesLeftOut)
 	}
 }
 

@@ -71,7 +71,7 @@ func TestTableCellsHoldTheirOwnFigures(t *testing.T) {
 		err := printCandidates(&env{stdout: &out, stderr: io.Discard}, []api.Candidate{
 			{WorkerID: 7, DPRank: 1, Chosen: true, Credit: 3.5, PrefillBlocks: 12, PotentialDecodeBlocks: 4,
 				Overlap: api.TierBlocks{Device: 5, Host: 6, Disk: 8, External: 9}, ActiveRequests: 2, ActivePrefillTokens: 30, Cost: 11.25},
-		})
+		}, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1589,6 +1589,42 @@ func TestRouteOverloadedShowsWhyAndFails(t *testing.T) {
 	}
 }
 
+// TestRouteSaysHowManyCandidatesWereLeftOut: a node lists at most
+// api.MaxCandidates candidates and says how many it left out
+// (candidates_left_out). From a review: the table showed 256 rows and said
+// nothing of the others, so an operator looking for the rank that holds
+// the prompt's blocks did not find it and was not told why; the
+// overloaded table too (client.Error kept no CandidatesLeftOut).
+func TestRouteSaysHowManyCandidatesWereLeftOut(t *testing.T) {
+	const cand = `{"worker_id":20,"dp_rank":%d,"chosen":%t,"overlap":{"device":0,"host":0,"disk":0,"external":0},` +
+		`"credit":0,"prefill_blocks":1,"potential_decode_blocks":1,"active_requests":0,"active_prefill_tokens":0,` +
+		`"active_decode_blocks":0,"cost":2,"busy":%t%s,"probability":0}`
+	params := `{"overlap_score_credit":1,"host_cache_hit_weight":0.75,"disk_cache_hit_weight":0.25,"prefill_load_scale":1,` +
+		`"decode_active_request_weight":0,"temperature":0,"busy_decode_fraction":0,"busy_prefill_tokens":1}`
+	const want = "(46 more candidate ranks left out: a node lists at most 256)"
+	for _, overloaded := range []bool{false, true} {
+		t.Run(fmt.Sprintf("overloaded=%t", overloaded), func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				if overloaded {
+					w.WriteHeader(http.StatusServiceUnavailable)
+					fmt.Fprintf(w, `{"error":"select: all workers busy","reason":"overloaded","candidates":[%s],"candidates_left_out":46}`,
+						fmt.Sprintf(cand, 0, false, true, `,"busy_reason":"prefill_tokens"`))
+					return
+				}
+				fmt.Fprintf(w, `{"worker_id":20,"dp_rank":0,"cost":2,"decided_by":"rendezvous","block_size":16,"request_blocks":1,`+
+					`"booked":false,"overlap":{"device":0,"host":0,"disk":0,"external":0},"params":%s,"candidates":[%s],"candidates_left_out":46}`,
+					params, fmt.Sprintf(cand, 0, true, false, ""))
+			}))
+			defer srv.Close()
+			r := kvctl(t, "--endpoints", srv.Listener.Addr().String(), "route", "--hashes", "101")
+			if !strings.Contains(r.stdout, want) {
+				t.Fatalf("kvctl route of an answer with candidates_left_out 46: stdout lacks %q:\nstdout:\n%s\nstderr:\n%s", want, r.stdout, r.stderr)
+			}
+		})
+	}
+}
+
 func TestIndexStats(t *testing.T) {
 	c := newCluster(t)
 	r := kvctl(t, "--endpoints", c.endpoints(), "index", "stats").wantCode(t, 0)

@@ -119,7 +119,7 @@ func routeCommand(e *env) *cli.Command {
 				if errors.As(err, &ae) && len(ae.Candidates) > 0 && !jsonOut(c) {
 					// Overloaded: show why every rank is busy, then fail.
 					fmt.Fprintln(e.stdout, "no rank can take the request:")
-					if perr := printCandidates(e, ae.Candidates); perr != nil {
+					if perr := printCandidates(e, ae.Candidates, ae.CandidatesLeftOut); perr != nil {
 						return perr
 					}
 				}
@@ -131,13 +131,16 @@ func routeCommand(e *env) *cli.Command {
 				}
 				fmt.Fprintf(e.stdout, "routed to worker %d dp %d: cost %s, decided by %s (block size %d, %d request blocks)\n\n",
 					resp.WorkerID, resp.DPRank, num(resp.Cost), resp.DecidedBy, resp.BlockSize, resp.RequestBlocks)
-				return printCandidates(e, resp.Candidates)
+				return printCandidates(e, resp.Candidates, resp.CandidatesLeftOut)
 			})
 		},
 	}
 }
 
-func printCandidates(e *env, cands []api.Candidate) error {
+// printCandidates prints the candidates' table, then how many the node
+// left out: it lists at most api.MaxCandidates, and an operator looking
+// for a rank the table does not show must be told it may be one of those.
+func printCandidates(e *env, cands []api.Candidate, leftOut int) error {
 	t := newTable(e.stdout, "", "WORKER", "DP", "DEVICE", "HOST", "DISK", "EXTERNAL", "CREDIT", "PREFILL_BLOCKS",
 		"DECODE_BLOCKS", "REQUESTS", "PREFILL_TOKENS", "COST", "BUSY", "P")
 	for _, c := range cands {
@@ -154,7 +157,13 @@ func printCandidates(e *env, cands []api.Candidate) error {
 			num(c.Credit), num(c.PrefillBlocks), i64(c.PotentialDecodeBlocks), i64(c.ActiveRequests),
 			i64(c.ActivePrefillTokens), num(c.Cost), busy, num(c.Probability))
 	}
-	return t.flush()
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if leftOut > 0 {
+		fmt.Fprintf(e.stdout, "(%d more candidate ranks left out: a node lists at most %d)\n", leftOut, api.MaxCandidates)
+	}
+	return nil
 }
 
 // routeRequest builds the request from route's flags.
