@@ -13,6 +13,8 @@ import (
 
 	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/api/client"
+	"github.com/kvrouter/kvrouter/indexer"
+	"github.com/kvrouter/kvrouter/kvevent"
 	"github.com/kvrouter/kvrouter/raftfsm"
 )
 
@@ -269,5 +271,56 @@ func TestARestoreAnsweredWithAnotherBodyIsNoSuccess(t *testing.T) {
 	body.Store(`{"format_version":4,"index":9,"term":2,"records":{},"bytes":8,"sha256":"ab"}` + "\n")
 	if info, err := restore(); err != nil || info.Index != 9 || info.Term != 2 {
 		t.Fatalf("a restore answered a node's report: %+v, %v; want index 9, term 2", info, err)
+	}
+}
+
+// TestAWriteAnsweredByAnotherServiceIsNotDone: a node answers the writes
+// that read no answer 204 No Content (a dump 200 with its report); another
+// success (another service's 200 {"foo":1}) is client.ErrNotAnAnswer, and
+// the write goes on to the next endpoint, as a read does, even one not
+// safe twice (no node received it). From a review: each was taken for
+// done, and kvctl printed "removed member n3" while n3 stayed a member.
+func TestAWriteAnsweredByAnotherServiceIsNotDone(t *testing.T) {
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"foo":1}`+"\n")
+	}))
+	defer other.Close()
+	ctx := context.Background()
+	writes := func(c *client.Client) map[string]func() error {
+		return map[string]func() error{
+			"RegisterWorker":   func() error { return c.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 5, BlockSize: 4}) },
+			"DeregisterWorker": func() error { return c.DeregisterWorker(ctx, 5) },
+			"PrefillDone":      func() error { return c.PrefillDone(ctx, "r1") },
+			"Free":             func() error { return c.Free(ctx, "r1") },
+			"SetSettings":      func() error { return c.SetSettings(ctx, indexer.DefaultParams(), indexer.ViewDedup) },
+			"AddMember":        func() error { return c.AddMember(ctx, "n4", "10.0.0.4:7946", "10.0.0.4:7080") },
+			"RemoveMember":     func() error { return c.RemoveMember(ctx, "n3") },
+			"TransferLeader":   func() error { return c.TransferLeader(ctx, "") },
+			"DumpRank":         func() error { return c.DumpRank(ctx, kvevent.Rank{Worker: 5}, 1, nil) },
+		}
+	}
+	for name, call := range writes(newClient(t, other.URL)) {
+		if err := call(); !errors.Is(err, client.ErrNotAnAnswer) {
+			t.Errorf("%s answered 200 {\"foo\":1}: %v, want ErrNotAnAnswer", name, err)
+		}
+	}
+
+	// Listed before a node, the other service is passed over: the
+	// registration and the removal (a write not safe twice) reach it.
+	n := newNode(t, "n1")
+	c := newClient(t, other.URL, n.srv.URL)
+	if err := c.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 5, BlockSize: 4}); err != nil {
+		t.Fatalf("RegisterWorker, another service listed first: %v", err)
+	}
+	if ws := n.fake.Workers(); len(ws) != 1 || ws[0].Info.ID != 5 {
+		t.Fatalf("the node's workers after the registration: %+v, want worker 5", ws)
+	}
+	if err := c.DeregisterWorker(ctx, 5); err != nil {
+		t.Fatalf("DeregisterWorker, another service listed first: %v", err)
+	}
+	if ws := n.fake.Workers(); len(ws) != 0 {
+		t.Fatalf("the node's workers after the removal: %+v, want none", ws)
 	}
 }

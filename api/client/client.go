@@ -123,7 +123,11 @@ var (
 	// object without the request's field (a status with no node id and no
 	// Raft state, a route with no decision), from another service at that
 	// address. Decoded as it came, {"foo":1} read as an empty members or
-	// workers list, a status of no node, a route to worker 0.
+	// workers list, a status of no node, a route to worker 0. A write a
+	// node answers 204 No Content (a member's addition or removal, a
+	// worker's registration, settings, prefill_done, ...) answered with
+	// another success status (another service's 200 {"foo":1}) is one
+	// too: it was taken for done.
 	ErrNotAnAnswer = errors.New("JSON of another shape than a node's answer (another service at that address?)")
 )
 
@@ -1073,15 +1077,17 @@ func jsonRequest(method, path string, in any) (request, error) {
 // callReq sends req (do) and decodes its answer into out. An endpoint that
 // answered success in JSON of another shape (ErrNotAnAnswer: another
 // service's API) is passed over, as one that answers in another protocol
-// is, when req may go to any endpoint and be sent again (not once): the
-// next is asked. When none of the rest answers (an error answer is
+// is, when req may go to any endpoint and be sent again (not once), or
+// reads no answer (out nil: a write whose success no node answers but
+// 204, which callOne's comment says is safe to send on): the next is
+// asked. When none of the rest answers (an error answer is
 // returned as it is), the error is the first such endpoint's, with what
 // the others did.
 func (c *Client) callReq(ctx context.Context, req request, out any) error {
 	var first error // the first endpoint's answer of another shape
 	for {
 		err := c.callOne(ctx, &req, out)
-		if errors.Is(err, ErrNotAnAnswer) && !req.once && req.endpoint == "" && len(req.passed) < len(c.endpoints) {
+		if errors.Is(err, ErrNotAnAnswer) && (!req.once || out == nil) && req.endpoint == "" && len(req.passed) < len(c.endpoints) {
 			if first == nil {
 				first = err
 			}
@@ -1112,6 +1118,19 @@ func (c *Client) callOne(ctx context.Context, req *request, out any) error {
 	defer resp.Body.Close()
 	if out == nil {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		if resp.StatusCode != http.StatusNoContent {
+			// The calls that read no answer are writes a node answers 204
+			// No Content on success, and nothing else (a follower's
+			// forward to its leader passes the leader's status on, as a
+			// proxy does). Another success (another service's 200
+			// {"foo":1}) was taken for done: kvctl said "removed member
+			// n3" and n3 stayed. No node answered it, so none received
+			// the write, and sending it to the next endpoint is safe,
+			// even for a write not safe twice (req.once): callReq does,
+			// as it does a read's.
+			req.passed = append(req.passed, base)
+			return notAnAnswer(*req, base, fmt.Errorf("%w: HTTP %d where a node answers 204 No Content", ErrNotAnAnswer, resp.StatusCode))
+		}
 		return nil
 	}
 	// A write not safe twice keeps its answer's first bytes, to quote one
@@ -1584,7 +1603,10 @@ func (c *Client) DumpRank(ctx context.Context, rank kvevent.Rank, cursor uint64,
 		req.Events[i] = api.EventFrom(&stored[i])
 	}
 	path := fmt.Sprintf("/v1/ranks/%d/%d/dump", rank.Worker, rank.DP)
-	return c.call(ctx, http.MethodPost, path, req, nil)
+	// A node answers 200 with the dump's report, not 204: read it, so that
+	// another service's success is not taken for a dump taken.
+	var out api.DumpResponse
+	return c.call(ctx, http.MethodPost, path, req, &keyed[api.DumpResponse]{&out, "cursor", nil})
 }
 
 // SnapshotResult describes a downloaded snapshot.

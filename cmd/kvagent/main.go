@@ -650,6 +650,11 @@ func registrationHint(err error) string {
 	switch {
 	case errors.Is(err, client.ErrUnauthorized):
 		return "give the router cluster's token with --router-token or --router-token-file (or KVAGENT_ROUTER_TOKEN)"
+	case errors.Is(err, client.ErrNotAnAnswer):
+		// Another service answered the registration with a success no
+		// node gives (200 where a node answers 204): retried, as no node
+		// took it, with this in each warning.
+		return "--router names an address that is not a kvrouter node's HTTP API: check --router"
 	case errors.As(err, &ae) && ae.StatusCode == http.StatusBadRequest && ae.Reason == "" &&
 		strings.Contains(ae.Message, "HTTP request to an HTTPS server"):
 		// Go's TLS server's answer to a clear-text request (kvrouter's

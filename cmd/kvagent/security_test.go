@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/api/apitest"
+	"github.com/kvrouter/kvrouter/api/client"
 	"github.com/urfave/cli/v2"
 )
 
@@ -149,5 +151,16 @@ func TestAStopDuringARegistrationLogsNoRetry(t *testing.T) {
 	}
 	if r.logs.has("registering the worker failed") {
 		t.Fatalf("the stop logged a registration retry:\n%s", r.logs)
+	}
+}
+
+// TestARegistrationAnsweredByAnotherServiceSaysToCheckRouter: a
+// registration that another service answered with a success no node gives
+// (client.ErrNotAnAnswer: 200 where a node answers 204) is retried, each
+// warning saying that --router is no node's API; it was taken for done.
+func TestARegistrationAnsweredByAnotherServiceSaysToCheckRouter(t *testing.T) {
+	err := fmt.Errorf("POST /v1/workers: 10.0.0.9:8080 answered %w: HTTP 200 where a node answers 204 No Content", client.ErrNotAnAnswer)
+	if h := registrationHint(err); !strings.Contains(h, "--router") {
+		t.Fatalf("hint for %v: %q, want one naming --router", err, h)
 	}
 }

@@ -648,3 +648,28 @@ func TestARestoreAnsweredWithAnotherBodyIsNotReportedDone(t *testing.T) {
 		t.Errorf("stdout = %q: the restore reported done", r.stdout)
 	}
 }
+
+// TestAMemberChangeAnsweredByAnotherServiceIsNotReportedDone: a node
+// answers a member's addition and removal 204, never 200 with a JSON body.
+// From a review: kvctl took another service's 200 {"foo":1} for the node's
+// 204 and printed "added member" / "removed member", exit 0, while no node
+// was asked: --endpoints wrongservice:port,node:7080 changed nothing in the
+// cluster and said it did.
+func TestAMemberChangeAnsweredByAnotherServiceIsNotReportedDone(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"foo":1}`))
+	}))
+	defer srv.Close()
+	addr := srv.Listener.Addr().String()
+	for _, args := range [][]string{
+		{"members", "remove", "n9"},
+		{"members", "add", "n4", "10.0.0.4:7946", "10.0.0.4:7080"},
+	} {
+		r := kvctl(t, append([]string{"--endpoints", addr}, args...)...)
+		if r.code == 0 || strings.Contains(r.stdout, "member n") || !strings.Contains(r.stderr, addr) {
+			t.Errorf("kvctl %s against another service's 200 {\"foo\":1}: exit %d, stdout %q, stderr %q; want a failure naming %s",
+				strings.Join(args, " "), r.code, r.stdout, r.stderr, addr)
+		}
+	}
+}
