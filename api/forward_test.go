@@ -954,7 +954,18 @@ func TestConsistentSettingsReadIsTheCaughtUpLeaders(t *testing.T) {
 	if a := send(t, leader.http.URL, "GET", "/v1/settings?consistent=false", ""); a.code != 200 || temperature(a) != 0.5 {
 		t.Fatalf("GET /v1/settings?consistent=false on the leader: %d %s, want 200", a.code, a.body)
 	}
-	if a := send(t, leader.http.URL, "GET", "/v1/settings?consistent=maybe", ""); a.code != 400 || a.reason(t) != api.ReasonInvalid {
-		t.Fatalf("GET /v1/settings?consistent=maybe: %d %s, want 400 invalid", a.code, a.body)
+	// The value is read as strconv.ParseBool reads one (docs/api.md lists
+	// its spellings); a refusal says what is taken.
+	for v, want := range map[string]int{"1": 503, "t": 503, "TRUE": 503, "True": 503, "0": 200, "F": 200} {
+		// True: the leader not caught up answers 503 no_leader, as above.
+		if a := send(t, leader.http.URL, "GET", "/v1/settings?consistent="+v, ""); a.code != want {
+			t.Errorf("GET /v1/settings?consistent=%s: %d %s, want %d", v, a.code, a.body, want)
+		}
+	}
+	for _, v := range []string{"maybe", ""} {
+		a := send(t, leader.http.URL, "GET", "/v1/settings?consistent="+v, "")
+		if a.code != 400 || a.reason(t) != api.ReasonInvalid || !strings.Contains(string(a.body), "not a boolean (true, false, 1, 0, ...)") {
+			t.Errorf("GET /v1/settings?consistent=%s: %d %s, want 400 invalid saying what is taken", v, a.code, a.body)
+		}
 	}
 }

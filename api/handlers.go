@@ -233,7 +233,7 @@ func parseConsistent(r *http.Request) (bool, error) {
 	}
 	b, err := strconv.ParseBool(v[0])
 	if err != nil {
-		return false, invalidf("consistent %q is not true or false", v[0])
+		return false, invalidf("consistent %q is not a boolean (true, false, 1, 0, ...)", v[0])
 	}
 	return b, nil
 }
