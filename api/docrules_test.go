@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -195,6 +196,63 @@ func TestBodyNotAnObjectSaysWhatItStartsWith(t *testing.T) {
 			if a.code != http.StatusBadRequest || a.reason(t) != api.ReasonBadJSON || a.json(t)["error"] != c.want {
 				t.Errorf("POST %s of %q: %d %s, want 400 bad_json %q", path, c.body, a.code, a.body, c.want)
 			}
+		}
+	}
+}
+
+// TestReferencePageCoversEveryRoute keeps docs/api.md and the routes the
+// Server registers (routes) in step: each route has its section, a
+// heading "### `METHOD /path`" with the pattern as registered, and each
+// such heading names a route the Server has. A fresh Server's
+// kvrouter_http_request_duration_seconds has a series for every pattern
+// it registered (present from the start), so the routes are read there,
+// not from the source.
+func TestReferencePageCoversEveryRoute(t *testing.T) {
+	const page = "../docs/api.md"
+	data, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatalf("read the reference page: %v", err)
+	}
+	var documented []string
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if h, ok := strings.CutPrefix(line, "### `"); ok {
+			if p, _, ok := strings.Cut(h, "`"); ok && strings.Contains(p, " /") {
+				documented = append(documented, p)
+			}
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	s := api.NewServer(apitest.New("n1", ""), api.Options{Logger: slog.New(slog.DiscardHandler), Registerer: reg, Gatherer: reg})
+	defer s.Close()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var routes []string
+	for _, f := range families {
+		if f.GetName() != "kvrouter_http_request_duration_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "route" {
+					routes = append(routes, l.GetValue())
+				}
+			}
+		}
+	}
+	if len(routes) < 10 {
+		t.Fatalf("a fresh server's request durations have %d route series: %v; want one per route it registers", len(routes), routes)
+	}
+	for _, r := range routes {
+		if !slices.Contains(documented, r) {
+			t.Errorf("route %q has no section in %s (a heading ### `%s`)", r, page, r)
+		}
+	}
+	for _, d := range documented {
+		if !slices.Contains(routes, d) {
+			t.Errorf("%s documents %q, which the server does not route", page, d)
 		}
 	}
 }

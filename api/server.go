@@ -192,8 +192,9 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// routes registers every route; docs/api.md documents each. The writes
-// not safe to apply twice are registered with handleOnce: a restore (a
+// routes registers every route; docs/api.md documents each (a section
+// whose heading is the pattern: TestReferencePageCoversEveryRoute). The
+// writes not safe to apply twice are registered with handleOnce: a restore (a
 // second drops what was applied between the two), a leadership transfer
 // (it may move leadership again), a member removal (the second answers
 // that the id is no member) and a worker's deregistration (the second
