@@ -294,7 +294,12 @@ func TestMalformedEventsAreSkippedAndCounted(t *testing.T) {
 		{"token is a string", []any{"BlockStored", []uint64{1}, nil, append(anys(tokens(0, 15)), "x"), 16}, ReasonBadField},
 		{"tokens not an array", []any{"BlockStored", []uint64{1}, nil, omap{"a", 1}, 16}, ReasonBadField},
 		{"block size a string", []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), "16"}, ReasonBadField},
+		// 0 is vLLM's "unknown" size (its offloading connector's
+		// placeholder store, TestVLLMOffloadPlaceholderStoreIsIndexed):
+		// read as no size in a store without tokens, out of range in one
+		// with tokens, whose size it contradicts.
 		{"block size zero", []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), 0}, ReasonBadField},
+		{"block size zero, no tokens", []any{"BlockStored", []uint64{1}, nil, []uint32{}, 0, nil, "CPU"}, ReasonUnresolved},
 		{"block size negative", []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), -16}, ReasonBadField},
 		{"medium an int", []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), 16, nil, 1}, ReasonBadField},
 		{"lora name an int", []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), 16, nil, nil, 3}, ReasonBadField},
@@ -726,9 +731,9 @@ func TestResetForgetsLearnedGroupKinds(t *testing.T) {
 
 func TestLearnedHashesKeepWhatIsUsed(t *testing.T) {
 	l := newLearned(4) // two generations of two
-	l.put(1, 10)
-	l.put(2, 20)
-	l.put(3, 30) // rotates: {1,2} become old
+	l.put(1, learned{local: 10})
+	l.put(2, learned{local: 20})
+	l.put(3, learned{local: 30}) // rotates: {1,2} become old
 	v, ok := l.get(1)
 	if !ok {
 		t.Fatal("1 lost after one rotation")
@@ -739,13 +744,13 @@ func TestLearnedHashesKeepWhatIsUsed(t *testing.T) {
 	if n := l.len(); n != 3 {
 		t.Fatalf("after keeping a pair of old, %d entries held, want 3", n)
 	}
-	l.put(4, 40) // rotates: {3,1} old, {2} dropped
+	l.put(4, learned{local: 40}) // rotates: {3,1} old, {2} dropped
 	if _, ok := l.get(2); ok {
 		t.Fatal("2 survived two rotations unused")
 	}
 	for _, k := range []uint64{1, 3, 4} {
-		if v, ok := l.get(k); !ok || v != k*10 {
-			t.Fatalf("get(%d) = %d, %v", k, v, ok)
+		if v, ok := l.get(k); !ok || v.local != k*10 {
+			t.Fatalf("get(%d) = %+v, %v", k, v, ok)
 		}
 	}
 	if l.len() > 4 {

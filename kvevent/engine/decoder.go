@@ -22,8 +22,9 @@ type Config struct {
 	// that salts every block hash (its registered salt). A per-request
 	// cache salt is never known here, see the package comment.
 	Seed func(loraName string) uint64
-	// MaxLearned bounds how many engine-hash → content-hash pairs are kept to
-	// resolve stores that carry no tokens (offload tiers). Zero means
+	// MaxLearned bounds how many engine-hash → content-hash pairs (each with
+	// its parent's engine hash) are kept to resolve stores that carry no
+	// tokens (offload tiers). Zero means
 	// DefaultMaxLearned; a negative value turns learning off, so that every
 	// such store is dropped and counted as ReasonUnresolved.
 	MaxLearned int
@@ -37,7 +38,8 @@ type Config struct {
 }
 
 // DefaultMaxLearned is the default bound of Config.MaxLearned: a few MB per
-// rank (two Go maps of uint64 pairs), above the device blocks of one engine.
+// rank (two Go maps of an engine hash to its content and parent hashes),
+// above the device blocks of one engine.
 const DefaultMaxLearned = 1 << 17
 
 // maxLearnedGroups bounds the group → kind table of LearnGroupKinds.
@@ -137,6 +139,7 @@ type Decoder struct {
 
 	ev     wireEvent
 	locals []uint64
+	found  []learned // a store without tokens: what its resolved blocks' hashes taught
 	spans  []span
 	seen   map[uint64]struct{}
 	left   int // bytes of the payload after the event being converted
@@ -209,6 +212,7 @@ func (d *Decoder) Decode(payload []byte, out *Batch) error {
 	// maxKeptBytes a slice, and nothing that points into payload.
 	d.ev.reset()
 	d.locals = reuse(d.locals)
+	d.found = reuse(d.found)
 	if err != nil {
 		clear(out.Events[nEvents:])
 		out.Events = out.Events[:nEvents]
@@ -451,6 +455,17 @@ func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
 	default:
 		return ReasonUnknownType, false
 	}
+	// vLLM's offloading connector stores a block in its CPU or STORAGE tier,
+	// unless self_describing_kv_events is set, as a placeholder: one hash,
+	// no parent, no tokens and block_size 0, its "unknown". Without tokens
+	// a size says nothing the decoder reads, so 0 is an absent size there;
+	// with tokens it is out of range, as any other size that is not one.
+	if e.typ == evStored && e.has(fBlockSize) && e.blockSize == 0 {
+		e.present &^= fBlockSize.bit()
+		if len(e.tokens) > 0 {
+			e.bad |= fBlockSize.bit()
+		}
+	}
 	if e.bad&uses != 0 {
 		return ReasonBadField, false
 	}
@@ -481,6 +496,18 @@ func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
 		return 0, true
 	}
 
+	// A store without tokens that names no parent (vLLM's placeholder,
+	// above) goes under the parent the device store of its first block
+	// named: an engine hash covers the block's prefix, so that block is
+	// never a sequence's first, and placed at the root it would be another
+	// block under the same hash (the index would drop the device's copy for
+	// it). A first block never learned is dropped as unresolved below.
+	if len(e.tokens) == 0 && !e.has(fParent) {
+		if v, ok := d.learned.get(e.hashes[0]); ok && v.hasParent {
+			e.parent = v.parent
+			e.present |= fParent.bit()
+		}
+	}
 	hasParent := e.has(fParent)
 	if hasParent && e.parent == e.hashes[0] {
 		return ReasonParentIsFirst, false
@@ -535,20 +562,21 @@ func (d *Decoder) blocks(e *wireEvent, out *Batch) (keep int, why Reason) {
 	}
 	if len(e.tokens) == 0 {
 		out.blocks = room(out.blocks, n, d.left)
-		start := len(out.blocks)
+		d.found = d.found[:0]
 		keep = n
 		for i, h := range e.hashes {
-			local, ok := d.learned.get(h)
+			v, ok := d.learned.get(h)
 			if !ok {
 				keep, why = i, ReasonUnresolved
 				break
 			}
-			out.blocks = append(out.blocks, kvevent.Block{EngineHash: h, LocalHash: local})
+			out.blocks = append(out.blocks, kvevent.Block{EngineHash: h, LocalHash: v.local})
+			d.found = append(d.found, v)
 		}
 		// Kept only once the chain is resolved: keeping a block may clear
 		// the old generation, which may hold the rest of the chain.
-		for _, b := range out.blocks[start:] {
-			d.learned.keep(b.EngineHash, b.LocalHash)
+		for i, v := range d.found {
+			d.learned.keep(e.hashes[i], v)
 		}
 		return keep, why
 	}
@@ -566,10 +594,13 @@ func (d *Decoder) blocks(e *wireEvent, out *Batch) (keep int, why Reason) {
 	}
 	d.locals = kvevent.LocalHashes(d.locals[:0], e.tokens[:keep*bs], bs, d.seedFor(e))
 	out.blocks = room(out.blocks, keep, d.left)
+	v := learned{parent: e.parent, hasParent: e.has(fParent)}
 	for i, local := range d.locals {
 		h := e.hashes[i]
 		out.blocks = append(out.blocks, kvevent.Block{EngineHash: h, LocalHash: local})
-		d.learned.put(h, local)
+		v.local = local
+		d.learned.put(h, v)
+		v.parent, v.hasParent = h, true // the next block's parent
 	}
 	return keep, why
 }

@@ -53,7 +53,9 @@
 //     has the right msgpack type and range (ReasonBadField). Fields the
 //     package never reads (lora_id's value, extra_keys,
 //     kv_cache_spec_sliding_window, locality, ...) are opaque and never cost
-//     an event.
+//     an event. A block_size of 0 is out of range in a store with tokens;
+//     in one without (vLLM's offloading connector's placeholder, rule 7) it
+//     is read as no block_size.
 //  2. Only the main attention group feeds the index (ReasonNotMainGroup): an
 //     event with a kv_cache_spec_kind is kept when the kind is
 //     full_attention, mla_attention or sink_full_attention (ASCII case
@@ -86,9 +88,13 @@
 //  7. A store without tokens (an offload tier's: the connector knows only
 //     hashes) takes each block's content hash from the ones learned from
 //     earlier stores with tokens; the first block never seen ends the event
-//     (ReasonUnresolved). Learned pairs are bounded (Config.MaxLearned),
-//     never dropped on a remove, and forgotten by Decoder.Reset at a new
-//     epoch; learned.go says why.
+//     (ReasonUnresolved). One that names no parent takes the parent the
+//     store of its first block named, as vLLM's offloading connector sends
+//     each block it offloads alone, with no parent (and block_size 0): an
+//     engine hash covers the block's prefix, so at the root the block would
+//     be another one under the same hash. Learned pairs are bounded
+//     (Config.MaxLearned), never dropped on a remove, and forgotten by
+//     Decoder.Reset at a new epoch; learned.go says why.
 //
 // Blocks lost under rules 6 and 7 are counted in Stats.DroppedBlocks; an
 // event that loses them all is also counted as skipped.

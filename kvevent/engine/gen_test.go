@@ -212,14 +212,15 @@ func (gb *genBatch) encode() any {
 }
 
 // model applies the rules to generated fields. It keeps the content hashes
-// it has seen, as the decoder does (the tests never reach the bound).
+// it has seen, and their parents, as the decoder does (the tests never reach
+// the bound).
 type model struct {
 	rank    kvevent.Rank
-	learned map[uint64]uint64
+	learned map[uint64]learned
 	skipped [NumReasons]uint64
 }
 
-func newModel(r kvevent.Rank) *model { return &model{rank: r, learned: map[uint64]uint64{}} }
+func newModel(r kvevent.Rank) *model { return &model{rank: r, learned: map[uint64]learned{}} }
 
 var fieldOf = map[string]string{
 	"block_hashes": "hashes", "parent_block_hash": "parent", "token_ids": "tokens", "block_size": "block_size",
@@ -262,6 +263,15 @@ func (m *model) event(g *genEvent) (kvevent.Event, Reason, bool) {
 	if g.Bad != "" && fieldOf[g.Bad] != "" && slices.Contains(fields, g.Bad) {
 		return none, ReasonBadField, false
 	}
+	// block_size 0 (vLLM's "unknown"): no size without tokens, out of range
+	// with them.
+	blockSize := g.BlockSize
+	if g.Type == "BlockStored" && blockSize != nil && *blockSize == 0 {
+		if len(g.Tokens) > 0 {
+			return none, ReasonBadField, false
+		}
+		blockSize = nil
+	}
 	switch {
 	case g.Kind != nil && (g.Map || g.Type == "BlockStored"):
 		if *g.Kind != "full_attention" {
@@ -290,19 +300,23 @@ func (m *model) event(g *genEvent) (kvevent.Event, Reason, bool) {
 		return kvevent.Event{Kind: kvevent.KindRemoved, Tier: tier, Removed: slices.Clone(g.Hashes)}, 0, true
 	}
 	ev := kvevent.Event{Kind: kvevent.KindStored, Tier: tier}
-	if g.Parent != nil {
-		if *g.Parent == g.Hashes[0] {
+	parent := g.Parent
+	if l, ok := m.learned[g.Hashes[0]]; ok && parent == nil && len(g.Tokens) == 0 && l.hasParent {
+		parent = &l.parent // a store without tokens or parent: the learned one
+	}
+	if parent != nil {
+		if *parent == g.Hashes[0] {
 			return none, ReasonParentIsFirst, false
 		}
-		if slices.Contains(g.Hashes[1:], *g.Parent) {
+		if slices.Contains(g.Hashes[1:], *parent) {
 			return none, ReasonRepeatedHash, false
 		}
-		ev.HasParent, ev.Parent = true, *g.Parent
+		ev.HasParent, ev.Parent = true, *parent
 	}
 	if len(g.Tokens) > 0 && g.LoraID != nil && g.LoraName == nil {
 		return none, ReasonUnnamedLoRA, false
 	}
-	if g.BlockSize != nil && *g.BlockSize != bs {
+	if blockSize != nil && *blockSize != bs {
 		return none, ReasonBlockSize, false
 	}
 	if len(g.Tokens) == 0 {
@@ -311,7 +325,7 @@ func (m *model) event(g *genEvent) (kvevent.Event, Reason, bool) {
 			if !ok {
 				break
 			}
-			ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: h, LocalHash: l})
+			ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: h, LocalHash: l.local})
 		}
 		if len(ev.Blocks) == 0 {
 			return none, ReasonUnresolved, false
@@ -321,7 +335,7 @@ func (m *model) event(g *genEvent) (kvevent.Event, Reason, bool) {
 	if len(g.Tokens) > len(g.Hashes)*bs {
 		return none, ReasonBlockSize, false
 	}
-	if len(g.Tokens) < len(g.Hashes)*bs && g.BlockSize == nil {
+	if len(g.Tokens) < len(g.Hashes)*bs && blockSize == nil {
 		// Fewer tokens and no block_size: the engine's blocks may be
 		// smaller than bs, so no span of bs tokens is known to be a block.
 		return none, ReasonBlockSize, false
@@ -335,7 +349,11 @@ func (m *model) event(g *genEvent) (kvevent.Event, Reason, bool) {
 			break
 		}
 		l := kvevent.LocalHash(g.Tokens[i*bs:(i+1)*bs], seed)
-		m.learned[h] = l
+		if i == 0 {
+			m.learned[h] = learned{local: l, parent: ev.Parent, hasParent: ev.HasParent}
+		} else {
+			m.learned[h] = learned{local: l, parent: g.Hashes[i-1], hasParent: true}
+		}
 		ev.Blocks = append(ev.Blocks, kvevent.Block{EngineHash: h, LocalHash: l})
 	}
 	if len(ev.Blocks) == 0 {
@@ -389,7 +407,7 @@ func genEventOf(t *rapid.T) genEvent {
 		n := len(g.Hashes) * 16
 		g.Tokens = rapid.SliceOfN(rapid.Uint32Range(0, 200000), n, n).Draw(t, "tokens")
 	}
-	g.BlockSize = optional(t, "block_size", rapid.SampledFrom([]int{16, 16, 16, 32}), 20)
+	g.BlockSize = optional(t, "block_size", rapid.SampledFrom([]int{16, 16, 16, 32, 0}), 20)
 	g.LoraID = optional(t, "lora_id", rapid.IntRange(1, 3), 85)
 	g.Medium = optional(t, "medium", rapid.SampledFrom([]string{"GPU", "cpu", "CPU_TIER2", "DISK", "REMOTE", "TPU"}), 40)
 	g.LoraName = optional(t, "lora_name", rapid.SampledFrom([]string{"ad", "", "other"}), 80)

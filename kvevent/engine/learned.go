@@ -1,14 +1,18 @@
 package engine
 
 // learnedHashes remembers, for blocks stored earlier with their tokens, the
-// content hash of each engine hash, so that a later store that carries no
-// tokens (an offload-tier store: the connector knows only block hashes) can
-// still place its blocks in the tree.
+// content hash of each engine hash and the engine hash of its parent, so that
+// a later store that carries no tokens (an offload-tier store: the connector
+// knows only block hashes) can still place its blocks in the tree. The
+// parent serves a store that names none: vLLM's offloading connector
+// announces each offloaded block alone, without its parent (docs/events.md),
+// and the block belongs under the parent its device store named, not at the
+// root.
 //
 // Why entries are never removed on a BlockRemoved, of the device tier or any
 // other: an engine hash is a hash of the block's content and of its prefix
 // (tokens, parent, LoRA, extra keys), so within one engine process the local
-// hash it maps to never changes. An entry can go stale but never wrong.
+// hash and the parent it maps to never change. An entry can go stale but never wrong.
 // Forgetting on a device remove would break exactly the case this map is for:
 // offload connectors commonly store a block in host memory or on disk when,
 // or after, the device evicts it. A Cleared event does not empty it either,
@@ -25,8 +29,15 @@ package engine
 // are held, and in steady state the two maps are recycled (clear keeps their
 // buckets), so learning allocates nothing.
 type learnedHashes struct {
-	cur, old map[uint64]uint64
+	cur, old map[uint64]learned
 	half     int // entries per generation; 0 disables learning
+}
+
+// learned is what a store with tokens taught of one engine hash.
+type learned struct {
+	local     uint64 // the block's content hash
+	parent    uint64 // its parent's engine hash, when hasParent
+	hasParent bool   // false: the block starts a sequence (the root's child)
 }
 
 func newLearned(max int) learnedHashes {
@@ -34,10 +45,10 @@ func newLearned(max int) learnedHashes {
 		return learnedHashes{}
 	}
 	half := (max + 1) / 2
-	return learnedHashes{half: half, cur: make(map[uint64]uint64), old: make(map[uint64]uint64)}
+	return learnedHashes{half: half, cur: make(map[uint64]learned), old: make(map[uint64]learned)}
 }
 
-func (l *learnedHashes) put(engine, local uint64) {
+func (l *learnedHashes) put(engine uint64, v learned) {
 	if l.half == 0 {
 		return
 	}
@@ -47,13 +58,13 @@ func (l *learnedHashes) put(engine, local uint64) {
 			l.old, l.cur = l.cur, l.old
 		}
 	}
-	l.cur[engine] = local
+	l.cur[engine] = v
 }
 
 // get looks engine up, and changes nothing.
-func (l *learnedHashes) get(engine uint64) (uint64, bool) {
+func (l *learnedHashes) get(engine uint64) (learned, bool) {
 	if l.half == 0 {
-		return 0, false
+		return learned{}, false
 	}
 	if v, ok := l.cur[engine]; ok {
 		return v, true
@@ -63,7 +74,7 @@ func (l *learnedHashes) get(engine uint64) (uint64, bool) {
 }
 
 // keep moves a pair that get found into cur, unless it is there already.
-func (l *learnedHashes) keep(engine, local uint64) {
+func (l *learnedHashes) keep(engine uint64, v learned) {
 	if l.half == 0 {
 		return
 	}
@@ -71,7 +82,7 @@ func (l *learnedHashes) keep(engine, local uint64) {
 		return
 	}
 	delete(l.old, engine)
-	l.put(engine, local)
+	l.put(engine, v)
 }
 
 func (l *learnedHashes) len() int { return len(l.cur) + len(l.old) }

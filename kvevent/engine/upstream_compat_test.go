@@ -227,3 +227,92 @@ func TestSGLangMetadataMapIsReadOnlyWhereLoraNameGoes(t *testing.T) {
 		t.Fatalf("the store with the map where lora_name goes and the remove: emitted %d, skipped by reason %v, want both", s.Emitted, s.Skipped)
 	}
 }
+
+// vLLM's offloading connector publishes a CPU (or STORAGE) tier store, unless
+// the opt-in kv_connector_extra_config["self_describing_kv_events"] is set,
+// as a placeholder with no tokens, no parent and block_size=0:
+// vllm-project/vllm vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py
+// @030ea52e, OffloadingEventsTracker._placeholder_stored:
+//
+//	BlockStored(block_hashes=[maybe_convert_block_hash(get_offload_block_hash(key))],
+//	            parent_block_hash=None, token_ids=[], lora_id=None, block_size=0,
+//	            medium="CPU", lora_name=None, group_idx=get_offload_group_idx(key), ...)
+//
+// vllm/distributed/kv_events.py @0181ea31 encodes the batch and events as
+// msgspec maps (omit_defaults: parent, lora_id and lora_name written as nil,
+// extra_keys, kind, window, locality and ownership omitted), the tag first
+// under "type". The store names a block the device store taught the decoder
+// (the same engine hash), so it resolves through the learned hashes to the
+// host tier (rule 7): block_size=0 is vLLM's "unknown", not a size. The
+// placeholder names no parent even for a block deep in a chain: it goes
+// under the parent the device store named, so that the router holds it at
+// the device block's node, where a route finds it, rather than at the root
+// under the device block's hash. A placeholder of a block never learned is
+// dropped as unresolved, not placed at the root. From a review: every
+// placeholder was skipped as bad_field, so the host and disk tiers of vLLM's
+// offloading were never indexed.
+func TestVLLMOffloadPlaceholderStoreIsIndexed(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank, BlockSize: 16})
+	const h1, h2, h3 = uint64(0xdab89baa7b5857c0), uint64(0x8ab89baa7b5857c1), uint64(0x7ab89baa7b5857c2)
+	gpu := omap{"type", "BlockStored", "block_hashes", []any{u64(h1), u64(h2), u64(h3)}, "parent_block_hash", nil,
+		"token_ids", anys(tokens(0, 48)), "block_size", 16, "lora_id", nil, "medium", "GPU",
+		"lora_name", nil, "group_idx", 0, "kv_cache_spec_kind", "full_attention"}
+	batch := func(ev any) []byte {
+		return pack(t, omap{"ts", 1.7e9, "events", []any{ev}, "data_parallel_rank", 0})
+	}
+	want := stored(rank, kvevent.TierDevice, nil, []uint64{h1, h2, h3}, tokens(0, 48), 16, kvevent.Seed)
+	assertEvents(t, decode(t, d, batch(gpu)), []kvevent.Event{want})
+
+	placeholder := map[string]func(h uint64) any{
+		"map (kv_events.py since array_like was dropped)": func(h uint64) any {
+			return omap{"type", "BlockStored", "block_hashes", []any{u64(h)}, "parent_block_hash", nil,
+				"token_ids", []any{}, "block_size", 0, "lora_id", nil, "medium", "CPU", "lora_name", nil, "group_idx", 0}
+		},
+		"array (array_like kv_events.py)": func(h uint64) any {
+			return []any{"BlockStored", []any{u64(h)}, nil, []any{}, 0, nil, "CPU", nil}
+		},
+	}
+	for name, ev := range placeholder {
+		t.Run(name, func(t *testing.T) {
+			for i, h := range []uint64{h1, h2, h3} {
+				before := d.Stats()
+				got := decode(t, d, batch(ev(h)))
+				cpu := want
+				cpu.Tier, cpu.Blocks = kvevent.TierHostPinned, want.Blocks[i:i+1]
+				if i > 0 {
+					cpu.HasParent, cpu.Parent = true, want.Blocks[i-1].EngineHash
+				}
+				if len(got) != 1 {
+					t.Fatalf("placeholder store of block %d (block_size=0, no tokens) not indexed: skipped by reason %v",
+						i, skippedNames(skippedSince(before, d.Stats())))
+				}
+				assertEvents(t, got, []kvevent.Event{cpu})
+			}
+
+			before := d.Stats()
+			assertEvents(t, decode(t, d, batch(ev(0x1234))), nil)
+			if s := skippedSince(before, d.Stats()); s[ReasonUnresolved] != 1 {
+				t.Fatalf("placeholder store of a block never learned: skipped by reason %v, want one unresolved", skippedNames(s))
+			}
+		})
+	}
+}
+
+// skippedSince returns the events skipped, by reason, between two Stats.
+func skippedSince(before, after Stats) [NumReasons]uint64 {
+	var s [NumReasons]uint64
+	for r := range s {
+		s[r] = after.Skipped[r] - before.Skipped[r]
+	}
+	return s
+}
+
+func skippedNames(s [NumReasons]uint64) map[string]uint64 {
+	m := map[string]uint64{}
+	for r, n := range s {
+		if n != 0 {
+			m[Reason(r).String()] = n
+		}
+	}
+	return m
+}

@@ -470,12 +470,12 @@ func readField(b []byte, f field, e *wireEvent) ([]byte, error) {
 	case fParent:
 		e.parent, rest, ok, err = readHash(b)
 	case fBlockSize:
-		// Any positive size is read: one unlike the registered size
-		// drops the event's blocks as a block-size mismatch (counted
-		// where an operator looks for a worker registered wrong), not as
-		// a bad field.
+		// Any size is read: one unlike the registered size drops the
+		// event's blocks as a block-size mismatch (counted where an
+		// operator looks for a worker registered wrong), not as a bad
+		// field. 0 is vLLM's "unknown", which the decoder reads as no
+		// size or a bad field depending on the tokens (convert).
 		e.blockSize, rest, ok, err = readUint(b, math.MaxUint64)
-		ok = ok && e.blockSize > 0
 	case fGroup:
 		e.group, rest, ok, err = readUint(b, math.MaxInt64)
 	case fMedium:
