@@ -316,8 +316,7 @@ func TestMalformedEventsAreSkippedAndCounted(t *testing.T) {
 		{"remove, fields omitted", []any{"BlockRemoved"}, ReasonNoBlocks},
 		{"store repeats a hash", []any{"BlockStored", []uint64{1, 2, 1}, nil, tokens(0, 48), 16}, ReasonRepeatedHash},
 		{"store repeats a hash, long chain", []any{"BlockStored", long, nil, tokens(0, 40*16), 16}, ReasonRepeatedHash},
-		{"remove repeats a hash", []any{"BlockRemoved", []uint64{4, 4}}, ReasonRepeatedHash},
-		{"int and bin spell the same hash", []any{"BlockRemoved", []any{u64(0xab), []byte{0xab}}}, ReasonRepeatedHash},
+		{"int and bin spell the same hash", []any{"BlockStored", []any{u64(0xab), []byte{0xab}}, nil, tokens(0, 32), 16}, ReasonRepeatedHash},
 		{"first hash is the parent", []any{"BlockStored", []uint64{7, 8}, 7, tokens(0, 32), 16}, ReasonParentIsFirst},
 		{"a later hash is the parent", []any{"BlockStored", []uint64{7, 8, 9}, 8, tokens(0, 48), 16}, ReasonRepeatedHash},
 		{"a later hash of an offload store is the parent", []any{"BlockStored", []uint64{7, 8}, 8, []uint32{}, 16, nil, "CPU"}, ReasonRepeatedHash},
@@ -528,7 +527,8 @@ func TestLearnedHashesStayBounded(t *testing.T) {
 // one remove of 2M hashes (a large eviction) left a set that large, its
 // memory kept and cleared again at every later event of more than 32
 // hashes, each 50-100x slower for good. A set for more than maxSeenKept
-// hashes is not kept; repeats are found past that length as within it.
+// hashes is not kept; repeats are found past that length as within it: a
+// store that repeats a hash is skipped, a remove removes it once.
 func TestLongEventKeepsNoLargeHashSet(t *testing.T) {
 	d := newTestDecoder(t, Config{Rank: rank})
 	long := make([]uint64, 4*maxSeenKept)
@@ -539,23 +539,28 @@ func TestLongEventKeepsNoLargeHashSet(t *testing.T) {
 	if n := len(d.seen); n > maxSeenKept {
 		t.Fatalf("after an event of %d hashes the decoder keeps a set of %d, bound %d", len(long), n, maxSeenKept)
 	}
+	check := func(hs []uint64, what string) {
+		t.Helper()
+		before := d.Stats().Skipped[ReasonRepeatedHash]
+		assertEvents(t, decode(t, d, in(t, []any{"BlockStored", hs, nil, []uint32{}, 16, nil, "CPU"})), nil)
+		if got := d.Stats().Skipped[ReasonRepeatedHash]; got != before+1 {
+			t.Fatalf("a store of %d hashes, %s: %d skipped as repeated, want %d", len(hs), what, got, before+1)
+		}
+		assertEvents(t, decode(t, d, in(t, []any{"BlockRemoved", hs})),
+			[]kvevent.Event{removed(rank, kvevent.TierDevice, hs[:len(hs)-1]...)})
+		if n := len(d.seen); n > maxSeenKept {
+			t.Fatalf("after an event of %d hashes the decoder keeps a set of %d, bound %d", len(hs), n, maxSeenKept)
+		}
+	}
 	for _, n := range []int{33, maxSeenKept, len(long)} {
 		hs := slices.Clone(long[:n])
 		hs[n-1] = hs[n/2]
-		before := d.Stats().Skipped[ReasonRepeatedHash]
-		assertEvents(t, decode(t, d, in(t, []any{"BlockRemoved", hs})), nil)
-		if got := d.Stats().Skipped[ReasonRepeatedHash]; got != before+1 {
-			t.Fatalf("a remove of %d hashes, one repeated: %d skipped as repeated, want %d", n, got, before+1)
-		}
+		check(hs, "one repeated")
 	}
 	// A repeat of one of the hashes the set checks, past them.
 	hs := slices.Clone(long)
 	hs[len(hs)-1] = hs[0]
-	before := d.Stats().Skipped[ReasonRepeatedHash]
-	assertEvents(t, decode(t, d, in(t, []any{"BlockRemoved", hs})), nil)
-	if got := d.Stats().Skipped[ReasonRepeatedHash]; got != before+1 {
-		t.Fatalf("a remove of %d hashes, the last repeating the first: %d skipped as repeated, want %d", len(hs), got, before+1)
-	}
+	check(hs, "the last repeating the first")
 }
 
 // TestOneLargeEventKeepsNoLargeStorage: the slices a Batch and the decoder
@@ -903,7 +908,8 @@ func TestLengthHeadersCannotForceAllocation(t *testing.T) {
 // BlockRemoved of n one-byte hashes (a payload of about n bytes, the most
 // hashes a payload can carry) must not make Decode allocate more than 32
 // bytes per payload byte (8 for the decoded hashes, 8 for the Batch's
-// copy, their growth, and the repeat check's set). It pins the slices
+// copy, their growth, the repeat check's set, and the sorted copy that
+// drops a remove's repeats). It pins the slices
 // sized once from the checked header, and a repeat check that does not
 // size a set from a count it may abandon at the 129th hash.
 func TestManyOneByteHashesAllocateInProportion(t *testing.T) {
@@ -912,7 +918,7 @@ func TestManyOneByteHashesAllocateInProportion(t *testing.T) {
 	p = append(p, "BlockRemoved"...)
 	p = append(p, 0xdd, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
 	for i := 0; i < n; i++ {
-		p = append(p, byte(1+i%100)) // repeats from the 101st: skipped, ReasonRepeatedHash
+		p = append(p, byte(1+i%100)) // repeats from the 101st: removed once
 	}
 	p = append(p, 0xc0, 0xc0)
 	d := newTestDecoder(t, Config{Rank: rank})
@@ -921,8 +927,8 @@ func TestManyOneByteHashesAllocateInProportion(t *testing.T) {
 	if err != nil {
 		t.Fatalf("decode: %v", err)
 	}
-	if s := d.Stats(); s.Skipped[ReasonRepeatedHash] != 1 {
-		t.Fatalf("skipped %v, want the one event as a repeated hash", s.Skipped)
+	if len(b.Events) != 1 || len(b.Events[0].Removed) != 100 {
+		t.Fatalf("%d events (skipped %v), want one remove of the 100 hashes", len(b.Events), d.Stats().Skipped)
 	}
 	if grown > 32*uint64(len(p)) {
 		t.Fatalf("a payload of %d bytes (%d one-byte hashes) allocated %d bytes, %.0f per payload byte (at most 32)",
@@ -956,6 +962,16 @@ func TestDecodeDoesNotAllocateInSteadyState(t *testing.T) {
 	for _, lora := range []string{"adapter-a", "adapter-b", "adapter-a"} { // names alternate
 		payloads = append(payloads, in(t, []any{"BlockStored", []uint64{1, 2}, nil, tokens(0, 32), 16, 1, "CPU", lora}))
 	}
+	// Removes that repeat hashes (vLLM's fanned-out offload evictions) drop
+	// the repeats in place, short ones pairwise and longer ones through the
+	// decoder's set; a placeholder offload store resolves its parent.
+	fanOut := make([]uint64, 80)
+	for i := range fanOut {
+		fanOut[i] = uint64(1 + i%50)
+	}
+	payloads = append(payloads,
+		in(t, []any{"BlockRemoved", []uint64{1, 2, 1, 3}, "CPU"}, []any{"BlockRemoved", fanOut, "CPU"}),
+		in(t, []any{"BlockStored", []uint64{2}, nil, []uint32{}, 0, nil, "CPU"}))
 	var b Batch
 	for _, p := range payloads { // warm up: grow buffers, learn hashes, fill caches
 		if err := d.Decode(p, &b); err != nil {

@@ -66,7 +66,7 @@ const (
 	ReasonNotMainGroup                // not the main attention group (filtered, not malformed)
 	ReasonUnknownMedium               // a medium that names no tier
 	ReasonNoBlocks                    // a store or remove without block hashes
-	ReasonRepeatedHash                // a hash repeated within the event, or a store's later hash equal to its parent
+	ReasonRepeatedHash                // a hash repeated within a store, or a store's later hash equal to its parent
 	ReasonParentIsFirst               // the first block hash equals the parent hash
 	ReasonUnnamedLoRA                 // tokens under a LoRA given by lora_id only: no seed to hash them
 	ReasonBlockSize                   // block_size ≠ the registered one, or tokens ≠ blocks × block_size
@@ -485,10 +485,16 @@ func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
 	if len(e.hashes) == 0 {
 		return ReasonNoBlocks, false
 	}
-	if d.repeats(e.hashes) {
-		return ReasonRepeatedHash, false
-	}
 	if e.typ == evRemoved {
+		// A remove that repeats a hash removes it once: vLLM's offloading
+		// connector merges the hashes of every key it evicts into one
+		// remove per group, and chunks that share a prefix repeat its
+		// hashes ("consumers are expected to deduplicate"). Skipped, the
+		// remove would leave every block it names in the index, routed to
+		// until the rank resyncs.
+		if d.repeats(e.hashes) {
+			e.hashes = d.unique(e.hashes)
+		}
 		start := len(out.removed)
 		out.removed = append(room(out.removed, len(e.hashes), d.left), e.hashes...)
 		out.Events = append(out.Events, kvevent.Event{Kind: kvevent.KindRemoved, Tier: tier})
@@ -507,6 +513,10 @@ func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
 			e.parent = v.parent
 			e.present |= fParent.bit()
 		}
+	}
+	// A store that repeats a hash names a block as its own descendant.
+	if d.repeats(e.hashes) {
+		return ReasonRepeatedHash, false
 	}
 	hasParent := e.has(fParent)
 	if hasParent && e.parent == e.hashes[0] {
@@ -679,6 +689,48 @@ func (d *Decoder) mainGroup(e *wireEvent) bool {
 		}
 	}
 	return e.group == 0
+}
+
+// unique drops the later copies of each hash from hs, in place, keeping
+// the first ones in their order, and returns what is left. Short lists are
+// compared pairwise, longer ones go through the reused set, as in repeats.
+// A list longer than maxSeenKept is looked up in a sorted copy, with a bit
+// a hash for those kept: 8 bytes a hash and dropped after it, as repeats'
+// copy (a set of its own cost several times that).
+func (d *Decoder) unique(hs []uint64) []uint64 {
+	n := 0
+	switch {
+	case len(hs) <= 32:
+		for _, h := range hs {
+			if !slices.Contains(hs[:n], h) {
+				hs[n] = h
+				n++
+			}
+		}
+	case len(hs) <= maxSeenKept:
+		clear(d.seen)
+		for _, h := range hs {
+			if _, ok := d.seen[h]; !ok {
+				d.seen[h] = struct{}{}
+				hs[n] = h
+				n++
+			}
+		}
+	default:
+		sorted := slices.Clone(hs)
+		slices.Sort(sorted)
+		sorted = slices.Compact(sorted)
+		kept := make([]uint64, (len(sorted)+63)/64)
+		for _, h := range hs {
+			i, _ := slices.BinarySearch(sorted, h)
+			if kept[i/64]&(1<<(i%64)) == 0 {
+				kept[i/64] |= 1 << (i % 64)
+				hs[n] = h
+				n++
+			}
+		}
+	}
+	return hs[:n]
 }
 
 // repeats reports whether a hash occurs twice in hs. Short lists (the

@@ -67,10 +67,12 @@
 //     it carries (it clears the rank in every group and tier).
 //  3. The medium names a tier per kvevent.ParseMedium, nil being the device
 //     (ReasonUnknownMedium).
-//  4. A store or remove has hashes (ReasonNoBlocks), none repeated
-//     (ReasonRepeatedHash), and a store's first hash is not its parent
+//  4. A store or remove has hashes (ReasonNoBlocks). A store repeats none
+//     (ReasonRepeatedHash), and its first hash is not its parent
 //     (ReasonParentIsFirst), nor any later one (ReasonRepeatedHash: the
-//     chain would name its parent as its own descendant).
+//     chain would name its parent as its own descendant). A remove that
+//     repeats a hash removes it once: the later copies are dropped (vLLM's
+//     offloading connector repeats the hashes that evicted chunks share).
 //  5. A store's content hashes are computed from its tokens with
 //     kvevent.LocalHashes, seeded by Config.Seed(lora_name) (default
 //     kvevent.SeedFor(lora_name, "")). Tokens under an adapter named only by

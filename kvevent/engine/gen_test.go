@@ -291,13 +291,19 @@ func (m *model) event(g *genEvent) (kvevent.Event, Reason, bool) {
 	if len(g.Hashes) == 0 {
 		return none, ReasonNoBlocks, false
 	}
+	if g.Type == "BlockRemoved" { // each hash once, the first of its copies
+		var hs []uint64
+		for _, h := range g.Hashes {
+			if !slices.Contains(hs, h) {
+				hs = append(hs, h)
+			}
+		}
+		return kvevent.Event{Kind: kvevent.KindRemoved, Tier: tier, Removed: hs}, 0, true
+	}
 	for i := range g.Hashes {
 		if slices.Contains(g.Hashes[:i], g.Hashes[i]) {
 			return none, ReasonRepeatedHash, false
 		}
-	}
-	if g.Type == "BlockRemoved" {
-		return kvevent.Event{Kind: kvevent.KindRemoved, Tier: tier, Removed: slices.Clone(g.Hashes)}, 0, true
 	}
 	ev := kvevent.Event{Kind: kvevent.KindStored, Tier: tier}
 	parent := g.Parent

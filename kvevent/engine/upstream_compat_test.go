@@ -316,3 +316,58 @@ func skippedNames(s [NumReasons]uint64) map[string]uint64 {
 	}
 	return m
 }
+
+// vLLM's offloading connector in self-describing mode
+// (kv_connector_extra_config["self_describing_kv_events"]) publishes each
+// offloaded chunk's constituent block hashes, and an eviction "fans out to the
+// same hashes": vllm-project/vllm
+// vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py @030ea52e,
+// OffloadingEventsTracker._take_removed_event, which extends one list per
+// group_idx with every evicted key's block hashes and yields ONE
+// BlockRemoved(block_hashes=hashes, medium="CPU", group_idx=g). Its module
+// docstring: "Chunks overlapping a non-chunk-aligned shared prefix re-announce
+// the shared hashes once per chunk; consumers are expected to deduplicate
+// (reference-count) repeated store/remove announcements of the same hash."
+//
+// Two requests that share the first 3 blocks of a 4-block chunk offload two
+// chunks [h1 h2 h3 h4] and [h1 h2 h3 h5] (keys h4 and h5). The CPU manager
+// evicts both in one OffloadingEvent, so the remove is
+// [h1 h2 h3 h4 h1 h2 h3 h5]: every one of those blocks left the host tier,
+// and the remove takes each once. From a review: the decoder skipped the
+// whole remove as repeated_hash, so the router kept routing to five
+// host-tier blocks the engine no longer held.
+func TestVLLMOffloadEvictionFanOutRemovesEveryHash(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank, BlockSize: 16})
+	const h1, h2, h3, h4, h5 = uint64(0x1111111111111111), uint64(0x2222222222222222),
+		uint64(0x3333333333333333), uint64(0x4444444444444444), uint64(0x5555555555555555)
+	chunkA := anys(tokens(0, 64))
+	chunkB := append(anys(tokens(0, 48)), anys(tokens(1000, 16))...)
+	store := func(hs []any, toks []any) omap { // events.py _take_stored_event, msgspec map (kv_events.py @0181ea31)
+		return omap{"type", "BlockStored", "block_hashes", hs, "parent_block_hash", nil, "token_ids", toks,
+			"block_size", 16, "lora_id", nil, "medium", "CPU", "lora_name", nil, "group_idx", 0,
+			"kv_cache_spec_kind", "full_attention"}
+	}
+	batch := func(evs ...any) []byte {
+		return pack(t, omap{"ts", 1.7e9, "events", evs, "data_parallel_rank", 0})
+	}
+	got := decode(t, d, batch(
+		store([]any{u64(h1), u64(h2), u64(h3), u64(h4)}, chunkA),
+		store([]any{u64(h1), u64(h2), u64(h3), u64(h5)}, chunkB)))
+	if len(got) != 2 {
+		t.Fatalf("the two chunk stores: %d events, want 2 (skipped %v)", len(got), skippedNames(d.Stats().Skipped))
+	}
+
+	before := d.Stats()
+	got = decode(t, d, batch(omap{"type", "BlockRemoved",
+		"block_hashes", []any{u64(h1), u64(h2), u64(h3), u64(h4), u64(h1), u64(h2), u64(h3), u64(h5)},
+		"medium", "CPU", "group_idx", 0}))
+	if len(got) != 1 {
+		t.Fatalf("vLLM's fanned-out eviction of two chunks sharing a prefix: %d events %s, skipped %v; want one host-tier remove of h1..h5",
+			len(got), fmtEvents(got), skippedNames(skippedSince(before, d.Stats())))
+	}
+	assertEvents(t, got, []kvevent.Event{removed(rank, kvevent.TierHostPinned, h1, h2, h3, h4, h5)})
+
+	// The int and bin spellings of one hash are one hash.
+	assertEvents(t, decode(t, d, batch([]any{"BlockRemoved", []any{u64(0xab), []byte{0xab}, u64(0xac)}, "CPU"})),
+		[]kvevent.Event{removed(rank, kvevent.TierHostPinned, 0xab, 0xac)})
+}
