@@ -74,7 +74,17 @@ type QueryByHashRequest struct {
 	ModelName    string `json:"model_name"`
 	TenantID     string `json:"tenant_id,omitempty"`
 	RoutingGroup string `json:"routing_group,omitempty"` // tenant_id's alias
+	// CacheSalt must be absent or null: the hashes were computed by the
+	// caller, and a salt cannot be applied to them after the fact. A
+	// request naming one (even "") is refused, as Dynamo's indexer
+	// refuses it, rather than answered with unsalted scores the caller
+	// would take for salted ones.
+	CacheSalt *string `json:"cache_salt,omitempty"`
 }
+
+// errHashSalt refuses a /query_by_hash that names a cache_salt.
+var errHashSalt = errors.New("cache_salt must be omitted or null on /query_by_hash: " +
+	"a salt cannot apply to block hashes already computed; hash the salted prompt, or POST /query with its token ids")
 
 // scanJSON reads the common shape of the body in one pass (jsonScanner):
 // the hot path of /query_by_hash.
@@ -94,6 +104,10 @@ func (q *QueryByHashRequest) scanJSON(b []byte) bool {
 			q.TenantID, ok = p.Text()
 		case "routing_group":
 			q.RoutingGroup, ok = p.Text()
+		case "cache_salt":
+			// null is none, as encoding/json reads it; a value goes
+			// to encoding/json, and is refused (errHashSalt).
+			ok = p.Null()
 		default:
 			return false
 		}
@@ -811,6 +825,9 @@ func (x *Indexer) query(_ context.Context, req *QueryRequest) (any, error) {
 func (x *Indexer) queryByHash(_ context.Context, req *QueryByHashRequest) (any, error) {
 	if err := requireModel(req.ModelName, req.TenantID, req.RoutingGroup); err != nil {
 		return nil, err
+	}
+	if req.CacheSalt != nil {
+		return nil, &httpError{code: http.StatusBadRequest, err: errHashSalt}
 	}
 	return x.lookupHashes(x.ns.get(x.b, req.ModelName, tenantOf(req.TenantID, req.RoutingGroup)), req.BlockHashes), nil
 }

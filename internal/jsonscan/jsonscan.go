@@ -280,6 +280,15 @@ func (p *Scanner) Object(value func(key []byte) bool) bool {
 	}
 }
 
+// Null consumes a null if it comes next.
+func (p *Scanner) Null() bool {
+	if bytes.HasPrefix(p.b[p.i:], []byte("null")) {
+		p.i += 4
+		return true
+	}
+	return false
+}
+
 // Text is Str as a Go string (a copy).
 func (p *Scanner) Text() (string, bool) {
 	b, ok := p.Str()
