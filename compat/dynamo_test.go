@@ -7,6 +7,8 @@ package compat
 
 import (
 	"fmt"
+	"maps"
+	"strings"
 	"testing"
 )
 
@@ -50,4 +52,50 @@ func TestQueryByHashRefusesACacheSalt(t *testing.T) {
 			t.Errorf("/query_by_hash %s: %d %s, want %d", what, r.code, r.body, tc.want)
 		}
 	}
+}
+
+// tenant_id and routing_group name one field: a body that gives both with
+// different values is refused by every endpoint of the indexer API, naming
+// both (Dynamo takes routing_group, kvrouter took tenant_id: a client in
+// transition sending both got another namespace from each); both the same
+// is that tenant.
+func TestTenantIDAndRoutingGroupThatDifferAreRefused(t *testing.T) {
+	n := startNode(t)
+	r := regRaw(t, n, 1, "llama", 0, `, "tenant_id": "default", "routing_group": "customer-a"`)
+	if b := string(r.body); r.code != 400 || !strings.Contains(b, "tenant_id") || !strings.Contains(b, "routing_group") ||
+		!strings.Contains(b, "customer-a") {
+		t.Errorf("register with tenant_id default and routing_group customer-a: %d %s, want 400 naming both", r.code, r.body)
+	}
+	if len(n.node.WorkerTable()) != 0 {
+		t.Fatalf("the refused registration registered %v", n.node.WorkerTable())
+	}
+	mustCode(t, regRaw(t, n, 1, "llama", 0, `, "tenant_id": "customer-a", "routing_group": "customer-a"`), 201, "register with both the same")
+	if _, ok := n.node.WorkerTable()[WorkerID(1, "llama", "customer-a")]; !ok {
+		t.Fatalf("tenant_id and routing_group customer-a registered %v, want tenant customer-a", n.node.WorkerTable())
+	}
+	both := map[string]any{"model_name": "llama", "tenant_id": "default", "routing_group": "customer-a"}
+	with := func(kv ...any) map[string]any {
+		m := maps.Clone(both)
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i].(string)] = kv[i+1]
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		path string
+		body map[string]any
+	}{
+		{"/query", with("token_ids", prompt)},
+		{"/query_by_hash", with("block_hashes", promptHashes())},
+		{"/events", with("instance_id", 1, "events", []Event{stored(1, 0, "GPU", 0, 3)})},
+		{"/unregister", with("instance_id", 1)},
+	} {
+		for _, c := range []codec{codecJSON, codecMsgpack} {
+			if r := n.do(t, c, "POST", tc.path, tc.body); r.code != 400 {
+				t.Errorf("%s with tenant_id default and routing_group customer-a (codec %d): %d %s, want 400", tc.path, c, r.code, r.body)
+			}
+		}
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/unregister",
+		[]byte(`{"instance_id": 1, "model_name": "llama", "routing_group": "customer-a"}`)), 200, "unregister from routing_group customer-a")
 }

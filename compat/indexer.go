@@ -395,14 +395,23 @@ func WriteError(w http.ResponseWriter, r *http.Request, code int, msg string) bo
 	return write(w, c, code, ErrorBody{Error: msg}) == nil
 }
 
-func tenantOf(tenant, group string) string {
-	switch {
-	case tenant != "":
-		return tenant
-	case group != "":
-		return group
+// tenantOf is the namespace's tenant a request names with tenant_id or
+// routing_group, its alias (DefaultTenant when neither): every endpoint
+// reads the pair through it, so that a /register and the /events,
+// queries and /unregister after it cannot pick differently. Both given
+// and different is a 400 naming both: kvrouter took tenant_id and
+// Dynamo's indexer takes routing_group, so either pick would answer a
+// namespace some client did not mean.
+func tenantOf(tenant, group string) (string, error) {
+	if tenant != "" && group != "" && tenant != group {
+		return "", badRequest("tenant_id %q and routing_group %q differ: they are one field under two names; send one", tenant, group)
 	}
-	return DefaultTenant
+	return orDefaultTenant(cmp.Or(group, tenant)), nil
+}
+
+// orDefaultTenant is tenant, or DefaultTenant when it is empty.
+func orDefaultTenant(tenant string) string {
+	return cmp.Or(tenant, DefaultTenant)
 }
 
 // checkEndpoint accepts a ZMQ endpoint to connect to: tcp://host:port or
@@ -524,7 +533,10 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 			return err
 		}
 	}
-	tenant := tenantOf(req.TenantID, req.RoutingGroup)
+	tenant, err := tenantOf(req.TenantID, req.RoutingGroup)
+	if err != nil {
+		return err
+	}
 	dp := uint32(0)
 	if req.DPRank != nil {
 		dp = *req.DPRank
@@ -717,10 +729,17 @@ func (x *Indexer) doUnregister(ctx context.Context, req *UnregisterRequest) erro
 	if err := requireModel(req.ModelName, req.TenantID, req.RoutingGroup); err != nil {
 		return err
 	}
+	tenant := "" // every tenant of the model
+	if req.TenantID != "" || req.RoutingGroup != "" {
+		t, err := tenantOf(req.TenantID, req.RoutingGroup)
+		if err != nil {
+			return err
+		}
+		tenant = t
+	}
 	x.regMu.Lock()
 	defer x.regMu.Unlock()
 	var matched []raftfsm.WorkerInfo
-	tenant := cmp.Or(req.TenantID, req.RoutingGroup)
 	for _, wi := range x.b.WorkerTable() {
 		if wi.Instance == req.InstanceID && wi.Model == req.ModelName && wi.Tenant != "" &&
 			(tenant == "" || wi.Tenant == tenant) {
@@ -811,7 +830,11 @@ func (x *Indexer) query(_ context.Context, req *QueryRequest) (any, error) {
 	if err := checkName("cache_salt", req.CacheSalt); err != nil {
 		return nil, err
 	}
-	ns := x.ns.get(x.b, req.ModelName, tenantOf(req.TenantID, req.RoutingGroup))
+	tenant, err := tenantOf(req.TenantID, req.RoutingGroup)
+	if err != nil {
+		return nil, err
+	}
+	ns := x.ns.get(x.b, req.ModelName, tenant)
 	sc := x.pool.Get().(*queryScratch)
 	defer x.pool.Put(sc)
 	bs := ns.blockSize
@@ -829,7 +852,11 @@ func (x *Indexer) queryByHash(_ context.Context, req *QueryByHashRequest) (any, 
 	if req.CacheSalt != nil {
 		return nil, &httpError{code: http.StatusBadRequest, err: errHashSalt}
 	}
-	return x.lookupHashes(x.ns.get(x.b, req.ModelName, tenantOf(req.TenantID, req.RoutingGroup)), req.BlockHashes), nil
+	tenant, err := tenantOf(req.TenantID, req.RoutingGroup)
+	if err != nil {
+		return nil, err
+	}
+	return x.lookupHashes(x.ns.get(x.b, req.ModelName, tenant), req.BlockHashes), nil
 }
 
 // lookupHashes is lookup of content hashes given on the wire.
@@ -897,14 +924,14 @@ func (x *Indexer) lookup(ns *namespace, sc *queryScratch) QueryResponse {
 func (x *Indexer) resolve(instance uint64, model, tenant string) (*raftfsm.WorkerInfo, error) {
 	table := x.b.WorkerTable()
 	if model != "" {
-		t := tenantOf(tenant, "")
+		t := orDefaultTenant(tenant)
 		wi, ok := table[WorkerID(instance, model, t)]
 		if ok && (wi.Instance != instance || wi.Model != model || wi.Tenant != t) {
 			ok = false // another registration's id (WorkerID is a hash)
 		}
 		if !ok {
 			return nil, &httpError{code: http.StatusNotFound, err: fmt.Errorf(
-				"instance %d is not registered for model %s tenant %s", instance, model, tenantOf(tenant, ""))}
+				"instance %d is not registered for model %s tenant %s", instance, model, t)}
 		}
 		return &wi, nil
 	}
@@ -933,7 +960,15 @@ func (x *Indexer) doEvents(ctx context.Context, req *EventsRequest) (EventsRespo
 	if err := checkNames(req.ModelName, req.TenantID, req.RoutingGroup); err != nil {
 		return EventsResponse{}, err
 	}
-	wi, err := x.resolve(req.InstanceID, req.ModelName, cmp.Or(req.TenantID, req.RoutingGroup))
+	tenant := "" // the instance's only registration, when no model is named
+	if req.TenantID != "" || req.RoutingGroup != "" {
+		t, err := tenantOf(req.TenantID, req.RoutingGroup)
+		if err != nil {
+			return EventsResponse{}, err
+		}
+		tenant = t
+	}
+	wi, err := x.resolve(req.InstanceID, req.ModelName, tenant)
 	if err != nil {
 		return EventsResponse{}, err
 	}

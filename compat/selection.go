@@ -302,7 +302,7 @@ func checkedInfo(c *CatalogWorker) (raftfsm.WorkerInfo, error) {
 	if size > maxDPRanks || uint64(c.DataParallelStartRank)+uint64(size) > 1<<32 {
 		return raftfsm.WorkerInfo{}, badRequest("data_parallel_size %d from rank %d is too large", size, c.DataParallelStartRank)
 	}
-	tenant := tenantOf(c.RoutingGroup, "")
+	tenant := orDefaultTenant(c.RoutingGroup)
 	w := raftfsm.WorkerInfo{ID: WorkerID(c.WorkerID, c.ModelName, tenant), Instance: c.WorkerID, Model: c.ModelName,
 		Tenant: tenant, Endpoint: c.Endpoint, BlockSize: c.BlockSize}
 	for r := uint32(0); r < size; r++ {
@@ -651,7 +651,7 @@ func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bo
 	if req.ISLTokens < 0 {
 		return nil, badRequest("isl_tokens %d is negative", req.ISLTokens)
 	}
-	group := tenantOf(req.RoutingGroup, "")
+	group := orDefaultTenant(req.RoutingGroup)
 	ns := s.x.ns.get(s.b, req.ModelName, group)
 	if len(ns.workers) == 0 {
 		return nil, &httpError{code: http.StatusServiceUnavailable,
@@ -800,7 +800,7 @@ func (s *Selection) reserve(ctx context.Context, req *ReservationRequest) (any, 
 	if err := requireModel(req.ModelName, req.RoutingGroup); err != nil {
 		return nil, err
 	}
-	group := tenantOf(req.RoutingGroup, "")
+	group := orDefaultTenant(req.RoutingGroup)
 	ns := s.x.ns.get(s.b, req.ModelName, group)
 	rk := kvevent.Rank{Worker: WorkerID(req.WorkerID, req.ModelName, group), DP: req.DPRank}
 	if _, ok := ns.has(rk); !ok {
@@ -971,7 +971,7 @@ func (s *Selection) loads(w http.ResponseWriter, r *http.Request) error {
 	// alone gives its ranks over every model; neither, every rank.
 	model, group := q.Get("model_name"), q.Get("routing_group")
 	if model != "" {
-		group = tenantOf(group, "")
+		group = orDefaultTenant(group)
 	}
 	ranks, inst := s.ranksOf(model, group)
 	byRank := map[kvevent.Rank]indexer.Load{}
@@ -994,7 +994,7 @@ func (s *Selection) potentialLoads(_ context.Context, req *PotentialLoadsRequest
 	if req.ISLTokens < 0 {
 		return nil, badRequest("isl_tokens %d is negative", req.ISLTokens)
 	}
-	group := tenantOf(req.RoutingGroup, "")
+	group := orDefaultTenant(req.RoutingGroup)
 	ranks, inst := s.ranksOf(req.ModelName, group)
 	ns := s.x.ns.get(s.b, req.ModelName, group)
 	// Without sequence_hashes or isl_tokens the prompt's blocks give them,
@@ -1045,7 +1045,7 @@ func (s *Selection) overlapScores(_ context.Context, req *OverlapScoresRequest) 
 	if err := requireModel(req.ModelName, req.RoutingGroup); err != nil {
 		return nil, err
 	}
-	return s.x.lookupHashes(s.x.ns.get(s.b, req.ModelName, tenantOf(req.RoutingGroup, "")), req.BlockHashes), nil
+	return s.x.lookupHashes(s.x.ns.get(s.b, req.ModelName, orDefaultTenant(req.RoutingGroup)), req.BlockHashes), nil
 }
 
 // SelectionPrefix is where a node serves the selection API beside the
