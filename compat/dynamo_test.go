@@ -99,3 +99,34 @@ func TestTenantIDAndRoutingGroupThatDifferAreRefused(t *testing.T) {
 	mustCode(t, n.do(t, codecJSON, "POST", "/unregister",
 		[]byte(`{"instance_id": 1, "model_name": "llama", "routing_group": "customer-a"}`)), 200, "unregister from routing_group customer-a")
 }
+
+// additionalsalt, Mooncake's name of additional_salt that Dynamo's
+// indexer accepts, registers the salt (it was dropped as an unknown key:
+// the instance registered unsalted, and the same registration written
+// with additional_salt was a 409); both given must agree.
+func TestRegisterTakesAdditionalSaltUnderMooncakesName(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, regRaw(t, n, 1, "llama", 0, `, "additionalsalt": "w8a8"`), 201, "register with additionalsalt")
+	if w := n.node.WorkerTable()[WorkerID(1, "llama", DefaultTenant)]; w.Salt != "w8a8" {
+		t.Fatalf("registered with additionalsalt w8a8: salt %q", w.Salt)
+	}
+	mustCode(t, regRaw(t, n, 1, "llama", 0, `, "additional_salt": "w8a8"`), 201, "the same registration with additional_salt")
+	mustCode(t, regRaw(t, n, 1, "llama", 0, `, "additional_salt": "w8a8", "additionalsalt": "w8a8"`), 201, "both, the same")
+	mustCode(t, regRaw(t, n, 2, "llama", 0, `, "additional_salt": "w8a8", "additionalsalt": "fp16"`), 400, "both, differing")
+}
+
+// A registration that differs from the instance's names what differs.
+func TestRegisterConflictNamesTheFieldThatDiffers(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, regRaw(t, n, 1, "llama", 0, `, "additional_salt": "w8a8"`), 201, "register")
+	for _, tc := range []struct{ extra, want string }{
+		{`, "additional_salt": "fp16"`, "additional_salt"},
+		{``, "additional_salt"},
+		{`, "additional_salt": "w8a8", "block_size": 8`, "block_size 4, not 8"},
+	} {
+		r := regRaw(t, n, 1, "llama", 0, tc.extra)
+		if r.code != 409 || !strings.Contains(string(r.body), tc.want) || strings.Contains(string(r.body), "w8a8") {
+			t.Errorf("register again with%s: %d %s, want 409 naming %q (and not the salt registered)", tc.extra, r.code, r.body, tc.want)
+		}
+	}
+}

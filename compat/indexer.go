@@ -33,6 +33,10 @@ type RegisterRequest struct {
 	DPRank         *uint32 `json:"dp_rank,omitempty"`
 	ReplayEndpoint string  `json:"replay_endpoint,omitempty"`
 	AdditionalSalt string  `json:"additional_salt,omitempty"`
+	// AdditionalSaltAlias is additional_salt under Mooncake's name, which
+	// Dynamo's indexer accepts too: dropped as an unknown key, a salted
+	// registration registered unsalted. Both given must agree (saltOf).
+	AdditionalSaltAlias string `json:"additionalsalt,omitempty"`
 	// Agentless (default true): the cluster's leader subscribes to
 	// Endpoint itself. false: the instance's events come through
 	// POST /events or a kvagent, with contiguous event ids.
@@ -519,7 +523,8 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 	if err := requireModel(req.ModelName, req.TenantID, req.RoutingGroup); err != nil {
 		return err
 	}
-	if err := checkName("additional_salt", req.AdditionalSalt); err != nil {
+	salt, err := saltOf(req)
+	if err != nil {
 		return err
 	}
 	if req.BlockSize <= 0 || req.BlockSize > 1<<20 {
@@ -557,7 +562,7 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 	old, exists := table[id]
 	agentless := req.Agentless == nil || *req.Agentless
 	nw := raftfsm.WorkerInfo{ID: id, Instance: req.InstanceID, Model: req.ModelName, Tenant: tenant,
-		BlockSize: req.BlockSize, Salt: req.AdditionalSalt, Positional: agentless}
+		BlockSize: req.BlockSize, Salt: salt, Positional: agentless}
 	if !exists {
 		if err := joinsNamespace(table, &nw); err != nil {
 			return err
@@ -571,10 +576,17 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 			return &httpError{code: http.StatusConflict, err: fmt.Errorf(
 				"instance %d is registered for %s/%s with agentless %v", req.InstanceID, req.ModelName, tenant, old.Positional)}
 		}
-		if old.BlockSize != req.BlockSize || old.Salt != req.AdditionalSalt {
+		// The 409 names what differs. The salt registered is not echoed:
+		// it keys the instance's hashes, and the caller asked with another.
+		if old.BlockSize != req.BlockSize {
 			return &httpError{code: http.StatusConflict, err: fmt.Errorf(
-				"instance %d is registered for %s/%s with block_size %d and another salt or block size",
-				req.InstanceID, req.ModelName, tenant, old.BlockSize)}
+				"instance %d is registered for %s/%s with block_size %d, not %d",
+				req.InstanceID, req.ModelName, tenant, old.BlockSize, req.BlockSize)}
+		}
+		if old.Salt != salt {
+			return &httpError{code: http.StatusConflict, err: fmt.Errorf(
+				"instance %d is registered for %s/%s with another additional_salt",
+				req.InstanceID, req.ModelName, tenant)}
 		}
 		if ep, ok := old.EventEndpoints[dp]; ok {
 			// The 409 names what differs: the event endpoint, or else the
@@ -620,6 +632,22 @@ func (x *Indexer) doRegister(ctx context.Context, req *RegisterRequest) error {
 		return fmt.Errorf("register instance %d: %w", req.InstanceID, err)
 	}
 	return nil
+}
+
+// saltOf is the registration's salt: additional_salt, or its alias
+// additionalsalt; both given and different is a 400.
+func saltOf(req *RegisterRequest) (string, error) {
+	for _, f := range [...]struct{ what, salt string }{
+		{"additional_salt", req.AdditionalSalt}, {"additionalsalt", req.AdditionalSaltAlias},
+	} {
+		if err := checkName(f.what, f.salt); err != nil {
+			return "", err
+		}
+	}
+	if req.AdditionalSalt != "" && req.AdditionalSaltAlias != "" && req.AdditionalSalt != req.AdditionalSaltAlias {
+		return "", badRequest("additional_salt and additionalsalt differ: they are one field under two names; send one")
+	}
+	return cmp.Or(req.AdditionalSalt, req.AdditionalSaltAlias), nil
 }
 
 // joinsNamespace checks that w, new to the table, fits its namespace: one
