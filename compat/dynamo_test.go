@@ -6,8 +6,10 @@ package compat
 // Dynamo client reads it.
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -129,4 +131,41 @@ func TestRegisterConflictNamesTheFieldThatDiffers(t *testing.T) {
 			t.Errorf("register again with%s: %d %s, want 409 naming %q (and not the salt registered)", tc.extra, r.code, r.body, tc.want)
 		}
 	}
+}
+
+// GET /workers filters by ?model_name= and ?routing_group= (or
+// ?tenant_id=), both narrowing, as Dynamo's indexer does; none matching
+// is [] (the filters were ignored: every instance was listed).
+func TestWorkersFilterByModelAndGroup(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, regRaw(t, n, 1, "llama", 0, ""), 201, "register llama")
+	mustCode(t, regRaw(t, n, 2, "mistral", 0, ""), 201, "register mistral")
+	mustCode(t, regRaw(t, n, 3, "llama", 0, `, "routing_group": "blue"`), 201, "register llama blue")
+	for _, tc := range []struct {
+		query string
+		want  []uint64
+	}{
+		{"", []uint64{1, 2, 3}},
+		{"?model_name=llama", []uint64{1, 3}},
+		{"?routing_group=blue", []uint64{3}},
+		{"?tenant_id=default", []uint64{1, 2}},
+		{"?model_name=llama&routing_group=default", []uint64{1}},
+		{"?model_name=mistral&routing_group=blue", []uint64{}},
+		{"?model_name=gpt", []uint64{}},
+	} {
+		r := n.do(t, codecJSON, "GET", "/workers"+tc.query, nil)
+		mustCode(t, r, 200, "workers"+tc.query)
+		var ws []Instance
+		if err := json.Unmarshal(r.body, &ws); err != nil {
+			t.Fatal(err)
+		}
+		got := []uint64{}
+		for _, w := range ws {
+			got = append(got, w.InstanceID)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("GET /workers%s lists instances %v, want %v: %s", tc.query, got, tc.want, r.body)
+		}
+	}
+	mustCode(t, n.do(t, codecJSON, "GET", "/workers?tenant_id=default&routing_group=blue", nil), 400, "workers of two tenants")
 }

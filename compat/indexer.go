@@ -819,7 +819,24 @@ func (x *Indexer) doUnregister(ctx context.Context, req *UnregisterRequest) erro
 	return nil
 }
 
+// workers answers GET /workers: every instance registered through the
+// compatible APIs, or, as Dynamo's indexer filters, those of the model
+// (?model_name=) and the tenant (?tenant_id= or ?routing_group=, its
+// alias) given, both narrowing; [] when none matches.
 func (x *Indexer) workers(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	model, tid, group := q.Get("model_name"), q.Get("tenant_id"), q.Get("routing_group")
+	if err := checkNames(model, tid, group); err != nil {
+		return answer(w, codecOf(r), 0, nil, err)
+	}
+	tenant := "" // every tenant
+	if tid != "" || group != "" {
+		t, err := tenantOf(tid, group)
+		if err != nil {
+			return answer(w, codecOf(r), 0, nil, err)
+		}
+		tenant = t
+	}
 	byInst := map[uint64]Map[string]{}
 	table := x.b.WorkerTable()
 	// In id order, the first registration of a rank naming an endpoint
@@ -828,6 +845,9 @@ func (x *Indexer) workers(w http.ResponseWriter, r *http.Request) error {
 		wi := table[id]
 		if wi.Tenant == "" {
 			continue // a /v1 worker has no event endpoints
+		}
+		if model != "" && wi.Model != model || tenant != "" && wi.Tenant != tenant {
+			continue
 		}
 		eps := byInst[wi.Instance]
 		if eps == nil {
