@@ -14,6 +14,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/kvrouter/kvrouter/api"
@@ -190,26 +191,37 @@ func decodeBytes(b []byte, c codec, v any) error {
 	}
 	if c == codecMsgpack {
 		if err := checkMsgpack(b); err != nil {
-			return fmt.Errorf("%w: msgpack: %v", errBody, err)
+			return bodyError("msgpack", err)
 		}
 		if err := checkMsgpackShape(b, reflect.TypeOf(v)); err != nil {
-			return fmt.Errorf("%w: msgpack: %v", errBody, err)
+			return bodyError("msgpack", err)
 		}
 		d := msgpack.NewDecoder(bytes.NewReader(b))
 		d.SetCustomStructTag("json")
 		if err := d.Decode(v); err != nil {
-			return fmt.Errorf("%w: msgpack: %v", errBody, err)
+			return bodyError("msgpack", err)
 		}
 		return nil
 	}
 	b, err := checkJSONShape(b, reflect.TypeOf(v))
 	if err != nil {
-		return fmt.Errorf("%w: json: %v", errBody, err)
+		return bodyError("json", err)
 	}
 	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("%w: json: %v", errBody, err)
+		return bodyError("json", err)
 	}
 	return nil
+}
+
+// bodyError is err, of a body of encoding enc ("json" or "msgpack"), as
+// an errBody naming the encoding once: the libraries' own errors start
+// with it ("json: cannot unmarshal ..."), and were answered "bad request
+// body: json: json: cannot unmarshal ...".
+func bodyError(enc string, err error) error {
+	if strings.HasPrefix(err.Error(), enc+": ") {
+		return fmt.Errorf("%w: %v", errBody, err)
+	}
+	return fmt.Errorf("%w: %s: %v", errBody, enc, err)
 }
 
 // jsonScanner is a request type with a one-pass reader of its common

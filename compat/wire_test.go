@@ -519,3 +519,30 @@ func TestMsgpackIntFieldsDoNotWrap(t *testing.T) {
 		}
 	}
 }
+
+// A body that does not decode is answered with the encoding named once:
+// the libraries' errors start with it, and were answered "bad request
+// body: json: json: cannot unmarshal ...".
+func TestBadBodyNamesItsEncodingOnce(t *testing.T) {
+	n := startNode(t)
+	for _, tc := range []struct {
+		c    codec
+		body []byte
+	}{
+		{codecJSON, []byte(`{"instance_id": "vllm-1", "model_name": "llama"}`)},
+		{codecJSON, []byte(`{"instance_id": 1,`)},
+		{codecJSON, []byte(`{"dp_rank": -1}`)},
+		{codecMsgpack, []byte{0x81, 0xab, 'i', 'n', 's', 't', 'a', 'n', 'c', 'e', '_', 'i', 'd', 0xa1, 'x'}},
+		{codecMsgpack, []byte{0x81, 0xab, 'i', 'n', 's', 't', 'a', 'n', 'c', 'e', '_', 'i', 'd', 0xc1}},
+	} {
+		r := n.do(t, tc.c, "POST", "/register", tc.body)
+		var e ErrorBody
+		if err := decodeBytes(r.body, tc.c, &e); err != nil {
+			t.Fatalf("%q: answer %q: %v", tc.body, r.body, err)
+		}
+		enc := map[codec]string{codecJSON: "json", codecMsgpack: "msgpack"}[tc.c]
+		if r.code != 400 || !strings.HasPrefix(e.Error, "bad request body: "+enc+": ") || strings.Contains(e.Error, enc+": "+enc+": ") {
+			t.Errorf("register with %q: %d %q, want 400 \"bad request body: %s: ...\", the encoding named once", tc.body, r.code, e.Error, enc)
+		}
+	}
+}
