@@ -263,11 +263,12 @@ func TestEveryNodeAnswersTheSame(t *testing.T) {
 	// What indexerScript posted (its blocks are testBlockSize = 4 tokens):
 	// instance 1's dp 0 holds the prompt's 3 blocks on the device, its
 	// dp 1 blocks 0-1 on the host and block 2 on disk; tenant blue's
-	// instance 2 holds blocks 0-1 on the device.
+	// instance 2 holds blocks 0-1 on the device. Scores and dp are the
+	// device run: dp 1's is 0.
 	llama := &QueryResponse{
-		Scores:      Map[Map[int]]{"1": {"0": 12, "1": 12}},
+		Scores:      Map[Map[int]]{"1": {"0": 12, "1": 0}},
 		Frequencies: []int{2, 2, 2},
-		Instances:   Map[InstanceOverlap]{"1": {LongestMatched: 12, GPU: 12, DP: Map[int]{"0": 12, "1": 12}, CPU: 12, Disk: 12}},
+		Instances:   Map[InstanceOverlap]{"1": {LongestMatched: 12, GPU: 12, DP: Map[int]{"0": 12, "1": 0}, CPU: 12, Disk: 12}},
 	}
 	blue := &QueryResponse{
 		Scores:      Map[Map[int]]{"2": {"0": 8}},

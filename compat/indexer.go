@@ -122,7 +122,9 @@ func (q *QueryByHashRequest) scanJSON(b []byte) bool {
 // QueryResponse answers both queries. Every figure is in tokens (blocks ×
 // block size).
 type QueryResponse struct {
-	// Scores is each instance's matched prefix per dp rank, over all tiers.
+	// Scores is each instance's matched prefix per dp rank on the device
+	// (GPU) tier, as Dynamo defines it: a rank whose prefix is only on
+	// host or disk scores 0.
 	Scores Map[Map[int]] `json:"scores"`
 	// Frequencies[d] is how many ranks of the namespace hold the prompt's
 	// block d at the end of a matched prefix or beyond it.
@@ -135,11 +137,12 @@ type QueryResponse struct {
 // its dp ranks. The walk goes device, then host, then disk: CPU and Disk
 // are cumulative (GPU ≤ CPU ≤ Disk ≤ LongestMatched).
 type InstanceOverlap struct {
-	LongestMatched int      `json:"longest_matched"`
-	GPU            int      `json:"gpu"`
-	DP             Map[int] `json:"dp"`
-	CPU            int      `json:"cpu"`
-	Disk           int      `json:"disk"`
+	LongestMatched int `json:"longest_matched"`
+	GPU            int `json:"gpu"`
+	// DP is each dp rank's device (GPU) run, as Scores.
+	DP   Map[int] `json:"dp"`
+	CPU  int      `json:"cpu"`
+	Disk int      `json:"disk"`
 }
 
 // MarshalJSON writes the answer as encoding/json would (keys of every map
@@ -949,13 +952,17 @@ func (x *Indexer) lookup(ns *namespace, sc *queryScratch) QueryResponse {
 			s = Map[int]{}
 			out.Scores[inst] = s
 		}
-		s[dp] = total * bs
+		// A rank's score is its device run, as Dynamo defines scores and
+		// dp ("each instance's per-dp_rank gpu count"): a client that
+		// routes by them must not take a prefix held only on host or
+		// disk for one on the GPU. Host and disk are in cpu and disk.
+		gpu := int(m.Blocks[kvevent.TierDevice])
+		s[dp] = gpu * bs
 		o, ok := out.Instances[inst]
 		if !ok {
 			o.DP = Map[int]{}
 		}
-		o.DP[dp] = total * bs
-		gpu := int(m.Blocks[kvevent.TierDevice])
+		o.DP[dp] = gpu * bs
 		cpu := gpu + int(m.Blocks[kvevent.TierHostPinned])
 		disk := cpu + int(m.Blocks[kvevent.TierDisk])
 		o.GPU = max(o.GPU, gpu*bs)

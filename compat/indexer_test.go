@@ -157,12 +157,15 @@ func TestIndexerQueryFigures(t *testing.T) {
 		}
 	}
 	// Instance 1: dp 0 holds all 3 blocks on GPU; dp 1 holds 2 on CPU and
-	// the third on disk. Instance 2 is another tenant: not scored.
+	// the third on disk. Instance 2 is another tenant: not scored. Scores
+	// and dp are the device run, as Dynamo defines them: dp 1, with
+	// nothing on the device, scores 0 (it scored its 12 tokens of host and
+	// disk, which a client routing by scores took for cached on the GPU).
 	want := QueryResponse{
-		Scores:      Map[Map[int]]{"1": {"0": 12, "1": 12}},
+		Scores:      Map[Map[int]]{"1": {"0": 12, "1": 0}},
 		Frequencies: []int{2, 2, 2},
 		Instances: Map[InstanceOverlap]{"1": {LongestMatched: 12, GPU: 12, CPU: 12, Disk: 12,
-			DP: Map[int]{"0": 12, "1": 12}}},
+			DP: Map[int]{"0": 12, "1": 0}}},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("query answer\n got %+v\nwant %+v", got, want)
