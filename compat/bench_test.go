@@ -70,9 +70,11 @@ func TestBenchCompatQuery(t *testing.T) {
 	hc := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	t.Cleanup(tr.CloseIdleConnections) // before the node's cleanup (LIFO)
 
+	// The instances post their events (agentless false): an agentless
+	// one's come from its engine, and a post is a 409.
 	for i := 1; i <= instances; i++ {
 		r := benchPost(t, hc, n.url+"/register", RegisterRequest{InstanceID: uint64(i), ModelName: model,
-			BlockSize: blockSize, Endpoint: fmt.Sprintf("tcp://10.0.%d.%d:5557", i/256, i%256)}, nil)
+			BlockSize: blockSize, Endpoint: fmt.Sprintf("tcp://10.0.%d.%d:5557", i/256, i%256), Agentless: ptr(false)}, nil)
 		if r != http.StatusCreated {
 			t.Fatalf("register instance %d: status %d", i, r)
 		}
