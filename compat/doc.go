@@ -1,6 +1,6 @@
 // Package compat serves the drop-in HTTP APIs that other KV-aware stacks
-// call (the standard KV-indexer API, docs/compat.md) from kvrouter's
-// replicated state, beside the node's own /v1 API.
+// call (the KV-indexer API of Dynamo's standalone indexer, docs/compat.md)
+// from kvrouter's replicated state, beside the node's own /v1 API.
 //
 // Invariants:
 //

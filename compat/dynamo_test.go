@@ -169,3 +169,56 @@ func TestWorkersFilterByModelAndGroup(t *testing.T) {
 	}
 	mustCode(t, n.do(t, codecJSON, "GET", "/workers?tenant_id=default&routing_group=blue", nil), 400, "workers of two tenants")
 }
+
+// GET /dump is kvrouter's own shape, as compat.md says: flat events with
+// their instance_id and signed hashes, not Dynamo's RouterEvent
+// ({worker_id, event: {event_id, data: {stored: ...}}}), which a Dynamo
+// replica reads to recover; it posts back to kvrouter's /events.
+func TestDumpIsKvroutersOwnShape(t *testing.T) {
+	n := startNode(t)
+	mustCode(t, regRaw(t, n, 1, "llama", 0, ""), 201, "register")
+	postEvents(t, n, stored(1, 0, "GPU", 0, 3))
+	r := n.do(t, codecJSON, "GET", "/dump", nil)
+	mustCode(t, r, 200, "dump")
+	var dump map[string]struct {
+		Events []map[string]json.RawMessage `json:"events"`
+	}
+	if err := json.Unmarshal(r.body, &dump); err != nil {
+		t.Fatal(err)
+	}
+	evs := dump["llama:default"].Events
+	if len(evs) != 3 {
+		t.Fatalf("dump of 3 stored blocks: %s", r.body)
+	}
+	for _, ev := range evs {
+		for _, k := range []string{"instance_id", "dp_rank", "event_id", "type", "medium", "blocks"} {
+			if ev[k] == nil {
+				t.Errorf("dump event %v lacks %q", ev, k)
+			}
+		}
+		if ev["worker_id"] != nil || ev["event"] != nil {
+			t.Errorf("dump event %v has a Dynamo RouterEvent's keys; compat.md says it is kvrouter's shape", ev)
+		}
+	}
+}
+
+// Bodies written to Mooncake's indexer RFC are refused, not misread, as
+// compat.md says: its /register names the model "modelname" and takes a
+// string instance_id, its /query names the model "model". Only its
+// additionalsalt is read (TestRegisterTakesAdditionalSaltUnderMooncakesName).
+func TestMooncakeRFCBodiesAreRefused(t *testing.T) {
+	n := startNode(t)
+	for _, tc := range []struct{ path, body string }{
+		{"/register", `{"endpoint": "tcp://1.1.1.1:5557", "type": "vLLM", "modelname": "deepseek", "tenant_id": "default",
+			"instance_id": "vllm-prefill-node1", "block_size": 128, "dp_rank": 0, "additionalsalt": "w8a8"}`},
+		{"/register", `{"endpoint": "tcp://1.1.1.1:5557", "modelname": "deepseek", "instance_id": 1, "block_size": 128}`},
+		{"/query", `{"model": "deepseek", "token_ids": [101, 15, 100, 55, 89], "tenant_id": "default"}`},
+	} {
+		if r := n.do(t, codecJSON, "POST", tc.path, []byte(tc.body)); r.code != 400 {
+			t.Errorf("Mooncake RFC %s %s: %d %s, want 400", tc.path, tc.body, r.code, r.body)
+		}
+	}
+	if len(n.node.WorkerTable()) != 0 {
+		t.Errorf("the refused registrations registered %v", n.node.WorkerTable())
+	}
+}

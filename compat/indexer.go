@@ -271,7 +271,8 @@ const (
 	typeCleared = "cleared"
 )
 
-// Indexer serves the standard KV-indexer API from the replicated state.
+// Indexer serves the KV-indexer API of Dynamo's standalone indexer from
+// the replicated state (docs/compat.md says where it differs).
 type Indexer struct {
 	b   Backend
 	log *slog.Logger
