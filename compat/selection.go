@@ -621,6 +621,22 @@ func hashes(hs []Hash) []uint64 {
 	return out
 }
 
+// sameBlockCount refuses a prompt of blocks blocks (its block_hashes, or
+// the full blocks of its token_ids when fromTokens) given with seqs
+// sequence hashes, when both are given and their counts differ: the
+// sequence hashes key the booking's blocks, and a booking keyed on fewer
+// (or more) of them than the prompt has blocks books a decode load that is
+// not the prompt's. Dynamo's selection service refuses them alike.
+func sameBlockCount(blocks, seqs int, fromTokens bool) error {
+	if blocks == 0 || seqs == 0 || blocks == seqs {
+		return nil
+	}
+	if fromTokens {
+		return badRequest("token_ids make %d full blocks: sequence_hashes length %d must match", blocks, seqs)
+	}
+	return badRequest("block_hashes length %d must match sequence_hashes length %d", blocks, seqs)
+}
+
 // doSelect chooses a rank for req, and books it when reserve.
 func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bool) (any, error) {
 	if reserve {
@@ -673,6 +689,9 @@ func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bo
 		if isl == 0 {
 			isl = len(req.TokenIDs)
 		}
+	}
+	if err := sameBlockCount(len(local), len(req.SequenceHashes), len(req.TokenIDs) > 0); err != nil {
+		return nil, err
 	}
 	q := raftfsm.RouteQuery{LocalHashes: local, ISL: isl, BlockSize: ns.blockSize,
 		SeqHashes: hashes(req.SequenceHashes), Book: reserve, RequestID: req.SelectionID, Brief: true,
@@ -1000,6 +1019,9 @@ func (s *Selection) potentialLoads(_ context.Context, req *PotentialLoadsRequest
 	// Without sequence_hashes or isl_tokens the prompt's blocks give them,
 	// as /select (Route) derives them, so that these are the figures it
 	// scores with: the blocks' sequence hashes, and their tokens.
+	if err := sameBlockCount(len(req.BlockHashes), len(req.SequenceHashes), false); err != nil {
+		return nil, err
+	}
 	local := hashes(req.BlockHashes)
 	seq := hashes(req.SequenceHashes)
 	if len(seq) == 0 {
