@@ -137,9 +137,14 @@ type OutputBlockRequest struct {
 }
 
 // RankLoad is one rank's load in GET /loads and POST /potential_loads.
+// ModelName and RoutingGroup say whose rank it is: one instance id may be
+// registered for several models (or groups), each its own ranks with their
+// own loads, which GET /loads without a model lists side by side.
 type RankLoad struct {
 	WorkerID              uint64 `json:"worker_id"`
 	DPRank                uint32 `json:"dp_rank"`
+	ModelName             string `json:"model_name"`
+	RoutingGroup          string `json:"routing_group"`
 	ActivePrefillTokens   int64  `json:"active_prefill_tokens"`
 	ActiveDecodeBlocks    int64  `json:"active_decode_blocks"`
 	ActiveRequests        int64  `json:"active_requests"`
@@ -935,12 +940,27 @@ func (s *Selection) outputBlock(w http.ResponseWriter, r *http.Request) error {
 	})
 }
 
+// rankOwner is the catalog worker a rank is of: its instance id, model
+// and routing group.
+type rankOwner struct {
+	inst         uint64
+	model, group string
+}
+
+// load is rank rk's entry of GET /loads and POST /potential_loads, with
+// load l.
+func (o rankOwner) load(rk kvevent.Rank, l indexer.Load) RankLoad {
+	return RankLoad{WorkerID: o.inst, DPRank: rk.DP, ModelName: o.model, RoutingGroup: o.group,
+		ActivePrefillTokens: l.ActivePrefillTokens, ActiveDecodeBlocks: l.ActiveDecodeBlocks, ActiveRequests: l.ActiveRequests}
+}
+
 // ranksOf lists the ranks of model's workers in group (either "": any),
-// ordered by instance id and dp rank, with the instance id of each worker.
-func (s *Selection) ranksOf(model, group string) ([]kvevent.Rank, map[uint64]uint64) {
+// ordered by instance id, model, routing group and dp rank, with the
+// catalog worker of each worker.
+func (s *Selection) ranksOf(model, group string) ([]kvevent.Rank, map[uint64]rankOwner) {
 	table := s.b.WorkerTable()
 	var ranks []kvevent.Rank
-	inst := map[uint64]uint64{}
+	inst := map[uint64]rankOwner{}
 	for id, wi := range table {
 		i, tenant := wi.Instance, wi.Tenant
 		if tenant == "" {
@@ -949,7 +969,7 @@ func (s *Selection) ranksOf(model, group string) ([]kvevent.Rank, map[uint64]uin
 		if model != "" && wi.Model != model || group != "" && tenant != group {
 			continue
 		}
-		inst[id] = i
+		inst[id] = rankOwner{inst: i, model: wi.Model, group: tenant}
 		dps := wi.DPRanks
 		if len(dps) == 0 {
 			dps = []uint32{0}
@@ -959,7 +979,9 @@ func (s *Selection) ranksOf(model, group string) ([]kvevent.Rank, map[uint64]uin
 		}
 	}
 	slices.SortFunc(ranks, func(a, b kvevent.Rank) int {
-		return cmp.Or(cmp.Compare(inst[a.Worker], inst[b.Worker]), cmp.Compare(a.Worker, b.Worker), cmp.Compare(a.DP, b.DP))
+		oa, ob := inst[a.Worker], inst[b.Worker]
+		return cmp.Or(cmp.Compare(oa.inst, ob.inst), cmp.Compare(oa.model, ob.model), cmp.Compare(oa.group, ob.group),
+			cmp.Compare(a.Worker, b.Worker), cmp.Compare(a.DP, b.DP))
 	})
 	return ranks, inst
 }
@@ -988,7 +1010,15 @@ func (s *Selection) loads(w http.ResponseWriter, r *http.Request) error {
 	}
 	// A model's ranks are those of one group (default "default"); a group
 	// alone gives its ranks over every model; neither, every rank.
+	// tenant_id is Dynamo's name for the group (its indexer's); given
+	// both, they must agree.
 	model, group := q.Get("model_name"), q.Get("routing_group")
+	if t := q.Get("tenant_id"); t != "" {
+		if group != "" && group != t {
+			return answer(w, codecOf(r), 0, nil, badRequest("routing_group %q and tenant_id %q differ: give one", group, t))
+		}
+		group = t
+	}
 	if model != "" {
 		group = orDefaultTenant(group)
 	}
@@ -999,9 +1029,7 @@ func (s *Selection) loads(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]RankLoad, 0, len(ranks))
 	for _, rk := range ranks {
-		l := byRank[rk]
-		out = append(out, RankLoad{WorkerID: inst[rk.Worker], DPRank: rk.DP, ActivePrefillTokens: l.ActivePrefillTokens,
-			ActiveDecodeBlocks: l.ActiveDecodeBlocks, ActiveRequests: l.ActiveRequests})
+		out = append(out, inst[rk.Worker].load(rk, byRank[rk]))
 	}
 	return answer(w, codecOf(r), http.StatusOK, out, nil)
 }
@@ -1056,9 +1084,9 @@ func (s *Selection) potentialLoads(_ context.Context, req *PotentialLoadsRequest
 			pot = l.PotentialDecodeBlocks
 		}
 		pre := l.Load.ActivePrefillTokens + max(isl-cached[rk], 0)
-		out = append(out, RankLoad{WorkerID: inst[rk.Worker], DPRank: rk.DP, ActivePrefillTokens: l.Load.ActivePrefillTokens,
-			ActiveDecodeBlocks: l.Load.ActiveDecodeBlocks, ActiveRequests: l.Load.ActiveRequests,
-			PotentialDecodeBlocks: &pot, PotentialPrefillToks: &pre})
+		e := inst[rk.Worker].load(rk, l.Load)
+		e.PotentialDecodeBlocks, e.PotentialPrefillToks = &pot, &pre
+		out = append(out, e)
 	}
 	return out, nil
 }

@@ -6,6 +6,8 @@ package compat
 // exact bytes such a client sends.
 
 import (
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -54,4 +56,44 @@ func TestMismatchedBlockAndSequenceHashesAreRefused(t *testing.T) {
 	} {
 		mustCode(t, n.do(t, codecJSON, "POST", "/selection/select", []byte(body)), 200, body)
 	}
+}
+
+// TestLoadsOfEveryModelSayWhoseRankEachIs: from a review. GET /loads
+// without model_name lists every namespace's ranks, and an instance id
+// registered for two models is two ranks with their own loads: each
+// entry names its model_name and routing_group (Dynamo answers one entry
+// per model and group), where two entries {worker_id 1, dp_rank 0} were
+// told apart by nothing. tenant_id, Dynamo's name for the group filter,
+// filters as routing_group does.
+func TestLoadsOfEveryModelSayWhoseRankEachIs(t *testing.T) {
+	n := startNode(t)
+	for _, m := range []string{"a", "b"} {
+		w := `{"worker_id":1,"model_name":"` + m + `","routing_group":"default","endpoint":"http://worker:8000","block_size":16}`
+		mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", []byte(w)), 201, "POST /workers "+m)
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", []byte(`{"reservation_id":"r1","model_name":"a",`+
+		`"worker_id":1,"dp_rank":0,"sequence_hashes":[1,2],"isl_tokens":32}`)), 201, "reserve")
+	r := n.do(t, codecJSON, "GET", "/selection/loads", nil)
+	var got []RankLoad
+	if err := json.Unmarshal(r.body, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := []RankLoad{
+		{WorkerID: 1, ModelName: "a", RoutingGroup: "default", ActivePrefillTokens: 32, ActiveDecodeBlocks: 2, ActiveRequests: 1},
+		{WorkerID: 1, ModelName: "b", RoutingGroup: "default"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("GET /loads answered %s; want model a's rank booked and model b's idle, each named", r.body)
+	}
+	for _, q := range []string{"tenant_id=default", "model_name=b&tenant_id=default"} {
+		r := n.do(t, codecJSON, "GET", "/selection/loads?"+q, nil)
+		var some []RankLoad
+		if err := json.Unmarshal(r.body, &some); err != nil || len(some) == 0 {
+			t.Fatalf("GET /loads?%s: %d %s", q, r.code, r.body)
+		}
+	}
+	if r := n.do(t, codecJSON, "GET", "/selection/loads?tenant_id=other", nil); string(r.body) != "[]\n" && string(r.body) != "[]" {
+		t.Errorf("GET /loads?tenant_id=other: %s, want no ranks", r.body)
+	}
+	mustCode(t, n.do(t, codecJSON, "GET", "/selection/loads?tenant_id=x&routing_group=y", nil), 400, "tenant_id and routing_group differ")
 }

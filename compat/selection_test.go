@@ -138,6 +138,7 @@ func TestSelectionLifecycle(t *testing.T) {
 			}[s.name]
 			for _, l := range loads {
 				if l.WorkerID == want.WorkerID && l.DPRank == want.DPRank && want.ActiveRequests > 0 {
+					want.ModelName, want.RoutingGroup = "llama", DefaultTenant
 					if l != want {
 						t.Fatalf("%s: %+v, want %+v", s.name, l, want)
 					}
