@@ -14,8 +14,10 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
+	"github.com/kvrouter/kvrouter/api"
 	"github.com/kvrouter/kvrouter/indexer"
 	"github.com/kvrouter/kvrouter/internal/httppath"
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -227,7 +229,10 @@ func (s *Selection) Routes(r Router, prefix string) {
 	// The Indexer's check again when both APIs are served: it is cheap,
 	// and either API served alone keeps its namespaces whole.
 	r.CheckWorkers(s.x.checkV1Worker)
-	r.HandleErrors(prefix, WriteError)
+	r.HandleErrors(prefix, writeSelectionError)
+	// The indexer API's liveness answer, which Dynamo's selection service
+	// serves too (a Dynamo client's probe of --selection-addr was a 404).
+	r.HandleFunc("GET "+prefix+"/health", s.x.health)
 	r.HandleFunc("POST "+prefix+"/workers", bodyHandler(http.StatusCreated, s.addWorker))
 	r.HandleFunc("PATCH "+prefix+"/workers/{id}", s.patchWorker)
 	r.HandleFuncOnce("DELETE "+prefix+"/workers/{id}", s.deleteWorker)
@@ -1120,7 +1125,6 @@ const SelectionPrefix = "/selection"
 // does, so an escaped id ("x%2F..%2Fy") is one segment and stays whole.
 func SelectionHandler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r2 := r.Clone(r.Context())
 		decoded, raw := r.URL.Path, r.URL.RawPath
 		// The mux leaves CONNECT's path as it comes; so does this.
 		if r.Method != http.MethodConnect {
@@ -1128,6 +1132,7 @@ func SelectionHandler(h http.Handler) http.Handler {
 				decoded, raw = p, esc
 			}
 		}
+		r2 := r.Clone(context.WithValue(r.Context(), sentPathKey{}, decoded))
 		r2.URL.Path = SelectionPrefix + decoded
 		if raw != "" {
 			// The prefix needs no escaping, so this stays a valid
@@ -1136,4 +1141,34 @@ func SelectionHandler(h http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r2)
 	})
+}
+
+// sentPathKey keys, in the context of a request SelectionHandler passes
+// on, the path as the client sent it (cleaned), before the prefix.
+type sentPathKey struct{}
+
+// writeSelectionError is the selection API's HandleErrors writer:
+// WriteError's, but a 404 or 405 of a request that came through
+// SelectionHandler names the path the client sent, where the Server names
+// the path it routed ("no route GET /selection/health"), which that
+// listener does not even serve. The answer keeps the Server's shape
+// ({"error", "reason"} in JSON).
+func writeSelectionError(w http.ResponseWriter, r *http.Request, code int, msg string) bool {
+	sent, ok := r.Context().Value(sentPathKey{}).(string)
+	if !ok || code != http.StatusNotFound && code != http.StatusMethodNotAllowed {
+		return WriteError(w, r, code, msg)
+	}
+	fixed := strings.Replace(msg, " "+SelectionPrefix+sent, " "+sent, 1)
+	if fixed == msg {
+		return WriteError(w, r, code, msg)
+	}
+	c := codecOf(r)
+	if c == codecMsgpack {
+		return write(w, c, code, ErrorBody{Error: fixed}) == nil
+	}
+	reason := api.ReasonNotFound
+	if code == http.StatusMethodNotAllowed {
+		reason = api.ReasonMethodNotAllowed
+	}
+	return write(w, c, code, api.ErrorResponse{Error: fixed, Reason: reason}) == nil
 }

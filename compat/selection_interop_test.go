@@ -7,6 +7,7 @@ package compat
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -96,4 +97,37 @@ func TestLoadsOfEveryModelSayWhoseRankEachIs(t *testing.T) {
 		t.Errorf("GET /loads?tenant_id=other: %s, want no ranks", r.body)
 	}
 	mustCode(t, n.do(t, codecJSON, "GET", "/selection/loads?tenant_id=x&routing_group=y", nil), 400, "tenant_id and routing_group differ")
+}
+
+// TestSelectionPortServesHealth: from a review. Dynamo's selection service
+// answers GET /health 200 {"status":"ok"}; --selection-addr answered 404
+// naming /selection/health, a path the client never sent. It answers as
+// the indexer API's /health does, and a path it does not route is named
+// as the client sent it, in either encoding.
+func TestSelectionPortServesHealth(t *testing.T) {
+	n := dynamoNode(t)
+	for _, port := range []*testNode{n.selectionPort(t), n} {
+		path := "/health"
+		if port == n {
+			path = "/selection/health"
+		}
+		r := port.do(t, codecJSON, "GET", path, nil)
+		if r.code != 200 || !strings.Contains(string(r.body), `"status":"ok"`) {
+			t.Errorf("GET %s: %d %s, want 200 status ok", path, r.code, r.body)
+		}
+	}
+	sel := n.selectionPort(t)
+	for _, c := range []codec{codecJSON, codecMsgpack} {
+		r := sel.do(t, c, "GET", "/nowhere", nil)
+		if j := r.asJSON(t); r.code != 404 || !strings.Contains(fmt.Sprint(j), "no route GET /nowhere;") {
+			t.Errorf("GET /nowhere on --selection-addr (%v): %d %v, want 404 naming /nowhere", c, r.code, j)
+		}
+		if c == codecJSON && !strings.Contains(string(r.body), `"reason":"not_found"`) {
+			t.Errorf("GET /nowhere on --selection-addr: %s, want reason not_found", r.body)
+		}
+		r = sel.do(t, c, "DELETE", "/loads", nil)
+		if j := r.asJSON(t); r.code != 405 || !strings.Contains(fmt.Sprint(j), "DELETE is not allowed on /loads ") {
+			t.Errorf("DELETE /loads on --selection-addr (%v): %d %v, want 405 naming /loads", c, r.code, j)
+		}
+	}
 }
