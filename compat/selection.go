@@ -278,12 +278,28 @@ func catalogOf(id uint64, w *raftfsm.WorkerInfo) CatalogWorker {
 	return c
 }
 
+// DefaultModel is the model a selection API request without model_name
+// names (POST /workers, /select, /select_and_reserve, /reservations,
+// /potential_loads, /overlap_scores), as Dynamo's selection service
+// defaults it; its routing group defaults to DefaultTenant alike. The
+// indexer API still requires a model.
+const DefaultModel = "default"
+
+// defaultModel sets *model to DefaultModel when empty, and bounds it and
+// the routing group (requireModel's checks).
+func defaultModel(model *string, group string) error {
+	if *model == "" {
+		*model = DefaultModel
+	}
+	return requireModel(*model, group)
+}
+
 // infoOf checks a new catalog worker and returns its registration. Its
 // model and routing group are checked here, not in checkedInfo: a PATCH
 // keeps the stored ones, which an older build may have taken with a
 // control character, and a PATCH changes only what its body names.
 func infoOf(c *CatalogWorker) (raftfsm.WorkerInfo, error) {
-	if err := requireModel(c.ModelName, c.RoutingGroup); err != nil {
+	if err := defaultModel(&c.ModelName, c.RoutingGroup); err != nil {
 		return raftfsm.WorkerInfo{}, err
 	}
 	if err := checkPrintable("model_name", c.ModelName); err != nil {
@@ -654,7 +670,7 @@ func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bo
 			return nil, err
 		}
 	}
-	if err := requireModel(req.ModelName, req.RoutingGroup); err != nil {
+	if err := defaultModel(&req.ModelName, req.RoutingGroup); err != nil {
 		return nil, err
 	}
 	if req.SelectionID != "" {
@@ -826,7 +842,7 @@ func (s *Selection) reserve(ctx context.Context, req *ReservationRequest) (any, 
 	if err := checkID("reservation_id", req.ReservationID); err != nil {
 		return nil, err
 	}
-	if err := requireModel(req.ModelName, req.RoutingGroup); err != nil {
+	if err := defaultModel(&req.ModelName, req.RoutingGroup); err != nil {
 		return nil, err
 	}
 	group := orDefaultTenant(req.RoutingGroup)
@@ -1040,7 +1056,7 @@ func (s *Selection) loads(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Selection) potentialLoads(_ context.Context, req *PotentialLoadsRequest) (any, error) {
-	if err := requireModel(req.ModelName, req.RoutingGroup); err != nil {
+	if err := defaultModel(&req.ModelName, req.RoutingGroup); err != nil {
 		return nil, err
 	}
 	if req.ISLTokens < 0 {
@@ -1097,7 +1113,7 @@ func (s *Selection) potentialLoads(_ context.Context, req *PotentialLoadsRequest
 }
 
 func (s *Selection) overlapScores(_ context.Context, req *OverlapScoresRequest) (any, error) {
-	if err := requireModel(req.ModelName, req.RoutingGroup); err != nil {
+	if err := defaultModel(&req.ModelName, req.RoutingGroup); err != nil {
 		return nil, err
 	}
 	return s.x.lookupHashes(s.x.ns.get(s.b, req.ModelName, orDefaultTenant(req.RoutingGroup)), req.BlockHashes), nil

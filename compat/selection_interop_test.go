@@ -131,3 +131,36 @@ func TestSelectionPortServesHealth(t *testing.T) {
 		}
 	}
 }
+
+// TestSelectionModelAndGroupDefault: from a review. Dynamo's selection
+// service defaults model_name and routing_group to "default" when a
+// request leaves them out; the selection API answered 400 "model_name is
+// required". Every selection route that names a namespace defaults both
+// now; the indexer API still requires a model.
+func TestSelectionModelAndGroupDefault(t *testing.T) {
+	n := startNode(t)
+	r := n.do(t, codecJSON, "POST", "/selection/workers", []byte(`{"worker_id":2,"endpoint":"http://w2:8000","block_size":16}`))
+	mustCode(t, r, 201, "POST /workers without model_name")
+	var w CatalogWorker
+	if err := json.Unmarshal(r.body, &w); err != nil || w.ModelName != DefaultModel || w.RoutingGroup != DefaultTenant {
+		t.Fatalf("POST /workers without model_name or routing_group stored %s, want model and group %q", r.body, "default")
+	}
+	for _, c := range []struct{ path, body string }{
+		{"/selection/select", `{"block_hashes":[11,12],"sequence_hashes":[21,22],"isl_tokens":32}`},
+		{"/selection/select_and_reserve", `{"selection_id":"s1","block_hashes":[11,12],"sequence_hashes":[21,22],"isl_tokens":32}`},
+		{"/selection/reservations", `{"reservation_id":"r1","worker_id":2,"dp_rank":0,"sequence_hashes":[21],"isl_tokens":16}`},
+		{"/selection/potential_loads", `{"block_hashes":[11,12],"isl_tokens":32}`},
+		{"/selection/overlap_scores", `{"block_hashes":[11,12]}`},
+	} {
+		r := n.do(t, codecJSON, "POST", c.path, []byte(c.body))
+		if r.code != 200 && r.code != 201 {
+			t.Errorf("POST %s without model_name: %d %s, want it answered in model %q", c.path, r.code, r.body, "default")
+		}
+	}
+	r = n.do(t, codecJSON, "GET", "/selection/loads?model_name=default", nil)
+	var loads []RankLoad
+	if err := json.Unmarshal(r.body, &loads); err != nil || len(loads) != 1 || loads[0].ActiveRequests != 2 {
+		t.Errorf("GET /loads?model_name=default: %s, want worker 2's rank with s1 and r1 booked", r.body)
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/query", []byte(`{"token_ids":[1,2,3,4]}`)), 400, "indexer /query without model_name")
+}
