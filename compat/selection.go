@@ -121,16 +121,34 @@ type SelectResponse struct {
 }
 
 // ReservationRequest is the body of POST /reservations: book a request on
-// a rank the caller chose.
+// a rank the caller chose. The booking's id is SelectionID (Dynamo's
+// name) or ReservationID; the prompt's cached tokens are CachedTokens or
+// ISLTokens less EffectivePrefillTokens (Dynamo's). dp_rank defaults to 0.
 type ReservationRequest struct {
-	ReservationID  string `json:"reservation_id"`
-	ModelName      string `json:"model_name"`
-	RoutingGroup   string `json:"routing_group,omitempty"`
-	WorkerID       uint64 `json:"worker_id"`
-	DPRank         uint32 `json:"dp_rank"`
-	SequenceHashes []Hash `json:"sequence_hashes"`
-	ISLTokens      int    `json:"isl_tokens"`
-	CachedTokens   int    `json:"cached_tokens,omitempty"`
+	ReservationID          string `json:"reservation_id,omitempty"`
+	SelectionID            string `json:"selection_id,omitempty"`
+	ModelName              string `json:"model_name"`
+	RoutingGroup           string `json:"routing_group,omitempty"`
+	WorkerID               uint64 `json:"worker_id"`
+	DPRank                 uint32 `json:"dp_rank"`
+	SequenceHashes         []Hash `json:"sequence_hashes"`
+	ISLTokens              int    `json:"isl_tokens"`
+	CachedTokens           int    `json:"cached_tokens,omitempty"`
+	EffectivePrefillTokens *int   `json:"effective_prefill_tokens,omitempty"`
+}
+
+// ReservationResponse is the 201 answer of POST /reservations: Dynamo's
+// ReservationResponse (selection_id and the rank booked, with the
+// worker's endpoint), and this API's status and reservation_id.
+type ReservationResponse struct {
+	Status        string `json:"status"`
+	ReservationID string `json:"reservation_id"`
+	SelectionID   string `json:"selection_id"`
+	ModelName     string `json:"model_name"`
+	RoutingGroup  string `json:"routing_group"`
+	WorkerID      uint64 `json:"worker_id"`
+	DPRank        uint32 `json:"dp_rank"`
+	Endpoint      string `json:"endpoint"`
 }
 
 // OutputBlockRequest is the body of POST /reservations/{id}/output_block.
@@ -835,11 +853,60 @@ func (s *Selection) unlinkSession(i int32) {
 	}
 }
 
+// reservationID is the booking id of req: its selection_id (Dynamo's
+// name) or its reservation_id, which must agree when both are given.
+func reservationID(req *ReservationRequest) (string, error) {
+	id := req.ReservationID
+	switch {
+	case req.SelectionID == "":
+	case id == "":
+		id = req.SelectionID
+	case id != req.SelectionID:
+		return "", badRequest("selection_id %q and reservation_id %q differ: give one", req.SelectionID, id)
+	}
+	if err := checkID("selection_id or reservation_id", id); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+// cachedTokens is the prompt's cached tokens of req: cached_tokens, or
+// isl_tokens less effective_prefill_tokens (Dynamo's form), which must
+// agree when both are given.
+func cachedTokens(req *ReservationRequest) (int, error) {
+	e := req.EffectivePrefillTokens
+	if e == nil {
+		return req.CachedTokens, nil
+	}
+	if *e < 0 || *e > req.ISLTokens {
+		return 0, badRequest("effective_prefill_tokens %d: want 0 to isl_tokens (%d)", *e, req.ISLTokens)
+	}
+	cached := req.ISLTokens - *e
+	if req.CachedTokens != 0 && req.CachedTokens != cached {
+		return 0, badRequest("cached_tokens %d and effective_prefill_tokens %d of isl_tokens %d disagree: give one",
+			req.CachedTokens, *e, req.ISLTokens)
+	}
+	return cached, nil
+}
+
 func (s *Selection) reserve(ctx context.Context, req *ReservationRequest) (any, error) {
 	if err := s.b.CheckLeader(); err != nil {
 		return nil, err
 	}
-	if err := checkID("reservation_id", req.ReservationID); err != nil {
+	if req.SelectionID != "" && req.WorkerID == 0 && req.ISLTokens == 0 && len(req.SequenceHashes) == 0 {
+		// Dynamo's replay form books what an earlier /select chose; a
+		// /select here books nothing and keeps no record of its choice
+		// (none replicated, which any node could replay), so there is
+		// nothing to book it from.
+		return nil, badRequest("selection_id %q alone (the replay form) is not supported: "+
+			"send worker_id, dp_rank, sequence_hashes and isl_tokens, or use /select_and_reserve", req.SelectionID)
+	}
+	id, err := reservationID(req)
+	if err != nil {
+		return nil, err
+	}
+	cached, err := cachedTokens(req)
+	if err != nil {
 		return nil, err
 	}
 	if err := defaultModel(&req.ModelName, req.RoutingGroup); err != nil {
@@ -848,27 +915,29 @@ func (s *Selection) reserve(ctx context.Context, req *ReservationRequest) (any, 
 	group := orDefaultTenant(req.RoutingGroup)
 	ns := s.x.ns.get(s.b, req.ModelName, group)
 	rk := kvevent.Rank{Worker: WorkerID(req.WorkerID, req.ModelName, group), DP: req.DPRank}
-	if _, ok := ns.has(rk); !ok {
+	wi, ok := ns.has(rk)
+	if !ok {
 		// A /v1 worker (no tenant) is its own instance in the default
 		// group (namespaceOf). Only such a worker, whose id is its
 		// instance: a registered instance's internal id (WorkerID) names
 		// no instance, and booked on it.
 		rk.Worker = req.WorkerID
-		if w, ok := ns.has(rk); !ok || w.Instance != req.WorkerID {
+		if wi, ok = ns.has(rk); !ok || wi.Instance != req.WorkerID {
 			return nil, &httpError{code: http.StatusNotFound, err: fmt.Errorf(
 				"worker %d dp rank %d is not registered for model %s routing group %s", req.WorkerID, req.DPRank, req.ModelName, group)}
 		}
 	}
-	b := raftfsm.Booking{ID: req.ReservationID, Rank: rk, SeqHashes: hashes(req.SequenceHashes), ISL: req.ISLTokens,
-		CachedTokens: req.CachedTokens}
-	err := s.b.Reserve(ctx, b)
+	b := raftfsm.Booking{ID: id, Rank: rk, SeqHashes: hashes(req.SequenceHashes), ISL: req.ISLTokens,
+		CachedTokens: cached}
+	err = s.b.Reserve(ctx, b)
 	if err == nil {
-		return Map[string]{"status": "ok", "reservation_id": req.ReservationID}, nil
+		return ReservationResponse{Status: "ok", ReservationID: id, SelectionID: id, ModelName: req.ModelName,
+			RoutingGroup: group, WorkerID: req.WorkerID, DPRank: req.DPRank, Endpoint: wi.Endpoint}, nil
 	}
-	if c := s.bookingConflict("reservation id", req.ReservationID, err); c != nil {
+	if c := s.bookingConflict("reservation id", id, err); c != nil {
 		return nil, c
 	}
-	return nil, fmt.Errorf("reserve %s: %w", req.ReservationID, err)
+	return nil, fmt.Errorf("reserve %s: %w", id, err)
 }
 
 // bookingConflict is the 409 of a booking refused for its id (what names

@@ -164,3 +164,65 @@ func TestSelectionModelAndGroupDefault(t *testing.T) {
 	}
 	mustCode(t, n.do(t, codecJSON, "POST", "/query", []byte(`{"token_ids":[1,2,3,4]}`)), 400, "indexer /query without model_name")
 }
+
+// TestDynamoExplicitReservationIsBooked: from a review. Dynamo's POST
+// /reservations names its booking selection_id (it has no
+// reservation_id), sends effective_prefill_tokens where this API read
+// cached_tokens (a client's value was dropped), and answers 201 {selection_id,
+// model_name, routing_group, worker_id, dp_rank, endpoint}. The explicit
+// form is booked under selection_id, with isl - effective cached tokens,
+// and freed under it; reservation_id stays an alias, and the two (or
+// cached_tokens and effective_prefill_tokens) disagreeing are 400.
+func TestDynamoExplicitReservationIsBooked(t *testing.T) {
+	n := dynamoNode(t)
+	r := n.do(t, codecJSON, "POST", "/selection/reservations", []byte(`{"selection_id":"request-123",`+
+		`"model_name":"model","routing_group":"default","worker_id":1,"dp_rank":1,`+
+		`"sequence_hashes":[21,22,23,24,25,26,27,28],"isl_tokens":512,"effective_prefill_tokens":384,"track_prefill_tokens":true}`))
+	mustCode(t, r, 201, "POST /reservations, Dynamo's explicit form")
+	var got ReservationResponse
+	want := ReservationResponse{Status: "ok", ReservationID: "request-123", SelectionID: "request-123", ModelName: "model",
+		RoutingGroup: "default", WorkerID: 1, DPRank: 1, Endpoint: "http://worker:8000"}
+	if err := json.Unmarshal(r.body, &got); err != nil || got != want {
+		t.Fatalf("POST /reservations answered %s, want %+v (Dynamo's ReservationResponse and ours)", r.body, want)
+	}
+	r = n.do(t, codecJSON, "GET", "/selection/loads?model_name=model", nil)
+	var loads []RankLoad
+	if err := json.Unmarshal(r.body, &loads); err != nil || len(loads) != 2 || loads[1].ActivePrefillTokens != 384 {
+		t.Fatalf("GET /loads: %s, want rank 1 with 384 prefill tokens (512 less the 128 cached)", r.body)
+	}
+	mustCode(t, n.do(t, codecJSON, "DELETE", "/selection/reservations/request-123", nil), 200, "DELETE request-123")
+	// dp_rank left out is rank 0.
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", []byte(`{"selection_id":"r2","model_name":"model",`+
+		`"worker_id":1,"sequence_hashes":[21],"isl_tokens":16}`)), 201, "POST /reservations without dp_rank")
+	if b, ok := n.node.Booking("r2"); !ok || b.Rank.DP != 0 {
+		t.Errorf("reservation without dp_rank: booking %+v %v, want rank 0", b, ok)
+	}
+	for _, bad := range []string{
+		`{"selection_id":"a","reservation_id":"b","model_name":"model","worker_id":1,"isl_tokens":16}`,
+		`{"selection_id":"c","model_name":"model","worker_id":1,"isl_tokens":16,"effective_prefill_tokens":17}`,
+		`{"selection_id":"d","model_name":"model","worker_id":1,"isl_tokens":16,"effective_prefill_tokens":-1}`,
+		`{"selection_id":"e","model_name":"model","worker_id":1,"isl_tokens":16,"effective_prefill_tokens":8,"cached_tokens":4}`,
+		`{"model_name":"model","worker_id":1,"isl_tokens":16}`,
+	} {
+		mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", []byte(bad)), 400, bad)
+	}
+}
+
+// TestDynamoReplayReservationIsRefused: Dynamo's replay form of POST
+// /reservations ({selection_id, model_name, routing_group} alone) books
+// what an earlier /select chose. /select here books nothing and records no
+// choice, so the form is a 400 that says to send the explicit form, as
+// docs/compat.md says, and nothing is booked.
+func TestDynamoReplayReservationIsRefused(t *testing.T) {
+	n := dynamoNode(t)
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/select", []byte(`{"selection_id":"select-123","model_name":"model",`+
+		`"routing_group":"default","block_hashes":[11,12,13,14,15,16,17,18],"sequence_hashes":[21,22,23,24,25,26,27,28],"isl_tokens":512}`)),
+		200, "POST /select")
+	r := n.do(t, codecJSON, "POST", "/selection/reservations", []byte(`{"selection_id":"select-123","model_name":"model","routing_group":"default"}`))
+	if r.code != 400 || !strings.Contains(string(r.body), "replay form) is not supported") {
+		t.Fatalf("POST /reservations, the replay form: %d %s, want 400 saying it is not supported", r.code, r.body)
+	}
+	if _, ok := n.node.Booking("select-123"); ok {
+		t.Errorf("the refused replay booked select-123")
+	}
+}
