@@ -620,6 +620,12 @@ func (s *Selection) deleteWorker(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Selection) listWorkers(w http.ResponseWriter, r *http.Request) error {
+	return answer(w, codecOf(r), http.StatusOK, s.catalog(), nil)
+}
+
+// catalog lists every worker in its catalog form, by worker id, model and
+// routing group.
+func (s *Selection) catalog() []CatalogWorker {
 	table := s.b.WorkerTable()
 	out := make([]CatalogWorker, 0, len(table))
 	for id := range table {
@@ -630,18 +636,30 @@ func (s *Selection) listWorkers(w http.ResponseWriter, r *http.Request) error {
 		return cmp.Or(cmp.Compare(a.WorkerID, b.WorkerID), cmp.Compare(a.ModelName, b.ModelName),
 			cmp.Compare(a.RoutingGroup, b.RoutingGroup))
 	})
-	return answer(w, codecOf(r), http.StatusOK, out, nil)
+	return out
+}
+
+// ReadyResponse is the answer of GET /ready: Dynamo's ReadyResponse
+// (ready, schedulable_workers: the workers with a block size, which
+// /select can score, and workers: the catalog, as GET /workers lists it)
+// and the node's Raft state.
+type ReadyResponse struct {
+	Ready              bool            `json:"ready"`
+	SchedulableWorkers int             `json:"schedulable_workers"`
+	Workers            []CatalogWorker `json:"workers"`
+	State              string          `json:"state"`
 }
 
 func (s *Selection) ready(w http.ResponseWriter, r *http.Request) error {
 	st := s.b.Status()
+	workers := s.catalog()
 	n := 0
-	for _, wi := range s.b.WorkerTable() {
-		if wi.BlockSize > 0 {
+	for i := range workers {
+		if workers[i].BlockSize > 0 {
 			n++
 		}
 	}
-	body := Map[any]{"ready": st.Ready && n > 0, "workers": n, "state": st.State}
+	body := ReadyResponse{Ready: st.Ready && n > 0, SchedulableWorkers: n, Workers: workers, State: st.State}
 	if !st.Ready || n == 0 {
 		return answer(w, codecOf(r), http.StatusServiceUnavailable, body, nil)
 	}

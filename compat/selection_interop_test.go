@@ -226,3 +226,28 @@ func TestDynamoReplayReservationIsRefused(t *testing.T) {
 		t.Errorf("the refused replay booked select-123")
 	}
 }
+
+// TestDynamoReadyAnswerDecodes: from a review. Dynamo's GET /ready answers
+// {ready, schedulable_workers, workers: [worker record]}; ours answered
+// "workers" as a count, which a Dynamo client cannot decode. workers is
+// the catalog now, as GET /workers lists it, with schedulable_workers the
+// count, and the node's state kept.
+func TestDynamoReadyAnswerDecodes(t *testing.T) {
+	n := startNode(t)
+	r := n.do(t, codecJSON, "GET", "/selection/ready", nil)
+	if r.code != 503 || !strings.Contains(string(r.body), `"schedulable_workers":0,"workers":[]`) {
+		t.Errorf("GET /ready without workers: %d %s, want 503 with no schedulable workers and an empty list", r.code, r.body)
+	}
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", []byte(dynamoWorker)), 201, "POST /workers")
+	r = n.do(t, codecJSON, "GET", "/selection/ready", nil)
+	var got struct {
+		Ready              bool            `json:"ready"`
+		SchedulableWorkers *int            `json:"schedulable_workers"`
+		Workers            []CatalogWorker `json:"workers"`
+		State              string          `json:"state"`
+	}
+	if err := json.Unmarshal(r.body, &got); err != nil || r.code != 200 || !got.Ready || got.SchedulableWorkers == nil ||
+		*got.SchedulableWorkers != 1 || len(got.Workers) != 1 || got.Workers[0].Endpoint != "http://worker:8000" || got.State == "" {
+		t.Fatalf("GET /ready answered %d %s, not Dynamo's ReadyResponse {ready, schedulable_workers, workers: [...]} with our state: %v", r.code, r.body, err)
+	}
+}
