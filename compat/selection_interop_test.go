@@ -251,3 +251,24 @@ func TestDynamoReadyAnswerDecodes(t *testing.T) {
 		t.Fatalf("GET /ready answered %d %s, not Dynamo's ReadyResponse {ready, schedulable_workers, workers: [...]} with our state: %v", r.code, r.body, err)
 	}
 }
+
+// TestSelectionDiffersFromDynamoAsDocumented: from a review, whose tests
+// wanted Dynamo's upsert and grouped GET /loads. docs/compat.md lists the
+// differences instead; these are they: a POST /workers of a worker
+// registered differently is 409 (PATCH moves it), GET /loads is flat with
+// the rank's names, and DELETE /workers/{id} answers {"status":"ok"}.
+func TestSelectionDiffersFromDynamoAsDocumented(t *testing.T) {
+	n := dynamoNode(t)
+	moved := `{"worker_id":1,"model_name":"model","routing_group":"default","endpoint":"http://worker2:8000","block_size":16}`
+	mustCode(t, n.do(t, codecJSON, "POST", "/selection/workers", []byte(moved)), 409, "POST /workers again, moved")
+	mustCode(t, n.do(t, codecJSON, "PATCH", "/selection/workers/1", []byte(`{"endpoint":"http://worker2:8000"}`)), 200, "PATCH")
+	r := n.do(t, codecJSON, "GET", "/selection/loads", nil)
+	var loads []RankLoad
+	if err := json.Unmarshal(r.body, &loads); err != nil || len(loads) != 2 || loads[0].ModelName != "model" || loads[1].DPRank != 1 {
+		t.Errorf("GET /loads: %s, want two flat entries of model's ranks 0 and 1", r.body)
+	}
+	r = n.do(t, codecJSON, "DELETE", "/selection/workers/1", nil)
+	if r.code != 200 || strings.TrimSpace(string(r.body)) != `{"status":"ok"}` {
+		t.Errorf("DELETE /workers/1: %d %s, want 200 {\"status\":\"ok\"}", r.code, r.body)
+	}
+}
