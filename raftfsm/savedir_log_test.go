@@ -143,24 +143,8 @@ func TestSaveDataDirStopsAtALogOfAnotherHistory(t *testing.T) {
 // uncommitted restore there: the save refuses, naming both indexes, and
 // leaves no state dropped silently.
 func TestSaveDataDirKeepsTheStateOfAnEmptyLog(t *testing.T) {
-	c := newTestCluster(t, 1, nil)
-	for id := uint64(1); id <= 3; id++ {
-		if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: id, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := c.leader().raft.Snapshot().Error(); err != nil {
-		t.Fatal(err)
-	}
-	snapIndex, _ := c.leader().fsm.Applied()
-	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 4, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
-		t.Fatal(err)
-	}
-	applied, _ := c.leader().fsm.Applied()
-	c.stop(0)
-	if err := os.RemoveAll(filepath.Join(c.dirs[0], "raft")); err != nil {
-		t.Fatal(err)
-	}
+	c, p := pastSnapshotWithoutLog(t)
+	snapIndex, applied := p.snapIndex, p.applied
 	var buf bytes.Buffer
 	rep, err := SaveDataDir(context.Background(), c.dirs[0], &buf, SaveOptions{TempDir: t.TempDir()})
 	switch {
@@ -332,4 +316,39 @@ func TestSaveDataDirOfARestoresLeftovers(t *testing.T) {
 	if _, without := saveDir(t, dir, SaveOptions{}); with.Snapshot.SHA256 != without.Snapshot.SHA256 || with.AppliedIndex != without.AppliedIndex {
 		t.Fatalf("the save with a partial snapshot: %+v; without it: %+v", with, without)
 	}
+}
+
+// pastSnapshot is where pastSnapshotWithoutLog left its node: the newest
+// Raft snapshot's index and term, and the state's applied entry past it.
+type pastSnapshot struct {
+	snapIndex, snapTerm, applied, appliedTerm uint64
+}
+
+// pastSnapshotWithoutLog returns a one-node cluster whose node is stopped
+// with fsm/ applied one registration (worker 4) past its newest Raft
+// snapshot (workers 1 to 3) and raft/ removed: the log holds no entry at
+// the applied index, the case a start restores the snapshot over
+// (catchUpFromSnapshot) and an offline save refuses (ErrUnplacedState).
+func pastSnapshotWithoutLog(t *testing.T) (*testCluster, pastSnapshot) {
+	t.Helper()
+	c := newTestCluster(t, 1, nil)
+	for id := uint64(1); id <= 3; id++ {
+		if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: id, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.leader().raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	var p pastSnapshot
+	p.snapIndex, p.snapTerm = c.leader().fsm.Applied()
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 4, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	p.applied, p.appliedTerm = c.leader().fsm.Applied()
+	c.stop(0)
+	if err := os.RemoveAll(filepath.Join(c.dirs[0], "raft")); err != nil {
+		t.Fatal(err)
+	}
+	return c, p
 }

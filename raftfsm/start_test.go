@@ -513,24 +513,8 @@ func TestStartOnAStateWithoutItsAppliedIndexIsRefusedOrRepaired(t *testing.T) {
 // (the offline save refuses it: ErrUnplacedState), so the start warns,
 // naming both indexes and terms and what it drops. It said nothing.
 func TestStartWarnsOfTheStateItRestoresTheSnapshotOver(t *testing.T) {
-	c := newTestCluster(t, 1, nil)
-	for id := uint64(1); id <= 3; id++ {
-		if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: id, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := c.leader().raft.Snapshot().Error(); err != nil {
-		t.Fatal(err)
-	}
-	snapIndex, snapTerm := c.leader().fsm.Applied()
-	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 4, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
-		t.Fatal(err)
-	}
-	applied, appliedTerm := c.leader().fsm.Applied()
-	c.stop(0)
-	if err := os.RemoveAll(filepath.Join(c.dirs[0], "raft")); err != nil {
-		t.Fatal(err)
-	}
+	c, p := pastSnapshotWithoutLog(t)
+	snapIndex, snapTerm, applied, appliedTerm := p.snapIndex, p.snapTerm, p.applied, p.appliedTerm
 	var logs testlog.Buffer
 	c.tune = func(cfg *Config) {
 		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
