@@ -324,3 +324,26 @@ func TestAWriteAnsweredByAnotherServiceIsNotDone(t *testing.T) {
 		t.Fatalf("the node's workers after the removal: %+v, want none", ws)
 	}
 }
+
+// TestAWriteAnsweredWithAnyOther2xxIsNotDone: any success other than 204 to a write a node answers
+// 204 is no node's answer, not only 200 (another REST service answers a
+// POST 201 Created, or 202 Accepted, with no body).
+func TestAWriteAnsweredWithAnyOther2xxIsNotDone(t *testing.T) {
+	for _, code := range []int{http.StatusOK, http.StatusCreated, http.StatusAccepted, http.StatusResetContent} {
+		other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.WriteHeader(code)
+		}))
+		c := newClient(t, other.URL)
+		ctx := context.Background()
+		for name, call := range map[string]func() error{
+			"RegisterWorker": func() error { return c.RegisterWorker(ctx, raftfsm.WorkerInfo{ID: 5, BlockSize: 4}) },
+			"RemoveMember":   func() error { return c.RemoveMember(ctx, "n3") },
+		} {
+			if err := call(); !errors.Is(err, client.ErrNotAnAnswer) {
+				t.Errorf("%s answered HTTP %d, no body: %v, want ErrNotAnAnswer", name, code, err)
+			}
+		}
+		other.Close()
+	}
+}
