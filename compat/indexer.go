@@ -377,8 +377,9 @@ func answer(w http.ResponseWriter, c codec, code int, v any, err error) error {
 	case errors.Is(err, raftfsm.ErrBookingFreed), errors.Is(err, raftfsm.ErrBookedElsewhere),
 		errors.Is(err, raftfsm.ErrBlockSizeConflict):
 		code = http.StatusConflict
-	case errors.Is(err, raftfsm.ErrNoLeader), errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, indexer.ErrNoWorkers), errors.Is(err, indexer.ErrOverloaded):
+	case errors.Is(err, indexer.ErrNoWorkers), errors.Is(err, indexer.ErrOverloaded):
+		code = routeRefusalStatus(err)
+	case errors.Is(err, raftfsm.ErrNoLeader), errors.Is(err, context.DeadlineExceeded):
 		code = http.StatusServiceUnavailable
 	case errors.Is(err, raftfsm.ErrInsufficientStorage): // ErrTooManyRanks, as /v1 answers it
 		code = http.StatusInsufficientStorage

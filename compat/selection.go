@@ -774,7 +774,7 @@ func (s *Selection) doSelect(ctx context.Context, req *SelectRequest, reserve bo
 	}
 	if err != nil {
 		if errors.Is(err, indexer.ErrOverloaded) || errors.Is(err, indexer.ErrNoWorkers) {
-			err = &httpError{code: http.StatusServiceUnavailable, err: err}
+			err = &httpError{code: routeRefusalStatus(err), err: err}
 		} else if c := s.bookingConflict("selection_id", req.SelectionID, err); c != nil {
 			err = c
 		}
@@ -1204,6 +1204,19 @@ func (s *Selection) overlapScores(_ context.Context, req *OverlapScoresRequest) 
 		return nil, err
 	}
 	return s.x.lookupHashes(s.x.ns.get(s.b, req.ModelName, orDefaultTenant(req.RoutingGroup)), req.BlockHashes), nil
+}
+
+// routeRefusalStatus is the status of a route that found no rank to
+// choose: 429 when every candidate is busy, as Dynamo's selection service
+// answers it (its scheduler's overloaded rejection, services/selection
+// error.rs), so that a Dynamo client that retries on 429 backs off and
+// retries; 503 when there was no candidate at all (its unavailable
+// rejection). /v1/route keeps its 503 "overloaded" (docs/api.md).
+func routeRefusalStatus(err error) int {
+	if errors.Is(err, indexer.ErrOverloaded) {
+		return http.StatusTooManyRequests
+	}
+	return http.StatusServiceUnavailable
 }
 
 // SelectionPrefix is where a node serves the selection API beside the

@@ -6,6 +6,7 @@ package compat
 // exact bytes such a client sends.
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -271,4 +272,41 @@ func TestSelectionDiffersFromDynamoAsDocumented(t *testing.T) {
 	if r.code != 200 || strings.TrimSpace(string(r.body)) != `{"status":"ok"}` {
 		t.Errorf("DELETE /workers/1: %d %s, want 200 {\"status\":\"ok\"}", r.code, r.body)
 	}
+}
+
+// TestEveryRankBusyIs429: from a review. With every candidate rank over a
+// busy threshold, /select and /select_and_reserve answered 503, where
+// Dynamo's selection service answers 429 (services/selection error.rs:
+// its scheduler's overloaded rejection), and a Dynamo client that retries
+// only a 429 failed the request. Both answer 429 now, with the error in
+// the request's encoding, and nothing is booked; no worker to choose stays
+// a 503, as Dynamo's unavailable rejection is.
+func TestEveryRankBusyIs429(t *testing.T) {
+	n := dynamoNode(t)
+	s := n.node.Settings()
+	s.Params.BusyPrefillTokens = 64
+	if err := n.node.SetSettings(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	for dp := range 2 {
+		mustCode(t, n.do(t, codecJSON, "POST", "/selection/reservations", []byte(fmt.Sprintf(`{"selection_id":"busy-%d",`+
+			`"model_name":"model","worker_id":1,"dp_rank":%d,"isl_tokens":512,"effective_prefill_tokens":512}`, dp, dp))),
+			201, "booking 512 prefill tokens")
+	}
+	req := SelectRequest{SelectionID: "late", ModelName: "model", BlockHashes: []Hash{11, 12}, ISLTokens: 32}
+	for _, path := range []string{"/selection/select", "/selection/select_and_reserve"} {
+		for _, c := range []codec{codecJSON, codecMsgpack} {
+			r := n.do(t, c, "POST", path, req)
+			j, _ := r.asJSON(t).(map[string]any)
+			if msg, _ := j["error"].(string); r.code != 429 || !strings.Contains(msg, "all 2 ranks busy") {
+				t.Errorf("POST %s (%v) with every rank busy: %d %s, want 429 {\"error\": \"... all 2 ranks busy ...\"}", path, c, r.code, r.body)
+			}
+		}
+	}
+	r := n.do(t, codecJSON, "GET", "/selection/loads", nil)
+	if strings.Contains(string(r.body), `"active_requests":2`) {
+		t.Errorf("GET /loads after the refused selections: %s, want one booking a rank", r.body)
+	}
+	r = n.do(t, codecJSON, "POST", "/selection/select", []byte(`{"model_name":"other","block_hashes":[11]}`))
+	mustCode(t, r, 503, "POST /select of a model without workers")
 }

@@ -183,7 +183,8 @@ func TestSessionBreaksTies(t *testing.T) {
 
 // TestBookingErrorsMapToStatus: a reservation on a rank that left before
 // its commit is a 404, as the docs say, and a route with no worker to
-// choose a 503 (from a review: both were answered 500); a booking under
+// choose a 503 (from a review: both were answered 500), every rank busy a
+// 429 (Dynamo's selection service's answer); a booking under
 // an id freed before or live elsewhere is a 409.
 func TestBookingErrorsMapToStatus(t *testing.T) {
 	for _, c := range []struct {
@@ -192,7 +193,7 @@ func TestBookingErrorsMapToStatus(t *testing.T) {
 	}{
 		{fmt.Errorf("reserve r: book r: %w: 1/0 is not a registered rank", indexer.ErrUnknownRank), http.StatusNotFound},
 		{fmt.Errorf("route: %w", indexer.ErrNoWorkers), http.StatusServiceUnavailable},
-		{fmt.Errorf("route: %w", indexer.ErrOverloaded), http.StatusServiceUnavailable},
+		{fmt.Errorf("route: %w", indexer.ErrOverloaded), http.StatusTooManyRequests},
 		{fmt.Errorf("reserve r: %w", raftfsm.ErrBookingFreed), http.StatusConflict},
 		{fmt.Errorf("reserve r: %w", &raftfsm.BookedElsewhereError{ID: "r"}), http.StatusConflict},
 	} {
