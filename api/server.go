@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -301,6 +302,26 @@ func (s *Server) HandleErrors(prefix string, write func(w http.ResponseWriter, r
 	s.errWriters = append(s.errWriters, errorWriter{prefix: prefix, write: write})
 }
 
+// sentPathKey keys the path WithSentPath records.
+type sentPathKey struct{}
+
+// WithSentPath returns ctx carrying p, the path a client sent, for a
+// handler in front of the Server that rewrites the path before passing the
+// request on (compat.SelectionHandler adds the /selection prefix): the
+// Server's 404 and 405 then name p, which the client knows, rather than
+// the path the Server routed, which the client never sent and its
+// listener may not even serve. Nothing else reads it: routing, errors'
+// prefixes (HandleErrors) and forwards go by the request's URL.
+func WithSentPath(ctx context.Context, p string) context.Context {
+	return context.WithValue(ctx, sentPathKey{}, p)
+}
+
+// SentPath is the path WithSentPath recorded in ctx; false when none was.
+func SentPath(ctx context.Context) (string, bool) {
+	p, ok := ctx.Value(sentPathKey{}).(string)
+	return p, ok
+}
+
 // OwnPath reports whether p is one of the Server's own paths (/v1 and
 // under it, the probes, the metrics), whose errors are the API's JSON
 // ones; any other path is an API's served beside /v1 (HandleErrors).
@@ -408,6 +429,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			start := time.Now()
 			rec := &recorder{ResponseWriter: w}
 			target := r.URL.Path
+			if p, ok := SentPath(r.Context()); ok {
+				target = p
+			}
 			if target == "" {
 				// A CONNECT's target is an authority (host:port), which
 				// leaves the path empty: name what it asked for.

@@ -1559,3 +1559,44 @@ func TestAConnectWithNoRouteNamesItsTarget(t *testing.T) {
 		t.Errorf("CONNECT example.com:443: error %q names no target", msg)
 	}
 }
+
+// TestNoRouteNamesThePathTheClientSent: a handler in front of the Server
+// that rewrites the path (compat.SelectionHandler adds /selection)
+// records the client's path with api.WithSentPath, and the Server's 404
+// and 405 name that path, to the client and to a HandleErrors writer
+// alike, not the one it routed. Without it they name the routed path.
+// From a review: compat put the client's path back by rewriting the
+// message's text.
+func TestNoRouteNamesThePathTheClientSent(t *testing.T) {
+	n := newNode(t, "n1", api.Options{})
+	var written string
+	n.api.HandleErrors("/front", func(w http.ResponseWriter, _ *http.Request, code int, msg string) bool {
+		written = msg
+		return false
+	})
+	for _, c := range []struct {
+		method, routed, sent string
+		code                 int
+		want                 string
+	}{
+		{"GET", "/front/nowhere", "/nowhere", 404, "no route GET /nowhere; "},
+		{"GET", "/front/nowhere", "", 404, "no route GET /front/nowhere; "},
+		{"DELETE", "/v1/route", "/route", 405, "DELETE is not allowed on /route (allowed: "},
+		{"DELETE", "/v1/route", "", 405, "DELETE is not allowed on /v1/route (allowed: "},
+	} {
+		written = ""
+		r := httptest.NewRequest(c.method, c.routed, nil)
+		if c.sent != "" {
+			r = r.WithContext(api.WithSentPath(r.Context(), c.sent))
+		}
+		rec := httptest.NewRecorder()
+		n.api.ServeHTTP(rec, r)
+		var e api.ErrorResponse
+		if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || rec.Code != c.code || !strings.HasPrefix(e.Error, c.want) {
+			t.Errorf("%s %s sent as %q: %d %s, want %d %q...", c.method, c.routed, c.sent, rec.Code, rec.Body, c.code, c.want)
+		}
+		if strings.HasPrefix(c.routed, "/front/") && !strings.HasPrefix(written, c.want) {
+			t.Errorf("%s %s sent as %q: the HandleErrors writer got %q, want %q...", c.method, c.routed, c.sent, written, c.want)
+		}
+	}
+}

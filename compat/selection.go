@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/kvrouter/kvrouter/api"
@@ -247,7 +246,7 @@ func (s *Selection) Routes(r Router, prefix string) {
 	// The Indexer's check again when both APIs are served: it is cheap,
 	// and either API served alone keeps its namespaces whole.
 	r.CheckWorkers(s.x.checkV1Worker)
-	r.HandleErrors(prefix, writeSelectionError)
+	r.HandleErrors(prefix, WriteError)
 	// The indexer API's liveness answer, which Dynamo's selection service
 	// serves too (a Dynamo client's probe of --selection-addr was a 404).
 	r.HandleFunc("GET "+prefix+"/health", s.x.health)
@@ -1248,7 +1247,9 @@ func SelectionHandler(h http.Handler) http.Handler {
 				decoded, raw = p, esc
 			}
 		}
-		r2 := r.Clone(context.WithValue(r.Context(), sentPathKey{}, decoded))
+		// The Server's 404 and 405 name the path the client sent, not
+		// the /selection one this listener does not serve.
+		r2 := r.Clone(api.WithSentPath(r.Context(), decoded))
 		r2.URL.Path = SelectionPrefix + decoded
 		if raw != "" {
 			// The prefix needs no escaping, so this stays a valid
@@ -1257,34 +1258,4 @@ func SelectionHandler(h http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r2)
 	})
-}
-
-// sentPathKey keys, in the context of a request SelectionHandler passes
-// on, the path as the client sent it (cleaned), before the prefix.
-type sentPathKey struct{}
-
-// writeSelectionError is the selection API's HandleErrors writer:
-// WriteError's, but a 404 or 405 of a request that came through
-// SelectionHandler names the path the client sent, where the Server names
-// the path it routed ("no route GET /selection/health"), which that
-// listener does not even serve. The answer keeps the Server's shape
-// ({"error", "reason"} in JSON).
-func writeSelectionError(w http.ResponseWriter, r *http.Request, code int, msg string) bool {
-	sent, ok := r.Context().Value(sentPathKey{}).(string)
-	if !ok || code != http.StatusNotFound && code != http.StatusMethodNotAllowed {
-		return WriteError(w, r, code, msg)
-	}
-	fixed := strings.Replace(msg, " "+SelectionPrefix+sent, " "+sent, 1)
-	if fixed == msg {
-		return WriteError(w, r, code, msg)
-	}
-	c := codecOf(r)
-	if c == codecMsgpack {
-		return write(w, c, code, ErrorBody{Error: fixed}) == nil
-	}
-	reason := api.ReasonNotFound
-	if code == http.StatusMethodNotAllowed {
-		reason = api.ReasonMethodNotAllowed
-	}
-	return write(w, c, code, api.ErrorResponse{Error: fixed, Reason: reason}) == nil
 }
