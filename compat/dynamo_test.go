@@ -50,8 +50,13 @@ func TestQueryByHashRefusesACacheSalt(t *testing.T) {
 			body = map[string]any{"block_hashes": []int64{123456}, "model_name": "llama", "cache_salt": tc.salt}
 			what = fmt.Sprintf("msgpack with cache_salt %#v", tc.salt)
 		}
-		if r := n.do(t, tc.c, "POST", "/query_by_hash", body); r.code != tc.want {
-			t.Errorf("/query_by_hash %s: %d %s, want %d", what, r.code, r.body, tc.want)
+		// The selection API's /overlap_scores is the same answer
+		// (docs/compat.md), and refuses a salt as well: it dropped it as
+		// an unknown key and answered the unsalted scores.
+		for _, path := range []string{"/query_by_hash", "/selection/overlap_scores"} {
+			if r := n.do(t, tc.c, "POST", path, body); r.code != tc.want {
+				t.Errorf("%s %s: %d %s, want %d", path, what, r.code, r.body, tc.want)
+			}
 		}
 	}
 }

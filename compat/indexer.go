@@ -86,8 +86,9 @@ type QueryByHashRequest struct {
 	CacheSalt *string `json:"cache_salt,omitempty"`
 }
 
-// errHashSalt refuses a /query_by_hash that names a cache_salt.
-var errHashSalt = errors.New("cache_salt must be omitted or null on /query_by_hash: " +
+// errHashSalt refuses a /query_by_hash (or the selection API's
+// /overlap_scores, the same answer) that names a cache_salt.
+var errHashSalt = errors.New("cache_salt must be omitted or null where block hashes are given: " +
 	"a salt cannot apply to block hashes already computed; hash the salted prompt, or POST /query with its token ids")
 
 // scanJSON reads the common shape of the body in one pass (jsonScanner):

@@ -185,6 +185,9 @@ type OverlapScoresRequest struct {
 	ModelName    string `json:"model_name"`
 	RoutingGroup string `json:"routing_group,omitempty"`
 	BlockHashes  []Hash `json:"block_hashes"`
+	// CacheSalt must be absent or null, as on /query_by_hash, whose
+	// answer this is: a salt cannot apply to hashes already computed.
+	CacheSalt *string `json:"cache_salt,omitempty"`
 }
 
 // maxSessions bounds the session → last rank memory.
@@ -1201,6 +1204,9 @@ func (s *Selection) potentialLoads(_ context.Context, req *PotentialLoadsRequest
 func (s *Selection) overlapScores(_ context.Context, req *OverlapScoresRequest) (any, error) {
 	if err := defaultModel(&req.ModelName, req.RoutingGroup); err != nil {
 		return nil, err
+	}
+	if req.CacheSalt != nil {
+		return nil, &httpError{code: http.StatusBadRequest, err: errHashSalt}
 	}
 	return s.x.lookupHashes(s.x.ns.get(s.b, req.ModelName, orDefaultTenant(req.RoutingGroup)), req.BlockHashes), nil
 }
