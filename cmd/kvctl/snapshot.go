@@ -204,20 +204,6 @@ func snapshotSave(c *cli.Context, e *env, path string) (err error) {
 	if err := saveTarget(c, path); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.part")
-	if err != nil {
-		return fmt.Errorf("create a temporary file beside %s: %w", path, err)
-	}
-	part := f.Name()
-	closed := false
-	defer func() {
-		if !closed {
-			f.Close()
-		}
-		if err != nil {
-			os.Remove(part)
-		}
-	}()
 	// The stream may take long (--max-time bounds it); its first bytes
 	// come within --timeout from a node that answers at all.
 	cl, err := newClientWith(c, endpointsArg(c), attemptTimeout(c), c.Duration("timeout"))
@@ -228,44 +214,39 @@ func snapshotSave(c *cli.Context, e *env, path string) (err error) {
 	ctx, cancel := snapshotCtx(c)
 	defer cancel()
 
-	var w io.Writer = f
-	bar := e.progress(c, -1, "saving snapshot")
-	if bar != nil {
-		w = io.MultiWriter(f, bar)
-	}
-	res, err := cl.SaveSnapshot(ctx, w)
-	finishBar(bar)
+	var res client.SnapshotResult
+	info, err := saveThroughPart(c, e, path, func(f *os.File) error {
+		var w io.Writer = f
+		bar := e.progress(c, -1, "saving snapshot")
+		if bar != nil {
+			w = io.MultiWriter(f, bar)
+		}
+		var err error
+		res, err = cl.SaveSnapshot(ctx, w)
+		finishBar(bar)
+		if err != nil {
+			// A stream the node's shutdown cut off: the next leader (or
+			// the node, restarted) answers the save sent again.
+			return transferErr(c, ctx, withReasonHint(fmt.Errorf("snapshot save: %w; nothing was saved", err), api.ReasonShuttingDown,
+				"the node is stopping: retry the save, which another node in --endpoints answers (or this one once it restarts)"))
+		}
+		return nil
+	}, func(info raftfsm.SnapshotInfo, err error) error {
+		if err != nil {
+			return fmt.Errorf("the snapshot from %s does not verify: %w; nothing was saved, retry", hostOf(res.Endpoint), err)
+		}
+		// The server's trailers, where it sent them, must describe the
+		// same stream that the file holds.
+		srv := res.Info
+		if (srv.Index != 0 && srv.Index != info.Index) || (srv.Term != 0 && srv.Term != info.Term) ||
+			(srv.SHA256 != "" && info.SHA256 != "" && srv.SHA256 != info.SHA256) {
+			return fmt.Errorf("the snapshot from %s is not the one announced (index %d term %d sha256 %s, file has index %d term %d sha256 %s); nothing was saved, retry",
+				hostOf(res.Endpoint), srv.Index, srv.Term, srv.SHA256, info.Index, info.Term, info.SHA256)
+		}
+		return nil
+	})
 	if err != nil {
-		// A stream the node's shutdown cut off: the next leader (or the
-		// node, restarted) answers the save sent again.
-		return transferErr(c, ctx, withReasonHint(fmt.Errorf("snapshot save: %w; nothing was saved", err), api.ReasonShuttingDown,
-			"the node is stopping: retry the save, which another node in --endpoints answers (or this one once it restarts)"))
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", part, err)
-	}
-	closed = true
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", part, err)
-	}
-
-	info, err := inspectFile(c.Context, e, part)
-	if err != nil {
-		return fmt.Errorf("the snapshot from %s does not verify: %w; nothing was saved, retry", hostOf(res.Endpoint), err)
-	}
-	// The server's trailers, where it sent them, must describe the same
-	// stream that the file holds.
-	srv := res.Info
-	if (srv.Index != 0 && srv.Index != info.Index) || (srv.Term != 0 && srv.Term != info.Term) ||
-		(srv.SHA256 != "" && info.SHA256 != "" && srv.SHA256 != info.SHA256) {
-		return fmt.Errorf("the snapshot from %s is not the one announced (index %d term %d sha256 %s, file has index %d term %d sha256 %s); nothing was saved, retry",
-			hostOf(res.Endpoint), srv.Index, srv.Term, srv.SHA256, info.Index, info.Term, info.SHA256)
-	}
-	if err := os.Rename(part, path); err != nil {
-		return fmt.Errorf("rename %s to %s: %w", part, path, err)
-	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
-		return fmt.Errorf("sync the directory of %s: %w", path, err)
+		return err
 	}
 	sum := info.SHA256
 	if sum == "" {
@@ -296,49 +277,31 @@ func snapshotSaveDir(c *cli.Context, e *env, path string) (err error) {
 	} else if err != nil {
 		return fmt.Errorf("snapshot save --data-dir %s: %w; nothing was saved", dir, err)
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.part")
-	if err != nil {
-		return fmt.Errorf("create a temporary file beside %s: %w", path, err)
-	}
-	part := f.Name()
-	closed := false
-	defer func() {
-		if !closed {
-			f.Close()
-		}
-		if err != nil {
-			os.Remove(part)
-		}
-	}()
 	ctx, cancel := snapshotCtx(c)
 	defer cancel()
-	w := bufio.NewWriterSize(f, 1<<20)
-	rep, err := raftfsm.SaveDataDir(ctx, dir, w, raftfsm.SaveOptions{AppliedOnly: c.Bool("applied-only"), TempDir: filepath.Dir(path)})
-	if err == nil {
-		err = w.Flush()
-	}
+	var rep raftfsm.SaveReport
+	info, err := saveThroughPart(c, e, path, func(f *os.File) error {
+		w := bufio.NewWriterSize(f, 1<<20)
+		var err error
+		rep, err = raftfsm.SaveDataDir(ctx, dir, w, raftfsm.SaveOptions{AppliedOnly: c.Bool("applied-only"), TempDir: filepath.Dir(path)})
+		if err == nil {
+			err = w.Flush()
+		}
+		if err != nil {
+			return transferErr(c, ctx, fmt.Errorf("snapshot save --data-dir %s: %w; nothing was saved", dir, err))
+		}
+		return nil
+	}, func(info raftfsm.SnapshotInfo, err error) error {
+		if err != nil {
+			return fmt.Errorf("the snapshot of %s does not verify: %w; nothing was saved", dir, err)
+		}
+		if info.SHA256 != "" && info.SHA256 != rep.Snapshot.SHA256 {
+			return fmt.Errorf("the snapshot of %s is not the one written (sha256 %s, file has %s); nothing was saved", dir, rep.Snapshot.SHA256, info.SHA256)
+		}
+		return nil
+	})
 	if err != nil {
-		return transferErr(c, ctx, fmt.Errorf("snapshot save --data-dir %s: %w; nothing was saved", dir, err))
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", part, err)
-	}
-	closed = true
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", part, err)
-	}
-	info, err := inspectFile(c.Context, e, part)
-	if err != nil {
-		return fmt.Errorf("the snapshot of %s does not verify: %w; nothing was saved", dir, err)
-	}
-	if info.SHA256 != "" && info.SHA256 != rep.Snapshot.SHA256 {
-		return fmt.Errorf("the snapshot of %s is not the one written (sha256 %s, file has %s); nothing was saved", dir, rep.Snapshot.SHA256, info.SHA256)
-	}
-	if err := os.Rename(part, path); err != nil {
-		return fmt.Errorf("rename %s to %s: %w", part, path, err)
-	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
-		return fmt.Errorf("sync the directory of %s: %w", path, err)
+		return err
 	}
 	if jsonOut(c) {
 		return writeJSON(e.stdout, offlineSaveReport{
@@ -396,6 +359,52 @@ type offlineSaveReport struct {
 // rename failed with "file exists" after the whole state had streamed.
 // A FILE that is not there yet, or not a directory, is left to the save:
 // an existing file is replaced.
+// saveThroughPart writes a snapshot file at path through a temporary
+// file of its own beside it (os.CreateTemp: O_EXCL, a name no other save
+// picks): write fills it, and it is synced, closed and verified
+// (inspectFile), verify judging the result (the inspection's error
+// included), before it is renamed over path and the directory synced. On
+// any failure the temporary file is removed and path is left as it was.
+// Both saves, from the leader and of a data directory, go through it.
+func saveThroughPart(c *cli.Context, e *env, path string, write func(*os.File) error,
+	verify func(raftfsm.SnapshotInfo, error) error) (info raftfsm.SnapshotInfo, err error) {
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.part")
+	if err != nil {
+		return info, fmt.Errorf("create a temporary file beside %s: %w", path, err)
+	}
+	part := f.Name()
+	closed := false
+	defer func() {
+		if !closed {
+			f.Close()
+		}
+		if err != nil {
+			os.Remove(part)
+		}
+	}()
+	if err := write(f); err != nil {
+		return info, err
+	}
+	if err := f.Sync(); err != nil {
+		return info, fmt.Errorf("sync %s: %w", part, err)
+	}
+	closed = true
+	if err := f.Close(); err != nil {
+		return info, fmt.Errorf("close %s: %w", part, err)
+	}
+	info, ierr := inspectFile(c.Context, e, part)
+	if err := verify(info, ierr); err != nil {
+		return info, err
+	}
+	if err := os.Rename(part, path); err != nil {
+		return info, fmt.Errorf("rename %s to %s: %w", part, path, err)
+	}
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		return info, fmt.Errorf("sync the directory of %s: %w", path, err)
+	}
+	return info, nil
+}
+
 func saveTarget(c *cli.Context, path string) error {
 	fi, err := os.Stat(path)
 	if err != nil || !fi.IsDir() {
