@@ -840,7 +840,8 @@ func (c *core) apply(seq uint64, payload []byte) bool {
 }
 
 // exportSkips counts, in the metrics, the wire events and blocks the
-// decoder left out since the last call, and logs each reason the first
+// decoder left out since the last call (and the removed hashes it held back
+// because another copy stays), and logs each reason the first
 // time it shows on the rank's worker (Config.SkipLog): a worker registered
 // with the wrong block size, for one, loses every store to it.
 func (c *core) exportSkips() {
@@ -867,13 +868,19 @@ func (c *core) exportSkips() {
 				"events", ev, "blocks", bl, "metric", "kvagent_subscriber_skipped_events_total")
 		}
 	}
-	c.decSeen.Skipped, c.decSeen.DroppedBlocks = st.Skipped, st.DroppedBlocks
+	if k := st.CopyRemoves - c.decSeen.CopyRemoves; k > 0 {
+		c.m.copyRemoves.Add(float64(k))
+	}
+	c.decSeen.Skipped, c.decSeen.DroppedBlocks, c.decSeen.CopyRemoves = st.Skipped, st.DroppedBlocks, st.CopyRemoves
 }
 
 func (c *core) resync(reason Reason, args ...any) {
 	c.log.Warn("rank resync", append([]any{"rank", c.rank, "reason", string(reason)}, args...)...)
 	c.count(func(s *Stats) { s.Resyncs++ })
 	c.m.resyncs.WithLabelValues(string(reason)).Inc()
+	// The sink clears the rank: what the engine still holds comes back as
+	// it stores it again, and the copies counted before are not its own.
+	c.dec.ForgetCopies()
 	c.sink.Resync(c.rank, reason)
 	c.resynced = true
 }

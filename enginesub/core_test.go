@@ -1431,3 +1431,86 @@ func TestALiveBatchInOrderAllocatesNothing(t *testing.T) {
 		t.Fatalf("a live batch allocated %.1f times, want 0", n)
 	}
 }
+
+// storedOnce is the payload of a batch that stores block hash h (tokens
+// 1..4, blocks of 4) in the device tier, as vLLM announces each copy of a
+// block its prefix cache holds.
+func storedOnce(h uint64) []byte {
+	b := msgp.AppendArrayHeader(nil, 3)
+	b = msgp.AppendFloat64(b, 1.5)
+	b = msgp.AppendArrayHeader(b, 1)
+	b = msgp.AppendArrayHeader(b, 7)
+	b = msgp.AppendString(b, "BlockStored")
+	b = msgp.AppendArrayHeader(b, 1)
+	b = msgp.AppendUint64(b, h)
+	b = msgp.AppendNil(b)
+	b = msgp.AppendArrayHeader(b, 4)
+	for tok := range 4 {
+		b = msgp.AppendInt(b, tok+1)
+	}
+	b = msgp.AppendInt(b, 4)
+	b = msgp.AppendNil(b)
+	b = msgp.AppendNil(b)
+	return msgp.AppendUint32(b, 0)
+}
+
+// A resync clears the rank, so the copies the decoder counted before it go
+// too (engine.Decoder.ForgetCopies): the batches lost in the gap may have
+// removed some. Kept, the two copies counted before the gap would absorb
+// the remove of the one the engine stored after it, and the router would
+// route to a block the engine no longer holds.
+func TestResyncForgetsTheCopiesCounted(t *testing.T) {
+	sink := &recSink{}
+	c := newCore(t, sink, nil) // no replay endpoint: a gap resyncs
+	const h = 0xc0c0
+	for _, m := range [][][]byte{
+		{{}, seqFrame(0), storedOnce(h)},
+		{{}, seqFrame(1), storedOnce(h)},
+		{{}, seqFrame(3), storedOnce(h)}, // 2 is lost
+		{{}, seqFrame(4), removedPayload(h, 0)},
+	} {
+		if err := c.live(bg, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var m dto.Metric
+	if err := c.m.copyRemoves.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetCounter().GetValue(); got != 0 {
+		t.Fatalf("kvagent_subscriber_copy_removes_total %v, want 0: no remove was held back", got)
+	}
+	calls := sink.of(nil)
+	if got, want := trace(calls), "ev0 ev1 resync:gap ev3 ev4"; got != want {
+		t.Fatalf("sink calls %s, want %s", got, want)
+	}
+	last := calls[len(calls)-1].events
+	if len(last) != 1 || last[0].Kind != kvevent.KindRemoved || !slices.Equal(last[0].Removed, []uint64{h}) {
+		t.Fatalf("batch 4 gave the sink %v, want the remove of %#x: the one copy stored since the resync is gone", last, h)
+	}
+}
+
+// A remove of a block stored twice is held back, and counted in
+// kvagent_subscriber_copy_removes_total; the second is sent.
+func TestACopysRemoveIsHeldBackAndCounted(t *testing.T) {
+	sink := &recSink{}
+	c := newCore(t, sink, nil)
+	const h = 0xc1c1
+	for i, p := range [][]byte{storedOnce(h), storedOnce(h), removedPayload(h, 0), removedPayload(h, 0)} {
+		if err := c.live(bg, [][]byte{{}, seqFrame(uint64(i)), p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := sink.of(nil)
+	if len(calls) != 4 || len(calls[2].events) != 0 || len(calls[3].events) != 1 || calls[3].events[0].Kind != kvevent.KindRemoved {
+		t.Fatalf("sink calls %s, events %v / %v; want the first remove held back (no event), the second sent",
+			trace(calls), calls[min(2, len(calls)-1)].events, calls[len(calls)-1].events)
+	}
+	var m dto.Metric
+	if err := c.m.copyRemoves.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetCounter().GetValue(); got != 1 {
+		t.Fatalf("kvagent_subscriber_copy_removes_total %v, want 1", got)
+	}
+}

@@ -12,7 +12,7 @@ import (
 // Registerer, labelled by rank.
 type metrics struct {
 	batches, blockEvents, gaps, epochs, duplicates *prometheus.CounterVec // worker, dp_rank
-	unverified                                     *prometheus.CounterVec // worker, dp_rank
+	unverified, copyRemoves                        *prometheus.CounterVec // worker, dp_rank
 	replays                                        *prometheus.CounterVec // worker, dp_rank, outcome
 	resyncs, malformed                             *prometheus.CounterVec // worker, dp_rank, reason
 	skipped, droppedBlocks                         *prometheus.CounterVec // worker, dp_rank, reason
@@ -21,7 +21,7 @@ type metrics struct {
 // rankMetrics are one subscriber's series: its rank's labels are fixed.
 type rankMetrics struct {
 	batches, blockEvents, gaps, epochs, duplicates prometheus.Counter
-	unverified                                     prometheus.Counter
+	unverified, copyRemoves                        prometheus.Counter
 	replays                                        *prometheus.CounterVec // outcome
 	resyncs, malformed                             *prometheus.CounterVec // reason
 	skipped, droppedBlocks                         *prometheus.CounterVec // reason (engine.Reason)
@@ -45,6 +45,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Batches skipped, live or replayed: applied or given up already (a second copy, a replay's live copy, an old connection's batch), or sent by the engine before a restart a replay showed (still queued on its connection)."),
 		unverified: counter("kvagent_subscriber_unverified_total",
 			"Live batches skipped after an engine restart a replay showed, while the old engine's may still be queued, because the replay asked to tell whose each was failed (the rank resynced); after 3 such failures in a row the stream is taken for the engine's."),
+		copyRemoves: counter("kvagent_subscriber_copy_removes_total",
+			"Hashes of engine removes not sent because another copy of the block, announced by its own store and not removed, stays (vLLM caches a copy per request that filled the block; its offloading connector announces the blocks chunks share once per chunk)."),
 		replays: counter("kvagent_subscriber_replays_total",
 			"Replays asked of the engine, by outcome (healed, overrun, failed, restarted: answered by an engine that restarted since the live batch that showed the gap, stale: showed a live batch read after such a restart to be an earlier engine's, skipped).", "outcome"),
 		resyncs: counter("kvagent_subscriber_resyncs_total",
@@ -62,7 +64,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	// Several subscribers (a Group's) share a Registerer: the second one
 	// finds the families registered and uses them.
 	for _, p := range []**prometheus.CounterVec{&m.batches, &m.blockEvents, &m.gaps, &m.epochs, &m.duplicates, &m.unverified,
-		&m.replays, &m.resyncs, &m.malformed, &m.skipped, &m.droppedBlocks} {
+		&m.copyRemoves, &m.replays, &m.resyncs, &m.malformed, &m.skipped, &m.droppedBlocks} {
 		c, err := promreg.Register(reg, *p)
 		if err != nil {
 			return nil, fmt.Errorf("enginesub: register metrics: %w", err)
@@ -77,7 +79,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 func (m *metrics) forget(worker uint64, dp uint32) {
 	labels := prometheus.Labels{"worker": strconv.FormatUint(worker, 10), "dp_rank": strconv.FormatUint(uint64(dp), 10)}
 	for _, v := range []*prometheus.CounterVec{m.batches, m.blockEvents, m.gaps, m.epochs, m.duplicates, m.unverified,
-		m.replays, m.resyncs, m.malformed, m.skipped, m.droppedBlocks} {
+		m.copyRemoves, m.replays, m.resyncs, m.malformed, m.skipped, m.droppedBlocks} {
 		v.DeletePartialMatch(labels)
 	}
 }
@@ -92,6 +94,7 @@ func (m *metrics) forRank(worker uint64, dp uint32) rankMetrics {
 		epochs:        m.epochs.WithLabelValues(w, d),
 		duplicates:    m.duplicates.WithLabelValues(w, d),
 		unverified:    m.unverified.WithLabelValues(w, d),
+		copyRemoves:   m.copyRemoves.WithLabelValues(w, d),
 		replays:       m.replays.MustCurryWith(labels),
 		resyncs:       m.resyncs.MustCurryWith(labels),
 		malformed:     m.malformed.MustCurryWith(labels),

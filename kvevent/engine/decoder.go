@@ -35,6 +35,12 @@ type Config struct {
 	// group 0 (or no group) is the main attention group. See the package
 	// comment for when that rule misfiles removes of hybrid models.
 	LearnGroupKinds bool
+	// MaxCopies bounds how many (tier, engine hash) store counts are kept,
+	// by which a remove of a block stored twice (two copies, see
+	// copies.go) takes only one: the router's remove is left out until the
+	// last copy goes. Zero means DefaultMaxCopies; a negative value turns
+	// counting off, so that every remove is emitted.
+	MaxCopies int
 }
 
 // DefaultMaxLearned is the default bound of Config.MaxLearned: a few MB per
@@ -74,6 +80,10 @@ const (
 	NumReasons
 )
 
+// absorbed is what convert returns for a remove that emits nothing because
+// a copy of each block it names stays (Stats.Absorbed): not a Reason.
+const absorbed = NumReasons
+
 var reasonNames = [NumReasons]string{
 	"bad_shape", "unknown_type", "bad_field", "not_main_group", "unknown_medium",
 	"no_blocks", "repeated_hash", "parent_is_first", "unnamed_lora", "block_size", "unresolved",
@@ -108,6 +118,13 @@ type Stats struct {
 	ExtraKeyBlocks uint64
 	// Learned is the number of engine-hash → content-hash pairs held now.
 	Learned int
+	// CopyRemoves counts hashes of removes left out because another copy
+	// of the block, stored and not removed, stays (copies.go). Absorbed
+	// counts removes that lost every hash so: they emit nothing, and are
+	// neither emitted nor skipped.
+	CopyRemoves, Absorbed uint64
+	// Copies is the number of (tier, engine hash) store counts held now.
+	Copies int
 }
 
 // SaltedSeed returns the Config.Seed of an engine whose every block hash
@@ -132,6 +149,7 @@ type Decoder struct {
 	learnKind bool
 
 	learned   learnedHashes
+	copies    copyCounts
 	groupMain map[uint64]bool
 	mediums   map[string]kvevent.Tier // medium spellings seen, so lookups do not allocate
 
@@ -163,6 +181,10 @@ func NewDecoder(cfg Config) (*Decoder, error) {
 	if max == 0 {
 		max = DefaultMaxLearned
 	}
+	maxCopies := cfg.MaxCopies
+	if maxCopies == 0 {
+		maxCopies = DefaultMaxCopies
+	}
 	return &Decoder{
 		rank:      cfg.Rank,
 		blockSize: cfg.BlockSize,
@@ -170,6 +192,7 @@ func NewDecoder(cfg Config) (*Decoder, error) {
 		baseSeed:  seed(""),
 		learnKind: cfg.LearnGroupKinds,
 		learned:   newLearned(max),
+		copies:    newCopyCounts(maxCopies),
 		groupMain: make(map[uint64]bool),
 		mediums:   make(map[string]kvevent.Tier),
 		seeds:     make(map[string]uint64),
@@ -181,16 +204,26 @@ func NewDecoder(cfg Config) (*Decoder, error) {
 func (d *Decoder) Stats() Stats {
 	s := d.stats
 	s.Learned = d.learned.len()
+	s.Copies = d.copies.held()
 	return s
 }
 
 // Reset forgets what the decoder learned from earlier payloads (content
-// hashes, group kinds), keeping its counters. Call it when the rank starts a
-// new epoch: the engine restarted and its block hashes may be seeded anew.
+// hashes, group kinds) and the copies it counted, keeping its counters.
+// Call it when the rank starts a new epoch: the engine restarted, its cache
+// is empty and its block hashes may be seeded anew.
 func (d *Decoder) Reset() {
 	d.learned.reset()
 	clear(d.groupMain)
+	d.copies.forget()
 }
+
+// ForgetCopies drops the copies counted (copies.go). Call it when the
+// rank's state is cleared because batches were lost: a lost remove would
+// leave a count above the engine's copies, and the block held on the router
+// after the engine evicted its last one. The learned content hashes stay
+// (the engine did not restart).
+func (d *Decoder) ForgetCopies() { d.copies.forget() }
 
 // Decode decodes one payload (the msgpack frame of one batch) and appends
 // its router events to out.
@@ -378,7 +411,11 @@ func (d *Decoder) readEvents(b []byte, out *Batch) ([]byte, error) {
 		d.left = len(b)
 		d.stats.Events++
 		if r, ok := d.convert(&d.ev, out); !ok {
-			d.stats.Skipped[r]++
+			if r == absorbed {
+				d.stats.Absorbed++
+			} else {
+				d.stats.Skipped[r]++
+			}
 		} else {
 			d.stats.Emitted++
 		}
@@ -470,6 +507,7 @@ func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
 		return ReasonBadField, false
 	}
 	if e.typ == evCleared {
+		d.copies.forget() // the rank is cleared in every tier
 		out.Events = append(out.Events, kvevent.Event{Kind: kvevent.KindCleared})
 		d.spans = append(d.spans, span{})
 		return 0, true
@@ -486,6 +524,16 @@ func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
 		return ReasonNoBlocks, false
 	}
 	if e.typ == evRemoved {
+		// Each hash named takes one copy off its count, a hash named twice
+		// two; those of which a copy stays are left out (copies.go).
+		var kept int
+		e.hashes, kept = d.copies.removed(tier, e.hashes)
+		if kept > 0 {
+			d.stats.CopyRemoves += uint64(kept)
+			if len(e.hashes) == 0 {
+				return absorbed, false
+			}
+		}
 		// A remove that repeats a hash removes it once: vLLM's offloading
 		// connector merges the hashes of every key it evicts into one
 		// remove per group, and chunks that share a prefix repeat its
@@ -542,6 +590,7 @@ func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
 	if keep == 0 {
 		return why, false
 	}
+	d.copies.stored(tier, e.hashes[:keep])
 	switch {
 	case e.salted: // a per-request salt covers every block, as extra keys would
 		d.stats.ExtraKeyBlocks += uint64(keep)

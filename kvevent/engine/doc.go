@@ -70,9 +70,12 @@
 //  4. A store or remove has hashes (ReasonNoBlocks). A store repeats none
 //     (ReasonRepeatedHash), and its first hash is not its parent
 //     (ReasonParentIsFirst), nor any later one (ReasonRepeatedHash: the
-//     chain would name its parent as its own descendant). A remove that
-//     repeats a hash removes it once: the later copies are dropped (vLLM's
-//     offloading connector repeats the hashes that evicted chunks share).
+//     chain would name its parent as its own descendant). A remove takes
+//     one counted copy of each hash it names, as many as it names it, and
+//     removes the hashes whose last copy went, each once (vLLM's
+//     offloading connector repeats the hashes that evicted chunks share):
+//     copies.go says why a block stored twice is removed only by its
+//     second remove. A remove that removes nothing is Stats.Absorbed.
 //  5. A store's content hashes are computed from its tokens with
 //     kvevent.LocalHashes, seeded by Config.Seed(lora_name) (default
 //     kvevent.SeedFor(lora_name, "")). Tokens under an adapter named only by

@@ -212,15 +212,25 @@ func (gb *genBatch) encode() any {
 }
 
 // model applies the rules to generated fields. It keeps the content hashes
-// it has seen, and their parents, as the decoder does (the tests never reach
-// the bound).
+// it has seen, and their parents, as the decoder does, and the copies of
+// each (tier, engine hash) stored and not removed (the tests never reach
+// either bound).
 type model struct {
-	rank    kvevent.Rank
-	learned map[uint64]learned
-	skipped [NumReasons]uint64
+	rank     kvevent.Rank
+	learned  map[uint64]learned
+	copies   map[tierHash]int
+	skipped  [NumReasons]uint64
+	absorbed uint64
 }
 
-func newModel(r kvevent.Rank) *model { return &model{rank: r, learned: map[uint64]learned{}} }
+type tierHash struct {
+	t kvevent.Tier
+	h uint64
+}
+
+func newModel(r kvevent.Rank) *model {
+	return &model{rank: r, learned: map[uint64]learned{}, copies: map[tierHash]int{}}
+}
 
 var fieldOf = map[string]string{
 	"block_hashes": "hashes", "parent_block_hash": "parent", "token_ids": "tokens", "block_size": "block_size",
@@ -236,8 +246,20 @@ func (m *model) batch(gb *genBatch) []kvevent.Event {
 	for i := range gb.Events {
 		ev, why, ok := m.event(&gb.Events[i])
 		if !ok {
-			m.skipped[why]++
+			if why == absorbed {
+				m.absorbed++
+			} else {
+				m.skipped[why]++
+			}
 			continue
+		}
+		switch ev.Kind {
+		case kvevent.KindStored:
+			for _, b := range ev.Blocks {
+				m.copies[tierHash{ev.Tier, b.EngineHash}]++
+			}
+		case kvevent.KindCleared:
+			clear(m.copies)
 		}
 		ev.Rank = r
 		out = append(out, ev)
@@ -291,12 +313,24 @@ func (m *model) event(g *genEvent) (kvevent.Event, Reason, bool) {
 	if len(g.Hashes) == 0 {
 		return none, ReasonNoBlocks, false
 	}
-	if g.Type == "BlockRemoved" { // each hash once, the first of its copies
+	if g.Type == "BlockRemoved" {
+		// Each hash named takes a copy off its count; those whose last copy
+		// goes (or never counted) are removed, each once, in the order
+		// their last copy went.
 		var hs []uint64
 		for _, h := range g.Hashes {
+			k := tierHash{tier, h}
+			if m.copies[k] > 1 {
+				m.copies[k]--
+				continue
+			}
+			delete(m.copies, k)
 			if !slices.Contains(hs, h) {
 				hs = append(hs, h)
 			}
+		}
+		if len(hs) == 0 {
+			return none, absorbed, false
 		}
 		return kvevent.Event{Kind: kvevent.KindRemoved, Tier: tier, Removed: hs}, 0, true
 	}
@@ -474,6 +508,9 @@ func TestGeneratedBatchesDecodeAsModelled(t *testing.T) {
 		}
 		if got := d.Stats().Skipped; got != m.skipped {
 			t.Fatalf("skipped by reason %v, model %v", got, m.skipped)
+		}
+		if got := d.Stats().Absorbed; got != m.absorbed {
+			t.Fatalf("removes absorbed by copies: %d, model %d", got, m.absorbed)
 		}
 	})
 }

@@ -365,9 +365,78 @@ func TestVLLMOffloadEvictionFanOutRemovesEveryHash(t *testing.T) {
 		t.Fatalf("vLLM's fanned-out eviction of two chunks sharing a prefix: %d events %s, skipped %v; want one host-tier remove of h1..h5",
 			len(got), fmtEvents(got), skippedNames(skippedSince(before, d.Stats())))
 	}
-	assertEvents(t, got, []kvevent.Event{removed(rank, kvevent.TierHostPinned, h1, h2, h3, h4, h5)})
+	// Each hash in the order its last copy went: h1..h3 were stored twice.
+	assertEvents(t, got, []kvevent.Event{removed(rank, kvevent.TierHostPinned, h4, h1, h2, h3, h5)})
 
 	// The int and bin spellings of one hash are one hash.
 	assertEvents(t, decode(t, d, batch([]any{"BlockRemoved", []any{u64(0xab), []byte{0xab}, u64(0xac)}, "CPU"})),
 		[]kvevent.Event{removed(rank, kvevent.TierHostPinned, 0xab, 0xac)})
+}
+
+// The same two chunks evicted one at a time: the connector's remove of
+// chunk A names [h1 h2 h3 h4], and h1..h3 stay in the host tier in chunk B
+// (the docstring's "reference-count"). Taken as they came, the first
+// remove took h1..h3 off the router, and with them the way to h5: the
+// rank lost its host-tier hits of chunk B's whole prefix while the engine
+// held it. Only h4 goes; chunk B's eviction then takes the rest.
+func TestVLLMOffloadEvictionOfOneChunkKeepsTheBlocksItShares(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank, BlockSize: 16})
+	const h1, h2, h3, h4, h5 = uint64(0x1111111111111111), uint64(0x2222222222222222),
+		uint64(0x3333333333333333), uint64(0x4444444444444444), uint64(0x5555555555555555)
+	store := func(hs []any, toks []any) omap { // events.py _take_stored_event
+		return omap{"type", "BlockStored", "block_hashes", hs, "parent_block_hash", nil, "token_ids", toks,
+			"block_size", 16, "lora_id", nil, "medium", "CPU", "lora_name", nil, "group_idx", 0,
+			"kv_cache_spec_kind", "full_attention"}
+	}
+	remove := func(hs ...any) omap { // events.py _take_removed_event
+		return omap{"type", "BlockRemoved", "block_hashes", hs, "medium", "CPU", "group_idx", 0}
+	}
+	batch := func(evs ...any) []byte {
+		return pack(t, omap{"ts", 1.7e9, "events", evs, "data_parallel_rank", 0})
+	}
+	decode(t, d, batch(
+		store([]any{u64(h1), u64(h2), u64(h3), u64(h4)}, anys(tokens(0, 64))),
+		store([]any{u64(h1), u64(h2), u64(h3), u64(h5)}, append(anys(tokens(0, 48)), anys(tokens(1000, 16))...))))
+
+	assertEvents(t, decode(t, d, batch(remove(u64(h1), u64(h2), u64(h3), u64(h4)))),
+		[]kvevent.Event{removed(rank, kvevent.TierHostPinned, h4)})
+	if s := d.Stats(); s.CopyRemoves != 3 || s.Copies != 4 {
+		t.Fatalf("after chunk A's eviction: %d hashes kept by another copy, %d counted; want 3 and 4 (h1..h3, h5)", s.CopyRemoves, s.Copies)
+	}
+	assertEvents(t, decode(t, d, batch(remove(u64(h1), u64(h2), u64(h3), u64(h5)))),
+		[]kvevent.Event{removed(rank, kvevent.TierHostPinned, h1, h2, h3, h5)})
+	if s := d.Stats(); s.Copies != 0 {
+		t.Fatalf("after both evictions %d copies counted, want 0", s.Copies)
+	}
+}
+
+// vLLM's GPU prefix cache does not de-duplicate (vllm/v1/core/block_pool.py
+// @002f3491, BlockPool: "We currently don't de-duplicate the blocks in the
+// cache"): two requests that fill a block with the same tokens at once
+// cache two blocks under one hash, each announced by cache_full_blocks'
+// BlockStored, and _maybe_evict_cached_block announces each eviction with
+// a BlockRemoved of the hash. The first eviction leaves a copy: the router
+// must keep routing to it. Its remove emits nothing (Stats.Absorbed); the
+// second takes the block.
+func TestVLLMDeviceCopiesOfABlockStayUntilTheLastIsEvicted(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank, BlockSize: 16})
+	const parent, h = uint64(0x0a0a0a0a0a0a0a0a), uint64(0x0b0b0b0b0b0b0b0b)
+	batch := func(evs ...any) []byte { return pack(t, []any{1.7e9, evs, 0}) }
+	// array_like BlockStored: [tag, block_hashes, parent, token_ids, block_size, lora_id, medium]
+	decode(t, d, batch([]any{"BlockStored", []any{u64(parent)}, nil, anys(tokens(0, 16)), 16, nil, nil}))
+	for range 2 {
+		decode(t, d, batch([]any{"BlockStored", []any{u64(h)}, u64(parent), anys(tokens(16, 16)), 16, nil, nil}))
+	}
+	assertEvents(t, decode(t, d, batch([]any{"BlockRemoved", []any{u64(h)}, nil})), nil)
+	if s := d.Stats(); s.Absorbed != 1 || s.CopyRemoves != 1 {
+		t.Fatalf("first eviction of two copies: absorbed %d, kept %d hashes; want 1 and 1", s.Absorbed, s.CopyRemoves)
+	}
+	assertEvents(t, decode(t, d, batch([]any{"BlockRemoved", []any{u64(h)}, nil})),
+		[]kvevent.Event{removed(rank, kvevent.TierDevice, h)})
+	// Copies are per tier: the host tier's store of the block is its own.
+	decode(t, d, batch([]any{"BlockStored", []any{u64(parent)}, nil, []any{}, 0, nil, "CPU"}))
+	assertEvents(t, decode(t, d, batch([]any{"BlockRemoved", []any{u64(parent)}, nil})),
+		[]kvevent.Event{removed(rank, kvevent.TierDevice, parent)})
+	assertEvents(t, decode(t, d, batch([]any{"BlockRemoved", []any{u64(parent)}, "CPU"})),
+		[]kvevent.Event{removed(rank, kvevent.TierHostPinned, parent)})
 }
