@@ -46,7 +46,7 @@ func FuzzDecode(f *testing.F) {
 // invariants. It returns the first decode's events.
 func checkDecode(t *testing.T, data []byte, blockSize int) []kvevent.Event {
 	const worker = 77
-	d, err := NewDecoder(Config{Rank: kvevent.Rank{Worker: worker, DP: 1}, BlockSize: blockSize, MaxLearned: 64, LearnGroupKinds: len(data)%2 == 0})
+	d, err := NewDecoder(Config{Rank: kvevent.Rank{Worker: worker, DP: 1}, BlockSize: blockSize, MaxLearned: 64, MaxCopies: 64, LearnGroupKinds: len(data)%2 == 0})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,11 +87,14 @@ func checkDecode(t *testing.T, data []byte, blockSize int) []kvevent.Event {
 		for _, n := range s.Skipped {
 			skipped += n
 		}
-		if s.Events != s.Emitted+skipped {
-			t.Fatalf("%d events read, %d emitted + %d skipped", s.Events, s.Emitted, skipped)
+		if s.Events != s.Emitted+skipped+s.Absorbed {
+			t.Fatalf("%d events read, %d emitted + %d skipped + %d absorbed by copies", s.Events, s.Emitted, skipped, s.Absorbed)
 		}
 		if s.Learned > 64 {
 			t.Fatalf("%d learned, bound 64", s.Learned)
+		}
+		if s.Copies > 64 {
+			t.Fatalf("%d copies counted, bound 64", s.Copies)
 		}
 		if pass == 0 {
 			first = append([]kvevent.Event(nil), evs...)
