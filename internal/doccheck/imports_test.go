@@ -49,7 +49,7 @@ var mustNotImportDirectly = map[string][]string{
 // tests and benchmarks; testSupport the non-test packages that exist only
 // for tests and benchmarks, which may import them.
 var (
-	testOnly    = []string{"internal/benchenv", "internal/pypub", "internal/testwatch", "internal/netproxy"}
+	testOnly    = []string{"internal/benchenv", "internal/pypub", "internal/wirepack", "internal/testwatch", "internal/netproxy"}
 	testSupport = []string{"api/apitest", "offload/pool/pooltest", "benchcluster", "e2e"}
 )
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/kvrouter/kvrouter/internal/wirepack"
 	"github.com/kvrouter/kvrouter/kvevent"
 )
 
@@ -340,13 +341,7 @@ func TestMalformedEventsAreSkippedAndCounted(t *testing.T) {
 	}
 }
 
-func anys[T any](xs []T) []any {
-	out := make([]any, len(xs))
-	for i, x := range xs {
-		out[i] = x
-	}
-	return out
-}
+func anys[T any](xs []T) []any { return wirepack.Anys(xs) }
 
 // A value of the wrong type in a field the event type does not read, or in a
 // field this package never reads, does not cost the event.

@@ -1,131 +1,42 @@
 package engine
 
 import (
-	"bytes"
 	"encoding/hex"
-	"fmt"
 	"strings"
 
-	"github.com/vmihailenco/msgpack/v5"
+	"github.com/kvrouter/kvrouter/internal/wirepack"
 )
 
-// Test inputs are encoded with vmihailenco/msgpack, an encoder this package
-// does not use to decode, through its low-level calls so that each test
-// chooses the exact encoding: field order, integer widths, bin or int hashes.
+// Test inputs are encoded with internal/wirepack, which writes each one in
+// the exact encoding the test chooses: field order, integer widths, bin or
+// int hashes. The e2e tests publish its bytes through a real kvagent.
 
 // Fixed-width integers: pack writes them in their own width even when a
 // shorter one would do.
 type (
-	u8  uint8
-	u16 uint16
-	u32 uint32
-	u64 uint64
-	i8  int8
-	i16 int16
-	i32 int32
-	i64 int64
+	u8  = wirepack.U8
+	u16 = wirepack.U16
+	u32 = wirepack.U32
+	u64 = wirepack.U64
+	i8  = wirepack.I8
+	i16 = wirepack.I16
+	i32 = wirepack.I32
+	i64 = wirepack.I64
 )
 
 // raw is inserted verbatim.
-type raw []byte
+type raw = wirepack.Raw
 
 // omap is a map written in the order given: key, value, key, value, ...
-type omap []any
+type omap = wirepack.Map
 
 func pack(t tb, v any) []byte {
 	t.Helper()
-	var buf bytes.Buffer
-	e := msgpack.NewEncoder(&buf)
-	if err := packTo(e, &buf, v); err != nil {
-		t.Fatalf("pack %v: %v", v, err)
+	b, err := wirepack.Pack(v)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return buf.Bytes()
-}
-
-func packTo(e *msgpack.Encoder, buf *bytes.Buffer, v any) error {
-	switch v := v.(type) {
-	case nil:
-		return e.EncodeNil()
-	case bool:
-		return e.EncodeBool(v)
-	case string:
-		return e.EncodeString(v)
-	case int:
-		return e.EncodeInt(int64(v))
-	case uint64:
-		return e.EncodeUint(v)
-	case uint32:
-		return e.EncodeUint(uint64(v))
-	case u8:
-		return e.EncodeUint8(uint8(v))
-	case u16:
-		return e.EncodeUint16(uint16(v))
-	case u32:
-		return e.EncodeUint32(uint32(v))
-	case u64:
-		return e.EncodeUint64(uint64(v))
-	case i8:
-		return e.EncodeInt8(int8(v))
-	case i16:
-		return e.EncodeInt16(int16(v))
-	case i32:
-		return e.EncodeInt32(int32(v))
-	case i64:
-		return e.EncodeInt64(int64(v))
-	case float32:
-		return e.EncodeFloat32(v)
-	case float64:
-		return e.EncodeFloat64(v)
-	case []byte:
-		return e.EncodeBytes(v)
-	case raw:
-		_, err := buf.Write(v)
-		return err
-	case []uint64:
-		if err := e.EncodeArrayLen(len(v)); err != nil {
-			return err
-		}
-		for _, x := range v {
-			if err := e.EncodeUint(x); err != nil {
-				return err
-			}
-		}
-		return nil
-	case []uint32:
-		if err := e.EncodeArrayLen(len(v)); err != nil {
-			return err
-		}
-		for _, x := range v {
-			if err := e.EncodeUint(uint64(x)); err != nil {
-				return err
-			}
-		}
-		return nil
-	case []any:
-		if err := e.EncodeArrayLen(len(v)); err != nil {
-			return err
-		}
-		for _, x := range v {
-			if err := packTo(e, buf, x); err != nil {
-				return err
-			}
-		}
-		return nil
-	case omap:
-		if len(v)%2 != 0 {
-			return fmt.Errorf("omap of odd length %d", len(v))
-		}
-		if err := e.EncodeMapLen(len(v) / 2); err != nil {
-			return err
-		}
-		for _, x := range v {
-			if err := packTo(e, buf, x); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	return fmt.Errorf("pack: unsupported %T", v)
+	return b
 }
 
 // unhex reads hex with spaces and "quoted text" (written as its bytes), the
