@@ -30,7 +30,9 @@ import (
 // medium CPU, one event per block); then the device evicts the chain in one
 // BlockRemoved that names a hash twice. The router must hold the 3 blocks
 // on the host, chained where a route of the prompt finds them, and none on
-// the device; a last AllBlocksCleared empties the rank.
+// the device. Then two device copies of the chain (two requests filled it
+// at once), evicted one at a time: the blocks stay on the device until the
+// second eviction. A last AllBlocksCleared empties the rank.
 func TestAgentIndexesVLLMOffloadingBytes(t *testing.T) {
 	pypub.Require(t)
 	c := startClusterNATS(t, 1)
@@ -112,6 +114,27 @@ func TestAgentIndexesVLLMOffloadingBytes(t *testing.T) {
 	// The device evicts the chain, tail first, one hash named twice.
 	publish([]any{"BlockRemoved", []any{hashes[2], hashes[1], hashes[0], hashes[2]}, "GPU"})
 	wantIndex("the device eviction to leave the 3 blocks on the host only", api.TierBlocks{Host: 3}, api.TierBlocks{Host: 3})
+
+	// Two requests fill the chain on the device at once: vLLM's prefix cache
+	// does not de-duplicate, so each caches a copy and announces it. The
+	// eviction of one copy leaves the other, routed to; the blocks go with
+	// the second eviction. A marker store after the first eviction shows it
+	// was applied (batches apply in order).
+	for range 2 {
+		publish([]any{"BlockStored", hashes, nil, prompt, agentBlockSize, nil, "GPU", nil})
+	}
+	wantIndex("two device copies of the chain", api.TierBlocks{Device: 3, Host: 3}, api.TierBlocks{Device: 3})
+	const marker = uint64(0x1234)
+	markerTokens := make([]uint32, agentBlockSize)
+	for i := range markerTokens {
+		markerTokens[i] = uint32(50000 + i)
+	}
+	publish(
+		[]any{"BlockRemoved", []any{hashes[2], hashes[1], hashes[0]}, "GPU"},
+		[]any{"BlockStored", []any{wirepack.U64(marker)}, nil, markerTokens, agentBlockSize, nil, "GPU", nil})
+	wantIndex("the eviction of one copy to leave the other", api.TierBlocks{Device: 4, Host: 3}, api.TierBlocks{Device: 3})
+	publish([]any{"BlockRemoved", []any{hashes[2], hashes[1], hashes[0]}, "GPU"})
+	wantIndex("the eviction of the last copy", api.TierBlocks{Device: 1, Host: 3}, api.TierBlocks{Host: 3})
 
 	// A reset of the engine's prefix cache: AllBlocksCleared, a tag with no
 	// fields, wipes the rank in every tier.
