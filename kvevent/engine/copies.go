@@ -23,7 +23,10 @@ import "github.com/kvrouter/kvrouter/kvevent"
 // copy goes. A store is emitted every time (the index takes a block it holds
 // as a no-op). What makes the count wrong is what makes the rank's state
 // wrong anyway, a lost batch or a restarted engine, and the subscriber then
-// clears the rank and calls ForgetCopies or Reset. A count can only run
+// clears the rank and calls ForgetCopies or Reset; a payload the decoder
+// rejects drops them itself (the events past its bad bytes, removes perhaps,
+// were never read), and a remove it skips for a bad field or an unknown
+// medium drops the counts of the hashes it names. A count can only run
 // short of the engine's copies (a decoder started on a stream whose earlier
 // stores it never saw, as an agentless rank's after a leader change): a
 // remove then passes early, as it did before counts, taking a block the
@@ -44,8 +47,15 @@ const DefaultMaxCopies = 1 << 21
 // find it to count as a second copy.
 type copyCounts struct {
 	byTier [kvevent.NumTiers]map[uint64]uint32
+	peak   [kvevent.NumTiers]int // the most hashes each map held since made
 	n, max int
 }
+
+// maxClearedCounts bounds the maps forget empties and keeps: a map that
+// held more is dropped, since a Go map never shrinks and clear costs its
+// capacity. Below it, one kept saves an engine that resets its prefix
+// cache often (AllBlocksCleared at every weight update) a new map a batch.
+const maxClearedCounts = 1 << 12
 
 func newCopyCounts(max int) copyCounts {
 	return copyCounts{max: max}
@@ -74,6 +84,7 @@ func (c *copyCounts) stored(t kvevent.Tier, hs []uint64) {
 		m[h] = 1
 		c.n++
 	}
+	c.peak[t] = max(c.peak[t], len(m))
 }
 
 // removed takes one copy of each of hs (a hash as many times as hs names
@@ -101,10 +112,33 @@ func (c *copyCounts) removed(t kvevent.Tier, hs []uint64) (gone []uint64, kept i
 	return hs[:n], len(hs) - n
 }
 
-// forget drops every count. The maps are dropped, not cleared: a Go map
-// never shrinks, and clear costs its capacity.
+// drop forgets the counts of hs in every tier: a remove of them the decoder
+// could not apply (a bad field, an unknown medium) took a copy the counts
+// cannot tell, and a count left above the engine's copies would absorb the
+// remove of its last. Dropped, the next remove of each passes.
+func (c *copyCounts) drop(hs []uint64) {
+	for _, m := range c.byTier {
+		if len(m) == 0 {
+			continue
+		}
+		for _, h := range hs {
+			if _, ok := m[h]; ok {
+				delete(m, h)
+				c.n--
+			}
+		}
+	}
+}
+
+// forget drops every count.
 func (c *copyCounts) forget() {
-	c.byTier = [kvevent.NumTiers]map[uint64]uint32{}
+	for t, m := range c.byTier {
+		if c.peak[t] > maxClearedCounts {
+			c.byTier[t], c.peak[t] = nil, 0
+		} else {
+			clear(m)
+		}
+	}
 	c.n = 0
 }
 

@@ -69,12 +69,59 @@ func TestCopyCountsStayBounded(t *testing.T) {
 }
 
 // A store the decoder drops (here: unresolved, an offload store of a block
-// never seen with tokens) is not counted: the router never held it, and a
-// count of it would absorb the remove of the engine's one real copy.
+// never seen with tokens) is not counted: the router never held it. (The
+// engine did store it, so a count would not exceed its copies; not counting
+// keeps the counts to what the router was told.)
 func TestDroppedStoresAreNotCounted(t *testing.T) {
 	d := newTestDecoder(t, Config{Rank: rank})
 	decode(t, d, in(t, []any{"BlockStored", []any{9}, nil, []any{}, nil, nil, "CPU"}))
 	if s := d.Stats(); s.Skipped[ReasonUnresolved] != 1 || s.Copies != 0 {
 		t.Fatalf("unresolved offload store: skipped %d, %d copies counted; want 1 and 0", s.Skipped[ReasonUnresolved], s.Copies)
 	}
+}
+
+// Decode allocates nothing once a reused Batch has grown (doc.go), and an
+// AllBlocksCleared is an ordinary event of vLLM's stream (reset_prefix_cache,
+// every weight update of an RL loop). But a clear drops the copy counts' maps
+// (copies.forget) instead of emptying them, so the next store builds a new
+// map: a stream that stores and clears allocates on every batch.
+func TestDecodeOfStoresAndClearsDoesNotAllocateInSteadyState(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	p := in(t, []any{"BlockStored", []uint64{1, 2}, nil, tokens(0, 32), 16, nil, "GPU"}, []any{"AllBlocksCleared"})
+	var b Batch
+	for range 3 { // warm up
+		if err := d.Decode(p, &b); err != nil {
+			t.Fatal(err)
+		}
+		b.Reset()
+	}
+	allocs := testing.AllocsPerRun(200, func() {
+		b.Reset()
+		if err := d.Decode(p, &b); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("Decode of [store, AllBlocksCleared] allocated %.1f times per batch, want 0", allocs)
+	}
+}
+
+// A remove the decoder skips (here a bad field: a medium that is not a
+// string) is one the engine made: the engine's copies went from two to one,
+// the count stays at two. Before counts, the router kept the block only
+// until the engine's next remove of it; now that remove is absorbed by the
+// count the skipped one left, and the block stays on the router after the
+// engine evicted its last copy, until a clear.
+func TestASkippedRemoveDoesNotKeepTheBlockPastTheLastCopy(t *testing.T) {
+	const h = 0x78
+	d := newTestDecoder(t, Config{Rank: rank})
+	store := in(t, []any{"BlockStored", []any{h}, nil, tokens(0, d.blockSize)})
+	decode(t, d, store)
+	decode(t, d, store)
+	assertEvents(t, decode(t, d, in(t, []any{"BlockRemoved", []any{h}, 5})), nil) // skipped: bad medium
+	if s := d.Stats(); s.Skipped[ReasonBadField] != 1 {
+		t.Fatalf("skipped %v, want the remove with the bad medium skipped", s.Skipped)
+	}
+	assertEvents(t, decode(t, d, in(t, []any{"BlockRemoved", []any{h}})),
+		[]kvevent.Event{removed(rank, kvevent.TierDevice, h)})
 }

@@ -253,6 +253,10 @@ func (d *Decoder) Decode(payload []byte, out *Batch) error {
 		out.TS, out.DPRank, out.HasDPRank = ts, dp, hasDP
 		d.stats = saved
 		d.stats.BadPayloads++
+		// The events read before the bad bytes changed the counts, and
+		// those after them, removes perhaps, were never read: the counts
+		// say nothing of the engine's copies now (copies.go).
+		d.copies.forget()
 		return fmt.Errorf("%w: at byte %d of %d: %w", ErrPayload, len(payload)-len(rest), len(payload), err)
 	}
 
@@ -504,6 +508,9 @@ func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
 		}
 	}
 	if e.bad&uses != 0 {
+		if e.typ == evRemoved {
+			d.copies.drop(e.hashes) // a copy went: which tier's, unknown
+		}
 		return ReasonBadField, false
 	}
 	if e.typ == evCleared {
@@ -518,6 +525,9 @@ func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
 
 	tier, ok := d.tier(e.medium)
 	if !ok {
+		if e.typ == evRemoved {
+			d.copies.drop(e.hashes)
+		}
 		return ReasonUnknownMedium, false
 	}
 	if len(e.hashes) == 0 {

@@ -244,11 +244,22 @@ func (m *model) batch(gb *genBatch) []kvevent.Event {
 	}
 	var out []kvevent.Event
 	for i := range gb.Events {
-		ev, why, ok := m.event(&gb.Events[i])
+		g := &gb.Events[i]
+		ev, why, ok := m.event(g)
 		if !ok {
-			if why == absorbed {
+			switch {
+			case why == absorbed:
 				m.absorbed++
-			} else {
+			case g.Type == "BlockRemoved" && (why == ReasonBadField || why == ReasonUnknownMedium) && g.Bad != "block_hashes":
+				// A remove that could not apply took a copy from some
+				// tier: its hashes' counts go in every tier.
+				for k := range m.copies {
+					if slices.Contains(g.Hashes, k.h) {
+						delete(m.copies, k)
+					}
+				}
+				m.skipped[why]++
+			default:
 				m.skipped[why]++
 			}
 			continue
