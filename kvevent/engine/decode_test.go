@@ -973,6 +973,14 @@ func TestDecodeDoesNotAllocateInSteadyState(t *testing.T) {
 	payloads = append(payloads,
 		in(t, []any{"BlockRemoved", []uint64{1, 2, 1, 3}, "CPU"}, []any{"BlockRemoved", fanOut, "CPU"}),
 		in(t, []any{"BlockStored", []uint64{2}, nil, []uint32{}, 0, nil, "CPU"}))
+	// A REMOTE storage tier's store and remove, the locality in either case
+	// and encoding, and an unknown medium only REMOTE makes readable.
+	payloads = append(payloads,
+		in(t, []any{"BlockStored", []uint64{7}, nil, tokens(0, 16), 16, nil, "STORAGE", nil, nil, 0, nil, nil, "REMOTE"},
+			omap{"type", "BlockStored", "block_hashes", []uint64{8}, "token_ids", tokens(16, 16), "block_size", 16,
+				"medium", "OBJ", "locality", "remote", "ownership", "fs"}),
+		in(t, []any{"BlockRemoved", []uint64{7}, "STORAGE", 0, "Remote"},
+			omap{"type", "BlockRemoved", "block_hashes", []uint64{8}, "medium", "OBJ", "locality", "REMOTE"}))
 	var b Batch
 	for _, p := range payloads { // warm up: grow buffers, learn hashes, fill caches
 		if err := d.Decode(p, &b); err != nil {

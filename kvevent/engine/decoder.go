@@ -523,7 +523,15 @@ func (d *Decoder) convert(e *wireEvent, out *Batch) (Reason, bool) {
 		return ReasonNotMainGroup, false
 	}
 
-	tier, ok := d.tier(e.medium)
+	// A tier whose storage is REMOTE to the engine (vLLM's FS or OBJ
+	// secondary tier configured so, medium STORAGE) is not the worker's
+	// disk: its blocks go under External, the tier of remote or shared
+	// storage, whatever the medium says. LOCAL, absent or any other value
+	// keeps the medium's tier (semantics.md, Mediums).
+	tier, ok := kvevent.TierExternal, true
+	if !isRemote(e.locality) {
+		tier, ok = d.tier(e.medium)
+	}
 	if !ok {
 		if e.typ == evRemoved {
 			d.copies.drop(e.hashes)
@@ -710,6 +718,22 @@ func (d *Decoder) tier(medium []byte) (kvevent.Tier, bool) {
 		d.mediums[string(medium)] = t
 	}
 	return t, true
+}
+
+// isRemote reports whether locality is REMOTE, in any ASCII case.
+func isRemote(locality []byte) bool {
+	const remote = "remote"
+	if len(locality) != len(remote) {
+		return false
+	}
+	for i := range locality {
+		// Setting bit 0x20 lowers an ASCII capital and keeps a lower-case
+		// letter; no other byte becomes one of these letters by it.
+		if locality[i]|0x20 != remote[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // Full-attention kinds: only these feed the index.

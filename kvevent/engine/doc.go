@@ -52,8 +52,9 @@
 //     naming a known type (ReasonUnknownType), and every field its type reads
 //     has the right msgpack type and range (ReasonBadField). Fields the
 //     package never reads (lora_id's value, extra_keys,
-//     kv_cache_spec_sliding_window, locality, ...) are opaque and never cost
-//     an event. A block_size of 0 is out of range in a store with tokens;
+//     kv_cache_spec_sliding_window, ownership, ...) are opaque and never cost
+//     an event, and neither does a locality that is not a string (read as
+//     absent). A block_size of 0 is out of range in a store with tokens;
 //     in one without (vLLM's offloading connector's placeholder, rule 7) it
 //     is read as no block_size.
 //  2. Only the main attention group feeds the index (ReasonNotMainGroup): an
@@ -66,7 +67,10 @@
 //     instead. A clear has no fields: it is kept whatever group or kind
 //     it carries (it clears the rank in every group and tier).
 //  3. The medium names a tier per kvevent.ParseMedium, nil being the device
-//     (ReasonUnknownMedium).
+//     (ReasonUnknownMedium), unless the locality is REMOTE (ASCII case
+//     ignored): such a store or remove is filed under TierExternal,
+//     whatever its medium. LOCAL, no locality or any other value leaves
+//     the medium's tier.
 //  4. A store or remove has hashes (ReasonNoBlocks). A store repeats none
 //     (ReasonRepeatedHash), and its first hash is not its parent
 //     (ReasonParentIsFirst), nor any later one (ReasonRepeatedHash: the

@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/binary"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvevent"
@@ -29,6 +30,7 @@ type genEvent struct {
 	ExtraKeys bool     `json:"extra_keys"` // per-block extra keys, the odd blocks non-nil
 	Group     *int     `json:"group"`
 	Kind      *string  `json:"kind"`
+	Locality  *string  `json:"locality"`
 
 	Map         bool     `json:"map"`          // map encoding, else array
 	Order       []string `json:"order"`        // map encoding: key order (the type key included)
@@ -49,8 +51,8 @@ type genBatch struct {
 
 // Field names in array position order, per type.
 var genFields = map[string][]string{
-	"BlockStored":  {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"},
-	"BlockRemoved": {"block_hashes", "medium", "group_idx"},
+	"BlockStored":  {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality"},
+	"BlockRemoved": {"block_hashes", "medium", "group_idx", "locality"},
 }
 
 // hashValue encodes h as HashEnc says.
@@ -122,6 +124,8 @@ func (g *genEvent) value(name string) any {
 		return intOrNil(g.Group)
 	case "kv_cache_spec_kind":
 		return strOrNil(g.Kind)
+	case "locality":
+		return strOrNil(g.Locality)
 	}
 	return nil
 }
@@ -156,7 +160,7 @@ func (g *genEvent) encode() any {
 			m = append(m, k, v)
 		}
 		if g.Extra {
-			m = append(m, "locality", "rack-7", "ownership", []any{1, "x"})
+			m = append(m, "ownership", []any{1, "x"}, "session_id", "rack-7")
 		}
 		return m
 	}
@@ -175,7 +179,7 @@ func (g *genEvent) encode() any {
 		for len(out) <= len(fields) {
 			out = append(out, nil)
 		}
-		out = append(out, "locality?", omap{"owner", 1}, 2.5)
+		out = append(out, "ownership?", omap{"owner", 1}, 2.5)
 	}
 	return out
 }
@@ -314,7 +318,9 @@ func (m *model) event(g *genEvent) (kvevent.Event, Reason, bool) {
 		return none, ReasonNotMainGroup, false
 	}
 	tier := kvevent.TierDevice
-	if g.Medium != nil {
+	if g.Locality != nil && strings.EqualFold(*g.Locality, "REMOTE") {
+		tier = kvevent.TierExternal // whatever the medium
+	} else if g.Medium != nil {
 		t, err := kvevent.ParseMedium(*g.Medium)
 		if err != nil {
 			return none, ReasonUnknownMedium, false
@@ -465,6 +471,7 @@ func genEventOf(t *rapid.T) genEvent {
 	g.ExtraKeys = rapid.IntRange(0, 4).Draw(t, "extra_keys") == 0
 	g.Group = optional(t, "group", rapid.IntRange(0, 2), 75)
 	g.Kind = optional(t, "kind", rapid.SampledFrom([]string{"full_attention", "sliding_window"}), 80)
+	g.Locality = optional(t, "locality", rapid.SampledFrom([]string{"REMOTE", "remote", "LOCAL", "rack-7"}), 70)
 
 	g.Map = rapid.Bool().Draw(t, "map")
 	g.HashEnc = rapid.IntRange(0, 3).Draw(t, "hash_enc")

@@ -25,8 +25,9 @@ import json, sys, msgpack
 
 FIELDS = {
     "BlockStored": ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-                    "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"],
-    "BlockRemoved": ["block_hashes", "medium", "group_idx"],
+                    "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
+                    "locality"],
+    "BlockRemoved": ["block_hashes", "medium", "group_idx", "locality"],
 }
 
 def hashval(e, h):
@@ -53,7 +54,7 @@ def value(e, name):
             return None
         return [["mm-hash", i] if i % 2 == 1 else None for i in range(len(e["hashes"] or []))]
     key = {"block_size": "block_size", "lora_id": "lora_id", "medium": "medium", "lora_name": "lora_name",
-           "group_idx": "group", "kv_cache_spec_kind": "kind"}.get(name)
+           "group_idx": "group", "kv_cache_spec_kind": "kind", "locality": "locality"}.get(name)
     return e[key] if key else None
 
 def event(e):
@@ -68,8 +69,8 @@ def event(e):
                 continue
             out[k] = v
         if e["extra"]:
-            out["locality"] = "rack-7"
             out["ownership"] = [1, "x"]
+            out["session_id"] = "rack-7"
         return out
     fields = FIELDS.get(e["type"], [])
     n = 0
@@ -80,7 +81,7 @@ def event(e):
     if e["extra"]:
         while len(out) <= len(fields):
             out.append(None)
-        out += ["locality?", {"owner": 1}, 2.5]
+        out += ["ownership?", {"owner": 1}, 2.5]
     return out
 
 for line in sys.stdin:

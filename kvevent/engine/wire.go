@@ -253,16 +253,19 @@ const (
 	fExtraKeys              // extra_keys (opaque; only non-nil entries are counted)
 	fGroup                  // group_idx
 	fKind                   // kv_cache_spec_kind
+	fLocality               // locality: LOCAL or REMOTE, relative to the engine
 )
 
 func (f field) bit() uint16 { return 1 << f }
 
-// Positional fields of the array encoding, after the tag. Positions past the
-// end of a table (kv_cache_spec_sliding_window, locality, ownership, and
-// whatever comes next) are ignored.
+// Positional fields of the array encoding, after the tag, in the order of
+// vLLM's BlockStored and BlockRemoved (vllm/distributed/kv_events.py):
+// kv_cache_spec_sliding_window is not read; locality follows it in a store
+// and group_idx in a remove. Positions past the end of a table (ownership,
+// and whatever comes next) are ignored.
 var (
-	storedFields  = [...]field{fHashes, fParent, fTokens, fBlockSize, fLoraID, fMedium, fLoraName, fExtraKeys, fGroup, fKind}
-	removedFields = [...]field{fHashes, fMedium, fGroup}
+	storedFields  = [...]field{fHashes, fParent, fTokens, fBlockSize, fLoraID, fMedium, fLoraName, fExtraKeys, fGroup, fKind, fIgnore, fLocality}
+	removedFields = [...]field{fHashes, fMedium, fGroup, fLocality}
 )
 
 func positional(t evType, i int) field {
@@ -301,6 +304,8 @@ func keyField(k []byte) field {
 		return fGroup
 	case "kv_cache_spec_kind":
 		return fKind
+	case "locality":
+		return fLocality
 	}
 	return fIgnore
 }
@@ -322,6 +327,7 @@ type wireEvent struct {
 	loraName  []byte
 	group     uint64
 	kind      []byte
+	locality  []byte
 	// salted: an array store carried SGLang's request metadata where vLLM
 	// writes lora_name. SGLang's BlockStoredWithMetadata (msgspec
 	// array_like, python/sglang/srt/disaggregation/kv_events.py; read at
@@ -484,6 +490,8 @@ func readField(b []byte, f field, e *wireEvent) ([]byte, error) {
 		e.loraName, rest, ok, err = readStr(b)
 	case fKind:
 		e.kind, rest, ok, err = readStr(b)
+	case fLocality:
+		e.locality, rest, ok, err = readStr(b)
 	default:
 		panic(fmt.Sprintf("engine: unhandled field %d", f))
 	}
