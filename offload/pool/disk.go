@@ -583,7 +583,7 @@ func (w *l0Watch) check(sublevels func() int) error {
 		}
 		w.refused++
 		return fmt.Errorf("%w: %d sublevels deep, refused until compactions bring it under %d",
-			errL0Deep, w.depth, l0Refuse)
+			ErrL0Deep, w.depth, l0Refuse)
 	}
 	if w.refused > 0 {
 		w.log.Warn(fmt.Sprintf("offload pool: compactions brought L0 under %d sublevels; writes to the disk pool resume",
@@ -593,17 +593,15 @@ func (w *l0Watch) check(sublevels func() int) error {
 	return nil
 }
 
-// errL0Deep is the refusal of a Put while L0 is l0Refuse sublevels deep or
-// more (see l0Watch).
-var errL0Deep = errors.New("L0 too deep")
-
 // l0Sublevels reads L0's depth, in sublevels, from Pebble's metrics.
 func (p *DiskPool) l0Sublevels() int { return int(p.db.Metrics().Levels[0].Sublevels) }
 
 // l0Refuse is how deep L0 may grow, in sublevels, before Puts are refused
 // (see l0Watch): four times Pebble's L0CompactionThreshold (4), so that
 // Pebble compacts L0 well before the refusal and keeps doing so during it,
-// and a healthy disk under a steady load seldom meets it.
+// and a healthy disk under a steady load seldom meets it. A burst of synced
+// writes (SyncFlush, each Put its own flush) meets it easily where the
+// machine is slow (the long crash test of four such writers under -race).
 const l0Refuse = 16
 
 // OpenDisk opens the disk pool in dir, creating it if needed. An existing

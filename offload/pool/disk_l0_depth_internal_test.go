@@ -61,13 +61,13 @@ func TestL0StaysShallowUnderConcurrentWritersOnAHealthyDisk(t *testing.T) {
 					d := p.l0Sublevels()
 					mu.Lock()
 					deepest = max(deepest, d)
-					if err != nil && errors.Is(err, errL0Deep) {
+					if err != nil && errors.Is(err, ErrL0Deep) {
 						refused++
 					} else if err != nil && firstErr == nil {
 						firstErr = err
 					}
 					mu.Unlock()
-					if err == nil || !errors.Is(err, errL0Deep) {
+					if err == nil || !errors.Is(err, ErrL0Deep) {
 						break
 					}
 					if time.Now().After(deadline) {

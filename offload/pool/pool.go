@@ -44,6 +44,12 @@ var (
 	// block's bytes cannot be read (Pebble reports them corrupt, or the
 	// disk failed their read three times in a row).
 	ErrCorrupt = errors.New("disk pool data corrupt or incompatible")
+	// ErrL0Deep means a disk pool refused a write because Pebble's L0 is
+	// too deep: compactions fall behind the writes (a burst of synced
+	// flushes, a slow or failing disk). It is temporary: writes resume
+	// once compactions bring L0 back under the bound, and nothing was
+	// changed. A caller may retry later or drop the block.
+	ErrL0Deep = errors.New("L0 too deep")
 )
 
 // A Sink receives the pool's events. Its method is that of
