@@ -60,6 +60,15 @@ type Config struct {
 	// (checkJoinAlone); such a node asks no cluster to add it
 	// (OnlyMember).
 	Peers []Member
+	// DefaultPeers marks Peers as the caller's default rather than peers
+	// an operator gave (kvrouter's single-node cluster when neither
+	// --peers nor --join is given). They bootstrap an empty data
+	// directory as any Peers do; a directory with Raft state, or a seeded
+	// one, keeps its own configuration without a word: comparing them
+	// (checkSeedPeers, warnIgnoredPeers) would refuse or warn of --peers
+	// the operator never gave, at every restart of a member of a larger
+	// cluster started without --peers.
+	DefaultPeers bool
 
 	HeartbeatTimeout   time.Duration // default 200ms
 	ElectionTimeout    time.Duration // default 200ms
@@ -459,7 +468,7 @@ func (n *Node) startRaft() error {
 	if err != nil {
 		return err
 	}
-	if seeded != nil && len(cfg.Peers) > 0 {
+	if seeded != nil && len(cfg.Peers) > 0 && !cfg.DefaultPeers {
 		if err := n.checkSeedPeers(seeded.Configuration.Servers, cfg.Peers); err != nil {
 			return err
 		}
@@ -536,7 +545,7 @@ func (n *Node) startRaft() error {
 	if err := n.checkRaftAddr(); err != nil {
 		return err
 	}
-	if has && len(cfg.Peers) > 0 {
+	if has && len(cfg.Peers) > 0 && !cfg.DefaultPeers {
 		n.warnIgnoredPeers(cfg.Peers)
 	}
 	if recorded != cfg.ID {

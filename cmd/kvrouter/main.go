@@ -242,13 +242,19 @@ func run(c *cli.Context) (err error) {
 			return cli.Exit(err.Error(), 2)
 		}
 	}
+	defaultPeers := false
 	switch {
 	case len(peers) > 0:
 		if err := checkPeers(peers, id, raftAddr, httpAddr); err != nil {
 			return cli.Exit(err.Error(), 2)
 		}
 	case len(via) == 0:
+		// The single-node default bootstraps only an empty directory: on
+		// one with Raft state (a member of a larger cluster restarted
+		// without --peers) or a seeded one, the node neither compares it
+		// with the stored configuration nor warns of it (DefaultPeers).
 		peers = []raftfsm.Member{{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}}
+		defaultPeers = true
 	}
 	// The node runs until SIGINT or SIGTERM, or until the app's context
 	// ends (tests run the app with one). The signals are taken from here,
@@ -339,6 +345,7 @@ func run(c *cli.Context) (err error) {
 	}
 	cfg := nodeConfig(c, peers, httpAddr, logger)
 	cfg.DataDirLock = dirLock
+	cfg.DefaultPeers = defaultPeers
 	if beforeLoad != nil {
 		beforeLoad()
 	}
