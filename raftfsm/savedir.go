@@ -151,14 +151,14 @@ func SaveDataDir(ctx context.Context, dataDir string, w io.Writer, opts SaveOpti
 	if err != nil {
 		return rep, fmt.Errorf("save: make a working directory: %w", err)
 	}
-	defer os.RemoveAll(work)
 	// Held for the save's life: a later save in tempDir removes the
 	// working directory of one killed (removeDeadSaves), never this one.
 	workLock, err := lockSaveWork(work)
 	if err != nil {
+		os.RemoveAll(work)
 		return rep, fmt.Errorf("save: lock the working directory: %w", err)
 	}
-	defer workLock.Close()
+	defer removeSaveWork(work, workLock, logger)
 	if err := copyNodeState(ctx, dataDir, work); err != nil {
 		return rep, fmt.Errorf("save: copy %s: %w", dataDir, err)
 	}
@@ -364,6 +364,57 @@ func (n *Node) detachedTail(last uint64) (uint64, string, error) {
 
 // saveWorkPrefix begins the name of a save's working directory.
 const saveWorkPrefix = ".kvrouter-save-"
+
+// saveWorkRemoveStep, when set (tests), runs in removeSaveWork after
+// each entry but LOCK is removed: where a kill leaves the directory to
+// the next save's removeDeadSaves.
+var saveWorkRemoveStep func(work string)
+
+// removeSaveWork removes a save's working directory work at the save's
+// end, on success or failure, while it holds the directory's lock: every
+// entry but LOCK, then LOCK, then the lock is released. A save killed
+// meanwhile (kill -9, OOM) leaves LOCK beside what it had not removed
+// yet, and the next save beside it removes the rest (removeDeadSaves).
+// Releasing the lock first and removing the directory whole, in readdir
+// order, could take LOCK first: a kill then left fsm/ and raft/ (the
+// copy, as large as the data directory) without LOCK, which
+// removeDeadSaves keeps for ever, as it keeps a directory a save has just
+// made and not yet locked. An entry that cannot be removed keeps LOCK
+// too, for the next save to try again.
+func removeSaveWork(work string, lock *os.File, logger *slog.Logger) {
+	defer lock.Close()
+	names, err := readDirNames(work)
+	for _, name := range names {
+		if name == lockFile {
+			continue
+		}
+		if rerr := os.RemoveAll(filepath.Join(work, name)); rerr != nil && err == nil {
+			err = rerr
+		}
+		if saveWorkRemoveStep != nil {
+			saveWorkRemoveStep(work)
+		}
+	}
+	if err == nil {
+		err = os.Remove(filepath.Join(work, lockFile))
+	}
+	if err == nil {
+		err = os.Remove(work)
+	}
+	if err != nil {
+		logger.Warn("could not remove the save's working directory: the next save beside it removes it", "dir", work, "err", err)
+	}
+}
+
+// readDirNames returns the names of the entries of dir.
+func readDirNames(dir string) ([]string, error) {
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return d.Readdirnames(-1)
+}
 
 // saveWorkLockStep, when set (tests), runs in lockSaveWork at each step
 // between the working directory's making and its lock's taking effect:
