@@ -50,7 +50,10 @@ func lockDataDir(dir string) (*os.File, error) {
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s is held by another kvrouter process (stop it, or give this one another --data-dir)", ErrDataDirInUse, path)
+			// An offline save (kvctl snapshot save --data-dir) holds it
+			// too, for its copy: the operator of a second save looks for
+			// no kvrouter process.
+			return nil, fmt.Errorf("%w: %s is held by another kvrouter process or a kvctl snapshot save --data-dir (stop it, or give this one another --data-dir)", ErrDataDirInUse, path)
 		}
 		return nil, fmt.Errorf("lock the data directory: %s: %w", path, err)
 	}

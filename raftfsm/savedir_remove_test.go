@@ -3,11 +3,13 @@ package raftfsm
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -105,5 +107,47 @@ func TestSaveDataDirRemovesASaveKilledDuringItsOwnRemoval(t *testing.T) {
 	}
 	if works, _ := filepath.Glob(filepath.Join(tmp, saveWorkPrefix+"*")); len(works) != 0 {
 		t.Fatalf("working directories after the second save: %v, want none", works)
+	}
+}
+
+// captureWriter calls at once, at its first Write (the save's working
+// directory is then fully copied), then takes everything.
+type captureWriter struct {
+	once sync.Once
+	at   func()
+	buf  bytes.Buffer
+}
+
+func (w *captureWriter) Write(p []byte) (int, error) {
+	w.once.Do(w.at)
+	return w.buf.Write(p)
+}
+
+// TestTwoSavesOfOneDataDirSayWhatHoldsIt: two offline saves of one data
+// directory (two shells, a retry while the first still runs) cannot run
+// at once: the second is refused with ErrDataDirInUse. Its message must
+// not send the operator to look for a kvrouter process that does not
+// exist: the holder is the other save (kvctl), which lockDataDir's
+// message ("held by another kvrouter process (stop it, or give this one
+// another --data-dir)") does not say.
+func TestTwoSavesOfOneDataDirSayWhatHoldsIt(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	if err := c.leader().RegisterWorker(ctx(t), WorkerInfo{ID: 1, DPRanks: []uint32{0}, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	c.stop(0)
+	var second error
+	w := &captureWriter{at: func() {
+		var buf bytes.Buffer
+		_, second = SaveDataDir(context.Background(), c.dirs[0], &buf, SaveOptions{TempDir: t.TempDir()})
+	}}
+	if _, err := SaveDataDir(context.Background(), c.dirs[0], w, SaveOptions{TempDir: t.TempDir()}); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(second, ErrDataDirInUse) {
+		t.Fatalf("a second save while the first runs: %v, want ErrDataDirInUse", second)
+	}
+	if !strings.Contains(second.Error(), "save") {
+		t.Fatalf("a second save of %s while another save holds it: %q: names a kvrouter process, not the save that holds it", c.dirs[0], second)
 	}
 }
