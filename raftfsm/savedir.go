@@ -493,13 +493,15 @@ func removeDeadSaves(tempDir string, logger *slog.Logger) {
 // change the directory the save must leave as it was, and the copy of
 // raft/ or fsm/ would copy itself without end.
 func OutsideDataDir(dataDir, p string) error {
+	// Each failure names its path: EvalSymlinks's errors can be a bare
+	// errno ("not a directory" for a parent that is a regular file).
 	d, err := resolvePath(dataDir)
 	if err != nil {
-		return err
+		return fmt.Errorf("resolve %s: %w", dataDir, err)
 	}
 	q, err := resolvePath(p)
 	if err != nil {
-		return err
+		return fmt.Errorf("resolve %s: %w", p, err)
 	}
 	rel, err := filepath.Rel(d, q)
 	if err != nil {

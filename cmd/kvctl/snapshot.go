@@ -275,6 +275,8 @@ func snapshotSaveDir(c *cli.Context, e *env, path string) (err error) {
 	if err := raftfsm.OutsideDataDir(dir, path); errors.Is(err, raftfsm.ErrInvalid) {
 		return usagef("FILE %s is inside --data-dir %s: the save leaves the data directory as it was; give a FILE outside it", path, dir)
 	} else if err != nil {
+		// The error names the path that failed to resolve, FILE's (a
+		// parent that is a regular file) or DIR's.
 		return fmt.Errorf("snapshot save --data-dir %s: %w; nothing was saved", dir, err)
 	}
 	ctx, cancel := snapshotCtx(c)
@@ -353,12 +355,6 @@ type offlineSaveReport struct {
 	LogEntriesDetached uint64 `json:"log_entries_detached"`
 }
 
-// saveTarget refuses, as a usage error, a FILE that is a directory
-// (dir or dir/, a link to one): the verified file could never be renamed
-// over it, and the refusal comes before the leader is asked, where the
-// rename failed with "file exists" after the whole state had streamed.
-// A FILE that is not there yet, or not a directory, is left to the save:
-// an existing file is replaced.
 // saveThroughPart writes a snapshot file at path through a temporary
 // file of its own beside it (os.CreateTemp: O_EXCL, a name no other save
 // picks): write fills it, and it is synced, closed and verified
@@ -405,13 +401,27 @@ func saveThroughPart(c *cli.Context, e *env, path string, write func(*os.File) e
 	return info, nil
 }
 
+// saveTarget refuses, as a usage error, a FILE that is a directory
+// (dir or dir/, a link to one): the verified file could never be renamed
+// over it, and the refusal comes before the leader is asked, where the
+// rename failed with "file exists" after the whole state had streamed.
+// So is a FILE that is there and is not a regular file (a FIFO, a socket,
+// a device, or a link to one): the rename would replace it with the
+// snapshot, a reader on the FIFO never served and, run as root, a device
+// node such as /dev/null gone for a regular file, and kvctl exited 0.
+// A FILE that is not there yet, or a regular file, is left to the save:
+// an existing file is replaced.
 func saveTarget(c *cli.Context, path string) error {
 	fi, err := os.Stat(path)
-	if err != nil || !fi.IsDir() {
+	switch {
+	case err != nil || fi.Mode().IsRegular():
 		return nil
+	case fi.IsDir():
+		return usagef("%s %s: FILE is a directory: give the path of a file to save to, such as %s",
+			helpName(c), path, filepath.Join(path, "kvrouter.snap"))
 	}
-	return usagef("%s %s: FILE is a directory: give the path of a file to save to, such as %s",
-		helpName(c), path, filepath.Join(path, "kvrouter.snap"))
+	return usagef("%s %s: FILE is a %s, which the save would replace with a regular file: give the path of a regular file to save to (or of none yet)",
+		helpName(c), path, fileKind(fi.Mode()))
 }
 
 // snapshotReport is the JSON of a snapshot file.
