@@ -16,20 +16,8 @@ func storedTwiceThenTruncated(h uint64) []byte {
 	b := msgp.AppendArrayHeader(nil, 3)
 	b = msgp.AppendFloat64(b, 1.5)
 	b = msgp.AppendArrayHeader(b, 4)
-	for range 2 {
-		b = msgp.AppendArrayHeader(b, 7)
-		b = msgp.AppendString(b, "BlockStored")
-		b = msgp.AppendArrayHeader(b, 1)
-		b = msgp.AppendUint64(b, h)
-		b = msgp.AppendNil(b)
-		b = msgp.AppendArrayHeader(b, 4)
-		for tok := range 4 {
-			b = msgp.AppendInt(b, tok+1)
-		}
-		b = msgp.AppendInt(b, 4)
-		b = msgp.AppendNil(b)
-		b = msgp.AppendNil(b)
-	}
+	b = appendStored(b, h)
+	b = appendStored(b, h)
 	// events[2]: a BlockRemoved of h, cut off after its type; events[3] lost
 	b = msgp.AppendArrayHeader(b, 2)
 	b = msgp.AppendString(b, "BlockRemoved")

@@ -1439,6 +1439,13 @@ func storedOnce(h uint64) []byte {
 	b := msgp.AppendArrayHeader(nil, 3)
 	b = msgp.AppendFloat64(b, 1.5)
 	b = msgp.AppendArrayHeader(b, 1)
+	b = appendStored(b, h)
+	return msgp.AppendUint32(b, 0)
+}
+
+// appendStored appends the array_like BlockStored of block hash h (tokens
+// 1..4, blocks of 4, no parent) to b.
+func appendStored(b []byte, h uint64) []byte {
 	b = msgp.AppendArrayHeader(b, 7)
 	b = msgp.AppendString(b, "BlockStored")
 	b = msgp.AppendArrayHeader(b, 1)
@@ -1450,8 +1457,7 @@ func storedOnce(h uint64) []byte {
 	}
 	b = msgp.AppendInt(b, 4)
 	b = msgp.AppendNil(b)
-	b = msgp.AppendNil(b)
-	return msgp.AppendUint32(b, 0)
+	return msgp.AppendNil(b)
 }
 
 // A resync clears the rank, so the copies the decoder counted before it go
