@@ -180,6 +180,8 @@ type booking struct {
 	// changed its seq since its hash was computed (the digest then leaves
 	// its entry out until settle); 0 otherwise.
 	dirtyAt int32
+	// unjournaled is set while b is on seqState.unjournaled.
+	unjournaled bool
 	// held is the set of its seq's hashes, built the first time an output
 	// block's membership is a question its rank's refs cannot answer (see
 	// holds); nil until then.
@@ -260,7 +262,12 @@ type seqState struct {
 	dirty []*booking
 
 	journal SeqJournal // nil when no durable copy follows
-	watch   *Pending   // told when a rank starts or stops holding a hash; nil when none watches
+	// unjournaled lists the bookings added or changed since the last
+	// FlushJournal (booking.unjournaled), each once: a journal told of
+	// every change rewrote a booking's whole seq at each of its output
+	// blocks, O(blocks²) bytes over a request's life.
+	unjournaled []*booking
+	watch       *Pending // told when a rank starts or stops holding a hash; nil when none watches
 }
 
 func (st *seqState) init() {
@@ -355,9 +362,7 @@ func (s *Sequences) Add(id string, rank kvevent.Rank, seqHashes []uint64, isl, c
 		createdAt: now,
 	}
 	st.insert(b)
-	if st.journal != nil {
-		st.journal.Booked(b.export())
-	}
+	st.journalBooked(b)
 	return true, nil
 }
 
@@ -378,9 +383,7 @@ func (s *Sequences) PrefillDone(id string) bool {
 	b.prefillDone = true
 	st.digest += b.entryHash()
 	st.slots[b.slot].load.ActivePrefillTokens -= b.prefill
-	if st.journal != nil {
-		st.journal.Booked(b.export())
-	}
+	st.journalBooked(b)
 	return true
 }
 
@@ -413,9 +416,7 @@ func (s *Sequences) AddOutputBlock(id string, h uint64) bool {
 	if st.incRef(h, b) {
 		st.slots[b.slot].load.ActiveDecodeBlocks++
 	}
-	if st.journal != nil {
-		st.journal.Booked(b.export())
-	}
+	st.journalBooked(b)
 	return true
 }
 
@@ -456,9 +457,7 @@ func (s *Sequences) SetDecay(id string, weight uint32) bool {
 	}
 	b.hash = st.bookingHash(b)
 	st.digest += b.entryHash()
-	if st.journal != nil {
-		st.journal.Booked(b.export())
-	}
+	st.journalBooked(b)
 	return true
 }
 
@@ -1243,11 +1242,12 @@ func (s *hashSet) insert(k uint64) bool {
 
 // A SeqJournal is told of every change to the tracker's logical state, so
 // that a durable copy can follow it (the cluster writes each change into
-// the Pebble batch of the entry being applied). Calls happen under the
+// the Pebble batch of its state database's open group). Calls happen under the
 // tracker's write lock; an implementation must not call back into it.
 type SeqJournal interface {
 	// Booked: a live booking was added or changed (prefill done, an output
-	// block, a discount).
+	// block, a discount). Reported at the next FlushJournal, once for all
+	// its changes since the last one, and only if it is live then.
 	Booked(b Booking)
 	// Freed: a booking was freed and is now a tombstone.
 	Freed(f FreedBooking)
@@ -1257,11 +1257,58 @@ type SeqJournal interface {
 	Clock(c int64)
 }
 
-// SetJournal attaches j (nil detaches).
+// SetJournal attaches j (nil detaches). Changes before the call are not
+// reported, nor those made before it and not yet flushed (FlushJournal).
 func (s *Sequences) SetJournal(j SeqJournal) {
 	s.mu.Lock()
 	s.st.journal = j
+	s.st.dropUnjournaled()
 	s.mu.Unlock()
+}
+
+// journalBooked notes that live booking b was added or changed, for the
+// next FlushJournal to report; a booking changed many times between two
+// flushes (one output block an entry) is reported once.
+func (st *seqState) journalBooked(b *booking) {
+	if st.journal == nil || b.unjournaled {
+		return
+	}
+	b.unjournaled = true
+	st.unjournaled = append(st.unjournaled, b)
+}
+
+// FlushJournal reports to the journal (Booked) each booking added or
+// changed since the last call, once, as it stands now. A booking freed
+// (its tombstone), expired or swept since is not reported: Freed or Gone
+// told the journal already, and what it wrote stands. The other changes
+// (Freed, Gone, Clock) are reported as they happen.
+//
+// A durable copy that records the state as of some point must flush
+// first: until then it lacks those bookings' latest changes (the cluster
+// flushes before each commit of its state database's group and before it
+// lays the open group under a read view).
+func (s *Sequences) FlushJournal() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := &s.st
+	for _, b := range st.unjournaled {
+		// A freed booking stays in byID as its tombstone; an expired one
+		// may have been booked again since, as another booking.
+		if st.journal != nil && !b.freed && st.byID[b.id] == b {
+			st.journal.Booked(b.export())
+		}
+	}
+	st.dropUnjournaled()
+}
+
+// dropUnjournaled empties the list of bookings to report, keeping its
+// capacity.
+func (st *seqState) dropUnjournaled() {
+	for i, b := range st.unjournaled {
+		b.unjournaled = false
+		st.unjournaled[i] = nil
+	}
+	st.unjournaled = st.unjournaled[:0]
 }
 
 func (b *booking) export() Booking {

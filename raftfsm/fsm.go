@@ -34,7 +34,11 @@ import (
 // sstable), which the FSM keeps across ApplyBatch calls and commits as a
 // group when it reaches store.GroupBytes, and always before a snapshot or
 // Close; a restore discards it (after any background commit ends), since
-// the stream replaces the state it changes. So the state database holds the state as of one
+// the stream replaces the state it changes. The tracker's added and
+// changed bookings go into the group once each, as they stand, just before
+// it commits or is laid under a read view (indexer.Sequences.FlushJournal):
+// told at every change, a request's output blocks rewrote its whole booking
+// once per block. So the state database holds the state as of one
 // applied index, never a part of an entry. Entries at or below the
 // applied index are skipped: Raft re-delivers every entry after its last
 // snapshot on each restart, and without the skip refcounts and residency
@@ -733,6 +737,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	f.ix.FlushJournal()
 	f.batch.SetApplied(last, lastTerm)
 	if f.batch.Len() >= f.groupBytes {
+		f.seqs.FlushJournal()
 		if err := f.commitAsync(); err != nil {
 			f.onFatal(fmt.Errorf("apply entries up to %d: %w", last, err))
 			return out
@@ -753,6 +758,7 @@ func (f *FSM) commitGroup() error {
 	if f.batch == nil {
 		return nil
 	}
+	f.seqs.FlushJournal()
 	return f.batch.Commit()
 }
 
@@ -822,6 +828,7 @@ func (f *FSM) view() (*store.StateSnapshot, uint64, error) {
 	if f.batch == nil {
 		return f.db.Snapshot(), f.replaced, nil
 	}
+	f.seqs.FlushJournal() // the group lacks the bookings' latest changes until then
 	return f.batch.View(), f.replaced, nil
 }
 
