@@ -267,7 +267,10 @@ type seqState struct {
 	// every change rewrote a booking's whole seq at each of its output
 	// blocks, O(blocks²) bytes over a request's life.
 	unjournaled []*booking
-	watch       *Pending // told when a rank starts or stops holding a hash; nil when none watches
+	// unjournaledBytes estimates what FlushJournal will write for them
+	// (UnjournaledBytes), so that a group of bookings alone still fills.
+	unjournaledBytes int
+	watch            *Pending // told when a rank starts or stops holding a hash; nil when none watches
 }
 
 func (st *seqState) init() {
@@ -1270,11 +1273,31 @@ func (s *Sequences) SetJournal(j SeqJournal) {
 // next FlushJournal to report; a booking changed many times between two
 // flushes (one output block an entry) is reported once.
 func (st *seqState) journalBooked(b *booking) {
-	if st.journal == nil || b.unjournaled {
+	if st.journal == nil {
+		return
+	}
+	if b.unjournaled {
+		st.unjournaledBytes += 8 // an output block's hash, at most
 		return
 	}
 	b.unjournaled = true
 	st.unjournaled = append(st.unjournaled, b)
+	st.unjournaledBytes += unjournaledRecordBytes + len(b.id) + 8*len(b.seq)
+}
+
+// unjournaledRecordBytes estimates a booking record's bytes besides its id
+// and sequence hashes (rank, counts, times, the key's framing).
+const unjournaledRecordBytes = 64
+
+// UnjournaledBytes estimates the bytes the next FlushJournal writes: the
+// records of the bookings added or changed since the last one. A durable
+// copy that commits in groups of a size counts them (the cluster's group
+// commit): bookings alone, written only at the flush, would otherwise never
+// fill a group.
+func (s *Sequences) UnjournaledBytes() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.st.unjournaledBytes
 }
 
 // FlushJournal reports to the journal (Booked) each booking added or
@@ -1309,6 +1332,7 @@ func (st *seqState) dropUnjournaled() {
 		st.unjournaled[i] = nil
 	}
 	st.unjournaled = st.unjournaled[:0]
+	st.unjournaledBytes = 0
 }
 
 func (b *booking) export() Booking {

@@ -736,7 +736,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	f.ix.FlushJournal()
 	f.batch.SetApplied(last, lastTerm)
-	if f.batch.Len() >= f.groupBytes {
+	// The bookings changed since the last flush count, though they go into
+	// the batch only at it: a group of bookings alone must fill too.
+	if f.batch.Len()+f.seqs.UnjournaledBytes() >= f.groupBytes {
 		f.seqs.FlushJournal()
 		if err := f.commitAsync(); err != nil {
 			f.onFatal(fmt.Errorf("apply entries up to %d: %w", last, err))
