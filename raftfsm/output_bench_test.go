@@ -62,10 +62,7 @@ func BenchmarkOutputBlocksOfOneRequest(b *testing.B) {
 	defer f.Close()
 	var w logWriter
 	applyFixture(b, f, &w)
-	seq := make([]uint64, obPrompt)
-	for i := range seq {
-		seq[i] = uint64(1_000_000 + i)
-	}
+	seq := obSeq()
 	logs := make([]*raft.Log, 0, obPerApply)
 	var staged int
 	b.ReportAllocs()
@@ -85,10 +82,7 @@ func TestOutputBlocksStageBytesLinearInTheBooking(t *testing.T) {
 	defer f.Close()
 	var w logWriter
 	applyFixture(t, f, &w)
-	seq := make([]uint64, obPrompt)
-	for i := range seq {
-		seq[i] = uint64(1_000_000 + i)
-	}
+	seq := obSeq()
 	staged := outputRequest(t, f, &w, "req", seq, nil)
 	// Twice the booking's hashes: its record once (the add's may be
 	// written apart from the output blocks'), with room for the keys and
@@ -158,4 +152,14 @@ func TestReopenAfterOutputBlocksRebuildsTheBookings(t *testing.T) {
 		t.Fatal("the sweep kept booking old")
 	}
 	check("a free and an expiry in the ApplyBatch of output blocks")
+}
+
+// obSeq is the prompt's sequence hashes of the output-block benchmark's
+// request: obPrompt of them.
+func obSeq() []uint64 {
+	seq := make([]uint64, obPrompt)
+	for i := range seq {
+		seq[i] = uint64(1_000_000 + i)
+	}
+	return seq
 }
