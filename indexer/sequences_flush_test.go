@@ -1,0 +1,90 @@
+package indexer
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+// heldJournal is a SeqJournal whose first Booked call waits until release
+// is closed (a flush caught part-way), recording every call in order.
+type heldJournal struct {
+	entered chan struct{} // closed at the first Booked call
+	release chan struct{}
+	calls   []string
+}
+
+func newHeldJournal() *heldJournal {
+	return &heldJournal{entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (j *heldJournal) Booked(b Booking) {
+	j.calls = append(j.calls, "booked "+b.ID)
+	if len(j.calls) == 1 {
+		close(j.entered)
+		<-j.release
+	}
+}
+func (j *heldJournal) Freed(f FreedBooking) { j.calls = append(j.calls, "freed "+f.ID) }
+func (j *heldJournal) Gone(id string)       { j.calls = append(j.calls, "gone "+id) }
+func (j *heldJournal) Clock(int64)          {}
+
+// waitFor fails the test if ch is not closed within a minute (a hang, not
+// a timing: what it waits for takes microseconds).
+func waitFor(t *testing.T, ch <-chan struct{}, what string) bool {
+	t.Helper()
+	select {
+	case <-ch:
+		return true
+	case <-time.After(time.Minute):
+		t.Errorf("timed out after a minute waiting for %s", what)
+		return false
+	}
+}
+
+// TestQueriesGoOnWhileTheJournalFlushes: a route's queries of the load
+// tracker are answered while FlushJournal reports the bookings changed in
+// the group (up to 16 MB of records, tens of milliseconds or more), not
+// held behind it; the flush still reports each booking as it stands, and
+// a mutation made after it is reported after it.
+func TestQueriesGoOnWhileTheJournalFlushes(t *testing.T) {
+	s := NewSequences()
+	j := newHeldJournal()
+	s.SetJournal(j)
+	mustBook(t, s, "r1", wkA0, []uint64{1, 2, 3}, 48, 0, 0)
+	mustBook(t, s, "r2", wkA0, []uint64{1, 2, 4}, 48, 0, 0)
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		s.FlushJournal()
+	}()
+	defer func() {
+		close(j.release)
+		<-flushed
+	}()
+	if !waitFor(t, j.entered, "the flush to report its first booking") {
+		return
+	}
+	answered := make(chan struct{})
+	var load Load
+	var ranks []RankLoad
+	go func() {
+		defer close(answered)
+		load = s.Load(wkA0)
+		ranks, _ = s.PotentialDecodeBlocks(nil, []uint64{1, 2, 5}, nil)
+	}()
+	if !waitFor(t, answered, "the queries of a route while the journal flushes (held behind the flush)") {
+		return
+	}
+	if want := (Load{ActivePrefillTokens: 96, ActiveDecodeBlocks: 4, ActiveRequests: 2}); load != want || len(ranks) != 1 {
+		t.Fatalf("during the flush: load %+v, ranks %+v; want %+v on one rank", load, ranks, want)
+	}
+	close(j.release)
+	<-flushed
+	j.release = make(chan struct{}) // for the deferred close
+	s.Free("r2")
+	s.FlushJournal()
+	if want := []string{"booked r1", "booked r2", "freed r2"}; !slices.Equal(j.calls, want) {
+		t.Fatalf("journal calls %q, want %q", j.calls, want)
+	}
+}
