@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/httpbody"
 	"github.com/kvrouter/kvrouter/internal/httppath"
+	"github.com/kvrouter/kvrouter/internal/lograte"
 	"github.com/kvrouter/kvrouter/internal/strictkeys"
 	"github.com/kvrouter/kvrouter/raftfsm"
 	"github.com/prometheus/client_golang/prometheus"
@@ -128,6 +129,7 @@ type Server struct {
 	transport http.RoundTripper
 	ownTransp *http.Transport    // closed by Close; nil when the caller gave one
 	tokenSum  *[sha256.Size]byte // of Options.Token; nil: no token asked
+	fwdLog    *lograte.Limiter   // failed forwards' Warn lines (logForwardFailed)
 
 	checksMu   sync.Mutex
 	checks     []func(raftfsm.WorkerInfo) error // CheckWorkers
@@ -168,7 +170,7 @@ func NewServer(b Backend, opts Options) *Server {
 	if opts.ForwardScheme == "" {
 		opts.ForwardScheme = "http"
 	}
-	s := &Server{b: b, opts: opts, log: opts.Logger, mux: http.NewServeMux()}
+	s := &Server{b: b, opts: opts, log: opts.Logger, mux: http.NewServeMux(), fwdLog: lograte.New(forwardLogEvery, nil)}
 	if opts.Token != "" {
 		sum := sha256.Sum256([]byte(opts.Token))
 		s.tokenSum = &sum
