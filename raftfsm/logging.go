@@ -55,9 +55,13 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 	}
 	args := lograte.LeftOut(skipped, w.every)
 	switch {
-	case strings.Contains(msg, "transport shutdown"):
+	case strings.Contains(msg, "transport shutdown"), strings.Contains(msg, closedConn):
 		// A connection's reader finding this node's own transport closed:
-		// the routine end of a shutdown, not an error of the cluster.
+		// the routine end of a shutdown, not an error of the cluster. The
+		// stream layer closes the connections it accepted itself, at its
+		// Close (a clean stop: every SIGTERM logged "failed to decode
+		// incoming command: ... use of closed network connection" at
+		// Error) and for a peer that stalls, which it logs on its own.
 		w.l.Info(msg, args...)
 	case strings.Contains(msg, "[ERROR]"):
 		w.l.Error(msg, args...)
@@ -66,6 +70,10 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// closedConn is the text of net.ErrClosed, which only an I/O call on a
+// connection this process closed returns.
+const closedConn = "use of closed network connection"
 
 // raftPeerKeys are the keys of hashicorp/raft's (v1.8.0) Warn and Error
 // lines whose value names a peer: peer= (replication), target= (votes,

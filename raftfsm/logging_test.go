@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
 )
 
 // TestRaftLogLevels: Raft's errors are logged as errors, its warnings as
@@ -18,8 +22,11 @@ func TestRaftLogLevels(t *testing.T) {
 	h.Error("failed to decode incoming command", "error", "transport shutdown")
 	h.Error("failed to appendEntries to", "peer", "n2")
 	h.Warn("heartbeat timeout reached")
+	// What a connection's reader logs when this node's stream layer closed
+	// its connection (a clean stop: TestAStoppedNodesTransportLogsNoError).
+	h.Error("failed to decode incoming command", "error", "read tcp 127.0.0.1:7411->127.0.0.1:39728: use of closed network connection")
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	want := []string{"level=INFO", "level=ERROR", "level=WARN"}
+	want := []string{"level=INFO", "level=ERROR", "level=WARN", "level=INFO"}
 	if len(lines) != len(want) {
 		t.Fatalf("logged:\n%s", out.String())
 	}
@@ -87,5 +94,79 @@ func TestRaftFailedToContactNamesEachServer(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "server-id=n5") {
 		t.Fatalf("two voters unreachable (n4, n5): only one named in the log:\n%s", out.String())
+	}
+}
+
+// lockedLog is a log destination that a test reads while the transport's
+// goroutines write it.
+type lockedLog struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestAStoppedNodesTransportLogsNoError: a clean stop (SIGTERM) closes the
+// node's Raft transport while a leader's connection to it is open (an
+// AppendEntries served, the connection pooled); the stream layer closes
+// that connection itself, and the reader's "failed to decode incoming
+// command: ... use of closed network connection" is the routine end of a
+// shutdown, logged at Info. From a rolling upgrade run with the binaries:
+// every node stopped logged it at Error.
+func TestAStoppedNodesTransportLogsNoError(t *testing.T) {
+	var out lockedLog
+	logger := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	f, err := NewTransport("127.0.0.1:0", nil, 2*time.Second, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewTransport("127.0.0.1:0", nil, 2*time.Second, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	done, served := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(served)
+		for {
+			select {
+			case rpc := <-f.Consumer():
+				rpc.Respond(&raft.AppendEntriesResponse{Term: 1, Success: true}, nil)
+			case <-done:
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(done)
+		<-served
+	}()
+	header := raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("l"), Addr: []byte(l.LocalAddr())}
+	var ar raft.AppendEntriesResponse
+	if err := l.AppendEntries("f", f.LocalAddr(), &raft.AppendEntriesRequest{RPCHeader: header, Term: 1}, &ar); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(out.String(), "failed to decode incoming command") {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after 30s waiting for the reader of the closed connection to log its end; logged:\n%s", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if strings.Contains(line, "level=ERROR") {
+			t.Fatalf("a node's transport closed at its stop logged at Error: %s", line)
+		}
 	}
 }
