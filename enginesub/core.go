@@ -864,8 +864,15 @@ func (c *core) exportSkips() {
 			if r == engine.ReasonNotMainGroup {
 				level = slog.LevelInfo // a hybrid model's other groups: expected
 			}
-			c.log.Log(context.Background(), level, "engine events left out", "rank", c.rank, "reason", name,
-				"events", ev, "blocks", bl, "metric", "kvagent_subscriber_skipped_events_total")
+			args := []any{"rank", c.rank, "reason", name, "events", ev, "blocks", bl, "metric", "kvagent_subscriber_skipped_events_total"}
+			if r == engine.ReasonOtherDPRank && c.batch.HasDPRank {
+				// Only the batch just decoded can have shown it: the
+				// decoder counts no other.
+				n, m := c.batch.DPRank, c.rank.DP
+				args = append(args, "batch_dp_rank", n, "fix", fmt.Sprintf("the engine publishes dp rank %d's events on the endpoint of rank %d: "+
+					"give each dp rank its own endpoint (vLLM: port + rank) and follow rank %d with --dp-start/--dp-size", n, m, n))
+			}
+			c.log.Log(context.Background(), level, "engine events left out", args...)
 		}
 	}
 	if k := st.CopyRemoves - c.decSeen.CopyRemoves; k > 0 {

@@ -1167,7 +1167,7 @@ func TestDroppedBlocksAreCountedByReason(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	s, err := New(Config{Endpoint: "tcp://127.0.0.1:1", Sink: &recSink{}, Registerer: reg,
 		Logger:  slog.New(slog.DiscardHandler),
-		Rank:    kvevent.Rank{Worker: 3, DP: 1},
+		Rank:    kvevent.Rank{Worker: 3}, // the batches' data_parallel_rank
 		Decoder: engine.Config{BlockSize: 4}})
 	if err != nil {
 		t.Fatal(err)
@@ -1182,7 +1182,7 @@ func TestDroppedBlocksAreCountedByReason(t *testing.T) {
 		}
 	}
 	series := counterSeries(t, reg, "kvagent_subscriber_dropped_blocks_total")
-	if want := []string{"dp_rank=1,reason=block_size,worker=3 1", "dp_rank=1,reason=unresolved,worker=3 2"}; !slices.Equal(series, want) {
+	if want := []string{"dp_rank=0,reason=block_size,worker=3 1", "dp_rank=0,reason=unresolved,worker=3 2"}; !slices.Equal(series, want) {
 		t.Fatalf("kvagent_subscriber_dropped_blocks_total series %q, want %q", series, want)
 	}
 }

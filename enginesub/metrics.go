@@ -54,9 +54,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		malformed: counter("kvagent_subscriber_malformed_total",
 			"Engine messages skipped as malformed, by reason (frames, seq, payload, delimiter).", "reason"),
 		skipped: counter("kvagent_subscriber_skipped_events_total",
-			"Wire events of decoded batches that gave no router event, by the decoder's reason (block_size, unknown_medium, not_main_group, ...).", "reason"),
+			"Wire events of decoded batches that gave no router event, by the decoder's reason (block_size, unknown_medium, not_main_group, other_dp_rank: a batch of another dp rank than the one followed, ...).", "reason"),
 		droppedBlocks: counter("kvagent_subscriber_dropped_blocks_total",
-			"Blocks left out of stored events by the per-block rules, by reason (block_size, unresolved).", "reason"),
+			"Blocks left out of stored events by the per-block rules, by reason (block_size, unresolved), and those of stores in another dp rank's batches (other_dp_rank).", "reason"),
 	}
 	if reg == nil {
 		return m, nil

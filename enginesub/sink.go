@@ -10,8 +10,10 @@ type Sink interface {
 	// Events receives the router events of one engine batch of rank r, with
 	// its sequence number. Within an epoch, batches arrive in sequence order
 	// and each at most once; a batch whose events were all filtered out by
-	// the decoder arrives with none. The events carry Config.Rank, with Rank.DP
-	// set from the batch's data_parallel_rank when it has one, and EventID 0.
+	// the decoder arrives with none, as does one whose data_parallel_rank
+	// names another dp rank than Config.Rank's (its events are another
+	// rank's: engine.ReasonOtherDPRank). The events carry Config.Rank and
+	// EventID 0.
 	// evs and every slice in it are valid only during the call: a sink that
 	// keeps them must copy them.
 	//

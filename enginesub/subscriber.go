@@ -97,9 +97,10 @@ type Config struct {
 	// one message. A real batch over the bound is lost, so its gap
 	// resyncs the rank. Zero means DefaultMaxMessage.
 	MaxMessage int64
-	// Rank is the rank followed; it names the rank in Sink calls and
-	// metrics. Its DP is replaced in events by the batch's
-	// data_parallel_rank when the batch has one.
+	// Rank is the rank followed; it names the rank in Sink calls, events
+	// and metrics. A batch whose data_parallel_rank is not Rank.DP is left
+	// out (engine.ReasonOtherDPRank): an engine publishing several dp ranks
+	// on one endpoint is followed for Rank.DP only.
 	Rank kvevent.Rank
 	// Decoder configures the payload decoder; its Rank is replaced by Rank.
 	// Decoder.BlockSize is required.

@@ -25,7 +25,8 @@ type Batch struct {
 	// since the epoch, as the engine's clock says; zero when absent).
 	TS float64
 	// DPRank is the data_parallel_rank of the last payload decoded, valid
-	// when HasDPRank. Events carry it in Rank.DP either way.
+	// when HasDPRank. Events carry Config.Rank: a payload whose rank is not
+	// Config.Rank.DP emits none (ReasonOtherDPRank).
 	DPRank    uint32
 	HasDPRank bool
 

@@ -51,7 +51,14 @@ func TestBatchShapes(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			d := newTestDecoder(t, Config{Rank: kvevent.Rank{Worker: 42, DP: 9}})
+			// The decoder follows the rank the batch names, if it names one
+			// (another rank's batch is left out, see
+			// TestABatchOfAnotherDPRankIsLeftOutWhole).
+			r := kvevent.Rank{Worker: 42, DP: 9}
+			if c.hasDP {
+				r.DP = c.dp
+			}
+			d := newTestDecoder(t, Config{Rank: r})
 			var b Batch
 			if err := d.Decode(pack(t, c.payload), &b); err != nil {
 				t.Fatal(err)
@@ -60,10 +67,7 @@ func TestBatchShapes(t *testing.T) {
 				t.Fatalf("ts %v dp %d has %v, want %v %d %v", b.TS, b.DPRank, b.HasDPRank, c.ts, c.dp, c.hasDP)
 			}
 			want := goodStoreWant()
-			want.Rank.DP = 9 // the configured rank, unless the batch names one
-			if c.hasDP {
-				want.Rank.DP = c.dp
-			}
+			want.Rank = r
 			assertEvents(t, b.Events, []kvevent.Event{want})
 		})
 	}
@@ -783,25 +787,63 @@ func TestOffloadStoreFromOldGenerationResolvesItsWholeChain(t *testing.T) {
 		[]kvevent.Event{cpu})
 }
 
-func TestEventsAreAttributedToTheBatchRankAndCarryNoID(t *testing.T) {
+func TestEventsCarryTheFollowedRankAndNoID(t *testing.T) {
 	d := newTestDecoder(t, Config{Rank: kvevent.Rank{Worker: 8, DP: 1}})
 	var b Batch
-	if err := d.Decode(pack(t, []any{1.0, []any{goodStoreArray(), []any{"AllBlocksCleared"}}, 6}), &b); err != nil {
+	if err := d.Decode(pack(t, []any{1.0, []any{goodStoreArray(), []any{"AllBlocksCleared"}}, 1}), &b); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Decode(pack(t, []any{1.0, []any{[]any{"BlockRemoved", []uint64{3}}}}), &b); err != nil {
 		t.Fatal(err)
 	}
+	if len(b.Events) != 3 {
+		t.Fatalf("events %s, want 3", fmtEvents(b.Events))
+	}
 	for i, e := range b.Events {
 		if e.EventID != 0 {
 			t.Errorf("event %d has id %d: ids are the agent's", i, e.EventID)
 		}
-	}
-	want := []kvevent.Rank{{Worker: 8, DP: 6}, {Worker: 8, DP: 6}, {Worker: 8, DP: 1}}
-	for i, r := range want {
-		if b.Events[i].Rank != r {
-			t.Fatalf("event %d rank %v, want %v", i, b.Events[i].Rank, r)
+		if want := (kvevent.Rank{Worker: 8, DP: 1}); e.Rank != want {
+			t.Fatalf("event %d rank %v, want %v", i, e.Rank, want)
 		}
+	}
+}
+
+// TestABatchOfAnotherDPRankIsLeftOutWhole: an engine that publishes every
+// dp rank's batches on one endpoint (Dynamo's TensorRT-LLM relay with
+// attention DP, each batch [ts, events, attention_dp_rank]) reaches the
+// decoder of each rank followed there. Filed under the followed rank,
+// rank 3's blocks would be routed to rank 0, and its clear would clear
+// rank 0. Left out, its stores count no copy: rank 0's remove of a block
+// both ranks stored still takes rank 0's only copy.
+func TestABatchOfAnotherDPRankIsLeftOutWhole(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	var b Batch
+	if err := d.Decode(pack(t, []any{1.0, []any{goodStoreArray(), []any{"AllBlocksCleared"}}, 3}), &b); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Events) != 0 || !b.HasDPRank || b.DPRank != 3 {
+		t.Fatalf("rank 3's batch, decoded for rank 0: events %s, dp %d/%v; want none, dp 3", fmtEvents(b.Events), b.DPRank, b.HasDPRank)
+	}
+	s := d.Stats()
+	if s.Batches != 1 || s.Events != 2 || s.Emitted != 0 || s.Skipped[ReasonOtherDPRank] != 2 || s.DroppedBlocks[ReasonOtherDPRank] != 3 {
+		t.Fatalf("stats %+v, want 1 batch, 2 events skipped as %v, 3 blocks dropped", s, ReasonOtherDPRank)
+	}
+
+	own := func(ev any) []kvevent.Event { return decode(t, d, pack(t, []any{1.0, []any{ev}, 0})) }
+	assertEvents(t, own(goodStoreArray()), []kvevent.Event{goodStoreWant()})
+	for _, other := range []any{
+		[]any{2.0, []any{goodStoreArray()}, 3},
+		omap{"data_parallel_rank", 3, "events", []any{goodStoreArray()}, "ts", 2.0},
+	} {
+		if evs := decode(t, d, pack(t, other)); len(evs) != 0 {
+			t.Fatalf("rank 3's store emitted %s for rank 0", fmtEvents(evs))
+		}
+	}
+	want := []kvevent.Event{{Rank: rank, Kind: kvevent.KindRemoved, Tier: kvevent.TierDevice, Removed: []uint64{11}}}
+	assertEvents(t, own([]any{"BlockRemoved", []uint64{11}}), want)
+	if s := d.Stats(); s.Skipped[ReasonOtherDPRank] != 4 || s.CopyRemoves != 0 {
+		t.Fatalf("stats %+v, want 4 events of rank 3 skipped, no remove held back for rank 3's copies", s)
 	}
 }
 

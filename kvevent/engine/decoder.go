@@ -11,8 +11,10 @@ import (
 
 // Config configures a Decoder for one rank of one worker.
 type Config struct {
-	// Rank is the rank the events are attributed to. Rank.DP is replaced by
-	// the batch's data_parallel_rank when the batch carries one.
+	// Rank is the rank followed, and the one the events are attributed to.
+	// A batch whose data_parallel_rank names another dp rank is left out
+	// whole (ReasonOtherDPRank): an engine that publishes several dp ranks
+	// on one endpoint is indexed for Rank.DP only.
 	Rank kvevent.Rank
 	// BlockSize is the rank's registered block size, in tokens. Required.
 	BlockSize int
@@ -77,6 +79,7 @@ const (
 	ReasonUnnamedLoRA                 // tokens under a LoRA given by lora_id only: no seed to hash them
 	ReasonBlockSize                   // block_size ≠ the registered one, or tokens ≠ blocks × block_size
 	ReasonUnresolved                  // no tokens, and the engine hash was never seen with tokens
+	ReasonOtherDPRank                 // the batch's data_parallel_rank is not Config.Rank.DP: another rank's events
 	NumReasons
 )
 
@@ -87,6 +90,7 @@ const absorbed = NumReasons
 var reasonNames = [NumReasons]string{
 	"bad_shape", "unknown_type", "bad_field", "not_main_group", "unknown_medium",
 	"no_blocks", "repeated_hash", "parent_is_first", "unnamed_lora", "block_size", "unresolved",
+	"other_dp_rank",
 }
 
 func (r Reason) String() string {
@@ -109,7 +113,8 @@ type Stats struct {
 	// DroppedBlocks counts blocks left out of stores by the per-block rules
 	// (ReasonBlockSize, ReasonUnresolved): the first such block and every
 	// later one of its event. When no block of an event is left, the event
-	// is also counted in Skipped under the same reason.
+	// is also counted in Skipped under the same reason. The blocks of the
+	// stores of another dp rank's batch count under ReasonOtherDPRank.
 	DroppedBlocks [NumReasons]uint64
 	// ExtraKeyBlocks counts emitted stores' blocks that carry extra_keys
 	// (multimodal ids, cache salt), or SGLang's request metadata (a
@@ -162,6 +167,16 @@ type Decoder struct {
 	seen   map[uint64]struct{}
 	left   int // bytes of the payload after the event being converted
 	stats  Stats
+
+	// mixedDP is set once a batch of another dp rank than Config.Rank.DP
+	// was seen: from then on each payload's data_parallel_rank is read
+	// before its events (peekDP), so that another rank's events are never
+	// converted. Until then it is read where it comes, after the events in
+	// the array encoding, and the first such batch is undone (Decode).
+	mixedDP bool
+	// otherDP is set while the payload being decoded is another rank's:
+	// its events are read and counted, not converted.
+	otherDP bool
 }
 
 // span locates an event's blocks or removed hashes in the Batch's storage
@@ -233,6 +248,49 @@ func (d *Decoder) ForgetCopies() { d.copies.forget() }
 // ErrPayload, and then out is as it was before the call. Nothing of payload
 // is retained: the caller may reuse it as soon as Decode returns.
 func (d *Decoder) Decode(payload []byte, out *Batch) error {
+	if d.mixedDP {
+		if dp, ok := peekDP(payload); ok && dp != d.rank.DP {
+			return d.decodeOther(payload, out)
+		}
+		return d.decode(payload, out)
+	}
+	saved := d.stats
+	nEvents, nBlocks, nRemoved := len(out.Events), len(out.blocks), len(out.removed)
+	if err := d.decode(payload, out); err != nil || !out.HasDPRank || out.DPRank == d.rank.DP {
+		return err
+	}
+	// The first batch of another dp rank: an engine (Dynamo's TensorRT-LLM
+	// relay with attention DP, one endpoint for every rank) or a
+	// misconfigured follower (--dp-start) sends several ranks' batches here.
+	// Filed under Config.Rank, its blocks would be routed to a rank that
+	// does not hold them, and its clear would clear this one. Its events
+	// are taken back and the batch decoded again as another rank's. What
+	// its stores taught (content hashes, group kinds) stays, true of the
+	// engine's hashes whichever rank stored them; the copies it counted
+	// cannot be told from this rank's, so all are forgotten, as after a
+	// rejected payload (copies.go). Later payloads are peeked at first.
+	clear(out.Events[nEvents:])
+	out.Events = out.Events[:nEvents]
+	out.blocks, out.removed = out.blocks[:nBlocks], out.removed[:nRemoved]
+	d.stats = saved
+	d.copies.forget()
+	d.mixedDP = true
+	return d.decodeOther(payload, out)
+}
+
+// decodeOther decodes a payload of another dp rank than Config.Rank.DP: its
+// events are read, and counted under ReasonOtherDPRank, but none is
+// converted or emitted, and no copy is counted for them. Its sequence is
+// the subscriber's to take all the same (an empty batch, not a gap).
+func (d *Decoder) decodeOther(payload []byte, out *Batch) error {
+	d.otherDP = true
+	defer func() { d.otherDP = false }()
+	return d.decode(payload, out)
+}
+
+// decode is Decode's work for one payload, converting its events unless
+// d.otherDP.
+func (d *Decoder) decode(payload []byte, out *Batch) error {
 	saved := d.stats
 	nEvents, nBlocks, nRemoved := len(out.Events), len(out.blocks), len(out.removed)
 	ts, dp, hasDP := out.TS, out.DPRank, out.HasDPRank
@@ -261,14 +319,10 @@ func (d *Decoder) Decode(payload []byte, out *Batch) error {
 	}
 
 	// The storage has stopped growing: cut each event's slice out of it, and
-	// stamp the batch's rank (which the array encoding sends after the events).
-	r := d.rank
-	if out.HasDPRank {
-		r.DP = out.DPRank
-	}
+	// stamp the rank (a batch of another dp rank emitted none).
 	for i := range out.Events[nEvents:] {
 		e := &out.Events[nEvents+i]
-		e.Rank = r
+		e.Rank = d.rank
 		s := d.spans[i]
 		switch e.Kind {
 		case kvevent.KindStored:
@@ -372,6 +426,47 @@ func (d *Decoder) readTS(b []byte, out *Batch) ([]byte, error) {
 	return rest, nil
 }
 
+// peekDP returns the data_parallel_rank of a payload, read over its events
+// without decoding them; ok is false when it has none or cannot be read so
+// (Decode then reports what is wrong with it).
+func peekDP(b []byte) (dp uint32, ok bool) {
+	if len(b) == 0 {
+		return 0, false
+	}
+	switch {
+	case isArray(b[0]):
+		n, rest, err := arrayHeader(b)
+		if err != nil || n < 3 {
+			return 0, false
+		}
+		if rest, err = skipN(rest, 2); err != nil {
+			return 0, false
+		}
+		v, _, ok, _ := readUint(rest, 1<<32-1)
+		return uint32(v), ok
+	case isMap(b[0]):
+		n, rest, err := mapHeader(b)
+		if err != nil {
+			return 0, false
+		}
+		for i := 0; i < n; i++ {
+			key, after, isStr, err := readStr(rest)
+			if err != nil {
+				return 0, false
+			}
+			if isStr && string(key) == "data_parallel_rank" { // the last one counts, as in decodeBatch
+				v, _, isUint, _ := readUint(after, 1<<32-1)
+				dp, ok = uint32(v), isUint
+			}
+			if rest, err = skipN(rest, 2); err != nil {
+				return 0, false
+			}
+		}
+		return dp, ok
+	}
+	return 0, false
+}
+
 func (d *Decoder) readDP(b []byte, out *Batch) ([]byte, error) {
 	if len(b) > 0 && b[0] == mnil {
 		out.HasDPRank = false
@@ -414,6 +509,13 @@ func (d *Decoder) readEvents(b []byte, out *Batch) ([]byte, error) {
 		}
 		d.left = len(b)
 		d.stats.Events++
+		if d.otherDP {
+			d.stats.Skipped[ReasonOtherDPRank]++
+			if d.ev.typ == evStored {
+				d.stats.DroppedBlocks[ReasonOtherDPRank] += uint64(len(d.ev.hashes))
+			}
+			continue
+		}
 		if r, ok := d.convert(&d.ev, out); !ok {
 			if r == absorbed {
 				d.stats.Absorbed++

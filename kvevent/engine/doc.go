@@ -25,8 +25,9 @@
 //
 // Invariants:
 //   - Every event Decode emits passes Event.Validate. Its EventID is zero (the
-//     node agent assigns ids after filtering) and its Rank is the configured
-//     worker with the batch's data_parallel_rank when the batch has one.
+//     node agent assigns ids after filtering) and its Rank is Config.Rank. A
+//     batch whose data_parallel_rank names another dp rank emits nothing:
+//     its events are counted under ReasonOtherDPRank, and count no copy.
 //   - A malformed event never reaches the output and never stops the batch:
 //     it is skipped and counted under its Reason. Each wire event read is
 //     either emitted or counted in Stats.Skipped exactly once.

@@ -43,7 +43,7 @@ func TestGoldenAllBlocksClearedBatch(t *testing.T) {
 		t.Fatalf("test encoder gives % x, golden is % x", enc, payload)
 	}
 
-	d := newTestDecoder(t, Config{Rank: kvevent.Rank{Worker: 7, DP: 3}})
+	d := newTestDecoder(t, Config{Rank: kvevent.Rank{Worker: 7, DP: 0}})
 	var b Batch
 	if err := d.Decode(payload, &b); err != nil {
 		t.Fatal(err)
@@ -77,10 +77,10 @@ func TestGoldenBlockRemovedBothEncodings(t *testing.T) {
 			dp      uint32
 		}{
 			{"3-array batch", pack(t, []any{2.0, []any{raw(ev)}, 1}), 1},
-			{"2-array batch", pack(t, []any{2.0, []any{raw(ev)}}), 5},
-			{"map batch", pack(t, omap{"ts", 2.0, "events", []any{raw(ev)}}), 5},
+			{"2-array batch", pack(t, []any{2.0, []any{raw(ev)}}), 1},
+			{"map batch", pack(t, omap{"ts", 2.0, "events", []any{raw(ev)}}), 1},
 		} {
-			d := newTestDecoder(t, Config{Rank: kvevent.Rank{Worker: 1, DP: 5}})
+			d := newTestDecoder(t, Config{Rank: kvevent.Rank{Worker: 1, DP: 1}})
 			var b Batch
 			if err := d.Decode(shape.payload, &b); err != nil {
 				t.Fatalf("%s event in %s: %v", name, shape.name, err)
