@@ -56,7 +56,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		skipped: counter("kvagent_subscriber_skipped_events_total",
 			"Wire events of decoded batches that gave no router event, by the decoder's reason (block_size, unknown_medium, not_main_group, other_dp_rank: a batch of another dp rank than the one followed, ...).", "reason"),
 		droppedBlocks: counter("kvagent_subscriber_dropped_blocks_total",
-			"Blocks left out of stored events by the per-block rules, by reason (block_size, unresolved), and those of stores in another dp rank's batches (other_dp_rank).", "reason"),
+			"Blocks left out of stored events by the per-block rules, by reason (block_size, unresolved, mm_token), and those of stores in another dp rank's batches (other_dp_rank).", "reason"),
 	}
 	if reg == nil {
 		return m, nil

@@ -7,6 +7,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -297,7 +298,7 @@ func TestMalformedEventsAreSkippedAndCounted(t *testing.T) {
 		{"parent is a string", []any{"BlockStored", []uint64{1}, "p", tokens(0, 16), 16}, ReasonBadField},
 		{"token is negative", []any{"BlockStored", []uint64{1}, nil, append([]any{-1}, anys(tokens(0, 15))...), 16}, ReasonBadField},
 		{"token above 2^32", []any{"BlockStored", []uint64{1}, nil, append(anys(tokens(0, 15)), uint64(1<<32)), 16}, ReasonBadField},
-		{"token is a string", []any{"BlockStored", []uint64{1}, nil, append(anys(tokens(0, 15)), "x"), 16}, ReasonBadField},
+		{"token is a string: a multimodal digest, in the only block", []any{"BlockStored", []uint64{1}, nil, append(anys(tokens(0, 15)), "x"), 16}, ReasonMMToken},
 		{"tokens not an array", []any{"BlockStored", []uint64{1}, nil, omap{"a", 1}, 16}, ReasonBadField},
 		{"block size a string", []any{"BlockStored", []uint64{1}, nil, tokens(0, 16), "16"}, ReasonBadField},
 		// 0 is vLLM's "unknown" size (its offloading connector's
@@ -1023,6 +1024,16 @@ func TestDecodeDoesNotAllocateInSteadyState(t *testing.T) {
 				"medium", "OBJ", "locality", "remote", "ownership", "fs"}),
 		in(t, []any{"BlockRemoved", []uint64{7}, "STORAGE", 0, "Remote"},
 			omap{"type", "BlockRemoved", "block_hashes", []uint64{8}, "medium", "OBJ", "locality", "REMOTE"}))
+	// TensorRT-LLM's multimodal digest among the tokens and its mm_keys,
+	// a LoRA store's extra keys, and another dp rank's batch (read before
+	// its events once one was seen).
+	digest := anys(tokens(0, 48))
+	digest[40] = strings.Repeat("cd", 32)
+	payloads = append(payloads,
+		in(t, omap{"type", "BlockStored", "block_hashes", []uint64{31, 32, 33}, "token_ids", digest, "block_size", 16,
+			"mm_keys", []any{[]any{}, []any{omap{"type", "mm_key", "hash", "ab", "start_offset", 0}}, nil}}),
+		in(t, []any{"BlockStored", []uint64{34, 35}, nil, tokens(0, 32), 16, nil, "GPU", "sql", []any{[]any{"sql"}, []any{"sql", "salt"}}}),
+		pack(t, []any{1.0, []any{goodStoreArray(), []any{"AllBlocksCleared"}}, 3}))
 	var b Batch
 	for _, p := range payloads { // warm up: grow buffers, learn hashes, fill caches
 		if err := d.Decode(p, &b); err != nil {

@@ -79,6 +79,7 @@ const (
 	ReasonUnnamedLoRA                 // tokens under a LoRA given by lora_id only: no seed to hash them
 	ReasonBlockSize                   // block_size ≠ the registered one, or tokens ≠ blocks × block_size
 	ReasonUnresolved                  // no tokens, and the engine hash was never seen with tokens
+	ReasonMMToken                     // a block whose tokens hold a multimodal digest (a str): not hashable from tokens
 	ReasonOtherDPRank                 // the batch's data_parallel_rank is not Config.Rank.DP: another rank's events
 	NumReasons
 )
@@ -90,7 +91,7 @@ const absorbed = NumReasons
 var reasonNames = [NumReasons]string{
 	"bad_shape", "unknown_type", "bad_field", "not_main_group", "unknown_medium",
 	"no_blocks", "repeated_hash", "parent_is_first", "unnamed_lora", "block_size", "unresolved",
-	"other_dp_rank",
+	"mm_token", "other_dp_rank",
 }
 
 func (r Reason) String() string {
@@ -111,15 +112,20 @@ type Stats struct {
 	// Every wire event read is either emitted or counted here once.
 	Skipped [NumReasons]uint64
 	// DroppedBlocks counts blocks left out of stores by the per-block rules
-	// (ReasonBlockSize, ReasonUnresolved): the first such block and every
+	// (ReasonBlockSize, ReasonUnresolved, ReasonMMToken): the first such block and every
 	// later one of its event. When no block of an event is left, the event
 	// is also counted in Skipped under the same reason. The blocks of the
 	// stores of another dp rank's batch count under ReasonOtherDPRank.
 	DroppedBlocks [NumReasons]uint64
-	// ExtraKeyBlocks counts emitted stores' blocks that carry extra_keys
-	// (multimodal ids, cache salt), or SGLang's request metadata (a
-	// per-request cache_salt): their content hash covers the tokens only,
-	// see the package comment.
+	// ExtraKeyBlocks counts emitted stores' blocks whose engine hash covers
+	// extra keys (vLLM's extra_keys: multimodal ids, cache salt;
+	// TensorRT-LLM's mm_keys, Dynamo's block_mm_infos), from the first
+	// block carrying one to the end of its store, since the engine's hashes
+	// chain (a salt on block 0 covers every later block), or SGLang's
+	// request metadata (a per-request cache_salt): their content hash
+	// covers the tokens only, see the package comment. An entry that is
+	// only the event's lora_name counts not (the content hashes are seeded
+	// by it), nor does a later store of the same chain.
 	ExtraKeyBlocks uint64
 	// Learned is the number of engine-hash → content-hash pairs held now.
 	Learned int
@@ -770,6 +776,13 @@ func (d *Decoder) blocks(e *wireEvent, out *Batch) (keep int, why Reason) {
 		return 0, ReasonBlockSize
 	case len(e.tokens) < n*bs: // the blocks with all their tokens stay
 		keep, why = len(e.tokens)/bs, ReasonBlockSize
+	}
+	// A multimodal digest among the tokens (TensorRT-LLM's image start):
+	// the blocks before it are text blocks, which a text request with the
+	// same prefix (a shared system prompt) hits; its block and the later
+	// ones, whose engine hashes cover the image, are dropped.
+	if at := (e.mmToken - 1) / bs; e.mmToken > 0 && at < keep {
+		keep, why = at, ReasonMMToken
 	}
 	d.locals = kvevent.LocalHashes(d.locals[:0], e.tokens[:keep*bs], bs, d.seedFor(e))
 	out.blocks = room(out.blocks, keep, d.left)

@@ -94,7 +94,10 @@
 //     block_size, fewer tokens lose every block, since they may be the whole
 //     of blocks smaller than the registered size, and pairing hash i with
 //     the i-th registered-size span of them would learn a wrong content
-//     hash.
+//     hash. A str among the tokens (ReasonMMToken: TensorRT-LLM's digest of
+//     a multimodal item, kv_cache_events.py EventTokenId = int | str) ends
+//     the event at its block: the text blocks before it are kept, its block
+//     and every later one, whose engine hashes cover the item, are lost.
 //  7. A store without tokens (an offload tier's: the connector knows only
 //     hashes) takes each block's content hash from the ones learned from
 //     earlier stores with tokens; the first block never seen ends the event
@@ -107,14 +110,21 @@
 //     Decoder.Reset at a new epoch; learned.go says why.
 //
 // Blocks lost under rules 6 and 7 are counted in Stats.DroppedBlocks; an
-// event that loses them all is also counted as skipped.
+// event that loses them all is also counted as skipped. Before any rule, a
+// batch whose data_parallel_rank is not Config.Rank.DP is left out whole
+// (ReasonOtherDPRank).
 //
 // What this package cannot know: extra_keys (multimodal ids, a per-request
 // cache salt) change the engine's block hash but are opaque here, so a
 // block's content hash covers its tokens, its LoRA and the engine's
 // registered salt (Config.Seed, SaltedSeed) only. Blocks of two requests
 // with the same tokens and different images or per-request salts (vLLM's
-// in extra_keys, SGLang's in its request metadata or cache_salt key) share
+// in extra_keys, TensorRT-LLM's in mm_keys, Dynamo's relay's in
+// block_mm_infos, SGLang's in its request metadata or cache_salt key) share
 // a content hash; Stats.ExtraKeyBlocks counts how many such blocks are
-// emitted (SGLang's cache_salt key of the map encoding is not counted).
+// emitted: from a block with such keys to the end of its store, since the
+// engine's hashes chain (a salt on block 0 covers them all), and not for a
+// key that is only the event's lora_name, which seeds the content hash
+// (SGLang's cache_salt key of the map encoding is not counted, nor a later
+// store continuing the chain).
 package engine

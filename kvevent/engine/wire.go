@@ -298,7 +298,10 @@ func keyField(k []byte) field {
 		return fMedium
 	case "lora_name":
 		return fLoraName
-	case "extra_keys":
+	case "extra_keys", "mm_keys", "block_mm_infos":
+		// TensorRT-LLM's KV cache manager V2 writes each block's
+		// multimodal keys as mm_keys, Dynamo's TensorRT-LLM relay as
+		// block_mm_infos: both one entry a block, as vLLM's extra_keys.
 		return fExtraKeys
 	case "group_idx":
 		return fGroup
@@ -343,6 +346,12 @@ type wireEvent struct {
 	// extra keys is only counted once the decoder knows how many blocks
 	// it kept (see extraKeyBlocks).
 	extraKeys []byte
+	// mmToken is 1 + the index of token_ids' first str, 0 when none:
+	// TensorRT-LLM writes a multimodal item's start as its digest in hex
+	// among the integer tokens (kv_cache_events.py EventTokenId = int | str).
+	// The block holding it, and every later one, cannot be hashed from
+	// tokens (blocks drops them as ReasonMMToken).
+	mmToken int
 }
 
 // reset empties e, keeping its slices' storage up to maxKeptBytes each.
@@ -585,6 +594,17 @@ func readTokens(b []byte, e *wireEvent) ([]byte, error) {
 				continue
 			}
 		}
+		if len(b) > 0 && isStr(b[0]) { // a multimodal digest (mmToken)
+			if e.mmToken == 0 {
+				e.mmToken = i + 1
+			}
+			if b, err = msgp.Skip(b); err != nil {
+				e.tokens = toks[:0]
+				return b, err
+			}
+			toks[i] = 0
+			continue
+		}
 		v, rest, ok, err := readUint(b, math.MaxUint32)
 		if err != nil {
 			e.tokens = toks[:0]
@@ -681,18 +701,48 @@ func readExtraKeys(b []byte, e *wireEvent) ([]byte, error) {
 	return b, nil
 }
 
-// extraKeyBlocks counts the non-nil extra_keys entries among the first n
-// blocks': those of the blocks a store kept, not of blocks it lost.
+// extraKeyBlocks counts the blocks, among the first n, whose engine hash
+// covers an extra key: from the first block whose entry holds one on,
+// since each block's engine hash chains its parent's (vLLM puts a cache
+// salt on block 0 only, and every later block's hash covers it). An entry
+// holds one unless it is nil, empty, or only the event's lora_name (the
+// content hashes are seeded by it: a route under the same adapter finds
+// them). Only the kept blocks count, not those a store lost. A store that
+// continues a chain whose salted or multimodal block was in an earlier
+// event is not counted: the decoder keeps no such state across events.
 func (e *wireEvent) extraKeyBlocks(n int) int {
-	b, count := e.extraKeys, 0
+	b := e.extraKeys
 	for i := 0; i < n && len(b) > 0; i++ {
-		if b[0] != mnil {
-			count++
-		}
+		entry := b
 		var err error
 		if b, err = msgp.Skip(b); err != nil {
 			break // cannot happen: readExtraKeys skipped the same entries
 		}
+		if e.holdsExtraKey(entry[:len(entry)-len(b)]) {
+			return n - i
+		}
 	}
-	return count
+	return 0
+}
+
+// holdsExtraKey reports whether one block's extra_keys entry holds a key
+// its content hash does not cover (extraKeyBlocks).
+func (e *wireEvent) holdsExtraKey(entry []byte) bool {
+	switch {
+	case entry[0] == mnil:
+		return false
+	case isArray(entry[0]):
+		n, rest, err := arrayHeader(entry)
+		if err != nil || n == 0 {
+			return err != nil
+		}
+		if n == 1 && e.has(fLoraName) && len(e.loraName) > 0 {
+			s, _, ok, err := readStr(rest)
+			return err != nil || !ok || string(s) != string(e.loraName)
+		}
+	case isMap(entry[0]):
+		n, _, err := mapHeader(entry)
+		return err != nil || n > 0
+	}
+	return true
 }
