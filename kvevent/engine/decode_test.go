@@ -1240,3 +1240,29 @@ func decodeAllocating(d *Decoder, p []byte, b *Batch) (uint64, error) {
 	runtime.ReadMemStats(&ms1)
 	return ms1.TotalAlloc - ms0.TotalAlloc, err
 }
+
+// TestPeekedRankFollowsDecodeOnRepeatedKeys: once another dp rank's batch
+// was seen, each payload's data_parallel_rank is peeked at before its
+// events (peekDP), and the peek must read the rank decodeBatch reads: of
+// a map with the key twice, the last one (a nil last one: no rank, so the
+// followed rank's). Otherwise rank 0's batch is left out, or rank 3's
+// emitted under rank 0 with nothing to undo it.
+func TestPeekedRankFollowsDecodeOnRepeatedKeys(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	if evs := decode(t, d, pack(t, []any{1.0, []any{}, 3})); len(evs) != 0 {
+		t.Fatal(fmtEvents(evs))
+	}
+	for _, c := range []struct {
+		name  string
+		batch omap
+		emits int
+	}{
+		{"3 then 0", omap{"data_parallel_rank", 3, "events", []any{goodStoreArray()}, "data_parallel_rank", 0}, 1},
+		{"0 then 3", omap{"data_parallel_rank", 0, "events", []any{goodStoreArray()}, "data_parallel_rank", 3}, 0},
+		{"3 then nil", omap{"data_parallel_rank", 3, "events", []any{goodStoreArray()}, "data_parallel_rank", nil}, 1},
+	} {
+		if evs := decode(t, d, pack(t, c.batch)); len(evs) != c.emits {
+			t.Fatalf("%s: emitted %s, want %d events (the last data_parallel_rank counts)", c.name, fmtEvents(evs), c.emits)
+		}
+	}
+}
