@@ -27,8 +27,13 @@ import (
 // may still refuse one with raftfsm.ErrInvalid. Methods are called
 // concurrently.
 type Backend interface {
-	// Status is this node's view of itself and the cluster. It never blocks.
+	// Status is this node's view of itself and the cluster. It may wait for
+	// an apply in progress and for Raft's main loop.
 	Status() raftfsm.NodeStatus
+	// Readiness is what /readyz reports: Status's Ready, State,
+	// AppliedIndex, LeaderID, ApplyHalted and Removed, the rest zero. It
+	// waits for no apply, nor for Raft's main loop while a leader is known.
+	Readiness() raftfsm.NodeStatus
 	// Members lists the servers of this node's latest Raft configuration,
 	// each with its HTTP address from the replicated member table ("" when
 	// the table has none).

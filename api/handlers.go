@@ -521,7 +521,7 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) error {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) error {
-	st := s.b.Status()
+	st := s.b.Readiness()
 	resp := ReadyResponse{Ready: st.Ready, State: st.State, AppliedIndex: st.AppliedIndex, NATS: s.natsState()}
 	if st.Ready {
 		return reply(w, http.StatusOK, resp)

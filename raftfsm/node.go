@@ -2442,7 +2442,7 @@ func (n *Node) statusAt(applied uint64) NodeStatus {
 	if h != nil {
 		s.ApplyHalted = h.Error()
 	}
-	s.Ready = n.ready.Load() && id != "" && !n.raftShutDown() && !n.watch.behind.Load() && h == nil
+	s.Ready = n.readyWith(id, h)
 	s.Removed = n.removed()
 	if id != "" {
 		s.LeaderHTTP = n.fsm.Members()[string(id)].HTTPAddr
@@ -2453,6 +2453,37 @@ func (n *Node) statusAt(applied uint64) NodeStatus {
 	} else if lc := n.raft.LastContact(); !lc.IsZero() {
 		s.LastContactMs = time.Since(lc).Milliseconds()
 	}
+	return s
+}
+
+// readyWith is Status.Ready with id the leader this node knows and h its
+// state machine's halt.
+func (n *Node) readyWith(id raft.ServerID, h *ApplyHalt) bool {
+	return n.ready.Load() && id != "" && !n.raftShutDown() && !n.watch.behind.Load() && h == nil
+}
+
+// Readiness returns what a readiness probe asks of this node: Status's
+// Ready, State, AppliedIndex, LeaderID, ApplyHalted and Removed, the other
+// fields zero. Unlike Status it waits for neither an apply in progress
+// (Status pairs the digest with the applied index between two ApplyBatch
+// calls; a large rank's dump applies for seconds) nor, when a leader is
+// known, Raft's main loop (Status reads Raft's stats and configuration
+// through it, and a node catching up on a long log tail keeps it waiting
+// on the state machine): a probe must answer within its timeout
+// (Kubernetes': 1 s), or the node is taken for down.
+func (n *Node) Readiness() NodeStatus {
+	_, id := n.raft.LeaderWithID()
+	applied, _ := n.fsm.Applied()
+	s := NodeStatus{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAddr, HTTPAddr: n.cfg.HTTPAddr,
+		State: n.raft.State().String(), AppliedIndex: applied, LeaderID: string(id), LastContactMs: -1}
+	h := n.fsm.Halted()
+	if h != nil {
+		s.ApplyHalted = h.Error()
+	}
+	s.Ready = n.readyWith(id, h)
+	// A node a leader replicates to is not removed (unreplicated): only one
+	// that hears from none reads its configuration.
+	s.Removed = n.unreplicated() && n.removed()
 	return s
 }
 

@@ -229,6 +229,10 @@ func (f *Fake) Status() raftfsm.NodeStatus {
 	return f.status
 }
 
+// Readiness implements api.Backend: Status, whose hooks and value it
+// shares (a fake does not block).
+func (f *Fake) Readiness() raftfsm.NodeStatus { return f.Status() }
+
 // Members implements api.Backend.
 func (f *Fake) Members(ctx context.Context) ([]raftfsm.Member, error) {
 	if err := f.enter("Members", false); err != nil {
