@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/internal/testlog"
 )
 
 // TestRaftLogLevels: Raft's errors are logged as errors, its warnings as
@@ -97,25 +97,6 @@ func TestRaftFailedToContactNamesEachServer(t *testing.T) {
 	}
 }
 
-// lockedLog is a log destination that a test reads while the transport's
-// goroutines write it.
-type lockedLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestAStoppedNodesTransportLogsNoError: a clean stop (SIGTERM) closes the
 // node's Raft transport while a leader's connection to it is open (an
 // AppendEntries served, the connection pooled); the stream layer closes
@@ -124,7 +105,7 @@ func (l *lockedLog) String() string {
 // shutdown, logged at Info. From a rolling upgrade run with the binaries:
 // every node stopped logged it at Error.
 func TestAStoppedNodesTransportLogsNoError(t *testing.T) {
-	var out lockedLog
+	var out testlog.Buffer
 	logger := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	f, err := NewTransport("127.0.0.1:0", nil, 2*time.Second, logger)
 	if err != nil {
@@ -164,9 +145,7 @@ func TestAStoppedNodesTransportLogsNoError(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	for _, line := range strings.Split(out.String(), "\n") {
-		if strings.Contains(line, "level=ERROR") {
-			t.Fatalf("a node's transport closed at its stop logged at Error: %s", line)
-		}
+	if lines := out.Lines("level=ERROR"); len(lines) > 0 {
+		t.Fatalf("a node's transport closed at its stop logged at Error: %s", lines[0])
 	}
 }
