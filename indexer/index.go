@@ -66,10 +66,18 @@ type Counters struct {
 }
 
 // Index is the tiered radix index. It is safe for concurrent use: one
-// writer at a time (Apply, ApplyBatch, the rank operations) and any number
-// of concurrent lookups. See DESIGN.md for why lookups never wait behind a
-// whole batch.
+// writer at a time (Apply, ApplyBatch, the rank operations: a writer
+// waits for another's whole call, though the batches and ReplaceRank let
+// lookups in between their chunks) and any number of concurrent lookups.
+// See DESIGN.md for why lookups never wait behind a whole batch or a
+// rank's replace.
 type Index struct {
+	// wmu is held by every writer for its whole call, mu's releases
+	// included: ApplyBatchReport and ReplaceRank let lookups in between
+	// chunks, and a writer that ran meanwhile would see ReplaceRank's
+	// deferTrim, or store into a rank half replaced (its result then
+	// depended on where the chunks fell). Taken before mu.
+	wmu sync.Mutex
 	mu  sync.RWMutex
 	cfg Config
 
@@ -88,8 +96,17 @@ type Index struct {
 	// makes unlink keep nodes in the tree (applySerial).
 	keepNodes bool
 	// deferTrim, set while ReplaceRank replays a dump, keeps store from
-	// enforcing capacity: ReplaceRank trims once at the end.
+	// enforcing capacity: ReplaceRank trims once at the end. It stays
+	// set across the replace's releases of mu: wmu keeps every other
+	// writer out meanwhile.
 	deferTrim bool
+	// replacing is the rank a ReplaceRank is replacing (nil when none;
+	// at most one: wmu), and replaced is closed when it is done. While
+	// set, lookups leave the rank out and DumpRank waits for replaced:
+	// between two of the replace's chunks the rank holds part of its
+	// old state or part of its new one.
+	replacing *rankState
+	replaced  chan struct{}
 
 	nodes    int64
 	entries  int64                   // (rank, block) residencies
@@ -111,8 +128,8 @@ type Index struct {
 	// dumpUnlocked, for tests: DumpRank calls it once it has released
 	// the lock, before it sorts what it copied.
 	dumpUnlocked func()
-	// applyUnlocked, for tests: ApplyBatchReport calls it between two
-	// chunks of a batch, while the lock is released.
+	// applyUnlocked, for tests: ApplyBatchReport and ReplaceRank call it
+	// between two chunks, while the lock is released.
 	applyUnlocked func()
 }
 
@@ -178,6 +195,8 @@ func New(cfg Config) *Index {
 // memory. The index stays usable: its contents are unchanged, and slabs
 // taken later are advised again.
 func (ix *Index) Release() {
+	ix.wmu.Lock()
+	defer ix.wmu.Unlock()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	ix.huge.Release()
@@ -245,6 +264,8 @@ func (ix *Index) Apply(ev *kvevent.Event, now int64) error {
 // Apply formats an error, for the callers that only count one (the FSM's
 // apply, on every replica).
 func (ix *Index) TryApply(ev *kvevent.Event, now int64) bool {
+	ix.wmu.Lock()
+	defer ix.wmu.Unlock()
 	if !ev.Valid() {
 		ix.mu.Lock()
 		ix.counters.Malformed++
@@ -271,6 +292,8 @@ func (ix *Index) ApplyBatch(evs []kvevent.Event, now int64) (malformed int) {
 // a pool's copy the engine renamed. What the index does is ApplyBatch's.
 func (ix *Index) ApplyBatchReport(evs []kvevent.Event, now int64, rep *ApplyReport) (malformed int) {
 	budget := 0
+	ix.wmu.Lock()
+	defer ix.wmu.Unlock()
 	ix.mu.Lock()
 	ix.report = rep
 	for i := range evs {
@@ -283,7 +306,7 @@ func (ix *Index) ApplyBatchReport(evs []kvevent.Event, now int64, rep *ApplyRepo
 		ix.applyLocked(ev, now)
 		budget += len(ev.Blocks) + len(ev.Removed) + 1
 		if budget >= ix.cfg.ApplyChunk && i+1 < len(evs) {
-			ix.report = nil // another writer may apply while mu is free
+			ix.report = nil // kept to mu's holds (no writer runs meanwhile: wmu)
 			ix.mu.Unlock()
 			if ix.applyUnlocked != nil {
 				ix.applyUnlocked()
@@ -671,15 +694,34 @@ func (ix *Index) clearRank(rs *rankState) {
 		}
 	}
 	ix.tables.release(&old)
+	ix.clearRankRest(rs)
+}
+
+// clearRankRest is what clearRank does once the rank's residencies are
+// gone: its held orphans and flags.
+func (ix *Index) clearRankRest(rs *rankState) {
 	ix.dropAllOrphans(rs, false)
 	rs.needsResync = false
 	rs.overCapacity = false
 	ix.markDirty(rs)
 }
 
+// yieldLocked releases the write lock and takes it again, so that the
+// lookups waiting for it go first. The caller holds wmu: no writer runs
+// meanwhile.
+func (ix *Index) yieldLocked() {
+	ix.mu.Unlock()
+	if ix.applyUnlocked != nil {
+		ix.applyUnlocked()
+	}
+	ix.mu.Lock()
+}
+
 // RemoveRank drops a rank's state entirely (every tier, its orphans, its
 // capacity). Removing an unknown rank is a no-op and returns false.
 func (ix *Index) RemoveRank(r kvevent.Rank) bool {
+	ix.wmu.Lock()
+	defer ix.wmu.Unlock()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	return ix.removeRankLocked(r)
@@ -702,6 +744,8 @@ func (ix *Index) removeRankLocked(r kvevent.Rank) bool {
 
 // RemoveWorker drops every rank of the worker and returns how many there were.
 func (ix *Index) RemoveWorker(worker uint64) int {
+	ix.wmu.Lock()
+	defer ix.wmu.Unlock()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	// Sorted, so that slots are freed in the same order on every replica;
@@ -720,6 +764,8 @@ func (ix *Index) RemoveWorker(worker uint64) int {
 // had: trimming every rank within its slack then dropped entries the
 // engine still held, and sorted the rank's entries each time.)
 func (ix *Index) SetCapacity(r kvevent.Rank, capacity [kvevent.NumTiers]int64) {
+	ix.wmu.Lock()
+	defer ix.wmu.Unlock()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	rs := ix.rankFor(r, true)

@@ -42,6 +42,8 @@ type RankMeta struct {
 // SetJournal attaches j (nil detaches). Changes before the call are not
 // reported.
 func (ix *Index) SetJournal(j Journal) {
+	ix.wmu.Lock()
+	defer ix.wmu.Unlock()
 	ix.mu.Lock()
 	ix.journal = j
 	ix.mu.Unlock()
@@ -50,6 +52,8 @@ func (ix *Index) SetJournal(j Journal) {
 // FlushJournal reports the metadata of every rank changed since the last
 // flush, in rank order. Call it once per durable batch.
 func (ix *Index) FlushJournal() {
+	ix.wmu.Lock()
+	defer ix.wmu.Unlock()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if ix.journal == nil || len(ix.dirty) == 0 {
@@ -116,6 +120,8 @@ func (ix *Index) LoadState(nodes map[uint64]DumpNode, ranks []RankDump) error {
 // SetRankState sets what LoadState cannot derive from entries: the resync
 // and over-capacity flags.
 func (ix *Index) SetRankFlags(r kvevent.Rank, needsResync, overCapacity bool) {
+	ix.wmu.Lock()
+	defer ix.wmu.Unlock()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if rs := ix.rankFor(r, false); rs != nil {

@@ -238,6 +238,8 @@ func (l *Loader) rank(r kvevent.Rank) *loadRank {
 // out of range, is ErrBadDump and leaves ix empty. Nodes no entry needs are
 // not kept: a node exists only while some rank holds it or a descendant.
 func (l *Loader) Finish(ix *Index) error {
+	ix.wmu.Lock()
+	defer ix.wmu.Unlock()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	j := ix.journal
@@ -281,6 +283,8 @@ func (l *Loader) FinishDetached(like *Index) (*Index, error) {
 // (nothing is journaled), and its counters, to which o's are added (what
 // the load counted, as Finish counts into the index it loads).
 func (ix *Index) Take(o *Index) {
+	ix.wmu.Lock()
+	defer ix.wmu.Unlock()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	ix.mu.Lock()

@@ -114,6 +114,14 @@ func (ix *Index) getScratch(slots int) *scratch {
 // its phase if the block is held there, else moves to the lowest higher
 // tier that holds it, else stops. Only a contiguous prefix counts.
 //
+// A rank that a ReplaceRank is replacing is left out, of Ranks and of
+// Frequencies: between two chunks of the replace it holds part of its old
+// state or of its new one, and a route must not prefer it (or pass it
+// over) for a prefix it held only part way. It is left out once, at the
+// first block (the walk never marks it), so the cost is one comparison
+// per rank there, and, at each depth of the walk while a replace runs,
+// one search for it among the node's holders for Frequencies.
+//
 // Lookups hold the read lock for the walk only; out is overwritten.
 func (ix *Index) FindMatchesByTier(hashes []uint64, view View, earlyExit bool, out *Matches) {
 	out.Reset()
@@ -130,9 +138,18 @@ func (ix *Index) FindMatchesByTier(hashes []uint64, view View, earlyExit bool, o
 	defer ix.scratchPool.Put(sc)
 	ep := sc.epoch << 32
 	tiered := view == ViewTiered
+	skip := ^uint32(0) // no slot has it: ranks hold fewer
+	if ix.replacing != nil {
+		skip = ix.replacing.slot
+	}
 
+	active := 0
 	for _, h := range n.holders {
 		s := h.slot()
+		if s == skip {
+			continue
+		}
+		active++
 		sc.mark[s] = ep | 1
 		sc.touched = append(sc.touched, s)
 		if tiered {
@@ -142,8 +159,7 @@ func (ix *Index) FindMatchesByTier(hashes []uint64, view View, earlyExit bool, o
 			sc.counts[s][p] = 1
 		}
 	}
-	out.Frequencies = append(out.Frequencies, uint32(len(n.holders)))
-	active := len(n.holders)
+	out.Frequencies = append(out.Frequencies, holdersBut(n, skip))
 
 	for d := 1; d < len(hashes); d++ {
 		if active == 0 || (earlyExit && active == 1) {
@@ -183,7 +199,7 @@ func (ix *Index) FindMatchesByTier(hashes []uint64, view View, earlyExit bool, o
 				cnt++
 			}
 		}
-		out.Frequencies = append(out.Frequencies, uint32(len(n.holders)))
+		out.Frequencies = append(out.Frequencies, holdersBut(n, skip))
 		active = cnt
 	}
 
@@ -196,4 +212,13 @@ func (ix *Index) FindMatchesByTier(hashes []uint64, view View, earlyExit bool, o
 		}
 		out.Ranks = append(out.Ranks, rm)
 	}
+}
+
+// holdersBut is how many ranks hold n, the rank in slot skip left out
+// (^uint32(0): none).
+func holdersBut(n *node, skip uint32) uint32 {
+	if skip != ^uint32(0) && n.find(skip) >= 0 {
+		return uint32(len(n.holders) - 1)
+	}
+	return uint32(len(n.holders))
 }

@@ -170,6 +170,8 @@ func (ix *Index) expireOrphans(rs *rankState, now int64) {
 // ExpireOrphans ages every rank's orphan buffer at time now. The cluster
 // calls it from a replicated sweep so that every replica drops the same ones.
 func (ix *Index) ExpireOrphans(now int64) {
+	ix.wmu.Lock()
+	defer ix.wmu.Unlock()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	for _, rs := range ix.ranks {

@@ -38,6 +38,9 @@ const (
 )
 
 // Stats returns a summary. It is O(ranks and their block maps' segments).
+// During a ReplaceRank it counts the replaced rank as far as the replace
+// has got (a figure for metrics: a rank of 1M blocks replaced reads low
+// for the second the replace takes).
 func (ix *Index) Stats() Stats {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
@@ -82,7 +85,9 @@ type RankStats struct {
 	OverCapacity bool
 }
 
-// RankStats returns per-rank figures, sorted by rank.
+// RankStats returns per-rank figures, sorted by rank. During a
+// ReplaceRank the replaced rank's figures are the replace's so far, as
+// Stats's are: they are shown (workers listings), not routed on.
 func (ix *Index) RankStats() []RankStats {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
@@ -104,6 +109,10 @@ func (ix *Index) RankStats() []RankStats {
 // state that decides later events: orphans' arrival times and order, entry
 // ages, capacities, the needs-resync and over-capacity flags, empty ranks,
 // counters (digest.go says why and what follows).
+//
+// During a ReplaceRank it is the digest of the state so far, which no
+// replica compares: read it between two writes (the state machine reads
+// it between two of its batches, AppliedDigest).
 func (ix *Index) Digest() uint64 {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
