@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -54,43 +53,5 @@ func TestBatchesOfAnotherDPRankAreLeftOutAndLogged(t *testing.T) {
 		!strings.Contains(logs.String(), "reason=other_dp_rank") ||
 		!strings.Contains(logs.String(), "the engine publishes dp rank 3's events on the endpoint of rank 0") {
 		t.Fatalf("%d log lines for the skipped events, want 1 naming the reason and the ranks:\n%s", n, logs.String())
-	}
-}
-
-// TestABrokenBatchOfAnotherDPRankDoesNotResyncTheFollowedRank: once the
-// decoder has seen another dp rank's batch, it peeks at each payload's
-// data_parallel_rank before its events, so it knows a broken payload of
-// rank 3 is rank 3's: left out whole as rank 3's others are, its sequence
-// taken, no resync. From a review: a broken one of rank 3 resynced rank 0
-// (the sink cleared all of rank 0's blocks) and forgot rank 0's copy
-// counts, for bytes that were never rank 0's.
-func TestABrokenBatchOfAnotherDPRankDoesNotResyncTheFollowedRank(t *testing.T) {
-	var logs bytes.Buffer
-	sink := &recSink{}
-	r := kvevent.Rank{Worker: 3}
-	s, err := New(Config{Endpoint: "tcp://127.0.0.1:1", Sink: sink,
-		Logger:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
-		Rank:    r,
-		Decoder: engine.Config{BlockSize: 4}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	payloads := [][]byte{
-		removedPayload(hashOf(0), 3),               // rank 3's: the decoder peeks from now on
-		removedPayload(hashOf(1), 0),               // rank 0's own
-		append(removedPayload(hashOf(2), 3), 0xc0), // rank 3's, one byte too many
-		removedPayload(hashOf(3), 0),
-	}
-	for seq, p := range payloads {
-		if err := s.core.live(bg, [][]byte{{}, seqFrame(uint64(seq)), p}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitFor(t, 10*time.Second, "4 sink calls", func() bool { return len(sink.of(&r)) >= 4 })
-	for _, c := range sink.of(&r) {
-		if c.kind == "resync" {
-			t.Fatalf("a broken batch whose data_parallel_rank (3, read before its events) is not the followed rank 0 resynced rank 0: sink calls %s\nlog:\n%s",
-				trace(sink.of(&r)), logs.String())
-		}
 	}
 }

@@ -104,11 +104,8 @@ func (r Reason) String() string {
 // Stats are a Decoder's counters since it was made. A payload that fails
 // with ErrPayload counts only in BadPayloads.
 type Stats struct {
-	Batches uint64 // payloads decoded
-	// BadPayloads counts payloads rejected whole: with ErrPayload, or, when
-	// its data_parallel_rank was read before its events and names another
-	// dp rank, left out without an error, as that rank's are (Decode).
-	BadPayloads uint64
+	Batches     uint64 // payloads decoded
+	BadPayloads uint64 // payloads rejected whole with ErrPayload
 	Events      uint64 // wire events read
 	Emitted     uint64 // router events produced
 	// Skipped counts wire events that produced no router event, by reason.
@@ -259,14 +256,7 @@ func (d *Decoder) ForgetCopies() { d.copies.forget() }
 func (d *Decoder) Decode(payload []byte, out *Batch) error {
 	if d.mixedDP {
 		if dp, ok := peekDP(payload); ok && dp != d.rank.DP {
-			if err := d.decodeOther(payload, out); err != nil {
-				// Another rank's payload, broken: nothing in it was this
-				// rank's, so it is left out as that rank's others are, and
-				// this rank's state stands (a rejection would have its
-				// caller resync this rank for bytes that were never its).
-				out.DPRank, out.HasDPRank = dp, true
-			}
-			return nil
+			return d.decodeOther(payload, out)
 		}
 		return d.decode(payload, out)
 	}
@@ -329,11 +319,8 @@ func (d *Decoder) decode(payload []byte, out *Batch) error {
 		d.stats.BadPayloads++
 		// The events read before the bad bytes changed the counts, and
 		// those after them, removes perhaps, were never read: the counts
-		// say nothing of the engine's copies now (copies.go). Not so for
-		// another rank's payload, which counts none.
-		if !d.otherDP {
-			d.copies.forget()
-		}
+		// say nothing of the engine's copies now (copies.go).
+		d.copies.forget()
 		return fmt.Errorf("%w: at byte %d of %d: %w", ErrPayload, len(payload)-len(rest), len(payload), err)
 	}
 
