@@ -307,12 +307,8 @@ func (ix *Index) ApplyBatchReport(evs []kvevent.Event, now int64, rep *ApplyRepo
 		budget += len(ev.Blocks) + len(ev.Removed) + 1
 		if budget >= ix.cfg.ApplyChunk && i+1 < len(evs) {
 			ix.report = nil // kept to mu's holds (no writer runs meanwhile: wmu)
-			ix.mu.Unlock()
-			if ix.applyUnlocked != nil {
-				ix.applyUnlocked()
-			}
+			ix.yieldLocked()
 			budget = 0
-			ix.mu.Lock()
 			ix.report = rep
 		}
 	}
