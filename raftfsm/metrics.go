@@ -25,7 +25,7 @@ type Collector struct {
 	workerBlocks, workerSilent, workerPrefill, workerDecode *prometheus.Desc
 	checks, mismatches, stalls, workerBusy, indexMemory     *prometheus.Desc
 	eventsApplied, forcedCompactions, applyHalted           *prometheus.Desc
-	configMismatches, inboundClosed                         *prometheus.Desc
+	configMismatches, inboundClosed, replicationHolds       *prometheus.Desc
 }
 
 // GapsCounterOpts is kvrouter_events_gaps_total: the rank batches whose
@@ -84,6 +84,9 @@ func NewCollector(n *Node) *Collector {
 		inboundClosed: d("raft_inbound_connections_closed_total", "Connections to this node's --raft-addr it closed unserved, since it started, by reason: "+
 			"over_limit (closed at once: the remote host held 64, or all hosts 256), silent (nothing sent within 30 s of the accept). "+
 			"A peer sends its request as soon as it connects and holds ten at most: a rise is a port scan, a client that connects and waits, or a flood.", "reason"),
+		replicationHolds: d("raft_replication_holds_total", "Times this node, leading, found a follower not answering its entries (its port refused, its connection lost, "+
+			"a timeout) and held that follower's replication until it answered a heartbeat again, since it started, so that the follower gets its entries "+
+			"as soon as it is back, where Raft alone backs off up to 10 s. A rise is a follower down or unreachable."),
 		forcedCompactions: d("raft_forced_compactions_total", "Times this node, leading, compacted its whole Raft log because a follower's log could not take the leader's "+
 			"from its start (it held a snapshot restore no other node took), so that the follower got the leader's snapshot."),
 	}
@@ -95,7 +98,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.nodes, c.entries, c.orphans, c.needResync, c.malformed, c.unknownRemoves, c.workers, c.ready,
 		c.leaderChanges, c.readySeconds, c.restoreSeconds, c.diskBytes, c.bookings, c.bookingsExpired,
 		c.workerBlocks, c.workerSilent, c.workerPrefill, c.workerDecode, c.checks, c.mismatches, c.stalls, c.workerBusy, c.indexMemory, c.eventsApplied,
-		c.forcedCompactions, c.applyHalted, c.configMismatches, c.inboundClosed} {
+		c.forcedCompactions, c.applyHalted, c.configMismatches, c.inboundClosed, c.replicationHolds} {
 		ch <- d
 	}
 	c.n.fsm.applySeconds.Describe(ch)
@@ -148,6 +151,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	n, f := c.n, c.n.fsm
 	ch <- prometheus.MustNewConstMetric(c.leaderChanges, prometheus.CounterValue, float64(n.leaderChanges.Load()))
 	ch <- prometheus.MustNewConstMetric(c.forcedCompactions, prometheus.CounterValue, float64(n.forcedCompactions.Load()))
+	ch <- prometheus.MustNewConstMetric(c.replicationHolds, prometheus.CounterValue, float64(n.watch.holds.Load()))
 	if v := n.readySeconds.Load(); v != 0 {
 		g(c.readySeconds, math.Float64frombits(v))
 	}

@@ -566,6 +566,7 @@ func (n *Node) startRaft() error {
 		return err
 	}
 	n.watch.setAlone(n.alone, n.held)
+	n.watch.setKeepSending(n.keepSending)
 	// Watched from the start: the first leader may win before NewNode
 	// returns; countLeaders reads what this buffers meanwhile.
 	n.leaders = make(chan raft.Observation, 64)
@@ -591,6 +592,22 @@ func (n *Node) held() (index, term uint64) {
 func (n *Node) alone() bool {
 	s := n.raft.GetConfiguration().Configuration().Servers
 	return len(s) == 1 && string(s[0].ID) == n.cfg.ID
+}
+
+// keepSending reports whether a request of term to follower id is still
+// to be sent (commitWatch.holdUnanswered): the node runs, leads in term,
+// and id is in its latest configuration. It reads atomics and allocates
+// a future, no wait on Raft's main loop.
+func (n *Node) keepSending(id raft.ServerID, term uint64) bool {
+	select {
+	case <-n.stop:
+		return false
+	default:
+	}
+	if n.raft.State() != raft.Leader || n.raft.CurrentTerm() != term {
+		return false
+	}
+	return slices.ContainsFunc(n.raft.GetConfiguration().Configuration().Servers, func(sv raft.Server) bool { return sv.ID == id })
 }
 
 // OnlyMember reports whether this node's latest Raft configuration is

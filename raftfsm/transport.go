@@ -537,6 +537,19 @@ type commitWatch struct {
 	// refusedVotes counts those.
 	votesHeld    atomic.Bool
 	refusedVotes atomic.Uint64
+	// keep tells whether a request of a term to a follower is still to
+	// be sent (holdUnanswered); nil until setKeepSending: no failure is
+	// held.
+	keep     atomic.Pointer[func(id raft.ServerID, term uint64) bool]
+	holdRate *lograte.Limiter // the lines about followers that do not answer, per follower
+	// holds counts the failures held until the follower answered
+	// (holdUnanswered); failedAppends the AppendEntries other than
+	// heartbeats whose failure reached Raft (each one a step of its
+	// backoff).
+	holds, failedAppends atomic.Uint64
+	failedHeartbeats     atomic.Uint64               // heartbeats that failed (tests)
+	holding              atomic.Int64                // failures held now
+	lastAnswer           map[raft.ServerID]time.Time // when each peer last answered any RPC; under contactMu
 	// bootIndex is the last index of the log this node bootstrapped
 	// (bootstrapIndex), 0 when it did not: while votes are held, a
 	// candidate whose log ends there is still granted a vote (Raft
@@ -566,7 +579,8 @@ type peerContact struct {
 // raft.WithPreVote when t is.
 func watchCommits(t raft.Transport, self string, logger *slog.Logger) (raft.Transport, *commitWatch) {
 	w := &commitWatch{Transport: t, out: make(chan raft.RPC), stop: make(chan struct{}), done: make(chan struct{}),
-		self: self, aloneSet: make(chan struct{}), logger: logger, fromStart: make(chan raft.ServerID, 1)}
+		self: self, aloneSet: make(chan struct{}), logger: logger, fromStart: make(chan raft.ServerID, 1),
+		holdRate: lograte.New(holdLogEvery, nil)}
 	go w.run(t.Consumer())
 	if pv, ok := t.(raft.WithPreVote); ok {
 		return &commitWatchPreVote{commitWatch: w, pv: pv}, w
@@ -1021,10 +1035,21 @@ func (w *commitWatch) contact(peer raft.ServerID) peerContact {
 
 // AppendEntries implements raft.Transport, noting the answer. Heartbeats
 // come this way, at least every tenth of a heartbeat timeout, and so does
-// a leader's catch-up of a follower up to the log it had when it started
-// (Raft pipelines only what comes after).
+// all replication (MaxRPCsInFlight 1: no pipeline). The failure of one
+// that is not a heartbeat, for want of an answer, is held until the
+// follower answers again (unanswered.go).
 func (w *commitWatch) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
 	err := w.Transport.AppendEntries(id, target, args, resp)
+	if err == nil {
+		w.answered(id)
+	} else if isHeartbeat(args) {
+		w.failedHeartbeats.Add(1)
+	} else {
+		if unanswered(err) {
+			err = w.holdUnanswered(id, target, args.Term, "AppendEntries", err)
+		}
+		w.failedAppends.Add(1)
+	}
 	if err == nil && w.answeredBy(id, target, resp.RPCHeader) {
 		w.heardAppend(id, args, resp)
 	}
@@ -1093,7 +1118,8 @@ func (p *watchedPipeline) Close() error {
 
 // InstallSnapshot implements raft.Transport, noting the answer: a
 // follower that installed the snapshot holds the leader's log through
-// its last index.
+// its last index. The failure of its dial is held until the follower
+// answers again (unanswered.go).
 //
 // hashicorp/raft v1.8.0 answers InstallSnapshot without an RPC header
 // (Raft.installSnapshot builds its response with a term and a result
@@ -1107,6 +1133,11 @@ func (p *watchedPipeline) Close() error {
 // names another server is still a stranger's.
 func (w *commitWatch) InstallSnapshot(id raft.ServerID, target raft.ServerAddress, args *raft.InstallSnapshotRequest, resp *raft.InstallSnapshotResponse, data io.Reader) error {
 	err := w.Transport.InstallSnapshot(id, target, args, resp, data)
+	if err == nil {
+		w.answered(id)
+	} else if dialFailed(err) {
+		err = w.holdUnanswered(id, target, args.Term, "InstallSnapshot", err)
+	}
 	if err == nil && len(resp.ID) > 0 && w.answeredBy(id, target, resp.RPCHeader) {
 		w.heard(id, true, resp.Success, args.LastLogIndex)
 	}
@@ -1124,6 +1155,9 @@ func (w *commitWatch) InstallSnapshot(id raft.ServerID, target raft.ServerAddres
 // RequestVote implements raft.Transport, noting the answer.
 func (w *commitWatch) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
 	err := w.Transport.RequestVote(id, target, args, resp)
+	if err == nil {
+		w.answered(id)
+	}
 	if err == nil && w.answeredBy(id, target, resp.RPCHeader) {
 		w.heard(id, false, false, 0)
 	}

@@ -1,0 +1,163 @@
+package raftfsm
+
+import (
+	"errors"
+	"io"
+	"net"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/internal/lograte"
+)
+
+// A leader holds back from Raft the failure of a send to a follower that
+// does not answer, in its transport (commitWatch.AppendEntries), until
+// the follower is back.
+//
+// hashicorp/raft v1.8.0 backs off a follower's replication after every
+// failed AppendEntries: 10 ms, doubled from the third failure on, to
+// 10.24 s from the twelfth, and only a success brings it back to
+// nothing. A follower down 10 s (a kill -9 and a restart, an upgrade)
+// ran the count to 11, and once it was back it waited up to 5 s for its
+// next entry; down 20 s or more, up to 10.24 s, on top of its own start.
+// That wait is the restarted node's time to ready (it must hold the
+// leader's commit index: checkReady), and the cluster's time without its
+// spare node: a second one lost meanwhile is a lost quorum.
+//
+// So an AppendEntries that is not a heartbeat and fails for want of an
+// answer (unanswered: the dial refused, the connection lost, a timeout)
+// is returned to Raft only once the follower may take the next one: its
+// address takes a TCP connection again (takesConnections, every
+// holdPoll), or it answered an RPC sent after the failure (a heartbeat,
+// which Raft goes on sending from its own goroutine). Or once the wait
+// is moot: the node no longer leads in the request's term, the follower
+// left the configuration, the node closes (keepSending). Raft counts one
+// failure per outage, waits its first backoff step (10 ms), and builds a
+// new request. An InstallSnapshot whose dial failed is held the same
+// way. A follower whose process hangs (its kernel takes connections) is
+// released at once, and Raft backs off from it as it did.
+//
+// The request is not sent again: it is as old as the outage, and a
+// follower of hashicorp/raft commits up to the leader commit index a
+// request carries, capped at its own last index, not at the request's
+// last entry (Raft's rule): an old request whose commit index was
+// brought up to date committed a restarted follower's stale entries past
+// its end, uncommitted entries of a deposed leader, and its state
+// diverged (TestIngestIsLinearizable caught it). Sent unchanged, its
+// commit index is the one of the outage's start, which a restarted
+// follower would take for the point it must reach to be ready
+// (commitWatch.first). Raft's new request has neither flaw.
+//
+// Holding the replication goroutine is safe: Raft waits for it only at
+// its shutdown, when it stops replicating to a follower, and when it
+// steps down, each of which ends the hold within holdPoll and a probe;
+// nothing else of the leader waits for it (a leadership transfer to the
+// follower waits for its entries until its own timeout, as it did).
+const (
+	// holdPoll is how often a hold checks whether it is to end.
+	holdPoll = 50 * time.Millisecond
+	// probeTimeout bounds a dial of the follower's address (a host that
+	// drops SYNs), and so how long a hold may outlast its end.
+	probeTimeout = time.Second
+	// holdLogEvery is how often the line about a follower that does not
+	// answer is logged at most, per follower.
+	holdLogEvery = time.Minute
+)
+
+// unanswered reports whether err is a failure to reach the peer, or to
+// get its answer (a connection refused, reset or closed, a timeout), as
+// opposed to an answer that is an error.
+func unanswered(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// dialFailed reports whether err is the failure of a dial: nothing was
+// sent.
+func dialFailed(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// isHeartbeat reports whether args is a Raft heartbeat: hashicorp/raft
+// v1.8.0 sets only its term, leader and header (Raft.heartbeat), where
+// replication always names the previous entry or the commit index
+// (setupAppendEntries), but for a leader of an empty log.
+func isHeartbeat(args *raft.AppendEntriesRequest) bool {
+	return len(args.Entries) == 0 && args.PrevLogEntry == 0 && args.LeaderCommitIndex == 0
+}
+
+// setKeepSending gives the watch the node's test that a request of term
+// to follower id is still to be sent (it leads in term, id is a member):
+// until it is called no failure is held.
+func (w *commitWatch) setKeepSending(keep func(id raft.ServerID, term uint64) bool) {
+	w.keep.Store(&keep)
+}
+
+// answered notes that follower id answered an RPC, whatever its header
+// says (holdUnanswered waits for it).
+func (w *commitWatch) answered(id raft.ServerID) {
+	w.contactMu.Lock()
+	if w.lastAnswer == nil {
+		w.lastAnswer = map[raft.ServerID]time.Time{}
+	}
+	w.lastAnswer[id] = time.Now()
+	w.contactMu.Unlock()
+}
+
+// answeredSince reports whether follower id answered an RPC after t.
+func (w *commitWatch) answeredSince(id raft.ServerID, t time.Time) bool {
+	w.contactMu.Lock()
+	defer w.contactMu.Unlock()
+	return w.lastAnswer[id].After(t)
+}
+
+// holdUnanswered returns err, the failure of a request of term to
+// follower id (what names the RPC in the log) to be answered, once the
+// follower has answered an RPC sent after it, or keepSending ends for
+// term.
+func (w *commitWatch) holdUnanswered(id raft.ServerID, target raft.ServerAddress, term uint64, what string, err error) error {
+	keep := w.keep.Load()
+	if keep == nil {
+		return err
+	}
+	failed := time.Now()
+	w.holds.Add(1)
+	w.holding.Add(1)
+	defer w.holding.Add(-1)
+	if ok, skipped := w.holdRate.Allow(string(id)); ok {
+		w.logger.Warn("a follower does not answer: its replication waits until it answers a heartbeat, while this node leads and it is a member",
+			append([]any{"peer", id, "raft_addr", target, "rpc", what, "error", err}, lograte.LeftOut(skipped, holdLogEvery)...)...)
+	}
+	t := time.NewTicker(holdPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-w.stop:
+			return err
+		}
+		if !(*keep)(id, term) {
+			w.logger.Debug("stopped waiting for a follower: this node no longer leads in the request's term, or it left",
+				"peer", id, "rpc", what, "error", err)
+			return err
+		}
+		if w.answeredSince(id, failed) || w.takesConnections(target) {
+			w.logger.Info("a follower answers again", "peer", id, "raft_addr", target,
+				"after", time.Since(failed).Round(time.Millisecond))
+			return err
+		}
+	}
+}
+
+// takesConnections reports whether target accepts a TCP connection now,
+// within probeTimeout; the connection is closed at once (the follower's
+// transport reads its end and closes it, logging nothing).
+func (w *commitWatch) takesConnections(target raft.ServerAddress) bool {
+	c, err := net.DialTimeout("tcp", string(target), probeTimeout)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
