@@ -566,7 +566,7 @@ func (n *Node) startRaft() error {
 		return err
 	}
 	n.watch.setAlone(n.alone, n.held)
-	n.watch.setKeepSending(n.keepSending)
+	n.watch.setKeepSending(n.keepSending, n.stop)
 	// Watched from the start: the first leader may win before NewNode
 	// returns; countLeaders reads what this buffers meanwhile.
 	n.leaders = make(chan raft.Observation, 64)

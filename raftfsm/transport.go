@@ -541,6 +541,7 @@ type commitWatch struct {
 	// be sent (holdUnanswered); nil until setKeepSending: no failure is
 	// held.
 	keep     atomic.Pointer[func(id raft.ServerID, term uint64) bool]
+	halt     <-chan struct{}  // the node's stop; set with keep
 	holdRate *lograte.Limiter // the lines about followers that do not answer, per follower
 	// holds counts the failures held until the follower answered
 	// (holdUnanswered); failedAppends the AppendEntries other than

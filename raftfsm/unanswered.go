@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -56,13 +57,16 @@ import (
 const (
 	// holdPoll is how often a hold checks whether it is to end.
 	holdPoll = 50 * time.Millisecond
-	// probeTimeout bounds a dial of the follower's address (a host that
-	// drops SYNs), and so how long a hold may outlast its end.
-	probeTimeout = time.Second
+
 	// holdLogEvery is how often the line about a follower that does not
 	// answer is logged at most, per follower.
 	holdLogEvery = time.Minute
 )
+
+// probeTimeout bounds a dial of the follower's address (a host that
+// drops SYNs), and so how long a hold may outlast its end but for the
+// node's close, which ends the dial (a variable for the tests).
+var probeTimeout = time.Second
 
 // unanswered reports whether err is a failure to reach the peer, or to
 // get its answer (a connection refused, reset or closed, a timeout), as
@@ -88,9 +92,11 @@ func isHeartbeat(args *raft.AppendEntriesRequest) bool {
 }
 
 // setKeepSending gives the watch the node's test that a request of term
-// to follower id is still to be sent (it leads in term, id is a member):
-// until it is called no failure is held.
-func (w *commitWatch) setKeepSending(keep func(id raft.ServerID, term uint64) bool) {
+// to follower id is still to be sent (it leads in term, id is a member),
+// and the node's stop, closed when it begins to close (it ends a probe
+// under way): until it is called no failure is held.
+func (w *commitWatch) setKeepSending(keep func(id raft.ServerID, term uint64) bool, stop <-chan struct{}) {
+	w.halt = stop
 	w.keep.Store(&keep)
 }
 
@@ -129,6 +135,17 @@ func (w *commitWatch) holdUnanswered(id raft.ServerID, target raft.ServerAddress
 		w.logger.Warn("a follower does not answer: its replication waits until it answers a heartbeat, while this node leads and it is a member",
 			append([]any{"peer", id, "raft_addr", target, "rpc", what, "error", err}, lograte.LeftOut(skipped, holdLogEvery)...)...)
 	}
+	// A probe of a host that drops SYNs waits probeTimeout: the node's
+	// close ends it at once (Raft's shutdown waits for this goroutine).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-w.halt:
+			cancel()
+		}
+	}()
 	t := time.NewTicker(holdPoll)
 	defer t.Stop()
 	for {
@@ -142,7 +159,7 @@ func (w *commitWatch) holdUnanswered(id raft.ServerID, target raft.ServerAddress
 				"peer", id, "rpc", what, "error", err)
 			return err
 		}
-		if w.answeredSince(id, failed) || w.takesConnections(target) {
+		if w.answeredSince(id, failed) || takesConnections(ctx, target) {
 			w.logger.Info("a follower answers again", "peer", id, "raft_addr", target,
 				"after", time.Since(failed).Round(time.Millisecond))
 			return err
@@ -151,10 +168,10 @@ func (w *commitWatch) holdUnanswered(id raft.ServerID, target raft.ServerAddress
 }
 
 // takesConnections reports whether target accepts a TCP connection now,
-// within probeTimeout; the connection is closed at once (the follower's
-// transport reads its end and closes it, logging nothing).
-func (w *commitWatch) takesConnections(target raft.ServerAddress) bool {
-	c, err := net.DialTimeout("tcp", string(target), probeTimeout)
+// within probeTimeout (or ctx); the connection is closed at once (the
+// follower's transport reads its end and closes it, logging nothing).
+func takesConnections(ctx context.Context, target raft.ServerAddress) bool {
+	c, err := (&net.Dialer{Timeout: probeTimeout}).DialContext(ctx, "tcp", string(target))
 	if err != nil {
 		return false
 	}

@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/kvrouter/kvrouter/internal/lograte"
 	"github.com/kvrouter/kvrouter/internal/testlog"
+	"github.com/kvrouter/kvrouter/internal/testwatch"
 )
 
 // downFollower starts a 3-node cluster, stops a follower (Close: its
@@ -119,6 +121,39 @@ func TestHoldsEndWhenTheLeaderStepsDown(t *testing.T) {
 	}
 	if lines := logs.Lines("Raft's shutdown still waits"); len(lines) > 0 {
 		t.Fatalf("a leader holding the replication of a follower down was held at its close:\n%s", lines[0])
+	}
+}
+
+// TestAHoldEndsWithTheNodesStop: a hold probing a follower's address
+// that drops SYNs ends when the node begins to close, its dial cut, not
+// when the dial times out: Raft's shutdown waits for it. Before the
+// cut, with dials of a minute: 'timed out after 10s waiting for the
+// hold to end after the node's stop'.
+func TestAHoldEndsWithTheNodesStop(t *testing.T) {
+	hole := blackHole(t)
+	old := probeTimeout
+	probeTimeout = time.Minute
+	t.Cleanup(func() { probeTimeout = old })
+	w := &commitWatch{stop: make(chan struct{}), logger: quiet, holdRate: lograte.New(holdLogEvery, nil)}
+	stop := make(chan struct{})
+	w.setKeepSending(func(raft.ServerID, uint64) bool {
+		select {
+		case <-stop:
+			return false
+		default:
+			return true
+		}
+	}, stop)
+	done := make(chan error, 1)
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	go func() { done <- w.holdUnanswered("n2", raft.ServerAddress(hole), 1, "AppendEntries", refused) }()
+	waitFor(t, 10*time.Second, "a probe of the black hole", func() bool {
+		return testwatch.Goroutines("raftfsm.takesConnections(", "") > 0
+	})
+	close(stop)
+	waitFor(t, 10*time.Second, "the hold to end after the node's stop", func() bool { return len(done) > 0 })
+	if err := <-done; err != refused {
+		t.Fatalf("the hold returned %v, want the failure it held (%v)", err, refused)
 	}
 }
 
