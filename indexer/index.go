@@ -129,7 +129,9 @@ type Index struct {
 	// the lock, before it sorts what it copied.
 	dumpUnlocked func()
 	// applyUnlocked, for tests: ApplyBatchReport and ReplaceRank call it
-	// between two chunks, while the lock is released.
+	// between two chunks, while the lock is released (but wmu held: a
+	// writer it calls on its own goroutine, or a DumpRank of the rank
+	// being replaced, waits for ever).
 	applyUnlocked func()
 }
 

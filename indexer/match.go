@@ -120,7 +120,10 @@ func (ix *Index) getScratch(slots int) *scratch {
 // over) for a prefix it held only part way. It is left out once, at the
 // first block (the walk never marks it), so the cost is one comparison
 // per rank there, and, at each depth of the walk while a replace runs,
-// one search for it among the node's holders for Frequencies.
+// one search for it among the node's holders for Frequencies. A node
+// that only the rank being replaced holds still counts, as 0, where an
+// index without the rank has no node: Frequencies may then end in a 0
+// (nothing in the router reads them; the tests trim it).
 //
 // Lookups hold the read lock for the walk only; out is overwritten.
 func (ix *Index) FindMatchesByTier(hashes []uint64, view View, earlyExit bool, out *Matches) {
