@@ -227,6 +227,10 @@ type Node struct {
 	snapshotting atomic.Bool
 	lastAssert   time.Time // leaderLoop only
 	lastHandOff  time.Time // leaderLoop only: handOffIfHalted's last transfer
+	// transfers counts the leadership transfers this node started that
+	// Raft has not answered yet (leadershipTransfer): no send to a
+	// follower is held meanwhile (keepSending).
+	transfers atomic.Int64
 	// compacting is set while a compaction for a follower runs
 	// (compactForFollower); compactedAt is when the last one began
 	// (leaderLoop only), forcedCompactions counts those that compacted.
@@ -596,18 +600,64 @@ func (n *Node) alone() bool {
 
 // keepSending reports whether a request of term to follower id is still
 // to be sent (commitWatch.holdUnanswered): the node runs, leads in term,
-// and id is in its latest configuration. It reads atomics and allocates
-// a future, no wait on Raft's main loop.
+// id is in its latest configuration, and no leadership transfer of this
+// node's is under way. It reads atomics and allocates a future, no wait
+// on Raft's main loop.
 func (n *Node) keepSending(id raft.ServerID, term uint64) bool {
 	select {
 	case <-n.stop:
 		return false
 	default:
 	}
+	if n.transfers.Load() > 0 {
+		return false
+	}
 	if n.raft.State() != raft.Leader || n.raft.CurrentTerm() != term {
 		return false
 	}
 	return slices.ContainsFunc(n.raft.GetConfiguration().Configuration().Servers, func(sv raft.Server) bool { return sv.ID == id })
+}
+
+// leadershipTransfer starts Raft's leadership transfer to id at addr
+// (id "": to Raft's pick) and returns its future, counted in n.transfers
+// until Raft answers it. hashicorp/raft v1.8.0 hands the target's
+// replication goroutine the transfer's request through a channel of one
+// and, for a second transfer while the first's request is unread, blocks
+// on that send out of reach of its timeout; the leader refuses every
+// write until that transfer ends (leadershipTransferInProgress). A
+// goroutine held for a follower that does not answer reads nothing, so
+// no send is held while a transfer runs: the hold ends within holdPoll
+// (TestTwoTransfersToAHeldFollowerLeaveTheLeaderTakingWrites).
+func (n *Node) leadershipTransfer(id raft.ServerID, addr raft.ServerAddress) raft.Future {
+	n.transfers.Add(1)
+	var f raft.Future
+	if id == "" {
+		f = n.raft.LeadershipTransfer()
+	} else {
+		f = n.raft.LeadershipTransferToServer(id, addr)
+	}
+	t := &transferFuture{done: make(chan struct{})}
+	// Raft answers every transfer (a node that no longer leads drains
+	// them: runFollower), as await's goroutines rely on too.
+	go func() {
+		t.err = f.Error()
+		n.transfers.Add(-1)
+		close(t.done)
+	}()
+	return t
+}
+
+// transferFuture is a leadership transfer's future, answered once Raft
+// answered it and n.transfers no longer counts it. Its Error may be
+// called by several goroutines, unlike Raft's.
+type transferFuture struct {
+	done chan struct{}
+	err  error
+}
+
+func (t *transferFuture) Error() error {
+	<-t.done
+	return t.err
 }
 
 // OnlyMember reports whether this node's latest Raft configuration is
@@ -1686,7 +1736,7 @@ func (n *Node) handOffIfHalted() {
 		return // no one to hand it to (and no transfer's error to log each time)
 	}
 	n.logger.Warn("leading with the state machine halted: handing the leadership on", "halt", h.Error())
-	f := n.raft.LeadershipTransfer()
+	f := n.leadershipTransfer("", "")
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -3399,7 +3449,7 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 			}
 		}
 		toID = string(to.ID)
-		f = n.raft.LeadershipTransferToServer(to.ID, to.Address)
+		f = n.leadershipTransfer(to.ID, to.Address)
 	} else {
 		// The Raft configuration is the authority on where a voter is; the
 		// member table only adds HTTP addresses.
@@ -3432,7 +3482,7 @@ func (n *Node) TransferLeadership(ctx context.Context, toID string) error {
 		if slices.Contains(down, toID) {
 			return fmt.Errorf("leadership transfer: %w: %s does not answer the leader: is it up?", ErrUnreachable, toID)
 		}
-		f = n.raft.LeadershipTransferToServer(raft.ServerID(toID), addr)
+		f = n.leadershipTransfer(raft.ServerID(toID), addr)
 	}
 	if err := n.await(ctx, f); err != nil {
 		switch {

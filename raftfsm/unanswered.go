@@ -49,11 +49,16 @@ import (
 // follower would take for the point it must reach to be ready
 // (commitWatch.first). Raft's new request has neither flaw.
 //
-// Holding the replication goroutine is safe: Raft waits for it only at
-// its shutdown, when it stops replicating to a follower, and when it
-// steps down, each of which ends the hold within holdPoll and a probe;
-// nothing else of the leader waits for it (a leadership transfer to the
-// follower waits for its entries until its own timeout, as it did).
+// Holding the replication goroutine is safe: Raft waits for it at its
+// shutdown, when it stops replicating to a follower, and when it steps
+// down, each of which ends the hold within holdPoll (and a probe, which
+// the node's close cuts); and a leadership transfer hands it a request
+// through a channel of one, which a second transfer blocks on while the
+// first's is unread, the leader refusing writes meanwhile: no send is
+// held while a transfer of the node's runs (Node.leadershipTransfer).
+// Nothing else of the leader waits for it. A held InstallSnapshot keeps
+// the leader's snapshot open (its disk space, were it reaped) until the
+// hold ends.
 const (
 	// holdPoll is how often a hold checks whether it is to end.
 	holdPoll = 50 * time.Millisecond
@@ -70,10 +75,24 @@ var probeTimeout = time.Second
 
 // unanswered reports whether err is a failure to reach the peer, or to
 // get its answer (a connection refused, reset or closed, a timeout), as
-// opposed to an answer that is an error.
+// opposed to an answer that is an error or cannot be read. A read's
+// failure comes from hashicorp/go-msgpack's decoder, whose error gives
+// its cause through Cause, not Unwrap (v2.1.5): followed too.
 func unanswered(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+	for range 8 { // a cause's chain is short; a cycle ends here
+		var ne net.Error
+		if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return true
+		}
+		var c interface{ Cause() error }
+		if !errors.As(err, &c) {
+			return false
+		}
+		if err = c.Cause(); err == nil {
+			return false
+		}
+	}
+	return false
 }
 
 // dialFailed reports whether err is the failure of a dial: nothing was
@@ -159,9 +178,16 @@ func (w *commitWatch) holdUnanswered(id raft.ServerID, target raft.ServerAddress
 				"peer", id, "rpc", what, "error", err)
 			return err
 		}
-		if w.answeredSince(id, failed) || takesConnections(ctx, target) {
-			w.logger.Info("a follower answers again", "peer", id, "raft_addr", target,
-				"after", time.Since(failed).Round(time.Millisecond))
+		msg := "a follower answers again"
+		answered := w.answeredSince(id, failed)
+		if !answered && takesConnections(ctx, target) {
+			answered, msg = true, "a follower's raft address takes connections again"
+		}
+		if answered {
+			if ok, skipped := w.holdRate.Allow(string(id) + "\x00back"); ok {
+				w.logger.Info(msg, append([]any{"peer", id, "raft_addr", target,
+					"after", time.Since(failed).Round(time.Millisecond)}, lograte.LeftOut(skipped, holdLogEvery)...)...)
+			}
 			return err
 		}
 	}
