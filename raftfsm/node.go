@@ -630,6 +630,9 @@ func (n *Node) keepSending(id raft.ServerID, term uint64) bool {
 // (TestTwoTransfersToAHeldFollowerLeaveTheLeaderTakingWrites).
 func (n *Node) leadershipTransfer(id raft.ServerID, addr raft.ServerAddress) raft.Future {
 	n.transfers.Add(1)
+	if n.watch != nil {
+		n.watch.transferStarting()
+	}
 	var f raft.Future
 	if id == "" {
 		f = n.raft.LeadershipTransfer()

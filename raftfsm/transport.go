@@ -540,8 +540,12 @@ type commitWatch struct {
 	// keep tells whether a request of a term to a follower is still to
 	// be sent (holdUnanswered); nil until setKeepSending: no failure is
 	// held.
-	keep     atomic.Pointer[func(id raft.ServerID, term uint64) bool]
-	halt     <-chan struct{}  // the node's stop; set with keep
+	keep atomic.Pointer[func(id raft.ServerID, term uint64) bool]
+	halt <-chan struct{} // the node's stop; set with keep
+	// kick is closed, and replaced, when the node starts a leadership
+	// transfer (transferStarting): a hold of a request sent before it
+	// ends, its probe cut.
+	kick     atomic.Pointer[chan struct{}]
 	holdRate *lograte.Limiter // the lines about followers that do not answer, per follower
 	// holds counts the failures held until the follower answered
 	// (holdUnanswered); failedAppends the AppendEntries other than
@@ -1040,6 +1044,7 @@ func (w *commitWatch) contact(peer raft.ServerID) peerContact {
 // that is not a heartbeat, for want of an answer, is held until the
 // follower answers again (unanswered.go).
 func (w *commitWatch) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	kick := w.kicked()
 	err := w.Transport.AppendEntries(id, target, args, resp)
 	if err == nil {
 		w.answered(id)
@@ -1047,7 +1052,7 @@ func (w *commitWatch) AppendEntries(id raft.ServerID, target raft.ServerAddress,
 		w.failedHeartbeats.Add(1)
 	} else {
 		if unanswered(err) {
-			err = w.holdUnanswered(id, target, args.Term, "AppendEntries", err)
+			err = w.holdUnanswered(id, target, args.Term, "AppendEntries", err, kick)
 		}
 		w.failedAppends.Add(1)
 	}
@@ -1133,11 +1138,12 @@ func (p *watchedPipeline) Close() error {
 // snapshot's last index and carries the follower's id. An answer that
 // names another server is still a stranger's.
 func (w *commitWatch) InstallSnapshot(id raft.ServerID, target raft.ServerAddress, args *raft.InstallSnapshotRequest, resp *raft.InstallSnapshotResponse, data io.Reader) error {
+	kick := w.kicked()
 	err := w.Transport.InstallSnapshot(id, target, args, resp, data)
 	if err == nil {
 		w.answered(id)
 	} else if dialFailed(err) {
-		err = w.holdUnanswered(id, target, args.Term, "InstallSnapshot", err)
+		err = w.holdUnanswered(id, target, args.Term, "InstallSnapshot", err, kick)
 	}
 	if err == nil && len(resp.ID) > 0 && w.answeredBy(id, target, resp.RPCHeader) {
 		w.heard(id, true, resp.Success, args.LastLogIndex)

@@ -55,7 +55,10 @@ import (
 // the node's close cuts); and a leadership transfer hands it a request
 // through a channel of one, which a second transfer blocks on while the
 // first's is unread, the leader refusing writes meanwhile: no send is
-// held while a transfer of the node's runs (Node.leadershipTransfer).
+// held while a transfer of the node's runs (Node.leadershipTransfer), and
+// a transfer's start ends the hold of every request sent before it
+// (kicked), which a transfer shorter than a probe or than the request's
+// own dial would otherwise pass unseen.
 // Nothing else of the leader waits for it. A held InstallSnapshot keeps
 // the leader's snapshot open (its disk space, were it reaped) until the
 // hold ends.
@@ -141,7 +144,13 @@ func (w *commitWatch) answeredSince(id raft.ServerID, t time.Time) bool {
 // follower id (what names the RPC in the log) to be answered, once the
 // follower has answered an RPC sent after it, or keepSending ends for
 // term.
-func (w *commitWatch) holdUnanswered(id raft.ServerID, target raft.ServerAddress, term uint64, what string, err error) error {
+//
+// kick is w.kicked() as the request was sent: a transfer started since
+// (kicked closed it) ends the hold. Taken at the hold's start instead, a
+// transfer that started and ended during the request (a dial to a host
+// that drops SYNs lasts the transport's timeout) went unseen, and its
+// next one's send blocked on the request it left.
+func (w *commitWatch) holdUnanswered(id raft.ServerID, target raft.ServerAddress, term uint64, what string, err error, kick <-chan struct{}) error {
 	keep := w.keep.Load()
 	if keep == nil {
 		return err
@@ -163,6 +172,8 @@ func (w *commitWatch) holdUnanswered(id raft.ServerID, target raft.ServerAddress
 		case <-ctx.Done():
 		case <-w.halt:
 			cancel()
+		case <-kick:
+			cancel()
 		}
 	}()
 	t := time.NewTicker(holdPoll)
@@ -172,6 +183,16 @@ func (w *commitWatch) holdUnanswered(id raft.ServerID, target raft.ServerAddress
 		case <-t.C:
 		case <-w.stop:
 			return err
+		case <-kick:
+		}
+		select {
+		case <-kick:
+			// A transfer started since the hold began, running or
+			// over: Raft may have left its request in the channel of
+			// one, which the next transfer's send blocks on.
+			w.logger.Debug("stopped waiting for a follower: a leadership transfer started", "peer", id, "rpc", what, "error", err)
+			return err
+		default:
 		}
 		if !(*keep)(id, term) {
 			w.logger.Debug("stopped waiting for a follower: this node no longer leads in the request's term, or it left",
@@ -203,4 +224,32 @@ func takesConnections(ctx context.Context, target raft.ServerAddress) bool {
 	}
 	c.Close()
 	return true
+}
+
+// kicked returns the channel the next transfer's start closes. It reads
+// an atomic: every AppendEntries reads it.
+func (w *commitWatch) kicked() <-chan struct{} {
+	if p := w.kick.Load(); p != nil {
+		return *p
+	}
+	c := make(chan struct{})
+	if w.kick.CompareAndSwap(nil, &c) {
+		return c
+	}
+	return *w.kick.Load()
+}
+
+// transferStarting ends every hold of a request sent before it, its
+// probe cut: a leadership transfer of the node starts
+// (Node.leadershipTransfer). A transfer shorter than a probe (an
+// election timeout of 200 ms, a probe of up to probeTimeout to a host
+// that drops SYNs), or than the request's own dial, went unseen by
+// keepSending, and Raft's request it left in the replication goroutine's
+// channel blocked the next transfer's send, the leader refusing writes
+// until the follower was back.
+func (w *commitWatch) transferStarting() {
+	c := make(chan struct{})
+	if old := w.kick.Swap(&c); old != nil {
+		close(*old)
+	}
 }

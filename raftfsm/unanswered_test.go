@@ -263,7 +263,9 @@ func TestAHoldEndsWithTheNodesStop(t *testing.T) {
 	}, stop)
 	done := make(chan error, 1)
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
-	go func() { done <- w.holdUnanswered("n2", raft.ServerAddress(hole), 1, "AppendEntries", refused) }()
+	go func() {
+		done <- w.holdUnanswered("n2", raft.ServerAddress(hole), 1, "AppendEntries", refused, w.kicked())
+	}()
 	waitFor(t, 10*time.Second, "a probe of the black hole", func() bool {
 		return testwatch.Goroutines("raftfsm.takesConnections(", "") > 0
 	})
@@ -313,4 +315,76 @@ func TestUnanswered(t *testing.T) {
 			t.Errorf("%+v taken for a heartbeat", args)
 		}
 	}
+}
+
+// blackHoleAt makes addr (a loopback address no one listens on) drop
+// SYNs: a listener with a full accept queue, as blackHole's, bound to
+// that port.
+func blackHoleAt(t *testing.T, addr string) {
+	t.Helper()
+	ta, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Skip(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
+		t.Skip(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}, Port: ta.Port})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Skip(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Skip(err)
+	}
+	for range 8 {
+		c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
+		if err != nil {
+			return // the queue is full: this dial hung
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	t.Skip("could not fill the accept queue")
+}
+
+// TestTransfersToAFollowerThatDropsSYNsLeaveTheLeaderTakingWrites: as
+// TestTwoTransfersToAHeldFollowerLeaveTheLeaderTakingWrites, but the
+// follower's host drops SYNs (a partition, a host powered off) instead of
+// refusing: each probe of the hold then takes probeTimeout (1 s), and the
+// hold read keepSending once a probe, so a transfer (an election timeout
+// long, 200 ms) could start and end unseen, as it could during the
+// request's own dial (the transport's timeout); Raft's transfer request
+// stayed in the channel of one and the next transfer's send blocked out
+// of reach of its timeout, the leader refusing every write. A transfer's
+// start now ends every hold of a request sent before it (kicked). From a
+// second review; before: 'timed out after 20s waiting for the leader to
+// take writes again after three failed transfers to a follower that
+// drops SYNs' (3 runs of 3).
+func TestTransfersToAFollowerThatDropsSYNsLeaveTheLeaderTakingWrites(t *testing.T) {
+	c, l, f := downFollower(t, 5, nil)
+	waitFor(t, 10*time.Second, "the leader to hold the replication of the follower down", func() bool { return l.watch.holding.Load() > 0 })
+	blackHoleAt(t, c.addrs[f])
+	waitFor(t, 10*time.Second, "a probe of the black hole", func() bool {
+		return testwatch.Goroutines("raftfsm.takesConnections(", "") > 0
+	})
+	id, addr := raft.ServerID(c.id(f)), raft.ServerAddress(c.addrs[f])
+	for i := range 3 {
+		start := time.Now()
+		err := l.leadershipTransfer(id, addr).Error()
+		t.Logf("transfer %d to the follower %s behind a black hole: %v (%v)", i+1, id, err, time.Since(start).Round(time.Millisecond))
+	}
+	waitFor(t, 20*time.Second, "the leader to take writes again after three failed transfers to a follower that drops SYNs", func() bool {
+		return !errors.Is(l.raft.Barrier(time.Second).Error(), raft.ErrLeadershipTransferInProgress)
+	})
 }
