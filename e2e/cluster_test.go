@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -214,10 +215,19 @@ func newClient(t *testing.T, endpoints ...string) *client.Client {
 	return cl
 }
 
-// freePorts asks the kernel for n distinct free loopback ports: it listens
-// on port 0 n times at once, then closes the listeners. Another process may
+// freePorts returns n distinct free loopback ports, drawn at random
+// below Linux's ephemeral range (32768-60999, where the kernel picks a
+// port 0 from) and listened on at once, then closed. Another process may
 // take a port before a node binds it; the cluster starts anew on other
 // ports then (bootstrap).
+//
+// Below the ephemeral range, so that no port of another package's test
+// (running beside this one: go test -p) lands on a node's: a port
+// another test's in-process node had, freed when that node stopped and
+// handed to a node here by the kernel, had its old cluster's leader,
+// still running, replicate its own log to the node here (its retries
+// reach a follower's address within a tenth of a second), and the
+// cluster here never converged.
 func freePorts(t *testing.T, n int) []string {
 	t.Helper()
 	var lns []net.Listener
@@ -227,10 +237,13 @@ func freePorts(t *testing.T, n int) []string {
 		}
 	}()
 	var out []string
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	for tries := 0; len(out) < n; tries++ {
+		if tries > 1000 {
+			t.Fatalf("found %d free ports of %d in 20000-32767 in 1000 tries", len(out), n)
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12768)))
 		if err != nil {
-			t.Fatalf("find a free port: %v", err)
+			continue // taken
 		}
 		lns = append(lns, ln)
 		out = append(out, ln.Addr().String())
