@@ -141,9 +141,10 @@ func (w *commitWatch) answeredSince(id raft.ServerID, t time.Time) bool {
 }
 
 // holdUnanswered returns err, the failure of a request of term to
-// follower id (what names the RPC in the log) to be answered, once the
-// follower has answered an RPC sent after it, or keepSending ends for
-// term.
+// follower id at target (what names the RPC in the log) to be answered,
+// once the follower has answered an RPC sent after it or target takes a
+// connection, or keepSending ends for term, or a transfer started since
+// the request was sent (kick), or the node closes.
 //
 // kick is w.kicked() as the request was sent: a transfer started since
 // (kicked closed it) ends the hold. Taken at the hold's start instead, a
@@ -160,7 +161,7 @@ func (w *commitWatch) holdUnanswered(id raft.ServerID, target raft.ServerAddress
 	w.holding.Add(1)
 	defer w.holding.Add(-1)
 	if ok, skipped := w.holdRate.Allow(string(id)); ok {
-		w.logger.Warn("a follower does not answer: its replication waits until it answers a heartbeat, while this node leads and it is a member",
+		w.logger.Warn("a follower does not answer: its replication waits until it answers or its raft address takes connections again, while this node leads and it is a member",
 			append([]any{"peer", id, "raft_addr", target, "rpc", what, "error", err}, lograte.LeftOut(skipped, holdLogEvery)...)...)
 	}
 	// A probe of a host that drops SYNs waits probeTimeout: the node's
