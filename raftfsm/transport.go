@@ -552,9 +552,8 @@ type commitWatch struct {
 	// heartbeats whose failure reached Raft (each one a step of its
 	// backoff).
 	holds, failedAppends atomic.Uint64
-	failedHeartbeats     atomic.Uint64               // heartbeats that failed (tests)
-	holding              atomic.Int64                // failures held now
-	lastAnswer           map[raft.ServerID]time.Time // when each peer last answered any RPC; under contactMu
+	failedHeartbeats     atomic.Uint64 // heartbeats that failed (tests)
+	holding              atomic.Int64  // failures held now
 	// bootIndex is the last index of the log this node bootstrapped
 	// (bootstrapIndex), 0 when it did not: while votes are held, a
 	// candidate whose log ends there is still granted a vote (Raft
@@ -1046,11 +1045,11 @@ func (w *commitWatch) contact(peer raft.ServerID) peerContact {
 func (w *commitWatch) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
 	kick := w.kicked()
 	err := w.Transport.AppendEntries(id, target, args, resp)
-	if err == nil {
-		w.answered(id)
-	} else if isHeartbeat(args) {
+	switch {
+	case err == nil:
+	case isHeartbeat(args):
 		w.failedHeartbeats.Add(1)
-	} else {
+	default:
 		if unanswered(err) {
 			err = w.holdUnanswered(id, target, args.Term, "AppendEntries", err, kick)
 		}
@@ -1140,9 +1139,7 @@ func (p *watchedPipeline) Close() error {
 func (w *commitWatch) InstallSnapshot(id raft.ServerID, target raft.ServerAddress, args *raft.InstallSnapshotRequest, resp *raft.InstallSnapshotResponse, data io.Reader) error {
 	kick := w.kicked()
 	err := w.Transport.InstallSnapshot(id, target, args, resp, data)
-	if err == nil {
-		w.answered(id)
-	} else if dialFailed(err) {
+	if err != nil && dialFailed(err) {
 		err = w.holdUnanswered(id, target, args.Term, "InstallSnapshot", err, kick)
 	}
 	if err == nil && len(resp.ID) > 0 && w.answeredBy(id, target, resp.RPCHeader) {
@@ -1162,9 +1159,6 @@ func (w *commitWatch) InstallSnapshot(id raft.ServerID, target raft.ServerAddres
 // RequestVote implements raft.Transport, noting the answer.
 func (w *commitWatch) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
 	err := w.Transport.RequestVote(id, target, args, resp)
-	if err == nil {
-		w.answered(id)
-	}
 	if err == nil && w.answeredBy(id, target, resp.RPCHeader) {
 		w.heard(id, false, false, 0)
 	}

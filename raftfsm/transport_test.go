@@ -23,15 +23,41 @@ import (
 // blackHole returns a TCP address on which a dial hangs: a listener with a
 // backlog of 0 whose accept queue is full, so the kernel drops every
 // further SYN (a host gone, a firewall that drops packets).
-func blackHole(t *testing.T) string {
+func blackHole(t *testing.T) string { return blackHoleOn(t, 0) }
+
+// blackHoleAt makes addr (a loopback address no one listens on) drop
+// SYNs, as blackHole's does.
+func blackHoleAt(t *testing.T, addr string) {
+	t.Helper()
+	ta, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blackHoleOn(t, ta.Port)
+}
+
+// blackHoleOn is blackHole on loopback port port (0: any), which it
+// returns as an address; a port just freed is waited for.
+func blackHoleOn(t *testing.T, port int) string {
 	t.Helper()
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
 	if err != nil {
 		t.Skip(err)
 	}
 	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
 		t.Skip(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}, Port: port})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Skip(err)
+		}
+		time.Sleep(20 * time.Millisecond) // the old listener's port is not free yet
 	}
 	if err := syscall.Listen(fd, 0); err != nil {
 		t.Skip(err)

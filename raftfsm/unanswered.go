@@ -30,7 +30,8 @@ import (
 // is returned to Raft only once the follower may take the next one: its
 // address takes a TCP connection again (takesConnections, every
 // holdPoll), or it answered an RPC sent after the failure (a heartbeat,
-// which Raft goes on sending from its own goroutine). Or once the wait
+// which Raft goes on sending from its own goroutine; an answer counts
+// when it names the follower: commitWatch.answeredBy). Or once the wait
 // is moot: the node no longer leads in the request's term, the follower
 // left the configuration, the node closes (keepSending). Raft counts one
 // failure per outage, waits its first backoff step (10 ms), and builds a
@@ -122,22 +123,10 @@ func (w *commitWatch) setKeepSending(keep func(id raft.ServerID, term uint64) bo
 	w.keep.Store(&keep)
 }
 
-// answered notes that follower id answered an RPC, whatever its header
-// says (holdUnanswered waits for it).
-func (w *commitWatch) answered(id raft.ServerID) {
-	w.contactMu.Lock()
-	if w.lastAnswer == nil {
-		w.lastAnswer = map[raft.ServerID]time.Time{}
-	}
-	w.lastAnswer[id] = time.Now()
-	w.contactMu.Unlock()
-}
-
-// answeredSince reports whether follower id answered an RPC after t.
+// answeredSince reports whether follower id answered an RPC after t, as
+// itself (the contact commitWatch notes of every answer: answeredBy).
 func (w *commitWatch) answeredSince(id raft.ServerID, t time.Time) bool {
-	w.contactMu.Lock()
-	defer w.contactMu.Unlock()
-	return w.lastAnswer[id].After(t)
+	return w.contact(id).at.After(t)
 }
 
 // holdUnanswered returns err, the failure of a request of term to

@@ -317,47 +317,6 @@ func TestUnanswered(t *testing.T) {
 	}
 }
 
-// blackHoleAt makes addr (a loopback address no one listens on) drop
-// SYNs: a listener with a full accept queue, as blackHole's, bound to
-// that port.
-func blackHoleAt(t *testing.T, addr string) {
-	t.Helper()
-	ta, err := net.ResolveTCPAddr("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Skip(err)
-	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
-		t.Skip(err)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}, Port: ta.Port})
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Skip(err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err := syscall.Listen(fd, 0); err != nil {
-		t.Skip(err)
-	}
-	for range 8 {
-		c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
-		if err != nil {
-			return // the queue is full: this dial hung
-		}
-		t.Cleanup(func() { c.Close() })
-	}
-	t.Skip("could not fill the accept queue")
-}
-
 // TestTransfersToAFollowerThatDropsSYNsLeaveTheLeaderTakingWrites: as
 // TestTwoTransfersToAHeldFollowerLeaveTheLeaderTakingWrites, but the
 // follower's host drops SYNs (a partition, a host powered off) instead of
