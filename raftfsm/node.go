@@ -231,6 +231,9 @@ type Node struct {
 	// Raft has not answered yet (leadershipTransfer): no send to a
 	// follower is held meanwhile (keepSending).
 	transfers atomic.Int64
+	// lastTransfer is when the last of them started (UnixNano): for
+	// transferGrace after it no send is held either (keepSending).
+	lastTransfer atomic.Int64
 	// compacting is set while a compaction for a follower runs
 	// (compactForFollower); compactedAt is when the last one began
 	// (leaderLoop only), forcedCompactions counts those that compacted.
@@ -609,7 +612,7 @@ func (n *Node) keepSending(id raft.ServerID, term uint64) bool {
 		return false
 	default:
 	}
-	if n.transfers.Load() > 0 {
+	if n.transfers.Load() > 0 || time.Since(time.Unix(0, n.lastTransfer.Load())) < transferGrace {
 		return false
 	}
 	if n.raft.State() != raft.Leader || n.raft.CurrentTerm() != term {
@@ -630,6 +633,7 @@ func (n *Node) keepSending(id raft.ServerID, term uint64) bool {
 // (TestTwoTransfersToAHeldFollowerLeaveTheLeaderTakingWrites).
 func (n *Node) leadershipTransfer(id raft.ServerID, addr raft.ServerAddress) raft.Future {
 	n.transfers.Add(1)
+	n.lastTransfer.Store(time.Now().UnixNano())
 	if n.watch != nil {
 		n.watch.transferStarting()
 	}
@@ -649,6 +653,17 @@ func (n *Node) leadershipTransfer(id raft.ServerID, addr raft.ServerAddress) raf
 	}()
 	return t
 }
+
+// transferGrace is how long after a leadership transfer's start no send
+// is held (keepSending). Raft answers a transfer at its timeout while the
+// request it handed the replication goroutine may still wait in its
+// channel of one; a goroutine released by the transfer (kicked) may take
+// another case of its loop first and be held again, the request unread,
+// and the next transfer's send blocks on it, writes refused: CI caught
+// TestTransfersToAFollowerThatDropsSYNsLeaveTheLeaderTakingWrites so.
+// Unheld for a while, the goroutine reads the channel within a few turns
+// of its loop; Raft's own backoff applies meanwhile.
+const transferGrace = 30 * time.Second
 
 // transferFuture is a leadership transfer's future, answered once Raft
 // answered it and n.transfers no longer counts it. Its Error may be
