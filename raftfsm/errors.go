@@ -68,6 +68,11 @@ var (
 	// --max-ranks); nothing was proposed. Also ErrInsufficientStorage:
 	// the cluster has no room for the ranks.
 	ErrTooManyRanks = fmt.Errorf("%w: too many registered dp ranks", ErrInsufficientStorage)
+	// ErrForeignCluster means a Raft connection between two nodes was
+	// refused because they are of different clusters (greeting.go): a
+	// raft address one cluster lists is served by another cluster's node.
+	// Neither acted on it.
+	ErrForeignCluster = errors.New("another cluster's node")
 	// ErrShutdown means the node is closing.
 	ErrShutdown = errors.New("node shut down")
 	// ErrSaveShutDown means a snapshot save was cut off because the node

@@ -1115,9 +1115,10 @@ func TestLeaderCloseEndsASnapshotToAHungFollower(t *testing.T) {
 	if err := ld.raft.Snapshot().Error(); err != nil {
 		t.Fatal(err)
 	}
-	// The stopped follower's address now takes connections, reads the
-	// first 256 KiB (the snapshot's start; the appends before it are
-	// small) and then nothing more: a process that hung.
+	// The stopped follower's address now takes connections, answers
+	// their greetings as the cluster's node, reads the first 256 KiB (the
+	// snapshot's start; the appends before it are small) and then nothing
+	// more: a process that hung.
 	var hole net.Listener
 	var err error
 	waitFor(t, 5*time.Second, "the follower's address to be free", func() bool {
@@ -1146,6 +1147,9 @@ func TestLeaderCloseEndsASnapshotToAHungFollower(t *testing.T) {
 			conns = append(conns, cn)
 			mu.Unlock()
 			go func() {
+				if answerGreeting(cn) != nil {
+					return
+				}
 				buf := make([]byte, 32<<10)
 				for read.Load() < 256<<10 {
 					k, err := cn.Read(buf)

@@ -111,10 +111,12 @@ func TestAStoppedNodesTransportLogsNoError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	greetAsNone(t, f)
 	l, err := NewTransport("127.0.0.1:0", nil, 2*time.Second, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
+	greetAsNone(t, l)
 	defer l.Close()
 	done, served := make(chan struct{}), make(chan struct{})
 	go func() {

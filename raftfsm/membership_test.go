@@ -549,6 +549,10 @@ func TestANodeAloneRefusesHeartbeatsOverTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n4.Close()
+	// A directory of a build before cluster ids, which takes every
+	// connection: nodes of this build refuse another cluster's at its
+	// greeting (TestAnotherClustersLeaderCannotTakeANodeOver).
+	n4.stream.setIdentity(&identity{self: "n4", addr: self.RaftAddr})
 	waitFor(t, 10*time.Second, "n4 to lead its own cluster", func() bool { return n4.IsLeader() && n4.ledThisTerm() })
 	// A heartbeat of a term below n4's would be ignored anyway.
 	for l.raft.CurrentTerm() < n4.raft.CurrentTerm() {

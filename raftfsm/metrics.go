@@ -82,8 +82,10 @@ func NewCollector(n *Node) *Collector {
 
 		applyHalted: d("apply_halted", "1 while this node's state machine is halted at a Raft entry a later build wrote, which it cannot read: it applies nothing until it is upgraded."),
 		inboundClosed: d("raft_inbound_connections_closed_total", "Connections to this node's --raft-addr it closed unserved, since it started, by reason: "+
-			"over_limit (closed at once: the remote host held 64, or all hosts 256), silent (nothing sent within 30 s of the accept). "+
-			"A peer sends its request as soon as it connects and holds ten at most: a rise is a port scan, a client that connects and waits, or a flood.", "reason"),
+			"over_limit (closed at once: the remote host held 64, or all hosts 256), silent (nothing sent within 30 s of the accept), "+
+			"other_cluster (its greeting named another cluster: a raft address another cluster lists reaches this node). "+
+			"A peer sends its request as soon as it connects and holds ten at most: a rise of over_limit or silent is a port scan, a client that connects and waits, "+
+			"or a flood; of other_cluster, a member's raft address that another cluster's node serves.", "reason"),
 		replicationHolds: d("raft_replication_holds_total", "Times this node, leading, found a follower not answering its entries (its port refused, its connection lost, "+
 			"a timeout) and held that follower's replication until it answered a heartbeat again, since it started, so that the follower gets its entries "+
 			"as soon as it is back, where Raft alone backs off up to 10 s. A rise is a follower down or unreachable."),
@@ -176,12 +178,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.mismatches, prometheus.CounterValue, float64(mismatched))
 	ch <- prometheus.MustNewConstMetric(c.configMismatches, prometheus.CounterValue, float64(c.n.fsm.ConfigMismatches()))
 	ch <- prometheus.MustNewConstMetric(c.stalls, prometheus.CounterValue, n.logStalls.Seconds(), "raft")
-	var overCap, silent uint64
+	var overCap, silent, foreign uint64
 	if n.stream != nil {
 		overCap, silent = n.stream.inboundClosed()
+		foreign = n.stream.foreign.Load()
 	}
 	ch <- prometheus.MustNewConstMetric(c.inboundClosed, prometheus.CounterValue, float64(overCap), "over_limit")
 	ch <- prometheus.MustNewConstMetric(c.inboundClosed, prometheus.CounterValue, float64(silent), "silent")
+	ch <- prometheus.MustNewConstMetric(c.inboundClosed, prometheus.CounterValue, float64(foreign), "other_cluster")
 	ch <- prometheus.MustNewConstMetric(c.stalls, prometheus.CounterValue, f.stalls.Seconds(), "fsm")
 	f.applySeconds.Collect(ch)
 	f.persistSeconds.Collect(ch)

@@ -111,6 +111,7 @@ func TestCollectorAnswersTheOperatorsQuestions(t *testing.T) {
 	want("kvrouter_store_write_stall_seconds_total{store=fsm}", is(0))
 	want("kvrouter_raft_inbound_connections_closed_total{reason=over_limit}", is(0)) // the members' connections
 	want("kvrouter_raft_inbound_connections_closed_total{reason=silent}", is(0))
+	want("kvrouter_raft_inbound_connections_closed_total{reason=other_cluster}", is(0)) // one cluster
 	if _, ok := m["kvrouter_restore_duration_seconds{}"]; ok {
 		t.Fatal("a restore duration before any restore")
 	}

@@ -196,7 +196,7 @@ type Node struct {
 	dirLock *os.File // the data directory's lock (lockDataDir)
 	snaps   raft.SnapshotStore
 	trans   raft.Transport
-	stream  *streamLayer // trans's, when NewTransport's (nil: a Config.Transport): its inbound counts (Collector)
+	stream  *streamLayer // trans's, when a TCP transport (nil: an in-memory one): its greetings, its inbound counts (Collector)
 	watch   *commitWatch // Raft's view of trans (checkReady)
 
 	logStalls store.WriteStalls // the log store's write stalls
@@ -223,6 +223,9 @@ type Node struct {
 	// no Raft state, has not yet caught up (bootHoldKey): startRaft and
 	// noteBootCaughtUp only.
 	bootHeld bool
+	// clusterID is the cluster's id (greeting.go; zero: none), as
+	// recorded (clusterIDKey) or taken from a greeter since.
+	clusterID atomic.Pointer[ClusterID]
 	// snapshotting is set while a snapshot by applied bytes runs.
 	snapshotting atomic.Bool
 	lastAssert   time.Time // leaderLoop only
@@ -448,6 +451,8 @@ func (n *Node) startRaft() error {
 			return fmt.Errorf("raft transport on %s: %w", cfg.RaftAddr, err)
 		}
 		n.trans, n.stream = t, stream
+	} else if s, ok := layers.Load(n.trans.LocalAddr()); ok {
+		n.stream = s.(*streamLayer)
 	}
 	if err := n.refuseStateWithoutItsLog(); err != nil {
 		return err
@@ -486,15 +491,21 @@ func (n *Node) startRaft() error {
 	}
 	// How the directory got its Raft state, recorded at its first start
 	// (a seeded one's too), before anything else is written.
+	// And its cluster's id (greeting.go), derived from its first
+	// configuration where this start gives one.
 	switch {
 	case !has && len(servers) > 0:
-		err = n.recordOrigin(n.originOf(servers))
+		if err = n.recordOrigin(n.originOf(servers)); err == nil {
+			err = n.recordClusterID(deriveClusterID(servers))
+		}
 	case !has:
 		if err = n.recordOrigin(originJoin); err == nil {
 			err = n.setJoinAddr(n.raftAddr())
 		}
 	case seeded != nil:
-		err = n.recordOrigin(n.originOf(seeded.Configuration.Servers))
+		if err = n.recordOrigin(n.originOf(seeded.Configuration.Servers)); err == nil {
+			err = n.recordSeedClusterID(seeded.Configuration.Servers)
+		}
 	}
 	if err != nil {
 		return err
@@ -533,6 +544,9 @@ func (n *Node) startRaft() error {
 		n.watch.bootIndex.Store(bootstrapIndex)
 	}
 	n.watch.votesHeld.Store(n.joinAddr != "" || n.bootHeld)
+	if err := n.greetAsRecorded(); err != nil {
+		return err
+	}
 	var logs raft.LogStore = n.logs
 	if cfg.beforeLogWrite != nil {
 		logs = hookedLogs{LogStore: n.logs, before: cfg.beforeLogWrite}
@@ -827,7 +841,96 @@ var (
 	// empty then, and in every other directory. Its votes are held
 	// meanwhile (commitWatch.bootIndex).
 	bootHoldKey = []byte("kvrouter_bootstrap_votes_held")
+	// clusterIDKey holds the cluster's id (greeting.go), 16 bytes,
+	// written at the directory's first start where it is derived, or when
+	// the node takes a greeter's. A directory of a build before it has
+	// none, and greets as a node of no cluster.
+	clusterIDKey = []byte("kvrouter_cluster_id")
 )
+
+// recordedClusterID returns the directory's cluster id (clusterIDKey),
+// zero when it has none.
+func (n *Node) recordedClusterID() (ClusterID, error) {
+	var id ClusterID
+	v, err := n.logs.Get(clusterIDKey)
+	if err != nil && !errors.Is(err, store.ErrKeyNotFound) {
+		return id, fmt.Errorf("read the cluster id of %s: %w", n.cfg.DataDir, err)
+	}
+	if len(v) != 0 && len(v) != len(id) {
+		return id, fmt.Errorf("read the cluster id of %s: %d bytes, want %d", n.cfg.DataDir, len(v), len(id))
+	}
+	copy(id[:], v)
+	return id, nil
+}
+
+// recordClusterID records id as the directory's cluster id.
+func (n *Node) recordClusterID(id ClusterID) error {
+	if err := n.logs.Set(clusterIDKey, id[:]); err != nil {
+		return fmt.Errorf("record the cluster id of %s: %w", n.cfg.DataDir, err)
+	}
+	n.clusterID.Store(&id)
+	return nil
+}
+
+// recordSeedClusterID records the id derived from a seed's configuration
+// as the directory's cluster id, unless it has one: a seeded directory
+// starts seeded until its log has an entry.
+func (n *Node) recordSeedClusterID(servers []raft.Server) error {
+	id, err := n.recordedClusterID()
+	if err != nil || !id.IsZero() {
+		return err
+	}
+	return n.recordClusterID(deriveClusterID(servers))
+}
+
+// greetAsRecorded gives the stream layer, where Raft has one, the
+// identity the directory records (greeting.go): provisional while the
+// directory has not caught up since its bootstrap from --peers or since
+// it started to join. Before Raft starts: the layer holds dials and
+// greetings until then.
+func (n *Node) greetAsRecorded() error {
+	id, err := n.recordedClusterID()
+	if err != nil {
+		return err
+	}
+	n.clusterID.Store(&id)
+	if n.stream == nil {
+		return nil
+	}
+	n.stream.setIdentity(&identity{
+		id: id, self: n.cfg.ID, addr: n.raftAddr(),
+		provisional: n.bootHeld || n.joinAddr != "", joiner: n.joinAddr != "",
+		listed: n.listedPeer, adopted: n.takeClusterID,
+	})
+	return nil
+}
+
+// listedPeer reports whether --peers list a server id at addr.
+func (n *Node) listedPeer(id, addr string) bool {
+	return slices.ContainsFunc(n.cfg.Peers, func(p Member) bool { return p.ID == id && SameRaftAddr(p.RaftAddr, addr) })
+}
+
+// takeClusterID records id, taken from a greeter while the directory's
+// was provisional (greeting.go).
+func (n *Node) takeClusterID(id ClusterID) {
+	var was ClusterID
+	if old := n.clusterID.Load(); old != nil {
+		was = *old
+	}
+	if err := n.recordClusterID(id); err != nil {
+		n.logger.Warn("recording the cluster id taken from the cluster that reached this node failed; it holds for this run", "err", err)
+		n.clusterID.Store(&id)
+	}
+	n.logger.Info("took the cluster id of the cluster that reached this node", "cluster", id.String(), "was", was.String())
+}
+
+// settleClusterID marks the cluster id settled once the node caught up
+// with its cluster (greeting.go).
+func (n *Node) settleClusterID() {
+	if n.stream != nil {
+		n.stream.settle()
+	}
+}
 
 // bootstrapIndex is the index of the entry raft.BootstrapCluster writes,
 // the last of a bootstrapped log that no leader has written to.
@@ -867,7 +970,9 @@ func (n *Node) noteBootCaughtUp() {
 	}
 	if err := n.setBootHeld(false); err != nil {
 		n.logger.Warn("forgetting that this node holds its votes since its bootstrap failed; retrying", "err", err)
+		return
 	}
+	n.settleClusterID()
 }
 
 // recordedJoinAddr returns the address the directory records it joined
@@ -917,7 +1022,9 @@ func (n *Node) noteJoined() {
 		if string(s.ID) == n.cfg.ID && SameRaftAddr(string(s.Address), n.joinAddr) {
 			if err := n.setJoinAddr(""); err != nil {
 				n.logger.Warn("forgetting the Raft address this node joined at failed; retrying", "err", err)
+				return
 			}
+			n.settleClusterID()
 			return
 		}
 	}
@@ -2512,6 +2619,9 @@ func (n *Node) statusAt(applied uint64) NodeStatus {
 		CommitIndex: n.raft.CommitIndex(), AppliedIndex: applied, LeaderID: string(id),
 		SnapshotIndex: u("last_snapshot_index"),
 		LastContactMs: -1,
+	}
+	if c := n.clusterID.Load(); c != nil && !c.IsZero() {
+		s.ClusterID = c.String()
 	}
 	// Ready to serve: caught up since the start, or since it was last
 	// added back (ready, which stays set until the node reads removed:

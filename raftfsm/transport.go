@@ -41,10 +41,26 @@ import (
 // so does one that connected and sent nothing at all for as long. The
 // connections it accepts are capped, per remote host and in all
 // (maxInboundPerHost, maxInbound): one over a cap is closed at once.
+//
+// Its connections open with a greeting that names the node's cluster
+// (greeting.go): its dials, and its answers to the greetings of the
+// connections it accepts, wait until a Node is given the transport
+// (Config.Transport) and says which cluster it is of.
 func NewTransport(bind string, advertise net.Addr, timeout time.Duration, logger *slog.Logger) (*raft.NetworkTransport, error) {
-	t, _, err := newTransport(bind, advertise, timeout, logger)
-	return t, err
+	t, s, err := newTransport(bind, advertise, timeout, logger)
+	if err != nil {
+		return nil, err
+	}
+	s.owner = t.LocalAddr()
+	layers.Store(s.owner, s)
+	return t, nil
 }
+
+// layers maps the address of each transport NewTransport returned, until
+// it closes, to its stream layer: a Node given one (Config.Transport), or
+// a wrapper of one (the tests'), sets the layer's identity and counts its
+// connections. One listener holds an address at a time.
+var layers sync.Map // raft.ServerAddress → *streamLayer
 
 // newTransport is NewTransport that also returns its stream layer, whose
 // counts of the inbound connections it closed the node exports
@@ -124,6 +140,16 @@ type streamLayer struct {
 
 	overCap atomic.Uint64 // inbound connections closed at once: over a cap
 	silent  atomic.Uint64 // inbound connections closed for sending nothing within stall of their accept
+	foreign atomic.Uint64 // inbound connections refused: another cluster's (greeting.go)
+	plain   atomic.Uint64 // dials made again without a greeting: to a build before greetings
+
+	// ident is what the layer greets with and checks greetings against
+	// (greeting.go); identSet is closed once it is set: until then dials
+	// and greetings wait (a node sets it before its Raft starts).
+	ident     atomic.Pointer[identity]
+	identSet  chan struct{}
+	identOnce sync.Once
+	owner     raft.ServerAddress // NewTransport's: dropped from layers at Close
 
 	mu       sync.Mutex
 	conns    map[*streamConn]struct{}
@@ -160,16 +186,150 @@ func newStreamLayer(ln net.Listener, advertise net.Addr) *streamLayer {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &streamLayer{ln: ln, advertise: advertise, ctx: ctx, cancel: cancel,
 		logger: slog.New(slog.DiscardHandler), rate: lograte.New(inboundLogEvery, nil),
-		conns: map[*streamConn]struct{}{}, inbound: map[string]int{}}
+		conns: map[*streamConn]struct{}{}, inbound: map[string]int{}, identSet: make(chan struct{})}
 }
 
-// Dial implements raft.StreamLayer.
+// setIdentity makes id what s greets with and checks greetings against,
+// from now on: connections taken before keep the verdict they had.
+func (s *streamLayer) setIdentity(id *identity) {
+	s.ident.Store(id)
+	s.identOnce.Do(func() { close(s.identSet) })
+}
+
+// identity returns what s greets with, once set; it fails once s closed.
+func (s *streamLayer) identity() (*identity, error) {
+	select {
+	case <-s.identSet:
+		return s.ident.Load(), nil
+	case <-s.ctx.Done():
+		return nil, fmt.Errorf("raft transport: %w", net.ErrClosed)
+	}
+}
+
+// settle marks s's identity settled (greeting.go): the node caught up
+// with its cluster.
+func (s *streamLayer) settle() {
+	for {
+		cur := s.ident.Load()
+		if cur == nil || !cur.provisional {
+			return
+		}
+		next := *cur
+		next.provisional, next.joiner = false, false
+		if s.ident.CompareAndSwap(cur, &next) {
+			return
+		}
+	}
+}
+
+// Dial implements raft.StreamLayer. The connection opens with the
+// greeting (greeting.go), within timeout; one that a build before
+// greetings closed unanswered is dialed again without one. A refusal is
+// an ErrForeignCluster. A node of no cluster id (a directory of a build
+// before them) greets no one, as that build did not.
 func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	id, err := s.identity()
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.dial(address, timeout)
+	if err != nil || id.id.IsZero() {
+		return c, err
+	}
+	switch err := greetDial(c, string(address), id, timeout); {
+	case err == nil:
+		return c, nil
+	case errors.Is(err, errUngreeted):
+		c.Close()
+		s.plain.Add(1)
+		s.note("ungreeted", "a peer closed the connection without answering the greeting: a build without cluster ids; dialing it again without one",
+			"raft_addr", string(address))
+		return s.dial(address, timeout)
+	default:
+		c.Close()
+		if errors.Is(err, ErrForeignCluster) {
+			s.refusedLine("foreign-dial", err.Error(), "raft_addr", string(address))
+		}
+		return nil, err
+	}
+}
+
+// dial returns a tracked connection to address.
+func (s *streamLayer) dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	c, err := (&net.Dialer{Timeout: timeout}).DialContext(s.ctx, "tcp", string(address))
 	if err != nil {
 		return nil, err
 	}
 	return s.track(c)
+}
+
+// refusedLine logs msg about a connection refused for another cluster's
+// at Error, once per inboundLogEvery per kind at most, with how many
+// were left out, every one at Debug.
+func (s *streamLayer) refusedLine(kind, msg string, args ...any) {
+	ok, skipped := s.rate.Allow(kind)
+	if !ok {
+		s.logger.Debug(msg, args...)
+		return
+	}
+	s.logger.Error(msg, append(args, lograte.LeftOut(skipped, inboundLogEvery)...)...)
+}
+
+// takeGreeting answers the greeting of accepted connection c, whose
+// first n bytes read are in p, and returns what Read returns: the bytes
+// that followed the greeting, or the read of the request that follows.
+// A refused or malformed greeting fails c (io.EOF for a refusal, logged
+// here: raft logs nothing for it).
+func (s *streamLayer) takeGreeting(c *streamConn, p []byte, n int) (int, error) {
+	fail := func(err error) (int, error) {
+		c.failed.Store(&err)
+		return 0, err
+	}
+	me, err := s.identity()
+	if err != nil {
+		return fail(err)
+	}
+	g, rest, err := readGreeting(p[:n], c.Conn)
+	if err != nil {
+		return fail(fmt.Errorf("raft transport: read the greeting of %v: %w", c.RemoteAddr(), err))
+	}
+	take, adopt := me.verdict(g)
+	for adopt {
+		next := *me
+		next.id, next.provisional, next.joiner = g.id, false, false
+		if s.ident.CompareAndSwap(me, &next) {
+			if me.adopted != nil {
+				me.adopted(g.id)
+			}
+			me = &next
+			break
+		}
+		// Another greeting changed the identity meanwhile: judge again.
+		me = s.ident.Load()
+		take, adopt = me.verdict(g)
+	}
+	var reply [replyLen]byte
+	reply[0] = greetTaken
+	if !take {
+		reply[0] = greetRefused
+	}
+	copy(reply[1:], me.id[:])
+	if _, err := c.Conn.Write(reply[:]); err != nil {
+		return fail(fmt.Errorf("raft transport: answer the greeting of %v: %w", c.RemoteAddr(), err))
+	}
+	if !take {
+		s.foreign.Add(1)
+		s.refusedLine("foreign-accept", "refused a Raft connection from another cluster's node: a raft address that cluster lists reaches this node "+
+			"(remove it from that cluster, or fix its address there); a wiped member of this node's cluster started with --peers "+
+			"that do not list its leader at its address joins again with --join",
+			"remote", c.RemoteAddr().String(), "from", g.self, "from_raft_addr", g.addr, "from_cluster", g.id.String(),
+			"cluster", me.id.String(), "settled", !me.provisional)
+		return fail(io.EOF)
+	}
+	if len(rest) > 0 {
+		return copy(p, rest), nil
+	}
+	return c.Read(p)
 }
 
 // Accept implements net.Listener. A connection over a cap
@@ -295,6 +455,9 @@ func (s *streamLayer) inboundClosed() (overCap, silent uint64) {
 // dialed or accepted, and every dial under way.
 func (s *streamLayer) Close() error {
 	s.cancel()
+	if s.owner != "" {
+		layers.CompareAndDelete(s.owner, s)
+	}
 	s.mu.Lock()
 	s.closed = true
 	conns := s.conns
@@ -363,16 +526,32 @@ type streamConn struct {
 	inRequest atomic.Bool   // data came since the last answer written
 	started   bool          // a byte came; only the reading goroutine uses it
 	armed     bool          // a read deadline is set; only the reading goroutine uses it
+	greeted   bool          // an accepted one's first byte was looked at (greeting.go); only the reading goroutine uses it
 	failed    atomic.Pointer[error]
 }
 
 // Read implements net.Conn: see streamConn for the stall.
+// An accepted one's first bytes are a greeting (greeting.go), answered
+// before raft reads what follows, or an RPC of a build before greetings.
 func (c *streamConn) Read(p []byte) (int, error) {
-	if c.stall <= 0 {
-		return c.Conn.Read(p)
-	}
 	if err := c.failed.Load(); err != nil {
 		return 0, *err
+	}
+	n, err := c.read(p)
+	if n > 0 && c.host != "" && !c.greeted {
+		c.greeted = true
+		if p[0] == greetingMagic[0] {
+			return c.s.takeGreeting(c, p, n)
+		}
+		// An RPC of a build before greetings: taken unchecked.
+	}
+	return n, err
+}
+
+// read reads p, bounding a request's stall (streamConn).
+func (c *streamConn) read(p []byte) (int, error) {
+	if c.stall <= 0 {
+		return c.Conn.Read(p)
 	}
 	mid, started := c.inRequest.Load(), c.started
 	switch {

@@ -96,6 +96,7 @@ func TestTransportCloseEndsADialUnderWay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	greetAsNone(t, tr)
 	done := make(chan error, 1)
 	go func() {
 		var resp raft.RequestVoteResponse
@@ -127,6 +128,7 @@ func newTestStreamLayer(t *testing.T, stall time.Duration) *streamLayer {
 	}
 	s := newStreamLayer(ln, nil)
 	s.stall = stall
+	s.setIdentity(&identity{}) // of no cluster: no greeting
 	t.Cleanup(func() { s.Close() })
 	return s
 }

@@ -148,7 +148,12 @@ type Member struct {
 
 // NodeStatus is one node's view of itself and the cluster.
 type NodeStatus struct {
-	ID            string `json:"id"`
+	ID string `json:"id"`
+	// ClusterID names the node's cluster (hex; raftfsm/greeting.go): the
+	// nodes of one cluster show the same, and refuse Raft connections
+	// from nodes of another. Empty for a directory of a build before
+	// cluster ids, which checks none.
+	ClusterID     string `json:"cluster_id,omitempty"`
 	RaftAddr      string `json:"raft_addr"`
 	HTTPAddr      string `json:"http_addr"`
 	State         string `json:"state"` // Leader, Follower, Candidate, Shutdown

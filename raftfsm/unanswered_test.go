@@ -185,6 +185,7 @@ func TestUnansweredOnTheWire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	greetAsNone(t, tr)
 	defer tr.Close()
 	serve := func(h func(c net.Conn)) string {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")

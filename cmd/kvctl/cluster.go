@@ -305,21 +305,44 @@ func notAStatus(err error) bool {
 		errors.Is(err, client.ErrNotHTTP) || errors.Is(err, client.ErrNotAnAnswer)
 }
 
-// divergence reports replicas that applied the same index but hold
-// different states: the digests are equal on replicas at equal applied
-// index unless they diverged.
+// divergence reports endpoints that are nodes of different clusters
+// (their cluster ids differ), and replicas of one cluster that applied
+// the same index but hold different states: the digests are equal on
+// replicas at equal applied index unless they diverged. A node of no
+// cluster id (a build or directory before them) is taken for any
+// cluster's.
 func divergence(rows []statusRow) []string {
-	byIndex := map[uint64]map[string][]string{} // applied -> digest -> ids
+	var out []string
+	clusters := map[string][]string{} // cluster id -> ids
 	for _, r := range rows {
-		if s := r.Status; s != nil && s.Digest != "" {
-			if byIndex[s.AppliedIndex] == nil {
-				byIndex[s.AppliedIndex] = map[string][]string{}
-			}
-			byIndex[s.AppliedIndex][s.Digest] = append(byIndex[s.AppliedIndex][s.Digest], orDash(s.ID))
+		if s := r.Status; s != nil && s.ClusterID != "" {
+			clusters[s.ClusterID] = append(clusters[s.ClusterID], orDash(s.ID)+" ("+r.Endpoint+")")
 		}
 	}
-	var out []string
-	for idx, digests := range byIndex {
+	if len(clusters) > 1 {
+		var parts []string
+		for c, ids := range clusters {
+			parts = append(parts, strings.Join(ids, ", ")+" of cluster "+c)
+		}
+		slices.Sort(parts)
+		out = append(out, fmt.Sprintf("the endpoints are nodes of %d clusters (%s): check --endpoints", len(clusters), strings.Join(parts, "; ")))
+	}
+	type at struct {
+		cluster string
+		applied uint64
+	}
+	byIndex := map[at]map[string][]string{} // (cluster, applied) -> digest -> ids
+	for _, r := range rows {
+		if s := r.Status; s != nil && s.Digest != "" {
+			k := at{s.ClusterID, s.AppliedIndex}
+			if byIndex[k] == nil {
+				byIndex[k] = map[string][]string{}
+			}
+			byIndex[k][s.Digest] = append(byIndex[k][s.Digest], orDash(s.ID))
+		}
+	}
+	for k, digests := range byIndex {
+		idx := k.applied
 		if len(digests) < 2 {
 			continue
 		}

@@ -605,6 +605,30 @@ func TestStatusWarnsOfDivergedReplicas(t *testing.T) {
 	}
 }
 
+// TestStatusWarnsOfEndpointsOfTwoClusters: endpoints that are nodes of
+// different clusters (their cluster ids differ) get a warning naming
+// both, and their digests are not compared: another cluster's state is
+// no divergence.
+func TestStatusWarnsOfEndpointsOfTwoClusters(t *testing.T) {
+	c := newCluster(t)
+	for i, n := range c.nodes {
+		st := n.fake.Status()
+		st.ClusterID = "aaaa"
+		if i == 2 {
+			st.ClusterID, st.Digest = "bbbb", "ffffffffffffffff"
+		}
+		n.fake.SetStatus(st)
+	}
+	r := kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+	if !strings.Contains(r.stderr, "warning: the endpoints are nodes of 2 clusters (") || !strings.Contains(r.stderr, "n3 (") ||
+		!strings.Contains(r.stderr, ") of cluster bbbb") || !strings.Contains(r.stderr, ") of cluster aaaa") {
+		t.Fatalf("stderr = %q, want a warning naming both clusters", r.stderr)
+	}
+	if strings.Contains(r.stderr, "different state digests") {
+		t.Fatalf("stderr = %q: another cluster's digest is taken for a divergence", r.stderr)
+	}
+}
+
 // n3Row returns the row of node n3 in a kvctl status table, trimmed ("":
 // none).
 func n3Row(r result) string {

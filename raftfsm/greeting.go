@@ -1,0 +1,271 @@
+package raftfsm
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// A cluster's identity, and the greeting that carries it.
+//
+// Nothing in hashicorp/raft's RPCs names a cluster: a server takes the
+// entries of any leader with a term at least its own. So a node started
+// at an address another cluster still lists (a port reused, a peer
+// misconfigured) was taken over by that cluster's leader: its log
+// truncated and refilled with the other cluster's entries, its state
+// replaced, and its own cluster one voter short. It only logged that its
+// configuration differed from the leader's. A CI run saw it: a test
+// node got the port of another package's stopped node, whose cluster's
+// leader replicated its 3,806 entries into it.
+//
+// So every connection a stream layer dials opens with a greeting
+// (greetingMagic, a version, the dialer's cluster id, whether that id is
+// settled, its node id and raft address), and every connection it
+// accepts is answered before raft reads a byte of it: taken, or refused
+// with the acceptor's own id. A connection from another cluster is
+// refused, and raft's RPC on it fails (ErrForeignCluster) before either
+// side acts on it. As etcd does with its cluster id in every message.
+//
+// Where the id comes from (Node.loadClusterID):
+//
+//   - A directory bootstrapped from --peers derives it from that
+//     configuration (deriveClusterID): every node of a new cluster is
+//     given the same --peers (Raft needs them equal), so all derive the
+//     same id without talking. Two clusters differ in an id or an
+//     address, so in their ids.
+//   - A directory seeded from a snapshot (kvctl snapshot restore
+//     --offline) derives it from the seed's configuration, the same way.
+//   - A directory started empty to join (--join, kvctl members add)
+//     takes the id of the first settled cluster that greets it: only a
+//     cluster that lists its address greets it, and it asked to join
+//     one.
+//   - A directory of a build before greetings has none, and is neither
+//     checked nor checks (a zero id): upgrading a cluster keeps it
+//     working as it did. Only clusters bootstrapped or seeded by this
+//     build, or later, are told apart.
+//
+// An id is settled once the node caught up with its cluster. Until then
+// it is provisional: a directory bootstrapped from --peers may be a
+// wiped member's, started again with --peers that are not the cluster's
+// first (a member replaced since), so it derived another id. A
+// provisional node takes the id of a settled greeter that its --peers
+// list at that id and address, and never of one they do not: the other
+// cluster's leader, at other addresses, is refused.
+//
+// Connections of builds before greetings are taken unchecked, both ways,
+// so that a rolling upgrade and its rollback keep working: a node of
+// such a build reads the greeting's first byte as an unknown RPC type
+// and closes the connection without an answer, and the dialer dials
+// again without a greeting (Dial); an accepted connection whose first
+// byte is not greetingMagic's is an RPC of such a build (streamConn.Read).
+
+// ClusterID names a cluster (greeting.go). The zero value is none.
+type ClusterID [16]byte
+
+// String returns the id in hex, "none" for the zero value.
+func (c ClusterID) String() string {
+	if c.IsZero() {
+		return "none"
+	}
+	return hex.EncodeToString(c[:])
+}
+
+// IsZero reports whether c is no id.
+func (c ClusterID) IsZero() bool { return c == ClusterID{} }
+
+// deriveClusterID returns the id of a cluster whose first configuration
+// is servers: the first 16 bytes of the SHA-256 of its servers sorted by
+// id, each with its address and suffrage, so the order of --peers does
+// not matter. It is never zero (but with odds of 2^-128).
+func deriveClusterID(servers []raft.Server) ClusterID {
+	s := slices.Clone(servers)
+	slices.SortFunc(s, func(a, b raft.Server) int { return strings.Compare(string(a.ID), string(b.ID)) })
+	h := sha256.New()
+	h.Write([]byte("kvrouter cluster v1\n"))
+	for _, sv := range s {
+		fmt.Fprintf(h, "%s\x00%s\x00%s\n", sv.ID, sv.Address, sv.Suffrage)
+	}
+	var id ClusterID
+	copy(id[:], h.Sum(nil))
+	return id
+}
+
+// identity is what a stream layer greets with and checks greetings
+// against. A stream layer's identity is replaced whole (setIdentity).
+type identity struct {
+	id   ClusterID // zero: none (a directory of a build before greetings)
+	self string    // this node's id
+	addr string    // this node's raft address, as configured
+	// provisional: the node has not caught up with its cluster since its
+	// directory was bootstrapped or started to join. It may take a
+	// settled greeter's id (joiner: any; otherwise one listed) and greets
+	// as unsettled.
+	provisional bool
+	joiner      bool
+	listed      func(id, addr string) bool // whether --peers list a server at that id and address; nil: none
+	adopted     func(ClusterID)            // records an id taken from a greeter; nil: none
+}
+
+// The greeting's layout. A dialer sends
+//
+//	greetingMagic (4) | greetingVersion (1) | flags (1) | cluster id (16) |
+//	len (2) | node id | len (2) | raft address
+//
+// and the acceptor answers with a verdict (1: greetTaken, greetRefused)
+// and its own cluster id (16). greetingMagic's first byte is none of
+// hashicorp/raft's RPC types (0 to 5), which a build before greetings
+// sends first.
+var greetingMagic = [4]byte{0xc7, 'k', 'v', 'r'}
+
+const (
+	greetingVersion = 1
+	greetSettled    = 1 << 0 // flags: the dialer's id is settled
+	greetingFixed   = 4 + 1 + 1 + 16
+	greetingMaxName = 1024 // the most bytes of a node id or an address
+	greetTaken      = 1
+	greetRefused    = 2
+	replyLen        = 1 + 16
+)
+
+// Errors of the greeting within the package (ErrForeignCluster is
+// exported).
+var (
+	// errUngreeted means the acceptor closed the connection without
+	// answering the greeting: a build before greetings (Dial dials it
+	// again without one).
+	errUngreeted = errors.New("raft transport: the peer closed the connection without answering the greeting")
+	// errBadGreeting means a greeting could not be read.
+	errBadGreeting = errors.New("raft transport: malformed greeting")
+)
+
+// appendGreeting appends id's greeting to b.
+func appendGreeting(b []byte, id *identity) []byte {
+	b = append(b, greetingMagic[:]...)
+	b = append(b, greetingVersion, 0)
+	if !id.provisional {
+		b[len(b)-1] |= greetSettled
+	}
+	b = append(b, id.id[:]...)
+	for _, s := range []string{id.self, id.addr} {
+		s = s[:min(len(s), greetingMaxName)]
+		b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
+		b = append(b, s...)
+	}
+	return b
+}
+
+// greeting is a greeting read by an acceptor.
+type greeting struct {
+	id      ClusterID
+	settled bool
+	self    string
+	addr    string
+}
+
+// readGreeting reads a greeting whose first len(head) bytes are head,
+// and the rest from r. It returns the greeting and what head held past
+// it (a real dialer sends nothing more before the answer).
+func readGreeting(head []byte, r io.Reader) (greeting, []byte, error) {
+	var g greeting
+	buf := slices.Clone(head)
+	need := func(n int) error {
+		if len(buf) >= n {
+			return nil
+		}
+		more := make([]byte, n-len(buf))
+		if _, err := io.ReadFull(r, more); err != nil {
+			return err
+		}
+		buf = append(buf, more...)
+		return nil
+	}
+	if err := need(greetingFixed); err != nil {
+		return g, nil, err
+	}
+	if [4]byte(buf[:4]) != greetingMagic {
+		return g, nil, fmt.Errorf("%w: bad magic %x", errBadGreeting, buf[:4])
+	}
+	if buf[4] != greetingVersion {
+		return g, nil, fmt.Errorf("%w: version %d, this build reads %d", errBadGreeting, buf[4], greetingVersion)
+	}
+	g.settled = buf[5]&greetSettled != 0
+	copy(g.id[:], buf[6:22])
+	off := greetingFixed
+	for _, dst := range []*string{&g.self, &g.addr} {
+		if err := need(off + 2); err != nil {
+			return g, nil, err
+		}
+		n := int(binary.BigEndian.Uint16(buf[off:]))
+		if n > greetingMaxName {
+			return g, nil, fmt.Errorf("%w: a name of %d bytes (at most %d)", errBadGreeting, n, greetingMaxName)
+		}
+		off += 2
+		if err := need(off + n); err != nil {
+			return g, nil, err
+		}
+		*dst = string(buf[off : off+n])
+		off += n
+	}
+	return g, buf[off:], nil
+}
+
+// verdict decides whether an acceptor of identity me takes greeting g,
+// and which id it then holds (me.id, or g's when it takes g's id).
+func (me *identity) verdict(g greeting) (take bool, adopt bool) {
+	switch {
+	case g.id == me.id:
+		return true, false
+	case me.id.IsZero() && !me.provisional:
+		return true, false // a directory of a build before greetings: unchecked
+	case me.provisional && g.settled && (me.joiner && me.id.IsZero() || !me.joiner && me.listed != nil && me.listed(g.self, g.addr)):
+		return true, true
+	}
+	return false, false
+}
+
+// greetDial greets the acceptor of c, dialed to address, as id, within
+// timeout: nil when it took the connection, errUngreeted when it closed
+// the connection unanswered (a build before greetings), an
+// ErrForeignCluster when it refused it, any other error when the
+// greeting could not be sent or its answer read.
+func greetDial(c net.Conn, address string, id *identity, timeout time.Duration) error {
+	if timeout > 0 {
+		if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
+			return err
+		}
+	}
+	if _, err := c.Write(appendGreeting(make([]byte, 0, 64), id)); err != nil {
+		return err
+	}
+	var reply [replyLen]byte
+	if n, err := io.ReadFull(c, reply[:]); err != nil {
+		if n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+			return errUngreeted
+		}
+		return fmt.Errorf("raft transport: read the answer to the greeting from %s: %w", address, err)
+	}
+	theirs := ClusterID(reply[1:])
+	switch reply[0] {
+	case greetTaken:
+	case greetRefused:
+		return fmt.Errorf("%w: %s is a node of cluster %s, this node (%s) of cluster %s: "+
+			"a raft address this cluster lists is served by another cluster's node (check the member's raft address, kvctl members list)",
+			ErrForeignCluster, address, theirs, id.self, id.id)
+	default:
+		return fmt.Errorf("%w: answer %d from %s", errBadGreeting, reply[0], address)
+	}
+	if timeout > 0 {
+		return c.SetDeadline(time.Time{})
+	}
+	return nil
+}
