@@ -340,6 +340,11 @@ func (c *cluster) start(i int) {
 	} else {
 		args = append(args, "--peers", peers)
 	}
+	if c.peersOf != nil {
+		// The nodes' --peers differ (each reaches the others through its
+		// own proxies): one name gives them one cluster id.
+		args = append(args, "--cluster-name", c.base) // one per cluster
+	}
 	if c.sec != nil {
 		args = append(args, c.sec.nodeArgs()...)
 	}

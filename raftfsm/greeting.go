@@ -40,9 +40,12 @@ import (
 //
 //   - A directory bootstrapped from --peers derives it from that
 //     configuration (deriveClusterID): every node of a new cluster is
-//     given the same --peers (Raft needs them equal), so all derive the
+//     given the same --peers (docs/operations.md), so all derive the
 //     same id without talking. Two clusters differ in an id or an
-//     address, so in their ids.
+//     address, so in their ids. With --cluster-name (Config.ClusterName)
+//     it is derived from the name instead (namedClusterID): for nodes
+//     whose --peers differ because they reach each other at other
+//     addresses (a proxy per link, as the e2e partition tests run).
 //   - A directory seeded from a snapshot (kvctl snapshot restore
 //     --offline) derives it from the seed's configuration, the same way.
 //   - A directory started empty to join (--join, kvctl members add)
@@ -60,7 +63,11 @@ import (
 // first (a member replaced since), so it derived another id. A
 // provisional node takes the id of a settled greeter that its --peers
 // list at that id and address, and never of one they do not: the other
-// cluster's leader, at other addresses, is refused.
+// cluster's leader, at other addresses, is refused. A provisional id
+// that no connection confirmed by the time the node caught up (no
+// greeting of it taken, no answer naming it) is dropped: the node caught
+// up from a leader that greets with none, a cluster that an older build
+// made, and keeps none either (streamLayer.settle).
 //
 // Connections of builds before greetings are taken unchecked, both ways,
 // so that a rolling upgrade and its rollback keep working: a node of
@@ -100,6 +107,18 @@ func deriveClusterID(servers []raft.Server) ClusterID {
 	return id
 }
 
+// namedClusterID returns the id of a cluster named name (Config.ClusterName):
+// the first 16 bytes of the SHA-256 of the name, apart from any derived
+// from servers.
+func namedClusterID(name string) ClusterID {
+	h := sha256.New()
+	h.Write([]byte("kvrouter cluster name v1\n"))
+	h.Write([]byte(name))
+	var id ClusterID
+	copy(id[:], h.Sum(nil))
+	return id
+}
+
 // identity is what a stream layer greets with and checks greetings
 // against. A stream layer's identity is replaced whole (setIdentity).
 type identity struct {
@@ -112,8 +131,13 @@ type identity struct {
 	// as unsettled.
 	provisional bool
 	joiner      bool
-	listed      func(id, addr string) bool // whether --peers list a server at that id and address; nil: none
-	adopted     func(ClusterID)            // records an id taken from a greeter; nil: none
+	// confirmed: while provisional, a connection of this run confirmed
+	// the id (a greeting of it taken, or an answer naming it). A node
+	// that caught up unconfirmed caught up from a cluster of no id, and
+	// settles with none (streamLayer.settle).
+	confirmed bool
+	listed    func(id, addr string) bool // whether --peers list a server at that id and address; nil: none
+	adopted   func(ClusterID)            // records an id taken from a greeter; nil: none
 }
 
 // The greeting's layout. A dialer sends
@@ -121,10 +145,13 @@ type identity struct {
 //	greetingMagic (4) | greetingVersion (1) | flags (1) | cluster id (16) |
 //	len (2) | node id | len (2) | raft address
 //
-// and the acceptor answers with a verdict (1: greetTaken, greetRefused)
-// and its own cluster id (16). greetingMagic's first byte is none of
-// hashicorp/raft's RPC types (0 to 5), which a build before greetings
-// sends first.
+// and the acceptor answers with a verdict (greetTaken, greetRefused,
+// greetUnreadable: with the version it reads in the next byte) and its
+// own cluster id (16), or, over its cap of connections, with greetBusy
+// alone. greetingMagic's first byte is none of hashicorp/raft's RPC types
+// (0 to 5), which a build before greetings sends first. Every close a
+// node of this build makes of a greeted connection is answered, so a
+// dialer takes only an unanswered close for an older build's.
 var greetingMagic = [4]byte{0xc7, 'k', 'v', 'r'}
 
 const (
@@ -134,6 +161,8 @@ const (
 	greetingMaxName = 1024 // the most bytes of a node id or an address
 	greetTaken      = 1
 	greetRefused    = 2
+	greetUnreadable = 3
+	greetBusy       = 4
 	replyLen        = 1 + 16
 )
 
@@ -146,6 +175,8 @@ var (
 	errUngreeted = errors.New("raft transport: the peer closed the connection without answering the greeting")
 	// errBadGreeting means a greeting could not be read.
 	errBadGreeting = errors.New("raft transport: malformed greeting")
+	// errBusy means the acceptor held as many connections as it takes.
+	errBusy = errors.New("raft transport: the peer holds as many inbound connections as it takes")
 )
 
 // appendGreeting appends id's greeting to b.
@@ -234,38 +265,47 @@ func (me *identity) verdict(g greeting) (take bool, adopt bool) {
 }
 
 // greetDial greets the acceptor of c, dialed to address, as id, within
-// timeout: nil when it took the connection, errUngreeted when it closed
-// the connection unanswered (a build before greetings), an
-// ErrForeignCluster when it refused it, any other error when the
-// greeting could not be sent or its answer read.
-func greetDial(c net.Conn, address string, id *identity, timeout time.Duration) error {
+// timeout: nil when it took the connection (confirmed when its answer
+// names id's cluster), errUngreeted when it closed the connection
+// unanswered (a build before greetings), an ErrForeignCluster when it
+// refused it, any other error when the greeting could not be sent or its
+// answer read.
+func greetDial(c net.Conn, address string, id *identity, timeout time.Duration) (confirmed bool, err error) {
 	if timeout > 0 {
 		if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
-			return err
+			return false, err
 		}
 	}
 	if _, err := c.Write(appendGreeting(make([]byte, 0, 64), id)); err != nil {
-		return err
+		return false, err
 	}
 	var reply [replyLen]byte
 	if n, err := io.ReadFull(c, reply[:]); err != nil {
-		if n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
-			return errUngreeted
+		switch {
+		case n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)):
+			return false, errUngreeted
+		case n > 0 && reply[0] == greetBusy:
+			return false, fmt.Errorf("%w: %s", errBusy, address)
 		}
-		return fmt.Errorf("raft transport: read the answer to the greeting from %s: %w", address, err)
+		return false, fmt.Errorf("raft transport: read the answer to the greeting from %s: %w", address, err)
 	}
 	theirs := ClusterID(reply[1:])
 	switch reply[0] {
 	case greetTaken:
+		if theirs == id.id {
+			confirmed = true
+		}
+	case greetUnreadable:
+		return false, fmt.Errorf("%w: %s reads greetings of version %d, this build writes %d", errBadGreeting, address, reply[1], greetingVersion)
 	case greetRefused:
-		return fmt.Errorf("%w: %s is a node of cluster %s, this node (%s) of cluster %s: "+
+		return false, fmt.Errorf("%w: %s is a node of cluster %s, this node (%s) of cluster %s: "+
 			"a raft address this cluster lists is served by another cluster's node (check the member's raft address, kvctl members list)",
 			ErrForeignCluster, address, theirs, id.self, id.id)
 	default:
-		return fmt.Errorf("%w: answer %d from %s", errBadGreeting, reply[0], address)
+		return false, fmt.Errorf("%w: answer %d from %s", errBadGreeting, reply[0], address)
 	}
 	if timeout > 0 {
-		return c.SetDeadline(time.Time{})
+		return confirmed, c.SetDeadline(time.Time{})
 	}
-	return nil
+	return confirmed, nil
 }

@@ -113,6 +113,13 @@ type Config struct {
 	// 46 MB to 1 GB and a route to 17.7 s. Only the leader's counts: it
 	// refuses a registration past it (ErrTooManyRanks) before proposing.
 	MaxRanks int
+	// ClusterName, when set, names the cluster at its bootstrap, or at
+	// the first start of a seeded directory: its id (greeting.go) is
+	// derived from the name instead of the peers. Give every node the
+	// same; nodes that reach each other at other addresses than their
+	// peers' own (a proxy per link) need it, as their --peers differ. A
+	// directory with an id keeps it.
+	ClusterName string
 
 	Index  indexer.Config
 	Logger *slog.Logger
@@ -496,7 +503,7 @@ func (n *Node) startRaft() error {
 	switch {
 	case !has && len(servers) > 0:
 		if err = n.recordOrigin(n.originOf(servers)); err == nil {
-			err = n.recordClusterID(deriveClusterID(servers))
+			err = n.recordClusterID(n.newClusterID(servers))
 		}
 	case !has:
 		if err = n.recordOrigin(originJoin); err == nil {
@@ -880,7 +887,16 @@ func (n *Node) recordSeedClusterID(servers []raft.Server) error {
 	if err != nil || !id.IsZero() {
 		return err
 	}
-	return n.recordClusterID(deriveClusterID(servers))
+	return n.recordClusterID(n.newClusterID(servers))
+}
+
+// newClusterID returns the id of a new cluster whose first configuration
+// is servers: derived from Config.ClusterName when set, else from servers.
+func (n *Node) newClusterID(servers []raft.Server) ClusterID {
+	if n.cfg.ClusterName != "" {
+		return namedClusterID(n.cfg.ClusterName)
+	}
+	return deriveClusterID(servers)
 }
 
 // greetAsRecorded gives the stream layer, where Raft has one, the
@@ -925,11 +941,18 @@ func (n *Node) takeClusterID(id ClusterID) {
 }
 
 // settleClusterID marks the cluster id settled once the node caught up
-// with its cluster (greeting.go).
+// with its cluster (greeting.go), or drops it when no connection
+// confirmed it (streamLayer.settle): the cluster has no id.
 func (n *Node) settleClusterID() {
-	if n.stream != nil {
-		n.stream.settle()
+	if n.stream == nil || !n.stream.settle(n.alone()) {
+		return
 	}
+	if err := n.recordClusterID(ClusterID{}); err != nil {
+		n.logger.Warn("recording that this node keeps no cluster id failed; it holds for this run", "err", err)
+		n.clusterID.Store(&ClusterID{})
+	}
+	n.logger.Warn("caught up with a cluster whose members greet with no cluster id (directories of a build before cluster ids): " +
+		"this node keeps none either, and takes every connection as they do (docs/operations.md, Upgrade)")
 }
 
 // bootstrapIndex is the index of the entry raft.BootstrapCluster writes,

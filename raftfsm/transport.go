@@ -207,15 +207,39 @@ func (s *streamLayer) identity() (*identity, error) {
 }
 
 // settle marks s's identity settled (greeting.go): the node caught up
-// with its cluster.
-func (s *streamLayer) settle() {
+// with its cluster. An id that no connection confirmed meanwhile is
+// dropped (dropped true), unless keep (a node alone, which no one
+// greets): the node caught up from a cluster of no id, whose directories
+// an older build made, and keeps none either; holding its own, derived
+// from --peers that may be no other member's, it would refuse the other
+// members that were wiped and started so too.
+func (s *streamLayer) settle(keep bool) (dropped bool) {
 	for {
 		cur := s.ident.Load()
 		if cur == nil || !cur.provisional {
-			return
+			return false
 		}
 		next := *cur
 		next.provisional, next.joiner = false, false
+		dropped = !cur.confirmed && !keep && !cur.id.IsZero()
+		if dropped {
+			next.id = ClusterID{}
+		}
+		if s.ident.CompareAndSwap(cur, &next) {
+			return dropped
+		}
+	}
+}
+
+// confirm notes that a connection confirmed s's provisional id.
+func (s *streamLayer) confirm() {
+	for {
+		cur := s.ident.Load()
+		if cur == nil || !cur.provisional || cur.confirmed {
+			return
+		}
+		next := *cur
+		next.confirmed = true
 		if s.ident.CompareAndSwap(cur, &next) {
 			return
 		}
@@ -236,8 +260,11 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 	if err != nil || id.id.IsZero() {
 		return c, err
 	}
-	switch err := greetDial(c, string(address), id, timeout); {
+	switch confirmed, err := greetDial(c, string(address), id, timeout); {
 	case err == nil:
+		if confirmed {
+			s.confirm()
+		}
 		return c, nil
 	case errors.Is(err, errUngreeted):
 		c.Close()
@@ -285,14 +312,19 @@ func (s *streamLayer) takeGreeting(c *streamConn, p []byte, n int) (int, error) 
 		c.failed.Store(&err)
 		return 0, err
 	}
-	me, err := s.identity()
-	if err != nil {
+	if _, err := s.identity(); err != nil {
 		return fail(err)
 	}
 	g, rest, err := readGreeting(p[:n], c.Conn)
 	if err != nil {
+		if errors.Is(err, errBadGreeting) {
+			// Answered, so that the dialer does not take the close for
+			// an older build's and dial again without a greeting.
+			c.Conn.Write(append([]byte{greetUnreadable, greetingVersion}, make([]byte, replyLen-2)...))
+		}
 		return fail(fmt.Errorf("raft transport: read the greeting of %v: %w", c.RemoteAddr(), err))
 	}
+	me := s.ident.Load() // as of now: another greeting may have changed it while this one was read
 	take, adopt := me.verdict(g)
 	for adopt {
 		next := *me
@@ -316,6 +348,9 @@ func (s *streamLayer) takeGreeting(c *streamConn, p []byte, n int) (int, error) 
 	copy(reply[1:], me.id[:])
 	if _, err := c.Conn.Write(reply[:]); err != nil {
 		return fail(fmt.Errorf("raft transport: answer the greeting of %v: %w", c.RemoteAddr(), err))
+	}
+	if take && g.id == me.id && !me.id.IsZero() {
+		s.confirm()
 	}
 	if !take {
 		s.foreign.Add(1)
@@ -345,6 +380,13 @@ func (s *streamLayer) Accept() (net.Conn, error) {
 		}
 		sc, err := s.accepted(c)
 		if errors.Is(err, errOverCap) {
+			// Answered as a greeting is (greetBusy), so that a dialer of
+			// this build does not take the close for an older build's and
+			// dial again without a greeting; an older build's RPC fails
+			// on the byte as it would on the close.
+			c.SetWriteDeadline(time.Now().Add(time.Second))
+			c.Write([]byte{greetBusy})
+			c.Close()
 			s.note("over-cap", "closed an inbound Raft connection at once: too many held (a peer holds ten at most; a port scan or a flood holds more)",
 				"remote", c.RemoteAddr().String(), "error", err)
 			continue
@@ -394,9 +436,9 @@ func (s *streamLayer) accepted(c net.Conn) (net.Conn, error) {
 		return nil, fmt.Errorf("raft transport: %w", net.ErrClosed)
 	}
 	if s.inbound[host] >= maxInboundPerHost || s.inboundN >= maxInbound {
-		// Counted before the close: whoever sees the close sees the count.
+		// Counted before the close (Accept's): whoever sees the close
+		// sees the count.
 		s.overCap.Add(1)
-		c.Close()
 		return nil, fmt.Errorf("%w: %d from %s, %d in all (at most %d and %d)",
 			errOverCap, s.inbound[host], host, s.inboundN, maxInboundPerHost, maxInbound)
 	}

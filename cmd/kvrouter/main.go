@@ -73,6 +73,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "selection-addr", EnvVars: []string{"KVROUTER_SELECTION_ADDR"}, Usage: "also serve the selection and reservation API at the root of this address (it is always under /selection on --http-addr; docs/compat.md)"},
 			&cli.StringFlag{Name: "data-dir", Value: "data", EnvVars: []string{"KVROUTER_DATA_DIR"}, Usage: "where the Raft log, snapshots and state live"},
 			&cli.StringFlag{Name: "peers", EnvVars: []string{"KVROUTER_PEERS"}, Usage: "bootstrap a new cluster of these voters: id=raftaddr=httpaddr,... (default: this node alone, unless --join)"},
+			&cli.StringFlag{Name: "cluster-name", EnvVars: []string{"KVROUTER_CLUSTER_NAME"}, Usage: "name the new cluster at its bootstrap (give every node the same): its id, which Raft connections carry, is derived from the name instead of --peers; a data directory with an id keeps it"},
 			&cli.StringFlag{Name: "join", EnvVars: []string{"KVROUTER_JOIN"}, Usage: "HTTP addresses of members of an existing cluster to join, host:port,... (asked in turn; ignored, with a warning, by a node that is the only member of the cluster its data directory holds)"},
 			&cli.DurationFlag{Name: "heartbeat-timeout", Value: 200 * time.Millisecond, EnvVars: []string{"KVROUTER_HEARTBEAT_TIMEOUT"}, Usage: "Raft heartbeat timeout"},
 			&cli.DurationFlag{Name: "election-timeout", Value: 200 * time.Millisecond, EnvVars: []string{"KVROUTER_ELECTION_TIMEOUT"}, Usage: "Raft election timeout"},
@@ -657,7 +658,7 @@ func nodeConfig(c *cli.Context, peers []raftfsm.Member, httpAdvertised string, l
 		HeartbeatTimeout: c.Duration("heartbeat-timeout"), ElectionTimeout: c.Duration("election-timeout"),
 		LeaderLeaseTimeout: c.Duration("leader-lease-timeout"),
 		SnapshotThreshold:  c.Uint64("snapshot-threshold"), SnapshotBytes: c.Int64("snapshot-bytes"), SilentAfter: c.Duration("silent-after"), BookingMaxAge: c.Duration("booking-max-age"),
-		MaxRanks: c.Int("max-ranks"), Logger: logger,
+		MaxRanks: c.Int("max-ranks"), ClusterName: c.String("cluster-name"), Logger: logger,
 	}
 }
 
