@@ -57,17 +57,23 @@ import (
 //     working as it did. Only clusters bootstrapped or seeded by this
 //     build, or later, are told apart.
 //
-// An id is settled once the node caught up with its cluster. Until then
-// it is provisional: a directory bootstrapped from --peers may be a
-// wiped member's, started again with --peers that are not the cluster's
-// first (a member replaced since), so it derived another id. A
-// provisional node takes the id of a settled greeter that its --peers
-// list at that id and address, and never of one they do not: the other
-// cluster's leader, at other addresses, is refused. A provisional id
-// that no connection confirmed by the time the node caught up (no
-// greeting of it taken, no answer naming it) is dropped: the node caught
-// up from a leader that greets with none, a cluster that an older build
-// made, and keeps none either (streamLayer.settle).
+// A derived id is provisional until a connection confirms it (a greeting
+// of it taken, an answer naming it; kept across restarts:
+// clusterIDProvisionalKey), or the node, caught up, is its cluster's only
+// member: a directory bootstrapped from --peers may be a wiped member's,
+// started again with --peers that are not the cluster's first (a member
+// replaced since), so it derived another id. A provisional node takes
+// the id of a settled greeter that its --peers list at that id and
+// address, takes the connections of an unsettled one they list without
+// its id (two members of a cluster of no id, an older build's, wiped and
+// started with different --peers, derive different ids that no
+// connection confirms), and refuses one they do not list: the other
+// cluster's leader, at other addresses. It keeps its id while it waits:
+// a member wiped while a node of an older build led caught up with no
+// connection confirming its id, and dropping it then left it greeting
+// no one for good (a review with the binaries). A joiner's id is settled
+// once taken, and so is none once the node caught up with a cluster
+// that greets with none.
 //
 // Connections of builds before greetings are taken unchecked, both ways,
 // so that a rolling upgrade and its rollback keep working: a node of
@@ -131,13 +137,9 @@ type identity struct {
 	// as unsettled.
 	provisional bool
 	joiner      bool
-	// confirmed: while provisional, a connection of this run confirmed
-	// the id (a greeting of it taken, or an answer naming it). A node
-	// that caught up unconfirmed caught up from a cluster of no id, and
-	// settles with none (streamLayer.settle).
-	confirmed bool
-	listed    func(id, addr string) bool // whether --peers list a server at that id and address; nil: none
-	adopted   func(ClusterID)            // records an id taken from a greeter; nil: none
+	listed      func(id, addr string) bool // whether --peers list a server at that id and address; nil: none
+	adopted     func(ClusterID)            // records an id taken from a greeter; nil: none
+	confirmed   func()                     // records that a connection confirmed the provisional id; nil: none
 }
 
 // The greeting's layout. A dialer sends
@@ -258,8 +260,13 @@ func (me *identity) verdict(g greeting) (take bool, adopt bool) {
 		return true, false
 	case me.id.IsZero() && !me.provisional:
 		return true, false // a directory of a build before greetings: unchecked
-	case me.provisional && g.settled && (me.joiner && me.id.IsZero() || !me.joiner && me.listed != nil && me.listed(g.self, g.addr)):
-		return true, true
+	case !me.provisional:
+		return false, false
+	case me.joiner:
+		ok := me.id.IsZero() && g.settled && !g.id.IsZero()
+		return ok, ok
+	case me.listed != nil && me.listed(g.self, g.addr):
+		return true, g.settled && !g.id.IsZero()
 	}
 	return false, false
 }

@@ -503,7 +503,7 @@ func (n *Node) startRaft() error {
 	switch {
 	case !has && len(servers) > 0:
 		if err = n.recordOrigin(n.originOf(servers)); err == nil {
-			err = n.recordClusterID(n.newClusterID(servers))
+			err = n.recordDerivedClusterID(n.newClusterID(servers))
 		}
 	case !has:
 		if err = n.recordOrigin(originJoin); err == nil {
@@ -853,6 +853,10 @@ var (
 	// the node takes a greeter's. A directory of a build before it has
 	// none, and greets as a node of no cluster.
 	clusterIDKey = []byte("kvrouter_cluster_id")
+	// clusterIDProvisionalKey holds 1 from the first start that derives
+	// the directory's id until a connection confirms it, or the node,
+	// caught up, is its cluster's only member (greeting.go): empty then.
+	clusterIDProvisionalKey = []byte("kvrouter_cluster_id_provisional")
 )
 
 // recordedClusterID returns the directory's cluster id (clusterIDKey),
@@ -887,7 +891,26 @@ func (n *Node) recordSeedClusterID(servers []raft.Server) error {
 	if err != nil || !id.IsZero() {
 		return err
 	}
-	return n.recordClusterID(n.newClusterID(servers))
+	return n.recordDerivedClusterID(n.newClusterID(servers))
+}
+
+// recordDerivedClusterID records id, derived at the directory's first
+// start, as its cluster id, provisional until confirmed.
+func (n *Node) recordDerivedClusterID(id ClusterID) error {
+	if err := n.logs.Set(clusterIDProvisionalKey, []byte{1}); err != nil {
+		return fmt.Errorf("record the cluster id of %s: %w", n.cfg.DataDir, err)
+	}
+	return n.recordClusterID(id)
+}
+
+// setClusterIDProvisional records whether the directory's id waits for
+// a connection to confirm it (clusterIDProvisionalKey).
+func (n *Node) setClusterIDProvisional(provisional bool) error {
+	var v []byte
+	if provisional {
+		v = []byte{1}
+	}
+	return n.logs.Set(clusterIDProvisionalKey, v)
 }
 
 // newClusterID returns the id of a new cluster whose first configuration
@@ -913,12 +936,39 @@ func (n *Node) greetAsRecorded() error {
 	if n.stream == nil {
 		return nil
 	}
+	v, err := n.logs.Get(clusterIDProvisionalKey)
+	if err != nil && !errors.Is(err, store.ErrKeyNotFound) {
+		return fmt.Errorf("read whether the cluster id of %s is confirmed: %w", n.cfg.DataDir, err)
+	}
 	n.stream.setIdentity(&identity{
 		id: id, self: n.cfg.ID, addr: n.raftAddr(),
-		provisional: n.bootHeld || n.joinAddr != "", joiner: n.joinAddr != "",
-		listed: n.listedPeer, adopted: n.takeClusterID,
+		provisional: len(v) > 0 && !id.IsZero() || n.joinAddr != "", joiner: n.joinAddr != "",
+		listed: n.listedPeer, adopted: n.takeClusterID, confirmed: n.clusterIDConfirmed,
 	})
 	return nil
+}
+
+// clusterIDConfirmed records that a connection confirmed the directory's
+// provisional cluster id (streamLayer.confirm).
+func (n *Node) clusterIDConfirmed() {
+	if err := n.setClusterIDProvisional(false); err != nil {
+		n.logger.Warn("recording that the cluster id is confirmed failed; the next start waits for a connection to confirm it again", "err", err)
+	}
+}
+
+// confirmClusterIDAlone confirms a provisional cluster id once the node,
+// caught up, is its cluster's only member, which no member greets
+// (streamLayer.confirm): a joiner takes only a settled id.
+func (n *Node) confirmClusterIDAlone() {
+	if n.stream == nil || !n.ready.Load() {
+		return
+	}
+	if me := n.stream.ident.Load(); me == nil || !me.provisional || me.joiner {
+		return
+	}
+	if n.alone() {
+		n.stream.confirm()
+	}
 }
 
 // listedPeer reports whether --peers list a server id at addr.
@@ -933,26 +983,15 @@ func (n *Node) takeClusterID(id ClusterID) {
 	if old := n.clusterID.Load(); old != nil {
 		was = *old
 	}
-	if err := n.recordClusterID(id); err != nil {
+	err := n.recordClusterID(id)
+	if err == nil {
+		err = n.setClusterIDProvisional(false)
+	}
+	if err != nil {
 		n.logger.Warn("recording the cluster id taken from the cluster that reached this node failed; it holds for this run", "err", err)
 		n.clusterID.Store(&id)
 	}
 	n.logger.Info("took the cluster id of the cluster that reached this node", "cluster", id.String(), "was", was.String())
-}
-
-// settleClusterID marks the cluster id settled once the node caught up
-// with its cluster (greeting.go), or drops it when no connection
-// confirmed it (streamLayer.settle): the cluster has no id.
-func (n *Node) settleClusterID() {
-	if n.stream == nil || !n.stream.settle(n.alone()) {
-		return
-	}
-	if err := n.recordClusterID(ClusterID{}); err != nil {
-		n.logger.Warn("recording that this node keeps no cluster id failed; it holds for this run", "err", err)
-		n.clusterID.Store(&ClusterID{})
-	}
-	n.logger.Warn("caught up with a cluster whose members greet with no cluster id (directories of a build before cluster ids): " +
-		"this node keeps none either, and takes every connection as they do (docs/operations.md, Upgrade)")
 }
 
 // bootstrapIndex is the index of the entry raft.BootstrapCluster writes,
@@ -993,9 +1032,7 @@ func (n *Node) noteBootCaughtUp() {
 	}
 	if err := n.setBootHeld(false); err != nil {
 		n.logger.Warn("forgetting that this node holds its votes since its bootstrap failed; retrying", "err", err)
-		return
 	}
-	n.settleClusterID()
 }
 
 // recordedJoinAddr returns the address the directory records it joined
@@ -1047,7 +1084,9 @@ func (n *Node) noteJoined() {
 				n.logger.Warn("forgetting the Raft address this node joined at failed; retrying", "err", err)
 				return
 			}
-			n.settleClusterID()
+			if n.stream != nil {
+				n.stream.settleJoiner()
+			}
 			return
 		}
 	}
@@ -1860,6 +1899,7 @@ func (n *Node) leaderLoop() {
 			n.noteMembership()
 			n.noteJoined()
 			n.noteBootCaughtUp()
+			n.confirmClusterIDAlone()
 			if leader {
 				n.assertSelf()
 				n.handOffIfHalted()

@@ -206,41 +206,36 @@ func (s *streamLayer) identity() (*identity, error) {
 	}
 }
 
-// settle marks s's identity settled (greeting.go): the node caught up
-// with its cluster. An id that no connection confirmed meanwhile is
-// dropped (dropped true), unless keep (a node alone, which no one
-// greets): the node caught up from a cluster of no id, whose directories
-// an older build made, and keeps none either; holding its own, derived
-// from --peers that may be no other member's, it would refuse the other
-// members that were wiped and started so too.
-func (s *streamLayer) settle(keep bool) (dropped bool) {
+// settleJoiner settles a joiner's identity, the id it took or none
+// (greeting.go): the node caught up with the cluster it joined.
+func (s *streamLayer) settleJoiner() {
 	for {
 		cur := s.ident.Load()
-		if cur == nil || !cur.provisional {
-			return false
+		if cur == nil || !cur.joiner {
+			return
 		}
 		next := *cur
 		next.provisional, next.joiner = false, false
-		dropped = !cur.confirmed && !keep && !cur.id.IsZero()
-		if dropped {
-			next.id = ClusterID{}
-		}
 		if s.ident.CompareAndSwap(cur, &next) {
-			return dropped
+			return
 		}
 	}
 }
 
-// confirm notes that a connection confirmed s's provisional id.
+// confirm settles s's provisional id (not a joiner's): a connection
+// confirmed it, or the node is its cluster's only member (greeting.go).
 func (s *streamLayer) confirm() {
 	for {
 		cur := s.ident.Load()
-		if cur == nil || !cur.provisional || cur.confirmed {
+		if cur == nil || !cur.provisional || cur.joiner || cur.id.IsZero() {
 			return
 		}
 		next := *cur
-		next.confirmed = true
+		next.provisional = false
 		if s.ident.CompareAndSwap(cur, &next) {
+			if cur.confirmed != nil {
+				cur.confirmed()
+			}
 			return
 		}
 	}
