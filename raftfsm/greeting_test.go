@@ -389,8 +389,11 @@ func TestAJoinerTakesItsClustersID(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "n4 to be ready", func() bool { return n4.Status().Ready })
-	if got := n4.Status().ClusterID; got != want {
-		t.Fatalf("the joiner is of cluster %q, want %q", got, want)
+	if st := n4.Status(); st.ClusterID != want || st.ClusterIDProvisional {
+		t.Fatalf("the joiner is of cluster %q (provisional %v), want %q, settled", st.ClusterID, st.ClusterIDProvisional, want)
+	}
+	if st := l.Status(); st.ClusterIDProvisional {
+		t.Fatal("the leader's id is provisional: no connection confirmed it")
 	}
 	n4.Close()
 	n4 = start(c.transport(addr))
@@ -589,8 +592,8 @@ func TestWipedMembersOfAnUpgradedClusterStillTalkToEachOther(t *testing.T) {
 	wipe(2, spelledPeers(c, 0, 1)) // n3
 	wipe(1, spelledPeers(c, 0, 2)) // n2
 	for _, i := range []int{1, 2} {
-		if me := c.nodes[i].stream.ident.Load(); !me.provisional || me.id.IsZero() {
-			t.Fatalf("%s, caught up from a leader of no id, holds %s (provisional %v): want its own id, provisional", c.id(i), me.id, me.provisional)
+		if st := c.nodes[i].Status(); !st.ClusterIDProvisional || st.ClusterID == "" {
+			t.Fatalf("%s, caught up from a leader of no id, is of cluster %q (provisional %v): want its own id, provisional", c.id(i), st.ClusterID, st.ClusterIDProvisional)
 		}
 	}
 	// n3 leads; n2 must take its entries.

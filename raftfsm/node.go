@@ -2685,6 +2685,10 @@ func (n *Node) statusAt(applied uint64) NodeStatus {
 	}
 	if c := n.clusterID.Load(); c != nil && !c.IsZero() {
 		s.ClusterID = c.String()
+		if n.stream != nil {
+			me := n.stream.ident.Load()
+			s.ClusterIDProvisional = me != nil && me.provisional
+		}
 	}
 	// Ready to serve: caught up since the start, or since it was last
 	// added back (ready, which stays set until the node reads removed:

@@ -153,20 +153,25 @@ type NodeStatus struct {
 	// nodes of one cluster show the same, and refuse Raft connections
 	// from nodes of another. Empty for a directory of a build before
 	// cluster ids, which checks none.
-	ClusterID     string `json:"cluster_id,omitempty"`
-	RaftAddr      string `json:"raft_addr"`
-	HTTPAddr      string `json:"http_addr"`
-	State         string `json:"state"` // Leader, Follower, Candidate, Shutdown
-	Term          uint64 `json:"term"`
-	LastIndex     uint64 `json:"last_index"`
-	CommitIndex   uint64 `json:"commit_index"`
-	AppliedIndex  uint64 `json:"applied_index"` // the FSM's own
-	LeaderID      string `json:"leader_id"`
-	LeaderHTTP    string `json:"leader_http"`
-	LastContactMs int64  `json:"last_contact_ms"` // -1 when never
-	SnapshotIndex uint64 `json:"snapshot_index"`
-	Digest        string `json:"digest"` // hex; equal on replicas at equal applied index
-	Ready         bool   `json:"ready"`
+	ClusterID string `json:"cluster_id,omitempty"`
+	// ClusterIDProvisional: no connection has confirmed ClusterID yet
+	// (derived at the directory's bootstrap; greeting.go), so it may not
+	// be the cluster's: members of a cluster of no id wiped and started
+	// again with --peers each show their own.
+	ClusterIDProvisional bool   `json:"cluster_id_provisional,omitempty"`
+	RaftAddr             string `json:"raft_addr"`
+	HTTPAddr             string `json:"http_addr"`
+	State                string `json:"state"` // Leader, Follower, Candidate, Shutdown
+	Term                 uint64 `json:"term"`
+	LastIndex            uint64 `json:"last_index"`
+	CommitIndex          uint64 `json:"commit_index"`
+	AppliedIndex         uint64 `json:"applied_index"` // the FSM's own
+	LeaderID             string `json:"leader_id"`
+	LeaderHTTP           string `json:"leader_http"`
+	LastContactMs        int64  `json:"last_contact_ms"` // -1 when never
+	SnapshotIndex        uint64 `json:"snapshot_index"`
+	Digest               string `json:"digest"` // hex; equal on replicas at equal applied index
+	Ready                bool   `json:"ready"`
 	// Removed: the node has been a member of the cluster (a latest Raft
 	// configuration of its named it; its data directory keeps that across
 	// restarts), its latest configuration has members and not this node,

@@ -306,16 +306,23 @@ func notAStatus(err error) bool {
 }
 
 // divergence reports endpoints that are nodes of different clusters
-// (their cluster ids differ), and replicas of one cluster that applied
-// the same index but hold different states: the digests are equal on
-// replicas at equal applied index unless they diverged. A node of no
-// cluster id (a build or directory before them) is taken for any
-// cluster's.
+// (their confirmed cluster ids differ), and replicas of one cluster that
+// applied the same index but hold different states: the digests are
+// equal on replicas at equal applied index unless they diverged. A node
+// of no cluster id (a build or directory before them), or of a
+// provisional one (unconfirmed: it may not be its cluster's), is taken
+// for any cluster's.
 func divergence(rows []statusRow) []string {
 	var out []string
+	clusterOf := func(s *raftfsm.NodeStatus) string {
+		if s.ClusterIDProvisional {
+			return ""
+		}
+		return s.ClusterID
+	}
 	clusters := map[string][]string{} // cluster id -> ids
 	for _, r := range rows {
-		if s := r.Status; s != nil && s.ClusterID != "" {
+		if s := r.Status; s != nil && clusterOf(s) != "" {
 			clusters[s.ClusterID] = append(clusters[s.ClusterID], orDash(s.ID)+" ("+r.Endpoint+")")
 		}
 	}
@@ -334,7 +341,10 @@ func divergence(rows []statusRow) []string {
 	byIndex := map[at]map[string][]string{} // (cluster, applied) -> digest -> ids
 	for _, r := range rows {
 		if s := r.Status; s != nil && s.Digest != "" {
-			k := at{s.ClusterID, s.AppliedIndex}
+			k := at{"", s.AppliedIndex}
+			if len(clusters) > 1 {
+				k.cluster = clusterOf(s)
+			}
 			if byIndex[k] == nil {
 				byIndex[k] = map[string][]string{}
 			}

@@ -627,6 +627,15 @@ func TestStatusWarnsOfEndpointsOfTwoClusters(t *testing.T) {
 	if strings.Contains(r.stderr, "different state digests") {
 		t.Fatalf("stderr = %q: another cluster's digest is taken for a divergence", r.stderr)
 	}
+	// n3's id provisional (unconfirmed: a wiped member of a cluster of no
+	// id shows its own): one cluster, whose digests are compared.
+	st := c.nodes[2].fake.Status()
+	st.ClusterIDProvisional = true
+	c.nodes[2].fake.SetStatus(st)
+	r = kvctl(t, "--endpoints", c.endpoints(), "status").wantCode(t, 0)
+	if strings.Contains(r.stderr, "clusters (") || !strings.Contains(r.stderr, "n3 has ffffffffffffffff") {
+		t.Fatalf("stderr = %q, want no warning of two clusters and n3's digest compared", r.stderr)
+	}
 }
 
 // n3Row returns the row of node n3 in a kvctl status table, trimmed ("":
