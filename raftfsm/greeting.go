@@ -36,7 +36,8 @@ import (
 // refused, and raft's RPC on it fails (ErrForeignCluster) before either
 // side acts on it. As etcd does with its cluster id in every message.
 //
-// Where the id comes from (Node.loadClusterID):
+// Where the id comes from (Node.greetAsRecorded, and the records startRaft
+// makes at a directory's first start):
 //
 //   - A directory bootstrapped from --peers derives it from that
 //     configuration (deriveClusterID): every node of a new cluster is
@@ -47,7 +48,7 @@ import (
 //     whose --peers differ because they reach each other at other
 //     addresses (a proxy per link, as the e2e partition tests run).
 //   - A directory seeded from a snapshot (kvctl snapshot restore
-//     --offline) derives it from the seed's configuration, the same way.
+//     --data-dir) derives it from the seed's configuration, the same way.
 //   - A directory started empty to join (--join, kvctl members add)
 //     takes the id of the first settled cluster that greets it: only a
 //     cluster that lists its address greets it, and it asked to join
@@ -131,10 +132,12 @@ type identity struct {
 	id   ClusterID // zero: none (a directory of a build before greetings)
 	self string    // this node's id
 	addr string    // this node's raft address, as configured
-	// provisional: the node has not caught up with its cluster since its
-	// directory was bootstrapped or started to join. It may take a
-	// settled greeter's id (joiner: any; otherwise one listed) and greets
-	// as unsettled.
+	// provisional: no connection has confirmed the derived id yet (nor
+	// the node, caught up, found itself its cluster's only member), or
+	// the node is a joiner not yet caught up. It may take a settled
+	// greeter's id (a joiner of none yet: any; otherwise one its --peers
+	// list), takes the connections of unsettled greeters its --peers
+	// list, and greets as unsettled (verdict).
 	provisional bool
 	joiner      bool
 	listed      func(id, addr string) bool // whether --peers list a server at that id and address; nil: none

@@ -812,3 +812,42 @@ func TestAMemberWipedWhileAnOlderBuildLeadsKeepsItsClustersID(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestAnUnreadableGreetingIsAnsweredNotDialedAgainUnchecked: a greeting
+// this build cannot read (a later version) is answered greetUnreadable
+// with the version it reads, and reaches no raft read; the dialer's
+// greetDial takes that answer for an error, not for an older build's
+// close, so it dials nothing again without a greeting.
+func TestAnUnreadableGreetingIsAnsweredNotDialedAgainUnchecked(t *testing.T) {
+	a, _ := greetPair(t, &identity{id: ClusterID{1}, self: "n2", addr: "127.0.0.1:2"}, &identity{})
+	got := greetedRead(a)
+	c, err := net.Dial("tcp", a.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	later := appendGreeting(nil, &identity{id: ClusterID{1}, self: "n1", addr: "127.0.0.1:1"})
+	later[4] = greetingVersion + 1
+	if _, err := c.Write(later); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	answer, _ := io.ReadAll(c)
+	if len(answer) != replyLen || answer[0] != greetUnreadable || answer[1] != greetingVersion {
+		t.Fatalf("answer %x, want greetUnreadable naming version %d", answer, greetingVersion)
+	}
+	if b := <-got; len(b) != 0 {
+		t.Fatalf("raft read %q from an unreadable greeting", b)
+	}
+	// The dialer's side of that answer.
+	srv, cli := net.Pipe()
+	defer srv.Close()
+	defer cli.Close()
+	go func() {
+		io.ReadFull(srv, make([]byte, len(appendGreeting(nil, &identity{id: ClusterID{1}, self: "n1", addr: "a"}))))
+		srv.Write(answer)
+	}()
+	if _, err := greetDial(cli, "peer", &identity{id: ClusterID{1}, self: "n1", addr: "a"}, 10*time.Second); !errors.Is(err, errBadGreeting) {
+		t.Fatalf("greetDial on an unreadable answer: %v, want errBadGreeting", err)
+	}
+}

@@ -270,7 +270,7 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 	default:
 		c.Close()
 		if errors.Is(err, ErrForeignCluster) {
-			s.refusedLine("foreign-dial", err.Error(), "raft_addr", string(address))
+			s.noteAt(slog.LevelError, "foreign-dial", err.Error(), "raft_addr", string(address))
 		}
 		return nil, err
 	}
@@ -283,18 +283,6 @@ func (s *streamLayer) dial(address raft.ServerAddress, timeout time.Duration) (n
 		return nil, err
 	}
 	return s.track(c)
-}
-
-// refusedLine logs msg about a connection refused for another cluster's
-// at Error, once per inboundLogEvery per kind at most, with how many
-// were left out, every one at Debug.
-func (s *streamLayer) refusedLine(kind, msg string, args ...any) {
-	ok, skipped := s.rate.Allow(kind)
-	if !ok {
-		s.logger.Debug(msg, args...)
-		return
-	}
-	s.logger.Error(msg, append(args, lograte.LeftOut(skipped, inboundLogEvery)...)...)
 }
 
 // takeGreeting answers the greeting of accepted connection c, whose
@@ -349,7 +337,7 @@ func (s *streamLayer) takeGreeting(c *streamConn, p []byte, n int) (int, error) 
 	}
 	if !take {
 		s.foreign.Add(1)
-		s.refusedLine("foreign-accept", "refused a Raft connection from another cluster's node: a raft address that cluster lists reaches this node "+
+		s.noteAt(slog.LevelError, "foreign-accept", "refused a Raft connection from another cluster's node: a raft address that cluster lists reaches this node "+
 			"(remove it from that cluster, or fix its address there); a wiped member of this node's cluster started with --peers "+
 			"that do not list its leader at its address joins again with --join",
 			"remote", c.RemoteAddr().String(), "from", g.self, "from_raft_addr", g.addr, "from_cluster", g.id.String(),
@@ -453,16 +441,21 @@ func (s *streamLayer) accepted(c net.Conn) (net.Conn, error) {
 	return sc, nil
 }
 
-// note logs a line about an inbound connection closed, of kind, at Warn
-// at most once per inboundLogEvery with how many were left out, every
-// one at Debug.
+// note logs a line about a connection of kind (one closed, refused or
+// dialed again) at Warn, as noteAt.
 func (s *streamLayer) note(kind, msg string, args ...any) {
+	s.noteAt(slog.LevelWarn, kind, msg, args...)
+}
+
+// noteAt logs a line about a connection of kind at level, at most once
+// per inboundLogEvery with how many were left out, every one at Debug.
+func (s *streamLayer) noteAt(level slog.Level, kind, msg string, args ...any) {
 	ok, skipped := s.rate.Allow(kind)
 	if !ok {
 		s.logger.Debug(msg, args...)
 		return
 	}
-	s.logger.Warn(msg, append(args, lograte.LeftOut(skipped, inboundLogEvery)...)...)
+	s.logger.Log(context.Background(), level, msg, append(args, lograte.LeftOut(skipped, inboundLogEvery)...)...)
 }
 
 // forget drops c from the connections s holds, and from its counts.
