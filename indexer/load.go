@@ -37,9 +37,11 @@ import (
 //   - Lookups by seq come in batches (each record's parent, each
 //     residency's node) and are answered partition by partition of the
 //     records, so that they hit the cache (batcher, load_batch.go).
-//   - Every node is linked once, parents before children: the records are
-//     laid out by parent (a counting sort) and built top-down from the
-//     root, depth first, in parts side by side under Spread (linkDown);
+//   - Every node is linked once, parents before children: each record's
+//     children are threaded into a list through the records as their
+//     parents are found (in the batched lookups), and the tree is built
+//     top-down from the root along the lists, depth first, in parts side
+//     by side under Spread (linkDown);
 //     the records not reached do not reach the root (a missing parent, a
 //     cycle). A copy in which two records name one position is linked by
 //     walking up from each record instead, as it always was.
@@ -103,9 +105,16 @@ type loadNode struct {
 	seq, parent, local uint64
 	n                  *node // the node built for the record, once linked
 	kids               uint32
-	root               bool
-	part               uint8 // top byte of the node's seq: who adds its holders (applySpread)
+	// The records whose parent this one is, as a list threaded through
+	// them (linkAll): the first one's index, and the next one's after
+	// this record in its parent's list; noRec ends a list.
+	head, next uint32
+	root       bool
+	part       uint8 // top byte of the node's seq: who adds its holders (applySpread)
 }
+
+// noRec ends a list of child records (loadNode.head, next).
+const noRec = math.MaxUint32
 
 const parRoot, parMissing = -1, -2
 
@@ -149,7 +158,7 @@ func NewLoader(nodes, ranks int) *Loader {
 
 // AddNode records a tree node. Records are cheapest in ascending seq order.
 func (l *Loader) AddNode(seq, parent uint64, root bool, local uint64) {
-	*l.nodes.next() = loadNode{seq: seq, parent: parent, local: local, root: root}
+	*l.nodes.next() = loadNode{seq: seq, parent: parent, local: local, root: root, head: noRec}
 }
 
 // NodeRecords collects node records apart from a Loader, so that a second
@@ -194,7 +203,7 @@ func (l *Loader) releaseScratch() {
 
 // Add records a tree node, as Loader.AddNode does.
 func (r *NodeRecords) Add(seq, parent uint64, root bool, local uint64) {
-	*r.c.next() = loadNode{seq: seq, parent: parent, local: local, root: root}
+	*r.c.next() = loadNode{seq: seq, parent: parent, local: local, root: root, head: noRec}
 }
 
 // AddNodes adds r's records after those added so far, without copying
@@ -672,17 +681,24 @@ func (l *Loader) linkAll(x *seqIndex) (built int64) {
 				b.put(r.parent, uint32(k))
 			}
 		}
-		for _, q := range b.pairs[:b.start[len(b.start)-1]] {
+		// Each record is put at the head of its parent's list of
+		// children, in reverse: a partition's pairs are in record order,
+		// so that every list ends in record order.
+		pairs := b.pairs[:b.start[len(b.start)-1]]
+		for i := len(pairs) - 1; i >= 0; i-- {
+			q := pairs[i]
 			p := x.find(q.seq)
 			if p < 0 {
 				par[q.at] = parMissing
 				continue
 			}
 			par[q.at] = int32(p)
-			recs[p].kids++
+			rp := &recs[p]
+			rp.kids++
+			recs[q.at].next, rp.head = rp.head, q.at
 		}
 	} else {
-		for k := range recs {
+		for k := len(recs) - 1; k >= 0; k-- { // in reverse, as above
 			r := &recs[k]
 			switch {
 			case r.root:
@@ -695,14 +711,16 @@ func (l *Loader) linkAll(x *seqIndex) (built int64) {
 					continue
 				}
 				par[k] = int32(p)
-				recs[p].kids++
+				rp := &recs[p]
+				rp.kids++
+				r.next, rp.head = rp.head, uint32(k)
 			}
 		}
 	}
 	if rootKids > 1 {
 		l.root.more = make(map[uint64]*node, rootKids-1)
 	}
-	if built, ok := l.linkDown(x, rootKids); ok {
+	if built, ok := l.linkDown(x); ok {
 		x.ownNodes = true
 		return built
 	}

@@ -1,95 +1,87 @@
 package indexer
 
-import "github.com/kvrouter/kvrouter/internal/hugepage"
-
 // linkDown is linkAll's fast way, for copies in which no two records name
 // one (parent, local) position (consistent copies never do): it builds the
-// nodes top-down from the root, depth first, over each record's children
-// laid out together (a counting sort by parent record). The walk up from
-// each record in seq order takes several dependent cache misses per record
-// (its parent's record, the parent's node), where this one reads the
-// children arrays mostly in order and writes each record once. Depth first
-// keeps a path's nodes together in memory, as the walk did. The records
-// reached are linkDone and the rest linkBroken (their chain misses a parent
-// or is a cycle): what the walk finds. It reports false, leaving the nodes
-// it built for the collector and the states to be reset, on meeting two
-// records for one position: which record names that node depends on the
-// walk's order, and the walk decides it.
-func (l *Loader) linkDown(x *seqIndex, rootKids int) (built int64, ok bool) {
+// nodes top-down from the root, depth first, over each record's list of
+// children (loadNode.head and next, threaded by linkAll as it finds the
+// parents, in record order). The walk up from each record in seq order
+// takes several dependent cache misses per record (its parent's record,
+// the parent's node), where this one reads each record once, when its
+// node is built, and writes the node into the record it has just read.
+// Depth first keeps a path's nodes together in memory, as the walk did.
+// The records reached are linkDone and the rest linkBroken (their chain
+// misses a parent or is a cycle): what the walk finds. It reports false,
+// leaving the nodes it built for the collector and the states to be
+// reset, on meeting two records for one position: which record names
+// that node depends on the walk's order, and the walk decides it.
+//
+// An earlier version laid every record's children out together first (a
+// counting sort by parent record, 40 bytes a record) and built from that
+// array: the sort's scattered writes took 0.43–0.68 s of a 5M-block
+// restore, on the restore's critical path, and the array 200 MB.
+func (l *Loader) linkDown(x *seqIndex) (built int64, ok bool) {
 	recs, par, state := x.recs, x.par, x.state
-	n := len(recs)
-	type kid struct {
-		local, seq  uint64
-		n           *node // built for it
-		k           int32
-		first, kids uint32 // where its own children are in ch, and how many
-	}
-	// cur[p]: where the next child of record p goes; the root's children
-	// come first, in ch[0:rootKids].
-	cur := hugepage.MakeIn[uint32](x.sc, n)
-	off := uint32(rootKids)
-	for k := range recs {
-		cur[k] = off
-		off += recs[k].kids
-	}
-	ch := hugepage.MakeIn[kid](x.sc, int(off))
-	var rootAt uint32
-	off = uint32(rootKids)
-	for k := range recs {
-		r := &recs[k]
-		r.part = uint8(r.seq >> 56) // its node's seq: no other record names it
-		e := kid{local: r.local, seq: r.seq, k: int32(k), first: off, kids: r.kids}
-		off += r.kids
-		switch p := par[k]; {
-		case p == parRoot:
-			ch[rootAt] = e
-			rootAt++
-		case p >= 0:
-			ch[cur[p]] = e
-			cur[p]++
+	// The root's children, in record order.
+	rootHead := uint32(noRec)
+	for k := len(recs) - 1; k >= 0; k-- {
+		if par[k] == parRoot {
+			recs[k].next, rootHead = rootHead, uint32(k)
 		}
 	}
-	cur = nil
-	// A frame is a record's children being built: ch[lo:hi], the first
-	// of them at ch[at]. Two of them naming one position (a copy that
-	// breaks the index's invariants) shows in the parent's child map not
+	// A frame is a node's children being built: the record of the next
+	// one (noRec when none is left), how many were built, and the first
+	// one's local. Two of them naming one position (a copy that breaks
+	// the index's invariants) shows in the parent's child map not
 	// growing, or a local equal to the first child's (the inline one).
 	type frame struct {
-		at, lo, hi uint32
-		parent     *node
+		next   uint32
+		done   uint32
+		first  uint64
+		parent *node
 	}
-	// next builds the node of f's next child; nil when it names a
-	// position taken.
-	next := func(f *frame, pool *nodePool) *kid {
-		e := &ch[f.lo]
-		f.lo++
+	// step builds the node of f's next child and returns its record; nil
+	// when it names a position taken.
+	step := func(f *frame, pool *nodePool) *loadNode {
+		k := f.next
+		r := &recs[k]
+		f.next = r.next
 		parent := f.parent
-		nd := pool.get(parent, e.local, e.seq)
-		if e.kids > 1 {
-			nd.more = make(map[uint64]*node, e.kids-1)
+		nd := pool.get(parent, r.local, r.seq)
+		if r.kids > 1 {
+			nd.more = make(map[uint64]*node, r.kids-1)
 		}
-		if f.lo-1 == f.at { // the first child
+		if f.done == 0 { // the first child
 			if parent.c1 != nil { // only the root's may be set: never
 				return nil
 			}
 			parent.c1 = nd
+			f.first = r.local
 		} else {
-			if e.local == ch[f.at].local {
+			if r.local == f.first {
 				return nil
 			}
 			if parent.more == nil {
 				parent.more = make(map[uint64]*node, 2)
 			}
-			parent.more[e.local] = nd
-			if len(parent.more) != int(f.lo-1-f.at) {
+			parent.more[r.local] = nd
+			if len(parent.more) != int(f.done) {
 				return nil
 			}
 		}
-		e.n = nd
-		state[e.k] = linkDone
-		return e
+		f.done++
+		r.n, r.part = nd, uint8(r.seq>>56) // its node's seq: no other record names it
+		state[k] = linkDone
+		return r
 	}
-	frames := []frame{{0, 0, uint32(rootKids), &l.root}}
+	// fail leaves no record with a node of this attempt: the walk links
+	// from scratch.
+	fail := func() (int64, bool) {
+		for k := range recs {
+			recs[k].n = nil
+		}
+		return 0, false
+	}
+	frames := []frame{{next: rootHead, parent: &l.root}}
 	parts := 1
 	if l.parts > 1 && l.run != nil {
 		// Build the top levels breadth first until there are enough
@@ -100,14 +92,14 @@ func (l *Loader) linkDown(x *seqIndex, rootKids int) (built int64, ok bool) {
 			var deeper []frame
 			for i := range frames {
 				f := &frames[i]
-				for f.lo < f.hi {
-					e := next(f, l.pool(0))
-					if e == nil {
-						return 0, false
+				for f.next != noRec {
+					r := step(f, l.pool(0))
+					if r == nil {
+						return fail()
 					}
 					built++
-					if e.kids > 0 {
-						deeper = append(deeper, frame{e.first, e.first, e.first + e.kids, e.n})
+					if r.head != noRec {
+						deeper = append(deeper, frame{next: r.head, parent: r.n})
 					}
 				}
 			}
@@ -130,18 +122,18 @@ func (l *Loader) linkDown(x *seqIndex, rootKids int) (built int64, ok bool) {
 		t := &tallies[p]
 		for len(stack) > 0 {
 			f := &stack[len(stack)-1]
-			if f.lo == f.hi {
+			if f.next == noRec {
 				stack = stack[:len(stack)-1]
 				continue
 			}
-			e := next(f, pool)
-			if e == nil {
+			r := step(f, pool)
+			if r == nil {
 				t.bad = true
 				return
 			}
 			t.built++
-			if e.kids > 0 {
-				stack = append(stack, frame{e.first, e.first, e.first + e.kids, e.n})
+			if r.head != noRec {
+				stack = append(stack, frame{next: r.head, parent: r.n})
 			}
 		}
 	}
@@ -152,12 +144,9 @@ func (l *Loader) linkDown(x *seqIndex, rootKids int) (built int64, ok bool) {
 	}
 	for _, t := range tallies {
 		if t.bad {
-			return 0, false
+			return fail()
 		}
 		built += t.built
-	}
-	for i := range ch {
-		recs[ch[i].k].n = ch[i].n
 	}
 	for k := range state {
 		if state[k] != linkDone {
