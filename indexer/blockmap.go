@@ -212,6 +212,39 @@ func (m *blockMap) put(eh uint64, n *node, t *segTables) {
 	m.setAt(ref, eh, n)
 }
 
+// fillSegments puts the pairs (each node not nil) into their segments
+// without growing any, and returns how many it added, and the pairs it
+// left because their segment was full (for put, which grows it). It
+// changes only the segments of the pairs' hashes, and not the map's
+// count, to which the caller adds what it added: calls for pairs of
+// disjoint sets of segments may run side by side while nothing else
+// changes the map (fillNames).
+func (m *blockMap) fillSegments(pairs []blockSlot) (added int, over []blockSlot) {
+	for _, p := range pairs {
+		h := m.hash(p.eh)
+		s := m.seg(h)
+		if (s.n+1)*8 > len(s.slots)*7 {
+			over = append(over, p)
+			continue
+		}
+		mask := len(s.slots) - 1
+		for i := int(h) & mask; ; i = (i + 1) & mask {
+			sl := &s.slots[i]
+			if sl.n == nil {
+				*sl = p
+				s.n++
+				added++
+				break
+			}
+			if sl.eh == p.eh {
+				sl.n = p.n
+				break
+			}
+		}
+	}
+	return added, over
+}
+
 // del removes eh, if present.
 func (m *blockMap) del(eh uint64) {
 	if m.n == 0 {

@@ -442,3 +442,59 @@ func TestBlockMapAimedAtOneHomeSlot(t *testing.T) {
 			n, sum, float64(sum)/n)
 	}
 }
+
+// TestBlockMapFillSegmentsLeavesFullSegmentsToPut: fillSegments, the
+// names' parallel fill, adds pairs without growing any segment; the pairs
+// of a segment that fills up are left over, in order, and put then grows
+// it: the map ends holding every pair, with its invariants, as one put
+// after another leaves it.
+func TestBlockMapFillSegmentsLeavesFullSegmentsToPut(t *testing.T) {
+	m := newBlockMap(4*segSlots, nil) // sized at once: every segment at the directory's depth
+	if m.depth == 0 {
+		t.Fatalf("a map sized for %d keys has one segment", 4*segSlots)
+	}
+	// Keys of segment 0 to past its 7/8, then some of the others'.
+	first := m.dir[0]
+	var pairs []blockSlot
+	nodes := map[uint64]*node{}
+	in0, others := 0, 0
+	for k := uint64(1); in0 < segSlots; k++ {
+		if m.seg(m.hash(k)) == first {
+			in0++
+		} else if others < 300 {
+			others++
+		} else {
+			continue
+		}
+		n := &node{seq: k}
+		nodes[k] = n
+		pairs = append(pairs, blockSlot{eh: k, n: n})
+	}
+	added, over := m.fillSegments(pairs)
+	if want := segSlots - segSlots*7/8; len(over) != want {
+		t.Fatalf("%d pairs left over, want the %d past segment 0's 7/8", len(over), want)
+	}
+	if added+len(over) != len(pairs) {
+		t.Fatalf("added %d and left %d of %d pairs", added, len(over), len(pairs))
+	}
+	for _, p := range over {
+		if m.seg(m.hash(p.eh)) != first {
+			t.Fatalf("pair %#x left over, but its segment is not the full one", p.eh)
+		}
+	}
+	m.n += added
+	for _, p := range over {
+		m.put(p.eh, p.n, nil) // splits segment 0
+	}
+	if err := m.check(); err != nil {
+		t.Fatal(err)
+	}
+	if m.len() != len(pairs) {
+		t.Fatalf("map holds %d keys, want %d", m.len(), len(pairs))
+	}
+	for k, n := range nodes {
+		if got, ok := m.get(k); !ok || got != n {
+			t.Fatalf("key %#x maps to %p, want %p", k, got, n)
+		}
+	}
+}
