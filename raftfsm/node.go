@@ -2726,13 +2726,15 @@ func (n *Node) readyWith(id raft.ServerID, h *ApplyHalt) bool {
 
 // Readiness returns what a readiness probe asks of this node: Status's
 // Ready, State, AppliedIndex, LeaderID, ApplyHalted and Removed, the other
-// fields zero. Unlike Status it waits for neither an apply in progress
+// fields zero. Unlike Status it does not wait for an apply in progress
 // (Status pairs the digest with the applied index between two ApplyBatch
-// calls; a large rank's dump applies for seconds) nor, when a leader is
-// known, Raft's main loop (Status reads Raft's stats and configuration
-// through it, and a node catching up on a long log tail keeps it waiting
-// on the state machine): a probe must answer within its timeout
-// (Kubernetes': 1 s), or the node is taken for down.
+// calls; a large rank's dump applies for seconds, and a node catching up
+// on a long log tail applies one batch after another): a probe must
+// answer within its timeout (Kubernetes': 1 s), or the node is taken for
+// down. Neither waits for Raft's main loop: hashicorp/raft (v1.8) answers
+// Stats, GetConfiguration and LeaderWithID from state it keeps apart from
+// the loop (an earlier comment here said otherwise; older releases sent
+// GetConfiguration through the loop).
 func (n *Node) Readiness() NodeStatus {
 	_, id := n.raft.LeaderWithID()
 	applied, _ := n.fsm.Applied()
