@@ -2,6 +2,7 @@ package enginesub
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -805,19 +806,28 @@ func (c *core) staleShown(seq uint64, why string) {
 // resynced, since the sink may hold blocks the batch removed. Not when the
 // sink's last call was a Resync already: it holds nothing from the stream
 // since, that the lost batch could have made stale, and an engine whose
-// every payload is rejected costs one resync, not one per batch. It reports
-// whether the batch was applied: decoded and given to the sink.
+// every payload is rejected costs one resync, not one per batch. Nor when
+// the payload is another dp rank's (engine.ErrOtherDPRank): it reaches the
+// sink empty. It reports whether the batch was applied: decoded (or known
+// to be another rank's) and given to the sink.
 func (c *core) apply(seq uint64, payload []byte) bool {
 	c.next = seq + 1
 	c.batch.Reset()
 	if err := c.dec.Decode(payload, &c.batch); err != nil {
 		c.malformed(badPayload, err)
-		c.count(func(s *Stats) { s.NextSeq = c.next; s.Decoder = c.dec.Stats() })
-		c.exportSkips()
-		if !c.resynced {
-			c.resync(ReasonBadPayload, "seq", seq, "err", err)
+		if !errors.Is(err, engine.ErrOtherDPRank) {
+			c.count(func(s *Stats) { s.NextSeq = c.next; s.Decoder = c.dec.Stats() })
+			c.exportSkips()
+			if !c.resynced {
+				c.resync(ReasonBadPayload, "seq", seq, "err", err)
+			}
+			return false
 		}
-		return false
+		// Another dp rank's batch (its data_parallel_rank read first)
+		// that does not decode: its events were never this rank's, so
+		// this rank lost nothing with it. It reaches the sink empty, as
+		// that rank's readable batches do; resyncing this rank for it
+		// cost a rebuild of the rank (kvagent clears it on the router).
 	}
 	c.exportSkips()
 	n := c.batch.BlockEvents()

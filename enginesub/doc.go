@@ -112,6 +112,11 @@
 //     batch could have made stale. Each such resync costs the sink one
 //     rebuild of the rank (kvagent clears it on the router); an engine
 //     whose every payload is rejected costs one in all, not one per batch.
+//     A rejected payload that names another dp rank, read before its
+//     events (engine.ErrOtherDPRank: an endpoint carrying several ranks'
+//     batches), is counted the same, but resyncs nothing: its events were
+//     never the followed rank's, and it reaches the sink empty, as that
+//     rank's readable batches do.
 //   - Each socket lives on the Run goroutine, which is the only caller of
 //     the sink; Run returns when its context is cancelled, sockets closed.
 //

@@ -848,6 +848,37 @@ func TestABatchOfAnotherDPRankIsLeftOutWhole(t *testing.T) {
 	}
 }
 
+// TestARejectedBatchOfAnotherDPRankKeepsTheCopies: once the decoder has
+// seen another dp rank's batch, it reads each payload's dp rank first; a
+// payload of another rank that does not decode returns ErrPayload and
+// ErrOtherDPRank, and keeps the copies counted for the followed rank (the
+// other rank's events count none). A rejected payload of the followed
+// rank forgets them, as before.
+func TestARejectedBatchOfAnotherDPRankKeepsTheCopies(t *testing.T) {
+	d := newTestDecoder(t, Config{Rank: rank})
+	decode(t, d, pack(t, []any{1.0, []any{goodStoreArray()}, 3})) // rank 3's: read dp ranks first from now on
+	decode(t, d, pack(t, []any{1.0, []any{goodStoreArray()}, 0})) // the followed rank's store: copies counted
+	held := d.Stats().Copies
+	if held == 0 {
+		t.Fatal("no copy counted for the followed rank's store")
+	}
+	var b Batch
+	err := d.Decode(pack(t, []any{"now", []any{goodStoreArray()}, 3}), &b)
+	if !errors.Is(err, ErrPayload) || !errors.Is(err, ErrOtherDPRank) {
+		t.Fatalf("rank 3's rejected payload: error %v, want ErrPayload and ErrOtherDPRank", err)
+	}
+	if s := d.Stats(); s.Copies != held || s.BadPayloads != 1 || len(b.Events) != 0 {
+		t.Fatalf("after rank 3's rejected payload: %d copies (want %d), %d bad payloads, %d events", s.Copies, held, s.BadPayloads, len(b.Events))
+	}
+	err = d.Decode(pack(t, []any{"now", []any{goodStoreArray()}, 0}), &b)
+	if !errors.Is(err, ErrPayload) || errors.Is(err, ErrOtherDPRank) {
+		t.Fatalf("the followed rank's rejected payload: error %v, want ErrPayload alone", err)
+	}
+	if s := d.Stats(); s.Copies != 0 {
+		t.Fatalf("%d copies after the followed rank's rejected payload, want 0", s.Copies)
+	}
+}
+
 func TestBatchSlicesDoNotAlias(t *testing.T) {
 	d := newTestDecoder(t, Config{Rank: rank})
 	var b Batch

@@ -251,8 +251,11 @@ func (d *Decoder) ForgetCopies() { d.copies.forget() }
 //
 // A malformed event is skipped and counted in Stats; the others still
 // decode. A payload that cannot be read as a batch returns an error wrapping
-// ErrPayload, and then out is as it was before the call. Nothing of payload
-// is retained: the caller may reuse it as soon as Decode returns.
+// ErrPayload, and then out is as it was before the call; the error wraps
+// ErrOtherDPRank too when the payload's data_parallel_rank, read before its
+// events (after a first batch of another rank), names another dp rank.
+// Nothing of payload is retained: the caller may reuse it as soon as Decode
+// returns.
 func (d *Decoder) Decode(payload []byte, out *Batch) error {
 	if d.mixedDP {
 		if dp, ok := peekDP(payload); ok && dp != d.rank.DP {
@@ -288,10 +291,15 @@ func (d *Decoder) Decode(payload []byte, out *Batch) error {
 // events are read, and counted under ReasonOtherDPRank, but none is
 // converted or emitted, and no copy is counted for them. Its sequence is
 // the subscriber's to take all the same (an empty batch, not a gap).
+// One that does not decode returns an error wrapping ErrOtherDPRank
+// as well as ErrPayload.
 func (d *Decoder) decodeOther(payload []byte, out *Batch) error {
 	d.otherDP = true
 	defer func() { d.otherDP = false }()
-	return d.decode(payload, out)
+	if err := d.decode(payload, out); err != nil {
+		return fmt.Errorf("%w: %w", ErrOtherDPRank, err)
+	}
+	return nil
 }
 
 // decode is Decode's work for one payload, converting its events unless
@@ -319,8 +327,11 @@ func (d *Decoder) decode(payload []byte, out *Batch) error {
 		d.stats.BadPayloads++
 		// The events read before the bad bytes changed the counts, and
 		// those after them, removes perhaps, were never read: the counts
-		// say nothing of the engine's copies now (copies.go).
-		d.copies.forget()
+		// say nothing of the engine's copies now (copies.go). Another dp
+		// rank's events count no copy: this rank's counts stay right.
+		if !d.otherDP {
+			d.copies.forget()
+		}
 		return fmt.Errorf("%w: at byte %d of %d: %w", ErrPayload, len(payload)-len(rest), len(payload), err)
 	}
 

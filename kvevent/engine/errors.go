@@ -10,6 +10,12 @@ var (
 	// byte offset and the cause. A malformed *event* is not an ErrPayload: it
 	// is skipped and counted in Stats, and the rest of the batch decodes.
 	ErrPayload = errors.New("malformed payload")
+	// ErrOtherDPRank marks an ErrPayload (it wraps both) of a batch whose
+	// data_parallel_rank names another dp rank than Config.Rank.DP, read
+	// before its events once the decoder has seen another rank's batch:
+	// the batch was never the followed rank's, so nothing of that rank is
+	// lost with it, and the copies counted for it stay.
+	ErrOtherDPRank = errors.New("another dp rank's batch")
 	// ErrConfig means a Decoder was configured with an impossible value.
 	ErrConfig = errors.New("invalid decoder config")
 )
