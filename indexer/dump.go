@@ -328,10 +328,11 @@ func (d *RankDump) validate() error {
 // and its half-done state is shown to no reader that routes or dumps:
 // FindMatchesByTier leaves the rank out (as if it held nothing) and
 // DumpRank waits for the replace to end. The readers of counts (Stats,
-// RankStats, Digest, NeedsResync, Holds and the other point reads) see
-// the state as far as the replace has got; the state machine reads the
-// digest it compares only between two of its batches. No other writer
-// runs until the replace ends (wmu).
+// RankStats, Digest, Holds and the other point reads) see the state as
+// far as the replace has got, but for the rank's need of a resync
+// (NeedsResync), cleared from the start: the dump is the resync. The
+// state machine reads the digest it compares only between two of its
+// batches. No other writer runs until the replace ends (wmu).
 //
 // The rank's capacity is enforced once, after the last event, as
 // SetCapacity does. A dump comes level by level (StoredEvents: every first
@@ -344,6 +345,12 @@ func (ix *Index) ReplaceRank(r kvevent.Rank, evs []kvevent.Event, now int64) (ma
 	ix.mu.Lock()
 	rs := ix.rankFor(r, true)
 	ix.replacing, ix.replaced = rs, make(chan struct{})
+	// The dump is the resync: a reader between two chunks (a heartbeat's
+	// answer lists the ranks that need one, eventplane) must not read
+	// the flag the clear drops only once every old residency is gone, or
+	// the agent is asked for the dump it is sending. The replay may set
+	// it again (an orphan dropped), as it would in one piece.
+	rs.needsResync = false
 	budget := ix.clearRankChunked(rs)
 	ix.deferTrim = true
 	for i := range evs {

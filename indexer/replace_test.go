@@ -177,3 +177,40 @@ func BenchmarkReplaceRankLockHold(b *testing.B) {
 	b.ReportMetric(float64(maxHold.Microseconds())/1000, "max-hold-ms")
 	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "replace-ms")
 }
+
+// TestReplaceRankIsNoLongerAskedForBetweenChunks: a rank that needs a
+// resync stops needing one when its dump's replace starts: a reader
+// between two chunks of it (a heartbeat's answer lists the ranks that
+// need one) sees the flag cleared from the first release, also while the
+// old residencies are still being dropped, and the agent is not asked for
+// the dump it is sending.
+func TestReplaceRankIsNoLongerAskedForBetweenChunks(t *testing.T) {
+	ix := New(Config{ApplyChunk: 4})
+	const n = 32
+	hs := make([]uint64, n)
+	for i := range hs {
+		hs[i] = uint64(i + 1)
+	}
+	mustApply(t, ix, stored(rk1, dev, chain(hs...)))
+	ix.SetRankFlags(rk1, true, false)
+	if !ix.RankNeedsResync(rk1) {
+		t.Fatal("rk1 does not need a resync after SetRankFlags")
+	}
+	releases := 0
+	ix.applyUnlocked = func() {
+		releases++
+		if ix.RankNeedsResync(rk1) || slices.Contains(ix.NeedsResync(), rk1) {
+			t.Errorf("release %d of rk1's replace: rk1 still reads as needing a resync", releases)
+		}
+	}
+	if bad := ix.ReplaceRank(rk1, []kvevent.Event{*stored(rk1, host, chain(hs...))}, 0); bad != 0 {
+		t.Fatalf("%d events malformed", bad)
+	}
+	ix.applyUnlocked = nil
+	if releases < n/4 {
+		t.Fatalf("%d releases while %d old residencies were dropped, ApplyChunk 4: the clear was not chunked", releases, n)
+	}
+	if ix.RankNeedsResync(rk1) {
+		t.Fatal("rk1 needs a resync after its replace")
+	}
+}
