@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -206,8 +207,10 @@ func seqFrame(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq
 //     agent keeps running, counts each, reports no gap (a rejected payload
 //     consumes its sequence; a message without a readable one consumes
 //     none), clears the rank at each payload the decoder rejects (its
-//     events, valid ones too, are lost) and at nothing else, and the index
-//     holds the valid batches since the last.
+//     events, valid ones too, are lost) and at nothing else, but for one
+//     that names another dp rank once the agent has seen one of another
+//     rank's batches (engine.ErrOtherDPRank: never the rank's), and the
+//     index holds the valid batches since the last.
 func TestAgentStreamFaults(t *testing.T) {
 	pypub.Require(t)
 	seed := testSeed(t)
@@ -265,7 +268,7 @@ func TestAgentStreamFaults(t *testing.T) {
 	base = ss
 
 	t.Log("3: malformed messages are skipped")
-	var nPayload, nFrames, nSeq int
+	var nPayload, nResync, nFrames, nSeq int
 	var skipped float64
 	for i, e := range corpus {
 		publishBatches(pub, g, &seq, 1)
@@ -287,12 +290,15 @@ func TestAgentStreamFaults(t *testing.T) {
 			nSeq++
 		}
 		// The payload with a sequence of its own: it consumes it, and,
-		// rejected, clears the rank.
+		// rejected, clears the rank, unless it is another rank's.
 		pub.Raw([]byte{}, seqFrame(seq), e.payload)
 		seq++
 		if e.rejected {
 			nPayload++
-			g.forget()
+			if !e.otherRank {
+				nResync++
+				g.forget()
+			}
 		}
 		skipped += e.skipped
 	}
@@ -305,6 +311,7 @@ func TestAgentStreamFaults(t *testing.T) {
 		pub.Raw([]byte{}, seqFrame(seq), tp.payload)
 		seq++
 		nPayload++
+		nResync++
 		g.forget()
 	}
 	publishBatches(pub, g, &seq, 5)
@@ -329,10 +336,10 @@ func TestAgentStreamFaults(t *testing.T) {
 		`kvagent_subscriber_malformed_total{reason="frames"}`:    float64(nFrames),
 		`kvagent_subscriber_malformed_total{reason="seq"}`:       float64(nSeq),
 		`kvagent_subscriber_skipped_events_total`:                skipped,
-		`kvagent_subscriber_resyncs_total`:                       float64(nPayload),
-		`kvagent_subscriber_resyncs_total{reason="bad_payload"}`: float64(nPayload),
-		`kvagent_rank_clears_total`:                              float64(nPayload),
-		`kvagent_rank_clears_total{reason="bad_payload"}`:        float64(nPayload),
+		`kvagent_subscriber_resyncs_total`:                       float64(nResync),
+		`kvagent_subscriber_resyncs_total{reason="bad_payload"}`: float64(nResync),
+		`kvagent_rank_clears_total`:                              float64(nResync),
+		`kvagent_rank_clears_total{reason="bad_payload"}`:        float64(nResync),
 	}
 	got := map[string]float64{
 		`kvagent_subscriber_malformed_total{reason="frames"}`:    delta(ss, "kvagent_subscriber_malformed_total", "reason", "frames"),
@@ -357,8 +364,12 @@ func TestAgentStreamFaults(t *testing.T) {
 type corpusEntry struct {
 	name     string
 	payload  []byte
-	rejected bool    // the decoder rejects it (ErrPayload)
-	skipped  float64 // the wire events it skips of it
+	rejected bool // the decoder rejects it (ErrPayload)
+	// otherRank: rejected as another dp rank's (engine.ErrOtherDPRank) by
+	// the agent's decoder, which decodes the entries in order: after the
+	// first one of another rank, it reads each payload's dp rank first.
+	otherRank bool
+	skipped   float64 // the wire events it skips of it
 }
 
 // malformedCorpus returns the entries of kvevent/engine's FuzzDecode
@@ -408,6 +419,16 @@ func malformedCorpus(t *testing.T) []corpusEntry {
 	}
 	if rejected < 3 || skippedOnly < 2 {
 		t.Fatalf("the FuzzDecode corpus has %d payloads the decoder rejects and %d whose every event it skips, want at least 3 and 2", rejected, skippedOnly)
+	}
+	// The agent's decoder takes them in this order (the valid batches
+	// between them are the followed rank's, which change nothing here).
+	d, err := engine.NewDecoder(engine.Config{Rank: kvevent.Rank{Worker: 1}, BlockSize: agentBlockSize, LearnGroupKinds: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range out {
+		var batch engine.Batch
+		out[i].otherRank = errors.Is(d.Decode(out[i].payload, &batch), engine.ErrOtherDPRank)
 	}
 	var names []string
 	for _, e := range out {
