@@ -25,7 +25,8 @@ import "github.com/kvrouter/kvrouter/kvevent"
 // wrong anyway, a lost batch or a restarted engine, and the subscriber then
 // clears the rank and calls ForgetCopies or Reset; a payload the decoder
 // rejects drops them itself (the events past its bad bytes, removes perhaps,
-// were never read), and a remove it skips for a bad field or an unknown
+// were never read), unless the payload is another dp rank's
+// (ErrOtherDPRank: its events count no copy), and a remove it skips for a bad field or an unknown
 // medium drops the counts of the hashes it names. A count can only run
 // short of the engine's copies (a decoder started on a stream whose earlier
 // stores it never saw, as an agentless rank's after a leader change): a

@@ -33,7 +33,9 @@
 //     either emitted or counted in Stats.Skipped exactly once.
 //   - A payload that is not a readable batch returns ErrPayload and leaves the
 //     Batch and the counters as they were (bar Stats.BadPayloads): a payload
-//     is decoded whole or not at all. (Content hashes it taught the decoder
+//     is decoded whole or not at all. One whose data_parallel_rank, read
+//     before its events, names another dp rank wraps ErrOtherDPRank too.
+//     (Content hashes it taught the decoder
 //     are kept, and so are group kinds with LearnGroupKinds: they are facts
 //     about block contents and the engine's groups, not index state.)
 //   - Nothing is sized from a length header alone: a header is checked
